@@ -1,0 +1,489 @@
+//! The one event vocabulary of Leasehold.
+//!
+//! Every fact the platform records is an [`Envelope`] around one of the
+//! [`EventData`] variants, stored as JSON on the `LH_EVENTS` stream under the
+//! subject of the aggregate it belongs to (`lh.evt.lease.<id>`, …). The event
+//! type lives in the envelope (and in the `Lh-Event-Type` header), never in the
+//! subject, so that an expected-last-subject-sequence guards the whole
+//! aggregate. JSON Schemas for every type are generated into `schemas/` by
+//! [`schemas`]; a test fails when they drift from these types.
+
+use chrono::{DateTime, SubsecRound, Utc};
+use rust_decimal::Decimal;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub mod subject;
+
+/// Version of every event type defined here. Old versions are upcast on read.
+pub const EVENT_VERSION: u16 = 1;
+
+/// Namespace for deterministic (UUIDv5) event ids: a retried or replayed
+/// handler derives the same id for the same cause, and JetStream's duplicate
+/// window drops the second copy.
+pub const ID_NAMESPACE: Uuid = Uuid::from_u128(0x6c68_2d65_7665_6e74_2d69_6473_2d76_3100);
+
+/// Derives a deterministic id from a cause (for example `lease_id` and a step name).
+pub fn derived_id(parts: &[&str]) -> Uuid {
+    Uuid::new_v5(&ID_NAMESPACE, parts.join("\u{1f}").as_bytes())
+}
+
+/// Who caused an event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum Actor {
+    Tenant(Uuid),
+    Admin,
+    Auditor,
+    Service(String),
+    Node(String),
+}
+
+/// The envelope every event travels in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub id: Uuid,
+    /// Event type, for example `lease.placed`; mirrors the `type` tag of `data`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub version: u16,
+    /// UTC, truncated to microseconds.
+    pub occurred_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<Uuid>,
+    pub actor: Actor,
+    pub correlation_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causation_id: Option<Uuid>,
+    pub data: EventData,
+}
+
+impl Envelope {
+    /// A new event with a fresh UUIDv7 id that starts its own correlation.
+    pub fn new(actor: Actor, occurred_at: DateTime<Utc>, data: EventData) -> Self {
+        let id = Uuid::now_v7();
+        Self {
+            id,
+            event_type: data.event_type().to_string(),
+            version: EVENT_VERSION,
+            occurred_at: occurred_at.trunc_subsecs(6),
+            tenant_id: data.tenant_id(),
+            actor,
+            correlation_id: id,
+            causation_id: None,
+            data,
+        }
+    }
+
+    /// An event caused by `cause`: same correlation, causation set.
+    pub fn caused_by(mut self, cause: &Envelope) -> Self {
+        self.correlation_id = cause.correlation_id;
+        self.causation_id = Some(cause.id);
+        if self.tenant_id.is_none() {
+            self.tenant_id = cause.tenant_id;
+        }
+        self
+    }
+
+    /// Replaces the id with a deterministic one (see [`derived_id`]).
+    pub fn with_id(mut self, id: Uuid) -> Self {
+        if self.causation_id.is_none() {
+            self.correlation_id = id;
+        }
+        self.id = id;
+        self
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an envelope always serialises")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// Service tier of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Basic,
+    Spot,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Basic => "basic",
+            Tier::Spot => "spot",
+        }
+    }
+}
+
+/// Per-tenant limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    /// Most GPUs the tenant may hold at once, across all its leases.
+    pub max_gpus: u32,
+}
+
+/// One GPU of a node's inventory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub vram_gb: u32,
+}
+
+/// A GPU handed to a lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AssignedGpu {
+    pub index: u32,
+    pub uuid: String,
+}
+
+/// Why a lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The tenant asked for it.
+    Stopped,
+    /// Stopped before it was ever placed or started; nothing is billed.
+    Cancelled,
+    /// The workload exited on its own.
+    Completed,
+    /// The workload or node failed.
+    Failed,
+}
+
+/// Every v1 event. The `type` tag is the event type name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventData {
+    #[serde(rename = "tenant.created")]
+    TenantCreated(TenantCreated),
+    #[serde(rename = "lease.requested")]
+    LeaseRequested(LeaseRequested),
+    #[serde(rename = "lease.queued")]
+    LeaseQueued(LeaseQueued),
+    #[serde(rename = "lease.rejected")]
+    LeaseRejected(LeaseRejected),
+    #[serde(rename = "lease.placed")]
+    LeasePlaced(LeasePlaced),
+    #[serde(rename = "lease.stop_requested")]
+    LeaseStopRequested(LeaseStopRequested),
+    #[serde(rename = "lease.started")]
+    LeaseStarted(LeaseStarted),
+    #[serde(rename = "lease.ended")]
+    LeaseEnded(LeaseEnded),
+    #[serde(rename = "node.registered")]
+    NodeRegistered(NodeRegistered),
+    #[serde(rename = "node.gpus_allocated")]
+    NodeGpusAllocated(NodeGpusAllocated),
+    #[serde(rename = "spot.price_set")]
+    SpotPriceSet(SpotPriceSet),
+    #[serde(rename = "price_book.published")]
+    PriceBookPublished(PriceBookPublished),
+    #[serde(rename = "charge.accrued")]
+    ChargeAccrued(ChargeAccrued),
+    #[serde(rename = "audit.checkpoint")]
+    AuditCheckpoint(AuditCheckpoint),
+}
+
+/// A tenant came into being. Personal fields are encrypted with the tenant's
+/// own key, which lives outside the log (crypto-shredding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantCreated {
+    pub tenant_id: Uuid,
+    /// Base64 of nonce ‖ ChaCha20-Poly1305 ciphertext of the name.
+    pub name_sealed: String,
+    /// Base64 of nonce ‖ ChaCha20-Poly1305 ciphertext of the e-mail address.
+    pub email_sealed: String,
+    /// Hex SHA-256 of the API key; the key itself is shown once and never stored.
+    pub api_key_sha256: String,
+    pub quota: Quota,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequested {
+    pub lease_id: Uuid,
+    pub tenant_id: Uuid,
+    pub gpus: u32,
+    pub gpu_model: String,
+    pub tier: Tier,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseQueued {
+    pub lease_id: Uuid,
+    pub reason: String,
+    /// 1-based position among the leases waiting for the same GPU model.
+    pub position: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRejected {
+    pub lease_id: Uuid,
+    pub reason: String,
+    /// The request field at fault, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// Provenance of a placement decision: why here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    pub policy: String,
+    pub policy_version: u32,
+    pub candidates: u32,
+    pub winner_score: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_up_score: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeasePlaced {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub zone: String,
+    pub gpu_model: String,
+    pub vram_gb_per_gpu: u32,
+    pub gpus: Vec<AssignedGpu>,
+    pub decision: Decision,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStopRequested {
+    pub lease_id: Uuid,
+}
+
+/// The node-agent started the workload; billing starts at `started_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStarted {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub started_at: DateTime<Utc>,
+}
+
+/// The lease is over; billing stops at `ended_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseEnded {
+    pub lease_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    pub ended_at: DateTime<Utc>,
+    pub reason: EndReason,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRegistered {
+    pub node_id: String,
+    pub zone: String,
+    pub hostname: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// GPUs of a node given to a lease. Written in the same atomic batch as the
+/// `lease.placed` it mirrors, with an expected-last-subject-sequence on the
+/// node subject, so two schedulers can never hand out one GPU twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpusAllocated {
+    pub node_id: String,
+    pub lease_id: Uuid,
+    pub gpu_indices: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpotPriceSet {
+    pub zone: String,
+    pub gpu_model: String,
+    /// CNY per GB of VRAM per hour, as a decimal string.
+    #[schemars(with = "String")]
+    pub price_cny_per_gb_hour: Decimal,
+    /// Share of this (zone, model)'s GPUs held by leases, 0..=1, as a decimal string.
+    #[schemars(with = "String")]
+    pub utilisation: Decimal,
+    pub gpus_total: u32,
+    pub gpus_used: u32,
+}
+
+/// A version of the price book. Every charge names the version it used.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriceBookPublished {
+    pub version: u32,
+    pub currency: String,
+    pub effective_from: DateTime<Utc>,
+    pub tiers: Vec<TierPrice>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TierPrice {
+    pub tier: Tier,
+    #[schemars(with = "String")]
+    pub price_cny_per_gb_hour: Decimal,
+}
+
+/// What one lease costs within one invoice period (a UTC calendar month).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeAccrued {
+    pub charge_id: Uuid,
+    pub tenant_id: Uuid,
+    pub lease_id: Uuid,
+    /// `YYYY-MM`.
+    pub period: String,
+    pub tier: Tier,
+    pub gpus: u32,
+    pub vram_gb: u32,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub billed_seconds: u64,
+    #[schemars(with = "String")]
+    pub unit_price_cny_per_gb_hour: Decimal,
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+    pub currency: String,
+    pub price_book_version: u32,
+}
+
+/// A signed statement of the audit chain's head at a stream sequence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditCheckpoint {
+    pub sequence: u64,
+    pub head: String,
+    pub events: u64,
+    /// Hex ed25519 public key that signed `head`.
+    pub public_key: String,
+    /// Hex ed25519 signature over the checkpoint statement (see schemas/audit-chain.md).
+    pub signature: String,
+}
+
+impl EventData {
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            EventData::TenantCreated(_) => "tenant.created",
+            EventData::LeaseRequested(_) => "lease.requested",
+            EventData::LeaseQueued(_) => "lease.queued",
+            EventData::LeaseRejected(_) => "lease.rejected",
+            EventData::LeasePlaced(_) => "lease.placed",
+            EventData::LeaseStopRequested(_) => "lease.stop_requested",
+            EventData::LeaseStarted(_) => "lease.started",
+            EventData::LeaseEnded(_) => "lease.ended",
+            EventData::NodeRegistered(_) => "node.registered",
+            EventData::NodeGpusAllocated(_) => "node.gpus_allocated",
+            EventData::SpotPriceSet(_) => "spot.price_set",
+            EventData::PriceBookPublished(_) => "price_book.published",
+            EventData::ChargeAccrued(_) => "charge.accrued",
+            EventData::AuditCheckpoint(_) => "audit.checkpoint",
+        }
+    }
+
+    pub fn tenant_id(&self) -> Option<Uuid> {
+        match self {
+            EventData::TenantCreated(e) => Some(e.tenant_id),
+            EventData::LeaseRequested(e) => Some(e.tenant_id),
+            EventData::ChargeAccrued(e) => Some(e.tenant_id),
+            _ => None,
+        }
+    }
+
+    /// The subject of the aggregate this event belongs to.
+    pub fn subject(&self) -> String {
+        match self {
+            EventData::TenantCreated(e) => subject::tenant(e.tenant_id),
+            EventData::LeaseRequested(e) => subject::lease(e.lease_id),
+            EventData::LeaseQueued(e) => subject::lease(e.lease_id),
+            EventData::LeaseRejected(e) => subject::lease(e.lease_id),
+            EventData::LeasePlaced(e) => subject::lease(e.lease_id),
+            EventData::LeaseStopRequested(e) => subject::lease(e.lease_id),
+            EventData::LeaseStarted(e) => subject::lease(e.lease_id),
+            EventData::LeaseEnded(e) => subject::lease(e.lease_id),
+            EventData::NodeRegistered(e) => subject::node(&e.node_id),
+            EventData::NodeGpusAllocated(e) => subject::node(&e.node_id),
+            EventData::SpotPriceSet(e) => subject::spot(&e.zone, &e.gpu_model),
+            EventData::PriceBookPublished(_) => subject::price_book(),
+            EventData::ChargeAccrued(e) => subject::charge(e.lease_id),
+            EventData::AuditCheckpoint(_) => subject::audit(),
+        }
+    }
+}
+
+/// One JSON Schema per event type, keyed by file name (`lease.placed.v1.json`),
+/// plus the envelope. `schemas/` holds exactly these files.
+pub fn schemas() -> Vec<(String, serde_json::Value)> {
+    fn schema<T: JsonSchema>() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(T)).expect("schema serialises")
+    }
+    let v = EVENT_VERSION;
+    vec![
+        (format!("envelope.v{v}.json"), schema::<Envelope>()),
+        (format!("tenant.created.v{v}.json"), schema::<TenantCreated>()),
+        (format!("lease.requested.v{v}.json"), schema::<LeaseRequested>()),
+        (format!("lease.queued.v{v}.json"), schema::<LeaseQueued>()),
+        (format!("lease.rejected.v{v}.json"), schema::<LeaseRejected>()),
+        (format!("lease.placed.v{v}.json"), schema::<LeasePlaced>()),
+        (format!("lease.stop_requested.v{v}.json"), schema::<LeaseStopRequested>()),
+        (format!("lease.started.v{v}.json"), schema::<LeaseStarted>()),
+        (format!("lease.ended.v{v}.json"), schema::<LeaseEnded>()),
+        (format!("node.registered.v{v}.json"), schema::<NodeRegistered>()),
+        (format!("node.gpus_allocated.v{v}.json"), schema::<NodeGpusAllocated>()),
+        (format!("spot.price_set.v{v}.json"), schema::<SpotPriceSet>()),
+        (format!("price_book.published.v{v}.json"), schema::<PriceBookPublished>()),
+        (format!("charge.accrued.v{v}.json"), schema::<ChargeAccrued>()),
+        (format!("audit.checkpoint.v{v}.json"), schema::<AuditCheckpoint>()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_round_trips_and_type_matches_tag() {
+        let data = EventData::LeaseStopRequested(LeaseStopRequested {
+            lease_id: Uuid::nil(),
+        });
+        let env = Envelope::new(Actor::Admin, Utc::now(), data);
+        let json: serde_json::Value = serde_json::from_slice(&env.to_json()).unwrap();
+        assert_eq!(json["type"], "lease.stop_requested");
+        assert_eq!(json["data"]["type"], "lease.stop_requested");
+        assert_eq!(Envelope::from_json(&env.to_json()).unwrap(), env);
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        assert_eq!(derived_id(&["a", "b"]), derived_id(&["a", "b"]));
+        assert_ne!(derived_id(&["a", "b"]), derived_id(&["ab"]));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let bad = r#"{"type":"lease.stop_requested","lease_id":"00000000-0000-0000-0000-000000000000","x":1}"#;
+        assert!(serde_json::from_str::<EventData>(bad).is_err());
+    }
+}

@@ -1,0 +1,72 @@
+//! Subject names: one subject per aggregate instance.
+//!
+//! Business events live under `lh.evt.>` on the `LH_EVENTS` stream; heartbeats
+//! and usage samples under `lh.tel.>` on `LH_TELEMETRY`. Request/reply between
+//! services (never stored) uses `lh.rpc.>`.
+
+use uuid::Uuid;
+
+pub const EVENTS_STREAM: &str = "LH_EVENTS";
+pub const EVENTS_ALL: &str = "lh.evt.>";
+pub const TELEMETRY_STREAM: &str = "LH_TELEMETRY";
+pub const TELEMETRY_ALL: &str = "lh.tel.>";
+
+pub const LEASES_ALL: &str = "lh.evt.lease.>";
+pub const NODES_ALL: &str = "lh.evt.node.>";
+pub const TENANTS_ALL: &str = "lh.evt.tenant.>";
+pub const CHARGES_ALL: &str = "lh.evt.charge.>";
+
+/// Request/reply subject on which the audit service answers chain verification.
+pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
+
+pub fn lease(lease_id: Uuid) -> String {
+    format!("lh.evt.lease.{lease_id}")
+}
+
+pub fn tenant(tenant_id: Uuid) -> String {
+    format!("lh.evt.tenant.{tenant_id}")
+}
+
+pub fn node(node_id: &str) -> String {
+    format!("lh.evt.node.{}", token(node_id))
+}
+
+pub fn charge(lease_id: Uuid) -> String {
+    format!("lh.evt.charge.{lease_id}")
+}
+
+pub fn spot(zone: &str, gpu_model: &str) -> String {
+    format!("lh.evt.spot.{}.{}", token(zone), token(gpu_model))
+}
+
+pub fn price_book() -> String {
+    "lh.evt.price_book.default".to_string()
+}
+
+pub fn audit() -> String {
+    "lh.evt.audit.chain".to_string()
+}
+
+pub fn heartbeat(node_id: &str) -> String {
+    format!("lh.tel.heartbeat.{}", token(node_id))
+}
+
+/// Makes a name safe as one subject token: NATS reserves `.`, `*`, `>` and
+/// whitespace, so those become `_`.
+pub fn token(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            '.' | '*' | '>' => '_',
+            c if c.is_whitespace() => '_',
+            c => c,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_never_split_subjects() {
+        assert_eq!(super::spot("cn-north.1", "A100 40GB"), "lh.evt.spot.cn-north_1.A100_40GB");
+    }
+}
