@@ -1,1 +1,472 @@
+//! The only place that knows how Leasehold events are published,
+//! deduplicated, batched and consumed on NATS JetStream.
+//!
+//! * [`Bus::connect`] creates (or finds) the `LH_EVENTS` and `LH_TELEMETRY`
+//!   streams, reads their config back and refuses to run on a weaker stream
+//!   than the architecture brief demands (365 days, deny delete/purge, discard
+//!   new, atomic batches).
+//! * [`Bus::publish`] appends one event with its id as `Nats-Msg-Id` and an
+//!   optional expected-last-subject-sequence.
+//! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
+//!   batch, each with its own expectation: all are stored or none.
+//! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
+//!   consumer and then follows live.
 
+use std::time::Duration;
+
+use async_nats::header::{self, HeaderMap};
+use async_nats::jetstream::{
+    self,
+    consumer::{pull::OrderedConfig, DeliverPolicy},
+    context::PublishErrorKind,
+    stream::{Config as StreamConfig, DiscardPolicy, RetentionPolicy, StorageType},
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use lh_events::{subject, Envelope};
+
+pub use async_nats;
+
+/// Header carrying the event type, so that tools can filter without parsing.
+pub const EVENT_TYPE_HEADER: &str = "Lh-Event-Type";
+/// Retention of the business log: the audit trail must outlive a year.
+pub const EVENTS_MAX_AGE: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Default byte cap of the business log; `discard: new` means the stream
+/// refuses writes at the cap instead of evicting audit data.
+pub const EVENTS_DEFAULT_MAX_BYTES: i64 = 1024 * 1024 * 1024;
+/// Retention of heartbeats and usage samples.
+pub const TELEMETRY_MAX_AGE: Duration = Duration::from_secs(48 * 3600);
+/// JetStream's duplicate window for `Nats-Msg-Id`.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
+/// Most messages one atomic batch may hold (the server's own cap is 1,000).
+pub const MAX_BATCH_MESSAGES: usize = 64;
+const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        source: async_nats::ConnectError,
+    },
+    #[error("stream {stream} is weaker than required: {problems}")]
+    WeakStream { stream: String, problems: String },
+    /// Someone else appended to an aggregate this write expected to be at a
+    /// given sequence: reload and decide again.
+    #[error("optimistic concurrency conflict: {0}")]
+    Conflict(String),
+    /// An atomic batch repeated an event id JetStream already holds: the
+    /// batch was stored before (a retry of a decision that went through).
+    #[error("duplicate atomic batch: {0}")]
+    DuplicateBatch(String),
+    #[error("JetStream error: {0}")]
+    JetStream(String),
+    #[error("event on {subject} at sequence {sequence} is not a valid envelope: {source}")]
+    Decode {
+        subject: String,
+        sequence: u64,
+        source: serde_json::Error,
+    },
+}
+
+pub type Result<T, E = BusError> = std::result::Result<T, E>;
+
+fn js_err(e: impl std::fmt::Display) -> BusError {
+    BusError::JetStream(e.to_string())
+}
+
+/// What the writer expects of the aggregate's subject before its write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No expectation.
+    Any,
+    /// The subject's last message is at this stream sequence (0: the subject is empty).
+    LastSubjectSequence(u64),
+}
+
+/// Result of a successful append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Stream sequence of the (last) stored message.
+    pub sequence: u64,
+    /// JetStream already held an event with this id; nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// Connection settings and stream sizing.
+#[derive(Debug, Clone)]
+pub struct BusConfig {
+    pub nats_url: String,
+    /// Name the connection shows in the server's monitoring.
+    pub client_name: String,
+    pub events_max_bytes: i64,
+    /// R1 locally, R3 in production.
+    pub replicas: usize,
+}
+
+impl BusConfig {
+    pub fn new(nats_url: impl Into<String>, client_name: impl Into<String>) -> Self {
+        Self {
+            nats_url: nats_url.into(),
+            client_name: client_name.into(),
+            events_max_bytes: EVENTS_DEFAULT_MAX_BYTES,
+            replicas: 1,
+        }
+    }
+}
+
+/// One event read from the log.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub sequence: u64,
+    pub subject: String,
+    pub envelope: Envelope,
+    /// The raw bytes as stored: the audit chain hashes these.
+    pub payload: Bytes,
+    /// Messages left in the stream for this feed after this one.
+    pub pending: u64,
+}
+
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+}
+
+/// The stream config the brief requires for the business log.
+pub fn events_stream_config(max_bytes: i64, replicas: usize) -> StreamConfig {
+    StreamConfig {
+        name: subject::EVENTS_STREAM.to_string(),
+        subjects: vec![subject::EVENTS_ALL.to_string()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        max_age: EVENTS_MAX_AGE,
+        max_bytes,
+        discard: DiscardPolicy::New,
+        deny_delete: true,
+        deny_purge: true,
+        allow_rollup: false,
+        allow_atomic_publish: true,
+        duplicate_window: DUPLICATE_WINDOW,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+fn telemetry_stream_config(replicas: usize) -> StreamConfig {
+    StreamConfig {
+        name: subject::TELEMETRY_STREAM.to_string(),
+        subjects: vec![subject::TELEMETRY_ALL.to_string()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        max_age: TELEMETRY_MAX_AGE,
+        discard: DiscardPolicy::Old,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// Lists every way `actual` falls short of the business-log requirements.
+pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
+    let mut problems = Vec::new();
+    if actual.max_age != Duration::ZERO && actual.max_age < EVENTS_MAX_AGE {
+        problems.push(format!("max_age {:?} < 365 days", actual.max_age));
+    }
+    if actual.storage != StorageType::File {
+        problems.push("storage is not file".into());
+    }
+    if actual.retention != RetentionPolicy::Limits {
+        problems.push("retention is not limits".into());
+    }
+    if actual.discard != DiscardPolicy::New {
+        problems.push("discard is not new".into());
+    }
+    if actual.max_bytes <= 0 {
+        problems.push("max_bytes is not set".into());
+    }
+    if !actual.deny_delete {
+        problems.push("deny_delete is off".into());
+    }
+    if !actual.deny_purge {
+        problems.push("deny_purge is off".into());
+    }
+    if actual.allow_rollup {
+        problems.push("allow_rollup_hdrs is on".into());
+    }
+    if !actual.allow_atomic_publish {
+        problems.push("allow_atomic is off".into());
+    }
+    if !actual.subjects.iter().any(|s| s == subject::EVENTS_ALL) {
+        problems.push(format!("subjects {:?} lack {}", actual.subjects, subject::EVENTS_ALL));
+    }
+    problems
+}
+
+impl Bus {
+    /// Connects, creates the streams when missing and checks what the server holds.
+    pub async fn connect(config: &BusConfig) -> Result<Self> {
+        let client = async_nats::ConnectOptions::new()
+            .name(&config.client_name)
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(&config.nats_url)
+            .await
+            .map_err(|source| BusError::Connect {
+                url: config.nats_url.clone(),
+                source,
+            })?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(PUBLISH_ACK_TIMEOUT);
+        let bus = Self { client, js };
+        bus.ensure_streams(config).await?;
+        Ok(bus)
+    }
+
+    async fn ensure_streams(&self, config: &BusConfig) -> Result<()> {
+        let wanted = events_stream_config(config.events_max_bytes, config.replicas);
+        let mut stream = self
+            .js
+            .get_or_create_stream(wanted)
+            .await
+            .map_err(js_err)?;
+        // Read back what the server actually applied, not what we asked for.
+        let info = stream.info().await.map_err(js_err)?;
+        let problems = events_stream_problems(&info.config);
+        if !problems.is_empty() {
+            return Err(BusError::WeakStream {
+                stream: info.config.name.clone(),
+                problems: problems.join("; "),
+            });
+        }
+        self.js
+            .get_or_create_stream(telemetry_stream_config(config.replicas))
+            .await
+            .map_err(js_err)?;
+        Ok(())
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// The business log's config as the server reports it.
+    pub async fn events_stream_config(&self) -> Result<StreamConfig> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        Ok(stream.info().await.map_err(js_err)?.config.clone())
+    }
+
+    /// Sequence of the newest event in the business log (0 when empty).
+    pub async fn last_sequence(&self) -> Result<u64> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        Ok(stream.info().await.map_err(js_err)?.state.last_sequence)
+    }
+
+    fn headers(envelope: &Envelope, expect: Expect) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::NATS_MESSAGE_ID, envelope.id.to_string().as_str());
+        headers.insert(EVENT_TYPE_HEADER, envelope.event_type.as_str());
+        if let Expect::LastSubjectSequence(seq) = expect {
+            headers.insert(
+                header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                seq.to_string().as_str(),
+            );
+        }
+        headers
+    }
+
+    /// Appends one event to its aggregate's subject.
+    pub async fn publish(&self, envelope: &Envelope, expect: Expect) -> Result<Appended> {
+        let subject = envelope.data.subject();
+        let ack = self
+            .js
+            .publish_with_headers(
+                subject.clone(),
+                Self::headers(envelope, expect),
+                Bytes::from(envelope.to_json()),
+            )
+            .await
+            .map_err(js_err)?
+            .await
+            .map_err(|e| publish_error(&subject, e))?;
+        Ok(Appended {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Appends events to several aggregates as one atomic batch (ADR-50):
+    /// the server stores all of them or none, and checks every message's
+    /// expectation at commit.
+    pub async fn publish_atomic(&self, events: &[(Envelope, Expect)]) -> Result<Appended> {
+        assert!(!events.is_empty(), "an atomic batch holds at least one event");
+        assert!(events.len() <= MAX_BATCH_MESSAGES, "atomic batch too large");
+        if events.len() == 1 {
+            return self.publish(&events[0].0, events[0].1).await;
+        }
+        let batch_id = uuid::Uuid::now_v7().simple().to_string();
+        let last = events.len() - 1;
+        let subjects: Vec<String> = events.iter().map(|(e, _)| e.data.subject()).collect();
+        for (i, (envelope, expect)) in events.iter().enumerate() {
+            let subject = subjects[i].clone();
+            let mut headers = Self::headers(envelope, *expect);
+            headers.insert(header::NATS_BATCH_ID, batch_id.as_str());
+            headers.insert(header::NATS_BATCH_SEQUENCE, (i + 1).to_string().as_str());
+            let payload = Bytes::from(envelope.to_json());
+            if i < last {
+                // Only the commit is acknowledged; earlier messages are
+                // fire-and-forget on the same connection, so they arrive first.
+                self.client
+                    .publish_with_headers(subject.clone(), headers, payload)
+                    .await
+                    .map_err(js_err)?;
+            } else {
+                headers.insert(header::NATS_BATCH_COMMIT, header::NATS_BATCH_COMMIT_FINAL);
+                let ack = self
+                    .js
+                    .publish_with_headers(subject.clone(), headers, payload)
+                    .await
+                    .map_err(js_err)?
+                    .await
+                    .map_err(|e| publish_error(&subjects.join(", "), e))?;
+                return Ok(Appended {
+                    sequence: ack.sequence,
+                    duplicate: ack.duplicate,
+                });
+            }
+        }
+        unreachable!("the loop returns at the last event")
+    }
+
+    /// Stream sequence of the last event on `subject` (0 when there is none).
+    pub async fn subject_last_sequence(&self, subject: &str) -> Result<u64> {
+        let stream = self
+            .js
+            .get_stream(lh_events::subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(msg) => Ok(msg.sequence),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(js_err(e)),
+        }
+    }
+
+    /// Replays the business log from `from_sequence` (1 for everything) for
+    /// the subjects matching `filter`, then follows live. Ordered consumer:
+    /// gaps are detected and the consumer recreated by the client.
+    pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
+        let stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        let deliver_policy = if from_sequence <= 1 {
+            DeliverPolicy::All
+        } else {
+            DeliverPolicy::ByStartSequence {
+                start_sequence: from_sequence,
+            }
+        };
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subjects: filters.iter().map(|f| f.to_string()).collect(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        let messages = consumer.messages().await.map_err(js_err)?;
+        Ok(Feed {
+            messages: Box::pin(messages),
+        })
+    }
+
+    /// Publishes a telemetry sample (heartbeat, usage) on `LH_TELEMETRY`
+    /// without waiting for the store: losing one is harmless.
+    pub async fn publish_telemetry(&self, subject: String, payload: Vec<u8>) -> Result<()> {
+        self.client
+            .publish(subject, payload.into())
+            .await
+            .map_err(js_err)
+    }
+}
+
+fn publish_error(subject: &str, e: async_nats::jetstream::context::PublishError) -> BusError {
+    let text = e.to_string();
+    if e.kind() == PublishErrorKind::WrongLastSequence || text.contains("wrong last sequence") {
+        BusError::Conflict(format!("{subject}: {text}"))
+    } else if text.contains("error code 10201") {
+        BusError::DuplicateBatch(format!("{subject}: {text}"))
+    } else {
+        BusError::JetStream(format!("{subject}: {text}"))
+    }
+}
+
+type MessageStream = std::pin::Pin<
+    Box<
+        dyn futures::Stream<
+                Item = Result<
+                    jetstream::Message,
+                    async_nats::jetstream::consumer::pull::OrderedError,
+                >,
+            > + Send,
+    >,
+>;
+
+/// Events of one filter in stream order.
+pub struct Feed {
+    messages: MessageStream,
+}
+
+impl Feed {
+    /// The next event; `None` only when the connection closed for good.
+    pub async fn next(&mut self) -> Option<Result<Stored>> {
+        let message = match self.messages.next().await? {
+            Ok(m) => m,
+            Err(e) => return Some(Err(js_err(e))),
+        };
+        let (sequence, pending) = match message.info() {
+            Ok(info) => (info.stream_sequence, info.pending),
+            Err(e) => return Some(Err(js_err(e))),
+        };
+        let subject = message.subject.to_string();
+        let payload = message.payload.clone();
+        Some(
+            Envelope::from_json(&payload)
+                .map(|envelope| Stored {
+                    sequence,
+                    subject: subject.clone(),
+                    envelope,
+                    payload,
+                    pending,
+                })
+                .map_err(|source| BusError::Decode {
+                    subject,
+                    sequence,
+                    source,
+                }),
+        )
+    }
+
+    /// Like [`Feed::next`], but gives up after `timeout` with `None`.
+    pub async fn next_within(&mut self, timeout: Duration) -> Option<Result<Stored>> {
+        tokio::time::timeout(timeout, self.next()).await.ok().flatten()
+    }
+}

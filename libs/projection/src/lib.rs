@@ -1,1 +1,320 @@
+//! Read models in PostgreSQL, rebuilt from the log at will.
+//!
+//! A [`Projector`] turns one stored event into row changes. The
+//! [`run`] loop applies each event in its own transaction together with the
+//! stream sequence it came from (`projection_offsets`), so a crash anywhere
+//! neither loses nor doubles a row: on restart the loop resumes right after
+//! the last committed sequence.
+//!
+//! Each service owns one Postgres schema; every connection of its pool has
+//! `search_path` set to it, so projector SQL is unqualified and [`rebuild`]
+//! can replay the whole log into a fresh schema with the same code.
 
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lh_bus::{Bus, Stored};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::watch;
+
+/// Most connections one service's pool opens.
+pub const MAX_POOL_CONNECTIONS: u32 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("bus: {0}")]
+    Bus(#[from] lh_bus::BusError),
+    #[error("invalid schema name {0:?}")]
+    SchemaName(String),
+    #[error("the event feed closed")]
+    FeedClosed,
+}
+
+pub type Result<T, E = ProjectionError> = std::result::Result<T, E>;
+
+/// Turns events into rows. Must be idempotent per event and deterministic:
+/// a rebuild from sequence 1 has to produce the very same rows.
+pub trait Projector: Send + Sync + 'static {
+    /// Key of this projection's offset row.
+    fn name(&self) -> &'static str;
+    /// Subjects this projection reads.
+    fn filters(&self) -> &'static [&'static str];
+    /// Applies one event inside the caller's transaction.
+    fn apply<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        event: &'c Stored,
+    ) -> BoxFuture<'c, sqlx::Result<()>>;
+}
+
+fn check_schema_name(schema: &str) -> Result<()> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(ProjectionError::SchemaName(schema.to_string()))
+    }
+}
+
+/// A pool whose connections all work inside `schema` (created when missing).
+pub async fn connect_schema(database_url: &str, schema: &str) -> Result<PgPool> {
+    check_schema_name(schema)?;
+    let base: PgConnectOptions = database_url.parse()?;
+    {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(base.clone())
+            .await?;
+        // Two services starting at once may race on CREATE SCHEMA.
+        let _ = sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .execute(&admin)
+            .await;
+        admin.close().await;
+    }
+    let options = base.options([("search_path", schema)]);
+    Ok(PgPoolOptions::new()
+        .max_connections(MAX_POOL_CONNECTIONS)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await?)
+}
+
+/// Runs the service's migrations and the runner's own offset table.
+pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
+    migrator.run(pool).await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS projection_offsets (
+            name TEXT PRIMARY KEY,
+            sequence BIGINT NOT NULL
+        )",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Last sequence this projection committed (0 when it never ran).
+pub async fn committed_sequence(pool: &PgPool, name: &str) -> Result<u64> {
+    let seq: Option<i64> =
+        sqlx::query_scalar("SELECT sequence FROM projection_offsets WHERE name = $1")
+            .bind(name)
+            .fetch_optional(pool)
+            .await?;
+    Ok(seq.unwrap_or(0) as u64)
+}
+
+/// Where a running projection stands; cheap to clone and share with handlers.
+#[derive(Clone)]
+pub struct Progress {
+    applied: watch::Receiver<u64>,
+    caught_up: watch::Receiver<bool>,
+}
+
+impl Progress {
+    /// Highest stream sequence reflected in the tables.
+    pub fn applied(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// True once the projection has replayed the log up to its head.
+    pub fn caught_up(&self) -> bool {
+        *self.caught_up.borrow()
+    }
+
+    /// Waits until the tables reflect `sequence` (read-your-writes for an
+    /// API that just appended an event). False on timeout.
+    pub async fn wait_for(&self, sequence: u64, timeout: Duration) -> bool {
+        let mut rx = self.applied.clone();
+        tokio::time::timeout(timeout, rx.wait_for(|s| *s >= sequence))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+
+    /// Waits until the projection first reaches the head of the log.
+    pub async fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let mut rx = self.caught_up.clone();
+        tokio::time::timeout(timeout, rx.wait_for(|c| *c))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+}
+
+/// Runs `projector` until `shutdown` resolves. `on_progress` is handed the
+/// progress view before the first event is read.
+pub async fn run<P: Projector>(
+    bus: &Bus,
+    pool: &PgPool,
+    projector: &P,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_progress: impl FnOnce(Progress),
+) -> Result<()> {
+    let start = committed_sequence(pool, projector.name()).await?;
+    let (applied_tx, applied_rx) = watch::channel(start);
+    let (caught_tx, caught_rx) = watch::channel(false);
+    on_progress(Progress {
+        applied: applied_rx,
+        caught_up: caught_rx,
+    });
+    if bus.last_sequence().await? <= start {
+        caught_tx.send_replace(true);
+    }
+    let mut feed = bus.feed(projector.filters(), start + 1).await?;
+    tokio::pin!(shutdown);
+    loop {
+        let next = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            next = feed.next_within(Duration::from_millis(500)) => next,
+        };
+        let Some(event) = next else {
+            // A quiet spell: the ordered feed has delivered every matching
+            // event there is, so the tables are at the head of the log.
+            caught_tx.send_replace(true);
+            continue;
+        };
+        let event = event?;
+        apply_one(pool, projector, &event).await?;
+        applied_tx.send_replace(event.sequence);
+        if event.pending == 0 {
+            caught_tx.send_replace(true);
+        }
+    }
+}
+
+async fn apply_one<P: Projector>(pool: &PgPool, projector: &P, event: &Stored) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    let committed: Option<i64> = sqlx::query_scalar(
+        "SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE",
+    )
+    .bind(projector.name())
+    .fetch_optional(&mut *tx)
+    .await?;
+    // A second runner of the same projection (or a replay) already did it.
+    if committed.is_some_and(|c| c as u64 >= event.sequence) {
+        return Ok(());
+    }
+    projector.apply(&mut tx, event).await?;
+    sqlx::query(
+        "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
+    )
+    .bind(projector.name())
+    .bind(event.sequence as i64)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Replays the whole log (up to its head at call time) into a fresh
+/// `schema`, dropping whatever that schema held. Returns the sequence
+/// reached. `on_event` is told each applied sequence (for progress output).
+pub async fn rebuild<P: Projector>(
+    bus: &Bus,
+    database_url: &str,
+    schema: &str,
+    migrator: &Migrator,
+    projector: &P,
+    mut on_event: impl FnMut(u64, u64),
+) -> Result<u64> {
+    check_schema_name(schema)?;
+    {
+        let base: PgConnectOptions = database_url.parse()?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(base)
+            .await?;
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+    }
+    let pool = connect_schema(database_url, schema).await?;
+    migrate(&pool, migrator).await?;
+    let head = bus.last_sequence().await?;
+    let mut reached = 0;
+    if head > 0 {
+        let mut feed = bus.feed(projector.filters(), 1).await?;
+        loop {
+            let Some(event) = feed.next_within(Duration::from_secs(2)).await else {
+                // No more matching events before the head.
+                break;
+            };
+            let event = event?;
+            if event.sequence > head {
+                break;
+            }
+            apply_one(&pool, projector, &event).await?;
+            reached = event.sequence;
+            on_event(reached, head);
+            if event.pending == 0 || event.sequence == head {
+                break;
+            }
+        }
+    }
+    pool.close().await;
+    Ok(reached)
+}
+
+/// Replaces schema `live` by `rebuilt` in one transaction (the old one is dropped).
+pub async fn swap_schemas(database_url: &str, live: &str, rebuilt: &str) -> Result<()> {
+    check_schema_name(live)?;
+    check_schema_name(rebuilt)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await?;
+    let mut tx = pool.begin().await?;
+    let old = format!("{live}_old");
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {old} CASCADE"))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&format!("ALTER SCHEMA {live} RENAME TO {old}"))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&format!("ALTER SCHEMA {rebuilt} RENAME TO {live}"))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&format!("DROP SCHEMA {old} CASCADE"))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// MD5 over every row of `schema.table` in a canonical order: equal digests
+/// mean byte-identical tables.
+pub async fn table_digest(pool: &PgPool, schema: &str, table: &str) -> Result<(i64, String)> {
+    check_schema_name(schema)?;
+    check_schema_name(table)?;
+    let row: (i64, Option<String>) = sqlx::query_as(&format!(
+        "SELECT count(*), md5(string_agg(t::text, E'\\n' ORDER BY t::text)) FROM {schema}.{table} t"
+    ))
+    .fetch_one(pool)
+    .await?;
+    Ok((row.0, row.1.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn schema_names_are_checked() {
+        assert!(super::check_schema_name("gateway_rebuild").is_ok());
+        assert!(super::check_schema_name("Gateway").is_err());
+        assert!(super::check_schema_name("x; DROP").is_err());
+        assert!(super::check_schema_name("1abc").is_err());
+    }
+}

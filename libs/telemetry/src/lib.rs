@@ -1,1 +1,184 @@
+//! Tracing, metrics and the health endpoints every service serves.
+//!
+//! * [`init`] sets up `tracing` once per process: JSON or pretty logs, and
+//!   OTLP/HTTP trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+//! * [`metrics_handle`] installs one Prometheus recorder per process; the
+//!   `metrics` macros anywhere in the code then show up on `/metrics`.
+//! * [`health_router`] serves `/healthz` (the process runs), `/readyz` (it
+//!   has caught up and can do its job) and `/metrics`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::{extract::State, http::StatusCode, routing::get, Router};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer};
+
+static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+static TRACING: OnceLock<()> = OnceLock::new();
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+impl LogFormat {
+    /// `LH_LOG_FORMAT=json` selects JSON; anything else is pretty.
+    pub fn from_env() -> Self {
+        match std::env::var("LH_LOG_FORMAT").as_deref() {
+            Ok("json") => LogFormat::Json,
+            _ => LogFormat::Pretty,
+        }
+    }
+}
+
+/// Sets up logging and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OTLP
+/// trace export. Safe to call more than once (tests run many services in
+/// one process); only the first call takes effect.
+pub fn init(service_name: &'static str, format: LogFormat) {
+    TRACING.get_or_init(|| {
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+        let fmt_layer = match format {
+            LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
+            LogFormat::Pretty => tracing_subscriber::fmt::layer().boxed(),
+        };
+        let otel_layer = otlp_tracer(service_name).map(|tracer| {
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .boxed()
+        });
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(fmt_layer)
+            .with(otel_layer)
+            .try_init();
+    });
+}
+
+fn otlp_tracer(service_name: &'static str) -> Option<opentelemetry_sdk::trace::Tracer> {
+    use opentelemetry::trace::TracerProvider as _;
+    std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok()?;
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("OTLP export disabled: {e}");
+            return None;
+        }
+    };
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(service_name)
+                .build(),
+        )
+        .build();
+    let tracer = provider.tracer(service_name);
+    opentelemetry::global::set_tracer_provider(provider);
+    Some(tracer)
+}
+
+/// The process-wide Prometheus recorder.
+pub fn metrics_handle() -> PrometheusHandle {
+    METRICS
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // In tests several services share a process and one recorder.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// Whether a service is ready to do its job; flipped by the service.
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// `/healthz`, `/readyz` and `/metrics`, to merge into a service's router.
+pub fn health_router(readiness: Readiness) -> Router {
+    let handle = metrics_handle();
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(r): State<Readiness>| async move {
+                if r.is_ready() {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            }),
+        )
+        .with_state(readiness)
+        .route("/metrics", get(move || async move { handle.render() }))
+}
+
+/// Binds `addr` and serves `router` until `shutdown` resolves. Returns the
+/// bound address at once (port 0 picks a free port).
+pub async fn serve(
+    addr: &str,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "http server failed");
+        }
+    });
+    Ok((local, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn readyz_follows_readiness_and_metrics_render() {
+        let readiness = Readiness::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr, _task) = serve("127.0.0.1:0", health_router(readiness.clone()), async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        let get = |path: &'static str| async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        assert!(get("/readyz").await.starts_with("HTTP/1.0 503"));
+        readiness.set(true);
+        assert!(get("/readyz").await.starts_with("HTTP/1.0 200"));
+        metrics::counter!("lh_test_total").increment(1);
+        assert!(get("/metrics").await.contains("lh_test_total 1"));
+        let _ = tx.send(());
+    }
+}
