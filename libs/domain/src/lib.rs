@@ -9,5 +9,7 @@
 
 pub mod catalog;
 pub mod chain;
+pub mod fleet;
 pub mod placement;
 pub mod rating;
+pub mod spot;

@@ -1,0 +1,167 @@
+//! The GPU fleet as the log describes it: nodes, their GPUs and which lease
+//! holds each. An evolve function over events; the scheduler and the
+//! spot-broker both fold the log into it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use lh_events::{EventData, NodeRegistered};
+use uuid::Uuid;
+
+use crate::placement::{Gpu, Node};
+
+#[derive(Debug, Clone, Default)]
+pub struct Fleet {
+    pub nodes: BTreeMap<String, Node>,
+    /// Stream sequence of the last event on each node's subject, for the
+    /// expected-last-subject-sequence of the next write.
+    pub node_sequence: HashMap<String, u64>,
+    /// GPUs each live lease holds: node and GPU indices.
+    pub holdings: HashMap<Uuid, (String, Vec<u32>)>,
+}
+
+impl Fleet {
+    /// Folds one stored event in.
+    pub fn apply(&mut self, sequence: u64, data: &EventData) {
+        match data {
+            EventData::NodeRegistered(e) => {
+                self.register(e);
+                self.node_sequence.insert(e.node_id.clone(), sequence);
+            }
+            EventData::NodeGpusAllocated(e) => {
+                self.hold(&e.node_id, e.lease_id, &e.gpu_indices);
+                self.node_sequence.insert(e.node_id.clone(), sequence);
+            }
+            EventData::LeasePlaced(e) => {
+                let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
+                self.hold(&e.node_id, e.lease_id, &indices);
+            }
+            EventData::LeaseEnded(e) => self.release(e.lease_id),
+            _ => {}
+        }
+    }
+
+    fn register(&mut self, e: &NodeRegistered) {
+        // Re-registration keeps what live leases hold.
+        let gpus = e
+            .gpus
+            .iter()
+            .map(|g| Gpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                vram_gb: g.vram_gb,
+                held_by: self
+                    .holdings
+                    .iter()
+                    .find(|(_, (n, idx))| n == &e.node_id && idx.contains(&g.index))
+                    .map(|(l, _)| *l),
+            })
+            .collect();
+        self.nodes.insert(
+            e.node_id.clone(),
+            Node {
+                id: e.node_id.clone(),
+                zone: e.zone.clone(),
+                gpus,
+            },
+        );
+    }
+
+    fn hold(&mut self, node_id: &str, lease_id: Uuid, indices: &[u32]) {
+        if self.holdings.contains_key(&lease_id) {
+            return;
+        }
+        self.holdings
+            .insert(lease_id, (node_id.to_string(), indices.to_vec()));
+        if let Some(node) = self.nodes.get_mut(node_id) {
+            for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
+                gpu.held_by = Some(lease_id);
+            }
+        }
+    }
+
+    fn release(&mut self, lease_id: Uuid) {
+        let Some((node_id, indices)) = self.holdings.remove(&lease_id) else {
+            return;
+        };
+        if let Some(node) = self.nodes.get_mut(&node_id) {
+            for gpu in node
+                .gpus
+                .iter_mut()
+                .filter(|g| indices.contains(&g.index) && g.held_by == Some(lease_id))
+            {
+                gpu.held_by = None;
+            }
+        }
+    }
+
+    /// `(zone, model) -> (total GPUs, held GPUs)`.
+    pub fn usage_by_zone_model(&self) -> BTreeMap<(String, String), (u32, u32)> {
+        let mut out: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
+        for node in self.nodes.values() {
+            for gpu in &node.gpus {
+                let e = out
+                    .entry((node.zone.clone(), gpu.model.clone()))
+                    .or_default();
+                e.0 += 1;
+                if gpu.held_by.is_some() {
+                    e.1 += 1;
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lh_events::*;
+
+    fn registered(n: u32) -> EventData {
+        EventData::NodeRegistered(NodeRegistered {
+            node_id: "a".into(),
+            zone: "z".into(),
+            hostname: "h".into(),
+            gpus: (0..n)
+                .map(|i| GpuInfo {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    model: "A100-40GB".into(),
+                    vram_gb: 40,
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn holds_and_releases_follow_the_log() {
+        let mut f = Fleet::default();
+        f.apply(1, &registered(4));
+        let lease = Uuid::from_u128(7);
+        f.apply(
+            2,
+            &EventData::NodeGpusAllocated(NodeGpusAllocated {
+                node_id: "a".into(),
+                lease_id: lease,
+                gpu_indices: vec![1, 2],
+            }),
+        );
+        assert_eq!(f.node_sequence["a"], 2);
+        assert_eq!(f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())], (4, 2));
+        // A node re-registering keeps its holdings.
+        f.apply(3, &registered(4));
+        assert_eq!(f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())], (4, 2));
+        f.apply(
+            4,
+            &EventData::LeaseEnded(LeaseEnded {
+                lease_id: lease,
+                node_id: Some("a".into()),
+                ended_at: chrono::Utc::now(),
+                reason: EndReason::Stopped,
+                exit_code: None,
+            }),
+        );
+        assert_eq!(f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())], (4, 0));
+    }
+}

@@ -1,0 +1,130 @@
+//! The shape every Leasehold service shares: common flags, one shutdown
+//! mechanism, the bus connection and the health/metrics server.
+//!
+//! A service's library exposes `start(config, shutdown) -> Running`; its
+//! `main.rs` parses flags, calls [`init_process`] and awaits
+//! [`Running::wait`]. Tests call the same `start` with port 0 and read the
+//! bound address from [`Running::http_addr`].
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use lh_bus::{Bus, BusConfig};
+use lh_telemetry::Readiness;
+use tokio::task::JoinHandle;
+pub use tokio_util::sync::CancellationToken;
+
+/// Flags every service takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// NATS server with JetStream.
+    #[arg(long, env = "LH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Listen address for /healthz, /readyz and /metrics (service default when unset).
+    #[arg(long, env = "LH_HTTP_ADDR")]
+    pub http_addr: Option<String>,
+    /// Byte cap of the LH_EVENTS stream when this service creates it.
+    #[arg(long, env = "LH_EVENTS_MAX_BYTES", default_value_t = lh_bus::EVENTS_DEFAULT_MAX_BYTES)]
+    pub events_max_bytes: i64,
+}
+
+impl CommonArgs {
+    /// For tests: a service on `nats_url` listening on a free port.
+    pub fn for_test(nats_url: &str) -> Self {
+        Self {
+            nats_url: nats_url.to_string(),
+            http_addr: Some("127.0.0.1:0".to_string()),
+            events_max_bytes: lh_bus::EVENTS_DEFAULT_MAX_BYTES,
+        }
+    }
+
+    pub fn http_addr_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.http_addr.as_deref().unwrap_or(default)
+    }
+
+    /// Connects to NATS and checks the streams (see [`Bus::connect`]).
+    pub async fn connect_bus(&self, service: &str) -> anyhow::Result<Bus> {
+        let mut config = BusConfig::new(&self.nats_url, service);
+        config.events_max_bytes = self.events_max_bytes;
+        Bus::connect(&config)
+            .await
+            .with_context(|| format!("{service}: connecting to the event log"))
+    }
+}
+
+/// Logging and tracing for a service binary.
+pub fn init_process(service: &'static str) {
+    lh_telemetry::init(service, lh_telemetry::LogFormat::from_env());
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler installs");
+            tokio::select! {
+                _ = ctrl_c => {},
+                _ = term.recv() => {},
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down");
+        cancel.cancel();
+    });
+    token
+}
+
+/// A started service.
+pub struct Running {
+    /// Where its HTTP server (health, metrics, and the API for the gateway) listens.
+    pub http_addr: SocketAddr,
+    pub readiness: Readiness,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Serves `router` (merged with the health routes) on `addr` and runs
+    /// `work` until it ends or `shutdown` is cancelled.
+    pub async fn spawn(
+        addr: &str,
+        router: axum::Router,
+        readiness: Readiness,
+        shutdown: CancellationToken,
+        work: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        let router = router.merge(lh_telemetry::health_router(readiness.clone()));
+        let stop = shutdown.clone();
+        let (http_addr, http) =
+            lh_telemetry::serve(addr, router, async move { stop.cancelled().await }).await?;
+        let task = tokio::spawn(async move {
+            let result = tokio::select! {
+                r = work => r,
+                _ = shutdown.cancelled() => Ok(()),
+            };
+            shutdown.cancel();
+            let _ = http.await;
+            result
+        });
+        Ok(Self {
+            http_addr,
+            readiness,
+            task,
+        })
+    }
+
+    /// Waits for the service to end; its error, if it failed.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("service task panicked")?
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
