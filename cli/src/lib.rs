@@ -1,1 +1,498 @@
+//! `lh`: the command-line client of Leasehold, the GPU leasing platform.
+//!
+//! Tenants use it to request GPU leases, watch them get queued, placed and
+//! started, stop them, and read their monthly invoices; operators use it
+//! (with the admin token as API key) to create tenants and to check that the
+//! audit log's hash chain is intact. It is a thin HTTP client of the gateway's
+//! `/v1` API: each command is one request (or a short series, for `--all` and
+//! `--wait`), shown as a compact table or, with `--json`, as the gateway's
+//! own JSON, pretty-printed.
+//!
+//! # Configuration
+//!
+//! | flag            | environment      | default                 |
+//! |-----------------|------------------|-------------------------|
+//! | `--gateway-url` | `LH_GATEWAY_URL` | `http://127.0.0.1:8080` |
+//! | `--api-key`     | `LH_API_KEY`     | none (no `Authorization`) |
+//! | `--json`        |                  | off                     |
+//!
+//! The key is sent as `Authorization: Bearer <key>`.
+//!
+//! # Exit codes
+//!
+//! * [`EXIT_OK`] (0): success.
+//! * [`EXIT_FAILURE`] (1): the answer is "no": `audit verify` found the chain
+//!   broken; `lease get --wait` timed out or the lease ended or was rejected
+//!   instead (the last lease view is still printed); stdout could not be written.
+//! * [`EXIT_CLIENT_ERROR`] (2): bad arguments or configuration, or a 4xx answer.
+//! * [`EXIT_SERVER_ERROR`] (3): a 5xx answer, an answer that is not the expected
+//!   JSON, or the gateway could not be reached.
+//!
+//! Errors go to stderr as `error: <title>: <detail> (field: <field>)`, read
+//! from the gateway's `application/problem+json` body.
+//!
+//! # Use from tests
+//!
+//! The binary is `main` calling [`run_with`] on the process' arguments and
+//! stdio. Tests call the same code with their own arguments and buffers:
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let out = lh_cli::capture([
+//!     "lh", "--gateway-url", "http://127.0.0.1:18080", "--api-key", "KEY",
+//!     "--json", "lease", "ls", "--all",
+//! ])
+//! .await;
+//! assert_eq!(out.code, lh_cli::EXIT_OK, "stderr: {}", out.stderr);
+//! let page: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+//! # }
+//! ```
+//!
+//! * [`run_with`]`(args, &mut out, &mut err).await -> i32` writes to any
+//!   `Write + Send` pair; [`capture`]`(args).await -> Captured` collects both
+//!   into strings; [`run_blocking`] does the same from synchronous code (it
+//!   runs its own runtime, on a separate thread if called inside one).
+//! * [`run`] takes an already parsed [`Cli`] and returns `anyhow::Result<i32>`:
+//!   `Ok(code)` for commands that ran, `Err` (see [`exit_code`]) for errors.
+//! * `args` starts with the program name, as with `std::env::args`.
+//!   Flags given in `args` override `LH_GATEWAY_URL` / `LH_API_KEY`, which are
+//!   read from the process environment; pass `--gateway-url` explicitly.
+//! * `--json` output is exactly one pretty-printed JSON document on stdout:
+//!   the gateway's answer, or for `lease ls --all` the merged
+//!   `{"items":[...],"next_cursor":null}`.
 
+mod args;
+mod client;
+mod error;
+mod render;
+
+pub use args::{
+    AuditCommand, Cli, Command, InvoiceCommand, InvoiceShow, LeaseCommand, LeaseCreate, LeaseGet,
+    LeaseList, LeaseState, LeaseStop, TenantCommand, TenantCreate, Tier, DEFAULT_GATEWAY_URL,
+};
+pub use client::Gateway;
+pub use error::{
+    exit_code, CliError, Problem, EXIT_CLIENT_ERROR, EXIT_FAILURE, EXIT_OK, EXIT_SERVER_ERROR,
+};
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::io::Write;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often `lease get --wait` polls.
+pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Most pages `lease ls --all` follows before giving up on the gateway.
+const MAX_PAGES: usize = 10_000;
+
+/// Output sink: anything writable that may cross threads.
+pub type Out<'a> = &'a mut (dyn Write + Send);
+
+/// Parses `args` (program name first) and runs the command, writing results
+/// to `out` and errors and progress to `err`. Returns the exit code; never
+/// panics on bad input. Help and `--version` go to `out` with code 0.
+pub async fn run_with<I, T>(args: I, out: Out<'_>, err: Out<'_>) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let sink: &mut dyn Write = if e.use_stderr() { &mut *err } else { &mut *out };
+            let _ = write!(sink, "{}", e.render());
+            return e.exit_code();
+        }
+    };
+    match run(cli, out, err).await {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e:#}");
+            exit_code(&e)
+        }
+    }
+}
+
+/// What one `lh` invocation printed, and its exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// [`run_with`] into in-memory buffers.
+pub async fn capture<I, T>(args: I) -> Captured
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_with(args, &mut out, &mut err).await;
+    Captured {
+        code,
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stderr: String::from_utf8_lossy(&err).into_owned(),
+    }
+}
+
+/// [`run_with`] for synchronous callers. Builds a single-threaded runtime;
+/// when called from inside a Tokio runtime it runs on a scoped helper thread
+/// (blocking the caller's thread meanwhile) instead of panicking.
+pub fn run_blocking<I, T>(args: I, out: Out<'_>, err: Out<'_>) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let go = move || match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(run_with(args, out, err)),
+        Err(e) => {
+            let _ = writeln!(err, "error: cannot start the async runtime: {e}");
+            EXIT_FAILURE
+        }
+    };
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::scope(|s| s.spawn(go).join().unwrap_or(EXIT_FAILURE))
+    } else {
+        go()
+    }
+}
+
+/// Runs a parsed command. `Ok(code)` when the command ran (code 0, or 1 for a
+/// negative answer such as a broken audit chain); `Err` for failures, whose
+/// exit code [`exit_code`] gives (a [`CliError`] inside for gateway errors).
+pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
+    let gw = Gateway::new(&cli.gateway_url, cli.api_key.as_deref())?;
+    let json = cli.json;
+    match cli.command {
+        Command::Tenant(TenantCommand::Create(t)) => {
+            let body = json!({
+                "name": t.name,
+                "email": t.email,
+                "quota": {"max_gpus": t.max_gpus},
+            });
+            let tenant = gw.post(&["v1", "tenants"], Some(&body), &[]).await?;
+            emit(out, json, &tenant, render::tenant_created)?;
+            Ok(EXIT_OK)
+        }
+        Command::Lease(LeaseCommand::Create(c)) => {
+            let body = json!({
+                "gpus": c.gpus,
+                "gpu_model": c.gpu_model,
+                "tier": c.tier.as_str(),
+            });
+            let headers: Vec<(&str, &str)> = c
+                .idempotency_key
+                .as_deref()
+                .map(|k| ("Idempotency-Key", k))
+                .into_iter()
+                .collect();
+            let lease = gw.post(&["v1", "leases"], Some(&body), &headers).await?;
+            emit(out, json, &lease, render::lease_view)?;
+            Ok(EXIT_OK)
+        }
+        Command::Lease(LeaseCommand::Get(g)) => match g.wait {
+            None => {
+                let lease = gw.get(&["v1", "leases", &g.id], &[]).await?;
+                emit(out, json, &lease, render::lease_view)?;
+                Ok(EXIT_OK)
+            }
+            Some(target) => {
+                let timeout = Duration::from_secs(g.timeout);
+                let (lease, code) = wait_for(&gw, &g.id, target, timeout, err).await?;
+                emit(out, json, &lease, render::lease_view)?;
+                Ok(code)
+            }
+        },
+        Command::Lease(LeaseCommand::Ls(l)) => list_leases(&gw, &l, json, out).await,
+        Command::Lease(LeaseCommand::Stop(s)) => {
+            let lease = gw.post(&["v1", "leases", &s.id, "stop"], None, &[]).await?;
+            emit(out, json, &lease, render::lease_view)?;
+            Ok(EXIT_OK)
+        }
+        Command::Invoice(InvoiceCommand::Show(i)) => {
+            let mut query = vec![("period", i.period.as_str())];
+            if let Some(tenant) = &i.tenant {
+                query.push(("tenant_id", tenant.as_str()));
+            }
+            let invoice = gw.get(&["v1", "invoices"], &query).await?;
+            emit(out, json, &invoice, render::invoice)?;
+            Ok(EXIT_OK)
+        }
+        Command::Audit(AuditCommand::Verify) => {
+            let report = gw.get(&["v1", "audit", "verify"], &[]).await?;
+            emit(out, json, &report, render::audit)?;
+            if report.get("ok").and_then(Value::as_bool) == Some(true) {
+                Ok(EXIT_OK)
+            } else {
+                let _ = writeln!(err, "error: audit chain verification failed");
+                Ok(EXIT_FAILURE)
+            }
+        }
+    }
+}
+
+/// Prints `value` as pretty JSON or through `table`.
+fn emit(
+    out: Out<'_>,
+    json: bool,
+    value: &Value,
+    table: fn(&Value) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        let mut text = serde_json::to_string_pretty(value)?;
+        text.push('\n');
+        write_out(out, &text)
+    } else {
+        write_out(out, &table(value))
+    }
+}
+
+fn write_out(out: Out<'_>, text: &str) -> anyhow::Result<()> {
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("cannot write output")
+}
+
+/// `lease ls`: one page, or with `--all` every page from the cursor on.
+async fn list_leases(gw: &Gateway, l: &LeaseList, json: bool, out: Out<'_>) -> anyhow::Result<i32> {
+    let limit = l.limit.map(|n| n.to_string());
+    let mut cursor = l.cursor.clone();
+    let mut seen: HashSet<String> = cursor.iter().cloned().collect();
+    let mut items = Vec::new();
+    for _ in 0..MAX_PAGES {
+        let mut query = Vec::new();
+        if let Some(limit) = &limit {
+            query.push(("limit", limit.as_str()));
+        }
+        if let Some(c) = &cursor {
+            query.push(("cursor", c.as_str()));
+        }
+        let page = gw.get(&["v1", "leases"], &query).await?;
+        let bad = |reason: &str| CliError::BadResponse {
+            url: gw.url(&["v1", "leases"], &query).to_string(),
+            reason: reason.to_string(),
+        };
+        let page_items = page
+            .get("items")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("no `items` array in the lease list"))?;
+        let next = page
+            .get("next_cursor")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string);
+
+        if !l.all {
+            if json {
+                emit(out, true, &page, render::lease_view)?;
+            } else {
+                let mut table = render::lease_list(page_items);
+                if let Some(next) = &next {
+                    table.push_str(&format!(
+                        "\nmore: lh lease ls --cursor {next}  (or --all)\n"
+                    ));
+                }
+                write_out(out, &table)?;
+            }
+            return Ok(EXIT_OK);
+        }
+
+        items.extend(page_items.iter().cloned());
+        match next {
+            None => {
+                let all = json!({"items": items, "next_cursor": null});
+                emit(out, json, &all, |v| {
+                    render::lease_list(v["items"].as_array().map_or(&[], Vec::as_slice))
+                })?;
+                return Ok(EXIT_OK);
+            }
+            Some(next) => {
+                if !seen.insert(next.clone()) {
+                    return Err(bad(&format!("cursor `{next}` came back twice")).into());
+                }
+                cursor = Some(next);
+            }
+        }
+    }
+    Err(CliError::BadResponse {
+        url: gw.url(&["v1", "leases"], &[]).to_string(),
+        reason: format!("still more pages after {MAX_PAGES}"),
+    }
+    .into())
+}
+
+/// What a poll of `lease get --wait` found.
+#[derive(Debug, PartialEq, Eq)]
+enum WaitStep {
+    /// The lease is in the state waited for, or has passed it.
+    Reached,
+    /// The lease ended or was rejected and will never get there.
+    Finished,
+    /// Not yet.
+    Pending,
+}
+
+fn wait_step(state: &str, target: LeaseState) -> WaitStep {
+    match LeaseState::from_wire(state) {
+        Some(now) if now == target || now.is_past(target) => WaitStep::Reached,
+        Some(now) if now.is_terminal() => WaitStep::Finished,
+        _ => WaitStep::Pending,
+    }
+}
+
+/// One line of progress: `lease L: queued (#3, no capacity)`.
+fn progress_line(id: &str, lease: &Value, target: LeaseState) -> String {
+    let state = lease.get("state").and_then(Value::as_str).unwrap_or("?");
+    let mut notes = Vec::new();
+    if let Some(pos) = lease.get("queue_position").filter(|v| !v.is_null()) {
+        notes.push(format!("#{pos}"));
+    }
+    for key in ["queued_reason", "rejected_reason", "end_reason"] {
+        if let Some(reason) = lease.get(key).and_then(Value::as_str) {
+            notes.push(reason.to_string());
+        }
+    }
+    let notes = if notes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", notes.join(", "))
+    };
+    format!("waiting for lease {id} to be {target}: {state}{notes}")
+}
+
+/// Polls the lease every [`WAIT_POLL_INTERVAL`] until it reaches `target`,
+/// finishes, or `timeout` passes; reports each state change on `err`.
+/// Returns the last lease view and the exit code.
+async fn wait_for(
+    gw: &Gateway,
+    id: &str,
+    target: LeaseState,
+    timeout: Duration,
+    err: Out<'_>,
+) -> anyhow::Result<(Value, i32)> {
+    let deadline = Instant::now() + timeout;
+    let mut last_line = String::new();
+    loop {
+        let lease = gw.get(&["v1", "leases", id], &[]).await?;
+        let state = lease
+            .get("state")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let line = progress_line(id, &lease, target);
+        if line != last_line {
+            let _ = writeln!(err, "{line}");
+            last_line = line;
+        }
+        match wait_step(&state, target) {
+            WaitStep::Reached => return Ok((lease, EXIT_OK)),
+            WaitStep::Finished => {
+                let _ = writeln!(
+                    err,
+                    "error: lease {id} is {state} and will not become {target}"
+                );
+                return Ok((lease, EXIT_FAILURE));
+            }
+            WaitStep::Pending => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let _ = writeln!(
+                err,
+                "error: timed out after {}s waiting for lease {id} to become {target} (state: {state})",
+                timeout.as_secs()
+            );
+            return Ok((lease, EXIT_FAILURE));
+        }
+        tokio::time::sleep(WAIT_POLL_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_steps() {
+        use LeaseState::*;
+        assert_eq!(wait_step("running", Running), WaitStep::Reached);
+        assert_eq!(wait_step("running", Placed), WaitStep::Reached);
+        assert_eq!(wait_step("queued", Running), WaitStep::Pending);
+        assert_eq!(wait_step("requested", Queued), WaitStep::Pending);
+        assert_eq!(wait_step("ended", Running), WaitStep::Finished);
+        assert_eq!(wait_step("rejected", Running), WaitStep::Finished);
+        assert_eq!(wait_step("ended", Ended), WaitStep::Reached);
+        assert_eq!(wait_step("rejected", Rejected), WaitStep::Reached);
+        assert_eq!(wait_step("ended", Rejected), WaitStep::Finished);
+        assert_eq!(wait_step("hibernating", Running), WaitStep::Pending);
+        assert_eq!(wait_step("", Running), WaitStep::Pending);
+    }
+
+    #[test]
+    fn progress_lines() {
+        let lease = json!({"state": "queued", "queue_position": 2, "queued_reason": "no capacity"});
+        assert_eq!(
+            progress_line("L1", &lease, LeaseState::Running),
+            "waiting for lease L1 to be running: queued (#2, no capacity)"
+        );
+        let lease = json!({"state": "placed", "queue_position": null});
+        assert_eq!(
+            progress_line("L1", &lease, LeaseState::Running),
+            "waiting for lease L1 to be running: placed"
+        );
+    }
+
+    #[tokio::test]
+    async fn usage_errors_exit_2_without_network() {
+        let out = capture(["lh", "lease", "create", "--gpus", "0", "--gpu-model", "x"]).await;
+        assert_eq!(out.code, EXIT_CLIENT_ERROR);
+        assert!(out.stdout.is_empty());
+        assert!(out.stderr.contains("--gpus"), "{}", out.stderr);
+
+        let out = capture(["lh", "--gateway-url", "not a url", "audit", "verify"]).await;
+        assert_eq!(out.code, EXIT_CLIENT_ERROR);
+        assert!(
+            out.stderr
+                .starts_with("error: invalid gateway URL `not a url`"),
+            "{}",
+            out.stderr
+        );
+    }
+
+    #[tokio::test]
+    async fn help_and_version_go_to_stdout() {
+        let out = capture(["lh", "--help"]).await;
+        assert_eq!(out.code, EXIT_OK);
+        assert!(out.stdout.contains("lease"), "{}", out.stdout);
+        let out = capture(["lh", "--version"]).await;
+        assert_eq!(out.code, EXIT_OK);
+        assert!(out.stdout.starts_with("lh "));
+    }
+
+    #[test]
+    fn run_blocking_works_inside_and_outside_a_runtime() {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert_eq!(
+            run_blocking(["lh", "--version"], &mut out, &mut err),
+            EXIT_OK
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let code = rt.block_on(async {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            run_blocking(["lh", "--version"], &mut out, &mut err)
+        });
+        assert_eq!(code, EXIT_OK);
+    }
+}

@@ -1,0 +1,526 @@
+//! Command-line arguments of `lh`, parsed with clap's derive API.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Gateway used when neither `--gateway-url` nor `LH_GATEWAY_URL` is given.
+pub const DEFAULT_GATEWAY_URL: &str = "http://127.0.0.1:8080";
+
+const GLOBAL: &str = "Global options";
+
+/// Command-line client for the Leasehold GPU leasing gateway.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "lh", version, about, long_about = None)]
+pub struct Cli {
+    /// Base URL of the Leasehold gateway.
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        env = "LH_GATEWAY_URL",
+        default_value = DEFAULT_GATEWAY_URL,
+        value_name = "URL"
+    )]
+    pub gateway_url: String,
+
+    /// API key (or admin token), sent as `Authorization: Bearer <key>`.
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        env = "LH_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub api_key: Option<String>,
+
+    /// Print the gateway's JSON, pretty-printed, instead of a table.
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level command groups.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Manage tenants (admin token required).
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Request, inspect and stop GPU leases.
+    #[command(subcommand)]
+    Lease(LeaseCommand),
+    /// Show invoices.
+    #[command(subcommand)]
+    Invoice(InvoiceCommand),
+    /// Check the audit log.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+/// `lh tenant ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and print its API key (shown only once).
+    Create(TenantCreate),
+}
+
+/// `lh tenant create`
+#[derive(Debug, Clone, Args)]
+pub struct TenantCreate {
+    /// Display name of the tenant.
+    #[arg(long)]
+    pub name: String,
+    /// Contact e-mail address.
+    #[arg(long)]
+    pub email: String,
+    /// Most GPUs the tenant may hold at once.
+    #[arg(long, value_name = "N")]
+    pub max_gpus: u32,
+}
+
+/// `lh lease ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum LeaseCommand {
+    /// Request a new lease.
+    Create(LeaseCreate),
+    /// Show one lease, optionally waiting for it to reach a state.
+    Get(LeaseGet),
+    /// List your leases, newest first.
+    #[command(visible_alias = "list")]
+    Ls(LeaseList),
+    /// Stop (end) a lease.
+    Stop(LeaseStop),
+}
+
+/// `lh lease create`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseCreate {
+    /// Number of GPUs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus: u32,
+    /// GPU model, e.g. `H100-80G`.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu_model: String,
+    /// Service tier.
+    #[arg(long, value_enum, default_value_t = Tier::Basic)]
+    pub tier: Tier,
+    /// Sent as the `Idempotency-Key` header: retrying with the same key
+    /// returns the lease created the first time.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+}
+
+/// `lh lease get`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseGet {
+    /// Lease id.
+    pub id: String,
+    /// Poll every 200 ms until the lease reaches this state (or ends, or is rejected).
+    #[arg(long, value_enum, value_name = "STATE")]
+    pub wait: Option<LeaseState>,
+    /// Give up waiting after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60, requires = "wait")]
+    pub timeout: u64,
+}
+
+/// `lh lease ls`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseList {
+    /// Page size asked of the gateway.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Start from this cursor (the `next_cursor` of an earlier page).
+    #[arg(long, value_name = "CURSOR")]
+    pub cursor: Option<String>,
+    /// Follow `next_cursor` until the last page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `lh lease stop`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseStop {
+    /// Lease id.
+    pub id: String,
+}
+
+/// `lh invoice ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum InvoiceCommand {
+    /// Show the invoice of one billing period.
+    Show(InvoiceShow),
+}
+
+/// `lh invoice show`
+#[derive(Debug, Clone, Args)]
+pub struct InvoiceShow {
+    /// Billing period, `YYYY-MM`.
+    #[arg(long, value_name = "YYYY-MM", value_parser = parse_period)]
+    pub period: String,
+    /// Tenant whose invoice to show (admin token only; default: your own).
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+}
+
+/// `lh audit ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum AuditCommand {
+    /// Verify the audit log's hash chain; exits 1 when it is broken.
+    Verify,
+}
+
+/// Service tier of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Tier {
+    /// Guaranteed capacity.
+    Basic,
+    /// Cheaper, preemptible capacity.
+    Spot,
+}
+
+impl Tier {
+    /// The tier as the gateway spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Basic => "basic",
+            Tier::Spot => "spot",
+        }
+    }
+}
+
+/// Lifecycle state of a lease, as the gateway reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LeaseState {
+    Requested,
+    Queued,
+    Placed,
+    Running,
+    Ended,
+    Rejected,
+}
+
+impl LeaseState {
+    /// The state as the gateway spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Requested => "requested",
+            LeaseState::Queued => "queued",
+            LeaseState::Placed => "placed",
+            LeaseState::Running => "running",
+            LeaseState::Ended => "ended",
+            LeaseState::Rejected => "rejected",
+        }
+    }
+
+    /// Parses the gateway's spelling; `None` for a state this CLI does not know.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        Some(match s {
+            "requested" => LeaseState::Requested,
+            "queued" => LeaseState::Queued,
+            "placed" => LeaseState::Placed,
+            "running" => LeaseState::Running,
+            "ended" => LeaseState::Ended,
+            "rejected" => LeaseState::Rejected,
+            _ => return None,
+        })
+    }
+
+    /// `ended` and `rejected`: a lease in these states never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, LeaseState::Ended | LeaseState::Rejected)
+    }
+
+    /// Position along requested → queued → placed → running → ended.
+    /// `rejected` is off that path and has no rank.
+    fn rank(self) -> Option<u8> {
+        match self {
+            LeaseState::Requested => Some(0),
+            LeaseState::Queued => Some(1),
+            LeaseState::Placed => Some(2),
+            LeaseState::Running => Some(3),
+            LeaseState::Ended => Some(4),
+            LeaseState::Rejected => None,
+        }
+    }
+
+    /// Whether a lease now in `self` has passed `target` on its way forward
+    /// without being finished (e.g. `running` has passed `placed`), so that a
+    /// wait for `target` that missed the moment between two polls succeeds.
+    pub fn is_past(self, target: LeaseState) -> bool {
+        if self.is_terminal() {
+            return false;
+        }
+        match (self.rank(), target.rank()) {
+            (Some(now), Some(want)) => now > want,
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Accepts `YYYY-MM` with a month from 01 to 12.
+fn parse_period(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let shape_ok = bytes.len() == 7
+        && bytes[4] == b'-'
+        && bytes[..4].iter().all(u8::is_ascii_digit)
+        && bytes[5..].iter().all(u8::is_ascii_digit);
+    if !shape_ok {
+        return Err(format!("expected YYYY-MM, got `{s}`"));
+    }
+    let month: u8 = s[5..].parse().map_err(|_| format!("bad month in `{s}`"))?;
+    if !(1..=12).contains(&month) {
+        return Err(format!("month must be 01..12, got `{s}`"));
+    }
+    Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("lh").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn tenant_create() {
+        let cli = parse(&[
+            "tenant",
+            "create",
+            "--name",
+            "acme",
+            "--email",
+            "ops@acme.test",
+            "--max-gpus",
+            "8",
+        ])
+        .unwrap();
+        let Command::Tenant(TenantCommand::Create(t)) = cli.command else {
+            panic!("wrong command: {:?}", cli.command)
+        };
+        assert_eq!(t.name, "acme");
+        assert_eq!(t.email, "ops@acme.test");
+        assert_eq!(t.max_gpus, 8);
+    }
+
+    #[test]
+    fn tenant_create_needs_all_fields() {
+        let e = parse(&["tenant", "create", "--name", "acme"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let e = parse(&[
+            "tenant",
+            "create",
+            "--name",
+            "a",
+            "--email",
+            "e",
+            "--max-gpus",
+            "-3",
+        ])
+        .unwrap_err();
+        assert_ne!(e.kind(), ErrorKind::DisplayHelp);
+    }
+
+    #[test]
+    fn lease_create_defaults_to_basic() {
+        let cli = parse(&["lease", "create", "--gpus", "2", "--gpu-model", "H100"]).unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.gpus, 2);
+        assert_eq!(c.gpu_model, "H100");
+        assert_eq!(c.tier, Tier::Basic);
+        assert_eq!(c.idempotency_key, None);
+    }
+
+    #[test]
+    fn lease_create_spot_with_idempotency_key() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100",
+            "--tier",
+            "spot",
+            "--idempotency-key",
+            "k-1",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.tier, Tier::Spot);
+        assert_eq!(c.idempotency_key.as_deref(), Some("k-1"));
+    }
+
+    #[test]
+    fn lease_create_rejects_bad_values() {
+        for args in [
+            &["lease", "create", "--gpus", "0", "--gpu-model", "H100"][..],
+            &["lease", "create", "--gpus", "two", "--gpu-model", "H100"],
+            &[
+                "lease",
+                "create",
+                "--gpus",
+                "1",
+                "--gpu-model",
+                "H100",
+                "--tier",
+                "gold",
+            ],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ),
+                "{args:?}: {:?}",
+                e.kind()
+            );
+        }
+        let e = parse(&["lease", "create", "--gpu-model", "H100"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn lease_get_with_wait_and_timeout() {
+        let cli = parse(&["lease", "get", "abc", "--wait", "running", "--timeout", "5"]).unwrap();
+        let Command::Lease(LeaseCommand::Get(g)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(g.id, "abc");
+        assert_eq!(g.wait, Some(LeaseState::Running));
+        assert_eq!(g.timeout, 5);
+
+        let cli = parse(&["lease", "get", "abc"]).unwrap();
+        let Command::Lease(LeaseCommand::Get(g)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(g.wait, None);
+        assert_eq!(g.timeout, 60);
+    }
+
+    #[test]
+    fn lease_get_rejects_unknown_state_and_lone_timeout() {
+        let e = parse(&["lease", "get", "abc", "--wait", "sleeping"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+        let e = parse(&["lease", "get", "abc", "--timeout", "3"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let e = parse(&["lease", "get"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn lease_ls_and_alias() {
+        let cli = parse(&["lease", "ls", "--limit", "10", "--all"]).unwrap();
+        let Command::Lease(LeaseCommand::Ls(l)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(l.limit, Some(10));
+        assert!(l.all);
+        assert_eq!(l.cursor, None);
+
+        let cli = parse(&["lease", "list"]).unwrap();
+        let Command::Lease(LeaseCommand::Ls(l)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(l.limit, None);
+        assert!(!l.all);
+
+        let e = parse(&["lease", "ls", "--limit", "0"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_stop() {
+        let cli = parse(&["lease", "stop", "L1"]).unwrap();
+        let Command::Lease(LeaseCommand::Stop(s)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(s.id, "L1");
+    }
+
+    #[test]
+    fn invoice_show_checks_period() {
+        let cli = parse(&["invoice", "show", "--period", "2026-12", "--tenant", "T"]).unwrap();
+        let Command::Invoice(InvoiceCommand::Show(i)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(i.period, "2026-12");
+        assert_eq!(i.tenant.as_deref(), Some("T"));
+
+        for bad in [
+            "2026-13",
+            "2026-00",
+            "26-12",
+            "2026/12",
+            "2026-1",
+            "２０２６-12",
+            "",
+        ] {
+            let e = parse(&["invoice", "show", "--period", bad]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
+        }
+    }
+
+    #[test]
+    fn audit_verify() {
+        let cli = parse(&["audit", "verify"]).unwrap();
+        assert!(matches!(cli.command, Command::Audit(AuditCommand::Verify)));
+    }
+
+    #[test]
+    fn global_flags_anywhere() {
+        let cli = parse(&[
+            "--gateway-url",
+            "http://gw:9000",
+            "lease",
+            "ls",
+            "--json",
+            "--api-key",
+            "sekrit",
+        ])
+        .unwrap();
+        assert_eq!(cli.gateway_url, "http://gw:9000");
+        assert_eq!(cli.api_key.as_deref(), Some("sekrit"));
+        assert!(cli.json);
+    }
+
+    #[test]
+    fn missing_subcommand_is_an_error() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["lease"]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+    }
+
+    #[test]
+    fn state_progress() {
+        use LeaseState::*;
+        assert!(Running.is_past(Placed));
+        assert!(Placed.is_past(Queued));
+        assert!(!Queued.is_past(Placed));
+        assert!(!Running.is_past(Running));
+        assert!(!Ended.is_past(Running));
+        assert!(!Rejected.is_past(Queued));
+        assert!(!Running.is_past(Rejected));
+        assert_eq!(LeaseState::from_wire("placed"), Some(Placed));
+        assert_eq!(LeaseState::from_wire("paused"), None);
+    }
+}

@@ -1,0 +1,204 @@
+//! A thin HTTP client for the gateway: builds URLs, adds the bearer token,
+//! and turns every answer into JSON or a [`CliError`].
+
+use crate::error::{CliError, Problem};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
+use reqwest::{Method, Url};
+use serde_json::Value;
+use std::time::Duration;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connection to one gateway with one set of credentials.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    http: reqwest::Client,
+    base: Url,
+}
+
+impl Gateway {
+    /// Checks the URL and key and prepares a client. An empty key counts as none.
+    pub fn new(base_url: &str, api_key: Option<&str>) -> Result<Self, CliError> {
+        let base = Url::parse(base_url.trim())
+            .map_err(|e| CliError::Usage(format!("invalid gateway URL `{base_url}`: {e}")))?;
+        if !matches!(base.scheme(), "http" | "https") || base.host().is_none() {
+            return Err(CliError::Usage(format!(
+                "invalid gateway URL `{base_url}`: expected http://HOST[:PORT] or https://..."
+            )));
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(key) = api_key.map(str::trim).filter(|k| !k.is_empty()) {
+            let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                CliError::Usage("the API key contains characters not allowed in a header".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .user_agent(concat!("lh/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| CliError::Usage(format!("cannot set up the HTTP client: {e}")))?;
+        Ok(Gateway { http, base })
+    }
+
+    /// The gateway's base URL.
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    /// `base` + path segments (each percent-encoded, so an id cannot escape
+    /// its place in the path) + query pairs.
+    pub fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut url = self.base.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(segments);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        url
+    }
+
+    /// `GET` and parse the JSON answer.
+    pub async fn get(&self, segments: &[&str], query: &[(&str, &str)]) -> Result<Value, CliError> {
+        self.send(Method::GET, self.url(segments, query), None, &[])
+            .await
+    }
+
+    /// `POST` an optional JSON body with extra headers and parse the JSON answer.
+    pub async fn post(
+        &self,
+        segments: &[&str],
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, CliError> {
+        self.send(Method::POST, self.url(segments, &[]), body, headers)
+            .await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, CliError> {
+        let mut req = self
+            .http
+            .request(method, url.clone())
+            .header(reqwest::header::ACCEPT, "application/json");
+        for (name, value) in headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| CliError::Usage(format!("invalid header name `{name}`")))?;
+            let value = HeaderValue::from_str(value).map_err(|_| {
+                CliError::Usage(format!("invalid value for header `{name}`: `{value}`"))
+            })?;
+            req = req.header(name, value);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let unreachable = |e: reqwest::Error| CliError::Unreachable {
+            url: url.to_string(),
+            reason: describe(&e),
+        };
+        let resp = req.send().await.map_err(unreachable)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(unreachable)?;
+        if !status.is_success() {
+            return Err(CliError::Api(Problem::from_response(
+                status.as_u16(),
+                &text,
+            )));
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| CliError::BadResponse {
+            url: url.to_string(),
+            reason: format!("HTTP {status} with a body that is not JSON ({e})"),
+        })
+    }
+}
+
+/// A reqwest error's cause chain, e.g. `tcp connect error: Connection refused
+/// (os error 111)`, without reqwest's own "error sending request for url".
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "timed out".to_string();
+    }
+    let mut parts = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // hyper's wrappers ("client error (Connect)") add nothing for a person.
+        if !text.starts_with("client error (") && !parts.contains(&text) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    if parts.is_empty() {
+        let text = e.to_string();
+        match e.url() {
+            Some(url) => text.replace(&format!(" ({url})"), ""),
+            None => text,
+        }
+    } else {
+        parts.join(": ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_built_segment_by_segment() {
+        let gw = Gateway::new("http://127.0.0.1:8080", None).unwrap();
+        assert_eq!(
+            gw.url(&["v1", "leases", "abc"], &[]).as_str(),
+            "http://127.0.0.1:8080/v1/leases/abc"
+        );
+        assert_eq!(
+            gw.url(&["v1", "leases", "../admin?x=1"], &[]).as_str(),
+            "http://127.0.0.1:8080/v1/leases/..%2Fadmin%3Fx=1"
+        );
+        assert_eq!(
+            gw.url(&["v1", "leases"], &[("limit", "5"), ("cursor", "a b&c")])
+                .as_str(),
+            "http://127.0.0.1:8080/v1/leases?limit=5&cursor=a+b%26c"
+        );
+    }
+
+    #[test]
+    fn base_path_is_kept() {
+        let gw = Gateway::new("https://gw.example/api/", None).unwrap();
+        assert_eq!(
+            gw.url(&["v1", "audit", "verify"], &[]).as_str(),
+            "https://gw.example/api/v1/audit/verify"
+        );
+    }
+
+    #[test]
+    fn bad_configuration_is_a_usage_error() {
+        for url in [
+            "",
+            "not a url",
+            "ftp://host",
+            "unix:/tmp/sock",
+            "mailto:a@b",
+        ] {
+            let e = Gateway::new(url, None).unwrap_err();
+            assert!(matches!(e, CliError::Usage(_)), "{url}: {e}");
+        }
+        let e = Gateway::new("http://h", Some("bad\nkey")).unwrap_err();
+        assert!(matches!(e, CliError::Usage(_)));
+        assert!(Gateway::new("http://h", Some("")).is_ok());
+    }
+}

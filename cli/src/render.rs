@@ -1,0 +1,540 @@
+//! Human-readable tables for the gateway's JSON answers.
+//!
+//! Everything is read from `serde_json::Value` with lenient accessors:
+//! a missing or oddly typed field shows as `-` instead of failing, and
+//! fields this CLI does not know are ignored.
+
+use comfy_table::{presets, CellAlignment, Table};
+use serde_json::Value;
+
+/// Shown for a missing or null field.
+const NONE: &str = "-";
+
+/// A field as text: strings as they are, numbers and booleans printed,
+/// arrays joined with `,`, null or missing as `-`.
+fn text(v: &Value, key: &str) -> String {
+    v.get(key).map_or_else(|| NONE.to_string(), scalar)
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::Null => NONE.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.is_empty() => NONE.to_string(),
+        Value::Array(items) => items.iter().map(scalar).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+/// Whether a field carries something worth a row (not missing, null or empty).
+fn present(v: &Value, key: &str) -> bool {
+    match v.get(key) {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
+}
+
+fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING);
+    t
+}
+
+/// Two-column `key  value` table with no header.
+fn key_values(rows: Vec<(&str, String)>) -> String {
+    let mut t = table();
+    for (k, v) in rows {
+        t.add_row(vec![k.to_string(), v]);
+    }
+    finish(t)
+}
+
+/// Drops the padding comfy-table leaves at the ends of each line.
+fn finish(t: Table) -> String {
+    let mut out = String::new();
+    for line in t.lines() {
+        let line = line.strip_prefix(' ').unwrap_or(&line);
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The state column of a lease: `queued (#3)` while it waits in line.
+fn state_summary(lease: &Value) -> String {
+    let state = text(lease, "state");
+    if present(lease, "queue_position") {
+        format!("{state} (#{})", text(lease, "queue_position"))
+    } else {
+        state
+    }
+}
+
+/// One lease, as a key/value table. Optional fields appear only when set.
+pub fn lease_view(lease: &Value) -> String {
+    let mut rows = vec![
+        ("id", text(lease, "id")),
+        ("tenant", text(lease, "tenant_id")),
+        ("state", text(lease, "state")),
+        ("gpus", text(lease, "gpus")),
+        ("gpu model", text(lease, "gpu_model")),
+        ("tier", text(lease, "tier")),
+    ];
+    let optional = [
+        ("queue position", "queue_position"),
+        ("queued reason", "queued_reason"),
+        ("rejected reason", "rejected_reason"),
+        ("end reason", "end_reason"),
+        ("node", "node_id"),
+        ("zone", "zone"),
+        ("gpu uuids", "gpu_uuids"),
+        ("gpu indices", "gpu_indices"),
+    ];
+    rows.extend(
+        optional
+            .iter()
+            .filter(|(_, key)| present(lease, key))
+            .map(|(label, key)| (*label, text(lease, key))),
+    );
+    rows.push(("created", text(lease, "created_at")));
+    for (label, key) in [
+        ("placed", "placed_at"),
+        ("started", "started_at"),
+        ("ended", "ended_at"),
+    ] {
+        if present(lease, key) {
+            rows.push((label, text(lease, key)));
+        }
+    }
+    key_values(rows)
+}
+
+/// A page (or several) of leases, one row each.
+pub fn lease_list(items: &[Value]) -> String {
+    if items.is_empty() {
+        return "no leases\n".to_string();
+    }
+    let mut t = table();
+    t.set_header(vec![
+        "ID", "STATE", "GPUS", "MODEL", "TIER", "NODE", "ZONE", "CREATED",
+    ]);
+    for lease in items {
+        t.add_row(vec![
+            text(lease, "id"),
+            state_summary(lease),
+            text(lease, "gpus"),
+            text(lease, "gpu_model"),
+            text(lease, "tier"),
+            text(lease, "node_id"),
+            text(lease, "zone"),
+            text(lease, "created_at"),
+        ]);
+    }
+    align_right(&mut t, &[2]);
+    finish(t)
+}
+
+fn align_right(t: &mut Table, columns: &[usize]) {
+    for &i in columns {
+        if let Some(col) = t.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+/// An invoice: a heading, one row per line, a total row with the currency.
+pub fn invoice(inv: &Value) -> String {
+    let mut out = key_values(vec![
+        ("tenant", text(inv, "tenant_id")),
+        ("period", text(inv, "period")),
+    ]);
+    let lines: &[Value] = inv
+        .get("lines")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    let mut t = table();
+    t.set_header(vec![
+        "LEASE",
+        "TIER",
+        "GPUS",
+        "VRAM GB",
+        "FROM",
+        "TO",
+        "SECONDS",
+        "UNIT PRICE",
+        "AMOUNT",
+        "PRICE BOOK",
+    ]);
+    for line in lines {
+        t.add_row(vec![
+            text(line, "lease_id"),
+            text(line, "tier"),
+            text(line, "gpus"),
+            text(line, "vram_gb"),
+            text(line, "from"),
+            text(line, "to"),
+            text(line, "billed_seconds"),
+            text(line, "unit_price"),
+            text(line, "amount"),
+            if present(line, "price_book_version") {
+                format!("v{}", text(line, "price_book_version"))
+            } else {
+                NONE.to_string()
+            },
+        ]);
+    }
+    let currency = inv
+        .get("currency")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let total = format!("{} {currency}", text(inv, "total"));
+    t.add_row(vec![
+        "TOTAL".to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        total.trim_end().to_string(),
+        String::new(),
+    ]);
+    align_right(&mut t, &[2, 3, 6, 7, 8]);
+    out.push('\n');
+    out.push_str(&finish(t));
+    if present(inv, "content_hash") {
+        out.push('\n');
+        out.push_str(&format!("content hash: {}\n", text(inv, "content_hash")));
+    }
+    out
+}
+
+/// A new tenant, with its API key and how to use it.
+pub fn tenant_created(tenant: &Value) -> String {
+    let max_gpus = tenant
+        .get("quota")
+        .map_or_else(|| NONE.to_string(), |q| text(q, "max_gpus"));
+    let mut rows = vec![("id", text(tenant, "id")), ("name", text(tenant, "name"))];
+    if present(tenant, "email") {
+        rows.push(("email", text(tenant, "email")));
+    }
+    rows.push(("max gpus", max_gpus));
+    rows.push(("api key", text(tenant, "api_key")));
+    let mut out = key_values(rows);
+    if let Some(key) = tenant.get("api_key").and_then(Value::as_str) {
+        out.push_str("\nThe API key is shown only this once. To use it:\n");
+        out.push_str(&format!("  export LH_API_KEY={}\n", shell_quote(key)));
+    }
+    out
+}
+
+/// Quotes a value for a POSIX shell when it has anything but safe characters.
+fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/+=@%,".contains(c));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The audit check: `ok`, number of events, chain head, and any other field.
+pub fn audit(report: &Value) -> String {
+    let ok = report.get("ok").and_then(Value::as_bool) == Some(true);
+    let mut rows = vec![
+        ("ok", if ok { "yes" } else { "NO" }.to_string()),
+        ("events", text(report, "events")),
+        ("head", text(report, "head")),
+    ];
+    if let Some(obj) = report.as_object() {
+        for (k, v) in obj {
+            if !matches!(k.as_str(), "ok" | "events" | "head") {
+                rows.push((k.as_str(), scalar_or_json(v)));
+            }
+        }
+    }
+    key_values(rows)
+}
+
+fn scalar_or_json(v: &Value) -> String {
+    match v {
+        Value::Object(_) => v.to_string(),
+        _ => scalar(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn queued_lease() -> Value {
+        json!({
+            "id": "0193b7e2-0000-7000-8000-000000000001",
+            "tenant_id": "0193b7e2-0000-7000-8000-0000000000aa",
+            "state": "queued",
+            "gpus": 2,
+            "gpu_model": "H100-80G",
+            "tier": "basic",
+            "node_id": null,
+            "zone": null,
+            "gpu_uuids": [],
+            "gpu_indices": [],
+            "queued_reason": "no capacity",
+            "queue_position": 3,
+            "rejected_reason": null,
+            "end_reason": null,
+            "created_at": "2026-12-01T10:00:00Z",
+            "placed_at": null,
+            "started_at": null,
+            "ended_at": null,
+            "some_future_field": {"x": 1}
+        })
+    }
+
+    fn running_lease() -> Value {
+        json!({
+            "id": "0193b7e2-0000-7000-8000-000000000002",
+            "tenant_id": "0193b7e2-0000-7000-8000-0000000000aa",
+            "state": "running",
+            "gpus": 2,
+            "gpu_model": "H100-80G",
+            "tier": "spot",
+            "node_id": "node-7",
+            "zone": "cn-east-1a",
+            "gpu_uuids": ["GPU-aaaa", "GPU-bbbb"],
+            "gpu_indices": [0, 1],
+            "queued_reason": null,
+            "queue_position": null,
+            "rejected_reason": null,
+            "end_reason": null,
+            "created_at": "2026-12-01T10:00:00Z",
+            "placed_at": "2026-12-01T10:00:01Z",
+            "started_at": "2026-12-01T10:00:03Z",
+            "ended_at": null
+        })
+    }
+
+    /// Rows of a key/value table as (key, value) pairs.
+    fn rows(rendered: &str) -> Vec<(String, String)> {
+        rendered
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                // Keys may hold one space ("gpu model"); the gap is wider.
+                let split = l.find("  ")?;
+                Some((l[..split].to_string(), l[split..].trim().to_string()))
+            })
+            .collect()
+    }
+
+    fn value_of(rendered: &str, key: &str) -> Option<String> {
+        rows(rendered)
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn queued_lease_view() {
+        let out = lease_view(&queued_lease());
+        assert_eq!(
+            value_of(&out, "id").as_deref(),
+            Some("0193b7e2-0000-7000-8000-000000000001")
+        );
+        assert_eq!(value_of(&out, "state").as_deref(), Some("queued"));
+        assert_eq!(value_of(&out, "gpus").as_deref(), Some("2"));
+        assert_eq!(value_of(&out, "gpu model").as_deref(), Some("H100-80G"));
+        assert_eq!(value_of(&out, "queue position").as_deref(), Some("3"));
+        assert_eq!(
+            value_of(&out, "queued reason").as_deref(),
+            Some("no capacity")
+        );
+        assert_eq!(
+            value_of(&out, "created").as_deref(),
+            Some("2026-12-01T10:00:00Z")
+        );
+        // Unset optional fields are left out rather than shown empty.
+        for absent in ["node", "zone", "gpu uuids", "placed", "ended", "end reason"] {
+            assert_eq!(value_of(&out, absent), None, "{absent} in\n{out}");
+        }
+        assert!(!out.contains("some_future_field"));
+    }
+
+    #[test]
+    fn running_lease_view() {
+        let out = lease_view(&running_lease());
+        assert_eq!(value_of(&out, "tier").as_deref(), Some("spot"));
+        assert_eq!(value_of(&out, "node").as_deref(), Some("node-7"));
+        assert_eq!(value_of(&out, "zone").as_deref(), Some("cn-east-1a"));
+        assert_eq!(
+            value_of(&out, "gpu uuids").as_deref(),
+            Some("GPU-aaaa,GPU-bbbb")
+        );
+        assert_eq!(value_of(&out, "gpu indices").as_deref(), Some("0,1"));
+        assert_eq!(
+            value_of(&out, "started").as_deref(),
+            Some("2026-12-01T10:00:03Z")
+        );
+        assert_eq!(value_of(&out, "queue position"), None);
+    }
+
+    #[test]
+    fn lease_view_survives_junk() {
+        for junk in [json!({}), json!(null), json!([1, 2]), json!({"state": 5})] {
+            let out = lease_view(&junk);
+            assert_eq!(value_of(&out, "id").as_deref(), Some("-"));
+        }
+    }
+
+    #[test]
+    fn list_table() {
+        let out = lease_list(&[queued_lease(), running_lease()]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        let header: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            header,
+            ["ID", "STATE", "GPUS", "MODEL", "TIER", "NODE", "ZONE", "CREATED"]
+        );
+        let first: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            first,
+            [
+                "0193b7e2-0000-7000-8000-000000000001",
+                "queued",
+                "(#3)",
+                "2",
+                "H100-80G",
+                "basic",
+                "-",
+                "-",
+                "2026-12-01T10:00:00Z"
+            ]
+        );
+        let second: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(second[1], "running");
+        assert_eq!(second[5], "node-7");
+        assert_eq!(second[6], "cn-east-1a");
+        assert_eq!(lease_list(&[]), "no leases\n");
+    }
+
+    fn sample_invoice() -> Value {
+        json!({
+            "tenant_id": "0193b7e2-0000-7000-8000-0000000000aa",
+            "period": "2026-12",
+            "currency": "CNY",
+            "lines": [
+                {"lease_id": "L-1", "tier": "basic", "gpus": 2, "vram_gb": 80,
+                 "billed_seconds": 90, "unit_price": "0.5", "amount": "1.00",
+                 "from": "2026-12-01T10:00:00Z", "to": "2026-12-01T10:01:30Z",
+                 "price_book_version": 1},
+                {"lease_id": "L-2", "tier": "spot", "gpus": 1, "vram_gb": 80,
+                 "billed_seconds": 3600, "unit_price": "0.2", "amount": "12.00",
+                 "from": "2026-12-02T00:00:00Z", "to": "2026-12-02T01:00:00Z",
+                 "price_book_version": 2}
+            ],
+            "total": "13.00",
+            "content_hash": "ab12cd"
+        })
+    }
+
+    #[test]
+    fn invoice_table() {
+        let out = invoice(&sample_invoice());
+        assert_eq!(
+            value_of(&out, "tenant").as_deref(),
+            Some("0193b7e2-0000-7000-8000-0000000000aa")
+        );
+        assert_eq!(value_of(&out, "period").as_deref(), Some("2026-12"));
+        let line = |prefix: &str| -> Vec<String> {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} row in\n{out}"))
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            line("LEASE"),
+            [
+                "LEASE", "TIER", "GPUS", "VRAM", "GB", "FROM", "TO", "SECONDS", "UNIT", "PRICE",
+                "AMOUNT", "PRICE", "BOOK"
+            ]
+        );
+        assert_eq!(
+            line("L-1"),
+            [
+                "L-1",
+                "basic",
+                "2",
+                "80",
+                "2026-12-01T10:00:00Z",
+                "2026-12-01T10:01:30Z",
+                "90",
+                "0.5",
+                "1.00",
+                "v1"
+            ]
+        );
+        assert_eq!(line("L-2")[8], "12.00");
+        assert_eq!(line("TOTAL"), ["TOTAL", "13.00", "CNY"]);
+        assert!(out.contains("content hash: ab12cd"));
+    }
+
+    #[test]
+    fn empty_invoice_still_has_total() {
+        let out =
+            invoice(&json!({"period": "2026-11", "currency": "CNY", "lines": [], "total": "0.00"}));
+        let total = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("TOTAL"))
+            .unwrap();
+        assert_eq!(
+            total.split_whitespace().collect::<Vec<_>>(),
+            ["TOTAL", "0.00", "CNY"]
+        );
+        assert!(!out.contains("content hash"));
+    }
+
+    #[test]
+    fn tenant_table_and_hint() {
+        let out = tenant_created(&json!({
+            "id": "0193b7e2-0000-7000-8000-0000000000aa",
+            "api_key": "lh_live_abc123",
+            "name": "acme",
+            "quota": {"max_gpus": 8}
+        }));
+        assert_eq!(
+            value_of(&out, "id").as_deref(),
+            Some("0193b7e2-0000-7000-8000-0000000000aa")
+        );
+        assert_eq!(value_of(&out, "api key").as_deref(), Some("lh_live_abc123"));
+        assert_eq!(value_of(&out, "max gpus").as_deref(), Some("8"));
+        assert!(out.contains("export LH_API_KEY=lh_live_abc123\n"), "{out}");
+    }
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(shell_quote("abc_1-2"), "abc_1-2");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote("$(rm)"), "'$(rm)'");
+    }
+
+    #[test]
+    fn audit_table() {
+        let out = audit(&json!({"ok": true, "events": 42, "head": "deadbeef"}));
+        assert_eq!(value_of(&out, "ok").as_deref(), Some("yes"));
+        assert_eq!(value_of(&out, "events").as_deref(), Some("42"));
+        assert_eq!(value_of(&out, "head").as_deref(), Some("deadbeef"));
+        let out = audit(&json!({"ok": false, "events": 7, "head": "00", "first_bad_seq": 5}));
+        assert_eq!(value_of(&out, "ok").as_deref(), Some("NO"));
+        assert_eq!(value_of(&out, "first_bad_seq").as_deref(), Some("5"));
+    }
+}

@@ -1,0 +1,495 @@
+//! `lh` against a scripted stand-in for the gateway: checks the requests the
+//! CLI sends (method, path, query, headers, body) and how it shows answers,
+//! errors and exit codes. The stand-in is a few lines of HTTP/1.1 over Tokio.
+
+use lh_cli::{capture, Captured, EXIT_CLIENT_ERROR, EXIT_FAILURE, EXIT_OK, EXIT_SERVER_ERROR};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+/// A request as the stand-in saw it.
+#[derive(Debug, Clone)]
+struct Req {
+    method: String,
+    /// Path and query, as sent.
+    target: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Req {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).expect("request body is JSON")
+    }
+}
+
+struct Resp {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+fn ok(status: u16, body: Value) -> Resp {
+    Resp {
+        status,
+        content_type: "application/json",
+        body: body.to_string(),
+    }
+}
+
+fn problem(status: u16, title: &str, detail: &str, field: Option<&str>) -> Resp {
+    let mut doc =
+        json!({"type": "about:blank", "title": title, "status": status, "detail": detail});
+    if let Some(field) = field {
+        doc["field"] = json!(field);
+    }
+    Resp {
+        status,
+        content_type: "application/problem+json",
+        body: doc.to_string(),
+    }
+}
+
+type Handler = Arc<dyn Fn(&Req, usize) -> Resp + Send + Sync>;
+
+struct Fake {
+    url: String,
+    log: Arc<Mutex<Vec<Req>>>,
+}
+
+impl Fake {
+    fn requests(&self) -> Vec<Req> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Runs `lh` with this gateway and a fixed API key.
+    async fn lh(&self, args: &[&str]) -> Captured {
+        let mut argv = vec!["lh", "--gateway-url", &self.url, "--api-key", "test-key"];
+        argv.extend_from_slice(args);
+        capture(argv).await
+    }
+}
+
+/// Starts the stand-in; `handler` gets each request and its 0-based number.
+async fn fake(handler: impl Fn(&Req, usize) -> Resp + Send + Sync + 'static) -> Fake {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let handler: Handler = Arc::new(handler);
+    let server_log = log.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (log, handler) = (server_log.clone(), handler.clone());
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                let mut line = String::new();
+                if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut parts = line.split_whitespace();
+                let method = parts.next().unwrap_or_default().to_string();
+                let target = parts.next().unwrap_or_default().to_string();
+                let mut headers = Vec::new();
+                loop {
+                    line.clear();
+                    read.read_line(&mut line).await.unwrap();
+                    let l = line.trim_end();
+                    if l.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = l.split_once(':') {
+                        headers.push((k.trim().to_string(), v.trim().to_string()));
+                    }
+                }
+                let len = headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                    .and_then(|(_, v)| v.parse().ok())
+                    .unwrap_or(0usize);
+                let mut body = vec![0; len];
+                read.read_exact(&mut body).await.unwrap();
+                let req = Req {
+                    method,
+                    target,
+                    headers,
+                    body: String::from_utf8(body).unwrap(),
+                };
+                let n = {
+                    let mut log = log.lock().unwrap();
+                    log.push(req.clone());
+                    log.len() - 1
+                };
+                let resp = handler(&req, n);
+                let head = format!(
+                    "HTTP/1.1 {} X\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    resp.status,
+                    resp.content_type,
+                    resp.body.len()
+                );
+                let _ = write.write_all(head.as_bytes()).await;
+                let _ = write.write_all(resp.body.as_bytes()).await;
+                let _ = write.shutdown().await;
+            });
+        }
+    });
+    Fake { url, log }
+}
+
+fn lease(id: &str, state: &str) -> Value {
+    json!({
+        "id": id, "tenant_id": "T1", "state": state, "gpus": 2, "gpu_model": "H100",
+        "tier": "basic", "node_id": null, "zone": null, "gpu_uuids": [], "gpu_indices": [],
+        "queued_reason": null, "queue_position": null, "rejected_reason": null,
+        "end_reason": null, "created_at": "2026-12-01T10:00:00Z", "placed_at": null,
+        "started_at": null, "ended_at": null
+    })
+}
+
+#[tokio::test]
+async fn tenant_create_posts_quota_and_prints_key() {
+    let gw = fake(|_, _| {
+        ok(
+            201,
+            json!({"id": "T1", "api_key": "lh_secret", "name": "acme", "quota": {"max_gpus": 4}}),
+        )
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "tenant",
+            "create",
+            "--name",
+            "acme",
+            "--email",
+            "a@acme.test",
+            "--max-gpus",
+            "4",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("lh_secret"));
+    assert!(out.stdout.contains("export LH_API_KEY=lh_secret"));
+
+    let reqs = gw.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].method, "POST");
+    assert_eq!(reqs[0].target, "/v1/tenants");
+    assert_eq!(reqs[0].header("authorization"), Some("Bearer test-key"));
+    assert_eq!(
+        reqs[0].json(),
+        json!({"name": "acme", "email": "a@acme.test", "quota": {"max_gpus": 4}})
+    );
+}
+
+#[tokio::test]
+async fn lease_create_sends_body_and_idempotency_key() {
+    let gw = fake(|_, _| ok(202, lease("L1", "requested"))).await;
+    let out = gw
+        .lh(&[
+            "lease",
+            "create",
+            "--gpus",
+            "2",
+            "--gpu-model",
+            "H100",
+            "--tier",
+            "spot",
+            "--idempotency-key",
+            "idem-1",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("L1"));
+    assert!(out.stdout.contains("requested"));
+
+    let out = gw
+        .lh(&["lease", "create", "--gpus", "1", "--gpu-model", "A100"])
+        .await;
+    assert_eq!(out.code, EXIT_OK);
+
+    let reqs = gw.requests();
+    assert_eq!(reqs[0].target, "/v1/leases");
+    assert_eq!(reqs[0].header("idempotency-key"), Some("idem-1"));
+    assert_eq!(
+        reqs[0].json(),
+        json!({"gpus": 2, "gpu_model": "H100", "tier": "spot"})
+    );
+    assert_eq!(reqs[1].header("idempotency-key"), None);
+    assert_eq!(reqs[1].json()["tier"], "basic");
+}
+
+#[tokio::test]
+async fn json_flag_prints_the_servers_json() {
+    let mut view = lease("L1", "running");
+    view["extra_field_from_the_future"] = json!({"a": [1, 2]});
+    let served = view.clone();
+    let gw = fake(move |_, _| ok(200, served.clone())).await;
+    let out = gw.lh(&["lease", "get", "L1", "--json"]).await;
+    assert_eq!(out.code, EXIT_OK);
+    let printed: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(printed, view);
+    assert!(out.stdout.contains("\n  \"id\""), "pretty-printed");
+    assert_eq!(gw.requests()[0].target, "/v1/leases/L1");
+}
+
+#[tokio::test]
+async fn ids_are_escaped_in_paths() {
+    let gw = fake(|_, _| ok(202, lease("x", "ended"))).await;
+    let out = gw.lh(&["lease", "stop", "../tenants?x"]).await;
+    assert_eq!(out.code, EXIT_OK);
+    let req = &gw.requests()[0];
+    assert_eq!(req.method, "POST");
+    assert_eq!(req.target, "/v1/leases/..%2Ftenants%3Fx/stop");
+}
+
+#[tokio::test]
+async fn ls_one_page_shows_the_next_cursor() {
+    let gw = fake(|_, _| {
+        ok(
+            200,
+            json!({"items": [lease("L1", "running")], "next_cursor": "c2"}),
+        )
+    })
+    .await;
+    let out = gw.lh(&["lease", "ls", "--limit", "1"]).await;
+    assert_eq!(out.code, EXIT_OK);
+    assert!(out.stdout.contains("L1"));
+    assert!(out.stdout.contains("--cursor c2"), "{}", out.stdout);
+    let reqs = gw.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].target, "/v1/leases?limit=1");
+}
+
+#[tokio::test]
+async fn ls_all_follows_cursors() {
+    let gw = fake(|req, _| {
+        let page = match req.target.as_str() {
+            "/v1/leases?limit=2" => json!({"items": [lease("L1", "running"), lease("L2", "queued")], "next_cursor": "c2"}),
+            "/v1/leases?limit=2&cursor=c2" => json!({"items": [lease("L3", "ended")], "next_cursor": "c3"}),
+            "/v1/leases?limit=2&cursor=c3" => json!({"items": [], "next_cursor": null}),
+            other => return problem(400, "Bad Request", other, None),
+        };
+        ok(200, page)
+    })
+    .await;
+    let out = gw
+        .lh(&["lease", "ls", "--limit", "2", "--all", "--json"])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let all: Value = serde_json::from_str(&out.stdout).unwrap();
+    let ids: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["L1", "L2", "L3"]);
+    assert_eq!(all["next_cursor"], Value::Null);
+    assert_eq!(gw.requests().len(), 3);
+
+    let out = gw.lh(&["lease", "ls", "--limit", "2", "--all"]).await;
+    assert_eq!(out.code, EXIT_OK);
+    assert_eq!(
+        out.stdout.lines().count(),
+        4,
+        "header + 3 rows:\n{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("--cursor"));
+}
+
+#[tokio::test]
+async fn ls_all_stops_on_a_repeated_cursor() {
+    let gw = fake(|_, _| ok(200, json!({"items": [], "next_cursor": "same"}))).await;
+    let out = gw.lh(&["lease", "ls", "--all"]).await;
+    assert_eq!(out.code, EXIT_SERVER_ERROR);
+    assert!(out.stderr.contains("came back twice"), "{}", out.stderr);
+    assert_eq!(gw.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn wait_polls_until_running() {
+    let gw = fake(|_, n| {
+        let mut view = lease(
+            "L1",
+            ["requested", "queued", "queued", "placed", "running"][n.min(4)],
+        );
+        if n == 1 || n == 2 {
+            view["queue_position"] = json!(1);
+            view["queued_reason"] = json!("no capacity");
+        }
+        ok(200, view)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let out = gw
+        .lh(&["lease", "get", "L1", "--wait", "running", "--timeout", "10"])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(gw.requests().len(), 5);
+    // Four 200 ms pauses between five polls.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(750));
+    let progress: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        progress,
+        [
+            "waiting for lease L1 to be running: requested",
+            "waiting for lease L1 to be running: queued (#1, no capacity)",
+            "waiting for lease L1 to be running: placed",
+            "waiting for lease L1 to be running: running",
+        ]
+    );
+    assert!(out.stdout.contains("running"));
+}
+
+#[tokio::test]
+async fn wait_fails_when_the_lease_is_rejected() {
+    let gw = fake(|_, _| {
+        let mut view = lease("L1", "rejected");
+        view["rejected_reason"] = json!("quota exceeded");
+        ok(200, view)
+    })
+    .await;
+    let out = gw.lh(&["lease", "get", "L1", "--wait", "running"]).await;
+    assert_eq!(out.code, EXIT_FAILURE);
+    assert!(out.stderr.contains("quota exceeded"));
+    assert!(
+        out.stderr.contains("error: lease L1 is rejected"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains("rejected"), "last view still printed");
+}
+
+#[tokio::test]
+async fn wait_times_out() {
+    let gw = fake(|_, _| ok(200, lease("L1", "queued"))).await;
+    let out = gw
+        .lh(&["lease", "get", "L1", "--wait", "running", "--timeout", "0"])
+        .await;
+    assert_eq!(out.code, EXIT_FAILURE);
+    assert!(out.stderr.contains("timed out after 0s"), "{}", out.stderr);
+    assert_eq!(gw.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn invoice_query_and_total() {
+    let gw = fake(|_, _| {
+        ok(
+            200,
+            json!({
+                "tenant_id": "T1", "period": "2026-12", "currency": "CNY",
+                "lines": [{"lease_id": "L1", "tier": "basic", "gpus": 2, "vram_gb": 80,
+                           "billed_seconds": 90, "unit_price": "0.5", "amount": "1.00",
+                           "from": "2026-12-01T10:00:00Z", "to": "2026-12-01T10:01:30Z",
+                           "price_book_version": 1}],
+                "total": "1.00", "content_hash": "abc"
+            }),
+        )
+    })
+    .await;
+    let out = gw
+        .lh(&["invoice", "show", "--period", "2026-12", "--tenant", "T1"])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let total = out.stdout.lines().find(|l| l.starts_with("TOTAL")).unwrap();
+    assert_eq!(
+        total.split_whitespace().collect::<Vec<_>>(),
+        ["TOTAL", "1.00", "CNY"]
+    );
+    assert_eq!(
+        gw.requests()[0].target,
+        "/v1/invoices?period=2026-12&tenant_id=T1"
+    );
+}
+
+#[tokio::test]
+async fn audit_verify_exit_codes() {
+    let good = fake(|_, _| ok(200, json!({"ok": true, "events": 12, "head": "ab"}))).await;
+    let out = good.lh(&["audit", "verify"]).await;
+    assert_eq!(out.code, EXIT_OK);
+    assert!(out.stderr.is_empty());
+    assert_eq!(good.requests()[0].target, "/v1/audit/verify");
+
+    let bad = fake(|_, _| ok(200, json!({"ok": false, "events": 12, "head": "ab"}))).await;
+    let out = bad.lh(&["--json", "audit", "verify"]).await;
+    assert_eq!(out.code, EXIT_FAILURE);
+    let printed: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(printed["ok"], false);
+}
+
+#[tokio::test]
+async fn client_errors_exit_2_with_the_problem() {
+    let gw = fake(|_, _| {
+        problem(
+            422,
+            "Invalid request",
+            "gpus exceeds quota of 4",
+            Some("gpus"),
+        )
+    })
+    .await;
+    let out = gw
+        .lh(&["lease", "create", "--gpus", "8", "--gpu-model", "H100"])
+        .await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR);
+    assert_eq!(
+        out.stderr,
+        "error: Invalid request: gpus exceeds quota of 4 (field: gpus)\n"
+    );
+    assert!(out.stdout.is_empty());
+
+    let gw = fake(|_, _| problem(404, "Not Found", "no lease L9", None)).await;
+    let out = gw.lh(&["lease", "get", "L9"]).await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR);
+    assert_eq!(out.stderr, "error: Not Found: no lease L9\n");
+}
+
+#[tokio::test]
+async fn server_errors_exit_3() {
+    let gw = fake(|_, _| problem(503, "Service Unavailable", "scheduler is down", None)).await;
+    let out = gw.lh(&["lease", "ls"]).await;
+    assert_eq!(out.code, EXIT_SERVER_ERROR);
+    assert_eq!(
+        out.stderr,
+        "error: Service Unavailable: scheduler is down\n"
+    );
+
+    let gw = fake(|_, _| Resp {
+        status: 200,
+        content_type: "text/html",
+        body: "<html>proxy</html>".into(),
+    })
+    .await;
+    let out = gw.lh(&["audit", "verify"]).await;
+    assert_eq!(out.code, EXIT_SERVER_ERROR);
+    assert!(out.stderr.contains("not JSON"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn unreachable_gateway_exits_3_and_names_the_url() {
+    // A port that was just free: nothing listens there.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let out = capture(["lh", "--gateway-url", url.as_str(), "lease", "ls"]).await;
+    assert_eq!(out.code, EXIT_SERVER_ERROR);
+    assert!(
+        out.stderr.starts_with(&format!(
+            "error: could not reach the gateway at {url}/v1/leases: "
+        )),
+        "{}",
+        out.stderr
+    );
+}
