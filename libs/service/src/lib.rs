@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use lh_bus::{Bus, BusConfig};
-use lh_telemetry::Readiness;
+pub use lh_telemetry::Readiness;
 use tokio::task::JoinHandle;
 pub use tokio_util::sync::CancellationToken;
 
