@@ -25,11 +25,11 @@ impl Fleet {
         match data {
             EventData::NodeRegistered(e) => {
                 self.register(e);
-                self.node_sequence.insert(e.node_id.clone(), sequence);
+                self.saw_node_event(&e.node_id, sequence);
             }
             EventData::NodeGpusAllocated(e) => {
                 self.hold(&e.node_id, e.lease_id, &e.gpu_indices);
-                self.node_sequence.insert(e.node_id.clone(), sequence);
+                self.saw_node_event(&e.node_id, sequence);
             }
             EventData::LeasePlaced(e) => {
                 let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
@@ -38,6 +38,13 @@ impl Fleet {
             EventData::LeaseEnded(e) => self.release(e.lease_id),
             _ => {}
         }
+    }
+
+    fn saw_node_event(&mut self, node_id: &str, sequence: u64) {
+        // A writer may apply its own event before the feed repeats older
+        // ones: never move a node's sequence backwards.
+        let seq = self.node_sequence.entry(node_id.to_string()).or_default();
+        *seq = (*seq).max(sequence);
     }
 
     fn register(&mut self, e: &NodeRegistered) {

@@ -1,1 +1,118 @@
+//! Scheduler: places leases on GPUs, queues what does not fit, enforces
+//! quotas.
+//!
+//! It rebuilds its state from the log at start (an ordered feed from
+//! sequence 1) and then follows live. Whenever it is caught up it asks the
+//! pure [`state::State::decide`] what to do and appends each decision as
+//! one atomic batch with an expected-last-subject-sequence on every
+//! aggregate it touches. Replicas run active-active: the loser of a race
+//! gets a conflict, waits for the winner's events to arrive and decides
+//! again. No leader election is needed for safety.
 
+pub mod state;
+
+use std::time::Duration;
+
+use chrono::Utc;
+use lh_bus::{Bus, BusError};
+use lh_events::subject;
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+
+pub use state::State;
+
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9101";
+/// How often waiting leases are looked at even when nothing arrives.
+pub const REEVALUATE_INTERVAL: Duration = Duration::from_secs(1);
+/// A feed silent this long has delivered everything there is.
+const QUIET: Duration = Duration::from_millis(100);
+
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "lh-scheduler", about = "Leasehold scheduler")]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let bus = config.common.connect_bus(state::SERVICE).await?;
+    let readiness = Readiness::default();
+    let ready = readiness.clone();
+    Running::spawn(
+        config.common.http_addr_or(DEFAULT_HTTP_ADDR),
+        axum::Router::new(),
+        readiness,
+        shutdown,
+        async move { schedule(bus, ready).await },
+    )
+    .await
+}
+
+async fn schedule(bus: Bus, ready: Readiness) -> anyhow::Result<()> {
+    let mut state = State::default();
+    let mut feed = bus
+        .feed(
+            &[subject::LEASES_ALL, subject::NODES_ALL, subject::TENANTS_ALL],
+            1,
+        )
+        .await?;
+    let mut caught_up = false;
+    let mut dirty = true;
+    let mut tick = tokio::time::interval(REEVALUATE_INTERVAL);
+    loop {
+        tokio::select! {
+            next = feed.next_within(QUIET) => match next {
+                Some(event) => {
+                    let event = event?;
+                    state.apply(event.sequence, &event.envelope);
+                    dirty = true;
+                    caught_up = event.pending == 0;
+                }
+                None => caught_up = true,
+            },
+            _ = tick.tick() => dirty = true,
+        }
+        if caught_up && dirty {
+            ready.set(true);
+            dirty = false;
+            if !decide_and_append(&bus, &mut state).await {
+                // Someone else appended first: read their events, then retry.
+                caught_up = false;
+                dirty = true;
+            }
+            metrics::gauge!("lh_scheduler_waiting_leases").set(state.waiting_count() as f64);
+        }
+    }
+}
+
+/// Appends every decision of one pass. False when a conflict cut it short.
+async fn decide_and_append(bus: &Bus, state: &mut State) -> bool {
+    for batch in state.decide(Utc::now()) {
+        match bus.publish_atomic(&batch).await {
+            Ok(appended) => {
+                // Apply our own events at once so the rest of the pass and
+                // the next one see them; the feed repeats them harmlessly.
+                let first = appended.sequence + 1 - batch.len() as u64;
+                for (i, (envelope, _)) in batch.iter().enumerate() {
+                    state.apply(first + i as u64, envelope);
+                }
+                metrics::counter!("lh_scheduler_decisions_total", "type" => batch[0].0.event_type.clone())
+                    .increment(1);
+                tracing::info!(
+                    event = %batch[0].0.event_type,
+                    lease = ?batch[0].0.data.subject(),
+                    "decision appended"
+                );
+            }
+            Err(BusError::Conflict(why)) | Err(BusError::DuplicateBatch(why)) => {
+                metrics::counter!("lh_scheduler_conflicts_total").increment(1);
+                tracing::debug!(%why, "lost a race; re-reading the log");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot append decision; will retry");
+                return false;
+            }
+        }
+    }
+    true
+}
