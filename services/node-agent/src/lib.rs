@@ -1,1 +1,254 @@
+//! Node-agent: one per GPU host. Registers the node's inventory, heartbeats,
+//! starts the leases placed on it and stops them when asked, reporting
+//! `lease.started` / `lease.ended` with its own timestamps (pricing bills
+//! from those).
+//!
+//! This version drives a simulated host described by a fleet file (see
+//! [`fleet_file`]); the workload is simulated too: a lease "runs" from start
+//! until it is stopped. The agent learns what it should be running from the
+//! log at start, so a restarted agent picks up where it was.
 
+pub mod fleet_file;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use lh_bus::{Bus, BusError, Expect};
+use lh_events::{
+    derived_id, subject, Actor, EndReason, Envelope, EventData, LeaseEnded, LeaseStarted,
+    NodeRegistered,
+};
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use uuid::Uuid;
+
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
+const QUIET: Duration = Duration::from_millis(100);
+
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "lh-node-agent", about = "Leasehold node-agent (simulated GPU host)")]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Fleet file describing the simulated nodes.
+    #[arg(long, env = "LH_FLEET_FILE", default_value = "dev/fleet.toml")]
+    pub fleet_file: PathBuf,
+    /// Which node of the fleet file this agent is.
+    #[arg(long, env = "LH_NODE_ID")]
+    pub node_id: String,
+    /// Heartbeat period on the telemetry stream.
+    #[arg(long, env = "LH_HEARTBEAT_MS", default_value_t = 1_000)]
+    pub heartbeat_ms: u64,
+}
+
+pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let fleet = fleet_file::FleetFile::load(&config.fleet_file)?;
+    let inventory = fleet.node(&config.node_id, &config.fleet_file)?.inventory();
+    let service = format!("lh-node-agent-{}", config.node_id);
+    let bus = config.common.connect_bus(&service).await?;
+    let readiness = Readiness::default();
+    let ready = readiness.clone();
+    let heartbeat = Duration::from_millis(config.heartbeat_ms.max(10));
+    Running::spawn(
+        config.common.http_addr_or(DEFAULT_HTTP_ADDR),
+        axum::Router::new(),
+        readiness,
+        shutdown,
+        async move { agent(bus, inventory, heartbeat, ready).await },
+    )
+    .await
+}
+
+/// What the log says about one lease placed on this node.
+#[derive(Debug, Clone, Default)]
+struct LocalLease {
+    started: bool,
+    stop_requested: bool,
+    ended: bool,
+    subject_sequence: u64,
+    correlation_id: Uuid,
+    tenant_id: Option<Uuid>,
+}
+
+#[derive(Default)]
+struct NodeState {
+    registered: Option<NodeRegistered>,
+    leases: BTreeMap<Uuid, LocalLease>,
+}
+
+impl NodeState {
+    fn apply(&mut self, node_id: &str, sequence: u64, envelope: &Envelope) {
+        match &envelope.data {
+            EventData::NodeRegistered(e) if e.node_id == node_id => {
+                self.registered = Some(e.clone());
+            }
+            EventData::LeasePlaced(e) if e.node_id == node_id => {
+                let l = self.leases.entry(e.lease_id).or_default();
+                l.subject_sequence = sequence;
+                l.correlation_id = envelope.correlation_id;
+                l.tenant_id = envelope.tenant_id;
+            }
+            other => {
+                let Some(lease_id) = lease_of(other) else {
+                    return;
+                };
+                let Some(l) = self.leases.get_mut(&lease_id) else {
+                    return;
+                };
+                l.subject_sequence = l.subject_sequence.max(sequence);
+                match other {
+                    EventData::LeaseStarted(_) => l.started = true,
+                    EventData::LeaseStopRequested(_) => l.stop_requested = true,
+                    EventData::LeaseEnded(_) => l.ended = true,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn running(&self) -> usize {
+        self.leases
+            .values()
+            .filter(|l| l.started && !l.ended)
+            .count()
+    }
+}
+
+fn lease_of(data: &EventData) -> Option<Uuid> {
+    match data {
+        EventData::LeaseStarted(e) => Some(e.lease_id),
+        EventData::LeaseStopRequested(e) => Some(e.lease_id),
+        EventData::LeaseEnded(e) => Some(e.lease_id),
+        _ => None,
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Heartbeat<'a> {
+    node_id: &'a str,
+    at: chrono::DateTime<Utc>,
+    running_leases: usize,
+}
+
+async fn agent(
+    bus: Bus,
+    inventory: NodeRegistered,
+    heartbeat: Duration,
+    ready: Readiness,
+) -> anyhow::Result<()> {
+    let node_id = inventory.node_id.clone();
+    let mut state = NodeState::default();
+    let node_subject = subject::node(&node_id);
+    let mut feed = bus
+        .feed(&[subject::LEASES_ALL, node_subject.as_str()], 1)
+        .await?;
+    let mut caught_up = false;
+    let mut dirty = true;
+    let mut beat = tokio::time::interval(heartbeat);
+    loop {
+        tokio::select! {
+            next = feed.next_within(QUIET) => match next {
+                Some(event) => {
+                    let event = event?;
+                    state.apply(&node_id, event.sequence, &event.envelope);
+                    dirty = true;
+                    caught_up = event.pending == 0;
+                }
+                None => caught_up = true,
+            },
+            _ = beat.tick() => {
+                let hb = Heartbeat { node_id: &node_id, at: Utc::now(), running_leases: state.running() };
+                let payload = serde_json::to_vec(&hb)?;
+                if let Err(e) = bus.publish_telemetry(subject::heartbeat(&node_id), payload).await {
+                    tracing::warn!(error = %e, "heartbeat not sent");
+                }
+                metrics::gauge!("lh_node_running_leases").set(state.running() as f64);
+            }
+        }
+        if caught_up && dirty {
+            dirty = false;
+            if state.registered.as_ref() != Some(&inventory) {
+                register(&bus, &inventory).await?;
+                state.registered = Some(inventory.clone());
+            }
+            ready.set(true);
+            if !act(&bus, &node_id, &mut state).await {
+                caught_up = false;
+                dirty = true;
+            }
+        }
+    }
+}
+
+async fn register(bus: &Bus, inventory: &NodeRegistered) -> anyhow::Result<()> {
+    let fingerprint = serde_json::to_string(inventory)?;
+    let envelope = Envelope::new(
+        Actor::Node(inventory.node_id.clone()),
+        Utc::now(),
+        EventData::NodeRegistered(inventory.clone()),
+    )
+    .with_id(derived_id(&["node.registered", &fingerprint]));
+    bus.publish(&envelope, Expect::Any).await?;
+    tracing::info!(node = %inventory.node_id, gpus = inventory.gpus.len(), "node registered");
+    Ok(())
+}
+
+/// Starts and stops leases as the log asks. False after a conflict.
+async fn act(bus: &Bus, node_id: &str, state: &mut NodeState) -> bool {
+    let now = Utc::now();
+    for (lease_id, lease) in state.leases.iter_mut().filter(|(_, l)| !l.ended) {
+        let (data, step, expect) = if lease.stop_requested {
+            let reason = if lease.started {
+                EndReason::Stopped
+            } else {
+                EndReason::Cancelled
+            };
+            let data = EventData::LeaseEnded(LeaseEnded {
+                lease_id: *lease_id,
+                node_id: Some(node_id.to_string()),
+                ended_at: now,
+                reason,
+                exit_code: None,
+            });
+            (data, "lease.ended", Expect::Any)
+        } else if !lease.started {
+            let data = EventData::LeaseStarted(LeaseStarted {
+                lease_id: *lease_id,
+                node_id: node_id.to_string(),
+                started_at: now,
+            });
+            // Guarded: a stop that arrived meanwhile must win over the start.
+            (
+                data,
+                "lease.started",
+                Expect::LastSubjectSequence(lease.subject_sequence),
+            )
+        } else {
+            continue;
+        };
+        let mut envelope = Envelope::new(Actor::Node(node_id.to_string()), now, data)
+            .with_id(derived_id(&[step, &lease_id.to_string()]));
+        envelope.correlation_id = lease.correlation_id;
+        envelope.tenant_id = lease.tenant_id;
+        match bus.publish(&envelope, expect).await {
+            Ok(appended) => {
+                lease.subject_sequence = appended.sequence;
+                match step {
+                    "lease.started" => lease.started = true,
+                    _ => lease.ended = true,
+                }
+                metrics::counter!("lh_node_lease_transitions_total", "type" => step).increment(1);
+                tracing::info!(lease = %lease_id, event = step, "lease transition");
+            }
+            Err(BusError::Conflict(_)) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, lease = %lease_id, "cannot report lease transition");
+                return false;
+            }
+        }
+    }
+    // Ended leases need no memory beyond the log.
+    state.leases.retain(|_, l| !l.ended);
+    true
+}

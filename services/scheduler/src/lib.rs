@@ -84,9 +84,22 @@ async fn schedule(bus: Bus, ready: Readiness) -> anyhow::Result<()> {
     }
 }
 
-/// Appends every decision of one pass. False when a conflict cut it short.
+/// Appends decisions until there are none left. False when a conflict
+/// cut it short.
 async fn decide_and_append(bus: &Bus, state: &mut State) -> bool {
-    for batch in state.decide(Utc::now()) {
+    loop {
+        let decisions = state.decide(Utc::now());
+        if !append_all(bus, state, decisions.batches).await {
+            return false;
+        }
+        if !decisions.more {
+            return true;
+        }
+    }
+}
+
+async fn append_all(bus: &Bus, state: &mut State, batches: Vec<state::Batch>) -> bool {
+    for batch in batches {
         match bus.publish_atomic(&batch).await {
             Ok(appended) => {
                 // Apply our own events at once so the rest of the pass and

@@ -132,9 +132,13 @@ impl State {
 
     /// What to append now, in request order. Each batch assumes the ones
     /// before it were stored; after a conflict the caller re-reads the log
-    /// and asks again.
-    pub fn decide(&self, now: DateTime<Utc>) -> Vec<Batch> {
+    /// and asks again. A node takes at most one placement per pass (the
+    /// next one's expected node sequence is only known once the first is
+    /// stored), so the pass stops there and `more` tells the caller to
+    /// decide again right after appending.
+    pub fn decide(&self, now: DateTime<Utc>) -> Decisions {
         let mut scratch = self.fleet.clone();
+        let mut touched_nodes: Vec<String> = Vec::new();
         let mut held = self.gpus_held_by_tenant();
         let mut queued_per_model: HashMap<&str, u32> = HashMap::new();
         let mut out = Vec::new();
@@ -190,7 +194,14 @@ impl State {
                 gpu_model: lease.gpu_model.clone(),
             };
             match placement::best_fit(scratch.nodes.values(), &request) {
+                Ok(p) if touched_nodes.contains(&p.node_id) => {
+                    return Decisions {
+                        batches: out,
+                        more: true,
+                    };
+                }
                 Ok(p) => {
+                    touched_nodes.push(p.node_id.clone());
                     let indices: Vec<u32> = p.gpus.iter().map(|g| g.index).collect();
                     let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
                     let placed = EventData::LeasePlaced(LeasePlaced {
@@ -258,8 +269,19 @@ impl State {
                 }
             }
         }
-        out
+        Decisions {
+            batches: out,
+            more: false,
+        }
     }
+}
+
+/// The outcome of one decision pass.
+#[derive(Debug, Default)]
+pub struct Decisions {
+    pub batches: Vec<Batch>,
+    /// The pass stopped early: decide again once these are appended.
+    pub more: bool,
 }
 
 #[cfg(test)]
@@ -321,7 +343,7 @@ mod tests {
         let t = Uuid::from_u128(1);
         let l = Uuid::from_u128(2);
         let s = given(vec![node("a", 8), tenant(t, 16), request(l, t, 2)]);
-        let d = s.decide(Utc::now());
+        let d = s.decide(Utc::now()).batches;
         assert_eq!(d.len(), 1);
         let batch = &d[0];
         assert_eq!(batch.len(), 2);
@@ -340,7 +362,7 @@ mod tests {
             request(Uuid::from_u128(2), t, 2),
             request(Uuid::from_u128(3), t, 1),
         ]);
-        let d = s.decide(Utc::now());
+        let d = s.decide(Utc::now()).batches;
         assert_eq!(d.len(), 2);
         assert_eq!(d[0][0].0.event_type, "lease.placed");
         match &d[1][0].0.data {
@@ -362,7 +384,7 @@ mod tests {
             request(Uuid::from_u128(3), t, 2),
             request(Uuid::from_u128(4), t, 1),
         ]);
-        let d = s.decide(Utc::now());
+        let d = s.decide(Utc::now()).batches;
         let types: Vec<&str> = d.iter().map(|b| b[0].0.event_type.as_str()).collect();
         assert_eq!(types, vec!["lease.placed", "lease.queued", "lease.queued"]);
         match &d[2][0].0.data {
@@ -376,7 +398,7 @@ mod tests {
         let t = Uuid::from_u128(1);
         let (a, b, c) = (Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
         let mut s = given(vec![node("a", 2), tenant(t, 100), request(a, t, 2), request(b, t, 2)]);
-        for batch in s.decide(Utc::now()) {
+        for batch in s.decide(Utc::now()).batches {
             for (e, _) in batch {
                 s.apply(100, &e);
             }
@@ -394,9 +416,23 @@ mod tests {
         );
         s.apply(102, &env(request(c, t, 1)));
         s.apply(103, &env(EventData::LeaseStopRequested(LeaseStopRequested { lease_id: c })));
-        let d = s.decide(Utc::now());
+        let d = s.decide(Utc::now()).batches;
         assert_eq!(d[0][0].0.event_type, "lease.placed");
         assert_eq!(d[1][0].0.event_type, "lease.ended");
+    }
+
+    #[test]
+    fn one_placement_per_node_per_pass() {
+        let t = Uuid::from_u128(1);
+        let s = given(vec![
+            node("a", 8),
+            tenant(t, 100),
+            request(Uuid::from_u128(2), t, 1),
+            request(Uuid::from_u128(3), t, 1),
+        ]);
+        let d = s.decide(Utc::now());
+        assert_eq!(d.batches.len(), 1);
+        assert!(d.more);
     }
 
     #[test]
@@ -404,8 +440,8 @@ mod tests {
         let t = Uuid::from_u128(1);
         let s = given(vec![node("b", 8), node("a", 8), tenant(t, 16), request(Uuid::from_u128(2), t, 2)]);
         let now = Utc::now();
-        let a: Vec<_> = s.decide(now).into_iter().flatten().map(|(e, x)| (e.id, e.data, x)).collect();
-        let b: Vec<_> = s.decide(now).into_iter().flatten().map(|(e, x)| (e.id, e.data, x)).collect();
+        let a: Vec<_> = s.decide(now).batches.into_iter().flatten().map(|(e, x)| (e.id, e.data, x)).collect();
+        let b: Vec<_> = s.decide(now).batches.into_iter().flatten().map(|(e, x)| (e.id, e.data, x)).collect();
         assert_eq!(a, b);
     }
 }

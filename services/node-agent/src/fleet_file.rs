@@ -1,0 +1,122 @@
+//! The simulated fleet file (`dev/fleet.toml`): nodes and their GPUs.
+
+use std::path::Path;
+
+use lh_events::{GpuInfo, NodeRegistered};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetFile {
+    pub node: Vec<SimNode>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimNode {
+    pub id: String,
+    pub zone: String,
+    pub hostname: String,
+    pub gpu_model: String,
+    pub gpu_count: u32,
+    pub vram_gb: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetFileError {
+    #[error("cannot read fleet file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("fleet file {path} is invalid: {source}")]
+    Parse {
+        path: String,
+        source: toml::de::Error,
+    },
+    #[error("node {node:?} is not in fleet file {path} (it has: {known})")]
+    UnknownNode {
+        node: String,
+        path: String,
+        known: String,
+    },
+}
+
+impl FleetFile {
+    pub fn load(path: &Path) -> Result<Self, FleetFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| FleetFileError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| FleetFileError::Parse {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    pub fn node(&self, node_id: &str, path: &Path) -> Result<&SimNode, FleetFileError> {
+        self.node
+            .iter()
+            .find(|n| n.id == node_id)
+            .ok_or_else(|| FleetFileError::UnknownNode {
+                node: node_id.to_string(),
+                path: path.display().to_string(),
+                known: self
+                    .node
+                    .iter()
+                    .map(|n| n.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}
+
+impl SimNode {
+    /// The inventory a real host would report; GPU UUIDs are stable per
+    /// (node, index) so a restart registers the same devices.
+    pub fn inventory(&self) -> NodeRegistered {
+        NodeRegistered {
+            node_id: self.id.clone(),
+            zone: self.zone.clone(),
+            hostname: self.hostname.clone(),
+            gpus: (0..self.gpu_count)
+                .map(|index| GpuInfo {
+                    index,
+                    uuid: format!(
+                        "GPU-{}",
+                        lh_events::derived_id(&["sim-gpu", &self.id, &index.to_string()])
+                    ),
+                    model: self.gpu_model.clone(),
+                    vram_gb: self.vram_gb,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_finds_nodes() {
+        let f: FleetFile = toml::from_str(
+            r#"
+            [[node]]
+            id = "node-a"
+            zone = "z1"
+            hostname = "h"
+            gpu_model = "A100-40GB"
+            gpu_count = 2
+            vram_gb = 40
+            "#,
+        )
+        .unwrap();
+        let inv = f.node("node-a", Path::new("x")).unwrap().inventory();
+        assert_eq!(inv.gpus.len(), 2);
+        assert_ne!(inv.gpus[0].uuid, inv.gpus[1].uuid);
+        assert_eq!(inv, f.node("node-a", Path::new("x")).unwrap().inventory());
+        let err = f.node("node-z", Path::new("x")).unwrap_err().to_string();
+        assert!(err.contains("node-a"), "{err}");
+    }
+}
