@@ -1,1 +1,200 @@
+//! Pricing: price books, charges and invoices.
+//!
+//! [`start`] runs, side by side:
+//!
+//! 1. **Rating** ([`rating`]): folds price books, lease lifecycles and
+//!    existing charges from sequence 1, and once at the head of the log
+//!    publishes the `charge.accrued` events of every lease that ended and
+//!    has none — exactly once (deterministic ids and an expected subject
+//!    sequence of 0 on `lh.evt.charge.<lease_id>`). The pure arithmetic and
+//!    its rounding rule live in [`lh_domain::rating`].
+//! 2. **Invoice projection** ([`projection`]): `charge.accrued` into the
+//!    `invoice_lines` table of the service's Postgres schema.
+//! 3. **Invoice RPC**: answers [`invoice::INVOICE_SUBJECT`] from that table
+//!    with an [`invoice::Invoice`] that carries a content hash.
+//!
+//! The service is ready once both the rating fold and the projection have
+//! caught up with the log. See `docs/pricing.md`.
 
+pub mod invoice;
+pub mod projection;
+pub mod rating;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::Utc;
+use lh_bus::Bus;
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::invoice::{InvoiceRequest, INVOICE_SUBJECT, QUEUE_GROUP};
+use crate::projection::InvoiceProjector;
+
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9103";
+/// Name of the service: its actor name on the events it publishes.
+pub const SERVICE: &str = "lh-pricing";
+/// Default schema of the live projection.
+pub const DEFAULT_SCHEMA: &str = "pricing";
+/// Default schema `rebuild` replays into.
+pub const DEFAULT_REBUILD_SCHEMA: &str = "pricing_rebuild";
+
+/// The migrations of pricing's schema (`migrations/pricing`).
+pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/pricing");
+
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "lh-pricing", about = "Leasehold pricing: charges and invoices")]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// PostgreSQL database holding the invoice projection.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Postgres schema of the live projection.
+    #[arg(long, env = "LH_PRICING_SCHEMA", default_value = DEFAULT_SCHEMA)]
+    pub schema: String,
+}
+
+impl Config {
+    /// For tests: pricing on `nats_url` and `database_url`, on a free port.
+    pub fn for_test(nats_url: &str, database_url: &str) -> Self {
+        Self {
+            common: CommonArgs::for_test(nats_url),
+            database_url: database_url.to_string(),
+            schema: DEFAULT_SCHEMA.to_string(),
+        }
+    }
+}
+
+/// Starts pricing: rating, the invoice projection and the invoice RPC.
+pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let bus = config.common.connect_bus(SERVICE).await?;
+    let pool = lh_projection::connect_schema(&config.database_url, &config.schema)
+        .await
+        .context("pricing: connecting to PostgreSQL")?;
+    lh_projection::migrate(&pool, &MIGRATOR)
+        .await
+        .context("pricing: migrating its schema")?;
+    rating::ensure_price_book(&bus, Utc::now()).await?;
+    let readiness = Readiness::default();
+    let work = work(bus, pool, readiness.clone(), shutdown.clone());
+    Running::spawn(
+        config.common.http_addr_or(DEFAULT_HTTP_ADDR),
+        axum::Router::new(),
+        readiness,
+        shutdown,
+        work,
+    )
+    .await
+}
+
+async fn work(
+    bus: Bus,
+    pool: PgPool,
+    ready: Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let rating_caught_up = Arc::new(AtomicBool::new(false));
+    let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
+
+    let flag = rating_caught_up.clone();
+    let rating = rating::run(bus.clone(), shutdown.clone(), move || {
+        flag.store(true, Ordering::Release)
+    });
+
+    let projection = async {
+        lh_projection::run(
+            &bus,
+            &pool,
+            &InvoiceProjector,
+            shutdown.clone().cancelled_owned(),
+            |progress| {
+                let _ = progress_tx.send(progress);
+            },
+        )
+        .await
+        .context("invoice projection")
+    };
+
+    let rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            INVOICE_SUBJECT,
+            QUEUE_GROUP,
+            |request: InvoiceRequest| {
+                let pool = pool.clone();
+                async move { projection::read_invoice(&pool, &request).await }
+            },
+        )
+        .await
+        .context("invoice RPC")
+    };
+
+    let monitor = async {
+        let Ok(progress) = progress_rx.await else {
+            // The projection failed before it started; its error ends the service.
+            return std::future::pending().await;
+        };
+        loop {
+            metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
+            if rating_caught_up.load(Ordering::Acquire) && progress.caught_up() && !ready.is_ready()
+            {
+                tracing::info!(sequence = progress.applied(), "pricing is ready");
+                ready.set(true);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok::<(), anyhow::Error>(()),
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    };
+
+    tokio::try_join!(rating, projection, rpc, monitor)?;
+    Ok(())
+}
+
+/// Replays the log from sequence 1 into the fresh schema `into` (dropped
+/// first) with the live projection's code. `on_event(sequence, head)` is
+/// told every applied event. Returns the sequence reached.
+pub async fn rebuild(
+    config: &Config,
+    into: &str,
+    on_event: impl FnMut(u64, u64),
+) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        into != config.schema,
+        "refusing to rebuild into the live schema {into:?}: it would be dropped"
+    );
+    let bus = config.common.connect_bus("lh-pricing-rebuild").await?;
+    let reached = lh_projection::rebuild(
+        &bus,
+        &config.database_url,
+        into,
+        &MIGRATOR,
+        &InvoiceProjector,
+        on_event,
+    )
+    .await
+    .with_context(|| format!("rebuilding into schema {into}"))?;
+    Ok(reached)
+}
+
+/// Row count and digest of `invoice_lines` in each schema (same session
+/// settings for all, time zone UTC), for comparing live and rebuilt tables.
+pub async fn digests(database_url: &str, schemas: &[&str]) -> anyhow::Result<Vec<(i64, String)>> {
+    let options: PgConnectOptions = database_url.parse()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.options([("timezone", "UTC")]))
+        .await?;
+    let mut out = Vec::new();
+    for schema in schemas {
+        out.push(lh_projection::table_digest(&pool, schema, projection::TABLE).await?);
+    }
+    pool.close().await;
+    Ok(out)
+}

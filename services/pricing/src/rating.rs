@@ -1,0 +1,564 @@
+//! Rating: turns finished leases into `charge.accrued` events.
+//!
+//! [`Fold`] is the in-memory state rebuilt from the log (price books, the
+//! billing facts of each lease, which leases already have charges); it does
+//! no I/O. [`run`] feeds it from sequence 1 and, once it has caught up with
+//! the head of the log, publishes the charges of every lease that ended and
+//! has none yet — all charges of one lease in one atomic batch whose first
+//! message expects the lease's charge subject to be empty. A restarted or
+//! second replica therefore never charges a lease twice: the log already
+//! holds the charges (the fold saw them), or the server refuses the batch.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
+use lh_domain::rating::{self, Segment};
+use lh_events::{
+    derived_id, subject, Actor, ChargeAccrued, EndReason, Envelope, EventData, PriceBookPublished,
+    Tier,
+};
+use lh_service::CancellationToken;
+use uuid::Uuid;
+
+use crate::SERVICE;
+
+/// Subjects the rating fold reads.
+pub const FILTERS: &[&str] = &[
+    subject::LEASES_ALL,
+    subject::CHARGES_ALL,
+    "lh.evt.price_book.>",
+];
+/// A feed silent this long has delivered everything there is.
+const QUIET: Duration = Duration::from_millis(300);
+/// Wait before retrying a publish that failed for a reason other than a conflict.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the log says about one lease, as far as billing cares.
+#[derive(Debug, Clone, Default)]
+struct LeaseFacts {
+    tenant_id: Option<Uuid>,
+    tier: Option<Tier>,
+    gpus: Option<u32>,
+    vram_gb_per_gpu: Option<u32>,
+    /// The node-agent's `lease.started.started_at` (the first one).
+    started_at: Option<DateTime<Utc>>,
+    /// The `lease.ended` envelope, once billable.
+    ended: Option<Envelope>,
+}
+
+/// The charges of one lease, ready to publish.
+#[derive(Debug, Clone)]
+pub struct Bill {
+    pub lease_id: Uuid,
+    pub charges: Vec<ChargeAccrued>,
+    /// The `lease.ended` event the charges are caused by.
+    pub cause: Envelope,
+}
+
+/// What to do with a lease awaiting its charges.
+#[derive(Debug)]
+pub enum Plan {
+    Publish(Bill),
+    /// No price book is known yet: try again later.
+    WaitForBook,
+    /// Can never be billed (facts missing from the log): drop it.
+    Unbillable(String),
+}
+
+/// Rating state folded from the log.
+#[derive(Debug, Default)]
+pub struct Fold {
+    /// Every price book version seen, sorted by version.
+    books: Vec<PriceBookPublished>,
+    leases: HashMap<Uuid, LeaseFacts>,
+    /// Leases with at least one charge in the log (or just published).
+    charged: HashSet<Uuid>,
+    /// Ended, billable leases without charges, in id order.
+    due: BTreeSet<Uuid>,
+    /// Sequence of the last event folded.
+    pub sequence: u64,
+}
+
+impl Fold {
+    /// Folds one event of the log.
+    pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.sequence = self.sequence.max(sequence);
+        match &envelope.data {
+            EventData::PriceBookPublished(book) => {
+                if !self.books.iter().any(|b| b.version == book.version) {
+                    self.books.push(book.clone());
+                    self.books.sort_by_key(|b| b.version);
+                }
+            }
+            EventData::LeaseRequested(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    l.tenant_id = Some(e.tenant_id);
+                    l.tier = Some(e.tier);
+                }
+            }
+            EventData::LeasePlaced(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    l.gpus = Some(e.gpus.len() as u32);
+                    l.vram_gb_per_gpu = Some(e.vram_gb_per_gpu);
+                }
+            }
+            EventData::LeaseStarted(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    l.started_at.get_or_insert(e.started_at);
+                }
+            }
+            EventData::LeaseEnded(e) => self.ended(e, envelope),
+            EventData::ChargeAccrued(c) => self.mark_charged(c.lease_id),
+            _ => {}
+        }
+    }
+
+    /// The facts of a lease not yet charged or closed.
+    fn open(&mut self, lease_id: Uuid) -> Option<&mut LeaseFacts> {
+        if self.charged.contains(&lease_id) {
+            return None;
+        }
+        let facts = self.leases.entry(lease_id).or_default();
+        // After lease.ended nothing changes what it costs.
+        if facts.ended.is_some() {
+            return None;
+        }
+        Some(facts)
+    }
+
+    fn ended(&mut self, e: &lh_events::LeaseEnded, envelope: &Envelope) {
+        let Some(facts) = self.open(e.lease_id) else {
+            return;
+        };
+        let billable = e.reason != EndReason::Cancelled
+            && facts.started_at.is_some_and(|started| e.ended_at > started);
+        if billable {
+            facts.ended = Some(envelope.clone());
+            self.due.insert(e.lease_id);
+        } else {
+            // Cancelled, never started, or ended before it started: nothing to bill.
+            self.leases.remove(&e.lease_id);
+        }
+    }
+
+    /// Records that `lease_id` has its charges; forgets its facts.
+    pub fn mark_charged(&mut self, lease_id: Uuid) {
+        self.charged.insert(lease_id);
+        self.leases.remove(&lease_id);
+        self.due.remove(&lease_id);
+    }
+
+    /// Drops a lease that can never be billed.
+    pub fn drop_due(&mut self, lease_id: Uuid) {
+        self.due.remove(&lease_id);
+        self.leases.remove(&lease_id);
+    }
+
+    /// Ended leases still waiting for their charges.
+    pub fn due(&self) -> Vec<Uuid> {
+        self.due.iter().copied().collect()
+    }
+
+    pub fn is_charged(&self, lease_id: Uuid) -> bool {
+        self.charged.contains(&lease_id)
+    }
+
+    /// The book a lease started at `started_at` is billed with: the newest
+    /// version whose `effective_from` is not after the start, else the oldest.
+    pub fn book_for(&self, started_at: DateTime<Utc>) -> Option<&PriceBookPublished> {
+        self.books
+            .iter()
+            .rev()
+            .find(|b| b.effective_from <= started_at)
+            .or_else(|| self.books.first())
+    }
+
+    pub fn has_book(&self) -> bool {
+        !self.books.is_empty()
+    }
+
+    /// What to do about a due lease.
+    pub fn plan(&self, lease_id: Uuid) -> Plan {
+        let Some(facts) = self.leases.get(&lease_id) else {
+            return Plan::Unbillable("no facts about the lease".into());
+        };
+        let (Some(cause), Some(started_at)) = (&facts.ended, facts.started_at) else {
+            return Plan::Unbillable("lease has not both started and ended".into());
+        };
+        let EventData::LeaseEnded(ended) = &cause.data else {
+            return Plan::Unbillable("cause is not lease.ended".into());
+        };
+        let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
+            return Plan::Unbillable("no lease.requested in the log".into());
+        };
+        let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
+            return Plan::Unbillable("no lease.placed in the log".into());
+        };
+        let Some(book) = self.book_for(started_at) else {
+            return Plan::WaitForBook;
+        };
+        let segment = Segment {
+            lease_id,
+            tenant_id,
+            tier,
+            gpus,
+            vram_gb_per_gpu,
+            started_at,
+            ended_at: ended.ended_at,
+        };
+        let charges = rating::charges(book, &segment);
+        if charges.is_empty() {
+            return Plan::Unbillable(format!(
+                "price book v{} has no price for tier {}",
+                book.version,
+                tier.as_str()
+            ));
+        }
+        Plan::Publish(Bill {
+            lease_id,
+            charges,
+            cause: cause.clone(),
+        })
+    }
+}
+
+/// The id of the default price book (version 1).
+pub fn default_book_id() -> Uuid {
+    derived_id(&["price_book", "1"])
+}
+
+/// Publishes the default price book when the log holds none. Several
+/// replicas may race: the subject must be empty, so only one wins.
+pub async fn ensure_price_book(bus: &Bus, now: DateTime<Utc>) -> anyhow::Result<()> {
+    if bus.subject_last_sequence(&subject::price_book()).await? > 0 {
+        return Ok(());
+    }
+    let book = rating::default_price_book(now);
+    let envelope = Envelope::new(
+        Actor::Service(SERVICE.into()),
+        now,
+        EventData::PriceBookPublished(book),
+    )
+    .with_id(default_book_id());
+    match bus.publish(&envelope, Expect::LastSubjectSequence(0)).await {
+        Ok(appended) => {
+            tracing::info!(
+                sequence = appended.sequence,
+                "published the default price book"
+            );
+            Ok(())
+        }
+        Err(BusError::Conflict(e)) => {
+            tracing::info!(error = %e, "another replica published the price book first");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The charge events of a bill, in batches of at most [`MAX_BATCH_MESSAGES`].
+pub fn envelopes(bill: &Bill, now: DateTime<Utc>) -> Vec<Envelope> {
+    bill.charges
+        .iter()
+        .map(|c| {
+            Envelope::new(
+                Actor::Service(SERVICE.into()),
+                now,
+                EventData::ChargeAccrued(c.clone()),
+            )
+            .caused_by(&bill.cause)
+            .with_id(c.charge_id)
+        })
+        .collect()
+}
+
+/// Publishes one lease's charges: one atomic batch whose first message
+/// expects `lh.evt.charge.<lease_id>` to be empty. Returns how many
+/// charges were newly stored.
+pub async fn publish_bill(bus: &Bus, bill: &Bill, now: DateTime<Utc>) -> lh_bus::Result<usize> {
+    let all = envelopes(bill, now);
+    let mut expect_first = Expect::LastSubjectSequence(0);
+    let mut stored = 0;
+    // A lease longer than MAX_BATCH_MESSAGES months (over five years) needs
+    // several batches; each later batch expects the previous one's commit.
+    for chunk in all.chunks(MAX_BATCH_MESSAGES) {
+        let batch: Vec<(Envelope, Expect)> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.clone(), if i == 0 { expect_first } else { Expect::Any }))
+            .collect();
+        let appended = bus.publish_atomic(&batch).await?;
+        if !appended.duplicate {
+            stored += chunk.len();
+        }
+        expect_first = Expect::LastSubjectSequence(appended.sequence);
+    }
+    Ok(stored)
+}
+
+/// Folds the log and charges ended leases until `shutdown`. `caught_up` is
+/// called once the fold first reaches the head of the log.
+pub async fn run(
+    bus: Bus,
+    shutdown: CancellationToken,
+    caught_up: impl FnOnce() + Send,
+) -> anyhow::Result<()> {
+    let mut fold = Fold::default();
+    let mut feed = bus.feed(FILTERS, 1).await?;
+    let mut on_caught_up = Some(caught_up);
+    let mut retry_at: Option<Instant> = None;
+    let mut warned_no_book = false;
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            next = feed.next_within(QUIET) => next,
+        };
+        let at_head = match next {
+            Some(event) => {
+                let event = event?;
+                fold.apply(event.sequence, &event.envelope);
+                event.pending == 0
+            }
+            // A quiet spell: the ordered feed has delivered all there is.
+            None => true,
+        };
+        if !at_head {
+            continue;
+        }
+        if let Some(f) = on_caught_up.take() {
+            tracing::info!(sequence = fold.sequence, "rating caught up with the log");
+            f();
+        }
+        if retry_at.is_some_and(|t| Instant::now() < t) {
+            continue;
+        }
+        retry_at = None;
+        for lease_id in fold.due() {
+            match fold.plan(lease_id) {
+                Plan::Publish(bill) => match publish_bill(&bus, &bill, Utc::now()).await {
+                    Ok(stored) => {
+                        metrics::counter!("lh_charges_published_total").increment(stored as u64);
+                        tracing::info!(%lease_id, charges = bill.charges.len(), stored, "lease charged");
+                        fold.mark_charged(lease_id);
+                    }
+                    Err(BusError::Conflict(e)) | Err(BusError::DuplicateBatch(e)) => {
+                        tracing::info!(%lease_id, error = %e, "charges already in the log");
+                        fold.mark_charged(lease_id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%lease_id, error = %e, "cannot publish charges; will retry");
+                        retry_at = Some(Instant::now() + RETRY_AFTER);
+                        break;
+                    }
+                },
+                Plan::WaitForBook => {
+                    if !warned_no_book {
+                        tracing::warn!(%lease_id, "no price book in the log yet; charges wait");
+                        warned_no_book = true;
+                    }
+                }
+                Plan::Unbillable(why) => {
+                    tracing::error!(%lease_id, %why, "lease cannot be billed");
+                    fold.drop_due(lease_id);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use lh_events::*;
+
+    fn env(data: EventData) -> Envelope {
+        Envelope::new(Actor::Admin, Utc::now(), data)
+    }
+
+    fn t(h: u32, m: u32, s: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 2, h, m, s).unwrap()
+    }
+
+    fn lease_events(
+        lease_id: Uuid,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+        reason: EndReason,
+    ) -> Vec<Envelope> {
+        vec![
+            env(EventData::LeaseRequested(LeaseRequested {
+                lease_id,
+                tenant_id: Uuid::from_u128(7),
+                gpus: 2,
+                gpu_model: "A100".into(),
+                tier: Tier::Basic,
+                idempotency_key: None,
+            })),
+            env(EventData::LeasePlaced(LeasePlaced {
+                lease_id,
+                node_id: "n1".into(),
+                zone: "z".into(),
+                gpu_model: "A100".into(),
+                vram_gb_per_gpu: 40,
+                gpus: vec![
+                    AssignedGpu {
+                        index: 0,
+                        uuid: "g0".into(),
+                    },
+                    AssignedGpu {
+                        index: 1,
+                        uuid: "g1".into(),
+                    },
+                ],
+                decision: Decision {
+                    policy: "best_fit".into(),
+                    policy_version: 1,
+                    candidates: 1,
+                    winner_score: 1.0,
+                    runner_up_score: None,
+                },
+            })),
+            env(EventData::LeaseStarted(LeaseStarted {
+                lease_id,
+                node_id: "n1".into(),
+                started_at: start,
+            })),
+            env(EventData::LeaseEnded(LeaseEnded {
+                lease_id,
+                node_id: Some("n1".into()),
+                ended_at: end,
+                reason,
+                exit_code: None,
+            })),
+        ]
+    }
+
+    fn fold(events: &[Envelope]) -> Fold {
+        let mut f = Fold::default();
+        for (i, e) in events.iter().enumerate() {
+            f.apply(i as u64 + 1, e);
+        }
+        f
+    }
+
+    fn book(version: u32, from: DateTime<Utc>, price: &str) -> Envelope {
+        let mut b = rating::default_price_book(from);
+        b.version = version;
+        b.tiers[0].price_cny_per_gb_hour = price.parse().unwrap();
+        env(EventData::PriceBookPublished(b))
+    }
+
+    #[test]
+    fn an_ended_lease_is_due_until_its_charge_is_seen() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        events.extend(lease_events(
+            lease,
+            t(10, 0, 0),
+            t(10, 1, 30),
+            EndReason::Stopped,
+        ));
+        let mut f = fold(&events);
+        assert_eq!(f.due(), vec![lease]);
+        let Plan::Publish(bill) = f.plan(lease) else {
+            panic!("expected a bill")
+        };
+        assert_eq!(bill.charges.len(), 1);
+        assert_eq!(bill.charges[0].amount.to_string(), "1.00");
+        assert_eq!(bill.charges[0].billed_seconds, 90);
+        let charge = envelopes(&bill, Utc::now()).remove(0);
+        assert_eq!(charge.id, bill.charges[0].charge_id);
+        assert_eq!(charge.causation_id, Some(bill.cause.id));
+        assert_eq!(charge.actor, Actor::Service("lh-pricing".into()));
+        f.apply(99, &charge);
+        assert!(f.due().is_empty());
+        assert!(f.is_charged(lease));
+    }
+
+    #[test]
+    fn a_replayed_log_with_charges_has_nothing_due() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        events.extend(lease_events(
+            lease,
+            t(10, 0, 0),
+            t(10, 1, 30),
+            EndReason::Completed,
+        ));
+        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+            panic!()
+        };
+        events.extend(envelopes(&bill, Utc::now()));
+        assert!(fold(&events).due().is_empty());
+    }
+
+    #[test]
+    fn cancelled_never_started_or_backwards_leases_are_not_billed() {
+        let a = Uuid::from_u128(1);
+        let b = Uuid::from_u128(2);
+        let c = Uuid::from_u128(3);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        events.extend(lease_events(
+            a,
+            t(10, 0, 0),
+            t(10, 1, 0),
+            EndReason::Cancelled,
+        ));
+        events.extend(lease_events(
+            c,
+            t(10, 0, 0),
+            t(10, 0, 0),
+            EndReason::Stopped,
+        ));
+        let mut never = lease_events(b, t(10, 0, 0), t(10, 1, 0), EndReason::Stopped);
+        never.remove(2); // no lease.started
+        events.extend(never);
+        assert!(fold(&events).due().is_empty());
+    }
+
+    #[test]
+    fn the_book_is_the_newest_in_force_at_start_else_the_oldest() {
+        let f = fold(&[
+            book(2, t(12, 0, 0), "0.7"),
+            book(1, t(8, 0, 0), "0.5"),
+            book(3, t(20, 0, 0), "0.9"),
+        ]);
+        assert_eq!(f.book_for(t(7, 0, 0)).unwrap().version, 1);
+        assert_eq!(f.book_for(t(9, 0, 0)).unwrap().version, 1);
+        assert_eq!(f.book_for(t(12, 0, 0)).unwrap().version, 2);
+        assert_eq!(f.book_for(t(23, 0, 0)).unwrap().version, 3);
+    }
+
+    #[test]
+    fn no_book_means_wait() {
+        let lease = Uuid::from_u128(1);
+        let f = fold(&lease_events(
+            lease,
+            t(10, 0, 0),
+            t(10, 1, 30),
+            EndReason::Stopped,
+        ));
+        assert!(matches!(f.plan(lease), Plan::WaitForBook));
+    }
+
+    #[test]
+    fn billing_uses_the_node_agents_timestamps_not_event_times() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        // Envelopes all occur "now"; the started/ended timestamps say 1 h.
+        events.extend(lease_events(
+            lease,
+            t(10, 0, 0),
+            t(11, 0, 0),
+            EndReason::Failed,
+        ));
+        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+            panic!()
+        };
+        assert_eq!(bill.charges[0].billed_seconds, 3600);
+        assert_eq!(bill.charges[0].amount.to_string(), "40.00");
+    }
+}
