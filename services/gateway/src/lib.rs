@@ -1,1 +1,169 @@
+//! Gateway: the REST API, authentication, idempotency, and the tenant and
+//! lease read models (a PostgreSQL projection of the log, see
+//! [`projection`]). Writes become events on the log; reads come from the
+//! projection, which the write waits for so a client reads its own write.
 
+pub mod http;
+pub mod projection;
+pub mod seal;
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use lh_projection::Progress;
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use tokio::sync::oneshot;
+
+pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
+pub const DEFAULT_SCHEMA: &str = "gateway";
+const SERVICE: &str = "lh-gateway";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Where the API listens (also serves /healthz, /readyz, /metrics).
+    #[arg(long, env = "LH_GATEWAY_ADDR", default_value = DEFAULT_GATEWAY_ADDR)]
+    pub gateway_addr: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Schema of the read models.
+    #[arg(long, env = "LH_GATEWAY_SCHEMA", default_value = DEFAULT_SCHEMA)]
+    pub schema: String,
+    /// Bearer token of the platform admin.
+    #[arg(long, env = "LH_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// File holding the admin token when LH_ADMIN_TOKEN is unset.
+    #[arg(long, env = "LH_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Bearer token of the auditor (read-only audit calls).
+    #[arg(long, env = "LH_AUDITOR_TOKEN", hide_env_values = true)]
+    pub auditor_token: Option<String>,
+}
+
+impl Config {
+    fn admin_token(&self) -> anyhow::Result<String> {
+        if let Some(t) = &self.admin_token {
+            return Ok(t.trim().to_string());
+        }
+        let path = self
+            .admin_token_file
+            .as_ref()
+            .context("set LH_ADMIN_TOKEN or LH_ADMIN_TOKEN_FILE")?;
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading admin token from {}", path.display()))?;
+        let token = token.trim().to_string();
+        anyhow::ensure!(token.len() >= 16, "admin token in {} is shorter than 16 characters", path.display());
+        Ok(token)
+    }
+}
+
+/// Starts the API and the projection feeding it.
+pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let admin_token = config.admin_token()?;
+    let bus = config.common.connect_bus(SERVICE).await?;
+    let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
+    lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
+    seal::migrate_keys(&pool).await?;
+
+    let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
+    let projection_task = {
+        let bus = bus.clone();
+        let pool = pool.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            lh_projection::run(
+                &bus,
+                &pool,
+                &projection::GatewayProjection,
+                async move { stop.cancelled().await },
+                move |p| {
+                    let _ = progress_tx.send(p);
+                },
+            )
+            .await
+        })
+    };
+    let progress = progress_rx
+        .await
+        .context("the gateway projection did not start")?;
+    let readiness = Readiness::default();
+    let ctx = http::ApiContext {
+        bus,
+        pool,
+        progress: progress.clone(),
+        admin_token,
+        auditor_token: config.auditor_token.clone(),
+    };
+    let ready = readiness.clone();
+    let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
+    Running::spawn(
+        &config.gateway_addr,
+        router,
+        readiness,
+        shutdown,
+        async move {
+            // Ready once the read model has caught up with the log.
+            let watch_ready = async {
+                while !progress.wait_caught_up(std::time::Duration::from_secs(3600)).await {}
+                ready.set(true);
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                r = projection_task => r.context("projection task panicked")?.map_err(Into::into),
+                _ = watch_ready => Ok(()),
+            }
+        },
+    )
+    .await
+}
+
+/// Replays the log into `into` and reports how its tables compare with the
+/// live ones; with `swap`, the rebuilt schema replaces the live one.
+pub async fn rebuild(config: &Config, into: &str, swap: bool) -> anyhow::Result<Vec<TableComparison>> {
+    let bus = config.common.connect_bus(SERVICE).await?;
+    let reached = lh_projection::rebuild(
+        &bus,
+        &config.database_url,
+        into,
+        &projection::MIGRATOR,
+        &projection::GatewayProjection,
+        |seq, head| {
+            if seq % 1000 == 0 || seq == head {
+                eprintln!("rebuild: applied up to sequence {seq} of {head}");
+            }
+        },
+    )
+    .await?;
+    eprintln!("rebuild: done at sequence {reached}");
+    let comparisons = compare_tables(&config.database_url, &config.schema, into).await?;
+    if swap {
+        lh_projection::swap_schemas(&config.database_url, &config.schema, into).await?;
+    }
+    Ok(comparisons)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableComparison {
+    pub table: &'static str,
+    pub live: (i64, String),
+    pub rebuilt: (i64, String),
+}
+
+pub async fn compare_tables(
+    database_url: &str,
+    live: &str,
+    rebuilt: &str,
+) -> anyhow::Result<Vec<TableComparison>> {
+    let pool = sqlx::PgPool::connect(database_url).await?;
+    let mut out = Vec::new();
+    for table in projection::TABLES {
+        out.push(TableComparison {
+            table,
+            live: lh_projection::table_digest(&pool, live, table).await?,
+            rebuilt: lh_projection::table_digest(&pool, rebuilt, table).await?,
+        });
+    }
+    pool.close().await;
+    Ok(out)
+}

@@ -1,0 +1,294 @@
+//! Leases: request, read, list, stop.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use lh_bus::{BusError, Expect};
+use lh_domain::catalog;
+use lh_events::{
+    derived_id, subject, Actor, Envelope, EventData, LeaseRequested, LeaseStopRequested, Tier,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::FromRow;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
+
+pub const DEFAULT_PAGE: u32 = 50;
+pub const MAX_PAGE: u32 = 500;
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateLease {
+    /// Whole GPUs, all on one node (1 to 8).
+    pub gpus: u32,
+    /// A model from the catalog, e.g. `A100-40GB`.
+    pub gpu_model: String,
+    #[serde(default = "default_tier")]
+    #[schema(value_type = String, example = "basic")]
+    pub tier: Tier,
+}
+
+fn default_tier() -> Tier {
+    Tier::Basic
+}
+
+/// A lease as the tenant sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, FromRow, ToSchema)]
+pub struct LeaseView {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    /// requested, queued, placed, running, ended or rejected.
+    pub state: String,
+    pub gpus: i32,
+    pub gpu_model: String,
+    pub tier: String,
+    pub node_id: Option<String>,
+    pub zone: Option<String>,
+    #[schema(value_type = Vec<String>)]
+    pub gpu_uuids: sqlx::types::Json<Vec<String>>,
+    #[schema(value_type = Vec<u32>)]
+    pub gpu_indices: sqlx::types::Json<Vec<u32>>,
+    pub queued_reason: Option<String>,
+    pub queue_position: Option<i32>,
+    pub rejected_reason: Option<String>,
+    pub stop_requested: bool,
+    pub end_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub placed_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    pub requested_sequence: i64,
+    #[serde(skip)]
+    pub idempotency_key: Option<String>,
+}
+
+const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_model, tier, node_id, zone, gpu_uuids, gpu_indices,
+    queued_reason, queue_position, rejected_reason, stop_requested, end_reason, created_at, placed_at,
+    started_at, ended_at, requested_sequence, idempotency_key";
+
+async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
+    Ok(
+        sqlx::query_as(&format!("SELECT {VIEW_COLUMNS} FROM leases WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&ctx.pool)
+            .await?,
+    )
+}
+
+/// The lease if the caller may see it; 404 for another tenant's lease, so
+/// that ids do not leak.
+async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseView, ApiError> {
+    let lease = fetch(ctx, id).await?;
+    match (lease, caller) {
+        (Some(l), Caller::Tenant { id: tenant, .. }) if l.tenant_id == *tenant => Ok(l),
+        (Some(l), Caller::Admin | Caller::Auditor) => Ok(l),
+        _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
+    }
+}
+
+fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::not_found(format!("no lease {raw}")).field("id"))
+}
+
+#[utoipa::path(
+    post, path = "/v1/leases", request_body = CreateLease,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Same key from the same tenant yields the same lease")),
+    responses(
+        (status = 202, body = LeaseView),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 409, body = super::Problem), (status = 422, body = super::Problem)
+    )
+)]
+pub async fn create(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<CreateLease>,
+) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    let (tenant_id, max_gpus) = caller.tenant()?;
+    if body.gpus == 0 || body.gpus > catalog::MAX_GPUS_PER_LEASE {
+        return Err(ApiError::unprocessable(
+            format!("gpus must be 1 to {}", catalog::MAX_GPUS_PER_LEASE),
+            "gpus",
+        ));
+    }
+    if catalog::vram_gb(&body.gpu_model).is_none() {
+        return Err(ApiError::unprocessable(
+            format!(
+                "unknown GPU model {:?}; known: {}",
+                body.gpu_model,
+                catalog::model_names().collect::<Vec<_>>().join(", ")
+            ),
+            "gpu_model",
+        ));
+    }
+    if body.gpus > max_gpus {
+        return Err(ApiError::unprocessable(
+            format!("{} GPUs requested but the tenant's quota is {max_gpus}", body.gpus),
+            "gpus",
+        ));
+    }
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible characters"
+                    ))
+                    .field("Idempotency-Key")
+                })?;
+            Some(key.to_string())
+        }
+    };
+    // The same key from the same tenant always names the same lease, and the
+    // lease's subject must be empty for a new request: so a key can never
+    // create two leases, however far apart the two calls are.
+    let lease_id = match &idempotency_key {
+        Some(key) => derived_id(&["lease", &tenant_id.to_string(), key]),
+        None => Uuid::now_v7(),
+    };
+    let data = EventData::LeaseRequested(LeaseRequested {
+        lease_id,
+        tenant_id,
+        gpus: body.gpus,
+        gpu_model: body.gpu_model.clone(),
+        tier: body.tier,
+        idempotency_key: idempotency_key.clone(),
+    });
+    let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
+        .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
+    let sequence = match ctx.bus.publish(&envelope, Expect::LastSubjectSequence(0)).await {
+        Ok(appended) => appended.sequence,
+        Err(BusError::Conflict(_)) => {
+            ctx.bus.subject_last_sequence(&subject::lease(lease_id)).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    read_your_write(&ctx, sequence).await?;
+    let lease = fetch(&ctx, lease_id)
+        .await?
+        .ok_or_else(|| ApiError::internal(format!("lease {lease_id} missing from read model")))?;
+    let same_request = lease.gpus as u32 == body.gpus
+        && lease.gpu_model == body.gpu_model
+        && lease.tier == body.tier.as_str();
+    if !same_request {
+        return Err(ApiError::conflict(
+            "this Idempotency-Key was used for a different request",
+        )
+        .field("Idempotency-Key"));
+    }
+    metrics::counter!("lh_gateway_leases_requested_total").increment(1);
+    Ok((StatusCode::ACCEPTED, Json(lease)))
+}
+
+#[utoipa::path(
+    get, path = "/v1/leases/{id}", params(("id" = Uuid, Path)),
+    responses((status = 200, body = LeaseView), (status = 401, body = super::Problem), (status = 404, body = super::Problem))
+)]
+pub async fn get(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<LeaseView>, ApiError> {
+    Ok(Json(visible(&ctx, &caller, parse_id(&id)?).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LeasePage {
+    pub items: Vec<LeaseView>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/leases", params(ListQuery),
+    responses((status = 200, body = LeasePage), (status = 401, body = super::Problem), (status = 422, body = super::Problem))
+)]
+pub async fn list(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<LeasePage>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::unprocessable(format!("limit must be 1 to {MAX_PAGE}"), "limit"));
+    }
+    // Newest first; the cursor is the request sequence of the last item seen.
+    let before: i64 = match &query.cursor {
+        None => i64::MAX,
+        Some(c) => c
+            .parse()
+            .map_err(|_| ApiError::unprocessable("cursor is not one this API issued", "cursor"))?,
+    };
+    let tenant = match &caller {
+        Caller::Tenant { id, .. } => Some(*id),
+        _ => None,
+    };
+    let mut items: Vec<LeaseView> = sqlx::query_as(&format!(
+        "SELECT {VIEW_COLUMNS} FROM leases
+         WHERE ($1::uuid IS NULL OR tenant_id = $1) AND requested_sequence < $2
+         ORDER BY requested_sequence DESC LIMIT $3"
+    ))
+    .bind(tenant)
+    .bind(before)
+    .bind(i64::from(limit) + 1)
+    .fetch_all(&ctx.pool)
+    .await?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|l| l.requested_sequence.to_string())
+    } else {
+        None
+    };
+    Ok(Json(LeasePage { items, next_cursor }))
+}
+
+#[utoipa::path(
+    post, path = "/v1/leases/{id}/stop", params(("id" = Uuid, Path)),
+    responses(
+        (status = 202, body = LeaseView), (status = 401, body = super::Problem),
+        (status = 404, body = super::Problem), (status = 409, body = super::Problem)
+    )
+)]
+pub async fn stop(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
+    if matches!(lease.state.as_str(), "ended" | "rejected") {
+        return Err(ApiError::conflict(format!("lease {} is already {}", lease.id, lease.state)));
+    }
+    let actor = match caller {
+        Caller::Tenant { id, .. } => Actor::Tenant(id),
+        _ => Actor::Admin,
+    };
+    let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease.id });
+    let mut envelope = Envelope::new(actor, Utc::now(), data)
+        .with_id(derived_id(&["lease.stop_requested", &lease.id.to_string()]));
+    envelope.tenant_id = Some(lease.tenant_id);
+    let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
+    read_your_write(&ctx, appended.sequence).await?;
+    let lease = visible(&ctx, &caller, lease.id).await?;
+    Ok((StatusCode::ACCEPTED, Json(lease)))
+}

@@ -1,0 +1,116 @@
+//! `POST /v1/tenants`: the admin creates a tenant and gets its API key once.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::Utc;
+use lh_bus::{BusError, Expect};
+use lh_events::{derived_id, Actor, Envelope, EventData, Quota, TenantCreated};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{read_your_write, sha256_hex, ApiContext, ApiError, ApiJson, Caller};
+use crate::seal;
+
+/// Most GPUs a tenant's quota may allow.
+pub const MAX_QUOTA_GPUS: u32 = 100_000;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    pub name: String,
+    pub email: String,
+    pub quota: QuotaBody,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaBody {
+    pub max_gpus: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TenantCreatedResponse {
+    pub id: Uuid,
+    /// Shown once; only its SHA-256 is kept.
+    pub api_key: String,
+    pub name: String,
+    pub quota: QuotaBody,
+}
+
+fn validate(body: &CreateTenant) -> Result<(), ApiError> {
+    let name = body.name.trim();
+    if name.is_empty() || name.len() > 200 {
+        return Err(ApiError::unprocessable("name must be 1 to 200 characters", "name"));
+    }
+    let email = body.email.trim();
+    let valid_email = email.len() <= 254
+        && email
+            .split_once('@')
+            .is_some_and(|(local, domain)| !local.is_empty() && domain.contains('.'));
+    if !valid_email {
+        return Err(ApiError::unprocessable(
+            "email must look like name@domain.tld",
+            "email",
+        ));
+    }
+    if body.quota.max_gpus == 0 || body.quota.max_gpus > MAX_QUOTA_GPUS {
+        return Err(ApiError::unprocessable(
+            format!("quota.max_gpus must be 1 to {MAX_QUOTA_GPUS}"),
+            "quota.max_gpus",
+        ));
+    }
+    Ok(())
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants", request_body = CreateTenant,
+    responses(
+        (status = 201, body = TenantCreatedResponse),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem), (status = 422, body = super::Problem)
+    )
+)]
+pub async fn create(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    ApiJson(body): ApiJson<CreateTenant>,
+) -> Result<(StatusCode, Json<TenantCreatedResponse>), ApiError> {
+    caller.require_admin()?;
+    validate(&body)?;
+    let tenant_id = Uuid::now_v7();
+    let mut secret = [0u8; 24];
+    rand::thread_rng().fill_bytes(&mut secret);
+    let api_key = format!("lh_{}", hex::encode(secret));
+    let key = seal::new_key();
+    seal::store_key(&ctx.pool, tenant_id, &key).await?;
+    let data = EventData::TenantCreated(TenantCreated {
+        tenant_id,
+        name_sealed: seal::seal(&key, body.name.trim()),
+        email_sealed: seal::seal(&key, body.email.trim()),
+        api_key_sha256: sha256_hex(&api_key),
+        quota: Quota {
+            max_gpus: body.quota.max_gpus,
+        },
+    });
+    let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
+        .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));
+    let appended = match ctx.bus.publish(&envelope, Expect::LastSubjectSequence(0)).await {
+        Ok(a) => a,
+        Err(BusError::Conflict(e)) => return Err(ApiError::conflict(e)),
+        Err(e) => return Err(e.into()),
+    };
+    read_your_write(&ctx, appended.sequence).await?;
+    metrics::counter!("lh_gateway_tenants_created_total").increment(1);
+    Ok((
+        StatusCode::CREATED,
+        Json(TenantCreatedResponse {
+            id: tenant_id,
+            api_key,
+            name: body.name.trim().to_string(),
+            quota: body.quota,
+        }),
+    ))
+}

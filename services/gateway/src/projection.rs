@@ -1,0 +1,147 @@
+//! The gateway's read models: tenants and leases, from the log.
+
+use futures::future::BoxFuture;
+use lh_bus::Stored;
+use lh_events::{subject, EventData};
+use lh_projection::Projector;
+use sqlx::PgConnection;
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
+
+/// Tables this projection owns (compared by the rebuild check).
+pub const TABLES: &[&str] = &["tenants", "leases"];
+
+pub struct GatewayProjection;
+
+impl Projector for GatewayProjection {
+    fn name(&self) -> &'static str {
+        "gateway"
+    }
+
+    fn filters(&self) -> &'static [&'static str] {
+        &[subject::TENANTS_ALL, subject::LEASES_ALL]
+    }
+
+    fn apply<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        event: &'c Stored,
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(apply(conn, event))
+    }
+}
+
+async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
+    let seq = event.sequence as i64;
+    let at = event.envelope.occurred_at;
+    match &event.envelope.data {
+        EventData::TenantCreated(e) => {
+            sqlx::query(
+                "INSERT INTO tenants (id, name_sealed, email_sealed, api_key_sha256, max_gpus, created_at, sequence)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(e.tenant_id)
+            .bind(&e.name_sealed)
+            .bind(&e.email_sealed)
+            .bind(&e.api_key_sha256)
+            .bind(e.quota.max_gpus as i32)
+            .bind(at)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeaseRequested(e) => {
+            sqlx::query(
+                "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
+                                     created_at, requested_sequence, last_sequence)
+                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8) ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(e.lease_id)
+            .bind(e.tenant_id)
+            .bind(e.gpus as i32)
+            .bind(&e.gpu_model)
+            .bind(e.tier.as_str())
+            .bind(&e.idempotency_key)
+            .bind(at)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeaseQueued(e) => {
+            sqlx::query(
+                "UPDATE leases SET state = 'queued', queued_reason = $2, queue_position = $3, last_sequence = $4
+                 WHERE id = $1 AND state IN ('requested', 'queued')",
+            )
+            .bind(e.lease_id)
+            .bind(&e.reason)
+            .bind(e.position as i32)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeaseRejected(e) => {
+            sqlx::query(
+                "UPDATE leases SET state = 'rejected', rejected_reason = $2, last_sequence = $3 WHERE id = $1",
+            )
+            .bind(e.lease_id)
+            .bind(&e.reason)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeasePlaced(e) => {
+            let uuids: Vec<&str> = e.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
+            sqlx::query(
+                "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
+                        queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7
+                 WHERE id = $1 AND state IN ('requested', 'queued')",
+            )
+            .bind(e.lease_id)
+            .bind(&e.node_id)
+            .bind(&e.zone)
+            .bind(serde_json::json!(uuids))
+            .bind(serde_json::json!(indices))
+            .bind(at)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeaseStopRequested(e) => {
+            sqlx::query("UPDATE leases SET stop_requested = TRUE, last_sequence = $2 WHERE id = $1")
+                .bind(e.lease_id)
+                .bind(seq)
+                .execute(conn)
+                .await?;
+        }
+        EventData::LeaseStarted(e) => {
+            sqlx::query(
+                "UPDATE leases SET state = 'running', started_at = $2, last_sequence = $3
+                 WHERE id = $1 AND state = 'placed'",
+            )
+            .bind(e.lease_id)
+            .bind(e.started_at)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeaseEnded(e) => {
+            let reason = serde_json::to_value(e.reason)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string));
+            sqlx::query(
+                "UPDATE leases SET state = 'ended', ended_at = $2, end_reason = $3,
+                        queued_reason = NULL, queue_position = NULL, last_sequence = $4
+                 WHERE id = $1",
+            )
+            .bind(e.lease_id)
+            .bind(e.ended_at)
+            .bind(reason)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
