@@ -1,1 +1,186 @@
+//! Audit: the tamper-evident record of everything Leasehold did.
+//!
+//! The service keeps three things in step with the business log:
+//!
+//! * a SHA-256 **hash chain** over every stored message of `LH_EVENTS`, in
+//!   stream order, over the raw stored bytes (format: `schemas/audit-chain.md`,
+//!   pure code: [`lh_domain::chain`]);
+//! * a second, independent **append-only copy** of every event in Postgres
+//!   (`audit.events`, with its chain link), written by the chain keeper;
+//! * **signed checkpoints**: every N events or T seconds the chain head is
+//!   signed with ed25519 and published as `audit.checkpoint`.
+//!
+//! [`verify`] recomputes the chain from the stream and compares it with the
+//! copy and the checkpoints; it answers on NATS ([`subject::RPC_AUDIT_VERIFY`],
+//! for the gateway) and on `GET /v1/verify` (for auditors).
 
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Json, Router};
+use lh_bus::Bus;
+use lh_events::subject;
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use sqlx::PgPool;
+
+#[cfg(test)]
+mod chain_spec;
+mod keeper;
+mod signing;
+pub mod verify;
+
+pub use verify::{VerifyRequest, VerifyResponse};
+
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9105";
+/// Name of this service: its NATS connection, its actor, its RPC queue group.
+pub const SERVICE: &str = "lh-audit";
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/audit");
+
+#[derive(clap::Parser, Clone)]
+#[command(
+    name = "lh-audit",
+    about = "Leasehold audit: hash chain, signed checkpoints, verification"
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// PostgreSQL holding the audit schema.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Schema this service owns.
+    #[arg(long, env = "LH_AUDIT_SCHEMA", default_value = "audit")]
+    pub schema: String,
+    /// File holding the hex ed25519 seed that signs checkpoints; generated
+    /// (mode 0600) when missing. Without it the key is ephemeral.
+    #[arg(long, env = "LH_AUDIT_KEY_FILE")]
+    pub signing_key_file: Option<PathBuf>,
+    /// Sign a checkpoint after this many new events...
+    #[arg(long, env = "LH_AUDIT_CHECKPOINT_EVERY_EVENTS", default_value_t = 1000)]
+    pub checkpoint_every_events: u64,
+    /// ...or after this many seconds with new events, whichever comes first.
+    #[arg(long, env = "LH_AUDIT_CHECKPOINT_EVERY_SECS", default_value_t = 60)]
+    pub checkpoint_every_secs: u64,
+}
+
+impl std::fmt::Debug for Config {
+    // The database URL may carry a password: never print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("common", &self.common)
+            .field("database_url", &"<redacted>")
+            .field("schema", &self.schema)
+            .field("signing_key_file", &self.signing_key_file)
+            .field("checkpoint_every_events", &self.checkpoint_every_events)
+            .field("checkpoint_every_secs", &self.checkpoint_every_secs)
+            .finish()
+    }
+}
+
+impl Config {
+    /// For tests: an audit service on `nats_url` and `database_url`, on a
+    /// free port, with an ephemeral key and the default checkpoint policy.
+    pub fn for_test(nats_url: &str, database_url: &str) -> Self {
+        Self {
+            common: CommonArgs::for_test(nats_url),
+            database_url: database_url.to_string(),
+            schema: "audit".to_string(),
+            signing_key_file: None,
+            checkpoint_every_events: 1000,
+            checkpoint_every_secs: 60,
+        }
+    }
+}
+
+/// What the verify endpoints need.
+#[derive(Clone)]
+struct Verifier {
+    bus: Bus,
+    pool: PgPool,
+}
+
+/// Starts the keeper, the verify RPC and the HTTP API.
+pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    anyhow::ensure!(
+        config.checkpoint_every_events > 0 && config.checkpoint_every_secs > 0,
+        "checkpoint intervals must be positive"
+    );
+    let key = signing::load_or_generate(config.signing_key_file.as_deref())?;
+    let bus = config.common.connect_bus(SERVICE).await?;
+    let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
+    lh_projection::migrate(&pool, &MIGRATOR).await?;
+
+    let readiness = Readiness::default();
+    let verifier = Arc::new(Verifier {
+        bus: bus.clone(),
+        pool: pool.clone(),
+    });
+    let keeper = keeper::Keeper {
+        bus,
+        pool,
+        key,
+        policy: keeper::CheckpointPolicy {
+            every_events: config.checkpoint_every_events,
+            every: Duration::from_secs(config.checkpoint_every_secs),
+        },
+        ready: readiness.clone(),
+    };
+    let router = Router::new()
+        .route("/v1/verify", get(http_verify))
+        .with_state(verifier.clone());
+    Running::spawn(
+        config.common.http_addr_or(DEFAULT_HTTP_ADDR),
+        router,
+        readiness,
+        shutdown,
+        async move {
+            tokio::select! {
+                r = keeper.run() => r,
+                r = serve_verify(verifier) => r,
+            }
+        },
+    )
+    .await
+}
+
+/// Answers [`subject::RPC_AUDIT_VERIFY`] until the connection ends.
+async fn serve_verify(verifier: Arc<Verifier>) -> anyhow::Result<()> {
+    lh_bus::rpc::serve(
+        &verifier.bus,
+        subject::RPC_AUDIT_VERIFY,
+        SERVICE,
+        |_: VerifyRequest| {
+            let verifier = verifier.clone();
+            async move {
+                verify::verify(&verifier.bus, &verifier.pool)
+                    .await
+                    .map_err(|e| format!("audit verification failed: {e:#}"))
+            }
+        },
+    )
+    .await?;
+    anyhow::bail!("the verify subscription ended")
+}
+
+/// `GET /v1/verify`: the same report as the RPC.
+async fn http_verify(State(verifier): State<Arc<Verifier>>) -> axum::response::Response {
+    match verify::verify(&verifier.bus, &verifier.pool).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "audit verification failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
+                serde_json::json!({
+                    "type": "about:blank",
+                    "title": "audit verification failed",
+                    "status": 500,
+                    "detail": format!("{e:#}"),
+                })
+                .to_string(),
+            )
+                .into_response()
+        }
+    }
+}

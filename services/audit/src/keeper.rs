@@ -1,0 +1,229 @@
+//! The chain keeper: follows the whole business log in stream order, extends
+//! the hash chain over each stored message's raw bytes and writes every event,
+//! with its link, into the append-only `events` table.
+//!
+//! Rows are written in small batches, each one transaction; the table itself
+//! is the keeper's offset (its last row is where the chain resumes), so a
+//! crash between two batches neither loses nor doubles a row. One keeper per
+//! schema: a Postgres advisory lock makes a second replica wait as a standby.
+//!
+//! Every N events or T seconds, whichever comes first and only when events
+//! other than its own checkpoints arrived, the keeper signs the chain head and
+//! publishes `audit.checkpoint`, which is then chained like any other event.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use ed25519_dalek::SigningKey;
+use lh_bus::{Bus, Expect, Stored};
+use lh_domain::chain::{Chain, Hash};
+use lh_events::{derived_id, subject, Actor, AuditCheckpoint, Envelope, EventData};
+use lh_service::Readiness;
+use sqlx::{PgPool, QueryBuilder};
+
+use crate::signing::sign_checkpoint;
+use crate::SERVICE;
+
+/// Most events written in one transaction.
+pub const MAX_BATCH_EVENTS: usize = 256;
+/// Event type of checkpoints, as `events.event_type` stores it.
+const CHECKPOINT_TYPE: &str = "audit.checkpoint";
+/// How long the feed may stay quiet before a partial batch is written and
+/// the keeper counts as caught up.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// When checkpoints are due.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointPolicy {
+    pub every_events: u64,
+    pub every: Duration,
+}
+
+pub struct Keeper {
+    pub bus: Bus,
+    pub pool: PgPool,
+    pub key: SigningKey,
+    pub policy: CheckpointPolicy,
+    pub ready: Readiness,
+}
+
+fn is_checkpoint(event: &Stored) -> bool {
+    matches!(event.envelope.data, EventData::AuditCheckpoint(_))
+}
+
+impl Keeper {
+    pub async fn run(self) -> anyhow::Result<()> {
+        // Held for as long as this future lives: dropping the connection
+        // (shutdown, crash) releases the lock to a standby.
+        let mut lock = self.pool.acquire().await?.detach();
+        sqlx::query("SELECT pg_advisory_lock('events'::regclass::oid::bigint)")
+            .execute(&mut lock)
+            .await?;
+
+        let mut chain = self.resume().await?;
+        let (last_checkpoint, mut since_checkpoint) = self.checkpoint_state().await?;
+        tracing::info!(
+            sequence = chain.last_sequence,
+            events = chain.events,
+            head = %chain.head_hex(),
+            last_checkpoint,
+            public_key = %hex::encode(self.key.verifying_key().to_bytes()),
+            "audit chain resumed"
+        );
+        metrics::gauge!("lh_audit_chain_sequence").set(chain.last_sequence as f64);
+
+        if self.bus.last_sequence().await? <= chain.last_sequence {
+            self.ready.set(true);
+        }
+        let mut feed = self
+            .bus
+            .feed(&[subject::EVENTS_ALL], chain.last_sequence + 1)
+            .await?;
+        let mut batch: Vec<Stored> = Vec::with_capacity(MAX_BATCH_EVENTS);
+        let mut last_checkpoint_at = Instant::now();
+        loop {
+            let next = feed.next_within(QUIET).await;
+            let at_head = match next {
+                None => true,
+                Some(event) => {
+                    let event = event?;
+                    if !is_checkpoint(&event) {
+                        since_checkpoint += 1;
+                    }
+                    let at_head = event.pending == 0;
+                    batch.push(event);
+                    at_head
+                }
+            };
+            let checkpoint_due = since_checkpoint > 0
+                && (since_checkpoint >= self.policy.every_events
+                    || last_checkpoint_at.elapsed() >= self.policy.every);
+            if !batch.is_empty() && (at_head || checkpoint_due || batch.len() >= MAX_BATCH_EVENTS) {
+                self.write(&mut chain, &mut batch).await?;
+            }
+            if at_head {
+                self.ready.set(true);
+            }
+            if checkpoint_due {
+                self.checkpoint(&chain).await?;
+                since_checkpoint = 0;
+                last_checkpoint_at = Instant::now();
+            }
+        }
+    }
+
+    /// The chain as the table left it.
+    async fn resume(&self) -> anyhow::Result<Chain> {
+        let last: Option<(i64, Vec<u8>)> =
+            sqlx::query_as("SELECT sequence, hash FROM events ORDER BY sequence DESC LIMIT 1")
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some((sequence, hash)) = last else {
+            return Ok(Chain::default());
+        };
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+            .fetch_one(&self.pool)
+            .await?;
+        let head = Hash::try_from(hash.as_slice())
+            .map_err(|_| anyhow::anyhow!("stored hash at sequence {sequence} is not 32 bytes"))?;
+        Ok(Chain {
+            head,
+            events: events as u64,
+            last_sequence: sequence as u64,
+        })
+    }
+
+    /// Sequence of the last checkpoint and how many events other than
+    /// checkpoints the table holds after it.
+    async fn checkpoint_state(&self) -> anyhow::Result<(u64, u64)> {
+        let last: Option<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT sequence, public_key FROM checkpoints ORDER BY sequence DESC LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let (last, public_key) = last.unwrap_or_default();
+        if !public_key.is_empty() && public_key != self.key.verifying_key().to_bytes() {
+            tracing::warn!(
+                previous = %hex::encode(&public_key),
+                "checkpoints were signed with another key before: pass the same --signing-key-file to keep one key"
+            );
+        }
+        let since: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM events WHERE sequence > $1 AND event_type <> $2",
+        )
+        .bind(last)
+        .bind(CHECKPOINT_TYPE)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((last as u64, since as u64))
+    }
+
+    /// Chains `batch` and stores it in one transaction; the in-memory chain
+    /// moves only once the rows are committed.
+    async fn write(&self, chain: &mut Chain, batch: &mut Vec<Stored>) -> anyhow::Result<()> {
+        let mut next = *chain;
+        let links: Vec<Hash> = batch
+            .iter()
+            .map(|e| next.append(e.sequence, &e.subject, &e.payload))
+            .collect();
+        let mut insert = QueryBuilder::new(
+            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, payload, hash) ",
+        );
+        insert.push_values(batch.iter().zip(&links), |mut row, (event, link)| {
+            row.push_bind(event.sequence as i64)
+                .push_bind(&event.subject)
+                .push_bind(event.envelope.id)
+                .push_bind(&event.envelope.event_type)
+                .push_bind(event.envelope.occurred_at)
+                .push_bind(&event.payload[..])
+                .push_bind(&link[..]);
+        });
+        let mut tx = self.pool.begin().await?;
+        insert.build().execute(&mut *tx).await?;
+        tx.commit().await?;
+        *chain = next;
+        batch.clear();
+        metrics::gauge!("lh_audit_chain_sequence").set(chain.last_sequence as f64);
+        Ok(())
+    }
+
+    /// Signs the head, publishes `audit.checkpoint` and records it.
+    async fn checkpoint(&self, chain: &Chain) -> anyhow::Result<()> {
+        let signature = sign_checkpoint(&self.key, chain.last_sequence, chain.events, &chain.head);
+        let public_key = self.key.verifying_key().to_bytes();
+        let data = EventData::AuditCheckpoint(AuditCheckpoint {
+            sequence: chain.last_sequence,
+            head: chain.head_hex(),
+            events: chain.events,
+            public_key: hex::encode(public_key),
+            signature: hex::encode(signature.to_bytes()),
+        });
+        let envelope =
+            Envelope::new(Actor::Service(SERVICE.into()), Utc::now(), data).with_id(derived_id(&[
+                "audit-checkpoint",
+                &chain.last_sequence.to_string(),
+            ]));
+        // Published first: a crash before the row is written leaves a
+        // checkpoint in the log (harmless) rather than a row the log lacks.
+        self.bus.publish(&envelope, Expect::Any).await?;
+        sqlx::query(
+            "INSERT INTO checkpoints (sequence, events, head, public_key, signature)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (sequence) DO NOTHING",
+        )
+        .bind(chain.last_sequence as i64)
+        .bind(chain.events as i64)
+        .bind(&chain.head[..])
+        .bind(&public_key[..])
+        .bind(&signature.to_bytes()[..])
+        .execute(&self.pool)
+        .await?;
+        metrics::counter!("lh_audit_checkpoints_total").increment(1);
+        tracing::info!(
+            sequence = chain.last_sequence,
+            events = chain.events,
+            head = %chain.head_hex(),
+            "audit checkpoint signed"
+        );
+        Ok(())
+    }
+}
