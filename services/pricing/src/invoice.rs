@@ -271,6 +271,11 @@ mod tests {
             invoice.content_hash,
             hex::encode(Sha256::digest(canonical.as_bytes()))
         );
+        // The worked example of docs/pricing.md.
+        assert_eq!(
+            invoice.content_hash,
+            "e3d8043964ad4a7e29136fd540b305986019693285b2152e0eaf062859ae9081"
+        );
         let mut tampered = invoice.clone();
         tampered.lines[0].billed_seconds = 91;
         assert!(!tampered.verify());

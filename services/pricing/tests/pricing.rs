@@ -1,0 +1,398 @@
+//! Pricing against a real nats-server and a real PostgreSQL (lh-testkit):
+//! the lease events are published with lh_bus as the gateway, scheduler and
+//! node-agent would, and the invoice is asked for over the NATS RPC as the
+//! gateway would.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeZone, Utc};
+use lh_bus::{rpc, Bus, BusConfig, Expect};
+use lh_events::*;
+use lh_pricing::invoice::{Invoice, InvoiceRequest, INVOICE_SUBJECT};
+use lh_pricing::Config;
+use lh_service::{CancellationToken, Running};
+use lh_testkit::Nats;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Env {
+    _nats: Nats,
+    config: Config,
+    bus: Bus,
+}
+
+impl Env {
+    async fn new() -> Env {
+        let nats = Nats::start().await.expect("nats-server starts");
+        let database_url = lh_testkit::shared_postgres()
+            .await
+            .create_database()
+            .await
+            .expect("a fresh database");
+        let config = Config::for_test(&nats.url(), &database_url);
+        let bus = Bus::connect(&BusConfig::new(nats.url(), "pricing-test"))
+            .await
+            .expect("bus connects");
+        Env {
+            _nats: nats,
+            config,
+            bus,
+        }
+    }
+
+    async fn start_pricing(&self) -> Pricing {
+        let shutdown = CancellationToken::new();
+        let running = lh_pricing::start(self.config.clone(), shutdown.clone())
+            .await
+            .expect("pricing starts");
+        let deadline = Instant::now() + WAIT;
+        while !running.readiness.is_ready() {
+            assert!(Instant::now() < deadline, "pricing never became ready");
+            assert!(!running.is_finished(), "pricing stopped while starting");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Pricing { running, shutdown }
+    }
+
+    /// The four lifecycle events of a lease of 2 GPUs of 40 GB, tier basic.
+    async fn lease(&self, tenant: Uuid, lease: Uuid, started: DateTime<Utc>, ended: DateTime<Utc>) {
+        let events = [
+            Envelope::new(
+                Actor::Tenant(tenant),
+                started,
+                EventData::LeaseRequested(LeaseRequested {
+                    lease_id: lease,
+                    tenant_id: tenant,
+                    gpus: 2,
+                    gpu_model: "A100-40GB".into(),
+                    tier: Tier::Basic,
+                    idempotency_key: None,
+                }),
+            ),
+            Envelope::new(
+                Actor::Service("lh-scheduler".into()),
+                started,
+                EventData::LeasePlaced(LeasePlaced {
+                    lease_id: lease,
+                    node_id: "node-1".into(),
+                    zone: "cn-north-1".into(),
+                    gpu_model: "A100-40GB".into(),
+                    vram_gb_per_gpu: 40,
+                    gpus: vec![
+                        AssignedGpu {
+                            index: 0,
+                            uuid: "GPU-0".into(),
+                        },
+                        AssignedGpu {
+                            index: 1,
+                            uuid: "GPU-1".into(),
+                        },
+                    ],
+                    decision: Decision {
+                        policy: "best_fit".into(),
+                        policy_version: 1,
+                        candidates: 1,
+                        winner_score: 1.0,
+                        runner_up_score: None,
+                    },
+                }),
+            ),
+            Envelope::new(
+                Actor::Node("node-1".into()),
+                started,
+                EventData::LeaseStarted(LeaseStarted {
+                    lease_id: lease,
+                    node_id: "node-1".into(),
+                    started_at: started,
+                }),
+            ),
+            Envelope::new(
+                Actor::Node("node-1".into()),
+                ended,
+                EventData::LeaseEnded(LeaseEnded {
+                    lease_id: lease,
+                    node_id: Some("node-1".into()),
+                    ended_at: ended,
+                    reason: EndReason::Stopped,
+                    exit_code: None,
+                }),
+            ),
+        ];
+        for event in events {
+            self.bus
+                .publish(&event, Expect::Any)
+                .await
+                .expect("lease event stored");
+        }
+    }
+
+    /// The invoice as the gateway would ask for it, checked to be JSON with
+    /// money as strings.
+    async fn invoice(&self, tenant: Uuid, period: &str) -> Invoice {
+        let raw: serde_json::Value = rpc::call(
+            &self.bus,
+            INVOICE_SUBJECT,
+            &InvoiceRequest {
+                tenant_id: tenant,
+                period: period.into(),
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("invoice answered");
+        assert!(raw["total"].is_string(), "total is a decimal string: {raw}");
+        for line in raw["lines"].as_array().unwrap() {
+            assert!(
+                line["amount"].is_string() && line["unit_price"].is_string(),
+                "{line}"
+            );
+        }
+        let invoice: Invoice = serde_json::from_value(raw).expect("an invoice");
+        assert!(invoice.verify(), "total and content hash match the lines");
+        invoice
+    }
+
+    /// Asks until the invoice has `lines` lines (the projection is eventually consistent).
+    async fn invoice_with(&self, tenant: Uuid, period: &str, lines: usize) -> Invoice {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let invoice = self.invoice(tenant, period).await;
+            if invoice.lines.len() >= lines {
+                assert_eq!(invoice.lines.len(), lines, "{invoice:?}");
+                return invoice;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "invoice never got {lines} lines: {invoice:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every charge.accrued in the log, read from the stream.
+    async fn charges_in_log(&self) -> Vec<ChargeAccrued> {
+        let mut feed = self.bus.feed(&[subject::CHARGES_ALL], 1).await.unwrap();
+        let mut charges = Vec::new();
+        while let Some(event) = feed.next_within(Duration::from_secs(1)).await {
+            let event = event.unwrap();
+            if let EventData::ChargeAccrued(c) = event.envelope.data {
+                charges.push(c);
+            }
+            if event.pending == 0 {
+                break;
+            }
+        }
+        charges
+    }
+}
+
+struct Pricing {
+    running: Running,
+    shutdown: CancellationToken,
+}
+
+impl Pricing {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.running.wait().await.expect("pricing stops cleanly");
+    }
+}
+
+fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()
+}
+
+#[tokio::test]
+async fn a_finished_lease_is_charged_and_invoiced() {
+    let env = Env::new().await;
+    let pricing = env.start_pricing().await;
+    let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
+    let t = at(2026, 12, 2, 10, 0, 0);
+    env.lease(tenant, lease, t, t + chrono::Duration::seconds(90))
+        .await;
+
+    let invoice = env.invoice_with(tenant, "2026-12", 1).await;
+    assert_eq!(invoice.tenant_id, tenant);
+    assert_eq!(invoice.currency, "CNY");
+    let line = &invoice.lines[0];
+    assert_eq!(line.lease_id, lease);
+    assert_eq!(line.tier, "basic");
+    assert_eq!((line.gpus, line.vram_gb), (2, 80));
+    assert_eq!(line.billed_seconds, 90);
+    assert_eq!(line.unit_price.to_string(), "0.5");
+    assert_eq!(line.amount.to_string(), "1.00");
+    assert_eq!((line.from, line.to), (t, t + chrono::Duration::seconds(90)));
+    assert_eq!(line.price_book_version, 1);
+    assert_eq!(invoice.total.to_string(), "1.00");
+    assert_eq!(invoice.content_hash.len(), 64);
+
+    // The charge event itself: deterministic id, caused by lease.ended, by pricing.
+    let charges = env.charges_in_log().await;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(
+        charges[0].charge_id,
+        derived_id(&["charge", &lease.to_string(), "2026-12"])
+    );
+
+    // Other tenants and periods are empty; a bad period is refused.
+    assert!(env
+        .invoice(Uuid::now_v7(), "2026-12")
+        .await
+        .lines
+        .is_empty());
+    assert_eq!(
+        env.invoice(tenant, "2026-11").await.total.to_string(),
+        "0.00"
+    );
+    let err = rpc::call::<_, Invoice>(
+        &env.bus,
+        INVOICE_SUBJECT,
+        &InvoiceRequest {
+            tenant_id: tenant,
+            period: "2026-13".into(),
+        },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("period must be YYYY-MM"), "{err}");
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_never_charges_twice_and_catches_up_on_missed_leases() {
+    let env = Env::new().await;
+    let pricing = env.start_pricing().await;
+    let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
+    let t = at(2026, 12, 2, 10, 0, 0);
+    env.lease(tenant, lease, t, t + chrono::Duration::seconds(90))
+        .await;
+    let before = env.invoice_with(tenant, "2026-12", 1).await;
+    pricing.stop().await;
+
+    // A lease that ends while pricing is down is charged when it is back.
+    let (tenant2, lease2) = (Uuid::now_v7(), Uuid::now_v7());
+    env.lease(tenant2, lease2, t, t + chrono::Duration::seconds(3600))
+        .await;
+
+    let pricing = env.start_pricing().await;
+    let missed = env.invoice_with(tenant2, "2026-12", 1).await;
+    assert_eq!(missed.total.to_string(), "40.00");
+    // Give a wrongly re-charging fold every chance to show itself.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let charges = env.charges_in_log().await;
+    assert_eq!(
+        charges.iter().filter(|c| c.lease_id == lease).count(),
+        1,
+        "{charges:?}"
+    );
+    assert_eq!(charges.len(), 2, "{charges:?}");
+    let after = env.invoice(tenant, "2026-12").await;
+    assert_eq!(after, before);
+    pricing.stop().await;
+
+    // A third start, with everything charged, publishes nothing.
+    let pricing = env.start_pricing().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.charges_in_log().await.len(), 2);
+    assert_eq!(
+        env.invoice(tenant, "2026-12").await.content_hash,
+        before.content_hash
+    );
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn a_rebuild_gives_identical_rows() {
+    let env = Env::new().await;
+    let pricing = env.start_pricing().await;
+    let tenant = Uuid::now_v7();
+    for start in [
+        at(2026, 11, 30, 22, 0, 0),
+        at(2026, 11, 30, 22, 40, 0),
+        at(2026, 11, 30, 23, 50, 0),
+    ] {
+        env.lease(
+            tenant,
+            Uuid::now_v7(),
+            start,
+            start + chrono::Duration::minutes(30),
+        )
+        .await;
+    }
+    // 3 leases, the last one spans the month boundary: 4 lines.
+    env.invoice_with(tenant, "2026-12", 1).await;
+    let live = env.invoice_with(tenant, "2026-11", 3).await;
+
+    let mut seen = 0;
+    let reached = lh_pricing::rebuild(&env.config, "pricing_rebuild", |_, _| seen += 1)
+        .await
+        .expect("rebuild runs");
+    assert_eq!(seen, 4);
+    assert!(reached > 0);
+    let digests = lh_pricing::digests(&env.config.database_url, &["pricing", "pricing_rebuild"])
+        .await
+        .unwrap();
+    assert_eq!(digests[0].0, 4);
+    assert_eq!(
+        digests[0], digests[1],
+        "live and rebuilt invoice_lines differ"
+    );
+
+    // The rebuilt schema answers with the very same invoice (same content hash).
+    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing_rebuild")
+        .await
+        .unwrap();
+    let request = InvoiceRequest {
+        tenant_id: tenant,
+        period: "2026-11".into(),
+    };
+    let rebuilt = lh_pricing::projection::read_invoice(&pool, &request)
+        .await
+        .unwrap();
+    assert_eq!(rebuilt.content_hash, live.content_hash);
+    pool.close().await;
+
+    // Rebuilding into the live schema is refused: it would be dropped.
+    assert!(lh_pricing::rebuild(&env.config, "pricing", |_, _| {})
+        .await
+        .is_err());
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn a_lease_across_a_month_boundary_is_billed_in_both_periods() {
+    let env = Env::new().await;
+    let pricing = env.start_pricing().await;
+    let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
+    let start = at(2026, 11, 30, 23, 59, 0);
+    let end = at(2026, 12, 1, 0, 1, 0);
+    env.lease(tenant, lease, start, end).await;
+
+    let november = env.invoice_with(tenant, "2026-11", 1).await;
+    let december = env.invoice_with(tenant, "2026-12", 1).await;
+    let (n, d) = (&november.lines[0], &december.lines[0]);
+    assert_eq!((n.lease_id, d.lease_id), (lease, lease));
+    assert_eq!((n.from, n.to), (start, at(2026, 12, 1, 0, 0, 0)));
+    assert_eq!((d.from, d.to), (at(2026, 12, 1, 0, 0, 0), end));
+    assert_eq!((n.billed_seconds, d.billed_seconds), (60, 60));
+    // 80 GB × 0.5 CNY/GB·h × 60 s / 3600 = 0.666… → 0.67 on each line.
+    assert_eq!(
+        (n.amount.to_string(), d.amount.to_string()),
+        ("0.67".into(), "0.67".into())
+    );
+    assert_eq!(november.total.to_string(), "0.67");
+
+    // Both charges went out in one atomic batch.
+    let charges = env.charges_in_log().await;
+    assert_eq!(charges.len(), 2);
+    assert_eq!(
+        charges
+            .iter()
+            .map(|c| c.period.as_str())
+            .collect::<Vec<_>>(),
+        ["2026-11", "2026-12"]
+    );
+    pricing.stop().await;
+}
