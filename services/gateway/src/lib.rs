@@ -121,6 +121,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 /// Replays the log into `into` and reports how its tables compare with the
 /// live ones; with `swap`, the rebuilt schema replaces the live one.
 pub async fn rebuild(config: &Config, into: &str, swap: bool) -> anyhow::Result<Vec<TableComparison>> {
+    anyhow::ensure!(
+        into != config.schema,
+        "refusing to rebuild into the live schema {into:?}: it would be dropped"
+    );
     let bus = config.common.connect_bus(SERVICE).await?;
     let reached = lh_projection::rebuild(
         &bus,

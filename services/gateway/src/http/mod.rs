@@ -247,22 +247,15 @@ fn json_problem(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let inner = e.inner();
     let mut field = e.path().to_string();
     let message = inner.to_string();
-    if let Some(rest) = message.strip_prefix("unknown field `") {
-        if let Some(name) = rest.split('`').next() {
-            field = if field == "." {
-                name.to_string()
-            } else {
-                format!("{field}.{name}")
-            };
-        }
-    }
-    if let Some(rest) = message.strip_prefix("missing field `") {
-        if let Some(name) = rest.split('`').next() {
-            field = if field == "." {
-                name.to_string()
-            } else {
-                format!("{field}.{name}")
-            };
+    // serde names the unknown or missing field in its message; the path may
+    // or may not include it already.
+    for prefix in ["unknown field `", "missing field `"] {
+        if let Some(name) = message.strip_prefix(prefix).and_then(|r| r.split('`').next()) {
+            if field == "." || field.is_empty() {
+                field = name.to_string();
+            } else if !field.ends_with(name) {
+                field = format!("{field}.{name}");
+            }
         }
     }
     let detail = if inner.is_syntax() || inner.is_eof() {
@@ -271,7 +264,7 @@ fn json_problem(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         message
     };
     let err = ApiError::bad_request(detail);
-    if field == "." || field.is_empty() {
+    if field == "." || field == "?" || field.is_empty() || inner.is_syntax() || inner.is_eof() {
         err
     } else {
         err.field(field)

@@ -1,0 +1,286 @@
+//! The whole platform in one test process: a real nats-server and a real
+//! PostgreSQL started by the test kit, and every service started through
+//! the same `start` its binary calls.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lh_bus::{Bus, BusConfig, Stored};
+use lh_service::{CancellationToken, CommonArgs, Running};
+use lh_testkit::Nats;
+use serde_json::{json, Value};
+
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+pub const FLEET: &str = r#"
+[[node]]
+id = "node-a"
+zone = "cn-north-1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 8
+vram_gb = 40
+
+[[node]]
+id = "node-b"
+zone = "cn-east-1b"
+hostname = "gpu-b.sim"
+gpu_model = "A10G-24GB"
+gpu_count = 4
+vram_gb = 24
+
+[[node]]
+id = "node-c"
+zone = "cn-south-1c"
+hostname = "gpu-c.sim"
+gpu_model = "H100-80GB"
+gpu_count = 8
+vram_gb = 80
+"#;
+
+pub struct Stack {
+    pub nats: Nats,
+    pub database_url: String,
+    pub fleet_file: PathBuf,
+    _dir: tempfile::TempDir,
+    running: HashMap<String, (CancellationToken, Running)>,
+    pub gateway_url: String,
+    pub http: reqwest::Client,
+}
+
+impl Stack {
+    /// Starts everything: scheduler, pricing, spot-broker, audit, gateway
+    /// and one node-agent per node of `fleet`.
+    pub async fn start(fleet: &str) -> Stack {
+        let mut stack = Self::bare(fleet).await;
+        for name in ["scheduler", "pricing", "spot-broker", "audit", "gateway"] {
+            stack.start_service(name).await;
+        }
+        let nodes: Vec<String> = toml_node_ids(fleet);
+        for node in nodes {
+            stack.start_service(&format!("node-agent:{node}")).await;
+        }
+        stack.wait_ready().await;
+        stack
+    }
+
+    /// Servers only; start services with [`Stack::start_service`].
+    pub async fn bare(fleet: &str) -> Stack {
+        let nats = Nats::start().await.expect("nats-server starts");
+        let database_url = lh_testkit::shared_postgres()
+            .await
+            .create_database()
+            .await
+            .expect("database created");
+        let dir = tempfile::tempdir().unwrap();
+        let fleet_file = dir.path().join("fleet.toml");
+        std::fs::write(&fleet_file, fleet).unwrap();
+        Stack {
+            nats,
+            database_url,
+            fleet_file,
+            _dir: dir,
+            running: HashMap::new(),
+            gateway_url: String::new(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn bus(&self) -> Bus {
+        Bus::connect(&BusConfig::new(self.nats.url(), "test"))
+            .await
+            .expect("bus connects")
+    }
+
+    pub async fn start_service(&mut self, name: &str) {
+        let common = CommonArgs::for_test(&self.nats.url());
+        let token = CancellationToken::new();
+        let running = match name.split_once(':').map(|(a, _)| a).unwrap_or(name) {
+            "scheduler" => lh_scheduler::start(lh_scheduler::Config { common }, token.clone()).await,
+            "pricing" => {
+                lh_pricing::start(
+                    lh_pricing::Config::for_test(&self.nats.url(), &self.database_url),
+                    token.clone(),
+                )
+                .await
+            }
+            "spot-broker" => {
+                lh_spot_broker::start(
+                    lh_spot_broker::Config {
+                        common,
+                        interval_ms: 200,
+                    },
+                    token.clone(),
+                )
+                .await
+            }
+            "audit" => {
+                lh_audit::start(
+                    lh_audit::Config {
+                        common,
+                        database_url: self.database_url.clone(),
+                        schema: "audit".into(),
+                        signing_key_file: None,
+                        checkpoint_every_events: 50,
+                        checkpoint_every_secs: 3600,
+                    },
+                    token.clone(),
+                )
+                .await
+            }
+            "gateway" => {
+                lh_gateway::start(
+                    lh_gateway::Config {
+                        common,
+                        gateway_addr: "127.0.0.1:0".into(),
+                        database_url: self.database_url.clone(),
+                        schema: "gateway".into(),
+                        admin_token: Some(ADMIN_TOKEN.into()),
+                        admin_token_file: None,
+                        auditor_token: Some("test-auditor-token-0123456789".into()),
+                    },
+                    token.clone(),
+                )
+                .await
+            }
+            "node-agent" => {
+                let node_id = name.split_once(':').unwrap().1.to_string();
+                lh_node_agent::start(
+                    lh_node_agent::Config {
+                        common,
+                        fleet_file: self.fleet_file.clone(),
+                        node_id,
+                        heartbeat_ms: 500,
+                    },
+                    token.clone(),
+                )
+                .await
+            }
+            other => panic!("unknown service {other}"),
+        }
+        .unwrap_or_else(|e| panic!("{name} starts: {e:#}"));
+        if name == "gateway" {
+            self.gateway_url = format!("http://{}", running.http_addr);
+        }
+        self.running.insert(name.to_string(), (token, running));
+    }
+
+    /// Stops a service the way SIGTERM would and waits for it to end.
+    pub async fn stop_service(&mut self, name: &str) {
+        let (token, running) = self.running.remove(name).expect("service is running");
+        token.cancel();
+        tokio::time::timeout(Duration::from_secs(10), running.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not stop"))
+            .unwrap_or_else(|e| panic!("{name} failed: {e:#}"));
+    }
+
+    pub fn http_addr(&self, name: &str) -> std::net::SocketAddr {
+        self.running[name].1.http_addr
+    }
+
+    pub fn service_names(&self) -> Vec<String> {
+        self.running.keys().cloned().collect()
+    }
+
+    /// Waits until every service's /readyz answers 200.
+    pub async fn wait_ready(&self) {
+        for (name, (_, running)) in &self.running {
+            let url = format!("http://{}/readyz", running.http_addr);
+            let mut ok = false;
+            for _ in 0..300 {
+                if let Ok(r) = self.http.get(&url).send().await {
+                    if r.status() == 200 {
+                        ok = true;
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(ok, "{name} never became ready");
+        }
+    }
+
+    pub async fn call(&self, method: reqwest::Method, path: &str, key: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{}", self.gateway_url, path))
+            .bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("gateway answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn create_tenant(&self, name: &str, max_gpus: u32) -> (String, String) {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/tenants",
+                ADMIN_TOKEN,
+                Some(json!({"name": name, "email": format!("ops@{name}.example"), "quota": {"max_gpus": max_gpus}})),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        (
+            body["id"].as_str().unwrap().to_string(),
+            body["api_key"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// Polls a lease until `pred` holds (10 s at most).
+    pub async fn wait_lease(&self, key: &str, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let mut last = Value::Null;
+        for _ in 0..200 {
+            let (status, body) = self
+                .call(reqwest::Method::GET, &format!("/v1/leases/{id}"), key, None)
+                .await;
+            assert_eq!(status, 200, "{body}");
+            if pred(&body) {
+                return body;
+            }
+            last = body;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("lease {id} never reached the expected state; last: {last}");
+    }
+}
+
+fn toml_node_ids(fleet: &str) -> Vec<String> {
+    fleet
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("id = \""))
+        .map(|rest| rest.trim_end_matches('"').to_string())
+        .collect()
+}
+
+/// Every event in the log, in order.
+pub async fn read_log(bus: &Bus) -> Vec<Stored> {
+    let head = bus.last_sequence().await.unwrap();
+    let mut out = Vec::new();
+    if head == 0 {
+        return out;
+    }
+    let mut feed = bus.feed(&["lh.evt.>"], 1).await.unwrap();
+    while let Some(ev) = feed.next_within(Duration::from_secs(5)).await {
+        let ev = ev.unwrap();
+        let done = ev.sequence >= head;
+        out.push(ev);
+        if done {
+            break;
+        }
+    }
+    out
+}
+
+pub fn of_type<'a>(log: &'a [Stored], event_type: &str) -> Vec<&'a Stored> {
+    log.iter()
+        .filter(|e| e.envelope.event_type == event_type)
+        .collect()
+}

@@ -1,0 +1,368 @@
+//! The lease flow of issue 3 end to end through the HTTP API, on a real
+//! nats-server and PostgreSQL.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{of_type, read_log, Stack, ADMIN_TOKEN, FLEET};
+use lh_events::EventData;
+use reqwest::Method;
+use rust_decimal::{Decimal, RoundingStrategy};
+use serde_json::{json, Value};
+
+async fn invoice_with_lines(stack: &Stack, key: &str, period: &str, lines: usize) -> Value {
+    for _ in 0..200 {
+        let (status, body) = stack
+            .call(Method::GET, &format!("/v1/invoices?period={period}"), key, None)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        if body["lines"].as_array().map(Vec::len) == Some(lines) {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("invoice never showed {lines} lines");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_flows_from_request_to_invoice_and_audit() {
+    let stack = Stack::start(FLEET).await;
+    let (tenant_id, key) = stack.create_tenant("acme", 16).await;
+
+    let (status, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 2, "gpu_model": "A100-40GB", "tier": "basic"})),
+        )
+        .await;
+    assert_eq!(status, 202, "{lease}");
+    assert_eq!(lease["state"], "requested");
+    let id = lease["id"].as_str().unwrap().to_string();
+
+    let running = stack.wait_lease(&key, &id, |l| l["state"] == "running").await;
+    assert_eq!(running["node_id"], "node-a");
+    assert_eq!(running["tenant_id"], tenant_id.as_str());
+    assert_eq!(running["gpu_uuids"].as_array().unwrap().len(), 2);
+    assert_eq!(running["gpu_indices"], json!([0, 1]));
+    assert!(running["started_at"].is_string());
+
+    let (status, page) = stack.call(Method::GET, "/v1/leases", &key, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(page["items"][0]["id"], id.as_str());
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, stopped) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(status, 202, "{stopped}");
+    let ended = stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    assert!(ended["ended_at"].is_string());
+    assert_eq!(ended["end_reason"], "stopped");
+
+    // The amount, recomputed here from the node-agent's own timestamps.
+    let bus = stack.bus().await;
+    let log = read_log(&bus).await;
+    let started = of_type(&log, "lease.started");
+    let ended_ev = of_type(&log, "lease.ended");
+    let (EventData::LeaseStarted(s), EventData::LeaseEnded(e)) =
+        (&started[0].envelope.data, &ended_ev[0].envelope.data)
+    else {
+        panic!("missing lifecycle events");
+    };
+    let micros = (e.ended_at - s.started_at).num_microseconds().unwrap();
+    let seconds = (micros + 999_999) / 1_000_000;
+    let expected = (Decimal::from(80) * Decimal::new(5, 1) * Decimal::from(seconds)
+        / Decimal::from(3600))
+    .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+
+    let period = s.started_at.format("%Y-%m").to_string();
+    let invoice = invoice_with_lines(&stack, &key, &period, 1).await;
+    let line = &invoice["lines"][0];
+    assert_eq!(line["lease_id"], id.as_str());
+    assert_eq!(line["tier"], "basic");
+    assert_eq!(line["billed_seconds"], seconds);
+    assert_eq!(line["vram_gb"], 80);
+    assert_eq!(line["unit_price"], "0.5");
+    assert_eq!(line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(), expected);
+    assert_eq!(invoice["total"].as_str().unwrap().parse::<Decimal>().unwrap(), expected);
+    assert_eq!(invoice["currency"], "CNY");
+
+    // The audit chain covers every event so far.
+    let head = bus.last_sequence().await.unwrap();
+    let mut verified = Value::Null;
+    for _ in 0..100 {
+        let (status, body) = stack
+            .call(Method::GET, "/v1/audit/verify", ADMIN_TOKEN, None)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        if body["events"].as_u64().unwrap_or(0) >= head {
+            verified = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(verified["ok"], true, "{verified}");
+    assert_eq!(verified["head"].as_str().unwrap().len(), 64);
+    let (status, _) = stack.call(Method::GET, "/v1/audit/verify", &key, None).await;
+    assert_eq!(status, 403, "a tenant may not run the auditor's verification");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_idempotency_key_yields_one_lease_and_one_charge() {
+    let stack = Stack::start(FLEET).await;
+    let (_, key) = stack.create_tenant("idem", 16).await;
+    let post = || async {
+        let resp = stack
+            .http
+            .post(format!("{}/v1/leases", stack.gateway_url))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "order-42")
+            .json(&json!({"gpus": 1, "gpu_model": "H100-80GB"}))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+    };
+    let (s1, a) = post().await;
+    let (s2, b) = post().await;
+    assert_eq!((s1, s2), (202, 202), "{a} {b}");
+    assert_eq!(a["id"], b["id"]);
+    let id = a["id"].as_str().unwrap().to_string();
+    stack.wait_lease(&key, &id, |l| l["state"] == "running").await;
+    // A third call after the lease started still names the same lease.
+    let (s3, c) = post().await;
+    assert_eq!(s3, 202);
+    assert_eq!(c["id"], a["id"]);
+    assert_eq!(c["state"], "running");
+    // Same key, different request: refused.
+    let resp = stack
+        .http
+        .post(format!("{}/v1/leases", stack.gateway_url))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "order-42")
+        .json(&json!({"gpus": 2, "gpu_model": "H100-80GB"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 409);
+
+    let (status, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(status, 202);
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    let (_, page) = stack.call(Method::GET, "/v1/leases", &key, None).await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+
+    let bus = stack.bus().await;
+    for _ in 0..200 {
+        if !of_type(&read_log(&bus).await, "charge.accrued").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = read_log(&bus).await;
+    assert_eq!(of_type(&log, "lease.requested").len(), 1);
+    assert_eq!(of_type(&log, "charge.accrued").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_is_refused_with_problem_json_naming_the_field() {
+    let stack = Stack::start(FLEET).await;
+    let (_, key) = stack.create_tenant("strict", 4).await;
+    let (_, other_key) = stack.create_tenant("other", 4).await;
+    let url = format!("{}/v1/leases", stack.gateway_url);
+
+    let send = |body: &'static str, key: Option<&str>| {
+        let mut req = stack
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let ctype = resp.headers()["content-type"].to_str().unwrap().to_string();
+            (status, ctype, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let cases: [(&str, Option<&str>, u16, Option<&str>); 7] = [
+        ("{\"gpus\": 2,", Some(&key), 400, None),
+        (r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#, Some(&key), 400, Some("colour")),
+        (r#"{"gpus":1}"#, Some(&key), 400, Some("gpu_model")),
+        (r#"{"gpus":1,"gpu_model":"Z9000"}"#, Some(&key), 422, Some("gpu_model")),
+        (r#"{"gpus":5,"gpu_model":"A100-40GB"}"#, Some(&key), 422, Some("gpus")),
+        (r#"{"gpus":1,"gpu_model":"A100-40GB"}"#, None, 401, Some("Authorization")),
+        (r#"{"gpus":1,"gpu_model":"A100-40GB"}"#, Some("lh_wrong"), 401, Some("Authorization")),
+    ];
+    for (body, k, status, field) in cases {
+        let (s, ctype, problem) = send(body, k).await;
+        assert_eq!(s, status, "{body}: {problem}");
+        assert_eq!(ctype, "application/problem+json", "{body}");
+        assert_eq!(problem["status"], status);
+        assert!(problem["title"].is_string() && problem["detail"].is_string());
+        assert_eq!(problem["field"].as_str(), field, "{body}: {problem}");
+    }
+
+    // Another tenant's lease is not found, not forbidden.
+    let (_, lease) = stack
+        .call(Method::POST, "/v1/leases", &key, Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})))
+        .await;
+    let id = lease["id"].as_str().unwrap();
+    let (status, problem) = stack
+        .call(Method::GET, &format!("/v1/leases/{id}"), &other_key, None)
+        .await;
+    assert_eq!(status, 404, "{problem}");
+    let (status, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &other_key, None)
+        .await;
+    assert_eq!(status, 404);
+    let (status, problem) = stack
+        .call(Method::GET, "/v1/invoices?period=2026-13", &key, None)
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("period")));
+    let (status, problem) = stack
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            &key,
+            Some(json!({"name":"x","email":"a@b.c","quota":{"max_gpus":1}})),
+        )
+        .await;
+    assert_eq!(status, 403, "{problem}");
+    let (status, problem) = stack
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            ADMIN_TOKEN,
+            Some(json!({"name":"x","email":"not-an-email","quota":{"max_gpus":1}})),
+        )
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("email")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quota_breach_across_leases_is_rejected_and_a_full_fleet_queues() {
+    let stack = Stack::start(FLEET).await;
+    let (_, key) = stack.create_tenant("small", 4).await;
+    let create = |gpus: u32, model: &'static str| {
+        let stack = &stack;
+        let key = key.clone();
+        async move {
+            let (status, body) = stack
+                .call(Method::POST, "/v1/leases", &key, Some(json!({"gpus": gpus, "gpu_model": model})))
+                .await;
+            assert_eq!(status, 202, "{body}");
+            body["id"].as_str().unwrap().to_string()
+        }
+    };
+    let a = create(4, "A10G-24GB").await;
+    stack.wait_lease(&key, &a, |l| l["state"] == "running").await;
+    let b = create(1, "A100-40GB").await;
+    let rejected = stack.wait_lease(&key, &b, |l| l["state"] == "rejected").await;
+    assert!(rejected["rejected_reason"].as_str().unwrap().contains("quota"), "{rejected}");
+
+    let (_, big) = stack.create_tenant("big", 64).await;
+    let c = {
+        let (s, body) = stack
+            .call(Method::POST, "/v1/leases", &big, Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})))
+            .await;
+        assert_eq!(s, 202);
+        body["id"].as_str().unwrap().to_string()
+    };
+    let queued = stack.wait_lease(&big, &c, |l| l["state"] == "queued").await;
+    assert!(queued["queued_reason"].as_str().unwrap().contains("capacity"), "{queued}");
+    assert_eq!(queued["queue_position"], 1);
+    // Capacity frees: the queued lease runs.
+    let (s, _) = stack.call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None).await;
+    assert_eq!(s, 202);
+    stack.wait_lease(&big, &c, |l| l["state"] == "running").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi() {
+    let stack = Stack::start(FLEET).await;
+    for name in stack.service_names() {
+        let base = format!("http://{}", stack.http_addr(&name));
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            let r = stack.http.get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{name} {path}");
+        }
+    }
+    let doc: Value = stack
+        .http
+        .get(format!("{}/openapi.json", stack.gateway_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for path in ["/v1/tenants", "/v1/leases", "/v1/leases/{id}", "/v1/leases/{id}/stop", "/v1/invoices", "/v1/audit/verify"] {
+        assert!(doc["paths"][path].is_object(), "openapi lacks {path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_drives_the_flow_against_the_real_gateway() {
+    let stack = Stack::start(FLEET).await;
+    let url = stack.gateway_url.clone();
+    let lh = |key: &str, args: &[&str]| {
+        let mut argv = vec!["lh", "--gateway-url", &url, "--api-key", key, "--json"];
+        argv.extend_from_slice(args);
+        let argv: Vec<String> = argv.into_iter().map(String::from).collect();
+        async move { lh_cli::capture(argv).await }
+    };
+    let out = lh(ADMIN_TOKEN, &["tenant", "create", "--name", "acme", "--email", "ops@acme.example", "--max-gpus", "16"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let tenant: Value = serde_json::from_str(&out.stdout).unwrap();
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+
+    let out = lh(&key, &["lease", "create", "--gpus", "2", "--gpu-model", "A100-40GB", "--tier", "basic"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let lease: Value = serde_json::from_str(&out.stdout).unwrap();
+    let id = lease["id"].as_str().unwrap().to_string();
+    let out = lh(&key, &["lease", "get", &id, "--wait", "running", "--timeout", "20"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = lh(&key, &["lease", "ls"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains(&id));
+    let out = lh(&key, &["lease", "stop", &id]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = lh(&key, &["lease", "get", &id, "--wait", "ended", "--timeout", "20"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let period = chrono::Utc::now().format("%Y-%m").to_string();
+    let mut shown = false;
+    for _ in 0..100 {
+        let out = lh(&key, &["invoice", "show", "--period", &period]).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let invoice: Value = serde_json::from_str(&out.stdout).unwrap();
+        if invoice["lines"].as_array().is_some_and(|l| l.len() == 1) {
+            shown = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(shown, "the invoice never showed the lease");
+    // Tables by default.
+    let argv: Vec<String> = ["lh", "--gateway-url", &url, "--api-key", &key, "invoice", "show", "--period", &period]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let out = lh_cli::capture(argv).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("TOTAL"), "{}", out.stdout);
+    let out = lh(ADMIN_TOKEN, &["audit", "verify"]).await;
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    // A tenant key cannot create tenants: exit code 2 for a 4xx.
+    let out = lh(&key, &["tenant", "create", "--name", "x", "--email", "a@b.co", "--max-gpus", "1"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}
