@@ -49,7 +49,7 @@ async fn rebuild(config: &Config, into: &str, swap: bool) -> anyhow::Result<()> 
     let mut count = 0u64;
     let reached = lh_pricing::rebuild(config, into, |sequence, head| {
         count += 1;
-        if count % 1000 == 0 {
+        if count.is_multiple_of(1000) {
             eprintln!("rebuilt {count} events (sequence {sequence} of {head})");
         }
     })

@@ -60,7 +60,7 @@ pub struct Bill {
 /// What to do with a lease awaiting its charges.
 #[derive(Debug)]
 pub enum Plan {
-    Publish(Bill),
+    Publish(Box<Bill>),
     /// No price book is known yet: try again later.
     WaitForBook,
     /// Can never be billed (facts missing from the log): drop it.
@@ -86,11 +86,11 @@ impl Fold {
     pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.sequence = self.sequence.max(sequence);
         match &envelope.data {
-            EventData::PriceBookPublished(book) => {
-                if !self.books.iter().any(|b| b.version == book.version) {
-                    self.books.push(book.clone());
-                    self.books.sort_by_key(|b| b.version);
-                }
+            EventData::PriceBookPublished(book)
+                if !self.books.iter().any(|b| b.version == book.version) =>
+            {
+                self.books.push(book.clone());
+                self.books.sort_by_key(|b| b.version);
             }
             EventData::LeaseRequested(e) => {
                 if let Some(l) = self.open(e.lease_id) {
@@ -216,11 +216,11 @@ impl Fold {
                 tier.as_str()
             ));
         }
-        Plan::Publish(Bill {
+        Plan::Publish(Box::new(Bill {
             lease_id,
             charges,
             cause: cause.clone(),
-        })
+        }))
     }
 }
 

@@ -359,6 +359,30 @@ async fn a_rebuild_gives_identical_rows() {
         .await
         .is_err());
     pricing.stop().await;
+
+    // The binary's `rebuild --swap`, with the service stopped as documented.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lh-pricing"))
+        .args(["rebuild", "--into", "pricing_cli", "--swap"])
+        .env("LH_NATS_URL", env.config.common.nats_url.as_str())
+        .env("DATABASE_URL", env.config.database_url.as_str())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("lh-pricing runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("rebuilt 4 events up to sequence {reached}")),
+        "{stderr}"
+    );
+    assert!(stdout.contains("digests equal"), "{stdout}");
+    assert!(stdout.contains("is now the live schema"), "{stdout}");
+    let pricing = env.start_pricing().await;
+    assert_eq!(env.invoice(tenant, "2026-11").await, live);
+    pricing.stop().await;
 }
 
 #[tokio::test]
