@@ -1,0 +1,101 @@
+//! The spot-broker prices each (zone, model) from utilisation on a real
+//! nats-server, and publishes again only when the price moves.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use lh_bus::{Bus, BusConfig, Expect};
+use lh_events::*;
+use lh_service::{CancellationToken, CommonArgs};
+use lh_testkit::Nats;
+use uuid::Uuid;
+
+async fn prices(bus: &Bus) -> Vec<SpotPriceSet> {
+    let head = bus.last_sequence().await.unwrap();
+    let mut feed = bus.feed(&["lh.evt.spot.>"], 1).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(Ok(e)) = feed.next_within(Duration::from_millis(300)).await {
+        if let EventData::SpotPriceSet(p) = e.envelope.data {
+            out.push(p);
+        }
+        if e.sequence >= head {
+            break;
+        }
+    }
+    out
+}
+
+async fn publish(bus: &Bus, data: EventData) {
+    bus.publish(&Envelope::new(Actor::Admin, Utc::now(), data), Expect::Any)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_price_follows_utilisation() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test")).await.unwrap();
+    publish(
+        &bus,
+        EventData::NodeRegistered(NodeRegistered {
+            node_id: "n1".into(),
+            zone: "z1".into(),
+            hostname: "h".into(),
+            gpus: (0..4)
+                .map(|i| GpuInfo {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    model: "A100-40GB".into(),
+                    vram_gb: 40,
+                })
+                .collect(),
+        }),
+    )
+    .await;
+    let token = CancellationToken::new();
+    let running = lh_spot_broker::start(
+        lh_spot_broker::Config {
+            common: CommonArgs::for_test(&nats.url()),
+            interval_ms: 100,
+        },
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        seen = prices(&bus).await;
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].price_cny_per_gb_hour.to_string(), "0.1");
+    assert_eq!((seen[0].gpus_total, seen[0].gpus_used), (4, 0));
+
+    // Two of four GPUs taken: u = 0.5, price = 0.1 + 0.4 × 0.25 = 0.2.
+    publish(
+        &bus,
+        EventData::NodeGpusAllocated(NodeGpusAllocated {
+            node_id: "n1".into(),
+            lease_id: Uuid::now_v7(),
+            gpu_indices: vec![0, 1],
+        }),
+    )
+    .await;
+    for _ in 0..50 {
+        seen = prices(&bus).await;
+        if seen.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen[1].price_cny_per_gb_hour.to_string(), "0.2");
+    assert_eq!(seen[1].utilisation.to_string(), "0.5");
+    // Unchanged utilisation publishes nothing more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(prices(&bus).await.len(), 2);
+    token.cancel();
+    running.wait().await.unwrap();
+}
