@@ -1,0 +1,515 @@
+//! The audit service against a real nats-server and a real PostgreSQL
+//! (lh-testkit). Events are published with lh_bus as the other services
+//! would; the chain is recomputed here independently of lh-domain, straight
+//! from `schemas/audit-chain.md`, and verification is asked for over the
+//! NATS RPC as the gateway would and over the audit service's own HTTP API.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use ed25519_dalek::{Signature, Verifier as _, VerifyingKey};
+use lh_audit::{Config, VerifyResponse};
+use lh_bus::{Bus, BusConfig, Expect};
+use lh_events::*;
+use lh_service::{CancellationToken, Running};
+use lh_testkit::Nats;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(30);
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Env {
+    _nats: Nats,
+    config: Config,
+    bus: Bus,
+    /// Superuser connection to the test database.
+    db: PgPool,
+}
+
+struct Audit {
+    running: Running,
+    shutdown: CancellationToken,
+}
+
+impl Audit {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.running.wait().await.expect("audit stops cleanly");
+    }
+}
+
+impl Env {
+    async fn new() -> Env {
+        let nats = Nats::start().await.expect("nats-server starts");
+        let database_url = lh_testkit::shared_postgres()
+            .await
+            .create_database()
+            .await
+            .expect("a fresh database");
+        let config = Config::for_test(&nats.url(), &database_url);
+        let bus = Bus::connect(&BusConfig::new(nats.url(), "audit-test"))
+            .await
+            .expect("bus connects");
+        let db = PgPool::connect(&database_url)
+            .await
+            .expect("database connects");
+        Env {
+            _nats: nats,
+            config,
+            bus,
+            db,
+        }
+    }
+
+    async fn start_audit(&self, config: Config) -> Audit {
+        let shutdown = CancellationToken::new();
+        let running = lh_audit::start(config, shutdown.clone())
+            .await
+            .expect("audit starts");
+        let deadline = Instant::now() + WAIT;
+        while !running.readiness.is_ready() {
+            assert!(Instant::now() < deadline, "audit never became ready");
+            assert!(!running.is_finished(), "audit stopped while starting");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Audit { running, shutdown }
+    }
+
+    async fn publish_assorted(&self, n: usize) {
+        publish_assorted(&self.bus, n).await;
+    }
+
+    /// Highest sequence in the audit copy.
+    async fn stored_max(&self) -> u64 {
+        let max: i64 = sqlx::query_scalar("SELECT coalesce(max(sequence), 0) FROM audit.events")
+            .fetch_one(&self.db)
+            .await
+            .expect("audit.events readable");
+        max as u64
+    }
+
+    /// Waits until the audit copy holds the whole stream and stays so for a
+    /// moment (the keeper may still be publishing a checkpoint); returns the
+    /// stream's last sequence.
+    async fn settled(&self) -> u64 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "audit never caught up with the stream"
+            );
+            let last = self.bus.last_sequence().await.expect("stream info");
+            if self.stored_max().await == last {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                if self.bus.last_sequence().await.expect("stream info") == last
+                    && self.stored_max().await == last
+                {
+                    return last;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn verify(&self) -> VerifyResponse {
+        lh_audit::verify::call(&self.bus, VERIFY_TIMEOUT)
+            .await
+            .expect("verify answers")
+    }
+
+    /// Every stored message up to `upto`: (sequence, subject, payload).
+    async fn stream(&self, upto: u64) -> Vec<(u64, String, Vec<u8>)> {
+        let mut out = Vec::new();
+        if upto == 0 {
+            return out;
+        }
+        let mut feed = self
+            .bus
+            .feed(&[subject::EVENTS_ALL], 1)
+            .await
+            .expect("feed");
+        while let Some(event) = feed.next_within(Duration::from_secs(5)).await {
+            let event = event.expect("a stored event");
+            out.push((
+                event.sequence,
+                event.subject.clone(),
+                event.payload.to_vec(),
+            ));
+            if event.sequence >= upto {
+                break;
+            }
+        }
+        out
+    }
+
+    async fn checkpoints_in_stream(&self) -> Vec<(u64, AuditCheckpoint)> {
+        let last = self.bus.last_sequence().await.expect("stream info");
+        self.stream(last)
+            .await
+            .into_iter()
+            .filter_map(
+                |(seq, _, payload)| match Envelope::from_json(&payload).ok()?.data {
+                    EventData::AuditCheckpoint(cp) => Some((seq, cp)),
+                    _ => None,
+                },
+            )
+            .collect()
+    }
+}
+
+/// Publishes `n` events of assorted types, as the services would.
+async fn publish_assorted(bus: &Bus, n: usize) {
+    let tenant = Uuid::now_v7();
+    let mut lease = Uuid::now_v7();
+    for i in 0..n {
+        let data = match i % 10 {
+            0 => EventData::TenantCreated(TenantCreated {
+                tenant_id: tenant,
+                name_sealed: "c2VhbGVk".into(),
+                email_sealed: "c2VhbGVk".into(),
+                api_key_sha256: "00".repeat(32),
+                quota: Quota { max_gpus: 8 },
+            }),
+            1 => EventData::NodeRegistered(NodeRegistered {
+                node_id: format!("node-{i}"),
+                zone: "cn-north-1".into(),
+                hostname: format!("gpu-{i}.example"),
+                gpus: vec![GpuInfo {
+                    index: 0,
+                    uuid: format!("GPU-{i}"),
+                    model: "A100-40GB".into(),
+                    vram_gb: 40,
+                }],
+            }),
+            2 => {
+                lease = Uuid::now_v7();
+                EventData::LeaseRequested(LeaseRequested {
+                    lease_id: lease,
+                    tenant_id: tenant,
+                    gpus: 1,
+                    gpu_model: "A100-40GB".into(),
+                    tier: Tier::Basic,
+                    idempotency_key: Some(format!("k{i}")),
+                })
+            }
+            3 => EventData::LeaseQueued(LeaseQueued {
+                lease_id: lease,
+                reason: "no capacity".into(),
+                position: 1,
+            }),
+            4 => EventData::LeasePlaced(LeasePlaced {
+                lease_id: lease,
+                node_id: "node-1".into(),
+                zone: "cn-north-1".into(),
+                gpu_model: "A100-40GB".into(),
+                vram_gb_per_gpu: 40,
+                gpus: vec![AssignedGpu {
+                    index: 0,
+                    uuid: "GPU-1".into(),
+                }],
+                decision: Decision {
+                    policy: "best_fit".into(),
+                    policy_version: 1,
+                    candidates: 3,
+                    winner_score: 0.5,
+                    runner_up_score: None,
+                },
+            }),
+            5 => EventData::NodeGpusAllocated(NodeGpusAllocated {
+                node_id: "node-1".into(),
+                lease_id: lease,
+                gpu_indices: vec![0],
+            }),
+            6 => EventData::LeaseStarted(LeaseStarted {
+                lease_id: lease,
+                node_id: "node-1".into(),
+                started_at: Utc::now(),
+            }),
+            7 => serde_json::from_value(serde_json::json!({
+                "type": "spot.price_set", "zone": "cn-north-1", "gpu_model": "A100-40GB",
+                "price_cny_per_gb_hour": "0.25", "utilisation": "0.5",
+                "gpus_total": 8, "gpus_used": 4
+            }))
+            .expect("a spot price"),
+            8 => EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease }),
+            _ => EventData::LeaseEnded(LeaseEnded {
+                lease_id: lease,
+                node_id: Some("node-1".into()),
+                ended_at: Utc::now(),
+                reason: EndReason::Stopped,
+                exit_code: Some(0),
+            }),
+        };
+        let envelope = Envelope::new(Actor::Service("audit-test".into()), Utc::now(), data);
+        bus.publish(&envelope, Expect::Any)
+            .await
+            .expect("event is stored");
+    }
+}
+
+/// Runs `sql` with the audit table's triggers off, as a superuser could.
+async fn behind_the_triggers(db: &PgPool, sql: &str) {
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query("ALTER TABLE audit.events DISABLE TRIGGER ALL")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(sql).execute(&mut *tx).await.unwrap();
+    sqlx::query("ALTER TABLE audit.events ENABLE TRIGGER ALL")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// The chain as schemas/audit-chain.md defines it, written out here on
+/// purpose rather than calling lh-domain. Returns (events, head hex) after
+/// the message at sequence `upto`.
+fn recompute(stream: &[(u64, String, Vec<u8>)], upto: u64) -> (u64, String) {
+    let mut head = [0u8; 32];
+    let mut events = 0;
+    for (seq, subject, payload) in stream.iter().filter(|(s, _, _)| *s <= upto) {
+        let mut h = Sha256::new();
+        h.update(head);
+        h.update(seq.to_be_bytes());
+        h.update((subject.len() as u32).to_be_bytes());
+        h.update(subject.as_bytes());
+        h.update((payload.len() as u64).to_be_bytes());
+        h.update(payload);
+        head = h.finalize().into();
+        events += 1;
+    }
+    (events, hex::encode(head))
+}
+
+#[tokio::test]
+async fn verifies_a_log_of_assorted_events() {
+    let env = Env::new().await;
+    env.publish_assorted(50).await;
+    let audit = env.start_audit(env.config.clone()).await;
+    let last = env.settled().await;
+    assert_eq!(last, 50, "no checkpoint is due with the default policy");
+
+    let report = env.verify().await;
+    let (events, head) = recompute(&env.stream(last).await, last);
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.events, last);
+    assert_eq!(report.events, events);
+    assert_eq!(report.sequence, last);
+    assert_eq!(report.head, head);
+    assert_eq!(report.first_mismatch, None);
+
+    // Auditors get the same report from the audit service's own API.
+    let url = format!("http://{}/v1/verify", audit.running.http_addr);
+    let http: VerifyResponse = reqwest::get(&url)
+        .await
+        .expect("GET /v1/verify")
+        .error_for_status()
+        .expect("200")
+        .json()
+        .await
+        .expect("a verify report");
+    assert_eq!(http, report);
+
+    let metrics = reqwest::get(format!("http://{}/metrics", audit.running.http_addr))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    assert!(metrics.contains("lh_audit_chain_sequence"), "{metrics}");
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_mid_stream_neither_loses_nor_doubles_a_row() {
+    let env = Env::new().await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let mut config = env.config.clone();
+    config.signing_key_file = Some(key_dir.path().join("audit.key"));
+    config.checkpoint_every_events = 100;
+
+    let audit = env.start_audit(config.clone()).await;
+    let bus = env.bus.clone();
+    let publisher = tokio::spawn(async move { publish_assorted(&bus, 200).await });
+    // Stop while the log is still growing and the keeper is following it.
+    let deadline = Instant::now() + WAIT;
+    while env.stored_max().await < 20 {
+        assert!(Instant::now() < deadline, "no rows written");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    audit.stop().await;
+    let stopped_at = env.stored_max().await;
+    publisher.await.expect("publisher finishes");
+    assert!(stopped_at < 200, "stopped mid-stream, not at {stopped_at}");
+
+    env.publish_assorted(20).await;
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(10).await;
+    let last = env.settled().await;
+
+    let (rows, distinct, max): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT sequence), max(sequence) FROM audit.events",
+    )
+    .fetch_one(&env.db)
+    .await
+    .expect("audit.events readable");
+    assert_eq!(rows as u64, last, "one row per stored message");
+    assert_eq!(distinct, rows);
+    assert_eq!(max as u64, last);
+
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.events, last);
+    assert_eq!(report.head, recompute(&env.stream(last).await, last).1);
+    assert!(report.checkpoints >= 2, "after 100 and 200 events: {report:?}");
+    assert_eq!(report.checkpoints_verified, report.checkpoints);
+
+    // Both runs signed with the key kept in the file.
+    let keys: i64 = sqlx::query_scalar("SELECT count(DISTINCT public_key) FROM audit.checkpoints")
+        .fetch_one(&env.db)
+        .await
+        .expect("audit.checkpoints readable");
+    assert_eq!(keys, 1);
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn tampering_with_the_copy_is_detected() {
+    let env = Env::new().await;
+    env.publish_assorted(30).await;
+    let audit = env.start_audit(env.config.clone()).await;
+    env.settled().await;
+    assert!(env.verify().await.ok);
+
+    // The table is append-only while its triggers are on.
+    for sql in [
+        "UPDATE audit.events SET subject = 'x' WHERE sequence = 3",
+        "DELETE FROM audit.events WHERE sequence = 3",
+        "TRUNCATE audit.events",
+        "TRUNCATE audit.checkpoints",
+    ] {
+        let err = sqlx::query(sql)
+            .execute(&env.db)
+            .await
+            .expect_err("the append-only trigger refuses it");
+        assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+    }
+
+    // A superuser can switch the triggers off: verification still catches it.
+    // A stored link flipped by one bit.
+    behind_the_triggers(
+        &env.db,
+        "UPDATE audit.events SET hash = set_byte(hash, 0, get_byte(hash, 0) # 1) WHERE sequence = 7",
+    )
+    .await;
+    let report = env.verify().await;
+    assert!(!report.ok, "{report:?}");
+    assert_eq!(report.first_mismatch, Some(7));
+    assert_eq!(
+        report.events, 30,
+        "the chain is still recomputed to the end"
+    );
+
+    behind_the_triggers(
+        &env.db,
+        "UPDATE audit.events SET hash = set_byte(hash, 0, get_byte(hash, 0) # 1) WHERE sequence = 7",
+    )
+    .await;
+    assert!(
+        env.verify().await.ok,
+        "undoing the change restores the chain"
+    );
+
+    // A stored payload changed by one byte, its link left alone.
+    behind_the_triggers(
+        &env.db,
+        "UPDATE audit.events SET payload = payload || '\\x20'::bytea WHERE sequence = 12",
+    )
+    .await;
+    let report = env.verify().await;
+    assert!(!report.ok, "{report:?}");
+    assert_eq!(report.first_mismatch, Some(12));
+
+    // A row removed from the copy.
+    behind_the_triggers(&env.db, "DELETE FROM audit.events WHERE sequence = 5").await;
+    let report = env.verify().await;
+    assert!(!report.ok);
+    assert_eq!(report.first_mismatch, Some(5));
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn checkpoints_are_signed_chained_and_verified() {
+    let env = Env::new().await;
+    let mut config = env.config.clone();
+    config.checkpoint_every_events = 10;
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(25).await;
+    let last = env.settled().await;
+
+    let checkpoints = env.checkpoints_in_stream().await;
+    assert_eq!(
+        checkpoints.len(),
+        2,
+        "after 10 and 20 events: {checkpoints:?}"
+    );
+    let stream = env.stream(last).await;
+    for (at, cp) in &checkpoints {
+        assert!(cp.sequence < *at, "a checkpoint covers earlier events");
+        let (events, head) = recompute(&stream, cp.sequence);
+        assert_eq!(cp.head, head);
+        assert_eq!(cp.events, events);
+        let key_bytes: [u8; 32] = hex::decode(&cp.public_key).unwrap().try_into().unwrap();
+        let key = VerifyingKey::from_bytes(&key_bytes).expect("a public key");
+        let signature = Signature::from_slice(&hex::decode(&cp.signature).unwrap()).unwrap();
+        let statement = format!(
+            "leasehold-audit-checkpoint:v1:{}:{}:{}",
+            cp.sequence, cp.events, cp.head
+        );
+        key.verify(statement.as_bytes(), &signature)
+            .expect("the checkpoint signature verifies");
+    }
+    // The first covers exactly the first ten events other than checkpoints.
+    let first = &checkpoints[0].1;
+    let non_checkpoints_upto = stream
+        .iter()
+        .filter(|(s, subj, _)| *s <= first.sequence && subj != &subject::audit())
+        .count();
+    assert_eq!(non_checkpoints_upto, 10);
+
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.checkpoints, 2);
+    assert_eq!(report.checkpoints_verified, 2);
+    assert_eq!(report.events, last);
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_quiet_log_gets_one_timed_checkpoint_not_a_loop() {
+    let env = Env::new().await;
+    let mut config = env.config.clone();
+    config.checkpoint_every_secs = 1;
+    env.publish_assorted(3).await;
+    let audit = env.start_audit(config).await;
+
+    let deadline = Instant::now() + WAIT;
+    while env.checkpoints_in_stream().await.is_empty() {
+        assert!(Instant::now() < deadline, "no timed checkpoint");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Its own checkpoint is not news: no further checkpoint follows.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let checkpoints = env.checkpoints_in_stream().await;
+    assert_eq!(checkpoints.len(), 1, "{checkpoints:?}");
+    assert_eq!(checkpoints[0].1.sequence, 3);
+    assert_eq!(checkpoints[0].1.events, 3);
+
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.checkpoints_verified, 1);
+    audit.stop().await;
+}
