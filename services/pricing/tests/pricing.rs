@@ -420,3 +420,51 @@ async fn a_lease_across_a_month_boundary_is_billed_in_both_periods() {
     );
     pricing.stop().await;
 }
+
+#[tokio::test]
+async fn the_server_refuses_a_second_batch_of_charges_for_a_lease() {
+    let env = Env::new().await;
+    let pricing = env.start_pricing().await;
+    let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
+    let start = at(2026, 11, 30, 23, 0, 0);
+    env.lease(tenant, lease, start, start + chrono::Duration::hours(2))
+        .await;
+    env.invoice_with(tenant, "2026-12", 1).await;
+    pricing.stop().await;
+    let charges = env.charges_in_log().await;
+    assert_eq!(charges.len(), 2);
+
+    // Another replica (or a retry) publishing the same bill again.
+    let cause = Envelope::new(
+        Actor::Node("node-1".into()),
+        start,
+        EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease }),
+    );
+    let bill = lh_pricing::rating::Bill {
+        lease_id: lease,
+        charges: charges.clone(),
+        cause,
+    };
+    match lh_pricing::rating::publish_bill(&env.bus, &bill, Utc::now()).await {
+        Ok(stored) => assert_eq!(stored, 0, "a duplicate stored nothing"),
+        Err(lh_bus::BusError::Conflict(_)) | Err(lh_bus::BusError::DuplicateBatch(_)) => {}
+        Err(e) => panic!("unexpected error {e}"),
+    }
+    // Same bill with fresh event ids (as if outside the duplicate window):
+    // only the expected subject sequence 0 stands in the way.
+    let fresh: Vec<(Envelope, Expect)> = lh_pricing::rating::envelopes(&bill, Utc::now())
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let expect = if i == 0 {
+                Expect::LastSubjectSequence(0)
+            } else {
+                Expect::Any
+            };
+            (e.with_id(Uuid::now_v7()), expect)
+        })
+        .collect();
+    let err = env.bus.publish_atomic(&fresh).await.unwrap_err();
+    assert!(matches!(err, lh_bus::BusError::Conflict(_)), "{err}");
+    assert_eq!(env.charges_in_log().await.len(), 2);
+}
