@@ -364,7 +364,10 @@ async fn a_restart_mid_stream_neither_loses_nor_doubles_a_row() {
     assert!(report.ok, "{report:?}");
     assert_eq!(report.events, last);
     assert_eq!(report.head, recompute(&env.stream(last).await, last).1);
-    assert!(report.checkpoints >= 2, "after 100 and 200 events: {report:?}");
+    assert!(
+        report.checkpoints >= 2,
+        "after 100 and 200 events: {report:?}"
+    );
     assert_eq!(report.checkpoints_verified, report.checkpoints);
 
     // Both runs signed with the key kept in the file.
