@@ -110,6 +110,10 @@ impl Fold {
                 }
             }
             EventData::LeaseEnded(e) => self.ended(e, envelope),
+            // Rejected leases never run: forget them.
+            EventData::LeaseRejected(e) if !self.due.contains(&e.lease_id) => {
+                self.leases.remove(&e.lease_id);
+            }
             EventData::ChargeAccrued(c) => self.mark_charged(c.lease_id),
             _ => {}
         }
