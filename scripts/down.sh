@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make down`: stops what scripts/up.sh started — the services, then
+# nats-server (pid files in .data/pids/), then the local PostgreSQL cluster
+# (.data/pg, pg_ctl stop). Data stays; `make clean-data` removes it.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DATA="$ROOT/.data"
+PIDS="$DATA/pids"
+STOP_TIMEOUT_SECS=15
+
+say() { echo "down: $*"; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+stop_pidfile() {
+    local file=$1 name pid
+    name=$(basename "$file" .pid)
+    pid=$(cat "$file" 2>/dev/null || true)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        say "stopping $name (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq $((STOP_TIMEOUT_SECS * 10))); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "$name did not stop in ${STOP_TIMEOUT_SECS} s; SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$file"
+}
+
+# Services first (they hold connections to NATS and PostgreSQL), then NATS.
+shopt -s nullglob
+for file in "$PIDS"/*.pid; do
+    [ "$(basename "$file")" = nats.pid ] || stop_pidfile "$file"
+done
+[ -f "$PIDS/nats.pid" ] && stop_pidfile "$PIDS/nats.pid"
+
+PGDATA="$DATA/pg/data"
+if [ -f "$PGDATA/postmaster.pid" ]; then
+    initdb=$(command -v initdb 2>/dev/null || printf '%s\n' /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)
+    pg_ctl="$(dirname "$(readlink -f "$initdb")")/pg_ctl"
+    say "stopping PostgreSQL ($PGDATA)"
+    if is_root; then
+        runuser -u postgres -- "$pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null || true
+    else
+        "$pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null || true
+    fi
+fi
+say "stopped"
