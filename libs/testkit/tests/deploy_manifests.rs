@@ -1,0 +1,391 @@
+//! The deployment files stay deployable:
+//!
+//! - `docker-compose.yml` validates against the official Compose
+//!   Specification schema (vendored in `deploy/schemas/compose-spec.json`),
+//!   checked by `check-jsonschema`;
+//! - every manifest in `k8s/` validates, strictly (no unknown fields),
+//!   against the Kubernetes API schemas, checked by `kubernetes-validate`;
+//! - every image in either file runs a binary that the workspace builds, and
+//!   every service binary is deployed by both;
+//! - the simulated fleet and the NATS settings the files carry agree with
+//!   `dev/`.
+//!
+//! The validators come from `make deps` (`.data/venv`). A missing validator
+//! fails the test, it never skips it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use lh_testkit::workspace_root;
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+/// Kubernetes minor versions the manifests must be valid for: the oldest we
+/// support and the newest the validator knows.
+const KUBERNETES_VERSIONS: &[&str] = &["1.30", "1.37"];
+
+/// The binaries of the six services, the ones every deployment must run.
+const SERVICE_BINARIES: &[&str] = &[
+    "lh-gateway",
+    "lh-scheduler",
+    "lh-node-agent",
+    "lh-pricing",
+    "lh-spot-broker",
+    "lh-audit",
+];
+
+/// A validator from `.data/venv/bin`, else from `PATH`; panics with the fix
+/// when neither has it.
+fn tool(name: &str) -> PathBuf {
+    let venv = workspace_root().join(".data/venv/bin").join(name);
+    if venv.is_file() {
+        return venv;
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        if let Some(found) = std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+        {
+            return found;
+        }
+    }
+    panic!(
+        "{name} is not installed (looked in {} and on PATH): run `make deps`",
+        venv.display()
+    );
+}
+
+struct Run {
+    success: bool,
+    output: String,
+}
+
+fn run(command: &mut Command) -> Run {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("running {command:?}: {err}"));
+    Run {
+        success: output.status.success(),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|err| panic!("reading {}: {err}", path.display()))
+}
+
+/// Every YAML document of a file, with `<<` merge keys applied.
+fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text = read(path);
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|document| {
+            let mut value = Value::deserialize(document)
+                .unwrap_or_else(|err| panic!("{} is not valid YAML: {err}", path.display()));
+            value
+                .apply_merge()
+                .unwrap_or_else(|err| panic!("{}: bad merge key: {err}", path.display()));
+            value
+        })
+        .filter(|value| !value.is_null())
+        .collect()
+}
+
+fn k8s_manifests() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(workspace_root().join("k8s"))
+        .expect("k8s/ exists")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|ext| ext == "yaml" || ext == "yml")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no manifests in k8s/");
+    files
+}
+
+/// Names of the binary targets of every workspace member, from `cargo metadata`.
+fn workspace_binaries() -> BTreeSet<String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let run = run(Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--manifest-path",
+        ])
+        .arg(workspace_root().join("Cargo.toml")));
+    assert!(run.success, "cargo metadata failed:\n{}", run.output);
+    let json_start = run.output.find('{').expect("cargo metadata printed JSON");
+    let metadata: serde_json::Value = serde_json::Deserializer::from_str(&run.output[json_start..])
+        .into_iter()
+        .next()
+        .expect("one JSON document")
+        .expect("cargo metadata JSON");
+    metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .flat_map(|package| package["targets"].as_array().cloned().unwrap_or_default())
+        .filter(|target| {
+            target["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "bin"))
+        })
+        .map(|target| target["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter()
+        .try_fold(value, |value, key| value.get(*key))
+        .and_then(Value::as_str)
+}
+
+#[test]
+fn compose_file_matches_the_compose_specification() {
+    let root = workspace_root();
+    let checker = tool("check-jsonschema");
+    let schema = root.join("deploy/schemas/compose-spec.json");
+    let validate = |file: &Path| {
+        run(Command::new(&checker)
+            .args(["--color", "never", "--schemafile"])
+            .arg(&schema)
+            .arg(file))
+    };
+
+    let run = validate(&root.join("docker-compose.yml"));
+    assert!(
+        run.success,
+        "docker-compose.yml does not match the Compose specification:\n{}",
+        run.output
+    );
+
+    // The same check rejects a compose file with a misspelt key, so the pass
+    // above means something.
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("compose.yml");
+    std::fs::write(
+        &broken,
+        "services:\n  web:\n    image: nginx\n    depends_onn: [db]\n",
+    )
+    .unwrap();
+    let run = validate(&broken);
+    assert!(
+        !run.success,
+        "a misspelt key passed the Compose schema:\n{}",
+        run.output
+    );
+}
+
+#[test]
+fn kubernetes_manifests_match_the_kubernetes_api_schemas() {
+    let validator = tool("kubernetes-validate");
+    let manifests = k8s_manifests();
+    for version in KUBERNETES_VERSIONS {
+        let run = run(Command::new(&validator)
+            .args(["--strict", "--kubernetes-version", version])
+            .args(&manifests));
+        // WARN: a kind without a schema, i.e. not checked at all.
+        let unchecked: Vec<&str> = run
+            .output
+            .lines()
+            .filter(|line| line.starts_with("WARN") || line.starts_with("ERROR"))
+            .collect();
+        assert!(
+            run.success && unchecked.is_empty(),
+            "k8s/ is not valid for Kubernetes {version}:\n{}",
+            run.output
+        );
+    }
+
+    // A misspelt field fails strict validation, so the pass above means something.
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  portz:\n    - port: 80\n",
+    )
+    .unwrap();
+    let run = run(Command::new(&validator).arg("--strict").arg(&broken));
+    assert!(
+        !run.success,
+        "a misspelt field passed strict validation:\n{}",
+        run.output
+    );
+}
+
+#[test]
+fn every_compose_service_runs_a_workspace_binary() {
+    let root = workspace_root();
+    let binaries = workspace_binaries();
+    let compose = yaml_documents(&root.join("docker-compose.yml")).remove(0);
+    let services = compose["services"].as_mapping().expect("services");
+
+    let mut deployed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        if service.get("build").is_none() {
+            // nats and postgres: official images.
+            continue;
+        }
+        let binary = str_at(service, &["build", "args", "BIN"]).unwrap_or_else(|| {
+            panic!("compose service {name} builds an image without a BIN build argument")
+        });
+        assert!(
+            binaries.contains(binary),
+            "compose service {name} runs {binary}, which no workspace Cargo.toml builds (binaries: {binaries:?})"
+        );
+        if let Some(image) = str_at(service, &["image"]) {
+            assert!(
+                image.starts_with(&format!("leasehold/{binary}:")),
+                "compose service {name} tags its {binary} image as {image}"
+            );
+        }
+        deployed
+            .entry(binary.to_string())
+            .or_default()
+            .push(name.to_string());
+    }
+    for binary in SERVICE_BINARIES {
+        assert!(
+            deployed.contains_key(*binary),
+            "docker-compose.yml runs no {binary}"
+        );
+    }
+    for image in ["nats:2.", "postgres:15"] {
+        assert!(
+            services
+                .values()
+                .any(|s| str_at(s, &["image"]).is_some_and(|i| i.starts_with(image))),
+            "docker-compose.yml has no {image}* service"
+        );
+    }
+}
+
+#[test]
+fn every_kubernetes_workload_runs_a_workspace_binary_with_probes() {
+    let binaries = workspace_binaries();
+    let mut deployed = BTreeSet::new();
+    for file in k8s_manifests() {
+        for doc in yaml_documents(&file) {
+            let kind = str_at(&doc, &["kind"]).unwrap_or_default().to_string();
+            let name = str_at(&doc, &["metadata", "name"])
+                .unwrap_or_default()
+                .to_string();
+            if kind != "Namespace" {
+                assert_eq!(
+                    str_at(&doc, &["metadata", "namespace"]),
+                    Some("leasehold"),
+                    "{} {kind}/{name} is not in namespace leasehold",
+                    file.display()
+                );
+            }
+            if !matches!(kind.as_str(), "Deployment" | "DaemonSet" | "StatefulSet") {
+                continue;
+            }
+            let containers = doc["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .unwrap_or_else(|| panic!("{kind}/{name} has no containers"));
+            for container in containers {
+                let image = str_at(container, &["image"]).unwrap_or_default();
+                let Some(rest) = image.strip_prefix("leasehold/") else {
+                    continue; // nats, postgres
+                };
+                let binary = rest.split(':').next().unwrap();
+                assert!(
+                    binaries.contains(binary),
+                    "{kind}/{name} runs image {image}, but no workspace Cargo.toml builds {binary}"
+                );
+                deployed.insert(binary.to_string());
+                assert_eq!(
+                    str_at(container, &["readinessProbe", "httpGet", "path"]),
+                    Some("/readyz"),
+                    "{kind}/{name}: readiness probe"
+                );
+                assert_eq!(
+                    str_at(container, &["livenessProbe", "httpGet", "path"]),
+                    Some("/healthz"),
+                    "{kind}/{name}: liveness probe"
+                );
+            }
+        }
+    }
+    for binary in SERVICE_BINARIES {
+        assert!(deployed.contains(*binary), "k8s/ runs no {binary}");
+    }
+}
+
+#[test]
+fn deployments_carry_the_dev_fleet_and_fsync_every_write() {
+    let root = workspace_root();
+    let fleet = read(&root.join("dev/fleet.toml"));
+
+    // Each compose node-agent plays one node of dev/fleet.toml.
+    let compose = yaml_documents(&root.join("docker-compose.yml")).remove(0);
+    let mut compose_nodes: Vec<String> = compose["services"]
+        .as_mapping()
+        .unwrap()
+        .values()
+        .filter(|s| str_at(s, &["build", "args", "BIN"]) == Some("lh-node-agent"))
+        .map(|s| {
+            str_at(s, &["environment", "LH_NODE_ID"])
+                .expect("LH_NODE_ID")
+                .to_string()
+        })
+        .collect();
+    compose_nodes.sort();
+    let mut fleet_nodes: Vec<String> = fleet
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("id = "))
+        .map(|id| id.trim_matches('"').to_string())
+        .collect();
+    fleet_nodes.sort();
+    assert_eq!(
+        compose_nodes, fleet_nodes,
+        "compose node-agents vs dev/fleet.toml"
+    );
+    assert_eq!(fleet_nodes.len(), 3);
+
+    let mut k8s_fleet = None;
+    let mut k8s_nats_conf = None;
+    for file in k8s_manifests() {
+        for doc in yaml_documents(&file) {
+            if str_at(&doc, &["kind"]) != Some("ConfigMap") {
+                continue;
+            }
+            match str_at(&doc, &["metadata", "name"]) {
+                Some("fleet") => {
+                    k8s_fleet = str_at(&doc, &["data", "fleet.toml"]).map(str::to_string)
+                }
+                Some("nats-config") => {
+                    k8s_nats_conf = str_at(&doc, &["data", "nats.conf"]).map(str::to_string)
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(
+        k8s_fleet.as_deref(),
+        Some(fleet.as_str()),
+        "k8s ConfigMap fleet differs from dev/fleet.toml"
+    );
+
+    for (what, conf) in [
+        ("dev/nats.conf", Some(read(&root.join("dev/nats.conf")))),
+        ("k8s ConfigMap nats-config", k8s_nats_conf),
+    ] {
+        let conf = conf.unwrap_or_else(|| panic!("{what} is missing"));
+        assert!(
+            conf.lines()
+                .any(|line| line.trim() == "sync_interval: always"),
+            "{what} must set `sync_interval: always` in its jetstream block"
+        );
+    }
+}
