@@ -1,0 +1,138 @@
+//! What `sync_interval: always` costs: appends per second to LH_EVENTS on
+//! two nats-servers started side by side, one fsyncing every write and one
+//! with the server's default (lazy, every 2 minutes), sequentially (one
+//! append waits for its ack) and with concurrent writers.
+//!
+//! `cargo run --release -p lh-load-tests --bin log-append -- --events 3000`
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::Parser;
+use lh_bus::{Bus, BusConfig, Expect};
+use lh_events::{Actor, Envelope, EventData, LeaseStopRequested};
+
+#[derive(Parser)]
+struct Args {
+    /// Events appended per measurement.
+    #[arg(long, default_value_t = 3000)]
+    events: usize,
+    /// Concurrent writers in the parallel measurement.
+    #[arg(long, default_value_t = 32)]
+    writers: usize,
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(sync_always: bool) -> anyhow::Result<Server> {
+    let dir = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let sync = if sync_always { "  sync_interval: always\n" } else { "" };
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "host: 127.0.0.1\nport: {port}\njetstream {{\n  store_dir: \"{}\"\n{sync}}}\n",
+            dir.path().join("store").display()
+        ),
+    )?;
+    let child = Command::new(lh_testkit::nats_server_binary()?)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nats-server")?;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(Server {
+                child,
+                port,
+                _dir: dir,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!("nats-server did not start")
+}
+
+fn event() -> Envelope {
+    Envelope::new(
+        Actor::Admin,
+        Utc::now(),
+        EventData::LeaseStopRequested(LeaseStopRequested {
+            lease_id: uuid::Uuid::now_v7(),
+        }),
+    )
+}
+
+async fn sequential(bus: &Bus, n: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    for _ in 0..n {
+        bus.publish(&event(), Expect::Any).await?;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+async fn parallel(bus: &Bus, n: usize, writers: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let bus = bus.clone();
+        let share = n / writers + usize::from(w < n % writers);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..share {
+                bus.publish(&event(), Expect::LastSubjectSequence(0)).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    println!(
+        "log-append: {} events per run, {} concurrent writers, 1 event ≈ 330 bytes",
+        args.events, args.writers
+    );
+    let mut rows = Vec::new();
+    for sync_always in [true, false] {
+        let server = start(sync_always)?;
+        let bus = Bus::connect(&BusConfig::new(
+            format!("nats://127.0.0.1:{}", server.port),
+            "log-append",
+        ))
+        .await?;
+        // Warm up file creation and the connection.
+        sequential(&bus, 100).await?;
+        let seq = sequential(&bus, args.events).await?;
+        let par = parallel(&bus, args.events, args.writers).await?;
+        let mode = if sync_always { "always" } else { "default" };
+        println!("sync_interval={mode:<8} sequential={seq:>9.0}/s parallel={par:>9.0}/s");
+        rows.push((seq, par));
+    }
+    println!(
+        "cost of always: sequential x{:.2} slower, parallel x{:.2} slower",
+        rows[1].0 / rows[0].0,
+        rows[1].1 / rows[0].1
+    );
+    Ok(())
+}
