@@ -197,7 +197,11 @@ pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
         problems.push("allow_atomic is off".into());
     }
     if !actual.subjects.iter().any(|s| s == subject::EVENTS_ALL) {
-        problems.push(format!("subjects {:?} lack {}", actual.subjects, subject::EVENTS_ALL));
+        problems.push(format!(
+            "subjects {:?} lack {}",
+            actual.subjects,
+            subject::EVENTS_ALL
+        ));
     }
     problems
 }
@@ -224,11 +228,7 @@ impl Bus {
 
     async fn ensure_streams(&self, config: &BusConfig) -> Result<()> {
         let wanted = events_stream_config(config.events_max_bytes, config.replicas);
-        let mut stream = self
-            .js
-            .get_or_create_stream(wanted)
-            .await
-            .map_err(js_err)?;
+        let mut stream = self.js.get_or_create_stream(wanted).await.map_err(js_err)?;
         // Read back what the server actually applied, not what we asked for.
         let info = stream.info().await.map_err(js_err)?;
         let problems = events_stream_problems(&info.config);
@@ -310,7 +310,10 @@ impl Bus {
     /// the server stores all of them or none, and checks every message's
     /// expectation at commit.
     pub async fn publish_atomic(&self, events: &[(Envelope, Expect)]) -> Result<Appended> {
-        assert!(!events.is_empty(), "an atomic batch holds at least one event");
+        assert!(
+            !events.is_empty(),
+            "an atomic batch holds at least one event"
+        );
         assert!(events.len() <= MAX_BATCH_MESSAGES, "atomic batch too large");
         if events.len() == 1 {
             return self.publish(&events[0].0, events[0].1).await;
@@ -467,7 +470,10 @@ impl Feed {
 
     /// Like [`Feed::next`], but gives up after `timeout` with `None`.
     pub async fn next_within(&mut self, timeout: Duration) -> Option<Result<Stored>> {
-        tokio::time::timeout(timeout, self.next()).await.ok().flatten()
+        tokio::time::timeout(timeout, self.next())
+            .await
+            .ok()
+            .flatten()
     }
 }
 

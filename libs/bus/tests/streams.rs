@@ -34,7 +34,9 @@ fn alloc(node: &str, lease: Uuid) -> Envelope {
 #[tokio::test]
 async fn the_events_stream_read_back_from_the_server_meets_the_brief() {
     let nats = Nats::start().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test")).await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
     let config = bus.events_stream_config().await.unwrap();
     assert_eq!(config.name, "LH_EVENTS");
     assert_eq!(config.subjects, vec!["lh.evt.>".to_string()]);
@@ -50,12 +52,17 @@ async fn the_events_stream_read_back_from_the_server_meets_the_brief() {
 
     // The server itself refuses to delete or purge.
     let js = bus.jetstream();
-    let appended = bus.publish(&stop(Uuid::now_v7()), Expect::Any).await.unwrap();
+    let appended = bus
+        .publish(&stop(Uuid::now_v7()), Expect::Any)
+        .await
+        .unwrap();
     let stream = js.get_stream(subject::EVENTS_STREAM).await.unwrap();
     assert!(stream.delete_message(appended.sequence).await.is_err());
     assert!(stream.purge().await.is_err());
     // A second connect finds the stream and accepts it.
-    Bus::connect(&BusConfig::new(nats.url(), "again")).await.unwrap();
+    Bus::connect(&BusConfig::new(nats.url(), "again"))
+        .await
+        .unwrap();
     // The server runs with sync_interval: always (from its config file).
     let conf = std::fs::read_to_string(nats.config_file()).unwrap();
     assert!(conf.contains("sync_interval: always"), "{conf}");
@@ -76,7 +83,13 @@ async fn a_weaker_stream_is_refused() {
     .unwrap();
     match Bus::connect(&BusConfig::new(nats.url(), "test")).await {
         Err(BusError::WeakStream { problems, .. }) => {
-            for expected in ["max_age", "discard", "deny_delete", "deny_purge", "allow_atomic"] {
+            for expected in [
+                "max_age",
+                "discard",
+                "deny_delete",
+                "deny_purge",
+                "allow_atomic",
+            ] {
                 assert!(problems.contains(expected), "{problems} lacks {expected}");
             }
         }
@@ -88,7 +101,9 @@ async fn a_weaker_stream_is_refused() {
 #[tokio::test]
 async fn atomic_batches_store_all_or_nothing_and_ids_deduplicate() {
     let nats = Nats::start().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test")).await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
     let lease = Uuid::now_v7();
     let first = bus
         .publish_atomic(&[
@@ -109,8 +124,17 @@ async fn atomic_batches_store_all_or_nothing_and_ids_deduplicate() {
         .await
         .unwrap_err();
     assert!(matches!(err, BusError::Conflict(_)), "{err}");
-    assert_eq!(bus.last_sequence().await.unwrap(), 2, "nothing of the failed batch was stored");
-    assert_eq!(bus.subject_last_sequence(&subject::lease(other)).await.unwrap(), 0);
+    assert_eq!(
+        bus.last_sequence().await.unwrap(),
+        2,
+        "nothing of the failed batch was stored"
+    );
+    assert_eq!(
+        bus.subject_last_sequence(&subject::lease(other))
+            .await
+            .unwrap(),
+        0
+    );
 
     // The same event id twice is stored once.
     let e = stop(lease);
@@ -121,7 +145,11 @@ async fn atomic_batches_store_all_or_nothing_and_ids_deduplicate() {
 
     // Feeds replay in order from any sequence.
     let mut feed = bus.feed(&["lh.evt.>"], 2).await.unwrap();
-    let ev = feed.next_within(Duration::from_secs(5)).await.unwrap().unwrap();
+    let ev = feed
+        .next_within(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(ev.sequence, 2);
     assert_eq!(ev.envelope.event_type, "node.gpus_allocated");
 }
@@ -129,12 +157,18 @@ async fn atomic_batches_store_all_or_nothing_and_ids_deduplicate() {
 #[tokio::test]
 async fn acknowledged_events_survive_a_server_kill() {
     let mut nats = Nats::start().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test")).await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
     for _ in 0..20 {
-        bus.publish(&stop(Uuid::now_v7()), Expect::Any).await.unwrap();
+        bus.publish(&stop(Uuid::now_v7()), Expect::Any)
+            .await
+            .unwrap();
     }
     nats.kill();
     nats.restart().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "after")).await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "after"))
+        .await
+        .unwrap();
     assert_eq!(bus.last_sequence().await.unwrap(), 20);
 }

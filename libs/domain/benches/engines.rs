@@ -64,7 +64,14 @@ fn audit_chain(c: &mut Criterion) {
     let mut group = c.benchmark_group("chain");
     group.throughput(Throughput::Elements(1));
     group.bench_function("link_600_byte_event", |b| {
-        b.iter(|| chain::link(black_box(&chain::GENESIS), 42, "lh.evt.lease.x", black_box(&payload)))
+        b.iter(|| {
+            chain::link(
+                black_box(&chain::GENESIS),
+                42,
+                "lh.evt.lease.x",
+                black_box(&payload),
+            )
+        })
     });
     group.finish();
 }

@@ -155,10 +155,16 @@ mod tests {
             }),
         );
         assert_eq!(f.node_sequence["a"], 2);
-        assert_eq!(f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())], (4, 2));
+        assert_eq!(
+            f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())],
+            (4, 2)
+        );
         // A node re-registering keeps its holdings.
         f.apply(3, &registered(4));
-        assert_eq!(f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())], (4, 2));
+        assert_eq!(
+            f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())],
+            (4, 2)
+        );
         f.apply(
             4,
             &EventData::LeaseEnded(LeaseEnded {
@@ -169,6 +175,9 @@ mod tests {
                 exit_code: None,
             }),
         );
-        assert_eq!(f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())], (4, 0));
+        assert_eq!(
+            f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())],
+            (4, 0)
+        );
     }
 }

@@ -96,7 +96,10 @@ pub fn best_fit<'a>(
         }
         seen_model = true;
         largest = largest.max(of_model.len() as u32);
-        let mut free: Vec<&Gpu> = of_model.into_iter().filter(|g| g.held_by.is_none()).collect();
+        let mut free: Vec<&Gpu> = of_model
+            .into_iter()
+            .filter(|g| g.held_by.is_none())
+            .collect();
         free.sort_by_key(|g| g.index);
         let free_count = free.len() as u32;
         free_max = free_max.max(free_count);
@@ -164,7 +167,10 @@ mod tests {
         let nodes = [node("a", "A100-40GB", 8, 0), node("b", "A100-40GB", 8, 5)];
         let p = best_fit(&nodes, &req(2, "A100-40GB")).unwrap();
         assert_eq!(p.node_id, "b");
-        assert_eq!(p.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), vec![5, 6]);
+        assert_eq!(
+            p.gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
+            vec![5, 6]
+        );
         assert_eq!(p.candidates, 2);
         assert_eq!(p.winner_score, -1.0);
         assert_eq!(p.runner_up_score, Some(-6.0));
@@ -179,10 +185,15 @@ mod tests {
     #[test]
     fn says_why_it_cannot_place() {
         let nodes = [node("a", "A100-40GB", 4, 3)];
-        assert_eq!(best_fit(&nodes, &req(1, "H100-80GB")), Err(Unplaceable::NoSuchModel));
+        assert_eq!(
+            best_fit(&nodes, &req(1, "H100-80GB")),
+            Err(Unplaceable::NoSuchModel)
+        );
         assert_eq!(
             best_fit(&nodes, &req(5, "A100-40GB")),
-            Err(Unplaceable::TooLarge { largest_node_gpus: 4 })
+            Err(Unplaceable::TooLarge {
+                largest_node_gpus: 4
+            })
         );
         assert_eq!(
             best_fit(&nodes, &req(2, "A100-40GB")),

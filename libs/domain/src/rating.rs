@@ -152,7 +152,10 @@ mod tests {
     #[test]
     fn the_issue_example_costs_one_yuan() {
         let t0 = Utc.with_ymd_and_hms(2026, 12, 2, 10, 0, 0).unwrap();
-        let c = charges(&default_price_book(t0), &seg(t0, t0 + Duration::seconds(90)));
+        let c = charges(
+            &default_price_book(t0),
+            &seg(t0, t0 + Duration::seconds(90)),
+        );
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].billed_seconds, 90);
         assert_eq!(c[0].amount.to_string(), "1.00");
@@ -165,19 +168,28 @@ mod tests {
         let end = t0 + Duration::microseconds(1_000_001);
         assert_eq!(billed_seconds(t0, end), 2);
         // 80 GB × 0.5 × 2 s / 3600 = 0.0222… → 0.02
-        assert_eq!(charges(&default_price_book(t0), &seg(t0, end))[0].amount.to_string(), "0.02");
+        assert_eq!(
+            charges(&default_price_book(t0), &seg(t0, end))[0]
+                .amount
+                .to_string(),
+            "0.02"
+        );
         assert_eq!(round_amount(Decimal::new(125, 3)).to_string(), "0.13");
     }
 
     #[test]
     fn month_boundary_splits_without_gap_or_overlap() {
-        let start = Utc.with_ymd_and_hms(2026, 11, 30, 23, 59, 0).unwrap() + Duration::milliseconds(500);
+        let start =
+            Utc.with_ymd_and_hms(2026, 11, 30, 23, 59, 0).unwrap() + Duration::milliseconds(500);
         let end = Utc.with_ymd_and_hms(2026, 12, 1, 0, 1, 0).unwrap();
         let c = charges(&default_price_book(start), &seg(start, end));
         assert_eq!(c.len(), 2);
         assert_eq!(c[0].period, "2026-11");
         assert_eq!(c[1].period, "2026-12");
-        assert_eq!(c[0].billed_seconds + c[1].billed_seconds, billed_seconds(start, end));
+        assert_eq!(
+            c[0].billed_seconds + c[1].billed_seconds,
+            billed_seconds(start, end)
+        );
         assert_eq!(c[0].billed_seconds, 60);
         assert_ne!(c[0].charge_id, c[1].charge_id);
     }

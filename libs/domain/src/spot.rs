@@ -20,7 +20,10 @@ pub fn price(total: u32, used: u32) -> (Decimal, Decimal) {
     }
     let u = Decimal::from(used.min(total)) / Decimal::from(total);
     let p = FLOOR_CNY_PER_GB_HOUR + (CEILING_CNY_PER_GB_HOUR - FLOOR_CNY_PER_GB_HOUR) * u * u;
-    (u.round_dp(PRICE_SCALE).normalize(), p.round_dp(PRICE_SCALE).normalize())
+    (
+        u.round_dp(PRICE_SCALE).normalize(),
+        p.round_dp(PRICE_SCALE).normalize(),
+    )
 }
 
 #[cfg(test)]

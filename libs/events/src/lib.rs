@@ -442,20 +442,50 @@ pub fn schemas() -> Vec<(String, serde_json::Value)> {
     let v = EVENT_VERSION;
     vec![
         (format!("envelope.v{v}.json"), schema::<Envelope>()),
-        (format!("tenant.created.v{v}.json"), schema::<TenantCreated>()),
-        (format!("lease.requested.v{v}.json"), schema::<LeaseRequested>()),
+        (
+            format!("tenant.created.v{v}.json"),
+            schema::<TenantCreated>(),
+        ),
+        (
+            format!("lease.requested.v{v}.json"),
+            schema::<LeaseRequested>(),
+        ),
         (format!("lease.queued.v{v}.json"), schema::<LeaseQueued>()),
-        (format!("lease.rejected.v{v}.json"), schema::<LeaseRejected>()),
+        (
+            format!("lease.rejected.v{v}.json"),
+            schema::<LeaseRejected>(),
+        ),
         (format!("lease.placed.v{v}.json"), schema::<LeasePlaced>()),
-        (format!("lease.stop_requested.v{v}.json"), schema::<LeaseStopRequested>()),
+        (
+            format!("lease.stop_requested.v{v}.json"),
+            schema::<LeaseStopRequested>(),
+        ),
         (format!("lease.started.v{v}.json"), schema::<LeaseStarted>()),
         (format!("lease.ended.v{v}.json"), schema::<LeaseEnded>()),
-        (format!("node.registered.v{v}.json"), schema::<NodeRegistered>()),
-        (format!("node.gpus_allocated.v{v}.json"), schema::<NodeGpusAllocated>()),
-        (format!("spot.price_set.v{v}.json"), schema::<SpotPriceSet>()),
-        (format!("price_book.published.v{v}.json"), schema::<PriceBookPublished>()),
-        (format!("charge.accrued.v{v}.json"), schema::<ChargeAccrued>()),
-        (format!("audit.checkpoint.v{v}.json"), schema::<AuditCheckpoint>()),
+        (
+            format!("node.registered.v{v}.json"),
+            schema::<NodeRegistered>(),
+        ),
+        (
+            format!("node.gpus_allocated.v{v}.json"),
+            schema::<NodeGpusAllocated>(),
+        ),
+        (
+            format!("spot.price_set.v{v}.json"),
+            schema::<SpotPriceSet>(),
+        ),
+        (
+            format!("price_book.published.v{v}.json"),
+            schema::<PriceBookPublished>(),
+        ),
+        (
+            format!("charge.accrued.v{v}.json"),
+            schema::<ChargeAccrued>(),
+        ),
+        (
+            format!("audit.checkpoint.v{v}.json"),
+            schema::<AuditCheckpoint>(),
+        ),
     ]
 }
 

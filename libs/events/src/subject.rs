@@ -67,6 +67,9 @@ pub fn token(name: &str) -> String {
 mod tests {
     #[test]
     fn tokens_never_split_subjects() {
-        assert_eq!(super::spot("cn-north.1", "A100 40GB"), "lh.evt.spot.cn-north_1.A100_40GB");
+        assert_eq!(
+            super::spot("cn-north.1", "A100 40GB"),
+            "lh.evt.spot.cn-north_1.A100_40GB"
+        );
     }
 }

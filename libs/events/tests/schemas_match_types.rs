@@ -29,7 +29,10 @@ fn no_schema_file_lacks_a_type() {
     for entry in std::fs::read_dir(schemas_dir()).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().to_string();
         if name.ends_with(".json") {
-            assert!(generated.contains(&name), "schemas/{name} has no event type behind it");
+            assert!(
+                generated.contains(&name),
+                "schemas/{name} has no event type behind it"
+            );
         }
     }
 }
@@ -39,7 +42,15 @@ fn a_real_event_validates_against_the_envelope_schema_shape() {
     // The envelope schema names every field the envelope serialises.
     let (_, schema) = lh_events::schemas().into_iter().next().unwrap();
     let props = schema["properties"].as_object().unwrap();
-    for field in ["id", "type", "version", "occurred_at", "actor", "correlation_id", "data"] {
+    for field in [
+        "id",
+        "type",
+        "version",
+        "occurred_at",
+        "actor",
+        "correlation_id",
+        "data",
+    ] {
         assert!(props.contains_key(field), "envelope schema lacks {field}");
     }
 }

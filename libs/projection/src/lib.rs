@@ -195,12 +195,11 @@ pub async fn run<P: Projector>(
 
 async fn apply_one<P: Projector>(pool: &PgPool, projector: &P, event: &Stored) -> Result<()> {
     let mut tx = pool.begin().await?;
-    let committed: Option<i64> = sqlx::query_scalar(
-        "SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE",
-    )
-    .bind(projector.name())
-    .fetch_optional(&mut *tx)
-    .await?;
+    let committed: Option<i64> =
+        sqlx::query_scalar("SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE")
+            .bind(projector.name())
+            .fetch_optional(&mut *tx)
+            .await?;
     // A second runner of the same projection (or a replay) already did it.
     if committed.is_some_and(|c| c as u64 >= event.sequence) {
         return Ok(());

@@ -44,11 +44,8 @@ pub fn init(service_name: &'static str, format: LogFormat) {
             LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
             LogFormat::Pretty => tracing_subscriber::fmt::layer().boxed(),
         };
-        let otel_layer = otlp_tracer(service_name).map(|tracer| {
-            tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .boxed()
-        });
+        let otel_layer = otlp_tracer(service_name)
+            .map(|tracer| tracing_opentelemetry::layer().with_tracer(tracer).boxed());
         let _ = tracing_subscriber::registry()
             .with(filter)
             .with(fmt_layer)

@@ -39,8 +39,14 @@ impl Drop for Server {
 
 fn start(sync_always: bool) -> anyhow::Result<Server> {
     let dir = tempfile::tempdir()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let sync = if sync_always { "  sync_interval: always\n" } else { "" };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let sync = if sync_always {
+        "  sync_interval: always\n"
+    } else {
+        ""
+    };
     let conf = dir.path().join("nats.conf");
     std::fs::write(
         &conf,
@@ -95,7 +101,8 @@ async fn parallel(bus: &Bus, n: usize, writers: usize) -> anyhow::Result<f64> {
         let share = n / writers + usize::from(w < n % writers);
         tasks.push(tokio::spawn(async move {
             for _ in 0..share {
-                bus.publish(&event(), Expect::LastSubjectSequence(0)).await?;
+                bus.publish(&event(), Expect::LastSubjectSequence(0))
+                    .await?;
             }
             anyhow::Ok(())
         }));

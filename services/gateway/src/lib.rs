@@ -53,7 +53,11 @@ impl Config {
         let token = std::fs::read_to_string(path)
             .with_context(|| format!("reading admin token from {}", path.display()))?;
         let token = token.trim().to_string();
-        anyhow::ensure!(token.len() >= 16, "admin token in {} is shorter than 16 characters", path.display());
+        anyhow::ensure!(
+            token.len() >= 16,
+            "admin token in {} is shorter than 16 characters",
+            path.display()
+        );
         Ok(token)
     }
 }
@@ -105,7 +109,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         async move {
             // Ready once the read model has caught up with the log.
             let watch_ready = async {
-                while !progress.wait_caught_up(std::time::Duration::from_secs(3600)).await {}
+                while !progress
+                    .wait_caught_up(std::time::Duration::from_secs(3600))
+                    .await
+                {}
                 ready.set(true);
                 std::future::pending::<()>().await;
             };
@@ -120,7 +127,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 
 /// Replays the log into `into` and reports how its tables compare with the
 /// live ones; with `swap`, the rebuilt schema replaces the live one.
-pub async fn rebuild(config: &Config, into: &str, swap: bool) -> anyhow::Result<Vec<TableComparison>> {
+pub async fn rebuild(
+    config: &Config,
+    into: &str,
+    swap: bool,
+) -> anyhow::Result<Vec<TableComparison>> {
     anyhow::ensure!(
         into != config.schema,
         "refusing to rebuild into the live schema {into:?}: it would be dropped"

@@ -108,11 +108,13 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             .await?;
         }
         EventData::LeaseStopRequested(e) => {
-            sqlx::query("UPDATE leases SET stop_requested = TRUE, last_sequence = $2 WHERE id = $1")
-                .bind(e.lease_id)
-                .bind(seq)
-                .execute(conn)
-                .await?;
+            sqlx::query(
+                "UPDATE leases SET stop_requested = TRUE, last_sequence = $2 WHERE id = $1",
+            )
+            .bind(e.lease_id)
+            .bind(seq)
+            .execute(conn)
+            .await?;
         }
         EventData::LeaseStarted(e) => {
             sqlx::query(

@@ -107,11 +107,17 @@ async fn two_schedulers_never_give_one_gpu_to_two_leases() {
         match &e.envelope.data {
             EventData::LeasePlaced(p) => {
                 let lease = p.lease_id.to_string();
-                assert!(placed_once.insert(lease.clone()), "lease {lease} placed twice");
+                assert!(
+                    placed_once.insert(lease.clone()),
+                    "lease {lease} placed twice"
+                );
                 decided.insert(lease.clone());
                 for g in &p.gpus {
                     if let Some(other) = held.insert((p.node_id.clone(), g.index), lease.clone()) {
-                        panic!("GPU {}/{} given to {lease} while {other} holds it", p.node_id, g.index);
+                        panic!(
+                            "GPU {}/{} given to {lease} while {other} holds it",
+                            p.node_id, g.index
+                        );
                     }
                 }
             }
@@ -125,7 +131,10 @@ async fn two_schedulers_never_give_one_gpu_to_two_leases() {
         }
     }
     for id in &ids {
-        assert!(decided.contains(id), "lease {id} was neither placed nor queued");
+        assert!(
+            decided.contains(id),
+            "lease {id} was neither placed nor queued"
+        );
     }
     // The fleet is full (12 GPUs) and the rest waits.
     assert_eq!(held.len(), 12, "every GPU should be in use");

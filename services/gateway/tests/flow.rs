@@ -14,7 +14,12 @@ use serde_json::{json, Value};
 async fn invoice_with_lines(stack: &Stack, key: &str, period: &str, lines: usize) -> Value {
     for _ in 0..200 {
         let (status, body) = stack
-            .call(Method::GET, &format!("/v1/invoices?period={period}"), key, None)
+            .call(
+                Method::GET,
+                &format!("/v1/invoices?period={period}"),
+                key,
+                None,
+            )
             .await;
         assert_eq!(status, 200, "{body}");
         if body["lines"].as_array().map(Vec::len) == Some(lines) {
@@ -42,7 +47,9 @@ async fn a_lease_flows_from_request_to_invoice_and_audit() {
     assert_eq!(lease["state"], "requested");
     let id = lease["id"].as_str().unwrap().to_string();
 
-    let running = stack.wait_lease(&key, &id, |l| l["state"] == "running").await;
+    let running = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
     assert_eq!(running["node_id"], "node-a");
     assert_eq!(running["tenant_id"], tenant_id.as_str());
     assert_eq!(running["gpu_uuids"].as_array().unwrap().len(), 2);
@@ -86,8 +93,18 @@ async fn a_lease_flows_from_request_to_invoice_and_audit() {
     assert_eq!(line["billed_seconds"], seconds);
     assert_eq!(line["vram_gb"], 80);
     assert_eq!(line["unit_price"], "0.5");
-    assert_eq!(line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(), expected);
-    assert_eq!(invoice["total"].as_str().unwrap().parse::<Decimal>().unwrap(), expected);
+    assert_eq!(
+        line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(),
+        expected
+    );
+    assert_eq!(
+        invoice["total"]
+            .as_str()
+            .unwrap()
+            .parse::<Decimal>()
+            .unwrap(),
+        expected
+    );
     assert_eq!(invoice["currency"], "CNY");
 
     // The audit chain covers every event so far.
@@ -106,8 +123,13 @@ async fn a_lease_flows_from_request_to_invoice_and_audit() {
     }
     assert_eq!(verified["ok"], true, "{verified}");
     assert_eq!(verified["head"].as_str().unwrap().len(), 64);
-    let (status, _) = stack.call(Method::GET, "/v1/audit/verify", &key, None).await;
-    assert_eq!(status, 403, "a tenant may not run the auditor's verification");
+    let (status, _) = stack
+        .call(Method::GET, "/v1/audit/verify", &key, None)
+        .await;
+    assert_eq!(
+        status, 403,
+        "a tenant may not run the auditor's verification"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -131,7 +153,9 @@ async fn the_same_idempotency_key_yields_one_lease_and_one_charge() {
     assert_eq!((s1, s2), (202, 202), "{a} {b}");
     assert_eq!(a["id"], b["id"]);
     let id = a["id"].as_str().unwrap().to_string();
-    stack.wait_lease(&key, &id, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
     // A third call after the lease started still names the same lease.
     let (s3, c) = post().await;
     assert_eq!(s3, 202);
@@ -195,12 +219,37 @@ async fn bad_input_is_refused_with_problem_json_naming_the_field() {
     };
     let cases: [(&str, Option<&str>, u16, Option<&str>); 7] = [
         ("{\"gpus\": 2,", Some(&key), 400, None),
-        (r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#, Some(&key), 400, Some("colour")),
+        (
+            r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#,
+            Some(&key),
+            400,
+            Some("colour"),
+        ),
         (r#"{"gpus":1}"#, Some(&key), 400, Some("gpu_model")),
-        (r#"{"gpus":1,"gpu_model":"Z9000"}"#, Some(&key), 422, Some("gpu_model")),
-        (r#"{"gpus":5,"gpu_model":"A100-40GB"}"#, Some(&key), 422, Some("gpus")),
-        (r#"{"gpus":1,"gpu_model":"A100-40GB"}"#, None, 401, Some("Authorization")),
-        (r#"{"gpus":1,"gpu_model":"A100-40GB"}"#, Some("lh_wrong"), 401, Some("Authorization")),
+        (
+            r#"{"gpus":1,"gpu_model":"Z9000"}"#,
+            Some(&key),
+            422,
+            Some("gpu_model"),
+        ),
+        (
+            r#"{"gpus":5,"gpu_model":"A100-40GB"}"#,
+            Some(&key),
+            422,
+            Some("gpus"),
+        ),
+        (
+            r#"{"gpus":1,"gpu_model":"A100-40GB"}"#,
+            None,
+            401,
+            Some("Authorization"),
+        ),
+        (
+            r#"{"gpus":1,"gpu_model":"A100-40GB"}"#,
+            Some("lh_wrong"),
+            401,
+            Some("Authorization"),
+        ),
     ];
     for (body, k, status, field) in cases {
         let (s, ctype, problem) = send(body, k).await;
@@ -213,7 +262,12 @@ async fn bad_input_is_refused_with_problem_json_naming_the_field() {
 
     // Another tenant's lease is not found, not forbidden.
     let (_, lease) = stack
-        .call(Method::POST, "/v1/leases", &key, Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})))
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})),
+        )
         .await;
     let id = lease["id"].as_str().unwrap();
     let (status, problem) = stack
@@ -221,7 +275,12 @@ async fn bad_input_is_refused_with_problem_json_naming_the_field() {
         .await;
     assert_eq!(status, 404, "{problem}");
     let (status, _) = stack
-        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &other_key, None)
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{id}/stop"),
+            &other_key,
+            None,
+        )
         .await;
     assert_eq!(status, 404);
     let (status, problem) = stack
@@ -257,33 +316,63 @@ async fn a_quota_breach_across_leases_is_rejected_and_a_full_fleet_queues() {
         let key = key.clone();
         async move {
             let (status, body) = stack
-                .call(Method::POST, "/v1/leases", &key, Some(json!({"gpus": gpus, "gpu_model": model})))
+                .call(
+                    Method::POST,
+                    "/v1/leases",
+                    &key,
+                    Some(json!({"gpus": gpus, "gpu_model": model})),
+                )
                 .await;
             assert_eq!(status, 202, "{body}");
             body["id"].as_str().unwrap().to_string()
         }
     };
     let a = create(4, "A10G-24GB").await;
-    stack.wait_lease(&key, &a, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&key, &a, |l| l["state"] == "running")
+        .await;
     let b = create(1, "A100-40GB").await;
-    let rejected = stack.wait_lease(&key, &b, |l| l["state"] == "rejected").await;
-    assert!(rejected["rejected_reason"].as_str().unwrap().contains("quota"), "{rejected}");
+    let rejected = stack
+        .wait_lease(&key, &b, |l| l["state"] == "rejected")
+        .await;
+    assert!(
+        rejected["rejected_reason"]
+            .as_str()
+            .unwrap()
+            .contains("quota"),
+        "{rejected}"
+    );
 
     let (_, big) = stack.create_tenant("big", 64).await;
     let c = {
         let (s, body) = stack
-            .call(Method::POST, "/v1/leases", &big, Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})))
+            .call(
+                Method::POST,
+                "/v1/leases",
+                &big,
+                Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})),
+            )
             .await;
         assert_eq!(s, 202);
         body["id"].as_str().unwrap().to_string()
     };
     let queued = stack.wait_lease(&big, &c, |l| l["state"] == "queued").await;
-    assert!(queued["queued_reason"].as_str().unwrap().contains("capacity"), "{queued}");
+    assert!(
+        queued["queued_reason"]
+            .as_str()
+            .unwrap()
+            .contains("capacity"),
+        "{queued}"
+    );
     assert_eq!(queued["queue_position"], 1);
     // Capacity frees: the queued lease runs.
-    let (s, _) = stack.call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None).await;
+    let (s, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None)
+        .await;
     assert_eq!(s, 202);
-    stack.wait_lease(&big, &c, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&big, &c, |l| l["state"] == "running")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -292,7 +381,12 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
     for name in stack.service_names() {
         let base = format!("http://{}", stack.http_addr(&name));
         for path in ["/healthz", "/readyz", "/metrics"] {
-            let r = stack.http.get(format!("{base}{path}")).send().await.unwrap();
+            let r = stack
+                .http
+                .get(format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap();
             assert_eq!(r.status(), 200, "{name} {path}");
         }
     }
@@ -306,7 +400,14 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
         .await
         .unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-    for path in ["/v1/tenants", "/v1/leases", "/v1/leases/{id}", "/v1/leases/{id}/stop", "/v1/invoices", "/v1/audit/verify"] {
+    for path in [
+        "/v1/tenants",
+        "/v1/leases",
+        "/v1/leases/{id}",
+        "/v1/leases/{id}/stop",
+        "/v1/invoices",
+        "/v1/audit/verify",
+    ] {
         assert!(doc["paths"][path].is_object(), "openapi lacks {path}");
     }
 }
@@ -321,23 +422,57 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
         let argv: Vec<String> = argv.into_iter().map(String::from).collect();
         async move { lh_cli::capture(argv).await }
     };
-    let out = lh(ADMIN_TOKEN, &["tenant", "create", "--name", "acme", "--email", "ops@acme.example", "--max-gpus", "16"]).await;
+    let out = lh(
+        ADMIN_TOKEN,
+        &[
+            "tenant",
+            "create",
+            "--name",
+            "acme",
+            "--email",
+            "ops@acme.example",
+            "--max-gpus",
+            "16",
+        ],
+    )
+    .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let tenant: Value = serde_json::from_str(&out.stdout).unwrap();
     let key = tenant["api_key"].as_str().unwrap().to_string();
 
-    let out = lh(&key, &["lease", "create", "--gpus", "2", "--gpu-model", "A100-40GB", "--tier", "basic"]).await;
+    let out = lh(
+        &key,
+        &[
+            "lease",
+            "create",
+            "--gpus",
+            "2",
+            "--gpu-model",
+            "A100-40GB",
+            "--tier",
+            "basic",
+        ],
+    )
+    .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let lease: Value = serde_json::from_str(&out.stdout).unwrap();
     let id = lease["id"].as_str().unwrap().to_string();
-    let out = lh(&key, &["lease", "get", &id, "--wait", "running", "--timeout", "20"]).await;
+    let out = lh(
+        &key,
+        &["lease", "get", &id, "--wait", "running", "--timeout", "20"],
+    )
+    .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let out = lh(&key, &["lease", "ls"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains(&id));
     let out = lh(&key, &["lease", "stop", &id]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let out = lh(&key, &["lease", "get", &id, "--wait", "ended", "--timeout", "20"]).await;
+    let out = lh(
+        &key,
+        &["lease", "get", &id, "--wait", "ended", "--timeout", "20"],
+    )
+    .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let period = chrono::Utc::now().format("%Y-%m").to_string();
     let mut shown = false;
@@ -353,16 +488,39 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
     }
     assert!(shown, "the invoice never showed the lease");
     // Tables by default.
-    let argv: Vec<String> = ["lh", "--gateway-url", &url, "--api-key", &key, "invoice", "show", "--period", &period]
-        .into_iter()
-        .map(String::from)
-        .collect();
+    let argv: Vec<String> = [
+        "lh",
+        "--gateway-url",
+        &url,
+        "--api-key",
+        &key,
+        "invoice",
+        "show",
+        "--period",
+        &period,
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
     let out = lh_cli::capture(argv).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains("TOTAL"), "{}", out.stdout);
     let out = lh(ADMIN_TOKEN, &["audit", "verify"]).await;
     assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
     // A tenant key cannot create tenants: exit code 2 for a 4xx.
-    let out = lh(&key, &["tenant", "create", "--name", "x", "--email", "a@b.co", "--max-gpus", "1"]).await;
+    let out = lh(
+        &key,
+        &[
+            "tenant",
+            "create",
+            "--name",
+            "x",
+            "--email",
+            "a@b.co",
+            "--max-gpus",
+            "1",
+        ],
+    )
+    .await;
     assert_eq!(out.code, 2, "{}", out.stderr);
 }

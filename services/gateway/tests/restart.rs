@@ -13,7 +13,12 @@ use serde_json::{json, Value};
 
 async fn lease(stack: &Stack, key: &str, gpus: u32, model: &str) -> String {
     let (s, body) = stack
-        .call(Method::POST, "/v1/leases", key, Some(json!({"gpus": gpus, "gpu_model": model})))
+        .call(
+            Method::POST,
+            "/v1/leases",
+            key,
+            Some(json!({"gpus": gpus, "gpu_model": model})),
+        )
         .await;
     assert_eq!(s, 202, "{body}");
     body["id"].as_str().unwrap().to_string()
@@ -24,14 +29,20 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
     let mut stack = Stack::start(FLEET).await;
     let (_, key) = stack.create_tenant("acme", 16).await;
     let a = lease(&stack, &key, 4, "A10G-24GB").await;
-    stack.wait_lease(&key, &a, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&key, &a, |l| l["state"] == "running")
+        .await;
     let b = lease(&stack, &key, 2, "A10G-24GB").await;
     stack.wait_lease(&key, &b, |l| l["state"] == "queued").await;
     let c = lease(&stack, &key, 1, "H100-80GB").await;
-    stack.wait_lease(&key, &c, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&key, &c, |l| l["state"] == "running")
+        .await;
 
     // Stop A, then take the three services down before they can react.
-    let (s, _) = stack.call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None).await;
+    let (s, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None)
+        .await;
     assert_eq!(s, 202);
     for name in ["scheduler", "pricing", "gateway"] {
         stack.stop_service(name).await;
@@ -44,8 +55,12 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
     stack.wait_ready().await;
 
     stack.wait_lease(&key, &a, |l| l["state"] == "ended").await;
-    stack.wait_lease(&key, &b, |l| l["state"] == "running").await;
-    let running = stack.wait_lease(&key, &c, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&key, &b, |l| l["state"] == "running")
+        .await;
+    let running = stack
+        .wait_lease(&key, &c, |l| l["state"] == "running")
+        .await;
     assert_eq!(running["node_id"], "node-c");
 
     let bus = stack.bus().await;
@@ -58,7 +73,11 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
     // Give a doubled charge time to show up, then count.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let log = read_log(&bus).await;
-    assert_eq!(of_type(&log, "charge.accrued").len(), 1, "A is billed exactly once");
+    assert_eq!(
+        of_type(&log, "charge.accrued").len(),
+        1,
+        "A is billed exactly once"
+    );
     let mut placed: HashMap<String, usize> = HashMap::new();
     for e in of_type(&log, "lease.placed") {
         if let EventData::LeasePlaced(p) = &e.envelope.data {
@@ -71,7 +90,12 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
 
     let period = chrono::Utc::now().format("%Y-%m").to_string();
     let (s, invoice) = stack
-        .call(Method::GET, &format!("/v1/invoices?period={period}"), &key, None)
+        .call(
+            Method::GET,
+            &format!("/v1/invoices?period={period}"),
+            &key,
+            None,
+        )
         .await;
     assert_eq!(s, 200);
     assert_eq!(invoice["lines"].as_array().unwrap().len(), 1, "{invoice}");
@@ -79,13 +103,20 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
 
     // The gateway's view after the restart equals a rebuild from sequence 1.
     let config = gateway_config(&stack);
-    let comparisons = lh_gateway::rebuild(&config, "gateway_rebuild", false).await.unwrap();
+    let comparisons = lh_gateway::rebuild(&config, "gateway_rebuild", false)
+        .await
+        .unwrap();
     for c in comparisons {
         assert_eq!(c.live, c.rebuilt, "table {} differs after restart", c.table);
     }
     // Still the same lease list through the API.
     let (_, page) = stack.call(Method::GET, "/v1/leases", &key, None).await;
-    let states: Vec<&Value> = page["items"].as_array().unwrap().iter().map(|l| &l["state"]).collect();
+    let states: Vec<&Value> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| &l["state"])
+        .collect();
     assert_eq!(states.len(), 3);
 }
 
@@ -107,13 +138,19 @@ async fn projections_rebuilt_from_sequence_one_are_identical() {
     let (_, key) = stack.create_tenant("acme", 16).await;
     let (_, key2) = stack.create_tenant("beta", 16).await;
     let mut ids = Vec::new();
-    for (k, gpus, model) in [(&key, 2, "A100-40GB"), (&key2, 1, "H100-80GB"), (&key, 1, "A10G-24GB")] {
+    for (k, gpus, model) in [
+        (&key, 2, "A100-40GB"),
+        (&key2, 1, "H100-80GB"),
+        (&key, 1, "A10G-24GB"),
+    ] {
         let id = lease(&stack, k, gpus, model).await;
         stack.wait_lease(k, &id, |l| l["state"] == "running").await;
         ids.push((k.clone(), id));
     }
     for (k, id) in &ids[..2] {
-        let (s, _) = stack.call(Method::POST, &format!("/v1/leases/{id}/stop"), k, None).await;
+        let (s, _) = stack
+            .call(Method::POST, &format!("/v1/leases/{id}/stop"), k, None)
+            .await;
         assert_eq!(s, 202);
         stack.wait_lease(k, id, |l| l["state"] == "ended").await;
     }
@@ -137,7 +174,9 @@ async fn projections_rebuilt_from_sequence_one_are_identical() {
     }
 
     let pricing = lh_pricing::Config::for_test(&stack.nats.url(), &stack.database_url);
-    lh_pricing::rebuild(&pricing, "pricing_rebuild", |_, _| {}).await.unwrap();
+    lh_pricing::rebuild(&pricing, "pricing_rebuild", |_, _| {})
+        .await
+        .unwrap();
     let digests = lh_pricing::digests(&stack.database_url, &["pricing", "pricing_rebuild"])
         .await
         .unwrap();

@@ -27,7 +27,10 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
 const QUIET: Duration = Duration::from_millis(100);
 
 #[derive(clap::Parser, Debug, Clone)]
-#[command(name = "lh-node-agent", about = "Leasehold node-agent (simulated GPU host)")]
+#[command(
+    name = "lh-node-agent",
+    about = "Leasehold node-agent (simulated GPU host)"
+)]
 pub struct Config {
     #[command(flatten)]
     pub common: CommonArgs,

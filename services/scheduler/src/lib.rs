@@ -51,7 +51,11 @@ async fn schedule(bus: Bus, ready: Readiness) -> anyhow::Result<()> {
     let mut state = State::default();
     let mut feed = bus
         .feed(
-            &[subject::LEASES_ALL, subject::NODES_ALL, subject::TENANTS_ALL],
+            &[
+                subject::LEASES_ALL,
+                subject::NODES_ALL,
+                subject::TENANTS_ALL,
+            ],
             1,
         )
         .await?;

@@ -19,7 +19,9 @@ pub const SERVICE: &str = "lh-scheduler";
 #[derive(Debug, Clone, PartialEq)]
 pub enum Status {
     Requested,
-    Queued { reason: String },
+    Queued {
+        reason: String,
+    },
     /// Placed or running: holds GPUs until it ends.
     Holding,
 }
@@ -148,7 +150,11 @@ impl State {
             };
             let event = |data: EventData, step: &str| {
                 let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(
-                    derived_id(&[step, &lease.id.to_string(), &lease.subject_sequence.to_string()]),
+                    derived_id(&[
+                        step,
+                        &lease.id.to_string(),
+                        &lease.subject_sequence.to_string(),
+                    ]),
                 );
                 env.correlation_id = lease.correlation_id;
                 env.causation_id = Some(lease.request_event_id);
@@ -246,7 +252,8 @@ impl State {
                     let position = queued_per_model.entry(&lease.gpu_model).or_default();
                     *position += 1;
                     let reason = why.reason(&request);
-                    let already = matches!(&lease.status, Status::Queued { reason: r } if *r == reason);
+                    let already =
+                        matches!(&lease.status, Status::Queued { reason: r } if *r == reason);
                     if !already {
                         let queued = EventData::LeaseQueued(LeaseQueued {
                             lease_id: lease.id,
@@ -397,7 +404,12 @@ mod tests {
     fn queued_lease_is_placed_when_capacity_frees_and_stop_cancels_waiting() {
         let t = Uuid::from_u128(1);
         let (a, b, c) = (Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
-        let mut s = given(vec![node("a", 2), tenant(t, 100), request(a, t, 2), request(b, t, 2)]);
+        let mut s = given(vec![
+            node("a", 2),
+            tenant(t, 100),
+            request(a, t, 2),
+            request(b, t, 2),
+        ]);
         for batch in s.decide(Utc::now()).batches {
             for (e, _) in batch {
                 s.apply(100, &e);
@@ -415,7 +427,12 @@ mod tests {
             })),
         );
         s.apply(102, &env(request(c, t, 1)));
-        s.apply(103, &env(EventData::LeaseStopRequested(LeaseStopRequested { lease_id: c })));
+        s.apply(
+            103,
+            &env(EventData::LeaseStopRequested(LeaseStopRequested {
+                lease_id: c,
+            })),
+        );
         let d = s.decide(Utc::now()).batches;
         assert_eq!(d[0][0].0.event_type, "lease.placed");
         assert_eq!(d[1][0].0.event_type, "lease.ended");
@@ -438,10 +455,27 @@ mod tests {
     #[test]
     fn same_state_same_decision() {
         let t = Uuid::from_u128(1);
-        let s = given(vec![node("b", 8), node("a", 8), tenant(t, 16), request(Uuid::from_u128(2), t, 2)]);
+        let s = given(vec![
+            node("b", 8),
+            node("a", 8),
+            tenant(t, 16),
+            request(Uuid::from_u128(2), t, 2),
+        ]);
         let now = Utc::now();
-        let a: Vec<_> = s.decide(now).batches.into_iter().flatten().map(|(e, x)| (e.id, e.data, x)).collect();
-        let b: Vec<_> = s.decide(now).batches.into_iter().flatten().map(|(e, x)| (e.id, e.data, x)).collect();
+        let a: Vec<_> = s
+            .decide(now)
+            .batches
+            .into_iter()
+            .flatten()
+            .map(|(e, x)| (e.id, e.data, x))
+            .collect();
+        let b: Vec<_> = s
+            .decide(now)
+            .batches
+            .into_iter()
+            .flatten()
+            .map(|(e, x)| (e.id, e.data, x))
+            .collect();
         assert_eq!(a, b);
     }
 }

@@ -45,7 +45,10 @@ async fn broker(bus: Bus, interval: Duration, ready: Readiness) -> anyhow::Resul
     let mut fleet = Fleet::default();
     let mut published: BTreeMap<(String, String), Decimal> = BTreeMap::new();
     let mut feed = bus
-        .feed(&[subject::NODES_ALL, subject::LEASES_ALL, "lh.evt.spot.>"], 1)
+        .feed(
+            &[subject::NODES_ALL, subject::LEASES_ALL, "lh.evt.spot.>"],
+            1,
+        )
         .await?;
     let mut caught_up = false;
     let mut tick = tokio::time::interval(interval);

@@ -34,7 +34,9 @@ async fn publish(bus: &Bus, data: EventData) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spot_price_follows_utilisation() {
     let nats = Nats::start().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test")).await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
     publish(
         &bus,
         EventData::NodeRegistered(NodeRegistered {

@@ -20,7 +20,9 @@ pub async fn verify(
     caller: Caller,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     if !matches!(caller, Caller::Admin | Caller::Auditor) {
-        return Err(ApiError::forbidden("audit verification needs the admin or auditor token"));
+        return Err(ApiError::forbidden(
+            "audit verification needs the admin or auditor token",
+        ));
     }
     let answer: serde_json::Value = lh_bus::rpc::call(
         &ctx.bus,

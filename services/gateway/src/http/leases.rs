@@ -130,7 +130,10 @@ pub async fn create(
     }
     if body.gpus > max_gpus {
         return Err(ApiError::unprocessable(
-            format!("{} GPUs requested but the tenant's quota is {max_gpus}", body.gpus),
+            format!(
+                "{} GPUs requested but the tenant's quota is {max_gpus}",
+                body.gpus
+            ),
             "gpus",
         ));
     }
@@ -167,10 +170,16 @@ pub async fn create(
     });
     let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
         .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
-    let sequence = match ctx.bus.publish(&envelope, Expect::LastSubjectSequence(0)).await {
+    let sequence = match ctx
+        .bus
+        .publish(&envelope, Expect::LastSubjectSequence(0))
+        .await
+    {
         Ok(appended) => appended.sequence,
         Err(BusError::Conflict(_)) => {
-            ctx.bus.subject_last_sequence(&subject::lease(lease_id)).await?
+            ctx.bus
+                .subject_last_sequence(&subject::lease(lease_id))
+                .await?
         }
         Err(e) => return Err(e.into()),
     };
@@ -182,10 +191,10 @@ pub async fn create(
         && lease.gpu_model == body.gpu_model
         && lease.tier == body.tier.as_str();
     if !same_request {
-        return Err(ApiError::conflict(
-            "this Idempotency-Key was used for a different request",
-        )
-        .field("Idempotency-Key"));
+        return Err(
+            ApiError::conflict("this Idempotency-Key was used for a different request")
+                .field("Idempotency-Key"),
+        );
     }
     metrics::counter!("lh_gateway_leases_requested_total").increment(1);
     Ok((StatusCode::ACCEPTED, Json(lease)))
@@ -231,7 +240,10 @@ pub async fn list(
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::unprocessable(format!("limit must be 1 to {MAX_PAGE}"), "limit"));
+        return Err(ApiError::unprocessable(
+            format!("limit must be 1 to {MAX_PAGE}"),
+            "limit",
+        ));
     }
     // Newest first; the cursor is the request sequence of the last item seen.
     let before: i64 = match &query.cursor {
@@ -277,7 +289,10 @@ pub async fn stop(
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     if matches!(lease.state.as_str(), "ended" | "rejected") {
-        return Err(ApiError::conflict(format!("lease {} is already {}", lease.id, lease.state)));
+        return Err(ApiError::conflict(format!(
+            "lease {} is already {}",
+            lease.id, lease.state
+        )));
     }
     let actor = match caller {
         Caller::Tenant { id, .. } => Actor::Tenant(id),

@@ -113,7 +113,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, slug: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+    fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
         Self {
             status,
             slug,
@@ -129,7 +134,12 @@ impl ApiError {
     }
 
     pub fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            detail,
+        )
     }
 
     pub fn unprocessable(detail: impl Into<String>, field: &str) -> Self {
@@ -143,8 +153,13 @@ impl ApiError {
     }
 
     pub fn unauthorized(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized", detail)
-            .field("Authorization")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            detail,
+        )
+        .field("Authorization")
     }
 
     pub fn forbidden(detail: impl Into<String>) -> Self {
@@ -250,7 +265,10 @@ fn json_problem(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     // serde names the unknown or missing field in its message; the path may
     // or may not include it already.
     for prefix in ["unknown field `", "missing field `"] {
-        if let Some(name) = message.strip_prefix(prefix).and_then(|r| r.split('`').next()) {
+        if let Some(name) = message
+            .strip_prefix(prefix)
+            .and_then(|r| r.split('`').next())
+        {
             if field == "." || field.is_empty() {
                 field = name.to_string();
             } else if !field.ends_with(name) {
@@ -302,7 +320,10 @@ pub fn sha256_hex(text: &str) -> String {
 /// Compares secrets without leaking where they differ.
 fn same_secret(a: &str, b: &str) -> bool {
     let (ha, hb) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    ha.iter().zip(hb.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    ha.iter()
+        .zip(hb.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 impl FromRequestParts<ApiContext> for Caller {

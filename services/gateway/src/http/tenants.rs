@@ -43,7 +43,10 @@ pub struct TenantCreatedResponse {
 fn validate(body: &CreateTenant) -> Result<(), ApiError> {
     let name = body.name.trim();
     if name.is_empty() || name.len() > 200 {
-        return Err(ApiError::unprocessable("name must be 1 to 200 characters", "name"));
+        return Err(ApiError::unprocessable(
+            "name must be 1 to 200 characters",
+            "name",
+        ));
     }
     let email = body.email.trim();
     let valid_email = email.len() <= 254
@@ -97,7 +100,11 @@ pub async fn create(
     });
     let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));
-    let appended = match ctx.bus.publish(&envelope, Expect::LastSubjectSequence(0)).await {
+    let appended = match ctx
+        .bus
+        .publish(&envelope, Expect::LastSubjectSequence(0))
+        .await
+    {
         Ok(a) => a,
         Err(BusError::Conflict(e)) => return Err(ApiError::conflict(e)),
         Err(e) => return Err(e.into()),

@@ -99,7 +99,9 @@ impl Stack {
         let common = CommonArgs::for_test(&self.nats.url());
         let token = CancellationToken::new();
         let running = match name.split_once(':').map(|(a, _)| a).unwrap_or(name) {
-            "scheduler" => lh_scheduler::start(lh_scheduler::Config { common }, token.clone()).await,
+            "scheduler" => {
+                lh_scheduler::start(lh_scheduler::Config { common }, token.clone()).await
+            }
             "pricing" => {
                 lh_pricing::start(
                     lh_pricing::Config::for_test(&self.nats.url(), &self.database_url),
@@ -204,7 +206,13 @@ impl Stack {
         }
     }
 
-    pub async fn call(&self, method: reqwest::Method, path: &str, key: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut req = self
             .http
             .request(method, format!("{}{}", self.gateway_url, path))
@@ -215,7 +223,10 @@ impl Stack {
         let resp = req.send().await.expect("gateway answers");
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn create_tenant(&self, name: &str, max_gpus: u32) -> (String, String) {
