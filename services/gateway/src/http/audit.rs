@@ -3,14 +3,14 @@
 
 use axum::extract::State;
 use axum::Json;
-use lh_events::subject;
+use lh_audit::VerifyResponse;
 
 use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 
 #[utoipa::path(
     get, path = "/v1/audit/verify",
     responses(
-        (status = 200, description = "`{ok, events, head, ...}` from the audit service"),
+        (status = 200, body = VerifyResponse),
         (status = 401, body = super::Problem), (status = 403, body = super::Problem),
         (status = 503, body = super::Problem)
     )
@@ -18,18 +18,12 @@ use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 pub async fn verify(
     State(ctx): State<ApiContext>,
     caller: Caller,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<VerifyResponse>, ApiError> {
     if !matches!(caller, Caller::Admin | Caller::Auditor) {
         return Err(ApiError::forbidden(
             "audit verification needs the admin or auditor token",
         ));
     }
-    let answer: serde_json::Value = lh_bus::rpc::call(
-        &ctx.bus,
-        subject::RPC_AUDIT_VERIFY,
-        &serde_json::json!({}),
-        RPC_TIMEOUT,
-    )
-    .await?;
+    let answer = lh_audit::verify::call(&ctx.bus, RPC_TIMEOUT).await?;
     Ok(Json(answer))
 }

@@ -63,7 +63,12 @@ pub fn router(ctx: ApiContext) -> Router {
         invoices::show,
         audit::verify
     ),
-    components(schemas(Problem)),
+    components(schemas(
+        Problem,
+        lh_pricing::invoice::Invoice,
+        lh_pricing::invoice::InvoiceLine,
+        lh_audit::VerifyResponse
+    )),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
