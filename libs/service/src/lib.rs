@@ -128,3 +128,67 @@ impl Running {
         self.task.is_finished()
     }
 }
+
+/// The `rebuild` subcommand shared by every service that owns a projection.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RebuildArgs {
+    /// Schema to rebuild into; dropped first (default: `<live schema>_rebuild`).
+    #[arg(long)]
+    pub into: Option<String>,
+    /// Replace the live schema by the rebuilt one (stop the service first).
+    #[arg(long)]
+    pub swap: bool,
+}
+
+impl RebuildArgs {
+    pub fn into_schema(&self, live: &str) -> String {
+        self.into
+            .clone()
+            .unwrap_or_else(|| format!("{live}_rebuild"))
+    }
+}
+
+/// Progress of a rebuild on stderr: every 1,000 events and at the head.
+pub fn rebuild_progress() -> impl FnMut(u64, u64) {
+    let mut applied = 0u64;
+    move |sequence, head| {
+        applied += 1;
+        if applied.is_multiple_of(1000) || sequence == head {
+            eprintln!("rebuild: {applied} events applied (sequence {sequence} of {head})");
+        }
+    }
+}
+
+/// Prints how the rebuilt tables compare; an error when they differ and
+/// were not swapped in.
+pub fn report_rebuild(report: &lh_projection::RebuildReport) -> anyhow::Result<()> {
+    for t in &report.tables {
+        println!(
+            "{:<16} live rows={:<8} rebuilt rows={:<8} {}",
+            t.table,
+            t.live.0,
+            t.rebuilt.0,
+            if t.identical() {
+                "identical"
+            } else {
+                "DIFFERENT"
+            }
+        );
+    }
+    println!(
+        "rebuilt {} up to sequence {}",
+        report.rebuilt_schema, report.reached
+    );
+    if report.swapped {
+        println!(
+            "schema {} is now the live schema {}",
+            report.rebuilt_schema, report.live_schema
+        );
+    } else if !report.identical() {
+        anyhow::bail!(
+            "the rebuilt tables differ from the live ones in {}",
+            report.live_schema
+        );
+    }
+    Ok(())
+}

@@ -125,60 +125,26 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     .await
 }
 
-/// Replays the log into `into` and reports how its tables compare with the
-/// live ones; with `swap`, the rebuilt schema replaces the live one.
+/// Replays the log into `into` and compares its tables with the live
+/// ones; with `swap`, the rebuilt schema replaces the live one (stop the
+/// gateway first).
 pub async fn rebuild(
     config: &Config,
     into: &str,
     swap: bool,
-) -> anyhow::Result<Vec<TableComparison>> {
-    anyhow::ensure!(
-        into != config.schema,
-        "refusing to rebuild into the live schema {into:?}: it would be dropped"
-    );
+    on_event: impl FnMut(u64, u64),
+) -> anyhow::Result<lh_projection::RebuildReport> {
     let bus = config.common.connect_bus(SERVICE).await?;
-    let reached = lh_projection::rebuild(
+    Ok(lh_projection::rebuild_and_compare(
         &bus,
         &config.database_url,
+        &config.schema,
         into,
         &projection::MIGRATOR,
         &projection::GatewayProjection,
-        |seq, head| {
-            if seq % 1000 == 0 || seq == head {
-                eprintln!("rebuild: applied up to sequence {seq} of {head}");
-            }
-        },
+        projection::TABLES,
+        swap,
+        on_event,
     )
-    .await?;
-    eprintln!("rebuild: done at sequence {reached}");
-    let comparisons = compare_tables(&config.database_url, &config.schema, into).await?;
-    if swap {
-        lh_projection::swap_schemas(&config.database_url, &config.schema, into).await?;
-    }
-    Ok(comparisons)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableComparison {
-    pub table: &'static str,
-    pub live: (i64, String),
-    pub rebuilt: (i64, String),
-}
-
-pub async fn compare_tables(
-    database_url: &str,
-    live: &str,
-    rebuilt: &str,
-) -> anyhow::Result<Vec<TableComparison>> {
-    let pool = sqlx::PgPool::connect(database_url).await?;
-    let mut out = Vec::new();
-    for table in projection::TABLES {
-        out.push(TableComparison {
-            table,
-            live: lh_projection::table_digest(&pool, live, table).await?,
-            rebuilt: lh_projection::table_digest(&pool, rebuilt, table).await?,
-        });
-    }
-    pool.close().await;
-    Ok(out)
+    .await?)
 }

@@ -14,14 +14,7 @@ enum Command {
     /// Serve the API (the default).
     Run,
     /// Replay the log from sequence 1 into a fresh schema and compare.
-    Rebuild {
-        /// Schema to rebuild into.
-        #[arg(long, default_value = "gateway_rebuild")]
-        into: String,
-        /// Replace the live schema with the rebuilt one.
-        #[arg(long)]
-        swap: bool,
-    },
+    Rebuild(lh_service::RebuildArgs),
 }
 
 #[tokio::main]
@@ -35,23 +28,16 @@ async fn main() -> anyhow::Result<()> {
                 .wait()
                 .await
         }
-        Command::Rebuild { into, swap } => {
-            let mut differ = false;
-            for c in lh_gateway::rebuild(&cli.config, &into, swap).await? {
-                let same = c.live == c.rebuilt;
-                differ |= !same;
-                println!(
-                    "{:<10} live rows={:<8} rebuilt rows={:<8} {}",
-                    c.table,
-                    c.live.0,
-                    c.rebuilt.0,
-                    if same { "identical" } else { "DIFFERENT" }
-                );
-            }
-            if differ && !swap {
-                anyhow::bail!("rebuilt tables differ from the live ones");
-            }
-            Ok(())
+        Command::Rebuild(args) => {
+            let into = args.into_schema(&cli.config.schema);
+            let report = lh_gateway::rebuild(
+                &cli.config,
+                &into,
+                args.swap,
+                lh_service::rebuild_progress(),
+            )
+            .await?;
+            lh_service::report_rebuild(&report)
         }
     }
 }

@@ -29,7 +29,6 @@ use chrono::Utc;
 use lh_bus::Bus;
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 use crate::invoice::{InvoiceRequest, INVOICE_SUBJECT, QUEUE_GROUP};
@@ -158,43 +157,27 @@ async fn work(
 }
 
 /// Replays the log from sequence 1 into the fresh schema `into` (dropped
-/// first) with the live projection's code. `on_event(sequence, head)` is
-/// told every applied event. Returns the sequence reached.
+/// first) with the live projection's code, compares `invoice_lines` with the
+/// live schema, and with `swap` makes the rebuilt schema the live one (stop
+/// pricing first). `on_event(sequence, head)` is told every applied event.
 pub async fn rebuild(
     config: &Config,
     into: &str,
+    swap: bool,
     on_event: impl FnMut(u64, u64),
-) -> anyhow::Result<u64> {
-    anyhow::ensure!(
-        into != config.schema,
-        "refusing to rebuild into the live schema {into:?}: it would be dropped"
-    );
+) -> anyhow::Result<lh_projection::RebuildReport> {
     let bus = config.common.connect_bus("lh-pricing-rebuild").await?;
-    let reached = lh_projection::rebuild(
+    lh_projection::rebuild_and_compare(
         &bus,
         &config.database_url,
+        &config.schema,
         into,
         &MIGRATOR,
         &InvoiceProjector,
+        &[projection::TABLE],
+        swap,
         on_event,
     )
     .await
-    .with_context(|| format!("rebuilding into schema {into}"))?;
-    Ok(reached)
-}
-
-/// Row count and digest of `invoice_lines` in each schema (same session
-/// settings for all, time zone UTC), for comparing live and rebuilt tables.
-pub async fn digests(database_url: &str, schemas: &[&str]) -> anyhow::Result<Vec<(i64, String)>> {
-    let options: PgConnectOptions = database_url.parse()?;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.options([("timezone", "UTC")]))
-        .await?;
-    let mut out = Vec::new();
-    for schema in schemas {
-        out.push(lh_projection::table_digest(&pool, schema, projection::TABLE).await?);
-    }
-    pool.close().await;
-    Ok(out)
+    .with_context(|| format!("rebuilding into schema {into}"))
 }

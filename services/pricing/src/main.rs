@@ -1,5 +1,5 @@
 use clap::{Parser, Subcommand};
-use lh_pricing::{Config, DEFAULT_REBUILD_SCHEMA};
+use lh_pricing::Config;
 
 /// Leasehold pricing: charges and invoices.
 ///
@@ -18,16 +18,9 @@ struct Cli {
 enum Command {
     /// Run the service (the default).
     Run,
-    /// Replay the log from sequence 1 into a fresh schema and compare its
-    /// digest with the live one; exits 2 when they differ (without --swap).
-    Rebuild {
-        /// Schema to rebuild into; dropped first.
-        #[arg(long, default_value = DEFAULT_REBUILD_SCHEMA)]
-        into: String,
-        /// Replace the live schema by the rebuilt one (stop the service first).
-        #[arg(long)]
-        swap: bool,
-    },
+    /// Replay the log from sequence 1 into a fresh schema and compare it
+    /// with the live one; fails when they differ (without --swap).
+    Rebuild(lh_service::RebuildArgs),
 }
 
 #[tokio::main]
@@ -41,40 +34,16 @@ async fn main() -> anyhow::Result<()> {
                 .wait()
                 .await
         }
-        Command::Rebuild { into, swap } => rebuild(&cli.config, &into, swap).await,
-    }
-}
-
-async fn rebuild(config: &Config, into: &str, swap: bool) -> anyhow::Result<()> {
-    let mut count = 0u64;
-    let reached = lh_pricing::rebuild(config, into, |sequence, head| {
-        count += 1;
-        if count.is_multiple_of(1000) {
-            eprintln!("rebuilt {count} events (sequence {sequence} of {head})");
+        Command::Rebuild(args) => {
+            let into = args.into_schema(&cli.config.schema);
+            let report = lh_pricing::rebuild(
+                &cli.config,
+                &into,
+                args.swap,
+                lh_service::rebuild_progress(),
+            )
+            .await?;
+            lh_service::report_rebuild(&report)
         }
-    })
-    .await?;
-    eprintln!("rebuilt {count} events up to sequence {reached}");
-    let live = config.schema.as_str();
-    let digests = lh_pricing::digests(&config.database_url, &[live, into]).await?;
-    let table = lh_pricing::projection::TABLE;
-    for (schema, (rows, digest)) in [live, into].iter().zip(&digests) {
-        println!("{schema}.{table}: {rows} rows, md5 {digest}");
     }
-    let equal = digests[0] == digests[1];
-    println!(
-        "{}",
-        if equal {
-            "digests equal"
-        } else {
-            "digests DIFFER"
-        }
-    );
-    if swap {
-        lh_projection::swap_schemas(&config.database_url, live, into).await?;
-        println!("schema {into} is now the live schema {live}");
-    } else if !equal {
-        std::process::exit(2);
-    }
-    Ok(())
 }
