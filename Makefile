@@ -29,18 +29,18 @@ demo: ## Tenant story with the lh CLI against `make up`
 	@scripts/demo.sh
 
 # Every target (benches and examples too) must compile; then every test
-# runs. nextest runs each test in its own process and skips doctests, so
-# doctests run after it with cargo test --doc.
+# runs, all of them even after a failure. nextest runs each test in its own
+# process and skips doctests, so doctests run after it (cargo test --doc).
 test: deps ## Build everything and run every test (nextest when installed)
 	$(CARGO) build --workspace --all-targets
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		echo "$(CARGO) nextest run --workspace $(ARGS)"; \
-		$(CARGO) nextest run --workspace $(ARGS) && \
+		echo "$(CARGO) nextest run --workspace --no-fail-fast $(ARGS)"; \
+		$(CARGO) nextest run --workspace --no-fail-fast $(ARGS) && \
 		echo "$(CARGO) test --workspace --doc" && \
 		$(CARGO) test --workspace --doc; \
 	else \
-		echo "$(CARGO) test --workspace $(ARGS)"; \
-		$(CARGO) test --workspace $(ARGS); \
+		echo "$(CARGO) test --workspace --no-fail-fast $(ARGS)"; \
+		$(CARGO) test --workspace --no-fail-fast $(ARGS); \
 	fi
 
 lint: ## rustfmt check and clippy with warnings denied
