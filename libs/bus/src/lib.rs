@@ -275,6 +275,7 @@ impl Bus {
 
     fn headers(envelope: &Envelope, expect: Expect) -> HeaderMap {
         let mut headers = HeaderMap::new();
+        inject_trace_context(&mut headers);
         headers.insert(header::NATS_MESSAGE_ID, envelope.id.to_string().as_str());
         headers.insert(EVENT_TYPE_HEADER, envelope.event_type.as_str());
         if let Expect::LastSubjectSequence(seq) = expect {
@@ -409,6 +410,24 @@ impl Bus {
             .await
             .map_err(js_err)
     }
+}
+
+/// Puts the current span's W3C trace context in the `traceparent` header,
+/// so a trace follows an event from service to service. Without an OTLP
+/// exporter the span context is empty and nothing is added.
+fn inject_trace_context(headers: &mut HeaderMap) {
+    use opentelemetry::propagation::{Injector, TextMapPropagator};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    struct HeaderInjector<'a>(&'a mut HeaderMap);
+    impl Injector for HeaderInjector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            self.0.insert(key, value.as_str());
+        }
+    }
+    let context = tracing::Span::current().context();
+    opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .inject_context(&context, &mut HeaderInjector(headers));
 }
 
 fn publish_error(subject: &str, e: async_nats::jetstream::context::PublishError) -> BusError {
@@ -549,5 +568,59 @@ pub mod rpc {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lh_events::{Actor, EventData, LeaseStopRequested};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    fn envelope() -> Envelope {
+        Envelope::new(
+            Actor::Admin,
+            chrono::Utc::now(),
+            EventData::LeaseStopRequested(LeaseStopRequested {
+                lease_id: uuid::Uuid::nil(),
+            }),
+        )
+    }
+
+    #[test]
+    fn headers_carry_id_type_expectation_and_trace_context() {
+        use opentelemetry::trace::TracerProvider as _;
+        let env = envelope();
+        let plain = Bus::headers(&env, Expect::LastSubjectSequence(7));
+        assert_eq!(
+            plain.get(header::NATS_MESSAGE_ID).unwrap().as_str(),
+            env.id.to_string()
+        );
+        assert_eq!(
+            plain.get(EVENT_TYPE_HEADER).unwrap().as_str(),
+            "lease.stop_requested"
+        );
+        assert_eq!(
+            plain
+                .get(header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE)
+                .unwrap()
+                .as_str(),
+            "7"
+        );
+        assert!(
+            plain.get("traceparent").is_none(),
+            "no span, no trace context"
+        );
+
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("append");
+            let _entered = span.enter();
+            let traced = Bus::headers(&env, Expect::Any);
+            let tp = traced.get("traceparent").expect("traceparent set").as_str();
+            assert!(tp.starts_with("00-") && tp.len() == 55, "{tp}");
+        });
     }
 }
