@@ -30,14 +30,15 @@ demo: ## Tenant story with the lh CLI against `make up`
 
 # Every target (benches and examples too) must compile; then every test
 # runs, all of them even after a failure. nextest runs each test in its own
-# process and skips doctests, so doctests run after it (cargo test --doc).
+# process and skips doctests, so doctests run first (cargo test --doc); its
+# summary then closes the output.
 test: deps ## Build everything and run every test (nextest when installed)
 	$(CARGO) build --workspace --all-targets
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		echo "$(CARGO) test --workspace --doc"; \
+		$(CARGO) test --workspace --doc; doctests=$$?; \
 		echo "$(CARGO) nextest run --workspace --no-fail-fast $(ARGS)"; \
-		$(CARGO) nextest run --workspace --no-fail-fast $(ARGS) && \
-		echo "$(CARGO) test --workspace --doc" && \
-		$(CARGO) test --workspace --doc; \
+		$(CARGO) nextest run --workspace --no-fail-fast $(ARGS) && exit $$doctests; \
 	else \
 		echo "$(CARGO) test --workspace --no-fail-fast $(ARGS)"; \
 		$(CARGO) test --workspace --no-fail-fast $(ARGS); \
