@@ -26,6 +26,9 @@ pub struct CommonArgs {
     /// Byte cap of the LH_EVENTS stream when this service creates it.
     #[arg(long, env = "LH_EVENTS_MAX_BYTES", default_value_t = lh_bus::EVENTS_DEFAULT_MAX_BYTES)]
     pub events_max_bytes: i64,
+    /// Replicas of the streams when this service creates them (3 in production).
+    #[arg(long, env = "LH_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
 }
 
 impl CommonArgs {
@@ -35,6 +38,7 @@ impl CommonArgs {
             nats_url: nats_url.to_string(),
             http_addr: Some("127.0.0.1:0".to_string()),
             events_max_bytes: lh_bus::EVENTS_DEFAULT_MAX_BYTES,
+            stream_replicas: 1,
         }
     }
 
@@ -46,6 +50,7 @@ impl CommonArgs {
     pub async fn connect_bus(&self, service: &str) -> anyhow::Result<Bus> {
         let mut config = BusConfig::new(&self.nats_url, service);
         config.events_max_bytes = self.events_max_bytes;
+        config.replicas = self.stream_replicas;
         Bus::connect(&config)
             .await
             .with_context(|| format!("{service}: connecting to the event log"))

@@ -136,8 +136,10 @@ async fn two_schedulers_never_give_one_gpu_to_two_leases() {
             "lease {id} was neither placed nor queued"
         );
     }
-    // The fleet is full (12 GPUs) and the rest waits.
-    assert_eq!(held.len(), 12, "every GPU should be in use");
+    // The fleet (12 GPUs) is full but for at most one GPU: waiting leases of
+    // one model are served first come, first served, so a 2-GPU request at
+    // the head of the queue may wait while a single GPU stays free.
+    assert!(held.len() >= 11, "only {} of 12 GPUs in use", held.len());
     assert!(placed_once.len() < REQUESTS);
     // Both replicas did work or lost races: conflicts are expected, but each
     // allocation on a node subject is unique.
