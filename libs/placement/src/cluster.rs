@@ -1,0 +1,630 @@
+//! The cluster's mutable state, kept compact for the scoring loops: interned
+//! models and zones, per-node free CPU and memory, per-GPU free milli and VRAM,
+//! a generation counter per node (bumped on every change, so policies can
+//! cache per-node work), and the live allocations.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::model::{GpuDemand, NodeSpec, Request, SharingMode};
+
+/// Milli-GPU in one whole GPU.
+pub const MILLI: u16 = 1000;
+/// At most this many GPUs per node (GPU sets are bit masks).
+pub const MAX_GPUS_PER_NODE: usize = 32;
+/// At most this many distinct GPU models and zones (model and zone sets are
+/// bit masks).
+pub const MAX_MODELS: usize = 64;
+pub const MAX_ZONES: usize = 64;
+
+/// A set of GPU indices of one node, as a bit mask.
+pub type GpuSet = u32;
+
+/// Indices in a [`GpuSet`], ascending.
+pub fn gpu_indices(set: GpuSet) -> impl Iterator<Item = u8> {
+    (0..32u8).filter(move |i| set & (1 << i) != 0)
+}
+
+/// A request compiled against a cluster: interned models and zones as masks,
+/// the GPU part as a small copyable value. It is also the "shape" key policies
+/// cache their per-node work under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Demand {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub kind: Kind,
+    /// Allowed models; `u64::MAX` for any.
+    pub models: u64,
+    /// Allowed zones; `u64::MAX` for any.
+    pub zones: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    None,
+    Whole(u8),
+    Frac {
+        milli: u16,
+        vram_gb: u32,
+    },
+    /// A MIG profile, by index in the cluster's profile table.
+    Mig(u16),
+}
+
+impl Demand {
+    /// Milli-GPU the demand takes per GPU, and how many GPUs.
+    pub fn per_gpu(&self) -> (u16, u8) {
+        match self.kind {
+            Kind::None | Kind::Mig(_) => (0, 0),
+            Kind::Whole(n) => (MILLI, n),
+            Kind::Frac { milli, .. } => (milli, 1),
+        }
+    }
+
+    /// Total milli-GPU.
+    pub fn gpu_milli(&self) -> u64 {
+        let (m, n) = self.per_gpu();
+        u64::from(m) * u64::from(n)
+    }
+
+    /// The tag GPU clustering groups leases by (share, 1-GPU, 2-GPU, ...).
+    pub fn tag(&self) -> Option<usize> {
+        match self.kind {
+            Kind::None => None,
+            Kind::Frac { .. } => Some(0),
+            Kind::Whole(n) => Some(usize::from(n).clamp(1, TAGS - 2)),
+            Kind::Mig(_) => Some(TAGS - 1),
+        }
+    }
+}
+
+/// Number of lease tags counted per node (see [`Demand::tag`]).
+pub const TAGS: usize = 18;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gpu {
+    pub model: u16,
+    pub mode: SharingMode,
+    pub vram_total: u32,
+    pub vram_free: u32,
+    pub milli_free: u16,
+    /// Live leases on this GPU (slices, or 1 for a whole-GPU lease).
+    pub leases: u16,
+}
+
+/// Placeholder for scratch arrays.
+pub(crate) const EMPTY_GPU: Gpu = Gpu {
+    model: 0,
+    mode: SharingMode::Whole,
+    vram_total: 0,
+    vram_free: 0,
+    milli_free: 0,
+    leases: 0,
+};
+
+impl Gpu {
+    #[inline]
+    pub fn is_idle(&self) -> bool {
+        self.leases == 0
+    }
+
+    #[inline]
+    pub fn allowed(&self, models: u64) -> bool {
+        models & (1u64 << self.model) != 0
+    }
+
+    /// Can take a whole-GPU lease now.
+    #[inline]
+    pub fn fits_whole(&self, models: u64) -> bool {
+        self.leases == 0 && self.mode != SharingMode::Mig && self.allowed(models)
+    }
+
+    /// Can take a slice of `milli` and `vram_gb` now.
+    #[inline]
+    pub fn fits_frac(&self, milli: u16, vram_gb: u32, models: u64) -> bool {
+        self.mode == SharingMode::VGpu
+            && self.milli_free >= milli
+            && self.vram_free >= vram_gb
+            && self.allowed(models)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub id: String,
+    pub zone: u16,
+    pub cpu_total: u64,
+    pub memory_total: u64,
+    pub cpu_free: u64,
+    pub memory_free: u64,
+    pub gpus: Vec<Gpu>,
+    /// NVLink/NUMA domains as GPU sets.
+    pub domains: Vec<GpuSet>,
+    /// Models present on the node.
+    pub model_mask: u64,
+    /// Bumped on every allocation and release on this node.
+    pub generation: u64,
+    /// Live leases per tag (see [`Demand::tag`]).
+    pub tags: [u16; TAGS],
+}
+
+impl Node {
+    /// Free milli-GPU summed over the node's GPUs.
+    pub fn gpu_milli_free(&self) -> u64 {
+        self.gpus.iter().map(|g| u64::from(g.milli_free)).sum()
+    }
+
+    /// GPUs with no lease.
+    pub fn idle_gpus(&self) -> usize {
+        self.gpus.iter().filter(|g| g.is_idle()).count()
+    }
+}
+
+/// Why a node cannot take a demand now (first failing check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reject {
+    Zone,
+    Model,
+    Cpu,
+    Memory,
+    Gpu,
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reject::Zone => "zone",
+            Reject::Model => "gpu model",
+            Reject::Cpu => "cpu",
+            Reject::Memory => "memory",
+            Reject::Gpu => "gpu capacity",
+        })
+    }
+}
+
+/// Handle of a live allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocId(pub u32);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub node: u32,
+    pub demand: Demand,
+    pub gpus: GpuSet,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocError {
+    NoSuchNode,
+    NotFeasible(Reject),
+    BadGpus,
+    UnknownAllocation,
+    MigUnsupported,
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::NoSuchNode => f.write_str("no such node"),
+            AllocError::NotFeasible(r) => write!(f, "node cannot take it: {r}"),
+            AllocError::BadGpus => f.write_str("chosen GPUs do not fit the demand"),
+            AllocError::UnknownAllocation => f.write_str("no such live allocation"),
+            AllocError::MigUnsupported => f.write_str("MIG geometry not available"),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+/// The cluster: nodes, interned names, live allocations.
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    models: Vec<String>,
+    model_ix: HashMap<String, u16>,
+    zones: Vec<String>,
+    zone_ix: HashMap<String, u16>,
+    pub(crate) nodes: Vec<Node>,
+    allocs: Vec<Option<Allocation>>,
+    free_slots: Vec<u32>,
+    gpu_milli_total: u64,
+    gpu_milli_used: u64,
+}
+
+fn intern(names: &mut Vec<String>, ix: &mut HashMap<String, u16>, name: &str, max: usize) -> u16 {
+    if let Some(&i) = ix.get(name) {
+        return i;
+    }
+    assert!(names.len() < max, "more than {max} distinct names");
+    let i = names.len() as u16;
+    names.push(name.to_string());
+    ix.insert(name.to_string(), i);
+    i
+}
+
+impl Cluster {
+    pub fn new(specs: &[NodeSpec]) -> Self {
+        let mut c = Cluster::default();
+        for s in specs {
+            c.add_node(s);
+        }
+        c
+    }
+
+    /// Adds a node (empty). Returns its index.
+    pub fn add_node(&mut self, s: &NodeSpec) -> usize {
+        assert!(
+            s.gpus.len() <= MAX_GPUS_PER_NODE,
+            "node {} has too many GPUs",
+            s.id
+        );
+        let zone = intern(&mut self.zones, &mut self.zone_ix, &s.zone, MAX_ZONES);
+        let mut model_mask = 0u64;
+        let gpus: Vec<Gpu> = s
+            .gpus
+            .iter()
+            .map(|g| {
+                let model = intern(&mut self.models, &mut self.model_ix, &g.model, MAX_MODELS);
+                model_mask |= 1 << model;
+                Gpu {
+                    model,
+                    mode: g.mode,
+                    vram_total: g.vram_gb,
+                    vram_free: g.vram_gb,
+                    milli_free: MILLI,
+                    leases: 0,
+                }
+            })
+            .collect();
+        let domains = s
+            .domains
+            .iter()
+            .map(|d| {
+                d.iter()
+                    .filter(|&&i| usize::from(i) < gpus.len())
+                    .fold(0u32, |m, &i| m | (1 << i))
+            })
+            .filter(|&m| m != 0)
+            .collect();
+        self.gpu_milli_total += gpus.len() as u64 * u64::from(MILLI);
+        self.nodes.push(Node {
+            id: s.id.clone(),
+            zone,
+            cpu_total: s.cpu_milli,
+            memory_total: s.memory_mib,
+            cpu_free: s.cpu_milli,
+            memory_free: s.memory_mib,
+            gpus,
+            domains,
+            model_mask,
+            generation: 0,
+            tags: [0; TAGS],
+        });
+        self.nodes.len() - 1
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i]
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn models(&self) -> &[String] {
+        &self.models
+    }
+
+    pub fn model_id(&self, name: &str) -> Option<u16> {
+        self.model_ix.get(name).copied()
+    }
+
+    pub fn zone_id(&self, name: &str) -> Option<u16> {
+        self.zone_ix.get(name).copied()
+    }
+
+    pub fn zone_name(&self, zone: u16) -> &str {
+        &self.zones[usize::from(zone)]
+    }
+
+    /// Milli-GPU of all GPUs (1000 each).
+    pub fn gpu_milli_total(&self) -> u64 {
+        self.gpu_milli_total
+    }
+
+    /// Milli-GPU held by live allocations.
+    pub fn gpu_milli_used(&self) -> u64 {
+        self.gpu_milli_used
+    }
+
+    /// Mask of the named models; names the cluster has never seen match
+    /// nothing. Empty means any.
+    pub fn model_mask<S: AsRef<str>>(&self, names: &[S]) -> u64 {
+        if names.is_empty() {
+            return u64::MAX;
+        }
+        names
+            .iter()
+            .filter_map(|n| self.model_id(n.as_ref()))
+            .fold(0, |m, i| m | (1 << i))
+    }
+
+    fn zone_mask<S: AsRef<str>>(&self, names: &[S]) -> u64 {
+        if names.is_empty() {
+            return u64::MAX;
+        }
+        names
+            .iter()
+            .filter_map(|n| self.zone_id(n.as_ref()))
+            .fold(0, |m, i| m | (1 << i))
+    }
+
+    /// Compiles a request against this cluster's names.
+    pub fn demand(&self, r: &Request) -> Demand {
+        let kind = match &r.gpu {
+            GpuDemand::None => Kind::None,
+            GpuDemand::Whole { count } => Kind::Whole(*count),
+            GpuDemand::Fraction { milli, vram_gb } => Kind::Frac {
+                milli: *milli,
+                vram_gb: *vram_gb,
+            },
+            // Profiles are resolved by the MIG geometry module; until a
+            // profile table is attached every MIG demand is profile 0 of
+            // none, which no GPU fits.
+            GpuDemand::Mig { .. } => Kind::Mig(u16::MAX),
+        };
+        Demand {
+            cpu_milli: r.cpu_milli,
+            memory_mib: r.memory_mib,
+            kind,
+            models: self.model_mask(&r.models),
+            zones: self.zone_mask(&r.zones),
+        }
+    }
+
+    /// Can node `i` take `d` now? The first failing check.
+    #[inline]
+    pub fn check(&self, i: usize, d: &Demand) -> Result<(), Reject> {
+        let n = &self.nodes[i];
+        if d.zones & (1u64 << n.zone) == 0 {
+            return Err(Reject::Zone);
+        }
+        if d.kind != Kind::None && d.models & n.model_mask == 0 {
+            return Err(Reject::Model);
+        }
+        if n.cpu_free < d.cpu_milli {
+            return Err(Reject::Cpu);
+        }
+        if n.memory_free < d.memory_mib {
+            return Err(Reject::Memory);
+        }
+        let ok = match d.kind {
+            Kind::None => true,
+            Kind::Whole(k) => {
+                let mut need = k;
+                if need == 0 {
+                    true
+                } else {
+                    let mut ok = false;
+                    for g in &n.gpus {
+                        if g.fits_whole(d.models) {
+                            need -= 1;
+                            if need == 0 {
+                                ok = true;
+                                break;
+                            }
+                        }
+                    }
+                    ok
+                }
+            }
+            Kind::Frac { milli, vram_gb } => {
+                n.gpus.iter().any(|g| g.fits_frac(milli, vram_gb, d.models))
+            }
+            Kind::Mig(_) => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Reject::Gpu)
+        }
+    }
+
+    /// The first `count` GPUs free for a whole-GPU lease. When the node
+    /// declares NVLink/NUMA domains, the tightest domain that holds them all
+    /// is preferred (so a large domain stays whole for a large request).
+    pub fn pick_whole(&self, i: usize, count: u8, models: u64) -> GpuSet {
+        let n = &self.nodes[i];
+        let usable: GpuSet = n
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.fits_whole(models))
+            .fold(0, |m, (j, _)| m | (1 << j));
+        let count = u32::from(count);
+        if usable.count_ones() < count || count == 0 {
+            return 0;
+        }
+        if !n.domains.is_empty() {
+            let best = n
+                .domains
+                .iter()
+                .map(|&d| d & usable)
+                .filter(|m| m.count_ones() >= count)
+                .min_by_key(|m| m.count_ones());
+            if let Some(m) = best {
+                return lowest_bits(m, count);
+            }
+        }
+        lowest_bits(usable, count)
+    }
+
+    /// The GPU whose free milli fits `milli` most tightly (first index among
+    /// equals); `None` when none fits.
+    pub fn pick_frac_tightest(
+        &self,
+        i: usize,
+        milli: u16,
+        vram_gb: u32,
+        models: u64,
+    ) -> Option<u8> {
+        let mut best: Option<(u16, u8)> = None;
+        for (j, g) in self.nodes[i].gpus.iter().enumerate() {
+            if g.fits_frac(milli, vram_gb, models) && best.is_none_or(|(m, _)| g.milli_free < m) {
+                best = Some((g.milli_free, j as u8));
+            }
+        }
+        best.map(|(_, j)| j)
+    }
+
+    /// The default GPU choice for `d` on node `i`: first free GPUs for whole
+    /// leases (domain-aware), the tightest GPU for a slice.
+    pub fn pick_default(&self, i: usize, d: &Demand) -> GpuSet {
+        match d.kind {
+            Kind::None | Kind::Mig(_) => 0,
+            Kind::Whole(k) => self.pick_whole(i, k, d.models),
+            Kind::Frac { milli, vram_gb } => self
+                .pick_frac_tightest(i, milli, vram_gb, d.models)
+                .map_or(0, |j| 1 << j),
+        }
+    }
+
+    /// Takes `d` on node `i` on the GPUs in `gpus`. Checks everything.
+    pub fn allocate(&mut self, i: usize, d: &Demand, gpus: GpuSet) -> Result<AllocId, AllocError> {
+        if i >= self.nodes.len() {
+            return Err(AllocError::NoSuchNode);
+        }
+        self.check(i, d).map_err(AllocError::NotFeasible)?;
+        let n = &self.nodes[i];
+        if gpus as u64 >> n.gpus.len() != 0 {
+            return Err(AllocError::BadGpus);
+        }
+        match d.kind {
+            Kind::None => {
+                if gpus != 0 {
+                    return Err(AllocError::BadGpus);
+                }
+            }
+            Kind::Whole(k) => {
+                if gpus.count_ones() != u32::from(k)
+                    || !gpu_indices(gpus).all(|j| n.gpus[usize::from(j)].fits_whole(d.models))
+                {
+                    return Err(AllocError::BadGpus);
+                }
+            }
+            Kind::Frac { milli, vram_gb } => {
+                if gpus.count_ones() != 1 {
+                    return Err(AllocError::BadGpus);
+                }
+                let j = gpus.trailing_zeros() as usize;
+                if !n.gpus[j].fits_frac(milli, vram_gb, d.models) {
+                    return Err(AllocError::BadGpus);
+                }
+            }
+            Kind::Mig(_) => return Err(AllocError::MigUnsupported),
+        }
+        let n = &mut self.nodes[i];
+        n.cpu_free -= d.cpu_milli;
+        n.memory_free -= d.memory_mib;
+        for j in gpu_indices(gpus) {
+            let g = &mut n.gpus[usize::from(j)];
+            match d.kind {
+                Kind::Whole(_) => {
+                    g.milli_free = 0;
+                    g.vram_free = 0;
+                }
+                Kind::Frac { milli, vram_gb } => {
+                    g.milli_free -= milli;
+                    g.vram_free -= vram_gb;
+                }
+                Kind::None | Kind::Mig(_) => {}
+            }
+            g.leases += 1;
+        }
+        if let Some(t) = d.tag() {
+            n.tags[t] += 1;
+        }
+        n.generation += 1;
+        self.gpu_milli_used += d.gpu_milli();
+        let a = Allocation {
+            node: i as u32,
+            demand: *d,
+            gpus,
+        };
+        let id = match self.free_slots.pop() {
+            Some(s) => {
+                self.allocs[s as usize] = Some(a);
+                s
+            }
+            None => {
+                self.allocs.push(Some(a));
+                (self.allocs.len() - 1) as u32
+            }
+        };
+        Ok(AllocId(id))
+    }
+
+    /// Gives back everything allocation `id` held.
+    pub fn release(&mut self, id: AllocId) -> Result<Allocation, AllocError> {
+        let a = self
+            .allocs
+            .get_mut(id.0 as usize)
+            .and_then(Option::take)
+            .ok_or(AllocError::UnknownAllocation)?;
+        self.free_slots.push(id.0);
+        let d = a.demand;
+        let n = &mut self.nodes[a.node as usize];
+        n.cpu_free += d.cpu_milli;
+        n.memory_free += d.memory_mib;
+        for j in gpu_indices(a.gpus) {
+            let g = &mut n.gpus[usize::from(j)];
+            match d.kind {
+                Kind::Whole(_) => {
+                    g.milli_free = MILLI;
+                    g.vram_free = g.vram_total;
+                }
+                Kind::Frac { milli, vram_gb } => {
+                    g.milli_free += milli;
+                    g.vram_free += vram_gb;
+                }
+                Kind::None | Kind::Mig(_) => {}
+            }
+            g.leases -= 1;
+        }
+        if let Some(t) = d.tag() {
+            n.tags[t] -= 1;
+        }
+        n.generation += 1;
+        self.gpu_milli_used -= d.gpu_milli();
+        Ok(a)
+    }
+
+    pub fn allocation(&self, id: AllocId) -> Option<&Allocation> {
+        self.allocs.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Live allocations.
+    pub fn allocations(&self) -> impl Iterator<Item = (AllocId, &Allocation)> {
+        self.allocs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().map(|a| (AllocId(i as u32), a)))
+    }
+}
+
+fn lowest_bits(mut m: GpuSet, count: u32) -> GpuSet {
+    let mut out = 0;
+    for _ in 0..count {
+        let b = m & m.wrapping_neg();
+        out |= b;
+        m &= !b;
+    }
+    out
+}

@@ -1,0 +1,282 @@
+//! The engine: filter every node, let the policy score the feasible ones,
+//! take the best (ties by a seeded draw), and say why.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::cluster::{gpu_indices, AllocError, AllocId, Cluster, Demand, GpuSet, Reject};
+use crate::model::Request;
+use crate::policy::Policy;
+use crate::rng::Rng;
+
+/// Where a request goes, and why there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Node index in the cluster.
+    pub node: usize,
+    /// Chosen GPUs of that node.
+    pub gpus: GpuSet,
+    pub provenance: Provenance,
+}
+
+impl Decision {
+    pub fn gpu_indices(&self) -> Vec<u8> {
+        gpu_indices(self.gpus).collect()
+    }
+}
+
+/// "Why here": enough to explain a decision from the log later.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provenance {
+    pub policy: &'static str,
+    pub policy_version: u32,
+    /// Nodes that could take the request and were scored.
+    pub candidates: u32,
+    /// Candidates sharing the winner's score (one was drawn with the seed).
+    pub tied: u32,
+    pub winner_score: f64,
+    /// Best score among the other candidates (equal to the winner's on a tie).
+    pub runner_up_score: Option<f64>,
+    pub seed: u64,
+    /// Index of this decision in the engine's sequence (with the seed, it
+    /// fixes every random draw of the decision).
+    pub sequence: u64,
+}
+
+/// "Why pending": no node can take the request now; how many failed on which
+/// check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub policy: &'static str,
+    pub policy_version: u32,
+    pub nodes: u32,
+    pub rejected: BTreeMap<String, u32>,
+}
+
+impl fmt::Display for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.nodes == 0 {
+            return f.write_str("no nodes");
+        }
+        write!(f, "no node of {} fits:", self.nodes)?;
+        for (k, v) in &self.rejected {
+            write!(f, " {k} {v};")?;
+        }
+        Ok(())
+    }
+}
+
+/// Score of one candidate: compared as (`score`, `tiebreak`), higher wins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    pub score: f64,
+    pub tiebreak: f64,
+    pub gpus: GpuSet,
+}
+
+impl Scored {
+    pub fn new(score: f64, gpus: GpuSet) -> Self {
+        Scored {
+            score,
+            tiebreak: 0.0,
+            gpus,
+        }
+    }
+
+    #[inline]
+    fn key(&self) -> (f64, f64) {
+        (self.score, self.tiebreak)
+    }
+}
+
+/// Placement engine over a cluster with one policy. Pure and deterministic:
+/// the same cluster, policy, seed and sequence give the same decision.
+pub struct Engine {
+    cluster: Cluster,
+    policy: Box<dyn Policy>,
+    seed: u64,
+    sequence: u64,
+    ties: Ties,
+}
+
+/// How the engine chooses among candidates with equal scores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ties {
+    /// A fresh uniform draw for every decision (reservoir sampling over the
+    /// tied candidates), as stock Kubernetes does.
+    Draw,
+    /// A fixed order of nodes drawn once from the seed: the tied node that
+    /// comes first wins. This is what the published simulator does (it
+    /// renames the nodes with a random prefix per seed and keeps the first
+    /// best node in name order).
+    Ranked(Vec<u32>),
+}
+
+impl Engine {
+    pub fn new(cluster: Cluster, policy: Box<dyn Policy>, seed: u64) -> Self {
+        Engine {
+            cluster,
+            policy,
+            seed,
+            sequence: 0,
+            ties: Ties::Draw,
+        }
+    }
+
+    /// Breaks ties by a node order drawn once from the seed (see
+    /// [`Ties::Ranked`]).
+    pub fn with_ranked_ties(mut self) -> Self {
+        let mut order: Vec<u32> = (0..self.cluster.len() as u32).collect();
+        Rng::new(self.seed ^ 0x5EED_0F_0DE5).shuffle(&mut order);
+        let mut rank = vec![0u32; order.len()];
+        for (r, &n) in order.iter().enumerate() {
+            rank[n as usize] = r as u32;
+        }
+        self.ties = Ties::Ranked(rank);
+        self
+    }
+
+    pub fn ties(&self) -> &Ties {
+        &self.ties
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn policy(&self) -> &dyn Policy {
+        self.policy.as_ref()
+    }
+
+    pub fn policy_mut(&mut self) -> &mut dyn Policy {
+        self.policy.as_mut()
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// Decides where `request` goes (without taking anything).
+    pub fn decide(&mut self, request: &Request) -> Result<Decision, Pending> {
+        let d = self.cluster.demand(request);
+        self.decide_demand(&d)
+    }
+
+    /// Decides for an already compiled demand.
+    pub fn decide_demand(&mut self, d: &Demand) -> Result<Decision, Pending> {
+        let seq = self.sequence;
+        self.sequence += 1;
+        let mut rng = Rng::stream(self.seed, seq);
+        let cluster = &self.cluster;
+        let policy = self.policy.as_mut();
+        policy.begin(cluster, d);
+        let mut best: Option<(usize, Scored)> = None;
+        let mut runner_up: Option<f64> = None;
+        let mut tied = 0u32;
+        let mut candidates = 0u32;
+        let mut rejects = [0u32; 5];
+        for i in 0..cluster.len() {
+            if let Err(r) = cluster.check(i, d) {
+                rejects[r as usize] += 1;
+                continue;
+            }
+            candidates += 1;
+            let s = policy.score(cluster, i, d, &mut rng);
+            match &best {
+                None => {
+                    best = Some((i, s));
+                    tied = 1;
+                }
+                Some((_, b)) => {
+                    let (k, bk) = (s.key(), b.key());
+                    if k > bk {
+                        runner_up = Some(b.score);
+                        best = Some((i, s));
+                        tied = 1;
+                    } else if k == bk {
+                        runner_up = Some(b.score);
+                        tied += 1;
+                        let take = match &self.ties {
+                            Ties::Draw => rng.below(u64::from(tied)) == 0,
+                            Ties::Ranked(rank) => rank[i] < rank[best.as_ref().map_or(0, |b| b.0)],
+                        };
+                        if take {
+                            best = Some((i, s));
+                        }
+                    } else if runner_up.is_none_or(|r| s.score > r) {
+                        runner_up = Some(s.score);
+                    }
+                }
+            }
+        }
+        match best {
+            Some((node, s)) => Ok(Decision {
+                node,
+                gpus: s.gpus,
+                provenance: Provenance {
+                    policy: policy.name(),
+                    policy_version: policy.version(),
+                    candidates,
+                    tied,
+                    winner_score: s.score,
+                    runner_up_score: runner_up,
+                    seed: self.seed,
+                    sequence: seq,
+                },
+            }),
+            None => {
+                let names = [
+                    Reject::Zone,
+                    Reject::Model,
+                    Reject::Cpu,
+                    Reject::Memory,
+                    Reject::Gpu,
+                ];
+                Err(Pending {
+                    policy: policy.name(),
+                    policy_version: policy.version(),
+                    nodes: cluster.len() as u32,
+                    rejected: names
+                        .iter()
+                        .zip(rejects)
+                        .filter(|(_, c)| *c > 0)
+                        .map(|(r, c)| (r.to_string(), c))
+                        .collect(),
+                })
+            }
+        }
+    }
+
+    /// Takes what `decision` chose for `request`.
+    pub fn place(&mut self, request: &Request, decision: &Decision) -> Result<AllocId, AllocError> {
+        let d = self.cluster.demand(request);
+        self.place_demand(&d, decision)
+    }
+
+    pub fn place_demand(&mut self, d: &Demand, decision: &Decision) -> Result<AllocId, AllocError> {
+        self.cluster.allocate(decision.node, d, decision.gpus)
+    }
+
+    /// Decides and takes in one step.
+    pub fn schedule(&mut self, request: &Request) -> Result<(Decision, AllocId), Pending> {
+        let d = self.cluster.demand(request);
+        self.schedule_demand(&d)
+    }
+
+    pub fn schedule_demand(&mut self, d: &Demand) -> Result<(Decision, AllocId), Pending> {
+        let decision = self.decide_demand(d)?;
+        let id = self
+            .cluster
+            .allocate(decision.node, d, decision.gpus)
+            .expect("a policy chose GPUs that do not fit its own candidate");
+        Ok((decision, id))
+    }
+
+    pub fn release(&mut self, id: AllocId) -> Result<(), AllocError> {
+        self.cluster.release(id).map(|_| ())
+    }
+}

@@ -1,0 +1,33 @@
+//! Leasehold's placement engine: a pure library (no I/O, no clock),
+//! deterministic for a given seed.
+//!
+//! * [`model`]: what the engine is told (nodes, GPUs and their sharing mode,
+//!   requests).
+//! * [`Cluster`]: compact mutable state, feasibility checks, allocation and
+//!   release, a generation counter per node for incremental caching.
+//! * [`policy`]: the [`Policy`] trait and its implementations: the published
+//!   baselines (random, best fit, dot product, GPU packing, GPU clustering,
+//!   FGD) and Leasehold's default.
+//! * [`Engine`]: filter, score, pick (ties drawn with the seed), and a
+//!   [`Provenance`] for every decision or a [`Pending`] for every refusal.
+//! * [`sim`]: the openb trace experiment (parsing, arrival sequence, replay,
+//!   the published allocation curve), used by `lh-sim`.
+//!
+//! The reasoning and the measurements are in docs/placement.md.
+
+pub mod cluster;
+pub mod engine;
+pub mod model;
+pub mod policy;
+pub mod rng;
+pub mod sim;
+pub mod workload;
+
+pub use cluster::{
+    gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, Reject,
+};
+pub use engine::{Decision, Engine, Pending, Provenance, Scored, Ties};
+pub use model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode, Tier};
+pub use policy::Policy;
+pub use rng::Rng;
+pub use workload::{Shape, Workload, WorkloadConfig};

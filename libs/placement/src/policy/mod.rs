@@ -1,0 +1,61 @@
+//! Placement policies behind one trait.
+//!
+//! The baselines reproduce the score plugins of the published simulator
+//! (hkust-adsl/kubernetes-scheduler-simulator, the FGD paper's artifact):
+//! integer scores 0..=100 as the Kubernetes framework sees them, ties drawn
+//! at random by the engine, and the same choice of GPU inside the node. Their
+//! semantics are pinned by the unit tests of each module.
+
+use crate::cluster::{Cluster, Demand};
+use crate::engine::Scored;
+use crate::rng::Rng;
+use crate::workload::Workload;
+
+mod baselines;
+mod fgd;
+mod leasehold;
+
+pub use baselines::{BestFit, DotProduct, GpuClustering, GpuPacking, RandomPolicy};
+pub use fgd::Fgd;
+pub use leasehold::Leasehold;
+
+/// A placement policy. The engine calls [`Policy::begin`] once per decision,
+/// then [`Policy::score`] for every node that can take the demand; the
+/// highest score wins.
+pub trait Policy: Send {
+    fn name(&self) -> &'static str;
+    fn version(&self) -> u32;
+    /// Prepares for one decision (e.g. looks the demand's shape up once).
+    fn begin(&mut self, _cluster: &Cluster, _demand: &Demand) {}
+    /// Scores feasible node `node` and chooses its GPUs.
+    fn score(&mut self, cluster: &Cluster, node: usize, demand: &Demand, rng: &mut Rng) -> Scored;
+}
+
+/// Policy names, as `lh-sim --policy` takes them.
+pub const POLICY_NAMES: &[&str] = &[
+    "random",
+    "dotprod",
+    "gpuclustering",
+    "gpupacking",
+    "bestfit",
+    "fgd",
+    "leasehold",
+];
+
+/// The default policy.
+pub const DEFAULT_POLICY: &str = "leasehold";
+
+/// Builds a policy by name. Fragmentation-aware policies measure against
+/// `workload` (the distribution of task shapes).
+pub fn by_name(name: &str, workload: &Workload) -> Option<Box<dyn Policy>> {
+    Some(match name {
+        "random" => Box::new(RandomPolicy),
+        "dotprod" => Box::new(DotProduct),
+        "gpuclustering" => Box::new(GpuClustering),
+        "gpupacking" => Box::new(GpuPacking),
+        "bestfit" => Box::new(BestFit),
+        "fgd" => Box::new(Fgd::new(workload.clone())),
+        "leasehold" => Box::new(Leasehold::new(workload.clone())),
+        _ => return None,
+    })
+}

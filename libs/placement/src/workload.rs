@@ -1,0 +1,268 @@
+//! The target workload: the distribution of task shapes that fragmentation
+//! is measured against, and the fragmentation measure itself.
+//!
+//! A node's fragmentation for one shape (FGD, Weng et al., ATC'23) is the
+//! free GPU milli the shape cannot use there: all of it when the node cannot
+//! host the shape at all (too little CPU, too few GPUs that fit, no GPU of an
+//! allowed model, or a CPU-only shape, which uses no GPU), otherwise the free
+//! milli of the GPUs too small for one unit of it. The node's expected
+//! fragmentation is the sum over shapes weighted by their frequency.
+
+use std::collections::HashMap;
+
+use crate::cluster::{Cluster, Gpu, Kind, MILLI};
+use crate::model::{GpuDemand, Request};
+
+/// One task shape and its share of the workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub cpu_milli: u64,
+    /// 0 when the measure ignores memory (as the published FGD does).
+    pub memory_mib: u64,
+    pub gpu: GpuDemand,
+    /// Any-of model list, as requested (empty for any).
+    pub models: Vec<String>,
+    /// Frequency, summing to 1 over the workload.
+    pub weight: f64,
+}
+
+/// How a workload is summarised from a task list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkloadConfig {
+    /// Keep the most frequent shapes until they cover this share of tasks
+    /// (the simulator's "pod popularity threshold", 95%).
+    pub popularity: f64,
+    /// Count CPU-only tasks as shapes (the simulator does).
+    pub include_cpu_only: bool,
+    /// Keep memory in the shape (the simulator does not: its node model has
+    /// no memory).
+    pub with_memory: bool,
+}
+
+impl WorkloadConfig {
+    /// The configuration of the published experiments.
+    pub const PUBLISHED: WorkloadConfig = WorkloadConfig {
+        popularity: 0.95,
+        include_cpu_only: true,
+        with_memory: false,
+    };
+}
+
+/// The distribution of task shapes.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Workload {
+    pub shapes: Vec<Shape>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ShapeKey {
+    cpu: u64,
+    milli: u16,
+    count: u8,
+    spec: String,
+    memory: u64,
+    vram: u32,
+}
+
+impl Workload {
+    /// Summarises requests the way the simulator picks its "typical pods":
+    /// count identical shapes, sort by count (then by CPU, GPU milli, GPU
+    /// count and model list, all descending), keep the shortest prefix that
+    /// covers `popularity` of the tasks, renormalise.
+    pub fn from_requests<'a>(
+        requests: impl IntoIterator<Item = &'a Request>,
+        cfg: WorkloadConfig,
+    ) -> Self {
+        let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
+        let mut total = 0u64;
+        for r in requests {
+            let (milli, count, vram) = match &r.gpu {
+                GpuDemand::None => (0, 0, 0),
+                GpuDemand::Whole { count } => (MILLI, *count, 0),
+                GpuDemand::Fraction { milli, vram_gb } => (*milli, 1, *vram_gb),
+                GpuDemand::Mig { .. } => continue,
+            };
+            if count == 0 && !cfg.include_cpu_only {
+                continue;
+            }
+            let key = ShapeKey {
+                // Kubernetes counts a request of 0 CPU as 100 milli.
+                cpu: if r.cpu_milli == 0 { 100 } else { r.cpu_milli },
+                milli,
+                count,
+                spec: if count == 0 {
+                    String::new()
+                } else {
+                    r.models.join("|")
+                },
+                memory: if cfg.with_memory { r.memory_mib } else { 0 },
+                vram,
+            };
+            *counts.entry(key).or_default() += 1;
+            total += 1;
+        }
+        let mut list: Vec<(ShapeKey, u64)> = counts.into_iter().collect();
+        list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+        let want = cfg.popularity * total as f64;
+        let mut covered = 0u64;
+        let mut keep = 0;
+        while (covered as f64) < want && keep < list.len() {
+            covered += list[keep].1;
+            keep += 1;
+        }
+        list.truncate(keep);
+        let shapes = list
+            .into_iter()
+            .map(|(k, c)| Shape {
+                cpu_milli: k.cpu,
+                memory_mib: k.memory,
+                gpu: match (k.count, k.milli) {
+                    (0, _) => GpuDemand::None,
+                    (1, m) if m < MILLI => GpuDemand::Fraction {
+                        milli: m,
+                        vram_gb: k.vram,
+                    },
+                    (n, _) => GpuDemand::Whole { count: n },
+                },
+                models: if k.spec.is_empty() {
+                    Vec::new()
+                } else {
+                    k.spec.split('|').map(str::to_string).collect()
+                },
+                weight: c as f64 / covered.max(1) as f64,
+            })
+            .collect();
+        Workload { shapes }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shapes.is_empty()
+    }
+}
+
+/// A shape compiled against a cluster's model names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CShape {
+    pub cpu: u64,
+    pub memory: u64,
+    /// Per-GPU milli (1000 for whole GPUs, 0 for CPU-only).
+    pub milli: u16,
+    pub count: u8,
+    pub vram: u32,
+    pub whole: bool,
+    pub models: u64,
+    pub weight: f64,
+}
+
+/// A workload compiled against a cluster.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Compiled {
+    pub shapes: Vec<CShape>,
+    /// Weight of CPU-only shapes (all free GPU milli is fragment for them).
+    pub cpu_only_weight: f64,
+    /// Number of model names the cluster had when compiled.
+    pub models_seen: usize,
+}
+
+impl Compiled {
+    pub fn new(w: &Workload, cluster: &Cluster) -> Self {
+        let mut c = Compiled {
+            models_seen: cluster.models().len(),
+            ..Compiled::default()
+        };
+        for s in &w.shapes {
+            let (milli, count, vram, whole) = match &s.gpu {
+                GpuDemand::None => {
+                    c.cpu_only_weight += s.weight;
+                    continue;
+                }
+                GpuDemand::Whole { count } => (MILLI, *count, 0, true),
+                GpuDemand::Fraction { milli, vram_gb } => (*milli, 1, *vram_gb, false),
+                GpuDemand::Mig { .. } => continue,
+            };
+            c.shapes.push(CShape {
+                cpu: s.cpu_milli,
+                memory: s.memory_mib,
+                milli,
+                count,
+                vram,
+                whole,
+                models: cluster.model_mask(&s.models),
+                weight: s.weight,
+            });
+        }
+        c
+    }
+}
+
+/// The free resources of one node, possibly after a hypothetical placement.
+pub(crate) struct Load<'a> {
+    pub cpu_free: u64,
+    pub memory_free: u64,
+    pub model_mask: u64,
+    pub gpus: &'a [Gpu],
+}
+
+impl Compiled {
+    /// Expected fragmentation of a node, in milli-GPU. With `memory` the fit
+    /// also needs the shape's memory (stranding by memory counts as
+    /// fragmentation).
+    pub fn frag(&self, l: &Load<'_>, memory: bool) -> f64 {
+        let total: u64 = l.gpus.iter().map(|g| u64::from(g.milli_free)).sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let t = total as f64;
+        let mut f = self.cpu_only_weight * t;
+        for s in &self.shapes {
+            if s.models & l.model_mask == 0
+                || l.cpu_free < s.cpu
+                || (memory && l.memory_free < s.memory)
+            {
+                f += s.weight * t;
+                continue;
+            }
+            let mut fit = 0u8;
+            let mut unusable = 0u64;
+            for g in l.gpus {
+                let ok = if s.whole {
+                    g.fits_whole(s.models)
+                } else {
+                    g.fits_frac(s.milli, s.vram, s.models)
+                };
+                if ok {
+                    fit = fit.saturating_add(1);
+                } else {
+                    unusable += u64::from(g.milli_free);
+                }
+            }
+            if fit >= s.count {
+                f += s.weight * unusable as f64;
+            } else {
+                f += s.weight * t;
+            }
+        }
+        f
+    }
+}
+
+/// Applies a demand to a copy of a node's GPUs (for "what if" scoring).
+pub(crate) fn apply(gpus: &mut [Gpu], kind: Kind, set: u32) {
+    for (j, g) in gpus.iter_mut().enumerate() {
+        if set & (1 << j) == 0 {
+            continue;
+        }
+        match kind {
+            Kind::Whole(_) => {
+                g.milli_free = 0;
+                g.vram_free = 0;
+            }
+            Kind::Frac { milli, vram_gb } => {
+                g.milli_free -= milli;
+                g.vram_free -= vram_gb;
+            }
+            Kind::None | Kind::Mig(_) => {}
+        }
+        g.leases += 1;
+    }
+}

@@ -1,0 +1,293 @@
+//! lh-sim: replays a node list and a task list with the published openb
+//! protocol (shared/traces/openb/README.md) for every chosen policy and seed,
+//! and scores the allocation curve.
+//!
+//! ```text
+//! lh-sim --nodes FILE --tasks FILE [--policy NAME|all|A,B] [--seeds 42..51] [--out DIR]
+//! ```
+//!
+//! Prints one line per policy:
+//! `policy=<name> alloc100=<pct> alloc130=<pct> seconds=<s>` (mean over the
+//! seeds; without `--policy` only the default policy runs), and writes into
+//! `--out` (default `target/lh-sim`): `alloc.csv` (policy, seed, arrived_pct,
+//! alloc_pct), `summary.md` (the 100% and 130% table) and `alloc.svg` (mean
+//! curves per policy).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use lh_placement::policy::{DEFAULT_POLICY, POLICY_NAMES};
+use lh_placement::sim::{self, Order, SeedRun, MAX_PCT};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lh-sim",
+    about = "Replay a GPU trace with the published openb protocol and score placement policies"
+)]
+struct Args {
+    /// Node list CSV (sn,cpu_milli,memory_mib,gpu,model).
+    #[arg(long)]
+    nodes: PathBuf,
+    /// Task list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]).
+    #[arg(long)]
+    tasks: PathBuf,
+    /// A policy name, a comma-separated list, or `all`.
+    #[arg(long, default_value = DEFAULT_POLICY)]
+    policy: String,
+    /// Seeds, inclusive range `A..B` or a comma-separated list.
+    #[arg(long, default_value = "42..51")]
+    seeds: String,
+    /// Output directory.
+    #[arg(long, default_value = "target/lh-sim")]
+    out: PathBuf,
+    /// Where appended tasks go: `readme` (append, then shuffle all) or
+    /// `simulator` (shuffle the list, append the draws after it, as the
+    /// published simulator's code does).
+    #[arg(long, default_value = "readme")]
+    order: String,
+    /// Worker threads (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn parse_seeds(s: &str) -> Result<Vec<u64>> {
+    if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a.trim().parse().context("seed range start")?;
+        let b: u64 = b
+            .trim()
+            .trim_start_matches('=')
+            .parse()
+            .context("seed range end")?;
+        if b < a {
+            bail!("empty seed range {s}");
+        }
+        return Ok((a..=b).collect());
+    }
+    s.split(',')
+        .map(|x| x.trim().parse::<u64>().context("seed"))
+        .collect()
+}
+
+fn mean_at(runs: &[&SeedRun], pct: usize) -> Option<f64> {
+    let v: Vec<f64> = runs.iter().filter_map(|r| r.curve[pct]).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn fmt_pct(x: Option<f64>) -> String {
+    x.map_or_else(|| "nan".to_string(), |v| format!("{v:.2}"))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let nodes_csv = std::fs::read_to_string(&args.nodes)
+        .with_context(|| format!("reading {}", args.nodes.display()))?;
+    let tasks_csv = std::fs::read_to_string(&args.tasks)
+        .with_context(|| format!("reading {}", args.tasks.display()))?;
+    let nodes = sim::parse_nodes(&nodes_csv).map_err(anyhow::Error::msg)?;
+    let tasks = sim::parse_tasks(&tasks_csv).map_err(anyhow::Error::msg)?;
+    let policies: Vec<String> = match args.policy.as_str() {
+        "all" => POLICY_NAMES.iter().map(|s| s.to_string()).collect(),
+        p => p.split(',').map(|s| s.trim().to_string()).collect(),
+    };
+    for p in &policies {
+        if lh_placement::policy::by_name(p, &Default::default()).is_none() {
+            bail!("unknown policy {p} (known: {})", POLICY_NAMES.join(", "));
+        }
+    }
+    let order = match args.order.as_str() {
+        "readme" => Order::AppendThenShuffle,
+        "simulator" => Order::ShuffleThenAppend,
+        o => bail!("unknown order {o} (readme or simulator)"),
+    };
+    let seeds = parse_seeds(&args.seeds)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, seeds.len().max(1));
+    eprintln!(
+        "lh-sim: {} nodes, {} tasks, {} policies x {} seeds on {} threads",
+        nodes.len(),
+        tasks.len(),
+        policies.len(),
+        seeds.len(),
+        threads
+    );
+
+    let mut all: Vec<SeedRun> = Vec::new();
+    let mut lines = Vec::new();
+    for p in &policies {
+        let started = Instant::now();
+        let next = AtomicUsize::new(0);
+        let done = AtomicUsize::new(0);
+        let results: Mutex<Vec<SeedRun>> = Mutex::new(Vec::new());
+        let error: Mutex<Option<String>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&seed) = seeds.get(i) else { break };
+                    match sim::run_seed(&nodes, &tasks, p, seed, order) {
+                        Ok(r) => {
+                            let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                            eprintln!(
+                                "  {p} seed {seed}: alloc130 {} ({} placed, {} failed) [{n}/{}] {:.1}s",
+                                fmt_pct(r.curve[MAX_PCT]),
+                                r.placed,
+                                r.failed,
+                                seeds.len(),
+                                started.elapsed().as_secs_f64()
+                            );
+                            results.lock().unwrap().push(r);
+                        }
+                        Err(e) => {
+                            *error.lock().unwrap() = Some(e);
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = error.into_inner().unwrap() {
+            bail!(e);
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let mut runs = results.into_inner().unwrap();
+        runs.sort_by_key(|r| r.seed);
+        let refs: Vec<&SeedRun> = runs.iter().collect();
+        let line = format!(
+            "policy={p} alloc100={} alloc130={} seconds={secs:.2}",
+            fmt_pct(mean_at(&refs, 100)),
+            fmt_pct(mean_at(&refs, MAX_PCT))
+        );
+        println!("{line}");
+        lines.push((
+            p.clone(),
+            mean_at(&refs, 100),
+            mean_at(&refs, MAX_PCT),
+            secs,
+        ));
+        all.extend(runs);
+    }
+
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut csv = String::from("policy,seed,arrived_pct,alloc_pct\n");
+    for r in &all {
+        for (pct, v) in r.curve.iter().enumerate() {
+            if let Some(v) = v {
+                csv.push_str(&format!("{},{},{pct},{v:.2}\n", r.policy, r.seed));
+            }
+        }
+    }
+    std::fs::write(args.out.join("alloc.csv"), csv)?;
+
+    let mut md = format!(
+        "# lh-sim summary\n\nnodes: `{}`; tasks: `{}`; seeds: {}; order: {}\n\n| policy | alloc at 100% arrived | alloc at 130% arrived | seconds |\n| --- | --- | --- | --- |\n",
+        args.nodes.display(),
+        args.tasks.display(),
+        args.seeds,
+        args.order
+    );
+    for (p, a, b, s) in &lines {
+        md.push_str(&format!(
+            "| {p} | {} | {} | {s:.2} |\n",
+            fmt_pct(*a),
+            fmt_pct(*b)
+        ));
+    }
+    std::fs::write(args.out.join("summary.md"), md)?;
+
+    let curves: Vec<(String, Vec<Option<f64>>)> = policies
+        .iter()
+        .map(|p| {
+            let refs: Vec<&SeedRun> = all.iter().filter(|r| &r.policy == p).collect();
+            (
+                p.clone(),
+                (0..=MAX_PCT).map(|pct| mean_at(&refs, pct)).collect(),
+            )
+        })
+        .collect();
+    chart::write(
+        &args.out.join("alloc.svg"),
+        &args.tasks.display().to_string(),
+        &curves,
+    )?;
+    eprintln!(
+        "lh-sim: wrote {}/{{alloc.csv,summary.md,alloc.svg}}",
+        args.out.display()
+    );
+    Ok(())
+}
+
+mod chart {
+    use std::path::Path;
+
+    use anyhow::{anyhow, Result};
+    use plotters::prelude::*;
+
+    const COLORS: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(23, 190, 207),
+    ];
+
+    /// Mean allocation curve per policy, arrived % on x, allocated % on y.
+    pub fn write(path: &Path, title: &str, curves: &[(String, Vec<Option<f64>>)]) -> Result<()> {
+        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+        let lo = curves
+            .iter()
+            .flat_map(|(_, c)| c.iter().skip(60).flatten())
+            .fold(100.0f64, |m, &v| m.min(v));
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("GPU allocation vs arrived demand: {title}"),
+                ("sans-serif", 18),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(60f64..131f64, (lo.floor() - 1.0).max(0.0)..100f64)
+            .map_err(|e| anyhow!("{e:?}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("arrived GPU demand (% of capacity)")
+            .y_desc("allocated GPU (% of capacity)")
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        for (i, (name, c)) in curves.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = c
+                .iter()
+                .enumerate()
+                .skip(60)
+                .filter_map(|(x, y)| y.map(|y| (x as f64, y)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(|e| anyhow!("{e:?}"))?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        root.present().map_err(|e| anyhow!("{e:?}"))?;
+        Ok(())
+    }
+}
