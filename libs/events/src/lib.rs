@@ -126,8 +126,12 @@ impl Tier {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
-    /// Most GPUs the tenant may hold at once, across all its leases.
+    /// Most GPUs the tenant may hold at once, across all its leases. A
+    /// fraction or MIG slice counts by its size (milli-GPU / 1000).
     pub max_gpus: u32,
+    /// Most VRAM (GB) the tenant may hold at once; no limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_vram_gb: Option<u32>,
 }
 
 /// One GPU of a node's inventory.
@@ -160,6 +164,8 @@ pub enum EndReason {
     Completed,
     /// The workload or node failed.
     Failed,
+    /// A spot lease evicted for an on-demand one after its notice ran out.
+    Preempted,
 }
 
 /// Every v1 event. The `type` tag is the event type name.
@@ -178,6 +184,8 @@ pub enum EventData {
     LeasePlaced(LeasePlaced),
     #[serde(rename = "lease.stop_requested")]
     LeaseStopRequested(LeaseStopRequested),
+    #[serde(rename = "lease.preemption_noticed")]
+    LeasePreemptionNoticed(LeasePreemptionNoticed),
     #[serde(rename = "lease.started")]
     LeaseStarted(LeaseStarted),
     #[serde(rename = "lease.ended")]
@@ -209,6 +217,13 @@ pub struct TenantCreated {
     /// Hex SHA-256 of the API key; the key itself is shown once and never stored.
     pub api_key_sha256: String,
     pub quota: Quota,
+    /// Weight in fair sharing across tenants (default 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -219,6 +234,9 @@ pub struct LeaseRequested {
     pub gpus: u32,
     pub gpu_model: String,
     pub tier: Tier,
+    /// Order among the tenant's own waiting leases; higher first (default 0).
+    #[serde(default)]
+    pub priority: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
 }
@@ -270,6 +288,17 @@ pub struct LeasePlaced {
 #[serde(deny_unknown_fields)]
 pub struct LeaseStopRequested {
     pub lease_id: Uuid,
+}
+
+/// A spot lease will be evicted at `deadline` so that `preempted_for` (an
+/// on-demand lease) can have its GPUs. The node-agent ends it then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeasePreemptionNoticed {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub preempted_for: Uuid,
+    pub deadline: DateTime<Utc>,
 }
 
 /// The node-agent started the workload; billing starts at `started_at`.
@@ -392,6 +421,7 @@ impl EventData {
             EventData::LeaseRejected(_) => "lease.rejected",
             EventData::LeasePlaced(_) => "lease.placed",
             EventData::LeaseStopRequested(_) => "lease.stop_requested",
+            EventData::LeasePreemptionNoticed(_) => "lease.preemption_noticed",
             EventData::LeaseStarted(_) => "lease.started",
             EventData::LeaseEnded(_) => "lease.ended",
             EventData::NodeRegistered(_) => "node.registered",
@@ -421,6 +451,7 @@ impl EventData {
             EventData::LeaseRejected(e) => subject::lease(e.lease_id),
             EventData::LeasePlaced(e) => subject::lease(e.lease_id),
             EventData::LeaseStopRequested(e) => subject::lease(e.lease_id),
+            EventData::LeasePreemptionNoticed(e) => subject::lease(e.lease_id),
             EventData::LeaseStarted(e) => subject::lease(e.lease_id),
             EventData::LeaseEnded(e) => subject::lease(e.lease_id),
             EventData::NodeRegistered(e) => subject::node(&e.node_id),
@@ -459,6 +490,10 @@ pub fn schemas() -> Vec<(String, serde_json::Value)> {
         (
             format!("lease.stop_requested.v{v}.json"),
             schema::<LeaseStopRequested>(),
+        ),
+        (
+            format!("lease.preemption_noticed.v{v}.json"),
+            schema::<LeasePreemptionNoticed>(),
         ),
         (format!("lease.started.v{v}.json"), schema::<LeaseStarted>()),
         (format!("lease.ended.v{v}.json"), schema::<LeaseEnded>()),

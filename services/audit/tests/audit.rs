@@ -170,7 +170,11 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 name_sealed: "c2VhbGVk".into(),
                 email_sealed: "c2VhbGVk".into(),
                 api_key_sha256: "00".repeat(32),
-                quota: Quota { max_gpus: 8 },
+                quota: Quota {
+                    max_gpus: 8,
+                    max_vram_gb: None,
+                },
+                weight: 1,
             }),
             1 => EventData::NodeRegistered(NodeRegistered {
                 node_id: format!("node-{i}"),
@@ -191,6 +195,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     gpus: 1,
                     gpu_model: "A100-40GB".into(),
                     tier: Tier::Basic,
+                    priority: 0,
                     idempotency_key: Some(format!("k{i}")),
                 })
             }

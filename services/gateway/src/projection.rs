@@ -37,8 +37,9 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
     match &event.envelope.data {
         EventData::TenantCreated(e) => {
             sqlx::query(
-                "INSERT INTO tenants (id, name_sealed, email_sealed, api_key_sha256, max_gpus, created_at, sequence)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO tenants (id, name_sealed, email_sealed, api_key_sha256, max_gpus, created_at, sequence,
+                                      max_vram_gb, weight)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
             )
             .bind(e.tenant_id)
             .bind(&e.name_sealed)
@@ -47,14 +48,16 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             .bind(e.quota.max_gpus as i32)
             .bind(at)
             .bind(seq)
+            .bind(e.quota.max_vram_gb.map(|v| v as i32))
+            .bind(e.weight as i32)
             .execute(conn)
             .await?;
         }
         EventData::LeaseRequested(e) => {
             sqlx::query(
                 "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
-                                     created_at, requested_sequence, last_sequence)
-                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8) ON CONFLICT (id) DO NOTHING",
+                                     created_at, requested_sequence, last_sequence, priority)
+                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9) ON CONFLICT (id) DO NOTHING",
             )
             .bind(e.lease_id)
             .bind(e.tenant_id)
@@ -64,6 +67,7 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             .bind(&e.idempotency_key)
             .bind(at)
             .bind(seq)
+            .bind(e.priority)
             .execute(conn)
             .await?;
         }
@@ -112,6 +116,17 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
                 "UPDATE leases SET stop_requested = TRUE, last_sequence = $2 WHERE id = $1",
             )
             .bind(e.lease_id)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeasePreemptionNoticed(e) => {
+            sqlx::query(
+                "UPDATE leases SET preemption_deadline = $2, preempted_for = $3, last_sequence = $4 WHERE id = $1",
+            )
+            .bind(e.lease_id)
+            .bind(e.deadline)
+            .bind(e.preempted_for)
             .bind(seq)
             .execute(conn)
             .await?;

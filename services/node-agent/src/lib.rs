@@ -68,6 +68,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 struct LocalLease {
     started: bool,
     stop_requested: bool,
+    /// A spot lease preempted for an on-demand one ends at this instant.
+    preemption_deadline: Option<chrono::DateTime<Utc>>,
     ended: bool,
     subject_sequence: u64,
     correlation_id: Uuid,
@@ -101,6 +103,9 @@ impl NodeState {
                 };
                 l.subject_sequence = l.subject_sequence.max(sequence);
                 match other {
+                    EventData::LeasePreemptionNoticed(e) => {
+                        l.preemption_deadline = Some(e.deadline)
+                    }
                     EventData::LeaseStarted(_) => l.started = true,
                     EventData::LeaseStopRequested(_) => l.stop_requested = true,
                     EventData::LeaseEnded(_) => l.ended = true,
@@ -123,6 +128,7 @@ fn lease_of(data: &EventData) -> Option<Uuid> {
         EventData::LeaseStarted(e) => Some(e.lease_id),
         EventData::LeaseStopRequested(e) => Some(e.lease_id),
         EventData::LeaseEnded(e) => Some(e.lease_id),
+        EventData::LeasePreemptionNoticed(e) => Some(e.lease_id),
         _ => None,
     }
 }
@@ -167,6 +173,10 @@ async fn agent(
                     tracing::warn!(error = %e, "heartbeat not sent");
                 }
                 metrics::gauge!("lh_node_running_leases").set(state.running() as f64);
+                // Preemption deadlines fall due with time, not with events.
+                if state.leases.values().any(|l| l.preemption_deadline.is_some() && !l.ended) {
+                    dirty = true;
+                }
             }
         }
         if caught_up && dirty {
@@ -201,11 +211,14 @@ async fn register(bus: &Bus, inventory: &NodeRegistered) -> anyhow::Result<()> {
 async fn act(bus: &Bus, node_id: &str, state: &mut NodeState) -> bool {
     let now = Utc::now();
     for (lease_id, lease) in state.leases.iter_mut().filter(|(_, l)| !l.ended) {
-        let (data, step, expect) = if lease.stop_requested {
-            let reason = if lease.started {
+        let preempt_now = lease.preemption_deadline.is_some_and(|d| now >= d);
+        let (data, step, expect) = if lease.stop_requested || preempt_now {
+            let reason = if !lease.started {
+                EndReason::Cancelled
+            } else if lease.stop_requested {
                 EndReason::Stopped
             } else {
-                EndReason::Cancelled
+                EndReason::Preempted
             };
             let data = EventData::LeaseEnded(LeaseEnded {
                 lease_id: *lease_id,

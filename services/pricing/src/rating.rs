@@ -399,6 +399,7 @@ mod tests {
                 gpus: 2,
                 gpu_model: "A100".into(),
                 tier: Tier::Basic,
+                priority: 0,
                 idempotency_key: None,
             })),
             env(EventData::LeasePlaced(LeasePlaced {

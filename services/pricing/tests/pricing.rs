@@ -67,6 +67,7 @@ impl Env {
                     gpus: 2,
                     gpu_model: "A100-40GB".into(),
                     tier: Tier::Basic,
+                    priority: 0,
                     idempotency_key: None,
                 }),
             ),

@@ -31,23 +31,53 @@ const QUIET: Duration = Duration::from_millis(100);
 pub struct Config {
     #[command(flatten)]
     pub common: CommonArgs,
+    /// A spot lease younger than this is never preempted.
+    #[arg(long, env = "LH_PREEMPTION_MIN_RUNTIME_SECS", default_value_t = 600)]
+    pub preemption_min_runtime_secs: i64,
+    /// Notice a preempted spot lease gets before the node-agent ends it.
+    #[arg(long, env = "LH_PREEMPTION_NOTICE_SECS", default_value_t = 120)]
+    pub preemption_notice_secs: i64,
+    /// A lease waiting longer than this stops smaller ones from backfilling
+    /// around it.
+    #[arg(long, env = "LH_BACKFILL_STARVATION_SECS", default_value_t = 300)]
+    pub backfill_starvation_secs: i64,
+}
+
+impl Config {
+    pub fn for_test(nats_url: &str) -> Self {
+        Self {
+            common: CommonArgs::for_test(nats_url),
+            preemption_min_runtime_secs: 600,
+            preemption_notice_secs: 120,
+            backfill_starvation_secs: 300,
+        }
+    }
+
+    pub fn rules(&self) -> state::Rules {
+        state::Rules {
+            preemption_min_runtime: chrono::Duration::seconds(self.preemption_min_runtime_secs),
+            preemption_notice: chrono::Duration::seconds(self.preemption_notice_secs),
+            backfill_starvation: chrono::Duration::seconds(self.backfill_starvation_secs),
+        }
+    }
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let bus = config.common.connect_bus(state::SERVICE).await?;
     let readiness = Readiness::default();
     let ready = readiness.clone();
+    let rules = config.rules();
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
         readiness,
         shutdown,
-        async move { schedule(bus, ready).await },
+        async move { schedule(bus, rules, ready).await },
     )
     .await
 }
 
-async fn schedule(bus: Bus, ready: Readiness) -> anyhow::Result<()> {
+async fn schedule(bus: Bus, rules: state::Rules, ready: Readiness) -> anyhow::Result<()> {
     let mut state = State::default();
     let mut feed = bus
         .feed(
@@ -78,7 +108,7 @@ async fn schedule(bus: Bus, ready: Readiness) -> anyhow::Result<()> {
         if caught_up && dirty {
             ready.set(true);
             dirty = false;
-            if !decide_and_append(&bus, &mut state).await {
+            if !decide_and_append(&bus, &mut state, &rules).await {
                 // Someone else appended first: read their events, then retry.
                 caught_up = false;
                 dirty = true;
@@ -90,9 +120,9 @@ async fn schedule(bus: Bus, ready: Readiness) -> anyhow::Result<()> {
 
 /// Appends decisions until there are none left. False when a conflict
 /// cut it short.
-async fn decide_and_append(bus: &Bus, state: &mut State) -> bool {
+async fn decide_and_append(bus: &Bus, state: &mut State, rules: &state::Rules) -> bool {
     loop {
-        let decisions = state.decide(Utc::now());
+        let decisions = state.decide(Utc::now(), rules);
         if !append_all(bus, state, decisions.batches).await {
             return false;
         }

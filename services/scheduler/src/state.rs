@@ -1,26 +1,72 @@
 //! The scheduler's view of the world and its decisions, as pure functions:
 //! [`State::apply`] folds one stored event in, [`State::decide`] says what
 //! to append next. No I/O and no clock: `now` comes in as an argument.
+//!
+//! The queue, in order:
+//! 1. on-demand (basic) before spot;
+//! 2. within a tier, weighted fair share across tenants: the next lease
+//!    comes from the tenant whose held GPU milli divided by its weight is
+//!    smallest (dominant resource fairness with one resource, recomputed
+//!    after every planned placement);
+//! 3. within a tenant, higher priority first, then first come, first served.
+//!
+//! A lease that does not fit now does not block the ones behind it
+//! (backfill), unless it has waited longer than
+//! [`Rules::backfill_starvation`]: then the free GPUs of its model are kept
+//! for it. An on-demand lease that fits only by evicting spot leases notices
+//! the cheapest set of victims (see [`plan_preemption`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
 use lh_domain::placement::{self, Request, Unplaceable};
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, EndReason, Envelope, EventData, LeaseEnded,
-    LeasePlaced, LeaseQueued, LeaseRejected, NodeGpusAllocated, Quota, Tier,
+    LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected, NodeGpusAllocated, Quota,
+    Tier,
 };
 use uuid::Uuid;
 
 pub const SERVICE: &str = "lh-scheduler";
+/// Milli-GPU in one whole GPU.
+pub const MILLI_PER_GPU: u64 = 1000;
+/// Queue positions are kept exact (re-announced when they move) this far
+/// down the queue; beyond it a position is announced once.
+pub const EXACT_POSITIONS: u32 = 100;
+/// Most spot leases on one node considered as preemption victims at once
+/// (the search tries every subset).
+pub const MAX_VICTIMS_PER_NODE: usize = 12;
+
+/// Knobs of the queueing rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// A spot lease younger than this is never preempted.
+    pub preemption_min_runtime: Duration,
+    /// Time a preempted spot lease gets between notice and eviction.
+    pub preemption_notice: Duration,
+    /// A waiting lease older than this stops smaller ones of its model from
+    /// jumping ahead.
+    pub backfill_starvation: Duration,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self {
+            preemption_min_runtime: Duration::minutes(10),
+            preemption_notice: Duration::seconds(120),
+            backfill_starvation: Duration::minutes(5),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Status {
     Requested,
     Queued {
         reason: String,
+        position: u32,
     },
     /// Placed or running: holds GPUs until it ends.
     Holding,
@@ -33,14 +79,34 @@ pub struct Lease {
     pub gpus: u32,
     pub gpu_model: String,
     pub tier: Tier,
+    pub priority: i32,
     pub status: Status,
     pub stop_requested: bool,
+    pub requested_at: DateTime<Utc>,
     /// Sequence of `lease.requested`: first come, first served.
     pub requested_sequence: u64,
     /// Last stream sequence on this lease's subject.
     pub subject_sequence: u64,
     pub correlation_id: Uuid,
     pub request_event_id: Uuid,
+    /// Where it runs, once placed.
+    pub node_id: Option<String>,
+    pub vram_gb: u32,
+    pub started_at: Option<DateTime<Utc>>,
+    /// Set once this spot lease has been told it will be preempted.
+    pub preemption_deadline: Option<DateTime<Utc>>,
+}
+
+impl Lease {
+    fn milli(&self) -> u64 {
+        u64::from(self.gpus) * MILLI_PER_GPU
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Tenant {
+    pub quota: Quota,
+    pub weight: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -48,13 +114,23 @@ pub struct State {
     pub fleet: Fleet,
     /// Live leases only: ended and rejected ones are dropped.
     pub leases: HashMap<Uuid, Lease>,
-    pub quotas: HashMap<Uuid, Quota>,
+    pub tenants: HashMap<Uuid, Tenant>,
     /// Leases waiting for a decision, by request sequence.
     waiting: BTreeMap<u64, Uuid>,
+    /// On-demand leases whose preemption notices are out.
+    awaiting_preemption: HashSet<Uuid>,
 }
 
 /// One decision: events appended together as one atomic batch.
 pub type Batch = Vec<(Envelope, Expect)>;
+
+/// The outcome of one decision pass.
+#[derive(Debug, Default)]
+pub struct Decisions {
+    pub batches: Vec<Batch>,
+    /// The pass stopped early: decide again once these are appended.
+    pub more: bool,
+}
 
 impl State {
     pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
@@ -62,21 +138,34 @@ impl State {
         self.fleet.apply(sequence, data);
         match data {
             EventData::TenantCreated(e) => {
-                self.quotas.insert(e.tenant_id, e.quota);
+                self.tenants.insert(
+                    e.tenant_id,
+                    Tenant {
+                        quota: e.quota,
+                        weight: e.weight.max(1),
+                    },
+                );
             }
             EventData::LeaseRequested(e) => {
+                let vram_per_gpu = lh_domain::catalog::vram_gb(&e.gpu_model).unwrap_or(0);
                 self.leases.entry(e.lease_id).or_insert_with(|| Lease {
                     id: e.lease_id,
                     tenant_id: e.tenant_id,
                     gpus: e.gpus,
                     gpu_model: e.gpu_model.clone(),
                     tier: e.tier,
+                    priority: e.priority,
                     status: Status::Requested,
                     stop_requested: false,
+                    requested_at: envelope.occurred_at,
                     requested_sequence: sequence,
                     subject_sequence: sequence,
                     correlation_id: envelope.correlation_id,
                     request_event_id: envelope.id,
+                    node_id: None,
+                    vram_gb: e.gpus * vram_per_gpu,
+                    started_at: None,
+                    preemption_deadline: None,
                 });
                 self.waiting.insert(sequence, e.lease_id);
             }
@@ -84,14 +173,18 @@ impl State {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.status = Status::Queued {
                         reason: e.reason.clone(),
+                        position: e.position,
                     };
                 }
             }
             EventData::LeasePlaced(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.status = Status::Holding;
+                    l.node_id = Some(e.node_id.clone());
+                    l.vram_gb = e.vram_gb_per_gpu * l.gpus;
                     let key = l.requested_sequence;
                     self.waiting.remove(&key);
+                    self.awaiting_preemption.remove(&e.lease_id);
                 }
             }
             EventData::LeaseStopRequested(e) => {
@@ -99,8 +192,16 @@ impl State {
                     l.stop_requested = true;
                 }
             }
+            EventData::LeasePreemptionNoticed(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.preemption_deadline = Some(e.deadline);
+                }
+                self.awaiting_preemption.insert(e.preempted_for);
+            }
             EventData::LeaseStarted(e) => {
-                self.lease_at(e.lease_id, sequence);
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.started_at = Some(e.started_at);
+                }
             }
             EventData::LeaseEnded(e) => self.forget(e.lease_id),
             EventData::LeaseRejected(e) => self.forget(e.lease_id),
@@ -108,9 +209,15 @@ impl State {
         }
     }
 
+    /// The lease an event at `sequence` on its subject applies to; `None`
+    /// when the lease is unknown or the event was applied already (a writer
+    /// applies its own events at once and the feed repeats them later).
     fn lease_at(&mut self, lease_id: Uuid, sequence: u64) -> Option<&mut Lease> {
         let lease = self.leases.get_mut(&lease_id)?;
-        lease.subject_sequence = lease.subject_sequence.max(sequence);
+        if sequence <= lease.subject_sequence {
+            return None;
+        }
+        lease.subject_sequence = sequence;
         Some(lease)
     }
 
@@ -118,36 +225,90 @@ impl State {
         if let Some(l) = self.leases.remove(&lease_id) {
             self.waiting.remove(&l.requested_sequence);
         }
+        self.awaiting_preemption.remove(&lease_id);
     }
 
     pub fn waiting_count(&self) -> usize {
         self.waiting.len()
     }
 
-    fn gpus_held_by_tenant(&self) -> HashMap<Uuid, u32> {
-        let mut held = HashMap::new();
+    /// `(milli, vram GB)` each tenant holds now.
+    fn held_by_tenant(&self) -> HashMap<Uuid, (u64, u64)> {
+        let mut held: HashMap<Uuid, (u64, u64)> = HashMap::new();
         for l in self.leases.values().filter(|l| l.status == Status::Holding) {
-            *held.entry(l.tenant_id).or_default() += l.gpus;
+            let h = held.entry(l.tenant_id).or_default();
+            h.0 += l.milli();
+            h.1 += u64::from(l.vram_gb);
         }
         held
     }
 
-    /// What to append now, in request order. Each batch assumes the ones
+    /// Waiting leases in queue order (see the module docs), with the held
+    /// amounts evolving as if each lease before were placed.
+    pub fn queue_order(&self) -> Vec<Uuid> {
+        let mut held = self.held_by_tenant();
+        // tier → tenant → leases by (priority desc, sequence asc)
+        let mut per_tier: BTreeMap<u8, HashMap<Uuid, Vec<&Lease>>> = BTreeMap::new();
+        for id in self.waiting.values() {
+            let Some(l) = self.leases.get(id) else {
+                continue;
+            };
+            let tier_rank = match l.tier {
+                Tier::Basic => 0,
+                Tier::Spot => 1,
+            };
+            per_tier
+                .entry(tier_rank)
+                .or_default()
+                .entry(l.tenant_id)
+                .or_default()
+                .push(l);
+        }
+        let mut order = Vec::with_capacity(self.waiting.len());
+        for (_, mut tenants) in per_tier {
+            for queue in tenants.values_mut() {
+                queue.sort_by_key(|l| (std::cmp::Reverse(l.priority), l.requested_sequence));
+                queue.reverse(); // pop from the back
+            }
+            loop {
+                // The tenant with the smallest weighted share goes next;
+                // ties by who asked first.
+                let next = tenants
+                    .iter()
+                    .filter_map(|(t, q)| q.last().map(|l| (*t, l)))
+                    .min_by(|(ta, la), (tb, lb)| {
+                        let share = |t: &Uuid| {
+                            let weight = self.tenants.get(t).map(|x| x.weight).unwrap_or(1);
+                            held.get(t).map(|h| h.0).unwrap_or(0) as f64 / f64::from(weight)
+                        };
+                        share(ta)
+                            .total_cmp(&share(tb))
+                            .then(la.requested_sequence.cmp(&lb.requested_sequence))
+                    })
+                    .map(|(t, _)| t);
+                let Some(tenant) = next else { break };
+                let lease = tenants.get_mut(&tenant).and_then(Vec::pop).expect("head");
+                held.entry(tenant).or_default().0 += lease.milli();
+                order.push(lease.id);
+            }
+        }
+        order
+    }
+
+    /// What to append now, in queue order. Each batch assumes the ones
     /// before it were stored; after a conflict the caller re-reads the log
     /// and asks again. A node takes at most one placement per pass (the
     /// next one's expected node sequence is only known once the first is
     /// stored), so the pass stops there and `more` tells the caller to
     /// decide again right after appending.
-    pub fn decide(&self, now: DateTime<Utc>) -> Decisions {
+    pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
         let mut scratch = self.fleet.clone();
         let mut touched_nodes: Vec<String> = Vec::new();
-        let mut held = self.gpus_held_by_tenant();
-        let mut queued_per_model: HashMap<&str, u32> = HashMap::new();
+        let mut held = self.held_by_tenant();
+        let mut positions: HashMap<&str, u32> = HashMap::new();
         let mut out = Vec::new();
-        for lease_id in self.waiting.values() {
-            let Some(lease) = self.leases.get(lease_id) else {
-                continue;
-            };
+        for lease_id in self.queue_order() {
+            let lease = &self.leases[&lease_id];
             let event = |data: EventData, step: &str| {
                 let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(
                     derived_id(&[
@@ -173,7 +334,7 @@ impl State {
                 out.push(vec![(event(ended, "lease.ended"), expect_lease)]);
                 continue;
             }
-            let Some(quota) = self.quotas.get(&lease.tenant_id) else {
+            let Some(tenant) = self.tenants.get(&lease.tenant_id) else {
                 let rejected = EventData::LeaseRejected(LeaseRejected {
                     lease_id: lease.id,
                     reason: "unknown tenant".into(),
@@ -182,14 +343,11 @@ impl State {
                 out.push(vec![(event(rejected, "lease.rejected"), expect_lease)]);
                 continue;
             };
-            let tenant_held = held.get(&lease.tenant_id).copied().unwrap_or(0);
-            if tenant_held + lease.gpus > quota.max_gpus {
+            let (held_milli, held_vram) = held.get(&lease.tenant_id).copied().unwrap_or((0, 0));
+            if let Some(reason) = quota_breach(&tenant.quota, held_milli, held_vram, lease) {
                 let rejected = EventData::LeaseRejected(LeaseRejected {
                     lease_id: lease.id,
-                    reason: format!(
-                        "quota exceeded: tenant holds {tenant_held} GPUs, asks for {} more, quota is {}",
-                        lease.gpus, quota.max_gpus
-                    ),
+                    reason,
                     field: Some("gpus".into()),
                 });
                 out.push(vec![(event(rejected, "lease.rejected"), expect_lease)]);
@@ -235,43 +393,93 @@ impl State {
                     let allocated = EventData::NodeGpusAllocated(NodeGpusAllocated {
                         node_id: p.node_id.clone(),
                         lease_id: lease.id,
-                        gpu_indices: indices.clone(),
+                        gpu_indices: indices,
                     });
                     let placed_env = event(placed, "lease.placed");
                     let mut alloc_env = event(allocated, "node.gpus_allocated");
                     alloc_env.causation_id = Some(placed_env.id);
                     // Plan the rest of this pass on top of this placement.
                     scratch.apply(u64::MAX, &alloc_env.data);
-                    *held.entry(lease.tenant_id).or_default() += lease.gpus;
+                    let h = held.entry(lease.tenant_id).or_default();
+                    h.0 += lease.milli();
+                    h.1 += u64::from(p.gpus.iter().map(|g| g.vram_gb).sum::<u32>());
                     out.push(vec![
                         (placed_env, expect_lease),
                         (alloc_env, Expect::LastSubjectSequence(node_seq)),
                     ]);
                 }
                 Err(why) => {
-                    let position = queued_per_model.entry(&lease.gpu_model).or_default();
+                    let position = positions.entry(&lease.gpu_model).or_default();
                     *position += 1;
-                    let reason = why.reason(&request);
-                    let already =
-                        matches!(&lease.status, Status::Queued { reason: r } if *r == reason);
-                    if !already {
+                    let mut reason = why.reason(&request);
+                    let busy = matches!(why, Unplaceable::Busy { .. });
+                    if busy
+                        && lease.tier == Tier::Basic
+                        && !self.awaiting_preemption.contains(&lease.id)
+                    {
+                        if let Some(plan) = plan_preemption(self, &scratch, lease, now, rules) {
+                            reason = format!(
+                                "preempting {} spot lease(s) on {}; their notice ends {}",
+                                plan.victims.len(),
+                                plan.node_id,
+                                (now + rules.preemption_notice).to_rfc3339()
+                            );
+                            for victim in &plan.victims {
+                                let v = &self.leases[victim];
+                                let mut notice = Envelope::new(
+                                    Actor::Service(SERVICE.into()),
+                                    now,
+                                    EventData::LeasePreemptionNoticed(LeasePreemptionNoticed {
+                                        lease_id: *victim,
+                                        node_id: plan.node_id.clone(),
+                                        preempted_for: lease.id,
+                                        deadline: now + rules.preemption_notice,
+                                    }),
+                                )
+                                .with_id(derived_id(&[
+                                    "lease.preemption_noticed",
+                                    &victim.to_string(),
+                                ]));
+                                notice.correlation_id = lease.correlation_id;
+                                notice.causation_id = Some(lease.request_event_id);
+                                notice.tenant_id = Some(v.tenant_id);
+                                out.push(vec![(
+                                    notice,
+                                    Expect::LastSubjectSequence(v.subject_sequence),
+                                )]);
+                            }
+                            // The victims' GPUs and the free ones go to this lease.
+                            reserve_for(&mut scratch, &plan.node_id, lease);
+                        }
+                    }
+                    let starving = busy && now - lease.requested_at > rules.backfill_starvation;
+                    if starving {
+                        // Stop backfill: keep the free GPUs of its model.
+                        for node in scratch.nodes.values_mut() {
+                            node.gpus
+                                .iter_mut()
+                                .filter(|g| g.model == lease.gpu_model && g.held_by.is_none())
+                                .for_each(|g| g.held_by = Some(lease.id));
+                        }
+                    }
+                    // A lease waiting for its victims keeps saying so.
+                    let waiting_for_victims = self.awaiting_preemption.contains(&lease.id)
+                        && matches!(lease.status, Status::Queued { .. });
+                    let unchanged = waiting_for_victims
+                        || match &lease.status {
+                            Status::Queued {
+                                reason: r,
+                                position: p,
+                            } => *r == reason && (*p == *position || *position > EXACT_POSITIONS),
+                            _ => false,
+                        };
+                    if !unchanged {
                         let queued = EventData::LeaseQueued(LeaseQueued {
                             lease_id: lease.id,
                             reason,
                             position: *position,
                         });
                         out.push(vec![(event(queued, "lease.queued"), expect_lease)]);
-                    }
-                    if matches!(why, Unplaceable::Busy { .. }) {
-                        // Keep strict order per model: nothing smaller jumps a
-                        // waiting lease of the same model for now (backfill
-                        // comes with the queueing rules of a later issue).
-                        scratch.nodes.values_mut().for_each(|n| {
-                            n.gpus
-                                .iter_mut()
-                                .filter(|g| g.model == lease.gpu_model && g.held_by.is_none())
-                                .for_each(|g| g.held_by = Some(lease.id));
-                        });
                     }
                 }
             }
@@ -283,12 +491,118 @@ impl State {
     }
 }
 
-/// The outcome of one decision pass.
-#[derive(Debug, Default)]
-pub struct Decisions {
-    pub batches: Vec<Batch>,
-    /// The pass stopped early: decide again once these are appended.
-    pub more: bool,
+fn quota_breach(quota: &Quota, held_milli: u64, held_vram: u64, lease: &Lease) -> Option<String> {
+    let max_milli = u64::from(quota.max_gpus) * MILLI_PER_GPU;
+    if held_milli + lease.milli() > max_milli {
+        return Some(format!(
+            "quota exceeded: tenant holds {} GPUs, asks for {} more, quota is {}",
+            held_milli as f64 / MILLI_PER_GPU as f64,
+            lease.gpus,
+            quota.max_gpus
+        ));
+    }
+    if let Some(max_vram) = quota.max_vram_gb {
+        if held_vram + u64::from(lease.vram_gb) > u64::from(max_vram) {
+            return Some(format!(
+                "VRAM quota exceeded: tenant holds {held_vram} GB, asks for {} GB more, quota is {max_vram} GB",
+                lease.vram_gb
+            ));
+        }
+    }
+    None
+}
+
+fn reserve_for(scratch: &mut Fleet, node_id: &str, lease: &Lease) {
+    if let Some(node) = scratch.nodes.get_mut(node_id) {
+        node.gpus
+            .iter_mut()
+            .filter(|g| g.model == lease.gpu_model && g.held_by.is_none())
+            .for_each(|g| g.held_by = Some(lease.id));
+    }
+}
+
+/// Spot leases to evict so that `lease` fits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreemptionPlan {
+    pub node_id: String,
+    pub victims: Vec<Uuid>,
+    /// `(GPUs evicted, GPU-seconds of work the victims lose)`: lower is cheaper.
+    pub cost: (u32, i64),
+}
+
+/// The cheapest set of running spot leases whose eviction lets `lease` fit
+/// on one node: fewest GPUs evicted, then least work lost (GPU-seconds the
+/// victims have run), then node id. Leases younger than the minimum runtime,
+/// already noticed, or not started are never chosen.
+pub fn plan_preemption(
+    state: &State,
+    scratch: &Fleet,
+    lease: &Lease,
+    now: DateTime<Utc>,
+    rules: &Rules,
+) -> Option<PreemptionPlan> {
+    let mut best: Option<PreemptionPlan> = None;
+    for node in scratch.nodes.values() {
+        let of_model: Vec<_> = node
+            .gpus
+            .iter()
+            .filter(|g| g.model == lease.gpu_model)
+            .collect();
+        if (of_model.len() as u32) < lease.gpus {
+            continue;
+        }
+        let free = of_model.iter().filter(|g| g.held_by.is_none()).count() as u32;
+        let need = lease.gpus.saturating_sub(free);
+        if need == 0 {
+            continue;
+        }
+        let mut candidates: Vec<&Lease> = of_model
+            .iter()
+            .filter_map(|g| g.held_by)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .filter_map(|id| state.leases.get(&id))
+            .filter(|v| {
+                v.tier == Tier::Spot
+                    && v.preemption_deadline.is_none()
+                    && !v.stop_requested
+                    && v.started_at
+                        .is_some_and(|s| now - s >= rules.preemption_min_runtime)
+            })
+            .collect();
+        candidates.sort_by_key(|v| v.id);
+        candidates.truncate(MAX_VICTIMS_PER_NODE);
+        let n = candidates.len();
+        for mask in 1u32..(1u32 << n) {
+            let chosen: Vec<&Lease> = (0..n)
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| candidates[i])
+                .collect();
+            let freed: u32 = chosen.iter().map(|v| v.gpus).sum();
+            if freed < need {
+                continue;
+            }
+            let lost: i64 = chosen
+                .iter()
+                .map(|v| {
+                    i64::from(v.gpus) * v.started_at.map(|s| (now - s).num_seconds()).unwrap_or(0)
+                })
+                .sum();
+            let plan = PreemptionPlan {
+                node_id: node.id.clone(),
+                victims: chosen.iter().map(|v| v.id).collect(),
+                cost: (freed, lost),
+            };
+            let better = match &best {
+                None => true,
+                Some(b) => (plan.cost, &plan.node_id) < (b.cost, &b.node_id),
+            };
+            if better {
+                best = Some(plan);
+            }
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -298,6 +612,10 @@ mod tests {
 
     fn env(data: EventData) -> Envelope {
         Envelope::new(Actor::Admin, Utc::now(), data)
+    }
+
+    fn env_at(data: EventData, at: DateTime<Utc>) -> Envelope {
+        Envelope::new(Actor::Admin, at, data)
     }
 
     fn node(id: &str, n: u32) -> EventData {
@@ -316,25 +634,38 @@ mod tests {
         })
     }
 
-    fn tenant(id: Uuid, max_gpus: u32) -> EventData {
+    fn tenant_with(id: Uuid, max_gpus: u32, max_vram_gb: Option<u32>, weight: u32) -> EventData {
         EventData::TenantCreated(TenantCreated {
             tenant_id: id,
             name_sealed: String::new(),
             email_sealed: String::new(),
             api_key_sha256: String::new(),
-            quota: Quota { max_gpus },
+            quota: Quota {
+                max_gpus,
+                max_vram_gb,
+            },
+            weight,
         })
     }
 
-    fn request(lease: Uuid, tenant: Uuid, gpus: u32) -> EventData {
+    fn tenant(id: Uuid, max_gpus: u32) -> EventData {
+        tenant_with(id, max_gpus, None, 1)
+    }
+
+    fn request_full(lease: Uuid, tenant: Uuid, gpus: u32, tier: Tier, priority: i32) -> EventData {
         EventData::LeaseRequested(LeaseRequested {
             lease_id: lease,
             tenant_id: tenant,
             gpus,
             gpu_model: "A100-40GB".into(),
-            tier: Tier::Basic,
+            tier,
+            priority,
             idempotency_key: None,
         })
+    }
+
+    fn request(lease: Uuid, tenant: Uuid, gpus: u32) -> EventData {
+        request_full(lease, tenant, gpus, Tier::Basic, 0)
     }
 
     fn given(events: Vec<EventData>) -> State {
@@ -345,12 +676,51 @@ mod tests {
         s
     }
 
+    fn decide(s: &State) -> Decisions {
+        s.decide(Utc::now(), &Rules::default())
+    }
+
+    /// Appends every decision to the state, as if the log had stored them.
+    fn settle(s: &mut State, now: DateTime<Utc>, rules: &Rules) {
+        // Past every sequence applied so far, like the log would be.
+        let mut seq = s
+            .leases
+            .values()
+            .map(|l| l.subject_sequence)
+            .max()
+            .unwrap_or(0)
+            + 1_000;
+        loop {
+            let d = s.decide(now, rules);
+            for batch in &d.batches {
+                for (e, _) in batch {
+                    seq += 1;
+                    s.apply(seq, e);
+                }
+            }
+            if !d.more {
+                break;
+            }
+        }
+    }
+
+    fn placed(s: &State) -> Vec<Uuid> {
+        let mut v: Vec<Uuid> = s
+            .leases
+            .values()
+            .filter(|l| l.status == Status::Holding)
+            .map(|l| l.id)
+            .collect();
+        v.sort();
+        v
+    }
+
     #[test]
     fn places_with_expectations_on_lease_and_node() {
         let t = Uuid::from_u128(1);
         let l = Uuid::from_u128(2);
         let s = given(vec![node("a", 8), tenant(t, 16), request(l, t, 2)]);
-        let d = s.decide(Utc::now()).batches;
+        let d = decide(&s).batches;
         assert_eq!(d.len(), 1);
         let batch = &d[0];
         assert_eq!(batch.len(), 2);
@@ -369,7 +739,7 @@ mod tests {
             request(Uuid::from_u128(2), t, 2),
             request(Uuid::from_u128(3), t, 1),
         ]);
-        let d = s.decide(Utc::now()).batches;
+        let d = decide(&s).batches;
         assert_eq!(d.len(), 2);
         assert_eq!(d[0][0].0.event_type, "lease.placed");
         match &d[1][0].0.data {
@@ -382,7 +752,22 @@ mod tests {
     }
 
     #[test]
-    fn no_gpu_is_planned_twice_in_one_pass_and_the_rest_queue() {
+    fn vram_quota_counts_gigabytes_not_devices() {
+        let t = Uuid::from_u128(1);
+        // 100 GB allows two 40 GB GPUs, not three.
+        let mut s = given(vec![
+            node("a", 8),
+            tenant_with(t, 8, Some(100), 1),
+            request(Uuid::from_u128(2), t, 2),
+            request(Uuid::from_u128(3), t, 1),
+        ]);
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert_eq!(placed(&s), vec![Uuid::from_u128(2)]);
+        assert!(!s.leases.contains_key(&Uuid::from_u128(3)), "rejected");
+    }
+
+    #[test]
+    fn smaller_requests_backfill_around_a_waiting_one() {
         let t = Uuid::from_u128(1);
         let s = given(vec![
             node("a", 4),
@@ -391,17 +776,82 @@ mod tests {
             request(Uuid::from_u128(3), t, 2),
             request(Uuid::from_u128(4), t, 1),
         ]);
-        let d = s.decide(Utc::now()).batches;
+        let d = decide(&s).batches;
         let types: Vec<&str> = d.iter().map(|b| b[0].0.event_type.as_str()).collect();
-        assert_eq!(types, vec!["lease.placed", "lease.queued", "lease.queued"]);
-        match &d[2][0].0.data {
-            EventData::LeaseQueued(q) => assert_eq!(q.position, 2),
+        // 3 placed; 2 does not fit and queues; 1 would fit but node a is
+        // already touched this pass, so the pass stops there.
+        assert_eq!(types, vec!["lease.placed", "lease.queued"]);
+        let mut s = s;
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert_eq!(placed(&s), vec![Uuid::from_u128(2), Uuid::from_u128(4)]);
+        match &s.leases[&Uuid::from_u128(3)].status {
+            Status::Queued { position, .. } => assert_eq!(*position, 1),
             other => panic!("{other:?}"),
         }
     }
 
     #[test]
-    fn queued_lease_is_placed_when_capacity_frees_and_stop_cancels_waiting() {
+    fn a_starving_lease_stops_backfill() {
+        let t = Uuid::from_u128(1);
+        let long_ago = Utc::now() - Duration::hours(1);
+        let mut s = State::default();
+        s.apply(1, &env(node("a", 4)));
+        s.apply(2, &env(tenant(t, 100)));
+        s.apply(3, &env(request(Uuid::from_u128(2), t, 3)));
+        s.apply(4, &env_at(request(Uuid::from_u128(3), t, 2), long_ago));
+        s.apply(5, &env(request(Uuid::from_u128(4), t, 1)));
+        settle(&mut s, Utc::now(), &Rules::default());
+        // Lease 3 (2 GPUs) has waited an hour: lease 4 may not take the last GPU.
+        assert_eq!(placed(&s), vec![Uuid::from_u128(2)]);
+    }
+
+    #[test]
+    fn on_demand_goes_before_spot_and_priority_within_a_tenant() {
+        let t = Uuid::from_u128(1);
+        let s = given(vec![
+            tenant(t, 100),
+            request_full(Uuid::from_u128(10), t, 1, Tier::Spot, 0),
+            request_full(Uuid::from_u128(11), t, 1, Tier::Basic, 0),
+            request_full(Uuid::from_u128(12), t, 1, Tier::Basic, 5),
+        ]);
+        assert_eq!(
+            s.queue_order(),
+            vec![
+                Uuid::from_u128(12),
+                Uuid::from_u128(11),
+                Uuid::from_u128(10)
+            ]
+        );
+    }
+
+    #[test]
+    fn weighted_fair_share_interleaves_tenants() {
+        let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut events = vec![tenant_with(a, 100, None, 1), tenant_with(b, 100, None, 2)];
+        for i in 0..6 {
+            events.push(request(Uuid::from_u128(100 + i), a, 1));
+        }
+        for i in 0..6 {
+            events.push(request(Uuid::from_u128(200 + i), b, 1));
+        }
+        let s = given(events);
+        let order: Vec<Uuid> = s.queue_order();
+        let owners: String = order
+            .iter()
+            .map(|id| {
+                if s.leases[id].tenant_id == a {
+                    'a'
+                } else {
+                    'b'
+                }
+            })
+            .collect();
+        // B has twice the weight: it gets about two leases per one of A's.
+        assert_eq!(&owners[..9], "abbabbabb");
+    }
+
+    #[test]
+    fn a_queued_lease_is_placed_when_capacity_frees_and_stop_cancels_waiting() {
         let t = Uuid::from_u128(1);
         let (a, b, c) = (Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
         let mut s = given(vec![
@@ -410,11 +860,7 @@ mod tests {
             request(a, t, 2),
             request(b, t, 2),
         ]);
-        for batch in s.decide(Utc::now()).batches {
-            for (e, _) in batch {
-                s.apply(100, &e);
-            }
-        }
+        settle(&mut s, Utc::now(), &Rules::default());
         assert!(matches!(s.leases[&b].status, Status::Queued { .. }));
         s.apply(
             101,
@@ -433,7 +879,7 @@ mod tests {
                 lease_id: c,
             })),
         );
-        let d = s.decide(Utc::now()).batches;
+        let d = decide(&s).batches;
         assert_eq!(d[0][0].0.event_type, "lease.placed");
         assert_eq!(d[1][0].0.event_type, "lease.ended");
     }
@@ -447,7 +893,7 @@ mod tests {
             request(Uuid::from_u128(2), t, 1),
             request(Uuid::from_u128(3), t, 1),
         ]);
-        let d = s.decide(Utc::now());
+        let d = decide(&s);
         assert_eq!(d.batches.len(), 1);
         assert!(d.more);
     }
@@ -462,20 +908,108 @@ mod tests {
             request(Uuid::from_u128(2), t, 2),
         ]);
         let now = Utc::now();
-        let a: Vec<_> = s
-            .decide(now)
-            .batches
-            .into_iter()
+        let flat = |d: Decisions| -> Vec<(Uuid, EventData, Expect)> {
+            d.batches
+                .into_iter()
+                .flatten()
+                .map(|(e, x)| (e.id, e.data, x))
+                .collect()
+        };
+        assert_eq!(
+            flat(s.decide(now, &Rules::default())),
+            flat(s.decide(now, &Rules::default()))
+        );
+    }
+
+    fn started(lease: Uuid, at: DateTime<Utc>) -> EventData {
+        EventData::LeaseStarted(LeaseStarted {
+            lease_id: lease,
+            node_id: "a".into(),
+            started_at: at,
+        })
+    }
+
+    #[test]
+    fn on_demand_preempts_the_cheapest_old_enough_spot_leases() {
+        let (t, now) = (Uuid::from_u128(1), Utc::now());
+        let (old_small, old_big, young) = (
+            Uuid::from_u128(10),
+            Uuid::from_u128(11),
+            Uuid::from_u128(12),
+        );
+        let mut s = given(vec![
+            node("a", 4),
+            tenant(t, 100),
+            request_full(old_big, t, 2, Tier::Spot, 0),
+            request_full(old_small, t, 1, Tier::Spot, 0),
+            request_full(young, t, 1, Tier::Spot, 0),
+        ]);
+        settle(&mut s, now, &Rules::default());
+        s.apply(5050, &env(started(old_big, now - Duration::minutes(30))));
+        s.apply(5051, &env(started(old_small, now - Duration::minutes(20))));
+        s.apply(5052, &env(started(young, now - Duration::minutes(1))));
+        let on_demand = Uuid::from_u128(20);
+        s.apply(5053, &env(request(on_demand, t, 1)));
+        let d = s.decide(now, &Rules::default()).batches;
+        let notices: Vec<&LeasePreemptionNoticed> = d
+            .iter()
             .flatten()
-            .map(|(e, x)| (e.id, e.data, x))
+            .filter_map(|(e, _)| match &e.data {
+                EventData::LeasePreemptionNoticed(n) => Some(n),
+                _ => None,
+            })
             .collect();
-        let b: Vec<_> = s
-            .decide(now)
-            .batches
-            .into_iter()
+        // One GPU is needed: the 1-GPU lease is cheapest; the young one is exempt.
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].lease_id, old_small);
+        assert_eq!(notices[0].preempted_for, on_demand);
+        assert_eq!(notices[0].deadline, now + Duration::seconds(120));
+        // Once noticed, nothing is preempted twice.
+        for batch in &d {
+            for (e, _) in batch {
+                s.apply(5060, e);
+            }
+        }
+        let again = s.decide(now, &Rules::default()).batches;
+        assert!(again
+            .iter()
             .flatten()
-            .map(|(e, x)| (e.id, e.data, x))
-            .collect();
-        assert_eq!(a, b);
+            .all(|(e, _)| e.event_type != "lease.preemption_noticed"));
+        // The victim ends at its deadline: the on-demand lease gets the GPU.
+        s.apply(
+            70,
+            &env(EventData::LeaseEnded(LeaseEnded {
+                lease_id: old_small,
+                node_id: Some("a".into()),
+                ended_at: now,
+                reason: EndReason::Preempted,
+                exit_code: None,
+            })),
+        );
+        settle(&mut s, now, &Rules::default());
+        assert_eq!(s.leases[&on_demand].status, Status::Holding);
+    }
+
+    #[test]
+    fn spot_never_preempts_and_young_spot_is_safe() {
+        let (t, now) = (Uuid::from_u128(1), Utc::now());
+        let young = Uuid::from_u128(10);
+        let mut s = given(vec![
+            node("a", 1),
+            tenant(t, 100),
+            request_full(young, t, 1, Tier::Spot, 0),
+        ]);
+        settle(&mut s, now, &Rules::default());
+        s.apply(5050, &env(started(young, now - Duration::minutes(9))));
+        s.apply(
+            5051,
+            &env(request_full(Uuid::from_u128(11), t, 1, Tier::Spot, 0)),
+        );
+        s.apply(5052, &env(request(Uuid::from_u128(12), t, 1)));
+        let d = s.decide(now, &Rules::default()).batches;
+        assert!(d
+            .iter()
+            .flatten()
+            .all(|(e, _)| e.event_type != "lease.preemption_noticed"));
     }
 }

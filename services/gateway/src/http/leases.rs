@@ -30,7 +30,13 @@ pub struct CreateLease {
     #[serde(default = "default_tier")]
     #[schema(value_type = String, example = "basic")]
     pub tier: Tier,
+    /// Order among this tenant's own waiting leases, -1000 to 1000; higher first.
+    #[serde(default)]
+    pub priority: i32,
 }
+
+/// Bounds of a lease's priority.
+pub const MAX_PRIORITY: i32 = 1000;
 
 fn default_tier() -> Tier {
     Tier::Basic
@@ -46,6 +52,7 @@ pub struct LeaseView {
     pub gpus: i32,
     pub gpu_model: String,
     pub tier: String,
+    pub priority: i32,
     pub node_id: Option<String>,
     pub zone: Option<String>,
     #[schema(value_type = Vec<String>)]
@@ -56,6 +63,8 @@ pub struct LeaseView {
     pub queue_position: Option<i32>,
     pub rejected_reason: Option<String>,
     pub stop_requested: bool,
+    /// Set when this spot lease will be evicted for an on-demand one.
+    pub preemption_deadline: Option<DateTime<Utc>>,
     pub end_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub placed_at: Option<DateTime<Utc>>,
@@ -67,8 +76,8 @@ pub struct LeaseView {
     pub idempotency_key: Option<String>,
 }
 
-const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_model, tier, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, end_reason, created_at, placed_at,
+const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
+    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
 async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
@@ -128,6 +137,12 @@ pub async fn create(
             "gpu_model",
         ));
     }
+    if body.priority.abs() > MAX_PRIORITY {
+        return Err(ApiError::unprocessable(
+            format!("priority must be -{MAX_PRIORITY} to {MAX_PRIORITY}"),
+            "priority",
+        ));
+    }
     if body.gpus > max_gpus {
         return Err(ApiError::unprocessable(
             format!(
@@ -166,6 +181,7 @@ pub async fn create(
         gpus: body.gpus,
         gpu_model: body.gpu_model.clone(),
         tier: body.tier,
+        priority: body.priority,
         idempotency_key: idempotency_key.clone(),
     });
     let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
@@ -189,7 +205,8 @@ pub async fn create(
         .ok_or_else(|| ApiError::internal(format!("lease {lease_id} missing from read model")))?;
     let same_request = lease.gpus as u32 == body.gpus
         && lease.gpu_model == body.gpu_model
-        && lease.tier == body.tier.as_str();
+        && lease.tier == body.tier.as_str()
+        && lease.priority == body.priority;
     if !same_request {
         return Err(
             ApiError::conflict("this Idempotency-Key was used for a different request")

@@ -23,12 +23,17 @@ pub struct CreateTenant {
     pub name: String,
     pub email: String,
     pub quota: QuotaBody,
+    /// Weight in fair sharing across tenants, 1 to 1000 (default 1).
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaBody {
     pub max_gpus: u32,
+    /// Most VRAM the tenant may hold at once, in GB; unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_vram_gb: Option<u32>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -38,7 +43,11 @@ pub struct TenantCreatedResponse {
     pub api_key: String,
     pub name: String,
     pub quota: QuotaBody,
+    pub weight: u32,
 }
+
+/// Largest fair-share weight.
+pub const MAX_WEIGHT: u32 = 1000;
 
 fn validate(body: &CreateTenant) -> Result<(), ApiError> {
     let name = body.name.trim();
@@ -63,6 +72,18 @@ fn validate(body: &CreateTenant) -> Result<(), ApiError> {
         return Err(ApiError::unprocessable(
             format!("quota.max_gpus must be 1 to {MAX_QUOTA_GPUS}"),
             "quota.max_gpus",
+        ));
+    }
+    if body.quota.max_vram_gb == Some(0) {
+        return Err(ApiError::unprocessable(
+            "quota.max_vram_gb must be at least 1 when given",
+            "quota.max_vram_gb",
+        ));
+    }
+    if body.weight.is_some_and(|w| w == 0 || w > MAX_WEIGHT) {
+        return Err(ApiError::unprocessable(
+            format!("weight must be 1 to {MAX_WEIGHT}"),
+            "weight",
         ));
     }
     Ok(())
@@ -96,7 +117,9 @@ pub async fn create(
         api_key_sha256: sha256_hex(&api_key),
         quota: Quota {
             max_gpus: body.quota.max_gpus,
+            max_vram_gb: body.quota.max_vram_gb,
         },
+        weight: body.weight.unwrap_or(1),
     });
     let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));
@@ -118,6 +141,7 @@ pub async fn create(
             api_key,
             name: body.name.trim().to_string(),
             quota: body.quota,
+            weight: body.weight.unwrap_or(1),
         }),
     ))
 }

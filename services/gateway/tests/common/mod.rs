@@ -49,6 +49,9 @@ pub struct Stack {
     running: HashMap<String, (CancellationToken, Running)>,
     pub gateway_url: String,
     pub http: reqwest::Client,
+    /// Scheduler knobs for schedulers started from now on.
+    pub preemption_min_runtime_secs: i64,
+    pub preemption_notice_secs: i64,
 }
 
 impl Stack {
@@ -86,6 +89,8 @@ impl Stack {
             running: HashMap::new(),
             gateway_url: String::new(),
             http: reqwest::Client::new(),
+            preemption_min_runtime_secs: 600,
+            preemption_notice_secs: 120,
         }
     }
 
@@ -100,7 +105,10 @@ impl Stack {
         let token = CancellationToken::new();
         let running = match name.split_once(':').map(|(a, _)| a).unwrap_or(name) {
             "scheduler" => {
-                lh_scheduler::start(lh_scheduler::Config { common }, token.clone()).await
+                let mut config = lh_scheduler::Config::for_test(&self.nats.url());
+                config.preemption_min_runtime_secs = self.preemption_min_runtime_secs;
+                config.preemption_notice_secs = self.preemption_notice_secs;
+                lh_scheduler::start(config, token.clone()).await
             }
             "pricing" => {
                 lh_pricing::start(
