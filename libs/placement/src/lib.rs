@@ -17,6 +17,7 @@
 
 pub mod cluster;
 pub mod engine;
+pub mod mig;
 pub mod model;
 pub mod policy;
 pub mod rng;
