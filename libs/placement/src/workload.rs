@@ -165,6 +165,29 @@ pub(crate) struct Compiled {
 }
 
 impl Compiled {
+    /// Compiles with each shape weighted by its share of requested GPU milli
+    /// (count x milli x GPUs) instead of its share of tasks; CPU-only shapes
+    /// then weigh nothing.
+    pub fn new_demand_weighted(w: &Workload, cluster: &Cluster) -> Self {
+        let mut w = w.clone();
+        for s in &mut w.shapes {
+            let per = match &s.gpu {
+                GpuDemand::None | GpuDemand::Mig { .. } => 0.0,
+                GpuDemand::Whole { count } => f64::from(MILLI) * f64::from(*count),
+                GpuDemand::Fraction { milli, .. } => f64::from(*milli),
+            };
+            s.weight *= per;
+        }
+        let total: f64 = w.shapes.iter().map(|s| s.weight).sum();
+        if total > 0.0 {
+            for s in &mut w.shapes {
+                s.weight /= total;
+            }
+        }
+        w.shapes.retain(|s| s.weight > 0.0);
+        Self::new(&w, cluster)
+    }
+
     pub fn new(w: &Workload, cluster: &Cluster) -> Self {
         let mut c = Compiled {
             models_seen: cluster.models().len(),
@@ -241,6 +264,52 @@ impl Compiled {
             } else {
                 f += s.weight * t;
             }
+        }
+        f
+    }
+}
+
+impl Compiled {
+    /// Expected GPU milli left stranded if the node were filled with copies
+    /// of the next task's shape: for each shape, the node can still host
+    /// `u = min(GPU units, CPU / cpu, memory / memory)` copies, and
+    /// `free - u x milli x gpus` stays idle. Unlike the one-step measure it
+    /// sees a node running out of CPU or memory before its GPUs do.
+    pub fn frag_fill(&self, l: &Load<'_>, memory: bool) -> f64 {
+        let total: u64 = l.gpus.iter().map(|g| u64::from(g.milli_free)).sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let t = total as f64;
+        let mut f = self.cpu_only_weight * t;
+        for s in &self.shapes {
+            if s.models & l.model_mask == 0 {
+                f += s.weight * t;
+                continue;
+            }
+            let mut units: u64 = 0;
+            if s.whole {
+                let free = l.gpus.iter().filter(|g| g.fits_whole(s.models)).count() as u64;
+                units = free / u64::from(s.count.max(1));
+            } else {
+                for g in l.gpus {
+                    if g.fits_frac(s.milli, s.vram, s.models) {
+                        let mut u = u64::from(g.milli_free / s.milli.max(1));
+                        if s.vram > 0 {
+                            u = u.min(u64::from(g.vram_free / s.vram));
+                        }
+                        units += u;
+                    }
+                }
+            }
+            if s.cpu > 0 {
+                units = units.min(l.cpu_free / s.cpu);
+            }
+            if memory && s.memory > 0 {
+                units = units.min(l.memory_free / s.memory);
+            }
+            let used = units * u64::from(s.milli) * u64::from(s.count);
+            f += s.weight * total.saturating_sub(used) as f64;
         }
         f
     }

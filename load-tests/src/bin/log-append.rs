@@ -93,6 +93,16 @@ async fn sequential(bus: &Bus, n: usize) -> anyhow::Result<f64> {
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Two-message atomic batches (a placement's shape), one after another.
+async fn atomic_pairs(bus: &Bus, n: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    for _ in 0..n / 2 {
+        bus.publish_atomic(&[(event(), Expect::Any), (event(), Expect::Any)])
+            .await?;
+    }
+    Ok((n / 2) as f64 / t.elapsed().as_secs_f64())
+}
+
 async fn parallel(bus: &Bus, n: usize, writers: usize) -> anyhow::Result<f64> {
     let t = Instant::now();
     let mut tasks = Vec::new();
@@ -132,8 +142,11 @@ async fn main() -> anyhow::Result<()> {
         sequential(&bus, 100).await?;
         let seq = sequential(&bus, args.events).await?;
         let par = parallel(&bus, args.events, args.writers).await?;
+        let pairs = atomic_pairs(&bus, args.events).await?;
         let mode = if sync_always { "always" } else { "default" };
-        println!("sync_interval={mode:<8} sequential={seq:>9.0}/s parallel={par:>9.0}/s");
+        println!(
+            "sync_interval={mode:<8} sequential={seq:>9.0}/s parallel={par:>9.0}/s atomic_pairs={pairs:>9.0}/s"
+        );
         rows.push((seq, par));
     }
     println!(

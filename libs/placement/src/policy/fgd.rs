@@ -126,23 +126,28 @@ impl Scratch {
     }
 
     /// Fragmentation after placing `d` on `set` (then undone).
-    pub fn frag_after(
+    pub fn frag_after(&mut self, w: &Compiled, d: &Demand, set: u32, memory: bool, node: &Node) -> f64 {
+        self.measure_after(w, d, set, node, |w, l| w.frag(l, memory))
+    }
+
+    /// Any measure of the node after placing `d` on `set` (then undone).
+    pub fn measure_after(
         &mut self,
         w: &Compiled,
         d: &Demand,
         set: u32,
-        memory: bool,
         node: &Node,
+        measure: impl Fn(&Compiled, &Load<'_>) -> f64,
     ) -> f64 {
         apply(&mut self.gpus[..self.len], d.kind, set);
-        let f = w.frag(
+        let f = measure(
+            w,
             &Load {
                 cpu_free: self.cpu_free - d.cpu_milli,
                 memory_free: self.memory_free - d.memory_mib,
                 model_mask: self.model_mask,
                 gpus: &self.gpus[..self.len],
             },
-            memory,
         );
         for j in 0..self.len {
             if set & (1 << j) != 0 {

@@ -19,6 +19,31 @@ pub struct LeaseholdConfig {
     pub memory: bool,
     /// Break exact ties by packing (fuller node first).
     pub pack_tiebreak: bool,
+    /// Quantise the score like the published FGD (`int(100 sigmoid(dF/1000))`).
+    pub quantise: bool,
+    /// Weight shapes by their share of GPU demand, not of tasks.
+    pub demand_weighted: bool,
+    /// Measure: the one-step FGD fragmentation, or the fill-up stranding.
+    pub fill: bool,
+}
+
+impl LeaseholdConfig {
+    /// Applies one ablation switch by name; `None` for an unknown one.
+    pub fn apply(&mut self, opt: &str) -> Option<()> {
+        match opt {
+            "nomem" => self.memory = false,
+            "mem" => self.memory = true,
+            "notie" => self.pack_tiebreak = false,
+            "tie" => self.pack_tiebreak = true,
+            "q" => self.quantise = true,
+            "dw" => self.demand_weighted = true,
+            "fill" => self.fill = true,
+            "step" => self.fill = false,
+            "cw" => self.demand_weighted = false,
+            _ => return None,
+        }
+        Some(())
+    }
 }
 
 impl Default for LeaseholdConfig {
@@ -26,6 +51,9 @@ impl Default for LeaseholdConfig {
         LeaseholdConfig {
             memory: true,
             pack_tiebreak: true,
+            quantise: false,
+            demand_weighted: true,
+            fill: false,
         }
     }
 }
@@ -77,7 +105,11 @@ impl Policy for Leasehold {
             .as_ref()
             .is_none_or(|c| c.models_seen != cluster.models().len())
         {
-            self.compiled = Some(Compiled::new(&self.workload, cluster));
+            self.compiled = Some(if self.cfg.demand_weighted {
+                Compiled::new_demand_weighted(&self.workload, cluster)
+            } else {
+                Compiled::new(&self.workload, cluster)
+            });
             self.cache.clear();
         }
         self.cache.begin(cluster, d);
@@ -89,10 +121,18 @@ impl Policy for Leasehold {
             return s;
         }
         let mem = self.cfg.memory;
+        let fill = self.cfg.fill;
+        let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| {
+            if fill {
+                w.frag_fill(l, mem)
+            } else {
+                w.frag(l, mem)
+            }
+        };
         let w = self.compiled.as_ref().expect("begin compiles the workload");
         let f0 = self
             .cache
-            .node_frag(node, n.generation, || w.frag(&load(n), mem));
+            .node_frag(node, n.generation, || measure(w, &load(n)));
         let mut scratch = Scratch::of(n);
         let (f1, set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
@@ -101,7 +141,7 @@ impl Policy for Leasehold {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
-                    let f1 = scratch.frag_after(w, d, 1 << j, mem, n);
+                    let f1 = scratch.measure_after(w, d, 1 << j, n, measure);
                     let better = match best {
                         None => true,
                         Some((bf, bm, _)) => f1 < bf || (f1 == bf && g.milli_free < bm),
@@ -115,7 +155,7 @@ impl Policy for Leasehold {
             }
             _ => {
                 let set = cluster.pick_default(node, d);
-                (scratch.frag_after(w, d, set, mem, n), set)
+                (scratch.measure_after(w, d, set, n, measure), set)
             }
         };
         let tiebreak = if self.cfg.pack_tiebreak {
@@ -124,8 +164,13 @@ impl Policy for Leasehold {
         } else {
             0.0
         };
+        let score = if self.cfg.quantise {
+            ((1.0 / (1.0 + (-(f0 - f1) / 1000.0).exp())) * 100.0) as i64 as f64
+        } else {
+            f0 - f1
+        };
         let s = Scored {
-            score: f0 - f1,
+            score,
             tiebreak,
             gpus: set,
         };

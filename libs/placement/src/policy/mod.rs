@@ -17,7 +17,7 @@ mod leasehold;
 
 pub use baselines::{BestFit, DotProduct, GpuClustering, GpuPacking, RandomPolicy};
 pub use fgd::Fgd;
-pub use leasehold::Leasehold;
+pub use leasehold::{Leasehold, LeaseholdConfig};
 
 /// A placement policy. The engine calls [`Policy::begin`] once per decision,
 /// then [`Policy::score`] for every node that can take the demand; the
@@ -56,6 +56,14 @@ pub fn by_name(name: &str, workload: &Workload) -> Option<Box<dyn Policy>> {
         "bestfit" => Box::new(BestFit),
         "fgd" => Box::new(Fgd::new(workload.clone())),
         "leasehold" => Box::new(Leasehold::new(workload.clone())),
+        n if n.starts_with("leasehold+") => {
+            // Ablations: `leasehold+opt+opt` switches single ideas off or on.
+            let mut cfg = leasehold::LeaseholdConfig::default();
+            for opt in n.split('+').skip(1) {
+                cfg.apply(opt)?;
+            }
+            Box::new(Leasehold::with_config(workload.clone(), cfg))
+        }
         _ => return None,
     })
 }

@@ -1,0 +1,158 @@
+//! End-to-end placement rate through JetStream with `sync_interval: always`:
+//! leases placed per second by 1..N active-active scheduler replicas, and a
+//! check from the log that no GPU was ever held by two leases.
+//!
+//! `cargo run --release -p lh-load-tests --bin lease-rate -- --leases 1000 --replicas 3`
+//!
+//! The fleet is registered and the requests are appended straight onto the
+//! log (no gateway), so the figure is the scheduler's and the log's.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use clap::Parser;
+use lh_bus::{Bus, BusConfig, Expect};
+use lh_events::*;
+use lh_service::CancellationToken;
+use uuid::Uuid;
+
+#[derive(Parser)]
+struct Args {
+    /// Lease requests (1 GPU each) appended at once.
+    #[arg(long, default_value_t = 1000)]
+    leases: usize,
+    /// Scheduler replicas running at once.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Nodes of 8 x A100-40GB (the default fleet holds every lease).
+    #[arg(long, default_value_t = 128)]
+    nodes: usize,
+    /// Concurrent writers appending the requests.
+    #[arg(long, default_value_t = 32)]
+    writers: usize,
+}
+
+fn envelope(data: EventData) -> Envelope {
+    Envelope::new(Actor::Admin, Utc::now(), data)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let nats = lh_testkit::Nats::start().await?;
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "lease-rate")).await?;
+    for n in 0..args.nodes {
+        let node_id = format!("node-{n:04}");
+        bus.publish(
+            &envelope(EventData::NodeRegistered(NodeRegistered {
+                node_id: node_id.clone(),
+                zone: format!("z{}", n % 3),
+                hostname: node_id.clone(),
+                gpus: (0..8)
+                    .map(|i| GpuInfo {
+                        index: i,
+                        uuid: format!("GPU-{n}-{i}"),
+                        model: "A100-40GB".into(),
+                        vram_gb: 40,
+                    })
+                    .collect(),
+            })),
+            Expect::Any,
+        )
+        .await?;
+    }
+    let tenant = Uuid::now_v7();
+    bus.publish(
+        &envelope(EventData::TenantCreated(TenantCreated {
+            tenant_id: tenant,
+            name_sealed: String::new(),
+            email_sealed: String::new(),
+            api_key_sha256: String::new(),
+            quota: Quota {
+                max_gpus: 1_000_000,
+                max_vram_gb: None,
+            },
+            weight: 1,
+        })),
+        Expect::Any,
+    )
+    .await?;
+
+    let shutdown = CancellationToken::new();
+    let mut schedulers = Vec::new();
+    for _ in 0..args.replicas {
+        let config = lh_scheduler::Config::for_test(&nats.url());
+        schedulers.push(lh_scheduler::start(config, shutdown.clone()).await?);
+    }
+    // Let every replica replay the fleet before the requests arrive.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..args.writers {
+        let bus = bus.clone();
+        let share = args.leases / args.writers + usize::from(w < args.leases % args.writers);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..share {
+                let lease_id = Uuid::now_v7();
+                let request = envelope(EventData::LeaseRequested(LeaseRequested {
+                    lease_id,
+                    tenant_id: tenant,
+                    gpus: 1,
+                    gpu_model: "A100-40GB".into(),
+                    tier: Tier::Basic,
+                    priority: 0,
+                    idempotency_key: None,
+                }));
+                bus.publish(&request, Expect::LastSubjectSequence(0)).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let appended = start.elapsed();
+
+    // Count placements as they land.
+    let mut feed = bus.feed(&["lh.evt.>"], 1).await?;
+    let mut placed = 0usize;
+    let mut held: HashMap<(String, u32), Uuid> = HashMap::new();
+    let mut seen: HashSet<Uuid> = HashSet::new();
+    let mut last_placed = start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while placed < args.leases && Instant::now() < deadline {
+        let Some(event) = feed.next_within(Duration::from_secs(10)).await else {
+            break;
+        };
+        let event = event?;
+        if let EventData::LeasePlaced(p) = &event.envelope.data {
+            assert!(seen.insert(p.lease_id), "lease {} placed twice", p.lease_id);
+            for g in &p.gpus {
+                if let Some(other) = held.insert((p.node_id.clone(), g.index), p.lease_id) {
+                    panic!("GPU {}/{} given to {} while {other} holds it", p.node_id, g.index, p.lease_id);
+                }
+            }
+            placed += 1;
+            last_placed = start.elapsed();
+        }
+    }
+    shutdown.cancel();
+    for s in schedulers {
+        s.wait().await?;
+    }
+    let rate = placed as f64 / last_placed.as_secs_f64();
+    println!(
+        "lease-rate: replicas={} leases={} placed={} nodes={} appended_in={:.2}s all_placed_in={:.2}s placed_per_s={:.0} double_allocations=0",
+        args.replicas,
+        args.leases,
+        placed,
+        args.nodes,
+        appended.as_secs_f64(),
+        last_placed.as_secs_f64(),
+        rate
+    );
+    anyhow::ensure!(placed == args.leases, "only {placed} of {} leases placed", args.leases);
+    Ok(())
+}
