@@ -25,6 +25,13 @@ pub struct LeaseholdConfig {
     pub demand_weighted: bool,
     /// Measure: the one-step FGD fragmentation, or the fill-up stranding.
     pub fill: bool,
+    /// Break ties by the change of the fill-up stranding (instead of packing).
+    pub fill_tiebreak: bool,
+    /// Measure is the sum of the one-step fragmentation and the fill-up
+    /// stranding.
+    pub sum: bool,
+    /// Treat fragmentation deltas within this many milli as equal (0: exact).
+    pub bucket: f64,
 }
 
 impl LeaseholdConfig {
@@ -36,8 +43,13 @@ impl LeaseholdConfig {
             "notie" => self.pack_tiebreak = false,
             "tie" => self.pack_tiebreak = true,
             "q" => self.quantise = true,
+            "exact" => self.quantise = false,
+            "notfill" => self.fill_tiebreak = false,
             "dw" => self.demand_weighted = true,
             "fill" => self.fill = true,
+            "tfill" => self.fill_tiebreak = true,
+            "sum" => self.sum = true,
+            b if b.starts_with("b=") => self.bucket = b[2..].parse().ok()?,
             "step" => self.fill = false,
             "cw" => self.demand_weighted = false,
             _ => return None,
@@ -50,10 +62,13 @@ impl Default for LeaseholdConfig {
     fn default() -> Self {
         LeaseholdConfig {
             memory: true,
-            pack_tiebreak: true,
-            quantise: false,
-            demand_weighted: true,
+            pack_tiebreak: false,
+            quantise: true,
+            demand_weighted: false,
             fill: false,
+            fill_tiebreak: true,
+            sum: false,
+            bucket: 0.0,
         }
     }
 }
@@ -122,8 +137,11 @@ impl Policy for Leasehold {
         }
         let mem = self.cfg.memory;
         let fill = self.cfg.fill;
+        let sum = self.cfg.sum;
         let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| {
-            if fill {
+            if sum {
+                w.frag(l, mem) + w.frag_fill(l, mem)
+            } else if fill {
                 w.frag_fill(l, mem)
             } else {
                 w.frag(l, mem)
@@ -158,7 +176,11 @@ impl Policy for Leasehold {
                 (scratch.measure_after(w, d, set, n, measure), set)
             }
         };
-        let tiebreak = if self.cfg.pack_tiebreak {
+        let tiebreak = if self.cfg.fill_tiebreak {
+            let g0 = w.frag_fill(&load(n), mem);
+            let g1 = scratch.measure_after(w, d, set, n, |w, l| w.frag_fill(l, mem));
+            g0 - g1
+        } else if self.cfg.pack_tiebreak {
             -((n.cpu_free - d.cpu_milli) as f64 / MAX_SPEC_CPU
                 + (n.gpu_milli_free() - d.gpu_milli()) as f64 / MAX_SPEC_GPU)
         } else {
@@ -166,6 +188,8 @@ impl Policy for Leasehold {
         };
         let score = if self.cfg.quantise {
             ((1.0 / (1.0 + (-(f0 - f1) / 1000.0).exp())) * 100.0) as i64 as f64
+        } else if self.cfg.bucket > 0.0 {
+            ((f0 - f1) / self.cfg.bucket).floor()
         } else {
             f0 - f1
         };
