@@ -126,7 +126,14 @@ impl Scratch {
     }
 
     /// Fragmentation after placing `d` on `set` (then undone).
-    pub fn frag_after(&mut self, w: &Compiled, d: &Demand, set: u32, memory: bool, node: &Node) -> f64 {
+    pub fn frag_after(
+        &mut self,
+        w: &Compiled,
+        d: &Demand,
+        set: u32,
+        memory: bool,
+        node: &Node,
+    ) -> f64 {
         self.measure_after(w, d, set, node, |w, l| w.frag(l, memory))
     }
 

@@ -1,0 +1,356 @@
+//! Small hand-made clusters with the expected choice of each policy: these
+//! pin the semantics learned from the published simulator's Go code.
+
+use lh_placement::policy::{self, BestFit, DotProduct, Fgd, GpuClustering, GpuPacking, Leasehold};
+use lh_placement::sim::{arrival_sequence, curve, replay, Order, Task};
+use lh_placement::workload::{Workload, WorkloadConfig};
+use lh_placement::*;
+
+fn vgpu(model: &str) -> GpuSpec {
+    GpuSpec {
+        model: model.into(),
+        vram_gb: 16,
+        mode: SharingMode::VGpu,
+    }
+}
+
+fn node(id: &str, cpu: u64, gpus: usize, model: &str) -> NodeSpec {
+    NodeSpec::uniform(id, "z1", cpu, 1 << 20, gpus, vgpu(model))
+}
+
+fn engine(nodes: &[NodeSpec], p: Box<dyn Policy>) -> Engine {
+    Engine::new(Cluster::new(nodes), p, 42)
+}
+
+/// Takes `milli` of GPU `gpu` of node `n` (and some CPU), directly.
+fn occupy(e: &mut Engine, n: &str, gpu: u8, milli: u16) {
+    let idx = e.cluster().nodes().iter().position(|x| x.id == n).unwrap();
+    let r = if milli == 1000 {
+        Request::whole(1, 1000, 0)
+    } else {
+        Request::fraction(milli, 0, 1000, 0)
+    };
+    let d = Decision {
+        node: idx,
+        gpus: 1 << gpu,
+        provenance: e.decide(&Request::cpu_only(0, 0)).unwrap().provenance,
+    };
+    e.place(&r, &d).unwrap();
+}
+
+fn chosen(e: &mut Engine, r: &Request) -> (String, Vec<u8>) {
+    let d = e.decide(r).unwrap();
+    (e.cluster().node(d.node).id.clone(), d.gpu_indices())
+}
+
+#[test]
+fn best_fit_prefers_the_node_left_with_least_free_cpu_and_gpu() {
+    let nodes = [node("a", 32_000, 8, "G2"), node("b", 32_000, 8, "G2")];
+    let mut e = engine(&nodes, Box::new(BestFit));
+    occupy(&mut e, "b", 0, 1000);
+    occupy(&mut e, "b", 1, 1000);
+    let (n, gpus) = chosen(&mut e, &Request::whole(1, 4000, 0));
+    assert_eq!(n, "b");
+    // Whole GPUs: the first free ones by index.
+    assert_eq!(gpus, vec![2]);
+    let d = e.decide(&Request::whole(1, 4000, 0)).unwrap();
+    assert_eq!(d.provenance.candidates, 2);
+    assert!(d.provenance.winner_score > d.provenance.runner_up_score.unwrap());
+}
+
+#[test]
+fn a_slice_goes_to_the_tightest_gpu_that_fits() {
+    let nodes = [node("a", 32_000, 4, "G2")];
+    let mut e = engine(&nodes, Box::new(BestFit));
+    occupy(&mut e, "a", 1, 400); // 600 left
+    occupy(&mut e, "a", 2, 700); // 300 left
+    assert_eq!(
+        chosen(&mut e, &Request::fraction(250, 0, 1000, 0)).1,
+        vec![2]
+    );
+    assert_eq!(
+        chosen(&mut e, &Request::fraction(500, 0, 1000, 0)).1,
+        vec![1]
+    );
+    assert_eq!(
+        chosen(&mut e, &Request::fraction(700, 0, 1000, 0)).1,
+        vec![0]
+    );
+}
+
+#[test]
+fn gpu_packing_bands() {
+    // Shared GPU first (>= 50), free GPU of a used node next (33..50), an
+    // untouched node last (< 33).
+    let nodes = [
+        node("empty", 32_000, 8, "G2"),
+        node("used", 32_000, 8, "G2"),
+        node("shared", 32_000, 8, "G2"),
+    ];
+    let mut e = engine(&nodes, Box::new(GpuPacking));
+    occupy(&mut e, "used", 0, 1000);
+    occupy(&mut e, "shared", 0, 500);
+    let d = e.decide(&Request::fraction(300, 0, 1000, 0)).unwrap();
+    assert_eq!(e.cluster().node(d.node).id, "shared");
+    // 100 - (500 * 100 / 1000) / 10 = 95
+    assert_eq!(d.provenance.winner_score, 95.0);
+    // A whole GPU cannot use the shared GPU: the used node (50 - 1 = 49)
+    // beats the empty one (33 - 8 = 25).
+    let d = e.decide(&Request::whole(1, 1000, 0)).unwrap();
+    assert_eq!(e.cluster().node(d.node).id, "used");
+    assert_eq!(d.provenance.winner_score, 49.0);
+}
+
+#[test]
+fn gpu_clustering_keeps_kinds_together() {
+    let nodes = [
+        node("slices", 32_000, 8, "G2"),
+        node("wholes", 32_000, 8, "G2"),
+    ];
+    let mut e = engine(&nodes, Box::new(GpuClustering));
+    occupy(&mut e, "slices", 0, 500);
+    occupy(&mut e, "wholes", 0, 1000);
+    assert_eq!(
+        chosen(&mut e, &Request::fraction(200, 0, 1000, 0)).0,
+        "slices"
+    );
+    assert_eq!(chosen(&mut e, &Request::whole(1, 1000, 0)).0, "wholes");
+}
+
+#[test]
+fn dot_product_prefers_the_smaller_product() {
+    let nodes = [node("big", 96_000, 8, "G2"), node("small", 16_000, 2, "G2")];
+    let mut e = engine(&nodes, Box::new(DotProduct));
+    assert_eq!(chosen(&mut e, &Request::whole(1, 4000, 0)).0, "small");
+}
+
+fn workload_of(reqs: &[Request]) -> Workload {
+    Workload::from_requests(reqs, WorkloadConfig::PUBLISHED)
+}
+
+#[test]
+fn fgd_fills_the_hole_that_fits_exactly() {
+    // Workload of 500- and 600-milli slices: a 500 request should close the
+    // GPU that has exactly 500 left (useless to a 600 slice), not leave 500
+    // on a new one.
+    let w = workload_of(&[
+        Request::fraction(500, 0, 1000, 0),
+        Request::fraction(600, 0, 1000, 0),
+    ]);
+    let nodes = [node("a", 32_000, 2, "G2"), node("b", 32_000, 2, "G2")];
+    for p in [
+        Box::new(Fgd::new(w.clone())) as Box<dyn Policy>,
+        Box::new(Leasehold::new(w.clone())),
+    ] {
+        let mut e = engine(&nodes, p);
+        occupy(&mut e, "b", 1, 500);
+        assert_eq!(
+            chosen(&mut e, &Request::fraction(500, 0, 1000, 0)),
+            ("b".into(), vec![1])
+        );
+    }
+}
+
+#[test]
+fn fgd_keeps_whole_gpus_whole_for_a_whole_gpu_workload() {
+    // Mostly whole-GPU tasks: a slice should go next to another slice, not
+    // break a free GPU.
+    let mut reqs = vec![Request::whole(1, 1000, 0); 9];
+    reqs.push(Request::fraction(300, 0, 1000, 0));
+    let w = workload_of(&reqs);
+    let nodes = [node("a", 32_000, 2, "G2"), node("b", 32_000, 2, "G2")];
+    let mut e = engine(&nodes, Box::new(Fgd::new(w)));
+    occupy(&mut e, "a", 0, 300);
+    assert_eq!(
+        chosen(&mut e, &Request::fraction(300, 0, 1000, 0)),
+        ("a".into(), vec![0])
+    );
+}
+
+#[test]
+fn typical_shapes_are_the_most_popular_until_95_percent() {
+    let mut reqs = vec![Request::whole(1, 1000, 0); 90];
+    reqs.extend(vec![Request::fraction(500, 0, 2000, 0); 6]);
+    reqs.extend(vec![Request::cpu_only(4000, 0); 4]);
+    let w = workload_of(&reqs);
+    // 90 + 6 = 96 >= 95: the CPU-only shape is left out.
+    assert_eq!(w.shapes.len(), 2);
+    assert!((w.shapes[0].weight - 90.0 / 96.0).abs() < 1e-12);
+    assert_eq!(
+        w.shapes[1].gpu,
+        GpuDemand::Fraction {
+            milli: 500,
+            vram_gb: 0
+        }
+    );
+}
+
+#[test]
+fn model_constraints_and_pending_reasons() {
+    let nodes = [node("t4", 32_000, 2, "T4"), node("g2", 32_000, 8, "G2")];
+    let mut e = engine(&nodes, Box::new(BestFit));
+    for _ in 0..2 {
+        let (n, _) = chosen(
+            &mut e,
+            &Request::whole(1, 1000, 0).with_models(["T4", "P100"]),
+        );
+        assert_eq!(n, "t4");
+        e.schedule(&Request::whole(1, 1000, 0).with_models(["T4"]))
+            .unwrap();
+    }
+    let p = e
+        .decide(&Request::whole(1, 1000, 0).with_models(["T4"]))
+        .unwrap_err();
+    assert_eq!(p.rejected.get("gpu capacity"), Some(&1));
+    assert_eq!(p.rejected.get("gpu model"), Some(&1));
+    let p = e.decide(&Request::whole(9, 1000, 0)).unwrap_err();
+    assert_eq!(p.rejected.get("gpu capacity"), Some(&2));
+    let p = e.decide(&Request::cpu_only(64_000, 0)).unwrap_err();
+    assert_eq!(p.rejected.get("cpu"), Some(&2));
+    assert!(e
+        .decide(&Request::whole(1, 1000, 0).with_zones(["elsewhere"]))
+        .is_err());
+}
+
+#[test]
+fn whole_gpus_prefer_the_tightest_nvlink_domain() {
+    let mut n = node("a", 64_000, 8, "H100");
+    n.domains = vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]];
+    let mut e = engine(&[n], Box::new(BestFit));
+    occupy(&mut e, "a", 0, 1000);
+    occupy(&mut e, "a", 1, 1000);
+    assert_eq!(chosen(&mut e, &Request::whole(2, 1000, 0)).1, vec![2, 3]);
+    assert_eq!(
+        chosen(&mut e, &Request::whole(4, 1000, 0)).1,
+        vec![4, 5, 6, 7]
+    );
+}
+
+#[test]
+fn vram_is_a_hard_limit_for_slices() {
+    let nodes = [node("a", 32_000, 1, "T4")];
+    let mut e = engine(&nodes, Box::new(BestFit));
+    e.schedule(&Request::fraction(100, 10, 1000, 0)).unwrap();
+    assert!(e.decide(&Request::fraction(100, 7, 1000, 0)).is_err());
+    e.schedule(&Request::fraction(100, 6, 1000, 0)).unwrap();
+    assert_eq!(e.cluster().node(0).gpus[0].vram_free, 0);
+}
+
+#[test]
+fn every_policy_is_deterministic_for_a_seed() {
+    let nodes: Vec<NodeSpec> = (0..6)
+        .map(|i| node(&format!("n{i}"), 32_000, 4, "G2"))
+        .collect();
+    let reqs = [
+        Request::fraction(300, 0, 2000, 0),
+        Request::whole(1, 2000, 0),
+        Request::cpu_only(3000, 0),
+        Request::fraction(700, 0, 2000, 0),
+        Request::whole(2, 2000, 0),
+    ];
+    let w = workload_of(&reqs);
+    for name in policy::POLICY_NAMES {
+        let run = || {
+            let mut e = Engine::new(Cluster::new(&nodes), policy::by_name(name, &w).unwrap(), 7);
+            (0..30)
+                .map(|i| {
+                    e.schedule(&reqs[i % reqs.len()])
+                        .map(|(d, _)| (d.node, d.gpus))
+                        .ok()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run(), "{name}");
+    }
+}
+
+fn task(name: &str, cpu: u64, num: u32, milli: u32) -> Task {
+    Task {
+        name: name.into(),
+        cpu_milli: cpu,
+        memory_mib: 0,
+        num_gpu: num,
+        gpu_milli: milli,
+        gpu_spec: String::new(),
+    }
+}
+
+#[test]
+fn protocol_on_a_small_synthetic_trace() {
+    // 10 GPUs; whole-GPU tasks only: the cluster fills to exactly 100% and
+    // the inflated list ends at exactly 130% arrived.
+    let nodes: Vec<NodeSpec> = (0..5)
+        .map(|i| node(&format!("n{i}"), 64_000, 2, "G2"))
+        .collect();
+    let tasks: Vec<Task> = (0..6)
+        .map(|i| task(&format!("t{i}"), 1000, 1, 1000))
+        .collect();
+    for name in policy::POLICY_NAMES {
+        for order in [Order::AppendThenShuffle, Order::ShuffleThenAppend] {
+            let cluster = Cluster::new(&nodes);
+            let cap = cluster.gpu_milli_total();
+            let seq = arrival_sequence(&tasks, cap, 1.3, 42, order);
+            assert_eq!(seq.len(), 13);
+            let w = sim::published_workload(&tasks);
+            let mut e =
+                Engine::new(cluster, policy::by_name(name, &w).unwrap(), 42).with_ranked_ties();
+            let r = replay(&mut e, &tasks, &seq);
+            assert_eq!((r.placed, r.failed), (10, 3));
+            let c = curve(&r, cap);
+            assert_eq!(c[130], Some(100.0), "{name}");
+            assert_eq!(c[100], Some(100.0));
+            assert_eq!(c[50], Some(50.0));
+            let pts: Vec<f64> = c.iter().flatten().copied().collect();
+            assert!(
+                pts.windows(2).all(|w| w[0] <= w[1]),
+                "{name}: not monotone {c:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn curve_reads_like_the_published_analysis() {
+    let r = sim::Replay {
+        arrived: vec![1000, 2000, 2000, 9000],
+        allocated: vec![1000, 1500, 2000, 8000],
+        placed: 4,
+        failed: 0,
+    };
+    let c = curve(&r, 10_000);
+    assert_eq!(c[10], Some(10.0));
+    // Two tasks at 20% arrived: the mean of 15% and 20%.
+    assert_eq!(c[20], Some(17.5));
+    // 21% has no task; its neighbours 20% and 22% (none) stand in.
+    assert_eq!(c[21], Some(17.5));
+    assert_eq!(c[50], None);
+    assert_eq!(c[89], Some(80.0));
+}
+
+#[test]
+fn trace_rows_become_requests() {
+    let tasks = sim::parse_tasks(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+         a,12000,16384,1,1000,\n\
+         b,6000,12288,1,460,V100M16|V100M32\n\
+         c,32000,65536,0,0,\n\
+         d,88000,327680,8,1000,\n",
+    )
+    .unwrap();
+    assert_eq!(tasks[0].request().gpu, GpuDemand::Whole { count: 1 });
+    let b = tasks[1].request();
+    assert_eq!(
+        b.gpu,
+        GpuDemand::Fraction {
+            milli: 460,
+            vram_gb: 0
+        }
+    );
+    assert_eq!(b.models, vec!["V100M16", "V100M32"]);
+    assert_eq!(tasks[2].request().gpu, GpuDemand::None);
+    assert_eq!(tasks[3].gpu_milli_total(), 8000);
+    let nodes =
+        sim::parse_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n").unwrap();
+    assert_eq!(nodes[0].gpus.len(), 2);
+    assert_eq!(Cluster::new(&nodes).gpu_milli_total(), 2000);
+}
