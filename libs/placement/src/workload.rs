@@ -34,8 +34,9 @@ pub struct WorkloadConfig {
     pub popularity: f64,
     /// Count CPU-only tasks as shapes (the simulator does).
     pub include_cpu_only: bool,
-    /// Keep memory in the shape (the simulator does not: its node model has
-    /// no memory).
+    /// Give each shape the mean memory of its tasks (the simulator does not:
+    /// its node model has no memory). Shapes are still told apart by CPU and
+    /// GPU only, so the number of shapes stays the same.
     pub with_memory: bool,
 }
 
@@ -74,6 +75,7 @@ impl Workload {
         cfg: WorkloadConfig,
     ) -> Self {
         let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
+        let mut memory: HashMap<ShapeKey, u64> = HashMap::new();
         let mut total = 0u64;
         for r in requests {
             let (milli, count, vram) = match &r.gpu {
@@ -95,9 +97,12 @@ impl Workload {
                 } else {
                     r.models.join("|")
                 },
-                memory: if cfg.with_memory { r.memory_mib } else { 0 },
+                memory: 0,
                 vram,
             };
+            if cfg.with_memory {
+                *memory.entry(key.clone()).or_default() += r.memory_mib;
+            }
             *counts.entry(key).or_default() += 1;
             total += 1;
         }
@@ -115,7 +120,7 @@ impl Workload {
             .into_iter()
             .map(|(k, c)| Shape {
                 cpu_milli: k.cpu,
-                memory_mib: k.memory,
+                memory_mib: memory.get(&k).map_or(0, |m| m / c.max(1)),
                 gpu: match (k.count, k.milli) {
                     (0, _) => GpuDemand::None,
                     (1, m) if m < MILLI => GpuDemand::Fraction {
@@ -312,6 +317,69 @@ impl Compiled {
             f += s.weight * total.saturating_sub(used) as f64;
         }
         f
+    }
+}
+
+impl Compiled {
+    /// [`Compiled::frag`] and [`Compiled::frag_fill`] in one pass.
+    pub fn frag_both(&self, l: &Load<'_>, memory: bool) -> (f64, f64) {
+        let total: u64 = l.gpus.iter().map(|g| u64::from(g.milli_free)).sum();
+        if total == 0 {
+            return (0.0, 0.0);
+        }
+        let t = total as f64;
+        let mut f = self.cpu_only_weight * t;
+        let mut fill = self.cpu_only_weight * t;
+        for s in &self.shapes {
+            if s.models & l.model_mask == 0 {
+                f += s.weight * t;
+                fill += s.weight * t;
+                continue;
+            }
+            let mut fit = 0u64;
+            let mut unusable = 0u64;
+            let mut units = 0u64;
+            for g in l.gpus {
+                if s.whole {
+                    if g.fits_whole(s.models) {
+                        fit += 1;
+                    } else {
+                        unusable += u64::from(g.milli_free);
+                    }
+                } else if g.fits_frac(s.milli, s.vram, s.models) {
+                    fit += 1;
+                    let mut u = u64::from(g.milli_free / s.milli.max(1));
+                    if s.vram > 0 {
+                        u = u.min(u64::from(g.vram_free / s.vram));
+                    }
+                    units += u;
+                } else {
+                    unusable += u64::from(g.milli_free);
+                }
+            }
+            if s.whole {
+                units = fit / u64::from(s.count.max(1));
+            }
+            let cpu_units = if s.cpu > 0 {
+                l.cpu_free / s.cpu
+            } else {
+                u64::MAX
+            };
+            let mem_units = if memory && s.memory > 0 {
+                l.memory_free / s.memory
+            } else {
+                u64::MAX
+            };
+            if cpu_units == 0 || mem_units == 0 || fit < u64::from(s.count) {
+                f += s.weight * t;
+            } else {
+                f += s.weight * unusable as f64;
+            }
+            let u = units.min(cpu_units).min(mem_units);
+            let used = u * u64::from(s.milli) * u64::from(s.count);
+            fill += s.weight * total.saturating_sub(used) as f64;
+        }
+        (f, fill)
     }
 }
 

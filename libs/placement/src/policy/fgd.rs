@@ -46,6 +46,7 @@ const EMPTY_ENTRY: Entry = Entry {
 pub(crate) struct NodeCache {
     entries: Vec<Entry>,
     frag: Vec<(u64, f64)>,
+    second: Vec<(u64, f64)>,
     ids: HashMap<Demand, u32>,
     current: u32,
 }
@@ -55,6 +56,7 @@ impl NodeCache {
         if self.frag.len() != cluster.len() {
             self.entries = vec![EMPTY_ENTRY; cluster.len() * SLOTS];
             self.frag = vec![(u64::MAX, 0.0); cluster.len()];
+            self.second = vec![(u64::MAX, 0.0); cluster.len()];
         }
         let next = self.ids.len() as u32;
         self.current = *self.ids.entry(*d).or_insert(next);
@@ -63,6 +65,7 @@ impl NodeCache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.frag.clear();
+        self.second.clear();
         self.ids.clear();
     }
 
@@ -91,6 +94,23 @@ impl NodeCache {
             score: s.score,
             tiebreak: s.tiebreak,
         };
+    }
+
+    /// Two per-node measures computed together, cached like
+    /// [`NodeCache::node_frag`].
+    #[inline]
+    pub fn node_pair(
+        &mut self,
+        node: usize,
+        generation: u64,
+        f: impl FnOnce() -> (f64, f64),
+    ) -> (f64, f64) {
+        if self.frag[node].0 != generation || self.second[node].0 != generation {
+            let (a, b) = f();
+            self.frag[node] = (generation, a);
+            self.second[node] = (generation, b);
+        }
+        (self.frag[node].1, self.second[node].1)
     }
 
     #[inline]
@@ -138,14 +158,14 @@ impl Scratch {
     }
 
     /// Any measure of the node after placing `d` on `set` (then undone).
-    pub fn measure_after(
+    pub fn measure_after<T>(
         &mut self,
         w: &Compiled,
         d: &Demand,
         set: u32,
         node: &Node,
-        measure: impl Fn(&Compiled, &Load<'_>) -> f64,
-    ) -> f64 {
+        measure: impl Fn(&Compiled, &Load<'_>) -> T,
+    ) -> T {
         apply(&mut self.gpus[..self.len], d.kind, set);
         let f = measure(
             w,

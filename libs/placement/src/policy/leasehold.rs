@@ -135,63 +135,67 @@ impl Policy for Leasehold {
         if let Some(s) = self.cache.get(node, n.generation) {
             return s;
         }
-        let mem = self.cfg.memory;
-        let fill = self.cfg.fill;
-        let sum = self.cfg.sum;
-        let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| {
-            if sum {
-                w.frag(l, mem) + w.frag_fill(l, mem)
-            } else if fill {
-                w.frag_fill(l, mem)
+        let cfg = self.cfg;
+        let mem = cfg.memory;
+        // (primary measure, fill-up stranding) of a node state.
+        let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| -> (f64, f64) {
+            if cfg.sum {
+                let (a, b) = w.frag_both(l, mem);
+                (a + b, b)
+            } else if cfg.fill {
+                let b = w.frag_fill(l, mem);
+                (b, b)
+            } else if cfg.fill_tiebreak {
+                w.frag_both(l, mem)
             } else {
-                w.frag(l, mem)
+                (w.frag(l, mem), 0.0)
             }
         };
         let w = self.compiled.as_ref().expect("begin compiles the workload");
-        let f0 = self
+        let (f0, g0) = self
             .cache
-            .node_frag(node, n.generation, || measure(w, &load(n)));
+            .node_pair(node, n.generation, || measure(w, &load(n)));
         let mut scratch = Scratch::of(n);
-        let (f1, set) = match d.kind {
+        let ((f1, g1), set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
-                let mut best: Option<(f64, u16, u32)> = None;
+                let mut best: Option<((f64, f64), u16, u32)> = None;
                 for (j, g) in n.gpus.iter().enumerate() {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
-                    let f1 = scratch.measure_after(w, d, 1 << j, n, measure);
+                    let m = scratch.measure_after(w, d, 1 << j, n, measure);
                     let better = match best {
                         None => true,
-                        Some((bf, bm, _)) => f1 < bf || (f1 == bf && g.milli_free < bm),
+                        Some((bm_, bmilli, _)) => {
+                            m.0 < bm_.0 || (m.0 == bm_.0 && g.milli_free < bmilli)
+                        }
                     };
                     if better {
-                        best = Some((f1, g.milli_free, 1 << j));
+                        best = Some((m, g.milli_free, 1 << j));
                     }
                 }
-                let (f1, _, set) = best.unwrap_or((f0, 0, 0));
-                (f1, set)
+                let (m, _, set) = best.unwrap_or(((f0, g0), 0, 0));
+                (m, set)
             }
             _ => {
                 let set = cluster.pick_default(node, d);
                 (scratch.measure_after(w, d, set, n, measure), set)
             }
         };
-        let tiebreak = if self.cfg.fill_tiebreak {
-            let g0 = w.frag_fill(&load(n), mem);
-            let g1 = scratch.measure_after(w, d, set, n, |w, l| w.frag_fill(l, mem));
+        let score = if cfg.quantise {
+            ((1.0 / (1.0 + (-(f0 - f1) / 1000.0).exp())) * 100.0) as i64 as f64
+        } else if cfg.bucket > 0.0 {
+            ((f0 - f1) / cfg.bucket).floor()
+        } else {
+            f0 - f1
+        };
+        let tiebreak = if cfg.fill_tiebreak {
             g0 - g1
-        } else if self.cfg.pack_tiebreak {
+        } else if cfg.pack_tiebreak {
             -((n.cpu_free - d.cpu_milli) as f64 / MAX_SPEC_CPU
                 + (n.gpu_milli_free() - d.gpu_milli()) as f64 / MAX_SPEC_GPU)
         } else {
             0.0
-        };
-        let score = if self.cfg.quantise {
-            ((1.0 / (1.0 + (-(f0 - f1) / 1000.0).exp())) * 100.0) as i64 as f64
-        } else if self.cfg.bucket > 0.0 {
-            ((f0 - f1) / self.cfg.bucket).floor()
-        } else {
-            f0 - f1
         };
         let s = Scored {
             score,
