@@ -23,11 +23,7 @@ fn alloc(node: &str, lease: Uuid) -> Envelope {
     Envelope::new(
         Actor::Admin,
         Utc::now(),
-        EventData::NodeGpusAllocated(NodeGpusAllocated {
-            node_id: node.into(),
-            lease_id: lease,
-            gpu_indices: vec![0],
-        }),
+        EventData::NodeGpusAllocated(NodeGpusAllocated::one(node, lease, vec![0])),
     )
 }
 

@@ -28,7 +28,9 @@ impl Fleet {
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::NodeGpusAllocated(e) => {
-                self.hold(&e.node_id, e.lease_id, &e.gpu_indices);
+                for a in &e.allocations {
+                    self.hold(&e.node_id, a.lease_id, &a.gpu_indices);
+                }
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::LeasePlaced(e) => {
@@ -148,11 +150,7 @@ mod tests {
         let lease = Uuid::from_u128(7);
         f.apply(
             2,
-            &EventData::NodeGpusAllocated(NodeGpusAllocated {
-                node_id: "a".into(),
-                lease_id: lease,
-                gpu_indices: vec![1, 2],
-            }),
+            &EventData::NodeGpusAllocated(NodeGpusAllocated::one("a", lease, vec![1, 2])),
         );
         assert_eq!(f.node_sequence["a"], 2);
         assert_eq!(

@@ -332,15 +332,36 @@ pub struct NodeRegistered {
     pub gpus: Vec<GpuInfo>,
 }
 
-/// GPUs of a node given to a lease. Written in the same atomic batch as the
-/// `lease.placed` it mirrors, with an expected-last-subject-sequence on the
-/// node subject, so two schedulers can never hand out one GPU twice.
+/// GPUs of a node given to leases. Written in the same atomic batch as the
+/// `lease.placed` events it mirrors, with an expected-last-subject-sequence
+/// on the node subject, so two schedulers can never hand out one GPU twice.
+/// One event may carry several leases' allocations: one write per node per
+/// batch keeps the expectation simple.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodeGpusAllocated {
     pub node_id: String,
+    pub allocations: Vec<NodeAllocation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeAllocation {
     pub lease_id: Uuid,
     pub gpu_indices: Vec<u32>,
+}
+
+impl NodeGpusAllocated {
+    /// An allocation of one lease.
+    pub fn one(node_id: impl Into<String>, lease_id: Uuid, gpu_indices: Vec<u32>) -> Self {
+        Self {
+            node_id: node_id.into(),
+            allocations: vec![NodeAllocation {
+                lease_id,
+                gpu_indices,
+            }],
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -4,8 +4,10 @@
 //!
 //! `cargo run --release -p lh-load-tests --bin lease-rate -- --leases 1000 --replicas 3`
 //!
-//! The fleet is registered and the requests are appended straight onto the
-//! log (no gateway), so the figure is the scheduler's and the log's.
+//! The fleet is registered and a backlog of requests is appended straight
+//! onto the log (no gateway); then the replicas start, replay the log and
+//! drain the backlog. The figure is leases placed per second from their
+//! start to the last placement, replay included.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -40,6 +42,9 @@ fn envelope(data: EventData) -> Envelope {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if std::env::var("RUST_LOG").is_ok() {
+        lh_telemetry::init("lease-rate", lh_telemetry::LogFormat::Pretty);
+    }
     let nats = lh_testkit::Nats::start().await?;
     let bus = Bus::connect(&BusConfig::new(nats.url(), "lease-rate")).await?;
     for n in 0..args.nodes {
@@ -79,16 +84,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
 
-    let shutdown = CancellationToken::new();
-    let mut schedulers = Vec::new();
-    for _ in 0..args.replicas {
-        let config = lh_scheduler::Config::for_test(&nats.url());
-        schedulers.push(lh_scheduler::start(config, shutdown.clone()).await?);
-    }
-    // Let every replica replay the fleet before the requests arrive.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    let start = Instant::now();
+    let append_start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..args.writers {
         let bus = bus.clone();
@@ -105,7 +101,8 @@ async fn main() -> anyhow::Result<()> {
                     priority: 0,
                     idempotency_key: None,
                 }));
-                bus.publish(&request, Expect::LastSubjectSequence(0)).await?;
+                bus.publish(&request, Expect::LastSubjectSequence(0))
+                    .await?;
             }
             anyhow::Ok(())
         }));
@@ -113,7 +110,17 @@ async fn main() -> anyhow::Result<()> {
     for t in tasks {
         t.await??;
     }
-    let appended = start.elapsed();
+    let appended = append_start.elapsed();
+
+    // The whole backlog waits; now the schedulers start, replay the log and
+    // drain it. The clock runs from their start to the last placement.
+    let start = Instant::now();
+    let shutdown = CancellationToken::new();
+    let mut schedulers = Vec::new();
+    for _ in 0..args.replicas {
+        let config = lh_scheduler::Config::for_test(&nats.url());
+        schedulers.push(lh_scheduler::start(config, shutdown.clone()).await?);
+    }
 
     // Count placements as they land.
     let mut feed = bus.feed(&["lh.evt.>"], 1).await?;
@@ -131,7 +138,10 @@ async fn main() -> anyhow::Result<()> {
             assert!(seen.insert(p.lease_id), "lease {} placed twice", p.lease_id);
             for g in &p.gpus {
                 if let Some(other) = held.insert((p.node_id.clone(), g.index), p.lease_id) {
-                    panic!("GPU {}/{} given to {} while {other} holds it", p.node_id, g.index, p.lease_id);
+                    panic!(
+                        "GPU {}/{} given to {} while {other} holds it",
+                        p.node_id, g.index, p.lease_id
+                    );
                 }
             }
             placed += 1;
@@ -153,6 +163,10 @@ async fn main() -> anyhow::Result<()> {
         last_placed.as_secs_f64(),
         rate
     );
-    anyhow::ensure!(placed == args.leases, "only {placed} of {} leases placed", args.leases);
+    anyhow::ensure!(
+        placed == args.leases,
+        "only {placed} of {} leases placed",
+        args.leases
+    );
     Ok(())
 }

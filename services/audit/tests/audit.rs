@@ -222,11 +222,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     runner_up_score: None,
                 },
             }),
-            5 => EventData::NodeGpusAllocated(NodeGpusAllocated {
-                node_id: "node-1".into(),
-                lease_id: lease,
-                gpu_indices: vec![0],
-            }),
+            5 => EventData::NodeGpusAllocated(NodeGpusAllocated::one("node-1", lease, vec![0])),
             6 => EventData::LeaseStarted(LeaseStarted {
                 lease_id: lease,
                 node_id: "node-1".into(),

@@ -143,6 +143,12 @@ async fn two_schedulers_never_give_one_gpu_to_two_leases() {
     assert!(placed_once.len() < REQUESTS);
     // Both replicas did work or lost races: conflicts are expected, but each
     // allocation on a node subject is unique.
-    let allocations = common::of_type(&log, "node.gpus_allocated").len();
+    let allocations: usize = common::of_type(&log, "node.gpus_allocated")
+        .iter()
+        .map(|e| match &e.envelope.data {
+            EventData::NodeGpusAllocated(a) => a.allocations.len(),
+            _ => 0,
+        })
+        .sum();
     assert_eq!(allocations, placed_once.len());
 }

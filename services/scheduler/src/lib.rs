@@ -118,22 +118,16 @@ async fn schedule(bus: Bus, rules: state::Rules, ready: Readiness) -> anyhow::Re
     }
 }
 
-/// Appends decisions until there are none left. False when a conflict
-/// cut it short.
+/// Appends one pass of decisions. False when a conflict cut it short.
+///
+/// An atomic batch costs milliseconds whatever its size, so decisions are
+/// packed into batches of up to [`lh_bus::MAX_BATCH_MESSAGES`] messages,
+/// each subject at most once per batch (a second write to a node expects
+/// the sequence of the first, known only once that is stored).
 async fn decide_and_append(bus: &Bus, state: &mut State, rules: &state::Rules) -> bool {
-    loop {
-        let decisions = state.decide(Utc::now(), rules);
-        if !append_all(bus, state, decisions.batches).await {
-            return false;
-        }
-        if !decisions.more {
-            return true;
-        }
-    }
-}
-
-async fn append_all(bus: &Bus, state: &mut State, batches: Vec<state::Batch>) -> bool {
-    for batch in batches {
+    let decisions = state.decide(Utc::now(), rules);
+    for mut batch in pack(decisions.batches) {
+        state.expect_current(&mut batch);
         match bus.publish_atomic(&batch).await {
             Ok(appended) => {
                 // Apply our own events at once so the rest of the pass and
@@ -141,14 +135,10 @@ async fn append_all(bus: &Bus, state: &mut State, batches: Vec<state::Batch>) ->
                 let first = appended.sequence + 1 - batch.len() as u64;
                 for (i, (envelope, _)) in batch.iter().enumerate() {
                     state.apply(first + i as u64, envelope);
+                    metrics::counter!("lh_scheduler_decisions_total", "type" => envelope.event_type.clone())
+                        .increment(1);
                 }
-                metrics::counter!("lh_scheduler_decisions_total", "type" => batch[0].0.event_type.clone())
-                    .increment(1);
-                tracing::info!(
-                    event = %batch[0].0.event_type,
-                    lease = ?batch[0].0.data.subject(),
-                    "decision appended"
-                );
+                tracing::debug!(events = batch.len(), "decisions appended");
             }
             Err(BusError::Conflict(why)) | Err(BusError::DuplicateBatch(why)) => {
                 metrics::counter!("lh_scheduler_conflicts_total").increment(1);
@@ -162,4 +152,103 @@ async fn append_all(bus: &Bus, state: &mut State, batches: Vec<state::Batch>) ->
         }
     }
     true
+}
+
+/// Packs decisions, in order, into as few atomic batches as the rules allow:
+/// each subject is written once per batch, so allocations on one node merge
+/// into one `node.gpus_allocated`.
+pub fn pack(decisions: Vec<state::Batch>) -> Vec<state::Batch> {
+    use lh_events::EventData;
+    use std::collections::HashMap;
+    let mut out: Vec<state::Batch> = Vec::new();
+    // subject -> index of its message in the current batch
+    let mut subjects: HashMap<String, usize> = HashMap::new();
+    for decision in decisions {
+        let mergeable = |(e, _): &(lh_events::Envelope, lh_bus::Expect)| {
+            matches!(e.data, EventData::NodeGpusAllocated(_))
+        };
+        let fits = out.last().is_some_and(|b| {
+            b.len() + decision.len() <= lh_bus::MAX_BATCH_MESSAGES
+                && decision
+                    .iter()
+                    .all(|m| mergeable(m) || !subjects.contains_key(&m.0.data.subject()))
+        });
+        if !fits {
+            out.push(Vec::new());
+            subjects.clear();
+        }
+        let batch = out.last_mut().expect("a batch");
+        for (envelope, expect) in decision {
+            let subject = envelope.data.subject();
+            match (subjects.get(&subject), &envelope.data) {
+                (Some(&at), EventData::NodeGpusAllocated(more)) => {
+                    if let EventData::NodeGpusAllocated(first) = &mut batch[at].0.data {
+                        first.allocations.extend(more.allocations.iter().cloned());
+                    }
+                }
+                _ => {
+                    subjects.insert(subject, batch.len());
+                    batch.push((envelope, expect));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lh_bus::Expect;
+    use lh_events::*;
+
+    fn placement(lease: u128, node: &str) -> state::Batch {
+        let id = uuid::Uuid::from_u128(lease);
+        let env = |d| Envelope::new(Actor::Admin, Utc::now(), d);
+        vec![
+            (
+                env(EventData::LeaseStopRequested(LeaseStopRequested {
+                    lease_id: id,
+                })),
+                Expect::Any,
+            ),
+            (
+                env(EventData::NodeGpusAllocated(NodeGpusAllocated::one(
+                    node,
+                    id,
+                    vec![lease as u32],
+                ))),
+                Expect::Any,
+            ),
+        ]
+    }
+
+    #[test]
+    fn allocations_on_one_node_merge_and_subjects_never_repeat() {
+        let packed = pack(vec![
+            placement(1, "a"),
+            placement(2, "a"),
+            placement(3, "b"),
+        ]);
+        assert_eq!(packed.len(), 1);
+        let batch = &packed[0];
+        assert_eq!(batch.len(), 5, "3 lease messages, 2 node messages");
+        let subjects: std::collections::HashSet<_> =
+            batch.iter().map(|(e, _)| e.data.subject()).collect();
+        assert_eq!(subjects.len(), batch.len());
+        match &batch[1].0.data {
+            EventData::NodeGpusAllocated(a) => assert_eq!(a.allocations.len(), 2),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_repeated_lease_subject_starts_a_new_batch_and_size_is_capped() {
+        let packed = pack(vec![placement(1, "a"), placement(1, "b")]);
+        assert_eq!(packed.len(), 2);
+        let many: Vec<_> = (0..100).map(|i| placement(i, &format!("n{i}"))).collect();
+        let packed = pack(many);
+        assert!(packed.iter().all(|b| b.len() <= lh_bus::MAX_BATCH_MESSAGES));
+        assert_eq!(packed.iter().map(Vec::len).sum::<usize>(), 200);
+    }
 }

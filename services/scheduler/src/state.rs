@@ -128,8 +128,6 @@ pub type Batch = Vec<(Envelope, Expect)>;
 #[derive(Debug, Default)]
 pub struct Decisions {
     pub batches: Vec<Batch>,
-    /// The pass stopped early: decide again once these are appended.
-    pub more: bool,
 }
 
 impl State {
@@ -297,13 +295,11 @@ impl State {
 
     /// What to append now, in queue order. Each batch assumes the ones
     /// before it were stored; after a conflict the caller re-reads the log
-    /// and asks again. A node takes at most one placement per pass (the
-    /// next one's expected node sequence is only known once the first is
-    /// stored), so the pass stops there and `more` tells the caller to
-    /// decide again right after appending.
+    /// and asks again. A second placement on a node in one pass expects the
+    /// node's sequence after the first: the caller sets it from the sequence
+    /// the first one got (see [`State::expect_current`]).
     pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
         let mut scratch = self.fleet.clone();
-        let mut touched_nodes: Vec<String> = Vec::new();
         let mut held = self.held_by_tenant();
         let mut positions: HashMap<&str, u32> = HashMap::new();
         let mut out = Vec::new();
@@ -358,14 +354,7 @@ impl State {
                 gpu_model: lease.gpu_model.clone(),
             };
             match placement::best_fit(scratch.nodes.values(), &request) {
-                Ok(p) if touched_nodes.contains(&p.node_id) => {
-                    return Decisions {
-                        batches: out,
-                        more: true,
-                    };
-                }
                 Ok(p) => {
-                    touched_nodes.push(p.node_id.clone());
                     let indices: Vec<u32> = p.gpus.iter().map(|g| g.index).collect();
                     let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
                     let placed = EventData::LeasePlaced(LeasePlaced {
@@ -390,11 +379,11 @@ impl State {
                             runner_up_score: p.runner_up_score,
                         },
                     });
-                    let allocated = EventData::NodeGpusAllocated(NodeGpusAllocated {
-                        node_id: p.node_id.clone(),
-                        lease_id: lease.id,
-                        gpu_indices: indices,
-                    });
+                    let allocated = EventData::NodeGpusAllocated(NodeGpusAllocated::one(
+                        p.node_id.clone(),
+                        lease.id,
+                        indices,
+                    ));
                     let placed_env = event(placed, "lease.placed");
                     let mut alloc_env = event(allocated, "node.gpus_allocated");
                     alloc_env.causation_id = Some(placed_env.id);
@@ -484,9 +473,23 @@ impl State {
                 }
             }
         }
-        Decisions {
-            batches: out,
-            more: false,
+        Decisions { batches: out }
+    }
+
+    /// Refreshes the expectation of every node message in `batch` from the
+    /// sequences this state knows now, which include the batches this
+    /// scheduler appended earlier in the same pass.
+    pub fn expect_current(&self, batch: &mut Batch) {
+        for (envelope, expect) in batch.iter_mut() {
+            if let EventData::NodeGpusAllocated(a) = &envelope.data {
+                let seq = self
+                    .fleet
+                    .node_sequence
+                    .get(&a.node_id)
+                    .copied()
+                    .unwrap_or(0);
+                *expect = Expect::LastSubjectSequence(seq);
+            }
         }
     }
 }
@@ -690,16 +693,11 @@ mod tests {
             .max()
             .unwrap_or(0)
             + 1_000;
-        loop {
-            let d = s.decide(now, rules);
-            for batch in &d.batches {
-                for (e, _) in batch {
-                    seq += 1;
-                    s.apply(seq, e);
-                }
-            }
-            if !d.more {
-                break;
+        let d = s.decide(now, rules);
+        for batch in &d.batches {
+            for (e, _) in batch {
+                seq += 1;
+                s.apply(seq, e);
             }
         }
     }
@@ -778,9 +776,8 @@ mod tests {
         ]);
         let d = decide(&s).batches;
         let types: Vec<&str> = d.iter().map(|b| b[0].0.event_type.as_str()).collect();
-        // 3 placed; 2 does not fit and queues; 1 would fit but node a is
-        // already touched this pass, so the pass stops there.
-        assert_eq!(types, vec!["lease.placed", "lease.queued"]);
+        // 3 placed; 2 does not fit and queues; 1 fits around it.
+        assert_eq!(types, vec!["lease.placed", "lease.queued", "lease.placed"]);
         let mut s = s;
         settle(&mut s, Utc::now(), &Rules::default());
         assert_eq!(placed(&s), vec![Uuid::from_u128(2), Uuid::from_u128(4)]);
@@ -885,17 +882,32 @@ mod tests {
     }
 
     #[test]
-    fn one_placement_per_node_per_pass() {
+    fn two_placements_on_one_node_chain_their_node_expectations() {
         let t = Uuid::from_u128(1);
-        let s = given(vec![
+        let mut s = given(vec![
             node("a", 8),
             tenant(t, 100),
             request(Uuid::from_u128(2), t, 1),
             request(Uuid::from_u128(3), t, 1),
         ]);
-        let d = decide(&s);
-        assert_eq!(d.batches.len(), 1);
-        assert!(d.more);
+        let mut d = decide(&s).batches;
+        assert_eq!(d.len(), 2);
+        // The first expects the node at its registration (sequence 1).
+        s.expect_current(&mut d[0]);
+        assert_eq!(d[0][1].1, Expect::LastSubjectSequence(1));
+        // Once the first is stored at 10 and 11, the second expects 11.
+        s.apply(10, &d[0][0].0);
+        s.apply(11, &d[0][1].0);
+        s.expect_current(&mut d[1]);
+        assert_eq!(d[1][1].1, Expect::LastSubjectSequence(11));
+        let indices: Vec<u32> = d
+            .iter()
+            .filter_map(|b| match &b[1].0.data {
+                EventData::NodeGpusAllocated(a) => Some(a.allocations[0].gpu_indices[0]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(indices, vec![0, 1], "distinct GPUs");
     }
 
     #[test]

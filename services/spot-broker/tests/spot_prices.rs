@@ -79,11 +79,7 @@ async fn spot_price_follows_utilisation() {
     // Two of four GPUs taken: u = 0.5, price = 0.1 + 0.4 × 0.25 = 0.2.
     publish(
         &bus,
-        EventData::NodeGpusAllocated(NodeGpusAllocated {
-            node_id: "n1".into(),
-            lease_id: Uuid::now_v7(),
-            gpu_indices: vec![0, 1],
-        }),
+        EventData::NodeGpusAllocated(NodeGpusAllocated::one("n1", Uuid::now_v7(), vec![0, 1])),
     )
     .await;
     for _ in 0..50 {
