@@ -78,7 +78,7 @@ fn bench_cluster(c: &mut Criterion, label: &str, nodes: &[NodeSpec], tasks: &[Ta
                 let d = &demands[k % demands.len()];
                 k += 1;
                 let r = e.decide_demand(black_box(d));
-                if k % 8 == 0 {
+                if k.is_multiple_of(8) {
                     if let Ok(dec) = &r {
                         if let Ok(id) = e.place_demand(d, dec) {
                             placed.push(id);

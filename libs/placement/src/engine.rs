@@ -127,7 +127,7 @@ impl Engine {
     /// [`Ties::Ranked`]).
     pub fn with_ranked_ties(mut self) -> Self {
         let mut order: Vec<u32> = (0..self.cluster.len() as u32).collect();
-        Rng::new(self.seed ^ 0x5EED_0F_0DE5).shuffle(&mut order);
+        Rng::new(self.seed ^ 0x005E_ED0F_0DE5).shuffle(&mut order);
         let mut rank = vec![0u32; order.len()];
         for (r, &n) in order.iter().enumerate() {
             rank[n as usize] = r as u32;

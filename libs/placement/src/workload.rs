@@ -300,15 +300,15 @@ impl Compiled {
                 for g in l.gpus {
                     if g.fits_frac(s.milli, s.vram, s.models) {
                         let mut u = u64::from(g.milli_free / s.milli.max(1));
-                        if s.vram > 0 {
-                            u = u.min(u64::from(g.vram_free / s.vram));
+                        if let Some(v) = g.vram_free.checked_div(s.vram) {
+                            u = u.min(u64::from(v));
                         }
                         units += u;
                     }
                 }
             }
-            if s.cpu > 0 {
-                units = units.min(l.cpu_free / s.cpu);
+            if let Some(c) = l.cpu_free.checked_div(s.cpu) {
+                units = units.min(c);
             }
             if memory && s.memory > 0 {
                 units = units.min(l.memory_free / s.memory);
@@ -349,8 +349,8 @@ impl Compiled {
                 } else if g.fits_frac(s.milli, s.vram, s.models) {
                     fit += 1;
                     let mut u = u64::from(g.milli_free / s.milli.max(1));
-                    if s.vram > 0 {
-                        u = u.min(u64::from(g.vram_free / s.vram));
+                    if let Some(v) = g.vram_free.checked_div(s.vram) {
+                        u = u.min(u64::from(v));
                     }
                     units += u;
                 } else {
@@ -360,11 +360,7 @@ impl Compiled {
             if s.whole {
                 units = fit / u64::from(s.count.max(1));
             }
-            let cpu_units = if s.cpu > 0 {
-                l.cpu_free / s.cpu
-            } else {
-                u64::MAX
-            };
+            let cpu_units = l.cpu_free.checked_div(s.cpu).unwrap_or(u64::MAX);
             let mem_units = if memory && s.memory > 0 {
                 l.memory_free / s.memory
             } else {

@@ -20,7 +20,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
         .prop_map(
             move |(cores, gib, gpus, model, shared, vram, domains)| NodeSpec {
                 id: format!("n{i}"),
-                zone: if i % 2 == 0 { "za" } else { "zb" }.into(),
+                zone: if i.is_multiple_of(2) { "za" } else { "zb" }.into(),
                 cpu_milli: cores * 1000,
                 memory_mib: gib * 1024,
                 gpus: vec![
@@ -145,6 +145,9 @@ fn workload(ops: &[(bool, Request, usize)]) -> Workload {
     Workload::from_requests(&reqs, WorkloadConfig::PUBLISHED)
 }
 
+/// Each decision (node, GPUs, score bits) or None.
+type Trail = Vec<Option<(usize, u32, u64)>>;
+
 /// Runs the ops, returning each decision (node, GPUs, score) or None.
 fn run(
     nodes: &[NodeSpec],
@@ -152,7 +155,7 @@ fn run(
     seed: u64,
     ops: &[(bool, Request, usize)],
     check: bool,
-) -> Result<(Vec<Option<(usize, u32, u64)>>, Engine), TestCaseError> {
+) -> Result<(Trail, Engine), TestCaseError> {
     let w = workload(ops);
     let mut e = Engine::new(
         Cluster::new(nodes),
