@@ -21,6 +21,8 @@ use tokio::sync::watch;
 
 /// Most connections one service's pool opens.
 pub const MAX_POOL_CONNECTIONS: u32 = 16;
+/// Most events one projection transaction applies when a backlog waits.
+pub const MAX_EVENTS_PER_TRANSACTION: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectionError {
@@ -184,33 +186,55 @@ pub async fn run<P: Projector>(
             caught_tx.send_replace(true);
             continue;
         };
-        let event = event?;
-        apply_one(pool, projector, &event).await?;
-        applied_tx.send_replace(event.sequence);
-        if event.pending == 0 {
+        // Under load, apply what is already waiting in one transaction.
+        let mut batch = vec![event?];
+        while batch.len() < MAX_EVENTS_PER_TRANSACTION
+            && batch.last().is_some_and(|e| e.pending > 0)
+        {
+            match feed.next_within(Duration::from_millis(5)).await {
+                Some(event) => batch.push(event?),
+                None => break,
+            }
+        }
+        apply_batch(pool, projector, &batch).await?;
+        let last = batch.last().expect("a batch holds an event");
+        applied_tx.send_replace(last.sequence);
+        if last.pending == 0 {
             caught_tx.send_replace(true);
         }
     }
 }
 
 async fn apply_one<P: Projector>(pool: &PgPool, projector: &P, event: &Stored) -> Result<()> {
+    apply_batch(pool, projector, std::slice::from_ref(event)).await
+}
+
+/// Applies events (in stream order) and the last one's sequence in one
+/// transaction; events at or below the committed sequence are skipped.
+async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Stored]) -> Result<()> {
+    let Some(last) = events.last() else {
+        return Ok(());
+    };
     let mut tx = pool.begin().await?;
     let committed: Option<i64> =
         sqlx::query_scalar("SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE")
             .bind(projector.name())
             .fetch_optional(&mut *tx)
             .await?;
-    // A second runner of the same projection (or a replay) already did it.
-    if committed.is_some_and(|c| c as u64 >= event.sequence) {
+    let committed = committed.unwrap_or(0) as u64;
+    // A second runner of the same projection (or a replay) already did them.
+    if committed >= last.sequence {
         return Ok(());
     }
-    projector.apply(&mut tx, event).await?;
+    for event in events.iter().filter(|e| e.sequence > committed) {
+        projector.apply(&mut tx, event).await?;
+    }
     sqlx::query(
         "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
     )
     .bind(projector.name())
-    .bind(event.sequence as i64)
+    .bind(last.sequence as i64)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -1,6 +1,6 @@
-//! Two scheduler replicas at once under 200 concurrent requests on a fleet
-//! too small for all of them: no GPU is ever held by two leases (checked
-//! from the log), and every lease ends up placed or queued.
+//! Three scheduler replicas at once under 1,000 concurrent requests on a
+//! fleet too small for all of them: no GPU is ever held by two leases
+//! (checked from the log), and every lease ends up placed or queued.
 
 mod common;
 
@@ -29,10 +29,11 @@ gpu_count = 4
 vram_gb = 40
 "#;
 
-const REQUESTS: usize = 200;
+const REQUESTS: usize = 1000;
+const REPLICAS: usize = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_schedulers_never_give_one_gpu_to_two_leases() {
+async fn three_schedulers_never_give_one_gpu_to_two_leases() {
     let mut stack = Stack::bare(SMALL_FLEET).await;
     stack.start_service("gateway").await;
     stack.start_service("node-agent:node-a").await;
@@ -51,8 +52,9 @@ async fn two_schedulers_never_give_one_gpu_to_two_leases() {
     for t in 0..4 {
         keys.push(stack.create_tenant(&format!("t{t}"), 1000).await.1);
     }
-    stack.start_service("scheduler:1").await;
-    stack.start_service("scheduler:2").await;
+    for r in 0..REPLICAS {
+        stack.start_service(&format!("scheduler:{r}")).await;
+    }
 
     let mut tasks = Vec::new();
     for i in 0..REQUESTS {
@@ -83,7 +85,7 @@ async fn two_schedulers_never_give_one_gpu_to_two_leases() {
 
     // Every lease gets a decision.
     let mut log = Vec::new();
-    for _ in 0..400 {
+    for _ in 0..600 {
         log = read_log(&bus).await;
         let decided: HashSet<_> = log
             .iter()
