@@ -134,6 +134,16 @@ impl Running {
     }
 }
 
+/// Subcommands of a service that owns a projection.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum ProjectionCommand {
+    /// Run the service (the default).
+    Run,
+    /// Replay the log from sequence 1 into a fresh schema and compare it
+    /// with the live one; fails when they differ (without --swap).
+    Rebuild(RebuildArgs),
+}
+
 /// The `rebuild` subcommand shared by every service that owns a projection.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RebuildArgs {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
@@ -12,8 +12,8 @@ use tokio::sync::OnceCell;
 
 use crate::locate::nats_server_binary;
 use crate::process::{
-    free_port, log_len, log_since, log_stdio, log_tail, stop_child, Watchdog,
-    RESTART_PORT_BUSY_TIMEOUT, START_ATTEMPTS_MAX,
+    log_len, log_since, log_stdio, log_tail, restart_on_its_port, start_on_a_free_port, stop_child,
+    Server, StartError, Watchdog,
 };
 
 /// How long a started server may take to answer with its INFO line.
@@ -62,25 +62,9 @@ impl Nats {
             watchdog: None,
             dir,
         };
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS_MAX {
-            nats.port = free_port().context("picking a free port")?;
-            match nats.spawn_and_wait().await {
-                Ok(()) => {
-                    tracing::info!(url = %nats.url(), dir = %nats.dir.path().display(), "nats-server started");
-                    return Ok(nats);
-                }
-                Err(StartError::PortTaken(why)) => {
-                    tracing::debug!(port = nats.port, %why, "nats-server port taken, retrying on another");
-                    last_error = Some(why);
-                }
-                Err(StartError::Failed(err)) => return Err(err),
-            }
-        }
-        bail!(
-            "nats-server did not start after {START_ATTEMPTS_MAX} ports: {}",
-            last_error.unwrap_or_default()
-        )
+        start_on_a_free_port(&mut nats).await?;
+        tracing::info!(url = %nats.url(), dir = %nats.dir.path().display(), "nats-server started");
+        Ok(nats)
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -129,26 +113,9 @@ impl Nats {
     /// ready. Retries while another process holds the port, up to 15 s.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
-        let deadline = Instant::now() + RESTART_PORT_BUSY_TIMEOUT;
-        loop {
-            match self.spawn_and_wait().await {
-                Ok(()) => {
-                    tracing::info!(url = %self.url(), "nats-server restarted");
-                    return Ok(());
-                }
-                Err(StartError::PortTaken(why)) if Instant::now() < deadline => {
-                    tracing::debug!(port = self.port, %why, "nats-server port still taken, retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(StartError::PortTaken(why)) => {
-                    bail!(
-                        "restarting nats-server on port {}: port stayed taken: {why}",
-                        self.port
-                    )
-                }
-                Err(StartError::Failed(err)) => return Err(err),
-            }
-        }
+        restart_on_its_port(self).await?;
+        tracing::info!(url = %self.url(), "nats-server restarted");
+        Ok(())
     }
 
     fn write_config(&self) -> anyhow::Result<()> {
@@ -289,12 +256,6 @@ async fn read_info(port: u16) -> std::io::Result<serde_json::Value> {
     serde_json::from_str(json.trim()).map_err(std::io::Error::other)
 }
 
-enum StartError {
-    /// Another process holds the port: try again (elsewhere or later).
-    PortTaken(String),
-    Failed(anyhow::Error),
-}
-
 #[derive(Debug)]
 enum Probe {
     Exited(String),
@@ -309,5 +270,21 @@ impl std::fmt::Display for Probe {
             Probe::OtherServer(name) => write!(f, "another server ({name:?}) answers on the port"),
             Probe::Timeout => write!(f, "no JetStream-enabled INFO within {READY_TIMEOUT:?}"),
         }
+    }
+}
+
+impl Server for Nats {
+    const NAME: &'static str = "nats-server";
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn set_port(&mut self, port: u16) {
+        self.port = port;
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), StartError> {
+        Nats::spawn_and_wait(self).await
     }
 }

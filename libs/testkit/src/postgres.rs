@@ -15,8 +15,8 @@ use tokio::sync::OnceCell;
 
 use crate::locate::pg_bin_dir;
 use crate::process::{
-    free_port, log_len, log_since, log_stdio, log_tail, stop_child, Watchdog,
-    RESTART_PORT_BUSY_TIMEOUT, START_ATTEMPTS_MAX,
+    log_len, log_since, log_stdio, log_tail, restart_on_its_port, start_on_a_free_port, stop_child,
+    Server, StartError, Watchdog,
 };
 
 /// How long a started postmaster may take to accept connections (crash
@@ -90,25 +90,9 @@ impl Postgres {
         }
         pg.initdb().await?;
 
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS_MAX {
-            pg.port = free_port().context("picking a free port")?;
-            match pg.spawn_and_wait().await {
-                Ok(()) => {
-                    tracing::info!(url = %pg.admin_url(), dir = %pg.dir.path().display(), "PostgreSQL started");
-                    return Ok(pg);
-                }
-                Err(StartError::PortTaken(why)) => {
-                    tracing::debug!(port = pg.port, %why, "PostgreSQL port taken, retrying on another");
-                    last_error = Some(why);
-                }
-                Err(StartError::Failed(err)) => return Err(err),
-            }
-        }
-        bail!(
-            "PostgreSQL did not start after {START_ATTEMPTS_MAX} ports: {}",
-            last_error.unwrap_or_default()
-        )
+        start_on_a_free_port(&mut pg).await?;
+        tracing::info!(url = %pg.admin_url(), dir = %pg.dir.path().display(), "PostgreSQL started");
+        Ok(pg)
     }
 
     /// Creates a fresh, uniquely named database and returns its URL,
@@ -172,26 +156,9 @@ impl Postgres {
     /// it first if it still runs) and waits until it accepts connections.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
-        let deadline = Instant::now() + RESTART_PORT_BUSY_TIMEOUT;
-        loop {
-            match self.spawn_and_wait().await {
-                Ok(()) => {
-                    tracing::info!(url = %self.admin_url(), "PostgreSQL restarted");
-                    return Ok(());
-                }
-                Err(StartError::PortTaken(why)) if Instant::now() < deadline => {
-                    tracing::debug!(port = self.port, %why, "PostgreSQL port still taken, retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(StartError::PortTaken(why)) => {
-                    bail!(
-                        "restarting PostgreSQL on port {}: port stayed taken: {why}",
-                        self.port
-                    )
-                }
-                Err(StartError::Failed(err)) => return Err(err),
-            }
-        }
+        restart_on_its_port(self).await?;
+        tracing::info!(url = %self.admin_url(), "PostgreSQL restarted");
+        Ok(())
     }
 
     fn socket_dir(&self) -> PathBuf {
@@ -408,12 +375,6 @@ fn postgres_user() -> anyhow::Result<(u32, u32)> {
     }
 }
 
-enum StartError {
-    /// Another process holds the port: try again (elsewhere or later).
-    PortTaken(String),
-    Failed(anyhow::Error),
-}
-
 #[derive(Debug)]
 enum Probe {
     Exited(String),
@@ -428,5 +389,21 @@ impl std::fmt::Display for Probe {
             Probe::OtherServer(name) => write!(f, "another cluster ({name:?}) answers on the port"),
             Probe::Timeout => write!(f, "no connection accepted within {READY_TIMEOUT:?}"),
         }
+    }
+}
+
+impl Server for Postgres {
+    const NAME: &'static str = "PostgreSQL";
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn set_port(&mut self, port: u16) {
+        self.port = port;
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), StartError> {
+        Postgres::spawn_and_wait(self).await
     }
 }

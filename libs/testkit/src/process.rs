@@ -147,3 +147,65 @@ pub(crate) fn log_stdio(path: &Path) -> io::Result<(Stdio, Stdio)> {
         .open(path)?;
     Ok((Stdio::from(file.try_clone()?), Stdio::from(file)))
 }
+
+/// Why one start of a server failed.
+pub(crate) enum StartError {
+    /// Another process holds the port: try again (elsewhere or later).
+    PortTaken(String),
+    Failed(anyhow::Error),
+}
+
+/// A server child process that can be (re)started on a given port.
+pub(crate) trait Server {
+    /// What the logs call it ("nats-server", "PostgreSQL").
+    const NAME: &'static str;
+    fn port(&self) -> u16;
+    fn set_port(&mut self, port: u16);
+    /// Spawns the process on `port()` and waits until it is ready.
+    async fn spawn_and_wait(&mut self) -> Result<(), StartError>;
+}
+
+/// Starts `server` on a free port, trying other ports while the one picked
+/// turns out taken (another process may grab it between pick and bind).
+pub(crate) async fn start_on_a_free_port<S: Server>(server: &mut S) -> anyhow::Result<()> {
+    let mut last_error = None;
+    for _ in 0..START_ATTEMPTS_MAX {
+        server.set_port(free_port().map_err(|e| anyhow::anyhow!("picking a free port: {e}"))?);
+        match server.spawn_and_wait().await {
+            Ok(()) => return Ok(()),
+            Err(StartError::PortTaken(why)) => {
+                tracing::debug!(port = server.port(), %why, "{} port taken, retrying on another", S::NAME);
+                last_error = Some(why);
+            }
+            Err(StartError::Failed(err)) => return Err(err),
+        }
+    }
+    anyhow::bail!(
+        "{} did not start after {START_ATTEMPTS_MAX} ports: {}",
+        S::NAME,
+        last_error.unwrap_or_default()
+    )
+}
+
+/// Starts `server` again on its port, waiting while the port is still held
+/// (a killed process's socket may linger), up to [`RESTART_PORT_BUSY_TIMEOUT`].
+pub(crate) async fn restart_on_its_port<S: Server>(server: &mut S) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + RESTART_PORT_BUSY_TIMEOUT;
+    loop {
+        match server.spawn_and_wait().await {
+            Ok(()) => return Ok(()),
+            Err(StartError::PortTaken(why)) if std::time::Instant::now() < deadline => {
+                tracing::debug!(port = server.port(), %why, "{} port still taken, retrying", S::NAME);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(StartError::PortTaken(why)) => {
+                anyhow::bail!(
+                    "restarting {} on port {}: port stayed taken: {why}",
+                    S::NAME,
+                    server.port()
+                )
+            }
+            Err(StartError::Failed(err)) => return Err(err),
+        }
+    }
+}
