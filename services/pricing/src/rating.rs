@@ -401,6 +401,7 @@ mod tests {
                 tier: Tier::Basic,
                 priority: 0,
                 idempotency_key: None,
+                fraction: None,
             })),
             env(EventData::LeasePlaced(LeasePlaced {
                 lease_id,
@@ -412,10 +413,14 @@ mod tests {
                     AssignedGpu {
                         index: 0,
                         uuid: "g0".into(),
+                        milli: None,
+                        vram_gb: None,
                     },
                     AssignedGpu {
                         index: 1,
                         uuid: "g1".into(),
+                        milli: None,
+                        vram_gb: None,
                     },
                 ],
                 decision: Decision {
