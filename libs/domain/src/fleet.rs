@@ -214,4 +214,43 @@ mod tests {
             (4, 0)
         );
     }
+
+    #[test]
+    fn fractional_shares_add_up_per_gpu_and_survive_re_registration() {
+        let mut f = Fleet::default();
+        f.apply(1, &registered(2));
+        let share = |lease: u128, milli: u32, vram_gb: u32| {
+            EventData::NodeGpusAllocated(NodeGpusAllocated {
+                node_id: "a".into(),
+                allocations: vec![NodeAllocation {
+                    lease_id: Uuid::from_u128(lease),
+                    gpu_indices: vec![1],
+                    milli: Some(milli),
+                    vram_gb: Some(vram_gb),
+                }],
+            })
+        };
+        f.apply(2, &share(1, 300, 10));
+        f.apply(3, &share(2, 500, 20));
+        let gpu = |f: &Fleet| f.nodes["a"].gpus[1].clone();
+        assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (800, 30));
+        assert!(!gpu(&f).is_free() && gpu(&f).held_by.is_none());
+        f.apply(4, &registered(2));
+        assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (800, 30));
+        f.apply(
+            5,
+            &EventData::LeaseEnded(LeaseEnded {
+                lease_id: Uuid::from_u128(1),
+                node_id: Some("a".into()),
+                ended_at: chrono::Utc::now(),
+                reason: EndReason::Stopped,
+                exit_code: None,
+            }),
+        );
+        assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (500, 20));
+        assert_eq!(
+            f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())],
+            (2, 1)
+        );
+    }
 }

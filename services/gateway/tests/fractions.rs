@@ -174,4 +174,21 @@ async fn fractional_leases_share_a_gpu_and_bill_by_vram() {
             .unwrap(),
         total
     );
+
+    // The lease view, gpu_fraction included, is what a replay gives.
+    let config = lh_gateway::Config {
+        common: lh_service::CommonArgs::for_test(&stack.nats.url()),
+        gateway_addr: "127.0.0.1:0".into(),
+        database_url: stack.database_url.clone(),
+        schema: "gateway".into(),
+        admin_token: Some(common::ADMIN_TOKEN.into()),
+        admin_token_file: None,
+        auditor_token: None,
+    };
+    let report = lh_gateway::rebuild(&config, "gateway_rebuild", false, |_, _| {})
+        .await
+        .unwrap();
+    for c in report.tables {
+        assert_eq!(c.live, c.rebuilt, "table {} differs in a rebuild", c.table);
+    }
 }
