@@ -20,6 +20,7 @@ fn fleet(nodes: u32) -> Vec<Node> {
                     vram_gb: 40,
                     // A mixed fleet: some GPUs busy on every node.
                     held_by: ((n + i) % 3 == 0).then(uuid::Uuid::nil),
+                    shares: Vec::new(),
                 })
                 .collect(),
         })

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use lh_events::{EventData, NodeRegistered};
 use uuid::Uuid;
 
-use crate::placement::{Gpu, Node};
+use crate::placement::{Gpu, Node, Share};
 
 #[derive(Debug, Clone, Default)]
 pub struct Fleet {
@@ -17,6 +17,8 @@ pub struct Fleet {
     pub node_sequence: HashMap<String, u64>,
     /// GPUs each live lease holds: node and GPU indices.
     pub holdings: HashMap<Uuid, (String, Vec<u32>)>,
+    /// The share of a fractional lease: `(milli, VRAM GB)` of its one GPU.
+    pub shares: HashMap<Uuid, (u32, u32)>,
 }
 
 impl Fleet {
@@ -29,13 +31,15 @@ impl Fleet {
             }
             EventData::NodeGpusAllocated(e) => {
                 for a in &e.allocations {
-                    self.hold(&e.node_id, a.lease_id, &a.gpu_indices);
+                    let share = a.milli.zip(a.vram_gb);
+                    self.hold(&e.node_id, a.lease_id, &a.gpu_indices, share);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::LeasePlaced(e) => {
                 let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
-                self.hold(&e.node_id, e.lease_id, &indices);
+                let share = e.gpus.first().and_then(|g| g.milli.zip(g.vram_gb));
+                self.hold(&e.node_id, e.lease_id, &indices, share);
             }
             EventData::LeaseEnded(e) => self.release(e.lease_id),
             _ => {}
@@ -51,19 +55,40 @@ impl Fleet {
 
     fn register(&mut self, e: &NodeRegistered) {
         // Re-registration keeps what live leases hold.
+        let on_gpu = |index: u32| {
+            let mut leases: Vec<Uuid> = self
+                .holdings
+                .iter()
+                .filter(|(_, (n, idx))| n == &e.node_id && idx.contains(&index))
+                .map(|(l, _)| *l)
+                .collect();
+            leases.sort();
+            leases
+        };
         let gpus = e
             .gpus
             .iter()
-            .map(|g| Gpu {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                model: g.model.clone(),
-                vram_gb: g.vram_gb,
-                held_by: self
-                    .holdings
-                    .iter()
-                    .find(|(_, (n, idx))| n == &e.node_id && idx.contains(&g.index))
-                    .map(|(l, _)| *l),
+            .map(|g| {
+                let leases = on_gpu(g.index);
+                let mut gpu = Gpu {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                    vram_gb: g.vram_gb,
+                    held_by: None,
+                    shares: Vec::new(),
+                };
+                for l in leases {
+                    match self.shares.get(&l) {
+                        Some(&(milli, vram_gb)) => gpu.shares.push(Share {
+                            lease_id: l,
+                            milli,
+                            vram_gb,
+                        }),
+                        None => gpu.held_by = Some(l),
+                    }
+                }
+                gpu
             })
             .collect();
         self.nodes.insert(
@@ -76,15 +101,25 @@ impl Fleet {
         );
     }
 
-    fn hold(&mut self, node_id: &str, lease_id: Uuid, indices: &[u32]) {
+    fn hold(&mut self, node_id: &str, lease_id: Uuid, indices: &[u32], share: Option<(u32, u32)>) {
         if self.holdings.contains_key(&lease_id) {
             return;
         }
         self.holdings
             .insert(lease_id, (node_id.to_string(), indices.to_vec()));
+        if let Some(s) = share {
+            self.shares.insert(lease_id, s);
+        }
         if let Some(node) = self.nodes.get_mut(node_id) {
             for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
-                gpu.held_by = Some(lease_id);
+                match share {
+                    Some((milli, vram_gb)) => gpu.shares.push(Share {
+                        lease_id,
+                        milli,
+                        vram_gb,
+                    }),
+                    None => gpu.held_by = Some(lease_id),
+                }
             }
         }
     }
@@ -93,18 +128,19 @@ impl Fleet {
         let Some((node_id, indices)) = self.holdings.remove(&lease_id) else {
             return;
         };
+        self.shares.remove(&lease_id);
         if let Some(node) = self.nodes.get_mut(&node_id) {
-            for gpu in node
-                .gpus
-                .iter_mut()
-                .filter(|g| indices.contains(&g.index) && g.held_by == Some(lease_id))
-            {
-                gpu.held_by = None;
+            for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
+                if gpu.held_by == Some(lease_id) {
+                    gpu.held_by = None;
+                }
+                gpu.shares.retain(|s| s.lease_id != lease_id);
             }
         }
     }
 
-    /// `(zone, model) -> (total GPUs, held GPUs)`.
+    /// `(zone, model) -> (total GPUs, held GPUs)`; a GPU with any
+    /// fractional share counts as held.
     pub fn usage_by_zone_model(&self) -> BTreeMap<(String, String), (u32, u32)> {
         let mut out: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
         for node in self.nodes.values() {
@@ -113,7 +149,7 @@ impl Fleet {
                     .entry((node.zone.clone(), gpu.model.clone()))
                     .or_default();
                 e.0 += 1;
-                if gpu.held_by.is_some() {
+                if !gpu.is_free() {
                     e.1 += 1;
                 }
             }
@@ -176,6 +212,45 @@ mod tests {
         assert_eq!(
             f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())],
             (4, 0)
+        );
+    }
+
+    #[test]
+    fn fractional_shares_add_up_per_gpu_and_survive_re_registration() {
+        let mut f = Fleet::default();
+        f.apply(1, &registered(2));
+        let share = |lease: u128, milli: u32, vram_gb: u32| {
+            EventData::NodeGpusAllocated(NodeGpusAllocated {
+                node_id: "a".into(),
+                allocations: vec![NodeAllocation {
+                    lease_id: Uuid::from_u128(lease),
+                    gpu_indices: vec![1],
+                    milli: Some(milli),
+                    vram_gb: Some(vram_gb),
+                }],
+            })
+        };
+        f.apply(2, &share(1, 300, 10));
+        f.apply(3, &share(2, 500, 20));
+        let gpu = |f: &Fleet| f.nodes["a"].gpus[1].clone();
+        assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (800, 30));
+        assert!(!gpu(&f).is_free() && gpu(&f).held_by.is_none());
+        f.apply(4, &registered(2));
+        assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (800, 30));
+        f.apply(
+            5,
+            &EventData::LeaseEnded(LeaseEnded {
+                lease_id: Uuid::from_u128(1),
+                node_id: Some("a".into()),
+                ended_at: chrono::Utc::now(),
+                reason: EndReason::Stopped,
+                exit_code: None,
+            }),
+        );
+        assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (500, 20));
+        assert_eq!(
+            f.usage_by_zone_model()[&("z".into(), "A100-40GB".into())],
+            (2, 1)
         );
     }
 }

@@ -17,8 +17,43 @@ pub struct Gpu {
     pub uuid: String,
     pub model: String,
     pub vram_gb: u32,
-    /// Lease holding it, if any.
+    /// Lease holding it whole, if any.
     pub held_by: Option<uuid::Uuid>,
+    /// Fractional leases sharing it: `(lease, milli, VRAM GB)`.
+    pub shares: Vec<Share>,
+}
+
+/// One fractional lease's share of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub lease_id: uuid::Uuid,
+    pub milli: u32,
+    pub vram_gb: u32,
+}
+
+impl Gpu {
+    /// Neither held whole nor shared.
+    pub fn is_free(&self) -> bool {
+        self.held_by.is_none() && self.shares.is_empty()
+    }
+
+    /// Milli-GPU in use (1000 when held whole).
+    pub fn used_milli(&self) -> u32 {
+        if self.held_by.is_some() {
+            1000
+        } else {
+            self.shares.iter().map(|s| s.milli).sum()
+        }
+    }
+
+    /// VRAM GB in use (all of it when held whole).
+    pub fn used_vram_gb(&self) -> u32 {
+        if self.held_by.is_some() {
+            self.vram_gb
+        } else {
+            self.shares.iter().map(|s| s.vram_gb).sum()
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,10 +131,7 @@ pub fn best_fit<'a>(
         }
         seen_model = true;
         largest = largest.max(of_model.len() as u32);
-        let mut free: Vec<&Gpu> = of_model
-            .into_iter()
-            .filter(|g| g.held_by.is_none())
-            .collect();
+        let mut free: Vec<&Gpu> = of_model.into_iter().filter(|g| g.is_free()).collect();
         free.sort_by_key(|g| g.index);
         let free_count = free.len() as u32;
         free_max = free_max.max(free_count);
@@ -150,6 +182,7 @@ mod tests {
                     model: model.into(),
                     vram_gb: 40,
                     held_by: (i < busy).then(uuid::Uuid::nil),
+                    shares: Vec::new(),
                 })
                 .collect(),
         }

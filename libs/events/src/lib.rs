@@ -150,6 +150,23 @@ pub struct GpuInfo {
 pub struct AssignedGpu {
     pub index: u32,
     pub uuid: String,
+    /// For a fractional (memory-sliced vGPU) lease: the share of this GPU's
+    /// compute it holds, in milli-GPU (1..=1000). Absent for a whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli: Option<u32>,
+    /// For a fractional lease: the VRAM in GB it holds on this GPU. Absent
+    /// for a whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_gb: Option<u32>,
+}
+
+/// A share of one GPU (memory-sliced vGPU): compute in milli-GPU
+/// (1..=1000) and a hard VRAM amount in GB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFraction {
+    pub milli: u32,
+    pub vram_gb: u32,
 }
 
 /// Why a lease ended.
@@ -239,6 +256,9 @@ pub struct LeaseRequested {
     pub priority: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// A share of one GPU instead of whole GPUs (then `gpus` is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<GpuFraction>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -279,6 +299,8 @@ pub struct LeasePlaced {
     pub node_id: String,
     pub zone: String,
     pub gpu_model: String,
+    /// VRAM the lease holds on each of its GPUs: the device's VRAM for a
+    /// whole GPU, the share's VRAM for a fractional lease (what is billed).
     pub vram_gb_per_gpu: u32,
     pub gpus: Vec<AssignedGpu>,
     pub decision: Decision,
@@ -349,6 +371,12 @@ pub struct NodeGpusAllocated {
 pub struct NodeAllocation {
     pub lease_id: Uuid,
     pub gpu_indices: Vec<u32>,
+    /// For a fractional lease: its share of the (single) GPU in milli-GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli: Option<u32>,
+    /// For a fractional lease: the VRAM in GB it holds on that GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_gb: Option<u32>,
 }
 
 impl NodeGpusAllocated {
@@ -359,6 +387,8 @@ impl NodeGpusAllocated {
             allocations: vec![NodeAllocation {
                 lease_id,
                 gpu_indices,
+                milli: None,
+                vram_gb: None,
             }],
         }
     }

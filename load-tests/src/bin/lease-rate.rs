@@ -100,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
                     tier: Tier::Basic,
                     priority: 0,
                     idempotency_key: None,
+                    fraction: None,
                 }));
                 bus.publish(&request, Expect::LastSubjectSequence(0))
                     .await?;

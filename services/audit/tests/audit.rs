@@ -197,6 +197,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     tier: Tier::Basic,
                     priority: 0,
                     idempotency_key: Some(format!("k{i}")),
+                    fraction: None,
                 })
             }
             3 => EventData::LeaseQueued(LeaseQueued {
@@ -213,6 +214,8 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 gpus: vec![AssignedGpu {
                     index: 0,
                     uuid: "GPU-1".into(),
+                    milli: None,
+                    vram_gb: None,
                 }],
                 decision: Decision {
                     policy: "best_fit".into(),

@@ -56,8 +56,8 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
         EventData::LeaseRequested(e) => {
             sqlx::query(
                 "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
-                                     created_at, requested_sequence, last_sequence, priority)
-                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9) ON CONFLICT (id) DO NOTHING",
+                                     created_at, requested_sequence, last_sequence, priority, gpu_fraction)
+                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
             )
             .bind(e.lease_id)
             .bind(e.tenant_id)
@@ -68,6 +68,10 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             .bind(at)
             .bind(seq)
             .bind(e.priority)
+            .bind(
+                e.fraction
+                    .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb})),
+            )
             .execute(conn)
             .await?;
         }

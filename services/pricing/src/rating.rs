@@ -101,7 +101,9 @@ impl Fold {
             EventData::LeasePlaced(e) => {
                 if let Some(l) = self.open(e.lease_id) {
                     l.gpus = Some(e.gpus.len() as u32);
-                    l.vram_gb_per_gpu = Some(e.vram_gb_per_gpu);
+                    // A fractional lease is billed by its share's VRAM.
+                    let share = e.gpus.first().and_then(|g| g.vram_gb);
+                    l.vram_gb_per_gpu = Some(share.unwrap_or(e.vram_gb_per_gpu));
                 }
             }
             EventData::LeaseStarted(e) => {
@@ -401,6 +403,7 @@ mod tests {
                 tier: Tier::Basic,
                 priority: 0,
                 idempotency_key: None,
+                fraction: None,
             })),
             env(EventData::LeasePlaced(LeasePlaced {
                 lease_id,
@@ -412,10 +415,14 @@ mod tests {
                     AssignedGpu {
                         index: 0,
                         uuid: "g0".into(),
+                        milli: None,
+                        vram_gb: None,
                     },
                     AssignedGpu {
                         index: 1,
                         uuid: "g1".into(),
+                        milli: None,
+                        vram_gb: None,
                     },
                 ],
                 decision: Decision {
@@ -481,6 +488,27 @@ mod tests {
         f.apply(99, &charge);
         assert!(f.due().is_empty());
         assert!(f.is_charged(lease));
+    }
+
+    #[test]
+    fn a_fraction_is_billed_by_its_vram() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        let mut lifecycle = lease_events(lease, t(10, 0, 0), t(10, 1, 30), EndReason::Stopped);
+        if let EventData::LeasePlaced(p) = &mut lifecycle[1].data {
+            p.vram_gb_per_gpu = 10;
+            p.gpus.truncate(1);
+            p.gpus[0].milli = Some(300);
+            p.gpus[0].vram_gb = Some(10);
+        }
+        events.extend(lifecycle);
+        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+            panic!("expected a bill")
+        };
+        assert_eq!(bill.charges[0].vram_gb, 10);
+        assert_eq!(bill.charges[0].gpus, 1);
+        // 10 GB x 0.5 CNY/GB-h x 90 s = 0.125, rounded half away from zero.
+        assert_eq!(bill.charges[0].amount.to_string(), "0.13");
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl Env {
                     tier: Tier::Basic,
                     priority: 0,
                     idempotency_key: None,
+                    fraction: None,
                 }),
             ),
             Envelope::new(
@@ -84,10 +85,14 @@ impl Env {
                         AssignedGpu {
                             index: 0,
                             uuid: "GPU-0".into(),
+                            milli: None,
+                            vram_gb: None,
                         },
                         AssignedGpu {
                             index: 1,
                             uuid: "GPU-1".into(),
+                            milli: None,
+                            vram_gb: None,
                         },
                     ],
                     decision: Decision {

@@ -9,6 +9,7 @@
 //! gets a conflict, waits for the winner's events to arrive and decides
 //! again. No leader election is needed for safety.
 
+pub mod planner;
 pub mod state;
 
 use std::time::Duration;

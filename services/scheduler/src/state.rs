@@ -15,6 +15,14 @@
 //! [`Rules::backfill_starvation`]: then the free GPUs of its model are kept
 //! for it. An on-demand lease that fits only by evicting spot leases notices
 //! the cheapest set of victims (see [`plan_preemption`]).
+//!
+//! Where a lease goes is decided by the lh-placement engine with the
+//! default policy (`leasehold`) and a fixed seed (see [`crate::planner`]),
+//! for whole GPUs and for fractions (a share of one GPU: milli-GPU and
+//! VRAM GB). A fraction counts its milli toward the GPU quota and its VRAM
+//! toward the VRAM quota. Preemption and the starvation guard act on whole
+//! GPUs only: a fractional lease never preempts, and a starving fractional
+//! lease does not hold back others.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -23,10 +31,12 @@ use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
 use lh_domain::placement::{self, Request, Unplaceable};
 use lh_events::{
-    derived_id, Actor, AssignedGpu, Decision, EndReason, Envelope, EventData, LeaseEnded,
-    LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected, NodeGpusAllocated, Quota,
-    Tier,
+    derived_id, Actor, AssignedGpu, Decision, EndReason, Envelope, EventData, GpuFraction,
+    LeaseEnded, LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected, NodeAllocation,
+    NodeGpusAllocated, Quota, Tier,
 };
+
+use crate::planner::{self, Ask, Planner};
 use uuid::Uuid;
 
 pub const SERVICE: &str = "lh-scheduler";
@@ -77,6 +87,8 @@ pub struct Lease {
     pub id: Uuid,
     pub tenant_id: Uuid,
     pub gpus: u32,
+    /// A share of one GPU instead of whole GPUs.
+    pub fraction: Option<GpuFraction>,
     pub gpu_model: String,
     pub tier: Tier,
     pub priority: i32,
@@ -99,7 +111,20 @@ pub struct Lease {
 
 impl Lease {
     fn milli(&self) -> u64 {
-        u64::from(self.gpus) * MILLI_PER_GPU
+        match self.fraction {
+            Some(f) => u64::from(f.milli),
+            None => u64::from(self.gpus) * MILLI_PER_GPU,
+        }
+    }
+
+    pub fn ask(&self) -> Ask {
+        match self.fraction {
+            Some(f) => Ask::Fraction {
+                milli: f.milli,
+                vram_gb: f.vram_gb,
+            },
+            None => Ask::Whole(self.gpus),
+        }
     }
 }
 
@@ -149,7 +174,8 @@ impl State {
                 self.leases.entry(e.lease_id).or_insert_with(|| Lease {
                     id: e.lease_id,
                     tenant_id: e.tenant_id,
-                    gpus: e.gpus,
+                    gpus: if e.fraction.is_some() { 1 } else { e.gpus },
+                    fraction: e.fraction,
                     gpu_model: e.gpu_model.clone(),
                     tier: e.tier,
                     priority: e.priority,
@@ -161,7 +187,10 @@ impl State {
                     correlation_id: envelope.correlation_id,
                     request_event_id: envelope.id,
                     node_id: None,
-                    vram_gb: e.gpus * vram_per_gpu,
+                    vram_gb: match e.fraction {
+                        Some(f) => f.vram_gb,
+                        None => e.gpus * vram_per_gpu,
+                    },
                     started_at: None,
                     preemption_deadline: None,
                 });
@@ -301,6 +330,13 @@ impl State {
     pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
         let mut scratch = self.fleet.clone();
         let mut held = self.held_by_tenant();
+        let workload = {
+            let mut live: Vec<&Lease> = self.leases.values().collect();
+            live.sort_by_key(|l| l.requested_sequence);
+            planner::workload(live.iter().map(|l| (l.ask(), l.gpu_model.as_str())))
+        };
+        // Rebuilt from `scratch` when the pass reserves GPUs outside it.
+        let mut engine: Option<Planner> = None;
         let mut positions: HashMap<&str, u32> = HashMap::new();
         let mut out = Vec::new();
         for lease_id in self.queue_order() {
@@ -344,46 +380,65 @@ impl State {
                 let rejected = EventData::LeaseRejected(LeaseRejected {
                     lease_id: lease.id,
                     reason,
-                    field: Some("gpus".into()),
+                    field: Some(
+                        if lease.fraction.is_some() {
+                            "gpu_fraction"
+                        } else {
+                            "gpus"
+                        }
+                        .into(),
+                    ),
                 });
                 out.push(vec![(event(rejected, "lease.rejected"), expect_lease)]);
                 continue;
             }
-            let request = Request {
-                gpus: lease.gpus,
-                gpu_model: lease.gpu_model.clone(),
-            };
-            match placement::best_fit(scratch.nodes.values(), &request) {
+            let planner = engine.get_or_insert_with(|| Planner::new(&scratch, &workload));
+            match planner.place(lease.ask(), &lease.gpu_model) {
                 Ok(p) => {
-                    let indices: Vec<u32> = p.gpus.iter().map(|g| g.index).collect();
+                    let node = &scratch.nodes[&p.node_id];
+                    let gpus: Vec<&placement::Gpu> = p
+                        .gpu_indices
+                        .iter()
+                        .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))
+                        .collect();
                     let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
+                    let share = lease.fraction.map(|f| (f.milli, f.vram_gb));
+                    let vram_gb_per_gpu = match share {
+                        Some((_, v)) => v,
+                        None => gpus.first().map(|g| g.vram_gb).unwrap_or(0),
+                    };
                     let placed = EventData::LeasePlaced(LeasePlaced {
                         lease_id: lease.id,
                         node_id: p.node_id.clone(),
                         zone: p.zone.clone(),
                         gpu_model: lease.gpu_model.clone(),
-                        vram_gb_per_gpu: p.gpus.first().map(|g| g.vram_gb).unwrap_or(0),
-                        gpus: p
-                            .gpus
+                        vram_gb_per_gpu,
+                        gpus: gpus
                             .iter()
                             .map(|g| AssignedGpu {
                                 index: g.index,
                                 uuid: g.uuid.clone(),
+                                milli: share.map(|s| s.0),
+                                vram_gb: share.map(|s| s.1),
                             })
                             .collect(),
                         decision: Decision {
-                            policy: placement::POLICY_BEST_FIT.into(),
-                            policy_version: placement::POLICY_VERSION,
-                            candidates: p.candidates,
-                            winner_score: p.winner_score,
-                            runner_up_score: p.runner_up_score,
+                            policy: p.provenance.policy.into(),
+                            policy_version: p.provenance.policy_version,
+                            candidates: p.provenance.candidates,
+                            winner_score: p.provenance.winner_score,
+                            runner_up_score: p.provenance.runner_up_score,
                         },
                     });
-                    let allocated = EventData::NodeGpusAllocated(NodeGpusAllocated::one(
-                        p.node_id.clone(),
-                        lease.id,
-                        indices,
-                    ));
+                    let allocated = EventData::NodeGpusAllocated(NodeGpusAllocated {
+                        node_id: p.node_id.clone(),
+                        allocations: vec![NodeAllocation {
+                            lease_id: lease.id,
+                            gpu_indices: p.gpu_indices.clone(),
+                            milli: share.map(|s| s.0),
+                            vram_gb: share.map(|s| s.1),
+                        }],
+                    });
                     let placed_env = event(placed, "lease.placed");
                     let mut alloc_env = event(allocated, "node.gpus_allocated");
                     alloc_env.causation_id = Some(placed_env.id);
@@ -391,18 +446,18 @@ impl State {
                     scratch.apply(u64::MAX, &alloc_env.data);
                     let h = held.entry(lease.tenant_id).or_default();
                     h.0 += lease.milli();
-                    h.1 += u64::from(p.gpus.iter().map(|g| g.vram_gb).sum::<u32>());
+                    h.1 += u64::from(vram_gb_per_gpu) * p.gpu_indices.len() as u64;
                     out.push(vec![
                         (placed_env, expect_lease),
                         (alloc_env, Expect::LastSubjectSequence(node_seq)),
                     ]);
                 }
-                Err(why) => {
+                Err(_) => {
                     let position = positions.entry(&lease.gpu_model).or_default();
                     *position += 1;
-                    let mut reason = why.reason(&request);
-                    let busy = matches!(why, Unplaceable::Busy { .. });
+                    let (mut reason, busy) = why_pending(&scratch, lease);
                     if busy
+                        && lease.fraction.is_none()
                         && lease.tier == Tier::Basic
                         && !self.awaiting_preemption.contains(&lease.id)
                     {
@@ -439,17 +494,21 @@ impl State {
                             }
                             // The victims' GPUs and the free ones go to this lease.
                             reserve_for(&mut scratch, &plan.node_id, lease);
+                            engine = None;
                         }
                     }
-                    let starving = busy && now - lease.requested_at > rules.backfill_starvation;
+                    let starving = busy
+                        && lease.fraction.is_none()
+                        && now - lease.requested_at > rules.backfill_starvation;
                     if starving {
                         // Stop backfill: keep the free GPUs of its model.
                         for node in scratch.nodes.values_mut() {
                             node.gpus
                                 .iter_mut()
-                                .filter(|g| g.model == lease.gpu_model && g.held_by.is_none())
+                                .filter(|g| g.model == lease.gpu_model && g.is_free())
                                 .for_each(|g| g.held_by = Some(lease.id));
                         }
+                        engine = None;
                     }
                     // A lease waiting for its victims keeps saying so.
                     let waiting_for_victims = self.awaiting_preemption.contains(&lease.id)
@@ -500,7 +559,7 @@ fn quota_breach(quota: &Quota, held_milli: u64, held_vram: u64, lease: &Lease) -
         return Some(format!(
             "quota exceeded: tenant holds {} GPUs, asks for {} more, quota is {}",
             held_milli as f64 / MILLI_PER_GPU as f64,
-            lease.gpus,
+            lease.milli() as f64 / MILLI_PER_GPU as f64,
             quota.max_gpus
         ));
     }
@@ -515,11 +574,61 @@ fn quota_breach(quota: &Quota, held_milli: u64, held_vram: u64, lease: &Lease) -
     None
 }
 
+/// Why `lease` cannot be placed now, and whether only busy capacity is in
+/// the way (so waiting, or preempting, can help).
+fn why_pending(scratch: &Fleet, lease: &Lease) -> (String, bool) {
+    match lease.fraction {
+        None => {
+            let request = Request {
+                gpus: lease.gpus,
+                gpu_model: lease.gpu_model.clone(),
+            };
+            match placement::best_fit(scratch.nodes.values(), &request) {
+                Err(why) => (
+                    why.reason(&request),
+                    matches!(why, Unplaceable::Busy { .. }),
+                ),
+                // Only when the ask is out of the engine's range.
+                Ok(_) => (
+                    format!("{} x {} cannot be placed", lease.gpus, lease.gpu_model),
+                    false,
+                ),
+            }
+        }
+        Some(f) => {
+            let largest = scratch
+                .nodes
+                .values()
+                .flat_map(|n| n.gpus.iter())
+                .filter(|g| g.model == lease.gpu_model)
+                .map(|g| g.vram_gb)
+                .max();
+            match largest {
+                None => (format!("no node offers {} yet", lease.gpu_model), false),
+                Some(v) if v < f.vram_gb || f.milli > 1000 || f.milli == 0 => (
+                    format!(
+                        "a share of {} milli / {} GB does not fit one {} ({v} GB)",
+                        f.milli, f.vram_gb, lease.gpu_model
+                    ),
+                    false,
+                ),
+                Some(_) => (
+                    format!(
+                        "waiting for capacity: a share of {} milli / {} GB of one {}",
+                        f.milli, f.vram_gb, lease.gpu_model
+                    ),
+                    true,
+                ),
+            }
+        }
+    }
+}
+
 fn reserve_for(scratch: &mut Fleet, node_id: &str, lease: &Lease) {
     if let Some(node) = scratch.nodes.get_mut(node_id) {
         node.gpus
             .iter_mut()
-            .filter(|g| g.model == lease.gpu_model && g.held_by.is_none())
+            .filter(|g| g.model == lease.gpu_model && g.is_free())
             .for_each(|g| g.held_by = Some(lease.id));
     }
 }
@@ -554,7 +663,7 @@ pub fn plan_preemption(
         if (of_model.len() as u32) < lease.gpus {
             continue;
         }
-        let free = of_model.iter().filter(|g| g.held_by.is_none()).count() as u32;
+        let free = of_model.iter().filter(|g| g.is_free()).count() as u32;
         let need = lease.gpus.saturating_sub(free);
         if need == 0 {
             continue;
@@ -664,11 +773,187 @@ mod tests {
             tier,
             priority,
             idempotency_key: None,
+            fraction: None,
         })
     }
 
     fn request(lease: Uuid, tenant: Uuid, gpus: u32) -> EventData {
         request_full(lease, tenant, gpus, Tier::Basic, 0)
+    }
+
+    fn request_frac(lease: Uuid, tenant: Uuid, milli: u32, vram_gb: u32) -> EventData {
+        EventData::LeaseRequested(LeaseRequested {
+            lease_id: lease,
+            tenant_id: tenant,
+            gpus: 1,
+            gpu_model: "A100-40GB".into(),
+            tier: Tier::Basic,
+            priority: 0,
+            idempotency_key: None,
+            fraction: Some(GpuFraction { milli, vram_gb }),
+        })
+    }
+
+    /// `(node, GPU index)` of a holding lease's GPUs.
+    fn where_is(s: &State, lease: Uuid) -> (String, Vec<u32>) {
+        s.fleet.holdings[&lease].clone()
+    }
+
+    #[test]
+    fn fractions_pack_onto_one_gpu_until_its_vram_is_spent() {
+        let t = Uuid::from_u128(1);
+        let (f1, f2, f3) = (Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
+        let mut s = given(vec![
+            node("a", 2),
+            tenant(t, 16),
+            request_frac(f1, t, 300, 10),
+        ]);
+        settle(&mut s, Utc::now(), &Rules::default());
+        s.apply(5000, &env(request_frac(f2, t, 500, 20)));
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert_eq!(where_is(&s, f1), where_is(&s, f2), "same GPU");
+        // 10 GB left on that GPU: a 15 GB share goes to the other one.
+        s.apply(6000, &env(request_frac(f3, t, 100, 15)));
+        let d = decide(&s).batches;
+        match &d[0][0].0.data {
+            EventData::LeasePlaced(p) => {
+                assert_eq!(p.decision.policy, "leasehold");
+                assert_eq!(p.vram_gb_per_gpu, 15);
+                assert_eq!(p.gpus[0].milli, Some(100));
+                assert_eq!(p.gpus[0].vram_gb, Some(15));
+            }
+            other => panic!("{other:?}"),
+        }
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert_ne!(where_is(&s, f3).1, where_is(&s, f1).1);
+        let gpu = &s.fleet.nodes["a"].gpus[where_is(&s, f1).1[0] as usize];
+        assert_eq!((gpu.used_milli(), gpu.used_vram_gb()), (800, 30));
+        // A whole GPU is not free while shared: a 2-GPU lease waits.
+        s.apply(7000, &env(request(Uuid::from_u128(5), t, 2)));
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert!(matches!(
+            s.leases[&Uuid::from_u128(5)].status,
+            Status::Queued { .. }
+        ));
+    }
+
+    #[test]
+    fn a_fraction_counts_its_milli_and_vram_toward_the_quotas() {
+        let t = Uuid::from_u128(1);
+        // 1 GPU and 30 GB: 600 + 300 milli fit the GPU quota, a third
+        // 200 milli does not; VRAM 20 + 10 fits, nothing more.
+        let mut s = given(vec![
+            node("a", 4),
+            tenant_with(t, 1, Some(30), 1),
+            request_frac(Uuid::from_u128(2), t, 600, 20),
+            request_frac(Uuid::from_u128(3), t, 300, 10),
+            request_frac(Uuid::from_u128(4), t, 50, 1),
+            request_frac(Uuid::from_u128(5), t, 200, 1),
+        ]);
+        let d = decide(&s).batches;
+        let fields: Vec<Option<String>> = d
+            .iter()
+            .filter_map(|b| match &b[0].0.data {
+                EventData::LeaseRejected(r) => Some(r.field.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fields, vec![Some("gpu_fraction".into()); 2]);
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert_eq!(placed(&s), vec![Uuid::from_u128(2), Uuid::from_u128(3)]);
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Whole(u32),
+            Frac(u32, u32),
+            End(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (1u32..=4).prop_map(Op::Whole),
+                (1u32..=1000, 1u32..=40).prop_map(|(m, v)| Op::Frac(m, v)),
+                any::<usize>().prop_map(Op::End),
+            ]
+        }
+
+        /// Every GPU within 1000 milli and its VRAM; a whole GPU held by
+        /// one lease and shared with none.
+        fn check(s: &State) {
+            let mut whole: HashMap<(String, u32), Uuid> = HashMap::new();
+            let mut shared: HashMap<(String, u32), (u32, u32)> = HashMap::new();
+            for (lease, (node, indices)) in &s.fleet.holdings {
+                for &i in indices {
+                    let key = (node.clone(), i);
+                    match s.fleet.shares.get(lease) {
+                        Some(&(m, v)) => {
+                            let e = shared.entry(key).or_default();
+                            e.0 += m;
+                            e.1 += v;
+                        }
+                        None => {
+                            assert!(whole.insert(key, *lease).is_none(), "GPU held twice");
+                        }
+                    }
+                }
+            }
+            for (key, (m, v)) in &shared {
+                assert!(!whole.contains_key(key), "whole and shared at once");
+                assert!(*m <= 1000, "{key:?} over 1000 milli: {m}");
+                assert!(*v <= 40, "{key:?} over its VRAM: {v}");
+            }
+            for n in s.fleet.nodes.values() {
+                for g in &n.gpus {
+                    assert!(g.used_milli() <= 1000 && g.used_vram_gb() <= g.vram_gb);
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn gpus_are_never_oversubscribed(ops in proptest::collection::vec(op(), 1..60)) {
+                let t = Uuid::from_u128(1);
+                let mut s = given(vec![node("a", 4), node("b", 2), tenant(t, 1000)]);
+                let mut seq = 100u64;
+                let now = Utc::now();
+                for (k, op) in ops.into_iter().enumerate() {
+                    let lease = Uuid::from_u128(1000 + k as u128);
+                    let data = match op {
+                        Op::Whole(n) => request(lease, t, n),
+                        Op::Frac(m, v) => request_frac(lease, t, m, v),
+                        Op::End(i) => {
+                            let mut live: Vec<Uuid> = s.leases.keys().copied().collect();
+                            if live.is_empty() {
+                                continue;
+                            }
+                            live.sort();
+                            EventData::LeaseEnded(LeaseEnded {
+                                lease_id: live[i % live.len()],
+                                node_id: None,
+                                ended_at: now,
+                                reason: EndReason::Stopped,
+                                exit_code: None,
+                            })
+                        }
+                    };
+                    seq += 1;
+                    s.apply(seq, &env(data));
+                    for batch in s.decide(now, &Rules::default()).batches {
+                        for (e, _) in batch {
+                            seq += 1;
+                            s.apply(seq, &e);
+                        }
+                    }
+                    check(&s);
+                }
+            }
+        }
     }
 
     fn given(events: Vec<EventData>) -> State {

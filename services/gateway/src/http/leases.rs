@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use lh_bus::{BusError, Expect};
 use lh_domain::catalog;
 use lh_events::{
-    derived_id, subject, Actor, Envelope, EventData, LeaseRequested, LeaseStopRequested, Tier,
+    derived_id, subject, Actor, Envelope, EventData, GpuFraction, LeaseRequested,
+    LeaseStopRequested, Tier,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
@@ -23,8 +24,13 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateLease {
-    /// Whole GPUs, all on one node (1 to 8).
-    pub gpus: u32,
+    /// Whole GPUs, all on one node (1 to 8). Exactly one of `gpus` and
+    /// `gpu_fraction`.
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// A share of one GPU (memory-sliced vGPU) instead of whole GPUs.
+    #[serde(default)]
+    pub gpu_fraction: Option<FractionBody>,
     /// A model from the catalog, e.g. `A100-40GB`.
     pub gpu_model: String,
     #[serde(default = "default_tier")]
@@ -33,6 +39,16 @@ pub struct CreateLease {
     /// Order among this tenant's own waiting leases, -1000 to 1000; higher first.
     #[serde(default)]
     pub priority: i32,
+}
+
+/// A share of one GPU: compute in milli-GPU and a hard VRAM amount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FractionBody {
+    /// Compute share in milli-GPU, 1 to 1000.
+    pub milli: u32,
+    /// VRAM in GB, at least 1 and at most the model's VRAM.
+    pub vram_gb: u32,
 }
 
 /// Bounds of a lease's priority.
@@ -50,6 +66,10 @@ pub struct LeaseView {
     /// requested, queued, placed, running, ended or rejected.
     pub state: String,
     pub gpus: i32,
+    /// Set for a fractional lease: its share of one GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<FractionBody>)]
+    pub gpu_fraction: Option<sqlx::types::Json<FractionBody>>,
     pub gpu_model: String,
     pub tier: String,
     pub priority: i32,
@@ -76,7 +96,7 @@ pub struct LeaseView {
     pub idempotency_key: Option<String>,
 }
 
-const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
+const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
@@ -121,13 +141,29 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
-    if body.gpus == 0 || body.gpus > catalog::MAX_GPUS_PER_LEASE {
+    let gpus = match (body.gpus, body.gpu_fraction) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::unprocessable(
+                "give either gpus or gpu_fraction, not both",
+                "gpu_fraction",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::unprocessable(
+                "gpus (whole GPUs) or gpu_fraction (a share of one GPU) is required",
+                "gpus",
+            ))
+        }
+        (Some(n), None) => n,
+        (None, Some(_)) => 1,
+    };
+    if gpus == 0 || gpus > catalog::MAX_GPUS_PER_LEASE {
         return Err(ApiError::unprocessable(
             format!("gpus must be 1 to {}", catalog::MAX_GPUS_PER_LEASE),
             "gpus",
         ));
     }
-    if catalog::vram_gb(&body.gpu_model).is_none() {
+    let Some(model_vram) = catalog::vram_gb(&body.gpu_model) else {
         return Err(ApiError::unprocessable(
             format!(
                 "unknown GPU model {:?}; known: {}",
@@ -136,6 +172,23 @@ pub async fn create(
             ),
             "gpu_model",
         ));
+    };
+    if let Some(f) = body.gpu_fraction {
+        if f.milli == 0 || f.milli > 1000 {
+            return Err(ApiError::unprocessable(
+                "gpu_fraction.milli must be 1 to 1000",
+                "gpu_fraction.milli",
+            ));
+        }
+        if f.vram_gb == 0 || f.vram_gb > model_vram {
+            return Err(ApiError::unprocessable(
+                format!(
+                    "gpu_fraction.vram_gb must be 1 to {model_vram} (the VRAM of one {})",
+                    body.gpu_model
+                ),
+                "gpu_fraction.vram_gb",
+            ));
+        }
     }
     if body.priority.abs() > MAX_PRIORITY {
         return Err(ApiError::unprocessable(
@@ -143,12 +196,9 @@ pub async fn create(
             "priority",
         ));
     }
-    if body.gpus > max_gpus {
+    if gpus > max_gpus {
         return Err(ApiError::unprocessable(
-            format!(
-                "{} GPUs requested but the tenant's quota is {max_gpus}",
-                body.gpus
-            ),
+            format!("{gpus} GPUs requested but the tenant's quota is {max_gpus}"),
             "gpus",
         ));
     }
@@ -178,11 +228,15 @@ pub async fn create(
     let data = EventData::LeaseRequested(LeaseRequested {
         lease_id,
         tenant_id,
-        gpus: body.gpus,
+        gpus,
         gpu_model: body.gpu_model.clone(),
         tier: body.tier,
         priority: body.priority,
         idempotency_key: idempotency_key.clone(),
+        fraction: body.gpu_fraction.map(|f| GpuFraction {
+            milli: f.milli,
+            vram_gb: f.vram_gb,
+        }),
     });
     let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
         .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
@@ -203,7 +257,8 @@ pub async fn create(
     let lease = fetch(&ctx, lease_id)
         .await?
         .ok_or_else(|| ApiError::internal(format!("lease {lease_id} missing from read model")))?;
-    let same_request = lease.gpus as u32 == body.gpus
+    let same_request = lease.gpus as u32 == gpus
+        && lease.gpu_fraction.as_ref().map(|f| f.0) == body.gpu_fraction
         && lease.gpu_model == body.gpu_model
         && lease.tier == body.tier.as_str()
         && lease.priority == body.priority;

@@ -1,0 +1,151 @@
+//! Placement through the lh-placement engine with Leasehold's default
+//! policy (`leasehold`), deterministic for a fixed seed.
+//!
+//! The engine's [`Cluster`] is rebuilt from the fleet state (nodes, whole
+//! holdings and fractional shares) at the start of a decision pass, and
+//! again after the pass reserves GPUs (preemption, starvation); placements
+//! within a pass update it in place. Rebuilding costs O(GPUs + live leases)
+//! per pass, which is small next to the per-lease scoring.
+
+use lh_domain::fleet::Fleet;
+use lh_placement::policy::{self, DEFAULT_POLICY};
+use lh_placement::{
+    Cluster, Engine, GpuDemand, GpuSpec, NodeSpec, Pending, Provenance, Request, SharingMode,
+    Workload, WorkloadConfig,
+};
+
+/// Seed of every placement engine: decisions are a function of the state.
+pub const SEED: u64 = 42;
+/// CPU and memory are not modelled by the scheduler yet: nodes get this much.
+const UNLIMITED: u64 = 1 << 40;
+
+/// What a lease asks for, in engine terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    Whole(u32),
+    Fraction { milli: u32, vram_gb: u32 },
+}
+
+impl Ask {
+    fn request(self, model: &str) -> Option<Request> {
+        let r = match self {
+            Ask::Whole(n) => Request::whole(u8::try_from(n).ok()?, 0, 0),
+            Ask::Fraction { milli, vram_gb } => {
+                Request::fraction(u16::try_from(milli).ok()?, vram_gb, 0, 0)
+            }
+        };
+        Some(r.with_models([model]))
+    }
+}
+
+/// A placement the engine chose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chosen {
+    pub node_id: String,
+    pub zone: String,
+    /// Fleet GPU indices, ascending.
+    pub gpu_indices: Vec<u32>,
+    pub provenance: Provenance,
+}
+
+/// The distribution of task shapes the policy measures fragmentation
+/// against: the shapes of the live leases (placed and waiting), plus one
+/// whole GPU of any model as a prior, so that an idle GPU counts as worth
+/// keeping whole (fractions pack onto GPUs already shared).
+pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> Workload {
+    let mut requests: Vec<Request> = asks.into_iter().filter_map(|(a, m)| a.request(m)).collect();
+    requests.push(Request::whole(1, 0, 0));
+    Workload::from_requests(
+        &requests,
+        WorkloadConfig {
+            popularity: 1.0,
+            include_cpu_only: false,
+            with_memory: false,
+        },
+    )
+}
+
+pub struct Planner {
+    engine: Engine,
+    /// Per engine node: id, zone, and fleet GPU index per GPU position.
+    nodes: Vec<(String, String, Vec<u32>)>,
+}
+
+impl Planner {
+    /// An engine over `fleet` as it is now.
+    pub fn new(fleet: &Fleet, workload: &Workload) -> Self {
+        let mut nodes = Vec::with_capacity(fleet.nodes.len());
+        let mut cluster = Cluster::default();
+        for n in fleet.nodes.values() {
+            let gpus = n.gpus.iter().take(lh_placement::cluster::MAX_GPUS_PER_NODE);
+            let spec = NodeSpec {
+                id: n.id.clone(),
+                zone: n.zone.clone(),
+                cpu_milli: UNLIMITED,
+                memory_mib: UNLIMITED,
+                gpus: gpus
+                    .clone()
+                    .map(|g| GpuSpec {
+                        model: g.model.clone(),
+                        vram_gb: g.vram_gb,
+                        mode: SharingMode::VGpu,
+                    })
+                    .collect(),
+                domains: Vec::new(),
+            };
+            let i = cluster.add_node(&spec);
+            for (j, g) in gpus.clone().enumerate() {
+                let set = 1u32 << j;
+                if g.held_by.is_some() {
+                    let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
+                    let _ = cluster.allocate(i, &d, set);
+                }
+                for s in &g.shares {
+                    let r = Request {
+                        gpu: GpuDemand::Fraction {
+                            milli: s.milli.min(1000) as u16,
+                            vram_gb: s.vram_gb,
+                        },
+                        ..Request::cpu_only(0, 0)
+                    }
+                    .with_models([&g.model]);
+                    let d = cluster.demand(&r);
+                    let _ = cluster.allocate(i, &d, set);
+                }
+            }
+            nodes.push((
+                n.id.clone(),
+                n.zone.clone(),
+                gpus.map(|g| g.index).collect(),
+            ));
+        }
+        let policy = policy::by_name(DEFAULT_POLICY, workload).expect("the default policy exists");
+        Planner {
+            engine: Engine::new(cluster, policy, SEED),
+            nodes,
+        }
+    }
+
+    /// Decides where `ask` of `model` goes and takes it in this engine.
+    /// `None` when no node can take it now (or the ask is out of range).
+    pub fn place(&mut self, ask: Ask, model: &str) -> Result<Chosen, Option<Pending>> {
+        let request = ask.request(model).ok_or(None)?;
+        let decision = self.engine.decide(&request).map_err(Some)?;
+        self.engine
+            .place(&request, &decision)
+            .expect("the engine's own choice fits");
+        let (node_id, zone, index) = &self.nodes[decision.node];
+        let mut gpu_indices: Vec<u32> = decision
+            .gpu_indices()
+            .into_iter()
+            .map(|p| index[usize::from(p)])
+            .collect();
+        gpu_indices.sort_unstable();
+        Ok(Chosen {
+            node_id: node_id.clone(),
+            zone: zone.clone(),
+            gpu_indices,
+            provenance: decision.provenance,
+        })
+    }
+}
