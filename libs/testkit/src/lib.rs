@@ -53,3 +53,16 @@ mod process;
 pub use locate::{nats_server_binary, pg_bin_dir, workspace_root};
 pub use nats::{shared_nats, Nats};
 pub use postgres::{shared_postgres, Postgres};
+
+/// What most integration tests need: a private nats-server (which the test
+/// may kill and restart) and a fresh database on the binary's shared
+/// PostgreSQL cluster. Panics with the reason when either cannot start.
+pub async fn nats_and_database() -> (Nats, String) {
+    let nats = Nats::start().await.expect("nats-server starts");
+    let database_url = shared_postgres()
+        .await
+        .create_database()
+        .await
+        .expect("a fresh database");
+    (nats, database_url)
+}

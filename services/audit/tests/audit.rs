@@ -42,12 +42,7 @@ impl Audit {
 
 impl Env {
     async fn new() -> Env {
-        let nats = Nats::start().await.expect("nats-server starts");
-        let database_url = lh_testkit::shared_postgres()
-            .await
-            .create_database()
-            .await
-            .expect("a fresh database");
+        let (nats, database_url) = lh_testkit::nats_and_database().await;
         let config = Config::for_test(&nats.url(), &database_url);
         let bus = Bus::connect(&BusConfig::new(nats.url(), "audit-test"))
             .await

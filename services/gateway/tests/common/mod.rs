@@ -72,12 +72,7 @@ impl Stack {
 
     /// Servers only; start services with [`Stack::start_service`].
     pub async fn bare(fleet: &str) -> Stack {
-        let nats = Nats::start().await.expect("nats-server starts");
-        let database_url = lh_testkit::shared_postgres()
-            .await
-            .create_database()
-            .await
-            .expect("database created");
+        let (nats, database_url) = lh_testkit::nats_and_database().await;
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
         std::fs::write(&fleet_file, fleet).unwrap();
