@@ -96,9 +96,39 @@ pub enum LeaseCommand {
 /// `lh lease create`
 #[derive(Debug, Clone, Args)]
 pub struct LeaseCreate {
-    /// Number of GPUs.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub gpus: u32,
+    /// Number of whole GPUs (or ask for a share of one with --milli and --vram-gb).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..),
+        required_unless_present = "milli",
+        conflicts_with = "milli"
+    )]
+    pub gpus: Option<u32>,
+    /// A share of one GPU's compute, in milli-GPU (1 to 1000).
+    #[arg(
+        long,
+        value_name = "MILLI",
+        value_parser = clap::value_parser!(u32).range(1..=1000),
+        requires = "vram_gb"
+    )]
+    pub milli: Option<u32>,
+    /// VRAM of the share, in GB (a hard limit).
+    #[arg(
+        long,
+        value_name = "GB",
+        value_parser = clap::value_parser!(u32).range(1..),
+        requires = "milli"
+    )]
+    pub vram_gb: Option<u32>,
+    /// Order among your own waiting leases, -1000 to 1000 (higher first).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub priority: i32,
     /// GPU model, e.g. `H100-80G`.
     #[arg(long, value_name = "MODEL")]
     pub gpu_model: String,
@@ -341,8 +371,9 @@ mod tests {
         let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
             panic!("wrong command")
         };
-        assert_eq!(c.gpus, 2);
+        assert_eq!(c.gpus, Some(2));
         assert_eq!(c.gpu_model, "H100");
+        assert_eq!(c.priority, 0);
         assert_eq!(c.tier, Tier::Basic);
         assert_eq!(c.idempotency_key, None);
     }
@@ -397,6 +428,59 @@ mod tests {
         }
         let e = parse(&["lease", "create", "--gpu-model", "H100"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        // A share needs both its compute and its VRAM, and excludes --gpus.
+        let e = parse(&["lease", "create", "--milli", "300", "--gpu-model", "H100"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let e = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--milli",
+            "300",
+            "--vram-gb",
+            "10",
+            "--gpu-model",
+            "H100",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+        let e = parse(&[
+            "lease",
+            "create",
+            "--milli",
+            "1001",
+            "--vram-gb",
+            "1",
+            "--gpu-model",
+            "H100",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_create_a_share_of_one_gpu_with_a_priority() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--milli",
+            "300",
+            "--vram-gb",
+            "10",
+            "--gpu-model",
+            "A100-40GB",
+            "--priority",
+            "-5",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(
+            (c.gpus, c.milli, c.vram_gb, c.priority),
+            (None, Some(300), Some(10), -5)
+        );
     }
 
     #[test]

@@ -185,11 +185,18 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             Ok(EXIT_OK)
         }
         Command::Lease(LeaseCommand::Create(c)) => {
-            let body = json!({
-                "gpus": c.gpus,
+            let mut body = json!({
                 "gpu_model": c.gpu_model,
                 "tier": c.tier.as_str(),
+                "priority": c.priority,
             });
+            match (c.gpus, c.milli, c.vram_gb) {
+                (Some(gpus), _, _) => body["gpus"] = json!(gpus),
+                (None, Some(milli), Some(vram_gb)) => {
+                    body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
+                }
+                _ => unreachable!("clap requires --gpus or --milli with --vram-gb"),
+            }
             let headers: Vec<(&str, &str)> = c
                 .idempotency_key
                 .as_deref()

@@ -221,7 +221,7 @@ async fn lease_create_sends_body_and_idempotency_key() {
     assert_eq!(reqs[0].header("idempotency-key"), Some("idem-1"));
     assert_eq!(
         reqs[0].json(),
-        json!({"gpus": 2, "gpu_model": "H100", "tier": "spot"})
+        json!({"gpus": 2, "gpu_model": "H100", "tier": "spot", "priority": 0})
     );
     assert_eq!(reqs[1].header("idempotency-key"), None);
     assert_eq!(reqs[1].json()["tier"], "basic");

@@ -463,6 +463,27 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
     )
     .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
+    // A share of one GPU, from the CLI.
+    let out = lh(
+        &key,
+        &[
+            "lease",
+            "create",
+            "--milli",
+            "300",
+            "--vram-gb",
+            "10",
+            "--gpu-model",
+            "A100-40GB",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let share: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(share["gpu_fraction"]["milli"], 300, "{share}");
+    let share_id = share["id"].as_str().unwrap().to_string();
+    let out = lh(&key, &["lease", "stop", &share_id]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
     let out = lh(&key, &["lease", "ls"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains(&id));
@@ -480,7 +501,8 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
         let out = lh(&key, &["invoice", "show", "--period", &period]).await;
         assert_eq!(out.code, 0, "{}", out.stderr);
         let invoice: Value = serde_json::from_str(&out.stdout).unwrap();
-        if invoice["lines"].as_array().is_some_and(|l| l.len() == 1) {
+        let lines = invoice["lines"].as_array().cloned().unwrap_or_default();
+        if lines.iter().any(|l| l["lease_id"] == id.as_str()) {
             shown = true;
             break;
         }
