@@ -44,7 +44,12 @@ async fn a_lease_flows_from_request_to_invoice_and_audit() {
         )
         .await;
     assert_eq!(status, 202, "{lease}");
-    assert_eq!(lease["state"], "requested");
+    // The reply shows the read model at least as new as the request, so on a
+    // fast machine the scheduler may already have placed the lease.
+    assert!(
+        ["requested", "queued", "placed", "running"].contains(&lease["state"].as_str().unwrap()),
+        "{lease}"
+    );
     let id = lease["id"].as_str().unwrap().to_string();
 
     let running = stack
