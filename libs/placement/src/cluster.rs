@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::mig::{self, MigLayout};
 use crate::model::{GpuDemand, NodeSpec, Request, SharingMode};
 
 /// Milli-GPU in one whole GPU.
@@ -47,7 +48,8 @@ pub enum Kind {
         milli: u16,
         vram_gb: u32,
     },
-    /// A MIG profile, by index in the cluster's profile table.
+    /// A MIG profile, by index in [`mig::profile_names`] (`u16::MAX`: a
+    /// name no model has, which nothing fits).
     Mig(u16),
 }
 
@@ -146,6 +148,10 @@ pub struct Node {
     pub generation: u64,
     /// Live leases per tag (see [`Demand::tag`]).
     pub tags: [u16; TAGS],
+    /// Per GPU: its MIG instances when it is in MIG mode and its model has a
+    /// geometry; `None` otherwise (such a GPU takes no MIG lease). Leases are
+    /// named by their allocation slot.
+    pub mig: Vec<Option<MigLayout<u32>>>,
 }
 
 impl Node {
@@ -157,6 +163,42 @@ impl Node {
     /// GPUs with no lease.
     pub fn idle_gpus(&self) -> usize {
         self.gpus.iter().filter(|g| g.is_idle()).count()
+    }
+
+    /// How GPU `j` would take an instance of profile `profile` (an index in
+    /// [`mig::profile_names`]), if it can.
+    pub fn mig_plan(&self, j: usize, profile: u16, models: u64) -> Option<mig::Plan> {
+        let g = &self.gpus[j];
+        if g.mode != SharingMode::Mig || !g.allowed(models) {
+            return None;
+        }
+        let name = mig::profile_names().get(usize::from(profile))?;
+        mig::plan(self.mig[j].as_ref()?, name)
+    }
+
+    /// The GPU of this node that an instance of `profile` fits most tightly:
+    /// fewest compute slices left uncovered after it is placed (so live GPUs
+    /// fill up and idle ones stay idle for large profiles and re-slicing),
+    /// lowest index among equals. `(GPU, plan, slices left)`.
+    pub fn pick_mig(&self, profile: u16, models: u64) -> Option<(u8, mig::Plan, u8)> {
+        let mut best: Option<(u8, mig::Plan, u8)> = None;
+        for j in 0..self.gpus.len() {
+            let Some(plan) = self.mig_plan(j, profile, models) else {
+                continue;
+            };
+            let layout = self.mig[j].as_ref().expect("a plan implies a layout");
+            let covered = layout
+                .instances()
+                .iter()
+                .filter(|i| !plan.destroy.contains(&i.start))
+                .fold(0u16, |m, i| m | i.profile.compute_mask(i.start))
+                | plan.profile.compute_mask(plan.start);
+            let left = layout.geometry().compute_slices - covered.count_ones() as u8;
+            if best.as_ref().is_none_or(|b| left < b.2) {
+                best = Some((j as u8, plan, left));
+            }
+        }
+        best
     }
 }
 
@@ -191,6 +233,17 @@ pub struct Allocation {
     pub node: u32,
     pub demand: Demand,
     pub gpus: GpuSet,
+    /// The MIG instance a MIG allocation holds.
+    pub mig: Option<MigHold>,
+}
+
+/// A MIG instance held by an allocation, and what it takes of its GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigHold {
+    pub profile: &'static mig::MigProfile,
+    pub start: u8,
+    pub milli: u16,
+    pub vram_gb: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +253,8 @@ pub enum AllocError {
     BadGpus,
     UnknownAllocation,
     MigUnsupported,
+    /// A MIG instance the placement rules refuse (restoring a layout).
+    Mig(mig::MigError),
 }
 
 impl fmt::Display for AllocError {
@@ -210,6 +265,7 @@ impl fmt::Display for AllocError {
             AllocError::BadGpus => f.write_str("chosen GPUs do not fit the demand"),
             AllocError::UnknownAllocation => f.write_str("no such live allocation"),
             AllocError::MigUnsupported => f.write_str("MIG geometry not available"),
+            AllocError::Mig(e) => write!(f, "MIG: {e}"),
         }
     }
 }
@@ -285,6 +341,14 @@ impl Cluster {
             })
             .filter(|&m| m != 0)
             .collect();
+        let mig = s
+            .gpus
+            .iter()
+            .map(|g| match g.mode {
+                SharingMode::Mig => MigLayout::new(&g.model),
+                _ => None,
+            })
+            .collect();
         self.gpu_milli_total += gpus.len() as u64 * u64::from(MILLI);
         self.nodes.push(Node {
             id: s.id.clone(),
@@ -298,6 +362,7 @@ impl Cluster {
             model_mask,
             generation: 0,
             tags: [0; TAGS],
+            mig,
         });
         self.nodes.len() - 1
     }
@@ -375,10 +440,12 @@ impl Cluster {
                 milli: *milli,
                 vram_gb: *vram_gb,
             },
-            // Profiles are resolved by the MIG geometry module; until a
-            // profile table is attached every MIG demand is profile 0 of
-            // none, which no GPU fits.
-            GpuDemand::Mig { .. } => Kind::Mig(u16::MAX),
+            GpuDemand::Mig { profile } => Kind::Mig(
+                mig::profile_names()
+                    .iter()
+                    .position(|n| n == profile)
+                    .map_or(u16::MAX, |i| i as u16),
+            ),
         };
         Demand {
             cpu_milli: r.cpu_milli,
@@ -428,7 +495,7 @@ impl Cluster {
             Kind::Frac { milli, vram_gb } => {
                 n.gpus.iter().any(|g| g.fits_frac(milli, vram_gb, d.models))
             }
-            Kind::Mig(_) => false,
+            Kind::Mig(p) => (0..n.gpus.len()).any(|j| n.mig_plan(j, p, d.models).is_some()),
         };
         if ok {
             Ok(())
@@ -488,7 +555,10 @@ impl Cluster {
     /// leases (domain-aware), the tightest GPU for a slice.
     pub fn pick_default(&self, i: usize, d: &Demand) -> GpuSet {
         match d.kind {
-            Kind::None | Kind::Mig(_) => 0,
+            Kind::None => 0,
+            Kind::Mig(p) => self.nodes[i]
+                .pick_mig(p, d.models)
+                .map_or(0, |(j, _, _)| 1 << j),
             Kind::Whole(k) => self.pick_whole(i, k, d.models),
             Kind::Frac { milli, vram_gb } => self
                 .pick_frac_tightest(i, milli, vram_gb, d.models)
@@ -496,12 +566,47 @@ impl Cluster {
         }
     }
 
-    /// Takes `d` on node `i` on the GPUs in `gpus`. Checks everything.
+    /// Takes `d` on node `i` on the GPUs in `gpus`. Checks everything. A MIG
+    /// demand gets the instance [`mig::plan`] chooses on its one GPU.
     pub fn allocate(&mut self, i: usize, d: &Demand, gpus: GpuSet) -> Result<AllocId, AllocError> {
+        self.allocate_at(i, d, gpus, None)
+    }
+
+    /// Records a MIG instance of `d`'s profile that exists at `start` on GPU
+    /// `gpu` of node `i` (rebuilding the cluster from what leases hold).
+    pub fn allocate_mig_at(
+        &mut self,
+        i: usize,
+        d: &Demand,
+        gpu: u8,
+        start: u8,
+    ) -> Result<AllocId, AllocError> {
+        self.allocate_at(i, d, 1 << gpu, Some(start))
+    }
+
+    fn allocate_at(
+        &mut self,
+        i: usize,
+        d: &Demand,
+        gpus: GpuSet,
+        mig_start: Option<u8>,
+    ) -> Result<AllocId, AllocError> {
         if i >= self.nodes.len() {
             return Err(AllocError::NoSuchNode);
         }
-        self.check(i, d).map_err(AllocError::NotFeasible)?;
+        match mig_start {
+            None => self.check(i, d).map_err(AllocError::NotFeasible)?,
+            // Restoring an instance that exists: its slot, not a fresh plan.
+            Some(_) => {
+                let n = &self.nodes[i];
+                if n.cpu_free < d.cpu_milli {
+                    return Err(AllocError::NotFeasible(Reject::Cpu));
+                }
+                if n.memory_free < d.memory_mib {
+                    return Err(AllocError::NotFeasible(Reject::Memory));
+                }
+            }
+        }
         let n = &self.nodes[i];
         if gpus as u64 >> n.gpus.len() != 0 {
             return Err(AllocError::BadGpus);
@@ -528,8 +633,23 @@ impl Cluster {
                     return Err(AllocError::BadGpus);
                 }
             }
-            Kind::Mig(_) => return Err(AllocError::MigUnsupported),
+            Kind::Mig(_) => {
+                if gpus.count_ones() != 1 {
+                    return Err(AllocError::BadGpus);
+                }
+            }
         }
+        let slot = self
+            .free_slots
+            .last()
+            .copied()
+            .unwrap_or(self.allocs.len() as u32);
+        let mig = match d.kind {
+            Kind::Mig(p) => {
+                Some(self.take_mig(i, d, gpus.trailing_zeros() as usize, p, mig_start, slot)?)
+            }
+            _ => None,
+        };
         let n = &mut self.nodes[i];
         n.cpu_free -= d.cpu_milli;
         n.memory_free -= d.memory_mib;
@@ -544,7 +664,12 @@ impl Cluster {
                     g.milli_free -= milli;
                     g.vram_free -= vram_gb;
                 }
-                Kind::None | Kind::Mig(_) => {}
+                Kind::Mig(_) => {
+                    let h = mig.expect("a MIG allocation holds an instance");
+                    g.milli_free = g.milli_free.saturating_sub(h.milli);
+                    g.vram_free = g.vram_free.saturating_sub(h.vram_gb);
+                }
+                Kind::None => {}
             }
             g.leases += 1;
         }
@@ -552,11 +677,12 @@ impl Cluster {
             n.tags[t] += 1;
         }
         n.generation += 1;
-        self.gpu_milli_used += d.gpu_milli();
+        self.gpu_milli_used += d.gpu_milli() + mig.map_or(0, |h| u64::from(h.milli));
         let a = Allocation {
             node: i as u32,
             demand: *d,
             gpus,
+            mig,
         };
         let id = match self.free_slots.pop() {
             Some(s) => {
@@ -594,7 +720,16 @@ impl Cluster {
                     g.milli_free += milli;
                     g.vram_free += vram_gb;
                 }
-                Kind::None | Kind::Mig(_) => {}
+                Kind::Mig(_) => {
+                    if let Some(h) = a.mig {
+                        g.milli_free = (g.milli_free + h.milli).min(MILLI);
+                        g.vram_free = (g.vram_free + h.vram_gb).min(g.vram_total);
+                    }
+                    if let Some(layout) = n.mig[usize::from(j)].as_mut() {
+                        mig::release(layout, &id.0);
+                    }
+                }
+                Kind::None => {}
             }
             g.leases -= 1;
         }
@@ -602,8 +737,41 @@ impl Cluster {
             n.tags[t] -= 1;
         }
         n.generation += 1;
-        self.gpu_milli_used -= d.gpu_milli();
+        self.gpu_milli_used -= d.gpu_milli() + a.mig.map_or(0, |h| u64::from(h.milli));
         Ok(a)
+    }
+
+    /// Creates the MIG instance of allocation `slot` on GPU `j` of node `i`:
+    /// at `start` when given, else where [`mig::plan`] says.
+    fn take_mig(
+        &mut self,
+        i: usize,
+        d: &Demand,
+        j: usize,
+        profile: u16,
+        start: Option<u8>,
+        slot: u32,
+    ) -> Result<MigHold, AllocError> {
+        let n = &mut self.nodes[i];
+        if j >= n.gpus.len() || n.gpus[j].mode != SharingMode::Mig || !n.gpus[j].allowed(d.models) {
+            return Err(AllocError::BadGpus);
+        }
+        let name = mig::profile_names()
+            .get(usize::from(profile))
+            .ok_or(AllocError::BadGpus)?;
+        let layout = n.mig[j].as_mut().ok_or(AllocError::MigUnsupported)?;
+        let instance = match start {
+            Some(s) => mig::place_at(layout, name, s, slot),
+            None => mig::place(layout, name, slot).map(|p| p.instance),
+        }
+        .map_err(AllocError::Mig)?;
+        let (milli, vram_gb) = mig::size(instance.profile, layout.geometry());
+        Ok(MigHold {
+            profile: instance.profile,
+            start: instance.start,
+            milli,
+            vram_gb,
+        })
     }
 
     pub fn allocation(&self, id: AllocId) -> Option<&Allocation> {

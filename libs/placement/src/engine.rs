@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::cluster::{gpu_indices, AllocError, AllocId, Cluster, Demand, GpuSet, Reject};
+use crate::cluster::{gpu_indices, AllocError, AllocId, Cluster, Demand, GpuSet, Kind, Reject};
 use crate::model::Request;
 use crate::policy::Policy;
 use crate::rng::Rng;
@@ -86,6 +86,19 @@ impl Scored {
     #[inline]
     fn key(&self) -> (f64, f64) {
         (self.score, self.tiebreak)
+    }
+}
+
+/// What places MIG instances, whatever the policy: the trace-driven policies
+/// score shares and whole GPUs; a MIG instance goes to the GPU it fits most
+/// tightly (see [`crate::cluster::Node::pick_mig`]).
+pub const MIG_POLICY: &str = "mig-best-fit";
+pub const MIG_POLICY_VERSION: u32 = 1;
+
+fn mig_score(cluster: &Cluster, i: usize, profile: u16, models: u64) -> Scored {
+    match cluster.node(i).pick_mig(profile, models) {
+        Some((j, _, left)) => Scored::new(-f64::from(left), 1 << j),
+        None => Scored::new(f64::NEG_INFINITY, 0),
     }
 }
 
@@ -173,7 +186,17 @@ impl Engine {
         let mut rng = Rng::stream(self.seed, seq);
         let cluster = &self.cluster;
         let policy = self.policy.as_mut();
-        policy.begin(cluster, d);
+        let mig = match d.kind {
+            Kind::Mig(p) => Some(p),
+            _ => None,
+        };
+        if mig.is_none() {
+            policy.begin(cluster, d);
+        }
+        let (policy_name, policy_version) = match mig {
+            Some(_) => (MIG_POLICY, MIG_POLICY_VERSION),
+            None => (policy.name(), policy.version()),
+        };
         let mut best: Option<(usize, Scored)> = None;
         let mut runner_up: Option<f64> = None;
         let mut tied = 0u32;
@@ -185,7 +208,10 @@ impl Engine {
                 continue;
             }
             candidates += 1;
-            let s = policy.score(cluster, i, d, &mut rng);
+            let s = match mig {
+                Some(p) => mig_score(cluster, i, p, d.models),
+                None => policy.score(cluster, i, d, &mut rng),
+            };
             match &best {
                 None => {
                     best = Some((i, s));
@@ -218,8 +244,8 @@ impl Engine {
                 node,
                 gpus: s.gpus,
                 provenance: Provenance {
-                    policy: policy.name(),
-                    policy_version: policy.version(),
+                    policy: policy_name,
+                    policy_version,
                     candidates,
                     tied,
                     winner_score: s.score,
@@ -237,8 +263,8 @@ impl Engine {
                     Reject::Gpu,
                 ];
                 Err(Pending {
-                    policy: policy.name(),
-                    policy_version: policy.version(),
+                    policy: policy_name,
+                    policy_version,
                     nodes: cluster.len() as u32,
                     rejected: names
                         .iter()

@@ -25,7 +25,7 @@ pub mod sim;
 pub mod workload;
 
 pub use cluster::{
-    gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, Reject,
+    gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, MigHold, Reject,
 };
 pub use engine::{Decision, Engine, Pending, Provenance, Scored, Ties};
 pub use model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode, Tier};

@@ -269,6 +269,29 @@ pub fn geometry(model: &str) -> Option<&'static Geometry> {
     GEOMETRIES.iter().find(|g| g.model == model)
 }
 
+/// Every distinct profile name over all geometries, in a fixed order: the
+/// engine's small id for a MIG demand (a request may accept several models,
+/// so the id cannot be a position in one model's table).
+pub fn profile_names() -> &'static [&'static str] {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut names: Vec<&'static str> = Vec::new();
+        for p in GEOMETRIES.iter().flat_map(|g| g.profiles) {
+            if !names.contains(&p.name) {
+                names.push(p.name);
+            }
+        }
+        names
+    })
+}
+
+/// Share of the GPU's compute an instance of `profile` holds, in milli-GPU
+/// (compute slices over the model's slices), and its memory in GB.
+pub fn size(profile: &MigProfile, geometry: &Geometry) -> (u16, u32) {
+    let milli = u32::from(profile.compute_slices) * 1000 / u32::from(geometry.compute_slices);
+    (milli as u16, profile.memory_gb)
+}
+
 /// The MIG profiles of `model`; empty when it has none.
 pub fn profiles(model: &str) -> &'static [MigProfile] {
     geometry(model).map_or(&[], |g| g.profiles)
@@ -751,6 +774,35 @@ pub fn place<L: Clone + PartialEq>(
         created: !plan.reuse,
         destroyed,
     })
+}
+
+/// Records that `lease` holds a new instance of `profile` at `start`, as a
+/// node (or the log) reports it: the scheduler rebuilds its layouts from the
+/// instances leases hold. Refused when the result breaks a placement rule.
+pub fn place_at<L: Clone + PartialEq>(
+    layout: &mut MigLayout<L>,
+    profile: &str,
+    start: u8,
+    lease: L,
+) -> Result<Instance<L>, MigError> {
+    let g = layout.geometry;
+    let p = g.profile(profile).ok_or_else(|| MigError::UnknownProfile {
+        model: g.model,
+        profile: profile.to_string(),
+    })?;
+    if layout.instance_of(&lease).is_some() {
+        return Err(MigError::LeaseAlreadyPlaced);
+    }
+    let instance = Instance {
+        profile: p,
+        start,
+        lease: Some(lease),
+        persistent: false,
+    };
+    let mut next = layout.instances.clone();
+    next.push(instance.clone());
+    *layout = MigLayout::from_instances(g, next)?;
+    Ok(instance)
 }
 
 /// Ends `lease`'s hold on this GPU. A persistent instance becomes free; an

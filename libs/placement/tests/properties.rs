@@ -1,7 +1,9 @@
 //! Property tests of the engine: capacities are never exceeded, whole-GPU
-//! leases get distinct GPUs of one node, a decision is a function of the
-//! state and the seed, and releasing restores the state.
+//! leases get distinct GPUs of one node, MIG layouts always follow NVIDIA's
+//! placement rules, a decision is a function of the state and the seed, and
+//! releasing restores the state.
 
+use lh_placement::mig;
 use lh_placement::policy::{self, POLICY_NAMES};
 use lh_placement::workload::{Workload, WorkloadConfig};
 use lh_placement::*;
@@ -13,24 +15,34 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
         1u64..=256,
         1usize..=8,
         prop::sample::select(vec!["A100", "T4", "H100"]),
-        prop::bool::weighted(0.7),
+        prop::sample::select(vec![
+            SharingMode::VGpu,
+            SharingMode::Whole,
+            SharingMode::Mig,
+        ]),
         prop::sample::select(vec![16u32, 24, 40, 80]),
         prop::bool::ANY,
     )
         .prop_map(
-            move |(cores, gib, gpus, model, shared, vram, domains)| NodeSpec {
+            move |(cores, gib, gpus, model, mode, vram, domains)| NodeSpec {
                 id: format!("n{i}"),
                 zone: if i.is_multiple_of(2) { "za" } else { "zb" }.into(),
                 cpu_milli: cores * 1000,
                 memory_mib: gib * 1024,
                 gpus: vec![
-                    GpuSpec {
-                        model: model.into(),
-                        vram_gb: vram,
-                        mode: if shared {
-                            SharingMode::VGpu
-                        } else {
-                            SharingMode::Whole
+                    match mode {
+                        // MIG needs a model with a geometry.
+                        SharingMode::Mig => GpuSpec {
+                            model: MIG_MODELS[gpus % MIG_MODELS.len()].into(),
+                            vram_gb: mig::geometry(MIG_MODELS[gpus % MIG_MODELS.len()])
+                                .unwrap()
+                                .memory_gb,
+                            mode,
+                        },
+                        _ => GpuSpec {
+                            model: model.into(),
+                            vram_gb: vram,
+                            mode,
                         },
                     };
                     gpus
@@ -47,6 +59,8 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
         )
 }
 
+const MIG_MODELS: &[&str] = &["A100-40GB", "H100-80GB", "A30-24GB"];
+
 fn arb_nodes() -> impl Strategy<Value = Vec<NodeSpec>> {
     (1usize..=6).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>())
 }
@@ -57,12 +71,33 @@ fn arb_request() -> impl Strategy<Value = Request> {
         (1u8..=4).prop_map(|count| GpuDemand::Whole { count }),
         (1u16..=1000, 0u32..=20)
             .prop_map(|(milli, vram_gb)| GpuDemand::Fraction { milli, vram_gb }),
+        prop::sample::select(vec![
+            "1g.5gb",
+            "2g.10gb",
+            "3g.20gb",
+            "4g.20gb",
+            "7g.40gb",
+            "1g.10gb",
+            "3g.40gb",
+            "1g.6gb",
+            "2g.12gb",
+            "4g.24gb",
+            "1g.5gb+me",
+            "9g.99gb",
+        ])
+        .prop_map(|p| GpuDemand::Mig { profile: p.into() }),
     ];
     (
         0u64..=16_000,
         0u64..=32_768,
         gpu,
-        prop::sample::select(vec![vec![], vec!["A100"], vec!["T4", "H100"], vec!["nope"]]),
+        prop::sample::select(vec![
+            vec![],
+            vec!["A100"],
+            vec!["T4", "H100"],
+            vec!["nope"],
+            vec!["A100-40GB", "A30-24GB"],
+        ]),
         prop::sample::select(vec![vec![], vec!["za"]]),
     )
         .prop_map(|(cpu, mem, gpu, models, zones)| Request {
@@ -90,7 +125,7 @@ fn check_invariants(c: &Cluster) -> Result<(), TestCaseError> {
     let mut vram: Vec<Vec<u64>> = milli.clone();
     let mut whole: Vec<Vec<u32>> = c.nodes().iter().map(|n| vec![0; n.gpus.len()]).collect();
     let mut leases: Vec<Vec<u32>> = whole.clone();
-    for (_, a) in c.allocations() {
+    for (id, a) in c.allocations() {
         let n = a.node as usize;
         cpu[n] += a.demand.cpu_milli;
         mem[n] += a.demand.memory_mib;
@@ -114,7 +149,28 @@ fn check_invariants(c: &Cluster) -> Result<(), TestCaseError> {
                 leases[n][j] += 1;
             }
             Kind::None => prop_assert_eq!(a.gpus, 0),
-            Kind::Mig(_) => {}
+            Kind::Mig(p) => {
+                prop_assert_eq!(a.gpus.count_ones(), 1);
+                let j = a.gpus.trailing_zeros() as usize;
+                let h = a.mig.expect("a MIG allocation holds an instance");
+                prop_assert_eq!(h.profile.name, mig::profile_names()[usize::from(p)]);
+                milli[n][j] += u64::from(h.milli);
+                vram[n][j] += u64::from(h.vram_gb);
+                leases[n][j] += 1;
+                let layout = c.node(n).mig[j].as_ref().expect("MIG only on MIG GPUs");
+                let inst = layout
+                    .instance_of(&id.0)
+                    .expect("the instance is in the layout");
+                prop_assert_eq!((inst.profile, inst.start), (h.profile, h.start));
+            }
+        }
+    }
+    for n in c.nodes() {
+        for (j, layout) in n.mig.iter().enumerate() {
+            if let Some(layout) = layout {
+                prop_assert!(mig::is_valid(layout), "MIG layout breaks NVIDIA's rules");
+                prop_assert_eq!(layout.instances().len(), usize::from(n.gpus[j].leases));
+            }
         }
     }
     for (i, n) in c.nodes().iter().enumerate() {
@@ -130,8 +186,11 @@ fn check_invariants(c: &Cluster) -> Result<(), TestCaseError> {
             } else {
                 prop_assert_eq!(u64::from(g.milli_free), 1000 - milli[i][j]);
                 prop_assert_eq!(u64::from(g.vram_free), u64::from(g.vram_total) - vram[i][j]);
-                if g.mode != SharingMode::VGpu {
-                    prop_assert_eq!(milli[i][j], 0, "slices only on vGPU devices");
+                if g.mode == SharingMode::Whole {
+                    prop_assert_eq!(milli[i][j], 0, "slices only on vGPU and MIG devices");
+                }
+                if g.mode == SharingMode::Mig {
+                    prop_assert_eq!(whole[i][j], 0, "no whole lease on a MIG device");
                 }
             }
             prop_assert_eq!(u32::from(g.leases), leases[i][j]);
