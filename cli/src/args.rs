@@ -96,15 +96,19 @@ pub enum LeaseCommand {
 /// `lh lease create`
 #[derive(Debug, Clone, Args)]
 pub struct LeaseCreate {
-    /// Number of whole GPUs (or ask for a share of one with --milli and --vram-gb).
+    /// Number of whole GPUs (or ask for a share of one with --milli and
+    /// --vram-gb, or for a MIG instance with --mig).
     #[arg(
         long,
         value_name = "N",
         value_parser = clap::value_parser!(u32).range(1..),
-        required_unless_present = "milli",
-        conflicts_with = "milli"
+        required_unless_present_any = ["milli", "mig"],
+        conflicts_with_all = ["milli", "mig"]
     )]
     pub gpus: Option<u32>,
+    /// One MIG instance of this profile of the model, e.g. `3g.20gb`.
+    #[arg(long, value_name = "PROFILE", conflicts_with = "milli")]
+    pub mig: Option<String>,
     /// A share of one GPU's compute, in milli-GPU (1 to 1000).
     #[arg(
         long,
@@ -481,6 +485,41 @@ mod tests {
             (c.gpus, c.milli, c.vram_gb, c.priority),
             (None, Some(300), Some(10), -5)
         );
+    }
+
+    #[test]
+    fn lease_create_a_mig_instance() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--mig",
+            "3g.20gb",
+            "--gpu-model",
+            "A100-40GB",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!((c.gpus, c.mig.as_deref()), (None, Some("3g.20gb")));
+        for other in [
+            &["--gpus", "1"][..],
+            &["--milli", "300", "--vram-gb", "10"][..],
+        ] {
+            let mut args = vec![
+                "lease",
+                "create",
+                "--mig",
+                "1g.5gb",
+                "--gpu-model",
+                "A100-40GB",
+            ];
+            args.extend_from_slice(other);
+            assert_eq!(
+                parse(&args).unwrap_err().kind(),
+                ErrorKind::ArgumentConflict
+            );
+        }
     }
 
     #[test]

@@ -190,12 +190,13 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 "tier": c.tier.as_str(),
                 "priority": c.priority,
             });
-            match (c.gpus, c.milli, c.vram_gb) {
-                (Some(gpus), _, _) => body["gpus"] = json!(gpus),
-                (None, Some(milli), Some(vram_gb)) => {
+            match (c.gpus, c.milli, c.vram_gb, &c.mig) {
+                (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
+                (None, Some(milli), Some(vram_gb), _) => {
                     body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
                 }
-                _ => unreachable!("clap requires --gpus or --milli with --vram-gb"),
+                (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
+                _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
             }
             let headers: Vec<(&str, &str)> = c
                 .idempotency_key

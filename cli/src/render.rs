@@ -83,6 +83,9 @@ pub fn lease_view(lease: &Value) -> String {
         ("tier", text(lease, "tier")),
     ];
     let optional = [
+        ("share", "gpu_fraction"),
+        ("mig profile", "mig_profile"),
+        ("mig instance", "mig_instance"),
         ("queue position", "queue_position"),
         ("queued reason", "queued_reason"),
         ("rejected reason", "rejected_reason"),

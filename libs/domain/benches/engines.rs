@@ -21,6 +21,7 @@ fn fleet(nodes: u32) -> Vec<Node> {
                     // A mixed fleet: some GPUs busy on every node.
                     held_by: ((n + i) % 3 == 0).then(uuid::Uuid::nil),
                     shares: Vec::new(),
+                    mig: false,
                 })
                 .collect(),
         })

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lh_events::{EventData, NodeRegistered};
+use lh_events::{EventData, MigInstance, NodeRegistered};
 use uuid::Uuid;
 
 use crate::placement::{Gpu, Node, Share};
@@ -17,8 +17,11 @@ pub struct Fleet {
     pub node_sequence: HashMap<String, u64>,
     /// GPUs each live lease holds: node and GPU indices.
     pub holdings: HashMap<Uuid, (String, Vec<u32>)>,
-    /// The share of a fractional lease: `(milli, VRAM GB)` of its one GPU.
+    /// The share of a fractional or MIG lease: `(milli, VRAM GB)` of its
+    /// one GPU.
     pub shares: HashMap<Uuid, (u32, u32)>,
+    /// The GPU instance of each MIG lease.
+    pub mig_instances: HashMap<Uuid, MigInstance>,
 }
 
 impl Fleet {
@@ -32,14 +35,16 @@ impl Fleet {
             EventData::NodeGpusAllocated(e) => {
                 for a in &e.allocations {
                     let share = a.milli.zip(a.vram_gb);
-                    self.hold(&e.node_id, a.lease_id, &a.gpu_indices, share);
+                    let mig = a.mig_instance.clone();
+                    self.hold(&e.node_id, a.lease_id, &a.gpu_indices, share, mig);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::LeasePlaced(e) => {
                 let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
                 let share = e.gpus.first().and_then(|g| g.milli.zip(g.vram_gb));
-                self.hold(&e.node_id, e.lease_id, &indices, share);
+                let mig = e.gpus.first().and_then(|g| g.mig_instance.clone());
+                self.hold(&e.node_id, e.lease_id, &indices, share, mig);
             }
             EventData::LeaseEnded(e) => self.release(e.lease_id),
             _ => {}
@@ -77,6 +82,7 @@ impl Fleet {
                     vram_gb: g.vram_gb,
                     held_by: None,
                     shares: Vec::new(),
+                    mig: g.mig,
                 };
                 for l in leases {
                     match self.shares.get(&l) {
@@ -84,6 +90,7 @@ impl Fleet {
                             lease_id: l,
                             milli,
                             vram_gb,
+                            mig: self.mig_instances.get(&l).cloned(),
                         }),
                         None => gpu.held_by = Some(l),
                     }
@@ -101,7 +108,14 @@ impl Fleet {
         );
     }
 
-    fn hold(&mut self, node_id: &str, lease_id: Uuid, indices: &[u32], share: Option<(u32, u32)>) {
+    fn hold(
+        &mut self,
+        node_id: &str,
+        lease_id: Uuid,
+        indices: &[u32],
+        share: Option<(u32, u32)>,
+        mig: Option<MigInstance>,
+    ) {
         if self.holdings.contains_key(&lease_id) {
             return;
         }
@@ -110,6 +124,9 @@ impl Fleet {
         if let Some(s) = share {
             self.shares.insert(lease_id, s);
         }
+        if let Some(m) = &mig {
+            self.mig_instances.insert(lease_id, m.clone());
+        }
         if let Some(node) = self.nodes.get_mut(node_id) {
             for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
                 match share {
@@ -117,6 +134,7 @@ impl Fleet {
                         lease_id,
                         milli,
                         vram_gb,
+                        mig: mig.clone(),
                     }),
                     None => gpu.held_by = Some(lease_id),
                 }
@@ -129,6 +147,7 @@ impl Fleet {
             return;
         };
         self.shares.remove(&lease_id);
+        self.mig_instances.remove(&lease_id);
         if let Some(node) = self.nodes.get_mut(&node_id) {
             for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
                 if gpu.held_by == Some(lease_id) {
@@ -174,6 +193,7 @@ mod tests {
                     uuid: format!("GPU-{i}"),
                     model: "A100-40GB".into(),
                     vram_gb: 40,
+                    mig: false,
                 })
                 .collect(),
         })
@@ -227,6 +247,7 @@ mod tests {
                     gpu_indices: vec![1],
                     milli: Some(milli),
                     vram_gb: Some(vram_gb),
+                    mig_instance: None,
                 }],
             })
         };

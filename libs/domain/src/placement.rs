@@ -19,16 +19,20 @@ pub struct Gpu {
     pub vram_gb: u32,
     /// Lease holding it whole, if any.
     pub held_by: Option<uuid::Uuid>,
-    /// Fractional leases sharing it: `(lease, milli, VRAM GB)`.
+    /// Fractional or MIG leases sharing it.
     pub shares: Vec<Share>,
+    /// In MIG mode: only MIG leases, each in its own GPU instance.
+    pub mig: bool,
 }
 
-/// One fractional lease's share of a GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One fractional or MIG lease's share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
     pub lease_id: uuid::Uuid,
     pub milli: u32,
     pub vram_gb: u32,
+    /// The GPU instance of a MIG lease.
+    pub mig: Option<lh_events::MigInstance>,
 }
 
 impl Gpu {
@@ -110,7 +114,8 @@ impl Unplaceable {
     }
 }
 
-/// Best-fit placement of `request` on `nodes`.
+/// Best-fit placement of `request` (whole GPUs) on `nodes`. GPUs in MIG
+/// mode take no whole-GPU lease, so they do not count.
 pub fn best_fit<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
     request: &Request,
@@ -124,7 +129,7 @@ pub fn best_fit<'a>(
         let of_model: Vec<&Gpu> = node
             .gpus
             .iter()
-            .filter(|g| g.model == request.gpu_model)
+            .filter(|g| g.model == request.gpu_model && !g.mig)
             .collect();
         if of_model.is_empty() {
             continue;
@@ -183,6 +188,7 @@ mod tests {
                     vram_gb: 40,
                     held_by: (i < busy).then(uuid::Uuid::nil),
                     shares: Vec::new(),
+                    mig: false,
                 })
                 .collect(),
         }

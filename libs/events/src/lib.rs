@@ -142,6 +142,23 @@ pub struct GpuInfo {
     pub uuid: String,
     pub model: String,
     pub vram_gb: u32,
+    /// MIG mode is on: the GPU takes MIG leases only, each in a GPU instance
+    /// created for it (and destroyed when it ends).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mig: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A MIG GPU instance: its profile (e.g. `3g.20gb`) and NVML placement start
+/// slice, which names it on its GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MigInstance {
+    pub profile: String,
+    pub start: u8,
 }
 
 /// A GPU handed to a lease.
@@ -158,6 +175,9 @@ pub struct AssignedGpu {
     /// for a whole GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vram_gb: Option<u32>,
+    /// For a MIG lease: the GPU instance it holds on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<MigInstance>,
 }
 
 /// A share of one GPU (memory-sliced vGPU): compute in milli-GPU
@@ -259,6 +279,10 @@ pub struct LeaseRequested {
     /// A share of one GPU instead of whole GPUs (then `gpus` is 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fraction: Option<GpuFraction>,
+    /// One MIG instance of this profile of `gpu_model` instead of whole GPUs
+    /// (then `gpus` is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -377,6 +401,9 @@ pub struct NodeAllocation {
     /// For a fractional lease: the VRAM in GB it holds on that GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vram_gb: Option<u32>,
+    /// For a MIG lease: the GPU instance created for it on that GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<MigInstance>,
 }
 
 impl NodeGpusAllocated {
@@ -389,6 +416,7 @@ impl NodeGpusAllocated {
                 gpu_indices,
                 milli: None,
                 vram_gb: None,
+                mig_instance: None,
             }],
         }
     }

@@ -60,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
                         uuid: format!("GPU-{n}-{i}"),
                         model: "A100-40GB".into(),
                         vram_gb: 40,
+                        mig: false,
                     })
                     .collect(),
             })),
@@ -101,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
                     priority: 0,
                     idempotency_key: None,
                     fraction: None,
+                    mig_profile: None,
                 }));
                 bus.publish(&request, Expect::LastSubjectSequence(0))
                     .await?;

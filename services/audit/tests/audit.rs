@@ -180,6 +180,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     uuid: format!("GPU-{i}"),
                     model: "A100-40GB".into(),
                     vram_gb: 40,
+                    mig: false,
                 }],
             }),
             2 => {
@@ -193,6 +194,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     priority: 0,
                     idempotency_key: Some(format!("k{i}")),
                     fraction: None,
+                    mig_profile: None,
                 })
             }
             3 => EventData::LeaseQueued(LeaseQueued {
@@ -211,6 +213,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     uuid: "GPU-1".into(),
                     milli: None,
                     vram_gb: None,
+                    mig_instance: None,
                 }],
                 decision: Decision {
                     policy: "best_fit".into(),

@@ -56,8 +56,8 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
         EventData::LeaseRequested(e) => {
             sqlx::query(
                 "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
-                                     created_at, requested_sequence, last_sequence, priority, gpu_fraction)
-                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
+                                     created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile)
+                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
             )
             .bind(e.lease_id)
             .bind(e.tenant_id)
@@ -72,6 +72,7 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
                 e.fraction
                     .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb})),
             )
+            .bind(&e.mig_profile)
             .execute(conn)
             .await?;
         }
@@ -102,7 +103,8 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
             sqlx::query(
                 "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
-                        queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7
+                        queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7,
+                        mig_instance = $8
                  WHERE id = $1 AND state IN ('requested', 'queued')",
             )
             .bind(e.lease_id)
@@ -112,6 +114,12 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             .bind(serde_json::json!(indices))
             .bind(at)
             .bind(seq)
+            .bind(
+                e.gpus
+                    .first()
+                    .and_then(|g| g.mig_instance.as_ref())
+                    .map(|m| serde_json::json!({"profile": m.profile, "start": m.start})),
+            )
             .execute(conn)
             .await?;
         }

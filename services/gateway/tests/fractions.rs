@@ -6,10 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{of_type, read_log, Stack};
+use common::{expected_charge, of_type, read_log, Stack};
 use lh_events::EventData;
 use reqwest::Method;
-use rust_decimal::{Decimal, RoundingStrategy};
+use rust_decimal::Decimal;
 use serde_json::{json, Value};
 
 const TWO_A100: &str = r#"
@@ -114,45 +114,11 @@ async fn fractional_leases_share_a_gpu_and_bill_by_vram() {
     let log = read_log(&stack.bus().await).await;
     let mut expected = std::collections::HashMap::new();
     for (id, vram) in [(&a, 10), (&b, 20), (&c, 15)] {
-        let start = of_type(&log, "lease.started")
-            .into_iter()
-            .find_map(|e| match &e.envelope.data {
-                EventData::LeaseStarted(s) if s.lease_id.to_string() == *id => Some(s.started_at),
-                _ => None,
-            })
-            .unwrap();
-        let end = of_type(&log, "lease.ended")
-            .into_iter()
-            .find_map(|e| match &e.envelope.data {
-                EventData::LeaseEnded(s) if s.lease_id.to_string() == *id => Some(s.ended_at),
-                _ => None,
-            })
-            .unwrap();
-        let micros = (end - start).num_microseconds().unwrap();
-        let seconds = (micros + 999_999) / 1_000_000;
-        let amount = (Decimal::from(vram) * Decimal::new(5, 1) * Decimal::from(seconds)
-            / Decimal::from(3600))
-        .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+        let (seconds, amount, start) = expected_charge(&log, id, vram);
         expected.insert(id.to_string(), (vram, seconds, amount, start));
     }
     let period = expected[&a].3.format("%Y-%m").to_string();
-    let mut invoice = Value::Null;
-    for _ in 0..200 {
-        let (s, body) = stack
-            .call(
-                Method::GET,
-                &format!("/v1/invoices?period={period}"),
-                &key,
-                None,
-            )
-            .await;
-        assert_eq!(s, 200, "{body}");
-        if body["lines"].as_array().map(Vec::len) == Some(3) {
-            invoice = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let invoice = stack.wait_invoice(&key, &period, 3).await;
     let lines = invoice["lines"].as_array().expect("three invoice lines");
     let mut total = Decimal::ZERO;
     for line in lines {
@@ -176,19 +142,5 @@ async fn fractional_leases_share_a_gpu_and_bill_by_vram() {
     );
 
     // The lease view, gpu_fraction included, is what a replay gives.
-    let config = lh_gateway::Config {
-        common: lh_service::CommonArgs::for_test(&stack.nats.url()),
-        gateway_addr: "127.0.0.1:0".into(),
-        database_url: stack.database_url.clone(),
-        schema: "gateway".into(),
-        admin_token: Some(common::ADMIN_TOKEN.into()),
-        admin_token_file: None,
-        auditor_token: None,
-    };
-    let report = lh_gateway::rebuild(&config, "gateway_rebuild", false, |_, _| {})
-        .await
-        .unwrap();
-    for c in report.tables {
-        assert_eq!(c.live, c.rebuilt, "table {} differs in a rebuild", c.table);
-    }
+    stack.assert_gateway_rebuilds_identically().await;
 }

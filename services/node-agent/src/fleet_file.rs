@@ -20,6 +20,9 @@ pub struct SimNode {
     pub gpu_model: String,
     pub gpu_count: u32,
     pub vram_gb: u32,
+    /// Indices of the GPUs in MIG mode (they take MIG leases only).
+    #[serde(default)]
+    pub mig_gpus: Vec<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +36,12 @@ pub enum FleetFileError {
     Parse {
         path: String,
         source: toml::de::Error,
+    },
+    #[error("node {node:?} in fleet file {path}: {why}")]
+    Invalid {
+        node: String,
+        path: String,
+        why: String,
     },
     #[error("node {node:?} is not in fleet file {path} (it has: {known})")]
     UnknownNode {
@@ -48,10 +57,18 @@ impl FleetFile {
             path: path.display().to_string(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| FleetFileError::Parse {
+        let file: FleetFile = toml::from_str(&text).map_err(|source| FleetFileError::Parse {
             path: path.display().to_string(),
             source,
-        })
+        })?;
+        for n in &file.node {
+            n.check().map_err(|why| FleetFileError::Invalid {
+                node: n.id.clone(),
+                path: path.display().to_string(),
+                why,
+            })?;
+        }
+        Ok(file)
     }
 
     pub fn node(&self, node_id: &str, path: &Path) -> Result<&SimNode, FleetFileError> {
@@ -72,6 +89,25 @@ impl FleetFile {
 }
 
 impl SimNode {
+    fn check(&self) -> Result<(), String> {
+        if self.mig_gpus.is_empty() {
+            return Ok(());
+        }
+        if lh_placement::mig::geometry(&self.gpu_model).is_none() {
+            return Err(format!(
+                "mig_gpus given but {} has no MIG mode",
+                self.gpu_model
+            ));
+        }
+        match self.mig_gpus.iter().find(|&&i| i >= self.gpu_count) {
+            Some(i) => Err(format!(
+                "mig_gpus names GPU {i} but the node has {} GPUs",
+                self.gpu_count
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The inventory a real host would report; GPU UUIDs are stable per
     /// (node, index) so a restart registers the same devices.
     pub fn inventory(&self) -> NodeRegistered {
@@ -88,6 +124,7 @@ impl SimNode {
                     ),
                     model: self.gpu_model.clone(),
                     vram_gb: self.vram_gb,
+                    mig: self.mig_gpus.contains(&index),
                 })
                 .collect(),
         }
@@ -118,5 +155,33 @@ mod tests {
         assert_eq!(inv, f.node("node-a", Path::new("x")).unwrap().inventory());
         let err = f.node("node-z", Path::new("x")).unwrap_err().to_string();
         assert!(err.contains("node-a"), "{err}");
+    }
+
+    #[test]
+    fn mig_gpus_must_exist_and_support_mig() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        let write = |model: &str, mig: &str| {
+            std::fs::write(
+                &path,
+                format!(
+                    "[[node]]\nid = \"n\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"{model}\"\ngpu_count = 2\nvram_gb = 40\nmig_gpus = {mig}\n"
+                ),
+            )
+            .unwrap();
+        };
+        write("A100-40GB", "[1]");
+        let f = FleetFile::load(&path).unwrap();
+        let inv = f.node("n", &path).unwrap().inventory();
+        assert_eq!(
+            inv.gpus.iter().map(|g| g.mig).collect::<Vec<_>>(),
+            [false, true]
+        );
+        write("A100-40GB", "[2]");
+        let err = FleetFile::load(&path).unwrap_err().to_string();
+        assert!(err.contains("GPU 2"), "{err}");
+        write("L4-24GB", "[0]");
+        let err = FleetFile::load(&path).unwrap_err().to_string();
+        assert!(err.contains("no MIG mode"), "{err}");
     }
 }

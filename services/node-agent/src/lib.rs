@@ -89,6 +89,13 @@ impl NodeState {
                 self.registered = Some(e.clone());
             }
             EventData::LeasePlaced(e) if e.node_id == node_id => {
+                // The simulated node has no instances to make; a real one
+                // creates the GPU instance before it starts the lease.
+                for g in &e.gpus {
+                    if let Some(m) = &g.mig_instance {
+                        tracing::debug!(lease = %e.lease_id, gpu = g.index, profile = %m.profile, start = m.start, "MIG instance for lease");
+                    }
+                }
                 let l = self.leases.entry(e.lease_id).or_default();
                 l.subject_sequence = sequence;
                 l.correlation_id = envelope.correlation_id;

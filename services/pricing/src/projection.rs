@@ -110,7 +110,9 @@ pub async fn read_invoice(pool: &PgPool, request: &InvoiceRequest) -> Result<Inv
             vram_gb: r.3 as u32,
             billed_seconds: r.4 as u64,
             unit_price: r.5,
-            amount: r.6,
+            // PostgreSQL keeps 0.00 as a zero with scale 2, but it decodes
+            // as a bare 0: re-apply the two places money always has.
+            amount: lh_domain::rating::round_amount(r.6),
             from: r.7,
             to: r.8,
             price_book_version: r.9 as u32,

@@ -404,6 +404,7 @@ mod tests {
                 priority: 0,
                 idempotency_key: None,
                 fraction: None,
+                mig_profile: None,
             })),
             env(EventData::LeasePlaced(LeasePlaced {
                 lease_id,
@@ -417,12 +418,14 @@ mod tests {
                         uuid: "g0".into(),
                         milli: None,
                         vram_gb: None,
+                        mig_instance: None,
                     },
                     AssignedGpu {
                         index: 1,
                         uuid: "g1".into(),
                         milli: None,
                         vram_gb: None,
+                        mig_instance: None,
                     },
                 ],
                 decision: Decision {

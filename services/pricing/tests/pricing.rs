@@ -65,6 +65,7 @@ impl Env {
                     priority: 0,
                     idempotency_key: None,
                     fraction: None,
+                    mig_profile: None,
                 }),
             ),
             Envelope::new(
@@ -82,12 +83,14 @@ impl Env {
                             uuid: "GPU-0".into(),
                             milli: None,
                             vram_gb: None,
+                            mig_instance: None,
                         },
                         AssignedGpu {
                             index: 1,
                             uuid: "GPU-1".into(),
                             milli: None,
                             vram_gb: None,
+                            mig_instance: None,
                         },
                     ],
                     decision: Decision {

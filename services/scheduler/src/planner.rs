@@ -2,7 +2,7 @@
 //! policy (`leasehold`), deterministic for a fixed seed.
 //!
 //! The engine's [`Cluster`] is rebuilt from the fleet state (nodes, whole
-//! holdings and fractional shares) at the start of a decision pass, and
+//! holdings, fractional shares and MIG instances where they are) at the start of a decision pass, and
 //! again after the pass reserves GPUs (preemption, starvation); placements
 //! within a pass update it in place. Rebuilding costs O(GPUs + live leases)
 //! per pass, which is small next to the per-lease scoring.
@@ -10,8 +10,8 @@
 use lh_domain::fleet::Fleet;
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
-    Cluster, Engine, GpuDemand, GpuSpec, NodeSpec, Pending, Provenance, Request, SharingMode,
-    Workload, WorkloadConfig,
+    Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request,
+    SharingMode, Workload, WorkloadConfig,
 };
 
 /// Seed of every placement engine: decisions are a function of the state.
@@ -23,7 +23,15 @@ const UNLIMITED: u64 = 1 << 40;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
     Whole(u32),
-    Fraction { milli: u32, vram_gb: u32 },
+    Fraction {
+        milli: u32,
+        vram_gb: u32,
+    },
+    /// A MIG instance of a profile of the lease's model ("" for a profile the
+    /// model lacks, which fits nowhere).
+    Mig {
+        profile: &'static str,
+    },
 }
 
 impl Ask {
@@ -33,8 +41,18 @@ impl Ask {
             Ask::Fraction { milli, vram_gb } => {
                 Request::fraction(u16::try_from(milli).ok()?, vram_gb, 0, 0)
             }
+            Ask::Mig { profile } => mig_request(profile),
         };
         Some(r.with_models([model]))
+    }
+}
+
+fn mig_request(profile: &str) -> Request {
+    Request {
+        gpu: GpuDemand::Mig {
+            profile: profile.to_string(),
+        },
+        ..Request::cpu_only(0, 0)
     }
 }
 
@@ -45,6 +63,8 @@ pub struct Chosen {
     pub zone: String,
     /// Fleet GPU indices, ascending.
     pub gpu_indices: Vec<u32>,
+    /// The MIG instance created for a MIG ask.
+    pub mig: Option<MigHold>,
     pub provenance: Provenance,
 }
 
@@ -88,7 +108,11 @@ impl Planner {
                     .map(|g| GpuSpec {
                         model: g.model.clone(),
                         vram_gb: g.vram_gb,
-                        mode: SharingMode::VGpu,
+                        mode: if g.mig {
+                            SharingMode::Mig
+                        } else {
+                            SharingMode::VGpu
+                        },
                     })
                     .collect(),
                 domains: Vec::new(),
@@ -101,6 +125,11 @@ impl Planner {
                     let _ = cluster.allocate(i, &d, set);
                 }
                 for s in &g.shares {
+                    if let Some(m) = &s.mig {
+                        let d = cluster.demand(&mig_request(&m.profile).with_models([&g.model]));
+                        let _ = cluster.allocate_mig_at(i, &d, j as u8, m.start);
+                        continue;
+                    }
                     let r = Request {
                         gpu: GpuDemand::Fraction {
                             milli: s.milli.min(1000) as u16,
@@ -131,9 +160,11 @@ impl Planner {
     pub fn place(&mut self, ask: Ask, model: &str) -> Result<Chosen, Option<Pending>> {
         let request = ask.request(model).ok_or(None)?;
         let decision = self.engine.decide(&request).map_err(Some)?;
-        self.engine
+        let id = self
+            .engine
             .place(&request, &decision)
             .expect("the engine's own choice fits");
+        let mig = self.engine.cluster().allocation(id).and_then(|a| a.mig);
         let (node_id, zone, index) = &self.nodes[decision.node];
         let mut gpu_indices: Vec<u32> = decision
             .gpu_indices()
@@ -145,6 +176,7 @@ impl Planner {
             node_id: node_id.clone(),
             zone: zone.clone(),
             gpu_indices,
+            mig,
             provenance: decision.provenance,
         })
     }

@@ -18,11 +18,13 @@
 //!
 //! Where a lease goes is decided by the lh-placement engine with the
 //! default policy (`leasehold`) and a fixed seed (see [`crate::planner`]),
-//! for whole GPUs and for fractions (a share of one GPU: milli-GPU and
-//! VRAM GB). A fraction counts its milli toward the GPU quota and its VRAM
-//! toward the VRAM quota. Preemption and the starvation guard act on whole
-//! GPUs only: a fractional lease never preempts, and a starving fractional
-//! lease does not hold back others.
+//! for whole GPUs, fractions (a share of one GPU: milli-GPU and VRAM GB) and
+//! MIG instances (a profile of the model's MIG geometry, on a GPU in MIG
+//! mode). A fraction or MIG instance counts its milli toward the GPU quota
+//! and its VRAM toward the VRAM quota (a MIG instance: its compute slices
+//! over the GPU's, and its memory). Preemption and the starvation guard act
+//! on whole GPUs only: a fractional or MIG lease never preempts, and a
+//! starving one does not hold back others.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -32,8 +34,8 @@ use lh_domain::fleet::Fleet;
 use lh_domain::placement::{self, Request, Unplaceable};
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, EndReason, Envelope, EventData, GpuFraction,
-    LeaseEnded, LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected, NodeAllocation,
-    NodeGpusAllocated, Quota, Tier,
+    LeaseEnded, LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected, MigInstance,
+    NodeAllocation, NodeGpusAllocated, Quota, Tier,
 };
 
 use crate::planner::{self, Ask, Planner};
@@ -89,6 +91,8 @@ pub struct Lease {
     pub gpus: u32,
     /// A share of one GPU instead of whole GPUs.
     pub fraction: Option<GpuFraction>,
+    /// A MIG instance of this profile instead of whole GPUs.
+    pub mig_profile: Option<String>,
     pub gpu_model: String,
     pub tier: Tier,
     pub priority: i32,
@@ -111,21 +115,48 @@ pub struct Lease {
 
 impl Lease {
     fn milli(&self) -> u64 {
-        match self.fraction {
-            Some(f) => u64::from(f.milli),
-            None => u64::from(self.gpus) * MILLI_PER_GPU,
+        match (self.fraction, &self.mig_profile) {
+            (Some(f), _) => u64::from(f.milli),
+            (None, Some(p)) => mig_size(&self.gpu_model, p).map_or(0, |s| u64::from(s.0)),
+            (None, None) => u64::from(self.gpus) * MILLI_PER_GPU,
+        }
+    }
+
+    /// Whole GPUs: the only leases that preempt or hold GPUs back.
+    pub fn is_whole(&self) -> bool {
+        self.fraction.is_none() && self.mig_profile.is_none()
+    }
+
+    /// The request field a quota breach names.
+    fn size_field(&self) -> &'static str {
+        match (self.fraction, &self.mig_profile) {
+            (Some(_), _) => "gpu_fraction",
+            (None, Some(_)) => "mig_profile",
+            (None, None) => "gpus",
         }
     }
 
     pub fn ask(&self) -> Ask {
-        match self.fraction {
-            Some(f) => Ask::Fraction {
+        match (self.fraction, &self.mig_profile) {
+            (Some(f), _) => Ask::Fraction {
                 milli: f.milli,
                 vram_gb: f.vram_gb,
             },
-            None => Ask::Whole(self.gpus),
+            (None, Some(p)) => Ask::Mig {
+                profile: lh_placement::mig::profiles(&self.gpu_model)
+                    .iter()
+                    .find(|x| x.name == p)
+                    .map_or("", |x| x.name),
+            },
+            (None, None) => Ask::Whole(self.gpus),
         }
     }
+}
+
+/// `(milli, VRAM GB)` an instance of `profile` of `model` takes.
+fn mig_size(model: &str, profile: &str) -> Option<(u16, u32)> {
+    let g = lh_placement::mig::geometry(model)?;
+    g.profile(profile).map(|p| lh_placement::mig::size(p, g))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -174,8 +205,13 @@ impl State {
                 self.leases.entry(e.lease_id).or_insert_with(|| Lease {
                     id: e.lease_id,
                     tenant_id: e.tenant_id,
-                    gpus: if e.fraction.is_some() { 1 } else { e.gpus },
+                    gpus: if e.fraction.is_some() || e.mig_profile.is_some() {
+                        1
+                    } else {
+                        e.gpus
+                    },
                     fraction: e.fraction,
+                    mig_profile: e.mig_profile.clone(),
                     gpu_model: e.gpu_model.clone(),
                     tier: e.tier,
                     priority: e.priority,
@@ -187,9 +223,10 @@ impl State {
                     correlation_id: envelope.correlation_id,
                     request_event_id: envelope.id,
                     node_id: None,
-                    vram_gb: match e.fraction {
-                        Some(f) => f.vram_gb,
-                        None => e.gpus * vram_per_gpu,
+                    vram_gb: match (e.fraction, &e.mig_profile) {
+                        (Some(f), _) => f.vram_gb,
+                        (None, Some(p)) => mig_size(&e.gpu_model, p).map_or(0, |s| s.1),
+                        (None, None) => e.gpus * vram_per_gpu,
                     },
                     started_at: None,
                     preemption_deadline: None,
@@ -380,14 +417,7 @@ impl State {
                 let rejected = EventData::LeaseRejected(LeaseRejected {
                     lease_id: lease.id,
                     reason,
-                    field: Some(
-                        if lease.fraction.is_some() {
-                            "gpu_fraction"
-                        } else {
-                            "gpus"
-                        }
-                        .into(),
-                    ),
+                    field: Some(lease.size_field().into()),
                 });
                 out.push(vec![(event(rejected, "lease.rejected"), expect_lease)]);
                 continue;
@@ -402,7 +432,14 @@ impl State {
                         .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))
                         .collect();
                     let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
-                    let share = lease.fraction.map(|f| (f.milli, f.vram_gb));
+                    let share = match (&p.mig, lease.fraction) {
+                        (Some(m), _) => Some((u32::from(m.milli), m.vram_gb)),
+                        (None, f) => f.map(|f| (f.milli, f.vram_gb)),
+                    };
+                    let mig_instance = p.mig.as_ref().map(|m| MigInstance {
+                        profile: m.profile.name.to_string(),
+                        start: m.start,
+                    });
                     let vram_gb_per_gpu = match share {
                         Some((_, v)) => v,
                         None => gpus.first().map(|g| g.vram_gb).unwrap_or(0),
@@ -420,6 +457,7 @@ impl State {
                                 uuid: g.uuid.clone(),
                                 milli: share.map(|s| s.0),
                                 vram_gb: share.map(|s| s.1),
+                                mig_instance: mig_instance.clone(),
                             })
                             .collect(),
                         decision: Decision {
@@ -437,6 +475,7 @@ impl State {
                             gpu_indices: p.gpu_indices.clone(),
                             milli: share.map(|s| s.0),
                             vram_gb: share.map(|s| s.1),
+                            mig_instance,
                         }],
                     });
                     let placed_env = event(placed, "lease.placed");
@@ -457,7 +496,7 @@ impl State {
                     *position += 1;
                     let (mut reason, busy) = why_pending(&scratch, lease);
                     if busy
-                        && lease.fraction.is_none()
+                        && lease.is_whole()
                         && lease.tier == Tier::Basic
                         && !self.awaiting_preemption.contains(&lease.id)
                     {
@@ -498,14 +537,14 @@ impl State {
                         }
                     }
                     let starving = busy
-                        && lease.fraction.is_none()
+                        && lease.is_whole()
                         && now - lease.requested_at > rules.backfill_starvation;
                     if starving {
                         // Stop backfill: keep the free GPUs of its model.
                         for node in scratch.nodes.values_mut() {
                             node.gpus
                                 .iter_mut()
-                                .filter(|g| g.model == lease.gpu_model && g.is_free())
+                                .filter(|g| g.model == lease.gpu_model && !g.mig && g.is_free())
                                 .for_each(|g| g.held_by = Some(lease.id));
                         }
                         engine = None;
@@ -577,6 +616,31 @@ fn quota_breach(quota: &Quota, held_milli: u64, held_vram: u64, lease: &Lease) -
 /// Why `lease` cannot be placed now, and whether only busy capacity is in
 /// the way (so waiting, or preempting, can help).
 fn why_pending(scratch: &Fleet, lease: &Lease) -> (String, bool) {
+    if let Some(profile) = &lease.mig_profile {
+        let mig_gpus = scratch
+            .nodes
+            .values()
+            .flat_map(|n| n.gpus.iter())
+            .filter(|g| g.model == lease.gpu_model && g.mig)
+            .count();
+        return match (mig_size(&lease.gpu_model, profile), mig_gpus) {
+            (None, _) => (
+                format!("{} has no MIG profile {profile}", lease.gpu_model),
+                false,
+            ),
+            (Some(_), 0) => (
+                format!("no {} in MIG mode yet", lease.gpu_model),
+                false,
+            ),
+            (Some(_), n) => (
+                format!(
+                    "waiting for capacity: no room for a {profile} instance on the {n} {} in MIG mode",
+                    lease.gpu_model
+                ),
+                true,
+            ),
+        };
+    }
     match lease.fraction {
         None => {
             let request = Request {
@@ -628,7 +692,7 @@ fn reserve_for(scratch: &mut Fleet, node_id: &str, lease: &Lease) {
     if let Some(node) = scratch.nodes.get_mut(node_id) {
         node.gpus
             .iter_mut()
-            .filter(|g| g.model == lease.gpu_model && g.is_free())
+            .filter(|g| g.model == lease.gpu_model && !g.mig && g.is_free())
             .for_each(|g| g.held_by = Some(lease.id));
     }
 }
@@ -658,7 +722,7 @@ pub fn plan_preemption(
         let of_model: Vec<_> = node
             .gpus
             .iter()
-            .filter(|g| g.model == lease.gpu_model)
+            .filter(|g| g.model == lease.gpu_model && !g.mig)
             .collect();
         if (of_model.len() as u32) < lease.gpus {
             continue;
@@ -741,9 +805,26 @@ mod tests {
                     uuid: format!("GPU-{id}-{i}"),
                     model: "A100-40GB".into(),
                     vram_gb: 40,
+                    mig: false,
                 })
                 .collect(),
         })
+    }
+
+    fn node_mig(id: &str, n: u32) -> EventData {
+        let EventData::NodeRegistered(mut r) = node(id, n) else {
+            unreachable!()
+        };
+        r.gpus.iter_mut().for_each(|g| g.mig = true);
+        EventData::NodeRegistered(r)
+    }
+
+    fn request_mig(lease: Uuid, tenant: Uuid, profile: &str) -> EventData {
+        let EventData::LeaseRequested(mut r) = request(lease, tenant, 1) else {
+            unreachable!()
+        };
+        r.mig_profile = Some(profile.into());
+        EventData::LeaseRequested(r)
     }
 
     fn tenant_with(id: Uuid, max_gpus: u32, max_vram_gb: Option<u32>, weight: u32) -> EventData {
@@ -774,6 +855,7 @@ mod tests {
             priority,
             idempotency_key: None,
             fraction: None,
+            mig_profile: None,
         })
     }
 
@@ -791,6 +873,7 @@ mod tests {
             priority: 0,
             idempotency_key: None,
             fraction: Some(GpuFraction { milli, vram_gb }),
+            mig_profile: None,
         })
     }
 
@@ -863,6 +946,80 @@ mod tests {
         assert_eq!(placed(&s), vec![Uuid::from_u128(2), Uuid::from_u128(3)]);
     }
 
+    #[test]
+    fn mig_leases_get_instances_by_nvidia_rules_and_count_by_size() {
+        let (t, u) = (Uuid::from_u128(1), Uuid::from_u128(9));
+        let l = |i: u128| Uuid::from_u128(100 + i);
+        let mut s = given(vec![
+            node_mig("m", 1),
+            node("a", 1),
+            tenant_with(t, 1, Some(45), 1),
+            tenant(u, 8),
+            request_mig(l(1), t, "3g.20gb"),
+            request_mig(l(2), t, "3g.20gb"),
+            request_mig(l(3), t, "1g.5gb"),
+            request(l(4), t, 1),
+            request(l(5), u, 1),
+            request_mig(l(6), u, "9g.99gb"),
+        ]);
+        let d = decide(&s).batches;
+        let placed_events: Vec<&LeasePlaced> = d
+            .iter()
+            .filter_map(|b| match &b[0].0.data {
+                EventData::LeasePlaced(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        let first = placed_events[0];
+        assert_eq!((first.lease_id, first.node_id.as_str()), (l(1), "m"));
+        assert_eq!(first.decision.policy, "mig-best-fit");
+        assert_eq!(first.vram_gb_per_gpu, 20);
+        assert_eq!(
+            (first.gpus[0].milli, first.gpus[0].vram_gb),
+            (Some(428), Some(20))
+        );
+        assert_eq!(
+            first.gpus[0].mig_instance,
+            Some(MigInstance {
+                profile: "3g.20gb".into(),
+                start: 4
+            })
+        );
+        settle(&mut s, Utc::now(), &Rules::default());
+        // The second 3g.20gb goes next to the first (slots 0-3); the 1g.5gb
+        // finds no memory slice left and waits; the whole GPU would take the
+        // tenant past its 1-GPU quota (856 milli held); the other tenant's
+        // whole GPU goes to the GPU outside MIG mode.
+        let inst = |s: &State, lease| s.fleet.mig_instances[&lease].clone();
+        assert_eq!(inst(&s, l(2)).start, 0);
+        assert_eq!(where_is(&s, l(2)), ("m".to_string(), vec![0]));
+        assert_eq!(where_is(&s, l(5)), ("a".to_string(), vec![0]));
+        assert!(!s.leases.contains_key(&l(4)), "rejected by quota");
+        let reason = |s: &State, lease| match &s.leases[&lease].status {
+            Status::Queued { reason, .. } => reason.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(reason(&s, l(3)).starts_with("waiting for capacity: no room for a 1g.5gb"));
+        assert_eq!(reason(&s, l(6)), "A100-40GB has no MIG profile 9g.99gb");
+        let gpu = &s.fleet.nodes["m"].gpus[0];
+        assert_eq!((gpu.used_milli(), gpu.used_vram_gb()), (856, 40));
+
+        // The first instance ends and is destroyed: the 1g.5gb fits now.
+        s.apply(
+            90_000,
+            &env(EventData::LeaseEnded(LeaseEnded {
+                lease_id: l(1),
+                node_id: Some("m".into()),
+                ended_at: Utc::now(),
+                reason: EndReason::Stopped,
+                exit_code: None,
+            })),
+        );
+        settle(&mut s, Utc::now(), &Rules::default());
+        assert_eq!(where_is(&s, l(3)), ("m".to_string(), vec![0]));
+        assert!(inst(&s, l(3)).start >= 4, "in the slices the 3g.20gb freed");
+    }
+
     mod prop {
         use super::*;
         use proptest::prelude::*;
@@ -871,6 +1028,7 @@ mod tests {
         enum Op {
             Whole(u32),
             Frac(u32, u32),
+            Mig(&'static str),
             End(usize),
         }
 
@@ -878,6 +1036,13 @@ mod tests {
             prop_oneof![
                 (1u32..=4).prop_map(Op::Whole),
                 (1u32..=1000, 1u32..=40).prop_map(|(m, v)| Op::Frac(m, v)),
+                proptest::sample::select(
+                    lh_placement::mig::profiles("A100-40GB")
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                )
+                .prop_map(Op::Mig),
                 any::<usize>().prop_map(Op::End),
             ]
         }
@@ -910,6 +1075,30 @@ mod tests {
             for n in s.fleet.nodes.values() {
                 for g in &n.gpus {
                     assert!(g.used_milli() <= 1000 && g.used_vram_gb() <= g.vram_gb);
+                    // MIG GPUs hold MIG instances only, laid out by NVIDIA's rules.
+                    if g.mig {
+                        assert!(g.held_by.is_none() && g.shares.iter().all(|x| x.mig.is_some()));
+                    } else {
+                        assert!(g.shares.iter().all(|x| x.mig.is_none()));
+                    }
+                    if g.mig {
+                        let geometry = lh_placement::mig::geometry(&g.model).unwrap();
+                        let instances = g
+                            .shares
+                            .iter()
+                            .map(|x| {
+                                let m = x.mig.as_ref().unwrap();
+                                lh_placement::mig::Instance {
+                                    profile: geometry.profile(&m.profile).unwrap(),
+                                    start: m.start,
+                                    lease: Some(x.lease_id),
+                                    persistent: false,
+                                }
+                            })
+                            .collect();
+                        lh_placement::mig::MigLayout::from_instances(geometry, instances)
+                            .expect("a valid MIG layout");
+                    }
                 }
             }
         }
@@ -919,7 +1108,7 @@ mod tests {
             #[test]
             fn gpus_are_never_oversubscribed(ops in proptest::collection::vec(op(), 1..60)) {
                 let t = Uuid::from_u128(1);
-                let mut s = given(vec![node("a", 4), node("b", 2), tenant(t, 1000)]);
+                let mut s = given(vec![node("a", 4), node("b", 2), node_mig("m", 2), tenant(t, 1000)]);
                 let mut seq = 100u64;
                 let now = Utc::now();
                 for (k, op) in ops.into_iter().enumerate() {
@@ -927,6 +1116,7 @@ mod tests {
                     let data = match op {
                         Op::Whole(n) => request(lease, t, n),
                         Op::Frac(m, v) => request_frac(lease, t, m, v),
+                        Op::Mig(p) => request_mig(lease, t, p),
                         Op::End(i) => {
                             let mut live: Vec<Uuid> = s.leases.keys().copied().collect();
                             if live.is_empty() {

@@ -49,6 +49,7 @@ async fn spot_price_follows_utilisation() {
                     uuid: format!("GPU-{i}"),
                     model: "A100-40GB".into(),
                     vram_gb: 40,
+                    mig: false,
                 })
                 .collect(),
         }),

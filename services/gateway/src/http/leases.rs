@@ -24,13 +24,17 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateLease {
-    /// Whole GPUs, all on one node (1 to 8). Exactly one of `gpus` and
-    /// `gpu_fraction`.
+    /// Whole GPUs, all on one node (1 to 8). Exactly one of `gpus`,
+    /// `gpu_fraction` and `mig_profile`.
     #[serde(default)]
     pub gpus: Option<u32>,
     /// A share of one GPU (memory-sliced vGPU) instead of whole GPUs.
     #[serde(default)]
     pub gpu_fraction: Option<FractionBody>,
+    /// One MIG instance of this profile of `gpu_model` (e.g. `3g.20gb` on
+    /// an `A100-40GB`) instead of whole GPUs.
+    #[serde(default)]
+    pub mig_profile: Option<String>,
     /// A model from the catalog, e.g. `A100-40GB`.
     pub gpu_model: String,
     #[serde(default = "default_tier")]
@@ -49,6 +53,13 @@ pub struct FractionBody {
     pub milli: u32,
     /// VRAM in GB, at least 1 and at most the model's VRAM.
     pub vram_gb: u32,
+}
+
+/// A MIG GPU instance: its profile and NVML placement start slice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MigInstanceView {
+    pub profile: String,
+    pub start: u8,
 }
 
 /// Bounds of a lease's priority.
@@ -70,6 +81,13 @@ pub struct LeaseView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<FractionBody>)]
     pub gpu_fraction: Option<sqlx::types::Json<FractionBody>>,
+    /// Set for a MIG lease: the profile asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    /// Set for a placed MIG lease: the GPU instance it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<MigInstanceView>)]
+    pub mig_instance: Option<sqlx::types::Json<MigInstanceView>>,
     pub gpu_model: String,
     pub tier: String,
     pub priority: i32,
@@ -96,7 +114,7 @@ pub struct LeaseView {
     pub idempotency_key: Option<String>,
 }
 
-const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
+const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
@@ -141,21 +159,27 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
-    let gpus = match (body.gpus, body.gpu_fraction) {
-        (Some(_), Some(_)) => {
+    let gpus = match (body.gpus, body.gpu_fraction, &body.mig_profile) {
+        (Some(_), Some(_), _) | (None, Some(_), Some(_)) => {
             return Err(ApiError::unprocessable(
-                "give either gpus or gpu_fraction, not both",
+                "give one of gpus, gpu_fraction and mig_profile",
                 "gpu_fraction",
             ))
         }
-        (None, None) => {
+        (Some(_), None, Some(_)) => {
             return Err(ApiError::unprocessable(
-                "gpus (whole GPUs) or gpu_fraction (a share of one GPU) is required",
+                "give one of gpus, gpu_fraction and mig_profile",
+                "mig_profile",
+            ))
+        }
+        (None, None, None) => {
+            return Err(ApiError::unprocessable(
+                "gpus (whole GPUs), gpu_fraction (a share of one GPU) or mig_profile (a MIG instance) is required",
                 "gpus",
             ))
         }
-        (Some(n), None) => n,
-        (None, Some(_)) => 1,
+        (Some(n), None, None) => n,
+        (None, Some(_), None) | (None, None, Some(_)) => 1,
     };
     if gpus == 0 || gpus > catalog::MAX_GPUS_PER_LEASE {
         return Err(ApiError::unprocessable(
@@ -187,6 +211,37 @@ pub async fn create(
                     body.gpu_model
                 ),
                 "gpu_fraction.vram_gb",
+            ));
+        }
+    }
+    if let Some(profile) = &body.mig_profile {
+        let profiles = lh_placement::mig::profiles(&body.gpu_model);
+        if profiles.is_empty() {
+            return Err(ApiError::unprocessable(
+                format!(
+                    "{} has no MIG mode; MIG models: {}",
+                    body.gpu_model,
+                    lh_placement::mig::geometries()
+                        .iter()
+                        .map(|g| g.model)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "mig_profile",
+            ));
+        }
+        if !profiles.iter().any(|p| p.name == profile) {
+            return Err(ApiError::unprocessable(
+                format!(
+                    "{} has no MIG profile {profile:?}; its profiles: {}",
+                    body.gpu_model,
+                    profiles
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "mig_profile",
             ));
         }
     }
@@ -237,6 +292,7 @@ pub async fn create(
             milli: f.milli,
             vram_gb: f.vram_gb,
         }),
+        mig_profile: body.mig_profile.clone(),
     });
     let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
         .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
@@ -260,6 +316,7 @@ pub async fn create(
     let same_request = lease.gpus as u32 == gpus
         && lease.gpu_fraction.as_ref().map(|f| f.0) == body.gpu_fraction
         && lease.gpu_model == body.gpu_model
+        && lease.mig_profile == body.mig_profile
         && lease.tier == body.tier.as_str()
         && lease.priority == body.priority;
     if !same_request {

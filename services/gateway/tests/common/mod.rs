@@ -298,3 +298,77 @@ pub fn of_type<'a>(log: &'a [Stored], event_type: &str) -> Vec<&'a Stored> {
         .filter(|e| e.envelope.event_type == event_type)
         .collect()
 }
+
+/// What the invoice line of lease `id` must say when it held `vram_gb`:
+/// `(billed seconds, amount, started_at)` from the node-agent's own
+/// timestamps, at the default price of 0.5 CNY per GB-hour, seconds rounded
+/// up and the amount to the cent (half away from zero).
+pub fn expected_charge(
+    log: &[Stored],
+    id: &str,
+    vram_gb: u32,
+) -> (i64, rust_decimal::Decimal, chrono::DateTime<chrono::Utc>) {
+    use lh_events::EventData;
+    use rust_decimal::{Decimal, RoundingStrategy};
+    let start = of_type(log, "lease.started")
+        .into_iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseStarted(s) if s.lease_id.to_string() == id => Some(s.started_at),
+            _ => None,
+        })
+        .expect("the lease started");
+    let end = of_type(log, "lease.ended")
+        .into_iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseEnded(s) if s.lease_id.to_string() == id => Some(s.ended_at),
+            _ => None,
+        })
+        .expect("the lease ended");
+    let micros = (end - start).num_microseconds().unwrap();
+    let seconds = (micros + 999_999) / 1_000_000;
+    let amount = (Decimal::from(vram_gb) * Decimal::new(5, 1) * Decimal::from(seconds)
+        / Decimal::from(3600))
+    .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+    (seconds, amount, start)
+}
+
+impl Stack {
+    /// The tenant's invoice for `period` once it has `lines` lines.
+    pub async fn wait_invoice(&self, key: &str, period: &str, lines: usize) -> Value {
+        for _ in 0..200 {
+            let (s, body) = self
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/invoices?period={period}"),
+                    key,
+                    None,
+                )
+                .await;
+            assert_eq!(s, 200, "{body}");
+            if body["lines"].as_array().map(Vec::len) == Some(lines) {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the invoice for {period} never had {lines} lines");
+    }
+
+    /// The gateway's tables are what a replay of the log gives.
+    pub async fn assert_gateway_rebuilds_identically(&self) {
+        let config = lh_gateway::Config {
+            common: CommonArgs::for_test(&self.nats.url()),
+            gateway_addr: "127.0.0.1:0".into(),
+            database_url: self.database_url.clone(),
+            schema: "gateway".into(),
+            admin_token: Some(ADMIN_TOKEN.into()),
+            admin_token_file: None,
+            auditor_token: None,
+        };
+        let report = lh_gateway::rebuild(&config, "gateway_rebuild", false, |_, _| {})
+            .await
+            .unwrap();
+        for c in report.tables {
+            assert_eq!(c.live, c.rebuilt, "table {} differs in a rebuild", c.table);
+        }
+    }
+}

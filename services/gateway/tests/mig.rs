@@ -1,0 +1,220 @@
+//! MIG leases end to end through the REST API: instances are cut by
+//! NVIDIA's slot rules on a GPU in MIG mode, a profile that finds no room
+//! waits and is placed once an instance ends (its slices are free again),
+//! whole GPUs never land on a MIG GPU, and each instance is billed by its
+//! memory.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{expected_charge, of_type, read_log, Stack};
+use lh_events::EventData;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// One A100 in MIG mode and one A100 that is not.
+const MIG_AND_PLAIN: &str = r#"
+[[node]]
+id = "node-m"
+zone = "cn-north-1a"
+hostname = "gpu-m.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+mig_gpus = [0]
+
+[[node]]
+id = "node-a"
+zone = "cn-north-1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+"#;
+
+async fn mig(stack: &Stack, key: &str, profile: &str) -> String {
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            key,
+            Some(json!({"mig_profile": profile, "gpu_model": "A100-40GB"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(b["mig_profile"], profile);
+    assert_eq!(b["gpus"], 1);
+    b["id"].as_str().unwrap().to_string()
+}
+
+fn instance(lease: &Value) -> (String, Value, Value) {
+    (
+        lease["node_id"].as_str().unwrap().to_string(),
+        lease["gpu_indices"].clone(),
+        lease["mig_instance"].clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mig_instances_follow_the_slot_rules_wait_for_room_and_bill_by_memory() {
+    let stack = Stack::start(MIG_AND_PLAIN).await;
+    let (_, key) = stack.create_tenant("mig", 4).await;
+
+    // Bad MIG requests name the field.
+    for (body, field, says) in [
+        (
+            json!({"mig_profile": "1g.5gb", "gpu_model": "L4-24GB"}),
+            "mig_profile",
+            "no MIG mode",
+        ),
+        (
+            json!({"mig_profile": "1g.10gb", "gpu_model": "A100-40GB"}),
+            "mig_profile",
+            "1g.5gb",
+        ),
+        (
+            json!({"gpus": 1, "mig_profile": "1g.5gb", "gpu_model": "A100-40GB"}),
+            "mig_profile",
+            "one of",
+        ),
+        (
+            json!({"gpu_fraction": {"milli": 100, "vram_gb": 1}, "mig_profile": "1g.5gb", "gpu_model": "A100-40GB"}),
+            "gpu_fraction",
+            "one of",
+        ),
+    ] {
+        let (s, p) = stack
+            .call(Method::POST, "/v1/leases", &key, Some(body))
+            .await;
+        assert_eq!((s, p["field"].as_str()), (422, Some(field)), "{p}");
+        assert!(p["detail"].as_str().unwrap().contains(says), "{p}");
+    }
+
+    // Two 3g.20gb instances share the MIG GPU, in NVIDIA's slots 4 and 0.
+    let a = mig(&stack, &key, "3g.20gb").await;
+    let a_run = stack
+        .wait_lease(&key, &a, |l| l["state"] == "running")
+        .await;
+    assert_eq!(
+        instance(&a_run),
+        (
+            "node-m".into(),
+            json!([0]),
+            json!({"profile": "3g.20gb", "start": 4})
+        )
+    );
+    let b = mig(&stack, &key, "3g.20gb").await;
+    let b_run = stack
+        .wait_lease(&key, &b, |l| l["state"] == "running")
+        .await;
+    assert_eq!(
+        instance(&b_run),
+        (
+            "node-m".into(),
+            json!([0]),
+            json!({"profile": "3g.20gb", "start": 0})
+        )
+    );
+
+    // A whole GPU goes to the GPU outside MIG mode.
+    let (s, w) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{w}");
+    let w = w["id"].as_str().unwrap().to_string();
+    let w_run = stack
+        .wait_lease(&key, &w, |l| l["state"] == "running")
+        .await;
+    assert_eq!(w_run["node_id"], "node-a");
+    assert!(w_run.get("mig_instance").is_none());
+
+    // The two instances cover all eight memory slices: a 1g.5gb waits.
+    let c = mig(&stack, &key, "1g.5gb").await;
+    let c_queued = stack.wait_lease(&key, &c, |l| l["state"] == "queued").await;
+    assert!(
+        c_queued["queued_reason"]
+            .as_str()
+            .unwrap()
+            .contains("no room for a 1g.5gb instance"),
+        "{c_queued}"
+    );
+
+    // The first instance ends and is destroyed; the 1g.5gb takes its slices.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    let c_run = stack
+        .wait_lease(&key, &c, |l| l["state"] == "running")
+        .await;
+    let (node, gpus, inst) = instance(&c_run);
+    assert_eq!((node.as_str(), gpus), ("node-m", json!([0])));
+    assert_eq!(inst["profile"], "1g.5gb");
+    assert!(inst["start"].as_u64().unwrap() >= 4, "{inst}");
+
+    let log = read_log(&stack.bus().await).await;
+    for placed in of_type(&log, "lease.placed") {
+        let EventData::LeasePlaced(p) = &placed.envelope.data else {
+            unreachable!()
+        };
+        if p.node_id == "node-m" {
+            assert_eq!(p.decision.policy, "mig-best-fit");
+            assert!(p.gpus[0].mig_instance.is_some());
+        } else {
+            assert_eq!(p.decision.policy, "leasehold");
+        }
+    }
+    // Node allocations carry the instance too, for the node-agent.
+    let allocations: Vec<_> = of_type(&log, "node.gpus_allocated")
+        .into_iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::NodeGpusAllocated(n) if n.node_id == "node-m" => Some(n.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(allocations.len(), 3);
+    assert!(allocations
+        .iter()
+        .all(|n| n.allocations[0].mig_instance.is_some()));
+
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for id in [&b, &c, &w] {
+        let (s, body) = stack
+            .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+            .await;
+        assert_eq!(s, 202, "{body}");
+    }
+    for id in [&a, &b, &c, &w] {
+        stack.wait_lease(&key, id, |l| l["state"] == "ended").await;
+    }
+
+    // A MIG instance is billed by its memory (3g.20gb: 20 GB, 1g.5gb: 5 GB).
+    let log = read_log(&stack.bus().await).await;
+    let expected: Vec<(String, u32)> = vec![(a, 20), (b, 20), (c, 5), (w, 40)];
+    let period = expected_charge(&log, &expected[0].0, 20)
+        .2
+        .format("%Y-%m")
+        .to_string();
+    let invoice = stack.wait_invoice(&key, &period, 4).await;
+    for (id, vram) in &expected {
+        let (seconds, amount, _) = expected_charge(&log, id, *vram);
+        let line = invoice["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lease_id"] == id.as_str())
+            .unwrap_or_else(|| panic!("no line for {id}: {invoice}"));
+        assert_eq!(line["vram_gb"], *vram, "{line}");
+        assert_eq!(line["billed_seconds"], seconds, "{line}");
+        assert_eq!(line["amount"], amount.to_string(), "{line}");
+    }
+
+    stack.assert_gateway_rebuilds_identically().await;
+}
