@@ -1143,6 +1143,79 @@ mod tests {
                     check(&s);
                 }
             }
+
+            #[test]
+            fn quotas_are_never_exceeded(
+                quotas in proptest::collection::vec((1u32..=4, proptest::option::of(5u32..=120)), 3),
+                ops in proptest::collection::vec((0usize..3, op()), 1..60),
+            ) {
+                let tenants: Vec<Uuid> = (0..3).map(|i| Uuid::from_u128(10 + i)).collect();
+                let mut events = vec![node("a", 4), node("b", 4), node_mig("m", 2)];
+                for (t, (gpus, vram)) in tenants.iter().zip(&quotas) {
+                    events.push(tenant_with(*t, *gpus, *vram, 1));
+                }
+                let mut s = given(events);
+                let mut seq = 100u64;
+                let now = Utc::now();
+                for (k, (who, op)) in ops.into_iter().enumerate() {
+                    let (lease, t) = (Uuid::from_u128(1000 + k as u128), tenants[who]);
+                    let data = match op {
+                        Op::Whole(n) => request(lease, t, n),
+                        Op::Frac(m, v) => request_frac(lease, t, m, v),
+                        Op::Mig(p) => request_mig(lease, t, p),
+                        Op::End(i) => {
+                            let mut live: Vec<Uuid> = s.leases.keys().copied().collect();
+                            if live.is_empty() {
+                                continue;
+                            }
+                            live.sort();
+                            EventData::LeaseEnded(LeaseEnded {
+                                lease_id: live[i % live.len()],
+                                node_id: None,
+                                ended_at: now,
+                                reason: EndReason::Stopped,
+                                exit_code: None,
+                            })
+                        }
+                    };
+                    seq += 1;
+                    s.apply(seq, &env(data));
+                    for batch in s.decide(now, &Rules::default()).batches {
+                        for (e, _) in batch {
+                            seq += 1;
+                            s.apply(seq, &e);
+                        }
+                    }
+                    // What each tenant holds, from the fleet (not from the
+                    // scheduler's own counters): whole GPUs at 1000 milli
+                    // and their VRAM, shares and MIG instances by size.
+                    let mut held: HashMap<Uuid, (u64, u64)> = HashMap::new();
+                    for (lease, (node, indices)) in &s.fleet.holdings {
+                        let tenant = s.leases[lease].tenant_id;
+                        let h = held.entry(tenant).or_default();
+                        match s.fleet.shares.get(lease) {
+                            Some(&(m, v)) => {
+                                h.0 += u64::from(m);
+                                h.1 += u64::from(v);
+                            }
+                            None => {
+                                for i in indices {
+                                    let g = &s.fleet.nodes[node].gpus[*i as usize];
+                                    h.0 += 1000;
+                                    h.1 += u64::from(g.vram_gb);
+                                }
+                            }
+                        }
+                    }
+                    for (t, (gpus, vram)) in tenants.iter().zip(&quotas) {
+                        let (m, v) = held.get(t).copied().unwrap_or_default();
+                        prop_assert!(m <= u64::from(*gpus) * 1000, "{t}: {m} milli over {gpus} GPUs");
+                        if let Some(max) = vram {
+                            prop_assert!(v <= u64::from(*max), "{t}: {v} GB over {max} GB");
+                        }
+                    }
+                }
+            }
         }
     }
 
