@@ -402,6 +402,33 @@ impl Bus {
         })
     }
 
+    /// The newest telemetry sample on `subject`, if the stream still has one.
+    pub async fn last_telemetry(&self, subject: &str) -> Result<Option<Vec<u8>>> {
+        let stream = self
+            .js
+            .get_stream(subject::TELEMETRY_STREAM)
+            .await
+            .map_err(js_err)?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(m) => Ok(Some(m.payload.to_vec())),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(js_err(e)),
+        }
+    }
+
+    /// Live telemetry samples on `filter`, as they are published.
+    pub async fn subscribe_telemetry(&self, filter: &str) -> Result<async_nats::Subscriber> {
+        self.client
+            .subscribe(filter.to_string())
+            .await
+            .map_err(js_err)
+    }
+
     /// Publishes a telemetry sample (heartbeat, usage) on `LH_TELEMETRY`
     /// without waiting for the store: losing one is harmless.
     pub async fn publish_telemetry(&self, subject: String, payload: Vec<u8>) -> Result<()> {

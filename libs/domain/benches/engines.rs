@@ -12,6 +12,7 @@ fn fleet(nodes: u32) -> Vec<Node> {
         .map(|n| Node {
             id: format!("node-{n:05}"),
             zone: format!("z{}", n % 3),
+            lost: None,
             gpus: (0..8)
                 .map(|i| Gpu {
                     index: i,
@@ -48,6 +49,7 @@ fn pricing(c: &mut Criterion) {
     let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 23, 0, 0).unwrap();
     let book = rating::default_price_book(t0);
     let seg = rating::Segment {
+        index: 0,
         lease_id: uuid::Uuid::nil(),
         tenant_id: uuid::Uuid::nil(),
         tier: lh_events::Tier::Basic,

@@ -47,6 +47,27 @@ impl Fleet {
                 self.hold(&e.node_id, e.lease_id, &indices, share, mig);
             }
             EventData::LeaseEnded(e) => self.release(e.lease_id),
+            EventData::LeaseMigrated(e) => {
+                self.release(e.lease_id);
+                if let Some(to) = &e.to {
+                    let indices: Vec<u32> = to.gpus.iter().map(|g| g.index).collect();
+                    let share = to.gpus.first().and_then(|g| g.milli.zip(g.vram_gb));
+                    let mig = to.gpus.first().and_then(|g| g.mig_instance.clone());
+                    self.hold(&to.node_id, e.lease_id, &indices, share, mig);
+                }
+            }
+            EventData::NodeLost(e) => {
+                if let Some(n) = self.nodes.get_mut(&e.node_id) {
+                    n.lost = Some(e.last_heard_at);
+                }
+                self.saw_node_event(&e.node_id, sequence);
+            }
+            EventData::NodeRejoined(e) => {
+                if let Some(n) = self.nodes.get_mut(&e.node_id) {
+                    n.lost = None;
+                }
+                self.saw_node_event(&e.node_id, sequence);
+            }
             _ => {}
         }
     }
@@ -98,12 +119,15 @@ impl Fleet {
                 gpu
             })
             .collect();
+        // Registering again does not end a loss: only being heard does.
+        let lost = self.nodes.get(&e.node_id).and_then(|n| n.lost);
         self.nodes.insert(
             e.node_id.clone(),
             Node {
                 id: e.node_id.clone(),
                 zone: e.zone.clone(),
                 gpus,
+                lost,
             },
         );
     }

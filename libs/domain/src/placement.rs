@@ -65,6 +65,9 @@ pub struct Node {
     pub id: String,
     pub zone: String,
     pub gpus: Vec<Gpu>,
+    /// Set while the node is lost: when it was last heard from (its own
+    /// clock). A lost node takes no leases.
+    pub lost: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +183,7 @@ mod tests {
         Node {
             id: id.into(),
             zone: "z".into(),
+            lost: None,
             gpus: (0..n)
                 .map(|i| Gpu {
                     index: i,

@@ -79,10 +79,12 @@ fn next_month_start(at: DateTime<Utc>) -> DateTime<Utc> {
         .expect("first of a month exists")
 }
 
-/// One run of a lease on its GPUs.
+/// One run of a lease on its GPUs. A lease moved to another node (its node
+/// was lost) has one segment per run, numbered from 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Segment {
     pub lease_id: Uuid,
+    pub index: u32,
     pub tenant_id: Uuid,
     pub tier: Tier,
     pub gpus: u32,
@@ -111,7 +113,16 @@ pub fn charges(book: &PriceBookPublished, segment: &Segment) -> Vec<ChargeAccrue
         let exact = Decimal::from(vram_gb) * price * Decimal::from(seconds) / Decimal::from(3600);
         let period = period_of(piece_start);
         out.push(ChargeAccrued {
-            charge_id: derived_id(&["charge", &segment.lease_id.to_string(), &period]),
+            // The first run keeps the id it always had.
+            charge_id: match segment.index {
+                0 => derived_id(&["charge", &segment.lease_id.to_string(), &period]),
+                i => derived_id(&[
+                    "charge",
+                    &segment.lease_id.to_string(),
+                    &i.to_string(),
+                    &period,
+                ]),
+            },
             tenant_id: segment.tenant_id,
             lease_id: segment.lease_id,
             period,
@@ -140,6 +151,7 @@ mod tests {
     fn seg(start: DateTime<Utc>, end: DateTime<Utc>) -> Segment {
         Segment {
             lease_id: Uuid::nil(),
+            index: 0,
             tenant_id: Uuid::nil(),
             tier: Tier::Basic,
             gpus: 2,

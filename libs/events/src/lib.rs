@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub mod subject;
+pub mod telemetry;
 
 /// Version of every event type defined here. Old versions are upcast on read.
 pub const EVENT_VERSION: u16 = 1;
@@ -227,10 +228,16 @@ pub enum EventData {
     LeaseStarted(LeaseStarted),
     #[serde(rename = "lease.ended")]
     LeaseEnded(LeaseEnded),
+    #[serde(rename = "lease.migrated")]
+    LeaseMigrated(LeaseMigrated),
     #[serde(rename = "node.registered")]
     NodeRegistered(NodeRegistered),
     #[serde(rename = "node.gpus_allocated")]
     NodeGpusAllocated(NodeGpusAllocated),
+    #[serde(rename = "node.lost")]
+    NodeLost(NodeLost),
+    #[serde(rename = "node.rejoined")]
+    NodeRejoined(NodeRejoined),
     #[serde(rename = "spot.price_set")]
     SpotPriceSet(SpotPriceSet),
     #[serde(rename = "price_book.published")]
@@ -369,6 +376,56 @@ pub struct LeaseEnded {
     pub exit_code: Option<i32>,
 }
 
+/// The lease left the GPUs it held (their node was lost, a GPU turned
+/// unhealthy, the node is drained) and, when capacity allowed, was placed
+/// again at once: `to` is that new placement, which the new node starts;
+/// without `to` the lease waits in the queue like a new request (keeping its
+/// place). Billing of the old run stops at `billing_ends_at`: for a lost
+/// node, when it was last heard from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseMigrated {
+    pub lease_id: Uuid,
+    pub reason: String,
+    pub from_node_id: String,
+    pub from_gpu_indices: Vec<u32>,
+    pub billing_ends_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Relocation>,
+}
+
+/// Where a migrated lease runs next (the fields of `lease.placed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Relocation {
+    pub node_id: String,
+    pub zone: String,
+    pub vram_gb_per_gpu: u32,
+    pub gpus: Vec<AssignedGpu>,
+    pub decision: Decision,
+}
+
+/// The scheduler heard nothing from the node for longer than its liveness
+/// window: nothing new is placed there and its leases are moved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLost {
+    pub node_id: String,
+    /// The node's own timestamp of its last heartbeat the scheduler saw.
+    pub last_heard_at: DateTime<Utc>,
+    /// Silence the scheduler waited, in milliseconds.
+    pub silence_ms: u64,
+}
+
+/// A lost node is heard from again: it may take leases again. Leases moved
+/// away while it was lost stay where they went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRejoined {
+    pub node_id: String,
+    pub heard_at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodeRegistered {
@@ -503,8 +560,11 @@ impl EventData {
             EventData::LeasePreemptionNoticed(_) => "lease.preemption_noticed",
             EventData::LeaseStarted(_) => "lease.started",
             EventData::LeaseEnded(_) => "lease.ended",
+            EventData::LeaseMigrated(_) => "lease.migrated",
             EventData::NodeRegistered(_) => "node.registered",
             EventData::NodeGpusAllocated(_) => "node.gpus_allocated",
+            EventData::NodeLost(_) => "node.lost",
+            EventData::NodeRejoined(_) => "node.rejoined",
             EventData::SpotPriceSet(_) => "spot.price_set",
             EventData::PriceBookPublished(_) => "price_book.published",
             EventData::ChargeAccrued(_) => "charge.accrued",
@@ -533,8 +593,11 @@ impl EventData {
             EventData::LeasePreemptionNoticed(e) => subject::lease(e.lease_id),
             EventData::LeaseStarted(e) => subject::lease(e.lease_id),
             EventData::LeaseEnded(e) => subject::lease(e.lease_id),
+            EventData::LeaseMigrated(e) => subject::lease(e.lease_id),
             EventData::NodeRegistered(e) => subject::node(&e.node_id),
             EventData::NodeGpusAllocated(e) => subject::node(&e.node_id),
+            EventData::NodeLost(e) => subject::node(&e.node_id),
+            EventData::NodeRejoined(e) => subject::node(&e.node_id),
             EventData::SpotPriceSet(e) => subject::spot(&e.zone, &e.gpu_model),
             EventData::PriceBookPublished(_) => subject::price_book(),
             EventData::ChargeAccrued(e) => subject::charge(e.lease_id),
@@ -577,6 +640,10 @@ pub fn schemas() -> Vec<(String, serde_json::Value)> {
         (format!("lease.started.v{v}.json"), schema::<LeaseStarted>()),
         (format!("lease.ended.v{v}.json"), schema::<LeaseEnded>()),
         (
+            format!("lease.migrated.v{v}.json"),
+            schema::<LeaseMigrated>(),
+        ),
+        (
             format!("node.registered.v{v}.json"),
             schema::<NodeRegistered>(),
         ),
@@ -584,6 +651,8 @@ pub fn schemas() -> Vec<(String, serde_json::Value)> {
             format!("node.gpus_allocated.v{v}.json"),
             schema::<NodeGpusAllocated>(),
         ),
+        (format!("node.lost.v{v}.json"), schema::<NodeLost>()),
+        (format!("node.rejoined.v{v}.json"), schema::<NodeRejoined>()),
         (
             format!("spot.price_set.v{v}.json"),
             schema::<SpotPriceSet>(),

@@ -47,6 +47,9 @@ pub fn audit() -> String {
     "lh.evt.audit.chain".to_string()
 }
 
+/// Every node's heartbeats.
+pub const HEARTBEATS_ALL: &str = "lh.tel.heartbeat.*";
+
 pub fn heartbeat(node_id: &str) -> String {
     format!("lh.tel.heartbeat.{}", token(node_id))
 }

@@ -121,7 +121,9 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let mut schedulers = Vec::new();
     for _ in 0..args.replicas {
-        let config = lh_scheduler::Config::for_test(&nats.url());
+        let mut config = lh_scheduler::Config::for_test(&nats.url());
+        // The nodes here are registered without node-agents: no heartbeats.
+        config.node_lost_after_ms = 0;
         schedulers.push(lh_scheduler::start(config, shutdown.clone()).await?);
     }
 

@@ -145,7 +145,7 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
         }
         EventData::LeaseStarted(e) => {
             sqlx::query(
-                "UPDATE leases SET state = 'running', started_at = $2, last_sequence = $3
+                "UPDATE leases SET state = 'running', started_at = COALESCE(started_at, $2), last_sequence = $3
                  WHERE id = $1 AND state = 'placed'",
             )
             .bind(e.lease_id)
@@ -154,6 +154,47 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
             .execute(conn)
             .await?;
         }
+        EventData::LeaseMigrated(e) => match &e.to {
+            Some(to) => {
+                let uuids: Vec<&str> = to.gpus.iter().map(|g| g.uuid.as_str()).collect();
+                let indices: Vec<u32> = to.gpus.iter().map(|g| g.index).collect();
+                sqlx::query(
+                    "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
+                            mig_instance = $6, placed_at = $7, migrations = migrations + 1,
+                            last_migration_reason = $8, last_sequence = $9
+                     WHERE id = $1 AND state IN ('placed', 'running')",
+                )
+                .bind(e.lease_id)
+                .bind(&to.node_id)
+                .bind(&to.zone)
+                .bind(serde_json::json!(uuids))
+                .bind(serde_json::json!(indices))
+                .bind(
+                    to.gpus
+                        .first()
+                        .and_then(|g| g.mig_instance.as_ref())
+                        .map(|m| serde_json::json!({"profile": m.profile, "start": m.start})),
+                )
+                .bind(at)
+                .bind(&e.reason)
+                .bind(seq)
+                .execute(conn)
+                .await?;
+            }
+            None => {
+                sqlx::query(
+                    "UPDATE leases SET state = 'queued', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
+                            mig_instance = NULL, queued_reason = $2, migrations = migrations + 1,
+                            last_migration_reason = $2, last_sequence = $3
+                     WHERE id = $1 AND state IN ('placed', 'running')",
+                )
+                .bind(e.lease_id)
+                .bind(format!("{}; waiting for capacity", e.reason))
+                .bind(seq)
+                .execute(conn)
+                .await?;
+            }
+        },
         EventData::LeaseEnded(e) => {
             let reason = serde_json::to_value(e.reason)
                 .ok()

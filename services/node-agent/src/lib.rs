@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use lh_bus::{Bus, BusError, Expect};
+use lh_events::telemetry::Heartbeat;
 use lh_events::{
     derived_id, subject, Actor, EndReason, Envelope, EventData, LeaseEnded, LeaseStarted,
     NodeRegistered,
@@ -72,6 +73,9 @@ struct LocalLease {
     preemption_deadline: Option<chrono::DateTime<Utc>>,
     ended: bool,
     subject_sequence: u64,
+    /// Stream sequence of the placement on this node (`lease.placed`, or a
+    /// `lease.migrated` here): a lease that comes back starts afresh.
+    placement_sequence: u64,
     correlation_id: Uuid,
     tenant_id: Option<Uuid>,
 }
@@ -89,17 +93,27 @@ impl NodeState {
                 self.registered = Some(e.clone());
             }
             EventData::LeasePlaced(e) if e.node_id == node_id => {
-                // The simulated node has no instances to make; a real one
-                // creates the GPU instance before it starts the lease.
-                for g in &e.gpus {
-                    if let Some(m) = &g.mig_instance {
-                        tracing::debug!(lease = %e.lease_id, gpu = g.index, profile = %m.profile, start = m.start, "MIG instance for lease");
+                self.placed_here(e.lease_id, &e.gpus, sequence, envelope);
+            }
+            EventData::LeaseMigrated(e) => {
+                if e.from_node_id == node_id {
+                    // Moved away (this node was lost, or its GPU failed):
+                    // stop running it here, without ending the lease, which
+                    // goes on elsewhere. A node that comes back learns this
+                    // from the log and never resurrects the lease.
+                    if let Some(l) = self.leases.get_mut(&e.lease_id) {
+                        if !l.ended {
+                            tracing::info!(lease = %e.lease_id, reason = %e.reason, "lease moved away; stopping it here");
+                        }
+                        l.ended = true;
                     }
                 }
-                let l = self.leases.entry(e.lease_id).or_default();
-                l.subject_sequence = sequence;
-                l.correlation_id = envelope.correlation_id;
-                l.tenant_id = envelope.tenant_id;
+                match &e.to {
+                    Some(to) if to.node_id == node_id => {
+                        self.placed_here(e.lease_id, &to.gpus, sequence, envelope);
+                    }
+                    _ => {}
+                }
             }
             other => {
                 let Some(lease_id) = lease_of(other) else {
@@ -122,6 +136,32 @@ impl NodeState {
         }
     }
 
+    fn placed_here(
+        &mut self,
+        lease_id: Uuid,
+        gpus: &[lh_events::AssignedGpu],
+        sequence: u64,
+        envelope: &Envelope,
+    ) {
+        // The simulated node has no instances to make; a real one
+        // creates the GPU instance before it starts the lease.
+        for g in gpus {
+            if let Some(m) = &g.mig_instance {
+                tracing::debug!(lease = %lease_id, gpu = g.index, profile = %m.profile, start = m.start, "MIG instance for lease");
+            }
+        }
+        let l = self.leases.entry(lease_id).or_default();
+        *l = LocalLease {
+            subject_sequence: sequence,
+            placement_sequence: sequence,
+            correlation_id: envelope.correlation_id,
+            tenant_id: envelope.tenant_id,
+            // A stop asked before it came here still holds.
+            stop_requested: l.stop_requested,
+            ..LocalLease::default()
+        };
+    }
+
     fn running(&self) -> usize {
         self.leases
             .values()
@@ -136,15 +176,9 @@ fn lease_of(data: &EventData) -> Option<Uuid> {
         EventData::LeaseStopRequested(e) => Some(e.lease_id),
         EventData::LeaseEnded(e) => Some(e.lease_id),
         EventData::LeasePreemptionNoticed(e) => Some(e.lease_id),
+        EventData::LeaseMigrated(e) => Some(e.lease_id),
         _ => None,
     }
-}
-
-#[derive(serde::Serialize)]
-struct Heartbeat<'a> {
-    node_id: &'a str,
-    at: chrono::DateTime<Utc>,
-    running_leases: usize,
 }
 
 async fn agent(
@@ -174,7 +208,7 @@ async fn agent(
                 None => caught_up = true,
             },
             _ = beat.tick() => {
-                let hb = Heartbeat { node_id: &node_id, at: Utc::now(), running_leases: state.running() };
+                let hb = Heartbeat { node_id: node_id.clone(), at: Utc::now(), running_leases: state.running() };
                 let payload = serde_json::to_vec(&hb)?;
                 if let Err(e) = bus.publish_telemetry(subject::heartbeat(&node_id), payload).await {
                     tracing::warn!(error = %e, "heartbeat not sent");
@@ -250,8 +284,16 @@ async fn act(bus: &Bus, node_id: &str, state: &mut NodeState) -> bool {
         } else {
             continue;
         };
-        let mut envelope = Envelope::new(Actor::Node(node_id.to_string()), now, data)
-            .with_id(derived_id(&[step, &lease_id.to_string()]));
+        // A migrated lease starts once per placement; it ends only once.
+        let id = match step {
+            "lease.started" => derived_id(&[
+                step,
+                &lease_id.to_string(),
+                &lease.placement_sequence.to_string(),
+            ]),
+            _ => derived_id(&[step, &lease_id.to_string()]),
+        };
+        let mut envelope = Envelope::new(Actor::Node(node_id.to_string()), now, data).with_id(id);
         envelope.correlation_id = lease.correlation_id;
         envelope.tenant_id = lease.tenant_id;
         match bus.publish(&envelope, expect).await {

@@ -42,8 +42,11 @@ struct LeaseFacts {
     tier: Option<Tier>,
     gpus: Option<u32>,
     vram_gb_per_gpu: Option<u32>,
-    /// The node-agent's `lease.started.started_at` (the first one).
+    /// The node-agent's `lease.started.started_at` of the current run.
     started_at: Option<DateTime<Utc>>,
+    /// Earlier runs, closed when the lease was moved off a lost node:
+    /// `(started_at, billing_ends_at)`.
+    runs: Vec<(DateTime<Utc>, DateTime<Utc>)>,
     /// The `lease.ended` envelope, once billable.
     ended: Option<Envelope>,
 }
@@ -112,6 +115,20 @@ impl Fold {
                 }
             }
             EventData::LeaseEnded(e) => self.ended(e, envelope),
+            EventData::LeaseMigrated(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    // The old run is billed until the old node was last
+                    // heard from; the next starts when the new node says so.
+                    if let Some(started) = l.started_at.take() {
+                        l.runs.push((started, e.billing_ends_at.max(started)));
+                    }
+                    if let Some(to) = &e.to {
+                        l.gpus = Some(to.gpus.len() as u32);
+                        let share = to.gpus.first().and_then(|g| g.vram_gb);
+                        l.vram_gb_per_gpu = Some(share.unwrap_or(to.vram_gb_per_gpu));
+                    }
+                }
+            }
             // Rejected leases never run: forget them.
             EventData::LeaseRejected(e) if !self.due.contains(&e.lease_id) => {
                 self.leases.remove(&e.lease_id);
@@ -138,9 +155,12 @@ impl Fold {
         let Some(facts) = self.open(e.lease_id) else {
             return;
         };
-        let billable = e.reason != EndReason::Cancelled
+        let last_run = e.reason != EndReason::Cancelled
             && facts.started_at.is_some_and(|started| e.ended_at > started);
-        if billable {
+        if !last_run {
+            facts.started_at = None;
+        }
+        if last_run || !facts.runs.is_empty() {
             facts.ended = Some(envelope.clone());
             self.due.insert(e.lease_id);
         } else {
@@ -190,37 +210,50 @@ impl Fold {
         let Some(facts) = self.leases.get(&lease_id) else {
             return Plan::Unbillable("no facts about the lease".into());
         };
-        let (Some(cause), Some(started_at)) = (&facts.ended, facts.started_at) else {
-            return Plan::Unbillable("lease has not both started and ended".into());
+        let Some(cause) = &facts.ended else {
+            return Plan::Unbillable("lease has not ended".into());
         };
         let EventData::LeaseEnded(ended) = &cause.data else {
             return Plan::Unbillable("cause is not lease.ended".into());
         };
+        let mut runs = facts.runs.clone();
+        runs.extend(facts.started_at.map(|s| (s, ended.ended_at)));
+        if runs.is_empty() {
+            return Plan::Unbillable("lease has not both started and ended".into());
+        }
         let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
             return Plan::Unbillable("no lease.requested in the log".into());
         };
         let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
             return Plan::Unbillable("no lease.placed in the log".into());
         };
-        let Some(book) = self.book_for(started_at) else {
-            return Plan::WaitForBook;
-        };
-        let segment = Segment {
-            lease_id,
-            tenant_id,
-            tier,
-            gpus,
-            vram_gb_per_gpu,
-            started_at,
-            ended_at: ended.ended_at,
-        };
-        let charges = rating::charges(book, &segment);
+        let mut charges = Vec::new();
+        for (index, (started_at, ended_at)) in runs.into_iter().enumerate() {
+            let Some(book) = self.book_for(started_at) else {
+                return Plan::WaitForBook;
+            };
+            let segment = Segment {
+                lease_id,
+                index: index as u32,
+                tenant_id,
+                tier,
+                gpus,
+                vram_gb_per_gpu,
+                started_at,
+                ended_at,
+            };
+            let run = rating::charges(book, &segment);
+            if run.is_empty() && ended_at > started_at {
+                return Plan::Unbillable(format!(
+                    "price book v{} has no price for tier {}",
+                    book.version,
+                    tier.as_str()
+                ));
+            }
+            charges.extend(run);
+        }
         if charges.is_empty() {
-            return Plan::Unbillable(format!(
-                "price book v{} has no price for tier {}",
-                book.version,
-                tier.as_str()
-            ));
+            return Plan::Unbillable("no billable second".into());
         }
         Plan::Publish(Box::new(Bill {
             lease_id,
@@ -491,6 +524,71 @@ mod tests {
         f.apply(99, &charge);
         assert!(f.due().is_empty());
         assert!(f.is_charged(lease));
+    }
+
+    #[test]
+    fn a_migrated_lease_is_billed_per_run_without_overlap() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        let mut run = lease_events(lease, t(10, 0, 0), t(10, 5, 0), EndReason::Stopped);
+        let ended = run.pop().unwrap();
+        events.extend(run);
+        // The node was last heard at 10:01:30; the lease ran again from
+        // 10:01:34 on another node until 10:05:00.
+        events.push(env(EventData::LeaseMigrated(LeaseMigrated {
+            lease_id: lease,
+            reason: "node n1 lost".into(),
+            from_node_id: "n1".into(),
+            from_gpu_indices: vec![0, 1],
+            billing_ends_at: t(10, 1, 30),
+            to: None,
+        })));
+        events.push(env(EventData::LeaseStarted(LeaseStarted {
+            lease_id: lease,
+            node_id: "n2".into(),
+            started_at: t(10, 1, 34),
+        })));
+        events.push(ended);
+        let f = fold(&events);
+        let Plan::Publish(bill) = f.plan(lease) else {
+            panic!("expected a bill")
+        };
+        let runs: Vec<_> = bill
+            .charges
+            .iter()
+            .map(|c| (c.from, c.to, c.billed_seconds))
+            .collect();
+        assert_eq!(
+            runs,
+            vec![
+                (t(10, 0, 0), t(10, 1, 30), 90),
+                (t(10, 1, 34), t(10, 5, 0), 206)
+            ]
+        );
+        assert_ne!(bill.charges[0].charge_id, bill.charges[1].charge_id);
+        // 80 GB x 0.5 CNY/GB-h: 90 s -> 1.00, 206 s -> 2.29 (2.2888...).
+        assert_eq!(bill.charges[0].amount.to_string(), "1.00");
+        assert_eq!(bill.charges[1].amount.to_string(), "2.29");
+
+        // Moved and then cancelled while waiting: the first run is still billed.
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        let mut run = lease_events(lease, t(10, 0, 0), t(10, 5, 0), EndReason::Cancelled);
+        let ended = run.pop().unwrap();
+        events.extend(run);
+        events.push(env(EventData::LeaseMigrated(LeaseMigrated {
+            lease_id: lease,
+            reason: "node n1 lost".into(),
+            from_node_id: "n1".into(),
+            from_gpu_indices: vec![0, 1],
+            billing_ends_at: t(10, 1, 30),
+            to: None,
+        })));
+        events.push(ended);
+        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+            panic!("expected a bill")
+        };
+        assert_eq!(bill.charges.len(), 1);
+        assert_eq!(bill.charges[0].billed_seconds, 90);
     }
 
     #[test]

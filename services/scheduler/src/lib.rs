@@ -15,8 +15,10 @@ pub mod state;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::StreamExt;
 use lh_bus::{Bus, BusError};
 use lh_events::subject;
+use lh_events::telemetry::Heartbeat;
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 
 pub use state::State;
@@ -42,6 +44,11 @@ pub struct Config {
     /// around it.
     #[arg(long, env = "LH_BACKFILL_STARVATION_SECS", default_value_t = 300)]
     pub backfill_starvation_secs: i64,
+    /// A node-agent silent this long (no heartbeat) is lost: its leases are
+    /// placed elsewhere. 0 turns node liveness off (nodes without agents,
+    /// as in the lease-rate load test).
+    #[arg(long, env = "LH_NODE_LOST_AFTER_MS", default_value_t = 3_000)]
+    pub node_lost_after_ms: u64,
 }
 
 impl Config {
@@ -51,6 +58,7 @@ impl Config {
             preemption_min_runtime_secs: 600,
             preemption_notice_secs: 120,
             backfill_starvation_secs: 300,
+            node_lost_after_ms: 3_000,
         }
     }
 
@@ -59,6 +67,7 @@ impl Config {
             preemption_min_runtime: chrono::Duration::seconds(self.preemption_min_runtime_secs),
             preemption_notice: chrono::Duration::seconds(self.preemption_notice_secs),
             backfill_starvation: chrono::Duration::seconds(self.backfill_starvation_secs),
+            node_lost_after: chrono::Duration::milliseconds(self.node_lost_after_ms as i64),
         }
     }
 }
@@ -78,8 +87,19 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     .await
 }
 
+/// How often node silence is checked (the liveness window is 3 s by
+/// default; this keeps the detection within a fifth of a second of it).
+const LIVENESS_CHECK: Duration = Duration::from_millis(200);
+
 async fn schedule(bus: Bus, rules: state::Rules, ready: Readiness) -> anyhow::Result<()> {
     let mut state = State::default();
+    if rules.node_lost_after > chrono::Duration::zero() {
+        state.liveness_since = Some(Utc::now());
+    }
+    // Subscribed before reading the log, so no heartbeat falls in between.
+    let mut heartbeats = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
+    let mut last_heartbeats_read = false;
+    let mut liveness = tokio::time::interval(LIVENESS_CHECK);
     let mut feed = bus
         .feed(
             &[
@@ -105,6 +125,23 @@ async fn schedule(bus: Bus, rules: state::Rules, ready: Readiness) -> anyhow::Re
                 None => caught_up = true,
             },
             _ = tick.tick() => dirty = true,
+            Some(message) = heartbeats.next() => {
+                match serde_json::from_slice::<Heartbeat>(&message.payload) {
+                    Ok(hb) => state.heard(&hb.node_id, hb.at, Utc::now()),
+                    Err(e) => tracing::debug!(error = %e, "unreadable heartbeat"),
+                }
+            }
+            _ = liveness.tick() => {
+                if caught_up && !state.liveness_changes(Utc::now(), &rules).is_empty() {
+                    dirty = true;
+                }
+            }
+        }
+        if caught_up && !last_heartbeats_read {
+            // A node that died while no scheduler ran is judged by its last
+            // heartbeat still in the telemetry stream.
+            last_heartbeats_read = true;
+            read_last_heartbeats(&bus, &mut state).await;
         }
         if caught_up && dirty {
             ready.set(true);
@@ -115,6 +152,21 @@ async fn schedule(bus: Bus, rules: state::Rules, ready: Readiness) -> anyhow::Re
                 dirty = true;
             }
             metrics::gauge!("lh_scheduler_waiting_leases").set(state.waiting_count() as f64);
+        }
+    }
+}
+
+async fn read_last_heartbeats(bus: &Bus, state: &mut State) {
+    let nodes: Vec<String> = state.fleet.nodes.keys().cloned().collect();
+    for node_id in nodes {
+        match bus.last_telemetry(&subject::heartbeat(&node_id)).await {
+            Ok(Some(payload)) => {
+                if let Ok(hb) = serde_json::from_slice::<Heartbeat>(&payload) {
+                    state.heard(&hb.node_id, hb.at, hb.at.min(Utc::now()));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, node = %node_id, "cannot read the last heartbeat"),
         }
     }
 }

@@ -96,7 +96,8 @@ impl Planner {
     pub fn new(fleet: &Fleet, workload: &Workload) -> Self {
         let mut nodes = Vec::with_capacity(fleet.nodes.len());
         let mut cluster = Cluster::default();
-        for n in fleet.nodes.values() {
+        // A lost node takes nothing new.
+        for n in fleet.nodes.values().filter(|n| n.lost.is_none()) {
             let gpus = n.gpus.iter().take(lh_placement::cluster::MAX_GPUS_PER_NODE);
             let spec = NodeSpec {
                 id: n.id.clone(),

@@ -34,8 +34,9 @@ use lh_domain::fleet::Fleet;
 use lh_domain::placement::{self, Request, Unplaceable};
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, EndReason, Envelope, EventData, GpuFraction,
-    LeaseEnded, LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected, MigInstance,
-    NodeAllocation, NodeGpusAllocated, Quota, Tier,
+    LeaseEnded, LeaseMigrated, LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected,
+    MigInstance, NodeAllocation, NodeGpusAllocated, NodeLost, NodeRejoined, Quota, Relocation,
+    Tier,
 };
 
 use crate::planner::{self, Ask, Planner};
@@ -61,6 +62,8 @@ pub struct Rules {
     /// A waiting lease older than this stops smaller ones of its model from
     /// jumping ahead.
     pub backfill_starvation: Duration,
+    /// A node silent this long is lost: its leases move elsewhere.
+    pub node_lost_after: Duration,
 }
 
 impl Default for Rules {
@@ -69,6 +72,7 @@ impl Default for Rules {
             preemption_min_runtime: Duration::minutes(10),
             preemption_notice: Duration::seconds(120),
             backfill_starvation: Duration::minutes(5),
+            node_lost_after: Duration::seconds(3),
         }
     }
 }
@@ -175,6 +179,20 @@ pub struct State {
     waiting: BTreeMap<u64, Uuid>,
     /// On-demand leases whose preemption notices are out.
     awaiting_preemption: HashSet<Uuid>,
+    /// When each node was last heard from: `(our clock, the node's clock)`.
+    heard: HashMap<String, Heard>,
+    /// Node liveness is judged from this instant on (the scheduler's start);
+    /// `None` turns it off.
+    pub liveness_since: Option<DateTime<Utc>>,
+}
+
+/// The last heartbeat of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heard {
+    /// When we received it (our clock: silence is measured on it).
+    pub local: DateTime<Utc>,
+    /// The node's own timestamp in it (billing of its leases ends there).
+    pub node_at: DateTime<Utc>,
 }
 
 /// One decision: events appended together as one atomic batch.
@@ -268,6 +286,25 @@ impl State {
                 }
             }
             EventData::LeaseEnded(e) => self.forget(e.lease_id),
+            EventData::LeaseMigrated(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.started_at = None;
+                    l.preemption_deadline = None;
+                    match &e.to {
+                        Some(to) => {
+                            l.status = Status::Holding;
+                            l.node_id = Some(to.node_id.clone());
+                        }
+                        None => {
+                            // Back in the queue, keeping its place.
+                            l.status = Status::Requested;
+                            l.node_id = None;
+                            let key = l.requested_sequence;
+                            self.waiting.insert(key, e.lease_id);
+                        }
+                    }
+                }
+            }
             EventData::LeaseRejected(e) => self.forget(e.lease_id),
             _ => {}
         }
@@ -294,6 +331,36 @@ impl State {
 
     pub fn waiting_count(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// A heartbeat of `node_id` stamped `node_at` arrived at `local`.
+    pub fn heard(&mut self, node_id: &str, node_at: DateTime<Utc>, local: DateTime<Utc>) {
+        let h = self
+            .heard
+            .entry(node_id.to_string())
+            .or_insert(Heard { local, node_at });
+        if local >= h.local {
+            *h = Heard { local, node_at };
+        }
+    }
+
+    /// Nodes whose liveness changes at `now`: `(node, lost)` for each node
+    /// to declare lost (`true`) or rejoined (`false`).
+    pub fn liveness_changes(&self, now: DateTime<Utc>, rules: &Rules) -> Vec<(String, bool)> {
+        let Some(since) = self.liveness_since else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for node in self.fleet.nodes.values() {
+            let last = self.heard.get(&node.id).map_or(since, |h| h.local);
+            let silent = now - last > rules.node_lost_after;
+            match (node.lost.is_some(), silent) {
+                (false, true) => out.push((node.id.clone(), true)),
+                (true, false) => out.push((node.id.clone(), false)),
+                _ => {}
+            }
+        }
+        out
     }
 
     /// `(milli, vram GB)` each tenant holds now.
@@ -372,25 +439,15 @@ impl State {
             live.sort_by_key(|l| l.requested_sequence);
             planner::workload(live.iter().map(|l| (l.ask(), l.gpu_model.as_str())))
         };
+        let mut out = Vec::new();
+        self.decide_liveness(now, rules, &mut scratch, &mut out);
         // Rebuilt from `scratch` when the pass reserves GPUs outside it.
         let mut engine: Option<Planner> = None;
+        self.decide_migrations(now, &mut scratch, &workload, &mut engine, &mut out);
         let mut positions: HashMap<&str, u32> = HashMap::new();
-        let mut out = Vec::new();
         for lease_id in self.queue_order() {
             let lease = &self.leases[&lease_id];
-            let event = |data: EventData, step: &str| {
-                let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(
-                    derived_id(&[
-                        step,
-                        &lease.id.to_string(),
-                        &lease.subject_sequence.to_string(),
-                    ]),
-                );
-                env.correlation_id = lease.correlation_id;
-                env.causation_id = Some(lease.request_event_id);
-                env.tenant_id = Some(lease.tenant_id);
-                env
-            };
+            let event = |data: EventData, step: &str| lease_event(lease, now, data, step);
             let expect_lease = Expect::LastSubjectSequence(lease.subject_sequence);
             if lease.stop_requested {
                 let ended = EventData::LeaseEnded(LeaseEnded {
@@ -425,58 +482,17 @@ impl State {
             let planner = engine.get_or_insert_with(|| Planner::new(&scratch, &workload));
             match planner.place(lease.ask(), &lease.gpu_model) {
                 Ok(p) => {
-                    let node = &scratch.nodes[&p.node_id];
-                    let gpus: Vec<&placement::Gpu> = p
-                        .gpu_indices
-                        .iter()
-                        .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))
-                        .collect();
                     let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
-                    let share = match (&p.mig, lease.fraction) {
-                        (Some(m), _) => Some((u32::from(m.milli), m.vram_gb)),
-                        (None, f) => f.map(|f| (f.milli, f.vram_gb)),
-                    };
-                    let mig_instance = p.mig.as_ref().map(|m| MigInstance {
-                        profile: m.profile.name.to_string(),
-                        start: m.start,
-                    });
-                    let vram_gb_per_gpu = match share {
-                        Some((_, v)) => v,
-                        None => gpus.first().map(|g| g.vram_gb).unwrap_or(0),
-                    };
+                    let (to, allocated) = relocate(&scratch, lease, &p);
+                    let vram_gb_per_gpu = to.vram_gb_per_gpu;
                     let placed = EventData::LeasePlaced(LeasePlaced {
                         lease_id: lease.id,
-                        node_id: p.node_id.clone(),
-                        zone: p.zone.clone(),
+                        node_id: to.node_id,
+                        zone: to.zone,
                         gpu_model: lease.gpu_model.clone(),
                         vram_gb_per_gpu,
-                        gpus: gpus
-                            .iter()
-                            .map(|g| AssignedGpu {
-                                index: g.index,
-                                uuid: g.uuid.clone(),
-                                milli: share.map(|s| s.0),
-                                vram_gb: share.map(|s| s.1),
-                                mig_instance: mig_instance.clone(),
-                            })
-                            .collect(),
-                        decision: Decision {
-                            policy: p.provenance.policy.into(),
-                            policy_version: p.provenance.policy_version,
-                            candidates: p.provenance.candidates,
-                            winner_score: p.provenance.winner_score,
-                            runner_up_score: p.provenance.runner_up_score,
-                        },
-                    });
-                    let allocated = EventData::NodeGpusAllocated(NodeGpusAllocated {
-                        node_id: p.node_id.clone(),
-                        allocations: vec![NodeAllocation {
-                            lease_id: lease.id,
-                            gpu_indices: p.gpu_indices.clone(),
-                            milli: share.map(|s| s.0),
-                            vram_gb: share.map(|s| s.1),
-                            mig_instance,
-                        }],
+                        gpus: to.gpus,
+                        decision: to.decision,
                     });
                     let placed_env = event(placed, "lease.placed");
                     let mut alloc_env = event(allocated, "node.gpus_allocated");
@@ -574,6 +590,101 @@ impl State {
         Decisions { batches: out }
     }
 
+    /// `node.lost` for nodes silent too long, `node.rejoined` for lost nodes
+    /// heard again; `scratch` follows.
+    fn decide_liveness(
+        &self,
+        now: DateTime<Utc>,
+        rules: &Rules,
+        scratch: &mut Fleet,
+        out: &mut Vec<Batch>,
+    ) {
+        for (node_id, lost) in self.liveness_changes(now, rules) {
+            let since = self.liveness_since.unwrap_or(now);
+            let heard = self.heard.get(&node_id).copied();
+            let node_seq = scratch.node_sequence.get(&node_id).copied().unwrap_or(0);
+            let (data, step) = if lost {
+                let last_local = heard.map_or(since, |h| h.local);
+                let data = EventData::NodeLost(NodeLost {
+                    node_id: node_id.clone(),
+                    // Never heard since we started: bill no later than that.
+                    last_heard_at: heard.map_or(since, |h| h.node_at),
+                    silence_ms: (now - last_local).num_milliseconds().max(0) as u64,
+                });
+                (data, "node.lost")
+            } else {
+                let data = EventData::NodeRejoined(NodeRejoined {
+                    node_id: node_id.clone(),
+                    heard_at: heard.map_or(now, |h| h.node_at),
+                });
+                (data, "node.rejoined")
+            };
+            let envelope = Envelope::new(Actor::Service(SERVICE.into()), now, data)
+                .with_id(derived_id(&[step, &node_id, &node_seq.to_string()]));
+            scratch.apply(u64::MAX, &envelope.data);
+            out.push(vec![(envelope, Expect::LastSubjectSequence(node_seq))]);
+        }
+    }
+
+    /// Moves every lease held on a lost node: placed again at once where the
+    /// engine finds room (`lease.migrated` with `to`), else back in the queue.
+    fn decide_migrations(
+        &self,
+        now: DateTime<Utc>,
+        scratch: &mut Fleet,
+        workload: &lh_placement::Workload,
+        engine: &mut Option<Planner>,
+        out: &mut Vec<Batch>,
+    ) {
+        let mut moving: Vec<(&Lease, String, DateTime<Utc>)> = self
+            .leases
+            .values()
+            .filter(|l| l.status == Status::Holding)
+            .filter_map(|l| {
+                let node = scratch.nodes.get(l.node_id.as_deref()?)?;
+                node.lost.map(|at| (l, node.id.clone(), at))
+            })
+            .collect();
+        moving.sort_by_key(|(l, _, _)| l.requested_sequence);
+        for (lease, from_node, last_heard) in moving {
+            let from_gpu_indices = scratch
+                .holdings
+                .get(&lease.id)
+                .map(|(_, idx)| idx.clone())
+                .unwrap_or_default();
+            let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
+            let placed = planner.place(lease.ask(), &lease.gpu_model).ok();
+            let mut batch = Vec::new();
+            let to = placed.map(|p| {
+                let (relocation, allocation) = relocate(scratch, lease, &p);
+                let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
+                batch.push((allocation, node_seq));
+                relocation
+            });
+            let migrated = EventData::LeaseMigrated(LeaseMigrated {
+                lease_id: lease.id,
+                reason: format!("node {from_node} lost"),
+                from_node_id: from_node,
+                from_gpu_indices,
+                billing_ends_at: last_heard,
+                to,
+            });
+            let migrated = lease_event(lease, now, migrated, "lease.migrated");
+            scratch.apply(u64::MAX, &migrated.data);
+            let mut decision = vec![(
+                migrated.clone(),
+                Expect::LastSubjectSequence(lease.subject_sequence),
+            )];
+            for (allocation, node_seq) in batch {
+                let mut env = lease_event(lease, now, allocation, "node.gpus_allocated.migrated");
+                env.causation_id = Some(migrated.id);
+                scratch.apply(u64::MAX, &env.data);
+                decision.push((env, Expect::LastSubjectSequence(node_seq)));
+            }
+            out.push(decision);
+        }
+    }
+
     /// Refreshes the expectation of every node message in `batch` from the
     /// sequences this state knows now, which include the batches this
     /// scheduler appended earlier in the same pass.
@@ -590,6 +701,76 @@ impl State {
             }
         }
     }
+}
+
+/// An event about `lease` decided at `now`, its id derived from the step and
+/// the lease's subject sequence (the same decision always has the same id).
+fn lease_event(lease: &Lease, now: DateTime<Utc>, data: EventData, step: &str) -> Envelope {
+    let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
+        step,
+        &lease.id.to_string(),
+        &lease.subject_sequence.to_string(),
+    ]));
+    env.correlation_id = lease.correlation_id;
+    env.causation_id = Some(lease.request_event_id);
+    env.tenant_id = Some(lease.tenant_id);
+    env
+}
+
+/// What a placement the engine chose for `lease` gives, as the placed GPUs
+/// and the matching `node.gpus_allocated`.
+fn relocate(scratch: &Fleet, lease: &Lease, p: &planner::Chosen) -> (Relocation, EventData) {
+    let node = &scratch.nodes[&p.node_id];
+    let gpus: Vec<&placement::Gpu> = p
+        .gpu_indices
+        .iter()
+        .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))
+        .collect();
+    let share = match (&p.mig, lease.fraction) {
+        (Some(m), _) => Some((u32::from(m.milli), m.vram_gb)),
+        (None, f) => f.map(|f| (f.milli, f.vram_gb)),
+    };
+    let mig_instance = p.mig.as_ref().map(|m| MigInstance {
+        profile: m.profile.name.to_string(),
+        start: m.start,
+    });
+    let vram_gb_per_gpu = match share {
+        Some((_, v)) => v,
+        None => gpus.first().map(|g| g.vram_gb).unwrap_or(0),
+    };
+    let relocation = Relocation {
+        node_id: p.node_id.clone(),
+        zone: p.zone.clone(),
+        vram_gb_per_gpu,
+        gpus: gpus
+            .iter()
+            .map(|g| AssignedGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                milli: share.map(|s| s.0),
+                vram_gb: share.map(|s| s.1),
+                mig_instance: mig_instance.clone(),
+            })
+            .collect(),
+        decision: Decision {
+            policy: p.provenance.policy.into(),
+            policy_version: p.provenance.policy_version,
+            candidates: p.provenance.candidates,
+            winner_score: p.provenance.winner_score,
+            runner_up_score: p.provenance.runner_up_score,
+        },
+    };
+    let allocation = EventData::NodeGpusAllocated(NodeGpusAllocated {
+        node_id: p.node_id.clone(),
+        allocations: vec![NodeAllocation {
+            lease_id: lease.id,
+            gpu_indices: p.gpu_indices.clone(),
+            milli: share.map(|s| s.0),
+            vram_gb: share.map(|s| s.1),
+            mig_instance,
+        }],
+    });
+    (relocation, allocation)
 }
 
 fn quota_breach(quota: &Quota, held_milli: u64, held_vram: u64, lease: &Lease) -> Option<String> {
@@ -647,7 +828,8 @@ fn why_pending(scratch: &Fleet, lease: &Lease) -> (String, bool) {
                 gpus: lease.gpus,
                 gpu_model: lease.gpu_model.clone(),
             };
-            match placement::best_fit(scratch.nodes.values(), &request) {
+            let live = scratch.nodes.values().filter(|n| n.lost.is_none());
+            match placement::best_fit(live, &request) {
                 Err(why) => (
                     why.reason(&request),
                     matches!(why, Unplaceable::Busy { .. }),
@@ -718,7 +900,7 @@ pub fn plan_preemption(
     rules: &Rules,
 ) -> Option<PreemptionPlan> {
     let mut best: Option<PreemptionPlan> = None;
-    for node in scratch.nodes.values() {
+    for node in scratch.nodes.values().filter(|n| n.lost.is_none()) {
         let of_model: Vec<_> = node
             .gpus
             .iter()
@@ -944,6 +1126,110 @@ mod tests {
         assert_eq!(fields, vec![Some("gpu_fraction".into()); 2]);
         settle(&mut s, Utc::now(), &Rules::default());
         assert_eq!(placed(&s), vec![Uuid::from_u128(2), Uuid::from_u128(3)]);
+    }
+
+    fn events_of(d: &Decisions) -> Vec<&EventData> {
+        d.batches.iter().flatten().map(|(e, _)| &e.data).collect()
+    }
+
+    #[test]
+    fn a_silent_node_is_lost_and_its_leases_move_where_there_is_room() {
+        let t = Uuid::from_u128(1);
+        let (l1, l2) = (Uuid::from_u128(2), Uuid::from_u128(3));
+        let t0 = Utc::now();
+        let mut s = given(vec![node("a", 2), node("b", 1), tenant(t, 8)]);
+        s.apply(10, &env(request(l1, t, 2)));
+        settle(&mut s, t0, &Rules::default());
+        s.apply(5000, &env(request(l2, t, 1)));
+        settle(&mut s, t0, &Rules::default());
+        assert_eq!(where_is(&s, l1).0, "a");
+        assert_eq!(where_is(&s, l2).0, "b");
+        let rules = Rules::default();
+        s.liveness_since = Some(t0);
+        let s_ago = |secs: i64| t0 + Duration::seconds(secs);
+        s.heard("a", s_ago(1) - Duration::milliseconds(7), s_ago(1));
+        s.heard("b", s_ago(5), s_ago(5));
+        // 3 s of silence is not yet lost.
+        assert!(s.liveness_changes(s_ago(4), &rules).is_empty());
+        let d = s.decide(s_ago(5), &rules);
+        let events = events_of(&d);
+        match events[0] {
+            EventData::NodeLost(n) => {
+                assert_eq!(n.node_id, "a");
+                assert_eq!(n.last_heard_at, s_ago(1) - Duration::milliseconds(7));
+                assert_eq!(n.silence_ms, 4000);
+            }
+            other => panic!("{other:?}"),
+        }
+        // b is full: the 2-GPU lease goes back to the queue, billed until
+        // the node's last heartbeat.
+        match events[1] {
+            EventData::LeaseMigrated(m) => {
+                assert_eq!((m.lease_id, m.from_node_id.as_str()), (l1, "a"));
+                assert_eq!(m.from_gpu_indices, vec![0, 1]);
+                assert_eq!(m.billing_ends_at, s_ago(1) - Duration::milliseconds(7));
+                assert!(m.to.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+        settle(&mut s, s_ago(5), &rules);
+        assert!(s.fleet.nodes["a"].lost.is_some());
+        assert!(!s.fleet.holdings.contains_key(&l1));
+        // Back in the queue, announced on the next pass like any request.
+        assert_eq!(s.leases[&l1].status, Status::Requested);
+        settle(&mut s, s_ago(5), &rules);
+        assert!(
+            matches!(&s.leases[&l1].status, Status::Queued { reason, .. } if reason.contains("largest node has 1")),
+            "{:?}",
+            s.leases[&l1].status
+        );
+
+        // A new node with room: the lease is placed there, never on a.
+        s.apply(9000, &env(node("c", 2)));
+        s.heard("b", s_ago(6), s_ago(6));
+        s.heard("c", s_ago(6), s_ago(6));
+        settle(&mut s, s_ago(6), &rules);
+        assert_eq!(where_is(&s, l1).0, "c");
+
+        // a is heard again: it rejoins and takes leases again.
+        s.heard("a", s_ago(7), s_ago(7));
+        let d = s.decide(s_ago(7), &rules);
+        assert!(matches!(events_of(&d)[0], EventData::NodeRejoined(n) if n.node_id == "a"));
+        settle(&mut s, s_ago(7), &rules);
+        assert!(s.fleet.nodes["a"].lost.is_none());
+    }
+
+    #[test]
+    fn a_lost_node_s_lease_is_placed_again_in_the_same_decision() {
+        let t = Uuid::from_u128(1);
+        let l1 = Uuid::from_u128(2);
+        let t0 = Utc::now();
+        let mut s = given(vec![node("a", 1), tenant(t, 8), request(l1, t, 1)]);
+        settle(&mut s, t0, &Rules::default());
+        s.apply(8000, &env(node("b", 1)));
+        s.liveness_since = Some(t0);
+        s.heard("b", t0 + Duration::seconds(4), t0 + Duration::seconds(4));
+        // a was never heard since the scheduler started.
+        let d = s.decide(t0 + Duration::seconds(4), &Rules::default());
+        let batch = &d.batches[1];
+        match (&batch[0].0.data, &batch[1].0.data) {
+            (EventData::LeaseMigrated(m), EventData::NodeGpusAllocated(n)) => {
+                assert_eq!(
+                    m.billing_ends_at, t0,
+                    "never heard: billed until we started"
+                );
+                let to = m.to.as_ref().expect("room on b");
+                assert_eq!((to.node_id.as_str(), n.node_id.as_str()), ("b", "b"));
+                assert_eq!(to.gpus[0].uuid, "GPU-b-0");
+            }
+            other => panic!("{other:?}"),
+        }
+        settle(&mut s, t0 + Duration::seconds(4), &Rules::default());
+        assert_eq!(where_is(&s, l1).0, "b");
+        assert_eq!(s.leases[&l1].status, Status::Holding);
+        // Nothing more to do: no second migration, no placement twice.
+        let again = s.decide(t0 + Duration::seconds(4), &Rules::default());
+        assert!(events_of(&again).is_empty(), "{:?}", events_of(&again));
     }
 
     #[test]

@@ -104,6 +104,10 @@ pub struct LeaseView {
     /// Set when this spot lease will be evicted for an on-demand one.
     pub preemption_deadline: Option<DateTime<Utc>>,
     pub end_reason: Option<String>,
+    /// Times the lease was moved to other GPUs (its node was lost).
+    pub migrations: i32,
+    /// Why it was last moved.
+    pub last_migration_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub placed_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
@@ -115,7 +119,7 @@ pub struct LeaseView {
 }
 
 const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, created_at, placed_at,
+    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
 async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
