@@ -9,6 +9,7 @@
 //! log at start, so a restarted agent picks up where it was.
 
 pub mod fleet_file;
+pub mod runtime;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,0 +1,543 @@
+//! The workloads a lease runs.
+//!
+//! A lease may carry a [`Workload`]: a command, and an image for the
+//! container runtime. A [`Runtime`] starts it on the GPUs of an
+//! [`Assignment`] and hands back a [`RunningWorkload`], whose exit ends the
+//! lease with the exit code, or which the agent stops gracefully (SIGTERM, a
+//! grace period, then SIGKILL).
+//!
+//! * [`ProcessRuntime`] runs the command as a child process in its own
+//!   process group, with the GPU environment of [`lease_env`] and, where the
+//!   host has a writable cgroup v2 memory controller, a cgroup with memory
+//!   limits ([`cgroup`]).
+//! * [`ContainerRuntime`] drives the docker or podman CLI with the NVIDIA
+//!   flags ([`container`]).
+//!
+//! Everything that decides (environment, cgroup values, CLI arguments) is a
+//! pure function tested on its own; this module only spawns, signals and
+//! reaps. See `docs/workloads.md`.
+
+pub mod cgroup;
+pub mod container;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::process::Child;
+use uuid::Uuid;
+
+pub use cgroup::{CgroupConfig, MemoryLimits};
+pub use container::{CliFlavor, ContainerRuntime};
+pub use process::ProcessRuntime;
+
+/// `CUDA_VISIBLE_DEVICES`: the devices CUDA enumerates (UUIDs accepted).
+pub const ENV_CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// `NVIDIA_VISIBLE_DEVICES`: the devices the NVIDIA container toolkit exposes.
+pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// `CUDA_DEVICE_MEMORY_LIMIT`: HAMi-core's device memory cap, e.g. `10240m`.
+pub const ENV_CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// `CUDA_DEVICE_SM_LIMIT`: HAMi-core's SM utilisation cap in percent.
+pub const ENV_CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// `LEASEHOLD_LEASE_ID`: the lease the workload runs for.
+pub const ENV_LEASE_ID: &str = "LEASEHOLD_LEASE_ID";
+
+/// One GPU's compute in thousandths; a share has 1..=1000.
+pub const MILLI_PER_GPU: u32 = 1000;
+
+/// What a lease runs. Travels with the lease (hence serde).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Program and arguments. Required by the process runtime; for the
+    /// container runtime an empty command runs the image's default.
+    pub command: Vec<String>,
+    /// Container image; only the container runtime runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Extra environment. The lease's own variables ([`lease_env`]) win
+    /// over an entry of the same name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// What the lease was given on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub lease_id: Uuid,
+    /// GPU or MIG instance UUIDs (`GPU-…`, `MIG-…`); at least one.
+    pub device_uuids: Vec<String>,
+    /// VRAM cap of a memory-sliced share of one GPU, MiB.
+    pub vram_limit_mib: Option<u64>,
+    /// Compute of a share of one GPU, 1..=1000 milli.
+    pub compute_milli: Option<u32>,
+    /// The lease's share of the node's RAM, bytes; the cgroup and container
+    /// memory limits are percentages of it.
+    pub memory_share_bytes: Option<u64>,
+}
+
+/// How a workload ended: an exit code, or the signal that killed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl From<ExitStatus> for Exit {
+    fn from(status: ExitStatus) -> Self {
+        Exit {
+            code: status.code(),
+            signal: status.signal(),
+        }
+    }
+}
+
+/// What [`RunningWorkload::stop`] had to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// It had exited before the stop.
+    AlreadyExited,
+    /// It ended within the grace period after SIGTERM (`docker stop`).
+    Terminated,
+    /// The grace period ran out and it was SIGKILLed.
+    Killed,
+}
+
+/// The result of a graceful stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    pub exit: Exit,
+    pub outcome: StopOutcome,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("invalid assignment: {0}")]
+    InvalidAssignment(String),
+    #[error("invalid workload: {0}")]
+    InvalidWorkload(String),
+    #[error("invalid runtime configuration: {0}")]
+    InvalidConfig(String),
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot wait for the workload: {0}")]
+    Wait(#[source] io::Error),
+    #[error("cannot signal process group {pgid}: {source}")]
+    Signal {
+        pgid: i32,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Starts workloads. `start` only spawns (it needs a tokio runtime, as
+/// `tokio::process` does) and returns at once; waiting and stopping are
+/// async on the [`RunningWorkload`]. A synchronous `start` keeps the trait
+/// usable as `dyn Runtime` without an async-trait crate.
+pub trait Runtime: Send + Sync {
+    fn start(
+        &self,
+        assignment: &Assignment,
+        workload: &Workload,
+    ) -> Result<RunningWorkload, RuntimeError>;
+}
+
+/// The lease's own environment variables: the devices, HAMi-core's memory
+/// and compute caps for a share, and the lease id.
+pub fn lease_env(assignment: &Assignment) -> BTreeMap<String, String> {
+    let devices = assignment.device_uuids.join(",");
+    let mut env = BTreeMap::new();
+    env.insert(ENV_CUDA_VISIBLE_DEVICES.to_string(), devices.clone());
+    env.insert(ENV_NVIDIA_VISIBLE_DEVICES.to_string(), devices);
+    if let Some(mib) = assignment.vram_limit_mib {
+        env.insert(ENV_CUDA_DEVICE_MEMORY_LIMIT.to_string(), format!("{mib}m"));
+    }
+    if let Some(milli) = assignment.compute_milli {
+        env.insert(
+            ENV_CUDA_DEVICE_SM_LIMIT.to_string(),
+            sm_limit_pct(milli).to_string(),
+        );
+    }
+    env.insert(ENV_LEASE_ID.to_string(), assignment.lease_id.to_string());
+    env
+}
+
+/// A compute share as HAMi-core's SM percentage: rounded down, so a share
+/// never gets more than it pays for, but at least 1 (0 would mean no cap).
+pub fn sm_limit_pct(compute_milli: u32) -> u32 {
+    (compute_milli * 100 / MILLI_PER_GPU).clamp(1, 100)
+}
+
+/// The workload's environment with the lease's variables on top.
+pub fn workload_env(assignment: &Assignment, workload: &Workload) -> BTreeMap<String, String> {
+    let mut env = workload.env.clone();
+    env.extend(lease_env(assignment));
+    env
+}
+
+/// Refuses assignments that would give a workload the wrong devices or
+/// limits: no device, a UUID that would split or corrupt the list, a share
+/// out of range, a zero limit.
+pub fn validate_assignment(assignment: &Assignment) -> Result<(), RuntimeError> {
+    let invalid = |why: String| Err(RuntimeError::InvalidAssignment(why));
+    if assignment.device_uuids.is_empty() {
+        return invalid("no device UUIDs".into());
+    }
+    for uuid in &assignment.device_uuids {
+        let bad_char = |c: char| c == ',' || c == '"' || c == '=' || c.is_whitespace();
+        if uuid.is_empty() || uuid.contains(bad_char) {
+            return invalid(format!("device UUID {uuid:?}"));
+        }
+    }
+    if let Some(milli) = assignment.compute_milli {
+        if !(1..=MILLI_PER_GPU).contains(&milli) {
+            return invalid(format!("compute_milli {milli} outside 1..=1000"));
+        }
+    }
+    if assignment.vram_limit_mib == Some(0) {
+        return invalid("vram_limit_mib is 0".into());
+    }
+    if assignment.memory_share_bytes == Some(0) {
+        return invalid("memory_share_bytes is 0".into());
+    }
+    Ok(())
+}
+
+/// Refuses environment variable names that cannot be passed on: empty, or
+/// containing `=` or a NUL byte.
+pub fn validate_env(workload: &Workload) -> Result<(), RuntimeError> {
+    for name in workload.env.keys() {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(RuntimeError::InvalidWorkload(format!(
+                "environment variable name {name:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A started workload. Wait for it or stop it: dropping it SIGKILLs its
+/// process group without the cleanup of [`RunningWorkload::wait`] (a cgroup
+/// directory, a container, may be left behind).
+#[derive(Debug)]
+pub struct RunningWorkload {
+    lease_id: Uuid,
+    child: Child,
+    /// The child's pid, which is also its process group id.
+    pgid: i32,
+    status: Option<ExitStatus>,
+    cleaned_up: bool,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Process {
+        cgroup: Option<cgroup::LeaseCgroup>,
+    },
+    Container {
+        cli: PathBuf,
+        flavor: CliFlavor,
+        name: String,
+        stop_margin: Duration,
+    },
+}
+
+impl RunningWorkload {
+    fn new(lease_id: Uuid, child: Child, kind: Kind) -> Result<Self, RuntimeError> {
+        let pid = child
+            .id()
+            .ok_or_else(|| RuntimeError::Wait(io::Error::other("spawned child has no pid")))?;
+        let pgid = i32::try_from(pid).expect("pids fit in pid_t");
+        Ok(RunningWorkload {
+            lease_id,
+            child,
+            pgid,
+            status: None,
+            cleaned_up: false,
+            kind,
+        })
+    }
+
+    pub fn lease_id(&self) -> Uuid {
+        self.lease_id
+    }
+
+    /// Pid of the workload process (of the `<cli> run` process for a
+    /// container), which leads its own process group.
+    pub fn pid(&self) -> u32 {
+        self.pgid as u32
+    }
+
+    /// Waits until the workload exits, kills what is left of its process
+    /// group and removes its cgroup. Cancel-safe; once it has returned, later
+    /// calls return the same exit at once.
+    pub async fn wait(&mut self) -> Result<Exit, RuntimeError> {
+        let status = match self.status {
+            Some(status) => status,
+            None => {
+                let status = self.child.wait().await.map_err(RuntimeError::Wait)?;
+                self.status = Some(status);
+                status
+            }
+        };
+        self.clean_up().await;
+        Ok(status.into())
+    }
+
+    /// Stops the workload gracefully: SIGTERM to its process group (for a
+    /// container `<cli> stop` with the grace as its timeout), up to `grace`
+    /// to exit, then SIGKILL. Returns how it ended; the process is reaped
+    /// and cleaned up as by [`RunningWorkload::wait`].
+    pub async fn stop(&mut self, grace: Duration) -> Result<Stopped, RuntimeError> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().map_err(RuntimeError::Wait)?;
+        }
+        if let Some(status) = self.status {
+            self.clean_up().await;
+            return Ok(Stopped {
+                exit: status.into(),
+                outcome: StopOutcome::AlreadyExited,
+            });
+        }
+        let (status, outcome) = match &self.kind {
+            Kind::Process { .. } => {
+                signal_group(self.pgid, libc::SIGTERM)?;
+                match tokio::time::timeout(grace, self.child.wait()).await {
+                    Ok(status) => (status.map_err(RuntimeError::Wait)?, StopOutcome::Terminated),
+                    Err(_) => (self.kill_and_reap().await?, StopOutcome::Killed),
+                }
+            }
+            Kind::Container {
+                cli,
+                flavor,
+                name,
+                stop_margin,
+            } => {
+                let (cli, flavor, name, margin) =
+                    (cli.clone(), *flavor, name.clone(), *stop_margin);
+                container::run_stop_command(&cli, flavor, &name, grace, margin).await;
+                match tokio::time::timeout(margin, self.child.wait()).await {
+                    Ok(status) => {
+                        let status = status.map_err(RuntimeError::Wait)?;
+                        (status, container::stop_outcome(status.into()))
+                    }
+                    Err(_) => {
+                        tracing::warn!(lease = %self.lease_id, cli = %cli.display(),
+                            "container did not stop; killing the CLI process");
+                        (self.kill_and_reap().await?, StopOutcome::Killed)
+                    }
+                }
+            }
+        };
+        self.status = Some(status);
+        self.clean_up().await;
+        Ok(Stopped {
+            exit: status.into(),
+            outcome,
+        })
+    }
+
+    async fn kill_and_reap(&mut self) -> Result<ExitStatus, RuntimeError> {
+        signal_group(self.pgid, libc::SIGKILL)?;
+        self.child.wait().await.map_err(RuntimeError::Wait)
+    }
+
+    /// After the leader exited: SIGKILL whatever it left in its process
+    /// group, kill and remove the cgroup. The leader's pid cannot have been
+    /// reused as a process group id yet: pids are handed out in increasing
+    /// order up to `pid_max` and this runs right after the reap.
+    async fn clean_up(&mut self) {
+        if self.cleaned_up {
+            return;
+        }
+        if let Err(e) = signal_group(self.pgid, libc::SIGKILL) {
+            tracing::warn!(lease = %self.lease_id, error = %e, "cannot kill leftover processes");
+        }
+        if let Kind::Process {
+            cgroup: Some(cgroup),
+        } = &self.kind
+        {
+            cgroup.remove().await;
+        }
+        self.cleaned_up = true;
+    }
+}
+
+impl Drop for RunningWorkload {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            // tokio reaps a dropped child in the background.
+            let _ = signal_group(self.pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// `killpg`; a group that no longer exists is not an error.
+fn signal_group(pgid: i32, signal: libc::c_int) -> Result<(), RuntimeError> {
+    assert!(pgid > 1, "refusing to signal process group {pgid}");
+    // SAFETY: killpg(2) has no memory-safety preconditions.
+    if unsafe { libc::killpg(pgid, signal) } == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::ESRCH) {
+        return Ok(());
+    }
+    Err(RuntimeError::Signal {
+        pgid,
+        source: error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment() -> Assignment {
+        Assignment {
+            lease_id: Uuid::from_u128(7),
+            device_uuids: vec!["GPU-aaa".into(), "MIG-bbb".into()],
+            vram_limit_mib: None,
+            compute_milli: None,
+            memory_share_bytes: None,
+        }
+    }
+
+    #[test]
+    fn whole_gpus_get_devices_and_lease_id_only() {
+        let env = lease_env(&assignment());
+        let keys: Vec<&str> = env.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                ENV_CUDA_VISIBLE_DEVICES,
+                ENV_LEASE_ID,
+                ENV_NVIDIA_VISIBLE_DEVICES
+            ]
+        );
+        assert_eq!(env[ENV_CUDA_VISIBLE_DEVICES], "GPU-aaa,MIG-bbb");
+        assert_eq!(env[ENV_NVIDIA_VISIBLE_DEVICES], "GPU-aaa,MIG-bbb");
+        assert_eq!(env[ENV_LEASE_ID], Uuid::from_u128(7).to_string());
+    }
+
+    #[test]
+    fn a_share_gets_hami_core_caps() {
+        let a = Assignment {
+            vram_limit_mib: Some(10 * 1024),
+            compute_milli: Some(300),
+            ..assignment()
+        };
+        let env = lease_env(&a);
+        assert_eq!(env[ENV_CUDA_DEVICE_MEMORY_LIMIT], "10240m");
+        assert_eq!(env[ENV_CUDA_DEVICE_SM_LIMIT], "30");
+    }
+
+    #[test]
+    fn sm_limit_rounds_down_but_never_to_zero() {
+        assert_eq!(sm_limit_pct(1), 1);
+        assert_eq!(sm_limit_pct(9), 1);
+        assert_eq!(sm_limit_pct(15), 1);
+        assert_eq!(sm_limit_pct(333), 33);
+        assert_eq!(sm_limit_pct(999), 99);
+        assert_eq!(sm_limit_pct(1000), 100);
+    }
+
+    #[test]
+    fn lease_variables_win_over_the_workload_env() {
+        let workload = Workload {
+            command: vec!["true".into()],
+            image: None,
+            env: BTreeMap::from([
+                (ENV_CUDA_VISIBLE_DEVICES.to_string(), "all".to_string()),
+                ("MY_VAR".to_string(), "x".to_string()),
+            ]),
+        };
+        let env = workload_env(&assignment(), &workload);
+        assert_eq!(env[ENV_CUDA_VISIBLE_DEVICES], "GPU-aaa,MIG-bbb");
+        assert_eq!(env["MY_VAR"], "x");
+    }
+
+    #[test]
+    fn bad_assignments_are_refused() {
+        let cases = [
+            Assignment {
+                device_uuids: vec![],
+                ..assignment()
+            },
+            Assignment {
+                device_uuids: vec!["GPU-a,GPU-b".into()],
+                ..assignment()
+            },
+            Assignment {
+                device_uuids: vec!["".into()],
+                ..assignment()
+            },
+            Assignment {
+                compute_milli: Some(0),
+                ..assignment()
+            },
+            Assignment {
+                compute_milli: Some(1001),
+                ..assignment()
+            },
+            Assignment {
+                vram_limit_mib: Some(0),
+                ..assignment()
+            },
+            Assignment {
+                memory_share_bytes: Some(0),
+                ..assignment()
+            },
+        ];
+        for case in cases {
+            assert!(
+                matches!(
+                    validate_assignment(&case),
+                    Err(RuntimeError::InvalidAssignment(_))
+                ),
+                "{case:?}"
+            );
+        }
+        validate_assignment(&assignment()).unwrap();
+    }
+
+    #[test]
+    fn bad_env_names_are_refused() {
+        for name in ["", "A=B", "A\0"] {
+            let workload = Workload {
+                env: BTreeMap::from([(name.to_string(), "v".to_string())]),
+                ..Workload::default()
+            };
+            assert!(validate_env(&workload).is_err(), "{name:?}");
+        }
+        let ok = Workload {
+            env: BTreeMap::from([("A_1".to_string(), "x=y".to_string())]),
+            ..Workload::default()
+        };
+        validate_env(&ok).unwrap();
+    }
+
+    #[test]
+    fn workload_round_trips_through_json() {
+        let workload = Workload {
+            command: vec!["python".into(), "train.py".into()],
+            image: Some("nvcr.io/nvidia/pytorch:24.01-py3".into()),
+            env: BTreeMap::from([("EPOCHS".to_string(), "3".to_string())]),
+        };
+        let json = serde_json::to_string(&workload).unwrap();
+        assert_eq!(serde_json::from_str::<Workload>(&json).unwrap(), workload);
+        let bare: Workload = serde_json::from_str(r#"{"command":["true"]}"#).unwrap();
+        assert_eq!(bare.image, None);
+        assert!(bare.env.is_empty());
+    }
+}

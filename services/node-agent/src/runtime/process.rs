@@ -1,0 +1,142 @@
+//! The process runtime: the lease's command as a child of the agent.
+//!
+//! The child leads its own process group (so a stop reaches everything it
+//! started), gets a clean environment (`PATH`, the workload's variables and
+//! the lease's, [`super::workload_env`]; never the agent's own, which holds
+//! its credentials), stdin from /dev/null and the agent's stdout/stderr. With
+//! a RAM share and usable cgroups it runs in a lease cgroup
+//! ([`super::cgroup`]); when the cgroup cannot be made or entered it runs
+//! without one, with a warning.
+//!
+//! It runs as the agent's user: the process runtime isolates GPUs and
+//! memory, not users or files. The container runtime is the boundary for
+//! untrusted tenants.
+
+use std::process::Stdio;
+
+use tokio::process::{Child, Command};
+
+use super::cgroup::{self, CgroupConfig, LeaseCgroup};
+use super::{
+    validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload, Runtime,
+    RuntimeError, Workload,
+};
+
+/// `PATH` for a workload when the agent has none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Runs workloads as child processes.
+#[derive(Debug, Clone)]
+pub struct ProcessRuntime {
+    /// `None` when the host has no usable cgroup v2 memory controller.
+    cgroups: Option<CgroupConfig>,
+}
+
+impl ProcessRuntime {
+    /// A runtime that puts leases with a RAM share into cgroups under
+    /// `config.root` if the host allows it (probed once here; when it does
+    /// not, one info line says why and workloads run without cgroups).
+    pub fn new(config: CgroupConfig) -> Result<Self, RuntimeError> {
+        config.validate()?;
+        match cgroup::probe(&config.root) {
+            Ok(()) => Ok(ProcessRuntime {
+                cgroups: Some(config),
+            }),
+            Err(why) => {
+                tracing::info!(reason = %why, "cgroup v2 memory limits unavailable; workloads run without them");
+                Ok(ProcessRuntime::without_cgroups())
+            }
+        }
+    }
+
+    pub fn without_cgroups() -> Self {
+        ProcessRuntime { cgroups: None }
+    }
+
+    /// Whether leases with a RAM share get a cgroup.
+    pub fn uses_cgroups(&self) -> bool {
+        self.cgroups.is_some()
+    }
+
+    fn lease_cgroup(&self, assignment: &Assignment) -> Option<LeaseCgroup> {
+        let config = self.cgroups.as_ref()?;
+        let share_bytes = assignment.memory_share_bytes?;
+        match LeaseCgroup::create(config, assignment.lease_id, config.limits(share_bytes)) {
+            Ok(cgroup) => Some(cgroup),
+            Err(e) => {
+                tracing::warn!(lease = %assignment.lease_id, error = %e,
+                    "cannot create the lease cgroup; running without memory limits");
+                None
+            }
+        }
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    fn start(
+        &self,
+        assignment: &Assignment,
+        workload: &Workload,
+    ) -> Result<RunningWorkload, RuntimeError> {
+        validate_assignment(assignment)?;
+        validate_env(workload)?;
+        if workload.command.is_empty() {
+            return Err(RuntimeError::InvalidWorkload("no command".into()));
+        }
+        if let Some(image) = &workload.image {
+            return Err(RuntimeError::InvalidWorkload(format!(
+                "the process runtime cannot run image {image}"
+            )));
+        }
+        let mut cgroup = self.lease_cgroup(assignment);
+        let child = match spawn(assignment, workload, cgroup.as_ref()) {
+            Ok(child) => child,
+            Err(e) => match cgroup.take() {
+                // The hook may be what failed: try once more without it.
+                Some(unused) => {
+                    tracing::warn!(lease = %assignment.lease_id, error = %e,
+                        cgroup = %unused.dir().display(),
+                        "cannot start in the lease cgroup; running without memory limits");
+                    if let Err(e) = unused.try_remove() {
+                        tracing::warn!(error = %e, "cannot remove the unused cgroup");
+                    }
+                    spawn(assignment, workload, None)?
+                }
+                None => return Err(e),
+            },
+        };
+        tracing::info!(lease = %assignment.lease_id, pid = ?child.id(),
+            cgroup = cgroup.is_some(), "workload started");
+        RunningWorkload::new(assignment.lease_id, child, Kind::Process { cgroup })
+    }
+}
+
+fn spawn(
+    assignment: &Assignment,
+    workload: &Workload,
+    cgroup: Option<&LeaseCgroup>,
+) -> Result<Child, RuntimeError> {
+    let program = &workload.command[0];
+    let mut command = Command::new(program);
+    command
+        .args(&workload.command[1..])
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
+        )
+        .envs(workload_env(assignment, workload))
+        .stdin(Stdio::null())
+        .process_group(0);
+    if let Some(cgroup) = cgroup {
+        // SAFETY: the hook only makes async-signal-safe calls and does not
+        // allocate (see `cgroup::write_own_pid`).
+        unsafe {
+            command.pre_exec(cgroup.enter_hook());
+        }
+    }
+    command.spawn().map_err(|source| RuntimeError::Spawn {
+        program: program.clone(),
+        source,
+    })
+}
