@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
                     idempotency_key: None,
                     fraction: None,
                     mig_profile: None,
+                    workload: None,
                 }));
                 bus.publish(&request, Expect::LastSubjectSequence(0))
                     .await?;

@@ -195,6 +195,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     idempotency_key: Some(format!("k{i}")),
                     fraction: None,
                     mig_profile: None,
+                    workload: None,
                 })
             }
             3 => EventData::LeaseQueued(LeaseQueued {

@@ -56,8 +56,9 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
         EventData::LeaseRequested(e) => {
             sqlx::query(
                 "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
-                                     created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile)
-                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
+                                     created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile,
+                                     workload)
+                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING",
             )
             .bind(e.lease_id)
             .bind(e.tenant_id)
@@ -73,6 +74,11 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
                     .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb})),
             )
             .bind(&e.mig_profile)
+            .bind(
+                e.workload
+                    .as_ref()
+                    .map(|w| serde_json::json!({"command": w.command, "image": w.image})),
+            )
             .execute(conn)
             .await?;
         }

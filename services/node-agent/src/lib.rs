@@ -4,14 +4,18 @@
 //! from those).
 //!
 //! This version drives a simulated host described by a fleet file (see
-//! [`fleet_file`]); the workload is simulated too: a lease "runs" from start
-//! until it is stopped. The agent learns what it should be running from the
-//! log at start, so a restarted agent picks up where it was.
+//! [`fleet_file`]). What a lease runs depends on `--runtime`: with `sim` a
+//! lease "runs" from start until it is stopped; with `process`, `docker` or
+//! `podman` its workload runs (see [`workloads`]), its exit ends the lease
+//! with the exit code, and a stop is SIGTERM, a grace period, then SIGKILL.
+//! The agent learns what it should be running from the log at start, so a
+//! restarted agent picks up where it was.
 
 pub mod fleet_file;
 pub mod runtime;
+pub mod workloads;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -19,11 +23,12 @@ use chrono::Utc;
 use lh_bus::{Bus, BusError, Expect};
 use lh_events::telemetry::Heartbeat;
 use lh_events::{
-    derived_id, subject, Actor, EndReason, Envelope, EventData, LeaseEnded, LeaseStarted,
-    NodeRegistered,
+    derived_id, subject, Actor, AssignedGpu, EndReason, Envelope, EventData, LeaseEnded,
+    LeaseStarted, NodeRegistered, WorkloadSpec,
 };
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use uuid::Uuid;
+use workloads::{Finished, RuntimeKind, Workloads};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
 const QUIET: Duration = Duration::from_millis(100);
@@ -45,6 +50,30 @@ pub struct Config {
     /// Heartbeat period on the telemetry stream.
     #[arg(long, env = "LH_HEARTBEAT_MS", default_value_t = 1_000)]
     pub heartbeat_ms: u64,
+    /// How leases run: `sim` (nothing runs; a lease lasts until stopped),
+    /// `process` (its workload command), `docker` / `podman` (its image).
+    #[arg(long, env = "LH_RUNTIME", value_enum, default_value_t = RuntimeKind::Sim)]
+    pub runtime: RuntimeKind,
+    /// The docker or podman binary (default: found on PATH).
+    #[arg(long, env = "LH_CONTAINER_CLI")]
+    pub container_cli: Option<PathBuf>,
+    /// Seconds a stopped workload gets between SIGTERM and SIGKILL.
+    #[arg(long, env = "LH_STOP_GRACE_SECS", default_value_t = 30)]
+    pub stop_grace_secs: u64,
+}
+
+impl Config {
+    pub fn for_test(nats_url: &str, fleet_file: PathBuf, node_id: &str) -> Self {
+        Self {
+            common: CommonArgs::for_test(nats_url),
+            fleet_file,
+            node_id: node_id.to_string(),
+            heartbeat_ms: 500,
+            runtime: RuntimeKind::Sim,
+            container_cli: None,
+            stop_grace_secs: 30,
+        }
+    }
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
@@ -55,12 +84,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let readiness = Readiness::default();
     let ready = readiness.clone();
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(10));
+    let grace = Duration::from_secs(config.stop_grace_secs);
+    let runtime = (config.runtime, config.container_cli.clone());
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
         readiness,
         shutdown,
-        async move { agent(bus, inventory, heartbeat, ready).await },
+        async move {
+            let (workloads, finished) = Workloads::new(runtime.0, runtime.1, grace)?;
+            agent(bus, inventory, heartbeat, ready, workloads, finished).await
+        },
     )
     .await
 }
@@ -79,12 +113,23 @@ struct LocalLease {
     placement_sequence: u64,
     correlation_id: Uuid,
     tenant_id: Option<Uuid>,
+    /// The GPUs it holds here.
+    gpus: Vec<AssignedGpu>,
+    /// Moved to another node: its workload stops here, nothing is reported.
+    moved_away: bool,
+    /// A stop was sent to its workload; the end is reported once it exits.
+    stopping: bool,
+    /// Its workload ended (on its own, or stopped).
+    exit: Option<runtime::Exit>,
 }
 
 #[derive(Default)]
 struct NodeState {
     registered: Option<NodeRegistered>,
     leases: BTreeMap<Uuid, LocalLease>,
+    /// Workloads of requested leases, until they end (any node's: the
+    /// request comes before the placement).
+    specs: HashMap<Uuid, WorkloadSpec>,
 }
 
 impl NodeState {
@@ -92,6 +137,14 @@ impl NodeState {
         match &envelope.data {
             EventData::NodeRegistered(e) if e.node_id == node_id => {
                 self.registered = Some(e.clone());
+            }
+            EventData::LeaseRequested(e) => {
+                if let Some(w) = &e.workload {
+                    self.specs.insert(e.lease_id, w.clone());
+                }
+            }
+            EventData::LeaseRejected(e) => {
+                self.specs.remove(&e.lease_id);
             }
             EventData::LeasePlaced(e) if e.node_id == node_id => {
                 self.placed_here(e.lease_id, &e.gpus, sequence, envelope);
@@ -106,7 +159,7 @@ impl NodeState {
                         if !l.ended {
                             tracing::info!(lease = %e.lease_id, reason = %e.reason, "lease moved away; stopping it here");
                         }
-                        l.ended = true;
+                        l.moved_away = true;
                     }
                 }
                 match &e.to {
@@ -130,7 +183,10 @@ impl NodeState {
                     }
                     EventData::LeaseStarted(_) => l.started = true,
                     EventData::LeaseStopRequested(_) => l.stop_requested = true,
-                    EventData::LeaseEnded(_) => l.ended = true,
+                    EventData::LeaseEnded(_) => {
+                        l.ended = true;
+                        self.specs.remove(&lease_id);
+                    }
                     _ => {}
                 }
             }
@@ -157,6 +213,7 @@ impl NodeState {
             placement_sequence: sequence,
             correlation_id: envelope.correlation_id,
             tenant_id: envelope.tenant_id,
+            gpus: gpus.to_vec(),
             // A stop asked before it came here still holds.
             stop_requested: l.stop_requested,
             ..LocalLease::default()
@@ -166,7 +223,7 @@ impl NodeState {
     fn running(&self) -> usize {
         self.leases
             .values()
-            .filter(|l| l.started && !l.ended)
+            .filter(|l| l.started && !l.ended && !l.moved_away)
             .count()
     }
 }
@@ -187,6 +244,8 @@ async fn agent(
     inventory: NodeRegistered,
     heartbeat: Duration,
     ready: Readiness,
+    mut workloads: Workloads,
+    mut finished: tokio::sync::mpsc::UnboundedReceiver<Finished>,
 ) -> anyhow::Result<()> {
     let node_id = inventory.node_id.clone();
     let mut state = NodeState::default();
@@ -208,6 +267,14 @@ async fn agent(
                 }
                 None => caught_up = true,
             },
+            Some(f) = finished.recv() => {
+                workloads.forget(f.lease_id);
+                if let Some(l) = state.leases.get_mut(&f.lease_id) {
+                    tracing::info!(lease = %f.lease_id, code = ?f.exit.code, signal = ?f.exit.signal, "workload ended");
+                    l.exit = Some(f.exit);
+                }
+                dirty = true;
+            }
             _ = beat.tick() => {
                 let hb = Heartbeat { node_id: node_id.clone(), at: Utc::now(), running_leases: state.running() };
                 let payload = serde_json::to_vec(&hb)?;
@@ -228,7 +295,7 @@ async fn agent(
                 state.registered = Some(inventory.clone());
             }
             ready.set(true);
-            if !act(&bus, &node_id, &mut state).await {
+            if !act(&bus, &node_id, &mut state, &mut workloads).await {
                 caught_up = false;
                 dirty = true;
             }
@@ -250,38 +317,79 @@ async fn register(bus: &Bus, inventory: &NodeRegistered) -> anyhow::Result<()> {
 }
 
 /// Starts and stops leases as the log asks. False after a conflict.
-async fn act(bus: &Bus, node_id: &str, state: &mut NodeState) -> bool {
+async fn act(bus: &Bus, node_id: &str, state: &mut NodeState, workloads: &mut Workloads) -> bool {
     let now = Utc::now();
+    let specs = &state.specs;
     for (lease_id, lease) in state.leases.iter_mut().filter(|(_, l)| !l.ended) {
+        if lease.moved_away {
+            // It goes on elsewhere: stop it here and report nothing.
+            workloads.stop(*lease_id);
+            lease.ended = true;
+            continue;
+        }
         let preempt_now = lease.preemption_deadline.is_some_and(|d| now >= d);
-        let (data, step, expect) = if lease.stop_requested || preempt_now {
+        let ending = lease.stop_requested || preempt_now;
+        if ending && workloads.stop(*lease_id) {
+            // The end is reported when the workload has exited.
+            lease.stopping = true;
+            continue;
+        }
+        if lease.stopping && lease.exit.is_none() {
+            continue;
+        }
+        let (data, step, expect) = if ending || lease.exit.is_some() {
+            let exit_code = lease.exit.and_then(|e| e.code);
             let reason = if !lease.started {
                 EndReason::Cancelled
             } else if lease.stop_requested {
                 EndReason::Stopped
-            } else {
+            } else if preempt_now {
                 EndReason::Preempted
+            } else if exit_code == Some(0) {
+                EndReason::Completed
+            } else {
+                EndReason::Failed
             };
             let data = EventData::LeaseEnded(LeaseEnded {
                 lease_id: *lease_id,
                 node_id: Some(node_id.to_string()),
                 ended_at: now,
                 reason,
-                exit_code: None,
+                exit_code,
             });
             (data, "lease.ended", Expect::Any)
         } else if !lease.started {
-            let data = EventData::LeaseStarted(LeaseStarted {
-                lease_id: *lease_id,
-                node_id: node_id.to_string(),
-                started_at: now,
-            });
-            // Guarded: a stop that arrived meanwhile must win over the start.
-            (
-                data,
-                "lease.started",
-                Expect::LastSubjectSequence(lease.subject_sequence),
-            )
+            // Started before, but the report did not get through: keep it.
+            let running = workloads.is_running(*lease_id);
+            let start = match running {
+                true => Ok(true),
+                false => workloads.start(*lease_id, &lease.gpus, specs.get(lease_id)),
+            };
+            if let Err(e) = start {
+                // It cannot run here: the lease fails, never started, so
+                // nothing is billed.
+                tracing::warn!(lease = %lease_id, error = %e, "workload does not start");
+                let data = EventData::LeaseEnded(LeaseEnded {
+                    lease_id: *lease_id,
+                    node_id: Some(node_id.to_string()),
+                    ended_at: now,
+                    reason: EndReason::Failed,
+                    exit_code: None,
+                });
+                (data, "lease.ended", Expect::Any)
+            } else {
+                let data = EventData::LeaseStarted(LeaseStarted {
+                    lease_id: *lease_id,
+                    node_id: node_id.to_string(),
+                    started_at: now,
+                });
+                // Guarded: a stop that arrived meanwhile must win over the start.
+                (
+                    data,
+                    "lease.started",
+                    Expect::LastSubjectSequence(lease.subject_sequence),
+                )
+            }
         } else {
             continue;
         };

@@ -438,6 +438,7 @@ mod tests {
                 idempotency_key: None,
                 fraction: None,
                 mig_profile: None,
+                workload: None,
             })),
             env(EventData::LeasePlaced(LeasePlaced {
                 lease_id,

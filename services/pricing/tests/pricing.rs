@@ -66,6 +66,7 @@ impl Env {
                     idempotency_key: None,
                     fraction: None,
                     mig_profile: None,
+                    workload: None,
                 }),
             ),
             Envelope::new(

@@ -1038,6 +1038,7 @@ mod tests {
             idempotency_key: None,
             fraction: None,
             mig_profile: None,
+            workload: None,
         })
     }
 
@@ -1056,6 +1057,7 @@ mod tests {
             idempotency_key: None,
             fraction: Some(GpuFraction { milli, vram_gb }),
             mig_profile: None,
+            workload: None,
         })
     }
 

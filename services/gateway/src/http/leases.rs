@@ -8,7 +8,7 @@ use lh_bus::{BusError, Expect};
 use lh_domain::catalog;
 use lh_events::{
     derived_id, subject, Actor, Envelope, EventData, GpuFraction, LeaseRequested,
-    LeaseStopRequested, Tier,
+    LeaseStopRequested, Tier, WorkloadSpec,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
@@ -35,6 +35,12 @@ pub struct CreateLease {
     /// an `A100-40GB`) instead of whole GPUs.
     #[serde(default)]
     pub mig_profile: Option<String>,
+    /// What to run on the node: `{"command": ["python", "train.py"],
+    /// "image"?: "…", "env"?: {"NAME": "value"}}`. Env values are kept in
+    /// the event log: pass no secrets there.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub workload: Option<WorkloadSpec>,
     /// A model from the catalog, e.g. `A100-40GB`.
     pub gpu_model: String,
     #[serde(default = "default_tier")]
@@ -84,6 +90,10 @@ pub struct LeaseView {
     /// Set for a MIG lease: the profile asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
+    /// What the lease runs (`command`, `image`; not the environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub workload: Option<sqlx::types::Json<serde_json::Value>>,
     /// Set for a placed MIG lease: the GPU instance it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<MigInstanceView>)]
@@ -118,7 +128,7 @@ pub struct LeaseView {
     pub idempotency_key: Option<String>,
 }
 
-const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
+const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
@@ -140,6 +150,51 @@ async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseVie
         (Some(l), Caller::Admin | Caller::Auditor) => Ok(l),
         _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
     }
+}
+
+/// Most arguments and environment entries a workload may carry.
+pub const MAX_WORKLOAD_ITEMS: usize = 256;
+
+fn check_workload(w: &WorkloadSpec) -> Result<(), ApiError> {
+    if w.command.is_empty() && w.image.is_none() {
+        return Err(ApiError::unprocessable(
+            "a workload needs a command, or an image to run",
+            "workload.command",
+        ));
+    }
+    if w.command.len() > MAX_WORKLOAD_ITEMS || w.command.first().is_some_and(|c| c.is_empty()) {
+        return Err(ApiError::unprocessable(
+            format!(
+                "workload.command must be 1 to {MAX_WORKLOAD_ITEMS} arguments, the first not empty"
+            ),
+            "workload.command",
+        ));
+    }
+    if w.image
+        .as_deref()
+        .is_some_and(|i| i.is_empty() || i.chars().any(char::is_whitespace))
+    {
+        return Err(ApiError::unprocessable(
+            "workload.image must be an image reference without spaces",
+            "workload.image",
+        ));
+    }
+    let valid_name = |k: &str| {
+        let mut chars = k.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    if w.env.len() > MAX_WORKLOAD_ITEMS || !w.env.keys().all(|k| valid_name(k)) {
+        return Err(ApiError::unprocessable(
+            format!(
+                "workload.env takes at most {MAX_WORKLOAD_ITEMS} variables named [A-Za-z_][A-Za-z0-9_]*"
+            ),
+            "workload.env",
+        ));
+    }
+    Ok(())
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -249,6 +304,9 @@ pub async fn create(
             ));
         }
     }
+    if let Some(w) = &body.workload {
+        check_workload(w)?;
+    }
     if body.priority.abs() > MAX_PRIORITY {
         return Err(ApiError::unprocessable(
             format!("priority must be -{MAX_PRIORITY} to {MAX_PRIORITY}"),
@@ -297,6 +355,7 @@ pub async fn create(
             vram_gb: f.vram_gb,
         }),
         mig_profile: body.mig_profile.clone(),
+        workload: body.workload.clone(),
     });
     let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
         .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
@@ -321,6 +380,12 @@ pub async fn create(
         && lease.gpu_fraction.as_ref().map(|f| f.0) == body.gpu_fraction
         && lease.gpu_model == body.gpu_model
         && lease.mig_profile == body.mig_profile
+        && lease.workload.as_ref().map(|w| &w.0)
+            == body
+                .workload
+                .as_ref()
+                .map(|w| serde_json::json!({"command": w.command, "image": w.image}))
+                .as_ref()
         && lease.tier == body.tier.as_str()
         && lease.priority == body.priority;
     if !same_request {

@@ -52,13 +52,21 @@ pub struct Stack {
     /// Scheduler knobs for schedulers started from now on.
     pub preemption_min_runtime_secs: i64,
     pub preemption_notice_secs: i64,
+    /// How node-agents run leases (`Sim` unless a test runs workloads).
+    pub node_runtime: lh_node_agent::workloads::RuntimeKind,
 }
 
 impl Stack {
     /// Starts everything: scheduler, pricing, spot-broker, audit, gateway
     /// and one node-agent per node of `fleet`.
     pub async fn start(fleet: &str) -> Stack {
+        Self::start_configured(fleet, |_| {}).await
+    }
+
+    /// [`Stack::start`] with knobs set before any service starts.
+    pub async fn start_configured(fleet: &str, configure: impl FnOnce(&mut Stack)) -> Stack {
         let mut stack = Self::bare(fleet).await;
+        configure(&mut stack);
         for name in ["scheduler", "pricing", "spot-broker", "audit", "gateway"] {
             stack.start_service(name).await;
         }
@@ -86,6 +94,7 @@ impl Stack {
             http: reqwest::Client::new(),
             preemption_min_runtime_secs: 600,
             preemption_notice_secs: 120,
+            node_runtime: lh_node_agent::workloads::RuntimeKind::Sim,
         }
     }
 
@@ -155,10 +164,13 @@ impl Stack {
                 let node_id = name.split_once(':').unwrap().1.to_string();
                 lh_node_agent::start(
                     lh_node_agent::Config {
-                        common,
-                        fleet_file: self.fleet_file.clone(),
-                        node_id,
-                        heartbeat_ms: 500,
+                        runtime: self.node_runtime,
+                        stop_grace_secs: 2,
+                        ..lh_node_agent::Config::for_test(
+                            &self.nats.url(),
+                            self.fleet_file.clone(),
+                            &node_id,
+                        )
                     },
                     token.clone(),
                 )

@@ -1,0 +1,152 @@
+//! Workloads end to end with the process runtime: the command sees its
+//! GPUs in `CUDA_VISIBLE_DEVICES`, its exit ends the lease with the exit
+//! code, a stop is SIGTERM then a grace period, and a command that cannot
+//! start fails the lease without billing it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{of_type, read_log, Stack};
+use lh_events::{EndReason, EventData};
+use lh_node_agent::workloads::RuntimeKind;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const ONE_NODE: &str = r#"
+[[node]]
+id = "node-a"
+zone = "cn-north-1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 2
+vram_gb = 40
+"#;
+
+async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(b["workload"]["command"], workload["command"]);
+    b["id"].as_str().unwrap().to_string()
+}
+
+fn ended(log: &[lh_bus::Stored], id: &str) -> lh_events::LeaseEnded {
+    of_type(log, "lease.ended")
+        .into_iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseEnded(x) if x.lease_id.to_string() == id => Some(x.clone()),
+            _ => None,
+        })
+        .expect("the lease ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully() {
+    let stack = Stack::start_configured(ONE_NODE, |s| s.node_runtime = RuntimeKind::Process).await;
+    let (_, key) = stack.create_tenant("runs", 2).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    for (workload, field) in [
+        (json!({"command": []}), "workload.command"),
+        (json!({"command": [""]}), "workload.command"),
+        (
+            json!({"command": ["true"], "env": {"1BAD": "x"}}),
+            "workload.env",
+        ),
+    ] {
+        let (s, p) = stack
+            .call(
+                Method::POST,
+                "/v1/leases",
+                &key,
+                Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
+            )
+            .await;
+        assert_eq!((s, p["field"].as_str()), (422, Some(field)), "{p}");
+    }
+
+    // Its GPU and its lease id in the environment; exit 3 fails the lease.
+    let out = dir.path().join("env.txt");
+    let a = lease_with(
+        &stack,
+        &key,
+        json!({
+            "command": ["sh", "-c", "echo \"$CUDA_VISIBLE_DEVICES $LEASEHOLD_LEASE_ID\" > \"$OUT\"; sleep 1; exit 3"],
+            "env": {"OUT": out.to_str().unwrap()}
+        }),
+    )
+    .await;
+    let a_run = stack
+        .wait_lease(&key, &a, |l| l["state"] == "running")
+        .await;
+    let a_end = stack.wait_lease(&key, &a, |l| l["state"] == "ended").await;
+    assert_eq!(a_end["end_reason"], "failed");
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        seen.trim(),
+        format!("{} {a}", a_run["gpu_uuids"][0].as_str().unwrap())
+    );
+
+    // A workload that traps SIGTERM is stopped within the grace period.
+    let term = dir.path().join("term.txt");
+    let b = lease_with(
+        &stack,
+        &key,
+        json!({
+            "command": ["sh", "-c", "trap 'echo term > \"$OUT\"; exit 0' TERM; while true; do sleep 0.1; done"],
+            "env": {"OUT": term.to_str().unwrap()}
+        }),
+    )
+    .await;
+    stack
+        .wait_lease(&key, &b, |l| l["state"] == "running")
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{b}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    let b_end = stack.wait_lease(&key, &b, |l| l["state"] == "ended").await;
+    assert_eq!(b_end["end_reason"], "stopped");
+    assert_eq!(std::fs::read_to_string(&term).unwrap().trim(), "term");
+
+    // Exit 0 completes it; a binary that does not exist fails it unstarted.
+    let c = lease_with(&stack, &key, json!({"command": ["true"]})).await;
+    let d = lease_with(
+        &stack,
+        &key,
+        json!({"command": ["/nonexistent/lh-test-binary"]}),
+    )
+    .await;
+    let c_end = stack.wait_lease(&key, &c, |l| l["state"] == "ended").await;
+    assert_eq!(c_end["end_reason"], "completed");
+    let d_end = stack.wait_lease(&key, &d, |l| l["state"] == "ended").await;
+    assert_eq!(d_end["end_reason"], "failed");
+    assert!(d_end["started_at"].is_null(), "{d_end}");
+
+    let log = read_log(&stack.bus().await).await;
+    let codes = [&a, &b, &c, &d].map(|id| {
+        let e = ended(&log, id);
+        (e.reason, e.exit_code)
+    });
+    assert_eq!(
+        codes,
+        [
+            (EndReason::Failed, Some(3)),
+            (EndReason::Stopped, Some(0)),
+            (EndReason::Completed, Some(0)),
+            (EndReason::Failed, None),
+        ]
+    );
+    let started_d = of_type(&log, "lease.started").into_iter().any(
+        |e| matches!(&e.envelope.data, EventData::LeaseStarted(s) if s.lease_id.to_string() == d),
+    );
+    assert!(!started_d, "a workload that never ran never started");
+}
