@@ -41,6 +41,7 @@ SERVICES=(
     "node-agent-a|lh-node-agent|127.0.0.1:9110"
     "node-agent-b|lh-node-agent|127.0.0.1:9111"
     "node-agent-c|lh-node-agent|127.0.0.1:9112"
+    "node-agent-d|lh-node-agent|127.0.0.1:9113"
 )
 
 say() { echo "up: $*"; }
