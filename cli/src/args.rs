@@ -143,6 +143,23 @@ pub struct LeaseCreate {
     /// returns the lease created the first time.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
+    /// Container image the workload runs (nodes with a container runtime).
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// An environment variable of the workload, NAME=VALUE (repeatable).
+    /// Kept in the event log: no secrets.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+fn parse_env(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{raw:?} is not NAME=VALUE")),
+    }
 }
 
 /// `lh lease get`
@@ -520,6 +537,48 @@ mod tests {
                 ErrorKind::ArgumentConflict
             );
         }
+    }
+
+    #[test]
+    fn lease_create_with_a_workload() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100-40GB",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--",
+            "python",
+            "train.py",
+            "--epochs",
+            "3",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.command, ["python", "train.py", "--epochs", "3"]);
+        assert_eq!(
+            c.env,
+            [("A".into(), "1".into()), ("B".into(), "x=y".into())]
+        );
+        let e = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A",
+            "--env",
+            "=1",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
     }
 
     #[test]

@@ -198,6 +198,14 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
                 _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
             }
+            if !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() {
+                let env: serde_json::Map<String, Value> =
+                    c.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+                body["workload"] = json!({"command": c.command, "image": c.image, "env": env});
+                if c.image.is_none() {
+                    body["workload"].as_object_mut().unwrap().remove("image");
+                }
+            }
             let headers: Vec<(&str, &str)> = c
                 .idempotency_key
                 .as_deref()

@@ -86,6 +86,8 @@ pub fn lease_view(lease: &Value) -> String {
         ("share", "gpu_fraction"),
         ("mig profile", "mig_profile"),
         ("mig instance", "mig_instance"),
+        ("workload", "workload"),
+        ("moved because", "last_migration_reason"),
         ("queue position", "queue_position"),
         ("queued reason", "queued_reason"),
         ("rejected reason", "rejected_reason"),
