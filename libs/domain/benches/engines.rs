@@ -13,6 +13,7 @@ fn fleet(nodes: u32) -> Vec<Node> {
             id: format!("node-{n:05}"),
             zone: format!("z{}", n % 3),
             lost: None,
+            cordoned: None,
             gpus: (0..8)
                 .map(|i| Gpu {
                     index: i,
@@ -23,6 +24,8 @@ fn fleet(nodes: u32) -> Vec<Node> {
                     held_by: ((n + i) % 3 == 0).then(uuid::Uuid::nil),
                     shares: Vec::new(),
                     mig: false,
+                    health: lh_events::GpuHealth::Healthy,
+                    health_since: None,
                 })
                 .collect(),
         })

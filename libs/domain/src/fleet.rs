@@ -62,6 +62,30 @@ impl Fleet {
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
+            EventData::NodeGpuHealthChanged(e) => {
+                if let Some(g) = self
+                    .nodes
+                    .get_mut(&e.node_id)
+                    .and_then(|n| n.gpus.iter_mut().find(|g| g.index == e.gpu_index))
+                {
+                    g.health = e.to;
+                    g.health_since = Some(e.at);
+                }
+                self.saw_node_event(&e.node_id, sequence);
+            }
+            EventData::NodeCordoned(e) => {
+                if let Some(n) = self.nodes.get_mut(&e.node_id) {
+                    n.cordoned = Some(e.drain);
+                }
+                self.saw_node_event(&e.node_id, sequence);
+            }
+            EventData::NodeUncordoned(e) => {
+                if let Some(n) = self.nodes.get_mut(&e.node_id) {
+                    n.cordoned = None;
+                }
+                self.saw_node_event(&e.node_id, sequence);
+            }
+            EventData::NodeGpuSelfTested(e) => self.saw_node_event(&e.node_id, sequence),
             EventData::NodeRejoined(e) => {
                 if let Some(n) = self.nodes.get_mut(&e.node_id) {
                     n.lost = None;
@@ -104,7 +128,18 @@ impl Fleet {
                     held_by: None,
                     shares: Vec::new(),
                     mig: g.mig,
+                    health: lh_events::GpuHealth::Healthy,
+                    health_since: None,
                 };
+                // Re-registration keeps what the agent said of its health.
+                if let Some(old) = self
+                    .nodes
+                    .get(&e.node_id)
+                    .and_then(|n| n.gpus.iter().find(|o| o.uuid == g.uuid))
+                {
+                    gpu.health = old.health;
+                    gpu.health_since = old.health_since;
+                }
                 for l in leases {
                     match self.shares.get(&l) {
                         Some(&(milli, vram_gb)) => gpu.shares.push(Share {
@@ -119,8 +154,10 @@ impl Fleet {
                 gpu
             })
             .collect();
-        // Registering again does not end a loss: only being heard does.
+        // Registering again does not end a loss (only being heard does)
+        // nor a cordon (only an operator does).
         let lost = self.nodes.get(&e.node_id).and_then(|n| n.lost);
+        let cordoned = self.nodes.get(&e.node_id).and_then(|n| n.cordoned);
         self.nodes.insert(
             e.node_id.clone(),
             Node {
@@ -128,6 +165,7 @@ impl Fleet {
                 zone: e.zone.clone(),
                 gpus,
                 lost,
+                cordoned,
             },
         );
     }

@@ -23,6 +23,10 @@ pub struct Gpu {
     pub shares: Vec<Share>,
     /// In MIG mode: only MIG leases, each in its own GPU instance.
     pub mig: bool,
+    /// As its node-agent judges it; only a healthy GPU takes new leases.
+    pub health: lh_events::GpuHealth,
+    /// When it last changed health (the node's clock).
+    pub health_since: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// One fractional or MIG lease's share of a GPU.
@@ -68,6 +72,16 @@ pub struct Node {
     /// Set while the node is lost: when it was last heard from (its own
     /// clock). A lost node takes no leases.
     pub lost: Option<chrono::DateTime<chrono::Utc>>,
+    /// Set while an operator has cordoned it: no new leases; with
+    /// `Some(Move)` its leases are moved away too.
+    pub cordoned: Option<Option<lh_events::DrainMode>>,
+}
+
+impl Node {
+    /// Takes new leases: heard from and not cordoned.
+    pub fn is_schedulable(&self) -> bool {
+        self.lost.is_none() && self.cordoned.is_none()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +198,7 @@ mod tests {
             id: id.into(),
             zone: "z".into(),
             lost: None,
+            cordoned: None,
             gpus: (0..n)
                 .map(|i| Gpu {
                     index: i,
@@ -193,6 +208,8 @@ mod tests {
                     held_by: (i < busy).then(uuid::Uuid::nil),
                     shares: Vec::new(),
                     mig: false,
+                    health: lh_events::GpuHealth::Healthy,
+                    health_since: None,
                 })
                 .collect(),
         }

@@ -230,6 +230,10 @@ pub enum EventData {
     LeaseEnded(LeaseEnded),
     #[serde(rename = "lease.migrated")]
     LeaseMigrated(LeaseMigrated),
+    #[serde(rename = "lease.gpu_fault")]
+    LeaseGpuFault(LeaseGpuFault),
+    #[serde(rename = "lease.idle_detected")]
+    LeaseIdleDetected(LeaseIdleDetected),
     #[serde(rename = "node.registered")]
     NodeRegistered(NodeRegistered),
     #[serde(rename = "node.gpus_allocated")]
@@ -238,6 +242,14 @@ pub enum EventData {
     NodeLost(NodeLost),
     #[serde(rename = "node.rejoined")]
     NodeRejoined(NodeRejoined),
+    #[serde(rename = "node.gpu_health_changed")]
+    NodeGpuHealthChanged(NodeGpuHealthChanged),
+    #[serde(rename = "node.gpu_self_tested")]
+    NodeGpuSelfTested(NodeGpuSelfTested),
+    #[serde(rename = "node.cordoned")]
+    NodeCordoned(NodeCordoned),
+    #[serde(rename = "node.uncordoned")]
+    NodeUncordoned(NodeUncordoned),
     #[serde(rename = "spot.price_set")]
     SpotPriceSet(SpotPriceSet),
     #[serde(rename = "price_book.published")]
@@ -435,6 +447,118 @@ pub struct NodeLost {
     pub silence_ms: u64,
 }
 
+/// Health of one GPU as its node-agent judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuHealth {
+    Healthy,
+    /// Too hot or its memory too full for a while: nothing new goes there.
+    Degraded,
+    /// Critical XID, double-bit ECC error, fell off the bus, failed
+    /// self-test: nothing new goes there and its leases are moved.
+    Unhealthy,
+}
+
+/// What a health judgement rests on: the sample values and faults seen.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthEvidence {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_double_bit_total: Option<u64>,
+    /// How long the condition held, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
+    /// Clean samples in a row that brought the GPU back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clean_samples: Option<u32>,
+    /// A self-test's result brought the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_test_passed: Option<bool>,
+}
+
+/// A GPU changed health, with its evidence (`at` is the node's clock).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpuHealthChanged {
+    pub node_id: String,
+    pub gpu_index: u32,
+    pub gpu_uuid: String,
+    pub from: GpuHealth,
+    pub to: GpuHealth,
+    pub reason: String,
+    pub evidence: HealthEvidence,
+    pub at: DateTime<Utc>,
+}
+
+/// A self-test (a load test on a free GPU) finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpuSelfTested {
+    pub node_id: String,
+    pub gpu_index: u32,
+    pub passed: bool,
+    pub duration_s: f64,
+    pub detail: String,
+    pub at: DateTime<Utc>,
+}
+
+/// An application error on a GPU (XID 13, 31, 43, 45, 68) caused by the
+/// lease's workload: charged to the lease, the GPU stays healthy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseGpuFault {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub gpu_index: u32,
+    pub xid: u64,
+    pub at: DateTime<Utc>,
+}
+
+/// The lease's GPUs showed no utilisation for the tenant's idle window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseIdleDetected {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub idle_since: DateTime<Utc>,
+    pub window_s: u64,
+    /// What the tenant's policy does about it: `notify`, `stop` or `suspend`.
+    pub action: String,
+}
+
+/// An operator stopped new placements on a node. With `drain` its leases
+/// are moved (`move`) or left to finish (`finish`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCordoned {
+    pub node_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainMode>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainMode {
+    /// Running leases finish where they are.
+    Finish,
+    /// Running leases are moved to other nodes.
+    Move,
+}
+
+/// The node takes new placements again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeUncordoned {
+    pub node_id: String,
+}
+
 /// A lost node is heard from again: it may take leases again. Leases moved
 /// away while it was lost stay where they went.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -579,10 +703,16 @@ impl EventData {
             EventData::LeaseStarted(_) => "lease.started",
             EventData::LeaseEnded(_) => "lease.ended",
             EventData::LeaseMigrated(_) => "lease.migrated",
+            EventData::LeaseGpuFault(_) => "lease.gpu_fault",
+            EventData::LeaseIdleDetected(_) => "lease.idle_detected",
             EventData::NodeRegistered(_) => "node.registered",
             EventData::NodeGpusAllocated(_) => "node.gpus_allocated",
             EventData::NodeLost(_) => "node.lost",
             EventData::NodeRejoined(_) => "node.rejoined",
+            EventData::NodeGpuHealthChanged(_) => "node.gpu_health_changed",
+            EventData::NodeGpuSelfTested(_) => "node.gpu_self_tested",
+            EventData::NodeCordoned(_) => "node.cordoned",
+            EventData::NodeUncordoned(_) => "node.uncordoned",
             EventData::SpotPriceSet(_) => "spot.price_set",
             EventData::PriceBookPublished(_) => "price_book.published",
             EventData::ChargeAccrued(_) => "charge.accrued",
@@ -612,10 +742,16 @@ impl EventData {
             EventData::LeaseStarted(e) => subject::lease(e.lease_id),
             EventData::LeaseEnded(e) => subject::lease(e.lease_id),
             EventData::LeaseMigrated(e) => subject::lease(e.lease_id),
+            EventData::LeaseGpuFault(e) => subject::lease(e.lease_id),
+            EventData::LeaseIdleDetected(e) => subject::lease(e.lease_id),
             EventData::NodeRegistered(e) => subject::node(&e.node_id),
             EventData::NodeGpusAllocated(e) => subject::node(&e.node_id),
             EventData::NodeLost(e) => subject::node(&e.node_id),
             EventData::NodeRejoined(e) => subject::node(&e.node_id),
+            EventData::NodeGpuHealthChanged(e) => subject::node(&e.node_id),
+            EventData::NodeGpuSelfTested(e) => subject::node(&e.node_id),
+            EventData::NodeCordoned(e) => subject::node(&e.node_id),
+            EventData::NodeUncordoned(e) => subject::node(&e.node_id),
             EventData::SpotPriceSet(e) => subject::spot(&e.zone, &e.gpu_model),
             EventData::PriceBookPublished(_) => subject::price_book(),
             EventData::ChargeAccrued(e) => subject::charge(e.lease_id),
@@ -671,6 +807,27 @@ pub fn schemas() -> Vec<(String, serde_json::Value)> {
         ),
         (format!("node.lost.v{v}.json"), schema::<NodeLost>()),
         (format!("node.rejoined.v{v}.json"), schema::<NodeRejoined>()),
+        (
+            format!("node.gpu_health_changed.v{v}.json"),
+            schema::<NodeGpuHealthChanged>(),
+        ),
+        (
+            format!("node.gpu_self_tested.v{v}.json"),
+            schema::<NodeGpuSelfTested>(),
+        ),
+        (format!("node.cordoned.v{v}.json"), schema::<NodeCordoned>()),
+        (
+            format!("node.uncordoned.v{v}.json"),
+            schema::<NodeUncordoned>(),
+        ),
+        (
+            format!("lease.gpu_fault.v{v}.json"),
+            schema::<LeaseGpuFault>(),
+        ),
+        (
+            format!("lease.idle_detected.v{v}.json"),
+            schema::<LeaseIdleDetected>(),
+        ),
         (
             format!("spot.price_set.v{v}.json"),
             schema::<SpotPriceSet>(),

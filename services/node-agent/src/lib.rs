@@ -268,8 +268,9 @@ async fn agent(
                 None => caught_up = true,
             },
             Some(f) = finished.recv() => {
-                workloads.forget(f.lease_id);
-                if let Some(l) = state.leases.get_mut(&f.lease_id) {
+                workloads.forget(f.lease_id, f.placement);
+                let current = |l: &&mut LocalLease| l.placement_sequence == f.placement;
+                if let Some(l) = state.leases.get_mut(&f.lease_id).filter(current) {
                     tracing::info!(lease = %f.lease_id, code = ?f.exit.code, signal = ?f.exit.signal, "workload ended");
                     l.exit = Some(f.exit);
                 }
@@ -321,6 +322,7 @@ async fn act(bus: &Bus, node_id: &str, state: &mut NodeState, workloads: &mut Wo
     let now = Utc::now();
     let specs = &state.specs;
     for (lease_id, lease) in state.leases.iter_mut().filter(|(_, l)| !l.ended) {
+        workloads.stop_stale(*lease_id, lease.placement_sequence);
         if lease.moved_away {
             // It goes on elsewhere: stop it here and report nothing.
             workloads.stop(*lease_id);
@@ -360,10 +362,15 @@ async fn act(bus: &Bus, node_id: &str, state: &mut NodeState, workloads: &mut Wo
             (data, "lease.ended", Expect::Any)
         } else if !lease.started {
             // Started before, but the report did not get through: keep it.
-            let running = workloads.is_running(*lease_id);
+            let running = workloads.is_running(*lease_id, lease.placement_sequence);
             let start = match running {
                 true => Ok(true),
-                false => workloads.start(*lease_id, &lease.gpus, specs.get(lease_id)),
+                false => workloads.start(
+                    *lease_id,
+                    lease.placement_sequence,
+                    &lease.gpus,
+                    specs.get(lease_id),
+                ),
             };
             if let Err(e) = start {
                 // It cannot run here: the lease fails, never started, so

@@ -32,6 +32,9 @@ pub enum RuntimeKind {
 #[derive(Debug, Clone, Copy)]
 pub struct Finished {
     pub lease_id: Uuid,
+    /// The placement it ran for (a lease moved to other GPUs of the same
+    /// node runs anew there).
+    pub placement: u64,
     pub exit: Exit,
 }
 
@@ -39,8 +42,9 @@ pub struct Finished {
 pub struct Workloads {
     runtime: Option<Arc<dyn Runtime>>,
     grace: Duration,
-    /// Stop handles of running workloads: send the grace period.
-    running: HashMap<Uuid, oneshot::Sender<Duration>>,
+    /// Running workloads: the placement each runs for, and its stop handle
+    /// (send the grace period).
+    running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
     finished_tx: mpsc::UnboundedSender<Finished>,
 }
 
@@ -78,6 +82,7 @@ impl Workloads {
     pub fn start(
         &mut self,
         lease_id: Uuid,
+        placement: u64,
         gpus: &[AssignedGpu],
         spec: Option<&WorkloadSpec>,
     ) -> Result<bool, crate::runtime::RuntimeError> {
@@ -110,17 +115,33 @@ impl Workloads {
                     signal: None,
                 }
             });
-            let _ = finished.send(Finished { lease_id, exit });
+            let _ = finished.send(Finished {
+                lease_id,
+                placement,
+                exit,
+            });
         });
-        self.running.insert(lease_id, stop_tx);
+        self.running.insert(lease_id, (placement, stop_tx));
         Ok(true)
+    }
+
+    /// Stops, without a report that counts, a workload of `lease_id` that
+    /// runs for another placement than `placement`.
+    pub fn stop_stale(&mut self, lease_id: Uuid, placement: u64) {
+        if self
+            .running
+            .get(&lease_id)
+            .is_some_and(|(p, _)| *p != placement)
+        {
+            self.stop(lease_id);
+        }
     }
 
     /// Asks the workload of `lease_id` to stop (SIGTERM, then SIGKILL after
     /// the grace period); its [`Finished`] follows. False when none runs.
     pub fn stop(&mut self, lease_id: Uuid) -> bool {
         match self.running.remove(&lease_id) {
-            Some(stop) => {
+            Some((_, stop)) => {
                 let _ = stop.send(self.grace);
                 true
             }
@@ -128,13 +149,21 @@ impl Workloads {
         }
     }
 
-    /// The workload of `lease_id` reported its end.
-    pub fn forget(&mut self, lease_id: Uuid) {
-        self.running.remove(&lease_id);
+    /// The workload of `lease_id` for `placement` reported its end.
+    pub fn forget(&mut self, lease_id: Uuid, placement: u64) {
+        if self
+            .running
+            .get(&lease_id)
+            .is_some_and(|(p, _)| *p == placement)
+        {
+            self.running.remove(&lease_id);
+        }
     }
 
-    pub fn is_running(&self, lease_id: Uuid) -> bool {
-        self.running.contains_key(&lease_id)
+    pub fn is_running(&self, lease_id: Uuid, placement: u64) -> bool {
+        self.running
+            .get(&lease_id)
+            .is_some_and(|(p, _)| *p == placement)
     }
 }
 

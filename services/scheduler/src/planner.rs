@@ -8,6 +8,7 @@
 //! per pass, which is small next to the per-lease scoring.
 
 use lh_domain::fleet::Fleet;
+use lh_events::GpuHealth;
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
     Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request,
@@ -96,9 +97,14 @@ impl Planner {
     pub fn new(fleet: &Fleet, workload: &Workload) -> Self {
         let mut nodes = Vec::with_capacity(fleet.nodes.len());
         let mut cluster = Cluster::default();
-        // A lost node takes nothing new.
-        for n in fleet.nodes.values().filter(|n| n.lost.is_none()) {
-            let gpus = n.gpus.iter().take(lh_placement::cluster::MAX_GPUS_PER_NODE);
+        // A lost or cordoned node, a degraded or unhealthy GPU, takes
+        // nothing new.
+        for n in fleet.nodes.values().filter(|n| n.is_schedulable()) {
+            let gpus = n
+                .gpus
+                .iter()
+                .filter(|g| g.health == GpuHealth::Healthy)
+                .take(lh_placement::cluster::MAX_GPUS_PER_NODE);
             let spec = NodeSpec {
                 id: n.id.clone(),
                 zone: n.zone.clone(),

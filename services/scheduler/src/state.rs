@@ -33,10 +33,10 @@ use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
 use lh_domain::placement::{self, Request, Unplaceable};
 use lh_events::{
-    derived_id, Actor, AssignedGpu, Decision, EndReason, Envelope, EventData, GpuFraction,
-    LeaseEnded, LeaseMigrated, LeasePlaced, LeasePreemptionNoticed, LeaseQueued, LeaseRejected,
-    MigInstance, NodeAllocation, NodeGpusAllocated, NodeLost, NodeRejoined, Quota, Relocation,
-    Tier,
+    derived_id, Actor, AssignedGpu, Decision, DrainMode, EndReason, Envelope, EventData,
+    GpuFraction, GpuHealth, LeaseEnded, LeaseMigrated, LeasePlaced, LeasePreemptionNoticed,
+    LeaseQueued, LeaseRejected, MigInstance, NodeAllocation, NodeGpusAllocated, NodeLost,
+    NodeRejoined, Quota, Relocation, Tier,
 };
 
 use crate::planner::{self, Ask, Planner};
@@ -626,8 +626,9 @@ impl State {
         }
     }
 
-    /// Moves every lease held on a lost node: placed again at once where the
-    /// engine finds room (`lease.migrated` with `to`), else back in the queue.
+    /// Moves every lease held on a lost node, on a node drained with `move`,
+    /// or on a GPU turned unhealthy: placed again at once where the engine
+    /// finds room (`lease.migrated` with `to`), else back in the queue.
     fn decide_migrations(
         &self,
         now: DateTime<Utc>,
@@ -636,17 +637,18 @@ impl State {
         engine: &mut Option<Planner>,
         out: &mut Vec<Batch>,
     ) {
-        let mut moving: Vec<(&Lease, String, DateTime<Utc>)> = self
+        let mut moving: Vec<(&Lease, String, String, DateTime<Utc>)> = self
             .leases
             .values()
             .filter(|l| l.status == Status::Holding)
             .filter_map(|l| {
                 let node = scratch.nodes.get(l.node_id.as_deref()?)?;
-                node.lost.map(|at| (l, node.id.clone(), at))
+                let (reason, billing_ends_at) = why_move(scratch, node, l.id, now)?;
+                Some((l, node.id.clone(), reason, billing_ends_at))
             })
             .collect();
-        moving.sort_by_key(|(l, _, _)| l.requested_sequence);
-        for (lease, from_node, last_heard) in moving {
+        moving.sort_by_key(|(l, ..)| l.requested_sequence);
+        for (lease, from_node, reason, last_heard) in moving {
             let from_gpu_indices = scratch
                 .holdings
                 .get(&lease.id)
@@ -663,7 +665,7 @@ impl State {
             });
             let migrated = EventData::LeaseMigrated(LeaseMigrated {
                 lease_id: lease.id,
-                reason: format!("node {from_node} lost"),
+                reason,
                 from_node_id: from_node,
                 from_gpu_indices,
                 billing_ends_at: last_heard,
@@ -701,6 +703,34 @@ impl State {
             }
         }
     }
+}
+
+/// Why a lease held on `node` must move now, and when its billing there
+/// ends: the node was lost (at its last heartbeat), is drained with `move`
+/// (now), or one of the lease's GPUs turned unhealthy (when it did).
+fn why_move(
+    scratch: &Fleet,
+    node: &placement::Node,
+    lease_id: Uuid,
+    now: DateTime<Utc>,
+) -> Option<(String, DateTime<Utc>)> {
+    if let Some(at) = node.lost {
+        return Some((format!("node {} lost", node.id), at));
+    }
+    if node.cordoned == Some(Some(DrainMode::Move)) {
+        return Some((format!("node {} drained", node.id), now));
+    }
+    let (_, indices) = scratch.holdings.get(&lease_id)?;
+    node.gpus
+        .iter()
+        .filter(|g| indices.contains(&g.index) && g.health == GpuHealth::Unhealthy)
+        .map(|g| {
+            (
+                format!("GPU {} of node {} unhealthy", g.index, node.id),
+                g.health_since.unwrap_or(now).min(now),
+            )
+        })
+        .next()
 }
 
 /// An event about `lease` decided at `now`, its id derived from the step and
@@ -828,8 +858,21 @@ fn why_pending(scratch: &Fleet, lease: &Lease) -> (String, bool) {
                 gpus: lease.gpus,
                 gpu_model: lease.gpu_model.clone(),
             };
-            let live = scratch.nodes.values().filter(|n| n.lost.is_none());
-            match placement::best_fit(live, &request) {
+            let usable: Vec<placement::Node> = scratch
+                .nodes
+                .values()
+                .filter(|n| n.is_schedulable())
+                .map(|n| placement::Node {
+                    gpus: n
+                        .gpus
+                        .iter()
+                        .filter(|g| g.health == GpuHealth::Healthy)
+                        .cloned()
+                        .collect(),
+                    ..n.clone()
+                })
+                .collect();
+            match placement::best_fit(&usable, &request) {
                 Err(why) => (
                     why.reason(&request),
                     matches!(why, Unplaceable::Busy { .. }),
@@ -900,11 +943,11 @@ pub fn plan_preemption(
     rules: &Rules,
 ) -> Option<PreemptionPlan> {
     let mut best: Option<PreemptionPlan> = None;
-    for node in scratch.nodes.values().filter(|n| n.lost.is_none()) {
+    for node in scratch.nodes.values().filter(|n| n.is_schedulable()) {
         let of_model: Vec<_> = node
             .gpus
             .iter()
-            .filter(|g| g.model == lease.gpu_model && !g.mig)
+            .filter(|g| g.model == lease.gpu_model && !g.mig && g.health == GpuHealth::Healthy)
             .collect();
         if (of_model.len() as u32) < lease.gpus {
             continue;
@@ -1199,6 +1242,109 @@ mod tests {
         assert!(matches!(events_of(&d)[0], EventData::NodeRejoined(n) if n.node_id == "a"));
         settle(&mut s, s_ago(7), &rules);
         assert!(s.fleet.nodes["a"].lost.is_none());
+    }
+
+    fn health(node: &str, gpu: u32, to: GpuHealth, at: DateTime<Utc>) -> EventData {
+        EventData::NodeGpuHealthChanged(NodeGpuHealthChanged {
+            node_id: node.into(),
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{node}-{gpu}"),
+            from: GpuHealth::Healthy,
+            to,
+            reason: "test".into(),
+            evidence: HealthEvidence::default(),
+            at,
+        })
+    }
+
+    #[test]
+    fn unhealthy_gpus_shed_their_leases_and_degraded_ones_take_nothing_new() {
+        let t = Uuid::from_u128(1);
+        let (l1, l2) = (Uuid::from_u128(2), Uuid::from_u128(3));
+        let t0 = Utc::now();
+        let mut s = given(vec![node("a", 3), tenant(t, 8), request(l1, t, 1)]);
+        settle(&mut s, t0, &Rules::default());
+        let gpu = where_is(&s, l1).1[0];
+        // Another GPU turns degraded: the next lease avoids it and l1's.
+        let other = (0..3).find(|g| *g != gpu).unwrap();
+        s.apply(9000, &env(health("a", other, GpuHealth::Degraded, t0)));
+        s.apply(9001, &env(request(l2, t, 1)));
+        settle(&mut s, t0, &Rules::default());
+        let free = (0..3).find(|g| *g != gpu && *g != other).unwrap();
+        assert_eq!(where_is(&s, l2).1, vec![free]);
+        // l1's GPU fails: l1 must move, but the only healthy free GPU is
+        // taken and the degraded one takes nothing: back to the queue.
+        let failed_at = t0 + Duration::seconds(5);
+        s.apply(
+            9100,
+            &env(health("a", gpu, GpuHealth::Unhealthy, failed_at)),
+        );
+        let d = s.decide(t0 + Duration::seconds(6), &Rules::default());
+        match events_of(&d)[0] {
+            EventData::LeaseMigrated(m) => {
+                assert_eq!(m.lease_id, l1);
+                assert_eq!(m.reason, format!("GPU {gpu} of node a unhealthy"));
+                assert_eq!(m.billing_ends_at, failed_at);
+                assert!(m.to.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+        settle(&mut s, t0 + Duration::seconds(6), &Rules::default());
+        // The degraded GPU recovers: l1 goes there.
+        s.apply(9200, &env(health("a", other, GpuHealth::Healthy, t0)));
+        settle(&mut s, t0 + Duration::seconds(7), &Rules::default());
+        assert_eq!(where_is(&s, l1).1, vec![other]);
+    }
+
+    #[test]
+    fn a_cordoned_node_takes_nothing_new_and_a_drain_moves_its_leases() {
+        let t = Uuid::from_u128(1);
+        let (l1, l2) = (Uuid::from_u128(2), Uuid::from_u128(3));
+        let t0 = Utc::now();
+        let mut s = given(vec![node("a", 1), tenant(t, 8), request(l1, t, 1)]);
+        settle(&mut s, t0, &Rules::default());
+        s.apply(8000, &env(node("b", 2)));
+        let cordon = |drain| {
+            EventData::NodeCordoned(NodeCordoned {
+                node_id: "b".into(),
+                drain,
+                reason: "maintenance".into(),
+            })
+        };
+        s.apply(8001, &env(cordon(None)));
+        s.apply(8002, &env(request(l2, t, 1)));
+        settle(&mut s, t0, &Rules::default());
+        assert!(
+            !s.fleet.holdings.contains_key(&l2),
+            "b is cordoned, a is full"
+        );
+        s.apply(
+            8100,
+            &env(EventData::NodeUncordoned(NodeUncordoned {
+                node_id: "b".into(),
+            })),
+        );
+        settle(&mut s, t0, &Rules::default());
+        assert_eq!(where_is(&s, l2).0, "b");
+        // Draining a with `move` sends l1 to b, billed until now.
+        s.apply(
+            8200,
+            &env(EventData::NodeCordoned(NodeCordoned {
+                node_id: "a".into(),
+                drain: Some(DrainMode::Move),
+                reason: "kernel upgrade".into(),
+            })),
+        );
+        let now = t0 + Duration::seconds(9);
+        let d = s.decide(now, &Rules::default());
+        match events_of(&d)[0] {
+            EventData::LeaseMigrated(m) => {
+                assert_eq!((m.lease_id, m.reason.as_str()), (l1, "node a drained"));
+                assert_eq!(m.billing_ends_at, now);
+                assert_eq!(m.to.as_ref().unwrap().node_id, "b");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
