@@ -167,6 +167,13 @@ pub(crate) struct Compiled {
     pub cpu_only_weight: f64,
     /// Number of model names the cluster had when compiled.
     pub models_seen: usize,
+    /// Per GPU model: the expected milli a GPU with `f` free milli keeps idle
+    /// for good if every task that fits it came in the workload's mix
+    /// (see [`Compiled::eventual`]), indexed by `f`.
+    pub eventual: Vec<Vec<f32>>,
+    /// Per GPU model: FGD's fragment of one GPU applied recursively (see
+    /// [`Compiled::recursive_table`]), indexed by free milli.
+    pub recursive: Vec<Vec<f32>>,
 }
 
 impl Compiled {
@@ -219,7 +226,72 @@ impl Compiled {
                 weight: s.weight,
             });
         }
+        c.eventual = (0..c.models_seen)
+            .map(|m| c.eventual_table(1u64 << m))
+            .collect();
+        c.recursive = (0..c.models_seen)
+            .map(|m| c.recursive_table(1u64 << m))
+            .collect();
         c
+    }
+
+    /// FGD counts a GPU's free milli `f` as fragment for the share of the
+    /// workload that cannot use it, `f x W(no fit)`. Applied to what each
+    /// fitting shape would leave, `R(f) = f x W(no fit) + sum over fitting s
+    /// of w_s R(f - s)`: the fragment the GPU is expected to end with if its
+    /// hole is filled shape by shape. CPU-only shapes never fit.
+    fn recursive_table(&self, model: u64) -> Vec<f32> {
+        let n = usize::from(MILLI);
+        let sizes: Vec<(usize, f64)> = self
+            .shapes
+            .iter()
+            .filter(|s| s.models & model != 0)
+            .map(|s| (usize::from(s.milli), s.weight))
+            .collect();
+        let total = self.cpu_only_weight + self.shapes.iter().map(|s| s.weight).sum::<f64>();
+        let mut e = vec![0f32; n + 1];
+        for f in 1..=n {
+            let (mut acc, mut fit) = (0.0, 0.0);
+            for &(m, w) in &sizes {
+                if m <= f && m > 0 {
+                    acc += w * f64::from(e[f - m]);
+                    fit += w;
+                }
+            }
+            e[f] = (acc + (total - fit) * f as f64) as f32;
+        }
+        e
+    }
+
+    /// The eventual idle milli of one GPU of a model in `model`, by free
+    /// milli: a GPU that no shape fits keeps all its free milli; otherwise
+    /// the next task that fits it is drawn from the shapes that fit, by
+    /// weight, and the GPU goes on with what that task leaves. Whole-GPU
+    /// shapes fit only an untouched GPU (`f` = 1000).
+    fn eventual_table(&self, model: u64) -> Vec<f32> {
+        let n = usize::from(MILLI);
+        let sizes: Vec<(usize, f64)> = self
+            .shapes
+            .iter()
+            .filter(|s| s.models & model != 0)
+            .map(|s| (usize::from(s.milli), s.weight))
+            .collect();
+        let mut e = vec![0f32; n + 1];
+        for f in 1..=n {
+            let (mut num, mut den) = (0.0, 0.0);
+            for &(m, w) in &sizes {
+                if m <= f && m > 0 {
+                    num += w * f64::from(e[f - m]);
+                    den += w;
+                }
+            }
+            e[f] = if den > 0.0 {
+                (num / den) as f32
+            } else {
+                f as f32
+            };
+        }
+        e
     }
 }
 

@@ -32,6 +32,27 @@ pub struct LeaseholdConfig {
     pub sum: bool,
     /// Treat fragmentation deltas within this many milli as equal (0: exact).
     pub bucket: f64,
+    /// Inside the node, choose a slice's GPU by the eventual idle milli
+    /// (`Compiled::eventual`) instead of F'.
+    pub gpu_eventual: bool,
+    /// Inside the node, choose the tightest GPU.
+    pub gpu_tight: bool,
+    /// Break ties by the change of the eventual idle milli of the node.
+    pub tie_eventual: bool,
+    /// Break ties by fill-up stranding plus eventual idle milli.
+    pub tie_fill_eventual: bool,
+    /// Add the node's eventual idle milli to the primary measure.
+    pub sum_eventual: bool,
+    /// Use the recursive FGD fragment table wherever the eventual idle milli
+    /// is used.
+    pub recursive: bool,
+    /// Score slices by the change of the eventual table instead of F.
+    pub primary_recursive: bool,
+    /// Break ties left by the fill-up stranding by the eventual idle milli.
+    pub tie_then_eventual: bool,
+    /// Break ties of slices by the eventual idle milli, of others by the
+    /// fill-up stranding.
+    pub tie_eventual_frac: bool,
 }
 
 impl LeaseholdConfig {
@@ -52,6 +73,15 @@ impl LeaseholdConfig {
             b if b.starts_with("b=") => self.bucket = b[2..].parse().ok()?,
             "step" => self.fill = false,
             "cw" => self.demand_weighted = false,
+            "gev" => self.gpu_eventual = true,
+            "gtight" => self.gpu_tight = true,
+            "tev" => self.tie_eventual = true,
+            "tfev" => self.tie_fill_eventual = true,
+            "sumev" => self.sum_eventual = true,
+            "rec" => self.recursive = true,
+            "pfr" => self.primary_recursive = true,
+            "tfthen" => self.tie_then_eventual = true,
+            "tevf" => self.tie_eventual_frac = true,
             _ => return None,
         }
         Some(())
@@ -69,6 +99,15 @@ impl Default for LeaseholdConfig {
             fill_tiebreak: true,
             sum: false,
             bucket: 0.0,
+            gpu_eventual: false,
+            gpu_tight: false,
+            tie_eventual: false,
+            tie_fill_eventual: false,
+            sum_eventual: false,
+            tie_then_eventual: false,
+            recursive: false,
+            primary_recursive: false,
+            tie_eventual_frac: false,
         }
     }
 }
@@ -139,7 +178,15 @@ impl Policy for Leasehold {
         let mem = cfg.memory;
         // (primary measure, fill-up stranding) of a node state.
         let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| -> (f64, f64) {
-            if cfg.sum {
+            if cfg.sum_eventual {
+                let (a, b) = w.frag_both(l, mem);
+                let e: f64 = l
+                    .gpus
+                    .iter()
+                    .map(|g| f64::from(w.eventual[usize::from(g.model)][usize::from(g.milli_free)]))
+                    .sum();
+                (a + e, b)
+            } else if cfg.sum {
                 let (a, b) = w.frag_both(l, mem);
                 (a + b, b)
             } else if cfg.fill {
@@ -155,26 +202,43 @@ impl Policy for Leasehold {
         let (f0, g0) = self
             .cache
             .node_pair(node, n.generation, || measure(w, &load(n)));
+        let table = if cfg.recursive {
+            &w.recursive
+        } else {
+            &w.eventual
+        };
+        let ev = |g: &crate::cluster::Gpu| -> f64 {
+            f64::from(table[usize::from(g.model)][usize::from(g.milli_free)])
+        };
         let mut scratch = Scratch::of(n);
         let ((f1, g1), set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
-                let mut best: Option<((f64, f64), u16, u32)> = None;
+                let mut best: Option<((f64, f64), u16, u32, f64)> = None;
                 for (j, g) in n.gpus.iter().enumerate() {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
                     let m = scratch.measure_after(w, d, 1 << j, n, measure);
+                    let mut after = *g;
+                    after.milli_free -= milli;
+                    let e = ev(&after) - ev(g);
                     let better = match best {
                         None => true,
-                        Some((bm_, bmilli, _)) => {
-                            m.0 < bm_.0 || (m.0 == bm_.0 && g.milli_free < bmilli)
+                        Some((bm_, bmilli, _, be)) => {
+                            if cfg.gpu_tight {
+                                g.milli_free < bmilli
+                            } else if cfg.gpu_eventual {
+                                e < be || (e == be && g.milli_free < bmilli)
+                            } else {
+                                m.0 < bm_.0 || (m.0 == bm_.0 && g.milli_free < bmilli)
+                            }
                         }
                     };
                     if better {
-                        best = Some((m, g.milli_free, 1 << j));
+                        best = Some((m, g.milli_free, 1 << j, e));
                     }
                 }
-                let (m, _, set) = best.unwrap_or(((f0, g0), 0, 0));
+                let (m, _, set, _) = best.unwrap_or(((f0, g0), 0, 0, 0.0));
                 (m, set)
             }
             _ => {
@@ -182,14 +246,52 @@ impl Policy for Leasehold {
                 (scratch.measure_after(w, d, set, n, measure), set)
             }
         };
+        let eventual_delta = || -> f64 {
+            match d.kind {
+                Kind::Frac { milli, .. } => n
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| set & (1 << j) != 0)
+                    .map(|(_, g)| {
+                        let mut a = *g;
+                        a.milli_free -= milli;
+                        ev(g) - ev(&a)
+                    })
+                    .sum(),
+                Kind::Whole(_) => n
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| set & (1 << j) != 0)
+                    .map(|(_, g)| ev(g))
+                    .sum(),
+                _ => 0.0,
+            }
+        };
+        let delta = if cfg.primary_recursive && matches!(d.kind, Kind::Frac { .. }) {
+            eventual_delta()
+        } else {
+            f0 - f1
+        };
         let score = if cfg.quantise {
-            ((1.0 / (1.0 + (-(f0 - f1) / 1000.0).exp())) * 100.0) as i64 as f64
+            ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0) as i64 as f64
         } else if cfg.bucket > 0.0 {
             ((f0 - f1) / cfg.bucket).floor()
         } else {
             f0 - f1
         };
-        let tiebreak = if cfg.fill_tiebreak {
+        let tiebreak = if cfg.tie_then_eventual {
+            // Fill-up deltas are sums of weighted milli; round them to a
+            // thousandth of a milli so equal states compare equal.
+            ((g0 - g1) * 1e3).round() * 1e4 + eventual_delta().clamp(-4999.0, 4999.0)
+        } else if cfg.tie_eventual_frac && matches!(d.kind, Kind::Frac { .. }) {
+            eventual_delta()
+        } else if cfg.tie_eventual {
+            eventual_delta()
+        } else if cfg.tie_fill_eventual {
+            g0 - g1 + eventual_delta()
+        } else if cfg.fill_tiebreak {
             g0 - g1
         } else if cfg.pack_tiebreak {
             -((n.cpu_free - d.cpu_milli) as f64 / MAX_SPEC_CPU
