@@ -46,6 +46,9 @@ pub struct LeaseholdConfig {
     /// Use the recursive FGD fragment table wherever the eventual idle milli
     /// is used.
     pub recursive: bool,
+    /// With `tie_eventual_frac`, break ties left by the table by the
+    /// fill-up stranding.
+    pub tie_then_fill: bool,
     /// Score slices by the change of the eventual table instead of F.
     pub primary_recursive: bool,
     /// Break ties left by the fill-up stranding by the eventual idle milli.
@@ -79,7 +82,15 @@ impl LeaseholdConfig {
             "tfev" => self.tie_fill_eventual = true,
             "sumev" => self.sum_eventual = true,
             "rec" => self.recursive = true,
+            "draw" => self.recursive = false,
+            "notevf" => self.tie_eventual_frac = false,
+            // The default of version 1 (docs/placement.md, "What we tried").
+            "v1" => {
+                self.recursive = false;
+                self.tie_eventual_frac = false;
+            }
             "pfr" => self.primary_recursive = true,
+            "thenfill" => self.tie_then_fill = true,
             "tfthen" => self.tie_then_eventual = true,
             "tevf" => self.tie_eventual_frac = true,
             _ => return None,
@@ -105,9 +116,10 @@ impl Default for LeaseholdConfig {
             tie_fill_eventual: false,
             sum_eventual: false,
             tie_then_eventual: false,
-            recursive: false,
+            recursive: true,
             primary_recursive: false,
-            tie_eventual_frac: false,
+            tie_then_fill: false,
+            tie_eventual_frac: true,
         }
     }
 }
@@ -150,7 +162,7 @@ impl Policy for Leasehold {
         "leasehold"
     }
     fn version(&self) -> u32 {
-        1
+        2
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
@@ -286,7 +298,13 @@ impl Policy for Leasehold {
             // thousandth of a milli so equal states compare equal.
             ((g0 - g1) * 1e3).round() * 1e4 + eventual_delta().clamp(-4999.0, 4999.0)
         } else if cfg.tie_eventual_frac && matches!(d.kind, Kind::Frac { .. }) {
-            eventual_delta()
+            if cfg.tie_then_fill {
+                // Table deltas are sums of weighted milli; round them to a
+                // thousandth of a milli so equal states compare equal.
+                (eventual_delta() * 1e3).round() * 1e4 + (g0 - g1).clamp(-4999.0, 4999.0)
+            } else {
+                eventual_delta()
+            }
         } else if cfg.tie_eventual {
             eventual_delta()
         } else if cfg.tie_fill_eventual {
