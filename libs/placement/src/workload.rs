@@ -241,11 +241,31 @@ impl Compiled {
     /// of w_s R(f - s)`: the fragment the GPU is expected to end with if its
     /// hole is filled shape by shape. CPU-only shapes never fit.
     fn recursive_table(&self, model: u64) -> Vec<f32> {
+        self.recursive_masked(model, u64::MAX)
+    }
+
+    /// The shapes (bit `i` for shape `i`; shapes past the 64th always set)
+    /// whose CPU, and with `memory` memory, a node with these free resources
+    /// still has.
+    pub fn fit_mask(&self, cpu_free: u64, memory_free: u64, memory: bool) -> u64 {
+        let mut m = u64::MAX;
+        for (i, s) in self.shapes.iter().enumerate().take(64) {
+            if cpu_free < s.cpu || (memory && memory_free < s.memory) {
+                m &= !(1u64 << i);
+            }
+        }
+        m
+    }
+
+    /// [`Compiled::recursive_table`] with only the shapes in `mask` fitting.
+    pub fn recursive_masked(&self, model: u64, mask: u64) -> Vec<f32> {
         let n = usize::from(MILLI);
         let sizes: Vec<(usize, f64)> = self
             .shapes
             .iter()
-            .filter(|s| s.models & model != 0)
+            .enumerate()
+            .filter(|(i, s)| s.models & model != 0 && (*i >= 64 || mask & (1u64 << i) != 0))
+            .map(|(_, s)| s)
             .map(|s| (usize::from(s.milli), s.weight))
             .collect();
         let total = self.cpu_only_weight + self.shapes.iter().map(|s| s.weight).sum::<f64>();

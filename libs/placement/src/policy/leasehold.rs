@@ -9,6 +9,7 @@ use crate::engine::Scored;
 use crate::policy::baselines::{MAX_SPEC_CPU, MAX_SPEC_GPU};
 use crate::rng::Rng;
 use crate::workload::{Compiled, Workload};
+use std::collections::HashMap;
 
 /// Switches of the policy (the default is what docs/placement.md justifies;
 /// the others exist to measure each idea on its own).
@@ -49,6 +50,14 @@ pub struct LeaseholdConfig {
     /// With `tie_eventual_frac`, break ties left by the table by the
     /// fill-up stranding.
     pub tie_then_fill: bool,
+    /// Break ties of slices by the node's recursive fragment with only the
+    /// shapes its CPU and memory still fit.
+    pub node_recursive: bool,
+    /// Score every demand by the change of the node's recursive fragment
+    /// (with the shapes its CPU and memory fit) instead of F.
+    pub primary_node_recursive: bool,
+    /// Leave ties of slices to the node order.
+    pub frac_order_only: bool,
     /// Score slices by the change of the eventual table instead of F.
     pub primary_recursive: bool,
     /// Break ties left by the fill-up stranding by the eventual idle milli.
@@ -90,6 +99,9 @@ impl LeaseholdConfig {
                 self.tie_eventual_frac = false;
             }
             "pfr" => self.primary_recursive = true,
+            "cpurec" => self.node_recursive = true,
+            "prn" => self.primary_node_recursive = true,
+            "tforder" => self.frac_order_only = true,
             "thenfill" => self.tie_then_fill = true,
             "tfthen" => self.tie_then_eventual = true,
             "tevf" => self.tie_eventual_frac = true,
@@ -118,6 +130,9 @@ impl Default for LeaseholdConfig {
             tie_then_eventual: false,
             recursive: true,
             primary_recursive: false,
+            node_recursive: false,
+            primary_node_recursive: false,
+            frac_order_only: false,
             tie_then_fill: false,
             tie_eventual_frac: true,
         }
@@ -130,6 +145,8 @@ pub struct Leasehold {
     cfg: LeaseholdConfig,
     compiled: Option<Compiled>,
     cache: NodeCache,
+    /// Recursive tables by (GPU model, shapes the node's CPU/memory fit).
+    masked: HashMap<(u16, u64), Vec<f32>>,
 }
 
 impl Leasehold {
@@ -143,6 +160,7 @@ impl Leasehold {
             cfg,
             compiled: None,
             cache: NodeCache::default(),
+            masked: HashMap::new(),
         }
     }
 
@@ -154,6 +172,7 @@ impl Leasehold {
         self.workload = workload;
         self.compiled = None;
         self.cache.clear();
+        self.masked.clear();
     }
 }
 
@@ -177,6 +196,7 @@ impl Policy for Leasehold {
                 Compiled::new(&self.workload, cluster)
             });
             self.cache.clear();
+            self.masked.clear();
         }
         self.cache.begin(cluster, d);
     }
@@ -281,7 +301,34 @@ impl Policy for Leasehold {
                 _ => 0.0,
             }
         };
-        let delta = if cfg.primary_recursive && matches!(d.kind, Kind::Frac { .. }) {
+        let node_delta = |masked: &mut HashMap<(u16, u64), Vec<f32>>| -> f64 {
+            let m0 = w.fit_mask(n.cpu_free, n.memory_free, mem);
+            let m1 = w.fit_mask(n.cpu_free - d.cpu_milli, n.memory_free - d.memory_mib, mem);
+            let mut acc = 0.0;
+            for (j, g) in n.gpus.iter().enumerate() {
+                let mut a = *g;
+                if set & (1 << j) != 0 {
+                    match d.kind {
+                        Kind::Frac { milli, .. } => a.milli_free -= milli,
+                        Kind::Whole(_) => a.milli_free = 0,
+                        _ => {}
+                    }
+                }
+                let before = masked
+                    .entry((g.model, m0))
+                    .or_insert_with(|| w.recursive_masked(1u64 << g.model, m0))
+                    [usize::from(g.milli_free)];
+                let after = masked
+                    .entry((g.model, m1))
+                    .or_insert_with(|| w.recursive_masked(1u64 << g.model, m1))
+                    [usize::from(a.milli_free)];
+                acc += f64::from(before) - f64::from(after);
+            }
+            acc
+        };
+        let delta = if cfg.primary_node_recursive {
+            node_delta(&mut self.masked)
+        } else if cfg.primary_recursive && matches!(d.kind, Kind::Frac { .. }) {
             eventual_delta()
         } else {
             f0 - f1
@@ -293,7 +340,11 @@ impl Policy for Leasehold {
         } else {
             f0 - f1
         };
-        let tiebreak = if cfg.tie_then_eventual {
+        let tiebreak = if cfg.frac_order_only && matches!(d.kind, Kind::Frac { .. }) {
+            0.0
+        } else if cfg.node_recursive && matches!(d.kind, Kind::Frac { .. }) {
+            node_delta(&mut self.masked)
+        } else if cfg.tie_then_eventual {
             // Fill-up deltas are sums of weighted milli; round them to a
             // thousandth of a milli so equal states compare equal.
             ((g0 - g1) * 1e3).round() * 1e4 + eventual_delta().clamp(-4999.0, 4999.0)
