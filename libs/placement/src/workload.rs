@@ -471,6 +471,50 @@ impl Compiled {
     }
 }
 
+impl Compiled {
+    /// Reweights the GPU shapes: `base[i]` over the copies of shape `i` the
+    /// cluster can still host (as in [`Compiled::frag_fill`], summed over
+    /// nodes), renormalised to the GPU shapes' share of the workload; a shape
+    /// that fits nowhere weighs nothing.
+    pub fn rescale_by_scarcity(&mut self, base: &[f64], cluster: &Cluster, memory: bool) {
+        let share: f64 = base.iter().sum();
+        let mut raw = vec![0.0; self.shapes.len()];
+        for (i, s) in self.shapes.iter().enumerate() {
+            let mut copies = 0u64;
+            for n in cluster.nodes() {
+                if s.models & n.model_mask == 0 {
+                    continue;
+                }
+                let mut units: u64 = 0;
+                if s.whole {
+                    let free = n.gpus.iter().filter(|g| g.fits_whole(s.models)).count() as u64;
+                    units = free / u64::from(s.count.max(1));
+                } else {
+                    for g in &n.gpus {
+                        if g.fits_frac(s.milli, s.vram, s.models) {
+                            units += u64::from(g.milli_free / s.milli.max(1));
+                        }
+                    }
+                }
+                if let Some(c) = n.cpu_free.checked_div(s.cpu) {
+                    units = units.min(c);
+                }
+                if memory && s.memory > 0 {
+                    units = units.min(n.memory_free / s.memory);
+                }
+                copies += units;
+            }
+            if copies > 0 {
+                raw[i] = base[i] / copies as f64;
+            }
+        }
+        let total: f64 = raw.iter().sum();
+        for (s, r) in self.shapes.iter_mut().zip(raw) {
+            s.weight = if total > 0.0 { r / total * share } else { 0.0 };
+        }
+    }
+}
+
 /// Applies a demand to a copy of a node's GPUs (for "what if" scoring).
 pub(crate) fn apply(gpus: &mut [Gpu], kind: Kind, set: u32) {
     for (j, g) in gpus.iter_mut().enumerate() {

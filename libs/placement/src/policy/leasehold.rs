@@ -56,6 +56,10 @@ pub struct LeaseholdConfig {
     /// Score every demand by the change of the node's recursive fragment
     /// (with the shapes its CPU and memory fit) instead of F.
     pub primary_node_recursive: bool,
+    /// Weight each shape by its share of the workload over the number of
+    /// copies the cluster can still host (renormalised), rescaled at every
+    /// 1% of capacity allocated.
+    pub scarcity: bool,
     /// Leave ties of slices to the node order.
     pub frac_order_only: bool,
     /// Score slices by the change of the eventual table instead of F.
@@ -102,6 +106,7 @@ impl LeaseholdConfig {
             "cpurec" => self.node_recursive = true,
             "prn" => self.primary_node_recursive = true,
             "tforder" => self.frac_order_only = true,
+            "scarce" => self.scarcity = true,
             "thenfill" => self.tie_then_fill = true,
             "tfthen" => self.tie_then_eventual = true,
             "tevf" => self.tie_eventual_frac = true,
@@ -133,6 +138,7 @@ impl Default for LeaseholdConfig {
             node_recursive: false,
             primary_node_recursive: false,
             frac_order_only: false,
+            scarcity: false,
             tie_then_fill: false,
             tie_eventual_frac: true,
         }
@@ -147,6 +153,10 @@ pub struct Leasehold {
     cache: NodeCache,
     /// Recursive tables by (GPU model, shapes the node's CPU/memory fit).
     masked: HashMap<(u16, u64), Vec<f32>>,
+    /// With `scarcity`: the shapes' weights as given, and the allocated
+    /// milli when the weights were last rescaled.
+    base: Vec<f64>,
+    rescaled_at: Option<u64>,
 }
 
 impl Leasehold {
@@ -161,6 +171,8 @@ impl Leasehold {
             compiled: None,
             cache: NodeCache::default(),
             masked: HashMap::new(),
+            base: Vec::new(),
+            rescaled_at: None,
         }
     }
 
@@ -197,6 +209,25 @@ impl Policy for Leasehold {
             });
             self.cache.clear();
             self.masked.clear();
+            self.base = self
+                .compiled
+                .as_ref()
+                .map(|c| c.shapes.iter().map(|s| s.weight).collect())
+                .unwrap_or_default();
+            self.rescaled_at = None;
+        }
+        if self.cfg.scarcity {
+            let used = cluster.gpu_milli_used();
+            let step = cluster.gpu_milli_total() / 100;
+            if self
+                .rescaled_at
+                .is_none_or(|u| used.abs_diff(u) >= step.max(1))
+            {
+                self.rescaled_at = Some(used);
+                let c = self.compiled.as_mut().expect("compiled above");
+                c.rescale_by_scarcity(&self.base, cluster, self.cfg.memory);
+                self.cache.clear();
+            }
         }
         self.cache.begin(cluster, d);
     }
