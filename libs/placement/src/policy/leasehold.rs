@@ -1,4 +1,9 @@
-//! Leasehold's default policy: fragmentation gradient descent made exact.
+//! Leasehold's default policy: FGD's quantised score, memory-aware, with its
+//! ties broken by what FGD cannot see: for a slice, how much of the chosen
+//! GPU's free milli is likely to stay idle for good (a recursive form of
+//! FGD's per-GPU fragment); for anything else, the fill-up stranding (a node
+//! running out of CPU or memory before its GPUs). Ties left after that go
+//! to the seeded node order, which is what consolidates.
 //!
 //! See docs/placement.md for the reasoning and the measurements.
 
@@ -66,8 +71,11 @@ pub struct LeaseholdConfig {
     pub primary_recursive: bool,
     /// Break ties left by the fill-up stranding by the eventual idle milli.
     pub tie_then_eventual: bool,
-    /// Break ties of slices by the eventual idle milli, of others by the
-    /// fill-up stranding.
+    /// Break ties of slices by the change of the chosen GPU's table value
+    /// (`recursive` or eventual), of others by the fill-up stranding. A
+    /// slice's ties are then left to the node order: every CPU-aware second
+    /// key we measured for slices (fill-up, the node-level table) did worse,
+    /// as it spreads slices instead of consolidating them.
     pub tie_eventual_frac: bool,
 }
 
