@@ -167,6 +167,13 @@ pub(crate) struct Compiled {
     pub cpu_only_weight: f64,
     /// Number of model names the cluster had when compiled.
     pub models_seen: usize,
+    /// Per GPU model: the expected milli a GPU with `f` free milli keeps idle
+    /// for good if every task that fits it came in the workload's mix
+    /// (see [`Compiled::eventual`]), indexed by `f`.
+    pub eventual: Vec<Vec<f32>>,
+    /// Per GPU model: FGD's fragment of one GPU applied recursively (see
+    /// [`Compiled::recursive_table`]), indexed by free milli.
+    pub recursive: Vec<Vec<f32>>,
 }
 
 impl Compiled {
@@ -219,7 +226,92 @@ impl Compiled {
                 weight: s.weight,
             });
         }
+        c.eventual = (0..c.models_seen)
+            .map(|m| c.eventual_table(1u64 << m))
+            .collect();
+        c.recursive = (0..c.models_seen)
+            .map(|m| c.recursive_table(1u64 << m))
+            .collect();
         c
+    }
+
+    /// FGD counts a GPU's free milli `f` as fragment for the share of the
+    /// workload that cannot use it, `f x W(no fit)`. Applied to what each
+    /// fitting shape would leave, `R(f) = f x W(no fit) + sum over fitting s
+    /// of w_s R(f - s)`: the fragment the GPU is expected to end with if its
+    /// hole is filled shape by shape. CPU-only shapes never fit.
+    fn recursive_table(&self, model: u64) -> Vec<f32> {
+        self.recursive_masked(model, u64::MAX)
+    }
+
+    /// The shapes (bit `i` for shape `i`; shapes past the 64th always set)
+    /// whose CPU, and with `memory` memory, a node with these free resources
+    /// still has.
+    pub fn fit_mask(&self, cpu_free: u64, memory_free: u64, memory: bool) -> u64 {
+        let mut m = u64::MAX;
+        for (i, s) in self.shapes.iter().enumerate().take(64) {
+            if cpu_free < s.cpu || (memory && memory_free < s.memory) {
+                m &= !(1u64 << i);
+            }
+        }
+        m
+    }
+
+    /// [`Compiled::recursive_table`] with only the shapes in `mask` fitting.
+    pub fn recursive_masked(&self, model: u64, mask: u64) -> Vec<f32> {
+        let n = usize::from(MILLI);
+        let sizes: Vec<(usize, f64)> = self
+            .shapes
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.models & model != 0 && (*i >= 64 || mask & (1u64 << i) != 0))
+            .map(|(_, s)| s)
+            .map(|s| (usize::from(s.milli), s.weight))
+            .collect();
+        let total = self.cpu_only_weight + self.shapes.iter().map(|s| s.weight).sum::<f64>();
+        let mut e = vec![0f32; n + 1];
+        for f in 1..=n {
+            let (mut acc, mut fit) = (0.0, 0.0);
+            for &(m, w) in &sizes {
+                if m <= f && m > 0 {
+                    acc += w * f64::from(e[f - m]);
+                    fit += w;
+                }
+            }
+            e[f] = (acc + (total - fit) * f as f64) as f32;
+        }
+        e
+    }
+
+    /// The eventual idle milli of one GPU of a model in `model`, by free
+    /// milli: a GPU that no shape fits keeps all its free milli; otherwise
+    /// the next task that fits it is drawn from the shapes that fit, by
+    /// weight, and the GPU goes on with what that task leaves. Whole-GPU
+    /// shapes fit only an untouched GPU (`f` = 1000).
+    fn eventual_table(&self, model: u64) -> Vec<f32> {
+        let n = usize::from(MILLI);
+        let sizes: Vec<(usize, f64)> = self
+            .shapes
+            .iter()
+            .filter(|s| s.models & model != 0)
+            .map(|s| (usize::from(s.milli), s.weight))
+            .collect();
+        let mut e = vec![0f32; n + 1];
+        for f in 1..=n {
+            let (mut num, mut den) = (0.0, 0.0);
+            for &(m, w) in &sizes {
+                if m <= f && m > 0 {
+                    num += w * f64::from(e[f - m]);
+                    den += w;
+                }
+            }
+            e[f] = if den > 0.0 {
+                (num / den) as f32
+            } else {
+                f as f32
+            };
+        }
+        e
     }
 }
 
@@ -376,6 +468,50 @@ impl Compiled {
             fill += s.weight * total.saturating_sub(used) as f64;
         }
         (f, fill)
+    }
+}
+
+impl Compiled {
+    /// Reweights the GPU shapes: `base[i]` over the copies of shape `i` the
+    /// cluster can still host (as in [`Compiled::frag_fill`], summed over
+    /// nodes), renormalised to the GPU shapes' share of the workload; a shape
+    /// that fits nowhere weighs nothing.
+    pub fn rescale_by_scarcity(&mut self, base: &[f64], cluster: &Cluster, memory: bool) {
+        let share: f64 = base.iter().sum();
+        let mut raw = vec![0.0; self.shapes.len()];
+        for (i, s) in self.shapes.iter().enumerate() {
+            let mut copies = 0u64;
+            for n in cluster.nodes() {
+                if s.models & n.model_mask == 0 {
+                    continue;
+                }
+                let mut units: u64 = 0;
+                if s.whole {
+                    let free = n.gpus.iter().filter(|g| g.fits_whole(s.models)).count() as u64;
+                    units = free / u64::from(s.count.max(1));
+                } else {
+                    for g in &n.gpus {
+                        if g.fits_frac(s.milli, s.vram, s.models) {
+                            units += u64::from(g.milli_free / s.milli.max(1));
+                        }
+                    }
+                }
+                if let Some(c) = n.cpu_free.checked_div(s.cpu) {
+                    units = units.min(c);
+                }
+                if memory && s.memory > 0 {
+                    units = units.min(n.memory_free / s.memory);
+                }
+                copies += units;
+            }
+            if copies > 0 {
+                raw[i] = base[i] / copies as f64;
+            }
+        }
+        let total: f64 = raw.iter().sum();
+        for (s, r) in self.shapes.iter_mut().zip(raw) {
+            s.weight = if total > 0.0 { r / total * share } else { 0.0 };
+        }
     }
 }
 

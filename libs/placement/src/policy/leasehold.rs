@@ -1,4 +1,9 @@
-//! Leasehold's default policy: fragmentation gradient descent made exact.
+//! Leasehold's default policy: FGD's quantised score, memory-aware, with its
+//! ties broken by what FGD cannot see: for a slice, how much of the chosen
+//! GPU's free milli is likely to stay idle for good (a recursive form of
+//! FGD's per-GPU fragment); for anything else, the fill-up stranding (a node
+//! running out of CPU or memory before its GPUs). Ties left after that go
+//! to the seeded node order, which is what consolidates.
 //!
 //! See docs/placement.md for the reasoning and the measurements.
 
@@ -9,6 +14,7 @@ use crate::engine::Scored;
 use crate::policy::baselines::{MAX_SPEC_CPU, MAX_SPEC_GPU};
 use crate::rng::Rng;
 use crate::workload::{Compiled, Workload};
+use std::collections::HashMap;
 
 /// Switches of the policy (the default is what docs/placement.md justifies;
 /// the others exist to measure each idea on its own).
@@ -32,6 +38,45 @@ pub struct LeaseholdConfig {
     pub sum: bool,
     /// Treat fragmentation deltas within this many milli as equal (0: exact).
     pub bucket: f64,
+    /// Inside the node, choose a slice's GPU by the eventual idle milli
+    /// (`Compiled::eventual`) instead of F'.
+    pub gpu_eventual: bool,
+    /// Inside the node, choose the tightest GPU.
+    pub gpu_tight: bool,
+    /// Break ties by the change of the eventual idle milli of the node.
+    pub tie_eventual: bool,
+    /// Break ties by fill-up stranding plus eventual idle milli.
+    pub tie_fill_eventual: bool,
+    /// Add the node's eventual idle milli to the primary measure.
+    pub sum_eventual: bool,
+    /// Use the recursive FGD fragment table wherever the eventual idle milli
+    /// is used.
+    pub recursive: bool,
+    /// With `tie_eventual_frac`, break ties left by the table by the
+    /// fill-up stranding.
+    pub tie_then_fill: bool,
+    /// Break ties of slices by the node's recursive fragment with only the
+    /// shapes its CPU and memory still fit.
+    pub node_recursive: bool,
+    /// Score every demand by the change of the node's recursive fragment
+    /// (with the shapes its CPU and memory fit) instead of F.
+    pub primary_node_recursive: bool,
+    /// Weight each shape by its share of the workload over the number of
+    /// copies the cluster can still host (renormalised), rescaled at every
+    /// 1% of capacity allocated.
+    pub scarcity: bool,
+    /// Leave ties of slices to the node order.
+    pub frac_order_only: bool,
+    /// Score slices by the change of the eventual table instead of F.
+    pub primary_recursive: bool,
+    /// Break ties left by the fill-up stranding by the eventual idle milli.
+    pub tie_then_eventual: bool,
+    /// Break ties of slices by the change of the chosen GPU's table value
+    /// (`recursive` or eventual), of others by the fill-up stranding. A
+    /// slice's ties are then left to the node order: every CPU-aware second
+    /// key we measured for slices (fill-up, the node-level table) did worse,
+    /// as it spreads slices instead of consolidating them.
+    pub tie_eventual_frac: bool,
 }
 
 impl LeaseholdConfig {
@@ -52,6 +97,27 @@ impl LeaseholdConfig {
             b if b.starts_with("b=") => self.bucket = b[2..].parse().ok()?,
             "step" => self.fill = false,
             "cw" => self.demand_weighted = false,
+            "gev" => self.gpu_eventual = true,
+            "gtight" => self.gpu_tight = true,
+            "tev" => self.tie_eventual = true,
+            "tfev" => self.tie_fill_eventual = true,
+            "sumev" => self.sum_eventual = true,
+            "rec" => self.recursive = true,
+            "draw" => self.recursive = false,
+            "notevf" => self.tie_eventual_frac = false,
+            // The default of version 1 (docs/placement.md, "What we tried").
+            "v1" => {
+                self.recursive = false;
+                self.tie_eventual_frac = false;
+            }
+            "pfr" => self.primary_recursive = true,
+            "cpurec" => self.node_recursive = true,
+            "prn" => self.primary_node_recursive = true,
+            "tforder" => self.frac_order_only = true,
+            "scarce" => self.scarcity = true,
+            "thenfill" => self.tie_then_fill = true,
+            "tfthen" => self.tie_then_eventual = true,
+            "tevf" => self.tie_eventual_frac = true,
             _ => return None,
         }
         Some(())
@@ -69,6 +135,20 @@ impl Default for LeaseholdConfig {
             fill_tiebreak: true,
             sum: false,
             bucket: 0.0,
+            gpu_eventual: false,
+            gpu_tight: false,
+            tie_eventual: false,
+            tie_fill_eventual: false,
+            sum_eventual: false,
+            tie_then_eventual: false,
+            recursive: true,
+            primary_recursive: false,
+            node_recursive: false,
+            primary_node_recursive: false,
+            frac_order_only: false,
+            scarcity: false,
+            tie_then_fill: false,
+            tie_eventual_frac: true,
         }
     }
 }
@@ -79,6 +159,12 @@ pub struct Leasehold {
     cfg: LeaseholdConfig,
     compiled: Option<Compiled>,
     cache: NodeCache,
+    /// Recursive tables by (GPU model, shapes the node's CPU/memory fit).
+    masked: HashMap<(u16, u64), Vec<f32>>,
+    /// With `scarcity`: the shapes' weights as given, and the allocated
+    /// milli when the weights were last rescaled.
+    base: Vec<f64>,
+    rescaled_at: Option<u64>,
 }
 
 impl Leasehold {
@@ -92,6 +178,9 @@ impl Leasehold {
             cfg,
             compiled: None,
             cache: NodeCache::default(),
+            masked: HashMap::new(),
+            base: Vec::new(),
+            rescaled_at: None,
         }
     }
 
@@ -103,6 +192,7 @@ impl Leasehold {
         self.workload = workload;
         self.compiled = None;
         self.cache.clear();
+        self.masked.clear();
     }
 }
 
@@ -111,7 +201,7 @@ impl Policy for Leasehold {
         "leasehold"
     }
     fn version(&self) -> u32 {
-        1
+        2
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
@@ -126,6 +216,26 @@ impl Policy for Leasehold {
                 Compiled::new(&self.workload, cluster)
             });
             self.cache.clear();
+            self.masked.clear();
+            self.base = self
+                .compiled
+                .as_ref()
+                .map(|c| c.shapes.iter().map(|s| s.weight).collect())
+                .unwrap_or_default();
+            self.rescaled_at = None;
+        }
+        if self.cfg.scarcity {
+            let used = cluster.gpu_milli_used();
+            let step = cluster.gpu_milli_total() / 100;
+            if self
+                .rescaled_at
+                .is_none_or(|u| used.abs_diff(u) >= step.max(1))
+            {
+                self.rescaled_at = Some(used);
+                let c = self.compiled.as_mut().expect("compiled above");
+                c.rescale_by_scarcity(&self.base, cluster, self.cfg.memory);
+                self.cache.clear();
+            }
         }
         self.cache.begin(cluster, d);
     }
@@ -139,7 +249,15 @@ impl Policy for Leasehold {
         let mem = cfg.memory;
         // (primary measure, fill-up stranding) of a node state.
         let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| -> (f64, f64) {
-            if cfg.sum {
+            if cfg.sum_eventual {
+                let (a, b) = w.frag_both(l, mem);
+                let e: f64 = l
+                    .gpus
+                    .iter()
+                    .map(|g| f64::from(w.eventual[usize::from(g.model)][usize::from(g.milli_free)]))
+                    .sum();
+                (a + e, b)
+            } else if cfg.sum {
                 let (a, b) = w.frag_both(l, mem);
                 (a + b, b)
             } else if cfg.fill {
@@ -155,26 +273,43 @@ impl Policy for Leasehold {
         let (f0, g0) = self
             .cache
             .node_pair(node, n.generation, || measure(w, &load(n)));
+        let table = if cfg.recursive {
+            &w.recursive
+        } else {
+            &w.eventual
+        };
+        let ev = |g: &crate::cluster::Gpu| -> f64 {
+            f64::from(table[usize::from(g.model)][usize::from(g.milli_free)])
+        };
         let mut scratch = Scratch::of(n);
         let ((f1, g1), set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
-                let mut best: Option<((f64, f64), u16, u32)> = None;
+                let mut best: Option<((f64, f64), u16, u32, f64)> = None;
                 for (j, g) in n.gpus.iter().enumerate() {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
                     let m = scratch.measure_after(w, d, 1 << j, n, measure);
+                    let mut after = *g;
+                    after.milli_free -= milli;
+                    let e = ev(&after) - ev(g);
                     let better = match best {
                         None => true,
-                        Some((bm_, bmilli, _)) => {
-                            m.0 < bm_.0 || (m.0 == bm_.0 && g.milli_free < bmilli)
+                        Some((bm_, bmilli, _, be)) => {
+                            if cfg.gpu_tight {
+                                g.milli_free < bmilli
+                            } else if cfg.gpu_eventual {
+                                e < be || (e == be && g.milli_free < bmilli)
+                            } else {
+                                m.0 < bm_.0 || (m.0 == bm_.0 && g.milli_free < bmilli)
+                            }
                         }
                     };
                     if better {
-                        best = Some((m, g.milli_free, 1 << j));
+                        best = Some((m, g.milli_free, 1 << j, e));
                     }
                 }
-                let (m, _, set) = best.unwrap_or(((f0, g0), 0, 0));
+                let (m, _, set, _) = best.unwrap_or(((f0, g0), 0, 0, 0.0));
                 (m, set)
             }
             _ => {
@@ -182,14 +317,89 @@ impl Policy for Leasehold {
                 (scratch.measure_after(w, d, set, n, measure), set)
             }
         };
+        let eventual_delta = || -> f64 {
+            match d.kind {
+                Kind::Frac { milli, .. } => n
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| set & (1 << j) != 0)
+                    .map(|(_, g)| {
+                        let mut a = *g;
+                        a.milli_free -= milli;
+                        ev(g) - ev(&a)
+                    })
+                    .sum(),
+                Kind::Whole(_) => n
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| set & (1 << j) != 0)
+                    .map(|(_, g)| ev(g))
+                    .sum(),
+                _ => 0.0,
+            }
+        };
+        let node_delta = |masked: &mut HashMap<(u16, u64), Vec<f32>>| -> f64 {
+            let m0 = w.fit_mask(n.cpu_free, n.memory_free, mem);
+            let m1 = w.fit_mask(n.cpu_free - d.cpu_milli, n.memory_free - d.memory_mib, mem);
+            let mut acc = 0.0;
+            for (j, g) in n.gpus.iter().enumerate() {
+                let mut a = *g;
+                if set & (1 << j) != 0 {
+                    match d.kind {
+                        Kind::Frac { milli, .. } => a.milli_free -= milli,
+                        Kind::Whole(_) => a.milli_free = 0,
+                        _ => {}
+                    }
+                }
+                let before = masked
+                    .entry((g.model, m0))
+                    .or_insert_with(|| w.recursive_masked(1u64 << g.model, m0))
+                    [usize::from(g.milli_free)];
+                let after = masked
+                    .entry((g.model, m1))
+                    .or_insert_with(|| w.recursive_masked(1u64 << g.model, m1))
+                    [usize::from(a.milli_free)];
+                acc += f64::from(before) - f64::from(after);
+            }
+            acc
+        };
+        let delta = if cfg.primary_node_recursive {
+            node_delta(&mut self.masked)
+        } else if cfg.primary_recursive && matches!(d.kind, Kind::Frac { .. }) {
+            eventual_delta()
+        } else {
+            f0 - f1
+        };
         let score = if cfg.quantise {
-            ((1.0 / (1.0 + (-(f0 - f1) / 1000.0).exp())) * 100.0) as i64 as f64
+            ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0) as i64 as f64
         } else if cfg.bucket > 0.0 {
             ((f0 - f1) / cfg.bucket).floor()
         } else {
             f0 - f1
         };
-        let tiebreak = if cfg.fill_tiebreak {
+        let tiebreak = if cfg.frac_order_only && matches!(d.kind, Kind::Frac { .. }) {
+            0.0
+        } else if cfg.node_recursive && matches!(d.kind, Kind::Frac { .. }) {
+            node_delta(&mut self.masked)
+        } else if cfg.tie_then_eventual {
+            // Fill-up deltas are sums of weighted milli; round them to a
+            // thousandth of a milli so equal states compare equal.
+            ((g0 - g1) * 1e3).round() * 1e4 + eventual_delta().clamp(-4999.0, 4999.0)
+        } else if cfg.tie_eventual_frac && matches!(d.kind, Kind::Frac { .. }) {
+            if cfg.tie_then_fill {
+                // Table deltas are sums of weighted milli; round them to a
+                // thousandth of a milli so equal states compare equal.
+                (eventual_delta() * 1e3).round() * 1e4 + (g0 - g1).clamp(-4999.0, 4999.0)
+            } else {
+                eventual_delta()
+            }
+        } else if cfg.tie_eventual {
+            eventual_delta()
+        } else if cfg.tie_fill_eventual {
+            g0 - g1 + eventual_delta()
+        } else if cfg.fill_tiebreak {
             g0 - g1
         } else if cfg.pack_tiebreak {
             -((n.cpu_free - d.cpu_milli) as f64 / MAX_SPEC_CPU

@@ -1,0 +1,156 @@
+//! Where the idle GPU milli is at the end of one openb replay (the published
+//! protocol, as `lh-sim` runs it), to see what a policy leaves behind.
+//!
+//! ```text
+//! cargo run --release -p lh-placement --example endstate -- NODES TASKS POLICY SEED
+//! ```
+//!
+//! Prints the allocation, the tasks that arrived and failed per shape (and
+//! the arrived share at the first failure), the idle milli by how much of a
+//! GPU is free, the slice mixes of the partly used GPUs that keep the most
+//! idle milli, where the smallest slices went, and the idle milli split into
+//! "no trace shape fits the GPU", "a shape fits the GPU but not the node's
+//! CPU or memory" (stranded) and "a shape would fit" (unfilled).
+use std::collections::{BTreeMap, HashSet};
+
+use lh_placement::sim::{self, Order};
+use lh_placement::{policy, Cluster, Demand, Engine, Kind};
+
+fn label(d: &Demand) -> String {
+    match d.kind {
+        Kind::None => "cpu".to_string(),
+        Kind::Whole(n) => format!("whole{n}"),
+        Kind::Frac { milli, .. } => format!("frac{milli:04}"),
+        Kind::Mig(_) => "mig".to_string(),
+    }
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() != 5 {
+        eprintln!("usage: endstate NODES TASKS POLICY SEED");
+        std::process::exit(2);
+    }
+    let nodes = sim::parse_nodes(&std::fs::read_to_string(&a[1]).expect("nodes")).unwrap();
+    let tasks = sim::parse_tasks(&std::fs::read_to_string(&a[2]).expect("tasks")).unwrap();
+    let name = &a[3];
+    let seed: u64 = a[4].parse().expect("seed");
+    let cluster = Cluster::new(&nodes);
+    let cap = cluster.gpu_milli_total();
+    let workload = if name.starts_with("leasehold") {
+        sim::leasehold_workload(&tasks)
+    } else {
+        sim::published_workload(&tasks)
+    };
+    let p = policy::by_name(name, &workload).expect("policy");
+    let seq = sim::arrival_sequence(&tasks, cap, 1.3, seed, Order::AppendThenShuffle);
+    let mut e = Engine::new(cluster, p, seed).with_ranked_ties();
+    let demands: Vec<Demand> = tasks
+        .iter()
+        .map(|t| e.cluster().demand(&t.request()))
+        .collect();
+
+    // (arrived, failed, arrived % at the first failure) per shape.
+    let mut per_kind: BTreeMap<String, (u64, u64, Option<f64>)> = BTreeMap::new();
+    let mut arrived = 0u64;
+    for &t in &seq {
+        arrived += tasks[t].gpu_milli_total();
+        let d = demands[t];
+        let k = per_kind.entry(label(&d)).or_default();
+        k.0 += 1;
+        if e.schedule_demand(&d).is_err() {
+            k.1 += 1;
+            k.2.get_or_insert(arrived as f64 / cap as f64 * 100.0);
+        }
+    }
+    let c = e.cluster();
+    println!(
+        "alloc {:.2}% idle {}",
+        c.gpu_milli_used() as f64 / cap as f64 * 100.0,
+        cap - c.gpu_milli_used()
+    );
+    println!("shape: arrived failed first-failure-at-%");
+    for (k, (n, f, at)) in &per_kind {
+        println!(
+            "  {k}: {n} {f} {}",
+            at.map_or("-".into(), |x| format!("{x:.1}"))
+        );
+    }
+
+    let mut by_free: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
+    for n in c.nodes() {
+        for g in n.gpus.iter().filter(|g| g.milli_free > 0) {
+            let b = if g.leases == 0 {
+                1000
+            } else {
+                g.milli_free / 100 * 100
+            };
+            let e = by_free.entry(b).or_default();
+            e.0 += 1;
+            e.1 += u64::from(g.milli_free);
+        }
+    }
+    println!("idle by free milli of the GPU, in 100s (1000: untouched): GPUs, milli");
+    for (b, (n, m)) in &by_free {
+        println!("  {b}: {n} {m}");
+    }
+
+    let mut slices: BTreeMap<(u32, u32), Vec<u16>> = BTreeMap::new();
+    for (_, al) in c.allocations() {
+        if let Kind::Frac { milli, .. } = al.demand.kind {
+            slices
+                .entry((al.node, al.gpus.trailing_zeros()))
+                .or_default()
+                .push(milli);
+        }
+    }
+    let mut mixes: BTreeMap<Vec<u16>, u64> = BTreeMap::new();
+    let mut small: BTreeMap<Vec<u16>, u64> = BTreeMap::new();
+    for ((node, j), mut v) in slices {
+        v.sort_unstable();
+        let g = &c.node(node as usize).gpus[j as usize];
+        *mixes.entry(v.clone()).or_default() += u64::from(g.milli_free);
+        if v[0] < 200 {
+            *small.entry(v).or_default() += 1;
+        }
+    }
+    let mut mixes: Vec<_> = mixes.into_iter().filter(|m| m.1 > 0).collect();
+    mixes.sort_by_key(|m| std::cmp::Reverse(m.1));
+    println!("slice mixes of partly used GPUs by idle milli (top 15)");
+    for (v, m) in mixes.iter().take(15) {
+        println!("  {v:?}: {m}");
+    }
+    println!("GPUs holding a slice under 200 milli, by mix: {small:?}");
+
+    let shapes: HashSet<Demand> = demands.iter().copied().collect();
+    let (mut size, mut stranded, mut unfilled) = (0u64, 0u64, 0u64);
+    for n in c.nodes() {
+        for g in n.gpus.iter().filter(|g| g.milli_free > 0) {
+            let mut gpu_fits = false;
+            let mut node_fits = false;
+            for d in &shapes {
+                let fits = match d.kind {
+                    Kind::Frac { milli, vram_gb } => g.fits_frac(milli, vram_gb, d.models),
+                    Kind::Whole(1) => g.fits_whole(d.models),
+                    _ => false,
+                };
+                if fits {
+                    gpu_fits = true;
+                    if n.cpu_free >= d.cpu_milli && n.memory_free >= d.memory_mib {
+                        node_fits = true;
+                        break;
+                    }
+                }
+            }
+            let m = u64::from(g.milli_free);
+            if node_fits {
+                unfilled += m;
+            } else if gpu_fits {
+                stranded += m;
+            } else {
+                size += m;
+            }
+        }
+    }
+    println!("idle: no shape fits the GPU {size}, stranded by CPU/memory {stranded}, unfilled {unfilled}");
+}
