@@ -11,6 +11,7 @@
 //! The agent learns what it should be running from the log at start, so a
 //! restarted agent picks up where it was.
 
+pub mod backend;
 pub mod fleet_file;
 pub mod runtime;
 pub mod workloads;
