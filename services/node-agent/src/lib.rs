@@ -13,6 +13,7 @@
 
 pub mod backend;
 pub mod fleet_file;
+pub mod health;
 pub mod runtime;
 pub mod workloads;
 
