@@ -1,9 +1,11 @@
 //! The simulated fleet file (`dev/fleet.toml`): nodes and their GPUs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use lh_events::{GpuInfo, NodeRegistered};
 use serde::Deserialize;
+
+use crate::backend::sim::{FaultScript, FaultScriptError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +25,10 @@ pub struct SimNode {
     /// Indices of the GPUs in MIG mode (they take MIG leases only).
     #[serde(default)]
     pub mig_gpus: Vec<u32>,
+    /// A fault script for the simulated backend (`docs/gpu-backends.md`),
+    /// relative to the fleet file. Without one the node stays healthy.
+    #[serde(default)]
+    pub faults: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +42,12 @@ pub enum FleetFileError {
     Parse {
         path: String,
         source: toml::de::Error,
+    },
+    #[error("node {node:?} in fleet file {path}: {source}")]
+    Faults {
+        node: String,
+        path: String,
+        source: Box<FaultScriptError>,
     },
     #[error("node {node:?} in fleet file {path}: {why}")]
     Invalid {
@@ -67,6 +79,13 @@ impl FleetFile {
                 path: path.display().to_string(),
                 why,
             })?;
+            // A bad fault script fails the start, not the first fault.
+            n.fault_script(path)
+                .map_err(|source| FleetFileError::Faults {
+                    node: n.id.clone(),
+                    path: path.display().to_string(),
+                    source: Box::new(source),
+                })?;
         }
         Ok(file)
     }
@@ -106,6 +125,20 @@ impl SimNode {
             )),
             None => Ok(()),
         }
+    }
+
+    /// The node's fault script, if it names one; a relative path is taken
+    /// from the fleet file's directory.
+    pub fn fault_script(&self, fleet_file: &Path) -> Result<Option<FaultScript>, FaultScriptError> {
+        let Some(faults) = &self.faults else {
+            return Ok(None);
+        };
+        let path = fleet_file
+            .parent()
+            .map_or_else(|| faults.clone(), |dir| dir.join(faults));
+        let script = FaultScript::load(&path)?;
+        script.check_gpus(self.gpu_count, &path.display().to_string())?;
+        Ok(Some(script))
     }
 
     /// The inventory a real host would report; GPU UUIDs are stable per
@@ -183,5 +216,34 @@ mod tests {
         write("L4-24GB", "[0]");
         let err = FleetFile::load(&path).unwrap_err().to_string();
         assert!(err.contains("no MIG mode"), "{err}");
+    }
+    #[test]
+    fn a_node_may_name_a_fault_script_next_to_the_fleet_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = dir.path().join("fleet.toml");
+        std::fs::write(
+            &fleet,
+            "[[node]]\nid = \"n\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\nfaults = \"faults.toml\"\n",
+        )
+        .unwrap();
+        let script = |text: &str| std::fs::write(dir.path().join("faults.toml"), text).unwrap();
+        script("[[fault]]\nafter_s = 1\ngpu = 1\nkind = \"xid\"\ncode = 79\n");
+        let f = FleetFile::load(&fleet).unwrap();
+        let faults = f.node("n", &fleet).unwrap().fault_script(&fleet).unwrap();
+        assert_eq!(faults.unwrap().faults.len(), 1);
+        // A script that names a GPU the node lacks fails the load.
+        script("[[fault]]\nafter_s = 1\ngpu = 2\nkind = \"xid\"\ncode = 79\n");
+        let err = FleetFile::load(&fleet).unwrap_err().to_string();
+        assert!(err.contains("gpu 2 but the node has 2 GPUs"), "{err}");
+        std::fs::remove_file(dir.path().join("faults.toml")).unwrap();
+        let err = FleetFile::load(&fleet).unwrap_err().to_string();
+        assert!(err.contains("cannot read fault script"), "{err}");
+    }
+
+    #[test]
+    fn the_dev_fleet_file_still_loads_and_names_no_faults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dev/fleet.toml");
+        let f = FleetFile::load(&path).unwrap();
+        assert!(f.node.iter().all(|n| n.faults.is_none()));
     }
 }

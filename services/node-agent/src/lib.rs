@@ -11,7 +11,9 @@
 //! The agent learns what it should be running from the log at start, so a
 //! restarted agent picks up where it was.
 
+pub mod backend;
 pub mod fleet_file;
+pub mod health;
 pub mod runtime;
 pub mod workloads;
 

@@ -1,0 +1,160 @@
+//! Where the node-agent learns about its GPUs: one trait, two backends.
+//!
+//! * [`nvml::NvmlBackend`] asks the NVIDIA Management Library on a real host.
+//! * [`sim::SimBackend`] plays the GPUs of a fleet-file node, with an
+//!   optional script of faults in time, so every health path runs on a
+//!   machine without a GPU.
+//!
+//! The trait is synchronous because NVML is: its calls block (an event wait
+//! blocks up to its timeout), so the agent calls them from
+//! `tokio::task::spawn_blocking`. Implementations are `Send + Sync` so one
+//! backend behind an `Arc` serves the sampling loop and the event loop.
+//!
+//! What the backends report is raw observation; judging it (healthy,
+//! degraded, unhealthy) is [`crate::health`]'s job.
+
+pub mod nvml;
+pub mod sim;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// One physical GPU as the host sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    /// The driver's index (`nvidia-smi -i`), the key of samples and events.
+    pub index: u32,
+    pub uuid: String,
+    /// Marketing name as the driver reports it (`NVIDIA H100 80GB HBM3`),
+    /// or the fleet file's model for the simulated backend.
+    pub model: String,
+    pub vram_mib: u64,
+    pub mig_enabled: bool,
+    /// MIG devices (compute instances) that exist now; empty when MIG is
+    /// off or no instance has been created yet.
+    pub mig_devices: Vec<MigDevice>,
+    /// Indices of the GPUs this one reaches over an active NVLink.
+    pub nvlink_peers: Vec<u32>,
+    /// NUMA node of the GPU's PCIe root, when the platform says.
+    pub numa_node: Option<u32>,
+}
+
+/// One MIG device (a compute instance inside a GPU instance).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigDevice {
+    pub uuid: String,
+    /// Profile name such as `1g.10gb`.
+    pub profile: String,
+    /// First memory slice of its GPU instance, when the backend can tell
+    /// (NVML only reports it through GPU-instance handles, which
+    /// nvml-wrapper does not wrap: `None` there).
+    pub gpu_instance_start: Option<u32>,
+}
+
+/// One reading of one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub index: u32,
+    pub utilization_pct: u32,
+    pub memory_used_mib: u64,
+    pub memory_total_mib: u64,
+    pub temperature_c: u32,
+    pub power_w: f64,
+    /// Double-bit (uncorrectable) ECC errors since the driver loaded.
+    /// `None` where ECC is off or unsupported, or the read failed: a missing
+    /// reading must not look like a counter that went back to zero (and then
+    /// jumped, which would read as new errors).
+    pub ecc_double_bit_total: Option<u64>,
+    /// Memory per process on this GPU, where the backend can tell cheaply.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessMemory>,
+}
+
+impl GpuSample {
+    /// Share of the GPU's memory in use, in percent.
+    pub fn memory_used_pct(&self) -> f64 {
+        if self.memory_total_mib == 0 {
+            return 0.0;
+        }
+        self.memory_used_mib as f64 * 100.0 / self.memory_total_mib as f64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessMemory {
+    pub pid: u32,
+    pub used_mib: u64,
+}
+
+/// Something that happened to a GPU, as opposed to a value read from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuEvent {
+    pub index: u32,
+    pub kind: GpuEventKind,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuEventKind {
+    /// An XID error the driver reported (code in the NVIDIA XID catalogue).
+    Xid(u64),
+    /// An uncorrectable double-bit ECC error.
+    EccDoubleBit,
+    /// The GPU stopped answering (NVML `GPU_IS_LOST`): gone from the bus.
+    Lost,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The one line an operator sees when the agent is started with the
+    /// NVML backend on a host without the NVIDIA driver.
+    #[error("NVML library (libnvidia-ml.so.1) not found: install the NVIDIA driver, or run with --gpu-backend sim")]
+    LibraryMissing {
+        /// What the dynamic loader said, for the debug log.
+        detail: String,
+    },
+    #[error("NVIDIA driver is not loaded (NVML found, nvmlInit failed): load the nvidia kernel module, or run with --gpu-backend sim")]
+    DriverNotLoaded,
+    #[error("NVML {call} failed: {message}")]
+    Nvml { call: &'static str, message: String },
+    /// The simulated node was stopped by its fault script: the host is
+    /// "powered off", so the agent must stop heartbeating (see
+    /// [`BackendError::is_node_stopped`]).
+    #[error("simulated node stopped by its fault script")]
+    NodeStopped,
+}
+
+impl BackendError {
+    /// The host is gone (the simulated `node_stop` fault): the agent stops
+    /// heartbeating and publishing rather than retrying, so the scheduler
+    /// sees the silence and declares the node lost, as it would for a host
+    /// that lost power.
+    pub fn is_node_stopped(&self) -> bool {
+        matches!(self, BackendError::NodeStopped)
+    }
+}
+
+/// A source of GPU facts. Methods block; call them from `spawn_blocking`.
+pub trait GpuBackend: Send + Sync {
+    /// Short name for logs (`nvml`, `sim`).
+    fn name(&self) -> &'static str;
+
+    /// The GPUs of this host, ordered by index.
+    fn inventory(&self) -> Result<Vec<GpuDevice>, BackendError>;
+
+    /// One reading of every GPU that answers, stamped by the caller's clock
+    /// (`now`). A GPU that does not answer is left out; its loss is
+    /// reported by [`GpuBackend::wait_events`].
+    fn sample(&self, now: DateTime<Utc>) -> Result<Vec<GpuSample>, BackendError>;
+
+    /// Events that happened since the last call, waiting up to `timeout`
+    /// for the first one. An empty vector means the wait timed out.
+    fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError>;
+}
+
+/// At most this many events are returned by one `wait_events` call; the
+/// rest wait for the next call (a storm of XIDs must not starve sampling).
+pub const MAX_EVENTS_PER_WAIT: usize = 64;
