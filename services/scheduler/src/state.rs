@@ -1537,6 +1537,38 @@ mod tests {
             }
         }
 
+        /// Applies `op` (a request of tenant `t` as `lease`, or the end of
+        /// one live lease) and every decision that follows it.
+        fn step(s: &mut State, seq: &mut u64, op: Op, lease: Uuid, t: Uuid, now: DateTime<Utc>) {
+            let data = match op {
+                Op::Whole(n) => request(lease, t, n),
+                Op::Frac(m, v) => request_frac(lease, t, m, v),
+                Op::Mig(p) => request_mig(lease, t, p),
+                Op::End(i) => {
+                    let mut live: Vec<Uuid> = s.leases.keys().copied().collect();
+                    if live.is_empty() {
+                        return;
+                    }
+                    live.sort();
+                    EventData::LeaseEnded(LeaseEnded {
+                        lease_id: live[i % live.len()],
+                        node_id: None,
+                        ended_at: now,
+                        reason: EndReason::Stopped,
+                        exit_code: None,
+                    })
+                }
+            };
+            *seq += 1;
+            s.apply(*seq, &env(data));
+            for batch in s.decide(now, &Rules::default()).batches {
+                for (e, _) in batch {
+                    *seq += 1;
+                    s.apply(*seq, &e);
+                }
+            }
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(64))]
             #[test]
@@ -1547,33 +1579,7 @@ mod tests {
                 let now = Utc::now();
                 for (k, op) in ops.into_iter().enumerate() {
                     let lease = Uuid::from_u128(1000 + k as u128);
-                    let data = match op {
-                        Op::Whole(n) => request(lease, t, n),
-                        Op::Frac(m, v) => request_frac(lease, t, m, v),
-                        Op::Mig(p) => request_mig(lease, t, p),
-                        Op::End(i) => {
-                            let mut live: Vec<Uuid> = s.leases.keys().copied().collect();
-                            if live.is_empty() {
-                                continue;
-                            }
-                            live.sort();
-                            EventData::LeaseEnded(LeaseEnded {
-                                lease_id: live[i % live.len()],
-                                node_id: None,
-                                ended_at: now,
-                                reason: EndReason::Stopped,
-                                exit_code: None,
-                            })
-                        }
-                    };
-                    seq += 1;
-                    s.apply(seq, &env(data));
-                    for batch in s.decide(now, &Rules::default()).batches {
-                        for (e, _) in batch {
-                            seq += 1;
-                            s.apply(seq, &e);
-                        }
-                    }
+                    step(&mut s, &mut seq, op, lease, t, now);
                     check(&s);
                 }
             }
@@ -1593,33 +1599,7 @@ mod tests {
                 let now = Utc::now();
                 for (k, (who, op)) in ops.into_iter().enumerate() {
                     let (lease, t) = (Uuid::from_u128(1000 + k as u128), tenants[who]);
-                    let data = match op {
-                        Op::Whole(n) => request(lease, t, n),
-                        Op::Frac(m, v) => request_frac(lease, t, m, v),
-                        Op::Mig(p) => request_mig(lease, t, p),
-                        Op::End(i) => {
-                            let mut live: Vec<Uuid> = s.leases.keys().copied().collect();
-                            if live.is_empty() {
-                                continue;
-                            }
-                            live.sort();
-                            EventData::LeaseEnded(LeaseEnded {
-                                lease_id: live[i % live.len()],
-                                node_id: None,
-                                ended_at: now,
-                                reason: EndReason::Stopped,
-                                exit_code: None,
-                            })
-                        }
-                    };
-                    seq += 1;
-                    s.apply(seq, &env(data));
-                    for batch in s.decide(now, &Rules::default()).batches {
-                        for (e, _) in batch {
-                            seq += 1;
-                            s.apply(seq, &e);
-                        }
-                    }
+                    step(&mut s, &mut seq, op, lease, t, now);
                     // What each tenant holds, from the fleet (not from the
                     // scheduler's own counters): whole GPUs at 1000 milli
                     // and their VRAM, shares and MIG instances by size.
