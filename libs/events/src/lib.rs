@@ -276,6 +276,38 @@ pub struct TenantCreated {
     /// Weight in fair sharing across tenants (default 1).
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// What node-agents do with this tenant's idle leases; the agent's
+    /// default (`--idle-window-secs`, `--idle-action`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_policy: Option<IdlePolicy>,
+}
+
+/// A tenant's rule for leases whose GPUs do nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdlePolicy {
+    /// Seconds of zero GPU utilisation before the lease counts as idle.
+    pub window_s: u64,
+    pub action: IdleAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Only `lease.idle_detected`: the tenant is told, the lease runs on.
+    Notify,
+    /// `lease.idle_detected`, then the node-agent asks for the lease to stop
+    /// (`lease.stop_requested` by the node), which ends it as a stop does.
+    Stop,
+}
+
+impl IdleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Notify => "notify",
+            IdleAction::Stop => "stop",
+        }
+    }
 }
 
 fn default_weight() -> u32 {
@@ -528,8 +560,10 @@ pub struct LeaseIdleDetected {
     pub node_id: String,
     pub idle_since: DateTime<Utc>,
     pub window_s: u64,
-    /// What the tenant's policy does about it: `notify`, `stop` or `suspend`.
-    pub action: String,
+    /// What the tenant's policy does about it: `notify` or `stop`.
+    pub action: IdleAction,
+    /// When the agent saw it (`idle_since + window_s` at the earliest).
+    pub at: DateTime<Utc>,
 }
 
 /// An operator stopped new placements on a node. With `drain` its leases

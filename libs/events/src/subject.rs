@@ -54,6 +54,13 @@ pub fn heartbeat(node_id: &str) -> String {
     format!("lh.tel.heartbeat.{}", token(node_id))
 }
 
+/// Every lease's usage samples.
+pub const USAGE_ALL: &str = "lh.tel.usage.*";
+
+pub fn usage(lease_id: Uuid) -> String {
+    format!("lh.tel.usage.{lease_id}")
+}
+
 /// Makes a name safe as one subject token: NATS reserves `.`, `*`, `>` and
 /// whitespace, so those become `_`.
 pub fn token(name: &str) -> String {

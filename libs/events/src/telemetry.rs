@@ -14,3 +14,33 @@ pub struct Heartbeat {
     pub at: DateTime<Utc>,
     pub running_leases: usize,
 }
+
+/// What one lease used of its GPUs over the last sample, every
+/// `LH_USAGE_INTERVAL_SECS` (5 s by default) on [`crate::subject::usage`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseUsage {
+    pub lease_id: uuid::Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<uuid::Uuid>,
+    pub node_id: String,
+    /// The node's clock at the sample.
+    pub at: DateTime<Utc>,
+    pub gpus: Vec<LeaseGpuUsage>,
+}
+
+/// One GPU of a lease in a [`LeaseUsage`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseGpuUsage {
+    pub index: u32,
+    pub uuid: String,
+    /// The device's utilisation: leases that share a GPU all see the whole
+    /// device's figure (NVML does not split it by process cheaply).
+    pub utilization_pct: u32,
+    /// Memory in use on the device that is this lease's: all of it for a
+    /// whole GPU; for a shared GPU its processes' memory when the backend
+    /// reports processes of the lease, else a share of the device's in
+    /// proportion to the VRAM each lease holds.
+    pub memory_used_mib: u64,
+    /// Other leases hold part of this GPU.
+    pub shared: bool,
+}

@@ -104,7 +104,20 @@ impl Running {
         shutdown: CancellationToken,
         work: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
     ) -> anyhow::Result<Self> {
-        let router = router.merge(lh_telemetry::health_router(readiness.clone()));
+        let section = lh_telemetry::MetricsSection::default();
+        Self::spawn_with_metrics(addr, router, readiness, section, shutdown, work).await
+    }
+
+    /// [`Running::spawn`] whose `/metrics` also serves `section`.
+    pub async fn spawn_with_metrics(
+        addr: &str,
+        router: axum::Router,
+        readiness: Readiness,
+        section: lh_telemetry::MetricsSection,
+        shutdown: CancellationToken,
+        work: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        let router = router.merge(lh_telemetry::health_router_with(readiness.clone(), section));
         let stop = shutdown.clone();
         let (http_addr, http) =
             lh_telemetry::serve(addr, router, async move { stop.cancelled().await }).await?;

@@ -8,7 +8,7 @@
 //!   has caught up and can do its job) and `/metrics`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::{extract::State, http::StatusCode, routing::get, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -107,8 +107,30 @@ impl Readiness {
     }
 }
 
+/// Metrics text a service renders itself and `/metrics` serves after the
+/// recorder's: series whose label sets come and go (one per lease), which
+/// the `metrics` recorder would keep forever once set.
+#[derive(Clone, Default)]
+pub struct MetricsSection(Arc<RwLock<String>>);
+
+impl MetricsSection {
+    /// Replaces the whole section (Prometheus text format, ending in `\n`).
+    pub fn set(&self, text: String) {
+        *self.0.write().expect("metrics section") = text;
+    }
+
+    pub fn text(&self) -> String {
+        self.0.read().expect("metrics section").clone()
+    }
+}
+
 /// `/healthz`, `/readyz` and `/metrics`, to merge into a service's router.
 pub fn health_router(readiness: Readiness) -> Router {
+    health_router_with(readiness, MetricsSection::default())
+}
+
+/// [`health_router`] whose `/metrics` also serves `section`.
+pub fn health_router_with(readiness: Readiness, section: MetricsSection) -> Router {
     let handle = metrics_handle();
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -123,7 +145,14 @@ pub fn health_router(readiness: Readiness) -> Router {
             }),
         )
         .with_state(readiness)
-        .route("/metrics", get(move || async move { handle.render() }))
+        .route(
+            "/metrics",
+            get(move || async move {
+                let mut text = handle.render();
+                text.push_str(&section.text());
+                text
+            }),
+        )
 }
 
 /// Binds `addr` and serves `router` until `shutdown` resolves. Returns the

@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
                 max_vram_gb: None,
             },
             weight: 1,
+            idle_policy: None,
         })),
         Expect::Any,
     )

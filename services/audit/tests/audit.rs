@@ -170,6 +170,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                     max_vram_gb: None,
                 },
                 weight: 1,
+                idle_policy: None,
             }),
             1 => EventData::NodeRegistered(NodeRegistered {
                 node_id: format!("node-{i}"),

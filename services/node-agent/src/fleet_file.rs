@@ -29,6 +29,10 @@ pub struct SimNode {
     /// relative to the fleet file. Without one the node stays healthy.
     #[serde(default)]
     pub faults: Option<PathBuf>,
+    /// Utilisation a simulated GPU reads while a lease holds it (percent,
+    /// default 70); a fault script's `utilization` overrides it.
+    #[serde(default)]
+    pub busy_utilization_pct: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +112,14 @@ impl FleetFile {
 }
 
 impl SimNode {
+    pub fn busy_utilization_pct(&self) -> u32 {
+        self.busy_utilization_pct.unwrap_or(70)
+    }
+
     fn check(&self) -> Result<(), String> {
+        if self.busy_utilization_pct.is_some_and(|p| p > 100) {
+            return Err("busy_utilization_pct must be within 0..=100".into());
+        }
         if self.mig_gpus.is_empty() {
             return Ok(());
         }

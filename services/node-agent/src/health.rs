@@ -441,6 +441,15 @@ impl NodeHealth {
     pub fn health(&self, index: u32) -> Option<GpuHealth> {
         self.gpus.get(&index).map(GpuTracker::health)
     }
+
+    /// Takes the health the log last recorded for a GPU (an agent that
+    /// restarts must not forget an unhealthy GPU), with no transition.
+    pub fn assume(&mut self, index: u32, health: GpuHealth) {
+        let tracker = self.tracker(index);
+        tracker.health = health;
+        tracker.clean_run = 0;
+        tracker.over_since = None;
+    }
 }
 
 /// `XID 79 (GPU has fallen off the bus)`, for reasons and logs.

@@ -13,8 +13,12 @@
 
 pub mod backend;
 pub mod fleet_file;
+pub mod gpu_watch;
+pub mod gpus;
 pub mod health;
 pub mod runtime;
+pub mod self_test;
+pub mod usage;
 pub mod workloads;
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,8 +29,8 @@ use chrono::Utc;
 use lh_bus::{Bus, BusError, Expect};
 use lh_events::telemetry::Heartbeat;
 use lh_events::{
-    derived_id, subject, Actor, AssignedGpu, EndReason, Envelope, EventData, LeaseEnded,
-    LeaseStarted, NodeRegistered, WorkloadSpec,
+    derived_id, subject, Actor, AssignedGpu, EndReason, Envelope, EventData, GpuHealth, IdlePolicy,
+    LeaseEnded, LeaseStarted, NodeRegistered, WorkloadSpec,
 };
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use uuid::Uuid;
@@ -62,6 +66,8 @@ pub struct Config {
     /// Seconds a stopped workload gets between SIGTERM and SIGKILL.
     #[arg(long, env = "LH_STOP_GRACE_SECS", default_value_t = 30)]
     pub stop_grace_secs: u64,
+    #[command(flatten)]
+    pub gpus: gpus::GpuArgs,
 }
 
 impl Config {
@@ -74,13 +80,14 @@ impl Config {
             runtime: RuntimeKind::Sim,
             container_cli: None,
             stop_grace_secs: 30,
+            gpus: gpus::GpuArgs::for_test(),
         }
     }
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let fleet = fleet_file::FleetFile::load(&config.fleet_file)?;
-    let inventory = fleet.node(&config.node_id, &config.fleet_file)?.inventory();
+    config.gpus.validate()?;
+    let (backend, inventory) = gpus::open(&config.gpus, &config.fleet_file, &config.node_id)?;
     let service = format!("lh-node-agent-{}", config.node_id);
     let bus = config.common.connect_bus(&service).await?;
     let readiness = Readiness::default();
@@ -88,14 +95,20 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(10));
     let grace = Duration::from_secs(config.stop_grace_secs);
     let runtime = (config.runtime, config.container_cli.clone());
-    Running::spawn(
+    let section = lh_telemetry::MetricsSection::default();
+    let gpu_side = gpus::GpuSide::new(&config.gpus, backend, &inventory, section.clone());
+    Running::spawn_with_metrics(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
         readiness,
+        section,
         shutdown,
         async move {
             let (workloads, finished) = Workloads::new(runtime.0, runtime.1, grace)?;
-            agent(bus, inventory, heartbeat, ready, workloads, finished).await
+            agent(
+                bus, inventory, heartbeat, ready, workloads, finished, gpu_side,
+            )
+            .await
         },
     )
     .await
@@ -123,6 +136,8 @@ struct LocalLease {
     stopping: bool,
     /// Its workload ended (on its own, or stopped).
     exit: Option<runtime::Exit>,
+    /// Its GPUs' idle stretch, while it runs.
+    idle: usage::IdleWatch,
 }
 
 #[derive(Default)]
@@ -132,6 +147,10 @@ struct NodeState {
     /// Workloads of requested leases, until they end (any node's: the
     /// request comes before the placement).
     specs: HashMap<Uuid, WorkloadSpec>,
+    /// The health the log last recorded for each of this node's GPUs.
+    gpu_health: BTreeMap<u32, GpuHealth>,
+    /// Tenants' idle policies, where they set one.
+    idle_policies: HashMap<Uuid, IdlePolicy>,
 }
 
 impl NodeState {
@@ -139,6 +158,14 @@ impl NodeState {
         match &envelope.data {
             EventData::NodeRegistered(e) if e.node_id == node_id => {
                 self.registered = Some(e.clone());
+            }
+            EventData::NodeGpuHealthChanged(e) if e.node_id == node_id => {
+                self.gpu_health.insert(e.gpu_index, e.to);
+            }
+            EventData::TenantCreated(e) => {
+                if let Some(p) = e.idle_policy {
+                    self.idle_policies.insert(e.tenant_id, p);
+                }
             }
             EventData::LeaseRequested(e) => {
                 if let Some(w) = &e.workload {
@@ -228,6 +255,14 @@ impl NodeState {
             .filter(|l| l.started && !l.ended && !l.moved_away)
             .count()
     }
+
+    /// Leases that hold GPUs here now: placed (started or about to), not
+    /// ended or moved away.
+    fn holding(&self) -> impl Iterator<Item = (&Uuid, &LocalLease)> {
+        self.leases
+            .iter()
+            .filter(|(_, l)| !l.ended && !l.moved_away)
+    }
 }
 
 fn lease_of(data: &EventData) -> Option<Uuid> {
@@ -248,16 +283,25 @@ async fn agent(
     ready: Readiness,
     mut workloads: Workloads,
     mut finished: tokio::sync::mpsc::UnboundedReceiver<Finished>,
+    mut gpu_side: gpus::GpuSide,
 ) -> anyhow::Result<()> {
     let node_id = inventory.node_id.clone();
     let mut state = NodeState::default();
     let node_subject = subject::node(&node_id);
     let mut feed = bus
-        .feed(&[subject::LEASES_ALL, node_subject.as_str()], 1)
+        .feed(
+            &[
+                subject::LEASES_ALL,
+                node_subject.as_str(),
+                subject::TENANTS_ALL,
+            ],
+            1,
+        )
         .await?;
     let mut caught_up = false;
     let mut dirty = true;
     let mut beat = tokio::time::interval(heartbeat);
+    let mut observations = gpu_side.watch();
     loop {
         tokio::select! {
             next = feed.next_within(QUIET) => match next {
@@ -278,7 +322,16 @@ async fn agent(
                 }
                 dirty = true;
             }
-            _ = beat.tick() => {
+            Some(observation) = observations.recv() => {
+                // Judged against the log's health, so only once caught up.
+                if gpu_side.seeded() || caught_up {
+                    gpu_side.seed(&state.gpu_health);
+                    if gpu_side.observe(&bus, &node_id, &mut state, observation).await {
+                        dirty = true;
+                    }
+                }
+            }
+            _ = beat.tick(), if !gpu_side.node_stopped() => {
                 let hb = Heartbeat { node_id: node_id.clone(), at: Utc::now(), running_leases: state.running() };
                 let payload = serde_json::to_vec(&hb)?;
                 if let Err(e) = bus.publish_telemetry(subject::heartbeat(&node_id), payload).await {
@@ -291,7 +344,7 @@ async fn agent(
                 }
             }
         }
-        if caught_up && dirty {
+        if caught_up && dirty && !gpu_side.node_stopped() {
             dirty = false;
             if state.registered.as_ref() != Some(&inventory) {
                 register(&bus, &inventory).await?;
@@ -302,6 +355,7 @@ async fn agent(
                 caught_up = false;
                 dirty = true;
             }
+            gpu_side.set_busy(&state);
         }
     }
 }

@@ -1063,6 +1063,7 @@ mod tests {
                 max_vram_gb,
             },
             weight,
+            idle_policy: None,
         })
     }
 

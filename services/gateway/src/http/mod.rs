@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod invoices;
 pub mod leases;
+pub mod nodes;
 pub mod tenants;
 
 use std::time::Duration;
@@ -44,6 +45,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))
+        .route("/v1/nodes/{id}/drain", post(nodes::drain))
+        .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/invoices", get(invoices::show))
         .route("/v1/audit/verify", get(audit::verify))
         .route("/openapi.json", get(openapi_json))
@@ -60,6 +63,8 @@ pub fn router(ctx: ApiContext) -> Router {
         leases::list,
         leases::get,
         leases::stop,
+        nodes::drain,
+        nodes::uncordon,
         invoices::show,
         audit::verify
     ),

@@ -5,7 +5,9 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use lh_bus::{BusError, Expect};
-use lh_events::{derived_id, Actor, Envelope, EventData, Quota, TenantCreated};
+use lh_events::{
+    derived_id, Actor, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated,
+};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -25,7 +27,23 @@ pub struct CreateTenant {
     pub quota: QuotaBody,
     /// Weight in fair sharing across tenants, 1 to 1000 (default 1).
     pub weight: Option<u32>,
+    /// What happens to a lease whose GPUs show zero utilisation for a
+    /// while; the node-agents' default (5 minutes, notify) when absent.
+    pub idle_policy: Option<IdlePolicyBody>,
 }
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdlePolicyBody {
+    /// Seconds of zero utilisation, 1 to 604800 (a week).
+    pub window_s: u64,
+    /// `notify` (an event only) or `stop` (the lease is stopped).
+    #[schema(value_type = String, example = "notify")]
+    pub action: IdleAction,
+}
+
+/// Longest idle window a tenant may set.
+pub const MAX_IDLE_WINDOW_S: u64 = 7 * 24 * 3600;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -44,6 +62,8 @@ pub struct TenantCreatedResponse {
     pub name: String,
     pub quota: QuotaBody,
     pub weight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_policy: Option<IdlePolicyBody>,
 }
 
 /// Largest fair-share weight.
@@ -86,6 +106,15 @@ fn validate(body: &CreateTenant) -> Result<(), ApiError> {
             "weight",
         ));
     }
+    if body
+        .idle_policy
+        .is_some_and(|p| p.window_s == 0 || p.window_s > MAX_IDLE_WINDOW_S)
+    {
+        return Err(ApiError::unprocessable(
+            format!("idle_policy.window_s must be 1 to {MAX_IDLE_WINDOW_S}"),
+            "idle_policy.window_s",
+        ));
+    }
     Ok(())
 }
 
@@ -120,6 +149,10 @@ pub async fn create(
             max_vram_gb: body.quota.max_vram_gb,
         },
         weight: body.weight.unwrap_or(1),
+        idle_policy: body.idle_policy.map(|p| IdlePolicy {
+            window_s: p.window_s,
+            action: p.action,
+        }),
     });
     let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));
@@ -142,6 +175,7 @@ pub async fn create(
             name: body.name.trim().to_string(),
             quota: body.quota,
             weight: body.weight.unwrap_or(1),
+            idle_policy: body.idle_policy,
         }),
     ))
 }

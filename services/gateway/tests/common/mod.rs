@@ -54,6 +54,9 @@ pub struct Stack {
     pub preemption_notice_secs: i64,
     /// How node-agents run leases (`Sim` unless a test runs workloads).
     pub node_runtime: lh_node_agent::workloads::RuntimeKind,
+    /// GPU knobs (health rules, idle default, self-tests) of node-agents
+    /// started from now on.
+    pub node_gpus: lh_node_agent::gpus::GpuArgs,
 }
 
 impl Stack {
@@ -95,6 +98,7 @@ impl Stack {
             preemption_min_runtime_secs: 600,
             preemption_notice_secs: 120,
             node_runtime: lh_node_agent::workloads::RuntimeKind::Sim,
+            node_gpus: lh_node_agent::gpus::GpuArgs::for_test(),
         }
     }
 
@@ -166,6 +170,7 @@ impl Stack {
                     lh_node_agent::Config {
                         runtime: self.node_runtime,
                         stop_grace_secs: 2,
+                        gpus: self.node_gpus.clone(),
                         ..lh_node_agent::Config::for_test(
                             &self.nats.url(),
                             self.fleet_file.clone(),
@@ -258,6 +263,31 @@ impl Stack {
             body["id"].as_str().unwrap().to_string(),
             body["api_key"].as_str().unwrap().to_string(),
         )
+    }
+
+    /// Writes a file beside the fleet file (a fault script it names).
+    pub fn write_beside_fleet(&self, name: &str, text: &str) {
+        std::fs::write(self.fleet_file.parent().unwrap().join(name), text).unwrap();
+    }
+
+    /// Polls the log until `pred` finds what it needs (`secs` at most).
+    pub async fn wait_log<T>(&self, secs: u64, pred: impl Fn(&[Stored]) -> Option<T>) -> T {
+        let bus = self.bus().await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let log = read_log(&bus).await;
+            if let Some(found) = pred(&log) {
+                return found;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log never showed it in {secs} s; types: {:?}",
+                log.iter()
+                    .map(|e| e.envelope.data.event_type())
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Polls a lease until `pred` holds (10 s at most).

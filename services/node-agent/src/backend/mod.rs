@@ -16,6 +16,7 @@
 pub mod nvml;
 pub mod sim;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -153,6 +154,10 @@ pub trait GpuBackend: Send + Sync {
     /// Events that happened since the last call, waiting up to `timeout`
     /// for the first one. An empty vector means the wait timed out.
     fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError>;
+
+    /// The GPUs that leases hold now. A real GPU shows its own load, so
+    /// NVML ignores this; the simulated backend plays a workload on them.
+    fn set_busy(&self, _gpus: &BTreeSet<u32>) {}
 }
 
 /// At most this many events are returned by one `wait_events` call; the

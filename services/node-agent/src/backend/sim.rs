@@ -15,6 +15,8 @@
 //! ```
 //!
 //! Kinds: `temperature` (`to_c`, `over_s`), `memory` (`to_pct`, `over_s`),
+//! `utilization` (`to_pct`, `over_s`: what the GPU reads whether or not a
+//! lease holds it; `to_pct = 0` makes a held GPU look idle),
 //! `xid` (`code`; 79 also makes the GPU fall off the bus: no more samples),
 //! `ecc_double_bit` (the counter goes up by one and an event fires),
 //! `node_stop` (no `gpu`: every call fails with
@@ -22,12 +24,17 @@
 //! `recover` (clears the GPU's faults, or with no `gpu` every GPU's and a
 //! node stop; the ECC counter stays where it is, as a real one does).
 //!
-//! The state at any instant is a pure function of the script and the time
-//! since start, so tests drive the clock (a [`ManualClock`]) instead of
+//! Without a script a GPU that a lease holds (the agent says which, through
+//! [`GpuBackend::set_busy`]) reads the node's `busy_utilization_pct` (70 by
+//! default) and a quarter of its memory in use; a free one reads zero.
+//!
+//! The state at any instant is a pure function of the script, the busy set
+//! and the time since start, so tests drive the clock (a [`ManualClock`]) instead of
 //! sleeping. Samples take the caller's `now`; events are stamped with the
 //! instant their fault was scheduled, and `wait_events` reads the injected
 //! clock to know which faults are due.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +52,8 @@ const IDLE_TEMPERATURE_C: f64 = 40.0;
 const IDLE_POWER_W: f64 = 60.0;
 /// XID 79: "GPU has fallen off the bus". The GPU stops answering.
 const XID_FALLEN_OFF_THE_BUS: u64 = 79;
+/// Share of memory a held GPU reads in use without a memory fault.
+const BUSY_MEMORY_PCT: f64 = 25.0;
 /// Longest script the backend accepts; a limit on everything.
 const MAX_FAULTS: usize = 10_000;
 
@@ -101,6 +110,8 @@ pub enum FaultAction {
     Temperature { to_c: u32, over: Duration },
     /// Memory in use goes linearly to `to_pct` of the GPU's over `over`.
     Memory { to_pct: f64, over: Duration },
+    /// Utilisation goes linearly to `to_pct` over `over`, busy or not.
+    Utilization { to_pct: f64, over: Duration },
     /// The driver reports this XID; 79 also takes the GPU off the bus.
     Xid { code: u64 },
     /// One uncorrectable ECC error: event and counter.
@@ -162,6 +173,7 @@ struct RawFault {
 enum RawKind {
     Temperature,
     Memory,
+    Utilization,
     Xid,
     EccDoubleBit,
     NodeStop,
@@ -178,7 +190,7 @@ impl RawFault {
         // Each kind takes exactly its own fields: a stray one is a typo.
         let allowed: &[&str] = match self.kind {
             RawKind::Temperature => &["to_c", "over_s"],
-            RawKind::Memory => &["to_pct", "over_s"],
+            RawKind::Memory | RawKind::Utilization => &["to_pct", "over_s"],
             RawKind::Xid => &["code"],
             RawKind::EccDoubleBit | RawKind::NodeStop | RawKind::Recover => &[],
         };
@@ -209,6 +221,13 @@ impl RawFault {
                     return Err(format!("to_pct must be within 0..=100, got {to_pct}"));
                 }
                 FaultAction::Memory { to_pct, over }
+            }
+            RawKind::Utilization => {
+                let to_pct = self.to_pct.ok_or("utilization needs to_pct")?;
+                if !(0.0..=100.0).contains(&to_pct) {
+                    return Err(format!("to_pct must be within 0..=100, got {to_pct}"));
+                }
+                FaultAction::Utilization { to_pct, over }
             }
             RawKind::Xid => FaultAction::Xid {
                 code: self.code.ok_or("xid needs code")?,
@@ -307,6 +326,7 @@ impl Ramp {
 struct GpuState {
     temperature: Option<Ramp>,
     memory_pct: Option<Ramp>,
+    utilization_pct: Option<Ramp>,
     off_the_bus: bool,
     ecc_double_bit_total: u64,
 }
@@ -316,8 +336,14 @@ impl GpuState {
         self.temperature.map_or(IDLE_TEMPERATURE_C, |r| r.at(t))
     }
 
-    fn memory_pct_at(&self, t: Duration) -> f64 {
-        self.memory_pct.map_or(0.0, |r| r.at(t))
+    fn memory_pct_at(&self, t: Duration, busy: bool) -> f64 {
+        let unscripted = if busy { BUSY_MEMORY_PCT } else { 0.0 };
+        self.memory_pct.map_or(unscripted, |r| r.at(t))
+    }
+
+    fn utilization_pct_at(&self, t: Duration, busy_pct: Option<f64>) -> f64 {
+        self.utilization_pct
+            .map_or(busy_pct.unwrap_or(0.0), |r| r.at(t))
     }
 }
 
@@ -334,6 +360,8 @@ pub struct SimBackend {
     clock: Clock,
     /// Index of the first fault whose event has not been delivered yet.
     next_event: Mutex<usize>,
+    /// GPUs that leases hold now.
+    busy: Mutex<BTreeSet<u32>>,
 }
 
 impl SimBackend {
@@ -352,6 +380,7 @@ impl SimBackend {
             start,
             clock,
             next_event: Mutex::new(0),
+            busy: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -388,7 +417,15 @@ impl SimBackend {
                 }
                 (FaultAction::Memory { to_pct, over }, Some(g)) => {
                     g.memory_pct = Some(Ramp {
-                        from: g.memory_pct_at(at),
+                        from: g.memory_pct_at(at, false),
+                        to: *to_pct,
+                        start: at,
+                        over: *over,
+                    });
+                }
+                (FaultAction::Utilization { to_pct, over }, Some(g)) => {
+                    g.utilization_pct = Some(Ramp {
+                        from: g.utilization_pct_at(at, None),
                         to: *to_pct,
                         start: at,
                         over: *over,
@@ -453,6 +490,7 @@ impl GpuState {
     fn recover(&mut self) {
         self.temperature = None;
         self.memory_pct = None;
+        self.utilization_pct = None;
         self.off_the_bus = false;
     }
 }
@@ -493,16 +531,22 @@ impl GpuBackend for SimBackend {
             return Err(BackendError::NodeStopped);
         }
         let memory_total_mib = u64::from(self.node.vram_gb) * 1024;
+        let busy = self.busy.lock().expect("busy GPUs").clone();
+        let busy_pct = f64::from(self.node.busy_utilization_pct());
         Ok(state
             .gpus
             .iter()
             .enumerate()
             .filter(|(_, g)| !g.off_the_bus)
-            .map(|(i, g)| GpuSample {
+            .map(|(i, g)| {
+                let held = busy.contains(&(i as u32));
+                (i, g, held)
+            })
+            .map(|(i, g, held)| GpuSample {
                 index: i as u32,
-                utilization_pct: 0,
-                memory_used_mib: (memory_total_mib as f64 * g.memory_pct_at(t) / 100.0).round()
-                    as u64,
+                utilization_pct: g.utilization_pct_at(t, held.then_some(busy_pct)).round() as u32,
+                memory_used_mib: (memory_total_mib as f64 * g.memory_pct_at(t, held) / 100.0)
+                    .round() as u64,
                 memory_total_mib,
                 temperature_c: g.temperature_at(t).round() as u32,
                 power_w: IDLE_POWER_W,
@@ -510,6 +554,10 @@ impl GpuBackend for SimBackend {
                 processes: Vec::new(),
             })
             .collect())
+    }
+
+    fn set_busy(&self, gpus: &BTreeSet<u32>) {
+        *self.busy.lock().expect("busy GPUs") = gpus.clone();
     }
 
     /// Returns the events due by the injected clock's now. When none is due

@@ -1,0 +1,504 @@
+//! The node-agent's GPU side on the whole platform: fault scripts on the
+//! simulated backend drive health events the scheduler acts on, usage and
+//! DCGM metrics per lease, idle reclaim by the tenant's policy, self-tests,
+//! and drain / uncordon through the REST API.
+
+mod common;
+
+use common::{of_type, Stack, ADMIN_TOKEN};
+use lh_bus::Stored;
+use lh_events::{EventData, GpuHealth, IdleAction};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+fn one_gpu_node(id: &str, faults: Option<&str>) -> String {
+    let faults = faults.map_or(String::new(), |f| format!("faults = \"{f}\"\n"));
+    format!(
+        "[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"{id}.sim\"\ngpu_model = \"A100-40GB\"\ngpu_count = 1\nvram_gb = 40\n{faults}\n"
+    )
+}
+
+async fn lease(stack: &Stack, key: &str) -> String {
+    let (s, body) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    body["id"].as_str().unwrap().to_string()
+}
+
+fn health_changes(
+    log: &[Stored],
+    node: &str,
+) -> Vec<(GpuHealth, GpuHealth, lh_events::HealthEvidence)> {
+    log.iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::NodeGpuHealthChanged(h) if h.node_id == node => {
+                Some((h.from, h.to, h.evidence.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// XID 79 takes node-a's GPU off the bus while a lease runs on it: the GPU
+/// turns unhealthy with the XID as evidence, the scheduler moves the lease
+/// to node-b, and once the GPU answers cleanly again it is healthy. Then
+/// the whole host stops (the script's node_stop): the agent goes silent,
+/// the node is declared lost, and it rejoins when the host is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
+    let fleet = format!(
+        "{}{}",
+        one_gpu_node("node-a", Some("faults-a.toml")),
+        one_gpu_node("node-b", None)
+    );
+    let mut stack = Stack::bare(&fleet).await;
+    stack.write_beside_fleet(
+        "faults-a.toml",
+        r#"
+        [[fault]]
+        after_s = 5
+        gpu = 0
+        kind = "xid"
+        code = 79
+        [[fault]]
+        after_s = 7
+        gpu = 0
+        kind = "recover"
+        [[fault]]
+        after_s = 10
+        kind = "node_stop"
+        [[fault]]
+        after_s = 15
+        kind = "recover"
+        "#,
+    );
+    stack.node_gpus.recover_after_clean_samples = 5;
+    for name in [
+        "scheduler",
+        "pricing",
+        "audit",
+        "gateway",
+        "node-agent:node-a",
+    ] {
+        stack.start_service(name).await;
+    }
+    stack.wait_ready().await;
+    let (_, key) = stack.create_tenant("health", 2).await;
+    let id = lease(&stack, &key).await;
+    let first = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    assert_eq!(first["node_id"], "node-a");
+    stack.start_service("node-agent:node-b").await;
+
+    let moved = stack
+        .wait_log(15, |log| {
+            of_type(log, "lease.migrated").first().map(|e| (*e).clone())
+        })
+        .await;
+    let EventData::LeaseMigrated(m) = &moved.envelope.data else {
+        unreachable!()
+    };
+    assert_eq!(m.from_node_id, "node-a");
+    assert_eq!(m.to.as_ref().unwrap().node_id, "node-b");
+    let running = stack
+        .wait_lease(&key, &id, |l| {
+            l["state"] == "running" && l["node_id"] == "node-b"
+        })
+        .await;
+    assert_eq!(running["migrations"], 1);
+
+    // Back to healthy after five clean samples once the GPU answers again.
+    let changes = stack
+        .wait_log(15, |log| {
+            let c = health_changes(log, "node-a");
+            (c.len() >= 2).then_some(c)
+        })
+        .await;
+    assert_eq!(changes[0].0, GpuHealth::Healthy);
+    assert_eq!(changes[0].1, GpuHealth::Unhealthy);
+    assert_eq!(changes[0].2.xid, Some(79));
+    assert_eq!(changes[1].1, GpuHealth::Healthy);
+    assert_eq!(changes[1].2.clean_samples, Some(5));
+
+    // The host stops: silence, node.lost; it comes back: node.rejoined.
+    let log = stack
+        .wait_log(20, |log| {
+            (!of_type(log, "node.rejoined").is_empty()).then(|| log.to_vec())
+        })
+        .await;
+    let lost = of_type(&log, "node.lost");
+    assert_eq!(lost.len(), 1);
+    let EventData::NodeLost(lost) = &lost[0].envelope.data else {
+        unreachable!()
+    };
+    assert_eq!(lost.node_id, "node-a");
+    // Nothing else happened to the GPU meanwhile, and the lease stayed put.
+    assert_eq!(health_changes(&log, "node-a").len(), 2);
+    assert!(health_changes(&log, "node-b").is_empty());
+    let after = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    assert_eq!(after["node_id"], "node-b");
+    assert_eq!(after["migrations"], 1);
+}
+
+/// Two leases of a tenant whose policy stops idle leases after 2 s: the one
+/// on node-a (whose GPU reads 0 % though held) is reported idle once, after
+/// the window, and stopped; the one on node-b (70 %) runs on, publishes its
+/// usage and DCGM series labelled by lease and tenant, and is charged the
+/// application XID 13 its workload causes, which leaves the GPU healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
+    let fleet = format!(
+        "{}{}",
+        one_gpu_node("node-a", Some("faults-a.toml")),
+        one_gpu_node("node-b", Some("faults-b.toml"))
+    );
+    let mut stack = Stack::bare(&fleet).await;
+    stack.write_beside_fleet(
+        "faults-a.toml",
+        "[[fault]]\nafter_s = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n",
+    );
+    stack.write_beside_fleet(
+        "faults-b.toml",
+        "[[fault]]\nafter_s = 8\ngpu = 0\nkind = \"xid\"\ncode = 13\n",
+    );
+    for name in ["scheduler", "pricing", "audit", "gateway"] {
+        stack.start_service(name).await;
+    }
+    stack.wait_ready().await;
+    let (s, tenant) = stack
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            ADMIN_TOKEN,
+            Some(
+                json!({"name": "idler", "email": "ops@idler.example", "quota": {"max_gpus": 2},
+                        "idle_policy": {"window_s": 2, "action": "stop"}}),
+            ),
+        )
+        .await;
+    assert_eq!(s, 201, "{tenant}");
+    assert_eq!(tenant["idle_policy"]["action"], "stop");
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+    let tenant_id = tenant["id"].as_str().unwrap().to_string();
+
+    // A bad policy names its field.
+    let (s, problem) = stack
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            ADMIN_TOKEN,
+            Some(
+                json!({"name": "x", "email": "ops@x.example", "quota": {"max_gpus": 1},
+                        "idle_policy": {"window_s": 0, "action": "stop"}}),
+            ),
+        )
+        .await;
+    assert_eq!(s, 422, "{problem}");
+    assert_eq!(problem["field"], "idle_policy.window_s");
+    let (s, problem) = stack
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            ADMIN_TOKEN,
+            Some(
+                json!({"name": "x", "email": "ops@x.example", "quota": {"max_gpus": 1},
+                        "idle_policy": {"window_s": 60, "action": "hibernate"}}),
+            ),
+        )
+        .await;
+    assert_eq!(s, 400, "{problem}");
+    assert_eq!(problem["field"], "idle_policy.action");
+
+    // One lease per node: start the agents one at a time.
+    stack.start_service("node-agent:node-a").await;
+    stack.wait_ready().await;
+    let idle = lease(&stack, &key).await;
+    let idle_running = stack
+        .wait_lease(&key, &idle, |l| l["state"] == "running")
+        .await;
+    assert_eq!(idle_running["node_id"], "node-a");
+    stack.start_service("node-agent:node-b").await;
+    stack.wait_ready().await;
+    let busy = lease(&stack, &key).await;
+    let busy_running = stack
+        .wait_lease(&key, &busy, |l| l["state"] == "running")
+        .await;
+    assert_eq!(busy_running["node_id"], "node-b");
+
+    let ended = stack
+        .wait_lease(&key, &idle, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(ended["end_reason"], "stopped", "{ended}");
+
+    // Usage of the busy lease on the telemetry stream.
+    let bus = stack.bus().await;
+    let usage: lh_events::telemetry::LeaseUsage = serde_json::from_slice(
+        &bus.last_telemetry(&lh_events::subject::usage(busy.parse().unwrap()))
+            .await
+            .unwrap()
+            .expect("a usage sample"),
+    )
+    .unwrap();
+    assert_eq!(usage.node_id, "node-b");
+    assert_eq!(usage.tenant_id.unwrap().to_string(), tenant_id);
+    assert_eq!(usage.gpus.len(), 1);
+    assert_eq!(usage.gpus[0].utilization_pct, 70);
+    assert_eq!(usage.gpus[0].memory_used_mib, 40 * 1024 / 4);
+    assert!(!usage.gpus[0].shared);
+
+    // DCGM series on node-b's /metrics, labelled by lease and tenant.
+    let metrics = stack
+        .http
+        .get(format!(
+            "http://{}/metrics",
+            stack.http_addr("node-agent:node-b")
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let util = metrics
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{"))
+        .unwrap_or_else(|| panic!("no DCGM series in:\n{metrics}"));
+    assert!(util.contains(&format!("lease=\"{busy}\"")), "{util}");
+    assert!(util.contains(&format!("tenant=\"{tenant_id}\"")), "{util}");
+    assert!(util.ends_with(" 70"), "{util}");
+
+    // The application XID is the busy lease's; node-b's GPU stays healthy.
+    let log = stack
+        .wait_log(15, |log| {
+            (!of_type(log, "lease.gpu_fault").is_empty()).then(|| log.to_vec())
+        })
+        .await;
+    let EventData::LeaseGpuFault(fault) = &of_type(&log, "lease.gpu_fault")[0].envelope.data else {
+        unreachable!()
+    };
+    assert_eq!(fault.lease_id.to_string(), busy);
+    assert_eq!(fault.xid, 13);
+    assert!(health_changes(&log, "node-b").is_empty());
+
+    // Idle: once, for the idle lease only, and only after the window.
+    let idles = of_type(&log, "lease.idle_detected");
+    assert_eq!(idles.len(), 1, "one report");
+    let EventData::LeaseIdleDetected(report) = &idles[0].envelope.data else {
+        unreachable!()
+    };
+    assert_eq!(report.lease_id.to_string(), idle);
+    assert_eq!(report.action, IdleAction::Stop);
+    assert_eq!(report.window_s, 2);
+    assert!(report.at - report.idle_since >= chrono::Duration::seconds(2));
+    let started: chrono::DateTime<chrono::Utc> = idle_running["started_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(report.idle_since >= started, "idle counted from the start");
+    let stop = of_type(&log, "lease.stop_requested");
+    assert_eq!(stop.len(), 1);
+    assert!(matches!(
+        &stop[0].envelope.actor,
+        lh_events::Actor::Node(n) if n == "node-a"
+    ));
+    assert!(stop[0].sequence > idles[0].sequence);
+    let still = stack
+        .wait_lease(&key, &busy, |l| l["state"] == "running")
+        .await;
+    assert_eq!(still["node_id"], "node-b");
+}
+
+/// Self-tests every 2 s, 1 s long, on free GPUs: GPU 0 passes; GPU 1,
+/// hot from the start, is degraded after its window, fails its self-test
+/// (unhealthy), cools down, and its next self-test brings it straight back
+/// (clean samples alone would take 1,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn self_tests_fail_a_hot_gpu_and_bring_it_back_once_cool() {
+    let fleet = "[[node]]\nid = \"node-a\"\nzone = \"z\"\nhostname = \"a.sim\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\nfaults = \"faults-a.toml\"\n";
+    let mut stack = Stack::bare(fleet).await;
+    stack.write_beside_fleet(
+        "faults-a.toml",
+        r#"
+        [[fault]]
+        after_s = 0
+        gpu = 1
+        kind = "temperature"
+        to_c = 92
+        [[fault]]
+        after_s = 4
+        gpu = 1
+        kind = "recover"
+        "#,
+    );
+    stack.node_gpus.degraded_window_secs = 1;
+    stack.node_gpus.recover_after_clean_samples = 1_000;
+    stack.node_gpus.self_test_every_secs = 2;
+    stack.node_gpus.self_test_secs = 1;
+    for name in ["scheduler", "node-agent:node-a"] {
+        stack.start_service(name).await;
+    }
+    let log = stack
+        .wait_log(20, |log| {
+            let back = health_changes(log, "node-a")
+                .iter()
+                .any(|(_, to, ev)| *to == GpuHealth::Healthy && ev.self_test_passed == Some(true));
+            back.then(|| log.to_vec())
+        })
+        .await;
+    let tests: Vec<(u32, bool)> = log
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::NodeGpuSelfTested(t) => Some((t.gpu_index, t.passed)),
+            _ => None,
+        })
+        .collect();
+    assert!(tests.contains(&(0, true)), "{tests:?}");
+    assert!(!tests.contains(&(0, false)), "{tests:?}");
+    let gpu1: Vec<bool> = tests.iter().filter(|t| t.0 == 1).map(|t| t.1).collect();
+    assert_eq!(gpu1.first(), Some(&false), "{tests:?}");
+    assert_eq!(gpu1.last(), Some(&true), "{tests:?}");
+    let changes: Vec<(GpuHealth, GpuHealth)> = health_changes(&log, "node-a")
+        .into_iter()
+        .map(|(f, t, _)| (f, t))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (GpuHealth::Healthy, GpuHealth::Degraded),
+            (GpuHealth::Degraded, GpuHealth::Unhealthy),
+            (GpuHealth::Unhealthy, GpuHealth::Healthy),
+        ]
+    );
+}
+
+/// Drain and uncordon through the API: `move` sends a running lease
+/// elsewhere, `finish` leaves it where it is; neither node takes new
+/// leases until it is uncordoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_moves_or_keeps_leases_and_uncordon_takes_new_ones() {
+    let fleet = format!(
+        "{}{}{}",
+        one_gpu_node("node-a", None),
+        one_gpu_node("node-b", None),
+        one_gpu_node("node-c", None)
+    );
+    let stack = Stack::start(&fleet).await;
+    let (_, key) = stack.create_tenant("drainer", 3).await;
+
+    // Errors first.
+    let drain = |node: &str| format!("/v1/nodes/{node}/drain");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &drain("node-a"),
+            &key,
+            Some(json!({"mode": "move"})),
+        )
+        .await;
+    assert_eq!(s, 403, "{p}");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &drain("node-z"),
+            ADMIN_TOKEN,
+            Some(json!({"mode": "move"})),
+        )
+        .await;
+    assert_eq!(s, 404, "{p}");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &drain("node-a"),
+            ADMIN_TOKEN,
+            Some(json!({"mode": "evict"})),
+        )
+        .await;
+    assert_eq!(s, 400, "{p}");
+    assert_eq!(p["field"], "mode");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &drain("node-a"),
+            "wrong-key",
+            Some(json!({"mode": "move"})),
+        )
+        .await;
+    assert_eq!(s, 401, "{p}");
+
+    let first = lease(&stack, &key).await;
+    let placed = stack
+        .wait_lease(&key, &first, |l| l["state"] == "running")
+        .await;
+    let x = placed["node_id"].as_str().unwrap().to_string();
+    let (s, body) = stack
+        .call(
+            Method::POST,
+            &drain(&x),
+            ADMIN_TOKEN,
+            Some(json!({"mode": "move", "reason": "kernel upgrade"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    assert_eq!(body["cordoned"], true);
+    assert_eq!(body["drain"], "move");
+    let moved = stack
+        .wait_lease(&key, &first, |l| {
+            l["state"] == "running" && l["node_id"] != Value::String(x.clone())
+        })
+        .await;
+    let y = moved["node_id"].as_str().unwrap().to_string();
+    assert_eq!(moved["migrations"], 1);
+
+    // Finish: the lease stays on y; the next one goes to the third node.
+    let (s, _) = stack
+        .call(
+            Method::POST,
+            &drain(&y),
+            ADMIN_TOKEN,
+            Some(json!({"mode": "finish"})),
+        )
+        .await;
+    assert_eq!(s, 202);
+    let second = lease(&stack, &key).await;
+    let placed2 = stack
+        .wait_lease(&key, &second, |l| l["state"] == "running")
+        .await;
+    let z = placed2["node_id"].as_str().unwrap().to_string();
+    assert!(z != x && z != y, "{x} {y} {z}");
+    let third = lease(&stack, &key).await;
+    let queued = stack
+        .wait_lease(&key, &third, |l| l["state"] == "queued")
+        .await;
+    assert_eq!(queued["node_id"], Value::Null);
+    let kept = stack
+        .wait_lease(&key, &first, |l| l["state"] == "running")
+        .await;
+    assert_eq!(kept["node_id"], Value::String(y.clone()));
+    assert_eq!(kept["migrations"], 1);
+
+    // Uncordon x: the queued lease goes there.
+    let (s, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/nodes/{x}/uncordon"),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    assert_eq!(body["cordoned"], false);
+    let placed3 = stack
+        .wait_lease(&key, &third, |l| l["state"] == "running")
+        .await;
+    assert_eq!(placed3["node_id"], Value::String(x));
+}

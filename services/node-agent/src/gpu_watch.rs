@@ -1,0 +1,102 @@
+//! The thread that reads the GPU backend: events as they come, a sample
+//! every period. Backend calls block (NVML's event wait does), so they run
+//! on their own thread and reach the agent's loop over a channel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+
+use crate::backend::{GpuBackend, GpuEvent, GpuSample};
+
+/// Longest a single event wait may block, so the thread notices the agent
+/// is gone and keeps sampling on time.
+const LONGEST_WAIT: Duration = Duration::from_millis(250);
+
+#[derive(Debug)]
+pub enum Observation {
+    Events(Vec<GpuEvent>),
+    Samples {
+        at: DateTime<Utc>,
+        samples: Vec<GpuSample>,
+    },
+    /// The host stopped answering (the simulated power-off): the agent goes
+    /// silent, as a dead host would.
+    NodeStopped,
+    /// It answers again.
+    NodeBack,
+    /// A backend call failed; the reason is for the log.
+    Failed(String),
+}
+
+/// Starts the thread; it ends when the receiver is dropped.
+pub fn spawn(backend: Arc<dyn GpuBackend>, period: Duration) -> mpsc::Receiver<Observation> {
+    let (tx, rx) = mpsc::channel(64);
+    std::thread::Builder::new()
+        .name(format!("gpu-watch-{}", backend.name()))
+        .spawn(move || watch(backend.as_ref(), period, &tx))
+        .expect("the GPU watch thread starts");
+    rx
+}
+
+fn watch(backend: &dyn GpuBackend, period: Duration, tx: &mpsc::Sender<Observation>) {
+    let mut stopped = false;
+    let mut next_sample = Instant::now();
+    let send = |o: Observation| tx.blocking_send(o).is_ok();
+    loop {
+        let wait = next_sample
+            .saturating_duration_since(Instant::now())
+            .min(LONGEST_WAIT);
+        let mut answered = true;
+        match backend.wait_events(wait) {
+            Ok(events) if events.is_empty() => {}
+            Ok(events) => {
+                if !send(Observation::Events(events)) {
+                    return;
+                }
+            }
+            Err(e) if e.is_node_stopped() => answered = false,
+            Err(e) => {
+                if !send(Observation::Failed(e.to_string())) {
+                    return;
+                }
+                std::thread::sleep(wait);
+            }
+        }
+        if Instant::now() >= next_sample {
+            // Late (a slow call): the next one is a period from now, not a burst.
+            next_sample = (next_sample + period).max(Instant::now());
+            let at = Utc::now();
+            match backend.sample(at) {
+                Ok(samples) => {
+                    if !send(Observation::Samples { at, samples }) {
+                        return;
+                    }
+                }
+                Err(e) if e.is_node_stopped() => answered = false,
+                Err(e) => {
+                    if !send(Observation::Failed(e.to_string())) {
+                        return;
+                    }
+                }
+            }
+        }
+        if answered == stopped {
+            stopped = !answered;
+            let o = match stopped {
+                true => Observation::NodeStopped,
+                false => Observation::NodeBack,
+            };
+            if !send(o) {
+                return;
+            }
+        }
+        if !answered {
+            std::thread::sleep(wait.max(Duration::from_millis(20)));
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,643 @@
+//! The agent's GPU side: which backend it reads, what it makes of the
+//! readings (health transitions, faults charged to leases, usage, idle
+//! leases, self-tests) and the events and metrics that come of them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use lh_bus::{Bus, Expect};
+use lh_events::{
+    derived_id, subject, Actor, Envelope, EventData, GpuHealth, GpuInfo, IdleAction, IdlePolicy,
+    LeaseGpuFault, LeaseIdleDetected, LeaseStopRequested, NodeGpuHealthChanged, NodeGpuSelfTested,
+    NodeRegistered,
+};
+use lh_telemetry::MetricsSection;
+use uuid::Uuid;
+
+use crate::backend::nvml::NvmlBackend;
+use crate::backend::sim::SimBackend;
+use crate::backend::{BackendError, GpuBackend, GpuDevice, GpuEvent, GpuSample};
+use crate::gpu_watch::{self, Observation};
+use crate::health::{HealthRules, NodeHealth, Outcome, Transition};
+use crate::self_test::SelfTests;
+use crate::usage::{self, NodeGpu, RunningLease};
+use crate::NodeState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The GPUs of the fleet file's node, with its fault script.
+    Sim,
+    /// The host's NVIDIA GPUs through NVML.
+    Nvml,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct GpuArgs {
+    /// Where the GPUs are read from.
+    #[arg(long, env = "LH_GPU_BACKEND", value_enum, default_value_t = BackendKind::Sim)]
+    pub gpu_backend: BackendKind,
+    /// With `--gpu-backend nvml`: play the fleet file's node instead when
+    /// the NVIDIA library or driver is missing (otherwise the agent exits).
+    #[arg(long, env = "LH_SIM_FALLBACK")]
+    pub sim_fallback: bool,
+    /// This host's zone (NVML backend; a simulated node's is in the fleet file).
+    #[arg(long, env = "LH_ZONE")]
+    pub zone: Option<String>,
+    /// This host's name as registered (NVML backend; default: the OS's).
+    #[arg(long, env = "LH_HOSTNAME")]
+    pub hostname: Option<String>,
+    /// How often the GPUs are sampled, for health and usage.
+    #[arg(long, env = "LH_SAMPLE_MS", default_value_t = 1_000)]
+    pub sample_ms: u64,
+    /// How often each lease's usage goes to the telemetry stream.
+    #[arg(long, env = "LH_USAGE_INTERVAL_SECS", default_value_t = 5)]
+    pub usage_interval_secs: u64,
+    /// At or above this temperature (°C) for the window, a GPU is degraded.
+    #[arg(long, env = "LH_DEGRADED_TEMPERATURE_C", default_value_t = 85)]
+    pub degraded_temperature_c: u32,
+    /// At or above this share of VRAM in use for the window, degraded.
+    #[arg(long, env = "LH_DEGRADED_MEMORY_PCT", default_value_t = 95.0)]
+    pub degraded_memory_pct: f64,
+    /// How long hot or full must last to degrade a GPU.
+    #[arg(long, env = "LH_DEGRADED_WINDOW_SECS", default_value_t = 30)]
+    pub degraded_window_secs: u64,
+    /// Clean samples in a row that bring a GPU back to healthy.
+    #[arg(long, env = "LH_RECOVER_AFTER_CLEAN_SAMPLES", default_value_t = 30)]
+    pub recover_after_clean_samples: u32,
+    /// Zero utilisation this long makes a lease idle, for tenants without
+    /// an idle policy of their own.
+    #[arg(long, env = "LH_IDLE_WINDOW_SECS", default_value_t = 300)]
+    pub idle_window_secs: u64,
+    /// What happens to an idle lease of such a tenant: notify or stop.
+    #[arg(long, env = "LH_IDLE_ACTION", default_value = "notify", value_parser = parse_idle_action)]
+    pub idle_action: IdleAction,
+    /// A free GPU is self-tested this often (0: never).
+    #[arg(long, env = "LH_SELF_TEST_EVERY_SECS", default_value_t = 7_200)]
+    pub self_test_every_secs: u64,
+    /// How long one self-test lasts.
+    #[arg(long, env = "LH_SELF_TEST_SECS", default_value_t = 600)]
+    pub self_test_secs: u64,
+}
+
+fn parse_idle_action(text: &str) -> Result<IdleAction, String> {
+    match text {
+        "notify" => Ok(IdleAction::Notify),
+        "stop" => Ok(IdleAction::Stop),
+        other => Err(format!("idle action must be notify or stop, not {other:?}")),
+    }
+}
+
+impl GpuArgs {
+    pub fn for_test() -> Self {
+        Self {
+            gpu_backend: BackendKind::Sim,
+            sim_fallback: false,
+            zone: None,
+            hostname: None,
+            sample_ms: 200,
+            usage_interval_secs: 1,
+            degraded_temperature_c: 85,
+            degraded_memory_pct: 95.0,
+            degraded_window_secs: 30,
+            recover_after_clean_samples: 30,
+            idle_window_secs: 300,
+            idle_action: IdleAction::Notify,
+            self_test_every_secs: 0,
+            self_test_secs: 600,
+        }
+    }
+
+    pub fn rules(&self) -> HealthRules {
+        HealthRules {
+            degraded_temperature_c: self.degraded_temperature_c,
+            degraded_memory_pct: self.degraded_memory_pct,
+            degraded_window: Duration::from_secs(self.degraded_window_secs),
+            recover_after_clean_samples: self.recover_after_clean_samples,
+            ..HealthRules::default()
+        }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.rules().validate().map_err(anyhow::Error::msg)?;
+        if self.sample_ms == 0 {
+            anyhow::bail!("--sample-ms must be at least 1");
+        }
+        if self.idle_window_secs == 0 {
+            anyhow::bail!("--idle-window-secs must be at least 1");
+        }
+        if self.self_test_every_secs > 0 && self.self_test_secs == 0 {
+            anyhow::bail!("--self-test-secs must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// The backend the arguments ask for, and the inventory to register.
+pub fn open(
+    args: &GpuArgs,
+    fleet_file: &Path,
+    node_id: &str,
+) -> anyhow::Result<(Arc<dyn GpuBackend>, NodeRegistered)> {
+    if args.gpu_backend == BackendKind::Nvml {
+        match NvmlBackend::new() {
+            Ok(nvml) => {
+                let zone = args
+                    .zone
+                    .clone()
+                    .context("--zone (LH_ZONE) is needed with --gpu-backend nvml")?;
+                let hostname = args.hostname.clone().unwrap_or_else(os_hostname);
+                let devices = nvml.inventory()?;
+                let inventory = nvml_inventory(node_id, &zone, &hostname, &devices);
+                tracing::info!(gpus = devices.len(), "NVML backend");
+                return Ok((Arc::new(nvml), inventory));
+            }
+            Err(e @ (BackendError::LibraryMissing { .. } | BackendError::DriverNotLoaded))
+                if args.sim_fallback =>
+            {
+                tracing::warn!(error = %e, "falling back to the simulated backend (--sim-fallback)");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let fleet = crate::fleet_file::FleetFile::load(fleet_file)?;
+    let node = fleet.node(node_id, fleet_file)?;
+    let backend = SimBackend::for_node(node, fleet_file)?;
+    Ok((Arc::new(backend), node.inventory()))
+}
+
+fn os_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The node as NVML sees it, with the models named as the catalogue names
+/// them (`A100-40GB`), so price books and requests match real hosts.
+pub fn nvml_inventory(
+    node_id: &str,
+    zone: &str,
+    hostname: &str,
+    devices: &[GpuDevice],
+) -> NodeRegistered {
+    NodeRegistered {
+        node_id: node_id.to_string(),
+        zone: zone.to_string(),
+        hostname: hostname.to_string(),
+        gpus: devices
+            .iter()
+            .map(|d| GpuInfo {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                model: catalogue_model(&d.model, d.vram_mib),
+                vram_gb: (d.vram_mib as f64 / 1024.0).round() as u32,
+                mig: d.mig_enabled,
+            })
+            .collect(),
+    }
+}
+
+/// `NVIDIA A100-SXM4-40GB` → `A100-40GB`; a GPU the catalogue lacks keeps
+/// its name with spaces as dashes (it registers, but nothing prices it).
+pub fn catalogue_model(name: &str, vram_mib: u64) -> String {
+    let upper = name.to_ascii_uppercase();
+    let gb = (vram_mib as f64 / 1024.0).round() as u64;
+    let known = if upper.contains("H200") {
+        Some("H200-141GB")
+    } else if upper.contains("H100") {
+        Some("H100-80GB")
+    } else if upper.contains("A100") && gb > 60 {
+        Some("A100-80GB")
+    } else if upper.contains("A100") {
+        Some("A100-40GB")
+    } else if upper.contains("A10G") {
+        Some("A10G-24GB")
+    } else if upper.contains("A30") {
+        Some("A30-24GB")
+    } else {
+        None
+    };
+    match known {
+        Some(m) => m.to_string(),
+        None => name.trim().trim_start_matches("NVIDIA ").replace(' ', "-"),
+    }
+}
+
+/// What the agent knows and does about its GPUs between events.
+pub struct GpuSide {
+    backend: Arc<dyn GpuBackend>,
+    period: Duration,
+    health: NodeHealth,
+    seeded: bool,
+    stopped: bool,
+    gpus: Vec<NodeGpu>,
+    hostname: String,
+    section: MetricsSection,
+    usage_every: Duration,
+    last_usage: Option<DateTime<Utc>>,
+    idle_default: IdlePolicy,
+    self_tests: Option<SelfTests>,
+    busy: BTreeSet<u32>,
+}
+
+impl GpuSide {
+    pub fn new(
+        args: &GpuArgs,
+        backend: Arc<dyn GpuBackend>,
+        inventory: &NodeRegistered,
+        section: MetricsSection,
+    ) -> Self {
+        let rules = args.rules();
+        let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+        let self_tests = (args.self_test_every_secs > 0).then(|| {
+            SelfTests::new(
+                indices.iter().copied(),
+                Duration::from_secs(args.self_test_every_secs),
+                Duration::from_secs(args.self_test_secs),
+                rules.clone(),
+                Utc::now(),
+            )
+        });
+        Self {
+            backend,
+            period: Duration::from_millis(args.sample_ms),
+            health: NodeHealth::new(indices, rules),
+            seeded: false,
+            stopped: false,
+            gpus: inventory
+                .gpus
+                .iter()
+                .map(|g| NodeGpu {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                })
+                .collect(),
+            hostname: inventory.hostname.clone(),
+            section,
+            usage_every: Duration::from_secs(args.usage_interval_secs),
+            last_usage: None,
+            idle_default: IdlePolicy {
+                window_s: args.idle_window_secs,
+                action: args.idle_action,
+            },
+            self_tests,
+            busy: BTreeSet::new(),
+        }
+    }
+
+    /// Starts reading the backend.
+    pub fn watch(&self) -> tokio::sync::mpsc::Receiver<Observation> {
+        gpu_watch::spawn(self.backend.clone(), self.period)
+    }
+
+    pub fn seeded(&self) -> bool {
+        self.seeded
+    }
+
+    /// Takes the log's health of each GPU, once, before the first judgement.
+    pub fn seed(&mut self, recorded: &BTreeMap<u32, GpuHealth>) {
+        if std::mem::replace(&mut self.seeded, true) {
+            return;
+        }
+        for (&index, &health) in recorded {
+            self.health.assume(index, health);
+        }
+    }
+
+    /// The host does not answer: no heartbeats, nothing published.
+    pub fn node_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Tells the backend which GPUs leases hold (the simulated one plays a
+    /// load on them).
+    pub(crate) fn set_busy(&mut self, state: &NodeState) {
+        let busy: BTreeSet<u32> = state
+            .holding()
+            .filter(|(_, l)| l.started)
+            .flat_map(|(_, l)| l.gpus.iter().map(|g| g.index))
+            .collect();
+        if busy != self.busy {
+            self.backend.set_busy(&busy);
+            self.busy = busy;
+        }
+    }
+
+    /// Acts on one observation. True when the node's state may call for
+    /// the agent to act (it came back).
+    pub(crate) async fn observe(
+        &mut self,
+        bus: &Bus,
+        node_id: &str,
+        state: &mut NodeState,
+        observation: Observation,
+    ) -> bool {
+        match observation {
+            Observation::Events(events) => {
+                for event in &events {
+                    self.fault(bus, node_id, state, event).await;
+                }
+                false
+            }
+            Observation::Samples { at, samples } => {
+                self.samples(bus, node_id, state, &samples, at).await;
+                false
+            }
+            Observation::NodeStopped => {
+                tracing::warn!(node = node_id, "the host stopped answering: going silent");
+                self.stopped = true;
+                false
+            }
+            Observation::NodeBack => {
+                tracing::info!(node = node_id, "the host answers again");
+                self.stopped = false;
+                true
+            }
+            Observation::Failed(why) => {
+                tracing::warn!(node = node_id, error = %why, "GPU backend call failed");
+                false
+            }
+        }
+    }
+
+    async fn fault(&mut self, bus: &Bus, node_id: &str, state: &NodeState, event: &GpuEvent) {
+        // An application XID is charged to the lease on the GPU; on a GPU
+        // that several leases share, the driver's event does not say whose.
+        let holders: Vec<Uuid> = state
+            .holding()
+            .filter(|(_, l)| l.started && l.gpus.iter().any(|g| g.index == event.index))
+            .map(|(id, _)| *id)
+            .collect();
+        let lease = match holders.as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        };
+        match self.health.fault(event, lease, event.at) {
+            Outcome::Transition(t) => self.publish_transition(bus, node_id, &t).await,
+            Outcome::ChargedToLease {
+                lease_id,
+                gpu_index,
+                xid,
+                at,
+            } => {
+                let tenant_id = state.leases.get(&lease_id).and_then(|l| l.tenant_id);
+                let id = derived_id(&[
+                    "lease.gpu_fault",
+                    &lease_id.to_string(),
+                    &gpu_index.to_string(),
+                    &xid.to_string(),
+                    &at.to_rfc3339(),
+                ]);
+                let data = EventData::LeaseGpuFault(LeaseGpuFault {
+                    lease_id,
+                    node_id: node_id.to_string(),
+                    gpu_index,
+                    xid,
+                    at,
+                });
+                tracing::info!(lease = %lease_id, gpu = gpu_index, xid, "application XID charged to the lease");
+                publish(bus, node_id, id, data, tenant_id).await;
+            }
+            Outcome::Ignored { gpu_index, reason } => {
+                let reason = if holders.len() > 1 {
+                    format!("{reason}; the GPU is shared by {} leases", holders.len())
+                } else {
+                    reason
+                };
+                tracing::info!(gpu = gpu_index, %reason, "GPU event ignored");
+            }
+            Outcome::AlreadyUnhealthy { gpu_index, reason } => {
+                tracing::info!(gpu = gpu_index, %reason, "fault on a GPU already unhealthy");
+            }
+        }
+    }
+
+    async fn samples(
+        &mut self,
+        bus: &Bus,
+        node_id: &str,
+        state: &mut NodeState,
+        samples: &[GpuSample],
+        at: DateTime<Utc>,
+    ) {
+        for t in self.health.observe(samples, at) {
+            self.publish_transition(bus, node_id, &t).await;
+        }
+        let running: Vec<RunningLease> = state
+            .holding()
+            .filter(|(_, l)| l.started)
+            .map(|(id, l)| RunningLease {
+                lease_id: *id,
+                tenant_id: l.tenant_id,
+                gpus: l.gpus.clone(),
+            })
+            .collect();
+        let leases_usage = usage::attribute(node_id, &running, samples, at);
+        self.section.set(usage::render_dcgm(
+            &self.hostname,
+            &self.gpus,
+            samples,
+            &leases_usage,
+        ));
+        let due = self
+            .last_usage
+            .is_none_or(|last| (at - last).to_std().unwrap_or_default() >= self.usage_every);
+        if due {
+            self.last_usage = Some(at);
+            for u in &leases_usage {
+                match serde_json::to_vec(u) {
+                    Ok(payload) => {
+                        if let Err(e) = bus
+                            .publish_telemetry(subject::usage(u.lease_id), payload)
+                            .await
+                        {
+                            tracing::warn!(error = %e, "usage sample not sent");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "usage sample does not serialise"),
+                }
+            }
+        }
+        for u in &leases_usage {
+            self.idle(bus, node_id, state, u, at).await;
+        }
+        let held: BTreeSet<u32> = state
+            .holding()
+            .flat_map(|(_, l)| l.gpus.iter().map(|g| g.index))
+            .collect();
+        let free: BTreeSet<u32> = self
+            .gpus
+            .iter()
+            .map(|g| g.index)
+            .filter(|i| !held.contains(i))
+            .collect();
+        let finished = match &mut self.self_tests {
+            Some(tests) => tests.observe(samples, &free, at),
+            None => Vec::new(),
+        };
+        for f in finished {
+            let id = derived_id(&[
+                "node.gpu_self_tested",
+                node_id,
+                &f.gpu_index.to_string(),
+                &f.at.to_rfc3339(),
+            ]);
+            tracing::info!(gpu = f.gpu_index, passed = f.passed, detail = %f.detail, "self-test finished");
+            let data = EventData::NodeGpuSelfTested(NodeGpuSelfTested {
+                node_id: node_id.to_string(),
+                gpu_index: f.gpu_index,
+                passed: f.passed,
+                duration_s: f.duration.as_secs_f64(),
+                detail: f.detail.clone(),
+                at: f.at,
+            });
+            publish(bus, node_id, id, data, None).await;
+            if let Some(t) = self.health.self_test(f.gpu_index, f.passed, f.at) {
+                self.publish_transition(bus, node_id, &t).await;
+            }
+        }
+    }
+
+    async fn idle(
+        &self,
+        bus: &Bus,
+        node_id: &str,
+        state: &mut NodeState,
+        usage: &lh_events::telemetry::LeaseUsage,
+        at: DateTime<Utc>,
+    ) {
+        let policies = &state.idle_policies;
+        let Some(lease) = state.leases.get_mut(&usage.lease_id) else {
+            return;
+        };
+        // NVML reads no utilisation on a GPU in MIG mode: a MIG lease would
+        // always look idle, so it is not judged.
+        if lease.gpus.iter().any(|g| g.mig_instance.is_some()) || lease.stop_requested {
+            return;
+        }
+        let policy = lease
+            .tenant_id
+            .and_then(|t| policies.get(&t).copied())
+            .unwrap_or(self.idle_default);
+        let window = Duration::from_secs(policy.window_s);
+        let Some(idle_since) = lease.idle.observe(usage, window, at) else {
+            return;
+        };
+        let lease_id = usage.lease_id;
+        tracing::info!(lease = %lease_id, %idle_since, action = policy.action.as_str(), "lease idle");
+        let id = derived_id(&[
+            "lease.idle_detected",
+            &lease_id.to_string(),
+            &idle_since.to_rfc3339(),
+        ]);
+        let data = EventData::LeaseIdleDetected(LeaseIdleDetected {
+            lease_id,
+            node_id: node_id.to_string(),
+            idle_since,
+            window_s: policy.window_s,
+            action: policy.action,
+            at,
+        });
+        let tenant_id = lease.tenant_id;
+        publish(bus, node_id, id, data, tenant_id).await;
+        if policy.action == IdleAction::Stop {
+            // The same id as a tenant's stop: one stop, whoever asks first.
+            let id = derived_id(&["lease.stop_requested", &lease_id.to_string()]);
+            let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id });
+            publish(bus, node_id, id, data, tenant_id).await;
+        }
+    }
+
+    async fn publish_transition(&self, bus: &Bus, node_id: &str, t: &Transition) {
+        let gpu_uuid = self
+            .gpus
+            .iter()
+            .find(|g| g.index == t.gpu_index)
+            .map(|g| g.uuid.clone())
+            .unwrap_or_default();
+        tracing::info!(gpu = t.gpu_index, from = ?t.from, to = ?t.to, reason = %t.reason, "GPU health changed");
+        metrics::counter!("lh_node_gpu_health_transitions_total", "to" => format!("{:?}", t.to).to_lowercase())
+            .increment(1);
+        let id = derived_id(&[
+            "node.gpu_health_changed",
+            node_id,
+            &t.gpu_index.to_string(),
+            &format!("{:?}", t.to),
+            &t.at.to_rfc3339(),
+        ]);
+        let data = EventData::NodeGpuHealthChanged(NodeGpuHealthChanged {
+            node_id: node_id.to_string(),
+            gpu_index: t.gpu_index,
+            gpu_uuid,
+            from: t.from,
+            to: t.to,
+            reason: t.reason.clone(),
+            evidence: t.evidence.clone(),
+            at: t.at,
+        });
+        publish(bus, node_id, id, data, None).await;
+    }
+}
+
+/// Appends one of the agent's observations; a failure is logged, not fatal
+/// (the next observation says the same again, or the GPU's state moved on).
+async fn publish(bus: &Bus, node_id: &str, id: Uuid, data: EventData, tenant: Option<Uuid>) {
+    let mut envelope =
+        Envelope::new(Actor::Node(node_id.to_string()), Utc::now(), data).with_id(id);
+    envelope.tenant_id = tenant;
+    if let Err(e) = bus.publish(&envelope, Expect::Any).await {
+        tracing::warn!(error = %e, event = envelope.data.event_type(), "cannot publish");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvml_names_map_to_the_catalogue() {
+        assert_eq!(
+            catalogue_model("NVIDIA A100-SXM4-40GB", 40_960),
+            "A100-40GB"
+        );
+        assert_eq!(
+            catalogue_model("NVIDIA A100 80GB PCIe", 81_920),
+            "A100-80GB"
+        );
+        assert_eq!(
+            catalogue_model("NVIDIA H100 80GB HBM3", 81_559),
+            "H100-80GB"
+        );
+        assert_eq!(catalogue_model("NVIDIA H200", 143_771), "H200-141GB");
+        assert_eq!(catalogue_model("NVIDIA A10G", 23_028), "A10G-24GB");
+        assert_eq!(catalogue_model("NVIDIA L40S", 46_068), "L40S");
+    }
+
+    #[test]
+    fn nvml_inventory_rounds_vram_and_keeps_mig_mode() {
+        let d = GpuDevice {
+            index: 3,
+            uuid: "GPU-x".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            vram_mib: 81_559,
+            mig_enabled: true,
+            mig_devices: Vec::new(),
+            nvlink_peers: Vec::new(),
+            numa_node: None,
+        };
+        let inv = nvml_inventory("n", "z", "h", &[d]);
+        assert_eq!(inv.gpus[0].vram_gb, 80);
+        assert!(inv.gpus[0].mig);
+        assert_eq!(inv.gpus[0].model, "H100-80GB");
+    }
+
+    #[test]
+    fn idle_actions_parse() {
+        assert_eq!(parse_idle_action("stop"), Ok(IdleAction::Stop));
+        assert!(parse_idle_action("suspend").is_err());
+    }
+}

@@ -1,0 +1,245 @@
+//! Self-tests of free GPUs on a schedule: every `every`, a GPU that no
+//! lease holds is watched for `duration`; it passes when it answered every
+//! sample and each one was clean (under the temperature and memory
+//! thresholds). A lease placed on the GPU meanwhile aborts the test: the
+//! lease comes first, the test is due again a period later.
+//!
+//! On the simulated backend that is the whole test: the script decides how
+//! the GPU reads. On NVML it is the same watch, without a load of our own:
+//! a real burn (a CUDA kernel, as dcgmi diag runs) is not built yet, see
+//! docs/gpu-backends.md.
+//!
+//! Pure: samples, the free GPUs and `now` in, finished tests out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::backend::GpuSample;
+use crate::health::HealthRules;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub gpu_index: u32,
+    pub passed: bool,
+    pub duration: Duration,
+    pub detail: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+struct Running {
+    started: DateTime<Utc>,
+    samples: u32,
+    /// The first thing that failed it.
+    failure: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SelfTests {
+    every: Duration,
+    duration: Duration,
+    rules: HealthRules,
+    next_due: BTreeMap<u32, DateTime<Utc>>,
+    running: BTreeMap<u32, Running>,
+}
+
+impl SelfTests {
+    /// Tests of `gpus`, the first one `every` after `now` (a fresh agent
+    /// does not test at once: the GPUs have just been seen).
+    pub fn new(
+        gpus: impl IntoIterator<Item = u32>,
+        every: Duration,
+        duration: Duration,
+        rules: HealthRules,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let first = now + chrono::Duration::from_std(every).unwrap_or(chrono::Duration::MAX);
+        Self {
+            every,
+            duration,
+            rules,
+            next_due: gpus.into_iter().map(|g| (g, first)).collect(),
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// GPUs under test now.
+    pub fn running(&self) -> impl Iterator<Item = u32> + '_ {
+        self.running.keys().copied()
+    }
+
+    fn due_after(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now + chrono::Duration::from_std(self.every).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// One round of samples at `now`; `free` are the GPUs no lease holds.
+    pub fn observe(
+        &mut self,
+        samples: &[GpuSample],
+        free: &BTreeSet<u32>,
+        now: DateTime<Utc>,
+    ) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        let gpus: Vec<u32> = self.next_due.keys().copied().collect();
+        for gpu in gpus {
+            let sample = samples.iter().find(|s| s.index == gpu);
+            if let Some(test) = self.running.get_mut(&gpu) {
+                if !free.contains(&gpu) {
+                    tracing::info!(gpu, "self-test aborted: a lease took the GPU");
+                    self.running.remove(&gpu);
+                    let due = self.due_after(now);
+                    self.next_due.insert(gpu, due);
+                    continue;
+                }
+                match sample {
+                    None => {
+                        test.failure
+                            .get_or_insert_with(|| "the GPU did not answer a sample".into());
+                    }
+                    Some(s) => {
+                        test.samples += 1;
+                        if let Some(why) = unclean(s, &self.rules) {
+                            test.failure.get_or_insert(why);
+                        }
+                    }
+                }
+                let ran = (now - test.started).to_std().unwrap_or_default();
+                if ran >= self.duration {
+                    let test = self.running.remove(&gpu).expect("running test");
+                    let passed = test.failure.is_none();
+                    let detail = test.failure.unwrap_or_else(|| {
+                        format!(
+                            "{} clean samples in {:.0} s",
+                            test.samples,
+                            ran.as_secs_f64()
+                        )
+                    });
+                    finished.push(Finished {
+                        gpu_index: gpu,
+                        passed,
+                        duration: ran,
+                        detail,
+                        at: now,
+                    });
+                    let due = self.due_after(now);
+                    self.next_due.insert(gpu, due);
+                }
+            } else if free.contains(&gpu) && self.next_due[&gpu] <= now {
+                tracing::info!(gpu, "self-test started");
+                let failure = match sample {
+                    None => Some("the GPU did not answer a sample".to_string()),
+                    Some(s) => unclean(s, &self.rules),
+                };
+                self.running.insert(
+                    gpu,
+                    Running {
+                        started: now,
+                        samples: u32::from(sample.is_some()),
+                        failure,
+                    },
+                );
+            }
+        }
+        finished
+    }
+}
+
+fn unclean(s: &GpuSample, rules: &HealthRules) -> Option<String> {
+    if s.temperature_c >= rules.degraded_temperature_c {
+        return Some(format!(
+            "temperature {} °C ≥ {} °C",
+            s.temperature_c, rules.degraded_temperature_c
+        ));
+    }
+    let used = s.memory_used_pct();
+    if used >= rules.degraded_memory_pct {
+        return Some(format!(
+            "memory {used:.1} % used ≥ {} %",
+            rules.degraded_memory_pct
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
+    }
+
+    fn sample(index: u32, temperature_c: u32) -> GpuSample {
+        GpuSample {
+            index,
+            utilization_pct: 0,
+            memory_used_mib: 0,
+            memory_total_mib: 1024,
+            temperature_c,
+            power_w: 0.0,
+            ecc_double_bit_total: Some(0),
+            processes: Vec::new(),
+        }
+    }
+
+    fn tests() -> SelfTests {
+        SelfTests::new(
+            0..2,
+            Duration::from_secs(100),
+            Duration::from_secs(10),
+            HealthRules::default(),
+            t(0),
+        )
+    }
+
+    fn free(gpus: &[u32]) -> BTreeSet<u32> {
+        gpus.iter().copied().collect()
+    }
+
+    #[test]
+    fn free_gpus_are_tested_every_period_and_pass_when_clean() {
+        let mut st = tests();
+        let both = [sample(0, 40), sample(1, 40)];
+        assert!(st.observe(&both, &free(&[0, 1]), t(99)).is_empty());
+        assert!(st.observe(&both, &free(&[0, 1]), t(100)).is_empty());
+        assert_eq!(st.running().collect::<Vec<_>>(), vec![0, 1]);
+        assert!(st.observe(&both, &free(&[0, 1]), t(105)).is_empty());
+        let done = st.observe(&both, &free(&[0, 1]), t(110));
+        assert_eq!(done.len(), 2);
+        assert!(done
+            .iter()
+            .all(|f| f.passed && f.duration == Duration::from_secs(10)));
+        assert_eq!(done[0].detail, "3 clean samples in 10 s");
+        // Next one a period after the end.
+        assert!(st.observe(&both, &free(&[0, 1]), t(209)).is_empty());
+        assert_eq!(st.running().count(), 0);
+        st.observe(&both, &free(&[0, 1]), t(210));
+        assert_eq!(st.running().count(), 2);
+    }
+
+    #[test]
+    fn a_hot_or_silent_gpu_fails_and_a_held_one_is_not_tested() {
+        let mut st = tests();
+        st.observe(&[sample(0, 40)], &free(&[0]), t(100));
+        assert_eq!(st.running().collect::<Vec<_>>(), vec![0]);
+        st.observe(&[sample(0, 90)], &free(&[0]), t(105));
+        let done = st.observe(&[], &free(&[0]), t(110));
+        assert_eq!(done.len(), 1);
+        assert!(!done[0].passed);
+        assert_eq!(done[0].detail, "temperature 90 °C ≥ 85 °C");
+    }
+
+    #[test]
+    fn a_lease_aborts_the_test() {
+        let mut st = tests();
+        st.observe(&[sample(0, 40)], &free(&[0]), t(100));
+        assert!(st.observe(&[sample(0, 40)], &free(&[]), t(101)).is_empty());
+        assert_eq!(st.running().count(), 0);
+        assert!(st.observe(&[sample(0, 40)], &free(&[0]), t(200)).is_empty());
+        assert_eq!(st.running().count(), 0);
+        st.observe(&[sample(0, 40)], &free(&[0]), t(201));
+        assert_eq!(st.running().count(), 1);
+    }
+}
