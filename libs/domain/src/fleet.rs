@@ -47,6 +47,7 @@ impl Fleet {
                 self.hold(&e.node_id, e.lease_id, &indices, share, mig);
             }
             EventData::LeaseEnded(e) => self.release(e.lease_id),
+            EventData::LeaseSuspended(e) => self.release(e.lease_id),
             EventData::LeaseMigrated(e) => {
                 self.release(e.lease_id);
                 if let Some(to) = &e.to {

@@ -234,6 +234,10 @@ pub enum EventData {
     LeaseGpuFault(LeaseGpuFault),
     #[serde(rename = "lease.idle_detected")]
     LeaseIdleDetected(LeaseIdleDetected),
+    #[serde(rename = "lease.suspended")]
+    LeaseSuspended(LeaseSuspended),
+    #[serde(rename = "lease.resume_requested")]
+    LeaseResumeRequested(LeaseResumeRequested),
     #[serde(rename = "node.registered")]
     NodeRegistered(NodeRegistered),
     #[serde(rename = "node.gpus_allocated")]
@@ -299,6 +303,10 @@ pub enum IdleAction {
     /// `lease.idle_detected`, then the node-agent asks for the lease to stop
     /// (`lease.stop_requested` by the node), which ends it as a stop does.
     Stop,
+    /// `lease.idle_detected`, then the node-agent stops the workload and
+    /// reports `lease.suspended`: its GPUs are freed and billing stops, the
+    /// lease is kept; `POST /v1/leases/{id}/resume` queues it again.
+    Suspend,
 }
 
 impl IdleAction {
@@ -306,6 +314,7 @@ impl IdleAction {
         match self {
             IdleAction::Notify => "notify",
             IdleAction::Stop => "stop",
+            IdleAction::Suspend => "suspend",
         }
     }
 }
@@ -560,10 +569,31 @@ pub struct LeaseIdleDetected {
     pub node_id: String,
     pub idle_since: DateTime<Utc>,
     pub window_s: u64,
-    /// What the tenant's policy does about it: `notify` or `stop`.
+    /// What the tenant's policy does about it: `notify`, `stop` or `suspend`.
     pub action: IdleAction,
     /// When the agent saw it (`idle_since + window_s` at the earliest).
     pub at: DateTime<Utc>,
+}
+
+/// The lease's workload was stopped on its node and its GPUs freed, the
+/// lease kept (an idle lease under a `suspend` policy). Billing of the run
+/// ends at `suspended_at`; `lease.resume_requested` queues it again, and it
+/// starts afresh wherever it is placed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSuspended {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub gpu_indices: Vec<u32>,
+    pub suspended_at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// The tenant asked for a suspended lease to run again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseResumeRequested {
+    pub lease_id: Uuid,
 }
 
 /// An operator stopped new placements on a node. With `drain` its leases
@@ -739,6 +769,8 @@ impl EventData {
             EventData::LeaseMigrated(_) => "lease.migrated",
             EventData::LeaseGpuFault(_) => "lease.gpu_fault",
             EventData::LeaseIdleDetected(_) => "lease.idle_detected",
+            EventData::LeaseSuspended(_) => "lease.suspended",
+            EventData::LeaseResumeRequested(_) => "lease.resume_requested",
             EventData::NodeRegistered(_) => "node.registered",
             EventData::NodeGpusAllocated(_) => "node.gpus_allocated",
             EventData::NodeLost(_) => "node.lost",
@@ -763,6 +795,28 @@ impl EventData {
         }
     }
 
+    /// The lease whose subject this event is on, for events of a lease.
+    /// Writers that guard on a lease's subject sequence must count every
+    /// one of these, not only the types they act on.
+    pub fn lease_id(&self) -> Option<Uuid> {
+        match self {
+            EventData::LeaseRequested(e) => Some(e.lease_id),
+            EventData::LeaseQueued(e) => Some(e.lease_id),
+            EventData::LeaseRejected(e) => Some(e.lease_id),
+            EventData::LeasePlaced(e) => Some(e.lease_id),
+            EventData::LeaseStopRequested(e) => Some(e.lease_id),
+            EventData::LeasePreemptionNoticed(e) => Some(e.lease_id),
+            EventData::LeaseStarted(e) => Some(e.lease_id),
+            EventData::LeaseEnded(e) => Some(e.lease_id),
+            EventData::LeaseMigrated(e) => Some(e.lease_id),
+            EventData::LeaseGpuFault(e) => Some(e.lease_id),
+            EventData::LeaseIdleDetected(e) => Some(e.lease_id),
+            EventData::LeaseSuspended(e) => Some(e.lease_id),
+            EventData::LeaseResumeRequested(e) => Some(e.lease_id),
+            _ => None,
+        }
+    }
+
     /// The subject of the aggregate this event belongs to.
     pub fn subject(&self) -> String {
         match self {
@@ -778,6 +832,8 @@ impl EventData {
             EventData::LeaseMigrated(e) => subject::lease(e.lease_id),
             EventData::LeaseGpuFault(e) => subject::lease(e.lease_id),
             EventData::LeaseIdleDetected(e) => subject::lease(e.lease_id),
+            EventData::LeaseSuspended(e) => subject::lease(e.lease_id),
+            EventData::LeaseResumeRequested(e) => subject::lease(e.lease_id),
             EventData::NodeRegistered(e) => subject::node(&e.node_id),
             EventData::NodeGpusAllocated(e) => subject::node(&e.node_id),
             EventData::NodeLost(e) => subject::node(&e.node_id),
@@ -861,6 +917,14 @@ pub fn schemas() -> Vec<(String, serde_json::Value)> {
         (
             format!("lease.idle_detected.v{v}.json"),
             schema::<LeaseIdleDetected>(),
+        ),
+        (
+            format!("lease.suspended.v{v}.json"),
+            schema::<LeaseSuspended>(),
+        ),
+        (
+            format!("lease.resume_requested.v{v}.json"),
+            schema::<LeaseResumeRequested>(),
         ),
         (
             format!("spot.price_set.v{v}.json"),

@@ -201,6 +201,35 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
                 .await?;
             }
         },
+        EventData::LeaseIdleDetected(e) => {
+            sqlx::query("UPDATE leases SET idle_since = $2, last_sequence = $3 WHERE id = $1")
+                .bind(e.lease_id)
+                .bind(e.idle_since)
+                .bind(seq)
+                .execute(conn)
+                .await?;
+        }
+        EventData::LeaseSuspended(e) => {
+            sqlx::query(
+                "UPDATE leases SET state = 'suspended', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
+                        mig_instance = NULL, suspended_at = $2, last_sequence = $3
+                 WHERE id = $1 AND state IN ('placed', 'running')",
+            )
+            .bind(e.lease_id)
+            .bind(e.suspended_at)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::LeaseResumeRequested(e) => {
+            sqlx::query(
+                "UPDATE leases SET state = 'requested', last_sequence = $2 WHERE id = $1 AND state = 'suspended'",
+            )
+            .bind(e.lease_id)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
         EventData::LeaseEnded(e) => {
             let reason = serde_json::to_value(e.reason)
                 .ok()

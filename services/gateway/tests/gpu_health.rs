@@ -502,3 +502,142 @@ async fn drain_moves_or_keeps_leases_and_uncordon_takes_new_ones() {
         .await;
     assert_eq!(placed3["node_id"], Value::String(x));
 }
+
+/// A tenant whose policy suspends idle leases: the lease on node-a (0 %
+/// though held) is suspended after its window (GPUs freed, run billed up
+/// to then), resumed through the API, placed on node-b (node-a drained),
+/// runs there, and its invoice has the two runs and nothing in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
+    use chrono::SubsecRound;
+    use rust_decimal::Decimal;
+    let fleet = format!(
+        "{}{}",
+        one_gpu_node("node-a", Some("faults-a.toml")),
+        one_gpu_node("node-b", None)
+    );
+    let mut stack = Stack::bare(&fleet).await;
+    stack.write_beside_fleet(
+        "faults-a.toml",
+        "[[fault]]\nafter_s = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n",
+    );
+    for name in [
+        "scheduler",
+        "pricing",
+        "audit",
+        "gateway",
+        "node-agent:node-a",
+    ] {
+        stack.start_service(name).await;
+    }
+    stack.wait_ready().await;
+    let (s, tenant) = stack
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            ADMIN_TOKEN,
+            Some(
+                json!({"name": "sleeper", "email": "ops@sleeper.example", "quota": {"max_gpus": 1},
+                        "idle_policy": {"window_s": 2, "action": "suspend"}}),
+            ),
+        )
+        .await;
+    assert_eq!(s, 201, "{tenant}");
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+    let id = lease(&stack, &key).await;
+    stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+
+    // Resuming a running lease is a conflict.
+    let resume = format!("/v1/leases/{id}/resume");
+    let (s, p) = stack.call(Method::POST, &resume, &key, None).await;
+    assert_eq!(s, 409, "{p}");
+
+    let suspended = stack
+        .wait_lease(&key, &id, |l| l["state"] == "suspended")
+        .await;
+    assert_eq!(suspended["node_id"], Value::Null);
+    assert_eq!(suspended["gpu_uuids"], json!([]));
+    assert!(suspended["idle_since"].is_string(), "{suspended}");
+    assert!(suspended["suspended_at"].is_string(), "{suspended}");
+
+    // Its GPU is free: the quota counts nothing while suspended.
+    let (s, _) = stack
+        .call(
+            Method::POST,
+            "/v1/nodes/node-a/drain",
+            ADMIN_TOKEN,
+            Some(json!({"mode": "finish"})),
+        )
+        .await;
+    assert_eq!(s, 202);
+    stack.start_service("node-agent:node-b").await;
+    stack.wait_ready().await;
+    let (s, body) = stack.call(Method::POST, &resume, &key, None).await;
+    assert_eq!(s, 202, "{body}");
+    let resumed = stack
+        .wait_lease(&key, &id, |l| {
+            l["state"] == "running" && l["node_id"] == "node-b"
+        })
+        .await;
+    assert_eq!(resumed["suspended_at"], suspended["suspended_at"]);
+    // Busy on node-b: not suspended again.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    let (s, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202);
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+
+    let log = common::read_log(&stack.bus().await).await;
+    let EventData::LeaseSuspended(sus) = &of_type(&log, "lease.suspended")[0].envelope.data else {
+        unreachable!()
+    };
+    assert_eq!(of_type(&log, "lease.suspended").len(), 1);
+    assert_eq!(sus.node_id, "node-a");
+    let starts: Vec<(String, chrono::DateTime<chrono::Utc>)> = of_type(&log, "lease.started")
+        .into_iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::LeaseStarted(s) => Some((s.node_id.clone(), s.started_at)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
+        vec!["node-a", "node-b"]
+    );
+    let EventData::LeaseEnded(end) = &of_type(&log, "lease.ended")[0].envelope.data else {
+        unreachable!()
+    };
+    let period = starts[0].1.format("%Y-%m").to_string();
+    let invoice = stack.wait_invoice(&key, &period, 2).await;
+    let mut lines = invoice["lines"].as_array().unwrap().clone();
+    lines.sort_by_key(|l| l["from"].as_str().unwrap().to_string());
+    let at = |v: &Value| {
+        v.as_str()
+            .unwrap()
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .unwrap()
+    };
+    let runs = [(starts[0].1, sus.suspended_at), (starts[1].1, end.ended_at)];
+    assert!(runs[0].1 < runs[1].0, "the suspension is not billed");
+    for (line, (from, to)) in lines.iter().zip(runs) {
+        assert_eq!(at(&line["from"]), from.trunc_subsecs(6), "{line}");
+        assert_eq!(at(&line["to"]), to.trunc_subsecs(6), "{line}");
+        let micros = (to - from).num_microseconds().unwrap();
+        let seconds = (micros + 999_999) / 1_000_000;
+        assert_eq!(line["billed_seconds"], seconds, "{line}");
+        let amount = (Decimal::from(40) * Decimal::new(5, 1) * Decimal::from(seconds)
+            / Decimal::from(3600))
+        .round_dp_with_strategy(2, rust_decimal::RoundingStrategy::MidpointAwayFromZero);
+        assert_eq!(
+            line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(),
+            amount
+        );
+    }
+    stack.assert_gateway_rebuilds_identically().await;
+}

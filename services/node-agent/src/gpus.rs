@@ -72,7 +72,8 @@ pub struct GpuArgs {
     /// an idle policy of their own.
     #[arg(long, env = "LH_IDLE_WINDOW_SECS", default_value_t = 300)]
     pub idle_window_secs: u64,
-    /// What happens to an idle lease of such a tenant: notify or stop.
+    /// What happens to an idle lease of such a tenant: notify, stop or
+    /// suspend.
     #[arg(long, env = "LH_IDLE_ACTION", default_value = "notify", value_parser = parse_idle_action)]
     pub idle_action: IdleAction,
     /// A free GPU is self-tested this often (0: never).
@@ -87,7 +88,10 @@ fn parse_idle_action(text: &str) -> Result<IdleAction, String> {
     match text {
         "notify" => Ok(IdleAction::Notify),
         "stop" => Ok(IdleAction::Stop),
-        other => Err(format!("idle action must be notify or stop, not {other:?}")),
+        "suspend" => Ok(IdleAction::Suspend),
+        other => Err(format!(
+            "idle action must be notify, stop or suspend, not {other:?}"
+        )),
     }
 }
 
@@ -344,8 +348,7 @@ impl GpuSide {
                 false
             }
             Observation::Samples { at, samples } => {
-                self.samples(bus, node_id, state, &samples, at).await;
-                false
+                self.samples(bus, node_id, state, &samples, at).await
             }
             Observation::NodeStopped => {
                 tracing::warn!(node = node_id, "the host stopped answering: going silent");
@@ -423,7 +426,7 @@ impl GpuSide {
         state: &mut NodeState,
         samples: &[GpuSample],
         at: DateTime<Utc>,
-    ) {
+    ) -> bool {
         for t in self.health.observe(samples, at) {
             self.publish_transition(bus, node_id, &t).await;
         }
@@ -462,8 +465,9 @@ impl GpuSide {
                 }
             }
         }
+        let mut suspend = false;
         for u in &leases_usage {
-            self.idle(bus, node_id, state, u, at).await;
+            suspend |= self.idle(bus, node_id, state, u, at).await;
         }
         let held: BTreeSet<u32> = state
             .holding()
@@ -500,6 +504,7 @@ impl GpuSide {
                 self.publish_transition(bus, node_id, &t).await;
             }
         }
+        suspend
     }
 
     async fn idle(
@@ -509,15 +514,18 @@ impl GpuSide {
         state: &mut NodeState,
         usage: &lh_events::telemetry::LeaseUsage,
         at: DateTime<Utc>,
-    ) {
+    ) -> bool {
         let policies = &state.idle_policies;
         let Some(lease) = state.leases.get_mut(&usage.lease_id) else {
-            return;
+            return false;
         };
         // NVML reads no utilisation on a GPU in MIG mode: a MIG lease would
         // always look idle, so it is not judged.
-        if lease.gpus.iter().any(|g| g.mig_instance.is_some()) || lease.stop_requested {
-            return;
+        if lease.gpus.iter().any(|g| g.mig_instance.is_some())
+            || lease.stop_requested
+            || lease.suspend_requested
+        {
+            return false;
         }
         let policy = lease
             .tenant_id
@@ -525,7 +533,7 @@ impl GpuSide {
             .unwrap_or(self.idle_default);
         let window = Duration::from_secs(policy.window_s);
         let Some(idle_since) = lease.idle.observe(usage, window, at) else {
-            return;
+            return false;
         };
         let lease_id = usage.lease_id;
         tracing::info!(lease = %lease_id, %idle_since, action = policy.action.as_str(), "lease idle");
@@ -543,6 +551,8 @@ impl GpuSide {
             at,
         });
         let tenant_id = lease.tenant_id;
+        // Under `suspend` the loop stops the workload and reports it.
+        lease.suspend_requested = policy.action == IdleAction::Suspend;
         publish(bus, node_id, id, data, tenant_id).await;
         if policy.action == IdleAction::Stop {
             // The same id as a tenant's stop: one stop, whoever asks first.
@@ -550,6 +560,7 @@ impl GpuSide {
             let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id });
             publish(bus, node_id, id, data, tenant_id).await;
         }
+        policy.action == IdleAction::Suspend
     }
 
     async fn publish_transition(&self, bus: &Bus, node_id: &str, t: &Transition) {
@@ -638,6 +649,7 @@ mod tests {
     #[test]
     fn idle_actions_parse() {
         assert_eq!(parse_idle_action("stop"), Ok(IdleAction::Stop));
-        assert!(parse_idle_action("suspend").is_err());
+        assert_eq!(parse_idle_action("suspend"), Ok(IdleAction::Suspend));
+        assert!(parse_idle_action("hibernate").is_err());
     }
 }

@@ -30,7 +30,7 @@ use lh_bus::{Bus, BusError, Expect};
 use lh_events::telemetry::Heartbeat;
 use lh_events::{
     derived_id, subject, Actor, AssignedGpu, EndReason, Envelope, EventData, GpuHealth, IdlePolicy,
-    LeaseEnded, LeaseStarted, NodeRegistered, WorkloadSpec,
+    LeaseEnded, LeaseStarted, LeaseSuspended, NodeRegistered, WorkloadSpec,
 };
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use uuid::Uuid;
@@ -138,6 +138,9 @@ struct LocalLease {
     exit: Option<runtime::Exit>,
     /// Its GPUs' idle stretch, while it runs.
     idle: usage::IdleWatch,
+    /// Idle under a `suspend` policy: its workload stops and the lease is
+    /// reported suspended, not ended.
+    suspend_requested: bool,
 }
 
 #[derive(Default)]
@@ -216,6 +219,8 @@ impl NodeState {
                         l.ended = true;
                         self.specs.remove(&lease_id);
                     }
+                    // Its run here is over; a resume places it afresh.
+                    EventData::LeaseSuspended(_) => l.ended = true,
                     _ => {}
                 }
             }
@@ -265,15 +270,10 @@ impl NodeState {
     }
 }
 
+/// Every event on a lease's subject counts toward the sequence the
+/// guarded `lease.started` and `lease.suspended` expect.
 fn lease_of(data: &EventData) -> Option<Uuid> {
-    match data {
-        EventData::LeaseStarted(e) => Some(e.lease_id),
-        EventData::LeaseStopRequested(e) => Some(e.lease_id),
-        EventData::LeaseEnded(e) => Some(e.lease_id),
-        EventData::LeasePreemptionNoticed(e) => Some(e.lease_id),
-        EventData::LeaseMigrated(e) => Some(e.lease_id),
-        _ => None,
-    }
+    data.lease_id()
 }
 
 async fn agent(
@@ -387,7 +387,8 @@ async fn act(bus: &Bus, node_id: &str, state: &mut NodeState, workloads: &mut Wo
         }
         let preempt_now = lease.preemption_deadline.is_some_and(|d| now >= d);
         let ending = lease.stop_requested || preempt_now;
-        if ending && workloads.stop(*lease_id) {
+        let suspending = lease.suspend_requested && lease.started && !ending;
+        if (ending || suspending) && workloads.stop(*lease_id) {
             // The end is reported when the workload has exited.
             lease.stopping = true;
             continue;
@@ -395,7 +396,24 @@ async fn act(bus: &Bus, node_id: &str, state: &mut NodeState, workloads: &mut Wo
         if lease.stopping && lease.exit.is_none() {
             continue;
         }
-        let (data, step, expect) = if ending || lease.exit.is_some() {
+        // A workload that finished on its own before the suspension ends
+        // the lease as usual.
+        let exited_by_itself = lease.exit.is_some() && !lease.stopping;
+        let (data, step, expect) = if suspending && !exited_by_itself {
+            let data = EventData::LeaseSuspended(LeaseSuspended {
+                lease_id: *lease_id,
+                node_id: node_id.to_string(),
+                gpu_indices: lease.gpus.iter().map(|g| g.index).collect(),
+                suspended_at: now,
+                reason: "idle under the tenant's suspend policy".into(),
+            });
+            // Guarded: a stop that arrived meanwhile ends it instead.
+            (
+                data,
+                "lease.suspended",
+                Expect::LastSubjectSequence(lease.subject_sequence),
+            )
+        } else if ending || lease.exit.is_some() {
             let exit_code = lease.exit.and_then(|e| e.code);
             let reason = if !lease.started {
                 EndReason::Cancelled
@@ -458,7 +476,7 @@ async fn act(bus: &Bus, node_id: &str, state: &mut NodeState, workloads: &mut Wo
         };
         // A migrated lease starts once per placement; it ends only once.
         let id = match step {
-            "lease.started" => derived_id(&[
+            "lease.started" | "lease.suspended" => derived_id(&[
                 step,
                 &lease_id.to_string(),
                 &lease.placement_sequence.to_string(),

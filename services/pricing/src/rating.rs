@@ -129,6 +129,15 @@ impl Fold {
                     }
                 }
             }
+            EventData::LeaseSuspended(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    // Suspended: the run ends when the workload stopped; a
+                    // resumed lease opens the next at its new start.
+                    if let Some(started) = l.started_at.take() {
+                        l.runs.push((started, e.suspended_at.max(started)));
+                    }
+                }
+            }
             // Rejected leases never run: forget them.
             EventData::LeaseRejected(e) if !self.due.contains(&e.lease_id) => {
                 self.leases.remove(&e.lease_id);

@@ -86,6 +86,8 @@ pub enum Status {
     },
     /// Placed or running: holds GPUs until it ends.
     Holding,
+    /// Idle and suspended by its node: holds nothing, waits for a resume.
+    Suspended,
 }
 
 #[derive(Debug, Clone)]
@@ -305,8 +307,32 @@ impl State {
                     }
                 }
             }
+            EventData::LeaseSuspended(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.status = Status::Suspended;
+                    l.node_id = None;
+                    l.started_at = None;
+                    l.preemption_deadline = None;
+                }
+            }
+            EventData::LeaseResumeRequested(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    if l.status == Status::Suspended {
+                        // Back in the queue, keeping its place.
+                        l.status = Status::Requested;
+                        let key = l.requested_sequence;
+                        self.waiting.insert(key, e.lease_id);
+                    }
+                }
+            }
             EventData::LeaseRejected(e) => self.forget(e.lease_id),
-            _ => {}
+            // Observations on a lease's subject (idle, GPU faults) change
+            // nothing here but its sequence, which guarded writes expect.
+            other => {
+                if let Some(id) = other.lease_id() {
+                    let _ = self.lease_at(id, sequence);
+                }
+            }
         }
     }
 
@@ -444,6 +470,26 @@ impl State {
         // Rebuilt from `scratch` when the pass reserves GPUs outside it.
         let mut engine: Option<Planner> = None;
         self.decide_migrations(now, &mut scratch, &workload, &mut engine, &mut out);
+        // A suspended lease holds nothing: a stop ends it here.
+        let mut stopped: Vec<&Lease> = self
+            .leases
+            .values()
+            .filter(|l| l.status == Status::Suspended && l.stop_requested)
+            .collect();
+        stopped.sort_by_key(|l| l.requested_sequence);
+        for lease in stopped {
+            let ended = EventData::LeaseEnded(LeaseEnded {
+                lease_id: lease.id,
+                node_id: None,
+                ended_at: now,
+                reason: EndReason::Stopped,
+                exit_code: None,
+            });
+            out.push(vec![(
+                lease_event(lease, now, ended, "lease.ended"),
+                Expect::LastSubjectSequence(lease.subject_sequence),
+            )]);
+        }
         let mut positions: HashMap<&str, u32> = HashMap::new();
         for lease_id in self.queue_order() {
             let lease = &self.leases[&lease_id];
@@ -1345,6 +1391,105 @@ mod tests {
                 assert_eq!(m.to.as_ref().unwrap().node_id, "b");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn observations_on_a_lease_count_toward_the_sequence_its_writes_expect() {
+        let t = Uuid::from_u128(1);
+        let l1 = Uuid::from_u128(2);
+        let t0 = Utc::now();
+        let mut s = given(vec![
+            node("a", 1),
+            node("b", 1),
+            tenant(t, 8),
+            request(l1, t, 1),
+        ]);
+        settle(&mut s, t0, &Rules::default());
+        let from = where_is(&s, l1).0;
+        // The node-agent reports the lease idle, on the lease's subject.
+        s.apply(
+            9000,
+            &env(EventData::LeaseIdleDetected(lh_events::LeaseIdleDetected {
+                lease_id: l1,
+                node_id: from.clone(),
+                idle_since: t0,
+                window_s: 300,
+                action: lh_events::IdleAction::Notify,
+                at: t0,
+            })),
+        );
+        s.apply(
+            9001,
+            &env(EventData::NodeCordoned(NodeCordoned {
+                node_id: from,
+                drain: Some(DrainMode::Move),
+                reason: "test".into(),
+            })),
+        );
+        let d = s.decide(t0, &Rules::default());
+        let moved = d
+            .batches
+            .iter()
+            .flatten()
+            .find(|(e, _)| matches!(e.data, EventData::LeaseMigrated(_)))
+            .expect("the lease moves");
+        assert_eq!(moved.1, Expect::LastSubjectSequence(9000));
+    }
+
+    #[test]
+    fn a_suspended_lease_holds_nothing_until_resumed_and_a_stop_ends_it() {
+        let t = Uuid::from_u128(1);
+        let l1 = Uuid::from_u128(2);
+        let t0 = Utc::now();
+        let mut s = given(vec![node("a", 1), tenant(t, 1), request(l1, t, 1)]);
+        settle(&mut s, t0, &Rules::default());
+        let (node_id, _) = where_is(&s, l1);
+        s.apply(
+            9000,
+            &env(EventData::LeaseSuspended(lh_events::LeaseSuspended {
+                lease_id: l1,
+                node_id,
+                gpu_indices: vec![0],
+                suspended_at: t0,
+                reason: "idle".into(),
+            })),
+        );
+        assert!(!s.fleet.holdings.contains_key(&l1), "GPU freed");
+        assert!(
+            s.decide(t0, &Rules::default()).batches.is_empty(),
+            "not queued"
+        );
+        assert!(s.held_by_tenant().is_empty(), "counts nothing toward quota");
+        s.apply(
+            9001,
+            &env(EventData::LeaseResumeRequested(
+                lh_events::LeaseResumeRequested { lease_id: l1 },
+            )),
+        );
+        settle(&mut s, t0, &Rules::default());
+        assert_eq!(where_is(&s, l1).0, "a", "placed again");
+        // Suspended again, then stopped: the scheduler ends it.
+        s.apply(
+            20_000,
+            &env(EventData::LeaseSuspended(lh_events::LeaseSuspended {
+                lease_id: l1,
+                node_id: "a".into(),
+                gpu_indices: vec![0],
+                suspended_at: t0,
+                reason: "idle".into(),
+            })),
+        );
+        s.apply(
+            20_001,
+            &env(EventData::LeaseStopRequested(LeaseStopRequested {
+                lease_id: l1,
+            })),
+        );
+        let d = s.decide(t0, &Rules::default());
+        match events_of(&d)[..] {
+            [EventData::LeaseEnded(e)] => assert_eq!(e.reason, EndReason::Stopped),
+            ref other => panic!("{other:?}"),
         }
     }
 

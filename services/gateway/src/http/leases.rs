@@ -8,7 +8,7 @@ use lh_bus::{BusError, Expect};
 use lh_domain::catalog;
 use lh_events::{
     derived_id, subject, Actor, Envelope, EventData, GpuFraction, LeaseRequested,
-    LeaseStopRequested, Tier, WorkloadSpec,
+    LeaseResumeRequested, LeaseStopRequested, Tier, WorkloadSpec,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
@@ -80,7 +80,7 @@ fn default_tier() -> Tier {
 pub struct LeaseView {
     pub id: Uuid,
     pub tenant_id: Uuid,
-    /// requested, queued, placed, running, ended or rejected.
+    /// requested, queued, placed, running, suspended, ended or rejected.
     pub state: String,
     pub gpus: i32,
     /// Set for a fractional lease: its share of one GPU.
@@ -118,6 +118,11 @@ pub struct LeaseView {
     pub migrations: i32,
     /// Why it was last moved.
     pub last_migration_reason: Option<String>,
+    /// Start of the last idle stretch its node reported (zero GPU use for
+    /// the tenant's idle window).
+    pub idle_since: Option<DateTime<Utc>>,
+    /// When it was last suspended for being idle.
+    pub suspended_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub placed_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
@@ -129,7 +134,7 @@ pub struct LeaseView {
 }
 
 const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, created_at, placed_at,
+    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
 async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
@@ -499,6 +504,47 @@ pub async fn stop(
     let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease.id });
     let mut envelope = Envelope::new(actor, Utc::now(), data)
         .with_id(derived_id(&["lease.stop_requested", &lease.id.to_string()]));
+    envelope.tenant_id = Some(lease.tenant_id);
+    let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
+    read_your_write(&ctx, appended.sequence).await?;
+    let lease = visible(&ctx, &caller, lease.id).await?;
+    Ok((StatusCode::ACCEPTED, Json(lease)))
+}
+
+#[utoipa::path(
+    post, path = "/v1/leases/{id}/resume", params(("id" = Uuid, Path)),
+    responses(
+        (status = 202, body = LeaseView), (status = 401, body = super::Problem),
+        (status = 404, body = super::Problem), (status = 409, body = super::Problem)
+    )
+)]
+pub async fn resume(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
+    if lease.state != "suspended" {
+        return Err(ApiError::conflict(format!(
+            "lease {} is {}, not suspended",
+            lease.id, lease.state
+        )));
+    }
+    let actor = match caller {
+        Caller::Tenant { id, .. } => Actor::Tenant(id),
+        _ => Actor::Admin,
+    };
+    let data = EventData::LeaseResumeRequested(LeaseResumeRequested { lease_id: lease.id });
+    // One resume per suspension: the id is derived from the suspension.
+    let suspended_at = lease
+        .suspended_at
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_default();
+    let mut envelope = Envelope::new(actor, Utc::now(), data).with_id(derived_id(&[
+        "lease.resume_requested",
+        &lease.id.to_string(),
+        &suspended_at,
+    ]));
     envelope.tenant_id = Some(lease.tenant_id);
     let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
     read_your_write(&ctx, appended.sequence).await?;

@@ -45,6 +45,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))
+        .route("/v1/leases/{id}/resume", post(leases::resume))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/invoices", get(invoices::show))
@@ -63,6 +64,7 @@ pub fn router(ctx: ApiContext) -> Router {
         leases::list,
         leases::get,
         leases::stop,
+        leases::resume,
         nodes::drain,
         nodes::uncordon,
         invoices::show,
