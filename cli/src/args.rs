@@ -56,6 +56,71 @@ pub enum Command {
     /// Check the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Take GPU nodes out of placement and back (admin token required).
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+/// `lh node ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum NodeCommand {
+    /// Place nothing new on a node; its running leases finish or move.
+    Drain(NodeDrain),
+    /// Let a drained node take new leases again.
+    Uncordon(NodeId),
+}
+
+/// `lh node drain`
+#[derive(Debug, Clone, Args)]
+pub struct NodeDrain {
+    /// Node id.
+    pub id: String,
+    /// `finish`: running leases end where they are; `move`: moved now.
+    #[arg(long, value_enum)]
+    pub mode: DrainMode,
+    /// Why, for the log.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// `lh node uncordon`
+#[derive(Debug, Clone, Args)]
+pub struct NodeId {
+    /// Node id.
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DrainMode {
+    Finish,
+    Move,
+}
+
+impl DrainMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainMode::Finish => "finish",
+            DrainMode::Move => "move",
+        }
+    }
+}
+
+/// What a node-agent does with a tenant's idle lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IdleAction {
+    Notify,
+    Stop,
+    Suspend,
+}
+
+impl IdleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Notify => "notify",
+            IdleAction::Stop => "stop",
+            IdleAction::Suspend => "suspend",
+        }
+    }
 }
 
 /// `lh tenant ...`
@@ -77,6 +142,12 @@ pub struct TenantCreate {
     /// Most GPUs the tenant may hold at once.
     #[arg(long, value_name = "N")]
     pub max_gpus: u32,
+    /// Seconds of zero GPU use after which a lease is idle (with --idle-action).
+    #[arg(long, value_name = "SECS", requires = "idle_action")]
+    pub idle_window_secs: Option<u64>,
+    /// What happens to an idle lease (the node-agents' default otherwise).
+    #[arg(long, value_enum, requires = "idle_window_secs")]
+    pub idle_action: Option<IdleAction>,
 }
 
 /// `lh lease ...`
@@ -91,6 +162,8 @@ pub enum LeaseCommand {
     Ls(LeaseList),
     /// Stop (end) a lease.
     Stop(LeaseStop),
+    /// Queue a suspended lease again.
+    Resume(LeaseStop),
 }
 
 /// `lh lease create`
@@ -247,6 +320,7 @@ pub enum LeaseState {
     Queued,
     Placed,
     Running,
+    Suspended,
     Ended,
     Rejected,
 }
@@ -259,6 +333,7 @@ impl LeaseState {
             LeaseState::Queued => "queued",
             LeaseState::Placed => "placed",
             LeaseState::Running => "running",
+            LeaseState::Suspended => "suspended",
             LeaseState::Ended => "ended",
             LeaseState::Rejected => "rejected",
         }
@@ -271,6 +346,7 @@ impl LeaseState {
             "queued" => LeaseState::Queued,
             "placed" => LeaseState::Placed,
             "running" => LeaseState::Running,
+            "suspended" => LeaseState::Suspended,
             "ended" => LeaseState::Ended,
             "rejected" => LeaseState::Rejected,
             _ => return None,
@@ -283,7 +359,7 @@ impl LeaseState {
     }
 
     /// Position along requested → queued → placed → running → ended.
-    /// `rejected` is off that path and has no rank.
+    /// `rejected` and `suspended` are off that path and have no rank.
     fn rank(self) -> Option<u8> {
         match self {
             LeaseState::Requested => Some(0),
@@ -291,7 +367,8 @@ impl LeaseState {
             LeaseState::Placed => Some(2),
             LeaseState::Running => Some(3),
             LeaseState::Ended => Some(4),
-            LeaseState::Rejected => None,
+            // Off the path: a resume sends it back to requested.
+            LeaseState::Suspended | LeaseState::Rejected => None,
         }
     }
 

@@ -67,8 +67,9 @@ mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, Cli, Command, InvoiceCommand, InvoiceShow, LeaseCommand, LeaseCreate, LeaseGet,
-    LeaseList, LeaseState, LeaseStop, TenantCommand, TenantCreate, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, LeaseCommand,
+    LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId,
+    TenantCommand, TenantCreate, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -175,11 +176,14 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
     let json = cli.json;
     match cli.command {
         Command::Tenant(TenantCommand::Create(t)) => {
-            let body = json!({
+            let mut body = json!({
                 "name": t.name,
                 "email": t.email,
                 "quota": {"max_gpus": t.max_gpus},
             });
+            if let (Some(window_s), Some(action)) = (t.idle_window_secs, t.idle_action) {
+                body["idle_policy"] = json!({"window_s": window_s, "action": action.as_str()});
+            }
             let tenant = gw.post(&["v1", "tenants"], Some(&body), &[]).await?;
             emit(out, json, &tenant, render::tenant_created)?;
             Ok(EXIT_OK)
@@ -233,6 +237,31 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
         Command::Lease(LeaseCommand::Stop(s)) => {
             let lease = gw.post(&["v1", "leases", &s.id, "stop"], None, &[]).await?;
             emit(out, json, &lease, render::lease_view)?;
+            Ok(EXIT_OK)
+        }
+        Command::Lease(LeaseCommand::Resume(s)) => {
+            let lease = gw
+                .post(&["v1", "leases", &s.id, "resume"], None, &[])
+                .await?;
+            emit(out, json, &lease, render::lease_view)?;
+            Ok(EXIT_OK)
+        }
+        Command::Node(NodeCommand::Drain(d)) => {
+            let mut body = json!({"mode": d.mode.as_str()});
+            if let Some(reason) = &d.reason {
+                body["reason"] = json!(reason);
+            }
+            let node = gw
+                .post(&["v1", "nodes", &d.id, "drain"], Some(&body), &[])
+                .await?;
+            emit(out, json, &node, render::node_cordon)?;
+            Ok(EXIT_OK)
+        }
+        Command::Node(NodeCommand::Uncordon(n)) => {
+            let node = gw
+                .post(&["v1", "nodes", &n.id, "uncordon"], None, &[])
+                .await?;
+            emit(out, json, &node, render::node_cordon)?;
             Ok(EXIT_OK)
         }
         Command::Invoice(InvoiceCommand::Show(i)) => {

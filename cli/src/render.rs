@@ -88,6 +88,8 @@ pub fn lease_view(lease: &Value) -> String {
         ("mig instance", "mig_instance"),
         ("workload", "workload"),
         ("moved because", "last_migration_reason"),
+        ("idle since", "idle_since"),
+        ("suspended", "suspended_at"),
         ("queue position", "queue_position"),
         ("queued reason", "queued_reason"),
         ("rejected reason", "rejected_reason"),
@@ -113,6 +115,19 @@ pub fn lease_view(lease: &Value) -> String {
             rows.push((label, text(lease, key)));
         }
     }
+    key_values(rows)
+}
+
+/// A node after a drain or an uncordon.
+pub fn node_cordon(node: &Value) -> String {
+    let mut rows = vec![
+        ("node", text(node, "node_id")),
+        ("cordoned", text(node, "cordoned")),
+    ];
+    if present(node, "drain") {
+        rows.push(("drain", text(node, "drain")));
+    }
+    rows.push(("sequence", text(node, "sequence")));
     key_values(rows)
 }
 

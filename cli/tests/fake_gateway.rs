@@ -493,3 +493,90 @@ async fn unreachable_gateway_exits_3_and_names_the_url() {
         out.stderr
     );
 }
+
+#[tokio::test]
+async fn node_drain_uncordon_and_lease_resume_post_what_the_api_takes() {
+    let gw = fake(|req, _| {
+        if req.target.starts_with("/v1/nodes/") {
+            let drain = req.target.ends_with("/drain");
+            let mut body = json!({"node_id": "node-a", "cordoned": drain, "sequence": 7});
+            if drain {
+                body["drain"] = json!("move");
+            }
+            ok(202, body)
+        } else {
+            ok(202, lease("L1", "requested"))
+        }
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "node", "drain", "node-a", "--mode", "move", "--reason", "bios",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("drain") && out.stdout.contains("move"),
+        "{}",
+        out.stdout
+    );
+    let out = gw.lh(&["node", "uncordon", "node-a"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let out = gw.lh(&["lease", "resume", "L1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let reqs = gw.requests();
+    assert_eq!(reqs[0].target, "/v1/nodes/node-a/drain");
+    assert_eq!(reqs[0].json(), json!({"mode": "move", "reason": "bios"}));
+    assert_eq!(reqs[1].target, "/v1/nodes/node-a/uncordon");
+    assert_eq!(reqs[2].target, "/v1/leases/L1/resume");
+    assert!(reqs.iter().all(|r| r.method == "POST"));
+}
+
+#[tokio::test]
+async fn tenant_create_sends_the_idle_policy() {
+    let gw = fake(|_, _| {
+        ok(
+            201,
+            json!({"id": "T1", "api_key": "lh_secret", "name": "acme", "quota": {"max_gpus": 4}}),
+        )
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "tenant",
+            "create",
+            "--name",
+            "acme",
+            "--email",
+            "a@acme.test",
+            "--max-gpus",
+            "4",
+            "--idle-window-secs",
+            "600",
+            "--idle-action",
+            "suspend",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(
+        gw.requests()[0].json()["idle_policy"],
+        json!({"window_s": 600, "action": "suspend"})
+    );
+    // One without the other is refused before any request.
+    let out = gw
+        .lh(&[
+            "tenant",
+            "create",
+            "--name",
+            "acme",
+            "--email",
+            "a@acme.test",
+            "--max-gpus",
+            "4",
+            "--idle-action",
+            "stop",
+        ])
+        .await;
+    assert_ne!(out.code, EXIT_OK);
+    assert_eq!(gw.requests().len(), 1);
+}
