@@ -395,6 +395,62 @@ impl Stack {
         panic!("the invoice for {period} never had {lines} lines");
     }
 
+    /// Creates a tenant from a whole request body; the 201 answer.
+    pub async fn create_tenant_from(&self, body: Value) -> Value {
+        let (status, tenant) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/tenants",
+                ADMIN_TOKEN,
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, 201, "{tenant}");
+        tenant
+    }
+
+    /// The tenant's invoice has one line per run, `(started, billed until)`,
+    /// each for `vram_gb` at the default 0.5 CNY per GB-hour, seconds
+    /// rounded up and the amount to the cent; nothing between the runs.
+    pub async fn assert_runs_billed(
+        &self,
+        key: &str,
+        vram_gb: u32,
+        runs: &[(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)],
+    ) {
+        use chrono::SubsecRound;
+        use rust_decimal::{Decimal, RoundingStrategy};
+        let period = runs[0].0.format("%Y-%m").to_string();
+        let invoice = self.wait_invoice(key, &period, runs.len()).await;
+        let mut lines = invoice["lines"].as_array().unwrap().clone();
+        lines.sort_by_key(|l| l["from"].as_str().unwrap().to_string());
+        let at = |v: &Value| {
+            v.as_str()
+                .unwrap()
+                .parse::<chrono::DateTime<chrono::Utc>>()
+                .unwrap()
+        };
+        for (line, (from, to)) in lines.iter().zip(runs) {
+            // The invoice keeps microseconds (PostgreSQL timestamptz).
+            assert_eq!(at(&line["from"]), from.trunc_subsecs(6), "{line}");
+            assert_eq!(at(&line["to"]), to.trunc_subsecs(6), "{line}");
+            let micros = (*to - *from).num_microseconds().unwrap();
+            let seconds = (micros + 999_999) / 1_000_000;
+            assert_eq!(line["billed_seconds"], seconds, "{line}");
+            let amount = (Decimal::from(vram_gb) * Decimal::new(5, 1) * Decimal::from(seconds)
+                / Decimal::from(3600))
+            .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+            assert_eq!(
+                line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(),
+                amount,
+                "{line}"
+            );
+        }
+        for pair in runs.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "runs do not overlap");
+        }
+    }
+
     /// The gateway's tables are what a replay of the log gives.
     pub async fn assert_gateway_rebuilds_identically(&self) {
         let config = lh_gateway::Config {
