@@ -40,6 +40,14 @@ tenant=$(api POST /v1/tenants "$ADMIN_TOKEN" \
 KEY=$(echo "$tenant" | json 'd["api_key"]')
 
 ids=()
+# The leases of this run end with it, even when it fails, so that a rerun
+# finds the fleet as it was.
+cleanup() {
+    for id in "${ids[@]}"; do
+        api POST "/v1/leases/$id/stop" "$KEY" >/dev/null 2>&1 || true
+    done
+}
+trap cleanup EXIT
 for _ in $(seq "$LEASES"); do
     ids+=("$(api POST /v1/leases "$KEY" '{"gpus": 1, "gpu_model": "A100-40GB"}' | json 'd["id"]')")
 done
@@ -48,7 +56,7 @@ echo "failover: $LEASES leases requested; waiting until they run"
 # Prints "id node state" per lease.
 states() {
     api GET "/v1/leases?limit=500" "$KEY" |
-        json '"\n".join(f"{l[\"id\"]} {l[\"node_id\"]} {l[\"state\"]}" for l in d["items"])'
+        json '"\n".join(" ".join(str(l[k]) for k in ("id", "node_id", "state")) for l in d["items"])'
 }
 deadline=$((SECONDS + TIMEOUT_SECS))
 until [ "$(states | grep -c ' running$' || true)" -eq "$LEASES" ]; do
@@ -88,7 +96,4 @@ sleep 3
 if states | grep -q " $victim "; then
     die "a lease is back on $victim after it rejoined"
 fi
-for id in "${ids[@]}"; do
-    api POST "/v1/leases/$id/stop" "$KEY" >/dev/null
-done
 echo "failover_s=$failover"
