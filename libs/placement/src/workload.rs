@@ -257,6 +257,39 @@ impl Compiled {
         m
     }
 
+    /// [`Compiled::recursive_table`] cut after `depth` placements: `D_0(f) =
+    /// f x W(no fit)` is FGD's own fragment of one GPU, `D_k(f) = f x W(no
+    /// fit) + sum over fitting s of w_s D_(k-1)(f - s)` looks `k` fitting
+    /// tasks ahead (`D_inf` is the recursive table).
+    pub fn recursive_depth(&self, model: u64, depth: u32) -> Vec<f32> {
+        let n = usize::from(MILLI);
+        let sizes: Vec<(usize, f64)> = self
+            .shapes
+            .iter()
+            .filter(|s| s.models & model != 0 && s.milli > 0)
+            .map(|s| (usize::from(s.milli), s.weight))
+            .collect();
+        let total = self.cpu_only_weight + self.shapes.iter().map(|s| s.weight).sum::<f64>();
+        let mut prev = vec![0f32; n + 1];
+        for k in 0..=depth {
+            let mut e = vec![0f32; n + 1];
+            for f in 1..=n {
+                let (mut acc, mut fit) = (0.0, 0.0);
+                for &(m, w) in &sizes {
+                    if m <= f {
+                        if k > 0 {
+                            acc += w * f64::from(prev[f - m]);
+                        }
+                        fit += w;
+                    }
+                }
+                e[f] = (acc + (total - fit) * f as f64) as f32;
+            }
+            prev = e;
+        }
+        prev
+    }
+
     /// [`Compiled::recursive_table`] with only the shapes in `mask` fitting.
     pub fn recursive_masked(&self, model: u64, mask: u64) -> Vec<f32> {
         let n = usize::from(MILLI);
@@ -533,5 +566,39 @@ pub(crate) fn apply(gpus: &mut [Gpu], kind: Kind, set: u32) {
             Kind::None | Kind::Mig(_) => {}
         }
         g.leases += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuSpec, NodeSpec, SharingMode};
+
+    #[test]
+    fn depth_limited_table_runs_from_one_step_to_the_recursive_table() {
+        let gpu = GpuSpec {
+            model: "T4".into(),
+            vram_gb: 16,
+            mode: SharingMode::VGpu,
+        };
+        let cluster = Cluster::new(&[NodeSpec::uniform("n", "z", 64000, 1 << 20, 2, gpu)]);
+        let reqs = [
+            Request::fraction(470, 0, 1000, 0),
+            Request::fraction(470, 0, 1000, 0),
+            Request::fraction(320, 0, 1000, 0),
+            Request::whole(1, 1000, 0),
+            Request::cpu_only(1000, 0),
+        ];
+        let w = Workload::from_requests(&reqs, WorkloadConfig::PUBLISHED);
+        let c = Compiled::new(&w, &cluster);
+        let d0 = c.recursive_depth(1, 0);
+        // One step: all of f is fragment for the shapes that do not fit it.
+        assert!((d0[400] - 400.0 * 0.8).abs() < 1e-3);
+        assert!((d0[500] - 500.0 * 0.4).abs() < 1e-3);
+        assert!((d0[1000] - 1000.0 * 0.2).abs() < 1e-3);
+        let deep = c.recursive_depth(1, 1000);
+        for (a, b) in deep.iter().zip(&c.recursive[0]) {
+            assert!((a - b).abs() < 1e-3);
+        }
     }
 }

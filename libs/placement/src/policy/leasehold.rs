@@ -77,6 +77,21 @@ pub struct LeaseholdConfig {
     /// key we measured for slices (fill-up, the node-level table) did worse,
     /// as it spreads slices instead of consolidating them.
     pub tie_eventual_frac: bool,
+    /// Among candidates equal on (score, tie-break), prefer a node that
+    /// already holds a lease over an untouched one (then the node order),
+    /// for slices (`used_frac`) and for other tasks (`used_other`).
+    pub used_frac: bool,
+    pub used_other: bool,
+    /// Cut the recursive table after this many fitting placements (the
+    /// lookahead of `Compiled::recursive_depth`); `None`: unbounded.
+    pub depth: Option<u32>,
+    /// Score slices (`hybrid_frac`) / every task (`hybrid_all`) by the change
+    /// of F with each touched GPU's one-step fragment `D_0(f)` replaced by its
+    /// recursive fragment `R(f)` (node-level CPU/memory terms kept).
+    pub hybrid_frac: bool,
+    pub hybrid_all: bool,
+    /// Inside the node, choose a slice's GPU by the hybrid F' too.
+    pub hybrid_gpu: bool,
 }
 
 impl LeaseholdConfig {
@@ -118,6 +133,19 @@ impl LeaseholdConfig {
             "thenfill" => self.tie_then_fill = true,
             "tfthen" => self.tie_then_eventual = true,
             "tevf" => self.tie_eventual_frac = true,
+            "used" => {
+                self.used_frac = true;
+                self.used_other = true;
+            }
+            "usedf" => self.used_frac = true,
+            "usedw" => self.used_other = true,
+            "hyb" => self.hybrid_frac = true,
+            "hyba" => self.hybrid_all = true,
+            "hybg" => {
+                self.hybrid_frac = true;
+                self.hybrid_gpu = true;
+            }
+            d if d.starts_with("depth=") => self.depth = Some(d[6..].parse().ok()?),
             _ => return None,
         }
         Some(())
@@ -149,6 +177,12 @@ impl Default for LeaseholdConfig {
             scarcity: false,
             tie_then_fill: false,
             tie_eventual_frac: true,
+            used_frac: false,
+            used_other: false,
+            depth: None,
+            hybrid_frac: false,
+            hybrid_all: false,
+            hybrid_gpu: false,
         }
     }
 }
@@ -165,6 +199,8 @@ pub struct Leasehold {
     /// milli when the weights were last rescaled.
     base: Vec<f64>,
     rescaled_at: Option<u64>,
+    /// Per GPU model: `R(f) - D_0(f)` (see `hybrid_frac`).
+    excess: Vec<Vec<f32>>,
 }
 
 impl Leasehold {
@@ -181,6 +217,7 @@ impl Leasehold {
             masked: HashMap::new(),
             base: Vec::new(),
             rescaled_at: None,
+            excess: Vec::new(),
         }
     }
 
@@ -215,6 +252,19 @@ impl Policy for Leasehold {
             } else {
                 Compiled::new(&self.workload, cluster)
             });
+            if let (Some(k), Some(c)) = (self.cfg.depth, self.compiled.as_mut()) {
+                c.recursive = (0..c.models_seen)
+                    .map(|m| c.recursive_depth(1u64 << m, k))
+                    .collect();
+            }
+            if let Some(c) = self.compiled.as_ref() {
+                self.excess = (0..c.models_seen)
+                    .map(|m| {
+                        let d0 = c.recursive_depth(1u64 << m, 0);
+                        c.recursive[m].iter().zip(d0).map(|(r, d)| r - d).collect()
+                    })
+                    .collect();
+            }
             self.cache.clear();
             self.masked.clear();
             self.base = self
@@ -293,6 +343,14 @@ impl Policy for Leasehold {
                     let mut after = *g;
                     after.milli_free -= milli;
                     let e = ev(&after) - ev(g);
+                    let m = if cfg.hybrid_gpu && !self.excess.is_empty() {
+                        let t = &self.excess[usize::from(g.model)];
+                        let x = f64::from(t[usize::from(after.milli_free)])
+                            - f64::from(t[usize::from(g.milli_free)]);
+                        (m.0 + x, m.1)
+                    } else {
+                        m
+                    };
                     let better = match best {
                         None => true,
                         Some((bm_, bmilli, _, be)) => {
@@ -310,6 +368,13 @@ impl Policy for Leasehold {
                     }
                 }
                 let (m, _, set, _) = best.unwrap_or(((f0, g0), 0, 0, 0.0));
+                let m = if cfg.hybrid_gpu {
+                    // Back to F' (the hybrid term is added to the delta below).
+                    let j = set.trailing_zeros() as usize;
+                    scratch.measure_after(w, d, 1 << j, n, measure)
+                } else {
+                    m
+                };
                 (m, set)
             }
             _ => {
@@ -369,6 +434,23 @@ impl Policy for Leasehold {
             node_delta(&mut self.masked)
         } else if cfg.primary_recursive && matches!(d.kind, Kind::Frac { .. }) {
             eventual_delta()
+        } else if cfg.hybrid_all || (cfg.hybrid_frac && matches!(d.kind, Kind::Frac { .. })) {
+            let x = |g: &crate::cluster::Gpu| -> f64 {
+                f64::from(self.excess[usize::from(g.model)][usize::from(g.milli_free)])
+            };
+            let mut acc = f0 - f1;
+            for (j, g) in n.gpus.iter().enumerate() {
+                if set & (1 << j) != 0 {
+                    let mut a = *g;
+                    match d.kind {
+                        Kind::Frac { milli, .. } => a.milli_free -= milli,
+                        Kind::Whole(_) => a.milli_free = 0,
+                        _ => {}
+                    }
+                    acc += x(g) - x(&a);
+                }
+            }
+            acc
         } else {
             f0 - f1
         };
@@ -406,6 +488,18 @@ impl Policy for Leasehold {
                 + (n.gpu_milli_free() - d.gpu_milli()) as f64 / MAX_SPEC_GPU)
         } else {
             0.0
+        };
+        let is_frac = matches!(d.kind, Kind::Frac { .. });
+        let tiebreak = if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
+            // Tie-break values are sums of weighted milli: round them to a
+            // thousandth of a milli so equal states compare equal, and append
+            // one bit for "the node already holds a lease".
+            let used = n.cpu_free < n.cpu_total
+                || n.memory_free < n.memory_total
+                || n.gpus.iter().any(|g| g.leases > 0);
+            (tiebreak * 1e3).round() * 2.0 + f64::from(u8::from(used))
+        } else {
+            tiebreak
         };
         let s = Scored {
             score,
