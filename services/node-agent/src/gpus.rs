@@ -647,6 +647,35 @@ mod tests {
     }
 
     #[test]
+    fn without_nvml_the_agent_refuses_unless_told_to_fall_back() {
+        if NvmlBackend::new().is_ok() {
+            eprintln!("NVML is here: nothing to fall back from");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = dir.path().join("fleet.toml");
+        std::fs::write(
+            &fleet,
+            "[[node]]\nid = \"n\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n",
+        )
+        .unwrap();
+        let mut args = GpuArgs::for_test();
+        args.gpu_backend = BackendKind::Nvml;
+        let err = open(&args, &fleet, "n")
+            .err()
+            .expect("no NVML, no fallback");
+        let line = format!("{err:#}");
+        assert!(
+            line.contains("libnvidia-ml.so.1") && !line.contains('\n'),
+            "{line}"
+        );
+        args.sim_fallback = true;
+        let (backend, inventory) = open(&args, &fleet, "n").unwrap();
+        assert_eq!(backend.name(), "sim");
+        assert_eq!(inventory.gpus.len(), 2);
+    }
+
+    #[test]
     fn idle_actions_parse() {
         assert_eq!(parse_idle_action("stop"), Ok(IdleAction::Stop));
         assert_eq!(parse_idle_action("suspend"), Ok(IdleAction::Suspend));

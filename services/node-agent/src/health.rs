@@ -797,6 +797,23 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_agent_keeps_the_health_the_log_recorded() {
+        let mut node = NodeHealth::new([INDEX], rules());
+        node.assume(INDEX, GpuHealth::Unhealthy);
+        assert_eq!(node.health(INDEX), Some(GpuHealth::Unhealthy));
+        // Clean samples bring it back as they would have before the restart.
+        let mut back = Vec::new();
+        for s in 0..5 {
+            back.extend(node.observe(&[cool()], t(s)));
+        }
+        assert_eq!(back.len(), 1);
+        assert_eq!(
+            (back[0].from, back[0].to),
+            (GpuHealth::Unhealthy, GpuHealth::Healthy)
+        );
+    }
+
+    #[test]
     fn a_lost_gpu_comes_back_only_through_samples_or_a_self_test() {
         let mut tr = tracker();
         match tr.fault(&event(GpuEventKind::Lost, 0), None, t(0)) {
