@@ -604,3 +604,57 @@ async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
     stack.assert_runs_billed(&key, 40, &runs).await;
     stack.assert_gateway_rebuilds_identically().await;
 }
+
+/// With a load command, a self-test is that command on the GPU under test:
+/// it sees the GPU's UUID in CUDA_VISIBLE_DEVICES, and the test passes only
+/// when it exits 0 (GPU 0 here) and fails otherwise (GPU 1, which becomes
+/// unhealthy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_self_test_runs_the_load_command_on_the_gpu_under_test() {
+    let fleet = "[[node]]\nid = \"node-a\"\nzone = \"z\"\nhostname = \"a.sim\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n";
+    let mut stack = Stack::bare(fleet).await;
+    let seen = stack.fleet_file.parent().unwrap().to_path_buf();
+    stack.node_gpus.self_test_every_secs = 2;
+    stack.node_gpus.self_test_secs = 1;
+    stack.node_gpus.self_test_command = Some(format!(
+        "echo \"$CUDA_VISIBLE_DEVICES $LH_SELF_TEST_SECS\" > {}/gpu-$LH_GPU_INDEX; sleep 0.3; [ \"$LH_GPU_INDEX\" = 0 ] || exit 7",
+        seen.display()
+    ));
+    for name in ["scheduler", "node-agent:node-a"] {
+        stack.start_service(name).await;
+    }
+    let log = stack
+        .wait_log(20, |log| {
+            let tested: Vec<_> = log
+                .iter()
+                .filter_map(|e| match &e.envelope.data {
+                    EventData::NodeGpuSelfTested(t) => Some(t.clone()),
+                    _ => None,
+                })
+                .collect();
+            let unhealthy = health_changes(log, "node-a")
+                .iter()
+                .any(|(_, to, _)| *to == GpuHealth::Unhealthy);
+            (tested.iter().any(|t| t.gpu_index == 0) && unhealthy).then(|| log.to_vec())
+        })
+        .await;
+    let tested: Vec<lh_events::NodeGpuSelfTested> = log
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::NodeGpuSelfTested(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    let gpu0 = tested.iter().find(|t| t.gpu_index == 0).unwrap();
+    assert!(gpu0.passed, "{gpu0:?}");
+    let gpu1 = tested.iter().find(|t| t.gpu_index == 1).unwrap();
+    assert!(!gpu1.passed, "{gpu1:?}");
+    assert!(gpu1.detail.contains("exit status: 7"), "{gpu1:?}");
+    let EventData::NodeRegistered(node) = &of_type(&log, "node.registered")[0].envelope.data else {
+        unreachable!()
+    };
+    for gpu in &node.gpus {
+        let env = std::fs::read_to_string(seen.join(format!("gpu-{}", gpu.index))).unwrap();
+        assert_eq!(env.trim(), format!("{} 1", gpu.uuid));
+    }
+}

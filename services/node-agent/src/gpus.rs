@@ -23,7 +23,7 @@ use crate::backend::sim::SimBackend;
 use crate::backend::{BackendError, GpuBackend, GpuDevice, GpuEvent, GpuSample};
 use crate::gpu_watch::{self, Observation};
 use crate::health::{HealthRules, NodeHealth, Outcome, Transition};
-use crate::self_test::SelfTests;
+use crate::self_test::{Finished, SelfTests, Step};
 use crate::usage::{self, NodeGpu, RunningLease};
 use crate::NodeState;
 
@@ -82,6 +82,13 @@ pub struct GpuArgs {
     /// How long one self-test lasts.
     #[arg(long, env = "LH_SELF_TEST_SECS", default_value_t = 600)]
     pub self_test_secs: u64,
+    /// A load test run on the GPU under test (`sh -c`, with
+    /// CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES set to its UUID,
+    /// LH_GPU_INDEX and LH_SELF_TEST_SECS), e.g. `dcgmi diag -r 3 -i
+    /// $LH_GPU_INDEX`; the test passes only when it exits 0. Without one a
+    /// self-test watches the idle GPU for the duration.
+    #[arg(long, env = "LH_SELF_TEST_COMMAND")]
+    pub self_test_command: Option<String>,
 }
 
 fn parse_idle_action(text: &str) -> Result<IdleAction, String> {
@@ -112,6 +119,7 @@ impl GpuArgs {
             idle_action: IdleAction::Notify,
             self_test_every_secs: 0,
             self_test_secs: 600,
+            self_test_command: None,
         }
     }
 
@@ -244,7 +252,19 @@ pub struct GpuSide {
     last_usage: Option<DateTime<Utc>>,
     idle_default: IdlePolicy,
     self_tests: Option<SelfTests>,
+    self_test_command: Option<String>,
+    self_test_secs: u64,
+    /// Load commands of the self-tests running now, by GPU.
+    loads: BTreeMap<u32, std::process::Child>,
     busy: BTreeSet<u32>,
+}
+
+impl Drop for GpuSide {
+    fn drop(&mut self) {
+        for (_, mut child) in std::mem::take(&mut self.loads) {
+            kill_load(&mut child);
+        }
+    }
 }
 
 impl GpuSide {
@@ -257,13 +277,17 @@ impl GpuSide {
         let rules = args.rules();
         let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
         let self_tests = (args.self_test_every_secs > 0).then(|| {
-            SelfTests::new(
+            let tests = SelfTests::new(
                 indices.iter().copied(),
                 Duration::from_secs(args.self_test_every_secs),
                 Duration::from_secs(args.self_test_secs),
                 rules.clone(),
                 Utc::now(),
-            )
+            );
+            match args.self_test_command {
+                Some(_) => tests.with_command(),
+                None => tests,
+            }
         });
         Self {
             backend,
@@ -289,6 +313,9 @@ impl GpuSide {
                 action: args.idle_action,
             },
             self_tests,
+            self_test_command: args.self_test_command.clone(),
+            self_test_secs: args.self_test_secs,
+            loads: BTreeMap::new(),
             busy: BTreeSet::new(),
         }
     }
@@ -479,10 +506,7 @@ impl GpuSide {
             .map(|g| g.index)
             .filter(|i| !held.contains(i))
             .collect();
-        let finished = match &mut self.self_tests {
-            Some(tests) => tests.observe(samples, &free, at),
-            None => Vec::new(),
-        };
+        let finished = self.run_self_tests(samples, &free, at);
         for f in finished {
             let id = derived_id(&[
                 "node.gpu_self_tested",
@@ -505,6 +529,65 @@ impl GpuSide {
             }
         }
         suspend
+    }
+
+    /// Advances the self-tests one round: starts and stops their load
+    /// commands and collects the tests that ended.
+    fn run_self_tests(
+        &mut self,
+        samples: &[GpuSample],
+        free: &BTreeSet<u32>,
+        at: DateTime<Utc>,
+    ) -> Vec<Finished> {
+        let Some(tests) = &mut self.self_tests else {
+            return Vec::new();
+        };
+        let mut finished = Vec::new();
+        for step in tests.observe(samples, free, at) {
+            match step {
+                Step::Started(gpu) => {
+                    let Some(command) = &self.self_test_command else {
+                        continue;
+                    };
+                    let Some(device) = self.gpus.iter().find(|g| g.index == gpu) else {
+                        continue;
+                    };
+                    match spawn_load(command, device, self.self_test_secs) {
+                        Ok(child) => {
+                            self.loads.insert(gpu, child);
+                        }
+                        Err(e) => finished.extend(tests.command_exited(
+                            gpu,
+                            false,
+                            format!("the load command does not start: {e}"),
+                            at,
+                        )),
+                    }
+                }
+                Step::Aborted(gpu) => {
+                    if let Some(mut child) = self.loads.remove(&gpu) {
+                        kill_load(&mut child);
+                    }
+                }
+                Step::Finished(f) => {
+                    if let Some(mut child) = self.loads.remove(&f.gpu_index) {
+                        kill_load(&mut child);
+                    }
+                    finished.push(f);
+                }
+            }
+        }
+        let exited: Vec<(u32, std::process::ExitStatus)> = self
+            .loads
+            .iter_mut()
+            .filter_map(|(gpu, child)| child.try_wait().ok().flatten().map(|s| (*gpu, s)))
+            .collect();
+        for (gpu, status) in exited {
+            self.loads.remove(&gpu);
+            let detail = format!("the load command ended with {status}");
+            finished.extend(tests.command_exited(gpu, status.success(), detail, at));
+        }
+        finished
     }
 
     async fn idle(
@@ -592,6 +675,36 @@ impl GpuSide {
         });
         publish(bus, node_id, id, data, None).await;
     }
+}
+
+/// Starts a self-test's load command on one GPU, in its own process group
+/// so that whatever it starts dies with it.
+fn spawn_load(command: &str, gpu: &NodeGpu, secs: u64) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Stdio;
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
+        .env("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)
+        .env("LH_GPU_INDEX", gpu.index.to_string())
+        .env("LH_SELF_TEST_SECS", secs.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+}
+
+fn kill_load(child: &mut std::process::Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative pid signals that process group; the
+        // group is the child's own (process_group(0)), so nothing else is hit.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.wait();
 }
 
 /// Appends one of the agent's observations; a failure is logged, not fatal

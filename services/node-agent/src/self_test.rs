@@ -4,12 +4,16 @@
 //! thresholds). A lease placed on the GPU meanwhile aborts the test: the
 //! lease comes first, the test is due again a period later.
 //!
-//! On the simulated backend that is the whole test: the script decides how
-//! the GPU reads. On NVML it is the same watch, without a load of our own:
-//! a real burn (a CUDA kernel, as dcgmi diag runs) is not built yet, see
-//! docs/gpu-backends.md.
+//! With a load command (`--self-test-command`, e.g. `dcgmi diag -r 3` or
+//! `gpu_burn 600` on a real host) the test is also that command, run on the
+//! GPU by the agent: it ends when the command exits, and passes only when
+//! it exited 0 and every sample was clean; a command still running a grace
+//! after the duration fails the test and is killed. Without one (the
+//! simulated backend) the watch alone is the test: the script decides how
+//! the GPU reads.
 //!
-//! Pure: samples, the free GPUs and `now` in, finished tests out.
+//! Pure: samples, the free GPUs, command exits and `now` in; tests started,
+//! aborted and finished out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -28,6 +32,19 @@ pub struct Finished {
     pub at: DateTime<Utc>,
 }
 
+/// What one round of samples did to the tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// A test began on this GPU: start its load command, if there is one.
+    Started(u32),
+    /// A lease took the GPU: stop its load command.
+    Aborted(u32),
+    Finished(Finished),
+}
+
+/// A load command gets this long past the test's duration to exit.
+pub const COMMAND_GRACE: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone)]
 struct Running {
     started: DateTime<Utc>,
@@ -43,6 +60,8 @@ pub struct SelfTests {
     rules: HealthRules,
     next_due: BTreeMap<u32, DateTime<Utc>>,
     running: BTreeMap<u32, Running>,
+    /// Tests end when their load command exits, not at the duration.
+    with_command: bool,
 }
 
 impl SelfTests {
@@ -62,6 +81,49 @@ impl SelfTests {
             rules,
             next_due: gpus.into_iter().map(|g| (g, first)).collect(),
             running: BTreeMap::new(),
+            with_command: false,
+        }
+    }
+
+    /// Tests that end with a load command's exit ([`SelfTests::command_exited`]).
+    pub fn with_command(mut self) -> Self {
+        self.with_command = true;
+        self
+    }
+
+    /// The load command of `gpu`'s test exited (`ok`: status 0).
+    pub fn command_exited(
+        &mut self,
+        gpu: u32,
+        ok: bool,
+        detail: String,
+        now: DateTime<Utc>,
+    ) -> Option<Finished> {
+        let mut test = self.running.remove(&gpu)?;
+        if !ok {
+            test.failure.get_or_insert(detail);
+        }
+        Some(self.finish(gpu, test, now))
+    }
+
+    fn finish(&mut self, gpu: u32, test: Running, now: DateTime<Utc>) -> Finished {
+        let ran = (now - test.started).to_std().unwrap_or_default();
+        let passed = test.failure.is_none();
+        let detail = test.failure.unwrap_or_else(|| {
+            format!(
+                "{} clean samples in {:.0} s",
+                test.samples,
+                ran.as_secs_f64()
+            )
+        });
+        let due = self.due_after(now);
+        self.next_due.insert(gpu, due);
+        Finished {
+            gpu_index: gpu,
+            passed,
+            duration: ran,
+            detail,
+            at: now,
         }
     }
 
@@ -80,8 +142,8 @@ impl SelfTests {
         samples: &[GpuSample],
         free: &BTreeSet<u32>,
         now: DateTime<Utc>,
-    ) -> Vec<Finished> {
-        let mut finished = Vec::new();
+    ) -> Vec<Step> {
+        let mut steps = Vec::new();
         let gpus: Vec<u32> = self.next_due.keys().copied().collect();
         for gpu in gpus {
             let sample = samples.iter().find(|s| s.index == gpu);
@@ -91,6 +153,7 @@ impl SelfTests {
                     self.running.remove(&gpu);
                     let due = self.due_after(now);
                     self.next_due.insert(gpu, due);
+                    steps.push(Step::Aborted(gpu));
                     continue;
                 }
                 match sample {
@@ -106,25 +169,21 @@ impl SelfTests {
                     }
                 }
                 let ran = (now - test.started).to_std().unwrap_or_default();
-                if ran >= self.duration {
-                    let test = self.running.remove(&gpu).expect("running test");
-                    let passed = test.failure.is_none();
-                    let detail = test.failure.unwrap_or_else(|| {
-                        format!(
-                            "{} clean samples in {:.0} s",
-                            test.samples,
-                            ran.as_secs_f64()
-                        )
-                    });
-                    finished.push(Finished {
-                        gpu_index: gpu,
-                        passed,
-                        duration: ran,
-                        detail,
-                        at: now,
-                    });
-                    let due = self.due_after(now);
-                    self.next_due.insert(gpu, due);
+                let over = match self.with_command {
+                    false => ran >= self.duration,
+                    true => ran >= self.duration + COMMAND_GRACE,
+                };
+                if over {
+                    let mut test = self.running.remove(&gpu).expect("running test");
+                    if self.with_command {
+                        test.failure.get_or_insert_with(|| {
+                            format!(
+                                "the load command did not finish in {:.0} s",
+                                ran.as_secs_f64()
+                            )
+                        });
+                    }
+                    steps.push(Step::Finished(self.finish(gpu, test, now)));
                 }
             } else if free.contains(&gpu) && self.next_due[&gpu] <= now {
                 tracing::info!(gpu, "self-test started");
@@ -140,9 +199,10 @@ impl SelfTests {
                         failure,
                     },
                 );
+                steps.push(Step::Started(gpu));
             }
         }
-        finished
+        steps
     }
 }
 
@@ -198,15 +258,28 @@ mod tests {
         gpus.iter().copied().collect()
     }
 
+    fn finished(steps: Vec<Step>) -> Vec<Finished> {
+        steps
+            .into_iter()
+            .filter_map(|s| match s {
+                Step::Finished(f) => Some(f),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn free_gpus_are_tested_every_period_and_pass_when_clean() {
         let mut st = tests();
         let both = [sample(0, 40), sample(1, 40)];
         assert!(st.observe(&both, &free(&[0, 1]), t(99)).is_empty());
-        assert!(st.observe(&both, &free(&[0, 1]), t(100)).is_empty());
+        assert_eq!(
+            st.observe(&both, &free(&[0, 1]), t(100)),
+            vec![Step::Started(0), Step::Started(1)]
+        );
         assert_eq!(st.running().collect::<Vec<_>>(), vec![0, 1]);
         assert!(st.observe(&both, &free(&[0, 1]), t(105)).is_empty());
-        let done = st.observe(&both, &free(&[0, 1]), t(110));
+        let done = finished(st.observe(&both, &free(&[0, 1]), t(110)));
         assert_eq!(done.len(), 2);
         assert!(done
             .iter()
@@ -225,7 +298,7 @@ mod tests {
         st.observe(&[sample(0, 40)], &free(&[0]), t(100));
         assert_eq!(st.running().collect::<Vec<_>>(), vec![0]);
         st.observe(&[sample(0, 90)], &free(&[0]), t(105));
-        let done = st.observe(&[], &free(&[0]), t(110));
+        let done = finished(st.observe(&[], &free(&[0]), t(110)));
         assert_eq!(done.len(), 1);
         assert!(!done[0].passed);
         assert_eq!(done[0].detail, "temperature 90 °C ≥ 85 °C");
@@ -235,11 +308,81 @@ mod tests {
     fn a_lease_aborts_the_test() {
         let mut st = tests();
         st.observe(&[sample(0, 40)], &free(&[0]), t(100));
-        assert!(st.observe(&[sample(0, 40)], &free(&[]), t(101)).is_empty());
+        assert_eq!(
+            st.observe(&[sample(0, 40)], &free(&[]), t(101)),
+            vec![Step::Aborted(0)]
+        );
         assert_eq!(st.running().count(), 0);
         assert!(st.observe(&[sample(0, 40)], &free(&[0]), t(200)).is_empty());
         assert_eq!(st.running().count(), 0);
         st.observe(&[sample(0, 40)], &free(&[0]), t(201));
         assert_eq!(st.running().count(), 1);
+    }
+}
+
+#[cfg(test)]
+mod command_tests {
+    use super::*;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
+    }
+
+    fn cool() -> GpuSample {
+        GpuSample {
+            index: 0,
+            utilization_pct: 100,
+            memory_used_mib: 10,
+            memory_total_mib: 1024,
+            temperature_c: 60,
+            power_w: 300.0,
+            ecc_double_bit_total: Some(0),
+            processes: Vec::new(),
+        }
+    }
+
+    fn tests() -> SelfTests {
+        SelfTests::new(
+            [0],
+            Duration::from_secs(100),
+            Duration::from_secs(10),
+            HealthRules::default(),
+            t(0),
+        )
+        .with_command()
+    }
+
+    #[test]
+    fn a_command_test_ends_with_the_command_and_needs_exit_zero() {
+        let free = BTreeSet::from([0]);
+        let mut st = tests();
+        assert_eq!(st.observe(&[cool()], &free, t(100)), vec![Step::Started(0)]);
+        // Past the duration it still waits for the command.
+        assert!(st.observe(&[cool()], &free, t(111)).is_empty());
+        let f = st.command_exited(0, true, String::new(), t(112)).unwrap();
+        assert!(f.passed, "{f:?}");
+        assert_eq!(f.duration, Duration::from_secs(12));
+        st.observe(&[cool()], &free, t(212));
+        let f = st
+            .command_exited(0, false, "exit code 3".into(), t(215))
+            .unwrap();
+        assert!(!f.passed);
+        assert_eq!(f.detail, "exit code 3");
+        assert_eq!(st.command_exited(0, true, String::new(), t(216)), None);
+    }
+
+    #[test]
+    fn a_command_that_hangs_fails_after_the_grace() {
+        let free = BTreeSet::from([0]);
+        let mut st = tests();
+        st.observe(&[cool()], &free, t(100));
+        assert!(st.observe(&[cool()], &free, t(169)).is_empty());
+        match &st.observe(&[cool()], &free, t(170))[..] {
+            [Step::Finished(f)] => {
+                assert!(!f.passed);
+                assert_eq!(f.detail, "the load command did not finish in 70 s");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
