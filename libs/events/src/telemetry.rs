@@ -34,8 +34,9 @@ pub struct LeaseGpuUsage {
     pub index: u32,
     pub uuid: String,
     /// The device's utilisation: leases that share a GPU all see the whole
-    /// device's figure (NVML does not split it by process cheaply).
-    pub utilization_pct: u32,
+    /// device's figure (NVML does not split it by process cheaply). `None`
+    /// where the device cannot tell (MIG mode, some boards).
+    pub utilization_pct: Option<u32>,
     /// Memory in use on the device that is this lease's: all of it for a
     /// whole GPU; for a shared GPU its processes' memory when the backend
     /// reports processes of the lease, else a share of the device's in

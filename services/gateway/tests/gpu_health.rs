@@ -245,7 +245,7 @@ async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     assert_eq!(usage.node_id, "node-b");
     assert_eq!(usage.tenant_id.unwrap().to_string(), tenant_id);
     assert_eq!(usage.gpus.len(), 1);
-    assert_eq!(usage.gpus[0].utilization_pct, 70);
+    assert_eq!(usage.gpus[0].utilization_pct, Some(70));
     assert_eq!(usage.gpus[0].memory_used_mib, 40 * 1024 / 4);
     assert!(!usage.gpus[0].shared);
 

@@ -144,6 +144,13 @@ impl GpuArgs {
         if self.self_test_every_secs > 0 && self.self_test_secs == 0 {
             anyhow::bail!("--self-test-secs must be at least 1");
         }
+        const YEAR: u64 = 366 * 24 * 3600;
+        if self.self_test_every_secs > YEAR || self.self_test_secs > YEAR {
+            anyhow::bail!("--self-test-every-secs and --self-test-secs must be at most a year");
+        }
+        if self.idle_window_secs > YEAR {
+            anyhow::bail!("--idle-window-secs must be at most a year");
+        }
         Ok(())
     }
 }
@@ -201,12 +208,19 @@ pub fn nvml_inventory(
         hostname: hostname.to_string(),
         gpus: devices
             .iter()
-            .map(|d| GpuInfo {
-                index: d.index,
-                uuid: d.uuid.clone(),
-                model: catalogue_model(&d.model, d.vram_mib),
-                vram_gb: (d.vram_mib as f64 / 1024.0).round() as u32,
-                mig: d.mig_enabled,
+            .map(|d| {
+                let model = catalogue_model(&d.model, d.vram_mib);
+                // The catalogue's VRAM, which prices and requests use: the
+                // driver reports a little less (an H200 reads 140.4 GiB).
+                let vram_gb = lh_domain::catalog::vram_gb(&model)
+                    .unwrap_or_else(|| (d.vram_mib as f64 / 1024.0).round() as u32);
+                GpuInfo {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    model,
+                    vram_gb,
+                    mig: d.mig_enabled,
+                }
             })
             .collect(),
     }
@@ -219,7 +233,8 @@ pub fn catalogue_model(name: &str, vram_mib: u64) -> String {
     let gb = (vram_mib as f64 / 1024.0).round() as u64;
     let known = if upper.contains("H200") {
         Some("H200-141GB")
-    } else if upper.contains("H100") {
+    } else if upper.contains("H100") && gb <= 85 {
+        // An H100 NVL (94 GB) is another product: it keeps its own name.
         Some("H100-80GB")
     } else if upper.contains("A100") && gb > 60 {
         Some("A100-80GB")
@@ -229,6 +244,12 @@ pub fn catalogue_model(name: &str, vram_mib: u64) -> String {
         Some("A10G-24GB")
     } else if upper.contains("A30") {
         Some("A30-24GB")
+    } else if upper.contains("L40S") {
+        Some("L40S-48GB")
+    } else if upper.contains("L4") && !upper.contains("L40") {
+        Some("L4-24GB")
+    } else if upper.contains("4090") {
+        Some("RTX4090-24GB")
     } else {
         None
     };
@@ -254,6 +275,10 @@ pub struct GpuSide {
     self_tests: Option<SelfTests>,
     self_test_command: Option<String>,
     self_test_secs: u64,
+    /// The last transition of each GPU and when it was last sent, to send
+    /// again until the log shows it (a publish that failed must not leave
+    /// the scheduler placing on a GPU it thinks healthy).
+    last_transition: BTreeMap<u32, (Transition, std::time::Instant)>,
     /// Load commands of the self-tests running now, by GPU.
     loads: BTreeMap<u32, std::process::Child>,
     busy: BTreeSet<u32>,
@@ -316,6 +341,7 @@ impl GpuSide {
             self_test_command: args.self_test_command.clone(),
             self_test_secs: args.self_test_secs,
             loads: BTreeMap::new(),
+            last_transition: BTreeMap::new(),
             busy: BTreeSet::new(),
         }
     }
@@ -380,6 +406,8 @@ impl GpuSide {
             Observation::NodeStopped => {
                 tracing::warn!(node = node_id, "the host stopped answering: going silent");
                 self.stopped = true;
+                // No readings: no series, rather than the last ones forever.
+                self.section.set(String::new());
                 false
             }
             Observation::NodeBack => {
@@ -457,6 +485,7 @@ impl GpuSide {
         for t in self.health.observe(samples, at) {
             self.publish_transition(bus, node_id, &t).await;
         }
+        self.resend_unrecorded(bus, node_id, state).await;
         let running: Vec<RunningLease> = state
             .holding()
             .filter(|(_, l)| l.started)
@@ -646,7 +675,28 @@ impl GpuSide {
         policy.action == IdleAction::Suspend
     }
 
-    async fn publish_transition(&self, bus: &Bus, node_id: &str, t: &Transition) {
+    /// Sends again, with the same id, a transition the log does not show
+    /// after a while.
+    async fn resend_unrecorded(&mut self, bus: &Bus, node_id: &str, state: &NodeState) {
+        const RESEND_AFTER: Duration = Duration::from_secs(5);
+        let due: Vec<Transition> = self
+            .last_transition
+            .values()
+            .filter(|(t, sent)| {
+                let recorded = state.gpu_health.get(&t.gpu_index).copied();
+                recorded != Some(t.to) && sent.elapsed() >= RESEND_AFTER
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for t in due {
+            tracing::info!(gpu = t.gpu_index, to = ?t.to, "health change not on the log yet: sending it again");
+            self.publish_transition(bus, node_id, &t).await;
+        }
+    }
+
+    async fn publish_transition(&mut self, bus: &Bus, node_id: &str, t: &Transition) {
+        self.last_transition
+            .insert(t.gpu_index, (t.clone(), std::time::Instant::now()));
         let gpu_uuid = self
             .gpus
             .iter()
@@ -738,7 +788,9 @@ mod tests {
         );
         assert_eq!(catalogue_model("NVIDIA H200", 143_771), "H200-141GB");
         assert_eq!(catalogue_model("NVIDIA A10G", 23_028), "A10G-24GB");
-        assert_eq!(catalogue_model("NVIDIA L40S", 46_068), "L40S");
+        assert_eq!(catalogue_model("NVIDIA L40S", 46_068), "L40S-48GB");
+        assert_eq!(catalogue_model("NVIDIA H100 NVL", 95_830), "H100-NVL");
+        assert_eq!(catalogue_model("NVIDIA B200", 183_359), "B200");
     }
 
     #[test]
@@ -753,8 +805,17 @@ mod tests {
             nvlink_peers: Vec::new(),
             numa_node: None,
         };
-        let inv = nvml_inventory("n", "z", "h", &[d]);
+        let h200 = GpuDevice {
+            model: "NVIDIA H200".into(),
+            vram_mib: 143_771,
+            ..d.clone()
+        };
+        let inv = nvml_inventory("n", "z", "h", &[d, h200]);
         assert_eq!(inv.gpus[0].vram_gb, 80);
+        assert_eq!(
+            (inv.gpus[1].model.as_str(), inv.gpus[1].vram_gb),
+            ("H200-141GB", 141)
+        );
         assert!(inv.gpus[0].mig);
         assert_eq!(inv.gpus[0].model, "H100-80GB");
     }

@@ -495,7 +495,7 @@ mod tests {
     fn sample(temperature_c: u32, memory_pct: u64, ecc: u64) -> GpuSample {
         GpuSample {
             index: INDEX,
-            utilization_pct: 50,
+            utilization_pct: Some(50),
             memory_used_mib: 40 * 1024 * memory_pct / 100,
             memory_total_mib: 40 * 1024,
             temperature_c,

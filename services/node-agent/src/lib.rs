@@ -221,6 +221,14 @@ impl NodeState {
                     }
                     // Its run here is over; a resume places it afresh.
                     EventData::LeaseSuspended(_) => l.ended = true,
+                    // An agent that restarts between the idle report and the
+                    // suspension still owes the suspension.
+                    EventData::LeaseIdleDetected(e)
+                        if e.action == lh_events::IdleAction::Suspend
+                            && sequence > l.placement_sequence =>
+                    {
+                        l.suspend_requested = true
+                    }
                     _ => {}
                 }
             }
@@ -302,6 +310,9 @@ async fn agent(
     let mut dirty = true;
     let mut beat = tokio::time::interval(heartbeat);
     let mut observations = gpu_side.watch();
+    // What the GPUs said before the agent caught up with the log: judged
+    // once it has (a GPU lost during the replay must not be forgotten).
+    let mut early: Vec<gpu_watch::Observation> = Vec::new();
     loop {
         tokio::select! {
             next = feed.next_within(QUIET) => match next {
@@ -324,10 +335,13 @@ async fn agent(
             }
             Some(observation) = observations.recv() => {
                 // Judged against the log's health, so only once caught up.
+                gpu_watch::hold(&mut early, observation);
                 if gpu_side.seeded() || caught_up {
                     gpu_side.seed(&state.gpu_health);
-                    if gpu_side.observe(&bus, &node_id, &mut state, observation).await {
-                        dirty = true;
+                    for observation in std::mem::take(&mut early) {
+                        if gpu_side.observe(&bus, &node_id, &mut state, observation).await {
+                            dirty = true;
+                        }
                     }
                 }
             }

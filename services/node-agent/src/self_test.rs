@@ -234,7 +234,7 @@ mod tests {
     fn sample(index: u32, temperature_c: u32) -> GpuSample {
         GpuSample {
             index,
-            utilization_pct: 0,
+            utilization_pct: Some(0),
             memory_used_mib: 0,
             memory_total_mib: 1024,
             temperature_c,
@@ -331,7 +331,7 @@ mod command_tests {
     fn cool() -> GpuSample {
         GpuSample {
             index: 0,
-            utilization_pct: 100,
+            utilization_pct: Some(100),
             memory_used_mib: 10,
             memory_total_mib: 1024,
             temperature_c: 60,

@@ -105,7 +105,8 @@ fn held_mib(gpu: &AssignedGpu, sample: Option<&&GpuSample>) -> u64 {
 /// Whether a lease's GPUs have done nothing for a whole window.
 ///
 /// A lease is busy in a sample when any of its GPUs shows utilisation above
-/// zero; a GPU missing from the sample (lost) tells nothing either way.
+/// zero; a GPU missing from the sample (lost), or one that cannot tell its
+/// utilisation, tells nothing either way.
 /// It is reported once per idle stretch: work in between starts a new one.
 #[derive(Debug, Clone, Default)]
 pub struct IdleWatch {
@@ -122,10 +123,10 @@ impl IdleWatch {
         window: Duration,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
-        if usage.gpus.is_empty() {
+        if usage.gpus.is_empty() || usage.gpus.iter().any(|g| g.utilization_pct.is_none()) {
             return None;
         }
-        if usage.gpus.iter().any(|g| g.utilization_pct > 0) {
+        if usage.gpus.iter().any(|g| g.utilization_pct > Some(0)) {
             *self = Self::default();
             return None;
         }
@@ -199,7 +200,7 @@ pub fn render_dcgm(
             .map_or("", |g| g.model.as_str())
     };
     // (labels, util, fb used, fb free, temperature, power)
-    let mut rows: Vec<(String, u32, u64, u64, u32, f64)> = Vec::new();
+    let mut rows: Vec<(String, Option<u32>, u64, u64, u32, f64)> = Vec::new();
     let mut held = std::collections::BTreeSet::new();
     for lease in usage {
         for g in &lease.gpus {
@@ -266,11 +267,13 @@ pub fn render_dcgm(
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, util, used, free, temp, power) in &rows {
-            let value = match i {
-                0 => util.to_string(),
-                1 => used.to_string(),
-                2 => free.to_string(),
-                3 => temp.to_string(),
+            let value = match (i, util) {
+                // No reading is no series, not a zero.
+                (0, None) => continue,
+                (0, Some(util)) => util.to_string(),
+                (1, _) => used.to_string(),
+                (2, _) => free.to_string(),
+                (3, _) => temp.to_string(),
                 _ => format!("{power:.1}"),
             };
             let _ = writeln!(out, "{name}{{{labels}}} {value}");
@@ -290,7 +293,7 @@ mod tests {
     fn sample(index: u32, util: u32, used: u64) -> GpuSample {
         GpuSample {
             index,
-            utilization_pct: util,
+            utilization_pct: Some(util),
             memory_used_mib: used,
             memory_total_mib: 40_960,
             temperature_c: 50,
@@ -334,7 +337,7 @@ mod tests {
         assert_eq!(u[0].gpus[0].memory_used_mib, 5_000);
         assert_eq!(u[1].gpus[0].memory_used_mib, 15_000);
         assert!(u[0].gpus[0].shared && u[1].gpus[0].shared);
-        assert_eq!(u[0].gpus[0].utilization_pct, 80);
+        assert_eq!(u[0].gpus[0].utilization_pct, Some(80));
         assert_eq!(u[2].gpus.len(), 2);
         assert!(!u[2].gpus[0].shared);
         assert_eq!(u[2].gpus[1].memory_used_mib, 500);
@@ -383,6 +386,17 @@ mod tests {
         assert_eq!(w.observe(&usage(0), window, t(10)), None);
         assert_eq!(w.observe(&usage(0), window, t(19)), None);
         assert_eq!(w.observe(&usage(0), window, t(20)), Some(t(10)));
+    }
+
+    #[test]
+    fn a_gpu_that_cannot_tell_its_utilisation_is_never_idle() {
+        let mut w = IdleWatch::default();
+        let mut u = usage(0);
+        u.gpus[0].utilization_pct = None;
+        for s in 0..1000 {
+            assert_eq!(w.observe(&u, Duration::from_secs(10), t(s)), None);
+        }
+        assert_eq!(w.idle_since(), None);
     }
 
     #[test]

@@ -104,7 +104,11 @@ pub struct Lease {
     pub priority: i32,
     pub status: Status,
     pub stop_requested: bool,
+    /// When it joined the queue: its request, or its resume.
     pub requested_at: DateTime<Utc>,
+    /// It was placed at least once (a quota breach then queues it, never
+    /// rejects it).
+    pub placed_before: bool,
     /// Sequence of `lease.requested`: first come, first served.
     pub requested_sequence: u64,
     /// Last stream sequence on this lease's subject.
@@ -238,6 +242,7 @@ impl State {
                     status: Status::Requested,
                     stop_requested: false,
                     requested_at: envelope.occurred_at,
+                    placed_before: false,
                     requested_sequence: sequence,
                     subject_sequence: sequence,
                     correlation_id: envelope.correlation_id,
@@ -264,6 +269,7 @@ impl State {
             EventData::LeasePlaced(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.status = Status::Holding;
+                    l.placed_before = true;
                     l.node_id = Some(e.node_id.clone());
                     l.vram_gb = e.vram_gb_per_gpu * l.gpus;
                     let key = l.requested_sequence;
@@ -318,8 +324,10 @@ impl State {
             EventData::LeaseResumeRequested(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     if l.status == Status::Suspended {
-                        // Back in the queue, keeping its place.
+                        // Back in the queue, keeping its place; starvation
+                        // counts from the resume, not the first request.
                         l.status = Status::Requested;
+                        l.requested_at = envelope.occurred_at;
                         let key = l.requested_sequence;
                         self.waiting.insert(key, e.lease_id);
                     }
@@ -517,6 +525,21 @@ impl State {
             };
             let (held_milli, held_vram) = held.get(&lease.tenant_id).copied().unwrap_or((0, 0));
             if let Some(reason) = quota_breach(&tenant.quota, held_milli, held_vram, lease) {
+                if lease.placed_before {
+                    // It has run (then was suspended or moved): refusing it
+                    // now would lose it; it waits until the tenant has room.
+                    let unchanged =
+                        matches!(&lease.status, Status::Queued { reason: r, .. } if *r == reason);
+                    if !unchanged {
+                        let queued = EventData::LeaseQueued(LeaseQueued {
+                            lease_id: lease.id,
+                            reason,
+                            position: 0,
+                        });
+                        out.push(vec![(event(queued, "lease.queued"), expect_lease)]);
+                    }
+                    continue;
+                }
                 let rejected = EventData::LeaseRejected(LeaseRejected {
                     lease_id: lease.id,
                     reason,
@@ -1435,6 +1458,48 @@ mod tests {
             .find(|(e, _)| matches!(e.data, EventData::LeaseMigrated(_)))
             .expect("the lease moves");
         assert_eq!(moved.1, Expect::LastSubjectSequence(9000));
+    }
+
+    #[test]
+    fn a_resumed_lease_over_quota_waits_instead_of_being_rejected() {
+        let t = Uuid::from_u128(1);
+        let (l1, l2) = (Uuid::from_u128(2), Uuid::from_u128(3));
+        let t0 = Utc::now();
+        let mut s = given(vec![node("a", 2), tenant(t, 1), request(l1, t, 1)]);
+        settle(&mut s, t0, &Rules::default());
+        let (node_id, _) = where_is(&s, l1);
+        s.apply(
+            9000,
+            &env(EventData::LeaseSuspended(lh_events::LeaseSuspended {
+                lease_id: l1,
+                node_id,
+                gpu_indices: vec![0],
+                suspended_at: t0,
+                reason: "idle".into(),
+            })),
+        );
+        s.apply(9001, &env(request(l2, t, 1)));
+        settle(&mut s, t0, &Rules::default());
+        assert!(s.fleet.holdings.contains_key(&l2), "the quota had room");
+        s.apply(
+            20_000,
+            &env(EventData::LeaseResumeRequested(
+                lh_events::LeaseResumeRequested { lease_id: l1 },
+            )),
+        );
+        let d = s.decide(t0, &Rules::default());
+        match events_of(&d)[..] {
+            [EventData::LeaseQueued(q)] => {
+                assert_eq!(q.lease_id, l1);
+                assert!(q.reason.starts_with("quota exceeded"), "{}", q.reason);
+            }
+            ref other => panic!("{other:?}"),
+        }
+        settle(&mut s, t0, &Rules::default());
+        assert!(
+            s.decide(t0, &Rules::default()).batches.is_empty(),
+            "said once"
+        );
     }
 
     #[test]

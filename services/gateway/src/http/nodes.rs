@@ -111,9 +111,10 @@ pub async fn uncordon(
 }
 
 /// Appends `data` to a node that exists on the log. The id is derived from
-/// the node subject's last sequence, so a retried request lands once while
-/// a later cordon after an uncordon is a new event; the expectation on that
-/// sequence keeps the two in step.
+/// the node subject's last sequence and the write expects that sequence, so
+/// two racing requests append once and a later cordon after an uncordon is
+/// a new event. A client that retries after a success appends the same
+/// command again, which changes nothing.
 async fn record(
     ctx: &ApiContext,
     node_id: &str,

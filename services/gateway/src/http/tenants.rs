@@ -37,7 +37,8 @@ pub struct CreateTenant {
 pub struct IdlePolicyBody {
     /// Seconds of zero utilisation, 1 to 604800 (a week).
     pub window_s: u64,
-    /// `notify` (an event only) or `stop` (the lease is stopped).
+    /// `notify` (an event only), `stop` (the lease is stopped) or
+    /// `suspend` (its GPUs are freed until `POST /v1/leases/{id}/resume`).
     #[schema(value_type = String, example = "notify")]
     pub action: IdleAction,
 }

@@ -58,7 +58,9 @@ pub struct MigDevice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuSample {
     pub index: u32,
-    pub utilization_pct: u32,
+    /// `None` where the GPU cannot tell (NVML in MIG mode, some boards):
+    /// not the same as an idle 0 %.
+    pub utilization_pct: Option<u32>,
     pub memory_used_mib: u64,
     pub memory_total_mib: u64,
     pub temperature_c: u32,

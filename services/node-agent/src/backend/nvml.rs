@@ -120,9 +120,7 @@ impl NvmlBackend {
         let memory = device.memory_info()?;
         let temperature_c = device.temperature(TemperatureSensor::Gpu)?;
         // The rest is best effort. Utilisation is not supported in MIG mode.
-        let utilization_pct = optional(device.utilization_rates())?
-            .map(|u| u.gpu)
-            .unwrap_or(0);
+        let utilization_pct = optional(device.utilization_rates())?.map(|u| u.gpu);
         let power_w = optional(device.power_usage())?
             .map(|mw| f64::from(mw) / 1000.0)
             .unwrap_or(0.0);

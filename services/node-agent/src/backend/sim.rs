@@ -544,7 +544,9 @@ impl GpuBackend for SimBackend {
             })
             .map(|(i, g, held)| GpuSample {
                 index: i as u32,
-                utilization_pct: g.utilization_pct_at(t, held.then_some(busy_pct)).round() as u32,
+                utilization_pct: Some(
+                    g.utilization_pct_at(t, held.then_some(busy_pct)).round() as u32
+                ),
                 memory_used_mib: (memory_total_mib as f64 * g.memory_pct_at(t, held) / 100.0)
                     .round() as u64,
                 memory_total_mib,
