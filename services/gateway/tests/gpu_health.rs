@@ -185,32 +185,26 @@ async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     let tenant_id = tenant["id"].as_str().unwrap().to_string();
 
     // A bad policy names its field.
-    let (s, problem) = stack
-        .call(
-            Method::POST,
-            "/v1/tenants",
-            ADMIN_TOKEN,
-            Some(
-                json!({"name": "x", "email": "ops@x.example", "quota": {"max_gpus": 1},
-                        "idle_policy": {"window_s": 0, "action": "stop"}}),
-            ),
-        )
-        .await;
-    assert_eq!(s, 422, "{problem}");
-    assert_eq!(problem["field"], "idle_policy.window_s");
-    let (s, problem) = stack
-        .call(
-            Method::POST,
-            "/v1/tenants",
-            ADMIN_TOKEN,
-            Some(
-                json!({"name": "x", "email": "ops@x.example", "quota": {"max_gpus": 1},
-                        "idle_policy": {"window_s": 60, "action": "hibernate"}}),
-            ),
-        )
-        .await;
-    assert_eq!(s, 400, "{problem}");
-    assert_eq!(problem["field"], "idle_policy.action");
+    for (policy, status, field) in [
+        (
+            json!({"window_s": 0, "action": "stop"}),
+            422,
+            "idle_policy.window_s",
+        ),
+        (
+            json!({"window_s": 60, "action": "hibernate"}),
+            400,
+            "idle_policy.action",
+        ),
+    ] {
+        let body = json!({"name": "x", "email": "ops@x.example", "quota": {"max_gpus": 1},
+                          "idle_policy": policy});
+        let (s, problem) = stack
+            .call(Method::POST, "/v1/tenants", ADMIN_TOKEN, Some(body))
+            .await;
+        assert_eq!(s, status, "{problem}");
+        assert_eq!(problem["field"], field);
+    }
 
     // One lease per node: start the agents one at a time.
     stack.start_service("node-agent:node-a").await;

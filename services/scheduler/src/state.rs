@@ -1460,6 +1460,17 @@ mod tests {
         assert_eq!(moved.1, Expect::LastSubjectSequence(9000));
     }
 
+    /// Lease `id`'s GPU 0 on `node` freed for being idle.
+    fn suspended(id: Uuid, node: &str, at: DateTime<Utc>) -> EventData {
+        EventData::LeaseSuspended(lh_events::LeaseSuspended {
+            lease_id: id,
+            node_id: node.into(),
+            gpu_indices: vec![0],
+            suspended_at: at,
+            reason: "idle".into(),
+        })
+    }
+
     #[test]
     fn a_resumed_lease_over_quota_waits_instead_of_being_rejected() {
         let t = Uuid::from_u128(1);
@@ -1468,16 +1479,7 @@ mod tests {
         let mut s = given(vec![node("a", 2), tenant(t, 1), request(l1, t, 1)]);
         settle(&mut s, t0, &Rules::default());
         let (node_id, _) = where_is(&s, l1);
-        s.apply(
-            9000,
-            &env(EventData::LeaseSuspended(lh_events::LeaseSuspended {
-                lease_id: l1,
-                node_id,
-                gpu_indices: vec![0],
-                suspended_at: t0,
-                reason: "idle".into(),
-            })),
-        );
+        s.apply(9000, &env(suspended(l1, &node_id, t0)));
         s.apply(9001, &env(request(l2, t, 1)));
         settle(&mut s, t0, &Rules::default());
         assert!(s.fleet.holdings.contains_key(&l2), "the quota had room");
@@ -1510,16 +1512,7 @@ mod tests {
         let mut s = given(vec![node("a", 1), tenant(t, 1), request(l1, t, 1)]);
         settle(&mut s, t0, &Rules::default());
         let (node_id, _) = where_is(&s, l1);
-        s.apply(
-            9000,
-            &env(EventData::LeaseSuspended(lh_events::LeaseSuspended {
-                lease_id: l1,
-                node_id,
-                gpu_indices: vec![0],
-                suspended_at: t0,
-                reason: "idle".into(),
-            })),
-        );
+        s.apply(9000, &env(suspended(l1, &node_id, t0)));
         assert!(!s.fleet.holdings.contains_key(&l1), "GPU freed");
         assert!(
             s.decide(t0, &Rules::default()).batches.is_empty(),
@@ -1535,16 +1528,7 @@ mod tests {
         settle(&mut s, t0, &Rules::default());
         assert_eq!(where_is(&s, l1).0, "a", "placed again");
         // Suspended again, then stopped: the scheduler ends it.
-        s.apply(
-            20_000,
-            &env(EventData::LeaseSuspended(lh_events::LeaseSuspended {
-                lease_id: l1,
-                node_id: "a".into(),
-                gpu_indices: vec![0],
-                suspended_at: t0,
-                reason: "idle".into(),
-            })),
-        );
+        s.apply(20_000, &env(suspended(l1, "a", t0)));
         s.apply(
             20_001,
             &env(EventData::LeaseStopRequested(LeaseStopRequested {
