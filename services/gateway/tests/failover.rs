@@ -110,13 +110,7 @@ async fn a_lost_node_s_lease_runs_elsewhere_and_is_billed_per_run() {
     assert_eq!(ended["node_id"], other);
 
     let log = read_log(&bus).await;
-    let starts: Vec<(String, chrono::DateTime<chrono::Utc>)> = of_type(&log, "lease.started")
-        .into_iter()
-        .filter_map(|e| match &e.envelope.data {
-            EventData::LeaseStarted(s) => Some((s.node_id.clone(), s.started_at)),
-            _ => None,
-        })
-        .collect();
+    let starts = common::starts(&log);
     assert_eq!(
         starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
         vec![lost.as_str(), other],

@@ -385,43 +385,38 @@ async fn drain_moves_or_keeps_leases_and_uncordon_takes_new_ones() {
 
     // Errors first.
     let drain = |node: &str| format!("/v1/nodes/{node}/drain");
-    let (s, p) = stack
-        .call(
-            Method::POST,
-            &drain("node-a"),
-            &key,
-            Some(json!({"mode": "move"})),
-        )
-        .await;
-    assert_eq!(s, 403, "{p}");
-    let (s, p) = stack
-        .call(
-            Method::POST,
-            &drain("node-z"),
+    for (node, key, body, status, field) in [
+        ("node-a", key.as_str(), json!({"mode": "move"}), 403, None),
+        (
+            "node-z",
             ADMIN_TOKEN,
-            Some(json!({"mode": "move"})),
-        )
-        .await;
-    assert_eq!(s, 404, "{p}");
-    let (s, p) = stack
-        .call(
-            Method::POST,
-            &drain("node-a"),
+            json!({"mode": "move"}),
+            404,
+            Some("id"),
+        ),
+        (
+            "node-a",
             ADMIN_TOKEN,
-            Some(json!({"mode": "evict"})),
-        )
-        .await;
-    assert_eq!(s, 400, "{p}");
-    assert_eq!(p["field"], "mode");
-    let (s, p) = stack
-        .call(
-            Method::POST,
-            &drain("node-a"),
+            json!({"mode": "evict"}),
+            400,
+            Some("mode"),
+        ),
+        (
+            "node-a",
             "wrong-key",
-            Some(json!({"mode": "move"})),
-        )
-        .await;
-    assert_eq!(s, 401, "{p}");
+            json!({"mode": "move"}),
+            401,
+            Some("Authorization"),
+        ),
+    ] {
+        let (s, p) = stack
+            .call(Method::POST, &drain(node), key, Some(body))
+            .await;
+        assert_eq!(s, status, "{p}");
+        if let Some(field) = field {
+            assert_eq!(p["field"], field, "{p}");
+        }
+    }
 
     let first = lease(&stack, &key).await;
     let placed = stack
@@ -579,13 +574,7 @@ async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
     };
     assert_eq!(of_type(&log, "lease.suspended").len(), 1);
     assert_eq!(sus.node_id, "node-a");
-    let starts: Vec<(String, chrono::DateTime<chrono::Utc>)> = of_type(&log, "lease.started")
-        .into_iter()
-        .filter_map(|e| match &e.envelope.data {
-            EventData::LeaseStarted(s) => Some((s.node_id.clone(), s.started_at)),
-            _ => None,
-        })
-        .collect();
+    let starts = common::starts(&log);
     assert_eq!(
         starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
         vec!["node-a", "node-b"]

@@ -374,8 +374,7 @@ impl GpuSide {
     /// load on them).
     pub(crate) fn set_busy(&mut self, state: &NodeState) {
         let busy: BTreeSet<u32> = state
-            .holding()
-            .filter(|(_, l)| l.started)
+            .running_here()
             .flat_map(|(_, l)| l.gpus.iter().map(|g| g.index))
             .collect();
         if busy != self.busy {
@@ -426,8 +425,8 @@ impl GpuSide {
         // An application XID is charged to the lease on the GPU; on a GPU
         // that several leases share, the driver's event does not say whose.
         let holders: Vec<Uuid> = state
-            .holding()
-            .filter(|(_, l)| l.started && l.gpus.iter().any(|g| g.index == event.index))
+            .running_here()
+            .filter(|(_, l)| l.gpus.iter().any(|g| g.index == event.index))
             .map(|(id, _)| *id)
             .collect();
         let lease = match holders.as_slice() {
@@ -487,8 +486,7 @@ impl GpuSide {
         }
         self.resend_unrecorded(bus, node_id, state).await;
         let running: Vec<RunningLease> = state
-            .holding()
-            .filter(|(_, l)| l.started)
+            .running_here()
             .map(|(id, l)| RunningLease {
                 lease_id: *id,
                 tenant_id: l.tenant_id,

@@ -202,7 +202,9 @@ impl NodeState {
                 }
             }
             other => {
-                let Some(lease_id) = lease_of(other) else {
+                // Every event on a lease's subject counts toward the sequence
+                // the guarded `lease.started` and `lease.suspended` expect.
+                let Some(lease_id) = other.lease_id() else {
                     return;
                 };
                 let Some(l) = self.leases.get_mut(&lease_id) else {
@@ -263,10 +265,7 @@ impl NodeState {
     }
 
     fn running(&self) -> usize {
-        self.leases
-            .values()
-            .filter(|l| l.started && !l.ended && !l.moved_away)
-            .count()
+        self.running_here().count()
     }
 
     /// Leases that hold GPUs here now: placed (started or about to), not
@@ -276,12 +275,11 @@ impl NodeState {
             .iter()
             .filter(|(_, l)| !l.ended && !l.moved_away)
     }
-}
 
-/// Every event on a lease's subject counts toward the sequence the
-/// guarded `lease.started` and `lease.suspended` expect.
-fn lease_of(data: &EventData) -> Option<Uuid> {
-    data.lease_id()
+    /// The leases of [`NodeState::holding`] that have started.
+    fn running_here(&self) -> impl Iterator<Item = (&Uuid, &LocalLease)> {
+        self.holding().filter(|(_, l)| l.started)
+    }
 }
 
 async fn agent(

@@ -138,16 +138,10 @@ impl Fold {
                     }
                 }
             }
-            // A rejected lease that never ran is forgotten; one that ran
-            // (and was rejected later on) keeps its runs to bill.
+            // Rejected leases never run (one that has run is queued, not
+            // rejected, by the scheduler): forget them.
             EventData::LeaseRejected(e) if !self.due.contains(&e.lease_id) => {
-                let ran = self
-                    .leases
-                    .get(&e.lease_id)
-                    .is_some_and(|l| !l.runs.is_empty() || l.started_at.is_some());
-                if !ran {
-                    self.leases.remove(&e.lease_id);
-                }
+                self.leases.remove(&e.lease_id);
             }
             EventData::ChargeAccrued(c) => self.mark_charged(c.lease_id),
             _ => {}

@@ -497,17 +497,29 @@ pub async fn stop(
             lease.id, lease.state
         )));
     }
+    let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease.id });
+    let id = derived_id(&["lease.stop_requested", &lease.id.to_string()]);
+    ask(&ctx, &caller, &lease, data, id).await
+}
+
+/// Appends a caller's request about `lease` and answers with the lease as
+/// the read model shows it afterwards.
+async fn ask(
+    ctx: &ApiContext,
+    caller: &Caller,
+    lease: &LeaseView,
+    data: EventData,
+    event_id: Uuid,
+) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let actor = match caller {
-        Caller::Tenant { id, .. } => Actor::Tenant(id),
+        Caller::Tenant { id, .. } => Actor::Tenant(*id),
         _ => Actor::Admin,
     };
-    let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease.id });
-    let mut envelope = Envelope::new(actor, Utc::now(), data)
-        .with_id(derived_id(&["lease.stop_requested", &lease.id.to_string()]));
+    let mut envelope = Envelope::new(actor, Utc::now(), data).with_id(event_id);
     envelope.tenant_id = Some(lease.tenant_id);
     let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
-    read_your_write(&ctx, appended.sequence).await?;
-    let lease = visible(&ctx, &caller, lease.id).await?;
+    read_your_write(ctx, appended.sequence).await?;
+    let lease = visible(ctx, caller, lease.id).await?;
     Ok((StatusCode::ACCEPTED, Json(lease)))
 }
 
@@ -530,24 +542,16 @@ pub async fn resume(
             lease.id, lease.state
         )));
     }
-    let actor = match caller {
-        Caller::Tenant { id, .. } => Actor::Tenant(id),
-        _ => Actor::Admin,
-    };
     let data = EventData::LeaseResumeRequested(LeaseResumeRequested { lease_id: lease.id });
     // One resume per suspension: the id is derived from the suspension.
     let suspended_at = lease
         .suspended_at
         .map(|t| t.to_rfc3339())
         .unwrap_or_default();
-    let mut envelope = Envelope::new(actor, Utc::now(), data).with_id(derived_id(&[
+    let id = derived_id(&[
         "lease.resume_requested",
         &lease.id.to_string(),
         &suspended_at,
-    ]));
-    envelope.tenant_id = Some(lease.tenant_id);
-    let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
-    read_your_write(&ctx, appended.sequence).await?;
-    let lease = visible(&ctx, &caller, lease.id).await?;
-    Ok((StatusCode::ACCEPTED, Json(lease)))
+    ]);
+    ask(&ctx, &caller, &lease, data, id).await
 }

@@ -335,6 +335,16 @@ pub async fn read_log(bus: &Bus) -> Vec<Stored> {
     out
 }
 
+/// `(node, started_at)` of every `lease.started`, in log order.
+pub fn starts(log: &[Stored]) -> Vec<(String, chrono::DateTime<chrono::Utc>)> {
+    log.iter()
+        .filter_map(|e| match &e.envelope.data {
+            lh_events::EventData::LeaseStarted(s) => Some((s.node_id.clone(), s.started_at)),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn of_type<'a>(log: &'a [Stored], event_type: &str) -> Vec<&'a Stored> {
     log.iter()
         .filter(|e| e.envelope.event_type == event_type)
