@@ -453,3 +453,22 @@ fn mig_instances_are_restored_where_they_are_and_overlaps_refused() {
     c.allocate_mig_at(0, &d3, 0, 4).unwrap();
     assert_eq!(c.node(0).gpus[0].milli_free, 1000 - 285 - 428);
 }
+
+#[test]
+fn gang_reserve_keeps_the_last_untouched_big_node_for_gangs_but_never_refuses() {
+    // As in the trace, the gang shape is too rare to be in the workload.
+    let w = workload_of(&[Request::whole(1, 1000, 0)]);
+    let nodes = [node("big", 128_000, 8, "G2"), node("small", 2_000, 2, "G2")];
+    // On the small node this task leaves too little CPU for the other GPU:
+    // FGD's measure sends it to the big node.
+    let w1 = Request::whole(1, 1_500, 0);
+    let mut plain = engine(&nodes, policy::by_name("leasehold", &w).unwrap());
+    assert_eq!(chosen(&mut plain, &w1).0, "big");
+    let mut e = engine(&nodes, policy::by_name("leasehold+gr=1", &w).unwrap());
+    assert_eq!(chosen(&mut e, &w1).0, "small");
+    // A gang may take the reserved node.
+    assert_eq!(chosen(&mut e, &Request::whole(8, 8_000, 0)).0, "big");
+    // Once nothing else fits, the reserve gives way instead of refusing.
+    e.schedule(&w1).unwrap();
+    assert_eq!(chosen(&mut e, &w1).0, "big");
+}

@@ -92,6 +92,26 @@ pub struct LeaseholdConfig {
     pub hybrid_all: bool,
     /// Inside the node, choose a slice's GPU by the hybrid F' too.
     pub hybrid_gpu: bool,
+    /// A slice that opens an untouched GPU breaks the ties left by the table
+    /// by the fill-up stranding (every untouched GPU of a model has the same
+    /// table value, so those ties would go to the node order).
+    pub fresh_fill: bool,
+    /// Divide the slices' integer score by this (coarser ties, more room for
+    /// the table); 0 or 1: as FGD.
+    pub slice_score_divisor: u32,
+    /// Score slices by `floor((F - F') / slice_bin)` instead of FGD's
+    /// sigmoid (0: off).
+    pub slice_bin: f64,
+    /// While at most this many nodes with 8 or more GPUs are untouched, a
+    /// task that is not a multi-GPU gang goes to one of them only when no
+    /// other node can take it (0: off).
+    pub gang_reserve: u32,
+    /// The sum-of-squares rule of online bin packing (Csirik, Johnson,
+    /// Kenyon, Orlin, Shor and Weber, 2006) for slices: the placement that
+    /// least increases `Σ_h N(h)²`, where `N(h)` counts the GPUs in use with
+    /// `h` free milli. 1: instead of the table as the tie-break, 2: after
+    /// the table, 3: before the table. 0: off.
+    pub sum_squares: u8,
 }
 
 impl LeaseholdConfig {
@@ -140,6 +160,15 @@ impl LeaseholdConfig {
             "usedf" => self.used_frac = true,
             "usedw" => self.used_other = true,
             "hyb" => self.hybrid_frac = true,
+            "ff" => self.fresh_fill = true,
+            o if o.starts_with("gr=") => self.gang_reserve = o[3..].parse().ok()?,
+            o if o.starts_with("ss=") => {
+                self.sum_squares = o[3..].parse().ok().filter(|k| *k <= 3)?
+            }
+            o if o.starts_with("sb=") => {
+                self.slice_bin = o[3..].parse().ok().filter(|b: &f64| *b >= 0.0)?
+            }
+            o if o.starts_with("sdiv=") => self.slice_score_divisor = o[5..].parse().ok()?,
             "hyba" => self.hybrid_all = true,
             "hybg" => {
                 self.hybrid_frac = true;
@@ -183,6 +212,11 @@ impl Default for LeaseholdConfig {
             hybrid_frac: false,
             hybrid_all: false,
             hybrid_gpu: false,
+            fresh_fill: false,
+            slice_score_divisor: 0,
+            slice_bin: 0.0,
+            gang_reserve: 0,
+            sum_squares: 0,
         }
     }
 }
@@ -201,6 +235,11 @@ pub struct Leasehold {
     rescaled_at: Option<u64>,
     /// Per GPU model: `R(f) - D_0(f)` (see `hybrid_frac`).
     excess: Vec<Vec<f32>>,
+    /// Untouched nodes with 8 or more GPUs (with `gang_reserve`).
+    untouched_big: u32,
+    /// GPUs in use by free milli, `N(h)` for 0 < h < 1000 (with
+    /// `sum_squares`).
+    gaps: Vec<i64>,
 }
 
 impl Leasehold {
@@ -218,6 +257,8 @@ impl Leasehold {
             base: Vec::new(),
             rescaled_at: None,
             excess: Vec::new(),
+            untouched_big: 0,
+            gaps: vec![0; 1001],
         }
     }
 
@@ -288,9 +329,74 @@ impl Policy for Leasehold {
             }
         }
         self.cache.begin(cluster, d);
+        // Both counts are global, so they stay out of the per-node cache:
+        // recounted here, applied in `score` on top of the cached value.
+        if self.cfg.sum_squares > 0 {
+            self.gaps.iter_mut().for_each(|x| *x = 0);
+            for g in cluster.nodes().iter().flat_map(|n| &n.gpus) {
+                if g.leases > 0 && g.milli_free > 0 {
+                    self.gaps[usize::from(g.milli_free)] += 1;
+                }
+            }
+        }
+        if self.cfg.gang_reserve > 0 {
+            self.untouched_big = cluster.nodes().iter().filter(|n| untouched_big(n)).count() as u32;
+        }
     }
 
     fn score(&mut self, cluster: &Cluster, node: usize, d: &Demand, _rng: &mut Rng) -> Scored {
+        let mut s = self.score_cached(cluster, node, d);
+        if let (k @ 1..=3, Kind::Frac { milli, .. }) = (self.cfg.sum_squares, d.kind) {
+            if s.gpus != 0 {
+                let g = &cluster.node(node).gpus[s.gpus.trailing_zeros() as usize];
+                let v = -(sum_squares_delta(&self.gaps, g, milli) as f64);
+                s.tiebreak = match k {
+                    1 => v,
+                    // Table deltas rounded to a thousandth of a milli, so
+                    // that equal states compare equal.
+                    2 => (s.tiebreak * 1e3).round() * 1e7 + v,
+                    _ => v * 1e7 + s.tiebreak,
+                };
+            }
+        }
+        if self.cfg.gang_reserve > 0
+            && self.untouched_big <= self.cfg.gang_reserve
+            && !matches!(d.kind, Kind::Whole(k) if k >= 2)
+            && untouched_big(cluster.node(node))
+        {
+            // Below every score a policy gives (FGD's are 0..=100).
+            s.score -= 1000.0;
+        }
+        s
+    }
+}
+
+fn untouched_big(n: &crate::cluster::Node) -> bool {
+    n.gpus.len() >= 8 && n.cpu_free == n.cpu_total && n.gpus.iter().all(|g| g.leases == 0)
+}
+
+/// Change of `Σ_h N(h)²` when a slice of `milli` goes on `g` (`gaps[h]` =
+/// `N(h)`; an untouched GPU and a full one are not counted).
+fn sum_squares_delta(gaps: &[i64], g: &crate::cluster::Gpu, milli: u16) -> i64 {
+    let before = if g.leases == 0 {
+        None
+    } else {
+        Some(usize::from(g.milli_free))
+    };
+    let after = usize::from(g.milli_free - milli);
+    let mut delta = 0;
+    if let Some(h) = before.filter(|&h| h > 0 && h < gaps.len()) {
+        delta += 1 - 2 * gaps[h];
+    }
+    if after > 0 && after < 1000 {
+        delta += 1 + 2 * gaps[after];
+    }
+    delta
+}
+
+impl Leasehold {
+    /// The score without the global terms, cached per node generation.
+    fn score_cached(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Scored {
         let n = cluster.node(node);
         if let Some(s) = self.cache.get(node, n.generation) {
             return s;
@@ -454,7 +560,13 @@ impl Policy for Leasehold {
         } else {
             f0 - f1
         };
-        let score = if cfg.quantise {
+        let score = if cfg.slice_bin > 0.0 && matches!(d.kind, Kind::Frac { .. }) {
+            (delta / cfg.slice_bin).floor()
+        } else if cfg.quantise && cfg.slice_score_divisor > 1 && matches!(d.kind, Kind::Frac { .. })
+        {
+            let s = ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0) as i64;
+            (s / i64::from(cfg.slice_score_divisor)) as f64
+        } else if cfg.quantise {
             ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0) as i64 as f64
         } else if cfg.bucket > 0.0 {
             ((f0 - f1) / cfg.bucket).floor()
@@ -470,7 +582,10 @@ impl Policy for Leasehold {
             // thousandth of a milli so equal states compare equal.
             ((g0 - g1) * 1e3).round() * 1e4 + eventual_delta().clamp(-4999.0, 4999.0)
         } else if cfg.tie_eventual_frac && matches!(d.kind, Kind::Frac { .. }) {
-            if cfg.tie_then_fill {
+            let fresh = set != 0 && n.gpus[set.trailing_zeros() as usize].leases == 0;
+            if cfg.fresh_fill && fresh {
+                (eventual_delta() * 1e3).round() * 1e4 + (g0 - g1).clamp(-4999.0, 4999.0)
+            } else if cfg.tie_then_fill {
                 // Table deltas are sums of weighted milli; round them to a
                 // thousandth of a milli so equal states compare equal.
                 (eventual_delta() * 1e3).round() * 1e4 + (g0 - g1).clamp(-4999.0, 4999.0)
@@ -508,5 +623,59 @@ impl Policy for Leasehold {
         };
         self.cache.put(node, n.generation, s);
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Gpu;
+    use crate::model::SharingMode;
+
+    fn gpu(milli_free: u16, leases: u16) -> Gpu {
+        Gpu {
+            model: 0,
+            mode: SharingMode::VGpu,
+            vram_total: 16,
+            vram_free: 16,
+            milli_free,
+            leases,
+        }
+    }
+
+    #[test]
+    fn sum_squares_prefers_closing_common_gaps_and_opening_rare_ones() {
+        let mut gaps = vec![0i64; 1001];
+        gaps[300] = 5;
+        gaps[200] = 1;
+        // 300 -> 200: N(300) 5 -> 4, N(200) 1 -> 2: 16 - 25 + 4 - 1.
+        assert_eq!(sum_squares_delta(&gaps, &gpu(300, 1), 100), -6);
+        // A full GPU is not counted: only N(300) goes down.
+        assert_eq!(sum_squares_delta(&gaps, &gpu(300, 1), 300), -9);
+        // An untouched GPU is not counted: only N(900) goes up.
+        assert_eq!(sum_squares_delta(&gaps, &gpu(1000, 0), 100), 1);
+        // Opening a gap that is already common costs more.
+        assert_eq!(sum_squares_delta(&gaps, &gpu(1000, 0), 700), 11);
+    }
+
+    #[test]
+    fn switches_parse_and_bad_values_are_refused() {
+        let mut c = LeaseholdConfig::default();
+        for opt in ["ff", "gr=12", "ss=2", "sb=300", "sdiv=3"] {
+            assert_eq!(c.apply(opt), Some(()), "{opt}");
+        }
+        assert!(c.fresh_fill);
+        assert_eq!(
+            (
+                c.gang_reserve,
+                c.sum_squares,
+                c.slice_bin,
+                c.slice_score_divisor
+            ),
+            (12, 2, 300.0, 3)
+        );
+        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "nonsense"] {
+            assert_eq!(c.apply(bad), None, "{bad}");
+        }
     }
 }
