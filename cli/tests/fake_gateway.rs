@@ -154,27 +154,29 @@ fn lease(id: &str, state: &str) -> Value {
     })
 }
 
+/// `lh tenant create` with the flags every tenant test gives.
+const TENANT_CREATE: [&str; 8] = [
+    "tenant",
+    "create",
+    "--name",
+    "acme",
+    "--email",
+    "a@acme.test",
+    "--max-gpus",
+    "4",
+];
+
+fn tenant_created() -> Resp {
+    ok(
+        201,
+        json!({"id": "T1", "api_key": "lh_secret", "name": "acme", "quota": {"max_gpus": 4}}),
+    )
+}
+
 #[tokio::test]
 async fn tenant_create_posts_quota_and_prints_key() {
-    let gw = fake(|_, _| {
-        ok(
-            201,
-            json!({"id": "T1", "api_key": "lh_secret", "name": "acme", "quota": {"max_gpus": 4}}),
-        )
-    })
-    .await;
-    let out = gw
-        .lh(&[
-            "tenant",
-            "create",
-            "--name",
-            "acme",
-            "--email",
-            "a@acme.test",
-            "--max-gpus",
-            "4",
-        ])
-        .await;
+    let gw = fake(|_, _| tenant_created()).await;
+    let out = gw.lh(&TENANT_CREATE).await;
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
     assert!(out.stdout.contains("lh_secret"));
     assert!(out.stdout.contains("export LH_API_KEY=lh_secret"));
@@ -534,28 +536,13 @@ async fn node_drain_uncordon_and_lease_resume_post_what_the_api_takes() {
 
 #[tokio::test]
 async fn tenant_create_sends_the_idle_policy() {
-    let gw = fake(|_, _| {
-        ok(
-            201,
-            json!({"id": "T1", "api_key": "lh_secret", "name": "acme", "quota": {"max_gpus": 4}}),
-        )
-    })
-    .await;
+    let gw = fake(|_, _| tenant_created()).await;
     let out = gw
         .lh(&[
-            "tenant",
-            "create",
-            "--name",
-            "acme",
-            "--email",
-            "a@acme.test",
-            "--max-gpus",
-            "4",
-            "--idle-window-secs",
-            "600",
-            "--idle-action",
-            "suspend",
-        ])
+            &TENANT_CREATE[..],
+            &["--idle-window-secs", "600", "--idle-action", "suspend"],
+        ]
+        .concat())
         .await;
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
     assert_eq!(
@@ -564,18 +551,7 @@ async fn tenant_create_sends_the_idle_policy() {
     );
     // One without the other is refused before any request.
     let out = gw
-        .lh(&[
-            "tenant",
-            "create",
-            "--name",
-            "acme",
-            "--email",
-            "a@acme.test",
-            "--max-gpus",
-            "4",
-            "--idle-action",
-            "stop",
-        ])
+        .lh(&[&TENANT_CREATE[..], &["--idle-action", "stop"]].concat())
         .await;
     assert_ne!(out.code, EXIT_OK);
     assert_eq!(gw.requests().len(), 1);

@@ -18,6 +18,26 @@ fn one_gpu_node(id: &str, faults: Option<&str>) -> String {
     )
 }
 
+/// A fault script that holds GPU 0 at 0 % utilisation from the start.
+const IDLE_FROM_THE_START: &str =
+    "[[fault]]\nafter_s = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n";
+
+/// A bare stack over node-a and node-b, one GPU each, each with its fault
+/// script (`None`: no faults).
+async fn two_nodes(faults_a: &str, faults_b: Option<&str>) -> Stack {
+    let fleet = format!(
+        "{}{}",
+        one_gpu_node("node-a", Some("faults-a.toml")),
+        one_gpu_node("node-b", faults_b.map(|_| "faults-b.toml"))
+    );
+    let stack = Stack::bare(&fleet).await;
+    stack.write_beside_fleet("faults-a.toml", faults_a);
+    if let Some(b) = faults_b {
+        stack.write_beside_fleet("faults-b.toml", b);
+    }
+    stack
+}
+
 async fn lease(stack: &Stack, key: &str) -> String {
     let (s, body) = stack
         .call(
@@ -52,14 +72,7 @@ fn health_changes(
 /// the node is declared lost, and it rejoins when the host is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
-    let fleet = format!(
-        "{}{}",
-        one_gpu_node("node-a", Some("faults-a.toml")),
-        one_gpu_node("node-b", None)
-    );
-    let mut stack = Stack::bare(&fleet).await;
-    stack.write_beside_fleet(
-        "faults-a.toml",
+    let mut stack = two_nodes(
         r#"
         [[fault]]
         after_s = 5
@@ -77,7 +90,9 @@ async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
         after_s = 15
         kind = "recover"
         "#,
-    );
+        None,
+    )
+    .await;
     stack.node_gpus.recover_after_clean_samples = 5;
     for name in [
         "scheduler",
@@ -156,20 +171,11 @@ async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
 /// application XID 13 its workload causes, which leaves the GPU healthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
-    let fleet = format!(
-        "{}{}",
-        one_gpu_node("node-a", Some("faults-a.toml")),
-        one_gpu_node("node-b", Some("faults-b.toml"))
-    );
-    let mut stack = Stack::bare(&fleet).await;
-    stack.write_beside_fleet(
-        "faults-a.toml",
-        "[[fault]]\nafter_s = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n",
-    );
-    stack.write_beside_fleet(
-        "faults-b.toml",
-        "[[fault]]\nafter_s = 8\ngpu = 0\nkind = \"xid\"\ncode = 13\n",
-    );
+    let mut stack = two_nodes(
+        IDLE_FROM_THE_START,
+        Some("[[fault]]\nafter_s = 8\ngpu = 0\nkind = \"xid\"\ncode = 13\n"),
+    )
+    .await;
     for name in ["scheduler", "pricing", "audit", "gateway"] {
         stack.start_service(name).await;
     }
@@ -492,16 +498,7 @@ async fn drain_moves_or_keeps_leases_and_uncordon_takes_new_ones() {
 /// runs there, and its invoice has the two runs and nothing in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
-    let fleet = format!(
-        "{}{}",
-        one_gpu_node("node-a", Some("faults-a.toml")),
-        one_gpu_node("node-b", None)
-    );
-    let mut stack = Stack::bare(&fleet).await;
-    stack.write_beside_fleet(
-        "faults-a.toml",
-        "[[fault]]\nafter_s = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n",
-    );
+    let mut stack = two_nodes(IDLE_FROM_THE_START, None).await;
     for name in [
         "scheduler",
         "pricing",
