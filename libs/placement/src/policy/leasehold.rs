@@ -372,7 +372,10 @@ impl Policy for Leasehold {
 }
 
 fn untouched_big(n: &crate::cluster::Node) -> bool {
-    n.gpus.len() >= 8 && n.cpu_free == n.cpu_total && n.gpus.iter().all(|g| g.leases == 0)
+    n.gpus.len() >= 8
+        && n.cpu_free == n.cpu_total
+        && n.memory_free == n.memory_total
+        && n.gpus.iter().all(|g| g.leases == 0)
 }
 
 /// Change of `Σ_h N(h)²` when a slice of `milli` goes on `g` (`gaps[h]` =
