@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod engine;
 pub mod mig;
 pub mod model;
+pub mod packing;
 pub mod policy;
 pub mod rng;
 pub mod sim;

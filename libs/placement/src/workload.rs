@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::cluster::{Cluster, Gpu, Kind, MILLI};
 use crate::model::{GpuDemand, Request};
+use crate::packing::SliceShares;
 
 /// One task shape and its share of the workload.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,6 +175,9 @@ pub(crate) struct Compiled {
     /// Per GPU model: FGD's fragment of one GPU applied recursively (see
     /// [`Compiled::recursive_table`]), indexed by free milli.
     pub recursive: Vec<Vec<f32>>,
+    /// The single-GPU slices' shares in the best packing of the workload
+    /// (see [`crate::packing`]).
+    pub shares: Option<SliceShares>,
 }
 
 impl Compiled {
@@ -232,6 +236,13 @@ impl Compiled {
         c.recursive = (0..c.models_seen)
             .map(|m| c.recursive_table(1u64 << m))
             .collect();
+        let slices: Vec<(u16, f64)> = c
+            .shapes
+            .iter()
+            .filter(|s| !s.whole && s.count == 1 && s.milli > 0 && s.milli < MILLI)
+            .map(|s| (s.milli, s.weight))
+            .collect();
+        c.shares = Some(SliceShares::solve(&slices));
         c
     }
 

@@ -112,6 +112,13 @@ pub struct LeaseholdConfig {
     /// `h` free milli. 1: instead of the table as the tie-break, 2: after
     /// the table, 3: before the table. 0: off.
     pub sum_squares: u8,
+    /// Slices by their cost against the best packing of the workload's
+    /// slices (the cutting-stock LP's shares, [`crate::packing`]):
+    /// 1: instead of the table as the tie-break, 2: before the table,
+    /// 3: before FGD's score, 4: after the table. 0: off.
+    pub packing_cost: u8,
+    /// Inside the node, choose a slice's GPU by the packing cost first.
+    pub packing_gpu: bool,
 }
 
 impl LeaseholdConfig {
@@ -168,6 +175,10 @@ impl LeaseholdConfig {
             o if o.starts_with("sb=") => {
                 self.slice_bin = o[3..].parse().ok().filter(|b: &f64| *b >= 0.0)?
             }
+            o if o.starts_with("lp=") => {
+                self.packing_cost = o[3..].parse().ok().filter(|k| *k <= 4)?
+            }
+            "lpg" => self.packing_gpu = true,
             o if o.starts_with("sdiv=") => self.slice_score_divisor = o[5..].parse().ok()?,
             "hyba" => self.hybrid_all = true,
             "hybg" => {
@@ -217,6 +228,8 @@ impl Default for LeaseholdConfig {
             slice_bin: 0.0,
             gang_reserve: 0,
             sum_squares: 0,
+            packing_cost: 0,
+            packing_gpu: false,
         }
     }
 }
@@ -371,6 +384,14 @@ impl Policy for Leasehold {
     }
 }
 
+/// Cost of `milli` on `g` against the best packing, rounded to a
+/// thousandth of a GPU so that equal costs compare equal.
+fn packing_cost(w: &Compiled, g: &crate::cluster::Gpu, milli: u16) -> f64 {
+    w.shares
+        .as_ref()
+        .map_or(0.0, |t| (t.cost(g.milli_free, milli) * 1e3).round() / 1e3)
+}
+
 fn untouched_big(n: &crate::cluster::Node) -> bool {
     n.gpus.len() >= 8
         && n.cpu_free == n.cpu_total
@@ -444,10 +465,12 @@ impl Leasehold {
         let ((f1, g1), set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
                 let mut best: Option<((f64, f64), u16, u32, f64)> = None;
+                let mut best_cost = f64::INFINITY;
                 for (j, g) in n.gpus.iter().enumerate() {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
+                    let cost = packing_cost(w, g, milli);
                     let m = scratch.measure_after(w, d, 1 << j, n, measure);
                     let mut after = *g;
                     after.milli_free -= milli;
@@ -462,6 +485,7 @@ impl Leasehold {
                     };
                     let better = match best {
                         None => true,
+                        Some(_) if cfg.packing_gpu && cost != best_cost => cost < best_cost,
                         Some((bm_, bmilli, _, be)) => {
                             if cfg.gpu_tight {
                                 g.milli_free < bmilli
@@ -474,6 +498,7 @@ impl Leasehold {
                     };
                     if better {
                         best = Some((m, g.milli_free, 1 << j, e));
+                        best_cost = cost;
                     }
                 }
                 let (m, _, set, _) = best.unwrap_or(((f0, g0), 0, 0, 0.0));
@@ -608,6 +633,18 @@ impl Leasehold {
             0.0
         };
         let is_frac = matches!(d.kind, Kind::Frac { .. });
+        let (score, tiebreak) = match (cfg.packing_cost, d.kind) {
+            (k @ 1..=4, Kind::Frac { milli, .. }) if set != 0 => {
+                let c = packing_cost(w, &n.gpus[set.trailing_zeros() as usize], milli);
+                match k {
+                    1 => (score, -c),
+                    2 => (score, -c * 1e7 + tiebreak.clamp(-4999.0, 4999.0)),
+                    3 => (score - c * 1e3 * 1e3, tiebreak),
+                    _ => ((score), (tiebreak * 1e3).round() * 1e4 - c * 1e3),
+                }
+            }
+            _ => (score, tiebreak),
+        };
         let tiebreak = if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
             // Tie-break values are sums of weighted milli: round them to a
             // thousandth of a milli so equal states compare equal, and append

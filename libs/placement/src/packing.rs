@@ -1,0 +1,241 @@
+//! What share of a GPU each slice size is worth in the best packing of the
+//! workload's slices: the dual of the fractional bin-packing LP (Gilmore and
+//! Gomory's cutting-stock LP), and the cost of a placement measured against
+//! it.
+//!
+//! The LP packs the workload's slice sizes, in proportion to their weights,
+//! into as few GPUs as possible, any number of slices per GPU as long as they
+//! sum to at most 1000 milli. Its dual gives every size `s` a share `y_s` of
+//! a GPU such that no set of slices that fits one GPU is worth more than 1,
+//! maximising the workload's total. With `K(h)`, the most that slices fitting
+//! `h` free milli are worth (an unbounded knapsack over the shares), putting a
+//! slice `s` on a GPU with `h` free costs `K(h) - K(h - s) - y_s >= 0` GPUs:
+//! how far the placement moves the GPU away from any packing the LP uses. A
+//! placement that costs 0 is part of some optimal packing (complementary
+//! slackness); one that costs more can only be made good by slices the
+//! workload does not have enough of.
+//!
+//! Unlike a per-GPU expected-waste table, the shares see the competition
+//! between holes: a hole that only rare slices fill is cheap to the table
+//! (its fillers exist) but not to the LP (they are already spoken for).
+
+use microlp::{ComparisonOp, OptimizationDirection, Problem};
+
+/// Free milli of one GPU.
+const CAPACITY: usize = 1000;
+
+/// The LP's shares and the knapsack table over them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceShares {
+    /// `share[s]`: what a slice of `s` milli is worth, in GPUs.
+    share: Vec<f64>,
+    /// `best[h]`: the most that the workload's slices fitting `h` free milli
+    /// are worth.
+    best: Vec<f64>,
+    /// GPUs per unit of slice weight in the LP's optimum.
+    pub gpus_per_weight: f64,
+}
+
+impl SliceShares {
+    /// Solves the LP for slices of these sizes (milli, 1..1000) and weights
+    /// (any positive scale; equal sizes are summed). Sizes the workload does
+    /// not have are worth what keeps a fresh GPU's cost at 0:
+    /// `1 - K(1000 - s)`.
+    pub fn solve(sizes: &[(u16, f64)]) -> Self {
+        let mut weight = vec![0.0f64; CAPACITY + 1];
+        for &(s, w) in sizes {
+            let s = usize::from(s);
+            if (1..=CAPACITY).contains(&s) && w > 0.0 {
+                weight[s] += w;
+            }
+        }
+        let present: Vec<usize> = (1..=CAPACITY).filter(|&s| weight[s] > 0.0).collect();
+        let mut share = vec![0.0f64; CAPACITY + 1];
+        let mut gpus_per_weight = 0.0;
+        if !present.is_empty() {
+            let (y, obj) = dual_shares(&present, &weight);
+            for (&s, v) in present.iter().zip(y) {
+                share[s] = v;
+            }
+            let total: f64 = present.iter().map(|&s| weight[s]).sum();
+            gpus_per_weight = obj / total;
+        }
+        // The knapsack only counts the workload's sizes: the holes are
+        // filled by what arrives.
+        let best = knapsack(&share, &present);
+        for s in 1..=CAPACITY {
+            if weight[s] == 0.0 {
+                share[s] = (1.0 - best[CAPACITY - s]).max(0.0);
+            }
+        }
+        SliceShares {
+            share,
+            best,
+            gpus_per_weight,
+        }
+    }
+
+    /// What a slice of `milli` is worth, in GPUs.
+    pub fn share(&self, milli: u16) -> f64 {
+        self.share[usize::from(milli).min(CAPACITY)]
+    }
+
+    /// The most that slices fitting `free` milli are worth.
+    pub fn best(&self, free: u16) -> f64 {
+        self.best[usize::from(free).min(CAPACITY)]
+    }
+
+    /// Cost, in GPUs, of putting `milli` on a GPU with `free` milli free
+    /// (`milli <= free`). Never negative.
+    pub fn cost(&self, free: u16, milli: u16) -> f64 {
+        let after = free.saturating_sub(milli);
+        (self.best(free) - self.best(after) - self.share(milli)).max(0.0)
+    }
+}
+
+/// `best[h]` = max over multisets of `sizes` summing to at most `h` of the
+/// sum of their shares.
+fn knapsack(share: &[f64], sizes: &[usize]) -> Vec<f64> {
+    let mut best = vec![0.0f64; CAPACITY + 1];
+    for h in 1..=CAPACITY {
+        let mut b = best[h - 1];
+        for &s in sizes {
+            if s <= h {
+                b = b.max(best[h - s] + share[s]);
+            }
+        }
+        best[h] = b;
+    }
+    best
+}
+
+/// The dual of the cutting-stock LP by cutting planes: maximise
+/// `Σ w_s y_s` subject to `Σ_s a_s y_s <= 1` for every pattern `a` that fits
+/// one GPU, adding the most violated pattern (from the knapsack) until none
+/// is. Returns the shares (in the order of `present`) and the objective.
+fn dual_shares(present: &[usize], weight: &[f64]) -> (Vec<f64>, f64) {
+    let mut lp = Problem::new(OptimizationDirection::Maximize);
+    let vars: Vec<_> = present
+        .iter()
+        .map(|&s| lp.add_var(weight[s], (0.0, 1.0)))
+        .collect();
+    for (&s, &v) in present.iter().zip(&vars) {
+        lp.add_constraint([(v, (CAPACITY / s) as f64)], ComparisonOp::Le, 1.0);
+    }
+    let mut sol = lp
+        .solve()
+        .ok()
+        .and_then(|o| o.into_solution().ok())
+        .expect("the singleton LP is bounded and feasible");
+    // Each round adds one new pattern; patterns are finite, and in practice a
+    // few dozen rounds suffice.
+    let objective = |y: &[f64]| present.iter().zip(y).map(|(&s, &v)| weight[s] * v).sum();
+    loop {
+        let y: Vec<f64> = vars.iter().map(|&v| sol.var_value(v).max(0.0)).collect();
+        let pattern = best_pattern(present, &y);
+        let value: f64 = pattern.iter().zip(&y).map(|(&a, &v)| a as f64 * v).sum();
+        if value <= 1.0 + 1e-9 {
+            return (y.clone(), objective(&y));
+        }
+        let row: Vec<_> = vars
+            .iter()
+            .zip(&pattern)
+            .filter(|(_, &a)| a > 0)
+            .map(|(&v, &a)| (v, a as f64))
+            .collect();
+        match sol
+            .add_constraint(row, ComparisonOp::Le, 1.0)
+            .ok()
+            .and_then(|o| o.into_solution().ok())
+        {
+            Some(s) => sol = s,
+            // Only numerical trouble gets here (the all-zero shares stay
+            // feasible): scale the last shares back into the feasible set.
+            None => {
+                let y: Vec<f64> = y.iter().map(|v| v / value).collect();
+                return (y.clone(), objective(&y));
+            }
+        }
+    }
+}
+
+/// The pattern (count per size of `present`) that fits one GPU and is worth
+/// the most at shares `y`.
+fn best_pattern(present: &[usize], y: &[f64]) -> Vec<u32> {
+    let mut best = vec![0.0f64; CAPACITY + 1];
+    let mut last: Vec<Option<usize>> = vec![None; CAPACITY + 1];
+    for h in 1..=CAPACITY {
+        best[h] = best[h - 1];
+        last[h] = None;
+        for (i, &s) in present.iter().enumerate() {
+            if s <= h && best[h - s] + y[i] > best[h] + 1e-12 {
+                best[h] = best[h - s] + y[i];
+                last[h] = Some(i);
+            }
+        }
+    }
+    let mut pattern = vec![0u32; present.len()];
+    let mut h = CAPACITY;
+    while h > 0 {
+        match last[h] {
+            Some(i) => {
+                pattern[i] += 1;
+                h -= present[i];
+            }
+            None => h -= 1,
+        }
+    }
+    pattern
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    #[test]
+    fn halves_and_thirds_get_their_obvious_shares() {
+        let t = SliceShares::solve(&[(500, 1.0), (330, 1.0)]);
+        assert!(close(t.share(500), 0.5), "{}", t.share(500));
+        assert!(close(t.share(330), 1.0 / 3.0), "{}", t.share(330));
+        // One GPU per two halves plus one per three thirds.
+        assert!(close(t.gpus_per_weight, (0.5 + 1.0 / 3.0) / 2.0));
+        assert!(close(t.cost(1000, 500), 0.0));
+        // A third beside a half leaves 170 nothing fills: it wastes 1/6.
+        assert!(close(t.cost(500, 330), 0.5 - 1.0 / 3.0));
+    }
+
+    #[test]
+    fn a_filler_spoken_for_is_worth_nothing_to_the_hole_it_fills() {
+        // 800s are many and 200s few: each 800 needs a GPU of its own, so
+        // a 200 is worth nothing. It costs nothing beside an 800 or where an
+        // 800 can still join it, and a whole GPU where it keeps one out.
+        let t = SliceShares::solve(&[(800, 10.0), (200, 1.0)]);
+        assert!(close(t.share(800), 1.0));
+        assert!(close(t.share(200), 0.0));
+        assert!(close(t.cost(200, 200), 0.0));
+        assert!(close(t.cost(1000, 200), 0.0));
+        assert!(close(t.cost(900, 200), 1.0), "{}", t.cost(900, 200));
+        // Never below zero, and the knapsack is monotone.
+        for h in (0..=1000).step_by(10) {
+            for s in (10..=h).step_by(10) {
+                assert!(t.cost(h as u16, s as u16) >= 0.0);
+            }
+            if h >= 10 {
+                assert!(t.best(h as u16) >= t.best(h as u16 - 10));
+            }
+        }
+    }
+
+    #[test]
+    fn unseen_sizes_cost_nothing_on_a_fresh_gpu() {
+        let t = SliceShares::solve(&[(470, 3.0), (320, 1.0), (650, 1.0)]);
+        for s in [100u16, 250, 610, 990] {
+            assert!(close(t.cost(1000, s), 0.0), "{s}: {}", t.cost(1000, s));
+        }
+        assert_eq!(SliceShares::solve(&[]).cost(1000, 300), 0.0);
+    }
+}
