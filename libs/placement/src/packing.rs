@@ -24,6 +24,16 @@ use microlp::{ComparisonOp, OptimizationDirection, Problem};
 /// Free milli of one GPU.
 const CAPACITY: usize = 1000;
 
+/// The LP takes the most common sizes only; the rest are priced as unseen
+/// sizes. A live workload can have any milli from 1 to 1000, and the rare
+/// sizes barely move the shares of the common ones, while each size adds a
+/// variable to the LP and a term to every knapsack.
+pub const LP_SIZES: usize = 32;
+
+/// Cutting-plane rounds before the shares are taken as they are (scaled
+/// back into the feasible set).
+const MAX_ROUNDS: usize = 2_000;
+
 /// The LP's shares and the knapsack table over them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SliceShares {
@@ -49,7 +59,16 @@ impl SliceShares {
                 weight[s] += w;
             }
         }
-        let present: Vec<usize> = (1..=CAPACITY).filter(|&s| weight[s] > 0.0).collect();
+        let mut present: Vec<usize> = (1..=CAPACITY).filter(|&s| weight[s] > 0.0).collect();
+        if present.len() > LP_SIZES {
+            // Heaviest first, ties to the larger size; the rest are unseen.
+            present.sort_by(|&a, &b| weight[b].total_cmp(&weight[a]).then(b.cmp(&a)));
+            for &s in &present[LP_SIZES..] {
+                weight[s] = 0.0;
+            }
+            present.truncate(LP_SIZES);
+            present.sort_unstable();
+        }
         let mut share = vec![0.0f64; CAPACITY + 1];
         let mut gpus_per_weight = 0.0;
         if !present.is_empty() {
@@ -130,11 +149,15 @@ fn dual_shares(present: &[usize], weight: &[f64]) -> (Vec<f64>, f64) {
     // Each round adds one new pattern; patterns are finite, and in practice a
     // few dozen rounds suffice.
     let objective = |y: &[f64]| present.iter().zip(y).map(|(&s, &v)| weight[s] * v).sum();
-    loop {
+    for round in 0.. {
         let y: Vec<f64> = vars.iter().map(|&v| sol.var_value(v).max(0.0)).collect();
         let pattern = best_pattern(present, &y);
         let value: f64 = pattern.iter().zip(&y).map(|(&a, &v)| a as f64 * v).sum();
         if value <= 1.0 + 1e-9 {
+            return (y.clone(), objective(&y));
+        }
+        if round == MAX_ROUNDS {
+            let y: Vec<f64> = y.iter().map(|v| v / value).collect();
             return (y.clone(), objective(&y));
         }
         let row: Vec<_> = vars
@@ -150,13 +173,15 @@ fn dual_shares(present: &[usize], weight: &[f64]) -> (Vec<f64>, f64) {
         {
             Some(s) => sol = s,
             // Only numerical trouble gets here (the all-zero shares stay
-            // feasible): scale the last shares back into the feasible set.
+            // feasible): scale the last shares back into the feasible set
+            // (`value` is the most any pattern is worth at them).
             None => {
                 let y: Vec<f64> = y.iter().map(|v| v / value).collect();
                 return (y.clone(), objective(&y));
             }
         }
     }
+    unreachable!("the loop returns by round MAX_ROUNDS")
 }
 
 /// The pattern (count per size of `present`) that fits one GPU and is worth
@@ -237,5 +262,21 @@ mod tests {
             assert!(close(t.cost(1000, s), 0.0), "{s}: {}", t.cost(1000, s));
         }
         assert_eq!(SliceShares::solve(&[]).cost(1000, 300), 0.0);
+    }
+
+    #[test]
+    fn any_number_of_sizes_gives_feasible_shares() {
+        // A live workload: every size from 7 to 994, heavier when smaller.
+        let sizes: Vec<(u16, f64)> = (7..995)
+            .step_by(7)
+            .map(|s| (s, 1000.0 / f64::from(s)))
+            .collect();
+        let t = SliceShares::solve(&sizes);
+        assert!(t.best(1000) <= 1.0 + 1e-6, "{}", t.best(1000));
+        assert!(t.best(1000) > 0.99, "{}", t.best(1000));
+        for &(s, _) in &sizes {
+            assert!(t.share(s) >= 0.0 && t.share(s) <= 1.0);
+            assert!(t.cost(1000, s) < 1e-6, "{s}: {}", t.cost(1000, s));
+        }
     }
 }

@@ -1,9 +1,13 @@
-//! Leasehold's default policy: FGD's quantised score, memory-aware, with its
-//! ties broken by what FGD cannot see: for a slice, how much of the chosen
-//! GPU's free milli is likely to stay idle for good (a recursive form of
-//! FGD's per-GPU fragment); for anything else, the fill-up stranding (a node
-//! running out of CPU or memory before its GPUs). Ties left after that go
-//! to the seeded node order, which is what consolidates.
+//! Leasehold's default policy (version 3): FGD's quantised score,
+//! memory-aware, with what FGD cannot see put around it. A slice goes first
+//! where it costs least against the best packing of the workload's slices
+//! (the cutting-stock LP's shares, [`crate::packing`]): that sees which
+//! holes the workload has the slices to fill, and which it does not. Its
+//! ties are broken by how much of the chosen GPU's free milli is likely to
+//! stay idle for good (a recursive form of FGD's per-GPU fragment); those of
+//! anything else by the fill-up stranding (a node running out of CPU or
+//! memory before its GPUs). Ties left after that go to the seeded node
+//! order, which is what consolidates.
 //!
 //! See docs/placement.md for the reasoning and the measurements.
 
@@ -147,11 +151,14 @@ impl LeaseholdConfig {
             "rec" => self.recursive = true,
             "draw" => self.recursive = false,
             "notevf" => self.tie_eventual_frac = false,
-            // The default of version 1 (docs/placement.md, "What we tried").
+            // The defaults of versions 1 and 2 (docs/placement.md, "What we
+            // tried").
             "v1" => {
                 self.recursive = false;
                 self.tie_eventual_frac = false;
+                self.packing_cost = 0;
             }
+            "v2" => self.packing_cost = 0,
             "pfr" => self.primary_recursive = true,
             "cpurec" => self.node_recursive = true,
             "prn" => self.primary_node_recursive = true,
@@ -228,7 +235,7 @@ impl Default for LeaseholdConfig {
             slice_bin: 0.0,
             gang_reserve: 0,
             sum_squares: 0,
-            packing_cost: 0,
+            packing_cost: 3,
             packing_gpu: false,
         }
     }
@@ -292,7 +299,7 @@ impl Policy for Leasehold {
         "leasehold"
     }
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
@@ -701,10 +708,11 @@ mod tests {
     #[test]
     fn switches_parse_and_bad_values_are_refused() {
         let mut c = LeaseholdConfig::default();
-        for opt in ["ff", "gr=12", "ss=2", "sb=300", "sdiv=3"] {
+        assert_eq!(c.packing_cost, 3, "version 3 costs slices against the LP");
+        for opt in ["ff", "gr=12", "ss=2", "sb=300", "sdiv=3", "lpg"] {
             assert_eq!(c.apply(opt), Some(()), "{opt}");
         }
-        assert!(c.fresh_fill);
+        assert!(c.fresh_fill && c.packing_gpu);
         assert_eq!(
             (
                 c.gang_reserve,
@@ -714,8 +722,10 @@ mod tests {
             ),
             (12, 2, 300.0, 3)
         );
-        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "nonsense"] {
+        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "nonsense"] {
             assert_eq!(c.apply(bad), None, "{bad}");
         }
+        assert_eq!(c.apply("v2"), Some(()));
+        assert_eq!(c.packing_cost, 0);
     }
 }
