@@ -472,3 +472,31 @@ fn gang_reserve_keeps_the_last_untouched_big_node_for_gangs_but_never_refuses() 
     e.schedule(&w1).unwrap();
     assert_eq!(chosen(&mut e, &w1).0, "big");
 }
+
+#[test]
+fn version_3_keeps_a_slice_out_of_a_hole_the_workload_cannot_fill() {
+    // Mostly whole GPUs, and slices of 470 (the most common), 320 and 650.
+    // A 320 beside a lone 470 leaves 210, which no slice of the workload
+    // fills; on an untouched GPU it waits for a 650. FGD's measure (and so
+    // version 2) sees a whole GPU broken and pairs them; the LP's shares see
+    // that 470s pair with 470s and 320s with 650s.
+    let mut reqs = vec![Request::whole(1, 1000, 0); 6];
+    reqs.extend(vec![Request::fraction(470, 0, 1000, 0); 3]);
+    reqs.push(Request::fraction(320, 0, 1000, 0));
+    reqs.push(Request::fraction(650, 0, 1000, 0));
+    let w = workload_of(&reqs);
+    let nodes = [node("a", 32_000, 1, "G2"), node("b", 32_000, 1, "G2")];
+    let slice = Request::fraction(320, 0, 1000, 0);
+    let mut v2 = engine(&nodes, policy::by_name("leasehold+v2", &w).unwrap());
+    occupy(&mut v2, "a", 0, 470);
+    assert_eq!(chosen(&mut v2, &slice).0, "a");
+    let mut v3 = engine(&nodes, policy::by_name("leasehold", &w).unwrap());
+    occupy(&mut v3, "a", 0, 470);
+    assert_eq!(chosen(&mut v3, &slice).0, "b");
+    // A 470 is welcome beside the 470, and a 650 beside a lone 320.
+    assert_eq!(chosen(&mut v3, &Request::fraction(470, 0, 1000, 0)).0, "a");
+    let mut e = engine(&nodes, policy::by_name("leasehold", &w).unwrap());
+    occupy(&mut e, "b", 0, 320);
+    occupy(&mut e, "a", 0, 470);
+    assert_eq!(chosen(&mut e, &Request::fraction(650, 0, 1000, 0)).0, "b");
+}
