@@ -141,11 +141,12 @@ fn dual_shares(present: &[usize], weight: &[f64]) -> (Vec<f64>, f64) {
     for (&s, &v) in present.iter().zip(&vars) {
         lp.add_constraint([(v, (CAPACITY / s) as f64)], ComparisonOp::Le, 1.0);
     }
-    let mut sol = lp
-        .solve()
-        .ok()
-        .and_then(|o| o.into_solution().ok())
-        .expect("the singleton LP is bounded and feasible");
+    // The singleton LP is feasible (all zero) and bounded (all at most 1);
+    // should the solver still fail, every share is 0 and so is every cost,
+    // which leaves slices to the rest of the policy.
+    let Some(mut sol) = lp.solve().ok().and_then(|o| o.into_solution().ok()) else {
+        return (vec![0.0; present.len()], 0.0);
+    };
     // Each round adds one new pattern; patterns are finite, and in practice a
     // few dozen rounds suffice.
     let objective = |y: &[f64]| present.iter().zip(y).map(|(&s, &v)| weight[s] * v).sum();
@@ -262,6 +263,28 @@ mod tests {
             assert!(close(t.cost(1000, s), 0.0), "{s}: {}", t.cost(1000, s));
         }
         assert_eq!(SliceShares::solve(&[]).cost(1000, 300), 0.0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn shares_are_an_optimal_dual(
+            sizes in proptest::collection::vec((1u16..=1000, 1u32..50), 1..12)
+        ) {
+            let sizes: Vec<(u16, f64)> =
+                sizes.into_iter().map(|(s, w)| (s, f64::from(w))).collect();
+            let t = SliceShares::solve(&sizes);
+            // Feasible: nothing that fits one GPU is worth more than one.
+            proptest::prop_assert!(t.best(1000) <= 1.0 + 1e-6, "{}", t.best(1000));
+            // Optimal: some GPU's worth of slices is worth exactly one (else
+            // every share could grow).
+            proptest::prop_assert!(t.best(1000) >= 1.0 - 1e-6, "{}", t.best(1000));
+            for &(s, _) in &sizes {
+                proptest::prop_assert!(t.cost(1000, s) < 1e-6);
+                for h in (s..=1000).step_by(37) {
+                    proptest::prop_assert!(t.cost(h, s) >= 0.0);
+                }
+            }
+        }
     }
 
     #[test]
