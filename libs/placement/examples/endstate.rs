@@ -5,7 +5,7 @@
 //! cargo run --release -p lh-placement --example endstate -- NODES TASKS POLICY SEED
 //! ```
 //!
-//! Prints the allocation, the tasks that arrived and failed per shape (and
+//! Prints the LP's share of a GPU for each slice size, the allocation, the tasks that arrived and failed per shape (and
 //! the arrived share at the first failure), the idle milli by how much of a
 //! GPU is free, the slice mixes of the partly used GPUs that keep the most
 //! idle milli, where the smallest slices went, and the idle milli split into
@@ -14,7 +14,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use lh_placement::sim::{self, Order};
-use lh_placement::{policy, Cluster, Demand, Engine, Kind};
+use lh_placement::packing::SliceShares;
+use lh_placement::{policy, Cluster, Demand, Engine, GpuDemand, Kind};
 
 fn label(d: &Demand) -> String {
     match d.kind {
@@ -43,6 +44,26 @@ fn main() {
         sim::published_workload(&tasks)
     };
     let p = policy::by_name(name, &workload).expect("policy");
+    // What version 3 prices each slice size at (the cutting-stock LP's
+    // shares of a GPU, `lh_placement::packing`).
+    let sizes: Vec<(u16, f64)> = workload
+        .shapes
+        .iter()
+        .filter_map(|s| match s.gpu {
+            GpuDemand::Fraction { milli, .. } => Some((milli, s.weight)),
+            _ => None,
+        })
+        .collect();
+    let shares = SliceShares::solve(&sizes);
+    let mut milli: Vec<u16> = sizes.iter().map(|s| s.0).collect();
+    milli.sort_unstable();
+    milli.dedup();
+    let listed: Vec<String> = milli
+        .iter()
+        .rev()
+        .map(|&m| format!("{m}:{:.3}", shares.share(m)))
+        .collect();
+    println!("slice shares of a GPU (LP): {}", listed.join(" "));
     let seq = sim::arrival_sequence(&tasks, cap, 1.3, seed, Order::AppendThenShuffle);
     let mut e = Engine::new(cluster, p, seed).with_ranked_ties();
     let demands: Vec<Demand> = tasks
