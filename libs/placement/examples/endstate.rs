@@ -5,16 +5,17 @@
 //! cargo run --release -p lh-placement --example endstate -- NODES TASKS POLICY SEED
 //! ```
 //!
-//! Prints the LP's share of a GPU for each slice size, the allocation, the tasks that arrived and failed per shape (and
-//! the arrived share at the first failure), the idle milli by how much of a
-//! GPU is free, the slice mixes of the partly used GPUs that keep the most
+//! Prints the LP's share of a GPU for each slice size, the allocation, the
+//! tasks that arrived and failed per shape (and the arrived share at the
+//! first failure), the idle milli by how much of a GPU is free, the slice
+//! mixes of the partly used GPUs that keep the most
 //! idle milli, where the smallest slices went, and the idle milli split into
 //! "no trace shape fits the GPU", "a shape fits the GPU but not the node's
 //! CPU or memory" (stranded) and "a shape would fit" (unfilled).
 use std::collections::{BTreeMap, HashSet};
 
-use lh_placement::sim::{self, Order};
 use lh_placement::packing::SliceShares;
+use lh_placement::sim::{self, Order};
 use lh_placement::{policy, Cluster, Demand, Engine, GpuDemand, Kind};
 
 fn label(d: &Demand) -> String {
@@ -50,7 +51,7 @@ fn main() {
         .shapes
         .iter()
         .filter_map(|s| match s.gpu {
-            GpuDemand::Fraction { milli, .. } => Some((milli, s.weight)),
+            GpuDemand::Fraction { milli, .. } if milli < 1000 => Some((milli, s.weight)),
             _ => None,
         })
         .collect();

@@ -177,7 +177,7 @@ pub(crate) struct Compiled {
     pub recursive: Vec<Vec<f32>>,
     /// The single-GPU slices' shares in the best packing of the workload
     /// (see [`crate::packing`]).
-    pub shares: Option<SliceShares>,
+    pub shares: SliceShares,
 }
 
 impl Compiled {
@@ -242,7 +242,7 @@ impl Compiled {
             .filter(|s| !s.whole && s.count == 1 && s.milli > 0 && s.milli < MILLI)
             .map(|s| (s.milli, s.weight))
             .collect();
-        c.shares = Some(SliceShares::solve(&slices));
+        c.shares = SliceShares::solve(&slices);
         c
     }
 

@@ -384,8 +384,9 @@ impl Policy for Leasehold {
             && !matches!(d.kind, Kind::Whole(k) if k >= 2)
             && untouched_big(cluster.node(node))
         {
-            // Below every score a policy gives (FGD's are 0..=100).
-            s.score -= 1000.0;
+            // Below every score a policy gives: FGD's are 0..=100, and the
+            // slices' packing cost takes up to 1e6 off them.
+            s.score -= 1e9;
         }
         s
     }
@@ -394,9 +395,7 @@ impl Policy for Leasehold {
 /// Cost of `milli` on `g` against the best packing, rounded to a
 /// thousandth of a GPU so that equal costs compare equal.
 fn packing_cost(w: &Compiled, g: &crate::cluster::Gpu, milli: u16) -> f64 {
-    w.shares
-        .as_ref()
-        .map_or(0.0, |t| (t.cost(g.milli_free, milli) * 1e3).round() / 1e3)
+    (w.shares.cost(g.milli_free, milli) * 1e3).round() / 1e3
 }
 
 fn untouched_big(n: &crate::cluster::Node) -> bool {
@@ -477,7 +476,11 @@ impl Leasehold {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
-                    let cost = packing_cost(w, g, milli);
+                    let cost = if cfg.packing_gpu {
+                        packing_cost(w, g, milli)
+                    } else {
+                        0.0
+                    };
                     let m = scratch.measure_after(w, d, 1 << j, n, measure);
                     let mut after = *g;
                     after.milli_free -= milli;
@@ -646,8 +649,10 @@ impl Leasehold {
                 match k {
                     1 => (score, -c),
                     2 => (score, -c * 1e7 + tiebreak.clamp(-4999.0, 4999.0)),
-                    3 => (score - c * 1e3 * 1e3, tiebreak),
-                    _ => ((score), (tiebreak * 1e3).round() * 1e4 - c * 1e3),
+                    // The cost is a multiple of 1/1000: times 1e6, its
+                    // smallest step outranks FGD's whole range (0..=100).
+                    3 => (score - c * 1e6, tiebreak),
+                    _ => (score, (tiebreak * 1e3).round() * 1e4 - c * 1e3),
                 }
             }
             _ => (score, tiebreak),
