@@ -85,7 +85,8 @@ impl SliceShares {
         }
         // The knapsack only counts the workload's sizes: the holes are
         // filled by what arrives.
-        let best = knapsack(&share, &present);
+        let values: Vec<f64> = present.iter().map(|&s| share[s]).collect();
+        let (best, _) = knapsack(&present, &values);
         for s in 1..=CAPACITY {
             if weight[s] == 0.0 {
                 share[s] = (1.0 - best[CAPACITY - s]).max(0.0);
@@ -112,20 +113,23 @@ impl SliceShares {
     }
 }
 
-/// `best[h]` = max over multisets of `sizes` summing to at most `h` of the
-/// sum of their shares.
-fn knapsack(share: &[f64], sizes: &[usize]) -> Vec<f64> {
+/// The unbounded knapsack over `sizes` worth `value` each (by position):
+/// `best[h]`, the most a multiset of them summing to at most `h` is worth,
+/// and `last[h]`, the position of a size such a multiset holds (`None`:
+/// the best for `h` is the best for `h - 1`).
+fn knapsack(sizes: &[usize], value: &[f64]) -> (Vec<f64>, Vec<Option<usize>>) {
     let mut best = vec![0.0f64; CAPACITY + 1];
+    let mut last: Vec<Option<usize>> = vec![None; CAPACITY + 1];
     for h in 1..=CAPACITY {
-        let mut b = best[h - 1];
-        for &s in sizes {
-            if s <= h {
-                b = b.max(best[h - s] + share[s]);
+        best[h] = best[h - 1];
+        for (i, &s) in sizes.iter().enumerate() {
+            if s <= h && best[h - s] + value[i] > best[h] + 1e-12 {
+                best[h] = best[h - s] + value[i];
+                last[h] = Some(i);
             }
         }
-        best[h] = b;
     }
-    best
+    (best, last)
 }
 
 /// The dual of the cutting-stock LP by cutting planes: maximise
@@ -186,18 +190,7 @@ fn dual_shares(present: &[usize], weight: &[f64]) -> Vec<f64> {
 /// The pattern (count per size of `present`) that fits one GPU and is worth
 /// the most at shares `y`.
 fn best_pattern(present: &[usize], y: &[f64]) -> Vec<u32> {
-    let mut best = vec![0.0f64; CAPACITY + 1];
-    let mut last: Vec<Option<usize>> = vec![None; CAPACITY + 1];
-    for h in 1..=CAPACITY {
-        best[h] = best[h - 1];
-        last[h] = None;
-        for (i, &s) in present.iter().enumerate() {
-            if s <= h && best[h - s] + y[i] > best[h] + 1e-12 {
-                best[h] = best[h - s] + y[i];
-                last[h] = Some(i);
-            }
-        }
-    }
+    let (_, last) = knapsack(present, y);
     let mut pattern = vec![0u32; present.len()];
     let mut h = CAPACITY;
     while h > 0 {
