@@ -130,27 +130,20 @@ fn decide(c: &mut Criterion) {
 }
 
 /// The cutting-stock LP behind version 3's slice cost, solved once per
-/// workload (per decision pass in the scheduler): the 11 slice sizes of the
-/// default trace's workload summary, and a live workload with 141 distinct
-/// sizes (the LP keeps 32).
+/// workload (per decision pass in the scheduler): the slice sizes of the
+/// default trace's workload summary (what `lh-sim` solves), and a live
+/// workload with 141 distinct sizes (the LP keeps 32).
 fn shares(c: &mut Criterion) {
-    let trace: Vec<(u16, f64)> = [
-        (810, 1078.0),
-        (650, 253.0),
-        (590, 75.0),
-        (550, 72.0),
-        (470, 750.0),
-        (460, 128.0),
-        (370, 47.0),
-        (320, 328.0),
-        (230, 140.0),
-        (220, 62.0),
-        (160, 74.0),
-    ]
-    .into();
-    c.bench_function("slice shares LP, openb default summary", |b| {
-        b.iter(|| packing::SliceShares::solve(black_box(&trace)))
-    });
+    if let Some(dir) = trace_dir() {
+        let tasks = sim::parse_tasks(
+            &std::fs::read_to_string(dir.join("openb_pod_list_default.csv")).unwrap(),
+        )
+        .unwrap();
+        let trace = sim::leasehold_workload(&tasks).slice_sizes();
+        c.bench_function("slice shares LP, openb default summary", |b| {
+            b.iter(|| packing::SliceShares::solve(black_box(&trace)))
+        });
+    }
     let live: Vec<(u16, f64)> = (7..995)
         .step_by(7)
         .map(|s| (s, 1000.0 / f64::from(s)))

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use lh_placement::packing::SliceShares;
 use lh_placement::sim::{self, Order};
-use lh_placement::{policy, Cluster, Demand, Engine, GpuDemand, Kind};
+use lh_placement::{policy, Cluster, Demand, Engine, Kind};
 
 fn label(d: &Demand) -> String {
     match d.kind {
@@ -47,14 +47,7 @@ fn main() {
     let p = policy::by_name(name, &workload).expect("policy");
     // What version 3 prices each slice size at (the cutting-stock LP's
     // shares of a GPU, `lh_placement::packing`).
-    let sizes: Vec<(u16, f64)> = workload
-        .shapes
-        .iter()
-        .filter_map(|s| match s.gpu {
-            GpuDemand::Fraction { milli, .. } if milli < 1000 => Some((milli, s.weight)),
-            _ => None,
-        })
-        .collect();
+    let sizes = workload.slice_sizes();
     let shares = SliceShares::solve(&sizes);
     let mut milli: Vec<u16> = sizes.iter().map(|s| s.0).collect();
     milli.sort_unstable();

@@ -144,6 +144,18 @@ impl Workload {
     pub fn is_empty(&self) -> bool {
         self.shapes.is_empty()
     }
+
+    /// The single-GPU slices (milli under 1000) and their weights: what the
+    /// cutting-stock LP of [`crate::packing`] packs.
+    pub fn slice_sizes(&self) -> Vec<(u16, f64)> {
+        self.shapes
+            .iter()
+            .filter_map(|s| match s.gpu {
+                GpuDemand::Fraction { milli, .. } if milli < MILLI => Some((milli, s.weight)),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// A shape compiled against a cluster's model names.
@@ -236,13 +248,7 @@ impl Compiled {
         c.recursive = (0..c.models_seen)
             .map(|m| c.recursive_table(1u64 << m))
             .collect();
-        let slices: Vec<(u16, f64)> = c
-            .shapes
-            .iter()
-            .filter(|s| !s.whole && s.count == 1 && s.milli > 0 && s.milli < MILLI)
-            .map(|s| (s.milli, s.weight))
-            .collect();
-        c.shares = SliceShares::solve(&slices);
+        c.shares = SliceShares::solve(&w.slice_sizes());
         c
     }
 
