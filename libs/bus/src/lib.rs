@@ -26,6 +26,9 @@ use futures::StreamExt;
 use lh_events::{subject, Envelope};
 
 pub use async_nats;
+/// The write guard is a domain idea and lives with the events; it is
+/// re-exported here because every append takes one.
+pub use lh_events::Expect;
 
 /// Header carrying the event type, so that tools can filter without parsing.
 pub const EVENT_TYPE_HEADER: &str = "Lh-Event-Type";
@@ -73,15 +76,6 @@ pub type Result<T, E = BusError> = std::result::Result<T, E>;
 
 fn js_err(e: impl std::fmt::Display) -> BusError {
     BusError::JetStream(e.to_string())
-}
-
-/// What the writer expects of the aggregate's subject before its write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    /// No expectation.
-    Any,
-    /// The subject's last message is at this stream sequence (0: the subject is empty).
-    LastSubjectSequence(u64),
 }
 
 /// Result of a successful append.

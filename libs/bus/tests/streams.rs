@@ -35,7 +35,7 @@ async fn the_events_stream_read_back_from_the_server_meets_the_brief() {
         .unwrap();
     let config = bus.events_stream_config().await.unwrap();
     assert_eq!(config.name, "LH_EVENTS");
-    assert_eq!(config.subjects, vec!["lh.evt.>".to_string()]);
+    assert_eq!(config.subjects, vec![subject::EVENTS_ALL.to_string()]);
     assert_eq!(config.storage, StorageType::File);
     assert!(config.max_age >= EVENTS_MAX_AGE);
     assert_eq!(config.max_age, Duration::from_secs(365 * 24 * 3600));
@@ -71,7 +71,7 @@ async fn a_weaker_stream_is_refused() {
     let js = async_nats::jetstream::new(client);
     js.create_stream(async_nats::jetstream::stream::Config {
         name: "LH_EVENTS".into(),
-        subjects: vec!["lh.evt.>".into()],
+        subjects: vec![subject::EVENTS_ALL.into()],
         max_age: Duration::from_secs(30 * 24 * 3600),
         ..Default::default()
     })
@@ -140,7 +140,7 @@ async fn atomic_batches_store_all_or_nothing_and_ids_deduplicate() {
     assert_eq!(a.sequence, b.sequence);
 
     // Feeds replay in order from any sequence.
-    let mut feed = bus.feed(&["lh.evt.>"], 2).await.unwrap();
+    let mut feed = bus.feed(&[subject::EVENTS_ALL], 2).await.unwrap();
     let ev = feed
         .next_within(Duration::from_secs(5))
         .await

@@ -15,6 +15,9 @@ pub const LEASES_ALL: &str = "lh.evt.lease.>";
 pub const NODES_ALL: &str = "lh.evt.node.>";
 pub const TENANTS_ALL: &str = "lh.evt.tenant.>";
 pub const CHARGES_ALL: &str = "lh.evt.charge.>";
+pub const SPOT_ALL: &str = "lh.evt.spot.>";
+pub const PRICE_BOOKS_ALL: &str = "lh.evt.price_book.>";
+pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -75,6 +78,26 @@ pub fn token(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_wildcard_covers_its_builder() {
+        let id = uuid::Uuid::nil();
+        for (all, one) in [
+            (LEASES_ALL, lease(id)),
+            (NODES_ALL, node("n1")),
+            (TENANTS_ALL, tenant(id)),
+            (CHARGES_ALL, charge(id)),
+            (SPOT_ALL, spot("z", "m")),
+            (PRICE_BOOKS_ALL, price_book()),
+            (AUDIT_ALL, audit()),
+        ] {
+            let prefix = all.strip_suffix('>').unwrap();
+            assert!(one.starts_with(prefix), "{one} is not under {all}");
+            assert!(one.starts_with(EVENTS_ALL.strip_suffix('>').unwrap()));
+        }
+    }
+
     #[test]
     fn tokens_never_split_subjects() {
         assert_eq!(

@@ -130,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // Count placements as they land.
-    let mut feed = bus.feed(&["lh.evt.>"], 1).await?;
+    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await?;
     let mut placed = 0usize;
     let mut held: HashMap<(String, u32), Uuid> = HashMap::new();
     let mut seen: HashSet<Uuid> = HashSet::new();

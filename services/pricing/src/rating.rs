@@ -28,7 +28,7 @@ use crate::SERVICE;
 pub const FILTERS: &[&str] = &[
     subject::LEASES_ALL,
     subject::CHARGES_ALL,
-    "lh.evt.price_book.>",
+    subject::PRICE_BOOKS_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);

@@ -46,7 +46,7 @@ async fn broker(bus: Bus, interval: Duration, ready: Readiness) -> anyhow::Resul
     let mut published: BTreeMap<(String, String), Decimal> = BTreeMap::new();
     let mut feed = bus
         .feed(
-            &[subject::NODES_ALL, subject::LEASES_ALL, "lh.evt.spot.>"],
+            &[subject::NODES_ALL, subject::LEASES_ALL, subject::SPOT_ALL],
             1,
         )
         .await?;

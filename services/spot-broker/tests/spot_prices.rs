@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 async fn prices(bus: &Bus) -> Vec<SpotPriceSet> {
     let head = bus.last_sequence().await.unwrap();
-    let mut feed = bus.feed(&["lh.evt.spot.>"], 1).await.unwrap();
+    let mut feed = bus.feed(&[subject::SPOT_ALL], 1).await.unwrap();
     let mut out = Vec::new();
     while let Some(Ok(e)) = feed.next_within(Duration::from_millis(300)).await {
         if let EventData::SpotPriceSet(p) = e.envelope.data {

@@ -1,0 +1,107 @@
+//! The envelope every event travels in, who caused it, its id, and what a
+//! writer expects of the aggregate's subject when it appends.
+
+use chrono::{DateTime, SubsecRound, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::EventData;
+
+/// Namespace for deterministic (UUIDv5) event ids: a retried or replayed
+/// handler derives the same id for the same cause, and JetStream's duplicate
+/// window drops the second copy.
+pub const ID_NAMESPACE: Uuid = Uuid::from_u128(0x6c68_2d65_7665_6e74_2d69_6473_2d76_3100);
+
+/// Derives a deterministic id from a cause (for example `lease_id` and a step name).
+pub fn derived_id(parts: &[&str]) -> Uuid {
+    Uuid::new_v5(&ID_NAMESPACE, parts.join("\u{1f}").as_bytes())
+}
+
+/// Who caused an event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum Actor {
+    Tenant(Uuid),
+    Admin,
+    Auditor,
+    Service(String),
+    Node(String),
+}
+
+/// The envelope every event travels in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub id: Uuid,
+    /// Event type, for example `lease.placed`; mirrors the `type` tag of `data`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// Version of the payload's type (each event type has its own).
+    pub version: u16,
+    /// UTC, truncated to microseconds.
+    pub occurred_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<Uuid>,
+    pub actor: Actor,
+    pub correlation_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causation_id: Option<Uuid>,
+    pub data: EventData,
+}
+
+impl Envelope {
+    /// A new event with a fresh UUIDv7 id that starts its own correlation.
+    pub fn new(actor: Actor, occurred_at: DateTime<Utc>, data: EventData) -> Self {
+        let id = Uuid::now_v7();
+        Self {
+            id,
+            event_type: data.event_type().to_string(),
+            version: data.version(),
+            occurred_at: occurred_at.trunc_subsecs(6),
+            tenant_id: data.tenant_id(),
+            actor,
+            correlation_id: id,
+            causation_id: None,
+            data,
+        }
+    }
+
+    /// An event caused by `cause`: same correlation, causation set.
+    pub fn caused_by(mut self, cause: &Envelope) -> Self {
+        self.correlation_id = cause.correlation_id;
+        self.causation_id = Some(cause.id);
+        if self.tenant_id.is_none() {
+            self.tenant_id = cause.tenant_id;
+        }
+        self
+    }
+
+    /// Replaces the id with a deterministic one (see [`derived_id`]).
+    pub fn with_id(mut self, id: Uuid) -> Self {
+        if self.causation_id.is_none() {
+            self.correlation_id = id;
+        }
+        self.id = id;
+        self
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an envelope always serialises")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// What a writer expects of the aggregate's subject before its write: the
+/// optimistic-concurrency guard that every decision carries (see
+/// docs/adr/002).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No expectation.
+    Any,
+    /// The subject's last message is at this stream sequence (0: the subject is empty).
+    LastSubjectSequence(u64),
+}

@@ -1,0 +1,269 @@
+//! The lease aggregate (`lh.evt.lease.<id>`): what a tenant asks for and
+//! everything that happens to it until it ends.
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{AssignedGpu, GpuFraction, IdleAction, Tier};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequested {
+    pub lease_id: Uuid,
+    pub tenant_id: Uuid,
+    pub gpus: u32,
+    pub gpu_model: String,
+    pub tier: Tier,
+    /// Order among the tenant's own waiting leases; higher first (default 0).
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// A share of one GPU instead of whole GPUs (then `gpus` is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<GpuFraction>,
+    /// One MIG instance of this profile of `gpu_model` instead of whole GPUs
+    /// (then `gpus` is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    /// What the lease runs, when the node runs workloads (without one, or on
+    /// a simulated node, the lease "runs" until it is stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadSpec>,
+}
+
+/// A lease's workload: a command, or a container image (and its command).
+/// `env` values are kept in the event log like every other field: they are
+/// not a place for secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseQueued {
+    pub lease_id: Uuid,
+    pub reason: String,
+    /// 1-based position among the leases waiting for the same GPU model.
+    pub position: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRejected {
+    pub lease_id: Uuid,
+    pub reason: String,
+    /// The request field at fault, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// Provenance of a placement decision: why here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    pub policy: String,
+    pub policy_version: u32,
+    pub candidates: u32,
+    pub winner_score: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_up_score: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeasePlaced {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub zone: String,
+    pub gpu_model: String,
+    /// VRAM the lease holds on each of its GPUs: the device's VRAM for a
+    /// whole GPU, the share's VRAM for a fractional lease (what is billed).
+    pub vram_gb_per_gpu: u32,
+    pub gpus: Vec<AssignedGpu>,
+    pub decision: Decision,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStopRequested {
+    pub lease_id: Uuid,
+}
+
+/// A spot lease will be evicted at `deadline` so that `preempted_for` (an
+/// on-demand lease) can have its GPUs. The node-agent ends it then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeasePreemptionNoticed {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub preempted_for: Uuid,
+    pub deadline: DateTime<Utc>,
+}
+
+/// The node-agent started the workload; billing starts at `started_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStarted {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub started_at: DateTime<Utc>,
+}
+
+/// The lease is over; billing stops at `ended_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseEnded {
+    pub lease_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    pub ended_at: DateTime<Utc>,
+    pub reason: EndReason,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+/// The lease left the GPUs it held (their node was lost, a GPU turned
+/// unhealthy, the node is drained) and, when capacity allowed, was placed
+/// again at once: `to` is that new placement, which the new node starts;
+/// without `to` the lease waits in the queue like a new request (keeping its
+/// place). Billing of the old run stops at `billing_ends_at`: for a lost
+/// node, when it was last heard from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseMigrated {
+    pub lease_id: Uuid,
+    pub reason: String,
+    pub from_node_id: String,
+    pub from_gpu_indices: Vec<u32>,
+    pub billing_ends_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Relocation>,
+}
+
+/// Where a migrated lease runs next (the fields of `lease.placed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Relocation {
+    pub node_id: String,
+    pub zone: String,
+    pub vram_gb_per_gpu: u32,
+    pub gpus: Vec<AssignedGpu>,
+    pub decision: Decision,
+}
+
+
+/// Why a lease ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The tenant asked for it.
+    Stopped,
+    /// Stopped before it was ever placed or started; nothing is billed.
+    Cancelled,
+    /// The workload exited on its own.
+    Completed,
+    /// The workload or node failed.
+    Failed,
+    /// A spot lease evicted for an on-demand one after its notice ran out.
+    Preempted,
+}
+
+/// An application error on a GPU (XID 13, 31, 43, 45, 68) caused by the
+/// lease's workload: charged to the lease, the GPU stays healthy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseGpuFault {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub gpu_index: u32,
+    pub xid: u64,
+    pub at: DateTime<Utc>,
+}
+
+/// The lease's GPUs showed no utilisation for the tenant's idle window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseIdleDetected {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub idle_since: DateTime<Utc>,
+    pub window_s: u64,
+    /// What the tenant's policy does about it: `notify`, `stop` or `suspend`.
+    pub action: IdleAction,
+    /// When the agent saw it (`idle_since + window_s` at the earliest).
+    pub at: DateTime<Utc>,
+}
+
+/// The lease's workload was stopped on its node and its GPUs freed, the
+/// lease kept (an idle lease under a `suspend` policy). Billing of the run
+/// ends at `suspended_at`; `lease.resume_requested` queues it again, and it
+/// starts afresh wherever it is placed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSuspended {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub gpu_indices: Vec<u32>,
+    pub suspended_at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// The tenant asked for a suspended lease to run again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseResumeRequested {
+    pub lease_id: Uuid,
+}
+
+/// What a lease asks for, in one place: whole GPUs, a memory-sliced share of
+/// one GPU, or one MIG instance. [`LeaseRequested`] keeps the three wire
+/// fields; [`LeaseRequested::ask`] reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuAsk {
+    Whole(u32),
+    Fraction(GpuFraction),
+    /// A MIG instance of this profile of the lease's GPU model.
+    Mig(String),
+}
+
+impl GpuAsk {
+    /// The request field that carries this ask (`gpus`, `gpu_fraction` or
+    /// `mig_profile`), for errors that name it.
+    pub fn field(&self) -> &'static str {
+        match self {
+            GpuAsk::Whole(_) => "gpus",
+            GpuAsk::Fraction(_) => "gpu_fraction",
+            GpuAsk::Mig(_) => "mig_profile",
+        }
+    }
+
+    /// GPUs the lease spans: a share or a MIG instance is on one GPU.
+    pub fn gpus(&self) -> u32 {
+        match self {
+            GpuAsk::Whole(n) => *n,
+            GpuAsk::Fraction(_) | GpuAsk::Mig(_) => 1,
+        }
+    }
+}
+
+impl LeaseRequested {
+    /// What the lease asks for. A share wins over a MIG profile, which wins
+    /// over whole GPUs; the gateway never writes more than one of them.
+    pub fn ask(&self) -> GpuAsk {
+        match (self.fraction, &self.mig_profile) {
+            (Some(f), _) => GpuAsk::Fraction(f),
+            (None, Some(p)) => GpuAsk::Mig(p.clone()),
+            (None, None) => GpuAsk::Whole(self.gpus),
+        }
+    }
+}

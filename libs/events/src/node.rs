@@ -1,0 +1,172 @@
+//! The node aggregate (`lh.evt.node.<id>`): a GPU host, its inventory, its
+//! GPUs' health and what the scheduler allocated on it.
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{GpuInfo, MigInstance};
+
+/// An operator stopped new placements on a node. With `drain` its leases
+/// are moved (`move`) or left to finish (`finish`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCordoned {
+    pub node_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainMode>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainMode {
+    /// Running leases finish where they are.
+    Finish,
+    /// Running leases are moved to other nodes.
+    Move,
+}
+
+/// The node takes new placements again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeUncordoned {
+    pub node_id: String,
+}
+
+/// A lost node is heard from again: it may take leases again. Leases moved
+/// away while it was lost stay where they went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRejoined {
+    pub node_id: String,
+    pub heard_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRegistered {
+    pub node_id: String,
+    pub zone: String,
+    pub hostname: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// GPUs of a node given to leases. Written in the same atomic batch as the
+/// `lease.placed` events it mirrors, with an expected-last-subject-sequence
+/// on the node subject, so two schedulers can never hand out one GPU twice.
+/// One event may carry several leases' allocations: one write per node per
+/// batch keeps the expectation simple.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpusAllocated {
+    pub node_id: String,
+    pub allocations: Vec<NodeAllocation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeAllocation {
+    pub lease_id: Uuid,
+    pub gpu_indices: Vec<u32>,
+    /// For a fractional lease: its share of the (single) GPU in milli-GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli: Option<u32>,
+    /// For a fractional lease: the VRAM in GB it holds on that GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_gb: Option<u32>,
+    /// For a MIG lease: the GPU instance created for it on that GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<MigInstance>,
+}
+
+impl NodeGpusAllocated {
+    /// An allocation of one lease.
+    pub fn one(node_id: impl Into<String>, lease_id: Uuid, gpu_indices: Vec<u32>) -> Self {
+        Self {
+            node_id: node_id.into(),
+            allocations: vec![NodeAllocation {
+                lease_id,
+                gpu_indices,
+                milli: None,
+                vram_gb: None,
+                mig_instance: None,
+            }],
+        }
+    }
+}
+
+/// The scheduler heard nothing from the node for longer than its liveness
+/// window: nothing new is placed there and its leases are moved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLost {
+    pub node_id: String,
+    /// The node's own timestamp of its last heartbeat the scheduler saw.
+    pub last_heard_at: DateTime<Utc>,
+    /// Silence the scheduler waited, in milliseconds.
+    pub silence_ms: u64,
+}
+
+/// Health of one GPU as its node-agent judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuHealth {
+    Healthy,
+    /// Too hot or its memory too full for a while: nothing new goes there.
+    Degraded,
+    /// Critical XID, double-bit ECC error, fell off the bus, failed
+    /// self-test: nothing new goes there and its leases are moved.
+    Unhealthy,
+}
+
+/// What a health judgement rests on: the sample values and faults seen.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthEvidence {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_double_bit_total: Option<u64>,
+    /// How long the condition held, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
+    /// Clean samples in a row that brought the GPU back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clean_samples: Option<u32>,
+    /// A self-test's result brought the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_test_passed: Option<bool>,
+}
+
+/// A GPU changed health, with its evidence (`at` is the node's clock).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpuHealthChanged {
+    pub node_id: String,
+    pub gpu_index: u32,
+    pub gpu_uuid: String,
+    pub from: GpuHealth,
+    pub to: GpuHealth,
+    pub reason: String,
+    pub evidence: HealthEvidence,
+    pub at: DateTime<Utc>,
+}
+
+/// A self-test (a load test on a free GPU) finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpuSelfTested {
+    pub node_id: String,
+    pub gpu_index: u32,
+    pub passed: bool,
+    pub duration_s: f64,
+    pub detail: String,
+    pub at: DateTime<Utc>,
+}
+
