@@ -19,6 +19,8 @@ mod table;
 mod audit;
 mod billing;
 mod envelope;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 mod gpu;
 mod lease;
 mod node;
@@ -82,6 +84,29 @@ mod tests {
         assert_eq!(json["data"]["type"], "lease.stop_requested");
         assert_eq!(json["version"], 1);
         assert_eq!(Envelope::from_json(&env.to_json()).unwrap(), env);
+    }
+
+    #[test]
+    fn a_request_asks_for_exactly_one_thing() {
+        let (lease, tenant) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let whole = fixtures::whole_request(lease, tenant, 4, fixtures::MODEL);
+        assert_eq!(whole.ask(), GpuAsk::Whole(4));
+        assert_eq!(whole.ask().gpus(), 4);
+        let share = fixtures::fraction_request(lease, tenant, fixtures::MODEL, 250, 10);
+        assert_eq!(
+            share.ask(),
+            GpuAsk::Fraction(GpuFraction {
+                milli: 250,
+                vram_gb: 10
+            })
+        );
+        assert_eq!(share.ask().field(), "gpu_fraction");
+        let mig = LeaseRequested {
+            mig_profile: Some("3g.20gb".into()),
+            ..whole.clone()
+        };
+        assert_eq!(mig.ask(), GpuAsk::Mig("3g.20gb".into()));
+        assert_eq!((mig.ask().gpus(), mig.ask().field()), (1, "mig_profile"));
     }
 
     #[test]

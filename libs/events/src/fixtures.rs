@@ -1,0 +1,137 @@
+//! Ready-made events for tests (feature `fixtures`): one place for the
+//! shapes that tests of every service need, so that a change to an event
+//! type is made once here rather than in each crate's copy.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::*;
+
+/// The GPU model the fixtures use unless told otherwise.
+pub const MODEL: &str = "A100-40GB";
+/// VRAM of one [`MODEL`] GPU, GB.
+pub const MODEL_VRAM_GB: u32 = 40;
+
+/// A node of `gpus` GPUs of `model` (`vram_gb` each), indices `0..gpus`,
+/// UUIDs `GPU-<index>`.
+pub fn node(node_id: &str, zone: &str, gpus: u32, model: &str, vram_gb: u32) -> NodeRegistered {
+    NodeRegistered {
+        node_id: node_id.into(),
+        zone: zone.into(),
+        hostname: node_id.into(),
+        gpus: (0..gpus)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("GPU-{index}"),
+                model: model.into(),
+                vram_gb,
+                mig: false,
+            })
+            .collect(),
+    }
+}
+
+/// A tenant that may hold `max_gpus` GPUs, with no VRAM limit and weight 1.
+pub fn tenant(tenant_id: Uuid, max_gpus: u32) -> TenantCreated {
+    TenantCreated {
+        tenant_id,
+        name_sealed: String::new(),
+        email_sealed: String::new(),
+        api_key_sha256: String::new(),
+        quota: Quota {
+            max_gpus,
+            max_vram_gb: None,
+        },
+        weight: 1,
+        idle_policy: None,
+    }
+}
+
+/// A basic-tier request for `gpus` whole GPUs of `model`.
+pub fn whole_request(lease_id: Uuid, tenant_id: Uuid, gpus: u32, model: &str) -> LeaseRequested {
+    LeaseRequested {
+        lease_id,
+        tenant_id,
+        gpus,
+        gpu_model: model.into(),
+        tier: Tier::Basic,
+        priority: 0,
+        idempotency_key: None,
+        fraction: None,
+        mig_profile: None,
+        workload: None,
+    }
+}
+
+/// A basic-tier request for a share of one GPU of `model`.
+pub fn fraction_request(
+    lease_id: Uuid,
+    tenant_id: Uuid,
+    model: &str,
+    milli: u32,
+    vram_gb: u32,
+) -> LeaseRequested {
+    LeaseRequested {
+        fraction: Some(GpuFraction { milli, vram_gb }),
+        ..whole_request(lease_id, tenant_id, 1, model)
+    }
+}
+
+/// The lease placed on whole GPUs `gpu_indices` of `node_id` (UUIDs as
+/// [`node`] gives them), by the default policy.
+pub fn placed(
+    lease_id: Uuid,
+    node_id: &str,
+    zone: &str,
+    model: &str,
+    vram_gb_per_gpu: u32,
+    gpu_indices: &[u32],
+) -> LeasePlaced {
+    LeasePlaced {
+        lease_id,
+        node_id: node_id.into(),
+        zone: zone.into(),
+        gpu_model: model.into(),
+        vram_gb_per_gpu,
+        gpus: gpu_indices
+            .iter()
+            .map(|&index| AssignedGpu {
+                index,
+                uuid: format!("GPU-{index}"),
+                milli: None,
+                vram_gb: None,
+                mig_instance: None,
+            })
+            .collect(),
+        decision: Decision {
+            policy: "leasehold".into(),
+            policy_version: 3,
+            candidates: 1,
+            winner_score: 0.0,
+            runner_up_score: None,
+        },
+    }
+}
+
+pub fn started(lease_id: Uuid, node_id: &str, started_at: DateTime<Utc>) -> LeaseStarted {
+    LeaseStarted {
+        lease_id,
+        node_id: node_id.into(),
+        started_at,
+    }
+}
+
+pub fn ended(
+    lease_id: Uuid,
+    node_id: &str,
+    ended_at: DateTime<Utc>,
+    reason: EndReason,
+) -> LeaseEnded {
+    LeaseEnded {
+        lease_id,
+        node_id: Some(node_id.into()),
+        ended_at,
+        reason,
+        exit_code: None,
+    }
+}
