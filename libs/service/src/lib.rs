@@ -7,6 +7,7 @@
 //! bound address from [`Running::http_addr`].
 
 pub mod clock;
+pub mod decider;
 
 use std::net::SocketAddr;
 

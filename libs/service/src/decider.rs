@@ -1,0 +1,229 @@
+//! The write side's one loop: follow the log, decide once caught up, append
+//! with expectations, and on a conflict read what the other writer did and
+//! decide again.
+//!
+//! A service implements a small [`Decider`]: a pure fold (`apply`) and a pure
+//! `decide(now)` that returns decisions, each a list of events that must be
+//! stored together or not at all, each guarded by an [`Expect`]. [`run`] owns
+//! everything else, once for every service: the feed, the quiet window that
+//! tells it has caught up, packing decisions into atomic batches, chaining
+//! expectations across the batches of one pass, re-reading on a conflict,
+//! and backing off when the log refuses a write for another reason. It is
+//! the write-side twin of `lh_projection::run`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
+use lh_events::Envelope;
+use lh_telemetry::Readiness;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+
+/// Events that must be stored together, each with its guard.
+pub type Batch = Vec<(Envelope, Expect)>;
+
+/// How a decider's loop is paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// A feed silent this long has delivered everything there is.
+    pub quiet: Duration,
+    /// Decide at least this often once caught up, even when nothing new
+    /// arrived (deadlines pass, prices are due).
+    pub tick: Duration,
+    /// First wait after a write the log refused for a reason other than a
+    /// conflict; it doubles on each further refusal, up to `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Self {
+            quiet: Duration::from_millis(100),
+            tick: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A service's write-side logic, without I/O.
+pub trait Decider: Send {
+    /// Names the decider in logs and metrics (the service's name).
+    fn name(&self) -> &'static str;
+
+    /// Subjects the fold follows.
+    fn filters(&self) -> &[&'static str];
+
+    fn pace(&self) -> Pace {
+        Pace::default()
+    }
+
+    /// Folds one stored event. The decider's own events are applied as soon
+    /// as they are stored and the feed delivers them again later, so
+    /// applying an event twice must change nothing.
+    fn apply(&mut self, sequence: u64, envelope: &Envelope);
+
+    /// What to append now: decisions in order, each stored atomically. An
+    /// [`Expect::LastSubjectSequence`] on a subject that an earlier batch of
+    /// the same pass wrote is replaced by the sequence that write got.
+    fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch>;
+
+    /// Folds `more` into `first`, two events of one batch on the same
+    /// subject, when the decider knows how (one subject is written at most
+    /// once per atomic batch). False keeps them in separate batches.
+    fn merge(&self, _first: &mut Envelope, _more: &Envelope) -> bool {
+        false
+    }
+
+    /// Told of every batch once it is stored (for metrics and logs).
+    fn appended(&mut self, _batch: &Batch) {}
+}
+
+/// Runs `decider` until `shutdown`: see the module's documentation.
+/// `readiness` turns true once the fold first reaches the head of the log.
+pub async fn run<D: Decider>(
+    bus: &Bus,
+    decider: &mut D,
+    clock: &dyn Clock,
+    shutdown: CancellationToken,
+    readiness: Readiness,
+) -> anyhow::Result<()> {
+    let pace = decider.pace();
+    let mut feed = bus.feed(decider.filters(), 1).await?;
+    let mut tick = tokio::time::interval(pace.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut caught_up = false;
+    let mut dirty = true;
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut backoff = pace.backoff_min;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            next = feed.next_within(pace.quiet) => match next {
+                Some(event) => {
+                    let event = event?;
+                    decider.apply(event.sequence, &event.envelope);
+                    dirty = true;
+                    caught_up = event.pending == 0;
+                }
+                None => caught_up = true,
+            },
+            _ = tick.tick() => dirty = true,
+        }
+        if !caught_up || !dirty || retry_at.is_some_and(|t| tokio::time::Instant::now() < t) {
+            continue;
+        }
+        if !readiness.is_ready() {
+            tracing::info!(decider = decider.name(), "caught up with the log");
+            readiness.set(true);
+        }
+        dirty = false;
+        match append_pass(bus, decider, clock.now()).await {
+            Pass::Done => {
+                retry_at = None;
+                backoff = pace.backoff_min;
+            }
+            Pass::Conflict(why) => {
+                metrics::counter!("lh_decision_conflicts_total", "decider" => decider.name())
+                    .increment(1);
+                tracing::debug!(decider = decider.name(), %why, "lost a race; re-reading the log");
+                caught_up = false;
+                dirty = true;
+            }
+            Pass::Refused(e) => {
+                tracing::warn!(decider = decider.name(), error = %e, retry_in_ms = backoff.as_millis() as u64,
+                    "cannot append decisions; will retry");
+                retry_at = Some(tokio::time::Instant::now() + backoff);
+                backoff = (backoff * 2).min(pace.backoff_max);
+                dirty = true;
+            }
+        }
+    }
+}
+
+enum Pass {
+    Done,
+    /// Another writer got there first (or already wrote the same events):
+    /// what it wrote must be read before deciding again.
+    Conflict(String),
+    Refused(BusError),
+}
+
+async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>) -> Pass {
+    let decisions = decider.decide(now);
+    let batches = pack(decisions, |first, more| decider.merge(first, more));
+    // subject -> the sequence this pass's last write to it got
+    let mut written: HashMap<String, u64> = HashMap::new();
+    for mut batch in batches {
+        for (envelope, expect) in batch.iter_mut() {
+            if let Expect::LastSubjectSequence(_) = expect {
+                if let Some(&sequence) = written.get(&envelope.data.subject()) {
+                    *expect = Expect::LastSubjectSequence(sequence);
+                }
+            }
+        }
+        match bus.publish_atomic(&batch).await {
+            Ok(appended) if appended.duplicate => {
+                return Pass::Conflict("the log already holds these events".into())
+            }
+            Ok(appended) => {
+                // Apply our own events at once so the rest of the pass and
+                // the next one see them; the feed repeats them harmlessly.
+                let first = appended.sequence + 1 - batch.len() as u64;
+                for (i, (envelope, _)) in batch.iter().enumerate() {
+                    let sequence = first + i as u64;
+                    written.insert(envelope.data.subject(), sequence);
+                    decider.apply(sequence, envelope);
+                }
+                decider.appended(&batch);
+            }
+            Err(BusError::Conflict(why)) | Err(BusError::DuplicateBatch(why)) => {
+                return Pass::Conflict(why)
+            }
+            Err(e) => return Pass::Refused(e),
+        }
+    }
+    Pass::Done
+}
+
+/// Packs decisions, in order, into as few atomic batches as the rules allow:
+/// at most [`MAX_BATCH_MESSAGES`] messages, each subject written once per
+/// batch (a second write expects the sequence of the first, known only once
+/// that is stored), except where `merge` folds a message into the one
+/// already there. A decision is never split across batches.
+pub fn pack(decisions: Vec<Batch>, merge: impl Fn(&mut Envelope, &Envelope) -> bool) -> Vec<Batch> {
+    let mut out: Vec<Batch> = Vec::new();
+    // subject -> index of its message in the current batch
+    let mut subjects: HashMap<String, usize> = HashMap::new();
+    for decision in decisions {
+        let fits = out.last().is_some_and(|batch| {
+            batch.len() + decision.len() <= MAX_BATCH_MESSAGES
+                && decision.iter().all(|(envelope, _)| {
+                    match subjects.get(&envelope.data.subject()) {
+                        None => true,
+                        Some(&at) => merge(&mut batch[at].0.clone(), envelope),
+                    }
+                })
+        });
+        if !fits {
+            out.push(Vec::new());
+            subjects.clear();
+        }
+        let batch = out.last_mut().expect("a batch");
+        for (envelope, expect) in decision {
+            let subject = envelope.data.subject();
+            match subjects.get(&subject) {
+                Some(&at) if merge(&mut batch[at].0, &envelope) => {}
+                _ => {
+                    subjects.insert(subject, batch.len());
+                    batch.push((envelope, expect));
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,209 @@
+//! The decide loop against a real nats-server: guarded writes from racing
+//! deciders never overshoot, expectations chain across the batches of one
+//! pass, and decisions pack into atomic batches by the subject rule.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lh_bus::{Bus, BusConfig, Expect};
+use lh_events::{subject, Actor, Envelope, EventData, NodeCordoned};
+use lh_service::clock::SystemClock;
+use lh_service::decider::{self, pack, Batch, Decider, Pace};
+use lh_service::{CancellationToken, Readiness};
+use lh_testkit::Nats;
+
+const NODE: &str = "n1";
+
+fn cordon(reason: &str) -> Envelope {
+    Envelope::new(
+        Actor::Service("test".into()),
+        Utc::now(),
+        EventData::NodeCordoned(NodeCordoned {
+            node_id: NODE.into(),
+            drain: None,
+            reason: reason.into(),
+        }),
+    )
+}
+
+/// Wants the node's subject to hold `target` events, `per_pass` at a time,
+/// each write guarded by the subject's last sequence as the fold saw it.
+struct Filler {
+    target: usize,
+    per_pass: usize,
+    seen: usize,
+    last_sequence: u64,
+    /// Passes that had something to write.
+    busy_passes: Arc<AtomicUsize>,
+}
+
+impl Filler {
+    fn new(target: usize, per_pass: usize) -> Self {
+        Self {
+            target,
+            per_pass,
+            seen: 0,
+            last_sequence: 0,
+            busy_passes: Arc::default(),
+        }
+    }
+}
+
+impl Decider for Filler {
+    fn name(&self) -> &'static str {
+        "filler"
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        &[subject::NODES_ALL]
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: Duration::from_millis(20),
+            tick: Duration::from_millis(50),
+            ..Pace::default()
+        }
+    }
+
+    fn apply(&mut self, sequence: u64, _envelope: &Envelope) {
+        // Own events come back through the feed: count each sequence once.
+        if sequence > self.last_sequence {
+            self.seen += 1;
+            self.last_sequence = sequence;
+        }
+    }
+
+    fn decide(&mut self, _now: DateTime<Utc>) -> Vec<Batch> {
+        let missing = self.target.saturating_sub(self.seen).min(self.per_pass);
+        if missing > 0 {
+            self.busy_passes.fetch_add(1, Ordering::Relaxed);
+        }
+        // Every decision expects what the fold saw; the loop chains the
+        // later ones to the sequences the earlier ones get.
+        (0..missing)
+            .map(|i| {
+                vec![(
+                    cordon(&format!("fill {i}")),
+                    Expect::LastSubjectSequence(self.last_sequence),
+                )]
+            })
+            .collect()
+    }
+}
+
+async fn stored_on_node(bus: &Bus) -> u64 {
+    let mut feed = bus.feed(&[subject::NODES_ALL], 1).await.unwrap();
+    let mut n = 0;
+    while let Some(event) = feed.next_within(Duration::from_millis(200)).await {
+        event.unwrap();
+        n += 1;
+    }
+    n
+}
+
+async fn settle(bus: &Bus, target: u64) -> u64 {
+    for _ in 0..100 {
+        if stored_on_node(bus).await >= target {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Give a racing writer the chance to overshoot, were it able to.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stored_on_node(bus).await
+}
+
+#[tokio::test]
+async fn one_pass_chains_its_expectations_across_batches() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let ready = Readiness::default();
+    let mut filler = Filler::new(5, 5);
+    let busy_passes = filler.busy_passes.clone();
+    let run = {
+        let (bus, shutdown, ready) = (bus.clone(), shutdown.clone(), ready.clone());
+        tokio::spawn(
+            async move { decider::run(&bus, &mut filler, &SystemClock, shutdown, ready).await },
+        )
+    };
+    // Five writes to one subject in one pass: five batches, each expecting
+    // the sequence the one before got. Unchained, the second would conflict
+    // on every pass and the subject would grow one event per pass.
+    assert_eq!(settle(&bus, 5).await, 5);
+    assert_eq!(
+        busy_passes.load(Ordering::Relaxed),
+        1,
+        "all five in one pass"
+    );
+    assert!(ready.is_ready());
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn racing_deciders_never_overshoot_a_guarded_target() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let (bus, shutdown) = (bus.clone(), shutdown.clone());
+        runs.push(tokio::spawn(async move {
+            let mut filler = Filler::new(30, 3);
+            decider::run(
+                &bus,
+                &mut filler,
+                &SystemClock,
+                shutdown,
+                Readiness::default(),
+            )
+            .await
+        }));
+    }
+    assert_eq!(
+        settle(&bus, 30).await,
+        30,
+        "conflicts re-read, never double"
+    );
+    shutdown.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+}
+
+fn on(node: &str) -> (Envelope, Expect) {
+    let mut envelope = cordon("x");
+    if let EventData::NodeCordoned(c) = &mut envelope.data {
+        c.node_id = node.into();
+    }
+    (envelope, Expect::Any)
+}
+
+#[test]
+fn packing_never_repeats_a_subject_across_decisions_in_a_batch() {
+    let never = |_: &mut Envelope, _: &Envelope| false;
+    let packed = pack(vec![vec![on("a")], vec![on("b")], vec![on("a")]], never);
+    assert_eq!(packed.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 1]);
+    // A decision is kept whole, even when it writes one subject twice.
+    let packed = pack(vec![vec![on("a"), on("a")], vec![on("b")]], never);
+    assert_eq!(packed.iter().map(Vec::len).collect::<Vec<_>>(), vec![3]);
+}
+
+#[test]
+fn packing_merges_where_the_decider_can_and_caps_the_batch() {
+    let merge_all = |_: &mut Envelope, _: &Envelope| true;
+    let packed = pack(vec![vec![on("a")], vec![on("a")], vec![on("b")]], merge_all);
+    assert_eq!(packed.iter().map(Vec::len).collect::<Vec<_>>(), vec![2]);
+    let many: Vec<Batch> = (0..100).map(|i| vec![on(&format!("n{i}"))]).collect();
+    let packed = pack(many, |_: &mut Envelope, _: &Envelope| false);
+    assert!(packed.iter().all(|b| b.len() <= lh_bus::MAX_BATCH_MESSAGES));
+    assert_eq!(packed.iter().map(Vec::len).sum::<usize>(), 100);
+}
