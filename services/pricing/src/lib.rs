@@ -20,13 +20,13 @@ pub mod invoice;
 pub mod projection;
 pub mod rating;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use chrono::Utc;
 use lh_bus::Bus;
+use lh_service::clock::SystemClock;
+use lh_service::decider;
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
@@ -97,13 +97,21 @@ async fn work(
     ready: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let rating_caught_up = Arc::new(AtomicBool::new(false));
+    let rating_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
-    let flag = rating_caught_up.clone();
-    let rating = rating::run(bus.clone(), shutdown.clone(), move || {
-        flag.store(true, Ordering::Release)
-    });
+    let rating = async {
+        let mut rating = rating::Rating::default();
+        decider::run(
+            &bus,
+            &mut rating,
+            &SystemClock,
+            shutdown.clone(),
+            rating_caught_up.clone(),
+        )
+        .await
+        .context("rating")
+    };
 
     let projection = async {
         lh_projection::run(
@@ -140,8 +148,7 @@ async fn work(
         };
         loop {
             metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
-            if rating_caught_up.load(Ordering::Acquire) && progress.caught_up() && !ready.is_ready()
-            {
+            if rating_caught_up.is_ready() && progress.caught_up() && !ready.is_ready() {
                 tracing::info!(sequence = progress.applied(), "pricing is ready");
                 ready.set(true);
             }

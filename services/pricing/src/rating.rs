@@ -2,15 +2,16 @@
 //!
 //! [`Fold`] is the in-memory state rebuilt from the log (price books, the
 //! billing facts of each lease, which leases already have charges); it does
-//! no I/O. [`run`] feeds it from sequence 1 and, once it has caught up with
-//! the head of the log, publishes the charges of every lease that ended and
+//! no I/O. [`Rating`] puts it on the decide loop (`lh_service::decider`),
+//! which feeds it from sequence 1 and, once it has caught up with the head
+//! of the log, publishes the charges of every lease that ended and
 //! has none yet — all charges of one lease in one atomic batch whose first
 //! message expects the lease's charge subject to be empty. A restarted or
 //! second replica therefore never charges a lease twice: the log already
 //! holds the charges (the fold saw them), or the server refuses the batch.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
@@ -19,7 +20,7 @@ use lh_events::{
     derived_id, subject, Actor, ChargeAccrued, EndReason, Envelope, EventData, PriceBookPublished,
     Tier,
 };
-use lh_service::CancellationToken;
+use lh_service::decider::{Batch, Decider, Pace};
 use uuid::Uuid;
 
 use crate::SERVICE;
@@ -323,96 +324,93 @@ pub fn envelopes(bill: &Bill, now: DateTime<Utc>) -> Vec<Envelope> {
         .collect()
 }
 
-/// Publishes one lease's charges: one atomic batch whose first message
-/// expects `lh.evt.charge.<lease_id>` to be empty. Returns how many
-/// charges were newly stored.
-pub async fn publish_bill(bus: &Bus, bill: &Bill, now: DateTime<Utc>) -> lh_bus::Result<usize> {
-    let all = envelopes(bill, now);
-    let mut expect_first = Expect::LastSubjectSequence(0);
-    let mut stored = 0;
-    // A lease longer than MAX_BATCH_MESSAGES months (over five years) needs
-    // several batches; each later batch expects the previous one's commit.
-    for chunk in all.chunks(MAX_BATCH_MESSAGES) {
-        let batch: Vec<(Envelope, Expect)> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.clone(), if i == 0 { expect_first } else { Expect::Any }))
-            .collect();
-        let appended = bus.publish_atomic(&batch).await?;
-        if !appended.duplicate {
-            stored += chunk.len();
-        }
-        expect_first = Expect::LastSubjectSequence(appended.sequence);
-    }
-    Ok(stored)
+/// One lease's charges as decisions: one atomic batch whose first message
+/// expects `lh.evt.charge.<lease_id>` to be empty. A lease longer than
+/// [`MAX_BATCH_MESSAGES`] months (over five years) needs several batches;
+/// each later one expects the charge subject to be empty too, and the decide
+/// loop chains that to the sequence the batch before it got.
+pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
+    envelopes(bill, now)
+        .chunks(MAX_BATCH_MESSAGES)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let expect = if i == 0 {
+                        Expect::LastSubjectSequence(0)
+                    } else {
+                        Expect::Any
+                    };
+                    (e.clone(), expect)
+                })
+                .collect()
+        })
+        .collect()
 }
 
-/// Folds the log and charges ended leases until `shutdown`. `caught_up` is
-/// called once the fold first reaches the head of the log.
-pub async fn run(
-    bus: Bus,
-    shutdown: CancellationToken,
-    caught_up: impl FnOnce() + Send,
-) -> anyhow::Result<()> {
-    let mut fold = Fold::default();
-    let mut feed = bus.feed(FILTERS, 1).await?;
-    let mut on_caught_up = Some(caught_up);
-    let mut retry_at: Option<Instant> = None;
-    let mut warned_no_book = false;
-    loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            next = feed.next_within(QUIET) => next,
-        };
-        let at_head = match next {
-            Some(event) => {
-                let event = event?;
-                fold.apply(event.sequence, &event.envelope);
-                event.pending == 0
-            }
-            // A quiet spell: the ordered feed has delivered all there is.
-            None => true,
-        };
-        if !at_head {
-            continue;
+/// Rating on the decide loop: folds the log and, once caught up, charges
+/// every lease that ended and has no charges yet.
+#[derive(Default)]
+pub struct Rating {
+    pub fold: Fold,
+    warned_no_book: bool,
+}
+
+impl Decider for Rating {
+    fn name(&self) -> &'static str {
+        SERVICE
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        FILTERS
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: QUIET,
+            backoff_min: RETRY_AFTER,
+            ..Pace::default()
         }
-        if let Some(f) = on_caught_up.take() {
-            tracing::info!(sequence = fold.sequence, "rating caught up with the log");
-            f();
-        }
-        if retry_at.is_some_and(|t| Instant::now() < t) {
-            continue;
-        }
-        retry_at = None;
-        for lease_id in fold.due() {
-            match fold.plan(lease_id) {
-                Plan::Publish(bill) => match publish_bill(&bus, &bill, Utc::now()).await {
-                    Ok(stored) => {
-                        metrics::counter!("lh_charges_published_total").increment(stored as u64);
-                        tracing::info!(%lease_id, charges = bill.charges.len(), stored, "lease charged");
-                        fold.mark_charged(lease_id);
-                    }
-                    Err(BusError::Conflict(e)) | Err(BusError::DuplicateBatch(e)) => {
-                        tracing::info!(%lease_id, error = %e, "charges already in the log");
-                        fold.mark_charged(lease_id);
-                    }
-                    Err(e) => {
-                        tracing::warn!(%lease_id, error = %e, "cannot publish charges; will retry");
-                        retry_at = Some(Instant::now() + RETRY_AFTER);
-                        break;
-                    }
-                },
+    }
+
+    fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.fold.apply(sequence, envelope);
+    }
+
+    fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let mut decisions = Vec::new();
+        for lease_id in self.fold.due() {
+            match self.fold.plan(lease_id) {
+                // Nothing billable (no second was run): nothing to write.
+                Plan::Publish(bill) if bill.charges.is_empty() => self.fold.mark_charged(lease_id),
+                Plan::Publish(bill) => decisions.extend(bill_batches(&bill, now)),
                 Plan::WaitForBook => {
-                    if !warned_no_book {
+                    if !self.warned_no_book {
                         tracing::warn!(%lease_id, "no price book in the log yet; charges wait");
-                        warned_no_book = true;
+                        self.warned_no_book = true;
                     }
                 }
                 Plan::Unbillable(why) => {
                     tracing::error!(%lease_id, %why, "lease cannot be billed");
-                    fold.drop_due(lease_id);
+                    self.fold.drop_due(lease_id);
                 }
             }
+        }
+        decisions
+    }
+
+    fn appended(&mut self, batch: &Batch) {
+        metrics::counter!("lh_charges_published_total").increment(batch.len() as u64);
+        if let Some((
+            Envelope {
+                data: EventData::ChargeAccrued(c),
+                ..
+            },
+            _,
+        )) = batch.first()
+        {
+            tracing::info!(lease_id = %c.lease_id, charges = batch.len(), "lease charged");
         }
     }
 }

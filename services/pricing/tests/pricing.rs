@@ -448,8 +448,9 @@ async fn the_server_refuses_a_second_batch_of_charges_for_a_lease() {
         charges: charges.clone(),
         cause,
     };
-    match lh_pricing::rating::publish_bill(&env.bus, &bill, Utc::now()).await {
-        Ok(stored) => assert_eq!(stored, 0, "a duplicate stored nothing"),
+    let again = lh_pricing::rating::bill_batches(&bill, Utc::now()).remove(0);
+    match env.bus.publish_atomic(&again).await {
+        Ok(appended) => assert!(appended.duplicate, "a duplicate stored nothing"),
         Err(lh_bus::BusError::Conflict(_)) | Err(lh_bus::BusError::DuplicateBatch(_)) => {}
         Err(e) => panic!("unexpected error {e}"),
     }
