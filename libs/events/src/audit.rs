@@ -15,4 +15,3 @@ pub struct AuditCheckpoint {
     /// Hex ed25519 signature over the checkpoint statement (see schemas/audit-chain.md).
     pub signature: String,
 }
-

@@ -161,7 +161,6 @@ pub struct Relocation {
     pub decision: Decision,
 }
 
-
 /// Why a lease ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

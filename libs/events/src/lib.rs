@@ -126,7 +126,10 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for (event_type, version, aggregate) in EVENT_TYPES {
             assert!(seen.insert(*event_type), "{event_type} twice");
-            assert!(event_type.starts_with(&format!("{aggregate}.")), "{event_type}");
+            assert!(
+                event_type.starts_with(&format!("{aggregate}.")),
+                "{event_type}"
+            );
             assert!(*version >= 1, "{event_type}");
         }
         let files: Vec<String> = schemas().into_iter().map(|(f, _)| f).collect();

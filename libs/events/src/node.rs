@@ -169,4 +169,3 @@ pub struct NodeGpuSelfTested {
     pub detail: String,
     pub at: DateTime<Utc>,
 }
-

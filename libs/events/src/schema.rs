@@ -12,7 +12,10 @@ pub(crate) fn of<T: JsonSchema>() -> serde_json::Value {
 /// One JSON Schema per event type, keyed by file name (`lease.placed.v1.json`),
 /// after the envelope's. `schemas/` holds exactly these files.
 pub fn schemas() -> Vec<(String, serde_json::Value)> {
-    let mut all = vec![(format!("envelope.v{ENVELOPE_VERSION}.json"), of::<Envelope>())];
+    let mut all = vec![(
+        format!("envelope.v{ENVELOPE_VERSION}.json"),
+        of::<Envelope>(),
+    )];
     all.extend(crate::payload_schemas());
     all
 }

@@ -74,4 +74,3 @@ pub struct Quota {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_vram_gb: Option<u32>,
 }
-
