@@ -6,6 +6,8 @@
 //! [`Running::wait`]. Tests call the same `start` with port 0 and read the
 //! bound address from [`Running::http_addr`].
 
+pub mod clock;
+
 use std::net::SocketAddr;
 
 use anyhow::Context as _;

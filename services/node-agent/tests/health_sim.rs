@@ -7,10 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lh_node_agent::backend::sim::{FaultScript, ManualClock, SimBackend};
+use lh_node_agent::backend::sim::{FaultScript, SimBackend};
 use lh_node_agent::backend::GpuBackend;
 use lh_node_agent::fleet_file::{FleetFile, SimNode};
 use lh_node_agent::health::{GpuHealth, HealthRules, NodeHealth, Outcome};
+use lh_service::clock::ManualClock;
 use uuid::Uuid;
 
 use GpuHealth::{Degraded, Healthy, Unhealthy};
@@ -177,7 +178,7 @@ fn a_scripted_run_gives_exactly_these_transitions() {
     )
     .unwrap();
     let clock = ManualClock::new(t0());
-    let backend = SimBackend::new(node(4), script, t0(), clock.clock()).unwrap();
+    let backend = SimBackend::new(node(4), script, t0(), clock.shared()).unwrap();
     let leases = BTreeMap::from([(2, Uuid::from_u128(2))]);
 
     let seen = run(&backend, &clock, 4, &leases, 300);
@@ -232,7 +233,7 @@ fn the_example_fault_script_runs_every_path() {
     let node = file.node("node-a", &fleet).unwrap();
     let script = node.fault_script(&fleet).unwrap().expect("script named");
     let clock = ManualClock::new(t0());
-    let backend = SimBackend::new(node.clone(), script, t0(), clock.clock()).unwrap();
+    let backend = SimBackend::new(node.clone(), script, t0(), clock.shared()).unwrap();
 
     let seen = run(&backend, &clock, 8, &BTreeMap::new(), 400);
 

@@ -29,17 +29,19 @@
 //! default) and a quarter of its memory in use; a free one reads zero.
 //!
 //! The state at any instant is a pure function of the script, the busy set
-//! and the time since start, so tests drive the clock (a [`ManualClock`]) instead of
+//! and the time since start, so tests drive the clock (a
+//! [`lh_service::clock::ManualClock`]) instead of
 //! sleeping. Samples take the caller's `now`; events are stamped with the
 //! instant their fault was scheduled, and `wait_events` reads the injected
 //! clock to know which faults are due.
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use lh_service::clock::{SharedClock, SystemClock};
 use serde::Deserialize;
 
 use super::{
@@ -56,43 +58,6 @@ const XID_FALLEN_OFF_THE_BUS: u64 = 79;
 const BUSY_MEMORY_PCT: f64 = 25.0;
 /// Longest script the backend accepts; a limit on everything.
 const MAX_FAULTS: usize = 10_000;
-
-/// Where the simulated backend reads the time for `wait_events`.
-pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
-
-/// The wall clock, for the agent.
-pub fn system_clock() -> Clock {
-    Arc::new(Utc::now)
-}
-
-/// A clock that moves only when told to, for tests.
-#[derive(Clone)]
-pub struct ManualClock(Arc<Mutex<DateTime<Utc>>>);
-
-impl ManualClock {
-    pub fn new(at: DateTime<Utc>) -> Self {
-        Self(Arc::new(Mutex::new(at)))
-    }
-
-    pub fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().expect("clock")
-    }
-
-    pub fn set(&self, at: DateTime<Utc>) {
-        *self.0.lock().expect("clock") = at;
-    }
-
-    pub fn advance(&self, by: Duration) -> DateTime<Utc> {
-        let mut at = self.0.lock().expect("clock");
-        *at += chrono::Duration::from_std(by).expect("duration in range");
-        *at
-    }
-
-    pub fn clock(&self) -> Clock {
-        let me = self.clone();
-        Arc::new(move || me.now())
-    }
-}
 
 /// One scheduled fault.
 #[derive(Debug, Clone, PartialEq)]
@@ -357,7 +322,7 @@ pub struct SimBackend {
     node: SimNode,
     script: FaultScript,
     start: DateTime<Utc>,
-    clock: Clock,
+    clock: SharedClock,
     /// Index of the first fault whose event has not been delivered yet.
     next_event: Mutex<usize>,
     /// GPUs that leases hold now.
@@ -371,7 +336,7 @@ impl SimBackend {
         node: SimNode,
         script: FaultScript,
         start: DateTime<Utc>,
-        clock: Clock,
+        clock: SharedClock,
     ) -> Result<Self, FaultScriptError> {
         script.check_gpus(node.gpu_count, &format!("for node {}", node.id))?;
         Ok(Self {
@@ -388,8 +353,8 @@ impl SimBackend {
     /// `faults` names (relative to the fleet file), starting now.
     pub fn for_node(node: &SimNode, fleet_file: &Path) -> Result<Self, FaultScriptError> {
         let script = node.fault_script(fleet_file)?.unwrap_or_default();
-        let clock = system_clock();
-        let start = clock();
+        let clock = SystemClock::shared();
+        let start = clock.now();
         Self::new(node.clone(), script, start, clock)
     }
 
@@ -501,7 +466,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn inventory(&self) -> Result<Vec<GpuDevice>, BackendError> {
-        if self.state_at(self.elapsed((self.clock)())).stopped {
+        if self.state_at(self.elapsed(self.clock.now())).stopped {
             return Err(BackendError::NodeStopped);
         }
         Ok(self
@@ -564,9 +529,9 @@ impl GpuBackend for SimBackend {
 
     /// Returns the events due by the injected clock's now. When none is due
     /// it sleeps (real time) until the next one or `timeout`, like NVML;
-    /// tests on a [`ManualClock`] pass `Duration::ZERO` and never sleep.
+    /// tests on a `ManualClock` pass `Duration::ZERO` and never sleep.
     fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError> {
-        let t = self.elapsed((self.clock)());
+        let t = self.elapsed(self.clock.now());
         if self.state_at(t).stopped {
             return Err(BackendError::NodeStopped);
         }
@@ -576,7 +541,7 @@ impl GpuBackend for SimBackend {
         }
         let nap = self.next_event_after(t).map_or(timeout, |d| d.min(timeout));
         std::thread::sleep(nap);
-        let t = self.elapsed((self.clock)());
+        let t = self.elapsed(self.clock.now());
         if self.state_at(t).stopped {
             return Err(BackendError::NodeStopped);
         }
@@ -587,6 +552,7 @@ impl GpuBackend for SimBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lh_service::clock::ManualClock;
 
     fn node(gpus: u32) -> SimNode {
         toml::from_str(&format!(
@@ -606,7 +572,7 @@ mod tests {
     fn backend(script: &str) -> (SimBackend, ManualClock) {
         let clock = ManualClock::new(t0());
         let script = FaultScript::parse(script, "test").unwrap();
-        let b = SimBackend::new(node(2), script, t0(), clock.clock()).unwrap();
+        let b = SimBackend::new(node(2), script, t0(), clock.shared()).unwrap();
         (b, clock)
     }
 
@@ -737,8 +703,8 @@ mod tests {
             "test",
         )
         .unwrap();
-        let clock = system_clock();
-        let b = SimBackend::new(node(1), script, clock(), clock).unwrap();
+        let clock = SystemClock::shared();
+        let b = SimBackend::new(node(1), script, clock.now(), clock).unwrap();
         let started = std::time::Instant::now();
         let events = b.wait_events(Duration::from_secs(5)).unwrap();
         assert_eq!(events.len(), 1);
@@ -768,7 +734,7 @@ mod tests {
         let script =
             FaultScript::parse("[[fault]]\nafter_s = 1\ngpu = 2\nkind = \"recover\"\n", "f")
                 .unwrap();
-        let e = SimBackend::new(node(2), script, t0(), system_clock())
+        let e = SimBackend::new(node(2), script, t0(), SystemClock::shared())
             .err()
             .unwrap()
             .to_string();
