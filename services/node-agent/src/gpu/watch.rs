@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
-use crate::backend::{GpuBackend, GpuEvent, GpuSample};
+use super::backend::{GpuBackend, GpuEvent, GpuSample};
 
 /// Longest a single event wait may block, so the thread notices the agent
 /// is gone and keeps sampling on time.
@@ -120,7 +120,7 @@ fn watch(backend: &dyn GpuBackend, period: Duration, tx: &mpsc::Sender<Observati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::GpuEventKind;
+    use crate::gpu::backend::GpuEventKind;
 
     #[test]
     fn held_observations_keep_every_event_and_the_newest_samples() {
