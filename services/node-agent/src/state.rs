@@ -270,3 +270,6 @@ impl NodeState {
         self.holding().filter(|(_, l)| l.started)
     }
 }
+
+#[cfg(test)]
+mod tests;
