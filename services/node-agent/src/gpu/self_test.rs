@@ -262,7 +262,8 @@ pub(crate) fn kill_load(child: &mut std::process::Child) {
 mod tests {
     use super::*;
 
-    fn t(s: i64) -> DateTime<Utc> {
+    /// `s` seconds after the tests' epoch.
+    pub(super) fn t(s: i64) -> DateTime<Utc> {
         "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
     }
 
@@ -357,11 +358,8 @@ mod tests {
 
 #[cfg(test)]
 mod command_tests {
+    use super::tests::t;
     use super::*;
-
-    fn t(s: i64) -> DateTime<Utc> {
-        "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
-    }
 
     fn cool() -> GpuSample {
         GpuSample {
