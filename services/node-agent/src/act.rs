@@ -8,7 +8,7 @@ use lh_events::{
 };
 
 use crate::state::{LeaseStep, LocalLease, NodeState};
-use crate::workload::Workloads;
+use crate::workload::supervisor::Workloads;
 
 /// Starts and stops leases as the log asks, at `now`. False after a
 /// conflict or a failed report: the agent re-reads the log and decides

@@ -27,8 +27,8 @@ use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 
 pub use gpu::GpuArgs;
 use state::{LocalLease, NodeState};
-pub use workload::RuntimeKind;
-use workload::{Finished, Workloads};
+pub use workload::supervisor::RuntimeKind;
+use workload::supervisor::{Finished, Workloads};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
 const QUIET: Duration = Duration::from_millis(100);

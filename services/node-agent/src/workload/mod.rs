@@ -37,7 +37,6 @@ use uuid::Uuid;
 pub use cgroup::{CgroupConfig, MemoryLimits};
 pub use container::{CliFlavor, ContainerRuntime};
 pub use process::ProcessRuntime;
-pub use supervisor::{Finished, RuntimeKind, Workloads};
 
 /// `CUDA_VISIBLE_DEVICES`: the devices CUDA enumerates (UUIDs accepted).
 pub const ENV_CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
