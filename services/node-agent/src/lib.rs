@@ -3,13 +3,17 @@
 //! `lease.started` / `lease.ended` with its own timestamps (pricing bills
 //! from those).
 //!
-//! This version drives a simulated host described by a fleet file (see
-//! [`gpu::backend::sim::fleet`]). What a lease runs depends on `--runtime`: with `sim` a
-//! lease "runs" from start until it is stopped; with `process`, `docker` or
-//! `podman` its workload runs (see [`workload`]), its exit ends the lease
-//! with the exit code, and a stop is SIGTERM, a grace period, then SIGKILL.
-//! The agent learns what it should be running from the log at start, so a
-//! restarted agent picks up where it was.
+//! Its GPUs are read through NVML or played from a fleet file's simulated
+//! node (`--gpu-backend`, see [`gpu`]). What a lease runs depends on
+//! `--runtime`: with `sim` a lease "runs" from start until it is stopped;
+//! with `process`, `docker` or `podman` its workload runs (see
+//! [`workload`]), its exit ends the lease with the exit code, and a stop is
+//! SIGTERM, a grace period, then SIGKILL. The agent learns what it should be
+//! running from the log at start, so a restarted agent picks up where it was.
+//!
+//! This file holds the flags and the agent's loop. `state.rs` folds the log
+//! and decides each lease's next step without I/O (`NodeState::decide`);
+//! `act.rs` carries the steps out.
 
 mod act;
 pub mod gpu;
@@ -90,7 +94,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let grace = Duration::from_secs(config.stop_grace_secs);
     let runtime = (config.runtime, config.container_cli.clone());
     let section = lh_telemetry::MetricsSection::default();
-    let gpu_side = gpu::GpuSide::new(&config.gpus, backend, &inventory, section.clone());
+    let clock = SystemClock::shared();
+    let gpu_side = gpu::GpuSide::new(
+        &config.gpus,
+        backend,
+        &inventory,
+        section.clone(),
+        clock.clone(),
+    );
     Running::spawn_with_metrics(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
@@ -100,14 +111,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         async move {
             let (workloads, finished) = Workloads::new(runtime.0, runtime.1, grace)?;
             agent(
-                bus,
-                inventory,
-                heartbeat,
-                ready,
-                workloads,
-                finished,
-                gpu_side,
-                SystemClock::shared(),
+                bus, inventory, heartbeat, ready, workloads, finished, gpu_side, clock,
             )
             .await
         },

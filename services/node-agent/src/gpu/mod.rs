@@ -22,6 +22,7 @@ use lh_events::{
     LeaseGpuFault, LeaseIdleDetected, LeaseStopRequested, NodeGpuHealthChanged, NodeGpuSelfTested,
     NodeRegistered,
 };
+use lh_service::clock::SharedClock;
 use lh_telemetry::MetricsSection;
 use uuid::Uuid;
 
@@ -37,6 +38,8 @@ use watch::Observation;
 /// What the agent knows and does about its GPUs between events.
 pub struct GpuSide {
     backend: Arc<dyn GpuBackend>,
+    /// Stamps samples and the events the GPU side appends.
+    clock: SharedClock,
     period: Duration,
     health: NodeHealth,
     seeded: bool,
@@ -73,6 +76,7 @@ impl GpuSide {
         backend: Arc<dyn GpuBackend>,
         inventory: &NodeRegistered,
         section: MetricsSection,
+        clock: SharedClock,
     ) -> Self {
         let rules = args.rules();
         let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
@@ -82,7 +86,7 @@ impl GpuSide {
                 Duration::from_secs(args.self_test_every_secs),
                 Duration::from_secs(args.self_test_secs),
                 rules.clone(),
-                Utc::now(),
+                clock.now(),
             );
             match args.self_test_command {
                 Some(_) => tests.with_command(),
@@ -91,6 +95,7 @@ impl GpuSide {
         });
         Self {
             backend,
+            clock,
             period: Duration::from_millis(args.sample_ms),
             health: NodeHealth::new(indices, rules),
             seeded: false,
@@ -123,7 +128,7 @@ impl GpuSide {
 
     /// Starts reading the backend.
     pub fn watch(&self) -> tokio::sync::mpsc::Receiver<Observation> {
-        watch::spawn(self.backend.clone(), self.period)
+        watch::spawn(self.backend.clone(), self.period, self.clock.clone())
     }
 
     pub fn seeded(&self) -> bool {
@@ -232,7 +237,7 @@ impl GpuSide {
                     at,
                 });
                 tracing::info!(lease = %lease_id, gpu = gpu_index, xid, "application XID charged to the lease");
-                publish(bus, node_id, id, data, tenant_id).await;
+                publish(bus, node_id, self.clock.now(), id, data, tenant_id).await;
             }
             Outcome::Ignored { gpu_index, reason } => {
                 let reason = if holders.len() > 1 {
@@ -325,7 +330,7 @@ impl GpuSide {
                 detail: f.detail.clone(),
                 at: f.at,
             });
-            publish(bus, node_id, id, data, None).await;
+            publish(bus, node_id, self.clock.now(), id, data, None).await;
             if let Some(t) = self.health.self_test(f.gpu_index, f.passed, f.at) {
                 self.publish_transition(bus, node_id, &t).await;
             }
@@ -438,12 +443,12 @@ impl GpuSide {
         let tenant_id = lease.tenant_id;
         // Under `suspend` the loop stops the workload and reports it.
         lease.suspend_requested = policy.action == IdleAction::Suspend;
-        publish(bus, node_id, id, data, tenant_id).await;
+        publish(bus, node_id, self.clock.now(), id, data, tenant_id).await;
         if policy.action == IdleAction::Stop {
             // The same id as a tenant's stop: one stop, whoever asks first.
             let id = derived_id(&["lease.stop_requested", &lease_id.to_string()]);
             let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id });
-            publish(bus, node_id, id, data, tenant_id).await;
+            publish(bus, node_id, self.clock.now(), id, data, tenant_id).await;
         }
         policy.action == IdleAction::Suspend
     }
@@ -496,15 +501,21 @@ impl GpuSide {
             evidence: t.evidence.clone(),
             at: t.at,
         });
-        publish(bus, node_id, id, data, None).await;
+        publish(bus, node_id, self.clock.now(), id, data, None).await;
     }
 }
 
 /// Appends one of the agent's observations; a failure is logged, not fatal
 /// (the next observation says the same again, or the GPU's state moved on).
-async fn publish(bus: &Bus, node_id: &str, id: Uuid, data: EventData, tenant: Option<Uuid>) {
-    let mut envelope =
-        Envelope::new(Actor::Node(node_id.to_string()), Utc::now(), data).with_id(id);
+async fn publish(
+    bus: &Bus,
+    node_id: &str,
+    at: DateTime<Utc>,
+    id: Uuid,
+    data: EventData,
+    tenant: Option<Uuid>,
+) {
+    let mut envelope = Envelope::new(Actor::Node(node_id.to_string()), at, data).with_id(id);
     envelope.tenant_id = tenant;
     if let Err(e) = bus.publish(&envelope, Expect::Any).await {
         tracing::warn!(error = %e, event = envelope.data.event_type(), "cannot publish");

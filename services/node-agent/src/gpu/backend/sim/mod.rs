@@ -29,11 +29,11 @@
 //! default) and a quarter of its memory in use; a free one reads zero.
 //!
 //! The state at any instant is a pure function of the script, the busy set
-//! and the time since start, so tests drive the clock (a
-//! [`lh_service::clock::ManualClock`]) instead of
-//! sleeping. Samples take the caller's `now`; events are stamped with the
-//! instant their fault was scheduled, and `wait_events` reads the injected
-//! clock to know which faults are due.
+//! and the time since start (`physics.rs`), so tests drive the clock (a
+//! [`lh_service::clock::ManualClock`]) instead of sleeping. Samples take
+//! the caller's `now`; events are stamped with the instant their fault was
+//! scheduled, and `wait_events` reads the injected clock to know which
+//! faults are due.
 
 pub mod fleet;
 mod physics;
