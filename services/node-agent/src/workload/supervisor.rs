@@ -1,5 +1,5 @@
 //! The workloads running on this node: one supervisor task per lease that
-//! owns its [`RunningWorkload`], reports its exit, and stops it gracefully
+//! owns its [`RunningWorkload`](super::RunningWorkload), reports its exit, and stops it gracefully
 //! when the agent asks.
 
 use std::collections::HashMap;
