@@ -1,6 +1,6 @@
 //! The workloads running on this node: one supervisor task per lease that
-//! owns its [`RunningWorkload`](super::RunningWorkload), reports its exit, and stops it gracefully
-//! when the agent asks.
+//! owns its [`RunningWorkload`](super::RunningWorkload), reports its exit,
+//! and stops it gracefully when the agent asks.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
