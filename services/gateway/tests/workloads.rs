@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{of_type, read_log, Stack};
 use lh_events::{EndReason, EventData};
-use lh_node_agent::workloads::RuntimeKind;
+use lh_node_agent::RuntimeKind;
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use clap::Parser;
-use lh_node_agent::backend::nvml::NvmlBackend;
-use lh_node_agent::backend::sim::SimBackend;
-use lh_node_agent::backend::GpuBackend;
-use lh_node_agent::fleet_file::FleetFile;
+use lh_node_agent::gpu::backend::nvml::NvmlBackend;
+use lh_node_agent::gpu::backend::sim::fleet::FleetFile;
+use lh_node_agent::gpu::backend::sim::SimBackend;
+use lh_node_agent::gpu::backend::GpuBackend;
 
 /// The longest one wait blocks, so the loop notices its deadline.
 const WAIT_SLICE: Duration = Duration::from_millis(500);

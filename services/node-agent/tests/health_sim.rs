@@ -7,10 +7,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lh_node_agent::backend::sim::{FaultScript, SimBackend};
-use lh_node_agent::backend::GpuBackend;
-use lh_node_agent::fleet_file::{FleetFile, SimNode};
-use lh_node_agent::health::{GpuHealth, HealthRules, NodeHealth, Outcome};
+use lh_node_agent::gpu::backend::sim::fleet::{FleetFile, SimNode};
+use lh_node_agent::gpu::backend::sim::{FaultScript, SimBackend};
+use lh_node_agent::gpu::backend::GpuBackend;
+use lh_node_agent::gpu::health::{GpuHealth, HealthRules, NodeHealth, Outcome};
 use lh_service::clock::ManualClock;
 use uuid::Uuid;
 

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lh_node_agent::runtime::{
+use lh_node_agent::workload::{
     Assignment, CgroupConfig, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload, Runtime,
     StopOutcome, Workload,
 };
@@ -428,7 +428,7 @@ async fn a_cgroup_that_cannot_be_made_or_entered_does_not_stop_the_workload() {
 #[tokio::test]
 async fn real_cgroup_v2_limits_when_the_host_has_them() {
     let config = CgroupConfig::default();
-    if let Err(why) = lh_node_agent::runtime::cgroup::probe(&config.root) {
+    if let Err(why) = lh_node_agent::workload::cgroup::probe(&config.root) {
         eprintln!("skipped: {why}");
         return;
     }

@@ -53,10 +53,10 @@ pub struct Stack {
     pub preemption_min_runtime_secs: i64,
     pub preemption_notice_secs: i64,
     /// How node-agents run leases (`Sim` unless a test runs workloads).
-    pub node_runtime: lh_node_agent::workloads::RuntimeKind,
+    pub node_runtime: lh_node_agent::RuntimeKind,
     /// GPU knobs (health rules, idle default, self-tests) of node-agents
     /// started from now on.
-    pub node_gpus: lh_node_agent::gpus::GpuArgs,
+    pub node_gpus: lh_node_agent::GpuArgs,
 }
 
 impl Stack {
@@ -97,8 +97,8 @@ impl Stack {
             http: reqwest::Client::new(),
             preemption_min_runtime_secs: 600,
             preemption_notice_secs: 120,
-            node_runtime: lh_node_agent::workloads::RuntimeKind::Sim,
-            node_gpus: lh_node_agent::gpus::GpuArgs::for_test(),
+            node_runtime: lh_node_agent::RuntimeKind::Sim,
+            node_gpus: lh_node_agent::GpuArgs::for_test(),
         }
     }
 

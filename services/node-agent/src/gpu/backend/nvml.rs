@@ -51,7 +51,7 @@ pub struct NvmlBackend {
     nvml: &'static Nvml,
     devices: Vec<Device<'static>>,
     /// `None` when no GPU supports the health events (then ECC is still
-    /// caught from the counters in samples, see `crate::health`).
+    /// caught from the counters in samples, see `crate::gpu::health`).
     /// `EventSet` is `Send` but not `Sync`: NVML event sets are not
     /// thread-safe, hence the mutex.
     events: Option<Mutex<EventSet<'static>>>,

@@ -29,11 +29,15 @@
 //! default) and a quarter of its memory in use; a free one reads zero.
 //!
 //! The state at any instant is a pure function of the script, the busy set
-//! and the time since start, so tests drive the clock (a
-//! [`lh_service::clock::ManualClock`]) instead of
-//! sleeping. Samples take the caller's `now`; events are stamped with the
-//! instant their fault was scheduled, and `wait_events` reads the injected
-//! clock to know which faults are due.
+//! and the time since start (`physics.rs`), so tests drive the clock (a
+//! [`lh_service::clock::ManualClock`]) instead of sleeping. Samples take
+//! the caller's `now`; events are stamped with the instant their fault was
+//! scheduled, and `wait_events` reads the injected clock to know which
+//! faults are due.
+
+pub mod fleet;
+mod physics;
+pub mod script;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -42,281 +46,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_service::clock::{SharedClock, SystemClock};
-use serde::Deserialize;
 
 use super::{
     BackendError, GpuBackend, GpuDevice, GpuEvent, GpuEventKind, GpuSample, MAX_EVENTS_PER_WAIT,
 };
-use crate::fleet_file::SimNode;
-
-/// What an idle, healthy simulated GPU reads.
-const IDLE_TEMPERATURE_C: f64 = 40.0;
-const IDLE_POWER_W: f64 = 60.0;
-/// XID 79: "GPU has fallen off the bus". The GPU stops answering.
-const XID_FALLEN_OFF_THE_BUS: u64 = 79;
-/// Share of memory a held GPU reads in use without a memory fault.
-const BUSY_MEMORY_PCT: f64 = 25.0;
-/// Longest script the backend accepts; a limit on everything.
-const MAX_FAULTS: usize = 10_000;
-
-/// One scheduled fault.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fault {
-    /// Time from the backend's start.
-    pub after: Duration,
-    /// The GPU it hits; `None` for node-wide faults.
-    pub gpu: Option<u32>,
-    pub action: FaultAction,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum FaultAction {
-    /// Temperature goes linearly from where it is to `to_c` over `over`.
-    Temperature { to_c: u32, over: Duration },
-    /// Memory in use goes linearly to `to_pct` of the GPU's over `over`.
-    Memory { to_pct: f64, over: Duration },
-    /// Utilisation goes linearly to `to_pct` over `over`, busy or not.
-    Utilization { to_pct: f64, over: Duration },
-    /// The driver reports this XID; 79 also takes the GPU off the bus.
-    Xid { code: u64 },
-    /// One uncorrectable ECC error: event and counter.
-    EccDoubleBit,
-    /// The whole node stops: every backend call fails.
-    NodeStop,
-    /// Clean readings resume on the GPU (or everywhere, node included).
-    Recover,
-}
-
-/// A parsed, validated fault script, ordered by time (ties keep file order).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FaultScript {
-    pub faults: Vec<Fault>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum FaultScriptError {
-    #[error("cannot read fault script {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("fault script {path} is invalid: {source}")]
-    Parse {
-        path: String,
-        source: toml::de::Error,
-    },
-    #[error("fault script {path}, fault {number}: {why}")]
-    Invalid {
-        path: String,
-        /// 1-based position in the file.
-        number: usize,
-        why: String,
-    },
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ScriptFile {
-    #[serde(default)]
-    fault: Vec<RawFault>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawFault {
-    after_s: f64,
-    gpu: Option<u32>,
-    kind: RawKind,
-    to_c: Option<u32>,
-    to_pct: Option<f64>,
-    over_s: Option<f64>,
-    code: Option<u64>,
-}
-
-#[derive(Deserialize, Clone, Copy, PartialEq, Debug)]
-#[serde(rename_all = "snake_case")]
-enum RawKind {
-    Temperature,
-    Memory,
-    Utilization,
-    Xid,
-    EccDoubleBit,
-    NodeStop,
-    Recover,
-}
-
-impl RawFault {
-    fn validate(self) -> Result<Fault, String> {
-        let seconds = |what: &str, s: f64| {
-            Duration::try_from_secs_f64(s)
-                .map_err(|_| format!("{what} must be a number ≥ 0, got {s}"))
-        };
-        let after = seconds("after_s", self.after_s)?;
-        // Each kind takes exactly its own fields: a stray one is a typo.
-        let allowed: &[&str] = match self.kind {
-            RawKind::Temperature => &["to_c", "over_s"],
-            RawKind::Memory | RawKind::Utilization => &["to_pct", "over_s"],
-            RawKind::Xid => &["code"],
-            RawKind::EccDoubleBit | RawKind::NodeStop | RawKind::Recover => &[],
-        };
-        let given = [
-            ("to_c", self.to_c.is_some()),
-            ("to_pct", self.to_pct.is_some()),
-            ("over_s", self.over_s.is_some()),
-            ("code", self.code.is_some()),
-        ];
-        if let Some((field, _)) = given.iter().find(|(f, set)| *set && !allowed.contains(f)) {
-            return Err(format!("{field} does not apply to kind {:?}", self.kind));
-        }
-        match (self.kind, self.gpu) {
-            (RawKind::NodeStop, Some(_)) => return Err("node_stop takes no gpu".into()),
-            (RawKind::NodeStop | RawKind::Recover, _) => {}
-            (kind, None) => return Err(format!("kind {kind:?} needs a gpu")),
-            _ => {}
-        }
-        let over = seconds("over_s", self.over_s.unwrap_or(0.0))?;
-        let action = match self.kind {
-            RawKind::Temperature => FaultAction::Temperature {
-                to_c: self.to_c.ok_or("temperature needs to_c")?,
-                over,
-            },
-            RawKind::Memory => {
-                let to_pct = self.to_pct.ok_or("memory needs to_pct")?;
-                if !(0.0..=100.0).contains(&to_pct) {
-                    return Err(format!("to_pct must be within 0..=100, got {to_pct}"));
-                }
-                FaultAction::Memory { to_pct, over }
-            }
-            RawKind::Utilization => {
-                let to_pct = self.to_pct.ok_or("utilization needs to_pct")?;
-                if !(0.0..=100.0).contains(&to_pct) {
-                    return Err(format!("to_pct must be within 0..=100, got {to_pct}"));
-                }
-                FaultAction::Utilization { to_pct, over }
-            }
-            RawKind::Xid => FaultAction::Xid {
-                code: self.code.ok_or("xid needs code")?,
-            },
-            RawKind::EccDoubleBit => FaultAction::EccDoubleBit,
-            RawKind::NodeStop => FaultAction::NodeStop,
-            RawKind::Recover => FaultAction::Recover,
-        };
-        Ok(Fault {
-            after,
-            gpu: self.gpu,
-            action,
-        })
-    }
-}
-
-impl FaultScript {
-    pub fn load(path: &Path) -> Result<Self, FaultScriptError> {
-        let text = std::fs::read_to_string(path).map_err(|source| FaultScriptError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::parse(&text, &path.display().to_string())
-    }
-
-    /// Parses a script; `origin` names it in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<Self, FaultScriptError> {
-        let file: ScriptFile = toml::from_str(text).map_err(|source| FaultScriptError::Parse {
-            path: origin.to_string(),
-            source,
-        })?;
-        if file.fault.len() > MAX_FAULTS {
-            return Err(FaultScriptError::Invalid {
-                path: origin.to_string(),
-                number: MAX_FAULTS + 1,
-                why: format!("more than {MAX_FAULTS} faults"),
-            });
-        }
-        let mut faults = file
-            .fault
-            .into_iter()
-            .enumerate()
-            .map(|(i, raw)| {
-                raw.validate().map_err(|why| FaultScriptError::Invalid {
-                    path: origin.to_string(),
-                    number: i + 1,
-                    why,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        faults.sort_by_key(|f| f.after);
-        Ok(Self { faults })
-    }
-
-    /// Checks the GPU indices against a node with `gpu_count` GPUs.
-    pub fn check_gpus(&self, gpu_count: u32, origin: &str) -> Result<(), FaultScriptError> {
-        match self
-            .faults
-            .iter()
-            .enumerate()
-            .find(|(_, f)| f.gpu.is_some_and(|g| g >= gpu_count))
-        {
-            Some((i, f)) => Err(FaultScriptError::Invalid {
-                path: origin.to_string(),
-                number: i + 1,
-                why: format!(
-                    "gpu {} but the node has {gpu_count} GPUs",
-                    f.gpu.unwrap_or_default()
-                ),
-            }),
-            None => Ok(()),
-        }
-    }
-}
-
-/// A value moving linearly from `from` to `to` over `over`, from `start`.
-#[derive(Debug, Clone, Copy)]
-struct Ramp {
-    from: f64,
-    to: f64,
-    start: Duration,
-    over: Duration,
-}
-
-impl Ramp {
-    fn at(&self, t: Duration) -> f64 {
-        let done = t.saturating_sub(self.start);
-        if done >= self.over {
-            return self.to;
-        }
-        self.from + (self.to - self.from) * done.as_secs_f64() / self.over.as_secs_f64()
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-struct GpuState {
-    temperature: Option<Ramp>,
-    memory_pct: Option<Ramp>,
-    utilization_pct: Option<Ramp>,
-    off_the_bus: bool,
-    ecc_double_bit_total: u64,
-}
-
-impl GpuState {
-    fn temperature_at(&self, t: Duration) -> f64 {
-        self.temperature.map_or(IDLE_TEMPERATURE_C, |r| r.at(t))
-    }
-
-    fn memory_pct_at(&self, t: Duration, busy: bool) -> f64 {
-        let unscripted = if busy { BUSY_MEMORY_PCT } else { 0.0 };
-        self.memory_pct.map_or(unscripted, |r| r.at(t))
-    }
-
-    fn utilization_pct_at(&self, t: Duration, busy_pct: Option<f64>) -> f64 {
-        self.utilization_pct
-            .map_or(busy_pct.unwrap_or(0.0), |r| r.at(t))
-    }
-}
-
-#[derive(Debug, Clone)]
-struct NodeState {
-    stopped: bool,
-    gpus: Vec<GpuState>,
-}
+use fleet::SimNode;
+use physics::{HostState, IDLE_POWER_W};
+pub use script::{Fault, FaultAction, FaultScript, FaultScriptError};
 
 pub struct SimBackend {
     node: SimNode,
@@ -362,55 +98,9 @@ impl SimBackend {
         (now - self.start).to_std().unwrap_or(Duration::ZERO)
     }
 
-    /// Folds every fault due by `t` into the node's state.
-    fn state_at(&self, t: Duration) -> NodeState {
-        let mut node = NodeState {
-            stopped: false,
-            gpus: vec![GpuState::default(); self.node.gpu_count as usize],
-        };
-        for fault in self.script.faults.iter().take_while(|f| f.after <= t) {
-            let at = fault.after;
-            let gpu = fault.gpu.map(|g| &mut node.gpus[g as usize]);
-            match (&fault.action, gpu) {
-                (FaultAction::Temperature { to_c, over }, Some(g)) => {
-                    g.temperature = Some(Ramp {
-                        from: g.temperature_at(at),
-                        to: f64::from(*to_c),
-                        start: at,
-                        over: *over,
-                    });
-                }
-                (FaultAction::Memory { to_pct, over }, Some(g)) => {
-                    g.memory_pct = Some(Ramp {
-                        from: g.memory_pct_at(at, false),
-                        to: *to_pct,
-                        start: at,
-                        over: *over,
-                    });
-                }
-                (FaultAction::Utilization { to_pct, over }, Some(g)) => {
-                    g.utilization_pct = Some(Ramp {
-                        from: g.utilization_pct_at(at, None),
-                        to: *to_pct,
-                        start: at,
-                        over: *over,
-                    });
-                }
-                (FaultAction::Xid { code }, Some(g)) => {
-                    g.off_the_bus |= *code == XID_FALLEN_OFF_THE_BUS;
-                }
-                (FaultAction::EccDoubleBit, Some(g)) => g.ecc_double_bit_total += 1,
-                (FaultAction::NodeStop, _) => node.stopped = true,
-                (FaultAction::Recover, Some(g)) => g.recover(),
-                (FaultAction::Recover, None) => {
-                    node.stopped = false;
-                    node.gpus.iter_mut().for_each(GpuState::recover);
-                }
-                // Validation gives every other kind a GPU.
-                (_, None) => {}
-            }
-        }
-        node
+    /// The node as the faults due by `t` left it.
+    fn state_at(&self, t: Duration) -> HostState {
+        HostState::at(&self.script, self.node.gpu_count, t)
     }
 
     /// The events of faults due by `now` that were not delivered yet.
@@ -448,15 +138,6 @@ impl SimBackend {
                 )
             })
             .map(|f| f.after.saturating_sub(t))
-    }
-}
-
-impl GpuState {
-    fn recover(&mut self) {
-        self.temperature = None;
-        self.memory_pct = None;
-        self.utilization_pct = None;
-        self.off_the_bus = false;
     }
 }
 
@@ -739,24 +420,5 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("gpu 2 but the node has 2 GPUs"), "{e}");
-    }
-
-    #[test]
-    fn faults_are_ordered_by_time() {
-        let s = FaultScript::parse(
-            "[[fault]]\nafter_s = 9\ngpu = 0\nkind = \"recover\"\n[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"ecc_double_bit\"\n",
-            "f",
-        )
-        .unwrap();
-        assert_eq!(s.faults[0].action, FaultAction::EccDoubleBit);
-        assert_eq!(s.faults[1].after, Duration::from_secs(9));
-    }
-
-    #[test]
-    fn the_example_script_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dev/faults.toml");
-        let script = FaultScript::load(&path).unwrap();
-        assert!(!script.faults.is_empty());
-        script.check_gpus(8, "dev/faults.toml").unwrap();
     }
 }

@@ -1,6 +1,6 @@
 //! The workloads running on this node: one supervisor task per lease that
-//! owns its [`RunningWorkload`], reports its exit, and stops it gracefully
-//! when the agent asks.
+//! owns its [`RunningWorkload`](super::RunningWorkload), reports its exit,
+//! and stops it gracefully when the agent asks.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,9 +11,7 @@ use lh_events::{AssignedGpu, WorkloadSpec};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::runtime::{
-    Assignment, CgroupConfig, ContainerRuntime, Exit, ProcessRuntime, Runtime, Workload,
-};
+use super::{Assignment, CgroupConfig, ContainerRuntime, Exit, ProcessRuntime, Runtime, Workload};
 
 /// How leases run on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -85,7 +83,7 @@ impl Workloads {
         placement: u64,
         gpus: &[AssignedGpu],
         spec: Option<&WorkloadSpec>,
-    ) -> Result<bool, crate::runtime::RuntimeError> {
+    ) -> Result<bool, super::RuntimeError> {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };

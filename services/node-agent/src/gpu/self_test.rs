@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::backend::GpuSample;
-use crate::health::HealthRules;
+use super::backend::GpuSample;
+use super::health::HealthRules;
+use super::usage::NodeGpu;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
@@ -223,11 +224,46 @@ fn unclean(s: &GpuSample, rules: &HealthRules) -> Option<String> {
     None
 }
 
+/// Starts a self-test's load command on one GPU, in its own process group
+/// so that whatever it starts dies with it.
+pub(crate) fn spawn_load(
+    command: &str,
+    gpu: &NodeGpu,
+    secs: u64,
+) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::Stdio;
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
+        .env("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)
+        .env("LH_GPU_INDEX", gpu.index.to_string())
+        .env("LH_SELF_TEST_SECS", secs.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+}
+
+pub(crate) fn kill_load(child: &mut std::process::Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative pid signals that process group; the
+        // group is the child's own (process_group(0)), so nothing else is hit.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.wait();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn t(s: i64) -> DateTime<Utc> {
+    /// `s` seconds after the tests' epoch.
+    pub(super) fn t(s: i64) -> DateTime<Utc> {
         "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
     }
 
@@ -322,11 +358,8 @@ mod tests {
 
 #[cfg(test)]
 mod command_tests {
+    use super::tests::t;
     use super::*;
-
-    fn t(s: i64) -> DateTime<Utc> {
-        "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
-    }
 
     fn cool() -> GpuSample {
         GpuSample {

@@ -15,11 +15,13 @@
 //!
 //! Everything that decides (environment, cgroup values, CLI arguments) is a
 //! pure function tested on its own; this module only spawns, signals and
-//! reaps. See `docs/workloads.md`.
+//! reaps. [`supervisor`] runs one task per lease around it. See
+//! `docs/workloads.md`.
 
 pub mod cgroup;
 pub mod container;
 pub mod process;
+pub mod supervisor;
 
 use std::collections::BTreeMap;
 use std::io;

@@ -8,9 +8,9 @@
 //! cgroup is killed (`cgroup.kill`) and removed.
 //!
 //! The limits are percentages of the lease's share: hard 80 %, soft 90 % by
-//! default, as the issue says. In cgroup v2 a `memory.high` above
-//! `memory.max` has no effect, so the soft limit written is
-//! `min(soft, hard)`; with the defaults both are 80 %. Both percentages are
+//! default. In cgroup v2 a `memory.high` above `memory.max` has no effect,
+//! so the soft limit written is `min(soft, hard)`; with the defaults both
+//! are 80 %. Both percentages are
 //! configurable ([`CgroupConfig`]).
 //!
 //! The root is configurable so that tests can point it at a directory that

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use lh_events::{GpuInfo, NodeRegistered};
 use serde::Deserialize;
 
-use crate::backend::sim::{FaultScript, FaultScriptError};
+use super::script::{FaultScript, FaultScriptError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -15,7 +15,7 @@ use lh_events::telemetry::{LeaseGpuUsage, LeaseUsage};
 use lh_events::AssignedGpu;
 use uuid::Uuid;
 
-use crate::backend::GpuSample;
+use super::backend::GpuSample;
 
 /// A lease running on this node, as usage sees it.
 #[derive(Debug, Clone)]

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use lh_service::clock::{Clock, SharedClock};
 use tokio::sync::mpsc;
 
-use crate::backend::{GpuBackend, GpuEvent, GpuSample};
+use super::backend::{GpuBackend, GpuEvent, GpuSample};
 
 /// Longest a single event wait may block, so the thread notices the agent
 /// is gone and keeps sampling on time.
@@ -47,16 +48,25 @@ pub fn hold(held: &mut Vec<Observation>, observation: Observation) {
 }
 
 /// Starts the thread; it ends when the receiver is dropped.
-pub fn spawn(backend: Arc<dyn GpuBackend>, period: Duration) -> mpsc::Receiver<Observation> {
+pub fn spawn(
+    backend: Arc<dyn GpuBackend>,
+    period: Duration,
+    clock: SharedClock,
+) -> mpsc::Receiver<Observation> {
     let (tx, rx) = mpsc::channel(64);
     std::thread::Builder::new()
         .name(format!("gpu-watch-{}", backend.name()))
-        .spawn(move || watch(backend.as_ref(), period, &tx))
+        .spawn(move || watch(backend.as_ref(), period, clock.as_ref(), &tx))
         .expect("the GPU watch thread starts");
     rx
 }
 
-fn watch(backend: &dyn GpuBackend, period: Duration, tx: &mpsc::Sender<Observation>) {
+fn watch(
+    backend: &dyn GpuBackend,
+    period: Duration,
+    clock: &dyn Clock,
+    tx: &mpsc::Sender<Observation>,
+) {
     let mut stopped = false;
     let mut next_sample = Instant::now();
     let send = |o: Observation| tx.blocking_send(o).is_ok();
@@ -83,7 +93,7 @@ fn watch(backend: &dyn GpuBackend, period: Duration, tx: &mpsc::Sender<Observati
         if Instant::now() >= next_sample {
             // Late (a slow call): the next one is a period from now, not a burst.
             next_sample = (next_sample + period).max(Instant::now());
-            let at = Utc::now();
+            let at = clock.now();
             match backend.sample(at) {
                 Ok(samples) => {
                     if !send(Observation::Samples { at, samples }) {
@@ -120,7 +130,7 @@ fn watch(backend: &dyn GpuBackend, period: Duration, tx: &mpsc::Sender<Observati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::GpuEventKind;
+    use crate::gpu::backend::GpuEventKind;
 
     #[test]
     fn held_observations_keep_every_event_and_the_newest_samples() {

@@ -11,7 +11,7 @@
 //! backend behind an `Arc` serves the sampling loop and the event loop.
 //!
 //! What the backends report is raw observation; judging it (healthy,
-//! degraded, unhealthy) is [`crate::health`]'s job.
+//! degraded, unhealthy) is [`crate::gpu::health`]'s job.
 
 pub mod nvml;
 pub mod sim;

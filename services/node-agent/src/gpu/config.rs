@@ -1,0 +1,148 @@
+//! The agent's GPU flags: which backend it reads and the thresholds and
+//! schedules of health, usage, idle leases and self-tests.
+
+use std::time::Duration;
+
+use lh_events::IdleAction;
+
+use super::health::HealthRules;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The GPUs of the fleet file's node, with its fault script.
+    Sim,
+    /// The host's NVIDIA GPUs through NVML.
+    Nvml,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct GpuArgs {
+    /// Where the GPUs are read from.
+    #[arg(long, env = "LH_GPU_BACKEND", value_enum, default_value_t = BackendKind::Sim)]
+    pub gpu_backend: BackendKind,
+    /// With `--gpu-backend nvml`: play the fleet file's node instead when
+    /// the NVIDIA library or driver is missing (otherwise the agent exits).
+    #[arg(long, env = "LH_SIM_FALLBACK")]
+    pub sim_fallback: bool,
+    /// This host's zone (NVML backend; a simulated node's is in the fleet file).
+    #[arg(long, env = "LH_ZONE")]
+    pub zone: Option<String>,
+    /// This host's name as registered (NVML backend; default: the OS's).
+    #[arg(long, env = "LH_HOSTNAME")]
+    pub hostname: Option<String>,
+    /// How often the GPUs are sampled, for health and usage.
+    #[arg(long, env = "LH_SAMPLE_MS", default_value_t = 1_000)]
+    pub sample_ms: u64,
+    /// How often each lease's usage goes to the telemetry stream.
+    #[arg(long, env = "LH_USAGE_INTERVAL_SECS", default_value_t = 5)]
+    pub usage_interval_secs: u64,
+    /// At or above this temperature (°C) for the window, a GPU is degraded.
+    #[arg(long, env = "LH_DEGRADED_TEMPERATURE_C", default_value_t = 85)]
+    pub degraded_temperature_c: u32,
+    /// At or above this share of VRAM in use for the window, degraded.
+    #[arg(long, env = "LH_DEGRADED_MEMORY_PCT", default_value_t = 95.0)]
+    pub degraded_memory_pct: f64,
+    /// How long hot or full must last to degrade a GPU.
+    #[arg(long, env = "LH_DEGRADED_WINDOW_SECS", default_value_t = 30)]
+    pub degraded_window_secs: u64,
+    /// Clean samples in a row that bring a GPU back to healthy.
+    #[arg(long, env = "LH_RECOVER_AFTER_CLEAN_SAMPLES", default_value_t = 30)]
+    pub recover_after_clean_samples: u32,
+    /// Zero utilisation this long makes a lease idle, for tenants without
+    /// an idle policy of their own.
+    #[arg(long, env = "LH_IDLE_WINDOW_SECS", default_value_t = 300)]
+    pub idle_window_secs: u64,
+    /// What happens to an idle lease of such a tenant: notify, stop or
+    /// suspend.
+    #[arg(long, env = "LH_IDLE_ACTION", default_value = "notify", value_parser = parse_idle_action)]
+    pub idle_action: IdleAction,
+    /// A free GPU is self-tested this often (0: never).
+    #[arg(long, env = "LH_SELF_TEST_EVERY_SECS", default_value_t = 7_200)]
+    pub self_test_every_secs: u64,
+    /// How long one self-test lasts.
+    #[arg(long, env = "LH_SELF_TEST_SECS", default_value_t = 600)]
+    pub self_test_secs: u64,
+    /// A load test run on the GPU under test (`sh -c`, with
+    /// CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES set to its UUID,
+    /// LH_GPU_INDEX and LH_SELF_TEST_SECS), e.g. `dcgmi diag -r 3 -i
+    /// $LH_GPU_INDEX`; the test passes only when it exits 0. Without one a
+    /// self-test watches the idle GPU for the duration.
+    #[arg(long, env = "LH_SELF_TEST_COMMAND")]
+    pub self_test_command: Option<String>,
+}
+
+fn parse_idle_action(text: &str) -> Result<IdleAction, String> {
+    match text {
+        "notify" => Ok(IdleAction::Notify),
+        "stop" => Ok(IdleAction::Stop),
+        "suspend" => Ok(IdleAction::Suspend),
+        other => Err(format!(
+            "idle action must be notify, stop or suspend, not {other:?}"
+        )),
+    }
+}
+
+impl GpuArgs {
+    pub fn for_test() -> Self {
+        Self {
+            gpu_backend: BackendKind::Sim,
+            sim_fallback: false,
+            zone: None,
+            hostname: None,
+            sample_ms: 200,
+            usage_interval_secs: 1,
+            degraded_temperature_c: 85,
+            degraded_memory_pct: 95.0,
+            degraded_window_secs: 30,
+            recover_after_clean_samples: 30,
+            idle_window_secs: 300,
+            idle_action: IdleAction::Notify,
+            self_test_every_secs: 0,
+            self_test_secs: 600,
+            self_test_command: None,
+        }
+    }
+
+    pub fn rules(&self) -> HealthRules {
+        HealthRules {
+            degraded_temperature_c: self.degraded_temperature_c,
+            degraded_memory_pct: self.degraded_memory_pct,
+            degraded_window: Duration::from_secs(self.degraded_window_secs),
+            recover_after_clean_samples: self.recover_after_clean_samples,
+            ..HealthRules::default()
+        }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.rules().validate().map_err(anyhow::Error::msg)?;
+        if self.sample_ms == 0 {
+            anyhow::bail!("--sample-ms must be at least 1");
+        }
+        if self.idle_window_secs == 0 {
+            anyhow::bail!("--idle-window-secs must be at least 1");
+        }
+        if self.self_test_every_secs > 0 && self.self_test_secs == 0 {
+            anyhow::bail!("--self-test-secs must be at least 1");
+        }
+        const YEAR: u64 = 366 * 24 * 3600;
+        if self.self_test_every_secs > YEAR || self.self_test_secs > YEAR {
+            anyhow::bail!("--self-test-every-secs and --self-test-secs must be at most a year");
+        }
+        if self.idle_window_secs > YEAR {
+            anyhow::bail!("--idle-window-secs must be at most a year");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_actions_parse() {
+        assert_eq!(parse_idle_action("stop"), Ok(IdleAction::Stop));
+        assert_eq!(parse_idle_action("suspend"), Ok(IdleAction::Suspend));
+        assert!(parse_idle_action("hibernate").is_err());
+    }
+}

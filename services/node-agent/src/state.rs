@@ -1,0 +1,275 @@
+//! What the node-agent knows from the log about the leases on its node,
+//! and what it should do next about each: a pure fold ([`NodeState::apply`])
+//! and a pure decision ([`NodeState::decide`]). The agent loop executes the
+//! decision ([`crate::act`]).
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use lh_events::{
+    AssignedGpu, EndReason, Envelope, EventData, GpuHealth, IdlePolicy, NodeRegistered,
+    WorkloadSpec,
+};
+use uuid::Uuid;
+
+use crate::gpu::usage::IdleWatch;
+use crate::workload::Exit;
+
+/// The next thing to do about one lease on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseStep {
+    /// Moved to another node: its workload stops here and nothing is
+    /// reported (the lease goes on elsewhere).
+    Leave { lease_id: Uuid },
+    /// Its workload is asked to stop; the end (or the suspension) is
+    /// reported once the workload has exited.
+    StopWorkload { lease_id: Uuid },
+    /// Its workload starts, unless it already runs for this placement, and
+    /// `lease.started` is reported, guarded by the lease's last sequence.
+    Start { lease_id: Uuid },
+    /// `lease.suspended` is reported, guarded by the lease's last sequence.
+    Suspend { lease_id: Uuid },
+    /// `lease.ended` is reported.
+    End {
+        lease_id: Uuid,
+        reason: EndReason,
+        exit_code: Option<i32>,
+    },
+}
+
+impl LeaseStep {
+    pub(crate) fn lease_id(&self) -> Uuid {
+        match *self {
+            LeaseStep::Leave { lease_id }
+            | LeaseStep::StopWorkload { lease_id }
+            | LeaseStep::Start { lease_id }
+            | LeaseStep::Suspend { lease_id }
+            | LeaseStep::End { lease_id, .. } => lease_id,
+        }
+    }
+}
+
+/// What the log says about one lease placed on this node.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LocalLease {
+    pub(crate) started: bool,
+    pub(crate) stop_requested: bool,
+    /// A spot lease preempted for an on-demand one ends at this instant.
+    pub(crate) preemption_deadline: Option<chrono::DateTime<Utc>>,
+    pub(crate) ended: bool,
+    pub(crate) subject_sequence: u64,
+    /// Stream sequence of the placement on this node (`lease.placed`, or a
+    /// `lease.migrated` here): a lease that comes back starts afresh.
+    pub(crate) placement_sequence: u64,
+    pub(crate) correlation_id: Uuid,
+    pub(crate) tenant_id: Option<Uuid>,
+    /// The GPUs it holds here.
+    pub(crate) gpus: Vec<AssignedGpu>,
+    /// Moved to another node: its workload stops here, nothing is reported.
+    pub(crate) moved_away: bool,
+    /// A workload runs for this placement: the agent started it and has
+    /// not seen it exit or asked it to stop.
+    pub(crate) workload_running: bool,
+    /// A stop was sent to its workload; the end is reported once it exits.
+    pub(crate) stopping: bool,
+    /// Its workload ended (on its own, or stopped).
+    pub(crate) exit: Option<Exit>,
+    /// Its GPUs' idle stretch, while it runs.
+    pub(crate) idle: IdleWatch,
+    /// Idle under a `suspend` policy: its workload stops and the lease is
+    /// reported suspended, not ended.
+    pub(crate) suspend_requested: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct NodeState {
+    pub(crate) registered: Option<NodeRegistered>,
+    pub(crate) leases: BTreeMap<Uuid, LocalLease>,
+    /// Workloads of requested leases, until they end (any node's: the
+    /// request comes before the placement).
+    pub(crate) specs: HashMap<Uuid, WorkloadSpec>,
+    /// The health the log last recorded for each of this node's GPUs.
+    pub(crate) gpu_health: BTreeMap<u32, GpuHealth>,
+    /// Tenants' idle policies, where they set one.
+    pub(crate) idle_policies: HashMap<Uuid, IdlePolicy>,
+}
+
+impl NodeState {
+    pub(crate) fn apply(&mut self, node_id: &str, sequence: u64, envelope: &Envelope) {
+        match &envelope.data {
+            EventData::NodeRegistered(e) if e.node_id == node_id => {
+                self.registered = Some(e.clone());
+            }
+            EventData::NodeGpuHealthChanged(e) if e.node_id == node_id => {
+                self.gpu_health.insert(e.gpu_index, e.to);
+            }
+            EventData::TenantCreated(e) => {
+                if let Some(p) = e.idle_policy {
+                    self.idle_policies.insert(e.tenant_id, p);
+                }
+            }
+            EventData::LeaseRequested(e) => {
+                if let Some(w) = &e.workload {
+                    self.specs.insert(e.lease_id, w.clone());
+                }
+            }
+            EventData::LeaseRejected(e) => {
+                self.specs.remove(&e.lease_id);
+            }
+            EventData::LeasePlaced(e) if e.node_id == node_id => {
+                self.placed_here(e.lease_id, &e.gpus, sequence, envelope);
+            }
+            EventData::LeaseMigrated(e) => {
+                if e.from_node_id == node_id {
+                    // Moved away (this node was lost, or its GPU failed):
+                    // stop running it here, without ending the lease, which
+                    // goes on elsewhere. A node that comes back learns this
+                    // from the log and never resurrects the lease.
+                    if let Some(l) = self.leases.get_mut(&e.lease_id) {
+                        if !l.ended {
+                            tracing::info!(lease = %e.lease_id, reason = %e.reason, "lease moved away; stopping it here");
+                        }
+                        l.moved_away = true;
+                    }
+                }
+                match &e.to {
+                    Some(to) if to.node_id == node_id => {
+                        self.placed_here(e.lease_id, &to.gpus, sequence, envelope);
+                    }
+                    _ => {}
+                }
+            }
+            other => {
+                // Every event on a lease's subject counts toward the sequence
+                // the guarded `lease.started` and `lease.suspended` expect.
+                let Some(lease_id) = other.lease_id() else {
+                    return;
+                };
+                let Some(l) = self.leases.get_mut(&lease_id) else {
+                    return;
+                };
+                l.subject_sequence = l.subject_sequence.max(sequence);
+                match other {
+                    EventData::LeasePreemptionNoticed(e) => {
+                        l.preemption_deadline = Some(e.deadline)
+                    }
+                    EventData::LeaseStarted(_) => l.started = true,
+                    EventData::LeaseStopRequested(_) => l.stop_requested = true,
+                    EventData::LeaseEnded(_) => {
+                        l.ended = true;
+                        self.specs.remove(&lease_id);
+                    }
+                    // Its run here is over; a resume places it afresh.
+                    EventData::LeaseSuspended(_) => l.ended = true,
+                    // An agent that restarts between the idle report and the
+                    // suspension still owes the suspension.
+                    EventData::LeaseIdleDetected(e)
+                        if e.action == lh_events::IdleAction::Suspend
+                            && sequence > l.placement_sequence =>
+                    {
+                        l.suspend_requested = true
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn placed_here(
+        &mut self,
+        lease_id: Uuid,
+        gpus: &[AssignedGpu],
+        sequence: u64,
+        envelope: &Envelope,
+    ) {
+        // The simulated node has no instances to make; a real one
+        // creates the GPU instance before it starts the lease.
+        for g in gpus {
+            if let Some(m) = &g.mig_instance {
+                tracing::debug!(lease = %lease_id, gpu = g.index, profile = %m.profile, start = m.start, "MIG instance for lease");
+            }
+        }
+        let l = self.leases.entry(lease_id).or_default();
+        *l = LocalLease {
+            subject_sequence: sequence,
+            placement_sequence: sequence,
+            correlation_id: envelope.correlation_id,
+            tenant_id: envelope.tenant_id,
+            gpus: gpus.to_vec(),
+            // A stop asked before it came here still holds.
+            stop_requested: l.stop_requested,
+            ..LocalLease::default()
+        };
+    }
+
+    /// What to do next about each lease that has not ended here, at `now`
+    /// (a preemption deadline falls due with time). At most one step per
+    /// lease, in lease order.
+    pub(crate) fn decide(&self, now: DateTime<Utc>) -> Vec<LeaseStep> {
+        let mut steps = Vec::new();
+        for (&lease_id, lease) in self.leases.iter().filter(|(_, l)| !l.ended) {
+            if lease.moved_away {
+                steps.push(LeaseStep::Leave { lease_id });
+                continue;
+            }
+            let preempt_now = lease.preemption_deadline.is_some_and(|d| now >= d);
+            let ending = lease.stop_requested || preempt_now;
+            let suspending = lease.suspend_requested && lease.started && !ending;
+            if (ending || suspending) && lease.workload_running {
+                // The end is reported when the workload has exited.
+                steps.push(LeaseStep::StopWorkload { lease_id });
+                continue;
+            }
+            if lease.stopping && lease.exit.is_none() {
+                continue;
+            }
+            // A workload that finished on its own before the suspension
+            // ends the lease as usual.
+            let exited_by_itself = lease.exit.is_some() && !lease.stopping;
+            if suspending && !exited_by_itself {
+                steps.push(LeaseStep::Suspend { lease_id });
+            } else if ending || lease.exit.is_some() {
+                let exit_code = lease.exit.and_then(|e| e.code);
+                let reason = if !lease.started {
+                    EndReason::Cancelled
+                } else if lease.stop_requested {
+                    EndReason::Stopped
+                } else if preempt_now {
+                    EndReason::Preempted
+                } else if exit_code == Some(0) {
+                    EndReason::Completed
+                } else {
+                    EndReason::Failed
+                };
+                steps.push(LeaseStep::End {
+                    lease_id,
+                    reason,
+                    exit_code,
+                });
+            } else if !lease.started {
+                steps.push(LeaseStep::Start { lease_id });
+            }
+        }
+        steps
+    }
+
+    pub(crate) fn running(&self) -> usize {
+        self.running_here().count()
+    }
+
+    /// Leases that hold GPUs here now: placed (started or about to), not
+    /// ended or moved away.
+    pub(crate) fn holding(&self) -> impl Iterator<Item = (&Uuid, &LocalLease)> {
+        self.leases
+            .iter()
+            .filter(|(_, l)| !l.ended && !l.moved_away)
+    }
+
+    /// The leases of [`NodeState::holding`] that have started.
+    pub(crate) fn running_here(&self) -> impl Iterator<Item = (&Uuid, &LocalLease)> {
+        self.holding().filter(|(_, l)| l.started)
+    }
+}
+
+#[cfg(test)]
+mod tests;

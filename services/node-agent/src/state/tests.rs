@@ -1,0 +1,245 @@
+//! Given what the log says about a lease on this node, when the agent
+//! decides at some instant, then these steps.
+
+use super::*;
+use lh_events::{Actor, LeasePreemptionNoticed, LeaseStopRequested};
+
+use crate::workload::Exit;
+
+const NODE: &str = "node-a";
+
+fn t(s: i64) -> DateTime<Utc> {
+    "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
+}
+
+fn lease_id() -> Uuid {
+    Uuid::from_u128(7)
+}
+
+fn given(lease: LocalLease) -> NodeState {
+    let mut state = NodeState::default();
+    state.leases.insert(lease_id(), lease);
+    state
+}
+
+/// Placed here at sequence 10, not started yet.
+fn placed() -> LocalLease {
+    LocalLease {
+        subject_sequence: 10,
+        placement_sequence: 10,
+        ..LocalLease::default()
+    }
+}
+
+/// Placed and started, its workload running.
+fn running() -> LocalLease {
+    LocalLease {
+        started: true,
+        workload_running: true,
+        subject_sequence: 11,
+        ..placed()
+    }
+}
+
+fn exited(code: i32) -> Option<Exit> {
+    Some(Exit {
+        code: Some(code),
+        signal: None,
+    })
+}
+
+fn when(state: &mut NodeState, sequence: u64, data: EventData) {
+    let envelope = Envelope::new(Actor::Admin, t(0), data);
+    state.apply(NODE, sequence, &envelope);
+}
+
+fn end(reason: EndReason, exit_code: Option<i32>) -> Vec<LeaseStep> {
+    vec![LeaseStep::End {
+        lease_id: lease_id(),
+        reason,
+        exit_code,
+    }]
+}
+
+#[test]
+fn a_lease_placed_here_starts() {
+    let state = given(placed());
+    assert_eq!(
+        state.decide(t(0)),
+        [LeaseStep::Start {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_running_lease_with_nothing_asked_needs_nothing() {
+    assert_eq!(given(running()).decide(t(0)), []);
+}
+
+#[test]
+fn a_stop_request_stops_a_running_workload_first() {
+    let mut state = given(running());
+    when(
+        &mut state,
+        12,
+        EventData::LeaseStopRequested(LeaseStopRequested {
+            lease_id: lease_id(),
+        }),
+    );
+    assert_eq!(state.leases[&lease_id()].subject_sequence, 12);
+    assert_eq!(
+        state.decide(t(0)),
+        [LeaseStep::StopWorkload {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_stopped_workload_is_waited_for_then_the_lease_ends_stopped() {
+    let stopping = LocalLease {
+        stop_requested: true,
+        stopping: true,
+        workload_running: false,
+        ..running()
+    };
+    assert_eq!(given(stopping.clone()).decide(t(0)), []);
+    let gone = LocalLease {
+        exit: Some(Exit {
+            code: None,
+            signal: Some(15),
+        }),
+        ..stopping
+    };
+    assert_eq!(given(gone).decide(t(0)), end(EndReason::Stopped, None));
+}
+
+#[test]
+fn a_stop_request_without_a_workload_ends_the_lease_at_once() {
+    let simulated = LocalLease {
+        stop_requested: true,
+        workload_running: false,
+        ..running()
+    };
+    assert_eq!(given(simulated).decide(t(0)), end(EndReason::Stopped, None));
+}
+
+#[test]
+fn a_lease_stopped_before_it_started_is_cancelled() {
+    let state = given(LocalLease {
+        stop_requested: true,
+        ..placed()
+    });
+    assert_eq!(state.decide(t(0)), end(EndReason::Cancelled, None));
+}
+
+#[test]
+fn a_preemption_ends_the_lease_once_its_deadline_has_passed() {
+    let mut state = given(LocalLease {
+        workload_running: false,
+        ..running()
+    });
+    when(
+        &mut state,
+        12,
+        EventData::LeasePreemptionNoticed(LeasePreemptionNoticed {
+            lease_id: lease_id(),
+            node_id: NODE.into(),
+            preempted_for: Uuid::from_u128(8),
+            deadline: t(30),
+        }),
+    );
+    assert_eq!(state.decide(t(29)), []);
+    assert_eq!(state.decide(t(30)), end(EndReason::Preempted, None));
+    assert_eq!(state.decide(t(31)), end(EndReason::Preempted, None));
+}
+
+#[test]
+fn a_preemption_due_stops_a_running_workload_first() {
+    let state = given(LocalLease {
+        preemption_deadline: Some(t(30)),
+        ..running()
+    });
+    assert_eq!(
+        state.decide(t(30)),
+        [LeaseStep::StopWorkload {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_workload_that_exits_on_its_own_ends_the_lease_by_its_code() {
+    let done = |code| LocalLease {
+        exit: exited(code),
+        workload_running: false,
+        ..running()
+    };
+    assert_eq!(
+        given(done(0)).decide(t(0)),
+        end(EndReason::Completed, Some(0))
+    );
+    assert_eq!(given(done(3)).decide(t(0)), end(EndReason::Failed, Some(3)));
+}
+
+#[test]
+fn an_idle_lease_under_suspend_stops_its_workload_then_is_suspended() {
+    let idle = LocalLease {
+        suspend_requested: true,
+        ..running()
+    };
+    assert_eq!(
+        given(idle.clone()).decide(t(0)),
+        [LeaseStep::StopWorkload {
+            lease_id: lease_id()
+        }]
+    );
+    let stopped = LocalLease {
+        workload_running: false,
+        stopping: true,
+        exit: exited(143),
+        ..idle
+    };
+    assert_eq!(
+        given(stopped).decide(t(0)),
+        [LeaseStep::Suspend {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_workload_that_finished_before_its_suspension_ends_the_lease() {
+    let state = given(LocalLease {
+        suspend_requested: true,
+        workload_running: false,
+        exit: exited(0),
+        ..running()
+    });
+    assert_eq!(state.decide(t(0)), end(EndReason::Completed, Some(0)));
+}
+
+#[test]
+fn a_lease_moved_away_leaves_without_a_report() {
+    let state = given(LocalLease {
+        moved_away: true,
+        ..running()
+    });
+    assert_eq!(
+        state.decide(t(0)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn ended_leases_need_nothing() {
+    let state = given(LocalLease {
+        ended: true,
+        stop_requested: true,
+        ..running()
+    });
+    assert_eq!(state.decide(t(0)), []);
+}
