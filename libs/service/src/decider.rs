@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
 use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
 use lh_events::Envelope;
 use lh_telemetry::Readiness;
@@ -52,6 +53,10 @@ impl Default for Pace {
 
 /// A service's write-side logic, without I/O.
 pub trait Decider: Send {
+    /// What else than the log a decider hears (heartbeats, a workload's
+    /// exit, a GPU's sample); `std::convert::Infallible` when nothing.
+    type Signal: Send;
+
     /// Names the decider in logs and metrics (the service's name).
     fn name(&self) -> &'static str;
 
@@ -66,6 +71,14 @@ pub trait Decider: Send {
     /// as they are stored and the feed delivers them again later, so
     /// applying an event twice must change nothing.
     fn apply(&mut self, sequence: u64, envelope: &Envelope);
+
+    /// Folds one signal; true when it calls for deciding again. Signals are
+    /// read only once the fold has first caught up with the log, so that
+    /// they are judged against what the log says (until then they wait in
+    /// their source).
+    fn signal(&mut self, _signal: Self::Signal, _now: DateTime<Utc>) -> bool {
+        false
+    }
 
     /// What to append now: decisions in order, each stored atomically. An
     /// [`Expect::LastSubjectSequence`] on a subject that an earlier batch of
@@ -92,6 +105,28 @@ pub async fn run<D: Decider>(
     shutdown: CancellationToken,
     readiness: Readiness,
 ) -> anyhow::Result<()> {
+    run_with_signals(
+        bus,
+        decider,
+        clock,
+        shutdown,
+        readiness,
+        futures::stream::pending(),
+    )
+    .await
+}
+
+/// [`run`], with a stream of signals besides the log.
+pub async fn run_with_signals<D: Decider>(
+    bus: &Bus,
+    decider: &mut D,
+    clock: &dyn Clock,
+    shutdown: CancellationToken,
+    readiness: Readiness,
+    signals: impl Stream<Item = D::Signal>,
+) -> anyhow::Result<()> {
+    let mut signals = std::pin::pin!(signals);
+    let mut caught_up_once = false;
     let pace = decider.pace();
     let mut feed = bus.feed(decider.filters(), 1).await?;
     let mut tick = tokio::time::interval(pace.tick);
@@ -113,7 +148,13 @@ pub async fn run<D: Decider>(
                 None => caught_up = true,
             },
             _ = tick.tick() => dirty = true,
+            Some(signal) = signals.next(), if caught_up_once => {
+                if decider.signal(signal, clock.now()) {
+                    dirty = true;
+                }
+            }
         }
+        caught_up_once |= caught_up;
         if !caught_up || !dirty || retry_at.is_some_and(|t| tokio::time::Instant::now() < t) {
             continue;
         }

@@ -52,6 +52,8 @@ impl Filler {
 }
 
 impl Decider for Filler {
+    type Signal = std::convert::Infallible;
+
     fn name(&self) -> &'static str {
         "filler"
     }
@@ -206,4 +208,99 @@ fn packing_merges_where_the_decider_can_and_caps_the_batch() {
     let packed = pack(many, |_: &mut Envelope, _: &Envelope| false);
     assert!(packed.iter().all(|b| b.len() <= lh_bus::MAX_BATCH_MESSAGES));
     assert_eq!(packed.iter().map(Vec::len).sum::<usize>(), 100);
+}
+
+/// Writes one cordon per signal, and notes how much of the log it had
+/// folded when each signal arrived.
+#[derive(Default)]
+struct Echo {
+    folded: usize,
+    pending: Vec<String>,
+    folded_at_signal: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl Decider for Echo {
+    type Signal = String;
+
+    fn name(&self) -> &'static str {
+        "echo"
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        &[subject::NODES_ALL]
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: Duration::from_millis(20),
+            ..Pace::default()
+        }
+    }
+
+    fn apply(&mut self, _sequence: u64, _envelope: &Envelope) {
+        self.folded += 1;
+    }
+
+    fn signal(&mut self, signal: String, _now: DateTime<Utc>) -> bool {
+        self.folded_at_signal.lock().unwrap().push(self.folded);
+        self.pending.push(signal);
+        true
+    }
+
+    fn decide(&mut self, _now: DateTime<Utc>) -> Vec<Batch> {
+        self.pending
+            .drain(..)
+            .map(|reason| vec![(cordon(&reason), Expect::Any)])
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn signals_wait_for_the_fold_to_catch_up_then_lead_to_decisions() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    for i in 0..3 {
+        bus.publish(&cordon(&format!("before {i}")), Expect::Any)
+            .await
+            .unwrap();
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // Sent before the loop starts: it must not be judged on an empty fold.
+    tx.send("early".to_string()).unwrap();
+    let mut echo = Echo::default();
+    let folded_at_signal = echo.folded_at_signal.clone();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (bus, shutdown) = (bus.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let signals = tokio_stream_from(rx);
+            decider::run_with_signals(
+                &bus,
+                &mut echo,
+                &SystemClock,
+                shutdown,
+                Readiness::default(),
+                signals,
+            )
+            .await
+        })
+    };
+    assert_eq!(settle(&bus, 4).await, 4);
+    tx.send("late".to_string()).unwrap();
+    assert_eq!(settle(&bus, 5).await, 5);
+    assert_eq!(
+        folded_at_signal.lock().unwrap()[0],
+        3,
+        "judged on the whole log"
+    );
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

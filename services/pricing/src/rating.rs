@@ -358,6 +358,8 @@ pub struct Rating {
 }
 
 impl Decider for Rating {
+    type Signal = std::convert::Infallible;
+
     fn name(&self) -> &'static str {
         SERVICE
     }

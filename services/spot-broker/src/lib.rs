@@ -69,6 +69,8 @@ impl SpotMarket {
 }
 
 impl Decider for SpotMarket {
+    type Signal = std::convert::Infallible;
+
     fn name(&self) -> &'static str {
         SERVICE
     }
