@@ -415,6 +415,44 @@ impl Bus {
         }
     }
 
+    /// The newest telemetry sample of every subject matching `filter` that
+    /// the stream still holds (for example every node's last heartbeat), at
+    /// most `max_subjects` of them.
+    pub async fn last_telemetry_each(
+        &self,
+        filter: &str,
+        max_subjects: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let stream = self
+            .js
+            .get_stream(subject::TELEMETRY_STREAM)
+            .await
+            .map_err(js_err)?;
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subject: filter.to_string(),
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        let mut messages = consumer.messages().await.map_err(js_err)?;
+        let mut samples = Vec::new();
+        // An empty selection delivers nothing; a short wait tells that apart
+        // from a slow server.
+        while samples.len() < max_subjects {
+            let next = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
+            let Ok(Some(message)) = next else { break };
+            let message = message.map_err(js_err)?;
+            let pending = message.info().map_err(js_err)?.pending;
+            samples.push(message.payload.to_vec());
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok(samples)
+    }
+
     /// Live telemetry samples on `filter`, as they are published.
     pub async fn subscribe_telemetry(&self, filter: &str) -> Result<async_nats::Subscriber> {
         self.client

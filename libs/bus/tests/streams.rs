@@ -168,3 +168,44 @@ async fn acknowledged_events_survive_a_server_kill() {
         .unwrap();
     assert_eq!(bus.last_sequence().await.unwrap(), 20);
 }
+
+#[tokio::test]
+async fn the_last_telemetry_sample_of_each_subject() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    assert!(bus
+        .last_telemetry_each(subject::HEARTBEATS_ALL, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    for round in 0..2 {
+        for node in ["a", "b", "c"] {
+            bus.publish_telemetry(
+                subject::heartbeat(node),
+                format!("{node}{round}").into_bytes(),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let mut last = Vec::new();
+    for _ in 0..50 {
+        last = bus
+            .last_telemetry_each(subject::HEARTBEATS_ALL, 10)
+            .await
+            .unwrap();
+        if last.contains(&b"c1".to_vec()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    last.sort();
+    assert_eq!(last, vec![b"a1".to_vec(), b"b1".to_vec(), b"c1".to_vec()]);
+    let capped = bus
+        .last_telemetry_each(subject::HEARTBEATS_ALL, 2)
+        .await
+        .unwrap();
+    assert_eq!(capped.len(), 2);
+}
