@@ -42,11 +42,11 @@ impl State {
                 .unwrap_or_default();
             let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
             let placed = planner.place(lease.ask(), &lease.gpu_model).ok();
-            let mut batch = Vec::new();
+            let mut allocated = None;
             let to = placed.map(|p| {
                 let (relocation, allocation) = relocate(scratch, lease, &p);
                 let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
-                batch.push((allocation, node_seq));
+                allocated = Some((allocation, node_seq));
                 relocation
             });
             let migrated = EventData::LeaseMigrated(LeaseMigrated {
@@ -57,15 +57,14 @@ impl State {
                 billing_ends_at: last_heard,
                 to,
             });
-            let migrated = lease_event(lease, now, migrated, "lease.migrated");
+            let migrated = lease_event(lease, now, migrated);
             scratch.apply(u64::MAX, &migrated.data);
             let mut decision = vec![(
                 migrated.clone(),
                 Expect::LastSubjectSequence(lease.subject_sequence),
             )];
-            for (allocation, node_seq) in batch {
-                let mut env = lease_event(lease, now, allocation, "node.gpus_allocated.migrated");
-                env.causation_id = Some(migrated.id);
+            if let Some((allocation, node_seq)) = allocated {
+                let env = migration_allocation(lease, now, allocation, &migrated);
                 scratch.apply(u64::MAX, &env.data);
                 decision.push((env, Expect::LastSubjectSequence(node_seq)));
             }
