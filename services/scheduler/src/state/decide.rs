@@ -9,6 +9,8 @@ use lh_domain::fleet::Fleet;
 use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected, Tier};
 use uuid::Uuid;
 
+use lh_placement::Pending;
+
 use super::*;
 use crate::planner::{self, Chosen, Planner};
 
@@ -75,7 +77,7 @@ impl State {
             }
             match pass.planner().place(lease.ask(), &lease.gpu_model) {
                 Ok(chosen) => place_one(&mut pass, lease, &chosen),
-                Err(_) => self.wait(&mut pass, lease),
+                Err(pending) => self.wait(&mut pass, lease, pending.as_ref()),
             }
         }
         Decisions { batches: pass.out }
@@ -147,13 +149,13 @@ impl State {
 
     /// `lease` does not fit now: it may preempt spot leases, it may hold
     /// GPUs back from smaller leases, and it is told why and where it waits.
-    fn wait<'a>(&self, pass: &mut Pass<'a>, lease: &'a Lease) {
+    fn wait<'a>(&self, pass: &mut Pass<'a>, lease: &'a Lease, pending: Option<&Pending>) {
         let position = {
             let p = pass.positions.entry(&lease.gpu_model).or_default();
             *p += 1;
             *p
         };
-        let (mut reason, busy) = why_pending(&pass.scratch, lease);
+        let (mut reason, busy) = why_pending(&pass.scratch, lease, pending);
         if busy {
             if let Some(preempting) = self.preempt_for(pass, lease) {
                 reason = preempting;

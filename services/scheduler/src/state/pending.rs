@@ -1,96 +1,94 @@
-//! Why a lease waits (or can never be placed).
+//! Why a lease waits, or can never be placed as the fleet is: the
+//! lh-placement engine that refused it says which (its [`Pending`]); this
+//! module words it for the tenant, with the figures of the fleet the engine
+//! was built from.
 
 use lh_domain::fleet::Fleet;
-use lh_domain::placement::{self, Request, Unplaceable};
+use lh_domain::placement::{Gpu, Node};
 use lh_events::GpuHealth;
+use lh_placement::{Pending, Reject};
 
 use super::*;
 
-/// Why `lease` cannot be placed now, and whether only busy capacity is in
-/// the way (so waiting, or preempting, can help).
-pub(super) fn why_pending(scratch: &Fleet, lease: &Lease) -> (String, bool) {
-    if let Some(profile) = &lease.mig_profile {
-        let mig_gpus = scratch
+/// Why `lease` cannot be placed now, from the engine's refusal (`None`: the
+/// ask is out of the engine's range, so nothing ever fits), and whether only
+/// busy GPUs are in the way (so waiting, or preempting, can help).
+pub(super) fn why_pending(
+    scratch: &Fleet,
+    lease: &Lease,
+    pending: Option<&Pending>,
+) -> (String, bool) {
+    let busy = pending.is_some_and(Pending::busy);
+    let refused_for = |reason: Reject| pending.is_some_and(|p| p.count(reason) > 0);
+    let model = &lease.gpu_model;
+    let reason = if let Some(profile) = &lease.mig_profile {
+        let in_mig = scratch
             .nodes
             .values()
-            .flat_map(|n| n.gpus.iter())
-            .filter(|g| g.model == lease.gpu_model && g.mig)
+            .flat_map(|n| usable(n, model))
+            .filter(|g| g.mig)
             .count();
-        return match (mig_size(&lease.gpu_model, profile), mig_gpus) {
-            (None, _) => (
-                format!("{} has no MIG profile {profile}", lease.gpu_model),
-                false,
-            ),
-            (Some(_), 0) => (
-                format!("no {} in MIG mode yet", lease.gpu_model),
-                false,
-            ),
-            (Some(_), n) => (
-                format!(
-                    "waiting for capacity: no room for a {profile} instance on the {n} {} in MIG mode",
-                    lease.gpu_model
-                ),
-                true,
-            ),
-        };
-    }
-    match lease.fraction {
-        None => {
-            let request = Request {
-                gpus: lease.gpus,
-                gpu_model: lease.gpu_model.clone(),
-            };
-            let usable: Vec<placement::Node> = scratch
-                .nodes
-                .values()
-                .filter(|n| n.is_schedulable())
-                .map(|n| placement::Node {
-                    gpus: n
-                        .gpus
-                        .iter()
-                        .filter(|g| g.health == GpuHealth::Healthy)
-                        .cloned()
-                        .collect(),
-                    ..n.clone()
-                })
-                .collect();
-            match placement::best_fit(&usable, &request) {
-                Err(why) => (
-                    why.reason(&request),
-                    matches!(why, Unplaceable::Busy { .. }),
-                ),
-                // Only when the ask is out of the engine's range.
-                Ok(_) => (
-                    format!("{} x {} cannot be placed", lease.gpus, lease.gpu_model),
-                    false,
-                ),
-            }
+        if mig_size(model, profile).is_none() || (!busy && refused_for(Reject::MigProfile)) {
+            format!("{model} has no MIG profile {profile}")
+        } else if busy {
+            format!(
+                "waiting for capacity: no room for a {profile} instance on the {in_mig} {model} in MIG mode"
+            )
+        } else {
+            format!("no {model} in MIG mode yet")
         }
-        Some(f) => {
-            let largest = scratch
-                .nodes
-                .values()
-                .flat_map(|n| n.gpus.iter())
-                .filter(|g| g.model == lease.gpu_model)
-                .map(|g| g.vram_gb)
-                .max();
-            match largest {
-                None => (format!("no node offers {} yet", lease.gpu_model), false),
-                Some(v) if v < f.vram_gb || f.milli > 1000 || f.milli == 0 => (
-                    format!(
-                        "a share of {} milli / {} GB does not fit one {} ({v} GB)",
-                        f.milli, f.vram_gb, lease.gpu_model
-                    ),
-                    false,
-                ),
-                Some(_) => (
-                    format!(
-                        "waiting for capacity: a share of {} milli / {} GB of one {}",
-                        f.milli, f.vram_gb, lease.gpu_model
-                    ),
-                    true,
-                ),
+    } else if let Some(f) = lease.fraction {
+        let (milli, vram_gb) = (f.milli, f.vram_gb);
+        let largest = scratch
+            .nodes
+            .values()
+            .flat_map(|n| usable(n, model))
+            .filter(|g| !g.mig)
+            .map(|g| g.vram_gb)
+            .max();
+        match largest {
+            _ if busy => format!(
+                "waiting for capacity: a share of {milli} milli / {vram_gb} GB of one {model}"
+            ),
+            Some(v) if pending.is_none() || refused_for(Reject::GpuTooSmall) => {
+                format!("a share of {milli} milli / {vram_gb} GB does not fit one {model} ({v} GB)")
             }
+            _ if refused_for(Reject::GpuMode) => {
+                format!("no {model} out of MIG mode takes shares yet")
+            }
+            _ => format!("no node offers {model} yet"),
         }
-    }
+    } else {
+        let gpus = lease.gpus;
+        let per_node = scratch.nodes.values().map(|n| {
+            let whole: Vec<_> = usable(n, model).filter(|g| !g.mig).collect();
+            let free = whole.iter().filter(|g| g.is_free()).count();
+            (whole.len(), free)
+        });
+        let (largest, free_max) = per_node.fold((0, 0), |(l, f), (nl, nf)| (l.max(nl), f.max(nf)));
+        if busy {
+            format!(
+                "waiting for capacity: {gpus} x {model} requested, at most {free_max} free on one node"
+            )
+        } else if pending.is_none() || refused_for(Reject::GpuTooSmall) {
+            format!("{gpus} x {model} requested but the largest node has {largest}")
+        } else if refused_for(Reject::GpuMode) {
+            format!("no {model} out of MIG mode yet")
+        } else {
+            format!("no node offers {model} yet")
+        }
+    };
+    (reason, busy)
+}
+
+/// The GPUs of `model` on `node` the engine places on: healthy, on a node
+/// that takes leases.
+fn usable<'a>(node: &'a Node, model: &'a str) -> impl Iterator<Item = &'a Gpu> + 'a {
+    let gpus = if node.is_schedulable() {
+        &node.gpus[..]
+    } else {
+        &[]
+    };
+    gpus.iter()
+        .filter(move |g| g.model == model && g.health == GpuHealth::Healthy)
 }
