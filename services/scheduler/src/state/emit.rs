@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use lh_bus::Expect;
-use lh_domain::fleet::Fleet;
-use lh_domain::placement;
+use lh_domain::fleet::{Fleet, Gpu};
+
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeasePlaced,
     LeasePreemptionNoticed, MigInstance, NodeAllocation, NodeGpusAllocated, Relocation,
@@ -110,7 +110,7 @@ pub(super) fn relocate(
     p: &planner::Chosen,
 ) -> (Relocation, EventData) {
     let node = &scratch.nodes[&p.node_id];
-    let gpus: Vec<&placement::Gpu> = p
+    let gpus: Vec<&Gpu> = p
         .gpu_indices
         .iter()
         .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))

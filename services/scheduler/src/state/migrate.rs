@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, Utc};
 use lh_bus::Expect;
-use lh_domain::fleet::Fleet;
-use lh_domain::placement;
+use lh_domain::fleet::{Fleet, Node};
+
 use lh_events::{DrainMode, EventData, GpuHealth, LeaseMigrated};
 use uuid::Uuid;
 
@@ -78,7 +78,7 @@ impl State {
 /// (now), or one of the lease's GPUs turned unhealthy (when it did).
 fn why_move(
     scratch: &Fleet,
-    node: &placement::Node,
+    node: &Node,
     lease_id: Uuid,
     now: DateTime<Utc>,
 ) -> Option<(String, DateTime<Utc>)> {

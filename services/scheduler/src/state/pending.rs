@@ -3,8 +3,7 @@
 //! module words it for the tenant, with the figures of the fleet the engine
 //! was built from.
 
-use lh_domain::fleet::Fleet;
-use lh_domain::placement::{Gpu, Node};
+use lh_domain::fleet::{Fleet, Gpu, Node};
 use lh_events::GpuHealth;
 use lh_placement::{Pending, Reject};
 
