@@ -147,3 +147,62 @@ fn same_state_same_decision() {
         flat(s.decide(now, &Rules::default()))
     );
 }
+
+#[test]
+fn a_waiting_lease_says_whether_busy_gpus_or_the_fleet_keep_it_out() {
+    let t = Uuid::from_u128(1);
+    let l = Uuid::from_u128;
+    let mut s = given(vec![
+        node("a", 2),
+        node_mig("m", 1),
+        tenant(t, 100),
+        request(l(2), t, 2),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    s.apply(5000, &env(request(l(3), t, 1)));
+    s.apply(5001, &env(request(l(4), t, 3)));
+    s.apply(5002, &env(request_frac(l(5), t, 500, 41)));
+    s.apply(5003, &env(request_frac(l(6), t, 500, 10)));
+    settle(&mut s, Utc::now(), &Rules::default());
+    let reason = |lease| match &s.leases[&lease].status {
+        Status::Queued { reason, .. } => reason.clone(),
+        other => panic!("{other:?}"),
+    };
+    // Busy: the node could take it once its lease ends.
+    assert_eq!(
+        reason(l(3)),
+        "waiting for capacity: 1 x A100-40GB requested, at most 0 free on one node"
+    );
+    assert!(reason(l(6)).starts_with("waiting for capacity: a share of 500 milli / 10 GB"));
+    // Never, as the fleet is: a GPU in MIG mode takes no whole-GPU lease.
+    assert_eq!(
+        reason(l(4)),
+        "3 x A100-40GB requested but the largest node has 2"
+    );
+    assert_eq!(
+        reason(l(5)),
+        "a share of 500 milli / 41 GB does not fit one A100-40GB (40 GB)"
+    );
+}
+
+#[test]
+fn no_gpu_in_the_right_mode_is_not_a_wait_for_capacity() {
+    let t = Uuid::from_u128(1);
+    let l = Uuid::from_u128;
+    let mut s = given(vec![node_mig("m", 2), tenant(t, 100), request(l(2), t, 1)]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    match &s.leases[&l(2)].status {
+        Status::Queued { reason, .. } => assert_eq!(reason, "no A100-40GB out of MIG mode yet"),
+        other => panic!("{other:?}"),
+    }
+    let mut s = given(vec![
+        node("a", 2),
+        tenant(t, 100),
+        request_mig(l(2), t, "1g.5gb"),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    match &s.leases[&l(2)].status {
+        Status::Queued { reason, .. } => assert_eq!(reason, "no A100-40GB in MIG mode yet"),
+        other => panic!("{other:?}"),
+    }
+}
