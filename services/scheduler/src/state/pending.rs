@@ -4,7 +4,7 @@
 //! was built from.
 
 use lh_domain::fleet::{Fleet, Gpu, Node};
-use lh_events::GpuHealth;
+use lh_events::{GpuFraction, GpuHealth};
 use lh_placement::{Pending, Reject};
 
 use super::*;
@@ -17,67 +17,108 @@ pub(super) fn why_pending(
     lease: &Lease,
     pending: Option<&Pending>,
 ) -> (String, bool) {
-    let busy = pending.is_some_and(Pending::busy);
-    let refused_for = |reason: Reject| pending.is_some_and(|p| p.count(reason) > 0);
+    let refusal = Refusal::of(pending);
     let model = &lease.gpu_model;
-    let reason = if let Some(profile) = &lease.mig_profile {
-        let in_mig = scratch
-            .nodes
-            .values()
-            .flat_map(|n| usable(n, model))
-            .filter(|g| g.mig)
-            .count();
-        if mig_size(model, profile).is_none() || (!busy && refused_for(Reject::MigProfile)) {
-            format!("{model} has no MIG profile {profile}")
-        } else if busy {
-            format!(
-                "waiting for capacity: no room for a {profile} instance on the {in_mig} {model} in MIG mode"
-            )
+    let reason = match (&lease.mig_profile, lease.fraction) {
+        (Some(profile), _) => mig_reason(scratch, model, profile, refusal),
+        (None, Some(share)) => share_reason(scratch, model, share, refusal),
+        (None, None) => whole_reason(scratch, model, lease.gpus, refusal),
+    };
+    (reason, refusal == Refusal::Busy)
+}
+
+/// What keeps a lease out, as the engine's refusal tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// GPUs that could take it are busy now.
+    Busy,
+    /// No node could take it even with all its GPUs free.
+    TooSmall,
+    /// No GPU of the model in MIG mode has its profile.
+    NoProfile,
+    /// No GPU of the model is in the sharing mode it needs.
+    WrongMode,
+    /// No node that takes leases has the model.
+    NoModel,
+}
+
+impl Refusal {
+    fn of(pending: Option<&Pending>) -> Self {
+        let Some(p) = pending else {
+            return Refusal::TooSmall;
+        };
+        let refused_for = |reason: Reject| p.count(reason) > 0;
+        if p.busy() {
+            Refusal::Busy
+        } else if refused_for(Reject::GpuTooSmall) {
+            Refusal::TooSmall
+        } else if refused_for(Reject::MigProfile) {
+            Refusal::NoProfile
+        } else if refused_for(Reject::GpuMode) {
+            Refusal::WrongMode
         } else {
-            format!("no {model} in MIG mode yet")
+            Refusal::NoModel
         }
-    } else if let Some(f) = lease.fraction {
-        let (milli, vram_gb) = (f.milli, f.vram_gb);
-        let largest = scratch
-            .nodes
-            .values()
-            .flat_map(|n| usable(n, model))
-            .filter(|g| !g.mig)
-            .map(|g| g.vram_gb)
-            .max();
-        match largest {
-            _ if busy => format!(
-                "waiting for capacity: a share of {milli} milli / {vram_gb} GB of one {model}"
-            ),
-            Some(v) if pending.is_none() || refused_for(Reject::GpuTooSmall) => {
-                format!("a share of {milli} milli / {vram_gb} GB does not fit one {model} ({v} GB)")
-            }
-            _ if refused_for(Reject::GpuMode) => {
-                format!("no {model} out of MIG mode takes shares yet")
-            }
-            _ => format!("no node offers {model} yet"),
+    }
+}
+
+fn mig_reason(scratch: &Fleet, model: &str, profile: &str, refusal: Refusal) -> String {
+    if mig_size(model, profile).is_none() || refusal == Refusal::NoProfile {
+        return format!("{model} has no MIG profile {profile}");
+    }
+    if refusal != Refusal::Busy {
+        return format!("no {model} in MIG mode yet");
+    }
+    let in_mig = scratch
+        .nodes
+        .values()
+        .flat_map(|n| usable(n, model))
+        .filter(|g| g.mig)
+        .count();
+    format!("waiting for capacity: no room for a {profile} instance on the {in_mig} {model} in MIG mode")
+}
+
+fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refusal) -> String {
+    let (milli, vram_gb) = (share.milli, share.vram_gb);
+    let largest = scratch
+        .nodes
+        .values()
+        .flat_map(|n| usable(n, model))
+        .filter(|g| !g.mig)
+        .map(|g| g.vram_gb)
+        .max();
+    match (refusal, largest) {
+        (Refusal::Busy, _) => {
+            format!("waiting for capacity: a share of {milli} milli / {vram_gb} GB of one {model}")
         }
-    } else {
-        let gpus = lease.gpus;
-        let per_node = scratch.nodes.values().map(|n| {
-            let whole: Vec<_> = usable(n, model).filter(|g| !g.mig).collect();
+        (Refusal::TooSmall, Some(v)) => {
+            format!("a share of {milli} milli / {vram_gb} GB does not fit one {model} ({v} GB)")
+        }
+        (Refusal::WrongMode, _) => format!("no {model} out of MIG mode takes shares yet"),
+        _ => format!("no node offers {model} yet"),
+    }
+}
+
+fn whole_reason(scratch: &Fleet, model: &str, gpus: u32, refusal: Refusal) -> String {
+    let (largest, free_max) = scratch
+        .nodes
+        .values()
+        .map(|n| {
+            let whole: Vec<&Gpu> = usable(n, model).filter(|g| !g.mig).collect();
             let free = whole.iter().filter(|g| g.is_free()).count();
             (whole.len(), free)
-        });
-        let (largest, free_max) = per_node.fold((0, 0), |(l, f), (nl, nf)| (l.max(nl), f.max(nf)));
-        if busy {
-            format!(
-                "waiting for capacity: {gpus} x {model} requested, at most {free_max} free on one node"
-            )
-        } else if pending.is_none() || refused_for(Reject::GpuTooSmall) {
+        })
+        .fold((0, 0), |(l, f), (nl, nf)| (l.max(nl), f.max(nf)));
+    match refusal {
+        Refusal::Busy => format!(
+            "waiting for capacity: {gpus} x {model} requested, at most {free_max} free on one node"
+        ),
+        Refusal::TooSmall => {
             format!("{gpus} x {model} requested but the largest node has {largest}")
-        } else if refused_for(Reject::GpuMode) {
-            format!("no {model} out of MIG mode yet")
-        } else {
-            format!("no node offers {model} yet")
         }
-    };
-    (reason, busy)
+        Refusal::WrongMode => format!("no {model} out of MIG mode yet"),
+        Refusal::NoProfile | Refusal::NoModel => format!("no node offers {model} yet"),
+    }
 }
 
 /// The GPUs of `model` on `node` the engine places on: healthy, on a node
