@@ -7,7 +7,79 @@ use std::collections::{BTreeMap, HashMap};
 use lh_events::{EventData, MigInstance, NodeRegistered};
 use uuid::Uuid;
 
-use crate::placement::{Gpu, Node, Share};
+/// One GPU as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub vram_gb: u32,
+    /// Lease holding it whole, if any.
+    pub held_by: Option<uuid::Uuid>,
+    /// Fractional or MIG leases sharing it.
+    pub shares: Vec<Share>,
+    /// In MIG mode: only MIG leases, each in its own GPU instance.
+    pub mig: bool,
+    /// As its node-agent judges it; only a healthy GPU takes new leases.
+    pub health: lh_events::GpuHealth,
+    /// When it last changed health (the node's clock).
+    pub health_since: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// One fractional or MIG lease's share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    pub lease_id: uuid::Uuid,
+    pub milli: u32,
+    pub vram_gb: u32,
+    /// The GPU instance of a MIG lease.
+    pub mig: Option<lh_events::MigInstance>,
+}
+
+impl Gpu {
+    /// Neither held whole nor shared.
+    pub fn is_free(&self) -> bool {
+        self.held_by.is_none() && self.shares.is_empty()
+    }
+
+    /// Milli-GPU in use (1000 when held whole).
+    pub fn used_milli(&self) -> u32 {
+        if self.held_by.is_some() {
+            1000
+        } else {
+            self.shares.iter().map(|s| s.milli).sum()
+        }
+    }
+
+    /// VRAM GB in use (all of it when held whole).
+    pub fn used_vram_gb(&self) -> u32 {
+        if self.held_by.is_some() {
+            self.vram_gb
+        } else {
+            self.shares.iter().map(|s| s.vram_gb).sum()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub id: String,
+    pub zone: String,
+    pub gpus: Vec<Gpu>,
+    /// Set while the node is lost: when it was last heard from (its own
+    /// clock). A lost node takes no leases.
+    pub lost: Option<chrono::DateTime<chrono::Utc>>,
+    /// Set while an operator has cordoned it: no new leases; with
+    /// `Some(Move)` its leases are moved away too.
+    pub cordoned: Option<Option<lh_events::DrainMode>>,
+}
+
+impl Node {
+    /// Takes new leases: heard from and not cordoned.
+    pub fn is_schedulable(&self) -> bool {
+        self.lost.is_none() && self.cordoned.is_none()
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct Fleet {

@@ -3,13 +3,12 @@
 //! same code.
 //!
 //! * [`catalog`]: the GPU models the platform knows.
-//! * [`placement`]: where a lease's GPUs go.
+//! * [`fleet`]: the GPU fleet as the log describes it.
 //! * [`rating`]: what a lease costs, per invoice period.
 //! * [`chain`]: the audit hash chain.
 
 pub mod catalog;
 pub mod chain;
 pub mod fleet;
-pub mod placement;
 pub mod rating;
 pub mod spot;

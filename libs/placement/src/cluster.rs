@@ -202,14 +202,39 @@ impl Node {
     }
 }
 
-/// Why a node cannot take a demand now (first failing check).
+/// Why a node cannot take a demand now (first failing check). The GPU checks
+/// tell waiting from never: [`Reject::GpuBusy`] passes once leases end, the
+/// other GPU reasons hold until the node itself changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reject {
     Zone,
     Model,
     Cpu,
     Memory,
-    Gpu,
+    /// Its GPUs are taken now; with them free it would take the demand.
+    GpuBusy,
+    /// Not even with all its GPUs free: too few GPUs of the model, too little
+    /// VRAM on one, or a share over one whole GPU.
+    GpuTooSmall,
+    /// None of its GPUs of the model is in the sharing mode the demand needs
+    /// (MIG mode for a MIG instance; shares or whole GPUs otherwise).
+    GpuMode,
+    /// Its GPUs of the model in MIG mode have no such profile.
+    MigProfile,
+}
+
+impl Reject {
+    /// Every reason, in the order the checks run.
+    pub const ALL: [Reject; 8] = [
+        Reject::Zone,
+        Reject::Model,
+        Reject::Cpu,
+        Reject::Memory,
+        Reject::GpuBusy,
+        Reject::GpuTooSmall,
+        Reject::GpuMode,
+        Reject::MigProfile,
+    ];
 }
 
 impl fmt::Display for Reject {
@@ -219,7 +244,10 @@ impl fmt::Display for Reject {
             Reject::Model => "gpu model",
             Reject::Cpu => "cpu",
             Reject::Memory => "memory",
-            Reject::Gpu => "gpu capacity",
+            Reject::GpuBusy => "gpu busy",
+            Reject::GpuTooSmall => "gpu too small",
+            Reject::GpuMode => "gpu mode",
+            Reject::MigProfile => "mig profile",
         })
     }
 }
@@ -500,7 +528,58 @@ impl Cluster {
         if ok {
             Ok(())
         } else {
-            Err(Reject::Gpu)
+            Err(self.gpu_reject(i, d))
+        }
+    }
+
+    /// Why node `i`'s GPUs refuse `d`, which they do now: busy, or never
+    /// (as the node is).
+    fn gpu_reject(&self, i: usize, d: &Demand) -> Reject {
+        let n = &self.nodes[i];
+        let of_model = || n.gpus.iter().filter(|g| g.allowed(d.models));
+        match d.kind {
+            Kind::None => Reject::GpuBusy,
+            Kind::Whole(k) => {
+                let usable = of_model().filter(|g| g.mode != SharingMode::Mig).count();
+                if usable == 0 {
+                    Reject::GpuMode
+                } else if usable < usize::from(k) {
+                    Reject::GpuTooSmall
+                } else {
+                    Reject::GpuBusy
+                }
+            }
+            Kind::Frac { milli, vram_gb } => {
+                let mut sharing = of_model()
+                    .filter(|g| g.mode == SharingMode::VGpu)
+                    .peekable();
+                if sharing.peek().is_none() {
+                    Reject::GpuMode
+                } else if milli > MILLI || sharing.all(|g| g.vram_total < vram_gb) {
+                    Reject::GpuTooSmall
+                } else {
+                    Reject::GpuBusy
+                }
+            }
+            Kind::Mig(p) => {
+                let in_mig: Vec<usize> = (0..n.gpus.len())
+                    .filter(|&j| n.gpus[j].allowed(d.models) && n.gpus[j].mode == SharingMode::Mig)
+                    .collect();
+                let name = mig::profile_names().get(usize::from(p));
+                let has_profile = |j: &usize| {
+                    let layout = n.mig[*j].as_ref();
+                    name.is_some_and(|name| {
+                        layout.is_some_and(|l| l.geometry().profile(name).is_some())
+                    })
+                };
+                if in_mig.is_empty() {
+                    Reject::GpuMode
+                } else if in_mig.iter().any(has_profile) {
+                    Reject::GpuBusy
+                } else {
+                    Reject::MigProfile
+                }
+            }
         }
     }
 
@@ -795,4 +874,82 @@ fn lowest_bits(mut m: GpuSet, count: u32) -> GpuSet {
         m &= !b;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GpuSpec;
+
+    /// Node "a": two shareable A100-40GB and one in MIG mode; node "b": one
+    /// shareable A100-40GB.
+    fn cluster() -> Cluster {
+        let plain = GpuSpec {
+            model: "A100-40GB".into(),
+            vram_gb: 40,
+            mode: SharingMode::VGpu,
+        };
+        let in_mig = GpuSpec {
+            mode: SharingMode::Mig,
+            ..plain.clone()
+        };
+        let node = |id: &str, gpus: Vec<GpuSpec>| NodeSpec {
+            id: id.into(),
+            zone: "z".into(),
+            cpu_milli: 1000,
+            memory_mib: 1000,
+            gpus,
+            domains: Vec::new(),
+        };
+        Cluster::new(&[
+            node("a", vec![plain.clone(), plain.clone(), in_mig]),
+            node("b", vec![plain]),
+        ])
+    }
+
+    fn mig(profile: &str) -> Request {
+        Request {
+            gpu: GpuDemand::Mig {
+                profile: profile.into(),
+            },
+            ..Request::cpu_only(0, 0)
+        }
+    }
+
+    #[test]
+    fn a_refusal_tells_gpus_busy_now_from_gpus_that_never_fit() {
+        let mut c = cluster();
+        let check = |c: &Cluster, node: usize, r: &Request| c.check(node, &c.demand(r));
+        assert_eq!(check(&c, 0, &Request::whole(2, 0, 0)), Ok(()));
+        // A GPU in MIG mode takes no whole-GPU lease.
+        assert_eq!(
+            check(&c, 0, &Request::whole(3, 0, 0)),
+            Err(Reject::GpuTooSmall)
+        );
+        assert_eq!(
+            check(&c, 0, &Request::fraction(500, 41, 0, 0)),
+            Err(Reject::GpuTooSmall)
+        );
+        assert_eq!(
+            check(&c, 0, &Request::whole(1, 0, 0).with_models(["H100-80GB"])),
+            Err(Reject::Model)
+        );
+        assert_eq!(check(&c, 1, &mig("1g.5gb")), Err(Reject::GpuMode));
+        assert_eq!(check(&c, 0, &mig("9g.99gb")), Err(Reject::MigProfile));
+        // A profile of another model's geometry.
+        assert_eq!(check(&c, 0, &mig("1g.10gb")), Err(Reject::MigProfile));
+        assert_eq!(check(&c, 0, &mig("7g.40gb")), Ok(()));
+
+        let whole = c.demand(&Request::whole(2, 0, 0));
+        c.allocate(0, &whole, 0b011).expect("two idle GPUs");
+        let instance = c.demand(&mig("7g.40gb"));
+        c.allocate_mig_at(0, &instance, 2, 0)
+            .expect("an idle MIG GPU");
+        assert_eq!(check(&c, 0, &Request::whole(1, 0, 0)), Err(Reject::GpuBusy));
+        assert_eq!(
+            check(&c, 0, &Request::fraction(500, 10, 0, 0)),
+            Err(Reject::GpuBusy)
+        );
+        assert_eq!(check(&c, 0, &mig("1g.5gb")), Err(Reject::GpuBusy));
+    }
 }

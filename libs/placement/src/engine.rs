@@ -53,6 +53,19 @@ pub struct Pending {
     pub rejected: BTreeMap<String, u32>,
 }
 
+impl Pending {
+    /// Nodes that refused for `reason`.
+    pub fn count(&self, reason: Reject) -> u32 {
+        self.rejected.get(&reason.to_string()).copied().unwrap_or(0)
+    }
+
+    /// Some node could take the request once leases on it end: waiting (or
+    /// preempting) can help. `false`: no node ever could, as the nodes are.
+    pub fn busy(&self) -> bool {
+        self.count(Reject::GpuBusy) > 0
+    }
+}
+
 impl fmt::Display for Pending {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.nodes == 0 {
@@ -201,7 +214,7 @@ impl Engine {
         let mut runner_up: Option<f64> = None;
         let mut tied = 0u32;
         let mut candidates = 0u32;
-        let mut rejects = [0u32; 5];
+        let mut rejects = [0u32; Reject::ALL.len()];
         for i in 0..cluster.len() {
             if let Err(r) = cluster.check(i, d) {
                 rejects[r as usize] += 1;
@@ -254,26 +267,17 @@ impl Engine {
                     sequence: seq,
                 },
             }),
-            None => {
-                let names = [
-                    Reject::Zone,
-                    Reject::Model,
-                    Reject::Cpu,
-                    Reject::Memory,
-                    Reject::Gpu,
-                ];
-                Err(Pending {
-                    policy: policy_name,
-                    policy_version,
-                    nodes: cluster.len() as u32,
-                    rejected: names
-                        .iter()
-                        .zip(rejects)
-                        .filter(|(_, c)| *c > 0)
-                        .map(|(r, c)| (r.to_string(), c))
-                        .collect(),
-                })
-            }
+            None => Err(Pending {
+                policy: policy_name,
+                policy_version,
+                nodes: cluster.len() as u32,
+                rejected: Reject::ALL
+                    .iter()
+                    .zip(rejects)
+                    .filter(|(_, c)| *c > 0)
+                    .map(|(r, c)| (r.to_string(), c))
+                    .collect(),
+            }),
         }
     }
 

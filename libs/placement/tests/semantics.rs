@@ -201,10 +201,12 @@ fn model_constraints_and_pending_reasons() {
     let p = e
         .decide(&Request::whole(1, 1000, 0).with_models(["T4"]))
         .unwrap_err();
-    assert_eq!(p.rejected.get("gpu capacity"), Some(&1));
+    assert_eq!(p.rejected.get("gpu busy"), Some(&1));
     assert_eq!(p.rejected.get("gpu model"), Some(&1));
+    assert!(p.busy(), "the T4s free up when their leases end");
     let p = e.decide(&Request::whole(9, 1000, 0)).unwrap_err();
-    assert_eq!(p.rejected.get("gpu capacity"), Some(&2));
+    assert_eq!(p.rejected.get("gpu too small"), Some(&2));
+    assert!(!p.busy(), "no node has nine GPUs");
     let p = e.decide(&Request::cpu_only(64_000, 0)).unwrap_err();
     assert_eq!(p.rejected.get("cpu"), Some(&2));
     assert!(e
@@ -405,7 +407,12 @@ fn mig_instances_pack_onto_live_gpus_and_an_idle_gpu_is_resliced() {
     // No room for another 7g; nor for a 1g: two 3g.20gb cover all eight
     // memory slices though compute slice 3 is idle (NVIDIA's geometry).
     let pending = e.decide(&mig_request("7g.40gb")).unwrap_err();
-    assert_eq!(pending.rejected.get("gpu capacity"), Some(&2));
+    assert_eq!(pending.rejected.get("gpu busy"), Some(&1));
+    assert_eq!(
+        pending.rejected.get("gpu mode"),
+        Some(&1),
+        "node v has no MIG GPU"
+    );
     assert!(e.decide(&mig_request("1g.5gb")).is_err());
 
     // Unknown profiles and other models fit nowhere.

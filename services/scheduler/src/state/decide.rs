@@ -1,0 +1,291 @@
+//! One decision pass over the state: liveness, migrations, then the queue,
+//! in order, each lease placed, refused, or told why it waits.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use lh_bus::Expect;
+use lh_domain::fleet::Fleet;
+use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected, Tier};
+use uuid::Uuid;
+
+use lh_placement::Pending;
+
+use super::*;
+use crate::planner::{self, Chosen, Planner};
+
+/// What a decision pass plans on: the fleet and the tenants' holdings as if
+/// every decision before were stored, and the decisions so far.
+struct Pass<'a> {
+    now: DateTime<Utc>,
+    rules: &'a Rules,
+    scratch: Fleet,
+    /// `(milli, VRAM GB)` each tenant holds.
+    held: HashMap<Uuid, (u64, u64)>,
+    workload: lh_placement::Workload,
+    /// Built from `scratch` on first use; dropped when the pass reserves
+    /// GPUs outside it, so that the next use sees them.
+    engine: Option<Planner>,
+    /// Queue position per GPU model.
+    positions: HashMap<&'a str, u32>,
+    out: Vec<Batch>,
+}
+
+impl Pass<'_> {
+    fn planner(&mut self) -> &mut Planner {
+        let (scratch, workload) = (&self.scratch, &self.workload);
+        self.engine
+            .get_or_insert_with(|| Planner::new(scratch, workload))
+    }
+}
+
+impl State {
+    /// What to append now, in queue order. Each batch assumes the ones
+    /// before it were stored; after a conflict the caller re-reads the log
+    /// and asks again. A second placement on a node in one pass expects the
+    /// node's sequence after the first: the caller sets it from the sequence
+    /// the first one got (see [`State::expect_current`]).
+    pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
+        let workload = {
+            let mut live: Vec<&Lease> = self.leases.values().collect();
+            live.sort_by_key(|l| l.requested_sequence);
+            planner::workload(live.iter().map(|l| (l.ask(), l.gpu_model.as_str())))
+        };
+        let mut pass = Pass {
+            now,
+            rules,
+            scratch: self.fleet.clone(),
+            held: self.held_by_tenant(),
+            workload,
+            engine: None,
+            positions: HashMap::new(),
+            out: Vec::new(),
+        };
+        self.decide_liveness(now, rules, &mut pass.scratch, &mut pass.out);
+        self.decide_migrations(
+            now,
+            &mut pass.scratch,
+            &pass.workload,
+            &mut pass.engine,
+            &mut pass.out,
+        );
+        self.end_stopped_suspended(&mut pass);
+        for lease_id in self.queue_order() {
+            let lease = &self.leases[&lease_id];
+            if self.refuse(&mut pass, lease) {
+                continue;
+            }
+            match pass.planner().place(lease.ask(), &lease.gpu_model) {
+                Ok(chosen) => place_one(&mut pass, lease, &chosen),
+                Err(pending) => self.wait(&mut pass, lease, pending.as_ref()),
+            }
+        }
+        Decisions { batches: pass.out }
+    }
+
+    /// A suspended lease holds nothing: a stop ends it here.
+    fn end_stopped_suspended(&self, pass: &mut Pass) {
+        let mut stopped: Vec<&Lease> = self
+            .leases
+            .values()
+            .filter(|l| l.status == Status::Suspended && l.stop_requested)
+            .collect();
+        stopped.sort_by_key(|l| l.requested_sequence);
+        for lease in stopped {
+            let ended = ended(lease, pass.now, EndReason::Stopped);
+            pass.out.push(vec![(
+                lease_event(lease, pass.now, ended),
+                expect_lease(lease),
+            )]);
+        }
+    }
+
+    /// Decides `lease` without the engine when it must not be placed: it was
+    /// cancelled, its tenant is unknown, or it breaks a quota. `false` when
+    /// it may be placed.
+    fn refuse(&self, pass: &mut Pass, lease: &Lease) -> bool {
+        let now = pass.now;
+        let decided = |data: EventData| vec![(lease_event(lease, now, data), expect_lease(lease))];
+        if lease.stop_requested {
+            pass.out
+                .push(decided(ended(lease, now, EndReason::Cancelled)));
+            return true;
+        }
+        let Some(tenant) = self.tenants.get(&lease.tenant_id) else {
+            pass.out
+                .push(decided(EventData::LeaseRejected(LeaseRejected {
+                    lease_id: lease.id,
+                    reason: "unknown tenant".into(),
+                    field: None,
+                })));
+            return true;
+        };
+        let (held_milli, held_vram) = pass.held.get(&lease.tenant_id).copied().unwrap_or((0, 0));
+        let Some(reason) = quota_breach(&tenant.quota, held_milli, held_vram, lease) else {
+            return false;
+        };
+        if lease.placed_before {
+            // It has run (then was suspended or moved): refusing it now
+            // would lose it; it waits until the tenant has room.
+            let unchanged =
+                matches!(&lease.status, Status::Queued { reason: r, .. } if *r == reason);
+            if !unchanged {
+                pass.out.push(decided(EventData::LeaseQueued(LeaseQueued {
+                    lease_id: lease.id,
+                    reason,
+                    position: 0,
+                })));
+            }
+            return true;
+        }
+        pass.out
+            .push(decided(EventData::LeaseRejected(LeaseRejected {
+                lease_id: lease.id,
+                reason,
+                field: Some(lease.size_field().into()),
+            })));
+        true
+    }
+
+    /// `lease` does not fit now: it may preempt spot leases, it may hold
+    /// GPUs back from smaller leases, and it is told why and where it waits.
+    fn wait<'a>(&self, pass: &mut Pass<'a>, lease: &'a Lease, pending: Option<&Pending>) {
+        let position = {
+            let p = pass.positions.entry(&lease.gpu_model).or_default();
+            *p += 1;
+            *p
+        };
+        let (mut reason, busy) = why_pending(&pass.scratch, lease, pending);
+        if busy {
+            if let Some(preempting) = self.preempt_for(pass, lease) {
+                reason = preempting;
+            }
+            hold_for_starving(pass, lease);
+        }
+        // A lease waiting for its victims keeps saying so.
+        let waiting_for_victims = self.awaiting_preemption.contains(&lease.id)
+            && matches!(lease.status, Status::Queued { .. });
+        let unchanged = waiting_for_victims
+            || match &lease.status {
+                Status::Queued {
+                    reason: r,
+                    position: p,
+                } => *r == reason && (*p == position || position > EXACT_POSITIONS),
+                _ => false,
+            };
+        if !unchanged {
+            let queued = EventData::LeaseQueued(LeaseQueued {
+                lease_id: lease.id,
+                reason,
+                position,
+            });
+            pass.out.push(vec![(
+                lease_event(lease, pass.now, queued),
+                expect_lease(lease),
+            )]);
+        }
+    }
+
+    /// Notices the cheapest set of spot victims for an on-demand whole-GPU
+    /// lease that only busy GPUs keep out, and reserves their node for it.
+    /// The reason it now waits, when it preempts.
+    fn preempt_for(&self, pass: &mut Pass, lease: &Lease) -> Option<String> {
+        if !lease.is_whole()
+            || lease.tier != Tier::Basic
+            || self.awaiting_preemption.contains(&lease.id)
+        {
+            return None;
+        }
+        let (now, rules) = (pass.now, pass.rules);
+        let plan = plan_preemption(self, &pass.scratch, lease, now, rules)?;
+        let deadline = now + rules.preemption_notice;
+        for victim in &plan.victims {
+            let v = &self.leases[victim];
+            let notice = notice_event(lease, v, &plan.node_id, deadline, now);
+            pass.out.push(vec![(
+                notice,
+                Expect::LastSubjectSequence(v.subject_sequence),
+            )]);
+        }
+        // The victims' GPUs and the free ones go to this lease.
+        reserve_for(&mut pass.scratch, &plan.node_id, lease);
+        pass.engine = None;
+        Some(format!(
+            "preempting {} spot lease(s) on {}; their notice ends {}",
+            plan.victims.len(),
+            plan.node_id,
+            deadline.to_rfc3339()
+        ))
+    }
+
+    /// Refreshes the expectation of every node message in `batch` from the
+    /// sequences this state knows now, which include the batches this
+    /// scheduler appended earlier in the same pass.
+    pub fn expect_current(&self, batch: &mut Batch) {
+        for (envelope, expect) in batch.iter_mut() {
+            if let EventData::NodeGpusAllocated(a) = &envelope.data {
+                let seq = self
+                    .fleet
+                    .node_sequence
+                    .get(&a.node_id)
+                    .copied()
+                    .unwrap_or(0);
+                *expect = Expect::LastSubjectSequence(seq);
+            }
+        }
+    }
+}
+
+/// Places `lease` where the engine chose, and plans the rest of the pass on
+/// top of it.
+fn place_one(pass: &mut Pass, lease: &Lease, chosen: &Chosen) {
+    let node_seq = pass
+        .scratch
+        .node_sequence
+        .get(&chosen.node_id)
+        .copied()
+        .unwrap_or(0);
+    let (placed, allocated) = placement_events(&pass.scratch, lease, chosen, pass.now);
+    let vram_gb_per_gpu = match &placed.data {
+        EventData::LeasePlaced(p) => p.vram_gb_per_gpu,
+        _ => 0,
+    };
+    pass.scratch.apply(u64::MAX, &allocated.data);
+    let h = pass.held.entry(lease.tenant_id).or_default();
+    h.0 += lease.milli();
+    h.1 += u64::from(vram_gb_per_gpu) * chosen.gpu_indices.len() as u64;
+    pass.out.push(vec![
+        (placed, expect_lease(lease)),
+        (allocated, Expect::LastSubjectSequence(node_seq)),
+    ]);
+}
+
+/// A whole-GPU lease that has waited too long stops backfill: the free GPUs
+/// of its model are kept for it.
+fn hold_for_starving(pass: &mut Pass, lease: &Lease) {
+    if !lease.is_whole() || pass.now - lease.requested_at <= pass.rules.backfill_starvation {
+        return;
+    }
+    for node in pass.scratch.nodes.values_mut() {
+        node.gpus
+            .iter_mut()
+            .filter(|g| g.model == lease.gpu_model && !g.mig && g.is_free())
+            .for_each(|g| g.held_by = Some(lease.id));
+    }
+    pass.engine = None;
+}
+
+fn ended(lease: &Lease, now: DateTime<Utc>, reason: EndReason) -> EventData {
+    EventData::LeaseEnded(LeaseEnded {
+        lease_id: lease.id,
+        node_id: None,
+        ended_at: now,
+        reason,
+        exit_code: None,
+    })
+}
+
+/// A write about `lease` expects its subject unchanged since we read it.
+fn expect_lease(lease: &Lease) -> Expect {
+    Expect::LastSubjectSequence(lease.subject_sequence)
+}

@@ -1,0 +1,163 @@
+//! The events the scheduler appends, built in one place.
+
+use chrono::{DateTime, Utc};
+use lh_bus::Expect;
+use lh_domain::fleet::{Fleet, Gpu};
+
+use lh_events::{
+    derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeasePlaced,
+    LeasePreemptionNoticed, MigInstance, NodeAllocation, NodeGpusAllocated, Relocation,
+};
+
+use super::*;
+use crate::planner;
+
+/// One decision: events appended together as one atomic batch.
+pub type Batch = Vec<(Envelope, Expect)>;
+
+/// The outcome of one decision pass.
+#[derive(Debug, Default)]
+pub struct Decisions {
+    pub batches: Vec<Batch>,
+}
+
+/// An event about `lease` decided at `now`, its id derived from its type and
+/// the lease's subject sequence (the same decision always has the same id).
+pub(super) fn lease_event(lease: &Lease, now: DateTime<Utc>, data: EventData) -> Envelope {
+    let step = data.event_type();
+    derived_lease_event(lease, now, data, step)
+}
+
+/// The `node.gpus_allocated` that goes with `migrated`. Its id is derived
+/// apart from the lease's placement: both are decided at the same subject
+/// sequence of the lease.
+pub(super) fn migration_allocation(
+    lease: &Lease,
+    now: DateTime<Utc>,
+    allocation: EventData,
+    migrated: &Envelope,
+) -> Envelope {
+    let mut env = derived_lease_event(lease, now, allocation, "node.gpus_allocated.migrated");
+    env.causation_id = Some(migrated.id);
+    env
+}
+
+fn derived_lease_event(lease: &Lease, now: DateTime<Utc>, data: EventData, step: &str) -> Envelope {
+    let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
+        step,
+        &lease.id.to_string(),
+        &lease.subject_sequence.to_string(),
+    ]));
+    env.correlation_id = lease.correlation_id;
+    env.causation_id = Some(lease.request_event_id);
+    env.tenant_id = Some(lease.tenant_id);
+    env
+}
+
+/// `lease.placed` for `lease` where the engine chose `p`, and the matching
+/// `node.gpus_allocated` (caused by the placement).
+pub(super) fn placement_events(
+    scratch: &Fleet,
+    lease: &Lease,
+    p: &planner::Chosen,
+    now: DateTime<Utc>,
+) -> (Envelope, Envelope) {
+    let (to, allocated) = relocate(scratch, lease, p);
+    let placed = EventData::LeasePlaced(LeasePlaced {
+        lease_id: lease.id,
+        node_id: to.node_id,
+        zone: to.zone,
+        gpu_model: lease.gpu_model.clone(),
+        vram_gb_per_gpu: to.vram_gb_per_gpu,
+        gpus: to.gpus,
+        decision: to.decision,
+    });
+    let placed = lease_event(lease, now, placed);
+    let mut allocated = lease_event(lease, now, allocated);
+    allocated.causation_id = Some(placed.id);
+    (placed, allocated)
+}
+
+/// The notice that spot lease `victim` will be preempted on `node_id` at
+/// `deadline` so that `lease` fits; it belongs to `lease`'s conversation.
+pub(super) fn notice_event(
+    lease: &Lease,
+    victim: &Lease,
+    node_id: &str,
+    deadline: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Envelope {
+    let data = EventData::LeasePreemptionNoticed(LeasePreemptionNoticed {
+        lease_id: victim.id,
+        node_id: node_id.to_string(),
+        preempted_for: lease.id,
+        deadline,
+    });
+    let step = data.event_type();
+    let mut notice = Envelope::new(Actor::Service(SERVICE.into()), now, data)
+        .with_id(derived_id(&[step, &victim.id.to_string()]));
+    notice.correlation_id = lease.correlation_id;
+    notice.causation_id = Some(lease.request_event_id);
+    notice.tenant_id = Some(victim.tenant_id);
+    notice
+}
+
+/// What a placement the engine chose for `lease` gives, as the placed GPUs
+/// and the matching `node.gpus_allocated`.
+pub(super) fn relocate(
+    scratch: &Fleet,
+    lease: &Lease,
+    p: &planner::Chosen,
+) -> (Relocation, EventData) {
+    let node = &scratch.nodes[&p.node_id];
+    let gpus: Vec<&Gpu> = p
+        .gpu_indices
+        .iter()
+        .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))
+        .collect();
+    let share = match (&p.mig, lease.fraction) {
+        (Some(m), _) => Some((u32::from(m.milli), m.vram_gb)),
+        (None, f) => f.map(|f| (f.milli, f.vram_gb)),
+    };
+    let mig_instance = p.mig.as_ref().map(|m| MigInstance {
+        profile: m.profile.name.to_string(),
+        start: m.start,
+    });
+    let vram_gb_per_gpu = match share {
+        Some((_, v)) => v,
+        None => gpus.first().map(|g| g.vram_gb).unwrap_or(0),
+    };
+    let relocation = Relocation {
+        node_id: p.node_id.clone(),
+        zone: p.zone.clone(),
+        vram_gb_per_gpu,
+        gpus: gpus
+            .iter()
+            .map(|g| AssignedGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                milli: share.map(|s| s.0),
+                vram_gb: share.map(|s| s.1),
+                mig_instance: mig_instance.clone(),
+            })
+            .collect(),
+        decision: Decision {
+            policy: p.provenance.policy.into(),
+            policy_version: p.provenance.policy_version,
+            candidates: p.provenance.candidates,
+            winner_score: p.provenance.winner_score,
+            runner_up_score: p.provenance.runner_up_score,
+        },
+    };
+    let allocation = EventData::NodeGpusAllocated(NodeGpusAllocated {
+        node_id: p.node_id.clone(),
+        allocations: vec![NodeAllocation {
+            lease_id: lease.id,
+            gpu_indices: p.gpu_indices.clone(),
+            milli: share.map(|s| s.0),
+            vram_gb: share.map(|s| s.1),
+            mig_instance,
+        }],
+    });
+    (relocation, allocation)
+}

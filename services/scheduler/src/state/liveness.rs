@@ -1,0 +1,86 @@
+//! Node liveness: heartbeats heard, and `node.lost` / `node.rejoined` when
+//! a node falls silent or is heard again.
+
+use chrono::{DateTime, Utc};
+use lh_bus::Expect;
+use lh_domain::fleet::Fleet;
+use lh_events::{derived_id, Actor, Envelope, EventData, NodeLost, NodeRejoined};
+
+use super::*;
+
+/// The last heartbeat of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heard {
+    /// When we received it (our clock: silence is measured on it).
+    pub local: DateTime<Utc>,
+    /// The node's own timestamp in it (billing of its leases ends there).
+    pub node_at: DateTime<Utc>,
+}
+
+impl State {
+    /// A heartbeat of `node_id` stamped `node_at` arrived at `local`.
+    pub fn heard(&mut self, node_id: &str, node_at: DateTime<Utc>, local: DateTime<Utc>) {
+        let h = self
+            .heard
+            .entry(node_id.to_string())
+            .or_insert(Heard { local, node_at });
+        if local >= h.local {
+            *h = Heard { local, node_at };
+        }
+    }
+
+    /// Nodes whose liveness changes at `now`: `(node, lost)` for each node
+    /// to declare lost (`true`) or rejoined (`false`).
+    pub fn liveness_changes(&self, now: DateTime<Utc>, rules: &Rules) -> Vec<(String, bool)> {
+        let Some(since) = self.liveness_since else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for node in self.fleet.nodes.values() {
+            let last = self.heard.get(&node.id).map_or(since, |h| h.local);
+            let silent = now - last > rules.node_lost_after;
+            match (node.lost.is_some(), silent) {
+                (false, true) => out.push((node.id.clone(), true)),
+                (true, false) => out.push((node.id.clone(), false)),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// `node.lost` for nodes silent too long, `node.rejoined` for lost nodes
+    /// heard again; `scratch` follows.
+    pub(super) fn decide_liveness(
+        &self,
+        now: DateTime<Utc>,
+        rules: &Rules,
+        scratch: &mut Fleet,
+        out: &mut Vec<Batch>,
+    ) {
+        for (node_id, lost) in self.liveness_changes(now, rules) {
+            let since = self.liveness_since.unwrap_or(now);
+            let heard = self.heard.get(&node_id).copied();
+            let node_seq = scratch.node_sequence.get(&node_id).copied().unwrap_or(0);
+            let (data, step) = if lost {
+                let last_local = heard.map_or(since, |h| h.local);
+                let data = EventData::NodeLost(NodeLost {
+                    node_id: node_id.clone(),
+                    // Never heard since we started: bill no later than that.
+                    last_heard_at: heard.map_or(since, |h| h.node_at),
+                    silence_ms: (now - last_local).num_milliseconds().max(0) as u64,
+                });
+                (data, "node.lost")
+            } else {
+                let data = EventData::NodeRejoined(NodeRejoined {
+                    node_id: node_id.clone(),
+                    heard_at: heard.map_or(now, |h| h.node_at),
+                });
+                (data, "node.rejoined")
+            };
+            let envelope = Envelope::new(Actor::Service(SERVICE.into()), now, data)
+                .with_id(derived_id(&[step, &node_id, &node_seq.to_string()]));
+            scratch.apply(u64::MAX, &envelope.data);
+            out.push(vec![(envelope, Expect::LastSubjectSequence(node_seq))]);
+        }
+    }
+}

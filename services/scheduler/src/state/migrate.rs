@@ -1,0 +1,102 @@
+//! Leases that must leave their node: lost, drained with `move`, or on an
+//! unhealthy GPU.
+
+use chrono::{DateTime, Utc};
+use lh_bus::Expect;
+use lh_domain::fleet::{Fleet, Node};
+
+use lh_events::{DrainMode, EventData, GpuHealth, LeaseMigrated};
+use uuid::Uuid;
+
+use super::*;
+use crate::planner::Planner;
+
+impl State {
+    /// Moves every lease held on a lost node, on a node drained with `move`,
+    /// or on a GPU turned unhealthy: placed again at once where the engine
+    /// finds room (`lease.migrated` with `to`), else back in the queue.
+    pub(super) fn decide_migrations(
+        &self,
+        now: DateTime<Utc>,
+        scratch: &mut Fleet,
+        workload: &lh_placement::Workload,
+        engine: &mut Option<Planner>,
+        out: &mut Vec<Batch>,
+    ) {
+        let mut moving: Vec<(&Lease, String, String, DateTime<Utc>)> = self
+            .leases
+            .values()
+            .filter(|l| l.status == Status::Holding)
+            .filter_map(|l| {
+                let node = scratch.nodes.get(l.node_id.as_deref()?)?;
+                let (reason, billing_ends_at) = why_move(scratch, node, l.id, now)?;
+                Some((l, node.id.clone(), reason, billing_ends_at))
+            })
+            .collect();
+        moving.sort_by_key(|(l, ..)| l.requested_sequence);
+        for (lease, from_node, reason, last_heard) in moving {
+            let from_gpu_indices = scratch
+                .holdings
+                .get(&lease.id)
+                .map(|(_, idx)| idx.clone())
+                .unwrap_or_default();
+            let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
+            let placed = planner.place(lease.ask(), &lease.gpu_model).ok();
+            let mut allocated = None;
+            let to = placed.map(|p| {
+                let (relocation, allocation) = relocate(scratch, lease, &p);
+                let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
+                allocated = Some((allocation, node_seq));
+                relocation
+            });
+            let migrated = EventData::LeaseMigrated(LeaseMigrated {
+                lease_id: lease.id,
+                reason,
+                from_node_id: from_node,
+                from_gpu_indices,
+                billing_ends_at: last_heard,
+                to,
+            });
+            let migrated = lease_event(lease, now, migrated);
+            scratch.apply(u64::MAX, &migrated.data);
+            let mut decision = vec![(
+                migrated.clone(),
+                Expect::LastSubjectSequence(lease.subject_sequence),
+            )];
+            if let Some((allocation, node_seq)) = allocated {
+                let env = migration_allocation(lease, now, allocation, &migrated);
+                scratch.apply(u64::MAX, &env.data);
+                decision.push((env, Expect::LastSubjectSequence(node_seq)));
+            }
+            out.push(decision);
+        }
+    }
+}
+
+/// Why a lease held on `node` must move now, and when its billing there
+/// ends: the node was lost (at its last heartbeat), is drained with `move`
+/// (now), or one of the lease's GPUs turned unhealthy (when it did).
+fn why_move(
+    scratch: &Fleet,
+    node: &Node,
+    lease_id: Uuid,
+    now: DateTime<Utc>,
+) -> Option<(String, DateTime<Utc>)> {
+    if let Some(at) = node.lost {
+        return Some((format!("node {} lost", node.id), at));
+    }
+    if node.cordoned == Some(Some(DrainMode::Move)) {
+        return Some((format!("node {} drained", node.id), now));
+    }
+    let (_, indices) = scratch.holdings.get(&lease_id)?;
+    node.gpus
+        .iter()
+        .filter(|g| indices.contains(&g.index) && g.health == GpuHealth::Unhealthy)
+        .map(|g| {
+            (
+                format!("GPU {} of node {} unhealthy", g.index, node.id),
+                g.health_since.unwrap_or(now).min(now),
+            )
+        })
+        .next()
+}

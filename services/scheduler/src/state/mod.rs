@@ -1,0 +1,235 @@
+//! The scheduler's view of the world and its decisions, as pure functions:
+//! [`State::apply`] folds one stored event in, [`State::decide`] says what
+//! to append next. No I/O and no clock: `now` comes in as an argument.
+//!
+//! The queue, in order:
+//! 1. on-demand (basic) before spot;
+//! 2. within a tier, weighted fair share across tenants: the next lease
+//!    comes from the tenant whose held GPU milli divided by its weight is
+//!    smallest (dominant resource fairness with one resource, recomputed
+//!    after every planned placement);
+//! 3. within a tenant, higher priority first, then first come, first served.
+//!
+//! A lease that does not fit now does not block the ones behind it
+//! (backfill), unless it has waited longer than
+//! [`Rules::backfill_starvation`]: then the free GPUs of its model are kept
+//! for it. An on-demand lease that fits only by evicting spot leases notices
+//! the cheapest set of victims (see [`plan_preemption`]).
+//!
+//! Where a lease goes is decided by the lh-placement engine with the
+//! default policy (`leasehold`) and a fixed seed (see [`crate::planner`]),
+//! for whole GPUs, fractions (a share of one GPU: milli-GPU and VRAM GB) and
+//! MIG instances (a profile of the model's MIG geometry, on a GPU in MIG
+//! mode). A fraction or MIG instance counts its milli toward the GPU quota
+//! and its VRAM toward the VRAM quota (a MIG instance: its compute slices
+//! over the GPU's, and its memory). Preemption and the starvation guard act
+//! on whole GPUs only: a fractional or MIG lease never preempts, and a
+//! starving one does not hold back others.
+
+mod decide;
+mod emit;
+mod lease;
+mod liveness;
+mod migrate;
+mod pending;
+mod preempt;
+mod queue;
+mod rules;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use lh_domain::fleet::Fleet;
+use lh_events::{Envelope, EventData};
+use uuid::Uuid;
+
+use emit::{lease_event, migration_allocation, notice_event, placement_events, relocate};
+use lease::mig_size;
+use pending::why_pending;
+use preempt::reserve_for;
+use queue::quota_breach;
+
+pub use emit::{Batch, Decisions};
+pub use lease::{Lease, Status, Tenant};
+pub use liveness::Heard;
+pub use preempt::{plan_preemption, PreemptionPlan};
+pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};
+
+pub const SERVICE: &str = "lh-scheduler";
+
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    pub fleet: Fleet,
+    /// Live leases only: ended and rejected ones are dropped.
+    pub leases: HashMap<Uuid, Lease>,
+    pub tenants: HashMap<Uuid, Tenant>,
+    /// Leases waiting for a decision, by request sequence.
+    waiting: BTreeMap<u64, Uuid>,
+    /// On-demand leases whose preemption notices are out.
+    awaiting_preemption: HashSet<Uuid>,
+    /// When each node was last heard from: `(our clock, the node's clock)`.
+    heard: HashMap<String, Heard>,
+    /// Node liveness is judged from this instant on (the scheduler's start);
+    /// `None` turns it off.
+    pub liveness_since: Option<DateTime<Utc>>,
+}
+
+impl State {
+    pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        let data = &envelope.data;
+        self.fleet.apply(sequence, data);
+        match data {
+            EventData::TenantCreated(e) => {
+                self.tenants.insert(
+                    e.tenant_id,
+                    Tenant {
+                        quota: e.quota,
+                        weight: e.weight.max(1),
+                    },
+                );
+            }
+            EventData::LeaseRequested(e) => {
+                let vram_per_gpu = lh_domain::catalog::vram_gb(&e.gpu_model).unwrap_or(0);
+                self.leases.entry(e.lease_id).or_insert_with(|| Lease {
+                    id: e.lease_id,
+                    tenant_id: e.tenant_id,
+                    gpus: if e.fraction.is_some() || e.mig_profile.is_some() {
+                        1
+                    } else {
+                        e.gpus
+                    },
+                    fraction: e.fraction,
+                    mig_profile: e.mig_profile.clone(),
+                    gpu_model: e.gpu_model.clone(),
+                    tier: e.tier,
+                    priority: e.priority,
+                    status: Status::Requested,
+                    stop_requested: false,
+                    requested_at: envelope.occurred_at,
+                    placed_before: false,
+                    requested_sequence: sequence,
+                    subject_sequence: sequence,
+                    correlation_id: envelope.correlation_id,
+                    request_event_id: envelope.id,
+                    node_id: None,
+                    vram_gb: match (e.fraction, &e.mig_profile) {
+                        (Some(f), _) => f.vram_gb,
+                        (None, Some(p)) => mig_size(&e.gpu_model, p).map_or(0, |s| s.1),
+                        (None, None) => e.gpus * vram_per_gpu,
+                    },
+                    started_at: None,
+                    preemption_deadline: None,
+                });
+                self.waiting.insert(sequence, e.lease_id);
+            }
+            EventData::LeaseQueued(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.status = Status::Queued {
+                        reason: e.reason.clone(),
+                        position: e.position,
+                    };
+                }
+            }
+            EventData::LeasePlaced(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.status = Status::Holding;
+                    l.placed_before = true;
+                    l.node_id = Some(e.node_id.clone());
+                    l.vram_gb = e.vram_gb_per_gpu * l.gpus;
+                    let key = l.requested_sequence;
+                    self.waiting.remove(&key);
+                    self.awaiting_preemption.remove(&e.lease_id);
+                }
+            }
+            EventData::LeaseStopRequested(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.stop_requested = true;
+                }
+            }
+            EventData::LeasePreemptionNoticed(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.preemption_deadline = Some(e.deadline);
+                }
+                self.awaiting_preemption.insert(e.preempted_for);
+            }
+            EventData::LeaseStarted(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.started_at = Some(e.started_at);
+                }
+            }
+            EventData::LeaseEnded(e) => self.forget(e.lease_id),
+            EventData::LeaseMigrated(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.started_at = None;
+                    l.preemption_deadline = None;
+                    match &e.to {
+                        Some(to) => {
+                            l.status = Status::Holding;
+                            l.node_id = Some(to.node_id.clone());
+                        }
+                        None => {
+                            // Back in the queue, keeping its place.
+                            l.status = Status::Requested;
+                            l.node_id = None;
+                            let key = l.requested_sequence;
+                            self.waiting.insert(key, e.lease_id);
+                        }
+                    }
+                }
+            }
+            EventData::LeaseSuspended(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    l.status = Status::Suspended;
+                    l.node_id = None;
+                    l.started_at = None;
+                    l.preemption_deadline = None;
+                }
+            }
+            EventData::LeaseResumeRequested(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    if l.status == Status::Suspended {
+                        // Back in the queue, keeping its place; starvation
+                        // counts from the resume, not the first request.
+                        l.status = Status::Requested;
+                        l.requested_at = envelope.occurred_at;
+                        let key = l.requested_sequence;
+                        self.waiting.insert(key, e.lease_id);
+                    }
+                }
+            }
+            EventData::LeaseRejected(e) => self.forget(e.lease_id),
+            // Observations on a lease's subject (idle, GPU faults) change
+            // nothing here but its sequence, which guarded writes expect.
+            other => {
+                if let Some(id) = other.lease_id() {
+                    let _ = self.lease_at(id, sequence);
+                }
+            }
+        }
+    }
+
+    /// The lease an event at `sequence` on its subject applies to; `None`
+    /// when the lease is unknown or the event was applied already (a writer
+    /// applies its own events at once and the feed repeats them later).
+    fn lease_at(&mut self, lease_id: Uuid, sequence: u64) -> Option<&mut Lease> {
+        let lease = self.leases.get_mut(&lease_id)?;
+        if sequence <= lease.subject_sequence {
+            return None;
+        }
+        lease.subject_sequence = sequence;
+        Some(lease)
+    }
+
+    fn forget(&mut self, lease_id: Uuid) {
+        if let Some(l) = self.leases.remove(&lease_id) {
+            self.waiting.remove(&l.requested_sequence);
+        }
+        self.awaiting_preemption.remove(&lease_id);
+    }
+
+    pub fn waiting_count(&self) -> usize {
+        self.waiting.len()
+    }
+}

@@ -1,0 +1,134 @@
+//! Why a lease waits, or can never be placed as the fleet is: the
+//! lh-placement engine that refused it says which (its [`Pending`]); this
+//! module words it for the tenant, with the figures of the fleet the engine
+//! was built from.
+
+use lh_domain::fleet::{Fleet, Gpu, Node};
+use lh_events::{GpuFraction, GpuHealth};
+use lh_placement::{Pending, Reject};
+
+use super::*;
+
+/// Why `lease` cannot be placed now, from the engine's refusal (`None`: the
+/// ask is out of the engine's range, so nothing ever fits), and whether only
+/// busy GPUs are in the way (so waiting, or preempting, can help).
+pub(super) fn why_pending(
+    scratch: &Fleet,
+    lease: &Lease,
+    pending: Option<&Pending>,
+) -> (String, bool) {
+    let refusal = Refusal::of(pending);
+    let model = &lease.gpu_model;
+    let reason = match (&lease.mig_profile, lease.fraction) {
+        (Some(profile), _) => mig_reason(scratch, model, profile, refusal),
+        (None, Some(share)) => share_reason(scratch, model, share, refusal),
+        (None, None) => whole_reason(scratch, model, lease.gpus, refusal),
+    };
+    (reason, refusal == Refusal::Busy)
+}
+
+/// What keeps a lease out, as the engine's refusal tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// GPUs that could take it are busy now.
+    Busy,
+    /// No node could take it even with all its GPUs free.
+    TooSmall,
+    /// No GPU of the model in MIG mode has its profile.
+    NoProfile,
+    /// No GPU of the model is in the sharing mode it needs.
+    WrongMode,
+    /// No node that takes leases has the model.
+    NoModel,
+}
+
+impl Refusal {
+    fn of(pending: Option<&Pending>) -> Self {
+        let Some(p) = pending else {
+            return Refusal::TooSmall;
+        };
+        let refused_for = |reason: Reject| p.count(reason) > 0;
+        if p.busy() {
+            Refusal::Busy
+        } else if refused_for(Reject::GpuTooSmall) {
+            Refusal::TooSmall
+        } else if refused_for(Reject::MigProfile) {
+            Refusal::NoProfile
+        } else if refused_for(Reject::GpuMode) {
+            Refusal::WrongMode
+        } else {
+            Refusal::NoModel
+        }
+    }
+}
+
+fn mig_reason(scratch: &Fleet, model: &str, profile: &str, refusal: Refusal) -> String {
+    if mig_size(model, profile).is_none() || refusal == Refusal::NoProfile {
+        return format!("{model} has no MIG profile {profile}");
+    }
+    if refusal != Refusal::Busy {
+        return format!("no {model} in MIG mode yet");
+    }
+    let in_mig = scratch
+        .nodes
+        .values()
+        .flat_map(|n| usable(n, model))
+        .filter(|g| g.mig)
+        .count();
+    format!("waiting for capacity: no room for a {profile} instance on the {in_mig} {model} in MIG mode")
+}
+
+fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refusal) -> String {
+    let (milli, vram_gb) = (share.milli, share.vram_gb);
+    let largest = scratch
+        .nodes
+        .values()
+        .flat_map(|n| usable(n, model))
+        .filter(|g| !g.mig)
+        .map(|g| g.vram_gb)
+        .max();
+    match (refusal, largest) {
+        (Refusal::Busy, _) => {
+            format!("waiting for capacity: a share of {milli} milli / {vram_gb} GB of one {model}")
+        }
+        (Refusal::TooSmall, Some(v)) => {
+            format!("a share of {milli} milli / {vram_gb} GB does not fit one {model} ({v} GB)")
+        }
+        (Refusal::WrongMode, _) => format!("no {model} out of MIG mode takes shares yet"),
+        _ => format!("no node offers {model} yet"),
+    }
+}
+
+fn whole_reason(scratch: &Fleet, model: &str, gpus: u32, refusal: Refusal) -> String {
+    let (largest, free_max) = scratch
+        .nodes
+        .values()
+        .map(|n| {
+            let whole: Vec<&Gpu> = usable(n, model).filter(|g| !g.mig).collect();
+            let free = whole.iter().filter(|g| g.is_free()).count();
+            (whole.len(), free)
+        })
+        .fold((0, 0), |(l, f), (nl, nf)| (l.max(nl), f.max(nf)));
+    match refusal {
+        Refusal::Busy => format!(
+            "waiting for capacity: {gpus} x {model} requested, at most {free_max} free on one node"
+        ),
+        Refusal::TooSmall => {
+            format!("{gpus} x {model} requested but the largest node has {largest}")
+        }
+        Refusal::WrongMode => format!("no {model} out of MIG mode yet"),
+        Refusal::NoProfile | Refusal::NoModel => format!("no node offers {model} yet"),
+    }
+}
+
+/// The GPUs of `model` on `node` the engine places on: healthy, on a node
+/// that takes leases.
+fn usable<'a>(node: &'a Node, model: &'a str) -> impl Iterator<Item = &'a Gpu> + 'a {
+    let gpus = if node.is_schedulable() {
+        &node.gpus[..]
+    } else {
+        &[]
+    };
+    gpus.iter()
+        .filter(move |g| g.model == model && g.health == GpuHealth::Healthy)
+}

@@ -1,0 +1,6 @@
+mod failover;
+mod given;
+mod mig;
+mod placement;
+mod props;
+mod queue;
