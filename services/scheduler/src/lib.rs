@@ -14,11 +14,13 @@ pub mod state;
 
 use std::time::Duration;
 
-use chrono::Utc;
-use futures::StreamExt;
-use lh_bus::{Bus, BusError};
-use lh_events::subject;
+use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
+use lh_bus::Bus;
 use lh_events::telemetry::Heartbeat;
+use lh_events::{subject, Envelope, EventData};
+use lh_service::clock::{Clock, SystemClock};
+use lh_service::decider::{self, Batch, Decider, Pace};
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 
 pub use state::State;
@@ -77,12 +79,20 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let readiness = Readiness::default();
     let ready = readiness.clone();
     let rules = config.rules();
+    let stop = shutdown.clone();
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
         readiness,
         shutdown,
-        async move { schedule(bus, rules, ready).await },
+        async move {
+            let clock = SystemClock;
+            // Subscribed before reading the log, so no heartbeat falls in between.
+            let live = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
+            let signals = signals(bus.clone(), live);
+            let mut scheduling = Scheduling::new(rules, clock.now());
+            decider::run_with_signals(&bus, &mut scheduling, &clock, stop, ready, signals).await
+        },
     )
     .await
 }
@@ -90,163 +100,139 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 /// How often node silence is checked (the liveness window is 3 s by
 /// default; this keeps the detection within a fifth of a second of it).
 const LIVENESS_CHECK: Duration = Duration::from_millis(200);
+/// Most nodes whose last heartbeat is read back at start.
+const MAX_NODES_READ_BACK: usize = 100_000;
 
-async fn schedule(bus: Bus, rules: state::Rules, ready: Readiness) -> anyhow::Result<()> {
-    let mut state = State::default();
-    if rules.node_lost_after > chrono::Duration::zero() {
-        state.liveness_since = Some(Utc::now());
-    }
-    // Subscribed before reading the log, so no heartbeat falls in between.
-    let mut heartbeats = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
-    let mut last_heartbeats_read = false;
-    let mut liveness = tokio::time::interval(LIVENESS_CHECK);
-    let mut feed = bus
-        .feed(
-            &[
-                subject::LEASES_ALL,
-                subject::NODES_ALL,
-                subject::TENANTS_ALL,
-            ],
-            1,
-        )
-        .await?;
-    let mut caught_up = false;
-    let mut dirty = true;
-    let mut tick = tokio::time::interval(REEVALUATE_INTERVAL);
-    loop {
-        tokio::select! {
-            next = feed.next_within(QUIET) => match next {
-                Some(event) => {
-                    let event = event?;
-                    state.apply(event.sequence, &event.envelope);
-                    dirty = true;
-                    caught_up = event.pending == 0;
-                }
-                None => caught_up = true,
-            },
-            _ = tick.tick() => dirty = true,
-            Some(message) = heartbeats.next() => {
-                match serde_json::from_slice::<Heartbeat>(&message.payload) {
-                    Ok(hb) => state.heard(&hb.node_id, hb.at, Utc::now()),
-                    Err(e) => tracing::debug!(error = %e, "unreadable heartbeat"),
-                }
-            }
-            _ = liveness.tick() => {
-                if caught_up && !state.liveness_changes(Utc::now(), &rules).is_empty() {
-                    dirty = true;
-                }
-            }
-        }
-        if caught_up && !last_heartbeats_read {
-            // A node that died while no scheduler ran is judged by its last
-            // heartbeat still in the telemetry stream.
-            last_heartbeats_read = true;
-            read_last_heartbeats(&bus, &mut state).await;
-        }
-        if caught_up && dirty {
-            ready.set(true);
-            dirty = false;
-            if !decide_and_append(&bus, &mut state, &rules).await {
-                // Someone else appended first: read their events, then retry.
-                caught_up = false;
-                dirty = true;
-            }
-            metrics::gauge!("lh_scheduler_waiting_leases").set(state.waiting_count() as f64);
-        }
-    }
+/// What the scheduler hears besides the log.
+#[derive(Debug)]
+pub enum Signal {
+    /// A node's heartbeat, as it arrives.
+    Heartbeat(Heartbeat),
+    /// A node's last heartbeat still in the telemetry stream, read once the
+    /// log is replayed: a node that died while no scheduler ran is judged
+    /// by it.
+    LastHeartbeat(Heartbeat),
+    /// Time to look for nodes that fell silent or came back.
+    LivenessCheck,
 }
 
-async fn read_last_heartbeats(bus: &Bus, state: &mut State) {
-    let nodes: Vec<String> = state.fleet.nodes.keys().cloned().collect();
-    for node_id in nodes {
-        match bus.last_telemetry(&subject::heartbeat(&node_id)).await {
-            Ok(Some(payload)) => {
-                if let Ok(hb) = serde_json::from_slice::<Heartbeat>(&payload) {
-                    state.heard(&hb.node_id, hb.at, hb.at.min(Utc::now()));
-                }
-            }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, node = %node_id, "cannot read the last heartbeat"),
-        }
-    }
-}
-
-/// Appends one pass of decisions. False when a conflict cut it short.
-///
-/// An atomic batch costs milliseconds whatever its size, so decisions are
-/// packed into batches of up to [`lh_bus::MAX_BATCH_MESSAGES`] messages,
-/// each subject at most once per batch (a second write to a node expects
-/// the sequence of the first, known only once that is stored).
-async fn decide_and_append(bus: &Bus, state: &mut State, rules: &state::Rules) -> bool {
-    let decisions = state.decide(Utc::now(), rules);
-    for mut batch in pack(decisions.batches) {
-        state.expect_current(&mut batch);
-        match bus.publish_atomic(&batch).await {
-            Ok(appended) => {
-                // Apply our own events at once so the rest of the pass and
-                // the next one see them; the feed repeats them harmlessly.
-                let first = appended.sequence + 1 - batch.len() as u64;
-                for (i, (envelope, _)) in batch.iter().enumerate() {
-                    state.apply(first + i as u64, envelope);
-                    metrics::counter!("lh_scheduler_decisions_total", "type" => envelope.event_type.clone())
-                        .increment(1);
-                }
-                tracing::debug!(events = batch.len(), "decisions appended");
-            }
-            Err(BusError::Conflict(why)) | Err(BusError::DuplicateBatch(why)) => {
-                metrics::counter!("lh_scheduler_conflicts_total").increment(1);
-                tracing::debug!(%why, "lost a race; re-reading the log");
-                return false;
-            }
+/// The last heartbeats (read only when first polled: the decide loop polls
+/// signals once caught up), then live heartbeats and liveness checks.
+fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item = Signal> {
+    let last = futures::stream::once(async move {
+        match bus
+            .last_telemetry_each(subject::HEARTBEATS_ALL, MAX_NODES_READ_BACK)
+            .await
+        {
+            Ok(samples) => samples,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot append decision; will retry");
-                return false;
+                tracing::warn!(error = %e, "cannot read the last heartbeats");
+                Vec::new()
             }
         }
-    }
-    true
+    })
+    .flat_map(futures::stream::iter)
+    .filter_map(|payload| async move { serde_json::from_slice(&payload).ok() })
+    .map(Signal::LastHeartbeat);
+    let live = live.filter_map(|message| async move {
+        match serde_json::from_slice::<Heartbeat>(&message.payload) {
+            Ok(heartbeat) => Some(Signal::Heartbeat(heartbeat)),
+            Err(e) => {
+                tracing::debug!(error = %e, "unreadable heartbeat");
+                None
+            }
+        }
+    });
+    let checks = futures::stream::unfold(tokio::time::interval(LIVENESS_CHECK), |mut every| async {
+        every.tick().await;
+        Some((Signal::LivenessCheck, every))
+    });
+    last.chain(futures::stream::select(live, checks))
 }
 
-/// Packs decisions, in order, into as few atomic batches as the rules allow:
-/// each subject is written once per batch, so allocations on one node merge
-/// into one `node.gpus_allocated`.
-pub fn pack(decisions: Vec<state::Batch>) -> Vec<state::Batch> {
-    use lh_events::EventData;
-    use std::collections::HashMap;
-    let mut out: Vec<state::Batch> = Vec::new();
-    // subject -> index of its message in the current batch
-    let mut subjects: HashMap<String, usize> = HashMap::new();
-    for decision in decisions {
-        let mergeable = |(e, _): &(lh_events::Envelope, lh_bus::Expect)| {
-            matches!(e.data, EventData::NodeGpusAllocated(_))
-        };
-        let fits = out.last().is_some_and(|b| {
-            b.len() + decision.len() <= lh_bus::MAX_BATCH_MESSAGES
-                && decision
-                    .iter()
-                    .all(|m| mergeable(m) || !subjects.contains_key(&m.0.data.subject()))
-        });
-        if !fits {
-            out.push(Vec::new());
-            subjects.clear();
+/// The scheduler on the decide loop: the pure [`State`] and its rules.
+pub struct Scheduling {
+    pub state: State,
+    rules: state::Rules,
+}
+
+impl Scheduling {
+    /// `now` starts the liveness clock of nodes never heard from.
+    pub fn new(rules: state::Rules, now: DateTime<Utc>) -> Self {
+        let mut state = State::default();
+        if rules.node_lost_after > chrono::Duration::zero() {
+            state.liveness_since = Some(now);
         }
-        let batch = out.last_mut().expect("a batch");
-        for (envelope, expect) in decision {
-            let subject = envelope.data.subject();
-            match (subjects.get(&subject), &envelope.data) {
-                (Some(&at), EventData::NodeGpusAllocated(more)) => {
-                    if let EventData::NodeGpusAllocated(first) = &mut batch[at].0.data {
-                        first.allocations.extend(more.allocations.iter().cloned());
-                    }
-                }
-                _ => {
-                    subjects.insert(subject, batch.len());
-                    batch.push((envelope, expect));
-                }
-            }
+        Self { state, rules }
+    }
+}
+
+impl Decider for Scheduling {
+    type Signal = Signal;
+
+    fn name(&self) -> &'static str {
+        state::SERVICE
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        &[
+            subject::LEASES_ALL,
+            subject::NODES_ALL,
+            subject::TENANTS_ALL,
+        ]
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: QUIET,
+            tick: REEVALUATE_INTERVAL,
+            ..Pace::default()
         }
     }
-    out
+
+    fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.state.apply(sequence, envelope);
+    }
+
+    fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
+        match signal {
+            Signal::Heartbeat(hb) => {
+                self.state.heard(&hb.node_id, hb.at, now);
+                false
+            }
+            Signal::LastHeartbeat(hb) => {
+                self.state.heard(&hb.node_id, hb.at, hb.at.min(now));
+                false
+            }
+            Signal::LivenessCheck => !self.state.liveness_changes(now, &self.rules).is_empty(),
+        }
+    }
+
+    fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let batches = self.state.decide(now, &self.rules).batches;
+        metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);
+        batches
+    }
+
+    /// Allocations of several leases on one node merge into one
+    /// `node.gpus_allocated` (it carries a list).
+    fn merge(&self, first: &mut Envelope, more: &Envelope) -> bool {
+        match (&mut first.data, &more.data) {
+            (EventData::NodeGpusAllocated(first), EventData::NodeGpusAllocated(more)) => {
+                first.allocations.extend(more.allocations.iter().cloned());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn appended(&mut self, batch: &Batch) {
+        for (envelope, _) in batch {
+            metrics::counter!("lh_scheduler_decisions_total", "type" => envelope.event_type.clone())
+                .increment(1);
+        }
+        tracing::debug!(events = batch.len(), "decisions appended");
+    }
 }
 
 #[cfg(test)]
@@ -254,6 +240,12 @@ mod tests {
     use super::*;
     use lh_bus::Expect;
     use lh_events::*;
+
+    /// Packs as the decide loop does, with the scheduler's merge rule.
+    fn pack(decisions: Vec<Batch>) -> Vec<Batch> {
+        let scheduling = Scheduling::new(Config::for_test("nats://unused").rules(), Utc::now());
+        decider::pack(decisions, |first, more| scheduling.merge(first, more))
+    }
 
     fn placement(lease: u128, node: &str) -> state::Batch {
         let id = uuid::Uuid::from_u128(lease);
