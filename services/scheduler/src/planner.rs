@@ -162,8 +162,10 @@ impl Planner {
         }
     }
 
-    /// Decides where `ask` of `model` goes and takes it in this engine.
-    /// `None` when no node can take it now (or the ask is out of range).
+    /// Decides where `ask` of `model` goes and takes it in this engine. When
+    /// no node can take it, the engine's [`Pending`] says whether busy GPUs
+    /// or the fleet itself keep it out; `None` when the ask is out of the
+    /// engine's range (so nothing ever fits).
     pub fn place(&mut self, ask: Ask, model: &str) -> Result<Chosen, Option<Pending>> {
         let request = ask.request(model).ok_or(None)?;
         let decision = self.engine.decide(&request).map_err(Some)?;

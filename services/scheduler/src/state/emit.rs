@@ -54,6 +54,22 @@ fn derived_lease_event(lease: &Lease, now: DateTime<Utc>, data: EventData, step:
     env
 }
 
+/// An event about node `node_id` decided at `now`, its id derived from its
+/// type and the node's subject sequence `node_seq`.
+pub(super) fn node_event(
+    node_id: &str,
+    node_seq: u64,
+    now: DateTime<Utc>,
+    data: EventData,
+) -> Envelope {
+    let step = data.event_type();
+    Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
+        step,
+        node_id,
+        &node_seq.to_string(),
+    ]))
+}
+
 /// `lease.placed` for `lease` where the engine chose `p`, and the matching
 /// `node.gpus_allocated` (caused by the placement).
 pub(super) fn placement_events(

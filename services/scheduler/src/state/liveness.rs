@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
-use lh_events::{derived_id, Actor, Envelope, EventData, NodeLost, NodeRejoined};
+use lh_events::{EventData, NodeLost, NodeRejoined};
 
 use super::*;
 
@@ -61,24 +61,21 @@ impl State {
             let since = self.liveness_since.unwrap_or(now);
             let heard = self.heard.get(&node_id).copied();
             let node_seq = scratch.node_sequence.get(&node_id).copied().unwrap_or(0);
-            let (data, step) = if lost {
+            let data = if lost {
                 let last_local = heard.map_or(since, |h| h.local);
-                let data = EventData::NodeLost(NodeLost {
+                EventData::NodeLost(NodeLost {
                     node_id: node_id.clone(),
                     // Never heard since we started: bill no later than that.
                     last_heard_at: heard.map_or(since, |h| h.node_at),
                     silence_ms: (now - last_local).num_milliseconds().max(0) as u64,
-                });
-                (data, "node.lost")
+                })
             } else {
-                let data = EventData::NodeRejoined(NodeRejoined {
+                EventData::NodeRejoined(NodeRejoined {
                     node_id: node_id.clone(),
                     heard_at: heard.map_or(now, |h| h.node_at),
-                });
-                (data, "node.rejoined")
+                })
             };
-            let envelope = Envelope::new(Actor::Service(SERVICE.into()), now, data)
-                .with_id(derived_id(&[step, &node_id, &node_seq.to_string()]));
+            let envelope = node_event(&node_id, node_seq, now, data);
             scratch.apply(u64::MAX, &envelope.data);
             out.push(vec![(envelope, Expect::LastSubjectSequence(node_seq))]);
         }

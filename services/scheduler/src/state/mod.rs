@@ -45,7 +45,9 @@ use lh_domain::fleet::Fleet;
 use lh_events::{Envelope, EventData};
 use uuid::Uuid;
 
-use emit::{lease_event, migration_allocation, notice_event, placement_events, relocate};
+use emit::{
+    lease_event, migration_allocation, node_event, notice_event, placement_events, relocate,
+};
 use lease::mig_size;
 use pending::why_pending;
 use preempt::reserve_for;
