@@ -143,10 +143,11 @@ fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item =
             }
         }
     });
-    let checks = futures::stream::unfold(tokio::time::interval(LIVENESS_CHECK), |mut every| async {
-        every.tick().await;
-        Some((Signal::LivenessCheck, every))
-    });
+    let checks =
+        futures::stream::unfold(tokio::time::interval(LIVENESS_CHECK), |mut every| async {
+            every.tick().await;
+            Some((Signal::LivenessCheck, every))
+        });
     last.chain(futures::stream::select(live, checks))
 }
 

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
+use lh_events::Expect;
 use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected, Tier};
 use uuid::Uuid;
 
@@ -43,8 +43,8 @@ impl State {
     /// What to append now, in queue order. Each batch assumes the ones
     /// before it were stored; after a conflict the caller re-reads the log
     /// and asks again. A second placement on a node in one pass expects the
-    /// node's sequence after the first: the caller sets it from the sequence
-    /// the first one got (see [`State::expect_current`]).
+    /// node's sequence after the first: the decide loop
+    /// (`lh_service::decider`) sets it from the sequence the first one got.
     pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
         let workload = {
             let mut live: Vec<&Lease> = self.leases.values().collect();
@@ -216,23 +216,6 @@ impl State {
             plan.node_id,
             deadline.to_rfc3339()
         ))
-    }
-
-    /// Refreshes the expectation of every node message in `batch` from the
-    /// sequences this state knows now, which include the batches this
-    /// scheduler appended earlier in the same pass.
-    pub fn expect_current(&self, batch: &mut Batch) {
-        for (envelope, expect) in batch.iter_mut() {
-            if let EventData::NodeGpusAllocated(a) = &envelope.data {
-                let seq = self
-                    .fleet
-                    .node_sequence
-                    .get(&a.node_id)
-                    .copied()
-                    .unwrap_or(0);
-                *expect = Expect::LastSubjectSequence(seq);
-            }
-        }
     }
 }
 

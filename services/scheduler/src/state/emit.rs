@@ -1,8 +1,8 @@
 //! The events the scheduler appends, built in one place.
 
 use chrono::{DateTime, Utc};
-use lh_bus::Expect;
 use lh_domain::fleet::{Fleet, Gpu};
+use lh_events::Expect;
 
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeasePlaced,

@@ -2,8 +2,8 @@
 //! a node falls silent or is heard again.
 
 use chrono::{DateTime, Utc};
-use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
+use lh_events::Expect;
 use lh_events::{EventData, NodeLost, NodeRejoined};
 
 use super::*;

@@ -2,8 +2,8 @@
 //! unhealthy GPU.
 
 use chrono::{DateTime, Utc};
-use lh_bus::Expect;
 use lh_domain::fleet::{Fleet, Node};
+use lh_events::Expect;
 
 use lh_events::{DrainMode, EventData, GpuHealth, LeaseMigrated};
 use uuid::Uuid;

@@ -3,7 +3,7 @@
 pub(super) use std::collections::HashMap;
 
 pub(super) use chrono::{DateTime, Duration, Utc};
-pub(super) use lh_bus::Expect;
+pub(super) use lh_events::Expect;
 pub(super) use lh_events::*;
 pub(super) use uuid::Uuid;
 

@@ -99,22 +99,33 @@ fn places_with_expectations_on_lease_and_node() {
 #[test]
 fn two_placements_on_one_node_chain_their_node_expectations() {
     let t = Uuid::from_u128(1);
-    let mut s = given(vec![
+    let s = given(vec![
         node("a", 8),
         tenant(t, 100),
         request(Uuid::from_u128(2), t, 1),
         request(Uuid::from_u128(3), t, 1),
     ]);
-    let mut d = decide(&s).batches;
+    let d = decide(&s).batches;
     assert_eq!(d.len(), 2);
-    // The first expects the node at its registration (sequence 1).
-    s.expect_current(&mut d[0]);
+    // The first expects the node as the state saw it (its registration,
+    // sequence 1). Packed as the decide loop packs, the second allocation
+    // merges into the first's message; in a later batch the loop would
+    // chain it to the sequence the first got.
     assert_eq!(d[0][1].1, Expect::LastSubjectSequence(1));
-    // Once the first is stored at 10 and 11, the second expects 11.
-    s.apply(10, &d[0][0].0);
-    s.apply(11, &d[0][1].0);
-    s.expect_current(&mut d[1]);
-    assert_eq!(d[1][1].1, Expect::LastSubjectSequence(11));
+    let scheduling = crate::Scheduling::new(
+        crate::Config::for_test("nats://unused").rules(),
+        s.liveness_since.unwrap_or_else(chrono::Utc::now),
+    );
+    let packed = lh_service::decider::pack(d.clone(), |first, more| {
+        lh_service::decider::Decider::merge(&scheduling, first, more)
+    });
+    assert_eq!(packed.len(), 1);
+    let nodes: Vec<_> = packed[0]
+        .iter()
+        .filter(|(e, _)| e.event_type == "node.gpus_allocated")
+        .collect();
+    assert_eq!(nodes.len(), 1, "one write per node per batch");
+    assert_eq!(nodes[0].1, Expect::LastSubjectSequence(1));
     let indices: Vec<u32> = d
         .iter()
         .filter_map(|b| match &b[1].0.data {
