@@ -28,8 +28,8 @@ pub mod workload;
 pub use cluster::{
     gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, MigHold, Reject,
 };
-pub use engine::{Decision, Engine, Pending, Provenance, Scored, Ties};
+pub use engine::{Decision, Engine, Pending, Provenance, Ties};
 pub use model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode, Tier};
-pub use policy::Policy;
+pub use policy::{Policy, Scored};
 pub use rng::Rng;
 pub use workload::{Shape, Workload, WorkloadConfig};

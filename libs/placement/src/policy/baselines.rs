@@ -3,9 +3,8 @@
 //! 0..=100 the simulator's score plugins return (Go's `int64(x)` truncation
 //! included), because ties, drawn at random, are part of how they behave.
 
-use super::Policy;
+use super::{Policy, Scored};
 use crate::cluster::{Cluster, Demand, GpuSet, Kind, MILLI};
-use crate::engine::Scored;
 use crate::rng::Rng;
 
 /// Normalisers of the simulator (`MaxSpecCpu`, `MaxSpecGpu`): the largest

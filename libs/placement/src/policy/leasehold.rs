@@ -11,10 +11,9 @@
 //!
 //! See docs/placement.md for the reasoning and the measurements.
 
-use super::fgd::{load, NodeCache, Scratch};
-use super::Policy;
+use super::frag_cache::{load, NodeCache, Scratch};
+use super::{Policy, Scored};
 use crate::cluster::{Cluster, Demand, Kind};
-use crate::engine::Scored;
 use crate::policy::baselines::{MAX_SPEC_CPU, MAX_SPEC_GPU};
 use crate::rng::Rng;
 use crate::workload::{Compiled, Workload};

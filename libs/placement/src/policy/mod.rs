@@ -6,18 +6,41 @@
 //! at random by the engine, and the same choice of GPU inside the node. Their
 //! semantics are pinned by the unit tests of each module.
 
-use crate::cluster::{Cluster, Demand};
-use crate::engine::Scored;
+use crate::cluster::{Cluster, Demand, GpuSet};
 use crate::rng::Rng;
 use crate::workload::Workload;
 
 mod baselines;
 mod fgd;
+pub(crate) mod frag_cache;
 mod leasehold;
 
 pub use baselines::{BestFit, DotProduct, GpuClustering, GpuPacking, RandomPolicy};
 pub use fgd::Fgd;
 pub use leasehold::{Leasehold, LeaseholdConfig};
+
+/// Score of one candidate: compared as (`score`, `tiebreak`), higher wins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    pub score: f64,
+    pub tiebreak: f64,
+    pub gpus: GpuSet,
+}
+
+impl Scored {
+    pub fn new(score: f64, gpus: GpuSet) -> Self {
+        Scored {
+            score,
+            tiebreak: 0.0,
+            gpus,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn key(&self) -> (f64, f64) {
+        (self.score, self.tiebreak)
+    }
+}
 
 /// A placement policy. The engine calls [`Policy::begin`] once per decision,
 /// then [`Policy::score`] for every node that can take the demand; the
