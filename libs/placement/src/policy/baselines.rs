@@ -9,8 +9,8 @@ use crate::rng::Rng;
 
 /// Normalisers of the simulator (`MaxSpecCpu`, `MaxSpecGpu`): the largest
 /// node of the trace has 128 cores and 8 GPUs.
-pub(crate) const MAX_SPEC_CPU: f64 = 128_000.0;
-pub(crate) const MAX_SPEC_GPU: f64 = 8_000.0;
+pub const MAX_SPEC_CPU: f64 = 128_000.0;
+pub const MAX_SPEC_GPU: f64 = 8_000.0;
 const MAX_SCORE: i64 = 100;
 
 /// GPU choice "best" of the simulator's Open-Gpu-Share plugin: a slice goes

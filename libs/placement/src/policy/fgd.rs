@@ -17,28 +17,28 @@ use super::frag_cache::{load, sigmoid, NodeCache, Scratch};
 use super::{Policy, Scored};
 use crate::cluster::{Cluster, Demand, Kind};
 use crate::rng::Rng;
-use crate::workload::{Compiled, Workload};
+use crate::shape_mix::{Compiled, ShapeMix};
 
 /// FGD as published.
 #[derive(Debug, Clone)]
 pub struct Fgd {
-    workload: Workload,
+    mix: ShapeMix,
     compiled: Option<Compiled>,
     cache: NodeCache,
 }
 
 impl Fgd {
-    pub fn new(workload: Workload) -> Self {
+    pub fn new(mix: ShapeMix) -> Self {
         Fgd {
-            workload,
+            mix,
             compiled: None,
             cache: NodeCache::default(),
         }
     }
 
-    /// Measures against another workload from now on.
-    pub fn set_workload(&mut self, workload: Workload) {
-        self.workload = workload;
+    /// Measures against another mix of shapes from now on.
+    pub fn set_mix(&mut self, mix: ShapeMix) {
+        self.mix = mix;
         self.compiled = None;
         self.cache.clear();
     }
@@ -62,7 +62,7 @@ impl Policy for Fgd {
             .as_ref()
             .is_none_or(|c| c.models_seen != cluster.models().len())
         {
-            self.compiled = Some(Compiled::new(&self.workload, cluster));
+            self.compiled = Some(Compiled::new(&self.mix, cluster));
             self.cache.clear();
         }
         self.cache.begin(cluster, d);
@@ -73,7 +73,7 @@ impl Policy for Fgd {
         if let Some(s) = self.cache.get(node, n.generation) {
             return s;
         }
-        let w = self.compiled.as_ref().expect("begin compiles the workload");
+        let w = self.compiled.as_ref().expect("begin compiles the mix");
         let f0 = self
             .cache
             .node_frag(node, n.generation, || w.frag(&load(n), false));

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::Scored;
 use crate::cluster::{Cluster, Demand, Gpu, Node, EMPTY_GPU, MAX_GPUS_PER_NODE};
-use crate::workload::{apply, Compiled, Load};
+use crate::shape_mix::{apply, Compiled, Load};
 
 const SLOTS: usize = 64;
 
@@ -31,7 +31,7 @@ const EMPTY_ENTRY: Entry = Entry {
 /// Per-node caches keyed by the node's generation: the node's own
 /// fragmentation, and a direct-mapped table of scores per demand shape.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct NodeCache {
+pub struct NodeCache {
     entries: Vec<Entry>,
     frag: Vec<(u64, f64)>,
     second: Vec<(u64, f64)>,
@@ -112,7 +112,7 @@ impl NodeCache {
 }
 
 /// Scratch copy of one node's free resources, to evaluate "what if".
-pub(crate) struct Scratch {
+pub struct Scratch {
     pub cpu_free: u64,
     pub memory_free: u64,
     pub model_mask: u64,
@@ -173,7 +173,7 @@ impl Scratch {
     }
 }
 
-pub(crate) fn load(n: &Node) -> Load<'_> {
+pub fn load(n: &Node) -> Load<'_> {
     Load {
         cpu_free: n.cpu_free,
         memory_free: n.memory_free,
@@ -182,6 +182,6 @@ pub(crate) fn load(n: &Node) -> Load<'_> {
     }
 }
 
-pub(crate) fn sigmoid(x: f64) -> f64 {
+pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -8,8 +8,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use lh_placement::sim::{self, Task};
 use lh_placement::*;
+use lh_placement_lab::trace::{self, Task};
 
 fn trace_dir() -> Option<std::path::PathBuf> {
     let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -49,17 +49,22 @@ fn setup(nodes: &[NodeSpec], tasks: &[Task], policy: &str) -> (Engine, Vec<Deman
     let cluster = Cluster::new(nodes);
     let cap = cluster.gpu_milli_total();
     let w = if policy == "leasehold" {
-        sim::leasehold_workload(tasks)
+        trace::leasehold_mix(tasks)
     } else {
-        sim::published_workload(tasks)
+        trace::published_mix(tasks)
     };
-    let mut e = Engine::new(cluster, policy::by_name(policy, &w).unwrap(), 42).with_ranked_ties();
+    let mut e = Engine::new(
+        cluster,
+        lh_placement_lab::policy_by_name(policy, &w).unwrap(),
+        42,
+    )
+    .with_ranked_ties();
     let demands: Vec<Demand> = tasks
         .iter()
         .map(|t| e.cluster().demand(&t.request()))
         .collect();
     // Fill to about half of the GPU capacity.
-    let seq = sim::arrival_sequence(tasks, cap, 1.3, 42, sim::Order::AppendThenShuffle);
+    let seq = trace::arrival_sequence(tasks, cap, 1.3, 42, trace::Order::AppendThenShuffle);
     let mut i = 0;
     while e.cluster().gpu_milli_used() * 2 < cap && i < seq.len() * 4 {
         let _ = e.schedule_demand(&demands[seq[i % seq.len()]]);
@@ -98,11 +103,11 @@ fn bench_cluster(c: &mut Criterion, label: &str, nodes: &[NodeSpec], tasks: &[Ta
 
 fn decide(c: &mut Criterion) {
     if let Some(dir) = trace_dir() {
-        let nodes = sim::parse_nodes(
+        let nodes = trace::parse_nodes(
             &std::fs::read_to_string(dir.join("openb_node_list_gpu_node.csv")).unwrap(),
         )
         .unwrap();
-        let tasks = sim::parse_tasks(
+        let tasks = trace::parse_tasks(
             &std::fs::read_to_string(dir.join("openb_pod_list_default.csv")).unwrap(),
         )
         .unwrap();
@@ -135,11 +140,11 @@ fn decide(c: &mut Criterion) {
 /// workload with 141 distinct sizes (the LP keeps 32).
 fn shares(c: &mut Criterion) {
     if let Some(dir) = trace_dir() {
-        let tasks = sim::parse_tasks(
+        let tasks = trace::parse_tasks(
             &std::fs::read_to_string(dir.join("openb_pod_list_default.csv")).unwrap(),
         )
         .unwrap();
-        let trace = sim::leasehold_workload(&tasks).slice_sizes();
+        let trace = trace::leasehold_mix(&tasks).slice_sizes();
         c.bench_function("slice shares LP, openb default summary", |b| {
             b.iter(|| packing::SliceShares::solve(black_box(&trace)))
         });
