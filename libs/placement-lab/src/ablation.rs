@@ -72,9 +72,7 @@ pub struct LeaseholdConfig {
     pub tie_then_eventual: bool,
     /// Break ties of slices by the change of the chosen GPU's table value
     /// (`recursive` or eventual), of others by the fill-up stranding. A
-    /// slice's ties are then left to the node order: every CPU-aware second
-    /// key we measured for slices (fill-up, the node-level table) did worse,
-    /// as it spreads slices instead of consolidating them.
+    /// slice's remaining ties go to the node order.
     pub tie_eventual_frac: bool,
     /// Among candidates equal on (score, tie-break), prefer a node that
     /// already holds a lease over an untouched one (then the node order),

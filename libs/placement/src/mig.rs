@@ -22,7 +22,7 @@
 //! each and a single one per GPU.
 //!
 //! A [`MigLayout`] is the set of GPU instances that exist on one GPU, each free
-//! or held by a lease. Placement follows the issue's dynamic-MIG rule:
+//! or held by a lease. Placement follows the dynamic-MIG rule:
 //!
 //! * a GPU with at least one held instance is *live*: its existing instances
 //!   stay as they are. A request may take a free existing instance of its
@@ -853,9 +853,9 @@ pub fn placeable<L: Clone + PartialEq>(layout: &MigLayout<L>, profile: &str) -> 
 mod tests {
     use super::*;
 
-    /// The issue's table: per model, each profile and how many instances of it
-    /// alone fit on one GPU. `+me` profiles are NVIDIA's, one each.
-    const ISSUE_COUNTS: &[(&str, &[(&str, u8)])] = &[
+    /// NVIDIA's profile table: per model, each profile and how many instances
+    /// of it alone fit on one GPU. `+me` profiles are NVIDIA's, one each.
+    const PROFILE_COUNTS: &[(&str, &[(&str, u8)])] = &[
         (
             "A100-40GB",
             &[
@@ -946,9 +946,9 @@ mod tests {
     }
 
     #[test]
-    fn models_have_exactly_the_issue_profiles_plus_media_variants() {
-        assert_eq!(geometries().len(), ISSUE_COUNTS.len());
-        for &(model, expected) in ISSUE_COUNTS {
+    fn models_have_exactly_the_nvidia_profiles_plus_media_variants() {
+        assert_eq!(geometries().len(), PROFILE_COUNTS.len());
+        for &(model, expected) in PROFILE_COUNTS {
             let g = geometry(model).unwrap();
             let mut plain: Vec<_> = g
                 .profiles
@@ -979,8 +979,8 @@ mod tests {
     }
 
     #[test]
-    fn issue_counts_follow_from_the_offsets() {
-        for &(model, expected) in ISSUE_COUNTS {
+    fn profile_counts_follow_from_the_offsets() {
+        for &(model, expected) in PROFILE_COUNTS {
             let g = geometry(model).unwrap();
             let mut all: Vec<(&str, u8)> = expected.to_vec();
             all.extend(
@@ -1327,7 +1327,7 @@ mod tests {
         assert_eq!(profiles("H100-80GB").len(), 7);
         assert!(MigLayout::<u32>::new("nope").is_none());
         let mut l = MigLayout::<u32>::new("A100-80GB").unwrap();
-        // 1g.20gb is H100's in the issue, not A100-80GB's.
+        // 1g.20gb is an H100 profile, not an A100-80GB one.
         assert!(matches!(
             place(&mut l, "1g.20gb", 1),
             Err(MigError::UnknownProfile { .. })
