@@ -1,5 +1,5 @@
 //! Decision throughput of the default policy and FGD: on the openb trace
-//! cluster (1,213 nodes, when shared/traces is there) half-filled by the
+//! cluster (1,213 nodes, when [`trace::openb_dir`] finds it) half-filled by the
 //! trace, and on a synthetic 10,000 nodes x 8 GPUs cluster half-filled the
 //! same way. One iteration = one `decide` (no allocation), cycling through
 //! the trace's task shapes so the per-node caches see the mix they see in a
@@ -10,16 +10,6 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion};
 use lh_placement::*;
 use lh_placement_lab::trace::{self, Task};
-
-fn trace_dir() -> Option<std::path::PathBuf> {
-    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    [
-        here.join("../../../shared/traces/openb"),
-        here.join("../../shared/traces/openb"),
-    ]
-    .into_iter()
-    .find(|p| p.join("openb_node_list_gpu_node.csv").exists())
-}
 
 fn synthetic_tasks() -> Vec<Task> {
     let shapes = [
@@ -102,7 +92,7 @@ fn bench_cluster(c: &mut Criterion, label: &str, nodes: &[NodeSpec], tasks: &[Ta
 }
 
 fn decide(c: &mut Criterion) {
-    if let Some(dir) = trace_dir() {
+    if let Some(dir) = trace::openb_dir() {
         let nodes = trace::parse_nodes(
             &std::fs::read_to_string(dir.join("openb_node_list_gpu_node.csv")).unwrap(),
         )
@@ -113,7 +103,7 @@ fn decide(c: &mut Criterion) {
         .unwrap();
         bench_cluster(c, "openb 1213 nodes", &nodes, &tasks);
     } else {
-        eprintln!("shared/traces/openb not found: skipping the trace cluster");
+        eprintln!("no openb trace (set LH_OPENB_DIR): skipping the trace cluster");
     }
     let big: Vec<NodeSpec> = (0..10_000)
         .map(|i| {
@@ -139,7 +129,7 @@ fn decide(c: &mut Criterion) {
 /// default trace's workload summary (what `lh-sim` solves), and a live
 /// workload with 141 distinct sizes (the LP keeps 32).
 fn shares(c: &mut Criterion) {
-    if let Some(dir) = trace_dir() {
+    if let Some(dir) = trace::openb_dir() {
         let tasks = trace::parse_tasks(
             &std::fs::read_to_string(dir.join("openb_pod_list_default.csv")).unwrap(),
         )

@@ -15,6 +15,19 @@
 use lh_placement::model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode};
 use lh_placement::{Cluster, Demand, Engine, Rng, ShapeMix, ShapeMixConfig};
 
+/// Where the openb trace is on this machine, if anywhere: the folder named by
+/// `LH_OPENB_DIR`, else `shared/traces/openb` beside the checkout. The trace is
+/// not part of the repository, so tests and benches that want it go without.
+pub fn openb_dir() -> Option<std::path::PathBuf> {
+    let beside_checkout =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/openb");
+    std::env::var_os("LH_OPENB_DIR")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([beside_checkout])
+        .find(|p| p.join("openb_node_list_gpu_node.csv").exists())
+}
+
 /// One task of a trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {

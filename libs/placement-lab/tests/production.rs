@@ -88,23 +88,16 @@ fn production_decides_like_the_lab_default_on_generated_traces() {
     }
 }
 
-/// The same on the real openb default trace, where this machine has it: the
-/// trace is not part of the repository, so the test reads the folder named by
-/// `LH_OPENB_DIR` (default: `shared/traces/openb` beside the checkout) and
-/// passes without it.
+/// The same on the real openb default trace, where this machine has it
+/// ([`trace::openb_dir`]); without it the test has nothing to check.
 #[test]
 fn production_decides_like_the_lab_default_on_the_openb_trace() {
-    let dir = std::env::var_os("LH_OPENB_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/openb")
-        });
-    let (Ok(nodes), Ok(tasks)) = (
-        std::fs::read_to_string(dir.join("openb_node_list_gpu_node.csv")),
-        std::fs::read_to_string(dir.join("openb_pod_list_default.csv")),
-    ) else {
-        eprintln!("skipped: no openb trace at {}", dir.display());
+    let Some(dir) = trace::openb_dir() else {
+        eprintln!("skipped: no openb trace (set LH_OPENB_DIR)");
         return;
     };
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).expect("openb trace file");
+    let nodes = read("openb_node_list_gpu_node.csv");
+    let tasks = read("openb_pod_list_default.csv");
     assert_same_decisions(&nodes, &tasks, 42);
 }

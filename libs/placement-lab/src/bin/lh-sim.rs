@@ -1,5 +1,5 @@
 //! lh-sim: replays a node list and a task list with the published openb
-//! protocol (shared/traces/openb/README.md) for every chosen policy and seed,
+//! protocol (the trace's README) for every chosen policy and seed,
 //! and scores the allocation curve.
 //!
 //! ```text
