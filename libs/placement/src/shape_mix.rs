@@ -14,7 +14,7 @@ use crate::cluster::{Cluster, Gpu, Kind, MILLI};
 use crate::model::{GpuDemand, Request};
 use crate::packing::SliceShares;
 
-/// One task shape and its share of the workload.
+/// One task shape and its share of the mix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
     pub cpu_milli: u64,
@@ -23,11 +23,11 @@ pub struct Shape {
     pub gpu: GpuDemand,
     /// Any-of model list, as requested (empty for any).
     pub models: Vec<String>,
-    /// Frequency, summing to 1 over the workload.
+    /// Frequency, summing to 1 over the mix.
     pub weight: f64,
 }
 
-/// How a workload is summarised from a task list.
+/// How a shape mix is summarised from a task list.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ShapeMixConfig {
     /// Keep the most frequent shapes until they cover this share of tasks
@@ -172,7 +172,7 @@ pub struct CShape {
     pub weight: f64,
 }
 
-/// A workload compiled against a cluster.
+/// A shape mix compiled against a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct Compiled {
     pub shapes: Vec<CShape>,
@@ -181,13 +181,13 @@ pub struct Compiled {
     /// Number of model names the cluster had when compiled.
     pub models_seen: usize,
     /// Per GPU model: the expected milli a GPU with `f` free milli keeps idle
-    /// for good if every task that fits it came in the workload's mix
+    /// for good if every task that fits it came in the mix's proportions
     /// (see [`Compiled::eventual`]), indexed by `f`.
     pub eventual: Vec<Vec<f32>>,
     /// Per GPU model: FGD's fragment of one GPU applied recursively (see
     /// [`Compiled::recursive_table`]), indexed by free milli.
     pub recursive: Vec<Vec<f32>>,
-    /// The single-GPU slices' shares in the best packing of the workload
+    /// The single-GPU slices' shares in the best packing of the mix
     /// (see [`crate::packing`]).
     pub shares: SliceShares,
 }
@@ -253,7 +253,7 @@ impl Compiled {
     }
 
     /// FGD counts a GPU's free milli `f` as fragment for the share of the
-    /// workload that cannot use it, `f x W(no fit)`. Applied to what each
+    /// mix that cannot use it, `f x W(no fit)`. Applied to what each
     /// fitting shape would leave, `R(f) = f x W(no fit) + sum over fitting s
     /// of w_s R(f - s)`: the fragment the GPU is expected to end with if its
     /// hole is filled shape by shape. CPU-only shapes never fit.
@@ -524,7 +524,7 @@ impl Compiled {
 impl Compiled {
     /// Reweights the GPU shapes: `base[i]` over the copies of shape `i` the
     /// cluster can still host (as in [`Compiled::frag_fill`], summed over
-    /// nodes), renormalised to the GPU shapes' share of the workload; a shape
+    /// nodes), renormalised to the GPU shapes' share of the mix; a shape
     /// that fits nowhere weighs nothing.
     pub fn rescale_by_scarcity(&mut self, base: &[f64], cluster: &Cluster, memory: bool) {
         let share: f64 = base.iter().sum();

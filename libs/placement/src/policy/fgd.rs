@@ -2,7 +2,7 @@
 //! Fragmentation", USENIX ATC'23), as the published simulator scores it.
 //!
 //! For a candidate node the score is `int(100 * sigmoid((F - F') / 1000))`,
-//! where F is the node's expected fragmentation against the target workload
+//! where F is the node's expected fragmentation against the shape mix
 //! now and F' after the placement. A slice is tried on every GPU that fits
 //! and the node keeps its best GPU (the first among equal integer scores);
 //! whole GPUs are the first free ones. The integer score makes many nodes
