@@ -257,7 +257,7 @@ impl Compiled {
     /// fitting shape would leave, `R(f) = f x W(no fit) + sum over fitting s
     /// of w_s R(f - s)`: the fragment the GPU is expected to end with if its
     /// hole is filled shape by shape. CPU-only shapes never fit.
-    fn recursive_table(&self, model: u64) -> Vec<f32> {
+    pub fn recursive_table(&self, model: u64) -> Vec<f32> {
         self.recursive_masked(model, u64::MAX)
     }
 
