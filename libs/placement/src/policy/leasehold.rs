@@ -26,6 +26,7 @@ use crate::shape_mix::{Compiled, Load, ShapeMix};
 /// must outrank all of them.
 const FGD_SCORE_MAX: i64 = 100;
 const SCORE_PER_COST_MILLI: i64 = 1_000;
+const _: () = assert!(SCORE_PER_COST_MILLI > FGD_SCORE_MAX);
 
 /// How two candidates of one decision compare: field by field, higher wins.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -176,4 +177,51 @@ impl Policy for Leasehold {
 /// (rounded, so that equal costs compare equal).
 pub(crate) fn packing_cost_milli(w: &Compiled, g: &Gpu, milli: u16) -> i64 {
     (w.shares.cost(g.milli_free, milli) * 1e3).round() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine_order(a: Key, b: Key) -> Option<std::cmp::Ordering> {
+        let (a, b) = (a.scored(0), b.scored(0));
+        (a.score, a.tiebreak).partial_cmp(&(b.score, b.tiebreak))
+    }
+
+    #[test]
+    fn the_engine_orders_candidates_exactly_like_the_key() {
+        let mut keys = Vec::new();
+        for neg_packing_cost_milli in [-1_500, -3, -1, 0, 2] {
+            for fgd_score in [0, 1, 49, 50, FGD_SCORE_MAX] {
+                for tiebreak in [-2.5, -0.0, 0.0, 1e-9, 300.25] {
+                    keys.push(Key {
+                        neg_packing_cost_milli,
+                        fgd_score,
+                        tiebreak,
+                    });
+                }
+            }
+        }
+        for &a in &keys {
+            for &b in &keys {
+                assert_eq!(engine_order(a, b), a.partial_cmp(&b), "{a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cheaper_slice_wins_whatever_fgd_says() {
+        let cheap = Key {
+            neg_packing_cost_milli: -1,
+            fgd_score: 0,
+            tiebreak: 0.0,
+        };
+        let dear = Key {
+            neg_packing_cost_milli: -2,
+            fgd_score: FGD_SCORE_MAX,
+            tiebreak: 1e9,
+        };
+        assert!(cheap > dear);
+        assert_eq!(engine_order(cheap, dear), Some(std::cmp::Ordering::Greater));
+    }
 }
