@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::cluster::{gpu_indices, AllocError, AllocId, Cluster, Demand, GpuSet, Kind, Reject};
 use crate::model::Request;
-use crate::policy::Policy;
+use crate::policy::{Policy, Scored};
 use crate::rng::Rng;
 
 /// Where a request goes, and why there.
@@ -76,29 +76,6 @@ impl fmt::Display for Pending {
             write!(f, " {k} {v};")?;
         }
         Ok(())
-    }
-}
-
-/// Score of one candidate: compared as (`score`, `tiebreak`), higher wins.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Scored {
-    pub score: f64,
-    pub tiebreak: f64,
-    pub gpus: GpuSet,
-}
-
-impl Scored {
-    pub fn new(score: f64, gpus: GpuSet) -> Self {
-        Scored {
-            score,
-            tiebreak: 0.0,
-            gpus,
-        }
-    }
-
-    #[inline]
-    fn key(&self) -> (f64, f64) {
-        (self.score, self.tiebreak)
     }
 }
 

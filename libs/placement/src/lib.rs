@@ -10,10 +10,12 @@
 //!   FGD) and Leasehold's default.
 //! * [`Engine`]: filter, score, pick (ties drawn with the seed), and a
 //!   [`Provenance`] for every decision or a [`Pending`] for every refusal.
-//! * [`sim`]: the openb trace experiment (parsing, arrival sequence, replay,
-//!   the published allocation curve), used by `lh-sim`.
+//! * [`ShapeMix`]: the distribution of task shapes that fragmentation is
+//!   measured against, and the measure itself.
 //!
-//! The reasoning and the measurements are in docs/placement.md.
+//! The openb trace replay, the ablation switches of the default policy and
+//! `lh-sim` live in `lh-placement-lab`. The reasoning and the measurements
+//! are in docs/placement.md.
 
 pub mod cluster;
 pub mod engine;
@@ -22,14 +24,13 @@ pub mod model;
 pub mod packing;
 pub mod policy;
 pub mod rng;
-pub mod sim;
-pub mod workload;
+pub mod shape_mix;
 
 pub use cluster::{
     gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, MigHold, Reject,
 };
-pub use engine::{Decision, Engine, Pending, Provenance, Scored, Ties};
+pub use engine::{Decision, Engine, Pending, Provenance, Ties};
 pub use model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode, Tier};
-pub use policy::Policy;
+pub use policy::{Policy, Scored};
 pub use rng::Rng;
-pub use workload::{Shape, Workload, WorkloadConfig};
+pub use shape_mix::{Shape, ShapeMix, ShapeMixConfig};

@@ -1,19 +1,19 @@
 //! What share of a GPU each slice size is worth in the best packing of the
-//! workload's slices: the dual of the fractional bin-packing LP (Gilmore and
+//! mix's slices: the dual of the fractional bin-packing LP (Gilmore and
 //! Gomory's cutting-stock LP), and the cost of a placement measured against
 //! it.
 //!
-//! The LP packs the workload's slice sizes, in proportion to their weights,
+//! The LP packs the mix's slice sizes, in proportion to their weights,
 //! into as few GPUs as possible, any number of slices per GPU as long as they
 //! sum to at most 1000 milli. Its dual gives every size `s` a share `y_s` of
 //! a GPU such that no set of slices that fits one GPU is worth more than 1,
-//! maximising the workload's total. With `K(h)`, the most that slices fitting
+//! maximising the mix's total. With `K(h)`, the most that slices fitting
 //! `h` free milli are worth (an unbounded knapsack over the shares), putting a
 //! slice `s` on a GPU with `h` free costs `K(h) - K(h - s) - y_s >= 0` GPUs:
 //! how far the placement moves the GPU away from any packing the LP uses. A
 //! placement that costs 0 is part of some optimal packing (complementary
 //! slackness); one that costs more can only be made good by slices the
-//! workload does not have enough of.
+//! mix does not have enough of.
 //!
 //! Unlike a per-GPU expected-waste table, the shares see the competition
 //! between holes: a hole that only rare slices fill is cheap to the table
@@ -27,7 +27,7 @@ use microlp::{ComparisonOp, OptimizationDirection, Problem};
 const CAPACITY: usize = 1000;
 
 /// The LP takes the most common sizes only; the rest are priced as unseen
-/// sizes. A live workload can have any milli from 1 to 1000, and the rare
+/// sizes. A live mix can have any milli from 1 to 1000, and the rare
 /// sizes barely move the shares of the common ones, while each size adds a
 /// variable to the LP and a term to every knapsack.
 pub const LP_SIZES: usize = 32;
@@ -42,7 +42,7 @@ const MAX_ROUNDS: usize = 2_000;
 pub struct SliceShares {
     /// `share[s]`: what a slice of `s` milli is worth, in GPUs.
     share: Vec<f64>,
-    /// `best[h]`: the most that the workload's slices fitting `h` free milli
+    /// `best[h]`: the most that the mix's slices fitting `h` free milli
     /// are worth.
     best: Vec<f64>,
 }
@@ -56,7 +56,7 @@ impl Default for SliceShares {
 
 impl SliceShares {
     /// Solves the LP for slices of these sizes (milli, 1..1000) and weights
-    /// (any positive scale; equal sizes are summed). Sizes the workload does
+    /// (any positive scale; equal sizes are summed). Sizes the mix does
     /// not have are worth what keeps a fresh GPU's cost at 0:
     /// `1 - K(1000 - s)`.
     pub fn solve(sizes: &[(u16, f64)]) -> Self {
@@ -83,7 +83,7 @@ impl SliceShares {
                 share[s] = v;
             }
         }
-        // The knapsack only counts the workload's sizes: the holes are
+        // The knapsack only counts the mix's sizes: the holes are
         // filled by what arrives.
         let values: Vec<f64> = present.iter().map(|&s| share[s]).collect();
         let (best, _) = knapsack(&present, &values);
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn the_default_traces_summary_gets_the_shares_docs_quote() {
-        // The 11 slice sizes of the openb default trace's workload summary,
+        // The 11 slice sizes of the openb default trace's shape mix,
         // weighted by their task counts (docs/placement.md, change 5).
         let t = SliceShares::solve(&[
             (810, 1078.0),
@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn any_number_of_sizes_gives_feasible_shares() {
-        // A live workload: every size from 7 to 994, heavier when smaller.
+        // A live mix: every size from 7 to 994, heavier when smaller.
         let sizes: Vec<(u16, f64)> = (7..995)
             .step_by(7)
             .map(|s| (s, 1000.0 / f64::from(s)))

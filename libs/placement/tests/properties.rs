@@ -5,7 +5,7 @@
 
 use lh_placement::mig;
 use lh_placement::policy::{self, POLICY_NAMES};
-use lh_placement::workload::{Workload, WorkloadConfig};
+use lh_placement::shape_mix::{ShapeMix, ShapeMixConfig};
 use lh_placement::*;
 use proptest::prelude::*;
 
@@ -199,9 +199,9 @@ fn check_invariants(c: &Cluster) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn workload(ops: &[(bool, Request, usize)]) -> Workload {
+fn workload(ops: &[(bool, Request, usize)]) -> ShapeMix {
     let reqs: Vec<Request> = ops.iter().map(|o| o.1.clone()).collect();
-    Workload::from_requests(&reqs, WorkloadConfig::PUBLISHED)
+    ShapeMix::from_requests(&reqs, ShapeMixConfig::PUBLISHED)
 }
 
 /// Each decision (node, GPUs, score bits) or None.
@@ -283,7 +283,7 @@ proptest! {
 
     #[test]
     fn a_decision_does_not_change_the_state(nodes in arb_nodes(), req in arb_request(), p in prop::sample::select(POLICY_NAMES.to_vec())) {
-        let w = Workload::from_requests([&req], WorkloadConfig::PUBLISHED);
+        let w = ShapeMix::from_requests([&req], ShapeMixConfig::PUBLISHED);
         let mut e = Engine::new(Cluster::new(&nodes), policy::by_name(p, &w).unwrap(), 1);
         let before: Vec<Node> = e.cluster().nodes().to_vec();
         if let Ok(d) = e.decide(&req) {

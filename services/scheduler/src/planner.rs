@@ -11,8 +11,8 @@ use lh_domain::fleet::Fleet;
 use lh_events::GpuHealth;
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
-    Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request,
-    SharingMode, Workload, WorkloadConfig,
+    Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request, ShapeMix,
+    ShapeMixConfig, SharingMode,
 };
 
 /// Seed of every placement engine: decisions are a function of the state.
@@ -73,12 +73,12 @@ pub struct Chosen {
 /// against: the shapes of the live leases (placed and waiting), plus one
 /// whole GPU of any model as a prior, so that an idle GPU counts as worth
 /// keeping whole (fractions pack onto GPUs already shared).
-pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> Workload {
+pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> ShapeMix {
     let mut requests: Vec<Request> = asks.into_iter().filter_map(|(a, m)| a.request(m)).collect();
     requests.push(Request::whole(1, 0, 0));
-    Workload::from_requests(
+    ShapeMix::from_requests(
         &requests,
-        WorkloadConfig {
+        ShapeMixConfig {
             popularity: 1.0,
             include_cpu_only: false,
             with_memory: false,
@@ -94,7 +94,7 @@ pub struct Planner {
 
 impl Planner {
     /// An engine over `fleet` as it is now.
-    pub fn new(fleet: &Fleet, workload: &Workload) -> Self {
+    pub fn new(fleet: &Fleet, workload: &ShapeMix) -> Self {
         let mut nodes = Vec::with_capacity(fleet.nodes.len());
         let mut cluster = Cluster::default();
         // A lost or cordoned node, a degraded or unhealthy GPU, takes

@@ -3,15 +3,14 @@
 //! 0..=100 the simulator's score plugins return (Go's `int64(x)` truncation
 //! included), because ties, drawn at random, are part of how they behave.
 
-use super::Policy;
+use super::{Policy, Scored};
 use crate::cluster::{Cluster, Demand, GpuSet, Kind, MILLI};
-use crate::engine::Scored;
 use crate::rng::Rng;
 
 /// Normalisers of the simulator (`MaxSpecCpu`, `MaxSpecGpu`): the largest
 /// node of the trace has 128 cores and 8 GPUs.
-pub(crate) const MAX_SPEC_CPU: f64 = 128_000.0;
-pub(crate) const MAX_SPEC_GPU: f64 = 8_000.0;
+pub const MAX_SPEC_CPU: f64 = 128_000.0;
+pub const MAX_SPEC_GPU: f64 = 8_000.0;
 const MAX_SCORE: i64 = 100;
 
 /// GPU choice "best" of the simulator's Open-Gpu-Share plugin: a slice goes

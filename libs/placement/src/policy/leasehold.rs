@@ -1,296 +1,80 @@
 //! Leasehold's default policy (version 3): FGD's quantised score,
-//! memory-aware, with what FGD cannot see put around it. A slice goes first
-//! where it costs least against the best packing of the workload's slices
-//! (the cutting-stock LP's shares, [`crate::packing`]): that sees which
-//! holes the workload has the slices to fill, and which it does not. Its
-//! ties are broken by how much of the chosen GPU's free milli is likely to
-//! stay idle for good (a recursive form of FGD's per-GPU fragment); those of
-//! anything else by the fill-up stranding (a node running out of CPU or
-//! memory before its GPUs). Ties left after that go to the seeded node
-//! order, which is what consolidates.
+//! memory-aware, with what FGD cannot see put around it.
 //!
-//! See docs/placement.md for the reasoning and the measurements.
+//! * A slice goes first where it costs least against the best packing of the
+//!   mix's slices (the cutting-stock LP's shares, [`crate::packing`]): that
+//!   sees which holes the mix has the slices to fill, and which it does not.
+//! * Then FGD's score: `int(100 sigmoid((F - F') / 1000))`, where a node
+//!   whose CPU or memory is too small for a shape counts as fragmented for it.
+//! * A slice's ties are broken by how much of the chosen GPU's free milli is
+//!   likely to stay idle for good (the recursive fragment table); those of
+//!   anything else by the fill-up stranding (a node running out of CPU or
+//!   memory before its GPUs).
+//! * Ties left after that go to the engine's seeded node order, which is what
+//!   consolidates.
+//!
+//! The ideas measured and left out, and the switches that reproduce them,
+//! live in the `lh-placement-lab` crate; docs/placement.md has the figures.
 
-use super::fgd::{load, NodeCache, Scratch};
-use super::Policy;
-use crate::cluster::{Cluster, Demand, Kind};
-use crate::engine::Scored;
-use crate::policy::baselines::{MAX_SPEC_CPU, MAX_SPEC_GPU};
+use super::frag_cache::{load, sigmoid, NodeCache, Scratch};
+use super::{Policy, Scored};
+use crate::cluster::{Cluster, Demand, Gpu, GpuSet, Kind};
 use crate::rng::Rng;
-use crate::workload::{Compiled, Workload};
-use std::collections::HashMap;
+use crate::shape_mix::{Compiled, Load, ShapeMix};
 
-/// Switches of the policy (the default is what docs/placement.md justifies;
-/// the others exist to measure each idea on its own).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LeaseholdConfig {
-    /// Count a node whose memory is too small for a shape as fragmented for
-    /// it (the published FGD looks at CPU only).
-    pub memory: bool,
-    /// Break exact ties by packing (fuller node first).
-    pub pack_tiebreak: bool,
-    /// Quantise the score like the published FGD (`int(100 sigmoid(dF/1000))`).
-    pub quantise: bool,
-    /// Weight shapes by their share of GPU demand, not of tasks.
-    pub demand_weighted: bool,
-    /// Measure: the one-step FGD fragmentation, or the fill-up stranding.
-    pub fill: bool,
-    /// Break ties by the change of the fill-up stranding (instead of packing).
-    pub fill_tiebreak: bool,
-    /// Measure is the sum of the one-step fragmentation and the fill-up
-    /// stranding.
-    pub sum: bool,
-    /// Treat fragmentation deltas within this many milli as equal (0: exact).
-    pub bucket: f64,
-    /// Inside the node, choose a slice's GPU by the eventual idle milli
-    /// (`Compiled::eventual`) instead of F'.
-    pub gpu_eventual: bool,
-    /// Inside the node, choose the tightest GPU.
-    pub gpu_tight: bool,
-    /// Break ties by the change of the eventual idle milli of the node.
-    pub tie_eventual: bool,
-    /// Break ties by fill-up stranding plus eventual idle milli.
-    pub tie_fill_eventual: bool,
-    /// Add the node's eventual idle milli to the primary measure.
-    pub sum_eventual: bool,
-    /// Use the recursive FGD fragment table wherever the eventual idle milli
-    /// is used.
-    pub recursive: bool,
-    /// With `tie_eventual_frac`, break ties left by the table by the
-    /// fill-up stranding.
-    pub tie_then_fill: bool,
-    /// Break ties of slices by the node's recursive fragment with only the
-    /// shapes its CPU and memory still fit.
-    pub node_recursive: bool,
-    /// Score every demand by the change of the node's recursive fragment
-    /// (with the shapes its CPU and memory fit) instead of F.
-    pub primary_node_recursive: bool,
-    /// Weight each shape by its share of the workload over the number of
-    /// copies the cluster can still host (renormalised), rescaled at every
-    /// 1% of capacity allocated.
-    pub scarcity: bool,
-    /// Leave ties of slices to the node order.
-    pub frac_order_only: bool,
-    /// Score slices by the change of the eventual table instead of F.
-    pub primary_recursive: bool,
-    /// Break ties left by the fill-up stranding by the eventual idle milli.
-    pub tie_then_eventual: bool,
-    /// Break ties of slices by the change of the chosen GPU's table value
-    /// (`recursive` or eventual), of others by the fill-up stranding. A
-    /// slice's ties are then left to the node order: every CPU-aware second
-    /// key we measured for slices (fill-up, the node-level table) did worse,
-    /// as it spreads slices instead of consolidating them.
-    pub tie_eventual_frac: bool,
-    /// Among candidates equal on (score, tie-break), prefer a node that
-    /// already holds a lease over an untouched one (then the node order),
-    /// for slices (`used_frac`) and for other tasks (`used_other`).
-    pub used_frac: bool,
-    pub used_other: bool,
-    /// Cut the recursive table after this many fitting placements (the
-    /// lookahead of `Compiled::recursive_depth`); `None`: unbounded.
-    pub depth: Option<u32>,
-    /// Score slices (`hybrid_frac`) / every task (`hybrid_all`) by the change
-    /// of F with each touched GPU's one-step fragment `D_0(f)` replaced by its
-    /// recursive fragment `R(f)` (node-level CPU/memory terms kept).
-    pub hybrid_frac: bool,
-    pub hybrid_all: bool,
-    /// Inside the node, choose a slice's GPU by the hybrid F' too.
-    pub hybrid_gpu: bool,
-    /// A slice that opens an untouched GPU breaks the ties left by the table
-    /// by the fill-up stranding (every untouched GPU of a model has the same
-    /// table value, so those ties would go to the node order).
-    pub fresh_fill: bool,
-    /// Divide the slices' integer score by this (coarser ties, more room for
-    /// the table); 0 or 1: as FGD.
-    pub slice_score_divisor: u32,
-    /// Score slices by `floor((F - F') / slice_bin)` instead of FGD's
-    /// sigmoid (0: off).
-    pub slice_bin: f64,
-    /// While at most this many nodes with 8 or more GPUs are untouched, a
-    /// task that is not a multi-GPU gang goes to one of them only when no
-    /// other node can take it (0: off).
-    pub gang_reserve: u32,
-    /// The sum-of-squares rule of online bin packing (Csirik, Johnson,
-    /// Kenyon, Orlin, Shor and Weber, 2006) for slices: the placement that
-    /// least increases `Σ_h N(h)²`, where `N(h)` counts the GPUs in use with
-    /// `h` free milli. 1: instead of the table as the tie-break, 2: after
-    /// the table, 3: before the table. 0: off.
-    pub sum_squares: u8,
-    /// Slices by their cost against the best packing of the workload's
-    /// slices (the cutting-stock LP's shares, [`crate::packing`]):
-    /// 1: instead of the table as the tie-break, 2: before the table,
-    /// 3: before FGD's score, 4: after the table. 0: off.
-    pub packing_cost: u8,
-    /// Inside the node, choose a slice's GPU by the packing cost first.
-    pub packing_gpu: bool,
+/// FGD's scores lie in 0..=100; one thousandth of a GPU of packing cost
+/// must outrank all of them.
+const FGD_SCORE_MAX: i64 = 100;
+const SCORE_PER_COST_MILLI: i64 = 1_000;
+const _: () = assert!(SCORE_PER_COST_MILLI > FGD_SCORE_MAX);
+
+/// How two candidates of one decision compare: field by field, higher wins.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+struct Key {
+    /// Minus the slice's cost against the best packing, in thousandths of a
+    /// GPU (0 for anything that is not a slice).
+    neg_packing_cost_milli: i64,
+    /// FGD's quantised score, 0..=100.
+    fgd_score: i64,
+    /// A slice: the drop of the chosen GPU's recursive fragment; anything
+    /// else: the drop of the node's fill-up stranding.
+    tiebreak: f64,
 }
 
-impl LeaseholdConfig {
-    /// Applies one ablation switch by name; `None` for an unknown one.
-    pub fn apply(&mut self, opt: &str) -> Option<()> {
-        match opt {
-            "nomem" => self.memory = false,
-            "mem" => self.memory = true,
-            "notie" => self.pack_tiebreak = false,
-            "tie" => self.pack_tiebreak = true,
-            "q" => self.quantise = true,
-            "exact" => self.quantise = false,
-            "notfill" => self.fill_tiebreak = false,
-            "dw" => self.demand_weighted = true,
-            "fill" => self.fill = true,
-            "tfill" => self.fill_tiebreak = true,
-            "sum" => self.sum = true,
-            b if b.starts_with("b=") => self.bucket = b[2..].parse().ok()?,
-            "step" => self.fill = false,
-            "cw" => self.demand_weighted = false,
-            "gev" => self.gpu_eventual = true,
-            "gtight" => self.gpu_tight = true,
-            "tev" => self.tie_eventual = true,
-            "tfev" => self.tie_fill_eventual = true,
-            "sumev" => self.sum_eventual = true,
-            "rec" => self.recursive = true,
-            "draw" => self.recursive = false,
-            "notevf" => self.tie_eventual_frac = false,
-            // The defaults of versions 1 and 2 (docs/placement.md, "What we
-            // tried").
-            "v1" => {
-                self.recursive = false;
-                self.tie_eventual_frac = false;
-                self.packing_cost = 0;
-            }
-            "v2" => self.packing_cost = 0,
-            "pfr" => self.primary_recursive = true,
-            "cpurec" => self.node_recursive = true,
-            "prn" => self.primary_node_recursive = true,
-            "tforder" => self.frac_order_only = true,
-            "scarce" => self.scarcity = true,
-            "thenfill" => self.tie_then_fill = true,
-            "tfthen" => self.tie_then_eventual = true,
-            "tevf" => self.tie_eventual_frac = true,
-            "used" => {
-                self.used_frac = true;
-                self.used_other = true;
-            }
-            "usedf" => self.used_frac = true,
-            "usedw" => self.used_other = true,
-            "hyb" => self.hybrid_frac = true,
-            "ff" => self.fresh_fill = true,
-            o if o.starts_with("gr=") => self.gang_reserve = o[3..].parse().ok()?,
-            o if o.starts_with("ss=") => {
-                self.sum_squares = o[3..].parse().ok().filter(|k| *k <= 3)?
-            }
-            o if o.starts_with("sb=") => {
-                self.slice_bin = o[3..].parse().ok().filter(|b: &f64| *b >= 0.0)?
-            }
-            o if o.starts_with("lp=") => {
-                self.packing_cost = o[3..].parse().ok().filter(|k| *k <= 4)?
-            }
-            "lpg" => self.packing_gpu = true,
-            o if o.starts_with("sdiv=") => self.slice_score_divisor = o[5..].parse().ok()?,
-            "hyba" => self.hybrid_all = true,
-            "hybg" => {
-                self.hybrid_frac = true;
-                self.hybrid_gpu = true;
-            }
-            d if d.starts_with("depth=") => self.depth = Some(d[6..].parse().ok()?),
-            _ => return None,
-        }
-        Some(())
-    }
-}
-
-impl Default for LeaseholdConfig {
-    fn default() -> Self {
-        LeaseholdConfig {
-            memory: true,
-            pack_tiebreak: false,
-            quantise: true,
-            demand_weighted: false,
-            fill: false,
-            fill_tiebreak: true,
-            sum: false,
-            bucket: 0.0,
-            gpu_eventual: false,
-            gpu_tight: false,
-            tie_eventual: false,
-            tie_fill_eventual: false,
-            sum_eventual: false,
-            tie_then_eventual: false,
-            recursive: true,
-            primary_recursive: false,
-            node_recursive: false,
-            primary_node_recursive: false,
-            frac_order_only: false,
-            scarcity: false,
-            tie_then_fill: false,
-            tie_eventual_frac: true,
-            used_frac: false,
-            used_other: false,
-            depth: None,
-            hybrid_frac: false,
-            hybrid_all: false,
-            hybrid_gpu: false,
-            fresh_fill: false,
-            slice_score_divisor: 0,
-            slice_bin: 0.0,
-            gang_reserve: 0,
-            sum_squares: 0,
-            packing_cost: 3,
-            packing_gpu: false,
+impl Key {
+    /// The engine's (score, tiebreak) pair, ordered exactly like the key:
+    /// the packing cost is scaled past FGD's whole range.
+    fn scored(self, gpus: GpuSet) -> Scored {
+        debug_assert!((0..=FGD_SCORE_MAX).contains(&self.fgd_score));
+        Scored {
+            score: (self.neg_packing_cost_milli * SCORE_PER_COST_MILLI + self.fgd_score) as f64,
+            tiebreak: self.tiebreak,
+            gpus,
         }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Leasehold {
-    workload: Workload,
-    cfg: LeaseholdConfig,
+    mix: ShapeMix,
     compiled: Option<Compiled>,
     cache: NodeCache,
-    /// Recursive tables by (GPU model, shapes the node's CPU/memory fit).
-    masked: HashMap<(u16, u64), Vec<f32>>,
-    /// With `scarcity`: the shapes' weights as given, and the allocated
-    /// milli when the weights were last rescaled.
-    base: Vec<f64>,
-    rescaled_at: Option<u64>,
-    /// Per GPU model: `R(f) - D_0(f)` (see `hybrid_frac`).
-    excess: Vec<Vec<f32>>,
-    /// Untouched nodes with 8 or more GPUs (with `gang_reserve`).
-    untouched_big: u32,
-    /// GPUs in use by free milli, `N(h)` for 0 < h < 1000 (with
-    /// `sum_squares`).
-    gaps: Vec<i64>,
 }
 
 impl Leasehold {
-    pub fn new(workload: Workload) -> Self {
-        Self::with_config(workload, LeaseholdConfig::default())
-    }
-
-    pub fn with_config(workload: Workload, cfg: LeaseholdConfig) -> Self {
+    pub fn new(mix: ShapeMix) -> Self {
         Leasehold {
-            workload,
-            cfg,
+            mix,
             compiled: None,
             cache: NodeCache::default(),
-            masked: HashMap::new(),
-            base: Vec::new(),
-            rescaled_at: None,
-            excess: Vec::new(),
-            untouched_big: 0,
-            gaps: vec![0; 1001],
         }
     }
 
-    pub fn config(&self) -> LeaseholdConfig {
-        self.cfg
-    }
-
-    pub fn set_workload(&mut self, workload: Workload) {
-        self.workload = workload;
+    /// Measures against another mix of shapes from now on.
+    pub fn set_mix(&mut self, mix: ShapeMix) {
+        self.mix = mix;
         self.compiled = None;
         self.cache.clear();
-        self.masked.clear();
     }
 }
 
@@ -308,217 +92,41 @@ impl Policy for Leasehold {
             .as_ref()
             .is_none_or(|c| c.models_seen != cluster.models().len())
         {
-            self.compiled = Some(if self.cfg.demand_weighted {
-                Compiled::new_demand_weighted(&self.workload, cluster)
-            } else {
-                Compiled::new(&self.workload, cluster)
-            });
-            if let (Some(k), Some(c)) = (self.cfg.depth, self.compiled.as_mut()) {
-                c.recursive = (0..c.models_seen)
-                    .map(|m| c.recursive_depth(1u64 << m, k))
-                    .collect();
-            }
-            if let Some(c) = self.compiled.as_ref() {
-                self.excess = (0..c.models_seen)
-                    .map(|m| {
-                        let d0 = c.recursive_depth(1u64 << m, 0);
-                        c.recursive[m].iter().zip(d0).map(|(r, d)| r - d).collect()
-                    })
-                    .collect();
-            }
+            self.compiled = Some(Compiled::new(&self.mix, cluster));
             self.cache.clear();
-            self.masked.clear();
-            self.base = self
-                .compiled
-                .as_ref()
-                .map(|c| c.shapes.iter().map(|s| s.weight).collect())
-                .unwrap_or_default();
-            self.rescaled_at = None;
-        }
-        if self.cfg.scarcity {
-            let used = cluster.gpu_milli_used();
-            let step = cluster.gpu_milli_total() / 100;
-            if self
-                .rescaled_at
-                .is_none_or(|u| used.abs_diff(u) >= step.max(1))
-            {
-                self.rescaled_at = Some(used);
-                let c = self.compiled.as_mut().expect("compiled above");
-                c.rescale_by_scarcity(&self.base, cluster, self.cfg.memory);
-                self.cache.clear();
-            }
         }
         self.cache.begin(cluster, d);
-        // Both counts are global, so they stay out of the per-node cache:
-        // recounted here, applied in `score` on top of the cached value.
-        if self.cfg.sum_squares > 0 {
-            self.gaps.iter_mut().for_each(|x| *x = 0);
-            for g in cluster.nodes().iter().flat_map(|n| &n.gpus) {
-                if g.leases > 0 && g.milli_free > 0 {
-                    self.gaps[usize::from(g.milli_free)] += 1;
-                }
-            }
-        }
-        if self.cfg.gang_reserve > 0 {
-            self.untouched_big = cluster.nodes().iter().filter(|n| untouched_big(n)).count() as u32;
-        }
     }
 
     fn score(&mut self, cluster: &Cluster, node: usize, d: &Demand, _rng: &mut Rng) -> Scored {
-        let mut s = self.score_cached(cluster, node, d);
-        if let (k @ 1..=3, Kind::Frac { milli, .. }) = (self.cfg.sum_squares, d.kind) {
-            if s.gpus != 0 {
-                let g = &cluster.node(node).gpus[s.gpus.trailing_zeros() as usize];
-                let v = -(sum_squares_delta(&self.gaps, g, milli) as f64);
-                s.tiebreak = match k {
-                    1 => v,
-                    // Table deltas rounded to a thousandth of a milli, so
-                    // that equal states compare equal.
-                    2 => (s.tiebreak * 1e3).round() * 1e7 + v,
-                    _ => v * 1e7 + s.tiebreak,
-                };
-            }
-        }
-        if self.cfg.gang_reserve > 0
-            && self.untouched_big <= self.cfg.gang_reserve
-            && !matches!(d.kind, Kind::Whole(k) if k >= 2)
-            && untouched_big(cluster.node(node))
-        {
-            // Below every score a policy gives: FGD's are 0..=100, and the
-            // slices' packing cost takes up to 1e6 off them.
-            s.score -= 1e9;
-        }
-        s
-    }
-}
-
-/// Cost of `milli` on `g` against the best packing, rounded to a
-/// thousandth of a GPU so that equal costs compare equal.
-fn packing_cost(w: &Compiled, g: &crate::cluster::Gpu, milli: u16) -> f64 {
-    (w.shares.cost(g.milli_free, milli) * 1e3).round() / 1e3
-}
-
-fn untouched_big(n: &crate::cluster::Node) -> bool {
-    n.gpus.len() >= 8
-        && n.cpu_free == n.cpu_total
-        && n.memory_free == n.memory_total
-        && n.gpus.iter().all(|g| g.leases == 0)
-}
-
-/// Change of `Σ_h N(h)²` when a slice of `milli` goes on `g` (`gaps[h]` =
-/// `N(h)`; an untouched GPU and a full one are not counted).
-fn sum_squares_delta(gaps: &[i64], g: &crate::cluster::Gpu, milli: u16) -> i64 {
-    let before = if g.leases == 0 {
-        None
-    } else {
-        Some(usize::from(g.milli_free))
-    };
-    let after = usize::from(g.milli_free - milli);
-    let mut delta = 0;
-    if let Some(h) = before.filter(|&h| h > 0 && h < gaps.len()) {
-        delta += 1 - 2 * gaps[h];
-    }
-    if after > 0 && after < 1000 {
-        delta += 1 + 2 * gaps[after];
-    }
-    delta
-}
-
-impl Leasehold {
-    /// The score without the global terms, cached per node generation.
-    fn score_cached(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Scored {
         let n = cluster.node(node);
         if let Some(s) = self.cache.get(node, n.generation) {
             return s;
         }
-        let cfg = self.cfg;
-        let mem = cfg.memory;
-        // (primary measure, fill-up stranding) of a node state.
-        let measure = move |w: &Compiled, l: &crate::workload::Load<'_>| -> (f64, f64) {
-            if cfg.sum_eventual {
-                let (a, b) = w.frag_both(l, mem);
-                let e: f64 = l
-                    .gpus
-                    .iter()
-                    .map(|g| f64::from(w.eventual[usize::from(g.model)][usize::from(g.milli_free)]))
-                    .sum();
-                (a + e, b)
-            } else if cfg.sum {
-                let (a, b) = w.frag_both(l, mem);
-                (a + b, b)
-            } else if cfg.fill {
-                let b = w.frag_fill(l, mem);
-                (b, b)
-            } else if cfg.fill_tiebreak {
-                w.frag_both(l, mem)
-            } else {
-                (w.frag(l, mem), 0.0)
-            }
-        };
-        let w = self.compiled.as_ref().expect("begin compiles the workload");
-        let (f0, g0) = self
+        let w = self.compiled.as_ref().expect("begin compiles the mix");
+        // (fragmentation F, fill-up stranding) of a node state, memory-aware.
+        let measure = |w: &Compiled, l: &Load<'_>| w.frag_both(l, true);
+        let (f0, fill0) = self
             .cache
             .node_pair(node, n.generation, || measure(w, &load(n)));
-        let table = if cfg.recursive {
-            &w.recursive
-        } else {
-            &w.eventual
-        };
-        let ev = |g: &crate::cluster::Gpu| -> f64 {
-            f64::from(table[usize::from(g.model)][usize::from(g.milli_free)])
-        };
         let mut scratch = Scratch::of(n);
-        let ((f1, g1), set) = match d.kind {
+        let ((f1, fill1), set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
-                let mut best: Option<((f64, f64), u16, u32, f64)> = None;
-                let mut best_cost = f64::INFINITY;
+                // The GPU with the lowest F', the tightest among equals.
+                let mut best: Option<((f64, f64), u16, GpuSet)> = None;
                 for (j, g) in n.gpus.iter().enumerate() {
                     if !g.fits_frac(milli, vram_gb, d.models) {
                         continue;
                     }
-                    let cost = if cfg.packing_gpu {
-                        packing_cost(w, g, milli)
-                    } else {
-                        0.0
-                    };
                     let m = scratch.measure_after(w, d, 1 << j, n, measure);
-                    let mut after = *g;
-                    after.milli_free -= milli;
-                    let e = ev(&after) - ev(g);
-                    let m = if cfg.hybrid_gpu && !self.excess.is_empty() {
-                        let t = &self.excess[usize::from(g.model)];
-                        let x = f64::from(t[usize::from(after.milli_free)])
-                            - f64::from(t[usize::from(g.milli_free)]);
-                        (m.0 + x, m.1)
-                    } else {
-                        m
-                    };
-                    let better = match best {
-                        None => true,
-                        Some(_) if cfg.packing_gpu && cost != best_cost => cost < best_cost,
-                        Some((bm_, bmilli, _, be)) => {
-                            if cfg.gpu_tight {
-                                g.milli_free < bmilli
-                            } else if cfg.gpu_eventual {
-                                e < be || (e == be && g.milli_free < bmilli)
-                            } else {
-                                m.0 < bm_.0 || (m.0 == bm_.0 && g.milli_free < bmilli)
-                            }
-                        }
-                    };
+                    let better = best.is_none_or(|(bm, bmilli, _)| {
+                        m.0 < bm.0 || (m.0 == bm.0 && g.milli_free < bmilli)
+                    });
                     if better {
-                        best = Some((m, g.milli_free, 1 << j, e));
-                        best_cost = cost;
+                        best = Some((m, g.milli_free, 1 << j));
                     }
                 }
-                let (m, _, set, _) = best.unwrap_or(((f0, g0), 0, 0, 0.0));
-                let m = if cfg.hybrid_gpu {
-                    // Back to F' (the hybrid term is added to the delta below).
-                    let j = set.trailing_zeros() as usize;
-                    scratch.measure_after(w, d, 1 << j, n, measure)
-                } else {
-                    m
-                };
+                let (m, _, set) = best.unwrap_or(((f0, fill0), 0, 0));
                 (m, set)
             }
             _ => {
@@ -526,211 +134,94 @@ impl Leasehold {
                 (scratch.measure_after(w, d, set, n, measure), set)
             }
         };
-        let eventual_delta = || -> f64 {
-            match d.kind {
-                Kind::Frac { milli, .. } => n
+        let fgd_score = (sigmoid((f0 - f1) / 1000.0) * 100.0) as i64;
+        let key = match d.kind {
+            Kind::Frac { milli, .. } => {
+                let recursive = |g: &Gpu| -> f64 {
+                    f64::from(w.recursive[usize::from(g.model)][usize::from(g.milli_free)])
+                };
+                let fragment_drop: f64 = n
                     .gpus
                     .iter()
                     .enumerate()
                     .filter(|(j, _)| set & (1 << j) != 0)
                     .map(|(_, g)| {
-                        let mut a = *g;
-                        a.milli_free -= milli;
-                        ev(g) - ev(&a)
+                        let mut after = *g;
+                        after.milli_free -= milli;
+                        recursive(g) - recursive(&after)
                     })
-                    .sum(),
-                Kind::Whole(_) => n
-                    .gpus
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| set & (1 << j) != 0)
-                    .map(|(_, g)| ev(g))
-                    .sum(),
-                _ => 0.0,
-            }
-        };
-        let node_delta = |masked: &mut HashMap<(u16, u64), Vec<f32>>| -> f64 {
-            let m0 = w.fit_mask(n.cpu_free, n.memory_free, mem);
-            let m1 = w.fit_mask(n.cpu_free - d.cpu_milli, n.memory_free - d.memory_mib, mem);
-            let mut acc = 0.0;
-            for (j, g) in n.gpus.iter().enumerate() {
-                let mut a = *g;
-                if set & (1 << j) != 0 {
-                    match d.kind {
-                        Kind::Frac { milli, .. } => a.milli_free -= milli,
-                        Kind::Whole(_) => a.milli_free = 0,
-                        _ => {}
-                    }
-                }
-                let before = masked
-                    .entry((g.model, m0))
-                    .or_insert_with(|| w.recursive_masked(1u64 << g.model, m0))
-                    [usize::from(g.milli_free)];
-                let after = masked
-                    .entry((g.model, m1))
-                    .or_insert_with(|| w.recursive_masked(1u64 << g.model, m1))
-                    [usize::from(a.milli_free)];
-                acc += f64::from(before) - f64::from(after);
-            }
-            acc
-        };
-        let delta = if cfg.primary_node_recursive {
-            node_delta(&mut self.masked)
-        } else if cfg.primary_recursive && matches!(d.kind, Kind::Frac { .. }) {
-            eventual_delta()
-        } else if cfg.hybrid_all || (cfg.hybrid_frac && matches!(d.kind, Kind::Frac { .. })) {
-            let x = |g: &crate::cluster::Gpu| -> f64 {
-                f64::from(self.excess[usize::from(g.model)][usize::from(g.milli_free)])
-            };
-            let mut acc = f0 - f1;
-            for (j, g) in n.gpus.iter().enumerate() {
-                if set & (1 << j) != 0 {
-                    let mut a = *g;
-                    match d.kind {
-                        Kind::Frac { milli, .. } => a.milli_free -= milli,
-                        Kind::Whole(_) => a.milli_free = 0,
-                        _ => {}
-                    }
-                    acc += x(g) - x(&a);
+                    .sum();
+                let cost_milli = match set {
+                    0 => 0,
+                    _ => packing_cost_milli(w, &n.gpus[set.trailing_zeros() as usize], milli),
+                };
+                Key {
+                    neg_packing_cost_milli: -cost_milli,
+                    fgd_score,
+                    tiebreak: fragment_drop,
                 }
             }
-            acc
-        } else {
-            f0 - f1
+            _ => Key {
+                neg_packing_cost_milli: 0,
+                fgd_score,
+                tiebreak: fill0 - fill1,
+            },
         };
-        let score = if cfg.slice_bin > 0.0 && matches!(d.kind, Kind::Frac { .. }) {
-            (delta / cfg.slice_bin).floor()
-        } else if cfg.quantise && cfg.slice_score_divisor > 1 && matches!(d.kind, Kind::Frac { .. })
-        {
-            let s = ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0) as i64;
-            (s / i64::from(cfg.slice_score_divisor)) as f64
-        } else if cfg.quantise {
-            ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0) as i64 as f64
-        } else if cfg.bucket > 0.0 {
-            ((f0 - f1) / cfg.bucket).floor()
-        } else {
-            f0 - f1
-        };
-        let tiebreak = if cfg.frac_order_only && matches!(d.kind, Kind::Frac { .. }) {
-            0.0
-        } else if cfg.node_recursive && matches!(d.kind, Kind::Frac { .. }) {
-            node_delta(&mut self.masked)
-        } else if cfg.tie_then_eventual {
-            // Fill-up deltas are sums of weighted milli; round them to a
-            // thousandth of a milli so equal states compare equal.
-            ((g0 - g1) * 1e3).round() * 1e4 + eventual_delta().clamp(-4999.0, 4999.0)
-        } else if cfg.tie_eventual_frac && matches!(d.kind, Kind::Frac { .. }) {
-            let fresh = set != 0 && n.gpus[set.trailing_zeros() as usize].leases == 0;
-            if cfg.fresh_fill && fresh {
-                (eventual_delta() * 1e3).round() * 1e4 + (g0 - g1).clamp(-4999.0, 4999.0)
-            } else if cfg.tie_then_fill {
-                // Table deltas are sums of weighted milli; round them to a
-                // thousandth of a milli so equal states compare equal.
-                (eventual_delta() * 1e3).round() * 1e4 + (g0 - g1).clamp(-4999.0, 4999.0)
-            } else {
-                eventual_delta()
-            }
-        } else if cfg.tie_eventual {
-            eventual_delta()
-        } else if cfg.tie_fill_eventual {
-            g0 - g1 + eventual_delta()
-        } else if cfg.fill_tiebreak {
-            g0 - g1
-        } else if cfg.pack_tiebreak {
-            -((n.cpu_free - d.cpu_milli) as f64 / MAX_SPEC_CPU
-                + (n.gpu_milli_free() - d.gpu_milli()) as f64 / MAX_SPEC_GPU)
-        } else {
-            0.0
-        };
-        let is_frac = matches!(d.kind, Kind::Frac { .. });
-        let (score, tiebreak) = match (cfg.packing_cost, d.kind) {
-            (k @ 1..=4, Kind::Frac { milli, .. }) if set != 0 => {
-                let c = packing_cost(w, &n.gpus[set.trailing_zeros() as usize], milli);
-                match k {
-                    1 => (score, -c),
-                    2 => (score, -c * 1e7 + tiebreak.clamp(-4999.0, 4999.0)),
-                    // The cost is a multiple of 1/1000: times 1e6, its
-                    // smallest step outranks FGD's whole range (0..=100).
-                    3 => (score - c * 1e6, tiebreak),
-                    _ => (score, (tiebreak * 1e3).round() * 1e4 - c * 1e3),
-                }
-            }
-            _ => (score, tiebreak),
-        };
-        let tiebreak = if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
-            // Tie-break values are sums of weighted milli: round them to a
-            // thousandth of a milli so equal states compare equal, and append
-            // one bit for "the node already holds a lease".
-            let used = n.cpu_free < n.cpu_total
-                || n.memory_free < n.memory_total
-                || n.gpus.iter().any(|g| g.leases > 0);
-            (tiebreak * 1e3).round() * 2.0 + f64::from(u8::from(used))
-        } else {
-            tiebreak
-        };
-        let s = Scored {
-            score,
-            tiebreak,
-            gpus: set,
-        };
+        let s = key.scored(set);
         self.cache.put(node, n.generation, s);
         s
     }
 }
 
+/// Cost of `milli` on `g` against the best packing, in thousandths of a GPU
+/// (rounded, so that equal costs compare equal).
+pub(crate) fn packing_cost_milli(w: &Compiled, g: &Gpu, milli: u16) -> i64 {
+    (w.shares.cost(g.milli_free, milli) * 1e3).round() as i64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Gpu;
-    use crate::model::SharingMode;
 
-    fn gpu(milli_free: u16, leases: u16) -> Gpu {
-        Gpu {
-            model: 0,
-            mode: SharingMode::VGpu,
-            vram_total: 16,
-            vram_free: 16,
-            milli_free,
-            leases,
+    fn engine_order(a: Key, b: Key) -> Option<std::cmp::Ordering> {
+        let (a, b) = (a.scored(0), b.scored(0));
+        (a.score, a.tiebreak).partial_cmp(&(b.score, b.tiebreak))
+    }
+
+    #[test]
+    fn the_engine_orders_candidates_exactly_like_the_key() {
+        let mut keys = Vec::new();
+        for neg_packing_cost_milli in [-1_500, -3, -1, 0, 2] {
+            for fgd_score in [0, 1, 49, 50, FGD_SCORE_MAX] {
+                for tiebreak in [-2.5, -0.0, 0.0, 1e-9, 300.25] {
+                    keys.push(Key {
+                        neg_packing_cost_milli,
+                        fgd_score,
+                        tiebreak,
+                    });
+                }
+            }
+        }
+        for &a in &keys {
+            for &b in &keys {
+                assert_eq!(engine_order(a, b), a.partial_cmp(&b), "{a:?} vs {b:?}");
+            }
         }
     }
 
     #[test]
-    fn sum_squares_prefers_closing_common_gaps_and_opening_rare_ones() {
-        let mut gaps = vec![0i64; 1001];
-        gaps[300] = 5;
-        gaps[200] = 1;
-        // 300 -> 200: N(300) 5 -> 4, N(200) 1 -> 2: 16 - 25 + 4 - 1.
-        assert_eq!(sum_squares_delta(&gaps, &gpu(300, 1), 100), -6);
-        // A full GPU is not counted: only N(300) goes down.
-        assert_eq!(sum_squares_delta(&gaps, &gpu(300, 1), 300), -9);
-        // An untouched GPU is not counted: only N(900) goes up.
-        assert_eq!(sum_squares_delta(&gaps, &gpu(1000, 0), 100), 1);
-        // Opening a gap that is already common costs more.
-        assert_eq!(sum_squares_delta(&gaps, &gpu(1000, 0), 700), 11);
-    }
-
-    #[test]
-    fn switches_parse_and_bad_values_are_refused() {
-        let mut c = LeaseholdConfig::default();
-        assert_eq!(c.packing_cost, 3, "version 3 costs slices against the LP");
-        for opt in ["ff", "gr=12", "ss=2", "sb=300", "sdiv=3", "lpg"] {
-            assert_eq!(c.apply(opt), Some(()), "{opt}");
-        }
-        assert!(c.fresh_fill && c.packing_gpu);
-        assert_eq!(
-            (
-                c.gang_reserve,
-                c.sum_squares,
-                c.slice_bin,
-                c.slice_score_divisor
-            ),
-            (12, 2, 300.0, 3)
-        );
-        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "nonsense"] {
-            assert_eq!(c.apply(bad), None, "{bad}");
-        }
-        assert_eq!(c.apply("v2"), Some(()));
-        assert_eq!(c.packing_cost, 0);
+    fn a_cheaper_slice_wins_whatever_fgd_says() {
+        let cheap = Key {
+            neg_packing_cost_milli: -1,
+            fgd_score: 0,
+            tiebreak: 0.0,
+        };
+        let dear = Key {
+            neg_packing_cost_milli: -2,
+            fgd_score: FGD_SCORE_MAX,
+            tiebreak: 1e9,
+        };
+        assert!(cheap > dear);
+        assert_eq!(engine_order(cheap, dear), Some(std::cmp::Ordering::Greater));
     }
 }

@@ -6,18 +6,42 @@
 //! at random by the engine, and the same choice of GPU inside the node. Their
 //! semantics are pinned by the unit tests of each module.
 
-use crate::cluster::{Cluster, Demand};
-use crate::engine::Scored;
+use crate::cluster::{Cluster, Demand, GpuSet};
 use crate::rng::Rng;
-use crate::workload::Workload;
+use crate::shape_mix::ShapeMix;
 
 mod baselines;
 mod fgd;
+pub mod frag_cache;
 mod leasehold;
 
 pub use baselines::{BestFit, DotProduct, GpuClustering, GpuPacking, RandomPolicy};
+pub use baselines::{MAX_SPEC_CPU, MAX_SPEC_GPU};
 pub use fgd::Fgd;
-pub use leasehold::{Leasehold, LeaseholdConfig};
+pub use leasehold::Leasehold;
+
+/// Score of one candidate: compared as (`score`, `tiebreak`), higher wins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    pub score: f64,
+    pub tiebreak: f64,
+    pub gpus: GpuSet,
+}
+
+impl Scored {
+    pub fn new(score: f64, gpus: GpuSet) -> Self {
+        Scored {
+            score,
+            tiebreak: 0.0,
+            gpus,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn key(&self) -> (f64, f64) {
+        (self.score, self.tiebreak)
+    }
+}
 
 /// A placement policy. The engine calls [`Policy::begin`] once per decision,
 /// then [`Policy::score`] for every node that can take the demand; the
@@ -46,24 +70,17 @@ pub const POLICY_NAMES: &[&str] = &[
 pub const DEFAULT_POLICY: &str = "leasehold";
 
 /// Builds a policy by name. Fragmentation-aware policies measure against
-/// `workload` (the distribution of task shapes).
-pub fn by_name(name: &str, workload: &Workload) -> Option<Box<dyn Policy>> {
+/// `mix` (the distribution of task shapes). The ablations of the default
+/// (`leasehold+<switch>`) are built by `lh-placement-lab`.
+pub fn by_name(name: &str, mix: &ShapeMix) -> Option<Box<dyn Policy>> {
     Some(match name {
         "random" => Box::new(RandomPolicy),
         "dotprod" => Box::new(DotProduct),
         "gpuclustering" => Box::new(GpuClustering),
         "gpupacking" => Box::new(GpuPacking),
         "bestfit" => Box::new(BestFit),
-        "fgd" => Box::new(Fgd::new(workload.clone())),
-        "leasehold" => Box::new(Leasehold::new(workload.clone())),
-        n if n.starts_with("leasehold+") => {
-            // Ablations: `leasehold+opt+opt` switches single ideas off or on.
-            let mut cfg = leasehold::LeaseholdConfig::default();
-            for opt in n.split('+').skip(1) {
-                cfg.apply(opt)?;
-            }
-            Box::new(Leasehold::with_config(workload.clone(), cfg))
-        }
+        "fgd" => Box::new(Fgd::new(mix.clone())),
+        "leasehold" => Box::new(Leasehold::new(mix.clone())),
         _ => return None,
     })
 }

@@ -22,7 +22,7 @@ struct Pass<'a> {
     scratch: Fleet,
     /// `(milli, VRAM GB)` each tenant holds.
     held: HashMap<Uuid, (u64, u64)>,
-    workload: lh_placement::Workload,
+    workload: lh_placement::ShapeMix,
     /// Built from `scratch` on first use; dropped when the pass reserves
     /// GPUs outside it, so that the next use sees them.
     engine: Option<Planner>,

@@ -19,7 +19,7 @@ impl State {
         &self,
         now: DateTime<Utc>,
         scratch: &mut Fleet,
-        workload: &lh_placement::Workload,
+        workload: &lh_placement::ShapeMix,
         engine: &mut Option<Planner>,
         out: &mut Vec<Batch>,
     ) {

@@ -13,8 +13,8 @@
 //! from the input's fractional and whole-GPU rows, as many of each as gives
 //! that share at the input's total GPU demand. Rows keep their columns; the
 //! names get a fresh index so they stay unique.
-use lh_placement::sim;
 use lh_placement::Rng;
+use lh_placement_lab::trace;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -25,12 +25,12 @@ fn main() {
     let csv = std::fs::read_to_string(&a[1]).expect("task list");
     let share: f64 = a[2].parse().expect("share in 0..1");
     let seed: u64 = a[3].parse().expect("seed");
-    let tasks = sim::parse_tasks(&csv).expect("task list");
+    let tasks = trace::parse_tasks(&csv).expect("task list");
     let mut lines = csv.lines().filter(|l| !l.trim().is_empty());
     let header = lines.next().expect("header");
     let rows: Vec<&str> = lines.collect();
     assert_eq!(rows.len(), tasks.len());
-    let is_frac = |t: &sim::Task| t.num_gpu == 1 && t.gpu_milli < 1000;
+    let is_frac = |t: &trace::Task| t.num_gpu == 1 && t.gpu_milli < 1000;
     let (mut frac, mut whole, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     for (i, t) in tasks.iter().enumerate() {
         if t.num_gpu == 0 {

@@ -1,5 +1,5 @@
 //! Decision throughput of the default policy and FGD: on the openb trace
-//! cluster (1,213 nodes, when shared/traces is there) half-filled by the
+//! cluster (1,213 nodes, when [`trace::openb_dir`] finds it) half-filled by the
 //! trace, and on a synthetic 10,000 nodes x 8 GPUs cluster half-filled the
 //! same way. One iteration = one `decide` (no allocation), cycling through
 //! the trace's task shapes so the per-node caches see the mix they see in a
@@ -8,18 +8,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use lh_placement::sim::{self, Task};
 use lh_placement::*;
-
-fn trace_dir() -> Option<std::path::PathBuf> {
-    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    [
-        here.join("../../../shared/traces/openb"),
-        here.join("../../shared/traces/openb"),
-    ]
-    .into_iter()
-    .find(|p| p.join("openb_node_list_gpu_node.csv").exists())
-}
+use lh_placement_lab::trace::{self, Task};
 
 fn synthetic_tasks() -> Vec<Task> {
     let shapes = [
@@ -49,17 +39,22 @@ fn setup(nodes: &[NodeSpec], tasks: &[Task], policy: &str) -> (Engine, Vec<Deman
     let cluster = Cluster::new(nodes);
     let cap = cluster.gpu_milli_total();
     let w = if policy == "leasehold" {
-        sim::leasehold_workload(tasks)
+        trace::leasehold_mix(tasks)
     } else {
-        sim::published_workload(tasks)
+        trace::published_mix(tasks)
     };
-    let mut e = Engine::new(cluster, policy::by_name(policy, &w).unwrap(), 42).with_ranked_ties();
+    let mut e = Engine::new(
+        cluster,
+        lh_placement_lab::policy_by_name(policy, &w).unwrap(),
+        42,
+    )
+    .with_ranked_ties();
     let demands: Vec<Demand> = tasks
         .iter()
         .map(|t| e.cluster().demand(&t.request()))
         .collect();
     // Fill to about half of the GPU capacity.
-    let seq = sim::arrival_sequence(tasks, cap, 1.3, 42, sim::Order::AppendThenShuffle);
+    let seq = trace::arrival_sequence(tasks, cap, 1.3, 42, trace::Order::AppendThenShuffle);
     let mut i = 0;
     while e.cluster().gpu_milli_used() * 2 < cap && i < seq.len() * 4 {
         let _ = e.schedule_demand(&demands[seq[i % seq.len()]]);
@@ -97,18 +92,18 @@ fn bench_cluster(c: &mut Criterion, label: &str, nodes: &[NodeSpec], tasks: &[Ta
 }
 
 fn decide(c: &mut Criterion) {
-    if let Some(dir) = trace_dir() {
-        let nodes = sim::parse_nodes(
+    if let Some(dir) = trace::openb_dir() {
+        let nodes = trace::parse_nodes(
             &std::fs::read_to_string(dir.join("openb_node_list_gpu_node.csv")).unwrap(),
         )
         .unwrap();
-        let tasks = sim::parse_tasks(
+        let tasks = trace::parse_tasks(
             &std::fs::read_to_string(dir.join("openb_pod_list_default.csv")).unwrap(),
         )
         .unwrap();
         bench_cluster(c, "openb 1213 nodes", &nodes, &tasks);
     } else {
-        eprintln!("shared/traces/openb not found: skipping the trace cluster");
+        eprintln!("no openb trace (set LH_OPENB_DIR): skipping the trace cluster");
     }
     let big: Vec<NodeSpec> = (0..10_000)
         .map(|i| {
@@ -134,12 +129,12 @@ fn decide(c: &mut Criterion) {
 /// default trace's workload summary (what `lh-sim` solves), and a live
 /// workload with 141 distinct sizes (the LP keeps 32).
 fn shares(c: &mut Criterion) {
-    if let Some(dir) = trace_dir() {
-        let tasks = sim::parse_tasks(
+    if let Some(dir) = trace::openb_dir() {
+        let tasks = trace::parse_tasks(
             &std::fs::read_to_string(dir.join("openb_pod_list_default.csv")).unwrap(),
         )
         .unwrap();
-        let trace = sim::leasehold_workload(&tasks).slice_sizes();
+        let trace = trace::leasehold_mix(&tasks).slice_sizes();
         c.bench_function("slice shares LP, openb default summary", |b| {
             b.iter(|| packing::SliceShares::solve(black_box(&trace)))
         });

@@ -2,9 +2,9 @@
 //! pin the semantics learned from the published simulator's Go code.
 
 use lh_placement::policy::{self, BestFit, DotProduct, Fgd, GpuClustering, GpuPacking, Leasehold};
-use lh_placement::sim::{arrival_sequence, curve, replay, Order, Task};
-use lh_placement::workload::{Workload, WorkloadConfig};
+use lh_placement::shape_mix::{ShapeMix, ShapeMixConfig};
 use lh_placement::*;
+use lh_placement_lab::trace::{self, arrival_sequence, curve, replay, Order, Task};
 
 fn vgpu(model: &str) -> GpuSpec {
     GpuSpec {
@@ -124,13 +124,13 @@ fn dot_product_prefers_the_smaller_product() {
     assert_eq!(chosen(&mut e, &Request::whole(1, 4000, 0)).0, "small");
 }
 
-fn workload_of(reqs: &[Request]) -> Workload {
-    Workload::from_requests(reqs, WorkloadConfig::PUBLISHED)
+fn workload_of(reqs: &[Request]) -> ShapeMix {
+    ShapeMix::from_requests(reqs, ShapeMixConfig::PUBLISHED)
 }
 
 #[test]
 fn fgd_fills_the_hole_that_fits_exactly() {
-    // Workload of 500- and 600-milli slices: a 500 request should close the
+    // ShapeMix of 500- and 600-milli slices: a 500 request should close the
     // GPU that has exactly 500 left (useless to a 600 slice), not leave 500
     // on a new one.
     let w = workload_of(&[
@@ -253,7 +253,11 @@ fn every_policy_is_deterministic_for_a_seed() {
     let w = workload_of(&reqs);
     for name in policy::POLICY_NAMES {
         let run = || {
-            let mut e = Engine::new(Cluster::new(&nodes), policy::by_name(name, &w).unwrap(), 7);
+            let mut e = Engine::new(
+                Cluster::new(&nodes),
+                lh_placement_lab::policy_by_name(name, &w).unwrap(),
+                7,
+            );
             (0..30)
                 .map(|i| {
                     e.schedule(&reqs[i % reqs.len()])
@@ -293,9 +297,13 @@ fn protocol_on_a_small_synthetic_trace() {
             let cap = cluster.gpu_milli_total();
             let seq = arrival_sequence(&tasks, cap, 1.3, 42, order);
             assert_eq!(seq.len(), 13);
-            let w = sim::published_workload(&tasks);
-            let mut e =
-                Engine::new(cluster, policy::by_name(name, &w).unwrap(), 42).with_ranked_ties();
+            let w = trace::published_mix(&tasks);
+            let mut e = Engine::new(
+                cluster,
+                lh_placement_lab::policy_by_name(name, &w).unwrap(),
+                42,
+            )
+            .with_ranked_ties();
             let r = replay(&mut e, &tasks, &seq);
             assert_eq!((r.placed, r.failed), (10, 3));
             let c = curve(&r, cap);
@@ -313,7 +321,7 @@ fn protocol_on_a_small_synthetic_trace() {
 
 #[test]
 fn curve_reads_like_the_published_analysis() {
-    let r = sim::Replay {
+    let r = trace::Replay {
         arrived: vec![1000, 2000, 2000, 9000],
         allocated: vec![1000, 1500, 2000, 8000],
         placed: 4,
@@ -331,7 +339,7 @@ fn curve_reads_like_the_published_analysis() {
 
 #[test]
 fn trace_rows_become_requests() {
-    let tasks = sim::parse_tasks(
+    let tasks = trace::parse_tasks(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
          a,12000,16384,1,1000,\n\
          b,6000,12288,1,460,V100M16|V100M32\n\
@@ -352,7 +360,7 @@ fn trace_rows_become_requests() {
     assert_eq!(tasks[2].request().gpu, GpuDemand::None);
     assert_eq!(tasks[3].gpu_milli_total(), 8000);
     let nodes =
-        sim::parse_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n").unwrap();
+        trace::parse_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n").unwrap();
     assert_eq!(nodes[0].gpus.len(), 2);
     assert_eq!(Cluster::new(&nodes).gpu_milli_total(), 2000);
 }
@@ -380,7 +388,7 @@ fn mig_instances_pack_onto_live_gpus_and_an_idle_gpu_is_resliced() {
     ];
     let mut e = engine(
         &nodes,
-        policy::by_name("leasehold", &Workload::default()).unwrap(),
+        lh_placement_lab::policy_by_name("leasehold", &ShapeMix::default()).unwrap(),
     );
 
     // Only MIG GPUs take MIG instances, and they take nothing else.
@@ -469,9 +477,15 @@ fn gang_reserve_keeps_the_last_untouched_big_node_for_gangs_but_never_refuses() 
     // On the small node this task leaves too little CPU for the other GPU:
     // FGD's measure sends it to the big node.
     let w1 = Request::whole(1, 1_500, 0);
-    let mut plain = engine(&nodes, policy::by_name("leasehold", &w).unwrap());
+    let mut plain = engine(
+        &nodes,
+        lh_placement_lab::policy_by_name("leasehold", &w).unwrap(),
+    );
     assert_eq!(chosen(&mut plain, &w1).0, "big");
-    let mut e = engine(&nodes, policy::by_name("leasehold+gr=1", &w).unwrap());
+    let mut e = engine(
+        &nodes,
+        lh_placement_lab::policy_by_name("leasehold+gr=1", &w).unwrap(),
+    );
     assert_eq!(chosen(&mut e, &w1).0, "small");
     // A gang may take the reserved node.
     assert_eq!(chosen(&mut e, &Request::whole(8, 8_000, 0)).0, "big");
@@ -494,10 +508,16 @@ fn version_3_keeps_a_slice_out_of_a_hole_the_workload_cannot_fill() {
     let w = workload_of(&reqs);
     let nodes = [node("a", 32_000, 1, "G2"), node("b", 32_000, 1, "G2")];
     let slice = Request::fraction(320, 0, 1000, 0);
-    let mut v2 = engine(&nodes, policy::by_name("leasehold+v2", &w).unwrap());
+    let mut v2 = engine(
+        &nodes,
+        lh_placement_lab::policy_by_name("leasehold+v2", &w).unwrap(),
+    );
     occupy(&mut v2, "a", 0, 470);
     assert_eq!(chosen(&mut v2, &slice).0, "a");
-    let mut v3 = engine(&nodes, policy::by_name("leasehold", &w).unwrap());
+    let mut v3 = engine(
+        &nodes,
+        lh_placement_lab::policy_by_name("leasehold", &w).unwrap(),
+    );
     occupy(&mut v3, "a", 0, 470);
     assert_eq!(chosen(&mut v3, &slice).0, "b");
 }

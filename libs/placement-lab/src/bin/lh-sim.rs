@@ -1,5 +1,5 @@
 //! lh-sim: replays a node list and a task list with the published openb
-//! protocol (shared/traces/openb/README.md) for every chosen policy and seed,
+//! protocol (the trace's README) for every chosen policy and seed,
 //! and scores the allocation curve.
 //!
 //! ```text
@@ -21,7 +21,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use lh_placement::policy::{DEFAULT_POLICY, POLICY_NAMES};
-use lh_placement::sim::{self, Order, SeedRun, MAX_PCT};
+use lh_placement_lab::trace::{self, Order, SeedRun, MAX_PCT};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -87,14 +87,14 @@ fn main() -> Result<()> {
         .with_context(|| format!("reading {}", args.nodes.display()))?;
     let tasks_csv = std::fs::read_to_string(&args.tasks)
         .with_context(|| format!("reading {}", args.tasks.display()))?;
-    let nodes = sim::parse_nodes(&nodes_csv).map_err(anyhow::Error::msg)?;
-    let tasks = sim::parse_tasks(&tasks_csv).map_err(anyhow::Error::msg)?;
+    let nodes = trace::parse_nodes(&nodes_csv).map_err(anyhow::Error::msg)?;
+    let tasks = trace::parse_tasks(&tasks_csv).map_err(anyhow::Error::msg)?;
     let policies: Vec<String> = match args.policy.as_str() {
         "all" => POLICY_NAMES.iter().map(|s| s.to_string()).collect(),
         p => p.split(',').map(|s| s.trim().to_string()).collect(),
     };
     for p in &policies {
-        if lh_placement::policy::by_name(p, &Default::default()).is_none() {
+        if lh_placement_lab::policy_by_name(p, &Default::default()).is_none() {
             bail!("unknown policy {p} (known: {})", POLICY_NAMES.join(", "));
         }
     }
@@ -130,7 +130,7 @@ fn main() -> Result<()> {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&seed) = seeds.get(i) else { break };
-                    match sim::run_seed(&nodes, &tasks, p, seed, order) {
+                    match trace::run_seed(&nodes, &tasks, p, seed, order) {
                         Ok(r) => {
                             let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                             eprintln!(

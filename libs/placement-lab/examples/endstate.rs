@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use lh_placement::packing::SliceShares;
-use lh_placement::sim::{self, Order};
-use lh_placement::{policy, Cluster, Demand, Engine, Kind};
+use lh_placement::{Cluster, Demand, Engine, Kind};
+use lh_placement_lab::trace::{self, Order};
 
 fn label(d: &Demand) -> String {
     match d.kind {
@@ -33,18 +33,18 @@ fn main() {
         eprintln!("usage: endstate NODES TASKS POLICY SEED");
         std::process::exit(2);
     }
-    let nodes = sim::parse_nodes(&std::fs::read_to_string(&a[1]).expect("nodes")).unwrap();
-    let tasks = sim::parse_tasks(&std::fs::read_to_string(&a[2]).expect("tasks")).unwrap();
+    let nodes = trace::parse_nodes(&std::fs::read_to_string(&a[1]).expect("nodes")).unwrap();
+    let tasks = trace::parse_tasks(&std::fs::read_to_string(&a[2]).expect("tasks")).unwrap();
     let name = &a[3];
     let seed: u64 = a[4].parse().expect("seed");
     let cluster = Cluster::new(&nodes);
     let cap = cluster.gpu_milli_total();
     let workload = if name.starts_with("leasehold") {
-        sim::leasehold_workload(&tasks)
+        trace::leasehold_mix(&tasks)
     } else {
-        sim::published_workload(&tasks)
+        trace::published_mix(&tasks)
     };
-    let p = policy::by_name(name, &workload).expect("policy");
+    let p = lh_placement_lab::policy_by_name(name, &workload).expect("policy");
     // What version 3 prices each slice size at (the cutting-stock LP's
     // shares of a GPU, `lh_placement::packing`).
     let sizes = workload.slice_sizes();
@@ -58,7 +58,7 @@ fn main() {
         .map(|&m| format!("{m}:{:.3}", shares.share(m)))
         .collect();
     println!("slice shares of a GPU (LP): {}", listed.join(" "));
-    let seq = sim::arrival_sequence(&tasks, cap, 1.3, seed, Order::AppendThenShuffle);
+    let seq = trace::arrival_sequence(&tasks, cap, 1.3, seed, Order::AppendThenShuffle);
     let mut e = Engine::new(cluster, p, seed).with_ranked_ties();
     let demands: Vec<Demand> = tasks
         .iter()

@@ -1,4 +1,4 @@
-//! The target workload: the distribution of task shapes that fragmentation
+//! The shape mix: the distribution of task shapes that fragmentation
 //! is measured against, and the fragmentation measure itself.
 //!
 //! A node's fragmentation for one shape (FGD, Weng et al., ATC'23) is the
@@ -14,7 +14,7 @@ use crate::cluster::{Cluster, Gpu, Kind, MILLI};
 use crate::model::{GpuDemand, Request};
 use crate::packing::SliceShares;
 
-/// One task shape and its share of the workload.
+/// One task shape and its share of the mix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
     pub cpu_milli: u64,
@@ -23,13 +23,13 @@ pub struct Shape {
     pub gpu: GpuDemand,
     /// Any-of model list, as requested (empty for any).
     pub models: Vec<String>,
-    /// Frequency, summing to 1 over the workload.
+    /// Frequency, summing to 1 over the mix.
     pub weight: f64,
 }
 
-/// How a workload is summarised from a task list.
+/// How a shape mix is summarised from a task list.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WorkloadConfig {
+pub struct ShapeMixConfig {
     /// Keep the most frequent shapes until they cover this share of tasks
     /// (the simulator's "pod popularity threshold", 95%).
     pub popularity: f64,
@@ -41,9 +41,9 @@ pub struct WorkloadConfig {
     pub with_memory: bool,
 }
 
-impl WorkloadConfig {
+impl ShapeMixConfig {
     /// The configuration of the published experiments.
-    pub const PUBLISHED: WorkloadConfig = WorkloadConfig {
+    pub const PUBLISHED: ShapeMixConfig = ShapeMixConfig {
         popularity: 0.95,
         include_cpu_only: true,
         with_memory: false,
@@ -52,7 +52,7 @@ impl WorkloadConfig {
 
 /// The distribution of task shapes.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Workload {
+pub struct ShapeMix {
     pub shapes: Vec<Shape>,
 }
 
@@ -66,14 +66,14 @@ struct ShapeKey {
     vram: u32,
 }
 
-impl Workload {
+impl ShapeMix {
     /// Summarises requests the way the simulator picks its "typical pods":
     /// count identical shapes, sort by count (then by CPU, GPU milli, GPU
     /// count and model list, all descending), keep the shortest prefix that
     /// covers `popularity` of the tasks, renormalise.
     pub fn from_requests<'a>(
         requests: impl IntoIterator<Item = &'a Request>,
-        cfg: WorkloadConfig,
+        cfg: ShapeMixConfig,
     ) -> Self {
         let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
         let mut memory: HashMap<ShapeKey, u64> = HashMap::new();
@@ -138,7 +138,7 @@ impl Workload {
                 weight: c as f64 / covered.max(1) as f64,
             })
             .collect();
-        Workload { shapes }
+        ShapeMix { shapes }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -160,7 +160,7 @@ impl Workload {
 
 /// A shape compiled against a cluster's model names.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct CShape {
+pub struct CShape {
     pub cpu: u64,
     pub memory: u64,
     /// Per-GPU milli (1000 for whole GPUs, 0 for CPU-only).
@@ -172,22 +172,22 @@ pub(crate) struct CShape {
     pub weight: f64,
 }
 
-/// A workload compiled against a cluster.
+/// A shape mix compiled against a cluster.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Compiled {
+pub struct Compiled {
     pub shapes: Vec<CShape>,
     /// Weight of CPU-only shapes (all free GPU milli is fragment for them).
     pub cpu_only_weight: f64,
     /// Number of model names the cluster had when compiled.
     pub models_seen: usize,
     /// Per GPU model: the expected milli a GPU with `f` free milli keeps idle
-    /// for good if every task that fits it came in the workload's mix
+    /// for good if every task that fits it came in the mix's proportions
     /// (see [`Compiled::eventual`]), indexed by `f`.
     pub eventual: Vec<Vec<f32>>,
     /// Per GPU model: FGD's fragment of one GPU applied recursively (see
     /// [`Compiled::recursive_table`]), indexed by free milli.
     pub recursive: Vec<Vec<f32>>,
-    /// The single-GPU slices' shares in the best packing of the workload
+    /// The single-GPU slices' shares in the best packing of the mix
     /// (see [`crate::packing`]).
     pub shares: SliceShares,
 }
@@ -196,7 +196,7 @@ impl Compiled {
     /// Compiles with each shape weighted by its share of requested GPU milli
     /// (count x milli x GPUs) instead of its share of tasks; CPU-only shapes
     /// then weigh nothing.
-    pub fn new_demand_weighted(w: &Workload, cluster: &Cluster) -> Self {
+    pub fn new_demand_weighted(w: &ShapeMix, cluster: &Cluster) -> Self {
         let mut w = w.clone();
         for s in &mut w.shapes {
             let per = match &s.gpu {
@@ -216,7 +216,7 @@ impl Compiled {
         Self::new(&w, cluster)
     }
 
-    pub fn new(w: &Workload, cluster: &Cluster) -> Self {
+    pub fn new(w: &ShapeMix, cluster: &Cluster) -> Self {
         let mut c = Compiled {
             models_seen: cluster.models().len(),
             ..Compiled::default()
@@ -253,11 +253,11 @@ impl Compiled {
     }
 
     /// FGD counts a GPU's free milli `f` as fragment for the share of the
-    /// workload that cannot use it, `f x W(no fit)`. Applied to what each
+    /// mix that cannot use it, `f x W(no fit)`. Applied to what each
     /// fitting shape would leave, `R(f) = f x W(no fit) + sum over fitting s
     /// of w_s R(f - s)`: the fragment the GPU is expected to end with if its
     /// hole is filled shape by shape. CPU-only shapes never fit.
-    fn recursive_table(&self, model: u64) -> Vec<f32> {
+    pub fn recursive_table(&self, model: u64) -> Vec<f32> {
         self.recursive_masked(model, u64::MAX)
     }
 
@@ -366,7 +366,7 @@ impl Compiled {
 }
 
 /// The free resources of one node, possibly after a hypothetical placement.
-pub(crate) struct Load<'a> {
+pub struct Load<'a> {
     pub cpu_free: u64,
     pub memory_free: u64,
     pub model_mask: u64,
@@ -524,7 +524,7 @@ impl Compiled {
 impl Compiled {
     /// Reweights the GPU shapes: `base[i]` over the copies of shape `i` the
     /// cluster can still host (as in [`Compiled::frag_fill`], summed over
-    /// nodes), renormalised to the GPU shapes' share of the workload; a shape
+    /// nodes), renormalised to the GPU shapes' share of the mix; a shape
     /// that fits nowhere weighs nothing.
     pub fn rescale_by_scarcity(&mut self, base: &[f64], cluster: &Cluster, memory: bool) {
         let share: f64 = base.iter().sum();
@@ -566,7 +566,7 @@ impl Compiled {
 }
 
 /// Applies a demand to a copy of a node's GPUs (for "what if" scoring).
-pub(crate) fn apply(gpus: &mut [Gpu], kind: Kind, set: u32) {
+pub fn apply(gpus: &mut [Gpu], kind: Kind, set: u32) {
     for (j, g) in gpus.iter_mut().enumerate() {
         if set & (1 << j) == 0 {
             continue;
@@ -606,7 +606,7 @@ mod tests {
             Request::whole(1, 1000, 0),
             Request::cpu_only(1000, 0),
         ];
-        let w = Workload::from_requests(&reqs, WorkloadConfig::PUBLISHED);
+        let w = ShapeMix::from_requests(&reqs, ShapeMixConfig::PUBLISHED);
         let c = Compiled::new(&w, &cluster);
         let d0 = c.recursive_depth(1, 0);
         // One step: all of f is fragment for the shapes that do not fit it.

@@ -1,9 +1,9 @@
 //! The published trace experiment, as pure functions: parse the openb node
 //! and task lists, build the arrival sequence for a seed, replay it through
 //! an engine, and read the allocation curve the way the published analysis
-//! does. `lh-sim` (load-tests) adds files, threads and charts.
+//! does. `lh-sim` adds files, threads and charts.
 //!
-//! Protocol (shared/traces/openb/README.md, and the simulator's code):
+//! Protocol (the trace's README, and the published simulator's code):
 //! 1. Inflate the task list with tasks drawn uniformly with replacement until
 //!    one more would push requested GPU milli past 1.3 x the cluster's.
 //! 2. Shuffle with the seed, place one task at a time; a task that fits
@@ -12,12 +12,21 @@
 //!    ratio at X% arrived is the mean allocation over the tasks whose arrived
 //!    share rounds to X (the neighbours X±1 when none does).
 
-use crate::cluster::{Cluster, Demand};
-use crate::engine::Engine;
-use crate::model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode};
-use crate::policy;
-use crate::rng::Rng;
-use crate::workload::{Workload, WorkloadConfig};
+use lh_placement::model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode};
+use lh_placement::{Cluster, Demand, Engine, Rng, ShapeMix, ShapeMixConfig};
+
+/// Where the openb trace is on this machine, if anywhere: the folder named by
+/// `LH_OPENB_DIR`, else `shared/traces/openb` beside the checkout. The trace is
+/// not part of the repository, so tests and benches that want it go without.
+pub fn openb_dir() -> Option<std::path::PathBuf> {
+    let beside_checkout =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/openb");
+    std::env::var_os("LH_OPENB_DIR")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([beside_checkout])
+        .find(|p| p.join("openb_node_list_gpu_node.csv").exists())
+}
 
 /// One task of a trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,21 +325,21 @@ pub fn curve(r: &Replay, capacity_milli: u64) -> Vec<Option<f64>> {
         .collect()
 }
 
-/// The workload FGD measures against in the published experiments: the
+/// The shape mix FGD measures against in the published experiments: the
 /// task list's shapes (CPU and GPU, not memory), 95% most popular.
-pub fn published_workload(tasks: &[Task]) -> Workload {
+pub fn published_mix(tasks: &[Task]) -> ShapeMix {
     let reqs: Vec<Request> = tasks.iter().map(Task::request).collect();
-    Workload::from_requests(&reqs, WorkloadConfig::PUBLISHED)
+    ShapeMix::from_requests(&reqs, ShapeMixConfig::PUBLISHED)
 }
 
-/// The workload Leasehold measures against: the same, with memory.
-pub fn leasehold_workload(tasks: &[Task]) -> Workload {
+/// The shape mix Leasehold measures against: the same, with memory.
+pub fn leasehold_mix(tasks: &[Task]) -> ShapeMix {
     let reqs: Vec<Request> = tasks.iter().map(Task::request).collect();
-    Workload::from_requests(
+    ShapeMix::from_requests(
         &reqs,
-        WorkloadConfig {
+        ShapeMixConfig {
             with_memory: true,
-            ..WorkloadConfig::PUBLISHED
+            ..ShapeMixConfig::PUBLISHED
         },
     )
 }
@@ -368,12 +377,12 @@ pub fn run_seed_with(
 ) -> Result<SeedRun, String> {
     let cluster = Cluster::new(nodes);
     let cap = cluster.gpu_milli_total();
-    let workload = if policy_name.starts_with("leasehold") {
-        leasehold_workload(tasks)
+    let mix = if policy_name.starts_with("leasehold") {
+        leasehold_mix(tasks)
     } else {
-        published_workload(tasks)
+        published_mix(tasks)
     };
-    let policy = policy::by_name(policy_name, &workload)
+    let policy = crate::policy_by_name(policy_name, &mix)
         .ok_or_else(|| format!("unknown policy {policy_name}"))?;
     let seq = arrival_sequence(tasks, cap, 1.3, seed, order);
     let mut engine = Engine::new(cluster, policy, seed);

@@ -1,0 +1,35 @@
+//! Placement research, kept out of the scheduler's dependencies and kept
+//! reproducible: every figure of docs/placement.md comes from here.
+//!
+//! * [`trace`]: the published openb trace experiment (parsing, arrival
+//!   sequence, replay, the allocation curve), as pure functions.
+//! * [`ablation`]: the default policy with each of its ideas behind a switch,
+//!   so that one idea can be measured on its own (`leasehold+<switch>`).
+//! * [`policy_by_name`]: every policy `lh-sim --policy` takes: the
+//!   production ones of `lh_placement` and the ablations.
+//!
+//! The `lh-sim` binary adds files, threads and charts; the examples and the
+//! `decide` bench replay the same trace.
+
+pub mod ablation;
+pub mod trace;
+
+use lh_placement::policy::{self, Policy};
+use lh_placement::ShapeMix;
+
+/// Builds a policy by name: `leasehold+<switch>+<switch>` is the default
+/// policy with single ideas switched off or on (see
+/// [`ablation::LeaseholdConfig::apply`]); any other name is one of
+/// [`lh_placement::policy::POLICY_NAMES`].
+pub fn policy_by_name(name: &str, mix: &ShapeMix) -> Option<Box<dyn Policy>> {
+    match name.strip_prefix("leasehold+") {
+        Some(switches) => {
+            let mut cfg = ablation::LeaseholdConfig::default();
+            for switch in switches.split('+') {
+                cfg.apply(switch)?;
+            }
+            Some(Box::new(ablation::Ablation::with_config(mix.clone(), cfg)))
+        }
+        None => policy::by_name(name, mix),
+    }
+}
