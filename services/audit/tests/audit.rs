@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use ed25519_dalek::{Signature, Verifier as _, VerifyingKey};
-use lh_audit::{Config, VerifyResponse};
+use lh_audit::Config;
 use lh_bus::{Bus, BusConfig, Expect};
 use lh_events::*;
+use lh_rpc::audit::VerifyResponse;
 use lh_service::{CancellationToken, Running};
 use lh_testkit::Nats;
 use sha2::{Digest, Sha256};
@@ -109,7 +110,7 @@ impl Env {
     }
 
     async fn verify(&self) -> VerifyResponse {
-        lh_audit::verify::call(&self.bus, VERIFY_TIMEOUT)
+        lh_rpc::audit::call(&self.bus, VERIFY_TIMEOUT)
             .await
             .expect("verify answers")
     }
