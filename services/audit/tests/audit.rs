@@ -64,12 +64,7 @@ impl Env {
         let running = lh_audit::start(config, shutdown.clone())
             .await
             .expect("audit starts");
-        let deadline = Instant::now() + WAIT;
-        while !running.readiness.is_ready() {
-            assert!(Instant::now() < deadline, "audit never became ready");
-            assert!(!running.is_finished(), "audit stopped while starting");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        lh_testkit::wait_ready("audit", &running, WAIT).await;
         Audit { running, shutdown }
     }
 
