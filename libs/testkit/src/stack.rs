@@ -383,7 +383,6 @@ pub fn expected_charge(
     vram_gb: u32,
 ) -> (i64, rust_decimal::Decimal, chrono::DateTime<chrono::Utc>) {
     use lh_events::EventData;
-    use rust_decimal::{Decimal, RoundingStrategy};
     let start = of_type(log, "lease.started")
         .into_iter()
         .find_map(|e| match &e.envelope.data {
@@ -398,12 +397,25 @@ pub fn expected_charge(
             _ => None,
         })
         .expect("the lease ended");
-    let micros = (end - start).num_microseconds().unwrap();
+    let (seconds, amount) = billed(vram_gb, start, end);
+    (seconds, amount, start)
+}
+
+/// `(billed seconds, amount)` of holding `vram_gb` from `from` to `to` at
+/// the default price of 0.5 CNY per GB-hour: seconds rounded up, the amount
+/// to the cent (half away from zero).
+fn billed(
+    vram_gb: u32,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> (i64, rust_decimal::Decimal) {
+    use rust_decimal::{Decimal, RoundingStrategy};
+    let micros = (to - from).num_microseconds().unwrap();
     let seconds = (micros + 999_999) / 1_000_000;
     let amount = (Decimal::from(vram_gb) * Decimal::new(5, 1) * Decimal::from(seconds)
         / Decimal::from(3600))
     .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
-    (seconds, amount, start)
+    (seconds, amount)
 }
 
 impl Stack {
@@ -451,7 +463,7 @@ impl Stack {
         runs: &[(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)],
     ) {
         use chrono::SubsecRound;
-        use rust_decimal::{Decimal, RoundingStrategy};
+        use rust_decimal::Decimal;
         let period = runs[0].0.format("%Y-%m").to_string();
         let invoice = self.wait_invoice(key, &period, runs.len()).await;
         let mut lines = invoice["lines"].as_array().unwrap().clone();
@@ -466,12 +478,8 @@ impl Stack {
             // The invoice keeps microseconds (PostgreSQL timestamptz).
             assert_eq!(at(&line["from"]), from.trunc_subsecs(6), "{line}");
             assert_eq!(at(&line["to"]), to.trunc_subsecs(6), "{line}");
-            let micros = (*to - *from).num_microseconds().unwrap();
-            let seconds = (micros + 999_999) / 1_000_000;
+            let (seconds, amount) = billed(vram_gb, *from, *to);
             assert_eq!(line["billed_seconds"], seconds, "{line}");
-            let amount = (Decimal::from(vram_gb) * Decimal::new(5, 1) * Decimal::from(seconds)
-                / Decimal::from(3600))
-            .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
             assert_eq!(
                 line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(),
                 amount,
