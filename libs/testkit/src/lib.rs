@@ -49,10 +49,14 @@ mod locate;
 mod nats;
 mod postgres;
 mod process;
+mod ready;
+#[cfg(feature = "stack")]
+pub mod stack;
 
 pub use locate::{nats_server_binary, pg_bin_dir, workspace_root};
 pub use nats::{shared_nats, Nats};
 pub use postgres::{shared_postgres, Postgres};
+pub use ready::wait_ready;
 
 /// What most integration tests need: a private nats-server (which the test
 /// may kill and restart) and a fresh database on the binary's shared

@@ -10,7 +10,7 @@
 //! * **signed checkpoints**: every N events or T seconds the chain head is
 //!   signed with ed25519 and published as `audit.checkpoint`.
 //!
-//! [`verify`] recomputes the chain from the stream and compares it with the
+//! Verification recomputes the chain from the stream and compares it with the
 //! copy and the checkpoints; it answers on NATS ([`subject::RPC_AUDIT_VERIFY`],
 //! for the gateway) and on `GET /v1/verify` (for auditors).
 
@@ -28,9 +28,9 @@ use sqlx::PgPool;
 mod chain_spec;
 mod keeper;
 mod signing;
-pub mod verify;
+mod verify;
 
-pub use verify::{VerifyRequest, VerifyResponse};
+use lh_rpc::audit::VerifyRequest;
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9105";
 /// Name of this service: its NATS connection, its actor, its RPC queue group.

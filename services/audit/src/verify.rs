@@ -8,8 +8,8 @@
 //! chain and their ed25519 signature. Two copies and the signed heads must
 //! agree: changing either copy, or both without the key, shows up.
 //!
-//! The request and report types are public so that the gateway can serve the
-//! same report on `GET /v1/audit/verify` over [`call`].
+//! The request and report types are the contract in `lh_rpc::audit`, so that
+//! the gateway can serve the same report without depending on this crate.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -17,42 +17,10 @@ use std::time::Duration;
 use lh_bus::Bus;
 use lh_domain::chain::{Chain, Hash};
 use lh_events::subject;
-use serde::{Deserialize, Serialize};
+use lh_rpc::audit::VerifyResponse;
 use sqlx::PgPool;
-use utoipa::ToSchema;
 
 use crate::signing::checkpoint_signature_ok;
-
-/// Request on [`subject::RPC_AUDIT_VERIFY`]: an empty JSON object, `{}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct VerifyRequest {}
-
-/// Result of a verification run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct VerifyResponse {
-    /// True when every link, stored row and stored checkpoint agrees.
-    pub ok: bool,
-    /// Events chained (stream messages up to `sequence`, checkpoints included).
-    pub events: u64,
-    /// Hex SHA-256 chain head recomputed from the stream at `sequence`.
-    pub head: String,
-    /// Last stream sequence verified: the last one the audit copy held.
-    pub sequence: u64,
-    /// First stream sequence at which the stream, the stored copy or the
-    /// stored hash disagree; null when none does.
-    pub first_mismatch: Option<u64>,
-    /// Stored checkpoints up to `sequence` whose signature verifies and whose
-    /// head and event count match the recomputed chain.
-    pub checkpoints_verified: u64,
-    /// Stored checkpoints up to `sequence`, verified or not.
-    pub checkpoints: u64,
-}
-
-/// Asks a running audit service to verify the chain (what the gateway calls).
-/// Verification replays the whole log, so give it a generous `timeout`.
-pub async fn call(bus: &Bus, timeout: Duration) -> lh_bus::Result<VerifyResponse> {
-    lh_bus::rpc::call(bus, subject::RPC_AUDIT_VERIFY, &VerifyRequest {}, timeout).await
-}
 
 /// Rows read from Postgres per query while merging with the stream.
 const ROWS_PER_PAGE: i64 = 1_000;
@@ -236,32 +204,4 @@ pub(crate) async fn verify(bus: &Bus, pool: &PgPool) -> anyhow::Result<VerifyRes
         checkpoints_verified,
         checkpoints: checkpoints_total,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_empty_object_is_a_request_and_the_report_has_the_documented_fields() {
-        let _: VerifyRequest = serde_json::from_str("{}").unwrap();
-        assert_eq!(serde_json::to_string(&VerifyRequest {}).unwrap(), "{}");
-        let report = VerifyResponse {
-            ok: false,
-            events: 3,
-            head: "ab".into(),
-            sequence: 3,
-            first_mismatch: Some(2),
-            checkpoints_verified: 0,
-            checkpoints: 1,
-        };
-        let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({
-                "ok": false, "events": 3, "head": "ab", "sequence": 3,
-                "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1
-            })
-        );
-    }
 }

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use ed25519_dalek::{Signature, Verifier as _, VerifyingKey};
-use lh_audit::{Config, VerifyResponse};
+use lh_audit::Config;
 use lh_bus::{Bus, BusConfig, Expect};
 use lh_events::*;
+use lh_rpc::audit::VerifyResponse;
 use lh_service::{CancellationToken, Running};
 use lh_testkit::Nats;
 use sha2::{Digest, Sha256};
@@ -63,12 +64,7 @@ impl Env {
         let running = lh_audit::start(config, shutdown.clone())
             .await
             .expect("audit starts");
-        let deadline = Instant::now() + WAIT;
-        while !running.readiness.is_ready() {
-            assert!(Instant::now() < deadline, "audit never became ready");
-            assert!(!running.is_finished(), "audit stopped while starting");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        lh_testkit::wait_ready("audit", &running, WAIT).await;
         Audit { running, shutdown }
     }
 
@@ -109,7 +105,7 @@ impl Env {
     }
 
     async fn verify(&self) -> VerifyResponse {
-        lh_audit::verify::call(&self.bus, VERIFY_TIMEOUT)
+        lh_rpc::audit::call(&self.bus, VERIFY_TIMEOUT)
             .await
             .expect("verify answers")
     }

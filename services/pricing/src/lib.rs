@@ -10,13 +10,12 @@
 //!    its rounding rule live in [`lh_domain::rating`].
 //! 2. **Invoice projection** ([`projection`]): `charge.accrued` into the
 //!    `invoice_lines` table of the service's Postgres schema.
-//! 3. **Invoice RPC**: answers [`invoice::INVOICE_SUBJECT`] from that table
-//!    with an [`invoice::Invoice`] that carries a content hash.
+//! 3. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] from that
+//!    table with an [`lh_rpc::invoice::Invoice`] that carries a content hash.
 //!
 //! The service is ready once both the rating fold and the projection have
 //! caught up with the log. See `docs/pricing.md`.
 
-pub mod invoice;
 pub mod projection;
 pub mod rating;
 
@@ -31,9 +30,11 @@ use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
-use crate::invoice::{InvoiceRequest, INVOICE_SUBJECT, QUEUE_GROUP};
 use crate::projection::InvoiceProjector;
+use lh_rpc::invoice::{InvoiceRequest, INVOICE_SUBJECT};
 
+/// Queue group of the pricing replicas answering [`INVOICE_SUBJECT`].
+pub const QUEUE_GROUP: &str = "lh-pricing";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9103";
 /// Name of the service: its actor name on the events it publishes.
 pub const SERVICE: &str = "lh-pricing";

@@ -10,7 +10,7 @@ use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::invoice::{parse_period, Invoice, InvoiceLine, InvoiceRequest};
+use lh_rpc::invoice::{parse_period, Invoice, InvoiceLine, InvoiceRequest};
 
 /// Name of the projection's offset row.
 pub const NAME: &str = "invoices";

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use lh_bus::{rpc, Bus, BusConfig, Expect};
 use lh_events::*;
-use lh_pricing::invoice::{Invoice, InvoiceRequest, INVOICE_SUBJECT};
 use lh_pricing::Config;
+use lh_rpc::invoice::{Invoice, InvoiceRequest, INVOICE_SUBJECT};
 use lh_service::{CancellationToken, Running};
 use lh_testkit::Nats;
 use uuid::Uuid;
@@ -41,12 +41,7 @@ impl Env {
         let running = lh_pricing::start(self.config.clone(), shutdown.clone())
             .await
             .expect("pricing starts");
-        let deadline = Instant::now() + WAIT;
-        while !running.readiness.is_ready() {
-            assert!(Instant::now() < deadline, "pricing never became ready");
-            assert!(!running.is_finished(), "pricing stopped while starting");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        lh_testkit::wait_ready("pricing", &running, WAIT).await;
         Pricing { running, shutdown }
     }
 

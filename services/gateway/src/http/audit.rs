@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use lh_audit::VerifyResponse;
+use lh_rpc::audit::VerifyResponse;
 
 use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 
@@ -24,6 +24,6 @@ pub async fn verify(
             "audit verification needs the admin or auditor token",
         ));
     }
-    let answer = lh_audit::verify::call(&ctx.bus, RPC_TIMEOUT).await?;
+    let answer = lh_rpc::audit::call(&ctx.bus, RPC_TIMEOUT).await?;
     Ok(Json(answer))
 }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 
-use lh_pricing::invoice::{Invoice, InvoiceRequest, INVOICE_SUBJECT};
+use lh_rpc::invoice::{Invoice, InvoiceRequest};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -37,8 +37,7 @@ pub async fn show(
     let period = query
         .period
         .ok_or_else(|| ApiError::unprocessable("period is required (YYYY-MM)", "period"))?;
-    lh_pricing::invoice::parse_period(&period)
-        .map_err(|why| ApiError::unprocessable(why, "period"))?;
+    lh_rpc::invoice::parse_period(&period).map_err(|why| ApiError::unprocessable(why, "period"))?;
     let tenant_id = match (&caller, query.tenant_id) {
         (Caller::Tenant { id, .. }, None) => *id,
         (Caller::Tenant { id, .. }, Some(asked)) if asked == *id => *id,
@@ -53,12 +52,7 @@ pub async fn show(
             ))
         }
     };
-    let invoice: Invoice = lh_bus::rpc::call(
-        &ctx.bus,
-        INVOICE_SUBJECT,
-        &InvoiceRequest { tenant_id, period },
-        RPC_TIMEOUT,
-    )
-    .await?;
+    let invoice =
+        lh_rpc::invoice::call(&ctx.bus, &InvoiceRequest { tenant_id, period }, RPC_TIMEOUT).await?;
     Ok(Json(invoice))
 }

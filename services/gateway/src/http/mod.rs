@@ -72,9 +72,9 @@ pub fn router(ctx: ApiContext) -> Router {
     ),
     components(schemas(
         Problem,
-        lh_pricing::invoice::Invoice,
-        lh_pricing::invoice::InvoiceLine,
-        lh_audit::VerifyResponse
+        lh_rpc::invoice::Invoice,
+        lh_rpc::invoice::InvoiceLine,
+        lh_rpc::audit::VerifyResponse
     )),
     modifiers(&BearerAuth)
 )]

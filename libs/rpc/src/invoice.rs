@@ -2,6 +2,9 @@
 //! gateway (which puts these types into its OpenAPI document) and any client
 //! that wants to check an invoice's [`Invoice::content_hash`].
 //!
+//! Pricing computes the lines; this module only says what travels and how it
+//! is hashed, so that a caller does not link pricing's SQL to read an invoice.
+//!
 //! Money is [`Decimal`] carried as JSON strings (`"1.00"`), never floats.
 //!
 //! # Content hash
@@ -22,7 +25,10 @@
 //! (`from`, `lease_id`, charge id). See [`content_hash`] and
 //! [`canonical_json`]; `docs/pricing.md` has a worked example.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
+use lh_bus::Bus;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -31,8 +37,6 @@ use uuid::Uuid;
 
 /// NATS request/reply subject on which pricing answers invoice requests.
 pub const INVOICE_SUBJECT: &str = "lh.rpc.pricing.invoice";
-/// Queue group of the pricing replicas answering [`INVOICE_SUBJECT`].
-pub const QUEUE_GROUP: &str = "lh-pricing";
 /// The one error text for a malformed period.
 pub const INVALID_PERIOD: &str = "period must be YYYY-MM";
 
@@ -113,6 +117,15 @@ impl Invoice {
             && self.total.to_string() == total_of(&self.lines).to_string()
             && self.content_hash == content_hash(self)
     }
+}
+
+/// Asks a running pricing service for one invoice (what the gateway calls).
+pub async fn call(
+    bus: &Bus,
+    request: &InvoiceRequest,
+    timeout: Duration,
+) -> lh_bus::Result<Invoice> {
+    lh_bus::rpc::call(bus, INVOICE_SUBJECT, request, timeout).await
 }
 
 /// Sum of the line amounts with exactly 2 decimal places.

@@ -4,12 +4,10 @@
 //! whole GPUs never land on a MIG GPU, and each instance is billed by its
 //! memory.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{expected_charge, of_type, read_log, Stack};
 use lh_events::EventData;
+use lh_testkit::stack::{expected_charge, of_type, read_log, Stack};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -118,19 +116,10 @@ async fn mig_instances_follow_the_slot_rules_wait_for_room_and_bill_by_memory() 
     );
 
     // A whole GPU goes to the GPU outside MIG mode.
-    let (s, w) = stack
-        .call(
-            Method::POST,
-            "/v1/leases",
-            &key,
-            Some(json!({"gpus": 1, "gpu_model": "A100-40GB"})),
-        )
-        .await;
-    assert_eq!(s, 202, "{w}");
-    let w = w["id"].as_str().unwrap().to_string();
     let w_run = stack
-        .wait_lease(&key, &w, |l| l["state"] == "running")
+        .running(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
+    let w = w_run["id"].as_str().unwrap().to_string();
     assert_eq!(w_run["node_id"], "node-a");
     assert!(w_run.get("mig_instance").is_none());
 

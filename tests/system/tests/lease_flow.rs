@@ -1,12 +1,10 @@
 //! The lease flow of issue 3 end to end through the HTTP API, on a real
 //! nats-server and PostgreSQL.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{of_type, read_log, Stack, ADMIN_TOKEN, FLEET};
 use lh_events::EventData;
+use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{json, Value};
@@ -316,27 +314,13 @@ async fn bad_input_is_refused_with_problem_json_naming_the_field() {
 async fn a_quota_breach_across_leases_is_rejected_and_a_full_fleet_queues() {
     let stack = Stack::start(FLEET).await;
     let (_, key) = stack.create_tenant("small", 4).await;
-    let create = |gpus: u32, model: &'static str| {
-        let stack = &stack;
-        let key = key.clone();
-        async move {
-            let (status, body) = stack
-                .call(
-                    Method::POST,
-                    "/v1/leases",
-                    &key,
-                    Some(json!({"gpus": gpus, "gpu_model": model})),
-                )
-                .await;
-            assert_eq!(status, 202, "{body}");
-            body["id"].as_str().unwrap().to_string()
-        }
-    };
-    let a = create(4, "A10G-24GB").await;
-    stack
-        .wait_lease(&key, &a, |l| l["state"] == "running")
+    let a = stack
+        .running(&key, json!({"gpus": 4, "gpu_model": "A10G-24GB"}))
         .await;
-    let b = create(1, "A100-40GB").await;
+    let a = a["id"].as_str().unwrap();
+    let b = stack
+        .lease(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
+        .await;
     let rejected = stack
         .wait_lease(&key, &b, |l| l["state"] == "rejected")
         .await;
@@ -349,18 +333,9 @@ async fn a_quota_breach_across_leases_is_rejected_and_a_full_fleet_queues() {
     );
 
     let (_, big) = stack.create_tenant("big", 64).await;
-    let c = {
-        let (s, body) = stack
-            .call(
-                Method::POST,
-                "/v1/leases",
-                &big,
-                Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})),
-            )
-            .await;
-        assert_eq!(s, 202);
-        body["id"].as_str().unwrap().to_string()
-    };
+    let c = stack
+        .lease(&big, json!({"gpus": 1, "gpu_model": "A10G-24GB"}))
+        .await;
     let queued = stack.wait_lease(&big, &c, |l| l["state"] == "queued").await;
     assert!(
         queued["queued_reason"]

@@ -4,12 +4,10 @@
 //! it, and the lease is billed as two runs that neither overlap nor include
 //! the outage.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{of_type, read_log, Stack};
 use lh_events::EventData;
+use lh_testkit::stack::{of_type, read_log, Stack};
 use reqwest::Method;
 use serde_json::json;
 
@@ -35,19 +33,10 @@ vram_gb = 40
 async fn a_lost_node_s_lease_runs_elsewhere_and_is_billed_per_run() {
     let mut stack = Stack::start(TWO_NODES).await;
     let (_, key) = stack.create_tenant("failover", 2).await;
-    let (s, lease) = stack
-        .call(
-            Method::POST,
-            "/v1/leases",
-            &key,
-            Some(json!({"gpus": 1, "gpu_model": "A100-40GB"})),
-        )
-        .await;
-    assert_eq!(s, 202, "{lease}");
-    let id = lease["id"].as_str().unwrap().to_string();
     let running = stack
-        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .running(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
+    let id = running["id"].as_str().unwrap().to_string();
     let lost = running["node_id"].as_str().unwrap().to_string();
     let other = if lost == "node-a" { "node-b" } else { "node-a" };
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -110,7 +99,7 @@ async fn a_lost_node_s_lease_runs_elsewhere_and_is_billed_per_run() {
     assert_eq!(ended["node_id"], other);
 
     let log = read_log(&bus).await;
-    let starts = common::starts(&log);
+    let starts = lh_testkit::stack::starts(&log);
     assert_eq!(
         starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
         vec![lost.as_str(), other],

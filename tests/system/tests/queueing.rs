@@ -1,22 +1,12 @@
 //! Issue 4's queueing rules through the REST API on the real stack:
 //! preemption of spot leases for an on-demand one, VRAM quotas, priorities.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{of_type, read_log, Stack, FLEET};
 use lh_events::EventData;
+use lh_testkit::stack::{of_type, read_log, Stack, FLEET};
 use reqwest::Method;
-use serde_json::{json, Value};
-
-async fn lease(stack: &Stack, key: &str, body: Value) -> String {
-    let (s, b) = stack
-        .call(Method::POST, "/v1/leases", key, Some(body))
-        .await;
-    assert_eq!(s, 202, "{b}");
-    b["id"].as_str().unwrap().to_string()
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_on_demand_lease_preempts_spot_after_the_notice() {
@@ -37,18 +27,18 @@ async fn an_on_demand_lease_preempts_spot_after_the_notice() {
     let (_, spot_key) = stack.create_tenant("spotty", 16).await;
     let (_, key) = stack.create_tenant("urgent", 16).await;
 
-    let spot_a = lease(
-        &stack,
-        &spot_key,
-        json!({"gpus": 3, "gpu_model": "A10G-24GB", "tier": "spot"}),
-    )
-    .await;
-    let spot_b = lease(
-        &stack,
-        &spot_key,
-        json!({"gpus": 1, "gpu_model": "A10G-24GB", "tier": "spot"}),
-    )
-    .await;
+    let spot_a = stack
+        .lease(
+            &spot_key,
+            json!({"gpus": 3, "gpu_model": "A10G-24GB", "tier": "spot"}),
+        )
+        .await;
+    let spot_b = stack
+        .lease(
+            &spot_key,
+            json!({"gpus": 1, "gpu_model": "A10G-24GB", "tier": "spot"}),
+        )
+        .await;
     stack
         .wait_lease(&spot_key, &spot_a, |l| l["state"] == "running")
         .await;
@@ -56,12 +46,12 @@ async fn an_on_demand_lease_preempts_spot_after_the_notice() {
         .wait_lease(&spot_key, &spot_b, |l| l["state"] == "running")
         .await;
 
-    let od = lease(
-        &stack,
-        &key,
-        json!({"gpus": 1, "gpu_model": "A10G-24GB", "tier": "basic"}),
-    )
-    .await;
+    let od = stack
+        .lease(
+            &key,
+            json!({"gpus": 1, "gpu_model": "A10G-24GB", "tier": "basic"}),
+        )
+        .await;
     let waiting = stack
         .wait_lease(&key, &od, |l| {
             l["queued_reason"]
@@ -151,7 +141,7 @@ async fn vram_quota_and_priorities_through_the_api() {
         .call(
             Method::POST,
             "/v1/tenants",
-            common::ADMIN_TOKEN,
+            lh_testkit::stack::ADMIN_TOKEN,
             Some(json!({"name": "vram", "email": "ops@vram.example", "quota": {"max_gpus": 8, "max_vram_gb": 100}, "weight": 3})),
         )
         .await;
@@ -159,17 +149,19 @@ async fn vram_quota_and_priorities_through_the_api() {
     assert_eq!(body["weight"], 3);
     assert_eq!(body["quota"]["max_vram_gb"], 100);
     let key = body["api_key"].as_str().unwrap().to_string();
-    let a = lease(&stack, &key, json!({"gpus": 2, "gpu_model": "A100-40GB"})).await;
+    let a = stack
+        .lease(&key, json!({"gpus": 2, "gpu_model": "A100-40GB"}))
+        .await;
     stack
         .wait_lease(&key, &a, |l| l["state"] == "running")
         .await;
     // 80 GB held; 40 more would exceed 100 GB although only 3 of 8 GPUs.
-    let b = lease(
-        &stack,
-        &key,
-        json!({"gpus": 1, "gpu_model": "A100-40GB", "priority": 7}),
-    )
-    .await;
+    let b = stack
+        .lease(
+            &key,
+            json!({"gpus": 1, "gpu_model": "A100-40GB", "priority": 7}),
+        )
+        .await;
     let rejected = stack
         .wait_lease(&key, &b, |l| l["state"] == "rejected")
         .await;
@@ -202,7 +194,12 @@ async fn vram_quota_and_priorities_through_the_api() {
         ),
     ] {
         let (s, p) = stack
-            .call(Method::POST, "/v1/tenants", common::ADMIN_TOKEN, Some(body))
+            .call(
+                Method::POST,
+                "/v1/tenants",
+                lh_testkit::stack::ADMIN_TOKEN,
+                Some(body),
+            )
             .await;
         assert_eq!((s, p["field"].as_str()), (422, Some(field)), "{p}");
     }

@@ -3,11 +3,9 @@
 //! DCGM metrics per lease, idle reclaim by the tenant's policy, self-tests,
 //! and drain / uncordon through the REST API.
 
-mod common;
-
-use common::{of_type, Stack, ADMIN_TOKEN};
 use lh_bus::Stored;
 use lh_events::{EventData, GpuHealth, IdleAction};
+use lh_testkit::stack::{of_type, Stack, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -39,16 +37,9 @@ async fn two_nodes(faults_a: &str, faults_b: Option<&str>) -> Stack {
 }
 
 async fn lease(stack: &Stack, key: &str) -> String {
-    let (s, body) = stack
-        .call(
-            Method::POST,
-            "/v1/leases",
-            key,
-            Some(json!({"gpus": 1, "gpu_model": "A100-40GB"})),
-        )
-        .await;
-    assert_eq!(s, 202, "{body}");
-    body["id"].as_str().unwrap().to_string()
+    stack
+        .lease(key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
+        .await
 }
 
 fn health_changes(
@@ -565,13 +556,13 @@ async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
     assert_eq!(s, 202);
     stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
 
-    let log = common::read_log(&stack.bus().await).await;
+    let log = lh_testkit::stack::read_log(&stack.bus().await).await;
     let EventData::LeaseSuspended(sus) = &of_type(&log, "lease.suspended")[0].envelope.data else {
         unreachable!()
     };
     assert_eq!(of_type(&log, "lease.suspended").len(), 1);
     assert_eq!(sus.node_id, "node-a");
-    let starts = common::starts(&log);
+    let starts = lh_testkit::stack::starts(&log);
     assert_eq!(
         starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
         vec!["node-a", "node-b"]

@@ -1,13 +1,11 @@
 //! Services stopped mid-flow and started again rebuild the same state from
 //! the log; projections rebuilt from sequence 1 equal the live tables.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{of_type, read_log, Stack, FLEET};
 use lh_events::EventData;
+use lh_testkit::stack::{of_type, read_log, Stack, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -126,7 +124,7 @@ fn gateway_config(stack: &Stack) -> lh_gateway::Config {
         gateway_addr: "127.0.0.1:0".into(),
         database_url: stack.database_url.clone(),
         schema: "gateway".into(),
-        admin_token: Some(common::ADMIN_TOKEN.into()),
+        admin_token: Some(lh_testkit::stack::ADMIN_TOKEN.into()),
         admin_token_file: None,
         auditor_token: None,
     }

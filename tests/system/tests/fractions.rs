@@ -2,25 +2,13 @@
 //! shares pack onto one GPU, a share that would overflow its VRAM goes to
 //! another GPU, and the invoice bills each share by its VRAM.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{expected_charge, of_type, read_log, Stack};
 use lh_events::EventData;
+use lh_testkit::stack::{expected_charge, of_type, read_log, Stack, TWO_A100};
 use reqwest::Method;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
-
-const TWO_A100: &str = r#"
-[[node]]
-id = "node-a"
-zone = "cn-north-1a"
-hostname = "gpu-a.sim"
-gpu_model = "A100-40GB"
-gpu_count = 2
-vram_gb = 40
-"#;
 
 async fn fraction(stack: &Stack, key: &str, milli: u32, vram_gb: u32) -> String {
     let (s, b) = stack

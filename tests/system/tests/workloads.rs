@@ -3,25 +3,13 @@
 //! code, a stop is SIGTERM then a grace period, and a command that cannot
 //! start fails the lease without billing it.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{of_type, read_log, Stack};
 use lh_events::{EndReason, EventData};
 use lh_node_agent::RuntimeKind;
+use lh_testkit::stack::{of_type, read_log, Stack, TWO_A100};
 use reqwest::Method;
 use serde_json::{json, Value};
-
-const ONE_NODE: &str = r#"
-[[node]]
-id = "node-a"
-zone = "cn-north-1a"
-hostname = "gpu-a.sim"
-gpu_model = "A100-40GB"
-gpu_count = 2
-vram_gb = 40
-"#;
 
 async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
     let (s, b) = stack
@@ -49,7 +37,7 @@ fn ended(log: &[lh_bus::Stored], id: &str) -> lh_events::LeaseEnded {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully() {
-    let stack = Stack::start_configured(ONE_NODE, |s| s.node_runtime = RuntimeKind::Process).await;
+    let stack = Stack::start_configured(TWO_A100, |s| s.node_runtime = RuntimeKind::Process).await;
     let (_, key) = stack.create_tenant("runs", 2).await;
     let dir = tempfile::tempdir().unwrap();
 

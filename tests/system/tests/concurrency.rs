@@ -2,13 +2,11 @@
 //! fleet too small for all of them: no GPU is ever held by two leases
 //! (checked from the log), and every lease ends up placed or queued.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::{read_log, Stack};
 use lh_events::EventData;
+use lh_testkit::stack::{read_log, Stack};
 use serde_json::json;
 
 const SMALL_FLEET: &str = r#"
@@ -43,7 +41,7 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
     let bus = stack.bus().await;
     for _ in 0..100 {
         let log = read_log(&bus).await;
-        if common::of_type(&log, "node.registered").len() == 2 {
+        if lh_testkit::stack::of_type(&log, "node.registered").len() == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -145,7 +143,7 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
     assert!(placed_once.len() < REQUESTS);
     // Both replicas did work or lost races: conflicts are expected, but each
     // allocation on a node subject is unique.
-    let allocations: usize = common::of_type(&log, "node.gpus_allocated")
+    let allocations: usize = lh_testkit::stack::of_type(&log, "node.gpus_allocated")
         .iter()
         .map(|e| match &e.envelope.data {
             EventData::NodeGpusAllocated(a) => a.allocations.len(),

@@ -1,20 +1,27 @@
 //! The whole platform in one test process: a real nats-server and a real
 //! PostgreSQL started by the test kit, and every service started through
 //! the same `start` its binary calls.
-
-#![allow(dead_code)]
+//!
+//! Behind the `stack` feature because it links every service crate; only the
+//! system tests (`tests/system`) turn it on.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use lh_bus::{Bus, BusConfig, Stored};
+use lh_events::subject;
 use lh_service::{CancellationToken, CommonArgs, Running};
-use lh_testkit::Nats;
 use serde_json::{json, Value};
+
+use crate::{wait_ready, Nats};
+
+/// How long a started service may take to report ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
+/// Three nodes of three models in three zones.
 pub const FLEET: &str = r#"
 [[node]]
 id = "node-a"
@@ -39,6 +46,17 @@ hostname = "gpu-c.sim"
 gpu_model = "H100-80GB"
 gpu_count = 8
 vram_gb = 80
+"#;
+
+/// One node with two A100-40GB.
+pub const TWO_A100: &str = r#"
+[[node]]
+id = "node-a"
+zone = "cn-north-1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 2
+vram_gb = 40
 "#;
 
 pub struct Stack {
@@ -83,7 +101,7 @@ impl Stack {
 
     /// Servers only; start services with [`Stack::start_service`].
     pub async fn bare(fleet: &str) -> Stack {
-        let (nats, database_url) = lh_testkit::nats_and_database().await;
+        let (nats, database_url) = crate::nats_and_database().await;
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
         std::fs::write(&fleet_file, fleet).unwrap();
@@ -208,21 +226,10 @@ impl Stack {
         self.running.keys().cloned().collect()
     }
 
-    /// Waits until every service's /readyz answers 200.
+    /// Waits until every running service reports ready.
     pub async fn wait_ready(&self) {
         for (name, (_, running)) in &self.running {
-            let url = format!("http://{}/readyz", running.http_addr);
-            let mut ok = false;
-            for _ in 0..300 {
-                if let Ok(r) = self.http.get(&url).send().await {
-                    if r.status() == 200 {
-                        ok = true;
-                        break;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            assert!(ok, "{name} never became ready");
+            wait_ready(name, running, READY_TIMEOUT).await;
         }
     }
 
@@ -263,6 +270,21 @@ impl Stack {
             body["id"].as_str().unwrap().to_string(),
             body["api_key"].as_str().unwrap().to_string(),
         )
+    }
+
+    /// Asks for a lease; its id once the gateway accepted it (202).
+    pub async fn lease(&self, key: &str, body: Value) -> String {
+        let (status, lease) = self
+            .call(reqwest::Method::POST, "/v1/leases", key, Some(body))
+            .await;
+        assert_eq!(status, 202, "{lease}");
+        lease["id"].as_str().unwrap().to_string()
+    }
+
+    /// Asks for a lease and waits until it runs; the running lease.
+    pub async fn running(&self, key: &str, body: Value) -> Value {
+        let id = self.lease(key, body).await;
+        self.wait_lease(key, &id, |l| l["state"] == "running").await
     }
 
     /// Writes a file beside the fleet file (a fault script it names).
@@ -323,7 +345,7 @@ pub async fn read_log(bus: &Bus) -> Vec<Stored> {
     if head == 0 {
         return out;
     }
-    let mut feed = bus.feed(&["lh.evt.>"], 1).await.unwrap();
+    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
     while let Some(ev) = feed.next_within(Duration::from_secs(5)).await {
         let ev = ev.unwrap();
         let done = ev.sequence >= head;
@@ -361,7 +383,6 @@ pub fn expected_charge(
     vram_gb: u32,
 ) -> (i64, rust_decimal::Decimal, chrono::DateTime<chrono::Utc>) {
     use lh_events::EventData;
-    use rust_decimal::{Decimal, RoundingStrategy};
     let start = of_type(log, "lease.started")
         .into_iter()
         .find_map(|e| match &e.envelope.data {
@@ -376,12 +397,25 @@ pub fn expected_charge(
             _ => None,
         })
         .expect("the lease ended");
-    let micros = (end - start).num_microseconds().unwrap();
+    let (seconds, amount) = billed(vram_gb, start, end);
+    (seconds, amount, start)
+}
+
+/// `(billed seconds, amount)` of holding `vram_gb` from `from` to `to` at
+/// the default price of 0.5 CNY per GB-hour: seconds rounded up, the amount
+/// to the cent (half away from zero).
+fn billed(
+    vram_gb: u32,
+    from: chrono::DateTime<chrono::Utc>,
+    to: chrono::DateTime<chrono::Utc>,
+) -> (i64, rust_decimal::Decimal) {
+    use rust_decimal::{Decimal, RoundingStrategy};
+    let micros = (to - from).num_microseconds().unwrap();
     let seconds = (micros + 999_999) / 1_000_000;
     let amount = (Decimal::from(vram_gb) * Decimal::new(5, 1) * Decimal::from(seconds)
         / Decimal::from(3600))
     .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
-    (seconds, amount, start)
+    (seconds, amount)
 }
 
 impl Stack {
@@ -429,7 +463,7 @@ impl Stack {
         runs: &[(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)],
     ) {
         use chrono::SubsecRound;
-        use rust_decimal::{Decimal, RoundingStrategy};
+        use rust_decimal::Decimal;
         let period = runs[0].0.format("%Y-%m").to_string();
         let invoice = self.wait_invoice(key, &period, runs.len()).await;
         let mut lines = invoice["lines"].as_array().unwrap().clone();
@@ -444,12 +478,8 @@ impl Stack {
             // The invoice keeps microseconds (PostgreSQL timestamptz).
             assert_eq!(at(&line["from"]), from.trunc_subsecs(6), "{line}");
             assert_eq!(at(&line["to"]), to.trunc_subsecs(6), "{line}");
-            let micros = (*to - *from).num_microseconds().unwrap();
-            let seconds = (micros + 999_999) / 1_000_000;
+            let (seconds, amount) = billed(vram_gb, *from, *to);
             assert_eq!(line["billed_seconds"], seconds, "{line}");
-            let amount = (Decimal::from(vram_gb) * Decimal::new(5, 1) * Decimal::from(seconds)
-                / Decimal::from(3600))
-            .round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
             assert_eq!(
                 line["amount"].as_str().unwrap().parse::<Decimal>().unwrap(),
                 amount,

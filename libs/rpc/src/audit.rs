@@ -1,0 +1,72 @@
+//! Chain verification, as the audit service answers it on [`RPC_AUDIT_VERIFY`].
+//!
+//! The gateway serves the same report on `GET /v1/audit/verify` over [`call`].
+
+use std::time::Duration;
+
+use lh_bus::Bus;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The subject lives with the other subject names in `lh_events::subject`;
+/// it is re-exported here so that a caller finds the contract in one place.
+pub use lh_events::subject::RPC_AUDIT_VERIFY;
+
+/// Request on [`RPC_AUDIT_VERIFY`]: an empty JSON object, `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VerifyRequest {}
+
+/// Result of a verification run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VerifyResponse {
+    /// True when every link, stored row and stored checkpoint agrees.
+    pub ok: bool,
+    /// Events chained (stream messages up to `sequence`, checkpoints included).
+    pub events: u64,
+    /// Hex SHA-256 chain head recomputed from the stream at `sequence`.
+    pub head: String,
+    /// Last stream sequence verified: the last one the audit copy held.
+    pub sequence: u64,
+    /// First stream sequence at which the stream, the stored copy or the
+    /// stored hash disagree; null when none does.
+    pub first_mismatch: Option<u64>,
+    /// Stored checkpoints up to `sequence` whose signature verifies and whose
+    /// head and event count match the recomputed chain.
+    pub checkpoints_verified: u64,
+    /// Stored checkpoints up to `sequence`, verified or not.
+    pub checkpoints: u64,
+}
+
+/// Asks a running audit service to verify the chain (what the gateway calls).
+/// Verification replays the whole log, so give it a generous `timeout`.
+pub async fn call(bus: &Bus, timeout: Duration) -> lh_bus::Result<VerifyResponse> {
+    lh_bus::rpc::call(bus, RPC_AUDIT_VERIFY, &VerifyRequest {}, timeout).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_object_is_a_request_and_the_report_has_the_documented_fields() {
+        let _: VerifyRequest = serde_json::from_str("{}").unwrap();
+        assert_eq!(serde_json::to_string(&VerifyRequest {}).unwrap(), "{}");
+        let report = VerifyResponse {
+            ok: false,
+            events: 3,
+            head: "ab".into(),
+            sequence: 3,
+            first_mismatch: Some(2),
+            checkpoints_verified: 0,
+            checkpoints: 1,
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "ok": false, "events": 3, "head": "ab", "sequence": 3,
+                "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1
+            })
+        );
+    }
+}

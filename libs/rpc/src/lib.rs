@@ -1,0 +1,10 @@
+//! Request/reply contracts between services: for each call, its subject, its
+//! request and reply types, and a `call` helper.
+//!
+//! A caller (the gateway, the CLI, a test) depends on this crate and never on
+//! the service that answers, so it links none of that service's storage or
+//! loops. The answering service depends on it too and serves the same types.
+//! Replies travel on `lh.rpc.>` and are never stored in a stream.
+
+pub mod audit;
+pub mod invoice;
