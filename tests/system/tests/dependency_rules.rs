@@ -201,3 +201,41 @@ fn a_service_linking_a_service_or_a_library_linking_one_is_reported() {
     assert!(found[0].starts_with("lh-gateway "), "{found:?}");
     assert!(found[1].starts_with("lh-domain "), "{found:?}");
 }
+
+/// Crates whose code takes data and time as arguments and does no I/O.
+const PURE_CRATES: &[&str] = &["lh-events", "lh-placement", "lh-placement-lab", "lh-domain"];
+/// What only the plumbing and the services may link: the bus, the database,
+/// the runtime, the web server.
+const IO_CRATES: &[&str] = &[
+    "lh-bus",
+    "lh-projection",
+    "lh-service",
+    "async-nats",
+    "sqlx",
+    "tokio",
+    "axum",
+];
+
+#[test]
+fn pure_crates_never_reach_the_bus_the_database_or_the_runtime() {
+    let packages = workspace_packages();
+    let mut found = Vec::new();
+    for name in PURE_CRATES {
+        let package = packages
+            .iter()
+            .find(|p| p.name == *name)
+            .unwrap_or_else(|| panic!("{name} is a member"));
+        for d in package.manifest["dependencies"].as_array().unwrap() {
+            let dependency = d["name"].as_str().unwrap();
+            let normal = d["kind"].is_null();
+            if normal && IO_CRATES.contains(&dependency) {
+                found.push(format!("{name} depends on {dependency}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a pure crate does I/O:\n{}",
+        found.join("\n")
+    );
+}
