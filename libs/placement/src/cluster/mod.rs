@@ -4,7 +4,6 @@
 //! cache per-node work), and the live allocations.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use crate::mig::{self, MigLayout};
 use crate::model::{GpuDemand, NodeSpec, Request, SharingMode};
@@ -26,231 +25,14 @@ pub fn gpu_indices(set: GpuSet) -> impl Iterator<Item = u8> {
     (0..32u8).filter(move |i| set & (1 << i) != 0)
 }
 
-/// A request compiled against a cluster: interned models and zones as masks,
-/// the GPU part as a small copyable value. It is also the "shape" key policies
-/// cache their per-node work under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Demand {
-    pub cpu_milli: u64,
-    pub memory_mib: u64,
-    pub kind: Kind,
-    /// Allowed models; `u64::MAX` for any.
-    pub models: u64,
-    /// Allowed zones; `u64::MAX` for any.
-    pub zones: u64,
-}
+mod demand;
+mod node;
+mod reject;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    None,
-    Whole(u8),
-    Frac {
-        milli: u16,
-        vram_gb: u32,
-    },
-    /// A MIG profile, by index in [`mig::profile_names`] (`u16::MAX`: a
-    /// name no model has, which nothing fits).
-    Mig(u16),
-}
-
-impl Demand {
-    /// Milli-GPU the demand takes per GPU, and how many GPUs.
-    pub fn per_gpu(&self) -> (u16, u8) {
-        match self.kind {
-            Kind::None | Kind::Mig(_) => (0, 0),
-            Kind::Whole(n) => (MILLI, n),
-            Kind::Frac { milli, .. } => (milli, 1),
-        }
-    }
-
-    /// Total milli-GPU.
-    pub fn gpu_milli(&self) -> u64 {
-        let (m, n) = self.per_gpu();
-        u64::from(m) * u64::from(n)
-    }
-
-    /// The tag GPU clustering groups leases by (share, 1-GPU, 2-GPU, ...).
-    pub fn tag(&self) -> Option<usize> {
-        match self.kind {
-            Kind::None => None,
-            Kind::Frac { .. } => Some(0),
-            Kind::Whole(n) => Some(usize::from(n).clamp(1, TAGS - 2)),
-            Kind::Mig(_) => Some(TAGS - 1),
-        }
-    }
-}
-
-/// Number of lease tags counted per node (see [`Demand::tag`]).
-pub const TAGS: usize = 18;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gpu {
-    pub model: u16,
-    pub mode: SharingMode,
-    pub vram_total: u32,
-    pub vram_free: u32,
-    pub milli_free: u16,
-    /// Live leases on this GPU (slices, or 1 for a whole-GPU lease).
-    pub leases: u16,
-}
-
-/// Placeholder for scratch arrays.
-pub(crate) const EMPTY_GPU: Gpu = Gpu {
-    model: 0,
-    mode: SharingMode::Whole,
-    vram_total: 0,
-    vram_free: 0,
-    milli_free: 0,
-    leases: 0,
-};
-
-impl Gpu {
-    #[inline]
-    pub fn is_idle(&self) -> bool {
-        self.leases == 0
-    }
-
-    #[inline]
-    pub fn allowed(&self, models: u64) -> bool {
-        models & (1u64 << self.model) != 0
-    }
-
-    /// Can take a whole-GPU lease now.
-    #[inline]
-    pub fn fits_whole(&self, models: u64) -> bool {
-        self.leases == 0 && self.mode != SharingMode::Mig && self.allowed(models)
-    }
-
-    /// Can take a slice of `milli` and `vram_gb` now.
-    #[inline]
-    pub fn fits_frac(&self, milli: u16, vram_gb: u32, models: u64) -> bool {
-        self.mode == SharingMode::VGpu
-            && self.milli_free >= milli
-            && self.vram_free >= vram_gb
-            && self.allowed(models)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Node {
-    pub id: String,
-    pub zone: u16,
-    pub cpu_total: u64,
-    pub memory_total: u64,
-    pub cpu_free: u64,
-    pub memory_free: u64,
-    pub gpus: Vec<Gpu>,
-    /// NVLink/NUMA domains as GPU sets.
-    pub domains: Vec<GpuSet>,
-    /// Models present on the node.
-    pub model_mask: u64,
-    /// Bumped on every allocation and release on this node.
-    pub generation: u64,
-    /// Live leases per tag (see [`Demand::tag`]).
-    pub tags: [u16; TAGS],
-    /// Per GPU: its MIG instances when it is in MIG mode and its model has a
-    /// geometry; `None` otherwise (such a GPU takes no MIG lease). Leases are
-    /// named by their allocation slot.
-    pub mig: Vec<Option<MigLayout<u32>>>,
-}
-
-impl Node {
-    /// Free milli-GPU summed over the node's GPUs.
-    pub fn gpu_milli_free(&self) -> u64 {
-        self.gpus.iter().map(|g| u64::from(g.milli_free)).sum()
-    }
-
-    /// GPUs with no lease.
-    pub fn idle_gpus(&self) -> usize {
-        self.gpus.iter().filter(|g| g.is_idle()).count()
-    }
-
-    /// How GPU `j` would take an instance of profile `profile` (an index in
-    /// [`mig::profile_names`]), if it can.
-    pub fn mig_plan(&self, j: usize, profile: u16, models: u64) -> Option<mig::Plan> {
-        let g = &self.gpus[j];
-        if g.mode != SharingMode::Mig || !g.allowed(models) {
-            return None;
-        }
-        let name = mig::profile_names().get(usize::from(profile))?;
-        mig::plan(self.mig[j].as_ref()?, name)
-    }
-
-    /// The GPU of this node that an instance of `profile` fits most tightly:
-    /// fewest compute slices left uncovered after it is placed (so live GPUs
-    /// fill up and idle ones stay idle for large profiles and re-slicing),
-    /// lowest index among equals. `(GPU, plan, slices left)`.
-    pub fn pick_mig(&self, profile: u16, models: u64) -> Option<(u8, mig::Plan, u8)> {
-        let mut best: Option<(u8, mig::Plan, u8)> = None;
-        for j in 0..self.gpus.len() {
-            let Some(plan) = self.mig_plan(j, profile, models) else {
-                continue;
-            };
-            let layout = self.mig[j].as_ref().expect("a plan implies a layout");
-            let covered = layout
-                .instances()
-                .iter()
-                .filter(|i| !plan.destroy.contains(&i.start))
-                .fold(0u16, |m, i| m | i.profile.compute_mask(i.start))
-                | plan.profile.compute_mask(plan.start);
-            let left = layout.geometry().compute_slices - covered.count_ones() as u8;
-            if best.as_ref().is_none_or(|b| left < b.2) {
-                best = Some((j as u8, plan, left));
-            }
-        }
-        best
-    }
-}
-
-/// Why a node cannot take a demand now (first failing check). The GPU checks
-/// tell waiting from never: [`Reject::GpuBusy`] passes once leases end, the
-/// other GPU reasons hold until the node itself changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reject {
-    Zone,
-    Model,
-    Cpu,
-    Memory,
-    /// Its GPUs are taken now; with them free it would take the demand.
-    GpuBusy,
-    /// Not even with all its GPUs free: too few GPUs of the model, too little
-    /// VRAM on one, or a share over one whole GPU.
-    GpuTooSmall,
-    /// None of its GPUs of the model is in the sharing mode the demand needs
-    /// (MIG mode for a MIG instance; shares or whole GPUs otherwise).
-    GpuMode,
-    /// Its GPUs of the model in MIG mode have no such profile.
-    MigProfile,
-}
-
-impl Reject {
-    /// Every reason, in the order the checks run.
-    pub const ALL: [Reject; 8] = [
-        Reject::Zone,
-        Reject::Model,
-        Reject::Cpu,
-        Reject::Memory,
-        Reject::GpuBusy,
-        Reject::GpuTooSmall,
-        Reject::GpuMode,
-        Reject::MigProfile,
-    ];
-}
-
-impl fmt::Display for Reject {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Reject::Zone => "zone",
-            Reject::Model => "gpu model",
-            Reject::Cpu => "cpu",
-            Reject::Memory => "memory",
-            Reject::GpuBusy => "gpu busy",
-            Reject::GpuTooSmall => "gpu too small",
-            Reject::GpuMode => "gpu mode",
-            Reject::MigProfile => "mig profile",
-        })
-    }
-}
+pub use demand::{Demand, Kind, TAGS};
+pub(crate) use node::EMPTY_GPU;
+pub use node::{Gpu, Node};
+pub use reject::{AllocError, Reject};
 
 /// Handle of a live allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -273,32 +55,6 @@ pub struct MigHold {
     pub milli: u16,
     pub vram_gb: u32,
 }
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AllocError {
-    NoSuchNode,
-    NotFeasible(Reject),
-    BadGpus,
-    UnknownAllocation,
-    MigUnsupported,
-    /// A MIG instance the placement rules refuse (restoring a layout).
-    Mig(mig::MigError),
-}
-
-impl fmt::Display for AllocError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AllocError::NoSuchNode => f.write_str("no such node"),
-            AllocError::NotFeasible(r) => write!(f, "node cannot take it: {r}"),
-            AllocError::BadGpus => f.write_str("chosen GPUs do not fit the demand"),
-            AllocError::UnknownAllocation => f.write_str("no such live allocation"),
-            AllocError::MigUnsupported => f.write_str("MIG geometry not available"),
-            AllocError::Mig(e) => write!(f, "MIG: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for AllocError {}
 
 /// The cluster: nodes, interned names, live allocations.
 #[derive(Debug, Clone, Default)]

@@ -1,0 +1,125 @@
+//! A node and its GPUs as the scoring loops read them.
+
+use crate::mig::{self, MigLayout};
+use crate::model::SharingMode;
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gpu {
+    pub model: u16,
+    pub mode: SharingMode,
+    pub vram_total: u32,
+    pub vram_free: u32,
+    pub milli_free: u16,
+    /// Live leases on this GPU (slices, or 1 for a whole-GPU lease).
+    pub leases: u16,
+}
+
+/// Placeholder for scratch arrays.
+pub(crate) const EMPTY_GPU: Gpu = Gpu {
+    model: 0,
+    mode: SharingMode::Whole,
+    vram_total: 0,
+    vram_free: 0,
+    milli_free: 0,
+    leases: 0,
+};
+
+impl Gpu {
+    #[inline]
+    pub fn is_idle(&self) -> bool {
+        self.leases == 0
+    }
+
+    #[inline]
+    pub fn allowed(&self, models: u64) -> bool {
+        models & (1u64 << self.model) != 0
+    }
+
+    /// Can take a whole-GPU lease now.
+    #[inline]
+    pub fn fits_whole(&self, models: u64) -> bool {
+        self.leases == 0 && self.mode != SharingMode::Mig && self.allowed(models)
+    }
+
+    /// Can take a slice of `milli` and `vram_gb` now.
+    #[inline]
+    pub fn fits_frac(&self, milli: u16, vram_gb: u32, models: u64) -> bool {
+        self.mode == SharingMode::VGpu
+            && self.milli_free >= milli
+            && self.vram_free >= vram_gb
+            && self.allowed(models)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub id: String,
+    pub zone: u16,
+    pub cpu_total: u64,
+    pub memory_total: u64,
+    pub cpu_free: u64,
+    pub memory_free: u64,
+    pub gpus: Vec<Gpu>,
+    /// NVLink/NUMA domains as GPU sets.
+    pub domains: Vec<GpuSet>,
+    /// Models present on the node.
+    pub model_mask: u64,
+    /// Bumped on every allocation and release on this node.
+    pub generation: u64,
+    /// Live leases per tag (see [`Demand::tag`]).
+    pub tags: [u16; TAGS],
+    /// Per GPU: its MIG instances when it is in MIG mode and its model has a
+    /// geometry; `None` otherwise (such a GPU takes no MIG lease). Leases are
+    /// named by their allocation slot.
+    pub mig: Vec<Option<MigLayout<u32>>>,
+}
+
+impl Node {
+    /// Free milli-GPU summed over the node's GPUs.
+    pub fn gpu_milli_free(&self) -> u64 {
+        self.gpus.iter().map(|g| u64::from(g.milli_free)).sum()
+    }
+
+    /// GPUs with no lease.
+    pub fn idle_gpus(&self) -> usize {
+        self.gpus.iter().filter(|g| g.is_idle()).count()
+    }
+
+    /// How GPU `j` would take an instance of profile `profile` (an index in
+    /// [`mig::profile_names`]), if it can.
+    pub fn mig_plan(&self, j: usize, profile: u16, models: u64) -> Option<mig::Plan> {
+        let g = &self.gpus[j];
+        if g.mode != SharingMode::Mig || !g.allowed(models) {
+            return None;
+        }
+        let name = mig::profile_names().get(usize::from(profile))?;
+        mig::plan(self.mig[j].as_ref()?, name)
+    }
+
+    /// The GPU of this node that an instance of `profile` fits most tightly:
+    /// fewest compute slices left uncovered after it is placed (so live GPUs
+    /// fill up and idle ones stay idle for large profiles and re-slicing),
+    /// lowest index among equals. `(GPU, plan, slices left)`.
+    pub fn pick_mig(&self, profile: u16, models: u64) -> Option<(u8, mig::Plan, u8)> {
+        let mut best: Option<(u8, mig::Plan, u8)> = None;
+        for j in 0..self.gpus.len() {
+            let Some(plan) = self.mig_plan(j, profile, models) else {
+                continue;
+            };
+            let layout = self.mig[j].as_ref().expect("a plan implies a layout");
+            let covered = layout
+                .instances()
+                .iter()
+                .filter(|i| !plan.destroy.contains(&i.start))
+                .fold(0u16, |m, i| m | i.profile.compute_mask(i.start))
+                | plan.profile.compute_mask(plan.start);
+            let left = layout.geometry().compute_slices - covered.count_ones() as u8;
+            if best.as_ref().is_none_or(|b| left < b.2) {
+                best = Some((j as u8, plan, left));
+            }
+        }
+        best
+    }
+}
