@@ -1,7 +1,7 @@
 //! Crypto-shredding of personal data. Names and e-mail addresses are sealed
 //! with a per-tenant key (ChaCha20-Poly1305) before they enter the log; the
 //! keys live outside the log, in the `gateway_keys` schema. Destroying a
-//! tenant's key (a later issue's `tenant.erased`) leaves only ciphertext in
+//! tenant's key (erasing the tenant; not built yet) leaves only ciphertext in
 //! the log while the audit chain still verifies.
 
 use base64::{engine::general_purpose::STANDARD, Engine as _};

@@ -1,4 +1,4 @@
-//! The lease flow of issue 3 end to end through the HTTP API, on a real
+//! A lease's whole life end to end through the HTTP API, on a real
 //! nats-server and PostgreSQL.
 
 use std::time::Duration;

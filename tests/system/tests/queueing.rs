@@ -1,4 +1,4 @@
-//! Issue 4's queueing rules through the REST API on the real stack:
+//! The queue's rules through the REST API on the real stack:
 //! preemption of spot leases for an on-demand one, VRAM quotas, priorities.
 
 use std::time::Duration;
