@@ -223,3 +223,59 @@ pub fn report_rebuild(report: &lh_projection::RebuildReport) -> anyhow::Result<(
     }
     Ok(())
 }
+
+/// A service that owns a projection: it runs, or rebuilds its projection
+/// into a fresh schema (the `rebuild` subcommand).
+pub trait ProjectionService: clap::Args + Sized {
+    /// The binary's name (`lh-gateway`), for its `--help` and its logs.
+    const NAME: &'static str;
+    /// One line for `--help`.
+    const ABOUT: &'static str;
+
+    /// The schema of the live projection.
+    fn schema(&self) -> &str;
+
+    fn start(
+        self,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = anyhow::Result<Running>>;
+
+    fn rebuild(
+        &self,
+        into: &str,
+        swap: bool,
+        on_event: impl FnMut(u64, u64),
+    ) -> impl std::future::Future<Output = anyhow::Result<lh_projection::RebuildReport>>;
+}
+
+/// The command line of a service that owns a projection: flags of the
+/// service (or their environment variables), then an optional subcommand.
+#[derive(clap::Parser, Debug)]
+struct ProjectionCli<S: clap::Args> {
+    #[command(flatten)]
+    config: S,
+    #[command(subcommand)]
+    command: Option<ProjectionCommand>,
+}
+
+/// The whole `main` of a service that owns a projection.
+pub async fn projection_main<S: ProjectionService>() -> anyhow::Result<()> {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = ProjectionCli::<S>::command()
+        .name(S::NAME)
+        .about(S::ABOUT)
+        .get_matches();
+    let cli = ProjectionCli::<S>::from_arg_matches(&matches)?;
+    init_process(S::NAME);
+    match cli.command.unwrap_or(ProjectionCommand::Run) {
+        ProjectionCommand::Run => cli.config.start(shutdown_on_signal()).await?.wait().await,
+        ProjectionCommand::Rebuild(args) => {
+            let into = args.into_schema(cli.config.schema());
+            let report = cli
+                .config
+                .rebuild(&into, args.swap, rebuild_progress())
+                .await?;
+            report_rebuild(&report)
+        }
+    }
+}

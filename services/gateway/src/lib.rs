@@ -148,3 +148,26 @@ pub async fn rebuild(
     )
     .await?)
 }
+
+impl lh_service::ProjectionService for Config {
+    const NAME: &'static str = "lh-gateway";
+    const ABOUT: &'static str = "Leasehold REST gateway. Flags of the service go before the \
+        subcommand, or come from the environment.";
+
+    fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+
+    async fn rebuild(
+        &self,
+        into: &str,
+        swap: bool,
+        on_event: impl FnMut(u64, u64),
+    ) -> anyhow::Result<lh_projection::RebuildReport> {
+        rebuild(self, into, swap, on_event).await
+    }
+}

@@ -189,3 +189,26 @@ pub async fn rebuild(
     .await
     .with_context(|| format!("rebuilding into schema {into}"))
 }
+
+impl lh_service::ProjectionService for Config {
+    const NAME: &'static str = "lh-pricing";
+    const ABOUT: &'static str = "Leasehold pricing: charges and invoices. Flags of the service \
+        (--database-url, --nats-url, ...) go before the subcommand, or come from the environment.";
+
+    fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+
+    async fn rebuild(
+        &self,
+        into: &str,
+        swap: bool,
+        on_event: impl FnMut(u64, u64),
+    ) -> anyhow::Result<lh_projection::RebuildReport> {
+        rebuild(self, into, swap, on_event).await
+    }
+}
