@@ -318,20 +318,7 @@ mod tests {
     use lh_events::*;
 
     fn registered(n: u32) -> EventData {
-        EventData::NodeRegistered(NodeRegistered {
-            node_id: "a".into(),
-            zone: "z".into(),
-            hostname: "h".into(),
-            gpus: (0..n)
-                .map(|i| GpuInfo {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    model: "A100-40GB".into(),
-                    vram_gb: 40,
-                    mig: false,
-                })
-                .collect(),
-        })
+        EventData::NodeRegistered(fixtures::node("a", "z", n, fixtures::MODEL, 40))
     }
 
     #[test]

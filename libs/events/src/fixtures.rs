@@ -13,7 +13,7 @@ pub const MODEL: &str = "A100-40GB";
 pub const MODEL_VRAM_GB: u32 = 40;
 
 /// A node of `gpus` GPUs of `model` (`vram_gb` each), indices `0..gpus`,
-/// UUIDs `GPU-<index>`.
+/// UUIDs `GPU-<node>-<index>`.
 pub fn node(node_id: &str, zone: &str, gpus: u32, model: &str, vram_gb: u32) -> NodeRegistered {
     NodeRegistered {
         node_id: node_id.into(),
@@ -22,7 +22,7 @@ pub fn node(node_id: &str, zone: &str, gpus: u32, model: &str, vram_gb: u32) -> 
         gpus: (0..gpus)
             .map(|index| GpuInfo {
                 index,
-                uuid: format!("GPU-{index}"),
+                uuid: format!("GPU-{node_id}-{index}"),
                 model: model.into(),
                 vram_gb,
                 mig: false,
@@ -97,7 +97,7 @@ pub fn placed(
             .iter()
             .map(|&index| AssignedGpu {
                 index,
-                uuid: format!("GPU-{index}"),
+                uuid: format!("GPU-{node_id}-{index}"),
                 milli: None,
                 vram_gb: None,
                 mig_instance: None,

@@ -50,38 +50,22 @@ async fn main() -> anyhow::Result<()> {
     for n in 0..args.nodes {
         let node_id = format!("node-{n:04}");
         bus.publish(
-            &envelope(EventData::NodeRegistered(NodeRegistered {
-                node_id: node_id.clone(),
-                zone: format!("z{}", n % 3),
-                hostname: node_id.clone(),
-                gpus: (0..8)
-                    .map(|i| GpuInfo {
-                        index: i,
-                        uuid: format!("GPU-{n}-{i}"),
-                        model: "A100-40GB".into(),
-                        vram_gb: 40,
-                        mig: false,
-                    })
-                    .collect(),
-            })),
+            &envelope(EventData::NodeRegistered(fixtures::node(
+                &node_id,
+                &format!("z{}", n % 3),
+                8,
+                fixtures::MODEL,
+                fixtures::MODEL_VRAM_GB,
+            ))),
             Expect::Any,
         )
         .await?;
     }
     let tenant = Uuid::now_v7();
     bus.publish(
-        &envelope(EventData::TenantCreated(TenantCreated {
-            tenant_id: tenant,
-            name_sealed: String::new(),
-            email_sealed: String::new(),
-            api_key_sha256: String::new(),
-            quota: Quota {
-                max_gpus: 1_000_000,
-                max_vram_gb: None,
-            },
-            weight: 1,
-            idle_policy: None,
-        })),
+        &envelope(EventData::TenantCreated(fixtures::tenant(
+            tenant, 1_000_000,
+        ))),
         Expect::Any,
     )
     .await?;
@@ -94,18 +78,12 @@ async fn main() -> anyhow::Result<()> {
         tasks.push(tokio::spawn(async move {
             for _ in 0..share {
                 let lease_id = Uuid::now_v7();
-                let request = envelope(EventData::LeaseRequested(LeaseRequested {
+                let request = envelope(EventData::LeaseRequested(fixtures::whole_request(
                     lease_id,
-                    tenant_id: tenant,
-                    gpus: 1,
-                    gpu_model: "A100-40GB".into(),
-                    tier: Tier::Basic,
-                    priority: 0,
-                    idempotency_key: None,
-                    fraction: None,
-                    mig_profile: None,
-                    workload: None,
-                }));
+                    tenant,
+                    1,
+                    fixtures::MODEL,
+                )));
                 bus.publish(&request, Expect::LastSubjectSequence(0))
                     .await?;
             }

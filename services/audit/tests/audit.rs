@@ -168,31 +168,18 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 weight: 1,
                 idle_policy: None,
             }),
-            1 => EventData::NodeRegistered(NodeRegistered {
-                node_id: format!("node-{i}"),
-                zone: "cn-north-1".into(),
-                hostname: format!("gpu-{i}.example"),
-                gpus: vec![GpuInfo {
-                    index: 0,
-                    uuid: format!("GPU-{i}"),
-                    model: "A100-40GB".into(),
-                    vram_gb: 40,
-                    mig: false,
-                }],
-            }),
+            1 => EventData::NodeRegistered(fixtures::node(
+                &format!("node-{i}"),
+                "cn-north-1",
+                1,
+                fixtures::MODEL,
+                fixtures::MODEL_VRAM_GB,
+            )),
             2 => {
                 lease = Uuid::now_v7();
                 EventData::LeaseRequested(LeaseRequested {
-                    lease_id: lease,
-                    tenant_id: tenant,
-                    gpus: 1,
-                    gpu_model: "A100-40GB".into(),
-                    tier: Tier::Basic,
-                    priority: 0,
                     idempotency_key: Some(format!("k{i}")),
-                    fraction: None,
-                    mig_profile: None,
-                    workload: None,
+                    ..fixtures::whole_request(lease, tenant, 1, fixtures::MODEL)
                 })
             }
             3 => EventData::LeaseQueued(LeaseQueued {
@@ -200,33 +187,16 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 reason: "no capacity".into(),
                 position: 1,
             }),
-            4 => EventData::LeasePlaced(LeasePlaced {
-                lease_id: lease,
-                node_id: "node-1".into(),
-                zone: "cn-north-1".into(),
-                gpu_model: "A100-40GB".into(),
-                vram_gb_per_gpu: 40,
-                gpus: vec![AssignedGpu {
-                    index: 0,
-                    uuid: "GPU-1".into(),
-                    milli: None,
-                    vram_gb: None,
-                    mig_instance: None,
-                }],
-                decision: Decision {
-                    policy: "best_fit".into(),
-                    policy_version: 1,
-                    candidates: 3,
-                    winner_score: 0.5,
-                    runner_up_score: None,
-                },
-            }),
+            4 => EventData::LeasePlaced(fixtures::placed(
+                lease,
+                "node-1",
+                "cn-north-1",
+                fixtures::MODEL,
+                fixtures::MODEL_VRAM_GB,
+                &[0],
+            )),
             5 => EventData::NodeGpusAllocated(NodeGpusAllocated::one("node-1", lease, vec![0])),
-            6 => EventData::LeaseStarted(LeaseStarted {
-                lease_id: lease,
-                node_id: "node-1".into(),
-                started_at: Utc::now(),
-            }),
+            6 => EventData::LeaseStarted(fixtures::started(lease, "node-1", Utc::now())),
             7 => serde_json::from_value(serde_json::json!({
                 "type": "spot.price_set", "zone": "cn-north-1", "gpu_model": "A100-40GB",
                 "price_cny_per_gb_hour": "0.25", "utilisation": "0.5",
@@ -235,11 +205,8 @@ async fn publish_assorted(bus: &Bus, n: usize) {
             .expect("a spot price"),
             8 => EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease }),
             _ => EventData::LeaseEnded(LeaseEnded {
-                lease_id: lease,
-                node_id: Some("node-1".into()),
-                ended_at: Utc::now(),
-                reason: EndReason::Stopped,
                 exit_code: Some(0),
+                ..fixtures::ended(lease, "node-1", Utc::now(), EndReason::Stopped)
             }),
         };
         let envelope = Envelope::new(Actor::Service("audit-test".into()), Utc::now(), data);

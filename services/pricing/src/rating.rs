@@ -437,61 +437,28 @@ mod tests {
         end: DateTime<Utc>,
         reason: EndReason,
     ) -> Vec<Envelope> {
+        let tenant = Uuid::from_u128(7);
         vec![
-            env(EventData::LeaseRequested(LeaseRequested {
+            env(EventData::LeaseRequested(fixtures::whole_request(
                 lease_id,
-                tenant_id: Uuid::from_u128(7),
-                gpus: 2,
-                gpu_model: "A100".into(),
-                tier: Tier::Basic,
-                priority: 0,
-                idempotency_key: None,
-                fraction: None,
-                mig_profile: None,
-                workload: None,
-            })),
-            env(EventData::LeasePlaced(LeasePlaced {
+                tenant,
+                2,
+                fixtures::MODEL,
+            ))),
+            env(EventData::LeasePlaced(fixtures::placed(
                 lease_id,
-                node_id: "n1".into(),
-                zone: "z".into(),
-                gpu_model: "A100".into(),
-                vram_gb_per_gpu: 40,
-                gpus: vec![
-                    AssignedGpu {
-                        index: 0,
-                        uuid: "g0".into(),
-                        milli: None,
-                        vram_gb: None,
-                        mig_instance: None,
-                    },
-                    AssignedGpu {
-                        index: 1,
-                        uuid: "g1".into(),
-                        milli: None,
-                        vram_gb: None,
-                        mig_instance: None,
-                    },
-                ],
-                decision: Decision {
-                    policy: "best_fit".into(),
-                    policy_version: 1,
-                    candidates: 1,
-                    winner_score: 1.0,
-                    runner_up_score: None,
-                },
-            })),
-            env(EventData::LeaseStarted(LeaseStarted {
-                lease_id,
-                node_id: "n1".into(),
-                started_at: start,
-            })),
-            env(EventData::LeaseEnded(LeaseEnded {
-                lease_id,
-                node_id: Some("n1".into()),
-                ended_at: end,
-                reason,
-                exit_code: None,
-            })),
+                "n1",
+                "z",
+                fixtures::MODEL,
+                40,
+                &[0, 1],
+            ))),
+            env(EventData::LeaseStarted(fixtures::started(
+                lease_id, "n1", start,
+            ))),
+            env(EventData::LeaseEnded(fixtures::ended(
+                lease_id, "n1", end, reason,
+            ))),
         ]
     }
 

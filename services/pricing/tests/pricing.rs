@@ -51,72 +51,34 @@ impl Env {
             Envelope::new(
                 Actor::Tenant(tenant),
                 started,
-                EventData::LeaseRequested(LeaseRequested {
-                    lease_id: lease,
-                    tenant_id: tenant,
-                    gpus: 2,
-                    gpu_model: "A100-40GB".into(),
-                    tier: Tier::Basic,
-                    priority: 0,
-                    idempotency_key: None,
-                    fraction: None,
-                    mig_profile: None,
-                    workload: None,
-                }),
+                EventData::LeaseRequested(fixtures::whole_request(
+                    lease,
+                    tenant,
+                    2,
+                    fixtures::MODEL,
+                )),
             ),
             Envelope::new(
                 Actor::Service("lh-scheduler".into()),
                 started,
-                EventData::LeasePlaced(LeasePlaced {
-                    lease_id: lease,
-                    node_id: "node-1".into(),
-                    zone: "cn-north-1".into(),
-                    gpu_model: "A100-40GB".into(),
-                    vram_gb_per_gpu: 40,
-                    gpus: vec![
-                        AssignedGpu {
-                            index: 0,
-                            uuid: "GPU-0".into(),
-                            milli: None,
-                            vram_gb: None,
-                            mig_instance: None,
-                        },
-                        AssignedGpu {
-                            index: 1,
-                            uuid: "GPU-1".into(),
-                            milli: None,
-                            vram_gb: None,
-                            mig_instance: None,
-                        },
-                    ],
-                    decision: Decision {
-                        policy: "best_fit".into(),
-                        policy_version: 1,
-                        candidates: 1,
-                        winner_score: 1.0,
-                        runner_up_score: None,
-                    },
-                }),
+                EventData::LeasePlaced(fixtures::placed(
+                    lease,
+                    "node-1",
+                    "cn-north-1",
+                    fixtures::MODEL,
+                    fixtures::MODEL_VRAM_GB,
+                    &[0, 1],
+                )),
             ),
             Envelope::new(
                 Actor::Node("node-1".into()),
                 started,
-                EventData::LeaseStarted(LeaseStarted {
-                    lease_id: lease,
-                    node_id: "node-1".into(),
-                    started_at: started,
-                }),
+                EventData::LeaseStarted(fixtures::started(lease, "node-1", started)),
             ),
             Envelope::new(
                 Actor::Node("node-1".into()),
                 ended,
-                EventData::LeaseEnded(LeaseEnded {
-                    lease_id: lease,
-                    node_id: Some("node-1".into()),
-                    ended_at: ended,
-                    reason: EndReason::Stopped,
-                    exit_code: None,
-                }),
+                EventData::LeaseEnded(fixtures::ended(lease, "node-1", ended, EndReason::Stopped)),
             ),
         ];
         for event in events {

@@ -39,20 +39,13 @@ async fn spot_price_follows_utilisation() {
         .unwrap();
     publish(
         &bus,
-        EventData::NodeRegistered(NodeRegistered {
-            node_id: "n1".into(),
-            zone: "z1".into(),
-            hostname: "h".into(),
-            gpus: (0..4)
-                .map(|i| GpuInfo {
-                    index: i,
-                    uuid: format!("GPU-{i}"),
-                    model: "A100-40GB".into(),
-                    vram_gb: 40,
-                    mig: false,
-                })
-                .collect(),
-        }),
+        EventData::NodeRegistered(fixtures::node(
+            "n1",
+            "z1",
+            4,
+            fixtures::MODEL,
+            fixtures::MODEL_VRAM_GB,
+        )),
     )
     .await;
     let token = CancellationToken::new();

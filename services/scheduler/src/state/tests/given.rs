@@ -18,20 +18,13 @@ pub(super) fn env_at(data: EventData, at: DateTime<Utc>) -> Envelope {
 }
 
 pub(super) fn node(id: &str, n: u32) -> EventData {
-    EventData::NodeRegistered(NodeRegistered {
-        node_id: id.into(),
-        zone: "z".into(),
-        hostname: id.into(),
-        gpus: (0..n)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{id}-{i}"),
-                model: "A100-40GB".into(),
-                vram_gb: 40,
-                mig: false,
-            })
-            .collect(),
-    })
+    EventData::NodeRegistered(fixtures::node(
+        id,
+        "z",
+        n,
+        fixtures::MODEL,
+        fixtures::MODEL_VRAM_GB,
+    ))
 }
 
 pub(super) fn node_mig(id: &str, n: u32) -> EventData {
@@ -56,18 +49,10 @@ pub(super) fn tenant_with(
     max_vram_gb: Option<u32>,
     weight: u32,
 ) -> EventData {
-    EventData::TenantCreated(TenantCreated {
-        tenant_id: id,
-        name_sealed: String::new(),
-        email_sealed: String::new(),
-        api_key_sha256: String::new(),
-        quota: Quota {
-            max_gpus,
-            max_vram_gb,
-        },
-        weight,
-        idle_policy: None,
-    })
+    let mut tenant = fixtures::tenant(id, max_gpus);
+    tenant.quota.max_vram_gb = max_vram_gb;
+    tenant.weight = weight;
+    EventData::TenantCreated(tenant)
 }
 
 pub(super) fn tenant(id: Uuid, max_gpus: u32) -> EventData {
@@ -82,16 +67,9 @@ pub(super) fn request_full(
     priority: i32,
 ) -> EventData {
     EventData::LeaseRequested(LeaseRequested {
-        lease_id: lease,
-        tenant_id: tenant,
-        gpus,
-        gpu_model: "A100-40GB".into(),
         tier,
         priority,
-        idempotency_key: None,
-        fraction: None,
-        mig_profile: None,
-        workload: None,
+        ..fixtures::whole_request(lease, tenant, gpus, fixtures::MODEL)
     })
 }
 
@@ -100,18 +78,13 @@ pub(super) fn request(lease: Uuid, tenant: Uuid, gpus: u32) -> EventData {
 }
 
 pub(super) fn request_frac(lease: Uuid, tenant: Uuid, milli: u32, vram_gb: u32) -> EventData {
-    EventData::LeaseRequested(LeaseRequested {
-        lease_id: lease,
-        tenant_id: tenant,
-        gpus: 1,
-        gpu_model: "A100-40GB".into(),
-        tier: Tier::Basic,
-        priority: 0,
-        idempotency_key: None,
-        fraction: Some(GpuFraction { milli, vram_gb }),
-        mig_profile: None,
-        workload: None,
-    })
+    EventData::LeaseRequested(fixtures::fraction_request(
+        lease,
+        tenant,
+        fixtures::MODEL,
+        milli,
+        vram_gb,
+    ))
 }
 
 /// `(node, GPU index)` of a holding lease's GPUs.
