@@ -74,12 +74,14 @@ pub enum GpuDemand {
     Mig { profile: String },
 }
 
-/// Service tier of a request. Placement does not depend on it (the queue
-/// does); it is carried so that a decision's provenance is complete.
+/// Service tier of a request, named as in the event vocabulary
+/// (`lh_events::Tier`): `Basic` is the on-demand tier. Placement does not
+/// depend on it (the queue does); it is carried so that a decision's
+/// provenance is complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Tier {
     #[default]
-    OnDemand,
+    Basic,
     Spot,
 }
 
@@ -104,7 +106,7 @@ impl Request {
             gpu: GpuDemand::None,
             models: Vec::new(),
             zones: Vec::new(),
-            tier: Tier::OnDemand,
+            tier: Tier::Basic,
         }
     }
 

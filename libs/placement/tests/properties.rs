@@ -106,7 +106,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             gpu,
             models: models.into_iter().map(String::from).collect(),
             zones: zones.into_iter().map(String::from).collect(),
-            tier: Tier::OnDemand,
+            tier: Tier::Basic,
         })
 }
 

@@ -268,3 +268,32 @@ pub fn pack(decisions: Vec<Batch>, merge: impl Fn(&mut Envelope, &Envelope) -> b
     }
     out
 }
+
+/// A whole service made of one decider: its health server on `http_addr`
+/// (ready once the fold has caught up) and [`run_with_signals`] on the
+/// system clock until `shutdown`.
+pub async fn serve<D>(
+    http_addr: &str,
+    bus: Bus,
+    mut decider: D,
+    signals: impl Stream<Item = D::Signal> + Send + 'static,
+    shutdown: CancellationToken,
+) -> anyhow::Result<crate::Running>
+where
+    D: Decider + 'static,
+{
+    let readiness = Readiness::default();
+    let ready = readiness.clone();
+    let stop = shutdown.clone();
+    crate::Running::spawn(
+        http_addr,
+        axum::Router::new(),
+        readiness,
+        shutdown,
+        async move {
+            let clock = crate::clock::SystemClock;
+            run_with_signals(&bus, &mut decider, &clock, stop, ready, signals).await
+        },
+    )
+    .await
+}

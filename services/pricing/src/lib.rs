@@ -2,7 +2,7 @@
 //!
 //! [`start`] runs, side by side:
 //!
-//! 1. **Rating** ([`rating`]): folds price books, lease lifecycles and
+//! 1. **Charges** ([`charges`]): folds price books, lease lifecycles and
 //!    existing charges from sequence 1, and once at the head of the log
 //!    publishes the `charge.accrued` events of every lease that ended and
 //!    has none — exactly once (deterministic ids and an expected subject
@@ -13,11 +13,11 @@
 //! 3. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] from that
 //!    table with an [`lh_rpc::invoice::Invoice`] that carries a content hash.
 //!
-//! The service is ready once both the rating fold and the projection have
+//! The service is ready once both the charges fold and the projection have
 //! caught up with the log. See `docs/pricing.md`.
 
+pub mod charges;
 pub mod projection;
-pub mod rating;
 
 use std::time::Duration;
 
@@ -70,7 +70,7 @@ impl Config {
     }
 }
 
-/// Starts pricing: rating, the invoice projection and the invoice RPC.
+/// Starts pricing: charges, the invoice projection and the invoice RPC.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema)
@@ -79,7 +79,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     lh_projection::migrate(&pool, &MIGRATOR)
         .await
         .context("pricing: migrating its schema")?;
-    rating::ensure_price_book(&bus, Utc::now()).await?;
+    charges::ensure_price_book(&bus, Utc::now()).await?;
     let readiness = Readiness::default();
     let work = work(bus, pool, readiness.clone(), shutdown.clone());
     Running::spawn(
@@ -98,20 +98,20 @@ async fn work(
     ready: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let rating_caught_up = Readiness::default();
+    let charges_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
-    let rating = async {
-        let mut rating = rating::Rating::default();
+    let charges = async {
+        let mut charges = charges::Charges::default();
         decider::run(
             &bus,
-            &mut rating,
+            &mut charges,
             &SystemClock,
             shutdown.clone(),
-            rating_caught_up.clone(),
+            charges_caught_up.clone(),
         )
         .await
-        .context("rating")
+        .context("charges")
     };
 
     let projection = async {
@@ -149,7 +149,7 @@ async fn work(
         };
         loop {
             metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
-            if rating_caught_up.is_ready() && progress.caught_up() && !ready.is_ready() {
+            if charges_caught_up.is_ready() && progress.caught_up() && !ready.is_ready() {
                 tracing::info!(sequence = progress.applied(), "pricing is ready");
                 ready.set(true);
             }
@@ -160,7 +160,7 @@ async fn work(
         }
     };
 
-    tokio::try_join!(rating, projection, rpc, monitor)?;
+    tokio::try_join!(charges, projection, rpc, monitor)?;
     Ok(())
 }
 

@@ -400,12 +400,12 @@ async fn the_server_refuses_a_second_batch_of_charges_for_a_lease() {
         start,
         EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease }),
     );
-    let bill = lh_pricing::rating::Bill {
+    let bill = lh_pricing::charges::Bill {
         lease_id: lease,
         charges: charges.clone(),
         cause,
     };
-    let again = lh_pricing::rating::bill_batches(&bill, Utc::now()).remove(0);
+    let again = lh_pricing::charges::bill_batches(&bill, Utc::now()).remove(0);
     match env.bus.publish_atomic(&again).await {
         Ok(appended) => assert!(appended.duplicate, "a duplicate stored nothing"),
         Err(lh_bus::BusError::Conflict(_)) | Err(lh_bus::BusError::DuplicateBatch(_)) => {}
@@ -413,7 +413,7 @@ async fn the_server_refuses_a_second_batch_of_charges_for_a_lease() {
     }
     // Same bill with fresh event ids (as if outside the duplicate window):
     // only the expected subject sequence 0 stands in the way.
-    let fresh: Vec<(Envelope, Expect)> = lh_pricing::rating::envelopes(&bill, Utc::now())
+    let fresh: Vec<(Envelope, Expect)> = lh_pricing::charges::envelopes(&bill, Utc::now())
         .into_iter()
         .enumerate()
         .map(|(i, e)| {

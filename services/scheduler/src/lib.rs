@@ -21,7 +21,7 @@ use lh_events::telemetry::Heartbeat;
 use lh_events::{subject, Envelope, EventData};
 use lh_service::clock::{Clock, SystemClock};
 use lh_service::decider::{self, Batch, Decider, Pace};
-use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use lh_service::{CancellationToken, CommonArgs, Running};
 
 pub use state::State;
 
@@ -76,23 +76,16 @@ impl Config {
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let bus = config.common.connect_bus(state::SERVICE).await?;
-    let readiness = Readiness::default();
-    let ready = readiness.clone();
-    let rules = config.rules();
-    let stop = shutdown.clone();
-    Running::spawn(
+    // Subscribed before reading the log, so no heartbeat falls in between.
+    let live = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
+    let signals = signals(bus.clone(), live);
+    let scheduling = Scheduling::new(config.rules(), SystemClock.now());
+    decider::serve(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
-        axum::Router::new(),
-        readiness,
+        bus,
+        scheduling,
+        signals,
         shutdown,
-        async move {
-            let clock = SystemClock;
-            // Subscribed before reading the log, so no heartbeat falls in between.
-            let live = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
-            let signals = signals(bus.clone(), live);
-            let mut scheduling = Scheduling::new(rules, clock.now());
-            decider::run_with_signals(&bus, &mut scheduling, &clock, stop, ready, signals).await
-        },
     )
     .await
 }

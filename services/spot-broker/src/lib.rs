@@ -10,9 +10,8 @@ use chrono::{DateTime, Utc};
 use lh_bus::Expect;
 use lh_domain::fleet::Fleet;
 use lh_events::{derived_id, subject, Actor, Envelope, EventData, SpotPriceSet};
-use lh_service::clock::SystemClock;
 use lh_service::decider::{self, Batch, Decider, Pace};
-use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use lh_service::{CancellationToken, CommonArgs, Running};
 use rust_decimal::Decimal;
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9104";
@@ -30,19 +29,13 @@ pub struct Config {
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let bus = config.common.connect_bus(SERVICE).await?;
-    let readiness = Readiness::default();
-    let ready = readiness.clone();
     let interval = Duration::from_millis(config.interval_ms.max(10));
-    let stop = shutdown.clone();
-    Running::spawn(
+    decider::serve(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
-        axum::Router::new(),
-        readiness,
+        bus,
+        SpotMarket::new(interval),
+        futures::stream::pending(),
         shutdown,
-        async move {
-            let mut market = SpotMarket::new(interval);
-            decider::run(&bus, &mut market, &SystemClock, stop, ready).await
-        },
     )
     .await
 }

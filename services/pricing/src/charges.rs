@@ -1,8 +1,9 @@
-//! Rating: turns finished leases into `charge.accrued` events.
+//! Charges: turns finished leases into `charge.accrued` events, priced by
+//! `lh_domain::rating`.
 //!
 //! [`Fold`] is the in-memory state rebuilt from the log (price books, the
 //! billing facts of each lease, which leases already have charges); it does
-//! no I/O. [`Rating`] puts it on the decide loop (`lh_service::decider`),
+//! no I/O. [`Charges`] puts it on the decide loop (`lh_service::decider`),
 //! which feeds it from sequence 1 and, once it has caught up with the head
 //! of the log, publishes the charges of every lease that ended and
 //! has none yet — all charges of one lease in one atomic batch whose first
@@ -25,7 +26,7 @@ use uuid::Uuid;
 
 use crate::SERVICE;
 
-/// Subjects the rating fold reads.
+/// Subjects the charges fold reads.
 pub const FILTERS: &[&str] = &[
     subject::LEASES_ALL,
     subject::CHARGES_ALL,
@@ -349,15 +350,15 @@ pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
         .collect()
 }
 
-/// Rating on the decide loop: folds the log and, once caught up, charges
+/// Charging on the decide loop: folds the log and, once caught up, charges
 /// every lease that ended and has no charges yet.
 #[derive(Default)]
-pub struct Rating {
+pub struct Charges {
     pub fold: Fold,
     warned_no_book: bool,
 }
 
-impl Decider for Rating {
+impl Decider for Charges {
     type Signal = std::convert::Infallible;
 
     fn name(&self) -> &'static str {
