@@ -275,7 +275,7 @@ pub fn pack(decisions: Vec<Batch>, merge: impl Fn(&mut Envelope, &Envelope) -> b
 pub async fn serve<D>(
     http_addr: &str,
     bus: Bus,
-    mut decider: D,
+    decider: D,
     signals: impl Stream<Item = D::Signal> + Send + 'static,
     shutdown: CancellationToken,
 ) -> anyhow::Result<crate::Running>
@@ -285,15 +285,12 @@ where
     let readiness = Readiness::default();
     let ready = readiness.clone();
     let stop = shutdown.clone();
-    crate::Running::spawn(
-        http_addr,
-        axum::Router::new(),
-        readiness,
-        shutdown,
-        async move {
-            let clock = crate::clock::SystemClock;
-            run_with_signals(&bus, &mut decider, &clock, stop, ready, signals).await
-        },
-    )
-    .await
+    // A decider's state and its loop's future can be large (the scheduler's
+    // fleet); on the heap they stay off the stacks of the caller's tasks.
+    let mut decider = Box::new(decider);
+    let work = Box::pin(async move {
+        let clock = crate::clock::SystemClock;
+        run_with_signals(&bus, decider.as_mut(), &clock, stop, ready, signals).await
+    });
+    crate::Running::spawn(http_addr, axum::Router::new(), readiness, shutdown, work).await
 }
