@@ -62,6 +62,15 @@ pub struct FractionBody {
     pub vram_gb: u32,
 }
 
+impl From<FractionBody> for GpuFraction {
+    fn from(f: FractionBody) -> Self {
+        GpuFraction {
+            milli: f.milli,
+            vram_gb: f.vram_gb,
+        }
+    }
+}
+
 /// A MIG GPU instance: its profile and NVML placement start slice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MigInstanceView {
@@ -141,10 +150,7 @@ impl From<CreateLease> for LeaseBody {
     fn from(body: CreateLease) -> Self {
         LeaseBody {
             gpus: body.gpus,
-            fraction: body.gpu_fraction.map(|f| GpuFraction {
-                milli: f.milli,
-                vram_gb: f.vram_gb,
-            }),
+            fraction: body.gpu_fraction.map(GpuFraction::from),
             mig_profile: body.mig_profile,
             gpu_model: body.gpu_model,
             tier: body.tier,
@@ -176,10 +182,7 @@ impl LeaseView {
     /// same Idempotency-Key must ask for the same thing. The view keeps the
     /// workload without its environment, so only that part is compared.
     fn asks_for(&self, requested: &LeaseRequested) -> bool {
-        let fraction = self.gpu_fraction.as_ref().map(|f| GpuFraction {
-            milli: f.0.milli,
-            vram_gb: f.0.vram_gb,
-        });
+        let fraction = self.gpu_fraction.as_ref().map(|f| GpuFraction::from(f.0));
         let workload = requested
             .workload
             .as_ref()
