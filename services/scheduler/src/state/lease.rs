@@ -45,6 +45,9 @@ pub struct Lease {
     pub request_event_id: Uuid,
     /// Where it runs, once placed.
     pub node_id: Option<String>,
+    /// Compute it takes, in milli-GPU, and VRAM, in GB: its ask's footprint
+    /// in the catalogue, looked up once (quota sums read them every pass).
+    pub compute_milli: u64,
     pub vram_gb: u32,
     pub started_at: Option<DateTime<Utc>>,
     /// Set once this spot lease has been told it will be preempted.
@@ -53,7 +56,7 @@ pub struct Lease {
 
 impl Lease {
     pub(super) fn milli(&self) -> u64 {
-        catalog::footprint(&self.gpu_model, &self.ask).milli
+        self.compute_milli
     }
 
     /// Whole GPUs: the only leases that preempt or hold GPUs back.

@@ -93,7 +93,7 @@ impl State {
             }
             EventData::LeaseRequested(e) => {
                 let ask = e.ask();
-                let vram_gb = lh_domain::catalog::footprint(&e.gpu_model, &ask).vram_gb;
+                let footprint = lh_domain::catalog::footprint(&e.gpu_model, &ask);
                 self.leases.entry(e.lease_id).or_insert_with(|| Lease {
                     id: e.lease_id,
                     tenant_id: e.tenant_id,
@@ -111,7 +111,8 @@ impl State {
                     correlation_id: envelope.correlation_id,
                     request_event_id: envelope.id,
                     node_id: None,
-                    vram_gb,
+                    compute_milli: footprint.milli,
+                    vram_gb: footprint.vram_gb,
                     started_at: None,
                     preemption_deadline: None,
                 });
