@@ -422,3 +422,32 @@ pub async fn resume(
     )
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(kind: InvalidKind) -> ApiError {
+        invalid(Invalid {
+            kind,
+            field: "gpus",
+            detail: "why".into(),
+        })
+    }
+
+    #[test]
+    fn an_unreadable_request_is_a_400_and_a_broken_rule_a_422_both_naming_the_field() {
+        let malformed = problem(InvalidKind::Malformed);
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+        assert_eq!(malformed.slug, "bad-request");
+        let unacceptable = problem(InvalidKind::Unacceptable);
+        assert_eq!(unacceptable.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(unacceptable.slug, "invalid-field");
+        for e in [malformed, unacceptable] {
+            assert_eq!(
+                (e.field.as_deref(), e.detail.as_str()),
+                (Some("gpus"), "why")
+            );
+        }
+    }
+}
