@@ -2,13 +2,15 @@
 //! in as arguments, so the simulators, benchmarks and services all drive the
 //! same code.
 //!
-//! * [`catalog`]: the GPU models the platform knows.
+//! * [`catalog`]: the GPU models the platform knows, with their MIG geometry.
 //! * [`fleet`]: the GPU fleet as the log describes it.
+//! * [`lease`]: what a tenant may request, stop and resume.
 //! * [`rating`]: what a lease costs, per invoice period.
 //! * [`chain`]: the audit hash chain.
 
 pub mod catalog;
 pub mod chain;
 pub mod fleet;
+pub mod lease;
 pub mod rating;
 pub mod spot;

@@ -5,10 +5,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use lh_bus::{BusError, Expect};
-use lh_domain::catalog;
+use lh_domain::lease::{self, Invalid, InvalidKind, LeaseBody, LeaseNow, LeaseState};
 use lh_events::{
-    derived_id, subject, Actor, Envelope, EventData, GpuFraction, LeaseRequested,
-    LeaseResumeRequested, LeaseStopRequested, Tier, WorkloadSpec,
+    derived_id, subject, Actor, Envelope, EventData, GpuFraction, LeaseRequested, Tier,
+    WorkloadSpec,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
@@ -17,9 +17,10 @@ use uuid::Uuid;
 
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 
+pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_ITEMS};
+
 pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 500;
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -61,15 +62,21 @@ pub struct FractionBody {
     pub vram_gb: u32,
 }
 
+impl From<FractionBody> for GpuFraction {
+    fn from(f: FractionBody) -> Self {
+        GpuFraction {
+            milli: f.milli,
+            vram_gb: f.vram_gb,
+        }
+    }
+}
+
 /// A MIG GPU instance: its profile and NVML placement start slice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MigInstanceView {
     pub profile: String,
     pub start: u8,
 }
-
-/// Bounds of a lease's priority.
-pub const MAX_PRIORITY: i32 = 1000;
 
 fn default_tier() -> Tier {
     Tier::Basic
@@ -81,7 +88,9 @@ pub struct LeaseView {
     pub id: Uuid,
     pub tenant_id: Uuid,
     /// requested, queued, placed, running, suspended, ended or rejected.
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    #[schema(value_type = String)]
+    pub state: LeaseState,
     pub gpus: i32,
     /// Set for a fractional lease: its share of one GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,6 +146,57 @@ const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profil
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
+impl From<CreateLease> for LeaseBody {
+    fn from(body: CreateLease) -> Self {
+        LeaseBody {
+            gpus: body.gpus,
+            fraction: body.gpu_fraction.map(GpuFraction::from),
+            mig_profile: body.mig_profile,
+            gpu_model: body.gpu_model,
+            tier: body.tier,
+            priority: body.priority,
+            workload: body.workload,
+        }
+    }
+}
+
+/// The problem a refused request answers with.
+fn invalid(e: Invalid) -> ApiError {
+    match e.kind {
+        InvalidKind::Malformed => ApiError::bad_request(e.detail).field(e.field),
+        InvalidKind::Unacceptable => ApiError::unprocessable(e.detail, e.field),
+    }
+}
+
+impl LeaseView {
+    /// What the stop and resume rules need to know of the lease.
+    fn now(&self) -> LeaseNow {
+        LeaseNow {
+            id: self.id,
+            state: self.state,
+            suspended_at: self.suspended_at,
+        }
+    }
+
+    /// Whether this lease is the one `requested` describes: a retry with the
+    /// same Idempotency-Key must ask for the same thing. The view keeps the
+    /// workload without its environment, so only that part is compared.
+    fn asks_for(&self, requested: &LeaseRequested) -> bool {
+        let fraction = self.gpu_fraction.as_ref().map(|f| GpuFraction::from(f.0));
+        let workload = requested
+            .workload
+            .as_ref()
+            .map(|w| serde_json::json!({"command": w.command, "image": w.image}));
+        self.gpus as u32 == requested.gpus
+            && fraction == requested.fraction
+            && self.gpu_model == requested.gpu_model
+            && self.mig_profile == requested.mig_profile
+            && self.workload.as_ref().map(|w| &w.0) == workload.as_ref()
+            && self.tier == requested.tier.as_str()
+            && self.priority == requested.priority
+    }
+}
+
 async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
     Ok(
         sqlx::query_as(&format!("SELECT {VIEW_COLUMNS} FROM leases WHERE id = $1"))
@@ -155,51 +215,6 @@ async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseVie
         (Some(l), Caller::Admin | Caller::Auditor) => Ok(l),
         _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
     }
-}
-
-/// Most arguments and environment entries a workload may carry.
-pub const MAX_WORKLOAD_ITEMS: usize = 256;
-
-fn check_workload(w: &WorkloadSpec) -> Result<(), ApiError> {
-    if w.command.is_empty() && w.image.is_none() {
-        return Err(ApiError::unprocessable(
-            "a workload needs a command, or an image to run",
-            "workload.command",
-        ));
-    }
-    if w.command.len() > MAX_WORKLOAD_ITEMS || w.command.first().is_some_and(|c| c.is_empty()) {
-        return Err(ApiError::unprocessable(
-            format!(
-                "workload.command must be 1 to {MAX_WORKLOAD_ITEMS} arguments, the first not empty"
-            ),
-            "workload.command",
-        ));
-    }
-    if w.image
-        .as_deref()
-        .is_some_and(|i| i.is_empty() || i.chars().any(char::is_whitespace))
-    {
-        return Err(ApiError::unprocessable(
-            "workload.image must be an image reference without spaces",
-            "workload.image",
-        ));
-    }
-    let valid_name = |k: &str| {
-        let mut chars = k.chars();
-        chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    if w.env.len() > MAX_WORKLOAD_ITEMS || !w.env.keys().all(|k| valid_name(k)) {
-        return Err(ApiError::unprocessable(
-            format!(
-                "workload.env takes at most {MAX_WORKLOAD_ITEMS} variables named [A-Za-z_][A-Za-z0-9_]*"
-            ),
-            "workload.env",
-        ));
-    }
-    Ok(())
 }
 
 fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -223,147 +238,19 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
-    let gpus = match (body.gpus, body.gpu_fraction, &body.mig_profile) {
-        (Some(_), Some(_), _) | (None, Some(_), Some(_)) => {
-            return Err(ApiError::unprocessable(
-                "give one of gpus, gpu_fraction and mig_profile",
-                "gpu_fraction",
-            ))
-        }
-        (Some(_), None, Some(_)) => {
-            return Err(ApiError::unprocessable(
-                "give one of gpus, gpu_fraction and mig_profile",
-                "mig_profile",
-            ))
-        }
-        (None, None, None) => {
-            return Err(ApiError::unprocessable(
-                "gpus (whole GPUs), gpu_fraction (a share of one GPU) or mig_profile (a MIG instance) is required",
-                "gpus",
-            ))
-        }
-        (Some(n), None, None) => n,
-        (None, Some(_), None) | (None, None, Some(_)) => 1,
+    let tenant = lease::Tenant {
+        id: tenant_id,
+        max_gpus,
     };
-    if gpus == 0 || gpus > catalog::MAX_GPUS_PER_LEASE {
-        return Err(ApiError::unprocessable(
-            format!("gpus must be 1 to {}", catalog::MAX_GPUS_PER_LEASE),
-            "gpus",
-        ));
-    }
-    let Some(model_vram) = catalog::vram_gb(&body.gpu_model) else {
-        return Err(ApiError::unprocessable(
-            format!(
-                "unknown GPU model {:?}; known: {}",
-                body.gpu_model,
-                catalog::model_names().collect::<Vec<_>>().join(", ")
-            ),
-            "gpu_model",
-        ));
-    };
-    if let Some(f) = body.gpu_fraction {
-        if f.milli == 0 || f.milli > 1000 {
-            return Err(ApiError::unprocessable(
-                "gpu_fraction.milli must be 1 to 1000",
-                "gpu_fraction.milli",
-            ));
-        }
-        if f.vram_gb == 0 || f.vram_gb > model_vram {
-            return Err(ApiError::unprocessable(
-                format!(
-                    "gpu_fraction.vram_gb must be 1 to {model_vram} (the VRAM of one {})",
-                    body.gpu_model
-                ),
-                "gpu_fraction.vram_gb",
-            ));
-        }
-    }
-    if let Some(profile) = &body.mig_profile {
-        let profiles = lh_placement::mig::profiles(&body.gpu_model);
-        if profiles.is_empty() {
-            return Err(ApiError::unprocessable(
-                format!(
-                    "{} has no MIG mode; MIG models: {}",
-                    body.gpu_model,
-                    lh_placement::mig::geometries()
-                        .iter()
-                        .map(|g| g.model)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                "mig_profile",
-            ));
-        }
-        if !profiles.iter().any(|p| p.name == profile) {
-            return Err(ApiError::unprocessable(
-                format!(
-                    "{} has no MIG profile {profile:?}; its profiles: {}",
-                    body.gpu_model,
-                    profiles
-                        .iter()
-                        .map(|p| p.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                "mig_profile",
-            ));
-        }
-    }
-    if let Some(w) = &body.workload {
-        check_workload(w)?;
-    }
-    if body.priority.abs() > MAX_PRIORITY {
-        return Err(ApiError::unprocessable(
-            format!("priority must be -{MAX_PRIORITY} to {MAX_PRIORITY}"),
-            "priority",
-        ));
-    }
-    if gpus > max_gpus {
-        return Err(ApiError::unprocessable(
-            format!("{gpus} GPUs requested but the tenant's quota is {max_gpus}"),
-            "gpus",
-        ));
-    }
-    let idempotency_key = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => {
-            let key = v
-                .to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN)
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible characters"
-                    ))
-                    .field("Idempotency-Key")
-                })?;
-            Some(key.to_string())
-        }
-    };
-    // The same key from the same tenant always names the same lease, and the
-    // lease's subject must be empty for a new request: so a key can never
-    // create two leases, however far apart the two calls are.
-    let lease_id = match &idempotency_key {
-        Some(key) => derived_id(&["lease", &tenant_id.to_string(), key]),
-        None => Uuid::now_v7(),
-    };
-    let data = EventData::LeaseRequested(LeaseRequested {
-        lease_id,
-        tenant_id,
-        gpus,
-        gpu_model: body.gpu_model.clone(),
-        tier: body.tier,
-        priority: body.priority,
-        idempotency_key: idempotency_key.clone(),
-        fraction: body.gpu_fraction.map(|f| GpuFraction {
-            milli: f.milli,
-            vram_gb: f.vram_gb,
-        }),
-        mig_profile: body.mig_profile.clone(),
-        workload: body.workload.clone(),
-    });
-    let envelope = Envelope::new(Actor::Tenant(tenant_id), Utc::now(), data)
-        .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
+    let key = headers.get("idempotency-key").map(|v| v.as_bytes());
+    let requested = lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
+    let lease_id = requested.lease_id;
+    let envelope = Envelope::new(
+        Actor::Tenant(tenant_id),
+        Utc::now(),
+        EventData::LeaseRequested(requested.clone()),
+    )
+    .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
     let sequence = match ctx
         .bus
         .publish(&envelope, Expect::LastSubjectSequence(0))
@@ -381,19 +268,7 @@ pub async fn create(
     let lease = fetch(&ctx, lease_id)
         .await?
         .ok_or_else(|| ApiError::internal(format!("lease {lease_id} missing from read model")))?;
-    let same_request = lease.gpus as u32 == gpus
-        && lease.gpu_fraction.as_ref().map(|f| f.0) == body.gpu_fraction
-        && lease.gpu_model == body.gpu_model
-        && lease.mig_profile == body.mig_profile
-        && lease.workload.as_ref().map(|w| &w.0)
-            == body
-                .workload
-                .as_ref()
-                .map(|w| serde_json::json!({"command": w.command, "image": w.image}))
-                .as_ref()
-        && lease.tier == body.tier.as_str()
-        && lease.priority == body.priority;
-    if !same_request {
+    if !lease.asks_for(&requested) {
         return Err(
             ApiError::conflict("this Idempotency-Key was used for a different request")
                 .field("Idempotency-Key"),
@@ -491,15 +366,15 @@ pub async fn stop(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
-    if matches!(lease.state.as_str(), "ended" | "rejected") {
-        return Err(ApiError::conflict(format!(
-            "lease {} is already {}",
-            lease.id, lease.state
-        )));
-    }
-    let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease.id });
-    let id = derived_id(&["lease.stop_requested", &lease.id.to_string()]);
-    ask(&ctx, &caller, &lease, data, id).await
+    let (event, id) = lease::stop(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
+    ask(
+        &ctx,
+        &caller,
+        &lease,
+        EventData::LeaseStopRequested(event),
+        id,
+    )
+    .await
 }
 
 /// Appends a caller's request about `lease` and answers with the lease as
@@ -536,22 +411,43 @@ pub async fn resume(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
-    if lease.state != "suspended" {
-        return Err(ApiError::conflict(format!(
-            "lease {} is {}, not suspended",
-            lease.id, lease.state
-        )));
+    let (event, id) =
+        lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
+    ask(
+        &ctx,
+        &caller,
+        &lease,
+        EventData::LeaseResumeRequested(event),
+        id,
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(kind: InvalidKind) -> ApiError {
+        invalid(Invalid {
+            kind,
+            field: "gpus",
+            detail: "why".into(),
+        })
     }
-    let data = EventData::LeaseResumeRequested(LeaseResumeRequested { lease_id: lease.id });
-    // One resume per suspension: the id is derived from the suspension.
-    let suspended_at = lease
-        .suspended_at
-        .map(|t| t.to_rfc3339())
-        .unwrap_or_default();
-    let id = derived_id(&[
-        "lease.resume_requested",
-        &lease.id.to_string(),
-        &suspended_at,
-    ]);
-    ask(&ctx, &caller, &lease, data, id).await
+
+    #[test]
+    fn an_unreadable_request_is_a_400_and_a_broken_rule_a_422_both_naming_the_field() {
+        let malformed = problem(InvalidKind::Malformed);
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+        assert_eq!(malformed.slug, "bad-request");
+        let unacceptable = problem(InvalidKind::Unacceptable);
+        assert_eq!(unacceptable.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(unacceptable.slug, "invalid-field");
+        for e in [malformed, unacceptable] {
+            assert_eq!(
+                (e.field.as_deref(), e.detail.as_str()),
+                (Some("gpus"), "why")
+            );
+        }
+    }
 }

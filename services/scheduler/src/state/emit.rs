@@ -131,7 +131,7 @@ pub(super) fn relocate(
         .iter()
         .filter_map(|i| node.gpus.iter().find(|g| g.index == *i))
         .collect();
-    let share = match (&p.mig, lease.fraction) {
+    let share = match (&p.mig, lease.fraction()) {
         (Some(m), _) => Some((u32::from(m.milli), m.vram_gb)),
         (None, f) => f.map(|f| (f.milli, f.vram_gb)),
     };

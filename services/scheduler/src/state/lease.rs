@@ -1,10 +1,10 @@
 //! A lease as the scheduler tracks it, and its tenant.
 
 use chrono::{DateTime, Utc};
-use lh_events::{GpuFraction, Quota, Tier};
+use lh_domain::catalog;
+use lh_events::{GpuAsk, GpuFraction, Quota, Tier};
 use uuid::Uuid;
 
-use super::*;
 use crate::planner::Ask;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -25,10 +25,8 @@ pub struct Lease {
     pub id: Uuid,
     pub tenant_id: Uuid,
     pub gpus: u32,
-    /// A share of one GPU instead of whole GPUs.
-    pub fraction: Option<GpuFraction>,
-    /// A MIG instance of this profile instead of whole GPUs.
-    pub mig_profile: Option<String>,
+    /// Whole GPUs, a share of one GPU or a MIG instance.
+    pub ask: GpuAsk,
     pub gpu_model: String,
     pub tier: Tier,
     pub priority: i32,
@@ -47,6 +45,9 @@ pub struct Lease {
     pub request_event_id: Uuid,
     /// Where it runs, once placed.
     pub node_id: Option<String>,
+    /// Compute it takes, in milli-GPU, and VRAM, in GB: its ask's footprint
+    /// in the catalogue, looked up once (quota sums read them every pass).
+    pub compute_milli: u64,
     pub vram_gb: u32,
     pub started_at: Option<DateTime<Utc>>,
     /// Set once this spot lease has been told it will be preempted.
@@ -55,48 +56,42 @@ pub struct Lease {
 
 impl Lease {
     pub(super) fn milli(&self) -> u64 {
-        match (self.fraction, &self.mig_profile) {
-            (Some(f), _) => u64::from(f.milli),
-            (None, Some(p)) => mig_size(&self.gpu_model, p).map_or(0, |s| u64::from(s.0)),
-            (None, None) => u64::from(self.gpus) * MILLI_PER_GPU,
-        }
+        self.compute_milli
     }
 
     /// Whole GPUs: the only leases that preempt or hold GPUs back.
     pub fn is_whole(&self) -> bool {
-        self.fraction.is_none() && self.mig_profile.is_none()
+        matches!(self.ask, GpuAsk::Whole(_))
+    }
+
+    /// The share of one GPU it asks for, if it asks for one.
+    pub fn fraction(&self) -> Option<GpuFraction> {
+        match self.ask {
+            GpuAsk::Fraction(f) => Some(f),
+            GpuAsk::Whole(_) | GpuAsk::Mig(_) => None,
+        }
     }
 
     /// The request field a quota breach names.
     pub(super) fn size_field(&self) -> &'static str {
-        match (self.fraction, &self.mig_profile) {
-            (Some(_), _) => "gpu_fraction",
-            (None, Some(_)) => "mig_profile",
-            (None, None) => "gpus",
-        }
+        self.ask.field()
     }
 
     pub fn ask(&self) -> Ask {
-        match (self.fraction, &self.mig_profile) {
-            (Some(f), _) => Ask::Fraction {
+        match &self.ask {
+            GpuAsk::Fraction(f) => Ask::Fraction {
                 milli: f.milli,
                 vram_gb: f.vram_gb,
             },
-            (None, Some(p)) => Ask::Mig {
-                profile: lh_placement::mig::profiles(&self.gpu_model)
+            GpuAsk::Mig(p) => Ask::Mig {
+                profile: catalog::profiles(&self.gpu_model)
                     .iter()
                     .find(|x| x.name == p)
                     .map_or("", |x| x.name),
             },
-            (None, None) => Ask::Whole(self.gpus),
+            GpuAsk::Whole(n) => Ask::Whole(*n),
         }
     }
-}
-
-/// `(milli, VRAM GB)` an instance of `profile` of `model` takes.
-pub(super) fn mig_size(model: &str, profile: &str) -> Option<(u16, u32)> {
-    let g = lh_placement::mig::geometry(model)?;
-    g.profile(profile).map(|p| lh_placement::mig::size(p, g))
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -48,7 +48,6 @@ use uuid::Uuid;
 use emit::{
     lease_event, migration_allocation, node_event, notice_event, placement_events, relocate,
 };
-use lease::mig_size;
 use pending::why_pending;
 use preempt::reserve_for;
 use queue::quota_breach;
@@ -93,17 +92,13 @@ impl State {
                 );
             }
             EventData::LeaseRequested(e) => {
-                let vram_per_gpu = lh_domain::catalog::vram_gb(&e.gpu_model).unwrap_or(0);
+                let ask = e.ask();
+                let footprint = lh_domain::catalog::footprint(&e.gpu_model, &ask);
                 self.leases.entry(e.lease_id).or_insert_with(|| Lease {
                     id: e.lease_id,
                     tenant_id: e.tenant_id,
-                    gpus: if e.fraction.is_some() || e.mig_profile.is_some() {
-                        1
-                    } else {
-                        e.gpus
-                    },
-                    fraction: e.fraction,
-                    mig_profile: e.mig_profile.clone(),
+                    gpus: ask.gpus(),
+                    ask,
                     gpu_model: e.gpu_model.clone(),
                     tier: e.tier,
                     priority: e.priority,
@@ -116,11 +111,8 @@ impl State {
                     correlation_id: envelope.correlation_id,
                     request_event_id: envelope.id,
                     node_id: None,
-                    vram_gb: match (e.fraction, &e.mig_profile) {
-                        (Some(f), _) => f.vram_gb,
-                        (None, Some(p)) => mig_size(&e.gpu_model, p).map_or(0, |s| s.1),
-                        (None, None) => e.gpus * vram_per_gpu,
-                    },
+                    compute_milli: footprint.milli,
+                    vram_gb: footprint.vram_gb,
                     started_at: None,
                     preemption_deadline: None,
                 });

@@ -3,8 +3,9 @@
 //! module words it for the tenant, with the figures of the fleet the engine
 //! was built from.
 
+use lh_domain::catalog;
 use lh_domain::fleet::{Fleet, Gpu, Node};
-use lh_events::{GpuFraction, GpuHealth};
+use lh_events::{GpuAsk, GpuFraction, GpuHealth};
 use lh_placement::{Pending, Reject};
 
 use super::*;
@@ -19,10 +20,10 @@ pub(super) fn why_pending(
 ) -> (String, bool) {
     let refusal = Refusal::of(pending);
     let model = &lease.gpu_model;
-    let reason = match (&lease.mig_profile, lease.fraction) {
-        (Some(profile), _) => mig_reason(scratch, model, profile, refusal),
-        (None, Some(share)) => share_reason(scratch, model, share, refusal),
-        (None, None) => whole_reason(scratch, model, lease.gpus, refusal),
+    let reason = match &lease.ask {
+        GpuAsk::Mig(profile) => mig_reason(scratch, model, profile, refusal),
+        GpuAsk::Fraction(share) => share_reason(scratch, model, *share, refusal),
+        GpuAsk::Whole(gpus) => whole_reason(scratch, model, *gpus, refusal),
     };
     (reason, refusal == Refusal::Busy)
 }
@@ -63,7 +64,8 @@ impl Refusal {
 }
 
 fn mig_reason(scratch: &Fleet, model: &str, profile: &str, refusal: Refusal) -> String {
-    if mig_size(model, profile).is_none() || refusal == Refusal::NoProfile {
+    let known = catalog::check(model, &GpuAsk::Mig(profile.to_string())).is_ok();
+    if !known || refusal == Refusal::NoProfile {
         return format!("{model} has no MIG profile {profile}");
     }
     if refusal != Refusal::Busy {

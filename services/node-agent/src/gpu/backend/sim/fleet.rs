@@ -123,7 +123,7 @@ impl SimNode {
         if self.mig_gpus.is_empty() {
             return Ok(());
         }
-        if lh_placement::mig::geometry(&self.gpu_model).is_none() {
+        if lh_domain::catalog::mig_geometry(&self.gpu_model).is_err() {
             return Err(format!(
                 "mig_gpus given but {} has no MIG mode",
                 self.gpu_model

@@ -1,0 +1,327 @@
+//! The lease aggregate's rules on the write side: what a tenant may request,
+//! and when a lease may be stopped or resumed. Pure: the caller brings the
+//! tenant, the request and the lease's state, and appends what comes back.
+
+use std::fmt;
+
+use lh_events::{
+    derived_id, GpuAsk, GpuFraction, LeaseRequested, LeaseResumeRequested, LeaseStopRequested,
+    Tier, WorkloadSpec,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::catalog;
+
+/// Bounds of a lease's priority.
+pub const MAX_PRIORITY: i32 = 1000;
+/// Most arguments and environment entries a workload may carry.
+pub const MAX_WORKLOAD_ITEMS: usize = 256;
+/// Longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+
+/// The tenant asking, with its quota of whole GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    pub id: Uuid,
+    pub max_gpus: u32,
+}
+
+/// A lease request as the tenant wrote it: at most one of `gpus`,
+/// `fraction` and `mig_profile` should be set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseBody {
+    pub gpus: Option<u32>,
+    pub fraction: Option<GpuFraction>,
+    pub mig_profile: Option<String>,
+    pub gpu_model: String,
+    pub tier: Tier,
+    pub priority: i32,
+    pub workload: Option<WorkloadSpec>,
+}
+
+/// How wrong a refused request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidKind {
+    /// The request cannot be read (HTTP 400).
+    Malformed,
+    /// The request is readable but breaks a rule (HTTP 422).
+    Unacceptable,
+}
+
+/// Why a request is refused: the request field at fault and a sentence for
+/// the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {detail}")]
+pub struct Invalid {
+    pub kind: InvalidKind,
+    pub field: &'static str,
+    pub detail: String,
+}
+
+impl Invalid {
+    fn unacceptable(field: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            kind: InvalidKind::Unacceptable,
+            field,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<catalog::CatalogError> for Invalid {
+    fn from(e: catalog::CatalogError) -> Self {
+        Self::unacceptable(e.field, e.detail)
+    }
+}
+
+/// Decides a lease request. `idempotency_key` is the raw header, if one was
+/// sent; without one the lease takes `unkeyed_id`.
+pub fn request(
+    tenant: Tenant,
+    body: LeaseBody,
+    idempotency_key: Option<&[u8]>,
+    unkeyed_id: Uuid,
+) -> Result<LeaseRequested, Invalid> {
+    let ask = ask(body.gpus, body.fraction, body.mig_profile)?;
+    catalog::check(&body.gpu_model, &ask)?;
+    if let Some(w) = &body.workload {
+        check_workload(w)?;
+    }
+    if body.priority.abs() > MAX_PRIORITY {
+        return Err(Invalid::unacceptable(
+            "priority",
+            format!("priority must be -{MAX_PRIORITY} to {MAX_PRIORITY}"),
+        ));
+    }
+    let gpus = ask.gpus();
+    if gpus > tenant.max_gpus {
+        return Err(Invalid::unacceptable(
+            "gpus",
+            format!(
+                "{gpus} GPUs requested but the tenant's quota is {}",
+                tenant.max_gpus
+            ),
+        ));
+    }
+    let idempotency_key = idempotency_key.map(parse_idempotency_key).transpose()?;
+    // The same key from the same tenant always names the same lease, and the
+    // lease's subject must be empty for a new request: so a key can never
+    // create two leases, however far apart the two calls are.
+    let lease_id = match &idempotency_key {
+        Some(key) => derived_id(&["lease", &tenant.id.to_string(), key]),
+        None => unkeyed_id,
+    };
+    let (fraction, mig_profile) = match ask {
+        GpuAsk::Whole(_) => (None, None),
+        GpuAsk::Fraction(f) => (Some(f), None),
+        GpuAsk::Mig(p) => (None, Some(p)),
+    };
+    Ok(LeaseRequested {
+        lease_id,
+        tenant_id: tenant.id,
+        gpus,
+        gpu_model: body.gpu_model,
+        tier: body.tier,
+        priority: body.priority,
+        idempotency_key,
+        fraction,
+        mig_profile,
+        workload: body.workload,
+    })
+}
+
+/// The one ask among the request's three ways of writing one.
+fn ask(
+    gpus: Option<u32>,
+    fraction: Option<GpuFraction>,
+    mig_profile: Option<String>,
+) -> Result<GpuAsk, Invalid> {
+    const ONE_OF: &str = "give one of gpus, gpu_fraction and mig_profile";
+    match (gpus, fraction, mig_profile) {
+        (Some(_), Some(_), _) | (None, Some(_), Some(_)) => {
+            Err(Invalid::unacceptable("gpu_fraction", ONE_OF))
+        }
+        (Some(_), None, Some(_)) => Err(Invalid::unacceptable("mig_profile", ONE_OF)),
+        (None, None, None) => Err(Invalid::unacceptable(
+            "gpus",
+            "gpus (whole GPUs), gpu_fraction (a share of one GPU) or mig_profile (a MIG instance) is required",
+        )),
+        (Some(n), None, None) => Ok(GpuAsk::Whole(n)),
+        (None, Some(f), None) => Ok(GpuAsk::Fraction(f)),
+        (None, None, Some(p)) => Ok(GpuAsk::Mig(p)),
+    }
+}
+
+/// A key is 1 to [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (tabs
+/// allowed), what an HTTP header value reads as text.
+fn parse_idempotency_key(raw: &[u8]) -> Result<String, Invalid> {
+    let visible = raw.iter().all(|&b| b == b'\t' || (32..127).contains(&b));
+    if !visible || raw.is_empty() || raw.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err(Invalid {
+            kind: InvalidKind::Malformed,
+            field: "Idempotency-Key",
+            detail: format!(
+                "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible characters"
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(raw).into_owned())
+}
+
+fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
+    if w.command.is_empty() && w.image.is_none() {
+        return Err(Invalid::unacceptable(
+            "workload.command",
+            "a workload needs a command, or an image to run",
+        ));
+    }
+    if w.command.len() > MAX_WORKLOAD_ITEMS || w.command.first().is_some_and(|c| c.is_empty()) {
+        return Err(Invalid::unacceptable(
+            "workload.command",
+            format!(
+                "workload.command must be 1 to {MAX_WORKLOAD_ITEMS} arguments, the first not empty"
+            ),
+        ));
+    }
+    if w.image
+        .as_deref()
+        .is_some_and(|i| i.is_empty() || i.chars().any(char::is_whitespace))
+    {
+        return Err(Invalid::unacceptable(
+            "workload.image",
+            "workload.image must be an image reference without spaces",
+        ));
+    }
+    let valid_name = |k: &str| {
+        let mut chars = k.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    if w.env.len() > MAX_WORKLOAD_ITEMS || !w.env.keys().all(|k| valid_name(k)) {
+        return Err(Invalid::unacceptable(
+            "workload.env",
+            format!(
+                "workload.env takes at most {MAX_WORKLOAD_ITEMS} variables named [A-Za-z_][A-Za-z0-9_]*"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Where a lease is in its life, as the read model shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    Requested,
+    Queued,
+    Placed,
+    Running,
+    Suspended,
+    Ended,
+    Rejected,
+}
+
+impl LeaseState {
+    pub const ALL: [LeaseState; 7] = [
+        LeaseState::Requested,
+        LeaseState::Queued,
+        LeaseState::Placed,
+        LeaseState::Running,
+        LeaseState::Suspended,
+        LeaseState::Ended,
+        LeaseState::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Requested => "requested",
+            LeaseState::Queued => "queued",
+            LeaseState::Placed => "placed",
+            LeaseState::Running => "running",
+            LeaseState::Suspended => "suspended",
+            LeaseState::Ended => "ended",
+            LeaseState::Rejected => "rejected",
+        }
+    }
+
+    /// Ended or rejected: nothing more happens to the lease.
+    pub fn is_final(self) -> bool {
+        matches!(self, LeaseState::Ended | LeaseState::Rejected)
+    }
+}
+
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state name this code does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown lease state {0:?}")]
+pub struct UnknownLeaseState(pub String);
+
+impl TryFrom<String> for LeaseState {
+    type Error = UnknownLeaseState;
+
+    fn try_from(name: String) -> Result<Self, Self::Error> {
+        LeaseState::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .ok_or(UnknownLeaseState(name))
+    }
+}
+
+/// Why a stop or resume is refused: the lease is in the wrong state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct WrongState(pub String);
+
+/// The lease as a stop or resume sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseNow {
+    pub id: Uuid,
+    pub state: LeaseState,
+    /// When it was last suspended.
+    pub suspended_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A stop is accepted until the lease is over; asking twice is harmless,
+/// both name the same event.
+pub fn stop(lease: LeaseNow) -> Result<(LeaseStopRequested, Uuid), WrongState> {
+    if lease.state.is_final() {
+        return Err(WrongState(format!(
+            "lease {} is already {}",
+            lease.id, lease.state
+        )));
+    }
+    let event_id = derived_id(&["lease.stop_requested", &lease.id.to_string()]);
+    Ok((LeaseStopRequested { lease_id: lease.id }, event_id))
+}
+
+/// A resume is accepted only for a suspended lease.
+pub fn resume(lease: LeaseNow) -> Result<(LeaseResumeRequested, Uuid), WrongState> {
+    if lease.state != LeaseState::Suspended {
+        return Err(WrongState(format!(
+            "lease {} is {}, not suspended",
+            lease.id, lease.state
+        )));
+    }
+    // One resume per suspension: the id is derived from the suspension.
+    let suspended_at = lease
+        .suspended_at
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_default();
+    let event_id = derived_id(&[
+        "lease.resume_requested",
+        &lease.id.to_string(),
+        &suspended_at,
+    ]);
+    Ok((LeaseResumeRequested { lease_id: lease.id }, event_id))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,326 @@
+//! Given a tenant and a request, when it is decided, then the lease or the
+//! field at fault.
+
+use lh_events::{GpuFraction, Tier, WorkloadSpec};
+use uuid::Uuid;
+
+use super::*;
+
+const UNKEYED: Uuid = Uuid::from_u128(7);
+
+fn tenant() -> Tenant {
+    Tenant {
+        id: Uuid::from_u128(1),
+        max_gpus: 8,
+    }
+}
+
+fn whole(gpus: u32) -> LeaseBody {
+    LeaseBody {
+        gpus: Some(gpus),
+        fraction: None,
+        mig_profile: None,
+        gpu_model: "A100-40GB".into(),
+        tier: Tier::Basic,
+        priority: 0,
+        workload: None,
+    }
+}
+
+fn share(milli: u32, vram_gb: u32) -> LeaseBody {
+    LeaseBody {
+        gpus: None,
+        fraction: Some(GpuFraction { milli, vram_gb }),
+        ..whole(1)
+    }
+}
+
+fn mig(profile: &str) -> LeaseBody {
+    LeaseBody {
+        gpus: None,
+        mig_profile: Some(profile.into()),
+        ..whole(1)
+    }
+}
+
+fn with_workload(command: &[&str], image: Option<&str>, env: &[&str]) -> LeaseBody {
+    LeaseBody {
+        workload: Some(WorkloadSpec {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            image: image.map(str::to_string),
+            env: env.iter().map(|k| (k.to_string(), "v".into())).collect(),
+        }),
+        ..whole(1)
+    }
+}
+
+fn decide(body: LeaseBody) -> Result<LeaseRequested, Invalid> {
+    request(tenant(), body, None, UNKEYED)
+}
+
+/// The field a refused request names; panics when it is accepted.
+fn refused(body: LeaseBody) -> (&'static str, String) {
+    let e = decide(body).unwrap_err();
+    assert_eq!(e.kind, InvalidKind::Unacceptable, "{e}");
+    (e.field, e.detail)
+}
+
+#[test]
+fn given_whole_gpus_when_decided_then_the_lease_asks_for_them() {
+    let lease = decide(whole(2)).unwrap();
+    assert_eq!(lease.ask(), GpuAsk::Whole(2));
+    assert_eq!(lease.lease_id, UNKEYED);
+    assert_eq!(lease.tenant_id, tenant().id);
+    assert_eq!(lease.idempotency_key, None);
+}
+
+#[test]
+fn given_a_share_or_a_mig_profile_when_decided_then_the_lease_spans_one_gpu() {
+    let lease = decide(share(250, 10)).unwrap();
+    assert_eq!(
+        lease.ask(),
+        GpuAsk::Fraction(GpuFraction {
+            milli: 250,
+            vram_gb: 10
+        })
+    );
+    assert_eq!(lease.gpus, 1);
+    let lease = decide(mig("3g.20gb")).unwrap();
+    assert_eq!(lease.ask(), GpuAsk::Mig("3g.20gb".into()));
+    assert_eq!(lease.gpus, 1);
+}
+
+#[test]
+fn given_two_ways_of_asking_when_decided_then_the_second_is_named() {
+    let both = LeaseBody {
+        gpus: Some(1),
+        ..share(100, 1)
+    };
+    assert_eq!(refused(both).0, "gpu_fraction");
+    let share_and_mig = LeaseBody {
+        mig_profile: Some("1g.5gb".into()),
+        ..share(100, 1)
+    };
+    assert_eq!(refused(share_and_mig).0, "gpu_fraction");
+    let gpus_and_mig = LeaseBody {
+        gpus: Some(1),
+        ..mig("1g.5gb")
+    };
+    let (field, detail) = refused(gpus_and_mig);
+    assert_eq!(field, "mig_profile");
+    assert_eq!(detail, "give one of gpus, gpu_fraction and mig_profile");
+}
+
+#[test]
+fn given_no_ask_when_decided_then_gpus_is_required() {
+    let none = LeaseBody {
+        gpus: None,
+        ..whole(1)
+    };
+    assert_eq!(refused(none).0, "gpus");
+}
+
+#[test]
+fn given_a_gpu_count_out_of_range_when_decided_then_gpus_is_named() {
+    assert_eq!(refused(whole(0)), ("gpus", "gpus must be 1 to 8".into()));
+    assert_eq!(refused(whole(9)).0, "gpus");
+}
+
+#[test]
+fn given_an_unknown_model_when_decided_then_the_known_ones_are_listed() {
+    let (field, detail) = refused(LeaseBody {
+        gpu_model: "Z80".into(),
+        ..whole(1)
+    });
+    assert_eq!(field, "gpu_model");
+    assert!(detail.starts_with("unknown GPU model \"Z80\"; known: A100-40GB, "));
+}
+
+#[test]
+fn given_a_share_out_of_range_when_decided_then_its_part_is_named() {
+    assert_eq!(refused(share(0, 1)).0, "gpu_fraction.milli");
+    assert_eq!(refused(share(1001, 1)).0, "gpu_fraction.milli");
+    assert_eq!(refused(share(500, 0)).0, "gpu_fraction.vram_gb");
+    assert_eq!(
+        refused(share(500, 41)),
+        (
+            "gpu_fraction.vram_gb",
+            "gpu_fraction.vram_gb must be 1 to 40 (the VRAM of one A100-40GB)".into()
+        )
+    );
+}
+
+#[test]
+fn given_a_mig_profile_the_model_lacks_when_decided_then_mig_profile_is_named() {
+    let (field, detail) = refused(mig("9g.99gb"));
+    assert_eq!(field, "mig_profile");
+    assert!(detail.starts_with("A100-40GB has no MIG profile \"9g.99gb\"; its profiles: 1g.5gb"));
+    let (field, detail) = refused(LeaseBody {
+        gpu_model: "L4-24GB".into(),
+        ..mig("1g.5gb")
+    });
+    assert_eq!(field, "mig_profile");
+    assert!(detail.starts_with("L4-24GB has no MIG mode; MIG models: A100-40GB"));
+}
+
+#[test]
+fn given_a_bad_workload_when_decided_then_its_part_is_named() {
+    assert_eq!(refused(with_workload(&[], None, &[])).0, "workload.command");
+    assert_eq!(
+        refused(with_workload(&[""], None, &[])).0,
+        "workload.command"
+    );
+    let long: Vec<&str> = vec!["x"; MAX_WORKLOAD_ITEMS + 1];
+    assert_eq!(
+        refused(with_workload(&long, None, &[])).0,
+        "workload.command"
+    );
+    assert_eq!(
+        refused(with_workload(&["x"], Some(""), &[])).0,
+        "workload.image"
+    );
+    assert_eq!(
+        refused(with_workload(&[], Some("a b"), &[])).0,
+        "workload.image"
+    );
+    assert_eq!(
+        refused(with_workload(&["x"], None, &["1X"])).0,
+        "workload.env"
+    );
+    assert_eq!(
+        refused(with_workload(&["x"], None, &["A-B"])).0,
+        "workload.env"
+    );
+    decide(with_workload(&[], Some("python:3"), &["_A1"])).unwrap();
+}
+
+#[test]
+fn given_a_priority_out_of_range_when_decided_then_priority_is_named() {
+    for priority in [-1001, 1001] {
+        let (field, detail) = refused(LeaseBody {
+            priority,
+            ..whole(1)
+        });
+        assert_eq!(field, "priority");
+        assert_eq!(detail, "priority must be -1000 to 1000");
+    }
+    decide(LeaseBody {
+        priority: -1000,
+        ..whole(1)
+    })
+    .unwrap();
+}
+
+#[test]
+fn given_more_gpus_than_the_quota_when_decided_then_gpus_is_named() {
+    let small = Tenant {
+        max_gpus: 2,
+        ..tenant()
+    };
+    let e = request(small, whole(3), None, UNKEYED).unwrap_err();
+    assert_eq!(e.field, "gpus");
+    assert_eq!(e.detail, "3 GPUs requested but the tenant's quota is 2");
+    request(small, whole(2), None, UNKEYED).unwrap();
+}
+
+#[test]
+fn given_a_body_error_and_a_bad_key_when_decided_then_the_body_is_named_first() {
+    let e = request(tenant(), whole(0), Some(b""), UNKEYED).unwrap_err();
+    assert_eq!(e.field, "gpus");
+}
+
+#[test]
+fn given_an_idempotency_key_when_decided_then_the_id_is_derived_from_tenant_and_key() {
+    let a = request(tenant(), whole(1), Some(b"k-1"), UNKEYED).unwrap();
+    let b = request(tenant(), whole(2), Some(b"k-1"), Uuid::from_u128(8)).unwrap();
+    assert_eq!(a.lease_id, b.lease_id);
+    assert_ne!(a.lease_id, UNKEYED);
+    assert_eq!(a.idempotency_key.as_deref(), Some("k-1"));
+    let other = Tenant {
+        id: Uuid::from_u128(2),
+        ..tenant()
+    };
+    let c = request(other, whole(1), Some(b"k-1"), UNKEYED).unwrap();
+    assert_ne!(a.lease_id, c.lease_id);
+}
+
+#[test]
+fn given_a_bad_idempotency_key_when_decided_then_it_is_malformed() {
+    let long = vec![b'k'; MAX_IDEMPOTENCY_KEY_LEN + 1];
+    for key in [&b""[..], &long, b"caf\xc3\xa9", b"a\x01b"] {
+        let e = request(tenant(), whole(1), Some(key), UNKEYED).unwrap_err();
+        assert_eq!(e.kind, InvalidKind::Malformed);
+        assert_eq!(e.field, "Idempotency-Key");
+        assert_eq!(
+            e.detail,
+            "Idempotency-Key must be 1 to 200 visible characters"
+        );
+    }
+    let longest = vec![b'k'; MAX_IDEMPOTENCY_KEY_LEN];
+    request(tenant(), whole(1), Some(&longest), UNKEYED).unwrap();
+}
+
+fn lease_in(state: LeaseState) -> LeaseNow {
+    LeaseNow {
+        id: Uuid::from_u128(3),
+        state,
+        suspended_at: None,
+    }
+}
+
+#[test]
+fn given_a_live_lease_when_stopped_then_the_stop_is_one_event() {
+    for state in LeaseState::ALL.into_iter().filter(|s| !s.is_final()) {
+        let (event, id) = stop(lease_in(state)).unwrap();
+        assert_eq!(event.lease_id, Uuid::from_u128(3));
+        assert_eq!(id, stop(lease_in(LeaseState::Running)).unwrap().1);
+    }
+}
+
+#[test]
+fn given_a_finished_lease_when_stopped_then_it_is_already_over() {
+    let e = stop(lease_in(LeaseState::Ended)).unwrap_err();
+    assert_eq!(
+        e.0,
+        "lease 00000000-0000-0000-0000-000000000003 is already ended"
+    );
+    assert!(stop(lease_in(LeaseState::Rejected)).is_err());
+}
+
+#[test]
+fn given_a_suspended_lease_when_resumed_then_each_suspension_has_its_own_resume() {
+    let at = |secs| chrono::DateTime::from_timestamp(secs, 0);
+    let first = LeaseNow {
+        suspended_at: at(100),
+        ..lease_in(LeaseState::Suspended)
+    };
+    let second = LeaseNow {
+        suspended_at: at(200),
+        ..first
+    };
+    let (event, id) = resume(first).unwrap();
+    assert_eq!(event.lease_id, first.id);
+    assert_eq!(id, resume(first).unwrap().1);
+    assert_ne!(id, resume(second).unwrap().1);
+}
+
+#[test]
+fn given_a_lease_not_suspended_when_resumed_then_its_state_is_named() {
+    let e = resume(lease_in(LeaseState::Running)).unwrap_err();
+    assert_eq!(
+        e.0,
+        "lease 00000000-0000-0000-0000-000000000003 is running, not suspended"
+    );
+}
+
+#[test]
+fn lease_states_read_back_from_their_names() {
+    for state in LeaseState::ALL {
+        assert_eq!(LeaseState::try_from(state.as_str().to_string()), Ok(state));
+        assert_eq!(
+            serde_json::to_string(&state).unwrap(),
+            format!("\"{state}\"")
+        );
+    }
+    assert!(LeaseState::try_from("gone".to_string()).is_err());
+}

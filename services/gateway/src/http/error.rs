@@ -1,0 +1,211 @@
+//! `ApiError`, every error the API returns, rendered as
+//! `application/problem+json` (RFC 9457), and the JSON body extractor that
+//! names the field at fault.
+
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::MAX_BODY_BYTES;
+
+/// RFC 9457 problem details.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// The request field at fault, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// Every error the API returns.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    pub fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            detail,
+        )
+    }
+
+    pub fn unprocessable(detail: impl Into<String>, field: &str) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-field",
+            "Invalid field",
+            detail,
+        )
+        .field(field)
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            detail,
+        )
+        .field("Authorization")
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
+    }
+
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Service unavailable",
+            detail,
+        )
+    }
+
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "the gateway failed; the error is in its log",
+        )
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::internal(e)
+    }
+}
+
+impl From<lh_bus::BusError> for ApiError {
+    fn from(e: lh_bus::BusError) -> Self {
+        Self::unavailable(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Problem {
+            kind: format!("https://leasehold.dev/problems/{}", self.slug),
+            title: self.title.to_string(),
+            status: self.status.as_u16(),
+            detail: self.detail,
+            field: self.field,
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+/// JSON body that refuses malformed input with a problem naming the field.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+                "send the body as application/json",
+            )
+            .field("Content-Type"));
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        if bytes.len() > MAX_BODY_BYTES {
+            return Err(ApiError::bad_request("body too large"));
+        }
+        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(de)
+            .map(ApiJson)
+            .map_err(|e| json_problem(&e))
+    }
+}
+
+fn json_problem(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let inner = e.inner();
+    let mut field = e.path().to_string();
+    let message = inner.to_string();
+    // serde names the unknown or missing field in its message; the path may
+    // or may not include it already.
+    for prefix in ["unknown field `", "missing field `"] {
+        if let Some(name) = message
+            .strip_prefix(prefix)
+            .and_then(|r| r.split('`').next())
+        {
+            if field == "." || field.is_empty() {
+                field = name.to_string();
+            } else if !field.ends_with(name) {
+                field = format!("{field}.{name}");
+            }
+        }
+    }
+    let detail = if inner.is_syntax() || inner.is_eof() {
+        format!("malformed JSON: {message}")
+    } else {
+        message
+    };
+    let err = ApiError::bad_request(detail);
+    if field == "." || field == "?" || field.is_empty() || inner.is_syntax() || inner.is_eof() {
+        err
+    } else {
+        err.field(field)
+    }
+}
