@@ -162,7 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn the_issue_example_costs_one_yuan() {
+    fn two_40gb_gpus_for_90_seconds_cost_one_yuan() {
         let t0 = Utc.with_ymd_and_hms(2026, 12, 2, 10, 0, 0).unwrap();
         let c = charges(
             &default_price_book(t0),
