@@ -21,6 +21,8 @@ pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
+/// Request/reply subject on which pricing answers invoice requests.
+pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")

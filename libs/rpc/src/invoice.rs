@@ -36,7 +36,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// NATS request/reply subject on which pricing answers invoice requests.
-pub const INVOICE_SUBJECT: &str = "lh.rpc.pricing.invoice";
+pub const INVOICE_SUBJECT: &str = lh_events::subject::RPC_PRICING_INVOICE;
 /// The one error text for a malformed period.
 pub const INVALID_PERIOD: &str = "period must be YYYY-MM";
 
