@@ -85,12 +85,16 @@ pub trait Decider: Send {
     /// the same pass wrote is replaced by the sequence that write got.
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch>;
 
-    /// Folds `more` into `first`, two events of one batch on the same
-    /// subject, when the decider knows how (one subject is written at most
-    /// once per atomic batch). False keeps them in separate batches.
-    fn merge(&self, _first: &mut Envelope, _more: &Envelope) -> bool {
+    /// Whether `more` can be folded into `first`, two events of one batch on
+    /// the same subject (one subject is written at most once per atomic
+    /// batch). False keeps them in separate batches.
+    fn can_merge(&self, _first: &Envelope, _more: &Envelope) -> bool {
         false
     }
+
+    /// Folds `more` into `first`; called only where [`Decider::can_merge`]
+    /// said yes.
+    fn merge(&self, _first: &mut Envelope, _more: &Envelope) {}
 
     /// Told of every batch once it is stored (for metrics and logs).
     fn appended(&mut self, _batch: &Batch) {}
@@ -196,7 +200,11 @@ enum Pass {
 
 async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>) -> Pass {
     let decisions = decider.decide(now);
-    let batches = pack(decisions, |first, more| decider.merge(first, more));
+    let batches = pack(
+        decisions,
+        |first, more| decider.can_merge(first, more),
+        |first, more| decider.merge(first, more),
+    );
     // subject -> the sequence this pass's last write to it got
     let mut written: HashMap<String, u64> = HashMap::new();
     for mut batch in batches {
@@ -235,8 +243,13 @@ async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>)
 /// at most [`MAX_BATCH_MESSAGES`] messages, each subject written once per
 /// batch (a second write expects the sequence of the first, known only once
 /// that is stored), except where `merge` folds a message into the one
-/// already there. A decision is never split across batches.
-pub fn pack(decisions: Vec<Batch>, merge: impl Fn(&mut Envelope, &Envelope) -> bool) -> Vec<Batch> {
+/// already there (where `can_merge` allows). A decision is never split
+/// across batches.
+pub fn pack(
+    decisions: Vec<Batch>,
+    can_merge: impl Fn(&Envelope, &Envelope) -> bool,
+    merge: impl Fn(&mut Envelope, &Envelope),
+) -> Vec<Batch> {
     let mut out: Vec<Batch> = Vec::new();
     // subject -> index of its message in the current batch
     let mut subjects: HashMap<String, usize> = HashMap::new();
@@ -246,7 +259,7 @@ pub fn pack(decisions: Vec<Batch>, merge: impl Fn(&mut Envelope, &Envelope) -> b
                 && decision.iter().all(|(envelope, _)| {
                     match subjects.get(&envelope.data.subject()) {
                         None => true,
-                        Some(&at) => merge(&mut batch[at].0.clone(), envelope),
+                        Some(&at) => can_merge(&batch[at].0, envelope),
                     }
                 })
         });
@@ -258,7 +271,9 @@ pub fn pack(decisions: Vec<Batch>, merge: impl Fn(&mut Envelope, &Envelope) -> b
         for (envelope, expect) in decision {
             let subject = envelope.data.subject();
             match subjects.get(&subject) {
-                Some(&at) if merge(&mut batch[at].0, &envelope) => {}
+                Some(&at) if can_merge(&batch[at].0, &envelope) => {
+                    merge(&mut batch[at].0, &envelope)
+                }
                 _ => {
                     subjects.insert(subject, batch.len());
                     batch.push((envelope, expect));

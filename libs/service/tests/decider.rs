@@ -189,23 +189,53 @@ fn on(node: &str) -> (Envelope, Expect) {
     (envelope, Expect::Any)
 }
 
+fn never(_: &Envelope, _: &Envelope) -> bool {
+    false
+}
+
+/// Folds by appending the second message's reason to the first's.
+fn join_reasons(first: &mut Envelope, more: &Envelope) {
+    if let (EventData::NodeCordoned(first), EventData::NodeCordoned(more)) =
+        (&mut first.data, &more.data)
+    {
+        first.reason = format!("{}+{}", first.reason, more.reason);
+    }
+}
+
 #[test]
 fn packing_never_repeats_a_subject_across_decisions_in_a_batch() {
-    let never = |_: &mut Envelope, _: &Envelope| false;
-    let packed = pack(vec![vec![on("a")], vec![on("b")], vec![on("a")]], never);
+    let packed = pack(
+        vec![vec![on("a")], vec![on("b")], vec![on("a")]],
+        never,
+        join_reasons,
+    );
     assert_eq!(packed.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 1]);
     // A decision is kept whole, even when it writes one subject twice.
-    let packed = pack(vec![vec![on("a"), on("a")], vec![on("b")]], never);
+    let packed = pack(
+        vec![vec![on("a"), on("a")], vec![on("b")]],
+        never,
+        join_reasons,
+    );
     assert_eq!(packed.iter().map(Vec::len).collect::<Vec<_>>(), vec![3]);
 }
 
 #[test]
 fn packing_merges_where_the_decider_can_and_caps_the_batch() {
-    let merge_all = |_: &mut Envelope, _: &Envelope| true;
-    let packed = pack(vec![vec![on("a")], vec![on("a")], vec![on("b")]], merge_all);
+    let packed = pack(
+        vec![vec![on("a")], vec![on("a")], vec![on("b")]],
+        |_, _| true,
+        join_reasons,
+    );
     assert_eq!(packed.iter().map(Vec::len).collect::<Vec<_>>(), vec![2]);
+    let EventData::NodeCordoned(merged) = &packed[0][0].0.data else {
+        panic!("{:?}", packed[0][0].0)
+    };
+    assert_eq!(
+        merged.reason, "x+x",
+        "the second write folded into the first"
+    );
     let many: Vec<Batch> = (0..100).map(|i| vec![on(&format!("n{i}"))]).collect();
-    let packed = pack(many, |_: &mut Envelope, _: &Envelope| false);
+    let packed = pack(many, never, join_reasons);
     assert!(packed.iter().all(|b| b.len() <= lh_bus::MAX_BATCH_MESSAGES));
     assert_eq!(packed.iter().map(Vec::len).sum::<usize>(), 100);
 }

@@ -210,13 +210,21 @@ impl Decider for Scheduling {
 
     /// Allocations of several leases on one node merge into one
     /// `node.gpus_allocated` (it carries a list).
-    fn merge(&self, first: &mut Envelope, more: &Envelope) -> bool {
-        match (&mut first.data, &more.data) {
-            (EventData::NodeGpusAllocated(first), EventData::NodeGpusAllocated(more)) => {
-                first.allocations.extend(more.allocations.iter().cloned());
-                true
-            }
-            _ => false,
+    fn can_merge(&self, first: &Envelope, more: &Envelope) -> bool {
+        matches!(
+            (&first.data, &more.data),
+            (
+                EventData::NodeGpusAllocated(_),
+                EventData::NodeGpusAllocated(_)
+            )
+        )
+    }
+
+    fn merge(&self, first: &mut Envelope, more: &Envelope) {
+        if let (EventData::NodeGpusAllocated(first), EventData::NodeGpusAllocated(more)) =
+            (&mut first.data, &more.data)
+        {
+            first.allocations.extend(more.allocations.iter().cloned());
         }
     }
 
@@ -238,7 +246,11 @@ mod tests {
     /// Packs as the decide loop does, with the scheduler's merge rule.
     fn pack(decisions: Vec<Batch>) -> Vec<Batch> {
         let scheduling = Scheduling::new(Config::for_test("nats://unused").rules(), Utc::now());
-        decider::pack(decisions, |first, more| scheduling.merge(first, more))
+        decider::pack(
+            decisions,
+            |first, more| scheduling.can_merge(first, more),
+            |first, more| scheduling.merge(first, more),
+        )
     }
 
     fn placement(lease: u128, node: &str) -> state::Batch {

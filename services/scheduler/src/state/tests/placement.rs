@@ -116,9 +116,12 @@ fn two_placements_on_one_node_chain_their_node_expectations() {
         crate::Config::for_test("nats://unused").rules(),
         s.liveness_since.unwrap_or_else(chrono::Utc::now),
     );
-    let packed = lh_service::decider::pack(d.clone(), |first, more| {
-        lh_service::decider::Decider::merge(&scheduling, first, more)
-    });
+    use lh_service::decider::Decider as _;
+    let packed = lh_service::decider::pack(
+        d.clone(),
+        |first, more| scheduling.can_merge(first, more),
+        |first, more| scheduling.merge(first, more),
+    );
     assert_eq!(packed.len(), 1);
     let nodes: Vec<_> = packed[0]
         .iter()
