@@ -215,7 +215,11 @@ async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>)
                 }
             }
         }
+        // Where nothing in a batch is guarded, no decision depends on where
+        // its events landed: one the log holds already is as good as stored.
+        let unguarded = batch.iter().all(|(_, expect)| *expect == Expect::Any);
         match bus.publish_atomic(&batch).await {
+            Ok(appended) if appended.duplicate && unguarded => decider.appended(&batch),
             Ok(appended) if appended.duplicate => {
                 return Pass::Conflict("the log already holds these events".into())
             }
@@ -227,6 +231,22 @@ async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>)
                     let sequence = first + i as u64;
                     written.insert(envelope.data.subject(), sequence);
                     decider.apply(sequence, envelope);
+                }
+                decider.appended(&batch);
+            }
+            Err(BusError::DuplicateBatch(_)) if unguarded => {
+                // Some of its events are stored already (an observation made
+                // twice, or a stop that another writer asked for first): the
+                // batch as a whole never will be, so the rest go one by one.
+                for (envelope, expect) in &batch {
+                    match bus.publish(envelope, *expect).await {
+                        Ok(appended) if !appended.duplicate => {
+                            written.insert(envelope.data.subject(), appended.sequence);
+                            decider.apply(appended.sequence, envelope);
+                        }
+                        Ok(_) => {}
+                        Err(e) => return Pass::Refused(e),
+                    }
                 }
                 decider.appended(&batch);
             }

@@ -334,3 +334,103 @@ fn tokio_stream_from<T: Send + 'static>(
 ) -> impl futures::Stream<Item = T> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
+
+/// Offers its events until the loop says they are stored, as an agent does
+/// with what it observed.
+struct Outbox {
+    waiting: Arc<std::sync::Mutex<Vec<Envelope>>>,
+    busy_passes: Arc<AtomicUsize>,
+}
+
+impl Decider for Outbox {
+    type Signal = std::convert::Infallible;
+
+    fn name(&self) -> &'static str {
+        "outbox"
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        &[subject::NODES_ALL]
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: Duration::from_millis(20),
+            tick: Duration::from_millis(50),
+            ..Pace::default()
+        }
+    }
+
+    fn apply(&mut self, _sequence: u64, _envelope: &Envelope) {}
+
+    fn decide(&mut self, _now: DateTime<Utc>) -> Vec<Batch> {
+        let waiting = self.waiting.lock().unwrap();
+        if !waiting.is_empty() {
+            self.busy_passes.fetch_add(1, Ordering::Relaxed);
+        }
+        waiting
+            .iter()
+            .map(|e| vec![(e.clone(), Expect::Any)])
+            .collect()
+    }
+
+    fn appended(&mut self, batch: &Batch) {
+        let stored: Vec<_> = batch.iter().map(|(e, _)| e.id).collect();
+        self.waiting
+            .lock()
+            .unwrap()
+            .retain(|e| !stored.contains(&e.id));
+    }
+}
+
+fn cordon_of(node: &str, reason: &str) -> Envelope {
+    let mut e = cordon(reason);
+    if let EventData::NodeCordoned(c) = &mut e.data {
+        c.node_id = node.into();
+    }
+    e
+}
+
+/// Unguarded events that the log already holds count as stored, alone or
+/// packed into one atomic batch with new ones (which JetStream refuses as a
+/// whole): the new ones are stored once, and nothing is offered forever.
+#[tokio::test]
+async fn unguarded_events_the_log_holds_count_as_stored() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let seen_twice = cordon_of("n1", "observed before");
+    bus.publish(&seen_twice, Expect::Any).await.unwrap();
+    for offered in [
+        vec![seen_twice.clone()],
+        vec![seen_twice.clone(), cordon_of("n2", "new")],
+    ] {
+        let expected = offered.len() as u64;
+        let waiting = Arc::new(std::sync::Mutex::new(offered));
+        let busy_passes = Arc::new(AtomicUsize::new(0));
+        let mut outbox = Outbox {
+            waiting: waiting.clone(),
+            busy_passes: busy_passes.clone(),
+        };
+        let shutdown = CancellationToken::new();
+        let run = {
+            let (bus, shutdown) = (bus.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                decider::run(
+                    &bus,
+                    &mut outbox,
+                    &SystemClock,
+                    shutdown,
+                    Readiness::default(),
+                )
+                .await
+            })
+        };
+        assert_eq!(settle(&bus, expected).await, expected);
+        shutdown.cancel();
+        run.await.unwrap().unwrap();
+        assert!(waiting.lock().unwrap().is_empty(), "everything stored");
+        assert_eq!(busy_passes.load(Ordering::Relaxed), 1, "offered once");
+    }
+}

@@ -11,31 +11,34 @@
 //! SIGTERM, a grace period, then SIGKILL. The agent learns what it should be
 //! running from the log at start, so a restarted agent picks up where it was.
 //!
-//! This file holds the flags and the agent's loop. `state.rs` folds the log
-//! and decides each lease's next step without I/O (`NodeState::decide`);
-//! `act.rs` carries the steps out.
+//! This file holds the flags and wires the agent's tasks together.
+//! `state.rs` folds the log and decides each lease's next step without I/O
+//! (`NodeState::decide`); `agent.rs` runs that on the shared decide loop,
+//! with the GPUs and the workloads as its signals; the workload side
+//! (`workload::executor`) starts and stops workloads; `telemetry.rs` sends
+//! heartbeats and usage from a task of its own, so that nothing else the
+//! agent does can delay a heartbeat.
 
-mod act;
+mod agent;
 pub mod gpu;
 mod state;
+mod telemetry;
 pub mod workload;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use lh_bus::{Bus, Expect};
-use lh_events::telemetry::Heartbeat;
-use lh_events::{derived_id, subject, Actor, Envelope, EventData, NodeRegistered};
-use lh_service::clock::{SharedClock, SystemClock};
+use futures::StreamExt;
+use lh_service::clock::SystemClock;
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 
+use agent::{NodeAgent, NodeStatus, Signal};
 pub use gpu::GpuArgs;
-use state::{LocalLease, NodeState};
 pub use workload::supervisor::RuntimeKind;
-use workload::supervisor::{Finished, Workloads};
+use workload::supervisor::Workloads;
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
-const QUIET: Duration = Duration::from_millis(100);
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
@@ -92,7 +95,6 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let ready = readiness.clone();
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(10));
     let grace = Duration::from_secs(config.stop_grace_secs);
-    let runtime = (config.runtime, config.container_cli.clone());
     let section = lh_telemetry::MetricsSection::default();
     let clock = SystemClock::shared();
     let gpu_side = gpu::GpuSide::new(
@@ -102,6 +104,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         section.clone(),
         clock.clone(),
     );
+    let (workloads, finished) =
+        Workloads::new(config.runtime, config.container_cli.clone(), grace)?;
+    let node_id = inventory.node_id.clone();
+    let stop = shutdown.clone();
     Running::spawn_with_metrics(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
@@ -109,9 +115,31 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         section,
         shutdown,
         async move {
-            let (workloads, finished) = Workloads::new(runtime.0, runtime.1, grace)?;
-            agent(
-                bus, inventory, heartbeat, ready, workloads, finished, gpu_side, clock,
+            let status = Arc::new(NodeStatus::default());
+            let (commands, reports) = workload::executor::spawn(workloads, finished);
+            let usage = telemetry::spawn(
+                bus.clone(),
+                node_id,
+                heartbeat,
+                status.clone(),
+                clock.clone(),
+                stop.clone(),
+            );
+            let observations = gpu_side.watch();
+            let signals = futures::stream::select(
+                receive(observations).map(Signal::Gpu),
+                receive_unbounded(reports).map(Signal::Workload),
+            );
+            let mut agent = Box::new(NodeAgent::new(
+                inventory, gpu_side, commands, usage, status, heartbeat,
+            ));
+            lh_service::decider::run_with_signals(
+                &bus,
+                agent.as_mut(),
+                clock.as_ref(),
+                stop,
+                ready,
+                signals,
             )
             .await
         },
@@ -119,112 +147,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     .await
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn agent(
-    bus: Bus,
-    inventory: NodeRegistered,
-    heartbeat: Duration,
-    ready: Readiness,
-    mut workloads: Workloads,
-    mut finished: tokio::sync::mpsc::UnboundedReceiver<Finished>,
-    mut gpu_side: gpu::GpuSide,
-    clock: SharedClock,
-) -> anyhow::Result<()> {
-    let node_id = inventory.node_id.clone();
-    let mut state = NodeState::default();
-    let node_subject = subject::node(&node_id);
-    let mut feed = bus
-        .feed(
-            &[
-                subject::LEASES_ALL,
-                node_subject.as_str(),
-                subject::TENANTS_ALL,
-            ],
-            1,
-        )
-        .await?;
-    let mut caught_up = false;
-    let mut dirty = true;
-    let mut beat = tokio::time::interval(heartbeat);
-    let mut observations = gpu_side.watch();
-    // What the GPUs said before the agent caught up with the log: judged
-    // once it has (a GPU lost during the replay must not be forgotten).
-    let mut early: Vec<gpu::watch::Observation> = Vec::new();
-    loop {
-        tokio::select! {
-            next = feed.next_within(QUIET) => match next {
-                Some(event) => {
-                    let event = event?;
-                    state.apply(&node_id, event.sequence, &event.envelope);
-                    dirty = true;
-                    caught_up = event.pending == 0;
-                }
-                None => caught_up = true,
-            },
-            Some(f) = finished.recv() => {
-                workloads.forget(f.lease_id, f.placement);
-                let current = |l: &&mut LocalLease| l.placement_sequence == f.placement;
-                if let Some(l) = state.leases.get_mut(&f.lease_id).filter(current) {
-                    tracing::info!(lease = %f.lease_id, code = ?f.exit.code, signal = ?f.exit.signal, "workload ended");
-                    l.exit = Some(f.exit);
-                    l.workload_running = false;
-                }
-                dirty = true;
-            }
-            Some(observation) = observations.recv() => {
-                // Judged against the log's health, so only once caught up.
-                gpu::watch::hold(&mut early, observation);
-                if gpu_side.seeded() || caught_up {
-                    gpu_side.seed(&state.gpu_health);
-                    for observation in std::mem::take(&mut early) {
-                        if gpu_side.observe(&bus, &node_id, &mut state, observation).await {
-                            dirty = true;
-                        }
-                    }
-                }
-            }
-            _ = beat.tick(), if !gpu_side.node_stopped() => {
-                let hb = Heartbeat { node_id: node_id.clone(), at: clock.now(), running_leases: state.running() };
-                let payload = serde_json::to_vec(&hb)?;
-                if let Err(e) = bus.publish_telemetry(subject::heartbeat(&node_id), payload).await {
-                    tracing::warn!(error = %e, "heartbeat not sent");
-                }
-                metrics::gauge!("lh_node_running_leases").set(state.running() as f64);
-                // Preemption deadlines fall due with time, not with events.
-                if state.leases.values().any(|l| l.preemption_deadline.is_some() && !l.ended) {
-                    dirty = true;
-                }
-            }
-        }
-        if caught_up && dirty && !gpu_side.node_stopped() {
-            dirty = false;
-            if state.registered.as_ref() != Some(&inventory) {
-                register(&bus, &inventory, clock.now()).await?;
-                state.registered = Some(inventory.clone());
-            }
-            ready.set(true);
-            if !act::act(&bus, &node_id, &mut state, &mut workloads, clock.now()).await {
-                caught_up = false;
-                dirty = true;
-            }
-            gpu_side.set_busy(&state);
-        }
-    }
+fn receive<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-async fn register(
-    bus: &Bus,
-    inventory: &NodeRegistered,
-    now: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<()> {
-    let fingerprint = serde_json::to_string(inventory)?;
-    let envelope = Envelope::new(
-        Actor::Node(inventory.node_id.clone()),
-        now,
-        EventData::NodeRegistered(inventory.clone()),
-    )
-    .with_id(derived_id(&["node.registered", &fingerprint]));
-    bus.publish(&envelope, Expect::Any).await?;
-    tracing::info!(node = %inventory.node_id, gpus = inventory.gpus.len(), "node registered");
-    Ok(())
+fn receive_unbounded<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

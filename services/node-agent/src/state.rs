@@ -79,6 +79,19 @@ pub(crate) struct LocalLease {
     /// Idle under a `suspend` policy: its workload stops and the lease is
     /// reported suspended, not ended.
     pub(crate) suspend_requested: bool,
+    /// Where starting its workload for this placement stands.
+    pub(crate) start: WorkloadStart,
+}
+
+/// Where starting a lease's workload stands: the workload side starts it
+/// and reports back, and only then is the start (or the failure) reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum WorkloadStart {
+    #[default]
+    NotAsked,
+    Asked,
+    /// Whether a workload runs, or why it cannot run here.
+    Answered(Result<bool, String>),
 }
 
 #[derive(Default)]

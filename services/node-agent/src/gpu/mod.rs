@@ -16,11 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lh_bus::{Bus, Expect};
 use lh_events::{
-    derived_id, subject, Actor, Envelope, EventData, GpuHealth, IdleAction, IdlePolicy,
-    LeaseGpuFault, LeaseIdleDetected, LeaseStopRequested, NodeGpuHealthChanged, NodeGpuSelfTested,
-    NodeRegistered,
+    derived_id, Actor, Envelope, EventData, GpuHealth, IdleAction, IdlePolicy, LeaseGpuFault,
+    LeaseIdleDetected, LeaseStopRequested, NodeGpuHealthChanged, NodeGpuSelfTested, NodeRegistered,
 };
 use lh_service::clock::SharedClock;
 use lh_telemetry::MetricsSection;
@@ -131,10 +129,6 @@ impl GpuSide {
         watch::spawn(self.backend.clone(), self.period, self.clock.clone())
     }
 
-    pub fn seeded(&self) -> bool {
-        self.seeded
-    }
-
     /// Takes the log's health of each GPU, once, before the first judgement.
     pub fn seed(&mut self, recorded: &BTreeMap<u32, GpuHealth>) {
         if std::mem::replace(&mut self.seeded, true) {
@@ -163,45 +157,46 @@ impl GpuSide {
         }
     }
 
-    /// Acts on one observation. True when the node's state may call for
-    /// the agent to act (it came back).
-    pub(crate) async fn observe(
+    /// Judges one observation, at `now`, against what the log says of the
+    /// node's leases.
+    pub(crate) fn observe(
         &mut self,
-        bus: &Bus,
         node_id: &str,
         state: &mut NodeState,
         observation: Observation,
-    ) -> bool {
+        now: DateTime<Utc>,
+    ) -> Judgement {
+        let mut out = Judgement {
+            node_id: node_id.to_string(),
+            now,
+            ..Judgement::default()
+        };
         match observation {
             Observation::Events(events) => {
                 for event in &events {
-                    self.fault(bus, node_id, state, event).await;
+                    self.fault(&mut out, state, event);
                 }
-                false
             }
-            Observation::Samples { at, samples } => {
-                self.samples(bus, node_id, state, &samples, at).await
-            }
+            Observation::Samples { at, samples } => self.samples(&mut out, state, &samples, at),
             Observation::NodeStopped => {
                 tracing::warn!(node = node_id, "the host stopped answering: going silent");
                 self.stopped = true;
                 // No readings: no series, rather than the last ones forever.
                 self.section.set(String::new());
-                false
             }
             Observation::NodeBack => {
                 tracing::info!(node = node_id, "the host answers again");
                 self.stopped = false;
-                true
+                out.act = true;
             }
             Observation::Failed(why) => {
                 tracing::warn!(node = node_id, error = %why, "GPU backend call failed");
-                false
             }
         }
+        out
     }
 
-    async fn fault(&mut self, bus: &Bus, node_id: &str, state: &NodeState, event: &GpuEvent) {
+    fn fault(&mut self, out: &mut Judgement, state: &NodeState, event: &GpuEvent) {
         // An application XID is charged to the lease on the GPU; on a GPU
         // that several leases share, the driver's event does not say whose.
         let holders: Vec<Uuid> = state
@@ -214,7 +209,7 @@ impl GpuSide {
             _ => None,
         };
         match self.health.fault(event, lease, event.at) {
-            Outcome::Transition(t) => self.publish_transition(bus, node_id, &t).await,
+            Outcome::Transition(t) => self.transition(out, &t),
             Outcome::ChargedToLease {
                 lease_id,
                 gpu_index,
@@ -231,13 +226,13 @@ impl GpuSide {
                 ]);
                 let data = EventData::LeaseGpuFault(LeaseGpuFault {
                     lease_id,
-                    node_id: node_id.to_string(),
+                    node_id: out.node_id.clone(),
                     gpu_index,
                     xid,
                     at,
                 });
                 tracing::info!(lease = %lease_id, gpu = gpu_index, xid, "application XID charged to the lease");
-                publish(bus, node_id, self.clock.now(), id, data, tenant_id).await;
+                out.event(id, data, tenant_id);
             }
             Outcome::Ignored { gpu_index, reason } => {
                 let reason = if holders.len() > 1 {
@@ -253,18 +248,17 @@ impl GpuSide {
         }
     }
 
-    async fn samples(
+    fn samples(
         &mut self,
-        bus: &Bus,
-        node_id: &str,
+        out: &mut Judgement,
         state: &mut NodeState,
         samples: &[GpuSample],
         at: DateTime<Utc>,
-    ) -> bool {
+    ) {
         for t in self.health.observe(samples, at) {
-            self.publish_transition(bus, node_id, &t).await;
+            self.transition(out, &t);
         }
-        self.resend_unrecorded(bus, node_id, state).await;
+        self.resend_unrecorded(out, state);
         let running: Vec<RunningLease> = state
             .running_here()
             .map(|(id, l)| RunningLease {
@@ -273,7 +267,7 @@ impl GpuSide {
                 gpus: l.gpus.clone(),
             })
             .collect();
-        let leases_usage = usage::attribute(node_id, &running, samples, at);
+        let leases_usage = usage::attribute(&out.node_id, &running, samples, at);
         self.section.set(usage::render_dcgm(
             &self.hostname,
             &self.gpus,
@@ -283,25 +277,13 @@ impl GpuSide {
         let due = self
             .last_usage
             .is_none_or(|last| (at - last).to_std().unwrap_or_default() >= self.usage_every);
+        for u in &leases_usage {
+            let suspend = self.idle(out, state, u, at);
+            out.act |= suspend;
+        }
         if due {
             self.last_usage = Some(at);
-            for u in &leases_usage {
-                match serde_json::to_vec(u) {
-                    Ok(payload) => {
-                        if let Err(e) = bus
-                            .publish_telemetry(subject::usage(u.lease_id), payload)
-                            .await
-                        {
-                            tracing::warn!(error = %e, "usage sample not sent");
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "usage sample does not serialise"),
-                }
-            }
-        }
-        let mut suspend = false;
-        for u in &leases_usage {
-            suspend |= self.idle(bus, node_id, state, u, at).await;
+            out.usage = leases_usage;
         }
         let held: BTreeSet<u32> = state
             .holding()
@@ -317,25 +299,24 @@ impl GpuSide {
         for f in finished {
             let id = derived_id(&[
                 "node.gpu_self_tested",
-                node_id,
+                &out.node_id,
                 &f.gpu_index.to_string(),
                 &f.at.to_rfc3339(),
             ]);
             tracing::info!(gpu = f.gpu_index, passed = f.passed, detail = %f.detail, "self-test finished");
             let data = EventData::NodeGpuSelfTested(NodeGpuSelfTested {
-                node_id: node_id.to_string(),
+                node_id: out.node_id.clone(),
                 gpu_index: f.gpu_index,
                 passed: f.passed,
                 duration_s: f.duration.as_secs_f64(),
                 detail: f.detail.clone(),
                 at: f.at,
             });
-            publish(bus, node_id, self.clock.now(), id, data, None).await;
+            out.event(id, data, None);
             if let Some(t) = self.health.self_test(f.gpu_index, f.passed, f.at) {
-                self.publish_transition(bus, node_id, &t).await;
+                self.transition(out, &t);
             }
         }
-        suspend
     }
 
     /// Advances the self-tests one round: starts and stops their load
@@ -397,10 +378,10 @@ impl GpuSide {
         finished
     }
 
-    async fn idle(
+    /// True when the lease is to be suspended.
+    fn idle(
         &self,
-        bus: &Bus,
-        node_id: &str,
+        out: &mut Judgement,
         state: &mut NodeState,
         usage: &lh_events::telemetry::LeaseUsage,
         at: DateTime<Utc>,
@@ -434,7 +415,7 @@ impl GpuSide {
         ]);
         let data = EventData::LeaseIdleDetected(LeaseIdleDetected {
             lease_id,
-            node_id: node_id.to_string(),
+            node_id: out.node_id.clone(),
             idle_since,
             window_s: policy.window_s,
             action: policy.action,
@@ -443,19 +424,19 @@ impl GpuSide {
         let tenant_id = lease.tenant_id;
         // Under `suspend` the loop stops the workload and reports it.
         lease.suspend_requested = policy.action == IdleAction::Suspend;
-        publish(bus, node_id, self.clock.now(), id, data, tenant_id).await;
+        out.event(id, data, tenant_id);
         if policy.action == IdleAction::Stop {
             // The same id as a tenant's stop: one stop, whoever asks first.
             let id = derived_id(&["lease.stop_requested", &lease_id.to_string()]);
             let data = EventData::LeaseStopRequested(LeaseStopRequested { lease_id });
-            publish(bus, node_id, self.clock.now(), id, data, tenant_id).await;
+            out.event(id, data, tenant_id);
         }
         policy.action == IdleAction::Suspend
     }
 
     /// Sends again, with the same id, a transition the log does not show
     /// after a while.
-    async fn resend_unrecorded(&mut self, bus: &Bus, node_id: &str, state: &NodeState) {
+    fn resend_unrecorded(&mut self, out: &mut Judgement, state: &NodeState) {
         const RESEND_AFTER: Duration = Duration::from_secs(5);
         let due: Vec<Transition> = self
             .last_transition
@@ -468,11 +449,11 @@ impl GpuSide {
             .collect();
         for t in due {
             tracing::info!(gpu = t.gpu_index, to = ?t.to, "health change not on the log yet: sending it again");
-            self.publish_transition(bus, node_id, &t).await;
+            self.transition(out, &t);
         }
     }
 
-    async fn publish_transition(&mut self, bus: &Bus, node_id: &str, t: &Transition) {
+    fn transition(&mut self, out: &mut Judgement, t: &Transition) {
         self.last_transition
             .insert(t.gpu_index, (t.clone(), std::time::Instant::now()));
         let gpu_uuid = self
@@ -486,13 +467,13 @@ impl GpuSide {
             .increment(1);
         let id = derived_id(&[
             "node.gpu_health_changed",
-            node_id,
+            &out.node_id,
             &t.gpu_index.to_string(),
             &format!("{:?}", t.to),
             &t.at.to_rfc3339(),
         ]);
         let data = EventData::NodeGpuHealthChanged(NodeGpuHealthChanged {
-            node_id: node_id.to_string(),
+            node_id: out.node_id.clone(),
             gpu_index: t.gpu_index,
             gpu_uuid,
             from: t.from,
@@ -501,23 +482,31 @@ impl GpuSide {
             evidence: t.evidence.clone(),
             at: t.at,
         });
-        publish(bus, node_id, self.clock.now(), id, data, None).await;
+        out.event(id, data, None);
     }
 }
 
-/// Appends one of the agent's observations; a failure is logged, not fatal
-/// (the next observation says the same again, or the GPU's state moved on).
-async fn publish(
-    bus: &Bus,
-    node_id: &str,
-    at: DateTime<Utc>,
-    id: Uuid,
-    data: EventData,
-    tenant: Option<Uuid>,
-) {
-    let mut envelope = Envelope::new(Actor::Node(node_id.to_string()), at, data).with_id(id);
-    envelope.tenant_id = tenant;
-    if let Err(e) = bus.publish(&envelope, Expect::Any).await {
-        tracing::warn!(error = %e, event = envelope.data.event_type(), "cannot publish");
+/// What the GPU side made of one observation.
+#[derive(Default)]
+pub(crate) struct Judgement {
+    node_id: String,
+    /// Stamps the events.
+    now: DateTime<Utc>,
+    /// Events to append, each on its own and unguarded: an observation
+    /// states what the node saw, which no other writer can contradict.
+    pub(crate) events: Vec<Envelope>,
+    /// Per-lease usage for the telemetry stream, when a report is due.
+    pub(crate) usage: Vec<lh_events::telemetry::LeaseUsage>,
+    /// The node's leases may call for acting (the host came back, a lease
+    /// is to be suspended).
+    pub(crate) act: bool,
+}
+
+impl Judgement {
+    fn event(&mut self, id: Uuid, data: EventData, tenant: Option<Uuid>) {
+        let mut envelope =
+            Envelope::new(Actor::Node(self.node_id.clone()), self.now, data).with_id(id);
+        envelope.tenant_id = tenant;
+        self.events.push(envelope);
     }
 }

@@ -1,6 +1,9 @@
 //! The thread that reads the GPU backend: events as they come, a sample
 //! every period. Backend calls block (NVML's event wait does), so they run
-//! on their own thread and reach the agent's loop over a channel.
+//! on their own thread and reach the agent's loop over a bounded channel.
+//! The agent hears them only once it has caught up with the log; until then
+//! the thread waits on the channel, and what it read is judged in order
+//! afterwards, against the health the log recorded.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,22 +32,6 @@ pub enum Observation {
     NodeBack,
     /// A backend call failed; the reason is for the log.
     Failed(String),
-}
-
-/// Most observations held while the agent catches up; past it the oldest
-/// samples go first (events are what must not be lost).
-const MOST_HELD: usize = 4096;
-
-/// Keeps `observation` for later: only the newest round of samples (older
-/// ones are stale by then), every event and change of the host.
-pub fn hold(held: &mut Vec<Observation>, observation: Observation) {
-    if matches!(observation, Observation::Samples { .. }) {
-        held.retain(|o| !matches!(o, Observation::Samples { .. }));
-    }
-    if held.len() >= MOST_HELD {
-        held.remove(0);
-    }
-    held.push(observation);
 }
 
 /// Starts the thread; it ends when the receiver is dropped.
@@ -124,51 +111,5 @@ fn watch(
         if tx.is_closed() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gpu::backend::GpuEventKind;
-
-    #[test]
-    fn held_observations_keep_every_event_and_the_newest_samples() {
-        let mut held = Vec::new();
-        let at = Utc::now();
-        let samples = |n: usize| Observation::Samples {
-            at,
-            samples: vec![
-                GpuSample {
-                    index: 0,
-                    utilization_pct: None,
-                    memory_used_mib: n as u64,
-                    memory_total_mib: 1,
-                    temperature_c: 0,
-                    power_w: 0.0,
-                    ecc_double_bit_total: None,
-                    processes: Vec::new(),
-                };
-                1
-            ],
-        };
-        hold(&mut held, samples(1));
-        hold(
-            &mut held,
-            Observation::Events(vec![GpuEvent {
-                index: 0,
-                kind: GpuEventKind::Lost,
-                at,
-            }]),
-        );
-        hold(&mut held, samples(2));
-        hold(&mut held, Observation::NodeStopped);
-        assert_eq!(held.len(), 3);
-        assert!(matches!(held[0], Observation::Events(_)));
-        match &held[1] {
-            Observation::Samples { samples, .. } => assert_eq!(samples[0].memory_used_mib, 2),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(held[2], Observation::NodeStopped));
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod cgroup;
 pub mod container;
+pub(crate) mod executor;
 pub mod process;
 pub mod supervisor;
 

@@ -1,0 +1,339 @@
+//! The agent as a [`Decider`]: it folds the log into [`NodeState`], hears
+//! its GPUs and its workloads as signals, and decides what to append: its
+//! registration, what its GPUs showed, and each lease's transitions. Work on
+//! the host (starting and stopping workloads) goes to the workload side's
+//! task as commands, whose answers come back as signals; heartbeats and
+//! usage samples go to the telemetry task.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lh_events::telemetry::LeaseUsage;
+use lh_events::{
+    derived_id, subject, Actor, EndReason, Envelope, EventData, Expect, LeaseEnded, LeaseStarted,
+    LeaseSuspended, NodeRegistered,
+};
+use lh_service::decider::{Batch, Decider, Pace};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::gpu::watch::Observation;
+use crate::gpu::GpuSide;
+use crate::state::{LeaseStep, LocalLease, NodeState, WorkloadStart};
+use crate::workload::executor::{Command, Report};
+
+/// Most observation events waiting to be appended; past it the oldest go
+/// (the log is unreachable that long, and a GPU's state has moved on).
+const MOST_WAITING_EVENTS: usize = 4096;
+
+/// What the agent hears besides the log.
+#[derive(Debug)]
+pub(crate) enum Signal {
+    Gpu(Observation),
+    Workload(Report),
+}
+
+/// What the telemetry task reads of the agent's state.
+#[derive(Debug, Default)]
+pub(crate) struct NodeStatus {
+    /// Leases that hold GPUs here and have started.
+    pub(crate) running_leases: AtomicUsize,
+    /// The host does not answer: no heartbeats.
+    pub(crate) silent: AtomicBool,
+}
+
+pub(crate) struct NodeAgent {
+    node_id: String,
+    inventory: NodeRegistered,
+    state: NodeState,
+    gpu: GpuSide,
+    /// Observation events not yet on the log, oldest first; each leaves
+    /// once it is stored.
+    waiting: Vec<Envelope>,
+    workloads: mpsc::UnboundedSender<Command>,
+    usage: mpsc::Sender<Vec<LeaseUsage>>,
+    status: Arc<NodeStatus>,
+    tick: Duration,
+}
+
+impl NodeAgent {
+    pub(crate) fn new(
+        inventory: NodeRegistered,
+        gpu: GpuSide,
+        workloads: mpsc::UnboundedSender<Command>,
+        usage: mpsc::Sender<Vec<LeaseUsage>>,
+        status: Arc<NodeStatus>,
+        tick: Duration,
+    ) -> Self {
+        Self {
+            node_id: inventory.node_id.clone(),
+            inventory,
+            state: NodeState::default(),
+            gpu,
+            waiting: Vec::new(),
+            workloads,
+            usage,
+            status,
+            tick,
+        }
+    }
+
+    fn registration(&self, now: DateTime<Utc>) -> Envelope {
+        let fingerprint = serde_json::to_string(&self.inventory).unwrap_or_default();
+        Envelope::new(
+            Actor::Node(self.node_id.clone()),
+            now,
+            EventData::NodeRegistered(self.inventory.clone()),
+        )
+        .with_id(derived_id(&["node.registered", &fingerprint]))
+    }
+
+    /// The decision a lease step calls for, if one is due now; the work on
+    /// the host it needs is sent to the workload side (whose task ends only
+    /// with the agent, so a send does not fail while it matters).
+    fn lease_step(&mut self, step: LeaseStep, now: DateTime<Utc>) -> Option<Batch> {
+        let lease_id = step.lease_id();
+        let spec = self.state.specs.get(&lease_id).cloned();
+        let lease = self.state.leases.get_mut(&lease_id)?;
+        let report = match step {
+            LeaseStep::Leave { .. } => {
+                let _ = self.workloads.send(Command::Stop { lease_id });
+                lease.workload_running = false;
+                lease.ended = true;
+                return None;
+            }
+            LeaseStep::StopWorkload { .. } => {
+                let _ = self.workloads.send(Command::Stop { lease_id });
+                lease.workload_running = false;
+                lease.stopping = true;
+                return None;
+            }
+            // A start under way ends, or is reported, once it is answered.
+            _ if lease.start == WorkloadStart::Asked => return None,
+            LeaseStep::Start { .. } => match &lease.start {
+                WorkloadStart::NotAsked | WorkloadStart::Asked => {
+                    lease.start = WorkloadStart::Asked;
+                    let _ = self.workloads.send(Command::Start {
+                        lease_id,
+                        placement: lease.placement_sequence,
+                        gpus: lease.gpus.clone(),
+                        spec,
+                    });
+                    return None;
+                }
+                WorkloadStart::Answered(Ok(_)) => Transition::Started,
+                WorkloadStart::Answered(Err(why)) => {
+                    // It cannot run here: the lease fails, never started,
+                    // so nothing is billed.
+                    tracing::warn!(lease = %lease_id, error = %why, "workload does not start");
+                    Transition::Ended {
+                        reason: EndReason::Failed,
+                        exit_code: None,
+                    }
+                }
+            },
+            LeaseStep::Suspend { .. } => Transition::Suspended,
+            LeaseStep::End {
+                reason, exit_code, ..
+            } => Transition::Ended { reason, exit_code },
+        };
+        Some(vec![report.event(&self.node_id, lease_id, lease, now)])
+    }
+}
+
+/// A lease transition the agent reports.
+enum Transition {
+    Started,
+    Suspended,
+    Ended {
+        reason: EndReason,
+        exit_code: Option<i32>,
+    },
+}
+
+impl Transition {
+    /// The event, with its guard. A migrated lease starts (and is
+    /// suspended) once per placement; it ends only once. Start and
+    /// suspension are guarded: a stop that arrived meanwhile must win.
+    fn event(
+        self,
+        node_id: &str,
+        lease_id: Uuid,
+        lease: &LocalLease,
+        now: DateTime<Utc>,
+    ) -> (Envelope, Expect) {
+        let placement = lease.placement_sequence.to_string();
+        let guard = Expect::LastSubjectSequence(lease.subject_sequence);
+        let (data, id, expect) = match self {
+            Transition::Started => (
+                EventData::LeaseStarted(LeaseStarted {
+                    lease_id,
+                    node_id: node_id.to_string(),
+                    started_at: now,
+                }),
+                derived_id(&["lease.started", &lease_id.to_string(), &placement]),
+                guard,
+            ),
+            Transition::Suspended => (
+                EventData::LeaseSuspended(LeaseSuspended {
+                    lease_id,
+                    node_id: node_id.to_string(),
+                    gpu_indices: lease.gpus.iter().map(|g| g.index).collect(),
+                    suspended_at: now,
+                    reason: "idle under the tenant's suspend policy".into(),
+                }),
+                derived_id(&["lease.suspended", &lease_id.to_string(), &placement]),
+                guard,
+            ),
+            Transition::Ended { reason, exit_code } => (
+                EventData::LeaseEnded(LeaseEnded {
+                    lease_id,
+                    node_id: Some(node_id.to_string()),
+                    ended_at: now,
+                    reason,
+                    exit_code,
+                }),
+                derived_id(&["lease.ended", &lease_id.to_string()]),
+                Expect::Any,
+            ),
+        };
+        let mut envelope = Envelope::new(Actor::Node(node_id.to_string()), now, data).with_id(id);
+        envelope.correlation_id = lease.correlation_id;
+        envelope.tenant_id = lease.tenant_id;
+        (envelope, expect)
+    }
+}
+
+impl Decider for NodeAgent {
+    type Signal = Signal;
+
+    fn name(&self) -> &'static str {
+        "node-agent"
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        // Every node's subject, not only this one's: node events are few,
+        // and the fold keeps only this node's.
+        &[
+            subject::LEASES_ALL,
+            subject::NODES_ALL,
+            subject::TENANTS_ALL,
+        ]
+    }
+
+    fn pace(&self) -> Pace {
+        // Preemption deadlines fall due with time, not with events.
+        Pace {
+            tick: self.tick,
+            ..Pace::default()
+        }
+    }
+
+    fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.state.apply(&self.node_id, sequence, envelope);
+    }
+
+    fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
+        match signal {
+            Signal::Gpu(observation) => {
+                // Judged against the log's health, which the fold has
+                // caught up with before any signal is heard.
+                self.gpu.seed(&self.state.gpu_health);
+                let judgement = self
+                    .gpu
+                    .observe(&self.node_id, &mut self.state, observation, now);
+                self.status
+                    .silent
+                    .store(self.gpu.node_stopped(), Ordering::Relaxed);
+                if !judgement.usage.is_empty() && self.usage.try_send(judgement.usage).is_err() {
+                    tracing::debug!("usage report dropped: the telemetry task is behind");
+                }
+                let new_events = !judgement.events.is_empty();
+                self.waiting.extend(judgement.events);
+                if self.waiting.len() > MOST_WAITING_EVENTS {
+                    let dropped = self.waiting.len() - MOST_WAITING_EVENTS;
+                    tracing::warn!(dropped, "observations not appended in time are dropped");
+                    self.waiting.drain(..dropped);
+                }
+                judgement.act || new_events
+            }
+            Signal::Workload(Report::Started {
+                lease_id,
+                placement,
+                outcome,
+            }) => {
+                let current = |l: &&mut LocalLease| l.placement_sequence == placement;
+                if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
+                    l.workload_running = outcome == Ok(true);
+                    l.start = WorkloadStart::Answered(outcome);
+                }
+                true
+            }
+            Signal::Workload(Report::Ended(f)) => {
+                let current = |l: &&mut LocalLease| l.placement_sequence == f.placement;
+                if let Some(l) = self.state.leases.get_mut(&f.lease_id).filter(current) {
+                    tracing::info!(lease = %f.lease_id, code = ?f.exit.code, signal = ?f.exit.signal, "workload ended");
+                    l.exit = Some(f.exit);
+                    l.workload_running = false;
+                }
+                true
+            }
+        }
+    }
+
+    fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        // A host that does not answer says nothing.
+        if self.gpu.node_stopped() {
+            return Vec::new();
+        }
+        let mut decisions = Vec::new();
+        if self.state.registered.as_ref() != Some(&self.inventory) {
+            decisions.push(vec![(self.registration(now), Expect::Any)]);
+        }
+        decisions.extend(
+            self.waiting
+                .iter()
+                .map(|envelope| vec![(envelope.clone(), Expect::Any)]),
+        );
+        for step in self.state.decide(now) {
+            decisions.extend(self.lease_step(step, now));
+        }
+        // Ended leases need no memory beyond the log.
+        self.state.leases.retain(|_, l| !l.ended);
+        self.gpu.set_busy(&self.state);
+        self.status
+            .running_leases
+            .store(self.state.running(), Ordering::Relaxed);
+        decisions
+    }
+
+    fn appended(&mut self, batch: &Batch) {
+        for (envelope, _) in batch {
+            self.waiting.retain(|w| w.id != envelope.id);
+            match &envelope.data {
+                EventData::NodeRegistered(e) => {
+                    tracing::info!(node = %e.node_id, gpus = e.gpus.len(), "node registered")
+                }
+                EventData::LeaseStarted(_)
+                | EventData::LeaseSuspended(_)
+                | EventData::LeaseEnded(_) => {
+                    let event_type = envelope.data.event_type();
+                    metrics::counter!("lh_node_lease_transitions_total", "type" => event_type)
+                        .increment(1);
+                    tracing::info!(lease = ?envelope.data.lease_id(), event = event_type, "lease transition");
+                }
+                _ => {}
+            }
+        }
+        self.state.leases.retain(|_, l| !l.ended);
+        self.gpu.set_busy(&self.state);
+        self.status
+            .running_leases
+            .store(self.state.running(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,210 @@
+//! The agent's decisions, driven by hand: the log through `apply`, its
+//! GPUs and workloads through `signal`, and what `decide` asks for, on the
+//! log and of the workload side.
+
+use std::path::Path;
+
+use lh_events::{fixtures, EventData, GpuHealth, LeaseStopRequested};
+use lh_service::clock::ManualClock;
+use tokio::sync::mpsc::{self, error::TryRecvError};
+
+use super::*;
+use crate::gpu::backend::sim::fleet::SimNode;
+use crate::gpu::backend::sim::SimBackend;
+use crate::gpu::backend::{GpuEvent, GpuEventKind};
+use crate::gpu::GpuArgs;
+use crate::workload::supervisor::Finished;
+use crate::workload::Exit;
+
+const NODE: &str = "node-a";
+
+fn t(s: i64) -> DateTime<Utc> {
+    "2026-12-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + chrono::Duration::seconds(s)
+}
+
+fn lease() -> Uuid {
+    Uuid::from_u128(7)
+}
+
+struct Given {
+    agent: NodeAgent,
+    commands: mpsc::UnboundedReceiver<Command>,
+    status: Arc<NodeStatus>,
+    _usage: mpsc::Receiver<Vec<LeaseUsage>>,
+}
+
+/// A registered agent of a two-GPU simulated node, lease 7 placed on GPU 0
+/// at sequence 10.
+fn given() -> Given {
+    let node: SimNode = toml::from_str(&format!(
+        "id = \"{NODE}\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n"
+    ))
+    .unwrap();
+    let backend = Arc::new(SimBackend::for_node(&node, Path::new("fleet.toml")).unwrap());
+    let inventory = node.inventory();
+    let clock = ManualClock::new(t(0));
+    let gpu = GpuSide::new(
+        &GpuArgs::for_test(),
+        backend,
+        &inventory,
+        Default::default(),
+        Arc::new(clock),
+    );
+    let (command_tx, commands) = mpsc::unbounded_channel();
+    let (usage_tx, usage) = mpsc::channel(4);
+    let status = Arc::new(NodeStatus::default());
+    let mut agent = NodeAgent::new(
+        inventory.clone(),
+        gpu,
+        command_tx,
+        usage_tx,
+        status.clone(),
+        Duration::from_secs(1),
+    );
+    let on_log = |data| Envelope::new(Actor::Admin, t(0), data);
+    agent.apply(1, &on_log(EventData::NodeRegistered(inventory)));
+    let placed = fixtures::placed(lease(), NODE, "z", "A100-40GB", 40, &[0]);
+    agent.apply(10, &on_log(EventData::LeasePlaced(placed)));
+    Given {
+        agent,
+        commands,
+        status,
+        _usage: usage,
+    }
+}
+
+fn types(batches: &[Batch]) -> Vec<&'static str> {
+    batches
+        .iter()
+        .flatten()
+        .map(|(e, _)| e.data.event_type())
+        .collect()
+}
+
+fn only(batches: Vec<Batch>) -> (Envelope, Expect) {
+    assert_eq!(batches.len(), 1, "{:?}", types(&batches));
+    let mut batch = batches.into_iter().next().unwrap();
+    assert_eq!(batch.len(), 1);
+    batch.remove(0)
+}
+
+fn answer(agent: &mut NodeAgent, outcome: Result<bool, String>) {
+    let report = Report::Started {
+        lease_id: lease(),
+        placement: 10,
+        outcome,
+    };
+    assert!(agent.signal(Signal::Workload(report), t(1)));
+}
+
+#[test]
+fn a_lease_is_reported_started_once_its_workload_side_answers() {
+    let mut g = given();
+    assert!(g.agent.decide(t(1)).is_empty(), "nothing before the answer");
+    match g.commands.try_recv() {
+        Ok(Command::Start {
+            lease_id,
+            placement,
+            gpus,
+            ..
+        }) => {
+            assert_eq!((lease_id, placement), (lease(), 10));
+            assert_eq!(gpus[0].index, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(g.agent.decide(t(1)).is_empty(), "asked once");
+    assert!(matches!(g.commands.try_recv(), Err(TryRecvError::Empty)));
+    answer(&mut g.agent, Ok(false));
+    let (envelope, expect) = only(g.agent.decide(t(2)));
+    assert!(matches!(envelope.data, EventData::LeaseStarted(_)));
+    assert_eq!(expect, Expect::LastSubjectSequence(10), "a stop must win");
+}
+
+#[test]
+fn a_workload_that_cannot_start_fails_the_lease_unbilled() {
+    let mut g = given();
+    g.agent.decide(t(1));
+    answer(&mut g.agent, Err("no such image".into()));
+    let (envelope, expect) = only(g.agent.decide(t(2)));
+    match envelope.data {
+        EventData::LeaseEnded(e) => assert_eq!(e.reason, EndReason::Failed),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(expect, Expect::Any);
+}
+
+#[test]
+fn a_stop_during_the_start_waits_for_the_answer_then_stops_the_workload() {
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    let stop = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease() });
+    g.agent
+        .apply(11, &Envelope::new(Actor::Tenant(Uuid::nil()), t(1), stop));
+    assert!(g.agent.decide(t(2)).is_empty(), "the start is under way");
+    answer(&mut g.agent, Ok(true));
+    assert!(
+        g.agent.decide(t(3)).is_empty(),
+        "the end waits for the exit"
+    );
+    assert!(matches!(
+        g.commands.try_recv(),
+        Ok(Command::Stop { lease_id }) if lease_id == lease()
+    ));
+    let exit = Exit {
+        code: None,
+        signal: Some(15),
+    };
+    let ended = Report::Ended(Finished {
+        lease_id: lease(),
+        placement: 10,
+        exit,
+    });
+    assert!(g.agent.signal(Signal::Workload(ended), t(4)));
+    let (envelope, _) = only(g.agent.decide(t(4)));
+    match envelope.data {
+        EventData::LeaseEnded(e) => assert_eq!(e.reason, EndReason::Cancelled),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn what_a_gpu_showed_is_offered_until_it_is_stored() {
+    let mut g = given();
+    let lost = Observation::Events(vec![GpuEvent {
+        index: 1,
+        kind: GpuEventKind::Lost,
+        at: t(1),
+    }]);
+    assert!(g.agent.signal(Signal::Gpu(lost), t(1)));
+    let health = |batches: &[Batch]| {
+        batches
+            .iter()
+            .flatten()
+            .filter(|(e, _)| matches!(&e.data, EventData::NodeGpuHealthChanged(h) if h.to == GpuHealth::Unhealthy))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let first = health(&g.agent.decide(t(1)));
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].1, Expect::Any, "an observation, not a decision");
+    // The log refused it, or the pass ended early: offered again, same id.
+    let again = health(&g.agent.decide(t(2)));
+    assert_eq!(again[0].0.id, first[0].0.id);
+    g.agent.appended(&first);
+    assert!(health(&g.agent.decide(t(3))).is_empty());
+}
+
+#[test]
+fn a_host_that_stops_answering_goes_silent() {
+    let mut g = given();
+    g.agent.signal(Signal::Gpu(Observation::NodeStopped), t(1));
+    assert!(g.status.silent.load(Ordering::Relaxed), "no heartbeats");
+    assert!(g.agent.decide(t(2)).is_empty());
+    assert!(g.commands.try_recv().is_err(), "nothing started");
+    assert!(g.agent.signal(Signal::Gpu(Observation::NodeBack), t(3)));
+    assert!(!g.status.silent.load(Ordering::Relaxed));
+    g.agent.decide(t(3));
+    assert!(matches!(g.commands.try_recv(), Ok(Command::Start { .. })));
+}

@@ -1,0 +1,103 @@
+//! The workload side's own task: it owns [`Workloads`], carries out the
+//! starts and stops the agent decides on, in the order decided, and reports
+//! back what came of them. Starting a workload spawns a process or a
+//! container, which the agent's decisions never wait on.
+
+use lh_events::{AssignedGpu, WorkloadSpec};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::supervisor::{Finished, Workloads};
+
+/// What the agent asks of the workload side.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Run the lease's workload for `placement` (a workload still running
+    /// for an earlier placement of the lease stops first).
+    Start {
+        lease_id: Uuid,
+        placement: u64,
+        gpus: Vec<AssignedGpu>,
+        spec: Option<WorkloadSpec>,
+    },
+    /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL.
+    Stop { lease_id: Uuid },
+}
+
+/// What the workload side tells the agent.
+#[derive(Debug)]
+pub(crate) enum Report {
+    /// What came of a [`Command::Start`]: whether a workload runs (false:
+    /// nothing to run, a simulated node or a lease without a workload), or
+    /// why it cannot run here.
+    Started {
+        lease_id: Uuid,
+        placement: u64,
+        outcome: Result<bool, String>,
+    },
+    /// A workload ended, on its own or stopped.
+    Ended(Finished),
+}
+
+/// Starts the task; it ends when the agent drops its command sender.
+pub(crate) fn spawn(
+    mut workloads: Workloads,
+    mut finished: mpsc::UnboundedReceiver<Finished>,
+) -> (
+    mpsc::UnboundedSender<Command>,
+    mpsc::UnboundedReceiver<Report>,
+) {
+    let (command_tx, mut commands) = mpsc::unbounded_channel::<Command>();
+    let (report_tx, reports) = mpsc::unbounded_channel::<Report>();
+    tokio::spawn(async move {
+        loop {
+            let report = tokio::select! {
+                command = commands.recv() => match command {
+                    None => return,
+                    Some(command) => carry_out(&mut workloads, command),
+                },
+                Some(f) = finished.recv() => {
+                    workloads.forget(f.lease_id, f.placement);
+                    Some(Report::Ended(f))
+                }
+            };
+            if let Some(report) = report {
+                if report_tx.send(report).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (command_tx, reports)
+}
+
+fn carry_out(workloads: &mut Workloads, command: Command) -> Option<Report> {
+    match command {
+        Command::Start {
+            lease_id,
+            placement,
+            gpus,
+            spec,
+        } => {
+            workloads.stop_stale(lease_id, placement);
+            // Started before, and the report did not get through: it keeps
+            // running.
+            let outcome = if workloads.is_running(lease_id, placement) {
+                Ok(true)
+            } else {
+                workloads
+                    .start(lease_id, placement, &gpus, spec.as_ref())
+                    .map_err(|e| e.to_string())
+            };
+            Some(Report::Started {
+                lease_id,
+                placement,
+                outcome,
+            })
+        }
+        Command::Stop { lease_id } => {
+            workloads.stop(lease_id);
+            None
+        }
+    }
+}
