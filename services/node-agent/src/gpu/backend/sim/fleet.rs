@@ -120,14 +120,31 @@ impl SimNode {
         if self.busy_utilization_pct.is_some_and(|p| p > 100) {
             return Err("busy_utilization_pct must be within 0..=100".into());
         }
+        // The node offers what tenants can ask for, so its GPUs are
+        // described by the catalogue the gateway and the scheduler check
+        // against.
+        match lh_domain::catalog::vram_gb(&self.gpu_model) {
+            None => {
+                let known: Vec<_> = lh_domain::catalog::model_names().collect();
+                return Err(format!(
+                    "gpu_model {} is not in the GPU catalogue ({})",
+                    self.gpu_model,
+                    known.join(", ")
+                ));
+            }
+            Some(vram_gb) if vram_gb != self.vram_gb => {
+                return Err(format!(
+                    "vram_gb is {} but the catalogue gives {} {vram_gb} GB",
+                    self.vram_gb, self.gpu_model
+                ));
+            }
+            Some(_) => {}
+        }
         if self.mig_gpus.is_empty() {
             return Ok(());
         }
-        if lh_domain::catalog::mig_geometry(&self.gpu_model).is_err() {
-            return Err(format!(
-                "mig_gpus given but {} has no MIG mode",
-                self.gpu_model
-            ));
+        if let Err(why) = lh_domain::catalog::mig_geometry(&self.gpu_model) {
+            return Err(format!("mig_gpus given but {why}"));
         }
         match self.mig_gpus.iter().find(|&&i| i >= self.gpu_count) {
             Some(i) => Err(format!(
@@ -206,10 +223,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fleet.toml");
         let write = |model: &str, mig: &str| {
+            let vram = lh_domain::catalog::vram_gb(model).unwrap_or(40);
             std::fs::write(
                 &path,
                 format!(
-                    "[[node]]\nid = \"n\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"{model}\"\ngpu_count = 2\nvram_gb = 40\nmig_gpus = {mig}\n"
+                    "[[node]]\nid = \"n\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"{model}\"\ngpu_count = 2\nvram_gb = {vram}\nmig_gpus = {mig}\n"
                 ),
             )
             .unwrap();
@@ -227,6 +245,32 @@ mod tests {
         write("L4-24GB", "[0]");
         let err = FleetFile::load(&path).unwrap_err().to_string();
         assert!(err.contains("no MIG mode"), "{err}");
+    }
+
+    #[test]
+    fn the_model_and_its_memory_come_from_the_catalogue() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        let load = |model: &str, vram: u32| {
+            std::fs::write(
+                &path,
+                format!(
+                    "[[node]]\nid = \"n\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"{model}\"\ngpu_count = 1\nvram_gb = {vram}\n"
+                ),
+            )
+            .unwrap();
+            FleetFile::load(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(load("H100-80GB", 80), Ok(()));
+        let err = load("H100-80GB", 40).unwrap_err();
+        assert!(err.contains("catalogue gives H100-80GB 80 GB"), "{err}");
+        let err = load("V100-16GB", 16).unwrap_err();
+        assert!(
+            err.contains("not in the GPU catalogue") && err.contains("A100-40GB"),
+            "{err}"
+        );
     }
     #[test]
     fn a_node_may_name_a_fault_script_next_to_the_fleet_file() {
