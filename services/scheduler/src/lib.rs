@@ -51,6 +51,11 @@ pub struct Config {
     /// as in the lease-rate load test).
     #[arg(long, env = "LH_NODE_LOST_AFTER_MS", default_value_t = 3_000)]
     pub node_lost_after_ms: u64,
+    /// While the whole fleet (two nodes or more) is silent, the scheduler
+    /// takes it that it cannot hear (NATS is down or restarting) and
+    /// declares no node lost, up to this many seconds.
+    #[arg(long, env = "LH_FLEET_SILENCE_GRACE_SECS", default_value_t = 60)]
+    pub fleet_silence_grace_secs: i64,
 }
 
 impl Config {
@@ -61,6 +66,7 @@ impl Config {
             preemption_notice_secs: 120,
             backfill_starvation_secs: 300,
             node_lost_after_ms: 3_000,
+            fleet_silence_grace_secs: 60,
         }
     }
 
@@ -70,6 +76,7 @@ impl Config {
             preemption_notice: chrono::Duration::seconds(self.preemption_notice_secs),
             backfill_starvation: chrono::Duration::seconds(self.backfill_starvation_secs),
             node_lost_after: chrono::Duration::milliseconds(self.node_lost_after_ms as i64),
+            fleet_silence_grace: chrono::Duration::seconds(self.fleet_silence_grace_secs),
         }
     }
 }
@@ -191,7 +198,7 @@ impl Decider for Scheduling {
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
         match signal {
             Signal::Heartbeat(hb) => {
-                self.state.heard(&hb.node_id, hb.at, now);
+                self.state.heard_live(&hb.node_id, hb.at, now, &self.rules);
                 false
             }
             Signal::LastHeartbeat(hb) => {

@@ -18,8 +18,35 @@ pub struct Heard {
 }
 
 impl State {
-    /// A heartbeat of `node_id` stamped `node_at` arrived at `local`.
+    /// A live heartbeat of `node_id` stamped `node_at` arrived at `local`.
+    /// The first one after the whole fleet was silent longer than the loss
+    /// window means the scheduler can hear again (NATS came back, its
+    /// subscription was renewed): every node's silence counts from then,
+    /// so the others get the time their next heartbeat needs.
+    pub fn heard_live(
+        &mut self,
+        node_id: &str,
+        node_at: DateTime<Utc>,
+        local: DateTime<Utc>,
+        rules: &Rules,
+    ) {
+        if self
+            .last_heard_any
+            .is_some_and(|any| local - any > rules.node_lost_after)
+        {
+            tracing::info!(
+                silence_ms = (local - self.last_heard_any.unwrap_or(local)).num_milliseconds(),
+                "heartbeats again after the whole fleet was silent"
+            );
+            self.hearing_resumed_at = Some(local);
+        }
+        self.heard(node_id, node_at, local);
+    }
+
+    /// A heartbeat of `node_id` stamped `node_at` arrived at `local` (or
+    /// was read back from the telemetry stream, `local` being its stamp).
     pub fn heard(&mut self, node_id: &str, node_at: DateTime<Utc>, local: DateTime<Utc>) {
+        self.last_heard_any = Some(self.last_heard_any.map_or(local, |any| any.max(local)));
         let h = self
             .heard
             .entry(node_id.to_string())
@@ -35,10 +62,30 @@ impl State {
         let Some(since) = self.liveness_since else {
             return Vec::new();
         };
+        // Silence counts from our start, or from when we could hear again.
+        let listening_since = self.hearing_resumed_at.map_or(since, |r| r.max(since));
+        let fleet_quiet_since = self.last_heard_any.map_or(since, |any| any.max(since));
+        let live_nodes = self
+            .fleet
+            .nodes
+            .values()
+            .filter(|n| n.lost.is_none())
+            .count();
+        let fleet_silence = now - fleet_quiet_since;
+        let deaf = live_nodes >= 2
+            && fleet_silence > rules.node_lost_after
+            && fleet_silence <= rules.fleet_silence_grace;
         let mut out = Vec::new();
         for node in self.fleet.nodes.values() {
-            let last = self.heard.get(&node.id).map_or(since, |h| h.local);
+            let last = self
+                .heard
+                .get(&node.id)
+                .map_or(since, |h| h.local)
+                .max(listening_since);
             let silent = now - last > rules.node_lost_after;
+            if deaf && silent && node.lost.is_none() {
+                continue;
+            }
             match (node.lost.is_some(), silent) {
                 (false, true) => out.push((node.id.clone(), true)),
                 (true, false) => out.push((node.id.clone(), false)),

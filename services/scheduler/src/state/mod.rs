@@ -75,6 +75,11 @@ pub struct State {
     /// Node liveness is judged from this instant on (the scheduler's start);
     /// `None` turns it off.
     pub liveness_since: Option<DateTime<Utc>>,
+    /// When any node was last heard from (our clock).
+    last_heard_any: Option<DateTime<Utc>>,
+    /// When heartbeats came again after the whole fleet had been silent
+    /// longer than the loss window: silence is measured from then.
+    hearing_resumed_at: Option<DateTime<Utc>>,
 }
 
 impl State {

@@ -23,6 +23,10 @@ pub struct Rules {
     pub backfill_starvation: Duration,
     /// A node silent this long is lost: its leases move elsewhere.
     pub node_lost_after: Duration,
+    /// A silence of the whole fleet (two nodes or more) means the scheduler
+    /// cannot hear, not that every node died: no node is lost for it until
+    /// it has lasted this long.
+    pub fleet_silence_grace: Duration,
 }
 
 impl Default for Rules {
@@ -32,6 +36,7 @@ impl Default for Rules {
             preemption_notice: Duration::seconds(120),
             backfill_starvation: Duration::minutes(5),
             node_lost_after: Duration::seconds(3),
+            fleet_silence_grace: Duration::seconds(60),
         }
     }
 }

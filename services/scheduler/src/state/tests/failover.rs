@@ -189,3 +189,65 @@ fn a_lost_node_s_lease_is_placed_again_in_the_same_decision() {
     let again = s.decide(t0 + Duration::seconds(4), &Rules::default());
     assert!(events_of(&again).is_empty(), "{:?}", events_of(&again));
 }
+
+/// Two nodes, one lease on each, both heard live at `t0`.
+fn two_busy_nodes(t0: chrono::DateTime<Utc>, rules: &Rules) -> State {
+    let t = Uuid::from_u128(1);
+    let mut s = given(vec![
+        node("a", 1),
+        node("b", 1),
+        tenant(t, 8),
+        request(Uuid::from_u128(2), t, 1),
+        request(Uuid::from_u128(3), t, 1),
+    ]);
+    settle(&mut s, t0, rules);
+    s.liveness_since = Some(t0);
+    s.heard_live("a", t0, t0, rules);
+    s.heard_live("b", t0, t0, rules);
+    s
+}
+
+fn lost_nodes(s: &State, now: chrono::DateTime<Utc>, rules: &Rules) -> Vec<String> {
+    let mut lost: Vec<String> = s
+        .liveness_changes(now, rules)
+        .into_iter()
+        .filter(|(_, lost)| *lost)
+        .map(|(node, _)| node)
+        .collect();
+    lost.sort();
+    lost
+}
+
+#[test]
+fn a_fleet_wide_silence_is_the_scheduler_s_own_deafness() {
+    let rules = Rules::default();
+    let t0 = Utc::now();
+    let at = |ms: i64| t0 + Duration::milliseconds(ms);
+    let mut s = two_busy_nodes(t0, &rules);
+    // NATS is down: nobody is heard for 20 s, and nobody is lost.
+    assert!(lost_nodes(&s, at(20_000), &rules).is_empty());
+    // It is back: a's heartbeat arrives first. b's comes within its
+    // period; until the loss window has passed since a's, b is not lost.
+    s.heard_live("a", at(20_000), at(20_000), &rules);
+    assert!(lost_nodes(&s, at(22_900), &rules).is_empty());
+    s.heard_live("b", at(20_800), at(20_800), &rules);
+    s.heard_live("a", at(23_000), at(23_000), &rules);
+    assert!(lost_nodes(&s, at(23_000), &rules).is_empty());
+    // A node that stays silent once the others are heard again is lost.
+    s.heard_live("a", at(25_000), at(25_000), &rules);
+    assert_eq!(lost_nodes(&s, at(25_000), &rules), ["b"]);
+}
+
+#[test]
+fn a_fleet_silent_past_the_grace_is_lost_and_a_lone_node_is_judged_alone() {
+    let rules = Rules::default();
+    let t0 = Utc::now();
+    let s = two_busy_nodes(t0, &rules);
+    let past_grace = t0 + rules.fleet_silence_grace + Duration::seconds(1);
+    assert_eq!(lost_nodes(&s, past_grace, &rules), ["a", "b"]);
+    // With one node there is no one else to tell deafness from death.
+    let mut lone = given(vec![node("a", 1)]);
+    lone.liveness_since = Some(t0);
+    lone.heard_live("a", t0, t0, &rules);
+    assert_eq!(lost_nodes(&lone, t0 + Duration::seconds(4), &rules), ["a"]);
+}
