@@ -13,34 +13,28 @@
 //! fragmentation and the score of each demand shape on it stay valid until
 //! that node's generation moves.
 
-use super::frag_cache::{load, sigmoid, NodeCache, Scratch};
+use super::frag_cache::{load, sigmoid, MixMeasure, Scratch};
 use super::{Policy, Scored};
 use crate::cluster::{Cluster, Demand, Kind};
 use crate::rng::Rng;
-use crate::shape_mix::{Compiled, ShapeMix};
+use crate::shape_mix::ShapeMix;
 
 /// FGD as published.
 #[derive(Debug, Clone)]
 pub struct Fgd {
-    mix: ShapeMix,
-    compiled: Option<Compiled>,
-    cache: NodeCache,
+    measure: MixMeasure,
 }
 
 impl Fgd {
     pub fn new(mix: ShapeMix) -> Self {
         Fgd {
-            mix,
-            compiled: None,
-            cache: NodeCache::default(),
+            measure: MixMeasure::new(mix),
         }
     }
 
     /// Measures against another mix of shapes from now on.
     pub fn set_mix(&mut self, mix: ShapeMix) {
-        self.mix = mix;
-        self.compiled = None;
-        self.cache.clear();
+        self.measure.set_mix(mix);
     }
 
     fn quantised(f0: f64, f1: f64) -> i64 {
@@ -57,24 +51,21 @@ impl Policy for Fgd {
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
-        if self
-            .compiled
-            .as_ref()
-            .is_none_or(|c| c.models_seen != cluster.models().len())
-        {
-            self.compiled = Some(Compiled::new(&self.mix, cluster));
-            self.cache.clear();
-        }
-        self.cache.begin(cluster, d);
+        self.measure.begin(cluster, d);
     }
 
     fn score(&mut self, cluster: &Cluster, node: usize, d: &Demand, _rng: &mut Rng) -> Scored {
         let n = cluster.node(node);
-        if let Some(s) = self.cache.get(node, n.generation) {
+        if let Some(s) = self.measure.cache.get(node, n.generation) {
             return s;
         }
-        let w = self.compiled.as_ref().expect("begin compiles the mix");
+        let w = self
+            .measure
+            .compiled
+            .as_ref()
+            .expect("begin compiles the mix");
         let f0 = self
+            .measure
             .cache
             .node_frag(node, n.generation, || w.frag(&load(n), false));
         let mut scratch = Scratch::of(n);
@@ -100,7 +91,7 @@ impl Policy for Fgd {
                 Scored::new(Self::quantised(f0, f1) as f64, set)
             }
         };
-        self.cache.put(node, n.generation, s);
+        self.measure.cache.put(node, n.generation, s);
         s
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::Scored;
 use crate::cluster::{Cluster, Demand, Gpu, Node, EMPTY_GPU, MAX_GPUS_PER_NODE};
-use crate::shape_mix::{apply, Compiled, Load};
+use crate::shape_mix::{apply, Compiled, Load, ShapeMix};
 
 const SLOTS: usize = 64;
 
@@ -27,6 +27,46 @@ const EMPTY_ENTRY: Entry = Entry {
     score: 0.0,
     tiebreak: 0.0,
 };
+
+/// What a fragmentation-aware policy measures with: its mix of shapes,
+/// compiled against the cluster's models, and the per-node cache of what
+/// it measured. Both start over when the mix changes or the cluster has
+/// learnt a model since.
+#[derive(Debug, Clone)]
+pub struct MixMeasure {
+    mix: ShapeMix,
+    pub(crate) compiled: Option<Compiled>,
+    pub(crate) cache: NodeCache,
+}
+
+impl MixMeasure {
+    pub fn new(mix: ShapeMix) -> Self {
+        Self {
+            mix,
+            compiled: None,
+            cache: NodeCache::default(),
+        }
+    }
+
+    pub fn set_mix(&mut self, mix: ShapeMix) {
+        self.mix = mix;
+        self.compiled = None;
+        self.cache.clear();
+    }
+
+    /// Readies a placement decision for `d`.
+    pub fn begin(&mut self, cluster: &Cluster, d: &Demand) {
+        if self
+            .compiled
+            .as_ref()
+            .is_none_or(|c| c.models_seen != cluster.models().len())
+        {
+            self.compiled = Some(Compiled::new(&self.mix, cluster));
+            self.cache.clear();
+        }
+        self.cache.begin(cluster, d);
+    }
+}
 
 /// Per-node caches keyed by the node's generation: the node's own
 /// fragmentation, and a direct-mapped table of scores per demand shape.

@@ -16,7 +16,7 @@
 //! The ideas measured and left out, and the switches that reproduce them,
 //! live in the `lh-placement-lab` crate; docs/placement.md has the figures.
 
-use super::frag_cache::{load, sigmoid, NodeCache, Scratch};
+use super::frag_cache::{load, sigmoid, MixMeasure, Scratch};
 use super::{Policy, Scored};
 use crate::cluster::{Cluster, Demand, Gpu, GpuSet, Kind};
 use crate::rng::Rng;
@@ -56,25 +56,19 @@ impl Key {
 
 #[derive(Debug, Clone)]
 pub struct Leasehold {
-    mix: ShapeMix,
-    compiled: Option<Compiled>,
-    cache: NodeCache,
+    measure: MixMeasure,
 }
 
 impl Leasehold {
     pub fn new(mix: ShapeMix) -> Self {
         Leasehold {
-            mix,
-            compiled: None,
-            cache: NodeCache::default(),
+            measure: MixMeasure::new(mix),
         }
     }
 
     /// Measures against another mix of shapes from now on.
     pub fn set_mix(&mut self, mix: ShapeMix) {
-        self.mix = mix;
-        self.compiled = None;
-        self.cache.clear();
+        self.measure.set_mix(mix);
     }
 }
 
@@ -87,26 +81,23 @@ impl Policy for Leasehold {
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
-        if self
-            .compiled
-            .as_ref()
-            .is_none_or(|c| c.models_seen != cluster.models().len())
-        {
-            self.compiled = Some(Compiled::new(&self.mix, cluster));
-            self.cache.clear();
-        }
-        self.cache.begin(cluster, d);
+        self.measure.begin(cluster, d);
     }
 
     fn score(&mut self, cluster: &Cluster, node: usize, d: &Demand, _rng: &mut Rng) -> Scored {
         let n = cluster.node(node);
-        if let Some(s) = self.cache.get(node, n.generation) {
+        if let Some(s) = self.measure.cache.get(node, n.generation) {
             return s;
         }
-        let w = self.compiled.as_ref().expect("begin compiles the mix");
+        let w = self
+            .measure
+            .compiled
+            .as_ref()
+            .expect("begin compiles the mix");
         // (fragmentation F, fill-up stranding) of a node state, memory-aware.
         let measure = |w: &Compiled, l: &Load<'_>| w.frag_both(l, true);
         let (f0, fill0) = self
+            .measure
             .cache
             .node_pair(node, n.generation, || measure(w, &load(n)));
         let mut scratch = Scratch::of(n);
@@ -168,7 +159,7 @@ impl Policy for Leasehold {
             },
         };
         let s = key.scored(set);
-        self.cache.put(node, n.generation, s);
+        self.measure.cache.put(node, n.generation, s);
         s
     }
 }
