@@ -23,6 +23,10 @@ use tokio::sync::watch;
 pub const MAX_POOL_CONNECTIONS: u32 = 16;
 /// Most events one projection transaction applies when a backlog waits.
 pub const MAX_EVENTS_PER_TRANSACTION: usize = 256;
+/// Longest a caller waits for a connection of the pool. A healthy pool
+/// hands one out in milliseconds; past this the database is out of reach or
+/// overloaded, and an API answers 503 rather than hang.
+pub const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectionError {
@@ -87,7 +91,7 @@ pub async fn connect_schema(database_url: &str, schema: &str) -> Result<PgPool> 
     let options = base.options([("search_path", schema)]);
     Ok(PgPoolOptions::new()
         .max_connections(MAX_POOL_CONNECTIONS)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await?)
 }
@@ -101,6 +105,89 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
             sequence BIGINT NOT NULL
         )",
     )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Whether a database error means PostgreSQL is out of reach for now
+/// (down, restarting, refusing connections, out of connections), not that
+/// the statement is wrong: what a caller should retry, or answer with 503.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE classes 08 (connection exception), 53 (insufficient
+        // resources) and 57P (the server is shutting down or starting).
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("53") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+/// First wait after a failed write to the database; doubles up to
+/// [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Runs `attempt` until it succeeds or `shutdown` resolves (`None`),
+/// backing off between failures and telling `stalled` meanwhile. A
+/// projection must never end for an outage: PostgreSQL restarts, and the
+/// tables catch up when it is back.
+async fn until_done<T, F, Fut>(
+    projection: &'static str,
+    what: &'static str,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    stalled: &watch::Sender<bool>,
+    mut attempt: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut wait = RETRY_MIN;
+    loop {
+        match attempt().await {
+            Ok(value) => {
+                if stalled.send_replace(false) {
+                    tracing::info!(projection, "the database answers again");
+                }
+                return Some(value);
+            }
+            Err(e) => {
+                stalled.send_replace(true);
+                let outage = matches!(&e, ProjectionError::Database(db) if is_unavailable(db));
+                if outage {
+                    tracing::warn!(projection, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot {what}: database unavailable");
+                } else {
+                    tracing::error!(projection, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot {what}");
+                }
+                metrics::counter!("lh_projection_retries_total", "projection" => projection)
+                    .increment(1);
+                tokio::select! {
+                    _ = shutdown.as_mut() => return None,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Makes sure the projection's offset row exists, so that every runner's
+/// `FOR UPDATE` on it locks something: two runners starting at once on an
+/// empty schema then take turns instead of both applying the first events.
+async fn ensure_offset_row(pool: &PgPool, name: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO projection_offsets (name, sequence) VALUES ($1, 0)
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(name)
     .execute(pool)
     .await?;
     Ok(())
@@ -121,9 +208,21 @@ pub async fn committed_sequence(pool: &PgPool, name: &str) -> Result<u64> {
 pub struct Progress {
     applied: watch::Receiver<u64>,
     caught_up: watch::Receiver<bool>,
+    stalled: watch::Receiver<bool>,
 }
 
 impl Progress {
+    /// True while the projection cannot write to the database (it retries).
+    pub fn stalled(&self) -> bool {
+        *self.stalled.borrow()
+    }
+
+    /// Waits until [`Progress::stalled`] changes; false once the
+    /// projection has ended.
+    pub async fn stalled_changed(&mut self) -> bool {
+        self.stalled.changed().await.is_ok()
+    }
+
     /// Highest stream sequence reflected in the tables.
     pub fn applied(&self) -> u64 {
         *self.applied.borrow()
@@ -163,18 +262,34 @@ pub async fn run<P: Projector>(
     shutdown: impl std::future::Future<Output = ()>,
     on_progress: impl FnOnce(Progress),
 ) -> Result<()> {
-    let start = committed_sequence(pool, projector.name()).await?;
+    let name = projector.name();
+    let (stalled_tx, stalled_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    let start = until_done(
+        name,
+        "read its offset",
+        &mut shutdown,
+        &stalled_tx,
+        || async {
+            ensure_offset_row(pool, name).await?;
+            committed_sequence(pool, name).await
+        },
+    )
+    .await;
+    let Some(start) = start else {
+        return Ok(());
+    };
     let (applied_tx, applied_rx) = watch::channel(start);
     let (caught_tx, caught_rx) = watch::channel(false);
     on_progress(Progress {
         applied: applied_rx,
         caught_up: caught_rx,
+        stalled: stalled_rx,
     });
     if bus.last_sequence().await? <= start {
         caught_tx.send_replace(true);
     }
     let mut feed = bus.feed(projector.filters(), start + 1).await?;
-    tokio::pin!(shutdown);
     loop {
         let next = tokio::select! {
             _ = &mut shutdown => return Ok(()),
@@ -196,7 +311,13 @@ pub async fn run<P: Projector>(
                 None => break,
             }
         }
-        apply_batch(pool, projector, &batch).await?;
+        let applied = until_done(name, "apply events", &mut shutdown, &stalled_tx, || {
+            apply_batch(pool, projector, &batch)
+        })
+        .await;
+        if applied.is_none() {
+            return Ok(());
+        }
         let last = batch.last().expect("a batch holds an event");
         applied_tx.send_replace(last.sequence);
         if last.pending == 0 {
@@ -266,6 +387,7 @@ pub async fn rebuild<P: Projector>(
     }
     let pool = connect_schema(database_url, schema).await?;
     migrate(&pool, migrator).await?;
+    ensure_offset_row(&pool, projector.name()).await?;
     let head = bus.last_sequence().await?;
     let mut reached = 0;
     if head > 0 {

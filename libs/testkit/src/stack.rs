@@ -14,7 +14,7 @@ use lh_events::subject;
 use lh_service::{CancellationToken, CommonArgs, Running};
 use serde_json::{json, Value};
 
-use crate::{wait_ready, Nats};
+use crate::{wait_ready, Nats, Postgres};
 
 /// How long a started service may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -75,6 +75,9 @@ pub struct Stack {
     /// GPU knobs (health rules, idle default, self-tests) of node-agents
     /// started from now on.
     pub node_gpus: lh_node_agent::GpuArgs,
+    /// A PostgreSQL cluster of this stack's own, which the test may kill and
+    /// restart ([`Stack::start_with_own_postgres`]); `None` on the shared one.
+    pub own_postgres: Option<Postgres>,
 }
 
 impl Stack {
@@ -88,20 +91,50 @@ impl Stack {
     pub async fn start_configured(fleet: &str, configure: impl FnOnce(&mut Stack)) -> Stack {
         let mut stack = Self::bare(fleet).await;
         configure(&mut stack);
-        for name in ["scheduler", "pricing", "spot-broker", "audit", "gateway"] {
-            stack.start_service(name).await;
-        }
-        let nodes: Vec<String> = toml_node_ids(fleet);
-        for node in nodes {
-            stack.start_service(&format!("node-agent:{node}")).await;
-        }
-        stack.wait_ready().await;
+        stack.start_all(fleet).await;
         stack
+    }
+
+    async fn start_all(&mut self, fleet: &str) {
+        for name in ["scheduler", "pricing", "spot-broker", "audit", "gateway"] {
+            self.start_service(name).await;
+        }
+        for node in toml_node_ids(fleet) {
+            self.start_service(&format!("node-agent:{node}")).await;
+        }
+        self.wait_ready().await;
+    }
+
+    /// [`Stack::start`] on a PostgreSQL cluster of its own, for tests that
+    /// take the database away.
+    pub async fn start_with_own_postgres(fleet: &str) -> Stack {
+        let postgres = Postgres::start().await.expect("PostgreSQL starts");
+        let database_url = postgres.create_database().await.expect("a database");
+        let nats = Nats::start().await.expect("nats-server starts");
+        let mut stack = Self::bare_on(fleet, nats, database_url);
+        stack.own_postgres = Some(postgres);
+        stack.start_all(fleet).await;
+        stack
+    }
+
+    /// Panics naming every service that has stopped.
+    pub fn assert_none_stopped(&self) {
+        let stopped: Vec<&String> = self
+            .running
+            .iter()
+            .filter(|(_, (_, running))| running.is_finished())
+            .map(|(name, _)| name)
+            .collect();
+        assert!(stopped.is_empty(), "stopped: {stopped:?}");
     }
 
     /// Servers only; start services with [`Stack::start_service`].
     pub async fn bare(fleet: &str) -> Stack {
         let (nats, database_url) = crate::nats_and_database().await;
+        Self::bare_on(fleet, nats, database_url)
+    }
+
+    fn bare_on(fleet: &str, nats: Nats, database_url: String) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
         std::fs::write(&fleet_file, fleet).unwrap();
@@ -117,6 +150,7 @@ impl Stack {
             preemption_notice_secs: 120,
             node_runtime: lh_node_agent::RuntimeKind::Sim,
             node_gpus: lh_node_agent::GpuArgs::for_test(),
+            own_postgres: None,
         }
     }
 

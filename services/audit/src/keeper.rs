@@ -51,8 +51,35 @@ fn is_checkpoint(event: &Stored) -> bool {
     matches!(event.envelope.data, EventData::AuditCheckpoint(_))
 }
 
+/// First wait before the keeper starts over after a failure; doubles up to
+/// [`RESTART_MAX`].
+const RESTART_MIN: Duration = Duration::from_millis(200);
+const RESTART_MAX: Duration = Duration::from_secs(5);
+
 impl Keeper {
-    pub async fn run(self) -> anyhow::Result<()> {
+    /// Keeps the chain until the future is dropped. A failure (PostgreSQL
+    /// restarting, NATS out of reach) starts the keeper over: it takes the
+    /// lock again (a restarted database has forgotten it) and resumes from
+    /// the table, which is its offset; it never ends the service.
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let mut wait = RESTART_MIN;
+        loop {
+            let started = Instant::now();
+            let Err(e) = self.keep().await;
+            self.ready.set(false);
+            if started.elapsed() > RESTART_MAX * 4 {
+                wait = RESTART_MIN;
+            }
+            tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "the chain keeper failed; starting over");
+            metrics::counter!("lh_audit_keeper_restarts_total").increment(1);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RESTART_MAX);
+        }
+    }
+
+    /// One run of the keeper, from taking the lock; it returns only with
+    /// the error that ended it.
+    async fn keep(&self) -> anyhow::Result<std::convert::Infallible> {
         // Held for as long as this future lives: dropping the connection
         // (shutdown, crash) releases the lock to a standby.
         let mut lock = self.pool.acquire().await?.detach();

@@ -107,14 +107,20 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness,
         shutdown,
         async move {
-            // Ready once the read model has caught up with the log.
+            // Ready once the read model has caught up with the log, and
+            // not while it cannot write to the database.
             let watch_ready = async {
+                let mut progress = progress;
                 while !progress
                     .wait_caught_up(std::time::Duration::from_secs(3600))
                     .await
                 {}
-                ready.set(true);
-                std::future::pending::<()>().await;
+                loop {
+                    ready.set(!progress.stalled());
+                    if !progress.stalled_changed().await {
+                        std::future::pending::<()>().await;
+                    }
+                }
             };
             tokio::select! {
                 r = projection_task => r.context("projection task panicked")?.map_err(Into::into),

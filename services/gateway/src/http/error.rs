@@ -31,7 +31,13 @@ pub struct ApiError {
     pub title: &'static str,
     pub detail: String,
     pub field: Option<String>,
+    /// Seconds after which a retry may succeed (`Retry-After`).
+    pub retry_after_s: Option<u32>,
 }
+
+/// What a client is told to wait before retrying while PostgreSQL or NATS
+/// is out of reach, in seconds.
+pub const RETRY_AFTER_OUTAGE_S: u32 = 2;
 
 impl ApiError {
     fn new(
@@ -46,6 +52,7 @@ impl ApiError {
             title,
             detail: detail.into(),
             field: None,
+            retry_after_s: None,
         }
     }
 
@@ -104,6 +111,11 @@ impl ApiError {
         )
     }
 
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "internal error");
         Self::new(
@@ -117,13 +129,24 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        Self::internal(e)
+        if lh_projection::is_unavailable(&e) {
+            tracing::warn!(error = %e, "database unavailable");
+            Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database-unavailable",
+                "Database unavailable",
+                "the gateway's database is out of reach; retry shortly",
+            )
+            .retry_after(RETRY_AFTER_OUTAGE_S)
+        } else {
+            Self::internal(e)
+        }
     }
 }
 
 impl From<lh_bus::BusError> for ApiError {
     fn from(e: lh_bus::BusError) -> Self {
-        Self::unavailable(e.to_string())
+        Self::unavailable(e.to_string()).retry_after(RETRY_AFTER_OUTAGE_S)
     }
 }
 
@@ -141,6 +164,11 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(seconds) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }

@@ -67,6 +67,7 @@ pub async fn read_your_write(ctx: &ApiContext, sequence: u64) -> Result<(), ApiE
     } else {
         Err(ApiError::unavailable(
             "the event was stored but the read model is behind; retry the GET shortly",
-        ))
+        )
+        .retry_after(1))
     }
 }
