@@ -19,12 +19,20 @@ pub const MAX_PRIORITY: i32 = 1000;
 pub const MAX_WORKLOAD_ITEMS: usize = 256;
 /// Longest idempotency key, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+/// Most bytes a workload's command, image and environment may hold
+/// together: every request is kept in the log for a year.
+pub const MAX_WORKLOAD_BYTES: usize = 16 * 1024;
 
-/// The tenant asking, with its quota of whole GPUs.
+/// The tenant asking, with its quota of whole GPUs and how many of its
+/// leases wait for a placement now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tenant {
     pub id: Uuid,
     pub max_gpus: u32,
+    /// Its leases requested or queued, not yet placed.
+    pub pending_leases: u32,
+    /// Most leases it may have waiting at once.
+    pub max_pending_leases: u32,
 }
 
 /// A lease request as the tenant wrote it: at most one of `gpus`,
@@ -47,6 +55,8 @@ pub enum InvalidKind {
     Malformed,
     /// The request is readable but breaks a rule (HTTP 422).
     Unacceptable,
+    /// The tenant is at a limit that time lifts (HTTP 429).
+    OverLimit,
 }
 
 /// Why a request is refused: the request field at fault and a sentence for
@@ -105,6 +115,19 @@ pub fn request(
         ));
     }
     let idempotency_key = idempotency_key.map(parse_idempotency_key).transpose()?;
+    // One tenant must not be able to fill the queue (and the log) alone. A
+    // retry of a request already made is refused too while the tenant is
+    // at its limit; it gets its lease once it is below.
+    if tenant.pending_leases >= tenant.max_pending_leases {
+        return Err(Invalid {
+            kind: InvalidKind::OverLimit,
+            field: "tenant",
+            detail: format!(
+                "the tenant has {} leases waiting for a placement, its limit; retry once some are placed or stopped",
+                tenant.pending_leases
+            ),
+        });
+    }
     // The same key from the same tenant always names the same lease, and the
     // lease's subject must be empty for a new request: so a key can never
     // create two leases, however far apart the two calls are.
@@ -200,6 +223,15 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
+    let bytes = w.command.iter().map(String::len).sum::<usize>()
+        + w.image.as_deref().map_or(0, str::len)
+        + w.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if bytes > MAX_WORKLOAD_BYTES {
+        return Err(Invalid::unacceptable(
+            "workload",
+            format!("workload holds {bytes} bytes; at most {MAX_WORKLOAD_BYTES} (command, image and env together)"),
+        ));
+    }
     if w.env.len() > MAX_WORKLOAD_ITEMS || !w.env.keys().all(|k| valid_name(k)) {
         return Err(Invalid::unacceptable(
             "workload.env",

@@ -75,6 +75,9 @@ pub struct Stack {
     /// GPU knobs (health rules, idle default, self-tests) of node-agents
     /// started from now on.
     pub node_gpus: lh_node_agent::GpuArgs,
+    /// What each tenant may do at the gateway (the defaults unless a test
+    /// sets them before the gateway starts).
+    pub gateway_limits: lh_gateway::TenantLimits,
     /// A PostgreSQL cluster of this stack's own, which the test may kill and
     /// restart ([`Stack::start_with_own_postgres`]); `None` on the shared one.
     pub own_postgres: Option<Postgres>,
@@ -151,6 +154,7 @@ impl Stack {
             node_runtime: lh_node_agent::RuntimeKind::Sim,
             node_gpus: lh_node_agent::GpuArgs::for_test(),
             own_postgres: None,
+            gateway_limits: lh_gateway::TenantLimits::default(),
         }
     }
 
@@ -211,6 +215,7 @@ impl Stack {
                         admin_token: Some(ADMIN_TOKEN.into()),
                         admin_token_file: None,
                         auditor_token: Some("test-auditor-token-0123456789".into()),
+                        limits: self.gateway_limits,
                     },
                     token.clone(),
                 )
@@ -535,6 +540,7 @@ impl Stack {
             admin_token: Some(ADMIN_TOKEN.into()),
             admin_token_file: None,
             auditor_token: None,
+            limits: Default::default(),
         };
         let report = lh_gateway::rebuild(&config, "gateway_rebuild", false, |_, _| {})
             .await

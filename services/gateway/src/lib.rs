@@ -7,6 +7,8 @@ pub mod http;
 pub mod projection;
 pub mod seal;
 
+pub use http::limits::TenantLimits;
+
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -39,6 +41,8 @@ pub struct Config {
     /// Bearer token of the auditor (read-only audit calls).
     #[arg(long, env = "LH_AUDITOR_TOKEN", hide_env_values = true)]
     pub auditor_token: Option<String>,
+    #[command(flatten)]
+    pub limits: http::limits::TenantLimits,
 }
 
 impl Config {
@@ -98,6 +102,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         progress: progress.clone(),
         admin_token,
         auditor_token: config.auditor_token.clone(),
+        limits: config.limits,
+        write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
     };
     let ready = readiness.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());

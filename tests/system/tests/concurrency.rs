@@ -33,6 +33,9 @@ const REPLICAS: usize = 3;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_schedulers_never_give_one_gpu_to_two_leases() {
     let mut stack = Stack::bare(SMALL_FLEET).await;
+    // Four tenants write as fast as they can: beyond the default budget.
+    stack.gateway_limits.writes_per_s = 10_000.0;
+    stack.gateway_limits.write_burst = 10_000;
     stack.start_service("gateway").await;
     stack.start_service("node-agent:node-a").await;
     stack.start_service("node-agent:node-b").await;

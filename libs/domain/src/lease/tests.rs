@@ -12,6 +12,8 @@ fn tenant() -> Tenant {
     Tenant {
         id: Uuid::from_u128(1),
         max_gpus: 8,
+        pending_leases: 0,
+        max_pending_leases: 100,
     }
 }
 
@@ -323,4 +325,37 @@ fn lease_states_read_back_from_their_names() {
         );
     }
     assert!(LeaseState::try_from("gone".to_string()).is_err());
+}
+
+#[test]
+fn given_a_tenant_at_its_pending_limit_when_decided_then_it_is_over_limit() {
+    let full = Tenant {
+        pending_leases: 100,
+        ..tenant()
+    };
+    let e = request(full, whole(1), Some(b"k-1"), UNKEYED).unwrap_err();
+    assert_eq!((e.kind, e.field), (InvalidKind::OverLimit, "tenant"));
+    // A bad body is named first: the limit is not what the caller must fix.
+    let e = request(full, whole(0), None, UNKEYED).unwrap_err();
+    assert_eq!(e.field, "gpus");
+    let room = Tenant {
+        pending_leases: 99,
+        ..tenant()
+    };
+    request(room, whole(1), None, UNKEYED).unwrap();
+}
+
+#[test]
+fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
+    let sized = |bytes: usize| LeaseBody {
+        workload: Some(WorkloadSpec {
+            command: vec!["sh".into(), "-c".into(), "x".repeat(bytes - 4)],
+            image: None,
+            env: Default::default(),
+        }),
+        ..whole(1)
+    };
+    request(tenant(), sized(MAX_WORKLOAD_BYTES), None, UNKEYED).unwrap();
+    let e = request(tenant(), sized(MAX_WORKLOAD_BYTES + 1), None, UNKEYED).unwrap_err();
+    assert_eq!((e.kind, e.field), (InvalidKind::Unacceptable, "workload"));
 }

@@ -2,7 +2,7 @@
 //! key, compared in constant time.
 
 use axum::extract::FromRequestParts;
-use axum::http::{header, request::Parts};
+use axum::http::{header, request::Parts, Method};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -72,12 +72,23 @@ impl FromRequestParts<ApiContext> for Caller {
                 .bind(sha256_hex(token))
                 .fetch_optional(&ctx.pool)
                 .await?;
-        match row {
-            Some((id, max_gpus)) => Ok(Caller::Tenant {
-                id,
-                max_gpus: max_gpus as u32,
-            }),
-            None => Err(ApiError::unauthorized("unknown API key")),
+        let Some((id, max_gpus)) = row else {
+            return Err(ApiError::unauthorized("unknown API key"));
+        };
+        let write = !matches!(parts.method, Method::GET | Method::HEAD);
+        if write {
+            if let Err(wait) = ctx.write_budgets.spend(id, std::time::Instant::now()) {
+                metrics::counter!("lh_gateway_writes_limited_total").increment(1);
+                return Err(ApiError::too_many_requests(format!(
+                    "this tenant's writes are limited to {} a second (bursts of {})",
+                    ctx.limits.writes_per_s, ctx.limits.write_burst
+                ))
+                .retry_after(wait.as_secs_f64().ceil().max(1.0) as u32));
+            }
         }
+        Ok(Caller::Tenant {
+            id,
+            max_gpus: max_gpus as u32,
+        })
     }
 }

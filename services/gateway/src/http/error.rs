@@ -102,6 +102,15 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
     }
 
+    pub fn too_many_requests(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too-many-requests",
+            "Too many requests",
+            detail,
+        )
+    }
+
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -19,6 +19,8 @@ use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 
 pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_ITEMS};
 
+/// What a tenant at its limit of waiting leases is told to wait, in seconds.
+pub const PENDING_RETRY_AFTER_S: u32 = 10;
 pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 500;
 
@@ -165,6 +167,9 @@ fn invalid(e: Invalid) -> ApiError {
     match e.kind {
         InvalidKind::Malformed => ApiError::bad_request(e.detail).field(e.field),
         InvalidKind::Unacceptable => ApiError::unprocessable(e.detail, e.field),
+        InvalidKind::OverLimit => ApiError::too_many_requests(e.detail)
+            .field(e.field)
+            .retry_after(PENDING_RETRY_AFTER_S),
     }
 }
 
@@ -228,7 +233,9 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     responses(
         (status = 202, body = LeaseView),
         (status = 400, body = super::Problem), (status = 401, body = super::Problem),
-        (status = 409, body = super::Problem), (status = 422, body = super::Problem)
+        (status = 409, body = super::Problem), (status = 422, body = super::Problem),
+        (status = 429, body = super::Problem, description = "Over the tenant's write budget or its limit of waiting leases; see Retry-After"),
+        (status = 503, body = super::Problem, description = "The database or the log is out of reach; see Retry-After")
     )
 )]
 pub async fn create(
@@ -238,9 +245,17 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
+    let pending_leases: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state IN ('requested', 'queued')",
+    )
+    .bind(tenant_id)
+    .fetch_one(&ctx.pool)
+    .await?;
     let tenant = lease::Tenant {
         id: tenant_id,
         max_gpus,
+        pending_leases: pending_leases.clamp(0, i64::from(u32::MAX)) as u32,
+        max_pending_leases: ctx.limits.max_pending_leases,
     };
     let key = headers.get("idempotency-key").map(|v| v.as_bytes());
     let requested = lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
@@ -443,6 +458,9 @@ mod tests {
         let unacceptable = problem(InvalidKind::Unacceptable);
         assert_eq!(unacceptable.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(unacceptable.slug, "invalid-field");
+        let over = problem(InvalidKind::OverLimit);
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(over.retry_after_s, Some(PENDING_RETRY_AFTER_S));
         for e in [malformed, unacceptable] {
             assert_eq!(
                 (e.field.as_deref(), e.detail.as_str()),

@@ -8,6 +8,7 @@ mod auth;
 mod error;
 pub mod invoices;
 pub mod leases;
+pub mod limits;
 pub mod nodes;
 mod openapi;
 pub mod tenants;
@@ -38,6 +39,8 @@ pub struct ApiContext {
     pub progress: Progress,
     pub admin_token: String,
     pub auditor_token: Option<String>,
+    pub limits: limits::TenantLimits,
+    pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
