@@ -10,8 +10,12 @@
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
-//!   consumer and then follows live.
+//!   consumer and then follows live. A stored message the reader cannot use
+//!   (junk, an unknown type, a newer version) is counted, logged and handed
+//!   over as a [`Skipped`] item, never as an error: it cannot be removed
+//!   from the log, so failing on it would fail every restart too.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{self, HeaderMap};
@@ -23,7 +27,7 @@ use async_nats::jetstream::{
 };
 use bytes::Bytes;
 use futures::StreamExt;
-use lh_events::{subject, Envelope};
+use lh_events::{subject, Envelope, SkipReason, Undecodable};
 
 pub use async_nats;
 /// The write guard is a domain idea and lives with the events; it is
@@ -64,12 +68,6 @@ pub enum BusError {
     DuplicateBatch(String),
     #[error("JetStream error: {0}")]
     JetStream(String),
-    #[error("event on {subject} at sequence {sequence} is not a valid envelope: {source}")]
-    Decode {
-        subject: String,
-        sequence: u64,
-        source: serde_json::Error,
-    },
 }
 
 pub type Result<T, E = BusError> = std::result::Result<T, E>;
@@ -121,10 +119,81 @@ pub struct Stored {
     pub pending: u64,
 }
 
+/// A stored message the reader cannot use, stepped over. It still counts
+/// as read: it has a sequence, the audit chain covers its bytes, and
+/// projections record it so that a rebuild steps over the same messages.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    pub sequence: u64,
+    pub subject: String,
+    /// The raw bytes as stored.
+    pub payload: Bytes,
+    /// Messages left in the stream for this feed after this one.
+    pub pending: u64,
+    /// When JetStream stored it (the same on every replay).
+    pub stored_at: chrono::DateTime<chrono::Utc>,
+    pub why: Undecodable,
+}
+
+impl Skipped {
+    pub fn reason(&self) -> SkipReason {
+        self.why.reason
+    }
+}
+
+/// What a feed delivers: every stored message of its filter, in order,
+/// decoded or skipped.
+#[derive(Debug, Clone)]
+pub enum FeedItem {
+    Event(Stored),
+    Skipped(Skipped),
+}
+
+impl FeedItem {
+    pub fn sequence(&self) -> u64 {
+        match self {
+            FeedItem::Event(e) => e.sequence,
+            FeedItem::Skipped(s) => s.sequence,
+        }
+    }
+
+    pub fn subject(&self) -> &str {
+        match self {
+            FeedItem::Event(e) => &e.subject,
+            FeedItem::Skipped(s) => &s.subject,
+        }
+    }
+
+    /// The raw bytes as stored.
+    pub fn payload(&self) -> &Bytes {
+        match self {
+            FeedItem::Event(e) => &e.payload,
+            FeedItem::Skipped(s) => &s.payload,
+        }
+    }
+
+    /// Messages left in the stream for this feed after this one.
+    pub fn pending(&self) -> u64 {
+        match self {
+            FeedItem::Event(e) => e.pending,
+            FeedItem::Skipped(s) => s.pending,
+        }
+    }
+
+    pub fn event(&self) -> Option<&Stored> {
+        match self {
+            FeedItem::Event(e) => Some(e),
+            FeedItem::Skipped(_) => None,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Bus {
     client: async_nats::Client,
     js: jetstream::Context,
+    /// The connection's client name: the `service` label of its metrics.
+    service: Arc<str>,
 }
 
 /// The stream config the brief requires for the business log.
@@ -215,7 +284,11 @@ impl Bus {
             })?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(PUBLISH_ACK_TIMEOUT);
-        let bus = Self { client, js };
+        let bus = Self {
+            client,
+            js,
+            service: config.client_name.as_str().into(),
+        };
         bus.ensure_streams(config).await?;
         Ok(bus)
     }
@@ -393,6 +466,7 @@ impl Bus {
         let messages = consumer.messages().await.map_err(js_err)?;
         Ok(Feed {
             messages: Box::pin(messages),
+            service: self.service.clone(),
         })
     }
 
@@ -511,39 +585,79 @@ type MessageStream = std::pin::Pin<
     >,
 >;
 
-/// Events of one filter in stream order.
+/// Messages of one filter in stream order.
 pub struct Feed {
     messages: MessageStream,
+    service: Arc<str>,
 }
 
 impl Feed {
-    /// The next event; `None` only when the connection closed for good.
-    pub async fn next(&mut self) -> Option<Result<Stored>> {
+    /// The next stored message, decoded or skipped; `None` only when the
+    /// connection closed for good. A skip is counted and logged here, once.
+    pub async fn next_item(&mut self) -> Option<Result<FeedItem>> {
         let message = match self.messages.next().await? {
             Ok(m) => m,
             Err(e) => return Some(Err(js_err(e))),
         };
-        let (sequence, pending) = match message.info() {
-            Ok(info) => (info.stream_sequence, info.pending),
+        let info = match message.info() {
+            Ok(info) => info,
             Err(e) => return Some(Err(js_err(e))),
         };
+        let (sequence, pending) = (info.stream_sequence, info.pending);
+        let stored_at = chrono::DateTime::from_timestamp(
+            info.published.unix_timestamp(),
+            info.published.nanosecond(),
+        )
+        .unwrap_or_default();
         let subject = message.subject.to_string();
         let payload = message.payload.clone();
-        Some(
-            Envelope::from_json(&payload)
-                .map(|envelope| Stored {
+        Some(Ok(match Envelope::decode(&payload) {
+            Ok(envelope) => FeedItem::Event(Stored {
+                sequence,
+                subject,
+                envelope,
+                payload,
+                pending,
+            }),
+            Err(why) => {
+                metrics::counter!("lh_events_skipped_total",
+                    "service" => self.service.to_string(), "reason" => why.reason.as_str())
+                .increment(1);
+                tracing::warn!(service = %self.service, sequence, subject, reason = %why.reason,
+                    detail = %why.detail, "skipping a stored message this service cannot use");
+                FeedItem::Skipped(Skipped {
                     sequence,
-                    subject: subject.clone(),
-                    envelope,
+                    subject,
                     payload,
                     pending,
+                    stored_at,
+                    why,
                 })
-                .map_err(|source| BusError::Decode {
-                    subject,
-                    sequence,
-                    source,
-                }),
-        )
+            }
+        }))
+    }
+
+    /// Like [`Feed::next_item`], but gives up after `timeout` with `None`.
+    pub async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<FeedItem>> {
+        tokio::time::timeout(timeout, self.next_item())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next event this code can use, stepping over the others (see
+    /// [`Feed::next_item`]): for readers that act on events and keep no
+    /// record of where they stand. A skipped message is never the answer,
+    /// so after one that was last (`pending` 0) this waits for the next
+    /// event.
+    pub async fn next(&mut self) -> Option<Result<Stored>> {
+        loop {
+            match self.next_item().await? {
+                Ok(FeedItem::Event(event)) => return Some(Ok(event)),
+                Ok(FeedItem::Skipped(_)) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
     }
 
     /// Like [`Feed::next`], but gives up after `timeout` with `None`.

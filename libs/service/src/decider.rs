@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
-use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
+use lh_bus::{Bus, BusError, Expect, FeedItem, MAX_BATCH_MESSAGES};
 use lh_events::Envelope;
 use lh_telemetry::Readiness;
 use tokio_util::sync::CancellationToken;
@@ -142,12 +142,16 @@ pub async fn run_with_signals<D: Decider>(
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            next = feed.next_within(pace.quiet) => match next {
-                Some(event) => {
-                    let event = event?;
-                    decider.apply(event.sequence, &event.envelope);
-                    dirty = true;
-                    caught_up = event.pending == 0;
+            next = feed.next_item_within(pace.quiet) => match next {
+                Some(item) => {
+                    let item = item?;
+                    // A skipped message changes no state but is read all
+                    // the same: being last, it leaves the fold caught up.
+                    if let FeedItem::Event(event) = &item {
+                        decider.apply(event.sequence, &event.envelope);
+                        dirty = true;
+                    }
+                    caught_up = item.pending() == 0;
                 }
                 None => caught_up = true,
             },

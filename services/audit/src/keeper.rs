@@ -2,6 +2,11 @@
 //! the hash chain over each stored message's raw bytes and writes every event,
 //! with its link, into the append-only `events` table.
 //!
+//! A message that does not decode (junk, an unknown type, a newer version)
+//! is chained and copied like any other: the chain is over raw bytes, and
+//! leaving one out would make the log and the copy disagree. Its row keeps
+//! whatever of the envelope could be read and says why it was skipped.
+//!
 //! Rows are written in small batches, each one transaction; the table itself
 //! is the keeper's offset (its last row is where the chain resumes), so a
 //! crash between two batches neither loses nor doubles a row. One keeper per
@@ -15,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use ed25519_dalek::SigningKey;
-use lh_bus::{Bus, Expect, Stored};
+use lh_bus::{Bus, Expect, FeedItem};
 use lh_domain::chain::{Chain, Hash};
 use lh_events::{derived_id, subject, Actor, AuditCheckpoint, Envelope, EventData};
 use lh_service::Readiness;
@@ -47,8 +52,19 @@ pub struct Keeper {
     pub ready: Readiness,
 }
 
-fn is_checkpoint(event: &Stored) -> bool {
-    matches!(event.envelope.data, EventData::AuditCheckpoint(_))
+/// The event type the copy records: the envelope's, or as much of it as a
+/// skipped message had.
+fn event_type(item: &FeedItem) -> Option<&str> {
+    match item {
+        FeedItem::Event(e) => Some(&e.envelope.event_type),
+        FeedItem::Skipped(s) => s.why.head.event_type.as_deref(),
+    }
+}
+
+/// Decided by the recorded type, as the count on resume is (see
+/// `checkpoint_state`), so that both agree.
+fn is_checkpoint(item: &FeedItem) -> bool {
+    event_type(item) == Some(CHECKPOINT_TYPE)
 }
 
 impl Keeper {
@@ -79,10 +95,10 @@ impl Keeper {
             .bus
             .feed(&[subject::EVENTS_ALL], chain.last_sequence + 1)
             .await?;
-        let mut batch: Vec<Stored> = Vec::with_capacity(MAX_BATCH_EVENTS);
+        let mut batch: Vec<FeedItem> = Vec::with_capacity(MAX_BATCH_EVENTS);
         let mut last_checkpoint_at = Instant::now();
         loop {
-            let next = feed.next_within(QUIET).await;
+            let next = feed.next_item_within(QUIET).await;
             let at_head = match next {
                 None => true,
                 Some(event) => {
@@ -90,7 +106,7 @@ impl Keeper {
                     if !is_checkpoint(&event) {
                         since_checkpoint += 1;
                     }
-                    let at_head = event.pending == 0;
+                    let at_head = event.pending() == 0;
                     batch.push(event);
                     at_head
                 }
@@ -149,7 +165,7 @@ impl Keeper {
             );
         }
         let since: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM events WHERE sequence > $1 AND event_type <> $2",
+            "SELECT count(*) FROM events WHERE sequence > $1 AND event_type IS DISTINCT FROM $2",
         )
         .bind(last)
         .bind(CHECKPOINT_TYPE)
@@ -160,22 +176,31 @@ impl Keeper {
 
     /// Chains `batch` and stores it in one transaction; the in-memory chain
     /// moves only once the rows are committed.
-    async fn write(&self, chain: &mut Chain, batch: &mut Vec<Stored>) -> anyhow::Result<()> {
+    async fn write(&self, chain: &mut Chain, batch: &mut Vec<FeedItem>) -> anyhow::Result<()> {
         let mut next = *chain;
         let links: Vec<Hash> = batch
             .iter()
-            .map(|e| next.append(e.sequence, &e.subject, &e.payload))
+            .map(|e| next.append(e.sequence(), e.subject(), e.payload()))
             .collect();
         let mut insert = QueryBuilder::new(
-            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, payload, hash) ",
+            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, skip_reason, payload, hash) ",
         );
-        insert.push_values(batch.iter().zip(&links), |mut row, (event, link)| {
-            row.push_bind(event.sequence as i64)
-                .push_bind(&event.subject)
-                .push_bind(event.envelope.id)
-                .push_bind(&event.envelope.event_type)
-                .push_bind(event.envelope.occurred_at)
-                .push_bind(&event.payload[..])
+        insert.push_values(batch.iter().zip(&links), |mut row, (item, link)| {
+            let (id, occurred_at, skip_reason) = match item {
+                FeedItem::Event(e) => (Some(e.envelope.id), Some(e.envelope.occurred_at), None),
+                FeedItem::Skipped(s) => (
+                    s.why.head.id,
+                    s.why.head.occurred_at,
+                    Some(s.reason().as_str()),
+                ),
+            };
+            row.push_bind(item.sequence() as i64)
+                .push_bind(item.subject())
+                .push_bind(id)
+                .push_bind(event_type(item))
+                .push_bind(occurred_at)
+                .push_bind(skip_reason)
+                .push_bind(&item.payload()[..])
                 .push_bind(&link[..]);
         });
         let mut tx = self.pool.begin().await?;
