@@ -334,3 +334,46 @@ fn tokio_stream_from<T: Send + 'static>(
 ) -> impl futures::Stream<Item = T> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
+
+async fn publish_undecodable_on_the_node(bus: &Bus) {
+    for (_, bytes) in lh_events::fixtures::undecodable() {
+        bus.jetstream()
+            .publish(subject::node(NODE), bytes.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn messages_it_cannot_decode_neither_stop_nor_block_the_loop() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    // The newest message on the guarded subject is one the decider cannot
+    // read: its guard must move past it, or every write conflicts forever.
+    publish_undecodable_on_the_node(&bus).await;
+    let shutdown = CancellationToken::new();
+    let spawn = |target: usize, ready: Readiness| {
+        let (bus, shutdown) = (bus.clone(), shutdown.clone());
+        let mut filler = Filler::new(target, 1);
+        tokio::spawn(
+            async move { decider::run(&bus, &mut filler, &SystemClock, shutdown, ready).await },
+        )
+    };
+    let ready = Readiness::default();
+    let first = spawn(3, ready.clone());
+    assert_eq!(settle(&bus, 3).await, 3);
+    assert!(ready.is_ready(), "skipped messages count as read");
+
+    // Again after its own events, with a second decider that wants more.
+    publish_undecodable_on_the_node(&bus).await;
+    let second = spawn(5, Readiness::default());
+    assert_eq!(settle(&bus, 5).await, 5);
+    assert!(!first.is_finished() && !second.is_finished());
+    shutdown.cancel();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+}
