@@ -82,8 +82,16 @@ async fn undecodable_messages_are_skipped_in_order_with_their_reason() {
 
     // Readers that only act on events get the two events, nothing else.
     let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
-    let a = feed.next_within(Duration::from_secs(5)).await.unwrap().unwrap();
-    let b = feed.next_within(Duration::from_secs(5)).await.unwrap().unwrap();
+    let a = feed
+        .next_within(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let b = feed
+        .next_within(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((a.sequence, b.sequence), (first, last));
 
     let text = metrics.render();

@@ -228,14 +228,24 @@ mod tests {
         json["data"] = serde_json::json!({"type": "lease.stop_requested", "renamed": 1});
         let refused = Envelope::decode(json.to_string().as_bytes()).unwrap_err();
         assert_eq!(refused.reason, SkipReason::FutureVersion);
-        assert_eq!(refused.head.event_type.as_deref(), Some("lease.stop_requested"));
+        assert_eq!(
+            refused.head.event_type.as_deref(),
+            Some("lease.stop_requested")
+        );
         assert_eq!(refused.head.version, Some(2));
         assert!(refused.head.id.is_some() && refused.head.occurred_at.is_some());
     }
 
     #[test]
     fn junk_is_junk() {
-        for junk in [&b"junk"[..], b"", b"\xff\xfe", b"[1,2]", b"{\"type\":7}", b"{}"] {
+        for junk in [
+            &b"junk"[..],
+            b"",
+            b"\xff\xfe",
+            b"[1,2]",
+            b"{\"type\":7}",
+            b"{}",
+        ] {
             let refused = Envelope::decode(junk).unwrap_err();
             assert_eq!(refused.reason, SkipReason::Junk, "{junk:?}");
             assert_eq!(refused.head.id, None);

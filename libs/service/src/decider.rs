@@ -51,10 +51,15 @@ impl SkippedTails {
                 if self.sequences.len() < MAX_SKIPPED_TAILS
                     || self.sequences.contains_key(&skipped.subject)
                 {
-                    self.sequences.insert(skipped.subject.clone(), skipped.sequence);
+                    self.sequences
+                        .insert(skipped.subject.clone(), skipped.sequence);
                 } else {
-                    tracing::warn!(subject = skipped.subject, sequence = skipped.sequence,
-                        limit = MAX_SKIPPED_TAILS, "too many subjects end in a skipped message; not guarding past this one");
+                    tracing::warn!(
+                        subject = skipped.subject,
+                        sequence = skipped.sequence,
+                        limit = MAX_SKIPPED_TAILS,
+                        "too many subjects end in a skipped message; not guarding past this one"
+                    );
                 }
             }
             FeedItem::Event(event) => {

@@ -226,6 +226,15 @@ impl Stack {
         self.running.keys().cloned().collect()
     }
 
+    /// Services whose work has ended although nobody stopped them.
+    pub fn exited_services(&self) -> Vec<String> {
+        self.running
+            .iter()
+            .filter(|(_, (_, running))| running.is_finished())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Waits until every running service reports ready.
     pub async fn wait_ready(&self) {
         for (name, (_, running)) in &self.running {

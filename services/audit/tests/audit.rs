@@ -124,7 +124,11 @@ impl Env {
         // Every stored message, decodable or not.
         while let Some(item) = feed.next_item_within(Duration::from_secs(5)).await {
             let item = item.expect("a stored message");
-            out.push((item.sequence(), item.subject().to_string(), item.payload().to_vec()));
+            out.push((
+                item.sequence(),
+                item.subject().to_string(),
+                item.payload().to_vec(),
+            ));
             if item.sequence() >= upto {
                 break;
             }

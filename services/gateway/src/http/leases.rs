@@ -456,7 +456,9 @@ mod tests {
         let refused = |json: &str| serde_json::from_str::<CreateLease>(json).is_err();
         let ok = r#"{"gpus":1,"gpu_model":"A100-40GB","workload":{"command":["true"]}}"#;
         assert!(!refused(ok));
-        assert!(refused(r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#));
+        assert!(refused(
+            r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#
+        ));
         assert!(refused(
             r#"{"gpus":1,"gpu_model":"A100-40GB","workload":{"command":["true"],"colour":"red"}}"#
         ));
