@@ -4,7 +4,7 @@
 //! * [`Bus::connect`] creates (or finds) the `LH_EVENTS` and `LH_TELEMETRY`
 //!   streams, reads their config back and refuses to run on a weaker stream
 //!   than the architecture brief demands (365 days, deny delete/purge, discard
-//!   new, atomic batches).
+//!   new, atomic batches). It waits for a server that does not answer yet.
 //! * [`Bus::publish`] appends one event with its id as `Nats-Msg-Id` and an
 //!   optional expected-last-subject-sequence.
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
@@ -48,6 +48,10 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
 /// Most messages one atomic batch may hold (the server's own cap is 1,000).
 pub const MAX_BATCH_MESSAGES: usize = 64;
 const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// First wait before the streams are checked again at connect while the
+/// server does not answer; it doubles up to the max.
+const CONNECT_RETRY_MIN_WAIT: Duration = Duration::from_millis(100);
+const CONNECT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -289,8 +293,22 @@ impl Bus {
             js,
             service: config.client_name.as_str().into(),
         };
-        bus.ensure_streams(config).await?;
-        Ok(bus)
+        // The client connects in the background (and reconnects for ever);
+        // until the server answers, checking the streams fails, so it is
+        // retried: a service started before NATS waits for it.
+        let mut wait = CONNECT_RETRY_MIN_WAIT;
+        loop {
+            match bus.ensure_streams(config).await {
+                Ok(()) => return Ok(bus),
+                Err(e @ BusError::WeakStream { .. }) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(url = %config.nats_url, error = %e, retry_in_ms = wait.as_millis() as u64,
+                        "the event log does not answer yet");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(CONNECT_RETRY_MAX_WAIT);
+                }
+            }
+        }
     }
 
     async fn ensure_streams(&self, config: &BusConfig) -> Result<()> {
@@ -440,34 +458,24 @@ impl Bus {
     }
 
     /// Replays the business log from `from_sequence` (1 for everything) for
-    /// the subjects matching `filter`, then follows live. Ordered consumer:
-    /// gaps are detected and the consumer recreated by the client.
+    /// the subjects matching `filters`, then follows live, for as long as
+    /// the [`Feed`] lives. Ordered consumer: gaps are detected and the
+    /// consumer recreated by the client; when the consumer itself is lost
+    /// (the server restarted, the connection dropped), the feed opens a new
+    /// one after the last message it delivered, retrying until the server
+    /// answers.
     pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
-        let stream = self
-            .js
-            .get_stream(subject::EVENTS_STREAM)
-            .await
-            .map_err(js_err)?;
-        let deliver_policy = if from_sequence <= 1 {
-            DeliverPolicy::All
-        } else {
-            DeliverPolicy::ByStartSequence {
-                start_sequence: from_sequence,
-            }
-        };
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: filters.iter().map(|f| f.to_string()).collect(),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(js_err)?;
-        let messages = consumer.messages().await.map_err(js_err)?;
-        Ok(Feed {
-            messages: Box::pin(messages),
+        let source = FeedSource {
+            js: self.js.clone(),
+            filters: filters.iter().map(|f| f.to_string()).collect(),
             service: self.service.clone(),
-        })
+        };
+        // The first consumer is opened here so that a caller learns at once
+        // of a server that refuses it; later ones are the pump's business.
+        let messages = source.open(from_sequence.max(1)).await?;
+        let (items, receiver) = tokio::sync::mpsc::channel(FEED_BUFFER_MESSAGES);
+        let pump = tokio::spawn(source.pump(messages, from_sequence.max(1), items));
+        Ok(Feed { receiver, pump })
     }
 
     /// The newest telemetry sample on `subject`, if the stream still has one.
@@ -585,33 +593,126 @@ type MessageStream = std::pin::Pin<
     >,
 >;
 
-/// Messages of one filter in stream order.
-pub struct Feed {
-    messages: MessageStream,
+/// Messages a feed reads ahead of its reader.
+const FEED_BUFFER_MESSAGES: usize = 64;
+/// First wait before a lost consumer is opened again; it doubles on each
+/// failed attempt up to [`FEED_REOPEN_MAX_WAIT`].
+const FEED_REOPEN_MIN_WAIT: Duration = Duration::from_millis(100);
+const FEED_REOPEN_MAX_WAIT: Duration = Duration::from_secs(5);
+
+/// What a feed reads and how it opens a consumer for it.
+struct FeedSource {
+    js: jetstream::Context,
+    filters: Vec<String>,
     service: Arc<str>,
 }
 
-impl Feed {
-    /// The next stored message, decoded or skipped; `None` only when the
-    /// connection closed for good. A skip is counted and logged here, once.
-    pub async fn next_item(&mut self) -> Option<Result<FeedItem>> {
-        let message = match self.messages.next().await? {
-            Ok(m) => m,
-            Err(e) => return Some(Err(js_err(e))),
+impl FeedSource {
+    /// An ordered consumer of the filters from `from_sequence` on.
+    async fn open(&self, from_sequence: u64) -> Result<MessageStream> {
+        let stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        let deliver_policy = if from_sequence <= 1 {
+            DeliverPolicy::All
+        } else {
+            DeliverPolicy::ByStartSequence {
+                start_sequence: from_sequence,
+            }
         };
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subjects: self.filters.clone(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        Ok(Box::pin(consumer.messages().await.map_err(js_err)?))
+    }
+
+    /// Opens a consumer from `from_sequence`, waiting and retrying for as
+    /// long as it takes: a server that is down now will be back.
+    async fn reopen(&self, from_sequence: u64) -> MessageStream {
+        let mut wait = FEED_REOPEN_MIN_WAIT;
+        loop {
+            tokio::time::sleep(wait).await;
+            match self.open(from_sequence).await {
+                Ok(messages) => {
+                    tracing::info!(service = %self.service, filters = ?self.filters, from_sequence,
+                        "event feed resumed");
+                    return messages;
+                }
+                Err(e) => {
+                    wait = (wait * 2).min(FEED_REOPEN_MAX_WAIT);
+                    tracing::warn!(service = %self.service, filters = ?self.filters, from_sequence,
+                        error = %e, retry_in_ms = wait.as_millis() as u64, "cannot reopen the event feed");
+                }
+            }
+        }
+    }
+
+    /// Reads messages into `items` in stream order until the reader is
+    /// gone, opening a new consumer after the last delivered message
+    /// whenever the current one fails or ends.
+    async fn pump(
+        self,
+        mut messages: MessageStream,
+        mut next_sequence: u64,
+        items: tokio::sync::mpsc::Sender<Result<FeedItem>>,
+    ) {
+        loop {
+            let error = match messages.next().await {
+                Some(Ok(message)) => {
+                    if self.deliver(message, &mut next_sequence, &items).await {
+                        continue;
+                    }
+                    return;
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the consumer ended".to_string(),
+            };
+            tracing::warn!(service = %self.service, filters = ?self.filters,
+                next_sequence, %error, "event feed lost its consumer; reopening");
+            messages = self.reopen(next_sequence).await;
+        }
+    }
+
+    /// Hands `message` to the reader unless it repeats one already handed
+    /// over; false once the reader is gone or the feed cannot go on.
+    async fn deliver(
+        &self,
+        message: jetstream::Message,
+        next_sequence: &mut u64,
+        items: &tokio::sync::mpsc::Sender<Result<FeedItem>>,
+    ) -> bool {
         let info = match message.info() {
             Ok(info) => info,
-            Err(e) => return Some(Err(js_err(e))),
+            Err(e) => {
+                // Not a JetStream message at all: no retry gives it a
+                // sequence, and without one the order is lost.
+                let _ = items.send(Err(js_err(e))).await;
+                return false;
+            }
         };
+        // A new consumer starts where the last delivery ended; anything
+        // older is a repeat.
+        if info.stream_sequence < *next_sequence {
+            return true;
+        }
+        *next_sequence = info.stream_sequence + 1;
+        let item = self.item(&message, &info);
+        items.send(Ok(item)).await.is_ok()
+    }
+
+    /// Decodes one message, or counts and logs it as skipped.
+    fn item(&self, message: &jetstream::Message, info: &jetstream::message::Info) -> FeedItem {
         let (sequence, pending) = (info.stream_sequence, info.pending);
-        let stored_at = chrono::DateTime::from_timestamp(
-            info.published.unix_timestamp(),
-            info.published.nanosecond(),
-        )
-        .unwrap_or_default();
         let subject = message.subject.to_string();
         let payload = message.payload.clone();
-        Some(Ok(match Envelope::decode(&payload) {
+        match Envelope::decode(&payload) {
             Ok(envelope) => FeedItem::Event(Stored {
                 sequence,
                 subject,
@@ -625,6 +726,11 @@ impl Feed {
                 .increment(1);
                 tracing::warn!(service = %self.service, sequence, subject, reason = %why.reason,
                     detail = %why.detail, "skipping a stored message this service cannot use");
+                let stored_at = chrono::DateTime::from_timestamp(
+                    info.published.unix_timestamp(),
+                    info.published.nanosecond(),
+                )
+                .unwrap_or_default();
                 FeedItem::Skipped(Skipped {
                     sequence,
                     subject,
@@ -634,7 +740,31 @@ impl Feed {
                     why,
                 })
             }
-        }))
+        }
+    }
+}
+
+/// Messages of one filter in stream order. A task reads them ahead (a
+/// few at most) and survives losing its consumer, so that waiting on a
+/// feed can be given up at any time without losing a message.
+pub struct Feed {
+    receiver: tokio::sync::mpsc::Receiver<Result<FeedItem>>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
+
+impl Feed {
+    /// The next stored message, decoded or skipped (a skip is counted and
+    /// logged once, when read). Waits through a lost connection or a
+    /// restarted server; an error only for a message without JetStream
+    /// metadata, after which the feed ends (`None`).
+    pub async fn next_item(&mut self) -> Option<Result<FeedItem>> {
+        self.receiver.recv().await
     }
 
     /// Like [`Feed::next_item`], but gives up after `timeout` with `None`.
