@@ -198,6 +198,9 @@ pub struct Bus {
     js: jetstream::Context,
     /// The connection's client name: the `service` label of its metrics.
     service: Arc<str>,
+    /// Counts the times the client (re)connected; feeds reopen their
+    /// consumers on a change rather than wait for heartbeats to go missing.
+    connects: tokio::sync::watch::Receiver<u64>,
 }
 
 /// The stream config the brief requires for the business log.
@@ -276,8 +279,19 @@ pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
 impl Bus {
     /// Connects, creates the streams when missing and checks what the server holds.
     pub async fn connect(config: &BusConfig) -> Result<Self> {
+        let (connected, connects) = tokio::sync::watch::channel(0u64);
         let client = async_nats::ConnectOptions::new()
             .name(&config.client_name)
+            .event_callback(move |event| {
+                match event {
+                    async_nats::Event::Connected => connected.send_modify(|n| *n += 1),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("lost the connection to NATS; reconnecting")
+                    }
+                    _ => {}
+                }
+                std::future::ready(())
+            })
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
             .connect(&config.nats_url)
@@ -292,6 +306,7 @@ impl Bus {
             client,
             js,
             service: config.client_name.as_str().into(),
+            connects,
         };
         // The client connects in the background (and reconnects for ever);
         // until the server answers, checking the streams fails, so it is
@@ -332,6 +347,12 @@ impl Bus {
 
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// Whether the connection to NATS is up right now (the client
+    /// reconnects by itself; a service is not ready while it is down).
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     pub fn jetstream(&self) -> &jetstream::Context {
@@ -465,10 +486,13 @@ impl Bus {
     /// one after the last message it delivered, retrying until the server
     /// answers.
     pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
+        let mut connects = self.connects.clone();
+        connects.mark_unchanged();
         let source = FeedSource {
             js: self.js.clone(),
             filters: filters.iter().map(|f| f.to_string()).collect(),
             service: self.service.clone(),
+            connects,
         };
         // The first consumer is opened here so that a caller learns at once
         // of a server that refuses it; later ones are the pump's business.
@@ -605,6 +629,7 @@ struct FeedSource {
     js: jetstream::Context,
     filters: Vec<String>,
     service: Arc<str>,
+    connects: tokio::sync::watch::Receiver<u64>,
 }
 
 impl FeedSource {
@@ -658,13 +683,24 @@ impl FeedSource {
     /// gone, opening a new consumer after the last delivered message
     /// whenever the current one fails or ends.
     async fn pump(
-        self,
+        mut self,
         mut messages: MessageStream,
         mut next_sequence: u64,
         items: tokio::sync::mpsc::Sender<Result<FeedItem>>,
     ) {
         loop {
-            let error = match messages.next().await {
+            let next = tokio::select! {
+                next = messages.next() => next,
+                // A new connection may be to a restarted server that lost
+                // the consumer: reopen now, not heartbeats later.
+                Ok(()) = self.connects.changed() => {
+                    tracing::info!(service = %self.service, filters = ?self.filters,
+                        next_sequence, "reconnected to NATS; reopening the event feed");
+                    messages = self.reopen(next_sequence).await;
+                    continue;
+                }
+            };
+            let error = match next {
                 Some(Ok(message)) => {
                     if self.deliver(message, &mut next_sequence, &items).await {
                         continue;

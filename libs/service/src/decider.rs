@@ -220,10 +220,17 @@ pub async fn run_with_signals<D: Decider>(
             }
         }
         caught_up_once |= caught_up;
+        // Without a connection nothing can be appended: not ready until it
+        // is back (the feed and the client resume by themselves).
+        let connected = bus.is_connected();
+        if !connected && readiness.is_ready() {
+            tracing::warn!(decider = decider.name(), "lost the event log; not ready");
+            readiness.set(false);
+        }
         if !caught_up || !dirty || retry_at.is_some_and(|t| tokio::time::Instant::now() < t) {
             continue;
         }
-        if !readiness.is_ready() {
+        if connected && !readiness.is_ready() {
             tracing::info!(decider = decider.name(), "caught up with the log");
             readiness.set(true);
         }

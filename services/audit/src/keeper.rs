@@ -36,6 +36,10 @@ const CHECKPOINT_TYPE: &str = "audit.checkpoint";
 /// How long the feed may stay quiet before a partial batch is written and
 /// the keeper counts as caught up.
 const QUIET: Duration = Duration::from_millis(300);
+/// First wait before a failed checkpoint is tried again; it doubles on each
+/// further failure up to the max.
+const CHECKPOINT_RETRY_MIN_WAIT: Duration = Duration::from_millis(200);
+const CHECKPOINT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// When checkpoints are due.
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +101,8 @@ impl Keeper {
             .await?;
         let mut batch: Vec<FeedItem> = Vec::with_capacity(MAX_BATCH_EVENTS);
         let mut last_checkpoint_at = Instant::now();
+        // After a checkpoint failed: when to try again, and the wait so far.
+        let mut checkpoint_retry: Option<(Instant, Duration)> = None;
         loop {
             let next = feed.next_item_within(QUIET).await;
             let at_head = match next {
@@ -113,17 +119,34 @@ impl Keeper {
             };
             let checkpoint_due = since_checkpoint > 0
                 && (since_checkpoint >= self.policy.every_events
-                    || last_checkpoint_at.elapsed() >= self.policy.every);
+                    || last_checkpoint_at.elapsed() >= self.policy.every)
+                && checkpoint_retry.is_none_or(|(at, _)| Instant::now() >= at);
             if !batch.is_empty() && (at_head || checkpoint_due || batch.len() >= MAX_BATCH_EVENTS) {
                 self.write(&mut chain, &mut batch).await?;
             }
             if at_head {
-                self.ready.set(true);
+                // Not ready while checkpoints cannot be published: the
+                // chain is kept, but nothing signs it.
+                self.ready
+                    .set(checkpoint_retry.is_none() && self.bus.is_connected());
             }
             if checkpoint_due {
-                self.checkpoint(&chain).await?;
-                since_checkpoint = 0;
-                last_checkpoint_at = Instant::now();
+                match self.checkpoint(&chain).await {
+                    Ok(()) => {
+                        since_checkpoint = 0;
+                        last_checkpoint_at = Instant::now();
+                        checkpoint_retry = None;
+                    }
+                    Err(e) => {
+                        let wait = checkpoint_retry.map_or(CHECKPOINT_RETRY_MIN_WAIT, |(_, w)| {
+                            (w * 2).min(CHECKPOINT_RETRY_MAX_WAIT)
+                        });
+                        tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
+                            "cannot record a checkpoint; will retry");
+                        self.ready.set(false);
+                        checkpoint_retry = Some((Instant::now() + wait, wait));
+                    }
+                }
             }
         }
     }

@@ -17,6 +17,8 @@ use tokio::sync::oneshot;
 pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_SCHEMA: &str = "gateway";
 const SERVICE: &str = "lh-gateway";
+/// How often readiness looks at the connection to the log.
+const CONNECTION_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Config {
@@ -100,6 +102,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         auditor_token: config.auditor_token.clone(),
     };
     let ready = readiness.clone();
+    let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
     Running::spawn(
         &config.gateway_addr,
@@ -107,14 +110,24 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness,
         shutdown,
         async move {
-            // Ready once the read model has caught up with the log.
+            // Ready once the read model has caught up with the log, and
+            // while the log is reachable (requests could not append).
             let watch_ready = async {
                 while !progress
                     .wait_caught_up(std::time::Duration::from_secs(3600))
                     .await
                 {}
-                ready.set(true);
-                std::future::pending::<()>().await;
+                loop {
+                    let connected = bus.is_connected();
+                    if connected != ready.is_ready() {
+                        tracing::info!(
+                            ready = connected,
+                            "the event log is reachable: {connected}"
+                        );
+                        ready.set(connected);
+                    }
+                    tokio::time::sleep(CONNECTION_CHECK_INTERVAL).await;
+                }
             };
             tokio::select! {
                 r = projection_task => r.context("projection task panicked")?.map_err(Into::into),

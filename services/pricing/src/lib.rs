@@ -149,9 +149,15 @@ async fn work(
         };
         loop {
             metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
-            if charges_caught_up.is_ready() && progress.caught_up() && !ready.is_ready() {
-                tracing::info!(sequence = progress.applied(), "pricing is ready");
-                ready.set(true);
+            // The charges loop is not ready while the log is unreachable.
+            let now_ready = charges_caught_up.is_ready() && progress.caught_up();
+            if now_ready != ready.is_ready() {
+                tracing::info!(
+                    sequence = progress.applied(),
+                    ready = now_ready,
+                    "pricing readiness changed"
+                );
+                ready.set(now_ready);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok::<(), anyhow::Error>(()),

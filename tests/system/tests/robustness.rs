@@ -1,7 +1,8 @@
-//! Nothing a service reads stops it: messages it cannot decode on every
-//! subject family of the log, published behind the platform's back with a
-//! plain NATS client, leave every service running and ready, and a new
-//! lease still runs, ends, is billed and audited.
+//! Nothing a service reads, and no outage of the log, stops it: messages
+//! it cannot decode on every subject family of the log, published behind
+//! the platform's back with a plain NATS client, or nats-server killed with
+//! SIGKILL and started again, leave every service running and (again)
+//! ready, and a new lease still runs, ends, is billed and audited.
 
 use std::time::Duration;
 
@@ -145,4 +146,33 @@ async fn messages_no_service_can_decode_stop_no_service() {
             "lh_events_skipped_total lacks {reason}:\n{metrics}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_and_restarted_nats_server_stops_no_service() {
+    let mut stack = Stack::start(FLEET).await;
+    let (_, key) = stack.create_tenant("acme", 16).await;
+    a_lease_runs_and_is_billed(&stack, &key, 1).await;
+
+    stack.nats.kill();
+    // Long enough for every service to meet the outage: pulls fail,
+    // consumers are lost, publishes are refused.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        stack.exited_services(),
+        Vec::<String>::new(),
+        "exited while NATS was down"
+    );
+    let readyz = format!("http://{}/readyz", stack.http_addr("gateway"));
+    let status = stack.http.get(&readyz).send().await.unwrap().status();
+    assert_eq!(
+        status, 503,
+        "the gateway cannot append while the log is down"
+    );
+
+    stack.nats.restart().await.unwrap();
+    assert_every_service_ready(&stack, Duration::from_secs(30)).await;
+    a_lease_runs_and_is_billed(&stack, &key, 2).await;
+    assert_every_service_ready(&stack, Duration::from_secs(10)).await;
+    stack.assert_gateway_rebuilds_identically().await;
 }
