@@ -147,6 +147,9 @@ impl Skipped {
 
 /// What a feed delivers: every stored message of its filter, in order,
 /// decoded or skipped.
+// Events are nearly every item: boxing them would cost an allocation each
+// to save space only on the rare skip.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum FeedItem {
     Event(Stored),
