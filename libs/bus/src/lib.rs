@@ -186,13 +186,6 @@ impl FeedItem {
             FeedItem::Skipped(s) => s.pending,
         }
     }
-
-    pub fn event(&self) -> Option<&Stored> {
-        match self {
-            FeedItem::Event(e) => Some(e),
-            FeedItem::Skipped(_) => None,
-        }
-    }
 }
 
 #[derive(Clone)]
@@ -283,13 +276,14 @@ impl Bus {
     /// Connects, creates the streams when missing and checks what the server holds.
     pub async fn connect(config: &BusConfig) -> Result<Self> {
         let (connected, connects) = tokio::sync::watch::channel(0u64);
+        let service = config.client_name.clone();
         let client = async_nats::ConnectOptions::new()
             .name(&config.client_name)
             .event_callback(move |event| {
                 match event {
                     async_nats::Event::Connected => connected.send_modify(|n| *n += 1),
                     async_nats::Event::Disconnected => {
-                        tracing::warn!("lost the connection to NATS; reconnecting")
+                        tracing::warn!(service = %service, "lost the connection to NATS; reconnecting")
                     }
                     _ => {}
                 }
