@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use lh_bus::{Bus, BusConfig, Expect, FeedItem};
-use lh_events::{fixtures, subject, Actor, Envelope, EventData, LeaseStopRequested};
+use lh_events::{fixtures, subject};
 use lh_testkit::Nats;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use uuid::Uuid;
@@ -28,13 +28,7 @@ async fn publish_raw(bus: &Bus, subject: String, bytes: Vec<u8>) -> u64 {
 }
 
 async fn publish_stop(bus: &Bus) -> u64 {
-    let envelope = Envelope::new(
-        Actor::Admin,
-        Utc::now(),
-        EventData::LeaseStopRequested(LeaseStopRequested {
-            lease_id: Uuid::now_v7(),
-        }),
-    );
+    let envelope = fixtures::stop_request();
     bus.publish(&envelope, Expect::Any).await.unwrap().sequence
 }
 

@@ -4,22 +4,14 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use lh_bus::{Bus, BusConfig, Expect, Feed};
-use lh_events::{subject, Actor, Envelope, EventData, LeaseStopRequested};
+use lh_events::{fixtures, subject};
 use lh_testkit::Nats;
-use uuid::Uuid;
 
 async fn publish_stops(bus: &Bus, n: usize) -> Vec<u64> {
     let mut sequences = Vec::new();
     for _ in 0..n {
-        let envelope = Envelope::new(
-            Actor::Admin,
-            Utc::now(),
-            EventData::LeaseStopRequested(LeaseStopRequested {
-                lease_id: Uuid::now_v7(),
-            }),
-        );
+        let envelope = fixtures::stop_request();
         sequences.push(bus.publish(&envelope, Expect::Any).await.unwrap().sequence);
     }
     sequences

@@ -136,6 +136,18 @@ pub fn ended(
     }
 }
 
+/// An event of no consequence on a fresh lease's subject, for tests of
+/// the log itself.
+pub fn stop_request() -> Envelope {
+    Envelope::new(
+        Actor::Admin,
+        Utc::now(),
+        EventData::LeaseStopRequested(LeaseStopRequested {
+            lease_id: Uuid::now_v7(),
+        }),
+    )
+}
+
 /// Stored messages no reader of this code can use, one of each kind a
 /// reader must step over, with the reason it should give: junk bytes, an
 /// unknown event type, a known type at a version above the known one (with

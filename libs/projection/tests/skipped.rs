@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use lh_bus::{Bus, BusConfig, Expect, Stored};
-use lh_events::{fixtures, subject, Actor, Envelope, EventData, LeaseStopRequested};
+use lh_events::{fixtures, subject};
 use lh_projection::{Progress, Projector};
 use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
@@ -40,13 +39,7 @@ impl Projector for Nothing {
 }
 
 async fn publish_stop(bus: &Bus) -> u64 {
-    let envelope = Envelope::new(
-        Actor::Admin,
-        Utc::now(),
-        EventData::LeaseStopRequested(LeaseStopRequested {
-            lease_id: Uuid::now_v7(),
-        }),
-    );
+    let envelope = fixtures::stop_request();
     bus.publish(&envelope, Expect::Any).await.unwrap().sequence
 }
 
