@@ -483,12 +483,31 @@ impl Bus {
     /// one after the last message it delivered, retrying until the server
     /// answers.
     pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
+        self.open_feed(filters, from_sequence, true).await
+    }
+
+    /// [`Bus::feed`] for a second reading of what the service's own feeds
+    /// already read (audit verification, a rebuild, a tool): the skipped
+    /// messages are handed over as such but neither counted nor logged
+    /// again, so that the skip counter tells how many there are, not how
+    /// often someone looked.
+    pub async fn reread(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
+        self.open_feed(filters, from_sequence, false).await
+    }
+
+    async fn open_feed(
+        &self,
+        filters: &[&str],
+        from_sequence: u64,
+        report_skips: bool,
+    ) -> Result<Feed> {
         let mut connects = self.connects.clone();
         connects.mark_unchanged();
         let source = FeedSource {
             js: self.js.clone(),
             filters: filters.iter().map(|f| f.to_string()).collect(),
             service: self.service.clone(),
+            report_skips,
             connects,
         };
         // The first consumer is opened here so that a caller learns at once
@@ -626,6 +645,8 @@ struct FeedSource {
     js: jetstream::Context,
     filters: Vec<String>,
     service: Arc<str>,
+    /// Count and log each skipped message (false on a second reading).
+    report_skips: bool,
     connects: tokio::sync::watch::Receiver<u64>,
 }
 
@@ -754,11 +775,13 @@ impl FeedSource {
                 pending,
             }),
             Err(why) => {
-                metrics::counter!("lh_events_skipped_total",
-                    "service" => self.service.to_string(), "reason" => why.reason.as_str())
-                .increment(1);
-                tracing::warn!(service = %self.service, sequence, subject, reason = %why.reason,
-                    detail = %why.detail, "skipping a stored message this service cannot use");
+                if self.report_skips {
+                    metrics::counter!("lh_events_skipped_total",
+                        "service" => self.service.to_string(), "reason" => why.reason.as_str())
+                    .increment(1);
+                    tracing::warn!(service = %self.service, sequence, subject, reason = %why.reason,
+                        detail = %why.detail, "skipping a stored message this service cannot use");
+                }
                 let stored_at = chrono::DateTime::from_timestamp(
                     info.published.unix_timestamp(),
                     info.published.nanosecond(),

@@ -88,6 +88,16 @@ async fn undecodable_messages_are_skipped_in_order_with_their_reason() {
         .unwrap();
     assert_eq!((a.sequence, b.sequence), (first, last));
 
+    // A second reading hands them over again but does not count them.
+    let mut reread = bus.reread(&[subject::EVENTS_ALL], 1).await.unwrap();
+    let mut skipped = 0;
+    while let Some(item) = reread.next_item_within(Duration::from_secs(1)).await {
+        if let FeedItem::Skipped(_) = item.unwrap() {
+            skipped += 1;
+        }
+    }
+    assert_eq!(skipped, expected.len());
+
     let text = metrics.render();
     for (_, _, reason, _) in &expected {
         // Two feeds read each of them.

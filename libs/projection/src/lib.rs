@@ -311,7 +311,7 @@ pub async fn rebuild<P: Projector>(
     let head = bus.last_sequence().await?;
     let mut reached = 0;
     if head > 0 {
-        let mut feed = bus.feed(projector.filters(), 1).await?;
+        let mut feed = bus.reread(projector.filters(), 1).await?;
         loop {
             let Some(event) = feed.next_item_within(Duration::from_secs(2)).await else {
                 // No more matching events before the head.

@@ -354,7 +354,7 @@ pub async fn read_log(bus: &Bus) -> Vec<Stored> {
     if head == 0 {
         return out;
     }
-    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
+    let mut feed = bus.reread(&[subject::EVENTS_ALL], 1).await.unwrap();
     while let Some(item) = feed.next_item_within(Duration::from_secs(5)).await {
         let item = item.unwrap();
         let done = item.sequence() >= head;

@@ -148,7 +148,7 @@ pub(crate) async fn verify(bus: &Bus, pool: &PgPool) -> anyhow::Result<VerifyRes
     let mut rows = Rows::new(pool, upper);
 
     if upper > 0 {
-        let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await?;
+        let mut feed = bus.reread(&[subject::EVENTS_ALL], 1).await?;
         loop {
             // Every stored message, decodable or not: the chain covers them all.
             let Some(event) = feed.next_item_within(STREAM_STALL_TIMEOUT).await else {
