@@ -4,14 +4,18 @@
 //! * [`Bus::connect`] creates (or finds) the `LH_EVENTS` and `LH_TELEMETRY`
 //!   streams, reads their config back and refuses to run on a weaker stream
 //!   than the architecture brief demands (365 days, deny delete/purge, discard
-//!   new, atomic batches).
+//!   new, atomic batches). It waits for a server that does not answer yet.
 //! * [`Bus::publish`] appends one event with its id as `Nats-Msg-Id` and an
 //!   optional expected-last-subject-sequence.
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
-//!   consumer and then follows live.
+//!   consumer and then follows live. A stored message the reader cannot use
+//!   (junk, an unknown type, a newer version) is counted, logged and handed
+//!   over as a [`Skipped`] item, never as an error: it cannot be removed
+//!   from the log, so failing on it would fail every restart too.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{self, HeaderMap};
@@ -23,7 +27,7 @@ use async_nats::jetstream::{
 };
 use bytes::Bytes;
 use futures::StreamExt;
-use lh_events::{subject, Envelope};
+use lh_events::{subject, Envelope, SkipReason, Undecodable};
 
 pub use async_nats;
 /// The write guard is a domain idea and lives with the events; it is
@@ -44,6 +48,10 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
 /// Most messages one atomic batch may hold (the server's own cap is 1,000).
 pub const MAX_BATCH_MESSAGES: usize = 64;
 const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// First wait before the streams are checked again at connect while the
+/// server does not answer; it doubles up to the max.
+const CONNECT_RETRY_MIN_WAIT: Duration = Duration::from_millis(100);
+const CONNECT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -64,12 +72,6 @@ pub enum BusError {
     DuplicateBatch(String),
     #[error("JetStream error: {0}")]
     JetStream(String),
-    #[error("event on {subject} at sequence {sequence} is not a valid envelope: {source}")]
-    Decode {
-        subject: String,
-        sequence: u64,
-        source: serde_json::Error,
-    },
 }
 
 pub type Result<T, E = BusError> = std::result::Result<T, E>;
@@ -121,10 +123,80 @@ pub struct Stored {
     pub pending: u64,
 }
 
+/// A stored message the reader cannot use, stepped over. It still counts
+/// as read: it has a sequence, the audit chain covers its bytes, and
+/// projections record it so that a rebuild steps over the same messages.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    pub sequence: u64,
+    pub subject: String,
+    /// The raw bytes as stored.
+    pub payload: Bytes,
+    /// Messages left in the stream for this feed after this one.
+    pub pending: u64,
+    /// When JetStream stored it (the same on every replay).
+    pub stored_at: chrono::DateTime<chrono::Utc>,
+    pub why: Undecodable,
+}
+
+impl Skipped {
+    pub fn reason(&self) -> SkipReason {
+        self.why.reason
+    }
+}
+
+/// What a feed delivers: every stored message of its filter, in order,
+/// decoded or skipped.
+// Events are nearly every item: boxing them would cost an allocation each
+// to save space only on the rare skip.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum FeedItem {
+    Event(Stored),
+    Skipped(Skipped),
+}
+
+impl FeedItem {
+    pub fn sequence(&self) -> u64 {
+        match self {
+            FeedItem::Event(e) => e.sequence,
+            FeedItem::Skipped(s) => s.sequence,
+        }
+    }
+
+    pub fn subject(&self) -> &str {
+        match self {
+            FeedItem::Event(e) => &e.subject,
+            FeedItem::Skipped(s) => &s.subject,
+        }
+    }
+
+    /// The raw bytes as stored.
+    pub fn payload(&self) -> &Bytes {
+        match self {
+            FeedItem::Event(e) => &e.payload,
+            FeedItem::Skipped(s) => &s.payload,
+        }
+    }
+
+    /// Messages left in the stream for this feed after this one.
+    pub fn pending(&self) -> u64 {
+        match self {
+            FeedItem::Event(e) => e.pending,
+            FeedItem::Skipped(s) => s.pending,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Bus {
     client: async_nats::Client,
     js: jetstream::Context,
+    /// The connection's client name: the `service` label of its metrics.
+    service: Arc<str>,
+    /// Counts the times the client (re)connected; feeds reopen their
+    /// consumers on a change rather than wait for heartbeats to go missing.
+    connects: tokio::sync::watch::Receiver<u64>,
 }
 
 /// The stream config the brief requires for the business log.
@@ -203,8 +275,20 @@ pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
 impl Bus {
     /// Connects, creates the streams when missing and checks what the server holds.
     pub async fn connect(config: &BusConfig) -> Result<Self> {
+        let (connected, connects) = tokio::sync::watch::channel(0u64);
+        let service = config.client_name.clone();
         let client = async_nats::ConnectOptions::new()
             .name(&config.client_name)
+            .event_callback(move |event| {
+                match event {
+                    async_nats::Event::Connected => connected.send_modify(|n| *n += 1),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!(service = %service, "lost the connection to NATS; reconnecting")
+                    }
+                    _ => {}
+                }
+                std::future::ready(())
+            })
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
             .connect(&config.nats_url)
@@ -215,9 +299,28 @@ impl Bus {
             })?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(PUBLISH_ACK_TIMEOUT);
-        let bus = Self { client, js };
-        bus.ensure_streams(config).await?;
-        Ok(bus)
+        let bus = Self {
+            client,
+            js,
+            service: config.client_name.as_str().into(),
+            connects,
+        };
+        // The client connects in the background (and reconnects for ever);
+        // until the server answers, checking the streams fails, so it is
+        // retried: a service started before NATS waits for it.
+        let mut wait = CONNECT_RETRY_MIN_WAIT;
+        loop {
+            match bus.ensure_streams(config).await {
+                Ok(()) => return Ok(bus),
+                Err(e @ BusError::WeakStream { .. }) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(url = %config.nats_url, error = %e, retry_in_ms = wait.as_millis() as u64,
+                        "the event log does not answer yet");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(CONNECT_RETRY_MAX_WAIT);
+                }
+            }
+        }
     }
 
     async fn ensure_streams(&self, config: &BusConfig) -> Result<()> {
@@ -241,6 +344,12 @@ impl Bus {
 
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// Whether the connection to NATS is up right now (the client
+    /// reconnects by itself; a service is not ready while it is down).
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     pub fn jetstream(&self) -> &jetstream::Context {
@@ -367,33 +476,46 @@ impl Bus {
     }
 
     /// Replays the business log from `from_sequence` (1 for everything) for
-    /// the subjects matching `filter`, then follows live. Ordered consumer:
-    /// gaps are detected and the consumer recreated by the client.
+    /// the subjects matching `filters`, then follows live, for as long as
+    /// the [`Feed`] lives. Ordered consumer: gaps are detected and the
+    /// consumer recreated by the client; when the consumer itself is lost
+    /// (the server restarted, the connection dropped), the feed opens a new
+    /// one after the last message it delivered, retrying until the server
+    /// answers.
     pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
-        let stream = self
-            .js
-            .get_stream(subject::EVENTS_STREAM)
-            .await
-            .map_err(js_err)?;
-        let deliver_policy = if from_sequence <= 1 {
-            DeliverPolicy::All
-        } else {
-            DeliverPolicy::ByStartSequence {
-                start_sequence: from_sequence,
-            }
+        self.open_feed(filters, from_sequence, true).await
+    }
+
+    /// [`Bus::feed`] for a second reading of what the service's own feeds
+    /// already read (audit verification, a rebuild, a tool): the skipped
+    /// messages are handed over as such but neither counted nor logged
+    /// again, so that the skip counter tells how many there are, not how
+    /// often someone looked.
+    pub async fn reread(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
+        self.open_feed(filters, from_sequence, false).await
+    }
+
+    async fn open_feed(
+        &self,
+        filters: &[&str],
+        from_sequence: u64,
+        report_skips: bool,
+    ) -> Result<Feed> {
+        let mut connects = self.connects.clone();
+        connects.mark_unchanged();
+        let source = FeedSource {
+            js: self.js.clone(),
+            filters: filters.iter().map(|f| f.to_string()).collect(),
+            service: self.service.clone(),
+            report_skips,
+            connects,
         };
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: filters.iter().map(|f| f.to_string()).collect(),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(js_err)?;
-        let messages = consumer.messages().await.map_err(js_err)?;
-        Ok(Feed {
-            messages: Box::pin(messages),
-        })
+        // The first consumer is opened here so that a caller learns at once
+        // of a server that refuses it; later ones are the pump's business.
+        let messages = source.open(from_sequence.max(1)).await?;
+        let (items, receiver) = tokio::sync::mpsc::channel(FEED_BUFFER_MESSAGES);
+        let pump = tokio::spawn(source.pump(messages, from_sequence.max(1), items));
+        Ok(Feed { receiver, pump })
     }
 
     /// The newest telemetry sample on `subject`, if the stream still has one.
@@ -511,39 +633,217 @@ type MessageStream = std::pin::Pin<
     >,
 >;
 
-/// Events of one filter in stream order.
+/// Messages a feed reads ahead of its reader.
+const FEED_BUFFER_MESSAGES: usize = 64;
+/// First wait before a lost consumer is opened again; it doubles on each
+/// failed attempt up to [`FEED_REOPEN_MAX_WAIT`].
+const FEED_REOPEN_MIN_WAIT: Duration = Duration::from_millis(100);
+const FEED_REOPEN_MAX_WAIT: Duration = Duration::from_secs(5);
+
+/// What a feed reads and how it opens a consumer for it.
+struct FeedSource {
+    js: jetstream::Context,
+    filters: Vec<String>,
+    service: Arc<str>,
+    /// Count and log each skipped message (false on a second reading).
+    report_skips: bool,
+    connects: tokio::sync::watch::Receiver<u64>,
+}
+
+impl FeedSource {
+    /// An ordered consumer of the filters from `from_sequence` on.
+    async fn open(&self, from_sequence: u64) -> Result<MessageStream> {
+        let stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        let deliver_policy = if from_sequence <= 1 {
+            DeliverPolicy::All
+        } else {
+            DeliverPolicy::ByStartSequence {
+                start_sequence: from_sequence,
+            }
+        };
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subjects: self.filters.clone(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        Ok(Box::pin(consumer.messages().await.map_err(js_err)?))
+    }
+
+    /// Opens a consumer from `from_sequence`, waiting and retrying for as
+    /// long as it takes: a server that is down now will be back.
+    async fn reopen(&self, from_sequence: u64) -> MessageStream {
+        let mut wait = FEED_REOPEN_MIN_WAIT;
+        loop {
+            tokio::time::sleep(wait).await;
+            match self.open(from_sequence).await {
+                Ok(messages) => {
+                    tracing::info!(service = %self.service, filters = ?self.filters, from_sequence,
+                        "event feed resumed");
+                    return messages;
+                }
+                Err(e) => {
+                    wait = (wait * 2).min(FEED_REOPEN_MAX_WAIT);
+                    tracing::warn!(service = %self.service, filters = ?self.filters, from_sequence,
+                        error = %e, retry_in_ms = wait.as_millis() as u64, "cannot reopen the event feed");
+                }
+            }
+        }
+    }
+
+    /// Reads messages into `items` in stream order until the reader is
+    /// gone, opening a new consumer after the last delivered message
+    /// whenever the current one fails or ends.
+    async fn pump(
+        mut self,
+        mut messages: MessageStream,
+        mut next_sequence: u64,
+        items: tokio::sync::mpsc::Sender<Result<FeedItem>>,
+    ) {
+        loop {
+            let next = tokio::select! {
+                next = messages.next() => next,
+                // A new connection may be to a restarted server that lost
+                // the consumer: reopen now, not heartbeats later.
+                Ok(()) = self.connects.changed() => {
+                    tracing::info!(service = %self.service, filters = ?self.filters,
+                        next_sequence, "reconnected to NATS; reopening the event feed");
+                    messages = self.reopen(next_sequence).await;
+                    continue;
+                }
+            };
+            let error = match next {
+                Some(Ok(message)) => {
+                    if self.deliver(message, &mut next_sequence, &items).await {
+                        continue;
+                    }
+                    return;
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the consumer ended".to_string(),
+            };
+            tracing::warn!(service = %self.service, filters = ?self.filters,
+                next_sequence, %error, "event feed lost its consumer; reopening");
+            messages = self.reopen(next_sequence).await;
+        }
+    }
+
+    /// Hands `message` to the reader unless it repeats one already handed
+    /// over; false once the reader is gone or the feed cannot go on.
+    async fn deliver(
+        &self,
+        message: jetstream::Message,
+        next_sequence: &mut u64,
+        items: &tokio::sync::mpsc::Sender<Result<FeedItem>>,
+    ) -> bool {
+        let info = match message.info() {
+            Ok(info) => info,
+            Err(e) => {
+                // Not a JetStream message at all: no retry gives it a
+                // sequence, and without one the order is lost.
+                let _ = items.send(Err(js_err(e))).await;
+                return false;
+            }
+        };
+        // A new consumer starts where the last delivery ended; anything
+        // older is a repeat.
+        if info.stream_sequence < *next_sequence {
+            return true;
+        }
+        *next_sequence = info.stream_sequence + 1;
+        let item = self.item(&message, &info);
+        items.send(Ok(item)).await.is_ok()
+    }
+
+    /// Decodes one message, or counts and logs it as skipped.
+    fn item(&self, message: &jetstream::Message, info: &jetstream::message::Info) -> FeedItem {
+        let (sequence, pending) = (info.stream_sequence, info.pending);
+        let subject = message.subject.to_string();
+        let payload = message.payload.clone();
+        match Envelope::decode(&payload) {
+            Ok(envelope) => FeedItem::Event(Stored {
+                sequence,
+                subject,
+                envelope,
+                payload,
+                pending,
+            }),
+            Err(why) => {
+                if self.report_skips {
+                    metrics::counter!("lh_events_skipped_total",
+                        "service" => self.service.to_string(), "reason" => why.reason.as_str())
+                    .increment(1);
+                    tracing::warn!(service = %self.service, sequence, subject, reason = %why.reason,
+                        detail = %why.detail, "skipping a stored message this service cannot use");
+                }
+                let stored_at = chrono::DateTime::from_timestamp(
+                    info.published.unix_timestamp(),
+                    info.published.nanosecond(),
+                )
+                .unwrap_or_default();
+                FeedItem::Skipped(Skipped {
+                    sequence,
+                    subject,
+                    payload,
+                    pending,
+                    stored_at,
+                    why,
+                })
+            }
+        }
+    }
+}
+
+/// Messages of one filter in stream order. A task reads them ahead (a
+/// few at most) and survives losing its consumer, so that waiting on a
+/// feed can be given up at any time without losing a message.
 pub struct Feed {
-    messages: MessageStream,
+    receiver: tokio::sync::mpsc::Receiver<Result<FeedItem>>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
 }
 
 impl Feed {
-    /// The next event; `None` only when the connection closed for good.
+    /// The next stored message, decoded or skipped (a skip is counted and
+    /// logged once, when read). Waits through a lost connection or a
+    /// restarted server; an error only for a message without JetStream
+    /// metadata, after which the feed ends (`None`).
+    pub async fn next_item(&mut self) -> Option<Result<FeedItem>> {
+        self.receiver.recv().await
+    }
+
+    /// Like [`Feed::next_item`], but gives up after `timeout` with `None`.
+    pub async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<FeedItem>> {
+        tokio::time::timeout(timeout, self.next_item())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next event this code can use, stepping over the others (see
+    /// [`Feed::next_item`]): for readers that act on events and keep no
+    /// record of where they stand. A skipped message is never the answer,
+    /// so after one that was last (`pending` 0) this waits for the next
+    /// event.
     pub async fn next(&mut self) -> Option<Result<Stored>> {
-        let message = match self.messages.next().await? {
-            Ok(m) => m,
-            Err(e) => return Some(Err(js_err(e))),
-        };
-        let (sequence, pending) = match message.info() {
-            Ok(info) => (info.stream_sequence, info.pending),
-            Err(e) => return Some(Err(js_err(e))),
-        };
-        let subject = message.subject.to_string();
-        let payload = message.payload.clone();
-        Some(
-            Envelope::from_json(&payload)
-                .map(|envelope| Stored {
-                    sequence,
-                    subject: subject.clone(),
-                    envelope,
-                    payload,
-                    pending,
-                })
-                .map_err(|source| BusError::Decode {
-                    subject,
-                    sequence,
-                    source,
-                }),
-        )
+        loop {
+            match self.next_item().await? {
+                Ok(FeedItem::Event(event)) => return Some(Ok(event)),
+                Ok(FeedItem::Skipped(_)) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
     }
 
     /// Like [`Feed::next`], but gives up after `timeout` with `None`.

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 
 /// A signed statement of the audit chain's head at a stream sequence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct AuditCheckpoint {
     pub sequence: u64,
     pub head: String,

@@ -26,7 +26,6 @@ impl Tier {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct SpotPriceSet {
     pub zone: String,
     pub gpu_model: String,
@@ -42,7 +41,6 @@ pub struct SpotPriceSet {
 
 /// A version of the price book. Every charge names the version it used.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct PriceBookPublished {
     pub version: u32,
     pub currency: String,
@@ -51,7 +49,6 @@ pub struct PriceBookPublished {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct TierPrice {
     pub tier: Tier,
     #[schemars(with = "String")]
@@ -60,7 +57,6 @@ pub struct TierPrice {
 
 /// What one lease costs within one invoice period (a UTC calendar month).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct ChargeAccrued {
     pub charge_id: Uuid,
     pub tenant_id: Uuid,

@@ -31,7 +31,6 @@ pub enum Actor {
 
 /// The envelope every event travels in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Envelope {
     pub id: Uuid,
     /// Event type, for example `lease.placed`; mirrors the `type` tag of `data`.

@@ -135,3 +135,63 @@ pub fn ended(
         exit_code: None,
     }
 }
+
+/// An event of no consequence on a fresh lease's subject, for tests of
+/// the log itself.
+pub fn stop_request() -> Envelope {
+    Envelope::new(
+        Actor::Admin,
+        Utc::now(),
+        EventData::LeaseStopRequested(LeaseStopRequested {
+            lease_id: Uuid::now_v7(),
+        }),
+    )
+}
+
+/// Stored messages no reader of this code can use, one of each kind a
+/// reader must step over, with the reason it should give: junk bytes, an
+/// unknown event type, a known type at a version above the known one (with
+/// a field the current struct lacks), and a known type whose payload does
+/// not decode.
+pub fn undecodable() -> Vec<(SkipReason, Vec<u8>)> {
+    let envelope = |event_type: &str, version: u16, data: serde_json::Value| {
+        serde_json::json!({
+            "id": Uuid::now_v7(),
+            "type": event_type,
+            "version": version,
+            "occurred_at": Utc::now(),
+            "actor": {"kind": "admin"},
+            "correlation_id": Uuid::now_v7(),
+            "data": data,
+        })
+        .to_string()
+        .into_bytes()
+    };
+    vec![
+        (SkipReason::Junk, b"\x00junk, not JSON\xff".to_vec()),
+        (
+            SkipReason::UnknownType,
+            envelope(
+                "lease.teleported",
+                1,
+                serde_json::json!({"type": "lease.teleported", "lease_id": Uuid::now_v7()}),
+            ),
+        ),
+        (
+            SkipReason::FutureVersion,
+            envelope(
+                "lease.stop_requested",
+                2,
+                serde_json::json!({"type": "lease.stop_requested", "lease_id": Uuid::now_v7(), "why": "v2"}),
+            ),
+        ),
+        (
+            SkipReason::BadPayload,
+            envelope(
+                "lease.stop_requested",
+                1,
+                serde_json::json!({"type": "lease.stop_requested", "lease_id": 7}),
+            ),
+        ),
+    ]
+}

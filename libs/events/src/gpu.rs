@@ -6,7 +6,6 @@ use serde::{Deserialize, Serialize};
 
 /// One GPU of a node's inventory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
@@ -25,7 +24,6 @@ fn is_false(b: &bool) -> bool {
 /// A MIG GPU instance: its profile (e.g. `3g.20gb`) and NVML placement start
 /// slice, which names it on its GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct MigInstance {
     pub profile: String,
     pub start: u8,
@@ -33,7 +31,6 @@ pub struct MigInstance {
 
 /// A GPU handed to a lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct AssignedGpu {
     pub index: u32,
     pub uuid: String,
@@ -53,7 +50,6 @@ pub struct AssignedGpu {
 /// A share of one GPU (memory-sliced vGPU): compute in milli-GPU
 /// (1..=1000) and a hard VRAM amount in GB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct GpuFraction {
     pub milli: u32,
     pub vram_gb: u32,

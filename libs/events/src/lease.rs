@@ -9,7 +9,6 @@ use uuid::Uuid;
 use crate::{AssignedGpu, GpuFraction, IdleAction, Tier};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseRequested {
     pub lease_id: Uuid,
     pub tenant_id: Uuid,
@@ -38,7 +37,6 @@ pub struct LeaseRequested {
 /// `env` values are kept in the event log like every other field: they are
 /// not a place for secrets.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct WorkloadSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
@@ -49,7 +47,6 @@ pub struct WorkloadSpec {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseQueued {
     pub lease_id: Uuid,
     pub reason: String,
@@ -58,7 +55,6 @@ pub struct LeaseQueued {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseRejected {
     pub lease_id: Uuid,
     pub reason: String,
@@ -69,7 +65,6 @@ pub struct LeaseRejected {
 
 /// Provenance of a placement decision: why here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Decision {
     pub policy: String,
     pub policy_version: u32,
@@ -80,7 +75,6 @@ pub struct Decision {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeasePlaced {
     pub lease_id: Uuid,
     pub node_id: String,
@@ -94,7 +88,6 @@ pub struct LeasePlaced {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseStopRequested {
     pub lease_id: Uuid,
 }
@@ -102,7 +95,6 @@ pub struct LeaseStopRequested {
 /// A spot lease will be evicted at `deadline` so that `preempted_for` (an
 /// on-demand lease) can have its GPUs. The node-agent ends it then.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeasePreemptionNoticed {
     pub lease_id: Uuid,
     pub node_id: String,
@@ -112,7 +104,6 @@ pub struct LeasePreemptionNoticed {
 
 /// The node-agent started the workload; billing starts at `started_at`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseStarted {
     pub lease_id: Uuid,
     pub node_id: String,
@@ -121,7 +112,6 @@ pub struct LeaseStarted {
 
 /// The lease is over; billing stops at `ended_at`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseEnded {
     pub lease_id: Uuid,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,7 +129,6 @@ pub struct LeaseEnded {
 /// place). Billing of the old run stops at `billing_ends_at`: for a lost
 /// node, when it was last heard from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseMigrated {
     pub lease_id: Uuid,
     pub reason: String,
@@ -152,7 +141,6 @@ pub struct LeaseMigrated {
 
 /// Where a migrated lease runs next (the fields of `lease.placed`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Relocation {
     pub node_id: String,
     pub zone: String,
@@ -180,7 +168,6 @@ pub enum EndReason {
 /// An application error on a GPU (XID 13, 31, 43, 45, 68) caused by the
 /// lease's workload: charged to the lease, the GPU stays healthy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseGpuFault {
     pub lease_id: Uuid,
     pub node_id: String,
@@ -191,7 +178,6 @@ pub struct LeaseGpuFault {
 
 /// The lease's GPUs showed no utilisation for the tenant's idle window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseIdleDetected {
     pub lease_id: Uuid,
     pub node_id: String,
@@ -208,7 +194,6 @@ pub struct LeaseIdleDetected {
 /// ends at `suspended_at`; `lease.resume_requested` queues it again, and it
 /// starts afresh wherever it is placed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseSuspended {
     pub lease_id: Uuid,
     pub node_id: String,
@@ -219,7 +204,6 @@ pub struct LeaseSuspended {
 
 /// The tenant asked for a suspended lease to run again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LeaseResumeRequested {
     pub lease_id: Uuid,
 }

@@ -11,7 +11,6 @@ use crate::{GpuInfo, MigInstance};
 /// An operator stopped new placements on a node. With `drain` its leases
 /// are moved (`move`) or left to finish (`finish`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeCordoned {
     pub node_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -30,7 +29,6 @@ pub enum DrainMode {
 
 /// The node takes new placements again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeUncordoned {
     pub node_id: String,
 }
@@ -38,14 +36,12 @@ pub struct NodeUncordoned {
 /// A lost node is heard from again: it may take leases again. Leases moved
 /// away while it was lost stay where they went.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeRejoined {
     pub node_id: String,
     pub heard_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeRegistered {
     pub node_id: String,
     pub zone: String,
@@ -59,14 +55,12 @@ pub struct NodeRegistered {
 /// One event may carry several leases' allocations: one write per node per
 /// batch keeps the expectation simple.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeGpusAllocated {
     pub node_id: String,
     pub allocations: Vec<NodeAllocation>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeAllocation {
     pub lease_id: Uuid,
     pub gpu_indices: Vec<u32>,
@@ -100,7 +94,6 @@ impl NodeGpusAllocated {
 /// The scheduler heard nothing from the node for longer than its liveness
 /// window: nothing new is placed there and its leases are moved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeLost {
     pub node_id: String,
     /// The node's own timestamp of its last heartbeat the scheduler saw.
@@ -123,7 +116,6 @@ pub enum GpuHealth {
 
 /// What a health judgement rests on: the sample values and faults seen.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct HealthEvidence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature_c: Option<u32>,
@@ -146,7 +138,6 @@ pub struct HealthEvidence {
 
 /// A GPU changed health, with its evidence (`at` is the node's clock).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeGpuHealthChanged {
     pub node_id: String,
     pub gpu_index: u32,
@@ -160,7 +151,6 @@ pub struct NodeGpuHealthChanged {
 
 /// A self-test (a load test on a free GPU) finished.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct NodeGpuSelfTested {
     pub node_id: String,
     pub gpu_index: u32,

@@ -7,7 +7,6 @@ use uuid::Uuid;
 /// A tenant came into being. Personal fields are encrypted with the tenant's
 /// own key, which lives outside the log (crypto-shredding).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct TenantCreated {
     pub tenant_id: Uuid,
     /// Base64 of nonce ‖ ChaCha20-Poly1305 ciphertext of the name.
@@ -28,7 +27,6 @@ pub struct TenantCreated {
 
 /// A tenant's rule for leases whose GPUs do nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct IdlePolicy {
     /// Seconds of zero GPU utilisation before the lease counts as idle.
     pub window_s: u64,
@@ -65,7 +63,6 @@ fn default_weight() -> u32 {
 
 /// Per-tenant limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Quota {
     /// Most GPUs the tenant may hold at once, across all its leases. A
     /// fraction or MIG slice counts by its size (milli-GPU / 1000).

@@ -9,11 +9,16 @@
 //! Each service owns one Postgres schema; every connection of its pool has
 //! `search_path` set to it, so projector SQL is unqualified and [`rebuild`]
 //! can replay the whole log into a fresh schema with the same code.
+//!
+//! A stored message the service cannot decode is not an error: the runner
+//! records it in `skipped_events`, in the same transaction that moves the
+//! offset past it, so the tables say what they do not reflect and a
+//! rebuild records the very same rows.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lh_bus::{Bus, Stored};
+use lh_bus::{Bus, FeedItem, Skipped, Stored};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
@@ -27,6 +32,8 @@ pub const MAX_EVENTS_PER_TRANSACTION: usize = 256;
 /// hands one out in milliseconds; past this the database is out of reach or
 /// overloaded, and an API answers 503 rather than hang.
 pub const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The runner's record of the messages a projection stepped over.
+pub const SKIPPED_TABLE: &str = "skipped_events";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectionError {
@@ -103,6 +110,18 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
         "CREATE TABLE IF NOT EXISTS projection_offsets (
             name TEXT PRIMARY KEY,
             sequence BIGINT NOT NULL
+        )",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS skipped_events (
+            projection TEXT NOT NULL,
+            sequence BIGINT NOT NULL,
+            subject TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            stored_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (projection, sequence)
         )",
     )
     .execute(pool)
@@ -293,7 +312,7 @@ pub async fn run<P: Projector>(
     loop {
         let next = tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            next = feed.next_within(Duration::from_millis(500)) => next,
+            next = feed.next_item_within(Duration::from_millis(500)) => next,
         };
         let Some(event) = next else {
             // A quiet spell: the ordered feed has delivered every matching
@@ -304,9 +323,9 @@ pub async fn run<P: Projector>(
         // Under load, apply what is already waiting in one transaction.
         let mut batch = vec![event?];
         while batch.len() < MAX_EVENTS_PER_TRANSACTION
-            && batch.last().is_some_and(|e| e.pending > 0)
+            && batch.last().is_some_and(|e| e.pending() > 0)
         {
-            match feed.next_within(Duration::from_millis(5)).await {
+            match feed.next_item_within(Duration::from_millis(5)).await {
                 Some(event) => batch.push(event?),
                 None => break,
             }
@@ -319,20 +338,25 @@ pub async fn run<P: Projector>(
             return Ok(());
         }
         let last = batch.last().expect("a batch holds an event");
-        applied_tx.send_replace(last.sequence);
-        if last.pending == 0 {
+        applied_tx.send_replace(last.sequence());
+        if last.pending() == 0 {
             caught_tx.send_replace(true);
         }
     }
 }
 
-async fn apply_one<P: Projector>(pool: &PgPool, projector: &P, event: &Stored) -> Result<()> {
+async fn apply_one<P: Projector>(pool: &PgPool, projector: &P, event: &FeedItem) -> Result<()> {
     apply_batch(pool, projector, std::slice::from_ref(event)).await
 }
 
-/// Applies events (in stream order) and the last one's sequence in one
-/// transaction; events at or below the committed sequence are skipped.
-async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Stored]) -> Result<()> {
+/// Applies events (in stream order), records the skipped ones, and stores
+/// the last one's sequence, in one transaction; events at or below the
+/// committed sequence are left alone.
+async fn apply_batch<P: Projector>(
+    pool: &PgPool,
+    projector: &P,
+    events: &[FeedItem],
+) -> Result<()> {
     let Some(last) = events.last() else {
         return Ok(());
     };
@@ -344,21 +368,39 @@ async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Store
             .await?;
     let committed = committed.unwrap_or(0) as u64;
     // A second runner of the same projection (or a replay) already did them.
-    if committed >= last.sequence {
+    if committed >= last.sequence() {
         return Ok(());
     }
-    for event in events.iter().filter(|e| e.sequence > committed) {
-        projector.apply(&mut tx, event).await?;
+    for item in events.iter().filter(|e| e.sequence() > committed) {
+        match item {
+            FeedItem::Event(event) => projector.apply(&mut tx, event).await?,
+            FeedItem::Skipped(skipped) => record_skip(&mut tx, projector.name(), skipped).await?,
+        }
     }
     sqlx::query(
         "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
     )
     .bind(projector.name())
-    .bind(last.sequence as i64)
+    .bind(last.sequence() as i64)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    Ok(())
+}
+
+async fn record_skip(conn: &mut PgConnection, projection: &str, skipped: &Skipped) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO skipped_events (projection, sequence, subject, reason, stored_at)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+    )
+    .bind(projection)
+    .bind(skipped.sequence as i64)
+    .bind(&skipped.subject)
+    .bind(skipped.reason().as_str())
+    .bind(skipped.stored_at)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -391,20 +433,20 @@ pub async fn rebuild<P: Projector>(
     let head = bus.last_sequence().await?;
     let mut reached = 0;
     if head > 0 {
-        let mut feed = bus.feed(projector.filters(), 1).await?;
+        let mut feed = bus.reread(projector.filters(), 1).await?;
         loop {
-            let Some(event) = feed.next_within(Duration::from_secs(2)).await else {
+            let Some(event) = feed.next_item_within(Duration::from_secs(2)).await else {
                 // No more matching events before the head.
                 break;
             };
             let event = event?;
-            if event.sequence > head {
+            if event.sequence() > head {
                 break;
             }
             apply_one(&pool, projector, &event).await?;
-            reached = event.sequence;
+            reached = event.sequence();
             on_event(reached, head);
-            if event.pending == 0 || event.sequence == head {
+            if event.pending() == 0 || event.sequence() == head {
                 break;
             }
         }
@@ -499,8 +541,9 @@ pub async fn compare_tables(
 }
 
 /// Replays the log into the fresh schema `into` (see [`rebuild`]), compares
-/// `tables` with schema `live`, and with `swap` makes the rebuilt schema the
-/// live one. Refuses to rebuild into the live schema.
+/// `tables` and then [`SKIPPED_TABLE`] with schema `live`, and with `swap`
+/// makes the rebuilt schema the live one. Refuses to rebuild into the live
+/// schema.
 #[allow(clippy::too_many_arguments)]
 pub async fn rebuild_and_compare<P: Projector>(
     bus: &Bus,
@@ -519,7 +562,8 @@ pub async fn rebuild_and_compare<P: Projector>(
         )));
     }
     let reached = rebuild(bus, database_url, into, migrator, projector, on_event).await?;
-    let tables = compare_tables(database_url, live, into, tables).await?;
+    let tables = [tables, &[SKIPPED_TABLE]].concat();
+    let tables = compare_tables(database_url, live, into, &tables).await?;
     if swap {
         swap_schemas(database_url, live, into).await?;
     }

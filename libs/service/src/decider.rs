@@ -10,13 +10,19 @@
 //! expectations across the batches of one pass, re-reading on a conflict,
 //! and backing off when the log refuses a write for another reason. It is
 //! the write-side twin of `lh_projection::run`.
+//!
+//! A stored message the service cannot decode is read all the same: it
+//! counts towards catching up, and where it is the newest message on a
+//! subject, a guard the decider sets on that subject (which only knows the
+//! events it applied) is moved up to it, or every write there would
+//! conflict forever.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
-use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
+use lh_bus::{Bus, BusError, Expect, FeedItem, MAX_BATCH_MESSAGES};
 use lh_events::Envelope;
 use lh_telemetry::Readiness;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +31,55 @@ use crate::clock::Clock;
 
 /// Events that must be stored together, each with its guard.
 pub type Batch = Vec<(Envelope, Expect)>;
+
+/// Most subjects whose newest message is a skipped one that the loop keeps
+/// track of; past it, writes to further such subjects conflict until an
+/// event the service can decode lands there.
+pub const MAX_SKIPPED_TAILS: usize = 10_000;
+
+/// Subjects whose newest message (as far as the fold has read) is one the
+/// service skipped, with that message's sequence.
+#[derive(Debug, Default)]
+struct SkippedTails {
+    sequences: HashMap<String, u64>,
+}
+
+impl SkippedTails {
+    fn read(&mut self, item: &FeedItem) {
+        match item {
+            FeedItem::Skipped(skipped) => {
+                if self.sequences.len() < MAX_SKIPPED_TAILS
+                    || self.sequences.contains_key(&skipped.subject)
+                {
+                    self.sequences
+                        .insert(skipped.subject.clone(), skipped.sequence);
+                } else {
+                    tracing::warn!(
+                        subject = skipped.subject,
+                        sequence = skipped.sequence,
+                        limit = MAX_SKIPPED_TAILS,
+                        "too many subjects end in a skipped message; not guarding past this one"
+                    );
+                }
+            }
+            FeedItem::Event(event) => {
+                if !self.sequences.is_empty() {
+                    self.sequences.remove(&event.subject);
+                }
+            }
+        }
+    }
+
+    /// The guard a write to `subject` needs, given the one its decider set.
+    fn guard(&self, subject: &str, expect: Expect) -> Expect {
+        match (expect, self.sequences.get(subject)) {
+            (Expect::LastSubjectSequence(seen), Some(&skipped)) if skipped > seen => {
+                Expect::LastSubjectSequence(skipped)
+            }
+            _ => expect,
+        }
+    }
+}
 
 /// How a decider's loop is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,15 +194,21 @@ pub async fn run_with_signals<D: Decider>(
     let mut dirty = true;
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut backoff = pace.backoff_min;
+    let mut skipped_tails = SkippedTails::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            next = feed.next_within(pace.quiet) => match next {
-                Some(event) => {
-                    let event = event?;
-                    decider.apply(event.sequence, &event.envelope);
-                    dirty = true;
-                    caught_up = event.pending == 0;
+            next = feed.next_item_within(pace.quiet) => match next {
+                Some(item) => {
+                    let item = item?;
+                    skipped_tails.read(&item);
+                    // A skipped message changes no state but is read all
+                    // the same: being last, it leaves the fold caught up.
+                    if let FeedItem::Event(event) = &item {
+                        decider.apply(event.sequence, &event.envelope);
+                        dirty = true;
+                    }
+                    caught_up = item.pending() == 0;
                 }
                 None => caught_up = true,
             },
@@ -159,15 +220,22 @@ pub async fn run_with_signals<D: Decider>(
             }
         }
         caught_up_once |= caught_up;
+        // Without a connection nothing can be appended: not ready until it
+        // is back (the feed and the client resume by themselves).
+        let connected = bus.is_connected();
+        if !connected && readiness.is_ready() {
+            tracing::warn!(decider = decider.name(), "lost the event log; not ready");
+            readiness.set(false);
+        }
         if !caught_up || !dirty || retry_at.is_some_and(|t| tokio::time::Instant::now() < t) {
             continue;
         }
-        if !readiness.is_ready() {
+        if connected && !readiness.is_ready() {
             tracing::info!(decider = decider.name(), "caught up with the log");
             readiness.set(true);
         }
         dirty = false;
-        match append_pass(bus, decider, clock.now()).await {
+        match append_pass(bus, decider, &skipped_tails, clock.now()).await {
             Pass::Done => {
                 retry_at = None;
                 backoff = pace.backoff_min;
@@ -198,7 +266,12 @@ enum Pass {
     Refused(BusError),
 }
 
-async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>) -> Pass {
+async fn append_pass<D: Decider>(
+    bus: &Bus,
+    decider: &mut D,
+    skipped_tails: &SkippedTails,
+    now: DateTime<Utc>,
+) -> Pass {
     let decisions = decider.decide(now);
     let batches = pack(
         decisions,
@@ -210,9 +283,11 @@ async fn append_pass<D: Decider>(bus: &Bus, decider: &mut D, now: DateTime<Utc>)
     for mut batch in batches {
         for (envelope, expect) in batch.iter_mut() {
             if let Expect::LastSubjectSequence(_) = expect {
-                if let Some(&sequence) = written.get(&envelope.data.subject()) {
-                    *expect = Expect::LastSubjectSequence(sequence);
-                }
+                let subject = envelope.data.subject();
+                *expect = match written.get(&subject) {
+                    Some(&sequence) => Expect::LastSubjectSequence(sequence),
+                    None => skipped_tails.guard(&subject, *expect),
+                };
             }
         }
         // Where nothing in a batch is guarded, no decision depends on where

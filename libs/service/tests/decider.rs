@@ -31,7 +31,8 @@ fn cordon(reason: &str) -> Envelope {
 /// Wants the node's subject to hold `target` events, `per_pass` at a time,
 /// each write guarded by the subject's last sequence as the fold saw it.
 struct Filler {
-    target: usize,
+    /// Shared so that a test can ask for more while the loop runs.
+    target: Arc<AtomicUsize>,
     per_pass: usize,
     seen: usize,
     last_sequence: u64,
@@ -42,7 +43,7 @@ struct Filler {
 impl Filler {
     fn new(target: usize, per_pass: usize) -> Self {
         Self {
-            target,
+            target: Arc::new(AtomicUsize::new(target)),
             per_pass,
             seen: 0,
             last_sequence: 0,
@@ -79,7 +80,11 @@ impl Decider for Filler {
     }
 
     fn decide(&mut self, _now: DateTime<Utc>) -> Vec<Batch> {
-        let missing = self.target.saturating_sub(self.seen).min(self.per_pass);
+        let missing = self
+            .target
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.seen)
+            .min(self.per_pass);
         if missing > 0 {
             self.busy_passes.fetch_add(1, Ordering::Relaxed);
         }
@@ -433,4 +438,91 @@ async fn unguarded_events_the_log_holds_count_as_stored() {
         assert!(waiting.lock().unwrap().is_empty(), "everything stored");
         assert_eq!(busy_passes.load(Ordering::Relaxed), 1, "offered once");
     }
+}
+
+async fn publish_undecodable_on_the_node(bus: &Bus) {
+    for (_, bytes) in lh_events::fixtures::undecodable() {
+        bus.jetstream()
+            .publish(subject::node(NODE), bytes.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn messages_it_cannot_decode_neither_stop_nor_block_the_loop() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    // The newest message on the guarded subject is one the decider cannot
+    // read: its guard must move past it, or every write conflicts forever.
+    publish_undecodable_on_the_node(&bus).await;
+    let shutdown = CancellationToken::new();
+    let spawn = |target: usize, ready: Readiness| {
+        let (bus, shutdown) = (bus.clone(), shutdown.clone());
+        let mut filler = Filler::new(target, 1);
+        tokio::spawn(
+            async move { decider::run(&bus, &mut filler, &SystemClock, shutdown, ready).await },
+        )
+    };
+    let ready = Readiness::default();
+    let first = spawn(3, ready.clone());
+    assert_eq!(settle(&bus, 3).await, 3);
+    assert!(ready.is_ready(), "skipped messages count as read");
+
+    // Again after its own events, with a second decider that wants more.
+    publish_undecodable_on_the_node(&bus).await;
+    let second = spawn(5, Readiness::default());
+    assert_eq!(settle(&bus, 5).await, 5);
+    assert!(!first.is_finished() && !second.is_finished());
+    shutdown.cancel();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_loop_lives_through_a_killed_and_restarted_server() {
+    let mut nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let ready = Readiness::default();
+    let mut filler = Filler::new(3, 1);
+    let target = filler.target.clone();
+    let run = {
+        let (bus, shutdown, ready) = (bus.clone(), shutdown.clone(), ready.clone());
+        tokio::spawn(
+            async move { decider::run(&bus, &mut filler, &SystemClock, shutdown, ready).await },
+        )
+    };
+    assert_eq!(settle(&bus, 3).await, 3);
+
+    nats.kill();
+    // Asked for more while the server is down: writes are refused and
+    // retried, the feed waits for its server.
+    target.store(6, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !run.is_finished(),
+        "the loop gave up while the server was down"
+    );
+    nats.restart().await.unwrap();
+
+    let again = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if stored_on_node(&again).await >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(settle(&again, 6).await, 6, "no write lost, none doubled");
+    assert!(!run.is_finished());
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
 }

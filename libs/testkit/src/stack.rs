@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lh_bus::{Bus, BusConfig, Stored};
+use lh_bus::{Bus, BusConfig, FeedItem, Stored};
 use lh_events::subject;
 use lh_service::{CancellationToken, CommonArgs, Running};
 use serde_json::{json, Value};
@@ -265,6 +265,15 @@ impl Stack {
         self.running.keys().cloned().collect()
     }
 
+    /// Services whose work has ended although nobody stopped them.
+    pub fn exited_services(&self) -> Vec<String> {
+        self.running
+            .iter()
+            .filter(|(_, (_, running))| running.is_finished())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Waits until every running service reports ready.
     pub async fn wait_ready(&self) {
         for (name, (_, running)) in &self.running {
@@ -377,18 +386,20 @@ fn toml_node_ids(fleet: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every event in the log, in order.
+/// Every event in the log, in order (messages that do not decode left out).
 pub async fn read_log(bus: &Bus) -> Vec<Stored> {
     let head = bus.last_sequence().await.unwrap();
     let mut out = Vec::new();
     if head == 0 {
         return out;
     }
-    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
-    while let Some(ev) = feed.next_within(Duration::from_secs(5)).await {
-        let ev = ev.unwrap();
-        let done = ev.sequence >= head;
-        out.push(ev);
+    let mut feed = bus.reread(&[subject::EVENTS_ALL], 1).await.unwrap();
+    while let Some(item) = feed.next_item_within(Duration::from_secs(5)).await {
+        let item = item.unwrap();
+        let done = item.sequence() >= head;
+        if let FeedItem::Event(event) = item {
+            out.push(event);
+        }
         if done {
             break;
         }

@@ -2,6 +2,11 @@
 //! the hash chain over each stored message's raw bytes and writes every event,
 //! with its link, into the append-only `events` table.
 //!
+//! A message that does not decode (junk, an unknown type, a newer version)
+//! is chained and copied like any other: the chain is over raw bytes, and
+//! leaving one out would make the log and the copy disagree. Its row keeps
+//! whatever of the envelope could be read and says why it was skipped.
+//!
 //! Rows are written in small batches, each one transaction; the table itself
 //! is the keeper's offset (its last row is where the chain resumes), so a
 //! crash between two batches neither loses nor doubles a row. One keeper per
@@ -15,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use ed25519_dalek::SigningKey;
-use lh_bus::{Bus, Expect, Stored};
+use lh_bus::{Bus, Expect, FeedItem};
 use lh_domain::chain::{Chain, Hash};
 use lh_events::{derived_id, subject, Actor, AuditCheckpoint, Envelope, EventData};
 use lh_service::Readiness;
@@ -31,6 +36,10 @@ const CHECKPOINT_TYPE: &str = "audit.checkpoint";
 /// How long the feed may stay quiet before a partial batch is written and
 /// the keeper counts as caught up.
 const QUIET: Duration = Duration::from_millis(300);
+/// First wait before a failed checkpoint is tried again; it doubles on each
+/// further failure up to the max.
+const CHECKPOINT_RETRY_MIN_WAIT: Duration = Duration::from_millis(200);
+const CHECKPOINT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// When checkpoints are due.
 #[derive(Debug, Clone, Copy)]
@@ -47,8 +56,19 @@ pub struct Keeper {
     pub ready: Readiness,
 }
 
-fn is_checkpoint(event: &Stored) -> bool {
-    matches!(event.envelope.data, EventData::AuditCheckpoint(_))
+/// The event type the copy records: the envelope's, or as much of it as a
+/// skipped message had.
+fn event_type(item: &FeedItem) -> Option<&str> {
+    match item {
+        FeedItem::Event(e) => Some(&e.envelope.event_type),
+        FeedItem::Skipped(s) => s.why.head.event_type.as_deref(),
+    }
+}
+
+/// Decided by the recorded type, as the count on resume is (see
+/// `checkpoint_state`), so that both agree.
+fn is_checkpoint(item: &FeedItem) -> bool {
+    event_type(item) == Some(CHECKPOINT_TYPE)
 }
 
 /// First wait before the keeper starts over after a failure; doubles up to
@@ -106,10 +126,12 @@ impl Keeper {
             .bus
             .feed(&[subject::EVENTS_ALL], chain.last_sequence + 1)
             .await?;
-        let mut batch: Vec<Stored> = Vec::with_capacity(MAX_BATCH_EVENTS);
+        let mut batch: Vec<FeedItem> = Vec::with_capacity(MAX_BATCH_EVENTS);
         let mut last_checkpoint_at = Instant::now();
+        // After a checkpoint failed: when to try again, and the wait so far.
+        let mut checkpoint_retry: Option<(Instant, Duration)> = None;
         loop {
-            let next = feed.next_within(QUIET).await;
+            let next = feed.next_item_within(QUIET).await;
             let at_head = match next {
                 None => true,
                 Some(event) => {
@@ -117,24 +139,41 @@ impl Keeper {
                     if !is_checkpoint(&event) {
                         since_checkpoint += 1;
                     }
-                    let at_head = event.pending == 0;
+                    let at_head = event.pending() == 0;
                     batch.push(event);
                     at_head
                 }
             };
             let checkpoint_due = since_checkpoint > 0
                 && (since_checkpoint >= self.policy.every_events
-                    || last_checkpoint_at.elapsed() >= self.policy.every);
+                    || last_checkpoint_at.elapsed() >= self.policy.every)
+                && checkpoint_retry.is_none_or(|(at, _)| Instant::now() >= at);
             if !batch.is_empty() && (at_head || checkpoint_due || batch.len() >= MAX_BATCH_EVENTS) {
                 self.write(&mut chain, &mut batch).await?;
             }
             if at_head {
-                self.ready.set(true);
+                // Not ready while checkpoints cannot be published: the
+                // chain is kept, but nothing signs it.
+                self.ready
+                    .set(checkpoint_retry.is_none() && self.bus.is_connected());
             }
             if checkpoint_due {
-                self.checkpoint(&chain).await?;
-                since_checkpoint = 0;
-                last_checkpoint_at = Instant::now();
+                match self.checkpoint(&chain).await {
+                    Ok(()) => {
+                        since_checkpoint = 0;
+                        last_checkpoint_at = Instant::now();
+                        checkpoint_retry = None;
+                    }
+                    Err(e) => {
+                        let wait = checkpoint_retry.map_or(CHECKPOINT_RETRY_MIN_WAIT, |(_, w)| {
+                            (w * 2).min(CHECKPOINT_RETRY_MAX_WAIT)
+                        });
+                        tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
+                            "cannot record a checkpoint; will retry");
+                        self.ready.set(false);
+                        checkpoint_retry = Some((Instant::now() + wait, wait));
+                    }
+                }
             }
         }
     }
@@ -176,7 +215,7 @@ impl Keeper {
             );
         }
         let since: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM events WHERE sequence > $1 AND event_type <> $2",
+            "SELECT count(*) FROM events WHERE sequence > $1 AND event_type IS DISTINCT FROM $2",
         )
         .bind(last)
         .bind(CHECKPOINT_TYPE)
@@ -187,22 +226,31 @@ impl Keeper {
 
     /// Chains `batch` and stores it in one transaction; the in-memory chain
     /// moves only once the rows are committed.
-    async fn write(&self, chain: &mut Chain, batch: &mut Vec<Stored>) -> anyhow::Result<()> {
+    async fn write(&self, chain: &mut Chain, batch: &mut Vec<FeedItem>) -> anyhow::Result<()> {
         let mut next = *chain;
         let links: Vec<Hash> = batch
             .iter()
-            .map(|e| next.append(e.sequence, &e.subject, &e.payload))
+            .map(|e| next.append(e.sequence(), e.subject(), e.payload()))
             .collect();
         let mut insert = QueryBuilder::new(
-            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, payload, hash) ",
+            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, skip_reason, payload, hash) ",
         );
-        insert.push_values(batch.iter().zip(&links), |mut row, (event, link)| {
-            row.push_bind(event.sequence as i64)
-                .push_bind(&event.subject)
-                .push_bind(event.envelope.id)
-                .push_bind(&event.envelope.event_type)
-                .push_bind(event.envelope.occurred_at)
-                .push_bind(&event.payload[..])
+        insert.push_values(batch.iter().zip(&links), |mut row, (item, link)| {
+            let (id, occurred_at, skip_reason) = match item {
+                FeedItem::Event(e) => (Some(e.envelope.id), Some(e.envelope.occurred_at), None),
+                FeedItem::Skipped(s) => (
+                    s.why.head.id,
+                    s.why.head.occurred_at,
+                    Some(s.reason().as_str()),
+                ),
+            };
+            row.push_bind(item.sequence() as i64)
+                .push_bind(item.subject())
+                .push_bind(id)
+                .push_bind(event_type(item))
+                .push_bind(occurred_at)
+                .push_bind(skip_reason)
+                .push_bind(&item.payload()[..])
                 .push_bind(&link[..]);
         });
         let mut tx = self.pool.begin().await?;

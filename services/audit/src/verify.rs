@@ -148,22 +148,23 @@ pub(crate) async fn verify(bus: &Bus, pool: &PgPool) -> anyhow::Result<VerifyRes
     let mut rows = Rows::new(pool, upper);
 
     if upper > 0 {
-        let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await?;
+        let mut feed = bus.reread(&[subject::EVENTS_ALL], 1).await?;
         loop {
-            let Some(event) = feed.next_within(STREAM_STALL_TIMEOUT).await else {
+            // Every stored message, decodable or not: the chain covers them all.
+            let Some(event) = feed.next_item_within(STREAM_STALL_TIMEOUT).await else {
                 // The audit copy holds events the stream does not deliver.
                 mismatch(rows.peek().await?.map_or(upper, |r| r.sequence));
                 break;
             };
             let event = event?;
-            if event.sequence > upper {
+            if event.sequence() > upper {
                 mismatch(rows.peek().await?.map_or(upper, |r| r.sequence));
                 break;
             }
-            let link = chain.append(event.sequence, &event.subject, &event.payload);
+            let link = chain.append(event.sequence(), event.subject(), event.payload());
             // Rows the stream skipped over: the copy holds what the log lacks.
             while let Some(row) = rows.peek().await? {
-                if row.sequence >= event.sequence {
+                if row.sequence >= event.sequence() {
                     break;
                 }
                 let seq = row.sequence;
@@ -171,24 +172,24 @@ pub(crate) async fn verify(bus: &Bus, pool: &PgPool) -> anyhow::Result<VerifyRes
                 rows.pop();
             }
             match rows.peek().await? {
-                Some(row) if row.sequence == event.sequence => {
-                    let same = row.subject == event.subject
-                        && row.payload[..] == event.payload[..]
+                Some(row) if row.sequence == event.sequence() => {
+                    let same = row.subject == event.subject()
+                        && row.payload[..] == event.payload()[..]
                         && row.hash[..] == link[..];
                     if !same {
-                        mismatch(event.sequence);
+                        mismatch(event.sequence());
                     }
                     rows.pop();
                 }
                 // The copy lacks this event.
-                _ => mismatch(event.sequence),
+                _ => mismatch(event.sequence()),
             }
-            while let Some(cp) = next_checkpoint.next_if(|cp| cp.sequence <= event.sequence) {
+            while let Some(cp) = next_checkpoint.next_if(|cp| cp.sequence <= event.sequence()) {
                 if cp.holds_for(&chain) {
                     checkpoints_verified += 1;
                 }
             }
-            if event.sequence == upper {
+            if event.sequence() == upper {
                 break;
             }
         }

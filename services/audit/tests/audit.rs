@@ -121,14 +121,15 @@ impl Env {
             .feed(&[subject::EVENTS_ALL], 1)
             .await
             .expect("feed");
-        while let Some(event) = feed.next_within(Duration::from_secs(5)).await {
-            let event = event.expect("a stored event");
+        // Every stored message, decodable or not.
+        while let Some(item) = feed.next_item_within(Duration::from_secs(5)).await {
+            let item = item.expect("a stored message");
             out.push((
-                event.sequence,
-                event.subject.clone(),
-                event.payload.to_vec(),
+                item.sequence(),
+                item.subject().to_string(),
+                item.payload().to_vec(),
             ));
-            if event.sequence >= upto {
+            if item.sequence() >= upto {
                 break;
             }
         }
@@ -481,5 +482,67 @@ async fn a_quiet_log_gets_one_timed_checkpoint_not_a_loop() {
     let report = env.verify().await;
     assert!(report.ok, "{report:?}");
     assert_eq!(report.checkpoints_verified, 1);
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn messages_no_reader_can_decode_are_chained_copied_and_verified() {
+    let env = Env::new().await;
+    let bad = fixtures::undecodable();
+    let publish_bad = || async {
+        for (_, bytes) in &bad {
+            env.bus
+                .jetstream()
+                .publish(subject::audit(), bytes.clone().into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+    env.publish_assorted(5).await;
+    publish_bad().await;
+    env.publish_assorted(5).await;
+    let audit = env.start_audit(env.config.clone()).await;
+    let last = env.settled().await;
+    let report = env.verify().await;
+    let (events, head) = recompute(&env.stream(last).await, last);
+    assert!(report.ok, "{report:?}");
+    assert_eq!((report.events, report.head.clone()), (events, head));
+    assert_eq!(report.events, last, "every message is chained");
+
+    let rows: Vec<(i64, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT sequence, event_type, skip_reason FROM audit.events
+         WHERE skip_reason IS NOT NULL ORDER BY sequence",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    let reasons: Vec<&str> = rows.iter().map(|r| r.2.as_deref().unwrap()).collect();
+    let expected: Vec<&str> = bad.iter().map(|(reason, _)| reason.as_str()).collect();
+    assert_eq!(reasons, expected);
+    assert_eq!(rows[0].1, None, "junk has no type");
+    assert_eq!(rows[2].1.as_deref(), Some("lease.stop_requested"));
+
+    let metrics = reqwest::get(format!("http://{}/metrics", audit.running.http_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("lh_events_skipped_total{service=\"lh-audit\",reason=\"junk\"}"),
+        "{metrics}"
+    );
+
+    // A restart resumes after them, and newer bad messages at the head
+    // are chained too.
+    audit.stop().await;
+    publish_bad().await;
+    let audit = env.start_audit(env.config.clone()).await;
+    let last = env.settled().await;
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.events, last);
     audit.stop().await;
 }

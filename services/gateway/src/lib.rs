@@ -19,6 +19,8 @@ use tokio::sync::oneshot;
 pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_SCHEMA: &str = "gateway";
 const SERVICE: &str = "lh-gateway";
+/// How often readiness looks at the connection to the log.
+const CONNECTION_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Config {
@@ -106,6 +108,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
     };
     let ready = readiness.clone();
+    let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
     Running::spawn(
         &config.gateway_addr,
@@ -114,7 +117,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown,
         async move {
             // Ready once the read model has caught up with the log, and
-            // not while it cannot write to the database.
+            // not while it cannot write to the database, nor while the log
+            // is out of reach (requests could not append).
             let watch_ready = async {
                 let mut progress = progress;
                 while !progress
@@ -122,9 +126,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     .await
                 {}
                 loop {
-                    ready.set(!progress.stalled());
-                    if !progress.stalled_changed().await {
-                        std::future::pending::<()>().await;
+                    let now_ready = bus.is_connected() && !progress.stalled();
+                    if now_ready != ready.is_ready() {
+                        tracing::info!(ready = now_ready, "gateway readiness changed");
+                        ready.set(now_ready);
+                    }
+                    tokio::select! {
+                        _ = progress.stalled_changed() => {}
+                        _ = tokio::time::sleep(CONNECTION_CHECK_INTERVAL) => {}
                     }
                 }
             };

@@ -42,6 +42,10 @@ pub const SERVICE: &str = "lh-pricing";
 pub const DEFAULT_SCHEMA: &str = "pricing";
 /// Default schema `rebuild` replays into.
 pub const DEFAULT_REBUILD_SCHEMA: &str = "pricing_rebuild";
+/// First wait before publishing the default price book again; it doubles
+/// up to the max.
+const PRICE_BOOK_RETRY_MIN_WAIT: Duration = Duration::from_millis(200);
+const PRICE_BOOK_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The migrations of pricing's schema (`migrations/pricing`).
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/pricing");
@@ -79,7 +83,15 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     lh_projection::migrate(&pool, &MIGRATOR)
         .await
         .context("pricing: migrating its schema")?;
-    charges::ensure_price_book(&bus, Utc::now()).await?;
+    // Like every other write, the default price book waits out a log that
+    // refuses it for now, rather than failing the start.
+    let mut wait = PRICE_BOOK_RETRY_MIN_WAIT;
+    while let Err(e) = charges::ensure_price_book(&bus, Utc::now()).await {
+        tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64,
+            "cannot publish the default price book; will retry");
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(PRICE_BOOK_RETRY_MAX_WAIT);
+    }
     let readiness = Readiness::default();
     let work = work(bus, pool, readiness.clone(), shutdown.clone());
     Running::spawn(
@@ -149,7 +161,8 @@ async fn work(
         };
         loop {
             metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
-            // Not ready while the invoice projection cannot write to the
+            // Not ready while the log is out of reach (the charges loop says
+            // so) or while the invoice projection cannot write to the
             // database (it retries until it can).
             let now_ready =
                 charges_caught_up.is_ready() && progress.caught_up() && !progress.stalled();
@@ -157,7 +170,7 @@ async fn work(
                 tracing::info!(
                     sequence = progress.applied(),
                     ready = now_ready,
-                    "pricing readiness"
+                    "pricing readiness changed"
                 );
                 ready.set(now_ready);
             }

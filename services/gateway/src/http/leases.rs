@@ -43,7 +43,7 @@ pub struct CreateLease {
     /// the event log: pass no secrets there.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub workload: Option<WorkloadSpec>,
+    pub workload: Option<WorkloadBody>,
     /// A model from the catalog, e.g. `A100-40GB`.
     pub gpu_model: String,
     #[serde(default = "default_tier")]
@@ -78,6 +78,30 @@ impl From<FractionBody> for GpuFraction {
 pub struct MigInstanceView {
     pub profile: String,
     pub start: u8,
+}
+
+/// What to run, as a request states it. The event's [`WorkloadSpec`]
+/// ignores fields it does not know (a newer writer's); a request naming one
+/// is refused instead, so this body has its own type.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadBody {
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl From<WorkloadBody> for WorkloadSpec {
+    fn from(body: WorkloadBody) -> Self {
+        WorkloadSpec {
+            command: body.command,
+            image: body.image,
+            env: body.env,
+        }
+    }
 }
 
 fn default_tier() -> Tier {
@@ -157,7 +181,7 @@ impl From<CreateLease> for LeaseBody {
             gpu_model: body.gpu_model,
             tier: body.tier,
             priority: body.priority,
-            workload: body.workload,
+            workload: body.workload.map(WorkloadSpec::from),
         }
     }
 }
@@ -441,6 +465,22 @@ pub async fn resume(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_naming_an_unknown_field_is_refused_at_every_level() {
+        let refused = |json: &str| serde_json::from_str::<CreateLease>(json).is_err();
+        let ok = r#"{"gpus":1,"gpu_model":"A100-40GB","workload":{"command":["true"]}}"#;
+        assert!(!refused(ok));
+        assert!(refused(
+            r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#
+        ));
+        assert!(refused(
+            r#"{"gpus":1,"gpu_model":"A100-40GB","workload":{"command":["true"],"colour":"red"}}"#
+        ));
+        assert!(refused(
+            r#"{"gpu_fraction":{"milli":250,"vram_gb":10,"colour":"red"},"gpu_model":"A100-40GB"}"#
+        ));
+    }
 
     fn problem(kind: InvalidKind) -> ApiError {
         invalid(Invalid {

@@ -180,3 +180,24 @@ pub async fn create(
         }),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_naming_an_unknown_field_is_refused_at_every_level() {
+        let refused = |json: &str| serde_json::from_str::<CreateTenant>(json).is_err();
+        let ok = r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_s":60,"action":"notify"}}"#;
+        assert!(!refused(ok));
+        assert!(refused(
+            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"colour":"red"}"#
+        ));
+        assert!(refused(
+            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1,"colour":"red"}}"#
+        ));
+        assert!(refused(
+            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_s":60,"action":"notify","colour":"red"}}"#
+        ));
+    }
+}

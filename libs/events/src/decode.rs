@@ -1,0 +1,267 @@
+//! Forward-compatible decoding of a stored message.
+//!
+//! The log outlives every binary that reads it: a newer writer may add an
+//! optional field, a new event type or a new version of a type during a
+//! rolling upgrade, and anyone who can publish on `lh.evt.>` can store junk.
+//! None of that may stop a reader, because a stored message cannot be
+//! removed (the stream denies deletes) and would stop it again on every
+//! restart. So decoding never fails hard: it either yields an [`Envelope`]
+//! the reader fully understands, or an [`Undecodable`] saying why not, which
+//! the reader counts, records and steps over.
+//!
+//! Unknown fields are ignored everywhere (no `deny_unknown_fields` on the
+//! envelope or on any payload). The envelope's `type` and `version` decide
+//! whether the payload is one this code knows: a type missing from the
+//! event table, or a version above the table's, is never decoded into the
+//! current struct, even where its fields would happen to fit.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::{Envelope, EVENT_TYPES};
+
+/// Why a stored message was stepped over; the `reason` label of
+/// `lh_events_skipped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    /// Not a JSON envelope at all: no `type` string and `version` number.
+    Junk,
+    /// An envelope of a type this code does not know.
+    UnknownType,
+    /// A known type at a version above the one this code knows.
+    FutureVersion,
+    /// A known type and version whose envelope or payload does not decode.
+    BadPayload,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Junk => "junk",
+            SkipReason::UnknownType => "unknown_type",
+            SkipReason::FutureVersion => "future_version",
+            SkipReason::BadPayload => "bad_payload",
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whatever could be read of an envelope that did not decode, each field
+/// only where it had the right shape (the audit copy keeps them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvelopeHead {
+    pub id: Option<Uuid>,
+    pub event_type: Option<String>,
+    pub version: Option<u64>,
+    pub occurred_at: Option<DateTime<Utc>>,
+}
+
+/// A stored message this code cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct Undecodable {
+    pub reason: SkipReason,
+    /// What exactly was wrong, for the log.
+    pub detail: String,
+    pub head: EnvelopeHead,
+}
+
+/// The version of `event_type` this code reads and writes, if it knows the type.
+pub fn known_version(event_type: &str) -> Option<u16> {
+    EVENT_TYPES
+        .iter()
+        .find(|(known, _, _)| *known == event_type)
+        .map(|(_, version, _)| *version)
+}
+
+impl Envelope {
+    /// Decodes a stored message forward-compatibly (see the module
+    /// documentation of `decode.rs`).
+    pub fn decode(bytes: &[u8]) -> Result<Envelope, Undecodable> {
+        match serde_json::from_slice::<Envelope>(bytes) {
+            // The common case pays for one parse; the checks below only
+            // compare the envelope's type and version with the table.
+            Ok(envelope) => check_known(envelope, bytes),
+            Err(error) => Err(classify(bytes, error.to_string())),
+        }
+    }
+}
+
+fn check_known(envelope: Envelope, bytes: &[u8]) -> Result<Envelope, Undecodable> {
+    let refuse = |reason, detail: String| Undecodable {
+        reason,
+        detail,
+        head: head_of(bytes),
+    };
+    let Some(known) = known_version(&envelope.event_type) else {
+        return Err(refuse(
+            SkipReason::UnknownType,
+            format!("unknown event type {:?}", envelope.event_type),
+        ));
+    };
+    if envelope.version > known {
+        return Err(refuse(
+            SkipReason::FutureVersion,
+            format!(
+                "{} version {} is newer than the known {known}",
+                envelope.event_type, envelope.version
+            ),
+        ));
+    }
+    if envelope.version != known || envelope.data.event_type() != envelope.event_type {
+        return Err(refuse(
+            SkipReason::BadPayload,
+            format!(
+                "envelope says {} version {}, payload is {} version {known}",
+                envelope.event_type,
+                envelope.version,
+                envelope.data.event_type()
+            ),
+        ));
+    }
+    Ok(envelope)
+}
+
+/// Says why `bytes` did not decode, dispatching on the envelope's type and
+/// version before blaming the payload.
+fn classify(bytes: &[u8], error: String) -> Undecodable {
+    let head = head_of(bytes);
+    let (reason, detail) = match (&head.event_type, head.version) {
+        (Some(event_type), Some(version)) => match known_version(event_type) {
+            None => (
+                SkipReason::UnknownType,
+                format!("unknown event type {event_type:?}"),
+            ),
+            Some(known) if version > u64::from(known) => (
+                SkipReason::FutureVersion,
+                format!("{event_type} version {version} is newer than the known {known}"),
+            ),
+            Some(_) => (SkipReason::BadPayload, error),
+        },
+        _ => (SkipReason::Junk, format!("not an event envelope: {error}")),
+    };
+    Undecodable {
+        reason,
+        detail,
+        head,
+    }
+}
+
+fn head_of(bytes: &[u8]) -> EnvelopeHead {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(bytes) else {
+        return EnvelopeHead::default();
+    };
+    let text = |name: &str| fields.get(name).and_then(|v| v.as_str());
+    EnvelopeHead {
+        id: text("id").and_then(|s| s.parse().ok()),
+        event_type: text("type").map(str::to_string),
+        version: fields.get("version").and_then(|v| v.as_u64()),
+        occurred_at: text("occurred_at").and_then(|s| s.parse().ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Actor, EventData, LeaseStopRequested};
+
+    fn stop_request() -> serde_json::Value {
+        let envelope = Envelope::new(
+            Actor::Admin,
+            Utc::now(),
+            EventData::LeaseStopRequested(LeaseStopRequested {
+                lease_id: Uuid::from_u128(5),
+            }),
+        );
+        serde_json::to_value(&envelope).unwrap()
+    }
+
+    fn reason_of(json: &serde_json::Value) -> SkipReason {
+        Envelope::decode(json.to_string().as_bytes())
+            .expect_err("refused")
+            .reason
+    }
+
+    #[test]
+    fn a_known_event_decodes() {
+        let json = stop_request();
+        let envelope = Envelope::decode(json.to_string().as_bytes()).unwrap();
+        assert_eq!(envelope.event_type, "lease.stop_requested");
+    }
+
+    #[test]
+    fn unknown_fields_in_the_payload_and_the_envelope_are_ignored() {
+        let mut json = stop_request();
+        json["data"]["added_later"] = serde_json::json!({"any": [1, 2]});
+        json["added_later_too"] = serde_json::json!("x");
+        let envelope = Envelope::decode(json.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            envelope.data,
+            EventData::LeaseStopRequested(LeaseStopRequested {
+                lease_id: Uuid::from_u128(5)
+            })
+        );
+    }
+
+    #[test]
+    fn an_unknown_type_is_unknown_type() {
+        let mut json = stop_request();
+        json["type"] = "lease.teleported".into();
+        json["data"]["type"] = "lease.teleported".into();
+        assert_eq!(reason_of(&json), SkipReason::UnknownType);
+        // Even when the payload itself would decode as a known type.
+        json["data"]["type"] = "lease.stop_requested".into();
+        assert_eq!(reason_of(&json), SkipReason::UnknownType);
+    }
+
+    #[test]
+    fn a_version_above_the_known_one_is_future_version() {
+        let mut json = stop_request();
+        json["version"] = 2.into();
+        // Its fields would fit the version 1 struct; it is still not read.
+        assert_eq!(reason_of(&json), SkipReason::FutureVersion);
+        json["data"] = serde_json::json!({"type": "lease.stop_requested", "renamed": 1});
+        let refused = Envelope::decode(json.to_string().as_bytes()).unwrap_err();
+        assert_eq!(refused.reason, SkipReason::FutureVersion);
+        assert_eq!(
+            refused.head.event_type.as_deref(),
+            Some("lease.stop_requested")
+        );
+        assert_eq!(refused.head.version, Some(2));
+        assert!(refused.head.id.is_some() && refused.head.occurred_at.is_some());
+    }
+
+    #[test]
+    fn junk_is_junk() {
+        for junk in [
+            &b"junk"[..],
+            b"",
+            b"\xff\xfe",
+            b"[1,2]",
+            b"{\"type\":7}",
+            b"{}",
+        ] {
+            let refused = Envelope::decode(junk).unwrap_err();
+            assert_eq!(refused.reason, SkipReason::Junk, "{junk:?}");
+            assert_eq!(refused.head.id, None);
+        }
+    }
+
+    #[test]
+    fn a_known_type_that_does_not_decode_is_bad_payload() {
+        let mut json = stop_request();
+        json["data"]["lease_id"] = "not a uuid".into();
+        assert_eq!(reason_of(&json), SkipReason::BadPayload);
+        let mut json = stop_request();
+        json["version"] = 0.into();
+        assert_eq!(reason_of(&json), SkipReason::BadPayload);
+        let mut json = stop_request();
+        json["type"] = "lease.started".into();
+        assert_eq!(reason_of(&json), SkipReason::BadPayload);
+    }
+}
