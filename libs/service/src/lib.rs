@@ -148,6 +148,13 @@ impl Running {
     pub fn is_finished(&self) -> bool {
         self.task.is_finished()
     }
+
+    /// Ends the service at its next await point, without letting it finish
+    /// what it was doing: the nearest a test gets to kill -9 inside one
+    /// process. Cancel its shutdown token too, so its HTTP server closes.
+    pub fn abort(&self) {
+        self.task.abort();
+    }
 }
 
 /// Subcommands of a service that owns a projection.

@@ -45,6 +45,8 @@
 //! credential switch `runuser -u postgres` makes, done directly so that the
 //! postmaster stays a direct child of the test process).
 
+#[cfg(feature = "stack")]
+pub mod chaos;
 mod locate;
 mod nats;
 mod postgres;

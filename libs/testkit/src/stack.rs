@@ -122,12 +122,7 @@ impl Stack {
 
     /// Panics naming every service that has stopped.
     pub fn assert_none_stopped(&self) {
-        let stopped: Vec<&String> = self
-            .running
-            .iter()
-            .filter(|(_, (_, running))| running.is_finished())
-            .map(|(name, _)| name)
-            .collect();
+        let stopped = self.exited_services();
         assert!(stopped.is_empty(), "stopped: {stopped:?}");
     }
 
@@ -206,10 +201,16 @@ impl Stack {
                 .await
             }
             "gateway" => {
+                // A restarted gateway comes back where clients knew it.
+                let gateway_addr = self
+                    .gateway_url
+                    .strip_prefix("http://")
+                    .unwrap_or("127.0.0.1:0")
+                    .to_string();
                 lh_gateway::start(
                     lh_gateway::Config {
                         common,
-                        gateway_addr: "127.0.0.1:0".into(),
+                        gateway_addr,
                         database_url: self.database_url.clone(),
                         schema: "gateway".into(),
                         admin_token: Some(ADMIN_TOKEN.into()),
@@ -245,6 +246,15 @@ impl Stack {
             self.gateway_url = format!("http://{}", running.http_addr);
         }
         self.running.insert(name.to_string(), (token, running));
+    }
+
+    /// Ends a service abruptly, the way kill -9 would (as near as one
+    /// process gets): it finishes nothing it was doing.
+    pub async fn kill_service(&mut self, name: &str) {
+        let (token, running) = self.running.remove(name).expect("service is running");
+        running.abort();
+        token.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), running.wait()).await;
     }
 
     /// Stops a service the way SIGTERM would and waits for it to end.
@@ -543,7 +553,62 @@ impl Stack {
 
     /// The gateway's tables are what a replay of the log gives.
     pub async fn assert_gateway_rebuilds_identically(&self) {
-        let config = lh_gateway::Config {
+        let report =
+            lh_gateway::rebuild(&self.gateway_config(), "gateway_rebuild", false, |_, _| {})
+                .await
+                .unwrap();
+        for c in report.tables {
+            assert_eq!(c.live, c.rebuilt, "table {} differs in a rebuild", c.table);
+        }
+    }
+
+    /// How many tables of the gateway's and pricing's projections differ
+    /// from a replay of the log (once both have reached its head).
+    pub async fn rebuild_differences(&self) -> usize {
+        let head = self.bus().await.last_sequence().await.unwrap_or(0);
+        let pool = sqlx::PgPool::connect(&self.database_url)
+            .await
+            .expect("the database answers");
+        // A projection reads only its own subjects, so it may stop short of
+        // the head: it has caught up once its offset holds still.
+        let offsets = "SELECT coalesce(sum(sequence), 0)::BIGINT FROM (
+            SELECT sequence FROM gateway.projection_offsets
+            UNION ALL SELECT sequence FROM pricing.projection_offsets) o";
+        let mut last = -1i64;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now: i64 = sqlx::query_scalar(offsets)
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(-2);
+            if now == last && head > 0 {
+                break;
+            }
+            last = now;
+        }
+        pool.close().await;
+        let gateway =
+            lh_gateway::rebuild(&self.gateway_config(), "gateway_rebuild", false, |_, _| {})
+                .await
+                .expect("the gateway's projection rebuilds");
+        let pricing = lh_pricing::rebuild(
+            &lh_pricing::Config::for_test(&self.nats.url(), &self.database_url),
+            "pricing_rebuild",
+            false,
+            |_, _| {},
+        )
+        .await
+        .expect("pricing's projection rebuilds");
+        gateway
+            .tables
+            .iter()
+            .chain(&pricing.tables)
+            .filter(|c| c.live != c.rebuilt)
+            .count()
+    }
+
+    fn gateway_config(&self) -> lh_gateway::Config {
+        lh_gateway::Config {
             common: CommonArgs::for_test(&self.nats.url()),
             gateway_addr: "127.0.0.1:0".into(),
             database_url: self.database_url.clone(),
@@ -552,12 +617,6 @@ impl Stack {
             admin_token_file: None,
             auditor_token: None,
             limits: Default::default(),
-        };
-        let report = lh_gateway::rebuild(&config, "gateway_rebuild", false, |_, _| {})
-            .await
-            .unwrap();
-        for c in report.tables {
-            assert_eq!(c.live, c.rebuilt, "table {} differs in a rebuild", c.table);
         }
     }
 }
