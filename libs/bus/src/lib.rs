@@ -518,6 +518,26 @@ impl Bus {
         Ok(Feed { receiver, pump })
     }
 
+    /// The oldest event the log still holds on `subject` (for a lease, its
+    /// request), if it holds one that decodes.
+    pub async fn first_event_on(&self, subject: &str) -> Result<Option<Envelope>> {
+        let stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        match stream.get_first_raw_message_by_subject(subject, 1).await {
+            Ok(m) => Ok(Envelope::decode(&m.payload).ok()),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(js_err(e)),
+        }
+    }
+
     /// The newest telemetry sample on `subject`, if the stream still has one.
     pub async fn last_telemetry(&self, subject: &str) -> Result<Option<Vec<u8>>> {
         let stream = self

@@ -95,7 +95,6 @@ impl NodeAgent {
     /// with the agent, so a send does not fail while it matters).
     fn lease_step(&mut self, step: LeaseStep, now: DateTime<Utc>) -> Option<Batch> {
         let lease_id = step.lease_id();
-        let spec = self.state.specs.get(&lease_id).cloned();
         let lease = self.state.leases.get_mut(&lease_id)?;
         let report = match step {
             LeaseStep::Leave { .. } => {
@@ -119,7 +118,7 @@ impl NodeAgent {
                         lease_id,
                         placement: lease.placement_sequence,
                         gpus: lease.gpus.clone(),
-                        spec,
+                        workload: lease.workload.clone(),
                     });
                     return None;
                 }

@@ -116,7 +116,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown,
         async move {
             let status = Arc::new(NodeStatus::default());
-            let (commands, reports) = workload::executor::spawn(workloads, finished);
+            let (commands, reports) = workload::executor::spawn(bus.clone(), workloads, finished);
             let usage = telemetry::spawn(
                 bus.clone(),
                 node_id,

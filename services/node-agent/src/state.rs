@@ -81,6 +81,21 @@ pub(crate) struct LocalLease {
     pub(crate) suspend_requested: bool,
     /// Where starting its workload for this placement stands.
     pub(crate) start: WorkloadStart,
+    /// What it runs, as far as the fold knows.
+    pub(crate) workload: Workload,
+}
+
+/// What a lease placed here runs. The fold keeps the workloads of leases
+/// waiting for a placement and of those placed here, not of every lease in
+/// the cluster; a lease that comes here by migration, or again after a
+/// suspension, has its request read back from the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// Nothing (`None`), or this.
+    Known(Option<WorkloadSpec>),
+    /// Its request is to be read from the log.
+    #[default]
+    Unknown,
 }
 
 /// Where starting a lease's workload stands: the workload side starts it
@@ -98,9 +113,9 @@ pub(crate) enum WorkloadStart {
 pub(crate) struct NodeState {
     pub(crate) registered: Option<NodeRegistered>,
     pub(crate) leases: BTreeMap<Uuid, LocalLease>,
-    /// Workloads of requested leases, until they end (any node's: the
-    /// request comes before the placement).
-    pub(crate) specs: HashMap<Uuid, WorkloadSpec>,
+    /// Leases requested and not placed yet (any node's: the request comes
+    /// before the placement), with their workloads.
+    pub(crate) waiting: HashMap<Uuid, Option<WorkloadSpec>>,
     /// The health the log last recorded for each of this node's GPUs.
     pub(crate) gpu_health: BTreeMap<u32, GpuHealth>,
     /// Tenants' idle policies, where they set one.
@@ -122,15 +137,20 @@ impl NodeState {
                 }
             }
             EventData::LeaseRequested(e) => {
-                if let Some(w) = &e.workload {
-                    self.specs.insert(e.lease_id, w.clone());
-                }
+                self.waiting.insert(e.lease_id, e.workload.clone());
             }
             EventData::LeaseRejected(e) => {
-                self.specs.remove(&e.lease_id);
+                self.waiting.remove(&e.lease_id);
             }
-            EventData::LeasePlaced(e) if e.node_id == node_id => {
-                self.placed_here(e.lease_id, &e.gpus, sequence, envelope);
+            EventData::LeasePlaced(e) => {
+                let workload = self.waiting.remove(&e.lease_id);
+                if e.node_id == node_id {
+                    self.placed_here(e.lease_id, &e.gpus, sequence, envelope);
+                    if let (Some(workload), Some(l)) = (workload, self.leases.get_mut(&e.lease_id))
+                    {
+                        l.workload = Workload::Known(workload);
+                    }
+                }
             }
             EventData::LeaseMigrated(e) => {
                 if e.from_node_id == node_id {
@@ -158,6 +178,10 @@ impl NodeState {
                 let Some(lease_id) = other.lease_id() else {
                     return;
                 };
+                // Ended before a placement (stopped while waiting).
+                if let EventData::LeaseEnded(_) = other {
+                    self.waiting.remove(&lease_id);
+                }
                 let Some(l) = self.leases.get_mut(&lease_id) else {
                     return;
                 };
@@ -168,10 +192,7 @@ impl NodeState {
                     }
                     EventData::LeaseStarted(_) => l.started = true,
                     EventData::LeaseStopRequested(_) => l.stop_requested = true,
-                    EventData::LeaseEnded(_) => {
-                        l.ended = true;
-                        self.specs.remove(&lease_id);
-                    }
+                    EventData::LeaseEnded(_) => l.ended = true,
                     // Its run here is over; a resume places it afresh.
                     EventData::LeaseSuspended(_) => l.ended = true,
                     // An agent that restarts between the idle report and the

@@ -138,3 +138,71 @@ async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully()
     );
     assert!(!started_d, "a workload that never ran never started");
 }
+
+/// Two one-GPU A100 nodes.
+const TWO_NODES: &str = r#"
+[[node]]
+id = "node-a"
+zone = "cn-north-1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+
+[[node]]
+id = "node-d"
+zone = "cn-north-1b"
+hostname = "gpu-d.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+"#;
+
+/// A node-agent keeps the workloads of its own leases only; a lease that
+/// moves to it from a lost node has its request read back from the log,
+/// and its workload runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_moved_from_a_lost_node_runs_its_workload_on_the_new_one() {
+    let mut stack =
+        Stack::start_configured(TWO_NODES, |s| s.node_runtime = RuntimeKind::Process).await;
+    let (_, key) = stack.create_tenant("moves", 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("starts.txt");
+    let id = lease_with(
+        &stack,
+        &key,
+        json!({
+            "command": ["sh", "-c", "echo \"$LEASEHOLD_LEASE_ID\" >> \"$OUT\"; sleep 30"],
+            "env": {"OUT": out.to_str().unwrap()}
+        }),
+    )
+    .await;
+    let first = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    let from = first["node_id"].as_str().unwrap().to_string();
+    stack.kill_service(&format!("node-agent:{from}")).await;
+    let moved = stack
+        .wait_lease(&key, &id, |l| {
+            l["state"] == "running" && l["node_id"].as_str() != Some(from.as_str())
+        })
+        .await;
+    assert_ne!(moved["node_id"], first["node_id"]);
+    let mut starts = String::new();
+    for _ in 0..100 {
+        starts = std::fs::read_to_string(&out).unwrap_or_default();
+        if starts.lines().count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        starts.lines().collect::<Vec<_>>(),
+        [id.as_str(), id.as_str()]
+    );
+    let (s, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202);
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+}

@@ -2,7 +2,7 @@
 //! decides at some instant, then these steps.
 
 use super::*;
-use lh_events::{Actor, LeasePreemptionNoticed, LeaseStopRequested};
+use lh_events::{Actor, LeasePreemptionNoticed, LeaseStopRequested, WorkloadSpec};
 
 use crate::workload::Exit;
 
@@ -242,4 +242,82 @@ fn ended_leases_need_nothing() {
         ..running()
     });
     assert_eq!(state.decide(t(0)), []);
+}
+
+fn requested_with_workload(lease: Uuid) -> EventData {
+    let mut r = lh_events::fixtures::whole_request(lease, Uuid::from_u128(1), 1, "A100-40GB");
+    r.workload = Some(WorkloadSpec {
+        command: vec!["train".into()],
+        image: None,
+        env: Default::default(),
+    });
+    EventData::LeaseRequested(r)
+}
+
+#[test]
+fn the_fold_keeps_workloads_of_waiting_leases_and_of_its_own_only() {
+    let (here, elsewhere, stopped) = (Uuid::from_u128(7), Uuid::from_u128(8), Uuid::from_u128(9));
+    let mut state = NodeState::default();
+    for (i, lease) in [here, elsewhere, stopped].into_iter().enumerate() {
+        when(&mut state, 1 + i as u64, requested_with_workload(lease));
+    }
+    assert_eq!(state.waiting.len(), 3);
+    let placed = |lease, node| {
+        EventData::LeasePlaced(lh_events::fixtures::placed(
+            lease,
+            node,
+            "z",
+            "A100-40GB",
+            40,
+            &[0],
+        ))
+    };
+    when(&mut state, 10, placed(here, NODE));
+    when(&mut state, 11, placed(elsewhere, "node-b"));
+    let ended = lh_events::fixtures::ended(stopped, "-", t(0), EndReason::Cancelled);
+    when(&mut state, 12, EventData::LeaseEnded(ended));
+    assert!(state.waiting.is_empty(), "{:?}", state.waiting.keys());
+    match &state.leases[&here].workload {
+        Workload::Known(Some(w)) => assert_eq!(w.command, ["train"]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_lease_that_comes_here_by_migration_has_its_request_read_back() {
+    let lease = lease_id();
+    let mut state = NodeState::default();
+    when(&mut state, 1, requested_with_workload(lease));
+    when(
+        &mut state,
+        2,
+        EventData::LeasePlaced(lh_events::fixtures::placed(
+            lease,
+            "node-b",
+            "z",
+            "A100-40GB",
+            40,
+            &[0],
+        )),
+    );
+    let moved = lh_events::LeaseMigrated {
+        lease_id: lease,
+        reason: "node lost".into(),
+        from_node_id: "node-b".into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: t(0),
+        to: Some(lh_events::Relocation {
+            node_id: NODE.into(),
+            zone: "z".into(),
+            vram_gb_per_gpu: 40,
+            gpus: lh_events::fixtures::placed(lease, NODE, "z", "A100-40GB", 40, &[1]).gpus,
+            decision: lh_events::fixtures::placed(lease, NODE, "z", "A100-40GB", 40, &[1]).decision,
+        }),
+    };
+    when(&mut state, 3, EventData::LeaseMigrated(moved));
+    assert_eq!(state.leases[&lease].workload, Workload::Unknown);
+    assert_eq!(
+        state.decide(t(0)),
+        vec![LeaseStep::Start { lease_id: lease }]
+    );
 }

@@ -3,11 +3,20 @@
 //! back what came of them. Starting a workload spawns a process or a
 //! container, which the agent's decisions never wait on.
 
-use lh_events::{AssignedGpu, WorkloadSpec};
+use std::time::Duration;
+
+use lh_bus::Bus;
+use lh_events::{subject, AssignedGpu, EventData, WorkloadSpec};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::supervisor::{Finished, Workloads};
+use crate::state::Workload;
+
+/// Tries at reading a lease's request back from the log before the start
+/// fails, and the wait between them.
+const REQUEST_READ_TRIES: u32 = 10;
+const REQUEST_READ_WAIT: Duration = Duration::from_millis(500);
 
 /// What the agent asks of the workload side.
 #[derive(Debug)]
@@ -18,7 +27,7 @@ pub(crate) enum Command {
         lease_id: Uuid,
         placement: u64,
         gpus: Vec<AssignedGpu>,
-        spec: Option<WorkloadSpec>,
+        workload: Workload,
     },
     /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL.
     Stop { lease_id: Uuid },
@@ -41,6 +50,7 @@ pub(crate) enum Report {
 
 /// Starts the task; it ends when the agent drops its command sender.
 pub(crate) fn spawn(
+    bus: Bus,
     mut workloads: Workloads,
     mut finished: mpsc::UnboundedReceiver<Finished>,
 ) -> (
@@ -54,7 +64,7 @@ pub(crate) fn spawn(
             let report = tokio::select! {
                 command = commands.recv() => match command {
                     None => return,
-                    Some(command) => carry_out(&mut workloads, command),
+                    Some(command) => carry_out(&bus, &mut workloads, command).await,
                 },
                 Some(f) = finished.recv() => {
                     workloads.forget(f.lease_id, f.placement);
@@ -71,13 +81,13 @@ pub(crate) fn spawn(
     (command_tx, reports)
 }
 
-fn carry_out(workloads: &mut Workloads, command: Command) -> Option<Report> {
+async fn carry_out(bus: &Bus, workloads: &mut Workloads, command: Command) -> Option<Report> {
     match command {
         Command::Start {
             lease_id,
             placement,
             gpus,
-            spec,
+            workload,
         } => {
             workloads.stop_stale(lease_id, placement);
             // Started before, and the report did not get through: it keeps
@@ -85,9 +95,16 @@ fn carry_out(workloads: &mut Workloads, command: Command) -> Option<Report> {
             let outcome = if workloads.is_running(lease_id, placement) {
                 Ok(true)
             } else {
-                workloads
-                    .start(lease_id, placement, &gpus, spec.as_ref())
-                    .map_err(|e| e.to_string())
+                match workload {
+                    Workload::Known(spec) => Ok(spec),
+                    Workload::Unknown if !workloads.runs_workloads() => Ok(None),
+                    Workload::Unknown => requested_workload(bus, lease_id).await,
+                }
+                .and_then(|spec| {
+                    workloads
+                        .start(lease_id, placement, &gpus, spec.as_ref())
+                        .map_err(|e| e.to_string())
+                })
             };
             Some(Report::Started {
                 lease_id,
@@ -100,4 +117,28 @@ fn carry_out(workloads: &mut Workloads, command: Command) -> Option<Report> {
             None
         }
     }
+}
+
+/// The workload the lease's request names, read back from the log.
+async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<WorkloadSpec>, String> {
+    let mut why = String::new();
+    for _ in 0..REQUEST_READ_TRIES {
+        match bus.first_event_on(&subject::lease(lease_id)).await {
+            Ok(Some(envelope)) => {
+                return match envelope.data {
+                    EventData::LeaseRequested(r) => Ok(r.workload),
+                    other => Err(format!(
+                        "the lease's first event on the log is {}, not its request",
+                        other.event_type()
+                    )),
+                }
+            }
+            Ok(None) => return Err("the log no longer holds the lease's request".into()),
+            Err(e) => why = e.to_string(),
+        }
+        tokio::time::sleep(REQUEST_READ_WAIT).await;
+    }
+    Err(format!(
+        "cannot read the lease's request from the log: {why}"
+    ))
 }

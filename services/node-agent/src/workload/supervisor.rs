@@ -158,6 +158,11 @@ impl Workloads {
         }
     }
 
+    /// Whether leases run anything here (false on a simulated node).
+    pub fn runs_workloads(&self) -> bool {
+        self.runtime.is_some()
+    }
+
     pub fn is_running(&self, lease_id: Uuid, placement: u64) -> bool {
         self.running
             .get(&lease_id)
