@@ -11,7 +11,7 @@
 //! second replica therefore never charges a lease twice: the log already
 //! holds the charges (the fold saw them), or the server refuses the batch.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -72,14 +72,22 @@ pub enum Plan {
     Unbillable(String),
 }
 
+/// Most charged leases the fold remembers (see `Fold::charged`).
+pub const MAX_REMEMBERED_CHARGED_LEASES: usize = 100_000;
+
 /// Rating state folded from the log.
 #[derive(Debug, Default)]
 pub struct Fold {
     /// Every price book version seen, sorted by version.
     books: Vec<PriceBookPublished>,
     leases: HashMap<Uuid, LeaseFacts>,
-    /// Leases with at least one charge in the log (or just published).
+    /// Leases with at least one charge in the log (or just published),
+    /// the newest [`MAX_REMEMBERED_CHARGED_LEASES`] of them: an event that
+    /// comes for a lease after its charges is a late repeat, and a year of
+    /// leases must not stay in memory.
     charged: HashSet<Uuid>,
+    /// `charged` in the order its leases were charged, oldest first.
+    charged_order: VecDeque<Uuid>,
     /// Ended, billable leases without charges, in id order.
     due: BTreeSet<Uuid>,
     /// Sequence of the last event folded.
@@ -183,7 +191,14 @@ impl Fold {
 
     /// Records that `lease_id` has its charges; forgets its facts.
     pub fn mark_charged(&mut self, lease_id: Uuid) {
-        self.charged.insert(lease_id);
+        if self.charged.insert(lease_id) {
+            self.charged_order.push_back(lease_id);
+            if self.charged_order.len() > MAX_REMEMBERED_CHARGED_LEASES {
+                if let Some(oldest) = self.charged_order.pop_front() {
+                    self.charged.remove(&oldest);
+                }
+            }
+        }
         self.leases.remove(&lease_id);
         self.due.remove(&lease_id);
     }
@@ -503,6 +518,21 @@ mod tests {
         f.apply(99, &charge);
         assert!(f.due().is_empty());
         assert!(f.is_charged(lease));
+    }
+
+    #[test]
+    fn the_fold_remembers_a_bounded_number_of_charged_leases() {
+        let mut f = Fold::default();
+        let first = Uuid::from_u128(1);
+        for n in 1..=(MAX_REMEMBERED_CHARGED_LEASES as u128 + 1) {
+            f.mark_charged(Uuid::from_u128(n));
+            // A lease charged once per run is remembered once.
+            f.mark_charged(Uuid::from_u128(n));
+        }
+        assert_eq!(f.charged.len(), MAX_REMEMBERED_CHARGED_LEASES);
+        assert_eq!(f.charged_order.len(), MAX_REMEMBERED_CHARGED_LEASES);
+        assert!(!f.is_charged(first), "the oldest is forgotten");
+        assert!(f.is_charged(Uuid::from_u128(2)));
     }
 
     #[test]
