@@ -121,6 +121,9 @@ pub struct Stored {
     pub payload: Bytes,
     /// Messages left in the stream for this feed after this one.
     pub pending: u64,
+    /// When the server stored it, by the server's clock: what a writer's
+    /// own timestamps are held against.
+    pub stored_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A stored message the reader cannot use, stepped over. It still counts
@@ -786,6 +789,11 @@ impl FeedSource {
         let (sequence, pending) = (info.stream_sequence, info.pending);
         let subject = message.subject.to_string();
         let payload = message.payload.clone();
+        let stored_at = chrono::DateTime::from_timestamp(
+            info.published.unix_timestamp(),
+            info.published.nanosecond(),
+        )
+        .unwrap_or_default();
         match Envelope::decode(&payload) {
             Ok(envelope) => FeedItem::Event(Stored {
                 sequence,
@@ -793,6 +801,7 @@ impl FeedSource {
                 envelope,
                 payload,
                 pending,
+                stored_at,
             }),
             Err(why) => {
                 if self.report_skips {
@@ -802,11 +811,6 @@ impl FeedSource {
                     tracing::warn!(service = %self.service, sequence, subject, reason = %why.reason,
                         detail = %why.detail, "skipping a stored message this service cannot use");
                 }
-                let stored_at = chrono::DateTime::from_timestamp(
-                    info.published.unix_timestamp(),
-                    info.published.nanosecond(),
-                )
-                .unwrap_or_default();
                 FeedItem::Skipped(Skipped {
                     sequence,
                     subject,

@@ -127,6 +127,13 @@ pub trait Decider: Send {
     /// applying an event twice must change nothing.
     fn apply(&mut self, sequence: u64, envelope: &Envelope);
 
+    /// Folds one stored event with the time the server stored it (by the
+    /// server's clock); by default [`Decider::apply`]. A decider that holds
+    /// writers' own timestamps to the server's overrides this.
+    fn apply_stored(&mut self, sequence: u64, _stored_at: DateTime<Utc>, envelope: &Envelope) {
+        self.apply(sequence, envelope);
+    }
+
     /// Folds one signal; true when it calls for deciding again. Signals are
     /// read only once the fold has first caught up with the log, so that
     /// they are judged against what the log says (until then they wait in
@@ -205,7 +212,7 @@ pub async fn run_with_signals<D: Decider>(
                     // A skipped message changes no state but is read all
                     // the same: being last, it leaves the fold caught up.
                     if let FeedItem::Event(event) = &item {
-                        decider.apply(event.sequence, &event.envelope);
+                        decider.apply_stored(event.sequence, event.stored_at, &event.envelope);
                         dirty = true;
                     }
                     caught_up = item.pending() == 0;

@@ -333,6 +333,7 @@ mod tests {
             payload: envelope.to_json().into(),
             envelope,
             pending: 0,
+            stored_at: chrono::Utc::now(),
         }
     }
 

@@ -371,6 +371,41 @@ pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
 pub struct Charges {
     pub fold: Fold,
     warned_no_book: bool,
+    /// How far a node's timestamps may be from the log server's clock.
+    node_clock_skew: chrono::Duration,
+}
+
+impl Charges {
+    pub fn new(node_clock_skew: chrono::Duration) -> Self {
+        Self {
+            node_clock_skew,
+            ..Self::default()
+        }
+    }
+}
+
+/// `envelope` with the times a node reports of a lease held to `stored_at`
+/// (see [`lh_domain::rating::clamp_node_time`]); other events as they are.
+pub fn held_to_the_log(
+    envelope: &Envelope,
+    stored_at: DateTime<Utc>,
+    skew: chrono::Duration,
+) -> std::borrow::Cow<'_, Envelope> {
+    use lh_domain::rating::clamp_node_time as clamp;
+    let mut held = envelope.clone();
+    match &mut held.data {
+        EventData::LeaseStarted(e) => e.started_at = clamp(e.started_at, stored_at, skew),
+        EventData::LeaseEnded(e) if e.node_id.is_some() => {
+            e.ended_at = clamp(e.ended_at, stored_at, skew)
+        }
+        EventData::LeaseSuspended(e) => e.suspended_at = clamp(e.suspended_at, stored_at, skew),
+        _ => return std::borrow::Cow::Borrowed(envelope),
+    }
+    if held.data != envelope.data {
+        tracing::warn!(event = envelope.data.event_type(), lease = ?envelope.data.lease_id(),
+            %stored_at, "a node's timestamp is off the log's clock by more than the skew allowed; held to it");
+    }
+    std::borrow::Cow::Owned(held)
 }
 
 impl Decider for Charges {
@@ -394,6 +429,11 @@ impl Decider for Charges {
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fold.apply(sequence, envelope);
+    }
+
+    fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
+        self.fold.apply(sequence, &held);
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
@@ -518,6 +558,25 @@ mod tests {
         f.apply(99, &charge);
         assert!(f.due().is_empty());
         assert!(f.is_charged(lease));
+    }
+
+    #[test]
+    fn a_node_clock_far_off_moves_the_bill_by_the_skew_at_most() {
+        let lease = Uuid::from_u128(1);
+        let mut charges = Charges::new(chrono::Duration::seconds(30));
+        charges.apply_stored(1, t(0, 0, 0), &book(1, t(0, 0, 0), "0.5"));
+        // The node says it started an hour before the log stored its
+        // report, and ended ten minutes after the log stored that.
+        let events = lease_events(lease, t(9, 0, 0), t(10, 11, 30), EndReason::Stopped);
+        let stored = [t(10, 0, 0), t(10, 0, 0), t(10, 0, 0), t(10, 1, 30)];
+        for (i, (e, at)) in events.iter().zip(stored).enumerate() {
+            charges.apply_stored(2 + i as u64, at, e);
+        }
+        let Plan::Publish(bill) = charges.fold.plan(lease) else {
+            panic!("expected a bill")
+        };
+        // From 09:59:30 (30 s of skew allowed) to 10:01:30 (when stored).
+        assert_eq!(bill.charges[0].billed_seconds, 120);
     }
 
     #[test]

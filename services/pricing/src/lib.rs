@@ -61,6 +61,11 @@ pub struct Config {
     /// Postgres schema of the live projection.
     #[arg(long, env = "LH_PRICING_SCHEMA", default_value = DEFAULT_SCHEMA)]
     pub schema: String,
+    /// How far, in seconds, a node's clock may be from the log server's:
+    /// a lease's start and end as the node reports them are held to within
+    /// this of when the log stored the report.
+    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
+    pub node_clock_skew_secs: i64,
 }
 
 impl Config {
@@ -70,6 +75,7 @@ impl Config {
             common: CommonArgs::for_test(nats_url),
             database_url: database_url.to_string(),
             schema: DEFAULT_SCHEMA.to_string(),
+            node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
         }
     }
 }
@@ -93,7 +99,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         wait = (wait * 2).min(PRICE_BOOK_RETRY_MAX_WAIT);
     }
     let readiness = Readiness::default();
-    let work = work(bus, pool, readiness.clone(), shutdown.clone());
+    let work = work(
+        bus,
+        pool,
+        readiness.clone(),
+        shutdown.clone(),
+        config.node_clock_skew_secs,
+    );
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
@@ -109,12 +121,13 @@ async fn work(
     pool: PgPool,
     ready: Readiness,
     shutdown: CancellationToken,
+    node_clock_skew_secs: i64,
 ) -> anyhow::Result<()> {
     let charges_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
     let charges = async {
-        let mut charges = charges::Charges::default();
+        let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
         decider::run(
             &bus,
             &mut charges,

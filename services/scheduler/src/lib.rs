@@ -56,6 +56,10 @@ pub struct Config {
     /// declares no node lost, up to this many seconds.
     #[arg(long, env = "LH_FLEET_SILENCE_GRACE_SECS", default_value_t = 60)]
     pub fleet_silence_grace_secs: i64,
+    /// How far, in seconds, a node's clock may be from the scheduler's: a
+    /// heartbeat's own time is held to within this of its arrival.
+    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
+    pub node_clock_skew_secs: i64,
 }
 
 impl Config {
@@ -67,6 +71,7 @@ impl Config {
             backfill_starvation_secs: 300,
             node_lost_after_ms: 3_000,
             fleet_silence_grace_secs: 60,
+            node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
         }
     }
 
@@ -77,6 +82,7 @@ impl Config {
             backfill_starvation: chrono::Duration::seconds(self.backfill_starvation_secs),
             node_lost_after: chrono::Duration::milliseconds(self.node_lost_after_ms as i64),
             fleet_silence_grace: chrono::Duration::seconds(self.fleet_silence_grace_secs),
+            node_clock_skew: chrono::Duration::seconds(self.node_clock_skew_secs),
         }
     }
 }

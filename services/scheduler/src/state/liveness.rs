@@ -40,6 +40,7 @@ impl State {
             );
             self.hearing_resumed_at = Some(local);
         }
+        let node_at = lh_domain::rating::clamp_node_time(node_at, local, rules.node_clock_skew);
         self.heard(node_id, node_at, local);
     }
 

@@ -27,6 +27,10 @@ pub struct Rules {
     /// cannot hear, not that every node died: no node is lost for it until
     /// it has lasted this long.
     pub fleet_silence_grace: Duration,
+    /// How far a node's clock may be from the scheduler's: the time a
+    /// heartbeat says it was sent (which ends a lost node's bill) is held
+    /// to within this of when it arrived.
+    pub node_clock_skew: Duration,
 }
 
 impl Default for Rules {
@@ -37,6 +41,7 @@ impl Default for Rules {
             backfill_starvation: Duration::minutes(5),
             node_lost_after: Duration::seconds(3),
             fleet_silence_grace: Duration::seconds(60),
+            node_clock_skew: Duration::seconds(30),
         }
     }
 }

@@ -251,3 +251,26 @@ fn a_fleet_silent_past_the_grace_is_lost_and_a_lone_node_is_judged_alone() {
     lone.heard_live("a", t0, t0, &rules);
     assert_eq!(lost_nodes(&lone, t0 + Duration::seconds(4), &rules), ["a"]);
 }
+
+#[test]
+fn a_lost_node_is_billed_until_a_heartbeat_time_held_to_its_arrival() {
+    let rules = Rules::default();
+    let t0 = Utc::now();
+    let mut s = two_busy_nodes(t0, &rules);
+    // a's clock runs an hour ahead; b's is right.
+    let arrived = t0 + Duration::seconds(1);
+    s.heard_live("a", arrived + Duration::hours(1), arrived, &rules);
+    for second in 2..=5 {
+        let at = t0 + Duration::seconds(second);
+        s.heard_live("b", at, at, &rules);
+    }
+    let d = s.decide(t0 + Duration::seconds(5), &rules);
+    let lost = events_of(&d)
+        .into_iter()
+        .find_map(|e| match e {
+            EventData::NodeLost(n) => Some(n.clone()),
+            _ => None,
+        })
+        .expect("a is lost");
+    assert_eq!(lost.last_heard_at, arrived, "not an hour in the future");
+}
