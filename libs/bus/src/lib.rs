@@ -582,20 +582,26 @@ impl Bus {
             .await
             .map_err(js_err)?;
         let mut messages = consumer.messages().await.map_err(js_err)?;
-        let mut samples = Vec::new();
+        // A sample stored while the consumer starts comes after the one it
+        // supersedes: keep the newest per subject.
+        let mut samples: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
         // An empty selection delivers nothing; a short wait tells that apart
         // from a slow server.
-        while samples.len() < max_subjects {
+        loop {
             let next = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
             let Ok(Some(message)) = next else { break };
             let message = message.map_err(js_err)?;
             let pending = message.info().map_err(js_err)?.pending;
-            samples.push(message.payload.to_vec());
+            let subject = message.subject.to_string();
+            if samples.len() >= max_subjects && !samples.contains_key(&subject) {
+                break;
+            }
+            samples.insert(subject, message.payload.to_vec());
             if pending == 0 {
                 break;
             }
         }
-        Ok(samples)
+        Ok(samples.into_values().collect())
     }
 
     /// Live telemetry samples on `filter`, as they are published.
