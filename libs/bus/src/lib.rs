@@ -202,6 +202,20 @@ pub struct Bus {
     connects: tokio::sync::watch::Receiver<u64>,
 }
 
+/// Share of the business log's size limit at which operators are warned:
+/// past it the log refuses appends (`discard: new`) before long.
+pub const EVENTS_FILL_WARNING: f64 = 0.8;
+
+/// The share of its limit the log fills, when it is at or past
+/// [`EVENTS_FILL_WARNING`] of it.
+pub fn events_fill_warning(bytes: u64, max_bytes: u64) -> Option<f64> {
+    if max_bytes == 0 {
+        return None;
+    }
+    let filled = bytes as f64 / max_bytes as f64;
+    (filled >= EVENTS_FILL_WARNING).then_some(filled)
+}
+
 /// The stream config the brief requires for the business log.
 pub fn events_stream_config(max_bytes: i64, replicas: usize) -> StreamConfig {
     StreamConfig {
@@ -330,7 +344,27 @@ impl Bus {
         let wanted = events_stream_config(config.events_max_bytes, config.replicas);
         let mut stream = self.js.get_or_create_stream(wanted).await.map_err(js_err)?;
         // Read back what the server actually applied, not what we asked for.
-        let info = stream.info().await.map_err(js_err)?;
+        let mut info = stream.info().await.map_err(js_err)?.clone();
+        // A log that grew out of its size is given the larger size it is now
+        // configured with; it is never shrunk (that would refuse appends, or
+        // lose nothing but put the platform at the limit at once).
+        let have = info.config.max_bytes;
+        if have > 0 && config.events_max_bytes > have {
+            let mut grown = info.config.clone();
+            grown.max_bytes = config.events_max_bytes;
+            info = self.js.update_stream(grown).await.map_err(js_err)?;
+            tracing::info!(
+                from = have,
+                to = info.config.max_bytes,
+                "the event log's size limit was raised"
+            );
+        } else if config.events_max_bytes > 0 && config.events_max_bytes < have {
+            tracing::info!(
+                configured = config.events_max_bytes,
+                kept = have,
+                "the event log is larger than configured; it is not shrunk"
+            );
+        }
         let problems = events_stream_problems(&info.config);
         if !problems.is_empty() {
             return Err(BusError::WeakStream {
@@ -357,6 +391,18 @@ impl Bus {
 
     pub fn jetstream(&self) -> &jetstream::Context {
         &self.js
+    }
+
+    /// How full the business log is: `(bytes stored, size limit)`; the
+    /// limit is 0 when there is none.
+    pub async fn events_fill(&self) -> Result<(u64, u64)> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        let info = stream.info().await.map_err(js_err)?;
+        Ok((info.state.bytes, info.config.max_bytes.max(0) as u64))
     }
 
     /// The business log's config as the server reports it.

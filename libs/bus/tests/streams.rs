@@ -209,3 +209,38 @@ async fn the_last_telemetry_sample_of_each_subject() {
         .unwrap();
     assert_eq!(capped.len(), 2);
 }
+
+#[tokio::test]
+async fn a_larger_configured_size_grows_the_log_and_a_smaller_one_never_shrinks_it() {
+    let nats = Nats::start().await.unwrap();
+    let sized = |bytes: i64| {
+        let mut config = BusConfig::new(nats.url(), "test");
+        config.events_max_bytes = bytes;
+        config
+    };
+    const MIB: i64 = 1024 * 1024;
+    let bus = Bus::connect(&sized(64 * MIB)).await.unwrap();
+    assert_eq!(
+        bus.events_stream_config().await.unwrap().max_bytes,
+        64 * MIB
+    );
+    let bus = Bus::connect(&sized(256 * MIB)).await.unwrap();
+    assert_eq!(
+        bus.events_stream_config().await.unwrap().max_bytes,
+        256 * MIB
+    );
+    let bus = Bus::connect(&sized(128 * MIB)).await.unwrap();
+    assert_eq!(
+        bus.events_stream_config().await.unwrap().max_bytes,
+        256 * MIB
+    );
+    let (bytes, max_bytes) = bus.events_fill().await.unwrap();
+    assert_eq!((bytes, max_bytes), (0, 256 * MIB as u64));
+}
+
+#[test]
+fn operators_are_warned_from_four_fifths_full() {
+    assert_eq!(lh_bus::events_fill_warning(79, 100), None);
+    assert_eq!(lh_bus::events_fill_warning(80, 100), Some(0.8));
+    assert_eq!(lh_bus::events_fill_warning(10, 0), None, "no limit");
+}

@@ -116,6 +116,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         bus: bus.clone(),
         pool: pool.clone(),
     });
+    let fill = bus.clone();
     let keeper = keeper::Keeper {
         bus,
         pool,
@@ -138,10 +139,34 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             tokio::select! {
                 r = keeper.run() => r,
                 r = serve_verify(verifier) => r,
+                never = watch_log_fill(fill) => match never {},
             }
         },
     )
     .await
+}
+
+/// How often the keeper of the trail looks at how full the log is.
+const LOG_FILL_CHECK: Duration = Duration::from_secs(60);
+
+/// Reports how full the business log is (`lh_events_stream_bytes`,
+/// `lh_events_stream_max_bytes`) and warns while it is past
+/// [`lh_bus::EVENTS_FILL_WARNING`] of its limit: at the limit it refuses
+/// appends. The audit service does it because it reads the whole log anyway.
+async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
+    let mut every = tokio::time::interval(LOG_FILL_CHECK);
+    loop {
+        every.tick().await;
+        let Ok((bytes, max_bytes)) = bus.events_fill().await else {
+            continue;
+        };
+        metrics::gauge!("lh_events_stream_bytes").set(bytes as f64);
+        metrics::gauge!("lh_events_stream_max_bytes").set(max_bytes as f64);
+        if let Some(filled) = lh_bus::events_fill_warning(bytes, max_bytes) {
+            tracing::warn!(bytes, max_bytes, filled_pct = (filled * 100.0).round(),
+                "the event log is filling up; raise LH_EVENTS_MAX_BYTES (it is applied at the next start)");
+        }
+    }
 }
 
 /// Answers [`subject::RPC_AUDIT_VERIFY`] until the connection ends.

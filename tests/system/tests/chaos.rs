@@ -151,6 +151,12 @@ async fn nothing_is_lost_doubled_overcommitted_or_misbilled_through_kills() {
 
     println!("{report}");
     println!("events: {:?}", chaos::event_counts(&log));
+    let (bytes, _) = bus.events_fill().await.unwrap();
+    println!(
+        "log: {} messages, {bytes} bytes stored, {} bytes a message on average",
+        head,
+        bytes / head.max(1)
+    );
     assert!(
         report.accepted >= 10,
         "too little traffic to judge: {report}"
