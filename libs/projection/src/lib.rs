@@ -85,10 +85,25 @@ pub async fn connect_schema(database_url: &str, schema: &str) -> Result<PgPool> 
     check_schema_name(schema)?;
     let base: PgConnectOptions = database_url.parse()?;
     {
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(base.clone())
-            .await?;
+        // A service may start before its database answers (they start
+        // together, or the database restarts): wait for it.
+        let mut wait = RETRY_MIN;
+        let admin = loop {
+            match PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(base.clone())
+                .await
+            {
+                Ok(admin) => break admin,
+                Err(e) if is_unavailable(&e) => {
+                    tracing::warn!(schema, error = %e, retry_in_ms = wait.as_millis() as u64,
+                        "the database does not answer yet");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         // Two services starting at once may race on CREATE SCHEMA.
         let _ = sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
             .execute(&admin)

@@ -155,3 +155,24 @@ async fn a_database_outage_stalls_the_projection_until_it_is_back() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_service_starting_before_its_database_waits_for_it() {
+    let mut pg = Postgres::start().await.unwrap();
+    let url = pg.create_database().await.unwrap();
+    pg.kill();
+    let connecting = tokio::spawn(async move { lh_projection::connect_schema(&url, "late").await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!connecting.is_finished(), "it waits instead of failing");
+    pg.restart().await.unwrap();
+    let pool = tokio::time::timeout(Duration::from_secs(30), connecting)
+        .await
+        .expect("connected once the database answers")
+        .unwrap()
+        .unwrap();
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+}
