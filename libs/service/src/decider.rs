@@ -299,9 +299,9 @@ async fn append_pass<D: Decider>(
         }
         // Where nothing in a batch is guarded, no decision depends on where
         // its events landed: one the log holds already is as good as stored.
-        let unguarded = batch.iter().all(|(_, expect)| *expect == Expect::Any);
+        let no_guard = unguarded(&batch);
         match bus.publish_atomic(&batch).await {
-            Ok(appended) if appended.duplicate && unguarded => decider.appended(&batch),
+            Ok(appended) if appended.duplicate && no_guard => decider.appended(&batch),
             Ok(appended) if appended.duplicate => {
                 return Pass::Conflict("the log already holds these events".into())
             }
@@ -316,7 +316,7 @@ async fn append_pass<D: Decider>(
                 }
                 decider.appended(&batch);
             }
-            Err(BusError::DuplicateBatch(_)) if unguarded => {
+            Err(BusError::DuplicateBatch(_)) if no_guard => {
                 // Some of its events are stored already (an observation made
                 // twice, or a stop that another writer asked for first): the
                 // batch as a whole never will be, so the rest go one by one.
@@ -341,12 +341,19 @@ async fn append_pass<D: Decider>(
     Pass::Done
 }
 
+/// Whether no message of `batch` carries a guard.
+fn unguarded(batch: &Batch) -> bool {
+    batch.iter().all(|(_, expect)| *expect == Expect::Any)
+}
+
 /// Packs decisions, in order, into as few atomic batches as the rules allow:
 /// at most [`MAX_BATCH_MESSAGES`] messages, each subject written once per
 /// batch (a second write expects the sequence of the first, known only once
 /// that is stored), except where `merge` folds a message into the one
 /// already there (where `can_merge` allows). A decision is never split
-/// across batches.
+/// across batches, and decisions without any guard are never packed with
+/// guarded ones: the log may already hold an unguarded event (a repeat),
+/// and its refusal must not hold a guarded decision back.
 pub fn pack(
     decisions: Vec<Batch>,
     can_merge: impl Fn(&Envelope, &Envelope) -> bool,
@@ -357,7 +364,8 @@ pub fn pack(
     let mut subjects: HashMap<String, usize> = HashMap::new();
     for decision in decisions {
         let fits = out.last().is_some_and(|batch| {
-            batch.len() + decision.len() <= MAX_BATCH_MESSAGES
+            unguarded(batch) == unguarded(&decision)
+                && batch.len() + decision.len() <= MAX_BATCH_MESSAGES
                 && decision.iter().all(|(envelope, _)| {
                     match subjects.get(&envelope.data.subject()) {
                         None => true,

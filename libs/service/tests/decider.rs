@@ -526,3 +526,16 @@ async fn the_loop_lives_through_a_killed_and_restarted_server() {
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+#[test]
+fn unguarded_decisions_are_never_packed_with_guarded_ones() {
+    let guarded = |node: &str| vec![(cordon_of(node, "g"), Expect::LastSubjectSequence(0))];
+    let free = |node: &str| vec![(cordon_of(node, "f"), Expect::Any)];
+    let packed = pack(
+        vec![free("a"), free("b"), guarded("c"), guarded("d"), free("e")],
+        never,
+        join_reasons,
+    );
+    let sizes: Vec<usize> = packed.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [2, 2, 1]);
+}

@@ -231,6 +231,11 @@ impl Decider for NodeAgent {
     }
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        // An observation stored although its acknowledgement was lost (the
+        // server went away) is on the log: it no longer waits.
+        if !self.waiting.is_empty() {
+            self.waiting.retain(|w| w.id != envelope.id);
+        }
         self.state.apply(&self.node_id, sequence, envelope);
     }
 
@@ -296,6 +301,14 @@ impl Decider for NodeAgent {
                 .iter()
                 .map(|envelope| vec![(envelope.clone(), Expect::Any)]),
         );
+        for (&lease_id, lease) in self.state.leases.iter_mut() {
+            if std::mem::take(&mut lease.stale_workload) {
+                let _ = self.workloads.send(Command::StopStale {
+                    lease_id,
+                    placement: lease.placement_sequence,
+                });
+            }
+        }
         for step in self.state.decide(now) {
             decisions.extend(self.lease_step(step, now));
         }

@@ -83,6 +83,9 @@ pub(crate) struct LocalLease {
     pub(crate) start: WorkloadStart,
     /// What it runs, as far as the fold knows.
     pub(crate) workload: Workload,
+    /// A workload of an earlier placement on this node may still run: it is
+    /// to be stopped (without a report that counts).
+    pub(crate) stale_workload: bool,
 }
 
 /// What a lease placed here runs. The fold keeps the workloads of leases
@@ -224,6 +227,14 @@ impl NodeState {
             }
         }
         let l = self.leases.entry(lease_id).or_default();
+        // Moved to other GPUs of this node: what runs for the old placement
+        // must stop, whatever comes next (a start, or a stop first).
+        let stale_workload = l.stale_workload
+            || l.workload_running
+            || matches!(
+                l.start,
+                WorkloadStart::Asked | WorkloadStart::Answered(Ok(true))
+            );
         *l = LocalLease {
             subject_sequence: sequence,
             placement_sequence: sequence,
@@ -232,6 +243,8 @@ impl NodeState {
             gpus: gpus.to_vec(),
             // A stop asked before it came here still holds.
             stop_requested: l.stop_requested,
+            workload: std::mem::take(&mut l.workload),
+            stale_workload,
             ..LocalLease::default()
         };
     }

@@ -399,6 +399,10 @@ pub fn held_to_the_log(
             e.ended_at = clamp(e.ended_at, stored_at, skew)
         }
         EventData::LeaseSuspended(e) => e.suspended_at = clamp(e.suspended_at, stored_at, skew),
+        // The scheduler works it out from a node's times (its last
+        // heartbeat, a GPU's failure), held when they were heard; a
+        // migration can still never end a run after it was stored.
+        EventData::LeaseMigrated(e) => e.billing_ends_at = e.billing_ends_at.min(stored_at),
         _ => return std::borrow::Cow::Borrowed(envelope),
     }
     if held.data != envelope.data {

@@ -201,6 +201,27 @@ impl Decider for Scheduling {
         self.state.apply(sequence, envelope);
     }
 
+    /// A GPU's health change carries the node's own time, which ends the
+    /// bill of a lease moved off that GPU: it is held to when the log
+    /// stored the change.
+    fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if let EventData::NodeGpuHealthChanged(change) = &envelope.data {
+            let at = lh_domain::rating::clamp_node_time(
+                change.at,
+                stored_at,
+                self.rules.node_clock_skew,
+            );
+            if at != change.at {
+                let mut held = envelope.clone();
+                if let EventData::NodeGpuHealthChanged(c) = &mut held.data {
+                    c.at = at;
+                }
+                return self.state.apply(sequence, &held);
+            }
+        }
+        self.state.apply(sequence, envelope);
+    }
+
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
         match signal {
             Signal::Heartbeat(hb) => {
@@ -208,7 +229,10 @@ impl Decider for Scheduling {
                 false
             }
             Signal::LastHeartbeat(hb) => {
-                self.state.heard(&hb.node_id, hb.at, hb.at.min(now));
+                // Read back, not heard: its own time is all there is, but
+                // never later than now.
+                let at = hb.at.min(now);
+                self.state.heard(&hb.node_id, at, at);
                 false
             }
             Signal::LivenessCheck => !self.state.liveness_changes(now, &self.rules).is_empty(),
@@ -255,6 +279,32 @@ mod tests {
     use super::*;
     use lh_bus::Expect;
     use lh_events::*;
+
+    #[test]
+    fn a_gpu_failure_is_dated_by_the_log_within_the_skew() {
+        let stored: DateTime<Utc> = "2026-12-03T10:00:00Z".parse().unwrap();
+        let mut scheduling = Scheduling::new(state::Rules::default(), stored);
+        let node = fixtures::node("a", "z", 1, fixtures::MODEL, fixtures::MODEL_VRAM_GB);
+        let env = |d| Envelope::new(Actor::Node("a".into()), stored, d);
+        scheduling.apply_stored(1, stored, &env(EventData::NodeRegistered(node)));
+        let failed = NodeGpuHealthChanged {
+            node_id: "a".into(),
+            gpu_index: 0,
+            gpu_uuid: "GPU-a-0".into(),
+            from: GpuHealth::Healthy,
+            to: GpuHealth::Unhealthy,
+            reason: "lost".into(),
+            evidence: HealthEvidence::default(),
+            // The node's clock is an hour behind.
+            at: stored - chrono::Duration::hours(1),
+        };
+        scheduling.apply_stored(2, stored, &env(EventData::NodeGpuHealthChanged(failed)));
+        let gpu = &scheduling.state.fleet.nodes["a"].gpus[0];
+        assert_eq!(
+            gpu.health_since,
+            Some(stored - chrono::Duration::seconds(30))
+        );
+    }
 
     /// Packs as the decide loop does, with the scheduler's merge rule.
     fn pack(decisions: Vec<Batch>) -> Vec<Batch> {

@@ -208,3 +208,37 @@ fn a_host_that_stops_answering_goes_silent() {
     g.agent.decide(t(3));
     assert!(matches!(g.commands.try_recv(), Ok(Command::Start { .. })));
 }
+
+#[test]
+fn a_workload_left_behind_on_other_gpus_of_the_node_is_stopped() {
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    answer(&mut g.agent, Ok(true));
+    // Its GPU failed: it moves to GPU 1 of this node, and a stop comes
+    // before the agent decides again.
+    let moved = lh_events::LeaseMigrated {
+        lease_id: lease(),
+        reason: "GPU 0 unhealthy".into(),
+        from_node_id: NODE.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: t(2),
+        to: Some(lh_events::Relocation {
+            node_id: NODE.into(),
+            zone: "z".into(),
+            vram_gb_per_gpu: 40,
+            gpus: fixtures::placed(lease(), NODE, "z", "A100-40GB", 40, &[1]).gpus,
+            decision: fixtures::placed(lease(), NODE, "z", "A100-40GB", 40, &[1]).decision,
+        }),
+    };
+    let on_log = |data| Envelope::new(Actor::Admin, t(2), data);
+    g.agent.apply(12, &on_log(EventData::LeaseMigrated(moved)));
+    let stop = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease() });
+    g.agent.apply(13, &on_log(stop));
+    let decided = g.agent.decide(t(3));
+    assert!(matches!(
+        g.commands.try_recv(),
+        Ok(Command::StopStale { lease_id, placement: 12 }) if lease_id == lease()
+    ));
+    assert_eq!(types(&decided), ["lease.ended"]);
+}

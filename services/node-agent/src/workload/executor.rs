@@ -31,6 +31,9 @@ pub(crate) enum Command {
     },
     /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL.
     Stop { lease_id: Uuid },
+    /// Stop the lease's workload if it runs for another placement than
+    /// this one (the lease moved to other GPUs of the node).
+    StopStale { lease_id: Uuid, placement: u64 },
 }
 
 /// What the workload side tells the agent.
@@ -114,6 +117,13 @@ async fn carry_out(bus: &Bus, workloads: &mut Workloads, command: Command) -> Op
         }
         Command::Stop { lease_id } => {
             workloads.stop(lease_id);
+            None
+        }
+        Command::StopStale {
+            lease_id,
+            placement,
+        } => {
+            workloads.stop_stale(lease_id, placement);
             None
         }
     }

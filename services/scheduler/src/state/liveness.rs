@@ -8,6 +8,17 @@ use lh_events::{EventData, NodeLost, NodeRejoined};
 
 use super::*;
 
+/// Heartbeats heard again after the whole fleet fell silent, from too few
+/// nodes yet to take it that the scheduler hears again.
+#[derive(Debug, Clone, Default)]
+pub struct Resuming {
+    pub since: DateTime<Utc>,
+    pub nodes: std::collections::BTreeSet<String>,
+    /// Whether it holds losses back while it waits for a second node: not
+    /// when it began with the node that was last heard alone.
+    pub shields: bool,
+}
+
 /// The last heartbeat of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heard {
@@ -19,10 +30,11 @@ pub struct Heard {
 
 impl State {
     /// A live heartbeat of `node_id` stamped `node_at` arrived at `local`.
-    /// The first one after the whole fleet was silent longer than the loss
-    /// window means the scheduler can hear again (NATS came back, its
-    /// subscription was renewed): every node's silence counts from then,
-    /// so the others get the time their next heartbeat needs.
+    /// Heartbeats of two nodes within one loss window, after the whole
+    /// fleet was silent longer than that, mean the scheduler hears again
+    /// (NATS came back, its subscription was renewed): every node's silence
+    /// counts from the first of them, so the others get the time their
+    /// next heartbeat needs.
     pub fn heard_live(
         &mut self,
         node_id: &str,
@@ -30,24 +42,64 @@ impl State {
         local: DateTime<Utc>,
         rules: &Rules,
     ) {
-        if self
-            .last_heard_any
-            .is_some_and(|any| local - any > rules.node_lost_after)
-        {
-            tracing::info!(
-                silence_ms = (local - self.last_heard_any.unwrap_or(local)).num_milliseconds(),
-                "heartbeats again after the whole fleet was silent"
-            );
-            self.hearing_resumed_at = Some(local);
-        }
         let node_at = lh_domain::rating::clamp_node_time(node_at, local, rules.node_clock_skew);
+        // A node the fleet does not know says nothing about our hearing.
+        if !self.fleet.nodes.contains_key(node_id) {
+            self.heard(node_id, node_at, local);
+            return;
+        }
+        // A lone voice after the silence (one node whose host flaps) is not
+        // the hearing back: it takes two nodes within one loss window (or
+        // the only one there is).
+        if let Some(r) = self
+            .resuming
+            .take_if(|r| local - r.since > rules.node_lost_after)
+        {
+            // Nobody joined it: the next time that node alone is heard after
+            // a silence, it shields no one.
+            self.lone_voice = (r.nodes.len() == 1)
+                .then(|| r.nodes.into_iter().next())
+                .flatten();
+        }
+        if self.resuming.is_none()
+            && self
+                .last_heard_any
+                .is_some_and(|any| local - any > rules.node_lost_after)
+        {
+            self.resuming = Some(Resuming {
+                since: local,
+                nodes: Default::default(),
+                shields: self.lone_voice.as_deref() != Some(node_id),
+            });
+        }
+        let live_nodes = self
+            .fleet
+            .nodes
+            .values()
+            .filter(|n| n.lost.is_none())
+            .count();
+        if let Some(r) = &mut self.resuming {
+            r.nodes.insert(node_id.to_string());
+            if r.nodes.len() >= live_nodes.clamp(1, 2) {
+                tracing::info!(
+                    silence_ms =
+                        (r.since - self.last_heard_any.unwrap_or(r.since)).num_milliseconds(),
+                    "heartbeats again after the whole fleet was silent"
+                );
+                self.hearing_resumed_at = Some(r.since);
+                self.resuming = None;
+                self.lone_voice = None;
+            }
+        }
         self.heard(node_id, node_at, local);
     }
 
     /// A heartbeat of `node_id` stamped `node_at` arrived at `local` (or
     /// was read back from the telemetry stream, `local` being its stamp).
     pub fn heard(&mut self, node_id: &str, node_at: DateTime<Utc>, local: DateTime<Utc>) {
-        self.last_heard_any = Some(self.last_heard_any.map_or(local, |any| any.max(local)));
+        if self.fleet.nodes.contains_key(node_id) {
+            self.last_heard_any = Some(self.last_heard_any.map_or(local, |any| any.max(local)));
+        }
         let h = self
             .heard
             .entry(node_id.to_string())
@@ -73,9 +125,14 @@ impl State {
             .filter(|n| n.lost.is_none())
             .count();
         let fleet_silence = now - fleet_quiet_since;
+        let resuming = self
+            .resuming
+            .as_ref()
+            .is_some_and(|r| r.shields && now - r.since <= rules.node_lost_after);
         let deaf = live_nodes >= 2
-            && fleet_silence > rules.node_lost_after
-            && fleet_silence <= rules.fleet_silence_grace;
+            && (resuming
+                || (fleet_silence > rules.node_lost_after
+                    && fleet_silence <= rules.fleet_silence_grace));
         let mut out = Vec::new();
         for node in self.fleet.nodes.values() {
             let last = self

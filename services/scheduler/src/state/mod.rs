@@ -80,6 +80,11 @@ pub struct State {
     /// When heartbeats came again after the whole fleet had been silent
     /// longer than the loss window: silence is measured from then.
     hearing_resumed_at: Option<DateTime<Utc>>,
+    /// Heartbeats again after a silence of the whole fleet, not yet from
+    /// enough nodes.
+    resuming: Option<liveness::Resuming>,
+    /// The node that was last heard alone after a silence of the fleet.
+    lone_voice: Option<String>,
 }
 
 impl State {

@@ -274,3 +274,35 @@ fn a_lost_node_is_billed_until_a_heartbeat_time_held_to_its_arrival() {
         .expect("a is lost");
     assert_eq!(lost.last_heard_at, arrived, "not an hour in the future");
 }
+
+#[test]
+fn one_flapping_node_does_not_shield_the_dead_ones() {
+    let rules = Rules::default();
+    let t0 = Utc::now();
+    let mut s = given(vec![node("a", 1), node("b", 1), node("c", 1)]);
+    settle(&mut s, t0, &rules);
+    s.liveness_since = Some(t0);
+    for n in ["a", "b", "c"] {
+        s.heard_live(n, t0, t0, &rules);
+    }
+    let at = |secs: i64| t0 + Duration::seconds(secs);
+    // b and c died at t0; a's host flaps: heard again at 10 s, alone.
+    s.heard_live("a", at(10), at(10), &rules);
+    assert!(
+        lost_nodes(&s, at(12), &rules).is_empty(),
+        "a moment to hear the others"
+    );
+    s.heard_live("a", at(14), at(14), &rules);
+    assert_eq!(lost_nodes(&s, at(14), &rules), ["b", "c"]);
+    // An unknown node's heartbeat says nothing about the fleet.
+    let mut quiet = given(vec![node("a", 1), node("b", 1)]);
+    settle(&mut quiet, t0, &rules);
+    quiet.liveness_since = Some(t0);
+    quiet.heard_live("a", t0, t0, &rules);
+    quiet.heard_live("b", t0, t0, &rules);
+    quiet.heard_live("ghost", at(10), at(10), &rules);
+    assert!(
+        lost_nodes(&quiet, at(10), &rules).is_empty(),
+        "still deaf: NATS is out"
+    );
+}
