@@ -352,12 +352,21 @@ impl Bus {
         if have > 0 && config.events_max_bytes > have {
             let mut grown = info.config.clone();
             grown.max_bytes = config.events_max_bytes;
-            info = self.js.update_stream(grown).await.map_err(js_err)?;
-            tracing::info!(
-                from = have,
-                to = info.config.max_bytes,
-                "the event log's size limit was raised"
-            );
+            // A size the server cannot give (its storage, an account limit)
+            // leaves the log as it is rather than keep a service from
+            // starting.
+            match self.js.update_stream(grown).await {
+                Ok(updated) => {
+                    info = updated;
+                    tracing::info!(
+                        from = have,
+                        to = info.config.max_bytes,
+                        "the event log's size limit was raised"
+                    );
+                }
+                Err(e) => tracing::warn!(have, wanted = config.events_max_bytes, error = %e,
+                    "the event log's size limit cannot be raised; it is kept"),
+            }
         } else if config.events_max_bytes > 0 && config.events_max_bytes < have {
             tracing::info!(
                 configured = config.events_max_bytes,

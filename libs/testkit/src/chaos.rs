@@ -30,8 +30,8 @@ pub struct Report {
     /// Ended leases whose charges are not one per run (or charges for a
     /// lease that never ran), and invoice tables that differ from a rebuild.
     pub charge_mismatch: usize,
-    /// Services stopped or not ready at the end, and an audit verification
-    /// that failed.
+    /// Services stopped or not ready at the end, an audit verification
+    /// that failed, and accepted leases that never ended although stopped.
     pub dead: usize,
 }
 
@@ -237,17 +237,23 @@ impl Capacity {
     }
 
     fn hold(&mut self, lease: Uuid, node: &str, gpus: &[AssignedGpu]) -> usize {
+        // Placed again without an end or a move in between: it holds two
+        // places at once.
+        let twice = usize::from(self.holdings.contains_key(&lease));
         self.holdings.insert(
             lease,
             gpus.iter().map(|g| (node.to_string(), g.clone())).collect(),
         );
-        gpus.iter().filter(|g| !self.fits(node, g.index)).count()
+        twice + gpus.iter().filter(|g| !self.fits(node, g.index)).count()
     }
 
-    /// Whether everything held on one GPU fits it.
+    /// Whether everything held on one GPU fits it: a GPU the node
+    /// registered, in the mode its holders need (MIG instances on a GPU in
+    /// MIG mode, whole GPUs and shares on one that is not), within its
+    /// VRAM, compute and MIG slices.
     fn fits(&self, node: &str, index: u32) -> bool {
-        let Some((model, vram_gb, _)) = self.gpus.get(&(node.to_string(), index)) else {
-            return true;
+        let Some((model, vram_gb, mig_mode)) = self.gpus.get(&(node.to_string(), index)) else {
+            return false;
         };
         let on_gpu: Vec<&AssignedGpu> = self
             .holdings
@@ -260,17 +266,21 @@ impl Capacity {
         let (mut memory, mut compute) = (0u16, 0u16);
         let mut slices_overlap = false;
         for g in &on_gpu {
+            if g.mig_instance.is_some() != *mig_mode {
+                return false;
+            }
             match (&g.mig_instance, g.milli) {
                 (Some(m), _) => {
                     let profile = lh_domain::catalog::mig_geometry(model)
                         .ok()
                         .and_then(|geometry| geometry.profile(&m.profile));
-                    if let Some(p) = profile {
-                        let (mm, cm) = (p.memory_mask(m.start), p.compute_mask(m.start));
-                        slices_overlap |= memory & mm != 0 || compute & cm != 0;
-                        memory |= mm;
-                        compute |= cm;
-                    }
+                    let Some(p) = profile else {
+                        return false;
+                    };
+                    let (mm, cm) = (p.memory_mask(m.start), p.compute_mask(m.start));
+                    slices_overlap |= memory & mm != 0 || compute & cm != 0;
+                    memory |= mm;
+                    compute |= cm;
                 }
                 (None, Some(share)) => {
                     milli += share;
@@ -363,6 +373,20 @@ mod tests {
             stored(4, EventData::LeasePlaced(placed(b))),
         ];
         assert_eq!(check_log(&freed, &[]).overcommitted, 0);
+        // Placed twice with no end between; and on a GPU never registered.
+        let again = [
+            stored(
+                1,
+                EventData::NodeRegistered(fixtures::node("n", "z", 2, fixtures::MODEL, 40)),
+            ),
+            stored(2, EventData::LeasePlaced(placed(a))),
+            stored(3, EventData::LeasePlaced(placed(a))),
+            stored(
+                4,
+                EventData::LeasePlaced(fixtures::placed(b, "n", "z", fixtures::MODEL, 40, &[7])),
+            ),
+        ];
+        assert_eq!(check_log(&again, &[]).overcommitted, 2);
     }
 
     #[test]

@@ -121,13 +121,17 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
         log = read_log(&bus).await;
     }
+    let stuck = chaos::unfinished(&log, &accepted);
+    if !stuck.is_empty() {
+        eprintln!("chaos: leases that never ended: {stuck:?}");
+    }
     let checked = chaos::check_log(&log, &accepted);
     report.accepted = checked.accepted;
     report.lost = checked.lost;
     report.duplicated = checked.duplicated;
     report.overcommitted = checked.overcommitted;
     report.charge_mismatch = checked.charge_mismatch + rebuild_differences(&args).await?;
-    report.dead = dead(&http, &args.gateway, &admin, &bus).await;
+    report.dead = dead(&http, &args.gateway, &admin, &bus).await + stuck.len();
     eprintln!("chaos: events {:?}", chaos::event_counts(&log));
     println!("{report}");
     if !report.is_clean() {

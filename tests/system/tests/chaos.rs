@@ -127,6 +127,10 @@ async fn nothing_is_lost_doubled_overcommitted_or_misbilled_through_kills() {
         tokio::time::sleep(Duration::from_millis(250)).await;
         log = read_log(&bus).await;
     }
+    let stuck = chaos::unfinished(&log, &accepted);
+    if !stuck.is_empty() {
+        eprintln!("chaos: leases that never ended: {stuck:?}");
+    }
     let checked = chaos::check_log(&log, &accepted);
     report.accepted = checked.accepted;
     report.lost = checked.lost;
@@ -147,7 +151,7 @@ async fn nothing_is_lost_doubled_overcommitted_or_misbilled_through_kills() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    report.dead += usize::from(!verified) + stack.exited_services().len();
+    report.dead += usize::from(!verified) + stack.exited_services().len() + stuck.len();
 
     println!("{report}");
     println!("events: {:?}", chaos::event_counts(&log));

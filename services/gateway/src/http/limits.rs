@@ -57,7 +57,9 @@ pub struct WriteBudgets {
 impl WriteBudgets {
     pub fn new(limits: &TenantLimits) -> Self {
         Self {
-            per_s: limits.writes_per_s.max(f64::MIN_POSITIVE),
+            // A rate of 0 (or less) would never refill: one write an hour
+            // is the least there is.
+            per_s: limits.writes_per_s.max(1.0 / 3600.0),
             burst: f64::from(limits.write_burst.max(1)),
             buckets: Mutex::new(HashMap::new()),
         }
@@ -83,7 +85,7 @@ impl WriteBudgets {
             };
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - tokens) / self.per_s))
+            Err(Duration::try_from_secs_f64((1.0 - tokens) / self.per_s).unwrap_or(Duration::MAX))
         }
     }
 }

@@ -1,8 +1,11 @@
 //! The workload side's own task: it owns [`Workloads`], carries out the
 //! starts and stops the agent decides on, in the order decided, and reports
 //! back what came of them. Starting a workload spawns a process or a
-//! container, which the agent's decisions never wait on.
+//! container, which the agent's decisions never wait on; reading a moved
+//! lease's request back from the log is a task of its own again, so that a
+//! slow log never holds a stop back.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use lh_bus::Bus;
@@ -13,10 +16,10 @@ use uuid::Uuid;
 use super::supervisor::{Finished, Workloads};
 use crate::state::Workload;
 
-/// Tries at reading a lease's request back from the log before the start
-/// fails, and the wait between them.
-const REQUEST_READ_TRIES: u32 = 10;
-const REQUEST_READ_WAIT: Duration = Duration::from_millis(500);
+/// Waits between tries at reading a lease's request back from the log
+/// while the log does not answer: the first, and the longest.
+const REQUEST_READ_WAIT_MIN: Duration = Duration::from_millis(500);
+const REQUEST_READ_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// What the agent asks of the workload side.
 #[derive(Debug)]
@@ -51,10 +54,18 @@ pub(crate) enum Report {
     Ended(Finished),
 }
 
+/// A lease's request, read back from the log for a start.
+struct Resolved {
+    lease_id: Uuid,
+    placement: u64,
+    gpus: Vec<AssignedGpu>,
+    workload: Result<Option<WorkloadSpec>, String>,
+}
+
 /// Starts the task; it ends when the agent drops its command sender.
 pub(crate) fn spawn(
     bus: Bus,
-    mut workloads: Workloads,
+    workloads: Workloads,
     mut finished: mpsc::UnboundedReceiver<Finished>,
 ) -> (
     mpsc::UnboundedSender<Command>,
@@ -62,15 +73,23 @@ pub(crate) fn spawn(
 ) {
     let (command_tx, mut commands) = mpsc::unbounded_channel::<Command>();
     let (report_tx, reports) = mpsc::unbounded_channel::<Report>();
+    let (resolved_tx, mut resolved) = mpsc::unbounded_channel::<Resolved>();
+    let mut side = WorkloadSide {
+        bus,
+        workloads,
+        looking_up: HashMap::new(),
+        resolved_tx,
+    };
     tokio::spawn(async move {
         loop {
             let report = tokio::select! {
                 command = commands.recv() => match command {
                     None => return,
-                    Some(command) => carry_out(&bus, &mut workloads, command).await,
+                    Some(command) => side.carry_out(command),
                 },
+                Some(r) = resolved.recv() => side.resolved(r),
                 Some(f) = finished.recv() => {
-                    workloads.forget(f.lease_id, f.placement);
+                    side.workloads.forget(f.lease_id, f.placement);
                     Some(Report::Ended(f))
                 }
             };
@@ -84,55 +103,114 @@ pub(crate) fn spawn(
     (command_tx, reports)
 }
 
-async fn carry_out(bus: &Bus, workloads: &mut Workloads, command: Command) -> Option<Report> {
-    match command {
-        Command::Start {
-            lease_id,
-            placement,
-            gpus,
-            workload,
-        } => {
-            workloads.stop_stale(lease_id, placement);
-            // Started before, and the report did not get through: it keeps
-            // running.
-            let outcome = if workloads.is_running(lease_id, placement) {
-                Ok(true)
-            } else {
-                match workload {
-                    Workload::Known(spec) => Ok(spec),
-                    Workload::Unknown if !workloads.runs_workloads() => Ok(None),
-                    Workload::Unknown => requested_workload(bus, lease_id).await,
-                }
-                .and_then(|spec| {
-                    workloads
-                        .start(lease_id, placement, &gpus, spec.as_ref())
-                        .map_err(|e| e.to_string())
-                })
-            };
-            Some(Report::Started {
+struct WorkloadSide {
+    bus: Bus,
+    workloads: Workloads,
+    /// Leases whose request is being read back, with the placement it is
+    /// for: a stop, or a newer start, makes the answer moot.
+    looking_up: HashMap<Uuid, u64>,
+    resolved_tx: mpsc::UnboundedSender<Resolved>,
+}
+
+impl WorkloadSide {
+    /// Carries out `command` at once (reading a request back is left to a
+    /// task of its own, so a slow log holds no stop back).
+    fn carry_out(&mut self, command: Command) -> Option<Report> {
+        match command {
+            Command::Start {
                 lease_id,
                 placement,
-                outcome,
-            })
+                gpus,
+                workload,
+            } => {
+                self.workloads.stop_stale(lease_id, placement);
+                self.looking_up.remove(&lease_id);
+                // Started before, and the report did not get through: it
+                // keeps running.
+                if self.workloads.is_running(lease_id, placement) {
+                    return Some(Report::Started {
+                        lease_id,
+                        placement,
+                        outcome: Ok(true),
+                    });
+                }
+                let spec = match workload {
+                    Workload::Known(spec) => spec,
+                    Workload::Unknown if !self.workloads.runs_workloads() => None,
+                    Workload::Unknown => {
+                        self.look_up(lease_id, placement, gpus);
+                        return None;
+                    }
+                };
+                Some(self.start(lease_id, placement, &gpus, Ok(spec)))
+            }
+            Command::Stop { lease_id } => {
+                self.looking_up.remove(&lease_id);
+                self.workloads.stop(lease_id);
+                None
+            }
+            Command::StopStale {
+                lease_id,
+                placement,
+            } => {
+                self.workloads.stop_stale(lease_id, placement);
+                None
+            }
         }
-        Command::Stop { lease_id } => {
-            workloads.stop(lease_id);
-            None
-        }
-        Command::StopStale {
+    }
+
+    fn start(
+        &mut self,
+        lease_id: Uuid,
+        placement: u64,
+        gpus: &[AssignedGpu],
+        spec: Result<Option<WorkloadSpec>, String>,
+    ) -> Report {
+        let outcome = spec.and_then(|spec| {
+            self.workloads
+                .start(lease_id, placement, gpus, spec.as_ref())
+                .map_err(|e| e.to_string())
+        });
+        Report::Started {
             lease_id,
             placement,
-        } => {
-            workloads.stop_stale(lease_id, placement);
-            None
+            outcome,
         }
+    }
+
+    fn look_up(&mut self, lease_id: Uuid, placement: u64, gpus: Vec<AssignedGpu>) {
+        self.looking_up.insert(lease_id, placement);
+        let (bus, resolved) = (self.bus.clone(), self.resolved_tx.clone());
+        tokio::spawn(async move {
+            let workload = requested_workload(&bus, lease_id).await;
+            let _ = resolved.send(Resolved {
+                lease_id,
+                placement,
+                gpus,
+                workload,
+            });
+        });
+    }
+
+    fn resolved(&mut self, r: Resolved) -> Option<Report> {
+        if self.looking_up.get(&r.lease_id) != Some(&r.placement) {
+            // Stopped, or placed anew, meanwhile: nothing to run for it.
+            return Some(Report::Started {
+                lease_id: r.lease_id,
+                placement: r.placement,
+                outcome: Ok(false),
+            });
+        }
+        self.looking_up.remove(&r.lease_id);
+        Some(self.start(r.lease_id, r.placement, &r.gpus, r.workload))
     }
 }
 
-/// The workload the lease's request names, read back from the log.
+/// The workload the lease's request names, read back from the log; tried
+/// until the log answers. An error only when it answers without the request.
 async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<WorkloadSpec>, String> {
-    let mut why = String::new();
-    for _ in 0..REQUEST_READ_TRIES {
+    let mut wait = REQUEST_READ_WAIT_MIN;
+    loop {
         match bus.first_event_on(&subject::lease(lease_id)).await {
             Ok(Some(envelope)) => {
                 return match envelope.data {
@@ -143,12 +221,13 @@ async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<Workload
                     )),
                 }
             }
-            Ok(None) => return Err("the log no longer holds the lease's request".into()),
-            Err(e) => why = e.to_string(),
+            Ok(None) => return Err("the log holds no readable request of the lease".into()),
+            Err(e) => {
+                tracing::warn!(lease = %lease_id, error = %e, retry_in_ms = wait.as_millis() as u64,
+                    "cannot read the lease's request from the log yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(REQUEST_READ_WAIT_MAX);
+            }
         }
-        tokio::time::sleep(REQUEST_READ_WAIT).await;
     }
-    Err(format!(
-        "cannot read the lease's request from the log: {why}"
-    ))
 }
