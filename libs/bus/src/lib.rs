@@ -5,6 +5,9 @@
 //!   streams, reads their config back and refuses to run on a weaker stream
 //!   than the architecture brief demands (365 days, deny delete/purge, discard
 //!   new, atomic batches). It waits for a server that does not answer yet.
+//!   The NATS URL may list several servers, the members of a cluster
+//!   ([`server_addrs`]): the client connects to any of them and moves to
+//!   another when its server goes away.
 //! * [`Bus::publish`] appends one event with its id as `Nats-Msg-Id` and an
 //!   optional expected-last-subject-sequence.
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
@@ -52,6 +55,8 @@ const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// server does not answer; it doubles up to the max.
 const CONNECT_RETRY_MIN_WAIT: Duration = Duration::from_millis(100);
 const CONNECT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
+/// Most servers one NATS URL setting may list; a cluster has 3 or 5.
+pub const MAX_SERVER_ADDRS: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -60,6 +65,8 @@ pub enum BusError {
         url: String,
         source: async_nats::ConnectError,
     },
+    #[error("bad NATS server address {addr:?}: {reason}")]
+    BadServerAddr { addr: String, reason: String },
     #[error("stream {stream} is weaker than required: {problems}")]
     WeakStream { stream: String, problems: String },
     /// Someone else appended to an aggregate this write expected to be at a
@@ -89,9 +96,41 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
+/// The servers a NATS URL setting names: one address, or the members of a
+/// cluster separated by commas (`nats://a:4222,nats://b:4222`). Blanks
+/// around each address are ignored; an address without a scheme is
+/// `nats://`, without a port 4222.
+pub fn server_addrs(nats_url: &str) -> Result<Vec<async_nats::ServerAddr>> {
+    let addrs: Vec<&str> = nats_url.split(',').map(str::trim).collect();
+    if addrs.len() > MAX_SERVER_ADDRS {
+        return Err(BusError::BadServerAddr {
+            addr: nats_url.to_string(),
+            reason: format!("more than {MAX_SERVER_ADDRS} servers"),
+        });
+    }
+    addrs
+        .into_iter()
+        .map(|addr| {
+            if addr.is_empty() {
+                return Err(BusError::BadServerAddr {
+                    addr: nats_url.to_string(),
+                    reason: "an empty entry in the list".to_string(),
+                });
+            }
+            addr.parse()
+                .map_err(|e: std::io::Error| BusError::BadServerAddr {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
+}
+
 /// Connection settings and stream sizing.
 #[derive(Debug, Clone)]
 pub struct BusConfig {
+    /// One server or a comma-separated list of a cluster's members (see
+    /// [`server_addrs`]).
     pub nats_url: String,
     /// Name the connection shows in the server's monitoring.
     pub client_name: String,
@@ -275,6 +314,7 @@ pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
 impl Bus {
     /// Connects, creates the streams when missing and checks what the server holds.
     pub async fn connect(config: &BusConfig) -> Result<Self> {
+        let servers = server_addrs(&config.nats_url)?;
         let (connected, connects) = tokio::sync::watch::channel(0u64);
         let service = config.client_name.clone();
         let client = async_nats::ConnectOptions::new()
@@ -291,7 +331,7 @@ impl Bus {
             })
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
-            .connect(&config.nats_url)
+            .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
                 url: config.nats_url.clone(),
@@ -944,6 +984,34 @@ mod tests {
                 lease_id: uuid::Uuid::nil(),
             }),
         )
+    }
+
+    #[test]
+    fn a_nats_url_names_one_server_or_a_list() {
+        let one = server_addrs("nats://127.0.0.1:4222").unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].host(), "127.0.0.1");
+        assert_eq!(one[0].port(), 4222);
+
+        let cluster = server_addrs("nats://a:4222, nats://b:4223 ,c").unwrap();
+        let hosts: Vec<(&str, u16)> = cluster.iter().map(|a| (a.host(), a.port())).collect();
+        assert_eq!(hosts, [("a", 4222), ("b", 4223), ("c", 4222)]);
+    }
+
+    #[test]
+    fn a_bad_nats_url_is_refused_with_the_culprit() {
+        for bad in ["", "nats://a:4222,", "nats://a:4222,,nats://b:4222"] {
+            assert!(
+                matches!(server_addrs(bad), Err(BusError::BadServerAddr { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+        match server_addrs("nats://a:4222,http://b:80") {
+            Err(BusError::BadServerAddr { addr, .. }) => assert_eq!(addr, "http://b:80"),
+            other => panic!("a non-NATS scheme was accepted: {other:?}"),
+        }
+        let too_many = vec!["nats://a:4222"; MAX_SERVER_ADDRS + 1].join(",");
+        assert!(server_addrs(&too_many).is_err());
     }
 
     #[test]
