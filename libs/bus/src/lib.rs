@@ -552,9 +552,10 @@ impl Bus {
         };
         // The first consumer is opened here so that a caller learns at once
         // of a server that refuses it; later ones are the pump's business.
+        let elections = source.subscribe_elections().await;
         let messages = source.open(from_sequence.max(1)).await?;
         let (items, receiver) = tokio::sync::mpsc::channel(FEED_BUFFER_MESSAGES);
-        let pump = tokio::spawn(source.pump(messages, from_sequence.max(1), items));
+        let pump = tokio::spawn(source.pump(messages, elections, from_sequence.max(1), items));
         Ok(Feed { receiver, pump })
     }
 
@@ -673,6 +674,20 @@ type MessageStream = std::pin::Pin<
     >,
 >;
 
+/// Subject prefix of JetStream's advisory that a stream has a new leader
+/// (followed by the stream's name).
+const STREAM_LEADER_ELECTED_PREFIX: &str = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED";
+
+/// The next leader election announced, or never when nobody listens.
+async fn next_election(
+    elections: &mut Option<async_nats::Subscriber>,
+) -> Option<async_nats::Message> {
+    match elections {
+        Some(subscriber) => subscriber.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Messages a feed reads ahead of its reader.
 const FEED_BUFFER_MESSAGES: usize = 64;
 /// First wait before a lost consumer is opened again; it doubles on each
@@ -691,6 +706,23 @@ struct FeedSource {
 }
 
 impl FeedSource {
+    /// The server's announcements of a new leader of the business log. A
+    /// feed's consumer lives on one member, which may be the leader that
+    /// went away; without this the feed would learn of it only from missed
+    /// heartbeats (the client's ordered consumer waits for two of 15 s).
+    /// `None` when the subscription fails: heartbeats still work.
+    async fn subscribe_elections(&self) -> Option<async_nats::Subscriber> {
+        let subject = format!("{STREAM_LEADER_ELECTED_PREFIX}.{}", subject::EVENTS_STREAM);
+        match self.js.client().subscribe(subject).await {
+            Ok(subscriber) => Some(subscriber),
+            Err(e) => {
+                tracing::warn!(service = %self.service, error = %e,
+                    "cannot follow leader elections; a lost consumer is found by heartbeats only");
+                None
+            }
+        }
+    }
+
     /// An ordered consumer of the filters from `from_sequence` on.
     async fn open(&self, from_sequence: u64) -> Result<MessageStream> {
         let stream = self
@@ -743,6 +775,7 @@ impl FeedSource {
     async fn pump(
         mut self,
         mut messages: MessageStream,
+        mut elections: Option<async_nats::Subscriber>,
         mut next_sequence: u64,
         items: tokio::sync::mpsc::Sender<Result<FeedItem>>,
     ) {
@@ -754,6 +787,18 @@ impl FeedSource {
                 Ok(()) = self.connects.changed() => {
                     tracing::info!(service = %self.service, filters = ?self.filters,
                         next_sequence, "reconnected to NATS; reopening the event feed");
+                    messages = self.reopen(next_sequence).await;
+                    continue;
+                }
+                // The same for a new leader in a cluster: the consumer may
+                // have been on the member that is gone.
+                election = next_election(&mut elections) => {
+                    if election.is_none() {
+                        elections = None;
+                        continue;
+                    }
+                    tracing::info!(service = %self.service, filters = ?self.filters,
+                        next_sequence, "the event log has a new leader; reopening the event feed");
                     messages = self.reopen(next_sequence).await;
                     continue;
                 }

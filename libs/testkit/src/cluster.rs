@@ -86,6 +86,11 @@ impl NatsCluster {
             .join(",")
     }
 
+    /// How many members the cluster has.
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
     /// One member's client URL.
     pub fn url(&self, index: usize) -> String {
         self.members[index].url()
