@@ -694,6 +694,11 @@ const FEED_BUFFER_MESSAGES: usize = 64;
 /// failed attempt up to [`FEED_REOPEN_MAX_WAIT`].
 const FEED_REOPEN_MIN_WAIT: Duration = Duration::from_millis(100);
 const FEED_REOPEN_MAX_WAIT: Duration = Duration::from_secs(5);
+/// How long one attempt to open a consumer may take before it is given up
+/// and tried again. A request that reached a cluster while it elects a
+/// leader is never answered; waiting for the client's whole request
+/// timeout (10 s) would keep a feed stopped long after the election.
+const FEED_OPEN_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a feed reads and how it opens a consumer for it.
 struct FeedSource {
@@ -749,19 +754,45 @@ impl FeedSource {
     }
 
     /// Opens a consumer from `from_sequence`, waiting and retrying for as
-    /// long as it takes: a server that is down now will be back.
-    async fn reopen(&self, from_sequence: u64) -> MessageStream {
+    /// long as it takes: a server that is down now will be back. While a
+    /// cluster elects a leader, requests for the stream go unanswered until
+    /// they time out; the announcement of the new leader ends the attempt
+    /// in flight (or the wait) and the next one starts at once.
+    async fn reopen(
+        &self,
+        from_sequence: u64,
+        elections: &mut Option<async_nats::Subscriber>,
+    ) -> MessageStream {
         let mut wait = FEED_REOPEN_MIN_WAIT;
         loop {
-            tokio::time::sleep(wait).await;
-            match self.open(from_sequence).await {
+            let attempt = async {
+                tokio::time::sleep(wait).await;
+                tokio::time::timeout(FEED_OPEN_ATTEMPT_TIMEOUT, self.open(from_sequence))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(BusError::JetStream(format!(
+                            "no consumer within {FEED_OPEN_ATTEMPT_TIMEOUT:?}"
+                        )))
+                    })
+            };
+            let opened = tokio::select! {
+                opened = attempt => opened,
+                election = next_election(elections) => {
+                    if election.is_none() {
+                        *elections = None;
+                    }
+                    wait = Duration::ZERO;
+                    continue;
+                }
+            };
+            match opened {
                 Ok(messages) => {
                     tracing::info!(service = %self.service, filters = ?self.filters, from_sequence,
                         "event feed resumed");
                     return messages;
                 }
                 Err(e) => {
-                    wait = (wait * 2).min(FEED_REOPEN_MAX_WAIT);
+                    wait = (wait * 2).clamp(FEED_REOPEN_MIN_WAIT, FEED_REOPEN_MAX_WAIT);
                     tracing::warn!(service = %self.service, filters = ?self.filters, from_sequence,
                         error = %e, retry_in_ms = wait.as_millis() as u64, "cannot reopen the event feed");
                 }
@@ -787,7 +818,7 @@ impl FeedSource {
                 Ok(()) = self.connects.changed() => {
                     tracing::info!(service = %self.service, filters = ?self.filters,
                         next_sequence, "reconnected to NATS; reopening the event feed");
-                    messages = self.reopen(next_sequence).await;
+                    messages = self.reopen(next_sequence, &mut elections).await;
                     continue;
                 }
                 // The same for a new leader in a cluster: the consumer may
@@ -799,7 +830,7 @@ impl FeedSource {
                     }
                     tracing::info!(service = %self.service, filters = ?self.filters,
                         next_sequence, "the event log has a new leader; reopening the event feed");
-                    messages = self.reopen(next_sequence).await;
+                    messages = self.reopen(next_sequence, &mut elections).await;
                     continue;
                 }
             };
@@ -815,7 +846,7 @@ impl FeedSource {
             };
             tracing::warn!(service = %self.service, filters = ?self.filters,
                 next_sequence, %error, "event feed lost its consumer; reopening");
-            messages = self.reopen(next_sequence).await;
+            messages = self.reopen(next_sequence, &mut elections).await;
         }
     }
 
