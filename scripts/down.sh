@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make down`: stops what scripts/up.sh started — the services, then
-# nats-server (pid files in .data/pids/), then the local PostgreSQL cluster
+# nats-server or the members of the local NATS cluster (pid files in
+# .data/pids/), then the local PostgreSQL cluster
 # (.data/pg, pg_ctl stop). Data stays; `make clean-data` removes it.
 set -euo pipefail
 
@@ -34,9 +35,14 @@ stop_pidfile() {
 # Services first (they hold connections to NATS and PostgreSQL), then NATS.
 shopt -s nullglob
 for file in "$PIDS"/*.pid; do
-    [ "$(basename "$file")" = nats.pid ] || stop_pidfile "$file"
+    case $(basename "$file") in
+        nats.pid | nats-n*.pid) ;;
+        *) stop_pidfile "$file" ;;
+    esac
 done
-[ -f "$PIDS/nats.pid" ] && stop_pidfile "$PIDS/nats.pid"
+for file in "$PIDS"/nats.pid "$PIDS"/nats-n*.pid; do
+    if [ -f "$file" ]; then stop_pidfile "$file"; fi
+done
 
 PGDATA="$DATA/pg/data"
 if [ -f "$PGDATA/postmaster.pid" ]; then

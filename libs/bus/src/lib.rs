@@ -5,6 +5,9 @@
 //!   streams, reads their config back and refuses to run on a weaker stream
 //!   than the architecture brief demands (365 days, deny delete/purge, discard
 //!   new, atomic batches). It waits for a server that does not answer yet.
+//!   The NATS URL may list several servers, the members of a cluster
+//!   ([`server_addrs`]): the client connects to any of them and moves to
+//!   another when its server goes away.
 //! * [`Bus::publish`] appends one event with its id as `Nats-Msg-Id` and an
 //!   optional expected-last-subject-sequence.
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
@@ -52,6 +55,8 @@ const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// server does not answer; it doubles up to the max.
 const CONNECT_RETRY_MIN_WAIT: Duration = Duration::from_millis(100);
 const CONNECT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
+/// Most servers one NATS URL setting may list; a cluster has 3 or 5.
+pub const MAX_SERVER_ADDRS: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -60,6 +65,8 @@ pub enum BusError {
         url: String,
         source: async_nats::ConnectError,
     },
+    #[error("bad NATS server address {addr:?}: {reason}")]
+    BadServerAddr { addr: String, reason: String },
     #[error("stream {stream} is weaker than required: {problems}")]
     WeakStream { stream: String, problems: String },
     /// Someone else appended to an aggregate this write expected to be at a
@@ -89,9 +96,41 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
+/// The servers a NATS URL setting names: one address, or the members of a
+/// cluster separated by commas (`nats://a:4222,nats://b:4222`). Blanks
+/// around each address are ignored; an address without a scheme is
+/// `nats://`, without a port 4222.
+pub fn server_addrs(nats_url: &str) -> Result<Vec<async_nats::ServerAddr>> {
+    let addrs: Vec<&str> = nats_url.split(',').map(str::trim).collect();
+    if addrs.len() > MAX_SERVER_ADDRS {
+        return Err(BusError::BadServerAddr {
+            addr: nats_url.to_string(),
+            reason: format!("more than {MAX_SERVER_ADDRS} servers"),
+        });
+    }
+    addrs
+        .into_iter()
+        .map(|addr| {
+            if addr.is_empty() {
+                return Err(BusError::BadServerAddr {
+                    addr: nats_url.to_string(),
+                    reason: "an empty entry in the list".to_string(),
+                });
+            }
+            addr.parse()
+                .map_err(|e: std::io::Error| BusError::BadServerAddr {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
+}
+
 /// Connection settings and stream sizing.
 #[derive(Debug, Clone)]
 pub struct BusConfig {
+    /// One server or a comma-separated list of a cluster's members (see
+    /// [`server_addrs`]).
     pub nats_url: String,
     /// Name the connection shows in the server's monitoring.
     pub client_name: String,
@@ -292,6 +331,7 @@ pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
 impl Bus {
     /// Connects, creates the streams when missing and checks what the server holds.
     pub async fn connect(config: &BusConfig) -> Result<Self> {
+        let servers = server_addrs(&config.nats_url)?;
         let (connected, connects) = tokio::sync::watch::channel(0u64);
         let service = config.client_name.clone();
         let client = async_nats::ConnectOptions::new()
@@ -308,7 +348,7 @@ impl Bus {
             })
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
-            .connect(&config.nats_url)
+            .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
                 url: config.nats_url.clone(),
@@ -570,9 +610,10 @@ impl Bus {
         };
         // The first consumer is opened here so that a caller learns at once
         // of a server that refuses it; later ones are the pump's business.
+        let elections = source.subscribe_elections().await;
         let messages = source.open(from_sequence.max(1)).await?;
         let (items, receiver) = tokio::sync::mpsc::channel(FEED_BUFFER_MESSAGES);
-        let pump = tokio::spawn(source.pump(messages, from_sequence.max(1), items));
+        let pump = tokio::spawn(source.pump(messages, elections, from_sequence.max(1), items));
         Ok(Feed { receiver, pump })
     }
 
@@ -717,12 +758,31 @@ type MessageStream = std::pin::Pin<
     >,
 >;
 
+/// Subject prefix of JetStream's advisory that a stream has a new leader
+/// (followed by the stream's name).
+const STREAM_LEADER_ELECTED_PREFIX: &str = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED";
+
+/// The next leader election announced, or never when nobody listens.
+async fn next_election(
+    elections: &mut Option<async_nats::Subscriber>,
+) -> Option<async_nats::Message> {
+    match elections {
+        Some(subscriber) => subscriber.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Messages a feed reads ahead of its reader.
 const FEED_BUFFER_MESSAGES: usize = 64;
 /// First wait before a lost consumer is opened again; it doubles on each
 /// failed attempt up to [`FEED_REOPEN_MAX_WAIT`].
 const FEED_REOPEN_MIN_WAIT: Duration = Duration::from_millis(100);
 const FEED_REOPEN_MAX_WAIT: Duration = Duration::from_secs(5);
+/// How long one attempt to open a consumer may take before it is given up
+/// and tried again. A request that reached a cluster while it elects a
+/// leader is never answered; waiting for the client's whole request
+/// timeout (10 s) would keep a feed stopped long after the election.
+const FEED_OPEN_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a feed reads and how it opens a consumer for it.
 struct FeedSource {
@@ -735,6 +795,23 @@ struct FeedSource {
 }
 
 impl FeedSource {
+    /// The server's announcements of a new leader of the business log. A
+    /// feed's consumer lives on one member, which may be the leader that
+    /// went away; without this the feed would learn of it only from missed
+    /// heartbeats (the client's ordered consumer waits for two of 15 s).
+    /// `None` when the subscription fails: heartbeats still work.
+    async fn subscribe_elections(&self) -> Option<async_nats::Subscriber> {
+        let subject = format!("{STREAM_LEADER_ELECTED_PREFIX}.{}", subject::EVENTS_STREAM);
+        match self.js.client().subscribe(subject).await {
+            Ok(subscriber) => Some(subscriber),
+            Err(e) => {
+                tracing::warn!(service = %self.service, error = %e,
+                    "cannot follow leader elections; a lost consumer is found by heartbeats only");
+                None
+            }
+        }
+    }
+
     /// An ordered consumer of the filters from `from_sequence` on.
     async fn open(&self, from_sequence: u64) -> Result<MessageStream> {
         let stream = self
@@ -761,19 +838,45 @@ impl FeedSource {
     }
 
     /// Opens a consumer from `from_sequence`, waiting and retrying for as
-    /// long as it takes: a server that is down now will be back.
-    async fn reopen(&self, from_sequence: u64) -> MessageStream {
+    /// long as it takes: a server that is down now will be back. While a
+    /// cluster elects a leader, requests for the stream go unanswered until
+    /// they time out; the announcement of the new leader ends the attempt
+    /// in flight (or the wait) and the next one starts at once.
+    async fn reopen(
+        &self,
+        from_sequence: u64,
+        elections: &mut Option<async_nats::Subscriber>,
+    ) -> MessageStream {
         let mut wait = FEED_REOPEN_MIN_WAIT;
         loop {
-            tokio::time::sleep(wait).await;
-            match self.open(from_sequence).await {
+            let attempt = async {
+                tokio::time::sleep(wait).await;
+                tokio::time::timeout(FEED_OPEN_ATTEMPT_TIMEOUT, self.open(from_sequence))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(BusError::JetStream(format!(
+                            "no consumer within {FEED_OPEN_ATTEMPT_TIMEOUT:?}"
+                        )))
+                    })
+            };
+            let opened = tokio::select! {
+                opened = attempt => opened,
+                election = next_election(elections) => {
+                    if election.is_none() {
+                        *elections = None;
+                    }
+                    wait = Duration::ZERO;
+                    continue;
+                }
+            };
+            match opened {
                 Ok(messages) => {
                     tracing::info!(service = %self.service, filters = ?self.filters, from_sequence,
                         "event feed resumed");
                     return messages;
                 }
                 Err(e) => {
-                    wait = (wait * 2).min(FEED_REOPEN_MAX_WAIT);
+                    wait = (wait * 2).clamp(FEED_REOPEN_MIN_WAIT, FEED_REOPEN_MAX_WAIT);
                     tracing::warn!(service = %self.service, filters = ?self.filters, from_sequence,
                         error = %e, retry_in_ms = wait.as_millis() as u64, "cannot reopen the event feed");
                 }
@@ -787,6 +890,7 @@ impl FeedSource {
     async fn pump(
         mut self,
         mut messages: MessageStream,
+        mut elections: Option<async_nats::Subscriber>,
         mut next_sequence: u64,
         items: tokio::sync::mpsc::Sender<Result<FeedItem>>,
     ) {
@@ -798,7 +902,19 @@ impl FeedSource {
                 Ok(()) = self.connects.changed() => {
                     tracing::info!(service = %self.service, filters = ?self.filters,
                         next_sequence, "reconnected to NATS; reopening the event feed");
-                    messages = self.reopen(next_sequence).await;
+                    messages = self.reopen(next_sequence, &mut elections).await;
+                    continue;
+                }
+                // The same for a new leader in a cluster: the consumer may
+                // have been on the member that is gone.
+                election = next_election(&mut elections) => {
+                    if election.is_none() {
+                        elections = None;
+                        continue;
+                    }
+                    tracing::info!(service = %self.service, filters = ?self.filters,
+                        next_sequence, "the event log has a new leader; reopening the event feed");
+                    messages = self.reopen(next_sequence, &mut elections).await;
                     continue;
                 }
             };
@@ -814,7 +930,7 @@ impl FeedSource {
             };
             tracing::warn!(service = %self.service, filters = ?self.filters,
                 next_sequence, %error, "event feed lost its consumer; reopening");
-            messages = self.reopen(next_sequence).await;
+            messages = self.reopen(next_sequence, &mut elections).await;
         }
     }
 
@@ -1029,6 +1145,34 @@ mod tests {
                 lease_id: uuid::Uuid::nil(),
             }),
         )
+    }
+
+    #[test]
+    fn a_nats_url_names_one_server_or_a_list() {
+        let one = server_addrs("nats://127.0.0.1:4222").unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].host(), "127.0.0.1");
+        assert_eq!(one[0].port(), 4222);
+
+        let cluster = server_addrs("nats://a:4222, nats://b:4223 ,c").unwrap();
+        let hosts: Vec<(&str, u16)> = cluster.iter().map(|a| (a.host(), a.port())).collect();
+        assert_eq!(hosts, [("a", 4222), ("b", 4223), ("c", 4222)]);
+    }
+
+    #[test]
+    fn a_bad_nats_url_is_refused_with_the_culprit() {
+        for bad in ["", "nats://a:4222,", "nats://a:4222,,nats://b:4222"] {
+            assert!(
+                matches!(server_addrs(bad), Err(BusError::BadServerAddr { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+        match server_addrs("nats://a:4222,http://b:80") {
+            Err(BusError::BadServerAddr { addr, .. }) => assert_eq!(addr, "http://b:80"),
+            other => panic!("a non-NATS scheme was accepted: {other:?}"),
+        }
+        let too_many = vec!["nats://a:4222"; MAX_SERVER_ADDRS + 1].join(",");
+        assert!(server_addrs(&too_many).is_err());
     }
 
     #[test]

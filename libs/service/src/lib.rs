@@ -20,7 +20,8 @@ pub use tokio_util::sync::CancellationToken;
 /// Flags every service takes.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// NATS server with JetStream.
+    /// NATS server with JetStream, or a comma-separated list of a cluster's
+    /// members (the client connects to any and fails over to the others).
     #[arg(long, env = "LH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
     /// Listen address for /healthz, /readyz and /metrics (service default when unset).

@@ -24,6 +24,9 @@
 //! started with a unique name and the readiness probe checks it) is retried
 //! on a fresh port.
 //!
+//! [`NatsCluster`] runs three such nats-servers as one JetStream cluster,
+//! for tests that kill a stream leader.
+//!
 //! Servers are child processes of the test process. [`Nats`] and [`Postgres`]
 //! stop theirs on `Drop`. The once-per-binary servers ([`shared_postgres`],
 //! [`shared_nats`]) live in statics that never drop, and a test process can
@@ -47,6 +50,7 @@
 
 #[cfg(feature = "stack")]
 pub mod chaos;
+mod cluster;
 mod locate;
 mod nats;
 mod postgres;
@@ -55,6 +59,7 @@ mod ready;
 #[cfg(feature = "stack")]
 pub mod stack;
 
+pub use cluster::{NatsCluster, CLUSTER_MEMBERS};
 pub use locate::{nats_server_binary, pg_bin_dir, workspace_root};
 pub use nats::{shared_nats, Nats};
 pub use postgres::{shared_postgres, Postgres};

@@ -1,6 +1,6 @@
-//! The whole platform in one test process: a real nats-server and a real
-//! PostgreSQL started by the test kit, and every service started through
-//! the same `start` its binary calls.
+//! The whole platform in one test process: a real nats-server (or a
+//! three-node cluster of them) and a real PostgreSQL started by the test
+//! kit, and every service started through the same `start` its binary calls.
 //!
 //! Behind the `stack` feature because it links every service crate; only the
 //! system tests (`tests/system`) turn it on.
@@ -14,7 +14,7 @@ use lh_events::subject;
 use lh_service::{CancellationToken, CommonArgs, Running};
 use serde_json::{json, Value};
 
-use crate::{wait_ready, Nats, Postgres};
+use crate::{wait_ready, Nats, NatsCluster, Postgres};
 
 /// How long a started service may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -59,8 +59,42 @@ gpu_count = 2
 vram_gb = 40
 "#;
 
+/// The NATS a stack runs on.
+pub enum StackNats {
+    Server(Nats),
+    /// Three members; the streams are created with 3 replicas.
+    Cluster(NatsCluster),
+}
+
+impl StackNats {
+    /// What services get as their NATS URL: the server's, or every
+    /// member's, comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            StackNats::Server(nats) => nats.url(),
+            StackNats::Cluster(cluster) => cluster.urls(),
+        }
+    }
+
+    /// The single server; panics on a cluster.
+    pub fn server(&mut self) -> &mut Nats {
+        match self {
+            StackNats::Server(nats) => nats,
+            StackNats::Cluster(_) => panic!("this stack runs on a NATS cluster"),
+        }
+    }
+
+    /// The cluster; panics on a single server.
+    pub fn cluster(&mut self) -> &mut NatsCluster {
+        match self {
+            StackNats::Cluster(cluster) => cluster,
+            StackNats::Server(_) => panic!("this stack runs on a single nats-server"),
+        }
+    }
+}
+
 pub struct Stack {
-    pub nats: Nats,
+    pub nats: StackNats,
     pub database_url: String,
     pub fleet_file: PathBuf,
     _dir: tempfile::TempDir,
@@ -114,8 +148,28 @@ impl Stack {
         let postgres = Postgres::start().await.expect("PostgreSQL starts");
         let database_url = postgres.create_database().await.expect("a database");
         let nats = Nats::start().await.expect("nats-server starts");
-        let mut stack = Self::bare_on(fleet, nats, database_url);
+        let mut stack = Self::bare_on(fleet, StackNats::Server(nats), database_url);
         stack.own_postgres = Some(postgres);
+        stack.start_all(fleet).await;
+        stack
+    }
+
+    /// [`Stack::start`] on a three-node NATS cluster, the streams created
+    /// with 3 replicas before any service starts, for tests that kill a
+    /// stream leader.
+    pub async fn start_on_nats_cluster(fleet: &str) -> Stack {
+        let cluster = NatsCluster::start().await.expect("the NATS cluster starts");
+        let mut config = BusConfig::new(cluster.urls(), "test");
+        config.replicas = crate::CLUSTER_MEMBERS;
+        Bus::connect(&config)
+            .await
+            .expect("the streams are created on the cluster");
+        let database_url = crate::shared_postgres()
+            .await
+            .create_database()
+            .await
+            .expect("a fresh database");
+        let mut stack = Self::bare_on(fleet, StackNats::Cluster(cluster), database_url);
         stack.start_all(fleet).await;
         stack
     }
@@ -129,10 +183,10 @@ impl Stack {
     /// Servers only; start services with [`Stack::start_service`].
     pub async fn bare(fleet: &str) -> Stack {
         let (nats, database_url) = crate::nats_and_database().await;
-        Self::bare_on(fleet, nats, database_url)
+        Self::bare_on(fleet, StackNats::Server(nats), database_url)
     }
 
-    fn bare_on(fleet: &str, nats: Nats, database_url: String) -> Stack {
+    fn bare_on(fleet: &str, nats: StackNats, database_url: String) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
         std::fs::write(&fleet_file, fleet).unwrap();

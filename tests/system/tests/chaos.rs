@@ -86,10 +86,10 @@ async fn nothing_is_lost_doubled_overcommitted_or_misbilled_through_kills() {
         stack.start_service(victim).await;
         tokio::time::sleep(DOWN).await;
     }
-    stack.nats.kill();
+    stack.nats.server().kill();
     report.kills += 1;
     tokio::time::sleep(DOWN).await;
-    stack.nats.restart().await.unwrap();
+    stack.nats.server().restart().await.unwrap();
     tokio::time::sleep(DOWN * 2).await;
     let postgres = stack.own_postgres.as_mut().unwrap();
     postgres.kill();

@@ -1,7 +1,8 @@
 //! Nothing a service reads, and no outage of the log, stops it: messages
 //! it cannot decode on every subject family of the log, published behind
 //! the platform's back with a plain NATS client, or nats-server killed with
-//! SIGKILL and started again, leave every service running and (again)
+//! SIGKILL and started again, or the member leading the log in a
+//! three-node cluster killed, leave every service running and (again)
 //! ready, and a new lease still runs, ends, is billed and audited.
 
 use std::time::Duration;
@@ -154,7 +155,7 @@ async fn a_killed_and_restarted_nats_server_stops_no_service() {
     let (_, key) = stack.create_tenant("acme", 16).await;
     a_lease_runs_and_is_billed(&stack, &key, 1).await;
 
-    stack.nats.kill();
+    stack.nats.server().kill();
     // Long enough for every service to meet the outage: pulls fail,
     // consumers are lost, publishes are refused.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -170,9 +171,32 @@ async fn a_killed_and_restarted_nats_server_stops_no_service() {
         "the gateway cannot append while the log is down"
     );
 
-    stack.nats.restart().await.unwrap();
+    stack.nats.server().restart().await.unwrap();
     assert_every_service_ready(&stack, Duration::from_secs(30)).await;
     a_lease_runs_and_is_billed(&stack, &key, 2).await;
+    assert_every_service_ready(&stack, Duration::from_secs(10)).await;
+    stack.assert_gateway_rebuilds_identically().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_stream_leader_in_a_nats_cluster_stops_no_service() {
+    let mut stack = Stack::start_on_nats_cluster(FLEET).await;
+    let (_, key) = stack.create_tenant("acme", 16).await;
+    a_lease_runs_and_is_billed(&stack, &key, 1).await;
+
+    let cluster = stack.nats.cluster();
+    let leader = cluster.stream_leader("LH_EVENTS").await.unwrap();
+    cluster.kill(leader);
+    let new_leader = cluster.stream_leader("LH_EVENTS").await.unwrap();
+    assert_ne!(new_leader, leader);
+    // With two of three members the log goes on: no service exits, and a
+    // new lease is placed, started and charged without waiting for the
+    // killed member.
+    assert_every_service_ready(&stack, Duration::from_secs(30)).await;
+    a_lease_runs_and_is_billed(&stack, &key, 2).await;
+
+    stack.nats.cluster().restart(leader).await.unwrap();
+    a_lease_runs_and_is_billed(&stack, &key, 3).await;
     assert_every_service_ready(&stack, Duration::from_secs(10)).await;
     stack.assert_gateway_rebuilds_identically().await;
 }
