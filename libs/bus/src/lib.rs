@@ -13,7 +13,9 @@
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
-//!   consumer and then follows live. A stored message the reader cannot use
+//!   consumer and then follows live, opening a new consumer after the last
+//!   delivered message when the connection comes back or a cluster elects
+//!   a new leader of the log. A stored message the reader cannot use
 //!   (junk, an unknown type, a newer version) is counted, logged and handed
 //!   over as a [`Skipped`] item, never as an error: it cannot be removed
 //!   from the log, so failing on it would fail every restart too.
