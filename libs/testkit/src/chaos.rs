@@ -27,8 +27,9 @@ pub struct Report {
     /// Placements that took more of a GPU than it has (VRAM, compute, MIG
     /// slices), at any sequence.
     pub overcommitted: usize,
-    /// Ended leases whose charges are not one per run (or charges for a
-    /// lease that never ran), and invoice tables that differ from a rebuild.
+    /// Ended leases whose charges are not one per run that lasted a moment
+    /// (or charges for a lease that never ran), and invoice tables that
+    /// differ from a rebuild.
     pub charge_mismatch: usize,
     /// Services stopped or not ready at the end, an audit verification
     /// that failed, and accepted leases that never ended although stopped.
@@ -154,7 +155,7 @@ pub fn check_log(log: &[Stored], accepted: &[(Uuid, String)]) -> Report {
     };
     let mut requested: HashMap<Uuid, usize> = HashMap::new();
     let mut by_key: HashMap<String, HashSet<Uuid>> = HashMap::new();
-    let mut starts: HashMap<Uuid, usize> = HashMap::new();
+    let mut runs = Runs::default();
     let mut charges: HashMap<Uuid, usize> = HashMap::new();
     let mut ended: HashSet<Uuid> = HashSet::new();
     let mut capacity = Capacity::default();
@@ -169,13 +170,13 @@ pub fn check_log(log: &[Stored], accepted: &[(Uuid, String)]) -> Report {
                         .insert(e.lease_id);
                 }
             }
-            EventData::LeaseStarted(e) => *starts.entry(e.lease_id).or_default() += 1,
             EventData::ChargeAccrued(e) => *charges.entry(e.lease_id).or_default() += 1,
             EventData::LeaseEnded(e) => {
                 ended.insert(e.lease_id);
             }
             _ => {}
         }
+        runs.apply(&stored.envelope.data);
         report.overcommitted += capacity.apply(&stored.envelope.data);
     }
     report.lost = accepted
@@ -186,12 +187,44 @@ pub fn check_log(log: &[Stored], accepted: &[(Uuid, String)]) -> Report {
         + by_key.values().filter(|ids| ids.len() > 1).count();
     report.charge_mismatch = ended
         .iter()
-        .filter(|id| {
-            let runs = starts.get(id).copied().unwrap_or(0);
-            charges.get(id).copied().unwrap_or(0) != runs
-        })
+        .filter(|id| charges.get(id).copied().unwrap_or(0) != runs.billable(id))
         .count();
     report
+}
+
+/// The runs of each lease that last a moment or more, replayed from the
+/// log: what pricing must charge, one line each. A run starts at the
+/// node's `lease.started` and ends at the lease's end, its suspension, or
+/// its move away (billed until the old node was last heard, which may be
+/// before the start was reported: then the run bills nothing).
+#[derive(Default)]
+struct Runs {
+    open: HashMap<Uuid, chrono::DateTime<chrono::Utc>>,
+    billable: HashMap<Uuid, usize>,
+}
+
+impl Runs {
+    fn apply(&mut self, data: &EventData) {
+        let (lease, end) = match data {
+            EventData::LeaseStarted(e) => {
+                self.open.entry(e.lease_id).or_insert(e.started_at);
+                return;
+            }
+            EventData::LeaseMigrated(e) => (e.lease_id, e.billing_ends_at),
+            EventData::LeaseSuspended(e) => (e.lease_id, e.suspended_at),
+            EventData::LeaseEnded(e) => (e.lease_id, e.ended_at),
+            _ => return,
+        };
+        if let Some(start) = self.open.remove(&lease) {
+            if end > start {
+                *self.billable.entry(lease).or_default() += 1;
+            }
+        }
+    }
+
+    fn billable(&self, lease: &Uuid) -> usize {
+        self.billable.get(lease).copied().unwrap_or(0)
+    }
 }
 
 /// What every GPU holds, replayed from the log; counts the placements that
@@ -312,6 +345,64 @@ pub fn unfinished(log: &[Stored], accepted: &[(Uuid, String)]) -> Vec<Uuid> {
         .map(|(id, _)| *id)
         .filter(|id| !done.contains(id))
         .collect()
+}
+
+/// Each ended lease whose charges are not one per run: its events on the
+/// log, oldest first, for a report.
+pub fn charge_mismatches(log: &[Stored]) -> Vec<(Uuid, Vec<String>)> {
+    let mut runs = Runs::default();
+    let mut charges: HashMap<Uuid, usize> = HashMap::new();
+    let mut ended: HashSet<Uuid> = HashSet::new();
+    for s in log {
+        match &s.envelope.data {
+            EventData::ChargeAccrued(e) => *charges.entry(e.lease_id).or_default() += 1,
+            EventData::LeaseEnded(e) => {
+                ended.insert(e.lease_id);
+            }
+            _ => {}
+        }
+        runs.apply(&s.envelope.data);
+    }
+    let odd: HashSet<Uuid> = ended
+        .into_iter()
+        .filter(|id| runs.billable(id) != charges.get(id).copied().unwrap_or(0))
+        .collect();
+    let mut out: Vec<(Uuid, Vec<String>)> = odd.iter().map(|id| (*id, Vec::new())).collect();
+    for s in log {
+        let id = match &s.envelope.data {
+            EventData::ChargeAccrued(c) => Some(c.lease_id),
+            other => other.lease_id(),
+        };
+        if let Some((_, events)) = id.and_then(|id| out.iter_mut().find(|(l, _)| *l == id)) {
+            let detail = match &s.envelope.data {
+                EventData::LeaseStarted(e) => {
+                    format!("{}@{}", e.node_id, e.started_at.format("%T%.3f"))
+                }
+                EventData::LeaseEnded(e) => {
+                    format!("{:?}@{}", e.reason, e.ended_at.format("%T%.3f"))
+                }
+                EventData::LeaseMigrated(e) => format!(
+                    "{}->{:?} ends {}",
+                    e.from_node_id,
+                    e.to.as_ref().map(|t| &t.node_id),
+                    e.billing_ends_at.format("%T%.3f")
+                ),
+                EventData::ChargeAccrued(c) => format!(
+                    "{}..{} {}s",
+                    c.from.format("%T%.3f"),
+                    c.to.format("%T%.3f"),
+                    c.billed_seconds
+                ),
+                _ => String::new(),
+            };
+            events.push(format!(
+                "{} {} {detail}",
+                s.sequence,
+                s.envelope.data.event_type()
+            ));
+        }
+    }
+    out
 }
 
 /// Ended leases whose charges are not all in `log` yet (one per run).

@@ -44,6 +44,9 @@ struct Args {
     /// The repository `make up` ran in (its .data/ holds the pid files).
     #[arg(long, default_value = ".")]
     root: PathBuf,
+    /// Only check the log as it is (no traffic, no kills).
+    #[arg(long)]
+    check_only: bool,
 }
 
 /// Everything `make up` runs, with how long each stays down. A node-agent
@@ -72,7 +75,8 @@ async fn main() -> anyhow::Result<()> {
 
     let stop = CancellationToken::new();
     let mut clients = Vec::new();
-    for c in 0..args.clients {
+    let clients_wanted = if args.check_only { 0 } else { args.clients };
+    for c in 0..clients_wanted {
         let key = create_tenant(&http, &args.gateway, &admin, c).await?;
         clients.push(tokio::spawn(chaos::client(
             http.clone(),
@@ -84,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut victims = VICTIMS.iter().cycle();
-    while started.elapsed() < Duration::from_secs(args.duration_secs) {
+    while !args.check_only && started.elapsed() < Duration::from_secs(args.duration_secs) {
         let (victim, down_secs) = victims.next().expect("a cycle never ends");
         tokio::time::sleep(Duration::from_secs(3)).await;
         if kill(&root, victim)? {
@@ -133,6 +137,12 @@ async fn main() -> anyhow::Result<()> {
     report.charge_mismatch = checked.charge_mismatch + rebuild_differences(&args).await?;
     report.dead = dead(&http, &args.gateway, &admin, &bus).await + stuck.len();
     eprintln!("chaos: events {:?}", chaos::event_counts(&log));
+    for (lease, events) in chaos::charge_mismatches(&log).iter().take(5) {
+        eprintln!("chaos: lease {lease} is not charged once per run:");
+        for e in events {
+            eprintln!("chaos:   {e}");
+        }
+    }
     println!("{report}");
     if !report.is_clean() {
         std::process::exit(1);
