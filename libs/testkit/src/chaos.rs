@@ -37,6 +37,15 @@ pub struct Report {
 }
 
 impl Report {
+    /// Takes the counts [`check_log`] made.
+    pub fn add_checks(&mut self, checked: &Report) {
+        self.accepted = checked.accepted;
+        self.lost += checked.lost;
+        self.duplicated += checked.duplicated;
+        self.overcommitted += checked.overcommitted;
+        self.charge_mismatch += checked.charge_mismatch;
+    }
+
     pub fn is_clean(&self) -> bool {
         self.lost == 0
             && self.duplicated == 0
@@ -144,6 +153,39 @@ pub async fn client(
         post_until_answered(&http, &stop_url, &key, None, None).await;
     }
     accepted
+}
+
+/// Waits, for at most `patience`, until every accepted lease has ended and
+/// every run is charged, stopping the open ones again as `admin` (a stop
+/// may have fallen into an outage). Returns the log then, and the leases
+/// that never ended.
+pub async fn settle(
+    bus: &lh_bus::Bus,
+    http: &reqwest::Client,
+    gateway: &str,
+    admin: &str,
+    accepted: &[(Uuid, String)],
+    patience: Duration,
+) -> (Vec<Stored>, Vec<Uuid>) {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut log = crate::stack::read_log(bus).await;
+    while tokio::time::Instant::now() < deadline {
+        let open = unfinished(&log, accepted);
+        if open.is_empty() && unbilled(&log) == 0 {
+            break;
+        }
+        for id in open {
+            let url = format!("{gateway}/v1/leases/{id}/stop");
+            let _ = http.post(url).bearer_auth(admin).send().await;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        log = crate::stack::read_log(bus).await;
+    }
+    let stuck = unfinished(&log, accepted);
+    if !stuck.is_empty() {
+        eprintln!("chaos: leases that never ended: {stuck:?}");
+    }
+    (log, stuck)
 }
 
 /// Checks the log against what the clients were told: `lost`,

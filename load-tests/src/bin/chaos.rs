@@ -20,7 +20,6 @@ use clap::Parser;
 use lh_bus::{Bus, BusConfig};
 use lh_service::CancellationToken;
 use lh_testkit::chaos::{self, Report};
-use lh_testkit::stack::read_log;
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -112,29 +111,17 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let bus = Bus::connect(&BusConfig::new(args.nats.clone(), "lh-chaos")).await?;
-    let mut log = read_log(&bus).await;
-    for _ in 0..360 {
-        let open = chaos::unfinished(&log, &accepted);
-        if open.is_empty() && chaos::unbilled(&log) == 0 {
-            break;
-        }
-        for id in open {
-            let url = format!("{}/v1/leases/{id}/stop", args.gateway);
-            let _ = http.post(url).bearer_auth(&admin).send().await;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        log = read_log(&bus).await;
-    }
-    let stuck = chaos::unfinished(&log, &accepted);
-    if !stuck.is_empty() {
-        eprintln!("chaos: leases that never ended: {stuck:?}");
-    }
-    let checked = chaos::check_log(&log, &accepted);
-    report.accepted = checked.accepted;
-    report.lost = checked.lost;
-    report.duplicated = checked.duplicated;
-    report.overcommitted = checked.overcommitted;
-    report.charge_mismatch = checked.charge_mismatch + rebuild_differences(&args).await?;
+    let (log, stuck) = chaos::settle(
+        &bus,
+        &http,
+        &args.gateway,
+        &admin,
+        &accepted,
+        Duration::from_secs(180),
+    )
+    .await;
+    report.add_checks(&chaos::check_log(&log, &accepted));
+    report.charge_mismatch += rebuild_differences(&args).await?;
     report.dead = dead(&http, &args.gateway, &admin, &bus).await + stuck.len();
     eprintln!("chaos: events {:?}", chaos::event_counts(&log));
     for (lease, events) in chaos::charge_mismatches(&log).iter().take(5) {

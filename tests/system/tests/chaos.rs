@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use lh_testkit::chaos::{self, Report};
-use lh_testkit::stack::{read_log, Stack, ADMIN_TOKEN};
+use lh_testkit::stack::{Stack, ADMIN_TOKEN};
 use reqwest::Method;
 
 /// Two A100 nodes (one can take the other's leases) and an H100 node with
@@ -106,37 +106,18 @@ async fn nothing_is_lost_doubled_overcommitted_or_misbilled_through_kills() {
     stack.wait_ready().await;
 
     // Every accepted lease ends (each client stopped its own; a stop that
-    // fell into an outage is sent again here), and every run is charged.
+    // fell into an outage is sent again), and every run is charged.
     let bus = stack.bus().await;
-    let mut log = read_log(&bus).await;
-    for _ in 0..240 {
-        let open = chaos::unfinished(&log, &accepted);
-        if open.is_empty() && chaos::unbilled(&log) == 0 {
-            break;
-        }
-        for id in open {
-            stack
-                .call(
-                    Method::POST,
-                    &format!("/v1/leases/{id}/stop"),
-                    ADMIN_TOKEN,
-                    None,
-                )
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        log = read_log(&bus).await;
-    }
-    let stuck = chaos::unfinished(&log, &accepted);
-    if !stuck.is_empty() {
-        eprintln!("chaos: leases that never ended: {stuck:?}");
-    }
-    let checked = chaos::check_log(&log, &accepted);
-    report.accepted = checked.accepted;
-    report.lost = checked.lost;
-    report.duplicated = checked.duplicated;
-    report.overcommitted = checked.overcommitted;
-    report.charge_mismatch = checked.charge_mismatch;
+    let (log, stuck) = chaos::settle(
+        &bus,
+        &stack.http,
+        &stack.gateway_url,
+        ADMIN_TOKEN,
+        &accepted,
+        Duration::from_secs(60),
+    )
+    .await;
+    report.add_checks(&chaos::check_log(&log, &accepted));
     report.charge_mismatch += stack.rebuild_differences().await;
 
     let head = bus.last_sequence().await.unwrap();
