@@ -13,6 +13,8 @@ use super::*;
 #[derive(Debug, Clone, Default)]
 pub struct Resuming {
     pub since: DateTime<Utc>,
+    /// How long the fleet had been silent before it.
+    pub silence_ms: i64,
     pub nodes: std::collections::BTreeSet<String>,
     /// Whether it holds losses back while it waits for a second node: not
     /// when it began with the node that was last heard alone.
@@ -68,6 +70,9 @@ impl State {
         {
             self.resuming = Some(Resuming {
                 since: local,
+                silence_ms: self
+                    .last_heard_any
+                    .map_or(0, |any| (local - any).num_milliseconds()),
                 nodes: Default::default(),
                 shields: self.lone_voice.as_deref() != Some(node_id),
             });
@@ -82,8 +87,7 @@ impl State {
             r.nodes.insert(node_id.to_string());
             if r.nodes.len() >= live_nodes.clamp(1, 2) {
                 tracing::info!(
-                    silence_ms =
-                        (r.since - self.last_heard_any.unwrap_or(r.since)).num_milliseconds(),
+                    silence_ms = r.silence_ms,
                     "heartbeats again after the whole fleet was silent"
                 );
                 self.hearing_resumed_at = Some(r.since);
