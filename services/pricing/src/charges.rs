@@ -392,22 +392,31 @@ pub fn held_to_the_log(
     skew: chrono::Duration,
 ) -> std::borrow::Cow<'_, Envelope> {
     use lh_domain::rating::clamp_node_time as clamp;
-    let mut held = envelope.clone();
-    match &mut held.data {
-        EventData::LeaseStarted(e) => e.started_at = clamp(e.started_at, stored_at, skew),
+    // The node's time in the event, and what it is held to.
+    let (claimed, held_at) = match &envelope.data {
+        EventData::LeaseStarted(e) => (e.started_at, clamp(e.started_at, stored_at, skew)),
         EventData::LeaseEnded(e) if e.node_id.is_some() => {
-            e.ended_at = clamp(e.ended_at, stored_at, skew)
+            (e.ended_at, clamp(e.ended_at, stored_at, skew))
         }
-        EventData::LeaseSuspended(e) => e.suspended_at = clamp(e.suspended_at, stored_at, skew),
+        EventData::LeaseSuspended(e) => (e.suspended_at, clamp(e.suspended_at, stored_at, skew)),
         // The scheduler works it out from a node's times (its last
         // heartbeat, a GPU's failure), held when they were heard; a
         // migration can still never end a run after it was stored.
-        EventData::LeaseMigrated(e) => e.billing_ends_at = e.billing_ends_at.min(stored_at),
+        EventData::LeaseMigrated(e) => (e.billing_ends_at, e.billing_ends_at.min(stored_at)),
         _ => return std::borrow::Cow::Borrowed(envelope),
+    };
+    if claimed == held_at {
+        return std::borrow::Cow::Borrowed(envelope);
     }
-    if held.data != envelope.data {
-        tracing::warn!(event = envelope.data.event_type(), lease = ?envelope.data.lease_id(),
-            %stored_at, "a node's timestamp is off the log's clock by more than the skew allowed; held to it");
+    tracing::warn!(event = envelope.data.event_type(), lease = ?envelope.data.lease_id(),
+        %stored_at, "a node's timestamp is off the log's clock by more than the skew allowed; held to it");
+    let mut held = envelope.clone();
+    match &mut held.data {
+        EventData::LeaseStarted(e) => e.started_at = held_at,
+        EventData::LeaseEnded(e) => e.ended_at = held_at,
+        EventData::LeaseSuspended(e) => e.suspended_at = held_at,
+        EventData::LeaseMigrated(e) => e.billing_ends_at = held_at,
+        _ => {}
     }
     std::borrow::Cow::Owned(held)
 }
