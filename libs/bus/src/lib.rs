@@ -42,6 +42,8 @@ pub use lh_events::Expect;
 /// Header carrying the event type, so that tools can filter without parsing.
 pub const EVENT_TYPE_HEADER: &str = "Lh-Event-Type";
 /// Retention of the business log: the audit trail must outlive a year.
+/// A longer age may be configured; a shorter one only where
+/// [`BusConfig::allow_short_retention`] says so (tests that run past expiry).
 pub const EVENTS_MAX_AGE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Default byte cap of the business log; `discard: new` means the stream
 /// refuses writes at the cap instead of evicting audit data.
@@ -139,6 +141,11 @@ pub struct BusConfig {
     pub events_max_bytes: i64,
     /// R1 locally, R3 in production.
     pub replicas: usize,
+    /// How long the business log keeps an event.
+    pub events_max_age: Duration,
+    /// Accept an `events_max_age` under [`EVENTS_MAX_AGE`]: only tests
+    /// that run a log past expiry set it.
+    pub allow_short_retention: bool,
 }
 
 impl BusConfig {
@@ -148,6 +155,18 @@ impl BusConfig {
             client_name: client_name.into(),
             events_max_bytes: EVENTS_DEFAULT_MAX_BYTES,
             replicas: 1,
+            events_max_age: EVENTS_MAX_AGE,
+            allow_short_retention: false,
+        }
+    }
+
+    /// The shortest age the business log may keep events for under this
+    /// configuration.
+    pub fn least_events_max_age(&self) -> Duration {
+        if self.allow_short_retention {
+            self.events_max_age.min(EVENTS_MAX_AGE)
+        } else {
+            EVENTS_MAX_AGE
         }
     }
 }
@@ -258,20 +277,22 @@ pub fn events_fill_warning(bytes: u64, max_bytes: u64) -> Option<f64> {
 }
 
 /// The stream config the brief requires for the business log.
-pub fn events_stream_config(max_bytes: i64, replicas: usize) -> StreamConfig {
+pub fn events_stream_config(max_bytes: i64, replicas: usize, max_age: Duration) -> StreamConfig {
     StreamConfig {
         name: subject::EVENTS_STREAM.to_string(),
         subjects: vec![subject::EVENTS_ALL.to_string()],
         storage: StorageType::File,
         retention: RetentionPolicy::Limits,
-        max_age: EVENTS_MAX_AGE,
+        max_age,
         max_bytes,
         discard: DiscardPolicy::New,
         deny_delete: true,
         deny_purge: true,
         allow_rollup: false,
         allow_atomic_publish: true,
-        duplicate_window: DUPLICATE_WINDOW,
+        // The server refuses a window longer than the age limit (only a
+        // test's log is that short).
+        duplicate_window: DUPLICATE_WINDOW.min(max_age),
         num_replicas: replicas,
         ..Default::default()
     }
@@ -290,11 +311,15 @@ fn telemetry_stream_config(replicas: usize) -> StreamConfig {
     }
 }
 
-/// Lists every way `actual` falls short of the business-log requirements.
-pub fn events_stream_problems(actual: &StreamConfig) -> Vec<String> {
+/// Lists every way `actual` falls short of the business-log requirements,
+/// keeping events for at least `least_max_age`.
+pub fn events_stream_problems(actual: &StreamConfig, least_max_age: Duration) -> Vec<String> {
     let mut problems = Vec::new();
-    if actual.max_age != Duration::ZERO && actual.max_age < EVENTS_MAX_AGE {
-        problems.push(format!("max_age {:?} < 365 days", actual.max_age));
+    if actual.max_age != Duration::ZERO && actual.max_age < least_max_age {
+        problems.push(format!(
+            "max_age {:?} < {:?} (365 days outside tests)",
+            actual.max_age, least_max_age
+        ));
     }
     if actual.storage != StorageType::File {
         problems.push("storage is not file".into());
@@ -383,7 +408,20 @@ impl Bus {
     }
 
     async fn ensure_streams(&self, config: &BusConfig) -> Result<()> {
-        let wanted = events_stream_config(config.events_max_bytes, config.replicas);
+        if config.events_max_age < EVENTS_MAX_AGE && !config.allow_short_retention {
+            return Err(BusError::WeakStream {
+                stream: subject::EVENTS_STREAM.to_string(),
+                problems: format!(
+                    "configured max_age {:?} < 365 days; only tests may keep events for less",
+                    config.events_max_age
+                ),
+            });
+        }
+        let wanted = events_stream_config(
+            config.events_max_bytes,
+            config.replicas,
+            config.events_max_age,
+        );
         let mut stream = self.js.get_or_create_stream(wanted).await.map_err(js_err)?;
         // Read back what the server actually applied, not what we asked for.
         let mut info = stream.info().await.map_err(js_err)?.clone();
@@ -416,7 +454,7 @@ impl Bus {
                 "the event log is larger than configured; it is not shrunk"
             );
         }
-        let problems = events_stream_problems(&info.config);
+        let problems = events_stream_problems(&info.config, config.least_events_max_age());
         if !problems.is_empty() {
             return Err(BusError::WeakStream {
                 stream: info.config.name.clone(),

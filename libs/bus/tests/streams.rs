@@ -44,7 +44,7 @@ async fn the_events_stream_read_back_from_the_server_meets_the_brief() {
     assert!(config.deny_delete && config.deny_purge);
     assert!(!config.allow_rollup);
     assert!(config.allow_atomic_publish);
-    assert!(lh_bus::events_stream_problems(&config).is_empty());
+    assert!(lh_bus::events_stream_problems(&config, EVENTS_MAX_AGE).is_empty());
 
     // The server itself refuses to delete or purge.
     let js = bus.jetstream();
@@ -243,4 +243,31 @@ fn operators_are_warned_from_four_fifths_full() {
     assert_eq!(lh_bus::events_fill_warning(79, 100), None);
     assert_eq!(lh_bus::events_fill_warning(80, 100), Some(0.8));
     assert_eq!(lh_bus::events_fill_warning(10, 0), None, "no limit");
+}
+
+#[tokio::test]
+async fn a_short_retention_needs_the_test_flag() {
+    let nats = Nats::start().await.unwrap();
+    let mut config = BusConfig::new(nats.url(), "test");
+    config.events_max_age = Duration::from_secs(5);
+    match Bus::connect(&config).await {
+        Err(BusError::WeakStream { problems, .. }) => {
+            assert!(problems.contains("365 days"), "{problems}")
+        }
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("a 5-second log was accepted outside tests"),
+    }
+    config.allow_short_retention = true;
+    let bus = Bus::connect(&config).await.unwrap();
+    assert_eq!(
+        bus.events_stream_config().await.unwrap().max_age,
+        Duration::from_secs(5)
+    );
+    // A service started later with the same flags accepts that log; one
+    // without them does not.
+    Bus::connect(&config).await.unwrap();
+    assert!(matches!(
+        Bus::connect(&BusConfig::new(nats.url(), "test")).await,
+        Err(BusError::WeakStream { .. })
+    ));
 }

@@ -33,6 +33,18 @@ pub struct CommonArgs {
     /// Replicas of the streams when this service creates them (3 in production).
     #[arg(long, env = "LH_STREAM_REPLICAS", default_value_t = 1)]
     pub stream_replicas: usize,
+    /// Days the event log keeps an event when this service creates it;
+    /// never under 365.
+    #[arg(long, env = "LH_EVENTS_MAX_AGE_DAYS", default_value_t = 365)]
+    pub events_max_age_days: u64,
+    /// Seconds the event log keeps an event, instead of the days: for
+    /// tests that run a log past expiry, together with
+    /// `LH_ALLOW_SHORT_RETENTION`.
+    #[arg(long, env = "LH_EVENTS_MAX_AGE_SECS")]
+    pub events_max_age_secs: Option<u64>,
+    /// Accept a retention under 365 days (tests only).
+    #[arg(long, env = "LH_ALLOW_SHORT_RETENTION", default_value_t = false)]
+    pub allow_short_retention: bool,
 }
 
 impl CommonArgs {
@@ -43,6 +55,19 @@ impl CommonArgs {
             http_addr: Some("127.0.0.1:0".to_string()),
             events_max_bytes: lh_bus::EVENTS_DEFAULT_MAX_BYTES,
             stream_replicas: 1,
+            events_max_age_days: 365,
+            events_max_age_secs: None,
+            allow_short_retention: false,
+        }
+    }
+
+    /// How long the event log keeps an event under these flags.
+    pub fn events_max_age(&self) -> std::time::Duration {
+        match self.events_max_age_secs {
+            Some(secs) => std::time::Duration::from_secs(secs),
+            None => {
+                std::time::Duration::from_secs(self.events_max_age_days.saturating_mul(24 * 3600))
+            }
         }
     }
 
@@ -55,6 +80,8 @@ impl CommonArgs {
         let mut config = BusConfig::new(&self.nats_url, service);
         config.events_max_bytes = self.events_max_bytes;
         config.replicas = self.stream_replicas;
+        config.events_max_age = self.events_max_age();
+        config.allow_short_retention = self.allow_short_retention;
         Bus::connect(&config)
             .await
             .with_context(|| format!("{service}: connecting to the event log"))
