@@ -39,6 +39,8 @@ pub use async_nats;
 /// re-exported here because every append takes one.
 pub use lh_events::Expect;
 
+/// Longest wait for the next message while reading a subject's history.
+pub const SUBJECT_HISTORY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Header carrying the event type, so that tools can filter without parsing.
 pub const EVENT_TYPE_HEADER: &str = "Lh-Event-Type";
 /// Retention of the business log: the audit trail must outlive a year.
@@ -655,6 +657,41 @@ impl Bus {
         let (items, receiver) = tokio::sync::mpsc::channel(FEED_BUFFER_MESSAGES);
         let pump = tokio::spawn(source.pump(messages, elections, from_sequence.max(1), items));
         Ok(Feed { receiver, pump })
+    }
+
+    /// The events the log holds on one aggregate's `subject` from
+    /// `from_sequence` on, oldest first, at most `max_messages` of them
+    /// (an error past that); messages that do not decode are left out.
+    pub async fn subject_history(
+        &self,
+        subject: &str,
+        from_sequence: u64,
+        max_messages: usize,
+    ) -> Result<Vec<Stored>> {
+        let last = self.subject_last_sequence(subject).await?;
+        if last < from_sequence.max(1) {
+            return Ok(Vec::new());
+        }
+        let mut feed = self.reread(&[subject], from_sequence).await?;
+        let mut events = Vec::new();
+        loop {
+            let item = feed
+                .next_item_within(SUBJECT_HISTORY_READ_TIMEOUT)
+                .await
+                .ok_or_else(|| BusError::JetStream(format!("reading {subject} timed out")))??;
+            let sequence = item.sequence();
+            if let FeedItem::Event(event) = item {
+                if events.len() == max_messages {
+                    return Err(BusError::JetStream(format!(
+                        "{subject} holds more than {max_messages} messages from {from_sequence}"
+                    )));
+                }
+                events.push(event);
+            }
+            if sequence >= last {
+                return Ok(events);
+            }
+        }
     }
 
     /// The oldest event the log still holds on `subject` (for a lease, its

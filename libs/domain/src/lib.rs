@@ -13,4 +13,5 @@ pub mod chain;
 pub mod fleet;
 pub mod lease;
 pub mod rating;
+pub mod restate;
 pub mod spot;

@@ -28,6 +28,7 @@ pub mod fixtures;
 mod gpu;
 mod lease;
 mod node;
+mod restated;
 mod schema;
 pub mod subject;
 pub mod telemetry;
@@ -40,11 +41,13 @@ pub use envelope::*;
 pub use gpu::*;
 pub use lease::*;
 pub use node::*;
+pub use restated::*;
 pub use schema::schemas;
 pub use tenant::*;
 
 events! {
     "tenant.created" v=1 => TenantCreated @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.restated" v=1 => TenantRestated @ tenant(tenant_id), tenant_id = tenant_id;
     "lease.requested" v=1 => LeaseRequested @ lease(lease_id), tenant_id = tenant_id;
     "lease.queued" v=1 => LeaseQueued @ lease(lease_id);
     "lease.rejected" v=1 => LeaseRejected @ lease(lease_id);
@@ -58,6 +61,7 @@ events! {
     "lease.idle_detected" v=1 => LeaseIdleDetected @ lease(lease_id);
     "lease.suspended" v=1 => LeaseSuspended @ lease(lease_id);
     "lease.resume_requested" v=1 => LeaseResumeRequested @ lease(lease_id);
+    "lease.restated" v=1 => LeaseRestated @ lease(lease_id), tenant_id = tenant_id;
     "node.registered" v=1 => NodeRegistered @ node(node_id);
     "node.gpus_allocated" v=1 => NodeGpusAllocated @ node(node_id);
     "node.lost" v=1 => NodeLost @ node(node_id);
@@ -66,8 +70,10 @@ events! {
     "node.gpu_self_tested" v=1 => NodeGpuSelfTested @ node(node_id);
     "node.cordoned" v=1 => NodeCordoned @ node(node_id);
     "node.uncordoned" v=1 => NodeUncordoned @ node(node_id);
+    "node.restated" v=1 => NodeRestated @ node(node_id);
     "spot.price_set" v=1 => SpotPriceSet @ spot(zone, gpu_model);
     "price_book.published" v=1 => PriceBookPublished @ price_book();
+    "price_book.restated" v=1 => PriceBookRestated @ price_book();
     "charge.accrued" v=1 => ChargeAccrued @ charge(lease_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
 }

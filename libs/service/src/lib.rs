@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod decider;
+pub mod restate;
 
 use std::net::SocketAddr;
 
@@ -45,6 +46,13 @@ pub struct CommonArgs {
     /// Accept a retention under 365 days (tests only).
     #[arg(long, env = "LH_ALLOW_SHORT_RETENTION", default_value_t = false)]
     pub allow_short_retention: bool,
+    /// Days after which a live aggregate this service owns is restated on
+    /// its subject, well before the log's age limit takes its history.
+    #[arg(long, env = "LH_RESTATE_AFTER_DAYS", default_value_t = 30)]
+    pub restate_after_days: u64,
+    /// Seconds instead of days (tests that run a log past expiry).
+    #[arg(long, env = "LH_RESTATE_AFTER_SECS")]
+    pub restate_after_secs: Option<u64>,
 }
 
 impl CommonArgs {
@@ -58,7 +66,27 @@ impl CommonArgs {
             events_max_age_days: 365,
             events_max_age_secs: None,
             allow_short_retention: false,
+            restate_after_days: 30,
+            restate_after_secs: None,
         }
+    }
+
+    /// How old a full statement of a live aggregate may get before its
+    /// owner restates it. Refused unless it is under half the log's age
+    /// limit, so that a restatement that fails once has time to be retried.
+    pub fn restate_after(&self) -> anyhow::Result<std::time::Duration> {
+        let after = match self.restate_after_secs {
+            Some(secs) => std::time::Duration::from_secs(secs),
+            None => {
+                std::time::Duration::from_secs(self.restate_after_days.saturating_mul(24 * 3600))
+            }
+        };
+        let max_age = self.events_max_age();
+        anyhow::ensure!(
+            !after.is_zero() && after < max_age / 2,
+            "LH_RESTATE_AFTER_DAYS / _SECS ({after:?}) must be above zero and under half the log's age limit ({max_age:?})"
+        );
+        Ok(after)
     }
 
     /// How long the event log keeps an event under these flags.

@@ -1,0 +1,276 @@
+//! What a restatement of an aggregate holds, from the events its subject
+//! holds now (docs/adr/011-a-year-of-history.md). Pure: the owner reads the
+//! subject and appends the result guarded by the subject's last sequence.
+
+use std::collections::BTreeMap;
+
+use lh_events::{
+    EventData, LeaseRestated, NodeRestated, PriceBookRestated, StatedEvent, TenantRestated,
+    MAX_RESTATED_EVENTS,
+};
+
+/// Why a subject cannot be restated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unstatable {
+    #[error("the subject holds no events")]
+    Empty,
+    /// Its first statement has expired already: what is left would state
+    /// only part of it.
+    #[error("the subject's oldest event (sequence {0}) does not state it from the start")]
+    Incomplete(u64),
+    #[error("{0} events are not restated")]
+    NotRestated(&'static str),
+}
+
+/// The restatement of the aggregate whose subject holds `history` (oldest
+/// first, as stored). An earlier restatement stands for the events before
+/// it, so restatements are never nested.
+pub fn restatement(history: &[StatedEvent]) -> Result<EventData, Unstatable> {
+    let events = flatten(history)?;
+    let first = &events[0].envelope.data;
+    match first {
+        EventData::LeaseRequested(r) => Ok(EventData::LeaseRestated(LeaseRestated {
+            lease_id: r.lease_id,
+            tenant_id: r.tenant_id,
+            history: bounded(events),
+        })),
+        EventData::TenantCreated(t) => Ok(EventData::TenantRestated(TenantRestated {
+            tenant_id: t.tenant_id,
+            history: bounded(events),
+        })),
+        EventData::NodeRegistered(n) => Ok(EventData::NodeRestated(NodeRestated {
+            node_id: n.node_id.clone(),
+            history: compact_node(events),
+        })),
+        EventData::PriceBookPublished(_) => Ok(EventData::PriceBookRestated(PriceBookRestated {
+            history: bounded(
+                events
+                    .into_iter()
+                    .filter(|e| matches!(e.envelope.data, EventData::PriceBookPublished(_)))
+                    .collect(),
+            ),
+        })),
+        other => Err(Unstatable::NotRestated(other.event_type())),
+    }
+}
+
+/// The events since the newest restatement, with what it carried first;
+/// fails unless that begins with a full statement of the aggregate.
+fn flatten(history: &[StatedEvent]) -> Result<Vec<StatedEvent>, Unstatable> {
+    let newest = history
+        .iter()
+        .rposition(|e| e.envelope.data.restated_history().is_some());
+    let events: Vec<StatedEvent> = match newest {
+        Some(at) => {
+            let carried = history[at].envelope.data.restated_history().unwrap_or(&[]);
+            carried.iter().chain(&history[at + 1..]).cloned().collect()
+        }
+        None => history.to_vec(),
+    };
+    let first = events.first().ok_or(Unstatable::Empty)?;
+    if !first.envelope.data.is_full_statement() || first.envelope.data.restated_history().is_some()
+    {
+        return Err(Unstatable::Incomplete(first.sequence));
+    }
+    Ok(events)
+}
+
+/// Keeps the first event (the one that states the aggregate) and the newest
+/// others, within [`MAX_RESTATED_EVENTS`].
+fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
+    if events.len() > MAX_RESTATED_EVENTS {
+        let cut = events.len() - (MAX_RESTATED_EVENTS - 1);
+        events.drain(1..cut);
+    }
+    events
+}
+
+/// A node's newest registration, then the newest event of each fact that
+/// still holds, in the order they were stored. Allocations are left out:
+/// the leases' own events say what each GPU holds.
+fn compact_node(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
+    let mut registration = None;
+    let mut cordon = None;
+    let mut loss = None;
+    let mut health = BTreeMap::new();
+    let mut self_test = BTreeMap::new();
+    for event in events {
+        match &event.envelope.data {
+            EventData::NodeRegistered(_) => registration = Some(event),
+            EventData::NodeCordoned(_) => cordon = Some(event),
+            EventData::NodeUncordoned(_) => cordon = None,
+            EventData::NodeLost(_) => loss = Some(event),
+            EventData::NodeRejoined(_) => loss = None,
+            EventData::NodeGpuHealthChanged(h) => {
+                health.insert(h.gpu_index, event);
+            }
+            EventData::NodeGpuSelfTested(t) => {
+                self_test.insert(t.gpu_index, event);
+            }
+            _ => {}
+        }
+    }
+    let mut rest: Vec<StatedEvent> = cordon
+        .into_iter()
+        .chain(loss)
+        .chain(health.into_values())
+        .chain(self_test.into_values())
+        .collect();
+    rest.sort_by_key(|e| e.sequence);
+    // A registration first, so that a reader new to the node knows it
+    // before it reads of its GPUs.
+    registration.into_iter().chain(rest).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeZone, Utc};
+    use lh_events::{fixtures, Actor, Envelope, NodeCordoned, NodeGpuSelfTested};
+    use uuid::Uuid;
+
+    fn stated(sequence: u64, data: EventData) -> StatedEvent {
+        let at = Utc
+            .timestamp_opt(1_700_000_000 + sequence as i64, 0)
+            .unwrap();
+        StatedEvent {
+            sequence,
+            stored_at: at,
+            envelope: Box::new(Envelope::new(Actor::Admin, at, data)),
+        }
+    }
+
+    fn lease_history() -> Vec<StatedEvent> {
+        let (lease, tenant) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        vec![
+            stated(
+                3,
+                EventData::LeaseRequested(fixtures::whole_request(
+                    lease,
+                    tenant,
+                    1,
+                    fixtures::MODEL,
+                )),
+            ),
+            stated(
+                9,
+                EventData::LeaseStopRequested(lh_events::LeaseStopRequested { lease_id: lease }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_lease_is_restated_from_its_request() {
+        let r = restatement(&lease_history()).unwrap();
+        let EventData::LeaseRestated(r) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(r.lease_id, Uuid::from_u128(1));
+        assert_eq!(
+            r.history.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [3, 9]
+        );
+    }
+
+    #[test]
+    fn a_restatement_stands_for_what_it_carried_and_is_not_nested() {
+        let first = restatement(&lease_history()).unwrap();
+        let mut later = vec![stated(20, first)];
+        later.push(stated(
+            25,
+            EventData::LeaseResumeRequested(lh_events::LeaseResumeRequested {
+                lease_id: Uuid::from_u128(1),
+            }),
+        ));
+        let EventData::LeaseRestated(r) = restatement(&later).unwrap() else {
+            panic!()
+        };
+        let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
+        assert_eq!(seqs, [3, 9, 25]);
+        assert!(r
+            .history
+            .iter()
+            .all(|e| e.envelope.data.restated_history().is_none()));
+    }
+
+    #[test]
+    fn a_history_whose_start_expired_is_not_restated() {
+        let tail = &lease_history()[1..];
+        assert_eq!(restatement(tail), Err(Unstatable::Incomplete(9)));
+        assert_eq!(restatement(&[]), Err(Unstatable::Empty));
+    }
+
+    #[test]
+    fn a_node_keeps_its_newest_registration_first_and_the_facts_that_hold() {
+        let node = |n| EventData::NodeRegistered(fixtures::node("a", "z", n, fixtures::MODEL, 40));
+        let tested = |seq, passed| {
+            stated(
+                seq,
+                EventData::NodeGpuSelfTested(NodeGpuSelfTested {
+                    node_id: "a".into(),
+                    gpu_index: 0,
+                    passed,
+                    duration_s: 1.0,
+                    detail: String::new(),
+                    at: Utc.timestamp_opt(0, 0).unwrap(),
+                }),
+            )
+        };
+        let history = vec![
+            stated(1, node(2)),
+            stated(
+                2,
+                EventData::NodeGpusAllocated(lh_events::NodeGpusAllocated::one(
+                    "a",
+                    Uuid::nil(),
+                    vec![0],
+                )),
+            ),
+            tested(3, false),
+            stated(
+                4,
+                EventData::NodeCordoned(NodeCordoned {
+                    node_id: "a".into(),
+                    drain: None,
+                    reason: "r".into(),
+                }),
+            ),
+            stated(5, node(4)),
+            tested(6, true),
+            stated(
+                7,
+                EventData::NodeUncordoned(lh_events::NodeUncordoned {
+                    node_id: "a".into(),
+                }),
+            ),
+        ];
+        let EventData::NodeRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
+        assert_eq!(
+            seqs,
+            [5, 6],
+            "registration, then the GPU's newest self-test"
+        );
+    }
+
+    #[test]
+    fn a_long_history_keeps_its_first_statement_and_the_newest_events() {
+        let mut history = lease_history();
+        let lease_id = Uuid::from_u128(1);
+        for seq in 10..(10 + MAX_RESTATED_EVENTS as u64 + 5) {
+            history.push(stated(
+                seq,
+                EventData::LeaseResumeRequested(lh_events::LeaseResumeRequested { lease_id }),
+            ));
+        }
+        let last = history.last().unwrap().sequence;
+        let EventData::LeaseRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        assert_eq!(r.history.len(), MAX_RESTATED_EVENTS);
+        assert_eq!(r.history[0].sequence, 3);
+        assert_eq!(r.history.last().unwrap().sequence, last);
+    }
+}
