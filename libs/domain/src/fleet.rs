@@ -159,6 +159,22 @@ impl Fleet {
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::NodeGpuSelfTested(e) => self.saw_node_event(&e.node_id, sequence),
+            // A node or lease whose history expired before this fold began
+            // is known from its restatement; one already known is not
+            // folded again (see lh_events::LeaseRestated).
+            EventData::NodeRestated(r) => {
+                if !self.nodes.contains_key(&r.node_id) {
+                    for e in &r.history {
+                        self.apply(e.sequence, &e.envelope.data);
+                    }
+                }
+                self.saw_node_event(&r.node_id, sequence);
+            }
+            EventData::LeaseRestated(r) if !self.holdings.contains_key(&r.lease_id) => {
+                for e in &r.history {
+                    self.apply(e.sequence, &e.envelope.data);
+                }
+            }
             EventData::NodeRejoined(e) => {
                 if let Some(n) = self.nodes.get_mut(&e.node_id) {
                     n.lost = None;

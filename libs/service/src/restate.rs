@@ -182,7 +182,7 @@ impl Decider for Restater {
     type Signal = History;
 
     fn name(&self) -> &'static str {
-        self.name
+        "restater"
     }
 
     fn filters(&self) -> &[&'static str] {
@@ -312,6 +312,26 @@ pub async fn read_histories(
             Err(e) => tracing::warn!(subject, error = %e, "cannot read a subject to restate it"),
         }
     }
+}
+
+/// Starts restating `families` for the service `name` (the actor of its
+/// restatements) at the age `common` configures, until `shutdown`.
+pub fn spawn(
+    bus: &Bus,
+    common: &crate::CommonArgs,
+    name: &'static str,
+    families: &'static [Family],
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let after = common.restate_after()?;
+    Ok(tokio::spawn(run(
+        bus.clone(),
+        name,
+        families,
+        after,
+        crate::clock::SystemClock::shared(),
+        shutdown,
+    )))
 }
 
 /// Restates `families` for the service `name` until `shutdown`, starting

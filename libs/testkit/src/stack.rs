@@ -115,6 +115,10 @@ pub struct Stack {
     /// A PostgreSQL cluster of this stack's own, which the test may kill and
     /// restart ([`Stack::start_with_own_postgres`]); `None` on the shared one.
     pub own_postgres: Option<Postgres>,
+    /// A log that keeps events this many seconds, and restates what lives
+    /// on after the second number of seconds (tests that run past expiry);
+    /// `None`: the production 365 days.
+    pub short_retention: Option<(u64, u64)>,
 }
 
 impl Stack {
@@ -204,28 +208,47 @@ impl Stack {
             node_gpus: lh_node_agent::GpuArgs::for_test(),
             own_postgres: None,
             gateway_limits: lh_gateway::TenantLimits::default(),
+            short_retention: None,
         }
     }
 
+    /// The flags every service of this stack shares.
+    pub fn common(&self) -> CommonArgs {
+        let mut common = CommonArgs::for_test(&self.nats.url());
+        if let Some((max_age_secs, restate_after_secs)) = self.short_retention {
+            common.events_max_age_secs = Some(max_age_secs);
+            common.allow_short_retention = true;
+            common.restate_after_secs = Some(restate_after_secs);
+        }
+        common
+    }
+
     pub async fn bus(&self) -> Bus {
-        Bus::connect(&BusConfig::new(self.nats.url(), "test"))
-            .await
-            .expect("bus connects")
+        let mut config = BusConfig::new(self.nats.url(), "test");
+        if let Some((max_age_secs, _)) = self.short_retention {
+            config.events_max_age = Duration::from_secs(max_age_secs);
+            config.allow_short_retention = true;
+        }
+        Bus::connect(&config).await.expect("bus connects")
     }
 
     pub async fn start_service(&mut self, name: &str) {
-        let common = CommonArgs::for_test(&self.nats.url());
+        let common = self.common();
         let token = CancellationToken::new();
         let running = match name.split_once(':').map(|(a, _)| a).unwrap_or(name) {
             "scheduler" => {
                 let mut config = lh_scheduler::Config::for_test(&self.nats.url());
                 config.preemption_min_runtime_secs = self.preemption_min_runtime_secs;
                 config.preemption_notice_secs = self.preemption_notice_secs;
+                config.common = common;
                 lh_scheduler::start(config, token.clone()).await
             }
             "pricing" => {
                 lh_pricing::start(
-                    lh_pricing::Config::for_test(&self.nats.url(), &self.database_url),
+                    lh_pricing::Config {
+                        common,
+                        ..lh_pricing::Config::for_test(&self.nats.url(), &self.database_url)
+                    },
                     token.clone(),
                 )
                 .await
@@ -283,6 +306,7 @@ impl Stack {
                         runtime: self.node_runtime,
                         stop_grace_secs: 2,
                         gpus: self.node_gpus.clone(),
+                        common,
                         ..lh_node_agent::Config::for_test(
                             &self.nats.url(),
                             self.fleet_file.clone(),
@@ -663,7 +687,7 @@ impl Stack {
 
     fn gateway_config(&self) -> lh_gateway::Config {
         lh_gateway::Config {
-            common: CommonArgs::for_test(&self.nats.url()),
+            common: self.common(),
             gateway_addr: "127.0.0.1:0".into(),
             database_url: self.database_url.clone(),
             schema: "gateway".into(),

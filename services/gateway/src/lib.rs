@@ -75,6 +75,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
     seal::migrate_keys(&pool).await?;
+    lh_service::restate::spawn(
+        &bus,
+        &config.common,
+        SERVICE,
+        &[lh_service::restate::Family::Tenant],
+        shutdown.clone(),
+    )?;
 
     let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
     let projection_task = {

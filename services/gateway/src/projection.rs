@@ -33,6 +33,60 @@ impl Projector for GatewayProjection {
 
 async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
     let seq = event.sequence as i64;
+    // A tenant or lease whose history expired before this projection began
+    // (a rebuild, a new replica) comes from its restatement; one with a row
+    // already is not folded again, but a lease's newest sequence moves up.
+    let (known, history) = match &event.envelope.data {
+        EventData::TenantRestated(r) => (
+            sqlx::query("SELECT 1 FROM tenants WHERE id = $1")
+                .bind(r.tenant_id)
+                .fetch_optional(&mut *conn)
+                .await?
+                .is_some(),
+            &r.history,
+        ),
+        EventData::LeaseRestated(r) => {
+            let known = sqlx::query("SELECT 1 FROM leases WHERE id = $1")
+                .bind(r.lease_id)
+                .fetch_optional(&mut *conn)
+                .await?
+                .is_some();
+            if known {
+                sqlx::query("UPDATE leases SET last_sequence = $2 WHERE id = $1")
+                    .bind(r.lease_id)
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            (known, &r.history)
+        }
+        _ => return apply_event(conn, event).await,
+    };
+    if !known {
+        for e in history {
+            let stated = Stored {
+                sequence: e.sequence,
+                subject: event.subject.clone(),
+                envelope: (*e.envelope).clone(),
+                payload: Default::default(),
+                pending: 0,
+                stored_at: e.stored_at,
+            };
+            apply_event(conn, &stated).await?;
+        }
+        if let EventData::LeaseRestated(r) = &event.envelope.data {
+            sqlx::query("UPDATE leases SET last_sequence = $2 WHERE id = $1")
+                .bind(r.lease_id)
+                .bind(seq)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
+    let seq = event.sequence as i64;
     let at = event.envelope.occurred_at;
     match &event.envelope.data {
         EventData::TenantCreated(e) => {

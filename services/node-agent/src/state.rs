@@ -128,6 +128,30 @@ pub(crate) struct NodeState {
 impl NodeState {
     pub(crate) fn apply(&mut self, node_id: &str, sequence: u64, envelope: &Envelope) {
         match &envelope.data {
+            // What a restatement carries is folded only where its history
+            // expired before this fold began (see lh_events::LeaseRestated).
+            EventData::LeaseRestated(r) => {
+                let known =
+                    self.leases.contains_key(&r.lease_id) || self.waiting.contains_key(&r.lease_id);
+                if !known {
+                    for e in &r.history {
+                        self.apply(node_id, e.sequence, &e.envelope);
+                    }
+                }
+                if let Some(l) = self.leases.get_mut(&r.lease_id) {
+                    l.subject_sequence = l.subject_sequence.max(sequence);
+                }
+            }
+            EventData::NodeRestated(r) if r.node_id == node_id && self.registered.is_none() => {
+                for e in &r.history {
+                    self.apply(node_id, e.sequence, &e.envelope);
+                }
+            }
+            EventData::TenantRestated(r) => {
+                for e in &r.history {
+                    self.apply(node_id, e.sequence, &e.envelope);
+                }
+            }
             EventData::NodeRegistered(e) if e.node_id == node_id => {
                 self.registered = Some(e.clone());
             }

@@ -158,6 +158,32 @@ impl Fold {
         }
     }
 
+    /// Whether the history a restatement carries must be folded: it is a
+    /// price book's (versions fold once), or a lease's whose request this
+    /// fold never read (its history expired before this reader started).
+    /// Facts gathered from the events before such a restatement are
+    /// dropped: the restatement carries them too.
+    pub fn needs_history(&mut self, data: &EventData) -> bool {
+        match data {
+            EventData::PriceBookRestated(_) => true,
+            EventData::LeaseRestated(r) => {
+                if self.charged.contains(&r.lease_id) {
+                    return false;
+                }
+                let known = self
+                    .leases
+                    .get(&r.lease_id)
+                    .is_some_and(|f| f.tenant_id.is_some());
+                if !known {
+                    self.leases.remove(&r.lease_id);
+                    self.due.remove(&r.lease_id);
+                }
+                !known
+            }
+            _ => false,
+        }
+    }
+
     /// The facts of a lease not yet charged or closed.
     fn open(&mut self, lease_id: Uuid) -> Option<&mut LeaseFacts> {
         if self.charged.contains(&lease_id) {
@@ -445,6 +471,15 @@ impl Decider for Charges {
     }
 
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if let Some(history) = envelope.data.restated_history() {
+            if self.fold.needs_history(&envelope.data) {
+                for e in history {
+                    self.apply_stored(e.sequence, e.stored_at, &e.envelope);
+                }
+            }
+            self.fold.sequence = self.fold.sequence.max(sequence);
+            return;
+        }
         let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
         self.fold.apply(sequence, &held);
     }
@@ -590,6 +625,62 @@ mod tests {
         };
         // From 09:59:30 (30 s of skew allowed) to 10:01:30 (when stored).
         assert_eq!(bill.charges[0].billed_seconds, 120);
+    }
+
+    #[test]
+    fn a_lease_and_book_known_only_from_restatements_are_billed_the_same() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        events.extend(lease_events(
+            lease,
+            t(10, 0, 0),
+            t(10, 1, 30),
+            EndReason::Stopped,
+        ));
+        let ended = events.pop().unwrap();
+        let stated = |events: &[Envelope], first: u64| -> Vec<StatedEvent> {
+            events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| StatedEvent {
+                    sequence: first + i as u64,
+                    stored_at: t(10, 0, 0),
+                    envelope: Box::new(e.clone()),
+                })
+                .collect()
+        };
+        let book_restated = lh_domain::restate::restatement(&stated(&events[..1], 1)).unwrap();
+        let lease_restated = lh_domain::restate::restatement(&stated(&events[1..], 2)).unwrap();
+        let whole = {
+            let mut all = events.clone();
+            all.push(ended.clone());
+            fold(&all)
+        };
+        // Started after the history expired; an event of the lease before
+        // its restatement is read and then stood in for by it.
+        let mut charges = Charges::new(chrono::Duration::seconds(30));
+        charges.apply_stored(40, t(10, 0, 0), &events[3]);
+        charges.apply_stored(50, t(10, 0, 0), &env(book_restated));
+        charges.apply_stored(51, t(10, 0, 0), &env(lease_restated.clone()));
+        charges.apply_stored(52, t(10, 1, 30), &ended);
+        let (Plan::Publish(fresh), Plan::Publish(known)) =
+            (charges.fold.plan(lease), whole.plan(lease))
+        else {
+            panic!("both bill the lease")
+        };
+        assert_eq!(fresh.charges, known.charges);
+        assert_eq!(fresh.charges[0].billed_seconds, 90);
+        // To a fold that knows the lease, its restatement changes nothing.
+        let mut again = Charges::new(chrono::Duration::seconds(30));
+        for (i, e) in events.iter().enumerate() {
+            again.apply_stored(1 + i as u64, t(10, 0, 0), e);
+        }
+        again.apply_stored(51, t(10, 0, 0), &env(lease_restated));
+        again.apply_stored(52, t(10, 1, 30), &ended);
+        let Plan::Publish(bill) = again.fold.plan(lease) else {
+            panic!("billed")
+        };
+        assert_eq!(bill.charges, known.charges);
     }
 
     #[test]

@@ -98,6 +98,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(PRICE_BOOK_RETRY_MAX_WAIT);
     }
+    lh_service::restate::spawn(
+        &bus,
+        &config.common,
+        SERVICE,
+        &[lh_service::restate::Family::PriceBook],
+        shutdown.clone(),
+    )?;
     let readiness = Readiness::default();
     let work = work(
         bus,

@@ -21,6 +21,7 @@ use lh_events::telemetry::Heartbeat;
 use lh_events::{subject, Envelope, EventData};
 use lh_service::clock::{Clock, SystemClock};
 use lh_service::decider::{self, Batch, Decider, Pace};
+use lh_service::restate::Family;
 use lh_service::{CancellationToken, CommonArgs, Running};
 
 pub use state::State;
@@ -89,6 +90,13 @@ impl Config {
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let bus = config.common.connect_bus(state::SERVICE).await?;
+    lh_service::restate::spawn(
+        &bus,
+        &config.common,
+        state::SERVICE,
+        &[Family::Lease, Family::Node],
+        shutdown.clone(),
+    )?;
     // Subscribed before reading the log, so no heartbeat falls in between.
     let live = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
     let signals = signals(bus.clone(), live);

@@ -206,22 +206,36 @@ impl WorkloadSide {
     }
 }
 
-/// The workload the lease's request names, read back from the log; tried
-/// until the log answers. An error only when it answers without the request.
+/// Most events read from a lease's subject to find its request.
+const MAX_LEASE_EVENTS_READ: usize = 100_000;
+
+/// The workload the lease's request names, read back from the log (from
+/// the request itself, or from the newest restatement once the request has
+/// expired); tried until the log answers. An error only when it answers
+/// without the request.
 async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<WorkloadSpec>, String> {
     let mut wait = REQUEST_READ_WAIT_MIN;
     loop {
-        match bus.first_event_on(&subject::lease(lease_id)).await {
-            Ok(Some(envelope)) => {
-                return match envelope.data {
-                    EventData::LeaseRequested(r) => Ok(r.workload),
-                    other => Err(format!(
-                        "the lease's first event on the log is {}, not its request",
-                        other.event_type()
-                    )),
-                }
+        match bus
+            .subject_history(&subject::lease(lease_id), 1, MAX_LEASE_EVENTS_READ)
+            .await
+        {
+            Ok(events) => {
+                let request = events.iter().rev().find_map(|e| match &e.envelope.data {
+                    EventData::LeaseRequested(r) => Some(r.clone()),
+                    EventData::LeaseRestated(r) => {
+                        r.history.iter().find_map(|h| match &h.envelope.data {
+                            EventData::LeaseRequested(r) => Some(r.clone()),
+                            _ => None,
+                        })
+                    }
+                    _ => None,
+                });
+                return match request {
+                    Some(r) => Ok(r.workload),
+                    None => Err("the log holds no readable request of the lease".into()),
+                };
             }
-            Ok(None) => return Err("the log holds no readable request of the lease".into()),
             Err(e) => {
                 tracing::warn!(lease = %lease_id, error = %e, retry_in_ms = wait.as_millis() as u64,
                     "cannot read the lease's request from the log yet");

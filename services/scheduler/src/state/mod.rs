@@ -89,9 +89,33 @@ pub struct State {
 
 impl State {
     pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.fleet.apply(sequence, &envelope.data);
+        self.apply_to_leases(sequence, envelope);
+    }
+
+    /// Folds an event into the leases and tenants (the fleet folds its own).
+    fn apply_to_leases(&mut self, sequence: u64, envelope: &Envelope) {
         let data = &envelope.data;
-        self.fleet.apply(sequence, data);
         match data {
+            // Known already: nothing new but the subject's sequence.
+            // Unknown (its history expired before this fold began): its
+            // history, each event at its own sequence, so that a lease
+            // keeps its place in the queue.
+            EventData::LeaseRestated(r) => {
+                if !self.leases.contains_key(&r.lease_id) {
+                    for e in &r.history {
+                        self.apply_to_leases(e.sequence, &e.envelope);
+                    }
+                }
+                let _ = self.lease_at(r.lease_id, sequence);
+            }
+            EventData::TenantRestated(r) => {
+                if !self.tenants.contains_key(&r.tenant_id) {
+                    for e in &r.history {
+                        self.apply_to_leases(e.sequence, &e.envelope);
+                    }
+                }
+            }
             EventData::TenantCreated(e) => {
                 self.tenants.insert(
                     e.tenant_id,

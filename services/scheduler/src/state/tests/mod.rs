@@ -4,3 +4,4 @@ mod mig;
 mod placement;
 mod props;
 mod queue;
+mod restated;
