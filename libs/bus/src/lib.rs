@@ -39,6 +39,12 @@ pub use async_nats;
 /// re-exported here because every append takes one.
 pub use lh_events::Expect;
 
+/// The object store of services' snapshots (docs/adr/011).
+pub const SNAPSHOTS_BUCKET: &str = "lh-snapshots";
+/// Size limit of the snapshot store, in bytes.
+pub const SNAPSHOTS_MAX_BYTES: i64 = 1024 * 1024 * 1024;
+/// Largest snapshot stored or read, in bytes.
+pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024 * 1024;
 /// Longest wait for the next message while reading a subject's history.
 pub const SUBJECT_HISTORY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Header carrying the event type, so that tools can filter without parsing.
@@ -262,6 +268,8 @@ pub struct Bus {
     /// Counts the times the client (re)connected; feeds reopen their
     /// consumers on a change rather than wait for heartbeats to go missing.
     connects: tokio::sync::watch::Receiver<u64>,
+    /// Replicas of what this connection creates (the snapshot store).
+    replicas: usize,
 }
 
 /// Share of the business log's size limit at which operators are warned:
@@ -390,6 +398,7 @@ impl Bus {
             js,
             service: config.client_name.as_str().into(),
             connects,
+            replicas: config.replicas,
         };
         // The client connects in the background (and reconnects for ever);
         // until the server answers, checking the streams fails, so it is
@@ -507,6 +516,77 @@ impl Bus {
     }
 
     /// Sequence of the newest event in the business log (0 when empty).
+    /// The oldest sequence the business log still holds (the one after its
+    /// last when it is empty).
+    pub async fn first_sequence(&self) -> Result<u64> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        Ok(stream.info().await.map_err(js_err)?.state.first_sequence)
+    }
+
+    async fn snapshot_store(&self) -> Result<jetstream::object_store::ObjectStore> {
+        match self.js.get_object_store(SNAPSHOTS_BUCKET).await {
+            Ok(store) => Ok(store),
+            Err(_) => self
+                .js
+                .create_object_store(jetstream::object_store::Config {
+                    bucket: SNAPSHOTS_BUCKET.to_string(),
+                    description: Some(
+                        "services' folded state at a sequence of LH_EVENTS: a cache, never the truth"
+                            .into(),
+                    ),
+                    max_bytes: SNAPSHOTS_MAX_BYTES,
+                    storage: StorageType::File,
+                    num_replicas: self.replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(js_err),
+        }
+    }
+
+    /// Stores a snapshot under `key`, replacing the one there.
+    pub async fn put_snapshot(&self, key: &str, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > MAX_SNAPSHOT_BYTES {
+            return Err(BusError::JetStream(format!(
+                "a snapshot of {} bytes is over the {MAX_SNAPSHOT_BYTES} allowed",
+                bytes.len()
+            )));
+        }
+        let store = self.snapshot_store().await?;
+        let mut reader = bytes;
+        store.put(key, &mut reader).await.map_err(js_err)?;
+        Ok(())
+    }
+
+    /// The snapshot stored under `key`, if there is one.
+    pub async fn get_snapshot(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        use tokio::io::AsyncReadExt as _;
+        let store = self.snapshot_store().await?;
+        let mut object = match store.get(key).await {
+            Ok(object) => object,
+            Err(e) if e.kind() == jetstream::object_store::GetErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) => return Err(js_err(e)),
+        };
+        let mut bytes = Vec::new();
+        (&mut object)
+            .take(MAX_SNAPSHOT_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(js_err)?;
+        if bytes.len() > MAX_SNAPSHOT_BYTES {
+            return Err(BusError::JetStream(format!(
+                "the snapshot {key} is over the {MAX_SNAPSHOT_BYTES} bytes allowed"
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
     pub async fn last_sequence(&self) -> Result<u64> {
         let mut stream = self
             .js

@@ -8,7 +8,7 @@ use lh_events::{EventData, MigInstance, NodeRegistered};
 use uuid::Uuid;
 
 /// One GPU as the scheduler sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Gpu {
     pub index: u32,
     pub uuid: String,
@@ -27,7 +27,7 @@ pub struct Gpu {
 }
 
 /// One fractional or MIG lease's share of a GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Share {
     pub lease_id: uuid::Uuid,
     pub milli: u32,
@@ -61,7 +61,7 @@ impl Gpu {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Node {
     pub id: String,
     pub zone: String,
@@ -81,7 +81,7 @@ impl Node {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Fleet {
     pub nodes: BTreeMap<String, Node>,
     /// Stream sequence of the last event on each node's subject, for the

@@ -211,7 +211,7 @@ pub struct LeaseResumeRequested {
 /// What a lease asks for, in one place: whole GPUs, a memory-sliced share of
 /// one GPU, or one MIG instance. [`LeaseRequested`] keeps the three wire
 /// fields; [`LeaseRequested::ask`] reads them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GpuAsk {
     Whole(u32),
     Fraction(GpuFraction),

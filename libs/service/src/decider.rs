@@ -81,6 +81,11 @@ impl SkippedTails {
     }
 }
 
+/// Events read between snapshots, at most.
+pub const SNAPSHOT_EVERY_EVENTS: u64 = 100_000;
+/// Time between snapshots, at most, while events come.
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(3600);
+
 /// How a decider's loop is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pace {
@@ -93,6 +98,10 @@ pub struct Pace {
     /// conflict; it doubles on each further refusal, up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// A snapshot is written once caught up when this many events were read
+    /// since the last one, or `snapshot_every` has passed and any was.
+    pub snapshot_every_events: u64,
+    pub snapshot_every: Duration,
 }
 
 impl Default for Pace {
@@ -102,6 +111,8 @@ impl Default for Pace {
             tick: Duration::from_secs(1),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(5),
+            snapshot_every_events: SNAPSHOT_EVERY_EVENTS,
+            snapshot_every: SNAPSHOT_EVERY,
         }
     }
 }
@@ -160,6 +171,112 @@ pub trait Decider: Send {
 
     /// Told of every batch once it is stored (for metrics and logs).
     fn appended(&mut self, _batch: &Batch) {}
+
+    /// The folded state to keep in a snapshot, so that a start replays only
+    /// the log after it (docs/adr/011); `None` (the default): this decider
+    /// replays the log at every start. Only what the log says belongs in
+    /// it, not what this process heard or when it started.
+    fn snapshot(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Takes back the state of [`Decider::snapshot`]; false when it cannot
+    /// (written by code of another shape), and the log is replayed.
+    fn restore(&mut self, _state: serde_json::Value) -> bool {
+        false
+    }
+
+    /// The object its snapshots are stored under: one per decider whose
+    /// state is the same in every replica.
+    fn snapshot_key(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+/// Version of a snapshot's own shape: a snapshot of another is not read.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+/// A decider's state at a sequence of the log, as stored.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Snapshot {
+    format: u32,
+    /// The newest sequence the fold had read.
+    sequence: u64,
+    /// The subjects it followed: a snapshot of other filters is not read.
+    filters: Vec<String>,
+    skipped_tails: HashMap<String, u64>,
+    state: serde_json::Value,
+}
+
+/// Loads the decider's newest usable snapshot: the sequence to read on
+/// from (1 without one) and the skipped tails it had.
+async fn restore<D: Decider>(bus: &Bus, decider: &mut D) -> (u64, SkippedTails) {
+    let none = (1, SkippedTails::default());
+    if decider.snapshot().is_none() {
+        return none;
+    }
+    let key = decider.snapshot_key();
+    let bytes = match bus.get_snapshot(&key).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return none,
+        Err(e) => {
+            tracing::warn!(decider = decider.name(), error = %e, "cannot read the snapshot; replaying the log");
+            return none;
+        }
+    };
+    let snapshot: Snapshot = match serde_json::from_slice(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(decider = decider.name(), error = %e, "the snapshot does not decode; replaying the log");
+            return none;
+        }
+    };
+    let filters: Vec<String> = decider.filters().iter().map(|f| f.to_string()).collect();
+    if snapshot.format != SNAPSHOT_FORMAT || snapshot.filters != filters {
+        tracing::info!(
+            decider = decider.name(),
+            "the snapshot is of another shape; replaying the log"
+        );
+        return none;
+    }
+    // Events after it that the log no longer holds would be missing from
+    // the fold.
+    match bus.first_sequence().await {
+        Ok(first) if first <= snapshot.sequence + 1 => {}
+        Ok(first) => {
+            tracing::info!(
+                decider = decider.name(),
+                snapshot = snapshot.sequence,
+                first,
+                "the log no longer holds what follows the snapshot; replaying the log"
+            );
+            return none;
+        }
+        Err(e) => {
+            tracing::warn!(decider = decider.name(), error = %e, "cannot read the log's first sequence; replaying the log");
+            return none;
+        }
+    }
+    let sequence = snapshot.sequence;
+    if !decider.restore(snapshot.state) {
+        tracing::warn!(
+            decider = decider.name(),
+            "the snapshot's state does not fit; replaying the log"
+        );
+        return none;
+    }
+    tracing::info!(
+        decider = decider.name(),
+        sequence,
+        "started from a snapshot"
+    );
+    metrics::counter!("lh_snapshots_restored_total", "decider" => decider.name()).increment(1);
+    (
+        sequence + 1,
+        SkippedTails {
+            sequences: snapshot.skipped_tails,
+        },
+    )
 }
 
 /// Runs `decider` until `shutdown`: see the module's documentation.
@@ -194,14 +311,18 @@ pub async fn run_with_signals<D: Decider>(
     let mut signals = std::pin::pin!(signals);
     let mut caught_up_once = false;
     let pace = decider.pace();
-    let mut feed = bus.feed(decider.filters(), 1).await?;
+    let (from, mut skipped_tails) = restore(bus, decider).await;
+    let mut feed = bus.feed(decider.filters(), from).await?;
+    let mut read_sequence = from - 1;
+    let mut unsnapshotted_events = 0u64;
+    let mut snapshot_at = tokio::time::Instant::now();
+    let mut storing: Option<tokio::task::JoinHandle<()>> = None;
     let mut tick = tokio::time::interval(pace.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut caught_up = false;
     let mut dirty = true;
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut backoff = pace.backoff_min;
-    let mut skipped_tails = SkippedTails::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -209,6 +330,8 @@ pub async fn run_with_signals<D: Decider>(
                 Some(item) => {
                     let item = item?;
                     skipped_tails.read(&item);
+                    read_sequence = read_sequence.max(item.sequence());
+                    unsnapshotted_events += 1;
                     // A skipped message changes no state but is read all
                     // the same: being last, it leaves the fold caught up.
                     if let FeedItem::Event(event) = &item {
@@ -246,6 +369,25 @@ pub async fn run_with_signals<D: Decider>(
             Pass::Done => {
                 retry_at = None;
                 backoff = pace.backoff_min;
+                let due = unsnapshotted_events >= pace.snapshot_every_events
+                    || (unsnapshotted_events > 0 && snapshot_at.elapsed() >= pace.snapshot_every);
+                if due && storing.as_ref().is_none_or(|s| s.is_finished()) {
+                    if let Some(state) = decider.snapshot() {
+                        storing = Some(store_snapshot(
+                            bus,
+                            decider,
+                            Snapshot {
+                                format: SNAPSHOT_FORMAT,
+                                sequence: read_sequence,
+                                filters: decider.filters().iter().map(|f| f.to_string()).collect(),
+                                skipped_tails: skipped_tails.sequences.clone(),
+                                state,
+                            },
+                        ));
+                    }
+                    unsnapshotted_events = 0;
+                    snapshot_at = tokio::time::Instant::now();
+                }
             }
             Pass::Conflict(why) => {
                 metrics::counter!("lh_decision_conflicts_total", "decider" => decider.name())
@@ -263,6 +405,38 @@ pub async fn run_with_signals<D: Decider>(
             }
         }
     }
+}
+
+/// Stores a snapshot in the background: the loop goes on deciding.
+fn store_snapshot<D: Decider>(
+    bus: &Bus,
+    decider: &D,
+    snapshot: Snapshot,
+) -> tokio::task::JoinHandle<()> {
+    let (bus, key, name) = (bus.clone(), decider.snapshot_key(), decider.name());
+    tokio::spawn(async move {
+        let sequence = snapshot.sequence;
+        let bytes = match serde_json::to_vec(&snapshot) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::error!(decider = name, error = %e, "a snapshot does not serialise");
+                return;
+            }
+        };
+        match bus.put_snapshot(&key, &bytes).await {
+            Ok(()) => {
+                tracing::info!(
+                    decider = name,
+                    sequence,
+                    bytes = bytes.len(),
+                    "snapshot stored"
+                );
+                metrics::counter!("lh_snapshots_stored_total", "decider" => name).increment(1);
+            }
+            // The next one is due soon enough; without any, a start replays.
+            Err(e) => tracing::warn!(decider = name, error = %e, "cannot store a snapshot"),
+        }
+    })
 }
 
 enum Pass {

@@ -70,7 +70,7 @@ impl Family {
 }
 
 /// A live aggregate, as far as restating it goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Statement {
     /// When its newest full statement was stored (the server's clock).
     stated_at: DateTime<Utc>,
@@ -235,6 +235,24 @@ impl Decider for Restater {
             }
             None => {}
         }
+    }
+
+    fn snapshot(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(&self.statements).ok()
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> bool {
+        match serde_json::from_value(state) {
+            Ok(statements) => {
+                self.statements = statements;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn snapshot_key(&self) -> String {
+        format!("{}-restater", self.name)
     }
 
     fn signal(&mut self, history: History, _now: DateTime<Utc>) -> bool {

@@ -38,7 +38,7 @@ const QUIET: Duration = Duration::from_millis(300);
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What the log says about one lease, as far as billing cares.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct LeaseFacts {
     tenant_id: Option<Uuid>,
     tier: Option<Tier>,
@@ -76,7 +76,7 @@ pub enum Plan {
 pub const MAX_REMEMBERED_CHARGED_LEASES: usize = 100_000;
 
 /// Rating state folded from the log.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Fold {
     /// Every price book version seen, sorted by version.
     books: Vec<PriceBookPublished>,
@@ -484,6 +484,20 @@ impl Decider for Charges {
         self.fold.apply(sequence, &held);
     }
 
+    fn snapshot(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(&self.fold).ok()
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> bool {
+        match serde_json::from_value(state) {
+            Ok(fold) => {
+                self.fold = fold;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
         let mut decisions = Vec::new();
         for lease_id in self.fold.due() {
@@ -681,6 +695,36 @@ mod tests {
             panic!("billed")
         };
         assert_eq!(bill.charges, known.charges);
+    }
+
+    #[test]
+    fn a_snapshot_taken_back_bills_the_same() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        events.extend(lease_events(
+            lease,
+            t(10, 0, 0),
+            t(10, 1, 30),
+            EndReason::Stopped,
+        ));
+        let ended = events.pop().unwrap();
+        let mut before = Charges::new(chrono::Duration::seconds(30));
+        for (i, e) in events.iter().enumerate() {
+            before.apply_stored(1 + i as u64, t(10, 0, 0), e);
+        }
+        let mut after = Charges::new(chrono::Duration::seconds(30));
+        let bytes = serde_json::to_vec(&before.snapshot().unwrap()).unwrap();
+        assert!(after.restore(serde_json::from_slice(&bytes).unwrap()));
+        for c in [&mut before, &mut after] {
+            c.apply_stored(9, t(10, 1, 30), &ended);
+        }
+        let (Plan::Publish(a), Plan::Publish(b)) =
+            (before.fold.plan(lease), after.fold.plan(lease))
+        else {
+            panic!("both bill")
+        };
+        assert_eq!(a.charges, b.charges);
+        assert!(!after.restore(serde_json::json!({"books": 3})));
     }
 
     #[test]

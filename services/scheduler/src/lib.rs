@@ -247,6 +247,14 @@ impl Decider for Scheduling {
         }
     }
 
+    fn snapshot(&self) -> Option<serde_json::Value> {
+        Some(self.state.snapshot())
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> bool {
+        self.state.restore(state)
+    }
+
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
         let batches = self.state.decide(now, &self.rules).batches;
         metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);

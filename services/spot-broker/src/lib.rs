@@ -90,6 +90,31 @@ impl Decider for SpotMarket {
         self.fleet.apply(sequence, &envelope.data);
     }
 
+    fn snapshot(&self) -> Option<serde_json::Value> {
+        // Object keys must be strings: the prices go as a list.
+        let published: Vec<(&String, &String, &Decimal)> = self
+            .published
+            .iter()
+            .map(|((zone, model), price)| (zone, model, price))
+            .collect();
+        Some(serde_json::json!({"fleet": self.fleet, "published": published}))
+    }
+
+    fn restore(&mut self, mut state: serde_json::Value) -> bool {
+        let (Ok(fleet), Ok(published)) = (
+            serde_json::from_value::<Fleet>(state["fleet"].take()),
+            serde_json::from_value::<Vec<(String, String, Decimal)>>(state["published"].take()),
+        ) else {
+            return false;
+        };
+        self.fleet = fleet;
+        self.published = published
+            .into_iter()
+            .map(|(zone, model, price)| ((zone, model), price))
+            .collect();
+        true
+    }
+
     /// Once per interval: a price for every (zone, model) whose price
     /// changed since the log last recorded one.
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {

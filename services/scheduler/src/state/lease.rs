@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::planner::Ask;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Status {
     Requested,
     Queued {
@@ -20,7 +20,7 @@ pub enum Status {
     Suspended,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Lease {
     pub id: Uuid,
     pub tenant_id: Uuid,
@@ -94,7 +94,7 @@ impl Lease {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Tenant {
     pub quota: Quota,
     pub weight: u32,

@@ -257,6 +257,38 @@ impl State {
         self.awaiting_preemption.remove(&lease_id);
     }
 
+    /// What the log says, for a snapshot: not what this process heard of
+    /// nodes or when it started (liveness starts afresh).
+    pub fn snapshot(&self) -> serde_json::Value {
+        serde_json::json!({
+            "fleet": self.fleet,
+            "leases": self.leases,
+            "tenants": self.tenants,
+            "waiting": self.waiting,
+            "awaiting_preemption": self.awaiting_preemption,
+        })
+    }
+
+    /// Takes back a [`State::snapshot`]; false when it does not fit.
+    pub fn restore(&mut self, mut snapshot: serde_json::Value) -> bool {
+        let mut take = |field: &str| snapshot[field].take();
+        let (Ok(fleet), Ok(leases), Ok(tenants), Ok(waiting), Ok(awaiting_preemption)) = (
+            serde_json::from_value(take("fleet")),
+            serde_json::from_value(take("leases")),
+            serde_json::from_value(take("tenants")),
+            serde_json::from_value(take("waiting")),
+            serde_json::from_value(take("awaiting_preemption")),
+        ) else {
+            return false;
+        };
+        self.fleet = fleet;
+        self.leases = leases;
+        self.tenants = tenants;
+        self.waiting = waiting;
+        self.awaiting_preemption = awaiting_preemption;
+        true
+    }
+
     pub fn waiting_count(&self) -> usize {
         self.waiting.len()
     }

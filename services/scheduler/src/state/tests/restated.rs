@@ -97,3 +97,21 @@ fn restatements_alone_give_the_state_the_whole_history_gives() {
     assert_eq!(summary(&whole), before);
     assert!(whole.leases.values().all(|l| l.subject_sequence >= 100));
 }
+
+#[test]
+fn a_snapshot_taken_back_gives_the_same_state_and_decisions() {
+    let (events, _) = history();
+    let mut whole = State::default();
+    for e in &events {
+        whole.apply(e.sequence, &e.envelope);
+    }
+    let bytes = serde_json::to_vec(&whole.snapshot()).unwrap();
+    let mut restored = State::default();
+    assert!(restored.restore(serde_json::from_slice(&bytes).unwrap()));
+    assert_eq!(summary(&restored), summary(&whole));
+    assert_eq!(restored.fleet.holdings, whole.fleet.holdings);
+    assert_eq!(restored.fleet.nodes, whole.fleet.nodes);
+    assert_eq!(restored.waiting_count(), whole.waiting_count());
+    assert_eq!(events_of(&decide(&restored)), events_of(&decide(&whole)));
+    assert!(!State::default().restore(serde_json::json!({"fleet": 1})));
+}
