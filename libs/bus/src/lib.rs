@@ -465,6 +465,24 @@ impl Bus {
                 "the event log is larger than configured; it is not shrunk"
             );
         }
+        // A log created with fewer replicas (a single server that became a
+        // cluster) is given the replicas now configured; never fewer.
+        if info.config.num_replicas < config.replicas {
+            let mut replicated = info.config.clone();
+            replicated.num_replicas = config.replicas;
+            match self.js.update_stream(replicated).await {
+                Ok(updated) => {
+                    tracing::info!(
+                        from = info.config.num_replicas,
+                        to = updated.config.num_replicas,
+                        "the event log's replicas were raised"
+                    );
+                    info = updated;
+                }
+                Err(e) => tracing::warn!(have = info.config.num_replicas, wanted = config.replicas,
+                    error = %e, "the event log's replicas cannot be raised; it is kept as it is"),
+            }
+        }
         let problems = events_stream_problems(&info.config, config.least_events_max_age());
         if !problems.is_empty() {
             return Err(BusError::WeakStream {

@@ -221,3 +221,18 @@ async fn killing_the_stream_leader_loses_no_acknowledged_event() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_created_with_one_replica_is_given_the_replicas_configured() {
+    let cluster = lh_testkit::NatsCluster::start().await.unwrap();
+    let single = BusConfig::new(cluster.urls(), "test");
+    let bus = Bus::connect(&single).await.unwrap();
+    assert_eq!(bus.events_stream_config().await.unwrap().num_replicas, 1);
+    let mut replicated = single.clone();
+    replicated.replicas = 3;
+    let bus = Bus::connect(&replicated).await.unwrap();
+    assert_eq!(bus.events_stream_config().await.unwrap().num_replicas, 3);
+    // A service still configured with one replica does not lower it.
+    let bus = Bus::connect(&single).await.unwrap();
+    assert_eq!(bus.events_stream_config().await.unwrap().num_replicas, 3);
+}
