@@ -57,6 +57,7 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
         stack.start_service(&format!("scheduler:{r}")).await;
     }
 
+    const MAX_TRIES: usize = 20;
     let mut tasks = Vec::new();
     for i in 0..REQUESTS {
         let url = format!("{}/v1/leases", stack.gateway_url);
@@ -64,18 +65,34 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
         let http = stack.http.clone();
         let gpus = 1 + (i % 2) as u32;
         tasks.push(tokio::spawn(async move {
-            let resp = http
-                .post(url)
-                .bearer_auth(key)
-                .json(&json!({"gpus": gpus, "gpu_model": "A100-40GB"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status().as_u16(), 202);
-            resp.json::<serde_json::Value>().await.unwrap()["id"]
-                .as_str()
-                .unwrap()
-                .to_string()
+            // As a client would: a 503 (the database pool is exhausted on a
+            // loaded machine) is retried after its Retry-After, with the same
+            // Idempotency-Key, so a retry never makes a second lease.
+            let idempotency_key = format!("race-{i}");
+            for _ in 0..MAX_TRIES {
+                let resp = http
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", &idempotency_key)
+                    .json(&json!({"gpus": gpus, "gpu_model": "A100-40GB"}))
+                    .send()
+                    .await
+                    .unwrap();
+                match resp.status().as_u16() {
+                    202 => {
+                        return resp.json::<serde_json::Value>().await.unwrap()["id"]
+                            .as_str()
+                            .unwrap()
+                            .to_string()
+                    }
+                    503 => {
+                        assert!(resp.headers().contains_key("retry-after"));
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    other => panic!("{other}: {}", resp.text().await.unwrap()),
+                }
+            }
+            panic!("still 503 after {MAX_TRIES} tries")
         }));
     }
     let mut ids = HashSet::new();
