@@ -22,6 +22,7 @@ pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
 pub mod process;
+pub mod reconcile;
 pub mod supervisor;
 
 use std::collections::BTreeMap;
