@@ -265,3 +265,70 @@ async fn a_recorded_pid_now_held_by_an_unrelated_process_is_not_killed() {
     unrelated.kill().unwrap();
     unrelated.wait().unwrap();
 }
+
+// ---- containers, against a fake CLI (no container engine runs here) -------
+
+/// Writes `dir/docker`, which appends each call's arguments to `dir/calls`;
+/// `ps` prints `dir/ps.out`; `wait <name>` waits for `dir/exit-<name>` and
+/// prints it; `stop` writes 143 there.
+fn fake_cli(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir.display();
+    let script = format!(
+        r#"#!/bin/sh
+echo "$*" >> '{d}/calls'
+case "$1" in
+  ps) cat '{d}/ps.out' ;;
+  wait) while [ ! -e "{d}/exit-$2" ]; do sleep 0.02; done; cat "{d}/exit-$2" ;;
+  stop) echo 143 > "{d}/exit-$4" ;;
+esac
+"#
+    );
+    let path = dir.join("docker");
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = fake_cli(dir.path());
+    let (kept, gone) = (Uuid::new_v4(), Uuid::new_v4());
+    fs::write(dir.path().join("ps.out"), format!("lh-{kept}\nlh-{gone}\n")).unwrap();
+    let marks = HostMarks {
+        node_id: NODE.into(),
+        state_dir: dir.path().join("state"),
+    };
+    let (mut workloads, mut finished) = Workloads::new(
+        RuntimeKind::Docker,
+        Some(cli),
+        Duration::from_secs(2),
+        marks,
+    )
+    .unwrap();
+    let reconciled = workloads
+        .reconcile(&HashMap::from([(kept, PLACEMENT)]))
+        .await;
+    assert_eq!(reconciled.adopted, [(kept, PLACEMENT)]);
+    assert_eq!(reconciled.reaped, 1);
+    assert!(workloads.is_running(kept, PLACEMENT));
+    let calls = || fs::read_to_string(dir.path().join("calls")).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while !calls().contains(&format!("rm --force lh-{gone}")) {
+        assert!(Instant::now() < deadline, "{}", calls());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = calls();
+    let lines: Vec<&str> = calls.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ps --all --filter label=leasehold.node=node-a --filter label=leasehold.lease --format {{.Names}}"
+    );
+    assert!(lines.contains(&format!("stop --timeout 2 lh-{gone}").as_str()));
+    assert!(!calls.contains(&format!("stop --timeout 2 lh-{kept}")));
+    // The adopted container's exit code comes through `wait`.
+    fs::write(dir.path().join(format!("exit-lh-{kept}")), "3\n").unwrap();
+    let ended = next_finished(&mut finished).await;
+    assert_eq!((ended.lease_id, ended.exit.code), (kept, Some(3)));
+}

@@ -86,7 +86,7 @@ pub struct Workloads {
 
 /// What a supervisor task watches: a workload it started, or one it found.
 enum Supervised {
-    Started(RunningWorkload),
+    Started(Box<RunningWorkload>),
     Adopted(Adopted),
 }
 
@@ -185,7 +185,7 @@ impl Workloads {
         self.supervise(
             lease_id,
             placement,
-            Supervised::Started(handle),
+            Supervised::Started(Box::new(handle)),
             record.flatten(),
         );
         Ok(true)
