@@ -39,6 +39,12 @@ use super::Exit;
 pub const MOST_HOST_WORKLOADS: usize = 1024;
 /// Most bytes of a process record read (a record is well under 1 KiB).
 const MOST_RECORD_BYTES: u64 = 4096;
+/// Most directory entries looked at in the state directory or the parent
+/// cgroup (the marked ones among them are bounded by the above).
+const MOST_DIR_ENTRIES: usize = 16 * MOST_HOST_WORKLOADS;
+/// Most bytes of the container list read: [`MOST_HOST_WORKLOADS`] names of
+/// 39 bytes and a newline, with room to spare.
+const MOST_CONTAINER_LIST_BYTES: u64 = 64 * 1024;
 /// How long a container CLI call of the reconciliation may take.
 pub const CLI_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often an adopted process (no longer the agent's child, so it cannot
@@ -228,7 +234,7 @@ pub fn list_process_records(dir: &Path, node_id: &str, most: usize) -> Vec<Found
         }
     };
     let mut found = Vec::new();
-    for entry in entries.flatten() {
+    for entry in entries.take(MOST_DIR_ENTRIES).flatten() {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -272,7 +278,7 @@ pub fn list_cgroups(parent: &Path, most: usize) -> Vec<Found> {
         return Vec::new();
     };
     let mut found = Vec::new();
-    for entry in entries.flatten() {
+    for entry in entries.take(MOST_DIR_ENTRIES).flatten() {
         let Some(lease_id) = lease_of_mark(&entry.file_name().to_string_lossy()) else {
             continue;
         };
@@ -326,23 +332,11 @@ pub fn parse_container_list(output: &str, most: usize) -> Vec<Found> {
     found.into_iter().take(most).collect()
 }
 
-/// Lists this node's lease containers with the CLI; none when it fails.
+/// Lists this node's lease containers with the CLI, reading at most
+/// [`MOST_CONTAINER_LIST_BYTES`] of its output; none when it fails.
 pub async fn list_containers(cli: &Path, node_id: &str) -> Vec<Found> {
-    let output = Command::new(cli)
-        .args(container_list_args(node_id))
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(CLI_TIMEOUT, output).await {
-        Ok(Ok(o)) if o.status.success() => {
-            parse_container_list(&String::from_utf8_lossy(&o.stdout), MOST_HOST_WORKLOADS)
-        }
-        Ok(Ok(o)) => {
-            tracing::warn!(cli = %cli.display(), status = %o.status,
-                stderr = %String::from_utf8_lossy(&o.stderr).trim(), "cannot list containers");
-            Vec::new()
-        }
+    match tokio::time::timeout(CLI_TIMEOUT, read_container_list(cli, node_id)).await {
+        Ok(Ok(output)) => parse_container_list(&output, MOST_HOST_WORKLOADS),
         Ok(Err(e)) => {
             tracing::warn!(cli = %cli.display(), error = %e, "cannot list containers");
             Vec::new()
@@ -352,6 +346,36 @@ pub async fn list_containers(cli: &Path, node_id: &str) -> Vec<Found> {
             Vec::new()
         }
     }
+}
+
+async fn read_container_list(cli: &Path, node_id: &str) -> io::Result<String> {
+    use tokio::io::AsyncReadExt;
+    let mut child = Command::new(cli)
+        .args(container_list_args(node_id))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut output = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        stdout
+            .take(MOST_CONTAINER_LIST_BYTES)
+            .read_to_end(&mut output)
+            .await?;
+    }
+    if output.len() as u64 == MOST_CONTAINER_LIST_BYTES {
+        tracing::warn!(
+            most_bytes = MOST_CONTAINER_LIST_BYTES,
+            "container list cut short"
+        );
+        let _ = child.start_kill();
+    }
+    let status = child.wait().await?;
+    if !status.success() && (output.len() as u64) < MOST_CONTAINER_LIST_BYTES {
+        return Err(io::Error::other(format!("{} ps: {status}", cli.display())));
+    }
+    Ok(String::from_utf8_lossy(&output).into_owned())
 }
 
 /// A workload the agent did not start in this life: no child to wait for.
