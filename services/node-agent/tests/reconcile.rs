@@ -233,28 +233,19 @@ async fn a_recorded_pid_now_held_by_an_unrelated_process_is_not_killed() {
     let ticks = reconcile::process_start_ticks(pid).unwrap();
     // The recorded workload ran under this pid before: it started earlier.
     let lease_id = Uuid::new_v4();
-    ProcessRecord {
+    let stale = ProcessRecord {
         node_id: NODE.into(),
         lease_id,
         placement: PLACEMENT,
         pid,
         start_ticks: ticks - 1,
-    }
-    .write(state.path())
-    .unwrap();
+    };
     let (mut workloads, _finished) = workloads(state.path());
     for placed_here in [HashMap::new(), HashMap::from([(lease_id, PLACEMENT)])] {
+        stale.write(state.path()).unwrap();
         let reconciled = workloads.reconcile(&placed_here).await;
         assert_eq!(reconciled, Default::default(), "{placed_here:?}");
-        ProcessRecord {
-            node_id: NODE.into(),
-            lease_id,
-            placement: PLACEMENT,
-            pid,
-            start_ticks: ticks - 1,
-        }
-        .write(state.path())
-        .unwrap();
+        assert!(records(state.path()).is_empty(), "the record is forgotten");
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(

@@ -84,7 +84,7 @@ impl CgroupConfig {
 
     /// `<root>/leasehold/lh-<lease_id>`, marked as the lease's.
     pub fn lease_dir(&self, lease_id: Uuid) -> PathBuf {
-        self.parent_dir().join(super::reconcile::mark(lease_id))
+        self.parent_dir().join(super::mark(lease_id))
     }
 
     pub fn limits(&self, share_bytes: u64) -> MemoryLimits {

@@ -39,10 +39,9 @@ use tokio::process::Command;
 use uuid::Uuid;
 
 use super::cgroup::{memory_limits, DEFAULT_HARD_LIMIT_PCT, DEFAULT_SOFT_LIMIT_PCT};
-use super::reconcile::{self, LABEL_LEASE, LABEL_NODE};
 use super::{
-    lease_env, validate_assignment, validate_env, Assignment, Exit, Kind, RunningWorkload, Runtime,
-    RuntimeError, StopOutcome, Workload,
+    lease_env, mark, validate_assignment, validate_env, Assignment, Exit, Kind, RunningWorkload,
+    Runtime, RuntimeError, StopOutcome, Workload, LABEL_LEASE, LABEL_NODE,
 };
 
 /// How long past the grace period a stop waits for the CLI before it kills
@@ -107,7 +106,7 @@ impl ContainerRuntime {
 
 /// `lh-<lease_id>`.
 pub fn container_name(lease_id: Uuid) -> String {
-    reconcile::mark(lease_id)
+    mark(lease_id)
 }
 
 /// The arguments of `<cli> run` for a lease.

@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use super::container::{run_stop_command, CliFlavor};
 use super::Exit;
+pub use super::{lease_of_mark, mark, LABEL_LEASE, LABEL_NODE, MARK_PREFIX};
 
 /// Most workloads of each kind (records, containers, cgroups) read from the
 /// host at start; past it the rest are left alone, with a warning.
@@ -52,22 +53,6 @@ pub const CLI_TIMEOUT: Duration = Duration::from_secs(30);
 const ADOPTED_POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// After SIGKILL, how long a stop waits to see the process gone.
 const KILLED_WAIT: Duration = Duration::from_secs(5);
-/// The container label with the lease id.
-pub const LABEL_LEASE: &str = "leasehold.lease";
-/// The container label with the node id.
-pub const LABEL_NODE: &str = "leasehold.node";
-/// What every workload's mark starts with.
-pub const MARK_PREFIX: &str = "lh-";
-
-/// The mark of a lease's workload: `lh-<lease>`.
-pub fn mark(lease_id: Uuid) -> String {
-    format!("{MARK_PREFIX}{lease_id}")
-}
-
-/// The lease a mark names; `None` for anything else.
-pub fn lease_of_mark(name: &str) -> Option<Uuid> {
-    name.strip_prefix(MARK_PREFIX)?.parse().ok()
-}
 
 /// A process workload as the agent that started it recorded it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
