@@ -323,3 +323,185 @@ async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
     let ended = next_finished(&mut finished).await;
     assert_eq!((ended.lease_id, ended.exit.code), (kept, Some(3)));
 }
+
+// ---- the whole agent, on a real log --------------------------------------
+
+const FLEET: &str = "[[node]]\nid = \"node-a\"\nzone = \"z\"\nhostname = \"a\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n";
+
+struct OnLog {
+    nats: lh_testkit::Nats,
+    bus: lh_bus::Bus,
+    dir: tempfile::TempDir,
+    lease_id: Uuid,
+}
+
+impl OnLog {
+    fn fleet(&self) -> PathBuf {
+        self.dir.path().join("fleet.toml")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    async fn publish(&self, data: lh_events::EventData) {
+        let envelope = lh_events::Envelope::new(lh_events::Actor::Admin, chrono::Utc::now(), data);
+        self.bus
+            .publish(&envelope, lh_bus::Expect::Any)
+            .await
+            .unwrap();
+    }
+
+    /// The lease's events on the log, oldest first.
+    async fn lease_events(&self) -> Vec<lh_events::EventData> {
+        let head = self.bus.last_sequence().await.unwrap();
+        let subject = lh_events::subject::lease(self.lease_id);
+        let mut feed = self.bus.feed(&[subject.as_str()], 1).await.unwrap();
+        let mut events = Vec::new();
+        while let Some(Ok(e)) = feed.next_within(Duration::from_millis(300)).await {
+            events.push(e.envelope.data);
+            if e.sequence >= head {
+                break;
+            }
+        }
+        events
+    }
+
+    async fn wait_for_event(&self, event_type: &str) -> lh_events::EventData {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let events = self.lease_events().await;
+            if let Some(e) = events.into_iter().find(|e| e.event_type() == event_type) {
+                return e;
+            }
+            assert!(Instant::now() < deadline, "no {event_type} on the log");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A log with a lease that runs `exec sleep 300` placed on node-a, whose
+/// agent (the binary, a process of its own) started it and was then killed
+/// with SIGKILL. Returns the workload's record.
+async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
+    let nats = lh_testkit::Nats::start().await.unwrap();
+    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let on_log = OnLog {
+        nats,
+        bus,
+        dir,
+        lease_id: Uuid::now_v7(),
+    };
+    fs::write(on_log.fleet(), FLEET).unwrap();
+    let request = lh_events::LeaseRequested {
+        workload: Some(WorkloadSpec {
+            command: ["sh", "-c", "exec sleep 300"].map(String::from).into(),
+            image: None,
+            env: Default::default(),
+        }),
+        ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseRequested(request))
+        .await;
+    let placed = lh_events::fixtures::placed(on_log.lease_id, NODE, "z", "A100-40GB", 40, &[0]);
+    on_log
+        .publish(lh_events::EventData::LeasePlaced(placed))
+        .await;
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
+        .arg("--nats-url")
+        .arg(on_log.nats.url())
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--node-id",
+            NODE,
+            "--runtime",
+            "process",
+        ])
+        .arg("--fleet-file")
+        .arg(on_log.fleet())
+        .arg("--state-dir")
+        .arg(on_log.state_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    on_log.wait_for_event("lease.started").await;
+    let record = records(&on_log.state_dir()).pop().expect("a record");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    assert_eq!(
+        processes_of(on_log.lease_id),
+        [record.pid],
+        "it outlived its agent"
+    );
+    (on_log, record)
+}
+
+async fn restarted_agent(on_log: &OnLog) -> (lh_service::CancellationToken, lh_service::Running) {
+    let token = lh_service::CancellationToken::new();
+    let config = lh_node_agent::Config {
+        runtime: RuntimeKind::Process,
+        state_dir: on_log.state_dir(),
+        stop_grace_secs: 2,
+        ..lh_node_agent::Config::for_test(&on_log.nats.url(), on_log.fleet(), NODE)
+    };
+    let running = lh_node_agent::start(config, token.clone()).await.unwrap();
+    (token, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_adopts_its_lease_s_workload_and_a_stop_reaches_it() {
+    let (on_log, record) = killed_agent_with_a_running_lease().await;
+    let (token, running) = restarted_agent(&on_log).await;
+    // Running for a while, it starts no second copy.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(processes_of(on_log.lease_id), [record.pid]);
+    }
+    let stop = lh_events::LeaseStopRequested {
+        lease_id: on_log.lease_id,
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseStopRequested(stop))
+        .await;
+    match on_log.wait_for_event("lease.ended").await {
+        lh_events::EventData::LeaseEnded(e) => {
+            assert_eq!(e.reason, lh_events::EndReason::Stopped)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_gone(&record).await;
+    token.cancel();
+    running.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_stops_the_workload_of_a_lease_moved_away() {
+    let (on_log, record) = killed_agent_with_a_running_lease().await;
+    let moved = lh_events::LeaseMigrated {
+        lease_id: on_log.lease_id,
+        reason: "node lost".into(),
+        from_node_id: NODE.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: chrono::Utc::now(),
+        to: None,
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseMigrated(moved))
+        .await;
+    let (token, running) = restarted_agent(&on_log).await;
+    assert_gone(&record).await;
+    assert!(processes_of(on_log.lease_id).is_empty());
+    token.cancel();
+    running.wait().await.unwrap();
+    let ended = on_log.lease_events().await;
+    assert!(
+        !ended.iter().any(|e| e.event_type() == "lease.ended"),
+        "the lease goes on elsewhere"
+    );
+}
