@@ -51,6 +51,10 @@ pub const CLI_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often an adopted process (no longer the agent's child, so it cannot
 /// be waited for) is looked at.
 const ADOPTED_POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// Removing a cgroup waits for its last processes to be gone: this many
+/// tries, [`CGROUP_REMOVE_RETRY`] apart.
+const CGROUP_REMOVE_ATTEMPTS: u32 = 50;
+const CGROUP_REMOVE_RETRY: Duration = Duration::from_millis(20);
 /// After SIGKILL, how long a stop waits to see the process gone.
 const KILLED_WAIT: Duration = Duration::from_secs(5);
 
@@ -401,7 +405,7 @@ impl Adopted {
             }
             Adopted::Container { cli, name, .. } => container_wait(cli, name).await,
         };
-        self.clean_up();
+        self.clean_up().await;
         exit
     }
 
@@ -422,16 +426,17 @@ impl Adopted {
                 NO_EXIT
             }
         };
-        self.clean_up();
+        self.clean_up().await;
         exit
     }
 
-    fn clean_up(&self) {
+    async fn clean_up(&self) {
         if let Adopted::Process {
             cgroup: Some(dir), ..
         } = self
         {
-            remove_cgroup(dir);
+            kill_cgroup(dir);
+            remove_cgroup(dir).await;
         }
     }
 }
@@ -520,21 +525,39 @@ pub async fn remove_container(cli: &Path, name: &str) {
     }
 }
 
-/// Kills what is left in a lease cgroup and removes it; failures logged.
-pub fn remove_cgroup(dir: &Path) {
+/// Kills every process in a lease cgroup (`cgroup.kill`, where the kernel
+/// has it).
+pub fn kill_cgroup(dir: &Path) {
     let kill = dir.join("cgroup.kill");
     if kill.exists() {
-        let _ = fs::write(&kill, "1");
-    }
-    let removed = match fs::remove_dir(dir) {
-        Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => fs::remove_dir_all(dir),
-        other => other,
-    };
-    if let Err(e) = removed {
-        if e.kind() != io::ErrorKind::NotFound {
-            tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove cgroup");
+        if let Err(e) = fs::write(&kill, "1") {
+            tracing::warn!(cgroup = %dir.display(), error = %e, "cannot kill cgroup");
         }
     }
+}
+
+/// Removes a lease cgroup, retrying while its last processes exit (EBUSY
+/// until then); failures are logged. A plain directory that mimics
+/// cgroupfs, as in tests, is removed with its files.
+pub async fn remove_cgroup(dir: &Path) {
+    for _ in 0..CGROUP_REMOVE_ATTEMPTS {
+        let removed = match fs::remove_dir(dir) {
+            Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => fs::remove_dir_all(dir),
+            other => other,
+        };
+        match removed {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
+                tokio::time::sleep(CGROUP_REMOVE_RETRY).await
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove cgroup");
+                return;
+            }
+        }
+    }
+    tracing::warn!(cgroup = %dir.display(), "cgroup still busy; left in place");
 }
 
 #[cfg(test)]
@@ -694,5 +717,18 @@ mod tests {
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].lease_id(), lease(1));
         assert!(list_cgroups(&dir.path().join("missing"), 10).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cgroup_is_killed_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroup = dir.path().join(mark(lease(1)));
+        fs::create_dir(&cgroup).unwrap();
+        fs::write(cgroup.join("cgroup.kill"), "0").unwrap();
+        kill_cgroup(&cgroup);
+        assert_eq!(fs::read_to_string(cgroup.join("cgroup.kill")).unwrap(), "1");
+        remove_cgroup(&cgroup).await;
+        assert!(!cgroup.exists());
+        remove_cgroup(&cgroup).await;
     }
 }

@@ -292,7 +292,7 @@ impl Workloads {
                         remove_record(path);
                     }
                 }
-                Decision::Adopt { .. } if kind == "cgroup" => {
+                Decision::Adopt { .. } if matches!(f, Found::Cgroup { .. }) => {
                     tracing::info!(lease = %lease_id, "lease cgroup kept with its adopted process");
                 }
                 Decision::Adopt { placement } => {
@@ -347,6 +347,11 @@ impl Workloads {
     /// Stops and removes a workload no lease here owns, in a task of its
     /// own: a start does not wait for the grace periods.
     fn reap(&self, found: Found) {
+        // At once, not in the task: a lease placed here again makes a
+        // cgroup of the same name for its new workload.
+        if let Found::Cgroup { dir, .. } = &found {
+            reconcile::kill_cgroup(dir);
+        }
         let grace = self.grace;
         let container = self.container.clone();
         tokio::spawn(async move {
@@ -368,7 +373,7 @@ impl Workloads {
                         reconcile::remove_container(&c.cli, &name).await;
                     }
                 }
-                Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir),
+                Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir).await,
             }
         });
     }
