@@ -177,6 +177,7 @@ pub fn decide(found: &[Found], placed_here: &HashMap<Uuid, u64>) -> Vec<Decision
             let lease_id = f.lease_id();
             let placement = placed_here.get(&lease_id).copied();
             match (f, placement) {
+                // Decided below, once it is known whose process is adopted.
                 (Found::Cgroup { .. }, _) => Decision::Forget,
                 (Found::Process { alive: false, .. }, _) => Decision::Forget,
                 (_, None) => Decision::Reap {
