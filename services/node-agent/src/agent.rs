@@ -56,6 +56,17 @@ pub(crate) struct NodeAgent {
     usage: mpsc::Sender<Vec<LeaseUsage>>,
     status: Arc<NodeStatus>,
     tick: Duration,
+    reconciliation: Reconciliation,
+}
+
+/// Where the reconciliation of the host at start stands: until it is done,
+/// no workload is started or stopped for a lease (a start could run a
+/// second copy of a workload the previous agent left running).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reconciliation {
+    NotAsked,
+    Asked,
+    Done,
 }
 
 impl NodeAgent {
@@ -77,7 +88,24 @@ impl NodeAgent {
             usage,
             status,
             tick,
+            reconciliation: Reconciliation::NotAsked,
         }
+    }
+
+    /// Whether lease steps may be taken: the host has been reconciled with
+    /// the log. The first call, once the fold has caught up (decisions come
+    /// only after that), asks for the reconciliation.
+    fn host_reconciled(&mut self) -> bool {
+        if self.reconciliation == Reconciliation::NotAsked {
+            let placed_here = self
+                .state
+                .holding()
+                .map(|(&lease_id, l)| (lease_id, l.placement_sequence))
+                .collect();
+            let _ = self.workloads.send(Command::Reconcile { placed_here });
+            self.reconciliation = Reconciliation::Asked;
+        }
+        self.reconciliation == Reconciliation::Done
     }
 
     fn registration(&self, now: DateTime<Utc>) -> Envelope {
@@ -275,6 +303,19 @@ impl Decider for NodeAgent {
                 }
                 true
             }
+            Signal::Workload(Report::Reconciled { adopted }) => {
+                // An adopted workload runs for its placement as if started
+                // here: a stop reaches it, its exit is reported, and a start
+                // still to report finds it running.
+                for (lease_id, placement) in adopted {
+                    let current = |l: &&mut LocalLease| l.placement_sequence == placement;
+                    if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
+                        l.workload_running = true;
+                    }
+                }
+                self.reconciliation = Reconciliation::Done;
+                true
+            }
             Signal::Workload(Report::Ended(f)) => {
                 let current = |l: &&mut LocalLease| l.placement_sequence == f.placement;
                 if let Some(l) = self.state.leases.get_mut(&f.lease_id).filter(current) {
@@ -301,16 +342,18 @@ impl Decider for NodeAgent {
                 .iter()
                 .map(|envelope| vec![(envelope.clone(), Expect::Any)]),
         );
-        for (&lease_id, lease) in self.state.leases.iter_mut() {
-            if std::mem::take(&mut lease.stale_workload) {
-                let _ = self.workloads.send(Command::StopStale {
-                    lease_id,
-                    placement: lease.placement_sequence,
-                });
+        if self.host_reconciled() {
+            for (&lease_id, lease) in self.state.leases.iter_mut() {
+                if std::mem::take(&mut lease.stale_workload) {
+                    let _ = self.workloads.send(Command::StopStale {
+                        lease_id,
+                        placement: lease.placement_sequence,
+                    });
+                }
             }
-        }
-        for step in self.state.decide(now) {
-            decisions.extend(self.lease_step(step, now));
+            for step in self.state.decide(now) {
+                decisions.extend(self.lease_step(step, now));
+            }
         }
         // Ended leases need no memory beyond the log.
         self.state.leases.retain(|_, l| !l.ended);

@@ -36,9 +36,10 @@ use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use agent::{NodeAgent, NodeStatus, Signal};
 pub use gpu::GpuArgs;
 pub use workload::supervisor::RuntimeKind;
-use workload::supervisor::Workloads;
+use workload::supervisor::{HostMarks, Workloads};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/leasehold/node-agent";
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
@@ -64,6 +65,10 @@ pub struct Config {
     /// The docker or podman binary (default: found on PATH).
     #[arg(long, env = "LH_CONTAINER_CLI")]
     pub container_cli: Option<PathBuf>,
+    /// Where the agent keeps what must outlive it: the records of the
+    /// workload processes it starts, which a restarted agent adopts or stops.
+    #[arg(long, env = "LH_NODE_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
     /// Seconds a stopped workload gets between SIGTERM and SIGKILL.
     #[arg(long, env = "LH_STOP_GRACE_SECS", default_value_t = 30)]
     pub stop_grace_secs: u64,
@@ -80,6 +85,11 @@ impl Config {
             heartbeat_ms: 500,
             runtime: RuntimeKind::Sim,
             container_cli: None,
+            // Of its own: agents of parallel tests must not adopt or stop
+            // each other's workloads.
+            state_dir: std::env::temp_dir()
+                .join("lh-node-agent-test")
+                .join(uuid::Uuid::new_v4().to_string()),
             stop_grace_secs: 30,
             gpus: GpuArgs::for_test(),
         }
@@ -104,8 +114,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         section.clone(),
         clock.clone(),
     );
+    let marks = HostMarks {
+        node_id: inventory.node_id.clone(),
+        state_dir: config.state_dir.clone(),
+    };
     let (workloads, finished) =
-        Workloads::new(config.runtime, config.container_cli.clone(), grace)?;
+        Workloads::new(config.runtime, config.container_cli.clone(), grace, marks)?;
     let node_id = inventory.node_id.clone();
     let stop = shutdown.clone();
     Running::spawn_with_metrics(

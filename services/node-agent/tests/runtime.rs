@@ -326,7 +326,7 @@ async fn check_cgroup_files(hard_pct: u8, soft_pct: u8, expect_max: u64, expect_
     let mut running = start(&runtime, &a, &sh("sleep 60"));
 
     let parent = root.path().join("leasehold");
-    let lease = parent.join(a.lease_id.to_string());
+    let lease = parent.join(format!("lh-{}", a.lease_id));
     assert_eq!(read(lease.join("memory.max")), expect_max.to_string());
     assert_eq!(read(lease.join("memory.high")), expect_high.to_string());
     assert_eq!(read(lease.join("cgroup.procs")), running.pid().to_string());
@@ -363,7 +363,10 @@ async fn the_cgroup_goes_when_the_workload_exits() {
         memory_share_bytes: Some(64 * MIB),
         ..assignment()
     };
-    let lease = root.path().join("leasehold").join(a.lease_id.to_string());
+    let lease = root
+        .path()
+        .join("leasehold")
+        .join(format!("lh-{}", a.lease_id));
     // The child reads its own cgroup file: it was in before it ran.
     let script = format!(
         "test \"$(cat '{}')\" = $$",
@@ -416,7 +419,10 @@ async fn a_cgroup_that_cannot_be_made_or_entered_does_not_stop_the_workload() {
         ..CgroupConfig::default()
     })
     .unwrap();
-    let lease = root.path().join("leasehold").join(a.lease_id.to_string());
+    let lease = root
+        .path()
+        .join("leasehold")
+        .join(format!("lh-{}", a.lease_id));
     fs::create_dir_all(lease.join("cgroup.procs")).unwrap();
     let exit = start(&runtime, &a, &sh("exit 5")).wait().await.unwrap();
     assert_eq!(exit.code, Some(5));
@@ -447,7 +453,7 @@ async fn real_cgroup_v2_limits_when_the_host_has_them() {
     assert_eq!(read(lease.join("memory.high")), expect.to_string());
     let own = read(PathBuf::from(format!("/proc/{}/cgroup", running.pid())));
     assert!(
-        own.contains(&format!("/leasehold/{}", a.lease_id)),
+        own.contains(&format!("/leasehold/lh-{}", a.lease_id)),
         "child cgroup: {own}"
     );
     running.stop(Duration::from_secs(5)).await.unwrap();
@@ -548,6 +554,8 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         &format!("NVIDIA_VISIBLE_DEVICES={devices}"),
         "-e",
         "HF_TOKEN",
+        "--label",
+        &format!("leasehold.lease={}", a.lease_id),
         "registry.example/team/trainer:1.2",
         "python",
         "train.py",

@@ -2,6 +2,7 @@
 //! GPUs and workloads through `signal`, and what `decide` asks for, on the
 //! log and of the workload side.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use lh_events::{fixtures, EventData, GpuHealth, LeaseStopRequested};
@@ -34,8 +35,28 @@ struct Given {
 }
 
 /// A registered agent of a two-GPU simulated node, lease 7 placed on GPU 0
-/// at sequence 10.
+/// at sequence 10, whose host held nothing of a previous agent.
 fn given() -> Given {
+    given_adopting(Vec::new())
+}
+
+/// [`given`], with `adopted` what the reconciliation of the host found
+/// running (lease and placement).
+fn given_adopting(adopted: Vec<(Uuid, u64)>) -> Given {
+    let mut g = given_unreconciled();
+    assert!(g.agent.decide(t(0)).is_empty());
+    match g.commands.try_recv() {
+        Ok(Command::Reconcile { placed_here }) => {
+            assert_eq!(placed_here, HashMap::from([(lease(), 10)]))
+        }
+        other => panic!("{other:?}"),
+    }
+    let report = Report::Reconciled { adopted };
+    assert!(g.agent.signal(Signal::Workload(report), t(0)));
+    g
+}
+
+fn given_unreconciled() -> Given {
     let node: SimNode = toml::from_str(&format!(
         "id = \"{NODE}\"\nzone = \"z\"\nhostname = \"h\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n"
     ))
@@ -241,4 +262,47 @@ fn a_workload_left_behind_on_other_gpus_of_the_node_is_stopped() {
         Ok(Command::StopStale { lease_id, placement: 12 }) if lease_id == lease()
     ));
     assert_eq!(types(&decided), ["lease.ended"]);
+}
+
+#[test]
+fn no_workload_starts_or_stops_before_the_host_is_reconciled() {
+    let mut g = given_unreconciled();
+    assert!(g.agent.decide(t(1)).is_empty());
+    assert!(matches!(
+        g.commands.try_recv(),
+        Ok(Command::Reconcile { .. })
+    ));
+    assert!(g.agent.decide(t(1)).is_empty());
+    assert!(
+        matches!(g.commands.try_recv(), Err(TryRecvError::Empty)),
+        "asked once, and nothing started meanwhile"
+    );
+    let report = Report::Reconciled {
+        adopted: Vec::new(),
+    };
+    assert!(g.agent.signal(Signal::Workload(report), t(1)));
+    assert!(g.agent.decide(t(1)).is_empty());
+    assert!(matches!(g.commands.try_recv(), Ok(Command::Start { .. })));
+}
+
+#[test]
+fn an_adopted_workload_is_stopped_before_its_lease_ends() {
+    let mut g = given_adopting(vec![(lease(), 10)]);
+    let stop = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease() });
+    g.agent.apply(11, &Envelope::new(Actor::Admin, t(1), stop));
+    assert!(
+        g.agent.decide(t(1)).is_empty(),
+        "the end waits for the exit"
+    );
+    assert!(matches!(
+        g.commands.try_recv(),
+        Ok(Command::Stop { lease_id }) if lease_id == lease()
+    ));
+}
+
+#[test]
+fn a_workload_adopted_for_an_earlier_placement_is_not_taken_as_running() {
+    let mut g = given_adopting(vec![(lease(), 9)]);
+    g.agent.decide(t(1));
+    assert!(matches!(g.commands.try_recv(), Ok(Command::Start { .. })));
 }

@@ -1,7 +1,7 @@
 //! cgroup v2 memory limits for the process runtime.
 //!
 //! Where the host has cgroup v2 with the memory controller and the agent may
-//! write there, each lease with a RAM share gets `<root>/leasehold/<lease_id>/`
+//! write there, each lease with a RAM share gets `<root>/leasehold/lh-<lease_id>/`
 //! with `memory.max` (hard limit) and `memory.high` (soft limit, throttling
 //! and reclaim above it). The child moves itself in between fork and exec,
 //! so nothing it starts escapes the limits. After the workload exits the
@@ -76,9 +76,15 @@ impl CgroupConfig {
         Ok(())
     }
 
-    /// `<root>/leasehold/<lease_id>`.
+    /// `<root>/leasehold`: the agent's parent cgroup, which holds only lease
+    /// cgroups (a restarted agent removes those of leases not placed here).
+    pub fn parent_dir(&self) -> PathBuf {
+        self.root.join(PARENT_DIR)
+    }
+
+    /// `<root>/leasehold/lh-<lease_id>`, marked as the lease's.
     pub fn lease_dir(&self, lease_id: Uuid) -> PathBuf {
-        self.root.join(PARENT_DIR).join(lease_id.to_string())
+        self.parent_dir().join(super::mark(lease_id))
     }
 
     pub fn limits(&self, share_bytes: u64) -> MemoryLimits {
@@ -363,7 +369,7 @@ mod tests {
         let id = Uuid::from_u128(1);
         assert_eq!(
             config.lease_dir(id),
-            PathBuf::from(format!("/cg/leasehold/{id}"))
+            PathBuf::from(format!("/cg/leasehold/lh-{id}"))
         );
     }
 }

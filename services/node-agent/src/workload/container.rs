@@ -17,6 +17,10 @@
 //! process list. With a RAM share, `--memory` and `--memory-reservation` are
 //! the hard and soft percentages of it, as for the process runtime's cgroup.
 //!
+//! The container carries its lease's mark for a restarted agent
+//! ([`super::reconcile`]): the name, and the labels `leasehold.lease` and
+//! (when the runtime knows its node) `leasehold.node`.
+//!
 //! A stop is `<cli> stop --timeout <s> lh-<lease_id>` (podman: `--time`),
 //! which sends SIGTERM, waits, then SIGKILLs the container; the `run`
 //! process then exits (137 when the container was killed). If the CLI does
@@ -36,8 +40,8 @@ use uuid::Uuid;
 
 use super::cgroup::{memory_limits, DEFAULT_HARD_LIMIT_PCT, DEFAULT_SOFT_LIMIT_PCT};
 use super::{
-    lease_env, validate_assignment, validate_env, Assignment, Exit, Kind, RunningWorkload, Runtime,
-    RuntimeError, StopOutcome, Workload,
+    lease_env, mark, validate_assignment, validate_env, Assignment, Exit, Kind, RunningWorkload,
+    Runtime, RuntimeError, StopOutcome, Workload, LABEL_LEASE, LABEL_NODE,
 };
 
 /// How long past the grace period a stop waits for the CLI before it kills
@@ -68,6 +72,9 @@ pub struct ContainerRuntime {
     pub soft_limit_pct: u8,
     /// See [`DEFAULT_STOP_MARGIN`].
     pub stop_margin: Duration,
+    /// The node whose agent runs the containers, put on each as a label so
+    /// that a restarted agent finds its own.
+    pub node_id: Option<String>,
 }
 
 impl ContainerRuntime {
@@ -86,13 +93,20 @@ impl ContainerRuntime {
             hard_limit_pct: DEFAULT_HARD_LIMIT_PCT,
             soft_limit_pct: DEFAULT_SOFT_LIMIT_PCT,
             stop_margin: DEFAULT_STOP_MARGIN,
+            node_id: None,
         }
+    }
+
+    /// Labels every container with `node_id`.
+    pub fn on_node(mut self, node_id: impl Into<String>) -> Self {
+        self.node_id = Some(node_id.into());
+        self
     }
 }
 
 /// `lh-<lease_id>`.
 pub fn container_name(lease_id: Uuid) -> String {
-    format!("lh-{lease_id}")
+    mark(lease_id)
 }
 
 /// The arguments of `<cli> run` for a lease.
@@ -131,6 +145,12 @@ pub fn run_args(
     for name in passed_through(&lease, workload).keys() {
         args.push("-e".into());
         args.push((*name).clone());
+    }
+    args.push("--label".into());
+    args.push(format!("{LABEL_LEASE}={}", assignment.lease_id));
+    if let Some(node_id) = &runtime.node_id {
+        args.push("--label".into());
+        args.push(format!("{LABEL_NODE}={node_id}"));
     }
     args.push(image.to_string());
     args.extend(workload.command.iter().cloned());
@@ -263,7 +283,7 @@ mod tests {
     fn docker_run_for_whole_gpus() {
         let id = Uuid::from_u128(0xabc);
         let args = run_args(
-            &ContainerRuntime::docker("docker"),
+            &ContainerRuntime::docker("docker").on_node("node-a"),
             &assignment(),
             &workload(),
             "pytorch:2",
@@ -283,6 +303,10 @@ mod tests {
             "NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2".into(),
             "-e".into(),
             "TOKEN".into(),
+            "--label".into(),
+            format!("leasehold.lease={id}"),
+            "--label".into(),
+            "leasehold.node=node-a".into(),
             "pytorch:2".into(),
             "python".into(),
             "train.py".into(),

@@ -37,6 +37,9 @@ pub(crate) enum Command {
     /// Stop the lease's workload if it runs for another placement than
     /// this one (the lease moved to other GPUs of the node).
     StopStale { lease_id: Uuid, placement: u64 },
+    /// Adopt what a previous agent left running for these leases (with
+    /// their placement here); stop and remove everything else it left.
+    Reconcile { placed_here: HashMap<Uuid, u64> },
 }
 
 /// What the workload side tells the agent.
@@ -52,6 +55,9 @@ pub(crate) enum Report {
     },
     /// A workload ended, on its own or stopped.
     Ended(Finished),
+    /// What a [`Command::Reconcile`] adopted: these leases' workloads run,
+    /// for these placements.
+    Reconciled { adopted: Vec<(Uuid, u64)> },
 }
 
 /// A lease's request, read back from the log for a start.
@@ -85,6 +91,12 @@ pub(crate) fn spawn(
             let report = tokio::select! {
                 command = commands.recv() => match command {
                     None => return,
+                    // Once, at start, before any other command: nothing
+                    // else waits on the workload side meanwhile.
+                    Some(Command::Reconcile { placed_here }) => {
+                        let reconciled = side.workloads.reconcile(&placed_here).await;
+                        Some(Report::Reconciled { adopted: reconciled.adopted })
+                    }
                     Some(command) => side.carry_out(command),
                 },
                 Some(r) = resolved.recv() => side.resolved(r),
@@ -156,6 +168,7 @@ impl WorkloadSide {
                 self.workloads.stop_stale(lease_id, placement);
                 None
             }
+            Command::Reconcile { .. } => unreachable!("reconciled in the task's loop"),
         }
     }
 

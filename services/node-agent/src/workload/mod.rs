@@ -22,6 +22,7 @@ pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
 pub mod process;
+pub mod reconcile;
 pub mod supervisor;
 
 use std::collections::BTreeMap;
@@ -49,6 +50,25 @@ pub const ENV_CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub const ENV_CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 /// `LEASEHOLD_LEASE_ID`: the lease the workload runs for.
 pub const ENV_LEASE_ID: &str = "LEASEHOLD_LEASE_ID";
+
+/// The container label with the lease id.
+pub const LABEL_LEASE: &str = "leasehold.lease";
+/// The container label with the node id.
+pub const LABEL_NODE: &str = "leasehold.node";
+/// What every workload's mark starts with: a restarted agent finds what
+/// its previous incarnation started by it ([`reconcile`]).
+pub const MARK_PREFIX: &str = "lh-";
+
+/// The mark of a lease's workload: `lh-<lease>`, the name of its container
+/// and of its cgroup, and the start of its process record's name.
+pub fn mark(lease_id: Uuid) -> String {
+    format!("{MARK_PREFIX}{lease_id}")
+}
+
+/// The lease a mark names; `None` for anything else.
+pub fn lease_of_mark(name: &str) -> Option<Uuid> {
+    name.strip_prefix(MARK_PREFIX)?.parse().ok()
+}
 
 /// One GPU's compute in thousandths; a share has 1..=1000.
 pub const MILLI_PER_GPU: u32 = 1000;

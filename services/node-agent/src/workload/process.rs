@@ -12,6 +12,7 @@
 //! memory, not users or files. The container runtime is the boundary for
 //! untrusted tenants.
 
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
@@ -51,6 +52,11 @@ impl ProcessRuntime {
 
     pub fn without_cgroups() -> Self {
         ProcessRuntime { cgroups: None }
+    }
+
+    /// The parent of the lease cgroups, when leases get them.
+    pub fn cgroup_parent(&self) -> Option<PathBuf> {
+        self.cgroups.as_ref().map(CgroupConfig::parent_dir)
     }
 
     /// Whether leases with a RAM share get a cgroup.

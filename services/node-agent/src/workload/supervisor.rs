@@ -1,9 +1,12 @@
 //! The workloads running on this node: one supervisor task per lease that
 //! owns its [`RunningWorkload`](super::RunningWorkload), reports its exit,
-//! and stops it gracefully when the agent asks.
+//! and stops it gracefully when the agent asks. A workload a previous
+//! incarnation of the agent started is found again at start
+//! ([`Workloads::reconcile`], see [`super::reconcile`]) and supervised the
+//! same way.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +14,12 @@ use lh_events::{AssignedGpu, WorkloadSpec};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{Assignment, CgroupConfig, ContainerRuntime, Exit, ProcessRuntime, Runtime, Workload};
+use super::container::DEFAULT_STOP_MARGIN;
+use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
+use super::{
+    Assignment, CgroupConfig, CliFlavor, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload,
+    Runtime, RuntimeError, Workload,
+};
 
 /// How leases run on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,14 +44,66 @@ pub struct Finished {
     pub exit: Exit,
 }
 
+/// Where the workloads of this node are marked so that a restarted agent
+/// finds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostMarks {
+    pub node_id: String,
+    /// The agent's state directory: process records go in it.
+    pub state_dir: PathBuf,
+}
+
+/// What a reconciliation at start came to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Leases whose workload runs on, supervised again, with the placement.
+    pub adopted: Vec<(Uuid, u64)>,
+    /// Workloads (processes, containers, cgroups) stopped and removed.
+    pub reaped: usize,
+}
+
+/// The container CLI, for the workloads a reconciliation finds.
+#[derive(Debug, Clone)]
+struct ContainerCli {
+    cli: PathBuf,
+    flavor: CliFlavor,
+}
+
 /// Starts, watches and stops the workloads of the leases on this node.
 pub struct Workloads {
     runtime: Option<Arc<dyn Runtime>>,
     grace: Duration,
+    marks: HostMarks,
+    /// Set for the process runtime: its workloads get a record.
+    records: bool,
+    cgroup_parent: Option<PathBuf>,
+    container: Option<ContainerCli>,
     /// Running workloads: the placement each runs for, and its stop handle
     /// (send the grace period).
     running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
     finished_tx: mpsc::UnboundedSender<Finished>,
+}
+
+/// What a supervisor task watches: a workload it started, or one it found.
+enum Supervised {
+    Started(Box<RunningWorkload>),
+    Adopted(Adopted),
+}
+
+impl Supervised {
+    async fn wait(&mut self) -> Result<Exit, RuntimeError> {
+        match self {
+            Supervised::Started(w) => w.wait().await,
+            Supervised::Adopted(a) => Ok(a.wait().await),
+        }
+    }
+
+    async fn stop(&mut self, grace: Duration) -> Result<Exit, RuntimeError> {
+        match self {
+            Supervised::Started(w) => w.stop(grace).await.map(|s| s.exit),
+            Supervised::Adopted(a) => Ok(a.stop(grace).await),
+        }
+    }
 }
 
 impl Workloads {
@@ -52,27 +112,51 @@ impl Workloads {
         kind: RuntimeKind,
         container_cli: Option<PathBuf>,
         grace: Duration,
+        marks: HostMarks,
     ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
+        let mut cgroup_parent = None;
+        let mut container = None;
         let runtime: Option<Arc<dyn Runtime>> = match kind {
             RuntimeKind::Sim => None,
-            RuntimeKind::Process => Some(Arc::new(ProcessRuntime::new(CgroupConfig::default())?)),
-            RuntimeKind::Docker => Some(Arc::new(ContainerRuntime::docker(
-                container_cli.unwrap_or_else(|| "docker".into()),
-            ))),
-            RuntimeKind::Podman => Some(Arc::new(ContainerRuntime::podman(
-                container_cli.unwrap_or_else(|| "podman".into()),
-            ))),
+            RuntimeKind::Process => {
+                let runtime = ProcessRuntime::new(CgroupConfig::default())?;
+                cgroup_parent = runtime.cgroup_parent();
+                Some(Arc::new(runtime))
+            }
+            RuntimeKind::Docker | RuntimeKind::Podman => {
+                let runtime = match kind {
+                    RuntimeKind::Docker => {
+                        ContainerRuntime::docker(container_cli.unwrap_or_else(|| "docker".into()))
+                    }
+                    _ => ContainerRuntime::podman(container_cli.unwrap_or_else(|| "podman".into())),
+                }
+                .on_node(marks.node_id.clone());
+                container = Some(ContainerCli {
+                    cli: runtime.cli.clone(),
+                    flavor: runtime.flavor,
+                });
+                Some(Arc::new(runtime))
+            }
         };
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         Ok((
             Workloads {
                 runtime,
                 grace,
+                marks,
+                records: kind == RuntimeKind::Process,
+                cgroup_parent,
+                container,
                 running: HashMap::new(),
                 finished_tx,
             },
             finished_rx,
         ))
+    }
+
+    /// Where process records are kept.
+    pub fn records_dir(&self) -> &Path {
+        &self.marks.state_dir
     }
 
     /// Starts the workload of `lease_id` on `gpus`. `Ok(false)` when there
@@ -93,8 +177,54 @@ impl Workloads {
             image: spec.image.clone(),
             env: spec.env.clone(),
         };
-        let mut handle = runtime.start(&assignment, &workload)?;
+        let handle = runtime.start(&assignment, &workload)?;
         tracing::info!(lease = %lease_id, pid = handle.pid(), "workload started");
+        let record = self
+            .records
+            .then(|| self.record(lease_id, placement, handle.pid()));
+        self.supervise(
+            lease_id,
+            placement,
+            Supervised::Started(Box::new(handle)),
+            record.flatten(),
+        );
+        Ok(true)
+    }
+
+    /// Writes the record a restarted agent finds the process by. Without
+    /// it the workload runs, but a restarted agent cannot adopt it.
+    fn record(&self, lease_id: Uuid, placement: u64, pid: u32) -> Option<PathBuf> {
+        let pid = i32::try_from(pid).ok()?;
+        let Some(start_ticks) = reconcile::process_start_ticks(pid) else {
+            // Gone already: its exit is reported as usual.
+            return None;
+        };
+        let record = ProcessRecord {
+            node_id: self.marks.node_id.clone(),
+            lease_id,
+            placement,
+            pid,
+            start_ticks,
+        };
+        match record.write(&self.marks.state_dir) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!(lease = %lease_id, dir = %self.marks.state_dir.display(), error = %e,
+                    "cannot record the workload; a restarted agent will not find it");
+                None
+            }
+        }
+    }
+
+    /// One task that waits for the workload, or stops it when asked, then
+    /// reports how it ended and drops its record.
+    fn supervise(
+        &mut self,
+        lease_id: Uuid,
+        placement: u64,
+        mut handle: Supervised,
+        record: Option<PathBuf>,
+    ) {
         let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
         let finished = self.finished_tx.clone();
         tokio::spawn(async move {
@@ -104,8 +234,11 @@ impl Workloads {
             };
             let exit = match stop {
                 Err(exit) => exit,
-                Ok(grace) => handle.stop(grace).await.map(|s| s.exit),
+                Ok(grace) => handle.stop(grace).await,
             };
+            if let Some(path) = record {
+                remove_record(&path);
+            }
             let exit = exit.unwrap_or_else(|e| {
                 tracing::warn!(lease = %lease_id, error = %e, "cannot tell how the workload ended");
                 Exit {
@@ -120,7 +253,129 @@ impl Workloads {
             });
         });
         self.running.insert(lease_id, (placement, stop_tx));
-        Ok(true)
+    }
+
+    /// Finds what a previous agent left on the host (process records,
+    /// cgroups, containers of this node), adopts the workloads of the
+    /// leases in `placed_here` (lease and placement) and stops and removes
+    /// the rest. Each decision is logged and counted.
+    pub async fn reconcile(&mut self, placed_here: &HashMap<Uuid, u64>) -> Reconciled {
+        let mut found = reconcile::list_process_records(
+            &self.marks.state_dir,
+            &self.marks.node_id,
+            MOST_HOST_WORKLOADS,
+        );
+        if let Some(parent) = &self.cgroup_parent {
+            found.extend(reconcile::list_cgroups(parent, MOST_HOST_WORKLOADS));
+        }
+        if let Some(c) = &self.container {
+            found.extend(reconcile::list_containers(&c.cli, &self.marks.node_id).await);
+        }
+        let decisions = reconcile::decide(&found, placed_here);
+        let adopted_cgroups: HashMap<Uuid, PathBuf> = found
+            .iter()
+            .zip(&decisions)
+            .filter_map(|(f, d)| match (f, d) {
+                (Found::Cgroup { lease_id, dir }, Decision::Adopt { .. }) => {
+                    Some((*lease_id, dir.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut outcome = Reconciled::default();
+        for (f, decision) in found.into_iter().zip(decisions) {
+            let (lease_id, kind) = (f.lease_id(), f.kind());
+            match decision {
+                Decision::Forget => {
+                    if let Found::Process { path, record, .. } = &f {
+                        tracing::info!(lease = %lease_id, pid = record.pid, "recorded workload process is gone; its record goes");
+                        remove_record(path);
+                    }
+                }
+                Decision::Adopt { .. } if matches!(f, Found::Cgroup { .. }) => {
+                    tracing::info!(lease = %lease_id, "lease cgroup kept with its adopted process");
+                }
+                Decision::Adopt { placement } => {
+                    tracing::info!(lease = %lease_id, placement, kind, "adopting the workload a previous agent started");
+                    metrics::counter!("lh_node_workloads_adopted_total", "kind" => kind)
+                        .increment(1);
+                    let (adopted, record) = self.adopted(f, adopted_cgroups.get(&lease_id));
+                    self.supervise(lease_id, placement, Supervised::Adopted(adopted), record);
+                    outcome.adopted.push((lease_id, placement));
+                }
+                Decision::Reap { why } => {
+                    tracing::info!(lease = %lease_id, kind, why, "stopping a workload left on the host");
+                    metrics::counter!("lh_node_workloads_reaped_total", "kind" => kind)
+                        .increment(1);
+                    self.reap(f);
+                    outcome.reaped += 1;
+                }
+            }
+        }
+        outcome
+    }
+
+    fn adopted(&self, found: Found, cgroup: Option<&PathBuf>) -> (Adopted, Option<PathBuf>) {
+        match found {
+            Found::Process { record, path, .. } => (
+                Adopted::Process {
+                    pid: record.pid,
+                    start_ticks: record.start_ticks,
+                    cgroup: cgroup.cloned(),
+                },
+                Some(path),
+            ),
+            Found::Container { name, .. } => {
+                let c = self
+                    .container
+                    .as_ref()
+                    .expect("containers are listed with a CLI");
+                (
+                    Adopted::Container {
+                        cli: c.cli.clone(),
+                        flavor: c.flavor,
+                        name,
+                        stop_margin: DEFAULT_STOP_MARGIN,
+                    },
+                    None,
+                )
+            }
+            Found::Cgroup { .. } => unreachable!("a cgroup is adopted with its process"),
+        }
+    }
+
+    /// Stops and removes a workload no lease here owns, in a task of its
+    /// own: a start does not wait for the grace periods.
+    fn reap(&self, found: Found) {
+        // At once, not in the task: a lease placed here again makes a
+        // cgroup of the same name for its new workload.
+        if let Found::Cgroup { dir, .. } = &found {
+            reconcile::kill_cgroup(dir);
+        }
+        let grace = self.grace;
+        let container = self.container.clone();
+        tokio::spawn(async move {
+            match found {
+                Found::Process { record, path, .. } => {
+                    reconcile::stop_process(record.pid, record.start_ticks, grace).await;
+                    remove_record(&path);
+                }
+                Found::Container { name, .. } => {
+                    if let Some(c) = container {
+                        super::container::run_stop_command(
+                            &c.cli,
+                            c.flavor,
+                            &name,
+                            grace,
+                            DEFAULT_STOP_MARGIN,
+                        )
+                        .await;
+                        reconcile::remove_container(&c.cli, &name).await;
+                    }
+                }
+                Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir).await,
+            }
+        });
     }
 
     /// Stops, without a report that counts, a workload of `lease_id` that
@@ -167,6 +422,14 @@ impl Workloads {
         self.running
             .get(&lease_id)
             .is_some_and(|(p, _)| *p == placement)
+    }
+}
+
+fn remove_record(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(record = %path.display(), error = %e, "cannot remove the workload record");
+        }
     }
 }
 

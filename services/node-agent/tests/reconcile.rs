@@ -1,0 +1,507 @@
+//! A restarted node-agent and the workloads its previous incarnation left,
+//! with real processes: the previous agent is this test binary run again
+//! as [`previous_agent`], which starts a workload through the process
+//! runtime and is then killed with SIGKILL, leaving its workload running as
+//! a crashed agent would. The restarted agent's workload side
+//! ([`Workloads::reconcile`]) then adopts or stops what it finds.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lh_events::{AssignedGpu, WorkloadSpec};
+use lh_node_agent::workload::reconcile::{self, ProcessRecord};
+use lh_node_agent::workload::supervisor::{Finished, HostMarks, Workloads};
+use lh_node_agent::RuntimeKind;
+use tokio::sync::mpsc::UnboundedReceiver;
+use uuid::Uuid;
+
+const NODE: &str = "node-a";
+const PLACEMENT: u64 = 10;
+const ENV_STATE_DIR: &str = "LH_TEST_PREVIOUS_AGENT_STATE_DIR";
+const ENV_LEASE: &str = "LH_TEST_PREVIOUS_AGENT_LEASE";
+const ENV_COMMAND: &str = "LH_TEST_PREVIOUS_AGENT_COMMAND";
+/// How long anything awaited here may take.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn gpus() -> Vec<AssignedGpu> {
+    vec![AssignedGpu {
+        index: 0,
+        uuid: "GPU-0".into(),
+        milli: None,
+        vram_gb: None,
+        mig_instance: None,
+    }]
+}
+
+fn workloads(state_dir: &Path) -> (Workloads, UnboundedReceiver<Finished>) {
+    let marks = HostMarks {
+        node_id: NODE.into(),
+        state_dir: state_dir.to_path_buf(),
+    };
+    Workloads::new(RuntimeKind::Process, None, Duration::from_secs(2), marks).unwrap()
+}
+
+/// The previous agent: starts the lease's workload and runs until killed.
+/// Only run by [`kill_agent_after_start`].
+#[test]
+#[ignore = "the agent the other tests kill; they run it"]
+fn previous_agent() {
+    let state_dir = PathBuf::from(std::env::var(ENV_STATE_DIR).unwrap());
+    let lease_id: Uuid = std::env::var(ENV_LEASE).unwrap().parse().unwrap();
+    let command = std::env::var(ENV_COMMAND).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (mut workloads, _finished) = workloads(&state_dir);
+        let spec = WorkloadSpec {
+            command: vec!["sh".into(), "-c".into(), command],
+            image: None,
+            env: Default::default(),
+        };
+        assert!(workloads
+            .start(lease_id, PLACEMENT, &gpus(), Some(&spec))
+            .unwrap());
+        std::future::pending::<()>().await
+    });
+}
+
+/// Runs [`previous_agent`] with `command` as the lease's workload, waits
+/// for its record, kills the agent with SIGKILL and returns the record.
+fn kill_agent_after_start(state_dir: &Path, lease_id: Uuid, command: &str) -> ProcessRecord {
+    let mut agent: Child = Command::new(std::env::current_exe().unwrap())
+        .args(["previous_agent", "--exact", "--ignored", "--nocapture"])
+        .env(ENV_STATE_DIR, state_dir)
+        .env(ENV_LEASE, lease_id.to_string())
+        .env(ENV_COMMAND, command)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let record = loop {
+        if let Some(record) = records(state_dir).into_iter().next() {
+            break record;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the previous agent recorded nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    record
+}
+
+fn records(state_dir: &Path) -> Vec<ProcessRecord> {
+    let Ok(entries) = fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter_map(|e| serde_json::from_slice(&fs::read(e.path()).ok()?).ok())
+        .collect()
+}
+
+/// Pids of the processes whose environment names `lease_id`.
+fn processes_of(lease_id: Uuid) -> Vec<i32> {
+    let mark = format!("LEASEHOLD_LEASE_ID={lease_id}");
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let live = reconcile::process_start_ticks(*pid).is_some();
+            let environ = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            live && environ.split(|b| *b == 0).any(|v| v == mark.as_bytes())
+        })
+        .collect()
+}
+
+async fn assert_gone(record: &ProcessRecord) {
+    let deadline = Instant::now() + PATIENCE;
+    while reconcile::is_alive(record.pid, record.start_ticks) {
+        assert!(Instant::now() < deadline, "pid {} still runs", record.pid);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn next_finished(finished: &mut UnboundedReceiver<Finished>) -> Finished {
+    tokio::time::timeout(PATIENCE, finished.recv())
+        .await
+        .expect("a workload ended in time")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_workload_of_a_lease_still_placed_here_is_adopted_not_started_again() {
+    let state = tempfile::tempdir().unwrap();
+    let lease_id = Uuid::new_v4();
+    let record = kill_agent_after_start(state.path(), lease_id, "exec sleep 300");
+    assert_eq!(
+        processes_of(lease_id),
+        [record.pid],
+        "it outlived its agent"
+    );
+
+    let (mut workloads, mut finished) = workloads(state.path());
+    let reconciled = workloads
+        .reconcile(&HashMap::from([(lease_id, PLACEMENT)]))
+        .await;
+    assert_eq!(reconciled.adopted, [(lease_id, PLACEMENT)]);
+    assert_eq!(reconciled.reaped, 0);
+    // What the workload side asks before it starts a lease's workload.
+    assert!(workloads.is_running(lease_id, PLACEMENT));
+    assert_eq!(processes_of(lease_id), [record.pid], "no second copy");
+
+    // Supervised again: a stop reaches it, and its end is reported.
+    assert!(workloads.stop(lease_id));
+    let ended = next_finished(&mut finished).await;
+    assert_eq!((ended.lease_id, ended.placement), (lease_id, PLACEMENT));
+    assert_gone(&record).await;
+    assert!(records(state.path()).is_empty(), "its record went with it");
+}
+
+#[tokio::test]
+async fn an_adopted_workload_that_exits_by_itself_is_reported() {
+    let state = tempfile::tempdir().unwrap();
+    let lease_id = Uuid::new_v4();
+    let record = kill_agent_after_start(state.path(), lease_id, "sleep 1");
+    let (mut workloads, mut finished) = workloads(state.path());
+    let reconciled = workloads
+        .reconcile(&HashMap::from([(lease_id, PLACEMENT)]))
+        .await;
+    assert_eq!(reconciled.adopted, [(lease_id, PLACEMENT)]);
+    let ended = next_finished(&mut finished).await;
+    assert_eq!(ended.lease_id, lease_id);
+    // Not the agent's child any more: how it ended cannot be known.
+    assert_eq!((ended.exit.code, ended.exit.signal), (None, None));
+    assert!(!reconcile::is_alive(record.pid, record.start_ticks));
+}
+
+#[tokio::test]
+async fn the_workload_of_a_lease_ended_or_moved_away_is_stopped() {
+    let state = tempfile::tempdir().unwrap();
+    let lease_id = Uuid::new_v4();
+    let record = kill_agent_after_start(state.path(), lease_id, "exec sleep 300");
+    let (mut workloads, _finished) = workloads(state.path());
+    // The fold holds no lease placed here: it ended, or moved to another
+    // node, while the agent was down.
+    let reconciled = workloads.reconcile(&HashMap::new()).await;
+    assert!(reconciled.adopted.is_empty());
+    assert_eq!(reconciled.reaped, 1);
+    assert!(!workloads.is_running(lease_id, PLACEMENT));
+    assert_gone(&record).await;
+    assert!(processes_of(lease_id).is_empty());
+    let deadline = Instant::now() + PATIENCE;
+    while !records(state.path()).is_empty() {
+        assert!(Instant::now() < deadline, "the record stays");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_orphan_of_no_known_lease_or_an_old_placement_is_stopped() {
+    let state = tempfile::tempdir().unwrap();
+    let (orphan, moved) = (Uuid::new_v4(), Uuid::new_v4());
+    let orphan_record = kill_agent_after_start(state.path(), orphan, "exec sleep 300");
+    let moved_dir = tempfile::tempdir().unwrap();
+    let moved_record = kill_agent_after_start(moved_dir.path(), moved, "exec sleep 300");
+    // Both records in the one state directory.
+    fs::rename(
+        moved_dir.path().join(moved_record.file_name()),
+        state.path().join(moved_record.file_name()),
+    )
+    .unwrap();
+    let (mut workloads, _finished) = workloads(state.path());
+    // `moved` is placed here again, on other GPUs (a later placement).
+    let placed_here = HashMap::from([(moved, PLACEMENT + 5), (Uuid::new_v4(), 3)]);
+    let reconciled = workloads.reconcile(&placed_here).await;
+    assert!(reconciled.adopted.is_empty());
+    assert_eq!(reconciled.reaped, 2);
+    assert_gone(&orphan_record).await;
+    assert_gone(&moved_record).await;
+}
+
+#[tokio::test]
+async fn a_recorded_pid_now_held_by_an_unrelated_process_is_not_killed() {
+    let state = tempfile::tempdir().unwrap();
+    let mut unrelated = Command::new("sleep").arg("300").spawn().unwrap();
+    let pid = unrelated.id() as i32;
+    let ticks = reconcile::process_start_ticks(pid).unwrap();
+    // The recorded workload ran under this pid before: it started earlier.
+    let lease_id = Uuid::new_v4();
+    let stale = ProcessRecord {
+        node_id: NODE.into(),
+        lease_id,
+        placement: PLACEMENT,
+        pid,
+        start_ticks: ticks - 1,
+    };
+    let (mut workloads, _finished) = workloads(state.path());
+    for placed_here in [HashMap::new(), HashMap::from([(lease_id, PLACEMENT)])] {
+        stale.write(state.path()).unwrap();
+        let reconciled = workloads.reconcile(&placed_here).await;
+        assert_eq!(reconciled, Default::default(), "{placed_here:?}");
+        assert!(records(state.path()).is_empty(), "the record is forgotten");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        unrelated.try_wait().unwrap().is_none(),
+        "the unrelated process was killed"
+    );
+    assert!(reconcile::is_alive(pid, ticks));
+    unrelated.kill().unwrap();
+    unrelated.wait().unwrap();
+}
+
+// ---- containers, against a fake CLI (no container engine runs here) -------
+
+/// Writes `dir/docker`, which appends each call's arguments to `dir/calls`;
+/// `ps` prints `dir/ps.out`; `wait <name>` waits for `dir/exit-<name>` and
+/// prints it; `stop` writes 143 there.
+fn fake_cli(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir.display();
+    let script = format!(
+        r#"#!/bin/sh
+echo "$*" >> '{d}/calls'
+case "$1" in
+  ps) cat '{d}/ps.out' ;;
+  wait) while [ ! -e "{d}/exit-$2" ]; do sleep 0.02; done; cat "{d}/exit-$2" ;;
+  stop) echo 143 > "{d}/exit-$4" ;;
+esac
+"#
+    );
+    let path = dir.join("docker");
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = fake_cli(dir.path());
+    let (kept, gone) = (Uuid::new_v4(), Uuid::new_v4());
+    fs::write(dir.path().join("ps.out"), format!("lh-{kept}\nlh-{gone}\n")).unwrap();
+    let marks = HostMarks {
+        node_id: NODE.into(),
+        state_dir: dir.path().join("state"),
+    };
+    let (mut workloads, mut finished) = Workloads::new(
+        RuntimeKind::Docker,
+        Some(cli),
+        Duration::from_secs(2),
+        marks,
+    )
+    .unwrap();
+    let reconciled = workloads
+        .reconcile(&HashMap::from([(kept, PLACEMENT)]))
+        .await;
+    assert_eq!(reconciled.adopted, [(kept, PLACEMENT)]);
+    assert_eq!(reconciled.reaped, 1);
+    assert!(workloads.is_running(kept, PLACEMENT));
+    let calls = || fs::read_to_string(dir.path().join("calls")).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while !calls().contains(&format!("rm --force lh-{gone}")) {
+        assert!(Instant::now() < deadline, "{}", calls());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = calls();
+    let lines: Vec<&str> = calls.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ps --all --filter label=leasehold.node=node-a --filter label=leasehold.lease --format {{.Names}}"
+    );
+    assert!(lines.contains(&format!("stop --timeout 2 lh-{gone}").as_str()));
+    assert!(!calls.contains(&format!("stop --timeout 2 lh-{kept}")));
+    // The adopted container's exit code comes through `wait`.
+    fs::write(dir.path().join(format!("exit-lh-{kept}")), "3\n").unwrap();
+    let ended = next_finished(&mut finished).await;
+    assert_eq!((ended.lease_id, ended.exit.code), (kept, Some(3)));
+}
+
+// ---- the whole agent, on a real log --------------------------------------
+
+const FLEET: &str = "[[node]]\nid = \"node-a\"\nzone = \"z\"\nhostname = \"a\"\ngpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n";
+
+struct OnLog {
+    nats: lh_testkit::Nats,
+    bus: lh_bus::Bus,
+    dir: tempfile::TempDir,
+    lease_id: Uuid,
+}
+
+impl OnLog {
+    fn fleet(&self) -> PathBuf {
+        self.dir.path().join("fleet.toml")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    async fn publish(&self, data: lh_events::EventData) {
+        let envelope = lh_events::Envelope::new(lh_events::Actor::Admin, chrono::Utc::now(), data);
+        self.bus
+            .publish(&envelope, lh_bus::Expect::Any)
+            .await
+            .unwrap();
+    }
+
+    /// The lease's events on the log, oldest first.
+    async fn lease_events(&self) -> Vec<lh_events::EventData> {
+        let head = self.bus.last_sequence().await.unwrap();
+        let subject = lh_events::subject::lease(self.lease_id);
+        let mut feed = self.bus.feed(&[subject.as_str()], 1).await.unwrap();
+        let mut events = Vec::new();
+        while let Some(Ok(e)) = feed.next_within(Duration::from_millis(300)).await {
+            events.push(e.envelope.data);
+            if e.sequence >= head {
+                break;
+            }
+        }
+        events
+    }
+
+    async fn wait_for_event(&self, event_type: &str) -> lh_events::EventData {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let events = self.lease_events().await;
+            if let Some(e) = events.into_iter().find(|e| e.event_type() == event_type) {
+                return e;
+            }
+            assert!(Instant::now() < deadline, "no {event_type} on the log");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A log with a lease that runs `exec sleep 300` placed on node-a, whose
+/// agent (the binary, a process of its own) started it and was then killed
+/// with SIGKILL. Returns the workload's record.
+async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
+    let nats = lh_testkit::Nats::start().await.unwrap();
+    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let on_log = OnLog {
+        nats,
+        bus,
+        dir,
+        lease_id: Uuid::now_v7(),
+    };
+    fs::write(on_log.fleet(), FLEET).unwrap();
+    let request = lh_events::LeaseRequested {
+        workload: Some(WorkloadSpec {
+            command: ["sh", "-c", "exec sleep 300"].map(String::from).into(),
+            image: None,
+            env: Default::default(),
+        }),
+        ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseRequested(request))
+        .await;
+    let placed = lh_events::fixtures::placed(on_log.lease_id, NODE, "z", "A100-40GB", 40, &[0]);
+    on_log
+        .publish(lh_events::EventData::LeasePlaced(placed))
+        .await;
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
+        .arg("--nats-url")
+        .arg(on_log.nats.url())
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--node-id",
+            NODE,
+            "--runtime",
+            "process",
+        ])
+        .arg("--fleet-file")
+        .arg(on_log.fleet())
+        .arg("--state-dir")
+        .arg(on_log.state_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    on_log.wait_for_event("lease.started").await;
+    let record = records(&on_log.state_dir()).pop().expect("a record");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    assert_eq!(
+        processes_of(on_log.lease_id),
+        [record.pid],
+        "it outlived its agent"
+    );
+    (on_log, record)
+}
+
+async fn restarted_agent(on_log: &OnLog) -> (lh_service::CancellationToken, lh_service::Running) {
+    let token = lh_service::CancellationToken::new();
+    let config = lh_node_agent::Config {
+        runtime: RuntimeKind::Process,
+        state_dir: on_log.state_dir(),
+        stop_grace_secs: 2,
+        ..lh_node_agent::Config::for_test(&on_log.nats.url(), on_log.fleet(), NODE)
+    };
+    let running = lh_node_agent::start(config, token.clone()).await.unwrap();
+    (token, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_adopts_its_lease_s_workload_and_a_stop_reaches_it() {
+    let (on_log, record) = killed_agent_with_a_running_lease().await;
+    let (token, running) = restarted_agent(&on_log).await;
+    // Running for a while, it starts no second copy.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(processes_of(on_log.lease_id), [record.pid]);
+    }
+    let stop = lh_events::LeaseStopRequested {
+        lease_id: on_log.lease_id,
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseStopRequested(stop))
+        .await;
+    match on_log.wait_for_event("lease.ended").await {
+        lh_events::EventData::LeaseEnded(e) => {
+            assert_eq!(e.reason, lh_events::EndReason::Stopped)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_gone(&record).await;
+    token.cancel();
+    running.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_stops_the_workload_of_a_lease_moved_away() {
+    let (on_log, record) = killed_agent_with_a_running_lease().await;
+    let moved = lh_events::LeaseMigrated {
+        lease_id: on_log.lease_id,
+        reason: "node lost".into(),
+        from_node_id: NODE.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: chrono::Utc::now(),
+        to: None,
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseMigrated(moved))
+        .await;
+    let (token, running) = restarted_agent(&on_log).await;
+    assert_gone(&record).await;
+    assert!(processes_of(on_log.lease_id).is_empty());
+    token.cancel();
+    running.wait().await.unwrap();
+    let ended = on_log.lease_events().await;
+    assert!(
+        !ended.iter().any(|e| e.event_type() == "lease.ended"),
+        "the lease goes on elsewhere"
+    );
+}
