@@ -70,6 +70,7 @@ events! {
     "price_book.published" v=1 => PriceBookPublished @ price_book();
     "charge.accrued" v=1 => ChargeAccrued @ charge(lease_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
+    "audit.pruned" v=1 => AuditPruned @ audit();
 }
 
 #[cfg(test)]
