@@ -108,6 +108,9 @@ mod tests {
             "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1
         }))
         .unwrap();
-        assert_eq!(older, report, "a report without the anchor fields still reads");
+        assert_eq!(
+            older, report,
+            "a report without the anchor fields still reads"
+        );
     }
 }

@@ -336,9 +336,7 @@ impl Keeper {
             return Ok(());
         }
         anyhow::ensure!(
-            anchor
-                .anchored_chain(&self.key.verifying_key())
-                .is_some(),
+            anchor.anchored_chain(&self.key.verifying_key()).is_some(),
             "the checkpoint at sequence {} is not signed by this service's key: not pruning on it",
             anchor.sequence
         );

@@ -147,9 +147,7 @@ impl Check {
     /// it, so it is chained from its stored bytes; a later checkpoint pins
     /// the result.
     fn expired(&mut self, row: &Row) {
-        let link = self
-            .chain
-            .append(row.sequence, &row.subject, &row.payload);
+        let link = self.chain.append(row.sequence, &row.subject, &row.payload);
         if row.hash[..] != link[..] {
             self.mismatch(row.sequence);
         }
@@ -342,6 +340,10 @@ mod tests {
         check.expired(&row(1, b"a", h1));
         assert_eq!(check.first_mismatch, None);
         check.expired(&row(2, b"B", h2));
-        assert_eq!(check.first_mismatch, Some(2), "a changed payload breaks its link");
+        assert_eq!(
+            check.first_mismatch,
+            Some(2),
+            "a changed payload breaks its link"
+        );
     }
 }

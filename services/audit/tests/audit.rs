@@ -580,7 +580,12 @@ impl Env {
             .get_stream(subject::EVENTS_STREAM)
             .await
             .expect("the log");
-        stream.info().await.expect("stream info").state.first_sequence
+        stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .first_sequence
     }
 
     /// Waits until the log no longer holds `sequence`.
@@ -686,11 +691,12 @@ async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned(
     assert!(from.sequence >= anchor && from.sequence < env.log_first().await);
     assert_eq!(report.checked_from, from.sequence + 1);
     assert_eq!(report.sequence, last);
-    let stored_head: Vec<u8> = sqlx::query_scalar("SELECT hash FROM audit.events WHERE sequence = $1")
-        .bind(last as i64)
-        .fetch_one(&env.db)
-        .await
-        .expect("the newest link");
+    let stored_head: Vec<u8> =
+        sqlx::query_scalar("SELECT hash FROM audit.events WHERE sequence = $1")
+            .bind(last as i64)
+            .fetch_one(&env.db)
+            .await
+            .expect("the newest link");
     assert_eq!(report.head, hex::encode(stored_head));
     assert_eq!(report.checkpoints_verified, report.checkpoints);
 
@@ -710,13 +716,15 @@ async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned(
     // The anchor is pinned by this service's key: another key does not
     // trust it.
     let other_key = tempfile::tempdir().expect("a temp dir");
-    let audit = env
-        .start_audit(keyed(&env.config, &other_key))
-        .await;
+    let audit = env.start_audit(keyed(&env.config, &other_key)).await;
     let report = env.verify().await;
     assert!(!report.ok, "{report:?}");
     assert!(
-        report.problem.as_deref().unwrap_or_default().contains("not signed by this service's key"),
+        report
+            .problem
+            .as_deref()
+            .unwrap_or_default()
+            .contains("not signed by this service's key"),
         "{report:?}"
     );
     audit.stop().await;
@@ -737,7 +745,11 @@ async fn a_changed_event_after_the_anchor_is_still_found() {
 
     let report = env.verify().await;
     assert!(report.ok, "{report:?}");
-    let anchor = report.anchor.clone().expect("verified from an anchor").sequence;
+    let anchor = report
+        .anchor
+        .clone()
+        .expect("verified from an anchor")
+        .sequence;
     assert!(anchor < before_expiry, "{report:?}");
 
     // A row the log still holds, and a row only the copy still holds.
@@ -783,7 +795,11 @@ async fn without_a_checkpoint_before_the_log_start_there_is_no_anchor() {
     assert!(!report.ok, "{report:?}");
     assert_eq!(report.anchor, None);
     assert!(
-        report.problem.as_deref().unwrap_or_default().starts_with("no anchor"),
+        report
+            .problem
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("no anchor"),
         "{report:?}"
     );
     // Nothing is pruned without an anchor.
