@@ -12,7 +12,9 @@
 //!
 //! Verification recomputes the chain from the stream and compares it with the
 //! copy and the checkpoints; it answers on NATS ([`subject::RPC_AUDIT_VERIFY`],
-//! for the gateway) and on `GET /v1/verify` (for auditors).
+//! for the gateway) and on `GET /v1/verify` (for auditors). Once the log's
+//! oldest events have expired it starts from a signed checkpoint, the
+//! anchor, and the copy is pruned below it (`audit.pruned`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
