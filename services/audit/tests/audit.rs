@@ -43,11 +43,21 @@ impl Audit {
 
 impl Env {
     async fn new() -> Env {
+        Env::with_log(None).await
+    }
+
+    /// An environment whose log keeps events for `max_age`, or 365 days.
+    async fn with_log(max_age: Option<Duration>) -> Env {
         let (nats, database_url) = lh_testkit::nats_and_database().await;
-        let config = Config::for_test(&nats.url(), &database_url);
-        let bus = Bus::connect(&BusConfig::new(nats.url(), "audit-test"))
-            .await
-            .expect("bus connects");
+        let mut config = Config::for_test(&nats.url(), &database_url);
+        let mut bus_config = BusConfig::new(nats.url(), "audit-test");
+        if let Some(max_age) = max_age {
+            config.common.events_max_age_secs = Some(max_age.as_secs());
+            config.common.allow_short_retention = true;
+            bus_config.events_max_age = max_age;
+            bus_config.allow_short_retention = true;
+        }
+        let bus = Bus::connect(&bus_config).await.expect("bus connects");
         let db = PgPool::connect(&database_url)
             .await
             .expect("database connects");
@@ -551,27 +561,6 @@ async fn messages_no_reader_can_decode_are_chained_copied_and_verified() {
 const SHORT_LOG_MAX_AGE: Duration = Duration::from_secs(4);
 
 impl Env {
-    /// An environment whose log forgets an event after `max_age`.
-    async fn with_log_max_age(max_age: Duration) -> Env {
-        let (nats, database_url) = lh_testkit::nats_and_database().await;
-        let mut config = Config::for_test(&nats.url(), &database_url);
-        config.common.events_max_age_secs = Some(max_age.as_secs());
-        config.common.allow_short_retention = true;
-        let mut bus_config = BusConfig::new(nats.url(), "audit-test");
-        bus_config.events_max_age = max_age;
-        bus_config.allow_short_retention = true;
-        let bus = Bus::connect(&bus_config).await.expect("bus connects");
-        let db = PgPool::connect(&database_url)
-            .await
-            .expect("database connects");
-        Env {
-            _nats: nats,
-            config,
-            bus,
-            db,
-        }
-    }
-
     /// The oldest sequence the log still holds.
     async fn log_first(&self) -> u64 {
         let mut stream = self
@@ -632,7 +621,7 @@ fn keyed(config: &Config, key_dir: &tempfile::TempDir) -> Config {
 
 #[tokio::test]
 async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned() {
-    let env = Env::with_log_max_age(SHORT_LOG_MAX_AGE).await;
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
     let key_dir = tempfile::tempdir().expect("a temp dir");
     let mut config = keyed(&env.config, &key_dir);
     config.prune_every_secs = 1;
@@ -732,7 +721,7 @@ async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned(
 
 #[tokio::test]
 async fn a_changed_event_after_the_anchor_is_still_found() {
-    let env = Env::with_log_max_age(SHORT_LOG_MAX_AGE).await;
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
     let key_dir = tempfile::tempdir().expect("a temp dir");
     // No prune within the test: the rows between the anchor and the log's
     // first sequence stay, and are checked from the copy alone.
@@ -781,7 +770,7 @@ async fn a_changed_event_after_the_anchor_is_still_found() {
 
 #[tokio::test]
 async fn without_a_checkpoint_before_the_log_start_there_is_no_anchor() {
-    let env = Env::with_log_max_age(SHORT_LOG_MAX_AGE).await;
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
     let mut config = env.config.clone();
     config.prune_every_secs = 1;
     let audit = env.start_audit(config).await;
