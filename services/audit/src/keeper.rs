@@ -293,9 +293,10 @@ impl Keeper {
                 FeedItem::Skipped(_) => None,
             })
             .collect();
-        let log_first = match prunes.is_empty() {
-            true => 0,
-            false => log_first_sequence(&self.bus).await?,
+        let log_first = if prunes.is_empty() {
+            0
+        } else {
+            log_first_sequence(&self.bus).await?
         };
         let mut tx = self.pool.begin().await?;
         insert.build().execute(&mut *tx).await?;

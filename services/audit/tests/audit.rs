@@ -797,3 +797,34 @@ async fn without_a_checkpoint_before_the_log_start_there_is_no_anchor() {
     assert_eq!(env.copy_min("audit.events").await, 1);
     audit.stop().await;
 }
+
+#[tokio::test]
+async fn a_prune_of_rows_the_log_still_holds_is_copied_but_not_applied() {
+    let env = Env::new().await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let audit = env.start_audit(keyed(&env.config, &key_dir)).await;
+    env.publish_assorted(12).await;
+    env.settled().await;
+    let anchor = env.checkpoints_in_stream().await[0].1.sequence;
+    // Someone else's audit.pruned, on a log where nothing has expired.
+    let forged = Envelope::new(
+        Actor::Service("audit-test".into()),
+        Utc::now(),
+        EventData::AuditPruned(AuditPruned {
+            below_sequence: anchor + 1,
+            anchor_checkpoint: anchor,
+        }),
+    );
+    env.bus
+        .publish(&forged, Expect::Any)
+        .await
+        .expect("event is stored");
+    env.settled().await;
+
+    assert_eq!(env.newest_prune().await, None);
+    assert_eq!(env.copy_min("audit.events").await, 1);
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.anchor, None);
+    audit.stop().await;
+}
