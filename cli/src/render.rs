@@ -556,5 +556,18 @@ mod tests {
         let out = audit(&json!({"ok": false, "events": 7, "head": "00", "first_bad_seq": 5}));
         assert_eq!(value_of(&out, "ok").as_deref(), Some("NO"));
         assert_eq!(value_of(&out, "first_bad_seq").as_deref(), Some("5"));
+        // Verified from an anchor once the log's oldest events expired.
+        let out = audit(&json!({
+            "ok": true, "events": 9, "head": "ab", "checked_from": 6,
+            "anchor": {"sequence": 5, "events": 5, "head": "cd"}
+        }));
+        assert_eq!(value_of(&out, "checked_from").as_deref(), Some("6"));
+        assert_eq!(
+            value_of(&out, "anchor").as_deref(),
+            Some(r#"{"events":5,"head":"cd","sequence":5}"#)
+        );
+        let out = audit(&json!({"ok": false, "events": 0, "head": "00", "problem": "no anchor"}));
+        assert_eq!(value_of(&out, "ok").as_deref(), Some("NO"));
+        assert_eq!(value_of(&out, "problem").as_deref(), Some("no anchor"));
     }
 }

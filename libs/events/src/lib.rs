@@ -76,6 +76,7 @@ events! {
     "price_book.restated" v=1 => PriceBookRestated @ price_book();
     "charge.accrued" v=1 => ChargeAccrued @ charge(lease_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
+    "audit.pruned" v=1 => AuditPruned @ audit();
 }
 
 #[cfg(test)]

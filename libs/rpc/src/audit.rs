@@ -33,8 +33,39 @@ pub struct VerifyResponse {
     /// Stored checkpoints up to `sequence` whose signature verifies and whose
     /// head and event count match the recomputed chain.
     pub checkpoints_verified: u64,
-    /// Stored checkpoints up to `sequence`, verified or not.
+    /// Stored checkpoints up to `sequence`, verified or not (from the
+    /// anchor on when verification started from one).
     pub checkpoints: u64,
+    /// The signed checkpoint verification started from, once the log's
+    /// oldest events have expired; null while the log starts at sequence 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<VerifyAnchor>,
+    /// First sequence whose link was recomputed: 1, or the one after the
+    /// anchor.
+    #[serde(default = "genesis_next")]
+    pub checked_from: u64,
+    /// Why verification could not be done at all (no anchor precedes the
+    /// log's first sequence, or the anchor is not signed by the pinned key);
+    /// `ok` is false when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// The checkpoint a verification rests on: its head, pinned by its
+/// signature, stands in for the expired events before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VerifyAnchor {
+    /// Stream sequence the checkpoint covers.
+    pub sequence: u64,
+    /// Events chained up to and including `sequence`.
+    pub events: u64,
+    /// Hex chain head at `sequence`.
+    pub head: String,
+}
+
+/// A report from before anchors were verified from 1.
+fn genesis_next() -> u64 {
+    1
 }
 
 /// Asks a running audit service to verify the chain (what the gateway calls).
@@ -59,14 +90,27 @@ mod tests {
             first_mismatch: Some(2),
             checkpoints_verified: 0,
             checkpoints: 1,
+            anchor: None,
+            checked_from: 1,
+            problem: None,
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(
             json,
             serde_json::json!({
                 "ok": false, "events": 3, "head": "ab", "sequence": 3,
-                "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1
+                "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1,
+                "checked_from": 1
             })
+        );
+        let older: VerifyResponse = serde_json::from_value(serde_json::json!({
+            "ok": false, "events": 3, "head": "ab", "sequence": 3,
+            "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1
+        }))
+        .unwrap();
+        assert_eq!(
+            older, report,
+            "a report without the anchor fields still reads"
         );
     }
 }

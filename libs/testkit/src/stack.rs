@@ -272,6 +272,8 @@ impl Stack {
                         signing_key_file: None,
                         checkpoint_every_events: 50,
                         checkpoint_every_secs: 3600,
+                        // A stack on a log that expires in seconds prunes in step.
+                        prune_every_secs: 1,
                     },
                     token.clone(),
                 )

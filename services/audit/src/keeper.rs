@@ -15,6 +15,14 @@
 //! Every N events or T seconds, whichever comes first and only when events
 //! other than its own checkpoints arrived, the keeper signs the chain head and
 //! publishes `audit.checkpoint`, which is then chained like any other event.
+//!
+//! Every prune interval, once the log's oldest events have expired, the
+//! keeper publishes `audit.pruned` naming the anchor checkpoint (the newest
+//! one covering the log's first sequence minus one). The rows below the
+//! anchor are deleted when that event is chained, in the transaction that
+//! copies it: the deletion always follows the event, a crash in between
+//! only leaves the event to be applied on resume, and only the keeper
+//! holding the lock prunes (a standby neither decides nor deletes).
 
 use std::time::{Duration, Instant};
 
@@ -22,10 +30,11 @@ use chrono::Utc;
 use ed25519_dalek::SigningKey;
 use lh_bus::{Bus, Expect, FeedItem};
 use lh_domain::chain::{Chain, Hash};
-use lh_events::{derived_id, subject, Actor, AuditCheckpoint, Envelope, EventData};
+use lh_events::{derived_id, subject, Actor, AuditCheckpoint, AuditPruned, Envelope, EventData};
 use lh_service::Readiness;
-use sqlx::{PgPool, QueryBuilder};
+use sqlx::{PgConnection, PgPool, QueryBuilder};
 
+use crate::anchor::{self, log_first_sequence};
 use crate::signing::sign_checkpoint;
 use crate::SERVICE;
 
@@ -53,6 +62,8 @@ pub struct Keeper {
     pub pool: PgPool,
     pub key: SigningKey,
     pub policy: CheckpointPolicy,
+    /// How often to look whether the audit copy can be pruned.
+    pub prune_every: Duration,
     pub ready: Readiness,
 }
 
@@ -130,6 +141,8 @@ impl Keeper {
         let mut last_checkpoint_at = Instant::now();
         // After a checkpoint failed: when to try again, and the wait so far.
         let mut checkpoint_retry: Option<(Instant, Duration)> = None;
+        // None: look at the first time the keeper is caught up.
+        let mut prune_looked_at: Option<Instant> = None;
         loop {
             let next = feed.next_item_within(QUIET).await;
             let at_head = match next {
@@ -156,6 +169,12 @@ impl Keeper {
                 // chain is kept, but nothing signs it.
                 self.ready
                     .set(checkpoint_retry.is_none() && self.bus.is_connected());
+                if prune_looked_at.is_none_or(|at| at.elapsed() >= self.prune_every) {
+                    prune_looked_at = Some(Instant::now());
+                    if let Err(e) = self.prune_if_due().await {
+                        tracing::warn!(error = %format!("{e:#}"), "cannot decide a prune of the audit copy; will look again");
+                    }
+                }
             }
             if checkpoint_due {
                 match self.checkpoint(&chain).await {
@@ -187,9 +206,20 @@ impl Keeper {
         let Some((sequence, hash)) = last else {
             return Ok(Chain::default());
         };
-        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        // After a prune the rows below the anchor are gone: the count
+        // continues from the anchor's.
+        let pruned: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT c.sequence, c.events FROM prunes p JOIN checkpoints c ON c.sequence = p.anchor_checkpoint
+             ORDER BY p.anchor_checkpoint DESC LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let (after, before): (i64, i64) = pruned.unwrap_or_default();
+        let since: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE sequence > $1")
+            .bind(after)
             .fetch_one(&self.pool)
             .await?;
+        let events = before + since;
         let head = Hash::try_from(hash.as_slice())
             .map_err(|_| anyhow::anyhow!("stored hash at sequence {sequence} is not 32 bytes"))?;
         Ok(Chain {
@@ -253,12 +283,138 @@ impl Keeper {
                 .push_bind(&item.payload()[..])
                 .push_bind(&link[..]);
         });
+        let prunes: Vec<(u64, &AuditPruned)> = batch
+            .iter()
+            .filter_map(|item| match item {
+                FeedItem::Event(e) => match &e.envelope.data {
+                    EventData::AuditPruned(pruned) => Some((e.sequence, pruned)),
+                    _ => None,
+                },
+                FeedItem::Skipped(_) => None,
+            })
+            .collect();
+        let log_first = if prunes.is_empty() {
+            0
+        } else {
+            log_first_sequence(&self.bus).await?
+        };
         let mut tx = self.pool.begin().await?;
         insert.build().execute(&mut *tx).await?;
+        for (event_sequence, pruned) in prunes {
+            self.apply_prune(&mut tx, event_sequence, pruned, log_first)
+                .await?;
+        }
         tx.commit().await?;
         *chain = next;
         batch.clear();
         metrics::gauge!("lh_audit_chain_sequence").set(chain.last_sequence as f64);
+        Ok(())
+    }
+
+    /// Publishes `audit.pruned` when the log's oldest events have expired
+    /// and the copy holds rows below the anchor that verification now
+    /// starts from.
+    async fn prune_if_due(&self) -> anyhow::Result<()> {
+        let log_first = log_first_sequence(&self.bus).await?;
+        if log_first <= 1 {
+            return Ok(());
+        }
+        let oldest: Option<i64> = sqlx::query_scalar("SELECT min(sequence) FROM events")
+            .fetch_one(&self.pool)
+            .await?;
+        let Some(oldest) = oldest.map(|s| s as u64).filter(|&s| s < log_first) else {
+            return Ok(());
+        };
+        let Some(anchor) = anchor::newest_at_or_before(&self.pool, log_first - 1).await? else {
+            tracing::warn!(
+                log_first,
+                oldest,
+                "the log's oldest events expired before a checkpoint covered them: verification has no anchor; the audit copy is kept whole"
+            );
+            return Ok(());
+        };
+        if anchor.sequence <= oldest {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            anchor.anchored_chain(&self.key.verifying_key()).is_some(),
+            "the checkpoint at sequence {} is not signed by this service's key: not pruning on it",
+            anchor.sequence
+        );
+        let data = EventData::AuditPruned(AuditPruned {
+            below_sequence: log_first,
+            anchor_checkpoint: anchor.sequence,
+        });
+        // One id per anchor: a prune decided twice (a retry, a restart)
+        // is stored once within the log's duplicate window, and applying
+        // it twice deletes nothing more.
+        let envelope = Envelope::new(Actor::Service(SERVICE.into()), Utc::now(), data)
+            .with_id(derived_id(&["audit-pruned", &anchor.sequence.to_string()]));
+        self.bus.publish(&envelope, Expect::Any).await?;
+        tracing::info!(
+            below_sequence = log_first,
+            anchor_checkpoint = anchor.sequence,
+            "audit copy prune published"
+        );
+        Ok(())
+    }
+
+    /// Deletes the copy's rows below the anchor `pruned` names, within the
+    /// transaction that copies its event. A prune that would remove a row
+    /// the log still holds, or that rests on a checkpoint this service did
+    /// not sign, is copied but not applied.
+    async fn apply_prune(
+        &self,
+        tx: &mut PgConnection,
+        event_sequence: u64,
+        pruned: &AuditPruned,
+        log_first: u64,
+    ) -> anyhow::Result<()> {
+        let anchor_sequence = pruned.anchor_checkpoint;
+        let anchor = anchor::newest_at_or_before(&mut *tx, anchor_sequence)
+            .await?
+            .filter(|cp| cp.sequence == anchor_sequence);
+        let sound = anchor_sequence > 0
+            && anchor_sequence < pruned.below_sequence
+            && pruned.below_sequence <= log_first
+            && anchor.is_some_and(|cp| cp.anchored_chain(&self.key.verifying_key()).is_some());
+        if !sound {
+            tracing::warn!(
+                event_sequence,
+                below_sequence = pruned.below_sequence,
+                anchor_checkpoint = anchor_sequence,
+                log_first,
+                "audit.pruned does not rest on a signed checkpoint before the log's first sequence: not applied"
+            );
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO prunes (anchor_checkpoint, below_sequence, event_sequence)
+             VALUES ($1, $2, $3) ON CONFLICT (anchor_checkpoint) DO NOTHING",
+        )
+        .bind(anchor_sequence as i64)
+        .bind(pruned.below_sequence as i64)
+        .bind(event_sequence as i64)
+        .execute(&mut *tx)
+        .await?;
+        let events = sqlx::query("DELETE FROM events WHERE sequence < $1")
+            .bind(anchor_sequence as i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let checkpoints = sqlx::query("DELETE FROM checkpoints WHERE sequence < $1")
+            .bind(anchor_sequence as i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        metrics::counter!("lh_audit_pruned_rows_total").increment(events);
+        tracing::info!(
+            anchor_checkpoint = anchor_sequence,
+            below_sequence = pruned.below_sequence,
+            events,
+            checkpoints,
+            "audit copy pruned"
+        );
         Ok(())
     }
 

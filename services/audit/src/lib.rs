@@ -12,7 +12,9 @@
 //!
 //! Verification recomputes the chain from the stream and compares it with the
 //! copy and the checkpoints; it answers on NATS ([`subject::RPC_AUDIT_VERIFY`],
-//! for the gateway) and on `GET /v1/verify` (for auditors).
+//! for the gateway) and on `GET /v1/verify` (for auditors). Once the log's
+//! oldest events have expired it starts from a signed checkpoint, the
+//! anchor, and the copy is pruned below it (`audit.pruned`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use lh_events::subject;
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::PgPool;
 
+mod anchor;
 #[cfg(test)]
 mod chain_spec;
 mod keeper;
@@ -62,6 +65,10 @@ pub struct Config {
     /// ...or after this many seconds with new events, whichever comes first.
     #[arg(long, env = "LH_AUDIT_CHECKPOINT_EVERY_SECS", default_value_t = 60)]
     pub checkpoint_every_secs: u64,
+    /// How often to look whether the log's oldest events have expired, and
+    /// to prune the audit copy in step with it.
+    #[arg(long, env = "LH_AUDIT_PRUNE_EVERY_SECS", default_value_t = 3600)]
+    pub prune_every_secs: u64,
 }
 
 impl std::fmt::Debug for Config {
@@ -74,6 +81,7 @@ impl std::fmt::Debug for Config {
             .field("signing_key_file", &self.signing_key_file)
             .field("checkpoint_every_events", &self.checkpoint_every_events)
             .field("checkpoint_every_secs", &self.checkpoint_every_secs)
+            .field("prune_every_secs", &self.prune_every_secs)
             .finish()
     }
 }
@@ -89,6 +97,7 @@ impl Config {
             signing_key_file: None,
             checkpoint_every_events: 1000,
             checkpoint_every_secs: 60,
+            prune_every_secs: 3600,
         }
     }
 }
@@ -98,13 +107,17 @@ impl Config {
 struct Verifier {
     bus: Bus,
     pool: PgPool,
+    /// The key an anchor checkpoint must be signed with: this service's own.
+    pinned: ed25519_dalek::VerifyingKey,
 }
 
 /// Starts the keeper, the verify RPC and the HTTP API.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     anyhow::ensure!(
-        config.checkpoint_every_events > 0 && config.checkpoint_every_secs > 0,
-        "checkpoint intervals must be positive"
+        config.checkpoint_every_events > 0
+            && config.checkpoint_every_secs > 0
+            && config.prune_every_secs > 0,
+        "checkpoint and prune intervals must be positive"
     );
     let key = signing::load_or_generate(config.signing_key_file.as_deref())?;
     let bus = config.common.connect_bus(SERVICE).await?;
@@ -115,6 +128,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let verifier = Arc::new(Verifier {
         bus: bus.clone(),
         pool: pool.clone(),
+        pinned: key.verifying_key(),
     });
     let fill = bus.clone();
     let keeper = keeper::Keeper {
@@ -125,6 +139,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             every_events: config.checkpoint_every_events,
             every: Duration::from_secs(config.checkpoint_every_secs),
         },
+        prune_every: Duration::from_secs(config.prune_every_secs),
         ready: readiness.clone(),
     };
     let router = Router::new()
@@ -178,7 +193,7 @@ async fn serve_verify(verifier: Arc<Verifier>) -> anyhow::Result<()> {
         |_: VerifyRequest| {
             let verifier = verifier.clone();
             async move {
-                verify::verify(&verifier.bus, &verifier.pool)
+                verify::verify(&verifier.bus, &verifier.pool, &verifier.pinned)
                     .await
                     .map_err(|e| format!("audit verification failed: {e:#}"))
             }
@@ -190,7 +205,7 @@ async fn serve_verify(verifier: Arc<Verifier>) -> anyhow::Result<()> {
 
 /// `GET /v1/verify`: the same report as the RPC.
 async fn http_verify(State(verifier): State<Arc<Verifier>>) -> axum::response::Response {
-    match verify::verify(&verifier.bus, &verifier.pool).await {
+    match verify::verify(&verifier.bus, &verifier.pool, &verifier.pinned).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "audit verification failed");

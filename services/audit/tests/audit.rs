@@ -43,11 +43,21 @@ impl Audit {
 
 impl Env {
     async fn new() -> Env {
+        Env::with_log(None).await
+    }
+
+    /// An environment whose log keeps events for `max_age`, or 365 days.
+    async fn with_log(max_age: Option<Duration>) -> Env {
         let (nats, database_url) = lh_testkit::nats_and_database().await;
-        let config = Config::for_test(&nats.url(), &database_url);
-        let bus = Bus::connect(&BusConfig::new(nats.url(), "audit-test"))
-            .await
-            .expect("bus connects");
+        let mut config = Config::for_test(&nats.url(), &database_url);
+        let mut bus_config = BusConfig::new(nats.url(), "audit-test");
+        if let Some(max_age) = max_age {
+            config.common.events_max_age_secs = Some(max_age.as_secs());
+            config.common.allow_short_retention = true;
+            bus_config.events_max_age = max_age;
+            bus_config.allow_short_retention = true;
+        }
+        let bus = Bus::connect(&bus_config).await.expect("bus connects");
         let db = PgPool::connect(&database_url)
             .await
             .expect("database connects");
@@ -544,5 +554,277 @@ async fn messages_no_reader_can_decode_are_chained_copied_and_verified() {
     let report = env.verify().await;
     assert!(report.ok, "{report:?}");
     assert_eq!(report.events, last);
+    audit.stop().await;
+}
+
+/// How long the log keeps an event in the tests that run it past expiry.
+const SHORT_LOG_MAX_AGE: Duration = Duration::from_secs(4);
+
+impl Env {
+    /// The oldest sequence the log still holds.
+    async fn log_first(&self) -> u64 {
+        let mut stream = self
+            .bus
+            .jetstream()
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .expect("the log");
+        stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .first_sequence
+    }
+
+    /// Waits until the log no longer holds `sequence`.
+    async fn expired_past(&self, sequence: u64) {
+        let deadline = Instant::now() + WAIT;
+        while self.log_first().await <= sequence {
+            assert!(
+                Instant::now() < deadline,
+                "the log never expired sequence {sequence}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The newest prune recorded in the copy: (anchor, below_sequence).
+    async fn newest_prune(&self) -> Option<(u64, u64)> {
+        let row: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT anchor_checkpoint, below_sequence FROM audit.prunes
+             ORDER BY anchor_checkpoint DESC LIMIT 1",
+        )
+        .fetch_optional(&self.db)
+        .await
+        .expect("audit.prunes readable");
+        row.map(|(a, b)| (a as u64, b as u64))
+    }
+
+    /// The lowest sequence the copy holds in `table`.
+    async fn copy_min(&self, table: &str) -> u64 {
+        let min: Option<i64> = sqlx::query_scalar(&format!("SELECT min(sequence) FROM {table}"))
+            .fetch_one(&self.db)
+            .await
+            .expect("the copy readable");
+        min.unwrap_or_default() as u64
+    }
+}
+
+/// A test config whose signing key outlives a restart.
+fn keyed(config: &Config, key_dir: &tempfile::TempDir) -> Config {
+    let mut config = config.clone();
+    config.signing_key_file = Some(key_dir.path().join("audit.key"));
+    config.checkpoint_every_events = 5;
+    config
+}
+
+#[tokio::test]
+async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned() {
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let mut config = keyed(&env.config, &key_dir);
+    config.prune_every_secs = 1;
+    let audit = env.start_audit(config.clone()).await;
+    env.publish_assorted(12).await;
+    let before_expiry = env.settled().await;
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!((report.anchor.clone(), report.checked_from), (None, 1));
+
+    env.expired_past(before_expiry).await;
+    env.publish_assorted(12).await;
+
+    // The keeper publishes audit.pruned and deletes below its anchor.
+    let deadline = Instant::now() + WAIT;
+    let (anchor, below) = loop {
+        if let Some(prune) = env.newest_prune().await {
+            break prune;
+        }
+        assert!(Instant::now() < deadline, "the copy was never pruned");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(anchor < below && below > before_expiry, "{anchor} {below}");
+    let last = env.settled().await;
+    let pruned_on_the_log: Vec<AuditPruned> = env
+        .stream(last)
+        .await
+        .into_iter()
+        .filter_map(
+            |(_, _, payload)| match Envelope::from_json(&payload).ok()?.data {
+                EventData::AuditPruned(p) => Some(p),
+                _ => None,
+            },
+        )
+        .collect();
+    assert!(
+        pruned_on_the_log.contains(&AuditPruned {
+            below_sequence: below,
+            anchor_checkpoint: anchor,
+        }),
+        "{pruned_on_the_log:?}"
+    );
+    assert!(env.copy_min("audit.events").await >= anchor);
+    assert!(env.copy_min("audit.checkpoints").await >= anchor);
+    // Pruned rows are the only ones the trigger lets go.
+    let err = sqlx::query("DELETE FROM audit.events WHERE sequence = $1")
+        .bind(last as i64)
+        .execute(&env.db)
+        .await
+        .expect_err("a row above the anchor is not deleted");
+    assert!(err.to_string().contains("append-only"), "{err}");
+
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    let from = report.anchor.clone().expect("verified from an anchor");
+    assert!(from.sequence >= anchor && from.sequence < env.log_first().await);
+    assert_eq!(report.checked_from, from.sequence + 1);
+    assert_eq!(report.sequence, last);
+    let stored_head: Vec<u8> =
+        sqlx::query_scalar("SELECT hash FROM audit.events WHERE sequence = $1")
+            .bind(last as i64)
+            .fetch_one(&env.db)
+            .await
+            .expect("the newest link");
+    assert_eq!(report.head, hex::encode(stored_head));
+    assert_eq!(report.checkpoints_verified, report.checkpoints);
+
+    // After a restart the keeper counts on from the anchor: its next
+    // checkpoint states the event count verification recomputes.
+    audit.stop().await;
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(6).await;
+    let last = env.settled().await;
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.sequence, last);
+    assert!(report.checkpoints > 1, "{report:?}");
+    assert_eq!(report.checkpoints_verified, report.checkpoints);
+    audit.stop().await;
+
+    // The anchor is pinned by this service's key: another key does not
+    // trust it.
+    let other_key = tempfile::tempdir().expect("a temp dir");
+    let audit = env.start_audit(keyed(&env.config, &other_key)).await;
+    let report = env.verify().await;
+    assert!(!report.ok, "{report:?}");
+    assert!(
+        report
+            .problem
+            .as_deref()
+            .unwrap_or_default()
+            .contains("not signed by this service's key"),
+        "{report:?}"
+    );
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_event_after_the_anchor_is_still_found() {
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    // No prune within the test: the rows between the anchor and the log's
+    // first sequence stay, and are checked from the copy alone.
+    let audit = env.start_audit(keyed(&env.config, &key_dir)).await;
+    env.publish_assorted(12).await;
+    let before_expiry = env.settled().await;
+    env.expired_past(before_expiry).await;
+    env.publish_assorted(3).await;
+    let last = env.settled().await;
+
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    let anchor = report
+        .anchor
+        .clone()
+        .expect("verified from an anchor")
+        .sequence;
+    assert!(anchor < before_expiry, "{report:?}");
+
+    // A row the log still holds, and a row only the copy still holds.
+    for changed in [last, anchor + 1] {
+        let change = format!(
+            "UPDATE audit.events SET payload = payload || '\\x20'::bytea WHERE sequence = {changed}"
+        );
+        behind_the_triggers(&env.db, &change).await;
+        let report = env.verify().await;
+        assert!(!report.ok, "{report:?}");
+        assert_eq!(report.first_mismatch, Some(changed), "{report:?}");
+        let undo = format!(
+            "UPDATE audit.events SET payload = substring(payload from 1 for length(payload) - 1) WHERE sequence = {changed}"
+        );
+        behind_the_triggers(&env.db, &undo).await;
+        assert!(env.verify().await.ok);
+    }
+
+    // A stored link at the anchor that is not the signed head.
+    behind_the_triggers(
+        &env.db,
+        &format!("UPDATE audit.events SET hash = set_byte(hash, 0, get_byte(hash, 0) # 1) WHERE sequence = {anchor}"),
+    )
+    .await;
+    let report = env.verify().await;
+    assert_eq!(report.first_mismatch, Some(anchor), "{report:?}");
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_checkpoint_before_the_log_start_there_is_no_anchor() {
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
+    let mut config = env.config.clone();
+    config.prune_every_secs = 1;
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(5).await;
+    let before_expiry = env.settled().await;
+    env.expired_past(before_expiry).await;
+    env.publish_assorted(2).await;
+    env.settled().await;
+
+    let report = env.verify().await;
+    assert!(!report.ok, "{report:?}");
+    assert_eq!(report.anchor, None);
+    assert!(
+        report
+            .problem
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("no anchor"),
+        "{report:?}"
+    );
+    // Nothing is pruned without an anchor.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.newest_prune().await, None);
+    assert_eq!(env.copy_min("audit.events").await, 1);
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_prune_of_rows_the_log_still_holds_is_copied_but_not_applied() {
+    let env = Env::new().await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let audit = env.start_audit(keyed(&env.config, &key_dir)).await;
+    env.publish_assorted(12).await;
+    env.settled().await;
+    let anchor = env.checkpoints_in_stream().await[0].1.sequence;
+    // Someone else's audit.pruned, on a log where nothing has expired.
+    let forged = Envelope::new(
+        Actor::Service("audit-test".into()),
+        Utc::now(),
+        EventData::AuditPruned(AuditPruned {
+            below_sequence: anchor + 1,
+            anchor_checkpoint: anchor,
+        }),
+    );
+    env.bus
+        .publish(&forged, Expect::Any)
+        .await
+        .expect("event is stored");
+    env.settled().await;
+
+    assert_eq!(env.newest_prune().await, None);
+    assert_eq!(env.copy_min("audit.events").await, 1);
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.anchor, None);
     audit.stop().await;
 }

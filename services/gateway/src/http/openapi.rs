@@ -24,7 +24,8 @@ use super::{audit, invoices, leases, nodes, tenants, Problem};
         Problem,
         lh_rpc::invoice::Invoice,
         lh_rpc::invoice::InvoiceLine,
-        lh_rpc::audit::VerifyResponse
+        lh_rpc::audit::VerifyResponse,
+        lh_rpc::audit::VerifyAnchor
     )),
     modifiers(&BearerAuth)
 )]
