@@ -271,7 +271,13 @@ impl Stack {
                         schema: "audit".into(),
                         signing_key_file: None,
                         checkpoint_every_events: 50,
-                        checkpoint_every_secs: 3600,
+                        // A log that expires in seconds needs checkpoints as
+                        // often, to verify from after expiry.
+                        checkpoint_every_secs: if self.short_retention.is_some() {
+                            1
+                        } else {
+                            3600
+                        },
                         // A stack on a log that expires in seconds prunes in step.
                         prune_every_secs: 1,
                     },

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::SubsecRound;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack};
+use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::json;
 
@@ -126,6 +126,27 @@ async fn tenants_nodes_books_and_leases_outlive_their_expired_events() {
     stack
         .wait_lease(&other_key, &third, |l| l["state"] == "running")
         .await;
+    // Audit verifies from the newest signed checkpoint before the log's
+    // first sequence, and its copy was pruned in step by an audited event.
+    let mut verified = serde_json::Value::Null;
+    for _ in 0..100 {
+        let (status, body) = stack
+            .call(Method::GET, "/v1/audit/verify", ADMIN_TOKEN, None)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        verified = body;
+        if verified["ok"] == true && !verified["anchor"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(verified["ok"], true, "{verified}");
+    assert!(
+        verified["anchor"]["sequence"].as_u64().unwrap() > 1,
+        "{verified}"
+    );
+    assert!(!of_type(&read_log(&bus).await, "audit.pruned").is_empty());
+
     // A rebuild of the gateway's tables from what the log holds now gives
     // the live ones: the tenant and the old lease from their restatements.
     stack.assert_gateway_rebuilds_identically().await;
