@@ -2,7 +2,7 @@
 //! decides at some instant, then these steps.
 
 use super::*;
-use lh_events::{Actor, LeasePreemptionNoticed, LeaseStopRequested, WorkloadSpec};
+use lh_events::{Actor, LeasePreemptionNoticed, LeaseStopRequested, StatedEvent, WorkloadSpec};
 
 use crate::workload::Exit;
 
@@ -319,5 +319,48 @@ fn a_lease_that_comes_here_by_migration_has_its_request_read_back() {
     assert_eq!(
         state.decide(t(0)),
         vec![LeaseStep::Start { lease_id: lease }]
+    );
+}
+
+#[test]
+fn a_lease_known_only_from_its_restatement_is_known_here_with_its_workload() {
+    let lease = lease_id();
+    let placed = EventData::LeasePlaced(lh_events::fixtures::placed(
+        lease,
+        NODE,
+        "z",
+        "A100-40GB",
+        40,
+        &[0],
+    ));
+    let history: Vec<StatedEvent> = [requested_with_workload(lease), placed.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| StatedEvent {
+            sequence: 1 + i as u64,
+            stored_at: t(0),
+            envelope: Box::new(Envelope::new(Actor::Admin, t(0), data)),
+        })
+        .collect();
+    let restated = lh_domain::restate::restatement(&history).unwrap();
+    // An agent that started after the request expired.
+    let mut fresh = NodeState::default();
+    when(&mut fresh, 40, restated.clone());
+    let l = &fresh.leases[&lease];
+    assert_eq!(l.subject_sequence, 40);
+    match &l.workload {
+        Workload::Known(Some(w)) => assert_eq!(w.command, ["train"]),
+        other => panic!("{other:?}"),
+    }
+    // One that folded the history takes only the sequence.
+    let mut known = NodeState::default();
+    when(&mut known, 1, requested_with_workload(lease));
+    when(&mut known, 2, placed);
+    let before = known.leases[&lease].clone();
+    when(&mut known, 40, restated);
+    assert_eq!(known.leases[&lease].subject_sequence, 40);
+    assert_eq!(
+        known.leases[&lease].placement_sequence,
+        before.placement_sequence
     );
 }
