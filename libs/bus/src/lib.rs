@@ -533,16 +533,19 @@ impl Bus {
         Ok(stream.info().await.map_err(js_err)?.config.clone())
     }
 
-    /// Sequence of the newest event in the business log (0 when empty).
-    /// The oldest sequence the business log still holds (the one after its
-    /// last when it is empty).
-    pub async fn first_sequence(&self) -> Result<u64> {
+    async fn events_stream_state(&self) -> Result<jetstream::stream::State> {
         let mut stream = self
             .js
             .get_stream(subject::EVENTS_STREAM)
             .await
             .map_err(js_err)?;
-        Ok(stream.info().await.map_err(js_err)?.state.first_sequence)
+        Ok(stream.info().await.map_err(js_err)?.state.clone())
+    }
+
+    /// The oldest sequence the business log still holds (the one after its
+    /// last when it is empty).
+    pub async fn first_sequence(&self) -> Result<u64> {
+        Ok(self.events_stream_state().await?.first_sequence)
     }
 
     async fn snapshot_store(&self) -> Result<jetstream::object_store::ObjectStore> {
@@ -605,13 +608,9 @@ impl Bus {
         Ok(Some(bytes))
     }
 
+    /// Sequence of the newest event in the business log (0 when empty).
     pub async fn last_sequence(&self) -> Result<u64> {
-        let mut stream = self
-            .js
-            .get_stream(subject::EVENTS_STREAM)
-            .await
-            .map_err(js_err)?;
-        Ok(stream.info().await.map_err(js_err)?.state.last_sequence)
+        Ok(self.events_stream_state().await?.last_sequence)
     }
 
     fn headers(envelope: &Envelope, expect: Expect) -> HeaderMap {

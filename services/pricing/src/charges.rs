@@ -641,9 +641,8 @@ mod tests {
         assert_eq!(bill.charges[0].billed_seconds, 120);
     }
 
-    #[test]
-    fn a_lease_and_book_known_only_from_restatements_are_billed_the_same() {
-        let lease = Uuid::from_u128(1);
+    /// The default book and a lease that ran 90 s; its `lease.ended` apart.
+    fn book_and_lease_until_its_end(lease: Uuid) -> (Vec<Envelope>, Envelope) {
         let mut events = vec![book(1, t(0, 0, 0), "0.5")];
         events.extend(lease_events(
             lease,
@@ -652,6 +651,13 @@ mod tests {
             EndReason::Stopped,
         ));
         let ended = events.pop().unwrap();
+        (events, ended)
+    }
+
+    #[test]
+    fn a_lease_and_book_known_only_from_restatements_are_billed_the_same() {
+        let lease = Uuid::from_u128(1);
+        let (events, ended) = book_and_lease_until_its_end(lease);
         let stated = |events: &[Envelope], first: u64| -> Vec<StatedEvent> {
             events
                 .iter()
@@ -700,14 +706,7 @@ mod tests {
     #[test]
     fn a_snapshot_taken_back_bills_the_same() {
         let lease = Uuid::from_u128(1);
-        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
-        events.extend(lease_events(
-            lease,
-            t(10, 0, 0),
-            t(10, 1, 30),
-            EndReason::Stopped,
-        ));
-        let ended = events.pop().unwrap();
+        let (events, ended) = book_and_lease_until_its_end(lease);
         let mut before = Charges::new(chrono::Duration::seconds(30));
         for (i, e) in events.iter().enumerate() {
             before.apply_stored(1 + i as u64, t(10, 0, 0), e);
