@@ -258,6 +258,19 @@ impl Decider for NodeAgent {
         }
     }
 
+    fn snapshot(&self) -> Option<serde_json::Value> {
+        self.state.snapshot()
+    }
+
+    fn restore(&mut self, state: serde_json::Value) -> bool {
+        self.state.restore(state)
+    }
+
+    /// One per node: each agent's fold keeps its own node's leases.
+    fn snapshot_key(&self) -> String {
+        format!("node-agent-{}", self.node_id)
+    }
+
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         // An observation stored although its acknowledgement was lost (the
         // server went away) is on the log: it no longer waits.

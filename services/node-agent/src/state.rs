@@ -92,7 +92,7 @@ pub(crate) struct LocalLease {
 /// waiting for a placement and of those placed here, not of every lease in
 /// the cluster; a lease that comes here by migration, or again after a
 /// suspension, has its request read back from the log.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Workload {
     /// Nothing (`None`), or this.
     Known(Option<WorkloadSpec>),
@@ -125,7 +125,103 @@ pub(crate) struct NodeState {
     pub(crate) idle_policies: HashMap<Uuid, IdlePolicy>,
 }
 
+/// What the log says of a lease placed here, as a snapshot keeps it: not
+/// what this process did about its workload (a new process reconciles
+/// the host and learns that again).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct LeaseSnapshot {
+    started: bool,
+    stop_requested: bool,
+    preemption_deadline: Option<chrono::DateTime<Utc>>,
+    ended: bool,
+    subject_sequence: u64,
+    placement_sequence: u64,
+    correlation_id: Uuid,
+    tenant_id: Option<Uuid>,
+    gpus: Vec<AssignedGpu>,
+    moved_away: bool,
+    suspend_requested: bool,
+    workload: Workload,
+}
+
+/// [`NodeState`] as a snapshot keeps it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct StateSnapshot {
+    registered: Option<NodeRegistered>,
+    leases: BTreeMap<Uuid, LeaseSnapshot>,
+    waiting: HashMap<Uuid, Option<WorkloadSpec>>,
+    gpu_health: BTreeMap<u32, GpuHealth>,
+    idle_policies: HashMap<Uuid, IdlePolicy>,
+}
+
 impl NodeState {
+    /// What the log says, for a snapshot.
+    pub(crate) fn snapshot(&self) -> Option<serde_json::Value> {
+        let leases = self
+            .leases
+            .iter()
+            .map(|(id, l)| {
+                let kept = LeaseSnapshot {
+                    started: l.started,
+                    stop_requested: l.stop_requested,
+                    preemption_deadline: l.preemption_deadline,
+                    ended: l.ended,
+                    subject_sequence: l.subject_sequence,
+                    placement_sequence: l.placement_sequence,
+                    correlation_id: l.correlation_id,
+                    tenant_id: l.tenant_id,
+                    gpus: l.gpus.clone(),
+                    moved_away: l.moved_away,
+                    suspend_requested: l.suspend_requested,
+                    workload: l.workload.clone(),
+                };
+                (*id, kept)
+            })
+            .collect();
+        serde_json::to_value(StateSnapshot {
+            registered: self.registered.clone(),
+            leases,
+            waiting: self.waiting.clone(),
+            gpu_health: self.gpu_health.clone(),
+            idle_policies: self.idle_policies.clone(),
+        })
+        .ok()
+    }
+
+    /// Takes back a [`NodeState::snapshot`]; false when it does not fit.
+    pub(crate) fn restore(&mut self, state: serde_json::Value) -> bool {
+        let Ok(s) = serde_json::from_value::<StateSnapshot>(state) else {
+            return false;
+        };
+        self.registered = s.registered;
+        self.waiting = s.waiting;
+        self.gpu_health = s.gpu_health;
+        self.idle_policies = s.idle_policies;
+        self.leases = s
+            .leases
+            .into_iter()
+            .map(|(id, l)| {
+                let lease = LocalLease {
+                    started: l.started,
+                    stop_requested: l.stop_requested,
+                    preemption_deadline: l.preemption_deadline,
+                    ended: l.ended,
+                    subject_sequence: l.subject_sequence,
+                    placement_sequence: l.placement_sequence,
+                    correlation_id: l.correlation_id,
+                    tenant_id: l.tenant_id,
+                    gpus: l.gpus,
+                    moved_away: l.moved_away,
+                    suspend_requested: l.suspend_requested,
+                    workload: l.workload,
+                    ..LocalLease::default()
+                };
+                (id, lease)
+            })
+            .collect();
+        true
+    }
+
     pub(crate) fn apply(&mut self, node_id: &str, sequence: u64, envelope: &Envelope) {
         match &envelope.data {
             // What a restatement carries is folded only where its history

@@ -364,3 +364,49 @@ fn a_lease_known_only_from_its_restatement_is_known_here_with_its_workload() {
         before.placement_sequence
     );
 }
+
+#[test]
+fn a_snapshot_taken_back_knows_what_the_log_said_and_nothing_this_process_did() {
+    let lease = lease_id();
+    let mut state = NodeState::default();
+    when(&mut state, 1, requested_with_workload(lease));
+    when(
+        &mut state,
+        2,
+        EventData::LeasePlaced(lh_events::fixtures::placed(
+            lease,
+            NODE,
+            "z",
+            "A100-40GB",
+            40,
+            &[0],
+        )),
+    );
+    when(
+        &mut state,
+        3,
+        EventData::LeaseStarted(lh_events::fixtures::started(lease, NODE, t(0))),
+    );
+    state.leases.get_mut(&lease).unwrap().workload_running = true;
+    let bytes = serde_json::to_vec(&state.snapshot().unwrap()).unwrap();
+    let mut restored = NodeState::default();
+    assert!(restored.restore(serde_json::from_slice(&bytes).unwrap()));
+    let (was, is) = (&state.leases[&lease], &restored.leases[&lease]);
+    assert!(is.started && !is.ended);
+    assert_eq!(
+        (
+            is.subject_sequence,
+            is.placement_sequence,
+            &is.gpus,
+            &is.workload
+        ),
+        (
+            was.subject_sequence,
+            was.placement_sequence,
+            &was.gpus,
+            &was.workload
+        )
+    );
+    assert!(!is.workload_running, "what a process did is not kept");
+    assert!(!NodeState::default().restore(serde_json::json!({"leases": 1})));
+}
