@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -292,7 +292,16 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<Written> {
     // Every tenant may hold its share of the whole fleet at once.
     let max_gpus = (slots / tenants.len() + 1) as u32 * 4;
     for &tenant_id in &tenants {
-        let data = EventData::TenantCreated(fixtures::tenant(tenant_id, max_gpus));
+        // The gateway keeps API key digests unique: one of 64 hex digits each.
+        let api_key_sha256 = format!(
+            "{}{}",
+            tenant_id.simple(),
+            derived_id(&["api-key", &tenant_id.to_string()]).simple()
+        );
+        let data = EventData::TenantCreated(TenantCreated {
+            api_key_sha256,
+            ..fixtures::tenant(tenant_id, max_gpus)
+        });
         out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
             .await?;
     }
@@ -451,8 +460,8 @@ async fn measure(
         .env("LH_FLEET_FILE", &site.fleet_file)
         .env(spec.http_addr_var, format!("127.0.0.1:{port}"))
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log.try_clone()?);
+        .stdout(log.try_clone()?)
+        .stderr(log);
     if spec.database {
         command.env("DATABASE_URL", site.postgres.create_database().await?);
     }
