@@ -55,6 +55,11 @@ const READY_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Wait after readiness before memory is read, so that work begun at
 /// catch-up (a first decision pass, a checkpoint) is counted.
 const SETTLE_AFTER_READY: Duration = Duration::from_secs(2);
+/// How long before its report is stored a node says a workload started:
+/// every run then lasts at least that long (so every ended lease is billed)
+/// and no node's time is after the log's or beyond the 30 s skew pricing
+/// accepts.
+const STARTED_BEFORE_STORED_SECS: i64 = 2;
 const ADMIN_TOKEN: &str = "replay-memory-admin-token-0123456789";
 
 #[derive(Parser)]
@@ -204,7 +209,11 @@ impl Lease {
         let started = Envelope::new(
             node_actor,
             now,
-            EventData::LeaseStarted(fixtures::started(self.lease_id, &self.node.node_id, now)),
+            EventData::LeaseStarted(fixtures::started(
+                self.lease_id,
+                &self.node.node_id,
+                now - chrono::Duration::seconds(STARTED_BEFORE_STORED_SECS),
+            )),
         );
         self.started = Some(started.clone());
         vec![
@@ -225,8 +234,7 @@ impl Lease {
             unreachable!("started holds lease.started")
         };
         let now = Utc::now();
-        // At least a second of work, so that every ended lease is billed.
-        let ended_at = now.max(s.started_at + chrono::Duration::seconds(1));
+        let ended_at = now;
         let stop = Envelope::new(
             Actor::Tenant(self.tenant_id),
             now,
