@@ -293,6 +293,7 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<Written> {
         js: bus.jetstream().clone(),
         in_flight: VecDeque::new(),
         max_in_flight: args.max_in_flight.max(1),
+        // The price book, appended on this fresh log by ensure_price_book.
         appended: 1,
     };
     let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
@@ -442,9 +443,10 @@ fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-struct Stopped(Child);
+/// A started service binary, killed when dropped.
+struct ServiceProcess(Child);
 
-impl Drop for Stopped {
+impl Drop for ServiceProcess {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -477,7 +479,7 @@ async fn measure(
         command.env(key, value);
     }
     let start = Instant::now();
-    let mut child = Stopped(
+    let mut child = ServiceProcess(
         command
             .spawn()
             .with_context(|| format!("starting {}", bin_dir.join(spec.binary).display()))?,
