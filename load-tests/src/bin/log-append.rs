@@ -5,10 +5,8 @@
 //!
 //! `cargo run --release -p lh-load-tests --bin log-append -- --events 3000`
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::Context;
 use chrono::Utc;
 use clap::Parser;
 use lh_bus::{Bus, BusConfig, Expect};
@@ -22,57 +20,6 @@ struct Args {
     /// Concurrent writers in the parallel measurement.
     #[arg(long, default_value_t = 32)]
     writers: usize,
-}
-
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(sync_always: bool) -> anyhow::Result<Server> {
-    let dir = tempfile::tempdir()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let sync = if sync_always {
-        "  sync_interval: always\n"
-    } else {
-        ""
-    };
-    let conf = dir.path().join("nats.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "host: 127.0.0.1\nport: {port}\njetstream {{\n  store_dir: \"{}\"\n{sync}}}\n",
-            dir.path().join("store").display()
-        ),
-    )?;
-    let child = Command::new(lh_testkit::nats_server_binary()?)
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nats-server")?;
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(Server {
-                child,
-                port,
-                _dir: dir,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    anyhow::bail!("nats-server did not start")
 }
 
 fn event() -> Envelope {
@@ -132,12 +79,8 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for sync_always in [true, false] {
-        let server = start(sync_always)?;
-        let bus = Bus::connect(&BusConfig::new(
-            format!("nats://127.0.0.1:{}", server.port),
-            "log-append",
-        ))
-        .await?;
+        let server = lh_load_tests::NatsServer::start(sync_always)?;
+        let bus = Bus::connect(&BusConfig::new(server.url(), "log-append")).await?;
         // Warm up file creation and the connection.
         sequential(&bus, 100).await?;
         let seq = sequential(&bus, args.events).await?;
