@@ -418,6 +418,8 @@ fn services(first_node: &str) -> Vec<ServiceSpec> {
 /// One service's figures on one log.
 struct Measured {
     catch_up: Option<Duration>,
+    /// Its database, for a second start on the same one.
+    database_url: Option<String>,
     head: u64,
     rss_kb: u64,
     hwm_kb: u64,
@@ -460,6 +462,7 @@ async fn measure(
     bus: &Bus,
     label: &str,
     limit: Duration,
+    database_url: Option<String>,
 ) -> anyhow::Result<Measured> {
     let port = free_port()?;
     let log = std::fs::File::create(site.logs_dir.join(format!("{}-{label}.log", spec.name)))?;
@@ -472,8 +475,13 @@ async fn measure(
         .env("RUST_LOG", "warn")
         .stdout(log.try_clone()?)
         .stderr(log);
-    if spec.database {
-        command.env("DATABASE_URL", site.postgres.create_database().await?);
+    let database_url = match (spec.database, database_url) {
+        (false, _) => None,
+        (true, Some(url)) => Some(url),
+        (true, None) => Some(site.postgres.create_database().await?),
+    };
+    if let Some(url) = &database_url {
+        command.env("DATABASE_URL", url);
     }
     for (key, value) in &spec.env {
         command.env(key, value);
@@ -510,6 +518,7 @@ async fn measure(
     let (rss_kb, hwm_kb) = memory_kb(child.0.id()).unwrap_or((0, 0));
     Ok(Measured {
         catch_up,
+        database_url,
         head: bus.last_sequence().await?,
         rss_kb,
         hwm_kb,
@@ -561,7 +570,7 @@ async fn main() -> anyhow::Result<()> {
     {
         let (_nats, bus, site) = start_site(dir.path(), args.nodes, "empty").await?;
         for spec in &specs {
-            empty.push(measure(&site, spec, &bin_dir, &bus, "empty", limit).await?);
+            empty.push(measure(&site, spec, &bin_dir, &bus, "empty", limit, None).await?);
         }
     }
 
@@ -577,34 +586,53 @@ async fn main() -> anyhow::Result<()> {
         written.ended_leases,
         written.live_leases
     );
+    let seconds = |m: &Measured| {
+        m.catch_up
+            .map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .unwrap_or_else(|| "NEVER".into())
+    };
     let mut full = Vec::new();
+    let mut again = Vec::new();
     for spec in &specs {
-        let m = measure(&site, spec, &bin_dir, &bus, "full", limit).await?;
+        let m = measure(&site, spec, &bin_dir, &bus, "full", limit, None).await?;
+        // Killed (as kill -9 would) and started again on the same log and
+        // database: from its snapshot, or its projection's offset.
+        let r = measure(
+            &site,
+            spec,
+            &bin_dir,
+            &bus,
+            "again",
+            limit,
+            m.database_url.clone(),
+        )
+        .await?;
         // Each service is stopped before the next starts; print as we go.
         println!(
-            "  {:<12} ready after {}",
+            "  {:<12} ready after {}, started again: after {}",
             spec.name,
-            m.catch_up
-                .map(|d| format!("{:.1}s", d.as_secs_f64()))
-                .unwrap_or_else(|| "NEVER".into())
+            seconds(&m),
+            seconds(&r)
         );
         full.push(m);
+        again.push(r);
     }
 
     println!(
-        "{:<12} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "service", "events", "catch-up", "RSS empty", "HWM empty", "RSS full", "HWM full"
+        "{:<12} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "service", "events", "catch-up", "again", "RSS empty", "HWM empty", "RSS full", "HWM full"
     );
     let mut behind = Vec::new();
-    for ((spec, e), f) in specs.iter().zip(&empty).zip(&full) {
-        if f.catch_up.is_none() || e.catch_up.is_none() {
+    for (((spec, e), f), a) in specs.iter().zip(&empty).zip(&full).zip(&again) {
+        if f.catch_up.is_none() || e.catch_up.is_none() || a.catch_up.is_none() {
             behind.push(spec.name);
         }
         println!(
-            "{:<12} {:>9} {:>9.1}s {:>8.1}MB {:>8.1}MB {:>8.1}MB {:>8.1}MB",
+            "{:<12} {:>9} {:>9.1}s {:>9.1}s {:>8.1}MB {:>8.1}MB {:>8.1}MB {:>8.1}MB",
             spec.name,
             f.head,
             f.catch_up.map(|d| d.as_secs_f64()).unwrap_or(f64::NAN),
+            a.catch_up.map(|d| d.as_secs_f64()).unwrap_or(f64::NAN),
             mb(e.rss_kb),
             mb(e.hwm_kb),
             mb(f.rss_kb),
