@@ -96,7 +96,12 @@ impl StackNats {
 pub struct Stack {
     pub nats: StackNats,
     pub database_url: String,
+    /// A service's own database URL (its role), where a test gives one;
+    /// services without one use `database_url`.
+    pub service_database_urls: HashMap<&'static str, String>,
     pub fleet_file: PathBuf,
+    /// The gateway's master keys (mode 0600), one throwaway key.
+    pub master_key_file: PathBuf,
     _dir: tempfile::TempDir,
     running: HashMap<String, (CancellationToken, Running)>,
     pub gateway_url: String,
@@ -194,10 +199,14 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
         std::fs::write(&fleet_file, fleet).unwrap();
+        let master_key_file = dir.path().join("master.keys");
+        write_master_key_file(&master_key_file);
         Stack {
             nats,
             database_url,
+            service_database_urls: HashMap::new(),
             fleet_file,
+            master_key_file,
             _dir: dir,
             running: HashMap::new(),
             gateway_url: String::new(),
@@ -210,6 +219,14 @@ impl Stack {
             gateway_limits: lh_gateway::TenantLimits::default(),
             short_retention: None,
         }
+    }
+
+    /// The database URL `service` connects with.
+    pub fn database_url_for(&self, service: &str) -> String {
+        self.service_database_urls
+            .get(service)
+            .unwrap_or(&self.database_url)
+            .clone()
     }
 
     /// The flags every service of this stack shares.
@@ -247,7 +264,10 @@ impl Stack {
                 lh_pricing::start(
                     lh_pricing::Config {
                         common,
-                        ..lh_pricing::Config::for_test(&self.nats.url(), &self.database_url)
+                        ..lh_pricing::Config::for_test(
+                            &self.nats.url(),
+                            &self.database_url_for("pricing"),
+                        )
                     },
                     token.clone(),
                 )
@@ -267,7 +287,7 @@ impl Stack {
                 lh_audit::start(
                     lh_audit::Config {
                         common,
-                        database_url: self.database_url.clone(),
+                        database_url: self.database_url_for("audit"),
                         schema: "audit".into(),
                         signing_key_file: None,
                         checkpoint_every_events: 50,
@@ -296,11 +316,12 @@ impl Stack {
                     lh_gateway::Config {
                         common,
                         gateway_addr,
-                        database_url: self.database_url.clone(),
+                        database_url: self.database_url_for("gateway"),
                         schema: "gateway".into(),
                         admin_token: Some(ADMIN_TOKEN.into()),
                         admin_token_file: None,
                         auditor_token: Some("test-auditor-token-0123456789".into()),
+                        master_key_file: self.master_key_file.clone(),
                         limits: self.gateway_limits,
                     },
                     token.clone(),
@@ -702,7 +723,22 @@ impl Stack {
             admin_token: Some(ADMIN_TOKEN.into()),
             admin_token_file: None,
             auditor_token: None,
+            master_key_file: self.master_key_file.clone(),
             limits: Default::default(),
         }
+    }
+}
+
+/// A master-key file as an operator would write one: a random key, 0600.
+pub fn write_master_key_file(path: &std::path::Path) {
+    use rand::RngCore as _;
+    let mut key = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut key);
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(path, format!("test-1 {hex}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
 }

@@ -4,6 +4,7 @@
 //! projection, which the write waits for so a client reads its own write.
 
 pub mod http;
+pub mod keyring;
 pub mod projection;
 pub mod seal;
 
@@ -43,6 +44,10 @@ pub struct Config {
     /// Bearer token of the auditor (read-only audit calls).
     #[arg(long, env = "LH_AUDITOR_TOKEN", hide_env_values = true)]
     pub auditor_token: Option<String>,
+    /// File of the master keys that wrap tenants' data keys (`ID HEX` lines,
+    /// mode 0600; the last line wraps). Never inside the database.
+    #[arg(long, env = "LH_MASTER_KEY_FILE")]
+    pub master_key_file: PathBuf,
     #[command(flatten)]
     pub limits: http::limits::TenantLimits,
 }
@@ -74,7 +79,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
-    seal::migrate_keys(&pool).await?;
+    let keys = keyring::file_provider(&config.master_key_file)?;
+    seal::migrate_keys(&pool, keys.as_ref()).await?;
     lh_service::restate::spawn(
         &bus,
         &config.common,
@@ -113,6 +119,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         auditor_token: config.auditor_token.clone(),
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
+        keys,
     };
     let ready = readiness.clone();
     let bus = ctx.bus.clone();

@@ -127,6 +127,7 @@ fn gateway_config(stack: &Stack) -> lh_gateway::Config {
         admin_token: Some(lh_testkit::stack::ADMIN_TOKEN.into()),
         admin_token_file: None,
         auditor_token: None,
+        master_key_file: stack.master_key_file.clone(),
         limits: Default::default(),
     }
 }

@@ -41,6 +41,8 @@ pub struct ApiContext {
     pub auditor_token: Option<String>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
+    /// Wraps tenants' data keys.
+    pub keys: std::sync::Arc<dyn crate::keyring::KeyProvider>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {

@@ -139,7 +139,7 @@ pub async fn create(
     rand::thread_rng().fill_bytes(&mut secret);
     let api_key = format!("lh_{}", hex::encode(secret));
     let key = seal::new_key();
-    seal::store_key(&ctx.pool, tenant_id, &key).await?;
+    seal::store_key(&ctx.pool, ctx.keys.as_ref(), tenant_id, &key).await?;
     let data = EventData::TenantCreated(TenantCreated {
         tenant_id,
         name_sealed: seal::seal(&key, body.name.trim()),
