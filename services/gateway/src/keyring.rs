@@ -64,7 +64,8 @@ impl std::fmt::Debug for FileKeyProvider {
 }
 
 impl FileKeyProvider {
-    /// Reads the file, refusing one that others may read.
+    /// Reads the file, refusing one that others may read or anyone but its
+    /// owner may change.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let meta = std::fs::metadata(path)
             .map_err(|e| anyhow::anyhow!("master key file {}: {e}", path.display()))?;
@@ -76,10 +77,12 @@ impl FileKeyProvider {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
+            // Group read is let through: Kubernetes mounts a Secret as 0440
+            // when the pod sets an fsGroup, the group being the pod's own.
             let mode = meta.permissions().mode() & 0o777;
             anyhow::ensure!(
-                mode & 0o077 == 0,
-                "master key file {} is readable by others (mode {mode:o}); chmod 600 it",
+                mode & 0o027 == 0,
+                "master key file {} is open to others (mode {mode:o}); chmod 600 it",
                 path.display()
             );
         }
@@ -275,9 +278,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("master.keys");
         std::fs::write(&path, format!("k1 {B}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let err = FileKeyProvider::load(&path).unwrap_err().to_string();
-        assert!(err.contains("chmod 600"), "{err}");
+        for mode in [0o644, 0o604, 0o660] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = FileKeyProvider::load(&path).unwrap_err().to_string();
+            assert!(err.contains("chmod 600"), "{mode:o}: {err}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o440)).unwrap();
+        assert!(
+            FileKeyProvider::load(&path).is_ok(),
+            "a Secret mounted with an fsGroup"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(FileKeyProvider::load(&path).unwrap().current_key_id(), "k1");
     }

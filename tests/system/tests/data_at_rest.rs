@@ -233,3 +233,98 @@ fn stack_gateway_config(stack: &Stack) -> lh_gateway::Config {
         limits: Default::default(),
     }
 }
+
+/// A throwaway CA and a server certificate for 127.0.0.1 signed by it.
+struct Certs {
+    ca_pem: String,
+    server_pem: String,
+    server_key_pem: String,
+}
+
+fn certs() -> Certs {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    Certs {
+        ca_pem: ca.pem(),
+        server_pem: server.pem(),
+        server_key_pem: server_key.serialize_pem(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_reach_the_database_over_verified_tls_when_the_url_asks() {
+    let pg = lh_testkit::Postgres::start().await.unwrap();
+    let url = pg.create_database().await.unwrap();
+    let ours = certs();
+    // The server's files in its data directory, owned by the server's user
+    // (PostgreSQL refuses a key file that others may read).
+    let data = pg.data_dir();
+    let owner = std::fs::metadata(&data).unwrap();
+    for (name, text) in [
+        ("server.crt", &ours.server_pem),
+        ("server.key", &ours.server_key_pem),
+    ] {
+        let path = data.join(name);
+        std::fs::write(&path, text).unwrap();
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid())).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let mut admin = sqlx::PgConnection::connect(&pg.admin_url()).await.unwrap();
+    sqlx::raw_sql("ALTER SYSTEM SET ssl = on")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::raw_sql("SELECT pg_reload_conf()")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ours.ca_pem).unwrap();
+    let tls_url = format!(
+        "{url}?sslmode=verify-full&sslrootcert={}",
+        ca_file.display()
+    );
+    // The reload is asynchronous: the first connections may still find TLS off.
+    let mut pool = None;
+    for _ in 0..50 {
+        match lh_projection::connect_schema(&tls_url, "gateway").await {
+            Ok(p) => {
+                pool = Some(p);
+                break;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    let pool = pool.expect("a verified TLS connection");
+    let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(ssl, "the connection is not encrypted");
+
+    // A server whose certificate another CA signed is refused.
+    let other = certs();
+    let other_ca = dir.path().join("other-ca.pem");
+    std::fs::write(&other_ca, &other.ca_pem).unwrap();
+    let err = sqlx::PgConnection::connect(&format!(
+        "{url}?sslmode=verify-full&sslrootcert={}",
+        other_ca.display()
+    ))
+    .await
+    .err()
+    .expect("an unknown CA is refused");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+}
