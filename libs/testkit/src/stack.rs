@@ -96,6 +96,9 @@ impl StackNats {
 pub struct Stack {
     pub nats: StackNats,
     pub database_url: String,
+    /// The gateway's TLS, timeouts and request budgets, for gateways
+    /// started from now on ([`test_front`] unless a test changes it).
+    pub gateway_front: lh_gateway::http::front::FrontArgs,
     /// A service's own database URL (its role), where a test gives one;
     /// services without one use `database_url`.
     pub service_database_urls: HashMap<&'static str, String>,
@@ -205,6 +208,7 @@ impl Stack {
             nats,
             database_url,
             service_database_urls: HashMap::new(),
+            gateway_front: test_front(),
             fleet_file,
             master_key_file,
             _dir: dir,
@@ -322,6 +326,7 @@ impl Stack {
                         admin_token_file: None,
                         auditor_token: Some("test-auditor-token-0123456789".into()),
                         master_key_file: self.master_key_file.clone(),
+                        front: self.gateway_front.clone(),
                         limits: self.gateway_limits,
                     },
                     token.clone(),
@@ -376,6 +381,11 @@ impl Stack {
 
     pub fn http_addr(&self, name: &str) -> std::net::SocketAddr {
         self.running[name].1.http_addr
+    }
+
+    /// Where `name` serves /metrics (the gateway: its internal listener).
+    pub fn metrics_addr(&self, name: &str) -> std::net::SocketAddr {
+        self.running[name].1.metrics_addr
     }
 
     pub fn service_names(&self) -> Vec<String> {
@@ -724,6 +734,7 @@ impl Stack {
             admin_token_file: None,
             auditor_token: None,
             master_key_file: self.master_key_file.clone(),
+            front: test_front(),
             limits: Default::default(),
         }
     }
@@ -740,5 +751,18 @@ pub fn write_master_key_file(path: &std::path::Path) {
     {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
+/// The gateway's front door for tests: metrics on a free port, and request
+/// budgets far above what a test sends (a test of the budgets sets its own).
+pub fn test_front() -> lh_gateway::http::front::FrontArgs {
+    lh_gateway::http::front::FrontArgs {
+        metrics_addr: "127.0.0.1:0".into(),
+        requests_per_s_per_key: 100_000.0,
+        request_burst_per_key: 100_000,
+        anonymous_requests_per_s_per_ip: 100_000.0,
+        anonymous_request_burst_per_ip: 100_000,
+        ..Default::default()
     }
 }

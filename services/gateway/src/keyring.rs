@@ -6,7 +6,7 @@
 //! [`KeyProvider`] is the seam a KMS fills; [`FileKeyProvider`] keeps the
 //! master keys in a file only the gateway's user may read.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
@@ -194,7 +194,7 @@ impl KeyProvider for FileKeyProvider {
 }
 
 /// The file named by the configuration, for the gateway's start.
-pub fn file_provider(path: &PathBuf) -> anyhow::Result<std::sync::Arc<dyn KeyProvider>> {
+pub fn file_provider(path: &Path) -> anyhow::Result<std::sync::Arc<dyn KeyProvider>> {
     let provider = FileKeyProvider::load(path)?;
     tracing::info!(keys = ?provider, current = provider.current_key_id(), "master keys loaded");
     Ok(std::sync::Arc::new(provider))

@@ -27,7 +27,8 @@ const CONNECTION_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from
 pub struct Config {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Where the API listens (also serves /healthz, /readyz, /metrics).
+    /// Where the API listens (also serves /healthz and /readyz; /metrics is
+    /// on --metrics-addr).
     #[arg(long, env = "LH_GATEWAY_ADDR", default_value = DEFAULT_GATEWAY_ADDR)]
     pub gateway_addr: String,
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -50,6 +51,8 @@ pub struct Config {
     pub master_key_file: PathBuf,
     #[command(flatten)]
     pub limits: http::limits::TenantLimits,
+    #[command(flatten)]
+    pub front: http::front::FrontArgs,
 }
 
 impl Config {
@@ -76,6 +79,7 @@ impl Config {
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let admin_token = config.admin_token()?;
+    let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
@@ -120,13 +124,16 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,
+        request_budgets: http::front::RequestBudgets::new(&config.front),
     };
     let ready = readiness.clone();
     let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
-    Running::spawn(
+    Running::spawn_public(
         &config.gateway_addr,
         router,
+        serve_options,
+        &config.front.metrics_addr,
         readiness,
         shutdown,
         async move {

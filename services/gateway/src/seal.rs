@@ -50,6 +50,9 @@ pub fn open(key: &[u8; 32], sealed: &str) -> Option<String> {
     String::from_utf8(pt).ok()
 }
 
+/// A key row: tenant, bare key (older tables), wrapped key, master key id.
+type KeyRow = (Uuid, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>);
+
 /// Data keys rewrapped per transaction at start.
 const REWRAP_BATCH_ROWS: i64 = 500;
 
@@ -90,16 +93,15 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
     let mut rewrapped = 0u64;
     loop {
         let mut tx = pool.begin().await?;
-        let rows: Vec<(Uuid, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>)> =
-            sqlx::query_as(&format!(
-                "SELECT tenant_id, key, wrapped, master_key_id FROM {KEYS_SCHEMA}.tenant_keys
+        let rows: Vec<KeyRow> = sqlx::query_as(&format!(
+            "SELECT tenant_id, key, wrapped, master_key_id FROM {KEYS_SCHEMA}.tenant_keys
                  WHERE key IS NOT NULL OR master_key_id IS DISTINCT FROM $1
                  ORDER BY tenant_id LIMIT $2 FOR UPDATE"
-            ))
-            .bind(&current)
-            .bind(REWRAP_BATCH_ROWS)
-            .fetch_all(&mut *tx)
-            .await?;
+        ))
+        .bind(&current)
+        .bind(REWRAP_BATCH_ROWS)
+        .fetch_all(&mut *tx)
+        .await?;
         if rows.is_empty() {
             break;
         }

@@ -42,6 +42,9 @@ async fn try_sql(url: &str, sql: &str) -> Result<(), String> {
 
 const DENIED: &str = "42501";
 
+/// A row of `gateway_keys.tenant_keys`: tenant, bare key, wrapped, master key id.
+type KeyRow = (uuid::Uuid, Option<Vec<u8>>, Vec<u8>, String);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_service_runs_under_its_own_role_and_touches_nothing_of_the_others() {
     // Services first run as the superuser, as on a database from before
@@ -152,7 +155,7 @@ async fn tenant_data_keys_are_stored_wrapped_and_rewrapped_after_a_rotation() {
     let mut db = sqlx::PgConnection::connect(&stack.database_url)
         .await
         .unwrap();
-    let rows: Vec<(uuid::Uuid, Option<Vec<u8>>, Vec<u8>, String)> = sqlx::query_as(
+    let rows: Vec<KeyRow> = sqlx::query_as(
         "SELECT tenant_id, key, wrapped, master_key_id FROM gateway_keys.tenant_keys",
     )
     .fetch_all(&mut db)
@@ -179,7 +182,7 @@ async fn tenant_data_keys_are_stored_wrapped_and_rewrapped_after_a_rotation() {
     stack.start_service("gateway").await;
     stack.wait_ready().await;
 
-    let rows: Vec<(uuid::Uuid, Option<Vec<u8>>, Vec<u8>, String)> = sqlx::query_as(
+    let rows: Vec<KeyRow> = sqlx::query_as(
         "SELECT tenant_id, key, wrapped, master_key_id FROM gateway_keys.tenant_keys ORDER BY tenant_id",
     )
     .fetch_all(&mut db)
@@ -230,6 +233,7 @@ fn stack_gateway_config(stack: &Stack) -> lh_gateway::Config {
         admin_token_file: None,
         auditor_token: None,
         master_key_file: stack.master_key_file.clone(),
+        front: lh_testkit::stack::test_front(),
         limits: Default::default(),
     }
 }
@@ -321,8 +325,7 @@ async fn services_reach_the_database_over_verified_tls_when_the_url_asks() {
         other_ca.display()
     ))
     .await
-    .err()
-    .expect("an unknown CA is refused");
+    .expect_err("an unknown CA is refused");
     assert!(
         err.to_string().to_lowercase().contains("certificate"),
         "{err}"

@@ -128,6 +128,7 @@ fn gateway_config(stack: &Stack) -> lh_gateway::Config {
         admin_token_file: None,
         auditor_token: None,
         master_key_file: stack.master_key_file.clone(),
+        front: lh_testkit::stack::test_front(),
         limits: Default::default(),
     }
 }
