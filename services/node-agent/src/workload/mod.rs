@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use lh_domain::workload::{bad_env_value, denied_env_name};
 use serde::{Deserialize, Serialize};
 use tokio::process::Child;
 use uuid::Uuid;
@@ -202,9 +203,27 @@ pub fn sm_limit_pct(compute_milli: u32) -> u32 {
 
 /// The workload's environment with the lease's variables on top.
 pub fn workload_env(assignment: &Assignment, workload: &Workload) -> BTreeMap<String, String> {
-    let mut env = workload.env.clone();
+    let mut env = tenant_env(assignment.lease_id, workload);
     env.extend(lease_env(assignment));
     env
+}
+
+/// The tenant's variables that may reach a workload: the gateway refuses
+/// the others, so one here comes from a log older than that rule or from a
+/// forged event; it is dropped with a warning rather than failing the lease.
+pub fn tenant_env(lease_id: Uuid, workload: &Workload) -> BTreeMap<String, String> {
+    workload
+        .env
+        .iter()
+        .filter(|(name, value)| {
+            let why = denied_env_name(name).or_else(|| bad_env_value(value));
+            if let Some(why) = why {
+                tracing::warn!(lease = %lease_id, variable = %name, why, "tenant variable dropped");
+            }
+            why.is_none()
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
 /// Refuses assignments that would give a workload the wrong devices or
@@ -272,6 +291,8 @@ enum Kind {
         flavor: CliFlavor,
         name: String,
         stop_margin: Duration,
+        /// The tenant's variables, removed when the workload ends.
+        env_file: Option<PathBuf>,
     },
 }
 
@@ -345,6 +366,7 @@ impl RunningWorkload {
                 flavor,
                 name,
                 stop_margin,
+                ..
             } => {
                 let (cli, flavor, name, margin) =
                     (cli.clone(), *flavor, name.clone(), *stop_margin);
@@ -386,11 +408,15 @@ impl RunningWorkload {
         if let Err(e) = signal_group(self.pgid, libc::SIGKILL) {
             tracing::warn!(lease = %self.lease_id, error = %e, "cannot kill leftover processes");
         }
-        if let Kind::Process {
-            cgroup: Some(cgroup),
-        } = &self.kind
-        {
-            cgroup.remove().await;
+        match &self.kind {
+            Kind::Process {
+                cgroup: Some(cgroup),
+            } => cgroup.remove().await,
+            Kind::Container {
+                env_file: Some(path),
+                ..
+            } => container::remove_env_file(path),
+            _ => {}
         }
         self.cleaned_up = true;
     }
@@ -401,6 +427,13 @@ impl Drop for RunningWorkload {
         if self.status.is_none() {
             // tokio reaps a dropped child in the background.
             let _ = signal_group(self.pgid, libc::SIGKILL);
+        }
+        if let Kind::Container {
+            env_file: Some(path),
+            ..
+        } = &self.kind
+        {
+            container::remove_env_file(path);
         }
     }
 }

@@ -130,7 +130,8 @@ impl Workloads {
                     }
                     _ => ContainerRuntime::podman(container_cli.unwrap_or_else(|| "podman".into())),
                 }
-                .on_node(marks.node_id.clone());
+                .on_node(marks.node_id.clone())
+                .env_files_in(marks.state_dir.join("env"));
                 container = Some(ContainerCli {
                     cli: runtime.cli.clone(),
                     flavor: runtime.flavor,
