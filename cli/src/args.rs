@@ -148,6 +148,10 @@ pub struct TenantCreate {
     /// What happens to an idle lease (the node-agents' default otherwise).
     #[arg(long, value_enum, requires = "idle_window_secs")]
     pub idle_action: Option<IdleAction>,
+    /// Vouch for the tenant: its leases may also run on nodes that do not
+    /// isolate workloads (process runtime).
+    #[arg(long)]
+    pub trusted: bool,
 }
 
 /// `lh lease ...`

@@ -49,8 +49,9 @@ use uuid::Uuid;
 
 use super::cgroup::{memory_limits, DEFAULT_HARD_LIMIT_PCT, DEFAULT_SOFT_LIMIT_PCT};
 use super::{
-    lease_env, mark, tenant_env, validate_assignment, validate_env, Assignment, Exit, Kind,
-    RunningWorkload, Runtime, RuntimeError, StopOutcome, Workload, LABEL_LEASE, LABEL_NODE,
+    is_share, lease_env, mark, tenant_env, validate_assignment, validate_env, Assignment, Exit,
+    Kind, RunningWorkload, Runtime, RuntimeError, StopOutcome, Workload, ENV_LD_PRELOAD,
+    HAMI_CORE_IN_CONTAINER, LABEL_LEASE, LABEL_NODE,
 };
 
 /// How long past the grace period a stop waits for the CLI before it kills
@@ -105,6 +106,9 @@ pub struct ContainerRuntime {
     pub node_id: Option<String>,
     /// Where the tenant's env files go while their workloads run.
     pub env_dir: PathBuf,
+    /// HAMi-core, bind-mounted read-only and preloaded into the containers
+    /// of shares.
+    pub hami_core_lib: Option<PathBuf>,
 }
 
 impl ContainerRuntime {
@@ -125,7 +129,15 @@ impl ContainerRuntime {
             stop_margin: DEFAULT_STOP_MARGIN,
             node_id: None,
             env_dir: std::env::temp_dir().join("leasehold-env"),
+            hami_core_lib: None,
         }
+    }
+
+    /// See [`ContainerRuntime::hami_core_lib`]; `lib` checked by
+    /// [`super::check_hami_core_lib`].
+    pub fn with_hami_core_lib(mut self, lib: PathBuf) -> Self {
+        self.hami_core_lib = Some(lib);
+        self
     }
 
     /// Writes the tenant's env files under `dir` (the agent's state
@@ -237,6 +249,16 @@ pub fn run_args(
     for (name, value) in lease_env(assignment) {
         args.push("-e".into());
         args.push(format!("{name}={value}"));
+    }
+    if let Some(lib) = runtime
+        .hami_core_lib
+        .as_ref()
+        .filter(|_| is_share(assignment))
+    {
+        args.push("--volume".into());
+        args.push(format!("{}:{HAMI_CORE_IN_CONTAINER}:ro", lib.display()));
+        args.push("-e".into());
+        args.push(format!("{ENV_LD_PRELOAD}={HAMI_CORE_IN_CONTAINER}"));
     }
     args.push("--label".into());
     args.push(format!("{LABEL_LEASE}={}", assignment.lease_id));

@@ -51,6 +51,34 @@ pub const ENV_CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub const ENV_CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 /// `LEASEHOLD_LEASE_ID`: the lease the workload runs for.
 pub const ENV_LEASE_ID: &str = "LEASEHOLD_LEASE_ID";
+/// `LD_PRELOAD`: how HAMi-core gets into a share's workload; set by the
+/// agent after the tenant's variables (which may not name it anyway).
+pub const ENV_LD_PRELOAD: &str = "LD_PRELOAD";
+/// Where a container sees the HAMi-core library the agent bind-mounts.
+pub const HAMI_CORE_IN_CONTAINER: &str = "/usr/local/leasehold/libvgpu.so";
+
+/// Checks the HAMi-core library an operator names: an absolute path to a
+/// file, without the `:` or `,` that would split a bind-mount argument.
+pub fn check_hami_core_lib(path: &std::path::Path) -> Result<(), RuntimeError> {
+    let text = path.to_string_lossy();
+    if !path.is_absolute() || text.contains([':', ',']) {
+        return Err(RuntimeError::InvalidConfig(format!(
+            "--hami-core-lib {text}: an absolute path without ':' or ','"
+        )));
+    }
+    if !path.is_file() {
+        return Err(RuntimeError::InvalidConfig(format!(
+            "--hami-core-lib {text}: no such file"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the assignment is a memory-sliced share, whose caps HAMi-core
+/// enforces.
+pub fn is_share(assignment: &Assignment) -> bool {
+    assignment.vram_limit_mib.is_some() || assignment.compute_milli.is_some()
+}
 
 /// The container label with the lease id.
 pub const LABEL_LEASE: &str = "leasehold.lease";

@@ -12,15 +12,15 @@
 //! memory, not users or files. The container runtime is the boundary for
 //! untrusted tenants.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 
 use super::cgroup::{self, CgroupConfig, LeaseCgroup};
 use super::{
-    validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload, Runtime,
-    RuntimeError, Workload,
+    is_share, validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload,
+    Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
 };
 
 /// `PATH` for a workload when the agent has none.
@@ -31,6 +31,8 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub struct ProcessRuntime {
     /// `None` when the host has no usable cgroup v2 memory controller.
     cgroups: Option<CgroupConfig>,
+    /// HAMi-core, preloaded into the workloads of shares.
+    hami_core_lib: Option<PathBuf>,
 }
 
 impl ProcessRuntime {
@@ -42,6 +44,7 @@ impl ProcessRuntime {
         match cgroup::probe(&config.root) {
             Ok(()) => Ok(ProcessRuntime {
                 cgroups: Some(config),
+                hami_core_lib: None,
             }),
             Err(why) => {
                 tracing::info!(reason = %why, "cgroup v2 memory limits unavailable; workloads run without them");
@@ -51,7 +54,17 @@ impl ProcessRuntime {
     }
 
     pub fn without_cgroups() -> Self {
-        ProcessRuntime { cgroups: None }
+        ProcessRuntime {
+            cgroups: None,
+            hami_core_lib: None,
+        }
+    }
+
+    /// Preloads HAMi-core (`lib`, checked by [`super::check_hami_core_lib`])
+    /// into every share's workload, so that its caps are enforced.
+    pub fn with_hami_core_lib(mut self, lib: PathBuf) -> Self {
+        self.hami_core_lib = Some(lib);
+        self
     }
 
     /// The parent of the lease cgroups, when leases get them.
@@ -95,7 +108,11 @@ impl Runtime for ProcessRuntime {
             )));
         }
         let mut cgroup = self.lease_cgroup(assignment);
-        let child = match spawn(assignment, workload, cgroup.as_ref()) {
+        let preload = self
+            .hami_core_lib
+            .as_deref()
+            .filter(|_| is_share(assignment));
+        let child = match spawn(assignment, workload, cgroup.as_ref(), preload) {
             Ok(child) => child,
             Err(e) => match cgroup.take() {
                 // The hook may be what failed: try once more without it.
@@ -106,7 +123,7 @@ impl Runtime for ProcessRuntime {
                     if let Err(e) = unused.try_remove() {
                         tracing::warn!(error = %e, "cannot remove the unused cgroup");
                     }
-                    spawn(assignment, workload, None)?
+                    spawn(assignment, workload, None, preload)?
                 }
                 None => return Err(e),
             },
@@ -121,6 +138,7 @@ fn spawn(
     assignment: &Assignment,
     workload: &Workload,
     cgroup: Option<&LeaseCgroup>,
+    preload: Option<&Path>,
 ) -> Result<Child, RuntimeError> {
     let program = &workload.command[0];
     let mut command = Command::new(program);
@@ -134,6 +152,9 @@ fn spawn(
         .envs(workload_env(assignment, workload))
         .stdin(Stdio::null())
         .process_group(0);
+    if let Some(lib) = preload {
+        command.env(ENV_LD_PRELOAD, lib);
+    }
     if let Some(cgroup) = cgroup {
         // SAFETY: the hook only makes async-signal-safe calls and does not
         // allocate (see `cgroup::write_own_pid`).

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lh_events::{AssignedGpu, WorkloadSpec};
+use lh_events::{AssignedGpu, GpuSharing, Isolation, NodeRegistered, WorkloadSpec};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -82,6 +82,11 @@ pub struct Workloads {
     /// (send the grace period).
     running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
     finished_tx: mpsc::UnboundedSender<Finished>,
+    /// What the runtime isolates workloads with; `None` for the simulated
+    /// runtime, whose node declares its own.
+    isolation: Option<Isolation>,
+    /// Whether shares get HAMi-core.
+    hami_core: bool,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -114,13 +119,38 @@ impl Workloads {
         grace: Duration,
         marks: HostMarks,
     ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
+        Self::with_hami_core(kind, container_cli, grace, marks, None)
+    }
+
+    /// As [`Workloads::new`], with HAMi-core (`hami_core_lib`, when it is a
+    /// file) injected into the workloads of shares.
+    pub fn with_hami_core(
+        kind: RuntimeKind,
+        container_cli: Option<PathBuf>,
+        grace: Duration,
+        marks: HostMarks,
+        hami_core_lib: Option<PathBuf>,
+    ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
+        if let Some(lib) = &hami_core_lib {
+            super::check_hami_core_lib(lib)?;
+        }
         let mut cgroup_parent = None;
         let mut container = None;
+        let mut isolation = None;
         let runtime: Option<Arc<dyn Runtime>> = match kind {
             RuntimeKind::Sim => None,
             RuntimeKind::Process => {
-                let runtime = ProcessRuntime::new(CgroupConfig::default())?;
+                let mut runtime = ProcessRuntime::new(CgroupConfig::default())?;
                 cgroup_parent = runtime.cgroup_parent();
+                // A cgroup limits and kills; it does not hide the host.
+                isolation = Some(if runtime.uses_cgroups() {
+                    Isolation::Cgroup
+                } else {
+                    Isolation::None
+                });
+                if let Some(lib) = &hami_core_lib {
+                    runtime = runtime.with_hami_core_lib(lib.clone());
+                }
                 Some(Arc::new(runtime))
             }
             RuntimeKind::Docker | RuntimeKind::Podman => {
@@ -132,6 +162,11 @@ impl Workloads {
                 }
                 .on_node(marks.node_id.clone())
                 .env_files_in(marks.state_dir.join("env"));
+                let runtime = match &hami_core_lib {
+                    Some(lib) => runtime.with_hami_core_lib(lib.clone()),
+                    None => runtime,
+                };
+                isolation = Some(Isolation::Container);
                 container = Some(ContainerCli {
                     cli: runtime.cli.clone(),
                     flavor: runtime.flavor,
@@ -150,6 +185,8 @@ impl Workloads {
                 container,
                 running: HashMap::new(),
                 finished_tx,
+                hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
+                isolation,
             },
             finished_rx,
         ))
@@ -414,6 +451,23 @@ impl Workloads {
         }
     }
 
+    /// What this node enforces, declared in its `node.registered`: what
+    /// the runtime really does. The simulated runtime keeps what
+    /// `registered` says (the fleet file's node).
+    pub fn declare(&self, registered: &mut NodeRegistered) {
+        let Some(isolation) = self.isolation else {
+            return;
+        };
+        registered.isolation = isolation;
+        registered.gpu_sharing = if self.hami_core {
+            GpuSharing::HamiCore
+        } else if registered.gpus.iter().any(|g| g.mig) {
+            GpuSharing::Mig
+        } else {
+            GpuSharing::None
+        };
+    }
+
     /// Whether leases run anything here (false on a simulated node).
     pub fn runs_workloads(&self) -> bool {
         self.runtime.is_some()
@@ -462,7 +516,92 @@ pub fn assignment(lease_id: Uuid, gpus: &[AssignedGpu]) -> Assignment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lh_events::MigInstance;
+    use lh_events::{fixtures, MigInstance};
+
+    fn workloads(kind: RuntimeKind, hami_core_lib: Option<PathBuf>) -> Workloads {
+        let marks = HostMarks {
+            node_id: "a".into(),
+            state_dir: std::env::temp_dir().join("lh-declare-test"),
+        };
+        Workloads::with_hami_core(kind, None, Duration::from_secs(1), marks, hami_core_lib)
+            .unwrap()
+            .0
+    }
+
+    fn declared(
+        w: &Workloads,
+        mig: bool,
+        fleet: (Isolation, GpuSharing),
+    ) -> (Isolation, GpuSharing) {
+        let mut r = fixtures::node("a", "z", 2, fixtures::MODEL, 40);
+        r.gpus[1].mig = mig;
+        (r.isolation, r.gpu_sharing) = fleet;
+        w.declare(&mut r);
+        (r.isolation, r.gpu_sharing)
+    }
+
+    #[tokio::test]
+    async fn given_a_runtime_when_the_node_registers_then_it_declares_what_the_runtime_enforces() {
+        let fleet = (Isolation::Container, GpuSharing::HamiCore);
+        let none = (Isolation::None, GpuSharing::None);
+        // The simulated runtime: what the fleet file's node says.
+        assert_eq!(
+            declared(&workloads(RuntimeKind::Sim, None), false, fleet),
+            fleet
+        );
+        assert_eq!(
+            declared(&workloads(RuntimeKind::Sim, None), false, none),
+            none
+        );
+        // docker: a container, whatever the fleet file says.
+        let docker = workloads(RuntimeKind::Docker, None);
+        assert_eq!(
+            declared(&docker, false, none),
+            (Isolation::Container, GpuSharing::None)
+        );
+        assert_eq!(
+            declared(&docker, true, fleet),
+            (Isolation::Container, GpuSharing::Mig)
+        );
+        // process: cgroup only where cgroup v2 works, which this host may
+        // not have; never a container.
+        let process = workloads(RuntimeKind::Process, None);
+        let (isolation, sharing) = declared(&process, false, fleet);
+        assert_ne!(isolation, Isolation::Container);
+        assert_eq!(
+            sharing,
+            GpuSharing::None,
+            "shares' caps would be env vars only"
+        );
+    }
+
+    #[tokio::test]
+    async fn given_a_hami_core_library_when_the_node_registers_then_it_enforces_shares() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libvgpu.so");
+        std::fs::write(&lib, b"").unwrap();
+        let docker = workloads(RuntimeKind::Docker, Some(lib.clone()));
+        let none = (Isolation::None, GpuSharing::None);
+        assert_eq!(
+            declared(&docker, true, none),
+            (Isolation::Container, GpuSharing::HamiCore)
+        );
+        let marks = HostMarks {
+            node_id: "a".into(),
+            state_dir: dir.path().into(),
+        };
+        let missing = Workloads::with_hami_core(
+            RuntimeKind::Docker,
+            None,
+            Duration::from_secs(1),
+            marks,
+            Some(dir.path().join("nowhere.so")),
+        );
+        assert!(
+            missing.is_err(),
+            "a library that is not there enforces nothing"
+        );
+    }
 
     fn gpu(uuid: &str) -> AssignedGpu {
         AssignedGpu {
