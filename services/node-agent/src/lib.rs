@@ -125,7 +125,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         node_id: inventory.node_id.clone(),
         state_dir: config.state_dir.clone(),
     };
-    let (workloads, finished) = Workloads::with_hami_core(
+    let (mut workloads, finished) = Workloads::with_hami_core(
         config.runtime,
         config.container_cli.clone(),
         grace,
@@ -133,6 +133,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         config.hami_core_lib.clone(),
     )?;
     workloads.declare(&mut inventory);
+    match workload::supervisor::host_memory_bytes() {
+        Some(memory_bytes) => workloads.share_out(workload::supervisor::Host {
+            memory_bytes,
+            gpu_count: inventory.gpus.len() as u32,
+        }),
+        None => tracing::warn!("cannot read the host's memory: workloads get no memory limit"),
+    }
     tracing::info!(
         isolation = inventory.isolation.as_str(),
         gpu_sharing = inventory.gpu_sharing.as_str(),

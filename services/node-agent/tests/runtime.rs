@@ -381,6 +381,48 @@ async fn the_cgroup_goes_when_the_workload_exits() {
 }
 
 #[tokio::test]
+async fn a_share_runs_with_hami_core_preloaded_by_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libvgpu.so");
+    fs::write(&lib, b"").unwrap();
+    let out = dir.path().join("env");
+    let runtime = ProcessRuntime::without_cgroups().with_hami_core_lib(lib.clone());
+    let share = Assignment {
+        vram_limit_mib: Some(1024),
+        compute_milli: Some(100),
+        ..assignment()
+    };
+    let mut w = sh(&format!("env > '{}'", out.display()));
+    w.env.insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
+    start(&runtime, &share, &w).wait().await.unwrap();
+    assert_eq!(env_file(&out)["LD_PRELOAD"], lib.display().to_string());
+    // A whole GPU: nothing preloaded, and the tenant's is dropped.
+    start(&runtime, &assignment(), &w).wait().await.unwrap();
+    assert!(!env_file(&out).contains_key("LD_PRELOAD"));
+}
+
+#[tokio::test]
+async fn a_lease_without_a_ram_share_still_gets_its_own_cgroup() {
+    let root = fake_cgroup_root("cpu memory\n");
+    let runtime = ProcessRuntime::new(CgroupConfig {
+        root: root.path().to_path_buf(),
+        ..CgroupConfig::default()
+    })
+    .unwrap();
+    let a = assignment();
+    assert_eq!(a.memory_share_bytes, None);
+    let lease = root
+        .path()
+        .join("leasehold")
+        .join(format!("lh-{}", a.lease_id));
+    let mut running = start(&runtime, &a, &sh("sleep 60"));
+    assert_eq!(read(lease.join("cgroup.procs")), running.pid().to_string());
+    assert!(!lease.join("memory.max").exists(), "no share, no limit");
+    running.stop(Duration::from_secs(5)).await.unwrap();
+    assert!(!lease.exists(), "lease cgroup not removed");
+}
+
+#[tokio::test]
 async fn no_memory_controller_means_no_cgroup_but_the_workload_runs() {
     let root = fake_cgroup_root("cpu io pids\n");
     let runtime = ProcessRuntime::new(CgroupConfig {

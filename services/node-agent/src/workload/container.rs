@@ -512,6 +512,32 @@ mod tests {
     }
 
     #[test]
+    fn a_share_gets_hami_core_mounted_and_preloaded_after_the_tenants_variables() {
+        let runtime =
+            ContainerRuntime::docker("docker").with_hami_core_lib("/opt/hami/libvgpu.so".into());
+        let share = Assignment {
+            device_uuids: vec!["GPU-1".into()],
+            vram_limit_mib: Some(10240),
+            compute_milli: Some(500),
+            ..assignment()
+        };
+        let env_file = Path::new("/state/env/lh-x.env");
+        let args = run_args(&runtime, &share, &workload(), "img", Some(env_file));
+        let at = |arg: &str| args.iter().position(|a| a == arg).unwrap();
+        let volume = at("/opt/hami/libvgpu.so:/usr/local/leasehold/libvgpu.so:ro");
+        let preload = at("LD_PRELOAD=/usr/local/leasehold/libvgpu.so");
+        assert_eq!(args[volume - 1], "--volume");
+        assert!(
+            at("--env-file") < preload,
+            "the agent's LD_PRELOAD comes last"
+        );
+        assert!(preload < at("--"));
+        // A whole GPU runs without it.
+        let whole = run_args(&runtime, &assignment(), &workload(), "img", None);
+        assert!(!whole.iter().any(|a| a.contains("libvgpu")), "{whole:?}");
+    }
+
+    #[test]
     fn stop_rounds_the_grace_up_to_seconds() {
         assert_eq!(
             stop_args(CliFlavor::Docker, "lh-x", Duration::from_millis(1500)),

@@ -3,14 +3,16 @@
 //! The child leads its own process group (so a stop reaches everything it
 //! started), gets a clean environment (`PATH`, the workload's variables and
 //! the lease's, [`super::workload_env`]; never the agent's own, which holds
-//! its credentials), stdin from /dev/null and the agent's stdout/stderr. With
-//! a RAM share and usable cgroups it runs in a lease cgroup
-//! ([`super::cgroup`]); when the cgroup cannot be made or entered it runs
-//! without one, with a warning.
+//! its credentials), stdin from /dev/null and the agent's stdout/stderr.
+//! With usable cgroups it runs in a lease cgroup ([`super::cgroup`]), with
+//! memory limits when it has a RAM share; when the cgroup cannot be made or
+//! entered it runs without one, with a warning.
 //!
-//! It runs as the agent's user: the process runtime isolates GPUs and
-//! memory, not users or files. The container runtime is the boundary for
-//! untrusted tenants.
+//! It runs as the agent's user and sees the host: a cgroup limits memory
+//! and kills, it does not isolate users, files or devices, and a workload
+//! can unset `CUDA_VISIBLE_DEVICES`. Such a node declares `cgroup` or `none`
+//! isolation and takes only trusted tenants' leases; the container runtime
+//! is the boundary for untrusted tenants.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -72,15 +74,15 @@ impl ProcessRuntime {
         self.cgroups.as_ref().map(CgroupConfig::parent_dir)
     }
 
-    /// Whether leases with a RAM share get a cgroup.
+    /// Whether leases get a cgroup.
     pub fn uses_cgroups(&self) -> bool {
         self.cgroups.is_some()
     }
 
     fn lease_cgroup(&self, assignment: &Assignment) -> Option<LeaseCgroup> {
         let config = self.cgroups.as_ref()?;
-        let share_bytes = assignment.memory_share_bytes?;
-        match LeaseCgroup::create(config, assignment.lease_id, config.limits(share_bytes)) {
+        let limits = assignment.memory_share_bytes.map(|b| config.limits(b));
+        match LeaseCgroup::create(config, assignment.lease_id, limits) {
             Ok(cgroup) => Some(cgroup),
             Err(e) => {
                 tracing::warn!(lease = %assignment.lease_id, error = %e,

@@ -87,6 +87,16 @@ pub struct Workloads {
     isolation: Option<Isolation>,
     /// Whether shares get HAMi-core.
     hami_core: bool,
+    /// The host's RAM and GPUs, which a lease's RAM share is a part of;
+    /// `None`: leases get no memory limit.
+    host: Option<Host>,
+}
+
+/// What a node has to share out between its leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    pub memory_bytes: u64,
+    pub gpu_count: u32,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -187,6 +197,7 @@ impl Workloads {
                 finished_tx,
                 hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
                 isolation,
+                host: None,
             },
             finished_rx,
         ))
@@ -209,7 +220,10 @@ impl Workloads {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };
-        let assignment = assignment(lease_id, gpus);
+        let share = self
+            .host
+            .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
+        let assignment = assignment(lease_id, gpus, share);
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
@@ -451,6 +465,12 @@ impl Workloads {
         }
     }
 
+    /// Gives each lease's workload a RAM share of `host`: its part of the
+    /// host's GPUs, as a part of the host's memory.
+    pub fn share_out(&mut self, host: Host) {
+        self.host = Some(host);
+    }
+
     /// What this node enforces, declared in its `node.registered`: what
     /// the runtime really does. The simulated runtime keeps what
     /// `registered` says (the fleet file's node).
@@ -492,7 +512,11 @@ fn remove_record(path: &Path) {
 /// (a MIG instance by NVIDIA's `MIG-<GPU-UUID>/<GI>/<CI>` form, with the
 /// placement start standing for the GPU instance until the NVML backend
 /// reports the real MIG UUID), and a share's VRAM and compute caps.
-pub fn assignment(lease_id: Uuid, gpus: &[AssignedGpu]) -> Assignment {
+pub fn assignment(
+    lease_id: Uuid,
+    gpus: &[AssignedGpu],
+    memory_share_bytes: Option<u64>,
+) -> Assignment {
     let device_uuids = gpus
         .iter()
         .map(|g| match &g.mig_instance {
@@ -509,8 +533,41 @@ pub fn assignment(lease_id: Uuid, gpus: &[AssignedGpu]) -> Assignment {
         device_uuids,
         vram_limit_mib: share.map(|(_, v)| u64::from(v) * 1024),
         compute_milli: share.map(|(m, _)| m),
-        memory_share_bytes: None,
+        memory_share_bytes,
     }
+}
+
+/// A lease's part of the host's RAM: the part of the host's GPU compute it
+/// holds (a whole GPU 1000 milli, a share or a MIG instance its milli).
+/// `None` when there is nothing to divide.
+pub fn memory_share_bytes(
+    host_memory_bytes: u64,
+    host_gpus: u32,
+    gpus: &[AssignedGpu],
+) -> Option<u64> {
+    let held_milli: u64 = gpus
+        .iter()
+        .map(|g| u64::from(g.milli.unwrap_or(super::MILLI_PER_GPU)))
+        .sum();
+    let host_milli = u64::from(host_gpus) * u64::from(super::MILLI_PER_GPU);
+    if host_milli == 0 || held_milli == 0 || host_memory_bytes == 0 {
+        return None;
+    }
+    let share = u128::from(host_memory_bytes) * u128::from(held_milli.min(host_milli))
+        / u128::from(host_milli);
+    u64::try_from(share).ok().filter(|&b| b > 0)
+}
+
+/// `MemTotal` of `/proc/meminfo`, bytes; `None` where it cannot be read.
+pub fn host_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&meminfo)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]
@@ -614,9 +671,31 @@ mod tests {
     }
 
     #[test]
+    fn given_a_host_when_leases_hold_parts_of_its_gpus_then_they_get_that_part_of_its_ram() {
+        const GIB: u64 = 1 << 30;
+        let whole = [gpu("GPU-a"), gpu("GPU-b")];
+        assert_eq!(memory_share_bytes(64 * GIB, 8, &whole), Some(16 * GIB));
+        let quarter = [AssignedGpu {
+            milli: Some(250),
+            ..gpu("GPU-a")
+        }];
+        assert_eq!(memory_share_bytes(64 * GIB, 2, &quarter), Some(8 * GIB));
+        // More than the host (a stale inventory): never more than all of it.
+        assert_eq!(memory_share_bytes(64 * GIB, 1, &whole), Some(64 * GIB));
+        assert_eq!(memory_share_bytes(64 * GIB, 0, &whole), None);
+        assert_eq!(memory_share_bytes(0, 8, &whole), None);
+        assert_eq!(memory_share_bytes(64 * GIB, 8, &[]), None);
+        assert_eq!(
+            parse_mem_total("MemTotal:       16303140 kB\nMemFree: 1 kB\n"),
+            Some(16_303_140 * 1024)
+        );
+        assert_eq!(parse_mem_total("nothing"), None);
+    }
+
+    #[test]
     fn assignments_name_devices_and_cap_shares() {
         let l = Uuid::nil();
-        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")]);
+        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")], None);
         assert_eq!(whole.device_uuids, ["GPU-a", "GPU-b"]);
         assert_eq!((whole.vram_limit_mib, whole.compute_milli), (None, None));
         let share = assignment(
@@ -626,7 +705,9 @@ mod tests {
                 vram_gb: Some(10),
                 ..gpu("GPU-a")
             }],
+            Some(7),
         );
+        assert_eq!(share.memory_share_bytes, Some(7));
         assert_eq!(
             (share.vram_limit_mib, share.compute_milli),
             (Some(10 * 1024), Some(300))
@@ -642,6 +723,7 @@ mod tests {
                 }),
                 ..gpu("GPU-a")
             }],
+            None,
         );
         assert_eq!(mig.device_uuids, ["MIG-GPU-a/4/0"]);
         assert_eq!(mig.vram_limit_mib, None, "MIG isolates memory itself");
