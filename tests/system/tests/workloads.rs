@@ -15,15 +15,20 @@ use lh_testkit::stack::{of_type, read_log, Stack, TWO_A100};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
-    let (s, b) = stack
+/// Asks for one A100 running `workload`: the status and the answer.
+async fn request_with(stack: &Stack, key: &str, workload: &Value) -> (u16, Value) {
+    stack
         .call(
             Method::POST,
             "/v1/leases",
             key,
             Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
         )
-        .await;
+        .await
+}
+
+async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
+    let (s, b) = request_with(stack, key, &workload).await;
     assert_eq!(s, 202, "{b}");
     assert_eq!(b["workload"]["command"], workload["command"]);
     b["id"].as_str().unwrap().to_string()
@@ -40,6 +45,16 @@ async fn trusted_tenant(stack: &Stack, name: &str, max_gpus: u32) -> String {
         }))
         .await;
     tenant["api_key"].as_str().unwrap().to_string()
+}
+
+/// A lease with `workload` is refused with a 422 naming `field`.
+async fn assert_refused(stack: &Stack, key: &str, workload: Value, field: &str) {
+    let (s, p) = request_with(stack, key, &workload).await;
+    assert_eq!(
+        (s, p["field"].as_str()),
+        (422, Some(field)),
+        "{workload}: {p}"
+    );
 }
 
 fn ended(log: &[lh_bus::Stored], id: &str) -> lh_events::LeaseEnded {
@@ -66,15 +81,7 @@ async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully()
             "workload.env",
         ),
     ] {
-        let (s, p) = stack
-            .call(
-                Method::POST,
-                "/v1/leases",
-                &key,
-                Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
-            )
-            .await;
-        assert_eq!((s, p["field"].as_str()), (422, Some(field)), "{p}");
+        assert_refused(&stack, &key, workload, field).await;
     }
 
     // Its GPU and its lease id in the environment; exit 3 fails the lease.
@@ -240,49 +247,28 @@ async fn workloads_that_would_escape_are_refused_naming_the_field() {
         (json!({"image": "ubuntu --gpus=all"}), "workload.image"),
         (json!({"image": "Ubuntu"}), "workload.image"),
         (json!({"image": "a".repeat(256)}), "workload.image"),
-        (
-            json!({"command": ["sh"], "env": {"LD_PRELOAD": "/tmp/x.so"}}),
-            "workload.env.LD_PRELOAD",
-        ),
-        (
-            json!({"command": ["sh"], "env": {"LD_LIBRARY_PATH": "/tmp"}}),
-            "workload.env.LD_LIBRARY_PATH",
-        ),
-        (
-            json!({"command": ["sh"], "env": {"DOCKER_HOST": "tcp://evil:2375"}}),
-            "workload.env.DOCKER_HOST",
-        ),
-        (
-            json!({"command": ["sh"], "env": {"CONTAINER_HOST": "ssh://evil"}}),
-            "workload.env.CONTAINER_HOST",
-        ),
-        (
-            json!({"command": ["sh"], "env": {"https_proxy": "http://evil:3128"}}),
-            "workload.env.https_proxy",
-        ),
-        (
-            json!({"command": ["sh"], "env": {"CUDA_VISIBLE_DEVICES": "all"}}),
-            "workload.env.CUDA_VISIBLE_DEVICES",
-        ),
-        (
-            json!({"command": ["sh"], "env": {"A": "x\nLD_PRELOAD=/tmp/x.so"}}),
-            "workload.env.A",
-        ),
     ];
+    let env_cases = [
+        ("LD_PRELOAD", "/tmp/x.so"),
+        ("LD_LIBRARY_PATH", "/tmp"),
+        ("DOCKER_HOST", "tcp://evil:2375"),
+        ("CONTAINER_HOST", "ssh://evil"),
+        ("https_proxy", "http://evil:3128"),
+        ("CUDA_VISIBLE_DEVICES", "all"),
+        ("A", "x\nLD_PRELOAD=/tmp/x.so"),
+    ]
+    .map(|(name, value)| {
+        (
+            json!({"command": ["sh"], "env": {name: value}}),
+            format!("workload.env.{name}"),
+        )
+    });
+    let cases = cases
+        .into_iter()
+        .map(|(w, f)| (w, f.to_string()))
+        .chain(env_cases);
     for (workload, field) in cases {
-        let (s, p) = stack
-            .call(
-                Method::POST,
-                "/v1/leases",
-                &key,
-                Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
-            )
-            .await;
-        assert_eq!(
-            (s, p["field"].as_str()),
-            (422, Some(field)),
-            "{workload}: {p}"
-        );
+        assert_refused(&stack, &key, workload, &field).await;
     }
     let log = read_log(&stack.bus().await).await;
     assert!(of_type(&log, "lease.requested").is_empty());
