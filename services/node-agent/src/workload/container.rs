@@ -185,6 +185,11 @@ pub fn env_file_contents(assignment: &Assignment, workload: &Workload) -> Option
     (!lines.is_empty()).then_some(lines)
 }
 
+/// `<dir>/lh-<lease_id>.env`.
+pub fn env_file_path(dir: &Path, lease_id: Uuid) -> PathBuf {
+    dir.join(format!("{}.env", mark(lease_id)))
+}
+
 /// Writes `contents` to `<dir>/lh-<lease_id>.env`, readable by the agent's
 /// user only, in a directory only it can enter.
 pub fn write_env_file(dir: &Path, lease_id: Uuid, contents: &str) -> io::Result<PathBuf> {
@@ -192,7 +197,7 @@ pub fn write_env_file(dir: &Path, lease_id: Uuid, contents: &str) -> io::Result<
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
-    let path = dir.join(format!("{}.env", mark(lease_id)));
+    let path = env_file_path(dir, lease_id);
     // A file left by a crash may be anyone's and any mode: start afresh.
     remove_env_file(&path);
     let mut file = fs::OpenOptions::new()

@@ -67,6 +67,15 @@ pub struct Reconciled {
 struct ContainerCli {
     cli: PathBuf,
     flavor: CliFlavor,
+    /// Where the runtime writes the tenants' env files.
+    env_dir: PathBuf,
+}
+
+impl ContainerCli {
+    /// The env file the runtime wrote for the container of `lease_id`.
+    fn env_file(&self, lease_id: Uuid) -> PathBuf {
+        super::container::env_file_path(&self.env_dir, lease_id)
+    }
 }
 
 /// Starts, watches and stops the workloads of the leases on this node.
@@ -180,6 +189,7 @@ impl Workloads {
                 container = Some(ContainerCli {
                     cli: runtime.cli.clone(),
                     flavor: runtime.flavor,
+                    env_dir: runtime.env_dir.clone(),
                 });
                 Some(Arc::new(runtime))
             }
@@ -377,7 +387,7 @@ impl Workloads {
                 },
                 Some(path),
             ),
-            Found::Container { name, .. } => {
+            Found::Container { lease_id, name } => {
                 let c = self
                     .container
                     .as_ref()
@@ -389,7 +399,8 @@ impl Workloads {
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
                     },
-                    None,
+                    // Its env file goes when it ends, as its record would.
+                    Some(c.env_file(lease_id)),
                 )
             }
             Found::Cgroup { .. } => unreachable!("a cgroup is adopted with its process"),
@@ -412,7 +423,7 @@ impl Workloads {
                     reconcile::stop_process(record.pid, record.start_ticks, grace).await;
                     remove_record(&path);
                 }
-                Found::Container { name, .. } => {
+                Found::Container { lease_id, name } => {
                     if let Some(c) = container {
                         super::container::run_stop_command(
                             &c.cli,
@@ -423,6 +434,7 @@ impl Workloads {
                         )
                         .await;
                         reconcile::remove_container(&c.cli, &name).await;
+                        remove_record(&c.env_file(lease_id));
                     }
                 }
                 Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir).await,
@@ -500,6 +512,7 @@ impl Workloads {
     }
 }
 
+/// Removes a process record or an env file; one already gone is fine.
 fn remove_record(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
