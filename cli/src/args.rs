@@ -447,6 +447,23 @@ mod tests {
         assert_eq!(t.name, "acme");
         assert_eq!(t.email, "ops@acme.test");
         assert_eq!(t.max_gpus, 8);
+        assert!(!t.trusted, "not trusted unless said");
+        let cli = parse(&[
+            "tenant",
+            "create",
+            "--name",
+            "a",
+            "--email",
+            "e",
+            "--max-gpus",
+            "1",
+            "--trusted",
+        ])
+        .unwrap();
+        let Command::Tenant(TenantCommand::Create(t)) = cli.command else {
+            panic!("wrong command: {:?}", cli.command)
+        };
+        assert!(t.trusted);
     }
 
     #[test]
