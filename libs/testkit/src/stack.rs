@@ -201,7 +201,7 @@ impl Stack {
     fn bare_on(fleet: &str, nats: StackNats, database_url: String) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
-        std::fs::write(&fleet_file, fleet).unwrap();
+        std::fs::write(&fleet_file, enforcing(fleet)).unwrap();
         let master_key_file = dir.path().join("master.keys");
         write_master_key_file(&master_key_file);
         Stack {
@@ -505,6 +505,33 @@ impl Stack {
     }
 }
 
+/// `fleet` with every node that does not say otherwise declaring what a
+/// production node enforces (containers, HAMi-core), as `dev/fleet.toml`
+/// does: the tests of other rules place untrusted tenants' leases and GPU
+/// shares on it. A test of those rules names `isolation` or `gpu_sharing`
+/// on its nodes; a real runtime (`node_runtime`) declares its own anyway.
+pub fn enforcing(fleet: &str) -> String {
+    let mut out = String::with_capacity(fleet.len());
+    let mut blocks = fleet.split("[[node]]");
+    out.push_str(blocks.next().unwrap_or_default());
+    for block in blocks {
+        out.push_str("[[node]]\n");
+        let names = |key: &str| {
+            block
+                .lines()
+                .any(|l| l.trim_start().starts_with(key) && l.contains('='))
+        };
+        if !names("isolation") {
+            out.push_str("isolation = \"container\"\n");
+        }
+        if !names("gpu_sharing") {
+            out.push_str("gpu_sharing = \"hami-core\"\n");
+        }
+        out.push_str(block.strip_prefix('\n').unwrap_or(block));
+    }
+    out
+}
+
 fn toml_node_ids(fleet: &str) -> Vec<String> {
     fleet
         .lines()
@@ -764,5 +791,20 @@ pub fn test_front() -> lh_gateway::http::front::FrontArgs {
         anonymous_requests_per_s_per_ip: 100_000.0,
         anonymous_request_burst_per_ip: 100_000,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_declare_full_enforcement_unless_they_say_otherwise() {
+        let fleet = "# two\n[[node]]\nid = \"a\"\n\n[[node]]\nid = \"b\"\nisolation = \"none\"\n";
+        assert_eq!(
+            enforcing(fleet),
+            "# two\n[[node]]\nisolation = \"container\"\ngpu_sharing = \"hami-core\"\nid = \"a\"\n\n\
+             [[node]]\ngpu_sharing = \"hami-core\"\nid = \"b\"\nisolation = \"none\"\n"
+        );
     }
 }

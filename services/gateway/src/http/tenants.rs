@@ -30,6 +30,10 @@ pub struct CreateTenant {
     /// What happens to a lease whose GPUs show zero utilisation for a
     /// while; the node-agents' default (5 minutes, notify) when absent.
     pub idle_policy: Option<IdlePolicyBody>,
+    /// The operator vouches for the tenant: its leases may also run on
+    /// nodes that do not isolate workloads (process runtime). Default false.
+    #[serde(default)]
+    pub trusted: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
@@ -154,6 +158,7 @@ pub async fn create(
             window_s: p.window_s,
             action: p.action,
         }),
+        trusted: body.trusted,
     });
     let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));

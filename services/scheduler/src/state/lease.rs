@@ -98,4 +98,7 @@ impl Lease {
 pub struct Tenant {
     pub quota: Quota,
     pub weight: u32,
+    /// Its leases may run on nodes that do not isolate workloads.
+    #[serde(default)]
+    pub trusted: bool,
 }
