@@ -51,6 +51,7 @@ fn keys_dir(dir: &Path) -> PathBuf {
 /// The seed file of `user`, created with a new user nkey when missing.
 fn ensure_seed(keys: &Path, user: &str) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(keys).with_context(|| format!("creating {}", keys.display()))?;
+    std::fs::set_permissions(keys, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let path = keys.join(format!("{user}.nk"));
     if path.exists() {
         return Ok(path);
