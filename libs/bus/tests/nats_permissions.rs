@@ -163,6 +163,15 @@ async fn stored(client: &async_nats::Client, envelope: &Envelope) -> bool {
     }
 }
 
+/// The first event of the log, read through a feed as every service reads.
+async fn first_event(bus: &Bus) -> lh_bus::Stored {
+    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
+    feed.next_within(Duration::from_secs(5))
+        .await
+        .expect("the log is read")
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_client_without_credentials_is_refused() {
     let users = Users::new();
@@ -274,18 +283,9 @@ async fn only_the_operator_may_update_purge_or_delete_the_log() {
     let nats = users.server().await;
     let gateway = users.bus(&nats, "gateway").await;
     // The gateway publishes what it owns and reads the log.
-    let request = fixtures::by_owner(EventData::LeaseStopRequested(
-        lh_events::LeaseStopRequested {
-            lease_id: Uuid::now_v7(),
-        },
-    ));
+    let request = fixtures::stop_request();
     gateway.publish(&request, Expect::Any).await.unwrap();
-    let mut feed = gateway.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
-    let read = feed
-        .next_within(Duration::from_secs(5))
-        .await
-        .expect("the gateway reads the log")
-        .unwrap();
+    let read = first_event(&gateway).await;
     assert_eq!(read.envelope.id, request.id);
     assert_eq!(
         gateway
@@ -333,11 +333,7 @@ async fn the_auditor_reads_the_log_and_writes_nothing() {
     let users = Users::new();
     let nats = users.server().await;
     let pricing = users.bus(&nats, "pricing").await;
-    let charge_free = fixtures::by_owner(EventData::LeaseStopRequested(
-        lh_events::LeaseStopRequested {
-            lease_id: Uuid::now_v7(),
-        },
-    ));
+    let charge_free = fixtures::stop_request();
     // Pricing does not own a stop request.
     let (pricing_client, mut refusals) = users.client(&nats, "pricing").await;
     assert!(!stored(&pricing_client, &charge_free).await);
@@ -347,12 +343,7 @@ async fn the_auditor_reads_the_log_and_writes_nothing() {
     let gateway = users.bus(&nats, "gateway").await;
     gateway.publish(&charge_free, Expect::Any).await.unwrap();
     let auditor = users.bus(&nats, auth::AUDITOR_USER).await;
-    let mut feed = auditor.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
-    let read = feed
-        .next_within(Duration::from_secs(5))
-        .await
-        .expect("the auditor reads the log")
-        .unwrap();
+    let read = first_event(&auditor).await;
     assert_eq!(read.envelope.id, charge_free.id);
     let (client, mut refusals) = users.client(&nats, auth::AUDITOR_USER).await;
     let again = fixtures::by_owner(charge_free.data.clone());

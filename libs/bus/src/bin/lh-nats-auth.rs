@@ -59,14 +59,18 @@ fn ensure_seed(keys: &Path, user: &str) -> anyhow::Result<PathBuf> {
     let seed = nkeys::KeyPair::new_user()
         .seed()
         .context("encoding a new nkey seed")?;
-    let mut file = std::fs::OpenOptions::new()
+    create_private(&path)?.write_all(seed.as_bytes())?;
+    Ok(path)
+}
+
+/// A new file only its owner may read, refused when `path` exists.
+fn create_private(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    file.write_all(seed.as_bytes())?;
-    Ok(path)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))
 }
 
 /// Writes permissions.conf and users.conf beside each other in `dir`.
@@ -104,12 +108,6 @@ fn write_config(dir: &Path) -> anyhow::Result<()> {
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     let aside = path.with_extension("tmp");
     let _ = std::fs::remove_file(&aside);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&aside)
-        .with_context(|| format!("creating {}", aside.display()))?;
-    file.write_all(text.as_bytes())?;
+    create_private(&aside)?.write_all(text.as_bytes())?;
     std::fs::rename(&aside, path).with_context(|| format!("writing {}", path.display()))
 }
