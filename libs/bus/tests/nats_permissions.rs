@@ -541,3 +541,47 @@ fn the_deploy_config_is_a_valid_server_config() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test]
+async fn services_and_node_agents_keep_their_own_snapshots() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let scheduler = users.bus(&nats, "scheduler").await;
+    scheduler
+        .put_snapshot("lh-scheduler", b"folded state")
+        .await
+        .expect("a service stores its snapshot");
+    // Replacing it purges the old chunks: allowed on the snapshot bucket.
+    scheduler
+        .put_snapshot("lh-scheduler", b"newer state")
+        .await
+        .expect("a service replaces its snapshot");
+    assert_eq!(
+        scheduler.get_snapshot("lh-scheduler").await.unwrap(),
+        Some(b"newer state".to_vec())
+    );
+
+    let agent = users.bus(&nats, &auth::node_user("n1")).await;
+    agent
+        .put_snapshot("node-agent-n1", b"n1 state")
+        .await
+        .expect("a node agent stores its own snapshot");
+    assert_eq!(
+        agent.get_snapshot("node-agent-n1").await.unwrap(),
+        Some(b"n1 state".to_vec())
+    );
+    // Another's is refused: the object's metadata subject is not its own.
+    let forged = tokio::time::timeout(
+        Duration::from_secs(20),
+        agent.put_snapshot("lh-scheduler", b"forged"),
+    )
+    .await;
+    assert!(
+        !matches!(forged, Ok(Ok(()))),
+        "a node agent replaced the scheduler's snapshot"
+    );
+    assert_eq!(
+        scheduler.get_snapshot("lh-scheduler").await.unwrap(),
+        Some(b"newer state".to_vec())
+    );
+}
