@@ -19,7 +19,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
     && mkdir -p /out \
-    && for bin in lh-gateway lh-scheduler lh-node-agent lh-pricing lh-spot-broker lh-audit lh; do \
+    && for bin in lh-gateway lh-scheduler lh-node-agent lh-pricing lh-spot-broker lh-audit lh lh-nats-auth; do \
          cp "target/release/$bin" /out/; \
        done
 

@@ -19,4 +19,7 @@ GATEWAY=${LH_GATEWAY_URL:-http://${LH_GATEWAY_ADDR:-127.0.0.1:8080}}
 curl -fsS -o /dev/null "$GATEWAY/readyz" || { echo "chaos: error: no gateway at $GATEWAY: run 'make up' first" >&2; exit 1; }
 cd "$ROOT"
 cargo build --release -q -p lh-load-tests --bin chaos
+# It reads the log as the auditor does (make up's NATS refuses strangers).
+export LH_NATS_USER=${LH_NATS_USER:-auditor}
+export LH_NATS_NKEY_SEED_FILE=${LH_NATS_NKEY_SEED_FILE:-$ROOT/.data/nats/auth/keys/auditor.nk}
 exec target/release/chaos --duration-secs "$SECONDS_TO_RUN" --gateway "$GATEWAY" --root "$ROOT"

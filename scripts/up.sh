@@ -3,6 +3,8 @@
 # dev/fleet.toml. Everything it writes lives under .data/:
 #
 #   .data/nats/    nats.conf and the JetStream store (sync_interval: always);
+#                  auth/ holds an nkey seed per service, operator, auditor
+#                  and node agent (0600) and the users.conf they make;
 #                  with LH_NATS_CLUSTER=3, n1.conf..n3.conf and n1/..n3/
 #   .data/pg/      a local PostgreSQL cluster (skipped when DATABASE_URL is set)
 #   .data/pg-roles/ each service's role password and DATABASE_URL (0600)
@@ -75,6 +77,31 @@ for entry in "${SERVICES[@]}"; do
     IFS='|' read -r _ binary _ <<<"$entry"
     [ -x "$BIN/$binary" ] || die "$BIN/$binary was not built"
 done
+[ -x "$BIN/lh-nats-auth" ] || die "$BIN/lh-nats-auth was not built"
+
+# --- NATS credentials ---
+# One nkey per service, the operator, the auditor and each node agent,
+# generated once into .data/nats/auth (seeds 0600, kept across runs);
+# users.conf and permissions.conf beside them are written again each run,
+# so a clone and an existing .data both come up with auth on. nats-server
+# refuses clients without a key (docs/security.md "## NATS").
+AUTH="$DATA/nats/auth"
+mkdir -p "$AUTH"
+chmod 700 "$AUTH"
+"$BIN/lh-nats-auth" init "$AUTH"
+for entry in "${SERVICES[@]}"; do
+    IFS='|' read -r name _ _ <<<"$entry"
+    case $name in
+        node-agent-*) "$BIN/lh-nats-auth" node "$AUTH" "node-${name#node-agent-}" >/dev/null ;;
+    esac
+done
+# The NATS user a service connects as.
+nats_user() {
+    case $1 in
+        node-agent-*) echo "node-node-${1#node-agent-}" ;;
+        *) echo "$1" ;;
+    esac
+}
 
 # --- NATS ---
 # A store made by one server cannot be read by a cluster nor the other way
@@ -109,6 +136,8 @@ jetstream {
   store_dir: "$store"
   sync_interval: always
 }
+# Users and permissions (lh-nats-auth); no anonymous clients.
+include "auth/users.conf"
 EOF
     [ -n "$route" ] || return 0
     {
@@ -137,17 +166,19 @@ NATS_URLS=()
 for node in "${NATS_NODES[@]}"; do
     IFS='|' read -r name port http conf store route <<<"$node"
     NATS_URLS+=("nats://127.0.0.1:$port")
-    if running "$PIDS/$name.pid"; then
-        say "$name already running (pid $(cat "$PIDS/$name.pid"))"
-        continue
-    fi
-    port_busy "$port" && die "port $port is taken (another nats-server?); set LH_NATS_PORT"
-    mkdir -p "$store"
     if [ -z "$route" ]; then
         write_nats_conf "$conf" "lh-dev" "$port" "$http" "$store"
     else
         write_nats_conf "$conf" "lh-dev-${name#nats-}" "$port" "$http" "$store" "$route"
     fi
+    if running "$PIDS/$name.pid"; then
+        # A server started before it had users reloads them now.
+        say "$name already running (pid $(cat "$PIDS/$name.pid")); reloading its config"
+        kill -HUP "$(cat "$PIDS/$name.pid")"
+        continue
+    fi
+    port_busy "$port" && die "port $port is taken (another nats-server?); set LH_NATS_PORT"
+    mkdir -p "$store"
     say "starting $name on nats://127.0.0.1:$port"
     nohup "$NATS_SERVER" -c "$conf" >>"$LOGS/$name.log" 2>&1 &
     echo $! >"$PIDS/$name.pid"
@@ -238,7 +269,10 @@ start_service() {
         say "$name already running (pid $(cat "$PIDS/$name.pid"))"
         return
     fi
-    local -a env=(LH_NATS_URL="$NATS_URL" LH_STREAM_REPLICAS="$NATS_MEMBERS" LH_LOG_FORMAT="$LOG_FORMAT")
+    local user
+    user=$(nats_user "$name")
+    local -a env=(LH_NATS_URL="$NATS_URL" LH_STREAM_REPLICAS="$NATS_MEMBERS" LH_LOG_FORMAT="$LOG_FORMAT"
+        LH_NATS_USER="$user" LH_NATS_NKEY_SEED_FILE="$AUTH/keys/$user.nk")
     case $name in
         gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$GATEWAY_DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN"
                        LH_MASTER_KEY_FILE="$MASTER_KEY_FILE") ;;

@@ -9,7 +9,8 @@
 //!   ([`server_addrs`]): the client connects to any of them and moves to
 //!   another when its server goes away.
 //! * [`Bus::publish`] appends one event with its id as `Nats-Msg-Id` and an
-//!   optional expected-last-subject-sequence.
+//!   optional expected-last-subject-sequence on its aggregate (every
+//!   subject under `<aggregate>.>`).
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
@@ -18,7 +19,12 @@
 //!   a new leader of the log. A stored message the reader cannot use
 //!   (junk, an unknown type, a newer version) is counted, logged and handed
 //!   over as a [`Skipped`] item, never as an error: it cannot be removed
-//!   from the log, so failing on it would fail every restart too.
+//!   from the log, so failing on it would fail every restart too. So is an
+//!   event stored on a subject its envelope does not compute, or by a
+//!   publisher its type's owners do not include: it is checked here, once
+//!   for every reader.
+
+pub mod auth;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +53,10 @@ pub const SNAPSHOTS_MAX_BYTES: i64 = 1024 * 1024 * 1024;
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024 * 1024;
 /// Longest wait for the next message while reading a subject's history.
 pub const SUBJECT_HISTORY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Header naming the subjects an expected-last-subject-sequence counts
+/// (nats-server 2.11 on): an event's aggregate, below which it is stored.
+pub const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
+    "Nats-Expected-Last-Subject-Sequence-Subject";
 /// Header carrying the event type, so that tools can filter without parsing.
 pub const EVENT_TYPE_HEADER: &str = "Lh-Event-Type";
 /// Retention of the business log: the audit trail must outlive a year.
@@ -77,6 +87,8 @@ pub enum BusError {
         url: String,
         source: async_nats::ConnectError,
     },
+    #[error("bad NATS credentials: {0}")]
+    BadCredentials(String),
     #[error("bad NATS server address {addr:?}: {reason}")]
     BadServerAddr { addr: String, reason: String },
     #[error("stream {stream} is weaker than required: {problems}")]
@@ -154,6 +166,199 @@ pub struct BusConfig {
     /// Accept an `events_max_age` under [`EVENTS_MAX_AGE`]: only tests
     /// that run a log past expiry set it.
     pub allow_short_retention: bool,
+    /// Who this connection is to the server.
+    pub credentials: Credentials,
+    /// TLS to the server, when it has a certificate.
+    pub tls: Option<TlsFiles>,
+}
+
+/// How a connection proves who it is. Secrets come from files named in
+/// the environment, never from the command line (see
+/// [`Credentials::from_env`]).
+#[derive(Clone, Default)]
+pub enum Credentials {
+    /// No credentials: only a server without authorization accepts it
+    /// (tests, and `make up` before it had users).
+    #[default]
+    Anonymous,
+    /// An nkey seed and the user it belongs to (the user names the inbox
+    /// prefix the server lets it read).
+    Nkey { user: String, seed: String },
+    /// A user and password (a server configured with bcrypt'd passwords).
+    Password { user: String, password: String },
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The seed and the password never reach a log.
+        match self {
+            Credentials::Anonymous => f.write_str("Anonymous"),
+            Credentials::Nkey { user, .. } => write!(f, "Nkey {{ user: {user:?}, .. }}"),
+            Credentials::Password { user, .. } => write!(f, "Password {{ user: {user:?}, .. }}"),
+        }
+    }
+}
+
+/// Environment variable naming the NATS user.
+pub const ENV_NATS_USER: &str = "LH_NATS_USER";
+/// Environment variable naming the file that holds the user's nkey seed.
+pub const ENV_NATS_NKEY_SEED_FILE: &str = "LH_NATS_NKEY_SEED_FILE";
+/// Environment variable naming the file that holds the user's password.
+pub const ENV_NATS_PASSWORD_FILE: &str = "LH_NATS_PASSWORD_FILE";
+/// Environment variable naming the CA file that turns TLS on.
+pub const ENV_NATS_CA_FILE: &str = "LH_NATS_CA_FILE";
+/// Environment variables naming a client certificate and its key.
+pub const ENV_NATS_CLIENT_CERT_FILE: &str = "LH_NATS_CLIENT_CERT_FILE";
+pub const ENV_NATS_CLIENT_KEY_FILE: &str = "LH_NATS_CLIENT_KEY_FILE";
+/// Largest credentials file read, in bytes (a seed is 58).
+pub const MAX_SECRET_FILE_BYTES: u64 = 4096;
+
+/// Command-line options that would carry a NATS secret: refused, because
+/// argv is visible to every user of the host (`ps`, /proc).
+const SECRET_OPTIONS: &[&str] = &[
+    "--nats-password",
+    "--nats-seed",
+    "--nats-nkey",
+    "--nats-creds",
+    "--nats-token",
+    "--nats-user",
+];
+
+/// The files of a TLS connection to NATS.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA that signed the server's certificate.
+    pub ca_file: std::path::PathBuf,
+    /// A client certificate and its key, for a server that verifies clients.
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+fn read_secret(variable: &str, path: &str) -> Result<String> {
+    let bad = |reason: String| BusError::BadCredentials(format!("{variable}={path}: {reason}"));
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    if meta.len() > MAX_SECRET_FILE_BYTES {
+        return Err(bad(format!("over {MAX_SECRET_FILE_BYTES} bytes")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(bad("empty".into()));
+    }
+    Ok(secret.to_string())
+}
+
+impl Credentials {
+    /// The credentials the environment names: `LH_NATS_USER` with
+    /// `LH_NATS_NKEY_SEED_FILE` or `LH_NATS_PASSWORD_FILE`; none when
+    /// neither file is named. `args` is the command line, refused when
+    /// it carries a secret.
+    pub fn from_env(
+        args: impl IntoIterator<Item = String>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        for arg in args {
+            let option = SECRET_OPTIONS
+                .iter()
+                .find(|o| arg == **o || arg.starts_with(&format!("{o}=")));
+            // The refusal names the option, never the value.
+            let what = match option {
+                Some(option) => option.to_string(),
+                None if arg.starts_with("LH_NATS_PASSWORD=") => "LH_NATS_PASSWORD=".into(),
+                None if looks_like_a_seed(&arg) => "a value shaped like an nkey seed".into(),
+                None => continue,
+            };
+            return Err(BusError::BadCredentials(format!(
+                "a NATS secret on the command line ({what}); name a file in {ENV_NATS_NKEY_SEED_FILE} or {ENV_NATS_PASSWORD_FILE}"
+            )));
+        }
+        let user = env(ENV_NATS_USER).filter(|u| !u.is_empty());
+        let seed_file = env(ENV_NATS_NKEY_SEED_FILE).filter(|p| !p.is_empty());
+        let password_file = env(ENV_NATS_PASSWORD_FILE).filter(|p| !p.is_empty());
+        let user = match (&user, &seed_file, &password_file) {
+            (_, Some(_), Some(_)) => {
+                return Err(BusError::BadCredentials(format!(
+                    "{ENV_NATS_NKEY_SEED_FILE} and {ENV_NATS_PASSWORD_FILE} are both set; name one"
+                )))
+            }
+            (None, None, None) => return Ok(Credentials::Anonymous),
+            (None, _, _) => {
+                return Err(BusError::BadCredentials(format!(
+                    "{ENV_NATS_USER} is not set; it names the user whose secret is given"
+                )))
+            }
+            (Some(user), _, _) => {
+                auth::check_user_name(user).map_err(BusError::BadCredentials)?;
+                user.clone()
+            }
+        };
+        if let Some(path) = seed_file {
+            let seed = read_secret(ENV_NATS_NKEY_SEED_FILE, &path)?;
+            if nkeys::KeyPair::from_seed(&seed).is_err() {
+                return Err(BusError::BadCredentials(format!(
+                    "{ENV_NATS_NKEY_SEED_FILE}={path}: not an nkey seed"
+                )));
+            }
+            return Ok(Credentials::Nkey { user, seed });
+        }
+        if let Some(path) = password_file {
+            let password = read_secret(ENV_NATS_PASSWORD_FILE, &path)?;
+            return Ok(Credentials::Password { user, password });
+        }
+        Err(BusError::BadCredentials(format!(
+            "{ENV_NATS_USER} is set without {ENV_NATS_NKEY_SEED_FILE} or {ENV_NATS_PASSWORD_FILE}"
+        )))
+    }
+
+    /// The user whose inbox replies arrive in, if there is one.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Credentials::Anonymous => None,
+            Credentials::Nkey { user, .. } | Credentials::Password { user, .. } => Some(user),
+        }
+    }
+}
+
+/// An nkey user or account seed (`SU…`, `SA…`), 58 base32 characters.
+fn looks_like_a_seed(arg: &str) -> bool {
+    arg.split(['=', ' ', ':']).any(|word| {
+        word.len() == 58
+            && word.starts_with('S')
+            && word
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || ('2'..='7').contains(&c))
+    })
+}
+
+impl TlsFiles {
+    /// TLS as the environment names it: on when `LH_NATS_CA_FILE` is set,
+    /// with a client certificate when both its variables are.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
+        let set = |name: &str| env(name).filter(|v| !v.is_empty());
+        let Some(ca_file) = set(ENV_NATS_CA_FILE) else {
+            if set(ENV_NATS_CLIENT_CERT_FILE).is_some() || set(ENV_NATS_CLIENT_KEY_FILE).is_some() {
+                return Err(BusError::BadCredentials(format!(
+                    "a client certificate without {ENV_NATS_CA_FILE}"
+                )));
+            }
+            return Ok(None);
+        };
+        let client_cert = match (
+            set(ENV_NATS_CLIENT_CERT_FILE),
+            set(ENV_NATS_CLIENT_KEY_FILE),
+        ) {
+            (Some(cert), Some(key)) => Some((cert.into(), key.into())),
+            (None, None) => None,
+            _ => {
+                return Err(BusError::BadCredentials(format!(
+                    "{ENV_NATS_CLIENT_CERT_FILE} and {ENV_NATS_CLIENT_KEY_FILE} go together"
+                )))
+            }
+        };
+        Ok(Some(TlsFiles {
+            ca_file: ca_file.into(),
+            client_cert,
+        }))
+    }
 }
 
 impl BusConfig {
@@ -165,6 +370,8 @@ impl BusConfig {
             replicas: 1,
             events_max_age: EVENTS_MAX_AGE,
             allow_short_retention: false,
+            credentials: Credentials::Anonymous,
+            tls: None,
         }
     }
 
@@ -240,6 +447,12 @@ impl FeedItem {
             FeedItem::Event(e) => &e.subject,
             FeedItem::Skipped(s) => &s.subject,
         }
+    }
+
+    /// The aggregate subject the message is stored on or below, whether
+    /// it decoded or not (`None` outside `lh.evt.>`).
+    pub fn aggregate_subject(&self) -> Option<&str> {
+        subject::aggregate_of(self.subject())
     }
 
     /// The raw bytes as stored.
@@ -371,7 +584,27 @@ impl Bus {
         let servers = server_addrs(&config.nats_url)?;
         let (connected, connects) = tokio::sync::watch::channel(0u64);
         let service = config.client_name.clone();
-        let client = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new();
+        match &config.credentials {
+            Credentials::Anonymous => {}
+            Credentials::Nkey { seed, .. } => options = options.nkey(seed.clone()),
+            Credentials::Password { user, password } => {
+                options = options.user_and_password(user.clone(), password.clone())
+            }
+        }
+        if let Some(user) = config.credentials.user() {
+            // The server lets each user read replies on its own prefix only.
+            options = options.custom_inbox_prefix(auth::inbox_prefix(user));
+        }
+        if let Some(tls) = &config.tls {
+            options = options
+                .require_tls(true)
+                .add_root_certificates(tls.ca_file.clone());
+            if let Some((cert, key)) = &tls.client_cert {
+                options = options.add_client_certificate(cert.clone(), key.clone());
+            }
+        }
+        let client = options
             .name(&config.client_name)
             .event_callback(move |event| {
                 match event {
@@ -623,13 +856,32 @@ impl Bus {
                 header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
                 seq.to_string().as_str(),
             );
+            // The event's own subject names its type and publisher; the
+            // guard is on the whole aggregate.
+            headers.insert(
+                EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+                subject::guarded(&envelope.data.aggregate_subject()).as_str(),
+            );
         }
         headers
     }
 
-    /// Appends one event to its aggregate's subject.
+    /// Appends one event below its aggregate's subject.
     pub async fn publish(&self, envelope: &Envelope, expect: Expect) -> Result<Appended> {
-        let subject = envelope.data.subject();
+        match self.publish_once(envelope, expect).await {
+            Err(BusError::Conflict(conflict)) => {
+                let batch = [(envelope.clone(), expect)];
+                match self.past_legacy_tails(&batch).await? {
+                    Some(moved) => self.publish_once(envelope, moved[0].1).await,
+                    None => Err(BusError::Conflict(conflict)),
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn publish_once(&self, envelope: &Envelope, expect: Expect) -> Result<Appended> {
+        let subject = envelope.subject();
         let ack = self
             .js
             .publish_with_headers(
@@ -647,6 +899,44 @@ impl Bus {
         })
     }
 
+    /// After a conflict: the batch again with each guard that is above
+    /// what its aggregate holds under `<aggregate>.>` lowered to that, or
+    /// `None` when no guard is (the conflict is real) or one is below (a
+    /// write the writer has not read).
+    ///
+    /// A writer guards with the sequence of the newest event it read on an
+    /// aggregate. Where that is a legacy event (on the bare aggregate
+    /// subject, written before subjects named their publisher), the server
+    /// does not count it, and the guard could never match. The writer has
+    /// read everything on the aggregate up to that event, so it has read
+    /// everything the server counts: the guard the server counts is the
+    /// one the writer meant.
+    async fn past_legacy_tails(
+        &self,
+        batch: &[(Envelope, Expect)],
+    ) -> Result<Option<Vec<(Envelope, Expect)>>> {
+        let mut moved = batch.to_vec();
+        let mut lowered = false;
+        for (envelope, expect) in &mut moved {
+            let Expect::LastSubjectSequence(seen) = *expect else {
+                continue;
+            };
+            let counted = self
+                .subject_last_sequence(&envelope.data.aggregate_subject())
+                .await?;
+            if counted > seen {
+                return Ok(None);
+            }
+            if counted < seen {
+                tracing::debug!(service = %self.service, aggregate = %envelope.data.aggregate_subject(),
+                    seen, counted, "guarding past a legacy event");
+                *expect = Expect::LastSubjectSequence(counted);
+                lowered = true;
+            }
+        }
+        Ok(lowered.then_some(moved))
+    }
+
     /// Appends events to several aggregates as one atomic batch (ADR-50):
     /// the server stores all of them or none, and checks every message's
     /// expectation at commit.
@@ -659,9 +949,19 @@ impl Bus {
         if events.len() == 1 {
             return self.publish(&events[0].0, events[0].1).await;
         }
+        match self.publish_batch_once(events).await {
+            Err(BusError::Conflict(conflict)) => match self.past_legacy_tails(events).await? {
+                Some(moved) => self.publish_batch_once(&moved).await,
+                None => Err(BusError::Conflict(conflict)),
+            },
+            other => other,
+        }
+    }
+
+    async fn publish_batch_once(&self, events: &[(Envelope, Expect)]) -> Result<Appended> {
         let batch_id = uuid::Uuid::now_v7().simple().to_string();
         let last = events.len() - 1;
-        let subjects: Vec<String> = events.iter().map(|(e, _)| e.data.subject()).collect();
+        let subjects: Vec<String> = events.iter().map(|(e, _)| e.subject()).collect();
         for (i, (envelope, expect)) in events.iter().enumerate() {
             let subject = subjects[i].clone();
             let mut headers = Self::headers(envelope, *expect);
@@ -693,14 +993,22 @@ impl Bus {
         unreachable!("the loop returns at the last event")
     }
 
-    /// Stream sequence of the last event on `subject` (0 when there is none).
-    pub async fn subject_last_sequence(&self, subject: &str) -> Result<u64> {
+    /// Stream sequence of the last event a guard on `aggregate_subject`
+    /// counts: the last under `<aggregate>.>` (0 when there is none).
+    pub async fn subject_last_sequence(&self, aggregate_subject: &str) -> Result<u64> {
+        self.last_sequence_on(&subject::guarded(aggregate_subject))
+            .await
+    }
+
+    /// Stream sequence of the last event on any subject `filter` matches
+    /// (0 when there is none).
+    async fn last_sequence_on(&self, filter: &str) -> Result<u64> {
         let stream = self
             .js
             .get_stream(lh_events::subject::EVENTS_STREAM)
             .await
             .map_err(js_err)?;
-        match stream.get_last_raw_message_by_subject(subject).await {
+        match stream.get_last_raw_message_by_subject(filter).await {
             Ok(msg) => Ok(msg.sequence),
             Err(e)
                 if e.kind()
@@ -756,20 +1064,25 @@ impl Bus {
         Ok(Feed { receiver, pump })
     }
 
-    /// The events the log holds on one aggregate's `subject` from
-    /// `from_sequence` on, oldest first, at most `max_messages` of them
-    /// (an error past that); messages that do not decode are left out.
+    /// The events the log holds on one aggregate (`subject` is the
+    /// aggregate's, and its legacy events count too) from `from_sequence`
+    /// on, oldest first, at most `max_messages` of them (an error past
+    /// that); messages that do not decode are left out.
     pub async fn subject_history(
         &self,
         subject: &str,
         from_sequence: u64,
         max_messages: usize,
     ) -> Result<Vec<Stored>> {
-        let last = self.subject_last_sequence(subject).await?;
+        let under = subject::guarded(subject);
+        let last = self
+            .last_sequence_on(subject)
+            .await?
+            .max(self.last_sequence_on(&under).await?);
         if last < from_sequence.max(1) {
             return Ok(Vec::new());
         }
-        let mut feed = self.reread(&[subject], from_sequence).await?;
+        let mut feed = self.reread(&[subject, &under], from_sequence).await?;
         let mut events = Vec::new();
         loop {
             let item = feed
@@ -791,24 +1104,27 @@ impl Bus {
         }
     }
 
-    /// The oldest event the log still holds on `subject` (for a lease, its
-    /// request), if it holds one that decodes.
+    /// The oldest event the log still holds on an aggregate (`subject` is
+    /// the aggregate's; for a lease, its request), if it holds one that
+    /// decodes where it is stored.
     pub async fn first_event_on(&self, subject: &str) -> Result<Option<Envelope>> {
         let stream = self
             .js
             .get_stream(subject::EVENTS_STREAM)
             .await
             .map_err(js_err)?;
-        match stream.get_first_raw_message_by_subject(subject, 1).await {
-            Ok(m) => Ok(Envelope::decode(&m.payload).ok()),
-            Err(e)
-                if e.kind()
-                    == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
-            {
-                Ok(None)
+        // A legacy event on the bare aggregate subject is older than any
+        // under it.
+        for filter in [subject.to_string(), subject::guarded(subject)] {
+            match stream.get_first_raw_message_by_subject(&filter, 1).await {
+                Ok(m) => return Ok(Envelope::decode_stored(&m.subject, &m.payload).ok()),
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound => {}
+                Err(e) => return Err(js_err(e)),
             }
-            Err(e) => Err(js_err(e)),
         }
+        Ok(None)
     }
 
     /// The newest telemetry sample on `subject`, if the stream still has one.
@@ -1145,7 +1461,7 @@ impl FeedSource {
             info.published.nanosecond(),
         )
         .unwrap_or_default();
-        match Envelope::decode(&payload) {
+        match Envelope::decode_stored(&subject, &payload) {
             Ok(envelope) => FeedItem::Event(Stored {
                 sequence,
                 subject,

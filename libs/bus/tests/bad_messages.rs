@@ -1,13 +1,15 @@
 //! A feed over messages its reader cannot use, on a real nats-server: each
 //! is handed over as skipped with its reason, in order, never as an error,
-//! and counted under the connection's service name.
+//! and counted under the connection's service name. So is an event stored
+//! where its envelope says it does not belong, or by a publisher its type's
+//! owners do not include.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use chrono::Utc;
 use lh_bus::{Bus, BusConfig, Expect, FeedItem};
-use lh_events::{fixtures, subject};
+use lh_events::{fixtures, subject, Actor, Envelope, EventData, SkipReason};
 use lh_testkit::Nats;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use uuid::Uuid;
@@ -46,6 +48,23 @@ async fn undecodable_messages_are_skipped_in_order_with_their_reason() {
         let subject = subject::lease(Uuid::now_v7());
         let sequence = publish_raw(&bus, subject.clone(), bytes.clone()).await;
         expected.push((sequence, subject, *reason, bytes.clone()));
+    }
+    // Events that decode but are not on the subject their envelope
+    // computes, or not by an owner of their type.
+    let stop = fixtures::stop_request();
+    let misplaced = format!("{}.started.node-n1", stop.data.aggregate_subject());
+    let placed = fixtures::placed(Uuid::now_v7(), "n1", "z", fixtures::MODEL, 40, &[0]);
+    let forged = Envelope::new(
+        Actor::Node("n1".into()),
+        Utc::now(),
+        EventData::LeasePlaced(placed),
+    );
+    for (reason, subject, bytes) in [
+        (SkipReason::WrongSubject, misplaced, stop.to_json()),
+        (SkipReason::NotOwner, forged.subject(), forged.to_json()),
+    ] {
+        let sequence = publish_raw(&bus, subject.clone(), bytes.clone()).await;
+        expected.push((sequence, subject, reason, bytes));
     }
     let last = publish_stop(&bus).await;
 

@@ -21,7 +21,7 @@ fn stop(lease: Uuid) -> Envelope {
 
 fn alloc(node: &str, lease: Uuid) -> Envelope {
     Envelope::new(
-        Actor::Admin,
+        Actor::Service("lh-scheduler".into()),
         Utc::now(),
         EventData::NodeGpusAllocated(NodeGpusAllocated::one(node, lease, vec![0])),
     )

@@ -32,6 +32,13 @@ pub enum SkipReason {
     FutureVersion,
     /// A known type and version whose envelope or payload does not decode.
     BadPayload,
+    /// An event stored on a subject other than the one its envelope
+    /// computes: someone published it where its type or actor say it does
+    /// not belong.
+    WrongSubject,
+    /// An event whose actor is not among the publishers the owner table
+    /// allows for its type (`subject::OWNERS`).
+    NotOwner,
 }
 
 impl SkipReason {
@@ -41,6 +48,8 @@ impl SkipReason {
             SkipReason::UnknownType => "unknown_type",
             SkipReason::FutureVersion => "future_version",
             SkipReason::BadPayload => "bad_payload",
+            SkipReason::WrongSubject => "wrong_subject",
+            SkipReason::NotOwner => "not_owner",
         }
     }
 }
@@ -89,6 +98,45 @@ impl Envelope {
             Ok(envelope) => check_known(envelope, bytes),
             Err(error) => Err(classify(bytes, error.to_string())),
         }
+    }
+}
+
+impl Envelope {
+    /// Decodes a message stored on `subject` (see [`Envelope::decode`]) and
+    /// checks that it is where its envelope says it belongs: on the
+    /// subject the envelope computes, published by one of its type's
+    /// owners. An event on its bare aggregate subject was written before
+    /// subjects named the publisher; it is read as it always was.
+    pub fn decode_stored(subject: &str, bytes: &[u8]) -> Result<Envelope, Undecodable> {
+        let envelope = Envelope::decode(bytes)?;
+        let refuse = |reason, detail: String| Undecodable {
+            reason,
+            detail,
+            head: head_of(bytes),
+        };
+        if subject == envelope.data.aggregate_subject() {
+            return Ok(envelope);
+        }
+        let expected = envelope.subject();
+        if subject != expected {
+            return Err(refuse(
+                SkipReason::WrongSubject,
+                format!(
+                    "{} by {:?} belongs on {expected}, not {subject}",
+                    envelope.event_type, envelope.actor
+                ),
+            ));
+        }
+        if !crate::subject::may_publish(&envelope.actor, &envelope.event_type) {
+            return Err(refuse(
+                SkipReason::NotOwner,
+                format!(
+                    "{:?} may not publish {}",
+                    envelope.actor, envelope.event_type
+                ),
+            ));
+        }
+        Ok(envelope)
     }
 }
 
@@ -234,6 +282,45 @@ mod tests {
         );
         assert_eq!(refused.head.version, Some(2));
         assert!(refused.head.id.is_some() && refused.head.occurred_at.is_some());
+    }
+
+    #[test]
+    fn a_stored_event_must_be_on_its_subject_and_by_an_owner() {
+        let stop = |actor| {
+            Envelope::new(
+                actor,
+                Utc::now(),
+                EventData::LeaseStopRequested(LeaseStopRequested {
+                    lease_id: Uuid::from_u128(5),
+                }),
+            )
+        };
+        let by_admin = stop(Actor::Admin);
+        let subject = by_admin.subject();
+        assert_eq!(
+            subject,
+            format!("lh.evt.lease.{}.stop_requested.gateway", Uuid::from_u128(5))
+        );
+        assert!(Envelope::decode_stored(&subject, &by_admin.to_json()).is_ok());
+        // Before subjects named the publisher, events sat on the aggregate.
+        let legacy = by_admin.data.aggregate_subject();
+        assert!(Envelope::decode_stored(&legacy, &by_admin.to_json()).is_ok());
+
+        let by_node = stop(Actor::Node("n1".into()));
+        let on_gateways = Envelope::decode_stored(&subject, &by_node.to_json()).unwrap_err();
+        assert_eq!(on_gateways.reason, SkipReason::WrongSubject);
+        let elsewhere = format!("{legacy}.started.node-n1");
+        let refused = Envelope::decode_stored(&elsewhere, &by_node.to_json()).unwrap_err();
+        assert_eq!(refused.reason, SkipReason::WrongSubject);
+
+        // On its own subject, but of a service that owns nothing.
+        let stranger = stop(Actor::Service("lh-stranger".into()));
+        let refused =
+            Envelope::decode_stored(&stranger.subject(), &stranger.to_json()).unwrap_err();
+        assert_eq!(refused.reason, SkipReason::NotOwner);
+        // And junk is still junk, wherever it is.
+        let refused = Envelope::decode_stored(&subject, b"junk").unwrap_err();
+        assert_eq!(refused.reason, SkipReason::Junk);
     }
 
     #[test]

@@ -85,6 +85,16 @@ impl Envelope {
         self
     }
 
+    /// The subject this event is stored on: its aggregate's, then its
+    /// verb and its publisher (see [`crate::subject`]).
+    pub fn subject(&self) -> String {
+        crate::subject::event(
+            &self.data.aggregate_subject(),
+            &self.event_type,
+            &self.actor,
+        )
+    }
+
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("an envelope always serialises")
     }
@@ -94,13 +104,14 @@ impl Envelope {
     }
 }
 
-/// What a writer expects of the aggregate's subject before its write: the
+/// What a writer expects of the aggregate before its write: the
 /// optimistic-concurrency guard that every decision carries (see
 /// docs/adr/002).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
     /// No expectation.
     Any,
-    /// The subject's last message is at this stream sequence (0: the subject is empty).
+    /// The aggregate's last message (under `<aggregate>.>`) is at this
+    /// stream sequence (0: there is none).
     LastSubjectSequence(u64),
 }

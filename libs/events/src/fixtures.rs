@@ -141,6 +141,25 @@ pub fn ended(
     }
 }
 
+/// An actor that may publish `data` (the first of its type's owners): what
+/// a test that stands in for a service or a node publishes as, so that
+/// readers do not skip its events as foreign.
+pub fn owner_of(data: &EventData) -> Actor {
+    match crate::subject::owners(data.event_type()).first() {
+        Some(crate::subject::Publisher::Node) => Actor::Node("fixture-node".into()),
+        Some(service) => match service.service_name() {
+            Some("gateway") | None => Actor::Admin,
+            Some(name) => Actor::Service(format!("lh-{name}")),
+        },
+        None => Actor::Admin,
+    }
+}
+
+/// `data` in a new envelope by one of its owners (see [`owner_of`]).
+pub fn by_owner(data: EventData) -> Envelope {
+    Envelope::new(owner_of(&data), Utc::now(), data)
+}
+
 /// An event of no consequence on a fresh lease's subject, for tests of
 /// the log itself.
 pub fn stop_request() -> Envelope {

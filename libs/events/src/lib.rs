@@ -2,10 +2,11 @@
 //!
 //! Every fact the platform records is an [`Envelope`] around one of the
 //! [`EventData`] variants, stored as JSON on the `LH_EVENTS` stream under the
-//! subject of the aggregate it belongs to (`lh.evt.lease.<id>`, …). The event
-//! type lives in the envelope (and in the `Lh-Event-Type` header), never in the
-//! subject, so that an expected-last-subject-sequence guards the whole
-//! aggregate. JSON Schemas for every type are generated into `schemas/` by
+//! subject of the aggregate it belongs to followed by its verb and its
+//! publisher (`lh.evt.lease.<id>.placed.scheduler`, …; see [`subject`]), so
+//! that the server's permissions can tell types and publishers apart while
+//! an expected-last-subject-sequence on `<aggregate>.>` still guards the
+//! whole aggregate. JSON Schemas for every type are generated into `schemas/` by
 //! [`schemas`]; a test fails when they drift from these types.
 //!
 //! Every event type is named once, in the table below: its type string, its
@@ -164,7 +165,7 @@ mod tests {
         });
         let json = serde_json::to_value(&data).unwrap();
         assert_eq!(json["type"], data.event_type());
-        assert_eq!(data.subject(), subject::lease(lease));
+        assert_eq!(data.aggregate_subject(), subject::lease(lease));
         assert_eq!(data.lease_id(), Some(lease));
         assert_eq!(data.version(), 1);
     }
@@ -191,7 +192,7 @@ mod tests {
         });
         // A charge is written on its own subject, not the lease's: guarded
         // lease writers must not count it.
-        assert_eq!(charge.subject(), subject::charge(lease));
+        assert_eq!(charge.aggregate_subject(), subject::charge(lease));
         assert_eq!(charge.lease_id(), None);
         assert_eq!(charge.tenant_id(), Some(tenant));
         let spot = EventData::SpotPriceSet(SpotPriceSet {
@@ -202,12 +203,12 @@ mod tests {
             gpus_total: 1,
             gpus_used: 0,
         });
-        assert_eq!(spot.subject(), "lh.evt.spot.cn-north_1.A100_40GB");
+        assert_eq!(spot.aggregate_subject(), "lh.evt.spot.cn-north_1.A100_40GB");
         assert_eq!(spot.tenant_id(), None);
         let node = EventData::NodeUncordoned(NodeUncordoned {
             node_id: "gpu.7".into(),
         });
-        assert_eq!(node.subject(), "lh.evt.node.gpu_7");
+        assert_eq!(node.aggregate_subject(), "lh.evt.node.gpu_7");
         assert_eq!(node.lease_id(), None);
     }
 }

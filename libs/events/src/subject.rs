@@ -1,10 +1,24 @@
-//! Subject names: one subject per aggregate instance.
+//! Subject names: the aggregate, then the event's verb and its publisher.
 //!
 //! Business events live under `lh.evt.>` on the `LH_EVENTS` stream; heartbeats
 //! and usage samples under `lh.tel.>` on `LH_TELEMETRY`. Request/reply between
 //! services (never stored) uses `lh.rpc.>`.
+//!
+//! An event is stored on `<aggregate>.<verb>.<origin>`, for example
+//! `lh.evt.lease.<id>.placed.scheduler` or
+//! `lh.evt.lease.<id>.started.node-<node>`: the server's subject permissions
+//! can then tell event types and publishers apart, so that a node agent can
+//! be allowed `started` on any lease but `placed` on none, and only on its own
+//! origin token. The guard of a write still covers the whole aggregate: the
+//! server compares the expected sequence with the last message under
+//! `<aggregate>.>` (see docs/adr/012-subjects-name-type-and-publisher.md).
+//!
+//! Logs written before this scheme hold events on the bare aggregate
+//! subject. Readers accept those as legacy; nobody may publish there any more.
 
 use uuid::Uuid;
+
+use crate::Actor;
 
 pub const EVENTS_STREAM: &str = "LH_EVENTS";
 pub const EVENTS_ALL: &str = "lh.evt.>";
@@ -59,11 +73,196 @@ pub fn heartbeat(node_id: &str) -> String {
     format!("lh.tel.heartbeat.{}", token(node_id))
 }
 
-/// Every lease's usage samples.
-pub const USAGE_ALL: &str = "lh.tel.usage.*";
+/// Every lease's usage samples, of every node.
+pub const USAGE_ALL: &str = "lh.tel.usage.*.*";
 
-pub fn usage(lease_id: Uuid) -> String {
-    format!("lh.tel.usage.{lease_id}")
+/// Usage of `lease_id` as reported by `node_id`: the node is in the subject
+/// so that a node's credentials can only report usage as itself.
+pub fn usage(node_id: &str, lease_id: Uuid) -> String {
+    format!("lh.tel.usage.{}.{lease_id}", token(node_id))
+}
+
+/// Every usage sample `node_id` reports.
+pub fn usage_of_node(node_id: &str) -> String {
+    format!("lh.tel.usage.{}.>", token(node_id))
+}
+
+/// Usage samples of `lease_id` from whichever node reported them.
+pub fn usage_of_lease(lease_id: Uuid) -> String {
+    format!("lh.tel.usage.*.{lease_id}")
+}
+
+/// Who may publish an event type. Tenants, admins and auditors act
+/// through the gateway, which publishes for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Publisher {
+    Gateway,
+    Scheduler,
+    Pricing,
+    SpotBroker,
+    Audit,
+    /// Any node agent, each only as itself (its own origin token).
+    Node,
+}
+
+impl Publisher {
+    /// The services, in the order the server config lists them.
+    pub const SERVICES: [Publisher; 5] = [
+        Publisher::Gateway,
+        Publisher::Scheduler,
+        Publisher::Pricing,
+        Publisher::SpotBroker,
+        Publisher::Audit,
+    ];
+
+    /// The service's name: its origin token and its NATS user.
+    pub fn service_name(self) -> Option<&'static str> {
+        match self {
+            Publisher::Gateway => Some("gateway"),
+            Publisher::Scheduler => Some("scheduler"),
+            Publisher::Pricing => Some("pricing"),
+            Publisher::SpotBroker => Some("spot-broker"),
+            Publisher::Audit => Some("audit"),
+            Publisher::Node => None,
+        }
+    }
+
+    /// The publisher an envelope's actor speaks through; `None` for a
+    /// service this code does not know, which owns nothing.
+    pub fn of_actor(actor: &Actor) -> Option<Publisher> {
+        match actor {
+            Actor::Node(_) => Some(Publisher::Node),
+            Actor::Tenant(_) | Actor::Admin | Actor::Auditor => Some(Publisher::Gateway),
+            Actor::Service(name) => {
+                let name = service_token(name);
+                Publisher::SERVICES
+                    .into_iter()
+                    .find(|p| p.service_name() == Some(name))
+            }
+        }
+    }
+}
+
+/// Which publishers may write each event type, from what the code does:
+/// the only place that says so. The server's permissions
+/// (deploy/nats/permissions.conf) are generated from it, and every reader
+/// skips an event whose actor is not among its type's publishers.
+pub const OWNERS: &[(&str, &[Publisher])] = {
+    use Publisher::*;
+    &[
+        ("tenant.created", &[Gateway]),
+        ("tenant.restated", &[Gateway]),
+        ("lease.requested", &[Gateway]),
+        ("lease.queued", &[Scheduler]),
+        ("lease.rejected", &[Scheduler]),
+        ("lease.placed", &[Scheduler]),
+        // A tenant or admin asks to stop; a node asks when the spot
+        // capacity under a lease is reclaimed.
+        ("lease.stop_requested", &[Gateway, Node]),
+        ("lease.preemption_noticed", &[Scheduler]),
+        ("lease.started", &[Node]),
+        // The node ends what it ran; the scheduler ends what no node runs
+        // any more (a lost node, a lease stopped before it started).
+        ("lease.ended", &[Scheduler, Node]),
+        ("lease.migrated", &[Scheduler]),
+        ("lease.gpu_fault", &[Node]),
+        ("lease.idle_detected", &[Node]),
+        ("lease.suspended", &[Node]),
+        ("lease.resume_requested", &[Gateway]),
+        ("lease.restated", &[Scheduler]),
+        ("node.registered", &[Node]),
+        ("node.gpus_allocated", &[Scheduler]),
+        ("node.lost", &[Scheduler]),
+        ("node.rejoined", &[Scheduler]),
+        ("node.gpu_health_changed", &[Node]),
+        ("node.gpu_self_tested", &[Node]),
+        ("node.cordoned", &[Gateway]),
+        ("node.uncordoned", &[Gateway]),
+        ("node.restated", &[Scheduler]),
+        ("spot.price_set", &[SpotBroker]),
+        ("price_book.published", &[Pricing]),
+        ("price_book.restated", &[Pricing]),
+        ("charge.accrued", &[Pricing]),
+        ("audit.checkpoint", &[Audit]),
+        ("audit.pruned", &[Audit]),
+    ]
+};
+
+/// The publishers that may write `event_type` (none for an unknown type).
+pub fn owners(event_type: &str) -> &'static [Publisher] {
+    OWNERS
+        .iter()
+        .find(|(known, _)| *known == event_type)
+        .map_or(&[], |(_, owners)| owners)
+}
+
+/// Whether `actor` may publish an event of `event_type`.
+pub fn may_publish(actor: &Actor, event_type: &str) -> bool {
+    Publisher::of_actor(actor).is_some_and(|p| owners(event_type).contains(&p))
+}
+
+/// A service actor's name without the binaries' `lh-` prefix.
+fn service_token(name: &str) -> &str {
+    name.strip_prefix("lh-").unwrap_or(name)
+}
+
+/// The last token of an event's subject: who published it.
+pub fn origin(actor: &Actor) -> String {
+    match actor {
+        Actor::Node(node_id) => node_origin(node_id),
+        Actor::Service(name) => token(service_token(name)),
+        Actor::Tenant(_) | Actor::Admin | Actor::Auditor => "gateway".to_string(),
+    }
+}
+
+/// The origin token of a node agent.
+pub fn node_origin(node_id: &str) -> String {
+    format!("node-{}", token(node_id))
+}
+
+/// The verb of an event type: what follows its family's dot.
+pub fn verb(event_type: &str) -> &str {
+    event_type
+        .split_once('.')
+        .map_or(event_type, |(_, verb)| verb)
+}
+
+/// The subject an event of `event_type` by `actor` is stored on.
+pub fn event(aggregate_subject: &str, event_type: &str, actor: &Actor) -> String {
+    format!("{aggregate_subject}.{}.{}", verb(event_type), origin(actor))
+}
+
+/// What a guard on an aggregate counts: every event stored on it in the
+/// current scheme (legacy events on the bare aggregate subject are not).
+pub fn guarded(aggregate_subject: &str) -> String {
+    format!("{aggregate_subject}.>")
+}
+
+/// How many id tokens follow `lh.evt.<family>` in an aggregate subject.
+pub fn aggregate_id_tokens(family: &str) -> usize {
+    match family {
+        "spot" => 2,
+        _ => 1,
+    }
+}
+
+/// The aggregate subject a stored event's subject belongs to, whether in
+/// the current scheme or a legacy one; `None` for a subject outside
+/// `lh.evt.>`.
+pub fn aggregate_of(stored_subject: &str) -> Option<&str> {
+    let mut tokens = stored_subject.split('.');
+    if (tokens.next(), tokens.next()) != (Some("lh"), Some("evt")) {
+        return None;
+    }
+    let wanted = 3 + aggregate_id_tokens(tokens.next()?);
+    let mut end = 0;
+    for (i, token) in stored_subject.split('.').enumerate().take(wanted) {
+        end += token.len() + usize::from(i > 0);
+        if i + 1 == wanted {
+            return Some(&stored_subject[..end]);
+        }
+    }
+    None
 }
 
 /// Makes a name safe as one subject token: NATS reserves `.`, `*`, `>` and
@@ -98,6 +297,58 @@ mod tests {
             assert!(one.starts_with(prefix), "{one} is not under {all}");
             assert!(one.starts_with(EVENTS_ALL.strip_suffix('>').unwrap()));
         }
+    }
+
+    #[test]
+    fn every_event_type_has_owners_and_every_owner_entry_a_type() {
+        let types: Vec<&str> = crate::EVENT_TYPES.iter().map(|(t, _, _)| *t).collect();
+        for event_type in &types {
+            assert!(!owners(event_type).is_empty(), "{event_type} has no owner");
+        }
+        for (event_type, _) in OWNERS {
+            assert!(types.contains(event_type), "{event_type} is no event type");
+        }
+        assert_eq!(OWNERS.len(), types.len(), "a type is named twice");
+    }
+
+    #[test]
+    fn an_event_subject_names_aggregate_verb_and_origin() {
+        let id = Uuid::nil();
+        let node = Actor::Node("gpu.7".into());
+        assert_eq!(
+            event(&lease(id), "lease.started", &node),
+            format!("lh.evt.lease.{id}.started.node-gpu_7")
+        );
+        let scheduler = Actor::Service("lh-scheduler".into());
+        assert_eq!(
+            event(&lease(id), "lease.placed", &scheduler),
+            format!("lh.evt.lease.{id}.placed.scheduler")
+        );
+        assert_eq!(
+            event(&tenant(id), "tenant.created", &Actor::Admin),
+            format!("lh.evt.tenant.{id}.created.gateway")
+        );
+        assert!(may_publish(&scheduler, "lease.placed"));
+        assert!(!may_publish(&node, "lease.placed"));
+        assert!(may_publish(&node, "lease.ended") && may_publish(&scheduler, "lease.ended"));
+        assert!(!may_publish(
+            &Actor::Service("lh-stranger".into()),
+            "lease.placed"
+        ));
+    }
+
+    #[test]
+    fn the_aggregate_of_a_subject_is_found_in_either_scheme() {
+        let id = Uuid::nil();
+        let placed = format!("{}.placed.scheduler", lease(id));
+        assert_eq!(aggregate_of(&placed), Some(lease(id).as_str()));
+        assert_eq!(aggregate_of(&lease(id)), Some(lease(id).as_str()));
+        let spot_subject = spot("z", "m");
+        let priced = format!("{spot_subject}.price_set.spot-broker");
+        assert_eq!(aggregate_of(&priced), Some(spot_subject.as_str()));
+        assert_eq!(aggregate_of(&spot_subject), Some(spot_subject.as_str()));
+        assert_eq!(aggregate_of("lh.tel.heartbeat.n1"), None);
+        assert_eq!(aggregate_of("lh.evt.lease"), None);
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! The macro behind the event table in `lib.rs`: from one line per event
 //! type it generates [`EventData`](crate::EventData), its `event_type`,
-//! `version`, `subject`, `lease_id` and `tenant_id`, [`EVENT_TYPES`](crate::EVENT_TYPES)
+//! `version`, `aggregate_subject`, `lease_id` and `tenant_id`, [`EVENT_TYPES`](crate::EVENT_TYPES)
 //! and the schema list, so that adding an event is one line plus its struct.
 
 /// `"type" v=N => Payload @ aggregate(id fields…)[, tenant_id = field];`
 ///
 /// The aggregate names the subject builder in [`crate::subject`]; events of
 /// the `lease` aggregate also answer `lease_id()`, which guarded lease writers
-/// use to count every event on a lease's subject.
+/// use to count every event on a lease's aggregate.
 macro_rules! events {
     ($(
         $type:literal v = $version:literal => $payload:ident
@@ -43,8 +43,10 @@ macro_rules! events {
                 }
             }
 
-            /// The subject of the aggregate this event belongs to.
-            pub fn subject(&self) -> String {
+            /// The subject of the aggregate this event belongs to: what a
+            /// guard covers. The event itself is stored below it, on
+            /// [`Envelope::subject`](crate::Envelope::subject).
+            pub fn aggregate_subject(&self) -> String {
                 match self {
                     $(EventData::$payload(_e) => events!(@subject _e $aggregate ($($id),*)),)*
                 }

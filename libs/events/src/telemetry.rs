@@ -16,7 +16,7 @@ pub struct Heartbeat {
 }
 
 /// What one lease used of its GPUs over the last sample, every
-/// `LH_USAGE_INTERVAL_SECS` (5 s by default) on [`crate::subject::usage`].
+/// `LH_USAGE_INTERVAL_SECS` (5 s by default) on [`crate::subject::usage`], under the node that reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseUsage {
     pub lease_id: uuid::Uuid,

@@ -37,7 +37,7 @@ pub type Batch = Vec<(Envelope, Expect)>;
 /// event the service can decode lands there.
 pub const MAX_SKIPPED_TAILS: usize = 10_000;
 
-/// Subjects whose newest message (as far as the fold has read) is one the
+/// Aggregates whose newest message (as far as the fold has read) is one the
 /// service skipped, with that message's sequence.
 #[derive(Debug, Default)]
 struct SkippedTails {
@@ -46,13 +46,17 @@ struct SkippedTails {
 
 impl SkippedTails {
     fn read(&mut self, item: &FeedItem) {
+        // Keyed by aggregate: a guard covers everything stored below it.
+        let Some(aggregate) = item.aggregate_subject() else {
+            return;
+        };
         match item {
             FeedItem::Skipped(skipped) => {
                 if self.sequences.len() < MAX_SKIPPED_TAILS
-                    || self.sequences.contains_key(&skipped.subject)
+                    || self.sequences.contains_key(aggregate)
                 {
                     self.sequences
-                        .insert(skipped.subject.clone(), skipped.sequence);
+                        .insert(aggregate.to_string(), skipped.sequence);
                 } else {
                     tracing::warn!(
                         subject = skipped.subject,
@@ -62,9 +66,9 @@ impl SkippedTails {
                     );
                 }
             }
-            FeedItem::Event(event) => {
+            FeedItem::Event(_) => {
                 if !self.sequences.is_empty() {
-                    self.sequences.remove(&event.subject);
+                    self.sequences.remove(aggregate);
                 }
             }
         }
@@ -464,7 +468,7 @@ async fn append_pass<D: Decider>(
     for mut batch in batches {
         for (envelope, expect) in batch.iter_mut() {
             if let Expect::LastSubjectSequence(_) = expect {
-                let subject = envelope.data.subject();
+                let subject = envelope.data.aggregate_subject();
                 *expect = match written.get(&subject) {
                     Some(&sequence) => Expect::LastSubjectSequence(sequence),
                     None => skipped_tails.guard(&subject, *expect),
@@ -485,7 +489,7 @@ async fn append_pass<D: Decider>(
                 let first = appended.sequence + 1 - batch.len() as u64;
                 for (i, (envelope, _)) in batch.iter().enumerate() {
                     let sequence = first + i as u64;
-                    written.insert(envelope.data.subject(), sequence);
+                    written.insert(envelope.data.aggregate_subject(), sequence);
                     decider.apply(sequence, envelope);
                 }
                 decider.appended(&batch);
@@ -497,7 +501,7 @@ async fn append_pass<D: Decider>(
                 for (envelope, expect) in &batch {
                     match bus.publish(envelope, *expect).await {
                         Ok(appended) if !appended.duplicate => {
-                            written.insert(envelope.data.subject(), appended.sequence);
+                            written.insert(envelope.data.aggregate_subject(), appended.sequence);
                             decider.apply(appended.sequence, envelope);
                         }
                         Ok(_) => {}
@@ -541,7 +545,7 @@ pub fn pack(
             unguarded(batch) == unguarded(&decision)
                 && batch.len() + decision.len() <= MAX_BATCH_MESSAGES
                 && decision.iter().all(|(envelope, _)| {
-                    match subjects.get(&envelope.data.subject()) {
+                    match subjects.get(&envelope.data.aggregate_subject()) {
                         None => true,
                         Some(&at) => can_merge(&batch[at].0, envelope),
                     }
@@ -553,7 +557,7 @@ pub fn pack(
         }
         let batch = out.last_mut().expect("a batch");
         for (envelope, expect) in decision {
-            let subject = envelope.data.subject();
+            let subject = envelope.data.aggregate_subject();
             match subjects.get(&subject) {
                 Some(&at) if can_merge(&batch[at].0, &envelope) => {
                     merge(&mut batch[at].0, &envelope)

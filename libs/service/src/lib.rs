@@ -110,6 +110,12 @@ impl CommonArgs {
         config.replicas = self.stream_replicas;
         config.events_max_age = self.events_max_age();
         config.allow_short_retention = self.allow_short_retention;
+        // Secrets come from files the environment names, never from flags.
+        let env = |name: &str| std::env::var(name).ok();
+        config.credentials = lh_bus::Credentials::from_env(std::env::args(), env)
+            .with_context(|| format!("{service}: NATS credentials"))?;
+        config.tls =
+            lh_bus::TlsFiles::from_env(env).with_context(|| format!("{service}: NATS TLS"))?;
         Bus::connect(&config)
             .await
             .with_context(|| format!("{service}: connecting to the event log"))

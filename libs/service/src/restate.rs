@@ -205,7 +205,7 @@ impl Decider for Restater {
         if !Family::of(data).is_some_and(|f| self.families.contains(&f)) {
             return;
         }
-        let subject = data.subject();
+        let subject = data.aggregate_subject();
         if matches!(data, EventData::LeaseEnded(_) | EventData::LeaseRejected(_)) {
             self.forget(&subject);
             return;
@@ -302,7 +302,7 @@ impl Decider for Restater {
     fn appended(&mut self, batch: &Batch) {
         for (envelope, _) in batch {
             metrics::counter!("lh_restatements_total", "service" => self.name).increment(1);
-            tracing::info!(service = self.name, subject = %envelope.data.subject(),
+            tracing::info!(service = self.name, subject = %envelope.data.aggregate_subject(),
                 event_type = envelope.event_type, "restated");
         }
     }

@@ -18,7 +18,7 @@ const NODE: &str = "n1";
 
 fn cordon(reason: &str) -> Envelope {
     Envelope::new(
-        Actor::Service("test".into()),
+        Actor::Admin,
         Utc::now(),
         EventData::NodeCordoned(NodeCordoned {
             node_id: NODE.into(),

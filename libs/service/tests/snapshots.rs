@@ -78,7 +78,7 @@ impl Decider for Counter {
 
 async fn cordon(bus: &Bus, node: &str) {
     let envelope = Envelope::new(
-        Actor::Service("test".into()),
+        Actor::Admin,
         Utc::now(),
         EventData::NodeCordoned(NodeCordoned {
             node_id: node.into(),

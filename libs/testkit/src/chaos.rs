@@ -472,7 +472,7 @@ mod tests {
         let envelope = Envelope::new(Actor::Admin, chrono::Utc::now(), data);
         Stored {
             sequence,
-            subject: envelope.data.subject(),
+            subject: envelope.subject(),
             payload: envelope.to_json().into(),
             envelope,
             pending: 0,

@@ -41,6 +41,9 @@ pub struct Nats {
     watchdog: Option<Watchdog>,
     /// Set for a member of a [`crate::NatsCluster`].
     peering: Option<Peering>,
+    /// Files written beside the config and lines appended to it (see
+    /// [`Nats::start_secured`]).
+    secured: Option<Box<Secured>>,
     // Declared last: dropped after the server is gone.
     dir: TempDir,
 }
@@ -53,11 +56,40 @@ impl Nats {
         Nats::start_as(server_name, None).await
     }
 
+    /// Starts a server whose config also says `config` (for example
+    /// `include "users.conf"` and a `tls` block), with `files` (name,
+    /// contents) written beside it first: how tests run the deployment's
+    /// users and permissions. Most tests keep an open server
+    /// ([`Nats::start`]).
+    pub async fn start_secured(
+        files: Vec<(String, String)>,
+        config: impl Into<String>,
+    ) -> anyhow::Result<Nats> {
+        let server_name = format!("lh-test-{}", uuid::Uuid::new_v4().simple());
+        Nats::start_inner(
+            server_name,
+            None,
+            Some(Box::new(Secured {
+                files,
+                config: config.into(),
+            })),
+        )
+        .await
+    }
+
     /// Starts a server named `server_name`, a cluster member when `peering`
     /// says so (the caller then waits for the cluster to elect its leader).
     pub(crate) async fn start_as(
         server_name: String,
         peering: Option<Peering>,
+    ) -> anyhow::Result<Nats> {
+        Nats::start_inner(server_name, peering, None).await
+    }
+
+    async fn start_inner(
+        server_name: String,
+        peering: Option<Peering>,
+        secured: Option<Box<Secured>>,
     ) -> anyhow::Result<Nats> {
         let binary = nats_server_binary()?;
         let dir = tempfile::Builder::new()
@@ -73,6 +105,7 @@ impl Nats {
             child: None,
             watchdog: None,
             peering,
+            secured,
             dir,
         };
         start_on_a_free_port(&mut nats).await?;
@@ -99,6 +132,11 @@ impl Nats {
     /// The server's log (stdout and stderr, appended across restarts).
     pub fn log_file(&self) -> PathBuf {
         self.dir.path().join("nats-server.log")
+    }
+
+    /// The directory of the config, the store and the log.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     /// The generated configuration file.
@@ -161,6 +199,14 @@ impl Nats {
         );
         if let Some(peering) = &self.peering {
             config.push_str(&peering.config());
+        }
+        if let Some(secured) = &self.secured {
+            for (name, contents) in &secured.files {
+                std::fs::write(self.dir.path().join(name), contents)
+                    .with_context(|| format!("writing {name} beside the nats-server config"))?;
+            }
+            config.push_str(&secured.config);
+            config.push('\n');
         }
         std::fs::write(self.config_file(), config).context("writing the nats-server config")
     }
@@ -258,6 +304,13 @@ impl std::fmt::Debug for Nats {
             .field("dir", &self.dir.path())
             .finish_non_exhaustive()
     }
+}
+
+/// The parts of a secured server's config a test supplies.
+#[derive(Debug, Clone)]
+struct Secured {
+    files: Vec<(String, String)>,
+    config: String,
 }
 
 /// What makes a server a cluster member: its own route and monitoring

@@ -110,7 +110,11 @@ async fn main() -> anyhow::Result<()> {
         accepted.len()
     );
 
-    let bus = Bus::connect(&BusConfig::new(args.nats.clone(), "lh-chaos")).await?;
+    let mut config = BusConfig::new(args.nats.clone(), "lh-chaos");
+    let env = |name: &str| std::env::var(name).ok();
+    config.credentials = lh_bus::Credentials::from_env(std::env::args(), env)?;
+    config.tls = lh_bus::TlsFiles::from_env(env)?;
+    let bus = Bus::connect(&config).await?;
     let (log, stuck) = chaos::settle(
         &bus,
         &http,

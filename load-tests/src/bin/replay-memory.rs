@@ -100,7 +100,7 @@ impl Appender {
         headers.insert(lh_bus::EVENT_TYPE_HEADER, envelope.event_type.as_str());
         let ack = self
             .js
-            .publish_with_headers(envelope.data.subject(), headers, envelope.to_json().into())
+            .publish_with_headers(envelope.subject(), headers, envelope.to_json().into())
             .await
             .context("publishing")?;
         self.in_flight.push_back(ack);

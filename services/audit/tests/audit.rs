@@ -221,7 +221,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 ..fixtures::ended(lease, "node-1", Utc::now(), EndReason::Stopped)
             }),
         };
-        let envelope = Envelope::new(Actor::Service("audit-test".into()), Utc::now(), data);
+        let envelope = fixtures::by_owner(data);
         bus.publish(&envelope, Expect::Any)
             .await
             .expect("event is stored");
@@ -807,9 +807,10 @@ async fn a_prune_of_rows_the_log_still_holds_is_copied_but_not_applied() {
     env.publish_assorted(12).await;
     env.settled().await;
     let anchor = env.checkpoints_in_stream().await[0].1.sequence;
-    // Someone else's audit.pruned, on a log where nothing has expired.
+    // An audit.pruned by an audit service other than this one, on a log
+    // where nothing has expired.
     let forged = Envelope::new(
-        Actor::Service("audit-test".into()),
+        Actor::Service("lh-audit".into()),
         Utc::now(),
         EventData::AuditPruned(AuditPruned {
             below_sequence: anchor + 1,

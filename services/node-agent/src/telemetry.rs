@@ -47,7 +47,7 @@ pub(crate) fn spawn(
                 }
                 Some(report) = usage.recv() => {
                     for u in &report {
-                        send(&bus, subject::usage(u.lease_id), u, "usage sample").await;
+                        send(&bus, subject::usage(&node_id, u.lease_id), u, "usage sample").await;
                     }
                 }
             }

@@ -362,7 +362,7 @@ impl OnLog {
     }
 
     async fn publish(&self, data: lh_events::EventData) {
-        let envelope = lh_events::Envelope::new(lh_events::Actor::Admin, chrono::Utc::now(), data);
+        let envelope = lh_events::fixtures::by_owner(data);
         self.bus
             .publish(&envelope, lh_bus::Expect::Any)
             .await
@@ -372,7 +372,7 @@ impl OnLog {
     /// The lease's events on the log, oldest first.
     async fn lease_events(&self) -> Vec<lh_events::EventData> {
         let head = self.bus.last_sequence().await.unwrap();
-        let subject = lh_events::subject::lease(self.lease_id);
+        let subject = lh_events::subject::guarded(&lh_events::subject::lease(self.lease_id));
         let mut feed = self.bus.feed(&[subject.as_str()], 1).await.unwrap();
         let mut events = Vec::new();
         while let Some(Ok(e)) = feed.next_within(Duration::from_millis(300)).await {

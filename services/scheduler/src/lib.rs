@@ -363,8 +363,10 @@ mod tests {
         assert_eq!(packed.len(), 1);
         let batch = &packed[0];
         assert_eq!(batch.len(), 5, "3 lease messages, 2 node messages");
-        let subjects: std::collections::HashSet<_> =
-            batch.iter().map(|(e, _)| e.data.subject()).collect();
+        let subjects: std::collections::HashSet<_> = batch
+            .iter()
+            .map(|(e, _)| e.data.aggregate_subject())
+            .collect();
         assert_eq!(subjects.len(), batch.len());
         match &batch[1].0.data {
             EventData::NodeGpusAllocated(a) => assert_eq!(a.allocations.len(), 2),

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use lh_bus::{Bus, BusConfig, Expect};
 use lh_events::*;
 use lh_service::{CancellationToken, CommonArgs};
@@ -26,7 +25,7 @@ async fn prices(bus: &Bus) -> Vec<SpotPriceSet> {
 }
 
 async fn publish(bus: &Bus, data: EventData) {
-    bus.publish(&Envelope::new(Actor::Admin, Utc::now(), data), Expect::Any)
+    bus.publish(&fixtures::by_owner(data), Expect::Any)
         .await
         .unwrap();
 }

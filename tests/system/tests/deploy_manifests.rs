@@ -628,3 +628,89 @@ fn services_connect_as_their_own_roles_in_both_deployments() {
         );
     }
 }
+
+/// Every NATS config a deployment runs includes its users (no anonymous
+/// clients), and every service connects as its own user with a seed from a
+/// file: compose from the nats-auth volume, k8s from its own Secret.
+#[test]
+fn every_deployment_runs_nats_with_users_and_each_service_as_itself() {
+    let root = workspace_root();
+    let mut configs = vec![
+        (
+            "deploy/nats/nats.conf",
+            read(&root.join("deploy/nats/nats.conf")),
+        ),
+        ("dev/nats.conf", read(&root.join("dev/nats.conf"))),
+        (
+            "dev/nats-cluster.conf",
+            read(&root.join("dev/nats-cluster.conf")),
+        ),
+    ];
+    for file in k8s_manifests() {
+        for doc in yaml_documents(&file) {
+            if str_at(&doc, &["metadata", "name"]) == Some("nats-config") {
+                let conf = str_at(&doc, &["data", "nats.conf"]).expect("nats.conf");
+                configs.push(("k8s ConfigMap nats-config", conf.to_string()));
+            }
+        }
+    }
+    assert_eq!(configs.len(), 4, "the k8s nats-config is missing");
+    for (what, conf) in &configs {
+        let lines: Vec<&str> = conf.lines().map(str::trim).collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("include") && l.contains("users.conf")),
+            "{what} does not include users.conf"
+        );
+        assert!(
+            !lines.iter().any(|l| l.starts_with("no_auth_user")),
+            "{what} lets anonymous clients in"
+        );
+    }
+
+    let compose = yaml_documents(&root.join("docker-compose.yml")).remove(0);
+    let services = compose["services"].as_mapping().expect("services");
+    let mut users = BTreeSet::new();
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        if service.get("build").is_none() || name == "nats-auth" {
+            continue;
+        }
+        let user = str_at(service, &["environment", "LH_NATS_USER"])
+            .unwrap_or_else(|| panic!("compose {name} has no LH_NATS_USER"));
+        assert_eq!(
+            str_at(service, &["environment", "LH_NATS_NKEY_SEED_FILE"]),
+            Some(format!("/run/nats-auth/keys/{user}.nk").as_str()),
+            "compose {name}"
+        );
+        assert!(users.insert(user.to_string()), "compose {user} twice");
+    }
+    let mut k8s_users = BTreeSet::new();
+    for file in k8s_manifests() {
+        for doc in yaml_documents(&file) {
+            if str_at(&doc, &["kind"]) != Some("Deployment") {
+                continue;
+            }
+            let spec = &doc["spec"]["template"]["spec"];
+            let env = spec["containers"][0]["env"].as_sequence().expect("env");
+            let value = |key: &str| {
+                env.iter()
+                    .find(|e| str_at(e, &["name"]) == Some(key))
+                    .and_then(|e| str_at(e, &["value"]))
+                    .map(str::to_string)
+            };
+            let name = str_at(&doc, &["metadata", "name"]).unwrap_or_default();
+            let user = value("LH_NATS_USER").unwrap_or_else(|| panic!("k8s {name}: no user"));
+            assert!(value("LH_NATS_NKEY_SEED_FILE").is_some(), "k8s {name}");
+            let secret = spec["volumes"]
+                .as_sequence()
+                .expect("volumes")
+                .iter()
+                .find_map(|v| str_at(v, &["secret", "secretName"]));
+            assert_eq!(secret, Some(format!("nats-{user}").as_str()), "k8s {name}");
+            assert!(k8s_users.insert(user), "k8s {name}: a user twice");
+        }
+    }
+    assert_eq!(users, k8s_users, "compose and k8s users differ");
+}

@@ -227,7 +227,7 @@ async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     // Usage of the busy lease on the telemetry stream.
     let bus = stack.bus().await;
     let usage: lh_events::telemetry::LeaseUsage = serde_json::from_slice(
-        &bus.last_telemetry(&lh_events::subject::usage(busy.parse().unwrap()))
+        &bus.last_telemetry(&lh_events::subject::usage_of_lease(busy.parse().unwrap()))
             .await
             .unwrap()
             .expect("a usage sample"),

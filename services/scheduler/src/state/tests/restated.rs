@@ -35,7 +35,7 @@ fn history() -> (Vec<StatedEvent>, Vec<EventData>) {
     ];
     let subjects: Vec<String> = events
         .iter()
-        .map(|e| e.envelope.data.subject())
+        .map(|e| e.envelope.data.aggregate_subject())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
@@ -44,7 +44,7 @@ fn history() -> (Vec<StatedEvent>, Vec<EventData>) {
         .map(|subject| {
             let on: Vec<StatedEvent> = events
                 .iter()
-                .filter(|e| &e.envelope.data.subject() == subject)
+                .filter(|e| &e.envelope.data.aggregate_subject() == subject)
                 .cloned()
                 .collect();
             lh_domain::restate::restatement(&on).unwrap()

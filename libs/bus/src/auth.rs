@@ -1,0 +1,399 @@
+//! Who may do what on NATS: the users of the server config and the subject
+//! permissions of each, generated from the owner table
+//! ([`lh_events::subject::OWNERS`]) so that the server refuses what the
+//! table does not allow.
+//!
+//! Every service has one user, every node agent its own, and two more
+//! exist for people: `operator` (the only one that may update, delete or
+//! purge the log) and `auditor` (reads the log, nothing else). A user
+//! publishes events only on the subjects of the types its publisher owns,
+//! with its own origin token; a node agent only as itself. Replies come to
+//! a per-user inbox prefix, so that no user can read another's replies
+//! (JetStream deliveries, invoices).
+//!
+//! `deploy/nats/permissions.conf` is [`permissions_conf`] checked in; a
+//! test fails when the two drift. The users themselves (one public nkey
+//! each) are a deployment's, written by [`users_conf`] (see the
+//! `lh-nats-auth` binary and docs/adr/012-subjects-name-type-and-publisher.md).
+
+use lh_events::subject::{self, Publisher, OWNERS};
+
+/// The user that manages streams.
+pub const OPERATOR_USER: &str = "operator";
+/// The read-only user for people who check the log.
+pub const AUDITOR_USER: &str = "auditor";
+/// The object store bucket's stream (see [`crate::SNAPSHOTS_BUCKET`]).
+const SNAPSHOTS_STREAM: &str = "OBJ_lh-snapshots";
+/// Most characters a user name may have (it becomes a subject token).
+pub const MAX_USER_NAME_CHARS: usize = 64;
+
+/// Where replies to `user` arrive (`<prefix>.>`).
+pub fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX_{user}")
+}
+
+/// A user name as the config and the inbox prefix need it: letters,
+/// digits, `-` and `_`, at most [`MAX_USER_NAME_CHARS`].
+pub fn check_user_name(user: &str) -> Result<(), String> {
+    if user.is_empty() || user.chars().count() > MAX_USER_NAME_CHARS {
+        return Err(format!(
+            "a NATS user name has 1 to {MAX_USER_NAME_CHARS} characters, not {:?}",
+            user
+        ));
+    }
+    if let Some(bad) = user
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        return Err(format!(
+            "a NATS user name holds only letters, digits, '-' and '_': {bad:?} in {user:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The NATS user of a node agent.
+pub fn node_user(node_id: &str) -> String {
+    subject::node_origin(node_id)
+}
+
+/// One user's subject permissions (allow lists; everything else is denied).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish: Vec<String>,
+    /// Refused even where an allow matches (the server applies deny last).
+    pub publish_deny: Vec<String>,
+    pub subscribe: Vec<String>,
+    /// May answer requests it received (request/reply responders).
+    pub allow_responses: bool,
+}
+
+/// What nobody but the operator may do to the logs, even if an allow
+/// list grew by mistake.
+fn stream_management() -> Vec<String> {
+    let mut deny = vec![
+        "$JS.API.STREAM.UPDATE.>".to_string(),
+        "$JS.API.STREAM.DELETE.>".to_string(),
+        "$JS.API.STREAM.MSG.DELETE.>".to_string(),
+    ];
+    for stream in [subject::EVENTS_STREAM, subject::TELEMETRY_STREAM] {
+        deny.push(format!("$JS.API.STREAM.PURGE.{stream}"));
+    }
+    deny
+}
+
+/// Reading a stream: its info, ordered consumers, and single messages.
+fn read_stream(stream: &str) -> Vec<String> {
+    vec![
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        // Ordered consumers have no name: their create has no more tokens.
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+        format!("$JS.API.CONSUMER.INFO.{stream}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.>"),
+        format!("$JS.API.STREAM.MSG.GET.{stream}"),
+        format!("$JS.API.DIRECT.GET.{stream}"),
+        format!("$JS.API.DIRECT.GET.{stream}.>"),
+    ]
+}
+
+/// The snapshot store: services and node agents keep their folded state
+/// there (a cache: a lost snapshot costs a replay, never a wrong answer).
+/// `meta` is the object names this user may write.
+fn snapshots(meta: &str) -> Vec<String> {
+    let mut subjects = read_stream(SNAPSHOTS_STREAM);
+    subjects.extend([
+        format!("$JS.API.STREAM.CREATE.{SNAPSHOTS_STREAM}"),
+        // Replacing an object purges the chunks of the one it replaces.
+        format!("$JS.API.STREAM.PURGE.{SNAPSHOTS_STREAM}"),
+        format!("$O.{}.C.>", crate::SNAPSHOTS_BUCKET),
+        format!("$O.{}.M.{meta}", crate::SNAPSHOTS_BUCKET),
+    ]);
+    subjects
+}
+
+/// The aggregate subjects of `family` with `*` for each id token, or a
+/// node's own for the node family.
+fn aggregate_pattern(family: &str, node: Option<&str>) -> String {
+    match (family, node) {
+        ("node", Some(node_id)) => subject::node(node_id),
+        _ => {
+            let ids = subject::aggregate_id_tokens(family);
+            format!("lh.evt.{family}{}", ".*".repeat(ids))
+        }
+    }
+}
+
+/// The subjects on which `publisher` may publish events (for a node agent,
+/// as `node_id`), one per owned type.
+pub fn event_subjects(publisher: Publisher, node_id: Option<&str>) -> Vec<String> {
+    let origin = match (publisher.service_name(), node_id) {
+        (Some(name), _) => name.to_string(),
+        (None, Some(node_id)) => subject::node_origin(node_id),
+        (None, None) => return Vec::new(),
+    };
+    OWNERS
+        .iter()
+        .filter(|(_, owners)| owners.contains(&publisher))
+        .map(|(event_type, _)| {
+            let family = event_type.split('.').next().unwrap_or_default();
+            format!(
+                "{}.{}.{origin}",
+                aggregate_pattern(family, node_id),
+                subject::verb(event_type)
+            )
+        })
+        .collect()
+}
+
+/// What every service and node agent needs besides its events: the log
+/// and the telemetry stream read, its inbox, the snapshot store, and the
+/// announcements of a new leader of the log.
+fn base(user: &str, snapshot_meta: &str) -> Permissions {
+    let mut publish = read_stream(subject::EVENTS_STREAM);
+    publish.push(format!("$JS.API.STREAM.INFO.{}", subject::TELEMETRY_STREAM));
+    publish.extend(snapshots(snapshot_meta));
+    Permissions {
+        publish,
+        publish_deny: stream_management(),
+        subscribe: vec![
+            format!("{}.>", inbox_prefix(user)),
+            format!(
+                "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{}",
+                subject::EVENTS_STREAM
+            ),
+        ],
+        allow_responses: false,
+    }
+}
+
+/// The permissions of a service's user.
+pub fn service_permissions(service: Publisher) -> Permissions {
+    let name = service.service_name().expect("a service has a name");
+    let mut p = base(name, ">");
+    p.publish.extend(event_subjects(service, None));
+    // A service creates the logs when they are missing; the server
+    // refuses a create whose config differs from the stream's, so it
+    // cannot change one that exists.
+    p.publish.extend([
+        format!("$JS.API.STREAM.CREATE.{}", subject::EVENTS_STREAM),
+        format!("$JS.API.STREAM.CREATE.{}", subject::TELEMETRY_STREAM),
+    ]);
+    match service {
+        Publisher::Gateway => p.publish.extend([
+            subject::RPC_AUDIT_VERIFY.to_string(),
+            subject::RPC_PRICING_INVOICE.to_string(),
+        ]),
+        Publisher::Scheduler => {
+            p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
+            p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
+        }
+        Publisher::Pricing => {
+            p.subscribe.push(subject::RPC_PRICING_INVOICE.to_string());
+            p.allow_responses = true;
+        }
+        Publisher::Audit => {
+            p.subscribe.push(subject::RPC_AUDIT_VERIFY.to_string());
+            p.allow_responses = true;
+        }
+        Publisher::SpotBroker | Publisher::Node => {}
+    }
+    p.publish.dedup();
+    p
+}
+
+/// The permissions of node `node_id`'s agent: its events, its heartbeat,
+/// its usage samples, its own snapshot; nothing as another node.
+pub fn node_permissions(node_id: &str) -> Permissions {
+    let user = node_user(node_id);
+    let meta = base64_url(&format!("node-agent-{node_id}"));
+    let mut p = base(&user, &meta);
+    p.publish
+        .extend(event_subjects(Publisher::Node, Some(node_id)));
+    p.publish.push(subject::heartbeat(node_id));
+    p.publish.push(subject::usage_of_node(node_id));
+    p
+}
+
+/// The auditor: reads the log, writes nothing.
+pub fn auditor_permissions() -> Permissions {
+    let mut publish = read_stream(subject::EVENTS_STREAM);
+    // Connecting checks that both logs exist.
+    publish.push(format!("$JS.API.STREAM.INFO.{}", subject::TELEMETRY_STREAM));
+    Permissions {
+        publish,
+        publish_deny: stream_management(),
+        subscribe: vec![format!("{}.>", inbox_prefix(AUDITOR_USER))],
+        allow_responses: false,
+    }
+}
+
+/// The operator: everything, stream management included.
+pub fn operator_permissions() -> Permissions {
+    Permissions {
+        publish: vec![">".into()],
+        publish_deny: Vec::new(),
+        subscribe: vec![">".into()],
+        allow_responses: false,
+    }
+}
+
+/// The name of a user's permissions in permissions.conf.
+fn variable(user: &str) -> String {
+    format!("PERMS_{}", user.to_uppercase().replace('-', "_"))
+}
+
+fn quoted(subjects: &[String]) -> String {
+    let items: Vec<String> = subjects.iter().map(|s| format!("\"{s}\"")).collect();
+    format!("[\n      {}\n    ]", items.join("\n      "))
+}
+
+/// One permissions block in the server's config syntax.
+pub fn render(p: &Permissions) -> String {
+    let mut out = String::from("{\n  publish: {\n    allow: ");
+    out.push_str(&quoted(&p.publish));
+    if !p.publish_deny.is_empty() {
+        out.push_str("\n    deny: ");
+        out.push_str(&quoted(&p.publish_deny));
+    }
+    out.push_str("\n  }\n  subscribe: {\n    allow: ");
+    out.push_str(&quoted(&p.subscribe));
+    out.push_str("\n  }\n");
+    if p.allow_responses {
+        out.push_str("  allow_responses: true\n");
+    }
+    out.push('}');
+    out
+}
+
+/// Every fixed user: its name and permissions.
+pub fn fixed_users() -> Vec<(String, Permissions)> {
+    let mut users: Vec<(String, Permissions)> = Publisher::SERVICES
+        .into_iter()
+        .map(|s| {
+            (
+                s.service_name().unwrap_or_default().to_string(),
+                service_permissions(s),
+            )
+        })
+        .collect();
+    users.push((OPERATOR_USER.into(), operator_permissions()));
+    users.push((AUDITOR_USER.into(), auditor_permissions()));
+    users
+}
+
+/// deploy/nats/permissions.conf: one variable per fixed user.
+pub fn permissions_conf() -> String {
+    let mut out = String::from(
+        "# Generated by `lh-nats-auth permissions` from the owner table of\n\
+         # libs/events/src/subject.rs; a test fails when they differ.\n\
+         # Included by users.conf, which gives each user its nkey.\n",
+    );
+    for (user, permissions) in fixed_users() {
+        out.push_str(&format!(
+            "\n{} = {}\n",
+            variable(&user),
+            render(&permissions)
+        ));
+    }
+    out
+}
+
+/// A deployment's users.conf: the fixed users in `keys` (user name, public
+/// nkey) with their permissions from permissions.conf, and one user per
+/// node in `nodes` (node id, public nkey) with its own.
+pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> String {
+    let mut out = String::from(
+        "# Generated by lh-nats-auth: one user per service, the operator, the\n\
+         # auditor and one per node agent. Nobody connects without an nkey.\n\
+         include \"permissions.conf\"\n\nauthorization {\n  users: [\n",
+    );
+    for (user, public_key) in keys {
+        out.push_str(&format!(
+            "    # {user}\n    {{ nkey: \"{public_key}\", permissions: ${} }}\n",
+            variable(user)
+        ));
+    }
+    for (node_id, public_key) in nodes {
+        let block = render(&node_permissions(node_id)).replace('\n', "\n    ");
+        out.push_str(&format!(
+            "    # node {node_id}\n    {{ nkey: \"{public_key}\", permissions: {block} }}\n"
+        ));
+    }
+    out.push_str("  ]\n}\n");
+    out
+}
+
+/// URL-safe base64 with padding: how the object store names an object's
+/// metadata subject.
+fn base64_url(text: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checked_in_permissions_are_the_owner_tables() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/nats/permissions.conf"
+        );
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in == permissions_conf(),
+            "{path} differs from the owner table: run \
+             `cargo run -p lh-bus --bin lh-nats-auth -- permissions > deploy/nats/permissions.conf`"
+        );
+    }
+
+    #[test]
+    fn a_node_publishes_its_own_types_as_itself_only() {
+        let p = node_permissions("gpu-1");
+        assert!(p
+            .publish
+            .contains(&"lh.evt.lease.*.started.node-gpu-1".to_string()));
+        assert!(p
+            .publish
+            .contains(&"lh.evt.node.gpu-1.registered.node-gpu-1".to_string()));
+        assert!(p.publish.contains(&"lh.tel.heartbeat.gpu-1".to_string()));
+        assert!(p.publish.contains(&"lh.tel.usage.gpu-1.>".to_string()));
+        assert!(!p.publish.iter().any(|s| s.contains("placed")));
+        assert!(!p.publish.iter().any(|s| s.contains("gpu-2")));
+        assert!(p.subscribe.contains(&"_INBOX_node-gpu-1.>".to_string()));
+    }
+
+    #[test]
+    fn object_names_encode_as_the_object_store_does() {
+        assert_eq!(base64_url("node-agent-a"), "bm9kZS1hZ2VudC1h");
+        assert_eq!(base64_url("ab"), "YWI=");
+        assert_eq!(base64_url("a"), "YQ==");
+        assert_eq!(base64_url("??>"), "Pz8-");
+    }
+
+    #[test]
+    fn user_names_are_single_tokens() {
+        assert!(check_user_name("node-gpu_1").is_ok());
+        for bad in ["", "a.b", "a*", "a b", &"x".repeat(MAX_USER_NAME_CHARS + 1)] {
+            assert!(check_user_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

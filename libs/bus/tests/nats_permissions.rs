@@ -1,0 +1,587 @@
+//! The deployment's NATS users and permissions (deploy/nats/permissions.conf
+//! and a users.conf written by `lh_bus::auth`, as `lh-nats-auth` writes it)
+//! on a real nats-server: each door the owner table closes is tried and
+//! seen shut, and what each user needs still works.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use chrono::Utc;
+use lh_bus::{auth, Bus, BusConfig, Credentials, Expect, TlsFiles};
+use lh_events::{fixtures, subject, Actor, Envelope, EventData, LeaseStarted};
+use lh_testkit::Nats;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+/// How long a refused publish is waited on: the server drops it and says
+/// so on the connection, so no acknowledgement ever comes.
+const REFUSED_ACK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the server's word on a refusal may take.
+const REFUSAL_NOTICE_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Users {
+    seeds: Vec<(String, String)>,
+}
+
+impl Users {
+    /// Every fixed user and nodes `n1` and `n2`, each with a new nkey.
+    fn new() -> Self {
+        let mut seeds = Vec::new();
+        for (user, _) in auth::fixed_users() {
+            seeds.push((user, nkeys::KeyPair::new_user().seed().unwrap()));
+        }
+        for node in ["n1", "n2"] {
+            seeds.push((
+                auth::node_user(node),
+                nkeys::KeyPair::new_user().seed().unwrap(),
+            ));
+        }
+        Users { seeds }
+    }
+
+    fn seed(&self, user: &str) -> String {
+        self.seeds
+            .iter()
+            .find(|(u, _)| u == user)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| panic!("no user {user}"))
+    }
+
+    /// The files beside the server's config: the checked-in permissions and
+    /// this deployment's users.
+    fn files(&self) -> Vec<(String, String)> {
+        let public = |seed: &str| {
+            nkeys::KeyPair::from_seed(seed)
+                .unwrap()
+                .public_key()
+                .to_string()
+        };
+        let (mut users, mut nodes) = (Vec::new(), Vec::new());
+        for (user, seed) in &self.seeds {
+            match user.strip_prefix("node-") {
+                Some(node) => nodes.push((node.to_string(), public(seed))),
+                None => users.push((user.clone(), public(seed))),
+            }
+        }
+        let permissions = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/nats/permissions.conf"
+        ))
+        .expect("deploy/nats/permissions.conf");
+        vec![
+            ("permissions.conf".into(), permissions),
+            ("users.conf".into(), auth::users_conf(&users, &nodes)),
+        ]
+    }
+
+    async fn server(&self) -> Nats {
+        Nats::start_secured(self.files(), "include \"users.conf\"")
+            .await
+            .expect("the secured nats-server starts")
+    }
+
+    fn credentials(&self, user: &str) -> Credentials {
+        Credentials::Nkey {
+            user: user.to_string(),
+            seed: self.seed(user),
+        }
+    }
+
+    /// A bus connected as `user` (the streams exist or it may create them).
+    async fn bus(&self, nats: &Nats, user: &str) -> Bus {
+        let mut config = BusConfig::new(nats.url(), user);
+        config.credentials = self.credentials(user);
+        tokio::time::timeout(Duration::from_secs(20), Bus::connect(&config))
+            .await
+            .unwrap_or_else(|_| panic!("{user} connects within 20 s"))
+            .unwrap_or_else(|e| panic!("{user} connects: {e}"))
+    }
+
+    /// A plain client as `user`, and the errors the server sends it.
+    async fn client(&self, nats: &Nats, user: &str) -> (async_nats::Client, Refusals) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let client = async_nats::ConnectOptions::new()
+            .nkey(self.seed(user))
+            .custom_inbox_prefix(auth::inbox_prefix(user))
+            .event_callback(move |event| {
+                if let async_nats::Event::ServerError(e) = event {
+                    let _ = tx.send(e.to_string());
+                }
+                std::future::ready(())
+            })
+            .connect(nats.url())
+            .await
+            .unwrap_or_else(|e| panic!("{user} connects: {e}"));
+        (client, Refusals(rx))
+    }
+}
+
+struct Refusals(mpsc::UnboundedReceiver<String>);
+
+impl Refusals {
+    /// Waits for the server to refuse something on `subject`.
+    async fn expect(&mut self, subject: &str) {
+        let deadline = tokio::time::Instant::now() + REFUSAL_NOTICE_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.0.recv()).await {
+                Ok(Some(error))
+                    if error.to_lowercase().contains("permissions violation")
+                        && error.contains(subject) =>
+                {
+                    return
+                }
+                Ok(Some(_)) => continue,
+                _ => panic!("the server did not refuse {subject}"),
+            }
+        }
+    }
+}
+
+fn started_by(node: &str, lease: Uuid) -> Envelope {
+    Envelope::new(
+        Actor::Node(node.into()),
+        Utc::now(),
+        EventData::LeaseStarted(LeaseStarted {
+            lease_id: lease,
+            node_id: node.into(),
+            started_at: Utc::now(),
+        }),
+    )
+}
+
+/// Publishes `envelope` through `client` as JetStream would and says
+/// whether the log acknowledged it.
+async fn stored(client: &async_nats::Client, envelope: &Envelope) -> bool {
+    let mut js = jetstream::new(client.clone());
+    js.set_timeout(REFUSED_ACK_TIMEOUT);
+    match js
+        .publish(envelope.subject(), envelope.to_json().into())
+        .await
+    {
+        Ok(ack) => ack.await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// The first event of the log, read through a feed as every service reads.
+async fn first_event(bus: &Bus) -> lh_bus::Stored {
+    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
+    feed.next_within(Duration::from_secs(5))
+        .await
+        .expect("the log is read")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_without_credentials_is_refused() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let anonymous = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .connect(nats.url())
+        .await;
+    let error = anonymous.expect_err("an anonymous client was let in");
+    assert!(
+        error.to_string().to_lowercase().contains("authorization"),
+        "{error}"
+    );
+    // A seed the server does not know is as good as none.
+    let stranger = async_nats::ConnectOptions::new()
+        .nkey(nkeys::KeyPair::new_user().seed().unwrap())
+        .connection_timeout(Duration::from_secs(5))
+        .connect(nats.url())
+        .await;
+    assert!(stranger.is_err(), "an unknown nkey was let in");
+}
+
+#[tokio::test]
+async fn a_node_agent_publishes_only_its_own_events_heartbeat_and_usage() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let scheduler = users.bus(&nats, "scheduler").await;
+    // What the node agent itself connects with works.
+    let agent = users.bus(&nats, &auth::node_user("n1")).await;
+    let lease = Uuid::now_v7();
+    agent
+        .publish(&started_by("n1", lease), Expect::Any)
+        .await
+        .expect("n1 reports a lease started on it");
+
+    let (n1, mut refusals) = users.client(&nats, &auth::node_user("n1")).await;
+    // lease.placed is the scheduler's, whatever actor the envelope names.
+    let placed = Envelope::new(
+        Actor::Service("lh-scheduler".into()),
+        Utc::now(),
+        EventData::LeasePlaced(fixtures::placed(
+            lease,
+            "n1",
+            "z",
+            fixtures::MODEL,
+            40,
+            &[0],
+        )),
+    );
+    assert!(!stored(&n1, &placed).await, "a node stored lease.placed");
+    refusals.expect(&placed.subject()).await;
+    let as_node = Envelope::new(Actor::Node("n1".into()), Utc::now(), placed.data.clone());
+    assert!(!stored(&n1, &as_node).await, "a node stored lease.placed");
+    refusals.expect(&as_node.subject()).await;
+    // Another node's events.
+    let as_n2 = started_by("n2", lease);
+    assert!(!stored(&n1, &as_n2).await, "n1 stored an event as n2");
+    refusals.expect(&as_n2.subject()).await;
+
+    // Heartbeats and usage: its own only.
+    for subject in [subject::heartbeat("n2"), subject::usage("n2", lease)] {
+        n1.publish(subject.clone(), "{}".into()).await.unwrap();
+        n1.flush().await.unwrap();
+        refusals.expect(&subject).await;
+    }
+    n1.publish(subject::heartbeat("n1"), "{}".into())
+        .await
+        .unwrap();
+    n1.publish(subject::usage("n1", lease), "{}".into())
+        .await
+        .unwrap();
+    n1.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(scheduler
+        .last_telemetry(&subject::heartbeat("n1"))
+        .await
+        .unwrap()
+        .is_some());
+    assert!(scheduler
+        .last_telemetry(&subject::heartbeat("n2"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(scheduler
+        .last_telemetry(&subject::usage_of_lease(lease))
+        .await
+        .unwrap()
+        .is_some());
+
+    // The scheduler may place; the log holds only what was allowed.
+    scheduler
+        .publish(&placed, Expect::Any)
+        .await
+        .expect("the scheduler places");
+    let history = scheduler
+        .subject_history(&subject::lease(lease), 1, 10)
+        .await
+        .unwrap();
+    let types: Vec<&str> = history
+        .iter()
+        .map(|e| e.envelope.event_type.as_str())
+        .collect();
+    assert_eq!(types, ["lease.started", "lease.placed"]);
+}
+
+#[tokio::test]
+async fn only_the_operator_may_update_purge_or_delete_the_log() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let gateway = users.bus(&nats, "gateway").await;
+    // The gateway publishes what it owns and reads the log.
+    let request = fixtures::stop_request();
+    gateway.publish(&request, Expect::Any).await.unwrap();
+    let read = first_event(&gateway).await;
+    assert_eq!(read.envelope.id, request.id);
+    assert_eq!(
+        gateway
+            .subject_last_sequence(&request.data.aggregate_subject())
+            .await
+            .unwrap(),
+        read.sequence
+    );
+
+    let (client, mut refusals) = users.client(&nats, "gateway").await;
+    let mut js = jetstream::new(client);
+    js.set_timeout(REFUSED_ACK_TIMEOUT);
+    let mut config = gateway.events_stream_config().await.unwrap();
+    config.max_bytes *= 2;
+    assert!(js.update_stream(config.clone()).await.is_err());
+    refusals
+        .expect(&format!("$JS.API.STREAM.UPDATE.{}", subject::EVENTS_STREAM))
+        .await;
+    assert!(js.delete_stream(subject::EVENTS_STREAM).await.is_err());
+    refusals
+        .expect(&format!("$JS.API.STREAM.DELETE.{}", subject::EVENTS_STREAM))
+        .await;
+    let telemetry = js.get_stream(subject::TELEMETRY_STREAM).await.unwrap();
+    assert!(telemetry.purge().await.is_err());
+    refusals
+        .expect(&format!(
+            "$JS.API.STREAM.PURGE.{}",
+            subject::TELEMETRY_STREAM
+        ))
+        .await;
+    assert_eq!(gateway.last_sequence().await.unwrap(), read.sequence);
+
+    // The same update as the operator goes through: the refusal above was
+    // the user's, not the request's.
+    let (operator, _) = users.client(&nats, auth::OPERATOR_USER).await;
+    let updated = jetstream::new(operator)
+        .update_stream(config.clone())
+        .await
+        .expect("the operator updates the log");
+    assert_eq!(updated.config.max_bytes, config.max_bytes);
+}
+
+#[tokio::test]
+async fn the_auditor_reads_the_log_and_writes_nothing() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let pricing = users.bus(&nats, "pricing").await;
+    let charge_free = fixtures::stop_request();
+    // Pricing does not own a stop request.
+    let (pricing_client, mut refusals) = users.client(&nats, "pricing").await;
+    assert!(!stored(&pricing_client, &charge_free).await);
+    refusals.expect(&charge_free.subject()).await;
+    drop(pricing);
+
+    let gateway = users.bus(&nats, "gateway").await;
+    gateway.publish(&charge_free, Expect::Any).await.unwrap();
+    let auditor = users.bus(&nats, auth::AUDITOR_USER).await;
+    let read = first_event(&auditor).await;
+    assert_eq!(read.envelope.id, charge_free.id);
+    let (client, mut refusals) = users.client(&nats, auth::AUDITOR_USER).await;
+    let again = fixtures::by_owner(charge_free.data.clone());
+    assert!(!stored(&client, &again).await, "the auditor wrote an event");
+    refusals.expect(&again.subject()).await;
+}
+
+/// A throwaway CA and a server certificate for 127.0.0.1 it signed.
+fn certificates(dir: &std::path::Path) -> std::path::PathBuf {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=lh-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    dir.to_path_buf()
+}
+
+#[tokio::test]
+async fn with_a_certificate_clients_need_tls_and_the_ca() {
+    let users = Users::new();
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certificates(certs.path());
+    let tls = format!(
+        "include \"users.conf\"\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}",
+        dir.join("server.pem").display(),
+        dir.join("server.key").display()
+    );
+    let nats = Nats::start_secured(users.files(), tls).await.unwrap();
+
+    let mut config = BusConfig::new(nats.url(), "audit");
+    config.credentials = users.credentials("audit");
+    config.tls = TlsFiles::from_env(|name| match name {
+        lh_bus::ENV_NATS_CA_FILE => Some(dir.join("ca.pem").display().to_string()),
+        _ => None,
+    })
+    .unwrap();
+    let bus = tokio::time::timeout(Duration::from_secs(20), Bus::connect(&config))
+        .await
+        .expect("connects within 20 s")
+        .expect("a client with the CA connects over TLS");
+    assert!(bus.is_connected());
+
+    // Without the CA the server's certificate is not trusted.
+    let untrusting = async_nats::ConnectOptions::new()
+        .nkey(users.seed("audit"))
+        .connection_timeout(Duration::from_secs(5))
+        .connect(nats.url())
+        .await;
+    assert!(
+        untrusting.is_err(),
+        "a client that does not trust the CA connected"
+    );
+    // And a client that speaks plain NATS gets no answer but an error.
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", nats.port()))
+        .await
+        .unwrap();
+    let mut plain = tokio::io::BufReader::new(stream);
+    let mut info = String::new();
+    plain.read_line(&mut info).await.unwrap();
+    assert!(info.contains("\"tls_required\":true"), "{info}");
+    plain
+        .get_mut()
+        .write_all(b"CONNECT {\"verbose\":false}\r\nPING\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_line(&mut answer)).await;
+    assert!(
+        !answer.starts_with("PONG"),
+        "a plain client was answered: {answer}"
+    );
+}
+
+#[test]
+fn secrets_on_the_command_line_are_refused_and_files_are_read() {
+    let no_env = |_: &str| None;
+    let seed = nkeys::KeyPair::new_user().seed().unwrap();
+    for argv in [
+        vec!["lh-scheduler".to_string(), format!("--nats-seed={seed}")],
+        vec![
+            "lh-scheduler".to_string(),
+            "--nats-password".into(),
+            "x".into(),
+        ],
+        vec!["lh-scheduler".to_string(), seed.clone()],
+    ] {
+        let refused = Credentials::from_env(argv.clone(), no_env).unwrap_err();
+        assert!(refused.to_string().contains("command line"), "{argv:?}");
+        assert!(
+            !refused.to_string().contains(&seed),
+            "the error repeats the seed"
+        );
+    }
+    assert!(matches!(
+        Credentials::from_env(vec!["lh-scheduler".into()], no_env).unwrap(),
+        Credentials::Anonymous
+    ));
+
+    let dir = tempfile::tempdir().unwrap();
+    let seed_file = dir.path().join("scheduler.nk");
+    std::fs::write(&seed_file, format!("{seed}\n")).unwrap();
+    let env = |name: &str| match name {
+        lh_bus::ENV_NATS_USER => Some("scheduler".to_string()),
+        lh_bus::ENV_NATS_NKEY_SEED_FILE => Some(seed_file.display().to_string()),
+        _ => None,
+    };
+    let credentials = Credentials::from_env(vec!["lh-scheduler".into()], env).unwrap();
+    assert_eq!(credentials.user(), Some("scheduler"));
+    assert!(
+        !format!("{credentials:?}").contains(&seed),
+        "Debug shows the seed"
+    );
+
+    let without_user = |name: &str| match name {
+        lh_bus::ENV_NATS_NKEY_SEED_FILE => Some(seed_file.display().to_string()),
+        _ => None,
+    };
+    assert!(Credentials::from_env(Vec::<String>::new(), without_user).is_err());
+    std::fs::write(&seed_file, "not a seed").unwrap();
+    assert!(Credentials::from_env(Vec::<String>::new(), env).is_err());
+}
+
+#[test]
+fn the_deploy_config_is_a_valid_server_config() {
+    let users = Users::new();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, contents) in users.files() {
+        std::fs::write(dir.path().join(name), contents).unwrap();
+    }
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/nats/nats.conf");
+    std::fs::copy(deploy, dir.path().join("nats.conf")).unwrap();
+    let output = std::process::Command::new(lh_testkit::nats_server_binary().unwrap())
+        .args(["-t", "-c"])
+        .arg(dir.path().join("nats.conf"))
+        .env("NATS_SERVER_NAME", "lh-nats-0")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn services_and_node_agents_keep_their_own_snapshots() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let scheduler = users.bus(&nats, "scheduler").await;
+    scheduler
+        .put_snapshot("lh-scheduler", b"folded state")
+        .await
+        .expect("a service stores its snapshot");
+    // Replacing it purges the old chunks: allowed on the snapshot bucket.
+    scheduler
+        .put_snapshot("lh-scheduler", b"newer state")
+        .await
+        .expect("a service replaces its snapshot");
+    assert_eq!(
+        scheduler.get_snapshot("lh-scheduler").await.unwrap(),
+        Some(b"newer state".to_vec())
+    );
+
+    let agent = users.bus(&nats, &auth::node_user("n1")).await;
+    agent
+        .put_snapshot("node-agent-n1", b"n1 state")
+        .await
+        .expect("a node agent stores its own snapshot");
+    assert_eq!(
+        agent.get_snapshot("node-agent-n1").await.unwrap(),
+        Some(b"n1 state".to_vec())
+    );
+    // Another's is refused: the object's metadata subject is not its own.
+    let forged = tokio::time::timeout(
+        Duration::from_secs(20),
+        agent.put_snapshot("lh-scheduler", b"forged"),
+    )
+    .await;
+    assert!(
+        !matches!(forged, Ok(Ok(()))),
+        "a node agent replaced the scheduler's snapshot"
+    );
+    assert_eq!(
+        scheduler.get_snapshot("lh-scheduler").await.unwrap(),
+        Some(b"newer state".to_vec())
+    );
+}
