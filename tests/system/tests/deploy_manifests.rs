@@ -703,12 +703,17 @@ fn every_deployment_runs_nats_with_users_and_each_service_as_itself() {
             let name = str_at(&doc, &["metadata", "name"]).unwrap_or_default();
             let user = value("LH_NATS_USER").unwrap_or_else(|| panic!("k8s {name}: no user"));
             assert!(value("LH_NATS_NKEY_SEED_FILE").is_some(), "k8s {name}");
-            let secret = spec["volumes"]
+            let expected = format!("nats-{user}");
+            let secrets: Vec<&str> = spec["volumes"]
                 .as_sequence()
                 .expect("volumes")
                 .iter()
-                .find_map(|v| str_at(v, &["secret", "secretName"]));
-            assert_eq!(secret, Some(format!("nats-{user}").as_str()), "k8s {name}");
+                .filter_map(|v| str_at(v, &["secret", "secretName"]))
+                .collect();
+            assert!(
+                secrets.contains(&expected.as_str()),
+                "k8s {name} mounts no {expected}: {secrets:?}"
+            );
             assert!(k8s_users.insert(user), "k8s {name}: a user twice");
         }
     }
