@@ -751,7 +751,9 @@ impl Stack {
             .count()
     }
 
-    fn gateway_config(&self) -> lh_gateway::Config {
+    /// A gateway's configuration on this stack (port 0, the test admin
+    /// token), for tests that start or rebuild one themselves.
+    pub fn gateway_config(&self) -> lh_gateway::Config {
         lh_gateway::Config {
             common: self.common(),
             gateway_addr: "127.0.0.1:0".into(),

@@ -211,7 +211,7 @@ async fn tenant_data_keys_are_stored_wrapped_and_rewrapped_after_a_rotation() {
 
     // Without the master key the gateway refuses to start, naming the file.
     std::fs::remove_file(&stack.master_key_file).unwrap();
-    let mut config = stack_gateway_config(&stack);
+    let mut config = stack.gateway_config();
     config.master_key_file = stack.master_key_file.clone();
     let err = lh_gateway::start(config, tokio_util::sync::CancellationToken::new())
         .await
@@ -221,21 +221,6 @@ async fn tenant_data_keys_are_stored_wrapped_and_rewrapped_after_a_rotation() {
     assert!(err.contains("master key file"), "{err}");
     let log = read_log(&stack.bus().await).await;
     assert_eq!(of_type(&log, "tenant.created").len(), 2);
-}
-
-fn stack_gateway_config(stack: &Stack) -> lh_gateway::Config {
-    lh_gateway::Config {
-        common: lh_service::CommonArgs::for_test(&stack.nats.url()),
-        gateway_addr: "127.0.0.1:0".into(),
-        database_url: stack.database_url.clone(),
-        schema: "gateway".into(),
-        admin_token: Some(lh_testkit::stack::ADMIN_TOKEN.into()),
-        admin_token_file: None,
-        auditor_token: None,
-        master_key_file: stack.master_key_file.clone(),
-        front: lh_testkit::stack::test_front(),
-        limits: Default::default(),
-    }
 }
 
 /// A throwaway CA and a server certificate for 127.0.0.1 signed by it.

@@ -100,7 +100,7 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
     assert_eq!(invoice["lines"][0]["lease_id"], a.as_str());
 
     // The gateway's view after the restart equals a rebuild from sequence 1.
-    let config = gateway_config(&stack);
+    let config = stack.gateway_config();
     let report = lh_gateway::rebuild(&config, "gateway_rebuild", false, |_, _| {})
         .await
         .unwrap();
@@ -116,21 +116,6 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
         .map(|l| &l["state"])
         .collect();
     assert_eq!(states.len(), 3);
-}
-
-fn gateway_config(stack: &Stack) -> lh_gateway::Config {
-    lh_gateway::Config {
-        common: lh_service::CommonArgs::for_test(&stack.nats.url()),
-        gateway_addr: "127.0.0.1:0".into(),
-        database_url: stack.database_url.clone(),
-        schema: "gateway".into(),
-        admin_token: Some(lh_testkit::stack::ADMIN_TOKEN.into()),
-        admin_token_file: None,
-        auditor_token: None,
-        master_key_file: stack.master_key_file.clone(),
-        front: lh_testkit::stack::test_front(),
-        limits: Default::default(),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -165,7 +150,7 @@ async fn projections_rebuilt_from_sequence_one_are_identical() {
     // Let both projections reach the head.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let report = lh_gateway::rebuild(&gateway_config(&stack), "gateway_rebuild", false, |_, _| {})
+    let report = lh_gateway::rebuild(&stack.gateway_config(), "gateway_rebuild", false, |_, _| {})
         .await
         .unwrap();
     assert_eq!(report.tables.len(), 3, "tenants, leases and skipped_events");
