@@ -19,7 +19,8 @@ use crate::{wait_ready, Nats, NatsCluster, Postgres};
 /// How long a started service may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef0123456789";
+pub const AUDITOR_TOKEN: &str = "test-auditor-token-0123456789abcdef012345678";
 
 /// Three nodes of three models in three zones.
 pub const FLEET: &str = r#"
@@ -300,7 +301,9 @@ impl Stack {
                         schema: "gateway".into(),
                         admin_token: Some(ADMIN_TOKEN.into()),
                         admin_token_file: None,
-                        auditor_token: Some("test-auditor-token-0123456789".into()),
+                        auditor_token: Some(AUDITOR_TOKEN.into()),
+                        auditor_token_file: None,
+                        admin_keys_file: None,
                         limits: self.gateway_limits,
                     },
                     token.clone(),
@@ -702,6 +705,8 @@ impl Stack {
             admin_token: Some(ADMIN_TOKEN.into()),
             admin_token_file: None,
             auditor_token: None,
+            auditor_token_file: None,
+            admin_keys_file: None,
             limits: Default::default(),
         }
     }

@@ -207,9 +207,11 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         gateway_addr: "127.0.0.1:0".into(),
         database_url: args.database_url.clone(),
         schema: lh_gateway::DEFAULT_SCHEMA.into(),
-        admin_token: Some("unused-for-a-rebuild".into()),
+        admin_token: Some("unused-for-a-rebuild-0123456789abcdef".into()),
         admin_token_file: None,
         auditor_token: None,
+        auditor_token_file: None,
+        admin_keys_file: None,
         limits: Default::default(),
     };
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;

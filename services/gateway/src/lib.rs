@@ -4,6 +4,7 @@
 //! projection, which the write waits for so a client reads its own write.
 
 pub mod http;
+pub mod principals;
 pub mod projection;
 pub mod seal;
 
@@ -34,43 +35,61 @@ pub struct Config {
     /// Schema of the read models.
     #[arg(long, env = "LH_GATEWAY_SCHEMA", default_value = DEFAULT_SCHEMA)]
     pub schema: String,
-    /// Bearer token of the platform admin.
+    /// Bootstrap admin token (at least 32 characters, no placeholder);
+    /// it acts as the operator `bootstrap`.
     #[arg(long, env = "LH_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// File holding the admin token when LH_ADMIN_TOKEN is unset.
+    /// File holding the bootstrap admin token when LH_ADMIN_TOKEN is unset.
     #[arg(long, env = "LH_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
-    /// Bearer token of the auditor (read-only audit calls).
+    /// Bearer token of the shared auditor (read-only), checked as the admin token is.
     #[arg(long, env = "LH_AUDITOR_TOKEN", hide_env_values = true)]
     pub auditor_token: Option<String>,
+    /// File holding the auditor token when LH_AUDITOR_TOKEN is unset.
+    #[arg(long, env = "LH_AUDITOR_TOKEN_FILE")]
+    pub auditor_token_file: Option<PathBuf>,
+    /// Named operator keys: one `name role sha256hex` a line, role `admin`
+    /// or `auditor`; each caller with such a key acts under its name.
+    #[arg(long, env = "LH_ADMIN_KEYS_FILE")]
+    pub admin_keys_file: Option<PathBuf>,
     #[command(flatten)]
     pub limits: http::limits::TenantLimits,
 }
 
 impl Config {
-    fn admin_token(&self) -> anyhow::Result<String> {
-        if let Some(t) = &self.admin_token {
-            return Ok(t.trim().to_string());
-        }
-        let path = self
-            .admin_token_file
-            .as_ref()
-            .context("set LH_ADMIN_TOKEN or LH_ADMIN_TOKEN_FILE")?;
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("reading admin token from {}", path.display()))?;
-        let token = token.trim().to_string();
+    /// The operators this gateway knows; at least one admin credential is
+    /// required, or nobody could create a tenant.
+    pub fn principals(&self) -> anyhow::Result<principals::Principals> {
+        let token = |value: &Option<String>, file: &Option<PathBuf>, what: &str| match (value, file)
+        {
+            (Some(t), _) => Ok(Some(t.trim().to_string())),
+            (None, Some(path)) => principals::read_token_file(what, path).map(Some),
+            (None, None) => Ok(None),
+        };
+        let admin = token(&self.admin_token, &self.admin_token_file, "the admin token")?;
+        let auditor = token(
+            &self.auditor_token,
+            &self.auditor_token_file,
+            "the auditor token",
+        )?;
+        let named = match &self.admin_keys_file {
+            Some(path) => principals::read_keys_file(path)?,
+            None => Vec::new(),
+        };
         anyhow::ensure!(
-            token.len() >= 16,
-            "admin token in {} is shorter than 16 characters",
-            path.display()
+            admin.is_some()
+                || named
+                    .iter()
+                    .any(|(o, _)| o.role == lh_events::OperatorRole::Admin),
+            "no admin credential: set LH_ADMIN_TOKEN, LH_ADMIN_TOKEN_FILE or LH_ADMIN_KEYS_FILE"
         );
-        Ok(token)
+        principals::Principals::new(admin.as_deref(), auditor.as_deref(), named)
     }
 }
 
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let admin_token = config.admin_token()?;
+    let principals = std::sync::Arc::new(config.principals()?);
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
@@ -109,8 +128,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         bus,
         pool,
         progress: progress.clone(),
-        admin_token,
-        auditor_token: config.auditor_token.clone(),
+        principals,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
     };

@@ -127,6 +127,8 @@ fn gateway_config(stack: &Stack) -> lh_gateway::Config {
         admin_token: Some(lh_testkit::stack::ADMIN_TOKEN.into()),
         admin_token_file: None,
         auditor_token: None,
+        auditor_token_file: None,
+        admin_keys_file: None,
         limits: Default::default(),
     }
 }

@@ -1,8 +1,11 @@
-//! Who is calling: the admin token, the auditor token or a tenant's API
-//! key, compared in constant time.
+//! Who is calling: an operator (the bootstrap admin token, the auditor
+//! token or a named key, see [`crate::principals`]) or a tenant's API key.
+//! Operators are found by their key's hash, tenants by their key's hash in
+//! the read model, so no comparison runs over a secret byte by byte.
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, Method};
+use lh_events::{Actor, Operator, OperatorRole};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -11,9 +14,12 @@ use super::{ApiContext, ApiError};
 /// Who is calling.
 #[derive(Debug, Clone)]
 pub enum Caller {
-    Admin,
-    Auditor,
-    Tenant { id: Uuid, max_gpus: u32 },
+    /// An admin or an auditor, by name.
+    Operator(Operator),
+    Tenant {
+        id: Uuid,
+        max_gpus: u32,
+    },
 }
 
 impl Caller {
@@ -26,23 +32,38 @@ impl Caller {
 
     pub fn require_admin(&self) -> Result<(), ApiError> {
         match self {
-            Caller::Admin => Ok(()),
-            _ => Err(ApiError::forbidden("this call needs the admin token")),
+            Caller::Operator(o) if o.role == OperatorRole::Admin => Ok(()),
+            _ => Err(ApiError::forbidden("this call needs an admin")),
+        }
+    }
+
+    /// Whether the caller is an operator, who may read every tenant's data.
+    pub fn is_operator(&self) -> bool {
+        matches!(self, Caller::Operator(_))
+    }
+
+    /// Refuses the auditor, who only reads; tenants and admins pass (what
+    /// they may change is the handler's to decide).
+    pub fn require_writer(&self) -> Result<(), ApiError> {
+        match self {
+            Caller::Operator(o) if o.role == OperatorRole::Auditor => Err(ApiError::forbidden(
+                "the auditor role reads only; this call changes something",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Who the log records as the cause of what this caller asked.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Caller::Operator(o) => Actor::Operator(o.clone()),
+            Caller::Tenant { id, .. } => Actor::Tenant(*id),
         }
     }
 }
 
 pub fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
-}
-
-/// Compares secrets without leaking where they differ.
-fn same_secret(a: &str, b: &str) -> bool {
-    let (ha, hb) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    ha.iter()
-        .zip(hb.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
 }
 
 impl FromRequestParts<ApiContext> for Caller {
@@ -59,13 +80,8 @@ impl FromRequestParts<ApiContext> for Caller {
             .strip_prefix("Bearer ")
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <key>`"))?
             .trim();
-        if same_secret(token, &ctx.admin_token) {
-            return Ok(Caller::Admin);
-        }
-        if let Some(auditor) = &ctx.auditor_token {
-            if same_secret(token, auditor) {
-                return Ok(Caller::Auditor);
-            }
+        if let Some(operator) = ctx.principals.operator(token) {
+            return Ok(Caller::Operator(operator.clone()));
         }
         let row: Option<(Uuid, i32)> =
             sqlx::query_as("SELECT id, max_gpus FROM tenants WHERE api_key_sha256 = $1")

@@ -241,7 +241,7 @@ async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseVie
     let lease = fetch(ctx, id).await?;
     match (lease, caller) {
         (Some(l), Caller::Tenant { id: tenant, .. }) if l.tenant_id == *tenant => Ok(l),
-        (Some(l), Caller::Admin | Caller::Auditor) => Ok(l),
+        (Some(l), Caller::Operator(_)) => Ok(l),
         _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
     }
 }
@@ -404,6 +404,7 @@ pub async fn stop(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    caller.require_writer()?;
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) = lease::stop(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
     ask(
@@ -425,11 +426,7 @@ async fn ask(
     data: EventData,
     event_id: Uuid,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
-    let actor = match caller {
-        Caller::Tenant { id, .. } => Actor::Tenant(*id),
-        _ => Actor::Admin,
-    };
-    let mut envelope = Envelope::new(actor, Utc::now(), data).with_id(event_id);
+    let mut envelope = Envelope::new(caller.actor(), Utc::now(), data).with_id(event_id);
     envelope.tenant_id = Some(lease.tenant_id);
     let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
     read_your_write(ctx, appended.sequence).await?;
@@ -449,6 +446,7 @@ pub async fn resume(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    caller.require_writer()?;
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) =
         lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;

@@ -37,8 +37,7 @@ pub struct ApiContext {
     pub bus: Bus,
     pub pool: PgPool,
     pub progress: Progress,
-    pub admin_token: String,
-    pub auditor_token: Option<String>,
+    pub principals: std::sync::Arc<crate::principals::Principals>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
 }

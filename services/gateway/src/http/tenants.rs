@@ -5,9 +5,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use lh_bus::{BusError, Expect};
-use lh_events::{
-    derived_id, Actor, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated,
-};
+use lh_events::{derived_id, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -155,7 +153,7 @@ pub async fn create(
             action: p.action,
         }),
     });
-    let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
+    let envelope = Envelope::new(caller.actor(), Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));
     let appended = match ctx
         .bus
