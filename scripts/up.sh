@@ -203,9 +203,12 @@ fi
 
 # --- admin token ---
 if [ -z "${LH_ADMIN_TOKEN:-}" ]; then
+    # 64 random hex digits, readable by this user only: the gateway
+    # refuses short or placeholder tokens.
     if ! [ -s "$DATA/admin-token" ]; then
         (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$DATA/admin-token")
     fi
+    chmod 600 "$DATA/admin-token"
     LH_ADMIN_TOKEN=$(cat "$DATA/admin-token")
 fi
 
