@@ -36,7 +36,7 @@ pub fn restatement(history: &[StatedEvent]) -> Result<EventData, Unstatable> {
         })),
         EventData::TenantCreated(t) => Ok(EventData::TenantRestated(TenantRestated {
             tenant_id: t.tenant_id,
-            history: bounded(events),
+            history: bounded(compact_tenant(events)),
         })),
         EventData::NodeRegistered(n) => Ok(EventData::NodeRestated(NodeRestated {
             node_id: n.node_id.clone(),
@@ -83,6 +83,45 @@ fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
         events.drain(1..cut);
     }
     events
+}
+
+/// A tenant's creation, then what still holds: the keys issued and not
+/// revoked, the revocation of its first key, the newest suspension (none
+/// once resumed) and the newest quota, in the order they were stored.
+/// Keys issued and revoked again tell a new reader nothing, and dropping
+/// them keeps a tenant that rotates keys often within the bound.
+fn compact_tenant(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
+    let revoked: std::collections::HashSet<u32> = events
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::TenantApiKeyRevoked(r) => Some(r.key_id),
+            _ => None,
+        })
+        .collect();
+    let issued: std::collections::HashSet<u32> = events
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::TenantApiKeyIssued(i) => Some(i.key_id),
+            _ => None,
+        })
+        .collect();
+    let mut suspension = None;
+    let mut quota = None;
+    let mut kept = Vec::new();
+    for event in events {
+        match &event.envelope.data {
+            EventData::TenantApiKeyIssued(i) if revoked.contains(&i.key_id) => {}
+            EventData::TenantApiKeyRevoked(r) if issued.contains(&r.key_id) => {}
+            EventData::TenantSuspended(_) => suspension = Some(event),
+            EventData::TenantResumed(_) => suspension = None,
+            EventData::TenantQuotaChanged(_) => quota = Some(event),
+            _ => kept.push(event),
+        }
+    }
+    kept.extend(suspension);
+    kept.extend(quota);
+    kept.sort_by_key(|e| e.sequence);
+    kept
 }
 
 /// A node's newest registration, then the newest event of each fact that
@@ -191,6 +230,75 @@ mod tests {
             .history
             .iter()
             .all(|e| e.envelope.data.restated_history().is_none()));
+    }
+
+    #[test]
+    fn a_tenant_keeps_its_live_keys_newest_suspension_and_quota() {
+        use lh_events::{
+            Quota, TenantApiKeyIssued, TenantApiKeyRevoked, TenantQuotaChanged, TenantResumed,
+            TenantSuspended,
+        };
+        let tenant_id = Uuid::from_u128(2);
+        let issued = |key_id| {
+            EventData::TenantApiKeyIssued(TenantApiKeyIssued {
+                tenant_id,
+                key_id,
+                prefix: "lh_abcdefgh".into(),
+                sha256: "00".repeat(32),
+                expires_at: None,
+            })
+        };
+        let revoked =
+            |key_id| EventData::TenantApiKeyRevoked(TenantApiKeyRevoked { tenant_id, key_id });
+        let suspended = EventData::TenantSuspended(TenantSuspended {
+            tenant_id,
+            reason: "unpaid".into(),
+            stop_leases: false,
+        });
+        let quota = |max_gpus| {
+            EventData::TenantQuotaChanged(TenantQuotaChanged {
+                tenant_id,
+                quota: Quota {
+                    max_gpus,
+                    max_vram_gb: None,
+                },
+                weight: 1,
+            })
+        };
+        let history = vec![
+            stated(1, EventData::TenantCreated(fixtures::tenant(tenant_id, 4))),
+            stated(2, issued(2)),
+            stated(3, issued(3)),
+            stated(4, revoked(2)),
+            stated(5, revoked(1)),
+            stated(6, suspended.clone()),
+            stated(7, quota(8)),
+            stated(8, EventData::TenantResumed(TenantResumed { tenant_id })),
+            stated(9, suspended),
+            stated(10, quota(16)),
+        ];
+        let EventData::TenantRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
+        assert_eq!(seqs, [1, 3, 5, 9, 10]);
+        let resumed = [
+            history.clone(),
+            vec![stated(
+                11,
+                EventData::TenantResumed(TenantResumed { tenant_id }),
+            )],
+        ]
+        .concat();
+        let EventData::TenantRestated(r) = restatement(&resumed).unwrap() else {
+            panic!()
+        };
+        let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
+        assert_eq!(
+            seqs,
+            [1, 3, 5, 10],
+            "a resumed tenant carries no suspension"
+        );
     }
 
     #[test]

@@ -19,13 +19,25 @@ pub enum Caller {
     Tenant {
         id: Uuid,
         max_gpus: u32,
+        /// Which of the tenant's keys it called with.
+        key_id: u32,
     },
+}
+
+#[derive(sqlx::FromRow)]
+struct TenantKeyRow {
+    id: Uuid,
+    max_gpus: i32,
+    suspended: bool,
+    key_id: i32,
+    revoked: bool,
+    expired: bool,
 }
 
 impl Caller {
     pub fn tenant(&self) -> Result<(Uuid, u32), ApiError> {
         match self {
-            Caller::Tenant { id, max_gpus } => Ok((*id, *max_gpus)),
+            Caller::Tenant { id, max_gpus, .. } => Ok((*id, *max_gpus)),
             _ => Err(ApiError::forbidden("this call needs a tenant API key")),
         }
     }
@@ -50,6 +62,21 @@ impl Caller {
                 "the auditor role reads only; this call changes something",
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// Refuses anyone but an admin and the tenant `tenant_id` itself; an
+    /// unknown or other tenant is told 404, so that ids do not leak.
+    pub fn require_admin_or_tenant(&self, tenant_id: Uuid) -> Result<(), ApiError> {
+        match self {
+            Caller::Operator(o) if o.role == OperatorRole::Admin => Ok(()),
+            Caller::Operator(_) => Err(ApiError::forbidden(
+                "the auditor role reads only; this call changes something",
+            )),
+            Caller::Tenant { id, .. } if *id == tenant_id => Ok(()),
+            Caller::Tenant { .. } => {
+                Err(ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))
+            }
         }
     }
 
@@ -83,15 +110,36 @@ impl FromRequestParts<ApiContext> for Caller {
         if let Some(operator) = ctx.principals.operator(token) {
             return Ok(Caller::Operator(operator.clone()));
         }
-        let row: Option<(Uuid, i32)> =
-            sqlx::query_as("SELECT id, max_gpus FROM tenants WHERE api_key_sha256 = $1")
-                .bind(sha256_hex(token))
-                .fetch_optional(&ctx.pool)
-                .await?;
-        let Some((id, max_gpus)) = row else {
+        let row: Option<TenantKeyRow> = sqlx::query_as(
+            "SELECT t.id, t.max_gpus, t.suspended, k.key_id, k.revoked_at IS NOT NULL AS revoked,
+                    COALESCE(k.expires_at <= now(), FALSE) AS expired
+             FROM tenant_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.sha256 = $1",
+        )
+        .bind(sha256_hex(token))
+        .fetch_optional(&ctx.pool)
+        .await?;
+        let Some(key) = row else {
             return Err(ApiError::unauthorized("unknown API key"));
         };
+        if key.revoked {
+            return Err(ApiError::unauthorized(format!(
+                "API key {} of this tenant was revoked",
+                key.key_id
+            )));
+        }
+        if key.expired {
+            return Err(ApiError::unauthorized(format!(
+                "API key {} of this tenant has expired",
+                key.key_id
+            )));
+        }
+        let (id, max_gpus) = (key.id, key.max_gpus);
         let write = !matches!(parts.method, Method::GET | Method::HEAD);
+        if write && key.suspended {
+            return Err(ApiError::forbidden(
+                "this tenant is suspended: it may read but not change anything",
+            ));
+        }
         if write {
             if let Err(wait) = ctx.write_budgets.spend(id, std::time::Instant::now()) {
                 metrics::counter!("lh_gateway_writes_limited_total").increment(1);
@@ -105,6 +153,7 @@ impl FromRequestParts<ApiContext> for Caller {
         Ok(Caller::Tenant {
             id,
             max_gpus: max_gpus as u32,
+            key_id: key.key_id as u32,
         })
     }
 }

@@ -434,6 +434,38 @@ async fn ask(
     Ok((StatusCode::ACCEPTED, Json(lease)))
 }
 
+/// Asks every lease of `tenant_id` that has not ended to stop; how many
+/// were asked and the sequence of the last request (0 when none).
+pub(super) async fn stop_all_of(
+    ctx: &ApiContext,
+    caller: &Caller,
+    tenant_id: Uuid,
+) -> Result<(u32, u64), ApiError> {
+    let leases: Vec<LeaseView> = sqlx::query_as(&format!(
+        "SELECT {VIEW_COLUMNS} FROM leases
+         WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected') AND NOT stop_requested"
+    ))
+    .bind(tenant_id)
+    .fetch_all(&ctx.pool)
+    .await?;
+    let (mut asked, mut last) = (0u32, 0u64);
+    for lease in &leases {
+        let Ok((event, id)) = lease::stop(lease.now()) else {
+            continue;
+        };
+        let mut envelope = Envelope::new(
+            caller.actor(),
+            Utc::now(),
+            EventData::LeaseStopRequested(event),
+        )
+        .with_id(id);
+        envelope.tenant_id = Some(tenant_id);
+        last = ctx.bus.publish(&envelope, Expect::Any).await?.sequence;
+        asked += 1;
+    }
+    Ok((asked, last))
+}
+
 #[utoipa::path(
     post, path = "/v1/leases/{id}/resume", params(("id" = Uuid, Path)),
     responses(

@@ -7,6 +7,7 @@ pub mod audit;
 mod auth;
 mod error;
 pub mod invoices;
+pub mod keys;
 pub mod leases;
 pub mod limits;
 pub mod nodes;
@@ -15,7 +16,7 @@ pub mod tenants;
 
 use std::time::Duration;
 
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use lh_bus::Bus;
 use lh_projection::Progress;
@@ -45,6 +46,12 @@ pub struct ApiContext {
 pub fn router(ctx: ApiContext) -> Router {
     Router::new()
         .route("/v1/tenants", post(tenants::create))
+        .route("/v1/tenants/{id}", get(tenants::get))
+        .route("/v1/tenants/{id}/suspend", post(tenants::suspend))
+        .route("/v1/tenants/{id}/resume", post(tenants::resume))
+        .route("/v1/tenants/{id}/quota", put(tenants::set_quota))
+        .route("/v1/tenants/{id}/keys", post(keys::issue).get(keys::list))
+        .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))

@@ -3,13 +3,20 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use super::{audit, invoices, leases, nodes, tenants, Problem};
+use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Leasehold API", description = "Rent whole GPUs by the second."),
     paths(
         tenants::create,
+        tenants::get,
+        tenants::suspend,
+        tenants::resume,
+        tenants::set_quota,
+        keys::issue,
+        keys::list,
+        keys::revoke,
         leases::create,
         leases::list,
         leases::get,

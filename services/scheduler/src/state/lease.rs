@@ -98,4 +98,7 @@ impl Lease {
 pub struct Tenant {
     pub quota: Quota,
     pub weight: u32,
+    /// Its waiting leases wait until it is resumed.
+    #[serde(default)]
+    pub suspended: bool,
 }
