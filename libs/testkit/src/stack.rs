@@ -60,6 +60,9 @@ gpu_count = 2
 vram_gb = 40
 "#;
 
+/// A change a test makes to the gateway's configuration.
+pub type GatewayConfigChange = std::sync::Arc<dyn Fn(&mut lh_gateway::Config) + Send + Sync>;
+
 /// The NATS a stack runs on.
 pub enum StackNats {
     Server(Nats),
@@ -120,6 +123,9 @@ pub struct Stack {
     /// on after the second number of seconds (tests that run past expiry);
     /// `None`: the production 365 days.
     pub short_retention: Option<(u64, u64)>,
+    /// Changes to the gateway's configuration (named keys, OIDC) made
+    /// before each start of the gateway.
+    pub gateway_config: Option<GatewayConfigChange>,
 }
 
 impl Stack {
@@ -210,6 +216,7 @@ impl Stack {
             own_postgres: None,
             gateway_limits: lh_gateway::TenantLimits::default(),
             short_retention: None,
+            gateway_config: None,
         }
     }
 
@@ -293,22 +300,22 @@ impl Stack {
                     .strip_prefix("http://")
                     .unwrap_or("127.0.0.1:0")
                     .to_string();
-                lh_gateway::start(
-                    lh_gateway::Config {
-                        common,
-                        gateway_addr,
-                        database_url: self.database_url.clone(),
-                        schema: "gateway".into(),
-                        admin_token: Some(ADMIN_TOKEN.into()),
-                        admin_token_file: None,
-                        auditor_token: Some(AUDITOR_TOKEN.into()),
-                        auditor_token_file: None,
-                        admin_keys_file: None,
-                        limits: self.gateway_limits,
-                    },
-                    token.clone(),
-                )
-                .await
+                let mut config = lh_gateway::Config {
+                    common,
+                    gateway_addr,
+                    database_url: self.database_url.clone(),
+                    schema: "gateway".into(),
+                    admin_token: Some(ADMIN_TOKEN.into()),
+                    admin_token_file: None,
+                    auditor_token: Some(AUDITOR_TOKEN.into()),
+                    auditor_token_file: None,
+                    admin_keys_file: None,
+                    limits: self.gateway_limits,
+                };
+                if let Some(change) = &self.gateway_config {
+                    change(&mut config);
+                }
+                lh_gateway::start(config, token.clone()).await
             }
             "node-agent" => {
                 let node_id = name.split_once(':').unwrap().1.to_string();
