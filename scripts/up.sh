@@ -264,6 +264,7 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
 
 Use the CLI:
   export LH_GATEWAY_URL=http://$GATEWAY_ADDR LH_API_KEY=$LH_ADMIN_TOKEN
+  (or LH_API_KEY_FILE=$DATA/admin-token; the CLI never takes a key on its command line)
   target/release/lh tenant create --name acme --email ops@acme.example --max-gpus 16
 
 Or run the whole story: make demo.  Stop everything: make down.

@@ -399,8 +399,23 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
 async fn the_cli_drives_the_flow_against_the_real_gateway() {
     let stack = Stack::start(FLEET).await;
     let url = stack.gateway_url.clone();
+    // Keys reach `lh` through files, never its command line.
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = |key: &str| {
+        let path = keys.path().join(key);
+        std::fs::write(&path, key).unwrap();
+        path.to_str().unwrap().to_string()
+    };
     let lh = |key: &str, args: &[&str]| {
-        let mut argv = vec!["lh", "--gateway-url", &url, "--api-key", key, "--json"];
+        let file = key_file(key);
+        let mut argv = vec![
+            "lh",
+            "--gateway-url",
+            &url,
+            "--api-key-file",
+            &file,
+            "--json",
+        ];
         argv.extend_from_slice(args);
         let argv: Vec<String> = argv.into_iter().map(String::from).collect();
         async move { lh_cli::capture(argv).await }
@@ -493,12 +508,13 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
     }
     assert!(shown, "the invoice never showed the lease");
     // Tables by default.
+    let file = key_file(&key);
     let argv: Vec<String> = [
         "lh",
         "--gateway-url",
         &url,
-        "--api-key",
-        &key,
+        "--api-key-file",
+        &file,
         "invoice",
         "show",
         "--period",
