@@ -310,6 +310,7 @@ impl Stack {
                     auditor_token: Some(AUDITOR_TOKEN.into()),
                     auditor_token_file: None,
                     admin_keys_file: None,
+                    oidc: Default::default(),
                     limits: self.gateway_limits,
                 };
                 if let Some(change) = &self.gateway_config {
@@ -714,6 +715,7 @@ impl Stack {
             auditor_token: None,
             auditor_token_file: None,
             admin_keys_file: None,
+            oidc: Default::default(),
             limits: Default::default(),
         }
     }

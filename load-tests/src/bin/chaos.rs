@@ -212,6 +212,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         auditor_token: None,
         auditor_token_file: None,
         admin_keys_file: None,
+        oidc: Default::default(),
         limits: Default::default(),
     };
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;

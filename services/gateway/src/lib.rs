@@ -4,6 +4,7 @@
 //! projection, which the write waits for so a client reads its own write.
 
 pub mod http;
+pub mod oidc;
 pub mod principals;
 pub mod projection;
 pub mod seal;
@@ -53,13 +54,63 @@ pub struct Config {
     #[arg(long, env = "LH_ADMIN_KEYS_FILE")]
     pub admin_keys_file: Option<PathBuf>,
     #[command(flatten)]
+    pub oidc: OidcArgs,
+    #[command(flatten)]
     pub limits: http::limits::TenantLimits,
+}
+
+/// Operators signed in with an OpenID Connect issuer (off unless the
+/// issuer is set).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OidcArgs {
+    /// The issuer (`iss`) whose tokens name admins and auditors.
+    #[arg(long, env = "LH_OIDC_ISSUER", requires = "oidc_audience")]
+    pub oidc_issuer: Option<String>,
+    /// The audience (`aud`) tokens must be for.
+    #[arg(long, env = "LH_OIDC_AUDIENCE", requires = "oidc_issuer")]
+    pub oidc_audience: Option<String>,
+    /// The issuer's JSON Web Key Set, from a file.
+    #[arg(long, env = "LH_OIDC_JWKS_FILE", conflicts_with = "oidc_jwks_url")]
+    pub oidc_jwks_file: Option<PathBuf>,
+    /// The issuer's JSON Web Key Set, from a URL (https, or http on loopback).
+    #[arg(long, env = "LH_OIDC_JWKS_URL")]
+    pub oidc_jwks_url: Option<String>,
+    /// The claim holding the roles (`admin`, `auditor`).
+    #[arg(long, env = "LH_OIDC_ROLES_CLAIM", default_value = "roles")]
+    pub oidc_roles_claim: String,
+}
+
+impl OidcArgs {
+    /// The issuer's configuration, or `None` when OIDC is off.
+    pub fn config(&self) -> anyhow::Result<Option<oidc::OidcConfig>> {
+        let (Some(issuer), Some(audience)) = (&self.oidc_issuer, &self.oidc_audience) else {
+            anyhow::ensure!(
+                self.oidc_jwks_file.is_none() && self.oidc_jwks_url.is_none(),
+                "a JWKS is set but LH_OIDC_ISSUER and LH_OIDC_AUDIENCE are not"
+            );
+            return Ok(None);
+        };
+        let jwks = match (&self.oidc_jwks_file, &self.oidc_jwks_url) {
+            (Some(path), None) => oidc::JwksSource::File(path.clone()),
+            (None, Some(url)) => oidc::JwksSource::Url(
+                url.parse()
+                    .with_context(|| format!("LH_OIDC_JWKS_URL {url:?} is not a URL"))?,
+            ),
+            _ => anyhow::bail!("set one of LH_OIDC_JWKS_FILE and LH_OIDC_JWKS_URL"),
+        };
+        Ok(Some(oidc::OidcConfig {
+            issuer: issuer.clone(),
+            audience: audience.clone(),
+            jwks,
+            roles_claim: self.oidc_roles_claim.clone(),
+        }))
+    }
 }
 
 impl Config {
     /// The operators this gateway knows; at least one admin credential is
     /// required, or nobody could create a tenant.
-    pub fn principals(&self) -> anyhow::Result<principals::Principals> {
+    pub async fn principals(&self) -> anyhow::Result<principals::Principals> {
         let token = |value: &Option<String>, file: &Option<PathBuf>, what: &str| match (value, file)
         {
             (Some(t), _) => Ok(Some(t.trim().to_string())),
@@ -76,20 +127,27 @@ impl Config {
             Some(path) => principals::read_keys_file(path)?,
             None => Vec::new(),
         };
+        let oidc = self.oidc.config()?;
         anyhow::ensure!(
             admin.is_some()
+                || oidc.is_some()
                 || named
                     .iter()
                     .any(|(o, _)| o.role == lh_events::OperatorRole::Admin),
-            "no admin credential: set LH_ADMIN_TOKEN, LH_ADMIN_TOKEN_FILE or LH_ADMIN_KEYS_FILE"
+            "no admin credential: set LH_ADMIN_TOKEN, LH_ADMIN_TOKEN_FILE, LH_ADMIN_KEYS_FILE \
+             or LH_OIDC_ISSUER"
         );
-        principals::Principals::new(admin.as_deref(), auditor.as_deref(), named)
+        let principals = principals::Principals::new(admin.as_deref(), auditor.as_deref(), named)?;
+        Ok(match oidc {
+            Some(config) => principals.with_oidc(oidc::Verifier::new(config).await?),
+            None => principals,
+        })
     }
 }
 
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let principals = std::sync::Arc::new(config.principals()?);
+    let principals = std::sync::Arc::new(config.principals().await?);
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;

@@ -37,6 +37,8 @@ pub const MAX_NAME_CHARS: usize = 128;
 pub struct Principals {
     /// SHA-256 of each shared token or named key, and who presents it.
     by_key_sha256: HashMap<[u8; 32], Operator>,
+    /// Checks the tokens of an OpenID Connect issuer, when one is configured.
+    pub oidc: Option<crate::oidc::Verifier>,
 }
 
 impl std::fmt::Debug for Principals {
@@ -87,8 +89,9 @@ impl Principals {
         Ok(())
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_key_sha256.is_empty()
+    pub fn with_oidc(mut self, verifier: crate::oidc::Verifier) -> Self {
+        self.oidc = Some(verifier);
+        self
     }
 
     /// The operator presenting `token`, if any. The lookup is by the
@@ -208,6 +211,11 @@ pub fn check_name(name: &str) -> anyhow::Result<()> {
     ensure!(
         name != BOOTSTRAP_NAME && name != SHARED_AUDITOR_NAME,
         "the name {name:?} belongs to a shared token"
+    );
+    ensure!(
+        !name.starts_with(crate::oidc::NAME_PREFIX),
+        "names starting with {} are OIDC principals'",
+        crate::oidc::NAME_PREFIX
     );
     Ok(())
 }

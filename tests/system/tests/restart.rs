@@ -129,6 +129,7 @@ fn gateway_config(stack: &Stack) -> lh_gateway::Config {
         auditor_token: None,
         auditor_token_file: None,
         admin_keys_file: None,
+        oidc: Default::default(),
         limits: Default::default(),
     }
 }

@@ -17,6 +17,8 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 const ALICE_KEY: &str = "alice-named-admin-key-0123456789abcdef";
+const OIDC_ISSUER: &str = "https://id.example/realms/ops";
+const OIDC_AUDIENCE: &str = "leasehold";
 const CAROL_KEY: &str = "carol-named-auditor-key-0123456789abcdef";
 
 /// The callers, in the order of the matrix's columns.
@@ -29,6 +31,7 @@ const CALLERS: &[&str] = &[
     "suspended tenant",
     "admin (bootstrap)",
     "admin (named key)",
+    "admin (OIDC)",
     "auditor (shared)",
     "auditor (named key)",
 ];
@@ -37,26 +40,26 @@ const CALLERS: &[&str] = &[
 /// `{t}`, `{k}`, `{l}` and `{n}` are the tenant, key, lease and node the
 /// call is about.
 #[rustfmt::skip]
-const MATRIX: &[(&str, &str, [u16; 10])] = &[
-    ("POST", "/v1/tenants", [401, 403, 403, 401, 401, 403, 201, 201, 403, 403]),
-    ("GET", "/v1/tenants/{t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200]),
-    ("POST", "/v1/tenants/{t}/suspend", [401, 403, 403, 401, 401, 403, 202, 202, 403, 403]),
-    ("POST", "/v1/tenants/{t}/resume", [401, 403, 403, 401, 401, 403, 202, 202, 403, 403]),
-    ("PUT", "/v1/tenants/{t}/quota", [401, 403, 403, 401, 401, 403, 200, 200, 403, 403]),
-    ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 403, 403]),
-    ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200]),
-    ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 403, 200, 200, 403, 403]),
-    ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403]),
-    ("GET", "/v1/leases", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200]),
-    ("GET", "/v1/leases/{l}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200]),
-    ("POST", "/v1/leases/{l}/stop", [401, 202, 404, 401, 401, 403, 202, 202, 403, 403]),
-    ("POST", "/v1/leases/{l}/resume", [401, 409, 404, 401, 401, 403, 409, 409, 403, 403]),
-    ("POST", "/v1/nodes/{n}/drain", [401, 403, 403, 401, 401, 403, 202, 202, 403, 403]),
-    ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 403, 403]),
-    ("GET", "/v1/invoices?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200]),
-    ("GET", "/v1/audit/verify", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200]),
-    ("GET", "/openapi.json", [200, 200, 200, 200, 200, 200, 200, 200, 200, 200]),
-    ("GET", "/v1/no-such-route", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
+const MATRIX: &[(&str, &str, [u16; 11])] = &[
+    ("POST", "/v1/tenants", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/tenants/{t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/tenants/{t}/suspend", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("POST", "/v1/tenants/{t}/resume", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("PUT", "/v1/tenants/{t}/quota", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("GET", "/v1/leases", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/leases/{l}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/leases/{l}/stop", [401, 202, 404, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("POST", "/v1/leases/{l}/resume", [401, 409, 404, 401, 401, 403, 409, 409, 409, 403, 403]),
+    ("POST", "/v1/nodes/{n}/drain", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("GET", "/v1/invoices?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/audit/verify", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200, 200]),
+    ("GET", "/openapi.json", [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/no-such-route", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
 ];
 
 const ONE_GPU: &str = r#"{"gpus": 1, "gpu_model": "A100-40GB"}"#;
@@ -142,13 +145,50 @@ fn keys_file(dir: &std::path::Path) -> PathBuf {
     path
 }
 
+/// An OIDC issuer of the test's own: an Ed25519 key, its JWKS in a file,
+/// and an admin's token signed with it.
+fn oidc_issuer(dir: &std::path::Path) -> (PathBuf, String) {
+    use base64::Engine as _;
+    use ring::signature::KeyPair as _;
+    let pkcs8 =
+        ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+    let jwks = dir.join("jwks.json");
+    std::fs::write(
+        &jwks,
+        json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k1", "x": x}]}).to_string(),
+    )
+    .unwrap();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    header.kid = Some("k1".into());
+    let now = chrono::Utc::now().timestamp();
+    let claims = json!({"iss": OIDC_ISSUER, "aud": OIDC_AUDIENCE, "sub": "dana",
+                        "exp": now + 3600, "roles": ["admin"]});
+    let token = jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_ed_der(pkcs8.as_ref()),
+    )
+    .unwrap();
+    (jwks, token)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_route_answers_every_caller_as_the_matrix_says() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_file(dir.path());
+    let (jwks, oidc_token) = oidc_issuer(dir.path());
     let stack = Stack::start_configured(FLEET, move |s| {
         s.gateway_config = Some(Arc::new(move |c: &mut lh_gateway::Config| {
             c.admin_keys_file = Some(keys.clone());
+            c.oidc = lh_gateway::OidcArgs {
+                oidc_issuer: Some(OIDC_ISSUER.into()),
+                oidc_audience: Some(OIDC_AUDIENCE.into()),
+                oidc_jwks_file: Some(jwks.clone()),
+                oidc_jwks_url: None,
+                oidc_roles_claim: "roles".into(),
+            };
         }));
     })
     .await;
@@ -197,6 +237,7 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 "suspended tenant" => (&s, Some(&s.key)),
                 "admin (bootstrap)" => (&a, Some(ADMIN_TOKEN)),
                 "admin (named key)" => (&a, Some(ALICE_KEY)),
+                "admin (OIDC)" => (&a, Some(oidc_token.as_str())),
                 "auditor (shared)" => (&a, Some(AUDITOR_TOKEN)),
                 "auditor (named key)" => (&a, Some(CAROL_KEY)),
                 other => unreachable!("{other}"),
@@ -274,7 +315,10 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
         .map(|(method, path, _)| shape(method, path))
         .collect();
     tested.sort();
-    assert_eq!(tested, documented, "the matrix and the OpenAPI routes differ");
+    assert_eq!(
+        tested, documented,
+        "the matrix and the OpenAPI routes differ"
+    );
 
     // Every operator's write is recorded under its name; the bare shared
     // `admin` is never written, and the auditor wrote nothing.
@@ -288,6 +332,7 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
     };
     assert!(actors.contains(&&named("bootstrap", OperatorRole::Admin)));
     assert!(actors.contains(&&named("alice", OperatorRole::Admin)));
+    assert!(actors.contains(&&named("oidc:dana", OperatorRole::Admin)));
     for actor in &actors {
         assert!(
             !matches!(actor, Actor::Admin | Actor::Auditor),

@@ -110,6 +110,17 @@ impl FromRequestParts<ApiContext> for Caller {
         if let Some(operator) = ctx.principals.operator(token) {
             return Ok(Caller::Operator(operator.clone()));
         }
+        if let Some(oidc) = &ctx.principals.oidc {
+            if crate::oidc::Verifier::looks_like_jwt(token) {
+                return match oidc.verify(token).await {
+                    Ok(operator) => Ok(Caller::Operator(operator)),
+                    Err(refused @ crate::oidc::Refused::NoRole(_)) => {
+                        Err(ApiError::forbidden(refused.to_string()))
+                    }
+                    Err(refused) => Err(ApiError::unauthorized(refused.to_string())),
+                };
+            }
+        }
         let row: Option<TenantKeyRow> = sqlx::query_as(
             "SELECT t.id, t.max_gpus, t.suspended, k.key_id, k.revoked_at IS NOT NULL AS revoked,
                     COALESCE(k.expires_at <= now(), FALSE) AS expired
