@@ -98,7 +98,8 @@ pub fn request(
     if let Some(w) = &body.workload {
         check_workload(w)?;
     }
-    if body.priority.abs() > MAX_PRIORITY {
+    // Not `abs()`: i32::MIN has no absolute value and wraps past the bound.
+    if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&body.priority) {
         return Err(Invalid::unacceptable(
             "priority",
             format!("priority must be -{MAX_PRIORITY} to {MAX_PRIORITY}"),

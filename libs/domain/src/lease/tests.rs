@@ -198,7 +198,7 @@ fn given_a_bad_workload_when_decided_then_its_part_is_named() {
 
 #[test]
 fn given_a_priority_out_of_range_when_decided_then_priority_is_named() {
-    for priority in [-1001, 1001] {
+    for priority in [-1001, 1001, i32::MIN, i32::MAX] {
         let (field, detail) = refused(LeaseBody {
             priority,
             ..whole(1)
