@@ -85,33 +85,18 @@ fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
     events
 }
 
-/// A tenant's creation, then what still holds: the keys issued and not
-/// revoked, the revocation of its first key, the newest suspension (none
-/// once resumed) and the newest quota, in the order they were stored.
-/// Keys issued and revoked again tell a new reader nothing, and dropping
-/// them keeps a tenant that rotates keys often within the bound.
+/// A tenant's creation, its keys' issues and revocations, the newest
+/// suspension (none once resumed) and the newest quota, in the order they
+/// were stored. Revoked keys stay, so that a reader new to the tenant lists
+/// the same keys; only when that would pass [`MAX_RESTATED_EVENTS`] are the
+/// oldest revoked keys left out (issue and revocation both), never a key
+/// that still works.
 fn compact_tenant(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
-    let revoked: std::collections::HashSet<u32> = events
-        .iter()
-        .filter_map(|e| match &e.envelope.data {
-            EventData::TenantApiKeyRevoked(r) => Some(r.key_id),
-            _ => None,
-        })
-        .collect();
-    let issued: std::collections::HashSet<u32> = events
-        .iter()
-        .filter_map(|e| match &e.envelope.data {
-            EventData::TenantApiKeyIssued(i) => Some(i.key_id),
-            _ => None,
-        })
-        .collect();
     let mut suspension = None;
     let mut quota = None;
     let mut kept = Vec::new();
     for event in events {
         match &event.envelope.data {
-            EventData::TenantApiKeyIssued(i) if revoked.contains(&i.key_id) => {}
-            EventData::TenantApiKeyRevoked(r) if issued.contains(&r.key_id) => {}
             EventData::TenantSuspended(_) => suspension = Some(event),
             EventData::TenantResumed(_) => suspension = None,
             EventData::TenantQuotaChanged(_) => quota = Some(event),
@@ -121,6 +106,30 @@ fn compact_tenant(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
     kept.extend(suspension);
     kept.extend(quota);
     kept.sort_by_key(|e| e.sequence);
+    if kept.len() > MAX_RESTATED_EVENTS {
+        let issued: std::collections::HashSet<u32> = kept
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::TenantApiKeyIssued(i) => Some(i.key_id),
+                _ => None,
+            })
+            .collect();
+        // Oldest first: the order of the revocations.
+        let revoked: Vec<u32> = kept
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::TenantApiKeyRevoked(r) if issued.contains(&r.key_id) => Some(r.key_id),
+                _ => None,
+            })
+            .collect();
+        let excess = (kept.len() - MAX_RESTATED_EVENTS).div_ceil(2);
+        let dropped: std::collections::HashSet<u32> = revoked.into_iter().take(excess).collect();
+        kept.retain(|e| match &e.envelope.data {
+            EventData::TenantApiKeyIssued(i) => !dropped.contains(&i.key_id),
+            EventData::TenantApiKeyRevoked(r) => !dropped.contains(&r.key_id),
+            _ => true,
+        });
+    }
     kept
 }
 
@@ -233,7 +242,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_keeps_its_live_keys_newest_suspension_and_quota() {
+    fn a_tenant_keeps_its_keys_newest_suspension_and_quota() {
         use lh_events::{
             Quota, TenantApiKeyIssued, TenantApiKeyRevoked, TenantQuotaChanged, TenantResumed,
             TenantSuspended,
@@ -281,7 +290,7 @@ mod tests {
             panic!()
         };
         let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
-        assert_eq!(seqs, [1, 3, 5, 9, 10]);
+        assert_eq!(seqs, [1, 2, 3, 4, 5, 9, 10]);
         let resumed = [
             history.clone(),
             vec![stated(
@@ -296,9 +305,67 @@ mod tests {
         let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
         assert_eq!(
             seqs,
-            [1, 3, 5, 10],
+            [1, 2, 3, 4, 5, 10],
             "a resumed tenant carries no suspension"
         );
+    }
+
+    #[test]
+    fn a_tenant_over_the_bound_leaves_out_its_oldest_revoked_keys_never_a_live_one() {
+        use lh_events::{TenantApiKeyIssued, TenantApiKeyRevoked};
+        let tenant_id = Uuid::from_u128(2);
+        let issued = |key_id| {
+            EventData::TenantApiKeyIssued(TenantApiKeyIssued {
+                tenant_id,
+                key_id,
+                prefix: "lh_abcdefgh".into(),
+                sha256: format!("{key_id:064}"),
+                expires_at: None,
+            })
+        };
+        let mut history = vec![stated(
+            1,
+            EventData::TenantCreated(fixtures::tenant(tenant_id, 4)),
+        )];
+        let mut seq = 1;
+        // Key 2 stays live; keys 3.. are issued and revoked in turn.
+        seq += 1;
+        history.push(stated(seq, issued(2)));
+        for key_id in 3..(3 + MAX_RESTATED_EVENTS as u32) {
+            seq += 1;
+            history.push(stated(seq, issued(key_id)));
+            seq += 1;
+            history.push(stated(
+                seq,
+                EventData::TenantApiKeyRevoked(TenantApiKeyRevoked { tenant_id, key_id }),
+            ));
+        }
+        let EventData::TenantRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        assert!(
+            r.history.len() <= MAX_RESTATED_EVENTS,
+            "{}",
+            r.history.len()
+        );
+        let keys: Vec<u32> = r
+            .history
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::TenantApiKeyIssued(i) => Some(i.key_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys[0], 2, "the live key is kept");
+        assert!(!keys.contains(&3), "the oldest revoked key is left out");
+        assert!(
+            keys.contains(&(2 + MAX_RESTATED_EVENTS as u32)),
+            "the newest stays"
+        );
+        assert!(matches!(
+            r.history[0].envelope.data,
+            EventData::TenantCreated(_)
+        ));
     }
 
     #[test]
