@@ -241,22 +241,24 @@ mod tests {
             .all(|e| e.envelope.data.restated_history().is_none()));
     }
 
+    /// Key `key_id` of `tenant_id` issued, with a hash of its own.
+    fn key_issued(tenant_id: Uuid, key_id: u32) -> EventData {
+        EventData::TenantApiKeyIssued(lh_events::TenantApiKeyIssued {
+            tenant_id,
+            key_id,
+            prefix: "lh_abcdefgh".into(),
+            sha256: format!("{key_id:064}"),
+            expires_at: None,
+        })
+    }
+
     #[test]
     fn a_tenant_keeps_its_keys_newest_suspension_and_quota() {
         use lh_events::{
-            Quota, TenantApiKeyIssued, TenantApiKeyRevoked, TenantQuotaChanged, TenantResumed,
-            TenantSuspended,
+            Quota, TenantApiKeyRevoked, TenantQuotaChanged, TenantResumed, TenantSuspended,
         };
         let tenant_id = Uuid::from_u128(2);
-        let issued = |key_id| {
-            EventData::TenantApiKeyIssued(TenantApiKeyIssued {
-                tenant_id,
-                key_id,
-                prefix: "lh_abcdefgh".into(),
-                sha256: "00".repeat(32),
-                expires_at: None,
-            })
-        };
+        let issued = |key_id| key_issued(tenant_id, key_id);
         let revoked =
             |key_id| EventData::TenantApiKeyRevoked(TenantApiKeyRevoked { tenant_id, key_id });
         let suspended = EventData::TenantSuspended(TenantSuspended {
@@ -312,17 +314,9 @@ mod tests {
 
     #[test]
     fn a_tenant_over_the_bound_leaves_out_its_oldest_revoked_keys_never_a_live_one() {
-        use lh_events::{TenantApiKeyIssued, TenantApiKeyRevoked};
+        use lh_events::TenantApiKeyRevoked;
         let tenant_id = Uuid::from_u128(2);
-        let issued = |key_id| {
-            EventData::TenantApiKeyIssued(TenantApiKeyIssued {
-                tenant_id,
-                key_id,
-                prefix: "lh_abcdefgh".into(),
-                sha256: format!("{key_id:064}"),
-                expires_at: None,
-            })
-        };
+        let issued = |key_id| key_issued(tenant_id, key_id);
         let mut history = vec![stated(
             1,
             EventData::TenantCreated(fixtures::tenant(tenant_id, 4)),

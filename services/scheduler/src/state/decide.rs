@@ -123,17 +123,20 @@ impl State {
                 })));
             return true;
         };
-        if tenant.suspended {
-            let reason = SUSPENDED_TENANT.to_string();
+        // Told once why it waits; the same reason again says nothing new.
+        let hold = |out: &mut Vec<_>, reason: String| {
             let unchanged =
                 matches!(&lease.status, Status::Queued { reason: r, .. } if *r == reason);
             if !unchanged {
-                pass.out.push(decided(EventData::LeaseQueued(LeaseQueued {
+                out.push(decided(EventData::LeaseQueued(LeaseQueued {
                     lease_id: lease.id,
                     reason,
                     position: 0,
                 })));
             }
+        };
+        if tenant.suspended {
+            hold(&mut pass.out, SUSPENDED_TENANT.to_string());
             return true;
         }
         let (held_milli, held_vram) = pass.held.get(&lease.tenant_id).copied().unwrap_or((0, 0));
@@ -143,15 +146,7 @@ impl State {
         if lease.placed_before {
             // It has run (then was suspended or moved): refusing it now
             // would lose it; it waits until the tenant has room.
-            let unchanged =
-                matches!(&lease.status, Status::Queued { reason: r, .. } if *r == reason);
-            if !unchanged {
-                pass.out.push(decided(EventData::LeaseQueued(LeaseQueued {
-                    lease_id: lease.id,
-                    reason,
-                    position: 0,
-                })));
-            }
+            hold(&mut pass.out, reason);
             return true;
         }
         pass.out
