@@ -19,8 +19,6 @@ pub enum Caller {
     Tenant {
         id: Uuid,
         max_gpus: u32,
-        /// Which of the tenant's keys it called with.
-        key_id: u32,
     },
 }
 
@@ -164,7 +162,6 @@ impl FromRequestParts<ApiContext> for Caller {
         Ok(Caller::Tenant {
             id,
             max_gpus: max_gpus as u32,
-            key_id: key.key_id as u32,
         })
     }
 }
