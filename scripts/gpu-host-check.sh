@@ -77,13 +77,15 @@ import socket, sys, time
 port, secs = int(sys.argv[1]), float(sys.argv[2]) + 5
 s = socket.create_connection(("127.0.0.1", port)); f = s.makefile("rb")
 f.readline()
-s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB lh.evt.> 1\r\nSUB lh.tel.> 2\r\n')
-s.settimeout(1.0); end = time.time() + secs
+s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB lh.evt.> 1\r\nSUB lh.tel.> 2\r\nPING\r\n')
+while not f.readline().startswith(b"PONG"):
+    pass
+print("tap: subscribed", flush=True)
+# Blocking reads: heartbeats arrive every second, and the script kills this
+# process at its end. (A socket timeout would leave the file unreadable.)
+end = time.time() + secs
 while time.time() < end:
-    try:
-        line = f.readline()
-    except Exception:
-        continue
+    line = f.readline()
     if not line:
         break
     parts = line.split()
@@ -94,6 +96,7 @@ while time.time() < end:
         body = data[int(parts[-2]):] if parts[0] == b"HMSG" else data
         print(parts[1].decode(), body[:600].decode(errors="replace"), flush=True)
 EOF
+for _ in $(seq 50); do grep -q "tap: subscribed" "$WORK/tap.log" && break; sleep 0.1; done
 export LH_NATS_URL="nats://127.0.0.1:$NATS_PORT"
 "$BIN/lh-scheduler" --http-addr 127.0.0.1:19102 >"$WORK/scheduler.log" 2>&1 & pids+=($!)
 selftest=()

@@ -5,6 +5,8 @@
 #   .data/nats/    nats.conf and the JetStream store (sync_interval: always);
 #                  with LH_NATS_CLUSTER=3, n1.conf..n3.conf and n1/..n3/
 #   .data/pg/      a local PostgreSQL cluster (skipped when DATABASE_URL is set)
+#   .data/pg-roles/ each service's role password and DATABASE_URL (0600)
+#   .data/gateway/master.keys  the master key wrapping tenants' data keys (0600)
 #   .data/logs/    one log per process
 #   .data/pids/    one pid file per process (scripts/down.sh reads them)
 #   .data/admin-token, .data/audit/signing.key
@@ -14,7 +16,10 @@
 # LH_NATS_ROUTE_PORT (6222)..+2, monitoring LH_NATS_HTTP_PORT..+2, and the
 # streams with 3 replicas; unset: what .data/nats was made with, else 1),
 # LH_NATS_PORT (4222), LH_NATS_HTTP_PORT (8222),
-# LH_PG_PORT (5432), DATABASE_URL (use an existing database instead),
+# LH_PG_PORT (5432), DATABASE_URL (use an existing database instead; then
+# LH_GATEWAY_DATABASE_URL, LH_PRICING_DATABASE_URL, LH_AUDIT_DATABASE_URL give
+# the services their own roles, made with scripts/pg-roles.sh),
+# LH_MASTER_KEY_FILE (instead of the generated one),
 # LH_ADMIN_TOKEN (instead of the generated one), LH_GATEWAY_ADDR
 # (127.0.0.1:8080), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
 # LH_UP_NO_BUILD=1 (skip cargo build).
@@ -199,6 +204,23 @@ if [ -z "${DATABASE_URL:-}" ]; then
         "${PSQL[@]}" "CREATE DATABASE leasehold" >/dev/null
     fi
     DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/leasehold"
+    # Each service under its own role, owning its schema and nothing else.
+    PSQL="$PG_BIN/psql" "$ROOT/scripts/pg-roles.sh" "$DATABASE_URL" "$DATA/pg-roles" >"$LOGS/pg-roles.log" 2>&1 \
+        || { tail_log "$LOGS/pg-roles.log"; die "giving the services their PostgreSQL roles failed"; }
+    for svc in gateway pricing audit; do
+        printf -v "PG_URL_$svc" '%s' "$(cat "$DATA/pg-roles/$svc.url")"
+    done
+fi
+# With DATABASE_URL given, every service uses it unless its own is set.
+GATEWAY_DATABASE_URL=${LH_GATEWAY_DATABASE_URL:-${PG_URL_gateway:-$DATABASE_URL}}
+PRICING_DATABASE_URL=${LH_PRICING_DATABASE_URL:-${PG_URL_pricing:-$DATABASE_URL}}
+AUDIT_DATABASE_URL=${LH_AUDIT_DATABASE_URL:-${PG_URL_audit:-$DATABASE_URL}}
+
+# --- the gateway's master key (wraps tenants' data keys; never in the database) ---
+MASTER_KEY_FILE=${LH_MASTER_KEY_FILE:-$DATA/gateway/master.keys}
+if ! [ -s "$MASTER_KEY_FILE" ]; then
+    (umask 077 && mkdir -p "$(dirname "$MASTER_KEY_FILE")" \
+        && printf 'dev-%s %s\n' "$(date -u +%Y%m%d)" "$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >"$MASTER_KEY_FILE")
 fi
 
 # --- admin token ---
@@ -221,9 +243,10 @@ start_service() {
     fi
     local -a env=(LH_NATS_URL="$NATS_URL" LH_STREAM_REPLICAS="$NATS_MEMBERS" LH_LOG_FORMAT="$LOG_FORMAT")
     case $name in
-        gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN") ;;
-        pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$DATABASE_URL") ;;
-        audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$DATABASE_URL" LH_AUDIT_KEY_FILE="$DATA/audit/signing.key") ;;
+        gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$GATEWAY_DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN"
+                       LH_MASTER_KEY_FILE="$MASTER_KEY_FILE") ;;
+        pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$PRICING_DATABASE_URL") ;;
+        audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$DATA/audit/signing.key") ;;
         node-agent-*) env+=(LH_HTTP_ADDR="$addr" LH_FLEET_FILE="$ROOT/dev/fleet.toml" LH_NODE_ID="node-${name#node-agent-}") ;;
         *) env+=(LH_HTTP_ADDR="$addr") ;;
     esac
@@ -259,7 +282,7 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
   gateway:      http://$GATEWAY_ADDR
   admin token:  $LH_ADMIN_TOKEN
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)
-  database:     $DATABASE_URL
+  database:     $DATABASE_URL (services: roles lh_gateway, lh_pricing, lh_audit where up.sh runs it)
   logs:         $LOGS/
 
 Use the CLI:

@@ -232,6 +232,10 @@ pub struct TenantCreate {
     /// What happens to an idle lease (the node-agents' default otherwise).
     #[arg(long, value_enum, requires = "idle_window_secs")]
     pub idle_action: Option<IdleAction>,
+    /// Vouch for the tenant: its leases may also run on nodes that do not
+    /// isolate workloads (process runtime).
+    #[arg(long)]
+    pub trusted: bool,
 }
 
 /// `lh lease ...`
@@ -527,6 +531,23 @@ mod tests {
         assert_eq!(t.name, "acme");
         assert_eq!(t.email, "ops@acme.test");
         assert_eq!(t.max_gpus, 8);
+        assert!(!t.trusted, "not trusted unless said");
+        let cli = parse(&[
+            "tenant",
+            "create",
+            "--name",
+            "a",
+            "--email",
+            "e",
+            "--max-gpus",
+            "1",
+            "--trusted",
+        ])
+        .unwrap();
+        let Command::Tenant(TenantCommand::Create(t)) = cli.command else {
+            panic!("wrong command: {:?}", cli.command)
+        };
+        assert!(t.trusted);
     }
 
     #[test]

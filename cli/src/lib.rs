@@ -239,6 +239,9 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             if let (Some(window_s), Some(action)) = (t.idle_window_secs, t.idle_action) {
                 body["idle_policy"] = json!({"window_s": window_s, "action": action.as_str()});
             }
+            if t.trusted {
+                body["trusted"] = json!(true);
+            }
             let tenant = gw.post(&["v1", "tenants"], Some(&body), &[]).await?;
             emit(out, json, &tenant, render::tenant_created)?;
             Ok(EXIT_OK)

@@ -72,6 +72,12 @@ pub struct Node {
     /// Set while an operator has cordoned it: no new leases; with
     /// `Some(Move)` its leases are moved away too.
     pub cordoned: Option<Option<lh_events::DrainMode>>,
+    /// What the node declared it isolates workloads with.
+    #[serde(default)]
+    pub isolation: lh_events::Isolation,
+    /// What the node declared enforces GPU shares.
+    #[serde(default)]
+    pub gpu_sharing: lh_events::GpuSharing,
 }
 
 impl Node {
@@ -255,6 +261,8 @@ impl Fleet {
                 gpus,
                 lost,
                 cordoned,
+                isolation: e.isolation,
+                gpu_sharing: e.gpu_sharing,
             },
         );
     }

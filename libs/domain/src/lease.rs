@@ -2,6 +2,7 @@
 //! and when a lease may be stopped or resumed. Pure: the caller brings the
 //! tenant, the request and the lease's state, and appends what comes back.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use lh_events::{
@@ -11,7 +12,7 @@ use lh_events::{
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::catalog;
+use crate::{catalog, workload};
 
 /// Bounds of a lease's priority.
 pub const MAX_PRIORITY: i32 = 1000;
@@ -65,15 +66,15 @@ pub enum InvalidKind {
 #[error("{field}: {detail}")]
 pub struct Invalid {
     pub kind: InvalidKind,
-    pub field: &'static str,
+    pub field: Cow<'static, str>,
     pub detail: String,
 }
 
 impl Invalid {
-    fn unacceptable(field: &'static str, detail: impl Into<String>) -> Self {
+    fn unacceptable(field: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
         Self {
             kind: InvalidKind::Unacceptable,
-            field,
+            field: field.into(),
             detail: detail.into(),
         }
     }
@@ -98,7 +99,7 @@ pub fn request(
     if let Some(w) = &body.workload {
         check_workload(w)?;
     }
-    // Not `abs()`: i32::MIN has no absolute value and wraps past the bound.
+    // Not `abs()`: i32::MIN has no absolute value and would wrap past the check.
     if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&body.priority) {
         return Err(Invalid::unacceptable(
             "priority",
@@ -122,7 +123,7 @@ pub fn request(
     if tenant.pending_leases >= tenant.max_pending_leases {
         return Err(Invalid {
             kind: InvalidKind::OverLimit,
-            field: "tenant",
+            field: "tenant".into(),
             detail: format!(
                 "the tenant has {} leases waiting for a placement, its limit; retry once some are placed or stopped",
                 tenant.pending_leases
@@ -184,7 +185,7 @@ fn parse_idempotency_key(raw: &[u8]) -> Result<String, Invalid> {
     if !visible || raw.is_empty() || raw.len() > MAX_IDEMPOTENCY_KEY_LEN {
         return Err(Invalid {
             kind: InvalidKind::Malformed,
-            field: "Idempotency-Key",
+            field: "Idempotency-Key".into(),
             detail: format!(
                 "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible characters"
             ),
@@ -208,14 +209,13 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
             ),
         ));
     }
-    if w.image
-        .as_deref()
-        .is_some_and(|i| i.is_empty() || i.chars().any(char::is_whitespace))
-    {
-        return Err(Invalid::unacceptable(
-            "workload.image",
-            "workload.image must be an image reference without spaces",
-        ));
+    if let Some(image) = w.image.as_deref() {
+        workload::check_image_reference(image).map_err(|e| {
+            Invalid::unacceptable(
+                "workload.image",
+                format!("workload.image must be an OCI image reference ([host[:port]/]path[:tag][@digest]): {e}"),
+            )
+        })?;
     }
     let valid_name = |k: &str| {
         let mut chars = k.chars();
@@ -240,6 +240,15 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
                 "workload.env takes at most {MAX_WORKLOAD_ITEMS} variables named [A-Za-z_][A-Za-z0-9_]*"
             ),
         ));
+    }
+    for (name, value) in &w.env {
+        let why = workload::denied_env_name(name).or_else(|| workload::bad_env_value(value));
+        if let Some(why) = why {
+            return Err(Invalid::unacceptable(
+                format!("workload.env.{name}"),
+                format!("workload.env.{name} is refused: {why}"),
+            ));
+        }
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! * [`catalog`]: the GPU models the platform knows, with their MIG geometry.
 //! * [`fleet`]: the GPU fleet as the log describes it.
 //! * [`lease`]: what a tenant may request, stop and resume.
+//! * [`workload`]: what a workload may carry onto a GPU host.
 //! * [`rating`]: what a lease costs, per invoice period.
 //! * [`chain`]: the audit hash chain.
 
@@ -15,3 +16,4 @@ pub mod lease;
 pub mod rating;
 pub mod restate;
 pub mod spot;
+pub mod workload;

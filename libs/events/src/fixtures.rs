@@ -28,6 +28,10 @@ pub fn node(node_id: &str, zone: &str, gpus: u32, model: &str, vram_gb: u32) -> 
                 mig: false,
             })
             .collect(),
+        // A node that enforces what the platform asks of it: the tests of
+        // placement rules other than these run on it unchanged.
+        isolation: Isolation::Container,
+        gpu_sharing: GpuSharing::HamiCore,
     }
 }
 
@@ -45,6 +49,7 @@ pub fn tenant(tenant_id: Uuid, max_gpus: u32) -> TenantCreated {
         },
         weight: 1,
         idle_policy: None,
+        trusted: false,
     }
 }
 

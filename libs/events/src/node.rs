@@ -47,6 +47,70 @@ pub struct NodeRegistered {
     pub zone: String,
     pub hostname: String,
     pub gpus: Vec<GpuInfo>,
+    /// What keeps a workload from the host and from other tenants'. Absent
+    /// (a registration older than the field) means none.
+    #[serde(default, skip_serializing_if = "Isolation::is_none")]
+    pub isolation: Isolation,
+    /// What enforces a memory-sliced share's VRAM and compute caps. Absent
+    /// (a registration older than the field) means nothing does.
+    #[serde(default, skip_serializing_if = "GpuSharing::is_none")]
+    pub gpu_sharing: GpuSharing,
+}
+
+/// How a node's runtime isolates a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Nothing: the workload runs as the agent's user, on the whole host.
+    #[default]
+    None,
+    /// A cgroup v2 per lease (memory, kill), but the host's users, files
+    /// and processes are in reach.
+    Cgroup,
+    /// A container per lease (namespaces, its own filesystem, cgroups).
+    Container,
+}
+
+impl Isolation {
+    pub fn is_none(&self) -> bool {
+        *self == Isolation::None
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::None => "none",
+            Isolation::Cgroup => "cgroup",
+            Isolation::Container => "container",
+        }
+    }
+}
+
+/// What enforces the caps of a share of one GPU on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuSharing {
+    /// Nothing: a share's caps would only be environment variables.
+    #[default]
+    None,
+    /// MIG instances: the GPU itself isolates memory and compute.
+    Mig,
+    /// HAMi-core injected by the agent (`LD_PRELOAD` it sets, after the
+    /// tenant's variables) caps VRAM and SMs.
+    HamiCore,
+}
+
+impl GpuSharing {
+    pub fn is_none(&self) -> bool {
+        *self == GpuSharing::None
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuSharing::None => "none",
+            GpuSharing::Mig => "mig",
+            GpuSharing::HamiCore => "hami-core",
+        }
+    }
 }
 
 /// GPUs of a node given to leases. Written in the same atomic batch as the

@@ -29,6 +29,10 @@ pub struct TenantCreated {
     /// default (`--idle-window-secs`, `--idle-action`) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_policy: Option<IdlePolicy>,
+    /// An operator vouches for the tenant: its leases may also run on nodes
+    /// that do not isolate workloads (process runtime). Absent means not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trusted: bool,
 }
 
 /// A tenant's rule for leases whose GPUs do nothing.

@@ -92,6 +92,7 @@ impl Task {
             models,
             zones: Vec::new(),
             tier: Default::default(),
+            needs_isolation: false,
         }
     }
 }
@@ -161,6 +162,7 @@ pub fn parse_nodes(csv: &str) -> Result<Vec<NodeSpec>, String> {
                 count
             ],
             domains: Vec::new(),
+            isolates_workloads: true,
         });
     }
     Ok(out)

@@ -36,6 +36,9 @@ pub struct NodeSpec {
     /// NVLink / NUMA domains: groups of GPU indices that talk fast to each
     /// other. Empty when the node does not say.
     pub domains: Vec<Vec<u8>>,
+    /// Its runtime isolates a workload from the host and from other
+    /// tenants' (containers); only such nodes take requests that need it.
+    pub isolates_workloads: bool,
 }
 
 impl NodeSpec {
@@ -55,6 +58,7 @@ impl NodeSpec {
             memory_mib,
             gpus: vec![gpu; count],
             domains: Vec::new(),
+            isolates_workloads: true,
         }
     }
 }
@@ -96,6 +100,8 @@ pub struct Request {
     /// Any of these zones; empty means any zone.
     pub zones: Vec<String>,
     pub tier: Tier,
+    /// Only nodes that isolate workloads ([`NodeSpec::isolates_workloads`]).
+    pub needs_isolation: bool,
 }
 
 impl Request {
@@ -107,6 +113,7 @@ impl Request {
             models: Vec::new(),
             zones: Vec::new(),
             tier: Tier::Basic,
+            needs_isolation: false,
         }
     }
 
@@ -126,6 +133,12 @@ impl Request {
 
     pub fn with_models<S: Into<String>>(mut self, models: impl IntoIterator<Item = S>) -> Self {
         self.models = models.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only on nodes that isolate workloads.
+    pub fn isolated(mut self) -> Self {
+        self.needs_isolation = true;
         self
     }
 

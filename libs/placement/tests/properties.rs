@@ -55,6 +55,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
                 } else {
                     vec![]
                 },
+                isolates_workloads: true,
             },
         )
 }
@@ -107,6 +108,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             models: models.into_iter().map(String::from).collect(),
             zones: zones.into_iter().map(String::from).collect(),
             tier: Tier::Basic,
+            needs_isolation: false,
         })
 }
 

@@ -22,6 +22,7 @@ fn cluster() -> Cluster {
         memory_mib: 1000,
         gpus,
         domains: Vec::new(),
+        isolates_workloads: id != "b",
     };
     Cluster::new(&[
         node("a", vec![plain.clone(), plain.clone(), in_mig]),
@@ -73,4 +74,20 @@ fn a_refusal_tells_gpus_busy_now_from_gpus_that_never_fit() {
         Err(Reject::GpuBusy)
     );
     assert_eq!(check(&c, 0, &mig("1g.5gb")), Err(Reject::GpuBusy));
+}
+
+#[test]
+fn given_a_request_that_needs_isolation_when_a_node_does_not_isolate_then_it_refuses_first() {
+    let c = cluster();
+    let check = |node: usize, r: &Request| c.check(node, &c.demand(r));
+    let isolated = Request::whole(1, 0, 0).isolated();
+    assert_eq!(check(1, &isolated), Err(Reject::Isolation));
+    assert_eq!(check(0, &isolated), Ok(()));
+    // Without the need, the node that does not isolate takes it.
+    assert_eq!(check(1, &Request::whole(1, 0, 0)), Ok(()));
+    // Before any GPU check: waiting for GPUs there would not help.
+    assert_eq!(
+        check(1, &Request::whole(8, 0, 0).isolated()),
+        Err(Reject::Isolation)
+    );
 }

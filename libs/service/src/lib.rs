@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use lh_bus::{Bus, BusConfig};
-pub use lh_telemetry::Readiness;
+pub use lh_telemetry::{tls_config, Readiness, ServeOptions};
 use tokio::task::JoinHandle;
 pub use tokio_util::sync::CancellationToken;
 
@@ -147,8 +147,11 @@ pub fn shutdown_on_signal() -> CancellationToken {
 
 /// A started service.
 pub struct Running {
-    /// Where its HTTP server (health, metrics, and the API for the gateway) listens.
+    /// Where its HTTP server (health, and the API for the gateway) listens.
     pub http_addr: SocketAddr,
+    /// Where its `/metrics` is served: `http_addr`, except for a service
+    /// with a public API, which keeps its metrics on an internal listener.
+    pub metrics_addr: SocketAddr,
     pub readiness: Readiness,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -191,6 +194,61 @@ impl Running {
         });
         Ok(Self {
             http_addr,
+            metrics_addr: http_addr,
+            readiness,
+            task,
+        })
+    }
+
+    /// A service with a public API: `router` and the health routes on
+    /// `api_addr` served with `options` (TLS, timeouts, a connection bound),
+    /// and `/metrics` with the health routes on the internal `metrics_addr`,
+    /// so that clients of the API never read the service's metrics.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn spawn_public(
+        api_addr: &str,
+        router: axum::Router,
+        options: lh_telemetry::ServeOptions,
+        metrics_addr: &str,
+        readiness: Readiness,
+        shutdown: CancellationToken,
+        work: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        let public = router.merge(lh_telemetry::health_routes(readiness.clone()));
+        let stop = shutdown.clone();
+        let (http_addr, api) =
+            lh_telemetry::serve_with(
+                api_addr,
+                public,
+                options,
+                async move { stop.cancelled().await },
+            )
+            .await?;
+        let internal = lh_telemetry::health_router_with(
+            readiness.clone(),
+            lh_telemetry::MetricsSection::default(),
+        );
+        let stop = shutdown.clone();
+        let (metrics_addr, metrics) =
+            lh_telemetry::serve(
+                metrics_addr,
+                internal,
+                async move { stop.cancelled().await },
+            )
+            .await?;
+        let task = tokio::spawn(async move {
+            let result = tokio::select! {
+                r = work => r,
+                _ = shutdown.cancelled() => Ok(()),
+            };
+            shutdown.cancel();
+            let _ = api.await;
+            let _ = metrics.await;
+            result
+        });
+        Ok(Self {
+            http_addr,
+            metrics_addr,
             readiness,
             task,
         })

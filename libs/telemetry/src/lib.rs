@@ -14,6 +14,9 @@ use axum::{extract::State, http::StatusCode, routing::get, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer};
 
+mod serve;
+pub use serve::{serve_with, tls_config, ServeOptions};
+
 static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
 static TRACING: OnceLock<()> = OnceLock::new();
 
@@ -131,7 +134,11 @@ pub fn health_router(readiness: Readiness) -> Router {
 
 /// [`health_router`] whose `/metrics` also serves `section`.
 pub fn health_router_with(readiness: Readiness, section: MetricsSection) -> Router {
-    let handle = metrics_handle();
+    health_routes(readiness).merge(metrics_routes(section))
+}
+
+/// `/healthz` and `/readyz`: what a load balancer or an orchestrator asks.
+pub fn health_routes(readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -145,14 +152,19 @@ pub fn health_router_with(readiness: Readiness, section: MetricsSection) -> Rout
             }),
         )
         .with_state(readiness)
-        .route(
-            "/metrics",
-            get(move || async move {
-                let mut text = handle.render();
-                text.push_str(&section.text());
-                text
-            }),
-        )
+}
+
+/// `/metrics`, with `section` after the recorder's series.
+pub fn metrics_routes(section: MetricsSection) -> Router {
+    let handle = metrics_handle();
+    Router::new().route(
+        "/metrics",
+        get(move || async move {
+            let mut text = handle.render();
+            text.push_str(&section.text());
+            text
+        }),
+    )
 }
 
 /// Binds `addr` and serves `router` until `shutdown` resolves. Returns the
@@ -162,19 +174,7 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "http server failed");
-        }
-    });
-    Ok((local, task))
+    serve_with(addr, router, ServeOptions::default(), shutdown).await
 }
 
 #[cfg(test)]

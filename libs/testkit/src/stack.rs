@@ -100,7 +100,15 @@ impl StackNats {
 pub struct Stack {
     pub nats: StackNats,
     pub database_url: String,
+    /// The gateway's TLS, timeouts and request budgets, for gateways
+    /// started from now on ([`test_front`] unless a test changes it).
+    pub gateway_front: lh_gateway::http::front::FrontArgs,
+    /// A service's own database URL (its role), where a test gives one;
+    /// services without one use `database_url`.
+    pub service_database_urls: HashMap<&'static str, String>,
     pub fleet_file: PathBuf,
+    /// The gateway's master keys (mode 0600), one throwaway key.
+    pub master_key_file: PathBuf,
     _dir: tempfile::TempDir,
     running: HashMap<String, (CancellationToken, Running)>,
     pub gateway_url: String,
@@ -200,11 +208,16 @@ impl Stack {
     fn bare_on(fleet: &str, nats: StackNats, database_url: String) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let fleet_file = dir.path().join("fleet.toml");
-        std::fs::write(&fleet_file, fleet).unwrap();
+        std::fs::write(&fleet_file, enforcing(fleet)).unwrap();
+        let master_key_file = dir.path().join("master.keys");
+        write_master_key_file(&master_key_file);
         Stack {
             nats,
             database_url,
+            service_database_urls: HashMap::new(),
+            gateway_front: test_front(),
             fleet_file,
+            master_key_file,
             _dir: dir,
             running: HashMap::new(),
             gateway_url: String::new(),
@@ -218,6 +231,14 @@ impl Stack {
             short_retention: None,
             gateway_config: None,
         }
+    }
+
+    /// The database URL `service` connects with.
+    pub fn database_url_for(&self, service: &str) -> String {
+        self.service_database_urls
+            .get(service)
+            .unwrap_or(&self.database_url)
+            .clone()
     }
 
     /// The flags every service of this stack shares.
@@ -255,7 +276,10 @@ impl Stack {
                 lh_pricing::start(
                     lh_pricing::Config {
                         common,
-                        ..lh_pricing::Config::for_test(&self.nats.url(), &self.database_url)
+                        ..lh_pricing::Config::for_test(
+                            &self.nats.url(),
+                            &self.database_url_for("pricing"),
+                        )
                     },
                     token.clone(),
                 )
@@ -275,7 +299,7 @@ impl Stack {
                 lh_audit::start(
                     lh_audit::Config {
                         common,
-                        database_url: self.database_url.clone(),
+                        database_url: self.database_url_for("audit"),
                         schema: "audit".into(),
                         signing_key_file: None,
                         checkpoint_every_events: 50,
@@ -303,7 +327,7 @@ impl Stack {
                 let mut config = lh_gateway::Config {
                     common,
                     gateway_addr,
-                    database_url: self.database_url.clone(),
+                    database_url: self.database_url_for("gateway"),
                     schema: "gateway".into(),
                     admin_token: Some(ADMIN_TOKEN.into()),
                     admin_token_file: None,
@@ -311,6 +335,8 @@ impl Stack {
                     auditor_token_file: None,
                     admin_keys_file: None,
                     oidc: Default::default(),
+                    master_key_file: self.master_key_file.clone(),
+                    front: self.gateway_front.clone(),
                     limits: self.gateway_limits,
                 };
                 if let Some(change) = &self.gateway_config {
@@ -366,6 +392,11 @@ impl Stack {
 
     pub fn http_addr(&self, name: &str) -> std::net::SocketAddr {
         self.running[name].1.http_addr
+    }
+
+    /// Where `name` serves /metrics (the gateway: its internal listener).
+    pub fn metrics_addr(&self, name: &str) -> std::net::SocketAddr {
+        self.running[name].1.metrics_addr
     }
 
     pub fn service_names(&self) -> Vec<String> {
@@ -483,6 +514,33 @@ impl Stack {
         }
         panic!("lease {id} never reached the expected state; last: {last}");
     }
+}
+
+/// `fleet` with every node that does not say otherwise declaring what a
+/// production node enforces (containers, HAMi-core), as `dev/fleet.toml`
+/// does: the tests of other rules place untrusted tenants' leases and GPU
+/// shares on it. A test of those rules names `isolation` or `gpu_sharing`
+/// on its nodes; a real runtime (`node_runtime`) declares its own anyway.
+pub fn enforcing(fleet: &str) -> String {
+    let mut out = String::with_capacity(fleet.len());
+    let mut blocks = fleet.split("[[node]]");
+    out.push_str(blocks.next().unwrap_or_default());
+    for block in blocks {
+        out.push_str("[[node]]\n");
+        let names = |key: &str| {
+            block
+                .lines()
+                .any(|l| l.trim_start().starts_with(key) && l.contains('='))
+        };
+        if !names("isolation") {
+            out.push_str("isolation = \"container\"\n");
+        }
+        if !names("gpu_sharing") {
+            out.push_str("gpu_sharing = \"hami-core\"\n");
+        }
+        out.push_str(block.strip_prefix('\n').unwrap_or(block));
+    }
+    out
 }
 
 fn toml_node_ids(fleet: &str) -> Vec<String> {
@@ -716,7 +774,51 @@ impl Stack {
             auditor_token_file: None,
             admin_keys_file: None,
             oidc: Default::default(),
+            master_key_file: self.master_key_file.clone(),
+            front: test_front(),
             limits: Default::default(),
         }
+    }
+}
+
+/// A master-key file as an operator would write one: a random key, 0600.
+pub fn write_master_key_file(path: &std::path::Path) {
+    use rand::RngCore as _;
+    let mut key = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut key);
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(path, format!("test-1 {hex}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
+/// The gateway's front door for tests: metrics on a free port, and request
+/// budgets far above what a test sends (a test of the budgets sets its own).
+pub fn test_front() -> lh_gateway::http::front::FrontArgs {
+    lh_gateway::http::front::FrontArgs {
+        metrics_addr: "127.0.0.1:0".into(),
+        requests_per_s_per_key: 100_000.0,
+        request_burst_per_key: 100_000,
+        anonymous_requests_per_s_per_ip: 100_000.0,
+        anonymous_request_burst_per_ip: 100_000,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_declare_full_enforcement_unless_they_say_otherwise() {
+        let fleet = "# two\n[[node]]\nid = \"a\"\n\n[[node]]\nid = \"b\"\nisolation = \"none\"\n";
+        assert_eq!(
+            enforcing(fleet),
+            "# two\n[[node]]\nisolation = \"container\"\ngpu_sharing = \"hami-core\"\nid = \"a\"\n\n\
+             [[node]]\ngpu_sharing = \"hami-core\"\nid = \"b\"\nisolation = \"none\"\n"
+        );
     }
 }

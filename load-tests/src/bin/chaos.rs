@@ -213,7 +213,10 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         auditor_token_file: None,
         admin_keys_file: None,
         oidc: Default::default(),
+        // A rebuild replays the log; it opens no tenant key.
+        master_key_file: "unused-for-a-rebuild".into(),
         limits: Default::default(),
+        front: Default::default(),
     };
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;
     let pricing = lh_pricing::Config::for_test(&args.nats, &args.database_url);

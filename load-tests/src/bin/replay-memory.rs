@@ -148,6 +148,8 @@ fn node_registered(n: usize) -> NodeRegistered {
                 mig: false,
             })
             .collect(),
+        isolation: Isolation::Container,
+        gpu_sharing: GpuSharing::HamiCore,
     }
 }
 

@@ -179,6 +179,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 },
                 weight: 1,
                 idle_policy: None,
+                trusted: false,
             }),
             1 => EventData::NodeRegistered(fixtures::node(
                 &format!("node-{i}"),

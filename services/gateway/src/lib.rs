@@ -6,6 +6,7 @@
 pub mod http;
 pub mod oidc;
 pub mod principals;
+pub mod keyring;
 pub mod projection;
 pub mod seal;
 
@@ -28,7 +29,8 @@ const CONNECTION_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from
 pub struct Config {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Where the API listens (also serves /healthz, /readyz, /metrics).
+    /// Where the API listens (also serves /healthz and /readyz; /metrics is
+    /// on --metrics-addr).
     #[arg(long, env = "LH_GATEWAY_ADDR", default_value = DEFAULT_GATEWAY_ADDR)]
     pub gateway_addr: String,
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -55,8 +57,14 @@ pub struct Config {
     pub admin_keys_file: Option<PathBuf>,
     #[command(flatten)]
     pub oidc: OidcArgs,
+    /// File of the master keys that wrap tenants' data keys (`ID HEX` lines,
+    /// mode 0600; the last line wraps). Never inside the database.
+    #[arg(long, env = "LH_MASTER_KEY_FILE")]
+    pub master_key_file: PathBuf,
     #[command(flatten)]
     pub limits: http::limits::TenantLimits,
+    #[command(flatten)]
+    pub front: http::front::FrontArgs,
 }
 
 /// Operators signed in with an OpenID Connect issuer (off unless the
@@ -148,10 +156,12 @@ impl Config {
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let principals = std::sync::Arc::new(config.principals().await?);
+    let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
-    seal::migrate_keys(&pool).await?;
+    let keys = keyring::file_provider(&config.master_key_file)?;
+    seal::migrate_keys(&pool, keys.as_ref()).await?;
     lh_service::restate::spawn(
         &bus,
         &config.common,
@@ -189,13 +199,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         principals,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
+        keys,
+        request_budgets: http::front::RequestBudgets::new(&config.front),
     };
     let ready = readiness.clone();
     let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
-    Running::spawn(
+    Running::spawn_public(
         &config.gateway_addr,
         router,
+        serve_options,
+        &config.front.metrics_addr,
         readiness,
         shutdown,
         async move {

@@ -1,6 +1,7 @@
 //! Crypto-shredding of personal data. Names and e-mail addresses are sealed
 //! with a per-tenant key (ChaCha20-Poly1305) before they enter the log; the
-//! keys live outside the log, in the `gateway_keys` schema. Destroying a
+//! keys live outside the log, in the `gateway_keys` schema, wrapped by a
+//! master key that stays outside the database (`keyring`). Destroying a
 //! tenant's key (erasing the tenant; not built yet) leaves only ciphertext in
 //! the log while the audit chain still verifies.
 
@@ -10,6 +11,9 @@ use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use rand::RngCore;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+use crate::http::ApiError;
+use crate::keyring::{KeyProvider, WrappedKey};
 
 pub const KEYS_SCHEMA: &str = "gateway_keys";
 const NONCE_BYTES: usize = 12;
@@ -46,40 +50,137 @@ pub fn open(key: &[u8; 32], sealed: &str) -> Option<String> {
     String::from_utf8(pt).ok()
 }
 
-pub async fn migrate_keys(pool: &PgPool) -> sqlx::Result<()> {
-    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {KEYS_SCHEMA}"))
-        .execute(pool)
+/// A key row: tenant, bare key (older tables), wrapped key, master key id.
+type KeyRow = (Uuid, Option<Vec<u8>>, Option<Vec<u8>>, Option<String>);
+
+/// Data keys rewrapped per transaction at start.
+const REWRAP_BATCH_ROWS: i64 = 500;
+
+/// Creates the key table, then wraps every data key that is still stored
+/// bare (tables written before keys were wrapped) or wrapped by a master key
+/// other than the current one (after a rotation), so that the database never
+/// holds a usable key and an old master key can be retired.
+pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Result<()> {
+    // PostgreSQL checks the right to create before it looks whether the
+    // schema exists: a role that owns the schema but may not create schemas
+    // (deploy/postgres/roles.sql) must not ask.
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(KEYS_SCHEMA)
+            .fetch_one(pool)
+            .await?;
+    if !exists {
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {KEYS_SCHEMA}"))
+            .execute(pool)
+            .await?;
+    }
+    for statement in [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.tenant_keys (
+                tenant_id UUID PRIMARY KEY,
+                key BYTEA
+            )"
+        ),
+        format!("ALTER TABLE {KEYS_SCHEMA}.tenant_keys ALTER COLUMN key DROP NOT NULL"),
+        format!("ALTER TABLE {KEYS_SCHEMA}.tenant_keys ADD COLUMN IF NOT EXISTS wrapped BYTEA"),
+        format!(
+            "ALTER TABLE {KEYS_SCHEMA}.tenant_keys ADD COLUMN IF NOT EXISTS master_key_id TEXT"
+        ),
+    ] {
+        sqlx::query(&statement).execute(pool).await?;
+    }
+    let current = keys.current_key_id().to_string();
+    let mut rewrapped = 0u64;
+    loop {
+        let mut tx = pool.begin().await?;
+        let rows: Vec<KeyRow> = sqlx::query_as(&format!(
+            "SELECT tenant_id, key, wrapped, master_key_id FROM {KEYS_SCHEMA}.tenant_keys
+                 WHERE key IS NOT NULL OR master_key_id IS DISTINCT FROM $1
+                 ORDER BY tenant_id LIMIT $2 FOR UPDATE"
+        ))
+        .bind(&current)
+        .bind(REWRAP_BATCH_ROWS)
+        .fetch_all(&mut *tx)
         .await?;
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.tenant_keys (
-            tenant_id UUID PRIMARY KEY,
-            key BYTEA NOT NULL
-        )"
-    ))
-    .execute(pool)
-    .await?;
+        if rows.is_empty() {
+            break;
+        }
+        for (tenant_id, bare, wrapped, master_key_id) in rows {
+            let data_key: [u8; 32] = match (bare, wrapped, master_key_id) {
+                (Some(bare), _, _) => bare.try_into().map_err(|_| {
+                    anyhow::anyhow!("tenant {tenant_id}: stored data key is not 32 bytes")
+                })?,
+                (None, Some(ciphertext), Some(master_key_id)) => keys.unwrap(
+                    tenant_id,
+                    &WrappedKey {
+                        master_key_id,
+                        ciphertext,
+                    },
+                )?,
+                _ => anyhow::bail!("tenant {tenant_id}: data key row has neither key nor wrap"),
+            };
+            let wrapped = keys.wrap(tenant_id, &data_key)?;
+            sqlx::query(&format!(
+                "UPDATE {KEYS_SCHEMA}.tenant_keys SET key = NULL, wrapped = $2, master_key_id = $3
+                 WHERE tenant_id = $1"
+            ))
+            .bind(tenant_id)
+            .bind(&wrapped.ciphertext)
+            .bind(&wrapped.master_key_id)
+            .execute(&mut *tx)
+            .await?;
+            rewrapped += 1;
+        }
+        tx.commit().await?;
+    }
+    if rewrapped > 0 {
+        tracing::info!(rewrapped, master_key = %current, "tenant data keys wrapped with the current master key");
+    }
     Ok(())
 }
 
-pub async fn store_key(pool: &PgPool, tenant_id: Uuid, key: &[u8; 32]) -> sqlx::Result<()> {
+pub async fn store_key(
+    pool: &PgPool,
+    keys: &dyn KeyProvider,
+    tenant_id: Uuid,
+    key: &[u8; 32],
+) -> Result<(), ApiError> {
+    let wrapped = keys
+        .wrap(tenant_id, key)
+        .map_err(|e| ApiError::internal(format!("wrapping a tenant key: {e}")))?;
     sqlx::query(&format!(
-        "INSERT INTO {KEYS_SCHEMA}.tenant_keys (tenant_id, key) VALUES ($1, $2)"
+        "INSERT INTO {KEYS_SCHEMA}.tenant_keys (tenant_id, wrapped, master_key_id) VALUES ($1, $2, $3)"
     ))
     .bind(tenant_id)
-    .bind(key.as_slice())
+    .bind(&wrapped.ciphertext)
+    .bind(&wrapped.master_key_id)
     .execute(pool)
     .await?;
     Ok(())
 }
 
-pub async fn load_key(pool: &PgPool, tenant_id: Uuid) -> sqlx::Result<Option<[u8; 32]>> {
-    let key: Option<Vec<u8>> = sqlx::query_scalar(&format!(
-        "SELECT key FROM {KEYS_SCHEMA}.tenant_keys WHERE tenant_id = $1"
+/// The tenant's data key, or `None` when it is gone (erased).
+pub async fn load_key(
+    pool: &PgPool,
+    keys: &dyn KeyProvider,
+    tenant_id: Uuid,
+) -> anyhow::Result<Option<[u8; 32]>> {
+    let row: Option<(Option<Vec<u8>>, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT wrapped, master_key_id FROM {KEYS_SCHEMA}.tenant_keys WHERE tenant_id = $1"
     ))
     .bind(tenant_id)
     .fetch_optional(pool)
     .await?;
-    Ok(key.and_then(|k| k.try_into().ok()))
+    match row {
+        Some((Some(ciphertext), Some(master_key_id))) => Ok(Some(keys.unwrap(
+            tenant_id,
+            &WrappedKey {
+                master_key_id,
+                ciphertext,
+            },
+        )?)),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

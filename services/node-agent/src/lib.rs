@@ -72,6 +72,12 @@ pub struct Config {
     /// Seconds a stopped workload gets between SIGTERM and SIGKILL.
     #[arg(long, env = "LH_STOP_GRACE_SECS", default_value_t = 30)]
     pub stop_grace_secs: u64,
+    /// HAMi-core's `libvgpu.so`: preloaded by the agent into the workloads
+    /// of GPU shares (bind-mounted into containers), so that their VRAM and
+    /// compute caps are enforced. Without it the node declares no GPU
+    /// sharing enforcement and the scheduler sends it no shares.
+    #[arg(long, env = "LH_HAMI_CORE_LIB")]
+    pub hami_core_lib: Option<PathBuf>,
     #[command(flatten)]
     pub gpus: GpuArgs,
 }
@@ -91,6 +97,7 @@ impl Config {
                 .join("lh-node-agent-test")
                 .join(uuid::Uuid::new_v4().to_string()),
             stop_grace_secs: 30,
+            hami_core_lib: None,
             gpus: GpuArgs::for_test(),
         }
     }
@@ -98,7 +105,7 @@ impl Config {
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     config.gpus.validate()?;
-    let (backend, inventory) = gpu::open(&config.gpus, &config.fleet_file, &config.node_id)?;
+    let (backend, mut inventory) = gpu::open(&config.gpus, &config.fleet_file, &config.node_id)?;
     let service = format!("lh-node-agent-{}", config.node_id);
     let bus = config.common.connect_bus(&service).await?;
     let readiness = Readiness::default();
@@ -118,8 +125,26 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         node_id: inventory.node_id.clone(),
         state_dir: config.state_dir.clone(),
     };
-    let (workloads, finished) =
-        Workloads::new(config.runtime, config.container_cli.clone(), grace, marks)?;
+    let (mut workloads, finished) = Workloads::with_hami_core(
+        config.runtime,
+        config.container_cli.clone(),
+        grace,
+        marks,
+        config.hami_core_lib.clone(),
+    )?;
+    workloads.declare(&mut inventory);
+    match workload::supervisor::host_memory_bytes() {
+        Some(memory_bytes) => workloads.share_out(workload::supervisor::Host {
+            memory_bytes,
+            gpu_count: inventory.gpus.len() as u32,
+        }),
+        None => tracing::warn!("cannot read the host's memory: workloads get no memory limit"),
+    }
+    tracing::info!(
+        isolation = inventory.isolation.as_str(),
+        gpu_sharing = inventory.gpu_sharing.as_str(),
+        "the node declares what it enforces"
+    );
     let node_id = inventory.node_id.clone();
     let stop = shutdown.clone();
     Running::spawn_with_metrics(

@@ -298,6 +298,13 @@ async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
         marks,
     )
     .unwrap();
+    // The previous agent's env files, one per container.
+    let env_dir = dir.path().join("state").join("env");
+    fs::create_dir_all(&env_dir).unwrap();
+    let env_file = |lease: Uuid| env_dir.join(format!("lh-{lease}.env"));
+    for lease in [kept, gone] {
+        fs::write(env_file(lease), "TOKEN=x\n").unwrap();
+    }
     let reconciled = workloads
         .reconcile(&HashMap::from([(kept, PLACEMENT)]))
         .await;
@@ -322,6 +329,16 @@ async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
     fs::write(dir.path().join(format!("exit-lh-{kept}")), "3\n").unwrap();
     let ended = next_finished(&mut finished).await;
     assert_eq!((ended.lease_id, ended.exit.code), (kept, Some(3)));
+    // Neither container's tenant variables stay on the host.
+    let deadline = Instant::now() + PATIENCE;
+    while env_file(gone).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped container's env file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!env_file(kept).exists(), "the adopted container's env file");
 }
 
 // ---- the whole agent, on a real log --------------------------------------

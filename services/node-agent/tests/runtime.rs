@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lh_node_agent::workload::{
     Assignment, CgroupConfig, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload, Runtime,
-    StopOutcome, Workload,
+    RuntimeError, StopOutcome, Workload,
 };
 use uuid::Uuid;
 
@@ -104,6 +104,8 @@ async fn the_child_sees_the_lease_environment_and_not_the_agents() {
     let mut w = sh(&format!("env > '{}'", out.display()));
     w.env.insert("MY_VAR".into(), "hello world".into());
     w.env.insert("CUDA_VISIBLE_DEVICES".into(), "all".into());
+    // A forged event's: the gateway refuses it, the agent drops it.
+    w.env.insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
 
     let exit = start(&ProcessRuntime::without_cgroups(), &a, &w)
         .wait()
@@ -124,6 +126,7 @@ async fn the_child_sees_the_lease_environment_and_not_the_agents() {
     assert_eq!(env["CUDA_DEVICE_SM_LIMIT"], "25");
     assert_eq!(env["LEASEHOLD_LEASE_ID"], a.lease_id.to_string());
     assert_eq!(env["MY_VAR"], "hello world");
+    assert!(!env.contains_key("LD_PRELOAD"));
     assert!(env.contains_key("PATH"));
     // Nothing of the agent's own environment (cargo sets CARGO* for tests).
     let shell_own = ["PATH", "PWD", "OLDPWD", "SHLVL", "_"];
@@ -378,6 +381,48 @@ async fn the_cgroup_goes_when_the_workload_exits() {
 }
 
 #[tokio::test]
+async fn a_share_runs_with_hami_core_preloaded_by_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libvgpu.so");
+    fs::write(&lib, b"").unwrap();
+    let out = dir.path().join("env");
+    let runtime = ProcessRuntime::without_cgroups().with_hami_core_lib(lib.clone());
+    let share = Assignment {
+        vram_limit_mib: Some(1024),
+        compute_milli: Some(100),
+        ..assignment()
+    };
+    let mut w = sh(&format!("env > '{}'", out.display()));
+    w.env.insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
+    start(&runtime, &share, &w).wait().await.unwrap();
+    assert_eq!(env_file(&out)["LD_PRELOAD"], lib.display().to_string());
+    // A whole GPU: nothing preloaded, and the tenant's is dropped.
+    start(&runtime, &assignment(), &w).wait().await.unwrap();
+    assert!(!env_file(&out).contains_key("LD_PRELOAD"));
+}
+
+#[tokio::test]
+async fn a_lease_without_a_ram_share_still_gets_its_own_cgroup() {
+    let root = fake_cgroup_root("cpu memory\n");
+    let runtime = ProcessRuntime::new(CgroupConfig {
+        root: root.path().to_path_buf(),
+        ..CgroupConfig::default()
+    })
+    .unwrap();
+    let a = assignment();
+    assert_eq!(a.memory_share_bytes, None);
+    let lease = root
+        .path()
+        .join("leasehold")
+        .join(format!("lh-{}", a.lease_id));
+    let mut running = start(&runtime, &a, &sh("sleep 60"));
+    assert_eq!(read(lease.join("cgroup.procs")), running.pid().to_string());
+    assert!(!lease.join("memory.max").exists(), "no share, no limit");
+    running.stop(Duration::from_secs(5)).await.unwrap();
+    assert!(!lease.exists(), "lease cgroup not removed");
+}
+
+#[tokio::test]
 async fn no_memory_controller_means_no_cgroup_but_the_workload_runs() {
     let root = fake_cgroup_root("cpu io pids\n");
     let runtime = ProcessRuntime::new(CgroupConfig {
@@ -525,8 +570,19 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         memory_share_bytes: Some(4096 * MIB),
         ..assignment()
     };
-    let mut running = start(&ContainerRuntime::docker(&cli), &a, &container_workload());
+    let env_dir = dir.path().join("state").join("env");
+    let runtime = ContainerRuntime::docker(&cli).env_files_in(&env_dir);
+    let mut running = start(&runtime, &a, &container_workload());
     read_pid(&dir.path().join("run.pid")).await;
+    let tenant_env_file = env_dir.join(format!("lh-{}.env", a.lease_id));
+    assert_eq!(
+        fs::read_to_string(&tenant_env_file).unwrap(),
+        "HF_TOKEN=s3cret-value\n"
+    );
+    assert_eq!(
+        fs::metadata(&tenant_env_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let stopped = running.stop(Duration::from_millis(1500)).await.unwrap();
 
     let name = format!("lh-{}", a.lease_id);
@@ -542,6 +598,8 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         &(4096 * MIB * 80 / 100).to_string(),
         "--memory-reservation",
         &(4096 * MIB * 80 / 100).to_string(),
+        "--env-file",
+        &tenant_env_file.display().to_string(),
         "-e",
         &format!("CUDA_DEVICE_MEMORY_LIMIT={}m", 20 * 1024),
         "-e",
@@ -552,10 +610,9 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         &format!("LEASEHOLD_LEASE_ID={}", a.lease_id),
         "-e",
         &format!("NVIDIA_VISIBLE_DEVICES={devices}"),
-        "-e",
-        "HF_TOKEN",
         "--label",
         &format!("leasehold.lease={}", a.lease_id),
+        "--",
         "registry.example/team/trainer:1.2",
         "python",
         "train.py",
@@ -573,14 +630,58 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         }
     );
     assert_eq!(stopped.outcome, StopOutcome::Terminated);
-    // The secret reaches the CLI through its environment, not its argv.
-    assert_eq!(
-        env_file(&dir.path().join("run.env"))["HF_TOKEN"],
-        "s3cret-value"
-    );
+    // The secret reaches the container through the env file: neither the
+    // CLI's argv nor its own environment holds it, and the file is gone.
+    assert!(!env_file(&dir.path().join("run.env")).contains_key("HF_TOKEN"));
     assert!(!fs::read_to_string(dir.path().join("calls"))
         .unwrap()
         .contains("s3cret"));
+    assert!(!tenant_env_file.exists(), "env file left behind");
+}
+
+#[tokio::test]
+async fn a_forged_workload_cannot_reconfigure_the_cli_nor_reach_it_with_a_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("env-file.copy");
+    let copy_env_file = format!(
+        r#"prev=''; for arg in "$@"; do [ "$prev" = --env-file ] && cp "$arg" '{}'; prev=$arg; done"#,
+        copy.display()
+    );
+    let cli = fake_cli(dir.path(), &copy_env_file, "exit 0");
+    let env_dir = dir.path().join("env");
+    let forged = Workload {
+        command: vec!["--privileged".into()],
+        image: Some("ubuntu:22.04".into()),
+        env: BTreeMap::from([
+            ("DOCKER_HOST".to_string(), "tcp://evil:2375".to_string()),
+            ("HTTPS_PROXY".to_string(), "http://evil:3128".to_string()),
+            ("LD_PRELOAD".to_string(), "/tmp/evil.so".to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), "all".to_string()),
+            ("EPOCHS".to_string(), "3".to_string()),
+        ]),
+    };
+    let a = assignment();
+    let runtime = ContainerRuntime::docker(&cli).env_files_in(&env_dir);
+    let exit = start(&runtime, &a, &forged).wait().await.unwrap();
+    assert_eq!(exit.code, Some(0));
+
+    let run = &calls(dir.path())[0];
+    let dashes = run.iter().position(|arg| arg == "--").expect("no --");
+    assert_eq!(&run[dashes + 1..], ["ubuntu:22.04", "--privileged"]);
+    assert!(
+        run[..dashes].iter().all(|arg| !arg.contains("evil")),
+        "{run:?}"
+    );
+    let cli_env = env_file(&dir.path().join("run.env"));
+    for name in ["DOCKER_HOST", "HTTPS_PROXY", "LD_PRELOAD", "EPOCHS"] {
+        assert!(
+            !cli_env.contains_key(name),
+            "{name} reached the CLI's environment"
+        );
+    }
+    assert_eq!(cli_env.get("CUDA_VISIBLE_DEVICES"), None);
+    assert_eq!(fs::read_to_string(&copy).unwrap(), "EPOCHS=3\n");
+    assert!(!env_dir.join(format!("lh-{}.env", a.lease_id)).exists());
 }
 
 #[tokio::test]
@@ -601,7 +702,7 @@ async fn the_run_exit_code_is_the_workloads() {
     let run = calls[0].join(" ");
     assert!(
         run.starts_with(&format!(
-            "run --rm --name lh-{} --device nvidia.com/gpu=GPU-5f0c1a2b -e ",
+            "run --rm --name lh-{} --device nvidia.com/gpu=GPU-5f0c1a2b --env-file ",
             a.lease_id
         )),
         "{run}"
@@ -644,4 +745,28 @@ async fn a_container_workload_needs_an_image() {
         .start(&assignment(), &w)
         .is_err());
     assert!(!dir.path().join("calls").exists());
+}
+
+#[tokio::test]
+async fn an_image_that_reads_as_a_flag_never_reaches_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = fake_cli(dir.path(), "exit 0", "exit 0");
+    for image in [
+        "--volume=/:/host",
+        "-v",
+        "--privileged",
+        "ubuntu --gpus=all",
+        "Ubuntu",
+    ] {
+        let w = Workload {
+            image: Some(image.into()),
+            ..container_workload()
+        };
+        let refused = ContainerRuntime::docker(&cli).start(&assignment(), &w);
+        assert!(
+            matches!(refused, Err(RuntimeError::InvalidWorkload(_))),
+            "{image}: {refused:?}"
+        );
+    }
+    assert!(!dir.path().join("calls").exists(), "the CLI ran");
 }

@@ -8,7 +8,7 @@
 //! per pass, which is small next to the per-lease scoring.
 
 use lh_domain::fleet::Fleet;
-use lh_events::GpuHealth;
+use lh_events::{GpuHealth, GpuSharing, Isolation};
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
     Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request, ShapeMix,
@@ -105,6 +105,9 @@ impl Planner {
                 .iter()
                 .filter(|g| g.health == GpuHealth::Healthy)
                 .take(lh_placement::cluster::MAX_GPUS_PER_NODE);
+            // A share's caps hold only where the node enforces them: on any
+            // other node a GPU is whole, and takes no share.
+            let shares_enforced = n.gpu_sharing == GpuSharing::HamiCore;
             let spec = NodeSpec {
                 id: n.id.clone(),
                 zone: n.zone.clone(),
@@ -117,12 +120,15 @@ impl Planner {
                         vram_gb: g.vram_gb,
                         mode: if g.mig {
                             SharingMode::Mig
-                        } else {
+                        } else if shares_enforced {
                             SharingMode::VGpu
+                        } else {
+                            SharingMode::Whole
                         },
                     })
                     .collect(),
                 domains: Vec::new(),
+                isolates_workloads: n.isolation == Isolation::Container,
             };
             let i = cluster.add_node(&spec);
             for (j, g) in gpus.clone().enumerate() {
@@ -136,6 +142,13 @@ impl Planner {
                         let d = cluster.demand(&mig_request(&m.profile).with_models([&g.model]));
                         let _ = cluster.allocate_mig_at(i, &d, j as u8, m.start);
                         continue;
+                    }
+                    if !shares_enforced {
+                        // Placed before the node stopped enforcing shares:
+                        // the GPU is busy until they end.
+                        let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
+                        let _ = cluster.allocate(i, &d, set);
+                        break;
                     }
                     let r = Request {
                         gpu: GpuDemand::Fraction {
@@ -162,12 +175,19 @@ impl Planner {
         }
     }
 
-    /// Decides where `ask` of `model` goes and takes it in this engine. When
-    /// no node can take it, the engine's [`Pending`] says whether busy GPUs
-    /// or the fleet itself keep it out; `None` when the ask is out of the
-    /// engine's range (so nothing ever fits).
-    pub fn place(&mut self, ask: Ask, model: &str) -> Result<Chosen, Option<Pending>> {
-        let request = ask.request(model).ok_or(None)?;
+    /// Decides where `ask` of `model` goes and takes it in this engine, on
+    /// a node that isolates workloads when `needs_isolation`. When no node
+    /// can take it, the engine's [`Pending`] says whether busy GPUs or the
+    /// fleet itself keep it out; `None` when the ask is out of the engine's
+    /// range (so nothing ever fits).
+    pub fn place(
+        &mut self,
+        ask: Ask,
+        model: &str,
+        needs_isolation: bool,
+    ) -> Result<Chosen, Option<Pending>> {
+        let mut request = ask.request(model).ok_or(None)?;
+        request.needs_isolation = needs_isolation;
         let decision = self.engine.decide(&request).map_err(Some)?;
         let id = self
             .engine

@@ -541,3 +541,90 @@ fn nats_is_a_three_node_cluster_that_every_service_lists_whole() {
         assert_eq!(nats_url_hosts(&urls), pods, "{workload}: LH_NATS_URL");
     }
 }
+
+/// Both deployments give the gateway, pricing and audit their own
+/// PostgreSQL roles from the one script, and the gateway its master key.
+#[test]
+fn services_connect_as_their_own_roles_in_both_deployments() {
+    let root = workspace_root();
+    let roles_sql = read(&root.join("deploy/postgres/roles.sql"));
+
+    let compose = yaml_documents(&root.join("docker-compose.yml")).remove(0);
+    let services = &compose["services"];
+    let mounts = |name: &str| -> Vec<String> {
+        services[name]["volumes"]
+            .as_sequence()
+            .map(|v| {
+                v.iter()
+                    .filter_map(|m| m.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        mounts("postgres-roles")
+            .contains(&"./deploy/postgres/roles.sql:/etc/leasehold/roles.sql:ro".to_string()),
+        "compose postgres-roles does not run deploy/postgres/roles.sql"
+    );
+    for svc in ["gateway", "pricing", "audit"] {
+        let url = str_at(&services[svc], &["environment", "DATABASE_URL"])
+            .unwrap_or_else(|| panic!("compose {svc} has no DATABASE_URL"));
+        assert!(
+            url.starts_with(&format!("postgres://lh_{svc}:")),
+            "compose {svc} connects as {url}, not as lh_{svc}"
+        );
+    }
+    assert!(
+        str_at(&services["gateway"], &["environment", "LH_MASTER_KEY_FILE"]).is_some(),
+        "compose gateway has no master key"
+    );
+
+    let mut k8s_roles_sql = None;
+    let mut database_urls = BTreeMap::new();
+    for file in k8s_manifests() {
+        for doc in yaml_documents(&file) {
+            let kind = str_at(&doc, &["kind"]);
+            let name = str_at(&doc, &["metadata", "name"]).unwrap_or_default();
+            if kind == Some("ConfigMap") && name == "leasehold-postgres-roles" {
+                k8s_roles_sql = str_at(&doc, &["data", "roles.sql"]).map(str::to_string);
+            }
+            if kind != Some("Deployment") {
+                continue;
+            }
+            let containers = doc["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default();
+            for container in containers {
+                for env in container["env"].as_sequence().cloned().unwrap_or_default() {
+                    if str_at(&env, &["name"]) == Some("DATABASE_URL") {
+                        database_urls.insert(
+                            name.to_string(),
+                            (
+                                str_at(&env, &["valueFrom", "secretKeyRef", "name"])
+                                    .map(str::to_string),
+                                str_at(&env, &["valueFrom", "secretKeyRef", "key"])
+                                    .map(str::to_string),
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        k8s_roles_sql.as_deref(),
+        Some(roles_sql.as_str()),
+        "k8s ConfigMap leasehold-postgres-roles differs from deploy/postgres/roles.sql"
+    );
+    for svc in ["gateway", "pricing", "audit"] {
+        assert_eq!(
+            database_urls.get(svc),
+            Some(&(
+                Some("leasehold-postgres-roles".to_string()),
+                Some(format!("{svc}-database-url"))
+            )),
+            "k8s {svc} must connect with its own role's URL"
+        );
+    }
+}

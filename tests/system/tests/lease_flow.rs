@@ -359,17 +359,30 @@ async fn a_quota_breach_across_leases_is_rejected_and_a_full_fleet_queues() {
 async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi() {
     let stack = Stack::start(FLEET).await;
     for name in stack.service_names() {
-        let base = format!("http://{}", stack.http_addr(&name));
-        for path in ["/healthz", "/readyz", "/metrics"] {
+        for (addr, path) in [
+            (stack.http_addr(&name), "/healthz"),
+            (stack.http_addr(&name), "/readyz"),
+            (stack.metrics_addr(&name), "/metrics"),
+            (stack.metrics_addr(&name), "/healthz"),
+        ] {
             let r = stack
                 .http
-                .get(format!("{base}{path}"))
+                .get(format!("http://{addr}{path}"))
                 .send()
                 .await
                 .unwrap();
             assert_eq!(r.status(), 200, "{name} {path}");
         }
     }
+    // Clients of the API never read the gateway's metrics.
+    let r = stack
+        .http
+        .get(format!("{}/metrics", stack.gateway_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "the public port serves no /metrics");
+    assert_ne!(stack.metrics_addr("gateway"), stack.http_addr("gateway"));
     let doc: Value = stack
         .http
         .get(format!("{}/openapi.json", stack.gateway_url))

@@ -130,6 +130,8 @@ fn gateway_config(stack: &Stack) -> lh_gateway::Config {
         auditor_token_file: None,
         admin_keys_file: None,
         oidc: Default::default(),
+        master_key_file: stack.master_key_file.clone(),
+        front: lh_testkit::stack::test_front(),
         limits: Default::default(),
     }
 }

@@ -134,7 +134,7 @@ async fn messages_no_service_can_decode_stop_no_service() {
     stack.assert_gateway_rebuilds_identically().await;
     let metrics = stack
         .http
-        .get(format!("http://{}/metrics", stack.http_addr("gateway")))
+        .get(format!("http://{}/metrics", stack.metrics_addr("gateway")))
         .send()
         .await
         .unwrap()

@@ -1,7 +1,11 @@
 //! Workloads end to end with the process runtime: the command sees its
 //! GPUs in `CUDA_VISIBLE_DEVICES`, its exit ends the lease with the exit
 //! code, a stop is SIGTERM then a grace period, and a command that cannot
-//! start fails the lease without billing it.
+//! start fails the lease without billing it. The process runtime isolates
+//! no tenant from the host, so these tenants are trusted; an untrusted
+//! one's lease waits for a node that isolates it. Escapes are refused at
+//! the gateway: an image that reads as a CLI flag, variables that would
+//! reconfigure the host.
 
 use std::time::Duration;
 
@@ -11,18 +15,46 @@ use lh_testkit::stack::{of_type, read_log, Stack, TWO_A100};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
-    let (s, b) = stack
+/// Asks for one A100 running `workload`: the status and the answer.
+async fn request_with(stack: &Stack, key: &str, workload: &Value) -> (u16, Value) {
+    stack
         .call(
             Method::POST,
             "/v1/leases",
             key,
             Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
         )
-        .await;
+        .await
+}
+
+async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
+    let (s, b) = request_with(stack, key, &workload).await;
     assert_eq!(s, 202, "{b}");
     assert_eq!(b["workload"]["command"], workload["command"]);
     b["id"].as_str().unwrap().to_string()
+}
+
+/// A tenant an operator vouches for (`"trusted": true`): its API key.
+async fn trusted_tenant(stack: &Stack, name: &str, max_gpus: u32) -> String {
+    let tenant = stack
+        .create_tenant_from(json!({
+            "name": name,
+            "email": format!("ops@{name}.example"),
+            "quota": {"max_gpus": max_gpus},
+            "trusted": true,
+        }))
+        .await;
+    tenant["api_key"].as_str().unwrap().to_string()
+}
+
+/// A lease with `workload` is refused with a 422 naming `field`.
+async fn assert_refused(stack: &Stack, key: &str, workload: Value, field: &str) {
+    let (s, p) = request_with(stack, key, &workload).await;
+    assert_eq!(
+        (s, p["field"].as_str()),
+        (422, Some(field)),
+        "{workload}: {p}"
+    );
 }
 
 fn ended(log: &[lh_bus::Stored], id: &str) -> lh_events::LeaseEnded {
@@ -38,7 +70,7 @@ fn ended(log: &[lh_bus::Stored], id: &str) -> lh_events::LeaseEnded {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully() {
     let stack = Stack::start_configured(TWO_A100, |s| s.node_runtime = RuntimeKind::Process).await;
-    let (_, key) = stack.create_tenant("runs", 2).await;
+    let key = trusted_tenant(&stack, "runs", 2).await;
     let dir = tempfile::tempdir().unwrap();
 
     for (workload, field) in [
@@ -49,15 +81,7 @@ async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully()
             "workload.env",
         ),
     ] {
-        let (s, p) = stack
-            .call(
-                Method::POST,
-                "/v1/leases",
-                &key,
-                Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
-            )
-            .await;
-        assert_eq!((s, p["field"].as_str()), (422, Some(field)), "{p}");
+        assert_refused(&stack, &key, workload, field).await;
     }
 
     // Its GPU and its lease id in the environment; exit 3 fails the lease.
@@ -165,7 +189,7 @@ vram_gb = 40
 async fn a_lease_moved_from_a_lost_node_runs_its_workload_on_the_new_one() {
     let mut stack =
         Stack::start_configured(TWO_NODES, |s| s.node_runtime = RuntimeKind::Process).await;
-    let (_, key) = stack.create_tenant("moves", 2).await;
+    let key = trusted_tenant(&stack, "moves", 2).await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("starts.txt");
     let id = lease_with(
@@ -205,4 +229,107 @@ async fn a_lease_moved_from_a_lost_node_runs_its_workload_on_the_new_one() {
         .await;
     assert_eq!(s, 202);
     stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+}
+
+/// Each escape a tenant could try through its workload is refused at the
+/// gateway with a 422 naming the field at fault; nothing reaches the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workloads_that_would_escape_are_refused_naming_the_field() {
+    let stack = Stack::start(TWO_A100).await;
+    let (_, key) = stack.create_tenant("escapes", 1).await;
+    let cases = [
+        (
+            json!({"image": "--volume=/:/host", "command": ["chroot", "/host"]}),
+            "workload.image",
+        ),
+        (json!({"image": "-v"}), "workload.image"),
+        (json!({"image": "--privileged"}), "workload.image"),
+        (json!({"image": "ubuntu --gpus=all"}), "workload.image"),
+        (json!({"image": "Ubuntu"}), "workload.image"),
+        (json!({"image": "a".repeat(256)}), "workload.image"),
+    ];
+    let env_cases = [
+        ("LD_PRELOAD", "/tmp/x.so"),
+        ("LD_LIBRARY_PATH", "/tmp"),
+        ("DOCKER_HOST", "tcp://evil:2375"),
+        ("CONTAINER_HOST", "ssh://evil"),
+        ("https_proxy", "http://evil:3128"),
+        ("CUDA_VISIBLE_DEVICES", "all"),
+        ("A", "x\nLD_PRELOAD=/tmp/x.so"),
+    ]
+    .map(|(name, value)| {
+        (
+            json!({"command": ["sh"], "env": {name: value}}),
+            format!("workload.env.{name}"),
+        )
+    });
+    let cases = cases
+        .into_iter()
+        .map(|(w, f)| (w, f.to_string()))
+        .chain(env_cases);
+    for (workload, field) in cases {
+        assert_refused(&stack, &key, workload, &field).await;
+    }
+    let log = read_log(&stack.bus().await).await;
+    assert!(of_type(&log, "lease.requested").is_empty());
+}
+
+/// The process runtime isolates no tenant from the host: an untrusted
+/// tenant's lease waits, saying why, while a trusted tenant's runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_untrusted_tenant_waits_for_an_isolating_node_while_a_trusted_one_runs() {
+    let stack = Stack::start_configured(TWO_A100, |s| s.node_runtime = RuntimeKind::Process).await;
+    let (_, untrusted) = stack.create_tenant("untrusted", 1).await;
+    let trusted = trusted_tenant(&stack, "trusted", 1).await;
+    let waits = lease_with(&stack, &untrusted, json!({"command": ["sleep", "30"]})).await;
+    let queued = stack
+        .wait_lease(&untrusted, &waits, |l| l["state"] == "queued")
+        .await;
+    let reason = queued["queued_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("no isolating runtime for untrusted tenants"),
+        "{queued}"
+    );
+    let runs = lease_with(&stack, &trusted, json!({"command": ["sleep", "30"]})).await;
+    stack
+        .wait_lease(&trusted, &runs, |l| l["state"] == "running")
+        .await;
+    let (_, still) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/leases/{waits}"),
+            &untrusted,
+            None,
+        )
+        .await;
+    assert_eq!(still["state"], "queued", "{still}");
+}
+
+/// A GPU share's caps hold only where HAMi-core enforces them: on a node
+/// that declares no sharing enforcement the share waits, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_share_waits_on_a_fleet_that_enforces_no_gpu_sharing() {
+    let fleet = TWO_A100.replace("vram_gb = 40", "vram_gb = 40\ngpu_sharing = \"none\"");
+    let stack = Stack::start(&fleet).await;
+    let (_, key) = stack.create_tenant("shares", 1).await;
+    let share = stack
+        .lease(
+            &key,
+            json!({"gpu_fraction": {"milli": 500, "vram_gb": 10}, "gpu_model": "A100-40GB"}),
+        )
+        .await;
+    let queued = stack
+        .wait_lease(&key, &share, |l| l["state"] == "queued")
+        .await;
+    let reason = queued["queued_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("no node enforces GPU memory sharing"),
+        "{queued}"
+    );
+    let whole = stack
+        .lease(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
+        .await;
+    stack
+        .wait_lease(&key, &whole, |l| l["state"] == "running")
+        .await;
 }

@@ -61,10 +61,10 @@ fn decide(body: LeaseBody) -> Result<LeaseRequested, Invalid> {
 }
 
 /// The field a refused request names; panics when it is accepted.
-fn refused(body: LeaseBody) -> (&'static str, String) {
+fn refused(body: LeaseBody) -> (String, String) {
     let e = decide(body).unwrap_err();
     assert_eq!(e.kind, InvalidKind::Unacceptable, "{e}");
-    (e.field, e.detail)
+    (e.field.into_owned(), e.detail)
 }
 
 #[test]
@@ -124,7 +124,10 @@ fn given_no_ask_when_decided_then_gpus_is_required() {
 
 #[test]
 fn given_a_gpu_count_out_of_range_when_decided_then_gpus_is_named() {
-    assert_eq!(refused(whole(0)), ("gpus", "gpus must be 1 to 8".into()));
+    assert_eq!(
+        refused(whole(0)),
+        ("gpus".into(), "gpus must be 1 to 8".into())
+    );
     assert_eq!(refused(whole(9)).0, "gpus");
 }
 
@@ -146,7 +149,7 @@ fn given_a_share_out_of_range_when_decided_then_its_part_is_named() {
     assert_eq!(
         refused(share(500, 41)),
         (
-            "gpu_fraction.vram_gb",
+            "gpu_fraction.vram_gb".into(),
             "gpu_fraction.vram_gb must be 1 to 40 (the VRAM of one A100-40GB)".into()
         )
     );
@@ -194,6 +197,48 @@ fn given_a_bad_workload_when_decided_then_its_part_is_named() {
         "workload.env"
     );
     decide(with_workload(&[], Some("python:3"), &["_A1"])).unwrap();
+}
+
+#[test]
+fn given_a_denied_env_name_when_decided_then_that_variable_is_named() {
+    for name in [
+        "LD_PRELOAD",
+        "ld_library_path",
+        "DOCKER_HOST",
+        "CONTAINER_HOST",
+        "HTTPS_PROXY",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_MPS_PIPE_DIRECTORY",
+    ] {
+        let (field, _) = refused(with_workload(&["sh"], None, &[name]));
+        assert_eq!(field, format!("workload.env.{name}"));
+    }
+}
+
+#[test]
+fn given_an_env_value_with_a_line_break_when_decided_then_that_variable_is_named() {
+    let mut body = with_workload(&["sh"], None, &[]);
+    body.workload
+        .as_mut()
+        .unwrap()
+        .env
+        .insert("A".into(), "x\nLD_PRELOAD=/evil.so".into());
+    assert_eq!(refused(body).0, "workload.env.A");
+}
+
+#[test]
+fn given_an_image_that_reads_as_a_cli_flag_when_decided_then_workload_image_is_named() {
+    for image in [
+        "--volume=/:/host",
+        "-v",
+        "--privileged",
+        "ubuntu --gpus=all",
+        "Ubuntu",
+    ] {
+        let (field, detail) = refused(with_workload(&["sh"], Some(image), &[]));
+        assert_eq!(field, "workload.image", "{image}");
+        assert!(detail.contains("OCI image reference"), "{detail}");
+    }
 }
 
 #[test]
@@ -334,7 +379,10 @@ fn given_a_tenant_at_its_pending_limit_when_decided_then_it_is_over_limit() {
         ..tenant()
     };
     let e = request(full, whole(1), Some(b"k-1"), UNKEYED).unwrap_err();
-    assert_eq!((e.kind, e.field), (InvalidKind::OverLimit, "tenant"));
+    assert_eq!(
+        (e.kind, e.field.as_ref()),
+        (InvalidKind::OverLimit, "tenant")
+    );
     // A bad body is named first: the limit is not what the caller must fix.
     let e = request(full, whole(0), None, UNKEYED).unwrap_err();
     assert_eq!(e.field, "gpus");
@@ -357,5 +405,8 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
     };
     request(tenant(), sized(MAX_WORKLOAD_BYTES), None, UNKEYED).unwrap();
     let e = request(tenant(), sized(MAX_WORKLOAD_BYTES + 1), None, UNKEYED).unwrap_err();
-    assert_eq!((e.kind, e.field), (InvalidKind::Unacceptable, "workload"));
+    assert_eq!(
+        (e.kind, e.field.as_ref()),
+        (InvalidKind::Unacceptable, "workload")
+    );
 }

@@ -15,6 +15,8 @@ pub struct Demand {
     pub models: u64,
     /// Allowed zones; `u64::MAX` for any.
     pub zones: u64,
+    /// Only nodes that isolate workloads.
+    pub needs_isolation: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

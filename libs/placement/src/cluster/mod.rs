@@ -147,6 +147,7 @@ impl Cluster {
             generation: 0,
             tags: [0; TAGS],
             mig,
+            isolates_workloads: s.isolates_workloads,
         });
         self.nodes.len() - 1
     }
@@ -237,6 +238,7 @@ impl Cluster {
             kind,
             models: self.model_mask(&r.models),
             zones: self.zone_mask(&r.zones),
+            needs_isolation: r.needs_isolation,
         }
     }
 
@@ -244,6 +246,9 @@ impl Cluster {
     #[inline]
     pub fn check(&self, i: usize, d: &Demand) -> Result<(), Reject> {
         let n = &self.nodes[i];
+        if d.needs_isolation && !n.isolates_workloads {
+            return Err(Reject::Isolation);
+        }
         if d.zones & (1u64 << n.zone) == 0 {
             return Err(Reject::Zone);
         }

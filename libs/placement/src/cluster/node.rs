@@ -74,6 +74,8 @@ pub struct Node {
     /// geometry; `None` otherwise (such a GPU takes no MIG lease). Leases are
     /// named by their allocation slot.
     pub mig: Vec<Option<MigLayout<u32>>>,
+    /// See [`crate::NodeSpec::isolates_workloads`].
+    pub isolates_workloads: bool,
 }
 
 impl Node {

@@ -9,6 +9,8 @@ use crate::mig::{self};
 /// other GPU reasons hold until the node itself changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reject {
+    /// The request needs a node that isolates workloads; this one does not.
+    Isolation,
     Zone,
     Model,
     Cpu,
@@ -27,7 +29,8 @@ pub enum Reject {
 
 impl Reject {
     /// Every reason, in the order the checks run.
-    pub const ALL: [Reject; 8] = [
+    pub const ALL: [Reject; 9] = [
+        Reject::Isolation,
         Reject::Zone,
         Reject::Model,
         Reject::Cpu,
@@ -42,6 +45,7 @@ impl Reject {
 impl fmt::Display for Reject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Reject::Isolation => "isolation",
             Reject::Zone => "zone",
             Reject::Model => "gpu model",
             Reject::Cpu => "cpu",

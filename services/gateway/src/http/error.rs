@@ -155,7 +155,13 @@ impl From<sqlx::Error> for ApiError {
 
 impl From<lh_bus::BusError> for ApiError {
     fn from(e: lh_bus::BusError) -> Self {
-        Self::unavailable(e.to_string()).retry_after(RETRY_AFTER_OUTAGE_S)
+        // The detail names subjects, servers and JetStream's own errors:
+        // the operator's to read in the log, not the client's.
+        tracing::warn!(error = %e, "event log or service call failed");
+        Self::unavailable(
+            "the event log or a service behind the gateway is out of reach; retry shortly",
+        )
+        .retry_after(RETRY_AFTER_OUTAGE_S)
     }
 }
 

@@ -190,7 +190,7 @@ impl From<CreateLease> for LeaseBody {
 fn invalid(e: Invalid) -> ApiError {
     match e.kind {
         InvalidKind::Malformed => ApiError::bad_request(e.detail).field(e.field),
-        InvalidKind::Unacceptable => ApiError::unprocessable(e.detail, e.field),
+        InvalidKind::Unacceptable => ApiError::unprocessable(e.detail, &e.field),
         InvalidKind::OverLimit => ApiError::too_many_requests(e.detail)
             .field(e.field)
             .retry_after(PENDING_RETRY_AFTER_S),
@@ -515,7 +515,7 @@ mod tests {
     fn problem(kind: InvalidKind) -> ApiError {
         invalid(Invalid {
             kind,
-            field: "gpus",
+            field: "gpus".into(),
             detail: "why".into(),
         })
     }

@@ -46,34 +46,54 @@ struct Bucket {
     at: Instant,
 }
 
-/// Every tenant's write budget on this replica.
+/// Token buckets per key (a tenant, a credential, a client address) on this
+/// replica: `burst` spends at most, refilled at `per_s`.
 #[derive(Debug)]
-pub struct WriteBudgets {
+pub struct Budgets<K> {
     per_s: f64,
     burst: f64,
-    buckets: Mutex<HashMap<Uuid, Bucket>>,
+    max_tracked: usize,
+    buckets: Mutex<HashMap<K, Bucket>>,
 }
 
-impl WriteBudgets {
+/// Every tenant's write budget on this replica.
+pub type WriteBudgets = Budgets<Uuid>;
+
+impl Budgets<Uuid> {
     pub fn new(limits: &TenantLimits) -> Self {
+        Self::with_rate(limits.writes_per_s, limits.write_burst, MAX_TRACKED_TENANTS)
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Budgets<K> {
+    /// Buckets of `burst` refilled at `per_s`, for at most `max_tracked`
+    /// keys at once (past it full buckets, those of keys quiet for a while,
+    /// are forgotten first).
+    pub fn with_rate(per_s: f64, burst: u32, max_tracked: usize) -> Self {
         Self {
-            // A rate of 0 (or less) would never refill: one write an hour
+            // A rate of 0 (or less) would never refill: one spend an hour
             // is the least there is.
-            per_s: limits.writes_per_s.max(1.0 / 3600.0),
-            burst: f64::from(limits.write_burst.max(1)),
+            per_s: per_s.max(1.0 / 3600.0),
+            burst: f64::from(burst.max(1)),
+            max_tracked,
             buckets: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Spends one write of `tenant` at `now`, or says how long until one is
+    /// Spends one token of `key` at `now`, or says how long until one is
     /// available.
-    pub fn spend(&self, tenant: Uuid, now: Instant) -> Result<(), Duration> {
+    pub fn spend(&self, key: K, now: Instant) -> Result<(), Duration> {
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= MAX_TRACKED_TENANTS && !buckets.contains_key(&tenant) {
+        if buckets.len() >= self.max_tracked && !buckets.contains_key(&key) {
             let (per_s, burst) = (self.per_s, self.burst);
             buckets.retain(|_, b| refill(b, now, per_s, burst) < burst);
+            if buckets.len() >= self.max_tracked {
+                // Every tracked key is busy: a new one waits its turn
+                // rather than growing the map without bound.
+                return Err(Duration::from_secs(1));
+            }
         }
-        let bucket = buckets.entry(tenant).or_insert(Bucket {
+        let bucket = buckets.entry(key).or_insert(Bucket {
             tokens: self.burst,
             at: now,
         });

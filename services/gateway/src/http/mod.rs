@@ -6,6 +6,7 @@
 pub mod audit;
 mod auth;
 mod error;
+pub mod front;
 pub mod invoices;
 pub mod keys;
 pub mod leases;
@@ -41,9 +42,14 @@ pub struct ApiContext {
     pub principals: std::sync::Arc<crate::principals::Principals>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
+    /// Wraps tenants' data keys.
+    pub keys: std::sync::Arc<dyn crate::keyring::KeyProvider>,
+    /// Request budgets and the request timeout.
+    pub request_budgets: std::sync::Arc<front::RequestBudgets>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
+    let budgets = ctx.request_budgets.clone();
     Router::new()
         .route("/v1/tenants", post(tenants::create))
         .route("/v1/tenants/{id}", get(tenants::get))
@@ -63,6 +69,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(ctx)
+        .layer(axum::middleware::from_fn_with_state(budgets, front::guard))
 }
 
 /// Waits until the read model shows the event at `sequence`.

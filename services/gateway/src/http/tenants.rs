@@ -33,6 +33,10 @@ pub struct CreateTenant {
     /// What happens to a lease whose GPUs show zero utilisation for a
     /// while; the node-agents' default (5 minutes, notify) when absent.
     pub idle_policy: Option<IdlePolicyBody>,
+    /// The operator vouches for the tenant: its leases may also run on
+    /// nodes that do not isolate workloads (process runtime). Default false.
+    #[serde(default)]
+    pub trusted: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
@@ -145,7 +149,7 @@ pub async fn create(
     let tenant_id = Uuid::now_v7();
     let first_key = super::keys::new_key();
     let key = seal::new_key();
-    seal::store_key(&ctx.pool, tenant_id, &key).await?;
+    seal::store_key(&ctx.pool, ctx.keys.as_ref(), tenant_id, &key).await?;
     let data = EventData::TenantCreated(TenantCreated {
         tenant_id,
         name_sealed: seal::seal(&key, body.name.trim()),
@@ -161,6 +165,7 @@ pub async fn create(
             window_s: p.window_s,
             action: p.action,
         }),
+        trusted: body.trusted,
     });
     let envelope = Envelope::new(caller.actor(), Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));

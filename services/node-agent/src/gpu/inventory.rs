@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use lh_events::{GpuInfo, NodeRegistered};
+use lh_events::{GpuInfo, GpuSharing, Isolation, NodeRegistered};
 
 use super::backend::nvml::NvmlBackend;
 use super::backend::sim::fleet::FleetFile;
@@ -81,6 +81,9 @@ pub fn nvml_inventory(
                 }
             })
             .collect(),
+        // The runtime the agent runs declares these (`lh_node_agent::start`).
+        isolation: Isolation::None,
+        gpu_sharing: GpuSharing::None,
     }
 }
 

@@ -1,9 +1,10 @@
-//! cgroup v2 memory limits for the process runtime.
+//! cgroup v2 for the process runtime: one per lease, with memory limits.
 //!
 //! Where the host has cgroup v2 with the memory controller and the agent may
-//! write there, each lease with a RAM share gets `<root>/leasehold/lh-<lease_id>/`
-//! with `memory.max` (hard limit) and `memory.high` (soft limit, throttling
-//! and reclaim above it). The child moves itself in between fork and exec,
+//! write there, each lease gets `<root>/leasehold/lh-<lease_id>/`, so that a
+//! stop reaches everything the workload started (`cgroup.kill`), even what
+//! left its process group; with a RAM share it also gets `memory.max` (hard
+//! limit) and `memory.high` (soft limit, throttling and reclaim above it). The child moves itself in between fork and exec,
 //! so nothing it starts escapes the limits. After the workload exits the
 //! cgroup is killed (`cgroup.kill`) and removed.
 //!
@@ -179,7 +180,7 @@ impl LeaseCgroup {
     pub(crate) fn create(
         config: &CgroupConfig,
         lease_id: Uuid,
-        limits: MemoryLimits,
+        limits: Option<MemoryLimits>,
     ) -> io::Result<LeaseCgroup> {
         let parent = config.root.join(PARENT_DIR);
         let dir = config.lease_dir(lease_id);
@@ -193,6 +194,9 @@ impl LeaseCgroup {
         let write = |file: &str, bytes: u64| {
             let path = cgroup.dir.join(file);
             fs::write(&path, bytes.to_string()).map_err(|e| with_path(&path, e))
+        };
+        let Some(limits) = limits else {
+            return Ok(cgroup);
         };
         if let Err(e) = write("memory.max", limits.max_bytes)
             .and_then(|()| write("memory.high", limits.high_bytes))

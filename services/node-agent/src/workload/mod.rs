@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use lh_domain::workload::{bad_env_value, denied_env_name};
 use serde::{Deserialize, Serialize};
 use tokio::process::Child;
 use uuid::Uuid;
@@ -50,6 +51,34 @@ pub const ENV_CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub const ENV_CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 /// `LEASEHOLD_LEASE_ID`: the lease the workload runs for.
 pub const ENV_LEASE_ID: &str = "LEASEHOLD_LEASE_ID";
+/// `LD_PRELOAD`: how HAMi-core gets into a share's workload; set by the
+/// agent after the tenant's variables (which may not name it anyway).
+pub const ENV_LD_PRELOAD: &str = "LD_PRELOAD";
+/// Where a container sees the HAMi-core library the agent bind-mounts.
+pub const HAMI_CORE_IN_CONTAINER: &str = "/usr/local/leasehold/libvgpu.so";
+
+/// Checks the HAMi-core library an operator names: an absolute path to a
+/// file, without the `:` or `,` that would split a bind-mount argument.
+pub fn check_hami_core_lib(path: &std::path::Path) -> Result<(), RuntimeError> {
+    let text = path.to_string_lossy();
+    if !path.is_absolute() || text.contains([':', ',']) {
+        return Err(RuntimeError::InvalidConfig(format!(
+            "--hami-core-lib {text}: an absolute path without ':' or ','"
+        )));
+    }
+    if !path.is_file() {
+        return Err(RuntimeError::InvalidConfig(format!(
+            "--hami-core-lib {text}: no such file"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the assignment is a memory-sliced share, whose caps HAMi-core
+/// enforces.
+pub fn is_share(assignment: &Assignment) -> bool {
+    assignment.vram_limit_mib.is_some() || assignment.compute_milli.is_some()
+}
 
 /// The container label with the lease id.
 pub const LABEL_LEASE: &str = "leasehold.lease";
@@ -202,9 +231,27 @@ pub fn sm_limit_pct(compute_milli: u32) -> u32 {
 
 /// The workload's environment with the lease's variables on top.
 pub fn workload_env(assignment: &Assignment, workload: &Workload) -> BTreeMap<String, String> {
-    let mut env = workload.env.clone();
+    let mut env = tenant_env(assignment.lease_id, workload);
     env.extend(lease_env(assignment));
     env
+}
+
+/// The tenant's variables that may reach a workload: the gateway refuses
+/// the others, so one here comes from a log older than that rule or from a
+/// forged event; it is dropped with a warning rather than failing the lease.
+pub fn tenant_env(lease_id: Uuid, workload: &Workload) -> BTreeMap<String, String> {
+    workload
+        .env
+        .iter()
+        .filter(|(name, value)| {
+            let why = denied_env_name(name).or_else(|| bad_env_value(value));
+            if let Some(why) = why {
+                tracing::warn!(lease = %lease_id, variable = %name, why, "tenant variable dropped");
+            }
+            why.is_none()
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
 /// Refuses assignments that would give a workload the wrong devices or
@@ -272,6 +319,8 @@ enum Kind {
         flavor: CliFlavor,
         name: String,
         stop_margin: Duration,
+        /// The tenant's variables, removed when the workload ends.
+        env_file: Option<PathBuf>,
     },
 }
 
@@ -345,6 +394,7 @@ impl RunningWorkload {
                 flavor,
                 name,
                 stop_margin,
+                ..
             } => {
                 let (cli, flavor, name, margin) =
                     (cli.clone(), *flavor, name.clone(), *stop_margin);
@@ -386,11 +436,15 @@ impl RunningWorkload {
         if let Err(e) = signal_group(self.pgid, libc::SIGKILL) {
             tracing::warn!(lease = %self.lease_id, error = %e, "cannot kill leftover processes");
         }
-        if let Kind::Process {
-            cgroup: Some(cgroup),
-        } = &self.kind
-        {
-            cgroup.remove().await;
+        match &self.kind {
+            Kind::Process {
+                cgroup: Some(cgroup),
+            } => cgroup.remove().await,
+            Kind::Container {
+                env_file: Some(path),
+                ..
+            } => container::remove_env_file(path),
+            _ => {}
         }
         self.cleaned_up = true;
     }
@@ -401,6 +455,13 @@ impl Drop for RunningWorkload {
         if self.status.is_none() {
             // tokio reaps a dropped child in the background.
             let _ = signal_group(self.pgid, libc::SIGKILL);
+        }
+        if let Kind::Container {
+            env_file: Some(path),
+            ..
+        } = &self.kind
+        {
+            container::remove_env_file(path);
         }
     }
 }

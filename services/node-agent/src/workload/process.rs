@@ -3,24 +3,26 @@
 //! The child leads its own process group (so a stop reaches everything it
 //! started), gets a clean environment (`PATH`, the workload's variables and
 //! the lease's, [`super::workload_env`]; never the agent's own, which holds
-//! its credentials), stdin from /dev/null and the agent's stdout/stderr. With
-//! a RAM share and usable cgroups it runs in a lease cgroup
-//! ([`super::cgroup`]); when the cgroup cannot be made or entered it runs
-//! without one, with a warning.
+//! its credentials), stdin from /dev/null and the agent's stdout/stderr.
+//! With usable cgroups it runs in a lease cgroup ([`super::cgroup`]), with
+//! memory limits when it has a RAM share; when the cgroup cannot be made or
+//! entered it runs without one, with a warning.
 //!
-//! It runs as the agent's user: the process runtime isolates GPUs and
-//! memory, not users or files. The container runtime is the boundary for
-//! untrusted tenants.
+//! It runs as the agent's user and sees the host: a cgroup limits memory
+//! and kills, it does not isolate users, files or devices, and a workload
+//! can unset `CUDA_VISIBLE_DEVICES`. Such a node declares `cgroup` or `none`
+//! isolation and takes only trusted tenants' leases; the container runtime
+//! is the boundary for untrusted tenants.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 
 use super::cgroup::{self, CgroupConfig, LeaseCgroup};
 use super::{
-    validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload, Runtime,
-    RuntimeError, Workload,
+    is_share, validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload,
+    Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
 };
 
 /// `PATH` for a workload when the agent has none.
@@ -31,6 +33,8 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub struct ProcessRuntime {
     /// `None` when the host has no usable cgroup v2 memory controller.
     cgroups: Option<CgroupConfig>,
+    /// HAMi-core, preloaded into the workloads of shares.
+    hami_core_lib: Option<PathBuf>,
 }
 
 impl ProcessRuntime {
@@ -42,6 +46,7 @@ impl ProcessRuntime {
         match cgroup::probe(&config.root) {
             Ok(()) => Ok(ProcessRuntime {
                 cgroups: Some(config),
+                hami_core_lib: None,
             }),
             Err(why) => {
                 tracing::info!(reason = %why, "cgroup v2 memory limits unavailable; workloads run without them");
@@ -51,7 +56,17 @@ impl ProcessRuntime {
     }
 
     pub fn without_cgroups() -> Self {
-        ProcessRuntime { cgroups: None }
+        ProcessRuntime {
+            cgroups: None,
+            hami_core_lib: None,
+        }
+    }
+
+    /// Preloads HAMi-core (`lib`, checked by [`super::check_hami_core_lib`])
+    /// into every share's workload, so that its caps are enforced.
+    pub fn with_hami_core_lib(mut self, lib: PathBuf) -> Self {
+        self.hami_core_lib = Some(lib);
+        self
     }
 
     /// The parent of the lease cgroups, when leases get them.
@@ -59,15 +74,15 @@ impl ProcessRuntime {
         self.cgroups.as_ref().map(CgroupConfig::parent_dir)
     }
 
-    /// Whether leases with a RAM share get a cgroup.
+    /// Whether leases get a cgroup.
     pub fn uses_cgroups(&self) -> bool {
         self.cgroups.is_some()
     }
 
     fn lease_cgroup(&self, assignment: &Assignment) -> Option<LeaseCgroup> {
         let config = self.cgroups.as_ref()?;
-        let share_bytes = assignment.memory_share_bytes?;
-        match LeaseCgroup::create(config, assignment.lease_id, config.limits(share_bytes)) {
+        let limits = assignment.memory_share_bytes.map(|b| config.limits(b));
+        match LeaseCgroup::create(config, assignment.lease_id, limits) {
             Ok(cgroup) => Some(cgroup),
             Err(e) => {
                 tracing::warn!(lease = %assignment.lease_id, error = %e,
@@ -95,7 +110,11 @@ impl Runtime for ProcessRuntime {
             )));
         }
         let mut cgroup = self.lease_cgroup(assignment);
-        let child = match spawn(assignment, workload, cgroup.as_ref()) {
+        let preload = self
+            .hami_core_lib
+            .as_deref()
+            .filter(|_| is_share(assignment));
+        let child = match spawn(assignment, workload, cgroup.as_ref(), preload) {
             Ok(child) => child,
             Err(e) => match cgroup.take() {
                 // The hook may be what failed: try once more without it.
@@ -106,7 +125,7 @@ impl Runtime for ProcessRuntime {
                     if let Err(e) = unused.try_remove() {
                         tracing::warn!(error = %e, "cannot remove the unused cgroup");
                     }
-                    spawn(assignment, workload, None)?
+                    spawn(assignment, workload, None, preload)?
                 }
                 None => return Err(e),
             },
@@ -121,6 +140,7 @@ fn spawn(
     assignment: &Assignment,
     workload: &Workload,
     cgroup: Option<&LeaseCgroup>,
+    preload: Option<&Path>,
 ) -> Result<Child, RuntimeError> {
     let program = &workload.command[0];
     let mut command = Command::new(program);
@@ -134,6 +154,9 @@ fn spawn(
         .envs(workload_env(assignment, workload))
         .stdin(Stdio::null())
         .process_group(0);
+    if let Some(lib) = preload {
+        command.env(ENV_LD_PRELOAD, lib);
+    }
     if let Some(cgroup) = cgroup {
         // SAFETY: the hook only makes async-signal-safe calls and does not
         // allocate (see `cgroup::write_own_pid`).

@@ -28,7 +28,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::process::Command;
 use uuid::Uuid;
 
 use super::container::{run_stop_command, CliFlavor};
@@ -340,7 +339,7 @@ pub async fn list_containers(cli: &Path, node_id: &str) -> Vec<Found> {
 
 async fn read_container_list(cli: &Path, node_id: &str) -> io::Result<String> {
     use tokio::io::AsyncReadExt;
-    let mut child = Command::new(cli)
+    let mut child = super::container::cli_command(cli)
         .args(container_list_args(node_id))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -496,7 +495,7 @@ fn signal_group(pgid: i32, signal: libc::c_int) {
 /// `<cli> wait <name>`: the container's exit code, or none when the CLI
 /// cannot tell (e.g. the container was already removed).
 async fn container_wait(cli: &Path, name: &str) -> Exit {
-    let output = Command::new(cli)
+    let output = super::container::cli_command(cli)
         .args(["wait", name])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
@@ -512,7 +511,7 @@ async fn container_wait(cli: &Path, name: &str) -> Exit {
 
 /// `<cli> rm --force <name>`; a failure is logged.
 pub async fn remove_container(cli: &Path, name: &str) {
-    let output = Command::new(cli)
+    let output = super::container::cli_command(cli)
         .args(["rm", "--force", name])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lh_events::{AssignedGpu, WorkloadSpec};
+use lh_events::{AssignedGpu, GpuSharing, Isolation, NodeRegistered, WorkloadSpec};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -67,6 +67,15 @@ pub struct Reconciled {
 struct ContainerCli {
     cli: PathBuf,
     flavor: CliFlavor,
+    /// Where the runtime writes the tenants' env files.
+    env_dir: PathBuf,
+}
+
+impl ContainerCli {
+    /// The env file the runtime wrote for the container of `lease_id`.
+    fn env_file(&self, lease_id: Uuid) -> PathBuf {
+        super::container::env_file_path(&self.env_dir, lease_id)
+    }
 }
 
 /// Starts, watches and stops the workloads of the leases on this node.
@@ -82,6 +91,21 @@ pub struct Workloads {
     /// (send the grace period).
     running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
     finished_tx: mpsc::UnboundedSender<Finished>,
+    /// What the runtime isolates workloads with; `None` for the simulated
+    /// runtime, whose node declares its own.
+    isolation: Option<Isolation>,
+    /// Whether shares get HAMi-core.
+    hami_core: bool,
+    /// The host's RAM and GPUs, which a lease's RAM share is a part of;
+    /// `None`: leases get no memory limit.
+    host: Option<Host>,
+}
+
+/// What a node has to share out between its leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    pub memory_bytes: u64,
+    pub gpu_count: u32,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -114,13 +138,38 @@ impl Workloads {
         grace: Duration,
         marks: HostMarks,
     ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
+        Self::with_hami_core(kind, container_cli, grace, marks, None)
+    }
+
+    /// As [`Workloads::new`], with HAMi-core (`hami_core_lib`, when it is a
+    /// file) injected into the workloads of shares.
+    pub fn with_hami_core(
+        kind: RuntimeKind,
+        container_cli: Option<PathBuf>,
+        grace: Duration,
+        marks: HostMarks,
+        hami_core_lib: Option<PathBuf>,
+    ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
+        if let Some(lib) = &hami_core_lib {
+            super::check_hami_core_lib(lib)?;
+        }
         let mut cgroup_parent = None;
         let mut container = None;
+        let mut isolation = None;
         let runtime: Option<Arc<dyn Runtime>> = match kind {
             RuntimeKind::Sim => None,
             RuntimeKind::Process => {
-                let runtime = ProcessRuntime::new(CgroupConfig::default())?;
+                let mut runtime = ProcessRuntime::new(CgroupConfig::default())?;
                 cgroup_parent = runtime.cgroup_parent();
+                // A cgroup limits and kills; it does not hide the host.
+                isolation = Some(if runtime.uses_cgroups() {
+                    Isolation::Cgroup
+                } else {
+                    Isolation::None
+                });
+                if let Some(lib) = &hami_core_lib {
+                    runtime = runtime.with_hami_core_lib(lib.clone());
+                }
                 Some(Arc::new(runtime))
             }
             RuntimeKind::Docker | RuntimeKind::Podman => {
@@ -130,10 +179,17 @@ impl Workloads {
                     }
                     _ => ContainerRuntime::podman(container_cli.unwrap_or_else(|| "podman".into())),
                 }
-                .on_node(marks.node_id.clone());
+                .on_node(marks.node_id.clone())
+                .env_files_in(marks.state_dir.join("env"));
+                let runtime = match &hami_core_lib {
+                    Some(lib) => runtime.with_hami_core_lib(lib.clone()),
+                    None => runtime,
+                };
+                isolation = Some(Isolation::Container);
                 container = Some(ContainerCli {
                     cli: runtime.cli.clone(),
                     flavor: runtime.flavor,
+                    env_dir: runtime.env_dir.clone(),
                 });
                 Some(Arc::new(runtime))
             }
@@ -149,6 +205,9 @@ impl Workloads {
                 container,
                 running: HashMap::new(),
                 finished_tx,
+                hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
+                isolation,
+                host: None,
             },
             finished_rx,
         ))
@@ -171,7 +230,10 @@ impl Workloads {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };
-        let assignment = assignment(lease_id, gpus);
+        let share = self
+            .host
+            .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
+        let assignment = assignment(lease_id, gpus, share);
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
@@ -325,7 +387,7 @@ impl Workloads {
                 },
                 Some(path),
             ),
-            Found::Container { name, .. } => {
+            Found::Container { lease_id, name } => {
                 let c = self
                     .container
                     .as_ref()
@@ -337,7 +399,8 @@ impl Workloads {
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
                     },
-                    None,
+                    // Its env file goes when it ends, as its record would.
+                    Some(c.env_file(lease_id)),
                 )
             }
             Found::Cgroup { .. } => unreachable!("a cgroup is adopted with its process"),
@@ -360,7 +423,7 @@ impl Workloads {
                     reconcile::stop_process(record.pid, record.start_ticks, grace).await;
                     remove_record(&path);
                 }
-                Found::Container { name, .. } => {
+                Found::Container { lease_id, name } => {
                     if let Some(c) = container {
                         super::container::run_stop_command(
                             &c.cli,
@@ -371,6 +434,7 @@ impl Workloads {
                         )
                         .await;
                         reconcile::remove_container(&c.cli, &name).await;
+                        remove_record(&c.env_file(lease_id));
                     }
                 }
                 Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir).await,
@@ -413,6 +477,29 @@ impl Workloads {
         }
     }
 
+    /// Gives each lease's workload a RAM share of `host`: its part of the
+    /// host's GPUs, as a part of the host's memory.
+    pub fn share_out(&mut self, host: Host) {
+        self.host = Some(host);
+    }
+
+    /// What this node enforces, declared in its `node.registered`: what
+    /// the runtime really does. The simulated runtime keeps what
+    /// `registered` says (the fleet file's node).
+    pub fn declare(&self, registered: &mut NodeRegistered) {
+        let Some(isolation) = self.isolation else {
+            return;
+        };
+        registered.isolation = isolation;
+        registered.gpu_sharing = if self.hami_core {
+            GpuSharing::HamiCore
+        } else if registered.gpus.iter().any(|g| g.mig) {
+            GpuSharing::Mig
+        } else {
+            GpuSharing::None
+        };
+    }
+
     /// Whether leases run anything here (false on a simulated node).
     pub fn runs_workloads(&self) -> bool {
         self.runtime.is_some()
@@ -425,6 +512,7 @@ impl Workloads {
     }
 }
 
+/// Removes a process record or an env file; one already gone is fine.
 fn remove_record(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -437,7 +525,11 @@ fn remove_record(path: &Path) {
 /// (a MIG instance by NVIDIA's `MIG-<GPU-UUID>/<GI>/<CI>` form, with the
 /// placement start standing for the GPU instance until the NVML backend
 /// reports the real MIG UUID), and a share's VRAM and compute caps.
-pub fn assignment(lease_id: Uuid, gpus: &[AssignedGpu]) -> Assignment {
+pub fn assignment(
+    lease_id: Uuid,
+    gpus: &[AssignedGpu],
+    memory_share_bytes: Option<u64>,
+) -> Assignment {
     let device_uuids = gpus
         .iter()
         .map(|g| match &g.mig_instance {
@@ -454,14 +546,132 @@ pub fn assignment(lease_id: Uuid, gpus: &[AssignedGpu]) -> Assignment {
         device_uuids,
         vram_limit_mib: share.map(|(_, v)| u64::from(v) * 1024),
         compute_milli: share.map(|(m, _)| m),
-        memory_share_bytes: None,
+        memory_share_bytes,
     }
+}
+
+/// A lease's part of the host's RAM: the part of the host's GPU compute it
+/// holds (a whole GPU 1000 milli, a share or a MIG instance its milli).
+/// `None` when there is nothing to divide.
+pub fn memory_share_bytes(
+    host_memory_bytes: u64,
+    host_gpus: u32,
+    gpus: &[AssignedGpu],
+) -> Option<u64> {
+    let held_milli: u64 = gpus
+        .iter()
+        .map(|g| u64::from(g.milli.unwrap_or(super::MILLI_PER_GPU)))
+        .sum();
+    let host_milli = u64::from(host_gpus) * u64::from(super::MILLI_PER_GPU);
+    if host_milli == 0 || held_milli == 0 || host_memory_bytes == 0 {
+        return None;
+    }
+    let share = u128::from(host_memory_bytes) * u128::from(held_milli.min(host_milli))
+        / u128::from(host_milli);
+    u64::try_from(share).ok().filter(|&b| b > 0)
+}
+
+/// `MemTotal` of `/proc/meminfo`, bytes; `None` where it cannot be read.
+pub fn host_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&meminfo)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lh_events::MigInstance;
+    use lh_events::{fixtures, MigInstance};
+
+    fn workloads(kind: RuntimeKind, hami_core_lib: Option<PathBuf>) -> Workloads {
+        let marks = HostMarks {
+            node_id: "a".into(),
+            state_dir: std::env::temp_dir().join("lh-declare-test"),
+        };
+        Workloads::with_hami_core(kind, None, Duration::from_secs(1), marks, hami_core_lib)
+            .unwrap()
+            .0
+    }
+
+    fn declared(
+        w: &Workloads,
+        mig: bool,
+        fleet: (Isolation, GpuSharing),
+    ) -> (Isolation, GpuSharing) {
+        let mut r = fixtures::node("a", "z", 2, fixtures::MODEL, 40);
+        r.gpus[1].mig = mig;
+        (r.isolation, r.gpu_sharing) = fleet;
+        w.declare(&mut r);
+        (r.isolation, r.gpu_sharing)
+    }
+
+    #[tokio::test]
+    async fn given_a_runtime_when_the_node_registers_then_it_declares_what_the_runtime_enforces() {
+        let fleet = (Isolation::Container, GpuSharing::HamiCore);
+        let none = (Isolation::None, GpuSharing::None);
+        // The simulated runtime: what the fleet file's node says.
+        assert_eq!(
+            declared(&workloads(RuntimeKind::Sim, None), false, fleet),
+            fleet
+        );
+        assert_eq!(
+            declared(&workloads(RuntimeKind::Sim, None), false, none),
+            none
+        );
+        // docker: a container, whatever the fleet file says.
+        let docker = workloads(RuntimeKind::Docker, None);
+        assert_eq!(
+            declared(&docker, false, none),
+            (Isolation::Container, GpuSharing::None)
+        );
+        assert_eq!(
+            declared(&docker, true, fleet),
+            (Isolation::Container, GpuSharing::Mig)
+        );
+        // process: cgroup only where cgroup v2 works, which this host may
+        // not have; never a container.
+        let process = workloads(RuntimeKind::Process, None);
+        let (isolation, sharing) = declared(&process, false, fleet);
+        assert_ne!(isolation, Isolation::Container);
+        assert_eq!(
+            sharing,
+            GpuSharing::None,
+            "shares' caps would be env vars only"
+        );
+    }
+
+    #[tokio::test]
+    async fn given_a_hami_core_library_when_the_node_registers_then_it_enforces_shares() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libvgpu.so");
+        std::fs::write(&lib, b"").unwrap();
+        let docker = workloads(RuntimeKind::Docker, Some(lib.clone()));
+        let none = (Isolation::None, GpuSharing::None);
+        assert_eq!(
+            declared(&docker, true, none),
+            (Isolation::Container, GpuSharing::HamiCore)
+        );
+        let marks = HostMarks {
+            node_id: "a".into(),
+            state_dir: dir.path().into(),
+        };
+        let missing = Workloads::with_hami_core(
+            RuntimeKind::Docker,
+            None,
+            Duration::from_secs(1),
+            marks,
+            Some(dir.path().join("nowhere.so")),
+        );
+        assert!(
+            missing.is_err(),
+            "a library that is not there enforces nothing"
+        );
+    }
 
     fn gpu(uuid: &str) -> AssignedGpu {
         AssignedGpu {
@@ -474,9 +684,31 @@ mod tests {
     }
 
     #[test]
+    fn given_a_host_when_leases_hold_parts_of_its_gpus_then_they_get_that_part_of_its_ram() {
+        const GIB: u64 = 1 << 30;
+        let whole = [gpu("GPU-a"), gpu("GPU-b")];
+        assert_eq!(memory_share_bytes(64 * GIB, 8, &whole), Some(16 * GIB));
+        let quarter = [AssignedGpu {
+            milli: Some(250),
+            ..gpu("GPU-a")
+        }];
+        assert_eq!(memory_share_bytes(64 * GIB, 2, &quarter), Some(8 * GIB));
+        // More than the host (a stale inventory): never more than all of it.
+        assert_eq!(memory_share_bytes(64 * GIB, 1, &whole), Some(64 * GIB));
+        assert_eq!(memory_share_bytes(64 * GIB, 0, &whole), None);
+        assert_eq!(memory_share_bytes(0, 8, &whole), None);
+        assert_eq!(memory_share_bytes(64 * GIB, 8, &[]), None);
+        assert_eq!(
+            parse_mem_total("MemTotal:       16303140 kB\nMemFree: 1 kB\n"),
+            Some(16_303_140 * 1024)
+        );
+        assert_eq!(parse_mem_total("nothing"), None);
+    }
+
+    #[test]
     fn assignments_name_devices_and_cap_shares() {
         let l = Uuid::nil();
-        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")]);
+        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")], None);
         assert_eq!(whole.device_uuids, ["GPU-a", "GPU-b"]);
         assert_eq!((whole.vram_limit_mib, whole.compute_milli), (None, None));
         let share = assignment(
@@ -486,7 +718,9 @@ mod tests {
                 vram_gb: Some(10),
                 ..gpu("GPU-a")
             }],
+            Some(7),
         );
+        assert_eq!(share.memory_share_bytes, Some(7));
         assert_eq!(
             (share.vram_limit_mib, share.compute_milli),
             (Some(10 * 1024), Some(300))
@@ -502,6 +736,7 @@ mod tests {
                 }),
                 ..gpu("GPU-a")
             }],
+            None,
         );
         assert_eq!(mig.device_uuids, ["MIG-GPU-a/4/0"]);
         assert_eq!(mig.vram_limit_mib, None, "MIG isolates memory itself");

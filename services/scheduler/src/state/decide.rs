@@ -78,7 +78,11 @@ impl State {
             if self.refuse(&mut pass, lease) {
                 continue;
             }
-            match pass.planner().place(lease.ask(), &lease.gpu_model) {
+            let needs_isolation = self.needs_isolation(lease);
+            match pass
+                .planner()
+                .place(lease.ask(), &lease.gpu_model, needs_isolation)
+            {
                 Ok(chosen) => place_one(&mut pass, lease, &chosen),
                 Err(pending) => self.wait(&mut pass, lease, pending.as_ref()),
             }

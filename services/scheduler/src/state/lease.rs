@@ -101,4 +101,7 @@ pub struct Tenant {
     /// Its waiting leases wait until it is resumed.
     #[serde(default)]
     pub suspended: bool,
+    /// Its leases may run on nodes that do not isolate workloads.
+    #[serde(default)]
+    pub trusted: bool,
 }

@@ -41,7 +41,9 @@ impl State {
                 .map(|(_, idx)| idx.clone())
                 .unwrap_or_default();
             let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
-            let placed = planner.place(lease.ask(), &lease.gpu_model).ok();
+            let placed = planner
+                .place(lease.ask(), &lease.gpu_model, self.needs_isolation(lease))
+                .ok();
             let mut allocated = None;
             let to = placed.map(|p| {
                 let (relocation, allocation) = relocate(scratch, lease, &p);

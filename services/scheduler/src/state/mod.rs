@@ -89,6 +89,15 @@ pub struct State {
 }
 
 impl State {
+    /// Whether `lease` may only go to a node that isolates workloads: its
+    /// tenant is not trusted (nor is a tenant the state does not know).
+    pub(crate) fn needs_isolation(&self, lease: &Lease) -> bool {
+        !self
+            .tenants
+            .get(&lease.tenant_id)
+            .is_some_and(|t| t.trusted)
+    }
+
     pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fleet.apply(sequence, &envelope.data);
         self.apply_to_leases(sequence, envelope);
@@ -124,6 +133,7 @@ impl State {
                         quota: e.quota,
                         weight: e.weight.max(1),
                         suspended: false,
+                        trusted: e.trusted,
                     },
                 );
             }

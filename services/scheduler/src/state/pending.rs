@@ -5,7 +5,7 @@
 
 use lh_domain::catalog;
 use lh_domain::fleet::{Fleet, Gpu, Node};
-use lh_events::{GpuAsk, GpuFraction, GpuHealth};
+use lh_events::{GpuAsk, GpuFraction, GpuHealth, GpuSharing};
 use lh_placement::{Pending, Reject};
 
 use super::*;
@@ -20,6 +20,9 @@ pub(super) fn why_pending(
 ) -> (String, bool) {
     let refusal = Refusal::of(pending);
     let model = &lease.gpu_model;
+    if refusal == Refusal::NoIsolation {
+        return (NO_ISOLATION.to_string(), false);
+    }
     let reason = match &lease.ask {
         GpuAsk::Mig(profile) => mig_reason(scratch, model, profile, refusal),
         GpuAsk::Fraction(share) => share_reason(scratch, model, *share, refusal),
@@ -28,11 +31,21 @@ pub(super) fn why_pending(
     (reason, refusal == Refusal::Busy)
 }
 
+/// Why an untrusted tenant's lease waits while only nodes that do not
+/// isolate workloads could take it.
+pub const NO_ISOLATION: &str =
+    "no isolating runtime for untrusted tenants: no node that runs workloads in containers can take it";
+/// Why a share waits while no node enforces its caps.
+pub const NO_SHARING: &str = "no node enforces GPU memory sharing";
+
 /// What keeps a lease out, as the engine's refusal tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
     /// GPUs that could take it are busy now.
     Busy,
+    /// The tenant is not trusted and no node that isolates workloads can
+    /// take it.
+    NoIsolation,
     /// No node could take it even with all its GPUs free.
     TooSmall,
     /// No GPU of the model in MIG mode has its profile.
@@ -51,6 +64,8 @@ impl Refusal {
         let refused_for = |reason: Reject| p.count(reason) > 0;
         if p.busy() {
             Refusal::Busy
+        } else if refused_for(Reject::Isolation) {
+            Refusal::NoIsolation
         } else if refused_for(Reject::GpuTooSmall) {
             Refusal::TooSmall
         } else if refused_for(Reject::MigProfile) {
@@ -96,7 +111,19 @@ fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refus
         (Refusal::TooSmall, Some(v)) => {
             format!("a share of {milli} milli / {vram_gb} GB does not fit one {model} ({v} GB)")
         }
-        (Refusal::WrongMode, _) => format!("no {model} out of MIG mode takes shares yet"),
+        (Refusal::WrongMode, _) => {
+            let whole_only = scratch
+                .nodes
+                .values()
+                .filter(|n| n.gpu_sharing != GpuSharing::HamiCore)
+                .flat_map(|n| usable(n, model))
+                .any(|g| !g.mig);
+            if whole_only {
+                format!("{NO_SHARING} on a {model}")
+            } else {
+                format!("no {model} out of MIG mode takes shares yet")
+            }
+        }
         _ => format!("no node offers {model} yet"),
     }
 }
@@ -119,7 +146,9 @@ fn whole_reason(scratch: &Fleet, model: &str, gpus: u32, refusal: Refusal) -> St
             format!("{gpus} x {model} requested but the largest node has {largest}")
         }
         Refusal::WrongMode => format!("no {model} out of MIG mode yet"),
-        Refusal::NoProfile | Refusal::NoModel => format!("no node offers {model} yet"),
+        Refusal::NoProfile | Refusal::NoModel | Refusal::NoIsolation => {
+            format!("no node offers {model} yet")
+        }
     }
 }
 

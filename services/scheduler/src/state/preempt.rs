@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Fleet;
-use lh_events::{GpuHealth, Tier};
+use lh_events::{GpuHealth, Isolation, Tier};
 use uuid::Uuid;
 
 use super::*;
@@ -39,7 +39,11 @@ pub fn plan_preemption(
     rules: &Rules,
 ) -> Option<PreemptionPlan> {
     let mut best: Option<PreemptionPlan> = None;
-    for node in scratch.nodes.values().filter(|n| n.is_schedulable()) {
+    let needs_isolation = state.needs_isolation(lease);
+    let may_run_on = |n: &&lh_domain::fleet::Node| {
+        n.is_schedulable() && (!needs_isolation || n.isolation == Isolation::Container)
+    };
+    for node in scratch.nodes.values().filter(may_run_on) {
         let of_model: Vec<_> = node
             .gpus
             .iter()

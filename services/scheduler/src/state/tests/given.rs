@@ -27,6 +27,27 @@ pub(super) fn node(id: &str, n: u32) -> EventData {
     ))
 }
 
+/// A node of `n` GPUs that declares what it enforces.
+pub(super) fn node_enforcing(
+    id: &str,
+    n: u32,
+    isolation: Isolation,
+    gpu_sharing: GpuSharing,
+) -> EventData {
+    let EventData::NodeRegistered(mut r) = node(id, n) else {
+        unreachable!()
+    };
+    (r.isolation, r.gpu_sharing) = (isolation, gpu_sharing);
+    EventData::NodeRegistered(r)
+}
+
+pub(super) fn trusted_tenant(id: Uuid, max_gpus: u32) -> EventData {
+    EventData::TenantCreated(TenantCreated {
+        trusted: true,
+        ..fixtures::tenant(id, max_gpus)
+    })
+}
+
 pub(super) fn node_mig(id: &str, n: u32) -> EventData {
     let EventData::NodeRegistered(mut r) = node(id, n) else {
         unreachable!()

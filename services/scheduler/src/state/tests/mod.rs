@@ -1,3 +1,4 @@
+mod enforcement;
 mod failover;
 mod given;
 mod mig;

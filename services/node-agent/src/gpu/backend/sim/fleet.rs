@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lh_events::{GpuInfo, NodeRegistered};
+use lh_events::{GpuInfo, GpuSharing, Isolation, NodeRegistered};
 use serde::Deserialize;
 
 use super::script::{FaultScript, FaultScriptError};
@@ -33,6 +33,15 @@ pub struct SimNode {
     /// default 70); a fault script's `utilization` overrides it.
     #[serde(default)]
     pub busy_utilization_pct: Option<u32>,
+    /// What the simulated node declares it isolates workloads with
+    /// (`none`, `cgroup`, `container`); none when absent. Only the `sim`
+    /// runtime declares it: a real runtime declares what it does.
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// What the simulated node declares enforces GPU shares (`mig`,
+    /// `hami-core`, `none`); none when absent, as for [`SimNode::isolation`].
+    #[serde(default)]
+    pub gpu_sharing: GpuSharing,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +197,8 @@ impl SimNode {
                     mig: self.mig_gpus.contains(&index),
                 })
                 .collect(),
+            isolation: self.isolation,
+            gpu_sharing: self.gpu_sharing,
         }
     }
 }
@@ -196,26 +207,40 @@ impl SimNode {
 mod tests {
     use super::*;
 
+    /// One node of two A100-40GB, and `extra` keys.
+    fn one_node(extra: &str) -> Result<FleetFile, toml::de::Error> {
+        toml::from_str(&format!(
+            "[[node]]\nid = \"node-a\"\nzone = \"z1\"\nhostname = \"h\"\n\
+             gpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n{extra}"
+        ))
+    }
+
     #[test]
     fn parses_and_finds_nodes() {
-        let f: FleetFile = toml::from_str(
-            r#"
-            [[node]]
-            id = "node-a"
-            zone = "z1"
-            hostname = "h"
-            gpu_model = "A100-40GB"
-            gpu_count = 2
-            vram_gb = 40
-            "#,
-        )
-        .unwrap();
+        let f = one_node("").unwrap();
         let inv = f.node("node-a", Path::new("x")).unwrap().inventory();
         assert_eq!(inv.gpus.len(), 2);
         assert_ne!(inv.gpus[0].uuid, inv.gpus[1].uuid);
         assert_eq!(inv, f.node("node-a", Path::new("x")).unwrap().inventory());
         let err = f.node("node-z", Path::new("x")).unwrap_err().to_string();
         assert!(err.contains("node-a"), "{err}");
+        // Nothing declared: nothing enforced.
+        assert_eq!(
+            (inv.isolation, inv.gpu_sharing),
+            (Isolation::None, GpuSharing::None)
+        );
+    }
+
+    #[test]
+    fn a_node_declares_the_enforcement_its_fleet_entry_names() {
+        let f = one_node("isolation = \"container\"\ngpu_sharing = \"hami-core\"\n").unwrap();
+        let inv = f.node("node-a", Path::new("x")).unwrap().inventory();
+        assert_eq!(
+            (inv.isolation, inv.gpu_sharing),
+            (Isolation::Container, GpuSharing::HamiCore)
+        );
+        let bad = one_node("isolation = \"vm\"\n");
+        assert!(bad.is_err());
     }
 
     #[test]

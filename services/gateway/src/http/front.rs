@@ -1,0 +1,195 @@
+//! The gateway's front door: TLS when a certificate is configured, metrics
+//! on an internal listener, a bound on connections, on the time to send
+//! headers and on a request's whole run, and a request budget per
+//! credential (per client address for callers without one) that answers
+//! 429 with `Retry-After` before any handler or database lookup runs.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use super::limits::Budgets;
+use super::ApiError;
+
+/// Most credentials and client addresses whose budgets a replica keeps.
+const MAX_TRACKED_CALLERS: usize = 100_000;
+/// Bytes of a credential's SHA-256 that key its budget.
+const CALLER_KEY_BYTES: usize = 16;
+
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct FrontArgs {
+    /// PEM certificate chain for TLS on the API; with --tls-key-file.
+    /// Without both the API speaks plain HTTP (behind a TLS proxy).
+    #[arg(long, env = "LH_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of that certificate.
+    #[arg(long, env = "LH_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Internal listener for /metrics (with /healthz and /readyz); the API
+    /// port never serves metrics.
+    #[arg(long, env = "LH_METRICS_ADDR", default_value = "127.0.0.1:9100")]
+    pub metrics_addr: String,
+    /// Longest a request may run before it is answered 503.
+    #[arg(long, env = "LH_REQUEST_TIMEOUT_SECS", default_value_t = 60)]
+    pub request_timeout_secs: u64,
+    /// Longest a client may take to send a request's headers.
+    #[arg(long, env = "LH_HEADER_READ_TIMEOUT_SECS", default_value_t = 10)]
+    pub header_read_timeout_secs: u64,
+    /// Most client connections open at once.
+    #[arg(long, env = "LH_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Requests one credential (API key, token) may make per second,
+    /// sustained, on each replica.
+    #[arg(long, env = "LH_REQUESTS_PER_S_PER_KEY", default_value_t = 100.0)]
+    pub requests_per_s_per_key: f64,
+    /// Requests one credential may make in a burst above that rate.
+    #[arg(long, env = "LH_REQUEST_BURST_PER_KEY", default_value_t = 400)]
+    pub request_burst_per_key: u32,
+    /// Requests without a credential one client address may make per
+    /// second (a flood of bad keys is counted here too, by address).
+    #[arg(
+        long,
+        env = "LH_ANONYMOUS_REQUESTS_PER_S_PER_IP",
+        default_value_t = 10.0
+    )]
+    pub anonymous_requests_per_s_per_ip: f64,
+    /// Requests without a credential one address may make in a burst.
+    #[arg(long, env = "LH_ANONYMOUS_REQUEST_BURST_PER_IP", default_value_t = 50)]
+    pub anonymous_request_burst_per_ip: u32,
+}
+
+impl Default for FrontArgs {
+    fn default() -> Self {
+        Self {
+            tls_cert_file: None,
+            tls_key_file: None,
+            metrics_addr: "127.0.0.1:9100".into(),
+            request_timeout_secs: 60,
+            header_read_timeout_secs: 10,
+            max_connections: 10_000,
+            requests_per_s_per_key: 100.0,
+            request_burst_per_key: 400,
+            anonymous_requests_per_s_per_ip: 10.0,
+            anonymous_request_burst_per_ip: 50,
+        }
+    }
+}
+
+impl FrontArgs {
+    /// How the API listener treats its clients.
+    pub fn serve_options(&self) -> anyhow::Result<lh_service::ServeOptions> {
+        let tls = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(lh_service::tls_config(cert, key)?),
+            (None, None) => None,
+            _ => anyhow::bail!("set both LH_TLS_CERT_FILE and LH_TLS_KEY_FILE, or neither"),
+        };
+        Ok(lh_service::ServeOptions {
+            tls,
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_secs.max(1)),
+            max_connections: self.max_connections.max(1),
+            ..lh_service::ServeOptions::default()
+        })
+    }
+}
+
+/// Whose budget a request spends.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum BudgetKey {
+    Credential([u8; CALLER_KEY_BYTES]),
+    Address(IpAddr),
+}
+
+/// The request budgets of this replica.
+#[derive(Debug)]
+pub struct RequestBudgets {
+    timeout: Duration,
+    per_key: Budgets<BudgetKey>,
+    per_address: Budgets<BudgetKey>,
+}
+
+impl RequestBudgets {
+    pub fn new(args: &FrontArgs) -> Arc<Self> {
+        Arc::new(Self {
+            timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+            per_key: Budgets::with_rate(
+                args.requests_per_s_per_key,
+                args.request_burst_per_key,
+                MAX_TRACKED_CALLERS,
+            ),
+            per_address: Budgets::with_rate(
+                args.anonymous_requests_per_s_per_ip,
+                args.anonymous_request_burst_per_ip,
+                MAX_TRACKED_CALLERS,
+            ),
+        })
+    }
+}
+
+/// Spends the caller's budget, then runs the request within the timeout.
+pub async fn guard(
+    State(budgets): State<Arc<RequestBudgets>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let spent = match bearer {
+        Some(token) => {
+            let digest = Sha256::digest(token.as_bytes());
+            let mut key = [0u8; CALLER_KEY_BYTES];
+            key.copy_from_slice(&digest[..CALLER_KEY_BYTES]);
+            budgets
+                .per_key
+                .spend(BudgetKey::Credential(key), Instant::now())
+        }
+        None => {
+            // Without the peer (a server that did not record it) every
+            // such caller shares one budget, which still bounds the flood.
+            let ip = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(peer)| peer.ip())
+                .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            budgets
+                .per_address
+                .spend(BudgetKey::Address(ip), Instant::now())
+        }
+    };
+    if let Err(wait) = spent {
+        metrics::counter!("lh_gateway_requests_limited_total",
+            "caller" => if bearer.is_some() { "credential" } else { "address" })
+        .increment(1);
+        return ApiError::too_many_requests(if bearer.is_some() {
+            "this credential has sent too many requests; slow down"
+        } else {
+            "too many requests without a credential from this address; slow down"
+        })
+        .retry_after(wait.as_secs_f64().ceil().clamp(1.0, 3600.0) as u32)
+        .into_response();
+    }
+    match tokio::time::timeout(budgets.timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            metrics::counter!("lh_gateway_requests_timed_out_total").increment(1);
+            ApiError::unavailable(format!(
+                "the request took longer than {} s; it may still complete: retry with the same \
+                 Idempotency-Key",
+                budgets.timeout.as_secs()
+            ))
+            .retry_after(1)
+            .into_response()
+        }
+    }
+}
