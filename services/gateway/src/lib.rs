@@ -4,9 +4,9 @@
 //! projection, which the write waits for so a client reads its own write.
 
 pub mod http;
+pub mod keyring;
 pub mod oidc;
 pub mod principals;
-pub mod keyring;
 pub mod projection;
 pub mod seal;
 
