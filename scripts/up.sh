@@ -256,9 +256,12 @@ fi
 
 # --- admin token ---
 if [ -z "${LH_ADMIN_TOKEN:-}" ]; then
+    # 64 random hex digits, readable by this user only: the gateway
+    # refuses short or placeholder tokens.
     if ! [ -s "$DATA/admin-token" ]; then
         (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$DATA/admin-token")
     fi
+    chmod 600 "$DATA/admin-token"
     LH_ADMIN_TOKEN=$(cat "$DATA/admin-token")
 fi
 
@@ -318,6 +321,7 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
 
 Use the CLI:
   export LH_GATEWAY_URL=http://$GATEWAY_ADDR LH_API_KEY=$LH_ADMIN_TOKEN
+  (or LH_API_KEY_FILE=$DATA/admin-token; the CLI never takes a key on its command line)
   target/release/lh tenant create --name acme --email ops@acme.example --max-gpus 16
 
 Or run the whole story: make demo.  Stop everything: make down.

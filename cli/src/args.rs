@@ -22,16 +22,21 @@ pub struct Cli {
     )]
     pub gateway_url: String,
 
-    /// API key (or admin token), sent as `Authorization: Bearer <key>`.
+    /// Refused: a key on the command line shows in `ps` and in shell
+    /// history. The key comes from `LH_API_KEY` or `--api-key-file`.
+    #[arg(long, global = true, hide = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+
+    /// File holding the API key (or admin token), sent as
+    /// `Authorization: Bearer <key>`; else the key is read from `LH_API_KEY`.
     #[arg(
         long,
         global = true,
         help_heading = GLOBAL,
-        env = "LH_API_KEY",
-        hide_env_values = true,
-        value_name = "KEY"
+        env = "LH_API_KEY_FILE",
+        value_name = "PATH"
     )]
-    pub api_key: Option<String>,
+    pub api_key_file: Option<std::path::PathBuf>,
 
     /// Print the gateway's JSON, pretty-printed, instead of a table.
     #[arg(long, global = true, help_heading = GLOBAL)]
@@ -128,6 +133,85 @@ impl IdleAction {
 pub enum TenantCommand {
     /// Create a tenant and print its API key (shown only once).
     Create(TenantCreate),
+    /// Show a tenant: its quota, weight and whether it is suspended.
+    Get(TenantId),
+    /// Issue, list and revoke a tenant's API keys (admin or the tenant).
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Suspend a tenant: it may read but change nothing (admin).
+    Suspend(TenantSuspend),
+    /// Let a suspended tenant act again (admin).
+    Resume(TenantId),
+    /// Change a tenant's quota and fair-share weight (admin).
+    SetQuota(TenantSetQuota),
+}
+
+/// A tenant named by its id.
+#[derive(Debug, Clone, Args)]
+pub struct TenantId {
+    /// Tenant id.
+    pub id: String,
+}
+
+/// `lh tenant suspend`
+#[derive(Debug, Clone, Args)]
+pub struct TenantSuspend {
+    /// Tenant id.
+    pub id: String,
+    /// Why, for the log.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Also stop every lease of the tenant; otherwise running leases run
+    /// on and waiting ones wait.
+    #[arg(long)]
+    pub stop_leases: bool,
+}
+
+/// `lh tenant set-quota`
+#[derive(Debug, Clone, Args)]
+pub struct TenantSetQuota {
+    /// Tenant id.
+    pub id: String,
+    /// Most GPUs the tenant may hold at once.
+    #[arg(long, value_name = "N")]
+    pub max_gpus: u32,
+    /// Most VRAM the tenant may hold at once, in GB; unlimited when absent.
+    #[arg(long, value_name = "GB")]
+    pub max_vram_gb: Option<u32>,
+    /// Weight in fair sharing, 1 to 1000; unchanged when absent.
+    #[arg(long)]
+    pub weight: Option<u32>,
+}
+
+/// `lh tenant key ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum KeyCommand {
+    /// Issue another key and print it (shown only once).
+    Create(KeyCreate),
+    /// List the tenant's keys (ids, prefixes, states; never the secrets).
+    #[command(visible_alias = "list")]
+    Ls(TenantId),
+    /// Revoke a key: it is refused from the moment this returns.
+    Revoke(KeyRevoke),
+}
+
+/// `lh tenant key create`
+#[derive(Debug, Clone, Args)]
+pub struct KeyCreate {
+    /// Tenant id.
+    pub id: String,
+    /// When the key stops working (RFC 3339, e.g. 2027-06-30T00:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    pub expires_at: Option<String>,
+}
+
+/// `lh tenant key revoke`
+#[derive(Debug, Clone, Args)]
+pub struct KeyRevoke {
+    /// Tenant id.
+    pub id: String,
+    /// The key's id, as `lh tenant key ls` shows it.
+    pub key_id: u32,
 }
 
 /// `lh tenant create`
@@ -774,12 +858,15 @@ mod tests {
             "lease",
             "ls",
             "--json",
-            "--api-key",
-            "sekrit",
+            "--api-key-file",
+            "/run/key",
         ])
         .unwrap();
         assert_eq!(cli.gateway_url, "http://gw:9000");
-        assert_eq!(cli.api_key.as_deref(), Some("sekrit"));
+        assert_eq!(
+            cli.api_key_file.as_deref(),
+            Some(std::path::Path::new("/run/key"))
+        );
         assert!(cli.json);
     }
 

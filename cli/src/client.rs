@@ -82,6 +82,18 @@ impl Gateway {
             .await
     }
 
+    /// `PUT` a JSON body and parse the JSON answer.
+    pub async fn put(&self, segments: &[&str], body: &Value) -> Result<Value, CliError> {
+        self.send(Method::PUT, self.url(segments, &[]), Some(body), &[])
+            .await
+    }
+
+    /// `DELETE` and parse the JSON answer.
+    pub async fn delete(&self, segments: &[&str]) -> Result<Value, CliError> {
+        self.send(Method::DELETE, self.url(segments, &[]), None, &[])
+            .await
+    }
+
     async fn send(
         &self,
         method: Method,

@@ -13,10 +13,14 @@
 //! | flag            | environment      | default                 |
 //! |-----------------|------------------|-------------------------|
 //! | `--gateway-url` | `LH_GATEWAY_URL` | `http://127.0.0.1:8080` |
-//! | `--api-key`     | `LH_API_KEY`     | none (no `Authorization`) |
+//! | (none)          | `LH_API_KEY`     | none (no `Authorization`) |
+//! | `--api-key-file`| `LH_API_KEY_FILE`| none                    |
 //! | `--json`        |                  | off                     |
 //!
-//! The key is sent as `Authorization: Bearer <key>`.
+//! The key is sent as `Authorization: Bearer <key>`. It is never taken
+//! from the command line, where `ps` and shell history would show it:
+//! `--api-key` is refused with a message saying what to use instead, and
+//! giving both `LH_API_KEY` and a key file is refused as ambiguous.
 //!
 //! # Exit codes
 //!
@@ -39,7 +43,7 @@
 //! ```no_run
 //! # async fn demo() {
 //! let out = lh_cli::capture([
-//!     "lh", "--gateway-url", "http://127.0.0.1:18080", "--api-key", "KEY",
+//!     "lh", "--gateway-url", "http://127.0.0.1:18080", "--api-key-file", "/run/lh-key",
 //!     "--json", "lease", "ls", "--all",
 //! ])
 //! .await;
@@ -55,8 +59,9 @@
 //! * [`run`] takes an already parsed [`Cli`] and returns `anyhow::Result<i32>`:
 //!   `Ok(code)` for commands that ran, `Err` (see [`exit_code`]) for errors.
 //! * `args` starts with the program name, as with `std::env::args`.
-//!   Flags given in `args` override `LH_GATEWAY_URL` / `LH_API_KEY`, which are
-//!   read from the process environment; pass `--gateway-url` explicitly.
+//!   Flags given in `args` override `LH_GATEWAY_URL` / `LH_API_KEY_FILE`,
+//!   which are read from the process environment (as is `LH_API_KEY`); pass
+//!   `--gateway-url` explicitly.
 //! * `--json` output is exactly one pretty-printed JSON document on stdout:
 //!   the gateway's answer, or for `lease ls --all` the merged
 //!   `{"items":[...],"next_cursor":null}`.
@@ -67,9 +72,10 @@ mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, LeaseCommand,
-    LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId,
-    TenantCommand, TenantCreate, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
+    KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
+    NodeCommand, NodeDrain, NodeId, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -87,6 +93,54 @@ use tokio::time::Instant;
 
 /// How often `lease get --wait` polls.
 pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Largest key file read, in bytes.
+pub const MAX_KEY_FILE_BYTES: u64 = 8 * 1024;
+
+/// The key to call with: from the key file (`--api-key-file` or
+/// `LH_API_KEY_FILE`) or `LH_API_KEY`, never from the command line.
+fn api_key(cli: &Cli) -> Result<Option<String>, CliError> {
+    if cli.api_key.is_some() {
+        return Err(CliError::Usage(
+            "--api-key is no longer accepted: a key on the command line shows in `ps` and \
+             shell history. Set LH_API_KEY, or put the key in a file and pass \
+             --api-key-file PATH (or set LH_API_KEY_FILE)"
+                .into(),
+        ));
+    }
+    let from_env = std::env::var("LH_API_KEY")
+        .ok()
+        .filter(|k| !k.trim().is_empty());
+    let Some(path) = &cli.api_key_file else {
+        return Ok(from_env);
+    };
+    if from_env.is_some() {
+        return Err(CliError::Usage(
+            "both LH_API_KEY and a key file (--api-key-file or LH_API_KEY_FILE) are set; \
+             keep one"
+                .into(),
+        ));
+    }
+    let unreadable = |e: std::io::Error| {
+        CliError::Usage(format!("cannot read the key file {}: {e}", path.display()))
+    };
+    let len = std::fs::metadata(path).map_err(unreadable)?.len();
+    if len > MAX_KEY_FILE_BYTES {
+        return Err(CliError::Usage(format!(
+            "the key file {} is larger than {MAX_KEY_FILE_BYTES} bytes",
+            path.display()
+        )));
+    }
+    let key = std::fs::read_to_string(path).map_err(unreadable)?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(CliError::Usage(format!(
+            "the key file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(Some(key.to_string()))
+}
 
 /// Most pages `lease ls --all` follows before giving up on the gateway.
 const MAX_PAGES: usize = 10_000;
@@ -172,7 +226,8 @@ where
 /// negative answer such as a broken audit chain); `Err` for failures, whose
 /// exit code [`exit_code`] gives (a [`CliError`] inside for gateway errors).
 pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
-    let gw = Gateway::new(&cli.gateway_url, cli.api_key.as_deref())?;
+    let key = api_key(&cli)?;
+    let gw = Gateway::new(&cli.gateway_url, key.as_deref())?;
     let json = cli.json;
     match cli.command {
         Command::Tenant(TenantCommand::Create(t)) => {
@@ -189,6 +244,64 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             }
             let tenant = gw.post(&["v1", "tenants"], Some(&body), &[]).await?;
             emit(out, json, &tenant, render::tenant_created)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::Get(t)) => {
+            let tenant = gw.get(&["v1", "tenants", &t.id], &[]).await?;
+            emit(out, json, &tenant, render::tenant_view)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::Suspend(t)) => {
+            let mut body = json!({"stop_leases": t.stop_leases});
+            if let Some(reason) = &t.reason {
+                body["reason"] = json!(reason);
+            }
+            let changed = gw
+                .post(&["v1", "tenants", &t.id, "suspend"], Some(&body), &[])
+                .await?;
+            emit(out, json, &changed, render::tenant_changed)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::Resume(t)) => {
+            let changed = gw
+                .post(&["v1", "tenants", &t.id, "resume"], None, &[])
+                .await?;
+            emit(out, json, &changed, render::tenant_changed)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::SetQuota(q)) => {
+            let mut body = json!({"quota": {"max_gpus": q.max_gpus}});
+            if let Some(vram) = q.max_vram_gb {
+                body["quota"]["max_vram_gb"] = json!(vram);
+            }
+            if let Some(weight) = q.weight {
+                body["weight"] = json!(weight);
+            }
+            let tenant = gw.put(&["v1", "tenants", &q.id, "quota"], &body).await?;
+            emit(out, json, &tenant, render::tenant_view)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::Key(KeyCommand::Create(k))) => {
+            let mut body = json!({});
+            if let Some(at) = &k.expires_at {
+                body["expires_at"] = json!(at);
+            }
+            let key = gw
+                .post(&["v1", "tenants", &k.id, "keys"], Some(&body), &[])
+                .await?;
+            emit(out, json, &key, render::key_issued)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::Key(KeyCommand::Ls(t))) => {
+            let keys = gw.get(&["v1", "tenants", &t.id, "keys"], &[]).await?;
+            emit(out, json, &keys, render::key_list)?;
+            Ok(EXIT_OK)
+        }
+        Command::Tenant(TenantCommand::Key(KeyCommand::Revoke(k))) => {
+            let key = gw
+                .delete(&["v1", "tenants", &k.id, "keys", &k.key_id.to_string()])
+                .await?;
+            emit(out, json, &key, render::key_view)?;
             Ok(EXIT_OK)
         }
         Command::Lease(LeaseCommand::Create(c)) => {

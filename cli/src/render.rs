@@ -247,8 +247,86 @@ pub fn tenant_created(tenant: &Value) -> String {
     if let Some(key) = tenant.get("api_key").and_then(Value::as_str) {
         out.push_str("\nThe API key is shown only this once. To use it:\n");
         out.push_str(&format!("  export LH_API_KEY={}\n", shell_quote(key)));
+        out.push_str("or keep it in a file (mode 0600) and pass --api-key-file PATH.\n");
     }
     out
+}
+
+/// A tenant as the gateway shows it.
+pub fn tenant_view(tenant: &Value) -> String {
+    let mut rows = vec![
+        ("id", text(tenant, "id")),
+        ("max gpus", text(tenant, "max_gpus")),
+        ("max vram gb", text(tenant, "max_vram_gb")),
+        ("weight", text(tenant, "weight")),
+        ("suspended", text(tenant, "suspended")),
+    ];
+    if present(tenant, "suspended_reason") {
+        rows.push(("reason", text(tenant, "suspended_reason")));
+    }
+    key_values(rows)
+}
+
+/// A tenant after a suspension or resumption, and the leases it stopped.
+pub fn tenant_changed(changed: &Value) -> String {
+    let mut out = tenant_view(changed.get("tenant").unwrap_or(&Value::Null));
+    let stopping = changed
+        .get("leases_stopping")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if stopping > 0 {
+        out.push_str(&format!("{stopping} lease(s) asked to stop\n"));
+    }
+    out
+}
+
+/// A newly issued key, with how to use it without putting it on a command line.
+pub fn key_issued(key: &Value) -> String {
+    let mut out = key_values(vec![
+        ("key id", text(key, "key_id")),
+        ("prefix", text(key, "prefix")),
+        ("expires at", text(key, "expires_at")),
+        ("api key", text(key, "api_key")),
+    ]);
+    if key.get("api_key").and_then(Value::as_str).is_some() {
+        out.push_str("\nThe API key is shown only this once. Keep it in a file (mode 0600) and\n");
+        out.push_str("pass --api-key-file PATH, or export LH_API_KEY.\n");
+    }
+    out
+}
+
+/// One key, never its secret.
+pub fn key_view(key: &Value) -> String {
+    key_values(vec![
+        ("key id", text(key, "key_id")),
+        ("prefix", text(key, "prefix")),
+        ("state", text(key, "state")),
+        ("created at", text(key, "created_at")),
+        ("expires at", text(key, "expires_at")),
+        ("revoked at", text(key, "revoked_at")),
+    ])
+}
+
+/// A tenant's keys, one a row.
+pub fn key_list(keys: &Value) -> String {
+    let mut t = table();
+    t.set_header(["KEY", "PREFIX", "STATE", "CREATED", "EXPIRES", "REVOKED"]);
+    for key in keys
+        .get("items")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+    {
+        t.add_row([
+            text(key, "key_id"),
+            text(key, "prefix"),
+            text(key, "state"),
+            text(key, "created_at"),
+            text(key, "expires_at"),
+            text(key, "revoked_at"),
+        ]);
+    }
+    finish(t)
 }
 
 /// Quotes a value for a POSIX shell when it has anything but safe characters.

@@ -63,6 +63,8 @@ type Handler = Arc<dyn Fn(&Req, usize) -> Resp + Send + Sync>;
 struct Fake {
     url: String,
     log: Arc<Mutex<Vec<Req>>>,
+    /// Holds the API key `lh` reads (`--api-key-file`).
+    key_file: tempfile::NamedTempFile,
 }
 
 impl Fake {
@@ -70,9 +72,10 @@ impl Fake {
         self.log.lock().unwrap().clone()
     }
 
-    /// Runs `lh` with this gateway and a fixed API key.
+    /// Runs `lh` with this gateway and a fixed API key from a file.
     async fn lh(&self, args: &[&str]) -> Captured {
-        let mut argv = vec!["lh", "--gateway-url", &self.url, "--api-key", "test-key"];
+        let key_file = self.key_file.path().to_str().unwrap();
+        let mut argv = vec!["lh", "--gateway-url", &self.url, "--api-key-file", key_file];
         argv.extend_from_slice(args);
         capture(argv).await
     }
@@ -141,7 +144,9 @@ async fn fake(handler: impl Fn(&Req, usize) -> Resp + Send + Sync + 'static) -> 
             });
         }
     });
-    Fake { url, log }
+    let key_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key_file.path(), "test-key\n").unwrap();
+    Fake { url, log, key_file }
 }
 
 fn lease(id: &str, state: &str) -> Value {
@@ -555,4 +560,157 @@ async fn tenant_create_sends_the_idle_policy() {
         .await;
     assert_ne!(out.code, EXIT_OK);
     assert_eq!(gw.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_key_on_the_command_line_is_refused_and_says_what_to_use() {
+    let gw = fake(|_, _| ok(200, json!({"items": [], "next_cursor": null}))).await;
+    let out = capture([
+        "lh",
+        "--gateway-url",
+        &gw.url,
+        "--api-key",
+        "lh_secret",
+        "lease",
+        "ls",
+    ])
+    .await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR, "{}", out.stderr);
+    for hint in ["LH_API_KEY", "--api-key-file", "ps"] {
+        assert!(out.stderr.contains(hint), "{hint}: {}", out.stderr);
+    }
+    assert!(gw.requests().is_empty(), "nothing was sent");
+    let missing = capture([
+        "lh",
+        "--gateway-url",
+        &gw.url,
+        "--api-key-file",
+        "/nonexistent/lh-key",
+        "lease",
+        "ls",
+    ])
+    .await;
+    assert_eq!(missing.code, EXIT_CLIENT_ERROR);
+    assert!(
+        missing.stderr.contains("/nonexistent/lh-key"),
+        "{}",
+        missing.stderr
+    );
+}
+
+#[tokio::test]
+async fn tenant_keys_are_created_listed_and_revoked() {
+    let gw = fake(|req, _| match req.method.as_str() {
+        "POST" => ok(
+            201,
+            json!({"key_id": 2, "api_key": "lh_abcdefgh_secret", "prefix": "lh_abcdefgh"}),
+        ),
+        "GET" => ok(
+            200,
+            json!({"items": [{"key_id": 1, "prefix": "lh_12345678", "state": "active",
+                              "created_at": "2026-12-01T10:00:00Z", "expires_at": null, "revoked_at": null}]}),
+        ),
+        _ => ok(
+            200,
+            json!({"key_id": 1, "prefix": "lh_12345678", "state": "revoked",
+                   "created_at": "2026-12-01T10:00:00Z", "expires_at": null,
+                   "revoked_at": "2026-12-02T10:00:00Z"}),
+        ),
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "tenant",
+            "key",
+            "create",
+            "T1",
+            "--expires-at",
+            "2027-01-01T00:00:00Z",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("lh_abcdefgh_secret"), "{}", out.stdout);
+    let out = gw.lh(&["tenant", "key", "ls", "T1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("lh_12345678"), "{}", out.stdout);
+    let out = gw.lh(&["tenant", "key", "revoke", "T1", "1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("revoked"), "{}", out.stdout);
+
+    let reqs = gw.requests();
+    let seen: Vec<(&str, &str)> = reqs
+        .iter()
+        .map(|r| (r.method.as_str(), r.target.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("POST", "/v1/tenants/T1/keys"),
+            ("GET", "/v1/tenants/T1/keys"),
+            ("DELETE", "/v1/tenants/T1/keys/1"),
+        ]
+    );
+    assert_eq!(
+        reqs[0].json(),
+        json!({"expires_at": "2027-01-01T00:00:00Z"})
+    );
+}
+
+#[tokio::test]
+async fn tenant_suspend_resume_and_set_quota_send_their_bodies() {
+    let view = json!({"id": "T1", "max_gpus": 8, "max_vram_gb": null, "weight": 2,
+                      "suspended": false, "suspended_reason": null,
+                      "created_at": "2026-12-01T10:00:00Z"});
+    let changed = json!({"tenant": view, "leases_stopping": 3});
+    let gw = fake(move |req, _| {
+        if req.method == "PUT" {
+            ok(200, view.clone())
+        } else {
+            ok(202, changed.clone())
+        }
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "tenant",
+            "suspend",
+            "T1",
+            "--reason",
+            "unpaid",
+            "--stop-leases",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("3 lease(s)"), "{}", out.stdout);
+    assert_eq!(gw.lh(&["tenant", "resume", "T1"]).await.code, EXIT_OK);
+    let out = gw
+        .lh(&[
+            "tenant",
+            "set-quota",
+            "T1",
+            "--max-gpus",
+            "8",
+            "--weight",
+            "2",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let reqs = gw.requests();
+    assert_eq!(
+        (reqs[0].method.as_str(), reqs[0].target.as_str()),
+        ("POST", "/v1/tenants/T1/suspend")
+    );
+    assert_eq!(
+        reqs[0].json(),
+        json!({"reason": "unpaid", "stop_leases": true})
+    );
+    assert_eq!(reqs[1].target, "/v1/tenants/T1/resume");
+    assert_eq!(
+        (reqs[2].method.as_str(), reqs[2].target.as_str()),
+        ("PUT", "/v1/tenants/T1/quota")
+    );
+    assert_eq!(
+        reqs[2].json(),
+        json!({"quota": {"max_gpus": 8}, "weight": 2})
+    );
 }

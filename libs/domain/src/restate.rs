@@ -36,7 +36,7 @@ pub fn restatement(history: &[StatedEvent]) -> Result<EventData, Unstatable> {
         })),
         EventData::TenantCreated(t) => Ok(EventData::TenantRestated(TenantRestated {
             tenant_id: t.tenant_id,
-            history: bounded(events),
+            history: bounded(compact_tenant(events)),
         })),
         EventData::NodeRegistered(n) => Ok(EventData::NodeRestated(NodeRestated {
             node_id: n.node_id.clone(),
@@ -83,6 +83,54 @@ fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
         events.drain(1..cut);
     }
     events
+}
+
+/// A tenant's creation, its keys' issues and revocations, the newest
+/// suspension (none once resumed) and the newest quota, in the order they
+/// were stored. Revoked keys stay, so that a reader new to the tenant lists
+/// the same keys; only when that would pass [`MAX_RESTATED_EVENTS`] are the
+/// oldest revoked keys left out (issue and revocation both), never a key
+/// that still works.
+fn compact_tenant(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
+    let mut suspension = None;
+    let mut quota = None;
+    let mut kept = Vec::new();
+    for event in events {
+        match &event.envelope.data {
+            EventData::TenantSuspended(_) => suspension = Some(event),
+            EventData::TenantResumed(_) => suspension = None,
+            EventData::TenantQuotaChanged(_) => quota = Some(event),
+            _ => kept.push(event),
+        }
+    }
+    kept.extend(suspension);
+    kept.extend(quota);
+    kept.sort_by_key(|e| e.sequence);
+    if kept.len() > MAX_RESTATED_EVENTS {
+        let issued: std::collections::HashSet<u32> = kept
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::TenantApiKeyIssued(i) => Some(i.key_id),
+                _ => None,
+            })
+            .collect();
+        // Oldest first: the order of the revocations.
+        let revoked: Vec<u32> = kept
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::TenantApiKeyRevoked(r) if issued.contains(&r.key_id) => Some(r.key_id),
+                _ => None,
+            })
+            .collect();
+        let excess = (kept.len() - MAX_RESTATED_EVENTS).div_ceil(2);
+        let dropped: std::collections::HashSet<u32> = revoked.into_iter().take(excess).collect();
+        kept.retain(|e| match &e.envelope.data {
+            EventData::TenantApiKeyIssued(i) => !dropped.contains(&i.key_id),
+            EventData::TenantApiKeyRevoked(r) => !dropped.contains(&r.key_id),
+            _ => true,
+        });
+    }
+    kept
 }
 
 /// A node's newest registration, then the newest event of each fact that
@@ -191,6 +239,127 @@ mod tests {
             .history
             .iter()
             .all(|e| e.envelope.data.restated_history().is_none()));
+    }
+
+    /// Key `key_id` of `tenant_id` issued, with a hash of its own.
+    fn key_issued(tenant_id: Uuid, key_id: u32) -> EventData {
+        EventData::TenantApiKeyIssued(lh_events::TenantApiKeyIssued {
+            tenant_id,
+            key_id,
+            prefix: "lh_abcdefgh".into(),
+            sha256: format!("{key_id:064}"),
+            expires_at: None,
+        })
+    }
+
+    #[test]
+    fn a_tenant_keeps_its_keys_newest_suspension_and_quota() {
+        use lh_events::{
+            Quota, TenantApiKeyRevoked, TenantQuotaChanged, TenantResumed, TenantSuspended,
+        };
+        let tenant_id = Uuid::from_u128(2);
+        let issued = |key_id| key_issued(tenant_id, key_id);
+        let revoked =
+            |key_id| EventData::TenantApiKeyRevoked(TenantApiKeyRevoked { tenant_id, key_id });
+        let suspended = EventData::TenantSuspended(TenantSuspended {
+            tenant_id,
+            reason: "unpaid".into(),
+            stop_leases: false,
+        });
+        let quota = |max_gpus| {
+            EventData::TenantQuotaChanged(TenantQuotaChanged {
+                tenant_id,
+                quota: Quota {
+                    max_gpus,
+                    max_vram_gb: None,
+                },
+                weight: 1,
+            })
+        };
+        let history = vec![
+            stated(1, EventData::TenantCreated(fixtures::tenant(tenant_id, 4))),
+            stated(2, issued(2)),
+            stated(3, issued(3)),
+            stated(4, revoked(2)),
+            stated(5, revoked(1)),
+            stated(6, suspended.clone()),
+            stated(7, quota(8)),
+            stated(8, EventData::TenantResumed(TenantResumed { tenant_id })),
+            stated(9, suspended),
+            stated(10, quota(16)),
+        ];
+        let EventData::TenantRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5, 9, 10]);
+        let resumed = [
+            history.clone(),
+            vec![stated(
+                11,
+                EventData::TenantResumed(TenantResumed { tenant_id }),
+            )],
+        ]
+        .concat();
+        let EventData::TenantRestated(r) = restatement(&resumed).unwrap() else {
+            panic!()
+        };
+        let seqs: Vec<u64> = r.history.iter().map(|e| e.sequence).collect();
+        assert_eq!(
+            seqs,
+            [1, 2, 3, 4, 5, 10],
+            "a resumed tenant carries no suspension"
+        );
+    }
+
+    #[test]
+    fn a_tenant_over_the_bound_leaves_out_its_oldest_revoked_keys_never_a_live_one() {
+        use lh_events::TenantApiKeyRevoked;
+        let tenant_id = Uuid::from_u128(2);
+        let issued = |key_id| key_issued(tenant_id, key_id);
+        let mut history = vec![stated(
+            1,
+            EventData::TenantCreated(fixtures::tenant(tenant_id, 4)),
+        )];
+        let mut seq = 1;
+        // Key 2 stays live; keys 3.. are issued and revoked in turn.
+        seq += 1;
+        history.push(stated(seq, issued(2)));
+        for key_id in 3..(3 + MAX_RESTATED_EVENTS as u32) {
+            seq += 1;
+            history.push(stated(seq, issued(key_id)));
+            seq += 1;
+            history.push(stated(
+                seq,
+                EventData::TenantApiKeyRevoked(TenantApiKeyRevoked { tenant_id, key_id }),
+            ));
+        }
+        let EventData::TenantRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        assert!(
+            r.history.len() <= MAX_RESTATED_EVENTS,
+            "{}",
+            r.history.len()
+        );
+        let keys: Vec<u32> = r
+            .history
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::TenantApiKeyIssued(i) => Some(i.key_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys[0], 2, "the live key is kept");
+        assert!(!keys.contains(&3), "the oldest revoked key is left out");
+        assert!(
+            keys.contains(&(2 + MAX_RESTATED_EVENTS as u32)),
+            "the newest stays"
+        );
+        assert!(matches!(
+            r.history[0].envelope.data,
+            EventData::TenantCreated(_)
+        ));
     }
 
     #[test]

@@ -23,10 +23,49 @@ pub fn derived_id(parts: &[&str]) -> Uuid {
 #[serde(tag = "kind", content = "id", rename_all = "snake_case")]
 pub enum Actor {
     Tenant(Uuid),
+    /// The one shared admin token of older logs: nobody in particular.
+    /// Writers name the operator instead ([`Actor::Operator`]).
     Admin,
+    /// The shared auditor token of older logs; see [`Actor::Admin`].
     Auditor,
     Service(String),
     Node(String),
+    /// A named person or credential acting as admin or auditor.
+    Operator(Operator),
+}
+
+/// A named operator: who signed in, and in which role.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Operator {
+    /// The principal's name: a named key's name, an OIDC subject, or
+    /// `bootstrap` for the bootstrap admin token.
+    pub name: String,
+    pub role: OperatorRole,
+}
+
+/// What an operator may do: an admin acts, an auditor only reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorRole {
+    Admin,
+    Auditor,
+}
+
+impl OperatorRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorRole::Admin => "admin",
+            OperatorRole::Auditor => "auditor",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "admin" => Some(OperatorRole::Admin),
+            "auditor" => Some(OperatorRole::Auditor),
+            _ => None,
+        }
+    }
 }
 
 /// The envelope every event travels in.
@@ -114,4 +153,37 @@ pub enum Expect {
     /// The aggregate's last message (under `<aggregate>.>`) is at this
     /// stream sequence (0: there is none).
     LastSubjectSequence(u64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stored before operators were named: the bare shared-token actors.
+    const OLD_STOP_BY_ADMIN: &str = r#"{"id":"0190d1c4-7f3a-7000-8000-000000000001","type":"lease.stop_requested","version":1,"occurred_at":"2026-11-01T10:00:00Z","tenant_id":"0190d1c4-7f3a-7000-8000-000000000002","actor":{"kind":"admin"},"correlation_id":"0190d1c4-7f3a-7000-8000-000000000001","data":{"type":"lease.stop_requested","lease_id":"0190d1c4-7f3a-7000-8000-000000000003"}}"#;
+
+    #[test]
+    fn an_old_envelope_with_the_bare_admin_or_auditor_still_decodes() {
+        let admin = Envelope::decode(OLD_STOP_BY_ADMIN.as_bytes()).unwrap();
+        assert_eq!(admin.actor, Actor::Admin);
+        let auditor = OLD_STOP_BY_ADMIN.replace(r#"{"kind":"admin"}"#, r#"{"kind":"auditor"}"#);
+        assert_eq!(
+            Envelope::decode(auditor.as_bytes()).unwrap().actor,
+            Actor::Auditor
+        );
+    }
+
+    #[test]
+    fn a_named_operator_round_trips_with_its_role() {
+        let actor = Actor::Operator(Operator {
+            name: "alice".into(),
+            role: OperatorRole::Auditor,
+        });
+        let json = serde_json::to_value(&actor).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "operator", "id": {"name": "alice", "role": "auditor"}})
+        );
+        assert_eq!(serde_json::from_value::<Actor>(json).unwrap(), actor);
+    }
 }

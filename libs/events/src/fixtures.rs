@@ -42,6 +42,7 @@ pub fn tenant(tenant_id: Uuid, max_gpus: u32) -> TenantCreated {
         name_sealed: String::new(),
         email_sealed: String::new(),
         api_key_sha256: String::new(),
+        api_key_prefix: None,
         quota: Quota {
             max_gpus,
             max_vram_gb: None,

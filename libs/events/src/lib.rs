@@ -49,6 +49,11 @@ pub use tenant::*;
 events! {
     "tenant.created" v=1 => TenantCreated @ tenant(tenant_id), tenant_id = tenant_id;
     "tenant.restated" v=1 => TenantRestated @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.api_key_issued" v=1 => TenantApiKeyIssued @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.api_key_revoked" v=1 => TenantApiKeyRevoked @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.suspended" v=1 => TenantSuspended @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.resumed" v=1 => TenantResumed @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.quota_changed" v=1 => TenantQuotaChanged @ tenant(tenant_id), tenant_id = tenant_id;
     "lease.requested" v=1 => LeaseRequested @ lease(lease_id), tenant_id = tenant_id;
     "lease.queued" v=1 => LeaseQueued @ lease(lease_id);
     "lease.rejected" v=1 => LeaseRejected @ lease(lease_id);

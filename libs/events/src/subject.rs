@@ -132,7 +132,9 @@ impl Publisher {
     pub fn of_actor(actor: &Actor) -> Option<Publisher> {
         match actor {
             Actor::Node(_) => Some(Publisher::Node),
-            Actor::Tenant(_) | Actor::Admin | Actor::Auditor => Some(Publisher::Gateway),
+            Actor::Tenant(_) | Actor::Admin | Actor::Auditor | Actor::Operator(_) => {
+                Some(Publisher::Gateway)
+            }
             Actor::Service(name) => {
                 let name = service_token(name);
                 Publisher::SERVICES
@@ -152,6 +154,11 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
     &[
         ("tenant.created", &[Gateway]),
         ("tenant.restated", &[Gateway]),
+        ("tenant.api_key_issued", &[Gateway]),
+        ("tenant.api_key_revoked", &[Gateway]),
+        ("tenant.suspended", &[Gateway]),
+        ("tenant.resumed", &[Gateway]),
+        ("tenant.quota_changed", &[Gateway]),
         ("lease.requested", &[Gateway]),
         ("lease.queued", &[Scheduler]),
         ("lease.rejected", &[Scheduler]),
@@ -211,7 +218,9 @@ pub fn origin(actor: &Actor) -> String {
     match actor {
         Actor::Node(node_id) => node_origin(node_id),
         Actor::Service(name) => token(service_token(name)),
-        Actor::Tenant(_) | Actor::Admin | Actor::Auditor => "gateway".to_string(),
+        Actor::Tenant(_) | Actor::Admin | Actor::Auditor | Actor::Operator(_) => {
+            "gateway".to_string()
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The tenant aggregate (`lh.evt.tenant.<id>`).
 
+use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -14,7 +15,12 @@ pub struct TenantCreated {
     /// Base64 of nonce ‖ ChaCha20-Poly1305 ciphertext of the e-mail address.
     pub email_sealed: String,
     /// Hex SHA-256 of the API key; the key itself is shown once and never stored.
+    /// This key is the tenant's key 1.
     pub api_key_sha256: String,
+    /// The key's visible beginning (`lh_` and 8 characters), by which the
+    /// tenant tells its keys apart; absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_prefix: Option<String>,
     pub quota: Quota,
     /// Weight in fair sharing across tenants (default 1).
     #[serde(default = "default_weight")]
@@ -74,4 +80,54 @@ pub struct Quota {
     /// Most VRAM (GB) the tenant may hold at once; no limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_vram_gb: Option<u32>,
+}
+
+/// Id of a tenant's first key, the one given at its creation.
+pub const FIRST_API_KEY_ID: u32 = 1;
+
+/// A tenant got another API key (`POST /v1/tenants/{id}/keys`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantApiKeyIssued {
+    pub tenant_id: Uuid,
+    /// Numbered per tenant from 2 up (key 1 came with `tenant.created`).
+    pub key_id: u32,
+    /// The key's visible beginning (`lh_` and 8 characters).
+    pub prefix: String,
+    /// Hex SHA-256 of the key; the key itself is shown once and never stored.
+    pub sha256: String,
+    /// From then on the key is refused; never when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// One of a tenant's API keys is refused from now on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantApiKeyRevoked {
+    pub tenant_id: Uuid,
+    pub key_id: u32,
+}
+
+/// A tenant may read but not change anything until `tenant.resumed`; its
+/// waiting leases wait. Its running leases run on unless the admin asked
+/// to stop them (each then gets its own `lease.stop_requested`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantSuspended {
+    pub tenant_id: Uuid,
+    pub reason: String,
+    pub stop_leases: bool,
+}
+
+/// A suspended tenant may act again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantResumed {
+    pub tenant_id: Uuid,
+}
+
+/// A tenant's quota and fair-share weight from now on; leases placed
+/// already keep their GPUs, new placements follow the new quota.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantQuotaChanged {
+    pub tenant_id: Uuid,
+    pub quota: Quota,
+    pub weight: u32,
 }

@@ -19,7 +19,8 @@ use crate::{wait_ready, Nats, NatsCluster, Postgres};
 /// How long a started service may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef0123456789";
+pub const AUDITOR_TOKEN: &str = "test-auditor-token-0123456789abcdef012345678";
 
 /// Three nodes of three models in three zones.
 pub const FLEET: &str = r#"
@@ -58,6 +59,9 @@ gpu_model = "A100-40GB"
 gpu_count = 2
 vram_gb = 40
 "#;
+
+/// A change a test makes to the gateway's configuration.
+pub type GatewayConfigChange = std::sync::Arc<dyn Fn(&mut lh_gateway::Config) + Send + Sync>;
 
 /// The NATS a stack runs on.
 pub enum StackNats {
@@ -127,6 +131,9 @@ pub struct Stack {
     /// on after the second number of seconds (tests that run past expiry);
     /// `None`: the production 365 days.
     pub short_retention: Option<(u64, u64)>,
+    /// Changes to the gateway's configuration (named keys, OIDC) made
+    /// before each start of the gateway.
+    pub gateway_config: Option<GatewayConfigChange>,
 }
 
 impl Stack {
@@ -222,6 +229,7 @@ impl Stack {
             own_postgres: None,
             gateway_limits: lh_gateway::TenantLimits::default(),
             short_retention: None,
+            gateway_config: None,
         }
     }
 
@@ -316,22 +324,25 @@ impl Stack {
                     .strip_prefix("http://")
                     .unwrap_or("127.0.0.1:0")
                     .to_string();
-                lh_gateway::start(
-                    lh_gateway::Config {
-                        common,
-                        gateway_addr,
-                        database_url: self.database_url_for("gateway"),
-                        schema: "gateway".into(),
-                        admin_token: Some(ADMIN_TOKEN.into()),
-                        admin_token_file: None,
-                        auditor_token: Some("test-auditor-token-0123456789".into()),
-                        master_key_file: self.master_key_file.clone(),
-                        front: self.gateway_front.clone(),
-                        limits: self.gateway_limits,
-                    },
-                    token.clone(),
-                )
-                .await
+                let mut config = lh_gateway::Config {
+                    common,
+                    gateway_addr,
+                    database_url: self.database_url_for("gateway"),
+                    schema: "gateway".into(),
+                    admin_token: Some(ADMIN_TOKEN.into()),
+                    admin_token_file: None,
+                    auditor_token: Some(AUDITOR_TOKEN.into()),
+                    auditor_token_file: None,
+                    admin_keys_file: None,
+                    oidc: Default::default(),
+                    master_key_file: self.master_key_file.clone(),
+                    front: self.gateway_front.clone(),
+                    limits: self.gateway_limits,
+                };
+                if let Some(change) = &self.gateway_config {
+                    change(&mut config);
+                }
+                lh_gateway::start(config, token.clone()).await
             }
             "node-agent" => {
                 let node_id = name.split_once(':').unwrap().1.to_string();
@@ -762,6 +773,9 @@ impl Stack {
             admin_token: Some(ADMIN_TOKEN.into()),
             admin_token_file: None,
             auditor_token: None,
+            auditor_token_file: None,
+            admin_keys_file: None,
+            oidc: Default::default(),
             master_key_file: self.master_key_file.clone(),
             front: test_front(),
             limits: Default::default(),

@@ -211,9 +211,12 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         gateway_addr: "127.0.0.1:0".into(),
         database_url: args.database_url.clone(),
         schema: lh_gateway::DEFAULT_SCHEMA.into(),
-        admin_token: Some("unused-for-a-rebuild".into()),
+        admin_token: Some("unused-for-a-rebuild-0123456789abcdef".into()),
         admin_token_file: None,
         auditor_token: None,
+        auditor_token_file: None,
+        admin_keys_file: None,
+        oidc: Default::default(),
         // A rebuild replays the log; it opens no tenant key.
         master_key_file: "unused-for-a-rebuild".into(),
         limits: Default::default(),

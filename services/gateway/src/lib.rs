@@ -5,6 +5,8 @@
 
 pub mod http;
 pub mod keyring;
+pub mod oidc;
+pub mod principals;
 pub mod projection;
 pub mod seal;
 
@@ -36,15 +38,25 @@ pub struct Config {
     /// Schema of the read models.
     #[arg(long, env = "LH_GATEWAY_SCHEMA", default_value = DEFAULT_SCHEMA)]
     pub schema: String,
-    /// Bearer token of the platform admin.
+    /// Bootstrap admin token (at least 32 characters, no placeholder);
+    /// it acts as the operator `bootstrap`.
     #[arg(long, env = "LH_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// File holding the admin token when LH_ADMIN_TOKEN is unset.
+    /// File holding the bootstrap admin token when LH_ADMIN_TOKEN is unset.
     #[arg(long, env = "LH_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
-    /// Bearer token of the auditor (read-only audit calls).
+    /// Bearer token of the shared auditor (read-only), checked as the admin token is.
     #[arg(long, env = "LH_AUDITOR_TOKEN", hide_env_values = true)]
     pub auditor_token: Option<String>,
+    /// File holding the auditor token when LH_AUDITOR_TOKEN is unset.
+    #[arg(long, env = "LH_AUDITOR_TOKEN_FILE")]
+    pub auditor_token_file: Option<PathBuf>,
+    /// Named operator keys: one `name role sha256hex` a line, role `admin`
+    /// or `auditor`; each caller with such a key acts under its name.
+    #[arg(long, env = "LH_ADMIN_KEYS_FILE")]
+    pub admin_keys_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub oidc: OidcArgs,
     /// File of the master keys that wrap tenants' data keys (`ID HEX` lines,
     /// mode 0600; the last line wraps). Never inside the database.
     #[arg(long, env = "LH_MASTER_KEY_FILE")]
@@ -55,30 +67,95 @@ pub struct Config {
     pub front: http::front::FrontArgs,
 }
 
+/// Operators signed in with an OpenID Connect issuer (off unless the
+/// issuer is set).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OidcArgs {
+    /// The issuer (`iss`) whose tokens name admins and auditors.
+    #[arg(long, env = "LH_OIDC_ISSUER", requires = "oidc_audience")]
+    pub oidc_issuer: Option<String>,
+    /// The audience (`aud`) tokens must be for.
+    #[arg(long, env = "LH_OIDC_AUDIENCE", requires = "oidc_issuer")]
+    pub oidc_audience: Option<String>,
+    /// The issuer's JSON Web Key Set, from a file.
+    #[arg(long, env = "LH_OIDC_JWKS_FILE", conflicts_with = "oidc_jwks_url")]
+    pub oidc_jwks_file: Option<PathBuf>,
+    /// The issuer's JSON Web Key Set, from a URL (https, or http on loopback).
+    #[arg(long, env = "LH_OIDC_JWKS_URL")]
+    pub oidc_jwks_url: Option<String>,
+    /// The claim holding the roles (`admin`, `auditor`).
+    #[arg(long, env = "LH_OIDC_ROLES_CLAIM", default_value = "roles")]
+    pub oidc_roles_claim: String,
+}
+
+impl OidcArgs {
+    /// The issuer's configuration, or `None` when OIDC is off.
+    pub fn config(&self) -> anyhow::Result<Option<oidc::OidcConfig>> {
+        let (Some(issuer), Some(audience)) = (&self.oidc_issuer, &self.oidc_audience) else {
+            anyhow::ensure!(
+                self.oidc_jwks_file.is_none() && self.oidc_jwks_url.is_none(),
+                "a JWKS is set but LH_OIDC_ISSUER and LH_OIDC_AUDIENCE are not"
+            );
+            return Ok(None);
+        };
+        let jwks = match (&self.oidc_jwks_file, &self.oidc_jwks_url) {
+            (Some(path), None) => oidc::JwksSource::File(path.clone()),
+            (None, Some(url)) => oidc::JwksSource::Url(
+                url.parse()
+                    .with_context(|| format!("LH_OIDC_JWKS_URL {url:?} is not a URL"))?,
+            ),
+            _ => anyhow::bail!("set one of LH_OIDC_JWKS_FILE and LH_OIDC_JWKS_URL"),
+        };
+        Ok(Some(oidc::OidcConfig {
+            issuer: issuer.clone(),
+            audience: audience.clone(),
+            jwks,
+            roles_claim: self.oidc_roles_claim.clone(),
+        }))
+    }
+}
+
 impl Config {
-    fn admin_token(&self) -> anyhow::Result<String> {
-        if let Some(t) = &self.admin_token {
-            return Ok(t.trim().to_string());
-        }
-        let path = self
-            .admin_token_file
-            .as_ref()
-            .context("set LH_ADMIN_TOKEN or LH_ADMIN_TOKEN_FILE")?;
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("reading admin token from {}", path.display()))?;
-        let token = token.trim().to_string();
+    /// The operators this gateway knows; at least one admin credential is
+    /// required, or nobody could create a tenant.
+    pub async fn principals(&self) -> anyhow::Result<principals::Principals> {
+        let token = |value: &Option<String>, file: &Option<PathBuf>, what: &str| match (value, file)
+        {
+            (Some(t), _) => Ok(Some(t.trim().to_string())),
+            (None, Some(path)) => principals::read_token_file(what, path).map(Some),
+            (None, None) => Ok(None),
+        };
+        let admin = token(&self.admin_token, &self.admin_token_file, "the admin token")?;
+        let auditor = token(
+            &self.auditor_token,
+            &self.auditor_token_file,
+            "the auditor token",
+        )?;
+        let named = match &self.admin_keys_file {
+            Some(path) => principals::read_keys_file(path)?,
+            None => Vec::new(),
+        };
+        let oidc = self.oidc.config()?;
         anyhow::ensure!(
-            token.len() >= 16,
-            "admin token in {} is shorter than 16 characters",
-            path.display()
+            admin.is_some()
+                || oidc.is_some()
+                || named
+                    .iter()
+                    .any(|(o, _)| o.role == lh_events::OperatorRole::Admin),
+            "no admin credential: set LH_ADMIN_TOKEN, LH_ADMIN_TOKEN_FILE, LH_ADMIN_KEYS_FILE \
+             or LH_OIDC_ISSUER"
         );
-        Ok(token)
+        let principals = principals::Principals::new(admin.as_deref(), auditor.as_deref(), named)?;
+        Ok(match oidc {
+            Some(config) => principals.with_oidc(oidc::Verifier::new(config).await?),
+            None => principals,
+        })
     }
 }
 
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let admin_token = config.admin_token()?;
+    let principals = std::sync::Arc::new(config.principals().await?);
     let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
@@ -119,8 +196,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         bus,
         pool,
         progress: progress.clone(),
-        admin_token,
-        auditor_token: config.auditor_token.clone(),
+        principals,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,

@@ -9,7 +9,7 @@ use sqlx::PgConnection;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
 
 /// Tables this projection owns (compared by the rebuild check).
-pub const TABLES: &[&str] = &["tenants", "leases"];
+pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases"];
 
 pub struct GatewayProjection;
 
@@ -102,6 +102,68 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .bind(e.quota.max_gpus as i32)
             .bind(at)
             .bind(seq)
+            .bind(e.quota.max_vram_gb.map(|v| v as i32))
+            .bind(e.weight as i32)
+            .execute(&mut *conn)
+            .await?;
+            insert_key(
+                conn,
+                e.tenant_id,
+                lh_events::FIRST_API_KEY_ID,
+                e.api_key_prefix.as_deref(),
+                &e.api_key_sha256,
+                at,
+                None,
+                seq,
+            )
+            .await?;
+        }
+        EventData::TenantApiKeyIssued(e) => {
+            insert_key(
+                conn,
+                e.tenant_id,
+                e.key_id,
+                Some(&e.prefix),
+                &e.sha256,
+                at,
+                e.expires_at,
+                seq,
+            )
+            .await?;
+        }
+        EventData::TenantApiKeyRevoked(e) => {
+            sqlx::query(
+                "UPDATE tenant_keys SET revoked_at = COALESCE(revoked_at, $3), sequence = $4
+                 WHERE tenant_id = $1 AND key_id = $2",
+            )
+            .bind(e.tenant_id)
+            .bind(e.key_id as i32)
+            .bind(at)
+            .bind(seq)
+            .execute(conn)
+            .await?;
+        }
+        EventData::TenantSuspended(e) => {
+            sqlx::query("UPDATE tenants SET suspended = TRUE, suspended_reason = $2 WHERE id = $1")
+                .bind(e.tenant_id)
+                .bind(&e.reason)
+                .execute(conn)
+                .await?;
+        }
+        EventData::TenantResumed(e) => {
+            sqlx::query(
+                "UPDATE tenants SET suspended = FALSE, suspended_reason = NULL WHERE id = $1",
+            )
+            .bind(e.tenant_id)
+            .execute(conn)
+            .await?;
+        }
+        EventData::TenantQuotaChanged(e) => {
+            sqlx::query(
+                "UPDATE tenants SET max_gpus = $2, max_vram_gb = $3, weight = $4 WHERE id = $1",
+            )
+            .bind(e.tenant_id)
+            .bind(e.quota.max_gpus as i32)
             .bind(e.quota.max_vram_gb.map(|v| v as i32))
             .bind(e.weight as i32)
             .execute(conn)
@@ -302,5 +364,34 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         }
         _ => {}
     }
+    Ok(())
+}
+
+/// A key whose hash some other key has already is not taken: the first
+/// holder keeps it, so no event can take over another tenant's key.
+#[allow(clippy::too_many_arguments)]
+async fn insert_key(
+    conn: &mut PgConnection,
+    tenant_id: uuid::Uuid,
+    key_id: u32,
+    prefix: Option<&str>,
+    sha256: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    seq: i64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO tenant_keys (tenant_id, key_id, prefix, sha256, created_at, expires_at, sequence)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant_id)
+    .bind(key_id as i32)
+    .bind(prefix)
+    .bind(sha256)
+    .bind(at)
+    .bind(expires_at)
+    .bind(seq)
+    .execute(conn)
+    .await?;
     Ok(())
 }

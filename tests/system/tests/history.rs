@@ -34,7 +34,28 @@ async fn tenants_nodes_books_and_leases_outlive_their_expired_events() {
     })
     .await;
     let bus = stack.bus().await;
-    let (_, key) = stack.create_tenant("old", 2).await;
+    let (tenant_id, key) = stack.create_tenant("old", 2).await;
+    // Keys issued and revoked before the tenant's creation expires.
+    let keys = format!("/v1/tenants/{tenant_id}/keys");
+    let (status, spare) = stack
+        .call(Method::POST, &keys, ADMIN_TOKEN, Some(json!({})))
+        .await;
+    assert_eq!(status, 201, "{spare}");
+    let spare_key = spare["api_key"].as_str().unwrap().to_string();
+    let (status, lost) = stack
+        .call(Method::POST, &keys, ADMIN_TOKEN, Some(json!({})))
+        .await;
+    assert_eq!(status, 201, "{lost}");
+    let lost_key = lost["api_key"].as_str().unwrap().to_string();
+    let (status, _) = stack
+        .call(
+            Method::DELETE,
+            &format!("{keys}/{}", lost["key_id"]),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
     let old = stack
         .running(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
@@ -73,6 +94,12 @@ async fn tenants_nodes_books_and_leases_outlive_their_expired_events() {
         stack.start_service(name).await;
     }
     stack.wait_ready().await;
+
+    // The restarted gateway knows the tenant's keys as they stood.
+    for (key, status) in [(&key, 200), (&spare_key, 200), (&lost_key, 401)] {
+        let (got, body) = stack.call(Method::GET, "/v1/leases", key, None).await;
+        assert_eq!(got, status, "{body}");
+    }
 
     // The tenant still leases; the GPU the old lease holds is not given to
     // anyone else, so the node's other GPU is used and a third lease waits.

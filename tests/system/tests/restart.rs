@@ -153,7 +153,11 @@ async fn projections_rebuilt_from_sequence_one_are_identical() {
     let report = lh_gateway::rebuild(&stack.gateway_config(), "gateway_rebuild", false, |_, _| {})
         .await
         .unwrap();
-    assert_eq!(report.tables.len(), 3, "tenants, leases and skipped_events");
+    assert_eq!(
+        report.tables.len(),
+        4,
+        "tenants, tenant_keys, leases and skipped_events"
+    );
     for c in &report.tables {
         assert!(
             c.live.0 > 0 || c.table == "skipped_events",

@@ -19,7 +19,7 @@ pub async fn verify(
     State(ctx): State<ApiContext>,
     caller: Caller,
 ) -> Result<Json<VerifyResponse>, ApiError> {
-    if !matches!(caller, Caller::Admin | Caller::Auditor) {
+    if !caller.is_operator() {
         return Err(ApiError::forbidden(
             "audit verification needs the admin or auditor token",
         ));

@@ -1,8 +1,11 @@
-//! Who is calling: the admin token, the auditor token or a tenant's API
-//! key, compared in constant time.
+//! Who is calling: an operator (the bootstrap admin token, the auditor
+//! token or a named key, see [`crate::principals`]) or a tenant's API key.
+//! Operators are found by their key's hash, tenants by their key's hash in
+//! the read model, so no comparison runs over a secret byte by byte.
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, Method};
+use lh_events::{Actor, Operator, OperatorRole};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -11,38 +14,81 @@ use super::{ApiContext, ApiError};
 /// Who is calling.
 #[derive(Debug, Clone)]
 pub enum Caller {
-    Admin,
-    Auditor,
-    Tenant { id: Uuid, max_gpus: u32 },
+    /// An admin or an auditor, by name.
+    Operator(Operator),
+    Tenant {
+        id: Uuid,
+        max_gpus: u32,
+    },
+}
+
+#[derive(sqlx::FromRow)]
+struct TenantKeyRow {
+    id: Uuid,
+    max_gpus: i32,
+    suspended: bool,
+    key_id: i32,
+    revoked: bool,
+    expired: bool,
 }
 
 impl Caller {
     pub fn tenant(&self) -> Result<(Uuid, u32), ApiError> {
         match self {
-            Caller::Tenant { id, max_gpus } => Ok((*id, *max_gpus)),
+            Caller::Tenant { id, max_gpus, .. } => Ok((*id, *max_gpus)),
             _ => Err(ApiError::forbidden("this call needs a tenant API key")),
         }
     }
 
     pub fn require_admin(&self) -> Result<(), ApiError> {
         match self {
-            Caller::Admin => Ok(()),
-            _ => Err(ApiError::forbidden("this call needs the admin token")),
+            Caller::Operator(o) if o.role == OperatorRole::Admin => Ok(()),
+            _ => Err(ApiError::forbidden("this call needs an admin")),
+        }
+    }
+
+    /// Whether the caller is an operator, who may read every tenant's data.
+    pub fn is_operator(&self) -> bool {
+        matches!(self, Caller::Operator(_))
+    }
+
+    /// Refuses the auditor, who only reads; tenants and admins pass (what
+    /// they may change is the handler's to decide).
+    pub fn require_writer(&self) -> Result<(), ApiError> {
+        match self {
+            Caller::Operator(o) if o.role == OperatorRole::Auditor => Err(ApiError::forbidden(
+                "the auditor role reads only; this call changes something",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses anyone but an admin and the tenant `tenant_id` itself; an
+    /// unknown or other tenant is told 404, so that ids do not leak.
+    pub fn require_admin_or_tenant(&self, tenant_id: Uuid) -> Result<(), ApiError> {
+        match self {
+            Caller::Operator(o) if o.role == OperatorRole::Admin => Ok(()),
+            Caller::Operator(_) => Err(ApiError::forbidden(
+                "the auditor role reads only; this call changes something",
+            )),
+            Caller::Tenant { id, .. } if *id == tenant_id => Ok(()),
+            Caller::Tenant { .. } => {
+                Err(ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))
+            }
+        }
+    }
+
+    /// Who the log records as the cause of what this caller asked.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Caller::Operator(o) => Actor::Operator(o.clone()),
+            Caller::Tenant { id, .. } => Actor::Tenant(*id),
         }
     }
 }
 
 pub fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
-}
-
-/// Compares secrets without leaking where they differ.
-fn same_secret(a: &str, b: &str) -> bool {
-    let (ha, hb) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    ha.iter()
-        .zip(hb.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
 }
 
 impl FromRequestParts<ApiContext> for Caller {
@@ -59,23 +105,50 @@ impl FromRequestParts<ApiContext> for Caller {
             .strip_prefix("Bearer ")
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <key>`"))?
             .trim();
-        if same_secret(token, &ctx.admin_token) {
-            return Ok(Caller::Admin);
+        if let Some(operator) = ctx.principals.operator(token) {
+            return Ok(Caller::Operator(operator.clone()));
         }
-        if let Some(auditor) = &ctx.auditor_token {
-            if same_secret(token, auditor) {
-                return Ok(Caller::Auditor);
+        if let Some(oidc) = &ctx.principals.oidc {
+            if crate::oidc::Verifier::looks_like_jwt(token) {
+                return match oidc.verify(token).await {
+                    Ok(operator) => Ok(Caller::Operator(operator)),
+                    Err(refused @ crate::oidc::Refused::NoRole(_)) => {
+                        Err(ApiError::forbidden(refused.to_string()))
+                    }
+                    Err(refused) => Err(ApiError::unauthorized(refused.to_string())),
+                };
             }
         }
-        let row: Option<(Uuid, i32)> =
-            sqlx::query_as("SELECT id, max_gpus FROM tenants WHERE api_key_sha256 = $1")
-                .bind(sha256_hex(token))
-                .fetch_optional(&ctx.pool)
-                .await?;
-        let Some((id, max_gpus)) = row else {
+        let row: Option<TenantKeyRow> = sqlx::query_as(
+            "SELECT t.id, t.max_gpus, t.suspended, k.key_id, k.revoked_at IS NOT NULL AS revoked,
+                    COALESCE(k.expires_at <= now(), FALSE) AS expired
+             FROM tenant_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.sha256 = $1",
+        )
+        .bind(sha256_hex(token))
+        .fetch_optional(&ctx.pool)
+        .await?;
+        let Some(key) = row else {
             return Err(ApiError::unauthorized("unknown API key"));
         };
+        if key.revoked {
+            return Err(ApiError::unauthorized(format!(
+                "API key {} of this tenant was revoked",
+                key.key_id
+            )));
+        }
+        if key.expired {
+            return Err(ApiError::unauthorized(format!(
+                "API key {} of this tenant has expired",
+                key.key_id
+            )));
+        }
+        let (id, max_gpus) = (key.id, key.max_gpus);
         let write = !matches!(parts.method, Method::GET | Method::HEAD);
+        if write && key.suspended {
+            return Err(ApiError::forbidden(
+                "this tenant is suspended: it may read but not change anything",
+            ));
+        }
         if write {
             if let Err(wait) = ctx.write_budgets.spend(id, std::time::Instant::now()) {
                 metrics::counter!("lh_gateway_writes_limited_total").increment(1);

@@ -44,8 +44,8 @@ pub async fn show(
         (Caller::Tenant { .. }, Some(_)) => {
             return Err(ApiError::not_found("no such tenant").field("tenant_id"))
         }
-        (Caller::Admin | Caller::Auditor, Some(asked)) => asked,
-        (Caller::Admin | Caller::Auditor, None) => {
+        (Caller::Operator(_), Some(asked)) => asked,
+        (Caller::Operator(_), None) => {
             return Err(ApiError::unprocessable(
                 "tenant_id is required for the admin",
                 "tenant_id",

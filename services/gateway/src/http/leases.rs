@@ -241,7 +241,7 @@ async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseVie
     let lease = fetch(ctx, id).await?;
     match (lease, caller) {
         (Some(l), Caller::Tenant { id: tenant, .. }) if l.tenant_id == *tenant => Ok(l),
-        (Some(l), Caller::Admin | Caller::Auditor) => Ok(l),
+        (Some(l), Caller::Operator(_)) => Ok(l),
         _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
     }
 }
@@ -404,6 +404,7 @@ pub async fn stop(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    caller.require_writer()?;
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) = lease::stop(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
     ask(
@@ -425,16 +426,44 @@ async fn ask(
     data: EventData,
     event_id: Uuid,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
-    let actor = match caller {
-        Caller::Tenant { id, .. } => Actor::Tenant(*id),
-        _ => Actor::Admin,
-    };
-    let mut envelope = Envelope::new(actor, Utc::now(), data).with_id(event_id);
+    let mut envelope = Envelope::new(caller.actor(), Utc::now(), data).with_id(event_id);
     envelope.tenant_id = Some(lease.tenant_id);
     let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
     read_your_write(ctx, appended.sequence).await?;
     let lease = visible(ctx, caller, lease.id).await?;
     Ok((StatusCode::ACCEPTED, Json(lease)))
+}
+
+/// Asks every lease of `tenant_id` that has not ended to stop; how many
+/// were asked and the sequence of the last request (0 when none).
+pub(super) async fn stop_all_of(
+    ctx: &ApiContext,
+    caller: &Caller,
+    tenant_id: Uuid,
+) -> Result<(u32, u64), ApiError> {
+    let leases: Vec<LeaseView> = sqlx::query_as(&format!(
+        "SELECT {VIEW_COLUMNS} FROM leases
+         WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected') AND NOT stop_requested"
+    ))
+    .bind(tenant_id)
+    .fetch_all(&ctx.pool)
+    .await?;
+    let (mut asked, mut last) = (0u32, 0u64);
+    for lease in &leases {
+        let Ok((event, id)) = lease::stop(lease.now()) else {
+            continue;
+        };
+        let mut envelope = Envelope::new(
+            caller.actor(),
+            Utc::now(),
+            EventData::LeaseStopRequested(event),
+        )
+        .with_id(id);
+        envelope.tenant_id = Some(tenant_id);
+        last = ctx.bus.publish(&envelope, Expect::Any).await?.sequence;
+        asked += 1;
+    }
+    Ok((asked, last))
 }
 
 #[utoipa::path(
@@ -449,6 +478,7 @@ pub async fn resume(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
+    caller.require_writer()?;
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) =
         lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;

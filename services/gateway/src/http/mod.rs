@@ -8,6 +8,7 @@ mod auth;
 mod error;
 pub mod front;
 pub mod invoices;
+pub mod keys;
 pub mod leases;
 pub mod limits;
 pub mod nodes;
@@ -16,7 +17,7 @@ pub mod tenants;
 
 use std::time::Duration;
 
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use lh_bus::Bus;
 use lh_projection::Progress;
@@ -38,8 +39,7 @@ pub struct ApiContext {
     pub bus: Bus,
     pub pool: PgPool,
     pub progress: Progress,
-    pub admin_token: String,
-    pub auditor_token: Option<String>,
+    pub principals: std::sync::Arc<crate::principals::Principals>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
     /// Wraps tenants' data keys.
@@ -52,6 +52,12 @@ pub fn router(ctx: ApiContext) -> Router {
     let budgets = ctx.request_budgets.clone();
     Router::new()
         .route("/v1/tenants", post(tenants::create))
+        .route("/v1/tenants/{id}", get(tenants::get))
+        .route("/v1/tenants/{id}/suspend", post(tenants::suspend))
+        .route("/v1/tenants/{id}/resume", post(tenants::resume))
+        .route("/v1/tenants/{id}/quota", put(tenants::set_quota))
+        .route("/v1/tenants/{id}/keys", post(keys::issue).get(keys::list))
+        .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))

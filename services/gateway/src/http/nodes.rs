@@ -8,7 +8,7 @@ use axum::Json;
 use chrono::Utc;
 use lh_bus::{BusError, Expect};
 use lh_events::{
-    derived_id, subject, Actor, DrainMode, Envelope, EventData, NodeCordoned, NodeUncordoned,
+    derived_id, subject, DrainMode, Envelope, EventData, NodeCordoned, NodeUncordoned,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -70,7 +70,7 @@ pub async fn drain(
         drain: Some(body.mode),
         reason,
     });
-    let sequence = record(&ctx, &node_id, "node.cordoned", data).await?;
+    let sequence = record(&ctx, &caller, &node_id, "node.cordoned", data).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(NodeCordonView {
@@ -98,7 +98,7 @@ pub async fn uncordon(
     let data = EventData::NodeUncordoned(NodeUncordoned {
         node_id: node_id.clone(),
     });
-    let sequence = record(&ctx, &node_id, "node.uncordoned", data).await?;
+    let sequence = record(&ctx, &caller, &node_id, "node.uncordoned", data).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(NodeCordonView {
@@ -117,6 +117,7 @@ pub async fn uncordon(
 /// command again, which changes nothing.
 async fn record(
     ctx: &ApiContext,
+    caller: &Caller,
     node_id: &str,
     kind: &str,
     data: EventData,
@@ -127,7 +128,7 @@ async fn record(
         if last == 0 {
             return Err(ApiError::not_found(format!("no node {node_id} on the log")).field("id"));
         }
-        let envelope = Envelope::new(Actor::Admin, Utc::now(), data.clone())
+        let envelope = Envelope::new(caller.actor(), Utc::now(), data.clone())
             .with_id(derived_id(&[kind, node_id, &last.to_string()]));
         match ctx
             .bus

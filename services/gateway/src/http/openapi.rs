@@ -3,13 +3,20 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use super::{audit, invoices, leases, nodes, tenants, Problem};
+use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Leasehold API", description = "Rent whole GPUs by the second."),
     paths(
         tenants::create,
+        tenants::get,
+        tenants::suspend,
+        tenants::resume,
+        tenants::set_quota,
+        keys::issue,
+        keys::list,
+        keys::revoke,
         leases::create,
         leases::list,
         leases::get,
@@ -27,9 +34,103 @@ use super::{audit, invoices, leases, nodes, tenants, Problem};
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &ProblemResponses)
 )]
 pub struct ApiDoc;
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Documents the errors every route can answer besides its own, each as
+/// `application/problem+json` with the `Problem` schema, so that a client
+/// or a schema-driven fuzzer meets no undocumented status: every route
+/// needs a caller (401) and the database and the log (503); every write
+/// may be refused to an auditor or a suspended tenant (403), lose a race
+/// (409) or exceed the tenant's write budget (429); a body or a query can
+/// be unreadable (400) or break a rule (422); an id can name nothing (404).
+struct ProblemResponses;
+
+impl ProblemResponses {
+    fn statuses(method: &str, operation: &utoipa::openapi::path::Operation) -> Vec<u16> {
+        use utoipa::openapi::path::ParameterIn;
+        let params = operation.parameters.as_deref().unwrap_or_default();
+        let has = |place: fn(&ParameterIn) -> bool| params.iter().any(|p| place(&p.parameter_in));
+        let mut statuses = vec![401, 503];
+        if method != "get" {
+            statuses.extend([403, 409, 429]);
+        }
+        if operation.request_body.is_some() || has(|p| matches!(p, ParameterIn::Query)) {
+            statuses.extend([400, 422]);
+        }
+        if has(|p| matches!(p, ParameterIn::Path)) {
+            statuses.push(404);
+        }
+        statuses
+    }
+
+    fn describe(status: u16) -> &'static str {
+        match status {
+            400 => "The body or query cannot be read",
+            401 => "No caller, or a key or token that is unknown, revoked or expired",
+            403 => "The caller's role does not allow this, or its tenant is suspended",
+            404 => "No such object, or one the caller may not see",
+            409 => "The object's state or a concurrent change refuses this; retry or reread",
+            422 => "A field breaks a rule; `field` names it",
+            429 => "Over the tenant's budget; see Retry-After",
+            503 => "The database or the log is out of reach; see Retry-After",
+            _ => "Error",
+        }
+    }
+}
+
+impl utoipa::Modify for ProblemResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let problem = || {
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build()
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                ("get", &mut item.get),
+                ("put", &mut item.put),
+                ("post", &mut item.post),
+                ("delete", &mut item.delete),
+                ("patch", &mut item.patch),
+            ];
+            for (method, operation) in operations {
+                let Some(operation) = operation else {
+                    continue;
+                };
+                for status in Self::statuses(method, operation) {
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_string())
+                        .or_insert_with(|| {
+                            RefOr::T(
+                                ResponseBuilder::new()
+                                    .description(Self::describe(status))
+                                    .build(),
+                            )
+                        });
+                }
+                for (status, response) in operation.responses.responses.iter_mut() {
+                    let is_error = status.parse::<u16>().is_ok_and(|s| s >= 400);
+                    if let (true, RefOr::T(response)) = (is_error, response) {
+                        if response.description.is_empty() {
+                            response.description =
+                                Self::describe(status.parse().unwrap_or(0)).to_string();
+                        }
+                        response.content.clear();
+                        response.content.insert(PROBLEM_JSON.to_string(), problem());
+                    }
+                }
+            }
+        }
+    }
+}
 
 struct BearerAuth;
 

@@ -1,19 +1,22 @@
-//! `POST /v1/tenants`: the admin creates a tenant and gets its API key once.
+//! Tenants: the admin creates one and gets its first API key once
+//! (`POST /v1/tenants`), suspends and resumes it, and changes its quota and
+//! weight; the tenant and the operators read it. Its keys are in `keys.rs`.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use lh_bus::{BusError, Expect};
 use lh_events::{
-    derived_id, Actor, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated,
+    derived_id, subject, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated,
+    TenantQuotaChanged, TenantResumed, TenantSuspended,
 };
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
+use sqlx::FromRow;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{read_your_write, sha256_hex, ApiContext, ApiError, ApiJson, Caller};
+use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 use crate::seal;
 
 /// Most GPUs a tenant's quota may allow.
@@ -93,24 +96,7 @@ fn validate(body: &CreateTenant) -> Result<(), ApiError> {
             "email",
         ));
     }
-    if body.quota.max_gpus == 0 || body.quota.max_gpus > MAX_QUOTA_GPUS {
-        return Err(ApiError::unprocessable(
-            format!("quota.max_gpus must be 1 to {MAX_QUOTA_GPUS}"),
-            "quota.max_gpus",
-        ));
-    }
-    if body.quota.max_vram_gb == Some(0) {
-        return Err(ApiError::unprocessable(
-            "quota.max_vram_gb must be at least 1 when given",
-            "quota.max_vram_gb",
-        ));
-    }
-    if body.weight.is_some_and(|w| w == 0 || w > MAX_WEIGHT) {
-        return Err(ApiError::unprocessable(
-            format!("weight must be 1 to {MAX_WEIGHT}"),
-            "weight",
-        ));
-    }
+    validate_quota(&body.quota, body.weight)?;
     if body
         .idle_policy
         .is_some_and(|p| p.window_s == 0 || p.window_s > MAX_IDLE_WINDOW_S)
@@ -118,6 +104,28 @@ fn validate(body: &CreateTenant) -> Result<(), ApiError> {
         return Err(ApiError::unprocessable(
             format!("idle_policy.window_s must be 1 to {MAX_IDLE_WINDOW_S}"),
             "idle_policy.window_s",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_quota(quota: &QuotaBody, weight: Option<u32>) -> Result<(), ApiError> {
+    if quota.max_gpus == 0 || quota.max_gpus > MAX_QUOTA_GPUS {
+        return Err(ApiError::unprocessable(
+            format!("quota.max_gpus must be 1 to {MAX_QUOTA_GPUS}"),
+            "quota.max_gpus",
+        ));
+    }
+    if quota.max_vram_gb == Some(0) {
+        return Err(ApiError::unprocessable(
+            "quota.max_vram_gb must be at least 1 when given",
+            "quota.max_vram_gb",
+        ));
+    }
+    if weight.is_some_and(|w| w == 0 || w > MAX_WEIGHT) {
+        return Err(ApiError::unprocessable(
+            format!("weight must be 1 to {MAX_WEIGHT}"),
+            "weight",
         ));
     }
     Ok(())
@@ -139,16 +147,15 @@ pub async fn create(
     caller.require_admin()?;
     validate(&body)?;
     let tenant_id = Uuid::now_v7();
-    let mut secret = [0u8; 24];
-    rand::thread_rng().fill_bytes(&mut secret);
-    let api_key = format!("lh_{}", hex::encode(secret));
+    let first_key = super::keys::new_key();
     let key = seal::new_key();
     seal::store_key(&ctx.pool, ctx.keys.as_ref(), tenant_id, &key).await?;
     let data = EventData::TenantCreated(TenantCreated {
         tenant_id,
         name_sealed: seal::seal(&key, body.name.trim()),
         email_sealed: seal::seal(&key, body.email.trim()),
-        api_key_sha256: sha256_hex(&api_key),
+        api_key_sha256: first_key.sha256,
+        api_key_prefix: Some(first_key.prefix),
         quota: Quota {
             max_gpus: body.quota.max_gpus,
             max_vram_gb: body.quota.max_vram_gb,
@@ -160,7 +167,7 @@ pub async fn create(
         }),
         trusted: body.trusted,
     });
-    let envelope = Envelope::new(Actor::Admin, Utc::now(), data)
+    let envelope = Envelope::new(caller.actor(), Utc::now(), data)
         .with_id(derived_id(&["tenant.created", &tenant_id.to_string()]));
     let appended = match ctx
         .bus
@@ -177,13 +184,265 @@ pub async fn create(
         StatusCode::CREATED,
         Json(TenantCreatedResponse {
             id: tenant_id,
-            api_key,
+            api_key: first_key.secret,
             name: body.name.trim().to_string(),
             quota: body.quota,
             weight: body.weight.unwrap_or(1),
             idle_policy: body.idle_policy,
         }),
     ))
+}
+
+/// Longest reason for a suspension, in characters.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// A tenant as the read model shows it (its name and e-mail stay sealed).
+#[derive(Debug, Serialize, Deserialize, ToSchema, FromRow)]
+pub struct TenantView {
+    pub id: Uuid,
+    #[sqlx(try_from = "i32")]
+    pub max_gpus: u32,
+    pub max_vram_gb: Option<i32>,
+    #[sqlx(try_from = "i32")]
+    pub weight: u32,
+    pub suspended: bool,
+    pub suspended_reason: Option<String>,
+    pub created_at: chrono::DateTime<Utc>,
+}
+
+pub(super) fn parse_tenant_id(raw: &str) -> Result<Uuid, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::not_found(format!("no tenant {raw}")).field("id"))
+}
+
+/// Operators read every tenant; a tenant reads only itself, and another
+/// tenant's id is a 404 so that ids do not leak.
+pub(super) fn require_reader(caller: &Caller, tenant_id: Uuid) -> Result<(), ApiError> {
+    match caller {
+        Caller::Operator(_) => Ok(()),
+        Caller::Tenant { id, .. } if *id == tenant_id => Ok(()),
+        Caller::Tenant { .. } => {
+            Err(ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))
+        }
+    }
+}
+
+async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, ApiError> {
+    sqlx::query_as(
+        "SELECT id, max_gpus, max_vram_gb, weight, suspended, suspended_reason, created_at
+         FROM tenants WHERE id = $1",
+    )
+    .bind(tenant_id)
+    .fetch_optional(&ctx.pool)
+    .await?
+    .ok_or_else(|| ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))
+}
+
+/// The tenant once the read model shows everything on its subject, and
+/// that subject's last sequence, which the next write expects; 404 when
+/// the log has no such tenant.
+pub(super) async fn tenant_now(
+    ctx: &ApiContext,
+    tenant_id: Uuid,
+) -> Result<(TenantView, u64), ApiError> {
+    let last = ctx
+        .bus
+        .subject_last_sequence(&subject::tenant(tenant_id))
+        .await?;
+    if last == 0 {
+        return Err(ApiError::not_found(format!("no tenant {tenant_id}")).field("id"));
+    }
+    read_your_write(ctx, last).await?;
+    Ok((fetch_tenant(ctx, tenant_id).await?, last))
+}
+
+/// Appends `data` to its tenant's subject, expecting it still ends at
+/// `last` (what the decision was made on), and waits for the read model.
+pub(super) async fn append_to_tenant(
+    ctx: &ApiContext,
+    caller: &Caller,
+    last: u64,
+    data: EventData,
+) -> Result<u64, ApiError> {
+    let envelope = Envelope::new(caller.actor(), Utc::now(), data);
+    let appended = match ctx
+        .bus
+        .publish(&envelope, Expect::LastSubjectSequence(last))
+        .await
+    {
+        Ok(a) => a,
+        Err(BusError::Conflict(_)) => {
+            return Err(ApiError::conflict(
+                "the tenant changed while this call was decided; retry",
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    read_your_write(ctx, appended.sequence).await?;
+    Ok(appended.sequence)
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants/{id}", params(("id" = Uuid, Path)),
+    responses(
+        (status = 200, body = TenantView),
+        (status = 401, body = super::Problem), (status = 404, body = super::Problem),
+        (status = 503, body = super::Problem)
+    )
+)]
+pub async fn get(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<TenantView>, ApiError> {
+    let tenant_id = parse_tenant_id(&id)?;
+    require_reader(&caller, tenant_id)?;
+    Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SuspendTenant {
+    /// Why, up to 500 characters; kept in the log.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Also ask every lease of the tenant that has not ended to stop;
+    /// otherwise running leases run on (and are billed) and waiting ones
+    /// wait until the tenant is resumed.
+    #[serde(default)]
+    pub stop_leases: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TenantChanged {
+    pub tenant: TenantView,
+    /// Leases asked to stop by this call.
+    #[serde(default)]
+    pub leases_stopping: u32,
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{id}/suspend", params(("id" = Uuid, Path)), request_body = SuspendTenant,
+    responses(
+        (status = 202, body = TenantChanged),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem), (status = 404, body = super::Problem),
+        (status = 409, body = super::Problem), (status = 422, body = super::Problem),
+        (status = 503, body = super::Problem)
+    )
+)]
+pub async fn suspend(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<SuspendTenant>,
+) -> Result<(StatusCode, Json<TenantChanged>), ApiError> {
+    caller.require_admin()?;
+    let tenant_id = parse_tenant_id(&id)?;
+    let reason = body
+        .reason
+        .unwrap_or_else(|| "suspended by the operator".into());
+    if reason.chars().count() > MAX_REASON_CHARS {
+        return Err(ApiError::unprocessable(
+            format!("reason must be at most {MAX_REASON_CHARS} characters"),
+            "reason",
+        ));
+    }
+    let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    if !tenant.suspended {
+        let data = EventData::TenantSuspended(TenantSuspended {
+            tenant_id,
+            reason,
+            stop_leases: body.stop_leases,
+        });
+        append_to_tenant(&ctx, &caller, last, data).await?;
+    }
+    let mut leases_stopping = 0;
+    if body.stop_leases {
+        let (asked, sequence) = super::leases::stop_all_of(&ctx, &caller, tenant_id).await?;
+        if asked > 0 {
+            read_your_write(&ctx, sequence).await?;
+        }
+        leases_stopping = asked;
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(TenantChanged {
+            tenant: fetch_tenant(&ctx, tenant_id).await?,
+            leases_stopping,
+        }),
+    ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{id}/resume", params(("id" = Uuid, Path)),
+    responses(
+        (status = 202, body = TenantChanged),
+        (status = 401, body = super::Problem), (status = 403, body = super::Problem),
+        (status = 404, body = super::Problem), (status = 409, body = super::Problem),
+        (status = 503, body = super::Problem)
+    )
+)]
+pub async fn resume(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<TenantChanged>), ApiError> {
+    caller.require_admin()?;
+    let tenant_id = parse_tenant_id(&id)?;
+    let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    if tenant.suspended {
+        let data = EventData::TenantResumed(TenantResumed { tenant_id });
+        append_to_tenant(&ctx, &caller, last, data).await?;
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(TenantChanged {
+            tenant: fetch_tenant(&ctx, tenant_id).await?,
+            leases_stopping: 0,
+        }),
+    ))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeQuota {
+    pub quota: QuotaBody,
+    /// Weight in fair sharing, 1 to 1000; unchanged when absent.
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+#[utoipa::path(
+    put, path = "/v1/tenants/{id}/quota", params(("id" = Uuid, Path)), request_body = ChangeQuota,
+    responses(
+        (status = 200, body = TenantView),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem), (status = 404, body = super::Problem),
+        (status = 409, body = super::Problem), (status = 422, body = super::Problem),
+        (status = 503, body = super::Problem)
+    )
+)]
+pub async fn set_quota(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ChangeQuota>,
+) -> Result<Json<TenantView>, ApiError> {
+    caller.require_admin()?;
+    let tenant_id = parse_tenant_id(&id)?;
+    validate_quota(&body.quota, body.weight)?;
+    let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    let data = EventData::TenantQuotaChanged(TenantQuotaChanged {
+        tenant_id,
+        quota: Quota {
+            max_gpus: body.quota.max_gpus,
+            max_vram_gb: body.quota.max_vram_gb,
+        },
+        weight: body.weight.unwrap_or(tenant.weight),
+    });
+    append_to_tenant(&ctx, &caller, last, data).await?;
+    Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
 }
 
 #[cfg(test)]

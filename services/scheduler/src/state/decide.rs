@@ -14,6 +14,9 @@ use lh_placement::Pending;
 use super::*;
 use crate::planner::{self, Chosen, Planner};
 
+/// Why a suspended tenant's lease waits.
+pub const SUSPENDED_TENANT: &str = "the tenant is suspended; its leases wait until it is resumed";
+
 /// What a decision pass plans on: the fleet and the tenants' holdings as if
 /// every decision before were stored, and the decisions so far.
 struct Pass<'a> {
@@ -105,7 +108,7 @@ impl State {
     }
 
     /// Decides `lease` without the engine when it must not be placed: it was
-    /// cancelled, its tenant is unknown, or it breaks a quota. `false` when
+    /// cancelled, its tenant is unknown or suspended, or it breaks a quota. `false` when
     /// it may be placed.
     fn refuse(&self, pass: &mut Pass, lease: &Lease) -> bool {
         let now = pass.now;
@@ -124,6 +127,22 @@ impl State {
                 })));
             return true;
         };
+        // Told once why it waits; the same reason again says nothing new.
+        let hold = |out: &mut Vec<_>, reason: String| {
+            let unchanged =
+                matches!(&lease.status, Status::Queued { reason: r, .. } if *r == reason);
+            if !unchanged {
+                out.push(decided(EventData::LeaseQueued(LeaseQueued {
+                    lease_id: lease.id,
+                    reason,
+                    position: 0,
+                })));
+            }
+        };
+        if tenant.suspended {
+            hold(&mut pass.out, SUSPENDED_TENANT.to_string());
+            return true;
+        }
         let (held_milli, held_vram) = pass.held.get(&lease.tenant_id).copied().unwrap_or((0, 0));
         let Some(reason) = quota_breach(&tenant.quota, held_milli, held_vram, lease) else {
             return false;
@@ -131,15 +150,7 @@ impl State {
         if lease.placed_before {
             // It has run (then was suspended or moved): refusing it now
             // would lose it; it waits until the tenant has room.
-            let unchanged =
-                matches!(&lease.status, Status::Queued { reason: r, .. } if *r == reason);
-            if !unchanged {
-                pass.out.push(decided(EventData::LeaseQueued(LeaseQueued {
-                    lease_id: lease.id,
-                    reason,
-                    position: 0,
-                })));
-            }
+            hold(&mut pass.out, reason);
             return true;
         }
         pass.out

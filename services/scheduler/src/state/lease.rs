@@ -98,6 +98,9 @@ impl Lease {
 pub struct Tenant {
     pub quota: Quota,
     pub weight: u32,
+    /// Its waiting leases wait until it is resumed.
+    #[serde(default)]
+    pub suspended: bool,
     /// Its leases may run on nodes that do not isolate workloads.
     #[serde(default)]
     pub trusted: bool,

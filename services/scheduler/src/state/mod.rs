@@ -52,6 +52,7 @@ use pending::why_pending;
 use preempt::reserve_for;
 use queue::quota_breach;
 
+pub use decide::SUSPENDED_TENANT;
 pub use emit::{Batch, Decisions};
 pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
@@ -131,9 +132,26 @@ impl State {
                     Tenant {
                         quota: e.quota,
                         weight: e.weight.max(1),
+                        suspended: false,
                         trusted: e.trusted,
                     },
                 );
+            }
+            EventData::TenantQuotaChanged(e) => {
+                if let Some(t) = self.tenants.get_mut(&e.tenant_id) {
+                    t.quota = e.quota;
+                    t.weight = e.weight.max(1);
+                }
+            }
+            EventData::TenantSuspended(e) => {
+                if let Some(t) = self.tenants.get_mut(&e.tenant_id) {
+                    t.suspended = true;
+                }
+            }
+            EventData::TenantResumed(e) => {
+                if let Some(t) = self.tenants.get_mut(&e.tenant_id) {
+                    t.suspended = false;
+                }
             }
             EventData::LeaseRequested(e) => {
                 let ask = e.ask();

@@ -333,3 +333,65 @@ fn spot_never_preempts_and_young_spot_is_safe() {
         .flatten()
         .all(|(e, _)| e.event_type != "lease.preemption_noticed"));
 }
+
+#[test]
+fn a_changed_quota_governs_new_placements() {
+    let t = Uuid::from_u128(1);
+    let mut s = given(vec![
+        node("a", 8),
+        tenant(t, 1),
+        EventData::TenantQuotaChanged(lh_events::TenantQuotaChanged {
+            tenant_id: t,
+            quota: lh_events::Quota {
+                max_gpus: 3,
+                max_vram_gb: None,
+            },
+            weight: 2,
+        }),
+        request(Uuid::from_u128(2), t, 2),
+        request(Uuid::from_u128(3), t, 2),
+    ]);
+    assert_eq!(s.tenants[&t].weight, 2);
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(
+        placed(&s),
+        vec![Uuid::from_u128(2)],
+        "3 GPUs allow 2, not 4"
+    );
+    assert!(!s.leases.contains_key(&Uuid::from_u128(3)), "rejected");
+}
+
+#[test]
+fn a_suspended_tenants_leases_wait_until_it_is_resumed() {
+    let t = Uuid::from_u128(1);
+    let lease = Uuid::from_u128(2);
+    let mut s = given(vec![
+        node("a", 8),
+        tenant(t, 4),
+        EventData::TenantSuspended(lh_events::TenantSuspended {
+            tenant_id: t,
+            reason: "unpaid".into(),
+            stop_leases: false,
+        }),
+        request(lease, t, 1),
+    ]);
+    let d = decide(&s).batches;
+    match &d[..] {
+        [b] => match &b[0].0.data {
+            EventData::LeaseQueued(q) => assert_eq!(q.reason, SUSPENDED_TENANT),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert!(placed(&s).is_empty());
+    assert!(decide(&s).batches.is_empty(), "told once");
+    s.apply(
+        5_000,
+        &env(EventData::TenantResumed(lh_events::TenantResumed {
+            tenant_id: t,
+        })),
+    );
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(placed(&s), vec![lease]);
+}

@@ -1,0 +1,385 @@
+//! Who may call what: every route of the gateway called by every kind of
+//! caller, each answer asserted. The same table is the matrix in
+//! docs/security.md ("Who may call what"); the test fails when the two
+//! differ (`LH_BLESS_DOCS=1` rewrites the doc's table from this one).
+//!
+//! Objects are tenant A's (its tenant, keys and leases) for every caller
+//! but the suspended tenant, which calls on its own: what a suspension
+//! takes away is the tenant's power over its own things.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lh_events::{Actor, Operator, OperatorRole};
+use lh_testkit::stack::{read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const ALICE_KEY: &str = "alice-named-admin-key-0123456789abcdef";
+const OIDC_ISSUER: &str = "https://id.example/realms/ops";
+const OIDC_AUDIENCE: &str = "leasehold";
+const CAROL_KEY: &str = "carol-named-auditor-key-0123456789abcdef";
+
+/// The callers, in the order of the matrix's columns.
+const CALLERS: &[&str] = &[
+    "anonymous",
+    "tenant A",
+    "tenant B",
+    "revoked key",
+    "expired key",
+    "suspended tenant",
+    "admin (bootstrap)",
+    "admin (named key)",
+    "admin (OIDC)",
+    "auditor (shared)",
+    "auditor (named key)",
+];
+
+/// Each route and what each caller gets, in the order of [`CALLERS`].
+/// `{t}`, `{k}`, `{l}` and `{n}` are the tenant, key, lease and node the
+/// call is about.
+#[rustfmt::skip]
+const MATRIX: &[(&str, &str, [u16; 11])] = &[
+    ("POST", "/v1/tenants", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/tenants/{t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/tenants/{t}/suspend", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("POST", "/v1/tenants/{t}/resume", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("PUT", "/v1/tenants/{t}/quota", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("GET", "/v1/leases", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/leases/{l}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/leases/{l}/stop", [401, 202, 404, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("POST", "/v1/leases/{l}/resume", [401, 409, 404, 401, 401, 403, 409, 409, 409, 403, 403]),
+    ("POST", "/v1/nodes/{n}/drain", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
+    ("GET", "/v1/invoices?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/audit/verify", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200, 200]),
+    ("GET", "/openapi.json", [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/no-such-route", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
+];
+
+const ONE_GPU: &str = r#"{"gpus": 1, "gpu_model": "A100-40GB"}"#;
+
+fn body_for(method: &str, path: &str) -> Option<Value> {
+    match (method, path) {
+        ("POST", "/v1/tenants") => {
+            Some(json!({"name": "made", "email": "ops@made.example", "quota": {"max_gpus": 1}}))
+        }
+        ("POST", "/v1/tenants/{t}/suspend") => Some(json!({"reason": "matrix"})),
+        ("PUT", "/v1/tenants/{t}/quota") => Some(json!({"quota": {"max_gpus": 64}})),
+        ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
+        ("POST", "/v1/leases") => Some(serde_json::from_str(ONE_GPU).unwrap()),
+        ("POST", "/v1/nodes/{n}/drain") => Some(json!({"mode": "finish", "reason": "matrix"})),
+        _ => None,
+    }
+}
+
+struct Tenant {
+    id: String,
+    key: String,
+}
+
+async fn tenant(stack: &Stack, name: &str) -> Tenant {
+    let (id, key) = stack.create_tenant(name, 64).await;
+    Tenant { id, key }
+}
+
+async fn issue_key(stack: &Stack, tenant: &Tenant, body: Value) -> Value {
+    let (status, issued) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{}/keys", tenant.id),
+            ADMIN_TOKEN,
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, 201, "{issued}");
+    issued
+}
+
+/// Sends one request; `key` None sends no Authorization header.
+async fn send(
+    stack: &Stack,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = stack.http.request(
+        Method::from_bytes(method.as_bytes()).unwrap(),
+        format!("{}{path}", stack.gateway_url),
+    );
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the gateway answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn keys_file(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("admin-keys");
+    let line = |name: &str, role: &str, key: &str| {
+        format!("{name} {role} {}\n", lh_gateway::http::sha256_hex(key))
+    };
+    std::fs::write(
+        &path,
+        format!(
+            "# named operators\n{}{}",
+            line("alice", "admin", ALICE_KEY),
+            line("carol", "auditor", CAROL_KEY)
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// An OIDC issuer of the test's own: an Ed25519 key, its JWKS in a file,
+/// and an admin's token signed with it.
+fn oidc_issuer(dir: &std::path::Path) -> (PathBuf, String) {
+    use base64::Engine as _;
+    use ring::signature::KeyPair as _;
+    let pkcs8 =
+        ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+    let jwks = dir.join("jwks.json");
+    std::fs::write(
+        &jwks,
+        json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k1", "x": x}]}).to_string(),
+    )
+    .unwrap();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    header.kid = Some("k1".into());
+    let now = chrono::Utc::now().timestamp();
+    let claims = json!({"iss": OIDC_ISSUER, "aud": OIDC_AUDIENCE, "sub": "dana",
+                        "exp": now + 3600, "roles": ["admin"]});
+    let token = jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_ed_der(pkcs8.as_ref()),
+    )
+    .unwrap();
+    (jwks, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_route_answers_every_caller_as_the_matrix_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_file(dir.path());
+    let (jwks, oidc_token) = oidc_issuer(dir.path());
+    let stack = Stack::start_configured(FLEET, move |s| {
+        s.gateway_config = Some(Arc::new(move |c: &mut lh_gateway::Config| {
+            c.admin_keys_file = Some(keys.clone());
+            c.oidc = lh_gateway::OidcArgs {
+                oidc_issuer: Some(OIDC_ISSUER.into()),
+                oidc_audience: Some(OIDC_AUDIENCE.into()),
+                oidc_jwks_file: Some(jwks.clone()),
+                oidc_jwks_url: None,
+                oidc_roles_claim: "roles".into(),
+            };
+        }));
+    })
+    .await;
+    let a = tenant(&stack, "tenant-a").await;
+    let b = tenant(&stack, "tenant-b").await;
+    let s = tenant(&stack, "tenant-s").await;
+    let s_lease = stack
+        .lease(&s.key, serde_json::from_str(ONE_GPU).unwrap())
+        .await;
+    let revoked = issue_key(&stack, &a, json!({})).await;
+    let (status, body) = stack
+        .call(
+            Method::DELETE,
+            &format!("/v1/tenants/{}/keys/{}", a.id, revoked["key_id"]),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!((status, &body["state"]), (200, &json!("revoked")), "{body}");
+    let expires_at = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let expired = issue_key(&stack, &a, json!({"expires_at": expires_at})).await;
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{}/suspend", s.id),
+            ADMIN_TOKEN,
+            Some(json!({"reason": "unpaid"})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let period = chrono::Utc::now().format("%Y-%m").to_string();
+    let revoked_key = revoked["api_key"].as_str().unwrap().to_string();
+    let expired_key = expired["api_key"].as_str().unwrap().to_string();
+    let mut wrong = Vec::new();
+    for (method, template, expected) in MATRIX {
+        for (column, caller) in CALLERS.iter().enumerate() {
+            // Whose objects the call is about, and with which key.
+            let (owner, key): (&Tenant, Option<&str>) = match *caller {
+                "anonymous" => (&a, None),
+                "tenant A" => (&a, Some(&a.key)),
+                "tenant B" => (&a, Some(&b.key)),
+                "revoked key" => (&a, Some(&revoked_key)),
+                "expired key" => (&a, Some(&expired_key)),
+                "suspended tenant" => (&s, Some(&s.key)),
+                "admin (bootstrap)" => (&a, Some(ADMIN_TOKEN)),
+                "admin (named key)" => (&a, Some(ALICE_KEY)),
+                "admin (OIDC)" => (&a, Some(oidc_token.as_str())),
+                "auditor (shared)" => (&a, Some(AUDITOR_TOKEN)),
+                "auditor (named key)" => (&a, Some(CAROL_KEY)),
+                other => unreachable!("{other}"),
+            };
+            // A fresh object for each call that uses one up.
+            let lease = if template.contains("{l}") {
+                if owner.id == s.id {
+                    s_lease.clone()
+                } else {
+                    stack
+                        .lease(&a.key, serde_json::from_str(ONE_GPU).unwrap())
+                        .await
+                }
+            } else {
+                String::new()
+            };
+            let key_id = if template.contains("{k}") {
+                issue_key(&stack, owner, json!({}))
+                    .await
+                    .get("key_id")
+                    .map(|v| v.to_string())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
+            let path = template
+                .replace("{t}", &owner.id)
+                .replace("{l}", &lease)
+                .replace("{k}", &key_id)
+                .replace("{n}", "node-b")
+                .replace("{p}", &period);
+            let (status, answer) =
+                send(&stack, method, &path, key, body_for(method, template)).await;
+            if status != expected[column] {
+                wrong.push(format!(
+                    "{method} {template} as {caller}: {status}, expected {}: {answer}",
+                    expected[column]
+                ));
+            }
+            if status < 300 && (template.ends_with("/suspend") || template.ends_with("/drain")) {
+                // Put back what the call changed, for the callers after it.
+                let undo = template
+                    .replace("/suspend", "/resume")
+                    .replace("/drain", "/uncordon")
+                    .replace("{t}", &owner.id)
+                    .replace("{n}", "node-b");
+                let (status, answer) = send(&stack, "POST", &undo, Some(ADMIN_TOKEN), None).await;
+                assert_eq!(status, 202, "{undo}: {answer}");
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "cells that differ:\n{}", wrong.join("\n"));
+
+    // The matrix has every route the OpenAPI document names, and no other.
+    let (_, doc) = send(&stack, "GET", "/openapi.json", None, None).await;
+    let shape = |method: &str, path: &str| {
+        let path = path.split('?').next().unwrap();
+        let path: String = path
+            .split('/')
+            .map(|part| if part.starts_with('{') { "{}" } else { part })
+            .collect::<Vec<_>>()
+            .join("/");
+        format!("{} {path}", method.to_uppercase())
+    };
+    let mut documented: Vec<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, ops)| ops.as_object().unwrap().keys().map(move |m| shape(m, path)))
+        .collect();
+    documented.sort();
+    let mut tested: Vec<String> = MATRIX
+        .iter()
+        .filter(|(_, path, _)| path.starts_with("/v1/") && !path.contains("no-such-route"))
+        .map(|(method, path, _)| shape(method, path))
+        .collect();
+    tested.sort();
+    assert_eq!(
+        tested, documented,
+        "the matrix and the OpenAPI routes differ"
+    );
+
+    // Every operator's write is recorded under its name; the bare shared
+    // `admin` is never written, and the auditor wrote nothing.
+    let log = read_log(&stack.bus().await).await;
+    let actors: Vec<&Actor> = log.iter().map(|e| &e.envelope.actor).collect();
+    let named = |name: &str, role| {
+        Actor::Operator(Operator {
+            name: name.into(),
+            role,
+        })
+    };
+    assert!(actors.contains(&&named("bootstrap", OperatorRole::Admin)));
+    assert!(actors.contains(&&named("alice", OperatorRole::Admin)));
+    assert!(actors.contains(&&named("oidc:dana", OperatorRole::Admin)));
+    for actor in &actors {
+        assert!(
+            !matches!(actor, Actor::Admin | Actor::Auditor),
+            "a shared actor in the log: {actor:?}"
+        );
+        if let Actor::Operator(o) = actor {
+            assert_eq!(o.role, OperatorRole::Admin, "the auditor wrote: {o:?}");
+        }
+    }
+
+    check_the_doc();
+}
+
+/// The matrix as the Markdown table docs/security.md carries.
+fn markdown() -> String {
+    let mut out = format!(
+        "| route | {} |\n|---|{}\n",
+        CALLERS.join(" | "),
+        "---|".repeat(CALLERS.len())
+    );
+    for (method, path, expected) in MATRIX {
+        let cells: Vec<String> = expected.iter().map(u16::to_string).collect();
+        out.push_str(&format!("| `{method} {path}` | {} |\n", cells.join(" | ")));
+    }
+    out
+}
+
+const BEGIN: &str = "<!-- role-matrix:begin (tests/system/tests/roles.rs writes this table) -->\n";
+const END: &str = "<!-- role-matrix:end -->";
+
+fn check_the_doc() {
+    let path = lh_testkit::workspace_root().join("docs/security.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/security.md");
+    let (Some(begin), Some(end)) = (doc.find(BEGIN), doc.find(END)) else {
+        panic!("docs/security.md lacks the role-matrix markers");
+    };
+    let table = markdown();
+    let current = &doc[begin + BEGIN.len()..end];
+    if current != table {
+        if std::env::var_os("LH_BLESS_DOCS").is_some() {
+            let updated = format!("{}{BEGIN}{table}{}", &doc[..begin], &doc[end..]);
+            std::fs::write(&path, updated).unwrap();
+        } else {
+            panic!(
+                "the matrix in docs/security.md differs from this test's; \
+                 run it with LH_BLESS_DOCS=1 and review the diff:\n{table}"
+            );
+        }
+    }
+}
