@@ -10,6 +10,26 @@ use std::time::Duration;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Set to `1` to send a key over plain HTTP to a host that is not this machine.
+pub const ALLOW_PLAIN_HTTP_ENV: &str = "LH_ALLOW_PLAIN_HTTP";
+
+fn plain_http_allowed() -> bool {
+    std::env::var(ALLOW_PLAIN_HTTP_ENV).is_ok_and(|v| v.trim() == "1")
+}
+
+/// Whether the URL names this machine, where plain HTTP crosses no network.
+fn is_loopback(url: &Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+}
+
 /// Connection to one gateway with one set of credentials.
 #[derive(Debug, Clone)]
 pub struct Gateway {
@@ -27,8 +47,16 @@ impl Gateway {
                 "invalid gateway URL `{base_url}`: expected http://HOST[:PORT] or https://..."
             )));
         }
+        let key = api_key.map(str::trim).filter(|k| !k.is_empty());
+        if key.is_some() && base.scheme() == "http" && !is_loopback(&base) && !plain_http_allowed()
+        {
+            return Err(CliError::Usage(format!(
+                "refusing to send the API key in clear to `{base_url}`: use https://, or set \
+                 {ALLOW_PLAIN_HTTP_ENV}=1 for a network you trust (a compose network, say)"
+            )));
+        }
         let mut headers = HeaderMap::new();
-        if let Some(key) = api_key.map(str::trim).filter(|k| !k.is_empty()) {
+        if let Some(key) = key {
             let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
                 CliError::Usage("the API key contains characters not allowed in a header".into())
             })?;
@@ -171,6 +199,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_key_goes_over_plain_http_only_to_this_machine() {
+        for local in [
+            "http://127.0.0.1:8080",
+            "http://localhost:8080",
+            "http://[::1]:8080",
+            "https://gw.example",
+        ] {
+            assert!(Gateway::new(local, Some("k")).is_ok(), "{local}");
+        }
+        let err = Gateway::new("http://gw.example:8080", Some("k")).unwrap_err();
+        assert!(err.to_string().contains("https://"), "{err}");
+        // Without a key nothing secret crosses the network.
+        assert!(Gateway::new("http://gw.example:8080", None).is_ok());
+    }
+
+    #[test]
     fn urls_are_built_segment_by_segment() {
         let gw = Gateway::new("http://127.0.0.1:8080", None).unwrap();
         assert_eq!(
@@ -209,7 +253,7 @@ mod tests {
             let e = Gateway::new(url, None).unwrap_err();
             assert!(matches!(e, CliError::Usage(_)), "{url}: {e}");
         }
-        let e = Gateway::new("http://h", Some("bad\nkey")).unwrap_err();
+        let e = Gateway::new("http://127.0.0.1", Some("bad\nkey")).unwrap_err();
         assert!(matches!(e, CliError::Usage(_)));
         assert!(Gateway::new("http://h", Some("")).is_ok());
     }

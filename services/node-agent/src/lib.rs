@@ -104,6 +104,10 @@ impl Config {
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    // The id is a subject token and a NATS user: `gpu.1` and `gpu_1` would
+    // share one subject, so only what maps to itself is let through.
+    lh_bus::auth::check_user_name(&config.node_id)
+        .map_err(|why| anyhow::anyhow!("--node-id {:?}: {why}", config.node_id))?;
     config.gpus.validate()?;
     let (backend, mut inventory) = gpu::open(&config.gpus, &config.fleet_file, &config.node_id)?;
     let service = format!("lh-node-agent-{}", config.node_id);

@@ -522,3 +522,20 @@ async fn a_restarted_agent_stops_the_workload_of_a_lease_moved_away() {
         "the lease goes on elsewhere"
     );
 }
+
+#[tokio::test]
+async fn a_node_id_that_is_not_its_own_subject_token_is_refused_at_start() {
+    for id in ["gpu.1", "gpu 1", "gpu*", ""] {
+        let config = lh_node_agent::Config::for_test(
+            "nats://127.0.0.1:1",
+            std::path::PathBuf::from("dev/fleet.toml"),
+            id,
+        );
+        let err = lh_node_agent::start(config, lh_service::CancellationToken::new())
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{id:?} started"))
+            .to_string();
+        assert!(err.contains("--node-id"), "{id:?}: {err}");
+    }
+}
