@@ -112,6 +112,9 @@ pub struct RequestBudgets {
     timeout: Duration,
     per_key: Budgets<BudgetKey>,
     per_address: Budgets<BudgetKey>,
+    /// Refused credentials per client address: each distinct wrong key would
+    /// otherwise come with a fresh budget of its own.
+    refused_per_address: Budgets<IpAddr>,
 }
 
 impl RequestBudgets {
@@ -124,6 +127,11 @@ impl RequestBudgets {
                 MAX_TRACKED_CALLERS,
             ),
             per_address: Budgets::with_rate(
+                args.anonymous_requests_per_s_per_ip,
+                args.anonymous_request_burst_per_ip,
+                MAX_TRACKED_CALLERS,
+            ),
+            refused_per_address: Budgets::with_rate(
                 args.anonymous_requests_per_s_per_ip,
                 args.anonymous_request_burst_per_ip,
                 MAX_TRACKED_CALLERS,
@@ -145,6 +153,22 @@ pub async fn guard(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .filter(|t| !t.is_empty());
+    // Without the peer (a server that did not record it) every such caller
+    // shares one budget, which still bounds the flood.
+    let ip = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip())
+        .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    if let Err(wait) = budgets.refused_per_address.check(&ip, Instant::now()) {
+        metrics::counter!("lh_gateway_requests_limited_total", "caller" => "refused-address")
+            .increment(1);
+        return ApiError::too_many_requests(
+            "too many refused credentials from this address; slow down",
+        )
+        .retry_after(wait.as_secs_f64().ceil().clamp(1.0, 3600.0) as u32)
+        .into_response();
+    }
     let spent = match bearer {
         Some(token) => {
             let digest = Sha256::digest(token.as_bytes());
@@ -154,18 +178,9 @@ pub async fn guard(
                 .per_key
                 .spend(BudgetKey::Credential(key), Instant::now())
         }
-        None => {
-            // Without the peer (a server that did not record it) every
-            // such caller shares one budget, which still bounds the flood.
-            let ip = request
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ConnectInfo(peer)| peer.ip())
-                .unwrap_or(IpAddr::from([0, 0, 0, 0]));
-            budgets
-                .per_address
-                .spend(BudgetKey::Address(ip), Instant::now())
-        }
+        None => budgets
+            .per_address
+            .spend(BudgetKey::Address(ip), Instant::now()),
     };
     if let Err(wait) = spent {
         metrics::counter!("lh_gateway_requests_limited_total",
@@ -179,8 +194,14 @@ pub async fn guard(
         .retry_after(wait.as_secs_f64().ceil().clamp(1.0, 3600.0) as u32)
         .into_response();
     }
+    let with_credential = bearer.is_some();
     match tokio::time::timeout(budgets.timeout, next.run(request)).await {
-        Ok(response) => response,
+        Ok(response) => {
+            if with_credential && response.status() == axum::http::StatusCode::UNAUTHORIZED {
+                let _ = budgets.refused_per_address.spend(ip, Instant::now());
+            }
+            response
+        }
         Err(_) => {
             metrics::counter!("lh_gateway_requests_timed_out_total").increment(1);
             ApiError::unavailable(format!(

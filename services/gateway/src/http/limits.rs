@@ -80,6 +80,21 @@ impl<K: std::hash::Hash + Eq + Clone> Budgets<K> {
         }
     }
 
+    /// Whether `key` has a token at `now`, spending none; how long until it
+    /// has one if not.
+    pub fn check(&self, key: &K, now: Instant) -> Result<(), Duration> {
+        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(bucket) = buckets.get(key) else {
+            return Ok(());
+        };
+        let tokens = refill(bucket, now, self.per_s, self.burst);
+        if tokens >= 1.0 {
+            Ok(())
+        } else {
+            Err(Duration::try_from_secs_f64((1.0 - tokens) / self.per_s).unwrap_or(Duration::MAX))
+        }
+    }
+
     /// Spends one token of `key` at `now`, or says how long until one is
     /// available.
     pub fn spend(&self, key: K, now: Instant) -> Result<(), Duration> {
