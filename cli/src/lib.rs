@@ -74,8 +74,8 @@ mod render;
 pub use args::{
     AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
     KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
-    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    NodeCommand, NodeDrain, NodeId, SpotCommand, TenantCommand, TenantCreate, TenantId,
+    TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -387,6 +387,19 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             }
             let invoice = gw.get(&["v1", "invoices"], &query).await?;
             emit(out, json, &invoice, render::invoice)?;
+            Ok(EXIT_OK)
+        }
+        Command::Spot(SpotCommand::Prices(p)) => {
+            let history = p.history.to_string();
+            let mut query = vec![("history", history.as_str())];
+            if let Some(zone) = &p.zone {
+                query.push(("zone", zone.as_str()));
+            }
+            if let Some(model) = &p.gpu_model {
+                query.push(("gpu_model", model.as_str()));
+            }
+            let prices = gw.get(&["v1", "spot", "prices"], &query).await?;
+            emit(out, json, &prices, render::spot_prices)?;
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {

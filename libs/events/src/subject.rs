@@ -37,6 +37,8 @@ pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
 /// Request/reply subject on which pricing answers invoice requests.
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
+/// Request/reply subject on which the spot-broker answers spot prices.
+pub const RPC_SPOT_PRICES: &str = "lh.rpc.spot.prices";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
