@@ -161,7 +161,9 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("tenant.suspended", &[Gateway]),
         ("tenant.resumed", &[Gateway]),
         ("tenant.quota_changed", &[Gateway]),
-        ("lease.requested", &[Gateway]),
+        // The scheduler requests a preempted spot lease again (managed
+        // recovery) as a new lease.
+        ("lease.requested", &[Gateway, Scheduler]),
         ("lease.queued", &[Scheduler]),
         ("lease.rejected", &[Scheduler]),
         ("lease.placed", &[Scheduler]),

@@ -194,6 +194,8 @@ impl Decider for Scheduling {
             subject::LEASES_ALL,
             subject::NODES_ALL,
             subject::TENANTS_ALL,
+            // Spot leases are placed and outbid by the published price.
+            subject::SPOT_ALL,
         ]
     }
 

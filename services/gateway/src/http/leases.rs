@@ -52,6 +52,35 @@ pub struct CreateLease {
     /// Order among this tenant's own waiting leases, -1000 to 1000; higher first.
     #[serde(default)]
     pub priority: i32,
+    /// Tier spot only: the most you pay, CNY per GPU-hour, as a decimal
+    /// string (the spot price per GB-hour times the VRAM held on each GPU).
+    /// The lease is placed only where the price is at or under it and gets
+    /// a preemption notice when the price rises above it.
+    #[serde(default, with = "rust_decimal::serde::str_option")]
+    #[schema(value_type = Option<String>, example = "4.5")]
+    pub max_price_cny_per_gpu_hour: Option<rust_decimal::Decimal>,
+    /// Zones the lease may run in (at most 16); empty or absent: any.
+    #[serde(default)]
+    pub zones: Vec<String>,
+    /// Regions the lease may run in (at most 16; a zone's region is what
+    /// precedes its last dot); empty or absent: any.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// Tier spot only: `{"max_retries": 0..=10, "zone_first": "same"|"any"}`.
+    /// A preempted lease is then requested again as a new lease, the zone
+    /// it left first (`same`, the default) or any zone first.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub recovery: Option<RecoveryBody>,
+}
+
+/// Managed recovery as a request states it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryBody {
+    pub max_retries: u32,
+    #[serde(default)]
+    pub zone_first: lh_events::ZoneFirst,
 }
 
 /// A share of one GPU: compute in milli-GPU and a hard VRAM amount.
@@ -182,6 +211,13 @@ impl From<CreateLease> for LeaseBody {
             tier: body.tier,
             priority: body.priority,
             workload: body.workload.map(WorkloadSpec::from),
+            max_price_cny_per_gpu_hour: body.max_price_cny_per_gpu_hour,
+            zones: body.zones,
+            regions: body.regions,
+            recovery: body.recovery.map(|r| lh_events::SpotRecovery {
+                max_retries: r.max_retries,
+                zone_first: r.zone_first,
+            }),
         }
     }
 }

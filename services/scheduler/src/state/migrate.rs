@@ -42,7 +42,12 @@ impl State {
                 .unwrap_or_default();
             let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
             let placed = planner
-                .place(lease.ask(), &lease.gpu_model, self.needs_isolation(lease))
+                .place(
+                    lease.ask(),
+                    &lease.gpu_model,
+                    self.needs_isolation(lease),
+                    &[],
+                )
                 .ok();
             let mut allocated = None;
             let to = placed.map(|p| {
