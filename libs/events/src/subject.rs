@@ -191,6 +191,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("node.uncordoned", &[Gateway]),
         ("node.restated", &[Scheduler]),
         ("spot.price_set", &[SpotBroker]),
+        ("spot.capacity_chosen", &[SpotBroker]),
         ("price_book.published", &[Pricing]),
         ("price_book.restated", &[Pricing]),
         ("charge.accrued", &[Pricing]),

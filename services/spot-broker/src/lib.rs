@@ -5,9 +5,18 @@
 //! spot leases from these prices; the scheduler places and preempts spot
 //! leases by them.
 //!
+//! For every spot request it also weighs external capacity: the offers of
+//! the clouds it knows ([`providers`], replaying recorded price histories),
+//! and records on the log (`spot.capacity_chosen`) the cheapest that
+//! satisfies the request, with every candidate and why the others were
+//! passed over. Nothing is provisioned there yet: the choice is the record
+//! an operator (or a provisioner) acts on.
+//!
 //! It also answers [`lh_rpc::spot::RPC_SPOT_PRICES`] (the current price of
 //! each market and its recent history) from the same fold: the board the
 //! decide loop keeps is shared, read-only, with the responder.
+
+pub mod providers;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, RwLock};
@@ -17,15 +26,19 @@ use chrono::{DateTime, Utc};
 use lh_bus::{Bus, Expect};
 use lh_domain::fleet::Fleet;
 use lh_domain::spot::SpotBounds;
-use lh_events::{derived_id, subject, Actor, Envelope, EventData, SpotPriceSet};
+use lh_events::{
+    derived_id, subject, Actor, Envelope, EventData, SpotCapacityChosen, SpotPriceSet, Tier,
+};
 use lh_rpc::spot::{
     SpotMarketView, SpotPricePoint, SpotPrices, SpotPricesRequest, MAX_FILTER_LEN,
     MAX_HISTORY_POINTS, MAX_MARKETS, RPC_SPOT_PRICES,
 };
 use lh_service::decider::{self, Batch, Decider, Pace};
 use lh_service::{CancellationToken, CommonArgs, Running};
+use providers::SpotProvider;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9104";
 const SERVICE: &str = "lh-spot-broker";
@@ -33,6 +46,13 @@ const SERVICE: &str = "lh-spot-broker";
 const QUEUE_GROUP: &str = "lh-spot-broker";
 /// Shortest evaluation interval accepted, in milliseconds.
 const MIN_INTERVAL_MS: u64 = 10;
+/// Most spot requests waiting for an external capacity choice; past it a
+/// request gets none.
+pub const MAX_PENDING_CHOICES: usize = 10_000;
+/// A spot request older than this when the broker first decides on it (a
+/// log replayed after a long stop) gets no choice: the offers of then are
+/// gone.
+pub const MAX_CHOICE_AGE_SECS: i64 = 600;
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(name = "lh-spot-broker", about = "Leasehold spot market")]
@@ -49,6 +69,15 @@ pub struct Config {
     /// Highest spot price, CNY per GB of VRAM per hour (a full market).
     #[arg(long, env = "LH_SPOT_CEILING_CNY_PER_GB_HOUR", default_value_t = lh_domain::spot::CEILING_CNY_PER_GB_HOUR)]
     pub ceiling_cny_per_gb_hour: Decimal,
+    /// External clouds weighed for each spot request, on their recorded
+    /// price histories (`aws`, `aliyun`, `tencent`; empty: none).
+    #[arg(
+        long,
+        env = "LH_SPOT_PROVIDERS",
+        value_delimiter = ',',
+        default_value = "aws,aliyun,tencent"
+    )]
+    pub spot_providers: Vec<String>,
 }
 
 impl Config {
@@ -58,7 +87,18 @@ impl Config {
             interval_ms: 200,
             floor_cny_per_gb_hour: lh_domain::spot::FLOOR_CNY_PER_GB_HOUR,
             ceiling_cny_per_gb_hour: lh_domain::spot::CEILING_CNY_PER_GB_HOUR,
+            spot_providers: providers::KNOWN.map(String::from).to_vec(),
         }
+    }
+
+    /// The providers named, on their recordings.
+    pub fn providers(&self) -> anyhow::Result<Vec<Box<dyn SpotProvider>>> {
+        self.spot_providers
+            .iter()
+            .map(|name| name.trim())
+            .filter(|name| !name.is_empty())
+            .map(|name| providers::recorded(name).map_err(anyhow::Error::msg))
+            .collect()
     }
 }
 
@@ -67,7 +107,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .map_err(anyhow::Error::msg)?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let interval = Duration::from_millis(config.interval_ms.max(MIN_INTERVAL_MS));
-    let market = SpotMarket::new(interval, bounds);
+    let market = SpotMarket::new(interval, bounds).with_providers(config.providers()?);
     tokio::spawn(answer_prices(bus.clone(), market.board(), shutdown.clone()));
     decider::serve(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
@@ -211,8 +251,21 @@ impl PriceBoard {
     }
 }
 
+/// A spot request waiting for its external capacity choice.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PendingChoice {
+    tenant_id: Uuid,
+    gpu_model: String,
+    gpus: u32,
+    zones: Vec<String>,
+    regions: Vec<String>,
+    max_price_cny_per_gpu_hour: Option<Decimal>,
+    requested_at: DateTime<Utc>,
+}
+
 /// The spot market's fold and decisions: the fleet's use per (zone, model)
-/// and the prices the log holds for each.
+/// and the prices the log holds for each, and the spot requests still
+/// waiting for an external capacity choice.
 pub struct SpotMarket {
     fleet: Fleet,
     board: SharedBoard,
@@ -220,6 +273,8 @@ pub struct SpotMarket {
     bounds: SpotBounds,
     /// Prices are evaluated once per interval, not on every event.
     next_evaluation: Option<DateTime<Utc>>,
+    providers: Vec<Box<dyn SpotProvider>>,
+    pending_choices: BTreeMap<Uuid, PendingChoice>,
 }
 
 impl SpotMarket {
@@ -230,7 +285,92 @@ impl SpotMarket {
             interval,
             bounds,
             next_evaluation: None,
+            providers: Vec::new(),
+            pending_choices: BTreeMap::new(),
         }
+    }
+
+    /// The clouds weighed for each spot request.
+    pub fn with_providers(mut self, providers: Vec<Box<dyn SpotProvider>>) -> Self {
+        self.providers = providers;
+        self
+    }
+
+    fn wait_for_choice(&mut self, request: &lh_events::LeaseRequested, at: DateTime<Utc>) {
+        if request.tier != Tier::Spot || self.providers.is_empty() {
+            return;
+        }
+        if self.pending_choices.len() >= MAX_PENDING_CHOICES {
+            tracing::warn!(lease = %request.lease_id, limit = MAX_PENDING_CHOICES,
+                "too many spot requests wait for a capacity choice; this one gets none");
+            return;
+        }
+        self.pending_choices.insert(
+            request.lease_id,
+            PendingChoice {
+                tenant_id: request.tenant_id,
+                gpu_model: request.gpu_model.clone(),
+                gpus: request.ask().gpus(),
+                zones: request.zones.clone(),
+                regions: request.regions.clone(),
+                max_price_cny_per_gpu_hour: request.max_price_cny_per_gpu_hour,
+                requested_at: at,
+            },
+        );
+    }
+
+    /// The external capacity chosen for each spot request waiting, each a
+    /// `spot.capacity_chosen` whose id is derived from its lease. A request
+    /// nothing satisfies, or too old, is told so on the service's log only.
+    fn capacity_choices(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        if self.pending_choices.is_empty() {
+            return Vec::new();
+        }
+        let offers: Vec<providers::Offer> =
+            self.providers.iter().flat_map(|p| p.offers(now)).collect();
+        let max_age = chrono::Duration::seconds(MAX_CHOICE_AGE_SECS);
+        let mut decisions = Vec::new();
+        let mut settled = Vec::new();
+        for (lease_id, pending) in &self.pending_choices {
+            if now - pending.requested_at > max_age {
+                settled.push(*lease_id);
+                continue;
+            }
+            let demand = providers::Demand {
+                gpu_model: &pending.gpu_model,
+                gpus: pending.gpus,
+                zones: &pending.zones,
+                regions: &pending.regions,
+                max_price_cny_per_gpu_hour: pending.max_price_cny_per_gpu_hour,
+            };
+            let choice = providers::choose(&offers, &demand);
+            let Some(chosen) = choice.chosen.map(|i| choice.candidates[i].clone()) else {
+                tracing::info!(lease = %lease_id, model = %pending.gpu_model, gpus = pending.gpus,
+                    candidates = choice.candidates.len(), "no external spot capacity satisfies the request");
+                metrics::counter!("lh_spot_capacity_unmatched_total").increment(1);
+                settled.push(*lease_id);
+                continue;
+            };
+            let data = EventData::SpotCapacityChosen(SpotCapacityChosen {
+                lease_id: *lease_id,
+                tenant_id: pending.tenant_id,
+                provider: chosen.provider,
+                region: chosen.region,
+                zone: chosen.zone,
+                gpu_model: pending.gpu_model.clone(),
+                gpus: pending.gpus,
+                price_cny_per_gpu_hour: chosen.price_cny_per_gpu_hour,
+                candidates: choice.candidates,
+            });
+            let mut envelope = Envelope::new(Actor::Service(SERVICE.into()), now, data)
+                .with_id(derived_id(&["spot.capacity_chosen", &lease_id.to_string()]));
+            envelope.tenant_id = Some(pending.tenant_id);
+            decisions.push(vec![(envelope, Expect::Any)]);
+        }
+        for lease_id in settled {
+            self.pending_choices.remove(&lease_id);
+        }
+        decisions
     }
 
     /// The prices the fold keeps, for readers beside the decide loop.
@@ -263,27 +403,40 @@ impl Decider for SpotMarket {
     }
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
-        if let EventData::SpotPriceSet(p) = &envelope.data {
-            if let Ok(mut board) = self.board.write() {
-                board.record(sequence, p, envelope.occurred_at);
+        match &envelope.data {
+            EventData::SpotPriceSet(p) => {
+                if let Ok(mut board) = self.board.write() {
+                    board.record(sequence, p, envelope.occurred_at);
+                }
             }
+            EventData::LeaseRequested(r) => self.wait_for_choice(r, envelope.occurred_at),
+            EventData::SpotCapacityChosen(c) => {
+                self.pending_choices.remove(&c.lease_id);
+            }
+            _ => {}
         }
         self.fleet.apply(sequence, &envelope.data);
     }
 
     fn snapshot(&self) -> Option<serde_json::Value> {
         let board = self.board.read().ok()?;
-        Some(serde_json::json!({"fleet": self.fleet, "board": *board}))
+        Some(serde_json::json!({
+            "fleet": self.fleet,
+            "board": *board,
+            "pending_choices": self.pending_choices,
+        }))
     }
 
     fn restore(&mut self, mut state: serde_json::Value) -> bool {
-        let (Ok(fleet), Ok(board)) = (
+        let (Ok(fleet), Ok(board), Ok(pending_choices)) = (
             serde_json::from_value::<Fleet>(state["fleet"].take()),
             serde_json::from_value::<PriceBoard>(state["board"].take()),
+            serde_json::from_value(state["pending_choices"].take()),
         ) else {
             return false;
         };
         self.fleet = fleet;
+        self.pending_choices = pending_choices;
         if let Ok(mut shared) = self.board.write() {
             *shared = board;
         }
@@ -293,14 +446,14 @@ impl Decider for SpotMarket {
     /// Once per interval: a price for every (zone, model) whose price
     /// changed since the log last recorded one.
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let mut decisions = self.capacity_choices(now);
         if self.next_evaluation.is_some_and(|at| now < at) {
-            return Vec::new();
+            return decisions;
         }
         self.next_evaluation = Some(now + self.interval);
         // Two brokers evaluating the same interval to the same price derive
         // the same event id, so JetStream keeps one.
         let slot = (now.timestamp_millis() as u128 / self.interval.as_millis().max(1)).to_string();
-        let mut decisions = Vec::new();
         for ((zone, model), (total, used)) in self.fleet.usage_by_zone_model() {
             let (utilisation, price) = self.bounds.price(total, used);
             if self.current(&zone, &model) == Some(price) {
@@ -329,10 +482,19 @@ impl Decider for SpotMarket {
 
     fn appended(&mut self, batch: &Batch) {
         for (envelope, _) in batch {
-            if let EventData::SpotPriceSet(p) = &envelope.data {
-                metrics::counter!("lh_spot_prices_published_total").increment(1);
-                tracing::info!(zone = %p.zone, model = %p.gpu_model, price = %p.price_cny_per_gb_hour,
-                    utilisation = %p.utilisation, "spot price set");
+            match &envelope.data {
+                EventData::SpotPriceSet(p) => {
+                    metrics::counter!("lh_spot_prices_published_total").increment(1);
+                    tracing::info!(zone = %p.zone, model = %p.gpu_model, price = %p.price_cny_per_gb_hour,
+                        utilisation = %p.utilisation, "spot price set");
+                }
+                EventData::SpotCapacityChosen(c) => {
+                    metrics::counter!("lh_spot_capacity_chosen_total", "provider" => c.provider.clone())
+                        .increment(1);
+                    tracing::info!(lease = %c.lease_id, provider = %c.provider, region = %c.region,
+                        zone = %c.zone, price = %c.price_cny_per_gpu_hour, "external spot capacity chosen");
+                }
+                _ => {}
             }
         }
     }
@@ -404,6 +566,69 @@ mod tests {
             ),
             (2, "0.6")
         );
+    }
+
+    fn choices(batches: &[Batch]) -> Vec<SpotCapacityChosen> {
+        batches
+            .iter()
+            .flatten()
+            .filter_map(|(e, _)| match &e.data {
+                EventData::SpotCapacityChosen(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_spot_request_gets_the_cheapest_external_capacity_that_satisfies_it_once() {
+        let config = Config::for_test(CommonArgs::for_test("nats://unused"));
+        let mut market = SpotMarket::new(Duration::from_secs(30), SpotBounds::default())
+            .with_providers(config.providers().unwrap());
+        let tenant = uuid::Uuid::from_u128(9);
+        let spot = |id: u128, gpus: u32| lh_events::LeaseRequested {
+            tier: Tier::Spot,
+            ..fixtures::whole_request(uuid::Uuid::from_u128(id), tenant, gpus, fixtures::MODEL)
+        };
+        stored(&mut market, 1, EventData::LeaseRequested(spot(1, 1)));
+        let basic = fixtures::whole_request(uuid::Uuid::from_u128(2), tenant, 1, fixtures::MODEL);
+        stored(&mut market, 2, EventData::LeaseRequested(basic));
+        let narrow = lh_events::LeaseRequested {
+            regions: vec!["cn-hangzhou".into()],
+            ..spot(3, 2)
+        };
+        stored(&mut market, 3, EventData::LeaseRequested(narrow));
+        let decided = market.decide(at(60));
+        let chosen = choices(&decided);
+        assert_eq!(
+            chosen.len(),
+            1,
+            "spot only, and only what some offer satisfies"
+        );
+        let c = &chosen[0];
+        assert_eq!(c.lease_id, uuid::Uuid::from_u128(1));
+        let satisfying: Vec<&lh_events::CapacityCandidate> = c
+            .candidates
+            .iter()
+            .filter(|x| x.rejected.is_none())
+            .collect();
+        assert!(satisfying.len() > 1, "{c:?}");
+        assert!(satisfying
+            .iter()
+            .all(|x| x.price_cny_per_gpu_hour >= c.price_cny_per_gpu_hour));
+        assert!(
+            c.candidates.iter().any(|x| x.provider == "aws")
+                && c.candidates.iter().any(|x| x.provider == "aliyun")
+                && c.candidates.iter().any(|x| x.provider == "tencent")
+        );
+        let envelope = decided
+            .iter()
+            .flatten()
+            .find(|(e, _)| e.event_type == "spot.capacity_chosen")
+            .unwrap()
+            .0
+            .clone();
+        market.apply(4, &envelope);
+        assert!(choices(&market.decide(at(61))).is_empty(), "once");
     }
 
     #[test]
