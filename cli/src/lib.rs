@@ -318,6 +318,19 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
                 _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
             }
+            if let Some(price) = &c.max_price {
+                body["max_price_cny_per_gpu_hour"] = json!(price);
+            }
+            if !c.zones.is_empty() {
+                body["zones"] = json!(c.zones);
+            }
+            if !c.regions.is_empty() {
+                body["regions"] = json!(c.regions);
+            }
+            if let Some(max_retries) = c.max_retries {
+                body["recovery"] =
+                    json!({"max_retries": max_retries, "zone_first": c.zone_first.as_str()});
+            }
             if !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() {
                 let env: serde_json::Map<String, Value> =
                     c.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
