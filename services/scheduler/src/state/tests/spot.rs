@@ -320,3 +320,56 @@ fn spot_figures_survive_a_snapshot() {
     assert_eq!(restored.spot_price("z1", fixtures::MODEL), Some(d("0.1")));
     assert_eq!(recoveries(&decide(&restored)).len(), 1);
 }
+
+#[test]
+fn a_moved_lease_keeps_to_its_zones() {
+    let (t, lease, now) = (Uuid::from_u128(1), Uuid::from_u128(10), Utc::now());
+    let mut s = given(vec![
+        zone_node("a", "cn-north.1", 1),
+        zone_node("b", "cn-east.1", 1),
+        zone_node("c", "cn-north.2", 1),
+        tenant(t, 10),
+        EventData::LeaseRequested(LeaseRequested {
+            regions: vec!["cn-north".into()],
+            ..fixtures::whole_request(lease, t, 1, fixtures::MODEL)
+        }),
+    ]);
+    settle(&mut s, now, &Rules::default());
+    let from = s.leases[&lease].node_id.clone().unwrap();
+    let drain = |node: &str| {
+        EventData::NodeCordoned(NodeCordoned {
+            node_id: node.into(),
+            drain: Some(DrainMode::Move),
+            reason: "test".into(),
+        })
+    };
+    s.apply(9_000, &env(drain(&from)));
+    settle(&mut s, now, &Rules::default());
+    let to = s.leases[&lease].node_id.clone().unwrap();
+    assert_ne!(to, "b", "cn-east is outside its regions");
+    assert_ne!(to, from);
+    // With no node of its regions left, it waits rather than leave them.
+    s.apply(9_500, &env(drain(&to)));
+    settle(&mut s, now, &Rules::default());
+    assert_eq!(s.leases[&lease].node_id, None);
+    assert!(!s.fleet.holdings.contains_key(&lease));
+}
+
+#[test]
+fn spot_ratios_read_one_while_nothing_happened() {
+    let mut stats = SpotStats::default();
+    assert_eq!(
+        (stats.acceptance_ratio(), stats.success_ratio()),
+        (1.0, 1.0)
+    );
+    (
+        stats.requested,
+        stats.accepted,
+        stats.succeeded,
+        stats.failed,
+    ) = (4, 2, 3, 1);
+    assert_eq!(
+        (stats.acceptance_ratio(), stats.success_ratio()),
+        (0.5, 0.75)
+    );
+}
