@@ -245,7 +245,7 @@ pub struct TenantCreate {
 #[derive(Debug, Clone, Subcommand)]
 pub enum LeaseCommand {
     /// Request a new lease.
-    Create(LeaseCreate),
+    Create(Box<LeaseCreate>),
     /// Show one lease, optionally waiting for it to reach a state.
     Get(LeaseGet),
     /// List your leases, newest first.

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::Deserialize;
 
-use super::{region_by_suffix, Offer, Recording, SpotProvider};
+use super::{recording_of, Offer, Quoted, Recording, SpotProvider};
 
 /// GPU instance types this adapter knows: `(type, model, GPUs)`.
 const INSTANCE_TYPES: &[(&str, &str, u32)] = &[
@@ -41,27 +41,18 @@ pub struct Aliyun {
 impl Aliyun {
     pub fn from_recording(json: &str) -> Result<Self, String> {
         let answer: Answer = serde_json::from_str(json).map_err(|e| format!("aliyun: {e}"))?;
-        let samples = answer
+        let quotes = answer
             .spot_prices
             .spot_price_type
             .into_iter()
-            .filter_map(|p| {
-                let (_, model, gpus) = INSTANCE_TYPES
-                    .iter()
-                    .find(|(t, _, _)| *t == p.instance_type)?;
-                Some((
-                    region_by_suffix(&p.zone_id, false),
-                    p.zone_id,
-                    p.instance_type,
-                    *model,
-                    *gpus,
-                    p.timestamp,
-                    p.spot_price,
-                ))
-            })
-            .collect();
+            .map(|p| Quoted {
+                zone: p.zone_id,
+                instance_type: p.instance_type,
+                at: p.timestamp,
+                price_cny_per_instance_hour: p.spot_price,
+            });
         Ok(Self {
-            recording: Recording::new(samples).map_err(|e| format!("aliyun: {e}"))?,
+            recording: recording_of("aliyun", quotes, INSTANCE_TYPES, false)?,
         })
     }
 }

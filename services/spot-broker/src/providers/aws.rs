@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::Deserialize;
 
-use super::{region_by_suffix, Offer, Recording, SpotProvider};
+use super::{recording_of, Offer, Quoted, Recording, SpotProvider};
 
 /// GPU instance types this adapter knows: `(type, model, GPUs)`.
 const INSTANCE_TYPES: &[(&str, &str, u32)] = &[
@@ -43,26 +43,14 @@ impl Aws {
         if answer.usd_cny <= Decimal::ZERO {
             return Err("aws: UsdCny must be above zero".into());
         }
-        let samples = answer
-            .spot_price_history
-            .into_iter()
-            .filter_map(|p| {
-                let (_, model, gpus) = INSTANCE_TYPES
-                    .iter()
-                    .find(|(t, _, _)| *t == p.instance_type)?;
-                Some((
-                    region_by_suffix(&p.availability_zone, true),
-                    p.availability_zone,
-                    p.instance_type,
-                    *model,
-                    *gpus,
-                    p.timestamp,
-                    p.spot_price * answer.usd_cny,
-                ))
-            })
-            .collect();
+        let quotes = answer.spot_price_history.into_iter().map(|p| Quoted {
+            zone: p.availability_zone,
+            instance_type: p.instance_type,
+            at: p.timestamp,
+            price_cny_per_instance_hour: p.spot_price * answer.usd_cny,
+        });
         Ok(Self {
-            recording: Recording::new(samples).map_err(|e| format!("aws: {e}"))?,
+            recording: recording_of("aws", quotes, INSTANCE_TYPES, true)?,
         })
     }
 }

@@ -163,6 +163,52 @@ pub(crate) struct Series {
     pub samples: Vec<(DateTime<Utc>, Decimal)>,
 }
 
+/// A price as a cloud's answer states it, before the adapter knows its type.
+pub(crate) struct Quoted {
+    pub zone: String,
+    pub instance_type: String,
+    pub at: DateTime<Utc>,
+    pub price_cny_per_instance_hour: Decimal,
+}
+
+/// The recording of `quotes` of the instance types in `known` (`(type,
+/// model, GPUs)`; others are skipped), each zone's region named by the
+/// cloud's rule (see [`region_by_suffix`]).
+pub(crate) fn recording_of(
+    provider: &str,
+    quotes: impl IntoIterator<Item = Quoted>,
+    known: &[(&str, &'static str, u32)],
+    letter_suffix: bool,
+) -> Result<Recording, String> {
+    let samples = quotes
+        .into_iter()
+        .filter_map(|q| {
+            let (_, model, gpus) = known.iter().find(|(t, _, _)| *t == q.instance_type)?;
+            Some(Sample {
+                region: region_by_suffix(&q.zone, letter_suffix),
+                zone: q.zone,
+                instance_type: q.instance_type,
+                gpu_model: model,
+                gpus_per_instance: *gpus,
+                at: q.at,
+                price_cny_per_instance_hour: q.price_cny_per_instance_hour,
+            })
+        })
+        .collect();
+    Recording::new(samples).map_err(|e| format!("{provider}: {e}"))
+}
+
+/// One recorded price of one instance type in one zone.
+pub(crate) struct Sample {
+    pub region: String,
+    pub zone: String,
+    pub instance_type: String,
+    pub gpu_model: &'static str,
+    pub gpus_per_instance: u32,
+    pub at: DateTime<Utc>,
+    pub price_cny_per_instance_hour: Decimal,
+}
+
 /// A recording: its series and the span it covers, replayed cyclically.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Recording {
@@ -173,27 +219,25 @@ pub(crate) struct Recording {
 }
 
 impl Recording {
-    /// Groups `(region, zone, instance type, model, GPUs, when, price)`
-    /// samples into series; at most [`MAX_SAMPLES_PER_RECORDING`].
-    pub fn new(
-        samples: Vec<(
-            String,
-            String,
-            String,
-            &'static str,
-            u32,
-            DateTime<Utc>,
-            Decimal,
-        )>,
-    ) -> Result<Self, String> {
+    /// Groups samples into series; at most [`MAX_SAMPLES_PER_RECORDING`].
+    pub fn new(samples: Vec<Sample>) -> Result<Self, String> {
         if samples.len() > MAX_SAMPLES_PER_RECORDING {
             return Err(format!(
                 "a recording holds at most {MAX_SAMPLES_PER_RECORDING} samples"
             ));
         }
         let mut series: Vec<Series> = Vec::new();
-        for (region, zone, instance_type, gpu_model, gpus, at, price) in samples {
-            if price <= Decimal::ZERO || gpus == 0 {
+        for sample in samples {
+            let Sample {
+                region,
+                zone,
+                instance_type,
+                gpu_model,
+                gpus_per_instance,
+                at,
+                price_cny_per_instance_hour: price,
+            } = sample;
+            if price <= Decimal::ZERO || gpus_per_instance == 0 {
                 return Err(format!(
                     "{zone} {instance_type}: a price or GPU count of zero"
                 ));
@@ -208,7 +252,7 @@ impl Recording {
                     zone,
                     instance_type,
                     gpu_model,
-                    gpus_per_instance: gpus,
+                    gpus_per_instance,
                     samples: vec![(at, price)],
                 }),
             }

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::Deserialize;
 
-use super::{region_by_suffix, Offer, Recording, SpotProvider};
+use super::{recording_of, Offer, Quoted, Recording, SpotProvider};
 
 /// GPU instance types this adapter knows: `(type, model, GPUs)`.
 const INSTANCE_TYPES: &[(&str, &str, u32)] = &[
@@ -41,27 +41,18 @@ pub struct Tencent {
 impl Tencent {
     pub fn from_recording(json: &str) -> Result<Self, String> {
         let answer: Answer = serde_json::from_str(json).map_err(|e| format!("tencent: {e}"))?;
-        let samples = answer
+        let quotes = answer
             .response
             .price_history_set
             .into_iter()
-            .filter_map(|p| {
-                let (_, model, gpus) = INSTANCE_TYPES
-                    .iter()
-                    .find(|(t, _, _)| *t == p.instance_type)?;
-                Some((
-                    region_by_suffix(&p.zone, false),
-                    p.zone,
-                    p.instance_type,
-                    *model,
-                    *gpus,
-                    p.timestamp,
-                    p.unit_price,
-                ))
-            })
-            .collect();
+            .map(|p| Quoted {
+                zone: p.zone,
+                instance_type: p.instance_type,
+                at: p.timestamp,
+                price_cny_per_instance_hour: p.unit_price,
+            });
         Ok(Self {
-            recording: Recording::new(samples).map_err(|e| format!("tencent: {e}"))?,
+            recording: recording_of("tencent", quotes, INSTANCE_TYPES, false)?,
         })
     }
 }
