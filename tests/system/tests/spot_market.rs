@@ -106,6 +106,8 @@ async fn an_outbid_spot_lease_is_noticed_ended_at_the_deadline_and_recovered() {
         .wait_lease(&spot_key, &first, |l| l["state"] == "ended")
         .await;
     assert_eq!(ended["end_reason"], "preempted");
+    assert_eq!(ended["preemption_reason"], "outbid", "{ended}");
+    assert_eq!(ended["spot"]["max_price_cny_per_gpu_hour"], "3", "{ended}");
 
     // Noticed as outbid, ended at the deadline and not before.
     let notice = stack
@@ -166,6 +168,11 @@ async fn an_outbid_spot_lease_is_noticed_ended_at_the_deadline_and_recovered() {
         })
         .await;
     assert_eq!(waiting["state"], "queued", "{waiting}");
+    assert_eq!(
+        waiting["spot"]["recovery_of"]["lease_id"],
+        first.as_str(),
+        "{waiting}"
+    );
 
     // ... and runs once the on-demand lease is gone and the price falls.
     let (status, _) = stack
@@ -204,5 +211,7 @@ async fn an_outbid_spot_lease_is_noticed_ended_at_the_deadline_and_recovered() {
         value("lh_spot_leases_ended_total{outcome=\"succeeded\"}"),
         "1"
     );
+    // The read model's spot terms come back the same from the log.
+    stack.assert_gateway_rebuilds_identically().await;
     stack.assert_none_stopped();
 }

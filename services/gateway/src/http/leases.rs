@@ -175,8 +175,22 @@ pub struct LeaseView {
     pub queue_position: Option<i32>,
     pub rejected_reason: Option<String>,
     pub stop_requested: bool,
-    /// Set when this spot lease will be evicted for an on-demand one.
+    /// Set when this spot lease will be evicted (the node-agent ends it then).
     pub preemption_deadline: Option<DateTime<Utc>>,
+    /// Why: `capacity` (on-demand work needs its GPUs) or `outbid` (the
+    /// spot price rose above its bid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption_reason: Option<String>,
+    /// Spot terms: `max_price_cny_per_gpu_hour`, `recovery`, and for a
+    /// lease the scheduler requested to recover a preempted one,
+    /// `recovery_of {lease_id, first_lease_id, attempt, zone}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub spot: Option<sqlx::types::Json<serde_json::Value>>,
+    /// `{"zones": [...], "regions": [...]}` it may run in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub constraints: Option<sqlx::types::Json<serde_json::Value>>,
     pub end_reason: Option<String>,
     /// Times the lease was moved to other GPUs (its node was lost).
     pub migrations: i32,
@@ -198,7 +212,7 @@ pub struct LeaseView {
 }
 
 const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
+    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
 impl From<CreateLease> for LeaseBody {
