@@ -347,6 +347,11 @@ impl State {
 
     /// Takes back a [`State::snapshot`]; false when it does not fit.
     pub fn restore(&mut self, mut snapshot: serde_json::Value) -> bool {
+        // Parsed whole before anything is assigned: a snapshot that does
+        // not fit leaves the state untouched for the replay.
+        let Some(spot) = spot::SpotSnapshot::parse(snapshot["spot"].take()) else {
+            return false;
+        };
         let mut take = |field: &str| snapshot[field].take();
         let (Ok(fleet), Ok(leases), Ok(tenants), Ok(waiting), Ok(awaiting_preemption)) = (
             serde_json::from_value(take("fleet")),
@@ -362,7 +367,8 @@ impl State {
         self.tenants = tenants;
         self.waiting = waiting;
         self.awaiting_preemption = awaiting_preemption;
-        self.restore_spot(snapshot["spot"].take())
+        self.restore_spot(spot);
+        true
     }
 
     pub fn waiting_count(&self) -> usize {

@@ -75,6 +75,21 @@ impl SpotStats {
     }
 }
 
+/// The spot part of a scheduler snapshot.
+#[derive(Debug, Deserialize)]
+pub(super) struct SpotSnapshot {
+    prices: Vec<(String, String, Decimal)>,
+    recoveries: BTreeMap<Uuid, LeaseRequested>,
+    stats: SpotStats,
+}
+
+impl SpotSnapshot {
+    /// `None` when `value` is not one (a snapshot from before spot prices).
+    pub(super) fn parse(value: serde_json::Value) -> Option<Self> {
+        serde_json::from_value(value).ok()
+    }
+}
+
 /// Why a lease may not be placed in any zone now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum NoZone {
@@ -142,22 +157,15 @@ impl State {
         })
     }
 
-    /// Takes back [`State::spot_snapshot`]; false when it does not fit.
-    pub(super) fn restore_spot(&mut self, mut spot: serde_json::Value) -> bool {
-        let (Ok(prices), Ok(recoveries), Ok(stats)) = (
-            serde_json::from_value::<Vec<(String, String, Decimal)>>(spot["prices"].take()),
-            serde_json::from_value(spot["recoveries"].take()),
-            serde_json::from_value(spot["stats"].take()),
-        ) else {
-            return false;
-        };
-        self.spot_prices = prices
+    /// Takes back what [`State::spot_snapshot`] stored.
+    pub(super) fn restore_spot(&mut self, spot: SpotSnapshot) {
+        self.spot_prices = spot
+            .prices
             .into_iter()
             .map(|(zone, model, price)| ((zone, model), price))
             .collect();
-        self.recoveries = recoveries;
-        self.spot_stats = stats;
-        true
+        self.recoveries = spot.recoveries;
+        self.spot_stats = spot.stats;
     }
 
     /// The zones `lease` may be placed in now: `Ok(None)` for any zone (it

@@ -373,3 +373,18 @@ fn spot_ratios_read_one_while_nothing_happened() {
         (0.5, 0.75)
     );
 }
+
+#[test]
+fn a_snapshot_without_the_spot_market_is_refused_and_changes_nothing() {
+    let (t, lease) = (Uuid::from_u128(1), Uuid::from_u128(10));
+    let s = given(vec![
+        zone_node("a", "z1", 1),
+        tenant(t, 10),
+        request(lease, t, 1),
+    ]);
+    let mut older = s.snapshot();
+    older.as_object_mut().unwrap().remove("spot");
+    let mut restored = State::default();
+    assert!(!restored.restore(older));
+    assert!(restored.leases.is_empty() && restored.fleet.nodes.is_empty());
+}
