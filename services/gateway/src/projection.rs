@@ -402,7 +402,7 @@ async fn insert_key(
 
 /// A request's spot terms for the read model: only the keys it has; `None`
 /// without any.
-fn spot_terms(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
+pub(crate) fn spot_terms(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
     let mut terms = serde_json::Map::new();
     if let Some(bid) = e.max_price_cny_per_gpu_hour {
         terms.insert("max_price_cny_per_gpu_hour".into(), bid.to_string().into());
@@ -417,7 +417,7 @@ fn spot_terms(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
 }
 
 /// A request's zone and region constraints; `None` without any.
-fn constraints(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
+pub(crate) fn constraints(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
     (!e.zones.is_empty() || !e.regions.is_empty())
         .then(|| serde_json::json!({"zones": e.zones, "regions": e.regions}))
 }

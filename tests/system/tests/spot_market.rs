@@ -75,6 +75,21 @@ async fn an_outbid_spot_lease_is_noticed_ended_at_the_deadline_and_recovered() {
         (status, &problem["field"]),
         (422, &json!("max_price_cny_per_gpu_hour"))
     );
+    // The same Idempotency-Key with another bid is another request: refused.
+    // (A model node-b does not have: it waits, out of this market.)
+    let keyed = |bid: &'static str| {
+        stack
+            .http
+            .post(format!("{}/v1/leases", stack.gateway_url))
+            .bearer_auth(&spot_key)
+            .header("Idempotency-Key", "bid-1")
+            .json(&json!({"gpus": 1, "gpu_model": "H100-80GB", "tier": "spot",
+                          "max_price_cny_per_gpu_hour": bid}))
+            .send()
+    };
+    assert_eq!(keyed("3").await.unwrap().status().as_u16(), 202);
+    assert_eq!(keyed("3").await.unwrap().status().as_u16(), 202);
+    assert_eq!(keyed("4").await.unwrap().status().as_u16(), 409);
 
     // Placed at 2.4; its own GPU takes the price to 3.0, still covered.
     let first = stack

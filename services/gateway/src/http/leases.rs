@@ -273,6 +273,9 @@ impl LeaseView {
             && self.workload.as_ref().map(|w| &w.0) == workload.as_ref()
             && self.tier == requested.tier.as_str()
             && self.priority == requested.priority
+            && self.spot.as_ref().map(|s| &s.0) == crate::projection::spot_terms(requested).as_ref()
+            && self.constraints.as_ref().map(|c| &c.0)
+                == crate::projection::constraints(requested).as_ref()
     }
 }
 
