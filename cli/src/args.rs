@@ -58,6 +58,9 @@ pub enum Command {
     /// Show invoices.
     #[command(subcommand)]
     Invoice(InvoiceCommand),
+    /// Read the spot market.
+    #[command(subcommand)]
+    Spot(SpotCommand),
     /// Check the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -242,7 +245,7 @@ pub struct TenantCreate {
 #[derive(Debug, Clone, Subcommand)]
 pub enum LeaseCommand {
     /// Request a new lease.
-    Create(LeaseCreate),
+    Create(Box<LeaseCreate>),
     /// Show one lease, optionally waiting for it to reach a state.
     Get(LeaseGet),
     /// List your leases, newest first.
@@ -304,6 +307,22 @@ pub struct LeaseCreate {
     /// returns the lease created the first time.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
+    /// Spot only: the most you pay, CNY per GPU-hour (e.g. `4.5`).
+    #[arg(long, value_name = "CNY")]
+    pub max_price: Option<String>,
+    /// A zone the lease may run in (repeatable; none: any).
+    #[arg(long = "zone", value_name = "ZONE")]
+    pub zones: Vec<String>,
+    /// A region the lease may run in (repeatable; none: any).
+    #[arg(long = "region", value_name = "REGION")]
+    pub regions: Vec<String>,
+    /// Spot only: after a preemption, request the lease again up to this
+    /// many times (0 to 10).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10))]
+    pub max_retries: Option<u32>,
+    /// Where a recovered lease looks first: the zone it left, or any.
+    #[arg(long, value_enum, default_value_t = ZoneFirst::Same, requires = "max_retries")]
+    pub zone_first: ZoneFirst,
     /// Container image the workload runs (nodes with a container runtime).
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
@@ -314,6 +333,22 @@ pub struct LeaseCreate {
     /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// Where a recovered spot lease looks first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ZoneFirst {
+    Same,
+    Any,
+}
+
+impl ZoneFirst {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ZoneFirst::Same => "same",
+            ZoneFirst::Any => "any",
+        }
+    }
 }
 
 fn parse_env(raw: &str) -> Result<(String, String), String> {
@@ -373,6 +408,27 @@ pub struct InvoiceShow {
     /// Tenant whose invoice to show (admin token only; default: your own).
     #[arg(long, value_name = "TENANT_ID")]
     pub tenant: Option<String>,
+}
+
+/// `lh spot ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum SpotCommand {
+    /// Current spot price of each (zone, GPU model) and its recent history.
+    Prices(SpotPrices),
+}
+
+/// `lh spot prices`
+#[derive(Debug, Clone, Args)]
+pub struct SpotPrices {
+    /// Only this zone.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// Only this GPU model.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu_model: Option<String>,
+    /// Past prices to show per market (0 to 60).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=60))]
+    pub history: u32,
 }
 
 /// `lh audit ...`

@@ -74,8 +74,8 @@ mod render;
 pub use args::{
     AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
     KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
-    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    NodeCommand, NodeDrain, NodeId, SpotCommand, TenantCommand, TenantCreate, TenantId,
+    TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -318,6 +318,19 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
                 _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
             }
+            if let Some(price) = &c.max_price {
+                body["max_price_cny_per_gpu_hour"] = json!(price);
+            }
+            if !c.zones.is_empty() {
+                body["zones"] = json!(c.zones);
+            }
+            if !c.regions.is_empty() {
+                body["regions"] = json!(c.regions);
+            }
+            if let Some(max_retries) = c.max_retries {
+                body["recovery"] =
+                    json!({"max_retries": max_retries, "zone_first": c.zone_first.as_str()});
+            }
             if !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() {
                 let env: serde_json::Map<String, Value> =
                     c.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
@@ -387,6 +400,19 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             }
             let invoice = gw.get(&["v1", "invoices"], &query).await?;
             emit(out, json, &invoice, render::invoice)?;
+            Ok(EXIT_OK)
+        }
+        Command::Spot(SpotCommand::Prices(p)) => {
+            let history = p.history.to_string();
+            let mut query = vec![("history", history.as_str())];
+            if let Some(zone) = &p.zone {
+                query.push(("zone", zone.as_str()));
+            }
+            if let Some(model) = &p.gpu_model {
+                query.push(("gpu_model", model.as_str()));
+            }
+            let prices = gw.get(&["v1", "spot", "prices"], &query).await?;
+            emit(out, json, &prices, render::spot_prices)?;
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {

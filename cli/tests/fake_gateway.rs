@@ -235,6 +235,62 @@ async fn lease_create_sends_body_and_idempotency_key() {
 }
 
 #[tokio::test]
+async fn a_spot_bid_zones_and_recovery_go_in_the_body_and_prices_are_read() {
+    let gw = fake(|req, _| match req.target.as_str() {
+        "/v1/leases" => ok(202, lease("L1", "requested")),
+        _ => ok(
+            200,
+            json!({"markets": [{"zone": "z1", "region": "z1", "gpu_model": "H100",
+                "current": {"price_cny_per_gb_hour": "0.2", "utilisation": "0.5", "at": "2026-12-04T10:00:00Z"},
+                "gpus_total": 4, "gpus_used": 2, "history": []}]}),
+        ),
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "H100",
+            "--tier",
+            "spot",
+            "--max-price",
+            "4.5",
+            "--zone",
+            "z1",
+            "--zone",
+            "z2",
+            "--region",
+            "cn-north",
+            "--max-retries",
+            "2",
+            "--zone-first",
+            "any",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let out = gw
+        .lh(&["spot", "prices", "--gpu-model", "H100", "--history", "3"])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("0.2") && out.stdout.contains("2/4"),
+        "{}",
+        out.stdout
+    );
+    let reqs = gw.requests();
+    assert_eq!(
+        reqs[0].json(),
+        json!({"gpus": 1, "gpu_model": "H100", "tier": "spot", "priority": 0,
+               "max_price_cny_per_gpu_hour": "4.5", "zones": ["z1", "z2"], "regions": ["cn-north"],
+               "recovery": {"max_retries": 2, "zone_first": "any"}})
+    );
+    assert_eq!(reqs[1].target, "/v1/spot/prices?history=3&gpu_model=H100");
+}
+
+#[tokio::test]
 async fn json_flag_prints_the_servers_json() {
     let mut view = lease("L1", "running");
     view["extra_field_from_the_future"] = json!({"a": [1, 2]});

@@ -184,6 +184,7 @@ pub fn service_permissions(service: Publisher) -> Permissions {
         Publisher::Gateway => p.publish.extend([
             subject::RPC_AUDIT_VERIFY.to_string(),
             subject::RPC_PRICING_INVOICE.to_string(),
+            subject::RPC_SPOT_PRICES.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
@@ -197,7 +198,11 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             p.subscribe.push(subject::RPC_AUDIT_VERIFY.to_string());
             p.allow_responses = true;
         }
-        Publisher::SpotBroker | Publisher::Node => {}
+        Publisher::SpotBroker => {
+            p.subscribe.push(subject::RPC_SPOT_PRICES.to_string());
+            p.allow_responses = true;
+        }
+        Publisher::Node => {}
     }
     p.publish.dedup();
     p

@@ -7,8 +7,9 @@ use std::fmt;
 
 use lh_events::{
     derived_id, GpuAsk, GpuFraction, LeaseRequested, LeaseResumeRequested, LeaseStopRequested,
-    Tier, WorkloadSpec,
+    SpotRecovery, Tier, WorkloadSpec,
 };
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -23,6 +24,10 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 /// Most bytes a workload's command, image and environment may hold
 /// together: every request is kept in the log for a year.
 pub const MAX_WORKLOAD_BYTES: usize = 16 * 1024;
+/// Most zones, and most regions, one lease may name.
+pub const MAX_PLACES_PER_LEASE: usize = 16;
+/// Longest zone or region name, in bytes.
+pub const MAX_PLACE_NAME_LEN: usize = 64;
 
 /// The tenant asking, with its quota of whole GPUs and how many of its
 /// leases wait for a placement now.
@@ -47,6 +52,12 @@ pub struct LeaseBody {
     pub tier: Tier,
     pub priority: i32,
     pub workload: Option<WorkloadSpec>,
+    /// Spot only: the most the tenant pays, CNY per GPU-hour.
+    pub max_price_cny_per_gpu_hour: Option<Decimal>,
+    pub zones: Vec<String>,
+    pub regions: Vec<String>,
+    /// Spot only: how the lease is recovered after a preemption.
+    pub recovery: Option<SpotRecovery>,
 }
 
 /// How wrong a refused request is.
@@ -106,6 +117,9 @@ pub fn request(
             format!("priority must be -{MAX_PRIORITY} to {MAX_PRIORITY}"),
         ));
     }
+    let spot = check_spot_terms(body.tier, body.max_price_cny_per_gpu_hour, &body.recovery)?;
+    check_places("zones", &body.zones)?;
+    check_places("regions", &body.regions)?;
     let gpus = ask.gpus();
     if gpus > tenant.max_gpus {
         return Err(Invalid::unacceptable(
@@ -153,7 +167,83 @@ pub fn request(
         fraction,
         mig_profile,
         workload: body.workload,
+        max_price_cny_per_gpu_hour: spot.0,
+        zones: body.zones,
+        regions: body.regions,
+        recovery: spot.1,
+        recovery_of: None,
     })
+}
+
+/// A bid and a recovery policy belong to spot requests only, each within
+/// its bounds.
+fn check_spot_terms(
+    tier: Tier,
+    bid: Option<Decimal>,
+    recovery: &Option<SpotRecovery>,
+) -> Result<(Option<Decimal>, Option<SpotRecovery>), Invalid> {
+    let spot = tier == Tier::Spot;
+    let bid = match bid {
+        Some(_) if !spot => {
+            return Err(Invalid::unacceptable(
+                "max_price_cny_per_gpu_hour",
+                "a maximum price is for tier spot only",
+            ))
+        }
+        Some(bid) => Some(
+            crate::spot::check_bid(bid)
+                .map_err(|why| Invalid::unacceptable("max_price_cny_per_gpu_hour", why))?,
+        ),
+        None => None,
+    };
+    let recovery = match recovery {
+        Some(_) if !spot => {
+            return Err(Invalid::unacceptable(
+                "recovery",
+                "recovery is for tier spot only",
+            ))
+        }
+        Some(r) if r.max_retries > crate::spot::MAX_RECOVERY_RETRIES => {
+            return Err(Invalid::unacceptable(
+                "recovery.max_retries",
+                format!("at most {} retries", crate::spot::MAX_RECOVERY_RETRIES),
+            ))
+        }
+        other => other.clone(),
+    };
+    Ok((bid, recovery))
+}
+
+/// Zone and region names: at most [`MAX_PLACES_PER_LEASE`], each 1 to
+/// [`MAX_PLACE_NAME_LEN`] letters, digits, `.`, `_` or `-`, none twice.
+fn check_places(field: &'static str, names: &[String]) -> Result<(), Invalid> {
+    if names.len() > MAX_PLACES_PER_LEASE {
+        return Err(Invalid::unacceptable(
+            field,
+            format!("at most {MAX_PLACES_PER_LEASE} {field}"),
+        ));
+    }
+    let well_formed = |n: &String| {
+        (1..=MAX_PLACE_NAME_LEN).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    };
+    if let Some(bad) = names.iter().find(|n| !well_formed(n)) {
+        return Err(Invalid::unacceptable(
+            field,
+            format!(
+                "{bad:?} is not a name: 1 to {MAX_PLACE_NAME_LEN} letters, digits, '.', '_' or '-'"
+            ),
+        ));
+    }
+    let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+    if distinct.len() != names.len() {
+        return Err(Invalid::unacceptable(
+            field,
+            format!("{field} repeat a name"),
+        ));
+    }
+    Ok(())
 }
 
 /// The one ask among the request's three ways of writing one.

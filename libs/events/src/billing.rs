@@ -39,6 +39,43 @@ pub struct SpotPriceSet {
     pub gpus_used: u32,
 }
 
+/// The spot-broker chose where a spot request could run on external
+/// capacity: the cheapest offer of the clouds it knows that satisfies the
+/// request (model, GPUs on one instance, zones, regions, bid), with every
+/// offer it weighed and why each other one was passed over. Stored on the
+/// chosen `zone`'s spot subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SpotCapacityChosen {
+    pub lease_id: Uuid,
+    pub tenant_id: Uuid,
+    pub provider: String,
+    pub region: String,
+    pub zone: String,
+    pub gpu_model: String,
+    pub gpus: u32,
+    /// CNY per GPU-hour, as a decimal string.
+    #[schemars(with = "String")]
+    pub price_cny_per_gpu_hour: Decimal,
+    /// Cheapest first; the chosen one among them.
+    pub candidates: Vec<CapacityCandidate>,
+}
+
+/// One cloud offer weighed for a spot request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CapacityCandidate {
+    pub provider: String,
+    pub region: String,
+    pub zone: String,
+    pub instance_type: String,
+    pub gpus_per_instance: u32,
+    /// CNY per GPU-hour, as a decimal string.
+    #[schemars(with = "String")]
+    pub price_cny_per_gpu_hour: Decimal,
+    /// Why it was passed over; absent for one that satisfies the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<String>,
+}
+
 /// A version of the price book. Every charge names the version it used.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PriceBookPublished {

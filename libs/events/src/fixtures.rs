@@ -66,6 +66,11 @@ pub fn whole_request(lease_id: Uuid, tenant_id: Uuid, gpus: u32, model: &str) ->
         fraction: None,
         mig_profile: None,
         workload: None,
+        max_price_cny_per_gpu_hour: None,
+        zones: Vec::new(),
+        regions: Vec::new(),
+        recovery: None,
+        recovery_of: None,
     }
 }
 

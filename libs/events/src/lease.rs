@@ -31,6 +31,64 @@ pub struct LeaseRequested {
     /// a simulated node, the lease "runs" until it is stopped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<WorkloadSpec>,
+    /// Spot only: the most the tenant pays, CNY per GPU-hour (the spot
+    /// price per GB-hour times the VRAM the lease holds on each GPU). The
+    /// lease is placed only where the price is at or under it, and is given
+    /// notice when the price rises above it. Without one, any price goes.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "rust_decimal::serde::str_option"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub max_price_cny_per_gpu_hour: Option<rust_decimal::Decimal>,
+    /// Zones the lease may run in; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
+    /// Regions the lease may run in (a zone's region is what precedes its
+    /// last dot: `cn-north.1` is in `cn-north`); empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<String>,
+    /// Spot only: how the lease is recovered after a preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<SpotRecovery>,
+    /// Set on a lease the scheduler requested to recover a preempted one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_of: Option<RecoveryOf>,
+}
+
+/// Managed recovery of a spot lease: after a preemption the same request is
+/// made again, as a new lease, up to `max_retries` times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SpotRecovery {
+    pub max_retries: u32,
+    /// Which zone the recovered lease tries first.
+    #[serde(default)]
+    pub zone_first: ZoneFirst,
+}
+
+/// Where a recovered spot lease looks first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ZoneFirst {
+    /// The zone it was preempted in, then any zone it may run in.
+    #[default]
+    Same,
+    /// Any zone it may run in, the one it left included.
+    Any,
+}
+
+/// The preempted lease a recovery replaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RecoveryOf {
+    /// The preempted lease.
+    pub lease_id: Uuid,
+    /// The lease the tenant asked for first.
+    pub first_lease_id: Uuid,
+    /// 1 for the first recovery.
+    pub attempt: u32,
+    /// The zone it was preempted in.
+    pub zone: String,
 }
 
 /// A lease's workload: a command, or a container image (and its command).
@@ -92,14 +150,42 @@ pub struct LeaseStopRequested {
     pub lease_id: Uuid,
 }
 
-/// A spot lease will be evicted at `deadline` so that `preempted_for` (an
-/// on-demand lease) can have its GPUs. The node-agent ends it then.
+/// A spot lease will be evicted at `deadline`, for `reason`: so that
+/// `preempted_for` (an on-demand lease) can have its GPUs, or because the
+/// spot price rose above its bid (then `preempted_for` is the nil id: no
+/// lease takes the GPUs). The node-agent ends it then.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LeasePreemptionNoticed {
     pub lease_id: Uuid,
     pub node_id: String,
     pub preempted_for: Uuid,
     pub deadline: DateTime<Utc>,
+    /// Logs from before reasons were recorded hold only capacity notices.
+    #[serde(default)]
+    pub reason: PreemptionReason,
+}
+
+/// Why a spot lease is preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptionReason {
+    /// On-demand work needs its GPUs.
+    #[default]
+    Capacity,
+    /// The spot price rose above its bid.
+    Outbid,
+    /// A lease of a higher priority class needs its GPUs.
+    Priority,
+}
+
+impl PreemptionReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptionReason::Capacity => "capacity",
+            PreemptionReason::Outbid => "outbid",
+            PreemptionReason::Priority => "priority",
+        }
+    }
 }
 
 /// The node-agent started the workload; billing starts at `started_at`.

@@ -78,6 +78,7 @@ events! {
     "node.uncordoned" v=1 => NodeUncordoned @ node(node_id);
     "node.restated" v=1 => NodeRestated @ node(node_id);
     "spot.price_set" v=1 => SpotPriceSet @ spot(zone, gpu_model);
+    "spot.capacity_chosen" v=1 => SpotCapacityChosen @ spot(zone, gpu_model), tenant_id = tenant_id;
     "price_book.published" v=1 => PriceBookPublished @ price_book();
     "price_book.restated" v=1 => PriceBookRestated @ price_book();
     "charge.accrued" v=1 => ChargeAccrued @ charge(lease_id), tenant_id = tenant_id;

@@ -37,6 +37,8 @@ pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
 /// Request/reply subject on which pricing answers invoice requests.
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
+/// Request/reply subject on which the spot-broker answers spot prices.
+pub const RPC_SPOT_PRICES: &str = "lh.rpc.spot.prices";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
@@ -159,7 +161,9 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("tenant.suspended", &[Gateway]),
         ("tenant.resumed", &[Gateway]),
         ("tenant.quota_changed", &[Gateway]),
-        ("lease.requested", &[Gateway]),
+        // The scheduler requests a preempted spot lease again (managed
+        // recovery) as a new lease.
+        ("lease.requested", &[Gateway, Scheduler]),
         ("lease.queued", &[Scheduler]),
         ("lease.rejected", &[Scheduler]),
         ("lease.placed", &[Scheduler]),
@@ -187,6 +191,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("node.uncordoned", &[Gateway]),
         ("node.restated", &[Scheduler]),
         ("spot.price_set", &[SpotBroker]),
+        ("spot.capacity_chosen", &[SpotBroker]),
         ("price_book.published", &[Pricing]),
         ("price_book.restated", &[Pricing]),
         ("charge.accrued", &[Pricing]),

@@ -286,14 +286,7 @@ impl Stack {
                 .await
             }
             "spot-broker" => {
-                lh_spot_broker::start(
-                    lh_spot_broker::Config {
-                        common,
-                        interval_ms: 200,
-                    },
-                    token.clone(),
-                )
-                .await
+                lh_spot_broker::start(lh_spot_broker::Config::for_test(common), token.clone()).await
             }
             "audit" => {
                 lh_audit::start(

@@ -173,8 +173,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             sqlx::query(
                 "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
                                      created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile,
-                                     workload)
-                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING",
+                                     workload, spot, constraints)
+                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (id) DO NOTHING",
             )
             .bind(e.lease_id)
             .bind(e.tenant_id)
@@ -195,6 +195,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
                     .as_ref()
                     .map(|w| serde_json::json!({"command": w.command, "image": w.image})),
             )
+            .bind(spot_terms(e))
+            .bind(constraints(e))
             .execute(conn)
             .await?;
         }
@@ -256,12 +258,14 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         }
         EventData::LeasePreemptionNoticed(e) => {
             sqlx::query(
-                "UPDATE leases SET preemption_deadline = $2, preempted_for = $3, last_sequence = $4 WHERE id = $1",
+                "UPDATE leases SET preemption_deadline = $2, preempted_for = $3, last_sequence = $4,
+                        preemption_reason = $5 WHERE id = $1",
             )
             .bind(e.lease_id)
             .bind(e.deadline)
             .bind(e.preempted_for)
             .bind(seq)
+            .bind(e.reason.as_str())
             .execute(conn)
             .await?;
         }
@@ -394,4 +398,26 @@ async fn insert_key(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// A request's spot terms for the read model: only the keys it has; `None`
+/// without any.
+pub(crate) fn spot_terms(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
+    let mut terms = serde_json::Map::new();
+    if let Some(bid) = e.max_price_cny_per_gpu_hour {
+        terms.insert("max_price_cny_per_gpu_hour".into(), bid.to_string().into());
+    }
+    if let Some(r) = &e.recovery {
+        terms.insert("recovery".into(), serde_json::json!(r));
+    }
+    if let Some(of) = &e.recovery_of {
+        terms.insert("recovery_of".into(), serde_json::json!(of));
+    }
+    (!terms.is_empty()).then_some(serde_json::Value::Object(terms))
+}
+
+/// A request's zone and region constraints; `None` without any.
+pub(crate) fn constraints(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
+    (!e.zones.is_empty() || !e.regions.is_empty())
+        .then(|| serde_json::json!({"zones": e.zones, "regions": e.regions}))
 }

@@ -194,6 +194,8 @@ impl Decider for Scheduling {
             subject::LEASES_ALL,
             subject::NODES_ALL,
             subject::TENANTS_ALL,
+            // Spot leases are placed and outbid by the published price.
+            subject::SPOT_ALL,
         ]
     }
 
@@ -258,6 +260,7 @@ impl Decider for Scheduling {
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
         let batches = self.state.decide(now, &self.rules).batches;
         metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);
+        spot_metrics(&self.state.spot_stats);
         batches
     }
 
@@ -288,6 +291,28 @@ impl Decider for Scheduling {
         }
         tracing::debug!(events = batch.len(), "decisions appended");
     }
+}
+
+/// The spot market's figures as the log tells them: totals since the log
+/// began (so every replica and every restart reports the same), and the
+/// ratios the spot SLO is read from.
+fn spot_metrics(stats: &state::SpotStats) {
+    metrics::counter!("lh_spot_leases_requested_total").absolute(stats.requested);
+    metrics::counter!("lh_spot_leases_accepted_total").absolute(stats.accepted);
+    metrics::counter!("lh_spot_leases_ended_total", "outcome" => "succeeded")
+        .absolute(stats.succeeded);
+    metrics::counter!("lh_spot_leases_ended_total", "outcome" => "failed").absolute(stats.failed);
+    for reason in [
+        lh_events::PreemptionReason::Capacity,
+        lh_events::PreemptionReason::Outbid,
+        lh_events::PreemptionReason::Priority,
+    ] {
+        let noticed = stats.preemptions.get(reason.as_str()).copied().unwrap_or(0);
+        metrics::counter!("lh_spot_preemptions_total", "reason" => reason.as_str())
+            .absolute(noticed);
+    }
+    metrics::gauge!("lh_spot_acceptance_ratio").set(stats.acceptance_ratio());
+    metrics::gauge!("lh_spot_success_ratio").set(stats.success_ratio());
 }
 
 #[cfg(test)]

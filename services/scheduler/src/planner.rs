@@ -176,7 +176,8 @@ impl Planner {
     }
 
     /// Decides where `ask` of `model` goes and takes it in this engine, on
-    /// a node that isolates workloads when `needs_isolation`. When no node
+    /// a node that isolates workloads when `needs_isolation`, in one of
+    /// `zones` (empty: any). When no node
     /// can take it, the engine's [`Pending`] says whether busy GPUs or the
     /// fleet itself keep it out; `None` when the ask is out of the engine's
     /// range (so nothing ever fits).
@@ -185,9 +186,13 @@ impl Planner {
         ask: Ask,
         model: &str,
         needs_isolation: bool,
+        zones: &[String],
     ) -> Result<Chosen, Option<Pending>> {
         let mut request = ask.request(model).ok_or(None)?;
         request.needs_isolation = needs_isolation;
+        if !zones.is_empty() {
+            request = request.with_zones(zones.iter().cloned());
+        }
         let decision = self.engine.decide(&request).map_err(Some)?;
         let id = self
             .engine

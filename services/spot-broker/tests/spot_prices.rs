@@ -50,8 +50,8 @@ async fn spot_price_follows_utilisation() {
     let token = CancellationToken::new();
     let running = lh_spot_broker::start(
         lh_spot_broker::Config {
-            common: CommonArgs::for_test(&nats.url()),
             interval_ms: 100,
+            ..lh_spot_broker::Config::for_test(CommonArgs::for_test(&nats.url()))
         },
         token.clone(),
     )
@@ -87,6 +87,25 @@ async fn spot_price_follows_utilisation() {
     // Unchanged utilisation publishes nothing more.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(prices(&bus).await.len(), 2);
+
+    // The broker answers what the log holds: the current price and the one before.
+    let request = lh_rpc::spot::SpotPricesRequest::default();
+    let answer = lh_rpc::spot::call(&bus, &request, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(answer.markets.len(), 1);
+    let market = &answer.markets[0];
+    assert_eq!(
+        (market.zone.as_str(), market.gpu_model.as_str()),
+        ("z1", fixtures::MODEL)
+    );
+    assert_eq!(market.current.price_cny_per_gb_hour.to_string(), "0.2");
+    let history: Vec<String> = market
+        .history
+        .iter()
+        .map(|p| p.price_cny_per_gb_hour.to_string())
+        .collect();
+    assert_eq!(history, ["0.1", "0.2"]);
     token.cancel();
     running.wait().await.unwrap();
 }

@@ -26,7 +26,98 @@ fn whole(gpus: u32) -> LeaseBody {
         tier: Tier::Basic,
         priority: 0,
         workload: None,
+        max_price_cny_per_gpu_hour: None,
+        zones: Vec::new(),
+        regions: Vec::new(),
+        recovery: None,
     }
+}
+
+fn spot() -> LeaseBody {
+    LeaseBody {
+        tier: Tier::Spot,
+        ..whole(1)
+    }
+}
+
+#[test]
+fn given_a_bid_when_decided_then_only_a_spot_request_within_bounds_carries_it() {
+    let bid = |b: &str| Some(b.parse::<Decimal>().unwrap());
+    let (field, detail) = refused(LeaseBody {
+        max_price_cny_per_gpu_hour: bid("4"),
+        ..whole(1)
+    });
+    assert_eq!(field, "max_price_cny_per_gpu_hour");
+    assert_eq!(detail, "a maximum price is for tier spot only");
+    for bad in ["0", "-1", "100001", "0.00001"] {
+        let (field, _) = refused(LeaseBody {
+            max_price_cny_per_gpu_hour: bid(bad),
+            ..spot()
+        });
+        assert_eq!(field, "max_price_cny_per_gpu_hour", "{bad}");
+    }
+    let lease = decide(LeaseBody {
+        max_price_cny_per_gpu_hour: bid("4.50"),
+        ..spot()
+    })
+    .unwrap();
+    assert_eq!(lease.max_price_cny_per_gpu_hour, bid("4.5"));
+}
+
+#[test]
+fn given_a_recovery_policy_when_decided_then_it_is_spot_only_and_bounded() {
+    let recovery = |max_retries| {
+        Some(SpotRecovery {
+            max_retries,
+            zone_first: Default::default(),
+        })
+    };
+    let (field, _) = refused(LeaseBody {
+        recovery: recovery(1),
+        ..whole(1)
+    });
+    assert_eq!(field, "recovery");
+    let (field, _) = refused(LeaseBody {
+        recovery: recovery(crate::spot::MAX_RECOVERY_RETRIES + 1),
+        ..spot()
+    });
+    assert_eq!(field, "recovery.max_retries");
+    let lease = decide(LeaseBody {
+        recovery: recovery(3),
+        ..spot()
+    })
+    .unwrap();
+    assert_eq!(lease.recovery.unwrap().max_retries, 3);
+}
+
+#[test]
+fn given_zones_and_regions_when_decided_then_each_name_is_checked() {
+    let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let lease = decide(LeaseBody {
+        zones: names(&["cn-north.1", "cn-east.2"]),
+        regions: names(&["cn-north"]),
+        ..whole(1)
+    })
+    .unwrap();
+    assert_eq!(lease.zones, names(&["cn-north.1", "cn-east.2"]));
+    assert_eq!(lease.regions, names(&["cn-north"]));
+    for bad in [
+        names(&[""]),
+        names(&["a b"]),
+        names(&["a", "a"]),
+        vec!["z".into(); 17],
+    ] {
+        let (field, _) = refused(LeaseBody {
+            zones: bad.clone(),
+            ..whole(1)
+        });
+        assert_eq!(field, "zones", "{bad:?}");
+    }
+    let (field, _) = refused(LeaseBody {
+        regions: names(&["x".repeat(65).as_str()]),
+        ..whole(1)
+    });
+    assert_eq!(field, "regions");
 }
 
 fn share(milli: u32, vram_gb: u32) -> LeaseBody {

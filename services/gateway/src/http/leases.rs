@@ -52,6 +52,35 @@ pub struct CreateLease {
     /// Order among this tenant's own waiting leases, -1000 to 1000; higher first.
     #[serde(default)]
     pub priority: i32,
+    /// Tier spot only: the most you pay, CNY per GPU-hour, as a decimal
+    /// string (the spot price per GB-hour times the VRAM held on each GPU).
+    /// The lease is placed only where the price is at or under it and gets
+    /// a preemption notice when the price rises above it.
+    #[serde(default, with = "rust_decimal::serde::str_option")]
+    #[schema(value_type = Option<String>, example = "4.5")]
+    pub max_price_cny_per_gpu_hour: Option<rust_decimal::Decimal>,
+    /// Zones the lease may run in (at most 16); empty or absent: any.
+    #[serde(default)]
+    pub zones: Vec<String>,
+    /// Regions the lease may run in (at most 16; a zone's region is what
+    /// precedes its last dot); empty or absent: any.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// Tier spot only: `{"max_retries": 0..=10, "zone_first": "same"|"any"}`.
+    /// A preempted lease is then requested again as a new lease, the zone
+    /// it left first (`same`, the default) or any zone first.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub recovery: Option<RecoveryBody>,
+}
+
+/// Managed recovery as a request states it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryBody {
+    pub max_retries: u32,
+    #[serde(default)]
+    pub zone_first: lh_events::ZoneFirst,
 }
 
 /// A share of one GPU: compute in milli-GPU and a hard VRAM amount.
@@ -146,8 +175,22 @@ pub struct LeaseView {
     pub queue_position: Option<i32>,
     pub rejected_reason: Option<String>,
     pub stop_requested: bool,
-    /// Set when this spot lease will be evicted for an on-demand one.
+    /// Set when this spot lease will be evicted (the node-agent ends it then).
     pub preemption_deadline: Option<DateTime<Utc>>,
+    /// Why: `capacity` (on-demand work needs its GPUs) or `outbid` (the
+    /// spot price rose above its bid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption_reason: Option<String>,
+    /// Spot terms: `max_price_cny_per_gpu_hour`, `recovery`, and for a
+    /// lease the scheduler requested to recover a preempted one,
+    /// `recovery_of {lease_id, first_lease_id, attempt, zone}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub spot: Option<sqlx::types::Json<serde_json::Value>>,
+    /// `{"zones": [...], "regions": [...]}` it may run in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub constraints: Option<sqlx::types::Json<serde_json::Value>>,
     pub end_reason: Option<String>,
     /// Times the lease was moved to other GPUs (its node was lost).
     pub migrations: i32,
@@ -169,7 +212,7 @@ pub struct LeaseView {
 }
 
 const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
+    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
 impl From<CreateLease> for LeaseBody {
@@ -182,6 +225,13 @@ impl From<CreateLease> for LeaseBody {
             tier: body.tier,
             priority: body.priority,
             workload: body.workload.map(WorkloadSpec::from),
+            max_price_cny_per_gpu_hour: body.max_price_cny_per_gpu_hour,
+            zones: body.zones,
+            regions: body.regions,
+            recovery: body.recovery.map(|r| lh_events::SpotRecovery {
+                max_retries: r.max_retries,
+                zone_first: r.zone_first,
+            }),
         }
     }
 }
@@ -223,6 +273,9 @@ impl LeaseView {
             && self.workload.as_ref().map(|w| &w.0) == workload.as_ref()
             && self.tier == requested.tier.as_str()
             && self.priority == requested.priority
+            && self.spot.as_ref().map(|s| &s.0) == crate::projection::spot_terms(requested).as_ref()
+            && self.constraints.as_ref().map(|c| &c.0)
+                == crate::projection::constraints(requested).as_ref()
     }
 }
 

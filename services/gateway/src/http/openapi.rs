@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
+use super::{audit, invoices, keys, leases, nodes, spot, tenants, Problem};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,12 +25,16 @@ use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
         nodes::drain,
         nodes::uncordon,
         invoices::show,
+        spot::prices,
         audit::verify
     ),
     components(schemas(
         Problem,
         lh_rpc::invoice::Invoice,
         lh_rpc::invoice::InvoiceLine,
+        lh_rpc::spot::SpotPrices,
+        lh_rpc::spot::SpotMarketView,
+        lh_rpc::spot::SpotPricePoint,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),

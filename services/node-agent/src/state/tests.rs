@@ -148,6 +148,7 @@ fn a_preemption_ends_the_lease_once_its_deadline_has_passed() {
             node_id: NODE.into(),
             preempted_for: Uuid::from_u128(8),
             deadline: t(30),
+            reason: Default::default(),
         }),
     );
     assert_eq!(state.decide(t(29)), []);

@@ -13,6 +13,7 @@ use lh_placement::Pending;
 
 use super::*;
 use crate::planner::{self, Chosen, Planner};
+use spot::NoZone;
 
 /// Why a suspended tenant's lease waits.
 pub const SUSPENDED_TENANT: &str = "the tenant is suspended; its leases wait until it is resumed";
@@ -73,21 +74,74 @@ impl State {
             &mut pass.out,
         );
         self.end_stopped_suspended(&mut pass);
+        self.notice_outbid(&mut pass);
+        pass.out.extend(self.recovery_requests(now));
         for lease_id in self.queue_order() {
             let lease = &self.leases[&lease_id];
             if self.refuse(&mut pass, lease) {
                 continue;
             }
-            let needs_isolation = self.needs_isolation(lease);
-            match pass
-                .planner()
-                .place(lease.ask(), &lease.gpu_model, needs_isolation)
-            {
+            let zones = match self.zones_for(&pass.scratch, lease) {
+                Ok(zones) => zones,
+                Err(NoZone::Constrained(reason) | NoZone::Outbid(reason)) => {
+                    let position = next_position(&mut pass, lease);
+                    self.announce_wait(&mut pass, lease, reason, position);
+                    continue;
+                }
+            };
+            match self.place_in(&mut pass, lease, zones.as_deref()) {
                 Ok(chosen) => place_one(&mut pass, lease, &chosen),
-                Err(pending) => self.wait(&mut pass, lease, pending.as_ref()),
+                Err(pending) => self.wait(&mut pass, lease, pending.as_ref(), zones.as_deref()),
             }
         }
         Decisions { batches: pass.out }
+    }
+
+    /// Places `lease` in one of `zones` (`None`: any), its preferred zone
+    /// first when it has one there.
+    fn place_in(
+        &self,
+        pass: &mut Pass,
+        lease: &Lease,
+        zones: Option<&[String]>,
+    ) -> Result<Chosen, Option<Pending>> {
+        let needs_isolation = self.needs_isolation(lease);
+        let preferred = lease
+            .preferred_zone
+            .as_ref()
+            .filter(|z| zones.is_none_or(|allowed| allowed.contains(z)));
+        if let Some(zone) = preferred {
+            let first = pass.planner().place(
+                lease.ask(),
+                &lease.gpu_model,
+                needs_isolation,
+                std::slice::from_ref(zone),
+            );
+            if first.is_ok() {
+                return first;
+            }
+        }
+        pass.planner().place(
+            lease.ask(),
+            &lease.gpu_model,
+            needs_isolation,
+            zones.unwrap_or_default(),
+        )
+    }
+
+    /// Notices every running spot lease whose bid the price outgrew.
+    fn notice_outbid(&self, pass: &mut Pass) {
+        let deadline = pass.now + pass.rules.preemption_notice;
+        for victim in self.outbid() {
+            let Some(node_id) = &victim.node_id else {
+                continue;
+            };
+            let notice = notice_event(None, victim, node_id, deadline, pass.now);
+            pass.out.push(vec![(
+                notice,
+                Expect::LastSubjectSequence(victim.subject_sequence),
+            )]);
+        }
     }
 
     /// A suspended lease holds nothing: a stop ends it here.
@@ -164,19 +218,29 @@ impl State {
 
     /// `lease` does not fit now: it may preempt spot leases, it may hold
     /// GPUs back from smaller leases, and it is told why and where it waits.
-    fn wait<'a>(&self, pass: &mut Pass<'a>, lease: &'a Lease, pending: Option<&Pending>) {
-        let position = {
-            let p = pass.positions.entry(&lease.gpu_model).or_default();
-            *p += 1;
-            *p
-        };
+    fn wait<'a>(
+        &self,
+        pass: &mut Pass<'a>,
+        lease: &'a Lease,
+        pending: Option<&Pending>,
+        zones: Option<&[String]>,
+    ) {
+        let position = next_position(pass, lease);
         let (mut reason, busy) = why_pending(&pass.scratch, lease, pending);
+        if let Some(zones) = zones {
+            reason = format!("{reason} (in {})", zones.join(", "));
+        }
         if busy {
             if let Some(preempting) = self.preempt_for(pass, lease) {
                 reason = preempting;
             }
             hold_for_starving(pass, lease);
         }
+        self.announce_wait(pass, lease, reason, position);
+    }
+
+    /// Tells `lease` why and where it waits, unless it was told so already.
+    fn announce_wait(&self, pass: &mut Pass, lease: &Lease, reason: String, position: u32) {
         // A lease waiting for its victims keeps saying so.
         let waiting_for_victims = self.awaiting_preemption.contains(&lease.id)
             && matches!(lease.status, Status::Queued { .. });
@@ -216,7 +280,7 @@ impl State {
         let deadline = now + rules.preemption_notice;
         for victim in &plan.victims {
             let v = &self.leases[victim];
-            let notice = notice_event(lease, v, &plan.node_id, deadline, now);
+            let notice = notice_event(Some(lease), v, &plan.node_id, deadline, now);
             pass.out.push(vec![(
                 notice,
                 Expect::LastSubjectSequence(v.subject_sequence),
@@ -232,6 +296,13 @@ impl State {
             deadline.to_rfc3339()
         ))
     }
+}
+
+/// `lease`'s 1-based position among the leases of its model waiting in this pass.
+fn next_position<'a>(pass: &mut Pass<'a>, lease: &'a Lease) -> u32 {
+    let p = pass.positions.entry(&lease.gpu_model).or_default();
+    *p += 1;
+    *p
 }
 
 /// Places `lease` where the engine chose, and plans the rest of the pass on

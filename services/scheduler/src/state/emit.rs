@@ -6,7 +6,8 @@ use lh_events::Expect;
 
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeasePlaced,
-    LeasePreemptionNoticed, MigInstance, NodeAllocation, NodeGpusAllocated, Relocation,
+    LeasePreemptionNoticed, MigInstance, NodeAllocation, NodeGpusAllocated, PreemptionReason,
+    Relocation,
 };
 
 use super::*;
@@ -95,25 +96,41 @@ pub(super) fn placement_events(
 }
 
 /// The notice that spot lease `victim` will be preempted on `node_id` at
-/// `deadline` so that `lease` fits; it belongs to `lease`'s conversation.
+/// `deadline`: so that `lease` fits (it then belongs to `lease`'s
+/// conversation), or, without one, because the price outgrew its bid.
 pub(super) fn notice_event(
-    lease: &Lease,
+    lease: Option<&Lease>,
     victim: &Lease,
     node_id: &str,
     deadline: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Envelope {
+    let reason = match lease {
+        Some(_) => PreemptionReason::Capacity,
+        None => PreemptionReason::Outbid,
+    };
     let data = EventData::LeasePreemptionNoticed(LeasePreemptionNoticed {
         lease_id: victim.id,
         node_id: node_id.to_string(),
-        preempted_for: lease.id,
+        preempted_for: lease.map_or(Uuid::nil(), |l| l.id),
         deadline,
+        reason,
     });
     let step = data.event_type();
-    let mut notice = Envelope::new(Actor::Service(SERVICE.into()), now, data)
-        .with_id(derived_id(&[step, &victim.id.to_string()]));
-    notice.correlation_id = lease.correlation_id;
-    notice.causation_id = Some(lease.request_event_id);
+    let id = match lease {
+        Some(_) => derived_id(&[step, &victim.id.to_string()]),
+        // Outbid again after a move is a new notice.
+        None => derived_id(&[
+            step,
+            reason.as_str(),
+            &victim.id.to_string(),
+            &victim.subject_sequence.to_string(),
+        ]),
+    };
+    let cause = lease.unwrap_or(victim);
+    let mut notice = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(id);
+    notice.correlation_id = cause.correlation_id;
+    notice.causation_id = Some(cause.request_event_id);
     notice.tenant_id = Some(victim.tenant_id);
     notice
 }

@@ -2,7 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use lh_domain::catalog;
-use lh_events::{GpuAsk, GpuFraction, Quota, Tier};
+use lh_events::{GpuAsk, GpuFraction, LeaseRequested, Quota, Tier};
+use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use crate::planner::Ask;
@@ -52,11 +53,53 @@ pub struct Lease {
     pub started_at: Option<DateTime<Utc>>,
     /// Set once this spot lease has been told it will be preempted.
     pub preemption_deadline: Option<DateTime<Utc>>,
+    /// Spot: the most it pays, CNY per GPU-hour.
+    #[serde(default)]
+    pub max_price_cny_per_gpu_hour: Option<Decimal>,
+    /// Zones and regions it may run in (empty: any).
+    #[serde(default)]
+    pub zones: Vec<String>,
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// The zone it runs in, once placed.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// A recovered lease tries this zone first.
+    #[serde(default)]
+    pub preferred_zone: Option<String>,
+    /// Kept only for a spot lease under managed recovery: what is asked
+    /// again after a preemption.
+    #[serde(default)]
+    pub recovery_request: Option<Box<LeaseRequested>>,
 }
 
 impl Lease {
     pub(super) fn milli(&self) -> u64 {
         self.compute_milli
+    }
+
+    /// Whether its zone and region constraints let it run in `zone`.
+    pub fn may_run_in(&self, zone: &str) -> bool {
+        let region = lh_domain::spot::region_of(zone);
+        (self.zones.is_empty() || self.zones.iter().any(|z| z == zone))
+            && (self.regions.is_empty() || self.regions.iter().any(|r| r == region))
+    }
+
+    /// Whether it is placed only in some zones: by its constraints or, for
+    /// a spot lease, by its bid.
+    pub fn is_constrained(&self) -> bool {
+        !self.zones.is_empty() || !self.regions.is_empty() || self.bid().is_some()
+    }
+
+    /// Its bid, when it is a spot lease that has one.
+    pub fn bid(&self) -> Option<Decimal> {
+        self.max_price_cny_per_gpu_hour
+            .filter(|_| self.tier == Tier::Spot)
+    }
+
+    /// VRAM it holds on each GPU, GB: what a bid per GPU-hour is set against.
+    pub fn vram_gb_per_gpu(&self) -> u32 {
+        self.vram_gb / self.gpus.max(1)
     }
 
     /// Whole GPUs: the only leases that preempt or hold GPUs back.

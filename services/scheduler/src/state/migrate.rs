@@ -40,10 +40,20 @@ impl State {
                 .get(&lease.id)
                 .map(|(_, idx)| idx.clone())
                 .unwrap_or_default();
+            // Where it may go now: its zones and regions, and for a bid,
+            // where the price is covered; nowhere sends it to the queue.
+            let zones = self.zones_for(scratch, lease).ok();
             let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
-            let placed = planner
-                .place(lease.ask(), &lease.gpu_model, self.needs_isolation(lease))
-                .ok();
+            let placed = zones.and_then(|zones| {
+                planner
+                    .place(
+                        lease.ask(),
+                        &lease.gpu_model,
+                        self.needs_isolation(lease),
+                        zones.as_deref().unwrap_or_default(),
+                    )
+                    .ok()
+            });
             let mut allocated = None;
             let to = placed.map(|p| {
                 let (relocation, allocation) = relocate(scratch, lease, &p);

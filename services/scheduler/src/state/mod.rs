@@ -35,6 +35,7 @@ mod pending;
 mod preempt;
 mod queue;
 mod rules;
+mod spot;
 #[cfg(test)]
 mod tests;
 
@@ -42,7 +43,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Fleet;
-use lh_events::{Envelope, EventData};
+use lh_events::{Envelope, EventData, Tier};
+use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use emit::{
@@ -58,6 +60,7 @@ pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
 pub use preempt::{plan_preemption, PreemptionPlan};
 pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};
+pub use spot::{recovered_id, SpotStats, MAX_PENDING_RECOVERIES, MAX_SPOT_MARKETS};
 
 pub const SERVICE: &str = "lh-scheduler";
 
@@ -86,6 +89,12 @@ pub struct State {
     resuming: Option<liveness::Resuming>,
     /// The node that was last heard alone after a silence of the fleet.
     lone_voice: Option<String>,
+    /// The newest spot price per (zone, GPU model), CNY per GB-hour.
+    spot_prices: BTreeMap<(String, String), Decimal>,
+    /// Preempted spot leases to request again, by the preempted lease.
+    recoveries: BTreeMap<Uuid, lh_events::LeaseRequested>,
+    /// What the spot market did, folded from the log.
+    pub spot_stats: SpotStats,
 }
 
 impl State {
@@ -177,8 +186,28 @@ impl State {
                     vram_gb: footprint.vram_gb,
                     started_at: None,
                     preemption_deadline: None,
+                    max_price_cny_per_gpu_hour: e.max_price_cny_per_gpu_hour,
+                    zones: e.zones.clone(),
+                    regions: e.regions.clone(),
+                    zone: None,
+                    preferred_zone: e
+                        .recovery_of
+                        .as_ref()
+                        .filter(|_| {
+                            e.recovery.as_ref().map(|r| r.zone_first)
+                                == Some(lh_events::ZoneFirst::Same)
+                        })
+                        .map(|r| r.zone.clone()),
+                    recovery_request: (e.tier == Tier::Spot && e.recovery.is_some())
+                        .then(|| Box::new(e.clone())),
                 });
                 self.waiting.insert(sequence, e.lease_id);
+                if let Some(of) = &e.recovery_of {
+                    self.recoveries.remove(&of.lease_id);
+                }
+                if e.tier == Tier::Spot {
+                    self.spot_stats.requested += 1;
+                }
             }
             EventData::LeaseQueued(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
@@ -190,13 +219,18 @@ impl State {
             }
             EventData::LeasePlaced(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    let first_spot_placement = l.tier == Tier::Spot && !l.placed_before;
                     l.status = Status::Holding;
                     l.placed_before = true;
+                    l.zone = Some(e.zone.clone());
                     l.node_id = Some(e.node_id.clone());
                     l.vram_gb = e.vram_gb_per_gpu * l.gpus;
                     let key = l.requested_sequence;
                     self.waiting.remove(&key);
                     self.awaiting_preemption.remove(&e.lease_id);
+                    if first_spot_placement {
+                        self.spot_stats.accepted += 1;
+                    }
                 }
             }
             EventData::LeaseStopRequested(e) => {
@@ -207,15 +241,25 @@ impl State {
             EventData::LeasePreemptionNoticed(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.preemption_deadline = Some(e.deadline);
+                    self.spot_stats.noticed(e.reason);
                 }
-                self.awaiting_preemption.insert(e.preempted_for);
+                if e.reason != lh_events::PreemptionReason::Outbid {
+                    self.awaiting_preemption.insert(e.preempted_for);
+                }
             }
             EventData::LeaseStarted(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.started_at = Some(e.started_at);
                 }
             }
-            EventData::LeaseEnded(e) => self.forget(e.lease_id),
+            EventData::LeaseEnded(e) => {
+                if let Some(l) = self.lease_at(e.lease_id, sequence) {
+                    let lease = l.clone();
+                    self.spot_ended(&lease, e.reason);
+                }
+                self.forget(e.lease_id)
+            }
+            EventData::SpotPriceSet(p) => self.spot_price_set(p),
             EventData::LeaseMigrated(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.started_at = None;
@@ -224,11 +268,13 @@ impl State {
                         Some(to) => {
                             l.status = Status::Holding;
                             l.node_id = Some(to.node_id.clone());
+                            l.zone = Some(to.zone.clone());
                         }
                         None => {
                             // Back in the queue, keeping its place.
                             l.status = Status::Requested;
                             l.node_id = None;
+                            l.zone = None;
                             let key = l.requested_sequence;
                             self.waiting.insert(key, e.lease_id);
                         }
@@ -239,6 +285,7 @@ impl State {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.status = Status::Suspended;
                     l.node_id = None;
+                    l.zone = None;
                     l.started_at = None;
                     l.preemption_deadline = None;
                 }
@@ -294,11 +341,17 @@ impl State {
             "tenants": self.tenants,
             "waiting": self.waiting,
             "awaiting_preemption": self.awaiting_preemption,
+            "spot": self.spot_snapshot(),
         })
     }
 
     /// Takes back a [`State::snapshot`]; false when it does not fit.
     pub fn restore(&mut self, mut snapshot: serde_json::Value) -> bool {
+        // Parsed whole before anything is assigned: a snapshot that does
+        // not fit leaves the state untouched for the replay.
+        let Some(spot) = spot::SpotSnapshot::parse(snapshot["spot"].take()) else {
+            return false;
+        };
         let mut take = |field: &str| snapshot[field].take();
         let (Ok(fleet), Ok(leases), Ok(tenants), Ok(waiting), Ok(awaiting_preemption)) = (
             serde_json::from_value(take("fleet")),
@@ -314,6 +367,7 @@ impl State {
         self.tenants = tenants;
         self.waiting = waiting;
         self.awaiting_preemption = awaiting_preemption;
+        self.restore_spot(spot);
         true
     }
 

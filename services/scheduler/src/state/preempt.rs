@@ -41,7 +41,9 @@ pub fn plan_preemption(
     let mut best: Option<PreemptionPlan> = None;
     let needs_isolation = state.needs_isolation(lease);
     let may_run_on = |n: &&lh_domain::fleet::Node| {
-        n.is_schedulable() && (!needs_isolation || n.isolation == Isolation::Container)
+        n.is_schedulable()
+            && (!needs_isolation || n.isolation == Isolation::Container)
+            && lease.may_run_in(&n.zone)
     };
     for node in scratch.nodes.values().filter(may_run_on) {
         let of_model: Vec<_> = node

@@ -6,3 +6,4 @@ mod placement;
 mod props;
 mod queue;
 mod restated;
+mod spot;

@@ -285,6 +285,7 @@ fn on_demand_preempts_the_cheapest_old_enough_spot_leases() {
     assert_eq!(notices[0].lease_id, old_small);
     assert_eq!(notices[0].preempted_for, on_demand);
     assert_eq!(notices[0].deadline, now + Duration::seconds(120));
+    assert_eq!(notices[0].reason, PreemptionReason::Capacity);
     // Once noticed, nothing is preempted twice.
     for batch in &d {
         for (e, _) in batch {
