@@ -498,6 +498,13 @@ impl Stack {
             let (status, body) = self
                 .call(reqwest::Method::GET, &format!("/v1/leases/{id}"), key, None)
                 .await;
+            // A lease written to the log directly is not in the gateway's
+            // read model until its projection catches up.
+            if status == 404 {
+                last = body;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
             assert_eq!(status, 200, "{body}");
             if pred(&body) {
                 return body;
