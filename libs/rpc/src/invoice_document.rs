@@ -204,7 +204,8 @@ impl InvoiceDocument {
     /// Orders lines and credits, then sets the total and the hash.
     pub fn sealed(mut self) -> Self {
         sort_lines(&mut self.lines);
-        self.credits.sort_by_key(|c| (c.period.clone(), c.credit_id));
+        self.credits
+            .sort_by_key(|c| (c.period.clone(), c.credit_id));
         self.total = money(
             self.lines.iter().map(|l| l.amount).sum::<Decimal>()
                 + self.credits.iter().map(|c| c.amount).sum::<Decimal>(),
@@ -535,7 +536,11 @@ pub enum DocumentRequest {
 }
 
 /// Lists documents from a running pricing service.
-pub async fn list(bus: &Bus, request: &ListRequest, timeout: Duration) -> lh_bus::Result<DocumentList> {
+pub async fn list(
+    bus: &Bus,
+    request: &ListRequest,
+    timeout: Duration,
+) -> lh_bus::Result<DocumentList> {
     lh_bus::rpc::call(bus, LIST_SUBJECT, request, timeout).await
 }
 
