@@ -72,10 +72,10 @@ mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
-    KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
-    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, KeyCommand, KeyCreate,
+    KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand,
+    NodeDrain, NodeId, TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
+    DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -380,13 +380,35 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &node, render::node_cordon)?;
             Ok(EXIT_OK)
         }
+        Command::Invoice(InvoiceCommand::Ls(l)) => {
+            let limit = l.limit.map(|n| n.to_string());
+            let query: Vec<(&str, &str)> = [
+                ("period", l.period.as_deref()),
+                ("status", l.status.as_deref()),
+                ("tenant_id", l.tenant.as_deref()),
+                ("limit", limit.as_deref()),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect();
+            let list = gw.get(&["v1", "invoices"], &query).await?;
+            emit(out, json, &list, render::invoice_list)?;
+            Ok(EXIT_OK)
+        }
         Command::Invoice(InvoiceCommand::Show(i)) => {
-            let mut query = vec![("period", i.period.as_str())];
-            if let Some(tenant) = &i.tenant {
-                query.push(("tenant_id", tenant.as_str()));
-            }
-            let invoice = gw.get(&["v1", "invoices"], &query).await?;
+            let query: Vec<(&str, &str)> =
+                i.tenant.iter().map(|t| ("tenant_id", t.as_str())).collect();
+            let invoice = gw.get(&["v1", "invoices", i.target()], &query).await?;
             emit(out, json, &invoice, render::invoice)?;
+            Ok(EXIT_OK)
+        }
+        Command::Invoice(InvoiceCommand::Export(i)) => {
+            let query: Vec<(&str, &str)> =
+                i.tenant.iter().map(|t| ("tenant_id", t.as_str())).collect();
+            let csv = gw
+                .get_text(&["v1", "invoices", i.target(), "csv"], &query)
+                .await?;
+            write_out(out, &csv)?;
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {

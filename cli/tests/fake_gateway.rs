@@ -394,11 +394,13 @@ async fn invoice_query_and_total() {
         ok(
             200,
             json!({
+                "id": "I1", "kind": "invoice", "status": "draft", "number": null,
                 "tenant_id": "T1", "period": "2026-12", "currency": "CNY",
-                "lines": [{"lease_id": "L1", "tier": "basic", "gpus": 2, "vram_gb": 80,
-                           "billed_seconds": 90, "unit_price": "0.5", "amount": "1.00",
+                "lines": [{"lease_id": "L1", "tier": "basic", "charges": 1,
+                           "billed_seconds": 90, "amount": "1.00",
                            "from": "2026-12-01T10:00:00Z", "to": "2026-12-01T10:01:30Z",
                            "price_book_version": 1}],
+                "credits": [],
                 "total": "1.00", "content_hash": "abc"
             }),
         )
@@ -413,10 +415,7 @@ async fn invoice_query_and_total() {
         total.split_whitespace().collect::<Vec<_>>(),
         ["TOTAL", "1.00", "CNY"]
     );
-    assert_eq!(
-        gw.requests()[0].target,
-        "/v1/invoices?period=2026-12&tenant_id=T1"
-    );
+    assert_eq!(gw.requests()[0].target, "/v1/invoices/2026-12?tenant_id=T1");
 }
 
 #[tokio::test]

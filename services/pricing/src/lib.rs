@@ -130,7 +130,9 @@ pub async fn start_with_clock(
         shutdown.clone(),
     )?;
     let readiness = Readiness::default();
-    let work = work(
+    // The loops' futures are large: on the heap they stay off the stacks
+    // of the tasks that start and poll them.
+    let work = Box::pin(work(
         bus,
         pool,
         readiness.clone(),
@@ -138,7 +140,7 @@ pub async fn start_with_clock(
         config.node_clock_skew_secs,
         ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs)),
         ledger_clock,
-    );
+    ));
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
@@ -162,7 +164,7 @@ async fn work(
     let ledger_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
-    let charges = async {
+    let charges = Box::pin(async {
         let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
         decider::run(
             &bus,
@@ -173,9 +175,9 @@ async fn work(
         )
         .await
         .context("charges")
-    };
+    });
 
-    let ledger = async {
+    let ledger = Box::pin(async {
         decider::run(
             &bus,
             &mut ledger,
@@ -185,7 +187,7 @@ async fn work(
         )
         .await
         .context("ledger")
-    };
+    });
 
     let projection = async {
         lh_projection::run(

@@ -14,7 +14,7 @@ async fn invoice_with_lines(stack: &Stack, key: &str, period: &str, lines: usize
         let (status, body) = stack
             .call(
                 Method::GET,
-                &format!("/v1/invoices?period={period}"),
+                &format!("/v1/charges?period={period}"),
                 key,
                 None,
             )
@@ -402,6 +402,9 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
         "/v1/nodes/{id}/drain",
         "/v1/nodes/{id}/uncordon",
         "/v1/invoices",
+        "/v1/invoices/{id}",
+        "/v1/invoices/{id}/csv",
+        "/v1/charges",
         "/v1/audit/verify",
         "/v1/tenants/{id}",
         "/v1/tenants/{id}/suspend",

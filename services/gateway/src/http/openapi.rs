@@ -24,13 +24,23 @@ use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
         leases::resume,
         nodes::drain,
         nodes::uncordon,
+        invoices::list,
         invoices::show,
+        invoices::csv,
+        invoices::charges,
         audit::verify
     ),
     components(schemas(
         Problem,
         lh_rpc::invoice::Invoice,
         lh_rpc::invoice::InvoiceLine,
+        lh_rpc::invoice_document::InvoiceDocument,
+        lh_rpc::invoice_document::DocumentList,
+        lh_rpc::invoice_document::DocumentSummary,
+        lh_rpc::invoice_document::DocumentKind,
+        lh_rpc::invoice_document::DocumentStatus,
+        lh_rpc::invoice_document::Line,
+        lh_rpc::invoice_document::Credit,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
