@@ -720,6 +720,28 @@ mod tests {
         out
     }
 
+    /// The one invoice among `out`.
+    fn only_invoice(out: &[Envelope]) -> &InvoiceIssued {
+        match out {
+            [Envelope {
+                data: EventData::InvoiceIssued(invoice),
+                ..
+            }] => invoice,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The one note among `out`.
+    fn only_note(out: &[Envelope]) -> &InvoiceNoteIssued {
+        match out {
+            [Envelope {
+                data: EventData::InvoiceNoteIssued(note),
+                ..
+            }] => note,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_month_is_issued_after_its_grace_and_late_charges_go_on_a_note() {
         let mut ledger = Ledger::new(chrono::Duration::hours(1));
@@ -736,13 +758,7 @@ mod tests {
         let mut next = 2;
         assert!(store(&mut ledger, &mut next, at("2026-12-01T00:59:59Z")).is_empty());
         let issued = store(&mut ledger, &mut next, at("2026-12-01T01:00:00Z"));
-        let [Envelope {
-            data: EventData::InvoiceIssued(invoice),
-            ..
-        }] = &issued[..]
-        else {
-            panic!("{issued:?}");
-        };
+        let invoice = only_invoice(&issued);
         assert_eq!(
             (invoice.number, invoice.total.to_string()),
             (1, "80.00".into())
@@ -760,13 +776,7 @@ mod tests {
             &charge(3, "2026-11-30T23:00:00Z", 0, "-5.00"),
         );
         let notes = store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z"));
-        let [Envelope {
-            data: EventData::InvoiceNoteIssued(note),
-            ..
-        }] = &notes[..]
-        else {
-            panic!("{notes:?}");
-        };
+        let note = only_note(&notes);
         assert_eq!(
             (note.number, note.kind, note.invoice_number),
             (1, NoteKind::Credit, 1)
@@ -809,13 +819,7 @@ mod tests {
         ledger.apply_stored(3, Utc::now(), &issued);
         let mut next = 3;
         let notes = store(&mut ledger, &mut next, at("2026-12-01T00:00:01Z"));
-        let [Envelope {
-            data: EventData::InvoiceNoteIssued(note),
-            ..
-        }] = &notes[..]
-        else {
-            panic!("{notes:?}");
-        };
+        let note = only_note(&notes);
         assert_eq!(
             (note.total.to_string(), note.kind),
             ("2.00".into(), NoteKind::Debit)
@@ -909,13 +913,7 @@ mod tests {
             &charge(9, "2026-12-02T00:00:00Z", 3600, "1.00"),
         );
         let out = store(&mut ledger, &mut next, at("2027-01-01T00:00:00Z"));
-        let [Envelope {
-            data: EventData::InvoiceIssued(dec),
-            ..
-        }] = &out[..]
-        else {
-            panic!("{out:?}");
-        };
+        let dec = only_invoice(&out);
         assert_eq!(dec.credits.len(), 1);
         assert_eq!(dec.total.to_string(), "-9.00");
         assert!(store(&mut ledger, &mut next, at("2027-02-01T00:00:00Z")).is_empty());
