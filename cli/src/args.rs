@@ -64,6 +64,31 @@ pub enum Command {
     /// Take GPU nodes out of placement and back (admin token required).
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Reports on spending.
+    #[command(subcommand)]
+    Report(ReportCommand),
+}
+
+/// `lh report ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum ReportCommand {
+    /// Spend by tier in an ISO week, the same usage at the on-demand price,
+    /// and the saving.
+    Cost(ReportCost),
+}
+
+/// `lh report cost`
+#[derive(Debug, Clone, Args)]
+pub struct ReportCost {
+    /// ISO week, `YYYY-Www` (`2026-W49`).
+    #[arg(long, value_name = "YYYY-Www", value_parser = parse_week)]
+    pub week: String,
+    /// Whose (admin token only; default: your own).
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+    /// Print CSV instead of a table.
+    #[arg(long)]
+    pub csv: bool,
 }
 
 /// `lh node ...`
@@ -519,6 +544,25 @@ impl std::fmt::Display for LeaseState {
 }
 
 /// Accepts `YYYY-MM` with a month from 01 to 12.
+fn parse_week(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let shape_ok = bytes.len() == 8
+        && &bytes[4..6] == b"-W"
+        && bytes[..4].iter().all(u8::is_ascii_digit)
+        && bytes[6..].iter().all(u8::is_ascii_digit);
+    let week: u8 = if shape_ok {
+        s[6..].parse().unwrap_or(0)
+    } else {
+        0
+    };
+    if !(1..=53).contains(&week) {
+        return Err(format!(
+            "expected an ISO week YYYY-Www (2026-W49), got `{s}`"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 fn parse_period(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
     let shape_ok = bytes.len() == 7
@@ -896,6 +940,33 @@ mod tests {
             "",
         ] {
             let e = parse(&["invoice", "show", "--period", bad]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
+        }
+    }
+
+    #[test]
+    fn report_cost_checks_the_week() {
+        let cli = parse(&[
+            "report", "cost", "--week", "2026-W49", "--tenant", "T", "--csv",
+        ])
+        .unwrap();
+        let Command::Report(ReportCommand::Cost(r)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(
+            (r.week.as_str(), r.tenant.as_deref(), r.csv),
+            ("2026-W49", Some("T"), true)
+        );
+        for bad in [
+            "2026-49",
+            "2026-W54",
+            "2026-W00",
+            "2026-W4",
+            "2026-w49",
+            "２０２６-W49",
+            "abc€49",
+        ] {
+            let e = parse(&["report", "cost", "--week", bad]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
         }
     }

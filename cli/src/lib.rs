@@ -74,8 +74,8 @@ mod render;
 pub use args::{
     AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, KeyCommand, KeyCreate,
     KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand,
-    NodeDrain, NodeId, TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
-    DEFAULT_GATEWAY_URL,
+    NodeDrain, NodeId, ReportCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -409,6 +409,19 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 .get_text(&["v1", "invoices", i.target(), "csv"], &query)
                 .await?;
             write_out(out, &csv)?;
+            Ok(EXIT_OK)
+        }
+        Command::Report(ReportCommand::Cost(r)) => {
+            let mut query = vec![("week", r.week.as_str())];
+            if let Some(tenant) = &r.tenant {
+                query.push(("tenant_id", tenant.as_str()));
+            }
+            let report = gw.get(&["v1", "reports", "cost"], &query).await?;
+            if r.csv {
+                write_out(out, &render::cost_report_csv(&report))?;
+            } else {
+                emit(out, json, &report, render::cost_report)?;
+            }
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {

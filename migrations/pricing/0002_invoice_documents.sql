@@ -43,3 +43,11 @@ CREATE TABLE credits (
 );
 
 CREATE INDEX credits_tenant_applies_to ON credits (tenant_id, applies_to_period);
+
+-- The basic (on-demand) price of every price book version, for the cost
+-- report's "the same usage on demand".
+CREATE TABLE price_books (
+    version     INT     PRIMARY KEY,
+    basic_price NUMERIC,            -- CNY per GB-hour; none when the book has no basic tier
+    sequence    BIGINT  NOT NULL
+);

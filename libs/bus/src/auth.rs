@@ -186,6 +186,7 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             subject::RPC_PRICING_INVOICE.to_string(),
             subject::RPC_PRICING_INVOICE_LIST.to_string(),
             subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
+            subject::RPC_PRICING_COST_REPORT.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
@@ -196,6 +197,7 @@ pub fn service_permissions(service: Publisher) -> Permissions {
                 subject::RPC_PRICING_INVOICE.to_string(),
                 subject::RPC_PRICING_INVOICE_LIST.to_string(),
                 subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
+                subject::RPC_PRICING_COST_REPORT.to_string(),
             ]);
             p.allow_responses = true;
         }

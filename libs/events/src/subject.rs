@@ -43,6 +43,8 @@ pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 pub const RPC_PRICING_INVOICE_LIST: &str = "lh.rpc.pricing.invoice_list";
 /// Request/reply subject on which pricing answers one invoice or note.
 pub const RPC_PRICING_INVOICE_DOCUMENT: &str = "lh.rpc.pricing.invoice_document";
+/// Request/reply subject on which pricing answers a tenant's weekly cost report.
+pub const RPC_PRICING_COST_REPORT: &str = "lh.rpc.pricing.cost_report";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")

@@ -622,10 +622,7 @@ mod tests {
             hex::encode(Sha256::digest(canonical.as_bytes()))
         );
         // The worked example of docs/pricing.md.
-        assert_eq!(
-            draft.id.to_string(),
-            "a209c0df-d469-5393-a51c-3f3b318ff803"
-        );
+        assert_eq!(draft.id.to_string(), "a209c0df-d469-5393-a51c-3f3b318ff803");
         assert_eq!(
             draft.content_hash,
             "8400cf1355f8177e1608ba34e18bda5b415f2ac76b15db1c49c50e254bd50fef"

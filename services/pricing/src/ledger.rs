@@ -310,6 +310,17 @@ impl Ledger {
             EventData::LeaseRejected(e) => {
                 self.leases.remove(&e.lease_id);
             }
+            // A lease whose request expired from the log before this fold
+            // read it: its history, carried forward, tells who it is for
+            // and whether it is down.
+            EventData::LeaseRestated(r) if !self.leases.contains_key(&r.lease_id) => {
+                for stated in &r.history {
+                    self.fold(stated.sequence, &stated.envelope);
+                }
+                if let Some(w) = self.leases.get_mut(&r.lease_id) {
+                    w.tenant_id.get_or_insert(r.tenant_id);
+                }
+            }
             _ => {}
         }
     }

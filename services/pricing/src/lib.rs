@@ -240,6 +240,20 @@ async fn work(
         .context("invoice document RPC")
     };
 
+    let cost_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::cost_report::SUBJECT,
+            QUEUE_GROUP,
+            |request: lh_rpc::cost_report::CostReportRequest| {
+                let pool = pool.clone();
+                async move { projection::cost_report(&pool, &request).await }
+            },
+        )
+        .await
+        .context("cost report RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -276,6 +290,7 @@ async fn work(
         rpc,
         list_rpc,
         document_rpc,
+        cost_rpc,
         monitor
     )?;
     Ok(())

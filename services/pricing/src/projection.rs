@@ -2,6 +2,8 @@
 //! one `invoice_documents` row per issued invoice or note, one `credits` row
 //! per SLA credit; and the invoices and notes read from those rows.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use lh_bus::Stored;
@@ -11,6 +13,7 @@ use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use lh_rpc::cost_report::{parse_week, CostReport, CostReportRequest, TierCost};
 use lh_rpc::invoice::{parse_period, Invoice, InvoiceLine, InvoiceRequest};
 use lh_rpc::invoice_document::{
     invoice_id, money, Credit, DocumentList, DocumentRequest, DocumentStatus, DocumentSummary,
@@ -22,7 +25,13 @@ pub const NAME: &str = "invoices";
 /// The table of charges the projection writes.
 pub const TABLE: &str = "invoice_lines";
 /// Every table the projection writes, compared by a rebuild.
-pub const TABLES: &[&str] = &[TABLE, "invoice_documents", "invoice_drafts", "credits"];
+pub const TABLES: &[&str] = &[
+    TABLE,
+    "invoice_documents",
+    "invoice_drafts",
+    "credits",
+    "price_books",
+];
 
 /// Charges into invoice lines. Every column is a function of the event and
 /// its stream sequence, so a rebuild yields byte-identical rows.
@@ -39,6 +48,7 @@ impl Projector for InvoiceProjector {
             subject::CHARGES_ALL,
             subject::INVOICES_ALL,
             subject::CREDITS_ALL,
+            subject::PRICE_BOOKS_ALL,
         ]
     }
 
@@ -79,6 +89,18 @@ impl Projector for InvoiceProjector {
                     insert_document(conn, &InvoiceDocument::from_note(e), event.sequence).await
                 }
                 EventData::CreditGranted(e) => insert_credit(conn, e, event.sequence).await,
+                EventData::PriceBookPublished(book) => {
+                    insert_price_book(conn, book, event.sequence).await
+                }
+                // A book whose first statement expired is carried here.
+                EventData::PriceBookRestated(r) => {
+                    for stated in &r.history {
+                        if let EventData::PriceBookPublished(book) = &stated.envelope.data {
+                            insert_price_book(&mut *conn, book, stated.sequence).await?;
+                        }
+                    }
+                    Ok(())
+                }
                 _ => Ok(()),
             }
         })
@@ -206,6 +228,24 @@ async fn insert_credit(
     .execute(&mut *conn)
     .await?;
     insert_draft(conn, e.tenant_id, &period, false).await
+}
+
+async fn insert_price_book(
+    conn: &mut PgConnection,
+    book: &lh_events::PriceBookPublished,
+    sequence: u64,
+) -> sqlx::Result<()> {
+    let basic = lh_domain::rating::unit_price(book, lh_events::Tier::Basic);
+    sqlx::query(
+        "INSERT INTO price_books (version, basic_price, sequence) VALUES ($1, $2, $3)
+         ON CONFLICT (version) DO NOTHING",
+    )
+    .bind(book.version as i32)
+    .bind(basic)
+    .bind(sequence as i64)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Months a credit moves on at most, past issued invoices.
@@ -473,4 +513,60 @@ pub async fn list_documents(pool: &PgPool, request: &ListRequest) -> Result<Docu
     });
     invoices.truncate(request.limit as usize);
     Ok(DocumentList { invoices })
+}
+
+type CostRow = (String, i32, Option<Decimal>, i64, i64, Decimal);
+
+/// The tenant's spend in an ISO week per tier, against the same usage at
+/// the on-demand price. Errors are messages for the RPC caller.
+pub async fn cost_report(pool: &PgPool, request: &CostReportRequest) -> Result<CostReport, String> {
+    let (from, to) = parse_week(&request.week)?;
+    let rows: Vec<CostRow> = sqlx::query_as(
+        "SELECT l.tier, l.vram_gb, b.basic_price, count(*), sum(l.billed_seconds)::BIGINT,
+                sum(l.amount)
+         FROM invoice_lines l LEFT JOIN price_books b ON b.version = l.price_book_version
+         WHERE l.tenant_id = $1 AND l.from_at >= $2 AND l.from_at < $3
+         GROUP BY l.tier, l.vram_gb, b.basic_price",
+    )
+    .bind(request.tenant_id)
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await
+    .map_err(db_error)?;
+    let mut tiers: BTreeMap<String, (u64, u64, Decimal, Decimal)> = BTreeMap::new();
+    for (tier, vram_gb, basic_price, charges, seconds, spend) in rows {
+        // A book without a basic price compares with what was charged.
+        let on_demand = match basic_price {
+            Some(price) => {
+                Decimal::from(vram_gb) * price * Decimal::from(seconds) / Decimal::from(3600)
+            }
+            None => spend,
+        };
+        let t = tiers.entry(tier).or_default();
+        t.0 += charges as u64;
+        t.1 += seconds as u64;
+        t.2 += spend;
+        t.3 += on_demand;
+    }
+    let tiers = tiers
+        .into_iter()
+        .map(|(tier, (charges, billed_seconds, spend, on_demand))| {
+            let (spend, on_demand) = (money(spend), money(on_demand));
+            TierCost {
+                tier,
+                charges,
+                billed_seconds,
+                spend,
+                on_demand,
+                saving: money(on_demand - spend),
+            }
+        })
+        .collect();
+    Ok(CostReport::new(
+        request.tenant_id,
+        request.week.clone(),
+        (from, to),
+        tiers,
+    ))
 }

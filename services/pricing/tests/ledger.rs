@@ -2,7 +2,7 @@
 //! a generated month across a price book change issued and rebuilt to the
 //! same hashes, a late charge that yields a note and leaves the invoice as
 //! it was, and a lost node that costs the tenant its SLA and earns a credit
-//! on the next invoice. The ledger's clock is moved by hand past a month's
+//! on the next invoice; and the weekly cost report. The ledger's clock is moved by hand past a month's
 //! grace period; lease events are published as the gateway, scheduler and
 //! node agents would.
 
@@ -569,5 +569,81 @@ async fn a_lost_node_below_the_sla_earns_a_credit_on_the_next_invoice() {
     // Granted once, however often the ledger decides.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(env.log(subject::CREDITS_ALL).await.len(), 1);
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn the_weekly_cost_report_compares_each_tier_with_on_demand() {
+    let env = Env::new(at(2026, 11, 20, 0, 0, 0)).await;
+    env.price_book(1, at(2026, 9, 1, 0, 0, 0), "0.5".parse().unwrap())
+        .await;
+    let pricing = env.start_pricing().await;
+    let tenant = Uuid::now_v7();
+    // ISO week 2026-W45: Monday 2 to Sunday 8 November.
+    let (from, to) = (at(2026, 11, 3, 8, 0, 0), at(2026, 11, 3, 10, 0, 0));
+    env.lease(tenant, from, to).await;
+    // The week after: not in the report.
+    env.lease(tenant, at(2026, 11, 9, 0, 0, 0), at(2026, 11, 9, 1, 0, 0))
+        .await;
+    // An hour of spot, as pricing would charge it.
+    let spot = ChargeAccrued {
+        charge_id: Uuid::now_v7(),
+        tenant_id: tenant,
+        lease_id: Uuid::now_v7(),
+        period: "2026-11".into(),
+        tier: Tier::Spot,
+        gpus: 2,
+        vram_gb: VRAM_GB,
+        from: at(2026, 11, 8, 23, 0, 0),
+        to: at(2026, 11, 9, 0, 0, 0),
+        billed_seconds: 3600,
+        unit_price_cny_per_gb_hour: "0.2".parse().unwrap(),
+        amount: "16.00".parse().unwrap(),
+        currency: "CNY".into(),
+        price_book_version: 1,
+    };
+    let data = EventData::ChargeAccrued(spot);
+    env.publish(fixtures::owner_of(&data), Utc::now(), data)
+        .await;
+    env.draft_billing(tenant, "2026-11", 4 * 3600).await;
+
+    let request = lh_rpc::cost_report::CostReportRequest {
+        tenant_id: tenant,
+        week: "2026-W45".into(),
+    };
+    let report = lh_rpc::cost_report::call(&env.bus, &request, RPC_TIMEOUT)
+        .await
+        .expect("pricing answers");
+    let tiers: Vec<_> = report
+        .tiers
+        .iter()
+        .map(|t| {
+            (
+                t.tier.as_str(),
+                t.billed_seconds,
+                t.spend.to_string(),
+                t.on_demand.to_string(),
+                t.saving.to_string(),
+            )
+        })
+        .collect();
+    let basic = cost(2 * 3600, "0.5").to_string();
+    assert_eq!(
+        tiers,
+        [
+            ("basic", 7200, basic.clone(), basic.clone(), "0.00".into()),
+            ("spot", 3600, "16.00".into(), "40.00".into(), "24.00".into()),
+        ]
+    );
+    assert_eq!(report.saving.to_string(), "24.00");
+    assert_eq!(report.from, at(2026, 11, 2, 0, 0, 0));
+    let bad = lh_rpc::cost_report::CostReportRequest {
+        tenant_id: tenant,
+        week: "2026-W54".into(),
+    };
+    let err = lh_rpc::cost_report::call(&env.bus, &bad, RPC_TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ISO week"), "{err}");
     pricing.stop().await;
 }

@@ -405,6 +405,7 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
         "/v1/invoices/{id}",
         "/v1/invoices/{id}/csv",
         "/v1/charges",
+        "/v1/reports/cost",
         "/v1/audit/verify",
         "/v1/tenants/{id}",
         "/v1/tenants/{id}/suspend",

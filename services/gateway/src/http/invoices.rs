@@ -9,7 +9,9 @@
 //! - `GET /v1/invoices/{id}/csv`: the same as CSV (`text/csv`);
 //! - `GET /v1/charges?period=YYYY-MM`: every charge of a month, one line
 //!   each, with a content hash (what `GET /v1/invoices?period=` answered
-//!   before invoices were issued).
+//!   before invoices were issued);
+//! - `GET /v1/reports/cost?week=YYYY-Www`: the tenant's spend by tier in an
+//!   ISO week against the same usage at the on-demand price.
 
 use axum::extract::{Path, Query, State};
 use axum::http::header;
@@ -21,6 +23,7 @@ use uuid::Uuid;
 
 use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 
+use lh_rpc::cost_report::{CostReport, CostReportRequest};
 use lh_rpc::invoice::{Invoice, InvoiceRequest};
 use lh_rpc::invoice_document::{
     DocumentList, DocumentRequest, DocumentStatus, InvoiceDocument, ListRequest,
@@ -223,5 +226,42 @@ pub async fn csv(
             (header::CONTENT_DISPOSITION, file),
         ],
         document.to_csv(),
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct CostQuery {
+    /// ISO week, `YYYY-Www` (`2026-W49`).
+    pub week: Option<String>,
+    /// Whose (required for the admin; a tenant only itself).
+    pub tenant_id: Option<Uuid>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/reports/cost", params(CostQuery),
+    responses(
+        (status = 200, body = CostReport,
+         description = "spend by tier in the week, the same usage at the on-demand price, the saving"),
+        (status = 401, body = super::Problem), (status = 404, body = super::Problem),
+        (status = 422, body = super::Problem), (status = 503, body = super::Problem)
+    )
+)]
+pub async fn cost_report(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    query: Result<Query<CostQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<CostReport>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let week = query
+        .week
+        .ok_or_else(|| ApiError::unprocessable("week is required (YYYY-Www)", "week"))?;
+    lh_rpc::cost_report::parse_week(&week).map_err(|why| ApiError::unprocessable(why, "week"))?;
+    let tenant_id = own_tenant(&caller, query.tenant_id)?.ok_or_else(|| {
+        ApiError::unprocessable("tenant_id is required for the admin", "tenant_id")
+    })?;
+    let request = CostReportRequest { tenant_id, week };
+    Ok(Json(
+        lh_rpc::cost_report::call(&ctx.bus, &request, RPC_TIMEOUT).await?,
     ))
 }

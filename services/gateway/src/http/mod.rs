@@ -68,6 +68,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/invoices/{id}", get(invoices::show))
         .route("/v1/invoices/{id}/csv", get(invoices::csv))
         .route("/v1/charges", get(invoices::charges))
+        .route("/v1/reports/cost", get(invoices::cost_report))
         .route("/v1/audit/verify", get(audit::verify))
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::not_found("no such route") })

@@ -28,6 +28,7 @@ use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
         invoices::show,
         invoices::csv,
         invoices::charges,
+        invoices::cost_report,
         audit::verify
     ),
     components(schemas(
@@ -41,6 +42,8 @@ use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
         lh_rpc::invoice_document::DocumentStatus,
         lh_rpc::invoice_document::Line,
         lh_rpc::invoice_document::Credit,
+        lh_rpc::cost_report::CostReport,
+        lh_rpc::cost_report::TierCost,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
