@@ -111,6 +111,7 @@ fn period_of(at: DateTime<Utc>) -> String {
 #[derive(Debug, Clone)]
 struct Charge {
     sequence: u64,
+    id: Uuid,
     part: ChargePart,
 }
 
@@ -119,6 +120,9 @@ struct Charge {
 struct Month {
     /// Charges on no issued document yet.
     open: Vec<Charge>,
+    /// Ids of the `open` charges: a charge read twice counts once. Those
+    /// on a document are forgotten (a month of hourly charges is many);
+    /// the charge subject's guard keeps the log from holding one twice.
     charge_ids: HashSet<Uuid>,
     /// Every charge of the month: seconds and amount per lease.
     per_lease: HashMap<Uuid, (u64, Decimal)>,
@@ -197,26 +201,28 @@ impl Ledger {
                     .months
                     .entry((c.tenant_id, c.period.clone()))
                     .or_default();
-                if !month.charge_ids.insert(c.charge_id) {
+                // In the log's order a charge comes before any document
+                // that carries it: one at or below the covered sequence
+                // is a repeat.
+                if sequence <= month.covered_through || !month.charge_ids.insert(c.charge_id) {
                     return;
                 }
                 let lease = month.per_lease.entry(c.lease_id).or_default();
                 lease.0 = lease.0.saturating_add(c.billed_seconds);
                 lease.1 += c.amount;
-                if sequence > month.covered_through {
-                    month.open.push(Charge {
-                        sequence,
-                        part: ChargePart {
-                            lease_id: c.lease_id,
-                            tier: c.tier.as_str().to_string(),
-                            price_book_version: c.price_book_version,
-                            billed_seconds: c.billed_seconds,
-                            from: c.from,
-                            to: c.to,
-                            amount: c.amount,
-                        },
-                    });
-                }
+                month.open.push(Charge {
+                    sequence,
+                    id: c.charge_id,
+                    part: ChargePart {
+                        lease_id: c.lease_id,
+                        tier: c.tier.as_str().to_string(),
+                        price_book_version: c.price_book_version,
+                        billed_seconds: c.billed_seconds,
+                        from: c.from,
+                        to: c.to,
+                        amount: c.amount,
+                    },
+                });
             }
             EventData::InvoiceIssued(e) => {
                 self.ledger_sequence = self.ledger_sequence.max(sequence);
@@ -569,7 +575,14 @@ impl Ledger {
 /// Marks the month's charges up to `through` as on a document.
 fn cover(month: &mut Month, through: u64) {
     month.covered_through = month.covered_through.max(through);
-    month.open.retain(|c| c.sequence > through);
+    let ids = &mut month.charge_ids;
+    month.open.retain(|c| {
+        let keep = c.sequence > through;
+        if !keep {
+            ids.remove(&c.id);
+        }
+        keep
+    });
 }
 
 /// `[from, to)` of `lease` cut at month boundaries, with each part's month.
