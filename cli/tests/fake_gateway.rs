@@ -419,6 +419,36 @@ async fn invoice_query_and_total() {
 }
 
 #[tokio::test]
+async fn invoice_export_prints_the_csv_and_ls_filters() {
+    const CSV: &str = "document,number\ninvoice,INV-000001\n";
+    let gw = fake(|req, _| {
+        if req.target.contains("/csv") {
+            Resp {
+                status: 200,
+                content_type: "text/csv; charset=utf-8",
+                body: CSV.to_string(),
+            }
+        } else {
+            ok(200, json!({"invoices": []}))
+        }
+    })
+    .await;
+    let out = gw.lh(&["invoice", "export", "I1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(out.stdout, CSV);
+    let out = gw
+        .lh(&["invoice", "ls", "--status", "issued", "--limit", "5"])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(out.stdout, "no invoices\n");
+    let targets: Vec<String> = gw.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(
+        targets,
+        ["/v1/invoices/I1/csv", "/v1/invoices?status=issued&limit=5"]
+    );
+}
+
+#[tokio::test]
 async fn audit_verify_exit_codes() {
     let good = fake(|_, _| ok(200, json!({"ok": true, "events": 12, "head": "ab"}))).await;
     let out = good.lh(&["audit", "verify"]).await;
