@@ -566,6 +566,29 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(shown, "the invoice never showed the lease");
+    // The month's draft is listed, and exports as CSV with the lease's line.
+    let out = lh(&key, &["invoice", "ls", "--period", &period]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let list: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(list["invoices"][0]["status"], "draft", "{list}");
+    assert_eq!(list["invoices"][0]["kind"], "invoice", "{list}");
+    let out = lh(&key, &["invoice", "export", "--period", &period]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with("document,number,status,"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!(",line,{id},")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.lines().last().unwrap().contains(",total,"),
+        "{}",
+        out.stdout
+    );
     // Tables by default.
     let file = key_file(&key);
     let argv: Vec<String> = [
