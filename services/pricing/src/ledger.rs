@@ -17,6 +17,10 @@
 //! calculation is issued when that month's invoice is, and the next month's
 //! invoice deducts it. The rule is [`share_percent`], documented in
 //! docs/pricing.md.
+//!
+//! Numbers continue from the newest invoice and note the fold has read:
+//! a month is invoiced every month, so the log's age limit (a year) never
+//! takes all of them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -291,8 +295,9 @@ impl Ledger {
                 }
                 self.leases.entry(e.lease_id).or_default().tenant_id = Some(e.tenant_id);
             }
-            EventData::LeaseMigrated(e) if !e.reason.contains("drained") => {
-                // A drain is planned maintenance, not a failure.
+            // A drain ("node <id> drained") is planned maintenance, not a
+            // failure.
+            EventData::LeaseMigrated(e) if !e.reason.ends_with(" drained") => {
                 if let Some(w) = self.leases.get_mut(&e.lease_id) {
                     w.down_since.get_or_insert(e.billing_ends_at);
                 }
@@ -878,43 +883,60 @@ mod tests {
         Envelope::new(Actor::Admin, Utc::now(), data)
     }
 
+    /// A lease billed 100 hours in November and moved for `reason`, down
+    /// for 1 hour.
+    fn interrupted(reason: &str) -> Ledger {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        let request =
+            lh_events::fixtures::whole_request(LEASE, TENANT, 1, lh_events::fixtures::MODEL);
+        let migrated = lh_events::LeaseMigrated {
+            lease_id: LEASE,
+            reason: reason.into(),
+            from_node_id: "n1".into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: at("2026-11-10T00:00:00Z"),
+            to: None,
+        };
+        let started = lh_events::fixtures::started(LEASE, "n2", at("2026-11-10T01:00:00Z"));
+        for (sequence, event) in [
+            lease_event(EventData::LeaseRequested(request)),
+            charge(1, "2026-11-02T00:00:00Z", 360_000, "100.00"),
+            lease_event(EventData::LeaseMigrated(migrated)),
+            lease_event(EventData::LeaseStarted(started)),
+        ]
+        .iter()
+        .enumerate()
+        {
+            ledger.apply_stored(sequence as u64 + 1, Utc::now(), event);
+        }
+        ledger
+    }
+
+    #[test]
+    fn a_drain_is_no_failure() {
+        let mut ledger = interrupted("node n1 drained");
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert!(matches!(
+            &out[..],
+            [Envelope {
+                data: EventData::InvoiceIssued(_),
+                ..
+            }]
+        ));
+        // A node that happens to be named so is still lost.
+        let mut ledger = interrupted("node drained lost");
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert!(
+            matches!(&out[0].data, EventData::CreditGranted(_)),
+            "{out:?}"
+        );
+    }
+
     #[test]
     fn a_lost_node_below_the_sla_earns_a_credit_on_the_next_invoice() {
-        let mut ledger = Ledger::new(chrono::Duration::zero());
-        ledger.apply_stored(
-            1,
-            Utc::now(),
-            &lease_event(EventData::LeaseRequested(
-                lh_events::fixtures::whole_request(LEASE, TENANT, 1, lh_events::fixtures::MODEL),
-            )),
-        );
         // 100 hours billed, 1 hour down: 99.0099 % available.
-        ledger.apply_stored(
-            2,
-            Utc::now(),
-            &charge(1, "2026-11-02T00:00:00Z", 360_000, "100.00"),
-        );
-        ledger.apply_stored(
-            3,
-            Utc::now(),
-            &lease_event(EventData::LeaseMigrated(lh_events::LeaseMigrated {
-                lease_id: LEASE,
-                reason: "node n1 lost".into(),
-                from_node_id: "n1".into(),
-                from_gpu_indices: vec![0],
-                billing_ends_at: at("2026-11-10T00:00:00Z"),
-                to: None,
-            })),
-        );
-        ledger.apply_stored(
-            4,
-            Utc::now(),
-            &lease_event(EventData::LeaseStarted(lh_events::fixtures::started(
-                LEASE,
-                "n2",
-                at("2026-11-10T01:00:00Z"),
-            ))),
-        );
+        let mut ledger = interrupted("node n1 lost");
         let mut next = 4;
         let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
         let EventData::CreditGranted(credit) = &out[0].data else {
