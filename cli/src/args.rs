@@ -67,6 +67,31 @@ pub enum Command {
     /// Take GPU nodes out of placement and back (admin token required).
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Reports on spending.
+    #[command(subcommand)]
+    Report(ReportCommand),
+}
+
+/// `lh report ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum ReportCommand {
+    /// Spend by tier in an ISO week, the same usage at the on-demand price,
+    /// and the saving.
+    Cost(ReportCost),
+}
+
+/// `lh report cost`
+#[derive(Debug, Clone, Args)]
+pub struct ReportCost {
+    /// ISO week, `YYYY-Www` (`2026-W49`).
+    #[arg(long, value_name = "YYYY-Www", value_parser = parse_week)]
+    pub week: String,
+    /// Whose (admin token only; default: your own).
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+    /// Print CSV instead of a table.
+    #[arg(long)]
+    pub csv: bool,
 }
 
 /// `lh node ...`
@@ -395,19 +420,57 @@ pub struct LeaseStop {
 /// `lh invoice ...`
 #[derive(Debug, Clone, Subcommand)]
 pub enum InvoiceCommand {
-    /// Show the invoice of one billing period.
+    /// List invoices and notes, newest month first.
+    Ls(InvoiceLs),
+    /// Show one invoice or note: by id, or your invoice of a month.
     Show(InvoiceShow),
+    /// Print one invoice or note as CSV.
+    Export(InvoiceShow),
 }
 
-/// `lh invoice show`
+/// `lh invoice ls`
 #[derive(Debug, Clone, Args)]
-pub struct InvoiceShow {
-    /// Billing period, `YYYY-MM`.
+pub struct InvoiceLs {
+    /// Only this month, `YYYY-MM`.
     #[arg(long, value_name = "YYYY-MM", value_parser = parse_period)]
-    pub period: String,
-    /// Tenant whose invoice to show (admin token only; default: your own).
+    pub period: Option<String>,
+    /// Only `draft` or `issued` ones.
+    #[arg(long, value_parser = ["draft", "issued"])]
+    pub status: Option<String>,
+    /// Whose (admin token only; default: your own, or every tenant's for the admin).
     #[arg(long, value_name = "TENANT_ID")]
     pub tenant: Option<String>,
+    /// At most this many (1 to 500).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub limit: Option<u32>,
+}
+
+/// `lh invoice show` and `lh invoice export`
+#[derive(Debug, Clone, Args)]
+pub struct InvoiceShow {
+    /// Invoice or note id.
+    #[arg(
+        value_name = "ID",
+        required_unless_present = "period",
+        conflicts_with = "period"
+    )]
+    pub id: Option<String>,
+    /// Instead of an id: the invoice of this month, `YYYY-MM` (a draft until issued).
+    #[arg(long, value_name = "YYYY-MM", value_parser = parse_period)]
+    pub period: Option<String>,
+    /// Tenant whose invoice of `--period` (admin token only; default: your own).
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+}
+
+impl InvoiceShow {
+    /// The path segment naming the document: its id or its month.
+    pub fn target(&self) -> &str {
+        self.id
+            .as_deref()
+            .or(self.period.as_deref())
+            .unwrap_or_default()
+    }
 }
 
 /// `lh spot ...`
@@ -537,6 +600,25 @@ impl std::fmt::Display for LeaseState {
 }
 
 /// Accepts `YYYY-MM` with a month from 01 to 12.
+fn parse_week(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let shape_ok = bytes.len() == 8
+        && &bytes[4..6] == b"-W"
+        && bytes[..4].iter().all(u8::is_ascii_digit)
+        && bytes[6..].iter().all(u8::is_ascii_digit);
+    let week: u8 = if shape_ok {
+        s[6..].parse().unwrap_or(0)
+    } else {
+        0
+    };
+    if !(1..=53).contains(&week) {
+        return Err(format!(
+            "expected an ISO week YYYY-Www (2026-W49), got `{s}`"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 fn parse_period(s: &str) -> Result<String, String> {
     let bytes = s.as_bytes();
     let shape_ok = bytes.len() == 7
@@ -883,8 +965,26 @@ mod tests {
         let Command::Invoice(InvoiceCommand::Show(i)) = cli.command else {
             panic!("wrong command")
         };
-        assert_eq!(i.period, "2026-12");
+        assert_eq!(i.period.as_deref(), Some("2026-12"));
         assert_eq!(i.tenant.as_deref(), Some("T"));
+        assert_eq!(i.target(), "2026-12");
+        let cli = parse(&["invoice", "export", "0193b7e2-0000-7000-8000-0000000000ff"]).unwrap();
+        let Command::Invoice(InvoiceCommand::Export(e)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(e.target(), "0193b7e2-0000-7000-8000-0000000000ff");
+        // One of the two, not both, not neither.
+        assert!(parse(&["invoice", "show"]).is_err());
+        assert!(parse(&["invoice", "show", "X", "--period", "2026-12"]).is_err());
+        let cli = parse(&["invoice", "ls", "--status", "issued", "--period", "2026-11"]).unwrap();
+        let Command::Invoice(InvoiceCommand::Ls(l)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(
+            (l.status.as_deref(), l.period.as_deref()),
+            (Some("issued"), Some("2026-11"))
+        );
+        assert!(parse(&["invoice", "ls", "--status", "paid"]).is_err());
 
         for bad in [
             "2026-13",
@@ -896,6 +996,33 @@ mod tests {
             "",
         ] {
             let e = parse(&["invoice", "show", "--period", bad]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
+        }
+    }
+
+    #[test]
+    fn report_cost_checks_the_week() {
+        let cli = parse(&[
+            "report", "cost", "--week", "2026-W49", "--tenant", "T", "--csv",
+        ])
+        .unwrap();
+        let Command::Report(ReportCommand::Cost(r)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(
+            (r.week.as_str(), r.tenant.as_deref(), r.csv),
+            ("2026-W49", Some("T"), true)
+        );
+        for bad in [
+            "2026-49",
+            "2026-W54",
+            "2026-W00",
+            "2026-W4",
+            "2026-w49",
+            "２０２６-W49",
+            "abc€49",
+        ] {
+            let e = parse(&["report", "cost", "--week", bad]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
         }
     }

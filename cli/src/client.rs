@@ -122,6 +122,17 @@ impl Gateway {
             .await
     }
 
+    /// `GET` an answer that is not JSON (a CSV file) as text.
+    pub async fn get_text(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<String, CliError> {
+        let url = self.url(segments, query);
+        let (_, text) = self.send_raw(Method::GET, url, None, &[], "*/*").await?;
+        Ok(text)
+    }
+
     async fn send(
         &self,
         method: Method,
@@ -129,10 +140,32 @@ impl Gateway {
         body: Option<&Value>,
         headers: &[(&str, &str)],
     ) -> Result<Value, CliError> {
+        let (status, text) = self
+            .send_raw(method, url.clone(), body, headers, "application/json")
+            .await?;
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| CliError::BadResponse {
+            url: url.to_string(),
+            reason: format!("HTTP {status} with a body that is not JSON ({e})"),
+        })
+    }
+
+    /// Sends a request and returns the body of a successful answer; an
+    /// error answer becomes its problem.
+    async fn send_raw(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+        accept: &str,
+    ) -> Result<(reqwest::StatusCode, String), CliError> {
         let mut req = self
             .http
             .request(method, url.clone())
-            .header(reqwest::header::ACCEPT, "application/json");
+            .header(reqwest::header::ACCEPT, accept);
         for (name, value) in headers {
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| CliError::Usage(format!("invalid header name `{name}`")))?;
@@ -157,13 +190,7 @@ impl Gateway {
                 &text,
             )));
         }
-        if text.trim().is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_str(&text).map_err(|e| CliError::BadResponse {
-            url: url.to_string(),
-            reason: format!("HTTP {status} with a body that is not JSON ({e})"),
-        })
+        Ok((status, text))
     }
 }
 

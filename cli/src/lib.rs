@@ -74,7 +74,7 @@ mod render;
 pub use args::{
     AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
     KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, SpotCommand, TenantCommand, TenantCreate, TenantId,
+    NodeCommand, NodeDrain, NodeId, ReportCommand, SpotCommand, TenantCommand, TenantCreate, TenantId,
     TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
@@ -393,13 +393,48 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &node, render::node_cordon)?;
             Ok(EXIT_OK)
         }
+        Command::Invoice(InvoiceCommand::Ls(l)) => {
+            let limit = l.limit.map(|n| n.to_string());
+            let query: Vec<(&str, &str)> = [
+                ("period", l.period.as_deref()),
+                ("status", l.status.as_deref()),
+                ("tenant_id", l.tenant.as_deref()),
+                ("limit", limit.as_deref()),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect();
+            let list = gw.get(&["v1", "invoices"], &query).await?;
+            emit(out, json, &list, render::invoice_list)?;
+            Ok(EXIT_OK)
+        }
         Command::Invoice(InvoiceCommand::Show(i)) => {
-            let mut query = vec![("period", i.period.as_str())];
-            if let Some(tenant) = &i.tenant {
+            let query: Vec<(&str, &str)> =
+                i.tenant.iter().map(|t| ("tenant_id", t.as_str())).collect();
+            let invoice = gw.get(&["v1", "invoices", i.target()], &query).await?;
+            emit(out, json, &invoice, render::invoice)?;
+            Ok(EXIT_OK)
+        }
+        Command::Invoice(InvoiceCommand::Export(i)) => {
+            let query: Vec<(&str, &str)> =
+                i.tenant.iter().map(|t| ("tenant_id", t.as_str())).collect();
+            let csv = gw
+                .get_text(&["v1", "invoices", i.target(), "csv"], &query)
+                .await?;
+            write_out(out, &csv)?;
+            Ok(EXIT_OK)
+        }
+        Command::Report(ReportCommand::Cost(r)) => {
+            let mut query = vec![("week", r.week.as_str())];
+            if let Some(tenant) = &r.tenant {
                 query.push(("tenant_id", tenant.as_str()));
             }
-            let invoice = gw.get(&["v1", "invoices"], &query).await?;
-            emit(out, json, &invoice, render::invoice)?;
+            let report = gw.get(&["v1", "reports", "cost"], &query).await?;
+            if r.csv {
+                write_out(out, &render::cost_report_csv(&report))?;
+            } else {
+                emit(out, json, &report, render::cost_report)?;
+            }
             Ok(EXIT_OK)
         }
         Command::Spot(SpotCommand::Prices(p)) => {

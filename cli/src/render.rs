@@ -198,65 +198,75 @@ pub fn spot_prices(prices: &Value) -> String {
     t.to_string()
 }
 
-/// An invoice: a heading, one row per line, a total row with the currency.
+/// An invoice or note: a heading, one row per line and per credit, a
+/// total row with the currency.
 pub fn invoice(inv: &Value) -> String {
-    let mut out = key_values(vec![
+    let mut heading = vec![
         ("tenant", text(inv, "tenant_id")),
         ("period", text(inv, "period")),
-    ]);
-    let lines: &[Value] = inv
-        .get("lines")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice);
+    ];
+    for (label, key) in [
+        ("kind", "kind"),
+        ("number", "number"),
+        ("status", "status"),
+        ("refers to", "refers_to_number"),
+        ("issued at", "issued_at"),
+    ] {
+        if present(inv, key) {
+            heading.push((label, text(inv, key)));
+        }
+    }
+    let mut out = key_values(heading);
+    let rows = |key: &str| -> Vec<Value> {
+        inv.get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
     let mut t = table();
     t.set_header(vec![
         "LEASE",
         "TIER",
-        "GPUS",
-        "VRAM GB",
         "FROM",
         "TO",
+        "CHARGES",
         "SECONDS",
-        "UNIT PRICE",
         "AMOUNT",
         "PRICE BOOK",
     ]);
-    for line in lines {
+    for line in rows("lines") {
         t.add_row(vec![
-            text(line, "lease_id"),
-            text(line, "tier"),
-            text(line, "gpus"),
-            text(line, "vram_gb"),
-            text(line, "from"),
-            text(line, "to"),
-            text(line, "billed_seconds"),
-            text(line, "unit_price"),
-            text(line, "amount"),
-            if present(line, "price_book_version") {
-                format!("v{}", text(line, "price_book_version"))
+            text(&line, "lease_id"),
+            text(&line, "tier"),
+            text(&line, "from"),
+            text(&line, "to"),
+            text(&line, "charges"),
+            text(&line, "billed_seconds"),
+            text(&line, "amount"),
+            if present(&line, "price_book_version") {
+                format!("v{}", text(&line, "price_book_version"))
             } else {
                 NONE.to_string()
             },
         ]);
     }
+    for credit in rows("credits") {
+        let mut row = vec![String::new(); 8];
+        row[0] = format!("SLA credit {}", text(&credit, "period"));
+        row[6] = text(&credit, "amount");
+        t.add_row(row);
+    }
     let currency = inv
         .get("currency")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let total = format!("{} {currency}", text(inv, "total"));
-    t.add_row(vec![
-        "TOTAL".to_string(),
-        String::new(),
-        String::new(),
-        String::new(),
-        String::new(),
-        String::new(),
-        String::new(),
-        String::new(),
-        total.trim_end().to_string(),
-        String::new(),
-    ]);
-    align_right(&mut t, &[2, 3, 6, 7, 8]);
+    let mut total = vec![String::new(); 8];
+    total[0] = "TOTAL".to_string();
+    total[6] = format!("{} {currency}", text(inv, "total"))
+        .trim_end()
+        .to_string();
+    t.add_row(total);
+    align_right(&mut t, &[4, 5, 6]);
     out.push('\n');
     out.push_str(&finish(t));
     if present(inv, "content_hash") {
@@ -264,6 +274,109 @@ pub fn invoice(inv: &Value) -> String {
         out.push_str(&format!("content hash: {}\n", text(inv, "content_hash")));
     }
     out
+}
+
+/// Invoices and notes, one row each.
+pub fn invoice_list(list: &Value) -> String {
+    let items: &[Value] = list
+        .get("invoices")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    if items.is_empty() {
+        return "no invoices\n".to_string();
+    }
+    let mut t = table();
+    t.set_header(vec![
+        "ID", "NUMBER", "KIND", "STATUS", "PERIOD", "TENANT", "TOTAL", "ISSUED",
+    ]);
+    for doc in items {
+        t.add_row(vec![
+            text(doc, "id"),
+            text(doc, "number"),
+            text(doc, "kind"),
+            text(doc, "status"),
+            text(doc, "period"),
+            text(doc, "tenant_id"),
+            format!("{} {}", text(doc, "total"), text(doc, "currency")),
+            text(doc, "issued_at"),
+        ]);
+    }
+    align_right(&mut t, &[6]);
+    finish(t)
+}
+
+/// A weekly cost report: one row per tier and a total row.
+pub fn cost_report(report: &Value) -> String {
+    let mut out = key_values(vec![
+        ("tenant", text(report, "tenant_id")),
+        ("week", text(report, "week")),
+        ("from", text(report, "from")),
+        ("to", text(report, "to")),
+    ]);
+    let mut t = table();
+    t.set_header(vec![
+        "TIER",
+        "CHARGES",
+        "SECONDS",
+        "SPEND",
+        "ON DEMAND",
+        "SAVING",
+    ]);
+    for row in cost_rows(report) {
+        t.add_row(row);
+    }
+    align_right(&mut t, &[1, 2, 3, 4, 5]);
+    out.push('\n');
+    out.push_str(&finish(t));
+    out.push_str(&format!("currency: {}\n", text(report, "currency")));
+    out
+}
+
+/// A weekly cost report as CSV: a header, one row per tier, a total row.
+pub fn cost_report_csv(report: &Value) -> String {
+    let mut out =
+        String::from("week,tier,charges,billed_seconds,spend,on_demand,saving,currency\n");
+    let (week, currency) = (text(report, "week"), text(report, "currency"));
+    for row in cost_rows(report) {
+        // Tier names are the server's words; keep a row from breaking.
+        let tier = row[0].replace([',', '"', '\n', '\r'], "_");
+        out.push_str(&format!(
+            "{week},{tier},{},{},{},{},{},{currency}\n",
+            row[1], row[2], row[3], row[4], row[5]
+        ));
+    }
+    out
+}
+
+fn cost_rows(report: &Value) -> Vec<Vec<String>> {
+    let tiers: &[Value] = report
+        .get("tiers")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    let mut rows: Vec<Vec<String>> = tiers
+        .iter()
+        .map(|t| {
+            [
+                "tier",
+                "charges",
+                "billed_seconds",
+                "spend",
+                "on_demand",
+                "saving",
+            ]
+            .iter()
+            .map(|k| text(t, k))
+            .collect()
+        })
+        .collect();
+    let mut total = vec!["TOTAL".to_string(), String::new(), String::new()];
+    total.extend(
+        ["spend", "on_demand", "saving"]
+            .iter()
+            .map(|k| text(report, k)),
+    );
+    rows.push(total);
+    rows
 }
 
 /// A new tenant, with its API key and how to use it.
@@ -558,20 +671,26 @@ mod tests {
 
     fn sample_invoice() -> Value {
         json!({
+            "id": "0193b7e2-0000-7000-8000-0000000000ff",
+            "kind": "invoice",
+            "status": "issued",
+            "number": "INV-000007",
             "tenant_id": "0193b7e2-0000-7000-8000-0000000000aa",
             "period": "2026-12",
             "currency": "CNY",
+            "issued_at": "2027-01-04T00:00:00Z",
             "lines": [
-                {"lease_id": "L-1", "tier": "basic", "gpus": 2, "vram_gb": 80,
-                 "billed_seconds": 90, "unit_price": "0.5", "amount": "1.00",
+                {"lease_id": "L-1", "tier": "basic", "charges": 1,
+                 "billed_seconds": 90, "amount": "1.00",
                  "from": "2026-12-01T10:00:00Z", "to": "2026-12-01T10:01:30Z",
                  "price_book_version": 1},
-                {"lease_id": "L-2", "tier": "spot", "gpus": 1, "vram_gb": 80,
-                 "billed_seconds": 3600, "unit_price": "0.2", "amount": "12.00",
-                 "from": "2026-12-02T00:00:00Z", "to": "2026-12-02T01:00:00Z",
+                {"lease_id": "L-2", "tier": "spot", "charges": 3,
+                 "billed_seconds": 10800, "amount": "12.00",
+                 "from": "2026-12-02T00:00:00Z", "to": "2026-12-02T03:00:00Z",
                  "price_book_version": 2}
             ],
-            "total": "13.00",
+            "credits": [{"credit_id": "C-1", "period": "2026-11", "amount": "-0.50"}],
+            "total": "12.50",
             "content_hash": "ab12cd"
         })
     }
@@ -616,6 +735,8 @@ mod tests {
             Some("0193b7e2-0000-7000-8000-0000000000aa")
         );
         assert_eq!(value_of(&out, "period").as_deref(), Some("2026-12"));
+        assert_eq!(value_of(&out, "number").as_deref(), Some("INV-000007"));
+        assert_eq!(value_of(&out, "status").as_deref(), Some("issued"));
         let line = |prefix: &str| -> Vec<String> {
             out.lines()
                 .find(|l| l.trim_start().starts_with(prefix))
@@ -626,29 +747,79 @@ mod tests {
         };
         assert_eq!(
             line("LEASE"),
-            [
-                "LEASE", "TIER", "GPUS", "VRAM", "GB", "FROM", "TO", "SECONDS", "UNIT", "PRICE",
-                "AMOUNT", "PRICE", "BOOK"
-            ]
+            ["LEASE", "TIER", "FROM", "TO", "CHARGES", "SECONDS", "AMOUNT", "PRICE", "BOOK"]
         );
         assert_eq!(
             line("L-1"),
             [
                 "L-1",
                 "basic",
-                "2",
-                "80",
                 "2026-12-01T10:00:00Z",
                 "2026-12-01T10:01:30Z",
+                "1",
                 "90",
-                "0.5",
                 "1.00",
                 "v1"
             ]
         );
-        assert_eq!(line("L-2")[8], "12.00");
-        assert_eq!(line("TOTAL"), ["TOTAL", "13.00", "CNY"]);
+        assert_eq!(line("L-2")[6], "12.00");
+        assert_eq!(line("SLA credit"), ["SLA", "credit", "2026-11", "-0.50"]);
+        assert_eq!(line("TOTAL"), ["TOTAL", "12.50", "CNY"]);
         assert!(out.contains("content hash: ab12cd"));
+    }
+
+    #[test]
+    fn cost_report_table_and_csv() {
+        let report = json!({
+            "tenant_id": "T", "week": "2026-W49", "currency": "CNY",
+            "from": "2026-11-30T00:00:00Z", "to": "2026-12-07T00:00:00Z",
+            "tiers": [
+                {"tier": "basic", "charges": 2, "billed_seconds": 7200,
+                 "spend": "80.00", "on_demand": "80.00", "saving": "0.00"},
+                {"tier": "spot", "charges": 1, "billed_seconds": 3600,
+                 "spend": "16.00", "on_demand": "40.00", "saving": "24.00"}
+            ],
+            "spend": "96.00", "on_demand": "120.00", "saving": "24.00"
+        });
+        let out = cost_report(&report);
+        let row = |p: &str| -> Vec<String> {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(p))
+                .unwrap_or_else(|| panic!("no {p} in\n{out}"))
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            row("spot"),
+            ["spot", "1", "3600", "16.00", "40.00", "24.00"]
+        );
+        assert_eq!(row("TOTAL"), ["TOTAL", "96.00", "120.00", "24.00"]);
+        let csv = cost_report_csv(&report);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 4, "{csv}");
+        assert_eq!(lines[2], "2026-W49,spot,1,3600,16.00,40.00,24.00,CNY");
+        assert_eq!(lines[3], "2026-W49,TOTAL,,,96.00,120.00,24.00,CNY");
+    }
+
+    #[test]
+    fn invoice_list_rows() {
+        let list = json!({"invoices": [
+            {"id": "I-1", "number": "INV-000001", "kind": "invoice", "status": "issued",
+             "period": "2026-11", "tenant_id": "T", "total": "3.00", "currency": "CNY",
+             "issued_at": "2026-12-04T00:00:00Z"},
+            {"id": "I-2", "number": null, "kind": "invoice", "status": "draft",
+             "period": "2026-12", "tenant_id": "T", "total": "1.00", "currency": "CNY",
+             "issued_at": null}
+        ]});
+        let out = invoice_list(&list);
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows[1][..4], ["I-1", "INV-000001", "invoice", "issued"]);
+        assert_eq!(rows[2][..4], ["I-2", "-", "invoice", "draft"]);
+        assert_eq!(invoice_list(&json!({"invoices": []})), "no invoices\n");
     }
 
     #[test]

@@ -450,11 +450,13 @@ async fn invoice_query_and_total() {
         ok(
             200,
             json!({
+                "id": "I1", "kind": "invoice", "status": "draft", "number": null,
                 "tenant_id": "T1", "period": "2026-12", "currency": "CNY",
-                "lines": [{"lease_id": "L1", "tier": "basic", "gpus": 2, "vram_gb": 80,
-                           "billed_seconds": 90, "unit_price": "0.5", "amount": "1.00",
+                "lines": [{"lease_id": "L1", "tier": "basic", "charges": 1,
+                           "billed_seconds": 90, "amount": "1.00",
                            "from": "2026-12-01T10:00:00Z", "to": "2026-12-01T10:01:30Z",
                            "price_book_version": 1}],
+                "credits": [],
                 "total": "1.00", "content_hash": "abc"
             }),
         )
@@ -469,9 +471,36 @@ async fn invoice_query_and_total() {
         total.split_whitespace().collect::<Vec<_>>(),
         ["TOTAL", "1.00", "CNY"]
     );
+    assert_eq!(gw.requests()[0].target, "/v1/invoices/2026-12?tenant_id=T1");
+}
+
+#[tokio::test]
+async fn invoice_export_prints_the_csv_and_ls_filters() {
+    const CSV: &str = "document,number\ninvoice,INV-000001\n";
+    let gw = fake(|req, _| {
+        if req.target.contains("/csv") {
+            Resp {
+                status: 200,
+                content_type: "text/csv; charset=utf-8",
+                body: CSV.to_string(),
+            }
+        } else {
+            ok(200, json!({"invoices": []}))
+        }
+    })
+    .await;
+    let out = gw.lh(&["invoice", "export", "I1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(out.stdout, CSV);
+    let out = gw
+        .lh(&["invoice", "ls", "--status", "issued", "--limit", "5"])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(out.stdout, "no invoices\n");
+    let targets: Vec<String> = gw.requests().into_iter().map(|r| r.target).collect();
     assert_eq!(
-        gw.requests()[0].target,
-        "/v1/invoices?period=2026-12&tenant_id=T1"
+        targets,
+        ["/v1/invoices/I1/csv", "/v1/invoices?status=issued&limit=5"]
     );
 }
 

@@ -185,13 +185,21 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             subject::RPC_AUDIT_VERIFY.to_string(),
             subject::RPC_PRICING_INVOICE.to_string(),
             subject::RPC_SPOT_PRICES.to_string(),
+            subject::RPC_PRICING_INVOICE_LIST.to_string(),
+            subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
+            subject::RPC_PRICING_COST_REPORT.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
             p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
         }
         Publisher::Pricing => {
-            p.subscribe.push(subject::RPC_PRICING_INVOICE.to_string());
+            p.subscribe.extend([
+                subject::RPC_PRICING_INVOICE.to_string(),
+                subject::RPC_PRICING_INVOICE_LIST.to_string(),
+                subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
+                subject::RPC_PRICING_COST_REPORT.to_string(),
+            ]);
             p.allow_responses = true;
         }
         Publisher::Audit => {

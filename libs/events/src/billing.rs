@@ -113,3 +113,137 @@ pub struct ChargeAccrued {
     pub currency: String,
     pub price_book_version: u32,
 }
+
+/// One line of an issued invoice or note: the charges of one lease at one
+/// tier and price book version, added up (a lease accrues a charge per
+/// hour, so a line per charge would make a month's invoice unreadable).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocumentLine {
+    pub lease_id: Uuid,
+    /// The tier's name (`basic`, `spot`, ...).
+    pub tier: String,
+    pub price_book_version: u32,
+    /// How many `charge.accrued` events the line adds up.
+    pub charges: u64,
+    pub billed_seconds: u64,
+    /// Earliest `from` of its charges.
+    pub from: DateTime<Utc>,
+    /// Latest `to` of its charges.
+    pub to: DateTime<Utc>,
+    /// Sum of the charges' amounts, 2 places.
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+}
+
+/// A granted credit as an invoice deducts it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AppliedCredit {
+    pub credit_id: Uuid,
+    /// The month whose availability fell short.
+    pub period: String,
+    /// Negative: what the credit takes off the invoice.
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+}
+
+/// A tenant's monthly invoice, issued once its month and the grace period
+/// after it are over: immutable and numbered without gaps. Every
+/// `charge.accrued` of the tenant and period stored at or below
+/// `charges_through_sequence` is on it; later ones go on notes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct InvoiceIssued {
+    pub invoice_id: Uuid,
+    /// 1, 2, 3, ... over all invoices of the platform.
+    pub number: u64,
+    pub tenant_id: Uuid,
+    /// `YYYY-MM`.
+    pub period: String,
+    pub currency: String,
+    pub issued_at: DateTime<Utc>,
+    pub charges_through_sequence: u64,
+    pub lines: Vec<DocumentLine>,
+    pub credits: Vec<AppliedCredit>,
+    #[schemars(with = "String")]
+    pub total: Decimal,
+    /// Hex SHA-256 of the document's canonical form (docs/pricing.md).
+    pub content_hash: String,
+}
+
+/// Which way a note corrects its invoice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NoteKind {
+    /// The tenant owes more (its total is positive or zero).
+    Debit,
+    /// The tenant owes less (its total is negative).
+    Credit,
+}
+
+/// Charges that arrived after their month's invoice was issued: the
+/// invoice is never rewritten, a note referencing it carries them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct InvoiceNoteIssued {
+    pub note_id: Uuid,
+    /// 1, 2, 3, ... over all notes (a series of its own).
+    pub number: u64,
+    pub kind: NoteKind,
+    pub invoice_id: Uuid,
+    pub invoice_number: u64,
+    pub tenant_id: Uuid,
+    pub period: String,
+    pub currency: String,
+    pub issued_at: DateTime<Utc>,
+    /// The note carries the tenant's charges of `period` stored after this
+    /// sequence and at or below `charges_through_sequence`.
+    pub charges_after_sequence: u64,
+    pub charges_through_sequence: u64,
+    pub lines: Vec<DocumentLine>,
+    #[schemars(with = "String")]
+    pub total: Decimal,
+    pub content_hash: String,
+}
+
+/// One interruption of a lease by the platform, within the credit's month.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Interruption {
+    pub lease_id: Uuid,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub seconds: u64,
+}
+
+/// A tenant's availability in `period` fell below the SLA: a credit,
+/// with its whole calculation, deducted on the invoice of
+/// `applies_to_period`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CreditGranted {
+    pub credit_id: Uuid,
+    pub tenant_id: Uuid,
+    /// The month the availability was measured over.
+    pub period: String,
+    /// The invoice that deducts it (the next month's).
+    pub applies_to_period: String,
+    pub currency: String,
+    /// Seconds the tenant's leases were interrupted by the platform.
+    pub downtime_seconds: u64,
+    /// Billed seconds of the tenant's leases plus `downtime_seconds`.
+    pub lease_seconds: u64,
+    /// `100 × (1 − downtime / lease time)`, 4 places, truncated.
+    #[schemars(with = "String")]
+    pub availability_percent: Decimal,
+    #[schemars(with = "String")]
+    pub sla_percent: Decimal,
+    /// The rule in words, as documented in docs/pricing.md.
+    pub rule: String,
+    /// Share of `affected_charges` credited.
+    #[schemars(with = "String")]
+    pub share_percent: Decimal,
+    /// The month's charges of the interrupted leases.
+    #[schemars(with = "String")]
+    pub affected_charges: Decimal,
+    /// Negative, 2 places.
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+    /// The interruptions counted (the first of them, at most a documented number).
+    pub interruptions: Vec<Interruption>,
+}

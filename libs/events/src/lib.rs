@@ -82,6 +82,9 @@ events! {
     "price_book.published" v=1 => PriceBookPublished @ price_book();
     "price_book.restated" v=1 => PriceBookRestated @ price_book();
     "charge.accrued" v=1 => ChargeAccrued @ charge(lease_id), tenant_id = tenant_id;
+    "invoice.issued" v=1 => InvoiceIssued @ invoice(), tenant_id = tenant_id;
+    "invoice.note_issued" v=1 => InvoiceNoteIssued @ invoice(), tenant_id = tenant_id;
+    "credit.granted" v=1 => CreditGranted @ credit(tenant_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
     "audit.pruned" v=1 => AuditPruned @ audit();
 }

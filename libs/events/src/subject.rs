@@ -32,6 +32,8 @@ pub const CHARGES_ALL: &str = "lh.evt.charge.>";
 pub const SPOT_ALL: &str = "lh.evt.spot.>";
 pub const PRICE_BOOKS_ALL: &str = "lh.evt.price_book.>";
 pub const AUDIT_ALL: &str = "lh.evt.audit.>";
+pub const INVOICES_ALL: &str = "lh.evt.invoice.>";
+pub const CREDITS_ALL: &str = "lh.evt.credit.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -39,6 +41,12 @@ pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 /// Request/reply subject on which the spot-broker answers spot prices.
 pub const RPC_SPOT_PRICES: &str = "lh.rpc.spot.prices";
+/// Request/reply subject on which pricing lists a tenant's invoices and notes.
+pub const RPC_PRICING_INVOICE_LIST: &str = "lh.rpc.pricing.invoice_list";
+/// Request/reply subject on which pricing answers one invoice or note.
+pub const RPC_PRICING_INVOICE_DOCUMENT: &str = "lh.rpc.pricing.invoice_document";
+/// Request/reply subject on which pricing answers a tenant's weekly cost report.
+pub const RPC_PRICING_COST_REPORT: &str = "lh.rpc.pricing.cost_report";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
@@ -66,6 +74,16 @@ pub fn price_book() -> String {
 
 pub fn audit() -> String {
     "lh.evt.audit.chain".to_string()
+}
+
+/// Every issued invoice and note, on one subject: its last sequence guards
+/// the numbering, so two replicas cannot hand out one number twice.
+pub fn invoices() -> String {
+    "lh.evt.invoice.ledger".to_string()
+}
+
+pub fn credit(tenant_id: Uuid) -> String {
+    format!("lh.evt.credit.{tenant_id}")
 }
 
 /// Every node's heartbeats.
@@ -195,6 +213,9 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("price_book.published", &[Pricing]),
         ("price_book.restated", &[Pricing]),
         ("charge.accrued", &[Pricing]),
+        ("invoice.issued", &[Pricing]),
+        ("invoice.note_issued", &[Pricing]),
+        ("credit.granted", &[Pricing]),
         ("audit.checkpoint", &[Audit]),
         ("audit.pruned", &[Audit]),
     ]
@@ -306,6 +327,8 @@ mod tests {
             (SPOT_ALL, spot("z", "m")),
             (PRICE_BOOKS_ALL, price_book()),
             (AUDIT_ALL, audit()),
+            (INVOICES_ALL, invoices()),
+            (CREDITS_ALL, credit(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

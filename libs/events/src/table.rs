@@ -89,6 +89,8 @@ macro_rules! events {
     };
     (@subject $e:ident price_book ()) => { $crate::subject::price_book() };
     (@subject $e:ident audit ()) => { $crate::subject::audit() };
+    (@subject $e:ident invoice ()) => { $crate::subject::invoices() };
+    (@subject $e:ident credit ($id:ident)) => { $crate::subject::credit($e.$id) };
 
     (@lease_id $e:ident lease ($id:ident)) => { Some($e.$id) };
     (@lease_id $e:ident $other:ident ($($id:ident),*)) => { None };

@@ -1,6 +1,8 @@
-//! The invoice as pricing answers it on [`INVOICE_SUBJECT`], shared with the
-//! gateway (which puts these types into its OpenAPI document) and any client
-//! that wants to check an invoice's [`Invoice::content_hash`].
+//! A month's charges, one line each, as pricing answers them on
+//! [`INVOICE_SUBJECT`] (`GET /v1/charges`), shared with the gateway (which
+//! puts these types into its OpenAPI document) and any client that wants to
+//! check its [`Invoice::content_hash`]. Issued invoices and notes are
+//! [`crate::invoice_document`].
 //!
 //! Pricing computes the lines; this module only says what travels and how it
 //! is hashed, so that a caller does not link pricing's SQL to read an invoice.

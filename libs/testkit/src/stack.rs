@@ -634,13 +634,14 @@ fn billed(
 }
 
 impl Stack {
-    /// The tenant's invoice for `period` once it has `lines` lines.
+    /// The tenant's charges of `period` (`/v1/charges`, one line per
+    /// charge) once there are `lines` of them.
     pub async fn wait_invoice(&self, key: &str, period: &str, lines: usize) -> Value {
         for _ in 0..200 {
             let (s, body) = self
                 .call(
                     reqwest::Method::GET,
-                    &format!("/v1/invoices?period={period}"),
+                    &format!("/v1/charges?period={period}"),
                     key,
                     None,
                 )

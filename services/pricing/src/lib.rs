@@ -10,13 +10,19 @@
 //!    its rounding rule live in [`lh_domain::rating`].
 //! 2. **Invoice projection** ([`projection`]): `charge.accrued` into the
 //!    `invoice_lines` table of the service's Postgres schema.
-//! 3. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] from that
-//!    table with an [`lh_rpc::invoice::Invoice`] that carries a content hash.
+//! 3. **Ledger** ([`ledger`]): once a month and its grace period are over,
+//!    issues each tenant's invoice (`invoice.issued`, numbered without
+//!    gaps), notes for charges that come after it (`invoice.note_issued`)
+//!    and SLA credits (`credit.granted`).
+//! 4. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] (a
+//!    month's charges, [`lh_rpc::invoice::Invoice`]) and the invoices and
+//!    notes of [`lh_rpc::invoice_document`] from the projection.
 //!
-//! The service is ready once both the charges fold and the projection have
-//! caught up with the log. See `docs/pricing.md`.
+//! The service is ready once the charges fold, the ledger and the
+//! projection have caught up with the log. See `docs/pricing.md`.
 
 pub mod charges;
+pub mod ledger;
 pub mod projection;
 
 use std::time::Duration;
@@ -24,7 +30,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use chrono::Utc;
 use lh_bus::Bus;
-use lh_service::clock::SystemClock;
+use lh_service::clock::{SharedClock, SystemClock};
 use lh_service::decider;
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::migrate::Migrator;
@@ -32,6 +38,7 @@ use sqlx::PgPool;
 
 use crate::projection::InvoiceProjector;
 use lh_rpc::invoice::{InvoiceRequest, INVOICE_SUBJECT};
+use lh_rpc::invoice_document::{DocumentRequest, ListRequest, DOCUMENT_SUBJECT, LIST_SUBJECT};
 
 /// Queue group of the pricing replicas answering [`INVOICE_SUBJECT`].
 pub const QUEUE_GROUP: &str = "lh-pricing";
@@ -66,6 +73,11 @@ pub struct Config {
     /// this of when the log stored the report.
     #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
     pub node_clock_skew_secs: i64,
+    /// Seconds after the end of its month that a tenant's invoice stays a
+    /// draft before it is issued.
+    #[arg(long, env = "LH_INVOICE_GRACE_SECS", default_value_t = ledger::DEFAULT_INVOICE_GRACE_SECS,
+        value_parser = clap::value_parser!(i64).range(0..=ledger::MAX_INVOICE_GRACE_SECS))]
+    pub invoice_grace_secs: i64,
 }
 
 impl Config {
@@ -76,12 +88,24 @@ impl Config {
             database_url: database_url.to_string(),
             schema: DEFAULT_SCHEMA.to_string(),
             node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
+            invoice_grace_secs: ledger::DEFAULT_INVOICE_GRACE_SECS,
         }
     }
 }
 
-/// Starts pricing: charges, the invoice projection and the invoice RPC.
+/// Starts pricing: charges, the ledger, the invoice projection and the
+/// invoice RPC.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    start_with_clock(config, SystemClock::shared(), shutdown).await
+}
+
+/// [`start`], with the ledger reading the time from `ledger_clock` (tests
+/// move it by hand to end a month's grace period).
+pub async fn start_with_clock(
+    config: Config,
+    ledger_clock: SharedClock,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema)
         .await
@@ -106,13 +130,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown.clone(),
     )?;
     let readiness = Readiness::default();
-    let work = work(
+    // The loops' futures are large: on the heap they stay off the stacks
+    // of the tasks that start and poll them.
+    let work = Box::pin(work(
         bus,
         pool,
         readiness.clone(),
         shutdown.clone(),
         config.node_clock_skew_secs,
-    );
+        ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs)),
+        ledger_clock,
+    ));
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         axum::Router::new(),
@@ -129,11 +157,14 @@ async fn work(
     ready: Readiness,
     shutdown: CancellationToken,
     node_clock_skew_secs: i64,
+    mut ledger: ledger::Ledger,
+    ledger_clock: SharedClock,
 ) -> anyhow::Result<()> {
     let charges_caught_up = Readiness::default();
+    let ledger_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
-    let charges = async {
+    let charges = Box::pin(async {
         let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
         decider::run(
             &bus,
@@ -144,7 +175,19 @@ async fn work(
         )
         .await
         .context("charges")
-    };
+    });
+
+    let ledger = Box::pin(async {
+        decider::run(
+            &bus,
+            &mut ledger,
+            ledger_clock.as_ref(),
+            shutdown.clone(),
+            ledger_caught_up.clone(),
+        )
+        .await
+        .context("ledger")
+    });
 
     let projection = async {
         lh_projection::run(
@@ -174,6 +217,43 @@ async fn work(
         .context("invoice RPC")
     };
 
+    let list_rpc = async {
+        lh_bus::rpc::serve(&bus, LIST_SUBJECT, QUEUE_GROUP, |request: ListRequest| {
+            let pool = pool.clone();
+            async move { projection::list_documents(&pool, &request).await }
+        })
+        .await
+        .context("invoice list RPC")
+    };
+
+    let document_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            DOCUMENT_SUBJECT,
+            QUEUE_GROUP,
+            |request: DocumentRequest| {
+                let pool = pool.clone();
+                async move { projection::read_document(&pool, &request).await }
+            },
+        )
+        .await
+        .context("invoice document RPC")
+    };
+
+    let cost_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::cost_report::SUBJECT,
+            QUEUE_GROUP,
+            |request: lh_rpc::cost_report::CostReportRequest| {
+                let pool = pool.clone();
+                async move { projection::cost_report(&pool, &request).await }
+            },
+        )
+        .await
+        .context("cost report RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -184,8 +264,10 @@ async fn work(
             // Not ready while the log is out of reach (the charges loop says
             // so) or while the invoice projection cannot write to the
             // database (it retries until it can).
-            let now_ready =
-                charges_caught_up.is_ready() && progress.caught_up() && !progress.stalled();
+            let now_ready = charges_caught_up.is_ready()
+                && ledger_caught_up.is_ready()
+                && progress.caught_up()
+                && !progress.stalled();
             if now_ready != ready.is_ready() {
                 tracing::info!(
                     sequence = progress.applied(),
@@ -201,12 +283,21 @@ async fn work(
         }
     };
 
-    tokio::try_join!(charges, projection, rpc, monitor)?;
+    tokio::try_join!(
+        charges,
+        ledger,
+        projection,
+        rpc,
+        list_rpc,
+        document_rpc,
+        cost_rpc,
+        monitor
+    )?;
     Ok(())
 }
 
 /// Replays the log from sequence 1 into the fresh schema `into` (dropped
-/// first) with the live projection's code, compares `invoice_lines` with the
+/// first) with the live projection's code, compares its tables with the
 /// live schema, and with `swap` makes the rebuilt schema the live one (stop
 /// pricing first). `on_event(sequence, head)` is told every applied event.
 pub async fn rebuild(
@@ -223,7 +314,7 @@ pub async fn rebuild(
         into,
         &MIGRATOR,
         &InvoiceProjector,
-        &[projection::TABLE],
+        projection::TABLES,
         swap,
         on_event,
     )

@@ -1,5 +1,8 @@
 //! The `invoices` projection: one `invoice_lines` row per `charge.accrued`,
-//! and the invoice read from those rows.
+//! one `invoice_documents` row per issued invoice or note, one `credits` row
+//! per SLA credit; and the invoices and notes read from those rows.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -10,12 +13,25 @@ use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use lh_rpc::cost_report::{parse_week, CostReport, CostReportRequest, TierCost};
 use lh_rpc::invoice::{parse_period, Invoice, InvoiceLine, InvoiceRequest};
+use lh_rpc::invoice_document::{
+    invoice_id, money, Credit, DocumentList, DocumentRequest, DocumentStatus, DocumentSummary,
+    InvoiceDocument, Line, ListRequest, MAX_LIST_LIMIT,
+};
 
 /// Name of the projection's offset row.
 pub const NAME: &str = "invoices";
-/// The table the projection writes.
+/// The table of charges the projection writes.
 pub const TABLE: &str = "invoice_lines";
+/// Every table the projection writes, compared by a rebuild.
+pub const TABLES: &[&str] = &[
+    TABLE,
+    "invoice_documents",
+    "invoice_drafts",
+    "credits",
+    "price_books",
+];
 
 /// Charges into invoice lines. Every column is a function of the event and
 /// its stream sequence, so a rebuild yields byte-identical rows.
@@ -28,7 +44,12 @@ impl Projector for InvoiceProjector {
     }
 
     fn filters(&self) -> &'static [&'static str] {
-        &[subject::CHARGES_ALL]
+        &[
+            subject::CHARGES_ALL,
+            subject::INVOICES_ALL,
+            subject::CREDITS_ALL,
+            subject::PRICE_BOOKS_ALL,
+        ]
     }
 
     fn apply<'c>(
@@ -37,37 +58,198 @@ impl Projector for InvoiceProjector {
         event: &'c Stored,
     ) -> BoxFuture<'c, sqlx::Result<()>> {
         Box::pin(async move {
-            let EventData::ChargeAccrued(c) = &event.envelope.data else {
-                return Ok(());
-            };
-            sqlx::query(
-                "INSERT INTO invoice_lines (charge_id, tenant_id, period, lease_id, tier, gpus,
-                    vram_gb, billed_seconds, unit_price, amount, currency, from_at, to_at,
-                    price_book_version, sequence)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-                 ON CONFLICT (charge_id) DO NOTHING",
-            )
-            .bind(c.charge_id)
-            .bind(c.tenant_id)
-            .bind(&c.period)
-            .bind(c.lease_id)
-            .bind(c.tier.as_str())
-            .bind(c.gpus as i32)
-            .bind(c.vram_gb as i32)
-            .bind(c.billed_seconds as i64)
-            .bind(c.unit_price_cny_per_gb_hour)
-            .bind(c.amount)
-            .bind(&c.currency)
-            .bind(c.from)
-            .bind(c.to)
-            .bind(c.price_book_version as i32)
-            .bind(event.sequence as i64)
-            .execute(conn)
-            .await?;
-            Ok(())
+            match &event.envelope.data {
+                EventData::ChargeAccrued(c) => insert_charge(conn, c, event.sequence).await,
+                EventData::InvoiceIssued(e) => {
+                    let document = InvoiceDocument::from_invoice(e);
+                    insert_document(conn, &document, event.sequence).await?;
+                    let used: Vec<Uuid> = e.credits.iter().map(|c| c.credit_id).collect();
+                    sqlx::query("UPDATE credits SET applied_to = $1 WHERE credit_id = ANY($2)")
+                        .bind(e.invoice_id)
+                        .bind(&used)
+                        .execute(&mut *conn)
+                        .await?;
+                    // As the ledger does: a credit meant for this month
+                    // that the invoice does not carry moves to the next.
+                    if let Some(next) = crate::ledger::next_period(&e.period) {
+                        sqlx::query(
+                            "UPDATE credits SET applies_to_period = $1
+                             WHERE tenant_id = $2 AND applies_to_period = $3 AND applied_to IS NULL",
+                        )
+                        .bind(&next)
+                        .bind(e.tenant_id)
+                        .bind(&e.period)
+                        .execute(&mut *conn)
+                        .await?;
+                        insert_draft(conn, e.tenant_id, &next, true).await?;
+                    }
+                    Ok(())
+                }
+                EventData::InvoiceNoteIssued(e) => {
+                    insert_document(conn, &InvoiceDocument::from_note(e), event.sequence).await
+                }
+                EventData::CreditGranted(e) => insert_credit(conn, e, event.sequence).await,
+                EventData::PriceBookPublished(book) => {
+                    insert_price_book(conn, book, event.sequence).await
+                }
+                // A book whose first statement expired is carried here.
+                EventData::PriceBookRestated(r) => {
+                    for stated in &r.history {
+                        if let EventData::PriceBookPublished(book) = &stated.envelope.data {
+                            insert_price_book(&mut *conn, book, stated.sequence).await?;
+                        }
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
         })
     }
 }
+
+async fn insert_charge(
+    conn: &mut PgConnection,
+    c: &lh_events::ChargeAccrued,
+    sequence: u64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO invoice_lines (charge_id, tenant_id, period, lease_id, tier, gpus,
+            vram_gb, billed_seconds, unit_price, amount, currency, from_at, to_at,
+            price_book_version, sequence)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+         ON CONFLICT (charge_id) DO NOTHING",
+    )
+    .bind(c.charge_id)
+    .bind(c.tenant_id)
+    .bind(&c.period)
+    .bind(c.lease_id)
+    .bind(c.tier.as_str())
+    .bind(c.gpus as i32)
+    .bind(c.vram_gb as i32)
+    .bind(c.billed_seconds as i64)
+    .bind(c.unit_price_cny_per_gb_hour)
+    .bind(c.amount)
+    .bind(&c.currency)
+    .bind(c.from)
+    .bind(c.to)
+    .bind(c.price_book_version as i32)
+    .bind(sequence as i64)
+    .execute(&mut *conn)
+    .await?;
+    insert_draft(conn, c.tenant_id, &c.period, false).await
+}
+
+/// Records that the tenant's month has a draft; with `only_with_credits`,
+/// only where a credit waits for that month.
+async fn insert_draft(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    period: &str,
+    only_with_credits: bool,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO invoice_drafts (id, tenant_id, period)
+         SELECT $1, $2, $3
+         WHERE NOT $4 OR EXISTS (SELECT 1 FROM credits
+             WHERE tenant_id = $2 AND applies_to_period = $3 AND applied_to IS NULL)
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(invoice_id(tenant_id, period))
+    .bind(tenant_id)
+    .bind(period)
+    .bind(only_with_credits)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn insert_document(
+    conn: &mut PgConnection,
+    d: &InvoiceDocument,
+    sequence: u64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO invoice_documents (id, kind, number, tenant_id, period, refers_to, total,
+            content_hash, issued_at, charges_after_sequence, charges_through_sequence,
+            document, sequence)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(d.id)
+    .bind(d.kind.as_str())
+    .bind(d.number.as_deref().unwrap_or_default())
+    .bind(d.tenant_id)
+    .bind(&d.period)
+    .bind(d.refers_to)
+    .bind(d.total)
+    .bind(&d.content_hash)
+    .bind(d.issued_at)
+    .bind(d.charges_after_sequence as i64)
+    .bind(d.charges_through_sequence as i64)
+    .bind(sqlx::types::Json(d))
+    .bind(sequence as i64)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn insert_credit(
+    conn: &mut PgConnection,
+    e: &lh_events::CreditGranted,
+    sequence: u64,
+) -> sqlx::Result<()> {
+    // Deducted by the first of the tenant's months from applies_to_period
+    // on whose invoice is not issued yet.
+    let mut period = e.applies_to_period.clone();
+    for _ in 0..MAX_CREDIT_ROLL_MONTHS {
+        let issued: Option<(Uuid,)> =
+            sqlx::query_as("SELECT id FROM invoice_documents WHERE id = $1")
+                .bind(invoice_id(e.tenant_id, &period))
+                .fetch_optional(&mut *conn)
+                .await?;
+        match crate::ledger::next_period(&period) {
+            Some(next) if issued.is_some() => period = next,
+            _ => break,
+        }
+    }
+    sqlx::query(
+        "INSERT INTO credits (credit_id, tenant_id, period, applies_to_period, amount,
+            calculation, sequence)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (credit_id) DO NOTHING",
+    )
+    .bind(e.credit_id)
+    .bind(e.tenant_id)
+    .bind(&e.period)
+    .bind(&period)
+    .bind(e.amount)
+    .bind(sqlx::types::Json(e))
+    .bind(sequence as i64)
+    .execute(&mut *conn)
+    .await?;
+    insert_draft(conn, e.tenant_id, &period, false).await
+}
+
+async fn insert_price_book(
+    conn: &mut PgConnection,
+    book: &lh_events::PriceBookPublished,
+    sequence: u64,
+) -> sqlx::Result<()> {
+    let basic = lh_domain::rating::unit_price(book, lh_events::Tier::Basic);
+    sqlx::query(
+        "INSERT INTO price_books (version, basic_price, sequence) VALUES ($1, $2, $3)
+         ON CONFLICT (version) DO NOTHING",
+    )
+    .bind(book.version as i32)
+    .bind(basic)
+    .bind(sequence as i64)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Months a credit moves on at most, past issued invoices.
+const MAX_CREDIT_ROLL_MONTHS: usize = 12;
 
 type LineRow = (
     Uuid,
@@ -123,5 +305,268 @@ pub async fn read_invoice(pool: &PgPool, request: &InvoiceRequest) -> Result<Inv
         request.period.clone(),
         lh_domain::rating::CURRENCY.to_string(),
         lines,
+    ))
+}
+
+fn db_error(e: sqlx::Error) -> String {
+    tracing::error!(error = %e, "cannot read invoices");
+    "invoices unavailable: database error".to_string()
+}
+
+type GroupRow = (
+    Uuid,
+    String,
+    i32,
+    i64,
+    i64,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    Decimal,
+);
+
+/// The lines of a tenant's month from the charges stored after `after` and
+/// at or below `through`: what the ledger put on a document of that range.
+pub async fn lines_between(
+    pool: &PgPool,
+    tenant_id: Uuid,
+    period: &str,
+    after: u64,
+    through: u64,
+) -> sqlx::Result<Vec<Line>> {
+    let rows: Vec<GroupRow> = sqlx::query_as(
+        "SELECT lease_id, tier, price_book_version, count(*), sum(billed_seconds)::BIGINT,
+                min(from_at), max(to_at), sum(amount)
+         FROM invoice_lines
+         WHERE tenant_id = $1 AND period = $2 AND sequence > $3 AND sequence <= $4
+         GROUP BY lease_id, tier, price_book_version",
+    )
+    .bind(tenant_id)
+    .bind(period)
+    .bind(after.min(i64::MAX as u64) as i64)
+    .bind(through.min(i64::MAX as u64) as i64)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Line {
+            lease_id: r.0,
+            tier: r.1,
+            price_book_version: r.2 as u32,
+            charges: r.3 as u64,
+            billed_seconds: r.4 as u64,
+            from: r.5,
+            to: r.6,
+            amount: money(r.7),
+        })
+        .collect())
+}
+
+/// A tenant's invoice of `period` as it stands: no number, every charge so
+/// far and the credits waiting for it.
+async fn draft(pool: &PgPool, tenant_id: Uuid, period: &str) -> sqlx::Result<InvoiceDocument> {
+    let lines = lines_between(pool, tenant_id, period, 0, u64::MAX).await?;
+    let (through,): (Option<i64>,) = sqlx::query_as(
+        "SELECT max(sequence) FROM invoice_lines WHERE tenant_id = $1 AND period = $2",
+    )
+    .bind(tenant_id)
+    .bind(period)
+    .fetch_one(pool)
+    .await?;
+    let credits: Vec<(Uuid, String, Decimal)> = sqlx::query_as(
+        "SELECT credit_id, period, amount FROM credits
+         WHERE tenant_id = $1 AND applies_to_period = $2 AND applied_to IS NULL",
+    )
+    .bind(tenant_id)
+    .bind(period)
+    .fetch_all(pool)
+    .await?;
+    let credits = credits
+        .into_iter()
+        .map(|(credit_id, period, amount)| Credit {
+            credit_id,
+            period,
+            amount: money(amount),
+        })
+        .collect();
+    Ok(InvoiceDocument::draft(
+        tenant_id,
+        period,
+        through.unwrap_or(0) as u64,
+        lines,
+        credits,
+    ))
+}
+
+async fn issued(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<InvoiceDocument>> {
+    let row: Option<(sqlx::types::Json<InvoiceDocument>,)> =
+        sqlx::query_as("SELECT document FROM invoice_documents WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.map(|(d,)| d.0))
+}
+
+/// One invoice or note, or `None`. Errors are messages for the RPC caller.
+pub async fn read_document(
+    pool: &PgPool,
+    request: &DocumentRequest,
+) -> Result<Option<InvoiceDocument>, String> {
+    let (id, tenant) = match request {
+        DocumentRequest::ById { id, tenant_id } => (*id, *tenant_id),
+        DocumentRequest::ByPeriod { tenant_id, period } => {
+            parse_period(period)?;
+            (invoice_id(*tenant_id, period), Some(*tenant_id))
+        }
+    };
+    let found = match issued(pool, id).await.map_err(db_error)? {
+        Some(document) => Some(document),
+        None => {
+            let known: Option<(Uuid, String)> =
+                sqlx::query_as("SELECT tenant_id, period FROM invoice_drafts WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db_error)?;
+            let known = known.or_else(|| match request {
+                // A month with nothing charged yet: its empty draft.
+                DocumentRequest::ByPeriod { tenant_id, period } => {
+                    Some((*tenant_id, period.clone()))
+                }
+                DocumentRequest::ById { .. } => None,
+            });
+            match known {
+                Some((tenant_id, period)) => {
+                    Some(draft(pool, tenant_id, &period).await.map_err(db_error)?)
+                }
+                None => None,
+            }
+        }
+    };
+    Ok(found.filter(|d| tenant.is_none_or(|t| t == d.tenant_id)))
+}
+
+/// Invoices and notes, newest period first. Errors are messages for the
+/// RPC caller.
+pub async fn list_documents(pool: &PgPool, request: &ListRequest) -> Result<DocumentList, String> {
+    if let Some(period) = &request.period {
+        parse_period(period)?;
+    }
+    if request.limit == 0 || request.limit > MAX_LIST_LIMIT {
+        return Err(format!("limit must be 1 to {MAX_LIST_LIMIT}"));
+    }
+    let limit = request.limit as i64;
+    let mut invoices: Vec<DocumentSummary> = Vec::new();
+    if request.status != Some(DocumentStatus::Draft) {
+        let rows: Vec<(sqlx::types::Json<InvoiceDocument>,)> = sqlx::query_as(
+            "SELECT document FROM invoice_documents
+             WHERE ($1::UUID IS NULL OR tenant_id = $1) AND ($2::TEXT IS NULL OR period = $2)
+             ORDER BY period DESC, kind <> 'invoice', number
+             LIMIT $3",
+        )
+        .bind(request.tenant_id)
+        .bind(&request.period)
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+        .map_err(db_error)?;
+        invoices.extend(rows.iter().map(|(d,)| DocumentSummary::from(&d.0)));
+    }
+    if request.status != Some(DocumentStatus::Issued) {
+        let mut drafts: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT d.tenant_id, d.period FROM invoice_drafts d
+             WHERE ($1::UUID IS NULL OR d.tenant_id = $1) AND ($2::TEXT IS NULL OR d.period = $2)
+               AND NOT EXISTS (SELECT 1 FROM invoice_documents i WHERE i.id = d.id)
+             ORDER BY d.period DESC, d.tenant_id
+             LIMIT $3",
+        )
+        .bind(request.tenant_id)
+        .bind(&request.period)
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+        .map_err(db_error)?;
+        // A tenant's month with nothing yet still has its (empty) draft.
+        if let (Some(tenant), Some(period), true) =
+            (request.tenant_id, &request.period, drafts.is_empty())
+        {
+            let issued = issued(pool, invoice_id(tenant, period))
+                .await
+                .map_err(db_error)?;
+            if issued.is_none() {
+                drafts.push((tenant, period.clone()));
+            }
+        }
+        for (tenant, period) in drafts {
+            let d = draft(pool, tenant, &period).await.map_err(db_error)?;
+            invoices.push(DocumentSummary::from(&d));
+        }
+    }
+    invoices.sort_by(|a, b| {
+        b.period
+            .cmp(&a.period)
+            .then(a.tenant_id.cmp(&b.tenant_id))
+            .then(
+                (a.kind != lh_rpc::invoice_document::DocumentKind::Invoice)
+                    .cmp(&(b.kind != lh_rpc::invoice_document::DocumentKind::Invoice)),
+            )
+            .then(a.number.cmp(&b.number))
+    });
+    invoices.truncate(request.limit as usize);
+    Ok(DocumentList { invoices })
+}
+
+type CostRow = (String, i32, Option<Decimal>, i64, i64, Decimal);
+
+/// The tenant's spend in an ISO week per tier, against the same usage at
+/// the on-demand price. Errors are messages for the RPC caller.
+pub async fn cost_report(pool: &PgPool, request: &CostReportRequest) -> Result<CostReport, String> {
+    let (from, to) = parse_week(&request.week)?;
+    let rows: Vec<CostRow> = sqlx::query_as(
+        "SELECT l.tier, l.vram_gb, b.basic_price, count(*), sum(l.billed_seconds)::BIGINT,
+                sum(l.amount)
+         FROM invoice_lines l LEFT JOIN price_books b ON b.version = l.price_book_version
+         WHERE l.tenant_id = $1 AND l.from_at >= $2 AND l.from_at < $3
+         GROUP BY l.tier, l.vram_gb, b.basic_price",
+    )
+    .bind(request.tenant_id)
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await
+    .map_err(db_error)?;
+    let mut tiers: BTreeMap<String, (u64, u64, Decimal, Decimal)> = BTreeMap::new();
+    for (tier, vram_gb, basic_price, charges, seconds, spend) in rows {
+        // A book without a basic price compares with what was charged.
+        let on_demand = match basic_price {
+            Some(price) => {
+                Decimal::from(vram_gb) * price * Decimal::from(seconds) / Decimal::from(3600)
+            }
+            None => spend,
+        };
+        let t = tiers.entry(tier).or_default();
+        t.0 += charges as u64;
+        t.1 += seconds as u64;
+        t.2 += spend;
+        t.3 += on_demand;
+    }
+    let tiers = tiers
+        .into_iter()
+        .map(|(tier, (charges, billed_seconds, spend, on_demand))| {
+            let (spend, on_demand) = (money(spend), money(on_demand));
+            TierCost {
+                tier,
+                charges,
+                billed_seconds,
+                spend,
+                on_demand,
+                saving: money(on_demand - spend),
+            }
+        })
+        .collect();
+    Ok(CostReport::new(
+        request.tenant_id,
+        request.week.clone(),
+        (from, to),
+        tiers,
     ))
 }

@@ -14,7 +14,7 @@ async fn invoice_with_lines(stack: &Stack, key: &str, period: &str, lines: usize
         let (status, body) = stack
             .call(
                 Method::GET,
-                &format!("/v1/invoices?period={period}"),
+                &format!("/v1/charges?period={period}"),
                 key,
                 None,
             )
@@ -402,6 +402,10 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
         "/v1/nodes/{id}/drain",
         "/v1/nodes/{id}/uncordon",
         "/v1/invoices",
+        "/v1/invoices/{id}",
+        "/v1/invoices/{id}/csv",
+        "/v1/charges",
+        "/v1/reports/cost",
         "/v1/audit/verify",
         "/v1/tenants/{id}",
         "/v1/tenants/{id}/suspend",
@@ -562,6 +566,29 @@ async fn the_cli_drives_the_flow_against_the_real_gateway() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(shown, "the invoice never showed the lease");
+    // The month's draft is listed, and exports as CSV with the lease's line.
+    let out = lh(&key, &["invoice", "ls", "--period", &period]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let list: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(list["invoices"][0]["status"], "draft", "{list}");
+    assert_eq!(list["invoices"][0]["kind"], "invoice", "{list}");
+    let out = lh(&key, &["invoice", "export", "--period", &period]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with("document,number,status,"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!(",line,{id},")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.lines().last().unwrap().contains(",total,"),
+        "{}",
+        out.stdout
+    );
     // Tables by default.
     let file = key_file(&key);
     let argv: Vec<String> = [

@@ -119,7 +119,7 @@ async fn an_on_demand_lease_preempts_spot_after_the_notice() {
         let (_, inv) = stack
             .call(
                 Method::GET,
-                &format!("/v1/invoices?period={period}"),
+                &format!("/v1/charges?period={period}"),
                 &spot_key,
                 None,
             )

@@ -90,7 +90,7 @@ async fn scheduler_pricing_and_gateway_restart_mid_flow_without_loss_or_doubling
     let (s, invoice) = stack
         .call(
             Method::GET,
-            &format!("/v1/invoices?period={period}"),
+            &format!("/v1/charges?period={period}"),
             &key,
             None,
         )

@@ -24,8 +24,12 @@ use super::{audit, invoices, keys, leases, nodes, spot, tenants, Problem};
         leases::resume,
         nodes::drain,
         nodes::uncordon,
+        invoices::list,
         invoices::show,
         spot::prices,
+        invoices::csv,
+        invoices::charges,
+        invoices::cost_report,
         audit::verify
     ),
     components(schemas(
@@ -35,6 +39,15 @@ use super::{audit, invoices, keys, leases, nodes, spot, tenants, Problem};
         lh_rpc::spot::SpotPrices,
         lh_rpc::spot::SpotMarketView,
         lh_rpc::spot::SpotPricePoint,
+        lh_rpc::invoice_document::InvoiceDocument,
+        lh_rpc::invoice_document::DocumentList,
+        lh_rpc::invoice_document::DocumentSummary,
+        lh_rpc::invoice_document::DocumentKind,
+        lh_rpc::invoice_document::DocumentStatus,
+        lh_rpc::invoice_document::Line,
+        lh_rpc::invoice_document::Credit,
+        lh_rpc::cost_report::CostReport,
+        lh_rpc::cost_report::TierCost,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),

@@ -1,0 +1,987 @@
+//! The ledger: issues invoices, notes and SLA credits, on the decide loop
+//! (`lh_service::decider`).
+//!
+//! [`Ledger`] folds `charge.accrued`, the ledger's own events and the lease
+//! lifecycle (for availability). Once a month and its grace period are
+//! over, it issues each tenant's invoice of that month: every charge of the
+//! tenant and month it has read (the invoice records the log sequence it
+//! read through), plus the credits granted to the month. A charge stored
+//! after that sequence goes on a note instead; an issued invoice is never
+//! rewritten. Every invoice and note is written to the one subject
+//! [`lh_events::subject::invoices`] guarded by its last sequence, so two
+//! replicas cannot give one number twice, nor skip one.
+//!
+//! Availability: a lease moved off a lost node or an unhealthy GPU is down
+//! from the move's `billing_ends_at` until it runs again (or ends). Below
+//! [`sla_percent`] for a tenant's month, a `credit.granted` with its whole
+//! calculation is issued when that month's invoice is, and the next month's
+//! invoice deducts it. The rule is [`share_percent`], documented in
+//! docs/pricing.md.
+//!
+//! Numbers continue from the newest invoice and note the fold has read:
+//! a month is invoiced every month, so the log's age limit (a year) never
+//! takes all of them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use lh_bus::Expect;
+use lh_events::{
+    derived_id, subject, Actor, CreditGranted, DocumentLine, Envelope, EventData, Interruption,
+    InvoiceIssued, InvoiceNoteIssued, NoteKind,
+};
+use lh_rpc::invoice_document::{
+    money, ChargePart, Credit, DocumentStatus, InvoiceDocument, LineAccumulator,
+};
+use lh_service::decider::{Batch, Decider, Pace};
+use rust_decimal::Decimal;
+use uuid::Uuid;
+
+use crate::SERVICE;
+
+/// Subjects the ledger folds.
+pub const FILTERS: &[&str] = &[
+    subject::CHARGES_ALL,
+    subject::INVOICES_ALL,
+    subject::CREDITS_ALL,
+    subject::LEASES_ALL,
+];
+/// How long after its month an invoice stays a draft: late hourly charges
+/// and a lease's final part land on it rather than on a note.
+pub const DEFAULT_INVOICE_GRACE_SECS: i64 = 3 * 24 * 3600;
+/// Longest grace period accepted: a year.
+pub const MAX_INVOICE_GRACE_SECS: i64 = 366 * 24 * 3600;
+/// Most lines one invoice or note carries: its event must fit in one
+/// message. A tenant with more leases in a month waits, with an error in
+/// the log, until the limit is raised.
+pub const MAX_LINES_PER_DOCUMENT: usize = 2_000;
+/// Most interruptions a credit lists (its totals count all of them).
+pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
+/// Most leases whose availability is followed at once; past it, new
+/// leases are not counted (with a warning).
+pub const MAX_WATCHED_LEASES: usize = 1_000_000;
+/// Months back from now an open interruption is counted in.
+const MAX_OPEN_INTERRUPTION_MONTHS: u32 = 12;
+/// The words of the credit rule, carried by every credit.
+pub const CREDIT_RULE: &str = "availability = 100 x (1 - downtime / (billed time + downtime)) over the tenant's leases in the month; below 99.95 % the credit is 10 % of the month's charges of the interrupted leases, below 99.0 % 30 %, below 95.0 % 100 %";
+/// A feed silent this long has delivered everything there is.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// The availability the platform promises, in percent.
+pub fn sla_percent() -> Decimal {
+    Decimal::new(9995, 2)
+}
+
+/// The share of the affected charges credited at `availability_percent`
+/// (none at or above the SLA).
+pub fn share_percent(availability_percent: Decimal) -> Option<Decimal> {
+    if availability_percent < Decimal::from(95) {
+        Some(Decimal::from(100))
+    } else if availability_percent < Decimal::from(99) {
+        Some(Decimal::from(30))
+    } else if availability_percent < sla_percent() {
+        Some(Decimal::from(10))
+    } else {
+        None
+    }
+}
+
+/// First instant of the month `period` (`YYYY-MM`) and of the next one.
+pub fn month_bounds(period: &str) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let (year, month) = lh_rpc::invoice::parse_period(period).ok()?;
+    let start = NaiveDate::from_ymd_opt(year, month, 1)?;
+    let next = if month == 12 {
+        NaiveDate::from_ymd_opt(year + 1, 1, 1)?
+    } else {
+        NaiveDate::from_ymd_opt(year, month + 1, 1)?
+    };
+    Some((
+        Utc.from_utc_datetime(&start.and_hms_opt(0, 0, 0)?),
+        Utc.from_utc_datetime(&next.and_hms_opt(0, 0, 0)?),
+    ))
+}
+
+/// The month after `period`.
+pub fn next_period(period: &str) -> Option<String> {
+    let (_, end) = month_bounds(period)?;
+    Some(period_of(end))
+}
+
+fn period_of(at: DateTime<Utc>) -> String {
+    format!("{:04}-{:02}", at.year(), at.month())
+}
+
+#[derive(Debug, Clone)]
+struct Charge {
+    sequence: u64,
+    id: Uuid,
+    part: ChargePart,
+}
+
+/// What the ledger knows of one tenant's month.
+#[derive(Debug, Default)]
+struct Month {
+    /// Charges on no issued document yet.
+    open: Vec<Charge>,
+    /// Ids of the `open` charges: a charge read twice counts once. Those
+    /// on a document are forgotten (a month of hourly charges is many);
+    /// the charge subject's guard keeps the log from holding one twice.
+    charge_ids: HashSet<Uuid>,
+    /// Every charge of the month: seconds and amount per lease.
+    per_lease: HashMap<Uuid, (u64, Decimal)>,
+    /// The issued invoice: its id and number.
+    issued: Option<(Uuid, u64)>,
+    /// Charges stored at or below this sequence are on a document.
+    covered_through: u64,
+}
+
+/// Interruptions of one tenant's month.
+#[derive(Debug, Default)]
+struct Downtime {
+    seconds: u64,
+    leases: BTreeSet<Uuid>,
+    listed: Vec<Interruption>,
+}
+
+#[derive(Debug, Default)]
+struct Watched {
+    tenant_id: Option<Uuid>,
+    down_since: Option<DateTime<Utc>>,
+}
+
+/// The ledger's state, folded from the log.
+#[derive(Debug)]
+pub struct Ledger {
+    grace: chrono::Duration,
+    /// The newest sequence read from the log (not counting what this
+    /// replica appended itself and has not read back yet).
+    read_through: u64,
+    /// Sequence of the newest event on the ledger subject.
+    ledger_sequence: u64,
+    last_invoice_number: u64,
+    last_note_number: u64,
+    months: BTreeMap<(Uuid, String), Month>,
+    /// Granted credits not on an issued invoice, by the (tenant, period)
+    /// of the invoice that deducts them.
+    pending_credits: BTreeMap<(Uuid, String), Vec<Credit>>,
+    /// (tenant, period measured) of every credit granted.
+    credited: HashSet<(Uuid, String)>,
+    credit_sequences: HashMap<Uuid, u64>,
+    leases: HashMap<Uuid, Watched>,
+    downtime: BTreeMap<(Uuid, String), Downtime>,
+}
+
+impl Ledger {
+    pub fn new(grace: chrono::Duration) -> Self {
+        Self {
+            grace,
+            read_through: 0,
+            ledger_sequence: 0,
+            last_invoice_number: 0,
+            last_note_number: 0,
+            months: BTreeMap::new(),
+            pending_credits: BTreeMap::new(),
+            credited: HashSet::new(),
+            credit_sequences: HashMap::new(),
+            leases: HashMap::new(),
+            downtime: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `period`'s month and grace are over at `now`.
+    fn due(&self, period: &str, now: DateTime<Utc>) -> bool {
+        month_bounds(period).is_some_and(|(_, end)| now >= end + self.grace)
+    }
+
+    fn fold(&mut self, sequence: u64, envelope: &Envelope) {
+        match &envelope.data {
+            EventData::ChargeAccrued(c) => {
+                if month_bounds(&c.period).is_none() {
+                    tracing::warn!(charge = %c.charge_id, period = c.period, "a charge of no valid period; ignored");
+                    return;
+                }
+                let month = self
+                    .months
+                    .entry((c.tenant_id, c.period.clone()))
+                    .or_default();
+                // In the log's order a charge comes before any document
+                // that carries it: one at or below the covered sequence
+                // is a repeat.
+                if sequence <= month.covered_through || !month.charge_ids.insert(c.charge_id) {
+                    return;
+                }
+                let lease = month.per_lease.entry(c.lease_id).or_default();
+                lease.0 = lease.0.saturating_add(c.billed_seconds);
+                lease.1 += c.amount;
+                month.open.push(Charge {
+                    sequence,
+                    id: c.charge_id,
+                    part: ChargePart {
+                        lease_id: c.lease_id,
+                        tier: c.tier.as_str().to_string(),
+                        price_book_version: c.price_book_version,
+                        billed_seconds: c.billed_seconds,
+                        from: c.from,
+                        to: c.to,
+                        amount: c.amount,
+                    },
+                });
+            }
+            EventData::InvoiceIssued(e) => {
+                self.ledger_sequence = self.ledger_sequence.max(sequence);
+                self.last_invoice_number = self.last_invoice_number.max(e.number);
+                let key = (e.tenant_id, e.period.clone());
+                let month = self.months.entry(key.clone()).or_default();
+                if month.issued.is_some() {
+                    return;
+                }
+                month.issued = Some((e.invoice_id, e.number));
+                cover(month, e.charges_through_sequence);
+                // Credits it deducts are used; any other meant for this
+                // month (granted while it was being issued) moves on.
+                let mut pending = self.pending_credits.remove(&key).unwrap_or_default();
+                pending.retain(|p| !e.credits.iter().any(|c| c.credit_id == p.credit_id));
+                if !pending.is_empty() {
+                    if let Some(next) = next_period(&e.period) {
+                        self.pending_credits
+                            .entry((e.tenant_id, next))
+                            .or_default()
+                            .extend(pending);
+                    }
+                }
+            }
+            EventData::InvoiceNoteIssued(e) => {
+                self.ledger_sequence = self.ledger_sequence.max(sequence);
+                self.last_note_number = self.last_note_number.max(e.number);
+                let month = self
+                    .months
+                    .entry((e.tenant_id, e.period.clone()))
+                    .or_default();
+                cover(month, e.charges_through_sequence);
+            }
+            EventData::CreditGranted(e) => {
+                let seen = self.credit_sequences.entry(e.tenant_id).or_default();
+                *seen = (*seen).max(sequence);
+                if !self.credited.insert((e.tenant_id, e.period.clone())) {
+                    return;
+                }
+                // Deducted by the first invoice not issued yet.
+                let mut period = e.applies_to_period.clone();
+                for _ in 0..MAX_OPEN_INTERRUPTION_MONTHS {
+                    let issued = self
+                        .months
+                        .get(&(e.tenant_id, period.clone()))
+                        .is_some_and(|m| m.issued.is_some());
+                    match next_period(&period) {
+                        Some(next) if issued => period = next,
+                        _ => break,
+                    }
+                }
+                self.pending_credits
+                    .entry((e.tenant_id, period))
+                    .or_default()
+                    .push(Credit {
+                        credit_id: e.credit_id,
+                        period: e.period.clone(),
+                        amount: e.amount,
+                    });
+            }
+            EventData::LeaseRequested(e) => {
+                if self.leases.len() >= MAX_WATCHED_LEASES {
+                    tracing::warn!(lease = %e.lease_id, limit = MAX_WATCHED_LEASES,
+                        "too many leases followed for availability; this one is not");
+                    return;
+                }
+                self.leases.entry(e.lease_id).or_default().tenant_id = Some(e.tenant_id);
+            }
+            // A drain ("node <id> drained") is planned maintenance, not a
+            // failure.
+            EventData::LeaseMigrated(e) if !e.reason.ends_with(" drained") => {
+                if let Some(w) = self.leases.get_mut(&e.lease_id) {
+                    w.down_since.get_or_insert(e.billing_ends_at);
+                }
+            }
+            EventData::LeaseStarted(e) => {
+                let down = self.leases.get_mut(&e.lease_id).and_then(|w| {
+                    let since = w.down_since.take()?;
+                    Some((w.tenant_id?, since))
+                });
+                if let Some((tenant, since)) = down {
+                    self.record_down(tenant, e.lease_id, since, e.started_at);
+                }
+            }
+            EventData::LeaseEnded(e) => {
+                if let Some(w) = self.leases.remove(&e.lease_id) {
+                    if let (Some(tenant), Some(since)) = (w.tenant_id, w.down_since) {
+                        self.record_down(tenant, e.lease_id, since, e.ended_at);
+                    }
+                }
+            }
+            EventData::LeaseRejected(e) => {
+                self.leases.remove(&e.lease_id);
+            }
+            // A lease whose request expired from the log before this fold
+            // read it: its history, carried forward, tells who it is for
+            // and whether it is down.
+            EventData::LeaseRestated(r) if !self.leases.contains_key(&r.lease_id) => {
+                for stated in &r.history {
+                    self.fold(stated.sequence, &stated.envelope);
+                }
+                if let Some(w) = self.leases.get_mut(&r.lease_id) {
+                    w.tenant_id.get_or_insert(r.tenant_id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Records that `lease` was down over `[from, to)`, month by month.
+    fn record_down(&mut self, tenant: Uuid, lease: Uuid, from: DateTime<Utc>, to: DateTime<Utc>) {
+        for (period, interruption) in split_by_month(lease, from, to) {
+            let d = self.downtime.entry((tenant, period)).or_default();
+            d.seconds = d.seconds.saturating_add(interruption.seconds);
+            d.leases.insert(lease);
+            if d.listed.len() < MAX_INTERRUPTIONS_LISTED {
+                d.listed.push(interruption);
+            }
+        }
+    }
+
+    /// The credit the tenant's availability in `period` calls for, if any.
+    fn sla_credit(&self, tenant: Uuid, period: &str, now: DateTime<Utc>) -> Option<CreditGranted> {
+        let (start, end) = month_bounds(period)?;
+        let mut seconds = 0u64;
+        let mut leases = BTreeSet::new();
+        let mut listed = Vec::new();
+        if let Some(d) = self.downtime.get(&(tenant, period.to_string())) {
+            seconds = d.seconds;
+            leases.extend(d.leases.iter().copied());
+            listed.extend(d.listed.iter().cloned());
+        }
+        // Leases still down count until now or the month's end.
+        let mut open: Vec<_> = self
+            .leases
+            .iter()
+            .filter(|(_, w)| w.tenant_id == Some(tenant))
+            .filter_map(|(id, w)| Some((*id, w.down_since?)))
+            .collect();
+        open.sort();
+        for (lease, since) in open {
+            let (from, to) = (since.max(start), now.min(end));
+            if let Some((_, i)) = split_by_month(lease, from, to).into_iter().next() {
+                seconds = seconds.saturating_add(i.seconds);
+                leases.insert(lease);
+                if listed.len() < MAX_INTERRUPTIONS_LISTED {
+                    listed.push(i);
+                }
+            }
+        }
+        if seconds == 0 {
+            return None;
+        }
+        let month = self.months.get(&(tenant, period.to_string()));
+        let billed: u64 = month.map_or(0, |m| m.per_lease.values().map(|v| v.0).sum());
+        let lease_seconds = billed.saturating_add(seconds);
+        let availability = (Decimal::from(100)
+            * (Decimal::ONE - Decimal::from(seconds) / Decimal::from(lease_seconds)))
+        .trunc_with_scale(4);
+        let share = share_percent(availability)?;
+        let affected: Decimal = month.map_or(Decimal::ZERO, |m| {
+            leases
+                .iter()
+                .filter_map(|l| m.per_lease.get(l))
+                .map(|v| v.1)
+                .sum()
+        });
+        let amount = money(-(affected * share / Decimal::from(100)));
+        if amount >= Decimal::ZERO {
+            return None;
+        }
+        Some(CreditGranted {
+            credit_id: derived_id(&["credit", &tenant.to_string(), period]),
+            tenant_id: tenant,
+            period: period.to_string(),
+            applies_to_period: next_period(period)?,
+            currency: lh_domain::rating::CURRENCY.to_string(),
+            downtime_seconds: seconds,
+            lease_seconds,
+            availability_percent: availability,
+            sla_percent: sla_percent(),
+            rule: CREDIT_RULE.to_string(),
+            share_percent: share,
+            affected_charges: money(affected),
+            amount,
+            interruptions: listed,
+        })
+    }
+
+    /// Credits for every tenant's month that is due and not credited.
+    fn credits(&self, now: DateTime<Utc>) -> Vec<CreditGranted> {
+        let mut candidates: BTreeSet<(Uuid, String)> = self.downtime.keys().cloned().collect();
+        for w in self.leases.values() {
+            let (Some(tenant), Some(since)) = (w.tenant_id, w.down_since) else {
+                continue;
+            };
+            let mut period = period_of(since);
+            for _ in 0..MAX_OPEN_INTERRUPTION_MONTHS {
+                if !self.due(&period, now) {
+                    break;
+                }
+                candidates.insert((tenant, period.clone()));
+                match next_period(&period) {
+                    Some(next) => period = next,
+                    None => break,
+                }
+            }
+        }
+        candidates
+            .into_iter()
+            .filter(|(tenant, period)| {
+                self.due(period, now) && !self.credited.contains(&(*tenant, period.clone()))
+            })
+            .filter_map(|(tenant, period)| self.sla_credit(tenant, &period, now))
+            .collect()
+    }
+
+    fn lines_of(charges: &[Charge]) -> Vec<lh_rpc::invoice_document::Line> {
+        let mut acc = LineAccumulator::default();
+        for c in charges {
+            acc.add(&c.part);
+        }
+        acc.lines()
+    }
+
+    /// The invoices due now, numbered from the next free number on.
+    fn invoices(&self, now: DateTime<Utc>) -> Vec<InvoiceIssued> {
+        let mut keys: BTreeSet<(Uuid, String)> = self
+            .months
+            .iter()
+            .filter(|(_, m)| m.issued.is_none() && !m.open.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.extend(
+            self.pending_credits
+                .iter()
+                .filter(|(k, credits)| {
+                    !credits.is_empty() && self.months.get(k).is_none_or(|m| m.issued.is_none())
+                })
+                .map(|(k, _)| k.clone()),
+        );
+        let mut number = self.last_invoice_number;
+        let mut out = Vec::new();
+        for (tenant, period) in keys {
+            if !self.due(&period, now) {
+                continue;
+            }
+            let open = self
+                .months
+                .get(&(tenant, period.clone()))
+                .map_or(&[][..], |m| &m.open[..]);
+            let lines = Self::lines_of(open);
+            if lines.len() > MAX_LINES_PER_DOCUMENT {
+                tracing::error!(%tenant, period, lines = lines.len(), limit = MAX_LINES_PER_DOCUMENT,
+                    "an invoice has too many lines to issue; it stays a draft");
+                continue;
+            }
+            let credits = self
+                .pending_credits
+                .get(&(tenant, period.clone()))
+                .cloned()
+                .unwrap_or_default();
+            number += 1;
+            let document = InvoiceDocument {
+                status: DocumentStatus::Issued,
+                number: Some(lh_rpc::invoice_document::invoice_number(number)),
+                issued_at: Some(now),
+                ..InvoiceDocument::draft(tenant, &period, self.read_through, lines, credits)
+            }
+            .sealed();
+            out.push(InvoiceIssued {
+                invoice_id: document.id,
+                number,
+                tenant_id: tenant,
+                period,
+                currency: document.currency.clone(),
+                issued_at: now,
+                charges_through_sequence: self.read_through,
+                lines: document.lines.iter().map(DocumentLine::from).collect(),
+                credits: document.credits.iter().map(Into::into).collect(),
+                total: document.total,
+                content_hash: document.content_hash,
+            });
+        }
+        out
+    }
+
+    /// Notes for charges that came after their invoice.
+    fn notes(&self, now: DateTime<Utc>) -> Vec<InvoiceNoteIssued> {
+        let mut number = self.last_note_number;
+        let mut out = Vec::new();
+        for ((tenant, period), month) in &self.months {
+            let Some((invoice_id, invoice_number)) = month.issued else {
+                continue;
+            };
+            if month.open.is_empty() {
+                continue;
+            }
+            let lines = Self::lines_of(&month.open);
+            if lines.len() > MAX_LINES_PER_DOCUMENT {
+                tracing::error!(%tenant, period, lines = lines.len(), limit = MAX_LINES_PER_DOCUMENT,
+                    "a note has too many lines to issue");
+                continue;
+            }
+            number += 1;
+            let note_id = derived_id(&[
+                "invoice_note",
+                &invoice_id.to_string(),
+                &self.read_through.to_string(),
+            ]);
+            let mut document = InvoiceDocument {
+                id: note_id,
+                status: DocumentStatus::Issued,
+                number: Some(lh_rpc::invoice_document::note_number(number)),
+                refers_to: Some(invoice_id),
+                refers_to_number: Some(lh_rpc::invoice_document::invoice_number(invoice_number)),
+                issued_at: Some(now),
+                charges_after_sequence: month.covered_through,
+                ..InvoiceDocument::draft(*tenant, period, self.read_through, lines, vec![])
+            }
+            .sealed();
+            let kind = if document.total < Decimal::ZERO {
+                document.kind = lh_rpc::invoice_document::DocumentKind::CreditNote;
+                NoteKind::Credit
+            } else {
+                document.kind = lh_rpc::invoice_document::DocumentKind::DebitNote;
+                NoteKind::Debit
+            };
+            let document = document.sealed();
+            out.push(InvoiceNoteIssued {
+                note_id,
+                number,
+                kind,
+                invoice_id,
+                invoice_number,
+                tenant_id: *tenant,
+                period: period.clone(),
+                currency: document.currency.clone(),
+                issued_at: now,
+                charges_after_sequence: month.covered_through,
+                charges_through_sequence: self.read_through,
+                lines: document.lines.iter().map(DocumentLine::from).collect(),
+                total: document.total,
+                content_hash: document.content_hash,
+            });
+        }
+        out
+    }
+}
+
+/// Marks the month's charges up to `through` as on a document.
+fn cover(month: &mut Month, through: u64) {
+    month.covered_through = month.covered_through.max(through);
+    let ids = &mut month.charge_ids;
+    month.open.retain(|c| {
+        let keep = c.sequence > through;
+        if !keep {
+            ids.remove(&c.id);
+        }
+        keep
+    });
+}
+
+/// `[from, to)` of `lease` cut at month boundaries, with each part's month.
+fn split_by_month(
+    lease: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Vec<(String, Interruption)> {
+    let mut out = Vec::new();
+    let mut at = from;
+    while at < to {
+        let period = period_of(at);
+        let Some((_, end)) = month_bounds(&period) else {
+            break;
+        };
+        let part_end = end.min(to);
+        let seconds = (part_end - at).num_seconds().max(0) as u64;
+        out.push((
+            period,
+            Interruption {
+                lease_id: lease,
+                from: at,
+                to: part_end,
+                seconds,
+            },
+        ));
+        at = part_end;
+    }
+    out
+}
+
+fn envelope(now: DateTime<Utc>, id: Uuid, data: EventData) -> Envelope {
+    Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(id)
+}
+
+impl Decider for Ledger {
+    type Signal = std::convert::Infallible;
+
+    fn name(&self) -> &'static str {
+        "lh-pricing-ledger"
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        FILTERS
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: QUIET,
+            ..Pace::default()
+        }
+    }
+
+    fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.fold(sequence, envelope);
+    }
+
+    fn apply_stored(&mut self, sequence: u64, _stored_at: DateTime<Utc>, envelope: &Envelope) {
+        self.read_through = self.read_through.max(sequence);
+        self.fold(sequence, envelope);
+    }
+
+    fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let mut decisions: Vec<Batch> = Vec::new();
+        for credit in self.credits(now) {
+            let guard = self
+                .credit_sequences
+                .get(&credit.tenant_id)
+                .copied()
+                .unwrap_or(0);
+            let id = credit.credit_id;
+            decisions.push(vec![(
+                envelope(now, id, EventData::CreditGranted(credit)),
+                Expect::LastSubjectSequence(guard),
+            )]);
+        }
+        // One guard for every document: the loop moves it along as each
+        // is stored, and a conflict sends it back to read the log.
+        let guard = Expect::LastSubjectSequence(self.ledger_sequence);
+        for invoice in self.invoices(now) {
+            let id = invoice.invoice_id;
+            decisions.push(vec![(
+                envelope(now, id, EventData::InvoiceIssued(invoice)),
+                guard,
+            )]);
+        }
+        for note in self.notes(now) {
+            let id = note.note_id;
+            decisions.push(vec![(
+                envelope(now, id, EventData::InvoiceNoteIssued(note)),
+                guard,
+            )]);
+        }
+        decisions
+    }
+
+    fn appended(&mut self, batch: &Batch) {
+        for (envelope, _) in batch {
+            let kind = envelope.data.event_type();
+            metrics::counter!("lh_ledger_documents_total", "type" => kind).increment(1);
+            tracing::info!(event = kind, id = %envelope.id, "ledger: issued");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lh_events::{ChargeAccrued, Tier};
+
+    const TENANT: Uuid = Uuid::from_u128(1);
+    const LEASE: Uuid = Uuid::from_u128(2);
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn charge(n: u128, from: &str, seconds: i64, amount: &str) -> Envelope {
+        let from = at(from);
+        envelope(
+            from,
+            Uuid::from_u128(100 + n),
+            EventData::ChargeAccrued(ChargeAccrued {
+                charge_id: Uuid::from_u128(100 + n),
+                tenant_id: TENANT,
+                lease_id: LEASE,
+                period: period_of(from),
+                tier: Tier::Basic,
+                gpus: 1,
+                vram_gb: 80,
+                from,
+                to: from + chrono::Duration::seconds(seconds),
+                billed_seconds: seconds as u64,
+                unit_price_cny_per_gb_hour: "0.5".parse().unwrap(),
+                amount: amount.parse().unwrap(),
+                currency: "CNY".into(),
+                price_book_version: 1,
+            }),
+        )
+    }
+
+    /// Appends what the ledger decides, as the loop would, at `next` on.
+    fn store(ledger: &mut Ledger, next: &mut u64, now: DateTime<Utc>) -> Vec<Envelope> {
+        let mut out = Vec::new();
+        for batch in ledger.decide(now) {
+            for (env, expect) in batch {
+                if let (
+                    EventData::InvoiceIssued(_) | EventData::InvoiceNoteIssued(_),
+                    Expect::LastSubjectSequence(s),
+                ) = (&env.data, expect)
+                {
+                    assert!(s <= ledger.ledger_sequence);
+                }
+                *next += 1;
+                ledger.apply(*next, &env);
+                out.push(env);
+            }
+        }
+        out
+    }
+
+    /// The one invoice among `out`.
+    fn only_invoice(out: &[Envelope]) -> &InvoiceIssued {
+        match out {
+            [Envelope {
+                data: EventData::InvoiceIssued(invoice),
+                ..
+            }] => invoice,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The one note among `out`.
+    fn only_note(out: &[Envelope]) -> &InvoiceNoteIssued {
+        match out {
+            [Envelope {
+                data: EventData::InvoiceNoteIssued(note),
+                ..
+            }] => note,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_month_is_issued_after_its_grace_and_late_charges_go_on_a_note() {
+        let mut ledger = Ledger::new(chrono::Duration::hours(1));
+        ledger.apply_stored(
+            1,
+            Utc::now(),
+            &charge(1, "2026-11-03T01:00:00Z", 3600, "40.00"),
+        );
+        ledger.apply_stored(
+            2,
+            Utc::now(),
+            &charge(2, "2026-11-30T23:00:00Z", 3600, "40.00"),
+        );
+        let mut next = 2;
+        assert!(store(&mut ledger, &mut next, at("2026-12-01T00:59:59Z")).is_empty());
+        let issued = store(&mut ledger, &mut next, at("2026-12-01T01:00:00Z"));
+        let invoice = only_invoice(&issued);
+        assert_eq!(
+            (invoice.number, invoice.total.to_string()),
+            (1, "80.00".into())
+        );
+        assert_eq!(invoice.lines.len(), 1);
+        assert_eq!(invoice.lines[0].charges, 2);
+        assert!(InvoiceDocument::from_invoice(invoice).verify());
+        // Nothing more to do, however often it is asked.
+        assert!(store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z")).is_empty());
+        // A correction arrives: a note, the invoice untouched.
+        next += 1;
+        ledger.apply_stored(
+            next,
+            Utc::now(),
+            &charge(3, "2026-11-30T23:00:00Z", 0, "-5.00"),
+        );
+        let notes = store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z"));
+        let note = only_note(&notes);
+        assert_eq!(
+            (note.number, note.kind, note.invoice_number),
+            (1, NoteKind::Credit, 1)
+        );
+        assert_eq!(note.total.to_string(), "-5.00");
+        assert_eq!(
+            note.charges_after_sequence,
+            invoice.charges_through_sequence
+        );
+        assert!(InvoiceDocument::from_note(note).verify());
+        assert!(store(&mut ledger, &mut next, at("2026-12-03T00:00:00Z")).is_empty());
+    }
+
+    #[test]
+    fn a_charge_stored_while_the_invoice_was_decided_is_not_lost() {
+        // Another replica issued through sequence 1; a charge stored at 2
+        // came before its invoice (at 3) in the log.
+        let mut other = Ledger::new(chrono::Duration::zero());
+        other.apply_stored(
+            1,
+            Utc::now(),
+            &charge(1, "2026-11-03T01:00:00Z", 3600, "1.00"),
+        );
+        let issued = other
+            .decide(at("2026-12-01T00:00:00Z"))
+            .remove(0)
+            .remove(0)
+            .0;
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        ledger.apply_stored(
+            1,
+            Utc::now(),
+            &charge(1, "2026-11-03T01:00:00Z", 3600, "1.00"),
+        );
+        ledger.apply_stored(
+            2,
+            Utc::now(),
+            &charge(2, "2026-11-03T02:00:00Z", 3600, "2.00"),
+        );
+        ledger.apply_stored(3, Utc::now(), &issued);
+        let mut next = 3;
+        let notes = store(&mut ledger, &mut next, at("2026-12-01T00:00:01Z"));
+        let note = only_note(&notes);
+        assert_eq!(
+            (note.total.to_string(), note.kind),
+            ("2.00".into(), NoteKind::Debit)
+        );
+        assert_eq!(
+            (note.charges_after_sequence, note.charges_through_sequence),
+            (1, 3)
+        );
+    }
+
+    #[test]
+    fn numbers_follow_each_other_without_gaps() {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        let mut next = 0;
+        for (n, month) in ["2026-09", "2026-10", "2026-11"].iter().enumerate() {
+            next += 1;
+            let from = format!("{month}-02T00:00:00Z");
+            ledger.apply_stored(next, Utc::now(), &charge(n as u128, &from, 60, "1.00"));
+        }
+        let issued = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let numbers: Vec<u64> = issued
+            .iter()
+            .map(|e| match &e.data {
+                EventData::InvoiceIssued(i) => i.number,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(numbers, [1, 2, 3]);
+    }
+
+    fn lease_event(data: EventData) -> Envelope {
+        Envelope::new(Actor::Admin, Utc::now(), data)
+    }
+
+    /// A lease billed 100 hours in November and moved for `reason`, down
+    /// for 1 hour.
+    fn interrupted(reason: &str) -> Ledger {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        let request =
+            lh_events::fixtures::whole_request(LEASE, TENANT, 1, lh_events::fixtures::MODEL);
+        let migrated = lh_events::LeaseMigrated {
+            lease_id: LEASE,
+            reason: reason.into(),
+            from_node_id: "n1".into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: at("2026-11-10T00:00:00Z"),
+            to: None,
+        };
+        let started = lh_events::fixtures::started(LEASE, "n2", at("2026-11-10T01:00:00Z"));
+        for (sequence, event) in [
+            lease_event(EventData::LeaseRequested(request)),
+            charge(1, "2026-11-02T00:00:00Z", 360_000, "100.00"),
+            lease_event(EventData::LeaseMigrated(migrated)),
+            lease_event(EventData::LeaseStarted(started)),
+        ]
+        .iter()
+        .enumerate()
+        {
+            ledger.apply_stored(sequence as u64 + 1, Utc::now(), event);
+        }
+        ledger
+    }
+
+    #[test]
+    fn a_drain_is_no_failure() {
+        let mut ledger = interrupted("node n1 drained");
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert!(matches!(
+            &out[..],
+            [Envelope {
+                data: EventData::InvoiceIssued(_),
+                ..
+            }]
+        ));
+        // A node that happens to be named so is still lost.
+        let mut ledger = interrupted("node drained lost");
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert!(
+            matches!(&out[0].data, EventData::CreditGranted(_)),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_node_below_the_sla_earns_a_credit_on_the_next_invoice() {
+        // 100 hours billed, 1 hour down: 99.0099 % available.
+        let mut ledger = interrupted("node n1 lost");
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let EventData::CreditGranted(credit) = &out[0].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(
+            (credit.downtime_seconds, credit.lease_seconds),
+            (3600, 363_600)
+        );
+        assert_eq!(credit.availability_percent.to_string(), "99.0099");
+        assert_eq!(credit.share_percent, Decimal::from(10));
+        assert_eq!(credit.amount.to_string(), "-10.00");
+        assert_eq!(credit.applies_to_period, "2026-12");
+        assert!(matches!(&out[1].data, EventData::InvoiceIssued(i) if i.credits.is_empty()));
+        // December's invoice deducts it.
+        next += 1;
+        ledger.apply_stored(
+            next,
+            Utc::now(),
+            &charge(9, "2026-12-02T00:00:00Z", 3600, "1.00"),
+        );
+        let out = store(&mut ledger, &mut next, at("2027-01-01T00:00:00Z"));
+        let dec = only_invoice(&out);
+        assert_eq!(dec.credits.len(), 1);
+        assert_eq!(dec.total.to_string(), "-9.00");
+        assert!(store(&mut ledger, &mut next, at("2027-02-01T00:00:00Z")).is_empty());
+    }
+
+    #[test]
+    fn the_credit_bands() {
+        let p = |s: &str| share_percent(s.parse().unwrap()).map(|d| d.to_string());
+        assert_eq!(p("99.95"), None);
+        assert_eq!(p("99.9499"), Some("10".into()));
+        assert_eq!(p("99.0"), Some("10".into()));
+        assert_eq!(p("98.9999"), Some("30".into()));
+        assert_eq!(p("94.9"), Some("100".into()));
+        assert_eq!(next_period("2026-12").as_deref(), Some("2027-01"));
+        assert_eq!(
+            split_by_month(
+                LEASE,
+                at("2026-11-30T23:00:00Z"),
+                at("2026-12-01T01:00:00Z")
+            )
+            .len(),
+            2
+        );
+    }
+}
