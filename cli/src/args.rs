@@ -389,6 +389,10 @@ pub enum Tier {
     Basic,
     /// Cheaper, preemptible capacity.
     Spot,
+    /// Guaranteed capacity on a price ladder that falls with the lease's age.
+    Performance,
+    /// Covered by the tenant's reservation; beyond it, billed as basic.
+    Reserved,
 }
 
 impl Tier {
@@ -397,6 +401,8 @@ impl Tier {
         match self {
             Tier::Basic => "basic",
             Tier::Spot => "spot",
+            Tier::Performance => "performance",
+            Tier::Reserved => "reserved",
         }
     }
 }

@@ -194,6 +194,9 @@ mod tests {
             amount: 1.into(),
             currency: "CNY".into(),
             price_book_version: 1,
+            age_seconds: None,
+            priced_gb_seconds: None,
+            reservation_id: None,
         });
         // A charge is written on its own subject, not the lease's: guarded
         // lease writers must not count it.
