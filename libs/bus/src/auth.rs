@@ -184,13 +184,19 @@ pub fn service_permissions(service: Publisher) -> Permissions {
         Publisher::Gateway => p.publish.extend([
             subject::RPC_AUDIT_VERIFY.to_string(),
             subject::RPC_PRICING_INVOICE.to_string(),
+            subject::RPC_PRICING_PRICE_BOOKS.to_string(),
+            subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
             p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
         }
         Publisher::Pricing => {
-            p.subscribe.push(subject::RPC_PRICING_INVOICE.to_string());
+            p.subscribe.extend([
+                subject::RPC_PRICING_INVOICE.to_string(),
+                subject::RPC_PRICING_PRICE_BOOKS.to_string(),
+                subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
+            ]);
             p.allow_responses = true;
         }
         Publisher::Audit => {

@@ -112,7 +112,156 @@ pub fn default_price_book(effective_from: DateTime<Utc>) -> PriceBookPublished {
                 model: flat(RESERVED_CNY_PER_GB_HOUR),
             },
         ],
+        requested_by: None,
     }
+}
+
+/// Most tiers a book may price, and most steps of one ladder.
+pub const MAX_BOOK_TIERS: usize = Tier::ALL.len();
+pub const MAX_LADDER_STEPS: usize = 32;
+/// Highest price a book may set, CNY per GB-hour (or per GB-package): a
+/// typo of several orders of magnitude is refused, not billed.
+pub const MAX_PRICE_CNY: Decimal = Decimal::from_parts(10_000, 0, 0, false, 0);
+/// Longest package, in hours (a year).
+pub const MAX_HOURS_PER_PACKAGE: u32 = 366 * 24;
+/// Most decimal places of a price.
+pub const MAX_PRICE_SCALE: u32 = 6;
+
+/// Why a price book is refused: the field (a JSON path into the book) and
+/// what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {detail}")]
+pub struct BookError {
+    pub field: String,
+    pub detail: String,
+}
+
+impl BookError {
+    pub fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+fn check_price(field: &str, price: Decimal) -> Result<(), BookError> {
+    if price < Decimal::ZERO {
+        return Err(BookError::new(field, "a price must not be negative"));
+    }
+    if price > MAX_PRICE_CNY {
+        return Err(BookError::new(
+            field,
+            format!("a price must be at most {MAX_PRICE_CNY}"),
+        ));
+    }
+    if price.normalize().scale() > MAX_PRICE_SCALE {
+        return Err(BookError::new(
+            field,
+            format!("a price has at most {MAX_PRICE_SCALE} decimal places"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_steps(field: &str, steps: &[PriceStep]) -> Result<(), BookError> {
+    if steps.is_empty() || steps.len() > MAX_LADDER_STEPS {
+        return Err(BookError::new(
+            field,
+            format!("a ladder has 1 to {MAX_LADDER_STEPS} steps"),
+        ));
+    }
+    for (i, step) in steps.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        if i == 0 && step.from_hour != 0 {
+            return Err(BookError::new(
+                format!("{at}.from_hour"),
+                "the first step starts at hour 0",
+            ));
+        }
+        if i > 0 && step.from_hour <= steps[i - 1].from_hour {
+            return Err(BookError::new(
+                format!("{at}.from_hour"),
+                "steps must start at rising hours",
+            ));
+        }
+        check_price(
+            &format!("{at}.price_cny_per_gb_hour"),
+            step.price_cny_per_gb_hour,
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether a book is one pricing can charge with: a currency of
+/// [`CURRENCY`], each tier priced once, ladders starting at hour 0 and
+/// rising, prices from 0 to [`MAX_PRICE_CNY`], `market` for spot only.
+/// Versions are checked against the log by whoever publishes.
+pub fn validate_book(book: &PriceBookPublished) -> Result<(), BookError> {
+    if book.version == 0 {
+        return Err(BookError::new("version", "versions start at 1"));
+    }
+    if book.currency != CURRENCY {
+        return Err(BookError::new(
+            "currency",
+            format!("the currency is {CURRENCY}"),
+        ));
+    }
+    if book.tiers.is_empty() || book.tiers.len() > MAX_BOOK_TIERS {
+        return Err(BookError::new(
+            "tiers",
+            format!("a book prices 1 to {MAX_BOOK_TIERS} tiers"),
+        ));
+    }
+    for (i, price) in book.tiers.iter().enumerate() {
+        let at = format!("tiers[{i}]");
+        if book.tiers[..i].iter().any(|t| t.tier == price.tier) {
+            return Err(BookError::new(
+                format!("{at}.tier"),
+                format!("tier {} is priced twice", price.tier.as_str()),
+            ));
+        }
+        check_price(
+            &format!("{at}.price_cny_per_gb_hour"),
+            price.price_cny_per_gb_hour,
+        )?;
+        let model_at = format!("{at}.model");
+        match &price.model {
+            None => {}
+            Some(ChargeModel::Market) if price.tier != Tier::Spot => {
+                return Err(BookError::new(
+                    format!("{model_at}.kind"),
+                    "only the spot tier follows the market",
+                ))
+            }
+            Some(ChargeModel::Market) => {}
+            Some(ChargeModel::Flat {
+                price_cny_per_gb_hour,
+            }) => check_price(
+                &format!("{model_at}.price_cny_per_gb_hour"),
+                *price_cny_per_gb_hour,
+            )?,
+            Some(ChargeModel::Graduated { steps }) | Some(ChargeModel::Volume { steps }) => {
+                check_steps(&format!("{model_at}.steps"), steps)?
+            }
+            Some(ChargeModel::Package {
+                hours_per_package,
+                price_cny_per_gb_package,
+            }) => {
+                if !(1..=MAX_HOURS_PER_PACKAGE).contains(hours_per_package) {
+                    return Err(BookError::new(
+                        format!("{model_at}.hours_per_package"),
+                        format!("a package is 1 to {MAX_HOURS_PER_PACKAGE} hours"),
+                    ));
+                }
+                check_price(
+                    &format!("{model_at}.price_cny_per_gb_package"),
+                    *price_cny_per_gb_package,
+                )?
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The headline price of `tier` in `book` (see [`TierPrice`]).
@@ -657,6 +806,70 @@ mod tests {
             hourly_charge_id(lease, at(5, 0)),
             hourly_charge_id(lease, at(6, 0))
         );
+    }
+
+    #[test]
+    fn a_book_is_refused_naming_the_field_at_fault() {
+        let good = default_price_book(at(0, 0));
+        assert_eq!(validate_book(&good), Ok(()));
+        let refused = |edit: &dyn Fn(&mut PriceBookPublished)| {
+            let mut book = good.clone();
+            edit(&mut book);
+            validate_book(&book).unwrap_err().field
+        };
+        let ladder = |steps: Vec<(u32, &'static str)>| {
+            move |b: &mut PriceBookPublished| {
+                b.tiers[1].model = Some(ChargeModel::Graduated {
+                    steps: steps
+                        .iter()
+                        .map(|(h, p)| PriceStep {
+                            from_hour: *h,
+                            price_cny_per_gb_hour: dec(p),
+                        })
+                        .collect(),
+                })
+            }
+        };
+        assert_eq!(
+            refused(&ladder(vec![(1, "2")])),
+            "tiers[1].model.steps[0].from_hour"
+        );
+        assert_eq!(
+            refused(&ladder(vec![(0, "2"), (3, "1"), (3, "1")])),
+            "tiers[1].model.steps[2].from_hour"
+        );
+        assert_eq!(
+            refused(&ladder(vec![(0, "2"), (3, "-1")])),
+            "tiers[1].model.steps[1].price_cny_per_gb_hour"
+        );
+        assert_eq!(refused(&ladder(vec![])), "tiers[1].model.steps");
+        assert_eq!(
+            refused(&|b| b.tiers[0].price_cny_per_gb_hour = dec("-0.1")),
+            "tiers[0].price_cny_per_gb_hour"
+        );
+        assert_eq!(
+            refused(&|b| b.tiers[0].price_cny_per_gb_hour = dec("0.0000001")),
+            "tiers[0].price_cny_per_gb_hour"
+        );
+        assert_eq!(refused(&|b| b.tiers[3].tier = Tier::Basic), "tiers[3].tier");
+        assert_eq!(
+            refused(&|b| b.tiers[0].model = Some(ChargeModel::Market)),
+            "tiers[0].model.kind"
+        );
+        assert_eq!(
+            refused(&|b| b.tiers[0].model = Some(ChargeModel::Package {
+                hours_per_package: 0,
+                price_cny_per_gb_package: dec("1")
+            })),
+            "tiers[0].model.hours_per_package"
+        );
+        assert_eq!(refused(&|b| b.currency = "USD".into()), "currency");
+        assert_eq!(refused(&|b| b.version = 0), "version");
+        assert_eq!(refused(&|b| b.tiers.clear()), "tiers");
+        // Free is a price.
+        let mut free = good.clone();
+        free.tiers[0].price_cny_per_gb_hour = Decimal::ZERO;
+        assert_eq!(validate_book(&free), Ok(()));
     }
 
     mod splits {

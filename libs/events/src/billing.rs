@@ -54,6 +54,10 @@ pub struct PriceBookPublished {
     pub currency: String,
     pub effective_from: DateTime<Utc>,
     pub tiers: Vec<TierPrice>,
+    /// Who asked pricing to publish this version (an admin through the
+    /// gateway); absent for the default book.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<crate::Actor>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -37,6 +37,10 @@ pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
 /// Request/reply subject on which pricing answers invoice requests.
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
+/// Request/reply subject on which pricing lists the price books.
+pub const RPC_PRICING_PRICE_BOOKS: &str = "lh.rpc.pricing.price_books";
+/// Request/reply subject on which pricing publishes a new price book.
+pub const RPC_PRICING_PUBLISH_PRICE_BOOK: &str = "lh.rpc.pricing.price_books.publish";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")

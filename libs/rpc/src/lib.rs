@@ -8,3 +8,4 @@
 
 pub mod audit;
 pub mod invoice;
+pub mod price_book;

@@ -18,8 +18,7 @@ use chrono::{DateTime, Utc};
 use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
 use lh_domain::rating::{self, Segment};
 use lh_events::{
-    derived_id, subject, Actor, ChargeAccrued, EndReason, Envelope, EventData, PriceBookPublished,
-    Tier,
+    subject, Actor, ChargeAccrued, EndReason, Envelope, EventData, PriceBookPublished, Tier,
 };
 use lh_service::decider::{Batch, Decider, Pace};
 use uuid::Uuid;
@@ -92,6 +91,9 @@ pub struct Fold {
     due: BTreeSet<Uuid>,
     /// Sequence of the last event folded.
     pub sequence: u64,
+    /// Sequence of the last event on the price book subject folded.
+    #[serde(default)]
+    pub book_sequence: u64,
 }
 
 impl Fold {
@@ -318,7 +320,7 @@ impl Fold {
 
 /// The id of the default price book (version 1).
 pub fn default_book_id() -> Uuid {
-    derived_id(&["price_book", "1"])
+    crate::books::book_id(rating::DEFAULT_BOOK_VERSION)
 }
 
 /// Publishes the default price book when the log holds none. Several
@@ -391,6 +393,17 @@ pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
         .collect()
 }
 
+/// The price books as the fold knows them, shared with the price book
+/// RPC: every version, and the stream sequence of the last event on the
+/// price book subject the fold has read (a publish is guarded by it).
+#[derive(Debug, Clone, Default)]
+pub struct Shelf {
+    pub books: Vec<PriceBookPublished>,
+    pub sequence: u64,
+}
+
+pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
+
 /// Charging on the decide loop: folds the log and, once caught up, charges
 /// every lease that ended and has no charges yet.
 #[derive(Default)]
@@ -399,6 +412,7 @@ pub struct Charges {
     warned_no_book: bool,
     /// How far a node's timestamps may be from the log server's clock.
     node_clock_skew: chrono::Duration,
+    shelf: SharedShelf,
 }
 
 impl Charges {
@@ -406,6 +420,33 @@ impl Charges {
         Self {
             node_clock_skew,
             ..Self::default()
+        }
+    }
+
+    /// The books this fold keeps up to date for others to read.
+    pub fn shelf(&self) -> SharedShelf {
+        self.shelf.clone()
+    }
+
+    fn apply_stored_event(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if let Some(history) = envelope.data.restated_history() {
+            if self.fold.needs_history(&envelope.data) {
+                for e in history {
+                    self.apply_stored(e.sequence, e.stored_at, &e.envelope);
+                }
+            }
+            self.fold.sequence = self.fold.sequence.max(sequence);
+            return;
+        }
+        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
+        self.fold.apply(sequence, &held);
+    }
+
+    fn update_shelf(&self) {
+        let mut shelf = self.shelf.write().expect("shelf lock");
+        if shelf.sequence != self.fold.book_sequence || shelf.books.len() != self.fold.books.len() {
+            shelf.books = self.fold.books.clone();
+            shelf.sequence = self.fold.book_sequence;
         }
     }
 }
@@ -471,17 +512,14 @@ impl Decider for Charges {
     }
 
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
-        if let Some(history) = envelope.data.restated_history() {
-            if self.fold.needs_history(&envelope.data) {
-                for e in history {
-                    self.apply_stored(e.sequence, e.stored_at, &e.envelope);
-                }
-            }
-            self.fold.sequence = self.fold.sequence.max(sequence);
-            return;
+        if matches!(
+            envelope.data,
+            EventData::PriceBookPublished(_) | EventData::PriceBookRestated(_)
+        ) {
+            self.fold.book_sequence = self.fold.book_sequence.max(sequence);
         }
-        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
-        self.fold.apply(sequence, &held);
+        self.apply_stored_event(sequence, stored_at, envelope);
+        self.update_shelf();
     }
 
     fn snapshot(&self) -> Option<serde_json::Value> {
@@ -492,6 +530,7 @@ impl Decider for Charges {
         match serde_json::from_value(state) {
             Ok(fold) => {
                 self.fold = fold;
+                self.update_shelf();
                 true
             }
             Err(_) => false,

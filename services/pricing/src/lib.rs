@@ -16,6 +16,7 @@
 //! The service is ready once both the charges fold and the projection have
 //! caught up with the log. See `docs/pricing.md`.
 
+pub mod books;
 pub mod charges;
 pub mod projection;
 
@@ -133,8 +134,9 @@ async fn work(
     let charges_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
+    let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
+    let shelf = charges.shelf();
     let charges = async {
-        let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
         decider::run(
             &bus,
             &mut charges,
@@ -174,6 +176,34 @@ async fn work(
         .context("invoice RPC")
     };
 
+    let list_books = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::price_book::RPC_PRICING_PRICE_BOOKS,
+            QUEUE_GROUP,
+            |request| {
+                let books = books::list(&shelf, request);
+                async move { Ok::<_, String>(books) }
+            },
+        )
+        .await
+        .context("price book list RPC")
+    };
+
+    let publish_book = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::price_book::RPC_PRICING_PUBLISH_PRICE_BOOK,
+            QUEUE_GROUP,
+            |request| {
+                let (bus, shelf) = (bus.clone(), shelf.clone());
+                async move { books::publish(&bus, &shelf, request, Utc::now()).await }
+            },
+        )
+        .await
+        .context("price book publish RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -201,7 +231,7 @@ async fn work(
         }
     };
 
-    tokio::try_join!(charges, projection, rpc, monitor)?;
+    tokio::try_join!(charges, projection, rpc, list_books, publish_book, monitor)?;
     Ok(())
 }
 

@@ -436,3 +436,72 @@ async fn the_server_refuses_a_second_batch_of_charges_for_a_lease() {
     assert!(matches!(err, lh_bus::BusError::Conflict(_)), "{err}");
     assert_eq!(env.charges_in_log().await.len(), 2);
 }
+
+#[tokio::test]
+async fn a_price_book_is_published_only_when_valid_and_newer() {
+    use lh_rpc::price_book::{self, PublishReply, PublishRequest};
+    let env = Env::new().await;
+    let pricing = env.start_pricing().await;
+    let books = price_book::list(&env.bus, WAIT).await.unwrap().books;
+    assert_eq!(books.len(), 1, "the default book: {books:?}");
+    let mut book = books[0].clone();
+    book.version = 2;
+    book.effective_from = Utc::now();
+    book.tiers[0].model = Some(ChargeModel::Flat {
+        price_cny_per_gb_hour: "0.6".parse().unwrap(),
+    });
+    let publish = |book: PriceBookPublished| {
+        let bus = env.bus.clone();
+        async move {
+            price_book::publish(&bus, &PublishRequest { book }, WAIT)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(
+        publish(book.clone()).await,
+        PublishReply::Published { version: 2, .. }
+    ));
+    // The same version again, however it is sent, is refused by name.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match publish(book.clone()).await {
+            PublishReply::Refused { field, detail } if detail.contains("greater than 2") => {
+                assert_eq!(field, "version");
+                break;
+            }
+            // The fold has not read version 2 yet: the guard refused it.
+            PublishReply::Refused { field, .. } => assert_eq!(field, "version"),
+            other => panic!("published twice: {other:?}"),
+        }
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut bad = book.clone();
+    bad.version = 3;
+    bad.tiers[1].model = Some(ChargeModel::Graduated {
+        steps: vec![PriceStep {
+            from_hour: 2,
+            price_cny_per_gb_hour: 1.into(),
+        }],
+    });
+    assert_eq!(
+        publish(bad).await,
+        PublishReply::Refused {
+            field: "tiers[1].model.steps[0].from_hour".into(),
+            detail: "the first step starts at hour 0".into()
+        }
+    );
+    let mut past = book.clone();
+    past.version = 3;
+    past.effective_from = Utc::now() - chrono::Duration::hours(1);
+    assert!(
+        matches!(publish(past).await, PublishReply::Refused { field, .. } if field == "effective_from")
+    );
+    let books = price_book::list(&env.bus, WAIT).await.unwrap().books;
+    assert_eq!(
+        books.iter().map(|b| b.version).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    pricing.stop().await;
+}

@@ -58,6 +58,8 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("GET", "/v1/invoices?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/audit/verify", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/price-books", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/price-books", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/openapi.json", [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/no-such-route", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
 ];
@@ -74,6 +76,14 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
         ("POST", "/v1/leases") => Some(serde_json::from_str(ONE_GPU).unwrap()),
         ("POST", "/v1/nodes/{n}/drain") => Some(json!({"mode": "finish", "reason": "matrix"})),
+        // Each publish needs a newer version than the one before.
+        ("POST", "/v1/price-books") => {
+            static VERSION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(2);
+            let version = VERSION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(json!({"version": version, "tiers": [
+                {"tier": "basic", "price_cny_per_gb_hour": "0.5"}
+            ]}))
+        }
         _ => None,
     }
 }

@@ -13,6 +13,7 @@ pub mod leases;
 pub mod limits;
 pub mod nodes;
 mod openapi;
+pub mod price_books;
 pub mod tenants;
 
 use std::time::Duration;
@@ -65,6 +66,10 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/invoices", get(invoices::show))
+        .route(
+            "/v1/price-books",
+            post(price_books::publish).get(price_books::list),
+        )
         .route("/v1/audit/verify", get(audit::verify))
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::not_found("no such route") })

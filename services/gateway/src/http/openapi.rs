@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
+use super::{audit, invoices, keys, leases, nodes, price_books, tenants, Problem};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,12 +25,17 @@ use super::{audit, invoices, keys, leases, nodes, tenants, Problem};
         nodes::drain,
         nodes::uncordon,
         invoices::show,
+        price_books::publish,
+        price_books::list,
         audit::verify
     ),
     components(schemas(
         Problem,
         lh_rpc::invoice::Invoice,
         lh_rpc::invoice::InvoiceLine,
+        price_books::NewPriceBook,
+        lh_rpc::price_book::PriceBooks,
+        lh_rpc::price_book::Published,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
