@@ -67,6 +67,24 @@ pub struct Config {
     /// this of when the log stored the report.
     #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
     pub node_clock_skew_secs: i64,
+    /// How long, in seconds, after a UTC hour ends the running leases'
+    /// charges for it are written: long enough for a late report of a
+    /// lease's end (the node clock skew) or of a lost node to be in the log.
+    #[arg(long, env = "LH_ACCRUAL_GRACE_SECS", default_value_t = charges::DEFAULT_ACCRUAL_GRACE_SECS)]
+    pub accrual_grace_secs: i64,
+    /// The clock charges are decided by (tests move a manual one).
+    #[arg(skip)]
+    pub clock: DecideClock,
+}
+
+/// The clock of the charges loop: the wall clock unless a test sets one.
+#[derive(Clone, Default)]
+pub struct DecideClock(pub Option<lh_service::clock::SharedClock>);
+
+impl std::fmt::Debug for DecideClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "manual" } else { "system" })
+    }
 }
 
 impl Config {
@@ -77,6 +95,8 @@ impl Config {
             database_url: database_url.to_string(),
             schema: DEFAULT_SCHEMA.to_string(),
             node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
+            accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
+            clock: DecideClock::default(),
         }
     }
 }
@@ -112,7 +132,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         pool,
         readiness.clone(),
         shutdown.clone(),
-        config.node_clock_skew_secs,
+        config.clone(),
     );
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
@@ -129,18 +149,22 @@ async fn work(
     pool: PgPool,
     ready: Readiness,
     shutdown: CancellationToken,
-    node_clock_skew_secs: i64,
+    config: Config,
 ) -> anyhow::Result<()> {
     let charges_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
-    let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
+    let mut charges = charges::Charges::new(
+        chrono::Duration::seconds(config.node_clock_skew_secs),
+        chrono::Duration::seconds(config.accrual_grace_secs.max(0)),
+    );
     let shelf = charges.shelf();
+    let clock = config.clock.0.clone().unwrap_or_else(SystemClock::shared);
     let charges = async {
         decider::run(
             &bus,
             &mut charges,
-            &SystemClock,
+            clock.as_ref(),
             shutdown.clone(),
             charges_caught_up.clone(),
         )
