@@ -2,15 +2,18 @@
 //!
 //! [`start`] runs, side by side:
 //!
-//! 1. **Charges** ([`charges`]): folds price books, lease lifecycles and
-//!    existing charges from sequence 1, and once at the head of the log
-//!    publishes the `charge.accrued` events of every lease that ended and
-//!    has none — exactly once (deterministic ids and an expected subject
-//!    sequence of 0 on `lh.evt.charge.<lease_id>`). The pure arithmetic and
-//!    its rounding rule live in [`lh_domain::rating`].
-//! 2. **Invoice projection** ([`projection`]): `charge.accrued` into the
+//! 1. **Charges** ([`charges`]): folds price books, spot prices, lease
+//!    lifecycles and existing charges, and once at the head of the log
+//!    publishes a `charge.accrued` per running lease and UTC hour that is
+//!    over, and the rest of a lease at its end — exactly once (ids derived
+//!    from lease and hour, and a guard chained per lease on
+//!    `lh.evt.charge.<lease_id>`). The pure arithmetic and its rounding
+//!    rule live in [`lh_domain::rating`].
+//! 2. **Price books** ([`books`]): lists them and publishes a new version
+//!    for the gateway, over NATS request/reply.
+//! 3. **Invoice projection** ([`projection`]): `charge.accrued` into the
 //!    `invoice_lines` table of the service's Postgres schema.
-//! 3. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] from that
+//! 4. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] from that
 //!    table with an [`lh_rpc::invoice::Invoice`] that carries a content hash.
 //!
 //! The service is ready once both the charges fold and the projection have
