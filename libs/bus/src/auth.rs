@@ -186,6 +186,8 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             subject::RPC_PRICING_INVOICE.to_string(),
             subject::RPC_PRICING_PRICE_BOOKS.to_string(),
             subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
+            subject::RPC_PRICING_RESERVATIONS.to_string(),
+            subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
@@ -196,6 +198,8 @@ pub fn service_permissions(service: Publisher) -> Permissions {
                 subject::RPC_PRICING_INVOICE.to_string(),
                 subject::RPC_PRICING_PRICE_BOOKS.to_string(),
                 subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
+                subject::RPC_PRICING_RESERVATIONS.to_string(),
+                subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
             ]);
             p.allow_responses = true;
         }

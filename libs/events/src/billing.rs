@@ -146,3 +146,21 @@ pub struct ChargeAccrued {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<Uuid>,
 }
+
+/// A tenant commits to `gpus` GPUs of `gpu_model` in `zone` from
+/// `starts_at` to `ends_at`: billed each hour at the reserved tier's price
+/// whether used or not, and its leases of tier `reserved` that fit in it
+/// are not billed again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReservationCommitted {
+    pub reservation_id: Uuid,
+    pub tenant_id: Uuid,
+    pub gpu_model: String,
+    pub zone: String,
+    pub gpus: u32,
+    pub starts_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+    /// Who asked for it (an admin through the gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<crate::Actor>,
+}

@@ -83,6 +83,7 @@ events! {
     "charge.accrued" v=1 => ChargeAccrued @ charge(lease_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
     "audit.pruned" v=1 => AuditPruned @ audit();
+    "reservation.committed" v=1 => ReservationCommitted @ reservation(reservation_id), tenant_id = tenant_id;
 }
 
 #[cfg(test)]

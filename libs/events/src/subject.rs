@@ -32,6 +32,7 @@ pub const CHARGES_ALL: &str = "lh.evt.charge.>";
 pub const SPOT_ALL: &str = "lh.evt.spot.>";
 pub const PRICE_BOOKS_ALL: &str = "lh.evt.price_book.>";
 pub const AUDIT_ALL: &str = "lh.evt.audit.>";
+pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -41,6 +42,10 @@ pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 pub const RPC_PRICING_PRICE_BOOKS: &str = "lh.rpc.pricing.price_books";
 /// Request/reply subject on which pricing publishes a new price book.
 pub const RPC_PRICING_PUBLISH_PRICE_BOOK: &str = "lh.rpc.pricing.price_books.publish";
+/// Request/reply subject on which pricing lists the reservations.
+pub const RPC_PRICING_RESERVATIONS: &str = "lh.rpc.pricing.reservations";
+/// Request/reply subject on which pricing commits a reservation.
+pub const RPC_PRICING_COMMIT_RESERVATION: &str = "lh.rpc.pricing.reservations.commit";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
@@ -68,6 +73,10 @@ pub fn price_book() -> String {
 
 pub fn audit() -> String {
     "lh.evt.audit.chain".to_string()
+}
+
+pub fn reservation(reservation_id: Uuid) -> String {
+    format!("lh.evt.reservation.{reservation_id}")
 }
 
 /// Every node's heartbeats.
@@ -196,6 +205,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("charge.accrued", &[Pricing]),
         ("audit.checkpoint", &[Audit]),
         ("audit.pruned", &[Audit]),
+        ("reservation.committed", &[Pricing]),
     ]
 };
 
@@ -305,6 +315,7 @@ mod tests {
             (SPOT_ALL, spot("z", "m")),
             (PRICE_BOOKS_ALL, price_book()),
             (AUDIT_ALL, audit()),
+            (RESERVATIONS_ALL, reservation(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

@@ -89,6 +89,7 @@ macro_rules! events {
     };
     (@subject $e:ident price_book ()) => { $crate::subject::price_book() };
     (@subject $e:ident audit ()) => { $crate::subject::audit() };
+    (@subject $e:ident reservation ($id:ident)) => { $crate::subject::reservation($e.$id) };
 
     (@lease_id $e:ident lease ($id:ident)) => { Some($e.$id) };
     (@lease_id $e:ident $other:ident ($($id:ident),*)) => { None };

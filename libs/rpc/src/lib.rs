@@ -9,3 +9,4 @@
 pub mod audit;
 pub mod invoice;
 pub mod price_book;
+pub mod reservation;

@@ -30,7 +30,7 @@ use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
 use lh_domain::rating::{self, Accrued, Interval, PricePoint};
 use lh_events::{
     subject, Actor, ChargeAccrued, ChargeModel, EndReason, Envelope, EventData, PriceBookPublished,
-    Tier,
+    ReservationCommitted, Tier,
 };
 use lh_service::decider::{Batch, Decider, Pace};
 use rust_decimal::Decimal;
@@ -44,6 +44,7 @@ pub const FILTERS: &[&str] = &[
     subject::CHARGES_ALL,
     subject::PRICE_BOOKS_ALL,
     subject::SPOT_ALL,
+    subject::RESERVATIONS_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
@@ -87,6 +88,13 @@ struct LeaseFacts {
     charged_to: Option<DateTime<Utc>>,
     /// Stream sequence of the lease's last charge (0: none yet).
     last_charge_sequence: u64,
+    /// Not a lease but a reservation's commitment, billed whether used or
+    /// not, hour by hour as its term passes.
+    #[serde(default)]
+    commitment: bool,
+    /// The reservation covering this `reserved` lease, until when.
+    #[serde(default)]
+    covered_by: Option<(Uuid, DateTime<Utc>)>,
 }
 
 impl LeaseFacts {
@@ -181,6 +189,10 @@ pub struct Fold {
     charged_order: VecDeque<Uuid>,
     /// Leases whose facts changed since the last full look at them.
     touched: BTreeSet<Uuid>,
+    /// Reservations whose commitment is not yet wholly charged, with the
+    /// GPUs of the leases they cover now.
+    #[serde(default)]
+    reservations: HashMap<Uuid, (ReservationCommitted, u32)>,
     /// Sequence of the last event folded.
     pub sequence: u64,
     /// Sequence of the last event on the price book subject folded.
@@ -204,6 +216,7 @@ impl Fold {
                 self.books.sort_by_key(|b| b.version);
             }
             EventData::SpotPriceSet(p) => self.price_set(p, envelope.occurred_at),
+            EventData::ReservationCommitted(r) => self.committed(r, envelope),
             EventData::LeaseRequested(e) => {
                 if let Some(l) = self.open(e.lease_id) {
                     l.tenant_id = Some(e.tenant_id);
@@ -222,6 +235,9 @@ impl Fold {
             }
             EventData::LeaseStarted(e) => {
                 let book = self.book_for(e.started_at).map(|b| b.version);
+                let first_start = self.open(e.lease_id).is_some_and(|l| {
+                    l.book_version.is_none() && l.runs.is_empty() && l.started_at.is_none()
+                });
                 if let Some(l) = self.open(e.lease_id) {
                     if l.started_at.is_none() {
                         l.started_at = Some(e.started_at);
@@ -230,6 +246,9 @@ impl Fold {
                     if l.book_version.is_none() {
                         l.book_version = book;
                     }
+                }
+                if first_start {
+                    self.cover(e.lease_id, e.started_at);
                 }
             }
             EventData::LeaseEnded(e) => self.ended(e, envelope),
@@ -274,6 +293,83 @@ impl Fold {
             EventData::ChargeAccrued(c) => self.charge_read(sequence, c),
             _ => {}
         }
+    }
+
+    /// A reservation: its commitment is billed like a lease that runs for
+    /// its whole term on its GPUs, at the reserved tier's price.
+    fn committed(&mut self, r: &ReservationCommitted, envelope: &Envelope) {
+        if self.charged.contains(&r.reservation_id) || self.leases.contains_key(&r.reservation_id) {
+            return;
+        }
+        let book_version = self.book_for(r.starts_at).map(|b| b.version);
+        self.reservations.insert(r.reservation_id, (r.clone(), 0));
+        self.touched.insert(r.reservation_id);
+        self.leases.insert(
+            r.reservation_id,
+            LeaseFacts {
+                tenant_id: Some(r.tenant_id),
+                tier: Some(Tier::Reserved),
+                gpu_model: Some(r.gpu_model.clone()),
+                zone: Some(r.zone.clone()),
+                gpus: Some(r.gpus),
+                vram_gb_per_gpu: lh_domain::catalog::vram_gb(&r.gpu_model),
+                book_version,
+                runs: vec![Interval {
+                    start: r.starts_at,
+                    end: r.ends_at.max(r.starts_at),
+                }],
+                cause: Some(envelope.clone()),
+                ended: true,
+                commitment: true,
+                ..LeaseFacts::default()
+            },
+        );
+    }
+
+    /// A `reserved` lease starting for the first time takes room in the
+    /// first of its tenant's reservations for its model and zone that is in
+    /// its term and has room for all its GPUs (oldest first); none has
+    /// room: it is billed as basic.
+    fn cover(&mut self, lease_id: Uuid, started_at: DateTime<Utc>) {
+        let Some(facts) = self.leases.get(&lease_id) else {
+            return;
+        };
+        let (Some(Tier::Reserved), Some(tenant), Some(model), Some(zone), Some(gpus)) = (
+            facts.tier,
+            facts.tenant_id,
+            facts.gpu_model.clone(),
+            facts.zone.clone(),
+            facts.gpus,
+        ) else {
+            return;
+        };
+        let mut fitting: Vec<&mut (ReservationCommitted, u32)> = self
+            .reservations
+            .values_mut()
+            .filter(|(r, used)| {
+                r.tenant_id == tenant
+                    && r.gpu_model == model
+                    && r.zone == zone
+                    && r.starts_at <= started_at
+                    && started_at < r.ends_at
+                    && used.saturating_add(gpus) <= r.gpus
+            })
+            .collect();
+        fitting.sort_by_key(|(r, _)| (r.starts_at, r.reservation_id));
+        if let Some((r, used)) = fitting.into_iter().next() {
+            *used += gpus;
+            let cover = (r.reservation_id, r.ends_at);
+            if let Some(facts) = self.leases.get_mut(&lease_id) {
+                facts.covered_by = Some(cover);
+            }
+        }
+    }
+
+    /// The reservations not yet wholly charged, oldest first.
+    pub fn reservations(&self) -> Vec<ReservationCommitted> {
+        let mut all: Vec<_> = self.reservations.values().map(|(r, _)| r.clone()).collect();
+        all.sort_by_key(|r| (r.starts_at, r.reservation_id));
+        all
     }
 
     fn price_set(&mut self, p: &lh_events::SpotPriceSet, at: DateTime<Utc>) {
@@ -401,6 +497,10 @@ impl Fold {
         let Some(facts) = self.open(e.lease_id) else {
             return;
         };
+        // Its GPUs no longer count against the reservation.
+        let release = facts
+            .covered_by
+            .map(|(id, _)| (id, facts.gpus.unwrap_or(0)));
         // A lease cancelled while it waits keeps the runs it had; its
         // current run (none, normally) is not billed.
         if e.reason == EndReason::Cancelled {
@@ -411,7 +511,13 @@ impl Fold {
         facts.runs.retain(|r| r.end > r.start);
         facts.ended = true;
         facts.cause = Some(envelope.clone());
-        if facts.done() {
+        let done = facts.done();
+        if let Some((id, gpus)) = release {
+            if let Some((_, used)) = self.reservations.get_mut(&id) {
+                *used = used.saturating_sub(gpus);
+            }
+        }
+        if done {
             // Cancelled, never started, ended before it started, or every
             // second already charged: nothing (more) to bill.
             self.mark_charged(e.lease_id);
@@ -430,6 +536,7 @@ impl Fold {
         }
         self.leases.remove(&lease_id);
         self.touched.remove(&lease_id);
+        self.reservations.remove(&lease_id);
     }
 
     /// Drops a lease that can never be billed.
@@ -457,9 +564,13 @@ impl Fold {
         }
     }
 
-    /// Whether `lease_id` has ended: once nothing is due, it is done.
-    pub fn has_ended(&self, lease_id: Uuid) -> bool {
-        self.leases.get(&lease_id).is_some_and(|l| l.ended)
+    /// Whether nothing more can come due for `lease_id` once nothing is
+    /// due at `horizon`: the lease has ended (a commitment: its term has
+    /// passed the horizon).
+    pub fn is_over(&self, lease_id: Uuid, horizon: DateTime<Utc>) -> bool {
+        self.leases.get(&lease_id).is_some_and(|l| {
+            l.ended && (!l.commitment || l.billable_end().is_some_and(|end| end <= horizon))
+        })
     }
 
     /// Open leases (requested, started or ended, not wholly charged).
@@ -512,7 +623,12 @@ impl Fold {
         let Some(facts) = self.leases.get(&lease_id) else {
             return Plan::Unbillable("no facts about the lease".into());
         };
-        let until = facts.billable_end().unwrap_or(horizon);
+        let until = match facts.billable_end() {
+            // A commitment is billed as its term passes, not ahead.
+            Some(end) if facts.commitment => end.min(horizon),
+            Some(end) => end,
+            None => horizon,
+        };
         let intervals = facts.intervals(until);
         let Some(first_start) = intervals.iter().map(|r| r.start).min() else {
             return Plan::Nothing;
@@ -542,8 +658,11 @@ impl Fold {
         let Some(book) = book else {
             return Plan::WaitForBook;
         };
-        // Reserved time a reservation does not cover is billed as basic.
+        // A commitment at the reserved tier's price; a `reserved` lease
+        // its reservation covers is free until the term ends, then (and
+        // when none covers it) at the basic tier's.
         let priced_as = match tier {
+            Tier::Reserved if facts.commitment => Tier::Reserved,
             Tier::Reserved => Tier::Basic,
             other => other,
         };
@@ -557,9 +676,26 @@ impl Fold {
                 priced_as.as_str()
             ));
         };
-        let market = match model {
-            ChargeModel::Market => self.market_for(facts, headline),
-            _ => Vec::new(),
+        let (model, market) = match (model, facts.covered_by) {
+            (_, Some((_, covered_until))) if !facts.commitment => (
+                ChargeModel::Market,
+                vec![
+                    PricePoint {
+                        at: DateTime::<Utc>::MIN_UTC,
+                        price_cny_per_gb_hour: Decimal::ZERO,
+                    },
+                    PricePoint {
+                        at: covered_until,
+                        price_cny_per_gb_hour: headline,
+                    },
+                ],
+            ),
+            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
+            (model, _) => (model, Vec::new()),
+        };
+        let reservation_id = match facts.commitment {
+            true => Some(lease_id),
+            false => facts.covered_by.map(|(id, _)| id),
         };
         let vram_gb = gpus * vram_gb_per_gpu;
         let Some(cause) = facts.cause.clone() else {
@@ -599,7 +735,7 @@ impl Fold {
                     price_book_version: book.version,
                     age_seconds: Some(after.age_seconds),
                     priced_gb_seconds: Some(after.priced_gb_seconds),
-                    reservation_id: None,
+                    reservation_id,
                 });
                 before = after;
             }
@@ -699,6 +835,8 @@ pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
 pub struct Shelf {
     pub books: Vec<PriceBookPublished>,
     pub sequence: u64,
+    /// Reservations whose commitment is not yet wholly charged.
+    pub reservations: Vec<ReservationCommitted>,
 }
 
 pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
@@ -751,6 +889,9 @@ impl Charges {
         if shelf.sequence != self.fold.book_sequence || shelf.books.len() != self.fold.books.len() {
             shelf.books = self.fold.books.clone();
             shelf.sequence = self.fold.book_sequence;
+        }
+        if shelf.reservations.len() != self.fold.reservations.len() {
+            shelf.reservations = self.fold.reservations();
         }
     }
 }
@@ -818,6 +959,7 @@ impl Decider for Charges {
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fold.apply(sequence, envelope);
+        self.update_shelf();
     }
 
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
@@ -855,7 +997,9 @@ impl Decider for Charges {
         let mut decisions = Vec::new();
         for lease_id in self.fold.to_look_at(all) {
             match self.fold.plan_until(lease_id, horizon) {
-                Plan::Nothing if self.fold.has_ended(lease_id) => self.fold.mark_charged(lease_id),
+                Plan::Nothing if self.fold.is_over(lease_id, horizon) => {
+                    self.fold.mark_charged(lease_id)
+                }
                 Plan::Nothing => {}
                 Plan::Publish(bill) => {
                     decisions.extend(bill_batches(&bill, now));
@@ -877,6 +1021,7 @@ impl Decider for Charges {
             }
         }
         metrics::gauge!("lh_pricing_open_leases").set(self.fold.open_leases() as f64);
+        self.update_shelf();
         decisions
     }
 
@@ -1471,5 +1616,76 @@ mod tests {
             );
         }
         assert!(f.market["z/m"].len() < PRUNE_MARKET_AT_POINTS);
+    }
+
+    #[test]
+    fn a_reservation_is_billed_each_hour_and_covers_the_reserved_leases_that_fit() {
+        let tenant = Uuid::from_u128(7);
+        let reservation = Uuid::from_u128(50);
+        let mut events = vec![env(EventData::PriceBookPublished(
+            rating::default_price_book(t(0, 0, 0)),
+        ))];
+        events.push(env(EventData::ReservationCommitted(ReservationCommitted {
+            reservation_id: reservation,
+            tenant_id: tenant,
+            gpu_model: fixtures::MODEL.into(),
+            zone: "z".into(),
+            gpus: 2,
+            starts_at: t(10, 0, 0),
+            ends_at: t(12, 0, 0),
+            requested_by: None,
+        })));
+        let reserved = |lease: Uuid, start, end| {
+            let mut l = lease_events(lease, start, end, EndReason::Stopped);
+            if let EventData::LeaseRequested(r) = &mut l[0].data {
+                r.tier = Tier::Reserved;
+            }
+            l
+        };
+        // Two leases of 2 GPUs at once: the first fits, the second does not.
+        let (covered, overflow, after) =
+            (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(3));
+        let mut first = reserved(covered, t(11, 0, 0), t(12, 30, 0));
+        let first_end = first.pop().unwrap();
+        events.extend(first);
+        events.extend(reserved(overflow, t(11, 0, 0), t(11, 30, 0)));
+        events.push(first_end);
+        // Once the first has ended, a third fits again.
+        events.extend(reserved(after, t(13, 0, 0), t(13, 30, 0)));
+
+        // The commitment: 2 x 40 GB x 0.35 per hour, whether used or not,
+        // only as its term passes.
+        assert_eq!(
+            charge_until(&mut events, reservation, t(11, 0, 0))
+                .iter()
+                .map(|c| (c.amount.to_string(), c.reservation_id))
+                .collect::<Vec<_>>(),
+            vec![("28.00".to_string(), Some(reservation))]
+        );
+        let rest = charge_until(&mut events, reservation, t(13, 0, 0));
+        assert_eq!(total(&rest), "28.00");
+        assert!(fold(&events).is_charged(reservation));
+
+        // Covered until the term ends at 12:00, then at basic.
+        let charges = charge_until(&mut events, covered, LATER);
+        assert!(charges
+            .iter()
+            .all(|c| c.reservation_id == Some(reservation)));
+        assert_eq!(
+            charges
+                .iter()
+                .map(|c| c.amount.to_string())
+                .collect::<Vec<_>>(),
+            ["0.00", "20.00"]
+        );
+        let charges = charge_until(&mut events, overflow, LATER);
+        assert_eq!(charges[0].reservation_id, None);
+        assert_eq!(total(&charges), "20.00");
+        // Started after the term: nothing covers it.
+        let charges = charge_until(&mut events, after, LATER);
+        assert_eq!(
+            (charges[0].reservation_id, total(&charges)),
+            (None, "20.00".to_string())
+        );
     }
 }

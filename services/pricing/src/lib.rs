@@ -11,6 +11,7 @@
 //!    rule live in [`lh_domain::rating`].
 //! 2. **Price books** ([`books`]): lists them and publishes a new version
 //!    for the gateway, over NATS request/reply.
+//!    Reservations ([`reservations`]) likewise.
 //! 3. **Invoice projection** ([`projection`]): `charge.accrued` into the
 //!    `invoice_lines` table of the service's Postgres schema.
 //! 4. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] from that
@@ -22,6 +23,7 @@
 pub mod books;
 pub mod charges;
 pub mod projection;
+pub mod reservations;
 
 use std::time::Duration;
 
@@ -231,6 +233,34 @@ async fn work(
         .context("price book publish RPC")
     };
 
+    let list_reservations = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::reservation::RPC_PRICING_RESERVATIONS,
+            QUEUE_GROUP,
+            |request| {
+                let reservations = reservations::list(&shelf, request);
+                async move { Ok::<_, String>(reservations) }
+            },
+        )
+        .await
+        .context("reservation list RPC")
+    };
+
+    let commit_reservation = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::reservation::RPC_PRICING_COMMIT_RESERVATION,
+            QUEUE_GROUP,
+            |request| {
+                let bus = bus.clone();
+                async move { reservations::commit(&bus, request, Utc::now()).await }
+            },
+        )
+        .await
+        .context("reservation commit RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -258,7 +288,17 @@ async fn work(
         }
     };
 
-    tokio::try_join!(charges, projection, rpc, list_books, publish_book, monitor)?;
+    // Each on the heap: together they are too big for a task's stack.
+    tokio::try_join!(
+        Box::pin(charges),
+        Box::pin(projection),
+        Box::pin(rpc),
+        Box::pin(list_books),
+        Box::pin(publish_book),
+        Box::pin(list_reservations),
+        Box::pin(commit_reservation),
+        Box::pin(monitor)
+    )?;
     Ok(())
 }
 

@@ -832,3 +832,104 @@ async fn each_tier_is_billed_to_the_cent_across_a_book_change_and_spot_prices() 
     assert_eq!(sum(&charges), expected(80, "0.7", 2));
     pricing.stop().await;
 }
+
+#[tokio::test]
+async fn a_reservation_is_committed_billed_as_its_term_passes_and_covers_a_reserved_lease() {
+    use chrono::{Duration as D, SubsecRound};
+    use lh_rpc::reservation::{self, CommitReply, CommitRequest, ListRequest};
+    let mut env = Env::new().await;
+    let w0 = Utc::now().trunc_subsecs(0);
+    let clock = lh_service::clock::ManualClock::new(w0);
+    env.config.clock = lh_pricing::DecideClock(Some(clock.shared()));
+    let pricing = env.start_pricing().await;
+    let tenant = Uuid::now_v7();
+    let ask = |gpu_model: &str, gpus: u32| CommitRequest {
+        tenant_id: tenant,
+        gpu_model: gpu_model.into(),
+        zone: "cn-north-1".into(),
+        gpus,
+        term_days: None,
+        starts_at: Some(w0),
+        requested_by: None,
+    };
+    let commit = |request: CommitRequest| {
+        let bus = env.bus.clone();
+        async move { reservation::commit(&bus, &request, WAIT).await.unwrap() }
+    };
+    assert_eq!(
+        commit(ask("no-such-gpu", 2)).await,
+        CommitReply::Refused {
+            field: "gpu_model".into(),
+            detail: "not a GPU model of the catalog".into()
+        }
+    );
+    assert!(matches!(commit(ask(fixtures::MODEL, 0)).await,
+        CommitReply::Refused { field, .. } if field == "gpus"));
+    let CommitReply::Committed { reservation: r } = commit(ask(fixtures::MODEL, 2)).await else {
+        panic!("refused")
+    };
+    assert_eq!(r.ends_at - r.starts_at, D::days(30));
+    // Listed once the fold has read it; another tenant sees none.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mine = reservation::list(
+            &env.bus,
+            &ListRequest {
+                tenant_id: Some(tenant),
+            },
+            WAIT,
+        )
+        .await
+        .unwrap()
+        .reservations;
+        if mine == vec![r.clone()] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{mine:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let theirs = ListRequest {
+        tenant_id: Some(Uuid::now_v7()),
+    };
+    assert!(reservation::list(&env.bus, &theirs, WAIT)
+        .await
+        .unwrap()
+        .reservations
+        .is_empty());
+
+    // A reserved lease of 2 GPUs in its term: covered, charged nothing.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let lease = Uuid::now_v7();
+    let mut events = lifecycle(tenant, lease, Tier::Reserved, w0 + D::seconds(1));
+    events.push(end_of(lease, w0 + D::seconds(2)));
+    env.store(events).await;
+    let charges = env.charges_of(lease, 1).await;
+    assert_eq!(charges[0].reservation_id, Some(r.reservation_id));
+    assert_eq!(charges[0].amount.to_string(), "0.00");
+
+    // Two hours on: the commitment is billed for them, used or not.
+    clock.set(w0 + D::minutes(130));
+    let billed_to = lh_domain::rating::hour_start(w0 + D::minutes(125));
+    let deadline = Instant::now() + WAIT;
+    let commitment = loop {
+        let charges = env.charges_in_log().await;
+        let commitment: Vec<_> = charges
+            .into_iter()
+            .filter(|c| c.lease_id == r.reservation_id)
+            .collect();
+        if commitment.last().is_some_and(|c| c.to == billed_to) {
+            break commitment;
+        }
+        assert!(Instant::now() < deadline, "{commitment:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(commitment
+        .iter()
+        .all(|c| c.tier == Tier::Reserved && c.reservation_id == Some(r.reservation_id)));
+    // 2 x 40 GB x 0.35 CNY/GB-h.
+    assert_eq!(
+        sum(&commitment),
+        expected(80, "0.35", (billed_to - w0).num_seconds())
+    );
+    pricing.stop().await;
+}

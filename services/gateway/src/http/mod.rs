@@ -14,6 +14,7 @@ pub mod limits;
 pub mod nodes;
 mod openapi;
 pub mod price_books;
+pub mod reservations;
 pub mod tenants;
 
 use std::time::Duration;
@@ -69,6 +70,10 @@ pub fn router(ctx: ApiContext) -> Router {
         .route(
             "/v1/price-books",
             post(price_books::publish).get(price_books::list),
+        )
+        .route(
+            "/v1/reservations",
+            post(reservations::commit).get(reservations::list),
         )
         .route("/v1/audit/verify", get(audit::verify))
         .route("/openapi.json", get(openapi::openapi_json))

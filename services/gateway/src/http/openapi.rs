@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use super::{audit, invoices, keys, leases, nodes, price_books, tenants, Problem};
+use super::{audit, invoices, keys, leases, nodes, price_books, reservations, tenants, Problem};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,6 +27,8 @@ use super::{audit, invoices, keys, leases, nodes, price_books, tenants, Problem}
         invoices::show,
         price_books::publish,
         price_books::list,
+        reservations::commit,
+        reservations::list,
         audit::verify
     ),
     components(schemas(
@@ -36,6 +38,8 @@ use super::{audit, invoices, keys, leases, nodes, price_books, tenants, Problem}
         price_books::NewPriceBook,
         lh_rpc::price_book::PriceBooks,
         lh_rpc::price_book::Published,
+        reservations::NewReservation,
+        lh_rpc::reservation::Reservations,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
