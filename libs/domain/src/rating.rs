@@ -517,7 +517,11 @@ pub struct Segment {
     pub ended_at: DateTime<Utc>,
 }
 
-/// The charges of a finished segment, one per UTC month it touches.
+/// The charges of a finished segment at its tier's headline price, one per
+/// UTC month it touches: the shape pricing wrote before hourly accrual
+/// (without `age_seconds`), which its fold still reads as "this lease is
+/// wholly charged". Kept to write such logs (the replay-memory load
+/// test); pricing charges with [`accrue`].
 pub fn charges(book: &PriceBookPublished, segment: &Segment) -> Vec<ChargeAccrued> {
     let Some(price) = unit_price(book, segment.tier) else {
         return Vec::new();
