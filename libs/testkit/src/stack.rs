@@ -636,6 +636,19 @@ fn billed(
 impl Stack {
     /// The tenant's invoice for `period` once it has `lines` lines.
     pub async fn wait_invoice(&self, key: &str, period: &str, lines: usize) -> Value {
+        self.invoice_when(key, period, |l| l == lines)
+            .await
+            .unwrap_or_else(|| panic!("the invoice for {period} never had {lines} lines"))
+    }
+
+    /// The tenant's invoice for `period` once its number of lines passes
+    /// `enough` (10 s at most).
+    async fn invoice_when(
+        &self,
+        key: &str,
+        period: &str,
+        enough: impl Fn(usize) -> bool,
+    ) -> Option<Value> {
         for _ in 0..200 {
             let (s, body) = self
                 .call(
@@ -646,12 +659,12 @@ impl Stack {
                 )
                 .await;
             assert_eq!(s, 200, "{body}");
-            if body["lines"].as_array().map(Vec::len) == Some(lines) {
-                return body;
+            if body["lines"].as_array().map(Vec::len).is_some_and(&enough) {
+                return Some(body);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("the invoice for {period} never had {lines} lines");
+        None
     }
 
     /// Creates a tenant from a whole request body; the 201 answer.
@@ -740,22 +753,9 @@ impl Stack {
 
     /// The tenant's invoice for `period` once it has a line.
     async fn wait_invoice_lines(&self, key: &str, period: &str) -> Value {
-        for _ in 0..200 {
-            let (s, body) = self
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/v1/invoices?period={period}"),
-                    key,
-                    None,
-                )
-                .await;
-            assert_eq!(s, 200, "{body}");
-            if body["lines"].as_array().is_some_and(|l| !l.is_empty()) {
-                return body;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the invoice for {period} never had a line");
+        self.invoice_when(key, period, |l| l > 0)
+            .await
+            .unwrap_or_else(|| panic!("the invoice for {period} never had a line"))
     }
 
     /// The gateway's tables are what a replay of the log gives.
