@@ -8,8 +8,8 @@
 //! and, once it has caught up with the head of the log, publishes:
 //!
 //! * for a running lease, one charge per UTC hour once that hour is over
-//!   (and [`Fold::grace`] has passed, so that a late report of its end is
-//!   in), and
+//!   and a grace after it ([`DEFAULT_ACCRUAL_GRACE_SECS`]) has passed, so
+//!   that a late report of its end is in, and
 //! * for an ended lease, the charges of the hours not yet charged, up to
 //!   the end of its billable time.
 //!
