@@ -74,8 +74,9 @@ mod render;
 pub use args::{
     AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
     KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, PriceBookCommand, PriceBookPublish, TenantCommand,
-    TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    NodeCommand, NodeDrain, NodeId, PriceBookCommand, PriceBookPublish, ReservationCommand,
+    ReservationCreate, ReservationList, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -398,6 +399,29 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             let body = read_json_file(&p.file)?;
             let published = gw.post(&["v1", "price-books"], Some(&body), &[]).await?;
             emit(out, json, &published, render::audit)?;
+            Ok(EXIT_OK)
+        }
+        Command::Reservation(ReservationCommand::Ls(r)) => {
+            let query: Vec<(&str, &str)> =
+                r.tenant.iter().map(|t| ("tenant_id", t.as_str())).collect();
+            let list = gw.get(&["v1", "reservations"], &query).await?;
+            emit(out, json, &list, render::reservations)?;
+            Ok(EXIT_OK)
+        }
+        Command::Reservation(ReservationCommand::Create(r)) => {
+            let mut body = json!({
+                "tenant_id": r.tenant, "gpu_model": r.gpu_model, "zone": r.zone, "gpus": r.gpus
+            });
+            if let Some(days) = r.term_days {
+                body["term_days"] = json!(days);
+            }
+            let made = gw.post(&["v1", "reservations"], Some(&body), &[]).await?;
+            emit(
+                out,
+                json,
+                &json!({"reservations": [made]}),
+                render::reservations,
+            )?;
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {

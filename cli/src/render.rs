@@ -402,6 +402,27 @@ pub fn price_books(list: &Value) -> String {
     finish(t)
 }
 
+/// One row per reservation.
+pub fn reservations(list: &Value) -> String {
+    let mut t = table();
+    t.set_header(vec![
+        "ID", "TENANT", "MODEL", "ZONE", "GPUS", "FROM", "UNTIL",
+    ]);
+    let all = list.get("reservations").and_then(Value::as_array);
+    for r in all.into_iter().flatten() {
+        t.add_row(vec![
+            text(r, "reservation_id"),
+            text(r, "tenant_id"),
+            text(r, "gpu_model"),
+            text(r, "zone"),
+            text(r, "gpus"),
+            text(r, "starts_at"),
+            text(r, "ends_at"),
+        ]);
+    }
+    finish(t)
+}
+
 fn scalar_or_json(v: &Value) -> String {
     match v {
         Value::Object(_) => v.to_string(),

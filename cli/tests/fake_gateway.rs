@@ -774,3 +774,46 @@ async fn price_books_are_listed_and_published_from_a_file() {
     assert_eq!(out.code, EXIT_CLIENT_ERROR, "{}", out.stderr);
     assert_eq!(gw.requests().len(), 2);
 }
+
+#[tokio::test]
+async fn reservations_are_created_and_listed() {
+    let reservation = json!({"reservation_id": "R1", "tenant_id": "T1", "gpu_model": "A100-40GB",
+        "zone": "z1", "gpus": 4, "starts_at": "2026-12-05T00:00:00Z",
+        "ends_at": "2027-01-04T00:00:00Z"});
+    let listed = reservation.clone();
+    let gw = fake(move |req, _| match req.method.as_str() {
+        "GET" => ok(200, json!({"reservations": [listed.clone()]})),
+        _ => ok(201, reservation.clone()),
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "reservation",
+            "create",
+            "--tenant",
+            "T1",
+            "--gpu-model",
+            "A100-40GB",
+            "--zone",
+            "z1",
+            "--gpus",
+            "4",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("R1"), "{}", out.stdout);
+    let sent = &gw.requests()[0];
+    assert_eq!(sent.target, "/v1/reservations");
+    assert_eq!(
+        sent.json(),
+        json!({"tenant_id": "T1", "gpu_model": "A100-40GB", "zone": "z1", "gpus": 4})
+    );
+    let out = gw.lh(&["reservation", "ls", "--tenant", "T1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("2027-01-04T00:00:00Z"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(gw.requests()[1].target, "/v1/reservations?tenant_id=T1");
+}
