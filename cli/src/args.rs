@@ -70,6 +70,64 @@ pub enum Command {
     /// Reports on spending.
     #[command(subcommand)]
     Report(ReportCommand),
+    /// List the price books, publish a new one (admin token required).
+    #[command(subcommand)]
+    PriceBook(PriceBookCommand),
+    /// Reserve GPUs for a tenant (admin), list reservations.
+    #[command(subcommand)]
+    Reservation(ReservationCommand),
+}
+
+/// `lh reservation ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum ReservationCommand {
+    /// The reservations not yet over (a tenant sees its own).
+    Ls(ReservationList),
+    /// Commit a tenant to GPUs of a model in a zone for a term.
+    Create(ReservationCreate),
+}
+
+/// `lh reservation ls`
+#[derive(Debug, Clone, Args)]
+pub struct ReservationList {
+    /// Admin only: one tenant's reservations.
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+}
+
+/// `lh reservation create`
+#[derive(Debug, Clone, Args)]
+pub struct ReservationCreate {
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: String,
+    /// GPU model, e.g. `A100-40GB`.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu_model: String,
+    #[arg(long)]
+    pub zone: String,
+    #[arg(long)]
+    pub gpus: u32,
+    /// Days (30 by default).
+    #[arg(long, value_name = "DAYS")]
+    pub term_days: Option<u32>,
+}
+
+/// `lh price-book ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum PriceBookCommand {
+    /// Every price book version, oldest first.
+    Ls,
+    /// Publish a new version from a JSON file (see docs/pricing.md).
+    Publish(PriceBookPublish),
+}
+
+/// `lh price-book publish`
+#[derive(Debug, Clone, Args)]
+pub struct PriceBookPublish {
+    /// JSON body of `POST /v1/price-books`:
+    /// `{"version", "effective_from"?, "tiers": [...]}`.
+    #[arg(long, value_name = "FILE")]
+    pub file: std::path::PathBuf,
 }
 
 /// `lh report ...`
@@ -508,6 +566,10 @@ pub enum Tier {
     Basic,
     /// Cheaper, preemptible capacity.
     Spot,
+    /// Guaranteed capacity on a price ladder that falls with the lease's age.
+    Performance,
+    /// Covered by the tenant's reservation; beyond it, billed as basic.
+    Reserved,
 }
 
 impl Tier {
@@ -516,6 +578,8 @@ impl Tier {
         match self {
             Tier::Basic => "basic",
             Tier::Spot => "spot",
+            Tier::Performance => "performance",
+            Tier::Reserved => "reserved",
         }
     }
 }

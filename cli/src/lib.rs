@@ -74,8 +74,9 @@ mod render;
 pub use args::{
     AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
     KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, ReportCommand, SpotCommand, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    NodeCommand, NodeDrain, NodeId, PriceBookCommand, PriceBookPublish, ReportCommand,
+    ReservationCommand, ReservationCreate, ReservationList, SpotCommand, TenantCommand,
+    TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -450,6 +451,40 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &prices, render::spot_prices)?;
             Ok(EXIT_OK)
         }
+        Command::PriceBook(PriceBookCommand::Ls) => {
+            let books = gw.get(&["v1", "price-books"], &[]).await?;
+            emit(out, json, &books, render::price_books)?;
+            Ok(EXIT_OK)
+        }
+        Command::PriceBook(PriceBookCommand::Publish(p)) => {
+            let body = read_json_file(&p.file)?;
+            let published = gw.post(&["v1", "price-books"], Some(&body), &[]).await?;
+            emit(out, json, &published, render::audit)?;
+            Ok(EXIT_OK)
+        }
+        Command::Reservation(ReservationCommand::Ls(r)) => {
+            let query: Vec<(&str, &str)> =
+                r.tenant.iter().map(|t| ("tenant_id", t.as_str())).collect();
+            let list = gw.get(&["v1", "reservations"], &query).await?;
+            emit(out, json, &list, render::reservations)?;
+            Ok(EXIT_OK)
+        }
+        Command::Reservation(ReservationCommand::Create(r)) => {
+            let mut body = json!({
+                "tenant_id": r.tenant, "gpu_model": r.gpu_model, "zone": r.zone, "gpus": r.gpus
+            });
+            if let Some(days) = r.term_days {
+                body["term_days"] = json!(days);
+            }
+            let made = gw.post(&["v1", "reservations"], Some(&body), &[]).await?;
+            emit(
+                out,
+                json,
+                &json!({"reservations": [made]}),
+                render::reservations,
+            )?;
+            Ok(EXIT_OK)
+        }
         Command::Audit(AuditCommand::Verify) => {
             let report = gw.get(&["v1", "audit", "verify"], &[]).await?;
             emit(out, json, &report, render::audit)?;
@@ -477,6 +512,26 @@ fn emit(
     } else {
         write_out(out, &table(value))
     }
+}
+
+/// Largest JSON file a command sends: what the gateway takes as a body.
+pub const MAX_JSON_FILE_BYTES: u64 = 64 * 1024;
+
+/// A JSON file to send as a body, refused before anything is sent when it
+/// is too large or not JSON.
+fn read_json_file(path: &std::path::Path) -> Result<Value, CliError> {
+    let unreadable =
+        |e: std::io::Error| CliError::Usage(format!("cannot read {}: {e}", path.display()));
+    let size = std::fs::metadata(path).map_err(unreadable)?.len();
+    if size > MAX_JSON_FILE_BYTES {
+        return Err(CliError::Usage(format!(
+            "{} is larger than {MAX_JSON_FILE_BYTES} bytes",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(unreadable)?;
+    serde_json::from_str(&text)
+        .map_err(|e| CliError::Usage(format!("{} is not JSON: {e}", path.display())))
 }
 
 fn write_out(out: Out<'_>, text: &str) -> anyhow::Result<()> {

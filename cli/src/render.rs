@@ -506,6 +506,70 @@ pub fn audit(report: &Value) -> String {
     key_values(rows)
 }
 
+/// One row per (version, tier): what each book charges.
+pub fn price_books(list: &Value) -> String {
+    let books: &[Value] = list
+        .get("books")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    let mut t = table();
+    t.set_header(vec!["VERSION", "EFFECTIVE FROM", "TIER", "MODEL", "PRICE"]);
+    for book in books {
+        for tier in book
+            .get("tiers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let model = tier.get("model");
+            let kind = model.map_or("flat".to_string(), |m| text(m, "kind"));
+            let price = match model.and_then(|m| m.get("steps")).and_then(Value::as_array) {
+                Some(steps) => steps
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{}h:{}",
+                            text(s, "from_hour"),
+                            text(s, "price_cny_per_gb_hour")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                None => text(tier, "price_cny_per_gb_hour"),
+            };
+            t.add_row(vec![
+                format!("v{}", text(book, "version")),
+                text(book, "effective_from"),
+                text(tier, "tier"),
+                kind,
+                price,
+            ]);
+        }
+    }
+    finish(t)
+}
+
+/// One row per reservation.
+pub fn reservations(list: &Value) -> String {
+    let mut t = table();
+    t.set_header(vec![
+        "ID", "TENANT", "MODEL", "ZONE", "GPUS", "FROM", "UNTIL",
+    ]);
+    let all = list.get("reservations").and_then(Value::as_array);
+    for r in all.into_iter().flatten() {
+        t.add_row(vec![
+            text(r, "reservation_id"),
+            text(r, "tenant_id"),
+            text(r, "gpu_model"),
+            text(r, "zone"),
+            text(r, "gpus"),
+            text(r, "starts_at"),
+            text(r, "ends_at"),
+        ]);
+    }
+    finish(t)
+}
+
 fn scalar_or_json(v: &Value) -> String {
     match v {
         Value::Object(_) => v.to_string(),

@@ -799,3 +799,106 @@ async fn tenant_suspend_resume_and_set_quota_send_their_bodies() {
         json!({"quota": {"max_gpus": 8}, "weight": 2})
     );
 }
+
+#[tokio::test]
+async fn price_books_are_listed_and_published_from_a_file() {
+    let gw = fake(|req, _| match req.method.as_str() {
+        "GET" => ok(
+            200,
+            json!({"books": [{"version": 1, "currency": "CNY",
+            "effective_from": "2026-12-01T00:00:00Z",
+            "tiers": [
+                {"tier": "basic", "price_cny_per_gb_hour": "0.5"},
+                {"tier": "performance", "price_cny_per_gb_hour": "2.0",
+                 "model": {"kind": "graduated", "steps": [
+                    {"from_hour": 0, "price_cny_per_gb_hour": "2.0"},
+                    {"from_hour": 3, "price_cny_per_gb_hour": "1.6"}]}}
+            ]}]}),
+        ),
+        _ => ok(
+            201,
+            json!({"version": 2, "effective_from": "2026-12-05T00:00:00Z"}),
+        ),
+    })
+    .await;
+    let out = gw.lh(&["price-book", "ls"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let ladder = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("performance"))
+        .unwrap();
+    assert!(
+        ladder.contains("graduated") && ladder.contains("3h:1.6"),
+        "{ladder}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("book.json");
+    std::fs::write(
+        &file,
+        r#"{"version": 2, "tiers": [{"tier": "basic", "price_cny_per_gb_hour": "0.6"}]}"#,
+    )
+    .unwrap();
+    let out = gw
+        .lh(&["price-book", "publish", "--file", file.to_str().unwrap()])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let sent = &gw.requests()[1];
+    assert_eq!(
+        (sent.method.as_str(), sent.target.as_str()),
+        ("POST", "/v1/price-books")
+    );
+    assert_eq!(sent.json()["version"], 2);
+
+    // Not JSON: refused before anything is sent.
+    std::fs::write(&file, "version: 2").unwrap();
+    let out = gw
+        .lh(&["price-book", "publish", "--file", file.to_str().unwrap()])
+        .await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR, "{}", out.stderr);
+    assert_eq!(gw.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn reservations_are_created_and_listed() {
+    let reservation = json!({"reservation_id": "R1", "tenant_id": "T1", "gpu_model": "A100-40GB",
+        "zone": "z1", "gpus": 4, "starts_at": "2026-12-05T00:00:00Z",
+        "ends_at": "2027-01-04T00:00:00Z"});
+    let listed = reservation.clone();
+    let gw = fake(move |req, _| match req.method.as_str() {
+        "GET" => ok(200, json!({"reservations": [listed.clone()]})),
+        _ => ok(201, reservation.clone()),
+    })
+    .await;
+    let out = gw
+        .lh(&[
+            "reservation",
+            "create",
+            "--tenant",
+            "T1",
+            "--gpu-model",
+            "A100-40GB",
+            "--zone",
+            "z1",
+            "--gpus",
+            "4",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("R1"), "{}", out.stdout);
+    let sent = &gw.requests()[0];
+    assert_eq!(sent.target, "/v1/reservations");
+    assert_eq!(
+        sent.json(),
+        json!({"tenant_id": "T1", "gpu_model": "A100-40GB", "zone": "z1", "gpus": 4})
+    );
+    let out = gw.lh(&["reservation", "ls", "--tenant", "T1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("2027-01-04T00:00:00Z"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(gw.requests()[1].target, "/v1/reservations?tenant_id=T1");
+}

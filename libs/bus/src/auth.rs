@@ -188,6 +188,10 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             subject::RPC_PRICING_INVOICE_LIST.to_string(),
             subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
             subject::RPC_PRICING_COST_REPORT.to_string(),
+            subject::RPC_PRICING_PRICE_BOOKS.to_string(),
+            subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
+            subject::RPC_PRICING_RESERVATIONS.to_string(),
+            subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
@@ -199,6 +203,10 @@ pub fn service_permissions(service: Publisher) -> Permissions {
                 subject::RPC_PRICING_INVOICE_LIST.to_string(),
                 subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
                 subject::RPC_PRICING_COST_REPORT.to_string(),
+                subject::RPC_PRICING_PRICE_BOOKS.to_string(),
+                subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
+                subject::RPC_PRICING_RESERVATIONS.to_string(),
+                subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
             ]);
             p.allow_responses = true;
         }

@@ -87,6 +87,7 @@ events! {
     "credit.granted" v=1 => CreditGranted @ credit(tenant_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
     "audit.pruned" v=1 => AuditPruned @ audit();
+    "reservation.committed" v=1 => ReservationCommitted @ reservation(reservation_id), tenant_id = tenant_id;
 }
 
 #[cfg(test)]
@@ -198,6 +199,9 @@ mod tests {
             amount: 1.into(),
             currency: "CNY".into(),
             price_book_version: 1,
+            age_seconds: None,
+            priced_gb_seconds: None,
+            reservation_id: None,
         });
         // A charge is written on its own subject, not the lease's: guarded
         // lease writers must not count it.

@@ -34,6 +34,7 @@ pub const PRICE_BOOKS_ALL: &str = "lh.evt.price_book.>";
 pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 pub const INVOICES_ALL: &str = "lh.evt.invoice.>";
 pub const CREDITS_ALL: &str = "lh.evt.credit.>";
+pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -47,6 +48,14 @@ pub const RPC_PRICING_INVOICE_LIST: &str = "lh.rpc.pricing.invoice_list";
 pub const RPC_PRICING_INVOICE_DOCUMENT: &str = "lh.rpc.pricing.invoice_document";
 /// Request/reply subject on which pricing answers a tenant's weekly cost report.
 pub const RPC_PRICING_COST_REPORT: &str = "lh.rpc.pricing.cost_report";
+/// Request/reply subject on which pricing lists the price books.
+pub const RPC_PRICING_PRICE_BOOKS: &str = "lh.rpc.pricing.price_books";
+/// Request/reply subject on which pricing publishes a new price book.
+pub const RPC_PRICING_PUBLISH_PRICE_BOOK: &str = "lh.rpc.pricing.price_books.publish";
+/// Request/reply subject on which pricing lists the reservations.
+pub const RPC_PRICING_RESERVATIONS: &str = "lh.rpc.pricing.reservations";
+/// Request/reply subject on which pricing commits a reservation.
+pub const RPC_PRICING_COMMIT_RESERVATION: &str = "lh.rpc.pricing.reservations.commit";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
@@ -84,6 +93,10 @@ pub fn invoices() -> String {
 
 pub fn credit(tenant_id: Uuid) -> String {
     format!("lh.evt.credit.{tenant_id}")
+}
+
+pub fn reservation(reservation_id: Uuid) -> String {
+    format!("lh.evt.reservation.{reservation_id}")
 }
 
 /// Every node's heartbeats.
@@ -218,6 +231,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("credit.granted", &[Pricing]),
         ("audit.checkpoint", &[Audit]),
         ("audit.pruned", &[Audit]),
+        ("reservation.committed", &[Pricing]),
     ]
 };
 
@@ -329,6 +343,7 @@ mod tests {
             (AUDIT_ALL, audit()),
             (INVOICES_ALL, invoices()),
             (CREDITS_ALL, credit(id)),
+            (RESERVATIONS_ALL, reservation(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

@@ -9,5 +9,7 @@
 pub mod audit;
 pub mod cost_report;
 pub mod invoice;
-pub mod spot;
 pub mod invoice_document;
+pub mod price_book;
+pub mod reservation;
+pub mod spot;

@@ -1,27 +1,39 @@
-//! Charges: turns finished leases into `charge.accrued` events, priced by
-//! `lh_domain::rating`.
+//! Charges: turns running and finished leases into `charge.accrued`
+//! events, priced by `lh_domain::rating`.
 //!
-//! [`Fold`] is the in-memory state rebuilt from the log (price books, the
-//! billing facts of each lease, which leases already have charges); it does
-//! no I/O. [`Charges`] puts it on the decide loop (`lh_service::decider`),
-//! which feeds it from sequence 1 and, once it has caught up with the head
-//! of the log, publishes the charges of every lease that ended and
-//! has none yet — all charges of one lease in one atomic batch whose first
-//! message expects the lease's charge subject to be empty. A restarted or
-//! second replica therefore never charges a lease twice: the log already
-//! holds the charges (the fold saw them), or the server refuses the batch.
+//! [`Fold`] is the in-memory state rebuilt from the log (price books, spot
+//! prices, the billing facts of each open lease and how far each is
+//! charged); it does no I/O. [`Charges`] puts it on the decide loop
+//! (`lh_service::decider`), which feeds it from sequence 1 (or a snapshot)
+//! and, once it has caught up with the head of the log, publishes:
+//!
+//! * for a running lease, one charge per UTC hour once that hour is over
+//!   and a grace after it ([`DEFAULT_ACCRUAL_GRACE_SECS`]) has passed, so
+//!   that a late report of its end is in, and
+//! * for an ended lease, the charges of the hours not yet charged, up to
+//!   the end of its billable time.
+//!
+//! A charge's id is derived from (lease, hour); its amount is
+//! `round(C(to)) - round(C(from))` ([`lh_domain::rating`]), continuing from
+//! the cumulative cost the lease's previous charge carries. All charges a
+//! pass writes for a lease go in one atomic batch whose first message
+//! expects the sequence of the lease's last charge on
+//! `lh.evt.charge.<lease_id>` (0 for the first), so a restarted or second
+//! replica never charges an hour twice: the log already holds the charge
+//! (the fold saw it), or the server refuses the batch.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_bus::{Bus, BusError, Expect, MAX_BATCH_MESSAGES};
-use lh_domain::rating::{self, Segment};
+use lh_domain::rating::{self, Accrued, Interval, PricePoint};
 use lh_events::{
-    derived_id, subject, Actor, ChargeAccrued, EndReason, Envelope, EventData, PriceBookPublished,
-    Tier,
+    subject, Actor, ChargeAccrued, ChargeModel, EndReason, Envelope, EventData, PriceBookPublished,
+    ReservationCommitted, Tier,
 };
 use lh_service::decider::{Batch, Decider, Pace};
+use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use crate::SERVICE;
@@ -31,45 +43,128 @@ pub const FILTERS: &[&str] = &[
     subject::LEASES_ALL,
     subject::CHARGES_ALL,
     subject::PRICE_BOOKS_ALL,
+    subject::SPOT_ALL,
+    subject::RESERVATIONS_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
 /// Wait before retrying a publish that failed for a reason other than a conflict.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long after an hour ends its charges are written, by default: a
+/// node's report of an end is held to within the node clock skew (30 s) of
+/// when the log stored it, and a lost node is declared within seconds, so
+/// by then the log says whether the lease ran the whole hour.
+pub const DEFAULT_ACCRUAL_GRACE_SECS: i64 = 300;
+/// Most spot price points kept per (zone, GPU model) before the ones no
+/// open lease needs are dropped.
+const PRUNE_MARKET_AT_POINTS: usize = 1024;
+/// Places of a charge's (informational) average unit price.
+const UNIT_PRICE_SCALE: u32 = 6;
 
-/// What the log says about one lease, as far as billing cares.
+/// What the log says about one open lease, as far as billing cares.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct LeaseFacts {
     tenant_id: Option<Uuid>,
     tier: Option<Tier>,
+    gpu_model: Option<String>,
+    zone: Option<String>,
     gpus: Option<u32>,
     vram_gb_per_gpu: Option<u32>,
+    /// The book the lease is billed on, chosen at its first start.
+    book_version: Option<u32>,
     /// The node-agent's `lease.started.started_at` of the current run.
     started_at: Option<DateTime<Utc>>,
-    /// Earlier runs, closed when the lease was moved off a lost node:
-    /// `(started_at, billing_ends_at)`.
-    runs: Vec<(DateTime<Utc>, DateTime<Utc>)>,
-    /// The `lease.ended` envelope, once billable.
-    ended: Option<Envelope>,
+    /// Closed runs with time not yet charged: ended at a notice, a
+    /// suspension, a lost node or the lease's end.
+    runs: Vec<Interval>,
+    /// The event the next charges are caused by: the last `lease.started`,
+    /// then `lease.ended`.
+    cause: Option<Envelope>,
+    /// Whether `lease.ended` was read: no run opens any more.
+    ended: bool,
+    /// The cumulative cost up to `charged_to`, as the last charge says.
+    accrued: Accrued,
+    /// The `to` of the lease's last charge.
+    charged_to: Option<DateTime<Utc>>,
+    /// Stream sequence of the lease's last charge (0: none yet).
+    last_charge_sequence: u64,
+    /// Not a lease but a reservation's commitment, billed whether used or
+    /// not, hour by hour as its term passes.
+    #[serde(default)]
+    commitment: bool,
+    /// The reservation covering this `reserved` lease, until when.
+    #[serde(default)]
+    covered_by: Option<(Uuid, DateTime<Utc>)>,
 }
 
-/// The charges of one lease, ready to publish.
-#[derive(Debug, Clone)]
-pub struct Bill {
-    pub lease_id: Uuid,
-    pub charges: Vec<ChargeAccrued>,
-    /// The `lease.ended` event the charges are caused by.
-    pub cause: Envelope,
+impl LeaseFacts {
+    /// Every billable interval not yet wholly charged; the open run counts
+    /// up to `now`.
+    fn intervals(&self, now: DateTime<Utc>) -> Vec<Interval> {
+        let mut runs = self.runs.clone();
+        if let Some(start) = self.started_at {
+            runs.push(Interval {
+                start,
+                end: now.max(start),
+            });
+        }
+        runs
+    }
+
+    /// Closes the open run at `at` (not before it started).
+    fn close_run(&mut self, at: DateTime<Utc>) {
+        if let Some(start) = self.started_at.take() {
+            self.runs.push(Interval {
+                start,
+                end: at.max(start),
+            });
+        }
+    }
+
+    /// The end of the lease's billable time, once it has ended.
+    fn billable_end(&self) -> Option<DateTime<Utc>> {
+        if !self.ended || self.started_at.is_some() {
+            return None;
+        }
+        Some(
+            self.runs
+                .iter()
+                .map(|r| r.end)
+                .max()
+                .unwrap_or(DateTime::<Utc>::MIN_UTC),
+        )
+    }
+
+    /// Whether every billable second is charged: nothing more to do.
+    fn done(&self) -> bool {
+        self.billable_end()
+            .is_some_and(|end| self.runs.is_empty() || self.charged_to.is_some_and(|to| to >= end))
+    }
 }
 
-/// What to do with a lease awaiting its charges.
+/// What to do with a lease that may have charges due.
 #[derive(Debug)]
 pub enum Plan {
+    /// The charges due, oldest hour first.
     Publish(Box<Bill>),
+    /// Nothing is due now.
+    Nothing,
     /// No price book is known yet: try again later.
     WaitForBook,
     /// Can never be billed (facts missing from the log): drop it.
     Unbillable(String),
+}
+
+/// The charges of one lease due now, ready to publish.
+#[derive(Debug, Clone)]
+pub struct Bill {
+    pub lease_id: Uuid,
+    pub charges: Vec<ChargeAccrued>,
+    /// The event the charges are caused by.
+    pub cause: Envelope,
+    /// Sequence of the lease's last charge in the log: the first message
+    /// expects it.
+    pub after_sequence: u64,
 }
 
 /// Most charged leases the fold remembers (see `Fold::charged`).
@@ -80,18 +175,33 @@ pub const MAX_REMEMBERED_CHARGED_LEASES: usize = 100_000;
 pub struct Fold {
     /// Every price book version seen, sorted by version.
     books: Vec<PriceBookPublished>,
+    /// Open leases: requested and not yet wholly charged.
     leases: HashMap<Uuid, LeaseFacts>,
-    /// Leases with at least one charge in the log (or just published),
-    /// the newest [`MAX_REMEMBERED_CHARGED_LEASES`] of them: an event that
-    /// comes for a lease after its charges is a late repeat, and a year of
-    /// leases must not stay in memory.
+    /// Spot prices per `(zone, gpu_model)`, by `at`; the points before what
+    /// an open lease still needs are dropped.
+    market: HashMap<String, Vec<PricePoint>>,
+    /// Leases wholly charged (or never billable), the newest
+    /// [`MAX_REMEMBERED_CHARGED_LEASES`] of them: an event that comes for
+    /// a lease after its charges is a late repeat, and a year of leases
+    /// must not stay in memory.
     charged: HashSet<Uuid>,
     /// `charged` in the order its leases were charged, oldest first.
     charged_order: VecDeque<Uuid>,
-    /// Ended, billable leases without charges, in id order.
-    due: BTreeSet<Uuid>,
+    /// Leases whose facts changed since the last full look at them.
+    touched: BTreeSet<Uuid>,
+    /// Reservations whose commitment is not yet wholly charged, with the
+    /// GPUs of the leases they cover now.
+    #[serde(default)]
+    reservations: HashMap<Uuid, (ReservationCommitted, u32)>,
     /// Sequence of the last event folded.
     pub sequence: u64,
+    /// Sequence of the last event on the price book subject folded.
+    #[serde(default)]
+    pub book_sequence: u64,
+}
+
+fn market_key(zone: &str, gpu_model: &str) -> String {
+    format!("{zone}/{gpu_model}")
 }
 
 impl Fold {
@@ -105,10 +215,13 @@ impl Fold {
                 self.books.push(book.clone());
                 self.books.sort_by_key(|b| b.version);
             }
+            EventData::SpotPriceSet(p) => self.price_set(p, envelope.occurred_at),
+            EventData::ReservationCommitted(r) => self.committed(r, envelope),
             EventData::LeaseRequested(e) => {
                 if let Some(l) = self.open(e.lease_id) {
                     l.tenant_id = Some(e.tenant_id);
                     l.tier = Some(e.tier);
+                    l.gpu_model = Some(e.gpu_model.clone());
                 }
             }
             EventData::LeasePlaced(e) => {
@@ -117,11 +230,25 @@ impl Fold {
                     // A fractional lease is billed by its share's VRAM.
                     let share = e.gpus.first().and_then(|g| g.vram_gb);
                     l.vram_gb_per_gpu = Some(share.unwrap_or(e.vram_gb_per_gpu));
+                    l.zone = Some(e.zone.clone());
                 }
             }
             EventData::LeaseStarted(e) => {
+                let book = self.book_for(e.started_at).map(|b| b.version);
+                let first_start = self.open(e.lease_id).is_some_and(|l| {
+                    l.book_version.is_none() && l.runs.is_empty() && l.started_at.is_none()
+                });
                 if let Some(l) = self.open(e.lease_id) {
-                    l.started_at.get_or_insert(e.started_at);
+                    if l.started_at.is_none() {
+                        l.started_at = Some(e.started_at);
+                        l.cause = Some(envelope.clone());
+                    }
+                    if l.book_version.is_none() {
+                        l.book_version = book;
+                    }
+                }
+                if first_start {
+                    self.cover(e.lease_id, e.started_at);
                 }
             }
             EventData::LeaseEnded(e) => self.ended(e, envelope),
@@ -129,13 +256,12 @@ impl Fold {
                 if let Some(l) = self.open(e.lease_id) {
                     // The old run is billed until the old node was last
                     // heard from; the next starts when the new node says so.
-                    if let Some(started) = l.started_at.take() {
-                        l.runs.push((started, e.billing_ends_at.max(started)));
-                    }
+                    l.close_run(e.billing_ends_at);
                     if let Some(to) = &e.to {
                         l.gpus = Some(to.gpus.len() as u32);
                         let share = to.gpus.first().and_then(|g| g.vram_gb);
                         l.vram_gb_per_gpu = Some(share.unwrap_or(to.vram_gb_per_gpu));
+                        l.zone = Some(to.zone.clone());
                     }
                 }
             }
@@ -143,18 +269,180 @@ impl Fold {
                 if let Some(l) = self.open(e.lease_id) {
                     // Suspended: the run ends when the workload stopped; a
                     // resumed lease opens the next at its new start.
-                    if let Some(started) = l.started_at.take() {
-                        l.runs.push((started, e.suspended_at.max(started)));
-                    }
+                    l.close_run(e.suspended_at);
+                }
+            }
+            EventData::LeasePreemptionNoticed(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    // The notice period is the tenant's time to save work,
+                    // not billed: the run ends when the notice is given.
+                    l.close_run(envelope.occurred_at);
                 }
             }
             // Rejected leases never run (one that has run is queued, not
             // rejected, by the scheduler): forget them.
-            EventData::LeaseRejected(e) if !self.due.contains(&e.lease_id) => {
+            EventData::LeaseRejected(e)
+                if self
+                    .leases
+                    .get(&e.lease_id)
+                    .is_some_and(|l| l.runs.is_empty() && l.started_at.is_none()) =>
+            {
                 self.leases.remove(&e.lease_id);
+                self.touched.remove(&e.lease_id);
             }
-            EventData::ChargeAccrued(c) => self.mark_charged(c.lease_id),
+            EventData::ChargeAccrued(c) => self.charge_read(sequence, c),
             _ => {}
+        }
+    }
+
+    /// A reservation: its commitment is billed like a lease that runs for
+    /// its whole term on its GPUs, at the reserved tier's price.
+    fn committed(&mut self, r: &ReservationCommitted, envelope: &Envelope) {
+        if self.charged.contains(&r.reservation_id) || self.leases.contains_key(&r.reservation_id) {
+            return;
+        }
+        let book_version = self.book_for(r.starts_at).map(|b| b.version);
+        self.reservations.insert(r.reservation_id, (r.clone(), 0));
+        self.touched.insert(r.reservation_id);
+        self.leases.insert(
+            r.reservation_id,
+            LeaseFacts {
+                tenant_id: Some(r.tenant_id),
+                tier: Some(Tier::Reserved),
+                gpu_model: Some(r.gpu_model.clone()),
+                zone: Some(r.zone.clone()),
+                gpus: Some(r.gpus),
+                vram_gb_per_gpu: lh_domain::catalog::vram_gb(&r.gpu_model),
+                book_version,
+                runs: vec![Interval {
+                    start: r.starts_at,
+                    end: r.ends_at.max(r.starts_at),
+                }],
+                cause: Some(envelope.clone()),
+                ended: true,
+                commitment: true,
+                ..LeaseFacts::default()
+            },
+        );
+    }
+
+    /// A `reserved` lease starting for the first time takes room in the
+    /// first of its tenant's reservations for its model and zone that is in
+    /// its term and has room for all its GPUs (oldest first); none has
+    /// room: it is billed as basic.
+    fn cover(&mut self, lease_id: Uuid, started_at: DateTime<Utc>) {
+        let Some(facts) = self.leases.get(&lease_id) else {
+            return;
+        };
+        let (Some(Tier::Reserved), Some(tenant), Some(model), Some(zone), Some(gpus)) = (
+            facts.tier,
+            facts.tenant_id,
+            facts.gpu_model.clone(),
+            facts.zone.clone(),
+            facts.gpus,
+        ) else {
+            return;
+        };
+        let mut fitting: Vec<&mut (ReservationCommitted, u32)> = self
+            .reservations
+            .values_mut()
+            .filter(|(r, used)| {
+                r.tenant_id == tenant
+                    && r.gpu_model == model
+                    && r.zone == zone
+                    && r.starts_at <= started_at
+                    && started_at < r.ends_at
+                    && used.saturating_add(gpus) <= r.gpus
+            })
+            .collect();
+        fitting.sort_by_key(|(r, _)| (r.starts_at, r.reservation_id));
+        if let Some((r, used)) = fitting.into_iter().next() {
+            *used += gpus;
+            let cover = (r.reservation_id, r.ends_at);
+            if let Some(facts) = self.leases.get_mut(&lease_id) {
+                facts.covered_by = Some(cover);
+            }
+        }
+    }
+
+    /// The reservations not yet wholly charged, oldest first.
+    pub fn reservations(&self) -> Vec<ReservationCommitted> {
+        let mut all: Vec<_> = self.reservations.values().map(|(r, _)| r.clone()).collect();
+        all.sort_by_key(|r| (r.starts_at, r.reservation_id));
+        all
+    }
+
+    fn price_set(&mut self, p: &lh_events::SpotPriceSet, at: DateTime<Utc>) {
+        let key = market_key(&p.zone, &p.gpu_model);
+        let points = self.market.entry(key.clone()).or_default();
+        let point = PricePoint {
+            at,
+            price_cny_per_gb_hour: p.price_cny_per_gb_hour,
+        };
+        // Kept sorted by `at`; equal instants keep their log order.
+        let index = points.partition_point(|q| q.at <= at);
+        points.insert(index, point);
+        if points.len() >= PRUNE_MARKET_AT_POINTS {
+            self.prune_market(&key);
+        }
+    }
+
+    /// Drops the points of a market before the last one in force at the
+    /// earliest instant an open lease on it has not charged yet.
+    fn prune_market(&mut self, key: &str) {
+        let needed_from = self
+            .leases
+            .values()
+            .filter(|l| {
+                l.zone
+                    .as_deref()
+                    .zip(l.gpu_model.as_deref())
+                    .is_some_and(|(z, m)| market_key(z, m) == key)
+            })
+            .filter_map(|l| {
+                l.charged_to
+                    .or(l.runs.first().map(|r| r.start))
+                    .or(l.started_at)
+            })
+            .min();
+        let Some(points) = self.market.get_mut(key) else {
+            return;
+        };
+        let keep_from = match needed_from {
+            Some(at) => points.partition_point(|q| q.at <= at).saturating_sub(1),
+            // No open lease reads it: only the price in force now matters.
+            None => points.len().saturating_sub(1),
+        };
+        points.drain(..keep_from);
+    }
+
+    /// A charge in the log: the lease is charged up to its `to`.
+    fn charge_read(&mut self, sequence: u64, c: &ChargeAccrued) {
+        let (Some(age_seconds), Some(priced_gb_seconds)) = (c.age_seconds, c.priced_gb_seconds)
+        else {
+            // Written before hourly accrual: all of the lease at its end.
+            self.mark_charged(c.lease_id);
+            return;
+        };
+        if self.charged.contains(&c.lease_id) {
+            return;
+        }
+        let facts = self.leases.entry(c.lease_id).or_default();
+        if facts.charged_to.is_none_or(|to| c.to >= to) {
+            facts.accrued = Accrued {
+                age_seconds,
+                priced_gb_seconds,
+            };
+            facts.charged_to = Some(c.to);
+        }
+        facts.last_charge_sequence = facts.last_charge_sequence.max(sequence);
+        let to = c.to;
+        // Runs wholly charged are in `accrued`: drop them.
+        facts.runs.retain(|r| r.end > to);
+        if facts.done() {
+            self.mark_charged(c.lease_id);
+        } else {
+            self.touched.insert(c.lease_id);
         }
     }
 
@@ -162,7 +450,8 @@ impl Fold {
     /// price book's (versions fold once), or a lease's whose request this
     /// fold never read (its history expired before this reader started).
     /// Facts gathered from the events before such a restatement are
-    /// dropped: the restatement carries them too.
+    /// dropped, but not how far the lease is charged: the restatement
+    /// carries the lease's events, not its charges.
     pub fn needs_history(&mut self, data: &EventData) -> bool {
         match data {
             EventData::PriceBookRestated(_) => true,
@@ -175,8 +464,14 @@ impl Fold {
                     .get(&r.lease_id)
                     .is_some_and(|f| f.tenant_id.is_some());
                 if !known {
-                    self.leases.remove(&r.lease_id);
-                    self.due.remove(&r.lease_id);
+                    if let Some(f) = self.leases.get_mut(&r.lease_id) {
+                        *f = LeaseFacts {
+                            accrued: f.accrued,
+                            charged_to: f.charged_to,
+                            last_charge_sequence: f.last_charge_sequence,
+                            ..LeaseFacts::default()
+                        };
+                    }
                 }
                 !known
             }
@@ -184,14 +479,15 @@ impl Fold {
         }
     }
 
-    /// The facts of a lease not yet charged or closed.
+    /// The facts of a lease not yet wholly charged.
     fn open(&mut self, lease_id: Uuid) -> Option<&mut LeaseFacts> {
         if self.charged.contains(&lease_id) {
             return None;
         }
+        self.touched.insert(lease_id);
         let facts = self.leases.entry(lease_id).or_default();
         // After lease.ended nothing changes what it costs.
-        if facts.ended.is_some() {
+        if facts.ended {
             return None;
         }
         Some(facts)
@@ -201,21 +497,34 @@ impl Fold {
         let Some(facts) = self.open(e.lease_id) else {
             return;
         };
-        let last_run = e.reason != EndReason::Cancelled
-            && facts.started_at.is_some_and(|started| e.ended_at > started);
-        if !last_run {
+        // Its GPUs no longer count against the reservation.
+        let release = facts
+            .covered_by
+            .map(|(id, _)| (id, facts.gpus.unwrap_or(0)));
+        // A lease cancelled while it waits keeps the runs it had; its
+        // current run (none, normally) is not billed.
+        if e.reason == EndReason::Cancelled {
             facts.started_at = None;
-        }
-        if last_run || !facts.runs.is_empty() {
-            facts.ended = Some(envelope.clone());
-            self.due.insert(e.lease_id);
         } else {
-            // Cancelled, never started, or ended before it started: nothing to bill.
-            self.leases.remove(&e.lease_id);
+            facts.close_run(e.ended_at);
+        }
+        facts.runs.retain(|r| r.end > r.start);
+        facts.ended = true;
+        facts.cause = Some(envelope.clone());
+        let done = facts.done();
+        if let Some((id, gpus)) = release {
+            if let Some((_, used)) = self.reservations.get_mut(&id) {
+                *used = used.saturating_sub(gpus);
+            }
+        }
+        if done {
+            // Cancelled, never started, ended before it started, or every
+            // second already charged: nothing (more) to bill.
+            self.mark_charged(e.lease_id);
         }
     }
 
-    /// Records that `lease_id` has its charges; forgets its facts.
+    /// Records that `lease_id` is wholly charged; forgets its facts.
     pub fn mark_charged(&mut self, lease_id: Uuid) {
         if self.charged.insert(lease_id) {
             self.charged_order.push_back(lease_id);
@@ -226,18 +535,47 @@ impl Fold {
             }
         }
         self.leases.remove(&lease_id);
-        self.due.remove(&lease_id);
+        self.touched.remove(&lease_id);
+        self.reservations.remove(&lease_id);
     }
 
     /// Drops a lease that can never be billed.
-    pub fn drop_due(&mut self, lease_id: Uuid) {
-        self.due.remove(&lease_id);
-        self.leases.remove(&lease_id);
+    pub fn drop_lease(&mut self, lease_id: Uuid) {
+        self.mark_charged(lease_id);
     }
 
-    /// Ended leases still waiting for their charges.
-    pub fn due(&self) -> Vec<Uuid> {
-        self.due.iter().copied().collect()
+    /// Leases to look at now: all open ones when `all`, else those whose
+    /// facts changed since they were last looked at.
+    pub fn to_look_at(&mut self, all: bool) -> Vec<Uuid> {
+        let touched = std::mem::take(&mut self.touched);
+        if all {
+            let mut ids: Vec<Uuid> = self.leases.keys().copied().collect();
+            ids.sort();
+            ids
+        } else {
+            touched.into_iter().collect()
+        }
+    }
+
+    /// Looks at `lease_id` again at the next pass.
+    pub fn touch(&mut self, lease_id: Uuid) {
+        if self.leases.contains_key(&lease_id) {
+            self.touched.insert(lease_id);
+        }
+    }
+
+    /// Whether nothing more can come due for `lease_id` once nothing is
+    /// due at `horizon`: the lease has ended (a commitment: its term has
+    /// passed the horizon).
+    pub fn is_over(&self, lease_id: Uuid, horizon: DateTime<Utc>) -> bool {
+        self.leases.get(&lease_id).is_some_and(|l| {
+            l.ended && (!l.commitment || l.billable_end().is_some_and(|end| end <= horizon))
+        })
+    }
+
+    /// Open leases (requested, started or ended, not wholly charged).
+    pub fn open_leases(&self) -> usize {
+        self.leases.len()
     }
 
     pub fn is_charged(&self, lease_id: Uuid) -> bool {
@@ -258,67 +596,166 @@ impl Fold {
         !self.books.is_empty()
     }
 
-    /// What to do about a due lease.
-    pub fn plan(&self, lease_id: Uuid) -> Plan {
+    /// The market a spot lease is priced on, with the tier's headline
+    /// price standing for the time before the market's first price.
+    fn market_for(&self, facts: &LeaseFacts, headline: Decimal) -> Vec<PricePoint> {
+        let mut points = vec![PricePoint {
+            at: DateTime::<Utc>::MIN_UTC,
+            price_cny_per_gb_hour: headline,
+        }];
+        if let (Some(zone), Some(model)) = (&facts.zone, &facts.gpu_model) {
+            if let Some(known) = self.market.get(&market_key(zone, model)) {
+                points.extend(known.iter().copied());
+            }
+        }
+        points
+    }
+
+    /// The charges of `lease_id` due at `now`: every UTC hour of its
+    /// billable time that ended at least `grace` ago, or, once it has
+    /// ended, every hour up to its end.
+    pub fn plan(&self, lease_id: Uuid, now: DateTime<Utc>, grace: chrono::Duration) -> Plan {
+        self.plan_until(lease_id, rating::hour_start(now - grace))
+    }
+
+    /// [`Fold::plan`] with the hours before `horizon` due.
+    pub fn plan_until(&self, lease_id: Uuid, horizon: DateTime<Utc>) -> Plan {
         let Some(facts) = self.leases.get(&lease_id) else {
             return Plan::Unbillable("no facts about the lease".into());
         };
-        let Some(cause) = &facts.ended else {
-            return Plan::Unbillable("lease has not ended".into());
+        let until = match facts.billable_end() {
+            // A commitment is billed as its term passes, not ahead.
+            Some(end) if facts.commitment => end.min(horizon),
+            Some(end) => end,
+            None => horizon,
         };
-        let EventData::LeaseEnded(ended) = &cause.data else {
-            return Plan::Unbillable("cause is not lease.ended".into());
+        let intervals = facts.intervals(until);
+        let Some(first_start) = intervals.iter().map(|r| r.start).min() else {
+            return Plan::Nothing;
         };
-        let mut runs = facts.runs.clone();
-        runs.extend(facts.started_at.map(|s| (s, ended.ended_at)));
-        if runs.is_empty() {
-            return Plan::Unbillable("lease has not both started and ended".into());
+        let from = facts
+            .charged_to
+            .map_or(first_start, |to| to.max(first_start));
+        if from >= until {
+            return Plan::Nothing;
         }
+        // A running lease's facts may still be on their way; an ended
+        // lease's never come.
+        let missing = |why: &str| match facts.ended {
+            true => Plan::Unbillable(why.into()),
+            false => Plan::Nothing,
+        };
         let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
-            return Plan::Unbillable("no lease.requested in the log".into());
+            return missing("no lease.requested in the log");
         };
         let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
-            return Plan::Unbillable("no lease.placed in the log".into());
+            return missing("no lease.placed in the log");
+        };
+        let book = match facts.book_version {
+            Some(v) => self.books.iter().find(|b| b.version == v),
+            None => self.book_for(first_start),
+        };
+        let Some(book) = book else {
+            return Plan::WaitForBook;
+        };
+        // A commitment at the reserved tier's price; a `reserved` lease
+        // its reservation covers is free until the term ends, then (and
+        // when none covers it) at the basic tier's.
+        let priced_as = match tier {
+            Tier::Reserved if facts.commitment => Tier::Reserved,
+            Tier::Reserved => Tier::Basic,
+            other => other,
+        };
+        let (Some(model), Some(headline)) = (
+            rating::tier_model(book, priced_as),
+            rating::unit_price(book, priced_as),
+        ) else {
+            return Plan::Unbillable(format!(
+                "price book v{} has no price for tier {}",
+                book.version,
+                priced_as.as_str()
+            ));
+        };
+        let (model, market) = match (model, facts.covered_by) {
+            (_, Some((_, covered_until))) if !facts.commitment => (
+                ChargeModel::Market,
+                vec![
+                    PricePoint {
+                        at: DateTime::<Utc>::MIN_UTC,
+                        price_cny_per_gb_hour: Decimal::ZERO,
+                    },
+                    PricePoint {
+                        at: covered_until,
+                        price_cny_per_gb_hour: headline,
+                    },
+                ],
+            ),
+            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
+            (model, _) => (model, Vec::new()),
+        };
+        let reservation_id = match facts.commitment {
+            true => Some(lease_id),
+            false => facts.covered_by.map(|(id, _)| id),
+        };
+        let vram_gb = gpus * vram_gb_per_gpu;
+        let Some(cause) = facts.cause.clone() else {
+            return missing("no lease.started in the log");
         };
         let mut charges = Vec::new();
-        for (index, (started_at, ended_at)) in runs.into_iter().enumerate() {
-            let Some(book) = self.book_for(started_at) else {
-                return Plan::WaitForBook;
-            };
-            let segment = Segment {
-                lease_id,
-                index: index as u32,
-                tenant_id,
-                tier,
-                gpus,
-                vram_gb_per_gpu,
-                started_at,
-                ended_at,
-            };
-            let run = rating::charges(book, &segment);
-            if run.is_empty() && ended_at > started_at {
-                return Plan::Unbillable(format!(
-                    "price book v{} has no price for tier {}",
-                    book.version,
-                    tier.as_str()
-                ));
+        let mut before = facts.accrued;
+        let mut hour = rating::hour_start(from);
+        while hour < until {
+            let next_hour = hour + chrono::Duration::hours(1);
+            let (piece_from, piece_to) = (from.max(hour), until.min(next_hour));
+            let after = rating::accrue(
+                &model, &market, vram_gb, before, &intervals, piece_from, piece_to,
+            );
+            let seconds = after.age_seconds - before.age_seconds;
+            if seconds > 0 {
+                let amount = after.amount_since(&before);
+                let exact = after.exact_cny() - before.exact_cny();
+                let unit_price = (exact * Decimal::from(3600)
+                    / (Decimal::from(vram_gb.max(1)) * Decimal::from(seconds)))
+                .round_dp(UNIT_PRICE_SCALE)
+                .normalize();
+                charges.push(ChargeAccrued {
+                    charge_id: rating::hourly_charge_id(lease_id, hour),
+                    tenant_id,
+                    lease_id,
+                    period: rating::period_of(piece_from),
+                    tier,
+                    gpus,
+                    vram_gb,
+                    from: piece_from,
+                    to: piece_to,
+                    billed_seconds: seconds,
+                    unit_price_cny_per_gb_hour: unit_price,
+                    amount,
+                    currency: book.currency.clone(),
+                    price_book_version: book.version,
+                    age_seconds: Some(after.age_seconds),
+                    priced_gb_seconds: Some(after.priced_gb_seconds),
+                    reservation_id,
+                });
+                before = after;
             }
-            charges.extend(run);
+            hour = next_hour;
         }
         if charges.is_empty() {
-            return Plan::Unbillable("no billable second".into());
+            return Plan::Nothing;
         }
         Plan::Publish(Box::new(Bill {
             lease_id,
             charges,
-            cause: cause.clone(),
+            cause,
+            after_sequence: facts.last_charge_sequence,
         }))
     }
 }
 
 /// The id of the default price book (version 1).
 pub fn default_book_id() -> Uuid {
-    derived_id(&["price_book", "1"])
+    crate::books::book_id(rating::DEFAULT_BOOK_VERSION)
 }
 
 /// Publishes the default price book when the log holds none. Several
@@ -350,7 +787,7 @@ pub async fn ensure_price_book(bus: &Bus, now: DateTime<Utc>) -> anyhow::Result<
     }
 }
 
-/// The charge events of a bill, in batches of at most [`MAX_BATCH_MESSAGES`].
+/// The charge events of a bill.
 pub fn envelopes(bill: &Bill, now: DateTime<Utc>) -> Vec<Envelope> {
     bill.charges
         .iter()
@@ -366,11 +803,11 @@ pub fn envelopes(bill: &Bill, now: DateTime<Utc>) -> Vec<Envelope> {
         .collect()
 }
 
-/// One lease's charges as decisions: one atomic batch whose first message
-/// expects `lh.evt.charge.<lease_id>` to be empty. A lease longer than
-/// [`MAX_BATCH_MESSAGES`] months (over five years) needs several batches;
-/// each later one expects the charge subject to be empty too, and the decide
-/// loop chains that to the sequence the batch before it got.
+/// A lease's charges as decisions: atomic batches of at most
+/// [`MAX_BATCH_MESSAGES`], the first message of each expecting
+/// `lh.evt.charge.<lease_id>` to end where the fold saw its last charge.
+/// The decide loop replaces a later batch's expectation with the sequence
+/// the batch before it got, so the chain holds across batches.
 pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
     envelopes(bill, now)
         .chunks(MAX_BATCH_MESSAGES)
@@ -380,7 +817,7 @@ pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
                 .enumerate()
                 .map(|(i, e)| {
                     let expect = if i == 0 {
-                        Expect::LastSubjectSequence(0)
+                        Expect::LastSubjectSequence(bill.after_sequence)
                     } else {
                         Expect::Any
                     };
@@ -391,6 +828,19 @@ pub fn bill_batches(bill: &Bill, now: DateTime<Utc>) -> Vec<Batch> {
         .collect()
 }
 
+/// The price books as the fold knows them, shared with the price book
+/// RPC: every version, and the stream sequence of the last event on the
+/// price book subject the fold has read (a publish is guarded by it).
+#[derive(Debug, Clone, Default)]
+pub struct Shelf {
+    pub books: Vec<PriceBookPublished>,
+    pub sequence: u64,
+    /// Reservations whose commitment is not yet wholly charged.
+    pub reservations: Vec<ReservationCommitted>,
+}
+
+pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
+
 /// Charging on the decide loop: folds the log and, once caught up, charges
 /// every lease that ended and has no charges yet.
 #[derive(Default)]
@@ -399,13 +849,49 @@ pub struct Charges {
     warned_no_book: bool,
     /// How far a node's timestamps may be from the log server's clock.
     node_clock_skew: chrono::Duration,
+    /// How long after an hour ends it is charged.
+    grace: chrono::Duration,
+    /// The horizon of the last pass that looked at every open lease.
+    looked_at_horizon: Option<DateTime<Utc>>,
+    shelf: SharedShelf,
 }
 
 impl Charges {
-    pub fn new(node_clock_skew: chrono::Duration) -> Self {
+    pub fn new(node_clock_skew: chrono::Duration, grace: chrono::Duration) -> Self {
         Self {
             node_clock_skew,
+            grace,
             ..Self::default()
+        }
+    }
+
+    /// The books this fold keeps up to date for others to read.
+    pub fn shelf(&self) -> SharedShelf {
+        self.shelf.clone()
+    }
+
+    fn apply_stored_event(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if let Some(history) = envelope.data.restated_history() {
+            if self.fold.needs_history(&envelope.data) {
+                for e in history {
+                    self.apply_stored(e.sequence, e.stored_at, &e.envelope);
+                }
+            }
+            self.fold.sequence = self.fold.sequence.max(sequence);
+            return;
+        }
+        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
+        self.fold.apply(sequence, &held);
+    }
+
+    fn update_shelf(&self) {
+        let mut shelf = self.shelf.write().expect("shelf lock");
+        if shelf.sequence != self.fold.book_sequence || shelf.books.len() != self.fold.books.len() {
+            shelf.books = self.fold.books.clone();
+            shelf.sequence = self.fold.book_sequence;
+        }
+        if shelf.reservations.len() != self.fold.reservations.len() {
+            shelf.reservations = self.fold.reservations();
         }
     }
 }
@@ -429,6 +915,10 @@ pub fn held_to_the_log(
         // heartbeat, a GPU's failure), held when they were heard; a
         // migration can still never end a run after it was stored.
         EventData::LeaseMigrated(e) => (e.billing_ends_at, e.billing_ends_at.min(stored_at)),
+        // A notice is given when it is stored, at the latest.
+        EventData::LeasePreemptionNoticed(_) => {
+            (envelope.occurred_at, envelope.occurred_at.min(stored_at))
+        }
         _ => return std::borrow::Cow::Borrowed(envelope),
     };
     if claimed == held_at {
@@ -442,6 +932,7 @@ pub fn held_to_the_log(
         EventData::LeaseEnded(e) => e.ended_at = held_at,
         EventData::LeaseSuspended(e) => e.suspended_at = held_at,
         EventData::LeaseMigrated(e) => e.billing_ends_at = held_at,
+        EventData::LeasePreemptionNoticed(_) => held.occurred_at = held_at,
         _ => {}
     }
     std::borrow::Cow::Owned(held)
@@ -468,20 +959,18 @@ impl Decider for Charges {
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fold.apply(sequence, envelope);
+        self.update_shelf();
     }
 
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
-        if let Some(history) = envelope.data.restated_history() {
-            if self.fold.needs_history(&envelope.data) {
-                for e in history {
-                    self.apply_stored(e.sequence, e.stored_at, &e.envelope);
-                }
-            }
-            self.fold.sequence = self.fold.sequence.max(sequence);
-            return;
+        if matches!(
+            envelope.data,
+            EventData::PriceBookPublished(_) | EventData::PriceBookRestated(_)
+        ) {
+            self.fold.book_sequence = self.fold.book_sequence.max(sequence);
         }
-        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
-        self.fold.apply(sequence, &held);
+        self.apply_stored_event(sequence, stored_at, envelope);
+        self.update_shelf();
     }
 
     fn snapshot(&self) -> Option<serde_json::Value> {
@@ -492,6 +981,7 @@ impl Decider for Charges {
         match serde_json::from_value(state) {
             Ok(fold) => {
                 self.fold = fold;
+                self.update_shelf();
                 true
             }
             Err(_) => false,
@@ -499,24 +989,39 @@ impl Decider for Charges {
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let horizon = rating::hour_start(now - self.grace);
+        // An hour is over: every running lease has one due. Otherwise only
+        // the leases the log said something new about.
+        let all = self.looked_at_horizon != Some(horizon);
+        self.looked_at_horizon = Some(horizon);
         let mut decisions = Vec::new();
-        for lease_id in self.fold.due() {
-            match self.fold.plan(lease_id) {
-                // Nothing billable (no second was run): nothing to write.
-                Plan::Publish(bill) if bill.charges.is_empty() => self.fold.mark_charged(lease_id),
-                Plan::Publish(bill) => decisions.extend(bill_batches(&bill, now)),
+        for lease_id in self.fold.to_look_at(all) {
+            match self.fold.plan_until(lease_id, horizon) {
+                Plan::Nothing if self.fold.is_over(lease_id, horizon) => {
+                    self.fold.mark_charged(lease_id)
+                }
+                Plan::Nothing => {}
+                Plan::Publish(bill) => {
+                    decisions.extend(bill_batches(&bill, now));
+                    // Looked at again next pass: nothing is due once its
+                    // charges are in, and a refused batch is tried again.
+                    self.fold.touch(lease_id);
+                }
                 Plan::WaitForBook => {
                     if !self.warned_no_book {
                         tracing::warn!(%lease_id, "no price book in the log yet; charges wait");
                         self.warned_no_book = true;
                     }
+                    self.fold.touch(lease_id);
                 }
                 Plan::Unbillable(why) => {
                     tracing::error!(%lease_id, %why, "lease cannot be billed");
-                    self.fold.drop_due(lease_id);
+                    self.fold.drop_lease(lease_id);
                 }
             }
         }
+        metrics::gauge!("lh_pricing_open_leases").set(self.fold.open_leases() as f64);
+        self.update_shelf();
         decisions
     }
 
@@ -580,6 +1085,22 @@ mod tests {
         ]
     }
 
+    /// A horizon after every lease of these tests.
+    const LATER: DateTime<Utc> = DateTime::<Utc>::MAX_UTC;
+    const GRACE: chrono::Duration = chrono::Duration::seconds(300);
+
+    /// The leases with charges due once every hour is over.
+    fn due(f: &Fold) -> Vec<Uuid> {
+        let mut ids: Vec<Uuid> = f
+            .leases
+            .keys()
+            .copied()
+            .filter(|id| matches!(f.plan_until(*id, LATER), Plan::Publish(_)))
+            .collect();
+        ids.sort();
+        ids
+    }
+
     fn fold(events: &[Envelope]) -> Fold {
         let mut f = Fold::default();
         for (i, e) in events.iter().enumerate() {
@@ -606,8 +1127,8 @@ mod tests {
             EndReason::Stopped,
         ));
         let mut f = fold(&events);
-        assert_eq!(f.due(), vec![lease]);
-        let Plan::Publish(bill) = f.plan(lease) else {
+        assert_eq!(due(&f), vec![lease]);
+        let Plan::Publish(bill) = f.plan_until(lease, LATER) else {
             panic!("expected a bill")
         };
         assert_eq!(bill.charges.len(), 1);
@@ -618,14 +1139,14 @@ mod tests {
         assert_eq!(charge.causation_id, Some(bill.cause.id));
         assert_eq!(charge.actor, Actor::Service("lh-pricing".into()));
         f.apply(99, &charge);
-        assert!(f.due().is_empty());
+        assert!(due(&f).is_empty());
         assert!(f.is_charged(lease));
     }
 
     #[test]
     fn a_node_clock_far_off_moves_the_bill_by_the_skew_at_most() {
         let lease = Uuid::from_u128(1);
-        let mut charges = Charges::new(chrono::Duration::seconds(30));
+        let mut charges = Charges::new(chrono::Duration::seconds(30), GRACE);
         charges.apply_stored(1, t(0, 0, 0), &book(1, t(0, 0, 0), "0.5"));
         // The node says it started an hour before the log stored its
         // report, and ended ten minutes after the log stored that.
@@ -634,11 +1155,13 @@ mod tests {
         for (i, (e, at)) in events.iter().zip(stored).enumerate() {
             charges.apply_stored(2 + i as u64, at, e);
         }
-        let Plan::Publish(bill) = charges.fold.plan(lease) else {
+        let Plan::Publish(bill) = charges.fold.plan_until(lease, LATER) else {
             panic!("expected a bill")
         };
-        // From 09:59:30 (30 s of skew allowed) to 10:01:30 (when stored).
-        assert_eq!(bill.charges[0].billed_seconds, 120);
+        // From 09:59:30 (30 s of skew allowed) to 10:01:30 (when stored),
+        // in the hours 09:00 and 10:00.
+        let seconds: Vec<u64> = bill.charges.iter().map(|c| c.billed_seconds).collect();
+        assert_eq!(seconds, vec![30, 90]);
     }
 
     /// The default book and a lease that ran 90 s; its `lease.ended` apart.
@@ -678,26 +1201,27 @@ mod tests {
         };
         // Started after the history expired; an event of the lease before
         // its restatement is read and then stood in for by it.
-        let mut charges = Charges::new(chrono::Duration::seconds(30));
+        let mut charges = Charges::new(chrono::Duration::seconds(30), GRACE);
         charges.apply_stored(40, t(10, 0, 0), &events[3]);
         charges.apply_stored(50, t(10, 0, 0), &env(book_restated));
         charges.apply_stored(51, t(10, 0, 0), &env(lease_restated.clone()));
         charges.apply_stored(52, t(10, 1, 30), &ended);
-        let (Plan::Publish(fresh), Plan::Publish(known)) =
-            (charges.fold.plan(lease), whole.plan(lease))
-        else {
+        let (Plan::Publish(fresh), Plan::Publish(known)) = (
+            charges.fold.plan_until(lease, LATER),
+            whole.plan_until(lease, LATER),
+        ) else {
             panic!("both bill the lease")
         };
         assert_eq!(fresh.charges, known.charges);
         assert_eq!(fresh.charges[0].billed_seconds, 90);
         // To a fold that knows the lease, its restatement changes nothing.
-        let mut again = Charges::new(chrono::Duration::seconds(30));
+        let mut again = Charges::new(chrono::Duration::seconds(30), GRACE);
         for (i, e) in events.iter().enumerate() {
             again.apply_stored(1 + i as u64, t(10, 0, 0), e);
         }
         again.apply_stored(51, t(10, 0, 0), &env(lease_restated));
         again.apply_stored(52, t(10, 1, 30), &ended);
-        let Plan::Publish(bill) = again.fold.plan(lease) else {
+        let Plan::Publish(bill) = again.fold.plan_until(lease, LATER) else {
             panic!("billed")
         };
         assert_eq!(bill.charges, known.charges);
@@ -707,19 +1231,20 @@ mod tests {
     fn a_snapshot_taken_back_bills_the_same() {
         let lease = Uuid::from_u128(1);
         let (events, ended) = book_and_lease_until_its_end(lease);
-        let mut before = Charges::new(chrono::Duration::seconds(30));
+        let mut before = Charges::new(chrono::Duration::seconds(30), GRACE);
         for (i, e) in events.iter().enumerate() {
             before.apply_stored(1 + i as u64, t(10, 0, 0), e);
         }
-        let mut after = Charges::new(chrono::Duration::seconds(30));
+        let mut after = Charges::new(chrono::Duration::seconds(30), GRACE);
         let bytes = serde_json::to_vec(&before.snapshot().unwrap()).unwrap();
         assert!(after.restore(serde_json::from_slice(&bytes).unwrap()));
         for c in [&mut before, &mut after] {
             c.apply_stored(9, t(10, 1, 30), &ended);
         }
-        let (Plan::Publish(a), Plan::Publish(b)) =
-            (before.fold.plan(lease), after.fold.plan(lease))
-        else {
+        let (Plan::Publish(a), Plan::Publish(b)) = (
+            before.fold.plan_until(lease, LATER),
+            after.fold.plan_until(lease, LATER),
+        ) else {
             panic!("both bill")
         };
         assert_eq!(a.charges, b.charges);
@@ -765,7 +1290,7 @@ mod tests {
         })));
         events.push(ended);
         let f = fold(&events);
-        let Plan::Publish(bill) = f.plan(lease) else {
+        let Plan::Publish(bill) = f.plan_until(lease, LATER) else {
             panic!("expected a bill")
         };
         let runs: Vec<_> = bill
@@ -773,17 +1298,11 @@ mod tests {
             .iter()
             .map(|c| (c.from, c.to, c.billed_seconds))
             .collect();
-        assert_eq!(
-            runs,
-            vec![
-                (t(10, 0, 0), t(10, 1, 30), 90),
-                (t(10, 1, 34), t(10, 5, 0), 206)
-            ]
-        );
-        assert_ne!(bill.charges[0].charge_id, bill.charges[1].charge_id);
-        // 80 GB x 0.5 CNY/GB-h: 90 s -> 1.00, 206 s -> 2.29 (2.2888...).
-        assert_eq!(bill.charges[0].amount.to_string(), "1.00");
-        assert_eq!(bill.charges[1].amount.to_string(), "2.29");
+        // Both runs are in the hour 10:00: one charge, without the 4 s
+        // between them.
+        assert_eq!(runs, vec![(t(10, 0, 0), t(10, 5, 0), 90 + 206)]);
+        // 80 GB x 0.5 CNY/GB-h x 296 s = 3.2888...
+        assert_eq!(bill.charges[0].amount.to_string(), "3.29");
 
         // Moved and then cancelled while waiting: the first run is still billed.
         let mut events = vec![book(1, t(0, 0, 0), "0.5")];
@@ -799,7 +1318,7 @@ mod tests {
             to: None,
         })));
         events.push(ended);
-        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+        let Plan::Publish(bill) = fold(&events).plan_until(lease, LATER) else {
             panic!("expected a bill")
         };
         assert_eq!(bill.charges.len(), 1);
@@ -818,7 +1337,7 @@ mod tests {
             p.gpus[0].vram_gb = Some(10);
         }
         events.extend(lifecycle);
-        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+        let Plan::Publish(bill) = fold(&events).plan_until(lease, LATER) else {
             panic!("expected a bill")
         };
         assert_eq!(bill.charges[0].vram_gb, 10);
@@ -837,11 +1356,11 @@ mod tests {
             t(10, 1, 30),
             EndReason::Completed,
         ));
-        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+        let Plan::Publish(bill) = fold(&events).plan_until(lease, LATER) else {
             panic!()
         };
         events.extend(envelopes(&bill, Utc::now()));
-        assert!(fold(&events).due().is_empty());
+        assert!(due(&fold(&events)).is_empty());
     }
 
     #[test]
@@ -865,7 +1384,7 @@ mod tests {
         let mut never = lease_events(b, t(10, 0, 0), t(10, 1, 0), EndReason::Stopped);
         never.remove(2); // no lease.started
         events.extend(never);
-        assert!(fold(&events).due().is_empty());
+        assert!(due(&fold(&events)).is_empty());
     }
 
     #[test]
@@ -890,7 +1409,7 @@ mod tests {
             t(10, 1, 30),
             EndReason::Stopped,
         ));
-        assert!(matches!(f.plan(lease), Plan::WaitForBook));
+        assert!(matches!(f.plan_until(lease, LATER), Plan::WaitForBook));
     }
 
     #[test]
@@ -904,10 +1423,270 @@ mod tests {
             t(11, 0, 0),
             EndReason::Failed,
         ));
-        let Plan::Publish(bill) = fold(&events).plan(lease) else {
+        let Plan::Publish(bill) = fold(&events).plan_until(lease, LATER) else {
             panic!()
         };
         assert_eq!(bill.charges[0].billed_seconds, 3600);
         assert_eq!(bill.charges[0].amount.to_string(), "40.00");
+    }
+
+    /// Publishes what is due at `horizon` into the events, as the decide
+    /// loop and the log would; returns the charges.
+    fn charge_until(
+        events: &mut Vec<Envelope>,
+        lease: Uuid,
+        horizon: DateTime<Utc>,
+    ) -> Vec<ChargeAccrued> {
+        match fold(events).plan_until(lease, horizon) {
+            Plan::Publish(bill) => {
+                events.extend(envelopes(&bill, Utc::now()));
+                bill.charges
+            }
+            Plan::Nothing => Vec::new(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn total(charges: &[ChargeAccrued]) -> String {
+        charges
+            .iter()
+            .map(|c| c.amount)
+            .sum::<Decimal>()
+            .to_string()
+    }
+
+    #[test]
+    fn a_running_lease_is_charged_each_hour_and_its_end_at_the_end() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        let mut lifecycle = lease_events(lease, t(10, 20, 0), t(13, 30, 0), EndReason::Stopped);
+        let ended = lifecycle.pop().unwrap();
+        events.extend(lifecycle);
+        // Nothing before the first hour is over.
+        assert!(charge_until(&mut events, lease, t(10, 0, 0)).is_empty());
+        let first = charge_until(&mut events, lease, t(12, 0, 0));
+        let spans: Vec<_> = first
+            .iter()
+            .map(|c| (c.from, c.to, c.billed_seconds))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                (t(10, 20, 0), t(11, 0, 0), 2400),
+                (t(11, 0, 0), t(12, 0, 0), 3600)
+            ]
+        );
+        assert_eq!(
+            first[0].charge_id,
+            rating::hourly_charge_id(lease, t(10, 0, 0))
+        );
+        // Asked again for the same hours (a replay, a second replica):
+        // nothing more.
+        assert!(charge_until(&mut events, lease, t(12, 0, 0)).is_empty());
+        let second = charge_until(&mut events, lease, t(13, 0, 0));
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].age_seconds, Some(2400 + 2 * 3600));
+        events.push(ended);
+        let last = charge_until(&mut events, lease, t(13, 0, 0));
+        assert_eq!((last[0].from, last[0].to), (t(13, 0, 0), t(13, 30, 0)));
+        assert!(fold(&events).is_charged(lease));
+        // 80 GB x 0.5 CNY/GB-h x 3 h 10 min = 126.666... -> 126.67 in all.
+        let all: Vec<_> = [first, second, last].concat();
+        assert_eq!(total(&all), "126.67");
+        let amounts: Vec<String> = all.iter().map(|c| c.amount.to_string()).collect();
+        assert_eq!(amounts, ["26.67", "40.00", "40.00", "20.00"]);
+    }
+
+    #[test]
+    fn performance_steps_down_with_billable_age_and_skips_gaps() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![env(EventData::PriceBookPublished(
+            rating::default_price_book(t(0, 0, 0)),
+        ))];
+        let mut lifecycle = lease_events(lease, t(1, 0, 0), t(9, 0, 0), EndReason::Stopped);
+        if let EventData::LeaseRequested(r) = &mut lifecycle[0].data {
+            r.tier = Tier::Performance;
+        }
+        let ended = lifecycle.pop().unwrap();
+        events.extend(lifecycle);
+        // Suspended 03:00-04:00: that hour neither billed nor aged.
+        events.push(env(EventData::LeaseSuspended(LeaseSuspended {
+            lease_id: lease,
+            node_id: "n1".into(),
+            gpu_indices: vec![0, 1],
+            suspended_at: t(3, 0, 0),
+            reason: "idle".into(),
+        })));
+        events.push(env(EventData::LeaseStarted(fixtures::started(
+            lease,
+            "n1",
+            t(4, 0, 0),
+        ))));
+        let mut charges = charge_until(&mut events, lease, t(6, 0, 0));
+        events.push(ended);
+        charges.extend(charge_until(&mut events, lease, t(6, 0, 0)));
+        // 80 GB; billable age 0-3 h at 2.0 (01-03, 04-05), 3-6 h at 1.6
+        // (05-08), 6-7 h at 1.2 (08-09): 80 x (6 + 4.8 + 1.2) = 960.
+        let amounts: Vec<String> = charges.iter().map(|c| c.amount.to_string()).collect();
+        assert_eq!(
+            amounts,
+            ["160.00", "160.00", "160.00", "128.00", "128.00", "128.00", "96.00"]
+        );
+        assert_eq!(total(&charges), "960.00");
+        assert!(charges.iter().all(|c| c.tier == Tier::Performance));
+    }
+
+    #[test]
+    fn the_notice_period_is_not_billed() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![book(1, t(0, 0, 0), "0.5")];
+        let mut lifecycle = lease_events(lease, t(10, 0, 0), t(10, 32, 0), EndReason::Preempted);
+        let ended = lifecycle.pop().unwrap();
+        events.extend(lifecycle);
+        let mut notice = env(EventData::LeasePreemptionNoticed(LeasePreemptionNoticed {
+            lease_id: lease,
+            node_id: "n1".into(),
+            preempted_for: Uuid::from_u128(2),
+            deadline: t(10, 32, 0),
+            reason: lh_events::PreemptionReason::Capacity,
+        }));
+        notice.occurred_at = t(10, 30, 0);
+        events.push(notice);
+        events.push(ended);
+        let charges = charge_until(&mut events, lease, LATER);
+        assert_eq!(charges.len(), 1);
+        assert_eq!(
+            (charges[0].to, charges[0].billed_seconds),
+            (t(10, 30, 0), 1800)
+        );
+        assert_eq!(charges[0].amount.to_string(), "20.00");
+    }
+
+    #[test]
+    fn spot_follows_the_market_of_its_zone_and_model() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![env(EventData::PriceBookPublished(
+            rating::default_price_book(t(0, 0, 0)),
+        ))];
+        let price = |at: DateTime<Utc>, zone: &str, p: &str| {
+            let mut e = env(EventData::SpotPriceSet(SpotPriceSet {
+                zone: zone.into(),
+                gpu_model: fixtures::MODEL.into(),
+                price_cny_per_gb_hour: p.parse().unwrap(),
+                utilisation: Decimal::ZERO,
+                gpus_total: 8,
+                gpus_used: 0,
+            }));
+            e.occurred_at = at;
+            e
+        };
+        events.push(price(t(9, 0, 0), "z", "0.1"));
+        events.push(price(t(9, 0, 0), "elsewhere", "9"));
+        let mut lifecycle = lease_events(lease, t(10, 0, 0), t(11, 30, 0), EndReason::Stopped);
+        if let EventData::LeaseRequested(r) = &mut lifecycle[0].data {
+            r.tier = Tier::Spot;
+        }
+        let ended = lifecycle.pop().unwrap();
+        events.extend(lifecycle);
+        events.push(price(t(10, 30, 0), "z", "0.4"));
+        let mut charges = charge_until(&mut events, lease, t(11, 0, 0));
+        events.push(price(t(11, 15, 0), "z", "0.2"));
+        events.push(ended);
+        charges.extend(charge_until(&mut events, lease, t(11, 0, 0)));
+        // 80 GB: 30 min at 0.1, 45 min at 0.4, 15 min at 0.2
+        // = 80 x (0.05 + 0.3 + 0.05) = 32.00
+        let amounts: Vec<String> = charges.iter().map(|c| c.amount.to_string()).collect();
+        assert_eq!(amounts, ["20.00", "12.00"]);
+        assert_eq!(charges[0].unit_price_cny_per_gb_hour.to_string(), "0.25");
+    }
+
+    #[test]
+    fn a_market_keeps_only_the_prices_an_open_lease_still_needs() {
+        let mut f = Fold::default();
+        for i in 0..(PRUNE_MARKET_AT_POINTS as i64 * 3) {
+            f.price_set(
+                &SpotPriceSet {
+                    zone: "z".into(),
+                    gpu_model: "m".into(),
+                    price_cny_per_gb_hour: Decimal::ONE,
+                    utilisation: Decimal::ZERO,
+                    gpus_total: 1,
+                    gpus_used: 0,
+                },
+                t(0, 0, 0) + chrono::Duration::seconds(i),
+            );
+        }
+        assert!(f.market["z/m"].len() < PRUNE_MARKET_AT_POINTS);
+    }
+
+    #[test]
+    fn a_reservation_is_billed_each_hour_and_covers_the_reserved_leases_that_fit() {
+        let tenant = Uuid::from_u128(7);
+        let reservation = Uuid::from_u128(50);
+        let mut events = vec![env(EventData::PriceBookPublished(
+            rating::default_price_book(t(0, 0, 0)),
+        ))];
+        events.push(env(EventData::ReservationCommitted(ReservationCommitted {
+            reservation_id: reservation,
+            tenant_id: tenant,
+            gpu_model: fixtures::MODEL.into(),
+            zone: "z".into(),
+            gpus: 2,
+            starts_at: t(10, 0, 0),
+            ends_at: t(12, 0, 0),
+            requested_by: None,
+        })));
+        let reserved = |lease: Uuid, start, end| {
+            let mut l = lease_events(lease, start, end, EndReason::Stopped);
+            if let EventData::LeaseRequested(r) = &mut l[0].data {
+                r.tier = Tier::Reserved;
+            }
+            l
+        };
+        // Two leases of 2 GPUs at once: the first fits, the second does not.
+        let (covered, overflow, after) =
+            (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(3));
+        let mut first = reserved(covered, t(11, 0, 0), t(12, 30, 0));
+        let first_end = first.pop().unwrap();
+        events.extend(first);
+        events.extend(reserved(overflow, t(11, 0, 0), t(11, 30, 0)));
+        events.push(first_end);
+        // Once the first has ended, a third fits again.
+        events.extend(reserved(after, t(13, 0, 0), t(13, 30, 0)));
+
+        // The commitment: 2 x 40 GB x 0.35 per hour, whether used or not,
+        // only as its term passes.
+        assert_eq!(
+            charge_until(&mut events, reservation, t(11, 0, 0))
+                .iter()
+                .map(|c| (c.amount.to_string(), c.reservation_id))
+                .collect::<Vec<_>>(),
+            vec![("28.00".to_string(), Some(reservation))]
+        );
+        let rest = charge_until(&mut events, reservation, t(13, 0, 0));
+        assert_eq!(total(&rest), "28.00");
+        assert!(fold(&events).is_charged(reservation));
+
+        // Covered until the term ends at 12:00, then at basic.
+        let charges = charge_until(&mut events, covered, LATER);
+        assert!(charges
+            .iter()
+            .all(|c| c.reservation_id == Some(reservation)));
+        assert_eq!(
+            charges
+                .iter()
+                .map(|c| c.amount.to_string())
+                .collect::<Vec<_>>(),
+            ["0.00", "20.00"]
+        );
+        let charges = charge_until(&mut events, overflow, LATER);
+        assert_eq!(charges[0].reservation_id, None);
+        assert_eq!(total(&charges), "20.00");
+        // Started after the term: nothing covers it.
+        let charges = charge_until(&mut events, after, LATER);
+        assert_eq!(
+            (charges[0].reservation_id, total(&charges)),
+            (None, "20.00".to_string())
+        );
     }
 }

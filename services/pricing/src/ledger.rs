@@ -725,6 +725,9 @@ mod tests {
                 amount: amount.parse().unwrap(),
                 currency: "CNY".into(),
                 price_book_version: 1,
+                age_seconds: None,
+                priced_gb_seconds: None,
+                reservation_id: None,
             }),
         )
     }

@@ -2,28 +2,34 @@
 //!
 //! [`start`] runs, side by side:
 //!
-//! 1. **Charges** ([`charges`]): folds price books, lease lifecycles and
-//!    existing charges from sequence 1, and once at the head of the log
-//!    publishes the `charge.accrued` events of every lease that ended and
-//!    has none — exactly once (deterministic ids and an expected subject
-//!    sequence of 0 on `lh.evt.charge.<lease_id>`). The pure arithmetic and
-//!    its rounding rule live in [`lh_domain::rating`].
-//! 2. **Invoice projection** ([`projection`]): `charge.accrued` into the
+//! 1. **Charges** ([`charges`]): folds price books, spot prices, lease
+//!    lifecycles and existing charges, and once at the head of the log
+//!    publishes a `charge.accrued` per running lease and UTC hour that is
+//!    over, and the rest of a lease at its end — exactly once (ids derived
+//!    from lease and hour, and a guard chained per lease on
+//!    `lh.evt.charge.<lease_id>`). The pure arithmetic and its rounding
+//!    rule live in [`lh_domain::rating`].
+//! 2. **Price books** ([`books`]): lists them and publishes a new version
+//!    for the gateway, over NATS request/reply.
+//!    Reservations ([`reservations`]) likewise.
+//! 3. **Invoice projection** ([`projection`]): `charge.accrued` into the
 //!    `invoice_lines` table of the service's Postgres schema.
-//! 3. **Ledger** ([`ledger`]): once a month and its grace period are over,
+//! 4. **Ledger** ([`ledger`]): once a month and its grace period are over,
 //!    issues each tenant's invoice (`invoice.issued`, numbered without
 //!    gaps), notes for charges that come after it (`invoice.note_issued`)
 //!    and SLA credits (`credit.granted`).
-//! 4. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] (a
+//! 5. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] (a
 //!    month's charges, [`lh_rpc::invoice::Invoice`]) and the invoices and
 //!    notes of [`lh_rpc::invoice_document`] from the projection.
 //!
 //! The service is ready once the charges fold, the ledger and the
 //! projection have caught up with the log. See `docs/pricing.md`.
 
+pub mod books;
 pub mod charges;
 pub mod ledger;
 pub mod projection;
+pub mod reservations;
 
 use std::time::Duration;
 
@@ -78,6 +84,24 @@ pub struct Config {
     #[arg(long, env = "LH_INVOICE_GRACE_SECS", default_value_t = ledger::DEFAULT_INVOICE_GRACE_SECS,
         value_parser = clap::value_parser!(i64).range(0..=ledger::MAX_INVOICE_GRACE_SECS))]
     pub invoice_grace_secs: i64,
+    /// How long, in seconds, after a UTC hour ends the running leases'
+    /// charges for it are written: long enough for a late report of a
+    /// lease's end (the node clock skew) or of a lost node to be in the log.
+    #[arg(long, env = "LH_ACCRUAL_GRACE_SECS", default_value_t = charges::DEFAULT_ACCRUAL_GRACE_SECS)]
+    pub accrual_grace_secs: i64,
+    /// The clock charges are decided by (tests move a manual one).
+    #[arg(skip)]
+    pub clock: DecideClock,
+}
+
+/// The clock of the charges loop: the wall clock unless a test sets one.
+#[derive(Clone, Default)]
+pub struct DecideClock(pub Option<lh_service::clock::SharedClock>);
+
+impl std::fmt::Debug for DecideClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "manual" } else { "system" })
+    }
 }
 
 impl Config {
@@ -89,6 +113,8 @@ impl Config {
             schema: DEFAULT_SCHEMA.to_string(),
             node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
             invoice_grace_secs: ledger::DEFAULT_INVOICE_GRACE_SECS,
+            accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
+            clock: DecideClock::default(),
         }
     }
 }
@@ -137,7 +163,7 @@ pub async fn start_with_clock(
         pool,
         readiness.clone(),
         shutdown.clone(),
-        config.node_clock_skew_secs,
+        config.clone(),
         ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs)),
         ledger_clock,
     ));
@@ -156,7 +182,7 @@ async fn work(
     pool: PgPool,
     ready: Readiness,
     shutdown: CancellationToken,
-    node_clock_skew_secs: i64,
+    config: Config,
     mut ledger: ledger::Ledger,
     ledger_clock: SharedClock,
 ) -> anyhow::Result<()> {
@@ -164,12 +190,17 @@ async fn work(
     let ledger_caught_up = Readiness::default();
     let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
 
+    let mut charges = charges::Charges::new(
+        chrono::Duration::seconds(config.node_clock_skew_secs),
+        chrono::Duration::seconds(config.accrual_grace_secs.max(0)),
+    );
+    let shelf = charges.shelf();
+    let clock = config.clock.0.clone().unwrap_or_else(SystemClock::shared);
     let charges = Box::pin(async {
-        let mut charges = charges::Charges::new(chrono::Duration::seconds(node_clock_skew_secs));
         decider::run(
             &bus,
             &mut charges,
-            &SystemClock,
+            clock.as_ref(),
             shutdown.clone(),
             charges_caught_up.clone(),
         )
@@ -254,6 +285,62 @@ async fn work(
         .context("cost report RPC")
     };
 
+    let list_books = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::price_book::RPC_PRICING_PRICE_BOOKS,
+            QUEUE_GROUP,
+            |request| {
+                let books = books::list(&shelf, request);
+                async move { Ok::<_, String>(books) }
+            },
+        )
+        .await
+        .context("price book list RPC")
+    };
+
+    let publish_book = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::price_book::RPC_PRICING_PUBLISH_PRICE_BOOK,
+            QUEUE_GROUP,
+            |request| {
+                let (bus, shelf) = (bus.clone(), shelf.clone());
+                async move { books::publish(&bus, &shelf, request, Utc::now()).await }
+            },
+        )
+        .await
+        .context("price book publish RPC")
+    };
+
+    let list_reservations = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::reservation::RPC_PRICING_RESERVATIONS,
+            QUEUE_GROUP,
+            |request| {
+                let reservations = reservations::list(&shelf, request);
+                async move { Ok::<_, String>(reservations) }
+            },
+        )
+        .await
+        .context("reservation list RPC")
+    };
+
+    let commit_reservation = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::reservation::RPC_PRICING_COMMIT_RESERVATION,
+            QUEUE_GROUP,
+            |request| {
+                let bus = bus.clone();
+                async move { reservations::commit(&bus, request, Utc::now()).await }
+            },
+        )
+        .await
+        .context("reservation commit RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -286,12 +373,16 @@ async fn work(
     tokio::try_join!(
         charges,
         ledger,
-        projection,
-        rpc,
-        list_rpc,
-        document_rpc,
-        cost_rpc,
-        monitor
+        Box::pin(projection),
+        Box::pin(rpc),
+        Box::pin(list_rpc),
+        Box::pin(document_rpc),
+        Box::pin(cost_rpc),
+        Box::pin(list_books),
+        Box::pin(publish_book),
+        Box::pin(list_reservations),
+        Box::pin(commit_reservation),
+        Box::pin(monitor)
     )?;
     Ok(())
 }

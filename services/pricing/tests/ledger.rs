@@ -409,6 +409,9 @@ async fn a_late_charge_yields_a_note_and_the_invoice_stays_as_issued() {
         amount: amount.parse().unwrap(),
         currency: "CNY".into(),
         price_book_version: 1,
+        age_seconds: None,
+        priced_gb_seconds: None,
+        reservation_id: None,
     };
     let data = EventData::ChargeAccrued(late("-1.50", 0));
     env.publish(fixtures::owner_of(&data), Utc::now(), data)
@@ -601,6 +604,9 @@ async fn the_weekly_cost_report_compares_each_tier_with_on_demand() {
         amount: "16.00".parse().unwrap(),
         currency: "CNY".into(),
         price_book_version: 1,
+        age_seconds: None,
+        priced_gb_seconds: None,
+        reservation_id: None,
     };
     let data = EventData::ChargeAccrued(spot);
     env.publish(fixtures::owner_of(&data), Utc::now(), data)

@@ -115,8 +115,8 @@ async fn a_lost_node_s_lease_runs_elsewhere_and_is_billed_per_run() {
     assert_eq!(ends.len(), 1);
     assert_eq!(ends[0].node_id.as_deref(), Some(other));
 
-    // Two invoice lines: the first run until the lost node was last heard
-    // from, the second from the new start; the outage is not billed.
+    // Billed: the first run until the lost node was last heard from, the
+    // second from the new start; the outage is not billed.
     let runs = [
         (starts[0].1, migrated.billing_ends_at),
         (starts[1].1, ends[0].ended_at),

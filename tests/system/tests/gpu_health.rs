@@ -486,7 +486,7 @@ async fn drain_moves_or_keeps_leases_and_uncordon_takes_new_ones() {
 /// A tenant whose policy suspends idle leases: the lease on node-a (0 %
 /// though held) is suspended after its window (GPUs freed, run billed up
 /// to then), resumed through the API, placed on node-b (node-a drained),
-/// runs there, and its invoice has the two runs and nothing in between.
+/// runs there, and its invoice bills the two runs and nothing in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
     let mut stack = two_nodes(IDLE_FROM_THE_START, None).await;

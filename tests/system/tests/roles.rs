@@ -63,6 +63,10 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("GET", "/v1/charges?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/reports/cost?week=2026-W49&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/audit/verify", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/price-books", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/price-books", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/reservations", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/reservations", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/openapi.json", [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/no-such-route", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
 ];
@@ -79,6 +83,17 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
         ("POST", "/v1/leases") => Some(serde_json::from_str(ONE_GPU).unwrap()),
         ("POST", "/v1/nodes/{n}/drain") => Some(json!({"mode": "finish", "reason": "matrix"})),
+        // Each publish needs a newer version than the one before.
+        ("POST", "/v1/reservations") => {
+            Some(json!({"tenant_id": "{t}", "gpu_model": "A100-40GB", "zone": "z1", "gpus": 1}))
+        }
+        ("POST", "/v1/price-books") => {
+            static VERSION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(2);
+            let version = VERSION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(json!({"version": version, "tiers": [
+                {"tier": "basic", "price_cny_per_gb_hour": "0.5"}
+            ]}))
+        }
         _ => None,
     }
 }
@@ -274,8 +289,10 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 .replace("{k}", &key_id)
                 .replace("{n}", "node-b")
                 .replace("{p}", &period);
-            let (status, answer) =
-                send(&stack, method, &path, key, body_for(method, template)).await;
+            // A body naming the tenant names the caller's object too.
+            let body = body_for(method, template)
+                .map(|b| serde_json::from_str(&b.to_string().replace("{t}", &owner.id)).unwrap());
+            let (status, answer) = send(&stack, method, &path, key, body).await;
             if status != expected[column] {
                 wrong.push(format!(
                     "{method} {template} as {caller}: {status}, expected {}: {answer}",

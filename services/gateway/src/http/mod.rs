@@ -13,6 +13,8 @@ pub mod leases;
 pub mod limits;
 pub mod nodes;
 mod openapi;
+pub mod price_books;
+pub mod reservations;
 pub mod spot;
 pub mod tenants;
 
@@ -71,6 +73,14 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/invoices/{id}/csv", get(invoices::csv))
         .route("/v1/charges", get(invoices::charges))
         .route("/v1/reports/cost", get(invoices::cost_report))
+        .route(
+            "/v1/price-books",
+            post(price_books::publish).get(price_books::list),
+        )
+        .route(
+            "/v1/reservations",
+            post(reservations::commit).get(reservations::list),
+        )
         .route("/v1/audit/verify", get(audit::verify))
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::not_found("no such route") })

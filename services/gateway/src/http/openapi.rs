@@ -3,7 +3,9 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use super::{audit, invoices, keys, leases, nodes, spot, tenants, Problem};
+use super::{
+    audit, invoices, keys, leases, nodes, price_books, reservations, spot, tenants, Problem,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -30,6 +32,10 @@ use super::{audit, invoices, keys, leases, nodes, spot, tenants, Problem};
         invoices::csv,
         invoices::charges,
         invoices::cost_report,
+        price_books::publish,
+        price_books::list,
+        reservations::commit,
+        reservations::list,
         audit::verify
     ),
     components(schemas(
@@ -48,6 +54,11 @@ use super::{audit, invoices, keys, leases, nodes, spot, tenants, Problem};
         lh_rpc::invoice_document::Credit,
         lh_rpc::cost_report::CostReport,
         lh_rpc::cost_report::TierCost,
+        price_books::NewPriceBook,
+        lh_rpc::price_book::PriceBooks,
+        lh_rpc::price_book::Published,
+        reservations::NewReservation,
+        lh_rpc::reservation::Reservations,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),

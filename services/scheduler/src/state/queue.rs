@@ -30,7 +30,7 @@ impl State {
                 continue;
             };
             let tier_rank = match l.tier {
-                Tier::Basic => 0,
+                Tier::Basic | Tier::Performance | Tier::Reserved => 0,
                 Tier::Spot => 1,
             };
             per_tier
