@@ -52,9 +52,15 @@ impl Env {
     async fn new(now: DateTime<Utc>) -> Env {
         let (nats, database_url) = lh_testkit::nats_and_database().await;
         // Node reports of times long past arrive now: the clock check is
-        // opened wide (pricing's charge tests cover it).
+        // opened wide (pricing's charge tests cover it). Charges are decided
+        // by a clock held before every lease here, as if the reports had
+        // come as they happened: a running lease is otherwise accrued up to
+        // today before its end, stored later, says it ended long ago.
         let config = Config {
             node_clock_skew_secs: 400 * 24 * 3600,
+            clock: lh_pricing::DecideClock(Some(
+                ManualClock::new(at(2026, 1, 1, 0, 0, 0)).shared(),
+            )),
             invoice_grace_secs: GRACE_SECS,
             ..Config::for_test(&nats.url(), &database_url)
         };
@@ -143,6 +149,9 @@ impl Env {
         for tier in &mut book.tiers {
             if tier.tier == Tier::Basic {
                 tier.price_cny_per_gb_hour = basic_price;
+                tier.model = Some(lh_events::ChargeModel::Flat {
+                    price_cny_per_gb_hour: basic_price,
+                });
             }
         }
         let data = EventData::PriceBookPublished(book);

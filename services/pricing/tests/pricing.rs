@@ -322,8 +322,8 @@ async fn a_rebuild_gives_identical_rows() {
     let report = lh_pricing::rebuild(&env.config, "pricing_rebuild", false, |_, _| seen += 1)
         .await
         .expect("rebuild runs");
-    // The 4 charges and the price book (the cost report's on-demand price).
-    assert_eq!(seen, 5);
+    // The 5 charges and the price book (the cost report's on-demand price).
+    assert_eq!(seen, 6);
     let reached = report.reached;
     assert!(reached > 0);
     let lines = &report.tables[0];
