@@ -62,6 +62,7 @@ impl Env {
                 ManualClock::new(at(2026, 1, 1, 0, 0, 0)).shared(),
             )),
             invoice_grace_secs: GRACE_SECS,
+            accrual_grace_secs: GRACE_SECS,
             ..Config::for_test(&nats.url(), &database_url)
         };
         let bus = Bus::connect(&BusConfig::new(nats.url(), "ledger-test"))
