@@ -384,10 +384,10 @@ impl Fold {
 
     fn price_set(&mut self, p: &lh_events::SpotPriceSet, at: DateTime<Utc>) {
         // The broker keeps its prices between a floor and a ceiling; one
-        // outside what a book may charge is not billed.
-        if let Err(e) = rating::check_price("price_cny_per_gb_hour", p.price_cny_per_gb_hour) {
-            tracing::error!(zone = p.zone, gpu_model = p.gpu_model, error = %e,
-                "a spot price pricing cannot charge with; ignored");
+        // outside what it may publish is not billed.
+        if !lh_domain::spot::is_market_price(p.price_cny_per_gb_hour) {
+            tracing::error!(zone = p.zone, gpu_model = p.gpu_model, price = %p.price_cny_per_gb_hour,
+                "a spot price outside what a broker may publish; ignored");
             return;
         }
         let key = market_key(&p.zone, &p.gpu_model);
