@@ -295,9 +295,8 @@ impl Ledger {
                 }
                 self.leases.entry(e.lease_id).or_default().tenant_id = Some(e.tenant_id);
             }
-            // A drain ("node <id> drained") is planned maintenance, not a
-            // failure.
-            EventData::LeaseMigrated(e) if !e.reason.ends_with(" drained") => {
+            // A lost node or an unhealthy GPU; a drain is planned.
+            EventData::LeaseMigrated(e) if lh_domain::moves::is_failure(&e.reason) => {
                 if let Some(w) = self.leases.get_mut(&e.lease_id) {
                     w.down_since.get_or_insert(e.billing_ends_at);
                 }
@@ -917,7 +916,7 @@ mod tests {
 
     #[test]
     fn a_drain_is_no_failure() {
-        let mut ledger = interrupted("node n1 drained");
+        let mut ledger = interrupted(&lh_domain::moves::node_drained("n1"));
         let mut next = 4;
         let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
         assert!(matches!(
@@ -966,6 +965,20 @@ mod tests {
         assert_eq!(dec.credits.len(), 1);
         assert_eq!(dec.total.to_string(), "-9.00");
         assert!(store(&mut ledger, &mut next, at("2027-02-01T00:00:00Z")).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_turned_unhealthy_interrupts_its_lease_like_a_lost_node() {
+        // What the scheduler writes when a lease's GPU fails (an XID 79, a
+        // failed self-test): the lease is moved, down until it runs again.
+        let mut ledger = interrupted(&lh_domain::moves::gpu_unhealthy(0, "n1"));
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let EventData::CreditGranted(credit) = &out[0].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(credit.downtime_seconds, 3600);
+        assert_eq!(credit.amount.to_string(), "-10.00");
     }
 
     #[test]
