@@ -211,9 +211,13 @@ impl Ledger {
                 if sequence <= month.covered_through || !month.charge_ids.insert(c.charge_id) {
                     return;
                 }
-                let lease = month.per_lease.entry(c.lease_id).or_default();
-                lease.0 = lease.0.saturating_add(c.billed_seconds);
-                lease.1 += c.amount;
+                // A reservation's commitment is paid for, not run: its
+                // hours are no lease's time in the availability.
+                if c.reservation_id != Some(c.lease_id) {
+                    let lease = month.per_lease.entry(c.lease_id).or_default();
+                    lease.0 = lease.0.saturating_add(c.billed_seconds);
+                    lease.1 += c.amount;
+                }
                 month.open.push(Charge {
                     sequence,
                     id: c.charge_id,
@@ -979,6 +983,30 @@ mod tests {
         };
         assert_eq!(credit.downtime_seconds, 3600);
         assert_eq!(credit.amount.to_string(), "-10.00");
+    }
+
+    #[test]
+    fn a_reservations_commitment_does_not_dilute_the_availability() {
+        let mut ledger = interrupted(&lh_domain::moves::node_lost("n1"));
+        let reservation = Uuid::from_u128(50);
+        let mut commitment = charge(7, "2026-11-01T00:00:00Z", 10_000_000, "500.00");
+        if let EventData::ChargeAccrued(c) = &mut commitment.data {
+            (c.lease_id, c.reservation_id, c.tier) =
+                (reservation, Some(reservation), Tier::Reserved);
+        }
+        ledger.apply_stored(5, Utc::now(), &commitment);
+        let mut next = 5;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let EventData::CreditGranted(credit) = &out[0].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(credit.availability_percent.to_string(), "99.0099");
+        assert_eq!(credit.amount.to_string(), "-10.00");
+        // It is on the invoice all the same.
+        let EventData::InvoiceIssued(invoice) = &out[1].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(invoice.total.to_string(), "600.00");
     }
 
     #[test]
