@@ -63,6 +63,10 @@ pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
 pub const MAX_WATCHED_LEASES: usize = 1_000_000;
 /// Months back from now an open interruption is counted in.
 const MAX_OPEN_INTERRUPTION_MONTHS: u32 = 12;
+/// Months back from now the ledger remembers issued months, their
+/// downtime and credits: past the log's year a restarted replica has none
+/// of them either, and one that runs for years must not hold them all.
+const KEPT_MONTHS: u32 = 13;
 /// The words of the credit rule, carried by every credit.
 pub const CREDIT_RULE: &str = "availability = 100 x (1 - downtime / (billed time + downtime)) over the tenant's leases in the month; below 99.95 % the credit is 10 % of the month's charges of the interrupted leases, below 99.0 % 30 %, below 95.0 % 100 %";
 /// A feed silent this long has delivered everything there is.
@@ -106,6 +110,16 @@ pub fn month_bounds(period: &str) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
 pub fn next_period(period: &str) -> Option<String> {
     let (_, end) = month_bounds(period)?;
     Some(period_of(end))
+}
+
+/// The oldest month the ledger still remembers at `now`.
+fn oldest_kept(now: DateTime<Utc>) -> String {
+    let mut start = now;
+    for _ in 0..KEPT_MONTHS {
+        start =
+            month_bounds(&period_of(start)).map_or(start, |(s, _)| s) - chrono::Duration::days(1);
+    }
+    period_of(start)
 }
 
 fn period_of(at: DateTime<Utc>) -> String {
@@ -339,6 +353,16 @@ impl Ledger {
         }
     }
 
+    /// Forgets the issued months before [`KEPT_MONTHS`] back, with their
+    /// downtime and credits.
+    fn forget_old_months(&mut self, now: DateTime<Utc>) {
+        let oldest = oldest_kept(now);
+        self.months
+            .retain(|(_, period), m| *period >= oldest || m.issued.is_none() || !m.open.is_empty());
+        self.downtime.retain(|(_, period), _| *period >= oldest);
+        self.credited.retain(|(_, period)| *period >= oldest);
+    }
+
     /// Records that `lease` was down over `[from, to)`, month by month.
     fn record_down(&mut self, tenant: Uuid, lease: Uuid, from: DateTime<Utc>, to: DateTime<Utc>) {
         for (period, interruption) in split_by_month(lease, from, to) {
@@ -438,10 +462,13 @@ impl Ledger {
                 }
             }
         }
+        let oldest = oldest_kept(now);
         candidates
             .into_iter()
             .filter(|(tenant, period)| {
-                self.due(period, now) && !self.credited.contains(&(*tenant, period.clone()))
+                *period >= oldest
+                    && self.due(period, now)
+                    && !self.credited.contains(&(*tenant, period.clone()))
             })
             .filter_map(|(tenant, period)| self.sla_credit(tenant, &period, now))
             .collect()
@@ -654,6 +681,7 @@ impl Decider for Ledger {
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        self.forget_old_months(now);
         let mut decisions: Vec<Batch> = Vec::new();
         for credit in self.credits(now) {
             let guard = self
@@ -1007,6 +1035,23 @@ mod tests {
             panic!("{out:?}");
         };
         assert_eq!(invoice.total.to_string(), "600.00");
+    }
+
+    #[test]
+    fn issued_months_older_than_what_the_log_holds_are_forgotten() {
+        let mut ledger = interrupted(&lh_domain::moves::node_lost("n1"));
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(ledger.months.contains_key(&(TENANT, "2026-11".into())));
+        // December's invoice deducts the credit; 13 months on, November
+        // and its downtime are gone, and nothing is issued again.
+        assert_eq!(oldest_kept(at("2027-12-15T00:00:00Z")), "2026-11");
+        assert!(store(&mut ledger, &mut next, at("2027-12-15T00:00:00Z")).len() == 1);
+        assert!(store(&mut ledger, &mut next, at("2028-01-01T00:00:00Z")).is_empty());
+        assert!(!ledger.months.contains_key(&(TENANT, "2026-11".into())));
+        assert!(ledger.downtime.is_empty() && ledger.credited.is_empty());
+        assert_eq!(ledger.last_invoice_number, 2);
     }
 
     #[test]
