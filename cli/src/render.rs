@@ -336,16 +336,31 @@ pub fn cost_report(report: &Value) -> String {
 pub fn cost_report_csv(report: &Value) -> String {
     let mut out =
         String::from("week,tier,charges,billed_seconds,spend,on_demand,saving,currency\n");
-    let (week, currency) = (text(report, "week"), text(report, "currency"));
+    let week = csv_cell(&text(report, "week"));
+    let currency = csv_cell(&text(report, "currency"));
     for row in cost_rows(report) {
-        // Tier names are the server's words; keep a row from breaking.
-        let tier = row[0].replace([',', '"', '\n', '\r'], "_");
-        out.push_str(&format!(
-            "{week},{tier},{},{},{},{},{},{currency}\n",
-            row[1], row[2], row[3], row[4], row[5]
-        ));
+        let cells: Vec<String> = row.iter().map(|c| csv_cell(c)).collect();
+        out.push_str(&format!("{week},{},{currency}\n", cells.join(",")));
     }
     out
+}
+
+/// A CSV cell from the server's words that can neither break its row nor
+/// run as a spreadsheet formula (a cell starting with `=`, `+`, `-`, `@`,
+/// a tab or a carriage return); a number, or the lone dash of a missing
+/// value, stays as it is.
+fn csv_cell(value: &str) -> String {
+    let plain = value == NONE || value.parse::<f64>().is_ok_and(f64::is_finite);
+    let defused = if !plain && value.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{value}")
+    } else {
+        value.to_string()
+    };
+    if defused.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", defused.replace('"', "\"\""))
+    } else {
+        defused
+    }
 }
 
 fn cost_rows(report: &Value) -> Vec<Vec<String>> {
@@ -864,6 +879,24 @@ mod tests {
         assert_eq!(lines.len(), 4, "{csv}");
         assert_eq!(lines[2], "2026-W49,spot,1,3600,16.00,40.00,24.00,CNY");
         assert_eq!(lines[3], "2026-W49,TOTAL,,,96.00,120.00,24.00,CNY");
+    }
+
+    #[test]
+    fn cost_report_csv_cells_cannot_run_as_formulas() {
+        let report = json!({
+            "week": "=HYPERLINK(\"x\")", "currency": "@SUM(A1)",
+            "tiers": [
+                {"tier": "-2+3,x", "charges": 1, "billed_seconds": 60,
+                 "spend": "-1.50", "on_demand": "+cmd|' /C calc'!A0", "saving": "\t=1"}
+            ],
+            "spend": "-1.50", "on_demand": "0.00", "saving": "1.50"
+        });
+        let csv = cost_report_csv(&report);
+        let row = csv.lines().nth(1).unwrap();
+        assert_eq!(
+            row,
+            "\"'=HYPERLINK(\"\"x\"\")\",\"'-2+3,x\",1,60,-1.50,'+cmd|' /C calc'!A0,'\t=1,'@SUM(A1)"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod chain;
 pub mod fleet;
 pub mod lease;
+pub mod moves;
 pub mod rating;
 pub mod restate;
 pub mod spot;

@@ -145,7 +145,10 @@ impl BookError {
     }
 }
 
-fn check_price(field: &str, price: Decimal) -> Result<(), BookError> {
+/// Whether `price` (CNY per GB-hour or per GB-package) is one a book may
+/// set and pricing may multiply without overflow: 0 to [`MAX_PRICE_CNY`],
+/// at most [`MAX_PRICE_SCALE`] places.
+pub fn check_price(field: &str, price: Decimal) -> Result<(), BookError> {
     if price < Decimal::ZERO {
         return Err(BookError::new(field, "a price must not be negative"));
     }

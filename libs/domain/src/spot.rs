@@ -32,6 +32,13 @@ pub const BID_SCALE: u32 = 4;
 /// Most times one preempted spot lease is recovered.
 pub const MAX_RECOVERY_RETRIES: u32 = 10;
 
+/// Whether `price` (CNY per GB·hour, from `spot.price_set`) is one a
+/// broker can publish: within `0..=`[`MAX_CEILING_CNY_PER_GB_HOUR`]. Readers
+/// of the log ignore any other rather than bill or preempt by it.
+pub fn is_market_price(price: Decimal) -> bool {
+    (Decimal::ZERO..=MAX_CEILING_CNY_PER_GB_HOUR).contains(&price)
+}
+
 /// The band a spot price moves in, CNY per GB·hour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpotBounds {

@@ -327,7 +327,7 @@ impl InvoiceDocument {
 
 /// A CSV field that cannot break the row or run as a spreadsheet formula.
 fn csv_field(value: &str) -> String {
-    let defused = if value.starts_with(['=', '+', '-', '@']) {
+    let defused = if value.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{value}")
     } else {
         value.to_string()
@@ -665,6 +665,8 @@ mod tests {
     fn csv_rows_cannot_break_out() {
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("=1+1"), "'=1+1");
+        assert_eq!(csv_field("\t=1+1"), "'\t=1+1");
+        assert_eq!(csv_field("\r=1"), "\"'\r=1\"");
         assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
         let mut acc = LineAccumulator::default();
         acc.add(&part(1, 1, "1.00"));

@@ -20,6 +20,9 @@ pub const DEFAULT_TERM_DAYS: u32 = 30;
 /// The longest term: well inside the log's retention, so a reservation's
 /// event outlives it.
 pub const MAX_TERM_DAYS: u32 = 180;
+/// Furthest ahead a reservation may start, in days: with the longest term
+/// it still ends inside the log's retention of a year.
+pub const MAX_LEAD_DAYS: u32 = 180;
 /// Most GPUs one reservation commits to.
 pub const MAX_RESERVED_GPUS: u32 = 1024;
 

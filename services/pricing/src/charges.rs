@@ -55,6 +55,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// when the log stored it, and a lost node is declared within seconds, so
 /// by then the log says whether the lease ran the whole hour.
 pub const DEFAULT_ACCRUAL_GRACE_SECS: i64 = 300;
+/// Longest accrual grace accepted: a day.
+pub const MAX_ACCRUAL_GRACE_SECS: i64 = 24 * 3600;
 /// Most spot price points kept per (zone, GPU model) before the ones no
 /// open lease needs are dropped.
 const PRUNE_MARKET_AT_POINTS: usize = 1024;
@@ -212,6 +214,14 @@ impl Fold {
             EventData::PriceBookPublished(book)
                 if !self.books.iter().any(|b| b.version == book.version) =>
             {
+                // Whoever publishes checks a book first; one that slipped
+                // past (a ladder of a million steps, a price that overflows
+                // the arithmetic) must not reach a bill.
+                if let Err(e) = rating::validate_book(book) {
+                    tracing::error!(version = book.version, error = %e,
+                        "a price book pricing cannot charge with; ignored");
+                    return;
+                }
                 self.books.push(book.clone());
                 self.books.sort_by_key(|b| b.version);
             }
@@ -373,6 +383,13 @@ impl Fold {
     }
 
     fn price_set(&mut self, p: &lh_events::SpotPriceSet, at: DateTime<Utc>) {
+        // The broker keeps its prices between a floor and a ceiling; one
+        // outside what it may publish is not billed.
+        if !lh_domain::spot::is_market_price(p.price_cny_per_gb_hour) {
+            tracing::error!(zone = p.zone, gpu_model = p.gpu_model, price = %p.price_cny_per_gb_hour,
+                "a spot price outside what a broker may publish; ignored");
+            return;
+        }
         let key = market_key(&p.zone, &p.gpu_model);
         let points = self.market.entry(key.clone()).or_default();
         let point = PricePoint {
@@ -1598,6 +1615,53 @@ mod tests {
         let amounts: Vec<String> = charges.iter().map(|c| c.amount.to_string()).collect();
         assert_eq!(amounts, ["20.00", "12.00"]);
         assert_eq!(charges[0].unit_price_cny_per_gb_hour.to_string(), "0.25");
+    }
+
+    #[test]
+    fn a_book_or_a_spot_price_out_of_bounds_is_not_charged_with() {
+        let lease = Uuid::from_u128(1);
+        let mut events = vec![env(EventData::PriceBookPublished(
+            rating::default_price_book(t(0, 0, 0)),
+        ))];
+        // A newer book with a ladder of a million steps.
+        let mut long = rating::default_price_book(t(1, 0, 0));
+        long.version = 2;
+        long.tiers[0].model = Some(ChargeModel::Graduated {
+            steps: (0..1_000_000)
+                .map(|h| PriceStep {
+                    from_hour: h,
+                    price_cny_per_gb_hour: Decimal::ONE,
+                })
+                .collect(),
+        });
+        events.push(env(EventData::PriceBookPublished(long)));
+        let price = |at: DateTime<Utc>, p: &str| {
+            let mut e = env(EventData::SpotPriceSet(SpotPriceSet {
+                zone: "z".into(),
+                gpu_model: fixtures::MODEL.into(),
+                price_cny_per_gb_hour: p.parse().unwrap(),
+                utilisation: Decimal::ZERO,
+                gpus_total: 8,
+                gpus_used: 0,
+            }));
+            e.occurred_at = at;
+            e
+        };
+        events.push(price(t(9, 0, 0), "0.1"));
+        events.push(price(t(10, 15, 0), "100000000000000000000000000"));
+        events.push(price(t(10, 30, 0), "-5"));
+        let mut lifecycle = lease_events(lease, t(10, 0, 0), t(11, 0, 0), EndReason::Stopped);
+        if let EventData::LeaseRequested(r) = &mut lifecycle[0].data {
+            r.tier = Tier::Spot;
+        }
+        events.extend(lifecycle);
+        let f = fold(&events);
+        let Plan::Publish(bill) = f.plan_until(lease, LATER) else {
+            panic!("expected a bill")
+        };
+        // An hour of 80 GB at 0.1, on the first book.
+        assert_eq!(bill.charges[0].amount.to_string(), "8.00");
+        assert_eq!(bill.charges[0].price_book_version, 1);
     }
 
     #[test]

@@ -63,6 +63,10 @@ pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
 pub const MAX_WATCHED_LEASES: usize = 1_000_000;
 /// Months back from now an open interruption is counted in.
 const MAX_OPEN_INTERRUPTION_MONTHS: u32 = 12;
+/// Months back from now the ledger remembers issued months, their
+/// downtime and credits: past the log's year a restarted replica has none
+/// of them either, and one that runs for years must not hold them all.
+const KEPT_MONTHS: u32 = 13;
 /// The words of the credit rule, carried by every credit.
 pub const CREDIT_RULE: &str = "availability = 100 x (1 - downtime / (billed time + downtime)) over the tenant's leases in the month; below 99.95 % the credit is 10 % of the month's charges of the interrupted leases, below 99.0 % 30 %, below 95.0 % 100 %";
 /// A feed silent this long has delivered everything there is.
@@ -106,6 +110,16 @@ pub fn month_bounds(period: &str) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
 pub fn next_period(period: &str) -> Option<String> {
     let (_, end) = month_bounds(period)?;
     Some(period_of(end))
+}
+
+/// The oldest month the ledger still remembers at `now`.
+fn oldest_kept(now: DateTime<Utc>) -> String {
+    let mut start = now;
+    for _ in 0..KEPT_MONTHS {
+        start =
+            month_bounds(&period_of(start)).map_or(start, |(s, _)| s) - chrono::Duration::days(1);
+    }
+    period_of(start)
 }
 
 fn period_of(at: DateTime<Utc>) -> String {
@@ -211,9 +225,13 @@ impl Ledger {
                 if sequence <= month.covered_through || !month.charge_ids.insert(c.charge_id) {
                     return;
                 }
-                let lease = month.per_lease.entry(c.lease_id).or_default();
-                lease.0 = lease.0.saturating_add(c.billed_seconds);
-                lease.1 += c.amount;
+                // A reservation's commitment is paid for, not run: its
+                // hours are no lease's time in the availability.
+                if c.reservation_id != Some(c.lease_id) {
+                    let lease = month.per_lease.entry(c.lease_id).or_default();
+                    lease.0 = lease.0.saturating_add(c.billed_seconds);
+                    lease.1 += c.amount;
+                }
                 month.open.push(Charge {
                     sequence,
                     id: c.charge_id,
@@ -295,9 +313,8 @@ impl Ledger {
                 }
                 self.leases.entry(e.lease_id).or_default().tenant_id = Some(e.tenant_id);
             }
-            // A drain ("node <id> drained") is planned maintenance, not a
-            // failure.
-            EventData::LeaseMigrated(e) if !e.reason.ends_with(" drained") => {
+            // A lost node or an unhealthy GPU; a drain is planned.
+            EventData::LeaseMigrated(e) if lh_domain::moves::is_failure(&e.reason) => {
                 if let Some(w) = self.leases.get_mut(&e.lease_id) {
                     w.down_since.get_or_insert(e.billing_ends_at);
                 }
@@ -334,6 +351,16 @@ impl Ledger {
             }
             _ => {}
         }
+    }
+
+    /// Forgets the issued months before [`KEPT_MONTHS`] back, with their
+    /// downtime and credits.
+    fn forget_old_months(&mut self, now: DateTime<Utc>) {
+        let oldest = oldest_kept(now);
+        self.months
+            .retain(|(_, period), m| *period >= oldest || m.issued.is_none() || !m.open.is_empty());
+        self.downtime.retain(|(_, period), _| *period >= oldest);
+        self.credited.retain(|(_, period)| *period >= oldest);
     }
 
     /// Records that `lease` was down over `[from, to)`, month by month.
@@ -435,10 +462,13 @@ impl Ledger {
                 }
             }
         }
+        let oldest = oldest_kept(now);
         candidates
             .into_iter()
             .filter(|(tenant, period)| {
-                self.due(period, now) && !self.credited.contains(&(*tenant, period.clone()))
+                *period >= oldest
+                    && self.due(period, now)
+                    && !self.credited.contains(&(*tenant, period.clone()))
             })
             .filter_map(|(tenant, period)| self.sla_credit(tenant, &period, now))
             .collect()
@@ -651,6 +681,7 @@ impl Decider for Ledger {
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        self.forget_old_months(now);
         let mut decisions: Vec<Batch> = Vec::new();
         for credit in self.credits(now) {
             let guard = self
@@ -917,7 +948,7 @@ mod tests {
 
     #[test]
     fn a_drain_is_no_failure() {
-        let mut ledger = interrupted("node n1 drained");
+        let mut ledger = interrupted(&lh_domain::moves::node_drained("n1"));
         let mut next = 4;
         let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
         assert!(matches!(
@@ -966,6 +997,61 @@ mod tests {
         assert_eq!(dec.credits.len(), 1);
         assert_eq!(dec.total.to_string(), "-9.00");
         assert!(store(&mut ledger, &mut next, at("2027-02-01T00:00:00Z")).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_turned_unhealthy_interrupts_its_lease_like_a_lost_node() {
+        // What the scheduler writes when a lease's GPU fails (an XID 79, a
+        // failed self-test): the lease is moved, down until it runs again.
+        let mut ledger = interrupted(&lh_domain::moves::gpu_unhealthy(0, "n1"));
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let EventData::CreditGranted(credit) = &out[0].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(credit.downtime_seconds, 3600);
+        assert_eq!(credit.amount.to_string(), "-10.00");
+    }
+
+    #[test]
+    fn a_reservations_commitment_does_not_dilute_the_availability() {
+        let mut ledger = interrupted(&lh_domain::moves::node_lost("n1"));
+        let reservation = Uuid::from_u128(50);
+        let mut commitment = charge(7, "2026-11-01T00:00:00Z", 10_000_000, "500.00");
+        if let EventData::ChargeAccrued(c) = &mut commitment.data {
+            (c.lease_id, c.reservation_id, c.tier) =
+                (reservation, Some(reservation), Tier::Reserved);
+        }
+        ledger.apply_stored(5, Utc::now(), &commitment);
+        let mut next = 5;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let EventData::CreditGranted(credit) = &out[0].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(credit.availability_percent.to_string(), "99.0099");
+        assert_eq!(credit.amount.to_string(), "-10.00");
+        // It is on the invoice all the same.
+        let EventData::InvoiceIssued(invoice) = &out[1].data else {
+            panic!("{out:?}");
+        };
+        assert_eq!(invoice.total.to_string(), "600.00");
+    }
+
+    #[test]
+    fn issued_months_older_than_what_the_log_holds_are_forgotten() {
+        let mut ledger = interrupted(&lh_domain::moves::node_lost("n1"));
+        let mut next = 4;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(ledger.months.contains_key(&(TENANT, "2026-11".into())));
+        // December's invoice deducts the credit; 13 months on, November
+        // and its downtime are gone, and nothing is issued again.
+        assert_eq!(oldest_kept(at("2027-12-15T00:00:00Z")), "2026-11");
+        assert!(store(&mut ledger, &mut next, at("2027-12-15T00:00:00Z")).len() == 1);
+        assert!(store(&mut ledger, &mut next, at("2028-01-01T00:00:00Z")).is_empty());
+        assert!(!ledger.months.contains_key(&(TENANT, "2026-11".into())));
+        assert!(ledger.downtime.is_empty() && ledger.credited.is_empty());
+        assert_eq!(ledger.last_invoice_number, 2);
     }
 
     #[test]

@@ -87,7 +87,8 @@ pub struct Config {
     /// How long, in seconds, after a UTC hour ends the running leases'
     /// charges for it are written: long enough for a late report of a
     /// lease's end (the node clock skew) or of a lost node to be in the log.
-    #[arg(long, env = "LH_ACCRUAL_GRACE_SECS", default_value_t = charges::DEFAULT_ACCRUAL_GRACE_SECS)]
+    #[arg(long, env = "LH_ACCRUAL_GRACE_SECS", default_value_t = charges::DEFAULT_ACCRUAL_GRACE_SECS,
+        value_parser = clap::value_parser!(i64).range(0..=charges::MAX_ACCRUAL_GRACE_SECS))]
     pub accrual_grace_secs: i64,
     /// The clock charges are decided by (tests move a manual one).
     #[arg(skip)]
@@ -105,6 +106,20 @@ impl std::fmt::Debug for DecideClock {
 }
 
 impl Config {
+    /// Refuses graces that would put a month's last hour on a note: its
+    /// charges are written `accrual_grace_secs` after the month, so its
+    /// invoice must stay a draft at least that long.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (0..=self.invoice_grace_secs).contains(&self.accrual_grace_secs),
+            "LH_INVOICE_GRACE_SECS ({}) must be at least LH_ACCRUAL_GRACE_SECS ({}): \
+             the charges of a month's last hour are written that long after it",
+            self.invoice_grace_secs,
+            self.accrual_grace_secs
+        );
+        Ok(())
+    }
+
     /// For tests: pricing on `nats_url` and `database_url`, on a free port.
     pub fn for_test(nats_url: &str, database_url: &str) -> Self {
         Self {
@@ -132,6 +147,7 @@ pub async fn start_with_clock(
     ledger_clock: SharedClock,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
+    config.check()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema)
         .await
@@ -192,7 +208,7 @@ async fn work(
 
     let mut charges = charges::Charges::new(
         chrono::Duration::seconds(config.node_clock_skew_secs),
-        chrono::Duration::seconds(config.accrual_grace_secs.max(0)),
+        chrono::Duration::seconds(config.accrual_grace_secs),
     );
     let shelf = charges.shelf();
     let clock = config.clock.0.clone().unwrap_or_else(SystemClock::shared);
@@ -433,5 +449,22 @@ impl lh_service::ProjectionService for Config {
         on_event: impl FnMut(u64, u64),
     ) -> anyhow::Result<lh_projection::RebuildReport> {
         rebuild(self, into, swap, on_event).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invoice_grace_shorter_than_the_accrual_grace_is_refused() {
+        let mut config = Config::for_test("nats://127.0.0.1:1", "postgres://x");
+        assert!(config.check().is_ok());
+        config.invoice_grace_secs = 60;
+        config.accrual_grace_secs = 300;
+        let error = config.check().unwrap_err().to_string();
+        assert!(error.contains("LH_INVOICE_GRACE_SECS (60)"), "{error}");
+        config.accrual_grace_secs = 60;
+        assert!(config.check().is_ok());
     }
 }

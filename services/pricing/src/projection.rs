@@ -115,8 +115,8 @@ async fn insert_charge(
     sqlx::query(
         "INSERT INTO invoice_lines (charge_id, tenant_id, period, lease_id, tier, gpus,
             vram_gb, billed_seconds, unit_price, amount, currency, from_at, to_at,
-            price_book_version, sequence)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+            price_book_version, sequence, reservation_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (charge_id) DO NOTHING",
     )
     .bind(c.charge_id)
@@ -134,6 +134,7 @@ async fn insert_charge(
     .bind(c.to)
     .bind(c.price_book_version as i32)
     .bind(sequence as i64)
+    .bind(c.reservation_id)
     .execute(&mut *conn)
     .await?;
     insert_draft(conn, c.tenant_id, &c.period, false).await
@@ -515,18 +516,19 @@ pub async fn list_documents(pool: &PgPool, request: &ListRequest) -> Result<Docu
     Ok(DocumentList { invoices })
 }
 
-type CostRow = (String, i32, Option<Decimal>, i64, i64, Decimal);
+type CostRow = (String, i32, Option<Decimal>, bool, i64, i64, Decimal);
 
 /// The tenant's spend in an ISO week per tier, against the same usage at
 /// the on-demand price. Errors are messages for the RPC caller.
 pub async fn cost_report(pool: &PgPool, request: &CostReportRequest) -> Result<CostReport, String> {
     let (from, to) = parse_week(&request.week)?;
     let rows: Vec<CostRow> = sqlx::query_as(
-        "SELECT l.tier, l.vram_gb, b.basic_price, count(*), sum(l.billed_seconds)::BIGINT,
-                sum(l.amount)
+        "SELECT l.tier, l.vram_gb, b.basic_price,
+                COALESCE(l.reservation_id = l.lease_id, false) AS commitment,
+                count(*), sum(l.billed_seconds)::BIGINT, sum(l.amount)
          FROM invoice_lines l LEFT JOIN price_books b ON b.version = l.price_book_version
          WHERE l.tenant_id = $1 AND l.from_at >= $2 AND l.from_at < $3
-         GROUP BY l.tier, l.vram_gb, b.basic_price",
+         GROUP BY l.tier, l.vram_gb, b.basic_price, commitment",
     )
     .bind(request.tenant_id)
     .bind(from)
@@ -535,9 +537,12 @@ pub async fn cost_report(pool: &PgPool, request: &CostReportRequest) -> Result<C
     .await
     .map_err(db_error)?;
     let mut tiers: BTreeMap<String, (u64, u64, Decimal, Decimal)> = BTreeMap::new();
-    for (tier, vram_gb, basic_price, charges, seconds, spend) in rows {
-        // A book without a basic price compares with what was charged.
+    for (tier, vram_gb, basic_price, commitment, charges, seconds, spend) in rows {
+        // A reservation's commitment is paid, not used: the usage it buys
+        // is its leases' (charged at 0.00), counted on their own lines. A
+        // book without a basic price compares with what was charged.
         let on_demand = match basic_price {
+            _ if commitment => Decimal::ZERO,
             Some(price) => {
                 Decimal::from(vram_gb) * price * Decimal::from(seconds) / Decimal::from(3600)
             }

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use lh_bus::{Bus, BusError, Expect};
 use lh_events::{subject, Actor, Envelope, EventData, ReservationCommitted};
 use lh_rpc::reservation::{
-    CommitReply, CommitRequest, ListRequest, Reservations, DEFAULT_TERM_DAYS, MAX_RESERVED_GPUS,
-    MAX_TERM_DAYS,
+    CommitReply, CommitRequest, ListRequest, Reservations, DEFAULT_TERM_DAYS, MAX_LEAD_DAYS,
+    MAX_RESERVED_GPUS, MAX_TERM_DAYS,
 };
 use uuid::Uuid;
 
@@ -73,6 +73,12 @@ pub fn reservation(
             "a reservation cannot start in the past",
         ));
     }
+    if starts_at > now + chrono::Duration::days(i64::from(MAX_LEAD_DAYS)) {
+        return Err(refused(
+            "starts_at",
+            format!("a reservation starts within {MAX_LEAD_DAYS} days"),
+        ));
+    }
     Ok(ReservationCommitted {
         reservation_id: id,
         tenant_id: request.tenant_id,
@@ -115,5 +121,34 @@ pub async fn commit(
             tracing::warn!(error = %e, "cannot commit a reservation");
             Err("the event log is out of reach; retry shortly".into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservation_starts_from_now_to_its_lead_limit() {
+        let now: DateTime<Utc> = "2026-12-04T00:00:00Z".parse().unwrap();
+        let request = |starts_at: DateTime<Utc>| CommitRequest {
+            tenant_id: Uuid::from_u128(1),
+            gpu_model: lh_events::fixtures::MODEL.into(),
+            zone: "z".into(),
+            gpus: 1,
+            term_days: None,
+            starts_at: Some(starts_at),
+            requested_by: None,
+        };
+        let limit = now + chrono::Duration::days(i64::from(MAX_LEAD_DAYS));
+        assert!(reservation(request(limit), Uuid::from_u128(2), now).is_ok());
+        let too_far = reservation(
+            request(limit + chrono::Duration::seconds(1)),
+            Uuid::from_u128(2),
+            now,
+        );
+        assert_eq!(too_far.unwrap_err().0, "starts_at");
+        let years = "9999-12-31T00:00:00Z".parse().unwrap();
+        assert!(reservation(request(years), Uuid::from_u128(2), now).is_err());
     }
 }

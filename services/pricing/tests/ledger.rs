@@ -62,6 +62,7 @@ impl Env {
                 ManualClock::new(at(2026, 1, 1, 0, 0, 0)).shared(),
             )),
             invoice_grace_secs: GRACE_SECS,
+            accrual_grace_secs: GRACE_SECS,
             ..Config::for_test(&nats.url(), &database_url)
         };
         let bus = Bus::connect(&BusConfig::new(nats.url(), "ledger-test"))
@@ -617,10 +618,33 @@ async fn the_weekly_cost_report_compares_each_tier_with_on_demand() {
         priced_gb_seconds: None,
         reservation_id: None,
     };
-    let data = EventData::ChargeAccrued(spot);
-    env.publish(fixtures::owner_of(&data), Utc::now(), data)
-        .await;
-    env.draft_billing(tenant, "2026-11", 4 * 3600).await;
+    // An hour of a reservation's commitment, and a lease it covers for
+    // that hour: the usage on demand is the lease's hour, not two.
+    let reservation = Uuid::now_v7();
+    let commitment = ChargeAccrued {
+        charge_id: Uuid::now_v7(),
+        lease_id: reservation,
+        tier: Tier::Reserved,
+        from: at(2026, 11, 4, 0, 0, 0),
+        to: at(2026, 11, 4, 1, 0, 0),
+        unit_price_cny_per_gb_hour: "0.35".parse().unwrap(),
+        amount: "28.00".parse().unwrap(),
+        reservation_id: Some(reservation),
+        ..spot.clone()
+    };
+    let covered = ChargeAccrued {
+        charge_id: Uuid::now_v7(),
+        lease_id: Uuid::now_v7(),
+        unit_price_cny_per_gb_hour: Decimal::ZERO,
+        amount: "0.00".parse().unwrap(),
+        ..commitment.clone()
+    };
+    for charge in [spot, commitment, covered] {
+        let data = EventData::ChargeAccrued(charge);
+        env.publish(fixtures::owner_of(&data), Utc::now(), data)
+            .await;
+    }
+    env.draft_billing(tenant, "2026-11", 6 * 3600).await;
 
     let request = lh_rpc::cost_report::CostReportRequest {
         tenant_id: tenant,
@@ -647,10 +671,17 @@ async fn the_weekly_cost_report_compares_each_tier_with_on_demand() {
         tiers,
         [
             ("basic", 7200, basic.clone(), basic.clone(), "0.00".into()),
+            (
+                "reserved",
+                7200,
+                "28.00".into(),
+                "40.00".into(),
+                "12.00".into()
+            ),
             ("spot", 3600, "16.00".into(), "40.00".into(), "24.00".into()),
         ]
     );
-    assert_eq!(report.saving.to_string(), "24.00");
+    assert_eq!(report.saving.to_string(), "36.00");
     assert_eq!(report.from, at(2026, 11, 2, 0, 0, 0));
     let bad = lh_rpc::cost_report::CostReportRequest {
         tenant_id: tenant,

@@ -95,10 +95,10 @@ fn why_move(
     now: DateTime<Utc>,
 ) -> Option<(String, DateTime<Utc>)> {
     if let Some(at) = node.lost {
-        return Some((format!("node {} lost", node.id), at));
+        return Some((lh_domain::moves::node_lost(&node.id), at));
     }
     if node.cordoned == Some(Some(DrainMode::Move)) {
-        return Some((format!("node {} drained", node.id), now));
+        return Some((lh_domain::moves::node_drained(&node.id), now));
     }
     let (_, indices) = scratch.holdings.get(&lease_id)?;
     node.gpus
@@ -106,7 +106,7 @@ fn why_move(
         .filter(|g| indices.contains(&g.index) && g.health == GpuHealth::Unhealthy)
         .map(|g| {
             (
-                format!("GPU {} of node {} unhealthy", g.index, node.id),
+                lh_domain::moves::gpu_unhealthy(g.index, &node.id),
                 g.health_since.unwrap_or(now).min(now),
             )
         })

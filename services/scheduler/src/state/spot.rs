@@ -101,6 +101,13 @@ pub(super) enum NoZone {
 
 impl State {
     pub(super) fn spot_price_set(&mut self, p: &SpotPriceSet) {
+        // A price no broker can publish would preempt every bid, or cover
+        // any: it is ignored.
+        if !lh_domain::spot::is_market_price(p.price_cny_per_gb_hour) {
+            tracing::error!(zone = p.zone, gpu_model = p.gpu_model, price = %p.price_cny_per_gb_hour,
+                "a spot price outside what a broker may publish; ignored");
+            return;
+        }
         let key = (p.zone.clone(), p.gpu_model.clone());
         if self.spot_prices.len() < MAX_SPOT_MARKETS || self.spot_prices.contains_key(&key) {
             self.spot_prices.insert(key, p.price_cny_per_gb_hour);

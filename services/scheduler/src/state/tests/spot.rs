@@ -75,6 +75,24 @@ fn a_bid_places_only_where_the_price_per_gpu_hour_is_at_or_under_it() {
 }
 
 #[test]
+fn a_spot_price_no_broker_may_publish_is_ignored() {
+    let (t, lease, now) = (Uuid::from_u128(1), Uuid::from_u128(10), Utc::now());
+    // 0.1 × 40 GB = 4 CNY per GPU-hour: the bid covers it; then a price
+    // far above the ceiling and a negative one, both ignored.
+    let mut s = given(vec![
+        zone_node("a", "z1", 2),
+        price("z1", "0.1"),
+        price("z1", "1000000000000000000000000000"),
+        price("z1", "-3"),
+        tenant(t, 10),
+        EventData::LeaseRequested(spot(lease, t, Some(BID), None)),
+    ]);
+    assert_eq!(s.spot_price("z1", fixtures::MODEL), Some(d("0.1")));
+    settle(&mut s, now, &Rules::default());
+    assert_eq!(placed_zone(&s, lease).as_deref(), Some("z1"));
+}
+
+#[test]
 fn an_outbid_request_waits_saying_why_until_the_price_falls() {
     let (t, lease, now) = (Uuid::from_u128(1), Uuid::from_u128(10), Utc::now());
     let mut s = given(vec![
