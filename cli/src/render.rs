@@ -195,7 +195,7 @@ pub fn spot_prices(prices: &Value) -> String {
         ]);
     }
     align_right(&mut t, &[3, 4]);
-    t.to_string()
+    format!("{t}\n")
 }
 
 /// An invoice or note: a heading, one row per line and per credit, a
