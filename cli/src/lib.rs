@@ -72,11 +72,12 @@ mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
-    KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, PriceBookCommand, PriceBookPublish, ReportCommand,
-    ReservationCommand, ReservationCreate, ReservationList, SpotCommand, TenantCommand,
-    TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, Cli, Command, DrainMode, IdleAction,
+    InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
+    LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
+    PriceBookPublish, ReportCommand, ReservationCommand, ReservationCreate, ReservationList,
+    SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
+    DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -483,6 +484,20 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 &json!({"reservations": [made]}),
                 render::reservations,
             )?;
+            Ok(EXIT_OK)
+        }
+        Command::Balance(BalanceCommand::Show(b)) => {
+            let balance = gw
+                .get(&["v1", "tenants", &b.tenant, "balance"], &[])
+                .await?;
+            emit(out, json, &balance, render::balance)?;
+            Ok(EXIT_OK)
+        }
+        Command::Balance(BalanceCommand::TopUp(b)) => {
+            let body = json!({ "amount": b.amount });
+            let path = ["v1", "tenants", &b.tenant, "balance", "top-ups"];
+            let made = gw.post(&path, Some(&body), &[]).await?;
+            emit(out, json, &made, render::top_up)?;
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {

@@ -7,6 +7,7 @@
 //! Replies travel on `lh.rpc.>` and are never stored in a stream.
 
 pub mod audit;
+pub mod balance;
 pub mod cost_report;
 pub mod invoice;
 pub mod invoice_document;

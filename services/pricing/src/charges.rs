@@ -45,6 +45,8 @@ pub const FILTERS: &[&str] = &[
     subject::PRICE_BOOKS_ALL,
     subject::SPOT_ALL,
     subject::RESERVATIONS_ALL,
+    subject::BALANCES_ALL,
+    subject::CREDITS_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
@@ -95,6 +97,9 @@ struct LeaseFacts {
     /// The reservation covering this `reserved` lease, until when.
     #[serde(default)]
     covered_by: Option<(Uuid, DateTime<Utc>)>,
+    /// Someone asked for the lease to stop: an exhausted balance need not.
+    #[serde(default)]
+    stop_requested: bool,
 }
 
 impl LeaseFacts {
@@ -140,6 +145,18 @@ impl LeaseFacts {
         self.billable_end()
             .is_some_and(|end| self.runs.is_empty() || self.charged_to.is_some_and(|to| to >= end))
     }
+}
+
+/// What a lease is priced on.
+struct Priced<'a> {
+    tenant_id: Uuid,
+    tier: Tier,
+    gpus: u32,
+    vram_gb: u32,
+    book: &'a PriceBookPublished,
+    model: ChargeModel,
+    market: Vec<PricePoint>,
+    reservation_id: Option<Uuid>,
 }
 
 /// What to do with a lease that may have charges due.
@@ -198,6 +215,9 @@ pub struct Fold {
     /// Sequence of the last event on the price book subject folded.
     #[serde(default)]
     pub book_sequence: u64,
+    /// The prepaid tenants' balances.
+    #[serde(default)]
+    pub balances: crate::balances::Balances,
 }
 
 fn market_key(zone: &str, gpu_model: &str) -> String {
@@ -290,7 +310,20 @@ impl Fold {
                 self.leases.remove(&e.lease_id);
                 self.touched.remove(&e.lease_id);
             }
-            EventData::ChargeAccrued(c) => self.charge_read(sequence, c),
+            EventData::ChargeAccrued(c) => {
+                self.balances.apply(sequence, &envelope.data);
+                self.charge_read(sequence, c)
+            }
+            EventData::LeaseStopRequested(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    l.stop_requested = true;
+                }
+            }
+            EventData::BalanceToppedUp(_)
+            | EventData::BalanceLow(_)
+            | EventData::BalanceExhausted(_)
+            | EventData::BalanceRestored(_)
+            | EventData::CreditGranted(_) => self.balances.apply(sequence, &envelope.data),
             _ => {}
         }
     }
@@ -639,67 +672,25 @@ impl Fold {
         if from >= until {
             return Plan::Nothing;
         }
-        // A running lease's facts may still be on their way; an ended
-        // lease's never come.
-        let missing = |why: &str| match facts.ended {
-            true => Plan::Unbillable(why.into()),
-            false => Plan::Nothing,
+        let priced = match self.priced(lease_id, facts, first_start) {
+            Ok(priced) => priced,
+            Err(plan) => return plan,
         };
-        let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
-            return missing("no lease.requested in the log");
-        };
-        let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
-            return missing("no lease.placed in the log");
-        };
-        let book = match facts.book_version {
-            Some(v) => self.books.iter().find(|b| b.version == v),
-            None => self.book_for(first_start),
-        };
-        let Some(book) = book else {
-            return Plan::WaitForBook;
-        };
-        // A commitment at the reserved tier's price; a `reserved` lease
-        // its reservation covers is free until the term ends, then (and
-        // when none covers it) at the basic tier's.
-        let priced_as = match tier {
-            Tier::Reserved if facts.commitment => Tier::Reserved,
-            Tier::Reserved => Tier::Basic,
-            other => other,
-        };
-        let (Some(model), Some(headline)) = (
-            rating::tier_model(book, priced_as),
-            rating::unit_price(book, priced_as),
-        ) else {
-            return Plan::Unbillable(format!(
-                "price book v{} has no price for tier {}",
-                book.version,
-                priced_as.as_str()
-            ));
-        };
-        let (model, market) = match (model, facts.covered_by) {
-            (_, Some((_, covered_until))) if !facts.commitment => (
-                ChargeModel::Market,
-                vec![
-                    PricePoint {
-                        at: DateTime::<Utc>::MIN_UTC,
-                        price_cny_per_gb_hour: Decimal::ZERO,
-                    },
-                    PricePoint {
-                        at: covered_until,
-                        price_cny_per_gb_hour: headline,
-                    },
-                ],
-            ),
-            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
-            (model, _) => (model, Vec::new()),
-        };
-        let reservation_id = match facts.commitment {
-            true => Some(lease_id),
-            false => facts.covered_by.map(|(id, _)| id),
-        };
-        let vram_gb = gpus * vram_gb_per_gpu;
+        let Priced {
+            tenant_id,
+            tier,
+            gpus,
+            vram_gb,
+            book,
+            model,
+            market,
+            reservation_id,
+        } = priced;
         let Some(cause) = facts.cause.clone() else {
-            return missing("no lease.started in the log");
+            return match facts.ended {
+                true => Plan::Unbillable("no lease.started in the log".into()),
+                false => Plan::Nothing,
+            };
         };
         let mut charges = Vec::new();
         let mut before = facts.accrued;
@@ -750,6 +741,145 @@ impl Fold {
             cause,
             after_sequence: facts.last_charge_sequence,
         }))
+    }
+
+    /// For each prepaid tenant, what its open leases cost at `now` beyond
+    /// their charges in the log (`unbilled`: charges lag by up to an hour
+    /// and the accrual grace), and what those running now cost per hour at
+    /// the rate they accrue now (`burn_rate_cny_per_hour`). One pass over
+    /// the open leases, whatever the number of tenants.
+    pub fn running_costs(&self, now: DateTime<Utc>) -> HashMap<Uuid, crate::balances::RunningCost> {
+        let mut costs: HashMap<Uuid, crate::balances::RunningCost> = HashMap::new();
+        let an_hour_on = now + chrono::Duration::hours(1);
+        for (lease_id, facts) in &self.leases {
+            let Some(tenant_id) = facts.tenant_id else {
+                continue;
+            };
+            if facts.commitment || self.balances.get(tenant_id).is_none() {
+                continue;
+            }
+            let until = facts.billable_end().unwrap_or(now).min(now);
+            let intervals = facts.intervals(until);
+            let Some(first_start) = intervals.iter().map(|r| r.start).min() else {
+                continue;
+            };
+            let Ok(priced) = self.priced(*lease_id, facts, first_start) else {
+                continue;
+            };
+            let cost = costs.entry(tenant_id).or_default();
+            let from = facts
+                .charged_to
+                .map_or(first_start, |to| to.max(first_start));
+            let at_now = rating::accrue(
+                &priced.model,
+                &priced.market,
+                priced.vram_gb,
+                facts.accrued,
+                &intervals,
+                from,
+                until,
+            );
+            cost.unbilled += at_now.amount_since(&facts.accrued);
+            if facts.started_at.is_some() && !facts.ended {
+                let next_hour = rating::accrue(
+                    &priced.model,
+                    &priced.market,
+                    priced.vram_gb,
+                    at_now,
+                    &facts.intervals(an_hour_on),
+                    until.max(from),
+                    an_hour_on,
+                );
+                cost.burn_rate_cny_per_hour += next_hour.exact_cny() - at_now.exact_cny();
+                cost.running.push(*lease_id);
+                if !facts.stop_requested {
+                    cost.not_stopping.push(*lease_id);
+                }
+            }
+        }
+        for cost in costs.values_mut() {
+            cost.running.sort();
+            cost.not_stopping.sort();
+        }
+        costs
+    }
+
+    /// What `facts` are priced on: the lease's book, charge model and
+    /// market, or the plan when they are not all known.
+    fn priced<'a>(
+        &'a self,
+        lease_id: Uuid,
+        facts: &LeaseFacts,
+        first_start: DateTime<Utc>,
+    ) -> Result<Priced<'a>, Plan> {
+        // A running lease's facts may still be on their way; an ended
+        // lease's never come.
+        let missing = |why: &str| match facts.ended {
+            true => Plan::Unbillable(why.into()),
+            false => Plan::Nothing,
+        };
+        let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
+            return Err(missing("no lease.requested in the log"));
+        };
+        let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
+            return Err(missing("no lease.placed in the log"));
+        };
+        let book = match facts.book_version {
+            Some(v) => self.books.iter().find(|b| b.version == v),
+            None => self.book_for(first_start),
+        };
+        let Some(book) = book else {
+            return Err(Plan::WaitForBook);
+        };
+        // A commitment at the reserved tier's price; a `reserved` lease
+        // its reservation covers is free until the term ends, then (and
+        // when none covers it) at the basic tier's.
+        let priced_as = match tier {
+            Tier::Reserved if facts.commitment => Tier::Reserved,
+            Tier::Reserved => Tier::Basic,
+            other => other,
+        };
+        let (Some(model), Some(headline)) = (
+            rating::tier_model(book, priced_as),
+            rating::unit_price(book, priced_as),
+        ) else {
+            return Err(Plan::Unbillable(format!(
+                "price book v{} has no price for tier {}",
+                book.version,
+                priced_as.as_str()
+            )));
+        };
+        let (model, market) = match (model, facts.covered_by) {
+            (_, Some((_, covered_until))) if !facts.commitment => (
+                ChargeModel::Market,
+                vec![
+                    PricePoint {
+                        at: DateTime::<Utc>::MIN_UTC,
+                        price_cny_per_gb_hour: Decimal::ZERO,
+                    },
+                    PricePoint {
+                        at: covered_until,
+                        price_cny_per_gb_hour: headline,
+                    },
+                ],
+            ),
+            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
+            (model, _) => (model, Vec::new()),
+        };
+        let reservation_id = match facts.commitment {
+            true => Some(lease_id),
+            false => facts.covered_by.map(|(id, _)| id),
+        };
+        Ok(Priced {
+            tenant_id,
+            tier,
+            gpus,
+            vram_gb: gpus * vram_gb_per_gpu,
+            book,
+            model,
+            market,
+            reservation_id,
+        })
     }
 }
 
@@ -837,6 +967,8 @@ pub struct Shelf {
     pub sequence: u64,
     /// Reservations whose commitment is not yet wholly charged.
     pub reservations: Vec<ReservationCommitted>,
+    /// The prepaid tenants' balances at the last pass of the decide loop.
+    pub balances: HashMap<Uuid, lh_rpc::balance::Balance>,
 }
 
 pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
@@ -854,6 +986,8 @@ pub struct Charges {
     /// The horizon of the last pass that looked at every open lease.
     looked_at_horizon: Option<DateTime<Utc>>,
     shelf: SharedShelf,
+    /// A prepaid balance covering less than this at its burn rate is low.
+    balance_warn_seconds: u64,
 }
 
 impl Charges {
@@ -861,8 +995,39 @@ impl Charges {
         Self {
             node_clock_skew,
             grace,
+            balance_warn_seconds: crate::balances::DEFAULT_BALANCE_WARN_SECS,
             ..Self::default()
         }
+    }
+
+    /// Warns of a prepaid balance that covers less than `seconds`.
+    pub fn with_balance_warn_seconds(mut self, seconds: u64) -> Self {
+        self.balance_warn_seconds = seconds;
+        self
+    }
+
+    /// Each prepaid tenant's balance at `now`, for the balance RPC, and the
+    /// writes those balances call for.
+    fn balance_decisions(&self, now: DateTime<Utc>) -> Vec<Batch> {
+        let mut decisions = Vec::new();
+        let mut views = HashMap::new();
+        let mut costs = self.fold.running_costs(now);
+        for tenant_id in self.fold.balances.tenants() {
+            let Some(b) = self.fold.balances.get(tenant_id) else {
+                continue;
+            };
+            let cost = costs.remove(&tenant_id).unwrap_or_default();
+            views.insert(tenant_id, crate::balances::view(tenant_id, b, &cost));
+            decisions.extend(crate::balances::decisions(
+                tenant_id,
+                b,
+                &cost,
+                self.balance_warn_seconds,
+                now,
+            ));
+        }
+        self.shelf.write().expect("shelf lock").balances = views;
+        decisions
     }
 
     /// The books this fold keeps up to date for others to read.
@@ -1021,6 +1186,7 @@ impl Decider for Charges {
             }
         }
         metrics::gauge!("lh_pricing_open_leases").set(self.fold.open_leases() as f64);
+        decisions.extend(self.balance_decisions(now));
         self.update_shelf();
         decisions
     }

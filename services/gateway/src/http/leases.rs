@@ -310,6 +310,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     responses(
         (status = 202, body = LeaseView),
         (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 402, body = super::Problem, description = "The tenant's prepaid balance is exhausted; a top-up lifts it"),
         (status = 409, body = super::Problem), (status = 422, body = super::Problem),
         (status = 429, body = super::Problem, description = "Over the tenant's write budget or its limit of waiting leases; see Retry-After"),
         (status = 503, body = super::Problem, description = "The database or the log is out of reach; see Retry-After")
@@ -322,6 +323,17 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
+    let exhausted: Option<bool> =
+        sqlx::query_scalar("SELECT balance_exhausted FROM tenants WHERE id = $1")
+            .bind(tenant_id)
+            .fetch_optional(&ctx.pool)
+            .await?;
+    if exhausted == Some(true) {
+        return Err(ApiError::payment_required(
+            "the tenant's prepaid balance is exhausted: its leases were stopped and new ones \
+             are refused until a top-up brings it above zero",
+        ));
+    }
     let pending_leases: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state IN ('requested', 'queued')",
     )

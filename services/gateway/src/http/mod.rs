@@ -5,6 +5,7 @@
 
 pub mod audit;
 mod auth;
+pub mod balances;
 mod error;
 pub mod front;
 pub mod invoices;
@@ -60,6 +61,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/resume", post(tenants::resume))
         .route("/v1/tenants/{id}/quota", put(tenants::set_quota))
         .route("/v1/tenants/{id}/keys", post(keys::issue).get(keys::list))
+        .route("/v1/tenants/{id}/balance", get(balances::get))
+        .route("/v1/tenants/{id}/balance/top-ups", post(balances::top_up))
         .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
