@@ -79,6 +79,41 @@ pub enum Command {
     /// Read a tenant's prepaid balance, top it up (admin token required).
     #[command(subcommand)]
     Balance(BalanceCommand),
+    /// Price a lease for a duration on the current price book; the quote's
+    /// id (`lh lease create --quote ID`) bills the lease on that book.
+    Quote(QuoteCreate),
+}
+
+/// `lh quote`
+#[derive(Debug, Clone, Args)]
+pub struct QuoteCreate {
+    /// Number of whole GPUs (or a share with --milli and --vram-gb, or a
+    /// MIG instance with --mig).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..),
+        required_unless_present_any = ["milli", "mig"],
+        conflicts_with_all = ["milli", "mig"]
+    )]
+    pub gpus: Option<u32>,
+    /// One MIG instance of this profile of the model, e.g. `3g.20gb`.
+    #[arg(long, value_name = "PROFILE", conflicts_with = "milli")]
+    pub mig: Option<String>,
+    /// A share of one GPU's compute, in milli-GPU (1 to 1000).
+    #[arg(long, value_name = "MILLI", value_parser = clap::value_parser!(u32).range(1..=1000), requires = "vram_gb")]
+    pub milli: Option<u32>,
+    /// VRAM of the share, in GB.
+    #[arg(long, value_name = "GB", value_parser = clap::value_parser!(u32).range(1..), requires = "milli")]
+    pub vram_gb: Option<u32>,
+    /// GPU model, e.g. `A100-40GB`.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu_model: String,
+    #[arg(long, value_enum, default_value_t = Tier::Basic)]
+    pub tier: Tier,
+    /// How long the lease would run, in hours (fractions allowed, e.g. 1.5).
+    #[arg(long, value_name = "HOURS")]
+    pub hours: f64,
 }
 
 /// `lh balance ...`
@@ -422,6 +457,10 @@ pub struct LeaseCreate {
     /// Spot only: the most you pay, CNY per GPU-hour (e.g. `4.5`).
     #[arg(long, value_name = "CNY")]
     pub max_price: Option<String>,
+    /// A quote of yours (`lh quote`) for these GPUs, model and tier: the
+    /// lease is billed on the price book it names.
+    #[arg(long, value_name = "QUOTE_ID")]
+    pub quote: Option<String>,
     /// A zone the lease may run in (repeatable; none: any).
     #[arg(long = "zone", value_name = "ZONE")]
     pub zones: Vec<String>,

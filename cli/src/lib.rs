@@ -75,9 +75,9 @@ pub use args::{
     AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, Cli, Command, DrainMode, IdleAction,
     InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
     LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
-    PriceBookPublish, ReportCommand, ReservationCommand, ReservationCreate, ReservationList,
-    SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
-    DEFAULT_GATEWAY_URL,
+    PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand, ReservationCreate,
+    ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -312,13 +312,9 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 "tier": c.tier.as_str(),
                 "priority": c.priority,
             });
-            match (c.gpus, c.milli, c.vram_gb, &c.mig) {
-                (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
-                (None, Some(milli), Some(vram_gb), _) => {
-                    body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
-                }
-                (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
-                _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
+            gpu_fields(&mut body, c.gpus, c.milli, c.vram_gb, &c.mig);
+            if let Some(quote) = &c.quote {
+                body["quote_id"] = json!(quote);
             }
             if let Some(price) = &c.max_price {
                 body["max_price_cny_per_gpu_hour"] = json!(price);
@@ -484,6 +480,23 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 &json!({"reservations": [made]}),
                 render::reservations,
             )?;
+            Ok(EXIT_OK)
+        }
+        Command::Quote(q) => {
+            if !(q.hours > 0.0 && q.hours <= 366.0 * 24.0) {
+                return Err(CliError::Usage(
+                    "--hours must be above 0 and at most 8784 (366 days)".into(),
+                )
+                .into());
+            }
+            let mut body = json!({
+                "gpu_model": q.gpu_model,
+                "tier": q.tier.as_str(),
+                "duration_seconds": (q.hours * 3600.0).round() as u64,
+            });
+            gpu_fields(&mut body, q.gpus, q.milli, q.vram_gb, &q.mig);
+            let quote = gw.post(&["v1", "quotes"], Some(&body), &[]).await?;
+            emit(out, json, &quote, render::quote)?;
             Ok(EXIT_OK)
         }
         Command::Balance(BalanceCommand::Show(b)) => {
@@ -786,5 +799,23 @@ mod tests {
             run_blocking(["lh", "--version"], &mut out, &mut err)
         });
         assert_eq!(code, EXIT_OK);
+    }
+}
+
+/// Puts what a request asks for (whole GPUs, a share or a MIG instance) in `body`.
+fn gpu_fields(
+    body: &mut Value,
+    gpus: Option<u32>,
+    milli: Option<u32>,
+    vram_gb: Option<u32>,
+    mig: &Option<String>,
+) {
+    match (gpus, milli, vram_gb, mig) {
+        (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
+        (None, Some(milli), Some(vram_gb), _) => {
+            body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
+        }
+        (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
+        _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
     }
 }

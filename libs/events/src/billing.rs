@@ -389,3 +389,37 @@ pub struct BalanceRestored {
     #[schemars(with = "String")]
     pub balance: Decimal,
 }
+
+/// Pricing priced a request for a duration on the book in force: a lease
+/// asked for with this quote (the same tenant and spec, before
+/// `expires_at`) is billed on `price_book_version`, whatever book is
+/// published after.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QuoteIssued {
+    pub quote_id: Uuid,
+    pub tenant_id: Uuid,
+    pub gpu_model: String,
+    pub tier: crate::Tier,
+    /// Whole GPUs; 1 for a share or a MIG instance.
+    pub gpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<crate::GpuFraction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    /// The GB billed: the whole GPUs' VRAM, the share's or the slice's.
+    pub vram_gb: u32,
+    pub duration_seconds: u64,
+    pub price_book_version: u32,
+    /// The request's cost over `duration_seconds` at the quoted prices.
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+    /// `amount` per GB-hour.
+    #[schemars(with = "String")]
+    pub unit_price_cny_per_gb_hour: Decimal,
+    pub currency: String,
+    pub expires_at: DateTime<Utc>,
+    /// Spot: `amount` is at the market price now, which moves; the lease is
+    /// billed at the price of each moment.
+    #[serde(default)]
+    pub price_moves: bool,
+}

@@ -92,6 +92,7 @@ events! {
     "balance.low" v=1 => BalanceLow @ balance(tenant_id), tenant_id = tenant_id;
     "balance.exhausted" v=1 => BalanceExhausted @ balance(tenant_id), tenant_id = tenant_id;
     "balance.restored" v=1 => BalanceRestored @ balance(tenant_id), tenant_id = tenant_id;
+    "quote.issued" v=1 => QuoteIssued @ quote(quote_id), tenant_id = tenant_id;
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ pub const INVOICES_ALL: &str = "lh.evt.invoice.>";
 pub const CREDITS_ALL: &str = "lh.evt.credit.>";
 pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
 pub const BALANCES_ALL: &str = "lh.evt.balance.>";
+pub const QUOTES_ALL: &str = "lh.evt.quote.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -59,6 +60,10 @@ pub const RPC_PRICING_RESERVATIONS: &str = "lh.rpc.pricing.reservations";
 pub const RPC_PRICING_COMMIT_RESERVATION: &str = "lh.rpc.pricing.reservations.commit";
 /// Request/reply subject on which pricing answers a tenant's balance.
 pub const RPC_PRICING_BALANCE: &str = "lh.rpc.pricing.balance";
+/// Request/reply subject on which pricing prices a request and issues a quote.
+pub const RPC_PRICING_QUOTE: &str = "lh.rpc.pricing.quotes";
+/// Request/reply subject on which pricing answers a quote it issued.
+pub const RPC_PRICING_QUOTE_GET: &str = "lh.rpc.pricing.quotes.get";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
@@ -100,6 +105,10 @@ pub fn credit(tenant_id: Uuid) -> String {
 
 pub fn reservation(reservation_id: Uuid) -> String {
     format!("lh.evt.reservation.{reservation_id}")
+}
+
+pub fn quote(quote_id: Uuid) -> String {
+    format!("lh.evt.quote.{quote_id}")
 }
 
 /// A tenant's prepaid balance: its top-ups and what pricing decides of them.
@@ -245,6 +254,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("balance.low", &[Pricing]),
         ("balance.exhausted", &[Pricing]),
         ("balance.restored", &[Pricing]),
+        ("quote.issued", &[Pricing]),
     ]
 };
 
@@ -358,6 +368,7 @@ mod tests {
             (CREDITS_ALL, credit(id)),
             (RESERVATIONS_ALL, reservation(id)),
             (BALANCES_ALL, balance(id)),
+            (QUOTES_ALL, quote(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

@@ -12,5 +12,6 @@ pub mod cost_report;
 pub mod invoice;
 pub mod invoice_document;
 pub mod price_book;
+pub mod quote;
 pub mod reservation;
 pub mod spot;

@@ -47,6 +47,7 @@ pub const FILTERS: &[&str] = &[
     subject::RESERVATIONS_ALL,
     subject::BALANCES_ALL,
     subject::CREDITS_ALL,
+    subject::QUOTES_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
@@ -60,6 +61,9 @@ pub const DEFAULT_ACCRUAL_GRACE_SECS: i64 = 300;
 /// Most spot price points kept per (zone, GPU model) before the ones no
 /// open lease needs are dropped.
 const PRUNE_MARKET_AT_POINTS: usize = 1024;
+/// How long after it expires a quote is remembered: far longer than a
+/// request made with it takes to reach the log.
+pub const QUOTE_KEPT_AFTER_EXPIRY: chrono::Duration = chrono::Duration::days(1);
 /// Places of a charge's (informational) average unit price.
 const UNIT_PRICE_SCALE: u32 = 6;
 
@@ -100,6 +104,9 @@ struct LeaseFacts {
     /// Someone asked for the lease to stop: an exhausted balance need not.
     #[serde(default)]
     stop_requested: bool,
+    /// The version the lease's quote names: its book, chosen at request.
+    #[serde(default)]
+    quoted_version: Option<u32>,
 }
 
 impl LeaseFacts {
@@ -218,6 +225,10 @@ pub struct Fold {
     /// The prepaid tenants' balances.
     #[serde(default)]
     pub balances: crate::balances::Balances,
+    /// The price book version and expiry of each quote, until a day after
+    /// it expires (a lease is asked for with it before it expires).
+    #[serde(default)]
+    quotes: HashMap<Uuid, lh_events::QuoteIssued>,
 }
 
 fn market_key(zone: &str, gpu_model: &str) -> String {
@@ -237,8 +248,18 @@ impl Fold {
             }
             EventData::SpotPriceSet(p) => self.price_set(p, envelope.occurred_at),
             EventData::ReservationCommitted(r) => self.committed(r, envelope),
+            EventData::QuoteIssued(q) => {
+                self.quotes
+                    .retain(|_, k| k.expires_at + QUOTE_KEPT_AFTER_EXPIRY > envelope.occurred_at);
+                self.quotes.insert(q.quote_id, q.clone());
+            }
             EventData::LeaseRequested(e) => {
+                let quoted_version = e
+                    .quote_id
+                    .and_then(|q| self.quotes.get(&q))
+                    .map(|q| q.price_book_version);
                 if let Some(l) = self.open(e.lease_id) {
+                    l.quoted_version = quoted_version;
                     l.tenant_id = Some(e.tenant_id);
                     l.tier = Some(e.tier);
                     l.gpu_model = Some(e.gpu_model.clone());
@@ -264,7 +285,7 @@ impl Fold {
                         l.cause = Some(envelope.clone());
                     }
                     if l.book_version.is_none() {
-                        l.book_version = book;
+                        l.book_version = l.quoted_version.or(book);
                     }
                 }
                 if first_start {
@@ -618,11 +639,22 @@ impl Fold {
     /// The book a lease started at `started_at` is billed with: the newest
     /// version whose `effective_from` is not after the start, else the oldest.
     pub fn book_for(&self, started_at: DateTime<Utc>) -> Option<&PriceBookPublished> {
-        self.books
+        book_in_force(&self.books, started_at)
+    }
+
+    /// The spot price in force per (zone, GPU model): each market's last.
+    pub fn spot_prices(&self) -> HashMap<(String, String), Decimal> {
+        self.market
             .iter()
-            .rev()
-            .find(|b| b.effective_from <= started_at)
-            .or_else(|| self.books.first())
+            .filter_map(|(key, points)| {
+                let (zone, model) = key.rsplit_once('/')?;
+                let last = points.last()?;
+                Some((
+                    (zone.to_string(), model.to_string()),
+                    last.price_cny_per_gb_hour,
+                ))
+            })
+            .collect()
     }
 
     pub fn has_book(&self) -> bool {
@@ -883,6 +915,19 @@ impl Fold {
     }
 }
 
+/// Of `books` (sorted by version), the newest whose `effective_from` is
+/// not after `at`, else the oldest.
+pub fn book_in_force(
+    books: &[PriceBookPublished],
+    at: DateTime<Utc>,
+) -> Option<&PriceBookPublished> {
+    books
+        .iter()
+        .rev()
+        .find(|b| b.effective_from <= at)
+        .or_else(|| books.first())
+}
+
 /// The id of the default price book (version 1).
 pub fn default_book_id() -> Uuid {
     crate::books::book_id(rating::DEFAULT_BOOK_VERSION)
@@ -969,6 +1014,10 @@ pub struct Shelf {
     pub reservations: Vec<ReservationCommitted>,
     /// The prepaid tenants' balances at the last pass of the decide loop.
     pub balances: HashMap<Uuid, lh_rpc::balance::Balance>,
+    /// The quotes issued, until a day after they expire.
+    pub quotes: HashMap<Uuid, lh_events::QuoteIssued>,
+    /// The spot price in force per (zone, GPU model).
+    pub spot_prices: HashMap<(String, String), Decimal>,
 }
 
 pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
@@ -1049,6 +1098,26 @@ impl Charges {
         self.fold.apply(sequence, &held);
     }
 
+    /// Keeps what the quote RPC reads: the quotes and the spot prices.
+    fn shelve(&self, envelope: &Envelope) {
+        match &envelope.data {
+            EventData::QuoteIssued(q) => {
+                let mut shelf = self.shelf.write().expect("shelf lock");
+                shelf
+                    .quotes
+                    .retain(|_, k| k.expires_at + QUOTE_KEPT_AFTER_EXPIRY > envelope.occurred_at);
+                shelf.quotes.insert(q.quote_id, q.clone());
+            }
+            EventData::SpotPriceSet(p) => {
+                self.shelf.write().expect("shelf lock").spot_prices.insert(
+                    (p.zone.clone(), p.gpu_model.clone()),
+                    p.price_cny_per_gb_hour,
+                );
+            }
+            _ => {}
+        }
+    }
+
     fn update_shelf(&self) {
         let mut shelf = self.shelf.write().expect("shelf lock");
         if shelf.sequence != self.fold.book_sequence || shelf.books.len() != self.fold.books.len() {
@@ -1124,6 +1193,7 @@ impl Decider for Charges {
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fold.apply(sequence, envelope);
+        self.shelve(envelope);
         self.update_shelf();
     }
 
@@ -1135,6 +1205,7 @@ impl Decider for Charges {
             self.fold.book_sequence = self.fold.book_sequence.max(sequence);
         }
         self.apply_stored_event(sequence, stored_at, envelope);
+        self.shelve(envelope);
         self.update_shelf();
     }
 
@@ -1146,6 +1217,10 @@ impl Decider for Charges {
         match serde_json::from_value(state) {
             Ok(fold) => {
                 self.fold = fold;
+                let mut shelf = self.shelf.write().expect("shelf lock");
+                shelf.quotes = self.fold.quotes.clone();
+                shelf.spot_prices = self.fold.spot_prices();
+                drop(shelf);
                 self.update_shelf();
                 true
             }

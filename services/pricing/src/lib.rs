@@ -30,6 +30,7 @@ pub mod books;
 pub mod charges;
 pub mod ledger;
 pub mod projection;
+pub mod quotes;
 pub mod reservations;
 
 use std::time::Duration;
@@ -95,6 +96,10 @@ pub struct Config {
     #[arg(long, env = "LH_BALANCE_WARN_SECS", default_value_t = balances::DEFAULT_BALANCE_WARN_SECS,
         value_parser = clap::value_parser!(u64).range(0..=balances::MAX_BALANCE_WARN_SECS))]
     pub balance_warn_secs: u64,
+    /// How long, in seconds, a quote may be used to ask for a lease.
+    #[arg(long, env = "LH_QUOTE_VALID_SECS", default_value_t = lh_rpc::quote::DEFAULT_QUOTE_VALID_SECS,
+        value_parser = clap::value_parser!(u64).range(1..=lh_rpc::quote::MAX_QUOTE_VALID_SECS))]
+    pub quote_valid_secs: u64,
     /// The clock charges are decided by (tests move a manual one).
     #[arg(skip)]
     pub clock: DecideClock,
@@ -121,6 +126,7 @@ impl Config {
             invoice_grace_secs: ledger::DEFAULT_INVOICE_GRACE_SECS,
             accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
             balance_warn_secs: balances::DEFAULT_BALANCE_WARN_SECS,
+            quote_valid_secs: lh_rpc::quote::DEFAULT_QUOTE_VALID_SECS,
             clock: DecideClock::default(),
         }
     }
@@ -369,6 +375,35 @@ async fn work(
         .context("balance RPC")
     };
 
+    let quote_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::quote::RPC_PRICING_QUOTE,
+            QUEUE_GROUP,
+            |request| {
+                let (bus, shelf) = (bus.clone(), shelf.clone());
+                let valid_secs = config.quote_valid_secs;
+                async move { quotes::issue(&bus, &shelf, request, Utc::now(), valid_secs).await }
+            },
+        )
+        .await
+        .context("quote RPC")
+    };
+
+    let quote_get_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::quote::RPC_PRICING_QUOTE_GET,
+            QUEUE_GROUP,
+            |request| {
+                let quote = quotes::get(&shelf, request);
+                async move { Ok::<_, String>(quote) }
+            },
+        )
+        .await
+        .context("quote lookup RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -411,6 +446,8 @@ async fn work(
         Box::pin(list_reservations),
         Box::pin(commit_reservation),
         Box::pin(balance_rpc),
+        Box::pin(quote_rpc),
+        Box::pin(quote_get_rpc),
         Box::pin(monitor)
     )?;
     Ok(())

@@ -72,6 +72,11 @@ pub struct CreateLease {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub recovery: Option<RecoveryBody>,
+    /// A quote of this tenant's (`POST /v1/quotes`), unexpired, for the same
+    /// GPUs, model and tier: the lease is billed on the price book version
+    /// it names.
+    #[serde(default)]
+    pub quote_id: Option<Uuid>,
 }
 
 /// Managed recovery as a request states it.
@@ -347,7 +352,13 @@ pub async fn create(
         max_pending_leases: ctx.limits.max_pending_leases,
     };
     let key = headers.get("idempotency-key").map(|v| v.as_bytes());
-    let requested = lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
+    let quote_id = body.quote_id;
+    let mut requested =
+        lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
+    if let Some(quote_id) = quote_id {
+        super::quotes::check_quote(&ctx, quote_id, &requested, Utc::now()).await?;
+        requested.quote_id = Some(quote_id);
+    }
     let lease_id = requested.lease_id;
     let envelope = Envelope::new(
         Actor::Tenant(tenant_id),

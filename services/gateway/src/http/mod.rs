@@ -15,6 +15,7 @@ pub mod limits;
 pub mod nodes;
 mod openapi;
 pub mod price_books;
+pub mod quotes;
 pub mod reservations;
 pub mod spot;
 pub mod tenants;
@@ -64,6 +65,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/balance", get(balances::get))
         .route("/v1/tenants/{id}/balance/top-ups", post(balances::top_up))
         .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
+        .route("/v1/quotes", post(quotes::create))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))

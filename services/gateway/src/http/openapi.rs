@@ -4,8 +4,8 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use super::{
-    audit, balances, invoices, keys, leases, nodes, price_books, reservations, spot, tenants,
-    Problem,
+    audit, balances, invoices, keys, leases, nodes, price_books, quotes, reservations, spot,
+    tenants, Problem,
 };
 
 #[derive(OpenApi)]
@@ -39,6 +39,7 @@ use super::{
         reservations::list,
         balances::top_up,
         balances::get,
+        quotes::create,
         audit::verify
     ),
     components(schemas(
@@ -63,6 +64,7 @@ use super::{
         reservations::NewReservation,
         lh_rpc::reservation::Reservations,
         balances::NewTopUp,
+        quotes::NewQuote,
         balances::TopUp,
         lh_rpc::balance::Balance,
         lh_rpc::balance::BalanceState,
