@@ -87,25 +87,8 @@ pub enum Command {
 /// `lh quote`
 #[derive(Debug, Clone, Args)]
 pub struct QuoteCreate {
-    /// Number of whole GPUs (or a share with --milli and --vram-gb, or a
-    /// MIG instance with --mig).
-    #[arg(
-        long,
-        value_name = "N",
-        value_parser = clap::value_parser!(u32).range(1..),
-        required_unless_present_any = ["milli", "mig"],
-        conflicts_with_all = ["milli", "mig"]
-    )]
-    pub gpus: Option<u32>,
-    /// One MIG instance of this profile of the model, e.g. `3g.20gb`.
-    #[arg(long, value_name = "PROFILE", conflicts_with = "milli")]
-    pub mig: Option<String>,
-    /// A share of one GPU's compute, in milli-GPU (1 to 1000).
-    #[arg(long, value_name = "MILLI", value_parser = clap::value_parser!(u32).range(1..=1000), requires = "vram_gb")]
-    pub milli: Option<u32>,
-    /// VRAM of the share, in GB.
-    #[arg(long, value_name = "GB", value_parser = clap::value_parser!(u32).range(1..), requires = "milli")]
-    pub vram_gb: Option<u32>,
+    #[command(flatten)]
+    pub ask: GpuAskArgs,
     /// GPU model, e.g. `A100-40GB`.
     #[arg(long, value_name = "MODEL")]
     pub gpu_model: String,
@@ -404,9 +387,10 @@ pub enum LeaseCommand {
     Resume(LeaseStop),
 }
 
-/// `lh lease create`
+/// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
+/// instance.
 #[derive(Debug, Clone, Args)]
-pub struct LeaseCreate {
+pub struct GpuAskArgs {
     /// Number of whole GPUs (or ask for a share of one with --milli and
     /// --vram-gb, or for a MIG instance with --mig).
     #[arg(
@@ -436,6 +420,13 @@ pub struct LeaseCreate {
         requires = "milli"
     )]
     pub vram_gb: Option<u32>,
+}
+
+/// `lh lease create`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseCreate {
+    #[command(flatten)]
+    pub ask: GpuAskArgs,
     /// Order among your own waiting leases, -1000 to 1000 (higher first).
     #[arg(
         long,
@@ -844,7 +835,7 @@ mod tests {
         let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
             panic!("wrong command")
         };
-        assert_eq!(c.gpus, Some(2));
+        assert_eq!(c.ask.gpus, Some(2));
         assert_eq!(c.gpu_model, "H100");
         assert_eq!(c.priority, 0);
         assert_eq!(c.tier, Tier::Basic);
@@ -951,7 +942,7 @@ mod tests {
             panic!("wrong command")
         };
         assert_eq!(
-            (c.gpus, c.milli, c.vram_gb, c.priority),
+            (c.ask.gpus, c.ask.milli, c.ask.vram_gb, c.priority),
             (None, Some(300), Some(10), -5)
         );
     }
@@ -970,7 +961,7 @@ mod tests {
         let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
             panic!("wrong command")
         };
-        assert_eq!((c.gpus, c.mig.as_deref()), (None, Some("3g.20gb")));
+        assert_eq!((c.ask.gpus, c.ask.mig.as_deref()), (None, Some("3g.20gb")));
         for other in [
             &["--gpus", "1"][..],
             &["--milli", "300", "--vram-gb", "10"][..],

@@ -312,7 +312,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 "tier": c.tier.as_str(),
                 "priority": c.priority,
             });
-            gpu_fields(&mut body, c.gpus, c.milli, c.vram_gb, &c.mig);
+            gpu_fields(&mut body, &c.ask);
             if let Some(quote) = &c.quote {
                 body["quote_id"] = json!(quote);
             }
@@ -494,7 +494,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 "tier": q.tier.as_str(),
                 "duration_seconds": (q.hours * 3600.0).round() as u64,
             });
-            gpu_fields(&mut body, q.gpus, q.milli, q.vram_gb, &q.mig);
+            gpu_fields(&mut body, &q.ask);
             let quote = gw.post(&["v1", "quotes"], Some(&body), &[]).await?;
             emit(out, json, &quote, render::quote)?;
             Ok(EXIT_OK)
@@ -803,14 +803,8 @@ mod tests {
 }
 
 /// Puts what a request asks for (whole GPUs, a share or a MIG instance) in `body`.
-fn gpu_fields(
-    body: &mut Value,
-    gpus: Option<u32>,
-    milli: Option<u32>,
-    vram_gb: Option<u32>,
-    mig: &Option<String>,
-) {
-    match (gpus, milli, vram_gb, mig) {
+fn gpu_fields(body: &mut Value, ask: &args::GpuAskArgs) {
+    match (ask.gpus, ask.milli, ask.vram_gb, &ask.mig) {
         (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
         (None, Some(milli), Some(vram_gb), _) => {
             body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})

@@ -871,16 +871,7 @@ impl Fold {
             Tier::Reserved => Tier::Basic,
             other => other,
         };
-        let (Some(model), Some(headline)) = (
-            rating::tier_model(book, priced_as),
-            rating::unit_price(book, priced_as),
-        ) else {
-            return Err(Plan::Unbillable(format!(
-                "price book v{} has no price for tier {}",
-                book.version,
-                priced_as.as_str()
-            )));
-        };
+        let (model, headline) = tier_pricing(book, priced_as).map_err(Plan::Unbillable)?;
         let (model, market) = match (model, facts.covered_by) {
             (_, Some((_, covered_until))) if !facts.commitment => (
                 ChargeModel::Market,
@@ -912,6 +903,24 @@ impl Fold {
             market,
             reservation_id,
         })
+    }
+}
+
+/// The charge model and headline price of `tier` in `book`, or why none.
+pub fn tier_pricing(
+    book: &PriceBookPublished,
+    tier: Tier,
+) -> Result<(ChargeModel, Decimal), String> {
+    match (
+        rating::tier_model(book, tier),
+        rating::unit_price(book, tier),
+    ) {
+        (Some(model), Some(headline)) => Ok((model, headline)),
+        _ => Err(format!(
+            "price book v{} has no price for tier {}",
+            book.version,
+            tier.as_str()
+        )),
     }
 }
 

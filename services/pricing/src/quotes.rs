@@ -12,7 +12,7 @@ use lh_rpc::quote::{GetRequest, QuoteReply, QuoteRequest, MAX_QUOTE_DURATION_SEC
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use crate::charges::{book_in_force, SharedShelf};
+use crate::charges::{book_in_force, tier_pricing, SharedShelf};
 use crate::SERVICE;
 
 /// Places of a quote's unit price.
@@ -55,19 +55,7 @@ pub fn price(
         Tier::Reserved => Tier::Basic,
         other => other,
     };
-    let (Some(model), Some(headline)) = (
-        rating::tier_model(book, priced_as),
-        rating::unit_price(book, priced_as),
-    ) else {
-        return Err(refused(
-            "tier",
-            format!(
-                "price book v{} has no price for tier {}",
-                book.version,
-                priced_as.as_str()
-            ),
-        ));
-    };
+    let (model, headline) = tier_pricing(book, priced_as).map_err(|why| refused("tier", why))?;
     let market_now = spot_prices
         .iter()
         .filter(|((_, model), _)| *model == request.gpu_model)

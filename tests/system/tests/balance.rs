@@ -75,7 +75,8 @@ async fn an_exhausted_balance_stops_the_leases_refuses_new_ones_until_a_top_up()
         .running(&postpaid_key, serde_json::from_str(ONE_GPU).unwrap())
         .await;
 
-    let tenant = tenant_id.parse().unwrap();
+    let tenant: uuid::Uuid = tenant_id.parse().unwrap();
+    let lease_uuid: uuid::Uuid = lease_id.parse().unwrap();
     let (low_at, exhausted_at, exhausted_id) = stack
         .wait_log(60, |log| {
             let low = of_type(log, "balance.low").into_iter().next()?;
@@ -96,12 +97,12 @@ async fn an_exhausted_balance_stops_the_leases_refuses_new_ones_until_a_top_up()
     let EventData::BalanceExhausted(e) = &exhausted.envelope.data else {
         unreachable!()
     };
-    assert_eq!(e.stopped_leases, [lease_id.parse().unwrap()]);
+    assert_eq!(e.stopped_leases, [lease_uuid]);
     assert!(e.balance <= rust_decimal::Decimal::ZERO, "{e:?}");
     // Pricing asks the lease to stop, naming the exhaustion as its cause.
     let stop = of_type(&log, "lease.stop_requested")
         .into_iter()
-        .find(|s| s.envelope.data.lease_id() == Some(lease_id.parse().unwrap()))
+        .find(|s| s.envelope.data.lease_id() == Some(lease_uuid))
         .expect("the prepaid lease is asked to stop");
     assert_eq!(stop.envelope.causation_id, Some(exhausted_id));
     stack
@@ -128,7 +129,7 @@ async fn an_exhausted_balance_stops_the_leases_refuses_new_ones_until_a_top_up()
         .await;
     assert_eq!(still["state"], "running", "{still}");
 
-    top_up(&stack, &tenant_id, "100").await;
+    top_up(&stack, &tenant_id, "100.00").await;
     stack
         .wait_log(30, |log| {
             of_type(log, "balance.restored")
