@@ -723,6 +723,18 @@ async fn wait_for(
     }
 }
 
+/// Puts what a request asks for (whole GPUs, a share or a MIG instance) in `body`.
+fn gpu_fields(body: &mut Value, ask: &args::GpuAskArgs) {
+    match (ask.gpus, ask.milli, ask.vram_gb, &ask.mig) {
+        (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
+        (None, Some(milli), Some(vram_gb), _) => {
+            body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
+        }
+        (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
+        _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,17 +811,5 @@ mod tests {
             run_blocking(["lh", "--version"], &mut out, &mut err)
         });
         assert_eq!(code, EXIT_OK);
-    }
-}
-
-/// Puts what a request asks for (whole GPUs, a share or a MIG instance) in `body`.
-fn gpu_fields(body: &mut Value, ask: &args::GpuAskArgs) {
-    match (ask.gpus, ask.milli, ask.vram_gb, &ask.mig) {
-        (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
-        (None, Some(milli), Some(vram_gb), _) => {
-            body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
-        }
-        (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
-        _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
     }
 }

@@ -18,11 +18,11 @@ use crate::SERVICE;
 /// Places of a quote's unit price.
 const UNIT_PRICE_SCALE: u32 = 6;
 
-fn refused(field: &str, detail: impl Into<String>) -> QuoteReply {
-    QuoteReply::Refused {
-        field: field.into(),
-        detail: detail.into(),
-    }
+/// Why a request is refused: the field at fault and what is wrong.
+pub type Refusal = (String, String);
+
+fn refused(field: &str, detail: impl Into<String>) -> Refusal {
+    (field.into(), detail.into())
 }
 
 /// The quote `request` gets on `book` at `now`, or why not. Spot is priced
@@ -35,7 +35,7 @@ pub fn price(
     now: DateTime<Utc>,
     valid_secs: u64,
     quote_id: Uuid,
-) -> Result<QuoteIssued, QuoteReply> {
+) -> Result<QuoteIssued, Refusal> {
     let ask = lh_domain::lease::checked_ask(
         request.gpus,
         request.fraction,
@@ -126,7 +126,7 @@ pub async fn issue(
     };
     let quote = match priced {
         Ok(quote) => quote,
-        Err(reply) => return Ok(reply),
+        Err((field, detail)) => return Ok(QuoteReply::Refused { field, detail }),
     };
     tracing::info!(quote_id = %quote.quote_id, tenant_id = %quote.tenant_id,
         version = quote.price_book_version, amount = %quote.amount, "issuing a quote");
@@ -223,7 +223,7 @@ mod tests {
         let book = rating::default_price_book(now);
         let none = Default::default();
         let field = |r: &QuoteRequest| match price(r, &book, &none, now, 900, Uuid::nil()) {
-            Err(QuoteReply::Refused { field, .. }) => field,
+            Err((field, _)) => field,
             other => panic!("not refused: {other:?}"),
         };
         assert_eq!(field(&request(Tier::Basic, 0)), "duration_seconds");
