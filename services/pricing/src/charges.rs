@@ -254,9 +254,12 @@ impl Fold {
                 self.quotes.insert(q.quote_id, q.clone());
             }
             EventData::LeaseRequested(e) => {
+                // Only the tenant's own quote binds a book (the gateway
+                // checks it; a request written otherwise gets none).
                 let quoted_version = e
                     .quote_id
                     .and_then(|q| self.quotes.get(&q))
+                    .filter(|q| q.tenant_id == e.tenant_id)
                     .map(|q| q.price_book_version);
                 if let Some(l) = self.open(e.lease_id) {
                     l.quoted_version = quoted_version;
