@@ -328,17 +328,7 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
-    let exhausted: Option<bool> =
-        sqlx::query_scalar("SELECT balance_exhausted FROM tenants WHERE id = $1")
-            .bind(tenant_id)
-            .fetch_optional(&ctx.pool)
-            .await?;
-    if exhausted == Some(true) {
-        return Err(ApiError::payment_required(
-            "the tenant's prepaid balance is exhausted: its leases were stopped and new ones \
-             are refused until a top-up brings it above zero",
-        ));
-    }
+    refuse_if_exhausted(&ctx, tenant_id).await?;
     let pending_leases: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state IN ('requested', 'queued')",
     )
@@ -546,6 +536,7 @@ pub(super) async fn stop_all_of(
     post, path = "/v1/leases/{id}/resume", params(("id" = Uuid, Path)),
     responses(
         (status = 202, body = LeaseView), (status = 401, body = super::Problem),
+        (status = 402, body = super::Problem, description = "The tenant's prepaid balance is exhausted; a top-up lifts it"),
         (status = 404, body = super::Problem), (status = 409, body = super::Problem)
     )
 )]
@@ -558,6 +549,7 @@ pub async fn resume(
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) =
         lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
+    refuse_if_exhausted(&ctx, lease.tenant_id).await?;
     ask(
         &ctx,
         &caller,
@@ -566,6 +558,23 @@ pub async fn resume(
         id,
     )
     .await
+}
+
+/// 402 while the tenant's prepaid balance is exhausted: pricing stopped its
+/// leases and would stop any that started again.
+async fn refuse_if_exhausted(ctx: &ApiContext, tenant_id: Uuid) -> Result<(), ApiError> {
+    let exhausted: Option<bool> =
+        sqlx::query_scalar("SELECT balance_exhausted FROM tenants WHERE id = $1")
+            .bind(tenant_id)
+            .fetch_optional(&ctx.pool)
+            .await?;
+    if exhausted == Some(true) {
+        return Err(ApiError::payment_required(
+            "the tenant's prepaid balance is exhausted: its leases were stopped and new ones \
+             are refused until a top-up brings it above zero",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
