@@ -76,6 +76,53 @@ pub enum Command {
     /// Reserve GPUs for a tenant (admin), list reservations.
     #[command(subcommand)]
     Reservation(ReservationCommand),
+    /// Read a tenant's prepaid balance, top it up (admin token required).
+    #[command(subcommand)]
+    Balance(BalanceCommand),
+    /// Price a lease for a duration on the current price book; the quote's
+    /// id (`lh lease create --quote ID`) bills the lease on that book.
+    Quote(QuoteCreate),
+}
+
+/// `lh quote`
+#[derive(Debug, Clone, Args)]
+pub struct QuoteCreate {
+    #[command(flatten)]
+    pub ask: GpuAskArgs,
+    /// GPU model, e.g. `A100-40GB`.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu_model: String,
+    #[arg(long, value_enum, default_value_t = Tier::Basic)]
+    pub tier: Tier,
+    /// How long the lease would run, in hours (fractions allowed, e.g. 1.5).
+    #[arg(long, value_name = "HOURS")]
+    pub hours: f64,
+}
+
+/// `lh balance ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum BalanceCommand {
+    /// The balance, what the running leases cost per hour, how long it lasts.
+    Show(BalanceShow),
+    /// Add prepaid money (CNY); the tenant is prepaid from its first top-up.
+    TopUp(BalanceTopUp),
+}
+
+/// `lh balance show`
+#[derive(Debug, Clone, Args)]
+pub struct BalanceShow {
+    #[arg(value_name = "TENANT_ID")]
+    pub tenant: String,
+}
+
+/// `lh balance top-up`
+#[derive(Debug, Clone, Args)]
+pub struct BalanceTopUp {
+    #[arg(value_name = "TENANT_ID")]
+    pub tenant: String,
+    /// CNY, e.g. `500` or `99.50`.
+    #[arg(long)]
+    pub amount: String,
 }
 
 /// `lh reservation ...`
@@ -340,9 +387,10 @@ pub enum LeaseCommand {
     Resume(LeaseStop),
 }
 
-/// `lh lease create`
+/// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
+/// instance.
 #[derive(Debug, Clone, Args)]
-pub struct LeaseCreate {
+pub struct GpuAskArgs {
     /// Number of whole GPUs (or ask for a share of one with --milli and
     /// --vram-gb, or for a MIG instance with --mig).
     #[arg(
@@ -372,6 +420,13 @@ pub struct LeaseCreate {
         requires = "milli"
     )]
     pub vram_gb: Option<u32>,
+}
+
+/// `lh lease create`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseCreate {
+    #[command(flatten)]
+    pub ask: GpuAskArgs,
     /// Order among your own waiting leases, -1000 to 1000 (higher first).
     #[arg(
         long,
@@ -393,6 +448,10 @@ pub struct LeaseCreate {
     /// Spot only: the most you pay, CNY per GPU-hour (e.g. `4.5`).
     #[arg(long, value_name = "CNY")]
     pub max_price: Option<String>,
+    /// A quote of yours (`lh quote`) for these GPUs, model and tier: the
+    /// lease is billed on the price book it names.
+    #[arg(long, value_name = "QUOTE_ID")]
+    pub quote: Option<String>,
     /// A zone the lease may run in (repeatable; none: any).
     #[arg(long = "zone", value_name = "ZONE")]
     pub zones: Vec<String>,
@@ -776,7 +835,7 @@ mod tests {
         let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
             panic!("wrong command")
         };
-        assert_eq!(c.gpus, Some(2));
+        assert_eq!(c.ask.gpus, Some(2));
         assert_eq!(c.gpu_model, "H100");
         assert_eq!(c.priority, 0);
         assert_eq!(c.tier, Tier::Basic);
@@ -883,7 +942,7 @@ mod tests {
             panic!("wrong command")
         };
         assert_eq!(
-            (c.gpus, c.milli, c.vram_gb, c.priority),
+            (c.ask.gpus, c.ask.milli, c.ask.vram_gb, c.priority),
             (None, Some(300), Some(10), -5)
         );
     }
@@ -902,7 +961,7 @@ mod tests {
         let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
             panic!("wrong command")
         };
-        assert_eq!((c.gpus, c.mig.as_deref()), (None, Some("3g.20gb")));
+        assert_eq!((c.ask.gpus, c.ask.mig.as_deref()), (None, Some("3g.20gb")));
         for other in [
             &["--gpus", "1"][..],
             &["--milli", "300", "--vram-gb", "10"][..],

@@ -72,11 +72,12 @@ mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
-    KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
-    NodeCommand, NodeDrain, NodeId, PriceBookCommand, PriceBookPublish, ReportCommand,
-    ReservationCommand, ReservationCreate, ReservationList, SpotCommand, TenantCommand,
-    TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, Cli, Command, DrainMode, IdleAction,
+    InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
+    LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
+    PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand, ReservationCreate,
+    ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -311,13 +312,9 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 "tier": c.tier.as_str(),
                 "priority": c.priority,
             });
-            match (c.gpus, c.milli, c.vram_gb, &c.mig) {
-                (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
-                (None, Some(milli), Some(vram_gb), _) => {
-                    body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
-                }
-                (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
-                _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
+            gpu_fields(&mut body, &c.ask);
+            if let Some(quote) = &c.quote {
+                body["quote_id"] = json!(quote);
             }
             if let Some(price) = &c.max_price {
                 body["max_price_cny_per_gpu_hour"] = json!(price);
@@ -483,6 +480,37 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 &json!({"reservations": [made]}),
                 render::reservations,
             )?;
+            Ok(EXIT_OK)
+        }
+        Command::Quote(q) => {
+            if !(q.hours > 0.0 && q.hours <= 366.0 * 24.0) {
+                return Err(CliError::Usage(
+                    "--hours must be above 0 and at most 8784 (366 days)".into(),
+                )
+                .into());
+            }
+            let mut body = json!({
+                "gpu_model": q.gpu_model,
+                "tier": q.tier.as_str(),
+                "duration_seconds": (q.hours * 3600.0).round() as u64,
+            });
+            gpu_fields(&mut body, &q.ask);
+            let quote = gw.post(&["v1", "quotes"], Some(&body), &[]).await?;
+            emit(out, json, &quote, render::quote)?;
+            Ok(EXIT_OK)
+        }
+        Command::Balance(BalanceCommand::Show(b)) => {
+            let balance = gw
+                .get(&["v1", "tenants", &b.tenant, "balance"], &[])
+                .await?;
+            emit(out, json, &balance, render::balance)?;
+            Ok(EXIT_OK)
+        }
+        Command::Balance(BalanceCommand::TopUp(b)) => {
+            let body = json!({ "amount": b.amount });
+            let path = ["v1", "tenants", &b.tenant, "balance", "top-ups"];
+            let made = gw.post(&path, Some(&body), &[]).await?;
+            emit(out, json, &made, render::top_up)?;
             Ok(EXIT_OK)
         }
         Command::Audit(AuditCommand::Verify) => {
@@ -692,6 +720,18 @@ async fn wait_for(
             return Ok((lease, EXIT_FAILURE));
         }
         tokio::time::sleep(WAIT_POLL_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+/// Puts what a request asks for (whole GPUs, a share or a MIG instance) in `body`.
+fn gpu_fields(body: &mut Value, ask: &args::GpuAskArgs) {
+    match (ask.gpus, ask.milli, ask.vram_gb, &ask.mig) {
+        (Some(gpus), _, _, _) => body["gpus"] = json!(gpus),
+        (None, Some(milli), Some(vram_gb), _) => {
+            body["gpu_fraction"] = json!({"milli": milli, "vram_gb": vram_gb})
+        }
+        (None, None, None, Some(profile)) => body["mig_profile"] = json!(profile),
+        _ => unreachable!("clap requires --gpus, --milli with --vram-gb, or --mig"),
     }
 }
 

@@ -585,6 +585,69 @@ pub fn reservations(list: &Value) -> String {
     finish(t)
 }
 
+/// A tenant's prepaid balance.
+pub fn balance(b: &Value) -> String {
+    if b.get("prepaid").and_then(Value::as_bool) != Some(true) {
+        return key_values(vec![
+            ("tenant", text(b, "tenant_id")),
+            (
+                "billing",
+                "postpaid (never topped up): invoiced, never stopped".into(),
+            ),
+        ]);
+    }
+    let covers = match b.get("covers_seconds").and_then(Value::as_u64) {
+        Some(s) => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+        None => "nothing running".into(),
+    };
+    key_values(vec![
+        ("tenant", text(b, "tenant_id")),
+        ("state", text(b, "state")),
+        ("balance (CNY)", text(b, "balance")),
+        ("topped up", text(b, "topped_up")),
+        ("charged", text(b, "charged")),
+        ("credited", text(b, "credited")),
+        ("not yet charged", text(b, "unbilled")),
+        ("burn rate (CNY/h)", text(b, "burn_rate_cny_per_hour")),
+        ("lasts", covers),
+    ])
+}
+
+/// A quote: what the request costs and until when it may be used.
+pub fn quote(q: &Value) -> String {
+    let mut rows = vec![
+        ("quote", text(q, "quote_id")),
+        (
+            "amount",
+            format!("{} {}", text(q, "amount"), text(q, "currency")),
+        ),
+        ("per GB-hour", text(q, "unit_price_cny_per_gb_hour")),
+        ("GB", text(q, "vram_gb")),
+        ("seconds", text(q, "duration_seconds")),
+        ("price book", format!("v{}", text(q, "price_book_version"))),
+        ("valid until", text(q, "expires_at")),
+    ];
+    if q.get("price_moves").and_then(Value::as_bool) == Some(true) {
+        rows.push((
+            "note",
+            "spot: the market price now; the lease is billed at the price of each moment".into(),
+        ));
+    }
+    key_values(rows)
+}
+
+/// A top-up as stored.
+pub fn top_up(t: &Value) -> String {
+    key_values(vec![
+        ("top-up", text(t, "top_up_id")),
+        ("tenant", text(t, "tenant_id")),
+        (
+            "amount",
+            format!("{} {}", text(t, "amount"), text(t, "currency")),
+        ),
+    ])
+}
+
 fn scalar_or_json(v: &Value) -> String {
     match v {
         Value::Object(_) => v.to_string(),

@@ -192,6 +192,9 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
             subject::RPC_PRICING_RESERVATIONS.to_string(),
             subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
+            subject::RPC_PRICING_BALANCE.to_string(),
+            subject::RPC_PRICING_QUOTE.to_string(),
+            subject::RPC_PRICING_QUOTE_GET.to_string(),
         ]),
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
@@ -207,6 +210,9 @@ pub fn service_permissions(service: Publisher) -> Permissions {
                 subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
                 subject::RPC_PRICING_RESERVATIONS.to_string(),
                 subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
+                subject::RPC_PRICING_BALANCE.to_string(),
+                subject::RPC_PRICING_QUOTE.to_string(),
+                subject::RPC_PRICING_QUOTE_GET.to_string(),
             ]);
             p.allow_responses = true;
         }

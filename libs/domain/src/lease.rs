@@ -172,6 +172,7 @@ pub fn request(
         regions: body.regions,
         recovery: spot.1,
         recovery_of: None,
+        quote_id: None,
     })
 }
 
@@ -247,6 +248,19 @@ fn check_places(field: &'static str, names: &[String]) -> Result<(), Invalid> {
 }
 
 /// The one ask among the request's three ways of writing one.
+/// What a request for `gpu_model` asks for, checked against the catalog:
+/// exactly one of whole GPUs, a share or a MIG profile (a quote's spec).
+pub fn checked_ask(
+    gpus: Option<u32>,
+    fraction: Option<GpuFraction>,
+    mig_profile: Option<String>,
+    gpu_model: &str,
+) -> Result<GpuAsk, Invalid> {
+    let ask = ask(gpus, fraction, mig_profile)?;
+    catalog::check(gpu_model, &ask)?;
+    Ok(ask)
+}
+
 fn ask(
     gpus: Option<u32>,
     fraction: Option<GpuFraction>,

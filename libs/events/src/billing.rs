@@ -335,3 +335,91 @@ pub struct CreditGranted {
     /// The interruptions counted (the first of them, at most a documented number).
     pub interruptions: Vec<Interruption>,
 }
+
+/// An admin added prepaid money to a tenant's balance. A tenant with a
+/// top-up is prepaid from then on: its leases are stopped when the balance
+/// runs out. One that never had one stays postpaid (invoiced, never
+/// stopped).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BalanceToppedUp {
+    pub top_up_id: Uuid,
+    pub tenant_id: Uuid,
+    /// Positive, 2 places.
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+    pub currency: String,
+    /// Who added it (an admin through the gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<crate::Actor>,
+}
+
+/// A prepaid tenant's balance covers less than the warning time at the
+/// rate its running leases cost now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BalanceLow {
+    pub tenant_id: Uuid,
+    /// Top-ups minus charges plus SLA credits, minus what the running
+    /// leases cost since their last charge.
+    #[schemars(with = "String")]
+    pub balance: Decimal,
+    #[schemars(with = "String")]
+    pub burn_rate_cny_per_hour: Decimal,
+    /// How long the balance lasts at that rate.
+    pub covers_seconds: u64,
+    /// The warning time it fell under.
+    pub warn_seconds: u64,
+}
+
+/// A prepaid tenant's balance is at zero or below: pricing asks for each of
+/// its running leases to stop (`lease.stop_requested`, caused by this
+/// event) and the gateway refuses its new leases until a top-up restores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BalanceExhausted {
+    pub tenant_id: Uuid,
+    #[schemars(with = "String")]
+    pub balance: Decimal,
+    /// The leases asked to stop for it.
+    pub stopped_leases: Vec<Uuid>,
+}
+
+/// A top-up brought an exhausted balance above zero: the tenant may lease again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BalanceRestored {
+    pub tenant_id: Uuid,
+    #[schemars(with = "String")]
+    pub balance: Decimal,
+}
+
+/// Pricing priced a request for a duration on the book in force: a lease
+/// asked for with this quote (the same tenant and spec, before
+/// `expires_at`) is billed on `price_book_version`, whatever book is
+/// published after.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QuoteIssued {
+    pub quote_id: Uuid,
+    pub tenant_id: Uuid,
+    pub gpu_model: String,
+    pub tier: crate::Tier,
+    /// Whole GPUs; 1 for a share or a MIG instance.
+    pub gpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<crate::GpuFraction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
+    /// The GB billed: the whole GPUs' VRAM, the share's or the slice's.
+    pub vram_gb: u32,
+    pub duration_seconds: u64,
+    pub price_book_version: u32,
+    /// The request's cost over `duration_seconds` at the quoted prices.
+    #[schemars(with = "String")]
+    pub amount: Decimal,
+    /// `amount` per GB-hour.
+    #[schemars(with = "String")]
+    pub unit_price_cny_per_gb_hour: Decimal,
+    pub currency: String,
+    pub expires_at: DateTime<Utc>,
+    /// Spot: `amount` is at the market price now, which moves; the lease is
+    /// billed at the price of each moment.
+    #[serde(default)]
+    pub price_moves: bool,
+}

@@ -71,6 +71,7 @@ pub fn whole_request(lease_id: Uuid, tenant_id: Uuid, gpus: u32, model: &str) ->
         regions: Vec::new(),
         recovery: None,
         recovery_of: None,
+        quote_id: None,
     }
 }
 

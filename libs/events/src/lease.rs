@@ -55,6 +55,11 @@ pub struct LeaseRequested {
     /// Set on a lease the scheduler requested to recover a preempted one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_of: Option<RecoveryOf>,
+    /// The quote (`quote.issued`) the lease was asked for with: it is
+    /// billed on the price book version the quote names. A recovered spot
+    /// lease keeps it: it is the same request again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quote_id: Option<Uuid>,
 }
 
 /// Managed recovery of a spot lease: after a preemption the same request is

@@ -88,6 +88,11 @@ events! {
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
     "audit.pruned" v=1 => AuditPruned @ audit();
     "reservation.committed" v=1 => ReservationCommitted @ reservation(reservation_id), tenant_id = tenant_id;
+    "balance.topped_up" v=1 => BalanceToppedUp @ balance(tenant_id), tenant_id = tenant_id;
+    "balance.low" v=1 => BalanceLow @ balance(tenant_id), tenant_id = tenant_id;
+    "balance.exhausted" v=1 => BalanceExhausted @ balance(tenant_id), tenant_id = tenant_id;
+    "balance.restored" v=1 => BalanceRestored @ balance(tenant_id), tenant_id = tenant_id;
+    "quote.issued" v=1 => QuoteIssued @ quote(quote_id), tenant_id = tenant_id;
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 pub const INVOICES_ALL: &str = "lh.evt.invoice.>";
 pub const CREDITS_ALL: &str = "lh.evt.credit.>";
 pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
+pub const BALANCES_ALL: &str = "lh.evt.balance.>";
+pub const QUOTES_ALL: &str = "lh.evt.quote.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -56,6 +58,12 @@ pub const RPC_PRICING_PUBLISH_PRICE_BOOK: &str = "lh.rpc.pricing.price_books.pub
 pub const RPC_PRICING_RESERVATIONS: &str = "lh.rpc.pricing.reservations";
 /// Request/reply subject on which pricing commits a reservation.
 pub const RPC_PRICING_COMMIT_RESERVATION: &str = "lh.rpc.pricing.reservations.commit";
+/// Request/reply subject on which pricing answers a tenant's balance.
+pub const RPC_PRICING_BALANCE: &str = "lh.rpc.pricing.balance";
+/// Request/reply subject on which pricing prices a request and issues a quote.
+pub const RPC_PRICING_QUOTE: &str = "lh.rpc.pricing.quotes";
+/// Request/reply subject on which pricing answers a quote it issued.
+pub const RPC_PRICING_QUOTE_GET: &str = "lh.rpc.pricing.quotes.get";
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
@@ -97,6 +105,15 @@ pub fn credit(tenant_id: Uuid) -> String {
 
 pub fn reservation(reservation_id: Uuid) -> String {
     format!("lh.evt.reservation.{reservation_id}")
+}
+
+pub fn quote(quote_id: Uuid) -> String {
+    format!("lh.evt.quote.{quote_id}")
+}
+
+/// A tenant's prepaid balance: its top-ups and what pricing decides of them.
+pub fn balance(tenant_id: Uuid) -> String {
+    format!("lh.evt.balance.{tenant_id}")
 }
 
 /// Every node's heartbeats.
@@ -200,7 +217,8 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("lease.placed", &[Scheduler]),
         // A tenant or admin asks to stop; a node asks when the spot
         // capacity under a lease is reclaimed.
-        ("lease.stop_requested", &[Gateway, Node]),
+        // Pricing asks when a prepaid tenant's balance is exhausted.
+        ("lease.stop_requested", &[Gateway, Node, Pricing]),
         ("lease.preemption_noticed", &[Scheduler]),
         ("lease.started", &[Node]),
         // The node ends what it ran; the scheduler ends what no node runs
@@ -232,6 +250,11 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("audit.checkpoint", &[Audit]),
         ("audit.pruned", &[Audit]),
         ("reservation.committed", &[Pricing]),
+        ("balance.topped_up", &[Gateway]),
+        ("balance.low", &[Pricing]),
+        ("balance.exhausted", &[Pricing]),
+        ("balance.restored", &[Pricing]),
+        ("quote.issued", &[Pricing]),
     ]
 };
 
@@ -344,6 +367,8 @@ mod tests {
             (INVOICES_ALL, invoices()),
             (CREDITS_ALL, credit(id)),
             (RESERVATIONS_ALL, reservation(id)),
+            (BALANCES_ALL, balance(id)),
+            (QUOTES_ALL, quote(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

@@ -92,6 +92,8 @@ macro_rules! events {
     (@subject $e:ident invoice ()) => { $crate::subject::invoices() };
     (@subject $e:ident credit ($id:ident)) => { $crate::subject::credit($e.$id) };
     (@subject $e:ident reservation ($id:ident)) => { $crate::subject::reservation($e.$id) };
+    (@subject $e:ident balance ($id:ident)) => { $crate::subject::balance($e.$id) };
+    (@subject $e:ident quote ($id:ident)) => { $crate::subject::quote($e.$id) };
 
     (@lease_id $e:ident lease ($id:ident)) => { Some($e.$id) };
     (@lease_id $e:ident $other:ident ($($id:ident),*)) => { None };

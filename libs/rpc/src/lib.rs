@@ -7,9 +7,11 @@
 //! Replies travel on `lh.rpc.>` and are never stored in a stream.
 
 pub mod audit;
+pub mod balance;
 pub mod cost_report;
 pub mod invoice;
 pub mod invoice_document;
 pub mod price_book;
+pub mod quote;
 pub mod reservation;
 pub mod spot;

@@ -19,7 +19,11 @@ impl Projector for GatewayProjection {
     }
 
     fn filters(&self) -> &'static [&'static str] {
-        &[subject::TENANTS_ALL, subject::LEASES_ALL]
+        &[
+            subject::TENANTS_ALL,
+            subject::LEASES_ALL,
+            subject::BALANCES_ALL,
+        ]
     }
 
     fn apply<'c>(
@@ -147,6 +151,18 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             sqlx::query("UPDATE tenants SET suspended = TRUE, suspended_reason = $2 WHERE id = $1")
                 .bind(e.tenant_id)
                 .bind(&e.reason)
+                .execute(conn)
+                .await?;
+        }
+        EventData::BalanceExhausted(e) => {
+            sqlx::query("UPDATE tenants SET balance_exhausted = TRUE WHERE id = $1")
+                .bind(e.tenant_id)
+                .execute(conn)
+                .await?;
+        }
+        EventData::BalanceRestored(e) => {
+            sqlx::query("UPDATE tenants SET balance_exhausted = FALSE WHERE id = $1")
+                .bind(e.tenant_id)
                 .execute(conn)
                 .await?;
         }

@@ -45,6 +45,9 @@ pub const FILTERS: &[&str] = &[
     subject::PRICE_BOOKS_ALL,
     subject::SPOT_ALL,
     subject::RESERVATIONS_ALL,
+    subject::BALANCES_ALL,
+    subject::CREDITS_ALL,
+    subject::QUOTES_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
@@ -60,6 +63,9 @@ pub const MAX_ACCRUAL_GRACE_SECS: i64 = 24 * 3600;
 /// Most spot price points kept per (zone, GPU model) before the ones no
 /// open lease needs are dropped.
 const PRUNE_MARKET_AT_POINTS: usize = 1024;
+/// How long after it expires a quote is remembered: far longer than a
+/// request made with it takes to reach the log.
+pub const QUOTE_KEPT_AFTER_EXPIRY: chrono::Duration = chrono::Duration::days(1);
 /// Places of a charge's (informational) average unit price.
 const UNIT_PRICE_SCALE: u32 = 6;
 
@@ -97,6 +103,12 @@ struct LeaseFacts {
     /// The reservation covering this `reserved` lease, until when.
     #[serde(default)]
     covered_by: Option<(Uuid, DateTime<Utc>)>,
+    /// Someone asked for the lease to stop: an exhausted balance need not.
+    #[serde(default)]
+    stop_requested: bool,
+    /// The version the lease's quote names: its book, chosen at request.
+    #[serde(default)]
+    quoted_version: Option<u32>,
 }
 
 impl LeaseFacts {
@@ -142,6 +154,18 @@ impl LeaseFacts {
         self.billable_end()
             .is_some_and(|end| self.runs.is_empty() || self.charged_to.is_some_and(|to| to >= end))
     }
+}
+
+/// What a lease is priced on.
+struct Priced<'a> {
+    tenant_id: Uuid,
+    tier: Tier,
+    gpus: u32,
+    vram_gb: u32,
+    book: &'a PriceBookPublished,
+    model: ChargeModel,
+    market: Vec<PricePoint>,
+    reservation_id: Option<Uuid>,
 }
 
 /// What to do with a lease that may have charges due.
@@ -200,6 +224,13 @@ pub struct Fold {
     /// Sequence of the last event on the price book subject folded.
     #[serde(default)]
     pub book_sequence: u64,
+    /// The prepaid tenants' balances.
+    #[serde(default)]
+    pub balances: crate::balances::Balances,
+    /// The price book version and expiry of each quote, until a day after
+    /// it expires (a lease is asked for with it before it expires).
+    #[serde(default)]
+    quotes: HashMap<Uuid, lh_events::QuoteIssued>,
 }
 
 fn market_key(zone: &str, gpu_model: &str) -> String {
@@ -227,8 +258,21 @@ impl Fold {
             }
             EventData::SpotPriceSet(p) => self.price_set(p, envelope.occurred_at),
             EventData::ReservationCommitted(r) => self.committed(r, envelope),
+            EventData::QuoteIssued(q) => {
+                self.quotes
+                    .retain(|_, k| k.expires_at + QUOTE_KEPT_AFTER_EXPIRY > envelope.occurred_at);
+                self.quotes.insert(q.quote_id, q.clone());
+            }
             EventData::LeaseRequested(e) => {
+                // Only the tenant's own quote binds a book (the gateway
+                // checks it; a request written otherwise gets none).
+                let quoted_version = e
+                    .quote_id
+                    .and_then(|q| self.quotes.get(&q))
+                    .filter(|q| q.tenant_id == e.tenant_id)
+                    .map(|q| q.price_book_version);
                 if let Some(l) = self.open(e.lease_id) {
+                    l.quoted_version = quoted_version;
                     l.tenant_id = Some(e.tenant_id);
                     l.tier = Some(e.tier);
                     l.gpu_model = Some(e.gpu_model.clone());
@@ -254,7 +298,7 @@ impl Fold {
                         l.cause = Some(envelope.clone());
                     }
                     if l.book_version.is_none() {
-                        l.book_version = book;
+                        l.book_version = l.quoted_version.or(book);
                     }
                 }
                 if first_start {
@@ -300,7 +344,20 @@ impl Fold {
                 self.leases.remove(&e.lease_id);
                 self.touched.remove(&e.lease_id);
             }
-            EventData::ChargeAccrued(c) => self.charge_read(sequence, c),
+            EventData::ChargeAccrued(c) => {
+                self.balances.apply(sequence, &envelope.data);
+                self.charge_read(sequence, c)
+            }
+            EventData::LeaseStopRequested(e) => {
+                if let Some(l) = self.open(e.lease_id) {
+                    l.stop_requested = true;
+                }
+            }
+            EventData::BalanceToppedUp(_)
+            | EventData::BalanceLow(_)
+            | EventData::BalanceExhausted(_)
+            | EventData::BalanceRestored(_)
+            | EventData::CreditGranted(_) => self.balances.apply(sequence, &envelope.data),
             _ => {}
         }
     }
@@ -602,11 +659,22 @@ impl Fold {
     /// The book a lease started at `started_at` is billed with: the newest
     /// version whose `effective_from` is not after the start, else the oldest.
     pub fn book_for(&self, started_at: DateTime<Utc>) -> Option<&PriceBookPublished> {
-        self.books
+        book_in_force(&self.books, started_at)
+    }
+
+    /// The spot price in force per (zone, GPU model): each market's last.
+    pub fn spot_prices(&self) -> HashMap<(String, String), Decimal> {
+        self.market
             .iter()
-            .rev()
-            .find(|b| b.effective_from <= started_at)
-            .or_else(|| self.books.first())
+            .filter_map(|(key, points)| {
+                let (zone, model) = key.rsplit_once('/')?;
+                let last = points.last()?;
+                Some((
+                    (zone.to_string(), model.to_string()),
+                    last.price_cny_per_gb_hour,
+                ))
+            })
+            .collect()
     }
 
     pub fn has_book(&self) -> bool {
@@ -656,67 +724,25 @@ impl Fold {
         if from >= until {
             return Plan::Nothing;
         }
-        // A running lease's facts may still be on their way; an ended
-        // lease's never come.
-        let missing = |why: &str| match facts.ended {
-            true => Plan::Unbillable(why.into()),
-            false => Plan::Nothing,
+        let priced = match self.priced(lease_id, facts, first_start) {
+            Ok(priced) => priced,
+            Err(plan) => return plan,
         };
-        let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
-            return missing("no lease.requested in the log");
-        };
-        let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
-            return missing("no lease.placed in the log");
-        };
-        let book = match facts.book_version {
-            Some(v) => self.books.iter().find(|b| b.version == v),
-            None => self.book_for(first_start),
-        };
-        let Some(book) = book else {
-            return Plan::WaitForBook;
-        };
-        // A commitment at the reserved tier's price; a `reserved` lease
-        // its reservation covers is free until the term ends, then (and
-        // when none covers it) at the basic tier's.
-        let priced_as = match tier {
-            Tier::Reserved if facts.commitment => Tier::Reserved,
-            Tier::Reserved => Tier::Basic,
-            other => other,
-        };
-        let (Some(model), Some(headline)) = (
-            rating::tier_model(book, priced_as),
-            rating::unit_price(book, priced_as),
-        ) else {
-            return Plan::Unbillable(format!(
-                "price book v{} has no price for tier {}",
-                book.version,
-                priced_as.as_str()
-            ));
-        };
-        let (model, market) = match (model, facts.covered_by) {
-            (_, Some((_, covered_until))) if !facts.commitment => (
-                ChargeModel::Market,
-                vec![
-                    PricePoint {
-                        at: DateTime::<Utc>::MIN_UTC,
-                        price_cny_per_gb_hour: Decimal::ZERO,
-                    },
-                    PricePoint {
-                        at: covered_until,
-                        price_cny_per_gb_hour: headline,
-                    },
-                ],
-            ),
-            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
-            (model, _) => (model, Vec::new()),
-        };
-        let reservation_id = match facts.commitment {
-            true => Some(lease_id),
-            false => facts.covered_by.map(|(id, _)| id),
-        };
-        let vram_gb = gpus * vram_gb_per_gpu;
+        let Priced {
+            tenant_id,
+            tier,
+            gpus,
+            vram_gb,
+            book,
+            model,
+            market,
+            reservation_id,
+        } = priced;
         let Some(cause) = facts.cause.clone() else {
-            return missing("no lease.started in the log");
+            return match facts.ended {
+                true => Plan::Unbillable("no lease.started in the log".into()),
+                false => Plan::Nothing,
+            };
         };
         let mut charges = Vec::new();
         let mut before = facts.accrued;
@@ -768,6 +794,167 @@ impl Fold {
             after_sequence: facts.last_charge_sequence,
         }))
     }
+
+    /// For each prepaid tenant, what its open leases cost at `now` beyond
+    /// their charges in the log (`unbilled`: charges lag by up to an hour
+    /// and the accrual grace), and what those running now cost per hour at
+    /// the rate they accrue now (`burn_rate_cny_per_hour`). One pass over
+    /// the open leases, whatever the number of tenants.
+    pub fn running_costs(&self, now: DateTime<Utc>) -> HashMap<Uuid, crate::balances::RunningCost> {
+        let mut costs: HashMap<Uuid, crate::balances::RunningCost> = HashMap::new();
+        let an_hour_on = now + chrono::Duration::hours(1);
+        for (lease_id, facts) in &self.leases {
+            let Some(tenant_id) = facts.tenant_id else {
+                continue;
+            };
+            if facts.commitment || self.balances.get(tenant_id).is_none() {
+                continue;
+            }
+            let until = facts.billable_end().unwrap_or(now).min(now);
+            let intervals = facts.intervals(until);
+            let Some(first_start) = intervals.iter().map(|r| r.start).min() else {
+                continue;
+            };
+            let Ok(priced) = self.priced(*lease_id, facts, first_start) else {
+                continue;
+            };
+            let cost = costs.entry(tenant_id).or_default();
+            let from = facts
+                .charged_to
+                .map_or(first_start, |to| to.max(first_start));
+            let at_now = rating::accrue(
+                &priced.model,
+                &priced.market,
+                priced.vram_gb,
+                facts.accrued,
+                &intervals,
+                from,
+                until,
+            );
+            cost.unbilled += at_now.amount_since(&facts.accrued);
+            if facts.started_at.is_some() && !facts.ended {
+                let next_hour = rating::accrue(
+                    &priced.model,
+                    &priced.market,
+                    priced.vram_gb,
+                    at_now,
+                    &facts.intervals(an_hour_on),
+                    until.max(from),
+                    an_hour_on,
+                );
+                cost.burn_rate_cny_per_hour += next_hour.exact_cny() - at_now.exact_cny();
+                cost.running.push(*lease_id);
+                if !facts.stop_requested {
+                    cost.not_stopping.push(*lease_id);
+                }
+            }
+        }
+        for cost in costs.values_mut() {
+            cost.running.sort();
+            cost.not_stopping.sort();
+        }
+        costs
+    }
+
+    /// What `facts` are priced on: the lease's book, charge model and
+    /// market, or the plan when they are not all known.
+    fn priced<'a>(
+        &'a self,
+        lease_id: Uuid,
+        facts: &LeaseFacts,
+        first_start: DateTime<Utc>,
+    ) -> Result<Priced<'a>, Plan> {
+        // A running lease's facts may still be on their way; an ended
+        // lease's never come.
+        let missing = |why: &str| match facts.ended {
+            true => Plan::Unbillable(why.into()),
+            false => Plan::Nothing,
+        };
+        let (Some(tenant_id), Some(tier)) = (facts.tenant_id, facts.tier) else {
+            return Err(missing("no lease.requested in the log"));
+        };
+        let (Some(gpus), Some(vram_gb_per_gpu)) = (facts.gpus, facts.vram_gb_per_gpu) else {
+            return Err(missing("no lease.placed in the log"));
+        };
+        let book = match facts.book_version {
+            Some(v) => self.books.iter().find(|b| b.version == v),
+            None => self.book_for(first_start),
+        };
+        let Some(book) = book else {
+            return Err(Plan::WaitForBook);
+        };
+        // A commitment at the reserved tier's price; a `reserved` lease
+        // its reservation covers is free until the term ends, then (and
+        // when none covers it) at the basic tier's.
+        let priced_as = match tier {
+            Tier::Reserved if facts.commitment => Tier::Reserved,
+            Tier::Reserved => Tier::Basic,
+            other => other,
+        };
+        let (model, headline) = tier_pricing(book, priced_as).map_err(Plan::Unbillable)?;
+        let (model, market) = match (model, facts.covered_by) {
+            (_, Some((_, covered_until))) if !facts.commitment => (
+                ChargeModel::Market,
+                vec![
+                    PricePoint {
+                        at: DateTime::<Utc>::MIN_UTC,
+                        price_cny_per_gb_hour: Decimal::ZERO,
+                    },
+                    PricePoint {
+                        at: covered_until,
+                        price_cny_per_gb_hour: headline,
+                    },
+                ],
+            ),
+            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
+            (model, _) => (model, Vec::new()),
+        };
+        let reservation_id = match facts.commitment {
+            true => Some(lease_id),
+            false => facts.covered_by.map(|(id, _)| id),
+        };
+        Ok(Priced {
+            tenant_id,
+            tier,
+            gpus,
+            vram_gb: gpus * vram_gb_per_gpu,
+            book,
+            model,
+            market,
+            reservation_id,
+        })
+    }
+}
+
+/// The charge model and headline price of `tier` in `book`, or why none.
+pub fn tier_pricing(
+    book: &PriceBookPublished,
+    tier: Tier,
+) -> Result<(ChargeModel, Decimal), String> {
+    match (
+        rating::tier_model(book, tier),
+        rating::unit_price(book, tier),
+    ) {
+        (Some(model), Some(headline)) => Ok((model, headline)),
+        _ => Err(format!(
+            "price book v{} has no price for tier {}",
+            book.version,
+            tier.as_str()
+        )),
+    }
+}
+
+/// Of `books` (sorted by version), the newest whose `effective_from` is
+/// not after `at`, else the oldest.
+pub fn book_in_force(
+    books: &[PriceBookPublished],
+    at: DateTime<Utc>,
+) -> Option<&PriceBookPublished> {
+    books
+        .iter()
+        .rev()
+        .find(|b| b.effective_from <= at)
+        .or_else(|| books.first())
 }
 
 /// The id of the default price book (version 1).
@@ -854,6 +1041,12 @@ pub struct Shelf {
     pub sequence: u64,
     /// Reservations whose commitment is not yet wholly charged.
     pub reservations: Vec<ReservationCommitted>,
+    /// The prepaid tenants' balances at the last pass of the decide loop.
+    pub balances: HashMap<Uuid, lh_rpc::balance::Balance>,
+    /// The quotes issued, until a day after they expire.
+    pub quotes: HashMap<Uuid, lh_events::QuoteIssued>,
+    /// The spot price in force per (zone, GPU model).
+    pub spot_prices: HashMap<(String, String), Decimal>,
 }
 
 pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
@@ -871,6 +1064,8 @@ pub struct Charges {
     /// The horizon of the last pass that looked at every open lease.
     looked_at_horizon: Option<DateTime<Utc>>,
     shelf: SharedShelf,
+    /// A prepaid balance covering less than this at its burn rate is low.
+    balance_warn_seconds: u64,
 }
 
 impl Charges {
@@ -878,8 +1073,39 @@ impl Charges {
         Self {
             node_clock_skew,
             grace,
+            balance_warn_seconds: crate::balances::DEFAULT_BALANCE_WARN_SECS,
             ..Self::default()
         }
+    }
+
+    /// Warns of a prepaid balance that covers less than `seconds`.
+    pub fn with_balance_warn_seconds(mut self, seconds: u64) -> Self {
+        self.balance_warn_seconds = seconds;
+        self
+    }
+
+    /// Each prepaid tenant's balance at `now`, for the balance RPC, and the
+    /// writes those balances call for.
+    fn balance_decisions(&self, now: DateTime<Utc>) -> Vec<Batch> {
+        let mut decisions = Vec::new();
+        let mut views = HashMap::new();
+        let mut costs = self.fold.running_costs(now);
+        for tenant_id in self.fold.balances.tenants() {
+            let Some(b) = self.fold.balances.get(tenant_id) else {
+                continue;
+            };
+            let cost = costs.remove(&tenant_id).unwrap_or_default();
+            views.insert(tenant_id, crate::balances::view(tenant_id, b, &cost));
+            decisions.extend(crate::balances::decisions(
+                tenant_id,
+                b,
+                &cost,
+                self.balance_warn_seconds,
+                now,
+            ));
+        }
+        self.shelf.write().expect("shelf lock").balances = views;
+        decisions
     }
 
     /// The books this fold keeps up to date for others to read.
@@ -899,6 +1125,26 @@ impl Charges {
         }
         let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
         self.fold.apply(sequence, &held);
+    }
+
+    /// Keeps what the quote RPC reads: the quotes and the spot prices.
+    fn shelve(&self, envelope: &Envelope) {
+        match &envelope.data {
+            EventData::QuoteIssued(q) => {
+                let mut shelf = self.shelf.write().expect("shelf lock");
+                shelf
+                    .quotes
+                    .retain(|_, k| k.expires_at + QUOTE_KEPT_AFTER_EXPIRY > envelope.occurred_at);
+                shelf.quotes.insert(q.quote_id, q.clone());
+            }
+            EventData::SpotPriceSet(p) => {
+                self.shelf.write().expect("shelf lock").spot_prices.insert(
+                    (p.zone.clone(), p.gpu_model.clone()),
+                    p.price_cny_per_gb_hour,
+                );
+            }
+            _ => {}
+        }
     }
 
     fn update_shelf(&self) {
@@ -976,6 +1222,7 @@ impl Decider for Charges {
 
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fold.apply(sequence, envelope);
+        self.shelve(envelope);
         self.update_shelf();
     }
 
@@ -987,6 +1234,7 @@ impl Decider for Charges {
             self.fold.book_sequence = self.fold.book_sequence.max(sequence);
         }
         self.apply_stored_event(sequence, stored_at, envelope);
+        self.shelve(envelope);
         self.update_shelf();
     }
 
@@ -998,6 +1246,10 @@ impl Decider for Charges {
         match serde_json::from_value(state) {
             Ok(fold) => {
                 self.fold = fold;
+                let mut shelf = self.shelf.write().expect("shelf lock");
+                shelf.quotes = self.fold.quotes.clone();
+                shelf.spot_prices = self.fold.spot_prices();
+                drop(shelf);
                 self.update_shelf();
                 true
             }
@@ -1038,6 +1290,7 @@ impl Decider for Charges {
             }
         }
         metrics::gauge!("lh_pricing_open_leases").set(self.fold.open_leases() as f64);
+        decisions.extend(self.balance_decisions(now));
         self.update_shelf();
         decisions
     }

@@ -25,10 +25,12 @@
 //! The service is ready once the charges fold, the ledger and the
 //! projection have caught up with the log. See `docs/pricing.md`.
 
+pub mod balances;
 pub mod books;
 pub mod charges;
 pub mod ledger;
 pub mod projection;
+pub mod quotes;
 pub mod reservations;
 
 use std::time::Duration;
@@ -90,6 +92,15 @@ pub struct Config {
     #[arg(long, env = "LH_ACCRUAL_GRACE_SECS", default_value_t = charges::DEFAULT_ACCRUAL_GRACE_SECS,
         value_parser = clap::value_parser!(i64).range(0..=charges::MAX_ACCRUAL_GRACE_SECS))]
     pub accrual_grace_secs: i64,
+    /// `balance.low` is published when a prepaid tenant's balance lasts
+    /// less than this many seconds at what its running leases cost now.
+    #[arg(long, env = "LH_BALANCE_WARN_SECS", default_value_t = balances::DEFAULT_BALANCE_WARN_SECS,
+        value_parser = clap::value_parser!(u64).range(0..=balances::MAX_BALANCE_WARN_SECS))]
+    pub balance_warn_secs: u64,
+    /// How long, in seconds, a quote may be used to ask for a lease.
+    #[arg(long, env = "LH_QUOTE_VALID_SECS", default_value_t = lh_rpc::quote::DEFAULT_QUOTE_VALID_SECS,
+        value_parser = clap::value_parser!(u64).range(1..=lh_rpc::quote::MAX_QUOTE_VALID_SECS))]
+    pub quote_valid_secs: u64,
     /// The clock charges are decided by (tests move a manual one).
     #[arg(skip)]
     pub clock: DecideClock,
@@ -129,6 +140,8 @@ impl Config {
             node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
             invoice_grace_secs: ledger::DEFAULT_INVOICE_GRACE_SECS,
             accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
+            balance_warn_secs: balances::DEFAULT_BALANCE_WARN_SECS,
+            quote_valid_secs: lh_rpc::quote::DEFAULT_QUOTE_VALID_SECS,
             clock: DecideClock::default(),
         }
     }
@@ -209,7 +222,8 @@ async fn work(
     let mut charges = charges::Charges::new(
         chrono::Duration::seconds(config.node_clock_skew_secs),
         chrono::Duration::seconds(config.accrual_grace_secs),
-    );
+    )
+    .with_balance_warn_seconds(config.balance_warn_secs);
     let shelf = charges.shelf();
     let clock = config.clock.0.clone().unwrap_or_else(SystemClock::shared);
     let charges = Box::pin(async {
@@ -357,6 +371,55 @@ async fn work(
         .context("reservation commit RPC")
     };
 
+    let balance_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::balance::RPC_PRICING_BALANCE,
+            QUEUE_GROUP,
+            |request: lh_rpc::balance::BalanceRequest| {
+                let balance = shelf
+                    .read()
+                    .expect("shelf lock")
+                    .balances
+                    .get(&request.tenant_id)
+                    .cloned()
+                    .unwrap_or_else(|| balances::postpaid(request.tenant_id));
+                async move { Ok::<_, String>(balance) }
+            },
+        )
+        .await
+        .context("balance RPC")
+    };
+
+    let quote_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::quote::RPC_PRICING_QUOTE,
+            QUEUE_GROUP,
+            |request| {
+                let (bus, shelf) = (bus.clone(), shelf.clone());
+                let valid_secs = config.quote_valid_secs;
+                async move { quotes::issue(&bus, &shelf, request, Utc::now(), valid_secs).await }
+            },
+        )
+        .await
+        .context("quote RPC")
+    };
+
+    let quote_get_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::quote::RPC_PRICING_QUOTE_GET,
+            QUEUE_GROUP,
+            |request| {
+                let quote = quotes::get(&shelf, request);
+                async move { Ok::<_, String>(quote) }
+            },
+        )
+        .await
+        .context("quote lookup RPC")
+    };
+
     let monitor = async {
         let Ok(progress) = progress_rx.await else {
             // The projection failed before it started; its error ends the service.
@@ -398,6 +461,9 @@ async fn work(
         Box::pin(publish_book),
         Box::pin(list_reservations),
         Box::pin(commit_reservation),
+        Box::pin(balance_rpc),
+        Box::pin(quote_rpc),
+        Box::pin(quote_get_rpc),
         Box::pin(monitor)
     )?;
     Ok(())

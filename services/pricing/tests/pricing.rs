@@ -938,3 +938,106 @@ async fn a_reservation_is_committed_billed_as_its_term_passes_and_covers_a_reser
     );
     pricing.stop().await;
 }
+
+#[tokio::test]
+async fn a_lease_made_from_a_quote_is_billed_on_the_quoted_book_after_a_newer_one() {
+    use lh_rpc::price_book::{self, PublishReply, PublishRequest};
+    use lh_rpc::quote::{self, GetRequest, QuoteReply, QuoteRequest};
+    let mut env = Env::new().await;
+    let now = Utc::now();
+    env.config.clock = lh_pricing::DecideClock(Some(
+        lh_service::clock::ManualClock::new(now + chrono::Duration::hours(2)).shared(),
+    ));
+    let pricing = env.start_pricing().await;
+    let tenant = Uuid::now_v7();
+    let ask = |tenant_id: Uuid, tier: Tier| QuoteRequest {
+        tenant_id,
+        gpus: Some(2),
+        fraction: None,
+        mig_profile: None,
+        gpu_model: fixtures::MODEL.into(),
+        tier,
+        duration_seconds: 3600,
+    };
+    let QuoteReply::Issued { quote: issued } =
+        quote::issue(&env.bus, &ask(tenant, Tier::Basic), WAIT)
+            .await
+            .unwrap()
+    else {
+        panic!("the quote is refused");
+    };
+    // 80 GB for an hour at the default book's 0.5 CNY/GB-h.
+    assert_eq!(issued.amount.to_string(), "40.00");
+    assert_eq!(issued.price_book_version, 1);
+    assert!(!issued.price_moves);
+    assert!(issued.expires_at > now);
+    let QuoteReply::Issued { quote: spot } = quote::issue(&env.bus, &ask(tenant, Tier::Spot), WAIT)
+        .await
+        .unwrap()
+    else {
+        panic!("the spot quote is refused");
+    };
+    assert!(spot.price_moves, "a spot quote says its price moves");
+    let mut never = ask(tenant, Tier::Basic);
+    never.duration_seconds = 0;
+    assert!(matches!(
+        quote::issue(&env.bus, &never, WAIT).await.unwrap(),
+        QuoteReply::Refused { field, .. } if field == "duration_seconds"
+    ));
+
+    // A far dearer book from now on.
+    let mut book = price_book::list(&env.bus, WAIT).await.unwrap().books[0].clone();
+    book.version = 2;
+    let effective_from = Utc::now();
+    book.effective_from = effective_from;
+    book.tiers[0].model = Some(ChargeModel::Flat {
+        price_cny_per_gb_hour: "90".parse().unwrap(),
+    });
+    assert!(matches!(
+        price_book::publish(&env.bus, &PublishRequest { book }, WAIT)
+            .await
+            .unwrap(),
+        PublishReply::Published { version: 2, .. }
+    ));
+    // The gateway finds the quote to check a request against it.
+    let deadline = Instant::now() + WAIT;
+    while quote::get(
+        &env.bus,
+        &GetRequest {
+            quote_id: issued.quote_id,
+        },
+        WAIT,
+    )
+    .await
+    .unwrap()
+    .is_none()
+    {
+        assert!(Instant::now() < deadline, "the quote is never found");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Two leases start after the new book, two seconds each (a node
+    // cannot report a time after the log stored it): one asked for with
+    // the quote, one without.
+    let started = effective_from + chrono::Duration::seconds(1);
+    let ended = started + chrono::Duration::seconds(2);
+    tokio::time::sleep_until((Instant::now() + Duration::from_secs(4)).into()).await;
+    let (quoted, plain) = (Uuid::now_v7(), Uuid::now_v7());
+    let mut events = lifecycle(tenant, quoted, Tier::Basic, started);
+    if let EventData::LeaseRequested(r) = &mut events[0].data {
+        r.quote_id = Some(issued.quote_id);
+    }
+    events.push(end_of(quoted, ended));
+    env.store(events).await;
+    env.lease(tenant, plain, started, ended).await;
+
+    let quoted_charges = env.charges_of(quoted, 1).await;
+    assert_eq!(quoted_charges[0].price_book_version, 1);
+    // 80 GB x 0.5 CNY/GB-h x 2 s.
+    assert_eq!(sum(&quoted_charges), "0.02");
+    let plain_charges = env.charges_of(plain, 1).await;
+    assert_eq!(plain_charges[0].price_book_version, 2);
+    // 80 GB x 90 CNY/GB-h x 2 s.
+    assert_eq!(sum(&plain_charges), "4.00");
+    pricing.stop().await;
+}

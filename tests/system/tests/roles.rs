@@ -49,7 +49,10 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/tenants/{t}/balance/top-ups", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
+    ("GET", "/v1/tenants/{t}/balance", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("POST", "/v1/quotes", [401, 201, 201, 401, 401, 403, 403, 403, 403, 403, 403]),
     ("GET", "/v1/leases", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/leases/{l}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("POST", "/v1/leases/{l}/stop", [401, 202, 404, 401, 401, 403, 202, 202, 202, 403, 403]),
@@ -81,7 +84,11 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/tenants/{t}/suspend") => Some(json!({"reason": "matrix"})),
         ("PUT", "/v1/tenants/{t}/quota") => Some(json!({"quota": {"max_gpus": 64}})),
         ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
+        ("POST", "/v1/tenants/{t}/balance/top-ups") => Some(json!({"amount": "1000"})),
         ("POST", "/v1/leases") => Some(serde_json::from_str(ONE_GPU).unwrap()),
+        ("POST", "/v1/quotes") => {
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "duration_seconds": 3600}))
+        }
         ("POST", "/v1/nodes/{n}/drain") => Some(json!({"mode": "finish", "reason": "matrix"})),
         // Each publish needs a newer version than the one before.
         ("POST", "/v1/reservations") => {

@@ -102,6 +102,16 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
     }
 
+    /// A prepaid tenant whose balance is exhausted asks for more.
+    pub fn payment_required(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::PAYMENT_REQUIRED,
+            "balance-exhausted",
+            "Balance exhausted",
+            detail,
+        )
+    }
+
     pub fn too_many_requests(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::TOO_MANY_REQUESTS,

@@ -72,6 +72,11 @@ pub struct CreateLease {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub recovery: Option<RecoveryBody>,
+    /// A quote of this tenant's (`POST /v1/quotes`), unexpired, for the same
+    /// GPUs, model and tier: the lease is billed on the price book version
+    /// it names.
+    #[serde(default)]
+    pub quote_id: Option<Uuid>,
 }
 
 /// Managed recovery as a request states it.
@@ -310,6 +315,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     responses(
         (status = 202, body = LeaseView),
         (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 402, body = super::Problem, description = "The tenant's prepaid balance is exhausted; a top-up lifts it"),
         (status = 409, body = super::Problem), (status = 422, body = super::Problem),
         (status = 429, body = super::Problem, description = "Over the tenant's write budget or its limit of waiting leases; see Retry-After"),
         (status = 503, body = super::Problem, description = "The database or the log is out of reach; see Retry-After")
@@ -322,6 +328,7 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
+    refuse_if_exhausted(&ctx, tenant_id).await?;
     let pending_leases: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state IN ('requested', 'queued')",
     )
@@ -335,7 +342,13 @@ pub async fn create(
         max_pending_leases: ctx.limits.max_pending_leases,
     };
     let key = headers.get("idempotency-key").map(|v| v.as_bytes());
-    let requested = lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
+    let quote_id = body.quote_id;
+    let mut requested =
+        lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
+    if let Some(quote_id) = quote_id {
+        super::quotes::check_quote(&ctx, quote_id, &requested, Utc::now()).await?;
+        requested.quote_id = Some(quote_id);
+    }
     let lease_id = requested.lease_id;
     let envelope = Envelope::new(
         Actor::Tenant(tenant_id),
@@ -523,6 +536,7 @@ pub(super) async fn stop_all_of(
     post, path = "/v1/leases/{id}/resume", params(("id" = Uuid, Path)),
     responses(
         (status = 202, body = LeaseView), (status = 401, body = super::Problem),
+        (status = 402, body = super::Problem, description = "The tenant's prepaid balance is exhausted; a top-up lifts it"),
         (status = 404, body = super::Problem), (status = 409, body = super::Problem)
     )
 )]
@@ -535,6 +549,7 @@ pub async fn resume(
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) =
         lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
+    refuse_if_exhausted(&ctx, lease.tenant_id).await?;
     ask(
         &ctx,
         &caller,
@@ -543,6 +558,23 @@ pub async fn resume(
         id,
     )
     .await
+}
+
+/// 402 while the tenant's prepaid balance is exhausted: pricing stopped its
+/// leases and would stop any that started again.
+async fn refuse_if_exhausted(ctx: &ApiContext, tenant_id: Uuid) -> Result<(), ApiError> {
+    let exhausted: Option<bool> =
+        sqlx::query_scalar("SELECT balance_exhausted FROM tenants WHERE id = $1")
+            .bind(tenant_id)
+            .fetch_optional(&ctx.pool)
+            .await?;
+    if exhausted == Some(true) {
+        return Err(ApiError::payment_required(
+            "the tenant's prepaid balance is exhausted: its leases were stopped and new ones \
+             are refused until a top-up brings it above zero",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

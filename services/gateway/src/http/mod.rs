@@ -5,6 +5,7 @@
 
 pub mod audit;
 mod auth;
+pub mod balances;
 mod error;
 pub mod front;
 pub mod invoices;
@@ -14,6 +15,7 @@ pub mod limits;
 pub mod nodes;
 mod openapi;
 pub mod price_books;
+pub mod quotes;
 pub mod reservations;
 pub mod spot;
 pub mod tenants;
@@ -60,7 +62,10 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/resume", post(tenants::resume))
         .route("/v1/tenants/{id}/quota", put(tenants::set_quota))
         .route("/v1/tenants/{id}/keys", post(keys::issue).get(keys::list))
+        .route("/v1/tenants/{id}/balance", get(balances::get))
+        .route("/v1/tenants/{id}/balance/top-ups", post(balances::top_up))
         .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
+        .route("/v1/quotes", post(quotes::create))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))

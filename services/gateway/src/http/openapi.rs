@@ -4,7 +4,8 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use super::{
-    audit, invoices, keys, leases, nodes, price_books, reservations, spot, tenants, Problem,
+    audit, balances, invoices, keys, leases, nodes, price_books, quotes, reservations, spot,
+    tenants, Problem,
 };
 
 #[derive(OpenApi)]
@@ -36,6 +37,9 @@ use super::{
         price_books::list,
         reservations::commit,
         reservations::list,
+        balances::top_up,
+        balances::get,
+        quotes::create,
         audit::verify
     ),
     components(schemas(
@@ -59,6 +63,11 @@ use super::{
         lh_rpc::price_book::Published,
         reservations::NewReservation,
         lh_rpc::reservation::Reservations,
+        balances::NewTopUp,
+        quotes::NewQuote,
+        balances::TopUp,
+        lh_rpc::balance::Balance,
+        lh_rpc::balance::BalanceState,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
