@@ -237,7 +237,7 @@ impl Generator {
     fn start_lease(&mut self) -> Vec<Envelope> {
         let at = self.next_start;
         self.lease_index += 1;
-        let lease_id = Uuid::from_u128(0x1ea5e_0000_0000 + self.lease_index);
+        let lease_id = Uuid::from_u128(0x0001_ea5e_0000_0000 + self.lease_index);
         let tenant = self.tenants[self.rng.below(self.tenants.len() as u64) as usize];
         let tier = match self.rng.below(100) {
             0..=39 => Tier::Basic,
@@ -474,7 +474,7 @@ pub fn run(spec: &MonthSpec, mut on_progress: impl FnMut(u64)) -> MonthOutcome {
             }
             pricing.outcome.lease_events += 1;
             pricing.read(e);
-            if pricing.outcome.lease_events % 100_000 == 0 {
+            if pricing.outcome.lease_events.is_multiple_of(100_000) {
                 on_progress(pricing.outcome.lease_events);
             }
         }

@@ -30,6 +30,7 @@ pub mod charges;
 pub mod ledger;
 pub mod projection;
 pub mod reservations;
+pub mod what_if;
 
 use std::time::Duration;
 
