@@ -23,6 +23,7 @@ use lh_events::{
 };
 use lh_pricing::charges::{Charges, DEFAULT_ACCRUAL_GRACE_SECS};
 use lh_pricing::ledger::{Ledger, DEFAULT_INVOICE_GRACE_SECS};
+use lh_pricing::what_if::WhatIf;
 use lh_service::decider::Decider;
 use rust_decimal::Decimal;
 use uuid::Uuid;
@@ -72,6 +73,14 @@ pub struct MonthOutcome {
     pub open_leases: usize,
     /// Tenants that have at least one charge.
     pub tenants_charged: usize,
+    /// Charges on the first book whose what-if on that same book is not
+    /// what was charged (0: what-if prices as billing does).
+    pub what_if_same_book_mismatches: u64,
+    /// The month's total on the mid-month book for every lease, by
+    /// what-if, CNY.
+    pub what_if_second_book_cny: Decimal,
+    /// Time spent in the two what-ifs, seconds.
+    pub what_if_seconds: f64,
 }
 
 /// The month generated: November 2026.
@@ -183,14 +192,14 @@ struct Generator {
 
 impl Generator {
     fn new(spec: &MonthSpec) -> Self {
-        // About 4.2 events per lease (requested, placed, started, ended,
-        // a notice for some spot leases) plus the market's beat.
+        // About 4.05 events per lease (requested, placed, started, ended,
+        // a notice for one spot lease in five) plus the market's beat.
         let seconds = (month_end() - month_start()).num_seconds() as u64;
         let markets = (ZONES.len() * MODELS.len()) as u64;
         let spot_events = spec.lease_events * SPOT_PRICE_SHARE_PERCENT / 100;
         let spot_every_secs =
             (seconds * markets / spot_events.max(1)).max(MIN_SPOT_PRICE_EVERY_SECS);
-        let leases = spec.lease_events.saturating_sub(spot_events).max(1) * 10 / 42;
+        let leases = spec.lease_events.saturating_sub(spot_events).max(1) * 100 / 405;
         let start = month_start();
         let books_left = vec![
             Envelope::new(
@@ -389,6 +398,8 @@ struct Pricing {
     sequence: u64,
     outcome: MonthOutcome,
     tenants_charged: HashSet<Uuid>,
+    same_book: WhatIf,
+    second_book: WhatIf,
 }
 
 impl Pricing {
@@ -407,6 +418,18 @@ impl Pricing {
                 self.outcome.charged_cny += c.amount;
                 self.outcome.charges_on_second_book += u64::from(c.price_book_version == 2);
                 self.tenants_charged.insert(c.tenant_id);
+                let t = std::time::Instant::now();
+                if c.price_book_version == 1 {
+                    let same = self
+                        .same_book
+                        .rerated(c)
+                        .expect("the default book prices every tier");
+                    self.outcome.what_if_same_book_mismatches += u64::from(same != c.amount);
+                }
+                self.second_book
+                    .add(c)
+                    .expect("a month within the what-if's limits");
+                self.outcome.what_if_seconds += t.elapsed().as_secs_f64();
             }
             EventData::InvoiceIssued(i) => {
                 self.outcome.invoices += 1;
@@ -455,6 +478,10 @@ pub fn run(spec: &MonthSpec, mut on_progress: impl FnMut(u64)) -> MonthOutcome {
         sequence: 0,
         outcome: MonthOutcome::default(),
         tenants_charged: HashSet::new(),
+        same_book: WhatIf::new(rating::default_price_book(month_start()), "2026-11")
+            .expect("the default book is valid"),
+        second_book: WhatIf::new(second_book(month_start()), "2026-11")
+            .expect("the second book is valid"),
     };
     let mut decided_at = month_start() - Duration::days(41);
     loop {
@@ -492,5 +519,11 @@ pub fn run(spec: &MonthSpec, mut on_progress: impl FnMut(u64)) -> MonthOutcome {
     let mut outcome = pricing.outcome;
     outcome.open_leases = pricing.charges.fold.open_leases();
     outcome.tenants_charged = pricing.tenants_charged.len();
+    outcome.what_if_second_book_cny = pricing
+        .second_book
+        .report()
+        .iter()
+        .map(|t| t.what_if_cny)
+        .sum();
     outcome
 }

@@ -23,6 +23,10 @@ fn a_small_month_is_charged_whole_and_invoiced_to_the_cent() {
     assert_eq!(outcome.invoices, 20, "one invoice per tenant and month");
     assert!(outcome.charged_cny > rust_decimal::Decimal::ZERO);
     assert_eq!(outcome.invoiced_cny, outcome.charged_cny);
+    // What-if prices as billing does: on the book a charge used, the
+    // same amount; on the mid-month book, another total.
+    assert_eq!(outcome.what_if_same_book_mismatches, 0);
+    assert_ne!(outcome.what_if_second_book_cny, outcome.charged_cny);
     // The same seed gives the same month.
     let again = run(&spec, |_| {});
     assert_eq!(again.charged_cny, outcome.charged_cny);

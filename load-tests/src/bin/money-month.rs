@@ -66,9 +66,17 @@ fn main() -> anyhow::Result<()> {
         outcome.invoiced_cny,
         peak_rss_kb().unwrap_or(0) as f64 / 1024.0
     );
+    println!(
+        "what_if_same_book_mismatches={} what_if_second_book_cny={} what_if_seconds={:.2}",
+        outcome.what_if_same_book_mismatches,
+        outcome.what_if_second_book_cny,
+        outcome.what_if_seconds
+    );
     anyhow::ensure!(
-        outcome.charged_cny == outcome.invoiced_cny && outcome.open_leases == 0,
-        "the invoices do not add up to the charges, or leases were left uncharged"
+        outcome.charged_cny == outcome.invoiced_cny
+            && outcome.open_leases == 0
+            && outcome.what_if_same_book_mismatches == 0,
+        "the invoices do not add up to the charges, leases were left uncharged, or what-if priced a charge unlike billing"
     );
     Ok(())
 }
