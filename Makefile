@@ -48,8 +48,9 @@ lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-bench: ## Criterion benchmarks (see load-tests/ for the load harness)
+bench: ## Criterion benchmarks, and a month of lease events priced into invoices (see load-tests/ for the load harness)
 	$(CARGO) bench --workspace
+	$(CARGO) run --release -p lh-load-tests --bin money-month -- --events 1000000
 
 schemas: ## Regenerate the JSON Schemas of the events into schemas/
 	$(CARGO) run -p lh-events --example gen-schemas

@@ -67,3 +67,5 @@ impl Drop for NatsServer {
         let _ = self.child.wait();
     }
 }
+
+pub mod money_month;

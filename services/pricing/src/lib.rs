@@ -32,6 +32,7 @@ pub mod ledger;
 pub mod projection;
 pub mod quotes;
 pub mod reservations;
+pub mod what_if;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Fleet;
 use lh_events::Expect;
-use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected, Tier};
+use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected};
 use uuid::Uuid;
 
 use lh_placement::Pending;
@@ -270,7 +270,7 @@ impl State {
     /// The reason it now waits, when it preempts.
     fn preempt_for(&self, pass: &mut Pass, lease: &Lease) -> Option<String> {
         if !lease.is_whole()
-            || lease.tier != Tier::Basic
+            || !lease.is_on_demand()
             || self.awaiting_preemption.contains(&lease.id)
         {
             return None;

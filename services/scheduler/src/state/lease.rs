@@ -91,6 +91,16 @@ impl Lease {
         !self.zones.is_empty() || !self.regions.is_empty() || self.bid().is_some()
     }
 
+    /// Whether it is on demand: every tier but spot. On-demand leases are
+    /// queued before spot and may preempt spot leases; spot never preempts
+    /// them, whatever they pay.
+    pub fn is_on_demand(&self) -> bool {
+        match self.tier {
+            Tier::Basic | Tier::Performance | Tier::Reserved => true,
+            Tier::Spot => false,
+        }
+    }
+
     /// Its bid, when it is a spot lease that has one.
     pub fn bid(&self) -> Option<Decimal> {
         self.max_price_cny_per_gpu_hour

@@ -3,7 +3,7 @@
 //! to append next. No I/O and no clock: `now` comes in as an argument.
 //!
 //! The queue, in order:
-//! 1. on-demand (basic) before spot;
+//! 1. on-demand (basic, performance, reserved) before spot;
 //! 2. within a tier, weighted fair share across tenants: the next lease
 //!    comes from the tenant whose held GPU milli divided by its weight is
 //!    smallest (dominant resource fairness with one resource, recomputed

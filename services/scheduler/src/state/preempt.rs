@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Fleet;
-use lh_events::{GpuHealth, Isolation, Tier};
+use lh_events::{GpuHealth, Isolation};
 use uuid::Uuid;
 
 use super::*;
@@ -66,7 +66,7 @@ pub fn plan_preemption(
             .into_iter()
             .filter_map(|id| state.leases.get(&id))
             .filter(|v| {
-                v.tier == Tier::Spot
+                !v.is_on_demand()
                     && v.preemption_deadline.is_none()
                     && !v.stop_requested
                     && v.started_at

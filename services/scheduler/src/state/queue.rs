@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lh_events::{Quota, Tier};
+use lh_events::Quota;
 use uuid::Uuid;
 
 use super::*;
@@ -29,9 +29,9 @@ impl State {
             let Some(l) = self.leases.get(id) else {
                 continue;
             };
-            let tier_rank = match l.tier {
-                Tier::Basic | Tier::Performance | Tier::Reserved => 0,
-                Tier::Spot => 1,
+            let tier_rank = match l.is_on_demand() {
+                true => 0,
+                false => 1,
             };
             per_tier
                 .entry(tier_rank)

@@ -335,6 +335,58 @@ fn spot_never_preempts_and_young_spot_is_safe() {
         .all(|(e, _)| e.event_type != "lease.preemption_noticed"));
 }
 
+/// The preemption notices a pass gives, as (victim, preempted for).
+fn notices_of(d: &[lh_service::decider::Batch]) -> Vec<(Uuid, Uuid)> {
+    d.iter()
+        .flatten()
+        .filter_map(|(e, _)| match &e.data {
+            EventData::LeasePreemptionNoticed(n) => Some((n.lease_id, n.preempted_for)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn performance_and_reserved_are_on_demand_and_preempt_spot() {
+    for tier in [Tier::Performance, Tier::Reserved] {
+        let (t, now) = (Uuid::from_u128(1), Utc::now());
+        let spot = Uuid::from_u128(10);
+        let mut s = given(vec![
+            node("a", 1),
+            tenant(t, 100),
+            request_full(spot, t, 1, Tier::Spot, 0),
+        ]);
+        settle(&mut s, now, &Rules::default());
+        s.apply(5050, &env(started(spot, now - Duration::minutes(30))));
+        let on_demand = Uuid::from_u128(20);
+        s.apply(5051, &env(request_full(on_demand, t, 1, tier, 0)));
+        let d = s.decide(now, &Rules::default()).batches;
+        assert_eq!(notices_of(&d), vec![(spot, on_demand)], "{tier:?}");
+    }
+}
+
+#[test]
+fn spot_never_preempts_performance_or_reserved() {
+    for tier in [Tier::Performance, Tier::Reserved] {
+        let (t, now) = (Uuid::from_u128(1), Utc::now());
+        let held = Uuid::from_u128(10);
+        let mut s = given(vec![
+            node("a", 1),
+            tenant(t, 100),
+            request_full(held, t, 1, tier, 0),
+        ]);
+        settle(&mut s, now, &Rules::default());
+        s.apply(5050, &env(started(held, now - Duration::minutes(30))));
+        s.apply(
+            5051,
+            &env(request_full(Uuid::from_u128(11), t, 1, Tier::Spot, 0)),
+        );
+        let d = s.decide(now, &Rules::default()).batches;
+        assert_eq!(notices_of(&d), vec![], "{tier:?}");
+        assert!(s.fleet.holdings.contains_key(&held), "{tier:?}");
+    }
+}
+
 #[test]
 fn a_changed_quota_governs_new_placements() {
     let t = Uuid::from_u128(1);
