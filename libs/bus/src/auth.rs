@@ -181,39 +181,21 @@ pub fn service_permissions(service: Publisher) -> Permissions {
         format!("$JS.API.STREAM.CREATE.{}", subject::TELEMETRY_STREAM),
     ]);
     match service {
-        Publisher::Gateway => p.publish.extend([
-            subject::RPC_AUDIT_VERIFY.to_string(),
-            subject::RPC_PRICING_INVOICE.to_string(),
-            subject::RPC_SPOT_PRICES.to_string(),
-            subject::RPC_PRICING_INVOICE_LIST.to_string(),
-            subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
-            subject::RPC_PRICING_COST_REPORT.to_string(),
-            subject::RPC_PRICING_PRICE_BOOKS.to_string(),
-            subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
-            subject::RPC_PRICING_RESERVATIONS.to_string(),
-            subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
-            subject::RPC_PRICING_BALANCE.to_string(),
-            subject::RPC_PRICING_QUOTE.to_string(),
-            subject::RPC_PRICING_QUOTE_GET.to_string(),
-        ]),
+        Publisher::Gateway => {
+            p.publish.extend([
+                subject::RPC_AUDIT_VERIFY.to_string(),
+                subject::RPC_SPOT_PRICES.to_string(),
+            ]);
+            p.publish
+                .extend(subject::RPC_PRICING_ALL.iter().map(|s| s.to_string()));
+        }
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
             p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
         }
         Publisher::Pricing => {
-            p.subscribe.extend([
-                subject::RPC_PRICING_INVOICE.to_string(),
-                subject::RPC_PRICING_INVOICE_LIST.to_string(),
-                subject::RPC_PRICING_INVOICE_DOCUMENT.to_string(),
-                subject::RPC_PRICING_COST_REPORT.to_string(),
-                subject::RPC_PRICING_PRICE_BOOKS.to_string(),
-                subject::RPC_PRICING_PUBLISH_PRICE_BOOK.to_string(),
-                subject::RPC_PRICING_RESERVATIONS.to_string(),
-                subject::RPC_PRICING_COMMIT_RESERVATION.to_string(),
-                subject::RPC_PRICING_BALANCE.to_string(),
-                subject::RPC_PRICING_QUOTE.to_string(),
-                subject::RPC_PRICING_QUOTE_GET.to_string(),
-            ]);
+            p.subscribe
+                .extend(subject::RPC_PRICING_ALL.iter().map(|s| s.to_string()));
             p.allow_responses = true;
         }
         Publisher::Audit => {

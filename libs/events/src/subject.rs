@@ -64,6 +64,21 @@ pub const RPC_PRICING_BALANCE: &str = "lh.rpc.pricing.balance";
 pub const RPC_PRICING_QUOTE: &str = "lh.rpc.pricing.quotes";
 /// Request/reply subject on which pricing answers a quote it issued.
 pub const RPC_PRICING_QUOTE_GET: &str = "lh.rpc.pricing.quotes.get";
+/// Every request/reply subject pricing answers: the gateway may ask on
+/// each, pricing may listen on each (`lh_bus::auth`).
+pub const RPC_PRICING_ALL: &[&str] = &[
+    RPC_PRICING_INVOICE,
+    RPC_PRICING_INVOICE_LIST,
+    RPC_PRICING_INVOICE_DOCUMENT,
+    RPC_PRICING_COST_REPORT,
+    RPC_PRICING_PRICE_BOOKS,
+    RPC_PRICING_PUBLISH_PRICE_BOOK,
+    RPC_PRICING_RESERVATIONS,
+    RPC_PRICING_COMMIT_RESERVATION,
+    RPC_PRICING_BALANCE,
+    RPC_PRICING_QUOTE,
+    RPC_PRICING_QUOTE_GET,
+];
 
 pub fn lease(lease_id: Uuid) -> String {
     format!("lh.evt.lease.{lease_id}")
