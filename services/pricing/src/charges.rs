@@ -206,6 +206,12 @@ pub struct Fold {
     /// Spot prices per `(zone, gpu_model)`, by `at`; the points before what
     /// an open lease still needs are dropped.
     market: HashMap<String, Vec<PricePoint>>,
+    /// Per market, how many points it may hold before the next prune. A
+    /// long spot lease pins its market's old points; were the prune tried
+    /// at every new price it would scan every open lease each time, so
+    /// after a prune the market may grow to twice what it kept first.
+    #[serde(skip)]
+    market_prune_at: HashMap<String, usize>,
     /// Leases wholly charged (or never billable), the newest
     /// [`MAX_REMEMBERED_CHARGED_LEASES`] of them: an event that comes for
     /// a lease after its charges is a late repeat, and a year of leases
@@ -456,8 +462,17 @@ impl Fold {
         // Kept sorted by `at`; equal instants keep their log order.
         let index = points.partition_point(|q| q.at <= at);
         points.insert(index, point);
-        if points.len() >= PRUNE_MARKET_AT_POINTS {
+        let held = points.len();
+        let prune_at = self
+            .market_prune_at
+            .get(&key)
+            .copied()
+            .unwrap_or(PRUNE_MARKET_AT_POINTS);
+        if held >= prune_at {
             self.prune_market(&key);
+            let kept = self.market.get(&key).map_or(0, Vec::len);
+            self.market_prune_at
+                .insert(key, (kept * 2).max(PRUNE_MARKET_AT_POINTS));
         }
     }
 
@@ -1934,6 +1949,50 @@ mod tests {
             );
         }
         assert!(f.market["z/m"].len() < PRUNE_MARKET_AT_POINTS);
+    }
+
+    #[test]
+    fn a_market_an_old_lease_pins_is_pruned_ever_more_rarely() {
+        let lease = Uuid::from_u128(1);
+        let mut lifecycle = lease_events(lease, t(0, 0, 0), t(23, 0, 0), EndReason::Stopped);
+        lifecycle.pop();
+        if let EventData::LeaseRequested(r) = &mut lifecycle[0].data {
+            r.tier = Tier::Spot;
+        }
+        let mut f = fold(&lifecycle);
+        let zone = f.leases[&lease].zone.clone().unwrap();
+        let model = f.leases[&lease].gpu_model.clone().unwrap();
+        let key = market_key(&zone, &model);
+        let mut prunes = 0;
+        let mut limit = PRUNE_MARKET_AT_POINTS;
+        for i in 0..(PRUNE_MARKET_AT_POINTS as i64 * 8) {
+            f.price_set(
+                &SpotPriceSet {
+                    zone: zone.clone(),
+                    gpu_model: model.clone(),
+                    price_cny_per_gb_hour: Decimal::ONE,
+                    utilisation: Decimal::ZERO,
+                    gpus_total: 1,
+                    gpus_used: 0,
+                },
+                t(0, 0, 1) + chrono::Duration::seconds(i),
+            );
+            let now_at = f
+                .market_prune_at
+                .get(&key)
+                .copied()
+                .unwrap_or(PRUNE_MARKET_AT_POINTS);
+            if now_at != limit {
+                limit = now_at;
+                prunes += 1;
+            }
+        }
+        // The running lease needs every point since its start: none is
+        // dropped, and the open leases were scanned at 1024, 2048, 4096 and
+        // 8192 points rather than at each of the 7,169 prices from the
+        // 1024th on.
+        assert_eq!(f.market[&key].len(), PRUNE_MARKET_AT_POINTS * 8);
+        assert_eq!(prunes, 4);
     }
 
     #[test]

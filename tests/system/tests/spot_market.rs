@@ -1,10 +1,11 @@
 //! The spot market on the real stack: prices that follow use, a bid that
 //! the price outgrows, the notice, the end at its deadline, and the managed
-//! recovery that waits for the price to fall.
+//! recovery that waits for the price to fall, and the bill that leaves the
+//! notice period out.
 
 use std::time::Duration;
 
-use lh_events::{EndReason, EventData, PreemptionReason};
+use lh_events::{EndReason, EventData, PreemptionReason, Tier};
 use lh_testkit::stack::{read_log, Stack, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -147,6 +148,79 @@ async fn an_outbid_spot_lease_is_noticed_ended_at_the_deadline_and_recovered() {
         .expect("the end is on the log");
     assert_eq!(end.reason, EndReason::Preempted);
     assert!(end.ended_at >= notice.deadline, "{end:?} {notice:?}");
+
+    // Billed up to the notice and not through it: the notice period is the
+    // tenant's time to save work. (A few seconds at well under 1 CNY a
+    // GB-hour round to 0.00, so the time billed is what shows it.)
+    let noticed_at = log
+        .iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeasePreemptionNoticed(n) if n.lease_id.to_string() == first => {
+                Some(e.envelope.occurred_at)
+            }
+            _ => None,
+        })
+        .expect("the notice is on the log");
+    let started_at = log
+        .iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseStarted(s) if s.lease_id.to_string() == first => Some(s.started_at),
+            _ => None,
+        })
+        .expect("the start is on the log");
+    let charges = stack
+        .wait_log(10, |log| {
+            let charges: Vec<_> = log
+                .iter()
+                .filter_map(|e| match &e.envelope.data {
+                    EventData::ChargeAccrued(c) if c.lease_id.to_string() == first => {
+                        Some(c.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            (!charges.is_empty()).then_some(charges)
+        })
+        .await;
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    let charge = &charges[0];
+    assert_eq!(charge.tier, Tier::Spot);
+    assert_eq!(
+        (charge.from, charge.to),
+        (started_at, noticed_at),
+        "{charge:?}"
+    );
+    // Whole seconds, the last one begun counting.
+    let run_nanos = (noticed_at - started_at).num_nanoseconds().unwrap().max(0) as u64;
+    assert_eq!(charge.billed_seconds, run_nanos.div_ceil(1_000_000_000));
+    assert!(
+        end.ended_at - charge.to >= chrono::Duration::seconds(NOTICE_SECS),
+        "{charge:?} {end:?}"
+    );
+    // The month's invoice carries that line as billed.
+    let period = noticed_at.format("%Y-%m").to_string();
+    let mut line = Value::Null;
+    for _ in 0..100 {
+        let (status, draft) = stack
+            .call(
+                Method::GET,
+                &format!("/v1/invoices/{period}"),
+                &spot_key,
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{draft}");
+        if let Some(found) = draft["lines"]
+            .as_array()
+            .and_then(|lines| lines.iter().find(|l| l["lease_id"] == first.as_str()))
+        {
+            line = found.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(line["tier"], "spot", "{line}");
+    assert_eq!(line["billed_seconds"], charge.billed_seconds, "{line}");
 
     // Recovered as a new lease of the same spec, which waits while two
     // GPUs of four are taken (4.8 > 3)...
