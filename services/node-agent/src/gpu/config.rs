@@ -176,4 +176,16 @@ mod tests {
         assert_eq!(parse_idle_action("suspend"), Ok(IdleAction::Suspend));
         assert!(parse_idle_action("hibernate").is_err());
     }
+
+    #[test]
+    fn the_waits_for_a_gpu_fault_are_bounded() {
+        let mut args = GpuArgs::for_test();
+        args.validate().unwrap();
+        args.gpu_fault_move_wait_secs = MAX_GPU_FAULT_WAIT_SECS + 1;
+        let e = args.validate().unwrap_err().to_string();
+        assert!(e.contains("--gpu-fault-move-wait-secs"), "{e}");
+        args.gpu_fault_move_wait_secs = MAX_GPU_FAULT_WAIT_SECS;
+        args.gpu_fault_hold_secs = MAX_GPU_FAULT_WAIT_SECS + 1;
+        assert!(args.validate().is_err());
+    }
 }
