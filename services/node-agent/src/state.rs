@@ -177,6 +177,7 @@ pub(crate) struct NodeState {
     /// The GPUs the agent's own health tracker holds unhealthy now: it
     /// knows before the log does.
     pub(crate) unhealthy_gpus: BTreeSet<u32>,
+    /// The agent's limits on holding a lease for a GPU fault.
     pub(crate) fault_hold: FaultHold,
 }
 
