@@ -81,7 +81,10 @@ impl NodeAgent {
         Self {
             node_id: inventory.node_id.clone(),
             inventory,
-            state: NodeState::default(),
+            state: NodeState {
+                fault_hold: gpu.fault_hold(),
+                ..NodeState::default()
+            },
             gpu,
             waiting: Vec::new(),
             workloads,
@@ -165,6 +168,15 @@ impl NodeAgent {
             LeaseStep::End {
                 reason, exit_code, ..
             } => Transition::Ended { reason, exit_code },
+            LeaseStep::EndUnmoved { exit_code, .. } => {
+                tracing::warn!(lease = %lease_id, code = ?exit_code,
+                    wait_s = self.state.fault_hold.move_wait.as_secs(),
+                    "workload died with its GPU unhealthy, but no move came in time: the lease fails");
+                Transition::Ended {
+                    reason: EndReason::Failed,
+                    exit_code,
+                }
+            }
         };
         Some(vec![report.event(&self.node_id, lease_id, lease, now)])
     }
@@ -334,6 +346,7 @@ impl Decider for NodeAgent {
                 if let Some(l) = self.state.leases.get_mut(&f.lease_id).filter(current) {
                     tracing::info!(lease = %f.lease_id, code = ?f.exit.code, signal = ?f.exit.signal, "workload ended");
                     l.exit = Some(f.exit);
+                    l.exited_at = Some(now);
                     l.workload_running = false;
                 }
                 true

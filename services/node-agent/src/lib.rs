@@ -120,7 +120,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let clock = SystemClock::shared();
     let gpu_side = gpu::GpuSide::new(
         &config.gpus,
-        backend,
+        backend.clone(),
         &inventory,
         section.clone(),
         clock.clone(),
@@ -137,6 +137,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         config.hami_core_lib.clone(),
     )?;
     workloads.declare(&mut inventory);
+    workloads.on_gpus(backend.clone());
     match workload::supervisor::host_memory_bytes() {
         Some(memory_bytes) => workloads.share_out(workload::supervisor::Host {
             memory_bytes,

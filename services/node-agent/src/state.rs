@@ -3,7 +3,8 @@
 //! and a pure decision ([`NodeState::decide`]). The agent loop executes the
 //! decision ([`crate::act`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_events::{
@@ -35,6 +36,13 @@ pub(crate) enum LeaseStep {
         reason: EndReason,
         exit_code: Option<i32>,
     },
+    /// Held for a GPU fault that killed its workload, it waited the whole
+    /// [`FaultHold::move_wait`] for the scheduler's move in vain: it ends
+    /// `failed`, as a workload's own failure does.
+    EndUnmoved {
+        lease_id: Uuid,
+        exit_code: Option<i32>,
+    },
 }
 
 impl LeaseStep {
@@ -44,7 +52,8 @@ impl LeaseStep {
             | LeaseStep::StopWorkload { lease_id }
             | LeaseStep::Start { lease_id }
             | LeaseStep::Suspend { lease_id }
-            | LeaseStep::End { lease_id, .. } => lease_id,
+            | LeaseStep::End { lease_id, .. }
+            | LeaseStep::EndUnmoved { lease_id, .. } => lease_id,
         }
     }
 }
@@ -74,6 +83,12 @@ pub(crate) struct LocalLease {
     pub(crate) stopping: bool,
     /// Its workload ended (on its own, or stopped).
     pub(crate) exit: Option<Exit>,
+    /// When the agent heard of that end: the hold for a GPU fault counts
+    /// from it.
+    pub(crate) exited_at: Option<DateTime<Utc>>,
+    /// An application XID on its GPU was charged to it (`lease.gpu_fault`):
+    /// a failure of its workload is its own, whatever else its GPU does.
+    pub(crate) application_fault: bool,
     /// Its GPUs' idle stretch, while it runs.
     pub(crate) idle: IdleWatch,
     /// Idle under a `suspend` policy: its workload stops and the lease is
@@ -101,6 +116,42 @@ pub(crate) enum Workload {
     Unknown,
 }
 
+/// How a workload that dies with a GPU fault is told from one that fails by
+/// itself. A critical fault (an XID 79, a double-bit ECC error) kills what
+/// runs on the GPU, and the driver's event and the process's exit race: the
+/// exit is often heard first. Such a lease is the platform's to move, as a
+/// running lease on a GPU turned unhealthy is, not the tenant's failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FaultHold {
+    /// After a non-zero exit, how long one of the lease's GPUs may still
+    /// turn unhealthy for the exit to count as the GPU's doing.
+    pub(crate) hold: Duration,
+    /// How long a lease held for a GPU fault waits for the scheduler's
+    /// `lease.migrated` before it ends `failed` after all.
+    pub(crate) move_wait: Duration,
+}
+
+impl Default for FaultHold {
+    fn default() -> Self {
+        Self {
+            hold: Duration::from_secs(crate::gpu::config::DEFAULT_GPU_FAULT_HOLD_SECS),
+            move_wait: Duration::from_secs(crate::gpu::config::DEFAULT_GPU_FAULT_MOVE_WAIT_SECS),
+        }
+    }
+}
+
+/// What a workload's non-zero exit comes to, given its GPUs' health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultVerdict {
+    /// Its own failure: the lease ends `failed`.
+    Workload,
+    /// A GPU of the lease is unhealthy, or may still turn so: the lease is
+    /// held, its GPUs with it, for the scheduler to move.
+    Hold,
+    /// Held for a GPU fault, and no move came in time.
+    MoveOverdue,
+}
+
 /// Where starting a lease's workload stands: the workload side starts it
 /// and reports back, and only then is the start (or the failure) reported.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,6 +174,11 @@ pub(crate) struct NodeState {
     pub(crate) gpu_health: BTreeMap<u32, GpuHealth>,
     /// Tenants' idle policies, where they set one.
     pub(crate) idle_policies: HashMap<Uuid, IdlePolicy>,
+    /// The GPUs the agent's own health tracker holds unhealthy now: it
+    /// knows before the log does.
+    pub(crate) unhealthy_gpus: BTreeSet<u32>,
+    /// The agent's limits on holding a lease for a GPU fault.
+    pub(crate) fault_hold: FaultHold,
 }
 
 /// What the log says of a lease placed here, as a snapshot keeps it: not
@@ -314,6 +370,11 @@ impl NodeState {
                         l.preemption_deadline = Some(e.deadline)
                     }
                     EventData::LeaseStarted(_) => l.started = true,
+                    EventData::LeaseGpuFault(e)
+                        if e.node_id == node_id && sequence > l.placement_sequence =>
+                    {
+                        l.application_fault = true
+                    }
                     EventData::LeaseStopRequested(_) => l.stop_requested = true,
                     EventData::LeaseEnded(_) => l.ended = true,
                     // Its run here is over; a resume places it afresh.
@@ -408,6 +469,19 @@ impl NodeState {
                 } else {
                     EndReason::Failed
                 };
+                if reason == EndReason::Failed && exited_by_itself {
+                    match self.gpu_fault_verdict(lease, now) {
+                        FaultVerdict::Workload => {}
+                        FaultVerdict::Hold => continue,
+                        FaultVerdict::MoveOverdue => {
+                            steps.push(LeaseStep::EndUnmoved {
+                                lease_id,
+                                exit_code,
+                            });
+                            continue;
+                        }
+                    }
+                }
                 steps.push(LeaseStep::End {
                     lease_id,
                     reason,
@@ -418,6 +492,32 @@ impl NodeState {
             }
         }
         steps
+    }
+
+    /// Whether the non-zero exit of a lease's workload, heard at
+    /// `lease.exited_at`, was a GPU's fault at `now`. A GPU unhealthy in the
+    /// tracker or on the log is the platform's fault, even with an
+    /// application XID charged too (a GPU falling off the bus fails the
+    /// CUDA calls of what runs on it).
+    fn gpu_fault_verdict(&self, lease: &LocalLease, now: DateTime<Utc>) -> FaultVerdict {
+        // Heard when the agent did not note it: as good as long ago.
+        let heard = lease.exited_at.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let since = (now - heard).to_std().unwrap_or_default();
+        let unhealthy = lease.gpus.iter().any(|g| {
+            self.unhealthy_gpus.contains(&g.index)
+                || self.gpu_health.get(&g.index) == Some(&GpuHealth::Unhealthy)
+        });
+        if unhealthy {
+            if since < self.fault_hold.move_wait {
+                FaultVerdict::Hold
+            } else {
+                FaultVerdict::MoveOverdue
+            }
+        } else if !lease.application_fault && since < self.fault_hold.hold {
+            FaultVerdict::Hold
+        } else {
+            FaultVerdict::Workload
+        }
     }
 
     pub(crate) fn running(&self) -> usize {

@@ -3,9 +3,12 @@
 //! DCGM metrics per lease, idle reclaim by the tenant's policy, self-tests,
 //! and drain / uncordon through the REST API.
 
+use std::time::Duration;
+
 use lh_bus::Stored;
 use lh_events::{EventData, GpuHealth, IdleAction};
-use lh_testkit::stack::{of_type, Stack, ADMIN_TOKEN};
+use lh_node_agent::RuntimeKind;
+use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -153,6 +156,109 @@ async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
         .await;
     assert_eq!(after["node_id"], "node-b");
     assert_eq!(after["migrations"], 1);
+}
+
+/// XID 79 on node-a's GPU kills the workload running on it (the script's
+/// `kills_workloads`, what a real fault does), and the workload's exit and
+/// the driver's event reach the agent in either order. The lease is not
+/// ended `failed`: the agent holds it, the scheduler moves it off the
+/// unhealthy GPU (a failure move, downtime for the SLA) to node-b, and its
+/// workload runs again there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workload_killed_by_a_gpu_fault_is_moved_not_failed() {
+    let mut stack = two_nodes(
+        "[[fault]]\nafter_s = 6\ngpu = 0\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
+        None,
+    )
+    .await;
+    stack.node_runtime = RuntimeKind::Process;
+    for name in ["scheduler", "pricing", "audit", "gateway"] {
+        stack.start_service(name).await;
+    }
+    stack.wait_ready().await;
+    // The process runtime isolates nothing: a tenant the operator trusts.
+    let tenant = stack
+        .create_tenant_from(json!({"name": "faulted", "email": "ops@faulted.example",
+                                   "quota": {"max_gpus": 1}, "trusted": true}))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+    // The script's clock starts with node-a's agent.
+    let fault_at = std::time::Instant::now() + Duration::from_secs(6);
+    stack.start_service("node-agent:node-a").await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("runs.txt");
+    let workload = json!({
+        "command": ["sh", "-c", "echo \"$CUDA_VISIBLE_DEVICES\" >> \"$OUT\"; sleep 60"],
+        "env": {"OUT": out.to_str().unwrap()}
+    });
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": workload})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let first = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    assert_eq!(first["node_id"], "node-a");
+    assert!(
+        std::time::Instant::now() < fault_at,
+        "the lease must run before the fault for this test to mean anything"
+    );
+    stack.start_service("node-agent:node-b").await;
+
+    let moved = stack
+        .wait_log(20, |log| {
+            of_type(log, "lease.migrated").first().map(|e| (*e).clone())
+        })
+        .await;
+    let EventData::LeaseMigrated(m) = &moved.envelope.data else {
+        unreachable!()
+    };
+    assert_eq!(m.lease_id.to_string(), id);
+    // The words of a failure move (lh_domain::moves::gpu_unhealthy), which
+    // the ledger counts as downtime.
+    assert_eq!(m.reason, "GPU 0 of node node-a unhealthy");
+    assert_eq!(m.to.as_ref().unwrap().node_id, "node-b");
+    let running = stack
+        .wait_lease(&key, &id, |l| {
+            l["state"] == "running" && l["node_id"] == "node-b"
+        })
+        .await;
+    assert_eq!(running["migrations"], 1);
+
+    // Its workload ran on each GPU in turn, and nothing ended the lease.
+    let mut runs = String::new();
+    for _ in 0..100 {
+        runs = std::fs::read_to_string(&out).unwrap_or_default();
+        if runs.lines().count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        runs.lines().collect::<Vec<_>>(),
+        [
+            first["gpu_uuids"][0].as_str().unwrap(),
+            running["gpu_uuids"][0].as_str().unwrap()
+        ]
+    );
+    let log = read_log(&stack.bus().await).await;
+    assert!(of_type(&log, "lease.ended").is_empty(), "not failed");
+    let killed = health_changes(&log, "node-a");
+    assert_eq!(killed[0].1, GpuHealth::Unhealthy);
+    assert_eq!(killed[0].2.xid, Some(79));
+
+    let (s, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202);
+    let ended = stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    assert_eq!(ended["end_reason"], "stopped");
 }
 
 /// Two leases of a tenant whose policy stops idle leases after 2 s: the one

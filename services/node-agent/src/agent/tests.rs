@@ -306,3 +306,89 @@ fn a_workload_adopted_for_an_earlier_placement_is_not_taken_as_running() {
     g.agent.decide(t(1));
     assert!(matches!(g.commands.try_recv(), Ok(Command::Start { .. })));
 }
+
+/// [`given`], lease 7's workload started and its start on the log.
+fn given_running() -> Given {
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    answer(&mut g.agent, Ok(true));
+    let (started, _) = only(g.agent.decide(t(1)));
+    g.agent.apply(11, &started);
+    assert!(g.agent.decide(t(1)).is_empty());
+    g
+}
+
+fn workload_ends(agent: &mut NodeAgent, code: Option<i32>, signal: Option<i32>, at: DateTime<Utc>) {
+    let ended = Report::Ended(Finished {
+        lease_id: lease(),
+        placement: 10,
+        exit: Exit { code, signal },
+    });
+    assert!(agent.signal(Signal::Workload(ended), at));
+}
+
+fn xid_on_gpu_0(agent: &mut NodeAgent, xid: u64, at: DateTime<Utc>) {
+    let event = Observation::Events(vec![GpuEvent {
+        index: 0,
+        kind: GpuEventKind::Xid(xid),
+        at,
+    }]);
+    agent.signal(Signal::Gpu(event), at);
+}
+
+fn lease_ended(batches: &[Batch]) -> Option<LeaseEnded> {
+    batches.iter().flatten().find_map(|(e, _)| match &e.data {
+        EventData::LeaseEnded(x) => Some(x.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_workload_killed_by_a_critical_xid_heard_after_its_exit_is_not_failed() {
+    let mut g = given_running();
+    // The exit is heard first, the driver's XID a moment later.
+    workload_ends(&mut g.agent, None, Some(9), t(2));
+    assert_eq!(lease_ended(&g.agent.decide(t(2))), None);
+    xid_on_gpu_0(&mut g.agent, 79, t(3));
+    let out = g.agent.decide(t(3));
+    assert!(types(&out).contains(&"node.gpu_health_changed"));
+    assert_eq!(lease_ended(&out), None);
+    assert_eq!(
+        lease_ended(&g.agent.decide(t(30))),
+        None,
+        "held for the move"
+    );
+    assert_eq!(g.status.running_leases.load(Ordering::Relaxed), 1);
+    // No move came: it fails after all.
+    let out = g.agent.decide(t(32));
+    let ended = lease_ended(&out).expect("the lease ends");
+    assert_eq!(ended.reason, EndReason::Failed);
+}
+
+#[test]
+fn a_workload_failing_after_an_application_xid_fails_its_lease() {
+    let mut g = given_running();
+    xid_on_gpu_0(&mut g.agent, 13, t(2));
+    let out = g.agent.decide(t(2));
+    assert!(types(&out).contains(&"lease.gpu_fault"));
+    workload_ends(&mut g.agent, Some(1), None, t(2));
+    let ended = lease_ended(&g.agent.decide(t(2))).expect("no hold");
+    assert_eq!(
+        (ended.reason, ended.exit_code),
+        (EndReason::Failed, Some(1))
+    );
+}
+
+#[test]
+fn a_workload_failing_on_healthy_gpus_fails_once_the_hold_is_over() {
+    let mut g = given_running();
+    workload_ends(&mut g.agent, Some(3), None, t(2));
+    assert_eq!(lease_ended(&g.agent.decide(t(3))), None);
+    // GpuArgs::for_test holds 2 s.
+    let ended = lease_ended(&g.agent.decide(t(4))).expect("the hold is over");
+    assert_eq!(
+        (ended.reason, ended.exit_code),
+        (EndReason::Failed, Some(3))
+    );
+}

@@ -7,6 +7,17 @@ use lh_events::IdleAction;
 
 use super::health::HealthRules;
 
+/// Default of `--gpu-fault-hold-secs`: a GPU's fault event trails the
+/// death of what ran on it by a sampling period or so.
+pub const DEFAULT_GPU_FAULT_HOLD_SECS: u64 = 5;
+/// Default of `--gpu-fault-move-wait-secs`: the scheduler moves a lease off
+/// an unhealthy GPU within seconds of the log saying so; this much longer
+/// means it is not coming (the health change never reached the log, the
+/// scheduler is down).
+pub const DEFAULT_GPU_FAULT_MOVE_WAIT_SECS: u64 = 120;
+/// Most either of those may be: a held lease keeps its GPUs from others.
+pub const MAX_GPU_FAULT_WAIT_SECS: u64 = 3_600;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
     /// The GPUs of the fleet file's node, with its fault script.
@@ -69,6 +80,16 @@ pub struct GpuArgs {
     /// self-test watches the idle GPU for the duration.
     #[arg(long, env = "LH_SELF_TEST_COMMAND")]
     pub self_test_command: Option<String>,
+    /// A workload that exits non-zero while a GPU of its lease is unhealthy,
+    /// or with one turning unhealthy within these seconds of its exit, died
+    /// of the GPU's fault: its lease is held for the scheduler to move, not
+    /// failed.
+    #[arg(long, env = "LH_GPU_FAULT_HOLD_SECS", default_value_t = DEFAULT_GPU_FAULT_HOLD_SECS)]
+    pub gpu_fault_hold_secs: u64,
+    /// How long such a lease waits for the scheduler's move before it ends
+    /// `failed` after all.
+    #[arg(long, env = "LH_GPU_FAULT_MOVE_WAIT_SECS", default_value_t = DEFAULT_GPU_FAULT_MOVE_WAIT_SECS)]
+    pub gpu_fault_move_wait_secs: u64,
 }
 
 fn parse_idle_action(text: &str) -> Result<IdleAction, String> {
@@ -100,6 +121,9 @@ impl GpuArgs {
             self_test_every_secs: 0,
             self_test_secs: 600,
             self_test_command: None,
+            // Sampled every 200 ms here: the fault is heard well within it.
+            gpu_fault_hold_secs: 2,
+            gpu_fault_move_wait_secs: 30,
         }
     }
 
@@ -131,6 +155,13 @@ impl GpuArgs {
         if self.idle_window_secs > YEAR {
             anyhow::bail!("--idle-window-secs must be at most a year");
         }
+        if self.gpu_fault_hold_secs > MAX_GPU_FAULT_WAIT_SECS
+            || self.gpu_fault_move_wait_secs > MAX_GPU_FAULT_WAIT_SECS
+        {
+            anyhow::bail!(
+                "--gpu-fault-hold-secs and --gpu-fault-move-wait-secs must be at most {MAX_GPU_FAULT_WAIT_SECS}"
+            );
+        }
         Ok(())
     }
 }
@@ -144,5 +175,17 @@ mod tests {
         assert_eq!(parse_idle_action("stop"), Ok(IdleAction::Stop));
         assert_eq!(parse_idle_action("suspend"), Ok(IdleAction::Suspend));
         assert!(parse_idle_action("hibernate").is_err());
+    }
+
+    #[test]
+    fn the_waits_for_a_gpu_fault_are_bounded() {
+        let mut args = GpuArgs::for_test();
+        args.validate().unwrap();
+        args.gpu_fault_move_wait_secs = MAX_GPU_FAULT_WAIT_SECS + 1;
+        let e = args.validate().unwrap_err().to_string();
+        assert!(e.contains("--gpu-fault-move-wait-secs"), "{e}");
+        args.gpu_fault_move_wait_secs = MAX_GPU_FAULT_WAIT_SECS;
+        args.gpu_fault_hold_secs = MAX_GPU_FAULT_WAIT_SECS + 1;
+        assert!(args.validate().is_err());
     }
 }

@@ -432,6 +432,15 @@ impl NodeHealth {
         self.gpus.get(&index).map(GpuTracker::health)
     }
 
+    /// The GPUs unhealthy now.
+    pub fn unhealthy_gpus(&self) -> std::collections::BTreeSet<u32> {
+        self.gpus
+            .values()
+            .filter(|t| t.health == GpuHealth::Unhealthy)
+            .map(|t| t.gpu_index)
+            .collect()
+    }
+
     /// Takes the health the log last recorded for a GPU (an agent that
     /// restarts must not forget an unhealthy GPU), with no transition.
     pub fn assume(&mut self, index: u32, health: GpuHealth) {

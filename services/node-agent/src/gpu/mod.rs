@@ -24,7 +24,7 @@ use lh_service::clock::SharedClock;
 use lh_telemetry::MetricsSection;
 use uuid::Uuid;
 
-use crate::state::NodeState;
+use crate::state::{FaultHold, NodeState};
 use backend::{GpuBackend, GpuEvent, GpuSample};
 pub use config::{BackendKind, GpuArgs};
 use health::{NodeHealth, Outcome, Transition};
@@ -55,6 +55,7 @@ pub struct GpuSide {
     /// again until the log shows it (a publish that failed must not leave
     /// the scheduler placing on a GPU it thinks healthy).
     last_transition: BTreeMap<u32, (Transition, std::time::Instant)>,
+    fault_hold: FaultHold,
     /// Load commands of the self-tests running now, by GPU.
     loads: BTreeMap<u32, std::process::Child>,
     busy: BTreeSet<u32>,
@@ -120,8 +121,17 @@ impl GpuSide {
             self_test_secs: args.self_test_secs,
             loads: BTreeMap::new(),
             last_transition: BTreeMap::new(),
+            fault_hold: FaultHold {
+                hold: Duration::from_secs(args.gpu_fault_hold_secs),
+                move_wait: Duration::from_secs(args.gpu_fault_move_wait_secs),
+            },
             busy: BTreeSet::new(),
         }
+    }
+
+    /// How the agent holds a lease whose workload died with a GPU fault.
+    pub(crate) fn fault_hold(&self) -> FaultHold {
+        self.fault_hold
     }
 
     /// Starts reading the backend.
@@ -193,10 +203,17 @@ impl GpuSide {
                 tracing::warn!(node = node_id, error = %why, "GPU backend call failed");
             }
         }
+        // What the decision on a workload that died needs: whether its GPU
+        // failed under it, before the log can say so.
+        let unhealthy = self.health.unhealthy_gpus();
+        if unhealthy != state.unhealthy_gpus {
+            state.unhealthy_gpus = unhealthy;
+            out.act = true;
+        }
         out
     }
 
-    fn fault(&mut self, out: &mut Judgement, state: &NodeState, event: &GpuEvent) {
+    fn fault(&mut self, out: &mut Judgement, state: &mut NodeState, event: &GpuEvent) {
         // An application XID is charged to the lease on the GPU; on a GPU
         // that several leases share, the driver's event does not say whose.
         let holders: Vec<Uuid> = state
@@ -216,7 +233,12 @@ impl GpuSide {
                 xid,
                 at,
             } => {
-                let tenant_id = state.leases.get(&lease_id).and_then(|l| l.tenant_id);
+                let lease = state.leases.get_mut(&lease_id);
+                let tenant_id = lease.as_ref().and_then(|l| l.tenant_id);
+                if let Some(l) = lease {
+                    // Its workload's failure is its own: no hold for a fault.
+                    l.application_fault = true;
+                }
                 let id = derived_id(&[
                     "lease.gpu_fault",
                     &lease_id.to_string(),
@@ -395,6 +417,9 @@ impl GpuSide {
         if lease.gpus.iter().any(|g| g.mig_instance.is_some())
             || lease.stop_requested
             || lease.suspend_requested
+            // Its workload is gone: its end is being decided, and a lease
+            // held for a GPU fault reads idle without being so.
+            || lease.exit.is_some()
         {
             return false;
         }

@@ -181,7 +181,181 @@ fn a_workload_that_exits_on_its_own_ends_the_lease_by_its_code() {
         given(done(0)).decide(t(0)),
         end(EndReason::Completed, Some(0))
     );
-    assert_eq!(given(done(3)).decide(t(0)), end(EndReason::Failed, Some(3)));
+    // A failure waits out the hold: a GPU fault may yet explain it.
+    let failed = given(LocalLease {
+        exited_at: Some(t(0)),
+        ..done(3)
+    });
+    assert_eq!(failed.decide(t(0)), []);
+    assert_eq!(failed.decide(t(4)), []);
+    assert_eq!(failed.decide(t(5)), end(EndReason::Failed, Some(3)));
+}
+
+/// Placed and started on GPU 0, its workload just killed (SIGKILL, heard
+/// at `t(0)`); the hold is 5 s, the wait for a move 120 s.
+fn killed() -> LocalLease {
+    LocalLease {
+        gpus: vec![AssignedGpu {
+            index: 0,
+            uuid: "GPU-0".into(),
+            milli: None,
+            vram_gb: None,
+            mig_instance: None,
+        }],
+        exit: Some(Exit {
+            code: None,
+            signal: Some(9),
+        }),
+        exited_at: Some(t(0)),
+        workload_running: false,
+        ..running()
+    }
+}
+
+fn health_of_gpu_0(state: &mut NodeState, sequence: u64, to: GpuHealth) {
+    when(
+        state,
+        sequence,
+        EventData::NodeGpuHealthChanged(lh_events::NodeGpuHealthChanged {
+            node_id: NODE.into(),
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            from: GpuHealth::Healthy,
+            to,
+            reason: "critical XID 79".into(),
+            evidence: Default::default(),
+            at: t(0),
+        }),
+    );
+}
+
+fn moved_off_gpu_0(state: &mut NodeState, sequence: u64) {
+    when(
+        state,
+        sequence,
+        EventData::LeaseMigrated(lh_events::LeaseMigrated {
+            lease_id: lease_id(),
+            reason: lh_domain::moves::gpu_unhealthy(0, NODE),
+            from_node_id: NODE.into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: t(0),
+            to: None,
+        }),
+    );
+}
+
+#[test]
+fn a_workload_killed_on_a_gpu_the_tracker_holds_unhealthy_is_held_for_the_move() {
+    let mut state = given(killed());
+    state.unhealthy_gpus.insert(0);
+    // Not failed, however long the scheduler takes within the wait.
+    assert_eq!(state.decide(t(0)), []);
+    assert_eq!(state.decide(t(60)), []);
+    assert!(
+        state.holding().any(|(id, _)| *id == lease_id()),
+        "its GPUs stay its own"
+    );
+    // The scheduler's move ends it here, with nothing reported.
+    moved_off_gpu_0(&mut state, 12);
+    assert_eq!(
+        state.decide(t(61)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_gpu_turning_unhealthy_within_the_hold_after_the_exit_holds_the_lease() {
+    let mut state = given(killed());
+    assert_eq!(state.decide(t(1)), []);
+    // The log's health counts as well as the tracker's.
+    health_of_gpu_0(&mut state, 12, GpuHealth::Unhealthy);
+    assert_eq!(state.decide(t(6)), [], "held past the hold");
+    assert_eq!(state.decide(t(119)), []);
+    moved_off_gpu_0(&mut state, 13);
+    assert_eq!(
+        state.decide(t(120)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_killed_workload_whose_gpus_stay_healthy_through_the_hold_fails() {
+    let state = given(killed());
+    assert_eq!(state.decide(t(4)), []);
+    assert_eq!(state.decide(t(5)), end(EndReason::Failed, None));
+    // Degraded is not a fault that kills.
+    let mut state = given(killed());
+    health_of_gpu_0(&mut state, 12, GpuHealth::Degraded);
+    assert_eq!(state.decide(t(5)), end(EndReason::Failed, None));
+}
+
+#[test]
+fn a_lease_held_for_a_gpu_fault_fails_when_no_move_comes_in_time() {
+    let mut state = given(killed());
+    state.unhealthy_gpus.insert(0);
+    assert_eq!(state.decide(t(119)), []);
+    assert_eq!(
+        state.decide(t(120)),
+        [LeaseStep::EndUnmoved {
+            lease_id: lease_id(),
+            exit_code: None,
+        }]
+    );
+    // The limits are the agent's flags.
+    state.fault_hold.move_wait = std::time::Duration::from_secs(10);
+    assert!(matches!(
+        state.decide(t(10))[..],
+        [LeaseStep::EndUnmoved { .. }]
+    ));
+}
+
+#[test]
+fn an_application_xid_is_the_workloads_own_failure() {
+    let mut state = given(LocalLease {
+        exit: exited(1),
+        ..killed()
+    });
+    when(
+        &mut state,
+        12,
+        EventData::LeaseGpuFault(lh_events::LeaseGpuFault {
+            lease_id: lease_id(),
+            node_id: NODE.into(),
+            gpu_index: 0,
+            xid: 13,
+            at: t(0),
+        }),
+    );
+    // No hold: the XID says whose fault it was.
+    assert_eq!(state.decide(t(0)), end(EndReason::Failed, Some(1)));
+}
+
+#[test]
+fn a_stop_while_held_for_a_gpu_fault_ends_the_lease_stopped() {
+    let mut state = given(killed());
+    state.unhealthy_gpus.insert(0);
+    when(
+        &mut state,
+        12,
+        EventData::LeaseStopRequested(LeaseStopRequested {
+            lease_id: lease_id(),
+        }),
+    );
+    assert_eq!(state.decide(t(1)), end(EndReason::Stopped, None));
+}
+
+#[test]
+fn a_workload_that_completes_on_an_unhealthy_gpu_completes() {
+    let mut state = given(LocalLease {
+        exit: exited(0),
+        ..killed()
+    });
+    state.unhealthy_gpus.insert(0);
+    assert_eq!(state.decide(t(0)), end(EndReason::Completed, Some(0)));
 }
 
 #[test]

@@ -20,6 +20,7 @@ use super::{
     Assignment, CgroupConfig, CliFlavor, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload,
     Runtime, RuntimeError, Workload,
 };
+use crate::gpu::backend::GpuBackend;
 
 /// How leases run on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +100,9 @@ pub struct Workloads {
     /// The host's RAM and GPUs, which a lease's RAM share is a part of;
     /// `None`: leases get no memory limit.
     host: Option<Host>,
+    /// Told which workloads run on which GPUs (the simulated one kills
+    /// them on a fault, as a real GPU does).
+    gpu_backend: Option<Arc<dyn GpuBackend>>,
 }
 
 /// What a node has to share out between its leases.
@@ -208,9 +212,15 @@ impl Workloads {
                 hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
                 isolation,
                 host: None,
+                gpu_backend: None,
             },
             finished_rx,
         ))
+    }
+
+    /// Tells `backend` which workloads run on which of its GPUs.
+    pub fn on_gpus(&mut self, backend: Arc<dyn GpuBackend>) {
+        self.gpu_backend = Some(backend);
     }
 
     /// Where process records are kept.
@@ -241,6 +251,11 @@ impl Workloads {
         };
         let handle = runtime.start(&assignment, &workload)?;
         tracing::info!(lease = %lease_id, pid = handle.pid(), "workload started");
+        let on_gpus = self.gpu_backend.clone().map(|backend| {
+            let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+            backend.workload_started(&indices, handle.pid());
+            (backend, handle.pid())
+        });
         let record = self
             .records
             .then(|| self.record(lease_id, placement, handle.pid()));
@@ -249,6 +264,7 @@ impl Workloads {
             placement,
             Supervised::Started(Box::new(handle)),
             record.flatten(),
+            on_gpus,
         );
         Ok(true)
     }
@@ -286,6 +302,7 @@ impl Workloads {
         placement: u64,
         mut handle: Supervised,
         record: Option<PathBuf>,
+        on_gpus: Option<(Arc<dyn GpuBackend>, u32)>,
     ) {
         let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
         let finished = self.finished_tx.clone();
@@ -300,6 +317,9 @@ impl Workloads {
             };
             if let Some(path) = record {
                 remove_record(&path);
+            }
+            if let Some((backend, pid)) = on_gpus {
+                backend.workload_ended(pid);
             }
             let exit = exit.unwrap_or_else(|e| {
                 tracing::warn!(lease = %lease_id, error = %e, "cannot tell how the workload ended");
@@ -362,7 +382,13 @@ impl Workloads {
                     metrics::counter!("lh_node_workloads_adopted_total", "kind" => kind)
                         .increment(1);
                     let (adopted, record) = self.adopted(f, adopted_cgroups.get(&lease_id));
-                    self.supervise(lease_id, placement, Supervised::Adopted(adopted), record);
+                    self.supervise(
+                        lease_id,
+                        placement,
+                        Supervised::Adopted(adopted),
+                        record,
+                        None,
+                    );
                     outcome.adopted.push((lease_id, placement));
                 }
                 Decision::Reap { why } => {

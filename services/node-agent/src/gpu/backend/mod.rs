@@ -160,6 +160,15 @@ pub trait GpuBackend: Send + Sync {
     /// The GPUs that leases hold now. A real GPU shows its own load, so
     /// NVML ignores this; the simulated backend plays a workload on them.
     fn set_busy(&self, _gpus: &BTreeSet<u32>) {}
+
+    /// A workload started on these GPUs as process group `pgid`. A real
+    /// driver kills what runs on a GPU that faults, so NVML ignores this;
+    /// the simulated backend kills the group on a fault that its script
+    /// says kills workloads.
+    fn workload_started(&self, _gpus: &[u32], _pgid: u32) {}
+
+    /// The workload of process group `pgid` has ended.
+    fn workload_ended(&self, _pgid: u32) {}
 }
 
 /// At most this many events are returned by one `wait_events` call; the

@@ -23,6 +23,11 @@
 //! [`BackendError::NodeStopped`], so the agent stops heartbeating), and
 //! `recover` (clears the GPU's faults, or with no `gpu` every GPU's and a
 //! node stop; the ECC counter stays where it is, as a real one does).
+//! An `xid` or `ecc_double_bit` fault with `kills_workloads = true` also
+//! kills (SIGKILL, the whole process group) the workloads running on the
+//! GPU, as a real fault kills the CUDA programs on it: the workload side
+//! tells the backend which process groups run on which GPUs
+//! ([`GpuBackend::workload_started`]), with the `process` runtime.
 //!
 //! Without a script a GPU that a lease holds (the agent says which, through
 //! [`GpuBackend::set_busy`]) reads the node's `busy_utilization_pct` (70 by
@@ -39,7 +44,7 @@ pub mod fleet;
 mod physics;
 pub mod script;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -63,6 +68,8 @@ pub struct SimBackend {
     next_event: Mutex<usize>,
     /// GPUs that leases hold now.
     busy: Mutex<BTreeSet<u32>>,
+    /// Process groups of the workloads running now, with their GPUs.
+    workloads: Mutex<BTreeMap<u32, Vec<u32>>>,
 }
 
 impl SimBackend {
@@ -82,6 +89,7 @@ impl SimBackend {
             clock,
             next_event: Mutex::new(0),
             busy: Mutex::new(BTreeSet::new()),
+            workloads: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -117,6 +125,9 @@ impl SimBackend {
                 FaultAction::EccDoubleBit => GpuEventKind::EccDoubleBit,
                 _ => continue,
             };
+            if fault.kills_workloads {
+                self.kill_workloads_on(fault.gpu.unwrap_or_default());
+            }
             out.push(GpuEvent {
                 index: fault.gpu.unwrap_or_default(),
                 kind,
@@ -124,6 +135,26 @@ impl SimBackend {
             });
         }
         out
+    }
+
+    /// What the driver does to the processes on a GPU that faults: they
+    /// die (SIGKILL here; a real CUDA program mostly exits on the error).
+    fn kill_workloads_on(&self, gpu: u32) {
+        let workloads = self.workloads.lock().expect("workloads");
+        for (&pgid, _) in workloads.iter().filter(|(_, gpus)| gpus.contains(&gpu)) {
+            let Ok(group) = i32::try_from(pgid) else {
+                continue;
+            };
+            if group <= 1 {
+                continue;
+            }
+            tracing::info!(gpu, pgid, "simulated GPU fault kills the workload on it");
+            // SAFETY: killpg(2) has no memory-safety preconditions; a group
+            // that has just ended is ESRCH, which is fine.
+            unsafe {
+                libc::killpg(group, libc::SIGKILL);
+            }
+        }
     }
 
     /// Time until the next undelivered event, if any.
@@ -206,6 +237,17 @@ impl GpuBackend for SimBackend {
 
     fn set_busy(&self, gpus: &BTreeSet<u32>) {
         *self.busy.lock().expect("busy GPUs") = gpus.clone();
+    }
+
+    fn workload_started(&self, gpus: &[u32], pgid: u32) {
+        self.workloads
+            .lock()
+            .expect("workloads")
+            .insert(pgid, gpus.to_vec());
+    }
+
+    fn workload_ended(&self, pgid: u32) {
+        self.workloads.lock().expect("workloads").remove(&pgid);
     }
 
     /// Returns the events due by the injected clock's now. When none is due
@@ -359,6 +401,30 @@ mod tests {
         assert_eq!(b.sample(at(2.0)).unwrap()[1].ecc_double_bit_total, Some(0));
         assert_eq!(b.sample(at(3.0)).unwrap()[1].ecc_double_bit_total, Some(1));
         // A recover does not rewind the counter.
+    }
+
+    #[test]
+    fn a_fault_that_kills_workloads_kills_those_on_its_gpu_only() {
+        use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+        let (b, clock) = backend(
+            "[[fault]]\nafter_s = 3\ngpu = 1\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
+        );
+        let spawn = || {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let (mut on_0, mut on_1) = (spawn(), spawn());
+        b.workload_started(&[0], on_0.id());
+        b.workload_started(&[1], on_1.id());
+        clock.set(at(3.0));
+        assert_eq!(b.wait_events(Duration::ZERO).unwrap().len(), 1);
+        assert_eq!(on_1.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(on_0.try_wait().unwrap().is_none(), "GPU 0 did not fault");
+        on_0.kill().unwrap();
+        on_0.wait().unwrap();
     }
 
     #[test]

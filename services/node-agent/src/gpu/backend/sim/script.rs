@@ -18,6 +18,9 @@ pub struct Fault {
     /// The GPU it hits; `None` for node-wide faults.
     pub gpu: Option<u32>,
     pub action: FaultAction,
+    /// An `xid` or `ecc_double_bit` fault that also kills the workloads
+    /// running on the GPU, as a real one does (`kills_workloads = true`).
+    pub kills_workloads: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +85,7 @@ struct RawFault {
     to_pct: Option<f64>,
     over_s: Option<f64>,
     code: Option<u64>,
+    kills_workloads: Option<bool>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Debug)]
@@ -107,14 +111,16 @@ impl RawFault {
         let allowed: &[&str] = match self.kind {
             RawKind::Temperature => &["to_c", "over_s"],
             RawKind::Memory | RawKind::Utilization => &["to_pct", "over_s"],
-            RawKind::Xid => &["code"],
-            RawKind::EccDoubleBit | RawKind::NodeStop | RawKind::Recover => &[],
+            RawKind::Xid => &["code", "kills_workloads"],
+            RawKind::EccDoubleBit => &["kills_workloads"],
+            RawKind::NodeStop | RawKind::Recover => &[],
         };
         let given = [
             ("to_c", self.to_c.is_some()),
             ("to_pct", self.to_pct.is_some()),
             ("over_s", self.over_s.is_some()),
             ("code", self.code.is_some()),
+            ("kills_workloads", self.kills_workloads.is_some()),
         ];
         if let Some((field, _)) = given.iter().find(|(f, set)| *set && !allowed.contains(f)) {
             return Err(format!("{field} does not apply to kind {:?}", self.kind));
@@ -156,6 +162,7 @@ impl RawFault {
             after,
             gpu: self.gpu,
             action,
+            kills_workloads: self.kills_workloads.unwrap_or(false),
         })
     }
 }
@@ -232,6 +239,24 @@ mod tests {
         .unwrap();
         assert_eq!(s.faults[0].action, FaultAction::EccDoubleBit);
         assert_eq!(s.faults[1].after, Duration::from_secs(9));
+        assert!(!s.faults[0].kills_workloads);
+    }
+
+    #[test]
+    fn only_a_gpu_fault_kills_workloads() {
+        let s = FaultScript::parse(
+            "[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
+            "f",
+        )
+        .unwrap();
+        assert!(s.faults[0].kills_workloads);
+        let e = FaultScript::parse(
+            "[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"temperature\"\nto_c = 90\nkills_workloads = true\n",
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("kills_workloads does not apply"), "{e}");
     }
 
     #[test]
