@@ -161,13 +161,21 @@ impl NodeAgent {
                     Transition::Ended {
                         reason: EndReason::Failed,
                         exit_code: None,
+                        at: now,
                     }
                 }
             },
             LeaseStep::Suspend { .. } => Transition::Suspended,
             LeaseStep::End {
                 reason, exit_code, ..
-            } => Transition::Ended { reason, exit_code },
+            } => Transition::Ended {
+                reason,
+                exit_code,
+                at: match reason {
+                    EndReason::Completed | EndReason::Failed => lease.exit_heard_at(now),
+                    _ => now,
+                },
+            },
             LeaseStep::EndUnmoved { exit_code, .. } => {
                 tracing::warn!(lease = %lease_id, code = ?exit_code,
                     wait_s = self.state.fault_hold.move_wait.as_secs(),
@@ -175,6 +183,7 @@ impl NodeAgent {
                 Transition::Ended {
                     reason: EndReason::Failed,
                     exit_code,
+                    at: lease.exit_heard_at(now),
                 }
             }
         };
@@ -189,6 +198,10 @@ enum Transition {
     Ended {
         reason: EndReason,
         exit_code: Option<i32>,
+        /// When the lease ended: for a workload that ended by itself, when
+        /// that was heard, so that waiting to tell a GPU's fault from the
+        /// workload's own is not billed.
+        at: DateTime<Utc>,
     },
 }
 
@@ -226,11 +239,15 @@ impl Transition {
                 derived_id(&["lease.suspended", &lease_id.to_string(), &placement]),
                 guard,
             ),
-            Transition::Ended { reason, exit_code } => (
+            Transition::Ended {
+                reason,
+                exit_code,
+                at,
+            } => (
                 EventData::LeaseEnded(LeaseEnded {
                     lease_id,
                     node_id: Some(node_id.to_string()),
-                    ended_at: now,
+                    ended_at: at,
                     reason,
                     exit_code,
                 }),

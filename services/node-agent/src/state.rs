@@ -103,6 +103,14 @@ pub(crate) struct LocalLease {
     pub(crate) stale_workload: bool,
 }
 
+impl LocalLease {
+    /// When its workload's end was heard, never after `now`; `now` when the
+    /// agent did not note it (a restart in between).
+    pub(crate) fn exit_heard_at(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        self.exited_at.map_or(now, |at| at.min(now))
+    }
+}
+
 /// What a lease placed here runs. The fold keeps the workloads of leases
 /// waiting for a placement and of those placed here, not of every lease in
 /// the cluster; a lease that comes here by migration, or again after a

@@ -364,6 +364,8 @@ fn a_workload_killed_by_a_critical_xid_heard_after_its_exit_is_not_failed() {
     let out = g.agent.decide(t(32));
     let ended = lease_ended(&out).expect("the lease ends");
     assert_eq!(ended.reason, EndReason::Failed);
+    // Waiting for a move is not billed: it ended when its workload did.
+    assert_eq!(ended.ended_at, t(2));
 }
 
 #[test]
@@ -388,7 +390,7 @@ fn a_workload_failing_on_healthy_gpus_fails_once_the_hold_is_over() {
     // GpuArgs::for_test holds 2 s.
     let ended = lease_ended(&g.agent.decide(t(4))).expect("the hold is over");
     assert_eq!(
-        (ended.reason, ended.exit_code),
-        (EndReason::Failed, Some(3))
+        (ended.reason, ended.exit_code, ended.ended_at),
+        (EndReason::Failed, Some(3), t(2))
     );
 }
