@@ -45,6 +45,19 @@ async fn lease(stack: &Stack, key: &str) -> String {
         .await
 }
 
+/// The first `lease.migrated` on the log, within `secs`.
+async fn first_migration(stack: &Stack, secs: u64) -> lh_events::LeaseMigrated {
+    let moved = stack
+        .wait_log(secs, |log| {
+            of_type(log, "lease.migrated").first().map(|e| (*e).clone())
+        })
+        .await;
+    let EventData::LeaseMigrated(m) = moved.envelope.data else {
+        unreachable!()
+    };
+    m
+}
+
 fn health_changes(
     log: &[Stored],
     node: &str,
@@ -106,14 +119,7 @@ async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
     assert_eq!(first["node_id"], "node-a");
     stack.start_service("node-agent:node-b").await;
 
-    let moved = stack
-        .wait_log(15, |log| {
-            of_type(log, "lease.migrated").first().map(|e| (*e).clone())
-        })
-        .await;
-    let EventData::LeaseMigrated(m) = &moved.envelope.data else {
-        unreachable!()
-    };
+    let m = first_migration(&stack, 15).await;
     assert_eq!(m.from_node_id, "node-a");
     assert_eq!(m.to.as_ref().unwrap().node_id, "node-b");
     let running = stack
@@ -211,14 +217,7 @@ async fn a_workload_killed_by_a_gpu_fault_is_moved_not_failed() {
     );
     stack.start_service("node-agent:node-b").await;
 
-    let moved = stack
-        .wait_log(20, |log| {
-            of_type(log, "lease.migrated").first().map(|e| (*e).clone())
-        })
-        .await;
-    let EventData::LeaseMigrated(m) = &moved.envelope.data else {
-        unreachable!()
-    };
+    let m = first_migration(&stack, 20).await;
     assert_eq!(m.lease_id.to_string(), id);
     // The words of a failure move (lh_domain::moves::gpu_unhealthy), which
     // the ledger counts as downtime.
