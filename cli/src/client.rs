@@ -110,6 +110,24 @@ impl Gateway {
             .await
     }
 
+    /// `POST` a JSON body to a route that may take longer than the usual
+    /// request timeout, waiting up to `timeout`, and parse the JSON answer.
+    pub async fn post_slow(
+        &self,
+        segments: &[&str],
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Value, CliError> {
+        self.send_within(
+            Method::POST,
+            self.url(segments, &[]),
+            Some(body),
+            &[],
+            Some(timeout),
+        )
+        .await
+    }
+
     /// `PUT` a JSON body and parse the JSON answer.
     pub async fn put(&self, segments: &[&str], body: &Value) -> Result<Value, CliError> {
         self.send(Method::PUT, self.url(segments, &[]), Some(body), &[])
@@ -129,7 +147,9 @@ impl Gateway {
         query: &[(&str, &str)],
     ) -> Result<String, CliError> {
         let url = self.url(segments, query);
-        let (_, text) = self.send_raw(Method::GET, url, None, &[], "*/*").await?;
+        let (_, text) = self
+            .send_raw(Method::GET, url, None, &[], "*/*", None)
+            .await?;
         Ok(text)
     }
 
@@ -140,8 +160,26 @@ impl Gateway {
         body: Option<&Value>,
         headers: &[(&str, &str)],
     ) -> Result<Value, CliError> {
+        self.send_within(method, url, body, headers, None).await
+    }
+
+    async fn send_within(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+        timeout: Option<Duration>,
+    ) -> Result<Value, CliError> {
         let (status, text) = self
-            .send_raw(method, url.clone(), body, headers, "application/json")
+            .send_raw(
+                method,
+                url.clone(),
+                body,
+                headers,
+                "application/json",
+                timeout,
+            )
             .await?;
         if text.trim().is_empty() {
             return Ok(Value::Null);
@@ -161,11 +199,15 @@ impl Gateway {
         body: Option<&Value>,
         headers: &[(&str, &str)],
         accept: &str,
+        timeout: Option<Duration>,
     ) -> Result<(reqwest::StatusCode, String), CliError> {
         let mut req = self
             .http
             .request(method, url.clone())
             .header(reqwest::header::ACCEPT, accept);
+        if let Some(timeout) = timeout {
+            req = req.timeout(timeout);
+        }
         for (name, value) in headers {
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| CliError::Usage(format!("invalid header name `{name}`")))?;

@@ -72,12 +72,12 @@ mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, Cli, Command, DrainMode, IdleAction,
-    InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
-    LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
-    PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand, ReservationCreate,
-    ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
-    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli,
+    Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
+    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
+    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
+    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
+    TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -95,6 +95,10 @@ use tokio::time::Instant;
 
 /// How often `lease get --wait` polls.
 pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long `billing what-if` waits for its answer: the gateway gives
+/// pricing two minutes to read the month.
+pub const WHAT_IF_REQUEST_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// Largest key file read, in bytes.
 pub const MAX_KEY_FILE_BYTES: u64 = 8 * 1024;
@@ -432,6 +436,42 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 write_out(out, &render::cost_report_csv(&report))?;
             } else {
                 emit(out, json, &report, render::cost_report)?;
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Billing(BillingCommand::WhatIf(w)) => {
+            let book = read_json_file(&w.book)?;
+            if !book.is_object() {
+                return Err(CliError::Usage(format!(
+                    "{} must hold a price book, a JSON object: {{\"version\"?, \"tiers\": [...]}}",
+                    w.book.display()
+                ))
+                .into());
+            }
+            let body = json!({"period": w.period, "book": book});
+            let report = gw
+                .post_slow(
+                    &["v1", "billing", "what-if"],
+                    &body,
+                    WHAT_IF_REQUEST_TIMEOUT,
+                )
+                .await
+                .map_err(|e| match e {
+                    // A field of the book is one of the file's.
+                    CliError::Api(mut p)
+                        if p.field.as_deref().is_some_and(|f| f.starts_with("book.")) =>
+                    {
+                        p.field = p
+                            .field
+                            .map(|f| format!("{} in {}", &f["book.".len()..], w.book.display()));
+                        CliError::Api(p)
+                    }
+                    other => other,
+                })?;
+            if w.csv {
+                write_out(out, &render::what_if_csv(&report))?;
+            } else {
+                emit(out, json, &report, render::what_if)?;
             }
             Ok(EXIT_OK)
         }

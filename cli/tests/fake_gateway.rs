@@ -861,6 +861,91 @@ async fn price_books_are_listed_and_published_from_a_file() {
 }
 
 #[tokio::test]
+async fn billing_what_if_sends_the_book_file_and_prints_each_tenant() {
+    let gw = fake(|req, _| {
+        if req.json()["book"]["tiers"][0]["price_cny_per_gb_hour"] == "-1" {
+            return problem(
+                422,
+                "Invalid field",
+                "a price must not be negative",
+                Some("book.tiers[0].price_cny_per_gb_hour"),
+            );
+        }
+        ok(
+            200,
+            json!({"period": "2026-11", "book_version": 2,
+                "tenants": [{"tenant_id": "T-1", "charges": 3, "current_cny": "60.00",
+                    "what_if_cny": "72.00", "difference_cny": "12.00"}],
+                "charges": 3, "current_cny": "60.00", "what_if_cny": "72.00",
+                "difference_cny": "12.00"}),
+        )
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("book.json");
+    let path = file.to_str().unwrap();
+    std::fs::write(
+        &file,
+        r#"{"version": 2, "tiers": [{"tier": "basic", "price_cny_per_gb_hour": "0.6"}]}"#,
+    )
+    .unwrap();
+    let what_if = ["billing", "what-if", "--book", path, "--period", "2026-11"];
+    let out = gw.lh(&what_if).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let sent = &gw.requests()[0];
+    assert_eq!(
+        (sent.method.as_str(), sent.target.as_str()),
+        ("POST", "/v1/billing/what-if")
+    );
+    assert_eq!(sent.json()["period"], "2026-11");
+    assert_eq!(sent.json()["book"]["version"], 2);
+    assert!(out.stdout.contains("T-1"), "{}", out.stdout);
+    let out = gw.lh(&[&what_if[..], &["--csv"]].concat()).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(
+        out.stdout.lines().last(),
+        Some("2026-11,TOTAL,3,60.00,72.00,12.00")
+    );
+
+    // The gateway's field is one of the file's.
+    std::fs::write(
+        &file,
+        r#"{"tiers": [{"tier": "basic", "price_cny_per_gb_hour": "-1"}]}"#,
+    )
+    .unwrap();
+    let out = gw.lh(&what_if).await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "(field: tiers[0].price_cny_per_gb_hour in {path})"
+        )),
+        "{}",
+        out.stderr
+    );
+    // Not a book, or not there: refused before anything is sent, naming it.
+    for text in ["[1, 2]", "tiers: []"] {
+        std::fs::write(&file, text).unwrap();
+        let out = gw.lh(&what_if).await;
+        assert_eq!(out.code, EXIT_CLIENT_ERROR, "{}", out.stderr);
+        assert!(out.stderr.contains(path), "{}", out.stderr);
+    }
+    let missing = dir.path().join("none.json");
+    let out = gw
+        .lh(&[
+            "billing",
+            "what-if",
+            "--book",
+            missing.to_str().unwrap(),
+            "--period",
+            "2026-11",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR, "{}", out.stderr);
+    assert!(out.stderr.contains("none.json"), "{}", out.stderr);
+    assert_eq!(gw.requests().len(), 3);
+}
+
+#[tokio::test]
 async fn reservations_are_created_and_listed() {
     let reservation = json!({"reservation_id": "R1", "tenant_id": "T1", "gpu_model": "A100-40GB",
         "zone": "z1", "gpus": 4, "starts_at": "2026-12-05T00:00:00Z",

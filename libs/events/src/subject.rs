@@ -64,6 +64,9 @@ pub const RPC_PRICING_BALANCE: &str = "lh.rpc.pricing.balance";
 pub const RPC_PRICING_QUOTE: &str = "lh.rpc.pricing.quotes";
 /// Request/reply subject on which pricing answers a quote it issued.
 pub const RPC_PRICING_QUOTE_GET: &str = "lh.rpc.pricing.quotes.get";
+/// Request/reply subject on which pricing prices a past month again on
+/// another price book.
+pub const RPC_PRICING_WHAT_IF: &str = "lh.rpc.pricing.what_if";
 /// Every request/reply subject pricing answers: the gateway may ask on
 /// each, pricing may listen on each (`lh_bus::auth`).
 pub const RPC_PRICING_ALL: &[&str] = &[
@@ -78,6 +81,7 @@ pub const RPC_PRICING_ALL: &[&str] = &[
     RPC_PRICING_BALANCE,
     RPC_PRICING_QUOTE,
     RPC_PRICING_QUOTE_GET,
+    RPC_PRICING_WHAT_IF,
 ];
 
 pub fn lease(lease_id: Uuid) -> String {

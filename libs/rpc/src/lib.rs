@@ -15,3 +15,4 @@ pub mod price_book;
 pub mod quote;
 pub mod reservation;
 pub mod spot;
+pub mod what_if;

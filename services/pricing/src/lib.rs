@@ -20,7 +20,9 @@
 //!    and SLA credits (`credit.granted`).
 //! 5. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] (a
 //!    month's charges, [`lh_rpc::invoice::Invoice`]) and the invoices and
-//!    notes of [`lh_rpc::invoice_document`] from the projection.
+//!    notes of [`lh_rpc::invoice_document`] from the projection; and the
+//!    cost report and the what-if ([`what_if`]: a past month on another
+//!    price book) from its charges.
 //!
 //! The service is ready once the charges fold, the ledger and the
 //! projection have caught up with the log. See `docs/pricing.md`.
@@ -316,6 +318,20 @@ async fn work(
         .context("cost report RPC")
     };
 
+    let what_if_rpc = async {
+        lh_bus::rpc::serve(
+            &bus,
+            lh_rpc::what_if::RPC_PRICING_WHAT_IF,
+            QUEUE_GROUP,
+            |request: lh_rpc::what_if::WhatIfRequest| {
+                let pool = pool.clone();
+                async move { projection::what_if(&pool, &request).await }
+            },
+        )
+        .await
+        .context("what-if RPC")
+    };
+
     let list_books = async {
         lh_bus::rpc::serve(
             &bus,
@@ -458,6 +474,7 @@ async fn work(
         Box::pin(list_rpc),
         Box::pin(document_rpc),
         Box::pin(cost_rpc),
+        Box::pin(what_if_rpc),
         Box::pin(list_books),
         Box::pin(publish_book),
         Box::pin(list_reservations),

@@ -6,12 +6,15 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use futures::TryStreamExt as _;
 use lh_bus::Stored;
-use lh_events::{subject, EventData};
+use lh_events::{subject, ChargeAccrued, EventData, Tier};
 use lh_projection::Projector;
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
+
+use crate::what_if::{WhatIf, WhatIfError, MAX_WHAT_IF_CHARGES};
 
 use lh_rpc::cost_report::{parse_week, CostReport, CostReportRequest, TierCost};
 use lh_rpc::invoice::{parse_period, Invoice, InvoiceLine, InvoiceRequest};
@@ -19,6 +22,7 @@ use lh_rpc::invoice_document::{
     invoice_id, money, Credit, DocumentList, DocumentRequest, DocumentStatus, DocumentSummary,
     InvoiceDocument, Line, ListRequest, MAX_LIST_LIMIT,
 };
+use lh_rpc::what_if::{WhatIfReply, WhatIfRequest};
 
 /// Name of the projection's offset row.
 pub const NAME: &str = "invoices";
@@ -115,8 +119,8 @@ async fn insert_charge(
     sqlx::query(
         "INSERT INTO invoice_lines (charge_id, tenant_id, period, lease_id, tier, gpus,
             vram_gb, billed_seconds, unit_price, amount, currency, from_at, to_at,
-            price_book_version, sequence, reservation_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+            price_book_version, sequence, reservation_id, age_seconds)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
          ON CONFLICT (charge_id) DO NOTHING",
     )
     .bind(c.charge_id)
@@ -135,6 +139,7 @@ async fn insert_charge(
     .bind(c.price_book_version as i32)
     .bind(sequence as i64)
     .bind(c.reservation_id)
+    .bind(c.age_seconds.map(|s| s.min(i64::MAX as u64) as i64))
     .execute(&mut *conn)
     .await?;
     insert_draft(conn, c.tenant_id, &c.period, false).await
@@ -574,4 +579,109 @@ pub async fn cost_report(pool: &PgPool, request: &CostReportRequest) -> Result<C
         (from, to),
         tiers,
     ))
+}
+
+type WhatIfRow = (
+    Uuid,
+    Uuid,
+    Uuid,
+    String,
+    i32,
+    i32,
+    i64,
+    Decimal,
+    Decimal,
+    String,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    i32,
+    Option<Uuid>,
+    i64,
+);
+
+/// A month's charges priced again on another book, per tenant
+/// ([`crate::what_if`]). A book or period that cannot be used, or a month
+/// too large, is refused naming the field; errors are messages for the
+/// RPC caller.
+pub async fn what_if(pool: &PgPool, request: &WhatIfRequest) -> Result<WhatIfReply, String> {
+    let refused = |e: WhatIfError| {
+        let (field, detail) = e.refusal();
+        WhatIfReply::Refused { field, detail }
+    };
+    let mut what_if = match WhatIf::new(request.book.clone(), &request.period) {
+        Ok(w) => w,
+        Err(e) => return Ok(refused(e)),
+    };
+    let (_, month_end) =
+        crate::ledger::month_bounds(&request.period).expect("WhatIf::new checked the period");
+    // Counted first, so that a month too large is refused at once rather
+    // than after reading it.
+    let (charges,): (i64,) = sqlx::query_as("SELECT count(*) FROM invoice_lines WHERE period = $1")
+        .bind(&request.period)
+        .fetch_one(pool)
+        .await
+        .map_err(db_error)?;
+    if charges as u64 > MAX_WHAT_IF_CHARGES {
+        return Ok(refused(WhatIfError::TooLarge(MAX_WHAT_IF_CHARGES)));
+    }
+    // A row projected without its age (before the column, or a charge
+    // written before hourly accrual) takes the lease's billed seconds so
+    // far, over every month: a lease that started in an earlier month is
+    // that much older.
+    let mut rows = sqlx::query_as::<_, WhatIfRow>(
+        "SELECT charge_id, tenant_id, lease_id, tier, gpus, vram_gb, billed_seconds, unit_price,
+                amount, currency, from_at, to_at, price_book_version, reservation_id, age
+         FROM (
+             SELECT l.*, COALESCE(l.age_seconds, SUM(l.billed_seconds)
+                 OVER (PARTITION BY l.lease_id ORDER BY l.from_at, l.sequence))::BIGINT AS age
+             FROM invoice_lines l
+             WHERE l.lease_id IN (SELECT lease_id FROM invoice_lines WHERE period = $1)
+               AND l.from_at < $2
+         ) lines
+         WHERE period = $1",
+    )
+    .bind(&request.period)
+    .bind(month_end)
+    .fetch(pool);
+    while let Some(row) = rows.try_next().await.map_err(db_error)? {
+        let charge = charge_of(row, &request.period)?;
+        if let Err(e) = what_if.add(&charge) {
+            return Ok(refused(e));
+        }
+    }
+    Ok(WhatIfReply::Report(what_if.report()))
+}
+
+/// The `charge.accrued` an `invoice_lines` row was projected from, as far
+/// as a what-if needs it.
+fn charge_of(row: WhatIfRow, period: &str) -> Result<ChargeAccrued, String> {
+    let (charge_id, tenant_id, lease_id, tier, gpus, vram_gb, billed_seconds) =
+        (row.0, row.1, row.2, row.3, row.4, row.5, row.6);
+    let tier = Tier::ALL
+        .into_iter()
+        .find(|t| t.as_str() == tier)
+        .ok_or_else(|| {
+            tracing::error!(%charge_id, tier, "an invoice line of an unknown tier");
+            "what-if unavailable: a charge of an unknown tier".to_string()
+        })?;
+    Ok(ChargeAccrued {
+        charge_id,
+        tenant_id,
+        lease_id,
+        period: period.to_string(),
+        tier,
+        gpus: gpus.max(0) as u32,
+        vram_gb: vram_gb.max(0) as u32,
+        from: row.10,
+        to: row.11,
+        billed_seconds: billed_seconds.max(0) as u64,
+        unit_price_cny_per_gb_hour: row.7,
+        // PostgreSQL's 0.00 decodes as a bare 0: money has two places.
+        amount: lh_domain::rating::round_amount(row.8),
+        currency: row.9,
+        price_book_version: row.12.max(0) as u32,
+        age_seconds: Some(row.14.max(0) as u64),
+        priced_gb_seconds: None,
+        reservation_id: row.13,
+    })
 }

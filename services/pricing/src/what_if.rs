@@ -25,6 +25,12 @@
 //!   what is billed for them, and it is re-rated at the other book's
 //!   reserved tier. A `reserved` lease no reservation covers is re-rated at
 //!   the basic tier, as billing prices it.
+//!
+//! Pricing feeds it the month's rows of its `invoice_lines` projection
+//! (`projection::what_if`), each rebuilt into the `charge.accrued` it came
+//! from; a row projected without its age gets the lease's billed seconds
+//! so far, over every month, which is that age: a lease ages only by the
+//! seconds it is billed.
 
 use std::collections::BTreeMap;
 
@@ -34,24 +40,9 @@ use lh_events::{ChargeAccrued, ChargeModel, PriceBookPublished, Tier};
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-/// Most tenants one what-if reports on: its memory is one row per tenant.
-pub const MAX_WHAT_IF_TENANTS: usize = 100_000;
-/// Most charges one what-if reads (a month of a large fleet: 10,000
-/// leases running all month are 7.2 million hourly charges).
-pub const MAX_WHAT_IF_CHARGES: u64 = 50_000_000;
-
-/// One tenant's month, as billed and as the other book would have billed it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TenantDifference {
-    pub tenant_id: Uuid,
-    pub charges: u64,
-    /// What the month's charges add up to, CNY.
-    pub current_cny: Decimal,
-    /// What they add up to on the other book, CNY.
-    pub what_if_cny: Decimal,
-    /// `what_if_cny - current_cny`: positive, the tenant would pay more.
-    pub difference_cny: Decimal,
-}
+pub use lh_rpc::what_if::{
+    TenantDifference, WhatIfReport, MAX_WHAT_IF_CHARGES, MAX_WHAT_IF_TENANTS,
+};
 
 /// Why a what-if cannot be answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,6 +55,20 @@ pub enum WhatIfError {
     NoPrice(&'static str),
     #[error("the month has more than {0} tenants or charges; narrow it")]
     TooLarge(u64),
+}
+
+impl WhatIfError {
+    /// The field of the request at fault (a path into
+    /// `lh_rpc::what_if::WhatIfRequest`) and why.
+    pub fn refusal(&self) -> (String, String) {
+        match self {
+            WhatIfError::Book(e) => (format!("book.{}", e.field), e.detail.clone()),
+            WhatIfError::NoPrice(_) => ("book.tiers".to_string(), self.to_string()),
+            WhatIfError::Period(_) | WhatIfError::TooLarge(_) => {
+                ("period".to_string(), self.to_string())
+            }
+        }
+    }
 }
 
 /// A what-if in progress: add the month's charges, then read the report.
@@ -105,9 +110,10 @@ fn rounded_cost_at_age(
 
 impl WhatIf {
     /// A what-if of `period` (`YYYY-MM`) on `book`, which must be a valid
-    /// book (`lh_domain::rating::validate_book`).
+    /// book (`lh_domain::rating::validate_book`), or a valid draft with no
+    /// version (`lh_rpc::what_if::check_book`).
     pub fn new(book: PriceBookPublished, period: &str) -> Result<Self, WhatIfError> {
-        rating::validate_book(&book)?;
+        lh_rpc::what_if::check_book(&book)?;
         if crate::ledger::month_bounds(period).is_none() {
             return Err(WhatIfError::Period(period.to_string()));
         }
@@ -161,13 +167,7 @@ impl WhatIf {
         let row = self
             .tenants
             .entry(charge.tenant_id)
-            .or_insert_with(|| TenantDifference {
-                tenant_id: charge.tenant_id,
-                charges: 0,
-                current_cny: Decimal::new(0, 2),
-                what_if_cny: Decimal::new(0, 2),
-                difference_cny: Decimal::new(0, 2),
-            });
+            .or_insert_with(|| TenantDifference::new(charge.tenant_id));
         row.charges += 1;
         row.current_cny += charge.amount;
         row.what_if_cny += what_if;
@@ -175,9 +175,13 @@ impl WhatIf {
         Ok(())
     }
 
-    /// Every tenant charged in the month, by tenant id.
-    pub fn report(self) -> Vec<TenantDifference> {
-        self.tenants.into_values().collect()
+    /// Every tenant charged in the month, by tenant id, and the totals.
+    pub fn report(self) -> WhatIfReport {
+        WhatIfReport::new(
+            self.period,
+            self.book.version,
+            self.tenants.into_values().collect(),
+        )
     }
 }
 
@@ -345,12 +349,19 @@ mod tests {
         october.period = "2026-10".into();
         w.add(&october).unwrap();
         let report = w.report();
-        assert_eq!(report.len(), 2);
-        assert_eq!(report[0].charges, 2);
-        assert_eq!(report[0].current_cny, dec!(40.00));
-        assert_eq!(report[0].what_if_cny, dec!(48.00));
-        assert_eq!(report[0].difference_cny, dec!(8.00));
-        assert_eq!(report[1].difference_cny, dec!(0.00));
+        assert_eq!(
+            (report.period.as_str(), report.book_version),
+            ("2026-11", 9)
+        );
+        let tenants = &report.tenants;
+        assert_eq!(tenants.len(), 2);
+        assert_eq!(tenants[0].charges, 2);
+        assert_eq!(tenants[0].current_cny, dec!(40.00));
+        assert_eq!(tenants[0].what_if_cny, dec!(48.00));
+        assert_eq!(tenants[0].difference_cny, dec!(8.00));
+        assert_eq!(tenants[1].difference_cny, dec!(0.00));
+        assert_eq!(report.charges, 3);
+        assert_eq!(report.difference_cny, dec!(8.00));
     }
 
     #[test]
@@ -361,9 +372,19 @@ mod tests {
             WhatIf::new(book, "2026-11"),
             Err(WhatIfError::Book(e)) if e.field == "currency"
         ));
-        assert!(matches!(
-            WhatIf::new(other_book(false), "2026-13"),
-            Err(WhatIfError::Period(_))
-        ));
+        let mut steps = other_book(false);
+        steps.tiers[1].model = Some(ChargeModel::Graduated { steps: vec![] });
+        let refused = WhatIf::new(steps, "2026-11").unwrap_err().refusal();
+        assert_eq!(refused.0, "book.tiers[1].model.steps");
+        let refused = WhatIf::new(other_book(false), "2026-13").unwrap_err();
+        assert!(matches!(refused, WhatIfError::Period(_)));
+        assert_eq!(refused.refusal().0, "period");
+        // A draft, never published, has no version.
+        let mut draft = other_book(false);
+        draft.version = 0;
+        assert_eq!(
+            WhatIf::new(draft, "2026-11").unwrap().report().book_version,
+            0
+        );
     }
 }

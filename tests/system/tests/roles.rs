@@ -68,6 +68,7 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("GET", "/v1/audit/verify", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200, 200]),
     ("POST", "/v1/price-books", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/price-books", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/billing/what-if", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
     ("POST", "/v1/reservations", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/reservations", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/openapi.json", [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200]),
@@ -101,6 +102,9 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
                 {"tier": "basic", "price_cny_per_gb_hour": "0.5"}
             ]}))
         }
+        ("POST", "/v1/billing/what-if") => Some(json!({"period": "2026-11", "book": {"tiers": [
+            {"tier": "basic", "price_cny_per_gb_hour": "0.6"}
+        ]}})),
         _ => None,
     }
 }

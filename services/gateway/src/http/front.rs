@@ -22,6 +22,11 @@ use super::ApiError;
 const MAX_TRACKED_CALLERS: usize = 100_000;
 /// Bytes of a credential's SHA-256 that key its budget.
 const CALLER_KEY_BYTES: usize = 16;
+/// The one route that may run past the request timeout: a what-if reads a
+/// whole month of charges, and is answered or given up within its own.
+const WHAT_IF_PATH: &str = "/v1/billing/what-if";
+const WHAT_IF_REQUEST_TIMEOUT: Duration =
+    Duration::from_secs(lh_rpc::what_if::WHAT_IF_TIMEOUT_SECS + 5);
 
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct FrontArgs {
@@ -195,7 +200,12 @@ pub async fn guard(
         .into_response();
     }
     let with_credential = bearer.is_some();
-    match tokio::time::timeout(budgets.timeout, next.run(request)).await {
+    let timeout = if request.uri().path() == WHAT_IF_PATH {
+        budgets.timeout.max(WHAT_IF_REQUEST_TIMEOUT)
+    } else {
+        budgets.timeout
+    };
+    match tokio::time::timeout(timeout, next.run(request)).await {
         Ok(response) => {
             if with_credential && response.status() == axum::http::StatusCode::UNAUTHORIZED {
                 let _ = budgets.refused_per_address.spend(ip, Instant::now());
@@ -207,7 +217,7 @@ pub async fn guard(
             ApiError::unavailable(format!(
                 "the request took longer than {} s; it may still complete: retry with the same \
                  Idempotency-Key",
-                budgets.timeout.as_secs()
+                timeout.as_secs()
             ))
             .retry_after(1)
             .into_response()

@@ -6,6 +6,7 @@
 pub mod audit;
 mod auth;
 pub mod balances;
+pub mod billing;
 mod error;
 pub mod front;
 pub mod invoices;
@@ -86,6 +87,7 @@ pub fn router(ctx: ApiContext) -> Router {
             "/v1/reservations",
             post(reservations::commit).get(reservations::list),
         )
+        .route("/v1/billing/what-if", post(billing::what_if))
         .route("/v1/audit/verify", get(audit::verify))
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::not_found("no such route") })

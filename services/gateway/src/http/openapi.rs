@@ -4,8 +4,8 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use super::{
-    audit, balances, invoices, keys, leases, nodes, price_books, quotes, reservations, spot,
-    tenants, Problem,
+    audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
+    spot, tenants, Problem,
 };
 
 #[derive(OpenApi)]
@@ -40,6 +40,7 @@ use super::{
         balances::top_up,
         balances::get,
         quotes::create,
+        billing::what_if,
         audit::verify
     ),
     components(schemas(
@@ -68,6 +69,10 @@ use super::{
         balances::TopUp,
         lh_rpc::balance::Balance,
         lh_rpc::balance::BalanceState,
+        billing::WhatIf,
+        billing::WhatIfBook,
+        lh_rpc::what_if::WhatIfReport,
+        lh_rpc::what_if::TenantDifference,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor
     )),
