@@ -255,6 +255,28 @@ pub struct InvoiceIssued {
     pub total: Decimal,
     /// Hex SHA-256 of the document's canonical form (docs/pricing.md).
     pub content_hash: String,
+    /// Which of the month's invoice documents this is, from 1: a month
+    /// with more lines than one message holds is issued in consecutive
+    /// parts. Absent on a one-part invoice (and on every invoice issued
+    /// before parts), whose form and hash stay as they were.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub part: u32,
+    /// How many parts the month's invoice has; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub parts: u32,
+    /// The first part's id, on every later part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_part_id: Option<Uuid>,
+}
+
+/// The `part` and `parts` of a document issued whole.
+pub fn one_part() -> u32 {
+    1
+}
+
+/// Whether a `part` or `parts` is the one a whole document leaves out.
+pub fn is_one_part(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Which way a note corrects its invoice.
@@ -289,6 +311,16 @@ pub struct InvoiceNoteIssued {
     #[schemars(with = "String")]
     pub total: Decimal,
     pub content_hash: String,
+    /// As an invoice's: the note's part, from 1, when its charges need
+    /// more lines than one message holds; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub part: u32,
+    /// How many parts the note has; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub parts: u32,
+    /// The first part's id, on every later part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_part_id: Option<Uuid>,
 }
 
 /// One interruption of a lease by the platform, within the credit's month.
