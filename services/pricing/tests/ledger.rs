@@ -492,6 +492,169 @@ async fn a_late_charge_yields_a_note_and_the_invoice_stays_as_issued() {
 }
 
 #[tokio::test]
+async fn a_month_of_more_leases_than_one_event_holds_is_issued_in_parts() {
+    const LEASES: usize = 2_100;
+    let october_end = at(2026, 11, 1, 0, 0, 0);
+    let env = Env::new(at(2026, 10, 20, 0, 0, 0)).await;
+    let pricing = env.start_pricing().await;
+    let tenant = Uuid::now_v7();
+    // An hour of each lease, as pricing would charge it, stored 64 at a
+    // time; a line each.
+    let mut sum = Decimal::ZERO;
+    let charges: Vec<(Envelope, Expect)> = (0..LEASES)
+        .map(|n| {
+            let from = at(2026, 10, 1 + (n % 30) as u32, (n % 24) as u32, 0, 0);
+            let amount = Decimal::new(100 + (n % 13) as i64, 2);
+            sum += amount;
+            let data = EventData::ChargeAccrued(ChargeAccrued {
+                charge_id: Uuid::now_v7(),
+                tenant_id: tenant,
+                lease_id: Uuid::now_v7(),
+                period: "2026-10".into(),
+                tier: Tier::Basic,
+                gpus: 2,
+                vram_gb: VRAM_GB,
+                from,
+                to: from + chrono::Duration::hours(1),
+                billed_seconds: 3600,
+                unit_price_cny_per_gb_hour: "0.5".parse().unwrap(),
+                amount,
+                currency: "CNY".into(),
+                price_book_version: 1,
+                age_seconds: None,
+                priced_gb_seconds: None,
+                reservation_id: None,
+            });
+            let envelope = Envelope::new(fixtures::owner_of(&data), Utc::now(), data);
+            (envelope, Expect::Any)
+        })
+        .collect();
+    for batch in charges.chunks(lh_bus::MAX_BATCH_MESSAGES) {
+        env.bus.publish_atomic(batch).await.expect("charges stored");
+    }
+    env.invoice_when(tenant, "2026-10", |d| d.lines.len() == LEASES)
+        .await;
+
+    env.clock.set(after_grace(october_end));
+    let deadline = Instant::now() + WAIT;
+    let listed = loop {
+        let list = env.list(Some(tenant), Some("2026-10")).await;
+        let issued: Vec<_> = list
+            .invoices
+            .into_iter()
+            .filter(|d| d.status == DocumentStatus::Issued)
+            .collect();
+        if issued.len() == 2 {
+            break issued;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not issued in 2 parts: {issued:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let first_id = lh_rpc::invoice_document::invoice_id(tenant, "2026-10");
+    let shape: Vec<_> = listed
+        .iter()
+        .map(|d| (d.number.clone().unwrap(), d.part, d.parts, d.first_part_id))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("INV-000001".to_string(), 1, 2, None),
+            ("INV-000002".to_string(), 2, 2, Some(first_id)),
+        ]
+    );
+    let mut parts = Vec::new();
+    for summary in &listed {
+        parts.push(
+            env.document(DocumentRequest::ById {
+                id: summary.id,
+                tenant_id: Some(tenant),
+            })
+            .await,
+        );
+    }
+    assert_eq!(parts[0].id, first_id);
+    assert_eq!(
+        parts.iter().map(|d| d.lines.len()).collect::<Vec<_>>(),
+        [2000, LEASES - 2000]
+    );
+    assert_eq!(parts.iter().map(|d| d.total).sum::<Decimal>(), sum);
+    assert_eq!(
+        parts[0].charges_through_sequence,
+        parts[1].charges_through_sequence
+    );
+    // The month's invoice by its period is its first part.
+    let by_period = env
+        .invoice_when(tenant, "2026-10", |d| d.status == DocumentStatus::Issued)
+        .await;
+    assert_eq!(by_period, parts[0]);
+    // The auditor's recomputation: the parts' lines, in order, are the
+    // charges up to their sequence.
+    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing")
+        .await
+        .unwrap();
+    let mut lines = lh_pricing::projection::lines_between(
+        &pool,
+        tenant,
+        "2026-10",
+        0,
+        parts[0].charges_through_sequence,
+    )
+    .await
+    .unwrap();
+    pool.close().await;
+    lh_rpc::invoice_document::sort_lines(&mut lines);
+    let split: Vec<_> = parts.iter().flat_map(|d| d.lines.clone()).collect();
+    assert!(lines == split, "the parts' lines are not the month's");
+    let csv = parts[1].to_csv();
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("invoice,INV-000002 (part 2 of 2),issued,"),
+        "{}",
+        &csv[..300]
+    );
+
+    // A late charge: a note of the invoice, referring to its first part.
+    let late = match &charges[0].0.data {
+        EventData::ChargeAccrued(c) => ChargeAccrued {
+            charge_id: Uuid::now_v7(),
+            amount: "-0.40".parse().unwrap(),
+            ..c.clone()
+        },
+        other => panic!("{other:?}"),
+    };
+    let data = EventData::ChargeAccrued(late);
+    env.publish(fixtures::owner_of(&data), Utc::now(), data)
+        .await;
+    let deadline = Instant::now() + WAIT;
+    let note = loop {
+        let list = env.list(Some(tenant), Some("2026-10")).await;
+        if let Some(note) = list
+            .invoices
+            .iter()
+            .find(|d| d.kind != DocumentKind::Invoice)
+        {
+            break note.clone();
+        }
+        assert!(Instant::now() < deadline, "no note: {list:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(note.refers_to, Some(first_id));
+    assert_eq!((note.part, note.parts), (1, 1));
+
+    // A restarted ledger issues nothing again.
+    pricing.stop().await;
+    let pricing = env.start_pricing().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.log(subject::INVOICES_ALL).await.len(), 3);
+    pricing.stop().await;
+}
+
+#[tokio::test]
 async fn a_lost_node_below_the_sla_earns_a_credit_on_the_next_invoice() {
     let (october_end, november_end) = (at(2026, 11, 1, 0, 0, 0), at(2026, 12, 1, 0, 0, 0));
     let env = Env::new(at(2026, 10, 25, 0, 0, 0)).await;
