@@ -237,7 +237,9 @@ pub struct AppliedCredit {
 /// A tenant's monthly invoice, issued once its month and the grace period
 /// after it are over: immutable and numbered without gaps. Every
 /// `charge.accrued` of the tenant and period stored at or below
-/// `charges_through_sequence` is on it; later ones go on notes.
+/// `charges_through_sequence` is on it (on one of its parts, for a month
+/// issued in parts: consecutive numbers, the lines in order, the credits on
+/// the last); later ones go on notes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct InvoiceIssued {
     pub invoice_id: Uuid,

@@ -9,7 +9,10 @@
 //! after that sequence goes on a note instead; an issued invoice is never
 //! rewritten. Every invoice and note is written to the one subject
 //! [`lh_events::subject::invoices`] guarded by its last sequence, so two
-//! replicas cannot give one number twice, nor skip one.
+//! replicas cannot give one number twice, nor skip one. A document with
+//! more lines than one event holds is issued in consecutive parts; one
+//! the log holds only some parts of is completed before anything else.
+//! Charges of 0.00 make no note by themselves.
 //!
 //! Availability: a lease moved off a lost node or an unhealthy GPU is down
 //! from the move's `billing_ends_at` until it runs again (or ends). Below
