@@ -205,10 +205,15 @@ pub struct ReservationCommitted {
 /// One line of an issued invoice or note: the charges of one lease at one
 /// tier and price book version, added up (a lease accrues a charge per
 /// hour, so a line per charge would make a month's invoice unreadable).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+///
+/// The same type is a line of the documents the gateway answers with
+/// (`lh_rpc::invoice_document::Line`): one form, one hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Line))]
 pub struct DocumentLine {
     pub lease_id: Uuid,
     /// The tier's name (`basic`, `spot`, ...).
+    #[cfg_attr(feature = "openapi", schema(example = "basic"))]
     pub tier: String,
     pub price_book_version: u32,
     /// How many `charge.accrued` events the line adds up.
@@ -220,6 +225,7 @@ pub struct DocumentLine {
     pub to: DateTime<Utc>,
     /// Sum of the charges' amounts, 2 places.
     #[schemars(with = "String")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "1.00"))]
     pub amount: Decimal,
 }
 

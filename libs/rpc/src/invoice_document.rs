@@ -20,9 +20,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
 use lh_bus::Bus;
-use lh_events::{
-    is_one_part, one_part, AppliedCredit, DocumentLine, InvoiceIssued, InvoiceNoteIssued, NoteKind,
-};
+use lh_events::{is_one_part, one_part, AppliedCredit, InvoiceIssued, InvoiceNoteIssued, NoteKind};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -137,22 +135,9 @@ impl DocumentStatus {
     }
 }
 
-/// One line: a lease's charges at one tier and price book version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Line {
-    pub lease_id: Uuid,
-    #[schema(example = "basic")]
-    pub tier: String,
-    pub price_book_version: u32,
-    /// How many charges (one per lease and hour) the line adds up.
-    pub charges: u64,
-    pub billed_seconds: u64,
-    pub from: DateTime<Utc>,
-    pub to: DateTime<Utc>,
-    #[serde(with = "rust_decimal::serde::str")]
-    #[schema(value_type = String, example = "1.00")]
-    pub amount: Decimal,
-}
+/// One line: a lease's charges at one tier and price book version, as
+/// the events carry it.
+pub use lh_events::DocumentLine as Line;
 
 /// A credit deducted on an invoice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -280,7 +265,7 @@ impl InvoiceDocument {
             issued_at: Some(e.issued_at),
             charges_after_sequence: 0,
             charges_through_sequence: e.charges_through_sequence,
-            lines: e.lines.iter().map(Line::from).collect(),
+            lines: e.lines.clone(),
             credits: e
                 .credits
                 .iter()
@@ -316,7 +301,7 @@ impl InvoiceDocument {
             issued_at: Some(e.issued_at),
             charges_after_sequence: e.charges_after_sequence,
             charges_through_sequence: e.charges_through_sequence,
-            lines: e.lines.iter().map(Line::from).collect(),
+            lines: e.lines.clone(),
             credits: Vec::new(),
             total: e.total,
             content_hash: e.content_hash.clone(),
@@ -393,36 +378,6 @@ fn csv_field(value: &str) -> String {
         format!("\"{}\"", defused.replace('"', "\"\""))
     } else {
         defused
-    }
-}
-
-impl From<&DocumentLine> for Line {
-    fn from(l: &DocumentLine) -> Self {
-        Self {
-            lease_id: l.lease_id,
-            tier: l.tier.clone(),
-            price_book_version: l.price_book_version,
-            charges: l.charges,
-            billed_seconds: l.billed_seconds,
-            from: l.from,
-            to: l.to,
-            amount: l.amount,
-        }
-    }
-}
-
-impl From<&Line> for DocumentLine {
-    fn from(l: &Line) -> Self {
-        Self {
-            lease_id: l.lease_id,
-            tier: l.tier.clone(),
-            price_book_version: l.price_book_version,
-            charges: l.charges,
-            billed_seconds: l.billed_seconds,
-            from: l.from,
-            to: l.to,
-            amount: l.amount,
-        }
     }
 }
 
@@ -719,7 +674,7 @@ mod tests {
             currency: doc.currency.clone(),
             issued_at,
             charges_through_sequence: 9,
-            lines: doc.lines.iter().map(DocumentLine::from).collect(),
+            lines: doc.lines.clone(),
             credits: vec![],
             total: doc.total,
             content_hash: doc.content_hash.clone(),
@@ -786,6 +741,21 @@ mod tests {
         round_trip["part"] = 3.into();
         let tampered: InvoiceDocument = serde_json::from_value(round_trip).unwrap();
         assert!(!tampered.verify());
+    }
+
+    #[test]
+    fn a_line_keeps_its_form_as_the_events_type() {
+        // Amounts as strings with their places, whatever their sign: the
+        // form every issued document was hashed in.
+        for amount in ["1.00", "-0.50", "0.00", "12345678.90", "-0.01"] {
+            let mut acc = LineAccumulator::default();
+            acc.add(&part(1, 1, amount));
+            let line = serde_json::to_value(&acc.lines()[0]).unwrap();
+            assert_eq!(line["amount"], amount);
+            assert_eq!(line["from"], "2026-11-03T01:00:00Z");
+            let back: Line = serde_json::from_value(line).unwrap();
+            assert_eq!(back, acc.lines()[0]);
+        }
     }
 
     #[test]

@@ -31,8 +31,8 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use lh_bus::Expect;
 use lh_events::{
-    derived_id, subject, Actor, CreditGranted, DocumentLine, Envelope, EventData, Interruption,
-    InvoiceIssued, InvoiceNoteIssued, NoteKind,
+    derived_id, subject, Actor, CreditGranted, Envelope, EventData, Interruption, InvoiceIssued,
+    InvoiceNoteIssued, NoteKind,
 };
 use lh_rpc::invoice_document::{
     invoice_part_id, money, ChargePart, Credit, DocumentKind, DocumentStatus, InvoiceDocument,
@@ -836,7 +836,7 @@ impl DocumentSet<'_> {
             currency: document.currency.clone(),
             issued_at: self.issued_at,
             charges_through_sequence: self.through,
-            lines: document.lines.iter().map(DocumentLine::from).collect(),
+            lines: document.lines.clone(),
             credits: document.credits.iter().map(Into::into).collect(),
             total: document.total,
             content_hash: document.content_hash,
@@ -907,7 +907,7 @@ impl DocumentSet<'_> {
             issued_at: self.issued_at,
             charges_after_sequence: self.after,
             charges_through_sequence: self.through,
-            lines: document.lines.iter().map(DocumentLine::from).collect(),
+            lines: document.lines.clone(),
             total: document.total,
             content_hash: document.content_hash,
             part,
@@ -1037,7 +1037,7 @@ impl Decider for Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lh_events::{ChargeAccrued, Tier};
+    use lh_events::{ChargeAccrued, DocumentLine, Tier};
 
     const TENANT: Uuid = Uuid::from_u128(1);
     const LEASE: Uuid = Uuid::from_u128(2);
@@ -1482,10 +1482,7 @@ mod tests {
         // The lines in the order one document would have them.
         let whole =
             Ledger::lines_of(&busy_november(4_500).0.months[&(TENANT, "2026-11".into())].open);
-        let split: Vec<Line> = parts
-            .iter()
-            .flat_map(|p| p.lines.iter().map(Line::from))
-            .collect();
+        let split: Vec<Line> = parts.iter().flat_map(|p| p.lines.iter().cloned()).collect();
         assert_eq!(split, whole);
         assert_eq!(
             ledger.months[&(TENANT, "2026-11".into())].issued,
