@@ -58,8 +58,8 @@ pub const DEFAULT_INVOICE_GRACE_SECS: i64 = 3 * 24 * 3600;
 pub const MAX_INVOICE_GRACE_SECS: i64 = 366 * 24 * 3600;
 /// Most lines one invoice or note event carries: it must fit in one
 /// message (`max_payload`, 1 MiB; 2000 lines of the longest kind take
-/// about 0.55 MiB, which a unit test holds under 3/4 of it). A month with more lines is
-/// issued in consecutive parts.
+/// about 0.55 MiB, which a unit test holds under 3/4 of it). A month with
+/// more lines is issued in consecutive parts.
 pub const MAX_LINES_PER_DOCUMENT: usize = 2_000;
 /// Most parts one invoice or note is issued in (200 000 lines). A month
 /// with more waits, with an error in the log, until the limit is raised.
