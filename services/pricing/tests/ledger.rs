@@ -1,8 +1,10 @@
 //! The ledger against a real nats-server and a real PostgreSQL (lh-testkit):
 //! a generated month across a price book change issued and rebuilt to the
 //! same hashes, a late charge that yields a note and leaves the invoice as
-//! it was, and a lost node that costs the tenant its SLA and earns a credit
-//! on the next invoice; and the weekly cost report. The ledger's clock is moved by hand past a month's
+//! it was, a month of more leases than one event holds issued in parts (and
+//! completed by the next ledger when only its first part was stored), and a
+//! lost node that costs the tenant its SLA and earns a credit on the next
+//! invoice; and the weekly cost report. The ledger's clock is moved by hand past a month's
 //! grace period; lease events are published as the gateway, scheduler and
 //! node agents would.
 
@@ -211,6 +213,53 @@ impl Env {
         lh_rpc::invoice_document::list(&self.bus, &request, RPC_TIMEOUT)
             .await
             .expect("pricing lists")
+    }
+
+    /// An hour of each of `leases` leases of `tenant` in October, as
+    /// pricing would charge it, stored 64 at a time (a line each); and
+    /// their sum.
+    async fn charge_leases(&self, tenant: Uuid, leases: usize) -> (Vec<ChargeAccrued>, Decimal) {
+        let charges: Vec<ChargeAccrued> = (0..leases)
+            .map(|n| {
+                let from = at(2026, 10, 1 + (n % 30) as u32, (n % 24) as u32, 0, 0);
+                let amount = Decimal::new(100 + (n % 13) as i64, 2);
+                ChargeAccrued {
+                    charge_id: Uuid::now_v7(),
+                    tenant_id: tenant,
+                    lease_id: Uuid::now_v7(),
+                    period: "2026-10".into(),
+                    tier: Tier::Basic,
+                    gpus: 2,
+                    vram_gb: VRAM_GB,
+                    from,
+                    to: from + chrono::Duration::hours(1),
+                    billed_seconds: 3600,
+                    unit_price_cny_per_gb_hour: "0.5".parse().unwrap(),
+                    amount,
+                    currency: "CNY".into(),
+                    price_book_version: 1,
+                    age_seconds: None,
+                    priced_gb_seconds: None,
+                    reservation_id: None,
+                }
+            })
+            .collect();
+        let envelopes: Vec<(Envelope, Expect)> = charges
+            .iter()
+            .map(|c| {
+                let data = EventData::ChargeAccrued(c.clone());
+                let envelope = Envelope::new(fixtures::owner_of(&data), Utc::now(), data);
+                (envelope, Expect::Any)
+            })
+            .collect();
+        for batch in envelopes.chunks(lh_bus::MAX_BATCH_MESSAGES) {
+            self.bus
+                .publish_atomic(batch)
+                .await
+                .expect("charges stored");
+        }
+        let sum = charges.iter().map(|c| c.amount).sum();
+        (charges, sum)
     }
 
     /// Every event of `filter` in the log.
@@ -498,40 +547,7 @@ async fn a_month_of_more_leases_than_one_event_holds_is_issued_in_parts() {
     let env = Env::new(at(2026, 10, 20, 0, 0, 0)).await;
     let pricing = env.start_pricing().await;
     let tenant = Uuid::now_v7();
-    // An hour of each lease, as pricing would charge it, stored 64 at a
-    // time; a line each.
-    let mut sum = Decimal::ZERO;
-    let charges: Vec<(Envelope, Expect)> = (0..LEASES)
-        .map(|n| {
-            let from = at(2026, 10, 1 + (n % 30) as u32, (n % 24) as u32, 0, 0);
-            let amount = Decimal::new(100 + (n % 13) as i64, 2);
-            sum += amount;
-            let data = EventData::ChargeAccrued(ChargeAccrued {
-                charge_id: Uuid::now_v7(),
-                tenant_id: tenant,
-                lease_id: Uuid::now_v7(),
-                period: "2026-10".into(),
-                tier: Tier::Basic,
-                gpus: 2,
-                vram_gb: VRAM_GB,
-                from,
-                to: from + chrono::Duration::hours(1),
-                billed_seconds: 3600,
-                unit_price_cny_per_gb_hour: "0.5".parse().unwrap(),
-                amount,
-                currency: "CNY".into(),
-                price_book_version: 1,
-                age_seconds: None,
-                priced_gb_seconds: None,
-                reservation_id: None,
-            });
-            let envelope = Envelope::new(fixtures::owner_of(&data), Utc::now(), data);
-            (envelope, Expect::Any)
-        })
-        .collect();
-    for batch in charges.chunks(lh_bus::MAX_BATCH_MESSAGES) {
-        env.bus.publish_atomic(batch).await.expect("charges stored");
-    }
+    let (charges, sum) = env.charge_leases(tenant, LEASES).await;
     env.invoice_when(tenant, "2026-10", |d| d.lines.len() == LEASES)
         .await;
 
@@ -619,13 +635,10 @@ async fn a_month_of_more_leases_than_one_event_holds_is_issued_in_parts() {
     );
 
     // A late charge: a note of the invoice, referring to its first part.
-    let late = match &charges[0].0.data {
-        EventData::ChargeAccrued(c) => ChargeAccrued {
-            charge_id: Uuid::now_v7(),
-            amount: "-0.40".parse().unwrap(),
-            ..c.clone()
-        },
-        other => panic!("{other:?}"),
+    let late = ChargeAccrued {
+        charge_id: Uuid::now_v7(),
+        amount: "-0.40".parse().unwrap(),
+        ..charges[0].clone()
     };
     let data = EventData::ChargeAccrued(late);
     env.publish(fixtures::owner_of(&data), Utc::now(), data)
@@ -651,6 +664,84 @@ async fn a_month_of_more_leases_than_one_event_holds_is_issued_in_parts() {
     let pricing = env.start_pricing().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(env.log(subject::INVOICES_ALL).await.len(), 3);
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn an_invoice_half_issued_in_parts_is_completed_by_the_next_ledger() {
+    use lh_service::decider::Decider;
+    const LEASES: usize = 2_050;
+    let october_end = at(2026, 11, 1, 0, 0, 0);
+    let env = Env::new(after_grace(october_end)).await;
+    let tenant = Uuid::now_v7();
+    env.charge_leases(tenant, LEASES).await;
+    // A ledger decides the month from the log and stops after storing its
+    // first part.
+    let mut ledger = lh_pricing::ledger::Ledger::new(chrono::Duration::seconds(GRACE_SECS));
+    let mut feed = env.bus.feed(&[subject::CHARGES_ALL], 1).await.unwrap();
+    while let Some(stored) = feed.next_within(Duration::from_secs(1)).await {
+        let stored = stored.unwrap();
+        ledger.apply_stored(stored.sequence, stored.stored_at, &stored.envelope);
+        if stored.pending == 0 {
+            break;
+        }
+    }
+    let decided: Vec<Envelope> = ledger
+        .decide(after_grace(october_end))
+        .into_iter()
+        .flatten()
+        .map(|(e, _)| e)
+        .collect();
+    assert_eq!(decided.len(), 2, "two parts");
+    env.bus
+        .publish(&decided[0], Expect::LastSubjectSequence(0))
+        .await
+        .expect("the first part stored");
+
+    // Pricing's ledger reads it and issues the second part as it was
+    // decided; the first is not issued again.
+    let pricing = env.start_pricing().await;
+    let deadline = Instant::now() + WAIT;
+    let issued = loop {
+        let issued = env.log(subject::INVOICES_ALL).await;
+        if issued.len() >= 2 {
+            break issued;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never completed: {} stored",
+            issued.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(issued.len(), 2);
+    assert!(issued[1] == decided[1].data, "the second part differs");
+    let EventData::InvoiceIssued(second) = &issued[1] else {
+        panic!("not an invoice");
+    };
+    assert_eq!((second.number, second.part, second.parts), (2, 2, 2));
+    // And the projection lists both.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = env.list(Some(tenant), Some("2026-10")).await;
+        let parts: Vec<_> = list
+            .invoices
+            .iter()
+            .filter(|d| d.status == DocumentStatus::Issued)
+            .map(|d| (d.number.clone().unwrap(), d.part, d.parts))
+            .collect();
+        if parts.len() == 2 {
+            assert_eq!(
+                parts,
+                [("INV-000001".into(), 1, 2), ("INV-000002".into(), 2, 2)]
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "not listed: {list:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.log(subject::INVOICES_ALL).await.len(), 2);
     pricing.stop().await;
 }
 
