@@ -198,6 +198,19 @@ pub fn spot_prices(prices: &Value) -> String {
     format!("{t}\n")
 }
 
+/// A document's number, with which part it is when it was issued in
+/// parts: `INV-000011 (part 2 of 3)`.
+fn document_number(doc: &Value) -> String {
+    let number = text(doc, "number");
+    let of = |key: &str| doc.get(key).and_then(Value::as_u64).unwrap_or(1);
+    match (of("part"), of("parts")) {
+        (part, parts) if parts > 1 && present(doc, "number") => {
+            format!("{number} (part {part} of {parts})")
+        }
+        _ => number,
+    }
+}
+
 /// An invoice or note: a heading, one row per line and per credit, a
 /// total row with the currency.
 pub fn invoice(inv: &Value) -> String {
@@ -213,7 +226,12 @@ pub fn invoice(inv: &Value) -> String {
         ("issued at", "issued_at"),
     ] {
         if present(inv, key) {
-            heading.push((label, text(inv, key)));
+            let value = if key == "number" {
+                document_number(inv)
+            } else {
+                text(inv, key)
+            };
+            heading.push((label, value));
         }
     }
     let mut out = key_values(heading);
@@ -292,7 +310,7 @@ pub fn invoice_list(list: &Value) -> String {
     for doc in items {
         t.add_row(vec![
             text(doc, "id"),
-            text(doc, "number"),
+            document_number(doc),
             text(doc, "kind"),
             text(doc, "status"),
             text(doc, "period"),
@@ -964,6 +982,13 @@ mod tests {
         assert_eq!(line("SLA credit"), ["SLA", "credit", "2026-11", "-0.50"]);
         assert_eq!(line("TOTAL"), ["TOTAL", "12.50", "CNY"]);
         assert!(out.contains("content hash: ab12cd"));
+        let mut part = sample_invoice();
+        part["part"] = 3.into();
+        part["parts"] = 3.into();
+        assert_eq!(
+            value_of(&invoice(&part), "number").as_deref(),
+            Some("INV-000007 (part 3 of 3)")
+        );
     }
 
     #[test]
@@ -1092,7 +1117,10 @@ mod tests {
              "issued_at": "2026-12-04T00:00:00Z"},
             {"id": "I-2", "number": null, "kind": "invoice", "status": "draft",
              "period": "2026-12", "tenant_id": "T", "total": "1.00", "currency": "CNY",
-             "issued_at": null}
+             "issued_at": null},
+            {"id": "I-3", "number": "INV-000003", "kind": "invoice", "status": "issued",
+             "period": "2026-10", "tenant_id": "T", "total": "9.00", "currency": "CNY",
+             "issued_at": "2026-11-04T00:00:00Z", "part": 2, "parts": 3, "first_part_id": "I-0"}
         ]});
         let out = invoice_list(&list);
         let rows: Vec<Vec<&str>> = out
@@ -1101,6 +1129,10 @@ mod tests {
             .collect();
         assert_eq!(rows[1][..4], ["I-1", "INV-000001", "invoice", "issued"]);
         assert_eq!(rows[2][..4], ["I-2", "-", "invoice", "draft"]);
+        assert_eq!(
+            rows[3][..7],
+            ["I-3", "INV-000003", "(part", "2", "of", "3)", "invoice"]
+        );
         assert_eq!(invoice_list(&json!({"invoices": []})), "no invoices\n");
     }
 

@@ -62,6 +62,7 @@ pub struct MonthOutcome {
     pub leases: u64,
     pub spot_prices: u64,
     pub charges: u64,
+    /// Tenants' months invoiced (one issued in parts counts once).
     pub invoices: u64,
     /// Sum of every charge's amount, CNY.
     pub charged_cny: Decimal,
@@ -432,7 +433,8 @@ impl Pricing {
                 self.outcome.what_if_seconds += t.elapsed().as_secs_f64();
             }
             EventData::InvoiceIssued(i) => {
-                self.outcome.invoices += 1;
+                // A month issued in parts is one invoice.
+                self.outcome.invoices += u64::from(i.part == 1);
                 self.outcome.invoiced_cny += i.total;
             }
             _ => {}

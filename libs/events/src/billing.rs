@@ -205,10 +205,15 @@ pub struct ReservationCommitted {
 /// One line of an issued invoice or note: the charges of one lease at one
 /// tier and price book version, added up (a lease accrues a charge per
 /// hour, so a line per charge would make a month's invoice unreadable).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+///
+/// The same type is a line of the documents the gateway answers with
+/// (`lh_rpc::invoice_document::Line`): one form, one hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Line))]
 pub struct DocumentLine {
     pub lease_id: Uuid,
     /// The tier's name (`basic`, `spot`, ...).
+    #[cfg_attr(feature = "openapi", schema(example = "basic"))]
     pub tier: String,
     pub price_book_version: u32,
     /// How many `charge.accrued` events the line adds up.
@@ -220,6 +225,7 @@ pub struct DocumentLine {
     pub to: DateTime<Utc>,
     /// Sum of the charges' amounts, 2 places.
     #[schemars(with = "String")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "1.00"))]
     pub amount: Decimal,
 }
 
@@ -237,7 +243,9 @@ pub struct AppliedCredit {
 /// A tenant's monthly invoice, issued once its month and the grace period
 /// after it are over: immutable and numbered without gaps. Every
 /// `charge.accrued` of the tenant and period stored at or below
-/// `charges_through_sequence` is on it; later ones go on notes.
+/// `charges_through_sequence` is on it (on one of its parts, for a month
+/// issued in parts: consecutive numbers, the lines in order, the credits on
+/// the last); later ones go on notes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct InvoiceIssued {
     pub invoice_id: Uuid,
@@ -255,6 +263,28 @@ pub struct InvoiceIssued {
     pub total: Decimal,
     /// Hex SHA-256 of the document's canonical form (docs/pricing.md).
     pub content_hash: String,
+    /// Which of the month's invoice documents this is, from 1: a month
+    /// with more lines than one message holds is issued in consecutive
+    /// parts. Absent on a one-part invoice (and on every invoice issued
+    /// before parts), whose form and hash stay as they were.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub part: u32,
+    /// How many parts the month's invoice has; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub parts: u32,
+    /// The first part's id, on every later part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_part_id: Option<Uuid>,
+}
+
+/// The `part` and `parts` of a document issued whole.
+pub fn one_part() -> u32 {
+    1
+}
+
+/// Whether a `part` or `parts` is the one a whole document leaves out.
+pub fn is_one_part(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Which way a note corrects its invoice.
@@ -289,6 +319,16 @@ pub struct InvoiceNoteIssued {
     #[schemars(with = "String")]
     pub total: Decimal,
     pub content_hash: String,
+    /// As an invoice's: the note's part, from 1, when its charges need
+    /// more lines than one message holds; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub part: u32,
+    /// How many parts the note has; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    pub parts: u32,
+    /// The first part's id, on every later part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_part_id: Option<Uuid>,
 }
 
 /// One interruption of a lease by the platform, within the credit's month.

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
 use lh_bus::Bus;
-use lh_events::{AppliedCredit, DocumentLine, InvoiceIssued, InvoiceNoteIssued, NoteKind};
+use lh_events::{is_one_part, one_part, AppliedCredit, InvoiceIssued, InvoiceNoteIssued, NoteKind};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -52,9 +52,35 @@ pub fn note_number(number: u64) -> String {
 }
 
 /// The id of a tenant's invoice for `period`, the same for its draft and
-/// once issued.
+/// once issued (its first part, when issued in parts).
 pub fn invoice_id(tenant_id: Uuid, period: &str) -> Uuid {
     lh_events::derived_id(&["invoice", &tenant_id.to_string(), period])
+}
+
+/// The id of part `part` (from 1) of a tenant's invoice for `period`: the
+/// first is [`invoice_id`], so that a one-part invoice keeps the id it
+/// always had; a republished part is the same event.
+pub fn invoice_part_id(tenant_id: Uuid, period: &str, part: u32) -> Uuid {
+    if part <= 1 {
+        return invoice_id(tenant_id, period);
+    }
+    lh_events::derived_id(&[
+        "invoice",
+        &tenant_id.to_string(),
+        period,
+        "part",
+        &part.to_string(),
+    ])
+}
+
+/// A document's number as people read it: `INV-000011`, or
+/// `INV-000011 (part 2 of 3)` for a part.
+pub fn shown_number(number: &str, part: u32, parts: u32) -> String {
+    if parts > 1 {
+        format!("{number} (part {part} of {parts})")
+    } else {
+        number.to_string()
+    }
 }
 
 /// Money as documents carry it: 2 places, and a zero never negative (a
@@ -109,22 +135,9 @@ impl DocumentStatus {
     }
 }
 
-/// One line: a lease's charges at one tier and price book version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Line {
-    pub lease_id: Uuid,
-    #[schema(example = "basic")]
-    pub tier: String,
-    pub price_book_version: u32,
-    /// How many charges (one per lease and hour) the line adds up.
-    pub charges: u64,
-    pub billed_seconds: u64,
-    pub from: DateTime<Utc>,
-    pub to: DateTime<Utc>,
-    #[serde(with = "rust_decimal::serde::str")]
-    #[schema(value_type = String, example = "1.00")]
-    pub amount: Decimal,
-}
+/// One line: a lease's charges at one tier and price book version, as
+/// the events carry it.
+pub use lh_events::DocumentLine as Line;
 
 /// A credit deducted on an invoice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -168,6 +181,19 @@ pub struct InvoiceDocument {
     #[schema(value_type = String, example = "1.00")]
     pub total: Decimal,
     pub content_hash: String,
+    /// Which part this is, from 1, of an invoice or note issued in parts
+    /// (more lines than one event holds); absent when it is whole, so that
+    /// a whole document's form and hash are what they always were.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    #[schema(default = 1, minimum = 1)]
+    pub part: u32,
+    /// How many parts; absent when 1.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    #[schema(default = 1, minimum = 1)]
+    pub parts: u32,
+    /// The first part's id, on every later part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_part_id: Option<Uuid>,
 }
 
 impl InvoiceDocument {
@@ -197,8 +223,18 @@ impl InvoiceDocument {
             credits,
             total: Decimal::ZERO,
             content_hash: String::new(),
+            part: 1,
+            parts: 1,
+            first_part_id: None,
         }
         .sealed()
+    }
+
+    /// Its number as people read it (see [`shown_number`]).
+    pub fn shown_number(&self) -> Option<String> {
+        self.number
+            .as_deref()
+            .map(|n| shown_number(n, self.part, self.parts))
     }
 
     /// Orders lines and credits, then sets the total and the hash.
@@ -229,7 +265,7 @@ impl InvoiceDocument {
             issued_at: Some(e.issued_at),
             charges_after_sequence: 0,
             charges_through_sequence: e.charges_through_sequence,
-            lines: e.lines.iter().map(Line::from).collect(),
+            lines: e.lines.clone(),
             credits: e
                 .credits
                 .iter()
@@ -241,6 +277,9 @@ impl InvoiceDocument {
                 .collect(),
             total: e.total,
             content_hash: e.content_hash.clone(),
+            part: e.part,
+            parts: e.parts,
+            first_part_id: e.first_part_id,
         }
     }
 
@@ -262,10 +301,13 @@ impl InvoiceDocument {
             issued_at: Some(e.issued_at),
             charges_after_sequence: e.charges_after_sequence,
             charges_through_sequence: e.charges_through_sequence,
-            lines: e.lines.iter().map(Line::from).collect(),
+            lines: e.lines.clone(),
             credits: Vec::new(),
             total: e.total,
             content_hash: e.content_hash.clone(),
+            part: e.part,
+            parts: e.parts,
+            first_part_id: e.first_part_id,
         }
     }
 
@@ -281,14 +323,14 @@ impl InvoiceDocument {
     /// The document as CSV: a header row, one row per line and per
     /// credit, and a total row (`docs/pricing.md`).
     pub fn to_csv(&self) -> String {
-        let number = self.number.as_deref().unwrap_or("");
+        let number = self.shown_number().unwrap_or_default();
         let mut out = String::from(
             "document,number,status,tenant_id,period,row,lease_id,tier,price_book_version,charges,billed_seconds,from,to,amount,currency\n",
         );
         let head = format!(
             "{},{},{},{},{}",
             self.kind.as_str(),
-            csv_field(number),
+            csv_field(&number),
             self.status.as_str(),
             self.tenant_id,
             csv_field(&self.period)
@@ -336,36 +378,6 @@ fn csv_field(value: &str) -> String {
         format!("\"{}\"", defused.replace('"', "\"\""))
     } else {
         defused
-    }
-}
-
-impl From<&DocumentLine> for Line {
-    fn from(l: &DocumentLine) -> Self {
-        Self {
-            lease_id: l.lease_id,
-            tier: l.tier.clone(),
-            price_book_version: l.price_book_version,
-            charges: l.charges,
-            billed_seconds: l.billed_seconds,
-            from: l.from,
-            to: l.to,
-            amount: l.amount,
-        }
-    }
-}
-
-impl From<&Line> for DocumentLine {
-    fn from(l: &Line) -> Self {
-        Self {
-            lease_id: l.lease_id,
-            tier: l.tier.clone(),
-            price_book_version: l.price_book_version,
-            charges: l.charges,
-            billed_seconds: l.billed_seconds,
-            from: l.from,
-            to: l.to,
-            amount: l.amount,
-        }
     }
 }
 
@@ -493,6 +505,15 @@ pub struct DocumentSummary {
     #[schema(value_type = String, example = "1.00")]
     pub total: Decimal,
     pub content_hash: String,
+    /// As the document's: absent when it is whole.
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    #[schema(default = 1, minimum = 1)]
+    pub part: u32,
+    #[serde(default = "one_part", skip_serializing_if = "is_one_part")]
+    #[schema(default = 1, minimum = 1)]
+    pub parts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_part_id: Option<Uuid>,
 }
 
 impl From<&InvoiceDocument> for DocumentSummary {
@@ -509,6 +530,9 @@ impl From<&InvoiceDocument> for DocumentSummary {
             issued_at: d.issued_at,
             total: d.total,
             content_hash: d.content_hash.clone(),
+            part: d.part,
+            parts: d.parts,
+            first_part_id: d.first_part_id,
         }
     }
 }
@@ -650,15 +674,88 @@ mod tests {
             currency: doc.currency.clone(),
             issued_at,
             charges_through_sequence: 9,
-            lines: doc.lines.iter().map(DocumentLine::from).collect(),
+            lines: doc.lines.clone(),
             credits: vec![],
             total: doc.total,
             content_hash: doc.content_hash.clone(),
+            part: 1,
+            parts: 1,
+            first_part_id: None,
         };
         assert_eq!(InvoiceDocument::from_invoice(&event), doc);
         assert!(doc.verify());
         doc.lines[0].billed_seconds += 1;
         assert!(!doc.verify());
+    }
+
+    #[test]
+    fn a_whole_invoice_issued_before_parts_reads_and_hashes_as_it_did() {
+        // An `invoice.issued` as stored before parts existed, with the
+        // hash it was issued with.
+        let stored = r#"{"invoice_id":"a209c0df-d469-5393-a51c-3f3b318ff803","number":1,"tenant_id":"00000000-0000-0000-0000-000000000000","period":"2026-11","currency":"CNY","issued_at":"2026-12-04T00:00:00Z","charges_through_sequence":9,"lines":[{"lease_id":"00000000-0000-0000-0000-000000000001","tier":"basic","price_book_version":1,"charges":1,"billed_seconds":3600,"from":"2026-11-03T01:00:00Z","to":"2026-11-03T02:00:00Z","amount":"1.00"}],"credits":[],"total":"1.00","content_hash":"HASH"}"#;
+        let canonical = r#"{"charges_after_sequence":0,"charges_through_sequence":9,"credits":[],"currency":"CNY","id":"a209c0df-d469-5393-a51c-3f3b318ff803","issued_at":"2026-12-04T00:00:00Z","kind":"invoice","lines":[{"amount":"1.00","billed_seconds":3600,"charges":1,"from":"2026-11-03T01:00:00Z","lease_id":"00000000-0000-0000-0000-000000000001","price_book_version":1,"tier":"basic","to":"2026-11-03T02:00:00Z"}],"number":"INV-000001","period":"2026-11","refers_to":null,"refers_to_number":null,"tenant_id":"00000000-0000-0000-0000-000000000000","total":"1.00"}"#;
+        let hash = hex::encode(Sha256::digest(canonical.as_bytes()));
+        let event: InvoiceIssued = serde_json::from_str(&stored.replace("HASH", &hash)).unwrap();
+        assert_eq!((event.part, event.parts, event.first_part_id), (1, 1, None));
+        let document = InvoiceDocument::from_invoice(&event);
+        assert!(document.verify());
+        assert_eq!(document_hash(&document), hash);
+        assert_eq!(document.shown_number().as_deref(), Some("INV-000001"));
+        // Written again, neither the event nor the document says "part".
+        for json in [
+            serde_json::to_string(&event).unwrap(),
+            serde_json::to_string(&document).unwrap(),
+            serde_json::to_string(&DocumentSummary::from(&document)).unwrap(),
+        ] {
+            assert!(!json.contains("part"), "{json}");
+        }
+        // A part says which, and its hash covers it.
+        let second = InvoiceDocument {
+            id: invoice_part_id(document.tenant_id, &document.period, 2),
+            part: 2,
+            parts: 3,
+            first_part_id: Some(document.id),
+            ..document.clone()
+        };
+        assert!(!second.verify());
+        let second = second.sealed();
+        assert_ne!(second.content_hash, document.content_hash);
+        assert_eq!(
+            second.shown_number().as_deref(),
+            Some("INV-000001 (part 2 of 3)")
+        );
+        assert_eq!(
+            invoice_part_id(document.tenant_id, &document.period, 1),
+            document.id
+        );
+        let csv = second.to_csv();
+        assert!(
+            csv.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("invoice,INV-000001 (part 2 of 3),issued,"),
+            "{csv}"
+        );
+        let mut round_trip = serde_json::to_value(&second).unwrap();
+        assert_eq!(round_trip["part"], 2);
+        round_trip["part"] = 3.into();
+        let tampered: InvoiceDocument = serde_json::from_value(round_trip).unwrap();
+        assert!(!tampered.verify());
+    }
+
+    #[test]
+    fn a_line_keeps_its_form_as_the_events_type() {
+        // Amounts as strings with their places, whatever their sign: the
+        // form every issued document was hashed in.
+        for amount in ["1.00", "-0.50", "0.00", "12345678.90", "-0.01"] {
+            let mut acc = LineAccumulator::default();
+            acc.add(&part(1, 1, amount));
+            let line = serde_json::to_value(&acc.lines()[0]).unwrap();
+            assert_eq!(line["amount"], amount);
+            assert_eq!(line["from"], "2026-11-03T01:00:00Z");
+            let back: Line = serde_json::from_value(line).unwrap();
+            assert_eq!(back, acc.lines()[0]);
+        }
     }
 
     #[test]

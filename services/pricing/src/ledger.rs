@@ -9,7 +9,10 @@
 //! after that sequence goes on a note instead; an issued invoice is never
 //! rewritten. Every invoice and note is written to the one subject
 //! [`lh_events::subject::invoices`] guarded by its last sequence, so two
-//! replicas cannot give one number twice, nor skip one.
+//! replicas cannot give one number twice, nor skip one. A document with
+//! more lines than one event holds is issued in consecutive parts; one
+//! the log holds only some parts of is completed before anything else.
+//! Charges of 0.00 make no note by themselves.
 //!
 //! Availability: a lease moved off a lost node or an unhealthy GPU is down
 //! from the move's `billing_ends_at` until it runs again (or ends). Below
@@ -28,11 +31,12 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use lh_bus::Expect;
 use lh_events::{
-    derived_id, subject, Actor, CreditGranted, DocumentLine, Envelope, EventData, Interruption,
-    InvoiceIssued, InvoiceNoteIssued, NoteKind,
+    derived_id, subject, Actor, CreditGranted, Envelope, EventData, Interruption, InvoiceIssued,
+    InvoiceNoteIssued, NoteKind,
 };
 use lh_rpc::invoice_document::{
-    money, ChargePart, Credit, DocumentStatus, InvoiceDocument, LineAccumulator,
+    invoice_part_id, money, ChargePart, Credit, DocumentKind, DocumentStatus, InvoiceDocument,
+    Line, LineAccumulator,
 };
 use lh_service::decider::{Batch, Decider, Pace};
 use rust_decimal::Decimal;
@@ -52,10 +56,14 @@ pub const FILTERS: &[&str] = &[
 pub const DEFAULT_INVOICE_GRACE_SECS: i64 = 3 * 24 * 3600;
 /// Longest grace period accepted: a year.
 pub const MAX_INVOICE_GRACE_SECS: i64 = 366 * 24 * 3600;
-/// Most lines one invoice or note carries: its event must fit in one
-/// message. A tenant with more leases in a month waits, with an error in
-/// the log, until the limit is raised.
+/// Most lines one invoice or note event carries: it must fit in one
+/// message (`max_payload`, 1 MiB; 2000 lines of the longest kind take
+/// about 0.55 MiB, which a unit test holds under 3/4 of it). A month with
+/// more lines is issued in consecutive parts.
 pub const MAX_LINES_PER_DOCUMENT: usize = 2_000;
+/// Most parts one invoice or note is issued in (200 000 lines). A month
+/// with more waits, with an error in the log, until the limit is raised.
+pub const MAX_PARTS_PER_DOCUMENT: usize = 100;
 /// Most interruptions a credit lists (its totals count all of them).
 pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
 /// Most leases whose availability is followed at once; past it, new
@@ -144,10 +152,77 @@ struct Month {
     charge_ids: HashSet<Uuid>,
     /// Every charge of the month: seconds and amount per lease.
     per_lease: HashMap<Uuid, (u64, Decimal)>,
-    /// The issued invoice: its id and number.
+    /// The issued invoice (its first part): its id and number.
     issued: Option<(Uuid, u64)>,
     /// Charges stored at or below this sequence are on a document.
     covered_through: u64,
+    /// An invoice or note issued in parts, of which the log holds some:
+    /// until all are read, its charges stay open and nothing else of the
+    /// month is issued.
+    partial: Option<Partial>,
+}
+
+impl Month {
+    /// Whether the open charges call for a note: a charge of 0.00 (an hour
+    /// a reservation covered) makes none by itself, it rides along on the
+    /// next one. A fold of the same log gives the same notes.
+    fn owes_a_note(&self) -> bool {
+        self.open.iter().any(|c| !money(c.part.amount).is_zero())
+    }
+
+    /// The open charges stored at or below `through`.
+    fn open_through(&self, through: u64) -> impl Iterator<Item = &Charge> {
+        self.open.iter().filter(move |c| c.sequence <= through)
+    }
+
+    /// Records that the log holds part `part` of `set` (the set it started
+    /// when it is the first part read); the whole set once it holds all.
+    fn read_part(&mut self, set: Partial, part: u32, credits: &[Uuid]) -> Option<Partial> {
+        let partial = self.partial.get_or_insert_with(|| set.clone());
+        if (partial.kind, partial.first_part_id, partial.through)
+            != (set.kind, set.first_part_id, set.through)
+        {
+            tracing::error!(part_of = %set.first_part_id, part, in_flight = %partial.first_part_id,
+                "a part of another document than the one being issued; ignored");
+            return None;
+        }
+        partial.read.insert(part);
+        partial.credits.extend_from_slice(credits);
+        if partial.read.len() >= partial.parts as usize {
+            self.partial.take()
+        } else {
+            None
+        }
+    }
+}
+
+/// Which document a [`Partial`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartialKind {
+    Invoice,
+    /// A note of the month's invoice (its first part's id and number).
+    Note {
+        invoice_id: Uuid,
+        invoice_number: u64,
+    },
+}
+
+/// A document issued in parts as far as the log holds it. Its missing
+/// parts are issued again from the same charges (those of the month at or
+/// below `through`), split the same way, with the ids they had: a replay
+/// completes the set and never doubles a part.
+#[derive(Debug, Clone)]
+struct Partial {
+    kind: PartialKind,
+    first_part_id: Uuid,
+    first_number: u64,
+    parts: u32,
+    read: BTreeSet<u32>,
+    after: u64,
+    through: u64,
+    issued_at: DateTime<Utc>,
+    /// Credits deducted by the parts read.
+    credits: Vec<Uuid>,
 }
 
 /// Interruptions of one tenant's month.
@@ -254,12 +329,34 @@ impl Ledger {
                 if month.issued.is_some() {
                     return;
                 }
-                month.issued = Some((e.invoice_id, e.number));
-                cover(month, e.charges_through_sequence);
+                let credits: Vec<Uuid> = e.credits.iter().map(|c| c.credit_id).collect();
+                let whole = if e.parts <= 1 {
+                    Some((e.invoice_id, e.number, e.charges_through_sequence, credits))
+                } else {
+                    let set = Partial {
+                        kind: PartialKind::Invoice,
+                        first_part_id: e.first_part_id.unwrap_or(e.invoice_id),
+                        first_number: e.number.saturating_sub(u64::from(e.part).saturating_sub(1)),
+                        parts: e.parts,
+                        read: BTreeSet::new(),
+                        after: 0,
+                        through: e.charges_through_sequence,
+                        issued_at: e.issued_at,
+                        credits: Vec::new(),
+                    };
+                    month
+                        .read_part(set, e.part, &credits)
+                        .map(|p| (p.first_part_id, p.first_number, p.through, p.credits))
+                };
+                let Some((invoice_id, number, through, credits)) = whole else {
+                    return;
+                };
+                month.issued = Some((invoice_id, number));
+                cover(month, through);
                 // Credits it deducts are used; any other meant for this
                 // month (granted while it was being issued) moves on.
                 let mut pending = self.pending_credits.remove(&key).unwrap_or_default();
-                pending.retain(|p| !e.credits.iter().any(|c| c.credit_id == p.credit_id));
+                pending.retain(|p| !credits.contains(&p.credit_id));
                 if !pending.is_empty() {
                     if let Some(next) = next_period(&e.period) {
                         self.pending_credits
@@ -276,7 +373,28 @@ impl Ledger {
                     .months
                     .entry((e.tenant_id, e.period.clone()))
                     .or_default();
-                cover(month, e.charges_through_sequence);
+                // A part of a set already whole is a repeat.
+                if e.parts <= 1 || e.charges_through_sequence <= month.covered_through {
+                    cover(month, e.charges_through_sequence);
+                    return;
+                }
+                let set = Partial {
+                    kind: PartialKind::Note {
+                        invoice_id: e.invoice_id,
+                        invoice_number: e.invoice_number,
+                    },
+                    first_part_id: e.first_part_id.unwrap_or(e.note_id),
+                    first_number: e.number.saturating_sub(u64::from(e.part).saturating_sub(1)),
+                    parts: e.parts,
+                    read: BTreeSet::new(),
+                    after: e.charges_after_sequence,
+                    through: e.charges_through_sequence,
+                    issued_at: e.issued_at,
+                    credits: Vec::new(),
+                };
+                if let Some(whole) = month.read_part(set, e.part, &[]) {
+                    cover(month, whole.through);
+                }
             }
             EventData::CreditGranted(e) => {
                 let seen = self.credit_sequences.entry(e.tenant_id).or_default();
@@ -357,8 +475,10 @@ impl Ledger {
     /// downtime and credits.
     fn forget_old_months(&mut self, now: DateTime<Utc>) {
         let oldest = oldest_kept(now);
-        self.months
-            .retain(|(_, period), m| *period >= oldest || m.issued.is_none() || !m.open.is_empty());
+        // Charges of 0.00 left open make no note: they do not hold a month.
+        self.months.retain(|(_, period), m| {
+            *period >= oldest || m.issued.is_none() || m.partial.is_some() || m.owes_a_note()
+        });
         self.downtime.retain(|(_, period), _| *period >= oldest);
         self.credited.retain(|(_, period)| *period >= oldest);
     }
@@ -474,7 +594,7 @@ impl Ledger {
             .collect()
     }
 
-    fn lines_of(charges: &[Charge]) -> Vec<lh_rpc::invoice_document::Line> {
+    fn lines_of<'a>(charges: impl IntoIterator<Item = &'a Charge>) -> Vec<Line> {
         let mut acc = LineAccumulator::default();
         for c in charges {
             acc.add(&c.part);
@@ -482,24 +602,64 @@ impl Ledger {
         acc.lines()
     }
 
-    /// The invoices due now, numbered from the next free number on.
+    /// The invoices due now, numbered from the next free number on: first
+    /// the missing parts of one the log holds some of, then the months due.
     fn invoices(&self, now: DateTime<Utc>) -> Vec<InvoiceIssued> {
+        let mut number = self.last_invoice_number;
+        let mut out = Vec::new();
+        for ((tenant, period), month) in &self.months {
+            let Some(p) = month
+                .partial
+                .as_ref()
+                .filter(|p| p.kind == PartialKind::Invoice)
+            else {
+                continue;
+            };
+            let parts = split_lines(Self::lines_of(month.open_through(p.through)));
+            if parts.len() != p.parts as usize {
+                tracing::error!(%tenant, period, parts = p.parts, now = parts.len(),
+                    "the charges of an invoice issued in parts no longer split as they did; it is not completed");
+                continue;
+            }
+            let credits = self.credits_for(*tenant, period, &p.credits);
+            let document = DocumentSet {
+                tenant: *tenant,
+                period,
+                after: 0,
+                through: p.through,
+                issued_at: p.issued_at,
+            };
+            for (part, lines) in (1..).zip(parts) {
+                if p.read.contains(&part) {
+                    continue;
+                }
+                number += 1;
+                let credits = if part == p.parts {
+                    credits.clone()
+                } else {
+                    Vec::new()
+                };
+                out.push(document.invoice_part(part, p.parts, number, lines, credits));
+            }
+        }
         let mut keys: BTreeSet<(Uuid, String)> = self
             .months
             .iter()
-            .filter(|(_, m)| m.issued.is_none() && !m.open.is_empty())
+            .filter(|(_, m)| m.issued.is_none() && m.partial.is_none() && !m.open.is_empty())
             .map(|(k, _)| k.clone())
             .collect();
         keys.extend(
             self.pending_credits
                 .iter()
                 .filter(|(k, credits)| {
-                    !credits.is_empty() && self.months.get(k).is_none_or(|m| m.issued.is_none())
+                    !credits.is_empty()
+                        && self
+                            .months
+                            .get(k)
+                            .is_none_or(|m| m.issued.is_none() && m.partial.is_none())
                 })
                 .map(|(k, _)| k.clone()),
         );
-        let mut number = self.last_invoice_number;
-        let mut out = Vec::new();
         for (tenant, period) in keys {
             if !self.due(&period, now) {
                 continue;
@@ -508,43 +668,48 @@ impl Ledger {
                 .months
                 .get(&(tenant, period.clone()))
                 .map_or(&[][..], |m| &m.open[..]);
-            let lines = Self::lines_of(open);
-            if lines.len() > MAX_LINES_PER_DOCUMENT {
-                tracing::error!(%tenant, period, lines = lines.len(), limit = MAX_LINES_PER_DOCUMENT,
-                    "an invoice has too many lines to issue; it stays a draft");
+            let parts = split_lines(Self::lines_of(open));
+            if parts.len() > MAX_PARTS_PER_DOCUMENT {
+                tracing::error!(%tenant, period, parts = parts.len(), limit = MAX_PARTS_PER_DOCUMENT,
+                    "an invoice needs too many parts to issue; it stays a draft");
                 continue;
             }
-            let credits = self
-                .pending_credits
-                .get(&(tenant, period.clone()))
-                .cloned()
-                .unwrap_or_default();
-            number += 1;
-            let document = InvoiceDocument {
-                status: DocumentStatus::Issued,
-                number: Some(lh_rpc::invoice_document::invoice_number(number)),
-                issued_at: Some(now),
-                ..InvoiceDocument::draft(tenant, &period, self.read_through, lines, credits)
-            }
-            .sealed();
-            out.push(InvoiceIssued {
-                invoice_id: document.id,
-                number,
-                tenant_id: tenant,
-                period,
-                currency: document.currency.clone(),
+            let credits = self.credits_for(tenant, &period, &[]);
+            let document = DocumentSet {
+                tenant,
+                period: &period,
+                after: 0,
+                through: self.read_through,
                 issued_at: now,
-                charges_through_sequence: self.read_through,
-                lines: document.lines.iter().map(DocumentLine::from).collect(),
-                credits: document.credits.iter().map(Into::into).collect(),
-                total: document.total,
-                content_hash: document.content_hash,
-            });
+            };
+            let count = parts.len() as u32;
+            for (part, lines) in (1..).zip(parts) {
+                number += 1;
+                // Credits are deducted once, on the last part.
+                let credits = if part == count {
+                    credits.clone()
+                } else {
+                    Vec::new()
+                };
+                out.push(document.invoice_part(part, count, number, lines, credits));
+            }
         }
         out
     }
 
-    /// Notes for charges that came after their invoice.
+    /// The credits pending for the tenant's `period`, less those `used`.
+    fn credits_for(&self, tenant: Uuid, period: &str, used: &[Uuid]) -> Vec<Credit> {
+        let mut credits = self
+            .pending_credits
+            .get(&(tenant, period.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        credits.retain(|c| !used.contains(&c.credit_id));
+        credits
+    }
+
+    /// Notes for charges that came after their invoice: first the missing
+    /// parts of one the log holds some of.
     fn notes(&self, now: DateTime<Utc>) -> Vec<InvoiceNoteIssued> {
         let mut number = self.last_note_number;
         let mut out = Vec::new();
@@ -552,58 +717,203 @@ impl Ledger {
             let Some((invoice_id, invoice_number)) = month.issued else {
                 continue;
             };
-            if month.open.is_empty() {
+            if let Some(p) = &month.partial {
+                let PartialKind::Note {
+                    invoice_id,
+                    invoice_number,
+                } = p.kind
+                else {
+                    continue;
+                };
+                let parts = split_lines(Self::lines_of(month.open_through(p.through)));
+                if parts.len() != p.parts as usize {
+                    tracing::error!(%tenant, period, parts = p.parts, now = parts.len(),
+                        "the charges of a note issued in parts no longer split as they did; it is not completed");
+                    continue;
+                }
+                let document = DocumentSet {
+                    tenant: *tenant,
+                    period,
+                    after: p.after,
+                    through: p.through,
+                    issued_at: p.issued_at,
+                };
+                for (part, lines) in (1..).zip(parts) {
+                    if !p.read.contains(&part) {
+                        number += 1;
+                        out.push(document.note_part(
+                            (invoice_id, invoice_number),
+                            part,
+                            p.parts,
+                            number,
+                            lines,
+                        ));
+                    }
+                }
                 continue;
             }
-            let lines = Self::lines_of(&month.open);
-            if lines.len() > MAX_LINES_PER_DOCUMENT {
-                tracing::error!(%tenant, period, lines = lines.len(), limit = MAX_LINES_PER_DOCUMENT,
-                    "a note has too many lines to issue");
+            if !month.owes_a_note() {
                 continue;
             }
-            number += 1;
-            let note_id = derived_id(&[
-                "invoice_note",
-                &invoice_id.to_string(),
-                &self.read_through.to_string(),
-            ]);
-            let mut document = InvoiceDocument {
-                id: note_id,
-                status: DocumentStatus::Issued,
-                number: Some(lh_rpc::invoice_document::note_number(number)),
-                refers_to: Some(invoice_id),
-                refers_to_number: Some(lh_rpc::invoice_document::invoice_number(invoice_number)),
-                issued_at: Some(now),
-                charges_after_sequence: month.covered_through,
-                ..InvoiceDocument::draft(*tenant, period, self.read_through, lines, vec![])
+            let parts = split_lines(Self::lines_of(&month.open));
+            if parts.len() > MAX_PARTS_PER_DOCUMENT {
+                tracing::error!(%tenant, period, parts = parts.len(), limit = MAX_PARTS_PER_DOCUMENT,
+                    "a note needs too many parts to issue");
+                continue;
             }
-            .sealed();
-            let kind = if document.total < Decimal::ZERO {
-                document.kind = lh_rpc::invoice_document::DocumentKind::CreditNote;
-                NoteKind::Credit
-            } else {
-                document.kind = lh_rpc::invoice_document::DocumentKind::DebitNote;
-                NoteKind::Debit
-            };
-            let document = document.sealed();
-            out.push(InvoiceNoteIssued {
-                note_id,
-                number,
-                kind,
-                invoice_id,
-                invoice_number,
-                tenant_id: *tenant,
-                period: period.clone(),
-                currency: document.currency.clone(),
+            let document = DocumentSet {
+                tenant: *tenant,
+                period,
+                after: month.covered_through,
+                through: self.read_through,
                 issued_at: now,
-                charges_after_sequence: month.covered_through,
-                charges_through_sequence: self.read_through,
-                lines: document.lines.iter().map(DocumentLine::from).collect(),
-                total: document.total,
-                content_hash: document.content_hash,
-            });
+            };
+            let count = parts.len() as u32;
+            for (part, lines) in (1..).zip(parts) {
+                number += 1;
+                out.push(document.note_part(
+                    (invoice_id, invoice_number),
+                    part,
+                    count,
+                    number,
+                    lines,
+                ));
+            }
         }
         out
+    }
+}
+
+/// The lines of one document in the parts it is issued in: consecutive
+/// runs of at most [`MAX_LINES_PER_DOCUMENT`] in document order; one part
+/// at least (an invoice of credits alone has no line).
+fn split_lines(lines: Vec<Line>) -> Vec<Vec<Line>> {
+    if lines.is_empty() {
+        return vec![Vec::new()];
+    }
+    lines
+        .chunks(MAX_LINES_PER_DOCUMENT)
+        .map(<[Line]>::to_vec)
+        .collect()
+}
+
+/// What the parts of one invoice or note share.
+struct DocumentSet<'a> {
+    tenant: Uuid,
+    period: &'a str,
+    after: u64,
+    through: u64,
+    issued_at: DateTime<Utc>,
+}
+
+impl DocumentSet<'_> {
+    /// Part `part` of `parts` of the month's invoice, numbered `number`.
+    fn invoice_part(
+        &self,
+        part: u32,
+        parts: u32,
+        number: u64,
+        lines: Vec<Line>,
+        credits: Vec<Credit>,
+    ) -> InvoiceIssued {
+        let first_part_id = (part > 1).then(|| invoice_part_id(self.tenant, self.period, 1));
+        let document = InvoiceDocument {
+            id: invoice_part_id(self.tenant, self.period, part),
+            status: DocumentStatus::Issued,
+            number: Some(lh_rpc::invoice_document::invoice_number(number)),
+            issued_at: Some(self.issued_at),
+            part,
+            parts,
+            first_part_id,
+            ..InvoiceDocument::draft(self.tenant, self.period, self.through, lines, credits)
+        }
+        .sealed();
+        InvoiceIssued {
+            invoice_id: document.id,
+            number,
+            tenant_id: self.tenant,
+            period: self.period.to_string(),
+            currency: document.currency.clone(),
+            issued_at: self.issued_at,
+            charges_through_sequence: self.through,
+            lines: document.lines.clone(),
+            credits: document.credits.iter().map(Into::into).collect(),
+            total: document.total,
+            content_hash: document.content_hash,
+            part,
+            parts,
+            first_part_id,
+        }
+    }
+
+    /// Part `part` of `parts` of a note of `invoice` (its first part's id
+    /// and number), numbered `number`.
+    fn note_part(
+        &self,
+        invoice: (Uuid, u64),
+        part: u32,
+        parts: u32,
+        number: u64,
+        lines: Vec<Line>,
+    ) -> InvoiceNoteIssued {
+        let (invoice_id, invoice_number) = invoice;
+        let note_id = |part: u32| {
+            let (invoice, through) = (invoice_id.to_string(), self.through.to_string());
+            if part <= 1 {
+                derived_id(&["invoice_note", &invoice, &through])
+            } else {
+                derived_id(&[
+                    "invoice_note",
+                    &invoice,
+                    &through,
+                    "part",
+                    &part.to_string(),
+                ])
+            }
+        };
+        let first_part_id = (part > 1).then(|| note_id(1));
+        let mut document = InvoiceDocument {
+            id: note_id(part),
+            status: DocumentStatus::Issued,
+            number: Some(lh_rpc::invoice_document::note_number(number)),
+            refers_to: Some(invoice_id),
+            refers_to_number: Some(lh_rpc::invoice_document::invoice_number(invoice_number)),
+            issued_at: Some(self.issued_at),
+            charges_after_sequence: self.after,
+            part,
+            parts,
+            first_part_id,
+            ..InvoiceDocument::draft(self.tenant, self.period, self.through, lines, vec![])
+        }
+        .sealed();
+        // Each part is a document of its own: its total says which way.
+        let kind = if document.total < Decimal::ZERO {
+            document.kind = DocumentKind::CreditNote;
+            NoteKind::Credit
+        } else {
+            document.kind = DocumentKind::DebitNote;
+            NoteKind::Debit
+        };
+        let document = document.sealed();
+        InvoiceNoteIssued {
+            note_id: document.id,
+            number,
+            kind,
+            invoice_id,
+            invoice_number,
+            tenant_id: self.tenant,
+            period: self.period.to_string(),
+            currency: document.currency.clone(),
+            issued_at: self.issued_at,
+            charges_after_sequence: self.after,
+            charges_through_sequence: self.through,
+            lines: document.lines.clone(),
+            total: document.total,
+            content_hash: document.content_hash,
+            part,
+            parts,
+            first_part_id,
+        }
     }
 }
 
@@ -727,7 +1037,7 @@ impl Decider for Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lh_events::{ChargeAccrued, Tier};
+    use lh_events::{ChargeAccrued, DocumentLine, Tier};
 
     const TENANT: Uuid = Uuid::from_u128(1);
     const LEASE: Uuid = Uuid::from_u128(2);
@@ -1072,5 +1382,348 @@ mod tests {
             .len(),
             2
         );
+    }
+
+    /// A charge of an hour on lease `lease`.
+    fn lease_charge(n: u128, lease: u128, from: &str, amount: &str) -> Envelope {
+        let mut envelope = charge(n, from, 3600, amount);
+        if let EventData::ChargeAccrued(c) = &mut envelope.data {
+            c.lease_id = Uuid::from_u128(1_000_000 + lease);
+        }
+        envelope
+    }
+
+    /// A ledger that read one charge of each of `leases` leases in
+    /// November (1.00 each, but 2.50 for every seventh lease), through
+    /// sequence `leases`; and their sum.
+    fn busy_november(leases: u128) -> (Ledger, Decimal) {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        let mut sum = Decimal::ZERO;
+        for n in 0..leases {
+            let amount = if n % 7 == 0 { "2.50" } else { "1.00" };
+            sum += amount.parse::<Decimal>().unwrap();
+            let from = format!("2026-11-{:02}T{:02}:00:00Z", 1 + n % 28, n % 24);
+            ledger.apply_stored(n as u64 + 1, Utc::now(), &lease_charge(n, n, &from, amount));
+        }
+        (ledger, sum)
+    }
+
+    fn invoices_of(out: &[Envelope]) -> Vec<&InvoiceIssued> {
+        out.iter()
+            .map(|e| match &e.data {
+                EventData::InvoiceIssued(i) => i,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn notes_of(out: &[Envelope]) -> Vec<&InvoiceNoteIssued> {
+        out.iter()
+            .map(|e| match &e.data {
+                EventData::InvoiceNoteIssued(n) => n,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_month_with_more_lines_than_one_event_holds_is_issued_in_parts() {
+        let (mut ledger, sum) = busy_november(4_500);
+        let credit = Credit {
+            credit_id: Uuid::from_u128(77),
+            period: "2026-10".into(),
+            amount: "-3.00".parse().unwrap(),
+        };
+        ledger
+            .pending_credits
+            .insert((TENANT, "2026-11".into()), vec![credit.clone()]);
+        let mut next = 4_500;
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let parts = invoices_of(&out);
+        let shape: Vec<_> = parts
+            .iter()
+            .map(|p| (p.number, p.part, p.parts, p.lines.len(), p.credits.len()))
+            .collect();
+        assert_eq!(
+            shape,
+            [(1, 1, 3, 2000, 0), (2, 2, 3, 2000, 0), (3, 3, 3, 500, 1)]
+        );
+        let first = lh_rpc::invoice_document::invoice_id(TENANT, "2026-11");
+        assert_eq!(parts[0].invoice_id, first);
+        assert_eq!(parts[0].first_part_id, None);
+        for p in &parts[1..] {
+            assert_eq!(p.first_part_id, Some(first));
+            assert_ne!(p.invoice_id, first);
+        }
+        // One issue: the same charges read, at the same instant.
+        assert!(parts
+            .iter()
+            .all(|p| p.charges_through_sequence == 4_500 && p.issued_at == parts[0].issued_at));
+        // Each part's total is its own; together they are the month's.
+        let total: Decimal = parts.iter().map(|p| p.total).sum();
+        assert_eq!(total, sum + credit.amount);
+        for p in &parts {
+            let document = InvoiceDocument::from_invoice(p);
+            assert!(document.verify(), "{:?}", document.number);
+            assert_eq!(
+                p.total,
+                money(
+                    p.lines.iter().map(|l| l.amount).sum::<Decimal>()
+                        + p.credits.iter().map(|c| c.amount).sum::<Decimal>()
+                )
+            );
+        }
+        assert_eq!(
+            InvoiceDocument::from_invoice(parts[1])
+                .shown_number()
+                .as_deref(),
+            Some("INV-000002 (part 2 of 3)")
+        );
+        // The lines in the order one document would have them.
+        let whole =
+            Ledger::lines_of(&busy_november(4_500).0.months[&(TENANT, "2026-11".into())].open);
+        let split: Vec<Line> = parts.iter().flat_map(|p| p.lines.iter().cloned()).collect();
+        assert_eq!(split, whole);
+        assert_eq!(
+            ledger.months[&(TENANT, "2026-11".into())].issued,
+            Some((first, 1))
+        );
+        assert!(ledger.pending_credits.is_empty());
+        assert!(store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z")).is_empty());
+        // A late charge: a note of the first part.
+        next += 1;
+        ledger.apply_stored(
+            next,
+            Utc::now(),
+            &lease_charge(9_000, 1, "2026-11-30T00:00:00Z", "4.00"),
+        );
+        let notes = store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z"));
+        let note = only_note(&notes);
+        assert_eq!((note.invoice_id, note.invoice_number), (first, 1));
+        assert_eq!((note.part, note.parts), (1, 1));
+    }
+
+    #[test]
+    fn a_half_issued_invoice_is_completed_with_the_parts_it_lacks() {
+        let (mut ledger, _) = busy_november(4_500);
+        let now = at("2026-12-01T00:00:00Z");
+        let decided: Vec<Envelope> = ledger
+            .decide(now)
+            .into_iter()
+            .flatten()
+            .map(|(e, _)| e)
+            .collect();
+        assert_eq!(decided.len(), 3);
+        // Stored: the first part, and a charge after it; then a restart.
+        let (mut restarted, _) = busy_november(4_500);
+        restarted.apply_stored(4_501, Utc::now(), &decided[0]);
+        restarted.apply_stored(
+            4_502,
+            Utc::now(),
+            &lease_charge(9_000, 1, "2026-11-30T00:00:00Z", "4.00"),
+        );
+        let mut next = 4_502;
+        let later = at("2026-12-01T05:00:00Z");
+        let mut out = store(&mut restarted, &mut next, later);
+        // The two missing parts as they were decided (ids, numbers,
+        // lines, hashes)...
+        assert_eq!(out.len(), 2);
+        for (again, first) in out.iter().zip(&decided[1..]) {
+            assert_eq!(again.id, first.id);
+            assert!(again.data == first.data, "part {:?} differs", again.id);
+        }
+        // ...then, the invoice whole, the late charge's note.
+        out.extend(store(&mut restarted, &mut next, later));
+        let note = only_note(&out[2..]);
+        assert_eq!(note.charges_after_sequence, 4_500);
+        assert_eq!(note.total.to_string(), "4.00");
+        assert!(store(&mut restarted, &mut next, later).is_empty());
+        // A fold of the whole log decides nothing more.
+        let (mut refolded, _) = busy_november(4_500);
+        let mut sequence = 4_500;
+        for event in decided[..1]
+            .iter()
+            .chain(std::iter::once(&lease_charge(
+                9_000,
+                1,
+                "2026-11-30T00:00:00Z",
+                "4.00",
+            )))
+            .chain(&out)
+        {
+            sequence += 1;
+            refolded.apply_stored(sequence, Utc::now(), event);
+        }
+        assert!(refolded.decide(later).is_empty());
+        assert_eq!(refolded.last_invoice_number, 3);
+        assert_eq!(refolded.last_note_number, 1);
+    }
+
+    #[test]
+    fn a_note_with_more_lines_than_one_event_holds_is_issued_in_parts() {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        ledger.apply_stored(
+            1,
+            Utc::now(),
+            &charge(1, "2026-11-03T01:00:00Z", 3600, "1.00"),
+        );
+        let mut next = 1;
+        let invoice = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        let invoice = only_invoice(&invoice).clone();
+        for n in 0..2_500u128 {
+            next += 1;
+            ledger.apply_stored(
+                next,
+                Utc::now(),
+                &lease_charge(10 + n, n, "2026-11-20T00:00:00Z", "-0.10"),
+            );
+        }
+        let through = next;
+        // Stored: the first part only; then a restart completes the note.
+        let decided: Vec<Envelope> = ledger
+            .decide(at("2026-12-02T00:00:00Z"))
+            .into_iter()
+            .flatten()
+            .map(|(e, _)| e)
+            .collect();
+        let notes = notes_of(&decided);
+        let shape: Vec<_> = notes
+            .iter()
+            .map(|n| (n.number, n.part, n.parts, n.lines.len(), n.kind))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (1, 1, 2, 2000, NoteKind::Credit),
+                (2, 2, 2, 500, NoteKind::Credit)
+            ]
+        );
+        for n in &notes {
+            assert_eq!((n.invoice_id, n.invoice_number), (invoice.invoice_id, 1));
+            assert_eq!(
+                (n.charges_after_sequence, n.charges_through_sequence),
+                (1, through)
+            );
+            assert!(InvoiceDocument::from_note(n).verify());
+        }
+        assert_eq!(notes[1].first_part_id, Some(notes[0].note_id));
+        let total: Decimal = notes.iter().map(|n| n.total).sum();
+        assert_eq!(total.to_string(), "-250.00");
+        next += 1;
+        ledger.apply_stored(next, Utc::now(), &decided[0]);
+        let out = store(&mut ledger, &mut next, at("2026-12-03T00:00:00Z"));
+        assert_eq!(out.len(), 1);
+        assert!(out[0].data == decided[1].data);
+        assert!(store(&mut ledger, &mut next, at("2026-12-03T00:00:00Z")).is_empty());
+    }
+
+    /// An hour of a lease a reservation covered: 0.00.
+    fn covered(n: u128, from: &str) -> Envelope {
+        let mut envelope = charge(n, from, 3600, "0.00");
+        if let EventData::ChargeAccrued(c) = &mut envelope.data {
+            (c.tier, c.reservation_id) = (Tier::Reserved, Some(Uuid::from_u128(50)));
+        }
+        envelope
+    }
+
+    #[test]
+    fn covered_hours_after_the_invoice_make_no_note_by_themselves() {
+        let mut log = vec![charge(1, "2026-11-03T01:00:00Z", 3600, "1.00")];
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        ledger.apply_stored(1, Utc::now(), &log[0]);
+        let mut next = 1;
+        log.extend(store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z")));
+        assert_eq!(log.len(), 2);
+        for (n, from) in [(2, "2026-11-30T22:00:00Z"), (3, "2026-11-30T23:00:00Z")] {
+            next += 1;
+            log.push(covered(n, from));
+            ledger.apply_stored(next, Utc::now(), &covered(n, from));
+        }
+        assert!(store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z")).is_empty());
+        // Refolded from the log after a restart: still none.
+        let refold = |log: &[Envelope]| {
+            let mut ledger = Ledger::new(chrono::Duration::zero());
+            for (i, e) in log.iter().enumerate() {
+                ledger.apply_stored(i as u64 + 1, Utc::now(), e);
+            }
+            ledger
+        };
+        assert!(refold(&log).decide(at("2026-12-02T00:00:00Z")).is_empty());
+        // A charge that costs something: its note carries the covered
+        // hours too.
+        next += 1;
+        let late = charge(4, "2026-11-30T21:00:00Z", 3600, "2.00");
+        log.push(late.clone());
+        ledger.apply_stored(next, Utc::now(), &late);
+        let out = store(&mut ledger, &mut next, at("2026-12-02T00:00:00Z"));
+        let note = only_note(&out);
+        assert_eq!(note.total.to_string(), "2.00");
+        assert_eq!(note.charges_after_sequence, 1);
+        let charges: u64 = note.lines.iter().map(|l| l.charges).sum();
+        assert_eq!(charges, 3);
+        assert!(note
+            .lines
+            .iter()
+            .any(|l| l.tier == "reserved" && l.amount.is_zero()));
+        log.extend(out);
+        assert!(refold(&log).decide(at("2026-12-03T00:00:00Z")).is_empty());
+        // Covered hours left open do not keep a month from being forgotten.
+        next += 1;
+        ledger.apply_stored(next, Utc::now(), &covered(5, "2026-11-30T20:00:00Z"));
+        assert!(store(&mut ledger, &mut next, at("2028-01-01T00:00:00Z")).is_empty());
+        assert!(!ledger.months.contains_key(&(TENANT, "2026-11".into())));
+    }
+
+    #[test]
+    fn a_full_part_of_the_longest_lines_fits_in_one_message() {
+        // The broker's limit, as deployed and as the tests run it.
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let max_payload = ["deploy/nats/nats.conf", "dev/nats.conf"]
+            .iter()
+            .map(|file| {
+                let conf = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
+                conf.lines()
+                    .find_map(|l| l.trim().strip_prefix("max_payload:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or_else(|| panic!("no max_payload in {file}"))
+            })
+            .min()
+            .unwrap();
+        let instant = at("2026-11-30T23:59:59.999999Z");
+        let line = DocumentLine {
+            lease_id: Uuid::from_u128(u128::MAX),
+            tier: Tier::Performance.as_str().into(),
+            price_book_version: u32::MAX,
+            charges: u64::MAX,
+            billed_seconds: u64::MAX,
+            from: instant,
+            to: instant,
+            amount: "-99999999999.99".parse().unwrap(),
+        };
+        let invoice = InvoiceIssued {
+            invoice_id: Uuid::from_u128(u128::MAX),
+            number: u64::MAX,
+            tenant_id: Uuid::from_u128(u128::MAX),
+            period: "2026-11".into(),
+            currency: "CNY".into(),
+            issued_at: instant,
+            charges_through_sequence: u64::MAX,
+            lines: vec![line; MAX_LINES_PER_DOCUMENT],
+            credits: Vec::new(),
+            total: "-99999999999.99".parse().unwrap(),
+            content_hash: "f".repeat(64),
+            part: MAX_PARTS_PER_DOCUMENT as u32,
+            parts: MAX_PARTS_PER_DOCUMENT as u32,
+            first_part_id: Some(Uuid::from_u128(u128::MAX)),
+        };
+        let bytes = envelope(
+            instant,
+            Uuid::from_u128(1),
+            EventData::InvoiceIssued(invoice),
+        )
+        .to_json()
+        .len();
+        // A margin for the headers and what an envelope may gain.
+        assert!(bytes * 4 < max_payload * 3, "{bytes} of {max_payload}");
     }
 }

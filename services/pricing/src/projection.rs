@@ -74,8 +74,11 @@ impl Projector for InvoiceProjector {
                         .execute(&mut *conn)
                         .await?;
                     // As the ledger does: a credit meant for this month
-                    // that the invoice does not carry moves to the next.
-                    if let Some(next) = crate::ledger::next_period(&e.period) {
+                    // that the invoice does not carry moves to the next,
+                    // once the last part (the one that deducts) is in.
+                    let last_part = e.part >= e.parts;
+                    if let Some(next) = crate::ledger::next_period(&e.period).filter(|_| last_part)
+                    {
                         sqlx::query(
                             "UPDATE credits SET applies_to_period = $1
                              WHERE tenant_id = $2 AND applies_to_period = $3 AND applied_to IS NULL",
@@ -205,14 +208,19 @@ async fn insert_credit(
     sequence: u64,
 ) -> sqlx::Result<()> {
     // Deducted by the first of the tenant's months from applies_to_period
-    // on whose invoice is not issued yet.
+    // on whose invoice is not issued yet: not wholly, when only some of its
+    // parts are (the last deducts).
     let mut period = e.applies_to_period.clone();
     for _ in 0..MAX_CREDIT_ROLL_MONTHS {
-        let issued: Option<(Uuid,)> =
-            sqlx::query_as("SELECT id FROM invoice_documents WHERE id = $1")
-                .bind(invoice_id(e.tenant_id, &period))
-                .fetch_optional(&mut *conn)
-                .await?;
+        let issued: Option<(Uuid,)> = sqlx::query_as(
+            "SELECT id FROM invoice_documents
+             WHERE tenant_id = $1 AND period = $2 AND kind = 'invoice'
+               AND COALESCE((document->>'part')::INT, 1) = COALESCE((document->>'parts')::INT, 1)",
+        )
+        .bind(e.tenant_id)
+        .bind(&period)
+        .fetch_optional(&mut *conn)
+        .await?;
         match crate::ledger::next_period(&period) {
             Some(next) if issued.is_some() => period = next,
             _ => break,

@@ -1,8 +1,10 @@
 //! The ledger against a real nats-server and a real PostgreSQL (lh-testkit):
 //! a generated month across a price book change issued and rebuilt to the
 //! same hashes, a late charge that yields a note and leaves the invoice as
-//! it was, and a lost node that costs the tenant its SLA and earns a credit
-//! on the next invoice; and the weekly cost report. The ledger's clock is moved by hand past a month's
+//! it was, a month of more leases than one event holds issued in parts (and
+//! completed by the next ledger when only its first part was stored), and a
+//! lost node that costs the tenant its SLA and earns a credit on the next
+//! invoice; and the weekly cost report. The ledger's clock is moved by hand past a month's
 //! grace period; lease events are published as the gateway, scheduler and
 //! node agents would.
 
@@ -211,6 +213,53 @@ impl Env {
         lh_rpc::invoice_document::list(&self.bus, &request, RPC_TIMEOUT)
             .await
             .expect("pricing lists")
+    }
+
+    /// An hour of each of `leases` leases of `tenant` in October, as
+    /// pricing would charge it, stored 64 at a time (a line each); and
+    /// their sum.
+    async fn charge_leases(&self, tenant: Uuid, leases: usize) -> (Vec<ChargeAccrued>, Decimal) {
+        let charges: Vec<ChargeAccrued> = (0..leases)
+            .map(|n| {
+                let from = at(2026, 10, 1 + (n % 30) as u32, (n % 24) as u32, 0, 0);
+                let amount = Decimal::new(100 + (n % 13) as i64, 2);
+                ChargeAccrued {
+                    charge_id: Uuid::now_v7(),
+                    tenant_id: tenant,
+                    lease_id: Uuid::now_v7(),
+                    period: "2026-10".into(),
+                    tier: Tier::Basic,
+                    gpus: 2,
+                    vram_gb: VRAM_GB,
+                    from,
+                    to: from + chrono::Duration::hours(1),
+                    billed_seconds: 3600,
+                    unit_price_cny_per_gb_hour: "0.5".parse().unwrap(),
+                    amount,
+                    currency: "CNY".into(),
+                    price_book_version: 1,
+                    age_seconds: None,
+                    priced_gb_seconds: None,
+                    reservation_id: None,
+                }
+            })
+            .collect();
+        let envelopes: Vec<(Envelope, Expect)> = charges
+            .iter()
+            .map(|c| {
+                let data = EventData::ChargeAccrued(c.clone());
+                let envelope = Envelope::new(fixtures::owner_of(&data), Utc::now(), data);
+                (envelope, Expect::Any)
+            })
+            .collect();
+        for batch in envelopes.chunks(lh_bus::MAX_BATCH_MESSAGES) {
+            self.bus
+                .publish_atomic(batch)
+                .await
+                .expect("charges stored");
+        }
+        let sum = charges.iter().map(|c| c.amount).sum();
+        (charges, sum)
     }
 
     /// Every event of `filter` in the log.
@@ -488,6 +537,211 @@ async fn a_late_charge_yields_a_note_and_the_invoice_stays_as_issued() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(env.log(subject::INVOICES_ALL).await.len(), 3);
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn a_month_of_more_leases_than_one_event_holds_is_issued_in_parts() {
+    const LEASES: usize = 2_100;
+    let october_end = at(2026, 11, 1, 0, 0, 0);
+    let env = Env::new(at(2026, 10, 20, 0, 0, 0)).await;
+    let pricing = env.start_pricing().await;
+    let tenant = Uuid::now_v7();
+    let (charges, sum) = env.charge_leases(tenant, LEASES).await;
+    env.invoice_when(tenant, "2026-10", |d| d.lines.len() == LEASES)
+        .await;
+
+    env.clock.set(after_grace(october_end));
+    let deadline = Instant::now() + WAIT;
+    let listed = loop {
+        let list = env.list(Some(tenant), Some("2026-10")).await;
+        let issued: Vec<_> = list
+            .invoices
+            .into_iter()
+            .filter(|d| d.status == DocumentStatus::Issued)
+            .collect();
+        if issued.len() == 2 {
+            break issued;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not issued in 2 parts: {issued:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let first_id = lh_rpc::invoice_document::invoice_id(tenant, "2026-10");
+    let shape: Vec<_> = listed
+        .iter()
+        .map(|d| (d.number.clone().unwrap(), d.part, d.parts, d.first_part_id))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("INV-000001".to_string(), 1, 2, None),
+            ("INV-000002".to_string(), 2, 2, Some(first_id)),
+        ]
+    );
+    let mut parts = Vec::new();
+    for summary in &listed {
+        parts.push(
+            env.document(DocumentRequest::ById {
+                id: summary.id,
+                tenant_id: Some(tenant),
+            })
+            .await,
+        );
+    }
+    assert_eq!(parts[0].id, first_id);
+    assert_eq!(
+        parts.iter().map(|d| d.lines.len()).collect::<Vec<_>>(),
+        [2000, LEASES - 2000]
+    );
+    assert_eq!(parts.iter().map(|d| d.total).sum::<Decimal>(), sum);
+    assert_eq!(
+        parts[0].charges_through_sequence,
+        parts[1].charges_through_sequence
+    );
+    // The month's invoice by its period is its first part.
+    let by_period = env
+        .invoice_when(tenant, "2026-10", |d| d.status == DocumentStatus::Issued)
+        .await;
+    assert_eq!(by_period, parts[0]);
+    // The auditor's recomputation: the parts' lines, in order, are the
+    // charges up to their sequence.
+    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing")
+        .await
+        .unwrap();
+    let mut lines = lh_pricing::projection::lines_between(
+        &pool,
+        tenant,
+        "2026-10",
+        0,
+        parts[0].charges_through_sequence,
+    )
+    .await
+    .unwrap();
+    pool.close().await;
+    lh_rpc::invoice_document::sort_lines(&mut lines);
+    let split: Vec<_> = parts.iter().flat_map(|d| d.lines.clone()).collect();
+    assert!(lines == split, "the parts' lines are not the month's");
+    let csv = parts[1].to_csv();
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("invoice,INV-000002 (part 2 of 2),issued,"),
+        "{}",
+        &csv[..300]
+    );
+
+    // A late charge: a note of the invoice, referring to its first part.
+    let late = ChargeAccrued {
+        charge_id: Uuid::now_v7(),
+        amount: "-0.40".parse().unwrap(),
+        ..charges[0].clone()
+    };
+    let data = EventData::ChargeAccrued(late);
+    env.publish(fixtures::owner_of(&data), Utc::now(), data)
+        .await;
+    let deadline = Instant::now() + WAIT;
+    let note = loop {
+        let list = env.list(Some(tenant), Some("2026-10")).await;
+        if let Some(note) = list
+            .invoices
+            .iter()
+            .find(|d| d.kind != DocumentKind::Invoice)
+        {
+            break note.clone();
+        }
+        assert!(Instant::now() < deadline, "no note: {list:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(note.refers_to, Some(first_id));
+    assert_eq!((note.part, note.parts), (1, 1));
+
+    // A restarted ledger issues nothing again.
+    pricing.stop().await;
+    let pricing = env.start_pricing().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.log(subject::INVOICES_ALL).await.len(), 3);
+    pricing.stop().await;
+}
+
+#[tokio::test]
+async fn an_invoice_half_issued_in_parts_is_completed_by_the_next_ledger() {
+    use lh_service::decider::Decider;
+    const LEASES: usize = 2_050;
+    let october_end = at(2026, 11, 1, 0, 0, 0);
+    let env = Env::new(after_grace(october_end)).await;
+    let tenant = Uuid::now_v7();
+    env.charge_leases(tenant, LEASES).await;
+    // A ledger decides the month from the log and stops after storing its
+    // first part.
+    let mut ledger = lh_pricing::ledger::Ledger::new(chrono::Duration::seconds(GRACE_SECS));
+    let mut feed = env.bus.feed(&[subject::CHARGES_ALL], 1).await.unwrap();
+    while let Some(stored) = feed.next_within(Duration::from_secs(1)).await {
+        let stored = stored.unwrap();
+        ledger.apply_stored(stored.sequence, stored.stored_at, &stored.envelope);
+        if stored.pending == 0 {
+            break;
+        }
+    }
+    let decided: Vec<Envelope> = ledger
+        .decide(after_grace(october_end))
+        .into_iter()
+        .flatten()
+        .map(|(e, _)| e)
+        .collect();
+    assert_eq!(decided.len(), 2, "two parts");
+    env.bus
+        .publish(&decided[0], Expect::LastSubjectSequence(0))
+        .await
+        .expect("the first part stored");
+
+    // Pricing's ledger reads it and issues the second part as it was
+    // decided; the first is not issued again.
+    let pricing = env.start_pricing().await;
+    let deadline = Instant::now() + WAIT;
+    let issued = loop {
+        let issued = env.log(subject::INVOICES_ALL).await;
+        if issued.len() >= 2 {
+            break issued;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never completed: {} stored",
+            issued.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(issued.len(), 2);
+    assert!(issued[1] == decided[1].data, "the second part differs");
+    let EventData::InvoiceIssued(second) = &issued[1] else {
+        panic!("not an invoice");
+    };
+    assert_eq!((second.number, second.part, second.parts), (2, 2, 2));
+    // And the projection lists both.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = env.list(Some(tenant), Some("2026-10")).await;
+        let parts: Vec<_> = list
+            .invoices
+            .iter()
+            .filter(|d| d.status == DocumentStatus::Issued)
+            .map(|d| (d.number.clone().unwrap(), d.part, d.parts))
+            .collect();
+        if parts.len() == 2 {
+            assert_eq!(
+                parts,
+                [("INV-000001".into(), 1, 2), ("INV-000002".into(), 2, 2)]
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "not listed: {list:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.log(subject::INVOICES_ALL).await.len(), 2);
     pricing.stop().await;
 }
 

@@ -5,7 +5,8 @@
 //!   tenant's), newest month first, filtered by `period` and `status`;
 //! - `GET /v1/invoices/{id}`: one invoice or note; `{id}` is its id, or a
 //!   month `YYYY-MM` for the caller's invoice of that month (a draft, empty
-//!   when nothing was charged yet, until it is issued);
+//!   when nothing was charged yet, until it is issued; its first part, when
+//!   issued in parts: each part says `part` and `parts`, and is listed);
 //! - `GET /v1/invoices/{id}/csv`: the same as CSV (`text/csv`);
 //! - `GET /v1/charges?period=YYYY-MM`: every charge of a month, one line
 //!   each, with a content hash (what `GET /v1/invoices?period=` answered

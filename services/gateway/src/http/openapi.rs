@@ -194,3 +194,28 @@ impl utoipa::Modify for BearerAuth {
 pub async fn openapi_json() -> impl IntoResponse {
     axum::Json(ApiDoc::openapi())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invoice_documents_lines_and_parts_are_described() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        // The events' line type, under the name the document has always
+        // used, its amount a string as it is sent.
+        let line = &schemas["Line"]["properties"];
+        assert_eq!(line["amount"]["type"], "string", "{line}");
+        assert_eq!(line["lease_id"]["format"], "uuid", "{line}");
+        let document = &schemas["InvoiceDocument"]["properties"];
+        assert_eq!(
+            document["lines"]["items"]["$ref"],
+            "#/components/schemas/Line"
+        );
+        for field in ["part", "parts", "first_part_id"] {
+            assert!(document[field].is_object(), "no {field}: {document}");
+            assert!(schemas["DocumentSummary"]["properties"][field].is_object());
+        }
+    }
+}
