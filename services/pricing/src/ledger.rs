@@ -150,8 +150,13 @@ struct Month {
     /// on a document are forgotten (a month of hourly charges is many);
     /// the charge subject's guard keeps the log from holding one twice.
     charge_ids: HashSet<Uuid>,
-    /// Every charge of the month: seconds and amount per lease.
+    /// Every charge of the month: seconds and amount per lease. Only the
+    /// month's SLA credit reads them: emptied once it is settled.
     per_lease: HashMap<Uuid, (u64, Decimal)>,
+    /// The month's SLA credit is granted or can no longer be: its invoice
+    /// is issued whole and no lease of its tenant is still down from
+    /// before the month's end (no more downtime can land in it).
+    settled: bool,
     /// The issued invoice (its first part): its id and number.
     issued: Option<(Uuid, u64)>,
     /// Charges stored at or below this sequence are on a document.
@@ -302,7 +307,7 @@ impl Ledger {
                 }
                 // A reservation's commitment is paid for, not run: its
                 // hours are no lease's time in the availability.
-                if c.reservation_id != Some(c.lease_id) {
+                if c.reservation_id != Some(c.lease_id) && !month.settled {
                     let lease = month.per_lease.entry(c.lease_id).or_default();
                     lease.0 = lease.0.saturating_add(c.billed_seconds);
                     lease.1 += c.amount;
@@ -483,6 +488,45 @@ impl Ledger {
         self.credited.retain(|(_, period)| *period >= oldest);
     }
 
+    /// Settles the months whose SLA credit is decided: their per-lease sums
+    /// go, so that a year of leases does not stay in memory for credits
+    /// that can no longer come. What is decided does not change: a settled
+    /// month is granted no credit, and was due none (or has its own).
+    fn settle_months(&mut self, now: DateTime<Utc>) {
+        let mut down_since: HashMap<Uuid, DateTime<Utc>> = HashMap::new();
+        for w in self.leases.values() {
+            if let (Some(tenant), Some(since)) = (w.tenant_id, w.down_since) {
+                down_since
+                    .entry(tenant)
+                    .and_modify(|s| *s = (*s).min(since))
+                    .or_insert(since);
+            }
+        }
+        let settled: Vec<(Uuid, String)> = self
+            .months
+            .iter()
+            .filter(|(_, m)| !m.settled && m.issued.is_some() && m.partial.is_none())
+            .filter(|((tenant, period), _)| {
+                let Some((_, end)) = month_bounds(period) else {
+                    return false;
+                };
+                let key = (*tenant, period.clone());
+                self.due(period, now)
+                    && down_since.get(tenant).is_none_or(|since| *since >= end)
+                    && (self.credited.contains(&key)
+                        || !self.downtime.contains_key(&key)
+                        || self.sla_credit(*tenant, period, now).is_none())
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in settled {
+            if let Some(month) = self.months.get_mut(&key) {
+                month.settled = true;
+                month.per_lease = HashMap::new();
+            }
+        }
+    }
+
     /// Records that `lease` was down over `[from, to)`, month by month.
     fn record_down(&mut self, tenant: Uuid, lease: Uuid, from: DateTime<Utc>, to: DateTime<Utc>) {
         for (period, interruption) in split_by_month(lease, from, to) {
@@ -589,6 +633,10 @@ impl Ledger {
                 *period >= oldest
                     && self.due(period, now)
                     && !self.credited.contains(&(*tenant, period.clone()))
+                    && !self
+                        .months
+                        .get(&(*tenant, period.clone()))
+                        .is_some_and(|m| m.settled)
             })
             .filter_map(|(tenant, period)| self.sla_credit(tenant, &period, now))
             .collect()
@@ -992,6 +1040,7 @@ impl Decider for Ledger {
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
         self.forget_old_months(now);
+        self.settle_months(now);
         let mut decisions: Vec<Batch> = Vec::new();
         for credit in self.credits(now) {
             let guard = self
@@ -1307,6 +1356,67 @@ mod tests {
         assert_eq!(dec.credits.len(), 1);
         assert_eq!(dec.total.to_string(), "-9.00");
         assert!(store(&mut ledger, &mut next, at("2027-02-01T00:00:00Z")).is_empty());
+    }
+
+    fn per_lease_of(ledger: &Ledger, period: &str) -> usize {
+        ledger.months[&(TENANT, period.to_string())].per_lease.len()
+    }
+
+    #[test]
+    fn a_month_lets_go_of_its_leases_once_its_credit_is_settled() {
+        let mut ledger = interrupted("node n1 lost");
+        let mut next = 4;
+        // Issued and credited in one pass; the per-lease sums stay until the
+        // credit is on the log.
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(per_lease_of(&ledger, "2026-11"), 1);
+        assert!(store(&mut ledger, &mut next, at("2026-12-01T00:00:01Z")).is_empty());
+        assert_eq!(per_lease_of(&ledger, "2026-11"), 0);
+
+        // A lease down since before a month's end holds that month: its
+        // downtime may still grow and earn a credit.
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        let request =
+            lh_events::fixtures::whole_request(LEASE, TENANT, 1, lh_events::fixtures::MODEL);
+        let migrated = lh_events::LeaseMigrated {
+            lease_id: LEASE,
+            reason: "node n1 lost".into(),
+            from_node_id: "n1".into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: at("2026-11-30T23:00:00Z"),
+            to: None,
+        };
+        for (sequence, event) in [
+            lease_event(EventData::LeaseRequested(request)),
+            charge(1, "2026-11-02T00:00:00Z", 360_000, "100.00"),
+            lease_event(EventData::LeaseMigrated(migrated)),
+        ]
+        .iter()
+        .enumerate()
+        {
+            ledger.apply_stored(sequence as u64 + 1, Utc::now(), event);
+        }
+        let mut next = 3;
+        // 1 hour down of 101 by the month's end: a credit at once, and the
+        // lease still down holds the month.
+        let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+        assert!(
+            matches!(&out[0].data, EventData::CreditGranted(_)),
+            "{out:?}"
+        );
+        store(&mut ledger, &mut next, at("2026-12-01T00:00:01Z"));
+        assert_eq!(per_lease_of(&ledger, "2026-11"), 1);
+        // Running again: nothing more can land in November.
+        next += 1;
+        let started = lh_events::fixtures::started(LEASE, "n2", at("2026-12-01T02:00:00Z"));
+        ledger.apply_stored(
+            next,
+            Utc::now(),
+            &lease_event(EventData::LeaseStarted(started)),
+        );
+        store(&mut ledger, &mut next, at("2026-12-01T03:00:00Z"));
+        assert_eq!(per_lease_of(&ledger, "2026-11"), 0);
     }
 
     #[test]

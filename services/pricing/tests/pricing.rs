@@ -948,9 +948,8 @@ async fn a_lease_made_from_a_quote_is_billed_on_the_quoted_book_after_a_newer_on
     // Held at now: the leases below start after it, so no hour of theirs is
     // due while they run, and each is charged once, at its end (a clock
     // ahead would charge a lease folded as started before its end is read).
-    env.config.clock = lh_pricing::DecideClock(Some(
-        lh_service::clock::ManualClock::new(now).shared(),
-    ));
+    env.config.clock =
+        lh_pricing::DecideClock(Some(lh_service::clock::ManualClock::new(now).shared()));
     let pricing = env.start_pricing().await;
     let tenant = Uuid::now_v7();
     let ask = |tenant_id: Uuid, tier: Tier| QuoteRequest {
