@@ -521,11 +521,6 @@ pub fn run(spec: &MonthSpec, mut on_progress: impl FnMut(u64)) -> MonthOutcome {
     let mut outcome = pricing.outcome;
     outcome.open_leases = pricing.charges.fold.open_leases();
     outcome.tenants_charged = pricing.tenants_charged.len();
-    outcome.what_if_second_book_cny = pricing
-        .second_book
-        .report()
-        .iter()
-        .map(|t| t.what_if_cny)
-        .sum();
+    outcome.what_if_second_book_cny = pricing.second_book.report().what_if_cny;
     outcome
 }

@@ -104,18 +104,29 @@ pub struct Config {
     #[arg(long, env = "LH_QUOTE_VALID_SECS", default_value_t = lh_rpc::quote::DEFAULT_QUOTE_VALID_SECS,
         value_parser = clap::value_parser!(u64).range(1..=lh_rpc::quote::MAX_QUOTE_VALID_SECS))]
     pub quote_valid_secs: u64,
-    /// The clock charges are decided by (tests move a manual one).
+    /// The clocks pricing decides by (tests move manual ones).
     #[arg(skip)]
-    pub clock: DecideClock,
+    pub clocks: Clocks,
 }
 
-/// The clock of the charges loop: the wall clock unless a test sets one.
+/// The clocks pricing decides by: the wall clock where a test sets none.
+/// Apart, because the ledger's tests end a month's grace without making
+/// every running lease's hours due, and the charges' tests the other way.
 #[derive(Clone, Default)]
-pub struct DecideClock(pub Option<lh_service::clock::SharedClock>);
+pub struct Clocks {
+    /// Of the charges: which hours are over and due.
+    pub charges: Option<SharedClock>,
+    /// Of the ledger: which months and graces are over.
+    pub ledger: Option<SharedClock>,
+}
 
-impl std::fmt::Debug for DecideClock {
+impl std::fmt::Debug for Clocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "manual" } else { "system" })
+        let name = |c: &Option<SharedClock>| if c.is_some() { "manual" } else { "system" };
+        f.debug_struct("Clocks")
+            .field("charges", &name(&self.charges))
+            .field("ledger", &name(&self.ledger))
+            .finish()
     }
 }
 
@@ -145,7 +156,7 @@ impl Config {
             accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
             balance_warn_secs: balances::DEFAULT_BALANCE_WARN_SECS,
             quote_valid_secs: lh_rpc::quote::DEFAULT_QUOTE_VALID_SECS,
-            clock: DecideClock::default(),
+            clocks: Clocks::default(),
         }
     }
 }
@@ -153,16 +164,6 @@ impl Config {
 /// Starts pricing: charges, the ledger, the invoice projection and the
 /// invoice RPC.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    start_with_clock(config, SystemClock::shared(), shutdown).await
-}
-
-/// [`start`], with the ledger reading the time from `ledger_clock` (tests
-/// move it by hand to end a month's grace period).
-pub async fn start_with_clock(
-    config: Config,
-    ledger_clock: SharedClock,
-    shutdown: CancellationToken,
-) -> anyhow::Result<Running> {
     config.check()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema)
@@ -197,7 +198,6 @@ pub async fn start_with_clock(
         shutdown.clone(),
         config.clone(),
         ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs)),
-        ledger_clock,
     ));
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
@@ -216,7 +216,6 @@ async fn work(
     shutdown: CancellationToken,
     config: Config,
     mut ledger: ledger::Ledger,
-    ledger_clock: SharedClock,
 ) -> anyhow::Result<()> {
     let charges_caught_up = Readiness::default();
     let ledger_caught_up = Readiness::default();
@@ -228,7 +227,16 @@ async fn work(
     )
     .with_balance_warn_seconds(config.balance_warn_secs);
     let shelf = charges.shelf();
-    let clock = config.clock.0.clone().unwrap_or_else(SystemClock::shared);
+    let clock = config
+        .clocks
+        .charges
+        .clone()
+        .unwrap_or_else(SystemClock::shared);
+    let ledger_clock = config
+        .clocks
+        .ledger
+        .clone()
+        .unwrap_or_else(SystemClock::shared);
     let charges = Box::pin(async {
         decider::run(
             &bus,

@@ -60,9 +60,10 @@ impl Env {
         // today before its end, stored later, says it ended long ago.
         let config = Config {
             node_clock_skew_secs: 400 * 24 * 3600,
-            clock: lh_pricing::DecideClock(Some(
-                ManualClock::new(at(2026, 1, 1, 0, 0, 0)).shared(),
-            )),
+            clocks: lh_pricing::Clocks {
+                charges: Some(ManualClock::new(at(2026, 1, 1, 0, 0, 0)).shared()),
+                ledger: None,
+            },
             invoice_grace_secs: GRACE_SECS,
             accrual_grace_secs: GRACE_SECS,
             ..Config::for_test(&nats.url(), &database_url)
@@ -80,13 +81,11 @@ impl Env {
 
     async fn start_pricing(&self) -> Pricing {
         let shutdown = CancellationToken::new();
-        let running = lh_pricing::start_with_clock(
-            self.config.clone(),
-            self.clock.shared(),
-            shutdown.clone(),
-        )
-        .await
-        .expect("pricing starts");
+        let mut config = self.config.clone();
+        config.clocks.ledger = Some(self.clock.shared());
+        let running = lh_pricing::start(config, shutdown.clone())
+            .await
+            .expect("pricing starts");
         lh_testkit::wait_ready("pricing", &running, WAIT).await;
         Pricing { running, shutdown }
     }

@@ -38,9 +38,12 @@ impl Env {
         // drafts (the ledger's own tests move a clock).
         let config = Config {
             node_clock_skew_secs: 400 * 24 * 3600,
-            clock: lh_pricing::DecideClock(Some(
-                lh_service::clock::ManualClock::new(at(2026, 11, 1, 0, 0, 0)).shared(),
-            )),
+            clocks: lh_pricing::Clocks {
+                charges: Some(
+                    lh_service::clock::ManualClock::new(at(2026, 11, 1, 0, 0, 0)).shared(),
+                ),
+                ledger: None,
+            },
             invoice_grace_secs: lh_pricing::ledger::MAX_INVOICE_GRACE_SECS,
             ..Config::for_test(&nats.url(), &database_url)
         };
@@ -576,7 +579,7 @@ fn expected(gb: u32, price: &str, seconds: i64) -> String {
 async fn accrual_survives_a_restart_and_a_second_replica_without_double_charges() {
     let mut env = Env::new().await;
     let clock = lh_service::clock::ManualClock::new(at(2026, 11, 10, 11, 10, 0));
-    env.config.clock = lh_pricing::DecideClock(Some(clock.shared()));
+    env.config.clocks.charges = Some(clock.shared());
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
     env.store(lifecycle(
         tenant,
@@ -633,9 +636,8 @@ async fn accrual_survives_a_restart_and_a_second_replica_without_double_charges(
 async fn the_notice_period_and_a_failure_gap_are_not_billed() {
     let mut env = Env::new().await;
     // Just after the lease ended: no hour of it is over yet.
-    env.config.clock = lh_pricing::DecideClock(Some(
-        lh_service::clock::ManualClock::new(at(2026, 11, 12, 10, 43, 0)).shared(),
-    ));
+    env.config.clocks.charges =
+        Some(lh_service::clock::ManualClock::new(at(2026, 11, 12, 10, 43, 0)).shared());
     let pricing = env.start_pricing().await;
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
     let t = |m: u32| at(2026, 11, 12, 10, m, 0);
@@ -695,7 +697,7 @@ async fn each_tier_is_billed_to_the_cent_across_a_book_change_and_spot_prices() 
     use lh_rpc::price_book::{self, PublishReply, PublishRequest};
     // Leases running now, by the wall clock.
     let mut env = Env::new().await;
-    env.config.clock = lh_pricing::DecideClock(None);
+    env.config.clocks.charges = None;
     let pricing = env.start_pricing().await;
     let w0 = Utc::now().trunc_subsecs(0);
     let tenant = Uuid::now_v7();
@@ -845,7 +847,7 @@ async fn a_reservation_is_committed_billed_as_its_term_passes_and_covers_a_reser
     let mut env = Env::new().await;
     let w0 = Utc::now().trunc_subsecs(0);
     let clock = lh_service::clock::ManualClock::new(w0);
-    env.config.clock = lh_pricing::DecideClock(Some(clock.shared()));
+    env.config.clocks.charges = Some(clock.shared());
     let pricing = env.start_pricing().await;
     let tenant = Uuid::now_v7();
     let ask = |gpu_model: &str, gpus: u32| CommitRequest {
@@ -948,8 +950,7 @@ async fn a_lease_made_from_a_quote_is_billed_on_the_quoted_book_after_a_newer_on
     // Held at now: the leases below start after it, so no hour of theirs is
     // due while they run, and each is charged once, at its end (a clock
     // ahead would charge a lease folded as started before its end is read).
-    env.config.clock =
-        lh_pricing::DecideClock(Some(lh_service::clock::ManualClock::new(now).shared()));
+    env.config.clocks.charges = Some(lh_service::clock::ManualClock::new(now).shared());
     let pricing = env.start_pricing().await;
     let tenant = Uuid::now_v7();
     let ask = |tenant_id: Uuid, tier: Tier| QuoteRequest {

@@ -43,7 +43,10 @@ impl Env {
         // lease is charged to its end at once, hour by hour.
         let config = Config {
             node_clock_skew_secs: 400 * 24 * 3600,
-            clock: lh_pricing::DecideClock(Some(ManualClock::new(at(1, 1, 0, 0)).shared())),
+            clocks: lh_pricing::Clocks {
+                charges: Some(ManualClock::new(at(1, 1, 0, 0)).shared()),
+                ledger: None,
+            },
             ..Config::for_test(&nats.url(), &database_url)
         };
         let bus = Bus::connect(&BusConfig::new(nats.url(), "what-if-test"))
@@ -203,10 +206,11 @@ async fn a_past_month_is_priced_again_on_another_book_per_tenant() {
     // The ledger's clock stays in October: no invoice is issued, every
     // charge stays on its month's draft.
     let ledger_clock = ManualClock::new(at(10, 25, 0, 0));
-    let running =
-        lh_pricing::start_with_clock(env.config.clone(), ledger_clock.shared(), shutdown.clone())
-            .await
-            .expect("pricing starts");
+    let mut config = env.config.clone();
+    config.clocks.ledger = Some(ledger_clock.shared());
+    let running = lh_pricing::start(config, shutdown.clone())
+        .await
+        .expect("pricing starts");
     lh_testkit::wait_ready("pricing", &running, WAIT).await;
 
     let (a, b) = {
