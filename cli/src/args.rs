@@ -642,6 +642,82 @@ pub struct SpotPrices {
 pub enum AuditCommand {
     /// Verify the audit log's hash chain; exits 1 when it is broken.
     Verify,
+    /// One page of the audit records, filtered (operators: any tenant's;
+    /// a tenant: its own).
+    Events(AuditEvents),
+    /// Every record from a sequence or a time on, in log order, one JSON
+    /// object a line, page after page until the end.
+    Replay(AuditReplay),
+    /// Every record of a tenant as JSON lines or CSV; or with `--subject`,
+    /// everything the platform holds about a tenant, in one JSON document.
+    Export(AuditExport),
+}
+
+/// Filters of the audit records.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuditFilter {
+    /// Only this tenant's records.
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+    /// Only records caused by this principal (`tenant:<id>`,
+    /// `admin:<name>`, `auditor:<name>`, `service:<name>`, `node:<id>`).
+    #[arg(long, value_name = "PRINCIPAL")]
+    pub actor: Option<String>,
+    /// Only records of this event type, e.g. `lease.placed`.
+    #[arg(long = "type", value_name = "EVENT_TYPE")]
+    pub event_type: Option<String>,
+    /// Only records that occurred at or after this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// Only records that occurred before this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
+}
+
+/// `lh audit events`
+#[derive(Debug, Clone, Args)]
+pub struct AuditEvents {
+    #[command(flatten)]
+    pub filter: AuditFilter,
+    /// Only records after this stream sequence (a page's `next`).
+    #[arg(long, value_name = "SEQ")]
+    pub after: Option<u64>,
+    /// Records in the page (1 to 1000; 100 by default).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: Option<u32>,
+}
+
+/// `lh audit replay`
+#[derive(Debug, Clone, Args)]
+pub struct AuditReplay {
+    /// Where to start: a stream sequence (that record included) or an RFC
+    /// 3339 time.
+    #[arg(long, value_name = "SEQ|TIME", default_value = "1")]
+    pub from: String,
+}
+
+/// Format of `lh audit export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// One JSON record a line.
+    Jsonl,
+    /// One row a record; cells that could run as formulas are defused.
+    Csv,
+}
+
+/// `lh audit export`
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("whose").required(true).args(["tenant", "subject"])))]
+pub struct AuditExport {
+    /// Whose records.
+    #[arg(long, value_name = "TENANT_ID")]
+    pub tenant: Option<String>,
+    #[arg(long, value_enum, default_value_t = ExportFormat::Jsonl)]
+    pub format: ExportFormat,
+    /// A data subject's access request: everything held about this tenant
+    /// (the tenant, its invoices, every record of it) in one JSON document.
+    #[arg(long, value_name = "TENANT_ID", conflicts_with = "format")]
+    pub subject: Option<String>,
 }
 
 /// Service tier of a lease.
@@ -1201,6 +1277,24 @@ mod tests {
     fn audit_verify() {
         let cli = parse(&["audit", "verify"]).unwrap();
         assert!(matches!(cli.command, Command::Audit(AuditCommand::Verify)));
+    }
+
+    #[test]
+    fn audit_queries() {
+        let cli = parse(&["audit", "events", "--type", "lease.placed", "--limit", "5"]).unwrap();
+        let Command::Audit(AuditCommand::Events(e)) = cli.command else {
+            panic!("not audit events");
+        };
+        assert_eq!(e.filter.event_type.as_deref(), Some("lease.placed"));
+        assert_eq!(e.limit, Some(5));
+        assert!(parse(&["audit", "events", "--limit", "1001"]).is_err());
+        let cli = parse(&["audit", "export", "--tenant", "t", "--format", "csv"]).unwrap();
+        let Command::Audit(AuditCommand::Export(x)) = cli.command else {
+            panic!("not audit export");
+        };
+        assert_eq!(x.format, ExportFormat::Csv);
+        assert!(parse(&["audit", "export"]).is_err(), "whose records?");
+        assert!(parse(&["audit", "export", "--subject", "t", "--format", "csv"]).is_err());
     }
 
     #[test]

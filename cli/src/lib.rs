@@ -67,17 +67,19 @@
 //!   `{"items":[...],"next_cursor":null}`.
 
 mod args;
+mod audit_trail;
 mod client;
 mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli,
-    Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
-    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
-    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
-    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, BalanceCommand, BalanceShow,
+    BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode, ExportFormat, IdleAction,
+    InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
+    LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
+    PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand, ReservationCreate,
+    ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -563,6 +565,9 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
                 Ok(EXIT_FAILURE)
             }
         }
+        Command::Audit(AuditCommand::Events(e)) => audit_trail::events(&gw, &e, json, out).await,
+        Command::Audit(AuditCommand::Replay(r)) => audit_trail::replay(&gw, &r, out).await,
+        Command::Audit(AuditCommand::Export(x)) => audit_trail::export(&gw, &x, out).await,
     }
 }
 

@@ -363,6 +363,66 @@ pub fn cost_report_csv(report: &Value) -> String {
     out
 }
 
+/// Columns of an audit record, in table and CSV order.
+const AUDIT_RECORD_COLUMNS: [&str; 8] = [
+    "sequence",
+    "occurred_at",
+    "actor",
+    "event_type",
+    "object",
+    "outcome",
+    "tenant_id",
+    "subject",
+];
+
+/// A page of audit records, one row each, and the cursor of the next page.
+pub fn audit_events(page: &Value) -> String {
+    let items: &[Value] = page
+        .get("events")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    let mut out = if items.is_empty() {
+        "no audit records\n".to_string()
+    } else {
+        let mut t = table();
+        t.set_header(vec![
+            "SEQ", "TIME", "ACTOR", "TYPE", "OBJECT", "OUTCOME", "TENANT", "SUBJECT",
+        ]);
+        for record in items {
+            t.add_row(AUDIT_RECORD_COLUMNS.map(|c| text(record, c)).to_vec());
+        }
+        align_right(&mut t, &[0]);
+        finish(t)
+    };
+    if present(page, "next") {
+        out.push_str(&format!("next page: --after {}\n", text(page, "next")));
+    }
+    out
+}
+
+/// The header of an audit CSV export.
+pub fn audit_csv_header() -> String {
+    let mut header = AUDIT_RECORD_COLUMNS.join(",");
+    header.push_str(",payload\n");
+    header
+}
+
+/// One audit record as a CSV row: its columns, then its payload as JSON;
+/// no cell can run as a spreadsheet formula.
+pub fn audit_csv_row(record: &Value) -> String {
+    let mut cells: Vec<String> = AUDIT_RECORD_COLUMNS
+        .iter()
+        .map(|c| csv_cell(&text(record, c)))
+        .collect();
+    let payload = record
+        .get("payload")
+        .map_or_else(String::new, Value::to_string);
+    cells.push(csv_cell(&payload));
+    let mut row = cells.join(",");
+    row.push('\n');
+    row
+}
+
 /// A CSV cell from the server's words that can neither break its row nor
 /// run as a spreadsheet formula (a cell starting with `=`, `+`, `-`, `@`,
 /// a tab or a carriage return); a number, or the lone dash of a missing
@@ -1174,6 +1234,35 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote("$(rm)"), "'$(rm)'");
+    }
+
+    #[test]
+    fn audit_records_as_table_and_defused_csv() {
+        let page = json!({"events": [{
+            "sequence": 7, "occurred_at": "2026-12-01T00:00:00Z", "actor": "tenant:t1",
+            "event_type": "lease.requested", "object": "lease.l1", "outcome": "success",
+            "tenant_id": "t1", "subject": "lh.evt.lease.l1.requested.gateway",
+            "payload": {"note": "=HYPERLINK(\"x\")"}
+        }], "next": 7});
+        let out = audit_events(&page);
+        assert!(
+            out.contains("lease.requested") && out.contains("tenant:t1"),
+            "{out}"
+        );
+        assert!(out.contains("next page: --after 7"), "{out}");
+        let row = audit_csv_row(&page["events"][0]);
+        assert!(
+            row.starts_with("7,2026-12-01T00:00:00Z,tenant:t1,lease.requested,"),
+            "{row}"
+        );
+        assert!(
+            row.ends_with("\"{\"\"note\"\":\"\"=HYPERLINK(\\\"\"x\\\"\")\"\"}\"\n"),
+            "{row}"
+        );
+        assert!(audit_csv_header().ends_with(",subject,payload\n"));
+        let formula = audit_csv_row(&json!({"sequence": 1, "actor": "=cmd|' /C calc'!A0"}));
+        assert!(formula.contains("'=cmd"), "{formula}");
+        assert_eq!(audit_events(&json!({"events": []})), "no audit records\n");
     }
 
     #[test]

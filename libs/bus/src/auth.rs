@@ -182,10 +182,9 @@ pub fn service_permissions(service: Publisher) -> Permissions {
     ]);
     match service {
         Publisher::Gateway => {
-            p.publish.extend([
-                subject::RPC_AUDIT_VERIFY.to_string(),
-                subject::RPC_SPOT_PRICES.to_string(),
-            ]);
+            p.publish
+                .extend(subject::RPC_AUDIT_ALL.iter().map(|s| s.to_string()));
+            p.publish.push(subject::RPC_SPOT_PRICES.to_string());
             p.publish
                 .extend(subject::RPC_PRICING_ALL.iter().map(|s| s.to_string()));
         }
@@ -199,7 +198,8 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             p.allow_responses = true;
         }
         Publisher::Audit => {
-            p.subscribe.push(subject::RPC_AUDIT_VERIFY.to_string());
+            p.subscribe
+                .extend(subject::RPC_AUDIT_ALL.iter().map(|s| s.to_string()));
             p.allow_responses = true;
         }
         Publisher::SpotBroker => {

@@ -1,6 +1,9 @@
 //! The audit chain's signed checkpoints and the prunes of its copy
-//! (`lh.evt.audit.chain`).
+//! and the reads of the trail (`lh.evt.audit.chain`), and the summaries of refused requests (`lh.evt.access.refusals`).
 
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -24,4 +27,39 @@ pub struct AuditCheckpoint {
 pub struct AuditPruned {
     pub below_sequence: u64,
     pub anchor_checkpoint: u64,
+}
+
+/// An operator read the audit trail through the gateway. The envelope's
+/// actor says who; this says what they asked and how much they were given,
+/// so that reading the trail leaves a trace in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AuditAccessed {
+    /// The route read, e.g. `/v1/audit/events`.
+    pub route: String,
+    /// The filter as asked: each query parameter given, by name.
+    pub filter: BTreeMap<String, String>,
+    /// Records answered.
+    pub records: u64,
+}
+
+/// Requests the gateway refused (401, 403, 429) from one principal or
+/// source in one interval, summed: a flood of bad keys becomes one event
+/// per source and interval instead of one per request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AccessRefused {
+    /// Who was refused: `ip:<address>` when the request named no known
+    /// principal, else the principal (`tenant:<id>`, `auditor:<name>`, ...);
+    /// `others` for the sources past the per-interval limit, summed.
+    pub source: String,
+    /// Start of the interval (UTC).
+    pub from: DateTime<Utc>,
+    /// End of the interval (UTC), exclusive.
+    pub to: DateTime<Utc>,
+    /// Refused requests in the interval.
+    pub refused: u64,
+    /// Refused requests by HTTP status (`"401"`, `"403"`, `"429"`).
+    pub by_status: BTreeMap<String, u64>,
+    /// Refused requests by route template (`GET /v1/leases`, ...); routes
+    /// past the per-source limit are summed under `others`.
+    pub by_route: BTreeMap<String, u64>,
 }

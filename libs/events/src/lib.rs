@@ -34,6 +34,7 @@ mod schema;
 pub mod subject;
 pub mod telemetry;
 mod tenant;
+pub mod trail;
 
 pub use audit::*;
 pub use billing::*;
@@ -87,6 +88,8 @@ events! {
     "credit.granted" v=1 => CreditGranted @ credit(tenant_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
     "audit.pruned" v=1 => AuditPruned @ audit();
+    "audit.accessed" v=1 => AuditAccessed @ audit();
+    "access.refused" v=1 => AccessRefused @ access();
     "reservation.committed" v=1 => ReservationCommitted @ reservation(reservation_id), tenant_id = tenant_id;
     "balance.topped_up" v=1 => BalanceToppedUp @ balance(tenant_id), tenant_id = tenant_id;
     "balance.low" v=1 => BalanceLow @ balance(tenant_id), tenant_id = tenant_id;

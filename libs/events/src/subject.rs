@@ -32,6 +32,7 @@ pub const CHARGES_ALL: &str = "lh.evt.charge.>";
 pub const SPOT_ALL: &str = "lh.evt.spot.>";
 pub const PRICE_BOOKS_ALL: &str = "lh.evt.price_book.>";
 pub const AUDIT_ALL: &str = "lh.evt.audit.>";
+pub const ACCESS_ALL: &str = "lh.evt.access.>";
 pub const INVOICES_ALL: &str = "lh.evt.invoice.>";
 pub const CREDITS_ALL: &str = "lh.evt.credit.>";
 pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
@@ -40,6 +41,11 @@ pub const QUOTES_ALL: &str = "lh.evt.quote.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
+/// Request/reply subject on which the audit service answers a page of the
+/// audit copy, filtered (what auditors ask: `GET /v1/audit/events`).
+pub const RPC_AUDIT_EVENTS: &str = "lh.rpc.audit.events";
+/// Every request/reply subject the audit service answers.
+pub const RPC_AUDIT_ALL: &[&str] = &[RPC_AUDIT_VERIFY, RPC_AUDIT_EVENTS];
 /// Request/reply subject on which pricing answers invoice requests.
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 /// Request/reply subject on which the spot-broker answers spot prices.
@@ -108,8 +114,14 @@ pub fn price_book() -> String {
     "lh.evt.price_book.default".to_string()
 }
 
+/// The audit trail: its checkpoints and prunes, and the reads of it.
 pub fn audit() -> String {
     "lh.evt.audit.chain".to_string()
+}
+
+/// Every summary of refused requests (`access.refused`).
+pub fn access_refusals() -> String {
+    "lh.evt.access.refusals".to_string()
 }
 
 /// Every issued invoice and note, on one subject: its last sequence guards
@@ -268,6 +280,8 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("credit.granted", &[Pricing]),
         ("audit.checkpoint", &[Audit]),
         ("audit.pruned", &[Audit]),
+        ("audit.accessed", &[Gateway]),
+        ("access.refused", &[Gateway]),
         ("reservation.committed", &[Pricing]),
         ("balance.topped_up", &[Gateway]),
         ("balance.low", &[Pricing]),
@@ -383,6 +397,7 @@ mod tests {
             (SPOT_ALL, spot("z", "m")),
             (PRICE_BOOKS_ALL, price_book()),
             (AUDIT_ALL, audit()),
+            (ACCESS_ALL, access_refusals()),
             (INVOICES_ALL, invoices()),
             (CREDITS_ALL, credit(id)),
             (RESERVATIONS_ALL, reservation(id)),

@@ -1,16 +1,124 @@
-//! Chain verification, as the audit service answers it on [`RPC_AUDIT_VERIFY`].
+//! What the audit service answers on NATS:
 //!
-//! The gateway serves the same report on `GET /v1/audit/verify` over [`call`].
+//! * chain verification on [`RPC_AUDIT_VERIFY`]; the gateway serves the same
+//!   report on `GET /v1/audit/verify` over [`call`];
+//! * a filtered page of its copy of the log on [`RPC_AUDIT_EVENTS`]; the
+//!   gateway serves it on `GET /v1/audit/events` over [`call_events`].
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use lh_bus::Bus;
+use lh_events::trail::Outcome;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
-/// The subject lives with the other subject names in `lh_events::subject`;
-/// it is re-exported here so that a caller finds the contract in one place.
-pub use lh_events::subject::RPC_AUDIT_VERIFY;
+/// The subjects live with the other subject names in `lh_events::subject`;
+/// they are re-exported here so that a caller finds the contract in one place.
+pub use lh_events::subject::{RPC_AUDIT_EVENTS, RPC_AUDIT_VERIFY};
+
+/// Records in a page when the request names no limit.
+pub const DEFAULT_AUDIT_PAGE_RECORDS: u32 = 100;
+/// Most records in one page.
+pub const MAX_AUDIT_PAGE_RECORDS: u32 = 1000;
+/// Longest text filter (actor, event type) accepted, in characters.
+pub const MAX_AUDIT_FILTER_CHARS: usize = 200;
+
+/// Request on [`RPC_AUDIT_EVENTS`]: which records of the audit copy, in
+/// stream order. Every filter given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EventsRequest {
+    /// Only events of this tenant (the envelope's `tenant_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<Uuid>,
+    /// Only events caused by this principal, as records name it
+    /// (`tenant:<id>`, `admin:<name>`, `auditor:<name>`, `service:<name>`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// Only events of this type, e.g. `lease.placed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// Only events that occurred at or after this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<DateTime<Utc>>,
+    /// Only events that occurred before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<DateTime<Utc>>,
+    /// Only events after this stream sequence: the previous page's `next`.
+    #[serde(default)]
+    pub after: u64,
+    /// Most records in the page, 1 to [`MAX_AUDIT_PAGE_RECORDS`].
+    pub limit: u32,
+}
+
+impl EventsRequest {
+    /// What is wrong with the request, naming the field; `None` when it
+    /// can be answered.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if !(1..=MAX_AUDIT_PAGE_RECORDS).contains(&self.limit) {
+            return Some((
+                "limit",
+                format!("limit must be 1 to {MAX_AUDIT_PAGE_RECORDS}"),
+            ));
+        }
+        for (field, text) in [("actor", &self.actor), ("type", &self.event_type)] {
+            if text
+                .as_ref()
+                .is_some_and(|t| t.is_empty() || t.chars().count() > MAX_AUDIT_FILTER_CHARS)
+            {
+                return Some((
+                    field,
+                    format!("{field} must be 1 to {MAX_AUDIT_FILTER_CHARS} characters"),
+                ));
+            }
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to) {
+            if from >= to {
+                return Some(("to", "to must be after from".to_string()));
+            }
+        }
+        None
+    }
+}
+
+/// One event as the audit trail records it: when, who, what, to what, with
+/// which outcome, and the event itself. A stored message that could not be
+/// decoded is a record too, with what could be read of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AuditRecord {
+    /// Stream sequence in the business log.
+    pub sequence: u64,
+    /// When the event occurred (UTC).
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// The principal that caused it, e.g. `tenant:<id>` or `auditor:alice`.
+    pub actor: Option<String>,
+    /// Event type, e.g. `lease.placed`.
+    pub event_type: Option<String>,
+    /// What it is about: its aggregate, e.g. `lease.<id>` or `tenant.<id>`.
+    pub object: Option<String>,
+    /// The tenant it belongs to, where it names one.
+    pub tenant_id: Option<Uuid>,
+    /// `failure` for a refusal (refused requests, rejected leases),
+    /// `success` otherwise.
+    pub outcome: Option<Outcome>,
+    /// Subject it is stored on.
+    pub subject: String,
+    /// Why the message was not decoded, for one that was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<String>,
+    /// The stored envelope as JSON (a string when the bytes are no JSON).
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+}
+
+/// Reply on [`RPC_AUDIT_EVENTS`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EventsPage {
+    pub events: Vec<AuditRecord>,
+    /// Pass as `after` for the next page; null when this page is the last.
+    pub next: Option<u64>,
+}
 
 /// Request on [`RPC_AUDIT_VERIFY`]: an empty JSON object, `{}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -72,6 +180,15 @@ fn genesis_next() -> u64 {
 /// Verification replays the whole log, so give it a generous `timeout`.
 pub async fn call(bus: &Bus, timeout: Duration) -> lh_bus::Result<VerifyResponse> {
     lh_bus::rpc::call(bus, RPC_AUDIT_VERIFY, &VerifyRequest {}, timeout).await
+}
+
+/// Asks the audit service for a page of its copy of the log.
+pub async fn call_events(
+    bus: &Bus,
+    request: &EventsRequest,
+    timeout: Duration,
+) -> lh_bus::Result<EventsPage> {
+    lh_bus::rpc::call(bus, RPC_AUDIT_EVENTS, request, timeout).await
 }
 
 #[cfg(test)]

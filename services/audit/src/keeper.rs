@@ -30,7 +30,9 @@ use chrono::Utc;
 use ed25519_dalek::SigningKey;
 use lh_bus::{Bus, Expect, FeedItem};
 use lh_domain::chain::{Chain, Hash};
-use lh_events::{derived_id, subject, Actor, AuditCheckpoint, AuditPruned, Envelope, EventData};
+use lh_events::{
+    derived_id, subject, trail, Actor, AuditCheckpoint, AuditPruned, Envelope, EventData,
+};
 use lh_service::Readiness;
 use sqlx::{PgConnection, PgPool, QueryBuilder};
 
@@ -263,15 +265,24 @@ impl Keeper {
             .map(|e| next.append(e.sequence(), e.subject(), e.payload()))
             .collect();
         let mut insert = QueryBuilder::new(
-            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, skip_reason, payload, hash) ",
+            "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, skip_reason, \
+             tenant_id, actor, object, outcome, payload, hash) ",
         );
         insert.push_values(batch.iter().zip(&links), |mut row, (item, link)| {
-            let (id, occurred_at, skip_reason) = match item {
-                FeedItem::Event(e) => (Some(e.envelope.id), Some(e.envelope.occurred_at), None),
+            let (id, occurred_at, skip_reason, tenant_id, actor) = match item {
+                FeedItem::Event(e) => (
+                    Some(e.envelope.id),
+                    Some(e.envelope.occurred_at),
+                    None,
+                    e.envelope.tenant_id,
+                    Some(e.envelope.actor.principal()),
+                ),
                 FeedItem::Skipped(s) => (
                     s.why.head.id,
                     s.why.head.occurred_at,
                     Some(s.reason().as_str()),
+                    None,
+                    None,
                 ),
             };
             row.push_bind(item.sequence() as i64)
@@ -280,6 +291,10 @@ impl Keeper {
                 .push_bind(event_type(item))
                 .push_bind(occurred_at)
                 .push_bind(skip_reason)
+                .push_bind(tenant_id)
+                .push_bind(actor)
+                .push_bind(trail::object(item.subject()))
+                .push_bind(event_type(item).map(|t| trail::outcome(t).as_str()))
                 .push_bind(&item.payload()[..])
                 .push_bind(&link[..]);
         });

@@ -15,6 +15,9 @@
 //! for the gateway) and on `GET /v1/verify` (for auditors). Once the log's
 //! oldest events have expired it starts from a signed checkpoint, the
 //! anchor, and the copy is pruned below it (`audit.pruned`).
+//!
+//! Auditors query the copy, filtered and paged, over
+//! [`subject::RPC_AUDIT_EVENTS`] (the gateway's `GET /v1/audit/events`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,10 +33,11 @@ mod anchor;
 #[cfg(test)]
 mod chain_spec;
 mod keeper;
+mod query;
 mod signing;
 mod verify;
 
-use lh_rpc::audit::VerifyRequest;
+use lh_rpc::audit::{EventsRequest, VerifyRequest};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9105";
 /// Name of this service: its NATS connection, its actor, its RPC queue group.
@@ -153,7 +157,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         async move {
             tokio::select! {
                 r = keeper.run() => r,
-                r = serve_verify(verifier) => r,
+                r = serve_verify(verifier.clone()) => r,
+                r = serve_events(verifier) => r,
                 never = watch_log_fill(fill) => match never {},
             }
         },
@@ -201,6 +206,25 @@ async fn serve_verify(verifier: Arc<Verifier>) -> anyhow::Result<()> {
     )
     .await?;
     anyhow::bail!("the verify subscription ended")
+}
+
+/// Answers [`subject::RPC_AUDIT_EVENTS`] until the connection ends.
+async fn serve_events(verifier: Arc<Verifier>) -> anyhow::Result<()> {
+    lh_bus::rpc::serve(
+        &verifier.bus,
+        subject::RPC_AUDIT_EVENTS,
+        SERVICE,
+        |request: EventsRequest| {
+            let pool = verifier.pool.clone();
+            async move {
+                query::events(&pool, &request)
+                    .await
+                    .map_err(|e| format!("audit query failed: {e:#}"))
+            }
+        },
+    )
+    .await?;
+    anyhow::bail!("the audit events subscription ended")
 }
 
 /// `GET /v1/verify`: the same report as the RPC.

@@ -89,6 +89,7 @@ pub fn router(ctx: ApiContext) -> Router {
         )
         .route("/v1/billing/what-if", post(billing::what_if))
         .route("/v1/audit/verify", get(audit::verify))
+        .route("/v1/audit/events", get(audit::events))
         .route("/openapi.json", get(openapi::openapi_json))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(ctx)

@@ -41,7 +41,8 @@ use super::{
         balances::get,
         quotes::create,
         billing::what_if,
-        audit::verify
+        audit::verify,
+        audit::events
     ),
     components(schemas(
         Problem,
@@ -74,7 +75,10 @@ use super::{
         lh_rpc::what_if::WhatIfReport,
         lh_rpc::what_if::TenantDifference,
         lh_rpc::audit::VerifyResponse,
-        lh_rpc::audit::VerifyAnchor
+        lh_rpc::audit::VerifyAnchor,
+        lh_rpc::audit::EventsPage,
+        lh_rpc::audit::AuditRecord,
+        lh_events::trail::Outcome
     )),
     modifiers(&BearerAuth, &ProblemResponses)
 )]
