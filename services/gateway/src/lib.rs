@@ -201,7 +201,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,
         request_budgets: http::front::RequestBudgets::new(&config.front),
+        refusals: std::sync::Arc::new(http::refusals::RefusalCounter::new(
+            config.front.refusal_summary_secs,
+        )),
     };
+    let summaries =
+        http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
     let ready = readiness.clone();
     let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
@@ -237,6 +242,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             tokio::select! {
                 r = projection_task => r.context("projection task panicked")?.map_err(Into::into),
                 _ = watch_ready => Ok(()),
+                never = summaries => match never {},
             }
         },
     )

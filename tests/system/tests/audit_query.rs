@@ -292,3 +292,97 @@ fn urlencode(text: &str) -> String {
         .replace('+', "%2B")
         .replace(':', "%3A")
 }
+
+/// The refusal summaries' interval in the flood test: short, so that the
+/// test need not wait a minute for the summary.
+const TEST_REFUSAL_INTERVAL_SECS: u64 = 2;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_bad_keys_is_summed_into_a_few_refusal_events() {
+    let stack = Stack::start_configured(FLEET, |s| {
+        s.gateway_front.refusal_summary_secs = TEST_REFUSAL_INTERVAL_SECS;
+    })
+    .await;
+    let bus = stack.bus().await;
+    let (tenant, key) = stack.create_tenant("acme", 2).await;
+    let before = read_log(&bus).await.len();
+    const FLOOD: u64 = 200;
+    for i in 0..FLOOD {
+        let (status, _) = stack
+            .call(Method::GET, "/v1/leases", &format!("bad-key-{i}"), None)
+            .await;
+        assert_eq!(status, 401);
+    }
+    // A tenant refused what only an admin may do is counted as itself.
+    for _ in 0..3 {
+        let body = json!({"name": "x", "email": "x@x.example", "quota": {"max_gpus": 1}});
+        let (status, _) = stack
+            .call(Method::POST, "/v1/tenants", &key, Some(body))
+            .await;
+        assert_eq!(status, 403);
+    }
+
+    let summaries = |log: &[Stored]| -> Vec<Value> {
+        log.iter()
+            .filter(|s| s.envelope.event_type == "access.refused")
+            .map(|s| serde_json::to_value(&s.envelope.data).unwrap())
+            .collect()
+    };
+    let sum = |summaries: &[Value], source: &dyn Fn(&str) -> bool, field: &str, key: &str| {
+        summaries
+            .iter()
+            .filter(|s| source(s["source"].as_str().unwrap()))
+            .map(|s| s[field][key].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let from_ip = |s: &str| s.starts_with("ip:");
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    let log = loop {
+        let log = read_log(&bus).await;
+        let found = summaries(&log[before..]);
+        if sum(&found, &from_ip, "by_status", "401") >= FLOOD
+            && found
+                .iter()
+                .any(|s| s["source"] == format!("tenant:{tenant}"))
+        {
+            break log;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no summaries: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let found = summaries(&log[before..]);
+    let flood: Vec<&Value> = found
+        .iter()
+        .filter(|s| from_ip(s["source"].as_str().unwrap()))
+        .collect();
+    assert!(
+        (1..=2).contains(&flood.len()),
+        "one summary per interval the flood spanned: {flood:?}"
+    );
+    assert_eq!(sum(&found, &from_ip, "by_status", "401"), FLOOD);
+    assert_eq!(sum(&found, &from_ip, "by_route", "GET /v1/leases"), FLOOD);
+    assert_eq!(
+        flood
+            .iter()
+            .map(|s| s["refused"].as_u64().unwrap())
+            .sum::<u64>(),
+        FLOOD
+    );
+    let own = format!("tenant:{tenant}");
+    let is_own = |s: &str| s == own;
+    assert_eq!(sum(&found, &is_own, "by_status", "403"), 3);
+    assert_eq!(sum(&found, &is_own, "by_route", "POST /v1/tenants"), 3);
+
+    // Auditors read them as failures.
+    let last = log.last().unwrap().sequence;
+    wait_copied(&stack, last).await;
+    let records = every_record(&stack, AUDITOR_TOKEN, "type=access.refused", 100).await;
+    assert!(records.len() > flood.len(), "the flood's and the tenant's");
+    assert!(records
+        .iter()
+        .all(|r| r["outcome"] == "failure" && r["actor"] == "service:lh-gateway"));
+    stack.assert_none_stopped();
+}

@@ -105,13 +105,25 @@ impl FromRequestParts<ApiContext> for Caller {
             .strip_prefix("Bearer ")
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <key>`"))?
             .trim();
+        // The principal a refusal is counted under (see `refusals`).
+        let named = |principal: String| {
+            if let Some(slot) = parts.extensions.get::<super::refusals::NamedPrincipal>() {
+                slot.set(principal);
+            }
+        };
         if let Some(operator) = ctx.principals.operator(token) {
-            return Ok(Caller::Operator(operator.clone()));
+            let caller = Caller::Operator(operator.clone());
+            named(caller.actor().principal());
+            return Ok(caller);
         }
         if let Some(oidc) = &ctx.principals.oidc {
             if crate::oidc::Verifier::looks_like_jwt(token) {
                 return match oidc.verify(token).await {
-                    Ok(operator) => Ok(Caller::Operator(operator)),
+                    Ok(operator) => {
+                        let caller = Caller::Operator(operator);
+                        named(caller.actor().principal());
+                        Ok(caller)
+                    }
                     Err(refused @ crate::oidc::Refused::NoRole(_)) => {
                         Err(ApiError::forbidden(refused.to_string()))
                     }
@@ -130,6 +142,7 @@ impl FromRequestParts<ApiContext> for Caller {
         let Some(key) = row else {
             return Err(ApiError::unauthorized("unknown API key"));
         };
+        named(Actor::Tenant(key.id).principal());
         if key.revoked {
             return Err(ApiError::unauthorized(format!(
                 "API key {} of this tenant was revoked",

@@ -68,6 +68,10 @@ pub struct FrontArgs {
     /// Requests without a credential one address may make in a burst.
     #[arg(long, env = "LH_ANONYMOUS_REQUEST_BURST_PER_IP", default_value_t = 50)]
     pub anonymous_request_burst_per_ip: u32,
+    /// Refused requests (401, 403, 429) are summed per source over this
+    /// many seconds into one `access.refused` event each.
+    #[arg(long, env = "LH_REFUSAL_SUMMARY_SECS", default_value_t = super::refusals::DEFAULT_REFUSAL_INTERVAL_SECS)]
+    pub refusal_summary_secs: u64,
 }
 
 impl Default for FrontArgs {
@@ -83,6 +87,7 @@ impl Default for FrontArgs {
             request_burst_per_key: 400,
             anonymous_requests_per_s_per_ip: 10.0,
             anonymous_request_burst_per_ip: 50,
+            refusal_summary_secs: super::refusals::DEFAULT_REFUSAL_INTERVAL_SECS,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod nodes;
 mod openapi;
 pub mod price_books;
 pub mod quotes;
+pub mod refusals;
 pub mod reservations;
 pub mod spot;
 pub mod tenants;
@@ -52,10 +53,13 @@ pub struct ApiContext {
     pub keys: std::sync::Arc<dyn crate::keyring::KeyProvider>,
     /// Request budgets and the request timeout.
     pub request_budgets: std::sync::Arc<front::RequestBudgets>,
+    /// Refused requests of the current interval, summed for the trail.
+    pub refusals: std::sync::Arc<refusals::RefusalCounter>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
     let budgets = ctx.request_budgets.clone();
+    let refused = ctx.refusals.clone();
     Router::new()
         .route("/v1/tenants", post(tenants::create))
         .route("/v1/tenants/{id}", get(tenants::get))
@@ -94,6 +98,10 @@ pub fn router(ctx: ApiContext) -> Router {
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(ctx)
         .layer(axum::middleware::from_fn_with_state(budgets, front::guard))
+        .layer(axum::middleware::from_fn_with_state(
+            refused,
+            refusals::count,
+        ))
 }
 
 /// Waits until the read model shows the event at `sequence`.
