@@ -78,6 +78,25 @@ fn event_type(item: &FeedItem) -> Option<&str> {
     }
 }
 
+/// The tenant and principal of a message that did not decode as a whole,
+/// as far as its envelope can be read: what auditors filter on stays
+/// filled for a newer version or an unknown type, and is NULL for junk
+/// (as migration 0004 fills rows copied before these columns).
+fn lenient_head(payload: &[u8]) -> (Option<uuid::Uuid>, Option<String>) {
+    let Ok(serde_json::Value::Object(mut head)) = serde_json::from_slice(payload) else {
+        return (None, None);
+    };
+    let tenant_id = head
+        .get("tenant_id")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|t| t.parse().ok());
+    let actor = head
+        .remove("actor")
+        .and_then(|a| serde_json::from_value::<Actor>(a).ok())
+        .map(|a| a.principal());
+    (tenant_id, actor)
+}
+
 /// Decided by the recorded type, as the count on resume is (see
 /// `checkpoint_state`), so that both agree.
 fn is_checkpoint(item: &FeedItem) -> bool {
@@ -277,13 +296,16 @@ impl Keeper {
                     e.envelope.tenant_id,
                     Some(e.envelope.actor.principal()),
                 ),
-                FeedItem::Skipped(s) => (
-                    s.why.head.id,
-                    s.why.head.occurred_at,
-                    Some(s.reason().as_str()),
-                    None,
-                    None,
-                ),
+                FeedItem::Skipped(s) => {
+                    let (tenant_id, actor) = lenient_head(&s.payload);
+                    (
+                        s.why.head.id,
+                        s.why.head.occurred_at,
+                        Some(s.reason().as_str()),
+                        tenant_id,
+                        actor,
+                    )
+                }
             };
             row.push_bind(item.sequence() as i64)
                 .push_bind(item.subject())

@@ -831,3 +831,77 @@ async fn a_prune_of_rows_the_log_still_holds_is_copied_but_not_applied() {
     assert_eq!(report.anchor, None);
     audit.stop().await;
 }
+
+/// What auditors filter on, row by row.
+type QueryColumns = Vec<(
+    i64,
+    Option<Uuid>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+)>;
+
+async fn query_columns(db: &PgPool) -> QueryColumns {
+    sqlx::query_as(
+        "SELECT sequence, tenant_id, actor, object, outcome FROM audit.events ORDER BY sequence",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn rows_copied_before_the_query_columns_are_filled_from_their_payload() {
+    let env = Env::new().await;
+    env.publish_assorted(12).await;
+    for (_, bytes) in fixtures::undecodable() {
+        env.bus
+            .jetstream()
+            .publish(subject::audit(), bytes.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let audit = env.start_audit(env.config.clone()).await;
+    env.settled().await;
+    audit.stop().await;
+    let kept = query_columns(&env.db).await;
+    assert!(
+        kept.iter().any(|r| r.1.is_some()),
+        "some rows name a tenant"
+    );
+    assert!(kept.iter().any(|r| r.2.is_none()), "junk names no actor");
+    assert!(kept.iter().all(|r| r.2.is_none()
+        || r.2.as_deref().unwrap().contains(':')
+        || ["admin", "auditor"].contains(&r.2.as_deref().unwrap())));
+
+    // As if the copy had been made before the columns existed: they go,
+    // and the migration that adds them runs again on the next start.
+    sqlx::query(
+        "ALTER TABLE audit.events DROP COLUMN tenant_id, DROP COLUMN actor, \
+         DROP COLUMN object, DROP COLUMN outcome",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+    sqlx::query("DROP INDEX audit.events_type_sequence, audit.events_occurred_at")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM audit._sqlx_migrations WHERE version = 4")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let audit = env.start_audit(env.config.clone()).await;
+    env.settled().await;
+    let backfilled = query_columns(&env.db).await;
+    assert_eq!(
+        backfilled[..kept.len()],
+        kept[..],
+        "the migration fills what the keeper would have"
+    );
+    let report = env.verify().await;
+    assert!(report.ok, "the chain is untouched: {report:?}");
+    audit.stop().await;
+}
