@@ -222,4 +222,28 @@ mod tests {
             assert!(schemas["DocumentSummary"]["properties"][field].is_object());
         }
     }
+
+    #[test]
+    fn the_audit_records_route_names_its_filters_as_sent() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let params = doc["paths"]["/v1/audit/events"]["get"]["parameters"]
+            .as_array()
+            .expect("the route has parameters");
+        let names: Vec<&str> = params.iter().filter_map(|p| p["name"].as_str()).collect();
+        assert_eq!(
+            names,
+            ["tenant_id", "actor", "type", "from", "to", "after", "limit"]
+        );
+        let record = &doc["components"]["schemas"]["AuditRecord"]["properties"];
+        for field in [
+            "sequence",
+            "occurred_at",
+            "actor",
+            "event_type",
+            "object",
+            "outcome",
+        ] {
+            assert!(record[field].is_object(), "no {field}: {record}");
+        }
+    }
 }
