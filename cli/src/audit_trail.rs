@@ -130,10 +130,16 @@ pub async fn export(gw: &Gateway, x: &AuditExport, out: Out<'_>) -> anyhow::Resu
     Ok(EXIT_OK)
 }
 
+/// Most leases an access request shows one by one (each is a request);
+/// past it the document says so and the leases' records still hold them.
+pub const MAX_SUBJECT_ACCESS_LEASES: usize = 10_000;
+
 /// A data subject's access request: the tenant as the gateway shows it,
-/// its invoices and notes, and every audit record of it, in one document.
+/// its balance, its invoices and notes, each lease it asked for, and every
+/// audit record of it, in one document.
 async fn subject_access(gw: &Gateway, tenant: &str, out: Out<'_>) -> anyhow::Result<i32> {
     let profile = gw.get(&["v1", "tenants", tenant], &[]).await?;
+    let balance = gw.get(&["v1", "tenants", tenant, "balance"], &[]).await?;
     let invoices = gw
         .get(
             &["v1", "invoices"],
@@ -147,11 +153,25 @@ async fn subject_access(gw: &Gateway, tenant: &str, out: Out<'_>) -> anyhow::Res
         Ok(())
     })
     .await?;
+    // The gateway lists leases by tenant only for the tenant itself: the
+    // tenant's own requests on the trail name them.
+    let lease_ids: Vec<&str> = records
+        .iter()
+        .filter(|r| r["event_type"] == "lease.requested")
+        .filter_map(|r| r["payload"]["data"]["lease_id"].as_str())
+        .collect();
+    let mut leases = Vec::new();
+    for id in lease_ids.iter().take(MAX_SUBJECT_ACCESS_LEASES) {
+        leases.push(gw.get(&["v1", "leases", id], &[]).await?);
+    }
     let document = json!({
         "tenant_id": tenant,
         "exported_at": chrono::Utc::now().to_rfc3339(),
         "tenant": profile,
+        "balance": balance,
         "invoices": invoices,
+        "leases": leases,
+        "leases_truncated": lease_ids.len() > MAX_SUBJECT_ACCESS_LEASES,
         "audit_records": records,
     });
     let mut text = serde_json::to_string_pretty(&document)?;

@@ -276,6 +276,10 @@ async fn auditors_filter_and_page_the_trail_and_their_reads_are_recorded() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let document: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(document["tenant"]["id"], tenant_a);
+    assert_eq!(document["leases"][0]["id"], lease_a);
+    assert_eq!(document["leases"].as_array().unwrap().len(), 1);
+    assert!(document["balance"].is_object());
+    assert!(document["invoices"].is_object());
     let subject_records: BTreeSet<u64> = document["audit_records"]
         .as_array()
         .unwrap()
