@@ -67,17 +67,19 @@
 //!   `{"items":[...],"next_cursor":null}`.
 
 mod args;
+mod audit;
 mod client;
 mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, BalanceCommand, BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli,
-    Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
-    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
-    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
-    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, AuditVerify, BalanceCommand, BalanceShow, BalanceTopUp, BillingCommand,
+    BillingWhatIf, Cli, Command, DrainMode, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand,
+    KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop,
+    NodeCommand, NodeDrain, NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand,
+    ReservationCommand, ReservationCreate, ReservationList, SpotCommand, TenantCommand,
+    TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier, DEFAULT_AUDIT_STREAM,
+    DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -553,7 +555,33 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &made, render::top_up)?;
             Ok(EXIT_OK)
         }
-        Command::Audit(AuditCommand::Verify) => {
+        Command::Audit(AuditCommand::Verify(v)) if audit::reads_the_log(&v)? => {
+            let report = audit::verify_stream(&v, err).await?;
+            let value = serde_json::to_value(&report)?;
+            emit(out, json, &value, render::audit)?;
+            if report.ok {
+                if let Some(path) = &v.save_state {
+                    audit::save_state(path, &report)?;
+                }
+                Ok(EXIT_OK)
+            } else {
+                let why = match (&report.first_bad, &report.problem) {
+                    (Some(bad), _) => format!(
+                        "the checkpoint at stream sequence {} signing sequence {} fails: {}",
+                        bad.checkpoint_at,
+                        bad.sequence,
+                        serde_json::to_value(bad.reason)?
+                            .as_str()
+                            .unwrap_or_default()
+                    ),
+                    (None, Some(problem)) => problem.clone(),
+                    (None, None) => "not ok".into(),
+                };
+                let _ = writeln!(err, "error: audit chain verification failed: {why}");
+                Ok(EXIT_FAILURE)
+            }
+        }
+        Command::Audit(AuditCommand::Verify(_)) => {
             let report = gw.get(&["v1", "audit", "verify"], &[]).await?;
             emit(out, json, &report, render::audit)?;
             if report.get("ok").and_then(Value::as_bool) == Some(true) {
