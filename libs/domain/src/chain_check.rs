@@ -29,7 +29,7 @@
 
 use std::collections::VecDeque;
 
-use ed25519_dalek::{Signature, Verifier as _, VerifyingKey};
+use ed25519_dalek::{Signature, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -164,7 +164,9 @@ pub struct StreamCheck {
 }
 
 /// Checks `signature` over the statement of `(sequence, events, head)`
-/// with `public_key`; malformed keys and signatures do not verify.
+/// with `public_key`; malformed keys and signatures do not verify. Strict
+/// (RFC 8032 with canonical encodings, no small-order keys), as libsodium,
+/// which the Python verifier uses, checks them.
 pub fn signature_holds(
     public_key: &[u8; 32],
     signature_hex: &str,
@@ -181,7 +183,7 @@ pub fn signature_holds(
     else {
         return false;
     };
-    key.verify(
+    key.verify_strict(
         checkpoint_statement(sequence, events, head).as_bytes(),
         &signature,
     )
