@@ -8,6 +8,13 @@
 //! `--wait`), shown as a compact table or, with `--json`, as the gateway's
 //! own JSON, pretty-printed.
 //!
+//! One command can also skip the gateway: `audit verify` with `--nats-url`
+//! and a pinned `--public-key` reads the log from NATS itself (as the
+//! read-only `auditor` user named by `LH_NATS_USER` and
+//! `LH_NATS_NKEY_SEED_FILE`) and checks the chain and every signed
+//! checkpoint against that key (see docs/audit.md, "Verifying without
+//! trusting us").
+//!
 //! # Configuration
 //!
 //! | flag            | environment      | default                 |
@@ -28,7 +35,8 @@
 //! * [`EXIT_FAILURE`] (1): the answer is "no": `audit verify` found the chain
 //!   broken; `lease get --wait` timed out or the lease ended or was rejected
 //!   instead (the last lease view is still printed); stdout could not be written.
-//! * [`EXIT_CLIENT_ERROR`] (2): bad arguments or configuration, or a 4xx answer.
+//! * [`EXIT_CLIENT_ERROR`] (2): bad arguments or configuration, a 4xx answer,
+//!   or a log `audit verify` could not read from NATS.
 //! * [`EXIT_SERVER_ERROR`] (3): a 5xx answer, an answer that is not the expected
 //!   JSON, or the gateway could not be reached.
 //!

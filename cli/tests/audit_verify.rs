@@ -295,6 +295,19 @@ async fn both_verifiers_pass_the_honest_log_and_agree_on_each_tampering() {
     assert_eq!(v.rust["checkpoints_verified"], 3);
     assert_eq!(v.rust["last_checkpoint"]["sequence"], 29);
     assert_eq!(v.rust["unsigned_events"], 2);
+    let key = hex::encode(pinned_key().verifying_key().to_bytes());
+    let table = lh_cli::capture([
+        "lh",
+        "audit",
+        "verify",
+        "--nats-url",
+        &honest_nats.url(),
+        "--public-key",
+        &key,
+    ])
+    .await;
+    assert_eq!(table.code, lh_cli::EXIT_OK, "{table:?}");
+    assert!(table.stdout.contains(&chain.head_hex()), "{table:?}");
 
     let changed = tampered_copy(&honest, |seq, p| {
         Edit::Keep(if seq == 5 {
