@@ -22,7 +22,7 @@
 //! The chain "at" a sequence `S` is its state after the last message whose
 //! sequence is at most `S` (the spec's count of events "up to and including
 //! `S`"). The Python verifier in `tools/audit-verify` implements the same
-//! rules from `schemas/audit-chain.md`; a system test runs both over
+//! rules from `schemas/audit-chain.md`; `cli/tests/audit_verify.rs` runs both over
 //! tampered logs and asks them to agree.
 //!
 //! No I/O: the caller reads the stream and feeds [`StreamCheck::message`].
