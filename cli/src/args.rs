@@ -640,8 +640,10 @@ pub struct SpotPrices {
 /// `lh audit ...`
 #[derive(Debug, Clone, Subcommand)]
 pub enum AuditCommand {
-    /// Verify the audit log's hash chain; exits 1 when it is broken.
-    Verify,
+    /// Verify the audit log's hash chain; exits 1 when it is broken. With
+    /// `--nats-url` and a pinned key, reads the log itself and trusts
+    /// nothing but the key; without them, asks the gateway.
+    Verify(AuditVerify),
     /// One page of the audit records, filtered (operators: any tenant's;
     /// a tenant: its own).
     Events(AuditEvents),
@@ -718,6 +720,38 @@ pub struct AuditExport {
     /// (the tenant, its invoices, every record of it) in one JSON document.
     #[arg(long, value_name = "TENANT_ID", conflicts_with = "format")]
     pub subject: Option<String>,
+}
+
+/// Stream the log read by `lh audit verify` when none is named.
+pub const DEFAULT_AUDIT_STREAM: &str = "LH_EVENTS";
+
+/// `lh audit verify`
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuditVerify {
+    /// NATS server(s) to read the log from, comma-separated. Credentials
+    /// come from `LH_NATS_USER` with `LH_NATS_NKEY_SEED_FILE` (the
+    /// deployment's `auditor` user), TLS from `LH_NATS_CA_FILE`.
+    #[arg(long, env = "LH_NATS_URL", value_name = "URL")]
+    pub nats_url: Option<String>,
+    /// The audit service's ed25519 public key (64 hex digits), obtained out
+    /// of band: every checkpoint must be signed by it.
+    #[arg(long, value_name = "HEX", conflicts_with = "public_key_file")]
+    pub public_key: Option<String>,
+    /// A file holding the pinned public key as hex.
+    #[arg(long, value_name = "PATH")]
+    pub public_key_file: Option<std::path::PathBuf>,
+    /// The JetStream stream holding the log.
+    #[arg(long, default_value = DEFAULT_AUDIT_STREAM, value_name = "NAME")]
+    pub stream: String,
+    /// Start from a checkpoint an earlier run verified: its
+    /// `SEQUENCE:EVENTS:HEAD:SIGNATURE`, or a file `--save-state` wrote.
+    /// Its signature is checked again with the pinned key.
+    #[arg(long, value_name = "TOKEN|PATH")]
+    pub resume_from: Option<String>,
+    /// When the chain verifies, write its last verified checkpoint here
+    /// (JSON), for `--resume-from` next time.
+    #[arg(long, value_name = "PATH")]
+    pub save_state: Option<std::path::PathBuf>,
 }
 
 /// Service tier of a lease.
@@ -1276,7 +1310,35 @@ mod tests {
     #[test]
     fn audit_verify() {
         let cli = parse(&["audit", "verify"]).unwrap();
-        assert!(matches!(cli.command, Command::Audit(AuditCommand::Verify)));
+        assert!(matches!(
+            cli.command,
+            Command::Audit(AuditCommand::Verify(AuditVerify { nats_url: None, .. }))
+        ));
+        let cli = parse(&[
+            "audit",
+            "verify",
+            "--nats-url",
+            "nats://h:4222",
+            "--public-key",
+            "ab",
+            "--stream",
+            "COPY",
+        ])
+        .unwrap();
+        let Command::Audit(AuditCommand::Verify(v)) = cli.command else {
+            panic!("audit verify")
+        };
+        assert_eq!(v.nats_url.as_deref(), Some("nats://h:4222"));
+        assert_eq!(v.stream, "COPY");
+        assert!(parse(&[
+            "audit",
+            "verify",
+            "--public-key",
+            "ab",
+            "--public-key-file",
+            "k"
+        ])
+        .is_err());
     }
 
     #[test]

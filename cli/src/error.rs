@@ -9,7 +9,8 @@ pub const EXIT_OK: i32 = 0;
 /// broken, a `--wait` timed out or the lease finished in another state, or
 /// the output could not be written.
 pub const EXIT_FAILURE: i32 = 1;
-/// Exit code: bad usage (arguments, configuration) or a 4xx from the gateway.
+/// Exit code: bad usage (arguments, configuration), a 4xx from the gateway,
+/// or a log `audit verify` could not read.
 pub const EXIT_CLIENT_ERROR: i32 = 2;
 /// Exit code: a 5xx from the gateway, an unusable answer, or the gateway
 /// could not be reached.
@@ -104,13 +105,15 @@ pub enum CliError {
     Unreachable { url: String, reason: String },
     /// The gateway answered 2xx with something that is not the expected JSON.
     BadResponse { url: String, reason: String },
+    /// `audit verify` could not read the log from NATS.
+    LogUnreadable { url: String, reason: String },
 }
 
 impl CliError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            CliError::Usage(_) => EXIT_CLIENT_ERROR,
+            CliError::Usage(_) | CliError::LogUnreadable { .. } => EXIT_CLIENT_ERROR,
             CliError::Api(p) if (400..500).contains(&p.status) => EXIT_CLIENT_ERROR,
             CliError::Api(_) | CliError::Unreachable { .. } | CliError::BadResponse { .. } => {
                 EXIT_SERVER_ERROR
@@ -126,6 +129,9 @@ impl fmt::Display for CliError {
             CliError::Api(p) => p.fmt(f),
             CliError::Unreachable { url, reason } => {
                 write!(f, "could not reach the gateway at {url}: {reason}")
+            }
+            CliError::LogUnreadable { url, reason } => {
+                write!(f, "could not read the log at {url}: {reason}")
             }
             CliError::BadResponse { url, reason } => {
                 write!(f, "unexpected answer from {url}: {reason}")

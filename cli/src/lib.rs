@@ -9,6 +9,13 @@
 //! replay and exports, which page to the end), shown as a compact table or, with `--json`, as the gateway's
 //! own JSON, pretty-printed.
 //!
+//! One command can also skip the gateway: `audit verify` with `--nats-url`
+//! and a pinned `--public-key` reads the log from NATS itself (as the
+//! read-only `auditor` user named by `LH_NATS_USER` and
+//! `LH_NATS_NKEY_SEED_FILE`) and checks the chain and every signed
+//! checkpoint against that key (see docs/audit.md, "Verifying without
+//! trusting us").
+//!
 //! # Configuration
 //!
 //! | flag            | environment      | default                 |
@@ -29,7 +36,8 @@
 //! * [`EXIT_FAILURE`] (1): the answer is "no": `audit verify` found the chain
 //!   broken; `lease get --wait` timed out or the lease ended or was rejected
 //!   instead (the last lease view is still printed); stdout could not be written.
-//! * [`EXIT_CLIENT_ERROR`] (2): bad arguments or configuration, or a 4xx answer.
+//! * [`EXIT_CLIENT_ERROR`] (2): bad arguments or configuration, a 4xx answer,
+//!   or a log `audit verify` could not read from NATS.
 //! * [`EXIT_SERVER_ERROR`] (3): a 5xx answer, an answer that is not the expected
 //!   JSON, or the gateway could not be reached.
 //!
@@ -68,19 +76,20 @@
 //!   `{"items":[...],"next_cursor":null}`.
 
 mod args;
+mod audit;
 mod audit_trail;
 mod client;
 mod error;
 mod render;
 
 pub use args::{
-    AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, BalanceCommand, BalanceShow,
-    BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode, ExportFormat, IdleAction,
-    InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
-    LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
-    PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand, ReservationCreate,
-    ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
-    TenantSuspend, Tier, DEFAULT_GATEWAY_URL,
+    AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
+    BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode,
+    ExportFormat, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
+    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
+    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
+    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
+    TenantSetQuota, TenantSuspend, Tier, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -556,7 +565,33 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &made, render::top_up)?;
             Ok(EXIT_OK)
         }
-        Command::Audit(AuditCommand::Verify) => {
+        Command::Audit(AuditCommand::Verify(v)) if audit::reads_the_log(&v)? => {
+            let report = audit::verify_stream(&v, err).await?;
+            let value = serde_json::to_value(&report)?;
+            emit(out, json, &value, render::audit)?;
+            if report.ok {
+                if let Some(path) = &v.save_state {
+                    audit::save_state(path, &report)?;
+                }
+                Ok(EXIT_OK)
+            } else {
+                let why = match (&report.first_bad, &report.problem) {
+                    (Some(bad), _) => format!(
+                        "the checkpoint at stream sequence {} signing sequence {} fails: {}",
+                        bad.checkpoint_at,
+                        bad.sequence,
+                        serde_json::to_value(bad.reason)?
+                            .as_str()
+                            .unwrap_or_default()
+                    ),
+                    (None, Some(problem)) => problem.clone(),
+                    (None, None) => "not ok".into(),
+                };
+                let _ = writeln!(err, "error: audit chain verification failed: {why}");
+                Ok(EXIT_FAILURE)
+            }
+        }
+        Command::Audit(AuditCommand::Verify(_)) => {
             let report = gw.get(&["v1", "audit", "verify"], &[]).await?;
             emit(out, json, &report, render::audit)?;
             if report.get("ok").and_then(Value::as_bool) == Some(true) {

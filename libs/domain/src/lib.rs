@@ -8,9 +8,12 @@
 //! * [`workload`]: what a workload may carry onto a GPU host.
 //! * [`rating`]: what a lease costs, per invoice period.
 //! * [`chain`]: the audit hash chain.
+//! * [`chain_check`]: verifying the log and its signed checkpoints from the
+//!   stream alone, as an auditor does.
 
 pub mod catalog;
 pub mod chain;
+pub mod chain_check;
 pub mod fleet;
 pub mod lease;
 pub mod moves;

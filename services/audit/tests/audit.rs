@@ -905,3 +905,50 @@ async fn rows_copied_before_the_query_columns_are_filled_from_their_payload() {
     assert!(report.ok, "the chain is untouched: {report:?}");
     audit.stop().await;
 }
+
+/// The auditor's verifiers (the pure engine `lh audit verify` runs, and the
+/// Python one written from the spec) pass the log this service keeps, with
+/// its key pinned, and find the head its own report finds.
+#[tokio::test]
+async fn the_auditors_verifiers_pass_the_services_own_log() {
+    let env = Env::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("audit.key");
+    let seed = [42u8; 32];
+    std::fs::write(&key_file, format!("{}\n", hex::encode(seed))).unwrap();
+    let pinned = ed25519_dalek::SigningKey::from_bytes(&seed)
+        .verifying_key()
+        .to_bytes();
+    let mut config = env.config.clone();
+    config.checkpoint_every_events = 10;
+    config.signing_key_file = Some(key_file);
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(25).await;
+    let last = env.settled().await;
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+
+    let mut check = lh_domain::chain_check::StreamCheck::from_genesis(pinned);
+    for (seq, subject, payload) in env.stream(last).await {
+        check.message(seq, &subject, &payload);
+    }
+    let found = check.report();
+    assert!(found.ok, "{found:?}");
+    assert_eq!(found.checkpoints_verified, 2, "{found:?}");
+    assert_eq!(found.head, report.head);
+
+    let python = lh_testkit::workspace_root().join(".data/venv/bin/python");
+    let out = std::process::Command::new(python)
+        .arg(lh_testkit::workspace_root().join("tools/audit-verify/verify.py"))
+        .args(["--json", "--nats-url", &env._nats.url(), "--public-key"])
+        .arg(hex::encode(pinned))
+        .env_remove("LH_NATS_USER")
+        .env_remove("LH_NATS_NKEY_SEED_FILE")
+        .output()
+        .expect("verify.py runs (scripts/deps.sh installs its packages)");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let python: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(python["head"], report.head);
+    assert_eq!(python["checkpoints_verified"], 2);
+    audit.stop().await;
+}
