@@ -285,6 +285,24 @@ async fn auditors_filter_and_page_the_trail_and_their_reads_are_recorded() {
         .collect();
     assert_eq!(replayed.first(), Some(&last));
     assert!(replayed.windows(2).all(|w| w[0] < w[1]), "in log order");
+    // From a time: every record at or after it, tenant B's creation first
+    // of those the bootstrap admin made.
+    let out = lh(&["audit", "replay", "--from", b_at]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let since: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let time = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap();
+    assert!(since
+        .iter()
+        .all(|r| time(r["occurred_at"].as_str().unwrap()) >= time(b_at)));
+    let created_since: Vec<&Value> = since
+        .iter()
+        .filter(|r| r["event_type"] == "tenant.created")
+        .collect();
+    assert_eq!(created_since[0]["sequence"], want[1]);
     let out = lh(&["audit", "export", "--subject", &tenant_a]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let document: Value = serde_json::from_str(&out.stdout).unwrap();
