@@ -14,7 +14,9 @@ use axum::extract::{Query, State};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use lh_events::{AuditAccessed, Envelope, EventData, Expect};
-use lh_rpc::audit::{EventsPage, EventsRequest, VerifyResponse, DEFAULT_AUDIT_PAGE_RECORDS};
+use lh_rpc::audit::{
+    AuditRecord, EventsPage, EventsRequest, VerifyResponse, DEFAULT_AUDIT_PAGE_RECORDS,
+};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -123,6 +125,13 @@ pub async fn events(
             return Err(ApiError::not_found("no such tenant").field("tenant_id"))
         }
     };
+    // Staff are named to operators only: a tenant may not look one up.
+    if !caller.is_operator() && query.actor.as_deref().is_some_and(names_an_operator) {
+        return Err(ApiError::unprocessable(
+            "a tenant's records name operators by role only",
+            "actor",
+        ));
+    }
     let request = EventsRequest {
         tenant_id,
         actor: query.actor,
@@ -135,7 +144,10 @@ pub async fn events(
     if let Some((field, why)) = request.problem() {
         return Err(ApiError::unprocessable(why, field));
     }
-    let page = lh_rpc::audit::call_events(&ctx.bus, &request, RPC_TIMEOUT).await?;
+    let mut page = lh_rpc::audit::call_events(&ctx.bus, &request, RPC_TIMEOUT).await?;
+    if !caller.is_operator() {
+        page.events = page.events.into_iter().map(as_a_tenant_sees).collect();
+    }
     if caller.is_operator() {
         // The read is answered only once its trace is stored: an auditor
         // cannot read the trail without leaving one.
@@ -149,4 +161,69 @@ pub async fn events(
         metrics::counter!("lh_gateway_audit_reads_total").increment(1);
     }
     Ok(Json(page))
+}
+
+/// Whether an actor filter names an operator (`admin:<name>`,
+/// `auditor:<name>`).
+fn names_an_operator(actor: &str) -> bool {
+    actor
+        .split_once(':')
+        .is_some_and(|(role, _)| role == "admin" || role == "auditor")
+}
+
+/// A record as its tenant is shown it: an operator who acted on the tenant's
+/// things by role, not by name. Staff names are the staff's personal data,
+/// not the tenant's.
+fn as_a_tenant_sees(mut record: AuditRecord) -> AuditRecord {
+    if let Some(actor) = &record.actor {
+        if names_an_operator(actor) {
+            record.actor = actor.split_once(':').map(|(role, _)| role.to_string());
+        }
+    }
+    if let Some(actor) = record.payload.get_mut("actor") {
+        if actor.get("kind").and_then(|k| k.as_str()) == Some("operator") {
+            if let Some(id) = actor.get_mut("id").and_then(|i| i.as_object_mut()) {
+                id.remove("name");
+            }
+        }
+    }
+    record
+}
+
+#[cfg(test)]
+mod tenant_view_tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_sees_operators_by_role_and_others_as_they_are() {
+        let record = |actor: &str, payload: serde_json::Value| AuditRecord {
+            sequence: 1,
+            occurred_at: None,
+            actor: Some(actor.into()),
+            event_type: Some("lease.stop_requested".into()),
+            object: None,
+            tenant_id: None,
+            outcome: None,
+            subject: "lh.evt.lease.x".into(),
+            skip_reason: None,
+            payload,
+        };
+        let by_alice = as_a_tenant_sees(record(
+            "admin:alice",
+            serde_json::json!({"actor": {"kind": "operator", "id": {"name": "alice", "role": "admin"}}}),
+        ));
+        assert_eq!(by_alice.actor.as_deref(), Some("admin"));
+        assert_eq!(
+            by_alice.payload,
+            serde_json::json!({"actor": {"kind": "operator", "id": {"role": "admin"}}})
+        );
+        let own = serde_json::json!({"actor": {"kind": "tenant", "id": "t"}});
+        let by_tenant = as_a_tenant_sees(record("tenant:t", own.clone()));
+        assert_eq!(
+            (by_tenant.actor.as_deref(), by_tenant.payload),
+            (Some("tenant:t"), own)
+        );
+        assert!(names_an_operator("auditor:bob"));
+        assert!(!names_an_operator("service:lh-scheduler"));
+    }
 }
