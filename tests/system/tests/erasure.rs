@@ -149,6 +149,26 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
         }
     }
 
+    // Nor does the audit trail's answer about the tenant, in any form.
+    let (status, trail) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/audit/events?tenant_id={tenant_id}"),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{trail}");
+    assert!(
+        trail.to_string().contains("tenant.created"),
+        "the trail shows the tenant's creation: {trail}"
+    );
+    let trail = trail.to_string().to_lowercase();
+    assert!(
+        !trail.contains("erika") && !trail.contains("mustermann"),
+        "{trail}"
+    );
+
     // The chain over the whole log still verifies.
     let head = stack.bus().await.last_sequence().await.unwrap();
     let mut verified = Value::Null;
