@@ -59,15 +59,30 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
         .await;
     let lease_id = lease["id"].as_str().unwrap().to_string();
     let erase = format!("/v1/tenants/{tenant_id}/erase");
-    // Not while a lease runs: it would go on accruing for nobody.
+    // Not while it may still request leases, and not while one runs: it
+    // would go on accruing for a tenant that is gone.
     let (status, refused) = stack.call(Method::POST, &erase, ADMIN_TOKEN, None).await;
     assert_eq!(status, 409, "{refused}");
+    assert!(refused.to_string().contains("not suspended"), "{refused}");
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{tenant_id}/suspend"),
+            ADMIN_TOKEN,
+            Some(json!({"reason": "leaving"})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, refused) = stack.call(Method::POST, &erase, ADMIN_TOKEN, None).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(refused.to_string().contains("not ended"), "{refused}");
     tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // A suspended tenant may not stop its own lease; the admin does.
     let (status, stopped) = stack
         .call(
             Method::POST,
             &format!("/v1/leases/{lease_id}/stop"),
-            &key,
+            ADMIN_TOKEN,
             None,
         )
         .await;

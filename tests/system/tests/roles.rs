@@ -296,11 +296,15 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
             } else {
                 String::new()
             };
-            // Erasing uses its tenant up: each call gets a fresh one, with
-            // no lease, that the caller's tenant stands for.
+            // Erasing uses its tenant up: each call gets a fresh one,
+            // suspended and with no lease, that the caller's tenant stands for.
             let erased;
             let owner = if template.ends_with("/erase") {
                 erased = tenant(&stack, "to-erase").await;
+                let suspend = format!("/v1/tenants/{}/suspend", erased.id);
+                let (status, answer) =
+                    send(&stack, "POST", &suspend, Some(ADMIN_TOKEN), Some(json!({}))).await;
+                assert_eq!(status, 202, "{answer}");
                 &erased
             } else {
                 owner

@@ -448,14 +448,16 @@ pub async fn resume(
         (status = 200, body = TenantView, description = "The tenant is erased: now, or already before this call"),
         (status = 401, body = super::Problem), (status = 403, body = super::Problem),
         (status = 404, body = super::Problem),
-        (status = 409, body = super::Problem, description = "The tenant has leases that have not ended; stop them first"),
+        (status = 409, body = super::Problem, description = "The tenant is not suspended, or has leases that have not ended"),
         (status = 503, body = super::Problem)
     )
 )]
 /// Destroys the tenant's data key, so that its sealed name and e-mail can
-/// never be opened again, and records `tenant.erased`. Refused while a
-/// lease of the tenant has not ended: a running lease still accrues charges
-/// whose invoice would then name nobody, and its node still holds its spec.
+/// never be opened again, and records `tenant.erased`. Refused unless the
+/// tenant is suspended (so that no lease can be requested between the
+/// check below and the erasure) and every lease of it has ended: a running
+/// lease still accrues charges for a tenant that is gone, and its node
+/// still holds its spec.
 pub async fn erase(
     State(ctx): State<ApiContext>,
     caller: Caller,
@@ -469,6 +471,12 @@ pub async fn erase(
         // case an earlier call died between the event and the delete.
         seal::destroy_key(&ctx.pool, tenant_id).await?;
         return Ok(Json(tenant));
+    }
+    if !tenant.suspended {
+        return Err(ApiError::conflict(format!(
+            "tenant {tenant_id} is not suspended; suspend it first \
+             (POST /v1/tenants/{tenant_id}/suspend with stop_leases)"
+        )));
     }
     let open_leases: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected')",
