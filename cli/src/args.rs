@@ -292,7 +292,8 @@ impl IdleAction {
 pub enum TenantCommand {
     /// Create a tenant and print its API key (shown only once).
     Create(TenantCreate),
-    /// Show a tenant: its quota, weight and whether it is suspended.
+    /// Show a tenant: its name, e-mail, quota, weight and whether it is
+    /// suspended or erased.
     Get(TenantId),
     /// Issue, list and revoke a tenant's API keys (admin or the tenant).
     #[command(subcommand)]
@@ -303,6 +304,9 @@ pub enum TenantCommand {
     Resume(TenantId),
     /// Change a tenant's quota and fair-share weight (admin).
     SetQuota(TenantSetQuota),
+    /// Erase a tenant: destroy its data key, so its name and e-mail read as
+    /// `[erased]` for good; refused while a lease of it has not ended (admin).
+    Erase(TenantId),
 }
 
 /// A tenant named by its id.

@@ -287,6 +287,13 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &changed, render::tenant_changed)?;
             Ok(EXIT_OK)
         }
+        Command::Tenant(TenantCommand::Erase(t)) => {
+            let tenant = gw
+                .post(&["v1", "tenants", &t.id, "erase"], None, &[])
+                .await?;
+            emit(out, json, &tenant, render::tenant_view)?;
+            Ok(EXIT_OK)
+        }
         Command::Tenant(TenantCommand::SetQuota(q)) => {
             let mut body = json!({"quota": {"max_gpus": q.max_gpus}});
             if let Some(vram) = q.max_vram_gb {

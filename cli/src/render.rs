@@ -552,6 +552,9 @@ pub fn tenant_created(tenant: &Value) -> String {
 pub fn tenant_view(tenant: &Value) -> String {
     let mut rows = vec![
         ("id", text(tenant, "id")),
+        ("name", text(tenant, "name")),
+        ("email", text(tenant, "email")),
+        ("erased", text(tenant, "erased")),
         ("max gpus", text(tenant, "max_gpus")),
         ("max vram gb", text(tenant, "max_vram_gb")),
         ("weight", text(tenant, "weight")),

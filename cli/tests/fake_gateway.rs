@@ -801,6 +801,27 @@ async fn tenant_suspend_resume_and_set_quota_send_their_bodies() {
 }
 
 #[tokio::test]
+async fn tenant_erase_posts_and_shows_the_erased_tenant() {
+    let gw = fake(|_, _| {
+        ok(
+            200,
+            json!({"id": "T1", "name": "[erased]", "email": "[erased]", "erased": true,
+                   "max_gpus": 8, "max_vram_gb": null, "weight": 1, "suspended": true,
+                   "suspended_reason": "erased", "created_at": "2026-12-01T10:00:00Z"}),
+        )
+    })
+    .await;
+    let out = gw.lh(&["tenant", "erase", "T1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("[erased]"), "{}", out.stdout);
+    let reqs = gw.requests();
+    assert_eq!(
+        (reqs[0].method.as_str(), reqs[0].target.as_str()),
+        ("POST", "/v1/tenants/T1/erase")
+    );
+}
+
+#[tokio::test]
 async fn price_books_are_listed_and_published_from_a_file() {
     let gw = fake(|req, _| match req.method.as_str() {
         "GET" => ok(

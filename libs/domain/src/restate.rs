@@ -85,8 +85,8 @@ fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
     events
 }
 
-/// A tenant's creation, its keys' issues and revocations, the newest
-/// suspension (none once resumed) and the newest quota, in the order they
+/// A tenant's creation, its keys' issues and revocations, its erasure, the
+/// newest suspension (none once resumed) and the newest quota, in the order they
 /// were stored. Revoked keys stay, so that a reader new to the tenant lists
 /// the same keys; only when that would pass [`MAX_RESTATED_EVENTS`] are the
 /// oldest revoked keys left out (issue and revocation both), never a key
@@ -250,6 +250,40 @@ mod tests {
             sha256: format!("{key_id:064}"),
             expires_at: None,
         })
+    }
+
+    #[test]
+    fn an_erased_tenant_stays_erased_past_its_history() {
+        use lh_events::{TenantErased, TenantSuspended};
+        let tenant_id = Uuid::from_u128(3);
+        let history = vec![
+            stated(1, EventData::TenantCreated(fixtures::tenant(tenant_id, 4))),
+            stated(
+                2,
+                EventData::TenantSuspended(TenantSuspended {
+                    tenant_id,
+                    reason: "leaving".into(),
+                    stop_leases: true,
+                }),
+            ),
+            stated(3, EventData::TenantErased(TenantErased { tenant_id })),
+        ];
+        let EventData::TenantRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        let kept: Vec<(u64, &str)> = r
+            .history
+            .iter()
+            .map(|e| (e.sequence, e.envelope.data.event_type()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (1, "tenant.created"),
+                (2, "tenant.suspended"),
+                (3, "tenant.erased")
+            ]
+        );
     }
 
     #[test]

@@ -55,6 +55,7 @@ events! {
     "tenant.suspended" v=1 => TenantSuspended @ tenant(tenant_id), tenant_id = tenant_id;
     "tenant.resumed" v=1 => TenantResumed @ tenant(tenant_id), tenant_id = tenant_id;
     "tenant.quota_changed" v=1 => TenantQuotaChanged @ tenant(tenant_id), tenant_id = tenant_id;
+    "tenant.erased" v=1 => TenantErased @ tenant(tenant_id), tenant_id = tenant_id;
     "lease.requested" v=1 => LeaseRequested @ lease(lease_id), tenant_id = tenant_id;
     "lease.queued" v=1 => LeaseQueued @ lease(lease_id);
     "lease.rejected" v=1 => LeaseRejected @ lease(lease_id);

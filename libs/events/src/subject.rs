@@ -240,6 +240,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("tenant.suspended", &[Gateway]),
         ("tenant.resumed", &[Gateway]),
         ("tenant.quota_changed", &[Gateway]),
+        ("tenant.erased", &[Gateway]),
         // The scheduler requests a preempted spot lease again (managed
         // recovery) as a new lease.
         ("lease.requested", &[Gateway, Scheduler]),

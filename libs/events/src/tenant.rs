@@ -131,3 +131,12 @@ pub struct TenantQuotaChanged {
     pub quota: Quota,
     pub weight: u32,
 }
+
+/// The tenant's data key was destroyed: the sealed fields of its events
+/// (name, e-mail) can no longer be opened by anyone, while the events
+/// themselves, their hashes and the money they carry stay as they were.
+/// The tenant is refused every write from then on; it is never resumed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantErased {
+    pub tenant_id: Uuid,
+}

@@ -174,6 +174,17 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .execute(conn)
             .await?;
         }
+        EventData::TenantErased(e) => {
+            // The row keeps the ciphertext: it is the log's, and without the
+            // key it is noise; a rebuild writes the same.
+            sqlx::query(
+                "UPDATE tenants SET erased = TRUE, suspended = TRUE, suspended_reason = 'erased'
+                 WHERE id = $1",
+            )
+            .bind(e.tenant_id)
+            .execute(conn)
+            .await?;
+        }
         EventData::TenantQuotaChanged(e) => {
             sqlx::query(
                 "UPDATE tenants SET max_gpus = $2, max_vram_gb = $3, weight = $4 WHERE id = $1",

@@ -2,7 +2,7 @@
 //! with a per-tenant key (ChaCha20-Poly1305) before they enter the log; the
 //! keys live outside the log, in the `gateway_keys` schema, wrapped by a
 //! master key that stays outside the database (`keyring`). Destroying a
-//! tenant's key (erasing the tenant; not built yet) leaves only ciphertext in
+//! tenant's key (`POST /v1/tenants/{id}/erase`) leaves only ciphertext in
 //! the log while the audit chain still verifies.
 
 use base64::{engine::general_purpose::STANDARD, Engine as _};
@@ -154,6 +154,19 @@ pub async fn store_key(
     .bind(tenant_id)
     .bind(&wrapped.ciphertext)
     .bind(&wrapped.master_key_id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Deletes the tenant's wrapped data key: from then on nothing this
+/// database holds opens the tenant's sealed fields. Deleting a row that is
+/// gone already is no error.
+pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), ApiError> {
+    sqlx::query(&format!(
+        "DELETE FROM {KEYS_SCHEMA}.tenant_keys WHERE tenant_id = $1"
+    ))
+    .bind(tenant_id)
     .execute(pool)
     .await?;
     Ok(())

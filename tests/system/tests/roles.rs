@@ -46,6 +46,7 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/tenants/{t}/suspend", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("POST", "/v1/tenants/{t}/resume", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("PUT", "/v1/tenants/{t}/quota", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/tenants/{t}/erase", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
     ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 403, 200, 200, 200, 403, 403]),
@@ -294,6 +295,19 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                     .unwrap_or_default()
             } else {
                 String::new()
+            };
+            // Erasing uses its tenant up: each call gets a fresh one,
+            // suspended and with no lease, that the caller's tenant stands for.
+            let erased;
+            let owner = if template.ends_with("/erase") {
+                erased = tenant(&stack, "to-erase").await;
+                let suspend = format!("/v1/tenants/{}/suspend", erased.id);
+                let (status, answer) =
+                    send(&stack, "POST", &suspend, Some(ADMIN_TOKEN), Some(json!({}))).await;
+                assert_eq!(status, 202, "{answer}");
+                &erased
+            } else {
+                owner
             };
             let path = template
                 .replace("{t}", &owner.id)

@@ -121,7 +121,8 @@ pub async fn issue(
             ));
         }
     }
-    let (_, last) = tenant_now(&ctx, tenant_id).await?;
+    let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    super::tenants::refuse_erased(&tenant)?;
     let (live, newest): (i64, Option<i32>) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())),
                 max(key_id)

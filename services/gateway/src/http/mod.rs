@@ -66,6 +66,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/suspend", post(tenants::suspend))
         .route("/v1/tenants/{id}/resume", post(tenants::resume))
         .route("/v1/tenants/{id}/quota", put(tenants::set_quota))
+        .route("/v1/tenants/{id}/erase", post(tenants::erase))
         .route("/v1/tenants/{id}/keys", post(keys::issue).get(keys::list))
         .route("/v1/tenants/{id}/balance", get(balances::get))
         .route("/v1/tenants/{id}/balance/top-ups", post(balances::top_up))

@@ -17,6 +17,7 @@ use super::{
         tenants::suspend,
         tenants::resume,
         tenants::set_quota,
+        tenants::erase,
         keys::issue,
         keys::list,
         keys::revoke,

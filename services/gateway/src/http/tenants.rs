@@ -9,7 +9,7 @@ use chrono::Utc;
 use lh_bus::{BusError, Expect};
 use lh_events::{
     derived_id, subject, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated,
-    TenantQuotaChanged, TenantResumed, TenantSuspended,
+    TenantErased, TenantQuotaChanged, TenantResumed, TenantSuspended,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
@@ -196,10 +196,21 @@ pub async fn create(
 /// Longest reason for a suspension, in characters.
 pub const MAX_REASON_CHARS: usize = 500;
 
-/// A tenant as the read model shows it (its name and e-mail stay sealed).
+/// What a sealed field shows once its tenant's key is destroyed.
+pub const ERASED_MARKER: &str = "[erased]";
+
+/// A tenant as the read model shows it. The name and e-mail are opened
+/// with the tenant's key on each read; once that key is destroyed they
+/// show [`ERASED_MARKER`].
 #[derive(Debug, Serialize, Deserialize, ToSchema, FromRow)]
 pub struct TenantView {
     pub id: Uuid,
+    #[sqlx(rename = "name_sealed")]
+    pub name: String,
+    #[sqlx(rename = "email_sealed")]
+    pub email: String,
+    /// The tenant's data key was destroyed (`POST /v1/tenants/{id}/erase`).
+    pub erased: bool,
     #[sqlx(try_from = "i32")]
     pub max_gpus: u32,
     pub max_vram_gb: Option<i32>,
@@ -228,14 +239,40 @@ pub(super) fn require_reader(caller: &Caller, tenant_id: Uuid) -> Result<(), Api
 }
 
 async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, ApiError> {
-    sqlx::query_as(
-        "SELECT id, max_gpus, max_vram_gb, weight, suspended, suspended_reason, created_at
+    let mut tenant: TenantView = sqlx::query_as(
+        "SELECT id, name_sealed, email_sealed, erased, max_gpus, max_vram_gb, weight, suspended,
+                suspended_reason, created_at
          FROM tenants WHERE id = $1",
     )
     .bind(tenant_id)
     .fetch_optional(&ctx.pool)
     .await?
-    .ok_or_else(|| ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))
+    .ok_or_else(|| ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))?;
+    let key = seal::load_key(&ctx.pool, ctx.keys.as_ref(), tenant_id)
+        .await
+        .map_err(|e| ApiError::internal(format!("loading a tenant key: {e}")))?;
+    // A missing key and a field that does not open read the same: the
+    // read model may be rebuilt after the key is gone, and then it holds
+    // only ciphertext nobody can open.
+    let open = |sealed: &str| {
+        key.as_ref()
+            .and_then(|k| seal::open(k, sealed))
+            .unwrap_or_else(|| ERASED_MARKER.to_string())
+    };
+    tenant.name = open(&tenant.name);
+    tenant.email = open(&tenant.email);
+    Ok(tenant)
+}
+
+/// 409 for a write to an erased tenant: nothing may be added to it.
+pub(super) fn refuse_erased(tenant: &TenantView) -> Result<(), ApiError> {
+    if tenant.erased {
+        return Err(ApiError::conflict(format!(
+            "tenant {} is erased; it takes no further changes",
+            tenant.id
+        )));
+    }
+    Ok(())
 }
 
 /// The tenant once the read model shows everything on its subject, and
@@ -391,6 +428,7 @@ pub async fn resume(
     caller.require_admin()?;
     let tenant_id = parse_tenant_id(&id)?;
     let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    refuse_erased(&tenant)?;
     if tenant.suspended {
         let data = EventData::TenantResumed(TenantResumed { tenant_id });
         append_to_tenant(&ctx, &caller, last, data).await?;
@@ -402,6 +440,64 @@ pub async fn resume(
             leases_stopping: 0,
         }),
     ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/tenants/{id}/erase", params(("id" = Uuid, Path)),
+    responses(
+        (status = 200, body = TenantView, description = "The tenant is erased: now, or already before this call"),
+        (status = 401, body = super::Problem), (status = 403, body = super::Problem),
+        (status = 404, body = super::Problem),
+        (status = 409, body = super::Problem, description = "The tenant is not suspended, or has leases that have not ended"),
+        (status = 503, body = super::Problem)
+    )
+)]
+/// Destroys the tenant's data key, so that its sealed name and e-mail can
+/// never be opened again, and records `tenant.erased`. Refused unless the
+/// tenant is suspended (so that no lease can be requested between the
+/// check below and the erasure) and every lease of it has ended: a running
+/// lease still accrues charges for a tenant that is gone, and its node
+/// still holds its spec.
+pub async fn erase(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<TenantView>, ApiError> {
+    caller.require_admin()?;
+    let tenant_id = parse_tenant_id(&id)?;
+    let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    if tenant.erased {
+        // Idempotent: the key is gone already; the row is deleted again in
+        // case an earlier call died between the event and the delete.
+        seal::destroy_key(&ctx.pool, tenant_id).await?;
+        return Ok(Json(tenant));
+    }
+    if !tenant.suspended {
+        return Err(ApiError::conflict(format!(
+            "tenant {tenant_id} is not suspended; suspend it first \
+             (POST /v1/tenants/{tenant_id}/suspend with stop_leases)"
+        )));
+    }
+    let open_leases: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected')",
+    )
+    .bind(tenant_id)
+    .fetch_one(&ctx.pool)
+    .await?;
+    if open_leases > 0 {
+        return Err(ApiError::conflict(format!(
+            "tenant {tenant_id} has {open_leases} lease(s) that have not ended; stop them first \
+             (POST /v1/tenants/{tenant_id}/suspend with stop_leases) and erase once they ended"
+        )));
+    }
+    // The event first: were the key deleted first and the publish then
+    // failed, the log would name a tenant whose data reads as erased with no
+    // record of who erased it. A retry finishes the delete.
+    let data = EventData::TenantErased(TenantErased { tenant_id });
+    append_to_tenant(&ctx, &caller, last, data).await?;
+    seal::destroy_key(&ctx.pool, tenant_id).await?;
+    metrics::counter!("lh_gateway_tenants_erased_total").increment(1);
+    Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -433,6 +529,7 @@ pub async fn set_quota(
     let tenant_id = parse_tenant_id(&id)?;
     validate_quota(&body.quota, body.weight)?;
     let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
+    refuse_erased(&tenant)?;
     let data = EventData::TenantQuotaChanged(TenantQuotaChanged {
         tenant_id,
         quota: Quota {
