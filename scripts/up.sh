@@ -11,7 +11,8 @@
 #   .data/gateway/master.keys  the master key wrapping tenants' data keys (0600)
 #   .data/logs/    one log per process
 #   .data/pids/    one pid file per process (scripts/down.sh reads them)
-#   .data/admin-token, .data/audit/signing.key
+#   .data/admin-token, .data/audit/signing.key (its public half is pinned),
+#   .data/audit/verify.token (bearer token of audit's GET /v1/verify)
 #
 # Environment knobs: LH_NATS_CLUSTER (1: one nats-server; 3: a local
 # three-node JetStream cluster on client ports LH_NATS_PORT..+2, route ports
@@ -265,6 +266,33 @@ if [ -z "${LH_ADMIN_TOKEN:-}" ]; then
     LH_ADMIN_TOKEN=$(cat "$DATA/admin-token")
 fi
 
+# --- audit: its signing key, the pinned public half, the verify token ---
+AUDIT_KEY_FILE="$DATA/audit/signing.key"
+if ! [ -s "$AUDIT_KEY_FILE" ]; then
+    # The format lh-audit writes itself: the ed25519 seed as 64 hex digits.
+    (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$AUDIT_KEY_FILE" && echo >>"$AUDIT_KEY_FILE")
+fi
+chmod 600 "$AUDIT_KEY_FILE"
+# Pinning the key is what makes the service's verification mean something;
+# without openssl the service falls back to trusting its own key and says so.
+ed25519_public_hex() {
+    local seed der
+    seed=$(tr -d ' \n' <"$1")
+    # PKCS#8 wrapping of a raw ed25519 seed (RFC 8410), as openssl reads it.
+    der="302e020100300506032b657004220420$seed"
+    # shellcheck disable=SC2059
+    printf "$(printf '%s' "$der" | sed 's/../\\x&/g')" \
+        | openssl pkey -inform DER -pubout -outform DER 2>/dev/null \
+        | tail -c 32 | od -An -tx1 | tr -d ' \n'
+}
+AUDIT_PUBLIC_KEY=$(ed25519_public_hex "$AUDIT_KEY_FILE" || true)
+[ ${#AUDIT_PUBLIC_KEY} -eq 64 ] || { AUDIT_PUBLIC_KEY=""; say "openssl could not derive the audit public key: not pinning it"; }
+AUDIT_VERIFY_TOKEN_FILE="$DATA/audit/verify.token"
+if ! [ -s "$AUDIT_VERIFY_TOKEN_FILE" ]; then
+    (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$AUDIT_VERIFY_TOKEN_FILE")
+fi
+chmod 600 "$AUDIT_VERIFY_TOKEN_FILE"
+
 # --- services ---
 start_service() {
     local name=$1 binary=$2 addr=$3
@@ -280,7 +308,9 @@ start_service() {
         gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$GATEWAY_DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN"
                        LH_MASTER_KEY_FILE="$MASTER_KEY_FILE") ;;
         pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$PRICING_DATABASE_URL") ;;
-        audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$DATA/audit/signing.key") ;;
+        audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$AUDIT_KEY_FILE"
+                     LH_AUDIT_VERIFY_TOKEN_FILE="$AUDIT_VERIFY_TOKEN_FILE")
+               if [ -n "$AUDIT_PUBLIC_KEY" ]; then env+=(LH_AUDIT_TRUSTED_PUBLIC_KEYS="$AUDIT_PUBLIC_KEY"); fi ;;
         node-agent-*) env+=(LH_HTTP_ADDR="$addr" LH_FLEET_FILE="$ROOT/dev/fleet.toml" LH_NODE_ID="node-${name#node-agent-}") ;;
         *) env+=(LH_HTTP_ADDR="$addr") ;;
     esac
@@ -318,6 +348,7 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)
   database:     $DATABASE_URL (services: roles lh_gateway, lh_pricing, lh_audit where up.sh runs it)
   logs:         $LOGS/
+  audit verify: curl -H "Authorization: Bearer \$(cat $AUDIT_VERIFY_TOKEN_FILE)" http://127.0.0.1:9105/v1/verify
 
 Use the CLI:
   export LH_GATEWAY_URL=http://$GATEWAY_ADDR LH_API_KEY=$LH_ADMIN_TOKEN

@@ -10,7 +10,7 @@
 //! [`Breach`]:
 //!
 //! 1. its data has the five fields, `head` 64 hex digits ([`Breach::MalformedCheckpoint`]);
-//! 2. `public_key` is the pinned key ([`Breach::KeyNotPinned`]);
+//! 2. `public_key` is a pinned key ([`Breach::KeyNotPinned`]);
 //! 3. `signature` verifies over its own statement ([`Breach::BadSignature`]);
 //! 4. `sequence` lies before the checkpoint message itself ([`Breach::NotBeforeCheckpoint`]);
 //! 5. the chain at `sequence` is still in memory ([`Breach::OutOfWindow`]);
@@ -149,7 +149,9 @@ struct Past {
 /// The verification engine: feed it the stream's messages in order.
 #[derive(Debug, Clone)]
 pub struct StreamCheck {
-    pinned: [u8; 32],
+    /// Keys a checkpoint may be signed with: one for an auditor, several
+    /// while the service rotates its key.
+    pinned: Vec<[u8; 32]>,
     chain: Chain,
     checked_from: u64,
     past: VecDeque<Past>,
@@ -246,17 +248,31 @@ struct Claim {
 impl StreamCheck {
     /// Starts at the genesis: the stream is read from sequence 1.
     pub fn from_genesis(pinned: [u8; 32]) -> Self {
+        Self::from_genesis_trusting(vec![pinned])
+    }
+
+    /// Starts at the genesis, trusting checkpoints signed by any of `pinned`.
+    pub fn from_genesis_trusting(pinned: Vec<[u8; 32]>) -> Self {
         Self::starting(pinned, Chain::default(), None)
     }
 
     /// Starts from a checkpoint a previous run verified, after checking its
     /// signature with the pinned key again.
     pub fn resume(pinned: [u8; 32], from: &SignedHead) -> Result<Self, String> {
+        Self::resume_trusting(vec![pinned], from)
+    }
+
+    /// Resumes from `from`, which one of `pinned` must have signed.
+    pub fn resume_trusting(pinned: Vec<[u8; 32]>, from: &SignedHead) -> Result<Self, String> {
         let head = parse_head(&from.head)
             .ok_or_else(|| format!("the resume head {:?} is not 64 hex digits", from.head))?;
-        if !signature_holds(&pinned, &from.signature, from.sequence, from.events, &head) {
+        let signed = pinned
+            .iter()
+            .any(|key| signature_holds(key, &from.signature, from.sequence, from.events, &head));
+        if !signed {
+            let which = if pinned.len() == 1 { "the" } else { "a" };
             return Err(format!(
-                "the checkpoint to resume from (sequence {}) is not signed by the pinned key",
+                "the checkpoint to resume from (sequence {}) is not signed by {which} pinned key",
                 from.sequence
             ));
         }
@@ -268,7 +284,7 @@ impl StreamCheck {
         Ok(Self::starting(pinned, chain, Some(from.clone())))
     }
 
-    fn starting(pinned: [u8; 32], chain: Chain, resumed_from: Option<SignedHead>) -> Self {
+    fn starting(pinned: Vec<[u8; 32]>, chain: Chain, resumed_from: Option<SignedHead>) -> Self {
         Self {
             pinned,
             chain,
@@ -337,16 +353,26 @@ impl StreamCheck {
             return;
         }
         self.checkpoints += 1;
-        let reason = if parse_public_key(&claim.public_key).ok() != Some(self.pinned) {
-            Some(Breach::KeyNotPinned)
-        } else if !signature_holds(
-            &self.pinned,
-            &claim.signature,
-            claim.sequence,
-            claim.events,
-            &claim.head,
-        ) {
-            Some(Breach::BadSignature)
+        let signer = parse_public_key(&claim.public_key)
+            .ok()
+            .filter(|key| self.pinned.contains(key));
+        let reason = match signer {
+            None => Some(Breach::KeyNotPinned),
+            Some(signer)
+                if !signature_holds(
+                    &signer,
+                    &claim.signature,
+                    claim.sequence,
+                    claim.events,
+                    &claim.head,
+                ) =>
+            {
+                Some(Breach::BadSignature)
+            }
+            Some(_) => None,
+        };
+        let reason = if reason.is_some() {
+            reason
         } else if claim.sequence >= at {
             Some(Breach::NotBeforeCheckpoint)
         } else {
@@ -528,6 +554,46 @@ mod tests {
         assert_eq!(report.first_bad.unwrap().reason, Breach::KeyNotPinned);
         assert_eq!(report.checkpoints, 2);
         assert_eq!(report.checkpoints_verified, 1);
+    }
+
+    #[test]
+    fn any_of_several_pinned_keys_may_sign_and_no_other() {
+        // The first checkpoint by the old key, the second by the new one,
+        // as during a key rotation.
+        let (old, new, stranger) = (key(1), key(2), key(3));
+        let mut chain = Chain::default();
+        let mut messages = Vec::new();
+        for s in 1..=22u64 {
+            let payload = match s {
+                11 => checkpoint(&old, &old, &chain),
+                22 => checkpoint(&new, &new, &chain),
+                _ => format!("{{\"n\":{s}}}").into_bytes(),
+            };
+            chain.append(s, SUBJECT, &payload);
+            messages.push((s, payload));
+        }
+        let check_with = |pinned: Vec<[u8; 32]>| {
+            let mut check = StreamCheck::from_genesis_trusting(pinned);
+            for (s, payload) in &messages {
+                check.message(*s, SUBJECT, payload);
+            }
+            check.report()
+        };
+        let both = [
+            old.verifying_key().to_bytes(),
+            new.verifying_key().to_bytes(),
+        ];
+        let report = check_with(both.to_vec());
+        assert!(report.ok, "{report:?}");
+        assert_eq!(report.checkpoints_verified, 2);
+
+        let report = check_with(vec![both[0], stranger.verifying_key().to_bytes()]);
+        let bad = report.first_bad.unwrap();
+        assert_eq!((bad.sequence, bad.reason), (21, Breach::KeyNotPinned));
+
+        let from = check_with(both.to_vec()).last_checkpoint.unwrap();
+        assert!(StreamCheck::resume_trusting(both.to_vec(), &from).is_ok());
+        assert!(StreamCheck::resume_trusting(vec![both[0]], &from).is_err());
     }
 
     #[test]

@@ -120,9 +120,16 @@ pub struct EventsPage {
     pub next: Option<u64>,
 }
 
-/// Request on [`RPC_AUDIT_VERIFY`]: an empty JSON object, `{}`.
+/// Request on [`RPC_AUDIT_VERIFY`]: `{}` verifies incrementally, from the
+/// last verified checkpoint to the head.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct VerifyRequest {}
+pub struct VerifyRequest {
+    /// Re-verify everything from the genesis or the anchor, bypassing the
+    /// cached result and the last verified checkpoint: it replays the whole
+    /// log, so only admins may ask for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full: bool,
+}
 
 /// Result of a verification run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -152,6 +159,22 @@ pub struct VerifyResponse {
     /// anchor.
     #[serde(default = "genesis_next")]
     pub checked_from: u64,
+    /// Events chained by the run that produced this report: the ones after
+    /// the checkpoint it resumed from (all of them for a full run).
+    #[serde(default)]
+    pub events_checked_this_run: u64,
+    /// The checkpoint an earlier run verified, where this run resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<VerifyAnchor>,
+    /// The first checkpoint on the stream that did not hold: not signed by
+    /// a pinned key, a bad signature, or a head the stream contradicts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_bad_checkpoint: Option<VerifyBadCheckpoint>,
+    /// Number of the verification run (since the service started) that
+    /// produced this report: calls that shared a run, or got its cached
+    /// result, carry the same number.
+    #[serde(default)]
+    pub run: u64,
     /// Why verification could not be done at all (no anchor precedes the
     /// log's first sequence, or the anchor is not signed by the pinned key);
     /// `ok` is false when set.
@@ -171,15 +194,37 @@ pub struct VerifyAnchor {
     pub head: String,
 }
 
+/// A checkpoint on the stream that did not hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VerifyBadCheckpoint {
+    /// The sequence the checkpoint signs.
+    pub sequence: u64,
+    /// The stream sequence of the checkpoint message itself.
+    pub checkpoint_at: u64,
+    /// Why, in the words of `lh audit verify`: `key_not_pinned`,
+    /// `bad_signature`, `events_mismatch`, `head_mismatch`, ...
+    pub reason: String,
+}
+
 /// A report from before anchors were verified from 1.
 fn genesis_next() -> u64 {
     1
 }
 
 /// Asks a running audit service to verify the chain (what the gateway calls).
-/// Verification replays the whole log, so give it a generous `timeout`.
+/// The first run after a start may replay the whole log, so give it a
+/// generous `timeout`.
 pub async fn call(bus: &Bus, timeout: Duration) -> lh_bus::Result<VerifyResponse> {
-    lh_bus::rpc::call(bus, RPC_AUDIT_VERIFY, &VerifyRequest {}, timeout).await
+    call_with(bus, &VerifyRequest::default(), timeout).await
+}
+
+/// [`call`] with a request, e.g. a full re-verification.
+pub async fn call_with(
+    bus: &Bus,
+    request: &VerifyRequest,
+    timeout: Duration,
+) -> lh_bus::Result<VerifyResponse> {
+    lh_bus::rpc::call(bus, RPC_AUDIT_VERIFY, request, timeout).await
 }
 
 /// Asks the audit service for a page of its copy of the log.
@@ -198,7 +243,12 @@ mod tests {
     #[test]
     fn an_empty_object_is_a_request_and_the_report_has_the_documented_fields() {
         let _: VerifyRequest = serde_json::from_str("{}").unwrap();
-        assert_eq!(serde_json::to_string(&VerifyRequest {}).unwrap(), "{}");
+        assert_eq!(
+            serde_json::to_string(&VerifyRequest::default()).unwrap(),
+            "{}"
+        );
+        let full: VerifyRequest = serde_json::from_str(r#"{"full":true}"#).unwrap();
+        assert!(full.full);
         let report = VerifyResponse {
             ok: false,
             events: 3,
@@ -209,6 +259,10 @@ mod tests {
             checkpoints: 1,
             anchor: None,
             checked_from: 1,
+            events_checked_this_run: 0,
+            resumed_from: None,
+            first_bad_checkpoint: None,
+            run: 0,
             problem: None,
         };
         let json = serde_json::to_value(&report).unwrap();
@@ -217,7 +271,7 @@ mod tests {
             serde_json::json!({
                 "ok": false, "events": 3, "head": "ab", "sequence": 3,
                 "first_mismatch": 2, "checkpoints_verified": 0, "checkpoints": 1,
-                "checked_from": 1
+                "checked_from": 1, "events_checked_this_run": 0, "run": 0
             })
         );
         let older: VerifyResponse = serde_json::from_value(serde_json::json!({

@@ -294,7 +294,9 @@ impl Stack {
                         common,
                         database_url: self.database_url_for("audit"),
                         schema: "audit".into(),
-                        signing_key_file: None,
+                        // Kept across restarts: checkpoints an earlier run
+                        // signed must still verify against the trusted key.
+                        signing_key_file: Some(self._dir.path().join("audit-signing.key")),
                         checkpoint_every_events: 50,
                         // A log that expires in seconds needs checkpoints as
                         // often, to verify from after expiry.
@@ -305,6 +307,9 @@ impl Stack {
                         },
                         // A stack on a log that expires in seconds prunes in step.
                         prune_every_secs: 1,
+                        trusted_public_keys: Vec::new(),
+                        trusted_public_keys_file: None,
+                        verify_token_file: None,
                     },
                     token.clone(),
                 )

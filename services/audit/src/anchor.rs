@@ -2,9 +2,9 @@
 //! the newest signed checkpoint at or before the log's first sequence minus
 //! one. Its head, pinned by its signature, stands in for the chain before it.
 
-use ed25519_dalek::VerifyingKey;
 use lh_bus::Bus;
 use lh_domain::chain::{Chain, Hash};
+use lh_domain::chain_check::SignedHead;
 use lh_events::subject;
 
 use crate::signing::checkpoint_signature_ok;
@@ -59,11 +59,27 @@ impl StoredCheckpoint {
             && self.signature_ok(&head)
     }
 
-    /// The chain as this checkpoint states it, when `pinned` signed it: the
-    /// stored key names the signer, only the pinned key makes it trusted.
-    pub fn anchored_chain(&self, pinned: &VerifyingKey) -> Option<Chain> {
+    /// True when the stored key is one of the `trusted`: the stored key
+    /// names the signer, only pinning it makes it trusted.
+    pub fn signed_by_one_of(&self, trusted: &[[u8; 32]]) -> bool {
+        trusted.iter().any(|key| self.public_key[..] == key[..])
+    }
+
+    /// The checkpoint as a resume point for the stream verifier.
+    pub fn signed_head(&self) -> SignedHead {
+        SignedHead {
+            sequence: self.sequence,
+            events: self.events,
+            head: hex::encode(&self.head),
+            signature: hex::encode(&self.signature),
+        }
+    }
+
+    /// The chain as this checkpoint states it, when one of the `trusted`
+    /// keys signed it.
+    pub fn anchored_chain(&self, trusted: &[[u8; 32]]) -> Option<Chain> {
         let head = self.stated_head()?;
-        (self.public_key[..] == pinned.to_bytes() && self.signature_ok(&head)).then_some(Chain {
+        (self.signed_by_one_of(trusted) && self.signature_ok(&head)).then_some(Chain {
             head,
             events: self.events,
             last_sequence: self.sequence,

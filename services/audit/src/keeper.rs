@@ -374,7 +374,9 @@ impl Keeper {
             return Ok(());
         }
         anyhow::ensure!(
-            anchor.anchored_chain(&self.key.verifying_key()).is_some(),
+            anchor
+                .anchored_chain(&[self.key.verifying_key().to_bytes()])
+                .is_some(),
             "the checkpoint at sequence {} is not signed by this service's key: not pruning on it",
             anchor.sequence
         );
@@ -414,7 +416,10 @@ impl Keeper {
         let sound = anchor_sequence > 0
             && anchor_sequence < pruned.below_sequence
             && pruned.below_sequence <= log_first
-            && anchor.is_some_and(|cp| cp.anchored_chain(&self.key.verifying_key()).is_some());
+            && anchor.is_some_and(|cp| {
+                cp.anchored_chain(&[self.key.verifying_key().to_bytes()])
+                    .is_some()
+            });
         if !sound {
             tracing::warn!(
                 event_sequence,

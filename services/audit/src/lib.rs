@@ -37,7 +37,9 @@ mod query;
 mod signing;
 mod verify;
 
-use lh_rpc::audit::{EventsRequest, VerifyRequest};
+use anyhow::Context as _;
+use lh_domain::chain_check::{parse_public_key, SignedHead};
+use lh_rpc::audit::{EventsRequest, VerifyRequest, VerifyResponse};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9105";
 /// Name of this service: its NATS connection, its actor, its RPC queue group.
@@ -73,6 +75,25 @@ pub struct Config {
     /// to prune the audit copy in step with it.
     #[arg(long, env = "LH_AUDIT_PRUNE_EVERY_SECS", default_value_t = 3600)]
     pub prune_every_secs: u64,
+    /// Public keys (hex ed25519, comma-separated) a checkpoint must be
+    /// signed with. Pinning is what gives verification meaning: when none is
+    /// pinned, the service trusts its own key, which whoever can replace the
+    /// key file can also replace.
+    #[arg(
+        long,
+        env = "LH_AUDIT_TRUSTED_PUBLIC_KEYS",
+        value_name = "HEX[,HEX]",
+        value_delimiter = ','
+    )]
+    pub trusted_public_keys: Vec<String>,
+    /// A file of further trusted public keys, one hex key a line (`#`
+    /// starts a comment).
+    #[arg(long, env = "LH_AUDIT_TRUSTED_PUBLIC_KEYS_FILE")]
+    pub trusted_public_keys_file: Option<PathBuf>,
+    /// File holding the bearer token `GET /v1/verify` requires. Without it
+    /// the endpoint answers every request with 401.
+    #[arg(long, env = "LH_AUDIT_VERIFY_TOKEN_FILE")]
+    pub verify_token_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Config {
@@ -86,6 +107,9 @@ impl std::fmt::Debug for Config {
             .field("checkpoint_every_events", &self.checkpoint_every_events)
             .field("checkpoint_every_secs", &self.checkpoint_every_secs)
             .field("prune_every_secs", &self.prune_every_secs)
+            .field("trusted_public_keys", &self.trusted_public_keys)
+            .field("trusted_public_keys_file", &self.trusted_public_keys_file)
+            .field("verify_token_file", &self.verify_token_file)
             .finish()
     }
 }
@@ -102,17 +126,174 @@ impl Config {
             checkpoint_every_events: 1000,
             checkpoint_every_secs: 60,
             prune_every_secs: 3600,
+            trusted_public_keys: Vec::new(),
+            trusted_public_keys_file: None,
+            verify_token_file: None,
         }
+    }
+
+    /// The pinned keys from the flag and the file; empty when none is.
+    pub fn pinned_public_keys(&self) -> anyhow::Result<Vec<[u8; 32]>> {
+        let mut texts: Vec<String> = self.trusted_public_keys.clone();
+        if let Some(path) = &self.trusted_public_keys_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading trusted public keys {}", path.display()))?;
+            texts.extend(
+                text.lines()
+                    .map(|line| line.split('#').next().unwrap_or("").trim().to_string()),
+            );
+        }
+        let mut keys = Vec::new();
+        for text in texts.iter().map(|t| t.trim()).filter(|t| !t.is_empty()) {
+            let key =
+                parse_public_key(text).map_err(|e| anyhow::anyhow!("trusted_public_keys: {e}"))?;
+            if keys.len() >= MAX_TRUSTED_PUBLIC_KEYS {
+                anyhow::bail!("trusted_public_keys: more than {MAX_TRUSTED_PUBLIC_KEYS} keys");
+            }
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        Ok(keys)
     }
 }
 
+/// Most keys that may be pinned: a handful covers a key rotation.
+pub const MAX_TRUSTED_PUBLIC_KEYS: usize = 16;
+/// Longest bearer token the verify endpoint reads from its file.
+const MAX_VERIFY_TOKEN_BYTES: usize = 4096;
+/// How long a verification result is served again while no new event
+/// arrived: the copy could be changed behind the triggers without one.
+pub const VERIFY_CACHE_MAX_AGE_SECS: u64 = 30;
+
 /// What the verify endpoints need.
-#[derive(Clone)]
 struct Verifier {
     bus: Bus,
     pool: PgPool,
-    /// The key an anchor checkpoint must be signed with: this service's own.
-    pinned: ed25519_dalek::VerifyingKey,
+    /// The keys checkpoints must be signed with.
+    trusted: Vec<[u8; 32]>,
+    /// The bearer token `GET /v1/verify` requires; `None` refuses all.
+    http_token: Option<String>,
+    /// Held for the length of a run: one run at a time, and a call that
+    /// waited gets that run's cached result.
+    state: tokio::sync::Mutex<VerifyState>,
+}
+
+/// What verification carries from one run to the next.
+#[derive(Default)]
+struct VerifyState {
+    /// The last checkpoint a run verified, also kept in `verified_checkpoint`.
+    resume: Option<SignedHead>,
+    cached: Option<Cached>,
+    runs: u64,
+}
+
+struct Cached {
+    /// The audit copy's last sequence the report covers.
+    upper: u64,
+    at: std::time::Instant,
+    report: VerifyResponse,
+}
+
+impl Verifier {
+    /// Verifies from the last verified checkpoint (or everything when
+    /// `full`), or returns the cached result while it still holds.
+    async fn verify(&self, full: bool) -> anyhow::Result<VerifyResponse> {
+        let mut state = self.state.lock().await;
+        if !full {
+            let upper: i64 = sqlx::query_scalar("SELECT coalesce(max(sequence), 0) FROM events")
+                .fetch_one(&self.pool)
+                .await?;
+            if let Some(cached) = &state.cached {
+                if cached.upper == upper as u64
+                    && cached.at.elapsed() < Duration::from_secs(VERIFY_CACHE_MAX_AGE_SECS)
+                {
+                    return Ok(cached.report.clone());
+                }
+            }
+        }
+        state.runs += 1;
+        let resume = if full { None } else { state.resume.clone() };
+        let outcome = verify::verify(
+            &self.bus,
+            &self.pool,
+            &self.trusted,
+            resume.as_ref(),
+            state.runs,
+        )
+        .await?;
+        metrics::counter!("lh_audit_verify_runs_total").increment(1);
+        if let Some(verified) = outcome.verified {
+            // A full run that held replaces even a later resume point: that
+            // one may rest on a copy since restored from an older backup.
+            let later = state
+                .resume
+                .as_ref()
+                .is_none_or(|r| verified.sequence > r.sequence);
+            if full || later {
+                store_verified(&self.pool, &verified).await?;
+                state.resume = Some(verified);
+            }
+        }
+        state.cached = Some(Cached {
+            upper: outcome.upper,
+            at: std::time::Instant::now(),
+            report: outcome.report.clone(),
+        });
+        Ok(outcome.report)
+    }
+}
+
+async fn load_verified(pool: &PgPool) -> anyhow::Result<Option<SignedHead>> {
+    let row: Option<(i64, i64, Vec<u8>, Vec<u8>)> =
+        sqlx::query_as("SELECT sequence, events, head, signature FROM verified_checkpoint")
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.map(|(sequence, events, head, signature)| SignedHead {
+        sequence: sequence as u64,
+        events: events as u64,
+        head: hex::encode(head),
+        signature: hex::encode(signature),
+    }))
+}
+
+async fn store_verified(pool: &PgPool, verified: &SignedHead) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO verified_checkpoint (sequence, events, head, signature)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (singleton) DO UPDATE SET sequence = excluded.sequence,
+             events = excluded.events, head = excluded.head,
+             signature = excluded.signature, verified_at = now()",
+    )
+    .bind(verified.sequence as i64)
+    .bind(verified.events as i64)
+    .bind(hex::decode(&verified.head)?)
+    .bind(hex::decode(&verified.signature)?)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+fn read_verify_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading verify token {}", path.display()))?;
+    let token = text.trim().to_string();
+    anyhow::ensure!(
+        !token.is_empty() && token.len() <= MAX_VERIFY_TOKEN_BYTES,
+        "verify token {} must hold 1 to {MAX_VERIFY_TOKEN_BYTES} bytes",
+        path.display()
+    );
+    // The deployments ship placeholders so that a forgotten one stops the
+    // service rather than guarding the endpoint with a published token.
+    let lower = token.to_ascii_lowercase();
+    anyhow::ensure!(
+        !["replace-me", "change-me"]
+            .iter()
+            .any(|p| lower.starts_with(p)),
+        "verify token {} is a placeholder: put a random one there (openssl rand -hex 32)",
+        path.display()
+    );
+    Ok(token)
 }
 
 /// Starts the keeper, the verify RPC and the HTTP API.
@@ -124,6 +305,23 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         "checkpoint and prune intervals must be positive"
     );
     let key = signing::load_or_generate(config.signing_key_file.as_deref())?;
+    let own_key = key.verifying_key().to_bytes();
+    let mut trusted = config.pinned_public_keys()?;
+    if trusted.is_empty() {
+        tracing::warn!(public_key = hex::encode(own_key),
+            "no trusted public keys pinned (LH_AUDIT_TRUSTED_PUBLIC_KEYS): trusting this service's own signing key, which means little; pin it");
+        trusted.push(own_key);
+    } else if !trusted.contains(&own_key) {
+        tracing::warn!(public_key = hex::encode(own_key),
+            "this service's signing key is not among the pinned keys: its own checkpoints will fail verification");
+    }
+    let http_token = match &config.verify_token_file {
+        Some(path) => Some(read_verify_token(path)?),
+        None => {
+            tracing::warn!("no LH_AUDIT_VERIFY_TOKEN_FILE: GET /v1/verify refuses every request");
+            None
+        }
+    };
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
     lh_projection::migrate(&pool, &MIGRATOR).await?;
@@ -132,7 +330,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let verifier = Arc::new(Verifier {
         bus: bus.clone(),
         pool: pool.clone(),
-        pinned: key.verifying_key(),
+        trusted,
+        http_token,
+        state: tokio::sync::Mutex::new(VerifyState {
+            resume: load_verified(&pool).await?,
+            ..VerifyState::default()
+        }),
     });
     let fill = bus.clone();
     let keeper = keeper::Keeper {
@@ -195,10 +398,11 @@ async fn serve_verify(verifier: Arc<Verifier>) -> anyhow::Result<()> {
         &verifier.bus,
         subject::RPC_AUDIT_VERIFY,
         SERVICE,
-        |_: VerifyRequest| {
+        |request: VerifyRequest| {
             let verifier = verifier.clone();
             async move {
-                verify::verify(&verifier.bus, &verifier.pool, &verifier.pinned)
+                verifier
+                    .verify(request.full)
                     .await
                     .map_err(|e| format!("audit verification failed: {e:#}"))
             }
@@ -227,9 +431,54 @@ async fn serve_events(verifier: Arc<Verifier>) -> anyhow::Result<()> {
     anyhow::bail!("the audit events subscription ended")
 }
 
-/// `GET /v1/verify`: the same report as the RPC.
-async fn http_verify(State(verifier): State<Arc<Verifier>>) -> axum::response::Response {
-    match verify::verify(&verifier.bus, &verifier.pool, &verifier.pinned).await {
+/// True when `headers` carry `Authorization: Bearer <expected>`; compared
+/// in constant time so the answer's timing does not reveal the token.
+fn bearer_matches(headers: &axum::http::HeaderMap, expected: &str) -> bool {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), expected.as_bytes()))
+}
+
+/// Compares every byte whatever the first difference; only the length
+/// shows, and the token's length is no secret worth keeping.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn unauthorized() -> axum::response::Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [
+            (axum::http::header::CONTENT_TYPE, "application/problem+json"),
+            (axum::http::header::WWW_AUTHENTICATE, "Bearer"),
+        ],
+        serde_json::json!({
+            "type": "about:blank",
+            "title": "authentication required",
+            "status": 401,
+            "detail": "GET /v1/verify needs the bearer token of LH_AUDIT_VERIFY_TOKEN_FILE",
+        })
+        .to_string(),
+    )
+        .into_response()
+}
+
+/// `GET /v1/verify`: the same incremental report as the RPC, for holders
+/// of the verify token.
+async fn http_verify(
+    State(verifier): State<Arc<Verifier>>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let authorized = verifier
+        .http_token
+        .as_deref()
+        .is_some_and(|token| bearer_matches(&headers, token));
+    if !authorized {
+        return unauthorized();
+    }
+    match verifier.verify(false).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "audit verification failed");
@@ -246,5 +495,65 @@ async fn http_verify(State(verifier): State<Arc<Verifier>>) -> axum::response::R
             )
                 .into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_token_must_match_exactly() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert!(!bearer_matches(&headers, "tok"));
+        for (given, ok) in [
+            ("Bearer tok", true),
+            ("Bearer tok2", false),
+            ("Bearer to", false),
+            ("tok", false),
+            ("Basic tok", false),
+        ] {
+            headers.insert(axum::http::header::AUTHORIZATION, given.parse().unwrap());
+            assert_eq!(bearer_matches(&headers, "tok"), ok, "{given}");
+        }
+    }
+
+    #[test]
+    fn a_placeholder_verify_token_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("verify.token");
+        std::fs::write(&path, "REPLACE-ME-openssl-rand-hex-32\n").unwrap();
+        assert!(read_verify_token(&path).is_err());
+        std::fs::write(&path, "\n").unwrap();
+        assert!(read_verify_token(&path).is_err());
+        std::fs::write(&path, "3f9a\n").unwrap();
+        assert_eq!(read_verify_token(&path).unwrap(), "3f9a");
+    }
+
+    #[test]
+    fn pinned_keys_come_from_the_flag_and_the_file_and_are_checked() {
+        let key = |seed: u8| {
+            hex::encode(
+                ed25519_dalek::SigningKey::from_bytes(&[seed; 32])
+                    .verifying_key()
+                    .to_bytes(),
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("trusted.keys");
+        std::fs::write(
+            &file,
+            format!("# rotated out in March\n{}\n\n{}\n", key(2), key(1)),
+        )
+        .unwrap();
+        let mut config = Config::for_test("nats://127.0.0.1:1", "postgres://x");
+        assert!(config.pinned_public_keys().unwrap().is_empty());
+        config.trusted_public_keys = vec![key(1)];
+        config.trusted_public_keys_file = Some(file);
+        let keys = config.pinned_public_keys().unwrap();
+        assert_eq!(keys.len(), 2, "the duplicate counts once");
+        config.trusted_public_keys = vec!["abcd".into()];
+        let err = config.pinned_public_keys().unwrap_err().to_string();
+        assert!(err.contains("trusted_public_keys"), "{err}");
     }
 }

@@ -17,6 +17,15 @@
 //! is compared with the copy as above. Without such a checkpoint nothing
 //! can be verified, and the report says so.
 //!
+//! Every message chained is also fed to the auditor's stream verifier
+//! ([`lh_domain::chain_check`]), which checks each checkpoint on the stream
+//! against the pinned keys: a checkpoint in the log signed by any other key
+//! fails the run, whether or not the copy holds it.
+//!
+//! A run may resume from the checkpoint an earlier run verified instead of
+//! the genesis or the anchor, whichever is later: it then checks only what
+//! came after it (the service keeps that point, see `crate::VerifyState`).
+//!
 //! The audit copy is read in one repeatable-read transaction, so that a
 //! prune committed meanwhile does not remove rows under the reader.
 //!
@@ -26,11 +35,11 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ed25519_dalek::VerifyingKey;
 use lh_bus::Bus;
-use lh_domain::chain::Chain;
+use lh_domain::chain::{Chain, Hash};
+use lh_domain::chain_check::{SignedHead, StreamCheck};
 use lh_events::subject;
-use lh_rpc::audit::{VerifyAnchor, VerifyResponse};
+use lh_rpc::audit::{VerifyAnchor, VerifyBadCheckpoint, VerifyResponse};
 use sqlx::{PgConnection, PgPool};
 
 use crate::anchor::{self, log_first_sequence, StoredCheckpoint};
@@ -98,6 +107,11 @@ impl Rows {
 /// The recomputed chain and what it has found so far.
 struct Check {
     chain: Chain,
+    /// The same messages, checked as an auditor checks the log: every
+    /// checkpoint on it against the pinned keys.
+    stream: StreamCheck,
+    /// Keys a stored checkpoint must be signed with.
+    trusted: Vec<[u8; 32]>,
     first_mismatch: Option<u64>,
     checkpoints: Vec<StoredCheckpoint>,
     /// Index of the first checkpoint not yet checked.
@@ -118,7 +132,7 @@ impl Check {
             if cp.sequence > self.chain.last_sequence {
                 break;
             }
-            if cp.holds_for(&self.chain) {
+            if cp.holds_for(&self.chain) && cp.signed_by_one_of(&self.trusted) {
                 self.checkpoints_verified += 1;
             }
             self.next_checkpoint += 1;
@@ -128,6 +142,7 @@ impl Check {
     /// A message the stream delivered, compared with the copy's row for it.
     fn streamed(&mut self, sequence: u64, subject: &str, payload: &[u8], row: Option<Row>) {
         let link = self.chain.append(sequence, subject, payload);
+        self.stream.message(sequence, subject, payload);
         match row {
             Some(row) => {
                 let same = row.subject == subject
@@ -148,6 +163,8 @@ impl Check {
     /// the result.
     fn expired(&mut self, row: &Row) {
         let link = self.chain.append(row.sequence, &row.subject, &row.payload);
+        self.stream
+            .message(row.sequence, &row.subject, &row.payload);
         if row.hash[..] != link[..] {
             self.mismatch(row.sequence);
         }
@@ -155,44 +172,95 @@ impl Check {
     }
 }
 
-/// Where the chain starts: the genesis, or a pinned anchor.
+/// Where the chain starts: the genesis, a pinned anchor, or the checkpoint
+/// an earlier run verified.
 enum Start {
     Genesis,
-    Anchor(Chain),
+    Anchor(Chain, SignedHead),
+    Resume(Chain, SignedHead),
     /// Verification cannot start; the sentence says why.
     Refused(String),
+}
+
+fn chain_at(head: &SignedHead) -> Option<Chain> {
+    let head_bytes: Hash = hex::decode(&head.head).ok()?.try_into().ok()?;
+    Some(Chain {
+        head: head_bytes,
+        events: head.events,
+        last_sequence: head.sequence,
+    })
 }
 
 async fn start(
     db: &mut PgConnection,
     log_first: u64,
-    pinned: &VerifyingKey,
+    trusted: &[[u8; 32]],
+    resume: Option<&SignedHead>,
 ) -> sqlx::Result<Start> {
+    let anchor = if log_first > 1 {
+        anchor::newest_at_or_before(&mut *db, log_first - 1).await?
+    } else {
+        None
+    };
+    if let Some(resume) = resume {
+        // Behind the anchor the copy may have been pruned: start there.
+        let ahead = anchor
+            .as_ref()
+            .is_none_or(|a| resume.sequence >= a.sequence);
+        let signed = StreamCheck::resume_trusting(trusted.to_vec(), resume);
+        match (ahead, signed, chain_at(resume)) {
+            (true, Ok(_), Some(chain)) => return Ok(Start::Resume(chain, resume.clone())),
+            (true, Err(why), _) => {
+                tracing::warn!(sequence = resume.sequence, %why, "not resuming from the last verified checkpoint");
+            }
+            _ => {}
+        }
+    }
     if log_first <= 1 {
         return Ok(Start::Genesis);
     }
-    let Some(anchor) = anchor::newest_at_or_before(&mut *db, log_first - 1).await? else {
+    let Some(anchor) = anchor else {
         return Ok(Start::Refused(format!(
             "no anchor: the log starts at sequence {log_first} and no stored checkpoint covers sequence {} or earlier",
             log_first - 1
         )));
     };
-    Ok(match anchor.anchored_chain(pinned) {
-        Some(chain) => Start::Anchor(chain),
+    Ok(match anchor.anchored_chain(trusted) {
+        Some(chain) => Start::Anchor(chain, anchor.signed_head()),
         None => Start::Refused(format!(
-            "the anchor checkpoint at sequence {} is not signed by this service's key",
+            "the anchor checkpoint at sequence {} is not signed by a pinned key",
             anchor.sequence
         )),
     })
 }
 
+/// What a run found, and what the next run may resume from.
+pub(crate) struct Outcome {
+    pub report: VerifyResponse,
+    /// The last sequence of the audit copy the run verified up to.
+    pub upper: u64,
+    /// The last checkpoint that verified, when the whole run did.
+    pub verified: Option<SignedHead>,
+}
+
+fn anchor_of(chain: &Chain) -> VerifyAnchor {
+    VerifyAnchor {
+        sequence: chain.last_sequence,
+        events: chain.events,
+        head: chain.head_hex(),
+    }
+}
+
 /// Replays the log up to the audit copy's last sequence and compares.
-/// `pinned` is the key the anchor must be signed with.
+/// Checkpoints must be signed by one of the `trusted` keys; `resume` is
+/// where an earlier run left off (`None`: from the genesis or the anchor).
 pub(crate) async fn verify(
     bus: &Bus,
     pool: &PgPool,
-    pinned: &VerifyingKey,
-) -> anyhow::Result<VerifyResponse> {
+    trusted: &[[u8; 32]],
+    resume: Option<&SignedHead>,
+    run: u64,
+) -> anyhow::Result<Outcome> {
     let mut db = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *db)
@@ -205,11 +273,27 @@ pub(crate) async fn verify(
     // anchor no newer than the one chosen from this value.
     let mut log_first = log_first_sequence(bus).await?;
 
-    let (chain, anchor) = match start(&mut db, log_first, pinned).await? {
-        Start::Genesis => (Chain::default(), None),
-        Start::Anchor(chain) => (chain, Some(chain)),
+    let (chain, stream, anchor, resumed) = match start(&mut db, log_first, trusted, resume).await? {
+        Start::Genesis => (
+            Chain::default(),
+            StreamCheck::from_genesis_trusting(trusted.to_vec()),
+            None,
+            None,
+        ),
+        Start::Anchor(chain, signed) => (
+            chain,
+            StreamCheck::resume_trusting(trusted.to_vec(), &signed).map_err(anyhow::Error::msg)?,
+            Some(chain),
+            None,
+        ),
+        Start::Resume(chain, signed) => (
+            chain,
+            StreamCheck::resume_trusting(trusted.to_vec(), &signed).map_err(anyhow::Error::msg)?,
+            None,
+            Some(chain),
+        ),
         Start::Refused(problem) => {
-            return Ok(VerifyResponse {
+            let report = VerifyResponse {
                 ok: false,
                 events: 0,
                 head: Chain::default().head_hex(),
@@ -219,27 +303,38 @@ pub(crate) async fn verify(
                 checkpoints: 0,
                 anchor: None,
                 checked_from: log_first,
+                events_checked_this_run: 0,
+                resumed_from: None,
+                first_bad_checkpoint: None,
+                run,
                 problem: Some(problem),
-            })
+            };
+            return Ok(Outcome {
+                report,
+                upper,
+                verified: None,
+            });
         }
     };
     let checked_from = chain.last_sequence + 1;
     let mut check = Check {
         chain,
+        stream,
+        trusted: trusted.to_vec(),
         first_mismatch: None,
         checkpoints: anchor::between(&mut *db, chain.last_sequence, upper).await?,
         next_checkpoint: 0,
         checkpoints_verified: 0,
     };
-    if let Some(anchor) = &anchor {
-        // The copy's link at the anchor must be the signed head.
+    if let Some(start) = anchor.or(resumed) {
+        // The copy's link where the run starts must be the signed head.
         let stored: Option<Vec<u8>> =
             sqlx::query_scalar("SELECT hash FROM events WHERE sequence = $1")
-                .bind(anchor.last_sequence as i64)
+                .bind(start.last_sequence as i64)
                 .fetch_optional(&mut *db)
                 .await?;
-        if stored.as_deref() != Some(&anchor.head[..]) {
-            check.mismatch(anchor.last_sequence);
+        if stored.as_deref() != Some(&start.head[..]) {
+            check.mismatch(start.last_sequence);
         }
     }
 
@@ -293,21 +388,45 @@ pub(crate) async fn verify(
     let anchor_counted = u64::from(anchor.is_some());
     let checkpoints = check.checkpoints.len() as u64 + anchor_counted;
     let checkpoints_verified = check.checkpoints_verified + anchor_counted;
-    Ok(VerifyResponse {
-        ok: check.first_mismatch.is_none() && checkpoints_verified == checkpoints,
+    let stream = check.stream.report();
+    let first_bad_checkpoint = stream.first_bad.as_ref().map(|bad| {
+        metrics::counter!("lh_audit_bad_checkpoints_total").increment(1);
+        let reason = serde_json::to_value(bad.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{:?}", bad.reason));
+        tracing::error!(sequence = bad.sequence, checkpoint_at = bad.checkpoint_at, %reason,
+            "a checkpoint on the log does not hold against the pinned keys");
+        VerifyBadCheckpoint {
+            sequence: bad.sequence,
+            checkpoint_at: bad.checkpoint_at,
+            reason,
+        }
+    });
+    let ok = check.first_mismatch.is_none()
+        && checkpoints_verified == checkpoints
+        && first_bad_checkpoint.is_none();
+    let start_events = anchor.or(resumed).map_or(0, |c| c.events);
+    let report = VerifyResponse {
+        ok,
         events: check.chain.events,
         head: check.chain.head_hex(),
         sequence: check.chain.last_sequence,
         first_mismatch: check.first_mismatch,
         checkpoints_verified,
         checkpoints,
-        anchor: anchor.map(|a| VerifyAnchor {
-            sequence: a.last_sequence,
-            events: a.events,
-            head: a.head_hex(),
-        }),
+        anchor: anchor.as_ref().map(anchor_of),
         checked_from,
+        events_checked_this_run: check.chain.events - start_events,
+        resumed_from: resumed.as_ref().map(anchor_of),
+        first_bad_checkpoint,
+        run,
         problem: None,
+    };
+    Ok(Outcome {
+        report,
+        upper,
+        verified: if ok { stream.last_checkpoint } else { None },
     })
 }
 
@@ -332,6 +451,8 @@ mod tests {
         let h2 = honest.append(2, "lh.evt.x", b"b");
         let mut check = Check {
             chain: Chain::default(),
+            stream: StreamCheck::from_genesis_trusting(Vec::new()),
+            trusted: Vec::new(),
             first_mismatch: None,
             checkpoints: Vec::new(),
             next_checkpoint: 0,

@@ -114,7 +114,21 @@ impl Env {
         }
     }
 
+    /// A full verification: from the genesis or the anchor, whatever an
+    /// earlier run verified or cached (changes behind the triggers bring no
+    /// new event, so only a full run is sure to see them).
     async fn verify(&self) -> VerifyResponse {
+        lh_rpc::audit::call_with(
+            &self.bus,
+            &lh_rpc::audit::VerifyRequest { full: true },
+            VERIFY_TIMEOUT,
+        )
+        .await
+        .expect("verify answers")
+    }
+
+    /// What the gateway asks: from the last verified checkpoint on.
+    async fn verify_incremental(&self) -> VerifyResponse {
         lh_rpc::audit::call(&self.bus, VERIFY_TIMEOUT)
             .await
             .expect("verify answers")
@@ -268,7 +282,12 @@ fn recompute(stream: &[(u64, String, Vec<u8>)], upto: u64) -> (u64, String) {
 async fn verifies_a_log_of_assorted_events() {
     let env = Env::new().await;
     env.publish_assorted(50).await;
-    let audit = env.start_audit(env.config.clone()).await;
+    let token_dir = tempfile::tempdir().expect("a temp dir");
+    let token_file = token_dir.path().join("verify.token");
+    std::fs::write(&token_file, "s3cret-verify-token\n").expect("token written");
+    let mut config = env.config.clone();
+    config.verify_token_file = Some(token_file);
+    let audit = env.start_audit(config).await;
     let last = env.settled().await;
     assert_eq!(last, 50, "no checkpoint is due with the default policy");
 
@@ -281,9 +300,30 @@ async fn verifies_a_log_of_assorted_events() {
     assert_eq!(report.head, head);
     assert_eq!(report.first_mismatch, None);
 
-    // Auditors get the same report from the audit service's own API.
+    // Auditors holding the token get the same report from the audit
+    // service's own API; nobody else gets one.
     let url = format!("http://{}/v1/verify", audit.running.http_addr);
-    let http: VerifyResponse = reqwest::get(&url)
+    let client = reqwest::Client::new();
+    for authorization in [
+        None,
+        Some("Bearer wrong-token"),
+        Some("s3cret-verify-token"),
+    ] {
+        let mut request = client.get(&url);
+        if let Some(authorization) = authorization {
+            request = request.header("authorization", authorization);
+        }
+        let refused = request.send().await.expect("GET /v1/verify");
+        assert_eq!(refused.status(), 401, "{authorization:?}");
+        assert_eq!(
+            refused.headers()["content-type"],
+            "application/problem+json"
+        );
+    }
+    let http: VerifyResponse = client
+        .get(&url)
+        .bearer_auth("s3cret-verify-token")
+        .send()
         .await
         .expect("GET /v1/verify")
         .error_for_status()
@@ -704,8 +744,8 @@ async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned(
     assert_eq!(report.checkpoints_verified, report.checkpoints);
     audit.stop().await;
 
-    // The anchor is pinned by this service's key: another key does not
-    // trust it.
+    // The anchor is signed by the old key: a service that trusts only its
+    // own, new key does not trust it.
     let other_key = tempfile::tempdir().expect("a temp dir");
     let audit = env.start_audit(keyed(&env.config, &other_key)).await;
     let report = env.verify().await;
@@ -715,7 +755,7 @@ async fn after_expiry_verification_starts_from_an_anchor_and_the_copy_is_pruned(
             .problem
             .as_deref()
             .unwrap_or_default()
-            .contains("not signed by this service's key"),
+            .contains("not signed by a pinned key"),
         "{report:?}"
     );
     audit.stop().await;
@@ -950,5 +990,141 @@ async fn the_auditors_verifiers_pass_the_services_own_log() {
     let python: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(python["head"], report.head);
     assert_eq!(python["checkpoints_verified"], 2);
+    audit.stop().await;
+}
+
+/// The last checkpoint on the stream up to `upto`: what a run that verified
+/// up to there resumes from next.
+async fn last_checkpoint_upto(env: &Env, upto: u64) -> AuditCheckpoint {
+    env.checkpoints_in_stream()
+        .await
+        .into_iter()
+        .rev()
+        .find(|(at, _)| *at <= upto)
+        .map(|(_, cp)| cp)
+        .expect("a checkpoint on the stream")
+}
+
+#[tokio::test]
+async fn verification_resumes_from_the_last_verified_checkpoint_and_shares_runs() {
+    let env = Env::new().await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let mut config = keyed(&env.config, &key_dir);
+    config.checkpoint_every_events = 10;
+    let audit = env.start_audit(config.clone()).await;
+    env.publish_assorted(25).await;
+    let first_last = env.settled().await;
+
+    let first = env.verify_incremental().await;
+    assert!(first.ok, "{first:?}");
+    assert_eq!(first.checked_from, 1, "nothing verified before: {first:?}");
+    assert_eq!(first.events_checked_this_run, first.events);
+    assert_eq!(first.sequence, first_last);
+    let resume = last_checkpoint_upto(&env, first_last).await;
+
+    // Only what came after the last verified checkpoint is checked.
+    env.publish_assorted(7).await;
+    let last = env.settled().await;
+    let second = env.verify_incremental().await;
+    assert!(second.ok, "{second:?}");
+    assert_eq!(second.sequence, last);
+    assert_eq!(second.events, recompute(&env.stream(last).await, last).0);
+    let resumed = second.resumed_from.clone().expect("resumed");
+    assert_eq!(resumed.sequence, resume.sequence, "{second:?}");
+    assert_eq!(second.checked_from, resume.sequence + 1);
+    assert_eq!(
+        second.events_checked_this_run,
+        second.events - resume.events
+    );
+    assert!(second.events_checked_this_run < second.events);
+    assert!(second.run > first.run);
+
+    // No new event: the cached result, not another run.
+    let again = env.verify_incremental().await;
+    assert_eq!(again, second);
+
+    // Calls made while a run is on wait for it and share its result.
+    env.publish_assorted(3).await;
+    env.settled().await;
+    let (a, b, c, d) = tokio::join!(
+        env.verify_incremental(),
+        env.verify_incremental(),
+        env.verify_incremental(),
+        env.verify_incremental(),
+    );
+    assert!(a.ok, "{a:?}");
+    assert_eq!(a.run, second.run + 1, "one run for all four");
+    for other in [&b, &c, &d] {
+        assert_eq!(other, &a);
+    }
+
+    // A restart resumes from the checkpoint the last run stored.
+    let stored: i64 = sqlx::query_scalar("SELECT sequence FROM audit.verified_checkpoint")
+        .fetch_one(&env.db)
+        .await
+        .expect("a stored verified checkpoint");
+    assert_eq!(
+        stored as u64,
+        last_checkpoint_upto(&env, a.sequence).await.sequence
+    );
+    audit.stop().await;
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(2).await;
+    env.settled().await;
+    let after_restart = env.verify_incremental().await;
+    assert!(after_restart.ok, "{after_restart:?}");
+    assert_eq!(after_restart.run, 1, "a new process");
+    assert_eq!(
+        after_restart.resumed_from.map(|r| r.sequence),
+        Some(stored as u64)
+    );
+    assert!(after_restart.events_checked_this_run < after_restart.events);
+
+    // A full run still starts from the genesis.
+    let full = env.verify().await;
+    assert!(full.ok, "{full:?}");
+    assert_eq!(full.checked_from, 1);
+    assert_eq!(full.events_checked_this_run, full.events);
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_on_the_log_signed_by_a_key_not_pinned_fails_verification() {
+    use ed25519_dalek::Signer as _;
+    let env = Env::new().await;
+    let audit = env.start_audit(env.config.clone()).await;
+    env.publish_assorted(10).await;
+    let last = env.settled().await;
+    assert!(env.verify().await.ok);
+
+    // A checkpoint true to the log, but signed by a key nobody pinned.
+    let (events, head) = recompute(&env.stream(last).await, last);
+    let foreign = ed25519_dalek::SigningKey::from_bytes(&[9u8; 32]);
+    let statement = format!("leasehold-audit-checkpoint:v1:{last}:{events}:{head}");
+    let forged = AuditCheckpoint {
+        sequence: last,
+        head,
+        events,
+        public_key: hex::encode(foreign.verifying_key().to_bytes()),
+        signature: hex::encode(foreign.sign(statement.as_bytes()).to_bytes()),
+    };
+    let envelope = Envelope::new(
+        Actor::Service("lh-audit".into()),
+        Utc::now(),
+        EventData::AuditCheckpoint(forged),
+    );
+    env.bus
+        .publish(&envelope, Expect::Any)
+        .await
+        .expect("stored");
+    env.settled().await;
+
+    for report in [env.verify_incremental().await, env.verify().await] {
+        assert!(!report.ok, "{report:?}");
+        let bad = report.first_bad_checkpoint.expect("a bad checkpoint");
+        assert_eq!(bad.sequence, last);
+        assert_eq!(bad.checkpoint_at, last + 1);
+        assert_eq!(bad.reason, "key_not_pinned");
+    }
     audit.stop().await;
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN, FLEET};
+use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{json, Value};
@@ -126,6 +126,23 @@ async fn a_lease_flows_from_request_to_invoice_and_audit() {
     }
     assert_eq!(verified["ok"], true, "{verified}");
     assert_eq!(verified["head"].as_str().unwrap().len(), 64);
+    // A full re-verification replays everything: admins only.
+    let (status, body) = stack
+        .call(
+            Method::GET,
+            "/v1/audit/verify?full=true",
+            AUDITOR_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, full) = stack
+        .call(Method::GET, "/v1/audit/verify?full=true", ADMIN_TOKEN, None)
+        .await;
+    assert_eq!(status, 200, "{full}");
+    assert_eq!(full["ok"], true, "{full}");
+    assert_eq!(full["checked_from"], 1, "{full}");
+    assert_eq!(full["events_checked_this_run"], full["events"], "{full}");
     let (status, _) = stack
         .call(Method::GET, "/v1/audit/verify", &key, None)
         .await;

@@ -23,8 +23,20 @@ use uuid::Uuid;
 
 use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 
+/// How long a full re-verification may take: it replays the whole log.
+const FULL_VERIFY_RPC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyQuery {
+    /// Re-verify everything from the genesis or the anchor instead of from
+    /// the last verified checkpoint (admin only: it replays the whole log).
+    pub full: Option<bool>,
+}
+
 #[utoipa::path(
     get, path = "/v1/audit/verify",
+    params(VerifyQuery),
     responses(
         (status = 200, body = VerifyResponse),
         (status = 401, body = super::Problem), (status = 403, body = super::Problem),
@@ -34,13 +46,25 @@ use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 pub async fn verify(
     State(ctx): State<ApiContext>,
     caller: Caller,
+    Query(query): Query<VerifyQuery>,
 ) -> Result<Json<VerifyResponse>, ApiError> {
     if !caller.is_operator() {
         return Err(ApiError::forbidden(
             "audit verification needs the admin or auditor token",
         ));
     }
-    let answer = lh_rpc::audit::call(&ctx.bus, RPC_TIMEOUT).await?;
+    let full = query.full.unwrap_or(false);
+    let answer = if full {
+        caller.require_admin()?;
+        lh_rpc::audit::call_with(
+            &ctx.bus,
+            &lh_rpc::audit::VerifyRequest { full },
+            FULL_VERIFY_RPC_TIMEOUT,
+        )
+        .await?
+    } else {
+        lh_rpc::audit::call(&ctx.bus, RPC_TIMEOUT).await?
+    };
     Ok(Json(answer))
 }
 

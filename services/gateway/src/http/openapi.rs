@@ -77,6 +77,7 @@ use super::{
         lh_rpc::what_if::TenantDifference,
         lh_rpc::audit::VerifyResponse,
         lh_rpc::audit::VerifyAnchor,
+        lh_rpc::audit::VerifyBadCheckpoint,
         lh_rpc::audit::EventsPage,
         lh_rpc::audit::AuditRecord,
         lh_events::trail::Outcome
