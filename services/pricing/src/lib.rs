@@ -159,6 +159,27 @@ impl Config {
             clocks: Clocks::default(),
         }
     }
+
+    /// For tests that play a node's reports of times long past as if they
+    /// arrived now: the node clock check is opened wide (pricing's charge
+    /// tests cover it), and charges are decided by a clock held at
+    /// `charges_at`, before every lease of the test, as if the reports had
+    /// come as they happened. Otherwise a running lease would be accrued up
+    /// to today before its end, stored later, says it ended long ago.
+    pub fn for_replayed_reports(
+        nats_url: &str,
+        database_url: &str,
+        charges_at: chrono::DateTime<Utc>,
+    ) -> Self {
+        Self {
+            node_clock_skew_secs: 400 * 24 * 3600,
+            clocks: Clocks {
+                charges: Some(lh_service::clock::ManualClock::new(charges_at).shared()),
+                ledger: None,
+            },
+            ..Self::for_test(nats_url, database_url)
+        }
+    }
 }
 
 /// Starts pricing: charges, the ledger, the invoice projection and the

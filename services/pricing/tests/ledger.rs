@@ -53,20 +53,10 @@ struct Pricing {
 impl Env {
     async fn new(now: DateTime<Utc>) -> Env {
         let (nats, database_url) = lh_testkit::nats_and_database().await;
-        // Node reports of times long past arrive now: the clock check is
-        // opened wide (pricing's charge tests cover it). Charges are decided
-        // by a clock held before every lease here, as if the reports had
-        // come as they happened: a running lease is otherwise accrued up to
-        // today before its end, stored later, says it ended long ago.
         let config = Config {
-            node_clock_skew_secs: 400 * 24 * 3600,
-            clocks: lh_pricing::Clocks {
-                charges: Some(ManualClock::new(at(2026, 1, 1, 0, 0, 0)).shared()),
-                ledger: None,
-            },
             invoice_grace_secs: GRACE_SECS,
             accrual_grace_secs: GRACE_SECS,
-            ..Config::for_test(&nats.url(), &database_url)
+            ..Config::for_replayed_reports(&nats.url(), &database_url, at(2026, 1, 1, 0, 0, 0))
         };
         let bus = Bus::connect(&BusConfig::new(nats.url(), "ledger-test"))
             .await

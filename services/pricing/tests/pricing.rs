@@ -25,27 +25,12 @@ struct Env {
 impl Env {
     async fn new() -> Env {
         let (nats, database_url) = lh_testkit::nats_and_database().await;
-        // These tests play a node's reports of times long past (a month's
-        // end, an hour's run) as if they arrived now: the node clock check
-        // would hold them to now, so it is opened wide here (its own tests
-        // are pricing's charge tests).
-        //
-        // Charges are decided by a clock held before every lease of these
-        // tests, as if their reports had come in as they happened: a
-        // lease's later events (its end) would otherwise arrive long after
-        // the hours they are about have been charged. The months they bill
-        // are long over: the longest grace period keeps their invoices
-        // drafts (the ledger's own tests move a clock).
+        // The months these tests bill are long over: the longest grace
+        // period keeps their invoices drafts (the ledger's own tests move a
+        // clock).
         let config = Config {
-            node_clock_skew_secs: 400 * 24 * 3600,
-            clocks: lh_pricing::Clocks {
-                charges: Some(
-                    lh_service::clock::ManualClock::new(at(2026, 11, 1, 0, 0, 0)).shared(),
-                ),
-                ledger: None,
-            },
             invoice_grace_secs: lh_pricing::ledger::MAX_INVOICE_GRACE_SECS,
-            ..Config::for_test(&nats.url(), &database_url)
+            ..Config::for_replayed_reports(&nats.url(), &database_url, at(2026, 11, 1, 0, 0, 0))
         };
         let bus = Bus::connect(&BusConfig::new(nats.url(), "pricing-test"))
             .await

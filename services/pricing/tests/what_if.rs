@@ -38,17 +38,7 @@ struct Env {
 impl Env {
     async fn new() -> Env {
         let (nats, database_url) = lh_testkit::nats_and_database().await;
-        // As in tests/ledger.rs: reports of times long past are let in, and
-        // charges are decided by a clock before every lease, so that each
-        // lease is charged to its end at once, hour by hour.
-        let config = Config {
-            node_clock_skew_secs: 400 * 24 * 3600,
-            clocks: lh_pricing::Clocks {
-                charges: Some(ManualClock::new(at(1, 1, 0, 0)).shared()),
-                ledger: None,
-            },
-            ..Config::for_test(&nats.url(), &database_url)
-        };
+        let config = Config::for_replayed_reports(&nats.url(), &database_url, at(1, 1, 0, 0));
         let bus = Bus::connect(&BusConfig::new(nats.url(), "what-if-test"))
             .await
             .expect("bus connects");
