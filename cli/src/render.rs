@@ -797,6 +797,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The words of the first line of `out` that starts with `prefix`.
+    fn row_of(out: &str, prefix: &str) -> Vec<String> {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{out}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
     fn queued_lease() -> Value {
         json!({
             "id": "0193b7e2-0000-7000-8000-000000000001",
@@ -1068,14 +1078,7 @@ mod tests {
             "spend": "96.00", "on_demand": "120.00", "saving": "24.00"
         });
         let out = cost_report(&report);
-        let row = |p: &str| -> Vec<String> {
-            out.lines()
-                .find(|l| l.trim_start().starts_with(p))
-                .unwrap_or_else(|| panic!("no {p} in\n{out}"))
-                .split_whitespace()
-                .map(str::to_string)
-                .collect()
-        };
+        let row = |p: &str| row_of(&out, p);
         assert_eq!(
             row("spot"),
             ["spot", "1", "3600", "16.00", "40.00", "24.00"]
@@ -1120,14 +1123,7 @@ mod tests {
             "difference_cny": "-72.00"
         });
         let out = what_if(&report);
-        let row = |p: &str| -> Vec<String> {
-            out.lines()
-                .find(|l| l.trim_start().starts_with(p))
-                .unwrap_or_else(|| panic!("no {p} in\n{out}"))
-                .split_whitespace()
-                .map(str::to_string)
-                .collect()
-        };
+        let row = |p: &str| row_of(&out, p);
         assert_eq!(row("book"), ["book", "v0"]);
         assert_eq!(
             row("TENANT"),
