@@ -187,6 +187,9 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             p.publish.push(subject::RPC_SPOT_PRICES.to_string());
             p.publish
                 .extend(subject::RPC_PRICING_ALL.iter().map(|s| s.to_string()));
+            p.subscribe
+                .push(subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string());
+            p.allow_responses = true;
         }
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
@@ -213,7 +216,8 @@ pub fn service_permissions(service: Publisher) -> Permissions {
 }
 
 /// The permissions of node `node_id`'s agent: its events, its heartbeat,
-/// its usage samples, its own snapshot; nothing as another node.
+/// its usage samples, its own snapshot, its leases' environments; nothing
+/// as another node.
 pub fn node_permissions(node_id: &str) -> Permissions {
     let user = node_user(node_id);
     let meta = base64_url(&format!("node-agent-{node_id}"));
@@ -222,6 +226,9 @@ pub fn node_permissions(node_id: &str) -> Permissions {
         .extend(event_subjects(Publisher::Node, Some(node_id)));
     p.publish.push(subject::heartbeat(node_id));
     p.publish.push(subject::usage_of_node(node_id));
+    // Only its own: the gateway gives a lease's environment to the node
+    // whose subject it is asked on, and only for a lease placed there.
+    p.publish.push(subject::rpc_workload_env(node_id));
     p
 }
 

@@ -1594,6 +1594,24 @@ pub mod rpc {
         F: Fn(Req) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<Resp, String>>,
     {
+        serve_subjects(bus, subject, queue, |_, request| handler(request)).await
+    }
+
+    /// [`serve`] for a wildcard `subject`: `handler` is also given the
+    /// subject each request came on, where the asker's permissions make
+    /// that subject say who asks.
+    pub async fn serve_subjects<Req, Resp, F, Fut>(
+        bus: &Bus,
+        subject: &str,
+        queue: &str,
+        handler: F,
+    ) -> Result<()>
+    where
+        Req: DeserializeOwned,
+        Resp: Serialize,
+        F: Fn(&str, Req) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<Resp, String>>,
+    {
         let mut sub = bus
             .client
             .queue_subscribe(subject.to_string(), queue.to_string())
@@ -1604,7 +1622,7 @@ pub mod rpc {
                 continue;
             };
             let answer = match serde_json::from_slice::<Req>(&msg.payload) {
-                Ok(req) => match handler(req).await {
+                Ok(req) => match handler(msg.subject.as_str(), req).await {
                     Ok(resp) => serde_json::to_vec(&resp),
                     Err(error) => serde_json::to_vec(&RpcFailure { error }),
                 },

@@ -277,6 +277,59 @@ async fn a_node_agent_publishes_only_its_own_events_heartbeat_and_usage() {
     assert_eq!(types, ["lease.started", "lease.placed"]);
 }
 
+/// A node asks the gateway for its leases' environments on its own subject
+/// only: the subject is how the gateway knows which node asks.
+#[tokio::test]
+async fn a_node_asks_for_environments_on_its_own_subject_only() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let gateway = users.bus(&nats, "gateway").await;
+    let answering = tokio::spawn(async move {
+        lh_bus::rpc::serve_subjects(
+            &gateway,
+            subject::RPC_GATEWAY_WORKLOAD_ENV_ALL,
+            "gateway",
+            |on: &str, _: serde_json::Value| {
+                let on = on.to_string();
+                async move { Ok::<_, String>(on) }
+            },
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let n1 = users.bus(&nats, &auth::node_user("n1")).await;
+    let answered: String = lh_bus::rpc::call(
+        &n1,
+        &subject::rpc_workload_env("n1"),
+        &serde_json::json!({}),
+        REFUSAL_NOTICE_TIMEOUT,
+    )
+    .await
+    .expect("n1 asks on its own subject");
+    assert_eq!(answered, subject::rpc_workload_env("n1"));
+
+    let (n1_client, mut refusals) = users.client(&nats, &auth::node_user("n1")).await;
+    let as_n2 = subject::rpc_workload_env("n2");
+    let asked = tokio::time::timeout(
+        REFUSED_ACK_TIMEOUT,
+        n1_client.request(as_n2.clone(), "{}".into()),
+    )
+    .await;
+    assert!(
+        !matches!(asked, Ok(Ok(_))),
+        "n1 was answered on n2's subject"
+    );
+    refusals.expect(&as_n2).await;
+    // Nor may a node listen in the gateway's place.
+    let _listening = n1_client
+        .subscribe(subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string())
+        .await;
+    n1_client.flush().await.unwrap();
+    refusals.expect(subject::RPC_GATEWAY_WORKLOAD_ENV_ALL).await;
+    answering.abort();
+}
+
 #[tokio::test]
 async fn only_the_operator_may_update_purge_or_delete_the_log() {
     let users = Users::new();

@@ -226,6 +226,47 @@ pub fn bad_env_value(value: &str) -> Option<&'static str> {
         .then_some("values cannot hold line breaks or NUL bytes")
 }
 
+/// Bytes of the secret salt a workload's environment is hashed with.
+pub const ENV_SALT_BYTES: usize = 32;
+
+/// The hash a lease's event carries for its environment: SHA-256 of the
+/// salt, then each variable as its name's and value's lengths (u64, big
+/// endian) and bytes, in name order. Lengths first, so that no two
+/// environments hash the same bytes. The salt is secret (the gateway
+/// derives it from the tenant's key), so a guessed value cannot be tested
+/// against the log.
+pub fn env_digest(
+    salt: &[u8; ENV_SALT_BYTES],
+    values: &std::collections::BTreeMap<String, String>,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(salt);
+    for (name, value) in values {
+        hash.update((name.len() as u64).to_be_bytes());
+        hash.update(name.as_bytes());
+        hash.update((value.len() as u64).to_be_bytes());
+        hash.update(value.as_bytes());
+    }
+    hex::encode(hash.finalize())
+}
+
+/// Whether `values`, fetched with `salt`, are the environment `env_ref`
+/// names; why not, for the lease's failure.
+pub fn check_fetched_env(
+    env_ref: &lh_events::WorkloadEnvRef,
+    salt: &[u8; ENV_SALT_BYTES],
+    values: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    if !values.keys().eq(env_ref.names.iter()) {
+        return Err("the environment fetched names other variables than the request".into());
+    }
+    if env_digest(salt, values) != env_ref.sha256 {
+        return Err("the environment fetched does not hash to the request's".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,5 +400,43 @@ mod tests {
         assert_eq!(check_image_reference(&name), Ok(()));
         let tag = format!("a:{}", "t".repeat(MAX_IMAGE_TAG_BYTES));
         assert_eq!(check_image_reference(&tag), Ok(()));
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_env_digest_depends_on_the_salt_and_on_where_names_end() {
+        let salt = [7u8; ENV_SALT_BYTES];
+        let a = env_digest(&salt, &env(&[("AB", "C")]));
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, env_digest(&salt, &env(&[("AB", "C")])));
+        assert_ne!(a, env_digest(&salt, &env(&[("A", "BC")])));
+        assert_ne!(a, env_digest(&[8u8; ENV_SALT_BYTES], &env(&[("AB", "C")])));
+        assert_ne!(
+            env_digest(&salt, &env(&[])),
+            env_digest(&[8u8; ENV_SALT_BYTES], &env(&[]))
+        );
+    }
+
+    #[test]
+    fn a_fetched_env_must_name_the_same_variables_and_hash_the_same() {
+        let salt = [1u8; ENV_SALT_BYTES];
+        let values = env(&[("HF_TOKEN", "secret"), ("MODE", "train")]);
+        let env_ref = lh_events::WorkloadEnvRef {
+            lease_id: uuid::Uuid::nil(),
+            names: vec!["HF_TOKEN".into(), "MODE".into()],
+            sha256: env_digest(&salt, &values),
+        };
+        assert_eq!(check_fetched_env(&env_ref, &salt, &values), Ok(()));
+        let changed = env(&[("HF_TOKEN", "other"), ("MODE", "train")]);
+        assert!(check_fetched_env(&env_ref, &salt, &changed).is_err());
+        let more = env(&[("HF_TOKEN", "secret"), ("LD_X", "1"), ("MODE", "train")]);
+        assert!(check_fetched_env(&env_ref, &salt, &more).is_err());
+        assert!(check_fetched_env(&env_ref, &[2u8; ENV_SALT_BYTES], &values).is_err());
     }
 }

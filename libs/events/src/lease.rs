@@ -97,16 +97,37 @@ pub struct RecoveryOf {
 }
 
 /// A lease's workload: a command, or a container image (and its command).
-/// `env` values are kept in the event log like every other field: they are
-/// not a place for secrets.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Environment values in clear: only in events written before values
+    /// were kept out of the log (see `env_ref`); still honoured when read.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub env: std::collections::BTreeMap<String, String>,
+    /// The environment, kept out of the log: the gateway holds the values
+    /// sealed with the tenant's key, and the node fetches them when it
+    /// starts the workload. An immutable log is no place for a tenant's
+    /// values: erasing the tenant could not reach them there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_ref: Option<WorkloadEnvRef>,
+}
+
+/// Where a workload's environment is kept, and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkloadEnvRef {
+    /// The lease the values were stored with; a lease the scheduler
+    /// requested to recover a preempted one keeps its first lease's.
+    pub lease_id: Uuid,
+    /// The variables' names, sorted.
+    pub names: Vec<String>,
+    /// Hex SHA-256 of a secret per-lease salt and the values
+    /// (`lh_domain::workload::env_digest`): the node checks that what it
+    /// fetched is what was asked for, while the log, which outlives the
+    /// tenant's key, cannot be searched for a guessed value.
+    pub sha256: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

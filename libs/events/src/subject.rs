@@ -46,6 +46,19 @@ pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
 pub const RPC_AUDIT_EVENTS: &str = "lh.rpc.audit.events";
 /// Every request/reply subject the audit service answers.
 pub const RPC_AUDIT_ALL: &[&str] = &[RPC_AUDIT_VERIFY, RPC_AUDIT_EVENTS];
+/// Request/reply subjects on which the gateway gives a node the environment
+/// of a lease placed on it, one per node: `lh.rpc.gateway.workload_env.<node>`.
+/// A node's user may publish only on its own, so the subject says which
+/// node asks.
+pub const RPC_GATEWAY_WORKLOAD_ENV_ALL: &str = "lh.rpc.gateway.workload_env.*";
+/// The prefix of [`RPC_GATEWAY_WORKLOAD_ENV_ALL`], up to the node's token.
+pub const RPC_GATEWAY_WORKLOAD_ENV_PREFIX: &str = "lh.rpc.gateway.workload_env.";
+
+/// The subject on which node `node_id` asks for a lease's environment.
+pub fn rpc_workload_env(node_id: &str) -> String {
+    format!("{RPC_GATEWAY_WORKLOAD_ENV_PREFIX}{}", token(node_id))
+}
+
 /// Request/reply subject on which pricing answers invoice requests.
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 /// Request/reply subject on which the spot-broker answers spot prices.

@@ -16,3 +16,4 @@ pub mod quote;
 pub mod reservation;
 pub mod spot;
 pub mod what_if;
+pub mod workload_env;

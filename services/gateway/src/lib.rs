@@ -9,6 +9,7 @@ pub mod oidc;
 pub mod principals;
 pub mod projection;
 pub mod seal;
+pub mod workload_env;
 
 pub use http::limits::TenantLimits;
 
@@ -207,6 +208,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     };
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
+    let environments = workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone());
     let ready = readiness.clone();
     let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());
@@ -243,6 +245,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 r = projection_task => r.context("projection task panicked")?.map_err(Into::into),
                 _ = watch_ready => Ok(()),
                 never = summaries => match never {},
+                ended = environments => ended,
             }
         },
     )

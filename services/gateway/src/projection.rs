@@ -217,11 +217,7 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
                     .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb})),
             )
             .bind(&e.mig_profile)
-            .bind(
-                e.workload
-                    .as_ref()
-                    .map(|w| serde_json::json!({"command": w.command, "image": w.image})),
-            )
+            .bind(e.workload.as_ref().map(workload_view))
             .bind(spot_terms(e))
             .bind(constraints(e))
             .execute(conn)
@@ -425,6 +421,17 @@ async fn insert_key(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// What the read model keeps of a workload: its command and image, and of
+/// an environment kept out of the log, where it is and its names, never
+/// values (an older event's values in clear are left out).
+pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
+    let mut view = serde_json::json!({"command": w.command, "image": w.image});
+    if let Some(env_ref) = &w.env_ref {
+        view["env"] = serde_json::json!(env_ref);
+    }
+    view
 }
 
 /// A request's spot terms for the read model: only the keys it has; `None`

@@ -86,6 +86,19 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
         format!(
             "ALTER TABLE {KEYS_SCHEMA}.tenant_keys ADD COLUMN IF NOT EXISTS master_key_id TEXT"
         ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.{} (
+                lease_id UUID PRIMARY KEY,
+                tenant_id UUID NOT NULL,
+                sealed TEXT NOT NULL,
+                stored_at TIMESTAMPTZ NOT NULL DEFAULT now()
+            )",
+            crate::workload_env::TABLE
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS workload_env_by_tenant ON {KEYS_SCHEMA}.{} (tenant_id)",
+            crate::workload_env::TABLE
+        ),
     ] {
         sqlx::query(&statement).execute(pool).await?;
     }
@@ -163,12 +176,22 @@ pub async fn store_key(
 /// database holds opens the tenant's sealed fields. Deleting a row that is
 /// gone already is no error.
 pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), ApiError> {
+    let mut tx = pool.begin().await?;
     sqlx::query(&format!(
         "DELETE FROM {KEYS_SCHEMA}.tenant_keys WHERE tenant_id = $1"
     ))
     .bind(tenant_id)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    // Unreadable without the key already; gone with it all the same.
+    sqlx::query(&format!(
+        "DELETE FROM {KEYS_SCHEMA}.{} WHERE tenant_id = $1",
+        crate::workload_env::TABLE
+    ))
+    .bind(tenant_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -194,6 +217,37 @@ pub async fn load_key(
         )?)),
         _ => Ok(None),
     }
+}
+
+/// The tenant's data key, made now for a tenant created before data keys
+/// existed; `None` for an erased tenant, which never gets a key again.
+pub async fn ensure_key(
+    pool: &PgPool,
+    keys: &dyn KeyProvider,
+    tenant_id: Uuid,
+) -> anyhow::Result<Option<[u8; 32]>> {
+    if let Some(key) = load_key(pool, keys, tenant_id).await? {
+        return Ok(Some(key));
+    }
+    let erased: Option<bool> = sqlx::query_scalar("SELECT erased FROM tenants WHERE id = $1")
+        .bind(tenant_id)
+        .fetch_optional(pool)
+        .await?;
+    if erased != Some(false) {
+        return Ok(None);
+    }
+    let wrapped = keys.wrap(tenant_id, &new_key())?;
+    // Two requests may race to make it: the first one's key is the key.
+    sqlx::query(&format!(
+        "INSERT INTO {KEYS_SCHEMA}.tenant_keys (tenant_id, wrapped, master_key_id)
+         VALUES ($1, $2, $3) ON CONFLICT (tenant_id) DO NOTHING"
+    ))
+    .bind(tenant_id)
+    .bind(&wrapped.ciphertext)
+    .bind(&wrapped.master_key_id)
+    .execute(pool)
+    .await?;
+    load_key(pool, keys, tenant_id).await
 }
 
 #[cfg(test)]

@@ -160,7 +160,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown,
         async move {
             let status = Arc::new(NodeStatus::default());
-            let (commands, reports) = workload::executor::spawn(bus.clone(), workloads, finished);
+            let (commands, reports) =
+                workload::executor::spawn(bus.clone(), node_id.clone(), workloads, finished);
             let usage = telemetry::spawn(
                 bus.clone(),
                 node_id,

@@ -59,6 +59,7 @@ fn previous_agent() {
             command: vec!["sh".into(), "-c".into(), command],
             image: None,
             env: Default::default(),
+            env_ref: None,
         };
         assert!(workloads
             .start(lease_id, PLACEMENT, &gpus(), Some(&spec))
@@ -418,6 +419,7 @@ async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
             command: ["sh", "-c", "exec sleep 300"].map(String::from).into(),
             image: None,
             env: Default::default(),
+            env_ref: None,
         }),
         ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
     };

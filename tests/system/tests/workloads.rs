@@ -5,7 +5,8 @@
 //! no tenant from the host, so these tenants are trusted; an untrusted
 //! one's lease waits for a node that isolates it. Escapes are refused at
 //! the gateway: an image that reads as a CLI flag, variables that would
-//! reconfigure the host.
+//! reconfigure the host. Environment values never enter the log: the node
+//! a lease runs on fetches them from the gateway, and nobody else can.
 
 use std::time::Duration;
 
@@ -332,4 +333,147 @@ async fn a_share_waits_on_a_fleet_that_enforces_no_gpu_sharing() {
     stack
         .wait_lease(&key, &whole, |l| l["state"] == "running")
         .await;
+}
+
+/// Polls `path` until it holds something.
+async fn written(path: &std::path::Path) -> String {
+    for _ in 0..200 {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if !text.is_empty() {
+                return text;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} was never written", path.display());
+}
+
+/// A workload's environment reaches its workload but not the log, is given
+/// only to the node its lease runs on and only while it runs, and is
+/// destroyed with its tenant's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn environment_values_reach_the_workload_but_never_the_log_nor_another_node() {
+    use lh_rpc::workload_env::{fetch, WorkloadEnvReply};
+    let stack = Stack::start_configured(TWO_A100, |s| s.node_runtime = RuntimeKind::Process).await;
+    let tenant = stack
+        .create_tenant_from(json!({
+            "name": "holds-secrets",
+            "email": "ops@holds-secrets.example",
+            "quota": {"max_gpus": 1},
+            "trusted": true,
+        }))
+        .await;
+    let tenant_id = tenant["id"].as_str().unwrap().to_string();
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+    let secret = format!("hf_{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("token.txt");
+    let id = lease_with(
+        &stack,
+        &key,
+        json!({
+            "command": ["sh", "-c", "printf '%s' \"$SECRET_TOKEN\" > \"$OUT\"; sleep 60"],
+            "env": {"OUT": out.to_str().unwrap(), "SECRET_TOKEN": secret},
+        }),
+    )
+    .await;
+    let running = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    assert_eq!(written(&out).await, secret, "the workload sees its value");
+    assert_eq!(
+        running["workload"]["env"]["names"],
+        json!(["OUT", "SECRET_TOKEN"]),
+        "{running}"
+    );
+    assert!(!running.to_string().contains(&secret), "{running}");
+
+    // The request names the variables; no stored event holds the value.
+    let log = read_log(&stack.bus().await).await;
+    let request = of_type(&log, "lease.requested")
+        .into_iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseRequested(r) if r.lease_id.to_string() == id => Some(r.clone()),
+            _ => None,
+        })
+        .expect("the request is on the log");
+    let workload = request.workload.expect("it runs a workload");
+    assert!(workload.env.is_empty(), "values in the event: {workload:?}");
+    let env_ref = workload.env_ref.expect("the event refers to the values");
+    assert_eq!(env_ref.names, ["OUT", "SECRET_TOKEN"]);
+    for event in &log {
+        assert!(
+            !String::from_utf8_lossy(&event.payload).contains(&secret),
+            "{} holds the value",
+            event.envelope.event_type
+        );
+    }
+
+    // Its node is given the values; another node, asking on its own
+    // subject, is not.
+    let bus = stack.bus().await;
+    let lease_id: uuid::Uuid = id.parse().unwrap();
+    let node = running["node_id"].as_str().unwrap().to_string();
+    let wait = Duration::from_secs(5);
+    match fetch(&bus, &node, lease_id, wait).await.unwrap() {
+        WorkloadEnvReply::Values { values, .. } => assert_eq!(values["SECRET_TOKEN"], secret),
+        other => panic!("its node is not given its values: {other:?}"),
+    }
+    let other_node = fetch(&bus, "node-elsewhere", lease_id, wait).await.unwrap();
+    assert!(
+        matches!(other_node, WorkloadEnvReply::NotYet { .. }),
+        "{other_node:?}"
+    );
+
+    // Once the lease has ended, not even its node.
+    let (status, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(status, 202, "{body}");
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    let ended = fetch(&bus, &node, lease_id, wait).await.unwrap();
+    assert!(
+        matches!(ended, WorkloadEnvReply::Refused { .. }),
+        "{ended:?}"
+    );
+
+    // Erasing the tenant destroys the sealed values with its key.
+    let pool = sqlx::PgPool::connect(&stack.database_url).await.unwrap();
+    let stored = |pool: sqlx::PgPool, tenant: uuid::Uuid| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM gateway_keys.workload_env WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let tenant_uuid: uuid::Uuid = tenant_id.parse().unwrap();
+    assert_eq!(stored(pool.clone(), tenant_uuid).await, 1);
+    let sealed: String =
+        sqlx::query_scalar("SELECT sealed FROM gateway_keys.workload_env WHERE tenant_id = $1")
+            .bind(tenant_uuid)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(!sealed.contains(&secret), "stored in clear");
+    for (path, body) in [
+        (format!("/v1/tenants/{tenant_id}/suspend"), json!({})),
+        (format!("/v1/tenants/{tenant_id}/erase"), json!({})),
+    ] {
+        let (status, answer) = stack
+            .call(
+                Method::POST,
+                &path,
+                lh_testkit::stack::ADMIN_TOKEN,
+                Some(body),
+            )
+            .await;
+        assert!(status == 200 || status == 202, "{path}: {status} {answer}");
+    }
+    assert_eq!(
+        stored(pool, tenant_uuid).await,
+        0,
+        "the sealed values are gone"
+    );
 }

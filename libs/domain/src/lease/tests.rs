@@ -142,6 +142,7 @@ fn with_workload(command: &[&str], image: Option<&str>, env: &[&str]) -> LeaseBo
             command: command.iter().map(|s| s.to_string()).collect(),
             image: image.map(str::to_string),
             env: env.iter().map(|k| (k.to_string(), "v".into())).collect(),
+            env_ref: None,
         }),
         ..whole(1)
     }
@@ -491,6 +492,7 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
             command: vec!["sh".into(), "-c".into(), "x".repeat(bytes - 4)],
             image: None,
             env: Default::default(),
+            env_ref: None,
         }),
         ..whole(1)
     };

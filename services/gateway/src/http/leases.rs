@@ -39,8 +39,9 @@ pub struct CreateLease {
     #[serde(default)]
     pub mig_profile: Option<String>,
     /// What to run on the node: `{"command": ["python", "train.py"],
-    /// "image"?: "…", "env"?: {"NAME": "value"}}`. Env values are kept in
-    /// the event log: pass no secrets there.
+    /// "image"?: "…", "env"?: {"NAME": "value"}}`. Env values never enter
+    /// the event log: they are kept sealed with the tenant's key, given only
+    /// to the node the lease runs on, and destroyed with the tenant's key.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub workload: Option<WorkloadBody>,
@@ -134,6 +135,7 @@ impl From<WorkloadBody> for WorkloadSpec {
             command: body.command,
             image: body.image,
             env: body.env,
+            env_ref: None,
         }
     }
 }
@@ -264,13 +266,13 @@ impl LeaseView {
 
     /// Whether this lease is the one `requested` describes: a retry with the
     /// same Idempotency-Key must ask for the same thing. The view keeps the
-    /// workload without its environment, so only that part is compared.
+    /// workload with its environment's names and hash, not its values.
     fn asks_for(&self, requested: &LeaseRequested) -> bool {
         let fraction = self.gpu_fraction.as_ref().map(|f| GpuFraction::from(f.0));
         let workload = requested
             .workload
             .as_ref()
-            .map(|w| serde_json::json!({"command": w.command, "image": w.image}));
+            .map(crate::projection::workload_view);
         self.gpus as u32 == requested.gpus
             && fraction == requested.fraction
             && self.gpu_model == requested.gpu_model
@@ -350,6 +352,19 @@ pub async fn create(
         requested.quote_id = Some(quote_id);
     }
     let lease_id = requested.lease_id;
+    let env = match requested.workload.as_mut() {
+        Some(workload) => {
+            crate::workload_env::take_values(
+                &ctx.pool,
+                ctx.keys.as_ref(),
+                tenant_id,
+                lease_id,
+                workload,
+            )
+            .await?
+        }
+        None => None,
+    };
     let envelope = Envelope::new(
         Actor::Tenant(tenant_id),
         Utc::now(),
@@ -378,6 +393,12 @@ pub async fn create(
             ApiError::conflict("this Idempotency-Key was used for a different request")
                 .field("Idempotency-Key"),
         );
+    }
+    // Stored once the request is on the log and is this one: a crash
+    // before this line leaves a lease its node cannot start (it waits for
+    // the values, then fails the lease), and a retry stores them.
+    if let Some(env) = env {
+        crate::workload_env::store(&ctx.pool, tenant_id, env).await?;
     }
     metrics::counter!("lh_gateway_leases_requested_total").increment(1);
     Ok((StatusCode::ACCEPTED, Json(lease)))

@@ -425,6 +425,7 @@ fn requested_with_workload(lease: Uuid) -> EventData {
         command: vec!["train".into()],
         image: None,
         env: Default::default(),
+        env_ref: None,
     });
     EventData::LeaseRequested(r)
 }

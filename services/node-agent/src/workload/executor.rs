@@ -2,14 +2,16 @@
 //! starts and stops the agent decides on, in the order decided, and reports
 //! back what came of them. Starting a workload spawns a process or a
 //! container, which the agent's decisions never wait on; reading a moved
-//! lease's request back from the log is a task of its own again, so that a
-//! slow log never holds a stop back.
+//! lease's request back from the log, and fetching a workload's
+//! environment from the gateway, is a task of its own again, so that a
+//! slow log or gateway never holds a stop back.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lh_bus::Bus;
 use lh_events::{subject, AssignedGpu, EventData, WorkloadSpec};
+use lh_rpc::workload_env::WorkloadEnvReply;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -20,6 +22,12 @@ use crate::state::Workload;
 /// while the log does not answer: the first, and the longest.
 const REQUEST_READ_WAIT_MIN: Duration = Duration::from_millis(500);
 const REQUEST_READ_WAIT_MAX: Duration = Duration::from_secs(5);
+/// How long one request for a workload's environment waits for the gateway.
+const ENV_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a workload waits for its environment (the gateway out of reach,
+/// or not yet showing the lease here) before its lease fails: a workload
+/// started without the values it was given would run wrong.
+const ENV_FETCH_GIVE_UP_SECS: u64 = 300;
 
 /// What the agent asks of the workload side.
 #[derive(Debug)]
@@ -71,6 +79,7 @@ struct Resolved {
 /// Starts the task; it ends when the agent drops its command sender.
 pub(crate) fn spawn(
     bus: Bus,
+    node_id: String,
     workloads: Workloads,
     mut finished: mpsc::UnboundedReceiver<Finished>,
 ) -> (
@@ -82,6 +91,7 @@ pub(crate) fn spawn(
     let (resolved_tx, mut resolved) = mpsc::unbounded_channel::<Resolved>();
     let mut side = WorkloadSide {
         bus,
+        node_id,
         workloads,
         looking_up: HashMap::new(),
         resolved_tx,
@@ -117,6 +127,7 @@ pub(crate) fn spawn(
 
 struct WorkloadSide {
     bus: Bus,
+    node_id: String,
     workloads: Workloads,
     /// Leases whose request is being read back, with the placement it is
     /// for: a stop, or a newer start, makes the answer moot.
@@ -146,11 +157,17 @@ impl WorkloadSide {
                         outcome: Ok(true),
                     });
                 }
+                if !self.workloads.runs_workloads() {
+                    return Some(self.start(lease_id, placement, &gpus, Ok(None)));
+                }
                 let spec = match workload {
-                    Workload::Known(spec) => spec,
-                    Workload::Unknown if !self.workloads.runs_workloads() => None,
+                    Workload::Known(spec) if !spec.as_ref().is_some_and(env_kept_out) => spec,
+                    Workload::Known(spec) => {
+                        self.look_up(lease_id, placement, gpus, Some(spec));
+                        return None;
+                    }
                     Workload::Unknown => {
-                        self.look_up(lease_id, placement, gpus);
+                        self.look_up(lease_id, placement, gpus, None);
                         return None;
                     }
                 };
@@ -191,11 +208,33 @@ impl WorkloadSide {
         }
     }
 
-    fn look_up(&mut self, lease_id: Uuid, placement: u64, gpus: Vec<AssignedGpu>) {
+    /// Reads the lease's request back from the log unless it is `known`,
+    /// then fetches its environment if the log keeps it out.
+    fn look_up(
+        &mut self,
+        lease_id: Uuid,
+        placement: u64,
+        gpus: Vec<AssignedGpu>,
+        known: Option<Option<WorkloadSpec>>,
+    ) {
         self.looking_up.insert(lease_id, placement);
         let (bus, resolved) = (self.bus.clone(), self.resolved_tx.clone());
+        let node_id = self.node_id.clone();
         tokio::spawn(async move {
-            let workload = requested_workload(&bus, lease_id).await;
+            let workload = async {
+                let spec = match known {
+                    Some(spec) => spec,
+                    None => requested_workload(&bus, lease_id).await?,
+                };
+                match spec {
+                    Some(mut spec) if env_kept_out(&spec) => {
+                        fetch_env(&bus, &node_id, lease_id, &mut spec).await?;
+                        Ok(Some(spec))
+                    }
+                    spec => Ok(spec),
+                }
+            }
+            .await;
             let _ = resolved.send(Resolved {
                 lease_id,
                 placement,
@@ -256,5 +295,58 @@ async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<Workload
                 wait = (wait * 2).min(REQUEST_READ_WAIT_MAX);
             }
         }
+    }
+}
+
+/// Whether the workload's environment is kept out of the log, to be
+/// fetched from the gateway.
+fn env_kept_out(spec: &WorkloadSpec) -> bool {
+    spec.env_ref.is_some()
+}
+
+/// Fetches the environment `spec` refers to from the gateway, as this
+/// node, checks it against the hash the request carries and puts it into
+/// `spec`. Asked again while the gateway is out of reach or does not show
+/// the lease here yet, up to [`ENV_FETCH_GIVE_UP_SECS`].
+async fn fetch_env(
+    bus: &Bus,
+    node_id: &str,
+    lease_id: Uuid,
+    spec: &mut WorkloadSpec,
+) -> Result<(), String> {
+    let Some(env_ref) = spec.env_ref.clone() else {
+        return Ok(());
+    };
+    let give_up_at = Instant::now() + Duration::from_secs(ENV_FETCH_GIVE_UP_SECS);
+    let mut wait = REQUEST_READ_WAIT_MIN;
+    loop {
+        let why = match lh_rpc::workload_env::fetch(bus, node_id, lease_id, ENV_FETCH_TIMEOUT).await
+        {
+            Ok(WorkloadEnvReply::Values { values, salt }) => {
+                let salt: [u8; lh_domain::workload::ENV_SALT_BYTES] = hex::decode(&salt)
+                    .ok()
+                    .and_then(|bytes| bytes.try_into().ok())
+                    .ok_or("the gateway's salt for the environment is malformed")?;
+                lh_domain::workload::check_fetched_env(&env_ref, &salt, &values)?;
+                spec.env.extend(values);
+                return Ok(());
+            }
+            Ok(WorkloadEnvReply::Refused { why }) => {
+                return Err(format!(
+                    "the gateway refuses the lease's environment: {why}"
+                ));
+            }
+            Ok(WorkloadEnvReply::NotYet { why }) => why,
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= give_up_at {
+            return Err(format!(
+                "no environment for the lease within {ENV_FETCH_GIVE_UP_SECS} s: {why}"
+            ));
+        }
+        tracing::warn!(lease = %lease_id, why, retry_in_ms = wait.as_millis() as u64,
+            "the lease's environment is not given yet");
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(REQUEST_READ_WAIT_MAX);
     }
 }
