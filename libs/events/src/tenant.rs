@@ -113,7 +113,15 @@ pub struct TenantApiKeyRevoked {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TenantSuspended {
     pub tenant_id: Uuid,
+    /// The operator's reason in clear. Only events written before reasons
+    /// were sealed carry it; newer ones leave it empty, and then omit it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Base64 of nonce ‖ ChaCha20-Poly1305 ciphertext of the operator's
+    /// reason, sealed with the tenant's key like its name: free text may
+    /// name a person, and the log can never forget it. Absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_sealed: Option<String>,
     pub stop_leases: bool,
 }
 
