@@ -292,3 +292,67 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
     let older_view = tenant_view(&stack, &older_id, ADMIN_TOKEN).await;
     assert_eq!(older_view["suspended_reason"], "unpaid since November");
 }
+
+/// The key table is not rebuilt from the log: a tenant may lack its key
+/// row (a restore of an older database). Suspending it still seals the
+/// reason, under a new key, and an erasure destroys that key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_without_a_data_key_is_suspended_with_a_new_one_that_erasure_destroys() {
+    let stack = Stack::start(FLEET).await;
+    let created = stack
+        .create_tenant_from(json!({"name": NAME, "email": EMAIL, "quota": {"max_gpus": 1}}))
+        .await;
+    let tenant_id = created["id"].as_str().unwrap().to_string();
+    let id: uuid::Uuid = tenant_id.parse().unwrap();
+    let pool = sqlx::PgPool::connect(&stack.database_url).await.unwrap();
+    let key_rows = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM gateway_keys.tenant_keys WHERE tenant_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    sqlx::query("DELETE FROM gateway_keys.tenant_keys WHERE tenant_id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{tenant_id}/suspend"),
+            ADMIN_TOKEN,
+            Some(json!({"reason": REASON})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(key_rows().await, 1, "a new key was stored");
+    let view = tenant_view(&stack, &tenant_id, ADMIN_TOKEN).await;
+    // The old key is lost with its row: the name it sealed stays unreadable.
+    assert_eq!(
+        (&view["name"], &view["suspended_reason"]),
+        (&json!(ERASED), &json!(REASON)),
+        "{view}"
+    );
+    let log = read_log(&stack.bus().await).await;
+    for event in &log {
+        let raw = String::from_utf8_lossy(&event.payload);
+        assert!(!raw.contains("contract ends"), "{raw}");
+    }
+
+    let (status, erased) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{tenant_id}/erase"),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{erased}");
+    assert_eq!(erased["suspended_reason"], ERASED, "{erased}");
+    assert_eq!(key_rows().await, 0);
+    stack.assert_gateway_rebuilds_identically().await;
+}
