@@ -321,7 +321,7 @@ pub struct TenantId {
 pub struct TenantSuspend {
     /// Tenant id.
     pub id: String,
-    /// Why, for the log.
+    /// Why; logged sealed with the tenant's key, unreadable once it is erased.
     #[arg(long)]
     pub reason: Option<String>,
     /// Also stop every lease of the tenant; otherwise running leases run

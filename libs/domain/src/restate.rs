@@ -262,7 +262,8 @@ mod tests {
                 2,
                 EventData::TenantSuspended(TenantSuspended {
                     tenant_id,
-                    reason: "leaving".into(),
+                    reason: String::new(),
+                    reason_sealed: Some("c2VhbGVk".into()),
                     stop_leases: true,
                 }),
             ),
@@ -284,6 +285,9 @@ mod tests {
                 (3, "tenant.erased")
             ]
         );
+        // The sealed reason goes along as it was: the restatement is
+        // opened (or not) with the same key as the original.
+        assert_eq!(r.history[1].envelope.data, history[1].envelope.data);
     }
 
     #[test]
@@ -298,6 +302,7 @@ mod tests {
         let suspended = EventData::TenantSuspended(TenantSuspended {
             tenant_id,
             reason: "unpaid".into(),
+            reason_sealed: None,
             stop_leases: false,
         });
         let quota = |max_gpus| {

@@ -148,11 +148,18 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .await?;
         }
         EventData::TenantSuspended(e) => {
-            sqlx::query("UPDATE tenants SET suspended = TRUE, suspended_reason = $2 WHERE id = $1")
-                .bind(e.tenant_id)
-                .bind(&e.reason)
-                .execute(conn)
-                .await?;
+            // Older events carry the reason in clear; a sealed one never
+            // has a clear twin.
+            let clear = e.reason_sealed.is_none().then_some(e.reason.as_str());
+            sqlx::query(
+                "UPDATE tenants SET suspended = TRUE, suspended_reason = $2, suspended_reason_sealed = $3
+                 WHERE id = $1",
+            )
+            .bind(e.tenant_id)
+            .bind(clear)
+            .bind(&e.reason_sealed)
+            .execute(conn)
+            .await?;
         }
         EventData::BalanceExhausted(e) => {
             sqlx::query("UPDATE tenants SET balance_exhausted = TRUE WHERE id = $1")
@@ -168,15 +175,17 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         }
         EventData::TenantResumed(e) => {
             sqlx::query(
-                "UPDATE tenants SET suspended = FALSE, suspended_reason = NULL WHERE id = $1",
+                "UPDATE tenants SET suspended = FALSE, suspended_reason = NULL, suspended_reason_sealed = NULL
+                 WHERE id = $1",
             )
             .bind(e.tenant_id)
             .execute(conn)
             .await?;
         }
         EventData::TenantErased(e) => {
-            // The row keeps the ciphertext: it is the log's, and without the
-            // key it is noise; a rebuild writes the same.
+            // The row keeps the ciphertext (names, and a sealed suspension
+            // reason): it is the log's, and without the key it is noise; a
+            // rebuild writes the same.
             sqlx::query(
                 "UPDATE tenants SET erased = TRUE, suspended = TRUE, suspended_reason = 'erased'
                  WHERE id = $1",

@@ -1,10 +1,12 @@
 //! Erasure inside an immutable log: destroying a tenant's data key leaves
-//! its name and e-mail as ciphertext nobody can open, while the audit chain
-//! still verifies, its charges keep their amounts and a rebuild of the
-//! gateway's read model gives the same rows.
+//! its name, e-mail and suspension reason as ciphertext nobody can open,
+//! while the audit chain still verifies, its charges keep their amounts and
+//! a rebuild of the gateway's read model gives the same rows.
 
 use std::time::Duration;
 
+use lh_bus::Expect;
+use lh_events::{Actor, Envelope, EventData, TenantSuspended};
 use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -12,6 +14,9 @@ use serde_json::{json, Value};
 const NAME: &str = "Erika Mustermann";
 const EMAIL: &str = "erika@mustermann.example";
 const ERASED: &str = "[erased]";
+/// An operator's reason that names the person: it must not enter the log
+/// in clear either.
+const REASON: &str = "leaving; the contract ends, per erika@mustermann.example";
 
 /// The tenant's charges of `period` as an admin reads them, once they have
 /// held still for a while (pricing may still be accruing the last run).
@@ -69,10 +74,25 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
             Method::POST,
             &format!("/v1/tenants/{tenant_id}/suspend"),
             ADMIN_TOKEN,
-            Some(json!({"reason": "leaving"})),
+            Some(json!({"reason": REASON})),
         )
         .await;
     assert_eq!(status, 202, "{body}");
+    assert_eq!(body["tenant"]["suspended_reason"], REASON, "{body}");
+    let view = tenant_view(&stack, &tenant_id, ADMIN_TOKEN).await;
+    assert_eq!(view["suspended_reason"], REASON, "{view}");
+    let log = read_log(&stack.bus().await).await;
+    let suspended = of_type(&log, "tenant.suspended");
+    let [suspended] = &suspended[..] else {
+        panic!("one suspension: {suspended:?}")
+    };
+    let EventData::TenantSuspended(e) = &suspended.envelope.data else {
+        panic!()
+    };
+    assert!(
+        e.reason.is_empty() && e.reason_sealed.as_deref().is_some_and(|s| !s.is_empty()),
+        "{e:?}"
+    );
     let (status, refused) = stack.call(Method::POST, &erase, ADMIN_TOKEN, None).await;
     assert_eq!(status, 409, "{refused}");
     assert!(refused.to_string().contains("not ended"), "{refused}");
@@ -101,8 +121,13 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
     let (status, erased) = stack.call(Method::POST, &erase, ADMIN_TOKEN, None).await;
     assert_eq!(status, 200, "{erased}");
     assert_eq!(
-        (&erased["name"], &erased["email"], &erased["erased"]),
-        (&json!(ERASED), &json!(ERASED), &json!(true)),
+        (
+            &erased["name"],
+            &erased["email"],
+            &erased["suspended_reason"],
+            &erased["erased"]
+        ),
+        (&json!(ERASED), &json!(ERASED), &json!(ERASED), &json!(true)),
         "{erased}"
     );
     // A second call finds it erased and says so the same way.
@@ -118,8 +143,8 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
     // The tenant reads itself as erased and may change nothing any more.
     let own = tenant_view(&stack, &tenant_id, &key).await;
     assert_eq!(
-        (&own["name"], &own["email"]),
-        (&json!(ERASED), &json!(ERASED))
+        (&own["name"], &own["email"], &own["suspended_reason"]),
+        (&json!(ERASED), &json!(ERASED), &json!(ERASED))
     );
     let (status, body) = stack
         .call(
@@ -140,7 +165,7 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
     }
 
     // No wrapped key is left in the database, and no stored event holds the
-    // name or the e-mail in clear.
+    // name, the e-mail or the suspension reason in clear.
     let pool = sqlx::PgPool::connect(&stack.database_url).await.unwrap();
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM gateway_keys.tenant_keys WHERE tenant_id = $1")
@@ -155,7 +180,7 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
         .any(|e| !e.payload.is_empty()));
     for event in &log {
         let raw = String::from_utf8_lossy(&event.payload).to_lowercase();
-        for secret in ["erika", "mustermann"] {
+        for secret in ["erika", "mustermann", "contract ends"] {
             assert!(
                 !raw.contains(secret),
                 "{} holds {secret:?} in clear",
@@ -180,7 +205,7 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
     );
     let trail = trail.to_string().to_lowercase();
     assert!(
-        !trail.contains("erika") && !trail.contains("mustermann"),
+        !trail.contains("erika") && !trail.contains("mustermann") && !trail.contains("contract"),
         "{trail}"
     );
 
@@ -208,12 +233,126 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
         charges_before["content_hash"]
     );
 
+    // A suspension logged before reasons were sealed carries its reason in
+    // clear; it still projects, and shows as it was.
+    let older = stack
+        .create_tenant_from(
+            json!({"name": "Older Tenant", "email": "ops@older.example", "quota": {"max_gpus": 1}}),
+        )
+        .await;
+    let older_id = older["id"].as_str().unwrap().to_string();
+    let clear = Envelope::new(
+        Actor::Admin,
+        chrono::Utc::now(),
+        EventData::TenantSuspended(TenantSuspended {
+            tenant_id: older_id.parse().unwrap(),
+            reason: "unpaid since November".into(),
+            reason_sealed: None,
+            stop_leases: false,
+        }),
+    );
+    let stored = stack
+        .bus()
+        .await
+        .publish(&clear, Expect::Any)
+        .await
+        .unwrap();
+    let raw = String::from_utf8_lossy(
+        &read_log(&stack.bus().await)
+            .await
+            .into_iter()
+            .find(|e| e.sequence == stored.sequence)
+            .expect("the old-style event is stored")
+            .payload,
+    )
+    .into_owned();
+    assert!(raw.contains(r#""reason":"unpaid since November""#), "{raw}");
+    let mut older_view = Value::Null;
+    for _ in 0..100 {
+        older_view = tenant_view(&stack, &older_id, ADMIN_TOKEN).await;
+        if older_view["suspended"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (&older_view["suspended"], &older_view["suspended_reason"]),
+        (&json!(true), &json!("unpaid since November")),
+        "{older_view}"
+    );
+
     // A rebuild from the log gives the same rows, and the view over them
     // still reads as erased rather than failing.
     stack.assert_gateway_rebuilds_identically().await;
     let view = tenant_view(&stack, &tenant_id, ADMIN_TOKEN).await;
     assert_eq!(
-        (&view["name"], &view["erased"]),
-        (&json!(ERASED), &json!(true))
+        (&view["name"], &view["suspended_reason"], &view["erased"]),
+        (&json!(ERASED), &json!(ERASED), &json!(true))
     );
+    let older_view = tenant_view(&stack, &older_id, ADMIN_TOKEN).await;
+    assert_eq!(older_view["suspended_reason"], "unpaid since November");
+}
+
+/// The key table is not rebuilt from the log: a tenant may lack its key
+/// row (a restore of an older database). Suspending it still seals the
+/// reason, under a new key, and an erasure destroys that key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_without_a_data_key_is_suspended_with_a_new_one_that_erasure_destroys() {
+    let stack = Stack::start(FLEET).await;
+    let created = stack
+        .create_tenant_from(json!({"name": NAME, "email": EMAIL, "quota": {"max_gpus": 1}}))
+        .await;
+    let tenant_id = created["id"].as_str().unwrap().to_string();
+    let id: uuid::Uuid = tenant_id.parse().unwrap();
+    let pool = sqlx::PgPool::connect(&stack.database_url).await.unwrap();
+    let key_rows = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM gateway_keys.tenant_keys WHERE tenant_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    sqlx::query("DELETE FROM gateway_keys.tenant_keys WHERE tenant_id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{tenant_id}/suspend"),
+            ADMIN_TOKEN,
+            Some(json!({"reason": REASON})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(key_rows().await, 1, "a new key was stored");
+    let view = tenant_view(&stack, &tenant_id, ADMIN_TOKEN).await;
+    // The old key is lost with its row: the name it sealed stays unreadable.
+    assert_eq!(
+        (&view["name"], &view["suspended_reason"]),
+        (&json!(ERASED), &json!(REASON)),
+        "{view}"
+    );
+    let log = read_log(&stack.bus().await).await;
+    for event in &log {
+        let raw = String::from_utf8_lossy(&event.payload);
+        assert!(!raw.contains("contract ends"), "{raw}");
+    }
+
+    let (status, erased) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{tenant_id}/erase"),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{erased}");
+    assert_eq!(erased["suspended_reason"], ERASED, "{erased}");
+    assert_eq!(key_rows().await, 0);
+    stack.assert_gateway_rebuilds_identically().await;
 }

@@ -199,9 +199,9 @@ pub const MAX_REASON_CHARS: usize = 500;
 /// What a sealed field shows once its tenant's key is destroyed.
 pub const ERASED_MARKER: &str = "[erased]";
 
-/// A tenant as the read model shows it. The name and e-mail are opened
-/// with the tenant's key on each read; once that key is destroyed they
-/// show [`ERASED_MARKER`].
+/// A tenant as the read model shows it. The name, e-mail and suspension
+/// reason are opened with the tenant's key on each read; once that key is
+/// destroyed they show [`ERASED_MARKER`].
 #[derive(Debug, Serialize, Deserialize, ToSchema, FromRow)]
 pub struct TenantView {
     pub id: Uuid,
@@ -217,8 +217,19 @@ pub struct TenantView {
     #[sqlx(try_from = "i32")]
     pub weight: u32,
     pub suspended: bool,
+    /// Why the operator suspended it, opened with the tenant's key
+    /// (`[erased]` once the key is gone); `erased` for a tenant erased
+    /// after a suspension logged before reasons were sealed.
     pub suspended_reason: Option<String>,
     pub created_at: chrono::DateTime<Utc>,
+}
+
+/// A tenant's row: the view, and the sealed reason it is opened from.
+#[derive(FromRow)]
+struct TenantRow {
+    #[sqlx(flatten)]
+    view: TenantView,
+    suspended_reason_sealed: Option<String>,
 }
 
 pub(super) fn parse_tenant_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -239,9 +250,9 @@ pub(super) fn require_reader(caller: &Caller, tenant_id: Uuid) -> Result<(), Api
 }
 
 async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, ApiError> {
-    let mut tenant: TenantView = sqlx::query_as(
+    let row: TenantRow = sqlx::query_as(
         "SELECT id, name_sealed, email_sealed, erased, max_gpus, max_vram_gb, weight, suspended,
-                suspended_reason, created_at
+                suspended_reason, suspended_reason_sealed, created_at
          FROM tenants WHERE id = $1",
     )
     .bind(tenant_id)
@@ -259,9 +270,38 @@ async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, A
             .and_then(|k| seal::open(k, sealed))
             .unwrap_or_else(|| ERASED_MARKER.to_string())
     };
+    let mut tenant = row.view;
     tenant.name = open(&tenant.name);
     tenant.email = open(&tenant.email);
+    if let Some(sealed) = &row.suspended_reason_sealed {
+        tenant.suspended_reason = Some(open(sealed));
+    }
     Ok(tenant)
+}
+
+/// The tenant's data key, to seal a new field with. Every tenant gets one
+/// at its creation, but the key table is not rebuilt from the log: after a
+/// restore of an older database a tenant may have none. It then gets a new
+/// one, which cannot open its older sealed fields but covers the new one,
+/// so that an operator's text never has to enter the log in clear. Never
+/// for an erased tenant: its data must stay unreadable.
+async fn sealing_key(ctx: &ApiContext, tenant: &TenantView) -> Result<[u8; 32], ApiError> {
+    refuse_erased(tenant)?;
+    let load = || async {
+        seal::load_key(&ctx.pool, ctx.keys.as_ref(), tenant.id)
+            .await
+            .map_err(|e| ApiError::internal(format!("loading a tenant key: {e}")))
+    };
+    if let Some(key) = load().await? {
+        return Ok(key);
+    }
+    let key = seal::new_key();
+    if let Err(stored) = seal::store_key(&ctx.pool, ctx.keys.as_ref(), tenant.id, &key).await {
+        // A concurrent call may have stored one first: seal with that.
+        return load().await?.ok_or(stored);
+    }
+    tracing::warn!(tenant = %tenant.id, "the tenant had no data key; a new one seals its new fields");
+    Ok(key)
 }
 
 /// 409 for a write to an erased tenant: nothing may be added to it.
@@ -340,7 +380,8 @@ pub async fn get(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SuspendTenant {
-    /// Why, up to 500 characters; kept in the log.
+    /// Why, up to 500 characters; kept in the log sealed with the
+    /// tenant's key, so an erasure makes it unreadable too.
     #[serde(default)]
     pub reason: Option<String>,
     /// Also ask every lease of the tenant that has not ended to stop;
@@ -387,9 +428,11 @@ pub async fn suspend(
     }
     let (tenant, last) = tenant_now(&ctx, tenant_id).await?;
     if !tenant.suspended {
+        let key = sealing_key(&ctx, &tenant).await?;
         let data = EventData::TenantSuspended(TenantSuspended {
             tenant_id,
-            reason,
+            reason: String::new(),
+            reason_sealed: Some(seal::seal(&key, &reason)),
             stop_leases: body.stop_leases,
         });
         append_to_tenant(&ctx, &caller, last, data).await?;
