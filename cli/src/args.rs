@@ -499,7 +499,8 @@ pub struct LeaseCreate {
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
     /// An environment variable of the workload, NAME=VALUE (repeatable).
-    /// Kept in the event log: no secrets.
+    /// The value is kept out of the event log, sealed with the tenant's key,
+    /// and given only to the node the lease runs on.
     #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
     /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
