@@ -421,3 +421,84 @@ async fn a_flood_of_bad_keys_is_summed_into_a_few_refusal_events() {
         .all(|r| r["outcome"] == "failure" && r["actor"] == "service:lh-gateway"));
     stack.assert_none_stopped();
 }
+
+/// The record of `event_type` about `object` among `records`.
+fn record_of<'a>(records: &'a [Value], event_type: &str, object: &str) -> &'a Value {
+    records
+        .iter()
+        .find(|r| r["event_type"] == event_type && r["object"] == object)
+        .unwrap_or_else(|| panic!("no {event_type} record for {object}"))
+}
+
+/// What the seed documents ask each lease's audit records to answer: the
+/// user, the GPUs it was given, the time, and how it ended (success or
+/// failure), read back through the auditor's route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leases_records_name_its_user_its_gpus_their_times_and_how_it_ended() {
+    let stack = Stack::start(FLEET).await;
+    let (tenant, key) = stack.create_tenant("seed-fields", 1).await;
+    let lease = stack
+        .running(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
+        .await;
+    let lease_id = lease["id"].as_str().unwrap().to_string();
+    let gpu_uuid = lease["gpu_uuids"][0].as_str().unwrap().to_string();
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease_id}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    stack
+        .wait_lease(&key, &lease_id, |l| l["state"] == "ended")
+        .await;
+    // Over the quota of one GPU: refused, a failure on the record.
+    let (status, refused) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 2, "gpu_model": "A100-40GB"})),
+        )
+        .await;
+    let rejected_id = match status {
+        202 => {
+            let id = refused["id"].as_str().unwrap().to_string();
+            stack
+                .wait_lease(&key, &id, |l| l["state"] == "rejected")
+                .await;
+            Some(id)
+        }
+        _ => None,
+    };
+    wait_copied(&stack, stack.bus().await.last_sequence().await.unwrap()).await;
+
+    let records = every_record(&stack, AUDITOR_TOKEN, &format!("tenant_id={tenant}"), 100).await;
+    let object = format!("lease.{lease_id}");
+    let requested = record_of(&records, "lease.requested", &object);
+    assert_eq!(requested["actor"], format!("tenant:{tenant}"), "{requested}");
+    let placed = record_of(&records, "lease.placed", &object);
+    assert!(
+        placed["payload"].to_string().contains(&gpu_uuid),
+        "the placement names its GPU: {placed}"
+    );
+    let ended = record_of(&records, "lease.ended", &object);
+    assert_eq!(ended["payload"]["data"]["reason"], "stopped", "{ended}");
+    for record in [requested, placed, ended] {
+        assert_eq!(record["outcome"], "success", "{record}");
+        let at: chrono::DateTime<chrono::Utc> = record["occurred_at"]
+            .as_str()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no time on {record}"));
+        assert!(at <= chrono::Utc::now());
+        assert!(record["tenant_id"] == tenant.as_str(), "{record}");
+    }
+    let started = record_of(&records, "lease.started", &object);
+    assert!(started["actor"].as_str().unwrap().starts_with("node:"), "{started}");
+    if let Some(id) = rejected_id {
+        let rejected = record_of(&records, "lease.rejected", &format!("lease.{id}"));
+        assert_eq!(rejected["outcome"], "failure", "{rejected}");
+    }
+}
