@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Json, Router};
-use lh_bus::Bus;
-use lh_events::subject;
+use lh_bus::{Bus, Expect};
+use lh_events::{subject, Actor, AuditDivergenceDetected, DivergenceKind, Envelope, EventData};
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::PgPool;
 
@@ -186,6 +186,9 @@ struct VerifyState {
     resume: Option<SignedHead>,
     cached: Option<Cached>,
     runs: u64,
+    /// The last divergence recorded as `audit.divergence_detected`, also
+    /// kept in `reported_divergence`: found again, it is not recorded again.
+    reported: Option<(u64, DivergenceKind)>,
 }
 
 struct Cached {
@@ -235,6 +238,21 @@ impl Verifier {
                 state.resume = Some(verified);
             }
         }
+        match outcome.divergence {
+            Some(found) => {
+                self.record_divergence(&mut state, found, &outcome.report, full)
+                    .await
+            }
+            // Only a full run sees the whole copy: an incremental one that
+            // holds says nothing of a divergence before its resume point.
+            None if full && outcome.report.ok && state.reported.is_some() => {
+                sqlx::query("DELETE FROM reported_divergence")
+                    .execute(&self.pool)
+                    .await?;
+                state.reported = None;
+            }
+            None => {}
+        }
         state.cached = Some(Cached {
             upper: outcome.upper,
             at: std::time::Instant::now(),
@@ -242,6 +260,94 @@ impl Verifier {
         });
         Ok(outcome.report)
     }
+}
+
+impl Verifier {
+    /// Publishes `audit.divergence_detected` for `found` unless it was the
+    /// last one recorded. A failure to record is logged and left to the
+    /// next run that finds it: the report itself still goes out.
+    async fn record_divergence(
+        &self,
+        state: &mut VerifyState,
+        found: (u64, DivergenceKind),
+        report: &VerifyResponse,
+        full: bool,
+    ) {
+        let (first_sequence, kind) = found;
+        tracing::error!(
+            first_sequence,
+            kind = kind.as_str(),
+            checked_from = report.checked_from,
+            checked_to = report.sequence,
+            "the log and the audit copy diverge"
+        );
+        if state.reported == Some(found) {
+            return;
+        }
+        let event = AuditDivergenceDetected {
+            first_sequence,
+            kind,
+            checked_from: report.checked_from,
+            checked_to: report.sequence,
+            head: report.head.clone(),
+            full,
+        };
+        match self.claim_and_publish(event).await {
+            Ok(published) => {
+                if published {
+                    metrics::counter!("lh_audit_divergences_total").increment(1);
+                }
+                state.reported = Some(found);
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), first_sequence, kind = kind.as_str(),
+                    "cannot record audit.divergence_detected; the next run that finds it tries again");
+            }
+        }
+    }
+
+    /// Records the finding as the last one reported and publishes its
+    /// event, in one transaction: false when it already was the last one
+    /// (another replica reported it). The row is locked while publishing,
+    /// so two replicas do not both publish; a failed publish leaves the
+    /// previous finding recorded.
+    async fn claim_and_publish(&self, event: AuditDivergenceDetected) -> anyhow::Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let claimed = sqlx::query(
+            "INSERT INTO reported_divergence (first_sequence, kind) VALUES ($1, $2)
+             ON CONFLICT (singleton) DO UPDATE SET first_sequence = excluded.first_sequence,
+                 kind = excluded.kind, reported_at = now()
+             WHERE (reported_divergence.first_sequence, reported_divergence.kind)
+                 IS DISTINCT FROM (excluded.first_sequence, excluded.kind)",
+        )
+        .bind(event.first_sequence as i64)
+        .bind(event.kind.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !claimed {
+            return Ok(false);
+        }
+        let envelope = Envelope::new(
+            Actor::Service(SERVICE.into()),
+            chrono::Utc::now(),
+            EventData::AuditDivergenceDetected(event),
+        );
+        self.bus.publish(&envelope, Expect::Any).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+async fn load_reported(pool: &PgPool) -> anyhow::Result<Option<(u64, DivergenceKind)>> {
+    let row: Option<(i64, String)> =
+        sqlx::query_as("SELECT first_sequence, kind FROM reported_divergence")
+            .fetch_optional(pool)
+            .await?;
+    // A kind this version does not know is as good as none: the finding
+    // is recorded again in today's words.
+    Ok(row.and_then(|(first, kind)| Some((first as u64, DivergenceKind::parse(&kind)?))))
 }
 
 async fn load_verified(pool: &PgPool) -> anyhow::Result<Option<SignedHead>> {
@@ -334,6 +440,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         http_token,
         state: tokio::sync::Mutex::new(VerifyState {
             resume: load_verified(&pool).await?,
+            reported: load_reported(&pool).await?,
             ..VerifyState::default()
         }),
     });

@@ -38,7 +38,7 @@ use std::time::Duration;
 use lh_bus::Bus;
 use lh_domain::chain::{Chain, Hash};
 use lh_domain::chain_check::{SignedHead, StreamCheck};
-use lh_events::subject;
+use lh_events::{subject, DivergenceKind};
 use lh_rpc::audit::{VerifyAnchor, VerifyBadCheckpoint, VerifyResponse};
 use sqlx::{PgConnection, PgPool};
 
@@ -112,7 +112,10 @@ struct Check {
     stream: StreamCheck,
     /// Keys a stored checkpoint must be signed with.
     trusted: Vec<[u8; 32]>,
-    first_mismatch: Option<u64>,
+    /// The first sequence found wrong, and how.
+    first_mismatch: Option<(u64, DivergenceKind)>,
+    /// The sequence the first stored checkpoint that did not hold signs.
+    first_failed_checkpoint: Option<u64>,
     checkpoints: Vec<StoredCheckpoint>,
     /// Index of the first checkpoint not yet checked.
     next_checkpoint: usize,
@@ -120,9 +123,9 @@ struct Check {
 }
 
 impl Check {
-    fn mismatch(&mut self, seq: u64) {
-        if self.first_mismatch.is_none_or(|first| seq < first) {
-            self.first_mismatch = Some(seq);
+    fn mismatch(&mut self, seq: u64, kind: DivergenceKind) {
+        if self.first_mismatch.is_none_or(|(first, _)| seq < first) {
+            self.first_mismatch = Some((seq, kind));
         }
     }
 
@@ -134,6 +137,8 @@ impl Check {
             }
             if cp.holds_for(&self.chain) && cp.signed_by_one_of(&self.trusted) {
                 self.checkpoints_verified += 1;
+            } else if self.first_failed_checkpoint.is_none() {
+                self.first_failed_checkpoint = Some(cp.sequence);
             }
             self.next_checkpoint += 1;
         }
@@ -149,11 +154,10 @@ impl Check {
                     && row.payload[..] == payload[..]
                     && row.hash[..] == link[..];
                 if !same {
-                    self.mismatch(sequence);
+                    self.mismatch(sequence, DivergenceKind::CopyRowDiffers);
                 }
             }
-            // The copy lacks this event.
-            None => self.mismatch(sequence),
+            None => self.mismatch(sequence, DivergenceKind::MissingFromCopy),
         }
         self.checkpoints_upto_head();
     }
@@ -166,7 +170,7 @@ impl Check {
         self.stream
             .message(row.sequence, &row.subject, &row.payload);
         if row.hash[..] != link[..] {
-            self.mismatch(row.sequence);
+            self.mismatch(row.sequence, DivergenceKind::CopyRowDiffers);
         }
         self.checkpoints_upto_head();
     }
@@ -241,6 +245,8 @@ pub(crate) struct Outcome {
     pub upper: u64,
     /// The last checkpoint that verified, when the whole run did.
     pub verified: Option<SignedHead>,
+    /// What the run found wrong first, when it found anything.
+    pub divergence: Option<(u64, DivergenceKind)>,
 }
 
 fn anchor_of(chain: &Chain) -> VerifyAnchor {
@@ -313,6 +319,7 @@ pub(crate) async fn verify(
                 report,
                 upper,
                 verified: None,
+                divergence: None,
             });
         }
     };
@@ -322,6 +329,7 @@ pub(crate) async fn verify(
         stream,
         trusted: trusted.to_vec(),
         first_mismatch: None,
+        first_failed_checkpoint: None,
         checkpoints: anchor::between(&mut *db, chain.last_sequence, upper).await?,
         next_checkpoint: 0,
         checkpoints_verified: 0,
@@ -333,8 +341,12 @@ pub(crate) async fn verify(
                 .bind(start.last_sequence as i64)
                 .fetch_optional(&mut *db)
                 .await?;
-        if stored.as_deref() != Some(&start.head[..]) {
-            check.mismatch(start.last_sequence);
+        match stored {
+            Some(hash) if hash[..] != start.head[..] => {
+                check.mismatch(start.last_sequence, DivergenceKind::CopyRowDiffers)
+            }
+            Some(_) => {}
+            None => check.mismatch(start.last_sequence, DivergenceKind::MissingFromCopy),
         }
     }
 
@@ -367,7 +379,7 @@ pub(crate) async fn verify(
             if seq < log_first {
                 check.expired(&row);
             } else {
-                check.mismatch(seq);
+                check.mismatch(seq, DivergenceKind::MissingFromStream);
             }
         }
         let Some(event) = next else { break };
@@ -406,13 +418,24 @@ pub(crate) async fn verify(
     let ok = check.first_mismatch.is_none()
         && checkpoints_verified == checkpoints
         && first_bad_checkpoint.is_none();
+    // Rows first: a bad checkpoint is often only the echo of a changed row.
+    let divergence = check.first_mismatch.or_else(|| {
+        (!ok).then(|| {
+            let on_stream = first_bad_checkpoint.as_ref().map(|bad| bad.sequence);
+            let first = match (check.first_failed_checkpoint, on_stream) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(check.chain.last_sequence),
+            };
+            (first, DivergenceKind::CheckpointFails)
+        })
+    });
     let start_events = anchor.or(resumed).map_or(0, |c| c.events);
     let report = VerifyResponse {
         ok,
         events: check.chain.events,
         head: check.chain.head_hex(),
         sequence: check.chain.last_sequence,
-        first_mismatch: check.first_mismatch,
+        first_mismatch: check.first_mismatch.map(|(seq, _)| seq),
         checkpoints_verified,
         checkpoints,
         anchor: anchor.as_ref().map(anchor_of),
@@ -427,6 +450,7 @@ pub(crate) async fn verify(
         report,
         upper,
         verified: if ok { stream.last_checkpoint } else { None },
+        divergence,
     })
 }
 
@@ -454,6 +478,7 @@ mod tests {
             stream: StreamCheck::from_genesis_trusting(Vec::new()),
             trusted: Vec::new(),
             first_mismatch: None,
+            first_failed_checkpoint: None,
             checkpoints: Vec::new(),
             next_checkpoint: 0,
             checkpoints_verified: 0,
@@ -463,7 +488,7 @@ mod tests {
         check.expired(&row(2, b"B", h2));
         assert_eq!(
             check.first_mismatch,
-            Some(2),
+            Some((2, DivergenceKind::CopyRowDiffers)),
             "a changed payload breaks its link"
         );
     }
