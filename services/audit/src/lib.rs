@@ -33,6 +33,7 @@ mod anchor;
 #[cfg(test)]
 mod chain_spec;
 mod keeper;
+pub mod keys;
 mod query;
 mod signing;
 mod verify;
