@@ -54,17 +54,6 @@ impl DivergenceKind {
             DivergenceKind::CheckpointFails => "checkpoint_fails",
         }
     }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        [
-            DivergenceKind::CopyRowDiffers,
-            DivergenceKind::MissingFromCopy,
-            DivergenceKind::MissingFromStream,
-            DivergenceKind::CheckpointFails,
-        ]
-        .into_iter()
-        .find(|kind| kind.as_str() == text)
-    }
 }
 
 /// A verification run found the log and the audit copy in PostgreSQL (or
@@ -120,4 +109,24 @@ pub struct AccessRefused {
     /// Refused requests by route template (`GET /v1/leases`, ...); routes
     /// past the per-source limit are summed under `others`.
     pub by_route: BTreeMap<String, u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_divergence_kind_is_named_as_it_is_stored() {
+        for kind in [
+            DivergenceKind::CopyRowDiffers,
+            DivergenceKind::MissingFromCopy,
+            DivergenceKind::MissingFromStream,
+            DivergenceKind::CheckpointFails,
+        ] {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::from(kind.as_str())
+            );
+        }
+    }
 }

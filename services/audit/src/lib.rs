@@ -187,9 +187,6 @@ struct VerifyState {
     resume: Option<SignedHead>,
     cached: Option<Cached>,
     runs: u64,
-    /// The last divergence recorded as `audit.divergence_detected`, also
-    /// kept in `reported_divergence`: found again, it is not recorded again.
-    reported: Option<(u64, DivergenceKind)>,
 }
 
 struct Cached {
@@ -240,17 +237,16 @@ impl Verifier {
             }
         }
         match outcome.divergence {
-            Some(found) => {
-                self.record_divergence(&mut state, found, &outcome.report, full)
-                    .await
-            }
+            Some(found) => self.record_divergence(found, &outcome.report, full).await,
             // Only a full run sees the whole copy: an incremental one that
             // holds says nothing of a divergence before its resume point.
-            None if full && outcome.report.ok && state.reported.is_some() => {
-                sqlx::query("DELETE FROM reported_divergence")
+            None if full && outcome.report.ok => {
+                if let Err(e) = sqlx::query("DELETE FROM reported_divergence")
                     .execute(&self.pool)
-                    .await?;
-                state.reported = None;
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot forget the last divergence recorded");
+                }
             }
             None => {}
         }
@@ -265,11 +261,12 @@ impl Verifier {
 
 impl Verifier {
     /// Publishes `audit.divergence_detected` for `found` unless it was the
-    /// last one recorded. A failure to record is logged and left to the
-    /// next run that finds it: the report itself still goes out.
+    /// last one recorded (kept in `reported_divergence`, not in memory: it
+    /// holds across restarts and for every replica). A failure to record
+    /// is logged and left to the next run that finds it: the report itself
+    /// still goes out.
     async fn record_divergence(
         &self,
-        state: &mut VerifyState,
         found: (u64, DivergenceKind),
         report: &VerifyResponse,
         full: bool,
@@ -282,9 +279,6 @@ impl Verifier {
             checked_to = report.sequence,
             "the log and the audit copy diverge"
         );
-        if state.reported == Some(found) {
-            return;
-        }
         let event = AuditDivergenceDetected {
             first_sequence,
             kind,
@@ -294,12 +288,8 @@ impl Verifier {
             full,
         };
         match self.claim_and_publish(event).await {
-            Ok(published) => {
-                if published {
-                    metrics::counter!("lh_audit_divergences_total").increment(1);
-                }
-                state.reported = Some(found);
-            }
+            Ok(true) => metrics::counter!("lh_audit_divergences_total").increment(1),
+            Ok(false) => {}
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), first_sequence, kind = kind.as_str(),
                     "cannot record audit.divergence_detected; the next run that finds it tries again");
@@ -339,16 +329,6 @@ impl Verifier {
         tx.commit().await?;
         Ok(true)
     }
-}
-
-async fn load_reported(pool: &PgPool) -> anyhow::Result<Option<(u64, DivergenceKind)>> {
-    let row: Option<(i64, String)> =
-        sqlx::query_as("SELECT first_sequence, kind FROM reported_divergence")
-            .fetch_optional(pool)
-            .await?;
-    // A kind this version does not know is as good as none: the finding
-    // is recorded again in today's words.
-    Ok(row.and_then(|(first, kind)| Some((first as u64, DivergenceKind::parse(&kind)?))))
 }
 
 async fn load_verified(pool: &PgPool) -> anyhow::Result<Option<SignedHead>> {
@@ -441,7 +421,6 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         http_token,
         state: tokio::sync::Mutex::new(VerifyState {
             resume: load_verified(&pool).await?,
-            reported: load_reported(&pool).await?,
             ..VerifyState::default()
         }),
     });
