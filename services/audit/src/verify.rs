@@ -278,6 +278,11 @@ pub(crate) async fn verify(
     // Read after the snapshot: a prune the snapshot missed rests on an
     // anchor no newer than the one chosen from this value.
     let mut log_first = log_first_sequence(bus).await?;
+    // Also after it: the keeper copies only what the log holds, so every
+    // honest row of the snapshot is at or below this. A row above it is
+    // one the log never held, found without waiting for the stream to
+    // stall (which would outlast the caller's request).
+    let log_last = bus.last_sequence().await?;
 
     let (chain, stream, anchor, resumed) = match start(&mut db, log_first, trusted, resume).await? {
         Start::Genesis => (
@@ -352,7 +357,7 @@ pub(crate) async fn verify(
 
     let mut rows = Rows::new(chain.last_sequence, upper);
     // Only what the log still holds is asked of it.
-    let mut feed = if upper >= checked_from.max(log_first) {
+    let mut feed = if upper.min(log_last) >= checked_from.max(log_first) {
         Some(bus.reread(&[subject::EVENTS_ALL], checked_from).await?)
     } else {
         None
@@ -393,6 +398,10 @@ pub(crate) async fn verify(
         check.streamed(event.sequence(), event.subject(), event.payload(), row);
         if event.sequence() == upper {
             break;
+        }
+        if event.sequence() >= log_last {
+            // The rest of the copy, if any, is past the log's end.
+            feed = None;
         }
     }
 

@@ -1360,3 +1360,35 @@ async fn incremental_verification_resumes_from_the_anchor_once_the_log_expired_p
     assert_eq!(tampered.checked_from, started + 1);
     audit.stop().await;
 }
+
+#[tokio::test]
+async fn a_row_the_log_never_held_is_a_divergence_of_its_own_kind() {
+    let env = Env::new().await;
+    env.publish_assorted(20).await;
+    let audit = env.start_audit(env.config.clone()).await;
+    let last = env.settled().await;
+    assert!(env.verify().await.ok);
+
+    // A row forged into the copy after the log's last message (a copy of
+    // another row, under the next sequence). The log denies deletes, so
+    // this is how the copy comes to hold what the log does not.
+    sqlx::query(
+        "INSERT INTO audit.events (sequence, subject, event_id, event_type, occurred_at, payload, hash)
+         SELECT $1, subject, event_id, event_type, occurred_at, payload, hash
+         FROM audit.events WHERE sequence = 5",
+    )
+    .bind((last + 1) as i64)
+    .execute(&env.db)
+    .await
+    .expect("the append-only copy takes an insert");
+    let report = env.verify().await;
+    assert!(!report.ok, "{report:?}");
+    assert_eq!(report.first_mismatch, Some(last + 1), "{report:?}");
+    let found = env.divergences().await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].1.first_sequence, found[0].1.kind),
+        (last + 1, DivergenceKind::MissingFromStream)
+    );
+    audit.stop().await;
+}
