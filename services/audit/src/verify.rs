@@ -29,6 +29,10 @@
 //! The audit copy is read in one repeatable-read transaction, so that a
 //! prune committed meanwhile does not remove rows under the reader.
 //!
+//! What a run finds first is kept with its kind (a copy row that differs,
+//! one missing from the copy, one missing from the log, a checkpoint that
+//! fails) for the `audit.divergence_detected` event the service records.
+//!
 //! The request and report types are the contract in `lh_rpc::audit`, so that
 //! the gateway can serve the same report without depending on this crate.
 
