@@ -1,5 +1,5 @@
-//! The audit chain's signed checkpoints and the prunes of its copy
-//! and the reads of the trail (`lh.evt.audit.chain`), and the summaries of refused requests (`lh.evt.access.refusals`).
+//! The audit chain's signed checkpoints, the prunes of its copy and the
+//! divergences verification found, the reads of the trail (`lh.evt.audit.chain`), and the summaries of refused requests (`lh.evt.access.refusals`).
 
 use std::collections::BTreeMap;
 
@@ -27,6 +27,53 @@ pub struct AuditCheckpoint {
 pub struct AuditPruned {
     pub below_sequence: u64,
     pub anchor_checkpoint: u64,
+}
+
+/// What verification found wrong, as far as it can tell the cases apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DivergenceKind {
+    /// The copy holds the sequence, but its subject, payload or link is
+    /// not what the stream (or, for an expired event, the chain) says.
+    CopyRowDiffers,
+    /// The stream holds the sequence, the copy does not.
+    MissingFromCopy,
+    /// The copy holds the sequence, the stream (which still should) does not.
+    MissingFromStream,
+    /// Stream and copy agree, but a checkpoint does not hold: a stored one
+    /// that does not verify, or one on the stream not signed by a pinned key.
+    CheckpointFails,
+}
+
+impl DivergenceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DivergenceKind::CopyRowDiffers => "copy_row_differs",
+            DivergenceKind::MissingFromCopy => "missing_from_copy",
+            DivergenceKind::MissingFromStream => "missing_from_stream",
+            DivergenceKind::CheckpointFails => "checkpoint_fails",
+        }
+    }
+}
+
+/// A verification run found the log and the audit copy in PostgreSQL (or
+/// a checkpoint) disagreeing. Recorded once per finding: the same first
+/// sequence and kind found again is not recorded again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AuditDivergenceDetected {
+    /// The first sequence found wrong: the first mismatching row, or for
+    /// `checkpoint_fails` the sequence the failing checkpoint signs.
+    pub first_sequence: u64,
+    pub kind: DivergenceKind,
+    /// The run checked the sequences from `checked_from` to `checked_to`,
+    /// both included.
+    pub checked_from: u64,
+    pub checked_to: u64,
+    /// Hex chain head the run recomputed at `checked_to`.
+    pub head: String,
+    /// True for a full run (from the genesis or the anchor), false for an
+    /// incremental one.
+    pub full: bool,
 }
 
 /// An operator read the audit trail through the gateway. The envelope's
@@ -62,4 +109,24 @@ pub struct AccessRefused {
     /// Refused requests by route template (`GET /v1/leases`, ...); routes
     /// past the per-source limit are summed under `others`.
     pub by_route: BTreeMap<String, u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_divergence_kind_is_named_as_it_is_stored() {
+        for kind in [
+            DivergenceKind::CopyRowDiffers,
+            DivergenceKind::MissingFromCopy,
+            DivergenceKind::MissingFromStream,
+            DivergenceKind::CheckpointFails,
+        ] {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::from(kind.as_str())
+            );
+        }
+    }
 }

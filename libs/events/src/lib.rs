@@ -89,6 +89,7 @@ events! {
     "credit.granted" v=1 => CreditGranted @ credit(tenant_id), tenant_id = tenant_id;
     "audit.checkpoint" v=1 => AuditCheckpoint @ audit();
     "audit.pruned" v=1 => AuditPruned @ audit();
+    "audit.divergence_detected" v=1 => AuditDivergenceDetected @ audit();
     "audit.accessed" v=1 => AuditAccessed @ audit();
     "access.refused" v=1 => AccessRefused @ access();
     "reservation.committed" v=1 => ReservationCommitted @ reservation(reservation_id), tenant_id = tenant_id;

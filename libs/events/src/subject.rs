@@ -294,6 +294,7 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("credit.granted", &[Pricing]),
         ("audit.checkpoint", &[Audit]),
         ("audit.pruned", &[Audit]),
+        ("audit.divergence_detected", &[Audit]),
         ("audit.accessed", &[Gateway]),
         ("access.refused", &[Gateway]),
         ("reservation.committed", &[Pricing]),

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Json, Router};
-use lh_bus::Bus;
-use lh_events::subject;
+use lh_bus::{Bus, Expect};
+use lh_events::{subject, Actor, AuditDivergenceDetected, DivergenceKind, Envelope, EventData};
 use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
 use sqlx::PgPool;
 
@@ -33,6 +33,7 @@ mod anchor;
 #[cfg(test)]
 mod chain_spec;
 mod keeper;
+pub mod keys;
 mod query;
 mod signing;
 mod verify;
@@ -235,12 +236,98 @@ impl Verifier {
                 state.resume = Some(verified);
             }
         }
+        match outcome.divergence {
+            Some(found) => self.record_divergence(found, &outcome.report, full).await,
+            // Only a full run sees the whole copy: an incremental one that
+            // holds says nothing of a divergence before its resume point.
+            None if full && outcome.report.ok => {
+                if let Err(e) = sqlx::query("DELETE FROM reported_divergence")
+                    .execute(&self.pool)
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot forget the last divergence recorded");
+                }
+            }
+            None => {}
+        }
         state.cached = Some(Cached {
             upper: outcome.upper,
             at: std::time::Instant::now(),
             report: outcome.report.clone(),
         });
         Ok(outcome.report)
+    }
+}
+
+impl Verifier {
+    /// Publishes `audit.divergence_detected` for `found` unless it was the
+    /// last one recorded (kept in `reported_divergence`, not in memory: it
+    /// holds across restarts and for every replica). A failure to record
+    /// is logged and left to the next run that finds it: the report itself
+    /// still goes out.
+    async fn record_divergence(
+        &self,
+        found: (u64, DivergenceKind),
+        report: &VerifyResponse,
+        full: bool,
+    ) {
+        let (first_sequence, kind) = found;
+        tracing::error!(
+            first_sequence,
+            kind = kind.as_str(),
+            checked_from = report.checked_from,
+            checked_to = report.sequence,
+            "the log and the audit copy diverge"
+        );
+        let event = AuditDivergenceDetected {
+            first_sequence,
+            kind,
+            checked_from: report.checked_from,
+            checked_to: report.sequence,
+            head: report.head.clone(),
+            full,
+        };
+        match self.claim_and_publish(event).await {
+            Ok(true) => metrics::counter!("lh_audit_divergences_total").increment(1),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), first_sequence, kind = kind.as_str(),
+                    "cannot record audit.divergence_detected; the next run that finds it tries again");
+            }
+        }
+    }
+
+    /// Records the finding as the last one reported and publishes its
+    /// event, in one transaction: false when it already was the last one
+    /// (another replica reported it). The row is locked while publishing,
+    /// so two replicas do not both publish; a failed publish leaves the
+    /// previous finding recorded.
+    async fn claim_and_publish(&self, event: AuditDivergenceDetected) -> anyhow::Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let claimed = sqlx::query(
+            "INSERT INTO reported_divergence (first_sequence, kind) VALUES ($1, $2)
+             ON CONFLICT (singleton) DO UPDATE SET first_sequence = excluded.first_sequence,
+                 kind = excluded.kind, reported_at = now()
+             WHERE (reported_divergence.first_sequence, reported_divergence.kind)
+                 IS DISTINCT FROM (excluded.first_sequence, excluded.kind)",
+        )
+        .bind(event.first_sequence as i64)
+        .bind(event.kind.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !claimed {
+            return Ok(false);
+        }
+        let envelope = Envelope::new(
+            Actor::Service(SERVICE.into()),
+            chrono::Utc::now(),
+            EventData::AuditDivergenceDetected(event),
+        );
+        self.bus.publish(&envelope, Expect::Any).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 }
 

@@ -29,6 +29,10 @@
 //! The audit copy is read in one repeatable-read transaction, so that a
 //! prune committed meanwhile does not remove rows under the reader.
 //!
+//! What a run finds first is kept with its kind (a copy row that differs,
+//! one missing from the copy, one missing from the log, a checkpoint that
+//! fails) for the `audit.divergence_detected` event the service records.
+//!
 //! The request and report types are the contract in `lh_rpc::audit`, so that
 //! the gateway can serve the same report without depending on this crate.
 
@@ -38,7 +42,7 @@ use std::time::Duration;
 use lh_bus::Bus;
 use lh_domain::chain::{Chain, Hash};
 use lh_domain::chain_check::{SignedHead, StreamCheck};
-use lh_events::subject;
+use lh_events::{subject, DivergenceKind};
 use lh_rpc::audit::{VerifyAnchor, VerifyBadCheckpoint, VerifyResponse};
 use sqlx::{PgConnection, PgPool};
 
@@ -112,7 +116,10 @@ struct Check {
     stream: StreamCheck,
     /// Keys a stored checkpoint must be signed with.
     trusted: Vec<[u8; 32]>,
-    first_mismatch: Option<u64>,
+    /// The first sequence found wrong, and how.
+    first_mismatch: Option<(u64, DivergenceKind)>,
+    /// The sequence the first stored checkpoint that did not hold signs.
+    first_failed_checkpoint: Option<u64>,
     checkpoints: Vec<StoredCheckpoint>,
     /// Index of the first checkpoint not yet checked.
     next_checkpoint: usize,
@@ -120,9 +127,9 @@ struct Check {
 }
 
 impl Check {
-    fn mismatch(&mut self, seq: u64) {
-        if self.first_mismatch.is_none_or(|first| seq < first) {
-            self.first_mismatch = Some(seq);
+    fn mismatch(&mut self, seq: u64, kind: DivergenceKind) {
+        if self.first_mismatch.is_none_or(|(first, _)| seq < first) {
+            self.first_mismatch = Some((seq, kind));
         }
     }
 
@@ -134,6 +141,8 @@ impl Check {
             }
             if cp.holds_for(&self.chain) && cp.signed_by_one_of(&self.trusted) {
                 self.checkpoints_verified += 1;
+            } else if self.first_failed_checkpoint.is_none() {
+                self.first_failed_checkpoint = Some(cp.sequence);
             }
             self.next_checkpoint += 1;
         }
@@ -149,11 +158,10 @@ impl Check {
                     && row.payload[..] == payload[..]
                     && row.hash[..] == link[..];
                 if !same {
-                    self.mismatch(sequence);
+                    self.mismatch(sequence, DivergenceKind::CopyRowDiffers);
                 }
             }
-            // The copy lacks this event.
-            None => self.mismatch(sequence),
+            None => self.mismatch(sequence, DivergenceKind::MissingFromCopy),
         }
         self.checkpoints_upto_head();
     }
@@ -166,7 +174,7 @@ impl Check {
         self.stream
             .message(row.sequence, &row.subject, &row.payload);
         if row.hash[..] != link[..] {
-            self.mismatch(row.sequence);
+            self.mismatch(row.sequence, DivergenceKind::CopyRowDiffers);
         }
         self.checkpoints_upto_head();
     }
@@ -241,6 +249,8 @@ pub(crate) struct Outcome {
     pub upper: u64,
     /// The last checkpoint that verified, when the whole run did.
     pub verified: Option<SignedHead>,
+    /// What the run found wrong first, when it found anything.
+    pub divergence: Option<(u64, DivergenceKind)>,
 }
 
 fn anchor_of(chain: &Chain) -> VerifyAnchor {
@@ -272,6 +282,11 @@ pub(crate) async fn verify(
     // Read after the snapshot: a prune the snapshot missed rests on an
     // anchor no newer than the one chosen from this value.
     let mut log_first = log_first_sequence(bus).await?;
+    // Also after it: the keeper copies only what the log holds, so every
+    // honest row of the snapshot is at or below this. A row above it is
+    // one the log never held, found without waiting for the stream to
+    // stall (which would outlast the caller's request).
+    let log_last = bus.last_sequence().await?;
 
     let (chain, stream, anchor, resumed) = match start(&mut db, log_first, trusted, resume).await? {
         Start::Genesis => (
@@ -313,6 +328,7 @@ pub(crate) async fn verify(
                 report,
                 upper,
                 verified: None,
+                divergence: None,
             });
         }
     };
@@ -322,6 +338,7 @@ pub(crate) async fn verify(
         stream,
         trusted: trusted.to_vec(),
         first_mismatch: None,
+        first_failed_checkpoint: None,
         checkpoints: anchor::between(&mut *db, chain.last_sequence, upper).await?,
         next_checkpoint: 0,
         checkpoints_verified: 0,
@@ -333,14 +350,18 @@ pub(crate) async fn verify(
                 .bind(start.last_sequence as i64)
                 .fetch_optional(&mut *db)
                 .await?;
-        if stored.as_deref() != Some(&start.head[..]) {
-            check.mismatch(start.last_sequence);
+        match stored {
+            Some(hash) if hash[..] != start.head[..] => {
+                check.mismatch(start.last_sequence, DivergenceKind::CopyRowDiffers)
+            }
+            Some(_) => {}
+            None => check.mismatch(start.last_sequence, DivergenceKind::MissingFromCopy),
         }
     }
 
     let mut rows = Rows::new(chain.last_sequence, upper);
     // Only what the log still holds is asked of it.
-    let mut feed = if upper >= checked_from.max(log_first) {
+    let mut feed = if upper.min(log_last) >= checked_from.max(log_first) {
         Some(bus.reread(&[subject::EVENTS_ALL], checked_from).await?)
     } else {
         None
@@ -367,7 +388,7 @@ pub(crate) async fn verify(
             if seq < log_first {
                 check.expired(&row);
             } else {
-                check.mismatch(seq);
+                check.mismatch(seq, DivergenceKind::MissingFromStream);
             }
         }
         let Some(event) = next else { break };
@@ -381,6 +402,10 @@ pub(crate) async fn verify(
         check.streamed(event.sequence(), event.subject(), event.payload(), row);
         if event.sequence() == upper {
             break;
+        }
+        if event.sequence() >= log_last {
+            // The rest of the copy, if any, is past the log's end.
+            feed = None;
         }
     }
 
@@ -406,13 +431,24 @@ pub(crate) async fn verify(
     let ok = check.first_mismatch.is_none()
         && checkpoints_verified == checkpoints
         && first_bad_checkpoint.is_none();
+    // Rows first: a bad checkpoint is often only the echo of a changed row.
+    let divergence = check.first_mismatch.or_else(|| {
+        (!ok).then(|| {
+            let on_stream = first_bad_checkpoint.as_ref().map(|bad| bad.sequence);
+            let first = match (check.first_failed_checkpoint, on_stream) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(check.chain.last_sequence),
+            };
+            (first, DivergenceKind::CheckpointFails)
+        })
+    });
     let start_events = anchor.or(resumed).map_or(0, |c| c.events);
     let report = VerifyResponse {
         ok,
         events: check.chain.events,
         head: check.chain.head_hex(),
         sequence: check.chain.last_sequence,
-        first_mismatch: check.first_mismatch,
+        first_mismatch: check.first_mismatch.map(|(seq, _)| seq),
         checkpoints_verified,
         checkpoints,
         anchor: anchor.as_ref().map(anchor_of),
@@ -427,6 +463,7 @@ pub(crate) async fn verify(
         report,
         upper,
         verified: if ok { stream.last_checkpoint } else { None },
+        divergence,
     })
 }
 
@@ -454,6 +491,7 @@ mod tests {
             stream: StreamCheck::from_genesis_trusting(Vec::new()),
             trusted: Vec::new(),
             first_mismatch: None,
+            first_failed_checkpoint: None,
             checkpoints: Vec::new(),
             next_checkpoint: 0,
             checkpoints_verified: 0,
@@ -463,7 +501,7 @@ mod tests {
         check.expired(&row(2, b"B", h2));
         assert_eq!(
             check.first_mismatch,
-            Some(2),
+            Some((2, DivergenceKind::CopyRowDiffers)),
             "a changed payload breaks its link"
         );
     }

@@ -173,6 +173,29 @@ impl Env {
             )
             .collect()
     }
+
+    /// Every `audit.divergence_detected` on the log, with its sequence.
+    async fn divergences(&self) -> Vec<(u64, AuditDivergenceDetected)> {
+        let last = self.bus.last_sequence().await.expect("stream info");
+        self.stream(last)
+            .await
+            .into_iter()
+            .filter_map(|(seq, subject, payload)| {
+                let envelope = Envelope::from_json(&payload).ok()?;
+                match envelope.data {
+                    EventData::AuditDivergenceDetected(found) => {
+                        assert_eq!(
+                            subject,
+                            format!("{}.divergence_detected.audit", subject::audit())
+                        );
+                        assert_eq!(envelope.actor, Actor::Service("lh-audit".into()));
+                        Some((seq, found))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
 }
 
 /// Publishes `n` events of assorted types, as the services would.
@@ -1126,5 +1149,246 @@ async fn a_checkpoint_on_the_log_signed_by_a_key_not_pinned_fails_verification()
         assert_eq!(bad.checkpoint_at, last + 1);
         assert_eq!(bad.reason, "key_not_pinned");
     }
+    // Found by both runs, recorded once.
+    let found = env.divergences().await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].1.first_sequence, found[0].1.kind),
+        (last, DivergenceKind::CheckpointFails)
+    );
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_divergence_is_recorded_once_per_finding() {
+    let env = Env::new().await;
+    env.publish_assorted(30).await;
+    let audit = env.start_audit(env.config.clone()).await;
+    let last = env.settled().await;
+    // An honest log raises none, whichever way it is verified.
+    assert!(env.verify().await.ok);
+    assert!(env.verify_incremental().await.ok);
+    assert!(env.divergences().await.is_empty());
+
+    let change = "UPDATE audit.events SET payload = payload || '\\x20'::bytea WHERE sequence = 12";
+    behind_the_triggers(&env.db, change).await;
+    let report = env.verify().await;
+    assert_eq!(report.first_mismatch, Some(12), "{report:?}");
+    let found = env.divergences().await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    let (at, divergence) = &found[0];
+    assert!(*at > last, "published after the log it judges");
+    assert_eq!(
+        divergence,
+        &AuditDivergenceDetected {
+            first_sequence: 12,
+            kind: DivergenceKind::CopyRowDiffers,
+            checked_from: 1,
+            checked_to: report.sequence,
+            head: report.head.clone(),
+            full: true,
+        }
+    );
+
+    // Found again, fully or incrementally: not recorded again.
+    env.settled().await;
+    assert_eq!(env.verify().await.first_mismatch, Some(12));
+    env.publish_assorted(2).await;
+    env.settled().await;
+    let incremental = env.verify_incremental().await;
+    assert_eq!(incremental.first_mismatch, Some(12), "{incremental:?}");
+    assert_eq!(env.divergences().await.len(), 1);
+
+    // Repaired, a full run holds and forgets it: the same change made
+    // again is a new finding.
+    let undo = "UPDATE audit.events SET payload = substring(payload from 1 for length(payload) - 1) WHERE sequence = 12";
+    behind_the_triggers(&env.db, undo).await;
+    assert!(env.verify().await.ok);
+    behind_the_triggers(&env.db, change).await;
+    assert_eq!(env.verify().await.first_mismatch, Some(12));
+    assert_eq!(env.divergences().await.len(), 2);
+
+    // A row removed from the copy before it is another finding.
+    behind_the_triggers(&env.db, "DELETE FROM audit.events WHERE sequence = 5").await;
+    let report = env.verify().await;
+    assert_eq!(report.first_mismatch, Some(5));
+    let found = env.divergences().await;
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(
+        (found[2].1.first_sequence, found[2].1.kind),
+        (5, DivergenceKind::MissingFromCopy)
+    );
+
+    // The last finding recorded outlives a restart.
+    audit.stop().await;
+    let audit = env.start_audit(env.config.clone()).await;
+    env.settled().await;
+    assert_eq!(env.verify().await.first_mismatch, Some(5));
+    assert_eq!(env.divergences().await.len(), 3);
+    let metrics = reqwest::get(format!("http://{}/metrics", audit.running.http_addr))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    // The recorder is the process's, shared with the tests running
+    // alongside: its count is theirs too.
+    assert!(metrics.contains("lh_audit_divergences_total"), "{metrics}");
+    audit.stop().await;
+}
+
+/// Retention and the incremental path together: a resume point the log
+/// has expired past, a prune, and verification resuming from the anchor.
+#[tokio::test]
+async fn incremental_verification_resumes_from_the_anchor_once_the_log_expired_past_it() {
+    let env = Env::with_log(Some(SHORT_LOG_MAX_AGE)).await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let mut config = keyed(&env.config, &key_dir);
+    config.prune_every_secs = 1;
+    let audit = env.start_audit(config).await;
+    env.publish_assorted(12).await;
+    let first_last = env.settled().await;
+    let first = env.verify_incremental().await;
+    assert!(first.ok, "{first:?}");
+    let resume = last_checkpoint_upto(&env, first_last).await.sequence;
+
+    // More checkpoints after the resume point, then the log expires past
+    // all of them: the anchor is newer than the resume point.
+    env.publish_assorted(12).await;
+    let before_expiry = env.settled().await;
+    env.expired_past(before_expiry).await;
+    // Fewer than a checkpoint's worth: no newer anchor, and no second
+    // prune, while the rows after this one are looked at.
+    env.publish_assorted(3).await;
+    let deadline = Instant::now() + WAIT;
+    // An earlier prune may rest on the resume point itself; wait for one
+    // past it.
+    let (anchor, below) = loop {
+        if let Some(prune) = env.newest_prune().await.filter(|(a, _)| *a > resume) {
+            break prune;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the copy was never pruned past {resume}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        resume < anchor && anchor < below,
+        "{resume} {anchor} {below}"
+    );
+    let last = env.settled().await;
+    let pruned_on_the_log = env
+        .stream(last)
+        .await
+        .into_iter()
+        .filter_map(
+            |(_, _, payload)| match Envelope::from_json(&payload).ok()?.data {
+                EventData::AuditPruned(p) => Some(p),
+                _ => None,
+            },
+        )
+        .any(|p| p.anchor_checkpoint == anchor && p.below_sequence == below);
+    assert!(pruned_on_the_log, "audit.pruned for anchor {anchor}");
+    assert!(env.copy_min("audit.events").await >= anchor);
+
+    // A row after the anchor, held by the copy alone, changed: the
+    // incremental run starts from the anchor, so it is found.
+    let changed = anchor + 1;
+    behind_the_triggers(
+        &env.db,
+        &format!("UPDATE audit.events SET payload = payload || '\\x20'::bytea WHERE sequence = {changed}"),
+    )
+    .await;
+    let tampered = env.verify_incremental().await;
+    assert!(!tampered.ok, "{tampered:?}");
+    assert_eq!(tampered.first_mismatch, Some(changed), "{tampered:?}");
+    assert_eq!(tampered.resumed_from, None, "{tampered:?}");
+    let from = tampered.anchor.clone().expect("from an anchor").sequence;
+    assert!(from >= anchor, "{tampered:?}");
+    assert_eq!(tampered.checked_from, from + 1);
+    let found = env.divergences().await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].1.first_sequence, changed);
+    assert_eq!(found[0].1.checked_from, from + 1);
+    assert!(!found[0].1.full);
+    behind_the_triggers(
+        &env.db,
+        &format!("UPDATE audit.events SET payload = substring(payload from 1 for length(payload) - 1) WHERE sequence = {changed}"),
+    )
+    .await;
+
+    // Repaired (and a new event, past the cached report): the incremental
+    // run holds, from the anchor, not from the expired resume point.
+    env.publish_assorted(1).await;
+    let last = env.settled().await;
+    let report = env.verify_incremental().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.resumed_from, None, "{report:?}");
+    let from = report.anchor.clone().expect("from an anchor");
+    assert!(
+        from.sequence >= anchor && from.sequence > resume,
+        "{report:?}"
+    );
+    assert_eq!(report.checked_from, from.sequence + 1);
+    assert_eq!(report.sequence, last);
+    assert_eq!(report.events_checked_this_run, report.events - from.events);
+    assert_eq!(report.checkpoints_verified, report.checkpoints);
+
+    // From the checkpoint that run verified on, a change is still found.
+    env.publish_assorted(6).await;
+    let last = env.settled().await;
+    behind_the_triggers(
+        &env.db,
+        &format!(
+            "UPDATE audit.events SET payload = payload || '\\x20'::bytea WHERE sequence = {last}"
+        ),
+    )
+    .await;
+    env.publish_assorted(1).await;
+    env.settled().await;
+    let tampered = env.verify_incremental().await;
+    assert!(!tampered.ok, "{tampered:?}");
+    assert_eq!(tampered.first_mismatch, Some(last), "{tampered:?}");
+    let started = tampered
+        .resumed_from
+        .as_ref()
+        .or(tampered.anchor.as_ref())
+        .expect("resumed or anchored")
+        .sequence;
+    assert!(started >= from.sequence, "{tampered:?}");
+    assert_eq!(tampered.checked_from, started + 1);
+    audit.stop().await;
+}
+
+#[tokio::test]
+async fn a_row_the_log_never_held_is_a_divergence_of_its_own_kind() {
+    let env = Env::new().await;
+    env.publish_assorted(20).await;
+    let audit = env.start_audit(env.config.clone()).await;
+    let last = env.settled().await;
+    assert!(env.verify().await.ok);
+
+    // A row forged into the copy after the log's last message (a copy of
+    // another row, under the next sequence). The log denies deletes, so
+    // this is how the copy comes to hold what the log does not.
+    sqlx::query(
+        "INSERT INTO audit.events (sequence, subject, event_id, event_type, occurred_at, payload, hash)
+         SELECT $1, subject, event_id, event_type, occurred_at, payload, hash
+         FROM audit.events WHERE sequence = 5",
+    )
+    .bind((last + 1) as i64)
+    .execute(&env.db)
+    .await
+    .expect("the append-only copy takes an insert");
+    let report = env.verify().await;
+    assert!(!report.ok, "{report:?}");
+    assert_eq!(report.first_mismatch, Some(last + 1), "{report:?}");
+    let found = env.divergences().await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].1.first_sequence, found[0].1.kind),
+        (last + 1, DivergenceKind::MissingFromStream)
+    );
     audit.stop().await;
 }
