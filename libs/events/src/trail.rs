@@ -35,9 +35,14 @@ impl Outcome {
     }
 }
 
-/// Event types that record a refusal: a request the platform turned down.
-/// Every other event records something that was done.
-pub const FAILURE_EVENT_TYPES: &[&str] = &["access.refused", "lease.rejected"];
+/// Event types that record a refusal (a request the platform turned down)
+/// or a failed integrity check of the trail itself. Every other event
+/// records something that was done.
+pub const FAILURE_EVENT_TYPES: &[&str] = &[
+    "access.refused",
+    "lease.rejected",
+    "audit.divergence_detected",
+];
 
 /// The outcome an event of `event_type` records.
 pub fn outcome(event_type: &str) -> Outcome {
