@@ -106,6 +106,7 @@ mod tests {
         );
         assert_eq!(object("lh.tel.heartbeat.n1"), None);
         assert_eq!(outcome("lease.rejected"), Outcome::Failure);
+        assert_eq!(outcome("audit.divergence_detected"), Outcome::Failure);
         assert_eq!(outcome("lease.placed"), Outcome::Success);
         for o in [Outcome::Success, Outcome::Failure] {
             assert_eq!(Outcome::parse(o.as_str()), Some(o));

@@ -459,7 +459,11 @@ async fn a_leases_records_name_its_user_its_gpus_their_times_and_how_it_ended() 
     let records = every_record(&stack, AUDITOR_TOKEN, &format!("tenant_id={tenant}"), 100).await;
     let object = format!("lease.{lease_id}");
     let requested = record_of(&records, "lease.requested", &object);
-    assert_eq!(requested["actor"], format!("tenant:{tenant}"), "{requested}");
+    assert_eq!(
+        requested["actor"],
+        format!("tenant:{tenant}"),
+        "{requested}"
+    );
     let placed = record_of(&records, "lease.placed", &object);
     assert!(
         placed["payload"].to_string().contains(&gpu_uuid),
@@ -477,5 +481,8 @@ async fn a_leases_records_name_its_user_its_gpus_their_times_and_how_it_ended() 
         assert!(record["tenant_id"] == tenant.as_str(), "{record}");
     }
     let started = record_of(&records, "lease.started", &object);
-    assert!(started["actor"].as_str().unwrap().starts_with("node:"), "{started}");
+    assert!(
+        started["actor"].as_str().unwrap().starts_with("node:"),
+        "{started}"
+    );
 }
