@@ -161,7 +161,9 @@ pub struct LeaseView {
     /// Set for a MIG lease: the profile asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
-    /// What the lease runs (`command`, `image`; not the environment).
+    /// What the lease runs: `command`, `image`, and for an environment
+    /// `env` with its variables' `names` (never their values), the
+    /// `lease_id` they are stored with and their salted `sha256`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub workload: Option<sqlx::types::Json<serde_json::Value>>,
