@@ -359,7 +359,7 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
         .create_tenant_from(json!({
             "name": "holds-secrets",
             "email": "ops@holds-secrets.example",
-            "quota": {"max_gpus": 1},
+            "quota": {"max_gpus": 2},
             "trusted": true,
         }))
         .await;
@@ -381,6 +381,49 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
         .wait_lease(&key, &id, |l| l["state"] == "running")
         .await;
     assert_eq!(written(&out).await, secret, "the workload sees its value");
+
+    // Retried with one Idempotency-Key: the same values name the same
+    // lease; other values are another request.
+    let keyed = |token: String| {
+        let stack = &stack;
+        let key = &key;
+        let out = out.clone();
+        async move {
+            let resp = stack
+                .http
+                .post(format!("{}/v1/leases", stack.gateway_url))
+                .bearer_auth(key)
+                .header("Idempotency-Key", "env-order-7")
+                .json(&json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+                    "command": ["sh", "-c", "sleep 60"],
+                    "env": {"OUT": out.to_str().unwrap(), "SECRET_TOKEN": token},
+                }}))
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (first, a) = keyed(secret.clone()).await;
+    let (again, b) = keyed(secret.clone()).await;
+    assert_eq!((first, again), (202, 202), "{a} {b}");
+    assert_eq!(a["id"], b["id"]);
+    assert_eq!(a["workload"]["env"], b["workload"]["env"]);
+    let (other, c) = keyed(format!("{secret}-changed")).await;
+    assert_eq!(other, 409, "{c}");
+    let retried = a["id"].as_str().unwrap().to_string();
+    let (status, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{retried}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    stack
+        .wait_lease(&key, &retried, |l| l["state"] == "ended")
+        .await;
     assert_eq!(
         running["workload"]["env"]["names"],
         json!(["OUT", "SECRET_TOKEN"]),
@@ -449,14 +492,21 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
         .unwrap()
     };
     let tenant_uuid: uuid::Uuid = tenant_id.parse().unwrap();
-    assert_eq!(stored(pool.clone(), tenant_uuid).await, 1);
-    let sealed: String =
+    assert_eq!(
+        stored(pool.clone(), tenant_uuid).await,
+        2,
+        "one row a lease"
+    );
+    let sealed: Vec<String> =
         sqlx::query_scalar("SELECT sealed FROM gateway_keys.workload_env WHERE tenant_id = $1")
             .bind(tenant_uuid)
-            .fetch_one(&pool)
+            .fetch_all(&pool)
             .await
             .unwrap();
-    assert!(!sealed.contains(&secret), "stored in clear");
+    assert!(
+        sealed.iter().all(|s| !s.contains(&secret)),
+        "stored in clear"
+    );
     for (path, body) in [
         (format!("/v1/tenants/{tenant_id}/suspend"), json!({})),
         (format!("/v1/tenants/{tenant_id}/erase"), json!({})),
