@@ -84,7 +84,7 @@ pub fn init_keys(dir: &Path) -> anyhow::Result<String> {
 
 /// Writes `text` to a file that must not exist yet, with `mode` from the
 /// start (never briefly readable by others).
-fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]

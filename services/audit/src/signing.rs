@@ -5,7 +5,6 @@
 //! the first start generates the seed there (mode 0600) and later starts read
 //! it back. Without a file the key is ephemeral, which tests use.
 
-use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -61,19 +60,7 @@ fn read_key(path: &Path) -> anyhow::Result<SigningKey> {
 }
 
 fn write_key(path: &Path, seed: &[u8; SEED_BYTES]) -> anyhow::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.mode(0o600);
-    }
-    let mut file = options
-        .open(path)
-        .with_context(|| format!("creating signing key {}", path.display()))?;
-    writeln!(file, "{}", hex::encode(seed))?;
-    file.sync_all()?;
-    Ok(())
+    crate::keys::write_new(path, &format!("{}\n", hex::encode(seed)), 0o600)
 }
 
 /// Signs the checkpoint statement for the chain state `(sequence, events, head)`.
