@@ -48,6 +48,7 @@ echo "control $cmd $where" >> '{d}/calls'
 case "$cmd" in
   quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/daemon" ;;
   get_server_list) cat "$CUDA_MPS_PIPE_DIRECTORY/servers" 2>/dev/null || true ;;
+  get_client_list*) cat "$CUDA_MPS_PIPE_DIRECTORY/clients" 2>/dev/null || true ;;
   get_default_active_thread_percentage) echo 100.0 ;;
 esac
 "#
@@ -204,6 +205,9 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
     assert_eq!(
         calls(dir.path())[6..],
         [
+            // No client left on its server: nothing a quit would end.
+            format!("control get_server_list {w}"),
+            format!("control get_client_list 4242 {w}"),
             format!("control quit {w}"),
             "nvidia-smi -i GPU-a -c DEFAULT".to_string(),
         ]
@@ -243,8 +247,8 @@ async fn a_whole_gpu_gets_no_mps() {
 }
 
 #[tokio::test]
-async fn given_a_daemon_that_answers_when_a_share_starts_then_it_is_adopted_and_its_server_limited()
-{
+async fn given_a_daemon_that_answers_when_a_share_starts_then_it_is_adopted_limited_and_not_quit_under_a_client(
+) {
     let dir = tempfile::tempdir().unwrap();
     let mut mps = mps_in(dir.path(), false).unwrap();
     // A previous agent's daemon, with a server.
@@ -257,7 +261,8 @@ async fn given_a_daemon_that_answers_when_a_share_starts_then_it_is_adopted_and_
         vram_mib: 1536,
         thread_pct: 12,
     };
-    let got = mps.prepare((Uuid::new_v4(), 1), 0, "GPU-b", wants).unwrap();
+    let first = (Uuid::new_v4(), 1);
+    let got = mps.prepare(first, 0, "GPU-b", wants).unwrap();
     assert_eq!(got, pipe);
     let calls = calls(dir.path());
     assert!(
@@ -277,6 +282,26 @@ async fn given_a_daemon_that_answers_when_a_share_starts_then_it_is_adopted_and_
         "{calls:?}"
     );
     assert_eq!(mps.limits("GPU-b"), Some(wants));
+
+    // The adopted daemon's server still has a client nobody here started
+    // (a share the previous agent ran): the last share's end leaves it be.
+    fs::write(pipe.join("clients"), "5150\n").unwrap();
+    fs::remove_file(dir.path().join("calls")).unwrap();
+    mps.release(first);
+    assert_eq!(mps.limits("GPU-b"), None, "no share of ours is left");
+    assert!(pipe.join("daemon").exists(), "not quit under a client");
+    let calls = self::calls(dir.path());
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("control get_client_list 77")),
+        "{calls:?}"
+    );
+    assert!(
+        !calls.iter().any(|c| c.starts_with("control quit")),
+        "{calls:?}"
+    );
+    assert!(!calls.iter().any(|c| c.contains("-c DEFAULT")), "{calls:?}");
 }
 
 #[tokio::test]

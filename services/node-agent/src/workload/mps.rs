@@ -365,11 +365,34 @@ impl Mps {
                 self.set_limits(daemon, to)
             }
             MpsStep::Stop => {
+                // A restarted agent does not know the shares it adopted:
+                // a client still connected is one of theirs, and a quit
+                // would end it. The daemon and the mode stay for it.
+                if let Some(clients) = self.connected_clients(daemon) {
+                    return Err(MpsError::Unusable(format!(
+                        "clients {clients:?} still connected: the daemon is left running"
+                    )));
+                }
                 let quit = self.control(daemon, &["quit"]);
                 let mode = self.compute_mode(gpu, "DEFAULT");
                 quit.and(mode)
             }
         }
+    }
+
+    /// The clients of the daemon's servers, if any are connected; `None`
+    /// also where the daemon does not answer.
+    fn connected_clients(&self, daemon: &Daemon) -> Option<Vec<u32>> {
+        let servers = self.control(daemon, &["get_server_list"]).ok()?;
+        let clients: Vec<u32> = server_pids(&servers)
+            .into_iter()
+            .filter_map(|server| {
+                self.control(daemon, &["get_client_list", &server.to_string()])
+                    .ok()
+            })
+            .flat_map(|listing| server_pids(&listing))
+            .collect();
+        (!clients.is_empty()).then_some(clients)
     }
 
     /// The defaults, for servers to come, and each running server's own,
