@@ -109,14 +109,21 @@ except torch.cuda.OutOfMemoryError as e:
         trap 'stop; nvidia-smi -i "$UUID" -c DEFAULT' EXIT
         timeout 10 nvidia-cuda-mps-control -d; echo "  [daemon start exit $?]"
         control set_default_device_pinned_mem_limit 0 4G
-        HOLD_S=15 client mps-one &
-        HOLD_S=15 client mps-two &   # both at once
-        sleep 6
-        timeout 30 env -u CUDA_MPS_PIPE_DIRECTORY python3 -c '
+        control start_server -uid "$(id -u)"   # as the agent does, before any client
+        sleep 2
+        control get_server_list
+        no_mps() {
+            timeout 30 env -u CUDA_MPS_PIPE_DIRECTORY python3 -c '
 import torch
 torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
 print("no-mps: 1 GiB ok (the GPU was NOT exclusive to MPS)", flush=True)'
-        echo "  [no-mps exit $? (non-zero: no context, as designed)]"
+            echo "  [no-mps $1 exit $? (non-zero: no context, as designed)]"
+        }
+        no_mps "before any client"
+        HOLD_S=15 client mps-one &
+        HOLD_S=15 client mps-two &   # both at once
+        sleep 6
+        no_mps "beside two clients"
         echo "===== design 6: quit with clients connected"
         control quit
         wait

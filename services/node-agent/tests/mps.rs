@@ -48,6 +48,7 @@ echo "control $cmd $where" >> '{d}/calls'
 case "$cmd" in
   quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/daemon" ;;
   get_server_list) cat "$CUDA_MPS_PIPE_DIRECTORY/servers" 2>/dev/null || true ;;
+  start_server*) echo 4242 > "$CUDA_MPS_PIPE_DIRECTORY/servers" ;;
   get_client_list*) cat "$CUDA_MPS_PIPE_DIRECTORY/clients" 2>/dev/null || true ;;
   get_default_active_thread_percentage) echo 100.0 ;;
 esac
@@ -154,6 +155,10 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
     })
     .await;
     let w = "gpu=GPU-a pipe=state/mps/gpu3/pipe log=state/mps/gpu3/log";
+    let uid = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(dir.path().join("calls")).unwrap().uid()
+    };
     assert_eq!(
         calls(dir.path()),
         [
@@ -164,12 +169,13 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
             format!("control set_default_device_pinned_mem_limit 0 10G {w}"),
             format!("control set_default_active_thread_percentage 30 {w}"),
             format!("control get_server_list {w}"),
+            // No server yet: one is started, so that it holds the GPU first.
+            format!("control start_server -uid {uid} {w}"),
             format!("workload a {d}/state/mps/gpu3/pipe GPU-a"),
         ]
     );
 
-    // A's client connected: its server runs. B is smaller in both.
-    fs::write(dir.path().join("state/mps/gpu3/pipe/servers"), "4242\n").unwrap();
+    // The server started for A runs. B is smaller in both.
     fs::remove_file(dir.path().join("calls")).unwrap();
     workloads
         .start(

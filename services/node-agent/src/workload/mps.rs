@@ -356,13 +356,21 @@ impl Mps {
                     self.control(daemon, &["-d"])?;
                     tracing::info!(gpu, "MPS daemon started");
                 }
-                self.set_limits(daemon, limits)
+                if self.set_limits(daemon, limits)? == 0 {
+                    // Started now, with the limits just set, so that it
+                    // holds the exclusive GPU before any workload runs: a
+                    // process that skips MPS would otherwise take the GPU
+                    // without limits, and keep MPS off it.
+                    let uid = server_uid().to_string();
+                    self.control(daemon, &["start_server", "-uid", &uid])?;
+                }
+                Ok(())
             }
             MpsStep::Lower { from, to } => {
                 tracing::info!(gpu, from_mib = from.vram_mib, to_mib = to.vram_mib,
                     from_pct = from.thread_pct, to_pct = to.thread_pct,
                     "mps limits lowered for a smaller share; the bigger shares' processes that connect later get these");
-                self.set_limits(daemon, to)
+                self.set_limits(daemon, to).map(drop)
             }
             MpsStep::Stop => {
                 // A restarted agent does not know the shares it adopted:
@@ -396,8 +404,8 @@ impl Mps {
     }
 
     /// The defaults, for servers to come, and each running server's own,
-    /// for its clients to come.
-    fn set_limits(&self, daemon: &Daemon, limits: MpsLimits) -> Result<(), MpsError> {
+    /// for its clients to come. Returns how many servers run.
+    fn set_limits(&self, daemon: &Daemon, limits: MpsLimits) -> Result<usize, MpsError> {
         let mem = mem_limit_arg(limits.vram_mib);
         let device = DEVICE_IN_DAEMON.to_string();
         let pct = limits.thread_pct.to_string();
@@ -406,8 +414,8 @@ impl Mps {
             &["set_default_device_pinned_mem_limit", &device, &mem],
         )?;
         self.control(daemon, &["set_default_active_thread_percentage", &pct])?;
-        let servers = self.control(daemon, &["get_server_list"])?;
-        for server in server_pids(&servers) {
+        let servers = server_pids(&self.control(daemon, &["get_server_list"])?);
+        for server in &servers {
             let server = server.to_string();
             self.control(
                 daemon,
@@ -415,7 +423,7 @@ impl Mps {
             )?;
             self.control(daemon, &["set_active_thread_percentage", &server, &pct])?;
         }
-        Ok(())
+        Ok(servers.len())
     }
 
     fn compute_mode(&self, gpu: &str, mode: &str) -> Result<(), MpsError> {
@@ -476,6 +484,14 @@ impl Daemon {
         }
         Ok(())
     }
+}
+
+/// The Linux user a GPU's one MPS server runs as: the agent's, which is
+/// the process runtime's workloads' and, for containers run as root
+/// without a user namespace, theirs.
+fn server_uid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail and has no preconditions.
+    unsafe { libc::geteuid() }
 }
 
 /// The server pids `get_server_list` printed, one a line; at most
