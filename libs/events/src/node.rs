@@ -97,6 +97,10 @@ pub enum GpuSharing {
     /// HAMi-core injected by the agent (`LD_PRELOAD` it sets, after the
     /// tenant's variables) caps VRAM and SMs.
     HamiCore,
+    /// CUDA MPS: a control daemon per GPU, run by the agent, caps each
+    /// client process's pinned VRAM and SM share where the client cannot
+    /// lift them (ADR 016).
+    Mps,
 }
 
 impl GpuSharing {
@@ -109,7 +113,13 @@ impl GpuSharing {
             GpuSharing::None => "none",
             GpuSharing::Mig => "mig",
             GpuSharing::HamiCore => "hami-core",
+            GpuSharing::Mps => "mps",
         }
+    }
+
+    /// Whether a memory-sliced share's caps hold on such a node.
+    pub fn enforces_shares(self) -> bool {
+        matches!(self, GpuSharing::HamiCore | GpuSharing::Mps)
     }
 }
 

@@ -118,6 +118,9 @@ pub struct Stack {
     pub preemption_notice_secs: i64,
     /// How node-agents run leases (`Sim` unless a test runs workloads).
     pub node_runtime: lh_node_agent::RuntimeKind,
+    /// The MPS control binary of node-agents started from now on (a fake
+    /// one in tests); `None`: whatever is on `PATH`.
+    pub node_mps_control: Option<PathBuf>,
     /// GPU knobs (health rules, idle default, self-tests) of node-agents
     /// started from now on.
     pub node_gpus: lh_node_agent::GpuArgs,
@@ -225,6 +228,7 @@ impl Stack {
             preemption_min_runtime_secs: 600,
             preemption_notice_secs: 120,
             node_runtime: lh_node_agent::RuntimeKind::Sim,
+            node_mps_control: None,
             node_gpus: lh_node_agent::GpuArgs::for_test(),
             own_postgres: None,
             gateway_limits: lh_gateway::TenantLimits::default(),
@@ -347,6 +351,7 @@ impl Stack {
                 lh_node_agent::start(
                     lh_node_agent::Config {
                         runtime: self.node_runtime,
+                        mps_control: self.node_mps_control.clone(),
                         stop_grace_secs: 2,
                         gpus: self.node_gpus.clone(),
                         common,

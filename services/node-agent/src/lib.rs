@@ -78,6 +78,12 @@ pub struct Config {
     /// sharing enforcement and the scheduler sends it no shares.
     #[arg(long, env = "LH_HAMI_CORE_LIB")]
     pub hami_core_lib: Option<PathBuf>,
+    /// `nvidia-cuda-mps-control`, through which the agent runs an MPS
+    /// daemon per GPU that hosts shares and caps each share's VRAM and
+    /// compute (ADR 016). Default: the one on `PATH`. The node declares
+    /// `mps` only when a probe of it works, and not with `--hami-core-lib`.
+    #[arg(long, env = "LH_MPS_CONTROL")]
+    pub mps_control: Option<PathBuf>,
     #[command(flatten)]
     pub gpus: GpuArgs,
 }
@@ -98,6 +104,7 @@ impl Config {
                 .join(uuid::Uuid::new_v4().to_string()),
             stop_grace_secs: 30,
             hami_core_lib: None,
+            mps_control: None,
             gpus: GpuArgs::for_test(),
         }
     }
@@ -136,6 +143,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         marks,
         config.hami_core_lib.clone(),
     )?;
+    if workloads.runs_workloads() && config.hami_core_lib.is_none() {
+        if let Some(mps) = workload::mps::for_node(config.mps_control.clone(), &config.state_dir) {
+            workloads.enforce_shares_with_mps(mps);
+        }
+    }
     workloads.declare(&mut inventory);
     workloads.on_gpus(backend.clone());
     match workload::supervisor::host_memory_bytes() {

@@ -27,6 +27,7 @@ fn assignment() -> Assignment {
         vram_limit_mib: None,
         compute_milli: None,
         memory_share_bytes: None,
+        mps_pipe_dir: None,
     }
 }
 

@@ -8,7 +8,7 @@
 //! per pass, which is small next to the per-lease scoring.
 
 use lh_domain::fleet::Fleet;
-use lh_events::{GpuHealth, GpuSharing, Isolation};
+use lh_events::{GpuHealth, Isolation};
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
     Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request, ShapeMix,
@@ -107,7 +107,7 @@ impl Planner {
                 .take(lh_placement::cluster::MAX_GPUS_PER_NODE);
             // A share's caps hold only where the node enforces them: on any
             // other node a GPU is whole, and takes no share.
-            let shares_enforced = n.gpu_sharing == GpuSharing::HamiCore;
+            let shares_enforced = n.gpu_sharing.enforces_shares();
             let spec = NodeSpec {
                 id: n.id.clone(),
                 zone: n.zone.clone(),

@@ -7,6 +7,8 @@
 //! the gateway: an image that reads as a CLI flag, variables that would
 //! reconfigure the host. Environment values never enter the log: the node
 //! a lease runs on fetches them from the gateway, and nobody else can.
+//! A share on a node whose MPS probe works runs as an MPS client, its
+//! limits set through the daemon before it starts (a fake control binary).
 
 use std::time::Duration;
 
@@ -526,4 +528,107 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
         0,
         "the sealed values are gone"
     );
+}
+
+/// A fake `nvidia-cuda-mps-control` (and `nvidia-smi` beside it) that
+/// records each command in `calls`, keeping its daemon as a file.
+fn fake_mps(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir.display();
+    let control = format!(
+        r#"#!/bin/sh
+if [ "$1" = "-d" ]; then echo "-d $CUDA_VISIBLE_DEVICES" >> '{d}/calls'; touch "$CUDA_MPS_PIPE_DIRECTORY/daemon"; exit 0; fi
+read -r cmd
+echo "$cmd" >> '{d}/calls'
+[ -e "$CUDA_MPS_PIPE_DIRECTORY/daemon" ] || exit 1
+case "$cmd" in
+  quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/daemon" ;;
+  get_default_active_thread_percentage) echo 100.0 ;;
+esac
+"#
+    );
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for (name, text) in [
+        ("nvidia-cuda-mps-control", control),
+        (
+            "nvidia-smi",
+            format!("#!/bin/sh\necho \"nvidia-smi $*\" >> '{d}/calls'\n"),
+        ),
+    ] {
+        std::fs::write(bin.join(name), text).unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    bin.join("nvidia-cuda-mps-control")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_share_on_an_mps_node_runs_as_an_mps_client_with_its_limits_set_before_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = fake_mps(dir.path());
+    let stack = Stack::start_configured(TWO_A100, |s| {
+        s.node_runtime = RuntimeKind::Process;
+        s.node_mps_control = Some(control.clone());
+    })
+    .await;
+    let key = trusted_tenant(&stack, "mps", 2).await;
+    let calls = || std::fs::read_to_string(dir.path().join("calls")).unwrap_or_default();
+    let seen = dir.path().join("seen.txt");
+    let script = format!(
+        "echo \"$CUDA_MPS_PIPE_DIRECTORY\" > \"$OUT\"; echo workload >> '{}/calls'",
+        dir.path().display()
+    );
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({
+                "gpu_fraction": {"milli": 250, "vram_gb": 10},
+                "gpu_model": "A100-40GB",
+                "workload": {"command": ["sh", "-c", script], "env": {"OUT": seen.to_str().unwrap()}},
+            })),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let id = b["id"].as_str().unwrap().to_string();
+    let end = stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    assert_eq!(end["end_reason"], "completed", "{end}");
+    // Placed at all: the process runtime enforces no share by itself.
+    let log = read_log(&stack.bus().await).await;
+    let registered = of_type(&log, "node.registered");
+    assert!(
+        !registered.is_empty()
+            && registered.iter().all(|e| matches!(&e.envelope.data,
+                EventData::NodeRegistered(n) if n.gpu_sharing == lh_events::GpuSharing::Mps)),
+        "every node declares mps"
+    );
+    let pipe = std::fs::read_to_string(&seen).unwrap();
+    assert!(
+        pipe.trim().ends_with("/pipe") && pipe.contains("/mps/gpu"),
+        "{pipe}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !calls().contains("-c DEFAULT") {
+        assert!(std::time::Instant::now() < deadline, "{}", calls());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = calls();
+    let at = |line: &str| {
+        calls
+            .lines()
+            .collect::<Vec<_>>()
+            .iter()
+            .rposition(|l| *l == line)
+            .unwrap_or_else(|| panic!("{line:?} not in {calls}"))
+    };
+    assert!(
+        at("set_default_device_pinned_mem_limit 0 10G") < at("workload"),
+        "{calls}"
+    );
+    assert!(
+        at("set_default_active_thread_percentage 25") < at("workload"),
+        "{calls}"
+    );
+    assert!(at("workload") < at("quit"), "{calls}");
 }

@@ -265,6 +265,11 @@ pub fn run_args(
         args.push("-e".into());
         args.push(format!("{ENV_LD_PRELOAD}={HAMI_CORE_IN_CONTAINER}"));
     }
+    // At the same path inside: `CUDA_MPS_PIPE_DIRECTORY` names it.
+    if let Some(pipe) = &assignment.mps_pipe_dir {
+        args.push("--volume".into());
+        args.push(format!("{0}:{0}", pipe.display()));
+    }
     args.push("--label".into());
     args.push(format!("{LABEL_LEASE}={}", assignment.lease_id));
     if let Some(node_id) = &runtime.node_id {
@@ -398,6 +403,7 @@ mod tests {
             vram_limit_mib: None,
             compute_milli: None,
             memory_share_bytes: None,
+            mps_pipe_dir: None,
         }
     }
 
@@ -514,6 +520,41 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap(), "A=b\n");
         remove_env_file(&path);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_share_that_mps_enforces_gets_the_daemons_pipe_directory() {
+        let share = Assignment {
+            vram_limit_mib: Some(10240),
+            compute_milli: Some(500),
+            mps_pipe_dir: Some("/state/mps/gpu0/pipe".into()),
+            ..assignment()
+        };
+        let args = run_args(
+            &ContainerRuntime::docker("docker"),
+            &share,
+            &Workload::default(),
+            "img",
+            None,
+        );
+        let after =
+            |flag: &str, value: &str| args.windows(2).any(|w| w[0] == flag && w[1] == value);
+        assert!(
+            after("--volume", "/state/mps/gpu0/pipe:/state/mps/gpu0/pipe"),
+            "{args:?}"
+        );
+        assert!(
+            after("-e", "CUDA_MPS_PIPE_DIRECTORY=/state/mps/gpu0/pipe"),
+            "{args:?}"
+        );
+        let whole = run_args(
+            &ContainerRuntime::docker("docker"),
+            &assignment(),
+            &Workload::default(),
+            "img",
+            None,
+        );
+        assert!(!whole.iter().any(|a| a.contains("CUDA_MPS")), "{whole:?}");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
+pub mod mps;
 pub mod process;
 pub mod reconcile;
 pub mod supervisor;
@@ -131,6 +132,9 @@ pub struct Assignment {
     /// The lease's share of the node's RAM, bytes; the cgroup and container
     /// memory limits are percentages of it.
     pub memory_share_bytes: Option<u64>,
+    /// The pipe directory of the MPS daemon that enforces the share
+    /// ([`mps`]); the workload connects through it as an MPS client.
+    pub mps_pipe_dir: Option<PathBuf>,
 }
 
 /// How a workload ended: an exit code, or the signal that killed it.
@@ -175,6 +179,8 @@ pub enum RuntimeError {
     InvalidWorkload(String),
     #[error("invalid runtime configuration: {0}")]
     InvalidConfig(String),
+    #[error("cannot enforce the share through MPS: {0}")]
+    Mps(String),
     #[error("cannot start {program}: {source}")]
     Spawn {
         program: String,
@@ -204,7 +210,8 @@ pub trait Runtime: Send + Sync {
 }
 
 /// The lease's own environment variables: the devices, HAMi-core's memory
-/// and compute caps for a share, and the lease id.
+/// and compute caps for a share, the MPS daemon's pipe directory for a
+/// share that MPS enforces, and the lease id.
 pub fn lease_env(assignment: &Assignment) -> BTreeMap<String, String> {
     let devices = assignment.device_uuids.join(",");
     let mut env = BTreeMap::new();
@@ -217,6 +224,12 @@ pub fn lease_env(assignment: &Assignment) -> BTreeMap<String, String> {
         env.insert(
             ENV_CUDA_DEVICE_SM_LIMIT.to_string(),
             sm_limit_pct(milli).to_string(),
+        );
+    }
+    if let Some(pipe) = &assignment.mps_pipe_dir {
+        env.insert(
+            mps::ENV_MPS_PIPE_DIRECTORY.to_string(),
+            pipe.display().to_string(),
         );
     }
     env.insert(ENV_LEASE_ID.to_string(), assignment.lease_id.to_string());
@@ -494,6 +507,7 @@ mod tests {
             vram_limit_mib: None,
             compute_milli: None,
             memory_share_bytes: None,
+            mps_pipe_dir: None,
         }
     }
 
@@ -524,6 +538,15 @@ mod tests {
         let env = lease_env(&a);
         assert_eq!(env[ENV_CUDA_DEVICE_MEMORY_LIMIT], "10240m");
         assert_eq!(env[ENV_CUDA_DEVICE_SM_LIMIT], "30");
+        assert!(!env.contains_key(mps::ENV_MPS_PIPE_DIRECTORY));
+        let a = Assignment {
+            mps_pipe_dir: Some("/state/mps/gpu0/pipe".into()),
+            ..a
+        };
+        assert_eq!(
+            lease_env(&a)[mps::ENV_MPS_PIPE_DIRECTORY],
+            "/state/mps/gpu0/pipe"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::container::DEFAULT_STOP_MARGIN;
+use super::mps::{Mps, MpsLimits};
 use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
 use super::{
     Assignment, CgroupConfig, CliFlavor, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload,
@@ -97,6 +98,9 @@ pub struct Workloads {
     isolation: Option<Isolation>,
     /// Whether shares get HAMi-core.
     hami_core: bool,
+    /// The MPS daemons that enforce shares, where MPS works here and
+    /// HAMi-core is not used.
+    mps: Option<Mps>,
     /// The host's RAM and GPUs, which a lease's RAM share is a part of;
     /// `None`: leases get no memory limit.
     host: Option<Host>,
@@ -210,12 +214,23 @@ impl Workloads {
                 running: HashMap::new(),
                 finished_tx,
                 hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
+                mps: None,
                 isolation,
                 host: None,
                 gpu_backend: None,
             },
             finished_rx,
         ))
+    }
+
+    /// Enforces shares through `mps` (ADR 016). Ignored where nothing runs
+    /// or HAMi-core enforces them; false then.
+    pub fn enforce_shares_with_mps(&mut self, mps: Mps) -> bool {
+        if self.runtime.is_none() || self.hami_core {
+            return false;
+        }
+        self.mps = Some(mps);
+        true
     }
 
     /// Tells `backend` which workloads run on which of its GPUs.
@@ -243,13 +258,30 @@ impl Workloads {
         let share = self
             .host
             .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
-        let assignment = assignment(lease_id, gpus, share);
+        let mut assignment = assignment(lease_id, gpus, share);
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
             env: spec.env.clone(),
         };
-        let handle = runtime.start(&assignment, &workload)?;
+        let limits = MpsLimits::of_share(&assignment);
+        if let (Some(mps), Some(limits), Some(gpu)) = (&mut self.mps, limits, gpus.first()) {
+            // Before the workload exists: its first CUDA context may come
+            // at once, and binds whatever limit the daemon holds then.
+            let pipe = mps
+                .prepare((lease_id, placement), gpu.index, &gpu.uuid, limits)
+                .map_err(|e| super::RuntimeError::Mps(e.to_string()))?;
+            assignment.mps_pipe_dir = Some(pipe);
+        }
+        let handle = match runtime.start(&assignment, &workload) {
+            Ok(handle) => handle,
+            Err(e) => {
+                if let Some(mps) = &mut self.mps {
+                    mps.release((lease_id, placement));
+                }
+                return Err(e);
+            }
+        };
         tracing::info!(lease = %lease_id, pid = handle.pid(), "workload started");
         let on_gpus = self.gpu_backend.clone().map(|backend| {
             let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
@@ -492,8 +524,12 @@ impl Workloads {
         }
     }
 
-    /// The workload of `lease_id` for `placement` reported its end.
+    /// The workload of `lease_id` for `placement` reported its end: its
+    /// share leaves its GPU's MPS daemon, which quits with the last one.
     pub fn forget(&mut self, lease_id: Uuid, placement: u64) {
+        if let Some(mps) = &mut self.mps {
+            mps.release((lease_id, placement));
+        }
         if self
             .running
             .get(&lease_id)
@@ -519,6 +555,8 @@ impl Workloads {
         registered.isolation = isolation;
         registered.gpu_sharing = if self.hami_core {
             GpuSharing::HamiCore
+        } else if self.mps.is_some() {
+            GpuSharing::Mps
         } else if registered.gpus.iter().any(|g| g.mig) {
             GpuSharing::Mig
         } else {
@@ -573,6 +611,7 @@ pub fn assignment(
         vram_limit_mib: share.map(|(_, v)| u64::from(v) * 1024),
         compute_milli: share.map(|(m, _)| m),
         memory_share_bytes,
+        mps_pipe_dir: None,
     }
 }
 

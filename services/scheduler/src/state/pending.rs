@@ -5,7 +5,7 @@
 
 use lh_domain::catalog;
 use lh_domain::fleet::{Fleet, Gpu, Node};
-use lh_events::{GpuAsk, GpuFraction, GpuHealth, GpuSharing};
+use lh_events::{GpuAsk, GpuFraction, GpuHealth};
 use lh_placement::{Pending, Reject};
 
 use super::*;
@@ -115,7 +115,7 @@ fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refus
             let whole_only = scratch
                 .nodes
                 .values()
-                .filter(|n| n.gpu_sharing != GpuSharing::HamiCore)
+                .filter(|n| !n.gpu_sharing.enforces_shares())
                 .flat_map(|n| usable(n, model))
                 .any(|g| !g.mig);
             if whole_only {

@@ -1,5 +1,5 @@
 //! Leases go only where the node enforces what they need: a share's caps
-//! (HAMi-core), and for an untrusted tenant a runtime that isolates its
+//! (HAMi-core or MPS), and for an untrusted tenant a runtime that isolates its
 //! workload (containers). Otherwise they wait, saying what is missing.
 
 use super::given::*;
@@ -47,6 +47,20 @@ fn given_one_node_enforcing_shares_when_a_share_is_requested_then_it_goes_there(
     ]);
     settle(&mut s, Utc::now(), &Rules::default());
     assert_eq!(node_of(&s, share), "b");
+}
+
+#[test]
+fn given_a_node_enforcing_shares_through_mps_when_a_share_is_requested_then_it_goes_there() {
+    let t = Uuid::from_u128(1);
+    let share = Uuid::from_u128(2);
+    let mut s = given(vec![
+        node_enforcing("a", 2, Isolation::Container, GpuSharing::None),
+        node_enforcing("m", 2, Isolation::Container, GpuSharing::Mps),
+        tenant(t, 8),
+        request_frac(share, t, 500, 10),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(node_of(&s, share), "m");
 }
 
 #[test]
