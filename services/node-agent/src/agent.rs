@@ -111,9 +111,21 @@ impl NodeAgent {
                 .holding()
                 .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
                 .collect();
+            // Leases moved away (the node was lost) that this agent has not
+            // left yet: a previous agent may have died before destroying
+            // their instances. An ended lease's instances went before its
+            // end was reported.
+            let mig_over = self
+                .state
+                .leases
+                .iter()
+                .filter(|(_, l)| l.moved_away)
+                .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
+                .collect();
             let _ = self.workloads.send(Command::Reconcile {
                 placed_here,
                 mig_placed,
+                mig_over,
             });
             self.reconciliation = Reconciliation::Asked;
         }

@@ -3,11 +3,14 @@
 //! and, after a restart, found again on the GPUs.
 //!
 //! The agent never switches a GPU's MIG mode (that needs a GPU reset, an
-//! operator's action) and never touches an instance no lease of this node
-//! is placed on: such an instance is reported (a warning and the
-//! `lh_node_mig_unowned_instances` gauge), not reused and not destroyed. It
-//! may be an operator's, and its slices are not the scheduler's to give
-//! out; a lease placed over it fails to get its instance and ends unbilled.
+//! operator's action). At a restart, an instance in the slot of a lease
+//! the log shows moved away from this node (lost while the agent was down)
+//! is the previous agent's to destroy, and is destroyed. Any
+//! other instance no lease of this node is placed on is reported (a warning
+//! and the `lh_node_mig_unowned_instances` gauge), not reused and not
+//! destroyed: it may be an operator's, and its slices are not the
+//! scheduler's to give out; a lease placed over it fails to get its
+//! instance and ends unbilled.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,39 +60,48 @@ pub(crate) struct Unowned {
 /// An instance of a lease placed here: the lease, its placement, the device.
 pub(crate) type Owned = ((Uuid, u64), StartedMigDevice);
 
-/// The instances on the GPUs (`inventory`), sorted into those of leases
-/// placed here (`placed`, matched by GPU, profile and start) and the rest.
-pub(crate) fn sort_out(
-    inventory: &[GpuDevice],
-    placed: &[MigPlaced],
-) -> (Vec<Owned>, Vec<Unowned>) {
-    let mut adopted = Vec::new();
-    let mut unowned = Vec::new();
+/// The instances on the GPUs after a restart, sorted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// Of leases still placed here: kept for them.
+    pub(crate) adopted: Vec<Owned>,
+    /// In the slot of a lease moved away from this node: to destroy.
+    pub(crate) left_over: Vec<StartedMigDevice>,
+    /// Nobody's that the log knows: reported, left alone.
+    pub(crate) unowned: Vec<Unowned>,
+}
+
+/// Sorts the instances on the GPUs (`inventory`) by the leases the log
+/// shows placed here (`placed`) and those moved away from here (`over`),
+/// matched by GPU, profile and start; a lease still placed wins a slot.
+pub(crate) fn sort_out(inventory: &[GpuDevice], placed: &[MigPlaced], over: &[MigPlaced]) -> Found {
+    let mut found = Found::default();
     for gpu in inventory {
         for d in &gpu.mig_devices {
-            let owner = placed.iter().find(|p| {
+            let here = |p: &&MigPlaced| {
                 p.gpu == gpu.index
                     && p.profile == d.profile
                     && d.gpu_instance_start == Some(u32::from(p.start))
-            });
-            match owner {
-                Some(p) => adopted.push((
-                    (p.lease_id, p.placement),
-                    StartedMigDevice {
-                        gpu_index: gpu.index,
-                        uuid: d.uuid.clone(),
-                    },
-                )),
-                None => unowned.push(Unowned {
+            };
+            let device = StartedMigDevice {
+                gpu_index: gpu.index,
+                uuid: d.uuid.clone(),
+            };
+            if let Some(p) = placed.iter().find(here) {
+                found.adopted.push(((p.lease_id, p.placement), device));
+            } else if over.iter().any(|p| here(&p)) {
+                found.left_over.push(device);
+            } else {
+                found.unowned.push(Unowned {
                     gpu: gpu.index,
                     uuid: d.uuid.clone(),
                     profile: d.profile.clone(),
                     start: d.gpu_instance_start,
-                }),
+                });
             }
         }
     }
-    (adopted, unowned)
+    found
 }
 
 /// The instances this agent holds, per lease and placement.
@@ -186,9 +198,9 @@ impl MigInstances {
         }
     }
 
-    /// After a restart: keeps the instances of leases placed here, and
-    /// reports the rest. Returns how many were adopted.
-    pub(crate) async fn adopt(&mut self, placed: Vec<MigPlaced>) -> usize {
+    /// After a restart: keeps the instances of leases placed here,
+    /// destroys those of leases moved away, and reports the rest. Returns how many were adopted.
+    pub(crate) async fn adopt(&mut self, placed: Vec<MigPlaced>, over: Vec<MigPlaced>) -> usize {
         let Some(backend) = self.backend.clone() else {
             return 0;
         };
@@ -203,8 +215,17 @@ impl MigInstances {
                 return 0;
             }
         };
-        let (adopted, unowned) = sort_out(&inventory, &placed);
+        let Found {
+            adopted,
+            left_over,
+            unowned,
+        } = sort_out(&inventory, &placed, &over);
         let count = adopted.len();
+        for d in &left_over {
+            tracing::warn!(gpu = d.gpu_index, uuid = %d.uuid,
+                "a MIG instance in the slot of a lease moved away from this node is destroyed");
+        }
+        self.destroy(left_over);
         for (key, device) in adopted {
             tracing::info!(lease = %key.0, gpu = device.gpu_index, uuid = %device.uuid, "MIG instance of a lease placed here adopted");
             self.held.entry(key).or_default().push(device);
@@ -279,7 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn instances_of_leases_placed_here_are_adopted_the_rest_reported() {
+    fn instances_are_adopted_destroyed_or_reported_by_the_log() {
         let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
         let placed = vec![
             MigPlaced {
@@ -302,18 +323,28 @@ mod tests {
             // b's profile at another slot: not b's.
             gpu(1, &[("MIG-y", "1g.5gb", 5)]),
         ];
-        let (adopted, unowned) = sort_out(&inventory, &placed);
-        assert_eq!(
-            adopted,
-            [(
-                (a, 7),
-                StartedMigDevice {
-                    gpu_index: 0,
-                    uuid: "MIG-a".into()
-                }
-            )]
-        );
-        let uuids: Vec<&str> = unowned.iter().map(|u| u.uuid.as_str()).collect();
+        // A lease moved away held 3g.20gb at 0 on GPU 0, and 3g.20gb at 4
+        // before a took it.
+        let over = |start| MigPlaced {
+            lease_id: Uuid::from_u128(3),
+            placement: 2,
+            gpu: 0,
+            profile: "3g.20gb".into(),
+            start,
+        };
+        let device = |gpu_index, uuid: &str| StartedMigDevice {
+            gpu_index,
+            uuid: uuid.into(),
+        };
+        let found = sort_out(&inventory, &placed, &[over(0), over(4)]);
+        assert_eq!(found.adopted, [((a, 7), device(0, "MIG-a"))]);
+        assert_eq!(found.left_over, [device(0, "MIG-x")]);
+        let uuids: Vec<&str> = found.unowned.iter().map(|u| u.uuid.as_str()).collect();
+        assert_eq!(uuids, ["MIG-y"]);
+        // Without the log's word, neither is ours to destroy.
+        let found = sort_out(&inventory, &placed, &[]);
+        assert!(found.left_over.is_empty());
+        let uuids: Vec<&str> = found.unowned.iter().map(|u| u.uuid.as_str()).collect();
         assert_eq!(uuids, ["MIG-x", "MIG-y"]);
     }
 }

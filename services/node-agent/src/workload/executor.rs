@@ -54,11 +54,13 @@ pub(crate) enum Command {
     Release { lease_id: Uuid },
     /// Adopt what a previous agent left running for these leases (with
     /// their placement here); stop and remove everything else it left.
-    /// The MIG instances of `mig_placed` are adopted too; other instances
-    /// are reported, never touched.
+    /// The MIG instances of `mig_placed` are adopted too, those in the
+    /// slots of `mig_over` (leases moved away from here) destroyed; other
+    /// instances are reported, never touched.
     Reconcile {
         placed_here: HashMap<Uuid, u64>,
         mig_placed: Vec<MigPlaced>,
+        mig_over: Vec<MigPlaced>,
     },
 }
 
@@ -121,9 +123,9 @@ pub(crate) fn spawn(
                     None => return,
                     // Once, at start, before any other command: nothing
                     // else waits on the workload side meanwhile.
-                    Some(Command::Reconcile { placed_here, mig_placed }) => {
+                    Some(Command::Reconcile { placed_here, mig_placed, mig_over }) => {
                         let reconciled = side.workloads.reconcile(&placed_here).await;
-                        side.mig.adopt(mig_placed).await;
+                        side.mig.adopt(mig_placed, mig_over).await;
                         Some(Report::Reconciled { adopted: reconciled.adopted })
                     }
                     Some(command) => side.carry_out(command),
