@@ -58,3 +58,4 @@ schemas: ## Regenerate the JSON Schemas of the events into schemas/
 clean-data: ## Stop the local stack and delete its data (keeps .data/venv)
 	@scripts/down.sh
 	rm -rf .data/nats .data/pg .data/logs .data/pids .data/audit .data/admin-token
+	rm -rf "$${TMPDIR:-/tmp}/lh-sim-mig"

@@ -145,6 +145,7 @@ fn started_by(node: &str, lease: Uuid) -> Envelope {
             lease_id: lease,
             node_id: node.into(),
             started_at: Utc::now(),
+            mig_devices: Vec::new(),
         }),
     )
 }

@@ -130,6 +130,7 @@ pub fn started(lease_id: Uuid, node_id: &str, started_at: DateTime<Utc>) -> Leas
         lease_id,
         node_id: node_id.into(),
         started_at,
+        mig_devices: Vec::new(),
     }
 }
 

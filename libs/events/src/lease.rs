@@ -220,6 +220,21 @@ pub struct LeaseStarted {
     pub lease_id: Uuid,
     pub node_id: String,
     pub started_at: DateTime<Utc>,
+    /// The MIG devices the node-agent created for a MIG lease, as CUDA
+    /// names them; empty for any other lease (and in events written before
+    /// the field existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<StartedMigDevice>,
+}
+
+/// A MIG device a lease runs on: what `lease.placed` asked for
+/// (`mig_instance`) made real on the GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StartedMigDevice {
+    pub gpu_index: u32,
+    /// `MIG-<uuid>`: what `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES`
+    /// take.
+    pub uuid: String,
 }
 
 /// The lease is over; billing stops at `ended_at`.

@@ -182,6 +182,7 @@ mod tests {
             lease_id: lease,
             node_id: "n1".into(),
             started_at: Utc::now(),
+            mig_devices: Vec::new(),
         });
         let json = serde_json::to_value(&data).unwrap();
         assert_eq!(json["type"], data.event_type());

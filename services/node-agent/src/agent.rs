@@ -19,6 +19,7 @@ use lh_service::decider::{Batch, Decider, Pace};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use crate::gpu::mig::MigPlaced;
 use crate::gpu::watch::Observation;
 use crate::gpu::GpuSide;
 use crate::state::{LeaseStep, LocalLease, NodeState, WorkloadStart};
@@ -105,7 +106,27 @@ impl NodeAgent {
                 .holding()
                 .map(|(&lease_id, l)| (lease_id, l.placement_sequence))
                 .collect();
-            let _ = self.workloads.send(Command::Reconcile { placed_here });
+            let mig_placed = self
+                .state
+                .holding()
+                .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
+                .collect();
+            // Leases moved away (the node was lost) that this agent has not
+            // left yet: a previous agent may have died before destroying
+            // their instances. An ended lease's instances went before its
+            // end was reported.
+            let mig_over = self
+                .state
+                .leases
+                .iter()
+                .filter(|(_, l)| l.moved_away)
+                .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
+                .collect();
+            let _ = self.workloads.send(Command::Reconcile {
+                placed_here,
+                mig_placed,
+                mig_over,
+            });
             self.reconciliation = Reconciliation::Asked;
         }
         self.reconciliation == Reconciliation::Done
@@ -187,6 +208,9 @@ impl NodeAgent {
                 }
             }
         };
+        if matches!(report, Transition::Suspended | Transition::Ended { .. }) {
+            let _ = self.workloads.send(Command::Release { lease_id });
+        }
         Some(vec![report.event(&self.node_id, lease_id, lease, now)])
     }
 }
@@ -224,6 +248,7 @@ impl Transition {
                     lease_id,
                     node_id: node_id.to_string(),
                     started_at: now,
+                    mig_devices: lease.mig_devices.clone(),
                 }),
                 derived_id(&["lease.started", &lease_id.to_string(), &placement]),
                 guard,
@@ -337,10 +362,12 @@ impl Decider for NodeAgent {
                 lease_id,
                 placement,
                 outcome,
+                mig_devices,
             }) => {
                 let current = |l: &&mut LocalLease| l.placement_sequence == placement;
                 if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
                     l.workload_running = outcome == Ok(true);
+                    l.mig_devices = mig_devices;
                     l.start = WorkloadStart::Answered(outcome);
                 }
                 true

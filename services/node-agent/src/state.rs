@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lh_events::{
     AssignedGpu, EndReason, Envelope, EventData, GpuHealth, IdlePolicy, NodeRegistered,
-    WorkloadSpec,
+    StartedMigDevice, WorkloadSpec,
 };
 use uuid::Uuid;
 
@@ -101,6 +101,8 @@ pub(crate) struct LocalLease {
     /// A workload of an earlier placement on this node may still run: it is
     /// to be stopped (without a report that counts).
     pub(crate) stale_workload: bool,
+    /// The MIG devices made for this placement, reported on `lease.started`.
+    pub(crate) mig_devices: Vec<StartedMigDevice>,
 }
 
 impl LocalLease {
@@ -408,13 +410,6 @@ impl NodeState {
         sequence: u64,
         envelope: &Envelope,
     ) {
-        // The simulated node has no instances to make; a real one
-        // creates the GPU instance before it starts the lease.
-        for g in gpus {
-            if let Some(m) = &g.mig_instance {
-                tracing::debug!(lease = %lease_id, gpu = g.index, profile = %m.profile, start = m.start, "MIG instance for lease");
-            }
-        }
         let l = self.leases.entry(lease_id).or_default();
         // Moved to other GPUs of this node: what runs for the old placement
         // must stop, whatever comes next (a start, or a stop first).

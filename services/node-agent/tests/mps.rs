@@ -141,6 +141,7 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
             a,
             1,
             &[share(3, "GPU-a", 300, 10)],
+            &[],
             Some(&command(&format!(
                 "echo \"workload a $CUDA_MPS_PIPE_DIRECTORY $CUDA_VISIBLE_DEVICES\" >> '{d}/calls'; \
                  while [ ! -e '{d}/end-a' ]; do sleep 0.02; done"
@@ -182,6 +183,7 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
             b,
             1,
             &[share(3, "GPU-a", 250, 4)],
+            &[],
             Some(&command(&format!(
                 "echo \"workload b $CUDA_MPS_PIPE_DIRECTORY\" >> '{d}/calls'"
             ))),
@@ -243,6 +245,7 @@ async fn a_whole_gpu_gets_no_mps() {
             Uuid::new_v4(),
             1,
             &[whole],
+            &[],
             Some(&command(&format!(
                 "echo \"workload [$CUDA_MPS_PIPE_DIRECTORY]\" >> '{d}/calls'"
             ))),

@@ -62,7 +62,7 @@ fn previous_agent() {
             env_ref: None,
         };
         assert!(workloads
-            .start(lease_id, PLACEMENT, &gpus(), Some(&spec))
+            .start(lease_id, PLACEMENT, &gpus(), &[], Some(&spec))
             .unwrap());
         std::future::pending::<()>().await
     });

@@ -1572,6 +1572,7 @@ mod tests {
             lease_id: lease,
             node_id: "n2".into(),
             started_at: t(10, 1, 34),
+            mig_devices: Vec::new(),
         })));
         events.push(ended);
         let f = fold(&events);

@@ -2,11 +2,18 @@
 //! NVIDIA's slot rules on a GPU in MIG mode, a profile that finds no room
 //! waits and is placed once an instance ends (its slices are free again),
 //! whole GPUs never land on a MIG GPU, and each instance is billed by its
-//! memory.
+//! memory. The node-agent makes each instance on the (simulated) GPU for
+//! its lease, the workload runs on it, it is gone once the lease ends, and
+//! a restarted agent adopts the instances of its leases and leaves every
+//! other instance alone.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use lh_events::EventData;
+use lh_events::{EndReason, EventData, StartedMigDevice};
+use lh_node_agent::gpu::backend::sim::fleet::FleetFile;
+use lh_node_agent::gpu::backend::sim::SimBackend;
+use lh_node_agent::gpu::backend::{GpuBackend, MigDevice};
+use lh_node_agent::RuntimeKind;
 use lh_testkit::stack::{expected_charge, of_type, read_log, Stack};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -101,6 +108,16 @@ async fn mig_instances_follow_the_slot_rules_wait_for_room_and_bill_by_memory() 
             json!([0]),
             json!({"profile": "3g.20gb", "start": 4})
         )
+    );
+    let a_device = started_devices(&read_log(&stack.bus().await).await, &a);
+    assert_eq!(a_device.len(), 1);
+    assert_eq!(
+        sim_instances(&stack, "node-m"),
+        [MigDevice {
+            uuid: a_device[0].uuid.clone(),
+            profile: "3g.20gb".into(),
+            gpu_instance_start: Some(4),
+        }]
     );
     let b = mig(&stack, &key, "3g.20gb").await;
     let b_run = stack
@@ -206,4 +223,166 @@ async fn mig_instances_follow_the_slot_rules_wait_for_room_and_bill_by_memory() 
     }
 
     stack.assert_gateway_rebuilds_identically().await;
+}
+
+/// The MIG devices `lease.started` reports for lease `id`.
+fn started_devices(log: &[lh_bus::Stored], id: &str) -> Vec<StartedMigDevice> {
+    of_type(log, "lease.started")
+        .into_iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseStarted(s) if s.lease_id.to_string() == id => {
+                Some(s.mig_devices.clone())
+            }
+            _ => None,
+        })
+        .expect("the lease started")
+}
+
+/// The MIG instances on GPU 0 of simulated node `node`, as its GPU (the
+/// simulated backend's state, which outlives agents) has them now.
+fn sim_instances(stack: &Stack, node: &str) -> Vec<MigDevice> {
+    let fleet = FleetFile::load(&stack.fleet_file).unwrap();
+    let node = fleet.node(node, &stack.fleet_file).unwrap();
+    let gpu = SimBackend::for_node(node, &stack.fleet_file).unwrap();
+    gpu.inventory().unwrap()[0].mig_devices.clone()
+}
+
+/// Waits until the instances on GPU 0 of `node` pass `pred`.
+async fn wait_instances(
+    stack: &Stack,
+    node: &str,
+    pred: impl Fn(&[MigDevice]) -> bool,
+) -> Vec<MigDevice> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = sim_instances(stack, node);
+        if pred(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "instances stay {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const ONE_MIG_A100: &str = r#"
+[[node]]
+id = "node-m"
+zone = "cn-north-1a"
+hostname = "gpu-m.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+mig_gpus = [0]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mig_workload_runs_on_the_instance_made_for_it_which_goes_with_the_lease() {
+    let stack =
+        Stack::start_configured(ONE_MIG_A100, |s| s.node_runtime = RuntimeKind::Process).await;
+    let tenant = stack
+        .create_tenant_from(json!({
+            "name": "migrun",
+            "email": "ops@migrun.example",
+            "quota": {"max_gpus": 1},
+            "trusted": true,
+        }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("devices.txt");
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({
+                "mig_profile": "2g.10gb",
+                "gpu_model": "A100-40GB",
+                "workload": {
+                    "command": ["sh", "-c", "echo \"$CUDA_VISIBLE_DEVICES\" > \"$OUT\"; sleep 2"],
+                    "env": {"OUT": out.to_str().unwrap()},
+                },
+            })),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let id = b["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    let made = started_devices(&read_log(&stack.bus().await).await, &id);
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0].gpu_index, 0);
+    assert!(made[0].uuid.starts_with("MIG-"), "{made:?}");
+    let on_gpu = sim_instances(&stack, "node-m");
+    assert_eq!(on_gpu.len(), 1);
+    assert_eq!(on_gpu[0].uuid, made[0].uuid);
+    assert_eq!(on_gpu[0].profile, "2g.10gb");
+
+    let ended = stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    assert_eq!(ended["end_reason"], "completed", "{ended}");
+    // The workload saw the instance, not its GPU.
+    let seen = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(seen.trim(), made[0].uuid);
+    wait_instances(&stack, "node-m", |i| i.is_empty()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_agent_adopts_its_leases_instances_and_leaves_others_alone() {
+    let mut stack = Stack::start(ONE_MIG_A100).await;
+    let (_, key) = stack.create_tenant("migrestart", 4).await;
+    let a = mig(&stack, &key, "3g.20gb").await;
+    stack
+        .wait_lease(&key, &a, |l| l["state"] == "running")
+        .await;
+    let a_device = started_devices(&read_log(&stack.bus().await).await, &a);
+    assert_eq!(a_device.len(), 1);
+
+    // While the agent is down, someone cuts a 1g.5gb at slot 0 by hand.
+    stack.kill_service("node-agent:node-m").await;
+    let fleet = FleetFile::load(&stack.fleet_file).unwrap();
+    let node = fleet.node("node-m", &stack.fleet_file).unwrap();
+    let by_hand = SimBackend::for_node(node, &stack.fleet_file)
+        .unwrap()
+        .create_mig_instance(0, "1g.5gb", 0)
+        .unwrap();
+    stack.start_service("node-agent:node-m").await;
+
+    // A stop of the lease reaches the instance it adopted: it is
+    // destroyed; the one nobody holds stays.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{a}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    stack.wait_lease(&key, &a, |l| l["state"] == "ended").await;
+    let left = wait_instances(&stack, "node-m", |i| {
+        i.iter().all(|d| d.uuid != a_device[0].uuid)
+    })
+    .await;
+    assert_eq!(left, std::slice::from_ref(&by_hand));
+
+    // It is not reused: a lease placed over it cannot get its instance and
+    // fails unbilled, and the instance is still there.
+    let c = mig(&stack, &key, "4g.20gb").await;
+    let c_end = stack.wait_lease(&key, &c, |l| l["state"] == "ended").await;
+    assert_eq!(c_end["end_reason"], "failed", "{c_end}");
+    let log = read_log(&stack.bus().await).await;
+    assert!(
+        !of_type(&log, "lease.started").iter().any(|e| e
+            .envelope
+            .data
+            .lease_id()
+            .map(|l| l.to_string())
+            == Some(c.clone())),
+        "never started, never billed"
+    );
+    let ended_c = of_type(&log, "lease.ended")
+        .into_iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::LeaseEnded(x) if x.lease_id.to_string() == c => Some(x.reason),
+            _ => None,
+        });
+    assert_eq!(ended_c, Some(EndReason::Failed));
+    assert_eq!(sim_instances(&stack, "node-m"), [by_hand]);
 }

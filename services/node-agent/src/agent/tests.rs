@@ -46,7 +46,7 @@ fn given_adopting(adopted: Vec<(Uuid, u64)>) -> Given {
     let mut g = given_unreconciled();
     assert!(g.agent.decide(t(0)).is_empty());
     match g.commands.try_recv() {
-        Ok(Command::Reconcile { placed_here }) => {
+        Ok(Command::Reconcile { placed_here, .. }) => {
             assert_eq!(placed_here, HashMap::from([(lease(), 10)]))
         }
         other => panic!("{other:?}"),
@@ -114,6 +114,7 @@ fn answer(agent: &mut NodeAgent, outcome: Result<bool, String>) {
         lease_id: lease(),
         placement: 10,
         outcome,
+        mig_devices: Vec::new(),
     };
     assert!(agent.signal(Signal::Workload(report), t(1)));
 }

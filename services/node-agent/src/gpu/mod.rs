@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod health;
 pub mod inventory;
+pub(crate) mod mig;
 pub mod self_test;
 pub mod usage;
 pub mod watch;

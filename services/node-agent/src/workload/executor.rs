@@ -4,18 +4,21 @@
 //! container, which the agent's decisions never wait on; reading a moved
 //! lease's request back from the log, and fetching a workload's
 //! environment from the gateway, is a task of its own again, so that a
-//! slow log or gateway never holds a stop back.
+//! slow log or gateway never holds a stop back. A MIG lease's instances
+//! are created the same way, before its workload starts, and destroyed
+//! once its workload has ended or was stopped ([`MigInstances`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use lh_bus::Bus;
-use lh_events::{subject, AssignedGpu, EventData, WorkloadSpec};
+use lh_events::{subject, AssignedGpu, EventData, StartedMigDevice, WorkloadSpec};
 use lh_rpc::workload_env::WorkloadEnvReply;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::supervisor::{Finished, Workloads};
+use crate::gpu::mig::{MigInstances, MigPlaced};
 use crate::state::Workload;
 
 /// Waits between tries at reading a lease's request back from the log
@@ -45,9 +48,20 @@ pub(crate) enum Command {
     /// Stop the lease's workload if it runs for another placement than
     /// this one (the lease moved to other GPUs of the node).
     StopStale { lease_id: Uuid, placement: u64 },
+    /// The lease's run here is over (reported ended or suspended): what it
+    /// held on the host goes, its MIG instances once no workload of it
+    /// runs on them.
+    Release { lease_id: Uuid },
     /// Adopt what a previous agent left running for these leases (with
     /// their placement here); stop and remove everything else it left.
-    Reconcile { placed_here: HashMap<Uuid, u64> },
+    /// The MIG instances of `mig_placed` are adopted too, those in the
+    /// slots of `mig_over` (leases moved away from here) destroyed; other
+    /// instances are reported, never touched.
+    Reconcile {
+        placed_here: HashMap<Uuid, u64>,
+        mig_placed: Vec<MigPlaced>,
+        mig_over: Vec<MigPlaced>,
+    },
 }
 
 /// What the workload side tells the agent.
@@ -60,6 +74,8 @@ pub(crate) enum Report {
         lease_id: Uuid,
         placement: u64,
         outcome: Result<bool, String>,
+        /// The MIG devices the lease runs on (a MIG lease only).
+        mig_devices: Vec<StartedMigDevice>,
     },
     /// A workload ended, on its own or stopped.
     Ended(Finished),
@@ -74,6 +90,8 @@ struct Resolved {
     placement: u64,
     gpus: Vec<AssignedGpu>,
     workload: Result<Option<WorkloadSpec>, String>,
+    /// The MIG instances created for it, or why they could not be.
+    mig: Result<Vec<StartedMigDevice>, String>,
 }
 
 /// Starts the task; it ends when the agent drops its command sender.
@@ -89,9 +107,11 @@ pub(crate) fn spawn(
     let (command_tx, mut commands) = mpsc::unbounded_channel::<Command>();
     let (report_tx, reports) = mpsc::unbounded_channel::<Report>();
     let (resolved_tx, mut resolved) = mpsc::unbounded_channel::<Resolved>();
+    let mig = MigInstances::new(workloads.gpu_backend());
     let mut side = WorkloadSide {
         bus,
         node_id,
+        mig,
         workloads,
         looking_up: HashMap::new(),
         resolved_tx,
@@ -103,8 +123,9 @@ pub(crate) fn spawn(
                     None => return,
                     // Once, at start, before any other command: nothing
                     // else waits on the workload side meanwhile.
-                    Some(Command::Reconcile { placed_here }) => {
+                    Some(Command::Reconcile { placed_here, mig_placed, mig_over }) => {
                         let reconciled = side.workloads.reconcile(&placed_here).await;
+                        side.mig.adopt(mig_placed, mig_over).await;
                         Some(Report::Reconciled { adopted: reconciled.adopted })
                     }
                     Some(command) => side.carry_out(command),
@@ -112,6 +133,7 @@ pub(crate) fn spawn(
                 Some(r) = resolved.recv() => side.resolved(r),
                 Some(f) = finished.recv() => {
                     side.workloads.forget(f.lease_id, f.placement);
+                    side.mig.release(f.lease_id, |p| p != f.placement);
                     Some(Report::Ended(f))
                 }
             };
@@ -129,6 +151,7 @@ struct WorkloadSide {
     bus: Bus,
     node_id: String,
     workloads: Workloads,
+    mig: MigInstances,
     /// Leases whose request is being read back, with the placement it is
     /// for: a stop, or a newer start, makes the answer moot.
     looking_up: HashMap<Uuid, u64>,
@@ -146,6 +169,7 @@ impl WorkloadSide {
                 gpus,
                 workload,
             } => {
+                self.release_mig(lease_id, |p| p == placement);
                 self.workloads.stop_stale(lease_id, placement);
                 self.looking_up.remove(&lease_id);
                 // Started before, and the report did not get through: it
@@ -155,7 +179,17 @@ impl WorkloadSide {
                         lease_id,
                         placement,
                         outcome: Ok(true),
+                        mig_devices: self.mig.held(lease_id, placement),
                     });
+                }
+                if self.mig.to_create(lease_id, placement, &gpus) {
+                    let known = match workload {
+                        _ if !self.workloads.runs_workloads() => Some(None),
+                        Workload::Known(spec) => Some(spec),
+                        Workload::Unknown => None,
+                    };
+                    self.look_up(lease_id, placement, gpus, known);
+                    return None;
                 }
                 if !self.workloads.runs_workloads() {
                     return Some(self.start(lease_id, placement, &gpus, Ok(None)));
@@ -175,6 +209,7 @@ impl WorkloadSide {
             }
             Command::Stop { lease_id } => {
                 self.looking_up.remove(&lease_id);
+                self.release_mig(lease_id, |_| false);
                 self.workloads.stop(lease_id);
                 None
             }
@@ -182,7 +217,12 @@ impl WorkloadSide {
                 lease_id,
                 placement,
             } => {
+                self.release_mig(lease_id, |p| p == placement);
                 self.workloads.stop_stale(lease_id, placement);
+                None
+            }
+            Command::Release { lease_id } => {
+                self.release_mig(lease_id, |_| false);
                 None
             }
             Command::Reconcile { .. } => unreachable!("reconciled in the task's loop"),
@@ -196,16 +236,33 @@ impl WorkloadSide {
         gpus: &[AssignedGpu],
         spec: Result<Option<WorkloadSpec>, String>,
     ) -> Report {
+        let mig_devices = self.mig.held(lease_id, placement);
         let outcome = spec.and_then(|spec| {
             self.workloads
-                .start(lease_id, placement, gpus, spec.as_ref())
+                .start(lease_id, placement, gpus, &mig_devices, spec.as_ref())
                 .map_err(|e| e.to_string())
         });
+        if outcome.is_err() {
+            // The lease fails here: nothing will run on its instances.
+            self.mig.release(lease_id, |p| p != placement);
+        }
         Report::Started {
             lease_id,
             placement,
             outcome,
+            mig_devices,
         }
+    }
+
+    /// Destroys the instances of the lease's placements that are not
+    /// `kept` and have no workload running on them; a workload being
+    /// stopped still holds its instances until its end is heard (a GPU
+    /// instance in use cannot be destroyed).
+    fn release_mig(&mut self, lease_id: Uuid, kept: impl Fn(u64) -> bool) {
+        let workloads = &self.workloads;
+        self.mig.release(lease_id, |placement| {
+            kept(placement) || workloads.is_running(lease_id, placement)
+        });
     }
 
     /// Reads the lease's request back from the log unless it is `known`,
@@ -220,7 +277,15 @@ impl WorkloadSide {
         self.looking_up.insert(lease_id, placement);
         let (bus, resolved) = (self.bus.clone(), self.resolved_tx.clone());
         let node_id = self.node_id.clone();
+        let create_mig = self
+            .mig
+            .to_create(lease_id, placement, &gpus)
+            .then(|| self.mig.creator(&gpus));
         tokio::spawn(async move {
+            let mig = match create_mig {
+                Some(create) => create.await,
+                None => Ok(Vec::new()),
+            };
             let workload = async {
                 let spec = match known {
                     Some(spec) => spec,
@@ -240,20 +305,37 @@ impl WorkloadSide {
                 placement,
                 gpus,
                 workload,
+                mig,
             });
         });
     }
 
     fn resolved(&mut self, r: Resolved) -> Option<Report> {
         if self.looking_up.get(&r.lease_id) != Some(&r.placement) {
-            // Stopped, or placed anew, meanwhile: nothing to run for it.
+            // Stopped, or placed anew, meanwhile: nothing to run for it,
+            // and nothing to keep its instances for.
+            if let Ok(made) = r.mig {
+                self.mig.destroy(made);
+            }
             return Some(Report::Started {
                 lease_id: r.lease_id,
                 placement: r.placement,
                 outcome: Ok(false),
+                mig_devices: Vec::new(),
             });
         }
         self.looking_up.remove(&r.lease_id);
+        match r.mig {
+            Ok(made) => self.mig.keep(r.lease_id, r.placement, made),
+            Err(why) => {
+                return Some(Report::Started {
+                    lease_id: r.lease_id,
+                    placement: r.placement,
+                    outcome: Err(why),
+                    mig_devices: Vec::new(),
+                })
+            }
+        }
         Some(self.start(r.lease_id, r.placement, &r.gpus, r.workload))
     }
 }

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lh_events::{AssignedGpu, GpuSharing, Isolation, NodeRegistered, WorkloadSpec};
+use lh_events::{
+    AssignedGpu, GpuSharing, Isolation, NodeRegistered, StartedMigDevice, WorkloadSpec,
+};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -238,6 +240,11 @@ impl Workloads {
         self.gpu_backend = Some(backend);
     }
 
+    /// The backend told of workloads, which MIG instances are made through.
+    pub(crate) fn gpu_backend(&self) -> Option<Arc<dyn GpuBackend>> {
+        self.gpu_backend.clone()
+    }
+
     /// Where process records are kept.
     pub fn records_dir(&self) -> &Path {
         &self.marks.state_dir
@@ -250,6 +257,7 @@ impl Workloads {
         lease_id: Uuid,
         placement: u64,
         gpus: &[AssignedGpu],
+        mig_devices: &[StartedMigDevice],
         spec: Option<&WorkloadSpec>,
     ) -> Result<bool, super::RuntimeError> {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
@@ -258,7 +266,7 @@ impl Workloads {
         let share = self
             .host
             .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
-        let mut assignment = assignment(lease_id, gpus, share);
+        let mut assignment = assignment(lease_id, gpus, mig_devices, share);
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
@@ -586,18 +594,23 @@ fn remove_record(path: &Path) {
 }
 
 /// What a lease holds on this node, as the runtime needs it: device UUIDs
-/// (a MIG instance by NVIDIA's `MIG-<GPU-UUID>/<GI>/<CI>` form, with the
-/// placement start standing for the GPU instance until the NVML backend
-/// reports the real MIG UUID), and a share's VRAM and compute caps.
+/// (for a MIG GPU, the MIG device the backend created for the lease; none
+/// made leaves an empty UUID, which the runtime refuses), and a share's
+/// VRAM and compute caps.
 pub fn assignment(
     lease_id: Uuid,
     gpus: &[AssignedGpu],
+    mig_devices: &[StartedMigDevice],
     memory_share_bytes: Option<u64>,
 ) -> Assignment {
     let device_uuids = gpus
         .iter()
         .map(|g| match &g.mig_instance {
-            Some(m) => format!("MIG-{}/{}/0", g.uuid, m.start),
+            Some(_) => mig_devices
+                .iter()
+                .find(|d| d.gpu_index == g.index)
+                .map(|d| d.uuid.clone())
+                .unwrap_or_default(),
             None => g.uuid.clone(),
         })
         .collect();
@@ -773,7 +786,7 @@ mod tests {
     #[test]
     fn assignments_name_devices_and_cap_shares() {
         let l = Uuid::nil();
-        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")], None);
+        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")], &[], None);
         assert_eq!(whole.device_uuids, ["GPU-a", "GPU-b"]);
         assert_eq!((whole.vram_limit_mib, whole.compute_milli), (None, None));
         let share = assignment(
@@ -783,6 +796,7 @@ mod tests {
                 vram_gb: Some(10),
                 ..gpu("GPU-a")
             }],
+            &[],
             Some(7),
         );
         assert_eq!(share.memory_share_bytes, Some(7));
@@ -790,20 +804,24 @@ mod tests {
             (share.vram_limit_mib, share.compute_milli),
             (Some(10 * 1024), Some(300))
         );
-        let mig = assignment(
-            l,
-            &[AssignedGpu {
-                milli: Some(428),
-                vram_gb: Some(20),
-                mig_instance: Some(MigInstance {
-                    profile: "3g.20gb".into(),
-                    start: 4,
-                }),
-                ..gpu("GPU-a")
-            }],
-            None,
-        );
-        assert_eq!(mig.device_uuids, ["MIG-GPU-a/4/0"]);
+        let on_mig = [AssignedGpu {
+            milli: Some(428),
+            vram_gb: Some(20),
+            mig_instance: Some(MigInstance {
+                profile: "3g.20gb".into(),
+                start: 4,
+            }),
+            ..gpu("GPU-a")
+        }];
+        let made = [StartedMigDevice {
+            gpu_index: on_mig[0].index,
+            uuid: "MIG-5f0c6e3a-1b2d-4c8e-9a7f-0d1e2f3a4b5c".into(),
+        }];
+        let mig = assignment(l, &on_mig, &made, None);
+        assert_eq!(mig.device_uuids, [made[0].uuid.as_str()]);
         assert_eq!(mig.vram_limit_mib, None, "MIG isolates memory itself");
+        // No instance made: nothing a runtime accepts.
+        let unmade = assignment(l, &on_mig, &[], None);
+        assert!(super::super::validate_assignment(&unmade).is_err());
     }
 }

@@ -45,12 +45,12 @@ pub struct GpuDevice {
 /// One MIG device (a compute instance inside a GPU instance).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigDevice {
+    /// What CUDA is given to see it (`MIG-<uuid>` on current drivers).
     pub uuid: String,
     /// Profile name such as `1g.10gb`.
     pub profile: String,
-    /// First memory slice of its GPU instance, when the backend can tell
-    /// (NVML only reports it through GPU-instance handles, which
-    /// nvml-wrapper does not wrap: `None` there).
+    /// First memory slice of its GPU instance (NVML's placement start),
+    /// when the backend can tell.
     pub gpu_instance_start: Option<u32>,
 }
 
@@ -128,6 +128,11 @@ pub enum BackendError {
     /// [`BackendError::is_node_stopped`]).
     #[error("simulated node stopped by its fault script")]
     NodeStopped,
+    /// A MIG instance cannot be made or removed as asked (no MIG mode, an
+    /// unknown profile, a slot taken): the lease that needed it cannot run
+    /// here, but the GPU is fine.
+    #[error("MIG instance on GPU {gpu}: {why}")]
+    Mig { gpu: u32, why: String },
 }
 
 impl BackendError {
@@ -169,6 +174,35 @@ pub trait GpuBackend: Send + Sync {
 
     /// The workload of process group `pgid` has ended.
     fn workload_ended(&self, _pgid: u32) {}
+
+    /// Creates a GPU instance of `profile` (our name, `3g.40gb`) whose
+    /// placement starts at memory slice `start` on GPU `gpu`, and one
+    /// compute instance filling it; returns the MIG device CUDA sees.
+    /// Refused when the GPU is not in MIG mode (switching the mode needs a
+    /// GPU reset: an operator's action, never the agent's), the profile is
+    /// unknown to the GPU, or the slot overlaps an instance.
+    fn create_mig_instance(
+        &self,
+        gpu: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigDevice, BackendError> {
+        let _ = (profile, start);
+        Err(BackendError::Mig {
+            gpu,
+            why: format!("the {} backend cannot create MIG instances", self.name()),
+        })
+    }
+
+    /// Destroys the MIG device `uuid` on GPU `gpu`: its compute instances,
+    /// then its GPU instance. One already gone is not an error.
+    fn destroy_mig_instance(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
+        let _ = uuid;
+        Err(BackendError::Mig {
+            gpu,
+            why: format!("the {} backend cannot destroy MIG instances", self.name()),
+        })
+    }
 }
 
 /// At most this many events are returned by one `wait_events` call; the

@@ -35,6 +35,8 @@ use super::{
     ProcessMemory, MAX_EVENTS_PER_WAIT,
 };
 
+mod mig;
+
 /// `NVML_NVLINK_MAX_LINKS` in nvml.h (18 since NVML 11 / Hopper).
 const NVLINK_MAX_LINKS: u32 = 18;
 /// `NVML_DEVICE_MIG_ENABLE` in nvml.h; nvml-wrapper keeps its bindings private.
@@ -161,7 +163,7 @@ impl NvmlBackend {
             .map(|m| m.current == NVML_DEVICE_MIG_ENABLE)
             .unwrap_or(false);
         let mig_devices = if mig_enabled {
-            mig_devices(device)
+            mig_devices(self.nvml, device)
         } else {
             Vec::new()
         };
@@ -175,6 +177,25 @@ impl NvmlBackend {
             nvlink_peers: self.nvlink_peers(device),
             numa_node: numa_node(device),
         })
+    }
+
+    fn device(&self, gpu: u32) -> Result<&Device<'static>, BackendError> {
+        self.devices
+            .get(gpu as usize)
+            .ok_or_else(|| BackendError::Mig {
+                gpu,
+                why: format!("no such GPU (the host has {})", self.devices.len()),
+            })
+    }
+
+    /// The MIG device of GPU instance `gi_id`: the one compute instance
+    /// the agent made in it.
+    fn mig_device_of(&self, device: &Device<'static>, gi_id: u32) -> Option<String> {
+        let max = device.mig_device_count().unwrap_or(0);
+        (0..max)
+            .filter_map(|i| device.mig_device_by_index(i).ok())
+            .find(|m| mig::gi_id_of(self.nvml, m).ok() == Some(gi_id))
+            .and_then(|m| m.uuid().ok())
     }
 
     /// Peers over active NVLinks: the remote end's PCI bus id, matched to
@@ -233,6 +254,66 @@ impl GpuBackend for NvmlBackend {
             }
         }
         Ok(samples)
+    }
+
+    fn create_mig_instance(
+        &self,
+        gpu: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigDevice, BackendError> {
+        let refuse = |why: String| BackendError::Mig { gpu, why };
+        let device = self.device(gpu)?;
+        let enabled = device
+            .mig_mode()
+            .map(|m| m.current == NVML_DEVICE_MIG_ENABLE)
+            .unwrap_or(false);
+        if !enabled {
+            return Err(refuse(
+                "the GPU is not in MIG mode; switching it needs a GPU reset, which is an operator's action".into(),
+            ));
+        }
+        let profiles = mig::gi_profiles(self.nvml, device);
+        let id = mig::match_profile(profile, &profiles).ok_or_else(|| {
+            refuse(format!(
+                "the GPU has no profile {profile} (it has {} profiles)",
+                profiles.len()
+            ))
+        })?;
+        let size = mig::placement_size(self.nvml, device, id, start)
+            .map_err(nvml_error("gpu_instance_possible_placements"))?
+            .ok_or_else(|| refuse(format!("{profile} cannot start at slot {start}")))?;
+        let gi_id = mig::create(self.nvml, device, id, start, size)
+            .map_err(|e| refuse(format!("creating {profile} at slot {start}: {e}")))?;
+        let uuid = self.mig_device_of(device, gi_id).ok_or_else(|| {
+            // SAFETY: valid for the leaked `Nvml`'s lifetime.
+            let _ = mig::destroy(self.nvml, unsafe { device.handle() }, gi_id);
+            refuse(format!(
+                "{profile} at slot {start} was made but shows no MIG device"
+            ))
+        })?;
+        Ok(MigDevice {
+            uuid,
+            profile: profile.to_string(),
+            gpu_instance_start: Some(start),
+        })
+    }
+
+    fn destroy_mig_instance(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
+        let device = self.device(gpu)?;
+        let max = device.mig_device_count().unwrap_or(0);
+        let Some(found) = (0..max)
+            .filter_map(|i| device.mig_device_by_index(i).ok())
+            .find(|m| m.uuid().ok().as_deref() == Some(uuid))
+        else {
+            return Ok(());
+        };
+        let gi_id = mig::gi_id_of(self.nvml, &found).map_err(nvml_error("gpu_instance_id"))?;
+        // SAFETY: valid for the leaked `Nvml`'s lifetime.
+        mig::destroy(self.nvml, unsafe { device.handle() }, gi_id).map_err(|e| BackendError::Mig {
+            gpu,
+            why: format!("destroying {uuid}: {e}"),
+        })
     }
 
     fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError> {
@@ -330,7 +411,7 @@ fn register_health_events(
     None
 }
 
-fn mig_devices(device: &Device<'static>) -> Vec<MigDevice> {
+fn mig_devices(nvml: &Nvml, device: &Device<'static>) -> Vec<MigDevice> {
     let max = device.mig_device_count().unwrap_or(0);
     (0..max)
         .filter_map(|i| device.mig_device_by_index(i).ok())
@@ -349,10 +430,15 @@ fn mig_devices(device: &Device<'static>) -> Vec<MigDevice> {
                     ))
                 })
                 .unwrap_or_else(|| "unknown".to_string());
+            // SAFETY: valid for the leaked `Nvml`'s lifetime.
+            let parent = unsafe { device.handle() };
+            let gpu_instance_start = mig::gi_id_of(nvml, &mig)
+                .and_then(|gi| mig::gi_start(nvml, parent, gi))
+                .ok();
             Some(MigDevice {
                 uuid,
                 profile,
-                gpu_instance_start: None,
+                gpu_instance_start,
             })
         })
         .collect()

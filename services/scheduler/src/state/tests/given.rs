@@ -188,5 +188,6 @@ pub(super) fn started(lease: Uuid, at: DateTime<Utc>) -> EventData {
         lease_id: lease,
         node_id: "a".into(),
         started_at: at,
+        mig_devices: Vec::new(),
     })
 }

@@ -33,6 +33,11 @@
 //! [`GpuBackend::set_busy`]) reads the node's `busy_utilization_pct` (70 by
 //! default) and a quarter of its memory in use; a free one reads zero.
 //!
+//! GPUs in MIG mode (the node's `mig_gpus`) start without instances; the
+//! agent creates and destroys them per lease, and they follow NVIDIA's
+//! placement rules (`mig.rs`). [`SimBackend::for_node`] keeps them in a file
+//! of their own, so a restarted agent finds what the last one left.
+//!
 //! The state at any instant is a pure function of the script, the busy set
 //! and the time since start (`physics.rs`), so tests drive the clock (a
 //! [`lh_service::clock::ManualClock`]) instead of sleeping. Samples take
@@ -41,6 +46,7 @@
 //! faults are due.
 
 pub mod fleet;
+mod mig;
 mod physics;
 pub mod script;
 
@@ -53,7 +59,8 @@ use chrono::{DateTime, Utc};
 use lh_service::clock::{SharedClock, SystemClock};
 
 use super::{
-    BackendError, GpuBackend, GpuDevice, GpuEvent, GpuEventKind, GpuSample, MAX_EVENTS_PER_WAIT,
+    BackendError, GpuBackend, GpuDevice, GpuEvent, GpuEventKind, GpuSample, MigDevice,
+    MAX_EVENTS_PER_WAIT,
 };
 use fleet::SimNode;
 use physics::{HostState, IDLE_POWER_W};
@@ -70,6 +77,8 @@ pub struct SimBackend {
     busy: Mutex<BTreeSet<u32>>,
     /// Process groups of the workloads running now, with their GPUs.
     workloads: Mutex<BTreeMap<u32, Vec<u32>>>,
+    /// The MIG instances of the GPUs in MIG mode.
+    mig: Mutex<mig::SimMig>,
 }
 
 impl SimBackend {
@@ -82,7 +91,9 @@ impl SimBackend {
         clock: SharedClock,
     ) -> Result<Self, FaultScriptError> {
         script.check_gpus(node.gpu_count, &format!("for node {}", node.id))?;
+        let mig = mig::SimMig::new(&node.gpu_model, &node.mig_gpus, None);
         Ok(Self {
+            mig: Mutex::new(mig),
             node,
             script,
             start,
@@ -99,7 +110,11 @@ impl SimBackend {
         let script = node.fault_script(fleet_file)?.unwrap_or_default();
         let clock = SystemClock::shared();
         let start = clock.now();
-        Self::new(node.clone(), script, start, clock)
+        let backend = Self::new(node.clone(), script, start, clock)?;
+        let file = mig::state_file(fleet_file, &node.id);
+        *backend.mig.lock().expect("MIG instances") =
+            mig::SimMig::new(&node.gpu_model, &node.mig_gpus, Some(file));
+        Ok(backend)
     }
 
     fn elapsed(&self, now: DateTime<Utc>) -> Duration {
@@ -181,6 +196,7 @@ impl GpuBackend for SimBackend {
         if self.state_at(self.elapsed(self.clock.now())).stopped {
             return Err(BackendError::NodeStopped);
         }
+        let mig = self.mig.lock().expect("MIG instances");
         Ok(self
             .node
             .inventory()
@@ -192,9 +208,7 @@ impl GpuBackend for SimBackend {
                 model: g.model,
                 vram_mib: u64::from(g.vram_gb) * 1024,
                 mig_enabled: g.mig,
-                // Instances are cut per lease by the agent; the simulated
-                // GPU starts with none.
-                mig_devices: Vec::new(),
+                mig_devices: mig.devices(g.index),
                 nvlink_peers: Vec::new(),
                 numa_node: None,
             })
@@ -248,6 +262,29 @@ impl GpuBackend for SimBackend {
 
     fn workload_ended(&self, pgid: u32) {
         self.workloads.lock().expect("workloads").remove(&pgid);
+    }
+
+    fn create_mig_instance(
+        &self,
+        gpu: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigDevice, BackendError> {
+        if self.state_at(self.elapsed(self.clock.now())).stopped {
+            return Err(BackendError::NodeStopped);
+        }
+        self.mig
+            .lock()
+            .expect("MIG instances")
+            .create(gpu, profile, start)
+    }
+
+    fn destroy_mig_instance(&self, gpu: u32, uuid: &str) -> Result<(), BackendError> {
+        if self.state_at(self.elapsed(self.clock.now())).stopped {
+            return Err(BackendError::NodeStopped);
+        }
+        self.mig.lock().expect("MIG instances").destroy(gpu, uuid);
+        Ok(())
     }
 
     /// Returns the events due by the injected clock's now. When none is due
@@ -312,6 +349,28 @@ mod tests {
         assert_eq!(inv.len(), 2);
         assert_eq!(inv[1].uuid, node(2).inventory().gpus[1].uuid);
         assert_eq!(inv[1].vram_mib, 40 * 1024);
+    }
+
+    #[test]
+    fn the_inventory_lists_the_mig_instances_made() {
+        let clock = ManualClock::new(t0());
+        let mut n = node(2);
+        n.mig_gpus = vec![1];
+        let b = SimBackend::new(n, FaultScript::default(), t0(), clock.shared()).unwrap();
+        assert!(
+            b.create_mig_instance(0, "1g.5gb", 0).is_err(),
+            "GPU 0 is not in MIG mode"
+        );
+        let made = b.create_mig_instance(1, "3g.20gb", 4).unwrap();
+        let inv = b.inventory().unwrap();
+        assert!(inv[1].mig_enabled && !inv[0].mig_enabled);
+        assert_eq!(inv[1].mig_devices, std::slice::from_ref(&made));
+        assert!(
+            b.create_mig_instance(1, "4g.20gb", 4).is_err(),
+            "slot taken"
+        );
+        b.destroy_mig_instance(1, &made.uuid).unwrap();
+        assert!(b.inventory().unwrap()[1].mig_devices.is_empty());
     }
 
     #[test]
