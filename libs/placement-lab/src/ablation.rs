@@ -683,6 +683,8 @@ mod tests {
             vram_free: 16,
             milli_free,
             leases,
+            one_share_size: false,
+            share_size: (0, 0),
         }
     }
 

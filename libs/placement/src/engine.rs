@@ -62,7 +62,7 @@ impl Pending {
     /// Some node could take the request once leases on it end: waiting (or
     /// preempting) can help. `false`: no node ever could, as the nodes are.
     pub fn busy(&self) -> bool {
-        self.count(Reject::GpuBusy) > 0
+        self.count(Reject::GpuBusy) > 0 || self.count(Reject::ShareSize) > 0
     }
 }
 

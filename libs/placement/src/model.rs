@@ -39,6 +39,11 @@ pub struct NodeSpec {
     /// Its runtime isolates a workload from the host and from other
     /// tenants' (containers); only such nodes take requests that need it.
     pub isolates_workloads: bool,
+    /// Each of its memory-sliced GPUs hosts shares of one size at a time:
+    /// its enforcement (CUDA MPS) holds every client of a GPU to the smallest
+    /// share the GPU has hosted since it was last empty, so a larger share
+    /// next to a smaller one would get less than it asked for.
+    pub one_share_size_per_gpu: bool,
 }
 
 impl NodeSpec {
@@ -59,6 +64,7 @@ impl NodeSpec {
             gpus: vec![gpu; count],
             domains: Vec::new(),
             isolates_workloads: true,
+            one_share_size_per_gpu: false,
         }
     }
 }

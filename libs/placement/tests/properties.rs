@@ -56,6 +56,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
                     vec![]
                 },
                 isolates_workloads: true,
+                one_share_size_per_gpu: false,
             },
         )
 }

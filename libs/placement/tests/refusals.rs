@@ -23,6 +23,7 @@ fn cluster() -> Cluster {
         gpus,
         domains: Vec::new(),
         isolates_workloads: id != "b",
+        one_share_size_per_gpu: false,
     };
     Cluster::new(&[
         node("a", vec![plain.clone(), plain.clone(), in_mig]),

@@ -8,7 +8,7 @@
 //! per pass, which is small next to the per-lease scoring.
 
 use lh_domain::fleet::Fleet;
-use lh_events::{GpuHealth, Isolation};
+use lh_events::{GpuHealth, GpuSharing, Isolation};
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
     Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request, ShapeMix,
@@ -129,6 +129,10 @@ impl Planner {
                     .collect(),
                 domains: Vec::new(),
                 isolates_workloads: n.isolation == Isolation::Container,
+                // MPS holds every client of a GPU to the smallest share it
+                // hosted since its daemon started (ADR 016); HAMi-core
+                // holds each client to its own.
+                one_share_size_per_gpu: n.gpu_sharing == GpuSharing::Mps,
             };
             let i = cluster.add_node(&spec);
             for (j, g) in gpus.clone().enumerate() {
@@ -159,7 +163,8 @@ impl Planner {
                     }
                     .with_models([&g.model]);
                     let d = cluster.demand(&r);
-                    let _ = cluster.allocate(i, &d, set);
+                    // As it is, even beside shares of another size.
+                    let _ = cluster.allocate_existing_share(i, &d, j as u8);
                 }
             }
             nodes.push((

@@ -632,3 +632,75 @@ async fn a_share_on_an_mps_node_runs_as_an_mps_client_with_its_limits_set_before
     );
     assert!(at("workload") < at("quit"), "{calls}");
 }
+
+/// On an MPS node a GPU hosts shares of one size: a second size goes to the
+/// other GPU, a third waits (saying why) until a GPU empties, then runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_mps_node_places_one_share_size_per_gpu_and_a_third_size_waits_for_an_empty_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = fake_mps(dir.path());
+    let stack = Stack::start_configured(TWO_A100, |s| {
+        s.node_runtime = RuntimeKind::Process;
+        s.node_mps_control = Some(control.clone());
+    })
+    .await;
+    let key = trusted_tenant(&stack, "mps-sizes", 4).await;
+    let share = |milli: u32, vram_gb: u32| {
+        json!({
+            "gpu_fraction": {"milli": milli, "vram_gb": vram_gb},
+            "gpu_model": "A100-40GB",
+            "workload": {"command": ["sleep", "600"]},
+        })
+    };
+    let mut ids = Vec::new();
+    for (milli, vram_gb) in [(250, 10), (250, 10), (500, 20), (125, 5)] {
+        let (s, b) = stack
+            .call(
+                Method::POST,
+                "/v1/leases",
+                &key,
+                Some(share(milli, vram_gb)),
+            )
+            .await;
+        assert_eq!(s, 202, "{b}");
+        ids.push(b["id"].as_str().unwrap().to_string());
+    }
+    let mut gpus = Vec::new();
+    for id in &ids[..3] {
+        let l = stack
+            .wait_lease(&key, id, |l| l["state"] == "running")
+            .await;
+        gpus.push(l["gpu_indices"].clone());
+    }
+    assert_eq!(gpus[0], gpus[1], "equal sizes share a GPU");
+    assert_ne!(gpus[0], gpus[2], "another size goes to the other GPU");
+    let queued = stack
+        .wait_lease(&key, &ids[3], |l| l["state"] == "queued")
+        .await;
+    let reason = queued["queued_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("no GPU of an MPS node hosts only shares of this size"),
+        "{queued}"
+    );
+
+    // The 20 GB share ends: its GPU is empty and takes the 5 GB one.
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{}/stop", ids[2]),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let moved_in = stack
+        .wait_lease(&key, &ids[3], |l| l["state"] == "running")
+        .await;
+    assert_eq!(moved_in["gpu_indices"], gpus[2]);
+    for id in [&ids[0], &ids[1], &ids[3]] {
+        let (s, b) = stack
+            .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+            .await;
+        assert_eq!(s, 202, "{b}");
+    }
+}

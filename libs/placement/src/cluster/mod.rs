@@ -31,7 +31,7 @@ mod reject;
 
 pub use demand::{Demand, Kind, TAGS};
 pub(crate) use node::EMPTY_GPU;
-pub use node::{Gpu, Node};
+pub use node::{Gpu, Node, MIXED_SHARES};
 pub use reject::{AllocError, Reject};
 
 /// Handle of a live allocation.
@@ -112,6 +112,8 @@ impl Cluster {
                     vram_free: g.vram_gb,
                     milli_free: MILLI,
                     leases: 0,
+                    one_share_size: s.one_share_size_per_gpu && g.mode == SharingMode::VGpu,
+                    share_size: (0, 0),
                 }
             })
             .collect();
@@ -316,8 +318,11 @@ impl Cluster {
                     .peekable();
                 if sharing.peek().is_none() {
                     Reject::GpuMode
-                } else if milli > MILLI || sharing.all(|g| g.vram_total < vram_gb) {
+                } else if milli > MILLI || sharing.clone().all(|g| g.vram_total < vram_gb) {
                     Reject::GpuTooSmall
+                } else if sharing.any(|g| g.has_room_for(milli, vram_gb, d.models)) {
+                    // Room enough, but only beside shares of another size.
+                    Reject::ShareSize
                 } else {
                     Reject::GpuBusy
                 }
@@ -409,7 +414,19 @@ impl Cluster {
     /// Takes `d` on node `i` on the GPUs in `gpus`. Checks everything. A MIG
     /// demand gets the instance [`mig::plan`] chooses on its one GPU.
     pub fn allocate(&mut self, i: usize, d: &Demand, gpus: GpuSet) -> Result<AllocId, AllocError> {
-        self.allocate_at(i, d, gpus, None)
+        self.allocate_at(i, d, gpus, Existing::No)
+    }
+
+    /// Records a share of `d` that exists on GPU `gpu` of node `i` (rebuilding
+    /// the cluster from what leases hold): it needs room, but may sit beside
+    /// shares of another size, placed before its node took one size per GPU.
+    pub fn allocate_existing_share(
+        &mut self,
+        i: usize,
+        d: &Demand,
+        gpu: u8,
+    ) -> Result<AllocId, AllocError> {
+        self.allocate_at(i, d, 1 << gpu, Existing::Share)
     }
 
     /// Records a MIG instance of `d`'s profile that exists at `start` on GPU
@@ -421,7 +438,7 @@ impl Cluster {
         gpu: u8,
         start: u8,
     ) -> Result<AllocId, AllocError> {
-        self.allocate_at(i, d, 1 << gpu, Some(start))
+        self.allocate_at(i, d, 1 << gpu, Existing::Mig { start })
     }
 
     fn allocate_at(
@@ -429,15 +446,20 @@ impl Cluster {
         i: usize,
         d: &Demand,
         gpus: GpuSet,
-        mig_start: Option<u8>,
+        existing: Existing,
     ) -> Result<AllocId, AllocError> {
         if i >= self.nodes.len() {
             return Err(AllocError::NoSuchNode);
         }
-        match mig_start {
-            None => self.check(i, d).map_err(AllocError::NotFeasible)?,
-            // Restoring an instance that exists: its slot, not a fresh plan.
-            Some(_) => {
+        let mig_start = match existing {
+            Existing::Mig { start } => Some(start),
+            _ => None,
+        };
+        match existing {
+            Existing::No => self.check(i, d).map_err(AllocError::NotFeasible)?,
+            // Restoring what exists: an instance's slot, not a fresh plan; a
+            // share beside others of any size.
+            Existing::Mig { .. } | Existing::Share => {
                 let n = &self.nodes[i];
                 if n.cpu_free < d.cpu_milli {
                     return Err(AllocError::NotFeasible(Reject::Cpu));
@@ -468,8 +490,12 @@ impl Cluster {
                 if gpus.count_ones() != 1 {
                     return Err(AllocError::BadGpus);
                 }
-                let j = gpus.trailing_zeros() as usize;
-                if !n.gpus[j].fits_frac(milli, vram_gb, d.models) {
+                let g = &n.gpus[gpus.trailing_zeros() as usize];
+                let fits = match existing {
+                    Existing::Share => g.has_room_for(milli, vram_gb, d.models),
+                    _ => g.fits_frac(milli, vram_gb, d.models),
+                };
+                if !fits {
                     return Err(AllocError::BadGpus);
                 }
             }
@@ -503,6 +529,13 @@ impl Cluster {
                 Kind::Frac { milli, vram_gb } => {
                     g.milli_free -= milli;
                     g.vram_free -= vram_gb;
+                    if g.one_share_size {
+                        g.share_size = if g.leases == 0 || g.share_size == (milli, vram_gb) {
+                            (milli, vram_gb)
+                        } else {
+                            MIXED_SHARES
+                        };
+                    }
                 }
                 Kind::Mig(_) => {
                     let h = mig.expect("a MIG allocation holds an instance");
@@ -572,6 +605,10 @@ impl Cluster {
                 Kind::None => {}
             }
             g.leases -= 1;
+            if g.leases == 0 {
+                // Its enforcement's limits come back up once it is empty.
+                g.share_size = (0, 0);
+            }
         }
         if let Some(t) = d.tag() {
             n.tags[t] -= 1;
@@ -625,6 +662,15 @@ impl Cluster {
             .enumerate()
             .filter_map(|(i, a)| a.as_ref().map(|a| (AllocId(i as u32), a)))
     }
+}
+
+/// What [`Cluster::allocate_at`] records: a new allocation, or one that
+/// exists already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    No,
+    Mig { start: u8 },
+    Share,
 }
 
 fn lowest_bits(mut m: GpuSet, count: u32) -> GpuSet {

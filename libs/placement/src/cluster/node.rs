@@ -14,7 +14,19 @@ pub struct Gpu {
     pub milli_free: u16,
     /// Live leases on this GPU (slices, or 1 for a whole-GPU lease).
     pub leases: u16,
+    /// Takes shares of one size at a time (see
+    /// [`crate::NodeSpec::one_share_size_per_gpu`]).
+    pub one_share_size: bool,
+    /// On such a GPU while it hosts shares: their `(milli, vram_gb)`, or
+    /// [`MIXED_SHARES`] once it held shares of different sizes (recorded as
+    /// they were placed before the rule), which it keeps until it is empty:
+    /// its enforcement's limits only come back up then.
+    pub share_size: (u16, u32),
 }
+
+/// [`Gpu::share_size`] of a GPU holding shares of different sizes: no share
+/// size matches it.
+pub const MIXED_SHARES: (u16, u32) = (u16::MAX, u32::MAX);
 
 /// Placeholder for scratch arrays.
 pub(crate) const EMPTY_GPU: Gpu = Gpu {
@@ -24,6 +36,8 @@ pub(crate) const EMPTY_GPU: Gpu = Gpu {
     vram_free: 0,
     milli_free: 0,
     leases: 0,
+    one_share_size: false,
+    share_size: (0, 0),
 };
 
 impl Gpu {
@@ -46,10 +60,24 @@ impl Gpu {
     /// Can take a slice of `milli` and `vram_gb` now.
     #[inline]
     pub fn fits_frac(&self, milli: u16, vram_gb: u32, models: u64) -> bool {
+        self.has_room_for(milli, vram_gb, models) && self.takes_share_size(milli, vram_gb)
+    }
+
+    /// Has the free milli and VRAM for a slice, whatever the sizes of the
+    /// slices it holds.
+    #[inline]
+    pub fn has_room_for(&self, milli: u16, vram_gb: u32, models: u64) -> bool {
         self.mode == SharingMode::VGpu
             && self.milli_free >= milli
             && self.vram_free >= vram_gb
             && self.allowed(models)
+    }
+
+    /// A slice of this size may join the ones it holds: always, unless the
+    /// GPU takes one share size at a time and holds shares of another.
+    #[inline]
+    pub fn takes_share_size(&self, milli: u16, vram_gb: u32) -> bool {
+        !self.one_share_size || self.leases == 0 || self.share_size == (milli, vram_gb)
     }
 }
 

@@ -17,6 +17,9 @@ pub enum Reject {
     Memory,
     /// Its GPUs are taken now; with them free it would take the demand.
     GpuBusy,
+    /// A GPU with room for the share holds shares of another size and takes
+    /// one size at a time; it takes any size once those end.
+    ShareSize,
     /// Not even with all its GPUs free: too few GPUs of the model, too little
     /// VRAM on one, or a share over one whole GPU.
     GpuTooSmall,
@@ -29,13 +32,14 @@ pub enum Reject {
 
 impl Reject {
     /// Every reason, in the order the checks run.
-    pub const ALL: [Reject; 9] = [
+    pub const ALL: [Reject; 10] = [
         Reject::Isolation,
         Reject::Zone,
         Reject::Model,
         Reject::Cpu,
         Reject::Memory,
         Reject::GpuBusy,
+        Reject::ShareSize,
         Reject::GpuTooSmall,
         Reject::GpuMode,
         Reject::MigProfile,
@@ -51,6 +55,7 @@ impl fmt::Display for Reject {
             Reject::Cpu => "cpu",
             Reject::Memory => "memory",
             Reject::GpuBusy => "gpu busy",
+            Reject::ShareSize => "share size",
             Reject::GpuTooSmall => "gpu too small",
             Reject::GpuMode => "gpu mode",
             Reject::MigProfile => "mig profile",

@@ -28,7 +28,8 @@ pub(super) fn why_pending(
         GpuAsk::Fraction(share) => share_reason(scratch, model, *share, refusal),
         GpuAsk::Whole(gpus) => whole_reason(scratch, model, *gpus, refusal),
     };
-    (reason, refusal == Refusal::Busy)
+    let busy = matches!(refusal, Refusal::Busy | Refusal::ShareSize);
+    (reason, busy)
 }
 
 /// Why an untrusted tenant's lease waits while only nodes that do not
@@ -37,12 +38,20 @@ pub const NO_ISOLATION: &str =
     "no isolating runtime for untrusted tenants: no node that runs workloads in containers can take it";
 /// Why a share waits while no node enforces its caps.
 pub const NO_SHARING: &str = "no node enforces GPU memory sharing";
+/// Why a share waits while the GPUs with room for it are on MPS nodes and
+/// host shares of another size (an MPS GPU gives every share its smallest
+/// share's limits, so it hosts one size at a time).
+pub const NO_GPU_OF_THIS_SHARE_SIZE: &str =
+    "waiting for capacity: no GPU of an MPS node hosts only shares of this size";
 
 /// What keeps a lease out, as the engine's refusal tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
     /// GPUs that could take it are busy now.
     Busy,
+    /// GPUs of MPS nodes with room for it host shares of another size, and
+    /// such a GPU takes one size at a time.
+    ShareSize,
     /// The tenant is not trusted and no node that isolates workloads can
     /// take it.
     NoIsolation,
@@ -62,7 +71,9 @@ impl Refusal {
             return Refusal::TooSmall;
         };
         let refused_for = |reason: Reject| p.count(reason) > 0;
-        if p.busy() {
+        if refused_for(Reject::ShareSize) {
+            Refusal::ShareSize
+        } else if p.busy() {
             Refusal::Busy
         } else if refused_for(Reject::Isolation) {
             Refusal::NoIsolation
@@ -105,6 +116,9 @@ fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refus
         .map(|g| g.vram_gb)
         .max();
     match (refusal, largest) {
+        (Refusal::ShareSize, _) => {
+            format!("{NO_GPU_OF_THIS_SHARE_SIZE} ({milli} milli / {vram_gb} GB of one {model})")
+        }
         (Refusal::Busy, _) => {
             format!("waiting for capacity: a share of {milli} milli / {vram_gb} GB of one {model}")
         }
@@ -146,7 +160,7 @@ fn whole_reason(scratch: &Fleet, model: &str, gpus: u32, refusal: Refusal) -> St
             format!("{gpus} x {model} requested but the largest node has {largest}")
         }
         Refusal::WrongMode => format!("no {model} out of MIG mode yet"),
-        Refusal::NoProfile | Refusal::NoModel | Refusal::NoIsolation => {
+        Refusal::NoProfile | Refusal::NoModel | Refusal::NoIsolation | Refusal::ShareSize => {
             format!("no node offers {model} yet")
         }
     }

@@ -2,6 +2,7 @@ mod enforcement;
 mod failover;
 mod given;
 mod mig;
+mod mps;
 mod placement;
 mod props;
 mod queue;
