@@ -1,6 +1,6 @@
 //! Exercises a GPU backend the way the agent uses it: the inventory as
-//! JSON, one sample, then the event loop for a few seconds, one JSON line
-//! per event. `scripts/nvml-check.sh` runs it against NVML on a real GPU;
+//! JSON, one sample (or `--samples N`, a second apart), then the event
+//! loop for a few seconds, one JSON line per event. `scripts/nvml-check.sh` runs it against NVML on a real GPU;
 //! `--backend sim` runs the same path on a fleet-file node (and its fault
 //! script), which is how it is checked on machines without a GPU.
 //!
@@ -26,6 +26,10 @@ use lh_node_agent::gpu::inventory::catalogue_model;
 
 /// The longest one wait blocks, so the loop notices its deadline.
 const WAIT_SLICE: Duration = Duration::from_millis(500);
+/// Time between two samples, the agent's sampling period.
+const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+/// More samples than this are a load test, not a check.
+const MAX_SAMPLES: u32 = 60;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +43,9 @@ struct Args {
     /// Seconds to wait for events (XID, double-bit ECC, GPU lost).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Samples to print, a second apart (at most 60).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_SAMPLES as i64))]
+    samples: u32,
     /// For `--backend sim`: the fleet file and node to play.
     #[arg(long, default_value = "dev/fleet.toml")]
     fleet_file: PathBuf,
@@ -59,7 +66,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = check(backend.as_ref(), Duration::from_secs(args.seconds)) {
+    if let Err(e) = check(
+        backend.as_ref(),
+        args.samples,
+        Duration::from_secs(args.seconds),
+    ) {
         eprintln!("{e}");
         std::process::exit(1);
     }
@@ -204,19 +215,24 @@ fn open(args: &Args) -> Result<Box<dyn GpuBackend>, String> {
     }
 }
 
-fn check(backend: &dyn GpuBackend, listen: Duration) -> Result<(), String> {
+fn check(backend: &dyn GpuBackend, samples: u32, listen: Duration) -> Result<(), String> {
     let inventory = backend.inventory().map_err(|e| e.to_string())?;
     println!(
         "{}",
         serde_json::to_string_pretty(&serde_json::json!({ "inventory": inventory }))
             .map_err(|e| e.to_string())?
     );
-    let sample = backend.sample(Utc::now()).map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&serde_json::json!({ "sample": sample }))
-            .map_err(|e| e.to_string())?
-    );
+    for n in 0..samples {
+        if n > 0 {
+            std::thread::sleep(SAMPLE_PERIOD);
+        }
+        let sample = backend.sample(Utc::now()).map_err(|e| e.to_string())?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "sample": sample }))
+                .map_err(|e| e.to_string())?
+        );
+    }
     eprintln!("waiting {} s for events…", listen.as_secs());
     let deadline = Instant::now() + listen;
     let mut count = 0;
