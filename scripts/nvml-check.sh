@@ -39,6 +39,7 @@ INVENTORY_SLACK_SECS=60
 MIG_CHECK_SECS=120
 MPS_CONTROL_SECS=10
 MPS_CLIENT_SECS=60
+CUDA_PROBE_SECS=30
 MPS_SETTLE_SECS=2
 BUILD_SECS=900
 # What the MPS check asks: a client may allocate this much ...
@@ -72,10 +73,19 @@ fi
 case "$backend" in nvml | sim) ;; *) echo "nvml-check: --backend must be nvml or sim, got '$backend'" >&2; exit 64 ;; esac
 
 if [ -n "$bin_dir" ]; then
+    bin_dir=$(cd "$bin_dir" 2>/dev/null && pwd) || { echo "nvml-check: no directory $bin_dir" >&2; exit 64; }
+fi
+# The example's default fleet file, and any relative one, is the tree's.
+cd "$ROOT" || exit 64
+if [ -n "$bin_dir" ]; then
     example="$bin_dir/nvml-check"
     [ -x "$example" ] || { echo "nvml-check: no executable nvml-check in $bin_dir" >&2; exit 64; }
+    # An older build would fail on the new options with clap's exit 2,
+    # which reads as "no GPU here".
+    if ! timeout 10 "$example" --help 2>/dev/null | grep -q -- --mig-check; then
+        echo "nvml-check: $example has no --mig-check: rebuild it from this tree" >&2; exit 64
+    fi
 else
-    cd "$ROOT" || exit 64
     timeout "$BUILD_SECS" cargo build --quiet -p lh-node-agent --example nvml-check || exit 1
     example="${CARGO_TARGET_DIR:-$ROOT/target}/debug/examples/nvml-check"
 fi
@@ -107,7 +117,10 @@ out=$WORK/nvml-check.out
 timeout $((listen_secs + SAMPLES + INVENTORY_SLACK_SECS)) \
     "$example" --seconds "$listen_secs" --samples "$SAMPLES" "${example_args[@]}" >"$out" 2>"$WORK/nvml-check.err"
 rc=$?
-if [ "$rc" = 2 ]; then
+if [ "$rc" = 2 ] && [ "$backend" = sim ]; then
+    echo "nvml-check: the simulated node did not start: $(head -1 "$WORK/nvml-check.err")" >&2
+    exit 2
+elif [ "$rc" = 2 ]; then
     echo "nvml-check: no NVIDIA GPU here: $(head -1 "$WORK/nvml-check.err"); --backend sim runs the same steps on a simulated node" >&2
     exit 2
 fi
@@ -249,7 +262,7 @@ elif ! command -v nvidia-cuda-mps-control >/dev/null; then
     result SKIP mps "nvidia-cuda-mps-control is not on PATH"
 elif [ "$first_mig" = true ]; then
     result SKIP mps "GPU 0 is in MIG mode: this check runs MPS on a whole GPU"
-elif ! command -v python3 >/dev/null || ! runtime=$(timeout "$MPS_CLIENT_SECS" python3 "$CUDA_CLIENT" 2>/dev/null); then
+elif ! command -v python3 >/dev/null || ! runtime=$(timeout "$CUDA_PROBE_SECS" python3 "$CUDA_CLIENT" 2>/dev/null); then
     result SKIP mps "no CUDA runtime for a client (python3 with PyTorch or CuPy)"
 else
     detail "MPS clients: python3 with $runtime, on $first_uuid"
