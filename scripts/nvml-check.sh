@@ -229,12 +229,13 @@ mps_round() { # LIMIT_GIB
     local limit=$1 dir=$WORK/mps-$1g answer
     client_rc=1 client_line=""
     mkdir -p "$dir/pipe" "$dir/log"
+    # Listed before it starts: one that starts but answers late is quit too.
+    mps_daemons+=("$dir/pipe")
     if ! CUDA_VISIBLE_DEVICES=$first_uuid CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log \
         timeout "$MPS_CONTROL_SECS" nvidia-cuda-mps-control -d; then
         client_line="the daemon did not start: $(tail -3 "$dir/log/control.log" 2>/dev/null | tr '\n' ' ')"
         return
     fi
-    mps_daemons+=("$dir/pipe")
     if ! control "$dir/pipe" set_default_device_pinned_mem_limit 0 "${limit}G" >/dev/null; then
         client_line="set_default_device_pinned_mem_limit 0 ${limit}G was refused"
     else
