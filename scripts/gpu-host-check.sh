@@ -14,6 +14,8 @@
 # (built elsewhere: the host needs no toolchain). The CUDA load is python3
 # with torch; without it the load steps are skipped and said so. Off a GPU
 # host, NODE_ID=node-a AGENT_EXTRA=--sim-fallback plays a simulated node.
+# The short check with PASS/FAIL lines (MIG and MPS included) is
+# scripts/nvml-check.sh --bin-dir BIN_DIR; this one is the longer look.
 set -uo pipefail
 export NO_COLOR=1
 
@@ -107,9 +109,11 @@ if [ "$has_torch" = 1 ]; then
 while time.time()<e: a@a
 torch.cuda.synchronize()'")
 fi
+# AGENT_EXTRA is split on purpose: it may hold several options.
+# shellcheck disable=SC2086
 "$BIN/lh-node-agent" --gpu-backend nvml --zone device-check --node-id "${NODE_ID:-gpu-host-1}" \
     --http-addr 127.0.0.1:19104 --runtime process "${selftest[@]}" ${AGENT_EXTRA:-} \
-    >"$WORK/agent.log" 2>&1 & agent=$!; pids+=($agent)
+    >"$WORK/agent.log" 2>&1 & agent=$!; pids+=("$agent")
 sleep "$AGENT_SECONDS"
 echo "--- agent /readyz: $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:19104/readyz)"
 echo "--- agent DCGM series"
