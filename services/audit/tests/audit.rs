@@ -39,6 +39,16 @@ impl Audit {
         self.shutdown.cancel();
         self.running.wait().await.expect("audit stops cleanly");
     }
+
+    /// What the service's `/metrics` says now.
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.running.http_addr))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
 }
 
 impl Env {
@@ -356,12 +366,7 @@ async fn verifies_a_log_of_assorted_events() {
         .expect("a verify report");
     assert_eq!(http, report);
 
-    let metrics = reqwest::get(format!("http://{}/metrics", audit.running.http_addr))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = audit.metrics().await;
     assert!(metrics.contains("lh_audit_chain_sequence"), "{metrics}");
     audit.stop().await;
 }
@@ -599,12 +604,7 @@ async fn messages_no_reader_can_decode_are_chained_copied_and_verified() {
     assert_eq!(rows[0].1, None, "junk has no type");
     assert_eq!(rows[2].1.as_deref(), Some("lease.stop_requested"));
 
-    let metrics = reqwest::get(format!("http://{}/metrics", audit.running.http_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = audit.metrics().await;
     assert!(
         metrics.contains("lh_events_skipped_total{service=\"lh-audit\",reason=\"junk\"}"),
         "{metrics}"
@@ -1225,12 +1225,7 @@ async fn a_divergence_is_recorded_once_per_finding() {
     env.settled().await;
     assert_eq!(env.verify().await.first_mismatch, Some(5));
     assert_eq!(env.divergences().await.len(), 3);
-    let metrics = reqwest::get(format!("http://{}/metrics", audit.running.http_addr))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = audit.metrics().await;
     // The recorder is the process's, shared with the tests running
     // alongside: its count is theirs too.
     assert!(metrics.contains("lh_audit_divergences_total"), "{metrics}");
