@@ -219,8 +219,12 @@ pub async fn load_key(
     }
 }
 
-/// The tenant's data key, made now for a tenant created before data keys
-/// existed; `None` for an erased tenant, which never gets a key again.
+/// The tenant's data key, to seal a new field with. Every tenant gets one
+/// at its creation, but the key table is not rebuilt from the log: after a
+/// restore of an older database (or for a tenant created before data keys
+/// existed) it may have none. It then gets a new one, which cannot open its
+/// older sealed fields but covers new ones. `None` for an erased tenant,
+/// which never gets a key again.
 pub async fn ensure_key(
     pool: &PgPool,
     keys: &dyn KeyProvider,
@@ -247,6 +251,7 @@ pub async fn ensure_key(
     .bind(&wrapped.master_key_id)
     .execute(pool)
     .await?;
+    tracing::warn!(tenant = %tenant_id, "the tenant had no data key; a new one seals its new fields");
     load_key(pool, keys, tenant_id).await
 }
 

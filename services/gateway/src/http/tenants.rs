@@ -279,40 +279,29 @@ async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, A
     Ok(tenant)
 }
 
-/// The tenant's data key, to seal a new field with. Every tenant gets one
-/// at its creation, but the key table is not rebuilt from the log: after a
-/// restore of an older database a tenant may have none. It then gets a new
-/// one, which cannot open its older sealed fields but covers the new one,
-/// so that an operator's text never has to enter the log in clear. Never
-/// for an erased tenant: its data must stay unreadable.
+/// The tenant's data key to seal a new field with, made now if the tenant
+/// has none ([`seal::ensure_key`]), so that an operator's text never has to
+/// enter the log in clear; 409 for an erased tenant.
 async fn sealing_key(ctx: &ApiContext, tenant: &TenantView) -> Result<[u8; 32], ApiError> {
     refuse_erased(tenant)?;
-    let load = || async {
-        seal::load_key(&ctx.pool, ctx.keys.as_ref(), tenant.id)
-            .await
-            .map_err(|e| ApiError::internal(format!("loading a tenant key: {e}")))
-    };
-    if let Some(key) = load().await? {
-        return Ok(key);
-    }
-    let key = seal::new_key();
-    if let Err(stored) = seal::store_key(&ctx.pool, ctx.keys.as_ref(), tenant.id, &key).await {
-        // A concurrent call may have stored one first: seal with that.
-        return load().await?.ok_or(stored);
-    }
-    tracing::warn!(tenant = %tenant.id, "the tenant had no data key; a new one seals its new fields");
-    Ok(key)
+    seal::ensure_key(&ctx.pool, ctx.keys.as_ref(), tenant.id)
+        .await
+        .map_err(|e| ApiError::internal(format!("loading a tenant key: {e}")))?
+        .ok_or_else(|| erased_conflict(tenant.id))
 }
 
 /// 409 for a write to an erased tenant: nothing may be added to it.
 pub(super) fn refuse_erased(tenant: &TenantView) -> Result<(), ApiError> {
     if tenant.erased {
-        return Err(ApiError::conflict(format!(
-            "tenant {} is erased; it takes no further changes",
-            tenant.id
-        )));
+        return Err(erased_conflict(tenant.id));
     }
     Ok(())
+}
+
+fn erased_conflict(tenant_id: Uuid) -> ApiError {
+    ApiError::conflict(format!(
+        "tenant {tenant_id} is erased; it takes no further changes"
+    ))
 }
 
 /// The tenant once the read model shows everything on its subject, and
