@@ -750,7 +750,7 @@ fn progress_line(id: &str, lease: &Value, target: LeaseState) -> String {
     if let Some(pos) = lease.get("queue_position").filter(|v| !v.is_null()) {
         notes.push(format!("#{pos}"));
     }
-    for key in ["queued_reason", "rejected_reason", "end_reason"] {
+    for key in ["queued_reason", "rejected_reason", "end_reason", "failure"] {
         if let Some(reason) = lease.get(key).and_then(Value::as_str) {
             notes.push(reason.to_string());
         }

@@ -94,6 +94,7 @@ pub fn lease_view(lease: &Value) -> String {
         ("queued reason", "queued_reason"),
         ("rejected reason", "rejected_reason"),
         ("end reason", "end_reason"),
+        ("failure", "failure"),
         ("node", "node_id"),
         ("zone", "zone"),
         ("gpu uuids", "gpu_uuids"),

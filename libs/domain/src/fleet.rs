@@ -373,6 +373,7 @@ mod tests {
                 ended_at: chrono::Utc::now(),
                 reason: EndReason::Stopped,
                 exit_code: None,
+                failure: None,
             }),
         );
         assert_eq!(
@@ -412,6 +413,7 @@ mod tests {
                 ended_at: chrono::Utc::now(),
                 reason: EndReason::Stopped,
                 exit_code: None,
+                failure: None,
             }),
         );
         assert_eq!((gpu(&f).used_milli(), gpu(&f).used_vram_gb()), (500, 20));

@@ -146,6 +146,7 @@ pub fn ended(
         ended_at,
         reason,
         exit_code: None,
+        failure: None,
     }
 }
 

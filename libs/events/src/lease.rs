@@ -247,6 +247,24 @@ pub struct LeaseEnded {
     pub reason: EndReason,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// What made it fail, where its node could tell (`reason` is
+    /// `failed`); absent when it could not, or before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<LeaseFailure>,
+}
+
+/// What made a lease fail, as its node saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseFailure {
+    /// Its workload asked for more GPU memory than its share holds and got
+    /// an allocation error (the share's limit held; its neighbours kept
+    /// their memory).
+    GpuMemoryExceeded,
+    /// A cause a newer node named that this reader does not know: still a
+    /// failure, so an older reader keeps the event.
+    #[serde(other)]
+    Other,
 }
 
 /// The lease left the GPUs it held (their node was lost, a GPU turned

@@ -266,6 +266,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
             8 => EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease }),
             _ => EventData::LeaseEnded(LeaseEnded {
                 exit_code: Some(0),
+                failure: None,
                 ..fixtures::ended(lease, "node-1", Utc::now(), EndReason::Stopped)
             }),
         };

@@ -386,15 +386,21 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             let reason = serde_json::to_value(e.reason)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string));
+            let failure = e
+                .failure
+                .and_then(|f| serde_json::to_value(f).ok())
+                .and_then(|v| v.as_str().map(str::to_string));
             sqlx::query(
                 "UPDATE leases SET state = 'ended', ended_at = $2, end_reason = $3,
-                        queued_reason = NULL, queue_position = NULL, last_sequence = $4
+                        queued_reason = NULL, queue_position = NULL, last_sequence = $4,
+                        failure = $5
                  WHERE id = $1",
             )
             .bind(e.lease_id)
             .bind(e.ended_at)
             .bind(reason)
             .bind(seq)
+            .bind(failure)
             .execute(conn)
             .await?;
         }

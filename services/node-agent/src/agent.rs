@@ -275,6 +275,9 @@ impl Transition {
                     ended_at: at,
                     reason,
                     exit_code,
+                    // A stop or a preemption may have cut the workload
+                    // short; only a failure has a cause.
+                    failure: lease.failure.filter(|_| reason == EndReason::Failed),
                 }),
                 derived_id(&["lease.ended", &lease_id.to_string()]),
                 Expect::Any,
@@ -390,6 +393,7 @@ impl Decider for NodeAgent {
                 if let Some(l) = self.state.leases.get_mut(&f.lease_id).filter(current) {
                     tracing::info!(lease = %f.lease_id, code = ?f.exit.code, signal = ?f.exit.signal, "workload ended");
                     l.exit = Some(f.exit);
+                    l.failure = f.failure;
                     l.exited_at = Some(now);
                     l.workload_running = false;
                 }

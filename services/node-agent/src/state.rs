@@ -83,6 +83,8 @@ pub(crate) struct LocalLease {
     pub(crate) stopping: bool,
     /// Its workload ended (on its own, or stopped).
     pub(crate) exit: Option<Exit>,
+    /// Why its workload failed, where its standard error said.
+    pub(crate) failure: Option<lh_events::LeaseFailure>,
     /// When the agent heard of that end: the hold for a GPU fault counts
     /// from it.
     pub(crate) exited_at: Option<DateTime<Utc>>,

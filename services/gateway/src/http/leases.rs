@@ -201,6 +201,11 @@ pub struct LeaseView {
     #[schema(value_type = Option<Object>)]
     pub constraints: Option<sqlx::types::Json<serde_json::Value>>,
     pub end_reason: Option<String>,
+    /// What made a failed lease fail, where its node could tell:
+    /// `gpu_memory_exceeded` (its workload asked for more GPU memory than
+    /// its share holds and got an allocation error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     /// Times the lease was moved to other GPUs (its node was lost).
     pub migrations: i32,
     /// Why it was last moved.
@@ -221,7 +226,7 @@ pub struct LeaseView {
 }
 
 const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
+    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, failure, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
 impl From<CreateLease> for LeaseBody {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use lh_events::{fixtures, EventData, GpuHealth, LeaseStopRequested};
+use lh_events::{fixtures, EventData, GpuHealth, LeaseFailure, LeaseStopRequested};
 use lh_service::clock::ManualClock;
 use tokio::sync::mpsc::{self, error::TryRecvError};
 
@@ -182,6 +182,7 @@ fn a_stop_during_the_start_waits_for_the_answer_then_stops_the_workload() {
         lease_id: lease(),
         placement: 10,
         exit,
+        failure: None,
     });
     assert!(g.agent.signal(Signal::Workload(ended), t(4)));
     let (envelope, _) = only(g.agent.decide(t(4)));
@@ -321,10 +322,20 @@ fn given_running() -> Given {
 }
 
 fn workload_ends(agent: &mut NodeAgent, code: Option<i32>, signal: Option<i32>, at: DateTime<Utc>) {
+    workload_ends_for(agent, Exit { code, signal }, None, at);
+}
+
+fn workload_ends_for(
+    agent: &mut NodeAgent,
+    exit: Exit,
+    failure: Option<LeaseFailure>,
+    at: DateTime<Utc>,
+) {
     let ended = Report::Ended(Finished {
         lease_id: lease(),
         placement: 10,
-        exit: Exit { code, signal },
+        exit,
+        failure,
     });
     assert!(agent.signal(Signal::Workload(ended), at));
 }
@@ -394,4 +405,44 @@ fn a_workload_failing_on_healthy_gpus_fails_once_the_hold_is_over() {
         (ended.reason, ended.exit_code, ended.ended_at),
         (EndReason::Failed, Some(3), t(2))
     );
+}
+
+#[test]
+fn a_workload_over_its_gpu_memory_fails_its_lease_with_that_cause() {
+    let mut g = given_running();
+    let exit = Exit {
+        code: Some(1),
+        signal: None,
+    };
+    workload_ends_for(
+        &mut g.agent,
+        exit,
+        Some(LeaseFailure::GpuMemoryExceeded),
+        t(2),
+    );
+    let ended = lease_ended(&g.agent.decide(t(4))).expect("the hold is over");
+    assert_eq!(
+        (ended.reason, ended.failure),
+        (EndReason::Failed, Some(LeaseFailure::GpuMemoryExceeded))
+    );
+}
+
+#[test]
+fn a_stopped_lease_names_no_failure_whatever_its_workload_said() {
+    let mut g = given_running();
+    let stop = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease() });
+    g.agent.apply(12, &Envelope::new(Actor::Admin, t(1), stop));
+    g.agent.decide(t(1));
+    let exit = Exit {
+        code: Some(1),
+        signal: None,
+    };
+    workload_ends_for(
+        &mut g.agent,
+        exit,
+        Some(LeaseFailure::GpuMemoryExceeded),
+        t(2),
+    );
+    let ended = lease_ended(&g.agent.decide(t(2))).expect("stopped");
+    assert_eq!((ended.reason, ended.failure), (EndReason::Stopped, None));
 }

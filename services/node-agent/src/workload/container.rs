@@ -333,21 +333,25 @@ impl Runtime for ContainerRuntime {
             None => None,
         };
         let args = run_args(self, assignment, workload, image, env_file.as_deref());
-        let spawned = cli_command(&self.cli)
-            .args(&args)
-            .stdin(Stdio::null())
-            .process_group(0)
-            .spawn();
+        let spawned = super::stderr_of(assignment).and_then(|stderr| {
+            cli_command(&self.cli)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stderr(stderr)
+                .process_group(0)
+                .spawn()
+                .map_err(|source| RuntimeError::Spawn {
+                    program: self.cli.display().to_string(),
+                    source,
+                })
+        });
         let child = match spawned {
             Ok(child) => child,
-            Err(source) => {
+            Err(e) => {
                 if let Some(path) = &env_file {
                     remove_env_file(path);
                 }
-                return Err(RuntimeError::Spawn {
-                    program: self.cli.display().to_string(),
-                    source,
-                });
+                return Err(e);
             }
         };
         tracing::info!(lease = %assignment.lease_id, pid = ?child.id(), image, "container started");
@@ -404,6 +408,7 @@ mod tests {
             compute_milli: None,
             memory_share_bytes: None,
             mps_pipe_dir: None,
+            stderr_file: None,
         }
     }
 

@@ -24,6 +24,7 @@ pub(crate) mod executor;
 pub mod mps;
 pub mod process;
 pub mod reconcile;
+pub mod stderr;
 pub mod supervisor;
 
 use std::collections::BTreeMap;
@@ -135,6 +136,19 @@ pub struct Assignment {
     /// The pipe directory of the MPS daemon that enforces the share
     /// ([`mps`]); the workload connects through it as an MPS client.
     pub mps_pipe_dir: Option<PathBuf>,
+    /// The file the workload's standard error goes to ([`stderr`]); the
+    /// agent's own standard error when `None`.
+    pub stderr_file: Option<PathBuf>,
+}
+
+/// Where a workload's standard error goes: its file, when it has one.
+fn stderr_of(assignment: &Assignment) -> Result<std::process::Stdio, RuntimeError> {
+    match &assignment.stderr_file {
+        Some(path) => stderr::open(path).map(Into::into).map_err(|e| {
+            RuntimeError::InvalidConfig(format!("cannot open {}: {e}", path.display()))
+        }),
+        None => Ok(std::process::Stdio::inherit()),
+    }
 }
 
 /// How a workload ended: an exit code, or the signal that killed it.
@@ -508,6 +522,7 @@ mod tests {
             compute_milli: None,
             memory_share_bytes: None,
             mps_pipe_dir: None,
+            stderr_file: None,
         }
     }
 

@@ -23,6 +23,7 @@ use super::cgroup::{self, CgroupConfig, LeaseCgroup};
 use super::{
     is_share, validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload,
     Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
+    stderr_of,
 };
 
 /// `PATH` for a workload when the agent has none.
@@ -153,6 +154,7 @@ fn spawn(
         )
         .envs(workload_env(assignment, workload))
         .stdin(Stdio::null())
+        .stderr(stderr_of(assignment)?)
         .process_group(0);
     if let Some(lib) = preload {
         command.env(ENV_LD_PRELOAD, lib);

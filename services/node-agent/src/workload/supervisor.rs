@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lh_events::{
+    LeaseFailure,
     AssignedGpu, GpuSharing, Isolation, NodeRegistered, StartedMigDevice, WorkloadSpec,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -46,6 +47,8 @@ pub struct Finished {
     /// node runs anew there).
     pub placement: u64,
     pub exit: Exit,
+    /// Why it failed, when it exited non-zero and its standard error said.
+    pub failure: Option<LeaseFailure>,
 }
 
 /// Where the workloads of this node are marked so that a restarted agent
@@ -267,6 +270,8 @@ impl Workloads {
             .host
             .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
         let mut assignment = assignment(lease_id, gpus, mig_devices, share);
+        let stderr_file = super::stderr::path(&self.marks.state_dir, lease_id);
+        assignment.stderr_file = Some(stderr_file.clone());
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
@@ -287,6 +292,7 @@ impl Workloads {
                 if let Some(mps) = &mut self.mps {
                     mps.release((lease_id, placement));
                 }
+                super::stderr::remove(&stderr_file);
                 return Err(e);
             }
         };
@@ -305,6 +311,7 @@ impl Workloads {
             Supervised::Started(Box::new(handle)),
             record.flatten(),
             on_gpus,
+            Some(stderr_file),
         );
         Ok(true)
     }
@@ -343,13 +350,24 @@ impl Workloads {
         mut handle: Supervised,
         record: Option<PathBuf>,
         on_gpus: Option<(Arc<dyn GpuBackend>, u32)>,
+        stderr_file: Option<PathBuf>,
     ) {
         let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
         let finished = self.finished_tx.clone();
         tokio::spawn(async move {
-            let stop = tokio::select! {
-                exit = handle.wait() => Err(exit),
-                grace = stop_rx => Ok(grace.unwrap_or(Duration::ZERO)),
+            let mut stop_rx = stop_rx;
+            let mut bound_check =
+                tokio::time::interval(Duration::from_secs(super::stderr::STDERR_CHECK_SECS));
+            let stop = loop {
+                tokio::select! {
+                    exit = handle.wait() => break Err(exit),
+                    grace = &mut stop_rx => break Ok(grace.unwrap_or(Duration::ZERO)),
+                    _ = bound_check.tick() => {
+                        if let Some(path) = &stderr_file {
+                            super::stderr::keep_bounded(path);
+                        }
+                    }
+                }
             };
             let exit = match stop {
                 Err(exit) => exit,
@@ -368,10 +386,19 @@ impl Workloads {
                     signal: None,
                 }
             });
+            let failure = stderr_file.as_deref().and_then(|path| {
+                let failed = exit.code != Some(0);
+                let failure = failed
+                    .then(|| super::stderr::failure_in(&super::stderr::tail(path)))
+                    .flatten();
+                super::stderr::remove(path);
+                failure
+            });
             let _ = finished.send(Finished {
                 lease_id,
                 placement,
                 exit,
+                failure,
             });
         });
         self.running.insert(lease_id, (placement, stop_tx));
@@ -428,6 +455,7 @@ impl Workloads {
                         Supervised::Adopted(adopted),
                         record,
                         None,
+                        Some(super::stderr::path(&self.marks.state_dir, lease_id)),
                     );
                     outcome.adopted.push((lease_id, placement));
                 }
@@ -483,11 +511,13 @@ impl Workloads {
         }
         let grace = self.grace;
         let container = self.container.clone();
+        let stderr_file = super::stderr::path(&self.marks.state_dir, found.lease_id());
         tokio::spawn(async move {
             match found {
                 Found::Process { record, path, .. } => {
                     reconcile::stop_process(record.pid, record.start_ticks, grace).await;
                     remove_record(&path);
+                    super::stderr::remove(&stderr_file);
                 }
                 Found::Container { lease_id, name } => {
                     if let Some(c) = container {
@@ -625,6 +655,7 @@ pub fn assignment(
         compute_milli: share.map(|(m, _)| m),
         memory_share_bytes,
         mps_pipe_dir: None,
+        stderr_file: None,
     }
 }
 

@@ -351,6 +351,7 @@ fn ended(lease: &Lease, now: DateTime<Utc>, reason: EndReason) -> EventData {
         ended_at: now,
         reason,
         exit_code: None,
+        failure: None,
     })
 }
 

@@ -67,6 +67,7 @@ fn mig_leases_get_instances_by_nvidia_rules_and_count_by_size() {
             ended_at: Utc::now(),
             reason: EndReason::Stopped,
             exit_code: None,
+            failure: None,
         })),
     );
     settle(&mut s, Utc::now(), &Rules::default());

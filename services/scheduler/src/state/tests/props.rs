@@ -99,6 +99,7 @@ fn step(s: &mut State, seq: &mut u64, op: Op, lease: Uuid, t: Uuid, now: DateTim
                 ended_at: now,
                 reason: EndReason::Stopped,
                 exit_code: None,
+                failure: None,
             })
         }
     };

@@ -236,6 +236,7 @@ fn a_queued_lease_is_placed_when_capacity_frees_and_stop_cancels_waiting() {
             ended_at: Utc::now(),
             reason: EndReason::Stopped,
             exit_code: None,
+            failure: None,
         })),
     );
     s.apply(102, &env(request(c, t, 1)));
@@ -306,6 +307,7 @@ fn on_demand_preempts_the_cheapest_old_enough_spot_leases() {
             ended_at: now,
             reason: EndReason::Preempted,
             exit_code: None,
+            failure: None,
         })),
     );
     settle(&mut s, now, &Rules::default());

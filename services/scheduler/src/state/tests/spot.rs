@@ -183,6 +183,7 @@ fn ended(lease: Uuid, reason: EndReason, at: DateTime<Utc>) -> EventData {
         ended_at: at,
         reason,
         exit_code: None,
+        failure: None,
     })
 }
 
