@@ -375,3 +375,118 @@ async fn given_the_control_binary_when_the_node_registers_then_it_declares_mps_o
     .unwrap();
     assert!(!sim.enforce_shares_with_mps(mps_in(dir.path(), false).unwrap()));
 }
+
+/// The simulated fleet's MPS (`gpu::backend::sim::mps`): what the agent
+/// sets is what its clients get. A share's client over its limit gets the
+/// allocation error and its lease the cause; the share beside it keeps its
+/// memory; a process that skips MPS gets no GPU; a smaller share lowers
+/// the limit for clients that connect later only.
+#[tokio::test]
+async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_limit_only() {
+    use lh_events::LeaseFailure;
+    use lh_node_agent::gpu::backend::sim::mps as sim_mps;
+
+    let dir = tempfile::tempdir().unwrap();
+    let tools = sim_mps::install(&dir.path().join("tools")).unwrap();
+    let mps = mps::for_node(Some(tools.control.clone()), &dir.path().join("state"))
+        .expect("the simulated daemon passes the probe");
+    let marks = HostMarks {
+        node_id: "node-a".into(),
+        state_dir: dir.path().join("state"),
+    };
+    let (mut workloads, mut ended) =
+        Workloads::new(RuntimeKind::Process, None, Duration::from_secs(2), marks).unwrap();
+    assert!(workloads.enforce_shares_with_mps(mps));
+    let alloc = tools.alloc.display().to_string();
+    let mode = || fs::read_to_string(tools.compute_modes.join("GPU-s")).unwrap_or_default();
+    let (neighbour, greedy, bypass, late) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
+    let d = dir.path().display();
+
+    // The neighbour takes 8 of its 10 GiB and holds them while the rest runs.
+    workloads
+        .start(
+            neighbour,
+            1,
+            &[share(0, "GPU-s", 250, 10)],
+            &[],
+            Some(&command(&format!(
+                "'{alloc}' 8192 0.1 && while [ ! -e '{d}/end' ]; do sleep 0.02; done && '{alloc}' 8192"
+            ))),
+        )
+        .unwrap();
+    assert_eq!(mode().trim(), "EXCLUSIVE_PROCESS");
+    // Asks for 12 GiB of a 10 GiB share.
+    workloads
+        .start(
+            greedy,
+            1,
+            &[share(0, "GPU-s", 250, 10)],
+            &[],
+            Some(&command(&format!("'{alloc}' 12288"))),
+        )
+        .unwrap();
+    let end = finished(&mut ended).await;
+    assert_eq!(
+        (end.lease_id, end.exit.code, end.failure),
+        (
+            greedy,
+            Some(sim_mps::OUT_OF_MEMORY_EXIT_CODE),
+            Some(LeaseFailure::GpuMemoryExceeded)
+        )
+    );
+    workloads.forget(greedy, 1);
+    assert!(
+        !dir.path()
+            .join(format!("state/stderr/{greedy}.log"))
+            .exists(),
+        "its stderr file went with it"
+    );
+
+    // Unsets the pipe directory to get the GPU without limits: no context.
+    workloads
+        .start(
+            bypass,
+            1,
+            &[share(0, "GPU-s", 250, 10)],
+            &[],
+            Some(&command(&format!(
+                "unset CUDA_MPS_PIPE_DIRECTORY; '{alloc}' 1024"
+            ))),
+        )
+        .unwrap();
+    let end = finished(&mut ended).await;
+    assert_eq!(
+        (end.lease_id, end.exit.code, end.failure),
+        (bypass, Some(sim_mps::NO_CONTEXT_EXIT_CODE), None)
+    );
+    workloads.forget(bypass, 1);
+
+    // A smaller share lowers the limit: its own client gets 4 GiB, and so
+    // does the neighbour's next client, while its first keeps its 8.
+    workloads
+        .start(
+            late,
+            1,
+            &[share(0, "GPU-s", 100, 4)],
+            &[],
+            Some(&command(&format!("'{alloc}' 4096 && ! '{alloc}' 4097"))),
+        )
+        .unwrap();
+    let end = finished(&mut ended).await;
+    assert_eq!((end.lease_id, end.exit.code), (late, Some(0)));
+    workloads.forget(late, 1);
+    fs::write(dir.path().join("end"), "").unwrap();
+    let end = finished(&mut ended).await;
+    assert_eq!(
+        (end.lease_id, end.failure),
+        (neighbour, Some(LeaseFailure::GpuMemoryExceeded)),
+        "its second client connected under the lowered limit"
+    );
+    workloads.forget(neighbour, 1);
+    assert_eq!(mode().trim(), "DEFAULT", "the last share ended");
+}

@@ -47,6 +47,7 @@
 
 pub mod fleet;
 mod mig;
+pub mod mps;
 mod physics;
 pub mod script;
 
