@@ -704,3 +704,78 @@ async fn an_mps_node_places_one_share_size_per_gpu_and_a_third_size_waits_for_an
         assert_eq!(s, 202, "{b}");
     }
 }
+
+/// Through the simulated fleet's MPS: two shares of one GPU, one asking
+/// for more GPU memory than it rents. It gets the allocation error, its
+/// lease fails naming the cause, and the share beside it keeps its memory
+/// and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_share_over_its_gpu_memory_fails_inside_its_own_lease_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = lh_node_agent::gpu::backend::sim::mps::install(dir.path()).unwrap();
+    let stack = Stack::start_configured(TWO_A100, |s| {
+        s.node_runtime = RuntimeKind::Process;
+        s.node_mps_control = Some(tools.control.clone());
+    })
+    .await;
+    let key = trusted_tenant(&stack, "mps-limits", 2).await;
+    let alloc = tools.alloc.display().to_string();
+    let release = dir.path().join("release");
+    let share = |script: String| {
+        json!({
+            "gpu_fraction": {"milli": 250, "vram_gb": 10},
+            "gpu_model": "A100-40GB",
+            "workload": {"command": ["sh", "-c", script]},
+        })
+    };
+    // The neighbour holds 8 of its 10 GiB until the other has failed.
+    let neighbour_script = format!(
+        "'{alloc}' 8192 600 & a=$!; while [ ! -e '{}' ]; do sleep 0.05; done; kill $a; wait $a; '{alloc}' 8192",
+        release.display()
+    );
+    let (s, b) = stack
+        .call(Method::POST, "/v1/leases", &key, Some(share(neighbour_script)))
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let neighbour = b["id"].as_str().unwrap().to_string();
+    let running = stack
+        .wait_lease(&key, &neighbour, |l| l["state"] == "running")
+        .await;
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(share(format!("'{alloc}' 12288"))),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let greedy = b["id"].as_str().unwrap().to_string();
+    let failed = stack
+        .wait_lease(&key, &greedy, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(
+        running["gpu_indices"], failed["gpu_indices"],
+        "one GPU: {failed}"
+    );
+    assert_eq!(
+        (&failed["end_reason"], &failed["failure"]),
+        (&json!("failed"), &json!("gpu_memory_exceeded")),
+        "{failed}"
+    );
+    let view = stack
+        .wait_lease(&key, &neighbour, |l| l["state"] == "running")
+        .await;
+    assert_eq!(view["failure"], Value::Null, "{view}");
+    std::fs::write(&release, "").unwrap();
+    let completed = stack
+        .wait_lease(&key, &neighbour, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(completed["end_reason"], "completed", "{completed}");
+    let log = read_log(&stack.bus().await).await;
+    assert_eq!(
+        ended(&log, &greedy).failure,
+        Some(lh_events::LeaseFailure::GpuMemoryExceeded)
+    );
+    assert_eq!(ended(&log, &neighbour).failure, None);
+}

@@ -151,8 +151,10 @@ if [ -n "$limit" ] && [ "$want" -gt "$limit" ]; then
   exit @OOM@
 fi
 mkdir -p "$p/clients" && echo "$want" > "$p/clients/$$"
-trap 'rm -f "$p/clients/$$"; exit 143' TERM INT
-sleep "$hold"
+# A signal interrupts `wait`, where it would wait for a foreground sleep.
+sleep "$hold" & held=$!
+trap 'kill $held 2>/dev/null; rm -f "$p/clients/$$"; exit 143' TERM INT
+wait $held
 rm -f "$p/clients/$$"
 echo "allocated $want MiB (limit ${limit:-none} MiB)"
 "#;
