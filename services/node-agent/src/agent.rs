@@ -106,6 +106,15 @@ impl NodeAgent {
                 .holding()
                 .map(|(&lease_id, l)| (lease_id, l.placement_sequence))
                 .collect();
+            let share_gpus = self
+                .state
+                .holding()
+                .filter_map(|(&lease_id, l)| {
+                    let gpu = l.gpus.first()?;
+                    let share = gpu.milli.is_some() && gpu.mig_instance.is_none();
+                    share.then(|| (lease_id, gpu.clone()))
+                })
+                .collect();
             let mig_placed = self
                 .state
                 .holding()
@@ -124,6 +133,7 @@ impl NodeAgent {
                 .collect();
             let _ = self.workloads.send(Command::Reconcile {
                 placed_here,
+                share_gpus,
                 mig_placed,
                 mig_over,
             });

@@ -3,7 +3,7 @@
 //! are told, in order, into one file the workloads also write to: so the
 //! order of limits and starts is what the file says. No GPU here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -489,4 +489,85 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
     );
     workloads.forget(neighbour, 1);
     assert_eq!(mode().trim(), "DEFAULT", "the last share ended");
+}
+
+/// A restarted agent takes the daemon of an adopted share back, so that
+/// the daemon quits after that share as after any other, and quits a
+/// daemon its predecessor left on a GPU with no share.
+#[tokio::test]
+async fn given_a_restart_when_shares_are_adopted_then_their_daemon_is_taken_back_and_one_left_without_shares_quits(
+) {
+    use lh_node_agent::gpu::backend::sim::mps as sim_mps;
+
+    let dir = tempfile::tempdir().unwrap();
+    let tools = sim_mps::install(&dir.path().join("tools")).unwrap();
+    let state = dir.path().join("state");
+    let agent = || {
+        let mps = mps::for_node(Some(tools.control.clone()), &state).unwrap();
+        let marks = HostMarks {
+            node_id: "node-a".into(),
+            state_dir: state.clone(),
+        };
+        let (mut workloads, ended) =
+            Workloads::new(RuntimeKind::Process, None, Duration::from_secs(2), marks).unwrap();
+        assert!(workloads.enforce_shares_with_mps(mps));
+        (workloads, ended)
+    };
+    let mode = |gpu: &str| {
+        fs::read_to_string(tools.compute_modes.join(gpu))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let clients = state.join("mps/gpu0/pipe/clients");
+    let (kept, left) = (Uuid::new_v4(), Uuid::new_v4());
+    let (kept_gpu, left_gpu) = (share(0, "GPU-s", 250, 10), share(1, "GPU-t", 250, 10));
+
+    let (mut before, mut ended_before) = agent();
+    let alloc = tools.alloc.display().to_string();
+    before
+        .start(
+            kept,
+            1,
+            std::slice::from_ref(&kept_gpu),
+            &[],
+            Some(&command(&format!("'{alloc}' 1024 600"))),
+        )
+        .unwrap();
+    before
+        .start(left, 1, &[left_gpu], &[], Some(&command("true")))
+        .unwrap();
+    // The share on GPU-t ends, but its agent dies before it hears so.
+    assert_eq!(finished(&mut ended_before).await.lease_id, left);
+    until("the kept share's client", || {
+        fs::read_dir(&clients).is_ok_and(|mut d| d.next().is_some())
+    })
+    .await;
+    assert_eq!(
+        (mode("GPU-s").as_str(), mode("GPU-t").as_str()),
+        ("EXCLUSIVE_PROCESS", "EXCLUSIVE_PROCESS")
+    );
+    // Dropped, it would stop its workloads: an agent killed does not.
+    std::mem::forget(before);
+
+    let (mut after, mut ended) = agent();
+    let reconciled = after.reconcile(&HashMap::from([(kept, 1)])).await;
+    assert_eq!(reconciled.adopted, [(kept, 1)]);
+    after.reconcile_shares(&reconciled.adopted, &HashMap::from([(kept, kept_gpu)]));
+    assert_eq!(mode("GPU-t"), "DEFAULT", "no share is left on GPU-t");
+    assert!(!state.join("mps/gpu1/pipe/daemon").exists());
+    assert_eq!(mode("GPU-s"), "EXCLUSIVE_PROCESS", "the kept share runs");
+    assert_eq!(
+        after.mps_limits("GPU-s"),
+        Some(MpsLimits {
+            vram_mib: 10 * 1024,
+            thread_pct: 25
+        })
+    );
+
+    assert!(after.stop(kept));
+    assert_eq!(finished(&mut ended).await.lease_id, kept);
+    after.forget(kept, 1);
+    assert_eq!(mode("GPU-s"), "DEFAULT", "its last share ended");
+    assert!(!state.join("mps/gpu0/pipe/daemon").exists());
 }

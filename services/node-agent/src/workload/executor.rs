@@ -59,6 +59,8 @@ pub(crate) enum Command {
     /// instances are reported, never touched.
     Reconcile {
         placed_here: HashMap<Uuid, u64>,
+        /// The GPU of each memory-sliced share placed here.
+        share_gpus: HashMap<Uuid, AssignedGpu>,
         mig_placed: Vec<MigPlaced>,
         mig_over: Vec<MigPlaced>,
     },
@@ -123,8 +125,9 @@ pub(crate) fn spawn(
                     None => return,
                     // Once, at start, before any other command: nothing
                     // else waits on the workload side meanwhile.
-                    Some(Command::Reconcile { placed_here, mig_placed, mig_over }) => {
+                    Some(Command::Reconcile { placed_here, share_gpus, mig_placed, mig_over }) => {
                         let reconciled = side.workloads.reconcile(&placed_here).await;
+                        side.workloads.reconcile_shares(&reconciled.adopted, &share_gpus);
                         side.mig.adopt(mig_placed, mig_over).await;
                         Some(Report::Reconciled { adopted: reconciled.adopted })
                     }

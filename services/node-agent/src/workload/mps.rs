@@ -40,6 +40,13 @@ pub const MAX_MPS_COMMAND_SECS: u64 = 10;
 /// GPU with one Linux user has one server at a time, a few while one
 /// drains for another user.
 pub const MAX_MPS_SERVERS_PER_GPU: usize = 16;
+/// How long the last share's clients get to disconnect before its GPU's
+/// daemon is left running instead of quit.
+pub const MPS_CLIENTS_GONE_WAIT_MS: u64 = 2_000;
+const MPS_CLIENT_POLL_MS: u64 = 100;
+/// How many GPU daemon directories a restarted agent looks through: more
+/// GPUs than any host has.
+pub const MAX_MPS_DAEMON_DIRS: usize = 64;
 /// How much of a command's output is read.
 const MAX_MPS_OUTPUT_BYTES: u64 = 64 * 1024;
 /// The GPU as its own daemon numbers it: the daemon sees only that GPU.
@@ -152,6 +159,11 @@ impl MpsPlan {
     /// The limits `gpu`'s daemon holds, while it hosts shares.
     pub fn limits(&self, gpu: &str) -> Option<MpsLimits> {
         self.gpus.get(gpu).map(|g| g.limits)
+    }
+
+    /// Whether the GPU with `index` hosts shares.
+    pub fn hosts_index(&self, index: u32) -> bool {
+        self.gpus.values().any(|g| g.index == index)
     }
 }
 
@@ -332,6 +344,57 @@ impl Mps {
         }
     }
 
+    /// After an agent restart: takes over the daemons of the GPUs whose
+    /// shares' workloads were adopted (`adopted`: share, GPU index, GPU
+    /// UUID, the share's limits), setting their limits as for a start, and
+    /// quits the daemons a previous agent left on GPUs with no share now,
+    /// unless a client is still connected. Each decision is logged.
+    pub fn reconcile(&mut self, adopted: &[(ShareKey, u32, String, MpsLimits)]) {
+        for (share, index, gpu, limits) in adopted {
+            if let Err(e) = self.prepare(*share, *index, gpu, *limits) {
+                tracing::warn!(gpu = %gpu, lease = %share.0, error = %e,
+                    "cannot take over the MPS daemon of an adopted share; its limits are not re-set");
+            }
+        }
+        for index in self.daemon_indices() {
+            let mut daemon = self.daemon(index, None);
+            if self.plan.hosts_index(index) {
+                continue;
+            }
+            daemon.gpu = std::fs::read_to_string(daemon.gpu_file())
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty() && !t.contains(['/', ' ']));
+            let Some(gpu) = daemon.gpu.clone() else {
+                continue;
+            };
+            if self.control(&daemon, &["get_server_list"]).is_err() {
+                continue;
+            }
+            match self.carry_out(&daemon, MpsStep::Stop) {
+                Ok(()) => {
+                    tracing::info!(gpu = %gpu, "MPS daemon a previous agent left with no share quit")
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = %gpu, error = %e, "MPS daemon a previous agent left is kept")
+                }
+            }
+        }
+    }
+
+    /// The GPU indices that have a daemon directory, at most
+    /// [`MAX_MPS_DAEMON_DIRS`].
+    fn daemon_indices(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(&self.config.dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("gpu")?.parse().ok())
+            .take(MAX_MPS_DAEMON_DIRS)
+            .collect()
+    }
+
     fn daemon(&self, index: u32, gpu: Option<&str>) -> Daemon {
         let dir = self.config.dir.join(format!("gpu{index}"));
         Daemon {
@@ -346,6 +409,12 @@ impl Mps {
         match step {
             MpsStep::Start(limits) => {
                 daemon.make_dirs()?;
+                // A restarted agent that finds this daemon with no share
+                // left must give this GPU its compute mode back.
+                std::fs::write(daemon.gpu_file(), gpu).map_err(|source| MpsError::Dir {
+                    dir: daemon.gpu_file(),
+                    source,
+                })?;
                 self.compute_mode(gpu, "EXCLUSIVE_PROCESS")?;
                 if self.control(daemon, &["get_server_list"]).is_ok() {
                     tracing::info!(
@@ -373,13 +442,20 @@ impl Mps {
                 self.set_limits(daemon, to).map(drop)
             }
             MpsStep::Stop => {
-                // A restarted agent does not know the shares it adopted:
-                // a client still connected is one of theirs, and a quit
-                // would end it. The daemon and the mode stay for it.
-                if let Some(clients) = self.connected_clients(daemon) {
-                    return Err(MpsError::Unusable(format!(
-                        "clients {clients:?} still connected: the daemon is left running"
-                    )));
+                // A client still connected is another share's (or one a
+                // previous agent left), and a quit would end it: the daemon
+                // and the mode stay for it. The clients of the share that
+                // just ended may outlive its first process by a moment
+                // (its children get the same signal, and exit after it).
+                let mut waited_ms = 0;
+                while let Some(clients) = self.connected_clients(daemon) {
+                    if waited_ms >= MPS_CLIENTS_GONE_WAIT_MS {
+                        return Err(MpsError::Unusable(format!(
+                            "clients {clients:?} still connected: the daemon is left running"
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(MPS_CLIENT_POLL_MS));
+                    waited_ms += MPS_CLIENT_POLL_MS;
                 }
                 let quit = self.control(daemon, &["quit"]);
                 let mode = self.compute_mode(gpu, "DEFAULT");
@@ -459,6 +535,11 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// The UUID of the GPU the daemon was started for.
+    fn gpu_file(&self) -> PathBuf {
+        self.pipe.with_file_name("gpu-uuid")
+    }
+
     fn env(&self) -> Vec<(&'static str, OsString)> {
         let mut env = vec![
             (ENV_MPS_PIPE_DIRECTORY, self.pipe.clone().into_os_string()),

@@ -471,6 +471,34 @@ impl Workloads {
         outcome
     }
 
+    /// After [`Workloads::reconcile`]: the MPS daemons take the shares
+    /// whose workloads were adopted (`adopted`, lease and placement;
+    /// `share_gpus`, the GPU each share lease placed here holds) back, and
+    /// daemons left on GPUs without a share quit.
+    pub fn reconcile_shares(
+        &mut self,
+        adopted: &[(Uuid, u64)],
+        share_gpus: &HashMap<Uuid, AssignedGpu>,
+    ) {
+        let Some(mps) = &mut self.mps else {
+            return;
+        };
+        let shares: Vec<_> = adopted
+            .iter()
+            .filter_map(|&(lease_id, placement)| {
+                let gpu = share_gpus.get(&lease_id)?;
+                let limits = MpsLimits::of_share(&assignment(
+                    lease_id,
+                    std::slice::from_ref(gpu),
+                    &[],
+                    None,
+                ))?;
+                Some(((lease_id, placement), gpu.index, gpu.uuid.clone(), limits))
+            })
+            .collect();
+        mps.reconcile(&shares);
+    }
+
     fn adopted(&self, found: Found, cgroup: Option<&PathBuf>) -> (Adopted, Option<PathBuf>) {
         match found {
             Found::Process { record, path, .. } => (
@@ -600,6 +628,12 @@ impl Workloads {
         } else {
             GpuSharing::None
         };
+    }
+
+    /// The limits the MPS daemon of `gpu` (a UUID) holds, while it hosts
+    /// shares.
+    pub fn mps_limits(&self, gpu: &str) -> Option<MpsLimits> {
+        self.mps.as_ref()?.limits(gpu)
     }
 
     /// Whether leases run anything here (false on a simulated node).
