@@ -376,6 +376,14 @@ async fn given_the_control_binary_when_the_node_registers_then_it_declares_mps_o
     assert!(!sim.enforce_shares_with_mps(mps_in(dir.path(), false).unwrap()));
 }
 
+/// Starts `lease`'s workload, placement 1, on a share of `gpu`.
+fn start_share(workloads: &mut Workloads, lease: Uuid, gpu: AssignedGpu, script: &str) {
+    let started = workloads
+        .start(lease, 1, &[gpu], &[], Some(&command(script)))
+        .unwrap();
+    assert!(started);
+}
+
 /// The simulated fleet's MPS (`gpu::backend::sim::mps`): what the agent
 /// sets is what its clients get. A share's client over its limit gets the
 /// allocation error and its lease the cause; the share beside it keeps its
@@ -408,28 +416,22 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
     let d = dir.path().display();
 
     // The neighbour takes 8 of its 10 GiB and holds them while the rest runs.
-    workloads
-        .start(
-            neighbour,
-            1,
-            &[share(0, "GPU-s", 250, 10)],
-            &[],
-            Some(&command(&format!(
-                "'{alloc}' 8192 0.1 && while [ ! -e '{d}/end' ]; do sleep 0.02; done && '{alloc}' 8192"
-            ))),
-        )
-        .unwrap();
+    start_share(
+        &mut workloads,
+        neighbour,
+        share(0, "GPU-s", 250, 10),
+        &format!(
+            "'{alloc}' 8192 0.1 && while [ ! -e '{d}/end' ]; do sleep 0.02; done && '{alloc}' 8192"
+        ),
+    );
     assert_eq!(mode().trim(), "EXCLUSIVE_PROCESS");
     // Asks for 12 GiB of a 10 GiB share.
-    workloads
-        .start(
-            greedy,
-            1,
-            &[share(0, "GPU-s", 250, 10)],
-            &[],
-            Some(&command(&format!("'{alloc}' 12288"))),
-        )
-        .unwrap();
+    start_share(
+        &mut workloads,
+        greedy,
+        share(0, "GPU-s", 250, 10),
+        &format!("'{alloc}' 12288"),
+    );
     let end = finished(&mut ended).await;
     assert_eq!(
         (end.lease_id, end.exit.code, end.failure),
@@ -448,17 +450,12 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
     );
 
     // Unsets the pipe directory to get the GPU without limits: no context.
-    workloads
-        .start(
-            bypass,
-            1,
-            &[share(0, "GPU-s", 250, 10)],
-            &[],
-            Some(&command(&format!(
-                "unset CUDA_MPS_PIPE_DIRECTORY; '{alloc}' 1024"
-            ))),
-        )
-        .unwrap();
+    start_share(
+        &mut workloads,
+        bypass,
+        share(0, "GPU-s", 250, 10),
+        &format!("unset CUDA_MPS_PIPE_DIRECTORY; '{alloc}' 1024"),
+    );
     let end = finished(&mut ended).await;
     assert_eq!(
         (end.lease_id, end.exit.code, end.failure),
@@ -468,15 +465,12 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
 
     // A smaller share lowers the limit: its own client gets 4 GiB, and so
     // does the neighbour's next client, while its first keeps its 8.
-    workloads
-        .start(
-            late,
-            1,
-            &[share(0, "GPU-s", 100, 4)],
-            &[],
-            Some(&command(&format!("'{alloc}' 4096 && ! '{alloc}' 4097"))),
-        )
-        .unwrap();
+    start_share(
+        &mut workloads,
+        late,
+        share(0, "GPU-s", 100, 4),
+        &format!("'{alloc}' 4096 && ! '{alloc}' 4097"),
+    );
     let end = finished(&mut ended).await;
     assert_eq!((end.lease_id, end.exit.code), (late, Some(0)));
     workloads.forget(late, 1);

@@ -734,7 +734,12 @@ async fn a_share_over_its_gpu_memory_fails_inside_its_own_lease_only() {
         release.display()
     );
     let (s, b) = stack
-        .call(Method::POST, "/v1/leases", &key, Some(share(neighbour_script)))
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(share(neighbour_script)),
+        )
         .await;
     assert_eq!(s, 202, "{b}");
     let neighbour = b["id"].as_str().unwrap().to_string();

@@ -340,6 +340,15 @@ fn workload_ends_for(
     assert!(agent.signal(Signal::Workload(ended), at));
 }
 
+/// Exits 1 after an allocation error on its GPU.
+fn workload_runs_out_of_gpu_memory(agent: &mut NodeAgent, at: DateTime<Utc>) {
+    let exit = Exit {
+        code: Some(1),
+        signal: None,
+    };
+    workload_ends_for(agent, exit, Some(LeaseFailure::GpuMemoryExceeded), at);
+}
+
 fn xid_on_gpu_0(agent: &mut NodeAgent, xid: u64, at: DateTime<Utc>) {
     let event = Observation::Events(vec![GpuEvent {
         index: 0,
@@ -410,16 +419,7 @@ fn a_workload_failing_on_healthy_gpus_fails_once_the_hold_is_over() {
 #[test]
 fn a_workload_over_its_gpu_memory_fails_its_lease_with_that_cause() {
     let mut g = given_running();
-    let exit = Exit {
-        code: Some(1),
-        signal: None,
-    };
-    workload_ends_for(
-        &mut g.agent,
-        exit,
-        Some(LeaseFailure::GpuMemoryExceeded),
-        t(2),
-    );
+    workload_runs_out_of_gpu_memory(&mut g.agent, t(2));
     let ended = lease_ended(&g.agent.decide(t(4))).expect("the hold is over");
     assert_eq!(
         (ended.reason, ended.failure),
@@ -433,16 +433,7 @@ fn a_stopped_lease_names_no_failure_whatever_its_workload_said() {
     let stop = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease() });
     g.agent.apply(12, &Envelope::new(Actor::Admin, t(1), stop));
     g.agent.decide(t(1));
-    let exit = Exit {
-        code: Some(1),
-        signal: None,
-    };
-    workload_ends_for(
-        &mut g.agent,
-        exit,
-        Some(LeaseFailure::GpuMemoryExceeded),
-        t(2),
-    );
+    workload_runs_out_of_gpu_memory(&mut g.agent, t(2));
     let ended = lease_ended(&g.agent.decide(t(2))).expect("stopped");
     assert_eq!((ended.reason, ended.failure), (EndReason::Stopped, None));
 }

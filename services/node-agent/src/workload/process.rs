@@ -21,9 +21,8 @@ use tokio::process::{Child, Command};
 
 use super::cgroup::{self, CgroupConfig, LeaseCgroup};
 use super::{
-    is_share, validate_assignment, validate_env, workload_env, Assignment, Kind, RunningWorkload,
-    Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
-    stderr_of,
+    is_share, stderr_of, validate_assignment, validate_env, workload_env, Assignment, Kind,
+    RunningWorkload, Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
 };
 
 /// `PATH` for a workload when the agent has none.

@@ -163,7 +163,10 @@ mod tests {
         assert!(tail.len() as u64 <= STDERR_TAIL_BYTES);
         assert!(tail.ends_with("CUDA error: out of memory\n"));
         keep_bounded(&path);
-        assert!(std::fs::metadata(&path).unwrap().len() > 0, "under the limit");
+        assert!(
+            std::fs::metadata(&path).unwrap().len() > 0,
+            "under the limit"
+        );
         file.set_len(MAX_STDERR_FILE_BYTES + 1).unwrap();
         keep_bounded(&path);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);

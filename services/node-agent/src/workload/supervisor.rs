@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lh_events::{
-    LeaseFailure,
-    AssignedGpu, GpuSharing, Isolation, NodeRegistered, StartedMigDevice, WorkloadSpec,
+    AssignedGpu, GpuSharing, Isolation, LeaseFailure, NodeRegistered, StartedMigDevice,
+    WorkloadSpec,
 };
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
