@@ -444,7 +444,7 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
     workloads.forget(greedy, 1);
     assert!(
         !dir.path()
-            .join(format!("state/stderr/{greedy}.log"))
+            .join(format!("state/stderr/{greedy}-1.log"))
             .exists(),
         "its stderr file went with it"
     );

@@ -38,9 +38,13 @@ const ALLOCATION_ERRORS: &[&str] = &[
     "resource_exhausted: out of memory",
 ];
 
-/// Where the standard error of `lease_id`'s workload is kept.
-pub fn path(state_dir: &Path, lease_id: Uuid) -> PathBuf {
-    state_dir.join("stderr").join(format!("{lease_id}.log"))
+/// Where the standard error of `lease_id`'s workload for `placement` is
+/// kept: a lease moved to other GPUs of the node runs anew, while its old
+/// workload may still be stopping.
+pub fn path(state_dir: &Path, lease_id: Uuid, placement: u64) -> PathBuf {
+    state_dir
+        .join("stderr")
+        .join(format!("{lease_id}-{placement}.log"))
 }
 
 /// Opens (creating it, readable by the agent's user only) the file a new
@@ -151,7 +155,7 @@ mod tests {
     #[test]
     fn the_tail_is_the_end_of_a_long_file_and_a_file_past_its_limit_is_cut_back() {
         let dir = tempfile::tempdir().unwrap();
-        let path = path(dir.path(), Uuid::from_u128(7));
+        let path = path(dir.path(), Uuid::from_u128(7), 1);
         let mut file = open(&path).unwrap();
         use std::io::Write;
         let filler = "x".repeat(1024);

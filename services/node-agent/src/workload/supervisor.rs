@@ -270,7 +270,7 @@ impl Workloads {
             .host
             .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
         let mut assignment = assignment(lease_id, gpus, mig_devices, share);
-        let stderr_file = super::stderr::path(&self.marks.state_dir, lease_id);
+        let stderr_file = super::stderr::path(&self.marks.state_dir, lease_id, placement);
         assignment.stderr_file = Some(stderr_file.clone());
         let workload = Workload {
             command: spec.command.clone(),
@@ -439,6 +439,11 @@ impl Workloads {
                     if let Found::Process { path, record, .. } = &f {
                         tracing::info!(lease = %lease_id, pid = record.pid, "recorded workload process is gone; its record goes");
                         remove_record(path);
+                        super::stderr::remove(&super::stderr::path(
+                            &self.marks.state_dir,
+                            lease_id,
+                            record.placement,
+                        ));
                     }
                 }
                 Decision::Adopt { .. } if matches!(f, Found::Cgroup { .. }) => {
@@ -455,7 +460,11 @@ impl Workloads {
                         Supervised::Adopted(adopted),
                         record,
                         None,
-                        Some(super::stderr::path(&self.marks.state_dir, lease_id)),
+                        Some(super::stderr::path(
+                            &self.marks.state_dir,
+                            lease_id,
+                            placement,
+                        )),
                     );
                     outcome.adopted.push((lease_id, placement));
                 }
@@ -539,13 +548,17 @@ impl Workloads {
         }
         let grace = self.grace;
         let container = self.container.clone();
-        let stderr_file = super::stderr::path(&self.marks.state_dir, found.lease_id());
+        let state_dir = self.marks.state_dir.clone();
         tokio::spawn(async move {
             match found {
                 Found::Process { record, path, .. } => {
                     reconcile::stop_process(record.pid, record.start_ticks, grace).await;
                     remove_record(&path);
-                    super::stderr::remove(&stderr_file);
+                    super::stderr::remove(&super::stderr::path(
+                        &state_dir,
+                        record.lease_id,
+                        record.placement,
+                    ));
                 }
                 Found::Container { lease_id, name } => {
                     if let Some(c) = container {
