@@ -98,6 +98,7 @@ impl SimMig {
                     start: d.gpu_instance_start.unwrap_or_default() as u8,
                     lease: Some(d.uuid.clone()),
                     persistent: false,
+                    unowned: false,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
