@@ -6,16 +6,19 @@
 //! operator's action). At a restart, an instance in the slot of a lease
 //! the log shows moved away from this node (lost while the agent was down)
 //! is the previous agent's to destroy, and is destroyed. Any
-//! other instance no lease of this node is placed on is reported (a warning
-//! and the `lh_node_mig_unowned_instances` gauge), not reused and not
-//! destroyed: it may be an operator's, and its slices are not the
-//! scheduler's to give out; a lease placed over it fails to get its
-//! instance and ends unbilled.
+//! other instance no lease of this node is placed on is *unowned*: not
+//! reused and not destroyed (it may be an operator's), reported (a warning
+//! and the `lh_node_mig_unowned_instances` gauge), and told to the
+//! scheduler in the node's registration, so that it places no lease over
+//! its slices. The agent reads the instances again every MIG period (an
+//! operator may make or destroy one at any time) and registers again when
+//! two reads in a row agree on a change: an instance between its lease's
+//! end and its destruction is seen by one read, not two.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use lh_events::{AssignedGpu, StartedMigDevice};
+use lh_events::{AssignedGpu, MigInstance, NodeRegistered, StartedMigDevice};
 use uuid::Uuid;
 
 use super::backend::{GpuBackend, GpuDevice};
@@ -102,6 +105,84 @@ pub(crate) fn sort_out(inventory: &[GpuDevice], placed: &[MigPlaced], over: &[Mi
         }
     }
     found
+}
+
+/// Most unowned instances told per GPU: no MIG geometry has room for more.
+pub(crate) const MAX_UNOWNED_MIG_INSTANCES_PER_GPU: usize = 7;
+
+/// Unowned instances per GPU index, sorted by start.
+pub(crate) type UnownedByGpu = BTreeMap<u32, Vec<MigInstance>>;
+
+/// `unowned` as the registration tells it. An instance whose start slice
+/// the driver does not give cannot be placed on the GPU's slots, and is
+/// only reported.
+pub(crate) fn by_gpu(unowned: &[Unowned]) -> UnownedByGpu {
+    let mut out = UnownedByGpu::new();
+    for u in unowned {
+        let Some(start) = u.start.and_then(|s| u8::try_from(s).ok()) else {
+            continue;
+        };
+        out.entry(u.gpu).or_default().push(MigInstance {
+            profile: u.profile.clone(),
+            start,
+        });
+    }
+    for list in out.values_mut() {
+        list.sort_by(|a, b| (a.start, &a.profile).cmp(&(b.start, &b.profile)));
+        list.truncate(MAX_UNOWNED_MIG_INSTANCES_PER_GPU);
+    }
+    out
+}
+
+/// The unowned instances `registration` declares, per GPU.
+pub(crate) fn declared(registration: &NodeRegistered) -> UnownedByGpu {
+    registration
+        .gpus
+        .iter()
+        .filter(|g| !g.unowned_mig_instances.is_empty())
+        .map(|g| (g.index, g.unowned_mig_instances.clone()))
+        .collect()
+}
+
+/// Puts `unowned` into `inventory`'s GPUs; whether that changed it.
+pub(crate) fn declare(inventory: &mut NodeRegistered, unowned: &UnownedByGpu) -> bool {
+    let mut changed = false;
+    for g in &mut inventory.gpus {
+        let now = unowned.get(&g.index).cloned().unwrap_or_default();
+        if g.unowned_mig_instances != now {
+            g.unowned_mig_instances = now;
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// The reads of the unowned instances: a change is declared once two reads
+/// in a row agree on it.
+#[derive(Debug, Default)]
+pub(crate) struct UnownedReads {
+    last: Option<UnownedByGpu>,
+    declared: bool,
+}
+
+impl UnownedReads {
+    /// Takes one read; what to declare, when it agrees with the one before.
+    pub(crate) fn read(&mut self, now: UnownedByGpu) -> Option<UnownedByGpu> {
+        let agreed = self.last.as_ref() == Some(&now);
+        self.last = Some(now);
+        if !agreed {
+            return None;
+        }
+        self.declared = true;
+        self.last.clone()
+    }
+
+    /// Some read was declared since the agent started: until then, what
+    /// the log last declared stands (a restart must not free the slots of
+    /// instances that are still there).
+    pub(crate) fn any_declared(&self) -> bool {
+        self.declared
+    }
 }
 
 /// The instances this agent holds, per lease and placement.
@@ -297,6 +378,59 @@ mod tests {
             nvlink_peers: Vec::new(),
             numa_node: None,
         }
+    }
+
+    #[test]
+    fn a_change_is_declared_once_two_reads_agree() {
+        let one = |start| {
+            UnownedByGpu::from([(
+                0,
+                vec![MigInstance {
+                    profile: "1g.5gb".into(),
+                    start,
+                }],
+            )])
+        };
+        let mut reads = UnownedReads::default();
+        assert!(!reads.any_declared());
+        assert_eq!(reads.read(one(0)), None);
+        assert_eq!(reads.read(one(0)), Some(one(0)));
+        assert!(reads.any_declared());
+        // An instance seen once (its lease ended, its destruction under
+        // way) is not declared; gone on the next read, nothing changes.
+        let mut both = one(0);
+        both.get_mut(&0).unwrap().extend(one(6)[&0].clone());
+        assert_eq!(reads.read(both.clone()), None);
+        assert_eq!(reads.read(one(0)), None);
+        assert_eq!(reads.read(one(0)), Some(one(0)));
+        assert_eq!(reads.read(UnownedByGpu::new()), None);
+        assert_eq!(reads.read(UnownedByGpu::new()), Some(UnownedByGpu::new()));
+    }
+
+    #[test]
+    fn unowned_instances_go_into_the_registration_by_gpu() {
+        let u = |gpu, uuid: &str, profile: &str, start| Unowned {
+            gpu,
+            uuid: uuid.into(),
+            profile: profile.into(),
+            start,
+        };
+        let found = [
+            u(1, "MIG-c", "1g.5gb", Some(6)),
+            u(1, "MIG-b", "3g.20gb", Some(0)),
+            u(0, "MIG-a", "2g.10gb", None),
+        ];
+        let unowned = by_gpu(&found);
+        assert_eq!(unowned.keys().collect::<Vec<_>>(), [&1]);
+        let starts: Vec<u8> = unowned[&1].iter().map(|m| m.start).collect();
+        assert_eq!(starts, [0, 6]);
+        let mut inventory = lh_events::fixtures::node("n", "z", 2, "A100-40GB", 40);
+        assert!(declare(&mut inventory, &unowned));
+        assert!(!declare(&mut inventory, &unowned));
+        assert!(inventory.gpus[0].unowned_mig_instances.is_empty());
+        assert_eq!(declared(&inventory), unowned);
+        assert!(declare(&mut inventory, &UnownedByGpu::new()));
+        assert!(declared(&inventory).is_empty());
     }
 
     #[test]
