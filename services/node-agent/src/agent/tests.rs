@@ -429,6 +429,16 @@ fn mig_read_of(gpus: &[Devices]) -> Signal {
     Signal::Gpu(Observation::MigDevices(gpus))
 }
 
+/// [`given`], its GPUs in MIG mode as its registration says.
+fn given_mig() -> Given {
+    let mut g = given();
+    g.agent.inventory.gpus.iter_mut().for_each(|g| g.mig = true);
+    let registration = EventData::NodeRegistered(g.agent.inventory.clone());
+    g.agent
+        .apply(2, &Envelope::new(Actor::Admin, t(0), registration));
+    g
+}
+
 fn registered(batches: Vec<Batch>) -> (Envelope, NodeRegistered) {
     let (e, _) = only(batches);
     match &e.data {
@@ -442,7 +452,7 @@ fn registered(batches: Vec<Batch>) -> (Envelope, NodeRegistered) {
 
 #[test]
 fn mig_instances_no_lease_holds_are_registered_once_two_reads_agree() {
-    let mut g = given();
+    let mut g = given_mig();
     let by_hand = [("MIG-x", "1g.5gb", 0)];
     // Seen once: perhaps a lease's, on its way out.
     assert!(!g.agent.signal(mig_read(&by_hand), t(1)));
@@ -474,7 +484,7 @@ fn mig_instances_no_lease_holds_are_registered_once_two_reads_agree() {
 
 #[test]
 fn a_lease_instance_is_not_declared_and_a_restart_keeps_what_the_log_declared() {
-    let mut g = given();
+    let mut g = given_mig();
     let mut placed = fixtures::placed(Uuid::from_u128(8), NODE, "z", "A100-40GB", 40, &[1]);
     placed.gpus[0].mig_instance = Some(MigInstance {
         profile: "3g.20gb".into(),

@@ -144,11 +144,15 @@ pub(crate) fn declared(registration: &NodeRegistered) -> UnownedByGpu {
         .collect()
 }
 
-/// Puts `unowned` into `inventory`'s GPUs; whether that changed it.
+/// Puts `unowned` into `inventory`'s GPUs in MIG mode (a GPU taken out of
+/// it since, by a reset, holds none); whether that changed it.
 pub(crate) fn declare(inventory: &mut NodeRegistered, unowned: &UnownedByGpu) -> bool {
     let mut changed = false;
     for g in &mut inventory.gpus {
-        let now = unowned.get(&g.index).cloned().unwrap_or_default();
+        let now = match unowned.get(&g.index) {
+            Some(list) if g.mig => list.clone(),
+            _ => Vec::new(),
+        };
         if g.unowned_mig_instances != now {
             g.unowned_mig_instances = now;
             changed = true;
@@ -425,6 +429,8 @@ mod tests {
         let starts: Vec<u8> = unowned[&1].iter().map(|m| m.start).collect();
         assert_eq!(starts, [0, 6]);
         let mut inventory = lh_events::fixtures::node("n", "z", 2, "A100-40GB", 40);
+        assert!(!declare(&mut inventory, &unowned), "no GPU in MIG mode");
+        inventory.gpus.iter_mut().for_each(|g| g.mig = true);
         assert!(declare(&mut inventory, &unowned));
         assert!(!declare(&mut inventory, &unowned));
         assert!(inventory.gpus[0].unowned_mig_instances.is_empty());
