@@ -126,7 +126,8 @@ impl NodeAgent {
     fn mig_devices_read(&mut self, gpus: &[GpuDevice]) -> bool {
         let (placed, over) = self.mig_of_leases();
         let found = mig::sort_out(gpus, &placed, &over);
-        let Some(unowned) = self.unowned_mig.read(mig::by_gpu(&found.unowned)) else {
+        let now = self.unowned_mig.unowned_in(gpus, &found);
+        let Some(unowned) = self.unowned_mig.read(now) else {
             return false;
         };
         let count: usize = unowned.values().map(Vec::len).sum();
@@ -399,6 +400,7 @@ impl Decider for NodeAgent {
                 outcome,
                 mig_devices,
             }) => {
+                self.unowned_mig.made_for_a_lease(&mig_devices);
                 let current = |l: &&mut LocalLease| l.placement_sequence == placement;
                 if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
                     l.workload_running = outcome == Ok(true);

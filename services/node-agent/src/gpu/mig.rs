@@ -15,7 +15,7 @@
 //! two reads in a row agree on a change: an instance between its lease's
 //! end and its destruction is seen by one read, not two.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use lh_events::{AssignedGpu, MigInstance, NodeRegistered, StartedMigDevice};
@@ -167,9 +167,38 @@ pub(crate) fn declare(inventory: &mut NodeRegistered, unowned: &UnownedByGpu) ->
 pub(crate) struct UnownedReads {
     last: Option<UnownedByGpu>,
     declared: bool,
+    /// UUIDs of instances seen held by a lease (or in the slot of one
+    /// moved away), kept until a read no longer shows them: a lease's
+    /// instance outlives the lease in the log until its workload has exited
+    /// and it is destroyed, which may take a stop's grace period.
+    leases: HashSet<String>,
 }
 
 impl UnownedReads {
+    /// Instances made for a lease, before any read sees them.
+    pub(crate) fn made_for_a_lease(&mut self, devices: &[StartedMigDevice]) {
+        self.leases.extend(devices.iter().map(|d| d.uuid.clone()));
+    }
+
+    /// The unowned instances of one read (`gpus`, sorted out as `found`),
+    /// leaving out those seen held by a lease while they still exist.
+    pub(crate) fn unowned_in(&mut self, gpus: &[GpuDevice], found: &Found) -> UnownedByGpu {
+        let present: HashSet<&str> = gpus
+            .iter()
+            .flat_map(|g| g.mig_devices.iter().map(|d| d.uuid.as_str()))
+            .collect();
+        self.leases.retain(|uuid| present.contains(uuid.as_str()));
+        let of_leases = found.adopted.iter().map(|(_, d)| d).chain(&found.left_over);
+        self.leases.extend(of_leases.map(|d| d.uuid.clone()));
+        let unowned: Vec<Unowned> = found
+            .unowned
+            .iter()
+            .filter(|u| !self.leases.contains(&u.uuid))
+            .cloned()
+            .collect();
+        by_gpu(&unowned)
+    }
+
     /// Takes one read; what to declare, when it agrees with the one before.
     pub(crate) fn read(&mut self, now: UnownedByGpu) -> Option<UnownedByGpu> {
         let agreed = self.last.as_ref() == Some(&now);
@@ -409,6 +438,38 @@ mod tests {
         assert_eq!(reads.read(one(0)), Some(one(0)));
         assert_eq!(reads.read(UnownedByGpu::new()), None);
         assert_eq!(reads.read(UnownedByGpu::new()), Some(UnownedByGpu::new()));
+    }
+
+    #[test]
+    fn a_lease_instance_is_never_unowned_until_it_is_destroyed() {
+        let mut reads = UnownedReads::default();
+        let a = Uuid::from_u128(1);
+        let placed = |lease| MigPlaced {
+            lease_id: lease,
+            placement: 7,
+            gpu: 0,
+            profile: "3g.20gb".into(),
+            start: 4,
+        };
+        let both = [gpu(0, &[("MIG-a", "3g.20gb", 4), ("MIG-x", "1g.5gb", 0)])];
+        let found = sort_out(&both, &[placed(a)], &[]);
+        let unowned = reads.unowned_in(&both, &found);
+        assert_eq!(unowned[&0].len(), 1);
+        assert_eq!(unowned[&0][0].start, 0);
+        // Lease a ended; its instance waits for its workload's exit.
+        let found = sort_out(&both, &[], &[]);
+        assert_eq!(found.unowned.len(), 2);
+        assert_eq!(reads.unowned_in(&both, &found), unowned);
+        // Destroyed: a new instance in its slot is nobody's, unless it was
+        // made for a lease.
+        let again = [gpu(0, &[("MIG-b", "3g.20gb", 4), ("MIG-x", "1g.5gb", 0)])];
+        let found = sort_out(&again, &[], &[]);
+        assert_eq!(reads.unowned_in(&again, &found)[&0].len(), 2);
+        reads.made_for_a_lease(&[StartedMigDevice {
+            gpu_index: 0,
+            uuid: "MIG-b".into(),
+        }]);
+        assert_eq!(reads.unowned_in(&again, &found), unowned);
     }
 
     #[test]
