@@ -20,6 +20,10 @@ pub struct Gpu {
     pub shares: Vec<Share>,
     /// In MIG mode: only MIG leases, each in its own GPU instance.
     pub mig: bool,
+    /// MIG instances on it that no lease holds, as its node last declared
+    /// them: no lease is placed over them.
+    #[serde(default)]
+    pub unowned_mig: Vec<MigInstance>,
     /// As its node-agent judges it; only a healthy GPU takes new leases.
     pub health: lh_events::GpuHealth,
     /// When it last changed health (the node's clock).
@@ -223,6 +227,7 @@ impl Fleet {
                     held_by: None,
                     shares: Vec::new(),
                     mig: g.mig,
+                    unowned_mig: g.unowned_mig_instances.clone(),
                     health: lh_events::GpuHealth::Healthy,
                     health_since: None,
                 };

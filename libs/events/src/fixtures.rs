@@ -26,6 +26,7 @@ pub fn node(node_id: &str, zone: &str, gpus: u32, model: &str, vram_gb: u32) -> 
                 model: model.into(),
                 vram_gb,
                 mig: false,
+                unowned_mig_instances: Vec::new(),
             })
             .collect(),
         // A node that enforces what the platform asks of it: the tests of

@@ -15,6 +15,12 @@ pub struct GpuInfo {
     /// created for it (and destroyed when it ends).
     #[serde(default, skip_serializing_if = "is_false")]
     pub mig: bool,
+    /// MIG instances on the GPU that no lease holds (made by an operator, or
+    /// left by an agent whose log was lost): their slices are taken, and
+    /// the scheduler places no instance over them. The agent never reuses
+    /// nor destroys them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unowned_mig_instances: Vec<MigInstance>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -146,6 +146,7 @@ fn node_registered(n: usize) -> NodeRegistered {
                 model: GPU_MODEL.into(),
                 vram_gb: GPU_VRAM_GB,
                 mig: false,
+                unowned_mig_instances: Vec::new(),
             })
             .collect(),
         isolation: Isolation::Container,

@@ -19,7 +19,8 @@ use lh_service::decider::{Batch, Decider, Pace};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::gpu::mig::MigPlaced;
+use crate::gpu::backend::GpuDevice;
+use crate::gpu::mig::{self, MigPlaced, UnownedReads};
 use crate::gpu::watch::Observation;
 use crate::gpu::GpuSide;
 use crate::state::{LeaseStep, LocalLease, NodeState, WorkloadStart};
@@ -58,6 +59,9 @@ pub(crate) struct NodeAgent {
     status: Arc<NodeStatus>,
     tick: Duration,
     reconciliation: Reconciliation,
+    /// The reads of the MIG instances no lease holds, which the
+    /// registration declares.
+    unowned_mig: UnownedReads,
 }
 
 /// Where the reconciliation of the host at start stands: until it is done,
@@ -93,7 +97,47 @@ impl NodeAgent {
             status,
             tick,
             reconciliation: Reconciliation::NotAsked,
+            unowned_mig: UnownedReads::default(),
         }
+    }
+
+    /// The MIG instances the log shows held by leases placed here, and by
+    /// leases moved away (the node was lost) that this agent has not left
+    /// yet.
+    fn mig_of_leases(&self) -> (Vec<MigPlaced>, Vec<MigPlaced>) {
+        let placed = self
+            .state
+            .holding()
+            .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
+            .collect();
+        let over = self
+            .state
+            .leases
+            .iter()
+            .filter(|(_, l)| l.moved_away)
+            .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
+            .collect();
+        (placed, over)
+    }
+
+    /// One read of the MIG instances on the GPUs: those no lease holds are
+    /// declared once two reads in a row agree. Whether the registration
+    /// changed.
+    fn mig_devices_read(&mut self, gpus: &[GpuDevice]) -> bool {
+        let (placed, over) = self.mig_of_leases();
+        let found = mig::sort_out(gpus, &placed, &over);
+        let now = self.unowned_mig.unowned_in(gpus, &found);
+        let Some(unowned) = self.unowned_mig.read(now) else {
+            return false;
+        };
+        let count: usize = unowned.values().map(Vec::len).sum();
+        metrics::gauge!("lh_node_mig_unowned_instances").set(count as f64);
+        let changed = mig::declare(&mut self.inventory, &unowned);
+        if changed {
+            tracing::warn!(instances = count, unowned = ?unowned,
+                "the MIG instances that no lease holds changed: registering them for the scheduler");
+        }
+        changed
     }
 
     /// Whether lease steps may be taken: the host has been reconciled with
@@ -115,22 +159,10 @@ impl NodeAgent {
                     share.then(|| (lease_id, gpu.clone()))
                 })
                 .collect();
-            let mig_placed = self
-                .state
-                .holding()
-                .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
-                .collect();
-            // Leases moved away (the node was lost) that this agent has not
-            // left yet: a previous agent may have died before destroying
-            // their instances. An ended lease's instances went before its
-            // end was reported.
-            let mig_over = self
-                .state
-                .leases
-                .iter()
-                .filter(|(_, l)| l.moved_away)
-                .flat_map(|(&lease_id, l)| MigPlaced::of(lease_id, l.placement_sequence, &l.gpus))
-                .collect();
+            // Leases moved away: a previous agent may have died before
+            // destroying their instances. An ended lease's instances went
+            // before its end was reported.
+            let (mig_placed, mig_over) = self.mig_of_leases();
             let _ = self.workloads.send(Command::Reconcile {
                 placed_here,
                 share_gpus,
@@ -144,12 +176,15 @@ impl NodeAgent {
 
     fn registration(&self, now: DateTime<Utc>) -> Envelope {
         let fingerprint = serde_json::to_string(&self.inventory).unwrap_or_default();
+        // After the registration it replaces: back to an earlier inventory
+        // (an unowned MIG instance made, then destroyed) is a new event.
+        let replaces = self.state.registered_sequence.to_string();
         Envelope::new(
             Actor::Node(self.node_id.clone()),
             now,
             EventData::NodeRegistered(self.inventory.clone()),
         )
-        .with_id(derived_id(&["node.registered", &fingerprint]))
+        .with_id(derived_id(&["node.registered", &fingerprint, &replaces]))
     }
 
     /// The decision a lease step calls for, if one is due now; the work on
@@ -349,6 +384,7 @@ impl Decider for NodeAgent {
 
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
         match signal {
+            Signal::Gpu(Observation::MigDevices(gpus)) => self.mig_devices_read(&gpus),
             Signal::Gpu(observation) => {
                 // Judged against the log's health, which the fold has
                 // caught up with before any signal is heard.
@@ -377,6 +413,7 @@ impl Decider for NodeAgent {
                 outcome,
                 mig_devices,
             }) => {
+                self.unowned_mig.made_for_a_lease(&mig_devices);
                 let current = |l: &&mut LocalLease| l.placement_sequence == placement;
                 if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
                     l.workload_running = outcome == Ok(true);
@@ -418,6 +455,11 @@ impl Decider for NodeAgent {
             return Vec::new();
         }
         let mut decisions = Vec::new();
+        if !self.unowned_mig.any_declared() {
+            if let Some(logged) = &self.state.registered {
+                mig::declare(&mut self.inventory, &mig::declared(logged));
+            }
+        }
         if self.state.registered.as_ref() != Some(&self.inventory) {
             decisions.push(vec![(self.registration(now), Expect::Any)]);
         }

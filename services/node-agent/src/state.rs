@@ -178,6 +178,10 @@ pub(crate) enum WorkloadStart {
 #[derive(Default)]
 pub(crate) struct NodeState {
     pub(crate) registered: Option<NodeRegistered>,
+    /// Where the log holds `registered`: a registration that replaces it
+    /// is named after it, so that going back to an earlier inventory is
+    /// not taken for a duplicate of it.
+    pub(crate) registered_sequence: u64,
     pub(crate) leases: BTreeMap<Uuid, LocalLease>,
     /// Leases requested and not placed yet (any node's: the request comes
     /// before the placement), with their workloads.
@@ -216,6 +220,8 @@ struct LeaseSnapshot {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct StateSnapshot {
     registered: Option<NodeRegistered>,
+    #[serde(default)]
+    registered_sequence: u64,
     leases: BTreeMap<Uuid, LeaseSnapshot>,
     waiting: HashMap<Uuid, Option<WorkloadSpec>>,
     gpu_health: BTreeMap<u32, GpuHealth>,
@@ -248,6 +254,7 @@ impl NodeState {
             .collect();
         serde_json::to_value(StateSnapshot {
             registered: self.registered.clone(),
+            registered_sequence: self.registered_sequence,
             leases,
             waiting: self.waiting.clone(),
             gpu_health: self.gpu_health.clone(),
@@ -262,6 +269,7 @@ impl NodeState {
             return false;
         };
         self.registered = s.registered;
+        self.registered_sequence = s.registered_sequence;
         self.waiting = s.waiting;
         self.gpu_health = s.gpu_health;
         self.idle_policies = s.idle_policies;
@@ -318,6 +326,7 @@ impl NodeState {
             }
             EventData::NodeRegistered(e) if e.node_id == node_id => {
                 self.registered = Some(e.clone());
+                self.registered_sequence = sequence;
             }
             EventData::NodeGpuHealthChanged(e) if e.node_id == node_id => {
                 self.gpu_health.insert(e.gpu_index, e.to);

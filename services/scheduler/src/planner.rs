@@ -137,6 +137,14 @@ impl Planner {
             let i = cluster.add_node(&spec);
             for (j, g) in gpus.clone().enumerate() {
                 let set = 1u32 << j;
+                // Instances no lease holds, as the node declared them: their
+                // slots are taken before any lease's is restored.
+                for m in &g.unowned_mig {
+                    if let Err(e) = cluster.add_unowned_mig(i, j as u8, &m.profile, m.start) {
+                        tracing::debug!(node = %n.id, gpu = g.index, profile = %m.profile, start = m.start, error = %e,
+                            "a MIG instance the node declares unowned does not fit the placement rules");
+                    }
+                }
                 if g.held_by.is_some() {
                     let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
                     let _ = cluster.allocate(i, &d, set);

@@ -5,11 +5,12 @@
 //! memory. The node-agent makes each instance on the (simulated) GPU for
 //! its lease, the workload runs on it, it is gone once the lease ends, and
 //! a restarted agent adopts the instances of its leases and leaves every
-//! other instance alone.
+//! other instance alone, telling the scheduler of it so that no lease is
+//! placed over it until an operator destroys it.
 
 use std::time::{Duration, Instant};
 
-use lh_events::{EndReason, EventData, StartedMigDevice};
+use lh_events::{EndReason, EventData, GpuInfo, MigInstance, StartedMigDevice};
 use lh_node_agent::gpu::backend::sim::fleet::FleetFile;
 use lh_node_agent::gpu::backend::sim::SimBackend;
 use lh_node_agent::gpu::backend::{GpuBackend, MigDevice};
@@ -328,7 +329,7 @@ async fn a_mig_workload_runs_on_the_instance_made_for_it_which_goes_with_the_lea
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_restarted_agent_adopts_its_leases_instances_and_leaves_others_alone() {
+async fn a_restarted_agent_adopts_its_leases_instances_and_keeps_leases_off_others() {
     let mut stack = Stack::start(ONE_MIG_A100).await;
     let (_, key) = stack.create_tenant("migrestart", 4).await;
     let a = mig(&stack, &key, "3g.20gb").await;
@@ -362,27 +363,96 @@ async fn a_restarted_agent_adopts_its_leases_instances_and_leaves_others_alone()
     .await;
     assert_eq!(left, std::slice::from_ref(&by_hand));
 
-    // It is not reused: a lease placed over it cannot get its instance and
-    // fails unbilled, and the instance is still there.
-    let c = mig(&stack, &key, "4g.20gb").await;
-    let c_end = stack.wait_lease(&key, &c, |l| l["state"] == "ended").await;
-    assert_eq!(c_end["end_reason"], "failed", "{c_end}");
-    let log = read_log(&stack.bus().await).await;
-    assert!(
-        !of_type(&log, "lease.started").iter().any(|e| e
-            .envelope
-            .data
-            .lease_id()
-            .map(|l| l.to_string())
-            == Some(c.clone())),
-        "never started, never billed"
+    // The agent tells the scheduler of it: its node registers it.
+    let unowned = wait_registered(&stack, "node-m", |gpu| {
+        !gpu.unowned_mig_instances.is_empty()
+    })
+    .await;
+    assert_eq!(
+        unowned,
+        [MigInstance {
+            profile: "1g.5gb".into(),
+            start: 0
+        }]
     );
-    let ended_c = of_type(&log, "lease.ended")
+
+    // It is not reused, and no lease is placed over it: a 4g.20gb (slot 0
+    // only) waits, saying why, instead of failing to get its instance.
+    let c = mig(&stack, &key, "4g.20gb").await;
+    let c_queued = stack.wait_lease(&key, &c, |l| l["state"] == "queued").await;
+    let why = c_queued["queued_reason"].as_str().unwrap();
+    assert!(
+        why.contains("MIG instances that belong to no lease") && why.contains("4g.20gb"),
+        "{c_queued}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, still) = stack
+        .call(Method::GET, &format!("/v1/leases/{c}"), &key, None)
+        .await;
+    assert_eq!(still["state"], "queued", "{still}");
+    assert_eq!(
+        sim_instances(&stack, "node-m"),
+        std::slice::from_ref(&by_hand)
+    );
+
+    // The operator destroys it: the node registers again without it, and
+    // the lease gets slot 0.
+    SimBackend::for_node(node, &stack.fleet_file)
+        .unwrap()
+        .destroy_mig_instance(0, &by_hand.uuid)
+        .unwrap();
+    wait_registered(&stack, "node-m", |gpu| gpu.unowned_mig_instances.is_empty()).await;
+    let c_run = stack
+        .wait_lease(&key, &c, |l| l["state"] == "running")
+        .await;
+    assert_eq!(
+        instance(&c_run),
+        (
+            "node-m".into(),
+            json!([0]),
+            json!({"profile": "4g.20gb", "start": 0})
+        )
+    );
+    let c_device = started_devices(&read_log(&stack.bus().await).await, &c);
+    assert_eq!(sim_instances(&stack, "node-m")[0].uuid, c_device[0].uuid);
+
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{c}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    stack.wait_lease(&key, &c, |l| l["state"] == "ended").await;
+    wait_instances(&stack, "node-m", |i| i.is_empty()).await;
+    // No lease failed for it.
+    let log = read_log(&stack.bus().await).await;
+    let failed: Vec<_> = of_type(&log, "lease.ended")
         .into_iter()
-        .find_map(|e| match &e.envelope.data {
-            EventData::LeaseEnded(x) if x.lease_id.to_string() == c => Some(x.reason),
-            _ => None,
-        });
-    assert_eq!(ended_c, Some(EndReason::Failed));
-    assert_eq!(sim_instances(&stack, "node-m"), [by_hand]);
+        .filter(|e| matches!(&e.envelope.data, EventData::LeaseEnded(x) if x.reason == EndReason::Failed))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
+/// Waits until the last registration of `node` on the log has its GPU 0
+/// pass `pred`; its unowned MIG instances.
+async fn wait_registered(
+    stack: &Stack,
+    node: &str,
+    pred: impl Fn(&GpuInfo) -> bool,
+) -> Vec<MigInstance> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = read_log(&stack.bus().await).await;
+        let last = of_type(&log, "node.registered")
+            .into_iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::NodeRegistered(r) if r.node_id == node => Some(r.gpus[0].clone()),
+                _ => None,
+            })
+            .last();
+        if let Some(gpu) = last.filter(|g| pred(g)) {
+            return gpu.unowned_mig_instances;
+        }
+        assert!(Instant::now() < deadline, "{node} never registered so");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

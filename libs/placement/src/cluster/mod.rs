@@ -338,12 +338,27 @@ impl Cluster {
                         layout.is_some_and(|l| l.geometry().profile(name).is_some())
                     })
                 };
+                // Room once its leases end: waiting helps. None even then,
+                // with instances no lease holds in the way: it waits for an
+                // operator.
+                let room_without_leases = |j: &usize| {
+                    let layout = n.mig[*j].as_ref();
+                    name.is_some_and(|name| {
+                        layout.is_some_and(|l| mig::plan(&l.without_leases(), name).is_some())
+                    })
+                };
                 if in_mig.is_empty() {
                     Reject::GpuMode
-                } else if in_mig.iter().any(has_profile) {
+                } else if !in_mig.iter().any(has_profile) {
+                    Reject::MigProfile
+                } else if in_mig
+                    .iter()
+                    .filter(|j| has_profile(j))
+                    .any(room_without_leases)
+                {
                     Reject::GpuBusy
                 } else {
-                    Reject::MigProfile
+                    Reject::MigUnowned
                 }
             }
         }
@@ -439,6 +454,40 @@ impl Cluster {
         start: u8,
     ) -> Result<AllocId, AllocError> {
         self.allocate_at(i, d, 1 << gpu, Existing::Mig { start })
+    }
+
+    /// Records a MIG instance of `profile` at `start` on GPU `gpu` of node
+    /// `i` that belongs to no lease (as the node declares it): its slices
+    /// are taken, by no allocation, so no policy places an instance over
+    /// it, and the GPU is never re-sliced around it.
+    pub fn add_unowned_mig(
+        &mut self,
+        i: usize,
+        gpu: u8,
+        profile: &str,
+        start: u8,
+    ) -> Result<(), AllocError> {
+        let n = self.nodes.get_mut(i).ok_or(AllocError::NoSuchNode)?;
+        let j = usize::from(gpu);
+        if j >= n.gpus.len() || n.gpus[j].mode != SharingMode::Mig {
+            return Err(AllocError::BadGpus);
+        }
+        let layout = n.mig[j].as_mut().ok_or(AllocError::MigUnsupported)?;
+        layout
+            .add_unowned(profile, start)
+            .map_err(AllocError::Mig)?;
+        let taken = layout
+            .instances()
+            .iter()
+            .find(|x| x.start == start)
+            .expect("the instance was just added")
+            .profile;
+        let (milli, vram_gb) = mig::size(taken, layout.geometry());
+        let g = &mut n.gpus[j];
+        g.milli_free = g.milli_free.saturating_sub(milli);
+        g.vram_free = g.vram_free.saturating_sub(vram_gb);
+        n.generation += 1;
+        Ok(())
     }
 
     fn allocate_at(

@@ -28,11 +28,15 @@ pub enum Reject {
     GpuMode,
     /// Its GPUs of the model in MIG mode have no such profile.
     MigProfile,
+    /// Its GPUs of the model in MIG mode have no room for the instance even
+    /// with their leases ended: MIG instances no lease holds are in the
+    /// way, until an operator destroys them.
+    MigUnowned,
 }
 
 impl Reject {
     /// Every reason, in the order the checks run.
-    pub const ALL: [Reject; 10] = [
+    pub const ALL: [Reject; 11] = [
         Reject::Isolation,
         Reject::Zone,
         Reject::Model,
@@ -43,6 +47,7 @@ impl Reject {
         Reject::GpuTooSmall,
         Reject::GpuMode,
         Reject::MigProfile,
+        Reject::MigUnowned,
     ];
 }
 
@@ -59,6 +64,7 @@ impl fmt::Display for Reject {
             Reject::GpuTooSmall => "gpu too small",
             Reject::GpuMode => "gpu mode",
             Reject::MigProfile => "mig profile",
+            Reject::MigUnowned => "mig unowned",
         })
     }
 }

@@ -17,11 +17,16 @@ pub struct Instance<L> {
     /// [`place`] are not persistent and are destroyed on release. A free
     /// instance is always persistent.
     pub persistent: bool,
+    /// Exists on the GPU but belongs to no lease (an operator made it, or
+    /// the log that named its lease was lost): taken, never handed out,
+    /// never destroyed to re-slice the GPU. Held by no lease, and persistent.
+    pub unowned: bool,
 }
 
 impl<L> Instance<L> {
+    /// Neither a lease's nor unowned: a lease may be given it.
     pub fn is_free(&self) -> bool {
-        self.lease.is_none()
+        self.lease.is_none() && !self.unowned
     }
 
     pub(super) fn memory_mask(&self) -> u16 {
@@ -79,7 +84,7 @@ impl<L: Clone + PartialEq> MigLayout<L> {
         &self.instances
     }
 
-    /// No instance is held: the GPU may be re-sliced.
+    /// No instance is held by a lease nor unowned: the GPU may be re-sliced.
     pub fn is_idle(&self) -> bool {
         self.instances.iter().all(Instance::is_free)
     }
@@ -101,7 +106,7 @@ impl<L: Clone + PartialEq> MigLayout<L> {
         self.instances.iter().fold(0, |m, i| m | i.compute_mask())
     }
 
-    /// Compute slices held by leases.
+    /// Compute slices held by leases or unowned.
     pub fn held_compute_slices(&self) -> u8 {
         self.instances
             .iter()
@@ -126,9 +131,46 @@ impl<L: Clone + PartialEq> MigLayout<L> {
             start,
             lease: None,
             persistent: true,
+            unowned: false,
         });
         *self = Self::from_instances(self.geometry, next)?;
         Ok(())
+    }
+
+    /// Records an instance of `profile` at `start` that exists on the GPU
+    /// but belongs to no lease. Only into slices no instance covers.
+    pub fn add_unowned(&mut self, profile: &str, start: u8) -> Result<(), MigError> {
+        let prof = self
+            .geometry
+            .profile(profile)
+            .ok_or_else(|| MigError::UnknownProfile {
+                model: self.geometry.model,
+                profile: profile.to_string(),
+            })?;
+        let mut next = self.instances.clone();
+        next.push(Instance {
+            profile: prof,
+            start,
+            lease: None,
+            persistent: true,
+            unowned: true,
+        });
+        *self = Self::from_instances(self.geometry, next)?;
+        Ok(())
+    }
+
+    /// The GPU as it would be once every lease on it ended: only its
+    /// unowned instances (and free persistent ones) remain.
+    pub fn without_leases(&self) -> Self {
+        Self {
+            geometry: self.geometry,
+            instances: self
+                .instances
+                .iter()
+                .filter(|i| i.lease.is_none())
+                .cloned()
+                .collect(),
+        }
     }
 }
 
@@ -215,6 +257,12 @@ pub fn validate<L: PartialEq>(layout: &MigLayout<L>) -> Result<(), MigError> {
             }
         }
         match &inst.lease {
+            Some(_) if inst.unowned => {
+                return invalid(format!(
+                    "unowned {} at {} is held by a lease",
+                    p.name, inst.start
+                ));
+            }
             None if !inst.persistent => {
                 return invalid(format!(
                     "free {} at {} is not persistent",

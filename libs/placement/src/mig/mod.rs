@@ -24,7 +24,8 @@
 //! A [`MigLayout`] is the set of GPU instances that exist on one GPU, each free
 //! or held by a lease. Placement follows the dynamic-MIG rule:
 //!
-//! * a GPU with at least one held instance is *live*: its existing instances
+//! * a GPU with at least one held instance (a lease's, or one that belongs to
+//!   no lease: [`MigLayout::add_unowned`]) is *live*: its existing instances
 //!   stay as they are. A request may take a free existing instance of its
 //!   profile, or a new instance may be created in slices no existing instance
 //!   covers (NVIDIA allows creating a GI next to running ones as long as the

@@ -238,6 +238,7 @@ pub fn place<L: Clone + PartialEq>(
             start: plan.start,
             lease: Some(lease),
             persistent: false,
+            unowned: false,
         };
         let at = layout.instances.partition_point(|i| i.start < plan.start);
         layout.instances.insert(at, inst.clone());
@@ -273,6 +274,7 @@ pub fn place_at<L: Clone + PartialEq>(
         start,
         lease: Some(lease),
         persistent: false,
+        unowned: false,
     };
     let mut next = layout.instances.clone();
     next.push(instance.clone());

@@ -56,6 +56,7 @@ fn held(g: &'static Geometry, name: &str, start: u8, lease: u32) -> Instance<u32
         start,
         lease: Some(lease),
         persistent: false,
+        unowned: false,
     }
 }
 
@@ -82,6 +83,7 @@ fn brute_force_max(g: &'static Geometry, p: &'static MigProfile) -> u8 {
                     start: p.starts[i],
                     lease: Some(i as u32),
                     persistent: false,
+                    unowned: false,
                 })
                 .collect();
             MigLayout::from_instances(g, inst)
@@ -324,6 +326,7 @@ fn rule_breaking_layouts_are_rejected() {
         start,
         lease,
         persistent,
+        unowned: false,
     };
     // Not an allowed start: 1g may not sit on memory slice 7.
     assert!(MigLayout::from_instances(g, vec![at(7, Some(1), false)]).is_err());
@@ -337,8 +340,15 @@ fn rule_breaking_layouts_are_rejected() {
         start: 0,
         lease: None,
         persistent: true,
+        unowned: false,
     };
     assert!(MigLayout::from_instances(g, vec![foreign]).is_err());
+    // An unowned instance is no lease's.
+    let claimed = Instance {
+        unowned: true,
+        ..at(0, Some(1), true)
+    };
+    assert!(MigLayout::from_instances(g, vec![claimed]).is_err());
 }
 
 #[test]
@@ -634,7 +644,7 @@ mod props {
                 let free = l.instances().iter().any(|i| i.is_free() && i.profile == p);
                 let slot = p.starts.iter().any(|&s| {
                     let mut inst = l.instances().to_vec();
-                    inst.push(Instance { profile: p, start: s, lease: Some(1000), persistent: false });
+                    inst.push(Instance { profile: p, start: s, lease: Some(1000), persistent: false, unowned: false });
                     MigLayout::from_instances(g, inst).is_ok()
                 });
                 let exists = free || l.is_idle() || slot;

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use lh_events::{fixtures, EventData, GpuHealth, LeaseFailure, LeaseStopRequested};
+use lh_events::{fixtures, EventData, GpuHealth, LeaseFailure, LeaseStopRequested, MigInstance};
 use lh_service::clock::ManualClock;
 use tokio::sync::mpsc::{self, error::TryRecvError};
 
@@ -436,4 +436,117 @@ fn a_stopped_lease_names_no_failure_whatever_its_workload_said() {
     workload_runs_out_of_gpu_memory(&mut g.agent, t(2));
     let ended = lease_ended(&g.agent.decide(t(2))).expect("stopped");
     assert_eq!((ended.reason, ended.failure), (EndReason::Stopped, None));
+}
+
+type Devices<'a> = &'a [(&'a str, &'a str, u32)];
+
+/// A read of GPU 0 holding MIG instances `(uuid, profile, start)`.
+fn mig_read(devices: Devices) -> Signal {
+    mig_read_of(&[devices])
+}
+
+/// A read of the node's GPUs (0, 1, ...) holding these MIG instances.
+fn mig_read_of(gpus: &[Devices]) -> Signal {
+    let gpus = gpus
+        .iter()
+        .enumerate()
+        .map(|(index, devices)| GpuDevice {
+            index: index as u32,
+            uuid: format!("GPU-{index}"),
+            model: "A100-40GB".into(),
+            vram_mib: 40 * 1024,
+            mig_enabled: true,
+            mig_devices: devices
+                .iter()
+                .map(|(uuid, profile, start)| crate::gpu::backend::MigDevice {
+                    uuid: uuid.to_string(),
+                    profile: profile.to_string(),
+                    gpu_instance_start: Some(*start),
+                })
+                .collect(),
+            nvlink_peers: Vec::new(),
+            numa_node: None,
+        })
+        .collect();
+    Signal::Gpu(Observation::MigDevices(gpus))
+}
+
+/// [`given`], its GPUs in MIG mode as its registration says.
+fn given_mig() -> Given {
+    let mut g = given();
+    g.agent.inventory.gpus.iter_mut().for_each(|g| g.mig = true);
+    let registration = EventData::NodeRegistered(g.agent.inventory.clone());
+    g.agent
+        .apply(2, &Envelope::new(Actor::Admin, t(0), registration));
+    g
+}
+
+fn registered(batches: Vec<Batch>) -> (Envelope, NodeRegistered) {
+    let (e, _) = only(batches);
+    match &e.data {
+        EventData::NodeRegistered(r) => {
+            let r = r.clone();
+            (e, r)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn mig_instances_no_lease_holds_are_registered_once_two_reads_agree() {
+    let mut g = given_mig();
+    let by_hand = [("MIG-x", "1g.5gb", 0)];
+    // Seen once: perhaps a lease's, on its way out.
+    assert!(!g.agent.signal(mig_read(&by_hand), t(1)));
+    assert!(g.agent.decide(t(1)).is_empty());
+    assert!(g.agent.signal(mig_read(&by_hand), t(2)));
+    let (first, with) = registered(g.agent.decide(t(2)));
+    assert_eq!(
+        with.gpus[0].unowned_mig_instances,
+        [MigInstance {
+            profile: "1g.5gb".into(),
+            start: 0
+        }]
+    );
+    g.agent.apply(20, &first);
+    assert!(g.agent.decide(t(2)).is_empty());
+    // The operator destroys it: registered again without it.
+    assert!(!g.agent.signal(mig_read(&[]), t(3)));
+    assert!(g.agent.signal(mig_read(&[]), t(4)));
+    let (gone, without) = registered(g.agent.decide(t(4)));
+    assert!(without.gpus[0].unowned_mig_instances.is_empty());
+    g.agent.apply(30, &gone);
+    // And made again: the same inventory as the first time, a new event.
+    g.agent.signal(mig_read(&by_hand), t(5));
+    assert!(g.agent.signal(mig_read(&by_hand), t(6)));
+    let (again, same) = registered(g.agent.decide(t(6)));
+    assert_eq!(same, with);
+    assert_ne!(again.id, first.id);
+}
+
+#[test]
+fn a_lease_instance_is_not_declared_and_a_restart_keeps_what_the_log_declared() {
+    let mut g = given_mig();
+    let mut placed = fixtures::placed(Uuid::from_u128(8), NODE, "z", "A100-40GB", 40, &[1]);
+    placed.gpus[0].mig_instance = Some(MigInstance {
+        profile: "3g.20gb".into(),
+        start: 4,
+    });
+    let on_log = |data| Envelope::new(Actor::Admin, t(0), data);
+    // The log declared an operator's instance before this agent started.
+    let mut declared = g.agent.inventory.clone();
+    declared.gpus[0].unowned_mig_instances = vec![MigInstance {
+        profile: "1g.5gb".into(),
+        start: 0,
+    }];
+    g.agent
+        .apply(11, &on_log(EventData::NodeRegistered(declared.clone())));
+    g.agent.apply(12, &on_log(EventData::LeasePlaced(placed)));
+    assert!(g.agent.decide(t(1)).is_empty(), "the log's word stands");
+    // The lease's own instance is not unowned; the operator's still is.
+    let found = [("MIG-x", "1g.5gb", 0)];
+    let lease_8s = [("MIG-l", "3g.20gb", 4)];
+    g.agent.signal(mig_read_of(&[&found, &lease_8s]), t(2));
+    assert!(!g.agent.signal(mig_read_of(&[&found, &lease_8s]), t(3)));
+    assert!(g.agent.decide(t(3)).is_empty());
 }

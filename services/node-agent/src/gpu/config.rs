@@ -67,6 +67,12 @@ pub struct GpuArgs {
     /// suspend.
     #[arg(long, env = "LH_IDLE_ACTION", default_value = "notify", value_parser = parse_idle_action)]
     pub idle_action: IdleAction,
+    /// The MIG instances on GPUs in MIG mode are read this often (at most
+    /// 600; 0: never, and what the log last declared stands), to tell the
+    /// scheduler of those no lease holds; a change is told once two reads
+    /// in a row agree.
+    #[arg(long, env = "LH_MIG_READ_EVERY_SECS", default_value_t = 10)]
+    pub mig_read_every_secs: u64,
     /// A free GPU is self-tested this often (0: never).
     #[arg(long, env = "LH_SELF_TEST_EVERY_SECS", default_value_t = 7_200)]
     pub self_test_every_secs: u64,
@@ -116,6 +122,7 @@ impl GpuArgs {
             degraded_memory_pct: 95.0,
             degraded_window_secs: 30,
             recover_after_clean_samples: 30,
+            mig_read_every_secs: 1,
             idle_window_secs: 300,
             idle_action: IdleAction::Notify,
             self_test_every_secs: 0,

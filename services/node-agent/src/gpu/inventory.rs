@@ -78,6 +78,7 @@ pub fn nvml_inventory(
                     model,
                     vram_gb,
                     mig: d.mig_enabled,
+                    unowned_mig_instances: Vec::new(),
                 }
             })
             .collect(),

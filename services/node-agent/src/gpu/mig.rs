@@ -6,16 +6,19 @@
 //! operator's action). At a restart, an instance in the slot of a lease
 //! the log shows moved away from this node (lost while the agent was down)
 //! is the previous agent's to destroy, and is destroyed. Any
-//! other instance no lease of this node is placed on is reported (a warning
-//! and the `lh_node_mig_unowned_instances` gauge), not reused and not
-//! destroyed: it may be an operator's, and its slices are not the
-//! scheduler's to give out; a lease placed over it fails to get its
-//! instance and ends unbilled.
+//! other instance no lease of this node is placed on is *unowned*: not
+//! reused and not destroyed (it may be an operator's), reported (a warning
+//! and the `lh_node_mig_unowned_instances` gauge), and told to the
+//! scheduler in the node's registration, so that it places no lease over
+//! its slices. The agent reads the instances again every MIG period (an
+//! operator may make or destroy one at any time) and registers again when
+//! two reads in a row agree on a change: an instance between its lease's
+//! end and its destruction is seen by one read, not two.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use lh_events::{AssignedGpu, StartedMigDevice};
+use lh_events::{AssignedGpu, MigInstance, NodeRegistered, StartedMigDevice};
 use uuid::Uuid;
 
 use super::backend::{GpuBackend, GpuDevice};
@@ -102,6 +105,117 @@ pub(crate) fn sort_out(inventory: &[GpuDevice], placed: &[MigPlaced], over: &[Mi
         }
     }
     found
+}
+
+/// Most unowned instances told per GPU: no MIG geometry has room for more.
+pub(crate) const MAX_UNOWNED_MIG_INSTANCES_PER_GPU: usize = 7;
+
+/// Unowned instances per GPU index, sorted by start.
+pub(crate) type UnownedByGpu = BTreeMap<u32, Vec<MigInstance>>;
+
+/// `unowned` as the registration tells it. An instance whose start slice
+/// the driver does not give cannot be placed on the GPU's slots, and is
+/// only reported.
+pub(crate) fn by_gpu(unowned: &[Unowned]) -> UnownedByGpu {
+    let mut out = UnownedByGpu::new();
+    for u in unowned {
+        let Some(start) = u.start.and_then(|s| u8::try_from(s).ok()) else {
+            continue;
+        };
+        out.entry(u.gpu).or_default().push(MigInstance {
+            profile: u.profile.clone(),
+            start,
+        });
+    }
+    for list in out.values_mut() {
+        list.sort_by(|a, b| (a.start, &a.profile).cmp(&(b.start, &b.profile)));
+        list.truncate(MAX_UNOWNED_MIG_INSTANCES_PER_GPU);
+    }
+    out
+}
+
+/// The unowned instances `registration` declares, per GPU.
+pub(crate) fn declared(registration: &NodeRegistered) -> UnownedByGpu {
+    registration
+        .gpus
+        .iter()
+        .filter(|g| !g.unowned_mig_instances.is_empty())
+        .map(|g| (g.index, g.unowned_mig_instances.clone()))
+        .collect()
+}
+
+/// Puts `unowned` into `inventory`'s GPUs in MIG mode (a GPU taken out of
+/// it since, by a reset, holds none); whether that changed it.
+pub(crate) fn declare(inventory: &mut NodeRegistered, unowned: &UnownedByGpu) -> bool {
+    let mut changed = false;
+    for g in &mut inventory.gpus {
+        let now = match unowned.get(&g.index) {
+            Some(list) if g.mig => list.clone(),
+            _ => Vec::new(),
+        };
+        if g.unowned_mig_instances != now {
+            g.unowned_mig_instances = now;
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// The reads of the unowned instances: a change is declared once two reads
+/// in a row agree on it.
+#[derive(Debug, Default)]
+pub(crate) struct UnownedReads {
+    last: Option<UnownedByGpu>,
+    declared: bool,
+    /// UUIDs of instances seen held by a lease (or in the slot of one
+    /// moved away), kept until a read no longer shows them: a lease's
+    /// instance outlives the lease in the log until its workload has exited
+    /// and it is destroyed, which may take a stop's grace period.
+    leases: HashSet<String>,
+}
+
+impl UnownedReads {
+    /// Instances made for a lease, before any read sees them.
+    pub(crate) fn made_for_a_lease(&mut self, devices: &[StartedMigDevice]) {
+        self.leases.extend(devices.iter().map(|d| d.uuid.clone()));
+    }
+
+    /// The unowned instances of one read (`gpus`, sorted out as `found`),
+    /// leaving out those seen held by a lease while they still exist.
+    pub(crate) fn unowned_in(&mut self, gpus: &[GpuDevice], found: &Found) -> UnownedByGpu {
+        let present: HashSet<&str> = gpus
+            .iter()
+            .flat_map(|g| g.mig_devices.iter().map(|d| d.uuid.as_str()))
+            .collect();
+        self.leases.retain(|uuid| present.contains(uuid.as_str()));
+        let of_leases = found.adopted.iter().map(|(_, d)| d).chain(&found.left_over);
+        self.leases.extend(of_leases.map(|d| d.uuid.clone()));
+        let unowned: Vec<Unowned> = found
+            .unowned
+            .iter()
+            .filter(|u| !self.leases.contains(&u.uuid))
+            .cloned()
+            .collect();
+        by_gpu(&unowned)
+    }
+
+    /// Takes one read; what to declare, when it agrees with the one before.
+    pub(crate) fn read(&mut self, now: UnownedByGpu) -> Option<UnownedByGpu> {
+        let agreed = self.last.as_ref() == Some(&now);
+        self.last = Some(now);
+        if !agreed {
+            return None;
+        }
+        self.declared = true;
+        self.last.clone()
+    }
+
+    /// Some read was declared since the agent started: until then, what
+    /// the log last declared stands (a restart must not free the slots of
+    /// instances that are still there).
+    pub(crate) fn any_declared(&self) -> bool {
+        self.declared
+    }
 }
 
 /// The instances this agent holds, per lease and placement.
@@ -297,6 +411,93 @@ mod tests {
             nvlink_peers: Vec::new(),
             numa_node: None,
         }
+    }
+
+    #[test]
+    fn a_change_is_declared_once_two_reads_agree() {
+        let one = |start| {
+            UnownedByGpu::from([(
+                0,
+                vec![MigInstance {
+                    profile: "1g.5gb".into(),
+                    start,
+                }],
+            )])
+        };
+        let mut reads = UnownedReads::default();
+        assert!(!reads.any_declared());
+        assert_eq!(reads.read(one(0)), None);
+        assert_eq!(reads.read(one(0)), Some(one(0)));
+        assert!(reads.any_declared());
+        // An instance seen once (its lease ended, its destruction under
+        // way) is not declared; gone on the next read, nothing changes.
+        let mut both = one(0);
+        both.get_mut(&0).unwrap().extend(one(6)[&0].clone());
+        assert_eq!(reads.read(both.clone()), None);
+        assert_eq!(reads.read(one(0)), None);
+        assert_eq!(reads.read(one(0)), Some(one(0)));
+        assert_eq!(reads.read(UnownedByGpu::new()), None);
+        assert_eq!(reads.read(UnownedByGpu::new()), Some(UnownedByGpu::new()));
+    }
+
+    #[test]
+    fn a_lease_instance_is_never_unowned_until_it_is_destroyed() {
+        let mut reads = UnownedReads::default();
+        let a = Uuid::from_u128(1);
+        let placed = |lease| MigPlaced {
+            lease_id: lease,
+            placement: 7,
+            gpu: 0,
+            profile: "3g.20gb".into(),
+            start: 4,
+        };
+        let both = [gpu(0, &[("MIG-a", "3g.20gb", 4), ("MIG-x", "1g.5gb", 0)])];
+        let found = sort_out(&both, &[placed(a)], &[]);
+        let unowned = reads.unowned_in(&both, &found);
+        assert_eq!(unowned[&0].len(), 1);
+        assert_eq!(unowned[&0][0].start, 0);
+        // Lease a ended; its instance waits for its workload's exit.
+        let found = sort_out(&both, &[], &[]);
+        assert_eq!(found.unowned.len(), 2);
+        assert_eq!(reads.unowned_in(&both, &found), unowned);
+        // Destroyed: a new instance in its slot is nobody's, unless it was
+        // made for a lease.
+        let again = [gpu(0, &[("MIG-b", "3g.20gb", 4), ("MIG-x", "1g.5gb", 0)])];
+        let found = sort_out(&again, &[], &[]);
+        assert_eq!(reads.unowned_in(&again, &found)[&0].len(), 2);
+        reads.made_for_a_lease(&[StartedMigDevice {
+            gpu_index: 0,
+            uuid: "MIG-b".into(),
+        }]);
+        assert_eq!(reads.unowned_in(&again, &found), unowned);
+    }
+
+    #[test]
+    fn unowned_instances_go_into_the_registration_by_gpu() {
+        let u = |gpu, uuid: &str, profile: &str, start| Unowned {
+            gpu,
+            uuid: uuid.into(),
+            profile: profile.into(),
+            start,
+        };
+        let found = [
+            u(1, "MIG-c", "1g.5gb", Some(6)),
+            u(1, "MIG-b", "3g.20gb", Some(0)),
+            u(0, "MIG-a", "2g.10gb", None),
+        ];
+        let unowned = by_gpu(&found);
+        assert_eq!(unowned.keys().collect::<Vec<_>>(), [&1]);
+        let starts: Vec<u8> = unowned[&1].iter().map(|m| m.start).collect();
+        assert_eq!(starts, [0, 6]);
+        let mut inventory = lh_events::fixtures::node("n", "z", 2, "A100-40GB", 40);
+        assert!(!declare(&mut inventory, &unowned), "no GPU in MIG mode");
+        inventory.gpus.iter_mut().for_each(|g| g.mig = true);
+        assert!(declare(&mut inventory, &unowned));
+        assert!(!declare(&mut inventory, &unowned));
+        assert!(inventory.gpus[0].unowned_mig_instances.is_empty());
+        assert_eq!(declared(&inventory), unowned);
+        assert!(declare(&mut inventory, &UnownedByGpu::new()));
+        assert!(declared(&inventory).is_empty());
     }
 
     #[test]

@@ -34,12 +34,18 @@ use self_test::{kill_load, spawn_load, Finished, SelfTests, Step};
 use usage::{NodeGpu, RunningLease};
 use watch::Observation;
 
+/// Longest the MIG instances on the GPUs go unread: an operator's instance
+/// keeps the scheduler off its slots this long at most after it is made.
+pub const MAX_MIG_READ_EVERY_SECS: u64 = 600;
+
 /// What the agent knows and does about its GPUs between events.
 pub struct GpuSide {
     backend: Arc<dyn GpuBackend>,
     /// Stamps samples and the events the GPU side appends.
     clock: SharedClock,
     period: Duration,
+    /// How often the MIG instances on the GPUs are read.
+    mig_period: Duration,
     health: NodeHealth,
     seeded: bool,
     stopped: bool,
@@ -97,6 +103,7 @@ impl GpuSide {
             backend,
             clock,
             period: Duration::from_millis(args.sample_ms),
+            mig_period: Duration::from_secs(args.mig_read_every_secs.min(MAX_MIG_READ_EVERY_SECS)),
             health: NodeHealth::new(indices, rules),
             seeded: false,
             stopped: false,
@@ -137,7 +144,12 @@ impl GpuSide {
 
     /// Starts reading the backend.
     pub fn watch(&self) -> tokio::sync::mpsc::Receiver<Observation> {
-        watch::spawn(self.backend.clone(), self.period, self.clock.clone())
+        watch::spawn(
+            self.backend.clone(),
+            self.period,
+            self.mig_period,
+            self.clock.clone(),
+        )
     }
 
     /// Takes the log's health of each GPU, once, before the first judgement.
@@ -200,6 +212,8 @@ impl GpuSide {
                 self.stopped = false;
                 out.act = true;
             }
+            // The agent itself sorts them, against its leases.
+            Observation::MigDevices(_) => {}
             Observation::Failed(why) => {
                 tracing::warn!(node = node_id, error = %why, "GPU backend call failed");
             }

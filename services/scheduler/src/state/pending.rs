@@ -36,6 +36,11 @@ pub(super) fn why_pending(
 /// isolate workloads could take it.
 pub const NO_ISOLATION: &str =
     "no isolating runtime for untrusted tenants: no node that runs workloads in containers can take it";
+/// Why a MIG lease waits while the only slots for its instance are taken by
+/// instances no lease holds (made outside Leasehold): only an operator
+/// destroying them makes room.
+pub const UNOWNED_MIG_IN_THE_WAY: &str =
+    "waiting for an operator: MIG instances that belong to no lease";
 /// Why a share waits while no node enforces its caps.
 pub const NO_SHARING: &str = "no node enforces GPU memory sharing";
 /// Why a share waits while the GPUs with room for it are on MPS nodes and
@@ -59,6 +64,9 @@ enum Refusal {
     TooSmall,
     /// No GPU of the model in MIG mode has its profile.
     NoProfile,
+    /// No GPU of the model in MIG mode has room for its instance even with
+    /// its leases ended: instances no lease holds are in the way.
+    Unowned,
     /// No GPU of the model is in the sharing mode it needs.
     WrongMode,
     /// No node that takes leases has the model.
@@ -79,6 +87,8 @@ impl Refusal {
             Refusal::NoIsolation
         } else if refused_for(Reject::GpuTooSmall) {
             Refusal::TooSmall
+        } else if refused_for(Reject::MigUnowned) {
+            Refusal::Unowned
         } else if refused_for(Reject::MigProfile) {
             Refusal::NoProfile
         } else if refused_for(Reject::GpuMode) {
@@ -94,16 +104,27 @@ fn mig_reason(scratch: &Fleet, model: &str, profile: &str, refusal: Refusal) -> 
     if !known || refusal == Refusal::NoProfile {
         return format!("{model} has no MIG profile {profile}");
     }
-    if refusal != Refusal::Busy {
-        return format!("no {model} in MIG mode yet");
+    let in_mig = || {
+        scratch
+            .nodes
+            .values()
+            .flat_map(|n| usable(n, model))
+            .filter(|g| g.mig)
+    };
+    match refusal {
+        Refusal::Busy => format!(
+            "waiting for capacity: no room for a {profile} instance on the {} {model} in MIG mode",
+            in_mig().count()
+        ),
+        Refusal::Unowned => {
+            let unowned: usize = in_mig().map(|g| g.unowned_mig.len()).sum();
+            format!(
+                "{UNOWNED_MIG_IN_THE_WAY} ({unowned} on the {} {model} in MIG mode) leave no room for a {profile} instance",
+                in_mig().count()
+            )
+        }
+        _ => format!("no {model} in MIG mode yet"),
     }
-    let in_mig = scratch
-        .nodes
-        .values()
-        .flat_map(|n| usable(n, model))
-        .filter(|g| g.mig)
-        .count();
-    format!("waiting for capacity: no room for a {profile} instance on the {in_mig} {model} in MIG mode")
 }
 
 fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refusal) -> String {
@@ -160,7 +181,11 @@ fn whole_reason(scratch: &Fleet, model: &str, gpus: u32, refusal: Refusal) -> St
             format!("{gpus} x {model} requested but the largest node has {largest}")
         }
         Refusal::WrongMode => format!("no {model} out of MIG mode yet"),
-        Refusal::NoProfile | Refusal::NoModel | Refusal::NoIsolation | Refusal::ShareSize => {
+        Refusal::NoProfile
+        | Refusal::Unowned
+        | Refusal::NoModel
+        | Refusal::NoIsolation
+        | Refusal::ShareSize => {
             format!("no node offers {model} yet")
         }
     }

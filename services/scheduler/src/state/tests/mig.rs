@@ -74,3 +74,119 @@ fn mig_leases_get_instances_by_nvidia_rules_and_count_by_size() {
     assert_eq!(where_is(&s, l(3)), ("m".to_string(), vec![0]));
     assert!(inst(&s, l(3)).start >= 4, "in the slices the 3g.20gb freed");
 }
+
+/// A MIG node whose GPU 0 holds instances no lease holds.
+fn node_mig_unowned(id: &str, n: u32, unowned: &[(&str, u8)]) -> EventData {
+    let EventData::NodeRegistered(mut r) = node_mig(id, n) else {
+        unreachable!()
+    };
+    r.gpus[0].unowned_mig_instances = unowned
+        .iter()
+        .map(|(profile, start)| MigInstance {
+            profile: profile.to_string(),
+            start: *start,
+        })
+        .collect();
+    EventData::NodeRegistered(r)
+}
+
+#[test]
+fn instances_that_belong_to_no_lease_keep_leases_off_their_slots() {
+    let t = Uuid::from_u128(1);
+    let l = |i: u128| Uuid::from_u128(100 + i);
+    // Node m's GPU holds an operator's 1g.5gb at slot 0; node n's GPU is
+    // empty. A 4g.20gb can only start at slot 0: it goes to n, and a second
+    // one finds no room anywhere and says why.
+    let events = vec![
+        node_mig_unowned("m", 1, &[("1g.5gb", 0)]),
+        node_mig("n", 1),
+        tenant(t, 8),
+        request_mig(l(1), t, "4g.20gb"),
+        request_mig(l(2), t, "4g.20gb"),
+    ];
+    let mut s = given(events.clone());
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(where_is(&s, l(1)), ("n".to_string(), vec![0]));
+    let reason = |s: &State, lease| match &s.leases[&lease].status {
+        Status::Queued { reason, .. } => reason.clone(),
+        other => panic!("{other:?}"),
+    };
+    let waits = reason(&s, l(2));
+    assert!(
+        waits.starts_with("waiting for capacity: no room for a 4g.20gb"),
+        "n's lease may end: {waits}"
+    );
+
+    // Once n's lease ends, n takes the 4g.20gb; a third one waits (n's
+    // lease may end), never on m.
+    s.apply(
+        90_000,
+        &env(EventData::LeaseEnded(LeaseEnded {
+            lease_id: l(1),
+            node_id: Some("n".into()),
+            ended_at: Utc::now(),
+            reason: EndReason::Stopped,
+            exit_code: None,
+            failure: None,
+        })),
+    );
+    s.apply(90_001, &env(request_mig(l(4), t, "4g.20gb")));
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(where_is(&s, l(2)), ("n".to_string(), vec![0]));
+    assert!(!s.fleet.holdings.contains_key(&l(4)));
+    assert!(reason(&s, l(4)).starts_with("waiting for capacity"));
+
+    // A scheduler that folds the same log from the start decides the same.
+    let mut again = given(events);
+    settle(&mut again, Utc::now(), &Rules::default());
+    assert_eq!(where_is(&again, l(1)), ("n".to_string(), vec![0]));
+    assert!(!again.fleet.holdings.contains_key(&l(2)));
+
+    // The operator destroys it: m registers again without it, and the
+    // waiting 4g.20gb takes slot 0.
+    s.apply(90_002, &env(node_mig("m", 1)));
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(where_is(&s, l(4)), ("m".to_string(), vec![0]));
+    assert_eq!(s.fleet.mig_instances[&l(4)].start, 0);
+}
+
+#[test]
+fn a_lease_instance_goes_beside_an_unowned_one_and_the_gpu_is_not_resliced() {
+    let t = Uuid::from_u128(1);
+    let l = |i: u128| Uuid::from_u128(100 + i);
+    // Without it, a 3g.20gb takes slot 4 (see above); an operator's 1g.5gb
+    // sits there, so slot 0 it is, and the next 3g.20gb waits.
+    let mut s = given(vec![
+        node_mig_unowned("m", 1, &[("1g.5gb", 4)]),
+        tenant(t, 8),
+        request_mig(l(1), t, "3g.20gb"),
+        request_mig(l(2), t, "3g.20gb"),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(where_is(&s, l(1)), ("m".to_string(), vec![0]));
+    assert_eq!(s.fleet.mig_instances[&l(1)].start, 0);
+    assert!(!s.fleet.holdings.contains_key(&l(2)));
+    // A 7g.40gb needs the whole GPU: an idle GPU may be re-sliced, but not
+    // one that holds an instance nobody's lease holds.
+    s.apply(
+        90_000,
+        &env(EventData::LeaseEnded(LeaseEnded {
+            lease_id: l(1),
+            node_id: Some("m".into()),
+            ended_at: Utc::now(),
+            reason: EndReason::Stopped,
+            exit_code: None,
+            failure: None,
+        })),
+    );
+    s.apply(90_001, &env(request_mig(l(3), t, "7g.40gb")));
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert!(!s.fleet.holdings.contains_key(&l(3)));
+    match &s.leases[&l(3)].status {
+        Status::Queued { reason, .. } => assert!(
+            reason.starts_with(crate::state::pending::UNOWNED_MIG_IN_THE_WAY),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

@@ -70,6 +70,7 @@ fn check(s: &State) {
                             start: m.start,
                             lease: Some(x.lease_id),
                             persistent: false,
+                            unowned: false,
                         }
                     })
                     .collect();

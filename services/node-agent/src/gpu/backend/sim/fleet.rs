@@ -195,6 +195,7 @@ impl SimNode {
                     model: self.gpu_model.clone(),
                     vram_gb: self.vram_gb,
                     mig: self.mig_gpus.contains(&index),
+                    unowned_mig_instances: Vec::new(),
                 })
                 .collect(),
             isolation: self.isolation,

@@ -6,6 +6,9 @@
 //! as the driver refuses it. Instances outlive the agent on a real GPU, so
 //! here they are kept in a file when the backend is given one: an agent
 //! started again on the same node finds the instances the last one left.
+//! The file is the GPU: it is read again before every look and change, so
+//! an instance another backend of the node made or destroyed (an operator's
+//! `nvidia-smi`, in a test) is seen, as on a real GPU.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +47,13 @@ impl SimMig {
         self.instances.get(&gpu).cloned().unwrap_or_default()
     }
 
+    /// Reads the instances again from the file, when there is one.
+    pub(super) fn reload(&mut self) {
+        if let Some(path) = &self.file {
+            self.instances = load(path);
+        }
+    }
+
     pub(super) fn create(
         &mut self,
         gpu: u32,
@@ -51,6 +61,7 @@ impl SimMig {
         start: u32,
     ) -> Result<MigDevice, BackendError> {
         let refuse = |why: String| BackendError::Mig { gpu, why };
+        self.reload();
         if !self.mig_gpus.contains(&gpu) {
             return Err(refuse("the GPU is not in MIG mode".into()));
         }
@@ -74,6 +85,7 @@ impl SimMig {
     }
 
     pub(super) fn destroy(&mut self, gpu: u32, uuid: &str) {
+        self.reload();
         if let Some(list) = self.instances.get_mut(&gpu) {
             list.retain(|d| d.uuid != uuid);
         }
@@ -98,6 +110,7 @@ impl SimMig {
                     start: d.gpu_instance_start.unwrap_or_default() as u8,
                     lease: Some(d.uuid.clone()),
                     persistent: false,
+                    unowned: false,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -113,7 +126,8 @@ impl SimMig {
                 std::fs::create_dir_all(dir)?;
             }
             let text = serde_json::to_vec(&self.instances).map_err(std::io::Error::other)?;
-            let tmp = path.with_extension("tmp");
+            // Several backends of one node may write at once.
+            let tmp = path.with_extension(format!("{}.tmp", uuid::Uuid::new_v4().simple()));
             std::fs::write(&tmp, text)?;
             std::fs::rename(&tmp, path)
         };
@@ -196,6 +210,23 @@ mod tests {
         let again = a100(Some(file.clone()));
         assert_eq!(again.devices(0), std::slice::from_ref(&a));
         m.destroy(0, &a.uuid);
-        assert!(a100(Some(file)).devices(0).is_empty());
+        assert!(a100(Some(file.clone())).devices(0).is_empty());
+    }
+
+    #[test]
+    fn a_change_made_through_another_backend_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mig.json");
+        let mut agent = a100(Some(file.clone()));
+        let mut operator = a100(Some(file));
+        let by_hand = operator.create(0, "1g.5gb", 0).unwrap();
+        agent.reload();
+        assert_eq!(agent.devices(0), std::slice::from_ref(&by_hand));
+        // Its slot is taken for the agent too.
+        assert!(agent.create(0, "4g.20gb", 0).is_err());
+        let mine = agent.create(0, "3g.20gb", 4).unwrap();
+        operator.destroy(0, &by_hand.uuid);
+        agent.reload();
+        assert_eq!(agent.devices(0), [mine]);
     }
 }

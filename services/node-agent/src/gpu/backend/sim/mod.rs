@@ -197,7 +197,8 @@ impl GpuBackend for SimBackend {
         if self.state_at(self.elapsed(self.clock.now())).stopped {
             return Err(BackendError::NodeStopped);
         }
-        let mig = self.mig.lock().expect("MIG instances");
+        let mut mig = self.mig.lock().expect("MIG instances");
+        mig.reload();
         Ok(self
             .node
             .inventory()
