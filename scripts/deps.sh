@@ -12,6 +12,9 @@
 #   - PostgreSQL server binaries (initdb, postgres, pg_ctl), from the
 #     machine's packages (`apt-get install postgresql`, as root only).
 #   - curl (up.sh polls /readyz with it), from the machine's packages.
+#   - promtool (checks /metrics, deploy/prometheus/ and its alert rules in
+#     tests/system/tests/metrics.rs), from the machine's `prometheus`
+#     package (as root only).
 #
 # Idempotent; prints nothing when everything is present.
 set -euo pipefail
@@ -104,6 +107,18 @@ fi
 # --- curl ---
 if ! command -v curl >/dev/null; then
     if is_root; then apt_install curl; else missing+=("curl"); fi
+fi
+
+# --- promtool ---
+if ! command -v promtool >/dev/null; then
+    if is_root; then
+        # Only promtool is wanted: not the recommended exporters. Where
+        # systemd runs, the package also starts a Prometheus on :9090, a
+        # port nothing of ours uses.
+        apt_install --no-install-recommends prometheus
+    else
+        missing+=("prometheus")
+    fi
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then

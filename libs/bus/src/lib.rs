@@ -49,6 +49,14 @@ pub use lh_events::Expect;
 pub const SNAPSHOTS_BUCKET: &str = "lh-snapshots";
 /// Size limit of the snapshot store, in bytes.
 pub const SNAPSHOTS_MAX_BYTES: i64 = 1024 * 1024 * 1024;
+
+/// Metrics this library records, with their `# HELP` text (a service hands
+/// them to `lh_telemetry::describe_metrics`; this crate records only).
+pub const METRICS: &[(&str, &str)] = &[(
+    "lh_events_skipped_total",
+    "Stored messages a service read but could not use, by service and reason.",
+)];
+
 /// Largest snapshot stored or read, in bytes.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024 * 1024;
 /// Longest wait for the next message while reading a subject's history.

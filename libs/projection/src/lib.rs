@@ -24,6 +24,12 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
 
+/// Metrics this library records, with their `# HELP` text.
+pub const METRICS: &[(&str, &str)] = &[(
+    "lh_projection_retries_total",
+    "Times a projection failed to apply or read and waited to try again, by projection.",
+)];
+
 /// Most connections one service's pool opens.
 pub const MAX_POOL_CONNECTIONS: u32 = 16;
 /// Most events one projection transaction applies when a backlog waits.

@@ -14,9 +14,48 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use lh_bus::{Bus, BusConfig};
-pub use lh_telemetry::{tls_config, Readiness, ServeOptions};
+pub use lh_telemetry::{tls_config, MetricHelp, Readiness, ServeOptions};
 use tokio::task::JoinHandle;
 pub use tokio_util::sync::CancellationToken;
+
+/// Metrics this library records, with their `# HELP` text.
+pub const METRICS: &[lh_telemetry::MetricHelp] = &[
+    (
+        "lh_snapshots_restored_total",
+        "Decider snapshots read back at start, by decider.",
+    ),
+    (
+        "lh_snapshots_stored_total",
+        "Decider snapshots written, by decider.",
+    ),
+    (
+        "lh_decision_conflicts_total",
+        "Decision batches refused because another replica appended first, by decider.",
+    ),
+    (
+        "lh_restatements_total",
+        "Aggregates restated before their history expired from the log, by service.",
+    ),
+    (
+        "lh_restatements_failed_total",
+        "Restatements that could not be written, by service.",
+    ),
+];
+
+/// Gives the `# HELP` text of every metric a service may show: those of
+/// the libraries every service links, then `own`. Call it first in a
+/// service's `start`.
+pub fn describe_metrics(own: &[lh_telemetry::MetricHelp]) {
+    for metrics in [
+        lh_telemetry::METRICS,
+        lh_bus::METRICS,
+        lh_projection::METRICS,
+        METRICS,
+        own,
+    ] {
+        lh_telemetry::describe_metrics(metrics);
+    }
+}
 
 /// Flags every service takes.
 #[derive(clap::Args, Debug, Clone)]

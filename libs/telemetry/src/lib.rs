@@ -4,6 +4,8 @@
 //!   OTLP/HTTP trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 //! * [`metrics_handle`] installs one Prometheus recorder per process; the
 //!   `metrics` macros anywhere in the code then show up on `/metrics`.
+//! * [`describe_metrics`] gives each metric its `# HELP` line: Prometheus'
+//!   conventions (and `promtool check metrics`) want one on every family.
 //! * [`health_router`] serves `/healthz` (the process runs), `/readyz` (it
 //!   has caught up and can do its job) and `/metrics`.
 
@@ -11,13 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::{extract::State, http::StatusCode, routing::get, Router};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer};
 
 mod serve;
 pub use serve::{serve_with, tls_config, ServeOptions};
 
-static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 static TRACING: OnceLock<()> = OnceLock::new();
 
 /// Log output format.
@@ -83,11 +85,42 @@ fn otlp_tracer(service_name: &'static str) -> Option<opentelemetry_sdk::trace::T
     Some(tracer)
 }
 
-/// The process-wide Prometheus recorder.
+/// A metric's name and its `# HELP` text.
+pub type MetricHelp = (&'static str, &'static str);
+
+/// Metrics this library records.
+pub const METRICS: &[MetricHelp] = &[(
+    "lh_http_connections_refused_total",
+    "Connections refused because the listener was at its connection bound.",
+)];
+
+/// Bucket bounds, in seconds, of every `_seconds` histogram: from a
+/// placement in the same pass (under a second) to a queue of an hour, so
+/// that a p95 of 15 s falls between two bounds and not at the edge.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0,
+];
+
+/// Gives each metric its `# HELP` text on `/metrics`. The recorder is
+/// installed first, so a description is never lost to the no-op recorder.
+pub fn describe_metrics(metrics: &[MetricHelp]) {
+    metrics_handle();
+    for (name, help) in metrics {
+        // The recorder keeps one description per name, whatever its kind.
+        metrics::describe_counter!(*name, *help);
+    }
+}
+
+/// The process-wide Prometheus recorder. Histograms whose name ends in
+/// `_seconds` have [`SECONDS_BUCKETS`] (buckets, not a summary: quantiles
+/// of several replicas can then be added up in Prometheus).
 pub fn metrics_handle() -> PrometheusHandle {
-    METRICS
+    RECORDER
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .expect("the bucket bounds are not empty")
+                .build_recorder();
             let handle = recorder.handle();
             // In tests several services share a process and one recorder.
             let _ = metrics::set_global_recorder(recorder);

@@ -43,6 +43,51 @@ use lh_domain::chain_check::{parse_public_key, SignedHead};
 use lh_rpc::audit::{EventsRequest, VerifyRequest, VerifyResponse};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9105";
+
+/// Metrics this service records, with their `# HELP` text.
+pub const METRICS: &[lh_service::MetricHelp] = &[
+    (
+        "lh_audit_chain_sequence",
+        "Log sequence the audit hash chain has reached.",
+    ),
+    (
+        "lh_audit_checkpoints_total",
+        "Signed checkpoints of the chain written.",
+    ),
+    (
+        "lh_audit_bad_checkpoints_total",
+        "Checkpoints a verification found bad.",
+    ),
+    (
+        "lh_audit_pruned_rows_total",
+        "Chain rows pruned below the oldest anchor kept.",
+    ),
+    (
+        "lh_audit_keeper_restarts_total",
+        "Times the chain keeper failed and started over.",
+    ),
+    (
+        "lh_audit_verify_runs_total",
+        "Verifications of the chain against the log.",
+    ),
+    (
+        "lh_audit_divergences_total",
+        "Divergences between the chain and the log this replica reported.",
+    ),
+    (
+        "lh_events_stream_bytes",
+        "Bytes the event log (stream EVENTS) holds.",
+    ),
+    (
+        "lh_events_stream_max_bytes",
+        "Bytes the event log may hold; at the limit it refuses appends.",
+    ),
+    (
+        "lh_events_stream_fill_ratio",
+        "How full the event log is: its bytes over its limit (0 to 1).",
+    ),
+];
+
 /// Name of this service: its NATS connection, its actor, its RPC queue group.
 pub const SERVICE: &str = "lh-audit";
 
@@ -385,6 +430,10 @@ fn read_verify_token(path: &std::path::Path) -> anyhow::Result<String> {
 
 /// Starts the keeper, the verify RPC and the HTTP API.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    lh_service::describe_metrics(METRICS);
+    // At 0 from the start, so that the first divergence is an increase
+    // that `increase()` in an alert rule sees.
+    metrics::counter!("lh_audit_divergences_total").increment(0);
     anyhow::ensure!(
         config.checkpoint_every_events > 0
             && config.checkpoint_every_secs > 0
@@ -460,7 +509,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 const LOG_FILL_CHECK: Duration = Duration::from_secs(60);
 
 /// Reports how full the business log is (`lh_events_stream_bytes`,
-/// `lh_events_stream_max_bytes`) and warns while it is past
+/// `lh_events_stream_max_bytes`, and their ratio for alerts,
+/// `lh_events_stream_fill_ratio`) and warns while it is past
 /// [`lh_bus::EVENTS_FILL_WARNING`] of its limit: at the limit it refuses
 /// appends. The audit service does it because it reads the whole log anyway.
 async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
@@ -472,6 +522,9 @@ async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
         };
         metrics::gauge!("lh_events_stream_bytes").set(bytes as f64);
         metrics::gauge!("lh_events_stream_max_bytes").set(max_bytes as f64);
+        if max_bytes > 0 {
+            metrics::gauge!("lh_events_stream_fill_ratio").set(bytes as f64 / max_bytes as f64);
+        }
         if let Some(filled) = lh_bus::events_fill_warning(bytes, max_bytes) {
             tracing::warn!(bytes, max_bytes, filled_pct = (filled * 100.0).round(),
                 "the event log is filling up; raise LH_EVENTS_MAX_BYTES (it is applied at the next start)");

@@ -22,6 +22,46 @@ use tokio::sync::oneshot;
 
 pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_SCHEMA: &str = "gateway";
+
+/// Metrics this service records, with their `# HELP` text.
+pub const METRICS: &[lh_service::MetricHelp] = &[
+    (
+        "lh_gateway_leases_requested_total",
+        "Lease requests the gateway accepted and appended to the log.",
+    ),
+    ("lh_gateway_tenants_created_total", "Tenants created."),
+    (
+        "lh_gateway_tenants_erased_total",
+        "Tenants whose personal data was erased.",
+    ),
+    ("lh_gateway_api_keys_issued_total", "API keys issued."),
+    ("lh_gateway_api_keys_revoked_total", "API keys revoked."),
+    (
+        "lh_gateway_audit_reads_total",
+        "Reads of the audit trail, each itself recorded in the log.",
+    ),
+    (
+        "lh_gateway_node_commands_total",
+        "Operator commands on nodes appended to the log, by type.",
+    ),
+    (
+        "lh_gateway_writes_limited_total",
+        "Writes refused because the tenant spent its write budget.",
+    ),
+    (
+        "lh_gateway_requests_limited_total",
+        "Requests refused by a rate limit, by the caller it was counted against.",
+    ),
+    (
+        "lh_gateway_requests_timed_out_total",
+        "Requests answered 503 because they ran past the request timeout.",
+    ),
+    (
+        "lh_gateway_refusals_total",
+        "Requests refused with a 4xx status (401, 403, 429...), by status.",
+    ),
+];
+
 const SERVICE: &str = "lh-gateway";
 /// How often readiness looks at the connection to the log.
 const CONNECTION_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
@@ -156,6 +196,7 @@ impl Config {
 
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    lh_service::describe_metrics(METRICS);
     let principals = std::sync::Arc::new(config.principals().await?);
     let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;

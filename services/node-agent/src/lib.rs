@@ -39,6 +39,43 @@ pub use workload::supervisor::RuntimeKind;
 use workload::supervisor::{HostMarks, Workloads};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
+
+/// Metrics this service records, with their `# HELP` text.
+pub const METRICS: &[lh_service::MetricHelp] = &[
+    (
+        "lh_node_running_leases",
+        "Leases running on this node, as its last heartbeat said.",
+    ),
+    (
+        "lh_node_lease_transitions_total",
+        "Lease starts, suspensions and ends this node-agent recorded, by event type.",
+    ),
+    (
+        "lh_node_gpu_health_transitions_total",
+        "GPU health changes judged on this node, by the health reached.",
+    ),
+    (
+        "lh_node_gpu_self_tests_total",
+        "Self-tests of free GPUs that finished on this node, by result (passed, failed).",
+    ),
+    (
+        "lh_node_mig_unowned_instances",
+        "MIG instances on this node that no lease owns.",
+    ),
+    (
+        "lh_node_mig_create_failures_total",
+        "MIG instances this node could not create for a lease.",
+    ),
+    (
+        "lh_node_workloads_adopted_total",
+        "Workloads a restarted node-agent took back, by kind.",
+    ),
+    (
+        "lh_node_workloads_reaped_total",
+        "Workloads a restarted node-agent ended because no lease owns them, by kind.",
+    ),
+];
+
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/leasehold/node-agent";
 
 #[derive(clap::Parser, Debug, Clone)]
@@ -111,6 +148,7 @@ impl Config {
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    lh_service::describe_metrics(METRICS);
     // The id is a subject token and a NATS user: `gpu.1` and `gpu_1` would
     // share one subject, so only what maps to itself is let through.
     lh_bus::auth::check_user_name(&config.node_id)

@@ -54,6 +54,27 @@ use lh_rpc::invoice_document::{DocumentRequest, ListRequest, DOCUMENT_SUBJECT, L
 /// Queue group of the pricing replicas answering [`INVOICE_SUBJECT`].
 pub const QUEUE_GROUP: &str = "lh-pricing";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9103";
+
+/// Metrics this service records, with their `# HELP` text.
+pub const METRICS: &[lh_service::MetricHelp] = &[
+    (
+        "lh_pricing_projection_sequence",
+        "Log sequence the pricing projection has applied.",
+    ),
+    (
+        "lh_pricing_open_leases",
+        "Leases pricing is charging for now.",
+    ),
+    (
+        "lh_charges_published_total",
+        "Charge events this replica appended.",
+    ),
+    (
+        "lh_ledger_documents_total",
+        "Ledger documents (invoices, credit notes...) this replica issued, by type.",
+    ),
+];
+
 /// Name of the service: its actor name on the events it publishes.
 pub const SERVICE: &str = "lh-pricing";
 /// Default schema of the live projection.
@@ -185,6 +206,7 @@ impl Config {
 /// Starts pricing: charges, the ledger, the invoice projection and the
 /// invoice RPC.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    lh_service::describe_metrics(METRICS);
     config.check()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(&config.database_url, &config.schema)

@@ -27,6 +27,59 @@ use lh_service::{CancellationToken, CommonArgs, Running};
 pub use state::State;
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9101";
+
+/// Metrics this service records, with their `# HELP` text.
+pub const METRICS: &[lh_service::MetricHelp] = &[
+    (
+        "lh_scheduler_waiting_leases",
+        "Leases waiting for GPUs (requested, queued or back in the queue).",
+    ),
+    (
+        "lh_scheduler_decisions_total",
+        "Decision events this replica appended, by event type.",
+    ),
+    (
+        "lh_scheduler_placements_total",
+        "Leases this replica placed on GPUs (one per lease in each allocation).",
+    ),
+    (
+        "lh_scheduler_queue_wait_seconds",
+        "Seconds from a lease's request (or resume) until the log stored its start, for starts heard since this replica started.",
+    ),
+    (
+        "lh_scheduler_fragmented_gpu_milli",
+        "Idle milli-GPU on schedulable nodes that no waiting lease fits (model and size; all idle milli when nothing waits).",
+    ),
+    (
+        "lh_scheduler_lost_nodes",
+        "Nodes the scheduler holds lost (silent past the liveness window); their leases are moved.",
+    ),
+    (
+        "lh_spot_leases_requested_total",
+        "Spot leases requested, since the log began.",
+    ),
+    (
+        "lh_spot_leases_accepted_total",
+        "Spot leases placed at least once, since the log began.",
+    ),
+    (
+        "lh_spot_leases_ended_total",
+        "Spot leases that ended, since the log began, by outcome (succeeded: ran to its own end or to a notice's deadline; failed: failed, or evicted without a notice).",
+    ),
+    (
+        "lh_spot_preemptions_total",
+        "Preemption notices to spot leases, since the log began, by reason.",
+    ),
+    (
+        "lh_spot_acceptance_ratio",
+        "Accepted over requested spot leases, since the log began.",
+    ),
+    (
+        "lh_spot_success_ratio",
+        "Succeeded over ended spot leases, since the log began.",
+    ),
+];
+
 /// How often waiting leases are looked at even when nothing arrives.
 pub const REEVALUATE_INTERVAL: Duration = Duration::from_secs(1);
 /// A feed silent this long has delivered everything there is.
@@ -89,6 +142,7 @@ impl Config {
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    lh_service::describe_metrics(METRICS);
     let bus = config.common.connect_bus(state::SERVICE).await?;
     lh_service::restate::spawn(
         &bus,
@@ -169,6 +223,10 @@ fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item =
 pub struct Scheduling {
     pub state: State,
     rules: state::Rules,
+    /// Starts the log stored before this are not timed: the replica (or
+    /// the one before a restart) that heard them live already did, and a
+    /// replay must not count them again.
+    started: DateTime<Utc>,
 }
 
 impl Scheduling {
@@ -178,7 +236,27 @@ impl Scheduling {
         if rules.node_lost_after > chrono::Duration::zero() {
             state.liveness_since = Some(now);
         }
-        Self { state, rules }
+        Self {
+            state,
+            rules,
+            started: now,
+        }
+    }
+
+    /// How long a lease waited to start, when `envelope` is its start
+    /// arriving live (`None` for anything else, and for a start replayed
+    /// from before this replica began). Measured on the log's clock (when
+    /// it stored the start) from the request's own time, so node clocks do
+    /// not enter it; read before the start is folded in.
+    fn queue_wait(&self, stored_at: DateTime<Utc>, envelope: &Envelope) -> Option<Duration> {
+        let EventData::LeaseStarted(started) = &envelope.data else {
+            return None;
+        };
+        if stored_at < self.started {
+            return None;
+        }
+        let since = self.state.leases.get(&started.lease_id)?.waiting_since?;
+        Some((stored_at - since).to_std().unwrap_or_default())
     }
 }
 
@@ -215,6 +293,9 @@ impl Decider for Scheduling {
     /// bill of a lease moved off that GPU: it is held to when the log
     /// stored the change.
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if let Some(waited) = self.queue_wait(stored_at, envelope) {
+            metrics::histogram!("lh_scheduler_queue_wait_seconds").record(waited.as_secs_f64());
+        }
         if let EventData::NodeGpuHealthChanged(change) = &envelope.data {
             let at = lh_domain::rating::clamp_node_time(
                 change.at,
@@ -260,6 +341,10 @@ impl Decider for Scheduling {
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
         let batches = self.state.decide(now, &self.rules).batches;
         metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);
+        metrics::gauge!("lh_scheduler_fragmented_gpu_milli")
+            .set(self.state.fragmented_milli() as f64);
+        let lost = self.state.fleet.nodes.values().filter(|n| n.lost.is_some());
+        metrics::gauge!("lh_scheduler_lost_nodes").set(lost.count() as f64);
         spot_metrics(&self.state.spot_stats);
         batches
     }
@@ -288,6 +373,10 @@ impl Decider for Scheduling {
         for (envelope, _) in batch {
             metrics::counter!("lh_scheduler_decisions_total", "type" => envelope.event_type.clone())
                 .increment(1);
+            if let EventData::NodeGpusAllocated(allocated) = &envelope.data {
+                metrics::counter!("lh_scheduler_placements_total")
+                    .increment(allocated.allocations.len() as u64);
+            }
         }
         tracing::debug!(events = batch.len(), "decisions appended");
     }
@@ -345,6 +434,56 @@ mod tests {
             gpu.health_since,
             Some(stored - chrono::Duration::seconds(30))
         );
+    }
+
+    #[test]
+    fn a_queue_wait_is_timed_once_from_the_request_to_the_stored_start_heard_live() {
+        let began: DateTime<Utc> = "2026-12-03T10:00:00Z".parse().unwrap();
+        let secs = chrono::Duration::seconds;
+        let mut scheduling = Scheduling::new(state::Rules::default(), began);
+        let tenant = uuid::Uuid::from_u128(100);
+        let request = |n: u128| {
+            EventData::LeaseRequested(fixtures::whole_request(
+                uuid::Uuid::from_u128(n),
+                tenant,
+                1,
+                fixtures::MODEL,
+            ))
+        };
+        let start = |n: u128| {
+            EventData::LeaseStarted(LeaseStarted {
+                lease_id: uuid::Uuid::from_u128(n),
+                node_id: "a".into(),
+                // The node's clock, an hour off: not what is measured.
+                started_at: began - chrono::Duration::hours(1),
+                mig_devices: Vec::new(),
+            })
+        };
+        let at = |t, d| Envelope::new(Actor::Admin, t, d);
+        let mut sequence = 0;
+        let mut feed = |scheduling: &mut Scheduling, stored, envelope: Envelope| {
+            sequence += 1;
+            let waited = scheduling.queue_wait(stored, &envelope);
+            scheduling.apply_stored(sequence, stored, &envelope);
+            waited
+        };
+
+        // Started before this replica began: replayed, not timed again.
+        let t = began - secs(60);
+        assert_eq!(feed(&mut scheduling, t, at(t, request(1))), None);
+        let t = began - secs(10);
+        assert_eq!(feed(&mut scheduling, t, at(t, start(1))), None);
+
+        // Requested now, its start stored 12 s later.
+        assert_eq!(feed(&mut scheduling, began, at(began, request(2))), None);
+        let t = began + secs(12);
+        assert_eq!(
+            feed(&mut scheduling, t, at(t, start(2))),
+            Some(Duration::from_secs(12))
+        );
+        // Started again (moved to another node): it did not wait in the queue.
+        let t = began + secs(100);
+        assert_eq!(feed(&mut scheduling, t, at(t, start(2))), None);
     }
 
     /// Packs as the decide loop does, with the scheduler's merge rule.

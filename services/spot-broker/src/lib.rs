@@ -41,6 +41,23 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9104";
+
+/// Metrics this service records, with their `# HELP` text.
+pub const METRICS: &[lh_service::MetricHelp] = &[
+    (
+        "lh_spot_prices_published_total",
+        "Spot prices this replica set.",
+    ),
+    (
+        "lh_spot_capacity_chosen_total",
+        "External spot capacity chosen for a lease, by provider.",
+    ),
+    (
+        "lh_spot_capacity_unmatched_total",
+        "Spot leases no external provider could serve.",
+    ),
+];
+
 const SERVICE: &str = "lh-spot-broker";
 /// Queue group of the brokers answering [`RPC_SPOT_PRICES`].
 const QUEUE_GROUP: &str = "lh-spot-broker";
@@ -103,6 +120,7 @@ impl Config {
 }
 
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    lh_service::describe_metrics(METRICS);
     let bounds = SpotBounds::new(config.floor_cny_per_gb_hour, config.ceiling_cny_per_gb_hour)
         .map_err(anyhow::Error::msg)?;
     let bus = config.common.connect_bus(SERVICE).await?;

@@ -87,6 +87,11 @@ impl GpuSide {
         let rules = args.rules();
         let indices: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
         let self_tests = (args.self_test_every_secs > 0).then(|| {
+            // At 0 from the start, so that the first failure is an increase
+            // that `increase()` in an alert rule sees.
+            for result in ["passed", "failed"] {
+                metrics::counter!("lh_node_gpu_self_tests_total", "result" => result).increment(0);
+            }
             let tests = SelfTests::new(
                 indices.iter().copied(),
                 Duration::from_secs(args.self_test_every_secs),
@@ -341,6 +346,9 @@ impl GpuSide {
                 &f.at.to_rfc3339(),
             ]);
             tracing::info!(gpu = f.gpu_index, passed = f.passed, detail = %f.detail, "self-test finished");
+            metrics::counter!("lh_node_gpu_self_tests_total",
+                "result" => if f.passed { "passed" } else { "failed" })
+            .increment(1);
             let data = EventData::NodeGpuSelfTested(NodeGpuSelfTested {
                 node_id: out.node_id.clone(),
                 gpu_index: f.gpu_index,

@@ -51,6 +51,11 @@ pub struct Lease {
     pub compute_milli: u64,
     pub vram_gb: u32,
     pub started_at: Option<DateTime<Utc>>,
+    /// Since when it has waited to start: its request, its resume, or its
+    /// return to the queue; `None` once started. The queue wait is read
+    /// from it.
+    #[serde(default)]
+    pub waiting_since: Option<DateTime<Utc>>,
     /// Set once this spot lease has been told it will be preempted.
     pub preemption_deadline: Option<DateTime<Utc>>,
     /// Spot: the most it pays, CNY per GPU-hour.

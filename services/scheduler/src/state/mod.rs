@@ -28,6 +28,7 @@
 
 mod decide;
 mod emit;
+pub mod fragmentation;
 mod lease;
 mod liveness;
 mod migrate;
@@ -185,6 +186,7 @@ impl State {
                     compute_milli: footprint.milli,
                     vram_gb: footprint.vram_gb,
                     started_at: None,
+                    waiting_since: Some(envelope.occurred_at),
                     preemption_deadline: None,
                     max_price_cny_per_gpu_hour: e.max_price_cny_per_gpu_hour,
                     zones: e.zones.clone(),
@@ -250,6 +252,7 @@ impl State {
             EventData::LeaseStarted(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.started_at = Some(e.started_at);
+                    l.waiting_since = None;
                 }
             }
             EventData::LeaseEnded(e) => {
@@ -273,6 +276,7 @@ impl State {
                         None => {
                             // Back in the queue, keeping its place.
                             l.status = Status::Requested;
+                            l.waiting_since = Some(envelope.occurred_at);
                             l.node_id = None;
                             l.zone = None;
                             let key = l.requested_sequence;
@@ -297,6 +301,7 @@ impl State {
                         // counts from the resume, not the first request.
                         l.status = Status::Requested;
                         l.requested_at = envelope.occurred_at;
+                        l.waiting_since = Some(envelope.occurred_at);
                         let key = l.requested_sequence;
                         self.waiting.insert(key, e.lease_id);
                     }
@@ -373,5 +378,32 @@ impl State {
 
     pub fn waiting_count(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Idle milli-GPU that no waiting lease fits (see [`fragmentation`]).
+    pub fn fragmented_milli(&self) -> u64 {
+        // Many waiting leases ask alike: each distinct ask is tried once
+        // per GPU.
+        let mut seen = Vec::new();
+        let waiting: Vec<fragmentation::Want<'_>> = self
+            .waiting
+            .values()
+            .filter_map(|id| self.leases.get(id))
+            .filter(|l| {
+                let key = (&l.gpu_model, &l.ask);
+                let new = !seen.contains(&key);
+                if new {
+                    seen.push(key);
+                }
+                new
+            })
+            .map(|l| fragmentation::Want {
+                gpu_model: &l.gpu_model,
+                ask: &l.ask,
+                milli: l.compute_milli.min(MILLI_PER_GPU),
+                vram_gb: l.vram_gb,
+            })
+            .collect();
+        fragmentation::fragmented_milli(&self.fleet, &waiting)
     }
 }
