@@ -23,6 +23,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// Metrics this library records, with their `# HELP` text.
 pub const METRICS: &[(&str, &str)] = &[(
@@ -394,7 +395,17 @@ async fn apply_batch<P: Projector>(
     }
     for item in events.iter().filter(|e| e.sequence() > committed) {
         match item {
-            FeedItem::Event(event) => projector.apply(&mut tx, event).await?,
+            FeedItem::Event(event) => {
+                // One request reads as one trace, its read models included.
+                let span = tracing::info_span!(
+                    "lh.project",
+                    projection = projector.name(),
+                    event = event.envelope.event_type.as_str(),
+                    sequence = event.sequence,
+                );
+                lh_bus::continue_trace(&span, event.trace_parent.as_deref());
+                projector.apply(&mut tx, event).instrument(span).await?
+            }
             FeedItem::Skipped(skipped) => record_skip(&mut tx, projector.name(), skipped).await?,
         }
     }

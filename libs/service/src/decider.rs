@@ -26,6 +26,7 @@ use lh_bus::{Bus, BusError, Expect, FeedItem, MAX_BATCH_MESSAGES};
 use lh_events::Envelope;
 use lh_telemetry::Readiness;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::clock::Clock;
 
@@ -36,6 +37,55 @@ pub type Batch = Vec<(Envelope, Expect)>;
 /// track of; past it, writes to further such subjects conflict until an
 /// event the service can decode lands there.
 pub const MAX_SKIPPED_TAILS: usize = 10_000;
+
+/// Most requests (correlation ids) whose newest trace context the loop
+/// keeps, so that the events it decides for them continue their trace.
+pub const MAX_TRACED_CORRELATIONS: usize = 4_096;
+
+/// The newest `traceparent` read for each correlation id (the request an
+/// event belongs to), the oldest forgotten first past
+/// [`MAX_TRACED_CORRELATIONS`].
+#[derive(Debug, Default)]
+struct TraceParents {
+    by_correlation: HashMap<uuid::Uuid, String>,
+    order: std::collections::VecDeque<uuid::Uuid>,
+}
+
+impl TraceParents {
+    fn read(&mut self, item: &FeedItem) {
+        let FeedItem::Event(event) = item else {
+            return;
+        };
+        let Some(trace_parent) = &event.trace_parent else {
+            return;
+        };
+        let correlation = event.envelope.correlation_id;
+        if self
+            .by_correlation
+            .insert(correlation, trace_parent.clone())
+            .is_none()
+        {
+            self.order.push_back(correlation);
+            if self.order.len() > MAX_TRACED_CORRELATIONS {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.by_correlation.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    /// A span for appending `batch`, continuing the trace of the request
+    /// its first event belongs to.
+    fn span(&self, decider: &str, batch: &Batch) -> tracing::Span {
+        let events: Vec<&str> = batch.iter().map(|(e, _)| e.event_type.as_str()).collect();
+        let span = tracing::info_span!("lh.decide", decider, events = %events.join(","));
+        let parent = batch
+            .first()
+            .and_then(|(e, _)| self.by_correlation.get(&e.correlation_id));
+        lh_bus::continue_trace(&span, parent.map(String::as_str));
+        span
+    }
+}
 
 /// Aggregates whose newest message (as far as the fold has read) is one the
 /// service skipped, with that message's sequence.
@@ -316,6 +366,7 @@ pub async fn run_with_signals<D: Decider>(
     let mut caught_up_once = false;
     let pace = decider.pace();
     let (from, mut skipped_tails) = restore(bus, decider).await;
+    let mut trace_parents = TraceParents::default();
     let mut feed = bus.feed(decider.filters(), from).await?;
     let mut read_sequence = from - 1;
     let mut unsnapshotted_events = 0u64;
@@ -334,6 +385,7 @@ pub async fn run_with_signals<D: Decider>(
                 Some(item) => {
                     let item = item?;
                     skipped_tails.read(&item);
+                    trace_parents.read(&item);
                     read_sequence = read_sequence.max(item.sequence());
                     unsnapshotted_events += 1;
                     // A skipped message changes no state but is read all
@@ -369,7 +421,7 @@ pub async fn run_with_signals<D: Decider>(
             readiness.set(true);
         }
         dirty = false;
-        match append_pass(bus, decider, &skipped_tails, clock.now()).await {
+        match append_pass(bus, decider, &skipped_tails, &trace_parents, clock.now()).await {
             Pass::Done => {
                 retry_at = None;
                 backoff = pace.backoff_min;
@@ -455,6 +507,7 @@ async fn append_pass<D: Decider>(
     bus: &Bus,
     decider: &mut D,
     skipped_tails: &SkippedTails,
+    trace_parents: &TraceParents,
     now: DateTime<Utc>,
 ) -> Pass {
     let decisions = decider.decide(now);
@@ -478,7 +531,8 @@ async fn append_pass<D: Decider>(
         // Where nothing in a batch is guarded, no decision depends on where
         // its events landed: one the log holds already is as good as stored.
         let no_guard = unguarded(&batch);
-        match bus.publish_atomic(&batch).await {
+        let span = trace_parents.span(decider.name(), &batch);
+        match bus.publish_atomic(&batch).instrument(span.clone()).await {
             Ok(appended) if appended.duplicate && no_guard => decider.appended(&batch),
             Ok(appended) if appended.duplicate => {
                 return Pass::Conflict("the log already holds these events".into())
@@ -499,7 +553,11 @@ async fn append_pass<D: Decider>(
                 // twice, or a stop that another writer asked for first): the
                 // batch as a whole never will be, so the rest go one by one.
                 for (envelope, expect) in &batch {
-                    match bus.publish(envelope, *expect).await {
+                    match bus
+                        .publish(envelope, *expect)
+                        .instrument(span.clone())
+                        .await
+                    {
                         Ok(appended) if !appended.duplicate => {
                             written.insert(envelope.data.aggregate_subject(), appended.sequence);
                             decider.apply(appended.sequence, envelope);

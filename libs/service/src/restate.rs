@@ -433,6 +433,7 @@ mod tests {
             payload: Default::default(),
             pending: 0,
             stored_at: at(0),
+            trace_parent: None,
         };
         r.signal(
             History {

@@ -477,6 +477,7 @@ mod tests {
             envelope,
             pending: 0,
             stored_at: chrono::Utc::now(),
+            trace_parent: None,
         }
     }
 

@@ -281,7 +281,25 @@ impl Keeper {
         let mut next = *chain;
         let links: Vec<Hash> = batch
             .iter()
-            .map(|e| next.append(e.sequence(), e.subject(), e.payload()))
+            .map(|e| {
+                // The event's request reads as one trace, its chaining here
+                // included.
+                let span = match e {
+                    FeedItem::Event(event) => {
+                        let span = tracing::info_span!(
+                            "lh.project",
+                            projection = "audit",
+                            event = event.envelope.event_type.as_str(),
+                            sequence = event.sequence,
+                        );
+                        lh_bus::continue_trace(&span, event.trace_parent.as_deref());
+                        span
+                    }
+                    FeedItem::Skipped(_) => tracing::Span::none(),
+                };
+                let _chaining = span.enter();
+                next.append(e.sequence(), e.subject(), e.payload())
+            })
             .collect();
         let mut insert = QueryBuilder::new(
             "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, skip_reason, \

@@ -75,6 +75,7 @@ async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
                 payload: Default::default(),
                 pending: 0,
                 stored_at: e.stored_at,
+                trace_parent: None,
             };
             apply_event(conn, &stated).await?;
         }
