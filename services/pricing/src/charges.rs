@@ -33,6 +33,7 @@ use lh_events::{
     ReservationCommitted, Tier,
 };
 use lh_service::decider::{Batch, Decider, Pace};
+use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
@@ -1312,6 +1313,15 @@ impl Decider for Charges {
 
     fn appended(&mut self, batch: &Batch) {
         metrics::counter!("lh_charges_published_total").increment(batch.len() as u64);
+        for (envelope, _) in batch {
+            if let EventData::ChargeAccrued(c) = &envelope.data {
+                // Amounts are whole fen (the rounding rule), so the count is
+                // exact; a counter cannot go down, and a charge never does.
+                let fen = (c.amount * Decimal::ONE_HUNDRED).round().to_u64();
+                metrics::counter!("lh_charged_fen_total", "tier" => c.tier.as_str())
+                    .increment(fen.unwrap_or(0));
+            }
+        }
         if let Some((
             Envelope {
                 data: EventData::ChargeAccrued(c),

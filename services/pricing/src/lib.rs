@@ -70,6 +70,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Charge events this replica appended.",
     ),
     (
+        "lh_charged_fen_total",
+        "Amounts of the charges this replica appended, in fen (0.01 CNY), by tier.",
+    ),
+    (
         "lh_ledger_documents_total",
         "Ledger documents (invoices, credit notes...) this replica issued, by type.",
     ),

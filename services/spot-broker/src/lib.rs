@@ -36,6 +36,7 @@ use lh_rpc::spot::{
 use lh_service::decider::{self, Batch, Decider, Pace};
 use lh_service::{CancellationToken, CommonArgs, Running};
 use providers::SpotProvider;
+use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -55,6 +56,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     (
         "lh_spot_capacity_unmatched_total",
         "Spot leases no external provider could serve.",
+    ),
+    (
+        "lh_spot_price_cny_per_gb_hour",
+        "Spot price in force, from the log, by zone and GPU model (CNY per GB of VRAM per hour).",
     ),
 ];
 
@@ -426,6 +431,11 @@ impl Decider for SpotMarket {
                 if let Ok(mut board) = self.board.write() {
                     board.record(sequence, p, envelope.occurred_at);
                 }
+                // Set from the log rather than from this replica's own
+                // appends, so that every replica reports the price in force.
+                metrics::gauge!("lh_spot_price_cny_per_gb_hour",
+                    "zone" => p.zone.clone(), "gpu_model" => p.gpu_model.clone())
+                .set(p.price_cny_per_gb_hour.to_f64().unwrap_or(f64::NAN));
             }
             EventData::LeaseRequested(r) => self.wait_for_choice(r, envelope.occurred_at),
             EventData::SpotCapacityChosen(c) => {

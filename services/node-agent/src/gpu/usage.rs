@@ -184,6 +184,24 @@ pub struct NodeGpu {
     pub model: String,
 }
 
+/// The families [`render_dcgm`] writes, in order: (name, type, help), as
+/// dcgm-exporter names them, so that dashboards built for it read them.
+pub const DCGM_FAMILIES: [(&str, &str, &str); 5] = [
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "gauge",
+        "Framebuffer memory used (in MiB).",
+    ),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "gauge",
+        "Framebuffer memory free (in MiB).",
+    ),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+];
+
 /// The DCGM-named gauges of one round: a series per (lease, GPU) for held
 /// GPUs, and one with empty `lease` and `tenant` for each free GPU.
 /// Temperature and power are the device's; memory is the lease's share.
@@ -248,22 +266,7 @@ pub fn render_dcgm(
         ));
     }
     let mut out = String::new();
-    let families: [(&str, &str, &str); 5] = [
-        ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
-        (
-            "DCGM_FI_DEV_FB_USED",
-            "gauge",
-            "Framebuffer memory used (in MiB).",
-        ),
-        (
-            "DCGM_FI_DEV_FB_FREE",
-            "gauge",
-            "Framebuffer memory free (in MiB).",
-        ),
-        ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
-        ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
-    ];
-    for (i, (name, kind, help)) in families.iter().enumerate() {
+    for (i, (name, kind, help)) in DCGM_FAMILIES.iter().enumerate() {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, util, used, free, temp, power) in &rows {
