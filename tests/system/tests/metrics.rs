@@ -5,19 +5,25 @@
 //!   help conventions), and shows the metrics the alert rules read;
 //! - every metric the code records has its `# HELP` text declared;
 //! - `deploy/prometheus/` passes `promtool check config`, `check rules` and
-//!   the rule unit tests (`promtool test rules`).
+//!   the rule unit tests (`promtool test rules`);
+//! - every Grafana dashboard in `deploy/grafana/dashboards/` parses, has its
+//!   own uid and title, reads the provisioned Prometheus data source, asks
+//!   only for metrics the code records, and each query passes promtool's
+//!   PromQL parser (as a recording rule, Grafana's variables substituted).
 //!
 //! promtool comes from `make deps` (Debian's `prometheus` package). A
 //! missing promtool fails the test, it never skips it.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use lh_node_agent::gpu::usage::DCGM_FAMILIES;
 use lh_testkit::stack::{Stack, FLEET};
 use lh_testkit::workspace_root;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// dcgm-exporter's own label names (`modelName`): dashboards built for it
 /// read them, so the node-agent keeps them. The only finding let through.
@@ -164,8 +170,9 @@ async fn every_service_s_metrics_pass_promtool_after_a_lease_ran() {
     }
 }
 
-/// Names the code records with the `metrics` macros, from the source.
-fn recorded_metric_names() -> Vec<(String, PathBuf)> {
+/// Names the code records with the `metrics` macros, from the source, with
+/// the macro that records each (`counter`, `gauge`, `histogram`).
+fn recorded_metric_names() -> Vec<(String, &'static str, PathBuf)> {
     let mut names = Vec::new();
     let mut dirs = vec![
         workspace_root().join("services"),
@@ -184,13 +191,13 @@ fn recorded_metric_names() -> Vec<(String, PathBuf)> {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
-            for macro_name in ["counter!(", "gauge!(", "histogram!("] {
-                let needle = format!("metrics::{macro_name}");
+            for kind in ["counter", "gauge", "histogram"] {
+                let needle = format!("metrics::{kind}!(");
                 for (at, _) in text.match_indices(&needle) {
                     let rest = text[at + needle.len()..].trim_start();
                     if let Some(quoted) = rest.strip_prefix('"') {
                         let name = quoted.split('"').next().unwrap().to_string();
-                        names.push((name, path.clone()));
+                        names.push((name, kind, path.clone()));
                     }
                 }
             }
@@ -220,13 +227,13 @@ fn every_recorded_metric_has_help_text() {
     assert!(
         recorded
             .iter()
-            .any(|(n, _)| n == "lh_scheduler_placements_total"),
+            .any(|(n, _, _)| n == "lh_scheduler_placements_total"),
         "the source scan found nothing: {recorded:?}"
     );
     let undescribed: Vec<String> = recorded
         .iter()
-        .filter(|(name, _)| name != "lh_test_total" && !described.contains(&name.as_str()))
-        .map(|(name, path)| format!("{name} ({})", path.display()))
+        .filter(|(name, _, _)| name != "lh_test_total" && !described.contains(&name.as_str()))
+        .map(|(name, _, path)| format!("{name} ({})", path.display()))
         .collect();
     assert!(
         undescribed.is_empty(),
@@ -304,4 +311,347 @@ fn prometheus_config_rules_and_rule_tests_pass_promtool() {
         "a rule test expecting a false alert passed:\n{}",
         run.output
     );
+}
+
+/// The data source every dashboard panel reads, by the uid Grafana is
+/// provisioned with (deploy/grafana/provisioning/datasources/prometheus.yml).
+const DATASOURCE_UID: &str = "prometheus";
+
+/// The dashboards the platform ships, by file name under
+/// `deploy/grafana/dashboards/`.
+const DASHBOARDS: &[&str] = &[
+    "fleet.json",
+    "tenants.json",
+    "scheduler.json",
+    "billing.json",
+    "platform.json",
+];
+
+/// Metric names a dashboard may read: those the code records (a histogram
+/// with the suffixes of its series), and the node-agent's DCGM-named
+/// families, which it renders itself.
+fn readable_metric_names() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (name, kind, _) in recorded_metric_names() {
+        if kind == "histogram" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        }
+        names.insert(name);
+    }
+    names.extend(DCGM_FAMILIES.iter().map(|(name, _, _)| name.to_string()));
+    names
+}
+
+/// The Leasehold metric names a query reads: identifiers starting `lh_`
+/// or `DCGM_` (Prometheus' own series such as `up` are let through).
+fn metric_names_in(query: &str) -> Vec<&str> {
+    query
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|word| word.starts_with("lh_") || word.starts_with("DCGM_"))
+        .collect()
+}
+
+/// A query with Grafana's variables replaced by values PromQL accepts:
+/// the built-in intervals (`$__rate_interval`, `$__range`...) by `5m`,
+/// the dashboard's own (`$node`, `${tenant}`) by the regex `.*`.
+fn with_grafana_variables_substituted(query: &str) -> String {
+    let mut out = String::new();
+    let mut rest = query;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, tail) = match after
+            .strip_prefix('{')
+            .and_then(|b| Some((b, b.find('}')?)))
+        {
+            Some((braced, end)) => (&braced[..end], &braced[end + 1..]),
+            None => {
+                let end = after
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(after.len());
+                (&after[..end], &after[end..])
+            }
+        };
+        // `${name:format}` names the variable before the colon.
+        let name = name.split(':').next().unwrap_or_default();
+        out.push_str(match name {
+            "" => "$",
+            builtin if builtin.starts_with("__") => "5m",
+            _ => ".*",
+        });
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A dashboard's panels, those inside collapsed rows included.
+fn panels_of(dashboard: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        out.push(panel);
+        out.extend(panel["panels"].as_array().into_iter().flatten());
+    }
+    out
+}
+
+/// What is wrong with a set of dashboards (file name, JSON), short of
+/// PromQL syntax, and every expression they query with where it is.
+fn dashboard_findings(
+    dashboards: &[(String, Value)],
+    readable: &BTreeSet<String>,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let mut findings = Vec::new();
+    let mut exprs = Vec::new();
+    let mut uids = BTreeSet::new();
+    let mut titles = BTreeSet::new();
+    for (file, dashboard) in dashboards {
+        let uid = dashboard["uid"].as_str().unwrap_or_default();
+        let title = dashboard["title"].as_str().unwrap_or_default();
+        if uid.is_empty() || !uids.insert(uid.to_string()) {
+            findings.push(format!(
+                "{file}: uid {uid:?} is empty or another dashboard's"
+            ));
+        }
+        if title.is_empty() || !titles.insert(title.to_string()) {
+            findings.push(format!(
+                "{file}: title {title:?} is empty or another dashboard's"
+            ));
+        }
+        if dashboard["schemaVersion"].as_u64().is_none() {
+            findings.push(format!("{file}: no schemaVersion"));
+        }
+        let known = |query: &str, at: &str, findings: &mut Vec<String>| {
+            for name in metric_names_in(query) {
+                if !readable.contains(name) {
+                    findings.push(format!("{at}: {name} is no metric the code records"));
+                }
+            }
+        };
+        for variable in dashboard["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let at = format!("{file}: variable {}", variable["name"]);
+            if variable["type"] != "query" {
+                continue;
+            }
+            if variable["datasource"]["uid"] != DATASOURCE_UID {
+                findings.push(format!("{at} reads no datasource {DATASOURCE_UID:?}"));
+            }
+            let query = variable["query"]["query"]
+                .as_str()
+                .or(variable["query"].as_str())
+                .unwrap_or_default();
+            known(query, &at, &mut findings);
+        }
+        let mut ids = BTreeSet::new();
+        for panel in panels_of(dashboard) {
+            let at = format!("{file}: panel {}", panel["title"]);
+            if !ids.insert(panel["id"].as_u64()) {
+                findings.push(format!("{at}: id {} is missing or repeated", panel["id"]));
+            }
+            if panel["type"] == "row" {
+                continue;
+            }
+            if panel["datasource"]["uid"] != DATASOURCE_UID {
+                findings.push(format!("{at} reads no datasource {DATASOURCE_UID:?}"));
+            }
+            let targets = panel["targets"].as_array().cloned().unwrap_or_default();
+            if targets.is_empty() {
+                findings.push(format!("{at} queries nothing"));
+            }
+            for target in &targets {
+                if !target["datasource"].is_null() && target["datasource"]["uid"] != DATASOURCE_UID
+                {
+                    findings.push(format!("{at}: a query reads another datasource"));
+                }
+                let expr = target["expr"].as_str().unwrap_or_default();
+                if expr.trim().is_empty() {
+                    findings.push(format!("{at}: a query without expr"));
+                }
+                known(expr, &at, &mut findings);
+                exprs.push((at.clone(), expr.to_string()));
+            }
+        }
+    }
+    (findings, exprs)
+}
+
+/// `promtool check rules` over the expressions, each as a recording rule
+/// (promtool has no command that checks a bare expression).
+fn check_promql(promtool: &Path, exprs: &[(String, String)]) -> Run {
+    let rules: Vec<Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(n, (_, expr))| {
+            json!({
+                "record": format!("dashboard:check:{n}"),
+                "expr": with_grafana_variables_substituted(expr),
+            })
+        })
+        .collect();
+    let file = json!({"groups": [{"name": "dashboards", "rules": rules}]});
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("dashboards.rules.yml");
+    std::fs::write(&path, serde_yaml_ng::to_string(&file).unwrap()).unwrap();
+    let mut run = run(
+        Command::new(promtool).args(["check", "rules"]).arg(&path),
+        None,
+    );
+    if !run.success {
+        // Which panel each numbered rule came from.
+        for (n, (at, expr)) in exprs.iter().enumerate() {
+            run.output
+                .push_str(&format!("\ndashboard:check:{n} = {at}: {expr}"));
+        }
+    }
+    run
+}
+
+#[test]
+fn every_dashboard_is_well_formed_and_reads_only_recorded_metrics() {
+    let promtool = promtool();
+    let dir = workspace_root().join("deploy/grafana/dashboards");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("deploy/grafana/dashboards exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    let dashboards: Vec<(String, Value)> = files
+        .iter()
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let text = std::fs::read_to_string(path).unwrap();
+            let json =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+            (name, json)
+        })
+        .collect();
+    for expected in DASHBOARDS {
+        assert!(
+            dashboards.iter().any(|(name, _)| name == expected),
+            "deploy/grafana/dashboards has no {expected}"
+        );
+    }
+
+    let (findings, exprs) = dashboard_findings(&dashboards, &readable_metric_names());
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+    for (name, dashboard) in &dashboards {
+        assert!(
+            exprs
+                .iter()
+                .any(|(at, _)| at.starts_with(&format!("{name}:"))),
+            "{name} has no queries"
+        );
+        assert!(
+            panels_of(dashboard).len() >= 4,
+            "{name} shows almost nothing"
+        );
+    }
+    let run = check_promql(&promtool, &exprs);
+    assert!(
+        run.success,
+        "a dashboard query is not valid PromQL:\n{}",
+        run.output
+    );
+    assert!(
+        run.output
+            .contains(&format!("SUCCESS: {} rules found", exprs.len())),
+        "promtool checked fewer queries than the dashboards hold:\n{}",
+        run.output
+    );
+}
+
+#[test]
+fn the_dashboard_checks_catch_a_wrong_metric_a_wrong_datasource_and_broken_promql() {
+    let promtool = promtool();
+    let readable = readable_metric_names();
+    let dashboard = |uid: &str, datasource: &str, expr: &str| {
+        json!({
+            "uid": uid, "title": format!("t-{uid}"), "schemaVersion": 39,
+            "templating": {"list": [{"name": "node", "type": "query",
+                "datasource": {"type": "prometheus", "uid": "prometheus"},
+                "query": {"query": "label_values(DCGM_FI_DEV_GPU_TEMP, Hostname)"}}]},
+            "panels": [{"id": 1, "type": "row", "title": "r", "panels": [
+                {"id": 2, "type": "timeseries", "title": "p",
+                 "datasource": {"type": "prometheus", "uid": datasource},
+                 "targets": [{"refId": "A", "expr": expr}]}]}]
+        })
+    };
+    let findings = |boards: Vec<Value>| {
+        let named: Vec<(String, Value)> = boards
+            .into_iter()
+            .enumerate()
+            .map(|(n, b)| (format!("{n}.json"), b))
+            .collect();
+        dashboard_findings(&named, &readable)
+    };
+
+    let good = [
+        "histogram_quantile(0.95, sum by (le) (rate(lh_scheduler_queue_wait_seconds_bucket[$__rate_interval])))",
+        "max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{Hostname=~\"${node}\"}) and on() up",
+        "sum by (tier) (increase(lh_charged_fen_total[$__range])) / 100",
+    ];
+    let boards = good
+        .iter()
+        .enumerate()
+        .map(|(n, e)| dashboard(&format!("u{n}"), "prometheus", e))
+        .collect();
+    let (found, exprs) = findings(boards);
+    assert_eq!(found, Vec::<String>::new());
+    assert_eq!(exprs.len(), good.len(), "{exprs:?}");
+    assert!(check_promql(&promtool, &exprs).success);
+
+    for (board, wanted) in [
+        (
+            dashboard("a", "prometheus", "rate(lh_scheduler_placement_total[5m])"),
+            "lh_scheduler_placement_total is no metric",
+        ),
+        (
+            dashboard(
+                "a",
+                "prometheus",
+                "rate(lh_scheduler_placements_total_bucket[5m])",
+            ),
+            "lh_scheduler_placements_total_bucket is no metric",
+        ),
+        (
+            dashboard("a", "prometheus", "DCGM_FI_DEV_MEM_COPY_UTIL"),
+            "DCGM_FI_DEV_MEM_COPY_UTIL is no metric",
+        ),
+        (
+            dashboard("a", "grafana", "lh_scheduler_waiting_leases"),
+            "reads no datasource",
+        ),
+    ] {
+        let (found, _) = findings(vec![board]);
+        assert!(
+            found.iter().any(|f| f.contains(wanted)),
+            "not flagged ({wanted}): {found:?}"
+        );
+    }
+    let twins = vec![
+        dashboard("same", "prometheus", "lh_scheduler_waiting_leases"),
+        dashboard("same", "prometheus", "lh_scheduler_waiting_leases"),
+    ];
+    let (found, _) = findings(twins);
+    assert!(
+        found.iter().any(|f| f.contains("another dashboard's")),
+        "{found:?}"
+    );
+
+    for broken in [
+        "sum(rate(lh_scheduler_placements_total[5m])",
+        "rate(lh_scheduler_placements_total)",
+        "lh_scheduler_waiting_leases{Hostname=~\"$node}",
+    ] {
+        let exprs = vec![("broken".to_string(), broken.to_string())];
+        let run = check_promql(&promtool, &exprs);
+        assert!(!run.success, "promtool passed {broken}:\n{}", run.output);
+    }
 }
