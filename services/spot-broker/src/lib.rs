@@ -58,7 +58,7 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Spot leases no external provider could serve.",
     ),
     (
-        "lh_spot_price_cny_per_gb_hour",
+        "lh_spot_price_cny_per_gigabyte_hour",
         "Spot price in force, from the log, by zone and GPU model (CNY per GB of VRAM per hour).",
     ),
 ];
@@ -433,7 +433,7 @@ impl Decider for SpotMarket {
                 }
                 // Set from the log rather than from this replica's own
                 // appends, so that every replica reports the price in force.
-                metrics::gauge!("lh_spot_price_cny_per_gb_hour",
+                metrics::gauge!("lh_spot_price_cny_per_gigabyte_hour",
                     "zone" => p.zone.clone(), "gpu_model" => p.gpu_model.clone())
                 .set(p.price_cny_per_gb_hour.to_f64().unwrap_or(f64::NAN));
             }

@@ -11,6 +11,10 @@
 //!   `dev/`;
 //! - NATS is a three-node JetStream cluster in both, and every service is
 //!   given every member's URL and three stream replicas.
+//! - compose's Prometheus scrapes every service on the port it serves
+//!   `/metrics` on, by its compose name, and Grafana is provisioned with
+//!   that Prometheus and the dashboards of `deploy/grafana/dashboards/`;
+//!   nothing is published beyond 127.0.0.1.
 //!
 //! The validators come from `make deps` (`.data/venv`). A missing validator
 //! fails the test, it never skips it.
@@ -718,4 +722,168 @@ fn every_deployment_runs_nats_with_users_and_each_service_as_itself() {
         }
     }
     assert_eq!(users, k8s_users, "compose and k8s users differ");
+}
+
+/// Where each scrape target of a Prometheus config fails to meet a compose
+/// service serving `/metrics` on that port, and which service binaries no
+/// target scrapes. A service serves metrics on `LH_METRICS_ADDR` where it
+/// has one (the gateway), else on its health listener `LH_HTTP_ADDR`.
+fn scrape_target_mismatches(compose: &Value, prometheus: &Value) -> Vec<String> {
+    let services = compose["services"].as_mapping().expect("services");
+    let mut problems = Vec::new();
+    let mut scraped = BTreeSet::new();
+    for job in prometheus["scrape_configs"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+    {
+        let name = str_at(job, &["job_name"]).unwrap_or_default();
+        for target in job["static_configs"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["targets"].as_sequence().into_iter().flatten())
+            .filter_map(Value::as_str)
+        {
+            let Some((host, port)) = target.rsplit_once(':') else {
+                problems.push(format!("job {name}: target {target} has no port"));
+                continue;
+            };
+            let Some(service) = services.get(host) else {
+                problems.push(format!("job {name}: {host} is no compose service"));
+                continue;
+            };
+            let listen = str_at(service, &["environment", "LH_METRICS_ADDR"])
+                .or_else(|| str_at(service, &["environment", "LH_HTTP_ADDR"]));
+            if listen != Some(&format!("0.0.0.0:{port}")) {
+                problems.push(format!(
+                    "job {name}: {host} serves /metrics on {listen:?}, not on 0.0.0.0:{port}"
+                ));
+            }
+            scraped.insert(host.to_string());
+        }
+    }
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        let runs_a_service = str_at(service, &["build", "args", "BIN"])
+            .is_some_and(|bin| SERVICE_BINARIES.contains(&bin));
+        if runs_a_service && !scraped.contains(name) {
+            problems.push(format!("no scrape target for compose service {name}"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn compose_prometheus_scrapes_every_service_and_grafana_loads_the_dashboards() {
+    let root = workspace_root();
+    let compose = yaml_documents(&root.join("docker-compose.yml")).remove(0);
+    let prometheus_yml = yaml_documents(&root.join("deploy/prometheus/prometheus.yml")).remove(0);
+    let problems = scrape_target_mismatches(&compose, &prometheus_yml);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A target on the wrong port, or naming no service, is caught.
+    let mut wrong = prometheus_yml.clone();
+    wrong["scrape_configs"][0]["static_configs"][0]["targets"][0] = Value::from("gateway:8080");
+    wrong["scrape_configs"][1]["static_configs"][0]["targets"][0] = Value::from("sheduler:9101");
+    let problems = scrape_target_mismatches(&compose, &wrong);
+    assert!(
+        problems.iter().any(|p| p.contains("not on 0.0.0.0:8080"))
+            && problems
+                .iter()
+                .any(|p| p.contains("sheduler is no compose service"))
+            && problems
+                .iter()
+                .any(|p| p.contains("no scrape target for compose service scheduler")),
+        "{problems:?}"
+    );
+
+    let services = &compose["services"];
+    let volumes = |name: &str| -> Vec<String> {
+        services[name]["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.as_str().map(str::to_string))
+            .collect()
+    };
+    let pinned = |name: &str, repository: &str| {
+        let image = str_at(&services[name], &["image"])
+            .unwrap_or_else(|| panic!("compose has no {name} image"));
+        let tag = image
+            .strip_prefix(&format!("{repository}:"))
+            .unwrap_or_else(|| panic!("compose {name} runs {image}, not {repository}"));
+        assert!(
+            tag.starts_with(|c: char| c.is_ascii_digit() || c == 'v') && tag.contains('.'),
+            "compose {name}'s image tag {tag} is not a pinned version"
+        );
+    };
+
+    pinned("prometheus", "prom/prometheus");
+    let command: Vec<&str> = services["prometheus"]["command"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        command.contains(&"--config.file=/etc/prometheus/prometheus.yml"),
+        "{command:?}"
+    );
+    let mounts = volumes("prometheus");
+    for mount in [
+        "./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+        // prometheus.yml loads rules/*.yml beside itself.
+        "./deploy/prometheus/rules:/etc/prometheus/rules:ro",
+    ] {
+        assert!(
+            mounts.iter().any(|m| m == mount),
+            "prometheus lacks {mount}"
+        );
+    }
+
+    pinned("grafana", "grafana/grafana");
+    let mounts = volumes("grafana");
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m == "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro"),
+        "grafana is not provisioned from deploy/grafana/provisioning: {mounts:?}"
+    );
+    let provider =
+        yaml_documents(&root.join("deploy/grafana/provisioning/dashboards/leasehold.yml"))
+            .remove(0);
+    let path = str_at(&provider["providers"][0], &["options", "path"]).expect("provider path");
+    assert!(
+        mounts
+            .iter()
+            .any(|m| *m == format!("./deploy/grafana/dashboards:{path}:ro")),
+        "the dashboards provider reads {path}, where compose mounts no deploy/grafana/dashboards: {mounts:?}"
+    );
+    let datasources =
+        yaml_documents(&root.join("deploy/grafana/provisioning/datasources/prometheus.yml"))
+            .remove(0);
+    let source = &datasources["datasources"][0];
+    assert_eq!(str_at(source, &["uid"]), Some("prometheus"));
+    assert_eq!(str_at(source, &["url"]), Some("http://prometheus:9090"));
+    let password = str_at(
+        &services["grafana"],
+        &["environment", "GF_SECURITY_ADMIN_PASSWORD"],
+    );
+    assert!(
+        password.is_some_and(|p| p.starts_with("${LH_GRAFANA_ADMIN_PASSWORD")),
+        "grafana's admin password does not come from LH_GRAFANA_ADMIN_PASSWORD: {password:?}"
+    );
+
+    // Nothing is published beyond this machine.
+    for (name, service) in services.as_mapping().unwrap() {
+        for port in service["ports"].as_sequence().into_iter().flatten() {
+            let port = port.as_str().unwrap_or_default();
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "compose {} publishes {port} beyond 127.0.0.1",
+                name.as_str().unwrap()
+            );
+        }
+    }
 }

@@ -37,6 +37,7 @@ const EXPECTED: &[&str] = &[
     "lh_scheduler_fragmented_gpu_milli",
     "lh_scheduler_waiting_leases",
     "lh_spot_leases_ended_total",
+    "lh_spot_price_cny_per_gigabyte_hour",
     "lh_events_stream_fill_ratio",
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_FB_USED",
