@@ -7,7 +7,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: help deps build up down demo test lint alerts bench schemas clean-data
+.PHONY: help deps build up down demo test lint alerts dashboards bench schemas clean-data
 
 help: ## List the targets
 	@echo "Leasehold — make targets:"
@@ -55,6 +55,11 @@ alerts: deps ## promtool: check deploy/prometheus/ and run the alert rules' unit
 	cd deploy/prometheus && promtool check config prometheus.yml
 	cd deploy/prometheus && promtool check rules rules/*.yml
 	cd deploy/prometheus && promtool test rules tests/*.yml
+
+# The dashboards' checks of tests/system/tests/metrics.rs alone: the quick
+# loop for editing deploy/grafana/dashboards/.
+dashboards: deps ## check the Grafana dashboards: JSON, uids, data source, metric names, PromQL (promtool)
+	$(CARGO) test -p lh-system-tests --test metrics -- dashboard
 
 bench: ## Criterion benchmarks, and a month of lease events priced into invoices (see load-tests/ for the load harness)
 	$(CARGO) bench --workspace
