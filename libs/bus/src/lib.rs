@@ -1803,14 +1803,8 @@ mod tests {
                 continue_trace(&span, parent);
                 span.context().span().span_context().trace_id().to_string()
             };
-            assert_eq!(
-                trace_of(Some(written)),
-                "0af7651916cd43dd8448eb211c80319c"
-            );
-            assert_ne!(
-                trace_of(Some("00-zzz")),
-                "0af7651916cd43dd8448eb211c80319c"
-            );
+            assert_eq!(trace_of(Some(written)), "0af7651916cd43dd8448eb211c80319c");
+            assert_ne!(trace_of(Some("00-zzz")), "0af7651916cd43dd8448eb211c80319c");
             assert_ne!(trace_of(None), "0af7651916cd43dd8448eb211c80319c");
         });
     }
