@@ -118,28 +118,16 @@ impl<L: Clone + PartialEq> MigLayout<L> {
     /// Creates a free, persistent instance of `profile` at `start` (an
     /// operator pre-slicing the GPU). Only into slices no instance covers.
     pub fn provision(&mut self, profile: &str, start: u8) -> Result<(), MigError> {
-        let prof = self
-            .geometry
-            .profile(profile)
-            .ok_or_else(|| MigError::UnknownProfile {
-                model: self.geometry.model,
-                profile: profile.to_string(),
-            })?;
-        let mut next = self.instances.clone();
-        next.push(Instance {
-            profile: prof,
-            start,
-            lease: None,
-            persistent: true,
-            unowned: false,
-        });
-        *self = Self::from_instances(self.geometry, next)?;
-        Ok(())
+        self.add_persistent(profile, start, false)
     }
 
     /// Records an instance of `profile` at `start` that exists on the GPU
     /// but belongs to no lease. Only into slices no instance covers.
     pub fn add_unowned(&mut self, profile: &str, start: u8) -> Result<(), MigError> {
+        self.add_persistent(profile, start, true)
+    }
+
+    fn add_persistent(&mut self, profile: &str, start: u8, unowned: bool) -> Result<(), MigError> {
         let prof = self
             .geometry
             .profile(profile)
@@ -153,7 +141,7 @@ impl<L: Clone + PartialEq> MigLayout<L> {
             start,
             lease: None,
             persistent: true,
-            unowned: true,
+            unowned,
         });
         *self = Self::from_instances(self.geometry, next)?;
         Ok(())

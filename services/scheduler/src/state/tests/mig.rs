@@ -59,17 +59,7 @@ fn mig_leases_get_instances_by_nvidia_rules_and_count_by_size() {
     assert_eq!((gpu.used_milli(), gpu.used_vram_gb()), (856, 40));
 
     // The first instance ends and is destroyed: the 1g.5gb fits now.
-    s.apply(
-        90_000,
-        &env(EventData::LeaseEnded(LeaseEnded {
-            lease_id: l(1),
-            node_id: Some("m".into()),
-            ended_at: Utc::now(),
-            reason: EndReason::Stopped,
-            exit_code: None,
-            failure: None,
-        })),
-    );
+    s.apply(90_000, &env(stopped(l(1), "m")));
     settle(&mut s, Utc::now(), &Rules::default());
     assert_eq!(where_is(&s, l(3)), ("m".to_string(), vec![0]));
     assert!(inst(&s, l(3)).start >= 4, "in the slices the 3g.20gb freed");
@@ -119,17 +109,7 @@ fn instances_that_belong_to_no_lease_keep_leases_off_their_slots() {
 
     // Once n's lease ends, n takes the 4g.20gb; a third one waits (n's
     // lease may end), never on m.
-    s.apply(
-        90_000,
-        &env(EventData::LeaseEnded(LeaseEnded {
-            lease_id: l(1),
-            node_id: Some("n".into()),
-            ended_at: Utc::now(),
-            reason: EndReason::Stopped,
-            exit_code: None,
-            failure: None,
-        })),
-    );
+    s.apply(90_000, &env(stopped(l(1), "n")));
     s.apply(90_001, &env(request_mig(l(4), t, "4g.20gb")));
     settle(&mut s, Utc::now(), &Rules::default());
     assert_eq!(where_is(&s, l(2)), ("n".to_string(), vec![0]));
@@ -168,17 +148,7 @@ fn a_lease_instance_goes_beside_an_unowned_one_and_the_gpu_is_not_resliced() {
     assert!(!s.fleet.holdings.contains_key(&l(2)));
     // A 7g.40gb needs the whole GPU: an idle GPU may be re-sliced, but not
     // one that holds an instance nobody's lease holds.
-    s.apply(
-        90_000,
-        &env(EventData::LeaseEnded(LeaseEnded {
-            lease_id: l(1),
-            node_id: Some("m".into()),
-            ended_at: Utc::now(),
-            reason: EndReason::Stopped,
-            exit_code: None,
-            failure: None,
-        })),
-    );
+    s.apply(90_000, &env(stopped(l(1), "m")));
     s.apply(90_001, &env(request_mig(l(3), t, "7g.40gb")));
     settle(&mut s, Utc::now(), &Rules::default());
     assert!(!s.fleet.holdings.contains_key(&l(3)));
@@ -189,4 +159,16 @@ fn a_lease_instance_goes_beside_an_unowned_one_and_the_gpu_is_not_resliced() {
         ),
         other => panic!("{other:?}"),
     }
+}
+
+/// `lease.ended` of a lease its tenant stopped on `node`.
+fn stopped(lease_id: Uuid, node: &str) -> EventData {
+    EventData::LeaseEnded(LeaseEnded {
+        lease_id,
+        node_id: Some(node.into()),
+        ended_at: Utc::now(),
+        reason: EndReason::Stopped,
+        exit_code: None,
+        failure: None,
+    })
 }
