@@ -3,8 +3,23 @@
 //! - `docker-compose.yml` validates against the official Compose
 //!   Specification schema (vendored in `deploy/schemas/compose-spec.json`),
 //!   checked by `check-jsonschema`;
-//! - every manifest in `k8s/` validates, strictly (no unknown fields),
-//!   against the Kubernetes API schemas, checked by `kubernetes-validate`;
+//! - every manifest in `k8s/` and `k8s/simulated/` validates, strictly (no
+//!   unknown fields): built-in kinds against the Kubernetes API schemas,
+//!   checked by `kubernetes-validate`, custom resources (CloudNativePG,
+//!   Prometheus Operator) against the CRDs vendored in
+//!   `deploy/schemas/crds/`, made strict JSON Schemas by
+//!   `scripts/crd-to-jsonschema.py` and checked by `check-jsonschema`;
+//! - the PrometheusRule carries exactly the rules of
+//!   `deploy/prometheus/rules/`, and a monitor scrapes every service's
+//!   `/metrics` port under the job name the rules and dashboards use;
+//! - the NetworkPolicies allow every flow the manifests need (derived from
+//!   them: NATS and database URLs, metrics ports, NATS routes, the
+//!   CloudNativePG operator) and no rule that no such flow uses;
+//! - the node-agent runs as a DaemonSet on GPU nodes with what NVML, MIG and
+//!   MPS need, and keeps its state on the host;
+//! - NATS and PostgreSQL are production-shaped: three members or instances
+//!   on different hosts, persistent volumes, disruption budgets, and each
+//!   service a role of its own;
 //! - every image in either file runs a binary that the workspace builds, and
 //!   every service binary is deployed by both;
 //! - the simulated fleet and the NATS settings the files carry agree with
@@ -101,9 +116,13 @@ fn yaml_documents(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn k8s_manifests() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(workspace_root().join("k8s"))
-        .expect("k8s/ exists")
+/// The directories of Kubernetes manifests: the deployment (GPU nodes) and
+/// the simulated fleet for a cluster without GPUs, applied after it.
+const K8S_DIRS: &[&str] = &["k8s", "k8s/simulated"];
+
+fn yaml_files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|err| panic!("reading {}: {err}", dir.display()))
         .map(|entry| entry.unwrap().path())
         .filter(|path| {
             path.extension()
@@ -111,8 +130,27 @@ fn k8s_manifests() -> Vec<PathBuf> {
         })
         .collect();
     files.sort();
-    assert!(!files.is_empty(), "no manifests in k8s/");
+    assert!(!files.is_empty(), "no manifests in {}", dir.display());
     files
+}
+
+fn k8s_manifests() -> Vec<PathBuf> {
+    K8S_DIRS
+        .iter()
+        .flat_map(|dir| yaml_files_in(&workspace_root().join(dir)))
+        .collect()
+}
+
+/// Every document of every manifest, with the file it is in.
+fn k8s_documents() -> Vec<(PathBuf, Value)> {
+    k8s_manifests()
+        .into_iter()
+        .flat_map(|file| {
+            yaml_documents(&file)
+                .into_iter()
+                .map(move |doc| (file.clone(), doc))
+        })
+        .collect()
 }
 
 /// Names of the binary targets of every workspace member, from `cargo metadata`.
@@ -190,14 +228,125 @@ fn compose_file_matches_the_compose_specification() {
     );
 }
 
+/// The API group of a document's `apiVersion` (empty for the core group).
+fn api_group(doc: &Value) -> &str {
+    let api_version = str_at(doc, &["apiVersion"]).unwrap_or_default();
+    api_version
+        .rsplit_once('/')
+        .map_or("", |(group, _)| group)
+}
+
+/// Built-in kinds are in the core group or a group of Kubernetes' own
+/// (`apps`, `batch`, `policy`, `*.k8s.io`); anything else is a custom
+/// resource, which needs a vendored CRD.
+fn is_built_in(doc: &Value) -> bool {
+    let group = api_group(doc);
+    !group.contains('.') || group.ends_with(".k8s.io")
+}
+
+/// The strict JSON Schemas of the vendored CRDs, written by
+/// `scripts/crd-to-jsonschema.py` into `dir`: one per kind and version,
+/// named `<kind>-<group>-<version>.json`.
+fn crd_json_schemas(dir: &Path) -> BTreeMap<String, PathBuf> {
+    let root = workspace_root();
+    let crds = yaml_files_in(&root.join("deploy/schemas/crds"));
+    let run = run(Command::new(tool("python"))
+        .arg(root.join("scripts/crd-to-jsonschema.py"))
+        .arg(dir)
+        .args(&crds));
+    assert!(run.success, "crd-to-jsonschema.py failed:\n{}", run.output);
+    let schemas: BTreeMap<String, PathBuf> = run
+        .output
+        .lines()
+        .map(PathBuf::from)
+        .map(|path| {
+            let name = path.file_stem().unwrap().to_string_lossy().to_string();
+            (name, path)
+        })
+        .collect();
+    assert!(
+        schemas.len() >= crds.len(),
+        "fewer schemas than CRDs: {schemas:?}"
+    );
+    schemas
+}
+
+/// The schema name a custom resource is checked against.
+fn custom_resource_schema_name(doc: &Value) -> String {
+    let api_version = str_at(doc, &["apiVersion"]).unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let kind = str_at(doc, &["kind"]).unwrap_or_default();
+    format!("{}-{group}-{version}", kind.to_lowercase())
+}
+
+/// Checks each custom resource against its CRD's schema; the failures, one
+/// entry per schema run that failed or kind without a schema.
+fn check_custom_resources(
+    schemas: &BTreeMap<String, PathBuf>,
+    resources: &[(String, Value)],
+    dir: &Path,
+) -> Vec<String> {
+    let checker = tool("check-jsonschema");
+    let mut by_schema: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for (index, (origin, doc)) in resources.iter().enumerate() {
+        let schema = custom_resource_schema_name(doc);
+        if !schemas.contains_key(&schema) {
+            failures.push(format!(
+                "{origin}: no vendored CRD in deploy/schemas/crds/ for {schema}"
+            ));
+            continue;
+        }
+        // JSON, one document a file: what check-jsonschema reads is exactly
+        // what this test parsed.
+        let file = dir.join(format!("{index:03}-{}.json", origin.replace(['/', ' '], "_")));
+        std::fs::write(&file, serde_json::to_string_pretty(doc).unwrap()).unwrap();
+        by_schema.entry(schema).or_default().push(file);
+    }
+    for (schema, files) in by_schema {
+        let run = run(Command::new(&checker)
+            .args(["--color", "never", "--schemafile"])
+            .arg(&schemas[&schema])
+            .args(&files));
+        if !run.success {
+            failures.push(format!("{schema}:\n{}", run.output));
+        }
+    }
+    failures
+}
+
 #[test]
 fn kubernetes_manifests_match_the_kubernetes_api_schemas() {
     let validator = tool("kubernetes-validate");
-    let manifests = k8s_manifests();
+    let dir = tempfile::tempdir().unwrap();
+    let built_in_dir = dir.path().join("built-in");
+    let custom_dir = dir.path().join("custom");
+    std::fs::create_dir_all(&built_in_dir).unwrap();
+    std::fs::create_dir_all(&custom_dir).unwrap();
+
+    let mut built_in = Vec::new();
+    let mut custom = Vec::new();
+    for (index, (file, doc)) in k8s_documents().into_iter().enumerate() {
+        let origin = format!(
+            "{} {}/{}",
+            file.strip_prefix(workspace_root()).unwrap().display(),
+            str_at(&doc, &["kind"]).unwrap_or_default(),
+            str_at(&doc, &["metadata", "name"]).unwrap_or_default()
+        );
+        if is_built_in(&doc) {
+            let path = built_in_dir.join(format!("{index:03}-{}.json", origin.replace(['/', ' '], "_")));
+            std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+            built_in.push(path);
+        } else {
+            custom.push((origin, doc));
+        }
+    }
+    assert!(!built_in.is_empty() && !custom.is_empty());
+
     for version in KUBERNETES_VERSIONS {
         let run = run(Command::new(&validator)
             .args(["--strict", "--kubernetes-version", version])
-            .args(&manifests));
+            .args(&built_in));
         // WARN: a kind without a schema, i.e. not checked at all.
         let unchecked: Vec<&str> = run
             .output
@@ -211,8 +360,19 @@ fn kubernetes_manifests_match_the_kubernetes_api_schemas() {
         );
     }
 
+    let schemas = crd_json_schemas(&dir.path().join("schemas"));
+    let failures = check_custom_resources(&schemas, &custom, &custom_dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for kind in ["Cluster", "ServiceMonitor", "PodMonitor", "PrometheusRule"] {
+        assert!(
+            custom
+                .iter()
+                .any(|(_, doc)| str_at(doc, &["kind"]) == Some(kind)),
+            "k8s/ has no {kind}"
+        );
+    }
+
     // A misspelt field fails strict validation, so the pass above means something.
-    let dir = tempfile::tempdir().unwrap();
     let broken = dir.path().join("broken.yaml");
     std::fs::write(
         &broken,
@@ -225,6 +385,50 @@ fn kubernetes_manifests_match_the_kubernetes_api_schemas() {
         "a misspelt field passed strict validation:\n{}",
         run.output
     );
+
+    // And so do a misspelt field in a custom resource, at the top of its
+    // spec and deep in it, and a custom kind without a vendored CRD.
+    let find = |kind: &str| {
+        custom
+            .iter()
+            .find(|(_, doc)| str_at(doc, &["kind"]) == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind}"))
+            .1
+            .clone()
+    };
+    let mut misspelt_cluster = find("Cluster");
+    let instances = misspelt_cluster["spec"]
+        .as_mapping_mut()
+        .unwrap()
+        .remove("instances")
+        .expect("instances");
+    misspelt_cluster["spec"]["instancez"] = instances;
+    let mut misspelt_role = find("Cluster");
+    misspelt_role["spec"]["managed"]["roles"][0]["passwordSecrett"] =
+        misspelt_role["spec"]["managed"]["roles"][0]["passwordSecret"].clone();
+    let mut misspelt_monitor = find("ServiceMonitor");
+    misspelt_monitor["spec"]["endpoints"][0]["intervall"] = Value::from("15s");
+    let mut misspelt_rule = find("PrometheusRule");
+    misspelt_rule["spec"]["groups"][0]["rules"][0]["expresion"] = Value::from("up == 0");
+    let mut unknown_kind = find("ServiceMonitor");
+    unknown_kind["kind"] = Value::from("ServiceMonitr");
+    for (index, what, doc) in [
+        ("a Cluster's spec.instancez", misspelt_cluster),
+        ("a Cluster's managed role passwordSecrett", misspelt_role),
+        ("a ServiceMonitor endpoint's intervall", misspelt_monitor),
+        ("a PrometheusRule rule's expresion", misspelt_rule),
+        ("a ServiceMonitr", unknown_kind),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(index, (what, doc))| (index, what, doc))
+    {
+        let broken_dir = dir.path().join(format!("broken-{index}"));
+        std::fs::create_dir_all(&broken_dir).unwrap();
+        let failures =
+            check_custom_resources(&schemas, &[(what.to_string(), doc)], &broken_dir);
+        assert!(!failures.is_empty(), "{what} passed validation");
+    }
 }
 
 #[test]
@@ -583,54 +787,95 @@ fn services_connect_as_their_own_roles_in_both_deployments() {
         "compose gateway has no master key"
     );
 
-    let mut k8s_roles_sql = None;
-    let mut database_urls = BTreeMap::new();
-    for file in k8s_manifests() {
-        for doc in yaml_documents(&file) {
-            let kind = str_at(&doc, &["kind"]);
-            let name = str_at(&doc, &["metadata", "name"]).unwrap_or_default();
-            if kind == Some("ConfigMap") && name == "leasehold-postgres-roles" {
-                k8s_roles_sql = str_at(&doc, &["data", "roles.sql"]).map(str::to_string);
-            }
-            if kind != Some("Deployment") {
-                continue;
-            }
-            let containers = doc["spec"]["template"]["spec"]["containers"]
-                .as_sequence()
-                .cloned()
-                .unwrap_or_default();
-            for container in containers {
-                for env in container["env"].as_sequence().cloned().unwrap_or_default() {
-                    if str_at(&env, &["name"]) == Some("DATABASE_URL") {
-                        database_urls.insert(
-                            name.to_string(),
-                            (
-                                str_at(&env, &["valueFrom", "secretKeyRef", "name"])
-                                    .map(str::to_string),
-                                str_at(&env, &["valueFrom", "secretKeyRef", "key"])
-                                    .map(str::to_string),
-                            ),
-                        );
-                    }
-                }
-            }
-        }
-    }
+    // Kubernetes: CloudNativePG creates each role with its password from a
+    // basic-auth Secret of that username; the service reads the password
+    // from that Secret into its URL, on the cluster's primary; the Job runs
+    // the same roles.sql as compose.
+    let docs = k8s_documents();
+    let find = |kind: &str, name: &str| -> &Value {
+        docs.iter()
+            .map(|(_, doc)| doc)
+            .find(|d| str_at(d, &["kind"]) == Some(kind) && str_at(d, &["metadata", "name"]) == Some(name))
+            .unwrap_or_else(|| panic!("k8s has no {kind}/{name}"))
+    };
     assert_eq!(
-        k8s_roles_sql.as_deref(),
+        str_at(find("ConfigMap", "leasehold-postgres-roles"), &["data", "roles.sql"]),
         Some(roles_sql.as_str()),
         "k8s ConfigMap leasehold-postgres-roles differs from deploy/postgres/roles.sql"
     );
+    let clusters: Vec<&Value> = docs
+        .iter()
+        .map(|(_, doc)| doc)
+        .filter(|d| str_at(d, &["kind"]) == Some("Cluster"))
+        .collect();
+    assert_eq!(clusters.len(), 1, "one CloudNativePG Cluster");
+    let cluster = clusters[0];
+    let cluster_name = str_at(cluster, &["metadata", "name"]).unwrap();
+    let primary = format!("{cluster_name}-rw.leasehold.svc");
+    let database = str_at(cluster, &["spec", "bootstrap", "initdb", "database"]).expect("initdb database");
+    let roles: BTreeMap<&str, &Value> = cluster["spec"]["managed"]["roles"]
+        .as_sequence()
+        .expect("managed roles")
+        .iter()
+        .map(|role| (str_at(role, &["name"]).unwrap(), role))
+        .collect();
+
     for svc in ["gateway", "pricing", "audit"] {
+        let role_name = format!("lh_{svc}");
+        let role = roles
+            .get(role_name.as_str())
+            .unwrap_or_else(|| panic!("the Cluster manages no role {role_name}"));
+        assert_eq!(role["login"].as_bool(), Some(true), "{role_name}: login");
+        for attribute in ["superuser", "createdb", "createrole", "replication", "bypassrls"] {
+            assert_eq!(role[attribute].as_bool(), Some(false), "{role_name}: {attribute}");
+        }
+        let secret_name = str_at(role, &["passwordSecret", "name"]).expect("passwordSecret");
+        let secret = find("Secret", secret_name);
+        assert_eq!(str_at(secret, &["type"]), Some("kubernetes.io/basic-auth"), "{secret_name}");
         assert_eq!(
-            database_urls.get(svc),
-            Some(&(
-                Some("leasehold-postgres-roles".to_string()),
-                Some(format!("{svc}-database-url"))
-            )),
-            "k8s {svc} must connect with its own role's URL"
+            str_at(secret, &["stringData", "username"]),
+            Some(role_name.as_str()),
+            "{secret_name} names another role"
         );
+
+        let deployment = find("Deployment", svc);
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let env = container["env"].as_sequence().expect("env");
+        let password_from = env
+            .iter()
+            .find(|e| str_at(e, &["name"]) == Some("DATABASE_PASSWORD"))
+            .unwrap_or_else(|| panic!("k8s {svc} has no DATABASE_PASSWORD"));
+        assert_eq!(
+            (
+                str_at(password_from, &["valueFrom", "secretKeyRef", "name"]),
+                str_at(password_from, &["valueFrom", "secretKeyRef", "key"])
+            ),
+            (Some(secret_name), Some("password")),
+            "k8s {svc} must read its own role's password"
+        );
+        let url = env_value(container, "DATABASE_URL")
+            .unwrap_or_else(|| panic!("k8s {svc} has no DATABASE_URL value"));
+        let expected = format!("postgres://{role_name}:$(DATABASE_PASSWORD)@{primary}:5432/{database}?");
+        assert!(url.starts_with(&expected), "k8s {svc} connects with {url}, not {expected}…");
+        assert!(
+            url.contains("sslmode=verify-full") && url.contains("sslrootcert="),
+            "k8s {svc} does not check the server's certificate: {url}"
+        );
+        // The password must be defined before the URL that refers to it.
+        let position = |name: &str| env.iter().position(|e| str_at(e, &["name"]) == Some(name));
+        assert!(position("DATABASE_PASSWORD") < position("DATABASE_URL"), "k8s {svc}: env order");
     }
+
+    let job = find("Job", "postgres-roles");
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_value(container, "PGHOST").as_deref(), Some(primary.as_str()), "roles Job host");
+    assert_eq!(env_value(container, "PGSSLMODE").as_deref(), Some("verify-full"));
+    let superuser = str_at(cluster, &["spec", "superuserSecret", "name"]).expect("superuserSecret");
+    assert_eq!(
+        str_at(find("Secret", superuser), &["stringData", "username"]),
+        Some("postgres"),
+        "the superuser Secret"
+    );
 }
 
 /// Every NATS config a deployment runs includes its users (no anonymous
@@ -886,4 +1131,356 @@ fn compose_prometheus_scrapes_every_service_and_grafana_loads_the_dashboards() {
             );
         }
     }
+}
+
+/// The namespace everything of Leasehold's runs in.
+const NAMESPACE: &str = "leasehold";
+
+type Labels = BTreeMap<String, String>;
+
+fn labels_at(value: &Value) -> Labels {
+    value
+        .as_mapping()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string())))
+        .collect()
+}
+
+/// Whether a label selector (`matchLabels`, `matchExpressions`) selects
+/// `labels`; an empty selector selects everything.
+fn selects(selector: &Value, labels: &Labels) -> bool {
+    let wanted = labels_at(&selector["matchLabels"]);
+    if !wanted.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        return false;
+    }
+    selector["matchExpressions"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .all(|expression| {
+            let key = str_at(expression, &["key"]).unwrap_or_default();
+            let values: Vec<&str> = expression["values"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let value = labels.get(key).map(String::as_str);
+            match str_at(expression, &["operator"]) {
+                Some("In") => value.is_some_and(|v| values.contains(&v)),
+                Some("NotIn") => !value.is_some_and(|v| values.contains(&v)),
+                Some("Exists") => value.is_some(),
+                Some("DoesNotExist") => value.is_none(),
+                other => panic!("selector operator {other:?}"),
+            }
+        })
+}
+
+/// A pod that some workload of the manifests runs (its template), or one
+/// that the CloudNativePG operator runs for a `Cluster`.
+#[derive(Clone, Debug)]
+struct PodTemplate {
+    what: String,
+    labels: Labels,
+    spec: Value,
+}
+
+fn pod_templates(docs: &[(PathBuf, Value)]) -> Vec<PodTemplate> {
+    let mut pods = Vec::new();
+    for (_, doc) in docs {
+        let kind = str_at(doc, &["kind"]).unwrap_or_default();
+        let name = str_at(doc, &["metadata", "name"]).unwrap_or_default();
+        match kind {
+            "Deployment" | "DaemonSet" | "StatefulSet" | "Job" => pods.push(PodTemplate {
+                what: format!("{kind}/{name}"),
+                labels: labels_at(&doc["spec"]["template"]["metadata"]["labels"]),
+                spec: doc["spec"]["template"]["spec"].clone(),
+            }),
+            // The operator labels every pod of a cluster (instances, and the
+            // Jobs that initialise and join them) with the cluster's name.
+            "Cluster" if api_group(doc) == "postgresql.cnpg.io" => pods.push(PodTemplate {
+                what: format!("Cluster/{name} instance"),
+                labels: [("cnpg.io/cluster".to_string(), name.to_string())].into(),
+                spec: Value::Null,
+            }),
+            _ => {}
+        }
+    }
+    pods
+}
+
+fn containers(pod: &PodTemplate) -> Vec<Value> {
+    pod.spec["containers"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The literal value of a container's environment variable.
+fn env_value(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|e| str_at(e, &["name"]) == Some(name))
+        .and_then(|e| str_at(e, &["value"]))
+        .map(str::to_string)
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or_else(|| panic!("{addr:?} has no port"))
+}
+
+/// Where a Leasehold container serves `/metrics`: `LH_METRICS_ADDR` where it
+/// has one (the gateway), else its health listener `LH_HTTP_ADDR`.
+fn metrics_port(container: &Value) -> Option<u16> {
+    env_value(container, "LH_METRICS_ADDR")
+        .or_else(|| env_value(container, "LH_HTTP_ADDR"))
+        .map(|addr| port_of(&addr))
+}
+
+fn is_leasehold_container(container: &Value) -> bool {
+    str_at(container, &["image"]).is_some_and(|image| image.starts_with("leasehold/"))
+}
+
+/// A scrape target: which pod, which port, under which job name.
+#[derive(Debug)]
+struct ScrapeTarget {
+    pod: String,
+    port: u16,
+    job: String,
+    monitor: String,
+}
+
+/// The targets the ServiceMonitors and PodMonitors of `docs` make of the
+/// pods of `docs`, resolving ports by name the way the operator does.
+fn scrape_targets(docs: &[(PathBuf, Value)]) -> Vec<ScrapeTarget> {
+    let pods = pod_templates(docs);
+    let services: Vec<&Value> = docs
+        .iter()
+        .map(|(_, doc)| doc)
+        .filter(|doc| str_at(doc, &["kind"]) == Some("Service"))
+        .collect();
+    let container_port = |pod: &PodTemplate, port: &Value| -> Option<u16> {
+        containers(pod).iter().find_map(|c| {
+            c["ports"].as_sequence().into_iter().flatten().find_map(|p| {
+                let number = p["containerPort"].as_u64()? as u16;
+                let hit = match port {
+                    Value::String(name) => str_at(p, &["name"]) == Some(name.as_str()),
+                    Value::Number(n) => n.as_u64() == Some(number as u64),
+                    _ => false,
+                };
+                hit.then_some(number)
+            })
+        })
+    };
+    let mut targets = Vec::new();
+    for (_, monitor) in docs {
+        let kind = str_at(monitor, &["kind"]).unwrap_or_default();
+        let name = str_at(monitor, &["metadata", "name"]).unwrap_or_default();
+        let spec = &monitor["spec"];
+        match kind {
+            "PodMonitor" => {
+                for pod in pods.iter().filter(|p| selects(&spec["selector"], &p.labels)) {
+                    for endpoint in spec["podMetricsEndpoints"].as_sequence().into_iter().flatten() {
+                        if str_at(endpoint, &["path"]).unwrap_or("/metrics") != "/metrics" {
+                            continue;
+                        }
+                        let Some(port) = container_port(pod, &endpoint["port"]) else {
+                            continue;
+                        };
+                        let job = match str_at(spec, &["jobLabel"]) {
+                            Some(label) => pod.labels.get(label).cloned().unwrap_or_default(),
+                            None => format!("{NAMESPACE}/{name}"),
+                        };
+                        targets.push(ScrapeTarget {
+                            pod: pod.what.clone(),
+                            port,
+                            job,
+                            monitor: format!("PodMonitor/{name}"),
+                        });
+                    }
+                }
+            }
+            "ServiceMonitor" => {
+                for service in services
+                    .iter()
+                    .filter(|s| selects(&spec["selector"], &labels_at(&s["metadata"]["labels"])))
+                {
+                    let service_name = str_at(service, &["metadata", "name"]).unwrap_or_default();
+                    let pod_selector = labels_at(&service["spec"]["selector"]);
+                    for pod in pods
+                        .iter()
+                        .filter(|p| pod_selector.iter().all(|(k, v)| p.labels.get(k) == Some(v)))
+                    {
+                        for endpoint in spec["endpoints"].as_sequence().into_iter().flatten() {
+                            if str_at(endpoint, &["path"]).unwrap_or("/metrics") != "/metrics" {
+                                continue;
+                            }
+                            let Some(service_port) = service["spec"]["ports"]
+                                .as_sequence()
+                                .into_iter()
+                                .flatten()
+                                .find(|p| str_at(p, &["name"]) == str_at(endpoint, &["port"]))
+                            else {
+                                continue;
+                            };
+                            let target_port = match &service_port["targetPort"] {
+                                Value::Null => service_port["port"].clone(),
+                                other => other.clone(),
+                            };
+                            let Some(port) = container_port(pod, &target_port) else {
+                                continue;
+                            };
+                            let job = match str_at(spec, &["jobLabel"]) {
+                                Some(label) => labels_at(&service["metadata"]["labels"])
+                                    .get(label)
+                                    .cloned()
+                                    .unwrap_or_default(),
+                                None => service_name.to_string(),
+                            };
+                            targets.push(ScrapeTarget {
+                                pod: pod.what.clone(),
+                                port,
+                                job,
+                                monitor: format!("ServiceMonitor/{name}"),
+                            });
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    targets
+}
+
+/// What is wrong with how the monitors of `docs` scrape the Leasehold
+/// containers: a container's metrics port scraped by no monitor or by
+/// several, or under a job other than its service's name (the job names of
+/// compose's Prometheus, which the rules and dashboards read).
+fn scrape_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
+    let targets = scrape_targets(docs);
+    let mut problems = Vec::new();
+    for pod in pod_templates(docs) {
+        for container in containers(&pod).iter().filter(|c| is_leasehold_container(c)) {
+            let port = metrics_port(container)
+                .unwrap_or_else(|| panic!("{}: no metrics listener", pod.what));
+            let scraping: Vec<&ScrapeTarget> = targets
+                .iter()
+                .filter(|t| t.pod == pod.what && t.port == port)
+                .collect();
+            let service = pod
+                .labels
+                .get("app.kubernetes.io/name")
+                .cloned()
+                .unwrap_or_default();
+            match scraping.as_slice() {
+                [] => problems.push(format!("{} :{port} is scraped by no monitor", pod.what)),
+                [target] if target.job != service => problems.push(format!(
+                    "{} :{port} is scraped by {} as job {:?}, not {service:?}",
+                    pod.what, target.monitor, target.job
+                )),
+                [_] => {}
+                several => problems.push(format!(
+                    "{} :{port} is scraped {} times: {several:?}",
+                    pod.what,
+                    several.len()
+                )),
+            }
+        }
+    }
+    for target in &targets {
+        if target.pod.contains("instance") {
+            continue;
+        }
+        let pod = pod_templates(docs)
+            .into_iter()
+            .find(|p| p.what == target.pod)
+            .unwrap();
+        let serves_metrics = containers(&pod)
+            .iter()
+            .any(|c| metrics_port(c) == Some(target.port));
+        if !serves_metrics {
+            problems.push(format!(
+                "{} scrapes {} :{}, where nothing serves /metrics",
+                target.monitor, target.pod, target.port
+            ));
+        }
+    }
+    problems
+}
+
+fn alert_rules_file() -> Value {
+    yaml_documents(&workspace_root().join("deploy/prometheus/rules/leasehold.rules.yml")).remove(0)
+}
+
+#[test]
+fn the_prometheus_rule_carries_exactly_the_alert_rules_file() {
+    let rules = alert_rules_file();
+    let carried: Vec<Value> = k8s_documents()
+        .into_iter()
+        .filter(|(_, doc)| str_at(doc, &["kind"]) == Some("PrometheusRule"))
+        .map(|(_, doc)| doc["spec"].clone())
+        .collect();
+    assert_eq!(carried.len(), 1, "one PrometheusRule in k8s/");
+    assert!(
+        rules["groups"].as_sequence().is_some_and(|g| !g.is_empty()),
+        "no rule groups in the rules file"
+    );
+    assert_eq!(
+        carried[0], rules,
+        "the PrometheusRule in k8s/40-monitoring.yaml differs from deploy/prometheus/rules/leasehold.rules.yml"
+    );
+}
+
+#[test]
+fn every_service_is_scraped_once_under_its_job_name() {
+    let docs = k8s_documents();
+    let problems = scrape_problems(&docs);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // Every job the alert rules name is one the monitors make.
+    let jobs: BTreeSet<String> = scrape_targets(&docs).into_iter().map(|t| t.job).collect();
+    let rules = serde_yaml_ng::to_string(&alert_rules_file()).unwrap();
+    let named: BTreeSet<&str> = rules
+        .split("job=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert!(!named.is_empty(), "the rules name no job");
+    for job in named {
+        assert!(jobs.contains(job), "the rules read job {job:?}; k8s scrapes {jobs:?}");
+    }
+
+    // A monitor on the wrong port, or one under another job name, is caught.
+    let mutate = |kind: &str, name: &str, change: &dyn Fn(&mut Value)| {
+        let mut docs = docs.clone();
+        let (_, doc) = docs
+            .iter_mut()
+            .find(|(_, d)| {
+                str_at(d, &["kind"]) == Some(kind) && str_at(d, &["metadata", "name"]) == Some(name)
+            })
+            .unwrap_or_else(|| panic!("no {kind}/{name}"));
+        change(doc);
+        scrape_problems(&docs)
+    };
+    let problems = mutate("PodMonitor", "gateway", &|d| {
+        d["spec"]["podMetricsEndpoints"][0]["port"] = Value::from("http");
+    });
+    assert!(
+        problems.iter().any(|p| p.contains("Deployment/gateway :9100 is scraped by no monitor"))
+            && problems.iter().any(|p| p.contains("where nothing serves /metrics")),
+        "{problems:?}"
+    );
+    let problems = mutate("PodMonitor", "node-agent", &|d| {
+        d["spec"].as_mapping_mut().unwrap().remove("jobLabel");
+    });
+    assert!(
+        problems.iter().any(|p| p.contains("as job \"leasehold/node-agent\"")),
+        "{problems:?}"
+    );
 }
