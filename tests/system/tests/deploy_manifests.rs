@@ -231,9 +231,7 @@ fn compose_file_matches_the_compose_specification() {
 /// The API group of a document's `apiVersion` (empty for the core group).
 fn api_group(doc: &Value) -> &str {
     let api_version = str_at(doc, &["apiVersion"]).unwrap_or_default();
-    api_version
-        .rsplit_once('/')
-        .map_or("", |(group, _)| group)
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 /// Built-in kinds are in the core group or a group of Kubernetes' own
@@ -299,7 +297,10 @@ fn check_custom_resources(
         }
         // JSON, one document a file: what check-jsonschema reads is exactly
         // what this test parsed.
-        let file = dir.join(format!("{index:03}-{}.json", origin.replace(['/', ' '], "_")));
+        let file = dir.join(format!(
+            "{index:03}-{}.json",
+            origin.replace(['/', ' '], "_")
+        ));
         std::fs::write(&file, serde_json::to_string_pretty(doc).unwrap()).unwrap();
         by_schema.entry(schema).or_default().push(file);
     }
@@ -334,7 +335,10 @@ fn kubernetes_manifests_match_the_kubernetes_api_schemas() {
             str_at(&doc, &["metadata", "name"]).unwrap_or_default()
         );
         if is_built_in(&doc) {
-            let path = built_in_dir.join(format!("{index:03}-{}.json", origin.replace(['/', ' '], "_")));
+            let path = built_in_dir.join(format!(
+                "{index:03}-{}.json",
+                origin.replace(['/', ' '], "_")
+            ));
             std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
             built_in.push(path);
         } else {
@@ -425,8 +429,7 @@ fn kubernetes_manifests_match_the_kubernetes_api_schemas() {
     {
         let broken_dir = dir.path().join(format!("broken-{index}"));
         std::fs::create_dir_all(&broken_dir).unwrap();
-        let failures =
-            check_custom_resources(&schemas, &[(what.to_string(), doc)], &broken_dir);
+        let failures = check_custom_resources(&schemas, &[(what.to_string(), doc)], &broken_dir);
         assert!(!failures.is_empty(), "{what} passed validation");
     }
 }
@@ -795,11 +798,16 @@ fn services_connect_as_their_own_roles_in_both_deployments() {
     let find = |kind: &str, name: &str| -> &Value {
         docs.iter()
             .map(|(_, doc)| doc)
-            .find(|d| str_at(d, &["kind"]) == Some(kind) && str_at(d, &["metadata", "name"]) == Some(name))
+            .find(|d| {
+                str_at(d, &["kind"]) == Some(kind) && str_at(d, &["metadata", "name"]) == Some(name)
+            })
             .unwrap_or_else(|| panic!("k8s has no {kind}/{name}"))
     };
     assert_eq!(
-        str_at(find("ConfigMap", "leasehold-postgres-roles"), &["data", "roles.sql"]),
+        str_at(
+            find("ConfigMap", "leasehold-postgres-roles"),
+            &["data", "roles.sql"]
+        ),
         Some(roles_sql.as_str()),
         "k8s ConfigMap leasehold-postgres-roles differs from deploy/postgres/roles.sql"
     );
@@ -812,7 +820,8 @@ fn services_connect_as_their_own_roles_in_both_deployments() {
     let cluster = clusters[0];
     let cluster_name = str_at(cluster, &["metadata", "name"]).unwrap();
     let primary = format!("{cluster_name}-rw.leasehold.svc");
-    let database = str_at(cluster, &["spec", "bootstrap", "initdb", "database"]).expect("initdb database");
+    let database =
+        str_at(cluster, &["spec", "bootstrap", "initdb", "database"]).expect("initdb database");
     let roles: BTreeMap<&str, &Value> = cluster["spec"]["managed"]["roles"]
         .as_sequence()
         .expect("managed roles")
@@ -826,12 +835,26 @@ fn services_connect_as_their_own_roles_in_both_deployments() {
             .get(role_name.as_str())
             .unwrap_or_else(|| panic!("the Cluster manages no role {role_name}"));
         assert_eq!(role["login"].as_bool(), Some(true), "{role_name}: login");
-        for attribute in ["superuser", "createdb", "createrole", "replication", "bypassrls"] {
-            assert_eq!(role[attribute].as_bool(), Some(false), "{role_name}: {attribute}");
+        for attribute in [
+            "superuser",
+            "createdb",
+            "createrole",
+            "replication",
+            "bypassrls",
+        ] {
+            assert_eq!(
+                role[attribute].as_bool(),
+                Some(false),
+                "{role_name}: {attribute}"
+            );
         }
         let secret_name = str_at(role, &["passwordSecret", "name"]).expect("passwordSecret");
         let secret = find("Secret", secret_name);
-        assert_eq!(str_at(secret, &["type"]), Some("kubernetes.io/basic-auth"), "{secret_name}");
+        assert_eq!(
+            str_at(secret, &["type"]),
+            Some("kubernetes.io/basic-auth"),
+            "{secret_name}"
+        );
         assert_eq!(
             str_at(secret, &["stringData", "username"]),
             Some(role_name.as_str()),
@@ -855,21 +878,35 @@ fn services_connect_as_their_own_roles_in_both_deployments() {
         );
         let url = env_value(container, "DATABASE_URL")
             .unwrap_or_else(|| panic!("k8s {svc} has no DATABASE_URL value"));
-        let expected = format!("postgres://{role_name}:$(DATABASE_PASSWORD)@{primary}:5432/{database}?");
-        assert!(url.starts_with(&expected), "k8s {svc} connects with {url}, not {expected}…");
+        let expected =
+            format!("postgres://{role_name}:$(DATABASE_PASSWORD)@{primary}:5432/{database}?");
+        assert!(
+            url.starts_with(&expected),
+            "k8s {svc} connects with {url}, not {expected}…"
+        );
         assert!(
             url.contains("sslmode=verify-full") && url.contains("sslrootcert="),
             "k8s {svc} does not check the server's certificate: {url}"
         );
         // The password must be defined before the URL that refers to it.
         let position = |name: &str| env.iter().position(|e| str_at(e, &["name"]) == Some(name));
-        assert!(position("DATABASE_PASSWORD") < position("DATABASE_URL"), "k8s {svc}: env order");
+        assert!(
+            position("DATABASE_PASSWORD") < position("DATABASE_URL"),
+            "k8s {svc}: env order"
+        );
     }
 
     let job = find("Job", "postgres-roles");
     let container = &job["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(env_value(container, "PGHOST").as_deref(), Some(primary.as_str()), "roles Job host");
-    assert_eq!(env_value(container, "PGSSLMODE").as_deref(), Some("verify-full"));
+    assert_eq!(
+        env_value(container, "PGHOST").as_deref(),
+        Some(primary.as_str()),
+        "roles Job host"
+    );
+    assert_eq!(
+        env_value(container, "PGSSLMODE").as_deref(),
+        Some("verify-full")
+    );
     let superuser = str_at(cluster, &["spec", "superuserSecret", "name"]).expect("superuserSecret");
     assert_eq!(
         str_at(find("Secret", superuser), &["stringData", "username"]),
@@ -1266,15 +1303,19 @@ fn scrape_targets(docs: &[(PathBuf, Value)]) -> Vec<ScrapeTarget> {
         .collect();
     let container_port = |pod: &PodTemplate, port: &Value| -> Option<u16> {
         containers(pod).iter().find_map(|c| {
-            c["ports"].as_sequence().into_iter().flatten().find_map(|p| {
-                let number = p["containerPort"].as_u64()? as u16;
-                let hit = match port {
-                    Value::String(name) => str_at(p, &["name"]) == Some(name.as_str()),
-                    Value::Number(n) => n.as_u64() == Some(number as u64),
-                    _ => false,
-                };
-                hit.then_some(number)
-            })
+            c["ports"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .find_map(|p| {
+                    let number = p["containerPort"].as_u64()? as u16;
+                    let hit = match port {
+                        Value::String(name) => str_at(p, &["name"]) == Some(name.as_str()),
+                        Value::Number(n) => n.as_u64() == Some(number as u64),
+                        _ => false,
+                    };
+                    hit.then_some(number)
+                })
         })
     };
     let mut targets = Vec::new();
@@ -1284,8 +1325,15 @@ fn scrape_targets(docs: &[(PathBuf, Value)]) -> Vec<ScrapeTarget> {
         let spec = &monitor["spec"];
         match kind {
             "PodMonitor" => {
-                for pod in pods.iter().filter(|p| selects(&spec["selector"], &p.labels)) {
-                    for endpoint in spec["podMetricsEndpoints"].as_sequence().into_iter().flatten() {
+                for pod in pods
+                    .iter()
+                    .filter(|p| selects(&spec["selector"], &p.labels))
+                {
+                    for endpoint in spec["podMetricsEndpoints"]
+                        .as_sequence()
+                        .into_iter()
+                        .flatten()
+                    {
                         if str_at(endpoint, &["path"]).unwrap_or("/metrics") != "/metrics" {
                             continue;
                         }
@@ -1366,7 +1414,10 @@ fn scrape_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
     let targets = scrape_targets(docs);
     let mut problems = Vec::new();
     for pod in pod_templates(docs) {
-        for container in containers(&pod).iter().filter(|c| is_leasehold_container(c)) {
+        for container in containers(&pod)
+            .iter()
+            .filter(|c| is_leasehold_container(c))
+        {
             let port = metrics_port(container)
                 .unwrap_or_else(|| panic!("{}: no metrics listener", pod.what));
             let scraping: Vec<&ScrapeTarget> = targets
@@ -1453,7 +1504,10 @@ fn every_service_is_scraped_once_under_its_job_name() {
         .collect();
     assert!(!named.is_empty(), "the rules name no job");
     for job in named {
-        assert!(jobs.contains(job), "the rules read job {job:?}; k8s scrapes {jobs:?}");
+        assert!(
+            jobs.contains(job),
+            "the rules read job {job:?}; k8s scrapes {jobs:?}"
+        );
     }
 
     // A monitor on the wrong port, or one under another job name, is caught.
@@ -1472,15 +1526,798 @@ fn every_service_is_scraped_once_under_its_job_name() {
         d["spec"]["podMetricsEndpoints"][0]["port"] = Value::from("http");
     });
     assert!(
-        problems.iter().any(|p| p.contains("Deployment/gateway :9100 is scraped by no monitor"))
-            && problems.iter().any(|p| p.contains("where nothing serves /metrics")),
+        problems
+            .iter()
+            .any(|p| p.contains("Deployment/gateway :9100 is scraped by no monitor"))
+            && problems
+                .iter()
+                .any(|p| p.contains("where nothing serves /metrics")),
         "{problems:?}"
     );
     let problems = mutate("PodMonitor", "node-agent", &|d| {
         d["spec"].as_mapping_mut().unwrap().remove("jobLabel");
     });
     assert!(
-        problems.iter().any(|p| p.contains("as job \"leasehold/node-agent\"")),
+        problems
+            .iter()
+            .any(|p| p.contains("as job \"leasehold/node-agent\"")),
         "{problems:?}"
     );
+}
+
+/// One end of a network flow: a pod (its namespace and labels) or, for the
+/// Kubernetes API server, an address outside any pod network.
+#[derive(Clone, Debug)]
+enum Peer {
+    Pod {
+        what: String,
+        namespace: String,
+        labels: Labels,
+    },
+    ApiServer,
+}
+
+impl Peer {
+    fn outside(what: &str, namespace: &str, labels: &[(&str, &str)]) -> Self {
+        Peer::Pod {
+            what: what.to_string(),
+            namespace: namespace.to_string(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn inside(pod: &PodTemplate) -> Self {
+        Peer::Pod {
+            what: pod.what.clone(),
+            namespace: NAMESPACE.to_string(),
+            labels: pod.labels.clone(),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Peer::Pod { what, .. } => what,
+            Peer::ApiServer => "the API server",
+        }
+    }
+}
+
+/// A connection the platform needs, and why.
+#[derive(Clone, Debug)]
+struct Flow {
+    from: Peer,
+    to: Peer,
+    port: u16,
+    protocol: &'static str,
+    why: &'static str,
+}
+
+/// The flows the manifests need, derived from what they run: each pod
+/// resolves names; a container with `LH_NATS_URL` reaches the NATS members
+/// on the URL's port, one with `DATABASE_URL` or `PGHOST` the instances of
+/// the CloudNativePG cluster it names; NATS members reach each other on
+/// their route port; Prometheus reaches every scrape target; anyone
+/// reaches the gateway's API; the CloudNativePG operator reaches its
+/// instances, which reach each other and the API server.
+fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
+    let dns = Peer::outside("kube-dns", "kube-system", &[("k8s-app", "kube-dns")]);
+    let prometheus = Peer::outside(
+        "Prometheus",
+        "monitoring",
+        &[("app.kubernetes.io/name", "prometheus")],
+    );
+    let operator = Peer::outside(
+        "the CloudNativePG operator",
+        "cnpg-system",
+        &[("app.kubernetes.io/name", "cloudnative-pg")],
+    );
+    let anyone = Peer::outside("a client of the API", "ingress", &[]);
+    let pods = pod_templates(docs);
+    let by_name = |what: &str| pods.iter().find(|p| p.what == what).cloned();
+    let nats = by_name("StatefulSet/nats").expect("a nats StatefulSet");
+    let route_port = docs
+        .iter()
+        .find(|(_, d)| str_at(d, &["metadata", "name"]) == Some("nats-config"))
+        .and_then(|(_, d)| str_at(d, &["data", "nats.conf"]).map(str::to_string))
+        .and_then(|conf| {
+            conf.lines()
+                .find(|l| l.trim().starts_with("nats://nats-0."))
+                .map(|l| port_of(l.trim()))
+        })
+        .expect("nats-config routes");
+    let instances: BTreeMap<String, PodTemplate> = pods
+        .iter()
+        .filter(|p| p.what.starts_with("Cluster/"))
+        .map(|p| (p.labels["cnpg.io/cluster"].clone(), p.clone()))
+        .collect();
+
+    let mut flows = Vec::new();
+    let mut flow =
+        |from: &Peer, to: &Peer, port: u16, protocol: &'static str, why: &'static str| {
+            flows.push(Flow {
+                from: from.clone(),
+                to: to.clone(),
+                port,
+                protocol,
+                why,
+            })
+        };
+    for pod in &pods {
+        let me = Peer::inside(pod);
+        flow(&me, &dns, 53, "UDP", "names");
+        flow(&me, &dns, 53, "TCP", "names");
+        for container in containers(pod) {
+            if let Some(urls) = env_value(&container, "LH_NATS_URL") {
+                for url in urls.split(',') {
+                    flow(
+                        &me,
+                        &Peer::inside(&nats),
+                        port_of(url),
+                        "TCP",
+                        "LH_NATS_URL",
+                    );
+                }
+            }
+            let database_host = env_value(&container, "DATABASE_URL")
+                .map(|url| {
+                    let after_at = url
+                        .rsplit_once('@')
+                        .map_or(url.as_str(), |(_, h)| h)
+                        .to_string();
+                    after_at.split(['/', '?']).next().unwrap().to_string()
+                })
+                .or_else(|| env_value(&container, "PGHOST").map(|h| format!("{h}:5432")));
+            if let Some(host_port) = database_host {
+                let host = host_port.split(':').next().unwrap();
+                let cluster = host
+                    .split('.')
+                    .next()
+                    .and_then(|service| service.strip_suffix("-rw"))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{}: database host {host} is no CloudNativePG -rw service",
+                            pod.what
+                        )
+                    });
+                let instance = instances
+                    .get(cluster)
+                    .unwrap_or_else(|| panic!("{}: no Cluster {cluster}", pod.what));
+                flow(
+                    &me,
+                    &Peer::inside(instance),
+                    port_of(&host_port),
+                    "TCP",
+                    "its database",
+                );
+            }
+            if let Some(addr) = env_value(&container, "LH_GATEWAY_ADDR") {
+                flow(&anyone, &me, port_of(&addr), "TCP", "the API");
+            }
+        }
+    }
+    let nats_peer = Peer::inside(&nats);
+    flow(&nats_peer, &nats_peer, route_port, "TCP", "NATS routes");
+    for instance in instances.values() {
+        let me = Peer::inside(instance);
+        flow(
+            &operator,
+            &me,
+            5432,
+            "TCP",
+            "the operator manages PostgreSQL",
+        );
+        flow(
+            &operator,
+            &me,
+            8000,
+            "TCP",
+            "the operator reads the instance manager's status",
+        );
+        flow(&me, &me, 5432, "TCP", "replication");
+        flow(
+            &me,
+            &Peer::ApiServer,
+            443,
+            "TCP",
+            "the instance manager watches its Cluster",
+        );
+        flow(
+            &me,
+            &Peer::ApiServer,
+            6443,
+            "TCP",
+            "the instance manager watches its Cluster",
+        );
+    }
+    for target in scrape_targets(docs) {
+        let pod = by_name(&target.pod).expect("scraped pod");
+        flow(
+            &prometheus,
+            &Peer::inside(&pod),
+            target.port,
+            "TCP",
+            "metrics",
+        );
+    }
+    flows
+}
+
+/// Which rule, peer and port entry of which policy a flow went through.
+type RulePart = (String, &'static str, usize, &'static str, usize);
+
+/// Whether a NetworkPolicy peer (`podSelector`, `namespaceSelector`,
+/// `ipBlock`) covers `peer`, for a policy in the namespace leasehold.
+fn peer_matches(rule_peer: &Value, peer: &Peer) -> bool {
+    match peer {
+        Peer::ApiServer => {
+            str_at(rule_peer, &["ipBlock", "cidr"]).is_some_and(|c| c.ends_with("/32"))
+        }
+        Peer::Pod {
+            namespace, labels, ..
+        } => {
+            if rule_peer.get("ipBlock").is_some() {
+                return false;
+            }
+            let namespace_ok = match rule_peer.get("namespaceSelector") {
+                Some(selector) => selects(
+                    selector,
+                    &[("kubernetes.io/metadata.name".to_string(), namespace.clone())].into(),
+                ),
+                None => namespace == NAMESPACE,
+            };
+            let pod_ok = rule_peer
+                .get("podSelector")
+                .is_none_or(|selector| selects(selector, labels));
+            namespace_ok && pod_ok
+        }
+    }
+}
+
+/// The rule parts of `policies` that let `flow` out of its source (egress)
+/// or into its destination (ingress); `None` when no policy applies to that
+/// end in that direction (everything passes), `Some(empty)` when policies
+/// apply and none allows it.
+fn allowing_parts(
+    policies: &[Value],
+    flow: &Flow,
+    direction: &'static str,
+) -> Option<Vec<RulePart>> {
+    let (me, other) = match direction {
+        "Egress" => (&flow.from, &flow.to),
+        _ => (&flow.to, &flow.from),
+    };
+    let Peer::Pod {
+        namespace, labels, ..
+    } = me
+    else {
+        return None;
+    };
+    if namespace != NAMESPACE {
+        return None; // not ours to police
+    }
+    let (rules_key, peers_key) = match direction {
+        "Egress" => ("egress", "to"),
+        _ => ("ingress", "from"),
+    };
+    let applying: Vec<&Value> = policies
+        .iter()
+        .filter(|p| selects(&p["spec"]["podSelector"], labels))
+        .filter(|p| {
+            p["spec"]["policyTypes"]
+                .as_sequence()
+                .is_some_and(|types| types.iter().any(|t| t.as_str() == Some(direction)))
+        })
+        .collect();
+    if applying.is_empty() {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for policy in applying {
+        let name = str_at(policy, &["metadata", "name"])
+            .unwrap_or_default()
+            .to_string();
+        for (rule_index, rule) in policy["spec"][rules_key]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let peers = rule[peers_key].as_sequence().cloned().unwrap_or_default();
+            let peer_index = if peers.is_empty() {
+                Some(usize::MAX) // every peer
+            } else {
+                peers.iter().position(|p| peer_matches(p, other))
+            };
+            let ports = rule["ports"].as_sequence().cloned().unwrap_or_default();
+            let port_index = if ports.is_empty() {
+                Some(usize::MAX) // every port
+            } else {
+                ports.iter().position(|p| {
+                    p["port"].as_u64() == Some(flow.port as u64)
+                        && str_at(p, &["protocol"]).unwrap_or("TCP") == flow.protocol
+                })
+            };
+            if let (Some(peer), Some(port)) = (peer_index, port_index) {
+                parts.push((name.clone(), rules_key, rule_index, peers_key, peer));
+                parts.push((name.clone(), rules_key, rule_index, "ports", port));
+            }
+        }
+    }
+    Some(parts)
+}
+
+/// What is wrong with the NetworkPolicies of `docs`: a needed flow they
+/// refuse, a rule without peers or ports (open to all; only the gateway's
+/// API may be), a peer or port no needed flow goes through, and a
+/// namespace without its default deny.
+fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
+    let policies: Vec<Value> = docs
+        .iter()
+        .map(|(_, d)| d.clone())
+        .filter(|d| str_at(d, &["kind"]) == Some("NetworkPolicy"))
+        .collect();
+    let mut problems = Vec::new();
+
+    let default_deny = policies.iter().any(|p| {
+        let spec = &p["spec"];
+        selects(&spec["podSelector"], &Labels::new())
+            && spec["podSelector"]
+                .as_mapping()
+                .is_none_or(|m| m.is_empty())
+            && ["Ingress", "Egress"].iter().all(|t| {
+                spec["policyTypes"]
+                    .as_sequence()
+                    .is_some_and(|types| types.iter().any(|x| x.as_str() == Some(*t)))
+            })
+            && spec.get("ingress").is_none()
+            && spec.get("egress").is_none()
+    });
+    if !default_deny {
+        problems
+            .push("no default-deny policy (every pod, Ingress and Egress, no rules)".to_string());
+    }
+
+    let mut used: BTreeSet<RulePart> = BTreeSet::new();
+    for flow in needed_flows(docs) {
+        for direction in ["Egress", "Ingress"] {
+            match allowing_parts(&policies, &flow, direction) {
+                None => {}
+                Some(parts) if parts.is_empty() => problems.push(format!(
+                    "{} → {} :{}/{} ({}) is refused ({direction})",
+                    flow.from.name(),
+                    flow.to.name(),
+                    flow.port,
+                    flow.protocol,
+                    flow.why
+                )),
+                Some(parts) => used.extend(parts),
+            }
+        }
+    }
+
+    let gateway_api_ports: BTreeSet<u64> = pod_templates(docs)
+        .iter()
+        .flat_map(containers)
+        .filter_map(|c| env_value(&c, "LH_GATEWAY_ADDR"))
+        .map(|addr| port_of(&addr) as u64)
+        .collect();
+    for policy in &policies {
+        let name = str_at(policy, &["metadata", "name"])
+            .unwrap_or_default()
+            .to_string();
+        for (rules_key, peers_key) in [("ingress", "from"), ("egress", "to")] {
+            for (index, rule) in policy["spec"][rules_key]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let peers = rule[peers_key].as_sequence().cloned().unwrap_or_default();
+                let ports = rule["ports"].as_sequence().cloned().unwrap_or_default();
+                let only_the_api = rules_key == "ingress"
+                    && !ports.is_empty()
+                    && ports.iter().all(|p| {
+                        p["port"]
+                            .as_u64()
+                            .is_some_and(|port| gateway_api_ports.contains(&port))
+                    });
+                if peers.is_empty() && !only_the_api {
+                    problems.push(format!(
+                        "{name} {rules_key}[{index}] has no `{peers_key}`: open to all"
+                    ));
+                }
+                if ports.is_empty() {
+                    problems.push(format!(
+                        "{name} {rules_key}[{index}] has no ports: every port"
+                    ));
+                }
+                for (peer_index, peer) in peers.iter().enumerate() {
+                    if let Some(cidr) = str_at(peer, &["ipBlock", "cidr"]) {
+                        if !cidr.ends_with("/32") {
+                            problems.push(format!(
+                                "{name} {rules_key}[{index}]: ipBlock {cidr} is not one address"
+                            ));
+                        }
+                    }
+                    let part = (name.clone(), rules_key, index, peers_key, peer_index);
+                    if !used.iter().any(|u| {
+                        (&u.0, u.1, u.2, u.3, u.4) == (&part.0, part.1, part.2, part.3, part.4)
+                    }) {
+                        problems.push(format!("{name} {rules_key}[{index}].{peers_key}[{peer_index}] is used by no needed flow"));
+                    }
+                }
+                for (port_index, port) in ports.iter().enumerate() {
+                    let part = (name.clone(), rules_key, index, "ports", port_index);
+                    if !used.contains(&part) {
+                        problems.push(format!(
+                            "{name} {rules_key}[{index}] port {:?} is used by no needed flow",
+                            port["port"]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn network_policies_allow_the_needed_flows_and_nothing_more() {
+    let docs = k8s_documents();
+    let flows = needed_flows(&docs);
+    for (from, to, port) in [
+        ("Deployment/pricing", "Cluster/postgres instance", 5432),
+        ("Deployment/gateway", "StatefulSet/nats", 4222),
+        ("DaemonSet/node-agent-cn-north-1a", "StatefulSet/nats", 4222),
+        ("Deployment/node-agent-a", "StatefulSet/nats", 4222),
+        ("Job/postgres-roles", "Cluster/postgres instance", 5432),
+        ("StatefulSet/nats", "StatefulSet/nats", 6222),
+        ("Prometheus", "Deployment/gateway", 9100),
+        ("Prometheus", "DaemonSet/node-agent-cn-north-1a", 9110),
+    ] {
+        assert!(
+            flows
+                .iter()
+                .any(|f| f.from.name() == from && f.to.name() == to && f.port == port),
+            "the derived flows lack {from} → {to} :{port}"
+        );
+    }
+    let problems = network_policy_problems(&docs);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // Each kind of mistake is caught.
+    let with_policy = |name: &str, change: &dyn Fn(&mut Value)| {
+        let mut docs = docs.clone();
+        let (_, policy) = docs
+            .iter_mut()
+            .find(|(_, d)| {
+                str_at(d, &["kind"]) == Some("NetworkPolicy")
+                    && str_at(d, &["metadata", "name"]) == Some(name)
+            })
+            .unwrap_or_else(|| panic!("no NetworkPolicy/{name}"));
+        change(policy);
+        network_policy_problems(&docs)
+    };
+    // pricing loses its database
+    let problems = with_policy("pricing", &|p| {
+        p["spec"]["egress"].as_sequence_mut().unwrap().truncate(1);
+    });
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "Deployment/pricing → Cluster/postgres instance :5432/TCP (its database) is refused"
+        )),
+        "{problems:?}"
+    );
+    // NATS opened to every pod
+    let problems = with_policy("nats", &|p| {
+        p["spec"]["ingress"][0]
+            .as_mapping_mut()
+            .unwrap()
+            .remove("from");
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("nats ingress[0] has no `from`")),
+        "{problems:?}"
+    );
+    // a port nothing uses (the NATS monitor port)
+    let problems = with_policy("nats", &|p| {
+        p["spec"]["ingress"][0]["ports"]
+            .as_sequence_mut()
+            .unwrap()
+            .push(serde_yaml_ng::from_str("{protocol: TCP, port: 8222}").unwrap());
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("port Number(8222) is used by no needed flow")),
+        "{problems:?}"
+    );
+    // no default deny
+    let problems = with_policy("default-deny", &|p| {
+        p["spec"]["policyTypes"] = serde_yaml_ng::from_str("[Ingress]").unwrap();
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("no default-deny policy")),
+        "{problems:?}"
+    );
+}
+
+/// What a GPU node's agent needs of its pod, per the manifests: where
+/// problems are, empty when none.
+fn gpu_node_agent_problems(agent: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let name = str_at(agent, &["metadata", "name"]).unwrap_or_default();
+    let pod = &agent["spec"]["template"]["spec"];
+    let mut problem = |what: String| problems.push(format!("DaemonSet/{name}: {what}"));
+
+    // Only on GPU nodes, as the GPU operator's feature discovery labels them.
+    let terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    let gpu_label = |term: &Value| {
+        term["matchExpressions"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .any(|e| {
+                str_at(e, &["key"]) == Some("nvidia.com/gpu.present")
+                    && str_at(e, &["operator"]) == Some("In")
+                    && e["values"]
+                        .as_sequence()
+                        .is_some_and(|v| v.len() == 1 && v[0].as_str() == Some("true"))
+            })
+    };
+    let by_selector = str_at(pod, &["nodeSelector", "nvidia.com/gpu.present"]) == Some("true");
+    if !(by_selector || (!terms.is_empty() && terms.iter().all(gpu_label))) {
+        problem("not restricted to nodes labelled nvidia.com/gpu.present=true".into());
+    }
+    if str_at(pod, &["runtimeClassName"]) != Some("nvidia") {
+        problem("runtimeClassName is not nvidia".into());
+    }
+
+    let container = &pod["containers"][0];
+    let env = container["env"].as_sequence().cloned().unwrap_or_default();
+    let from_field = |var: &str| {
+        env.iter()
+            .find(|e| str_at(e, &["name"]) == Some(var))
+            .and_then(|e| str_at(e, &["valueFrom", "fieldRef", "fieldPath"]))
+    };
+    if from_field("LH_NODE_ID") != Some("spec.nodeName") {
+        problem("LH_NODE_ID does not come from spec.nodeName".into());
+    }
+    if env_value(container, "LH_GPU_BACKEND").as_deref() != Some("nvml") {
+        problem("LH_GPU_BACKEND is not nvml".into());
+    }
+    if env_value(container, "LH_SIM_FALLBACK").is_some() {
+        problem("a GPU node falls back to a simulated one".into());
+    }
+    if env_value(container, "LH_ZONE").is_none() {
+        problem("no LH_ZONE (the NVML backend needs it)".into());
+    }
+    if env_value(container, "NVIDIA_VISIBLE_DEVICES").as_deref() != Some("all") {
+        problem("NVIDIA_VISIBLE_DEVICES is not all".into());
+    }
+    let capabilities = env_value(container, "NVIDIA_DRIVER_CAPABILITIES").unwrap_or_default();
+    for wanted in ["utility", "compute"] {
+        if !capabilities.split(',').any(|c| c == wanted || c == "all") {
+            problem(format!("NVIDIA_DRIVER_CAPABILITIES lacks {wanted}"));
+        }
+    }
+    if env_value(container, "NVIDIA_MIG_CONFIG_DEVICES").as_deref() != Some("all") {
+        problem("no NVIDIA_MIG_CONFIG_DEVICES=all: MIG instances cannot be created".into());
+    }
+    let added: Vec<&str> = container["securityContext"]["capabilities"]["add"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !added.contains(&"SYS_ADMIN") {
+        problem("no SYS_ADMIN: NVML refuses MIG instance changes".into());
+    }
+    if pod["hostIPC"].as_bool() != Some(true) {
+        problem("not in the host's IPC namespace: MPS clients cannot reach the daemon".into());
+    }
+
+    // Host paths: the state directory (at the same path, since dockerd
+    // resolves what the agent passes it), the NATS seed.
+    let host_path = |mount_path: &str| -> Option<String> {
+        let mount = container["volumeMounts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|m| str_at(m, &["mountPath"]) == Some(mount_path))?;
+        let volume = str_at(mount, &["name"])?;
+        pod["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|v| str_at(v, &["name"]) == Some(volume))
+            .and_then(|v| str_at(v, &["hostPath", "path"]))
+            .map(str::to_string)
+    };
+    match env_value(container, "LH_NODE_STATE_DIR") {
+        Some(dir) if host_path(&dir).as_deref() == Some(dir.as_str()) => {}
+        other => problem(format!(
+            "the state dir {other:?} is not the host's same directory"
+        )),
+    }
+    let seed = env_value(container, "LH_NATS_NKEY_SEED_FILE").unwrap_or_default();
+    let seed_dir = Path::new(&seed)
+        .parent()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    if host_path(&seed_dir).is_none() {
+        problem(format!("the NATS seed {seed} is not on the host"));
+    }
+    if env_value(container, "LH_NATS_USER").as_deref() != Some("node-$(LH_NODE_ID)") {
+        problem("the NATS user is not the node's own".into());
+    }
+    if let Some(runtime) = env_value(container, "LH_RUNTIME") {
+        if runtime == "docker" && host_path("/var/run/docker.sock").is_none() {
+            problem("the docker runtime without the host's docker socket".into());
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_node_agent_runs_on_every_gpu_node_with_what_nvml_mig_and_mps_need() {
+    let docs = k8s_documents();
+    let agents: Vec<&Value> = docs
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| {
+            str_at(d, &["kind"]) == Some("DaemonSet")
+                && d["spec"]["template"]["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("leasehold/lh-node-agent:"))
+        })
+        .collect();
+    assert!(!agents.is_empty(), "no node-agent DaemonSet in k8s/");
+    for agent in &agents {
+        let problems = gpu_node_agent_problems(agent);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    // The simulated fleet stays: one Deployment per node of dev/fleet.toml
+    // (their ConfigMap equals it: deployments_carry_the_dev_fleet_…).
+    let simulated: BTreeSet<String> = docs
+        .iter()
+        .filter(|(file, _)| file.parent().is_some_and(|d| d.ends_with("k8s/simulated")))
+        .filter(|(_, d)| str_at(d, &["kind"]) == Some("Deployment"))
+        .filter_map(|(_, d)| {
+            env_value(
+                &d["spec"]["template"]["spec"]["containers"][0],
+                "LH_NODE_ID",
+            )
+        })
+        .collect();
+    assert_eq!(simulated.len(), 4, "simulated node-agents: {simulated:?}");
+
+    // Each requirement is checked.
+    let mut broken = agents[0].clone();
+    let spec = &mut broken["spec"]["template"]["spec"];
+    spec.as_mapping_mut().unwrap().remove("runtimeClassName");
+    spec["containers"][0]["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] =
+        Value::from("metadata.name");
+    spec["volumes"][0]["hostPath"]["path"] = Value::from("/var/lib/elsewhere");
+    let problems = gpu_node_agent_problems(&broken);
+    for wanted in ["runtimeClassName", "spec.nodeName", "state dir"] {
+        assert!(
+            problems.iter().any(|p| p.contains(wanted)),
+            "{wanted}: {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn nats_and_postgres_survive_losing_a_host() {
+    let docs = k8s_documents();
+    let find = |kind: &str, name: &str| -> Value {
+        docs.iter()
+            .map(|(_, d)| d)
+            .find(|d| {
+                str_at(d, &["kind"]) == Some(kind) && str_at(d, &["metadata", "name"]) == Some(name)
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind}/{name}"))
+    };
+    let disruption_budget_covers = |labels: &Labels, replicas: u64| {
+        docs.iter().map(|(_, d)| d).any(|d| {
+            str_at(d, &["kind"]) == Some("PodDisruptionBudget")
+                && selects(&d["spec"]["selector"], labels)
+                && (d["spec"]["maxUnavailable"].as_u64() == Some(1)
+                    || d["spec"]["minAvailable"].as_u64() == Some(replicas - 1))
+        })
+    };
+
+    // NATS: members on different hosts, each on its own volume, at most
+    // one down by choice.
+    let nats = find("StatefulSet", "nats");
+    let labels = labels_at(&nats["spec"]["template"]["metadata"]["labels"]);
+    let anti = &nats["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert!(
+        anti.as_sequence().into_iter().flatten().any(|term| {
+            str_at(term, &["topologyKey"]) == Some("kubernetes.io/hostname")
+                && selects(&term["labelSelector"], &labels)
+        }),
+        "NATS members may share a host"
+    );
+    let claims = nats["spec"]["volumeClaimTemplates"]
+        .as_sequence()
+        .expect("volumeClaimTemplates");
+    let data_mount = nats["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|m| str_at(m, &["mountPath"]) == Some("/data"))
+        .and_then(|m| str_at(m, &["name"]))
+        .expect("a /data mount (jetstream store_dir)");
+    assert!(
+        claims
+            .iter()
+            .any(|c| str_at(c, &["metadata", "name"]) == Some(data_mount)),
+        "the JetStream store is not on a persistent volume"
+    );
+    assert!(
+        disruption_budget_covers(&labels, 3),
+        "no PodDisruptionBudget keeps two NATS members up"
+    );
+
+    // PostgreSQL: three instances on different hosts, synchronous commit to
+    // one replica; the operator keeps the disruption budgets.
+    let cluster = find("Cluster", "postgres");
+    let spec = &cluster["spec"];
+    assert_eq!(spec["instances"].as_u64(), Some(3), "instances");
+    assert_eq!(
+        str_at(spec, &["affinity", "podAntiAffinityType"]),
+        Some("required")
+    );
+    assert_eq!(
+        str_at(spec, &["affinity", "topologyKey"]),
+        Some("kubernetes.io/hostname")
+    );
+    assert_ne!(
+        spec["enablePDB"].as_bool(),
+        Some(false),
+        "CNPG's PDBs are off"
+    );
+    assert!(
+        str_at(spec, &["storage", "size"]).is_some(),
+        "no storage size"
+    );
+    assert!(
+        spec["postgresql"]["synchronous"]["number"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "commits are not synchronous to a replica"
+    );
+
+    // The replicated services keep one replica up through a drain.
+    for name in ["gateway", "scheduler"] {
+        let deployment = find("Deployment", name);
+        let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+        assert!(replicas >= 2, "{name}: {replicas} replica(s)");
+        let labels = labels_at(&deployment["spec"]["template"]["metadata"]["labels"]);
+        assert!(
+            disruption_budget_covers(&labels, replicas),
+            "{name}: no PodDisruptionBudget"
+        );
+        assert_eq!(
+            deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"].as_u64(),
+            Some(0),
+            "{name}: a rollout takes a replica down before its successor is ready"
+        );
+    }
 }
