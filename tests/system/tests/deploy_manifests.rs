@@ -1445,13 +1445,13 @@ fn scrape_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
         }
     }
     for target in &targets {
-        if target.pod.contains("instance") {
-            continue;
-        }
         let pod = pod_templates(docs)
             .into_iter()
             .find(|p| p.what == target.pod)
             .unwrap();
+        if pod.spec.is_null() {
+            continue; // the operator's pods: their ports are its own
+        }
         let serves_metrics = containers(&pod)
             .iter()
             .any(|c| metrics_port(c) == Some(target.port));
@@ -1943,9 +1943,7 @@ fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
                         }
                     }
                     let part = (name.clone(), rules_key, index, peers_key, peer_index);
-                    if !used.iter().any(|u| {
-                        (&u.0, u.1, u.2, u.3, u.4) == (&part.0, part.1, part.2, part.3, part.4)
-                    }) {
+                    if !used.contains(&part) {
                         problems.push(format!("{name} {rules_key}[{index}].{peers_key}[{peer_index}] is used by no needed flow"));
                     }
                 }
