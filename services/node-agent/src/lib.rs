@@ -51,6 +51,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Lease starts, suspensions and ends this node-agent recorded, by event type.",
     ),
     (
+        "lh_node_gpu_health",
+        "Each GPU's health now (1 for the state it is in, 0 for the others), as last judged on this node.",
+    ),
+    (
         "lh_node_gpu_health_transitions_total",
         "GPU health changes judged on this node, by the health reached.",
     ),

@@ -1082,7 +1082,14 @@ pub struct Charges {
     shelf: SharedShelf,
     /// A prepaid balance covering less than this at its burn rate is low.
     balance_warn_seconds: u64,
+    /// Tenants given their own spend series so far.
+    spend_series: std::collections::HashSet<Uuid>,
 }
+
+/// Tenants given their own `lh_tenant_charged_fen_total` series; past it,
+/// further tenants are summed under `tenant="other"`, so a flood of tenants
+/// cannot grow the scrape without bound.
+pub const MAX_SPEND_SERIES_TENANTS: usize = 10_000;
 
 impl Charges {
     pub fn new(node_clock_skew: chrono::Duration, grace: chrono::Duration) -> Self {
@@ -1319,6 +1326,16 @@ impl Decider for Charges {
                 // exact; a counter cannot go down, and a charge never does.
                 let fen = (c.amount * Decimal::ONE_HUNDRED).round().to_u64();
                 metrics::counter!("lh_charged_fen_total", "tier" => c.tier.as_str())
+                    .increment(fen.unwrap_or(0));
+                let own = self.spend_series.contains(&c.tenant_id)
+                    || (self.spend_series.len() < MAX_SPEND_SERIES_TENANTS
+                        && self.spend_series.insert(c.tenant_id));
+                let tenant = if own {
+                    c.tenant_id.to_string()
+                } else {
+                    "other".to_string()
+                };
+                metrics::counter!("lh_tenant_charged_fen_total", "tenant" => tenant)
                     .increment(fen.unwrap_or(0));
             }
         }

@@ -74,6 +74,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Amounts of the charges this replica appended, in fen (0.01 CNY), by tier.",
     ),
     (
+        "lh_tenant_charged_fen_total",
+        "Amounts of the charges this replica appended, in fen (0.01 CNY), by tenant (the first 10000 tenants charged; the rest as other).",
+    ),
+    (
         "lh_ledger_documents_total",
         "Ledger documents (invoices, credit notes...) this replica issued, by type.",
     ),

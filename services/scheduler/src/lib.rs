@@ -12,6 +12,7 @@
 pub mod planner;
 pub mod state;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -53,6 +54,14 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     (
         "lh_scheduler_lost_nodes",
         "Nodes the scheduler holds lost (silent past the liveness window); their leases are moved.",
+    ),
+    (
+        "lh_tenant_lease_seconds_total",
+        "Lease-seconds the tenant's started leases should have run (from the first start to the end or a suspension), since the log began.",
+    ),
+    (
+        "lh_tenant_interrupted_lease_seconds_total",
+        "Of lh_tenant_lease_seconds_total, lease-seconds the platform had the tenant's leases interrupted (moved off a lost, drained or unhealthy node until they ran again).",
     ),
     (
         "lh_spot_leases_requested_total",
@@ -227,7 +236,15 @@ pub struct Scheduling {
     /// the one before a restart) that heard them live already did, and a
     /// replay must not count them again.
     started: DateTime<Utc>,
+    /// The lease-seconds last exported per tenant: a counter never goes
+    /// back, even where node clocks disagree about an open interval.
+    availability_exported: HashMap<uuid::Uuid, (u64, u64)>,
+    availability_exported_at: Option<DateTime<Utc>>,
 }
+
+/// How often the per-tenant lease-seconds are exported: every decision pass
+/// would walk every tenant, and a scrape comes far less often.
+const AVAILABILITY_EXPORT_EVERY_MS: i64 = 5_000;
 
 impl Scheduling {
     /// `now` starts the liveness clock of nodes never heard from.
@@ -240,6 +257,8 @@ impl Scheduling {
             state,
             rules,
             started: now,
+            availability_exported: HashMap::new(),
+            availability_exported_at: None,
         }
     }
 
@@ -346,6 +365,7 @@ impl Decider for Scheduling {
         let lost = self.state.fleet.nodes.values().filter(|n| n.lost.is_some());
         metrics::gauge!("lh_scheduler_lost_nodes").set(lost.count() as f64);
         spot_metrics(&self.state.spot_stats);
+        self.availability_metrics(now);
         batches
     }
 
@@ -379,6 +399,32 @@ impl Decider for Scheduling {
             }
         }
         tracing::debug!(events = batch.len(), "decisions appended");
+    }
+}
+
+impl Scheduling {
+    /// Each tenant's owed and interrupted lease-seconds up to `now`.
+    fn availability_metrics(&mut self, now: DateTime<Utc>) {
+        if self.availability_exported_at.is_some_and(|at| {
+            now >= at && (now - at).num_milliseconds() < AVAILABILITY_EXPORT_EVERY_MS
+        }) {
+            return;
+        }
+        self.availability_exported_at = Some(now);
+        for (tenant, time) in self.state.availability.up_to(now) {
+            let exported = self.availability_exported.entry(tenant).or_default();
+            exported.0 = exported.0.max(time.owed_ms / 1000);
+            exported.1 = exported.1.max(time.interrupted_ms / 1000);
+            let label = if tenant == state::availability::OTHER_TENANTS {
+                "other".to_string()
+            } else {
+                tenant.to_string()
+            };
+            metrics::counter!("lh_tenant_lease_seconds_total", "tenant" => label.clone())
+                .absolute(exported.0);
+            metrics::counter!("lh_tenant_interrupted_lease_seconds_total", "tenant" => label)
+                .absolute(exported.1);
+        }
     }
 }
 

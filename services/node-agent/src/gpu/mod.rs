@@ -301,6 +301,7 @@ impl GpuSide {
             self.transition(out, &t);
         }
         self.resend_unrecorded(out, state);
+        self.export_health(state);
         let running: Vec<RunningLease> = state
             .running_here()
             .map(|(id, l)| RunningLease {
@@ -480,6 +481,29 @@ impl GpuSide {
             out.event(id, data, tenant_id);
         }
         policy.action == IdleAction::Suspend
+    }
+
+    /// Each GPU's health as last judged here (else as the log records it):
+    /// one series per state, 1 for the state it is in, so a dashboard shows
+    /// the fleet's health now and not only its changes.
+    fn export_health(&self, state: &NodeState) {
+        for gpu in &self.gpus {
+            let now = self
+                .last_transition
+                .get(&gpu.index)
+                .map(|(t, _)| t.to)
+                .or_else(|| state.gpu_health.get(&gpu.index).copied())
+                .unwrap_or(GpuHealth::Healthy);
+            for health in [
+                GpuHealth::Healthy,
+                GpuHealth::Degraded,
+                GpuHealth::Unhealthy,
+            ] {
+                let name = format!("{health:?}").to_lowercase();
+                metrics::gauge!("lh_node_gpu_health", "gpu" => gpu.index.to_string(), "state" => name)
+                    .set(if health == now { 1.0 } else { 0.0 });
+            }
+        }
     }
 
     /// Sends again, with the same id, a transition the log does not show

@@ -26,6 +26,7 @@
 //! on whole GPUs only: a fractional or MIG lease never preempts, and a
 //! starving one does not hold back others.
 
+pub mod availability;
 mod decide;
 mod emit;
 pub mod fragmentation;
@@ -96,6 +97,8 @@ pub struct State {
     recoveries: BTreeMap<Uuid, lh_events::LeaseRequested>,
     /// What the spot market did, folded from the log.
     pub spot_stats: SpotStats,
+    /// Lease time owed to and interrupted for each tenant, folded from the log.
+    pub availability: availability::AvailabilityStats,
 }
 
 impl State {
@@ -253,17 +256,23 @@ impl State {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.started_at = Some(e.started_at);
                     l.waiting_since = None;
+                    let tenant = l.tenant_id;
+                    self.availability.started(e.lease_id, tenant, e.started_at);
                 }
             }
             EventData::LeaseEnded(e) => {
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     let lease = l.clone();
                     self.spot_ended(&lease, e.reason);
+                    self.availability.stopped_owing(e.lease_id, e.ended_at);
                 }
                 self.forget(e.lease_id)
             }
             EventData::SpotPriceSet(p) => self.spot_price_set(p),
             EventData::LeaseMigrated(e) => {
+                if self.is_new_on_lease(e.lease_id, sequence) {
+                    self.availability.interrupted(e.lease_id, e.billing_ends_at);
+                }
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.started_at = None;
                     l.preemption_deadline = None;
@@ -286,6 +295,9 @@ impl State {
                 }
             }
             EventData::LeaseSuspended(e) => {
+                if self.is_new_on_lease(e.lease_id, sequence) {
+                    self.availability.stopped_owing(e.lease_id, e.suspended_at);
+                }
                 if let Some(l) = self.lease_at(e.lease_id, sequence) {
                     l.status = Status::Suspended;
                     l.node_id = None;
@@ -318,6 +330,14 @@ impl State {
         }
     }
 
+    /// Whether an event at `sequence` on a known lease's subject is not
+    /// applied yet (what [`State::lease_at`] checks, without taking it).
+    fn is_new_on_lease(&self, lease_id: Uuid, sequence: u64) -> bool {
+        self.leases
+            .get(&lease_id)
+            .is_some_and(|l| sequence > l.subject_sequence)
+    }
+
     /// The lease an event at `sequence` on its subject applies to; `None`
     /// when the lease is unknown or the event was applied already (a writer
     /// applies its own events at once and the feed repeats them later).
@@ -347,6 +367,7 @@ impl State {
             "waiting": self.waiting,
             "awaiting_preemption": self.awaiting_preemption,
             "spot": self.spot_snapshot(),
+            "availability": self.availability,
         })
     }
 
@@ -373,6 +394,9 @@ impl State {
         self.waiting = waiting;
         self.awaiting_preemption = awaiting_preemption;
         self.restore_spot(spot);
+        // A snapshot from before availability was folded starts it afresh.
+        self.availability =
+            serde_json::from_value(snapshot["availability"].take()).unwrap_or_default();
         true
     }
 

@@ -306,3 +306,46 @@ fn one_flapping_node_does_not_shield_the_dead_ones() {
         "still deaf: NATS is out"
     );
 }
+
+#[test]
+fn a_lease_moved_off_a_lost_node_is_counted_interrupted_until_it_runs_again() {
+    let t = Uuid::from_u128(1);
+    let l1 = Uuid::from_u128(2);
+    let t0: chrono::DateTime<Utc> = "2026-12-03T10:00:00Z".parse().unwrap();
+    let rules = Rules::default();
+    let mut s = given(vec![node("a", 1), tenant(t, 8), request(l1, t, 1)]);
+    settle(&mut s, t0, &rules);
+    s.apply(7000, &env(started(l1, t0)));
+    // Applied twice (a writer and the feed): counted once.
+    s.apply(7000, &env(started(l1, t0)));
+    s.apply(8000, &env(node("b", 1)));
+    s.liveness_since = Some(t0);
+    s.heard("a", t0 + Duration::seconds(60), t0 + Duration::seconds(60));
+    s.heard("b", t0 + Duration::seconds(70), t0 + Duration::seconds(70));
+    let lost_at = t0 + Duration::seconds(70);
+    settle(&mut s, lost_at, &rules);
+    assert_eq!(where_is(&s, l1).0, "b");
+    // Served a minute, then interrupted from a's last heartbeat on.
+    let time = s.availability.up_to(lost_at)[&t];
+    assert_eq!((time.owed_ms, time.interrupted_ms), (70_000, 10_000));
+    // Runs again on b 20 s after it was last served, then ends.
+    s.apply(9000, &env(started(l1, t0 + Duration::seconds(80))));
+    s.apply(
+        9001,
+        &env(EventData::LeaseEnded(LeaseEnded {
+            lease_id: l1,
+            node_id: Some("b".into()),
+            ended_at: t0 + Duration::seconds(180),
+            reason: EndReason::Completed,
+            exit_code: Some(0),
+            failure: None,
+        })),
+    );
+    let time = s.availability.up_to(t0 + Duration::seconds(3600))[&t];
+    assert_eq!((time.owed_ms, time.interrupted_ms), (180_000, 20_000));
+
+    // A restart from a snapshot folds on from the same totals.
+    let mut restored = State::default();
+    assert!(restored.restore(s.snapshot()));
+    assert_eq!(restored.availability, s.availability);
+}

@@ -1,0 +1,196 @@
+//! How much of the time each tenant's started leases should have run they
+//! were interrupted by the platform, folded from the log.
+//!
+//! A lease owes its tenant service from its first start until it ends or is
+//! suspended (suspension is the tenant's idleness or balance, not a fault).
+//! It is interrupted from the moment the platform moves it off its node
+//! (lost, drained with `move`, an unhealthy GPU: `lease.migrated`, from the
+//! last instant it was billed) until it runs again or ends. Availability is
+//! one minus interrupted over owed lease-seconds.
+//!
+//! Closed intervals are dated by the log, so every replica and every
+//! restart folds the same totals; only the open intervals of live leases
+//! are counted up to the caller's clock.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Tenants given their own series; past it, further tenants are summed
+/// under [`OTHER_TENANTS`] so a flood of tenants cannot grow the scrape
+/// without bound.
+pub const MAX_AVAILABILITY_TENANTS: usize = 10_000;
+
+/// The tenant key under which tenants past [`MAX_AVAILABILITY_TENANTS`] are
+/// summed.
+pub const OTHER_TENANTS: Uuid = Uuid::nil();
+
+/// A lease's open interval, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Open {
+    /// Running since.
+    Serving(DateTime<Utc>),
+    /// Interrupted by the platform since.
+    Interrupted(DateTime<Utc>),
+}
+
+/// A tenant's closed lease-milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTime {
+    /// Lease-milliseconds its started leases should have run.
+    pub owed_ms: u64,
+    /// Of those, lease-milliseconds the platform had them interrupted.
+    pub interrupted_ms: u64,
+}
+
+impl LeaseTime {
+    /// Lease-seconds owed, as a float for a metric.
+    pub fn owed_secs(&self) -> f64 {
+        self.owed_ms as f64 / 1000.0
+    }
+
+    pub fn interrupted_secs(&self) -> f64 {
+        self.interrupted_ms as f64 / 1000.0
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AvailabilityStats {
+    /// Closed intervals, by tenant.
+    pub tenants: BTreeMap<Uuid, LeaseTime>,
+    /// Open intervals of live leases: (tenant, interval).
+    pub open: HashMap<Uuid, (Uuid, Open)>,
+}
+
+fn millis_between(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {
+    u64::try_from((to - from).num_milliseconds()).unwrap_or(0)
+}
+
+impl AvailabilityStats {
+    /// The key a tenant's time is kept under: its own while there is room.
+    fn key(&self, tenant: Uuid) -> Uuid {
+        if self.tenants.contains_key(&tenant) || self.tenants.len() < MAX_AVAILABILITY_TENANTS {
+            tenant
+        } else {
+            OTHER_TENANTS
+        }
+    }
+
+    /// Closes a lease's open interval at `at`, adding it to its tenant.
+    fn close(&mut self, lease: Uuid, at: DateTime<Utc>) {
+        let Some((tenant, open)) = self.open.remove(&lease) else {
+            return;
+        };
+        let key = self.key(tenant);
+        let time = self.tenants.entry(key).or_default();
+        match open {
+            Open::Serving(since) => time.owed_ms += millis_between(since, at),
+            Open::Interrupted(since) => {
+                let ms = millis_between(since, at);
+                time.owed_ms += ms;
+                time.interrupted_ms += ms;
+            }
+        }
+    }
+
+    /// The lease runs (its first start, or again after an interruption).
+    pub fn started(&mut self, lease: Uuid, tenant: Uuid, at: DateTime<Utc>) {
+        self.close(lease, at);
+        self.open.insert(lease, (tenant, Open::Serving(at)));
+    }
+
+    /// The platform moved the lease off its node; it was last served at
+    /// `last_served`. A lease that never started owed nothing yet.
+    pub fn interrupted(&mut self, lease: Uuid, last_served: DateTime<Utc>) {
+        let Some(&(tenant, open)) = self.open.get(&lease) else {
+            return;
+        };
+        if let Open::Serving(since) = open {
+            // A node's last billed instant before its lease's start (clocks
+            // disagree) counts the interruption from the start.
+            self.close(lease, last_served.max(since));
+            self.open
+                .insert(lease, (tenant, Open::Interrupted(last_served.max(since))));
+        }
+    }
+
+    /// The lease ended or was suspended: it owes nothing from `at` on.
+    pub fn stopped_owing(&mut self, lease: Uuid, at: DateTime<Utc>) {
+        self.close(lease, at);
+    }
+
+    /// Every tenant's lease time up to `now`: the closed intervals and the
+    /// open ones counted to `now`.
+    pub fn up_to(&self, now: DateTime<Utc>) -> BTreeMap<Uuid, LeaseTime> {
+        let mut totals = self.tenants.clone();
+        for (tenant, open) in self.open.values() {
+            let key = self.key(*tenant);
+            let time = totals.entry(key).or_default();
+            match *open {
+                Open::Serving(since) => time.owed_ms += millis_between(since, now),
+                Open::Interrupted(since) => {
+                    let ms = millis_between(since, now);
+                    time.owed_ms += ms;
+                    time.interrupted_ms += ms;
+                }
+            }
+        }
+        totals
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        format!("2026-12-03T{s}Z").parse().unwrap()
+    }
+
+    #[test]
+    fn an_interruption_counts_from_the_last_billed_instant_until_it_runs_again() {
+        let (lease, tenant) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut stats = AvailabilityStats::default();
+        stats.started(lease, tenant, t("10:00:00"));
+        stats.interrupted(lease, t("10:59:50"));
+        stats.started(lease, tenant, t("11:00:20"));
+        stats.stopped_owing(lease, t("12:00:00"));
+        let time = stats.up_to(t("13:00:00"))[&tenant];
+        assert_eq!(time.owed_ms, 2 * 3600 * 1000);
+        assert_eq!(time.interrupted_ms, 30 * 1000);
+        assert!(stats.open.is_empty());
+    }
+
+    #[test]
+    fn open_intervals_count_to_now_and_never_run_backwards() {
+        let (lease, tenant) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut stats = AvailabilityStats::default();
+        stats.started(lease, tenant, t("10:00:00"));
+        let before = stats.up_to(t("10:10:00"))[&tenant];
+        assert_eq!(before.owed_ms, 600_000);
+        // Moved at 10:10 from its last billed instant at 10:09: the owed
+        // time is unchanged, a minute of it now interrupted.
+        stats.interrupted(lease, t("10:09:00"));
+        let after = stats.up_to(t("10:10:00"))[&tenant];
+        assert_eq!(after.owed_ms, 600_000);
+        assert_eq!(after.interrupted_ms, 60_000);
+        // A suspended or never started lease owes nothing.
+        stats.stopped_owing(lease, t("10:10:00"));
+        stats.interrupted(Uuid::from_u128(9), t("10:10:00"));
+        assert_eq!(stats.up_to(t("11:00:00"))[&tenant], after);
+    }
+
+    #[test]
+    fn tenants_past_the_limit_are_summed_together() {
+        let mut stats = AvailabilityStats::default();
+        for n in 0..MAX_AVAILABILITY_TENANTS as u128 + 5 {
+            let lease = Uuid::from_u128(n + 1_000_000);
+            stats.started(lease, Uuid::from_u128(n + 1), t("10:00:00"));
+            stats.stopped_owing(lease, t("10:00:01"));
+        }
+        assert_eq!(stats.tenants.len(), MAX_AVAILABILITY_TENANTS + 1);
+        assert_eq!(stats.tenants[&OTHER_TENANTS].owed_ms, 5_000);
+    }
+}
