@@ -340,6 +340,7 @@ impl Stack {
                     master_key_file: self.master_key_file.clone(),
                     front: self.gateway_front.clone(),
                     limits: self.gateway_limits,
+                    usage: Default::default(),
                 };
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
@@ -842,6 +843,7 @@ impl Stack {
             master_key_file: self.master_key_file.clone(),
             front: test_front(),
             limits: Default::default(),
+            usage: Default::default(),
         }
     }
 }
