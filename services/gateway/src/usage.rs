@@ -318,7 +318,8 @@ mod tests {
     #[test]
     fn figures_no_device_reports_are_refused_by_field() {
         assert_eq!(refusal(&gpu()), None);
-        let bad: [(fn(&mut LeaseGpuUsage), &str); 7] = [
+        type Spoil = fn(&mut LeaseGpuUsage);
+        let bad: [(Spoil, &str); 7] = [
             (|g| g.utilization_pct = Some(101), "utilization_pct"),
             (|g| g.temperature_c = Some(201), "temperature_c"),
             (|g| g.power_w = Some(f64::NAN), "power_w"),

@@ -278,7 +278,7 @@ async fn series_of(stack: &Stack, gpu_uuid: &str) -> Value {
         .to_rfc3339()
         .replace('+', "%2B");
     let (s, body) = get(
-        &stack,
+        stack,
         &format!("/v1/usage?gpu={gpu_uuid}&from={from}&step=60"),
         ADMIN_TOKEN,
     )
