@@ -515,6 +515,43 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     .await
     .unwrap();
     assert_eq!(left, 1, "the 300-day-old minute stays");
+
+    // More points than one answer holds: a coarser step is asked for.
+    let minutes = lh_gateway::http::usage::MAX_USAGE_POINTS as i64 + 1;
+    sqlx::query(
+        "INSERT INTO gateway.lease_usage_minutes (lease_id, gpu_uuid, minute, tenant_id,
+            node_id, gpu_index, samples, utilization_samples, utilization_pct_sum,
+            memory_used_mib_sum, memory_used_mib_max, temperature_c_max, power_samples,
+            power_w_sum, last_sequence)
+         SELECT $1, 'GPU-test-many', $2 - make_interval(mins => n::int), $3::uuid, $4, 1,
+                12, 12, 600, 1200, 100, 50, 12, 1200.0, 0
+         FROM generate_series(1, $5) AS n",
+    )
+    .bind(lease)
+    .bind(base)
+    .bind(&tenant)
+    .bind(node)
+    .bind(minutes)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let from = (base - TimeDelta::days(80))
+        .to_rfc3339()
+        .replace('+', "%2B");
+    let to = base.to_rfc3339().replace('+', "%2B");
+    let query = |step: u32| format!("/v1/usage?gpu=GPU-test-many&from={from}&to={to}&step={step}");
+    let (s, body) = get(&stack, &query(60), ADMIN_TOKEN).await;
+    assert_eq!(s, 422, "{body}");
+    assert_eq!(body["field"], "step", "{body}");
+    let (s, body) = get(&stack, &query(86_400), &key).await;
+    assert_eq!(s, 200, "{body}");
+    let days = body["series"][0]["points"].as_array().unwrap();
+    let samples: u64 = days.iter().map(|p| p["samples"].as_u64().unwrap()).sum();
+    assert_eq!(
+        samples,
+        12 * minutes as u64,
+        "every minute summed into days"
+    );
 }
 
 /// How big a year of minutes is: rows of one GPU, measured on PostgreSQL
