@@ -358,6 +358,25 @@ mod tests {
     }
 
     #[test]
+    fn kept_days_are_1_to_3650_and_400_by_default() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            usage: UsageArgs,
+        }
+        let parse = |args: &[&str]| {
+            <Flags as clap::Parser>::try_parse_from([&["gateway"], args].concat())
+                .map(|f| f.usage.usage_keep_days)
+        };
+        assert_eq!(parse(&[]).unwrap(), DEFAULT_USAGE_KEEP_DAYS);
+        assert_eq!(parse(&["--usage-keep-days", "3650"]).unwrap(), 3650);
+        assert_eq!(parse(&["--usage-keep-days", "1"]).unwrap(), 1);
+        for refused in ["0", "3651", "-1", "forever"] {
+            assert!(parse(&["--usage-keep-days", refused]).is_err(), "{refused}");
+        }
+    }
+
+    #[test]
     fn usage_subjects_name_node_and_lease() {
         let lease = Uuid::from_u128(7);
         assert_eq!(
