@@ -315,8 +315,9 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     let node = "node-test";
     let uuid = "GPU-test-0";
 
-    // Three minutes ago, so that every sample of it is in one minute.
-    let base = minute(Utc::now() - TimeDelta::minutes(3));
+    // Two minutes ago: every sample of it in one minute, all within the
+    // 5 minutes a node's clock may be off.
+    let base = minute(Utc::now() - TimeDelta::minutes(2));
     let at = |s: i64| base + TimeDelta::seconds(s);
     publish(
         &bus,
