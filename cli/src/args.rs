@@ -415,6 +415,8 @@ pub enum LeaseCommand {
     Stop(LeaseStop),
     /// Queue a suspended lease again.
     Resume(LeaseStop),
+    /// What a lease used of its GPUs: one row per step, one table per GPU.
+    Usage(LeaseUsage),
 }
 
 /// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
@@ -556,6 +558,22 @@ pub struct LeaseList {
     /// Follow `next_cursor` until the last page.
     #[arg(long)]
     pub all: bool,
+}
+
+/// `lh lease usage`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseUsage {
+    /// Lease id.
+    pub id: String,
+    /// Start of the window (RFC 3339); by default an hour before --to.
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// End of the window (RFC 3339); by default now.
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
+    /// Seconds per row: a multiple of 60, 60 to 86400 (60 by default).
+    #[arg(long, value_name = "SECS")]
+    pub step: Option<u32>,
 }
 
 /// `lh lease stop`

@@ -389,6 +389,20 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &lease, render::lease_view)?;
             Ok(EXIT_OK)
         }
+        Command::Lease(LeaseCommand::Usage(u)) => {
+            let step = u.step.map(|s| s.to_string());
+            let query: Vec<(&str, &str)> = [
+                ("from", u.from.as_deref()),
+                ("to", u.to.as_deref()),
+                ("step", step.as_deref()),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect();
+            let usage = gw.get(&["v1", "leases", &u.id, "usage"], &query).await?;
+            emit(out, json, &usage, render::lease_usage)?;
+            Ok(EXIT_OK)
+        }
         Command::Lease(LeaseCommand::Resume(s)) => {
             let lease = gw
                 .post(&["v1", "leases", &s.id, "resume"], None, &[])

@@ -351,6 +351,68 @@ pub fn cost_report(report: &Value) -> String {
     out
 }
 
+/// A number with `places` decimals, or `-` when null or missing.
+fn decimals(v: &Value, key: &str, places: usize) -> String {
+    v.get(key)
+        .and_then(Value::as_f64)
+        .map_or_else(|| NONE.to_string(), |n| format!("{n:.places$}"))
+}
+
+/// A lease's usage: per GPU, one row per step (time, samples, utilisation,
+/// VRAM average and peak, hottest temperature, average power).
+pub fn lease_usage(report: &Value) -> String {
+    let series: &[Value] = report
+        .get("series")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    let mut out = format!(
+        "from {} to {}, every {} s\n",
+        text(report, "from"),
+        text(report, "to"),
+        text(report, "step_secs")
+    );
+    if series.is_empty() {
+        out.push_str("no usage in this window\n");
+        return out;
+    }
+    for gpu in series {
+        out.push_str(&format!(
+            "\nGPU {} {} on {}\n",
+            text(gpu, "gpu_index"),
+            text(gpu, "gpu_uuid"),
+            text(gpu, "node_id")
+        ));
+        let mut t = table();
+        t.set_header(vec![
+            "TIME",
+            "SAMPLES",
+            "UTIL %",
+            "VRAM MIB AVG",
+            "VRAM MIB MAX",
+            "TEMP C MAX",
+            "POWER W AVG",
+        ]);
+        for point in gpu
+            .get("points")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice)
+        {
+            t.add_row(vec![
+                text(point, "at"),
+                text(point, "samples"),
+                decimals(point, "utilization_pct_avg", 1),
+                decimals(point, "memory_used_mib_avg", 0),
+                text(point, "memory_used_mib_max"),
+                text(point, "temperature_c_max"),
+                decimals(point, "power_w_avg", 1),
+            ]);
+        }
+        align_right(&mut t, &[1, 2, 3, 4, 5, 6]);
+        out.push_str(&finish(t));
+    }
+    out
+}
+
 /// A weekly cost report as CSV: a header, one row per tier, a total row.
 pub fn cost_report_csv(report: &Value) -> String {
     let mut out =

@@ -1008,3 +1008,80 @@ async fn reservations_are_created_and_listed() {
     );
     assert_eq!(gw.requests()[1].target, "/v1/reservations?tenant_id=T1");
 }
+
+#[tokio::test]
+async fn lease_usage_asks_for_the_window_and_prints_a_table_per_gpu() {
+    let report = json!({
+        "from": "2026-12-03T00:00:00Z", "to": "2026-12-04T00:00:00Z", "step_secs": 3600,
+        "series": [
+            {"lease_id": "L1", "tenant_id": "T1", "node_id": "sim-a", "gpu_index": 0,
+             "gpu_uuid": "GPU-aaa", "points": [
+                {"at": "2026-12-03T05:00:00Z", "samples": 720, "utilization_pct_avg": 53.25,
+                 "memory_used_mib_avg": 1234.5, "memory_used_mib_max": 2048,
+                 "temperature_c_max": 71, "power_w_avg": 250.55},
+                {"at": "2026-12-03T06:00:00Z", "samples": 12, "utilization_pct_avg": null,
+                 "memory_used_mib_avg": 10.0, "memory_used_mib_max": 10,
+                 "temperature_c_max": null, "power_w_avg": null}
+            ]},
+            {"lease_id": "L1", "tenant_id": "T1", "node_id": "sim-a", "gpu_index": 1,
+             "gpu_uuid": "GPU-bbb", "points": []}
+        ]
+    });
+    let answer = report.clone();
+    let gw = fake(move |_, _| ok(200, answer.clone())).await;
+    let out = gw
+        .lh(&[
+            "lease",
+            "usage",
+            "L1",
+            "--from",
+            "2026-12-03T00:00:00Z",
+            "--to",
+            "2026-12-04T00:00:00Z",
+            "--step",
+            "3600",
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    let reqs = gw.requests();
+    assert_eq!(reqs[0].method, "GET");
+    assert_eq!(
+        reqs[0].target,
+        "/v1/leases/L1/usage?from=2026-12-03T00%3A00%3A00Z&to=2026-12-04T00%3A00%3A00Z&step=3600"
+    );
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines.contains(&"GPU 0 GPU-aaa on sim-a"), "{}", out.stdout);
+    assert!(lines.contains(&"GPU 1 GPU-bbb on sim-a"), "{}", out.stdout);
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("2026-12-03T05:00:00Z"))
+        .unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        [
+            "2026-12-03T05:00:00Z",
+            "720",
+            "53.2",
+            "1234",
+            "2048",
+            "71",
+            "250.6"
+        ]
+    );
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("2026-12-03T06:00:00Z"))
+        .unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        ["2026-12-03T06:00:00Z", "12", "-", "10", "10", "-", "-"]
+    );
+
+    // --json prints the gateway's document; no flags send no query.
+    let out = gw.lh(&["--json", "lease", "usage", "L1"]).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert_eq!(serde_json::from_str::<Value>(&out.stdout).unwrap(), report);
+    assert_eq!(gw.requests()[1].target, "/v1/leases/L1/usage");
+}

@@ -190,6 +190,14 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             p.subscribe
                 .push(subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string());
             p.allow_responses = true;
+            // The usage projection reads the samples with an ordered
+            // consumer from the position it stored, and reopens it when a
+            // cluster elects a new leader of the stream.
+            p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
+            p.subscribe.push(format!(
+                "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{}",
+                subject::TELEMETRY_STREAM
+            ));
         }
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));

@@ -23,6 +23,9 @@
 //!   event stored on a subject its envelope does not compute, or by a
 //!   publisher its type's owners do not include: it is checked here, once
 //!   for every reader.
+//! * [`Bus::telemetry_feed`] is the same feed on `LH_TELEMETRY`: samples are
+//!   handed over undecoded ([`Sample`]), each reader knowing its subjects'
+//!   type.
 
 pub mod auth;
 
@@ -432,6 +435,20 @@ impl Skipped {
     pub fn reason(&self) -> SkipReason {
         self.why.reason
     }
+}
+
+/// One telemetry message as `LH_TELEMETRY` stored it, undecoded: samples
+/// are not business events, and each reader knows its subjects' type.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub sequence: u64,
+    pub subject: String,
+    pub payload: Bytes,
+    /// Messages left in the stream for this feed after this one.
+    pub pending: u64,
+    /// When the server stored it, by the server's clock (the same on every
+    /// replay): what a node's own clock is held against.
+    pub stored_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// What a feed delivers: every stored message of its filter, in order,
@@ -857,6 +874,16 @@ impl Bus {
         Ok(self.events_stream_state().await?.last_sequence)
     }
 
+    /// Sequence of the newest sample on `LH_TELEMETRY` (0 when empty).
+    pub async fn telemetry_last_sequence(&self) -> Result<u64> {
+        let mut stream = self
+            .js
+            .get_stream(subject::TELEMETRY_STREAM)
+            .await
+            .map_err(js_err)?;
+        Ok(stream.info().await.map_err(js_err)?.state.last_sequence)
+    }
+
     fn headers(envelope: &Envelope, expect: Expect) -> HeaderMap {
         let mut headers = HeaderMap::new();
         inject_trace_context(&mut headers);
@@ -1039,7 +1066,19 @@ impl Bus {
     /// one after the last message it delivered, retrying until the server
     /// answers.
     pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
-        self.open_feed(filters, from_sequence, true).await
+        self.open_feed(subject::EVENTS_STREAM, filters, from_sequence, true)
+            .await
+    }
+
+    /// [`Bus::feed`] on `LH_TELEMETRY`: the samples of `filters` from
+    /// `from_sequence` on (1 for all the stream still holds), then live.
+    pub async fn telemetry_feed(
+        &self,
+        filters: &[&str],
+        from_sequence: u64,
+    ) -> Result<Feed<Sample>> {
+        self.open_feed(subject::TELEMETRY_STREAM, filters, from_sequence, false)
+            .await
     }
 
     /// [`Bus::feed`] for a second reading of what the service's own feeds
@@ -1048,19 +1087,22 @@ impl Bus {
     /// again, so that the skip counter tells how many there are, not how
     /// often someone looked.
     pub async fn reread(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
-        self.open_feed(filters, from_sequence, false).await
+        self.open_feed(subject::EVENTS_STREAM, filters, from_sequence, false)
+            .await
     }
 
-    async fn open_feed(
+    async fn open_feed<T: FeedMessage>(
         &self,
+        stream: &'static str,
         filters: &[&str],
         from_sequence: u64,
         report_skips: bool,
-    ) -> Result<Feed> {
+    ) -> Result<Feed<T>> {
         let mut connects = self.connects.clone();
         connects.mark_unchanged();
         let source = FeedSource {
             js: self.js.clone(),
+            stream,
             filters: filters.iter().map(|f| f.to_string()).collect(),
             service: self.service.clone(),
             report_skips,
@@ -1328,6 +1370,8 @@ const FEED_OPEN_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// What a feed reads and how it opens a consumer for it.
 struct FeedSource {
     js: jetstream::Context,
+    /// The stream read: the business log or the telemetry stream.
+    stream: &'static str,
     filters: Vec<String>,
     service: Arc<str>,
     /// Count and log each skipped message (false on a second reading).
@@ -1342,7 +1386,7 @@ impl FeedSource {
     /// heartbeats (the client's ordered consumer waits for two of 15 s).
     /// `None` when the subscription fails: heartbeats still work.
     async fn subscribe_elections(&self) -> Option<async_nats::Subscriber> {
-        let subject = format!("{STREAM_LEADER_ELECTED_PREFIX}.{}", subject::EVENTS_STREAM);
+        let subject = format!("{STREAM_LEADER_ELECTED_PREFIX}.{}", self.stream);
         match self.js.client().subscribe(subject).await {
             Ok(subscriber) => Some(subscriber),
             Err(e) => {
@@ -1355,11 +1399,7 @@ impl FeedSource {
 
     /// An ordered consumer of the filters from `from_sequence` on.
     async fn open(&self, from_sequence: u64) -> Result<MessageStream> {
-        let stream = self
-            .js
-            .get_stream(subject::EVENTS_STREAM)
-            .await
-            .map_err(js_err)?;
+        let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
         let deliver_policy = if from_sequence <= 1 {
             DeliverPolicy::All
         } else {
@@ -1428,12 +1468,12 @@ impl FeedSource {
     /// Reads messages into `items` in stream order until the reader is
     /// gone, opening a new consumer after the last delivered message
     /// whenever the current one fails or ends.
-    async fn pump(
+    async fn pump<T: FeedMessage>(
         mut self,
         mut messages: MessageStream,
         mut elections: Option<async_nats::Subscriber>,
         mut next_sequence: u64,
-        items: tokio::sync::mpsc::Sender<Result<FeedItem>>,
+        items: tokio::sync::mpsc::Sender<Result<T>>,
     ) {
         loop {
             let next = tokio::select! {
@@ -1477,11 +1517,11 @@ impl FeedSource {
 
     /// Hands `message` to the reader unless it repeats one already handed
     /// over; false once the reader is gone or the feed cannot go on.
-    async fn deliver(
+    async fn deliver<T: FeedMessage>(
         &self,
         message: jetstream::Message,
         next_sequence: &mut u64,
-        items: &tokio::sync::mpsc::Sender<Result<FeedItem>>,
+        items: &tokio::sync::mpsc::Sender<Result<T>>,
     ) -> bool {
         let info = match message.info() {
             Ok(info) => info,
@@ -1498,20 +1538,60 @@ impl FeedSource {
             return true;
         }
         *next_sequence = info.stream_sequence + 1;
-        let item = self.item(&message, &info);
+        let item = T::from_message(self, &message, &info);
         items.send(Ok(item)).await.is_ok()
     }
+}
 
+/// When the server stored a message.
+fn stored_at(info: &jetstream::message::Info) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp(info.published.unix_timestamp(), info.published.nanosecond())
+        .unwrap_or_default()
+}
+
+/// What a feed makes of one stored message.
+trait FeedMessage: Send + 'static {
+    fn from_message(
+        source: &FeedSource,
+        message: &jetstream::Message,
+        info: &jetstream::message::Info,
+    ) -> Self;
+}
+
+impl FeedMessage for Sample {
+    fn from_message(
+        _: &FeedSource,
+        message: &jetstream::Message,
+        info: &jetstream::message::Info,
+    ) -> Self {
+        Sample {
+            sequence: info.stream_sequence,
+            subject: message.subject.to_string(),
+            payload: message.payload.clone(),
+            pending: info.pending,
+            stored_at: stored_at(info),
+        }
+    }
+}
+
+impl FeedMessage for FeedItem {
+    /// Decodes one event, or counts and logs it as skipped.
+    fn from_message(
+        source: &FeedSource,
+        message: &jetstream::Message,
+        info: &jetstream::message::Info,
+    ) -> Self {
+        source.item(message, info)
+    }
+}
+
+impl FeedSource {
     /// Decodes one message, or counts and logs it as skipped.
     fn item(&self, message: &jetstream::Message, info: &jetstream::message::Info) -> FeedItem {
         let (sequence, pending) = (info.stream_sequence, info.pending);
         let subject = message.subject.to_string();
         let payload = message.payload.clone();
-        let stored_at = chrono::DateTime::from_timestamp(
-            info.published.unix_timestamp(),
-            info.published.nanosecond(),
-        )
-        .unwrap_or_default();
+        let stored_at = stored_at(info);
         let trace_parent = message
             .headers
             .as_ref()
@@ -1553,34 +1633,36 @@ impl FeedSource {
 /// Messages of one filter in stream order. A task reads them ahead (a
 /// few at most) and survives losing its consumer, so that waiting on a
 /// feed can be given up at any time without losing a message.
-pub struct Feed {
-    receiver: tokio::sync::mpsc::Receiver<Result<FeedItem>>,
+pub struct Feed<T = FeedItem> {
+    receiver: tokio::sync::mpsc::Receiver<Result<T>>,
     pump: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Feed {
+impl<T> Drop for Feed<T> {
     fn drop(&mut self) {
         self.pump.abort();
     }
 }
 
-impl Feed {
+impl<T> Feed<T> {
     /// The next stored message, decoded or skipped (a skip is counted and
     /// logged once, when read). Waits through a lost connection or a
     /// restarted server; an error only for a message without JetStream
     /// metadata, after which the feed ends (`None`).
-    pub async fn next_item(&mut self) -> Option<Result<FeedItem>> {
+    pub async fn next_item(&mut self) -> Option<Result<T>> {
         self.receiver.recv().await
     }
 
     /// Like [`Feed::next_item`], but gives up after `timeout` with `None`.
-    pub async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<FeedItem>> {
+    pub async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<T>> {
         tokio::time::timeout(timeout, self.next_item())
             .await
             .ok()
             .flatten()
     }
+}
 
+impl Feed {
     /// The next event this code can use, stepping over the others (see
     /// [`Feed::next_item`]): for readers that act on events and keep no
     /// record of where they stand. A skipped message is never the answer,

@@ -261,6 +261,19 @@ async fn a_node_agent_publishes_only_its_own_events_heartbeat_and_usage() {
         .await
         .unwrap()
         .is_some());
+    // The gateway keeps usage: it reads the samples with a feed of its own.
+    let gateway = users.bus(&nats, "gateway").await;
+    let mut usage = gateway
+        .telemetry_feed(&[subject::USAGE_ALL], 1)
+        .await
+        .expect("the gateway reads the telemetry stream");
+    let sample = usage
+        .next_item_within(Duration::from_secs(5))
+        .await
+        .expect("a usage sample")
+        .unwrap();
+    assert_eq!(sample.subject, subject::usage("n1", lease));
+    assert_eq!(sample.pending, 0, "only n1's sample was stored");
 
     // The scheduler may place; the log holds only what was allowed.
     scheduler

@@ -44,4 +44,12 @@ pub struct LeaseGpuUsage {
     pub memory_used_mib: u64,
     /// Other leases hold part of this GPU.
     pub shared: bool,
+    /// The device's temperature (°C), the same for every lease on it.
+    /// Absent in samples of older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
+    /// The device's power draw (W), the same for every lease on it: NVML
+    /// cannot split it by process. Absent where the board does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
 }

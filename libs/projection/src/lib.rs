@@ -14,11 +14,18 @@
 //! records it in `skipped_events`, in the same transaction that moves the
 //! offset past it, so the tables say what they do not reflect and a
 //! rebuild records the very same rows.
+//!
+//! The same loop reads the telemetry stream for a projection that says so
+//! ([`Projector::stream`]): samples come undecoded ([`Sample`]) and have no
+//! `skipped_events` row (the projector counts what it cannot use), but
+//! their stream position commits with their rows just the same. Such a
+//! projection outlives the stream's 48 hours: it is [`replay`]ed into a
+//! schema, never rebuilt from nothing.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lh_bus::{Bus, FeedItem, Skipped, Stored};
+use lh_bus::{Bus, Feed, FeedItem, Sample, Skipped, Stored};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
@@ -58,6 +65,15 @@ pub enum ProjectionError {
 
 pub type Result<T, E = ProjectionError> = std::result::Result<T, E>;
 
+/// The stream a projection reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// `LH_EVENTS`, the business log: events, decoded or skipped.
+    Events,
+    /// `LH_TELEMETRY`: samples, kept 48 hours.
+    Telemetry,
+}
+
 /// Turns events into rows. Must be idempotent per event and deterministic:
 /// a rebuild from sequence 1 has to produce the very same rows.
 pub trait Projector: Send + Sync + 'static {
@@ -71,6 +87,95 @@ pub trait Projector: Send + Sync + 'static {
         conn: &'c mut PgConnection,
         event: &'c Stored,
     ) -> BoxFuture<'c, sqlx::Result<()>>;
+    /// The stream its [`Projector::filters`] are on.
+    fn stream(&self) -> Stream {
+        Stream::Events
+    }
+    /// Applies one telemetry sample inside the caller's transaction (a
+    /// projection of [`Stream::Telemetry`]; one of the log reads none).
+    fn apply_sample<'c>(
+        &'c self,
+        _conn: &'c mut PgConnection,
+        _sample: &'c Sample,
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// One message a projection reads, from either stream.
+// A projection reads one stream: boxing the log's items would cost an
+// allocation each for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Item {
+    Log(FeedItem),
+    Sample(Sample),
+}
+
+impl Item {
+    fn sequence(&self) -> u64 {
+        match self {
+            Item::Log(item) => item.sequence(),
+            Item::Sample(sample) => sample.sequence,
+        }
+    }
+
+    fn pending(&self) -> u64 {
+        match self {
+            Item::Log(item) => item.pending(),
+            Item::Sample(sample) => sample.pending,
+        }
+    }
+}
+
+/// The feed of a projection's stream.
+enum Input {
+    Log(Feed),
+    Telemetry(Feed<Sample>),
+}
+
+impl Input {
+    /// A feed of what `projector` reads from `from_sequence` on; `reread`
+    /// for a second reading of the log (a rebuild).
+    async fn open<P: Projector>(
+        bus: &Bus,
+        projector: &P,
+        from_sequence: u64,
+        reread: bool,
+    ) -> Result<Self> {
+        Ok(match (projector.stream(), reread) {
+            (Stream::Events, false) => {
+                Input::Log(bus.feed(projector.filters(), from_sequence).await?)
+            }
+            (Stream::Events, true) => {
+                Input::Log(bus.reread(projector.filters(), from_sequence).await?)
+            }
+            (Stream::Telemetry, _) => Input::Telemetry(
+                bus.telemetry_feed(projector.filters(), from_sequence)
+                    .await?,
+            ),
+        })
+    }
+
+    async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<Item>> {
+        match self {
+            Input::Log(feed) => feed
+                .next_item_within(timeout)
+                .await
+                .map(|r| r.map(Item::Log).map_err(Into::into)),
+            Input::Telemetry(feed) => feed
+                .next_item_within(timeout)
+                .await
+                .map(|r| r.map(Item::Sample).map_err(Into::into)),
+        }
+    }
+}
+
+/// The newest sequence of the stream `projector` reads.
+async fn head<P: Projector>(bus: &Bus, projector: &P) -> Result<u64> {
+    Ok(match projector.stream() {
+        Stream::Events => bus.last_sequence().await?,
+        Stream::Telemetry => bus.telemetry_last_sequence().await?,
+    })
 }
 
 fn check_schema_name(schema: &str) -> Result<()> {
@@ -327,10 +432,10 @@ pub async fn run<P: Projector>(
         caught_up: caught_rx,
         stalled: stalled_rx,
     });
-    if bus.last_sequence().await? <= start {
+    if head(bus, projector).await? <= start {
         caught_tx.send_replace(true);
     }
-    let mut feed = bus.feed(projector.filters(), start + 1).await?;
+    let mut feed = Input::open(bus, projector, start + 1, false).await?;
     loop {
         let next = tokio::select! {
             _ = &mut shutdown => return Ok(()),
@@ -367,18 +472,10 @@ pub async fn run<P: Projector>(
     }
 }
 
-async fn apply_one<P: Projector>(pool: &PgPool, projector: &P, event: &FeedItem) -> Result<()> {
-    apply_batch(pool, projector, std::slice::from_ref(event)).await
-}
-
 /// Applies events (in stream order), records the skipped ones, and stores
 /// the last one's sequence, in one transaction; events at or below the
 /// committed sequence are left alone.
-async fn apply_batch<P: Projector>(
-    pool: &PgPool,
-    projector: &P,
-    events: &[FeedItem],
-) -> Result<()> {
+async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Item]) -> Result<()> {
     let Some(last) = events.last() else {
         return Ok(());
     };
@@ -395,7 +492,7 @@ async fn apply_batch<P: Projector>(
     }
     for item in events.iter().filter(|e| e.sequence() > committed) {
         match item {
-            FeedItem::Event(event) => {
+            Item::Log(FeedItem::Event(event)) => {
                 // One request reads as one trace, its read models included.
                 let span = tracing::info_span!(
                     "lh.project",
@@ -406,7 +503,10 @@ async fn apply_batch<P: Projector>(
                 lh_bus::continue_trace(&span, event.trace_parent.as_deref());
                 projector.apply(&mut tx, event).instrument(span).await?
             }
-            FeedItem::Skipped(skipped) => record_skip(&mut tx, projector.name(), skipped).await?,
+            Item::Log(FeedItem::Skipped(skipped)) => {
+                record_skip(&mut tx, projector.name(), skipped).await?
+            }
+            Item::Sample(sample) => projector.apply_sample(&mut tx, sample).await?,
         }
     }
     sqlx::query(
@@ -445,7 +545,7 @@ pub async fn rebuild<P: Projector>(
     schema: &str,
     migrator: &Migrator,
     projector: &P,
-    mut on_event: impl FnMut(u64, u64),
+    on_event: impl FnMut(u64, u64),
 ) -> Result<u64> {
     check_schema_name(schema)?;
     {
@@ -461,29 +561,59 @@ pub async fn rebuild<P: Projector>(
     }
     let pool = connect_schema(database_url, schema).await?;
     migrate(&pool, migrator).await?;
-    ensure_offset_row(&pool, projector.name()).await?;
-    let head = bus.last_sequence().await?;
+    let reached = replay(bus, &pool, projector, on_event).await;
+    pool.close().await;
+    reached
+}
+
+/// Applies what the stream of `projector` holds (up to its head at call
+/// time) to the schema of `pool` as it stands, dropping nothing: how a
+/// rebuild fills a fresh schema, and how a projection that outlives its
+/// stream (telemetry) is brought into one whose older rows were carried
+/// over. Its projector must then tell a sample the rows already count.
+/// Returns the sequence reached; `on_event` is told each one applied.
+pub async fn replay<P: Projector>(
+    bus: &Bus,
+    pool: &PgPool,
+    projector: &P,
+    mut on_event: impl FnMut(u64, u64),
+) -> Result<u64> {
+    ensure_offset_row(pool, projector.name()).await?;
+    let head = head(bus, projector).await?;
     let mut reached = 0;
-    if head > 0 {
-        let mut feed = bus.reread(projector.filters(), 1).await?;
-        loop {
-            let Some(event) = feed.next_item_within(Duration::from_secs(2)).await else {
-                // No more matching events before the head.
-                break;
-            };
-            let event = event?;
-            if event.sequence() > head {
-                break;
-            }
-            apply_one(&pool, projector, &event).await?;
-            reached = event.sequence();
-            on_event(reached, head);
-            if event.pending() == 0 || event.sequence() == head {
-                break;
+    if head == 0 {
+        return Ok(reached);
+    }
+    let mut feed = Input::open(bus, projector, 1, true).await?;
+    let mut batch = Vec::new();
+    loop {
+        let Some(item) = feed.next_item_within(Duration::from_secs(2)).await else {
+            // No more matching messages before the head.
+            break;
+        };
+        let item = item?;
+        if item.sequence() > head {
+            break;
+        }
+        let last = item.pending() == 0 || item.sequence() == head;
+        batch.push(item);
+        if batch.len() == MAX_EVENTS_PER_TRANSACTION || last {
+            apply_batch(pool, projector, &batch).await?;
+            for item in batch.drain(..) {
+                reached = item.sequence();
+                on_event(reached, head);
             }
         }
+        if last {
+            break;
+        }
     }
-    pool.close().await;
+    // A feed that went quiet before its last message leaves a batch.
+    apply_batch(pool, projector, &batch).await?;
+    for item in batch.drain(..) {
+        reached = item.sequence();
+        on_event(reached, head);
+    }
     Ok(reached)
 }
 

@@ -340,6 +340,7 @@ impl Stack {
                     master_key_file: self.master_key_file.clone(),
                     front: self.gateway_front.clone(),
                     limits: self.gateway_limits,
+                    usage: Default::default(),
                 };
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
@@ -790,7 +791,7 @@ impl Stack {
         // A projection reads only its own subjects, so it may stop short of
         // the head: it has caught up once its offset holds still.
         let offsets = "SELECT coalesce(sum(sequence), 0)::BIGINT FROM (
-            SELECT sequence FROM gateway.projection_offsets
+            SELECT sequence FROM gateway.projection_offsets WHERE name = 'gateway'
             UNION ALL SELECT sequence FROM pricing.projection_offsets) o";
         let mut last = -1i64;
         for _ in 0..50 {
@@ -842,6 +843,7 @@ impl Stack {
             master_key_file: self.master_key_file.clone(),
             front: test_front(),
             limits: Default::default(),
+            usage: Default::default(),
         }
     }
 }

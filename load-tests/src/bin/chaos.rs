@@ -221,6 +221,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         master_key_file: "unused-for-a-rebuild".into(),
         limits: Default::default(),
         front: Default::default(),
+        usage: Default::default(),
     };
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;
     let pricing = lh_pricing::Config::for_test(&args.nats, &args.database_url);

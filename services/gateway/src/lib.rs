@@ -9,6 +9,7 @@ pub mod oidc;
 pub mod principals;
 pub mod projection;
 pub mod seal;
+pub mod usage;
 pub mod workload_env;
 
 pub use http::limits::TenantLimits;
@@ -59,6 +60,21 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     (
         "lh_gateway_refusals_total",
         "Requests refused with a 4xx status (401, 403, 429...), by status.",
+    ),    (
+        "lh_gateway_usage_samples_skipped_total",
+        "Usage samples not folded at all, by reason (undecodable, wrong_subject).",
+    ),
+    (
+        "lh_gateway_usage_clock_clamped_total",
+        "Usage samples stamped too far from when the stream stored them, put in the stream's minute.",
+    ),
+    (
+        "lh_gateway_usage_gpus_refused_total",
+        "GPU entries of usage samples left out for figures no device reports, by field.",
+    ),
+    (
+        "lh_gateway_usage_minutes_pruned_total",
+        "Usage minutes deleted for being older than LH_USAGE_KEEP_DAYS.",
     ),
 ];
 
@@ -106,6 +122,8 @@ pub struct Config {
     pub limits: http::limits::TenantLimits,
     #[command(flatten)]
     pub front: http::front::FrontArgs,
+    #[command(flatten)]
+    pub usage: usage::UsageArgs,
 }
 
 /// Operators signed in with an OpenID Connect issuer (off unless the
@@ -233,6 +251,24 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let progress = progress_rx
         .await
         .context("the gateway projection did not start")?;
+    // Usage: folded from the telemetry stream by the same loop, on its own
+    // offset; nothing waits for it (usage is no client's own write).
+    let usage_task = {
+        let bus = bus.clone();
+        let pool = pool.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            lh_projection::run(
+                &bus,
+                &pool,
+                &usage::UsageProjection,
+                async move { stop.cancelled().await },
+                |_| {},
+            )
+            .await
+        })
+    };
+    let prune = usage::prune_every_hour(pool.clone(), config.usage.usage_keep_days);
     let readiness = Readiness::default();
     let ctx = http::ApiContext {
         bus,
@@ -284,6 +320,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             };
             tokio::select! {
                 r = projection_task => r.context("projection task panicked")?.map_err(Into::into),
+                r = usage_task => r.context("usage projection task panicked")?.map_err(Into::into),
+                never = prune => match never {},
                 _ = watch_ready => Ok(()),
                 never = summaries => match never {},
                 ended = environments => ended,
@@ -294,8 +332,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 }
 
 /// Replays the log into `into` and compares its tables with the live
-/// ones; with `swap`, the rebuilt schema replaces the live one (stop the
-/// gateway first).
+/// ones, carries the usage minutes over (see [`usage::carry_over`]); with
+/// `swap`, the rebuilt schema replaces the live one (stop the gateway
+/// first).
 pub async fn rebuild(
     config: &Config,
     into: &str,
@@ -303,7 +342,7 @@ pub async fn rebuild(
     on_event: impl FnMut(u64, u64),
 ) -> anyhow::Result<lh_projection::RebuildReport> {
     let bus = config.common.connect_bus(SERVICE).await?;
-    Ok(lh_projection::rebuild_and_compare(
+    let mut report = lh_projection::rebuild_and_compare(
         &bus,
         &config.database_url,
         &config.schema,
@@ -311,10 +350,18 @@ pub async fn rebuild(
         &projection::MIGRATOR,
         &projection::GatewayProjection,
         projection::TABLES,
-        swap,
+        false,
         on_event,
     )
-    .await?)
+    .await?;
+    // Usage minutes outlive the telemetry stream: the rebuilt schema takes
+    // the live rows and adds what the stream still holds.
+    usage::carry_over(&bus, &config.database_url, &config.schema, into).await?;
+    if swap {
+        lh_projection::swap_schemas(&config.database_url, &config.schema, into).await?;
+        report.swapped = true;
+    }
+    Ok(report)
 }
 
 impl lh_service::ProjectionService for Config {

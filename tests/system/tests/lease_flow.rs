@@ -430,6 +430,8 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
         "/v1/tenants/{id}/quota",
         "/v1/tenants/{id}/keys",
         "/v1/tenants/{id}/keys/{key_id}",
+        "/v1/usage",
+        "/v1/leases/{id}/usage",
     ] {
         assert!(doc["paths"][path].is_object(), "openapi lacks {path}");
     }

@@ -21,6 +21,7 @@ pub mod refusals;
 pub mod reservations;
 pub mod spot;
 pub mod tenants;
+pub mod usage;
 
 use std::time::Duration;
 
@@ -76,6 +77,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/leases/{id}", get(leases::get))
         .route("/v1/leases/{id}/stop", post(leases::stop))
         .route("/v1/leases/{id}/resume", post(leases::resume))
+        .route("/v1/leases/{id}/usage", get(usage::lease))
+        .route("/v1/usage", get(usage::fleet))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/spot/prices", get(spot::prices))

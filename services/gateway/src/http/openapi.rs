@@ -5,7 +5,7 @@ use utoipa::OpenApi;
 
 use super::{
     audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
-    spot, tenants, Problem,
+    spot, tenants, usage, Problem,
 };
 
 #[derive(OpenApi)]
@@ -43,7 +43,9 @@ use super::{
         quotes::create,
         billing::what_if,
         audit::verify,
-        audit::events
+        audit::events,
+        usage::fleet,
+        usage::lease
     ),
     components(schemas(
         Problem,
@@ -80,7 +82,10 @@ use super::{
         lh_rpc::audit::VerifyBadCheckpoint,
         lh_rpc::audit::EventsPage,
         lh_rpc::audit::AuditRecord,
-        lh_events::trail::Outcome
+        lh_events::trail::Outcome,
+        usage::UsageReport,
+        usage::UsageSeries,
+        usage::UsagePoint
     )),
     modifiers(&BearerAuth, &ProblemResponses)
 )]

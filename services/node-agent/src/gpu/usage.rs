@@ -76,6 +76,10 @@ pub fn attribute(
                         utilization_pct: sample.utilization_pct,
                         memory_used_mib,
                         shared,
+                        temperature_c: Some(sample.temperature_c),
+                        // NVML reads an unsupported power sensor as 0 W;
+                        // no running board draws nothing.
+                        power_w: (sample.power_w > 0.0).then_some(sample.power_w),
                     })
                 })
                 .collect(),
@@ -344,6 +348,27 @@ mod tests {
         assert_eq!(u[2].gpus.len(), 2);
         assert!(!u[2].gpus[0].shared);
         assert_eq!(u[2].gpus[1].memory_used_mib, 500);
+    }
+
+    #[test]
+    fn every_lease_on_a_gpu_sees_the_device_s_temperature_and_power() {
+        let leases = [
+            lease(1, vec![gpu(0, Some(10))]),
+            lease(2, vec![gpu(0, Some(30))]),
+        ];
+        let mut hot = sample(0, 80, 20_000);
+        hot.temperature_c = 77;
+        hot.power_w = 312.5;
+        let u = attribute("n", &leases, std::slice::from_ref(&hot), t(0));
+        for lease in &u {
+            assert_eq!(lease.gpus[0].temperature_c, Some(77));
+            assert_eq!(lease.gpus[0].power_w, Some(312.5));
+        }
+        // A board without a power sensor reads 0 W: reported as unknown.
+        hot.power_w = 0.0;
+        let u = attribute("n", &leases[..1], &[hot], t(0));
+        assert_eq!(u[0].gpus[0].power_w, None);
+        assert_eq!(u[0].gpus[0].temperature_c, Some(77));
     }
 
     #[test]
