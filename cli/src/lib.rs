@@ -81,15 +81,17 @@ mod audit_trail;
 mod client;
 mod error;
 mod render;
+pub mod report;
 
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
     BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode,
     ExportFormat, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
     LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
-    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
-    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend, Tier, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
+    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportColourBy, ReportCommand,
+    ReportDaily, ReservationCommand, ReservationCreate, ReservationList, SpotCommand,
+    TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
+    DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -458,6 +460,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             }
             Ok(EXIT_OK)
         }
+        Command::Report(ReportCommand::Daily(d)) => report::daily(&gw, &d, out, err).await,
         Command::Billing(BillingCommand::WhatIf(w)) => {
             let book = read_json_file(&w.book)?;
             if !book.is_object() {
