@@ -35,7 +35,7 @@ use crate::{write_out, CliError, Gateway, Out, EXIT_OK, MAX_PAGES};
 pub const MAX_REPORT_EVENTS: usize = 1_000_000;
 /// How far before the day lease events are read, to find the leases
 /// already running at 00:00: a lease started earlier than this and still
-/// running shows only from its next event on.
+/// running is left out unless it starts again during the day.
 pub const MAX_LOOKBACK_DAYS: i64 = 35;
 /// Records asked per page: the gateway's most.
 const PAGE_RECORDS: &str = "1000";

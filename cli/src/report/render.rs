@@ -50,7 +50,7 @@ const HEAT_STOPS: [RGBColor; 5] = [
     RGBColor(0xd7, 0x30, 0x1f),
     HEAT_TOP,
 ];
-/// The mark where a spot lease was preempted (a triangle over the bar's end).
+/// The mark where a spot lease was preempted (a triangle on the bar's end).
 pub const PREEMPTION_MARK: RGBColor = RGBColor(0x00, 0x00, 0x00);
 /// The mark where a lease failed over (a diamond at the bar's end).
 pub const FAILOVER_MARK: RGBColor = RGBColor(0x00, 0x50, 0xff);
@@ -164,8 +164,12 @@ fn pos(h: HPos, v: VPos) -> Pos {
     Pos::new(h, v)
 }
 
-fn short(id: &Uuid) -> String {
-    id.to_string()[..8].to_string()
+/// A tenant as the legend names it: the end of its id, which is random in
+/// a UUIDv7 (its start is the time it was made, shared by neighbours).
+/// The HTML page lists the whole ids.
+pub fn short(id: &Uuid) -> String {
+    let text = id.simple().to_string();
+    format!("…{}", &text[text.len() - 12..])
 }
 
 type DrawResult<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
@@ -196,7 +200,7 @@ fn draw<DB: DrawingBackend>(
     let a = &report.availability;
     let q = &report.queue_wait;
     let summary = format!(
-        "{} GPUs, {} of {} GPU-hours leased, {} leases, {} preempted, {} failovers; \
+        "{} GPUs, {} of {} GPU-hours leased, {} leases ran, preempted: {}, failed over: {}; \
          queue wait p95 {} (target {} s); availability {} (target {} %)",
         report.gpus.len(),
         report.leased_gpu_hours,
@@ -277,7 +281,7 @@ fn draw<DB: DrawingBackend>(
             MarkKind::Preempted => Some(
                 EmptyElement::at(at)
                     + Polygon::new(
-                        vec![(-mark, -2 * mark), (mark, -2 * mark), (0, 0)],
+                        vec![(-mark, -mark), (mark, -mark), (0, mark)],
                         PREEMPTION_MARK.filled(),
                     ),
             ),
@@ -591,6 +595,28 @@ pub fn html(report: &DailyReport, by: ColourBy) -> anyhow::Result<String> {
         verdict(a.meets_target()),
         a.interruptions,
     );
+    let tenants = tenant_colours(report);
+    if by == ColourBy::Tenant && !tenants.is_empty() {
+        page.push_str(
+            "<h2>Tenants</h2>\n<table id=\"tenants\"><tr><th>Colour</th><th>Tenant</th><th>Bars</th></tr>",
+        );
+        for (tenant, colour) in &tenants {
+            let bars = report
+                .bars
+                .iter()
+                .filter(|b| b.tenant_id == Some(*tenant))
+                .count();
+            let _ = write!(
+                page,
+                "<tr><td style=\"background:#{:02x}{:02x}{:02x}\">{}</td><td>{tenant}</td><td>{bars}</td></tr>",
+                colour.0,
+                colour.1,
+                colour.2,
+                escape(&short(tenant)),
+            );
+        }
+        page.push_str("</table>\n");
+    }
     page.push_str(DEFINITIONS_HTML);
     page.push_str("</body></html>\n");
     Ok(page)
