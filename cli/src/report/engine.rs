@@ -142,6 +142,11 @@ pub struct DailyReport {
     pub usage_off_inventory: usize,
 }
 
+/// GPUs, GPU-hours, leased GPU-hours, sum and count of their utilisation.
+type GroupSums = (usize, u32, u32, f64, u32);
+/// [start, end) of a run.
+type Span = (DateTime<Utc>, DateTime<Utc>);
+
 fn hours_from(start: DateTime<Utc>, at: DateTime<Utc>) -> f64 {
     (at - start).num_milliseconds() as f64 / 1000.0 / SECS_PER_HOUR as f64
 }
@@ -232,7 +237,7 @@ impl DailyReport {
             }
         }
 
-        let mut groups: BTreeMap<(String, String), (usize, u32, u32, f64, u32)> = BTreeMap::new();
+        let mut groups: BTreeMap<(String, String), GroupSums> = BTreeMap::new();
         for (i, r) in rows.iter().enumerate() {
             let g = groups.entry((r.model.clone(), r.zone.clone())).or_default();
             g.0 += 1;
@@ -297,7 +302,7 @@ impl DailyReport {
 
         // A lease on several GPUs runs once: its seconds are counted per
         // lease, merging its runs' overlaps.
-        let mut per_lease: BTreeMap<Uuid, Vec<(DateTime<Utc>, DateTime<Utc>)>> = BTreeMap::new();
+        let mut per_lease: BTreeMap<Uuid, Vec<Span>> = BTreeMap::new();
         for run in &input.runs {
             per_lease
                 .entry(run.lease_id)

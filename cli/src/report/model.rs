@@ -230,11 +230,11 @@ impl Fold {
             }
             // A node or lease whose first events expired is known from its
             // restatement; one already known takes nothing from it.
-            EventData::NodeRestated(restated) => {
-                if !self.inventory.keys().any(|(n, _)| n == &restated.node_id) {
-                    for stated in &restated.history {
-                        self.event(&stated.envelope);
-                    }
+            EventData::NodeRestated(restated)
+                if !self.inventory.keys().any(|(n, _)| n == &restated.node_id) =>
+            {
+                for stated in &restated.history {
+                    self.event(&stated.envelope);
                 }
             }
             EventData::LeaseRestated(restated) => {

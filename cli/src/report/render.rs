@@ -535,7 +535,7 @@ pub fn html(report: &DailyReport, by: ColourBy) -> anyhow::Result<String> {
         pct_or_na(a.pct, 3),
         verdict(a.meets_target()),
     );
-    let _ = write!(page, "<div class=\"picture\">{picture}</div>\n");
+    let _ = writeln!(page, "<div class=\"picture\">{picture}</div>");
     page.push_str(
         "<h2>Idle rate and utilisation per model and zone</h2>\n<table id=\"models\">\
          <tr><th>Model</th><th>Zone</th><th>GPUs</th><th>GPU-hours</th>\
