@@ -164,6 +164,10 @@ impl DailyReport {
     pub fn compute(input: &DayInput) -> DailyReport {
         let start = day_start(input.date);
         let end = day_end(input.date);
+        // Hours begun by the time the day was read: all 24 for a past day.
+        let hours_known = (((input.as_of.min(end) - start).num_seconds() + SECS_PER_HOUR - 1)
+            / SECS_PER_HOUR)
+            .clamp(0, i64::from(HOURS_PER_DAY)) as u32;
         let mut rows: Vec<GpuRow> = input
             .gpus
             .iter()
@@ -241,7 +245,7 @@ impl DailyReport {
         for (i, r) in rows.iter().enumerate() {
             let g = groups.entry((r.model.clone(), r.zone.clone())).or_default();
             g.0 += 1;
-            for h in 0..HOURS_PER_DAY {
+            for h in 0..hours_known {
                 g.1 += 1;
                 if r.leased[h as usize] {
                     g.2 += 1;
@@ -353,7 +357,7 @@ impl DailyReport {
                 .collect::<BTreeSet<_>>()
                 .len()
         };
-        let gpu_hours = rows.len() as u32 * HOURS_PER_DAY;
+        let gpu_hours = rows.len() as u32 * hours_known;
         let leased_gpu_hours = rows
             .iter()
             .map(|r| r.leased.iter().filter(|l| **l).count() as u32)

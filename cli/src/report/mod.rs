@@ -231,7 +231,8 @@ pub async fn read_day(
         .await?;
     }
     progress.update(&mut *err, progress.total - 1, "usage", events.len());
-    let mut input = DayInput::from_events(date, tenant, events);
+    // Today is reported as far as it has come.
+    let mut input = DayInput::from_events_as_of(date, tenant, Utc::now(), events);
     let from_text = rfc3339(start);
     let mut query = vec![
         ("from", from_text.as_str()),

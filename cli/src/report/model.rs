@@ -102,6 +102,9 @@ pub struct DayInput {
     pub date: NaiveDate,
     /// Only this tenant's leases and usage (every GPU still shows).
     pub tenant: Option<Uuid>,
+    /// Until when the day is known: its end, or for today the time it was
+    /// read. Runs and interruptions still open end here.
+    pub as_of: DateTime<Utc>,
     pub gpus: Vec<Gpu>,
     pub runs: Vec<LeaseRun>,
     pub usage: Vec<HourUsage>,
@@ -176,7 +179,11 @@ impl Fold {
                 gpu_indices: gpus,
                 start,
                 end,
-                ended_by: if at < self.to { how } else { RunEnd::Open },
+                ended_by: if how == RunEnd::Open || at >= self.to {
+                    RunEnd::Open
+                } else {
+                    how
+                },
             });
         }
     }
@@ -322,8 +329,20 @@ impl DayInput {
     pub fn from_events(
         date: NaiveDate,
         tenant: Option<Uuid>,
+        events: Vec<LoggedEvent>,
+    ) -> DayInput {
+        Self::from_events_as_of(date, tenant, day_end(date), events)
+    }
+
+    /// [`DayInput::from_events`] for a day not over yet: what is still open
+    /// at `as_of` ends there (cut to the day).
+    pub fn from_events_as_of(
+        date: NaiveDate,
+        tenant: Option<Uuid>,
+        as_of: DateTime<Utc>,
         mut events: Vec<LoggedEvent>,
     ) -> DayInput {
+        let as_of = as_of.clamp(day_start(date), day_end(date));
         events.sort_by_key(|e| e.sequence);
         let mut fold = Fold {
             from: day_start(date),
@@ -336,11 +355,10 @@ impl DayInput {
         for e in &events {
             fold.event(&e.envelope);
         }
-        let to = fold.to;
         let ids: Vec<Uuid> = fold.leases.keys().copied().collect();
         for id in ids {
-            fold.close_run(id, to, RunEnd::Open);
-            fold.close_interruption(id, to);
+            fold.close_run(id, as_of, RunEnd::Open);
+            fold.close_interruption(id, as_of);
         }
         let (from, to) = (fold.from, fold.to);
         let mut waits: Vec<Wait> = fold
@@ -367,6 +385,7 @@ impl DayInput {
         let mut input = DayInput {
             date,
             tenant,
+            as_of,
             gpus: fold.inventory.into_values().collect(),
             runs,
             usage: Vec::new(),
