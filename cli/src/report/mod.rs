@@ -256,15 +256,28 @@ pub async fn read_day(
                     reason,
                 })?;
         }
-        // A gateway without the usage API still draws the leases.
-        Err(CliError::Api(p)) if p.status == 404 => {
+        // A gateway without the usage API, or one that does not show it to
+        // this caller, still lets the leases be drawn.
+        Err(CliError::Api(p)) if p.status == 404 || p.status == 403 => {
+            let why = if p.status == 404 {
+                "the gateway has no usage API"
+            } else {
+                "this key may not read the usage"
+            };
             let _ = writeln!(
                 err,
-                "warning: the gateway has no usage API (GET /v1/usage: 404); \
-                 the heat map and utilisation are empty"
+                "warning: {why} (GET /v1/usage: {}); the heat map and utilisation are empty",
+                p.status
             );
         }
         Err(e) => return Err(e.into()),
+    }
+    if input.gpus.is_empty() {
+        let _ = writeln!(
+            err,
+            "warning: no node registered by the day's end is in the records this key reads; \
+             the report needs the admin or auditor token"
+        );
     }
     if undecodable > 0 {
         let _ = writeln!(

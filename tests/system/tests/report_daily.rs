@@ -37,7 +37,7 @@ async fn a_day_with_two_leases_shows_their_bars() {
             None,
         )
         .await;
-    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(status, 202, "{stopped}");
     stack
         .wait_lease(&key, &first_id, |l| l["state"] == "ended")
         .await;
