@@ -67,7 +67,7 @@ pub enum Command {
     /// Take GPU nodes out of placement and back (admin token required).
     #[command(subcommand)]
     Node(NodeCommand),
-    /// Reports on spending.
+    /// Reports: spending in a week, a day of the fleet.
     #[command(subcommand)]
     Report(ReportCommand),
     /// Try a price book on a past month (admin token required).
@@ -1343,6 +1343,40 @@ mod tests {
             let e = parse(&["report", "cost", "--week", bad]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
         }
+    }
+
+    #[test]
+    fn report_daily_takes_a_day_a_file_and_a_colouring() {
+        let cli = parse(&[
+            "report",
+            "daily",
+            "--date",
+            "2026-12-03",
+            "--out",
+            "day.png",
+            "--colour-by",
+            "tier",
+        ])
+        .unwrap();
+        let Command::Report(ReportCommand::Daily(d)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(d.date, chrono::NaiveDate::from_ymd_opt(2026, 12, 3));
+        assert_eq!(
+            (d.out.to_str(), d.colour_by),
+            (Some("day.png"), ReportColourBy::Tier)
+        );
+        let cli = parse(&["report", "daily", "--out", "day.html"]).unwrap();
+        let Command::Report(ReportCommand::Daily(d)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!((d.date, d.colour_by), (None, ReportColourBy::Tenant));
+        assert!(parse(&["report", "daily"]).is_err(), "--out is needed");
+        for bad in ["2026-13-01", "03.12.2026", "yesterday"] {
+            let e = parse(&["report", "daily", "--date", bad, "--out", "d.svg"]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
+        }
+        assert!(parse(&["report", "daily", "--out", "d.svg", "--colour-by", "zone"]).is_err());
     }
 
     #[test]

@@ -713,3 +713,78 @@ fn a_lease_running_at_midnight_starts_its_bar_at_zero() {
     assert_eq!(open.end_h, 24.0);
     let _ = Utc.timestamp_opt(0, 0);
 }
+
+#[test]
+fn a_drain_is_no_interruption_and_a_restated_node_is_known() {
+    use lh_events::{NodeRestated, StatedEvent};
+    let mut log = Log { events: Vec::new() };
+    // n-a's registration expired; its restatement carries it.
+    let registration = Envelope::new(
+        Actor::Admin,
+        at(-400 * 24, 0, 0),
+        EventData::NodeRegistered(fixtures::node("n-a", "z1", 2, "A100-40GB", 40)),
+    );
+    log.push(
+        at(-30 * 24, 0, 0),
+        EventData::NodeRestated(NodeRestated {
+            node_id: "n-a".into(),
+            history: vec![StatedEvent {
+                sequence: 1,
+                stored_at: registration.occurred_at,
+                envelope: Box::new(registration),
+            }],
+        }),
+    );
+    log.whole(lease(1), T1, Tier::Basic, "n-a", &[0], at(1, 0, 0), 0, None);
+    let to = fixtures::placed(lease(1), "n-a", "z1", "A100-40GB", 40, &[1]);
+    log.push(
+        at(2, 0, 0),
+        EventData::LeaseMigrated(LeaseMigrated {
+            lease_id: lease(1),
+            reason: lh_domain::moves::node_drained("n-a"),
+            from_node_id: "n-a".into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: at(2, 0, 0),
+            to: Some(Relocation {
+                node_id: to.node_id,
+                zone: to.zone,
+                vram_gb_per_gpu: 40,
+                gpus: to.gpus,
+                decision: to.decision,
+            }),
+        }),
+    );
+    log.push(
+        at(2, 10, 0),
+        EventData::LeaseStarted(fixtures::started(lease(1), "n-a", at(2, 10, 0))),
+    );
+    log.end(lease(1), "n-a", at(3, 0, 0), EndReason::Completed);
+    let input = DayInput::from_events(date(), None, log.events);
+    assert_eq!(input.gpus.len(), 2, "known from the restatement");
+    assert!(input.interruptions.is_empty(), "a drain is planned");
+    let report = DailyReport::compute(&input);
+    assert_eq!(report.bars.len(), 2);
+    assert!(report.bars.iter().all(|b| b.mark.is_none()));
+    assert_eq!(report.availability.running_secs, 3600 + 50 * 60);
+    assert_eq!(report.availability.pct, Some(100.0));
+    assert_eq!(report.failovers, 0);
+}
+
+#[test]
+fn today_counts_only_the_hours_begun() {
+    let as_of = at(6, 30, 0);
+    let events: Vec<LoggedEvent> = log()
+        .into_iter()
+        .filter(|e| e.envelope.occurred_at < as_of)
+        .collect();
+    let input = DayInput::from_events_as_of(date(), None, as_of, events);
+    let report = DailyReport::compute(&input);
+    assert_eq!(report.gpu_hours, 4 * 7);
+    // L11 (05:00:04 on n-a/1) still runs at 06:30 and ends there.
+    let open = report
+        .bars
+        .iter()
+        .find(|b| b.lease_id == lease(11))
+        .unwrap();
+    assert_eq!(open.end_h, 6.5);
+}
