@@ -460,7 +460,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             }
             Ok(EXIT_OK)
         }
-        Command::Report(ReportCommand::Daily(d)) => report::daily(&gw, &d, out, err).await,
+        Command::Report(ReportCommand::Daily(d)) => report::daily(&gw, &d, json, out, err).await,
         Command::Billing(BillingCommand::WhatIf(w)) => {
             let book = read_json_file(&w.book)?;
             if !book.is_object() {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use lh_events::Tier;
+use serde::Serialize;
 use uuid::Uuid;
 
 use super::model::{day_end, day_start, DayInput, RunEnd, HOURS_PER_DAY, SECS_PER_HOUR};
@@ -18,7 +19,7 @@ pub const AVAILABILITY_TARGET_PCT: f64 = 99.95;
 pub const PEAK_HOURS: usize = 3;
 
 /// One GPU's row: its name and its 24 VRAM cells.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GpuRow {
     pub node_id: String,
     pub index: u32,
@@ -41,14 +42,15 @@ impl GpuRow {
 }
 
 /// Why a bar on the timeline stops where it does, when it is worth a mark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MarkKind {
     Preempted,
     FailedOver,
 }
 
 /// A lease's run on one GPU, in hours from the day's start.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Bar {
     /// Row in [`DailyReport::gpus`].
     pub row: usize,
@@ -61,7 +63,7 @@ pub struct Bar {
 }
 
 /// Idle rate and utilisation of one (GPU model, zone).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelZone {
     pub model: String,
     pub zone: String,
@@ -75,14 +77,14 @@ pub struct ModelZone {
 }
 
 /// One of the busiest hours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PeakHour {
     pub hour: u32,
     pub gpus_leased: usize,
 }
 
 /// Requested → first running, for the leases requested during the day.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueueWait {
     /// Leases that started.
     pub started: usize,
@@ -101,7 +103,7 @@ impl QueueWait {
 }
 
 /// The day's availability.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Availability {
     /// Seconds leases ran (each lease once, whatever its GPUs).
     pub running_secs: i64,
@@ -122,7 +124,7 @@ impl Availability {
 }
 
 /// The day's report, in numbers.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DailyReport {
     pub date: NaiveDate,
     pub tenant: Option<Uuid>,

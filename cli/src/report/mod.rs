@@ -288,10 +288,12 @@ pub async fn read_day(
     Ok(input)
 }
 
-/// `lh report daily`.
+/// `lh report daily`: reads, computes, writes the file and says what it wrote.
+/// With `--json`, the report's numbers go to stdout as JSON.
 pub async fn daily(
     gw: &Gateway,
     args: &ReportDaily,
+    json: bool,
     out: Out<'_>,
     err: Out<'_>,
 ) -> anyhow::Result<i32> {
@@ -329,6 +331,11 @@ pub async fn daily(
     let bytes = render_as(&report, by, kind)?;
     std::fs::write(&args.out, bytes)
         .map_err(|e| CliError::Usage(format!("cannot write {}: {e}", args.out.display())))?;
+    if json {
+        let mut text = serde_json::to_string_pretty(&report)?;
+        text.push('\n');
+        return write_out(out, &text).map(|()| EXIT_OK);
+    }
     write_out(
         out,
         &format!(

@@ -131,6 +131,31 @@ async fn a_day_with_two_leases_shows_their_bars() {
     assert!(html.contains("<tr><th>Leases that ran</th><td>2</td></tr>"));
     assert!(html.contains(&tenant), "the tenants table names it");
 
+    // With --json the numbers go to stdout as well.
+    let picture = dir.path().join("day.svg");
+    let out = lh_cli::capture([
+        "lh",
+        "--gateway-url",
+        &stack.gateway_url,
+        "--api-key-file",
+        key_file.to_str().unwrap(),
+        "--json",
+        "report",
+        "daily",
+        "--date",
+        &date.to_string(),
+        "--out",
+        picture.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let numbers: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(numbers["leases"], 2, "{numbers}");
+    assert_eq!(numbers["bars"].as_array().unwrap().len(), 3);
+    assert!(std::fs::read_to_string(&picture)
+        .unwrap()
+        .starts_with("<svg"));
+
     // A day that has not come is refused before anything is read.
     let out = lh_cli::capture([
         "lh",
