@@ -3,8 +3,9 @@
 //! Tenants use it to request GPU leases, watch them get queued, placed and
 //! started, stop them, and read their monthly invoices; operators use it
 //! (with the admin token as API key) to create tenants, to check that the
-//! audit log's hash chain is intact and to read, replay and export the audit
-//! records. It is a thin HTTP client of the gateway's `/v1` API: each command
+//! audit log's hash chain is intact, to read, replay and export the audit
+//! records, and to draw a day of the fleet (`report daily`, see [`report`]).
+//! It is a thin HTTP client of the gateway's `/v1` API: each command
 //! is one request (or a short series, for `--all`, `--wait` and the audit
 //! replay and exports, which page to the end), shown as a compact table or, with `--json`, as the gateway's
 //! own JSON, pretty-printed.
