@@ -638,6 +638,7 @@ fn the_html_shows_the_totals() {
         "<tr><td>A100-40GB</td><td>z1</td><td>2</td><td>48</td><td>19</td><td>60.4 %</td><td>60.0 %</td></tr>",
         "<tr><td>04:00–05:00</td><td>3</td></tr>",
         "<tr><th>Lease-seconds interrupted</th><td>90</td></tr>",
+        "<td>14:00:00</td><td>14:01:30</td><td>90</td><td>node n-b lost</td></tr>",
     ] {
         assert!(html.contains(row), "missing {row}");
     }

@@ -9,7 +9,9 @@ use lh_events::Tier;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::model::{day_end, day_start, DayInput, RunEnd, HOURS_PER_DAY, SECS_PER_HOUR};
+use super::model::{
+    day_end, day_start, DayInput, Interruption, RunEnd, HOURS_PER_DAY, SECS_PER_HOUR,
+};
 
 /// Queue wait the seed aims for: p95 of requested → first running, seconds.
 pub const QUEUE_WAIT_TARGET_SECS: f64 = 15.0;
@@ -134,6 +136,8 @@ pub struct DailyReport {
     pub peak_hours: Vec<PeakHour>,
     pub queue_wait: QueueWait,
     pub availability: Availability,
+    /// The interruptions, in the order they began.
+    pub interruptions: Vec<Interruption>,
     /// Leases that ran during the day.
     pub leases: usize,
     pub preemptions: usize,
@@ -373,6 +377,7 @@ impl DailyReport {
             peak_hours,
             queue_wait,
             availability,
+            interruptions: input.interruptions.clone(),
             leases: leases.len(),
             preemptions: count(RunEnd::Preempted),
             failovers: input

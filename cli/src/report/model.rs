@@ -87,7 +87,7 @@ pub struct Wait {
 
 /// Time a lease that should have been running was not, through the
 /// platform's fault, cut to the day.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Interruption {
     pub lease_id: Uuid,
     pub tenant_id: Option<Uuid>,

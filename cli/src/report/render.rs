@@ -595,6 +595,32 @@ pub fn html(report: &DailyReport, by: ColourBy) -> anyhow::Result<String> {
         verdict(a.meets_target()),
         a.interruptions,
     );
+    if !report.interruptions.is_empty() {
+        page.push_str(
+            "<h2>Interruptions</h2>\n<table id=\"interruptions\"><tr><th>Lease</th><th>Tenant</th>\
+             <th>From</th><th>To</th><th>Seconds</th><th>Why</th></tr>",
+        );
+        for i in report.interruptions.iter().take(MAX_LISTED_INTERRUPTIONS) {
+            let _ = write!(
+                page,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                i.lease_id,
+                i.tenant_id.map_or("?".into(), |t| t.to_string()),
+                i.from.format("%H:%M:%S"),
+                i.to.format("%H:%M:%S"),
+                (i.to - i.from).num_seconds(),
+                escape(&i.reason),
+            );
+        }
+        page.push_str("</table>\n");
+        if report.interruptions.len() > MAX_LISTED_INTERRUPTIONS {
+            let _ = writeln!(
+                page,
+                "<p>and {} more (<code>--json</code> lists them all).</p>",
+                report.interruptions.len() - MAX_LISTED_INTERRUPTIONS
+            );
+        }
+    }
     let tenants = tenant_colours(report);
     if by == ColourBy::Tenant && !tenants.is_empty() {
         page.push_str(
