@@ -1141,6 +1141,35 @@ async fn report_daily_reads_each_type_page_by_page_then_the_usage() {
     assert_eq!(usage["step"], "3600");
     assert!(!usage.contains_key("tenant"));
 
+    // One tenant's report reads its lease events only, and its usage.
+    let before = gw.requests().len();
+    let tenant_text = tenant.to_string();
+    let out = gw
+        .lh(&[
+            "report",
+            "daily",
+            "--date",
+            "2026-12-03",
+            "--tenant",
+            &tenant_text,
+            "--out",
+            out_file.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("1 leases"), "{}", out.stdout);
+    for req in &gw.requests()[before..] {
+        let q = query_of(req);
+        let leases = q.get("type").is_some_and(|t| t.starts_with("lease."));
+        if req.target.starts_with("/v1/usage?") {
+            assert_eq!(q["tenant"], tenant_text);
+        } else if leases {
+            assert_eq!(q["tenant_id"], tenant_text);
+        } else {
+            assert!(!q.contains_key("tenant_id"), "{}", req.target);
+        }
+    }
+
     // A tenant filter that is no id is refused before anything is sent.
     let before = gw.requests().len();
     let out = gw

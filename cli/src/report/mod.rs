@@ -132,11 +132,13 @@ impl Progress {
 
 /// Reads every record of `event_type` in [from, to), page by page, adding
 /// the decodable ones to `events`.
+#[allow(clippy::too_many_arguments)]
 async fn read_type(
     gw: &Gateway,
     event_type: &str,
     from: Option<&str>,
     to: &str,
+    tenant: Option<&str>,
     events: &mut Vec<LoggedEvent>,
     undecodable: &mut usize,
     mut tick: impl FnMut(usize),
@@ -147,6 +149,9 @@ async fn read_type(
         let mut query = vec![("type", event_type), ("to", to)];
         if let Some(from) = from {
             query.push(("from", from));
+        }
+        if let Some(tenant) = tenant {
+            query.push(("tenant_id", tenant));
         }
         query.push(("after", &after_text));
         query.push(("limit", PAGE_RECORDS));
@@ -212,18 +217,23 @@ pub async fn read_day(
     };
     let mut events = Vec::new();
     let mut undecodable = 0;
-    let reads = NODE_EVENT_TYPES.iter().map(|t| (*t, None)).chain(
+    // One tenant's lease events are read filtered by it (the scheduler
+    // and the node-agents name the tenant on every lease event); the
+    // inventory belongs to no tenant.
+    let tenant_text = tenant.map(|t| t.to_string());
+    let reads = NODE_EVENT_TYPES.iter().map(|t| (*t, None, None)).chain(
         LEASE_EVENT_TYPES
             .iter()
-            .map(|t| (*t, Some(lookback.as_str()))),
+            .map(|t| (*t, Some(lookback.as_str()), tenant_text.as_deref())),
     );
-    for (done, (event_type, from)) in reads.enumerate() {
+    for (done, (event_type, from, tenant)) in reads.enumerate() {
         progress.update(&mut *err, done, event_type, events.len());
         read_type(
             gw,
             event_type,
             from,
             &to,
+            tenant,
             &mut events,
             &mut undecodable,
             |n| progress.update(&mut *err, done, event_type, n),
@@ -239,7 +249,6 @@ pub async fn read_day(
         ("to", to.as_str()),
         ("step", "3600"),
     ];
-    let tenant_text = tenant.map(|t| t.to_string());
     if let Some(t) = &tenant_text {
         query.push(("tenant", t.as_str()));
     }

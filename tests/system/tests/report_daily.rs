@@ -106,6 +106,16 @@ async fn a_day_with_two_leases_shows_their_bars() {
     assert_eq!(report.queue_wait.started, 2);
     assert_eq!(report.availability.downtime_secs, 0);
 
+    // The tenant's own report finds the same leases in the records
+    // filtered by it.
+    let tenant_id: uuid::Uuid = tenant.parse().unwrap();
+    let input = lh_cli::report::read_day(&gw, date, Some(tenant_id), &mut err)
+        .await
+        .unwrap();
+    let own = lh_cli::report::DailyReport::compute(&input);
+    assert_eq!((own.leases, own.bars.len()), (2, 3));
+    assert_eq!(own.gpus.len(), 20);
+
     // The command itself, as an operator runs it.
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("auditor");
