@@ -239,6 +239,9 @@ impl DailyReport {
                 usage_off_inventory += 1;
                 continue;
             };
+            if u.hour >= HOURS_PER_DAY {
+                continue;
+            }
             let memory = rows[row].memory_mib.max(1) as f64;
             rows[row].vram_pct[u.hour as usize] += u.memory_used_mib_avg * 100.0 / memory;
             if let Some(pct) = u.utilization_pct_avg {
