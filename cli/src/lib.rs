@@ -3,8 +3,9 @@
 //! Tenants use it to request GPU leases, watch them get queued, placed and
 //! started, stop them, and read their monthly invoices; operators use it
 //! (with the admin token as API key) to create tenants, to check that the
-//! audit log's hash chain is intact and to read, replay and export the audit
-//! records. It is a thin HTTP client of the gateway's `/v1` API: each command
+//! audit log's hash chain is intact, to read, replay and export the audit
+//! records, and to draw a day of the fleet (`report daily`, see [`report`]).
+//! It is a thin HTTP client of the gateway's `/v1` API: each command
 //! is one request (or a short series, for `--all`, `--wait` and the audit
 //! replay and exports, which page to the end), shown as a compact table or, with `--json`, as the gateway's
 //! own JSON, pretty-printed.
@@ -81,15 +82,17 @@ mod audit_trail;
 mod client;
 mod error;
 mod render;
+pub mod report;
 
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
     BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode,
     ExportFormat, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
     LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
-    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
-    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend, Tier, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
+    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportColourBy, ReportCommand,
+    ReportDaily, ReservationCommand, ReservationCreate, ReservationList, SpotCommand,
+    TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
+    DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use error::{
@@ -472,6 +475,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             }
             Ok(EXIT_OK)
         }
+        Command::Report(ReportCommand::Daily(d)) => report::daily(&gw, &d, json, out, err).await,
         Command::Billing(BillingCommand::WhatIf(w)) => {
             let book = read_json_file(&w.book)?;
             if !book.is_object() {

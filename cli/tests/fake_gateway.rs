@@ -1085,3 +1085,177 @@ async fn lease_usage_asks_for_the_window_and_prints_a_table_per_gpu() {
     assert_eq!(serde_json::from_str::<Value>(&out.stdout).unwrap(), report);
     assert_eq!(gw.requests()[1].target, "/v1/leases/L1/usage");
 }
+
+/// The query of a request, decoded.
+fn query_of(req: &Req) -> std::collections::BTreeMap<String, String> {
+    reqwest::Url::parse(&format!("http://fake{}", req.target))
+        .unwrap()
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn report_daily_reads_each_type_page_by_page_then_the_usage() {
+    use chrono::{TimeZone as _, Utc};
+    use lh_events::{fixtures, Actor, EndReason, Envelope, EventData};
+    let t = |h: u32, m: u32| Utc.with_ymd_and_hms(2026, 12, 3, h, m, 0).unwrap();
+    let (lease_id, tenant) = (uuid::Uuid::from_u128(7), uuid::Uuid::from_u128(1));
+    let record = |sequence: u64, at, data| {
+        let envelope = Envelope::new(Actor::Admin, at, data);
+        json!({"sequence": sequence, "subject": "lh.evt.x", "payload": envelope})
+    };
+    let before = t(0, 0) - chrono::Duration::days(40);
+    let node_a = record(
+        3,
+        before,
+        EventData::NodeRegistered(fixtures::node("n-a", "z1", 1, "A100-40GB", 40)),
+    );
+    let node_b = record(
+        5,
+        before,
+        EventData::NodeRegistered(fixtures::node("n-b", "z2", 1, "H100-80GB", 80)),
+    );
+    let requested = record(
+        10,
+        t(9, 0),
+        EventData::LeaseRequested(fixtures::whole_request(lease_id, tenant, 1, "A100-40GB")),
+    );
+    let placed = record(
+        11,
+        t(9, 0),
+        EventData::LeasePlaced(fixtures::placed(
+            lease_id,
+            "n-a",
+            "z1",
+            "A100-40GB",
+            40,
+            &[0],
+        )),
+    );
+    let started = record(
+        12,
+        t(9, 0),
+        EventData::LeaseStarted(fixtures::started(lease_id, "n-a", t(9, 0))),
+    );
+    let ended = record(
+        13,
+        t(10, 30),
+        EventData::LeaseEnded(fixtures::ended(
+            lease_id,
+            "n-a",
+            t(10, 30),
+            EndReason::Stopped,
+        )),
+    );
+    let gw = fake(move |req, _| {
+        let q = query_of(req);
+        if req.target.starts_with("/v1/usage") {
+            return problem(404, "Not Found", "no such route", None);
+        }
+        let page = |events: Vec<Value>, next: Option<u64>| {
+            ok(200, json!({"events": events, "next": next}))
+        };
+        match (q["type"].as_str(), q["after"].as_str()) {
+            // Two pages of nodes.
+            ("node.registered", "0") => page(vec![node_a.clone()], Some(3)),
+            ("node.registered", "3") => page(vec![node_b.clone()], None),
+            ("lease.requested", _) => page(vec![requested.clone()], None),
+            ("lease.placed", _) => page(vec![placed.clone()], None),
+            ("lease.started", _) => page(vec![started.clone()], None),
+            ("lease.ended", _) => page(vec![ended.clone()], None),
+            _ => page(Vec::new(), None),
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("day.svg");
+    let out = gw
+        .lh(&[
+            "report",
+            "daily",
+            "--date",
+            "2026-12-03",
+            "--out",
+            out_file.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("2 GPUs, 1 leases, 2 of 48 GPU-hours leased"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stderr.contains("no usage API"), "{}", out.stderr);
+    assert!(std::fs::read_to_string(&out_file).unwrap().contains("<svg"));
+
+    let reqs = gw.requests();
+    let audit: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.target.starts_with("/v1/audit/events?"))
+        .map(query_of)
+        .collect();
+    // 2 node types (one of them on two pages) and 8 lease types.
+    assert_eq!(audit.len(), 2 + 1 + 8);
+    for q in &audit {
+        assert_eq!(q["to"], "2026-12-04T00:00:00Z");
+        assert_eq!(q["limit"], "1000");
+        if q["type"].starts_with("lease.") {
+            assert_eq!(q["from"], "2026-10-29T00:00:00Z", "35 days back");
+        } else {
+            assert!(!q.contains_key("from"), "the inventory from the start");
+        }
+    }
+    assert_eq!(audit[1]["after"], "3", "the second page follows next");
+    let usage = reqs
+        .iter()
+        .find(|r| r.target.starts_with("/v1/usage?"))
+        .map(query_of)
+        .expect("the usage is asked for");
+    assert_eq!(usage["from"], "2026-12-03T00:00:00Z");
+    assert_eq!(usage["to"], "2026-12-04T00:00:00Z");
+    assert_eq!(usage["step"], "3600");
+    assert!(!usage.contains_key("tenant"));
+
+    // One tenant's report reads its lease events only, and its usage.
+    let before = gw.requests().len();
+    let tenant_text = tenant.to_string();
+    let out = gw
+        .lh(&[
+            "report",
+            "daily",
+            "--date",
+            "2026-12-03",
+            "--tenant",
+            &tenant_text,
+            "--out",
+            out_file.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stdout.contains("1 leases"), "{}", out.stdout);
+    for req in &gw.requests()[before..] {
+        let q = query_of(req);
+        let leases = q.get("type").is_some_and(|t| t.starts_with("lease."));
+        if req.target.starts_with("/v1/usage?") {
+            assert_eq!(q["tenant"], tenant_text);
+        } else if leases {
+            assert_eq!(q["tenant_id"], tenant_text);
+        } else {
+            assert!(!q.contains_key("tenant_id"), "{}", req.target);
+        }
+    }
+
+    // A tenant filter that is no id is refused before anything is sent.
+    let before = gw.requests().len();
+    let out = gw
+        .lh(&["report", "daily", "--tenant", "acme", "--out", "d.html"])
+        .await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR);
+    assert!(out.stderr.contains("--tenant"), "{}", out.stderr);
+    let out = gw.lh(&["report", "daily", "--out", "d.pdf"]).await;
+    assert_eq!(out.code, EXIT_CLIENT_ERROR);
+    assert!(out.stderr.contains(".html, .svg or .png"), "{}", out.stderr);
+    assert_eq!(gw.requests().len(), before);
+}

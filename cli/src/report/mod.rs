@@ -1,0 +1,361 @@
+//! `lh report daily`: one UTC day of the fleet in a picture and a few
+//! numbers: a VRAM heat map (GPUs × hours), a task timeline (leases as bars
+//! per GPU, preemptions and failovers marked), idle rate and utilisation
+//! per model and zone, peak hours, queue wait against 15 s and availability
+//! against 99.95 %.
+//!
+//! Three layers: this module reads (the log's events through
+//! `GET /v1/audit/events`, the usage through `GET /v1/usage`); [`model`]
+//! folds what was read into a [`DayInput`] and [`engine`] computes the
+//! [`DailyReport`], both pure; [`render`] draws it. The engine lives in the
+//! CLI, not in lh-domain: only `lh` reads it, and its renderers bring
+//! plotting crates no service should link.
+
+pub mod engine;
+mod glyph;
+pub mod model;
+pub mod render;
+
+pub use engine::DailyReport;
+pub use model::{DayInput, LoggedEvent};
+pub use render::ColourBy;
+
+use std::io::IsTerminal as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use chrono::{NaiveDate, SecondsFormat, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::args::{ReportColourBy, ReportDaily};
+use crate::{write_out, CliError, Gateway, Out, EXIT_OK, MAX_PAGES};
+
+/// Most events one report reads from the log, all types together.
+pub const MAX_REPORT_EVENTS: usize = 1_000_000;
+/// How far before the day lease events are read, to find the leases
+/// already running at 00:00: a lease started earlier than this and still
+/// running is left out unless it starts again during the day.
+pub const MAX_LOOKBACK_DAYS: i64 = 35;
+/// Records asked per page: the gateway's most.
+const PAGE_RECORDS: &str = "1000";
+/// Least time between two redraws of the progress line.
+const PROGRESS_REDRAW_MILLIS: u64 = 200;
+/// Width of the progress bar, in characters.
+const PROGRESS_BAR_CHARS: usize = 30;
+
+/// Lease events read over the look-back and the day.
+const LEASE_EVENT_TYPES: [&str; 8] = [
+    "lease.requested",
+    "lease.rejected",
+    "lease.placed",
+    "lease.started",
+    "lease.migrated",
+    "lease.suspended",
+    "lease.ended",
+    "lease.restated",
+];
+/// Node events read from the log's start to the day's end: the inventory.
+const NODE_EVENT_TYPES: [&str; 2] = ["node.registered", "node.restated"];
+
+const EVENTS: [&str; 3] = ["v1", "audit", "events"];
+
+/// What the output file is, by its extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    Html,
+    Svg,
+    Png,
+}
+
+impl OutputKind {
+    pub fn of(path: &Path) -> Result<OutputKind, CliError> {
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("html" | "htm") => Ok(OutputKind::Html),
+            Some("svg") => Ok(OutputKind::Svg),
+            Some("png") => Ok(OutputKind::Png),
+            _ => Err(CliError::Usage(format!(
+                "--out {}: the file's extension says what to write: .html, .svg or .png",
+                path.display()
+            ))),
+        }
+    }
+}
+
+/// The report drawn as `kind`.
+pub fn render_as(report: &DailyReport, by: ColourBy, kind: OutputKind) -> anyhow::Result<Vec<u8>> {
+    Ok(match kind {
+        OutputKind::Html => render::html(report, by)?.into_bytes(),
+        OutputKind::Svg => render::svg(report, by)?.0.into_bytes(),
+        OutputKind::Png => render::png(report, by)?.0,
+    })
+}
+
+/// A one-line progress bar over the event types read, on a terminal only.
+struct Progress {
+    shown: bool,
+    drawn_at: Option<Instant>,
+    total: usize,
+}
+
+impl Progress {
+    fn update(&mut self, err: Out<'_>, done: usize, what: &str, records: usize) {
+        if !self.shown
+            || self
+                .drawn_at
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(PROGRESS_REDRAW_MILLIS))
+        {
+            return;
+        }
+        self.drawn_at = Some(Instant::now());
+        let filled = done * PROGRESS_BAR_CHARS / self.total.max(1);
+        let _ = write!(
+            err,
+            "\r[{}{}] {done}/{} reads, {records} events ({what})\x1b[K",
+            "#".repeat(filled),
+            "-".repeat(PROGRESS_BAR_CHARS - filled),
+            self.total,
+        );
+        let _ = err.flush();
+    }
+
+    fn finish(&self, err: Out<'_>) {
+        if self.shown && self.drawn_at.is_some() {
+            let _ = writeln!(err);
+        }
+    }
+}
+
+/// Reads every record of `event_type` in [from, to), page by page, adding
+/// the decodable ones to `events`.
+#[allow(clippy::too_many_arguments)]
+async fn read_type(
+    gw: &Gateway,
+    event_type: &str,
+    from: Option<&str>,
+    to: &str,
+    tenant: Option<&str>,
+    events: &mut Vec<LoggedEvent>,
+    undecodable: &mut usize,
+    mut tick: impl FnMut(usize),
+) -> anyhow::Result<()> {
+    let mut after = 0u64;
+    for _ in 0..MAX_PAGES {
+        let after_text = after.to_string();
+        let mut query = vec![("type", event_type), ("to", to)];
+        if let Some(from) = from {
+            query.push(("from", from));
+        }
+        if let Some(tenant) = tenant {
+            query.push(("tenant_id", tenant));
+        }
+        query.push(("after", &after_text));
+        query.push(("limit", PAGE_RECORDS));
+        let page = gw.get(&EVENTS, &query).await?;
+        let bad = |reason: &str| CliError::BadResponse {
+            url: gw.url(&EVENTS, &query).to_string(),
+            reason: reason.to_string(),
+        };
+        let records = page
+            .get("events")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("no `events` array in the page"))?;
+        for record in records {
+            let sequence = record.get("sequence").and_then(Value::as_u64);
+            let envelope = record
+                .get("payload")
+                .and_then(|p| serde_json::from_value::<lh_events::Envelope>(p.clone()).ok());
+            match (sequence, envelope) {
+                (Some(sequence), Some(envelope)) => events.push(LoggedEvent { sequence, envelope }),
+                _ => *undecodable += 1,
+            }
+            if events.len() + *undecodable > MAX_REPORT_EVENTS {
+                return Err(CliError::Usage(format!(
+                    "the day needs more than {MAX_REPORT_EVENTS} events from the log; \
+                     report on one tenant (--tenant)"
+                ))
+                .into());
+            }
+        }
+        tick(events.len());
+        match page.get("next").and_then(Value::as_u64) {
+            None => return Ok(()),
+            Some(next) if next > after => after = next,
+            Some(_) => return Err(bad("the next page does not move forward").into()),
+        }
+    }
+    Err(CliError::BadResponse {
+        url: gw.url(&EVENTS, &[]).to_string(),
+        reason: format!("still more pages after {MAX_PAGES}"),
+    }
+    .into())
+}
+
+fn rfc3339(at: chrono::DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Reads what the day's report needs and folds it into a [`DayInput`].
+pub async fn read_day(
+    gw: &Gateway,
+    date: NaiveDate,
+    tenant: Option<Uuid>,
+    err: Out<'_>,
+) -> anyhow::Result<DayInput> {
+    let start = model::day_start(date);
+    let end = model::day_end(date);
+    let to = rfc3339(end);
+    let lookback = rfc3339(start - chrono::Duration::days(MAX_LOOKBACK_DAYS));
+    let mut progress = Progress {
+        shown: std::io::stderr().is_terminal(),
+        drawn_at: None,
+        total: NODE_EVENT_TYPES.len() + LEASE_EVENT_TYPES.len() + 1,
+    };
+    let mut events = Vec::new();
+    let mut undecodable = 0;
+    // One tenant's lease events are read filtered by it (the scheduler
+    // and the node-agents name the tenant on every lease event); the
+    // inventory belongs to no tenant.
+    let tenant_text = tenant.map(|t| t.to_string());
+    let reads = NODE_EVENT_TYPES.iter().map(|t| (*t, None, None)).chain(
+        LEASE_EVENT_TYPES
+            .iter()
+            .map(|t| (*t, Some(lookback.as_str()), tenant_text.as_deref())),
+    );
+    for (done, (event_type, from, tenant)) in reads.enumerate() {
+        progress.update(&mut *err, done, event_type, events.len());
+        read_type(
+            gw,
+            event_type,
+            from,
+            &to,
+            tenant,
+            &mut events,
+            &mut undecodable,
+            |n| progress.update(&mut *err, done, event_type, n),
+        )
+        .await?;
+    }
+    progress.update(&mut *err, progress.total - 1, "usage", events.len());
+    // Today is reported as far as it has come.
+    let mut input = DayInput::from_events_as_of(date, tenant, Utc::now(), events);
+    let from_text = rfc3339(start);
+    let mut query = vec![
+        ("from", from_text.as_str()),
+        ("to", to.as_str()),
+        ("step", "3600"),
+    ];
+    if let Some(t) = &tenant_text {
+        query.push(("tenant", t.as_str()));
+    }
+    let usage = gw.get(&["v1", "usage"], &query).await;
+    progress.drawn_at = None;
+    progress.update(&mut *err, progress.total, "done", 0);
+    progress.finish(&mut *err);
+    match usage {
+        Ok(answer) => {
+            input
+                .add_usage(&answer)
+                .map_err(|reason| CliError::BadResponse {
+                    url: gw.url(&["v1", "usage"], &query).to_string(),
+                    reason,
+                })?;
+        }
+        // A gateway without the usage API, or one that does not show it to
+        // this caller, still lets the leases be drawn.
+        Err(CliError::Api(p)) if p.status == 404 || p.status == 403 => {
+            let why = if p.status == 404 {
+                "the gateway has no usage API"
+            } else {
+                "this key may not read the usage"
+            };
+            let _ = writeln!(
+                err,
+                "warning: {why} (GET /v1/usage: {}); the heat map and utilisation are empty",
+                p.status
+            );
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if input.gpus.is_empty() {
+        let _ = writeln!(
+            err,
+            "warning: no node registered by the day's end is in the records this key reads; \
+             the report needs the admin or auditor token"
+        );
+    }
+    if undecodable > 0 {
+        let _ = writeln!(
+            err,
+            "warning: {undecodable} records of the log could not be decoded and were left out"
+        );
+    }
+    Ok(input)
+}
+
+/// `lh report daily`: reads, computes, writes the file and says what it wrote.
+/// With `--json`, the report's numbers go to stdout as JSON.
+pub async fn daily(
+    gw: &Gateway,
+    args: &ReportDaily,
+    json: bool,
+    out: Out<'_>,
+    err: Out<'_>,
+) -> anyhow::Result<i32> {
+    let kind = OutputKind::of(&args.out)?;
+    let today = Utc::now().date_naive();
+    let date = match args.date {
+        Some(date) if date > today => {
+            return Err(CliError::Usage(format!("--date {date} is in the future")).into())
+        }
+        Some(date) => date,
+        None => today.pred_opt().expect("yesterday exists"),
+    };
+    let tenant = args
+        .tenant
+        .as_deref()
+        .map(|t| {
+            t.parse::<Uuid>()
+                .map_err(|_| CliError::Usage(format!("--tenant {t}: not a tenant id (a UUID)")))
+        })
+        .transpose()?;
+    let input = read_day(gw, date, tenant, &mut *err).await?;
+    if input.gpus.len() > render::MAX_REPORT_GPUS {
+        return Err(CliError::Usage(format!(
+            "{} GPUs are more than one report draws ({})",
+            input.gpus.len(),
+            render::MAX_REPORT_GPUS
+        ))
+        .into());
+    }
+    let report = DailyReport::compute(&input);
+    let by = match args.colour_by {
+        ReportColourBy::Tenant => ColourBy::Tenant,
+        ReportColourBy::Tier => ColourBy::Tier,
+    };
+    let bytes = render_as(&report, by, kind)?;
+    std::fs::write(&args.out, bytes)
+        .map_err(|e| CliError::Usage(format!("cannot write {}: {e}", args.out.display())))?;
+    if json {
+        let mut text = serde_json::to_string_pretty(&report)?;
+        text.push('\n');
+        return write_out(out, &text).map(|()| EXIT_OK);
+    }
+    write_out(
+        out,
+        &format!(
+            "{}: {} (UTC), {} GPUs, {} leases, {} of {} GPU-hours leased\n",
+            args.out.display(),
+            date,
+            report.gpus.len(),
+            report.leases,
+            report.leased_gpu_hours,
+            report.gpu_hours,
+        ),
+    )?;
+    Ok(EXIT_OK)
+}
