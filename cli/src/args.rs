@@ -415,6 +415,8 @@ pub enum LeaseCommand {
     Stop(LeaseStop),
     /// Queue a suspended lease again.
     Resume(LeaseStop),
+    /// Print what the lease's workload wrote (stdout and stderr), raw.
+    Logs(LeaseLogs),
 }
 
 /// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
@@ -556,6 +558,21 @@ pub struct LeaseList {
     /// Follow `next_cursor` until the last page.
     #[arg(long)]
     pub all: bool,
+}
+
+/// `lh lease logs`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseLogs {
+    /// Lease id.
+    pub id: String,
+    /// Keep printing what the workload writes (polling every second) until
+    /// it ends and all of it is printed; Ctrl-C stops.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Start this many bytes before the end instead of at the start of
+    /// what the node keeps.
+    #[arg(long, value_name = "BYTES")]
+    pub tail: Option<u64>,
 }
 
 /// `lh lease stop`
