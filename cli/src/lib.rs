@@ -82,11 +82,12 @@ mod client;
 mod error;
 mod render;
 
+pub use args::LeaseLogs;
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
     BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode,
     ExportFormat, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
-    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseLogs, LeaseState, LeaseStop, NodeCommand, NodeDrain,
+    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
     NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportCommand, ReservationCommand,
     ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
     TenantSetQuota, TenantSuspend, Tier, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
@@ -799,8 +800,11 @@ async fn lease_logs(
         let query = [("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
         let page = gw.get(&["v1", "leases", &args.id, "logs"], &query).await?;
         let field = |name: &str| page.get(name).and_then(Value::as_u64).unwrap_or(0);
-        let on = page.get("node_id").and_then(Value::as_str).map(str::to_string);
-        if node.is_some() && on != node {
+        let on = page
+            .get("node_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if node.is_some() && on.is_some() && on != node {
             let _ = writeln!(
                 err,
                 "lease {} is now on node {}: its log there follows from its start",
@@ -811,7 +815,7 @@ async fn lease_logs(
             offset = Some(0);
             continue;
         }
-        node = on;
+        node = node.or(on);
         let data = page.get("data").and_then(Value::as_str).unwrap_or_default();
         out.write_all(data.as_bytes())
             .and_then(|()| out.flush())

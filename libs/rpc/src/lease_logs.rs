@@ -65,7 +65,9 @@ pub enum LeaseLogsReply {
     Logs(LeaseLogs),
     /// The node keeps no log of this lease: it never ran a workload for it
     /// here, or the log is past its keep time.
-    NotFound { why: String },
+    NotFound {
+        why: String,
+    },
 }
 
 /// Asks node `node_id` for a part of `request.lease_id`'s log.

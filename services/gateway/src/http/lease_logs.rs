@@ -48,8 +48,27 @@ pub struct LeaseLogsView {
     /// The workload ended: once `next_offset` reaches `size`, nothing more
     /// will come.
     pub finished: bool,
-    /// The node whose log this is.
-    pub node_id: String,
+    /// The node whose log this is; null while the lease is on none.
+    pub node_id: Option<String>,
+    /// Why there is nothing to read, where that is so: the lease is on no
+    /// node (yet), or runs no workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl LeaseLogsView {
+    /// Nothing to read, and why.
+    fn empty(node_id: Option<String>, finished: bool, detail: String) -> Self {
+        LeaseLogsView {
+            data: String::new(),
+            next_offset: 0,
+            dropped_before: 0,
+            size: 0,
+            finished,
+            node_id,
+            detail: Some(detail),
+        }
+    }
 }
 
 #[utoipa::path(
@@ -58,7 +77,7 @@ pub struct LeaseLogsView {
     responses(
         (status = 200, body = LeaseLogsView),
         (status = 401, body = super::Problem),
-        (status = 404, body = super::Problem, description = "No such lease, or it is on no node, or its node keeps no log of it (past its keep time)"),
+        (status = 404, body = super::Problem, description = "No such lease, or its node keeps no log of it (past its keep time)"),
         (status = 422, body = super::Problem),
         (status = 503, body = super::Problem, description = "The lease's node did not answer within 5 s")
     )
@@ -83,24 +102,25 @@ pub async fn get(
         ));
     }
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
+    let done = matches!(lease.state, LeaseState::Ended | LeaseState::Rejected);
     let Some(node_id) = lease.node_id.clone() else {
-        return Err(ApiError::not_found(format!(
-            "lease {} is on no node (it was never placed, or waits to be placed again): there is no log to read",
-            lease.id
-        ))
-        .field("id"));
+        // A follower waits for it to run; one that never will is done.
+        return Ok(Json(LeaseLogsView::empty(
+            None,
+            done,
+            format!(
+                "lease {} is on no node ({}): its log starts when its workload runs",
+                lease.id,
+                lease.state.as_str()
+            ),
+        )));
     };
-    let ended = lease.state == LeaseState::Ended;
     if lease.workload.is_none() {
-        // Nothing runs for it: an empty log, done when the lease is.
-        return Ok(Json(LeaseLogsView {
-            data: String::new(),
-            next_offset: 0,
-            dropped_before: 0,
-            size: 0,
-            finished: ended,
-            node_id,
-        }));
+        return Ok(Json(LeaseLogsView::empty(
+            Some(node_id),
+            done,
+            format!("lease {} runs no workload: nothing writes a log", lease.id),
+        )));
     }
     let request = LeaseLogsRequest {
         lease_id: lease.id,
@@ -123,7 +143,8 @@ pub async fn get(
             dropped_before: logs.dropped_before,
             size: logs.size,
             finished: logs.finished,
-            node_id,
+            node_id: Some(node_id),
+            detail: None,
         })),
         LeaseLogsReply::NotFound { why } => Err(ApiError::not_found(format!(
             "{why} (node {node_id}; a log is kept a while after its workload ends)"

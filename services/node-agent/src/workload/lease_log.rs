@@ -103,7 +103,9 @@ struct LogMeta {
 static LOG_LOCK: Mutex<()> = Mutex::new(());
 
 fn lock() -> std::sync::MutexGuard<'static, ()> {
-    LOG_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    LOG_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The directory of a node's lease logs.
@@ -384,7 +386,10 @@ pub async fn keep_tidy(
             .await
             .unwrap_or(0);
         if removed > 0 {
-            tracing::info!(removed, "lease logs past their keep time or the total removed");
+            tracing::info!(
+                removed,
+                "lease logs past their keep time or the total removed"
+            );
         }
     }
 }
@@ -481,9 +486,12 @@ mod tests {
             .unwrap();
         assert_eq!((done.data.as_str(), done.finished), ("", true));
         // Another lease, or one never run here: nothing.
-        assert!(read(&dir(state.path()), &request(Uuid::from_u128(2), 0, None, 10))
-            .unwrap()
-            .is_none());
+        assert!(read(
+            &dir(state.path()),
+            &request(Uuid::from_u128(2), 0, None, 10)
+        )
+        .unwrap()
+        .is_none());
     }
 
     #[test]
@@ -493,12 +501,9 @@ mod tests {
         writeln!(open(&path(state.path(), lease, 2)).unwrap(), "old").unwrap();
         let mut new = open(&path(state.path(), lease, 10)).unwrap();
         new.write_all(&vec![b'x'; 600 * 1024]).unwrap();
-        let got = read(
-            &dir(state.path()),
-            &request(lease, 0, None, u64::MAX),
-        )
-        .unwrap()
-        .unwrap();
+        let got = read(&dir(state.path()), &request(lease, 0, None, u64::MAX))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             got.data.len() as u64,
             lh_rpc::lease_logs::MAX_LEASE_LOG_READ_BYTES
@@ -559,9 +564,12 @@ mod tests {
             written += line(i).len() as u64;
         }
         keep_bounded(&log, &policy).unwrap();
-        let tail = read(&dir(state.path()), &request(lease, offsets[1999], None, 100))
-            .unwrap()
-            .unwrap();
+        let tail = read(
+            &dir(state.path()),
+            &request(lease, offsets[1999], None, 100),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(tail.data, line(1999));
         assert_eq!(tail.size, written);
     }
@@ -600,7 +608,10 @@ mod tests {
         assert_eq!(sweep(&dir(state.path()), &policy, now), 3);
         assert!(!expired.exists() && !meta_path(&expired).exists());
         assert!(!older.exists() && !newer.exists());
-        assert!(running.exists() && running_too.exists(), "running logs stay");
+        assert!(
+            running.exists() && running_too.exists(),
+            "running logs stay"
+        );
         assert_eq!(sweep(&dir(state.path()), &policy, now), 0);
     }
 

@@ -21,10 +21,10 @@
 pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
+pub mod lease_log;
 pub mod mps;
 pub mod process;
 pub mod reconcile;
-pub mod lease_log;
 pub mod stderr;
 pub mod supervisor;
 

@@ -475,11 +475,7 @@ impl Workloads {
                         Supervised::Adopted(adopted),
                         record,
                         None,
-                        Some(lease_log::path(
-                            &self.marks.state_dir,
-                            lease_id,
-                            placement,
-                        )),
+                        Some(lease_log::path(&self.marks.state_dir, lease_id, placement)),
                     );
                     outcome.adopted.push((lease_id, placement));
                 }
