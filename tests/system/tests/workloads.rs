@@ -818,7 +818,7 @@ async fn logs(stack: &Stack, key: &str, id: &str, query: &str) -> (u16, Value) {
 /// another tenant does not see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_workload_s_output_is_read_in_order_by_offset_and_keeps_its_newest_part() {
-    let stack = Stack::start_configured(TWO_A100, |s| {
+    let mut stack = Stack::start_configured(TWO_A100, |s| {
         s.node_runtime = RuntimeKind::Process;
         s.node_lease_log_limits = Some((4096, Duration::from_millis(200)));
     })
@@ -961,4 +961,14 @@ async fn a_workload_s_output_is_read_in_order_by_offset_and_keeps_its_newest_par
         "{}",
         out.stderr
     );
+
+    // Its node gone quiet: 503 naming the node, within the 5 s it gets.
+    let (_, page) = logs(&stack, &key, &followed, "").await;
+    let node = page["node_id"].as_str().unwrap().to_string();
+    stack.kill_service(&format!("node-agent:{node}")).await;
+    let asked = std::time::Instant::now();
+    let (s, p) = logs(&stack, &key, &followed, "").await;
+    assert_eq!(s, 503, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains(&node), "{p}");
+    assert!(asked.elapsed() < Duration::from_secs(10));
 }

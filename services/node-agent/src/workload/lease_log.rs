@@ -247,6 +247,22 @@ pub fn remove(path: &Path) {
     }
 }
 
+/// After a restart: marks ended at `at` every log in `dir` not marked yet
+/// whose workload is not among `running` (lease and placement): it ended
+/// while no agent ran, or with an agent that died before marking it, and
+/// would otherwise never be swept. How many were marked.
+pub fn mark_others_ended(dir: &Path, running: &[(Uuid, u64)], at: SystemTime) -> usize {
+    let mut marked = 0;
+    for (lease, placement, path) in list(dir) {
+        if running.contains(&(lease, placement)) || read_meta(&path).ended_at_unix_secs.is_some() {
+            continue;
+        }
+        mark_ended(&path, at);
+        marked += 1;
+    }
+    marked
+}
+
 /// The logs in `dir`: lease, placement and path, at most
 /// [`MOST_LEASE_LOG_FILES`].
 fn list(dir: &Path) -> Vec<(Uuid, u64, PathBuf)> {
@@ -613,6 +629,31 @@ mod tests {
             "running logs stay"
         );
         assert_eq!(sweep(&dir(state.path()), &policy, now), 0);
+    }
+
+    #[test]
+    fn after_a_restart_the_logs_of_workloads_not_adopted_are_marked_ended() {
+        let state = tempfile::tempdir().unwrap();
+        let (adopted, gone) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        for (lease, placement) in [(adopted, 4), (gone, 1), (adopted, 3)] {
+            open(&path(state.path(), lease, placement)).unwrap();
+        }
+        let at = SystemTime::now();
+        assert_eq!(
+            mark_others_ended(&dir(state.path()), &[(adopted, 4)], at),
+            2
+        );
+        let ended = |lease, placement| {
+            read_meta(&path(state.path(), lease, placement))
+                .ended_at_unix_secs
+                .is_some()
+        };
+        assert!(!ended(adopted, 4));
+        assert!(ended(gone, 1) && ended(adopted, 3));
+        assert_eq!(
+            mark_others_ended(&dir(state.path()), &[(adopted, 4)], at),
+            0
+        );
     }
 
     #[test]

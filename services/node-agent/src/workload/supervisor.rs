@@ -488,6 +488,19 @@ impl Workloads {
                 }
             }
         }
+        // No workload starts before this returns: every log but the
+        // adopted ones' is done, and its keep time runs from now.
+        let marked = lease_log::mark_others_ended(
+            &lease_log::dir(&self.marks.state_dir),
+            &outcome.adopted,
+            std::time::SystemTime::now(),
+        );
+        if marked > 0 {
+            tracing::info!(
+                logs = marked,
+                "logs of workloads that ended while no agent ran are kept from now"
+            );
+        }
         outcome
     }
 
