@@ -146,6 +146,19 @@ pub async fn get(
             node_id: Some(node_id),
             detail: None,
         })),
+        // Placed, and its node has not started it yet: a follower waits.
+        LeaseLogsReply::NotFound { .. }
+            if matches!(
+                lease.state,
+                LeaseState::Requested | LeaseState::Queued | LeaseState::Placed
+            ) =>
+        {
+            Ok(Json(LeaseLogsView::empty(
+                Some(node_id),
+                false,
+                format!("the workload of lease {} has not started yet", lease.id),
+            )))
+        }
         LeaseLogsReply::NotFound { why } => Err(ApiError::not_found(format!(
             "{why} (node {node_id}; a log is kept a while after its workload ends)"
         ))

@@ -35,6 +35,8 @@ pub const MIN_LEASE_LOG_BYTES: u64 = 1024;
 /// How often a running workload's file is checked against its limit, and
 /// the ended ones against their keep time.
 pub const LEASE_LOG_CHECK_SECS: u64 = 30;
+/// The quickest check a policy may ask for (a timer cannot tick at zero).
+pub const MIN_LEASE_LOG_CHECK_MILLIS: u64 = 10;
 /// How long a log is kept after its workload ended, by default.
 pub const DEFAULT_LEASE_LOG_KEEP_SECS: u64 = 7 * 24 * 3600;
 /// The longest an operator may keep them.
@@ -80,6 +82,13 @@ impl LeaseLogPolicy {
             max_total_bytes: max_total_mib.saturating_mul(1024 * 1024),
             ..LeaseLogPolicy::default()
         }
+    }
+
+    /// How often to check, never quicker than
+    /// [`MIN_LEASE_LOG_CHECK_MILLIS`].
+    pub fn check_interval(&self) -> Duration {
+        self.check_every
+            .max(Duration::from_millis(MIN_LEASE_LOG_CHECK_MILLIS))
     }
 
     fn file_limit(&self) -> u64 {
@@ -391,7 +400,7 @@ pub async fn keep_tidy(
     stop: lh_service::CancellationToken,
 ) {
     let dir = dir(&state_dir);
-    let mut every = tokio::time::interval(policy.check_every);
+    let mut every = tokio::time::interval(policy.check_interval());
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
