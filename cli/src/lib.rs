@@ -791,6 +791,9 @@ async fn lease_logs(
     let mut offset: Option<u64> = None;
     let mut node: Option<String> = None;
     let mut reads = 0usize;
+    // One listener for the whole run: a Ctrl-C during a request is not lost.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     loop {
         let position = match (offset, args.tail) {
             (Some(o), _) => ("offset", o.to_string()),
@@ -798,7 +801,11 @@ async fn lease_logs(
             (None, None) => ("offset", "0".to_string()),
         };
         let query = [("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
-        let page = gw.get(&["v1", "leases", &args.id, "logs"], &query).await?;
+        let path = ["v1", "leases", &args.id, "logs"];
+        let page = tokio::select! {
+            page = gw.get(&path, &query) => page?,
+            _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+        };
         let field = |name: &str| page.get(name).and_then(Value::as_u64).unwrap_or(0);
         let on = page
             .get("node_id")
@@ -838,7 +845,7 @@ async fn lease_logs(
         if drained || !moved {
             tokio::select! {
                 _ = tokio::time::sleep(LOGS_POLL_INTERVAL) => {}
-                _ = tokio::signal::ctrl_c() => return Ok(EXIT_OK),
+                _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
             }
         }
     }
