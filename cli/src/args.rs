@@ -471,6 +471,8 @@ pub enum LeaseCommand {
     Resume(LeaseStop),
     /// What a lease used of its GPUs: one row per step, one table per GPU.
     Usage(LeaseUsage),
+    /// Print what the lease's workload wrote (stdout and stderr), raw.
+    Logs(LeaseLogs),
 }
 
 /// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
@@ -628,6 +630,21 @@ pub struct LeaseUsage {
     /// Seconds per row: a multiple of 60, 60 to 86400 (60 by default).
     #[arg(long, value_name = "SECS")]
     pub step: Option<u32>,
+}
+
+/// `lh lease logs`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseLogs {
+    /// Lease id.
+    pub id: String,
+    /// Keep printing what the workload writes (polling every second) until
+    /// it ends and all of it is printed; Ctrl-C stops.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Start this many bytes before the end instead of at the start of
+    /// what the node keeps.
+    #[arg(long, value_name = "BYTES")]
+    pub tail: Option<u64>,
 }
 
 /// `lh lease stop`

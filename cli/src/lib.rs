@@ -84,6 +84,7 @@ mod error;
 mod render;
 pub mod report;
 
+pub use args::LeaseLogs;
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
     BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode,
@@ -406,6 +407,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
             emit(out, json, &usage, render::lease_usage)?;
             Ok(EXIT_OK)
         }
+        Command::Lease(LeaseCommand::Logs(l)) => lease_logs(&gw, &l, out, err).await,
         Command::Lease(LeaseCommand::Resume(s)) => {
             let lease = gw
                 .post(&["v1", "leases", &s.id, "resume"], None, &[])
@@ -784,6 +786,89 @@ fn progress_line(id: &str, lease: &Value, target: LeaseState) -> String {
 /// Polls the lease every [`WAIT_POLL_INTERVAL`] until it reaches `target`,
 /// finishes, or `timeout` passes; reports each state change on `err`.
 /// Returns the last lease view and the exit code.
+/// How often `lease logs --follow` asks for more.
+pub const LOGS_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Bytes asked for per read of a lease log (the gateway's most).
+const LOGS_READ_BYTES: u64 = 256 * 1024;
+/// Most reads one `lease logs` makes without following (a log is at most
+/// 64 MiB, 256 reads).
+const MAX_LOG_READS: usize = 1_000;
+
+/// `lease logs`: prints the log raw from the start of what is kept (or
+/// `--tail` bytes before the end) to its end; with `--follow`, then every
+/// second what came since, until the workload ended and all of it is out,
+/// or Ctrl-C. A lease that moved to another node is read there from its
+/// start.
+async fn lease_logs(
+    gw: &Gateway,
+    args: &LeaseLogs,
+    out: Out<'_>,
+    err: Out<'_>,
+) -> anyhow::Result<i32> {
+    let max_bytes = LOGS_READ_BYTES.to_string();
+    let mut offset: Option<u64> = None;
+    let mut node: Option<String> = None;
+    let mut reads = 0usize;
+    // One listener for the whole run: a Ctrl-C during a request is not lost.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    loop {
+        let position = match (offset, args.tail) {
+            (Some(o), _) => ("offset", o.to_string()),
+            (None, Some(tail)) => ("tail", tail.to_string()),
+            (None, None) => ("offset", "0".to_string()),
+        };
+        let query = [("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
+        let path = ["v1", "leases", &args.id, "logs"];
+        let page = tokio::select! {
+            page = gw.get(&path, &query) => page?,
+            _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+        };
+        let field = |name: &str| page.get(name).and_then(Value::as_u64).unwrap_or(0);
+        let on = page
+            .get("node_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if node.is_some() && on.is_some() && on != node {
+            let _ = writeln!(
+                err,
+                "lease {} is now on node {}: its log there follows from its start",
+                args.id,
+                on.as_deref().unwrap_or("?")
+            );
+            node = on;
+            offset = Some(0);
+            continue;
+        }
+        node = node.or(on);
+        let data = page.get("data").and_then(Value::as_str).unwrap_or_default();
+        out.write_all(data.as_bytes())
+            .and_then(|()| out.flush())
+            .context("writing the log to stdout")?;
+        let next = field("next_offset");
+        let drained = next >= field("size");
+        let finished = page
+            .get("finished")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let moved = offset != Some(next);
+        offset = Some(next);
+        reads += 1;
+        if drained && (finished || !args.follow) {
+            return Ok(EXIT_OK);
+        }
+        if !args.follow && (!moved || reads >= MAX_LOG_READS) {
+            return Ok(EXIT_OK);
+        }
+        if drained || !moved {
+            tokio::select! {
+                _ = tokio::time::sleep(LOGS_POLL_INTERVAL) => {}
+                _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+            }
+        }
+    }
+}
+
 async fn wait_for(
     gw: &Gateway,
     id: &str,

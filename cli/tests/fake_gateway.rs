@@ -1259,3 +1259,68 @@ async fn report_daily_reads_each_type_page_by_page_then_the_usage() {
     assert!(out.stderr.contains(".html, .svg or .png"), "{}", out.stderr);
     assert_eq!(gw.requests().len(), before);
 }
+
+fn log_page(data: &str, next: u64, size: u64, finished: bool, node: &str) -> Resp {
+    ok(
+        200,
+        json!({"data": data, "next_offset": next, "dropped_before": 0, "size": size,
+               "finished": finished, "node_id": node}),
+    )
+}
+
+#[tokio::test]
+async fn lease_logs_reads_to_the_end_of_what_is_there_and_prints_it_raw() {
+    let gw = fake(|_, n| match n {
+        0 => log_page("x", 1, 2, false, "n1"),
+        _ => log_page("y\n", 3, 3, false, "n1"),
+    })
+    .await;
+    let out = gw.lh(&["lease", "logs", "L1"]).await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (EXIT_OK, "xy\n"),
+        "{}",
+        out.stderr
+    );
+    let targets: Vec<String> = gw.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(
+        targets,
+        [
+            "/v1/leases/L1/logs?max_bytes=262144&offset=0",
+            "/v1/leases/L1/logs?max_bytes=262144&offset=1"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn lease_logs_follow_polls_from_next_offset_until_finished_and_restarts_on_a_new_node() {
+    let gw = fake(|_, n| match n {
+        0 => log_page("abc", 10, 10, false, "n1"),
+        1 => log_page("", 10, 10, false, "n1"),
+        2 => log_page("def\n", 14, 20, false, "n1"),
+        3 => log_page("not printed", 99, 99, false, "n2"),
+        _ => log_page("new\n", 4, 4, true, "n2"),
+    })
+    .await;
+    let out = gw
+        .lh(&["lease", "logs", "L1", "--follow", "--tail", "5"])
+        .await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (EXIT_OK, "abcdef\nnew\n"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("now on node n2"), "{}", out.stderr);
+    let targets: Vec<String> = gw.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(
+        targets,
+        [
+            "/v1/leases/L1/logs?max_bytes=262144&tail=5",
+            "/v1/leases/L1/logs?max_bytes=262144&offset=10",
+            "/v1/leases/L1/logs?max_bytes=262144&offset=10",
+            "/v1/leases/L1/logs?max_bytes=262144&offset=14",
+            "/v1/leases/L1/logs?max_bytes=262144&offset=0",
+        ]
+    );
+}

@@ -189,6 +189,7 @@ pub fn service_permissions(service: Publisher) -> Permissions {
                 .extend(subject::RPC_PRICING_ALL.iter().map(|s| s.to_string()));
             p.subscribe
                 .push(subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string());
+            p.publish.push(subject::RPC_NODE_LEASE_LOGS_ALL.to_string());
             p.allow_responses = true;
             // The usage projection reads the samples with an ordered
             // consumer from the position it stored, and reopens it when a
@@ -224,8 +225,8 @@ pub fn service_permissions(service: Publisher) -> Permissions {
 }
 
 /// The permissions of node `node_id`'s agent: its events, its heartbeat,
-/// its usage samples, its own snapshot, its leases' environments; nothing
-/// as another node.
+/// its usage samples, its own snapshot, its leases' environments, the
+/// reads of its leases' logs; nothing as another node.
 pub fn node_permissions(node_id: &str) -> Permissions {
     let user = node_user(node_id);
     let meta = base64_url(&format!("node-agent-{node_id}"));
@@ -237,6 +238,10 @@ pub fn node_permissions(node_id: &str) -> Permissions {
     // Only its own: the gateway gives a lease's environment to the node
     // whose subject it is asked on, and only for a lease placed there.
     p.publish.push(subject::rpc_workload_env(node_id));
+    // It answers reads of its own leases' logs (the gateway asks), on its
+    // own subject only.
+    p.subscribe.push(subject::rpc_lease_logs(node_id));
+    p.allow_responses = true;
     p
 }
 

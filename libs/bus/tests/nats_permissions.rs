@@ -344,6 +344,50 @@ async fn a_node_asks_for_environments_on_its_own_subject_only() {
     answering.abort();
 }
 
+/// The gateway reads a lease's log from the node it runs on; a node
+/// answers on its own subject only, and may neither listen on another's
+/// nor ask one itself.
+#[tokio::test]
+async fn a_node_answers_reads_of_its_lease_logs_on_its_own_subject_only() {
+    let users = Users::new();
+    let nats = users.server().await;
+    // A service creates the logs a node's connection expects.
+    let gateway = users.bus(&nats, "gateway").await;
+    let n1 = users.bus(&nats, &auth::node_user("n1")).await;
+    let answering = tokio::spawn(async move {
+        lh_bus::rpc::serve(
+            &n1,
+            &subject::rpc_lease_logs("n1"),
+            "node-agent",
+            |_: serde_json::Value| async move { Ok::<_, String>("n1".to_string()) },
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let answered: String = lh_bus::rpc::call(
+        &gateway,
+        &subject::rpc_lease_logs("n1"),
+        &serde_json::json!({}),
+        REFUSAL_NOTICE_TIMEOUT,
+    )
+    .await
+    .expect("the gateway asks n1");
+    assert_eq!(answered, "n1");
+
+    let (n2_client, mut refusals) = users.client(&nats, &auth::node_user("n2")).await;
+    let _listening = n2_client.subscribe(subject::rpc_lease_logs("n1")).await;
+    n2_client.flush().await.unwrap();
+    refusals.expect(&subject::rpc_lease_logs("n1")).await;
+    let asked = tokio::time::timeout(
+        REFUSED_ACK_TIMEOUT,
+        n2_client.request(subject::rpc_lease_logs("n1"), "{}".into()),
+    )
+    .await;
+    assert!(!matches!(asked, Ok(Ok(_))), "n2 read n1's lease logs");
+    answering.abort();
+}
+
 #[tokio::test]
 async fn only_the_operator_may_update_purge_or_delete_the_log() {
     let users = Users::new();

@@ -59,6 +59,16 @@ pub fn rpc_workload_env(node_id: &str) -> String {
     format!("{RPC_GATEWAY_WORKLOAD_ENV_PREFIX}{}", token(node_id))
 }
 
+/// Request/reply subjects on which a node-agent answers reads of the
+/// workload logs it keeps, one per node: `lh.rpc.node.<node>.lease_logs`.
+/// Only the gateway asks; each node's user may listen on its own only.
+pub const RPC_NODE_LEASE_LOGS_ALL: &str = "lh.rpc.node.*.lease_logs";
+
+/// The subject on which node `node_id` answers reads of its lease logs.
+pub fn rpc_lease_logs(node_id: &str) -> String {
+    format!("lh.rpc.node.{}.lease_logs", token(node_id))
+}
+
 /// Request/reply subject on which pricing answers invoice requests.
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 /// Request/reply subject on which the spot-broker answers spot prices.

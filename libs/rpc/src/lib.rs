@@ -11,6 +11,7 @@ pub mod balance;
 pub mod cost_report;
 pub mod invoice;
 pub mod invoice_document;
+pub mod lease_logs;
 pub mod price_book;
 pub mod quote;
 pub mod reservation;

@@ -121,6 +121,9 @@ pub struct Stack {
     /// The MPS control binary of node-agents started from now on (a fake
     /// one in tests); `None`: whatever is on `PATH`.
     pub node_mps_control: Option<PathBuf>,
+    /// A smaller limit of one workload log file and a quicker check of it,
+    /// for node-agents started from now on; `None`: 64 MiB every 30 s.
+    pub node_lease_log_limits: Option<(u64, Duration)>,
     /// GPU knobs (health rules, idle default, self-tests) of node-agents
     /// started from now on.
     pub node_gpus: lh_node_agent::GpuArgs,
@@ -229,6 +232,7 @@ impl Stack {
             preemption_notice_secs: 120,
             node_runtime: lh_node_agent::RuntimeKind::Sim,
             node_mps_control: None,
+            node_lease_log_limits: None,
             node_gpus: lh_node_agent::GpuArgs::for_test(),
             own_postgres: None,
             gateway_limits: lh_gateway::TenantLimits::default(),
@@ -353,6 +357,7 @@ impl Stack {
                     lh_node_agent::Config {
                         runtime: self.node_runtime,
                         mps_control: self.node_mps_control.clone(),
+                        lease_log_test_limits: self.node_lease_log_limits,
                         stop_grace_secs: 2,
                         gpus: self.node_gpus.clone(),
                         common,

@@ -125,8 +125,38 @@ pub struct Config {
     /// `mps` only when a probe of it works, and not with `--hami-core-lib`.
     #[arg(long, env = "LH_MPS_CONTROL")]
     pub mps_control: Option<PathBuf>,
+    /// Seconds a workload's log (its stdout and stderr) is kept after it
+    /// ended, for its tenant to read; at most 90 days.
+    #[arg(long, env = "LH_LEASE_LOG_KEEP_SECS",
+          default_value_t = workload::lease_log::DEFAULT_LEASE_LOG_KEEP_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=workload::lease_log::MAX_LEASE_LOG_KEEP_SECS))]
+    pub lease_log_keep_secs: u64,
+    /// MiB all the workload logs of this node may hold together; past it
+    /// the oldest ended ones are removed first.
+    #[arg(long, env = "LH_LEASE_LOG_MAX_TOTAL_MIB",
+          default_value_t = workload::lease_log::DEFAULT_LEASE_LOG_MAX_TOTAL_MIB)]
+    pub lease_log_max_total_mib: u64,
+    /// Not a flag: a smaller limit of one log file and a quicker check of
+    /// it, for tests that cannot write 64 MiB or wait 30 s.
+    #[arg(skip)]
+    pub lease_log_test_limits: Option<(u64, Duration)>,
     #[command(flatten)]
     pub gpus: GpuArgs,
+}
+
+impl Config {
+    /// How the workloads' logs are kept.
+    pub fn lease_log_policy(&self) -> workload::lease_log::LeaseLogPolicy {
+        let mut policy = workload::lease_log::LeaseLogPolicy::new(
+            self.lease_log_keep_secs,
+            self.lease_log_max_total_mib,
+        );
+        if let Some((max_file_bytes, check_every)) = self.lease_log_test_limits {
+            policy.max_file_bytes = max_file_bytes;
+            policy.check_every = check_every;
+        }
+        policy
+    }
 }
 
 impl Config {
@@ -146,6 +176,9 @@ impl Config {
             stop_grace_secs: 30,
             hami_core_lib: None,
             mps_control: None,
+            lease_log_keep_secs: workload::lease_log::DEFAULT_LEASE_LOG_KEEP_SECS,
+            lease_log_max_total_mib: workload::lease_log::DEFAULT_LEASE_LOG_MAX_TOTAL_MIB,
+            lease_log_test_limits: None,
             gpus: GpuArgs::for_test(),
         }
     }
@@ -190,6 +223,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             workloads.enforce_shares_with_mps(mps);
         }
     }
+    let log_policy = config.lease_log_policy();
+    workloads.keep_logs(log_policy);
     workloads.declare(&mut inventory);
     workloads.on_gpus(backend.clone());
     match workload::supervisor::host_memory_bytes() {
@@ -214,6 +249,20 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown,
         async move {
             let status = Arc::new(NodeStatus::default());
+            // Both end with the agent, even one ended abruptly.
+            let _sweeps = AbortOnDrop(tokio::spawn(workload::lease_log::keep_tidy(
+                config.state_dir.clone(),
+                log_policy,
+                stop.clone(),
+            )));
+            let log_bus = bus.clone();
+            let log_node = node_id.clone();
+            let log_dir = config.state_dir.clone();
+            let _log_reads = AbortOnDrop(tokio::spawn(async move {
+                if let Err(e) = workload::lease_log::serve(log_bus, log_node, log_dir).await {
+                    tracing::warn!(error = %e, "lease logs are not served");
+                }
+            }));
             let (commands, reports) =
                 workload::executor::spawn(bus.clone(), node_id.clone(), workloads, finished);
             let usage = telemetry::spawn(
@@ -244,6 +293,15 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         },
     )
     .await
+}
+
+/// A task that ends when its handle goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn receive<T: Send + 'static>(

@@ -402,6 +402,19 @@ impl OnLog {
 /// agent (the binary, a process of its own) started it and was then killed
 /// with SIGKILL. Returns the workload's record.
 async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
+    let on_log = killed_agent_running("exec sleep 300").await;
+    let record = records(&on_log.state_dir()).pop().expect("a record");
+    assert_eq!(
+        processes_of(on_log.lease_id),
+        [record.pid],
+        "it outlived its agent"
+    );
+    (on_log, record)
+}
+
+/// A log with a lease that runs `sh -c command` placed on node-a, whose
+/// agent started it and was then killed with SIGKILL.
+async fn killed_agent_running(command: &str) -> OnLog {
     let nats = lh_testkit::Nats::start().await.unwrap();
     let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
         .await
@@ -416,7 +429,7 @@ async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
     fs::write(on_log.fleet(), FLEET).unwrap();
     let request = lh_events::LeaseRequested {
         workload: Some(WorkloadSpec {
-            command: ["sh", "-c", "exec sleep 300"].map(String::from).into(),
+            command: ["sh", "-c", command].map(String::from).into(),
             image: None,
             env: Default::default(),
             env_ref: None,
@@ -450,15 +463,9 @@ async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
         .spawn()
         .unwrap();
     on_log.wait_for_event("lease.started").await;
-    let record = records(&on_log.state_dir()).pop().expect("a record");
     agent.kill().unwrap();
     agent.wait().unwrap();
-    assert_eq!(
-        processes_of(on_log.lease_id),
-        [record.pid],
-        "it outlived its agent"
-    );
-    (on_log, record)
+    on_log
 }
 
 async fn restarted_agent(on_log: &OnLog) -> (lh_service::CancellationToken, lh_service::Running) {
@@ -540,4 +547,81 @@ async fn a_node_id_that_is_not_its_own_subject_token_is_refused_at_start() {
             .to_string();
         assert!(err.contains("--node-id"), "{id:?}: {err}");
     }
+}
+
+/// Reads the lease's whole log from node-a over the bus, as the gateway
+/// does.
+async fn read_log_of(on_log: &OnLog) -> lh_rpc::lease_logs::LeaseLogs {
+    let request = lh_rpc::lease_logs::LeaseLogsRequest {
+        lease_id: on_log.lease_id,
+        offset: 0,
+        tail: None,
+        max_bytes: None,
+    };
+    match lh_rpc::lease_logs::fetch(&on_log.bus, NODE, &request, PATIENCE)
+        .await
+        .unwrap()
+    {
+        lh_rpc::lease_logs::LeaseLogsReply::Logs(logs) => logs,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The numbers of the whole `tick N` lines of a log.
+fn ticks(data: &str) -> Vec<u64> {
+    data.split_inclusive('\n')
+        .filter_map(|l| l.strip_prefix("tick ")?.strip_suffix('\n')?.parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_s_log_survives_its_agent_s_restart_and_the_new_agent_serves_it() {
+    let on_log =
+        killed_agent_running("i=0; while true; do i=$((i+1)); echo \"tick $i\"; sleep 0.05; done")
+            .await;
+    // It writes on while no agent runs.
+    let log = lh_node_agent::workload::lease_log::path(
+        &on_log.state_dir(),
+        on_log.lease_id,
+        // The placement of `fixtures::placed`, as the records name it.
+        records(&on_log.state_dir())
+            .pop()
+            .expect("a record")
+            .placement,
+    );
+    let while_dead = fs::read_to_string(&log).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while fs::read_to_string(&log).unwrap().len() <= while_dead.len() {
+        assert!(Instant::now() < deadline, "the workload stopped writing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (token, running) = restarted_agent(&on_log).await;
+    let deadline = Instant::now() + PATIENCE;
+    let served = loop {
+        let logs = read_log_of(&on_log).await;
+        if ticks(&logs.data).len() > ticks(&while_dead).len() + 5 {
+            break logs;
+        }
+        assert!(Instant::now() < deadline, "{logs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let numbers = ticks(&served.data);
+    assert_eq!(numbers, (1..=numbers.len() as u64).collect::<Vec<_>>());
+    assert!(!served.finished);
+    on_log
+        .publish(lh_events::EventData::LeaseStopRequested(
+            lh_events::LeaseStopRequested {
+                lease_id: on_log.lease_id,
+            },
+        ))
+        .await;
+    on_log.wait_for_event("lease.ended").await;
+    let deadline = Instant::now() + PATIENCE;
+    while !read_log_of(&on_log).await.finished {
+        assert!(Instant::now() < deadline, "the log is not marked ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(log.exists(), "kept after the workload ended");
+    token.cancel();
+    running.wait().await.unwrap();
 }

@@ -28,7 +28,7 @@ fn assignment() -> Assignment {
         compute_milli: None,
         memory_share_bytes: None,
         mps_pipe_dir: None,
-        stderr_file: None,
+        log_file: None,
     }
 }
 

@@ -416,6 +416,7 @@ async fn every_service_serves_health_ready_metrics_and_the_gateway_its_openapi()
         "/v1/leases/{id}",
         "/v1/leases/{id}/stop",
         "/v1/leases/{id}/resume",
+        "/v1/leases/{id}/logs",
         "/v1/nodes/{id}/drain",
         "/v1/nodes/{id}/uncordon",
         "/v1/invoices",

@@ -768,6 +768,20 @@ async fn a_share_over_its_gpu_memory_fails_inside_its_own_lease_only() {
         (&json!("failed"), &json!("gpu_memory_exceeded")),
         "{failed}"
     );
+    // The tenant reads why in the log its node kept.
+    let (s, log) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/leases/{greedy}/logs"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!((s, &log["finished"]), (200, &json!(true)), "{log}");
+    assert!(
+        lh_node_agent::workload::stderr::failure_in(log["data"].as_str().unwrap()).is_some(),
+        "{log}"
+    );
     let view = stack
         .wait_lease(&key, &neighbour, |l| l["state"] == "running")
         .await;
@@ -783,4 +797,181 @@ async fn a_share_over_its_gpu_memory_fails_inside_its_own_lease_only() {
         Some(lh_events::LeaseFailure::GpuMemoryExceeded)
     );
     assert_eq!(ended(&log, &neighbour).failure, None);
+}
+
+/// GETs `/v1/leases/{id}/logs?{query}` as `key`: the status and the answer.
+async fn logs(stack: &Stack, key: &str, id: &str, query: &str) -> (u16, Value) {
+    stack
+        .call(
+            Method::GET,
+            &format!("/v1/leases/{id}/logs?{query}"),
+            key,
+            None,
+        )
+        .await
+}
+
+/// A workload's stdout and stderr land in one log on its node, in the
+/// order written; the gateway reads it from that node by offset, a piece
+/// at a time, without repeats; the tenant's CLI follows it to the end; a
+/// log past its limit keeps its newest part and says how much went before;
+/// another tenant does not see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workload_s_output_is_read_in_order_by_offset_and_keeps_its_newest_part() {
+    let mut stack = Stack::start_configured(TWO_A100, |s| {
+        s.node_runtime = RuntimeKind::Process;
+        s.node_lease_log_limits = Some((4096, Duration::from_millis(200)));
+    })
+    .await;
+    let key = trusted_tenant(&stack, "logs", 2).await;
+    let (_, other) = stack.create_tenant("other", 1).await;
+
+    // Both streams, interleaved; a pause, so a reader catches it running.
+    let both = lease_with(
+        &stack,
+        &key,
+        json!({"command": ["sh", "-c",
+            "for i in $(seq 1 20); do echo \"out $i\"; echo \"err $i\" >&2; done; sleep 2; echo 'ünïcode end'"]}),
+    )
+    .await;
+    let mut expected: String = (1..=20).map(|i| format!("out {i}\nerr {i}\n")).collect();
+    expected.push_str("ünïcode end\n");
+    let (mut text, mut offset, mut reads) = (Vec::new(), 0u64, 0);
+    loop {
+        let (s, page) = logs(&stack, &key, &both, &format!("offset={offset}&max_bytes=7")).await;
+        reads += 1;
+        assert!(reads < 2_000, "the log never finished: {page}");
+        // Before it runs too: empty, saying why, so a follower waits.
+        assert_eq!(s, 200, "{page}");
+        if page["detail"].is_string() {
+            assert_eq!(
+                (page["data"].as_str(), &page["finished"]),
+                (Some(""), &json!(false))
+            );
+        }
+        assert!(page["next_offset"].as_u64().unwrap() >= offset, "{page}");
+        assert!(page["data"].as_str().unwrap().len() <= 7, "{page}");
+        text.extend_from_slice(page["data"].as_str().unwrap().as_bytes());
+        offset = page["next_offset"].as_u64().unwrap();
+        if page["finished"] == true && offset == page["size"].as_u64().unwrap() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(String::from_utf8(text).unwrap(), expected);
+    stack
+        .wait_lease(&key, &both, |l| l["state"] == "ended")
+        .await;
+    let (s, last) = logs(&stack, &key, &both, "tail=14").await;
+    assert_eq!(
+        (s, last["data"].as_str()),
+        (200, Some("ünïcode end\n")),
+        "{last}"
+    );
+    assert!(last["node_id"].is_string(), "{last}");
+    let (s, as_admin) = logs(&stack, lh_testkit::stack::ADMIN_TOKEN, &both, "").await;
+    assert_eq!(
+        (s, as_admin["data"].as_str()),
+        (200, Some(expected.as_str()))
+    );
+    let (s, p) = logs(&stack, &other, &both, "").await;
+    assert_eq!(s, 404, "another tenant's lease: {p}");
+    for (query, field) in [
+        ("max_bytes=0", "max_bytes"),
+        ("max_bytes=262145", "max_bytes"),
+        ("offset=0&tail=5", "tail"),
+    ] {
+        let (s, p) = logs(&stack, &key, &both, query).await;
+        assert_eq!((s, p["field"].as_str()), (422, Some(field)), "{query}: {p}");
+    }
+
+    // Over the 4096-byte limit: the newest part stays, offsets hold.
+    let long = lease_with(
+        &stack,
+        &key,
+        json!({"command": ["sh", "-c", "seq -f 'line %05g' 1 3000; sleep 1.5; echo the-end"]}),
+    )
+    .await;
+    stack
+        .wait_lease(&key, &long, |l| l["state"] == "ended")
+        .await;
+    let (s, kept) = logs(&stack, &key, &long, "").await;
+    assert_eq!(s, 200, "{kept}");
+    let written = 3000 * "line 00001\n".len() as u64 + "the-end\n".len() as u64;
+    assert_eq!(
+        kept["size"], written,
+        "offsets count every byte written: {kept}"
+    );
+    let dropped = kept["dropped_before"].as_u64().unwrap();
+    assert!(dropped > 0 && dropped < written, "{kept}");
+    let data = kept["data"].as_str().unwrap();
+    assert!(data.len() <= 4096, "{}", data.len());
+    let mut lines = data.lines();
+    let marker = lines.next().unwrap();
+    assert!(
+        marker.starts_with("[leasehold: ") && marker.ends_with(" bytes of older output dropped]"),
+        "{marker}"
+    );
+    let rest: Vec<&str> = lines.collect();
+    assert_eq!(rest.last(), Some(&"the-end"));
+    let first: u64 = rest[0]["line ".len()..].parse().unwrap();
+    let numbers: Vec<String> = (first..=3000).map(|n| format!("line {n:05}")).collect();
+    assert_eq!(
+        rest[..rest.len() - 1],
+        numbers,
+        "the newest lines, all of them"
+    );
+    // The first kept line is where it was written.
+    let (_, at) = logs(
+        &stack,
+        &key,
+        &long,
+        &format!("offset={}&max_bytes=11", (first - 1) * 11),
+    )
+    .await;
+    assert_eq!(at["data"], format!("line {first:05}\n"), "{at}");
+
+    // The CLI follows a running workload to its end and exits 0.
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("key");
+    std::fs::write(&key_file, &key).unwrap();
+    let followed = lease_with(
+        &stack,
+        &key,
+        json!({"command": ["sh", "-c", "echo one; sleep 2; echo two >&2; sleep 1; echo three"]}),
+    )
+    .await;
+    let argv: Vec<String> = [
+        "lh",
+        "--gateway-url",
+        &stack.gateway_url,
+        "--api-key-file",
+        key_file.to_str().unwrap(),
+        "lease",
+        "logs",
+        &followed,
+        "--follow",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let out = tokio::time::timeout(Duration::from_secs(60), lh_cli::capture(argv))
+        .await
+        .expect("the CLI stops following when the workload ends");
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "one\ntwo\nthree\n"),
+        "{}",
+        out.stderr
+    );
+
+    // Its node gone quiet: 503 naming the node, within the 5 s it gets.
+    let (_, page) = logs(&stack, &key, &followed, "").await;
+    let node = page["node_id"].as_str().unwrap().to_string();
+    stack.kill_service(&format!("node-agent:{node}")).await;
+    let asked = std::time::Instant::now();
+    let (s, p) = logs(&stack, &key, &followed, "").await;
+    assert_eq!(s, 503, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains(&node), "{p}");
+    assert!(asked.elapsed() < Duration::from_secs(10));
 }

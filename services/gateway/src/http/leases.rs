@@ -304,7 +304,11 @@ async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError
 
 /// The lease if the caller may see it; 404 for another tenant's lease, so
 /// that ids do not leak.
-async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseView, ApiError> {
+pub(super) async fn visible(
+    ctx: &ApiContext,
+    caller: &Caller,
+    id: Uuid,
+) -> Result<LeaseView, ApiError> {
     let lease = fetch(ctx, id).await?;
     match (lease, caller) {
         (Some(l), Caller::Tenant { id: tenant, .. }) if l.tenant_id == *tenant => Ok(l),
@@ -313,7 +317,7 @@ async fn visible(ctx: &ApiContext, caller: &Caller, id: Uuid) -> Result<LeaseVie
     }
 }
 
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
+pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse()
         .map_err(|_| ApiError::not_found(format!("no lease {raw}")).field("id"))
 }

@@ -11,6 +11,7 @@ mod error;
 pub mod front;
 pub mod invoices;
 pub mod keys;
+pub mod lease_logs;
 pub mod leases;
 pub mod limits;
 pub mod nodes;
@@ -79,6 +80,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/leases/{id}/resume", post(leases::resume))
         .route("/v1/leases/{id}/usage", get(usage::lease))
         .route("/v1/usage", get(usage::fleet))
+        .route("/v1/leases/{id}/logs", get(lease_logs::get))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/spot/prices", get(spot::prices))

@@ -3,6 +3,8 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
+use super::lease_logs;
+
 use super::{
     audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
     spot, tenants, usage, Problem,
@@ -26,6 +28,7 @@ use super::{
         leases::get,
         leases::stop,
         leases::resume,
+        lease_logs::get,
         nodes::drain,
         nodes::uncordon,
         invoices::list,
@@ -49,6 +52,7 @@ use super::{
     ),
     components(schemas(
         Problem,
+        lease_logs::LeaseLogsView,
         lh_rpc::invoice::Invoice,
         lh_rpc::invoice::InvoiceLine,
         lh_rpc::spot::SpotPrices,

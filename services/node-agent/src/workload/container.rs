@@ -333,10 +333,11 @@ impl Runtime for ContainerRuntime {
             None => None,
         };
         let args = run_args(self, assignment, workload, image, env_file.as_deref());
-        let spawned = super::stderr_of(assignment).and_then(|stderr| {
+        let spawned = super::output_of(assignment).and_then(|(stdout, stderr)| {
             cli_command(&self.cli)
                 .args(&args)
                 .stdin(Stdio::null())
+                .stdout(stdout)
                 .stderr(stderr)
                 .process_group(0)
                 .spawn()
@@ -408,7 +409,7 @@ mod tests {
             compute_milli: None,
             memory_share_bytes: None,
             mps_pipe_dir: None,
-            stderr_file: None,
+            log_file: None,
         }
     }
 

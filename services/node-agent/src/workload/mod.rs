@@ -21,6 +21,7 @@
 pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
+pub mod lease_log;
 pub mod mps;
 pub mod process;
 pub mod reconcile;
@@ -136,18 +137,29 @@ pub struct Assignment {
     /// The pipe directory of the MPS daemon that enforces the share
     /// ([`mps`]); the workload connects through it as an MPS client.
     pub mps_pipe_dir: Option<PathBuf>,
-    /// The file the workload's standard error goes to ([`stderr`]); the
-    /// agent's own standard error when `None`.
-    pub stderr_file: Option<PathBuf>,
+    /// The file the workload's standard output and error go to
+    /// ([`lease_log`]); the agent's own when `None`.
+    pub log_file: Option<PathBuf>,
 }
 
-/// Where a workload's standard error goes: its file, when it has one.
-fn stderr_of(assignment: &Assignment) -> Result<std::process::Stdio, RuntimeError> {
-    match &assignment.stderr_file {
-        Some(path) => stderr::open(path).map(Into::into).map_err(|e| {
-            RuntimeError::InvalidConfig(format!("cannot open {}: {e}", path.display()))
-        }),
-        None => Ok(std::process::Stdio::inherit()),
+/// Where a workload's standard output and error go: both to its log file,
+/// when it has one, opened for appending so that their lines interleave.
+fn output_of(
+    assignment: &Assignment,
+) -> Result<(std::process::Stdio, std::process::Stdio), RuntimeError> {
+    let cannot = |path: &std::path::Path, e: std::io::Error| {
+        RuntimeError::InvalidConfig(format!("cannot open {}: {e}", path.display()))
+    };
+    match &assignment.log_file {
+        Some(path) => {
+            let stdout = lease_log::open(path).map_err(|e| cannot(path, e))?;
+            let stderr = stdout.try_clone().map_err(|e| cannot(path, e))?;
+            Ok((stdout.into(), stderr.into()))
+        }
+        None => Ok((
+            std::process::Stdio::inherit(),
+            std::process::Stdio::inherit(),
+        )),
     }
 }
 
@@ -522,7 +534,7 @@ mod tests {
             compute_milli: None,
             memory_share_bytes: None,
             mps_pipe_dir: None,
-            stderr_file: None,
+            log_file: None,
         }
     }
 

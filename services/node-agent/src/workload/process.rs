@@ -3,7 +3,8 @@
 //! The child leads its own process group (so a stop reaches everything it
 //! started), gets a clean environment (`PATH`, the workload's variables and
 //! the lease's, [`super::workload_env`]; never the agent's own, which holds
-//! its credentials), stdin from /dev/null and the agent's stdout/stderr.
+//! its credentials), stdin from /dev/null, and its stdout and stderr in its
+//! log file ([`super::lease_log`]).
 //! With usable cgroups it runs in a lease cgroup ([`super::cgroup`]), with
 //! memory limits when it has a RAM share; when the cgroup cannot be made or
 //! entered it runs without one, with a warning.
@@ -21,7 +22,7 @@ use tokio::process::{Child, Command};
 
 use super::cgroup::{self, CgroupConfig, LeaseCgroup};
 use super::{
-    is_share, stderr_of, validate_assignment, validate_env, workload_env, Assignment, Kind,
+    is_share, output_of, validate_assignment, validate_env, workload_env, Assignment, Kind,
     RunningWorkload, Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
 };
 
@@ -143,6 +144,7 @@ fn spawn(
     preload: Option<&Path>,
 ) -> Result<Child, RuntimeError> {
     let program = &workload.command[0];
+    let (stdout, stderr) = output_of(assignment)?;
     let mut command = Command::new(program);
     command
         .args(&workload.command[1..])
@@ -153,7 +155,8 @@ fn spawn(
         )
         .envs(workload_env(assignment, workload))
         .stdin(Stdio::null())
-        .stderr(stderr_of(assignment)?)
+        .stdout(stdout)
+        .stderr(stderr)
         .process_group(0);
     if let Some(lib) = preload {
         command.env(ENV_LD_PRELOAD, lib);

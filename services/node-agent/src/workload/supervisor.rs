@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::container::DEFAULT_STOP_MARGIN;
+use super::lease_log::{self, LeaseLogPolicy};
 use super::mps::{Mps, MpsLimits};
 use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
 use super::{
@@ -112,6 +113,8 @@ pub struct Workloads {
     /// Told which workloads run on which GPUs (the simulated one kills
     /// them on a fault, as a real GPU does).
     gpu_backend: Option<Arc<dyn GpuBackend>>,
+    /// How the workloads' log files are kept.
+    logs: LeaseLogPolicy,
 }
 
 /// What a node has to share out between its leases.
@@ -223,6 +226,7 @@ impl Workloads {
                 isolation,
                 host: None,
                 gpu_backend: None,
+                logs: LeaseLogPolicy::default(),
             },
             finished_rx,
         ))
@@ -236,6 +240,11 @@ impl Workloads {
         }
         self.mps = Some(mps);
         true
+    }
+
+    /// Keeps the workloads' log files under `policy`.
+    pub fn keep_logs(&mut self, policy: LeaseLogPolicy) {
+        self.logs = policy;
     }
 
     /// Tells `backend` which workloads run on which of its GPUs.
@@ -270,8 +279,8 @@ impl Workloads {
             .host
             .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
         let mut assignment = assignment(lease_id, gpus, mig_devices, share);
-        let stderr_file = super::stderr::path(&self.marks.state_dir, lease_id, placement);
-        assignment.stderr_file = Some(stderr_file.clone());
+        let log_file = lease_log::path(&self.marks.state_dir, lease_id, placement);
+        assignment.log_file = Some(log_file.clone());
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
@@ -292,7 +301,8 @@ impl Workloads {
                 if let Some(mps) = &mut self.mps {
                     mps.release((lease_id, placement));
                 }
-                super::stderr::remove(&stderr_file);
+                // It wrote nothing: a start that failed is told on the lease.
+                lease_log::remove(&log_file);
                 return Err(e);
             }
         };
@@ -311,7 +321,7 @@ impl Workloads {
             Supervised::Started(Box::new(handle)),
             record.flatten(),
             on_gpus,
-            Some(stderr_file),
+            Some(log_file),
         );
         Ok(true)
     }
@@ -341,8 +351,10 @@ impl Workloads {
         }
     }
 
-    /// One task that waits for the workload, or stops it when asked, then
-    /// reports how it ended and drops its record.
+    /// One task that waits for the workload, or stops it when asked, keeps
+    /// its log within its limit meanwhile, then reports how it ended (why it
+    /// failed, from the end of its log), drops its record and marks its log
+    /// ended.
     fn supervise(
         &mut self,
         lease_id: Uuid,
@@ -350,21 +362,24 @@ impl Workloads {
         mut handle: Supervised,
         record: Option<PathBuf>,
         on_gpus: Option<(Arc<dyn GpuBackend>, u32)>,
-        stderr_file: Option<PathBuf>,
+        log_file: Option<PathBuf>,
     ) {
         let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
         let finished = self.finished_tx.clone();
+        let logs = self.logs;
         tokio::spawn(async move {
             let mut stop_rx = stop_rx;
-            let mut bound_check =
-                tokio::time::interval(Duration::from_secs(super::stderr::STDERR_CHECK_SECS));
+            let mut bound_check = tokio::time::interval(logs.check_interval());
             let stop = loop {
                 tokio::select! {
                     exit = handle.wait() => break Err(exit),
                     grace = &mut stop_rx => break Ok(grace.unwrap_or(Duration::ZERO)),
                     _ = bound_check.tick() => {
-                        if let Some(path) = &stderr_file {
-                            super::stderr::keep_bounded(path);
+                        if let Some(path) = log_file.clone() {
+                            let _ = tokio::task::spawn_blocking(move || {
+                                lease_log::keep_bounded(&path, &logs)
+                            })
+                            .await;
                         }
                     }
                 }
@@ -386,12 +401,12 @@ impl Workloads {
                     signal: None,
                 }
             });
-            let failure = stderr_file.as_deref().and_then(|path| {
+            let failure = log_file.as_deref().and_then(|path| {
                 let failed = exit.code != Some(0);
                 let failure = failed
                     .then(|| super::stderr::failure_in(&super::stderr::tail(path)))
                     .flatten();
-                super::stderr::remove(path);
+                lease_log::mark_ended(path, std::time::SystemTime::now());
                 failure
             });
             let _ = finished.send(Finished {
@@ -439,11 +454,11 @@ impl Workloads {
                     if let Found::Process { path, record, .. } = &f {
                         tracing::info!(lease = %lease_id, pid = record.pid, "recorded workload process is gone; its record goes");
                         remove_record(path);
-                        super::stderr::remove(&super::stderr::path(
-                            &self.marks.state_dir,
-                            lease_id,
-                            record.placement,
-                        ));
+                        // It ended while no agent ran: its log is kept from now.
+                        lease_log::mark_ended(
+                            &lease_log::path(&self.marks.state_dir, lease_id, record.placement),
+                            std::time::SystemTime::now(),
+                        );
                     }
                 }
                 Decision::Adopt { .. } if matches!(f, Found::Cgroup { .. }) => {
@@ -460,11 +475,7 @@ impl Workloads {
                         Supervised::Adopted(adopted),
                         record,
                         None,
-                        Some(super::stderr::path(
-                            &self.marks.state_dir,
-                            lease_id,
-                            placement,
-                        )),
+                        Some(lease_log::path(&self.marks.state_dir, lease_id, placement)),
                     );
                     outcome.adopted.push((lease_id, placement));
                 }
@@ -476,6 +487,19 @@ impl Workloads {
                     outcome.reaped += 1;
                 }
             }
+        }
+        // No workload starts before this returns: every log but the
+        // adopted ones' is done, and its keep time runs from now.
+        let marked = lease_log::mark_others_ended(
+            &lease_log::dir(&self.marks.state_dir),
+            &outcome.adopted,
+            std::time::SystemTime::now(),
+        );
+        if marked > 0 {
+            tracing::info!(
+                logs = marked,
+                "logs of workloads that ended while no agent ran are kept from now"
+            );
         }
         outcome
     }
@@ -554,11 +578,10 @@ impl Workloads {
                 Found::Process { record, path, .. } => {
                     reconcile::stop_process(record.pid, record.start_ticks, grace).await;
                     remove_record(&path);
-                    super::stderr::remove(&super::stderr::path(
-                        &state_dir,
-                        record.lease_id,
-                        record.placement,
-                    ));
+                    lease_log::mark_ended(
+                        &lease_log::path(&state_dir, record.lease_id, record.placement),
+                        std::time::SystemTime::now(),
+                    );
                 }
                 Found::Container { lease_id, name } => {
                     if let Some(c) = container {
@@ -702,7 +725,7 @@ pub fn assignment(
         compute_milli: share.map(|(m, _)| m),
         memory_share_bytes,
         mps_pipe_dir: None,
-        stderr_file: None,
+        log_file: None,
     }
 }
 

@@ -1,0 +1,167 @@
+//! A lease's workload log: what its workload wrote to stdout and stderr.
+//! Only the node the lease runs on holds it, so the gateway asks that node
+//! over the bus (ADR 003: reads across services are request/reply). A lease
+//! that failed over has a log on each node it ran on; this reads the one
+//! on the node the lease is on now.
+
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use lh_domain::lease::LeaseState;
+use lh_rpc::lease_logs::{LeaseLogsReply, LeaseLogsRequest, MAX_LEASE_LOG_READ_BYTES};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::leases::{parse_id, visible};
+use super::{ApiContext, ApiError, Caller};
+
+/// How long the node the lease is on may take to answer.
+pub const LEASE_LOGS_NODE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseLogsQuery {
+    /// Read from this offset (bytes since the workload started; default 0,
+    /// the start of what is kept). Pass the previous answer's
+    /// `next_offset` to follow.
+    pub offset: Option<u64>,
+    /// Read the last this many bytes instead of from `offset`.
+    pub tail: Option<u64>,
+    /// At most this many bytes, 1 to 262144 (default 65536).
+    pub max_bytes: Option<u64>,
+}
+
+/// A part of a lease's workload log.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LeaseLogsView {
+    /// What the workload wrote (stdout and stderr interleaved), as UTF-8.
+    pub data: String,
+    /// Where the next read continues.
+    pub next_offset: u64,
+    /// Bytes before this offset are no longer kept (the file outgrew its
+    /// limit); a line `[leasehold: N bytes of older output dropped]` marks
+    /// the gap.
+    pub dropped_before: u64,
+    /// The offset of the end of the log now.
+    pub size: u64,
+    /// The workload ended: once `next_offset` reaches `size`, nothing more
+    /// will come.
+    pub finished: bool,
+    /// The node whose log this is; null while the lease is on none.
+    pub node_id: Option<String>,
+    /// Why there is nothing to read, where that is so: the lease is on no
+    /// node (yet), or runs no workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl LeaseLogsView {
+    /// Nothing to read, and why.
+    fn empty(node_id: Option<String>, finished: bool, detail: String) -> Self {
+        LeaseLogsView {
+            data: String::new(),
+            next_offset: 0,
+            dropped_before: 0,
+            size: 0,
+            finished,
+            node_id,
+            detail: Some(detail),
+        }
+    }
+}
+
+#[utoipa::path(
+    get, path = "/v1/leases/{id}/logs",
+    params(("id" = String, Path, description = "lease id"), LeaseLogsQuery),
+    responses(
+        (status = 200, body = LeaseLogsView),
+        (status = 401, body = super::Problem),
+        (status = 404, body = super::Problem, description = "No such lease, or its node keeps no log of it (past its keep time)"),
+        (status = 422, body = super::Problem),
+        (status = 503, body = super::Problem, description = "The lease's node did not answer within 5 s")
+    )
+)]
+pub async fn get(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+    query: Result<Query<LeaseLogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<LeaseLogsView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if query.max_bytes == Some(0) || query.max_bytes > Some(MAX_LEASE_LOG_READ_BYTES) {
+        return Err(ApiError::unprocessable(
+            format!("max_bytes must be 1 to {MAX_LEASE_LOG_READ_BYTES}"),
+            "max_bytes",
+        ));
+    }
+    if query.tail.is_some() && query.offset.is_some() {
+        return Err(ApiError::unprocessable(
+            "give either offset or tail, not both",
+            "tail",
+        ));
+    }
+    let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
+    let done = matches!(lease.state, LeaseState::Ended | LeaseState::Rejected);
+    let Some(node_id) = lease.node_id.clone() else {
+        // A follower waits for it to run; one that never will is done.
+        return Ok(Json(LeaseLogsView::empty(
+            None,
+            done,
+            format!(
+                "lease {} is on no node ({}): its log starts when its workload runs",
+                lease.id,
+                lease.state.as_str()
+            ),
+        )));
+    };
+    if lease.workload.is_none() {
+        return Ok(Json(LeaseLogsView::empty(
+            Some(node_id),
+            done,
+            format!("lease {} runs no workload: nothing writes a log", lease.id),
+        )));
+    }
+    let request = LeaseLogsRequest {
+        lease_id: lease.id,
+        offset: query.offset.unwrap_or(0),
+        tail: query.tail,
+        max_bytes: query.max_bytes,
+    };
+    let reply = lh_rpc::lease_logs::fetch(&ctx.bus, &node_id, &request, LEASE_LOGS_NODE_TIMEOUT)
+        .await
+        .map_err(|e| {
+            ApiError::unavailable(format!(
+                "node {node_id}, which holds the log of lease {}, did not answer: {e}",
+                lease.id
+            ))
+        })?;
+    match reply {
+        LeaseLogsReply::Logs(logs) => Ok(Json(LeaseLogsView {
+            data: logs.data,
+            next_offset: logs.next_offset,
+            dropped_before: logs.dropped_before,
+            size: logs.size,
+            finished: logs.finished,
+            node_id: Some(node_id),
+            detail: None,
+        })),
+        // Placed, and its node has not started it yet: a follower waits.
+        LeaseLogsReply::NotFound { .. }
+            if matches!(
+                lease.state,
+                LeaseState::Requested | LeaseState::Queued | LeaseState::Placed
+            ) =>
+        {
+            Ok(Json(LeaseLogsView::empty(
+                Some(node_id),
+                false,
+                format!("the workload of lease {} has not started yet", lease.id),
+            )))
+        }
+        LeaseLogsReply::NotFound { why } => Err(ApiError::not_found(format!(
+            "{why} (node {node_id}; a log is kept a while after its workload ends)"
+        ))
+        .field("id")),
+    }
+}
