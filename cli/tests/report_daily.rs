@@ -294,9 +294,20 @@ fn log() -> Vec<LoggedEvent> {
 }
 
 fn point(hour: u32, memory_mib: f64, utilisation: Option<f64>) -> serde_json::Value {
+    point_over(hour, memory_mib, utilisation, 60)
+}
+
+/// A point whose samples came in `minutes` of the hour.
+fn point_over(
+    hour: u32,
+    memory_mib: f64,
+    utilisation: Option<f64>,
+    minutes: u32,
+) -> serde_json::Value {
     json!({
         "at": (at(i64::from(hour), 0, 0)).to_rfc3339(),
-        "samples": 720,
+        "samples": 12 * minutes,
+        "minutes": minutes,
         "utilization_pct_avg": utilisation,
         "memory_used_mib_avg": memory_mib,
         "memory_used_mib_max": memory_mib,
@@ -325,8 +336,9 @@ fn usage() -> serde_json::Value {
         "series": [
             // n-a/0 (40 GiB): 100 % at 00h, 50 % at 01h.
             series(lease(1), T1, "n-a", 0, vec![point(0, 40960.0, Some(80.0)), point(1, 20480.0, Some(60.0))]),
-            // n-a/1: 25 % at 02h.
-            series(lease(3), T2, "n-a", 1, vec![point(2, 10240.0, Some(40.0))]),
+            // n-a/1: 25 % at 02h, from a lease that held 40 GiB for a
+            // quarter of the hour.
+            series(lease(3), T2, "n-a", 1, vec![point_over(2, 40960.0, Some(40.0), 15)]),
             // n-b/1 (80 GiB): two leases' halves make 100 % at 20h; the
             // device's utilisation is the highest either saw.
             series(lease(7), T1, "n-b", 1, vec![point(20, 40960.0, Some(70.0))]),

@@ -10,7 +10,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::model::{
-    day_end, day_start, DayInput, Interruption, RunEnd, HOURS_PER_DAY, SECS_PER_HOUR,
+    day_end, day_start, DayInput, Interruption, RunEnd, HOURS_PER_DAY, MINUTES_PER_HOUR,
+    SECS_PER_HOUR,
 };
 
 /// Queue wait the seed aims for: p95 of requested → first running, seconds.
@@ -243,7 +244,10 @@ impl DailyReport {
                 continue;
             }
             let memory = rows[row].memory_mib.max(1) as f64;
-            rows[row].vram_pct[u.hour as usize] += u.memory_used_mib_avg * 100.0 / memory;
+            // A lease that ran part of the hour weighs by the minutes it ran.
+            let share_of_hour = f64::from(u.minutes.min(MINUTES_PER_HOUR)) / f64::from(MINUTES_PER_HOUR);
+            rows[row].vram_pct[u.hour as usize] +=
+                u.memory_used_mib_avg * share_of_hour * 100.0 / memory;
             if let Some(pct) = u.utilization_pct_avg {
                 let slot = utilisation.entry((row, u.hour)).or_insert(pct);
                 *slot = slot.max(pct);

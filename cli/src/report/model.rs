@@ -17,6 +17,8 @@ use uuid::Uuid;
 pub const HOURS_PER_DAY: u32 = 24;
 /// Seconds in one hour of the heat map.
 pub const SECS_PER_HOUR: i64 = 3600;
+/// Minutes in one hour of the heat map.
+pub const MINUTES_PER_HOUR: u32 = 60;
 
 /// One GPU of the inventory.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +72,8 @@ pub struct HourUsage {
     /// 0 to 23.
     pub hour: u32,
     pub memory_used_mib_avg: f64,
+    /// Minutes of the hour that had samples (the average is over them).
+    pub minutes: u32,
     pub utilization_pct_avg: Option<f64>,
 }
 
@@ -459,6 +463,12 @@ impl DayInput {
                     gpu_index,
                     hour: (secs / SECS_PER_HOUR) as u32,
                     memory_used_mib_avg: memory,
+                    // A gateway that does not tell the minutes gives the
+                    // hour's average as is.
+                    minutes: p
+                        .get("minutes")
+                        .and_then(Value::as_u64)
+                        .map_or(MINUTES_PER_HOUR, |m| m.min(u64::from(MINUTES_PER_HOUR)) as u32),
                     utilization_pct_avg: p.get("utilization_pct_avg").and_then(Value::as_f64),
                 });
             }

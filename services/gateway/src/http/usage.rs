@@ -89,6 +89,10 @@ pub struct UsagePoint {
     pub at: DateTime<Utc>,
     /// Samples in the step.
     pub samples: u64,
+    /// Minutes of the step that had a sample. The averages are over those
+    /// minutes: `memory_used_mib_avg × minutes ÷ (step in minutes)` is the
+    /// step's mean, counting minutes without samples as nothing used.
+    pub minutes: u32,
     /// Null when no sample of the step told it (MIG mode).
     pub utilization_pct_avg: Option<f64>,
     pub memory_used_mib_avg: f64,
@@ -192,6 +196,7 @@ struct PointRow {
     node_id: String,
     gpu_index: i32,
     samples: i64,
+    minutes: i64,
     utilization_samples: i64,
     utilization_pct_sum: i64,
     memory_used_mib_sum: i64,
@@ -207,6 +212,7 @@ impl PointRow {
         UsagePoint {
             at: self.at,
             samples: self.samples.max(0) as u64,
+            minutes: u32::try_from(self.minutes.max(0)).unwrap_or(u32::MAX),
             utilization_pct_avg: avg(self.utilization_pct_sum as f64, self.utilization_samples),
             memory_used_mib_avg: avg(self.memory_used_mib_sum as f64, self.samples).unwrap_or(0.0),
             memory_used_mib_max: self.memory_used_mib_max.max(0) as u64,
@@ -229,6 +235,7 @@ async fn report(
                 min(tenant_id::text) AS tenant_id, min(node_id) AS node_id,
                 min(gpu_index) AS gpu_index,
                 sum(samples)::bigint AS samples,
+                count(*)::bigint AS minutes,
                 sum(utilization_samples)::bigint AS utilization_samples,
                 sum(utilization_pct_sum)::bigint AS utilization_pct_sum,
                 sum(memory_used_mib_sum)::bigint AS memory_used_mib_sum,
