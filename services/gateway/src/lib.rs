@@ -73,7 +73,7 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "GPU entries of usage samples left out for figures no device reports, by field.",
     ),
     (
-        "lh_gateway_usage_minutes_pruned_total",
+        "lh_gateway_usage_rows_pruned_total",
         "Usage minutes deleted for being older than LH_USAGE_KEEP_DAYS.",
     ),
 ];

@@ -244,7 +244,7 @@ pub async fn prune(pool: &PgPool, keep_days: u32, now: DateTime<Utc>) -> sqlx::R
         .await?
         .rows_affected();
         pruned += deleted;
-        metrics::counter!("lh_gateway_usage_minutes_pruned_total").increment(deleted);
+        metrics::counter!("lh_gateway_usage_rows_pruned_total").increment(deleted);
         if deleted < MAX_USAGE_PRUNE_ROWS as u64 {
             return Ok(pruned);
         }

@@ -558,12 +558,21 @@ async fn read_log_of(on_log: &OnLog) -> lh_rpc::lease_logs::LeaseLogs {
         tail: None,
         max_bytes: None,
     };
-    match lh_rpc::lease_logs::fetch(&on_log.bus, NODE, &request, PATIENCE)
-        .await
-        .unwrap()
-    {
-        lh_rpc::lease_logs::LeaseLogsReply::Logs(logs) => logs,
-        other => panic!("{other:?}"),
+    // A restarted agent answers once it has subscribed, a moment after it
+    // started: until then the request finds no responder.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        match lh_rpc::lease_logs::fetch(&on_log.bus, NODE, &request, PATIENCE).await {
+            Ok(lh_rpc::lease_logs::LeaseLogsReply::Logs(logs)) => return logs,
+            Ok(other) => panic!("{other:?}"),
+            Err(e)
+                if e.to_string().contains("no responders")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
     }
 }
 

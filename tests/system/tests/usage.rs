@@ -192,6 +192,14 @@ async fn a_lease_s_usage_is_what_its_node_published_and_only_its_tenant_reads_it
             total,
             expected(&samples, uuid).values().map(|e| e.0).sum::<u64>()
         );
+        // Its minutes are those that had a sample.
+        let minutes: u64 = one["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["minutes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(minutes, expected(&samples, uuid).len() as u64);
         let at: DateTime<Utc> = one["points"][0]["at"].as_str().unwrap().parse().unwrap();
         assert_eq!(at.timestamp() % 86_400, 0, "aligned to whole UTC days");
     }
