@@ -258,8 +258,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             let log_bus = bus.clone();
             let log_node = node_id.clone();
             let log_dir = config.state_dir.clone();
+            let simulated = config.runtime == RuntimeKind::Sim;
             let _log_reads = AbortOnDrop(tokio::spawn(async move {
-                if let Err(e) = workload::lease_log::serve(log_bus, log_node, log_dir).await {
+                if let Err(e) =
+                    workload::lease_log::serve(log_bus, log_node, log_dir, simulated).await
+                {
                     tracing::warn!(error = %e, "lease logs are not served");
                 }
             }));

@@ -975,3 +975,28 @@ async fn a_workload_s_output_is_read_in_order_by_offset_and_keeps_its_newest_par
     assert!(p["detail"].as_str().unwrap().contains(&node), "{p}");
     assert!(asked.elapsed() < Duration::from_secs(10));
 }
+
+/// A simulated node runs no workload: asked for a running lease's log, the
+/// gateway says so instead of pretending the log was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_simulated_node_says_its_lease_never_ran_a_command() {
+    let stack = Stack::start(TWO_A100).await;
+    let (_, key) = stack.create_tenant("sim-logs", 1).await;
+    let lease = stack
+        .running(
+            &key,
+            json!({"gpus": 1, "gpu_model": "A100-40GB", "tier": "basic",
+                   "workload": {"command": ["sh", "-c", "echo hello"]}}),
+        )
+        .await;
+    let id = lease["id"].as_str().unwrap();
+    let (status, body) = stack
+        .call(Method::GET, &format!("/v1/leases/{id}/logs"), &key, None)
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("simulates its workloads") && detail.contains(id),
+        "{body}"
+    );
+}

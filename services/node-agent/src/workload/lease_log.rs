@@ -421,7 +421,15 @@ pub async fn keep_tidy(
 
 /// Answers the gateway's reads of this node's lease logs until the
 /// subscription ends.
-pub async fn serve(bus: Bus, node_id: String, state_dir: PathBuf) -> anyhow::Result<()> {
+/// `simulated`: the node runs no workloads (`--runtime sim`), which the
+/// answer for a lease without a log says, rather than leave a tenant to
+/// wonder where their output went.
+pub async fn serve(
+    bus: Bus,
+    node_id: String,
+    state_dir: PathBuf,
+    simulated: bool,
+) -> anyhow::Result<()> {
     let dir = dir(&state_dir);
     lh_bus::rpc::serve(
         &bus,
@@ -436,6 +444,13 @@ pub async fn serve(bus: Bus, node_id: String, state_dir: PathBuf) -> anyhow::Res
                     .map_err(|e| format!("reading the log: {e}"))?;
                 match read {
                     Ok(Some(logs)) => Ok(LeaseLogsReply::Logs(logs)),
+                    Ok(None) if simulated => Ok(LeaseLogsReply::NotFound {
+                        why: format!(
+                            "this node simulates its workloads (--runtime sim): the command of \
+                             lease {lease_id} never ran here, so it wrote nothing; a node-agent \
+                             with --runtime process, docker or podman runs it"
+                        ),
+                    }),
                     Ok(None) => Ok(LeaseLogsReply::NotFound {
                         why: format!("this node keeps no log of lease {lease_id}"),
                     }),
