@@ -245,8 +245,7 @@ impl DailyReport {
             }
             let memory = rows[row].memory_mib.max(1) as f64;
             // A lease that ran part of the hour weighs by the minutes it ran.
-            let share_of_hour =
-                f64::from(u.minutes.min(MINUTES_PER_HOUR)) / f64::from(MINUTES_PER_HOUR);
+            let share_of_hour = f64::from(u.minutes.min(MINUTES_PER_HOUR)) / f64::from(MINUTES_PER_HOUR);
             rows[row].vram_pct[u.hour as usize] +=
                 u.memory_used_mib_avg * share_of_hour * 100.0 / memory;
             if let Some(pct) = u.utilization_pct_avg {

@@ -468,9 +468,7 @@ impl DayInput {
                     minutes: p
                         .get("minutes")
                         .and_then(Value::as_u64)
-                        .map_or(MINUTES_PER_HOUR, |m| {
-                            m.min(u64::from(MINUTES_PER_HOUR)) as u32
-                        }),
+                        .map_or(MINUTES_PER_HOUR, |m| m.min(u64::from(MINUTES_PER_HOUR)) as u32),
                     utilization_pct_avg: p.get("utilization_pct_avg").and_then(Value::as_f64),
                 });
             }
