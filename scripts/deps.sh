@@ -17,6 +17,9 @@
 #   - promtool (checks /metrics, deploy/prometheus/ and its alert rules in
 #     tests/system/tests/metrics.rs), from the machine's `prometheus`
 #     package (as root only).
+#   - postgres_exporter (its pg_* names, which the platform dashboard reads,
+#     are checked against a real scrape in tests/system/tests/metrics.rs),
+#     from the machine's `prometheus-postgres-exporter` package (as root only).
 #
 # Idempotent; prints nothing when everything is present.
 set -euo pipefail
@@ -120,6 +123,17 @@ if ! command -v promtool >/dev/null; then
         apt_install --no-install-recommends prometheus
     else
         missing+=("prometheus")
+    fi
+fi
+
+# --- postgres_exporter ---
+if ! command -v prometheus-postgres-exporter >/dev/null && ! command -v postgres_exporter >/dev/null; then
+    if is_root; then
+        # Run against the test PostgreSQL only; where systemd runs, the
+        # package also starts one on :9187, a port nothing of ours uses.
+        apt_install --no-install-recommends prometheus-postgres-exporter
+    else
+        missing+=("prometheus-postgres-exporter")
     fi
 fi
 

@@ -70,3 +70,16 @@ SELECT format('ALTER FUNCTION %s OWNER TO %I', p.oid::regprocedure, o.owner)
 \gexec
 
 DROP TABLE lh_schema_owner;
+
+-- The metrics exporter's role (docker-compose.yml's postgres-exporter), made
+-- only when a monitor_password is given: it reads the statistics views
+-- (pg_monitor) and may connect, nothing more; it owns no schema and reads
+-- no table.
+\if :{?monitor_password}
+SELECT 'CREATE ROLE lh_monitor LOGIN'
+ WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'lh_monitor') \gexec
+ALTER ROLE lh_monitor NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    CONNECTION LIMIT 4 PASSWORD :'monitor_password';
+GRANT pg_monitor TO lh_monitor;
+GRANT CONNECT ON DATABASE :"db" TO lh_monitor;
+\endif

@@ -55,10 +55,47 @@ pub const SNAPSHOTS_MAX_BYTES: i64 = 1024 * 1024 * 1024;
 
 /// Metrics this library records, with their `# HELP` text (a service hands
 /// them to `lh_telemetry::describe_metrics`; this crate records only).
-pub const METRICS: &[(&str, &str)] = &[(
-    "lh_events_skipped_total",
-    "Stored messages a service read but could not use, by service and reason.",
-)];
+pub const METRICS: &[(&str, &str)] = &[
+    (
+        "lh_events_skipped_total",
+        "Stored messages a service read but could not use, by service and reason.",
+    ),
+    (
+        "lh_nats_connected",
+        "Whether the service's NATS connection is up (1) or down (0), by service.",
+    ),
+    (
+        "lh_nats_connection_events_total",
+        "Events of the service's NATS connection (connected, reconnected, disconnected, lame_duck, slow_consumer, server_error, client_error, closed...), by service and event.",
+    ),
+];
+
+/// The `event` label of `lh_nats_connection_events_total` for what the
+/// client reports; the first connect is told apart from a reconnect
+/// (async-nats reports both as `Connected`), since only the latter means
+/// the connection was lost.
+pub fn connection_event_label(event: &async_nats::Event, connects_before: u64) -> &'static str {
+    match event {
+        async_nats::Event::Connected if connects_before == 0 => "connected",
+        async_nats::Event::Connected => "reconnected",
+        async_nats::Event::Disconnected => "disconnected",
+        async_nats::Event::LameDuckMode => "lame_duck",
+        async_nats::Event::Draining => "draining",
+        async_nats::Event::Closed => "closed",
+        async_nats::Event::SlowConsumer(_) => "slow_consumer",
+        async_nats::Event::ServerError(_) => "server_error",
+        async_nats::Event::ClientError(_) => "client_error",
+    }
+}
+
+/// What the connection is after `event`: up, down, or as it was.
+fn connected_after(event: &async_nats::Event) -> Option<bool> {
+    match event {
+        async_nats::Event::Connected => Some(true),
+        async_nats::Event::Disconnected | async_nats::Event::Closed => Some(false),
+        _ => None,
+    }
+}
 
 /// Largest snapshot stored or read, in bytes.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024 * 1024;
@@ -527,6 +564,37 @@ pub fn events_fill_warning(bytes: u64, max_bytes: u64) -> Option<f64> {
     (filled >= EVENTS_FILL_WARNING).then_some(filled)
 }
 
+/// What one stream holds, for the dashboards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamFigures {
+    pub messages: u64,
+    pub bytes: u64,
+    pub consumers: usize,
+    /// Followers that are up to date with the stream's leader.
+    pub replicas_current: usize,
+    /// Followers behind the leader or offline: a copy that would lose
+    /// writes if the leader failed now. 0 on a single server.
+    pub replicas_lagging: usize,
+}
+
+impl StreamFigures {
+    pub fn of(info: &jetstream::stream::Info) -> Self {
+        let followers = info
+            .cluster
+            .as_ref()
+            .map(|c| c.replicas.as_slice())
+            .unwrap_or_default();
+        let current = followers.iter().filter(|p| p.current && !p.offline).count();
+        Self {
+            messages: info.state.messages,
+            bytes: info.state.bytes,
+            consumers: info.state.consumer_count,
+            replicas_current: current,
+            replicas_lagging: followers.len() - current,
+        }
+    }
+}
+
 /// The stream config the brief requires for the business log.
 pub fn events_stream_config(max_bytes: i64, replicas: usize, max_age: Duration) -> StreamConfig {
     StreamConfig {
@@ -612,6 +680,9 @@ impl Bus {
         let servers = server_addrs(&config.nats_url)?;
         let (connected, connects) = tokio::sync::watch::channel(0u64);
         let service = config.client_name.clone();
+        // Down until the client says otherwise: a service that never
+        // reaches NATS shows 0, not nothing, so an alert sees it.
+        metrics::gauge!("lh_nats_connected", "service" => service.clone()).set(0.0);
         let mut options = async_nats::ConnectOptions::new();
         match &config.credentials {
             Credentials::Anonymous => {}
@@ -635,6 +706,14 @@ impl Bus {
         let client = options
             .name(&config.client_name)
             .event_callback(move |event| {
+                let label = connection_event_label(&event, *connected.borrow());
+                metrics::counter!("lh_nats_connection_events_total",
+                    "service" => service.clone(), "event" => label)
+                .increment(1);
+                if let Some(up) = connected_after(&event) {
+                    metrics::gauge!("lh_nats_connected", "service" => service.clone())
+                        .set(if up { 1.0 } else { 0.0 });
+                }
                 match event {
                     async_nats::Event::Connected => connected.send_modify(|n| *n += 1),
                     async_nats::Event::Disconnected => {
@@ -782,6 +861,13 @@ impl Bus {
             .map_err(js_err)?;
         let info = stream.info().await.map_err(js_err)?;
         Ok((info.state.bytes, info.config.max_bytes.max(0) as u64))
+    }
+
+    /// What a stream holds and how its replicas keep up, as the server
+    /// reports it.
+    pub async fn stream_figures(&self, name: &str) -> Result<StreamFigures> {
+        let mut stream = self.js.get_stream(name).await.map_err(js_err)?;
+        Ok(StreamFigures::of(stream.info().await.map_err(js_err)?))
     }
 
     /// The business log's config as the server reports it.

@@ -86,6 +86,26 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "lh_events_stream_fill_ratio",
         "How full the event log is: its bytes over its limit (0 to 1).",
     ),
+    (
+        "lh_stream_messages",
+        "Messages a JetStream stream holds, by stream.",
+    ),
+    (
+        "lh_stream_bytes",
+        "Bytes a JetStream stream holds, by stream.",
+    ),
+    (
+        "lh_stream_consumers",
+        "Consumers reading a JetStream stream, by stream.",
+    ),
+    (
+        "lh_stream_replicas_current",
+        "Followers of a JetStream stream up to date with its leader, by stream.",
+    ),
+    (
+        "lh_stream_replicas_lagging",
+        "Followers of a JetStream stream behind its leader or offline, by stream.",
+    ),
 ];
 
 /// Name of this service: its NATS connection, its actor, its RPC queue group.
@@ -512,7 +532,8 @@ const LOG_FILL_CHECK: Duration = Duration::from_secs(60);
 /// `lh_events_stream_max_bytes`, and their ratio for alerts,
 /// `lh_events_stream_fill_ratio`) and warns while it is past
 /// [`lh_bus::EVENTS_FILL_WARNING`] of its limit: at the limit it refuses
-/// appends. The audit service does it because it reads the whole log anyway.
+/// appends. The audit service does it because it reads the whole log anyway;
+/// it shows both streams' figures (`lh_stream_*{stream}`) alongside.
 async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
     let mut every = tokio::time::interval(LOG_FILL_CHECK);
     loop {
@@ -520,6 +541,19 @@ async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
         let Ok((bytes, max_bytes)) = bus.events_fill().await else {
             continue;
         };
+        for stream in [subject::EVENTS_STREAM, subject::TELEMETRY_STREAM] {
+            if let Ok(figures) = bus.stream_figures(stream).await {
+                metrics::gauge!("lh_stream_messages", "stream" => stream)
+                    .set(figures.messages as f64);
+                metrics::gauge!("lh_stream_bytes", "stream" => stream).set(figures.bytes as f64);
+                metrics::gauge!("lh_stream_consumers", "stream" => stream)
+                    .set(figures.consumers as f64);
+                metrics::gauge!("lh_stream_replicas_current", "stream" => stream)
+                    .set(figures.replicas_current as f64);
+                metrics::gauge!("lh_stream_replicas_lagging", "stream" => stream)
+                    .set(figures.replicas_lagging as f64);
+            }
+        }
         metrics::gauge!("lh_events_stream_bytes").set(bytes as f64);
         metrics::gauge!("lh_events_stream_max_bytes").set(max_bytes as f64);
         if max_bytes > 0 {

@@ -1035,8 +1035,14 @@ fn scrape_target_mismatches(compose: &Value, prometheus: &Value) -> Vec<String> 
                 problems.push(format!("job {name}: {host} is no compose service"));
                 continue;
             };
+            let image = str_at(service, &["image"]).unwrap_or_default();
+            let exporter_port = COMPOSE_EXPORTERS
+                .iter()
+                .find(|(prefix, _)| image.starts_with(prefix))
+                .map(|(_, port)| format!("0.0.0.0:{port}"));
             let listen = str_at(service, &["environment", "LH_METRICS_ADDR"])
-                .or_else(|| str_at(service, &["environment", "LH_HTTP_ADDR"]));
+                .or_else(|| str_at(service, &["environment", "LH_HTTP_ADDR"]))
+                .or(exporter_port.as_deref());
             if listen != Some(&format!("0.0.0.0:{port}")) {
                 problems.push(format!(
                     "job {name}: {host} serves /metrics on {listen:?}, not on 0.0.0.0:{port}"
@@ -1049,7 +1055,12 @@ fn scrape_target_mismatches(compose: &Value, prometheus: &Value) -> Vec<String> 
         let name = name.as_str().unwrap();
         let runs_a_service = str_at(service, &["build", "args", "BIN"])
             .is_some_and(|bin| SERVICE_BINARIES.contains(&bin));
-        if runs_a_service && !scraped.contains(name) {
+        let runs_an_exporter = str_at(service, &["image"]).is_some_and(|image| {
+            COMPOSE_EXPORTERS
+                .iter()
+                .any(|(prefix, _)| image.starts_with(prefix))
+        });
+        if (runs_a_service || runs_an_exporter) && !scraped.contains(name) {
             problems.push(format!("no scrape target for compose service {name}"));
         }
     }
@@ -1080,6 +1091,20 @@ fn compose_prometheus_scrapes_every_service_and_grafana_loads_the_dashboards() {
         "{problems:?}"
     );
 
+    // So is an exporter no job scrapes.
+    let mut unscraped = prometheus_yml.clone();
+    unscraped["scrape_configs"]
+        .as_sequence_mut()
+        .unwrap()
+        .retain(|job| str_at(job, &["job_name"]) != Some("postgres"));
+    let problems = scrape_target_mismatches(&compose, &unscraped);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("no scrape target for compose service postgres-exporter")),
+        "{problems:?}"
+    );
+
     let services = &compose["services"];
     let volumes = |name: &str| -> Vec<String> {
         services[name]["volumes"]
@@ -1102,6 +1127,10 @@ fn compose_prometheus_scrapes_every_service_and_grafana_loads_the_dashboards() {
     };
 
     pinned("prometheus", "prom/prometheus");
+    pinned(
+        "postgres-exporter",
+        "quay.io/prometheuscommunity/postgres-exporter",
+    );
     let command: Vec<&str> = services["prometheus"]["command"]
         .as_sequence()
         .into_iter()
@@ -1283,6 +1312,16 @@ fn is_leasehold_container(container: &Value) -> bool {
     str_at(container, &["image"]).is_some_and(|image| image.starts_with("leasehold/"))
 }
 
+/// The named ports of every CloudNativePG instance: PostgreSQL, the
+/// instance manager's status, and its metrics exporter (`cnpg_*` series).
+const CNPG_INSTANCE_PORTS: &[(&str, u16)] =
+    &[("postgresql", 5432), ("status", 8000), ("metrics", 9187)];
+
+/// Compose services running a third-party exporter, by the image they run
+/// (a version tag follows), with the port it serves `/metrics` on.
+const COMPOSE_EXPORTERS: &[(&str, u16)] =
+    &[("quay.io/prometheuscommunity/postgres-exporter:", 9187)];
+
 /// A scrape target: which pod, which port, under which job name.
 #[derive(Debug)]
 struct ScrapeTarget {
@@ -1302,6 +1341,17 @@ fn scrape_targets(docs: &[(PathBuf, Value)]) -> Vec<ScrapeTarget> {
         .filter(|doc| str_at(doc, &["kind"]) == Some("Service"))
         .collect();
     let container_port = |pod: &PodTemplate, port: &Value| -> Option<u16> {
+        if pod.spec.is_null() {
+            // The operator's pods: their ports are its own.
+            return CNPG_INSTANCE_PORTS.iter().find_map(|(name, number)| {
+                let hit = match port {
+                    Value::String(wanted) => wanted == name,
+                    Value::Number(n) => n.as_u64() == Some(u64::from(*number)),
+                    _ => false,
+                };
+                hit.then_some(*number)
+            });
+        }
         containers(pod).iter().find_map(|c| {
             c["ports"]
                 .as_sequence()
@@ -1503,6 +1553,18 @@ fn every_service_is_scraped_once_under_its_job_name() {
         .filter_map(|rest| rest.split('"').next())
         .collect();
     assert!(!named.is_empty(), "the rules name no job");
+
+    // Each PostgreSQL instance's exporter is scraped once, under the job
+    // compose's Prometheus gives postgres_exporter.
+    let targets = scrape_targets(&docs);
+    let postgres: Vec<&ScrapeTarget> = targets
+        .iter()
+        .filter(|t| t.pod == "Cluster/postgres instance")
+        .collect();
+    assert!(
+        matches!(postgres.as_slice(), [t] if t.port == 9187 && t.job == "postgres"),
+        "the CloudNativePG instances are not scraped once on 9187 as job postgres: {postgres:?}"
+    );
     for job in named {
         assert!(
             jobs.contains(job),

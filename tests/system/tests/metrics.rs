@@ -9,10 +9,14 @@
 //! - every Grafana dashboard in `deploy/grafana/dashboards/` parses, has its
 //!   own uid and title, reads the provisioned Prometheus data source, asks
 //!   only for metrics the code records, and each query passes promtool's
-//!   PromQL parser (as a recording rule, Grafana's variables substituted).
+//!   PromQL parser (as a recording rule, Grafana's variables substituted);
+//!   the exporters' metrics they read are listed ([`POSTGRES_EXPORTER_METRICS`],
+//!   [`CNPG_EXPORTER_METRICS`]), and postgres_exporter, run against a real
+//!   PostgreSQL, shows every `pg_*` one of its list.
 //!
-//! promtool comes from `make deps` (Debian's `prometheus` package). A
-//! missing promtool fails the test, it never skips it.
+//! promtool and postgres_exporter come from `make deps` (Debian's
+//! `prometheus` and `prometheus-postgres-exporter` packages). A missing one
+//! fails the test, it never skips it.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -39,6 +43,11 @@ const EXPECTED: &[&str] = &[
     "lh_spot_leases_ended_total",
     "lh_spot_price_cny_per_gigabyte_hour",
     "lh_events_stream_fill_ratio",
+    "lh_nats_connected",
+    "lh_nats_connection_events_total",
+    "lh_stream_messages",
+    "lh_stream_consumers",
+    "lh_stream_replicas_lagging",
     "lh_tenant_lease_seconds_total",
     "lh_tenant_interrupted_lease_seconds_total",
     "lh_node_gpu_health",
@@ -47,16 +56,44 @@ const EXPECTED: &[&str] = &[
     "DCGM_FI_DEV_FB_FREE",
 ];
 
-/// promtool from `PATH`; panics with the fix when it is missing.
-fn promtool() -> PathBuf {
+/// postgres_exporter's metrics (compose's job `postgres`) that dashboards
+/// and alerts may read: the code does not record them, so they are listed
+/// here, and `postgres_exporter_shows_every_pg_metric_the_dashboards_read`
+/// scrapes a real exporter for each. Its stable, default-collector names only.
+const POSTGRES_EXPORTER_METRICS: &[&str] = &[
+    "pg_up",
+    "pg_stat_database_numbackends",
+    "pg_stat_database_xact_commit",
+    "pg_stat_database_deadlocks",
+    "pg_database_size_bytes",
+];
+
+/// CloudNativePG's exporter's metrics (k8s' job `postgres`, from its
+/// default monitoring queries) that dashboards and alerts may read: listed,
+/// not scraped here (it runs inside the operator's instances only).
+const CNPG_EXPORTER_METRICS: &[&str] = &[
+    "cnpg_collector_up",
+    "cnpg_backends_total",
+    "cnpg_pg_stat_database_xact_commit",
+    "cnpg_pg_stat_database_deadlocks",
+    "cnpg_pg_database_size_bytes",
+];
+
+/// A tool from `PATH`, by any of its names; panics with the fix when it is
+/// missing.
+fn tool(names: &[&str], package: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|path| {
         std::env::split_paths(&path)
-            .map(|dir| dir.join("promtool"))
+            .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
             .find(|candidate| candidate.is_file())
     });
     found.unwrap_or_else(|| {
-        panic!("promtool is not installed (not on PATH): run `make deps` (scripts/deps.sh installs Debian's prometheus package)")
+        panic!("{} is not installed (not on PATH): run `make deps` (scripts/deps.sh installs Debian's {package} package)", names[0])
     })
+}
+
+fn promtool() -> PathBuf {
+    tool(&["promtool"], "prometheus")
 }
 
 struct Run {
@@ -345,15 +382,26 @@ fn readable_metric_names() -> BTreeSet<String> {
         names.insert(name);
     }
     names.extend(DCGM_FAMILIES.iter().map(|(name, _, _)| name.to_string()));
+    names.extend(
+        POSTGRES_EXPORTER_METRICS
+            .iter()
+            .chain(CNPG_EXPORTER_METRICS)
+            .map(|name| name.to_string()),
+    );
     names
 }
 
-/// The Leasehold metric names a query reads: identifiers starting `lh_`
-/// or `DCGM_` (Prometheus' own series such as `up` are let through).
+/// Prefixes of the metric names a query is checked for: Leasehold's, the
+/// DCGM-named, and the PostgreSQL exporters' (Prometheus' own series such
+/// as `up` are let through).
+const CHECKED_PREFIXES: &[&str] = &["lh_", "DCGM_", "pg_", "cnpg_"];
+
+/// The metric names a query reads that must be known: identifiers with one
+/// of [`CHECKED_PREFIXES`].
 fn metric_names_in(query: &str) -> Vec<&str> {
     query
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
-        .filter(|word| word.starts_with("lh_") || word.starts_with("DCGM_"))
+        .filter(|word| CHECKED_PREFIXES.iter().any(|p| word.starts_with(p)))
         .collect()
 }
 
@@ -600,6 +648,7 @@ fn the_dashboard_checks_catch_a_wrong_metric_a_wrong_datasource_and_broken_promq
         "histogram_quantile(0.95, sum by (le) (rate(lh_scheduler_queue_wait_seconds_bucket[$__rate_interval])))",
         "max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{Hostname=~\"${node}\"}) and on() up",
         "sum by (tier) (increase(lh_charged_fen_total[$__range])) / 100",
+        "sum(rate(pg_stat_database_xact_commit[$__rate_interval])) or sum(rate(cnpg_pg_stat_database_xact_commit[$__rate_interval]))",
     ];
     let boards = good
         .iter()
@@ -627,6 +676,14 @@ fn the_dashboard_checks_catch_a_wrong_metric_a_wrong_datasource_and_broken_promq
         (
             dashboard("a", "prometheus", "DCGM_FI_DEV_MEM_COPY_UTIL"),
             "DCGM_FI_DEV_MEM_COPY_UTIL is no metric",
+        ),
+        (
+            dashboard("a", "prometheus", "pg_stat_database_blks_hit"),
+            "pg_stat_database_blks_hit is no metric",
+        ),
+        (
+            dashboard("a", "prometheus", "cnpg_pg_replication_lag"),
+            "cnpg_pg_replication_lag is no metric",
         ),
         (
             dashboard("a", "grafana", "lh_scheduler_waiting_leases"),
@@ -658,4 +715,69 @@ fn the_dashboard_checks_catch_a_wrong_metric_a_wrong_datasource_and_broken_promq
         let run = check_promql(&promtool, &exprs);
         assert!(!run.success, "promtool passed {broken}:\n{}", run.output);
     }
+}
+
+/// The metric families a Prometheus text scrape shows, by their `# TYPE`.
+fn families_in(scrape: &str) -> BTreeSet<&str> {
+    scrape
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect()
+}
+
+#[tokio::test]
+async fn postgres_exporter_shows_every_pg_metric_the_dashboards_read() {
+    let exporter = tool(
+        &["prometheus-postgres-exporter", "postgres_exporter"],
+        "prometheus-postgres-exporter",
+    );
+    let postgres = lh_testkit::Postgres::start().await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(&exporter)
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .env(
+            "DATA_SOURCE_NAME",
+            format!("{}?sslmode=disable", postgres.admin_url()),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let scrape = loop {
+        if let Ok(response) = client.get(&url).send().await {
+            let text = response.text().await.unwrap_or_default();
+            // Up once it has reached the server, not only listening.
+            if text.lines().any(|l| l.trim() == "pg_up 1") {
+                break text;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "postgres_exporter did not show pg_up 1 within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    child.kill().await.ok();
+
+    let shown = families_in(&scrape);
+    let missing: Vec<&&str> = POSTGRES_EXPORTER_METRICS
+        .iter()
+        .filter(|name| !shown.contains(**name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "postgres_exporter does not show {missing:?}; it shows:\n{}",
+        shown.iter().copied().collect::<Vec<_>>().join("\n")
+    );
+    // The check can fail: a name the exporter has not is not shown.
+    assert!(!shown.contains("pg_stat_database_commits"));
 }
