@@ -51,7 +51,7 @@ pub async fn events(
 
 /// Calls `each` with every record matching `query` after `after`, page by
 /// page in log order, until a page says it is the last.
-async fn every_record(
+pub(crate) async fn every_record(
     gw: &Gateway,
     query: &[(&'static str, String)],
     mut after: u64,

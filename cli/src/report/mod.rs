@@ -29,7 +29,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::args::{ReportColourBy, ReportDaily};
-use crate::{write_out, CliError, Gateway, Out, EXIT_OK, MAX_PAGES};
+use crate::{write_out, CliError, Gateway, Out, EXIT_OK};
 
 /// Most events one report reads from the log, all types together.
 pub const MAX_REPORT_EVENTS: usize = 1_000_000;
@@ -37,8 +37,6 @@ pub const MAX_REPORT_EVENTS: usize = 1_000_000;
 /// already running at 00:00: a lease started earlier than this and still
 /// running is left out unless it starts again during the day.
 pub const MAX_LOOKBACK_DAYS: i64 = 35;
-/// Records asked per page: the gateway's most.
-const PAGE_RECORDS: &str = "1000";
 /// Least time between two redraws of the progress line.
 const PROGRESS_REDRAW_MILLIS: u64 = 200;
 /// Width of the progress bar, in characters.
@@ -143,56 +141,34 @@ async fn read_type(
     undecodable: &mut usize,
     mut tick: impl FnMut(usize),
 ) -> anyhow::Result<()> {
-    let mut after = 0u64;
-    for _ in 0..MAX_PAGES {
-        let after_text = after.to_string();
-        let mut query = vec![("type", event_type), ("to", to)];
-        if let Some(from) = from {
-            query.push(("from", from));
+    let mut query: Vec<(&'static str, String)> =
+        vec![("type", event_type.to_string()), ("to", to.to_string())];
+    if let Some(from) = from {
+        query.push(("from", from.to_string()));
+    }
+    if let Some(tenant) = tenant {
+        query.push(("tenant_id", tenant.to_string()));
+    }
+    crate::audit_trail::every_record(gw, &query, 0, |record| {
+        let sequence = record.get("sequence").and_then(Value::as_u64);
+        let envelope = record
+            .get("payload")
+            .and_then(|p| serde_json::from_value::<lh_events::Envelope>(p.clone()).ok());
+        match (sequence, envelope) {
+            (Some(sequence), Some(envelope)) => events.push(LoggedEvent { sequence, envelope }),
+            _ => *undecodable += 1,
         }
-        if let Some(tenant) = tenant {
-            query.push(("tenant_id", tenant));
-        }
-        query.push(("after", &after_text));
-        query.push(("limit", PAGE_RECORDS));
-        let page = gw.get(&EVENTS, &query).await?;
-        let bad = |reason: &str| CliError::BadResponse {
-            url: gw.url(&EVENTS, &query).to_string(),
-            reason: reason.to_string(),
-        };
-        let records = page
-            .get("events")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("no `events` array in the page"))?;
-        for record in records {
-            let sequence = record.get("sequence").and_then(Value::as_u64);
-            let envelope = record
-                .get("payload")
-                .and_then(|p| serde_json::from_value::<lh_events::Envelope>(p.clone()).ok());
-            match (sequence, envelope) {
-                (Some(sequence), Some(envelope)) => events.push(LoggedEvent { sequence, envelope }),
-                _ => *undecodable += 1,
-            }
-            if events.len() + *undecodable > MAX_REPORT_EVENTS {
-                return Err(CliError::Usage(format!(
-                    "the day needs more than {MAX_REPORT_EVENTS} events from the log; \
-                     report on one tenant (--tenant)"
-                ))
-                .into());
-            }
+        if events.len() + *undecodable > MAX_REPORT_EVENTS {
+            return Err(CliError::Usage(format!(
+                "the day needs more than {MAX_REPORT_EVENTS} events from the log; \
+                 report on one tenant (--tenant)"
+            ))
+            .into());
         }
         tick(events.len());
-        match page.get("next").and_then(Value::as_u64) {
-            None => return Ok(()),
-            Some(next) if next > after => after = next,
-            Some(_) => return Err(bad("the next page does not move forward").into()),
-        }
-    }
-    Err(CliError::BadResponse {
-        url: gw.url(&EVENTS, &[]).to_string(),
-        reason: format!("still more pages after {MAX_PAGES}"),
-    }
-    .into())
+        Ok(())
+    })
+    .await
 }
 
 fn rfc3339(at: chrono::DateTime<Utc>) -> String {
