@@ -53,10 +53,9 @@ const LEASE_EVENT_TYPES: [&str; 8] = [
     "lease.ended",
     "lease.restated",
 ];
+
 /// Node events read from the log's start to the day's end: the inventory.
 const NODE_EVENT_TYPES: [&str; 2] = ["node.registered", "node.restated"];
-
-const EVENTS: [&str; 3] = ["v1", "audit", "events"];
 
 /// What the output file is, by its extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
