@@ -62,7 +62,7 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Requests refused with a 4xx status (401, 403, 429...), by status.",
     ),    (
         "lh_gateway_usage_samples_skipped_total",
-        "Usage samples not folded at all, by reason (undecodable, wrong_subject).",
+        "Usage samples not folded at all, by reason (undecodable, wrong_subject, unknown_lease, not_placed_here).",
     ),
     (
         "lh_gateway_usage_clock_clamped_total",

@@ -169,11 +169,27 @@ async fn apply_sample(conn: &mut PgConnection, sample: &Sample) -> sqlx::Result<
     if clamped {
         metrics::counter!("lh_gateway_usage_clock_clamped_total").increment(1);
     }
-    let known: Option<Uuid> = sqlx::query_scalar("SELECT tenant_id FROM leases WHERE id = $1")
-        .bind(usage.lease_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let tenant_id = known.or(usage.tenant_id);
+    // Only a lease placed on the publishing node is its to report: a node
+    // (NATS lets it publish under its own subject only) must not write
+    // figures into another node's lease, whichever tenant holds it. A
+    // sample that outruns the lease's placement in the read model is lost
+    // with the rest of what cannot be attributed.
+    let known: Option<(Uuid, Option<String>)> =
+        sqlx::query_as("SELECT tenant_id, node_id FROM leases WHERE id = $1")
+            .bind(usage.lease_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let tenant_id = match known {
+        None => {
+            skipped("unknown_lease");
+            return Ok(());
+        }
+        Some((_, node)) if node.as_deref() != Some(usage.node_id.as_str()) => {
+            skipped("not_placed_here");
+            return Ok(());
+        }
+        Some((tenant_id, _)) => tenant_id,
+    };
     for (n, gpu) in usage.gpus.iter().enumerate() {
         let why = if n >= MAX_GPUS_PER_SAMPLE {
             Some("gpus")
@@ -195,7 +211,7 @@ async fn apply_sample(conn: &mut PgConnection, sample: &Sample) -> sqlx::Result<
                     power_w_sum, last_sequence)
              VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $9, $10, $11, $12, $13)
              ON CONFLICT (lease_id, gpu_uuid, minute) DO UPDATE SET
-                tenant_id = COALESCE(m.tenant_id, EXCLUDED.tenant_id),
+                tenant_id = EXCLUDED.tenant_id,
                 node_id = EXCLUDED.node_id,
                 gpu_index = EXCLUDED.gpu_index,
                 samples = m.samples + 1,

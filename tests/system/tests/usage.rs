@@ -319,8 +319,9 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     let lease = stack
         .running(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
+    let node = lease["node_id"].as_str().unwrap().to_string();
+    let node = node.as_str();
     let lease: Uuid = lease["id"].as_str().unwrap().parse().unwrap();
-    let node = "node-test";
     let uuid = "GPU-test-0";
 
     // Two minutes ago: every sample of it in one minute, all within the
@@ -378,7 +379,7 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     let usage = LeaseUsage {
         lease_id: lease,
         tenant_id: None,
-        node_id: "node-a".into(),
+        node_id: "node-elsewhere".into(),
         at: at(25),
         gpus: vec![gpu(uuid, Some(99), 99, 99, Some(99.0))],
     };
@@ -388,6 +389,16 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     )
     .await
     .unwrap();
+    // A node that does not hold the lease cannot report for it, even on
+    // its own subject: not another tenant's lease, not its own tenant's.
+    publish(
+        &bus,
+        "node-elsewhere",
+        lease,
+        at(30),
+        vec![gpu(uuid, Some(99), 99, 99, Some(99.0))],
+    )
+    .await;
     bus.client().flush().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     usage_caught_up(&stack, &pool).await;
