@@ -35,6 +35,10 @@ pub const MIN_LEASE_LOG_BYTES: u64 = 1024;
 /// How often a running workload's file is checked against its limit, and
 /// the ended ones against their keep time.
 pub const LEASE_LOG_CHECK_SECS: u64 = 30;
+/// How often, at the least, a running workload's file is held to its size
+/// limit: a workload writing as fast as the disk takes can outgrow the limit
+/// by what it writes in this time, not by half a minute of it.
+pub const LEASE_LOG_BOUND_CHECK_MILLIS: u64 = 1000;
 /// The quickest check a policy may ask for (a timer cannot tick at zero).
 pub const MIN_LEASE_LOG_CHECK_MILLIS: u64 = 10;
 /// How long a log is kept after its workload ended, by default.
@@ -91,6 +95,13 @@ impl LeaseLogPolicy {
             .max(Duration::from_millis(MIN_LEASE_LOG_CHECK_MILLIS))
     }
 
+    /// How often a running workload's file is held to its limit: the
+    /// policy's check, at least every [`LEASE_LOG_BOUND_CHECK_MILLIS`].
+    pub fn bound_check_interval(&self) -> Duration {
+        self.check_interval()
+            .min(Duration::from_millis(LEASE_LOG_BOUND_CHECK_MILLIS))
+    }
+
     fn file_limit(&self) -> u64 {
         self.max_file_bytes
             .clamp(MIN_LEASE_LOG_BYTES, MAX_LEASE_LOG_BYTES)
@@ -142,11 +153,18 @@ pub fn open(path: &Path) -> io::Result<File> {
             .mode(0o700)
             .create(dir)?;
     }
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
-        .open(path)
+        .open(path)?;
+    // The same placement started again (after an agent restart) writes on:
+    // its log is no longer ended, so readers follow it and no sweep takes it.
+    let mut meta = read_meta(path);
+    if meta.ended_at_unix_secs.take().is_some() {
+        write_meta(path, &meta)?;
+    }
+    Ok(file)
 }
 
 fn read_meta(log: &Path) -> LogMeta {
@@ -525,6 +543,14 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((done.data.as_str(), done.finished), ("", true));
+        // The same placement started again (an agent restarted it) writes
+        // on, and its log is no longer finished.
+        let mut again = open(&log).unwrap();
+        writeln!(again, "line 100").unwrap();
+        let more = read(&dir(state.path()), &request(lease, end, None, 100))
+            .unwrap()
+            .unwrap();
+        assert_eq!((more.data.as_str(), more.finished), ("line 100\n", false));
         // Another lease, or one never run here: nothing.
         assert!(read(
             &dir(state.path()),

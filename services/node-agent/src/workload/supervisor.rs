@@ -369,7 +369,7 @@ impl Workloads {
         let logs = self.logs;
         tokio::spawn(async move {
             let mut stop_rx = stop_rx;
-            let mut bound_check = tokio::time::interval(logs.check_interval());
+            let mut bound_check = tokio::time::interval(logs.bound_check_interval());
             let stop = loop {
                 tokio::select! {
                     exit = handle.wait() => break Err(exit),
