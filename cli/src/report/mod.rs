@@ -242,11 +242,13 @@ pub async fn read_day(
         }
         // A gateway without the usage API, or one that does not show it to
         // this caller, still lets the leases be drawn.
-        Err(CliError::Api(p)) if p.status == 404 || p.status == 403 => {
-            let why = if p.status == 404 {
-                "the gateway has no usage API"
-            } else {
-                "this key may not read the usage"
+        Err(CliError::Api(p)) if matches!(p.status, 403 | 404 | 422 | 503) => {
+            let why = match p.status {
+                404 => "the gateway has no usage API",
+                403 => "this key may not read the usage",
+                // A fleet whose day holds more points than one answer, or a
+                // database too busy to sum them: the leases still show.
+                _ => "the day's usage could not be read in one answer",
             };
             let _ = writeln!(
                 err,

@@ -91,7 +91,12 @@ pub fn refusal(gpu: &LeaseGpuUsage) -> Option<&'static str> {
     if gpu.index > MAX_GPU_INDEX {
         return Some("index");
     }
-    if gpu.uuid.is_empty() || gpu.uuid.chars().count() > MAX_GPU_UUID_CHARS {
+    // Shown to tenants and printed by the CLI: printable ASCII only, so a
+    // node cannot put terminal escapes in front of them.
+    if gpu.uuid.is_empty()
+        || gpu.uuid.chars().count() > MAX_GPU_UUID_CHARS
+        || !gpu.uuid.chars().all(|c| c.is_ascii_graphic())
+    {
         return Some("uuid");
     }
     None
@@ -335,7 +340,7 @@ mod tests {
     fn figures_no_device_reports_are_refused_by_field() {
         assert_eq!(refusal(&gpu()), None);
         type Spoil = fn(&mut LeaseGpuUsage);
-        let bad: [(Spoil, &str); 7] = [
+        let bad: [(Spoil, &str); 8] = [
             (|g| g.utilization_pct = Some(101), "utilization_pct"),
             (|g| g.temperature_c = Some(201), "temperature_c"),
             (|g| g.power_w = Some(f64::NAN), "power_w"),
@@ -343,6 +348,7 @@ mod tests {
             (|g| g.memory_used_mib = u64::MAX, "memory_used_mib"),
             (|g| g.index = 4096, "index"),
             (|g| g.uuid = String::new(), "uuid"),
+            (|g| g.uuid = "GPU-\u{1b}[2J".into(), "uuid"),
         ];
         for (spoil, field) in bad {
             let mut g = gpu();

@@ -21,6 +21,9 @@ use uuid::Uuid;
 
 use super::{ApiContext, ApiError, Caller};
 
+/// The most time one usage answer may take of the database.
+pub const USAGE_QUERY_TIMEOUT_MILLIS: u64 = 10_000;
+
 /// Most points one answer holds, over all its series; a query that would
 /// give more must ask for a coarser step.
 pub const MAX_USAGE_POINTS: usize = 100_000;
@@ -227,9 +230,19 @@ async fn report(
     window: Window,
     selection: Selection<'_>,
 ) -> Result<UsageReport, ApiError> {
+    // A year of minutes of a large fleet is a lot to sum: one answer gets a
+    // bounded time of the database, so that a few such requests cannot
+    // take it from every other caller.
+    let mut tx = ctx.pool.begin().await?;
+    sqlx::query(&format!(
+        "SET LOCAL statement_timeout = {}",
+        USAGE_QUERY_TIMEOUT_MILLIS
+    ))
+    .execute(&mut *tx)
+    .await?;
     // A tenant's rows must belong to a lease the read model gives it: the
     // tenant a node named is not taken on trust.
-    let rows: Vec<PointRow> = sqlx::query_as(
+    let rows: Result<Vec<PointRow>, sqlx::Error> = sqlx::query_as(
         "SELECT lease_id, gpu_uuid,
                 to_timestamp((extract(epoch FROM minute)::bigint / $3) * $3) AS at,
                 min(tenant_id::text) AS tenant_id, min(node_id) AS node_id,
@@ -262,8 +275,22 @@ async fn report(
     .bind(selection.gpu)
     .bind(selection.tenant)
     .bind(MAX_USAGE_POINTS as i64 + 1)
-    .fetch_all(&ctx.pool)
-    .await?;
+    .fetch_all(&mut *tx)
+    .await;
+    let rows = match rows {
+        // 57014: cancelled by the statement timeout.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("57014") => {
+            return Err(ApiError::unprocessable(
+                format!(
+                    "summing this window took longer than {USAGE_QUERY_TIMEOUT_MILLIS} ms; \
+                     ask for a shorter window, a coarser step, or one node or GPU"
+                ),
+                "step",
+            ));
+        }
+        other => other?,
+    };
+    tx.commit().await?;
     if rows.len() > MAX_USAGE_POINTS {
         return Err(ApiError::unprocessable(
             format!(

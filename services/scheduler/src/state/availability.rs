@@ -97,6 +97,12 @@ impl AvailabilityStats {
 
     /// The lease runs (its first start, or again after an interruption).
     pub fn started(&mut self, lease: Uuid, tenant: Uuid, at: DateTime<Utc>) {
+        // A start dated before the interval it ends (a node's clock, a late
+        // event) must not count that stretch twice.
+        let at = match self.open.get(&lease) {
+            Some((_, Open::Serving(since) | Open::Interrupted(since))) => at.max(*since),
+            None => at,
+        };
         self.close(lease, at);
         self.open.insert(lease, (tenant, Open::Serving(at)));
     }
@@ -170,6 +176,9 @@ mod tests {
         stats.started(lease, tenant, t("10:00:00"));
         let before = stats.up_to(t("10:10:00"))[&tenant];
         assert_eq!(before.owed_ms, 600_000);
+        // A start dated before the open interval counts nothing twice.
+        stats.started(lease, tenant, t("09:59:00"));
+        assert_eq!(stats.up_to(t("10:10:00"))[&tenant], before);
         // Moved at 10:10 from its last billed instant at 10:09: the owed
         // time is unchanged, a minute of it now interrupted.
         stats.interrupted(lease, t("10:09:00"));

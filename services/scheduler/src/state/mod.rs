@@ -394,9 +394,20 @@ impl State {
         self.waiting = waiting;
         self.awaiting_preemption = awaiting_preemption;
         self.restore_spot(spot);
-        // A snapshot from before availability was folded starts it afresh.
-        self.availability =
-            serde_json::from_value(snapshot["availability"].take()).unwrap_or_default();
+        // A snapshot from before availability was folded: the leases
+        // running then owe from their start on, as a replay would find.
+        self.availability = match serde_json::from_value(snapshot["availability"].take()) {
+            Ok(availability) => availability,
+            Err(_) => {
+                let mut availability = availability::AvailabilityStats::default();
+                for lease in self.leases.values() {
+                    if let Some(started_at) = lease.started_at {
+                        availability.started(lease.id, lease.tenant_id, started_at);
+                    }
+                }
+                availability
+            }
+        };
         true
     }
 

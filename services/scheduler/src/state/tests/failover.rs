@@ -349,3 +349,19 @@ fn a_lease_moved_off_a_lost_node_is_counted_interrupted_until_it_runs_again() {
     assert!(restored.restore(s.snapshot()));
     assert_eq!(restored.availability, s.availability);
 }
+
+#[test]
+fn a_snapshot_from_before_availability_counts_its_running_leases_from_their_start() {
+    let t = Uuid::from_u128(1);
+    let l1 = Uuid::from_u128(2);
+    let t0: chrono::DateTime<Utc> = "2026-12-03T10:00:00Z".parse().unwrap();
+    let mut s = given(vec![node("a", 1), tenant(t, 8), request(l1, t, 1)]);
+    settle(&mut s, t0, &Rules::default());
+    s.apply(7000, &env(started(l1, t0)));
+    let mut old = s.snapshot();
+    old.as_object_mut().unwrap().remove("availability");
+    let mut restored = State::default();
+    assert!(restored.restore(old));
+    let time = restored.availability.up_to(t0 + Duration::seconds(60))[&t];
+    assert_eq!((time.owed_ms, time.interrupted_ms), (60_000, 0));
+}
