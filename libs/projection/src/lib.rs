@@ -42,6 +42,10 @@ pub const METRICS: &[(&str, &str)] = &[(
 pub const MAX_POOL_CONNECTIONS: u32 = 16;
 /// Most events one projection transaction applies when a backlog waits.
 pub const MAX_EVENTS_PER_TRANSACTION: usize = 256;
+/// Most events one transaction of a [`replay`] applies. No reader waits on
+/// a schema being filled, so its batches are larger than a live runner's:
+/// fewer commits, and more leases per multi-row statement.
+pub const MAX_EVENTS_PER_REPLAY_TRANSACTION: usize = 4096;
 /// Longest a caller waits for a connection of the pool. A healthy pool
 /// hands one out in milliseconds; past this the database is out of reach or
 /// overloaded, and an API answers 503 rather than hang.
@@ -645,7 +649,7 @@ pub async fn replay<P: Projector>(
         }
         let last = item.pending() == 0 || item.sequence() == head;
         batch.push(item);
-        if batch.len() == MAX_EVENTS_PER_TRANSACTION || last {
+        if batch.len() == MAX_EVENTS_PER_REPLAY_TRANSACTION || last {
             apply_batch(pool, projector, &batch).await?;
             for item in batch.drain(..) {
                 reached = item.sequence();
