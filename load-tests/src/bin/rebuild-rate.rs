@@ -16,11 +16,9 @@
 //! compared with the live ones row for row. Exits non-zero when a table
 //! differs.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_nats::jetstream::context::PublishAckFuture;
 use chrono::Utc;
 use clap::Parser;
 use lh_bus::{Bus, BusConfig};
@@ -51,50 +49,6 @@ struct Args {
     /// Publishes whose acknowledgement may be outstanding at once.
     #[arg(long, default_value_t = 2048)]
     max_in_flight: usize,
-}
-
-/// Appends events without waiting for each acknowledgement: the oldest is
-/// awaited once `max_in_flight` are outstanding.
-struct Appender {
-    js: async_nats::jetstream::Context,
-    in_flight: VecDeque<PublishAckFuture>,
-    max_in_flight: usize,
-}
-
-impl Appender {
-    async fn append(&mut self, envelope: &Envelope) -> anyhow::Result<()> {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            envelope.id.to_string().as_str(),
-        );
-        headers.insert(lh_bus::EVENT_TYPE_HEADER, envelope.event_type.as_str());
-        let ack = self
-            .js
-            .publish_with_headers(envelope.subject(), headers, envelope.to_json().into())
-            .await
-            .context("publishing")?;
-        self.in_flight.push_back(ack);
-        while self.in_flight.len() >= self.max_in_flight {
-            self.settle_oldest().await?;
-        }
-        Ok(())
-    }
-
-    async fn settle_oldest(&mut self) -> anyhow::Result<()> {
-        if let Some(ack) = self.in_flight.pop_front() {
-            let ack = ack.await.context("acknowledgement")?;
-            anyhow::ensure!(!ack.duplicate, "an event was taken for a duplicate");
-        }
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> anyhow::Result<()> {
-        while !self.in_flight.is_empty() {
-            self.settle_oldest().await?;
-        }
-        Ok(())
-    }
 }
 
 /// One whole lease: its life and the charges of its run.
@@ -159,11 +113,7 @@ fn lease_events(tenant_id: Uuid, gpu: u32, book: &PriceBookPublished) -> Vec<Env
 async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<u64> {
     lh_pricing::charges::ensure_price_book(bus, Utc::now()).await?;
     let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
-    let mut out = Appender {
-        js: bus.jetstream().clone(),
-        in_flight: VecDeque::new(),
-        max_in_flight: args.max_in_flight.max(1),
-    };
+    let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
     let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
     for &tenant_id in &tenants {
         // The gateway keeps API key digests unique: one of 64 hex digits each.
