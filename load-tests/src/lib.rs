@@ -68,4 +68,63 @@ impl Drop for NatsServer {
     }
 }
 
+/// Appends events straight onto the log without waiting for each
+/// acknowledgement: the oldest is awaited once `max_in_flight` are
+/// outstanding. One connection keeps the order in which they were published.
+pub struct Appender {
+    js: async_nats::jetstream::Context,
+    in_flight: std::collections::VecDeque<async_nats::jetstream::context::PublishAckFuture>,
+    max_in_flight: usize,
+    /// Events appended so far (counting those the caller says the log held).
+    pub appended: usize,
+}
+
+impl Appender {
+    /// An appender on `js`; `appended` counts events already on the log.
+    pub fn new(js: async_nats::jetstream::Context, max_in_flight: usize, appended: usize) -> Self {
+        Appender {
+            js,
+            in_flight: std::collections::VecDeque::new(),
+            max_in_flight: max_in_flight.max(1),
+            appended,
+        }
+    }
+
+    pub async fn append(&mut self, envelope: &lh_events::Envelope) -> anyhow::Result<()> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            envelope.id.to_string().as_str(),
+        );
+        headers.insert(lh_bus::EVENT_TYPE_HEADER, envelope.event_type.as_str());
+        let ack = self
+            .js
+            .publish_with_headers(envelope.subject(), headers, envelope.to_json().into())
+            .await
+            .context("publishing")?;
+        self.in_flight.push_back(ack);
+        self.appended += 1;
+        if self.in_flight.len() >= self.max_in_flight {
+            self.settle_oldest().await?;
+        }
+        Ok(())
+    }
+
+    async fn settle_oldest(&mut self) -> anyhow::Result<()> {
+        if let Some(ack) = self.in_flight.pop_front() {
+            let ack = ack.await.context("acknowledgement")?;
+            anyhow::ensure!(!ack.duplicate, "an event was taken for a duplicate");
+        }
+        Ok(())
+    }
+
+    /// Waits for every outstanding acknowledgement.
+    pub async fn flush(&mut self) -> anyhow::Result<()> {
+        while !self.in_flight.is_empty() {
+            self.settle_oldest().await?;
+        }
+        Ok(())
+    }
+}
+
 pub mod money_month;

@@ -42,6 +42,10 @@ pub const METRICS: &[(&str, &str)] = &[(
 pub const MAX_POOL_CONNECTIONS: u32 = 16;
 /// Most events one projection transaction applies when a backlog waits.
 pub const MAX_EVENTS_PER_TRANSACTION: usize = 256;
+/// Most events one transaction of a [`replay`] applies. No reader waits on
+/// a schema being filled, so its batches are larger than a live runner's:
+/// fewer commits, and more leases per multi-row statement.
+pub const MAX_EVENTS_PER_REPLAY_TRANSACTION: usize = 4096;
 /// Longest a caller waits for a connection of the pool. A healthy pool
 /// hands one out in milliseconds; past this the database is out of reach or
 /// overloaded, and an API answers 503 rather than hang.
@@ -87,6 +91,23 @@ pub trait Projector: Send + Sync + 'static {
         conn: &'c mut PgConnection,
         event: &'c Stored,
     ) -> BoxFuture<'c, sqlx::Result<()>>;
+    /// Applies consecutive events, in stream order, inside the caller's
+    /// transaction, to the same rows [`Projector::apply`] one by one would
+    /// leave. A backlog (a rebuild, a catch-up) is mostly such runs: a
+    /// projector that folds a run into a few statements saves a round trip
+    /// to the database per event.
+    fn apply_batch<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        events: &'c [&'c Stored],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            for event in events {
+                self.apply(&mut *conn, event).await?;
+            }
+            Ok(())
+        })
+    }
     /// The stream its [`Projector::filters`] are on.
     fn stream(&self) -> Stream {
         Stream::Events
@@ -490,25 +511,21 @@ async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Item]
     if committed >= last.sequence() {
         return Ok(());
     }
+    let mut run: Vec<&Stored> = Vec::new();
     for item in events.iter().filter(|e| e.sequence() > committed) {
         match item {
-            Item::Log(FeedItem::Event(event)) => {
-                // One request reads as one trace, its read models included.
-                let span = tracing::info_span!(
-                    "lh.project",
-                    projection = projector.name(),
-                    event = event.envelope.event_type.as_str(),
-                    sequence = event.sequence,
-                );
-                lh_bus::continue_trace(&span, event.trace_parent.as_deref());
-                projector.apply(&mut tx, event).instrument(span).await?
-            }
+            Item::Log(FeedItem::Event(event)) => run.push(event),
             Item::Log(FeedItem::Skipped(skipped)) => {
+                apply_run(&mut tx, projector, &mut run).await?;
                 record_skip(&mut tx, projector.name(), skipped).await?
             }
-            Item::Sample(sample) => projector.apply_sample(&mut tx, sample).await?,
+            Item::Sample(sample) => {
+                apply_run(&mut tx, projector, &mut run).await?;
+                projector.apply_sample(&mut tx, sample).await?
+            }
         }
     }
+    apply_run(&mut tx, projector, &mut run).await?;
     sqlx::query(
         "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
@@ -518,6 +535,41 @@ async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Item]
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    Ok(())
+}
+
+/// Applies a run of consecutive events and empties it.
+async fn apply_run<P: Projector>(
+    conn: &mut PgConnection,
+    projector: &P,
+    run: &mut Vec<&Stored>,
+) -> Result<()> {
+    match run.as_slice() {
+        [] => {}
+        [event] => {
+            // One request reads as one trace, its read models included.
+            let span = tracing::info_span!(
+                "lh.project",
+                projection = projector.name(),
+                event = event.envelope.event_type.as_str(),
+                sequence = event.sequence,
+            );
+            lh_bus::continue_trace(&span, event.trace_parent.as_deref());
+            projector.apply(conn, event).instrument(span).await?
+        }
+        [first, .., last] => {
+            // A backlog: many requests' events, no one trace to join.
+            let span = tracing::info_span!(
+                "lh.project_batch",
+                projection = projector.name(),
+                events = run.len(),
+                first_sequence = first.sequence,
+                last_sequence = last.sequence,
+            );
+            projector.apply_batch(conn, run).instrument(span).await?
+        }
+    }
+    run.clear();
     Ok(())
 }
 
@@ -597,7 +649,7 @@ pub async fn replay<P: Projector>(
         }
         let last = item.pending() == 0 || item.sequence() == head;
         batch.push(item);
-        if batch.len() == MAX_EVENTS_PER_TRANSACTION || last {
+        if batch.len() == MAX_EVENTS_PER_REPLAY_TRANSACTION || last {
             apply_batch(pool, projector, &batch).await?;
             for item in batch.drain(..) {
                 reached = item.sequence();

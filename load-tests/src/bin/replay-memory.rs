@@ -24,13 +24,11 @@
 //! log first, as the baseline. Exits non-zero when a service does not catch
 //! up.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_nats::jetstream::context::PublishAckFuture;
 use chrono::Utc;
 use clap::Parser;
 use lh_bus::{Bus, BusConfig};
@@ -78,53 +76,6 @@ struct Args {
     /// How long one service may take to catch up, seconds.
     #[arg(long, default_value_t = 1200)]
     catch_up_limit_secs: u64,
-}
-
-/// Appends events without waiting for each acknowledgement: the oldest is
-/// awaited once `max_in_flight` are outstanding. One connection keeps the
-/// order in which they were published.
-struct Appender {
-    js: async_nats::jetstream::Context,
-    in_flight: VecDeque<PublishAckFuture>,
-    max_in_flight: usize,
-    appended: usize,
-}
-
-impl Appender {
-    async fn append(&mut self, envelope: &Envelope) -> anyhow::Result<()> {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            envelope.id.to_string().as_str(),
-        );
-        headers.insert(lh_bus::EVENT_TYPE_HEADER, envelope.event_type.as_str());
-        let ack = self
-            .js
-            .publish_with_headers(envelope.subject(), headers, envelope.to_json().into())
-            .await
-            .context("publishing")?;
-        self.in_flight.push_back(ack);
-        self.appended += 1;
-        if self.in_flight.len() >= self.max_in_flight {
-            self.settle_oldest().await?;
-        }
-        Ok(())
-    }
-
-    async fn settle_oldest(&mut self) -> anyhow::Result<()> {
-        if let Some(ack) = self.in_flight.pop_front() {
-            let ack = ack.await.context("acknowledgement")?;
-            anyhow::ensure!(!ack.duplicate, "an event was taken for a duplicate");
-        }
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> anyhow::Result<()> {
-        while !self.in_flight.is_empty() {
-            self.settle_oldest().await?;
-        }
-        Ok(())
-    }
 }
 
 fn node_id(n: usize) -> String {
@@ -292,13 +243,8 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<Written> {
     let start = Instant::now();
     lh_pricing::charges::ensure_price_book(bus, Utc::now()).await?;
     let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
-    let mut out = Appender {
-        js: bus.jetstream().clone(),
-        in_flight: VecDeque::new(),
-        max_in_flight: args.max_in_flight.max(1),
-        // The price book, appended on this fresh log by ensure_price_book.
-        appended: 1,
-    };
+    // The price book, appended on this fresh log by ensure_price_book.
+    let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
     let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
     let slots = args.nodes * GPUS_PER_NODE as usize;
     // Every tenant may hold its share of the whole fleet at once.

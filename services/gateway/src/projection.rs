@@ -33,6 +33,274 @@ impl Projector for GatewayProjection {
     ) -> BoxFuture<'c, sqlx::Result<()>> {
         Box::pin(apply(conn, event))
     }
+
+    fn apply_batch<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        events: &'c [&'c Stored],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(apply_batch(conn, events))
+    }
+}
+
+/// Most leases one multi-row statement writes.
+const MAX_LEASES_PER_STATEMENT: usize = 1024;
+
+/// A lease's life as a backlog holds it most: these fold into one
+/// statement per kind for many leases at once.
+fn lease_of_common_event(event: &Stored) -> Option<uuid::Uuid> {
+    match &event.envelope.data {
+        EventData::LeaseRequested(e) => Some(e.lease_id),
+        EventData::LeasePlaced(e) => Some(e.lease_id),
+        EventData::LeaseStarted(e) => Some(e.lease_id),
+        EventData::LeaseEnded(e) => Some(e.lease_id),
+        _ => None,
+    }
+}
+
+/// Applies a run of events as [`apply`] one by one would. A lease's row
+/// depends only on that lease's events, in order, so the common lease
+/// events are dealt out in waves: the n-th event of each lease in the run
+/// goes to wave n, and a wave (one event per lease at most) is written
+/// with one statement per kind. Any other event first writes the waves
+/// dealt so far and is then applied on its own.
+async fn apply_batch(conn: &mut PgConnection, events: &[&Stored]) -> sqlx::Result<()> {
+    let mut waves: Vec<Vec<&Stored>> = Vec::new();
+    let mut wave_of: std::collections::HashMap<uuid::Uuid, usize> =
+        std::collections::HashMap::new();
+    for &event in events {
+        match lease_of_common_event(event) {
+            Some(lease_id) => {
+                let next = wave_of.entry(lease_id).or_insert(0);
+                if waves.len() <= *next {
+                    waves.push(Vec::new());
+                }
+                waves[*next].push(event);
+                *next += 1;
+            }
+            None => {
+                write_waves(conn, &mut waves).await?;
+                wave_of.clear();
+                apply(conn, event).await?;
+            }
+        }
+    }
+    write_waves(conn, &mut waves).await
+}
+
+async fn write_waves(conn: &mut PgConnection, waves: &mut Vec<Vec<&Stored>>) -> sqlx::Result<()> {
+    for wave in waves.drain(..) {
+        for chunk in wave.chunks(MAX_LEASES_PER_STATEMENT) {
+            write_wave(conn, chunk).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One statement per kind of event in `wave`, whose events are each on a
+/// lease of their own.
+async fn write_wave(conn: &mut PgConnection, wave: &[&Stored]) -> sqlx::Result<()> {
+    let mut requested = Vec::new();
+    let mut placed = Vec::new();
+    let mut started = Vec::new();
+    let mut ended = Vec::new();
+    for &event in wave {
+        match &event.envelope.data {
+            EventData::LeaseRequested(e) => requested.push((event, e)),
+            EventData::LeasePlaced(e) => placed.push((event, e)),
+            EventData::LeaseStarted(e) => started.push((event, e)),
+            EventData::LeaseEnded(e) => ended.push((event, e)),
+            _ => apply_event(conn, event).await?,
+        }
+    }
+    if !requested.is_empty() {
+        insert_requested(conn, &requested).await?;
+    }
+    if !placed.is_empty() {
+        update_placed(conn, &placed).await?;
+    }
+    if !started.is_empty() {
+        update_started(conn, &started).await?;
+    }
+    if !ended.is_empty() {
+        update_ended(conn, &ended).await?;
+    }
+    Ok(())
+}
+
+async fn insert_requested(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeaseRequested)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let tenants: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.tenant_id).collect();
+    let gpus: Vec<i32> = events.iter().map(|(_, e)| e.gpus as i32).collect();
+    let models: Vec<&str> = events.iter().map(|(_, e)| e.gpu_model.as_str()).collect();
+    let tiers: Vec<&str> = events.iter().map(|(_, e)| e.tier.as_str()).collect();
+    let idempotency: Vec<Option<&str>> = events
+        .iter()
+        .map(|(_, e)| e.idempotency_key.as_deref())
+        .collect();
+    let created: Vec<chrono::DateTime<chrono::Utc>> =
+        events.iter().map(|(s, _)| s.envelope.occurred_at).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    let priorities: Vec<i32> = events.iter().map(|(_, e)| e.priority).collect();
+    let fractions: Vec<Option<serde_json::Value>> = events
+        .iter()
+        .map(|(_, e)| {
+            e.fraction
+                .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb}))
+        })
+        .collect();
+    let mig_profiles: Vec<Option<&str>> = events
+        .iter()
+        .map(|(_, e)| e.mig_profile.as_deref())
+        .collect();
+    let workloads: Vec<Option<serde_json::Value>> = events
+        .iter()
+        .map(|(_, e)| e.workload.as_ref().map(workload_view))
+        .collect();
+    let spots: Vec<Option<serde_json::Value>> = events.iter().map(|(_, e)| spot_terms(e)).collect();
+    let constraints: Vec<Option<serde_json::Value>> =
+        events.iter().map(|(_, e)| constraints(e)).collect();
+    sqlx::query(
+        "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
+                             created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile,
+                             workload, spot, constraints)
+         SELECT id, tenant_id, 'requested', gpus, gpu_model, tier, idempotency_key,
+                created_at, seq, seq, priority, gpu_fraction, mig_profile, workload, spot, constraints
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::int4[], $4::text[], $5::text[], $6::text[],
+                     $7::timestamptz[], $8::int8[], $9::int4[], $10::jsonb[], $11::text[],
+                     $12::jsonb[], $13::jsonb[], $14::jsonb[])
+              AS u(id, tenant_id, gpus, gpu_model, tier, idempotency_key, created_at, seq, priority,
+                   gpu_fraction, mig_profile, workload, spot, constraints)
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(ids)
+    .bind(tenants)
+    .bind(gpus)
+    .bind(models)
+    .bind(tiers)
+    .bind(idempotency)
+    .bind(created)
+    .bind(seqs)
+    .bind(priorities)
+    .bind(fractions)
+    .bind(mig_profiles)
+    .bind(workloads)
+    .bind(spots)
+    .bind(constraints)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn update_placed(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeasePlaced)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let nodes: Vec<&str> = events.iter().map(|(_, e)| e.node_id.as_str()).collect();
+    let zones: Vec<&str> = events.iter().map(|(_, e)| e.zone.as_str()).collect();
+    let uuids: Vec<serde_json::Value> = events
+        .iter()
+        .map(|(_, e)| serde_json::json!(e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>()))
+        .collect();
+    let indices: Vec<serde_json::Value> = events
+        .iter()
+        .map(|(_, e)| serde_json::json!(e.gpus.iter().map(|g| g.index).collect::<Vec<_>>()))
+        .collect();
+    let at: Vec<chrono::DateTime<chrono::Utc>> =
+        events.iter().map(|(s, _)| s.envelope.occurred_at).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    let mig: Vec<Option<serde_json::Value>> = events
+        .iter()
+        .map(|(_, e)| {
+            e.gpus
+                .first()
+                .and_then(|g| g.mig_instance.as_ref())
+                .map(|m| serde_json::json!({"profile": m.profile, "start": m.start}))
+        })
+        .collect();
+    sqlx::query(
+        "UPDATE leases l SET state = 'placed', node_id = u.node_id, zone = u.zone, gpu_uuids = u.gpu_uuids,
+                gpu_indices = u.gpu_indices, queued_reason = NULL, queue_position = NULL,
+                placed_at = u.placed_at, last_sequence = u.seq, mig_instance = u.mig_instance
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::timestamptz[],
+                     $7::int8[], $8::jsonb[])
+              AS u(id, node_id, zone, gpu_uuids, gpu_indices, placed_at, seq, mig_instance)
+         WHERE l.id = u.id AND l.state IN ('requested', 'queued')",
+    )
+    .bind(ids)
+    .bind(nodes)
+    .bind(zones)
+    .bind(uuids)
+    .bind(indices)
+    .bind(at)
+    .bind(seqs)
+    .bind(mig)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn update_started(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeaseStarted)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let at: Vec<chrono::DateTime<chrono::Utc>> = events.iter().map(|(_, e)| e.started_at).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    sqlx::query(
+        "UPDATE leases l SET state = 'running', started_at = COALESCE(l.started_at, u.started_at),
+                last_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::int8[]) AS u(id, started_at, seq)
+         WHERE l.id = u.id AND l.state = 'placed'",
+    )
+    .bind(ids)
+    .bind(at)
+    .bind(seqs)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn update_ended(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeaseEnded)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let at: Vec<chrono::DateTime<chrono::Utc>> = events.iter().map(|(_, e)| e.ended_at).collect();
+    let reasons: Vec<Option<String>> = events.iter().map(|(_, e)| end_reason(e)).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    let failures: Vec<Option<String>> = events.iter().map(|(_, e)| failure(e)).collect();
+    sqlx::query(
+        "UPDATE leases l SET state = 'ended', ended_at = u.ended_at, end_reason = u.end_reason,
+                queued_reason = NULL, queue_position = NULL, last_sequence = u.seq, failure = u.failure
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int8[], $5::text[])
+              AS u(id, ended_at, end_reason, seq, failure)
+         WHERE l.id = u.id",
+    )
+    .bind(ids)
+    .bind(at)
+    .bind(reasons)
+    .bind(seqs)
+    .bind(failures)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn end_reason(e: &lh_events::LeaseEnded) -> Option<String> {
+    serde_json::to_value(e.reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+}
+
+fn failure(e: &lh_events::LeaseEnded) -> Option<String> {
+    e.failure
+        .and_then(|f| serde_json::to_value(f).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
 }
 
 async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
@@ -384,13 +652,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .await?;
         }
         EventData::LeaseEnded(e) => {
-            let reason = serde_json::to_value(e.reason)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string));
-            let failure = e
-                .failure
-                .and_then(|f| serde_json::to_value(f).ok())
-                .and_then(|v| v.as_str().map(str::to_string));
+            let reason = end_reason(e);
+            let failure = failure(e);
             sqlx::query(
                 "UPDATE leases SET state = 'ended', ended_at = $2, end_reason = $3,
                         queued_reason = NULL, queue_position = NULL, last_sequence = $4,

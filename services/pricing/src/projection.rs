@@ -112,6 +112,139 @@ impl Projector for InvoiceProjector {
             }
         })
     }
+
+    fn apply_batch<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        events: &'c [&'c Stored],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            // Charges follow each other in a backlog; anything else is
+            // applied on its own, after the charges before it.
+            let mut charges: Vec<(&ChargeAccrued, u64)> = Vec::new();
+            for &event in events {
+                match &event.envelope.data {
+                    EventData::ChargeAccrued(c) => charges.push((c, event.sequence)),
+                    _ => {
+                        insert_charges(&mut *conn, &charges).await?;
+                        charges.clear();
+                        self.apply(&mut *conn, event).await?;
+                    }
+                }
+            }
+            insert_charges(conn, &charges).await
+        })
+    }
+}
+
+/// Most charges one multi-row statement writes.
+const MAX_CHARGES_PER_STATEMENT: usize = 1024;
+
+/// [`insert_charge`] for consecutive charges, a statement for their lines
+/// and one for their drafts. The first of a charge's repeats keeps its line,
+/// as one by one.
+async fn insert_charges(
+    conn: &mut PgConnection,
+    charges: &[(&ChargeAccrued, u64)],
+) -> sqlx::Result<()> {
+    for chunk in charges.chunks(MAX_CHARGES_PER_STATEMENT) {
+        let mut seen = std::collections::HashSet::new();
+        let chunk: Vec<_> = chunk
+            .iter()
+            .filter(|(c, _)| seen.insert(c.charge_id))
+            .collect();
+        sqlx::query(
+            "INSERT INTO invoice_lines (charge_id, tenant_id, period, lease_id, tier, gpus,
+                vram_gb, billed_seconds, unit_price, amount, currency, from_at, to_at,
+                price_book_version, sequence, reservation_id, age_seconds)
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::uuid[], $5::text[],
+                $6::int4[], $7::int4[], $8::int8[], $9::numeric[], $10::numeric[], $11::text[],
+                $12::timestamptz[], $13::timestamptz[], $14::int4[], $15::int8[], $16::uuid[],
+                $17::int8[])
+             ON CONFLICT (charge_id) DO NOTHING",
+        )
+        .bind(chunk.iter().map(|(c, _)| c.charge_id).collect::<Vec<_>>())
+        .bind(chunk.iter().map(|(c, _)| c.tenant_id).collect::<Vec<_>>())
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.period.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(chunk.iter().map(|(c, _)| c.lease_id).collect::<Vec<_>>())
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.tier.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(chunk.iter().map(|(c, _)| c.gpus as i32).collect::<Vec<_>>())
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.vram_gb as i32)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.billed_seconds as i64)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.unit_price_cny_per_gb_hour)
+                .collect::<Vec<_>>(),
+        )
+        .bind(chunk.iter().map(|(c, _)| c.amount).collect::<Vec<_>>())
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.currency.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(chunk.iter().map(|(c, _)| c.from).collect::<Vec<_>>())
+        .bind(chunk.iter().map(|(c, _)| c.to).collect::<Vec<_>>())
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.price_book_version as i32)
+                .collect::<Vec<_>>(),
+        )
+        .bind(chunk.iter().map(|(_, s)| *s as i64).collect::<Vec<_>>())
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.reservation_id)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            chunk
+                .iter()
+                .map(|(c, _)| c.age_seconds.map(|s| s.min(i64::MAX as u64) as i64))
+                .collect::<Vec<_>>(),
+        )
+        .execute(&mut *conn)
+        .await?;
+        let mut drafts = std::collections::BTreeMap::new();
+        for (c, _) in &chunk {
+            drafts
+                .entry(invoice_id(c.tenant_id, &c.period))
+                .or_insert((c.tenant_id, c.period.as_str()));
+        }
+        sqlx::query(
+            "INSERT INTO invoice_drafts (id, tenant_id, period)
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[])
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(drafts.keys().copied().collect::<Vec<_>>())
+        .bind(drafts.values().map(|(t, _)| *t).collect::<Vec<_>>())
+        .bind(drafts.values().map(|(_, p)| *p).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 async fn insert_charge(
