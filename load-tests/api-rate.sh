@@ -2,7 +2,7 @@
 # The gateway's read path against its own /healthz, side by side in one
 # run (wrk, 32 connections): prints req/s, p99 and each read's ratio.
 #
-#   load-tests/api-rate.sh [SECONDS]        (default 10 per route)
+#   load-tests/api-rate.sh [SECONDS] [--post] [--perf-dir DIR]   (default 10 s per route)
 #
 # It starts its own platform in one process (nats-server with
 # sync_interval: always and PostgreSQL in temporary directories), so it

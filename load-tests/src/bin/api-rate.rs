@@ -1,7 +1,7 @@
 //! The gateway's read path under load, side by side with its own
 //! `/healthz` in one run: wrk against `/healthz`, `GET /v1/leases/{id}` and
 //! `GET /v1/leases`, printing requests/s, p99 and each read's ratio to
-//! `/healthz`.
+//! `/healthz`; with `--post`, `POST /v1/leases` after them.
 //!
 //! `load-tests/api-rate.sh [SECONDS]`  (builds this in release and runs it)
 //!
@@ -38,6 +38,10 @@ struct Args {
     /// folder (`<n>.perf.data`; `perf report -i ... --sort comm,dso,sym`).
     #[arg(long)]
     perf_dir: Option<std::path::PathBuf>,
+    /// Also runs `POST /v1/leases` (one-GPU leases, most of them queued)
+    /// last, with the tenant's write limits lifted.
+    #[arg(long)]
+    post: bool,
 }
 
 /// What wrk measured of one route.
@@ -58,8 +62,15 @@ async fn main() -> anyhow::Result<()> {
         .arg("--version")
         .output()
         .context("wrk is not installed (apt-get install -y wrk)")?;
-    let stack = Stack::start(FLEET).await;
-    let (_, key) = stack.create_tenant("api-rate", 64).await;
+    let stack = Stack::start_configured(FLEET, |stack| {
+        stack.gateway_limits.writes_per_s = 1_000_000.0;
+        stack.gateway_limits.write_burst = 1_000_000;
+        stack.gateway_limits.max_pending_leases = 1_000_000;
+    })
+    .await;
+    let (_, key) = stack
+        .create_tenant("api-rate", lh_gateway::http::tenants::MAX_QUOTA_GPUS)
+        .await;
     let mut lease_id = String::new();
     for _ in 0..args.leases {
         let (status, lease) = stack
@@ -78,14 +89,29 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let auth = format!("Authorization: Bearer {key}");
-    let routes = [
+    let mut routes = vec![
         ("/healthz".to_string(), None),
         (format!("/v1/leases/{lease_id}"), Some(auth.as_str())),
         ("/v1/leases".to_string(), Some(auth.as_str())),
     ];
+    // wrk posts only through a script.
+    let scripts = tempfile::tempdir()?;
+    let post_script = scripts.path().join("post-lease.lua");
+    std::fs::write(
+        &post_script,
+        "wrk.method = \"POST\"\n\
+         wrk.headers[\"Content-Type\"] = \"application/json\"\n\
+         wrk.body = '{\"gpus\": 1, \"gpu_model\": \"A100-40GB\", \"tier\": \"basic\"}'\n",
+    )?;
+    if args.post {
+        routes.push(("POST /v1/leases".to_string(), Some(auth.as_str())));
+    }
     let mut rates = Vec::new();
     for (n, (path, header)) in routes.iter().enumerate() {
-        let url = format!("{}{}", stack.gateway_url, path);
+        let (url, script) = match path.strip_prefix("POST ") {
+            Some(path) => (format!("{}{}", stack.gateway_url, path), Some(&post_script)),
+            None => (format!("{}{}", stack.gateway_url, path), None),
+        };
         let perf = match &args.perf_dir {
             Some(dir) => Some(
                 Command::new("perf")
@@ -97,7 +123,7 @@ async fn main() -> anyhow::Result<()> {
             ),
             None => None,
         };
-        let rate = tokio::task::block_in_place(|| wrk(&args, &url, *header))?;
+        let rate = tokio::task::block_in_place(|| wrk(&args, &url, *header, script))?;
         if let Some(mut perf) = perf {
             perf.wait()?;
         }
@@ -128,7 +154,12 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Runs wrk against `url`; its rate, p99 and non-2xx/socket-error count.
-fn wrk(args: &Args, url: &str, header: Option<&str>) -> anyhow::Result<Rate> {
+fn wrk(
+    args: &Args,
+    url: &str,
+    header: Option<&str>,
+    script: Option<&std::path::PathBuf>,
+) -> anyhow::Result<Rate> {
     let mut cmd = Command::new("wrk");
     cmd.args([
         format!("-t{}", args.threads),
@@ -138,6 +169,9 @@ fn wrk(args: &Args, url: &str, header: Option<&str>) -> anyhow::Result<Rate> {
     ]);
     if let Some(h) = header {
         cmd.args(["-H", h]);
+    }
+    if let Some(script) = script {
+        cmd.arg("-s").arg(script);
     }
     let out = cmd.arg(url).output().context("running wrk")?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
