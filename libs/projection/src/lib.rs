@@ -429,6 +429,22 @@ pub async fn run<P: Projector>(
     shutdown: impl std::future::Future<Output = ()>,
     on_progress: impl FnOnce(Progress),
 ) -> Result<()> {
+    run_observed(bus, pool, projector, shutdown, on_progress, |_| {}).await
+}
+
+/// [`run`], telling `on_committed` the subject of every message of the log
+/// once the tables reflect it (applied by this runner or by another one of
+/// the same projection), and before [`Progress::applied`] says so: a cache
+/// of what the tables hold can forget what changed before anyone waiting
+/// for that sequence reads again.
+pub async fn run_observed<P: Projector>(
+    bus: &Bus,
+    pool: &PgPool,
+    projector: &P,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_progress: impl FnOnce(Progress),
+    mut on_committed: impl FnMut(&str),
+) -> Result<()> {
     let name = projector.name();
     let (stalled_tx, stalled_rx) = watch::channel(false);
     tokio::pin!(shutdown);
@@ -484,6 +500,13 @@ pub async fn run<P: Projector>(
         .await;
         if applied.is_none() {
             return Ok(());
+        }
+        for item in &batch {
+            match item {
+                Item::Log(FeedItem::Event(event)) => on_committed(&event.subject),
+                Item::Log(FeedItem::Skipped(skipped)) => on_committed(&skipped.subject),
+                Item::Sample(_) => {}
+            }
         }
         let last = batch.last().expect("a batch holds an event");
         applied_tx.send_replace(last.sequence());

@@ -9,6 +9,7 @@ pub mod oidc;
 pub mod principals;
 pub mod projection;
 pub mod seal;
+pub mod tenant_keys;
 pub mod usage;
 pub mod workload_env;
 
@@ -231,12 +232,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     )?;
 
     let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
+    let tenant_keys = std::sync::Arc::new(tenant_keys::TenantKeys::default());
     let projection_task = {
         let bus = bus.clone();
         let pool = pool.clone();
         let stop = shutdown.clone();
+        let tenant_keys = tenant_keys.clone();
         tokio::spawn(async move {
-            lh_projection::run(
+            lh_projection::run_observed(
                 &bus,
                 &pool,
                 &projection::GatewayProjection,
@@ -244,6 +247,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 move |p| {
                     let _ = progress_tx.send(p);
                 },
+                |stored_subject| tenant_keys.forget_if_tenant_event(stored_subject),
             )
             .await
         })
@@ -275,6 +279,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         pool,
         progress: progress.clone(),
         principals,
+        tenant_keys,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,

@@ -35,6 +35,9 @@ async fn a_revoked_key_is_refused_once_the_delete_returns() {
     assert_eq!(second["key_id"], 2);
     let second_key = second["api_key"].as_str().unwrap().to_string();
     assert!(second_key.starts_with(second["prefix"].as_str().unwrap()));
+    // The gateway keeps a key it has seen; the revocation must reach it.
+    let (status, _) = stack.call(Method::GET, "/v1/leases", &first, None).await;
+    assert_eq!(status, 200);
     let (status, revoked) = stack
         .call(Method::DELETE, &format!("{keys}/1"), &second_key, None)
         .await;

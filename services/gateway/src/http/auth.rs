@@ -1,7 +1,8 @@
 //! Who is calling: an operator (the bootstrap admin token, the auditor
 //! token or a named key, see [`crate::principals`]) or a tenant's API key.
 //! Operators are found by their key's hash, tenants by their key's hash in
-//! the read model, so no comparison runs over a secret byte by byte.
+//! the read model (through [`crate::tenant_keys`], which keeps what it
+//! read), so no comparison runs over a secret byte by byte.
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, Method};
@@ -10,6 +11,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::{ApiContext, ApiError};
+use crate::tenant_keys::TenantKey;
 
 /// Who is calling.
 #[derive(Debug, Clone)]
@@ -20,16 +22,6 @@ pub enum Caller {
         id: Uuid,
         max_gpus: u32,
     },
-}
-
-#[derive(sqlx::FromRow)]
-struct TenantKeyRow {
-    id: Uuid,
-    max_gpus: i32,
-    suspended: bool,
-    key_id: i32,
-    revoked: bool,
-    expired: bool,
 }
 
 impl Caller {
@@ -131,31 +123,40 @@ impl FromRequestParts<ApiContext> for Caller {
                 };
             }
         }
-        let row: Option<TenantKeyRow> = sqlx::query_as(
-            "SELECT t.id, t.max_gpus, t.suspended, k.key_id, k.revoked_at IS NOT NULL AS revoked,
-                    COALESCE(k.expires_at <= now(), FALSE) AS expired
-             FROM tenant_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.sha256 = $1",
-        )
-        .bind(sha256_hex(token))
-        .fetch_optional(&ctx.pool)
-        .await?;
-        let Some(key) = row else {
-            return Err(ApiError::unauthorized("unknown API key"));
+        let sha256 = crate::principals::token_sha256(token);
+        let key = match ctx.tenant_keys.get(&sha256) {
+            Some(key) => key,
+            None => {
+                let generation = ctx.tenant_keys.generation();
+                let row: Option<TenantKey> = sqlx::query_as(
+                    "SELECT t.id AS tenant_id, t.max_gpus, t.suspended, k.key_id,
+                            k.revoked_at IS NOT NULL AS revoked, k.expires_at
+                     FROM tenant_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.sha256 = $1",
+                )
+                .bind(hex::encode(sha256))
+                .fetch_optional(&ctx.pool)
+                .await?;
+                let Some(key) = row else {
+                    return Err(ApiError::unauthorized("unknown API key"));
+                };
+                ctx.tenant_keys.insert(generation, sha256, key.clone());
+                key
+            }
         };
-        named(Actor::Tenant(key.id).principal());
+        named(Actor::Tenant(key.tenant_id).principal());
         if key.revoked {
             return Err(ApiError::unauthorized(format!(
                 "API key {} of this tenant was revoked",
                 key.key_id
             )));
         }
-        if key.expired {
+        if key.expired(chrono::Utc::now()) {
             return Err(ApiError::unauthorized(format!(
                 "API key {} of this tenant has expired",
                 key.key_id
             )));
         }
-        let (id, max_gpus) = (key.id, key.max_gpus);
+        let (id, max_gpus) = (key.tenant_id, key.max_gpus);
         let write = !matches!(parts.method, Method::GET | Method::HEAD);
         if write && key.suspended {
             return Err(ApiError::forbidden(

@@ -49,6 +49,8 @@ pub struct ApiContext {
     pub pool: PgPool,
     pub progress: Progress,
     pub principals: std::sync::Arc<crate::principals::Principals>,
+    /// Tenants' keys as the read model showed them (see [`crate::tenant_keys`]).
+    pub tenant_keys: std::sync::Arc<crate::tenant_keys::TenantKeys>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
     /// Wraps tenants' data keys.

@@ -1,0 +1,175 @@
+//! Tenants' API keys as the read model showed them, kept in memory so that
+//! authenticating a request costs a hash and a map lookup rather than a
+//! database round trip.
+//!
+//! What decides a key's answer (its tenant, quota, suspension, revocation)
+//! changes only through events of the tenant family, so the projection's
+//! runner forgets the whole cache when it has committed any such event and
+//! before its progress says so ([`TenantKeys::forget_if_tenant_event`]): a
+//! caller that waited for a revocation to be read back never finds the key
+//! still cached. A lookup that raced such an event (it read the database
+//! before the commit and returns after the cache was forgotten) does not
+//! put its stale row back: each fill names the generation it read under,
+//! and a forgotten cache has moved on to the next one.
+//!
+//! Unknown keys are not cached: a key issued a moment later must work, and
+//! a flood of wrong keys is bounded by the anonymous request budget.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use chrono::{DateTime, Utc};
+use lh_events::subject;
+use uuid::Uuid;
+
+/// Most keys held at once; when full, the cache starts over (a refill is
+/// one query per key in use).
+pub const MAX_CACHED_API_KEYS: usize = 100_000;
+
+/// What authenticating with one key needs to know.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct TenantKey {
+    pub tenant_id: Uuid,
+    pub max_gpus: i32,
+    pub suspended: bool,
+    pub key_id: i32,
+    pub revoked: bool,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl TenantKey {
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+}
+
+#[derive(Default)]
+struct Cached {
+    /// Moves on each time the cache is forgotten.
+    generation: u64,
+    by_sha256: HashMap<[u8; 32], TenantKey>,
+}
+
+/// The cache shared by the API's handlers and the projection's runner.
+#[derive(Default)]
+pub struct TenantKeys {
+    cached: RwLock<Cached>,
+}
+
+impl std::fmt::Debug for TenantKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantKeys")
+            .field("keys", &self.len())
+            .finish()
+    }
+}
+
+impl TenantKeys {
+    /// The key with this SHA-256, if cached.
+    pub fn get(&self, sha256: &[u8; 32]) -> Option<TenantKey> {
+        self.read().by_sha256.get(sha256).cloned()
+    }
+
+    /// The generation a lookup in the database starts under; pass it to
+    /// [`TenantKeys::insert`] with what the lookup found.
+    pub fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    /// Keeps `key`, unless the cache was forgotten since `generation`
+    /// (the row may predate the event that made it so).
+    pub fn insert(&self, generation: u64, sha256: [u8; 32], key: TenantKey) {
+        let mut cached = self.write();
+        if cached.generation != generation {
+            return;
+        }
+        if cached.by_sha256.len() >= MAX_CACHED_API_KEYS {
+            cached.by_sha256.clear();
+        }
+        cached.by_sha256.insert(sha256, key);
+    }
+
+    /// Forgets every key.
+    pub fn forget_all(&self) {
+        let mut cached = self.write();
+        cached.generation += 1;
+        cached.by_sha256.clear();
+    }
+
+    /// Forgets every key when a message of the tenant family (a key issued
+    /// or revoked, a tenant suspended, resumed, erased, its quota changed,
+    /// one the service could not decode) has been committed.
+    pub fn forget_if_tenant_event(&self, stored_subject: &str) {
+        let family = subject::TENANTS_ALL.trim_end_matches('>');
+        if stored_subject.starts_with(family) {
+            self.forget_all();
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().by_sha256.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    // A panic while holding the lock leaves a map that is still whole (no
+    // method panics half-way), so a poisoned lock is used as it is.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cached> {
+        self.cached.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Cached> {
+        self.cached.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(revoked: bool) -> TenantKey {
+        TenantKey {
+            tenant_id: Uuid::nil(),
+            max_gpus: 4,
+            suspended: false,
+            key_id: 1,
+            revoked,
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn a_fill_that_raced_a_tenant_event_is_not_kept() {
+        let keys = TenantKeys::default();
+        let before = keys.generation();
+        keys.forget_if_tenant_event(&subject::tenant(Uuid::nil()));
+        keys.insert(before, [1; 32], key(false));
+        assert_eq!(keys.get(&[1; 32]), None, "a row read before the event");
+        keys.insert(keys.generation(), [1; 32], key(true));
+        assert_eq!(keys.get(&[1; 32]), Some(key(true)));
+    }
+
+    #[test]
+    fn only_the_tenant_family_forgets_keys() {
+        let keys = TenantKeys::default();
+        keys.insert(keys.generation(), [2; 32], key(false));
+        keys.forget_if_tenant_event(&subject::lease(Uuid::nil()));
+        keys.forget_if_tenant_event(&subject::balance(Uuid::nil()));
+        assert_eq!(keys.len(), 1);
+        keys.forget_if_tenant_event(&format!("{}.x", subject::tenant(Uuid::nil())));
+        assert!(keys.is_empty());
+    }
+
+    #[test]
+    fn a_key_expires_at_its_time() {
+        let now = Utc::now();
+        let mut k = key(false);
+        assert!(!k.expired(now));
+        k.expires_at = Some(now);
+        assert!(k.expired(now));
+        k.expires_at = Some(now + chrono::Duration::seconds(1));
+        assert!(!k.expired(now));
+    }
+}
