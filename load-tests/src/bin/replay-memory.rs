@@ -21,8 +21,14 @@
 //! Then each service binary (next to this one) starts alone against the
 //! log, the time until its `/readyz` answers 200 is its catch-up time, and
 //! its VmRSS and VmHWM are read from /proc. The same is done on an empty
-//! log first, as the baseline. Exits non-zero when a service does not catch
-//! up.
+//! log first, as the baseline. Then each service is killed and started
+//! again on the same log and database; with `--tail-events N` about N more
+//! events are appended while it is down, so the second start is the one a
+//! service meets after a crash: its snapshot (or its projection's offset)
+//! and a tail. Exits non-zero when a service does not catch up.
+//!
+//! Start-up on a year of history:
+//! `target/release/replay-memory --events 3000000 --tail-events 99000 --no-baseline`
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -76,6 +82,18 @@ struct Args {
     /// How long one service may take to catch up, seconds.
     #[arg(long, default_value_t = 1200)]
     catch_up_limit_secs: u64,
+    /// Events appended while a service is down, between its kill and its
+    /// second start: the tail it replays after its snapshot. A decider
+    /// snapshots every 100,000 events, so just under that is the longest
+    /// tail a start can meet.
+    #[arg(long, default_value_t = 0)]
+    tail_events: usize,
+    /// Only these services (by name, comma-separated); all when absent.
+    #[arg(long, value_delimiter = ',')]
+    services: Vec<String>,
+    /// Skip the baseline on an empty log.
+    #[arg(long)]
+    no_baseline: bool,
 }
 
 fn node_id(n: usize) -> String {
@@ -239,70 +257,126 @@ struct Written {
     seconds: f64,
 }
 
-async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<Written> {
-    let start = Instant::now();
-    lh_pricing::charges::ensure_price_book(bus, Utc::now()).await?;
-    let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
-    // The price book, appended on this fresh log by ensure_price_book.
-    let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
-    let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
-    let slots = args.nodes * GPUS_PER_NODE as usize;
-    // Every tenant may hold its share of the whole fleet at once.
-    let max_gpus = (slots / tenants.len() + 1) as u32 * 4;
-    for &tenant_id in &tenants {
-        // The gateway keeps API key digests unique: one of 64 hex digits each.
-        let api_key_sha256 = format!(
-            "{}{}",
-            tenant_id.simple(),
-            derived_id(&["api-key", &tenant_id.to_string()]).simple()
-        );
-        let data = EventData::TenantCreated(TenantCreated {
-            api_key_sha256,
-            ..fixtures::tenant(tenant_id, max_gpus)
-        });
-        out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
+/// The log's writer, kept between the history and the tails appended
+/// later: a tail goes on from the live leases the history left.
+struct LogWriter {
+    out: lh_load_tests::Appender,
+    book: PriceBookPublished,
+    tenants: Vec<Uuid>,
+    nodes: Vec<NodeRegistered>,
+    live: Vec<Option<Lease>>,
+    /// Leases begun so far, which picks the next one's slot and tenant.
+    begun: usize,
+}
+
+impl LogWriter {
+    /// The price book, the tenants and the fleet.
+    async fn start(bus: &Bus, args: &Args) -> anyhow::Result<Self> {
+        lh_pricing::charges::ensure_price_book(bus, Utc::now()).await?;
+        let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
+        // The price book, appended on this fresh log by ensure_price_book.
+        let mut out =
+            lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
+        let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
+        let slots = args.nodes * GPUS_PER_NODE as usize;
+        // Every tenant may hold its share of the whole fleet at once.
+        let max_gpus = (slots / tenants.len() + 1) as u32 * 4;
+        for &tenant_id in &tenants {
+            // The gateway keeps API key digests unique: one of 64 hex digits each.
+            let api_key_sha256 = format!(
+                "{}{}",
+                tenant_id.simple(),
+                derived_id(&["api-key", &tenant_id.to_string()]).simple()
+            );
+            let data = EventData::TenantCreated(TenantCreated {
+                api_key_sha256,
+                ..fixtures::tenant(tenant_id, max_gpus)
+            });
+            out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
+                .await?;
+        }
+        let nodes: Vec<NodeRegistered> = (0..args.nodes).map(node_registered).collect();
+        for node in &nodes {
+            let actor = Actor::Node(node.node_id.clone());
+            out.append(&Envelope::new(
+                actor,
+                Utc::now(),
+                EventData::NodeRegistered(node.clone()),
+            ))
             .await?;
+        }
+        Ok(Self {
+            out,
+            book,
+            tenants,
+            nodes,
+            live: (0..slots).map(|_| None).collect(),
+            begun: 0,
+        })
     }
-    let nodes: Vec<NodeRegistered> = (0..args.nodes).map(node_registered).collect();
-    for node in &nodes {
-        let actor = Actor::Node(node.node_id.clone());
-        out.append(&Envelope::new(
-            actor,
-            Utc::now(),
-            EventData::NodeRegistered(node.clone()),
-        ))
-        .await?;
+
+    /// Begins `leases` more leases, each ending the one before it on its
+    /// slot; returns how many leases ended.
+    async fn leases(&mut self, leases: usize) -> anyhow::Result<usize> {
+        let slots = self.live.len();
+        let mut ended = 0;
+        for _ in 0..leases {
+            let i = self.begun;
+            let slot = i % slots;
+            if let Some(previous) = self.live[slot].take() {
+                for e in previous.finish(&self.book) {
+                    self.out.append(&e).await?;
+                }
+                ended += 1;
+            }
+            let node = self.nodes[slot / GPUS_PER_NODE as usize].clone();
+            let mut lease = Lease::new(
+                self.tenants[i % self.tenants.len()],
+                node,
+                slot as u32 % GPUS_PER_NODE,
+            );
+            for e in lease.begin() {
+                self.out.append(&e).await?;
+            }
+            self.live[slot] = Some(lease);
+            self.begun += 1;
+        }
+        self.out.flush().await?;
+        Ok(ended)
     }
+
+    /// About `events` more events: whole leases, each ending the previous
+    /// one on its slot once every slot has one.
+    async fn events(&mut self, events: usize) -> anyhow::Result<usize> {
+        let slots = self.live.len();
+        let unfilled = slots.saturating_sub(self.begun);
+        let leases = if events <= unfilled * EVENTS_PER_LIVE_LEASE {
+            events / EVENTS_PER_LIVE_LEASE
+        } else {
+            unfilled
+                + (events - unfilled * EVENTS_PER_LIVE_LEASE)
+                    / EVENTS_PER_ENDED_LEASE
+        };
+        self.leases(leases).await
+    }
+}
+
+async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<(LogWriter, Written)> {
+    let start = Instant::now();
+    let mut writer = LogWriter::start(bus, args).await?;
+    let slots = writer.live.len();
     let budget = args
         .events
-        .saturating_sub(out.appended + slots * EVENTS_PER_LIVE_LEASE);
+        .saturating_sub(writer.out.appended + slots * EVENTS_PER_LIVE_LEASE);
     let ended_leases = budget / EVENTS_PER_ENDED_LEASE;
-    let mut live: Vec<Option<Lease>> = (0..slots).map(|_| None).collect();
-    for i in 0..ended_leases + slots {
-        let slot = i % slots;
-        if let Some(previous) = live[slot].take() {
-            for e in previous.finish(&book) {
-                out.append(&e).await?;
-            }
-        }
-        let node = nodes[slot / GPUS_PER_NODE as usize].clone();
-        let mut lease = Lease::new(
-            tenants[i % tenants.len()],
-            node,
-            slot as u32 % GPUS_PER_NODE,
-        );
-        for e in lease.begin() {
-            out.append(&e).await?;
-        }
-        live[slot] = Some(lease);
-    }
-    out.flush().await?;
-    Ok(Written {
-        events: out.appended,
+    writer.leases(ended_leases + slots).await?;
+    let written = Written {
+        events: writer.out.appended,
         ended_leases,
         live_leases: slots,
         seconds: start.elapsed().as_secs_f64(),
-    })
+    };
+    Ok((writer, written))
 }
 
 /// Where the services run: one log, one PostgreSQL.
@@ -512,19 +586,27 @@ async fn main() -> anyhow::Result<()> {
         .to_path_buf();
     let dir = tempfile::tempdir()?;
     let limit = Duration::from_secs(args.catch_up_limit_secs);
-    let specs = services(&node_id(0));
+    let specs: Vec<ServiceSpec> = services(&node_id(0))
+        .into_iter()
+        .filter(|s| args.services.is_empty() || args.services.iter().any(|n| n == s.name))
+        .collect();
+    anyhow::ensure!(!specs.is_empty(), "--services names none of the services");
 
     // Baseline: each service alone on a log with nothing in it.
     let mut empty = Vec::new();
-    {
+    if !args.no_baseline {
         let (_nats, bus, site) = start_site(dir.path(), args.nodes, "empty").await?;
         for spec in &specs {
-            empty.push(measure(&site, spec, &bin_dir, &bus, "empty", limit, None).await?);
+            empty.push(Some(
+                measure(&site, spec, &bin_dir, &bus, "empty", limit, None).await?,
+            ));
         }
+    } else {
+        empty.extend(specs.iter().map(|_| None));
     }
 
     let (_nats, bus, site) = start_site(dir.path(), args.nodes, "full").await?;
-    let written = write_log(&bus, &args).await?;
+    let (mut writer, written) = write_log(&bus, &args).await?;
     println!(
         "replay-memory: wrote {} events in {:.1}s ({:.0}/s): {} tenants, {} nodes x {GPUS_PER_NODE} GPUs, {} leases ended (7 events each), {} live (4 events each)",
         written.events,
@@ -544,8 +626,20 @@ async fn main() -> anyhow::Result<()> {
     let mut again = Vec::new();
     for spec in &specs {
         let m = measure(&site, spec, &bin_dir, &bus, "full", limit, None).await?;
-        // Killed (as kill -9 would) and started again on the same log and
-        // database: from its snapshot, or its projection's offset.
+        // Killed (as kill -9 would; `measure` drops it), the log grows by
+        // the tail while it is down, and it starts again on the same log
+        // and database: from its snapshot, or its projection's offset.
+        let tail_from = bus.last_sequence().await?;
+        let tail_started = Instant::now();
+        writer.events(args.tail_events).await?;
+        let tail = bus.last_sequence().await?.saturating_sub(tail_from);
+        if tail > 0 {
+            println!(
+                "  {:<12} tail of {tail} events appended while down, in {:.1}s",
+                spec.name,
+                tail_started.elapsed().as_secs_f64()
+            );
+        }
         let r = measure(
             &site,
             spec,
@@ -573,17 +667,21 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut behind = Vec::new();
     for (((spec, e), f), a) in specs.iter().zip(&empty).zip(&full).zip(&again) {
-        if f.catch_up.is_none() || e.catch_up.is_none() || a.catch_up.is_none() {
+        if f.catch_up.is_none()
+            || e.as_ref().is_some_and(|e| e.catch_up.is_none())
+            || a.catch_up.is_none()
+        {
             behind.push(spec.name);
         }
+        let (e_rss, e_hwm) = e.as_ref().map_or((0, 0), |e| (e.rss_kb, e.hwm_kb));
         println!(
             "{:<12} {:>9} {:>9.1}s {:>9.1}s {:>8.1}MB {:>8.1}MB {:>8.1}MB {:>8.1}MB",
             spec.name,
             f.head,
             f.catch_up.map(|d| d.as_secs_f64()).unwrap_or(f64::NAN),
             a.catch_up.map(|d| d.as_secs_f64()).unwrap_or(f64::NAN),
-            mb(e.rss_kb),
-            mb(e.hwm_kb),
+            mb(e_rss),
+            mb(e_hwm),
             mb(f.rss_kb),
             mb(f.hwm_kb)
         );
