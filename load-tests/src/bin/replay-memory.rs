@@ -275,8 +275,7 @@ impl LogWriter {
         lh_pricing::charges::ensure_price_book(bus, Utc::now()).await?;
         let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
         // The price book, appended on this fresh log by ensure_price_book.
-        let mut out =
-            lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
+        let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
         let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
         let slots = args.nodes * GPUS_PER_NODE as usize;
         // Every tenant may hold its share of the whole fleet at once.
@@ -353,9 +352,7 @@ impl LogWriter {
         let leases = if events <= unfilled * EVENTS_PER_LIVE_LEASE {
             events / EVENTS_PER_LIVE_LEASE
         } else {
-            unfilled
-                + (events - unfilled * EVENTS_PER_LIVE_LEASE)
-                    / EVENTS_PER_ENDED_LEASE
+            unfilled + (events - unfilled * EVENTS_PER_LIVE_LEASE) / EVENTS_PER_ENDED_LEASE
         };
         self.leases(leases).await
     }
@@ -398,7 +395,15 @@ struct ServiceSpec {
     http_addr_var: &'static str,
 }
 
-fn services(first_node: &str) -> Vec<ServiceSpec> {
+/// `dir` holds the keys the gateway and audit keep across their starts.
+fn services(first_node: &str, dir: &Path) -> anyhow::Result<Vec<ServiceSpec>> {
+    let master_keys = dir.join("gateway-master.keys");
+    std::fs::write(&master_keys, format!("replay-memory {}\n", "5a".repeat(32)))?;
+    std::fs::set_permissions(
+        &master_keys,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )?;
+    let audit_key = dir.join("audit-signing.key");
     let plain = |name, binary| ServiceSpec {
         name,
         binary,
@@ -406,7 +411,7 @@ fn services(first_node: &str) -> Vec<ServiceSpec> {
         env: Vec::new(),
         http_addr_var: "LH_HTTP_ADDR",
     };
-    vec![
+    Ok(vec![
         ServiceSpec {
             // No node-agent sends heartbeats here: node loss is off, or the
             // scheduler would move the live leases away once caught up.
@@ -427,15 +432,19 @@ fn services(first_node: &str) -> Vec<ServiceSpec> {
         plain("spot-broker", "lh-spot-broker"),
         ServiceSpec {
             database: true,
-            env: vec![("LH_ADMIN_TOKEN", ADMIN_TOKEN.into())],
+            env: vec![
+                ("LH_ADMIN_TOKEN", ADMIN_TOKEN.into()),
+                ("LH_MASTER_KEY_FILE", master_keys.display().to_string()),
+            ],
             http_addr_var: "LH_GATEWAY_ADDR",
             ..plain("gateway", "lh-gateway")
         },
         ServiceSpec {
             database: true,
+            env: vec![("LH_AUDIT_KEY_FILE", audit_key.display().to_string())],
             ..plain("audit", "lh-audit")
         },
-    ]
+    ])
 }
 
 /// One service's figures on one log.
@@ -586,7 +595,7 @@ async fn main() -> anyhow::Result<()> {
         .to_path_buf();
     let dir = tempfile::tempdir()?;
     let limit = Duration::from_secs(args.catch_up_limit_secs);
-    let specs: Vec<ServiceSpec> = services(&node_id(0))
+    let specs: Vec<ServiceSpec> = services(&node_id(0), dir.path())?
         .into_iter()
         .filter(|s| args.services.is_empty() || args.services.iter().any(|n| n == s.name))
         .collect();

@@ -44,8 +44,8 @@ use crate::SERVICE;
 pub const MAX_BATCH_EVENTS: usize = 256;
 /// Event type of checkpoints, as `events.event_type` stores it.
 const CHECKPOINT_TYPE: &str = "audit.checkpoint";
-/// How long the feed may stay quiet before a partial batch is written and
-/// the keeper counts as caught up.
+/// How long the feed may stay quiet before a partial batch is written (and
+/// the keeper asks the log whether it has read the head).
 const QUIET: Duration = Duration::from_millis(300);
 /// First wait before a failed checkpoint is tried again; it doubles on each
 /// further failure up to the max.
@@ -151,9 +151,14 @@ impl Keeper {
         );
         metrics::gauge!("lh_audit_chain_sequence").set(chain.last_sequence as f64);
 
-        if self.bus.last_sequence().await? <= chain.last_sequence {
+        // Whether the last read reached the head. A quiet feed alone does
+        // not say so: a slow server can pause a long replay for longer than
+        // QUIET, and a keeper that said ready there would be far behind.
+        let mut at_head = self.bus.last_sequence().await? <= chain.last_sequence;
+        if at_head {
             self.ready.set(true);
         }
+        let mut last_read = chain.last_sequence;
         let mut feed = self
             .bus
             .feed(&[subject::EVENTS_ALL], chain.last_sequence + 1)
@@ -166,14 +171,24 @@ impl Keeper {
         let mut prune_looked_at: Option<Instant> = None;
         loop {
             let next = feed.next_item_within(QUIET).await;
-            let at_head = match next {
-                None => true,
+            let quiet = match next {
+                None => {
+                    if !at_head {
+                        at_head = self
+                            .bus
+                            .last_sequence()
+                            .await
+                            .is_ok_and(|head| head <= last_read);
+                    }
+                    true
+                }
                 Some(event) => {
                     let event = event?;
                     if !is_checkpoint(&event) {
                         since_checkpoint += 1;
                     }
-                    let at_head = event.pending() == 0;
+                    at_head = event.pending() == 0;
+                    last_read = event.sequence();
                     batch.push(event);
                     at_head
                 }
@@ -182,7 +197,7 @@ impl Keeper {
                 && (since_checkpoint >= self.policy.every_events
                     || last_checkpoint_at.elapsed() >= self.policy.every)
                 && checkpoint_retry.is_none_or(|(at, _)| Instant::now() >= at);
-            if !batch.is_empty() && (at_head || checkpoint_due || batch.len() >= MAX_BATCH_EVENTS) {
+            if !batch.is_empty() && (quiet || checkpoint_due || batch.len() >= MAX_BATCH_EVENTS) {
                 self.write(&mut chain, &mut batch).await?;
             }
             if at_head {
