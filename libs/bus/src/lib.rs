@@ -1124,14 +1124,44 @@ impl Bus {
             .await
     }
 
+    /// Sequence of the newest event any of `filters` matches (0 when there
+    /// is none): the head a feed of those filters has to read up to. A
+    /// reader asks when its feed went quiet before it saw the head, since a
+    /// slow server can pause a long replay for longer than any quiet spell.
+    pub async fn last_sequence_matching(&self, filters: &[&str]) -> Result<u64> {
+        let mut head = 0;
+        for filter in filters {
+            head = head.max(
+                self.last_sequence_in(subject::EVENTS_STREAM, filter)
+                    .await?,
+            );
+        }
+        Ok(head)
+    }
+
+    /// [`Bus::last_sequence_matching`] on `LH_TELEMETRY`.
+    pub async fn telemetry_last_sequence_matching(&self, filters: &[&str]) -> Result<u64> {
+        let mut head = 0;
+        for filter in filters {
+            head = head.max(
+                self.last_sequence_in(subject::TELEMETRY_STREAM, filter)
+                    .await?,
+            );
+        }
+        Ok(head)
+    }
+
     /// Stream sequence of the last event on any subject `filter` matches
     /// (0 when there is none).
     async fn last_sequence_on(&self, filter: &str) -> Result<u64> {
-        let stream = self
-            .js
-            .get_stream(lh_events::subject::EVENTS_STREAM)
+        self.last_sequence_in(lh_events::subject::EVENTS_STREAM, filter)
             .await
-            .map_err(js_err)?;
+    }
+
+    /// Sequence of the last message of `stream` on any subject `filter`
+    /// matches (0 when there is none).
+    async fn last_sequence_in(&self, stream: &str, filter: &str) -> Result<u64> {
+        let stream = self.js.get_stream(stream).await.map_err(js_err)?;
         match stream.get_last_raw_message_by_subject(filter).await {
             Ok(msg) => Ok(msg.sequence),
             Err(e)

@@ -271,3 +271,42 @@ async fn a_short_retention_needs_the_test_flag() {
         Err(BusError::WeakStream { .. })
     ));
 }
+
+#[tokio::test]
+async fn the_head_of_a_set_of_filters_is_the_newest_event_any_of_them_matches() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let nodes = subject::guarded(&subject::node("n1"));
+    let leases = subject::LEASES_ALL;
+    assert_eq!(bus.last_sequence_matching(&[&nodes]).await.unwrap(), 0);
+    let on_node = bus
+        .publish(&alloc("n1", Uuid::now_v7()), Expect::Any)
+        .await
+        .unwrap();
+    let on_lease = bus
+        .publish(&stop(Uuid::now_v7()), Expect::Any)
+        .await
+        .unwrap();
+    let on_other_node = bus
+        .publish(&alloc("n2", Uuid::now_v7()), Expect::Any)
+        .await
+        .unwrap();
+    assert!(on_node.sequence < on_lease.sequence && on_lease.sequence < on_other_node.sequence);
+    assert_eq!(
+        bus.last_sequence_matching(&[&nodes]).await.unwrap(),
+        on_node.sequence
+    );
+    assert_eq!(
+        bus.last_sequence_matching(&[&nodes, leases]).await.unwrap(),
+        on_lease.sequence
+    );
+    assert_eq!(
+        bus.last_sequence_matching(&[subject::EVENTS_ALL])
+            .await
+            .unwrap(),
+        on_other_node.sequence
+    );
+    assert_eq!(bus.last_sequence_matching(&[]).await.unwrap(), 0);
+}

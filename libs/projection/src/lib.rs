@@ -199,6 +199,18 @@ async fn head<P: Projector>(bus: &Bus, projector: &P) -> Result<u64> {
     })
 }
 
+/// The newest sequence `projector`'s filters match: what its tables must
+/// reach to be at the head.
+async fn filtered_head<P: Projector>(bus: &Bus, projector: &P) -> Result<u64> {
+    Ok(match projector.stream() {
+        Stream::Events => bus.last_sequence_matching(projector.filters()).await?,
+        Stream::Telemetry => {
+            bus.telemetry_last_sequence_matching(projector.filters())
+                .await?
+        }
+    })
+}
+
 fn check_schema_name(schema: &str) -> Result<()> {
     let ok = !schema.is_empty()
         && schema.len() <= 63
@@ -469,9 +481,10 @@ pub async fn run_observed<P: Projector>(
         caught_up: caught_rx,
         stalled: stalled_rx,
     });
-    if head(bus, projector).await? <= start {
+    if filtered_head(bus, projector).await? <= start {
         caught_tx.send_replace(true);
     }
+    let mut applied = start;
     let mut feed = Input::open(bus, projector, start + 1, false).await?;
     loop {
         let next = tokio::select! {
@@ -479,9 +492,15 @@ pub async fn run_observed<P: Projector>(
             next = feed.next_item_within(Duration::from_millis(500)) => next,
         };
         let Some(event) = next else {
-            // A quiet spell: the ordered feed has delivered every matching
-            // event there is, so the tables are at the head of the log.
-            caught_tx.send_replace(true);
+            // A quiet spell is not the head by itself: a slow server can
+            // pause a long replay for longer than that. Ask the log.
+            if !*caught_tx.borrow()
+                && filtered_head(bus, projector)
+                    .await
+                    .is_ok_and(|head| head <= applied)
+            {
+                caught_tx.send_replace(true);
+            }
             continue;
         };
         // Under load, apply what is already waiting in one transaction.
@@ -494,11 +513,11 @@ pub async fn run_observed<P: Projector>(
                 None => break,
             }
         }
-        let applied = until_done(name, "apply events", &mut shutdown, &stalled_tx, || {
+        let done = until_done(name, "apply events", &mut shutdown, &stalled_tx, || {
             apply_batch(pool, projector, &batch)
         })
         .await;
-        if applied.is_none() {
+        if done.is_none() {
             return Ok(());
         }
         for item in &batch {
@@ -509,7 +528,8 @@ pub async fn run_observed<P: Projector>(
             }
         }
         let last = batch.last().expect("a batch holds an event");
-        applied_tx.send_replace(last.sequence());
+        applied = last.sequence();
+        applied_tx.send_replace(applied);
         if last.pending() == 0 {
             caught_tx.send_replace(true);
         }

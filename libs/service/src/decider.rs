@@ -396,7 +396,16 @@ pub async fn run_with_signals<D: Decider>(
                     }
                     caught_up = item.pending() == 0;
                 }
-                None => caught_up = true,
+                // A quiet spell is not the head by itself: a slow server
+                // can pause a long replay for longer than that. Ask the log.
+                None => {
+                    if !caught_up {
+                        caught_up = bus
+                            .last_sequence_matching(decider.filters())
+                            .await
+                            .is_ok_and(|head| head <= read_sequence);
+                    }
+                }
             },
             _ = tick.tick() => dirty = true,
             Some(signal) = signals.next(), if caught_up_once => {

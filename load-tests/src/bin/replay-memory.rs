@@ -398,7 +398,14 @@ struct ServiceSpec {
 /// `dir` holds the keys the gateway and audit keep across their starts.
 fn services(first_node: &str, dir: &Path) -> anyhow::Result<Vec<ServiceSpec>> {
     let master_keys = dir.join("gateway-master.keys");
-    std::fs::write(&master_keys, format!("replay-memory {}\n", "5a".repeat(32)))?;
+    std::fs::write(
+        &master_keys,
+        format!(
+            "replay-memory {}{}\n",
+            Uuid::new_v4().simple(),
+            Uuid::new_v4().simple()
+        ),
+    )?;
     std::fs::set_permissions(
         &master_keys,
         <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
