@@ -97,14 +97,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let auth = format!("Authorization: Bearer {key}");
-    let routes = vec![
+    let routes = [
         ("/healthz".to_string(), None),
         (format!("/v1/leases/{lease_id}"), Some(auth.as_str())),
         ("/v1/leases".to_string(), Some(auth.as_str())),
     ];
     let mut rates = Vec::new();
     for (n, (path, header)) in routes.iter().enumerate() {
-        let (url, script) = (format!("{}{}", stack.gateway_url, path), None);
+        let url = format!("{}{}", stack.gateway_url, path);
         let perf = match &args.perf_dir {
             Some(dir) => Some(
                 Command::new("perf")
@@ -116,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
             ),
             None => None,
         };
-        let rate = tokio::task::block_in_place(|| wrk(&args, &url, *header, script))?;
+        let rate = tokio::task::block_in_place(|| wrk(&args, &url, *header, None))?;
         if let Some(mut perf) = perf {
             perf.wait()?;
         }

@@ -1,7 +1,9 @@
 //! Gateway: the REST API, authentication, idempotency, and the tenant and
 //! lease read models (a PostgreSQL projection of the log, see
 //! [`projection`]). Writes become events on the log; reads come from the
-//! projection, which the write waits for so a client reads its own write.
+//! projection, which most writes wait for so a client reads its own write.
+//! A lease request answers with the row its event will make instead, and a
+//! read of a lease the projection does not have yet waits for it.
 
 pub mod http;
 pub mod keyring;
