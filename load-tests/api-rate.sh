@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The gateway's read path against its own /healthz, side by side in one
-# run (wrk, 32 connections): prints req/s, p99 and each read's ratio.
+# run (wrk, 32 connections): prints req/s, p99 and each read's ratio. With
+# --post: POST /v1/leases against JetStream's own guarded append rate at
+# the same concurrency, measured on the same nats-server in the same run,
+# then checks every accepted lease is on the log and answers a GET.
 #
 #   load-tests/api-rate.sh [SECONDS] [--post] [--perf-dir DIR]   (default 10 s per route)
 #

@@ -127,4 +127,36 @@ impl Appender {
     }
 }
 
+/// Appends per second that `writers` concurrent writers get from the log
+/// when each appends `event()` and waits for its acknowledgement before the
+/// next, every one guarded by an expected subject sequence of 0 (its
+/// aggregate must be empty, as the gateway appends a lease request): with
+/// `sync_interval: always`, the rate JetStream's fsync allows at that
+/// concurrency, the ceiling of any writer that waits for durability.
+pub async fn guarded_append_rate(
+    bus: &lh_bus::Bus,
+    events: usize,
+    writers: usize,
+    event: fn() -> lh_events::Envelope,
+) -> anyhow::Result<f64> {
+    let writers = writers.max(1);
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let bus = bus.clone();
+        let share = events / writers + usize::from(w < events % writers);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..share {
+                bus.publish(&event(), lh_bus::Expect::LastSubjectSequence(0))
+                    .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(events as f64 / started.elapsed().as_secs_f64())
+}
+
 pub mod money_month;

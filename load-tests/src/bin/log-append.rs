@@ -50,26 +50,6 @@ async fn atomic_pairs(bus: &Bus, n: usize) -> anyhow::Result<f64> {
     Ok((n / 2) as f64 / t.elapsed().as_secs_f64())
 }
 
-async fn parallel(bus: &Bus, n: usize, writers: usize) -> anyhow::Result<f64> {
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let bus = bus.clone();
-        let share = n / writers + usize::from(w < n % writers);
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..share {
-                bus.publish(&event(), Expect::LastSubjectSequence(0))
-                    .await?;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -84,7 +64,8 @@ async fn main() -> anyhow::Result<()> {
         // Warm up file creation and the connection.
         sequential(&bus, 100).await?;
         let seq = sequential(&bus, args.events).await?;
-        let par = parallel(&bus, args.events, args.writers).await?;
+        let par =
+            lh_load_tests::guarded_append_rate(&bus, args.events, args.writers, event).await?;
         let pairs = atomic_pairs(&bus, args.events).await?;
         let mode = if sync_always { "always" } else { "default" };
         println!(

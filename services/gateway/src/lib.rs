@@ -1,10 +1,13 @@
 //! Gateway: the REST API, authentication, idempotency, and the tenant and
 //! lease read models (a PostgreSQL projection of the log, see
 //! [`projection`]). Writes become events on the log; reads come from the
-//! projection, which the write waits for so a client reads its own write.
+//! projection, which most writes wait for so a client reads its own write.
+//! A lease request answers with the row its event will make instead, and a
+//! read of a lease the projection does not have yet waits for it.
 
 pub mod http;
 pub mod keyring;
+pub mod lease_admission;
 pub mod oidc;
 pub mod principals;
 pub mod projection;
@@ -233,11 +236,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 
     let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
     let tenant_keys = std::sync::Arc::new(tenant_keys::TenantKeys::default());
+    let lease_admission = std::sync::Arc::new(lease_admission::LeaseAdmission::default());
     let projection_task = {
         let bus = bus.clone();
         let pool = pool.clone();
         let stop = shutdown.clone();
         let tenant_keys = tenant_keys.clone();
+        let lease_admission = lease_admission.clone();
         tokio::spawn(async move {
             lh_projection::run_observed(
                 &bus,
@@ -247,7 +252,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 move |p| {
                     let _ = progress_tx.send(p);
                 },
-                |stored_subject| tenant_keys.forget_if_tenant_event(stored_subject),
+                |stored_subject| {
+                    tenant_keys.forget_if_tenant_event(stored_subject);
+                    lease_admission.forget_if_balance_event(stored_subject);
+                },
             )
             .await
         })
@@ -280,6 +288,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         progress: progress.clone(),
         principals,
         tenant_keys,
+        lease_admission,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,

@@ -6,6 +6,8 @@ use lh_events::{subject, EventData};
 use lh_projection::Projector;
 use sqlx::PgConnection;
 
+use crate::http::leases::{FractionBody, LeaseView};
+
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
 
 /// Tables this projection owns (compared by the rebuild check).
@@ -132,37 +134,37 @@ async fn insert_requested(
     conn: &mut PgConnection,
     events: &[(&Stored, &lh_events::LeaseRequested)],
 ) -> sqlx::Result<()> {
-    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
-    let tenants: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.tenant_id).collect();
-    let gpus: Vec<i32> = events.iter().map(|(_, e)| e.gpus as i32).collect();
-    let models: Vec<&str> = events.iter().map(|(_, e)| e.gpu_model.as_str()).collect();
-    let tiers: Vec<&str> = events.iter().map(|(_, e)| e.tier.as_str()).collect();
-    let idempotency: Vec<Option<&str>> = events
+    let views: Vec<LeaseView> = events
         .iter()
-        .map(|(_, e)| e.idempotency_key.as_deref())
+        .map(|(s, e)| requested_view(e, s.sequence, s.envelope.occurred_at))
         .collect();
-    let created: Vec<chrono::DateTime<chrono::Utc>> =
-        events.iter().map(|(s, _)| s.envelope.occurred_at).collect();
-    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
-    let priorities: Vec<i32> = events.iter().map(|(_, e)| e.priority).collect();
-    let fractions: Vec<Option<serde_json::Value>> = events
+    let ids: Vec<uuid::Uuid> = views.iter().map(|v| v.id).collect();
+    let tenants: Vec<uuid::Uuid> = views.iter().map(|v| v.tenant_id).collect();
+    let gpus: Vec<i32> = views.iter().map(|v| v.gpus).collect();
+    let models: Vec<&str> = views.iter().map(|v| v.gpu_model.as_str()).collect();
+    let tiers: Vec<&str> = views.iter().map(|v| v.tier.as_str()).collect();
+    let idempotency: Vec<Option<&str>> =
+        views.iter().map(|v| v.idempotency_key.as_deref()).collect();
+    let created: Vec<chrono::DateTime<chrono::Utc>> = views.iter().map(|v| v.created_at).collect();
+    let seqs: Vec<i64> = views.iter().map(|v| v.requested_sequence).collect();
+    let priorities: Vec<i32> = views.iter().map(|v| v.priority).collect();
+    let fractions: Vec<Option<serde_json::Value>> = views
         .iter()
-        .map(|(_, e)| {
-            e.fraction
-                .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb}))
-        })
+        .map(|v| v.gpu_fraction.as_ref().map(|f| serde_json::json!(f.0)))
         .collect();
-    let mig_profiles: Vec<Option<&str>> = events
+    let mig_profiles: Vec<Option<&str>> = views.iter().map(|v| v.mig_profile.as_deref()).collect();
+    let workloads: Vec<Option<serde_json::Value>> = views
         .iter()
-        .map(|(_, e)| e.mig_profile.as_deref())
+        .map(|v| v.workload.as_ref().map(|w| w.0.clone()))
         .collect();
-    let workloads: Vec<Option<serde_json::Value>> = events
+    let spots: Vec<Option<serde_json::Value>> = views
         .iter()
-        .map(|(_, e)| e.workload.as_ref().map(workload_view))
+        .map(|v| v.spot.as_ref().map(|w| w.0.clone()))
         .collect();
-    let spots: Vec<Option<serde_json::Value>> = events.iter().map(|(_, e)| spot_terms(e)).collect();
-    let constraints: Vec<Option<serde_json::Value>> =
-        events.iter().map(|(_, e)| constraints(e)).collect();
+    let constraints: Vec<Option<serde_json::Value>> = views
+        .iter()
+        .map(|v| v.constraints.as_ref().map(|w| w.0.clone()))
+        .collect();
     sqlx::query(
         "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
                              created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile,
@@ -474,33 +476,7 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .execute(conn)
             .await?;
         }
-        EventData::LeaseRequested(e) => {
-            sqlx::query(
-                "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
-                                     created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile,
-                                     workload, spot, constraints)
-                 VALUES ($1, $2, 'requested', $3, $4, $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(e.lease_id)
-            .bind(e.tenant_id)
-            .bind(e.gpus as i32)
-            .bind(&e.gpu_model)
-            .bind(e.tier.as_str())
-            .bind(&e.idempotency_key)
-            .bind(at)
-            .bind(seq)
-            .bind(e.priority)
-            .bind(
-                e.fraction
-                    .map(|f| serde_json::json!({"milli": f.milli, "vram_gb": f.vram_gb})),
-            )
-            .bind(&e.mig_profile)
-            .bind(e.workload.as_ref().map(workload_view))
-            .bind(spot_terms(e))
-            .bind(constraints(e))
-            .execute(conn)
-            .await?;
-        }
+        EventData::LeaseRequested(e) => insert_requested(conn, &[(event, e)]).await?,
         EventData::LeaseQueued(e) => {
             sqlx::query(
                 "UPDATE leases SET state = 'queued', queued_reason = $2, queue_position = $3, last_sequence = $4
@@ -700,6 +676,62 @@ async fn insert_key(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// The row `lease.requested` makes, as the API shows it: the lease the
+/// moment it is requested. The API answers a request with it before this
+/// projection has applied the event, and this projection inserts what it
+/// returns, so the answer and a later read cannot differ.
+pub fn requested_view(
+    e: &lh_events::LeaseRequested,
+    sequence: u64,
+    occurred_at: chrono::DateTime<chrono::Utc>,
+) -> LeaseView {
+    LeaseView {
+        id: e.lease_id,
+        tenant_id: e.tenant_id,
+        state: lh_domain::lease::LeaseState::Requested,
+        gpus: e.gpus as i32,
+        gpu_fraction: e.fraction.map(|f| {
+            sqlx::types::Json(FractionBody {
+                milli: f.milli,
+                vram_gb: f.vram_gb,
+            })
+        }),
+        mig_profile: e.mig_profile.clone(),
+        workload: e
+            .workload
+            .as_ref()
+            .map(|w| sqlx::types::Json(workload_view(w))),
+        mig_instance: None,
+        gpu_model: e.gpu_model.clone(),
+        tier: e.tier.as_str().to_string(),
+        priority: e.priority,
+        node_id: None,
+        zone: None,
+        gpu_uuids: sqlx::types::Json(Vec::new()),
+        gpu_indices: sqlx::types::Json(Vec::new()),
+        queued_reason: None,
+        queue_position: None,
+        rejected_reason: None,
+        stop_requested: false,
+        preemption_deadline: None,
+        preemption_reason: None,
+        spot: spot_terms(e).map(sqlx::types::Json),
+        constraints: constraints(e).map(sqlx::types::Json),
+        end_reason: None,
+        failure: None,
+        migrations: 0,
+        last_migration_reason: None,
+        idle_since: None,
+        suspended_at: None,
+        created_at: occurred_at,
+        placed_at: None,
+        started_at: None,
+        ended_at: None,
+        requested_sequence: sequence as i64,
+        idempotency_key: e.idempotency_key.clone(),
+    }
 }
 
 /// What the read model keeps of a workload: its command and image, and of

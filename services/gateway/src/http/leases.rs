@@ -302,6 +302,24 @@ async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError
     )
 }
 
+/// The lease from the read model; when it has none, the read model waits
+/// until it has applied what the log holds on the lease's subject (one
+/// lookup on the log), so that a lease whose request was answered is seen
+/// by any read that follows the answer.
+async fn fetch_or_wait(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
+    if let Some(lease) = fetch(ctx, id).await? {
+        return Ok(Some(lease));
+    }
+    let last = ctx.bus.subject_last_sequence(&subject::lease(id)).await?;
+    if last == 0 {
+        return Ok(None);
+    }
+    // Read again even when the projection is there already: it may have
+    // got there since the first read.
+    read_your_write(ctx, last).await?;
+    fetch(ctx, id).await
+}
+
 /// The lease if the caller may see it; 404 for another tenant's lease, so
 /// that ids do not leak.
 pub(super) async fn visible(
@@ -309,7 +327,7 @@ pub(super) async fn visible(
     caller: &Caller,
     id: Uuid,
 ) -> Result<LeaseView, ApiError> {
-    let lease = fetch(ctx, id).await?;
+    let lease = fetch_or_wait(ctx, id).await?;
     match (lease, caller) {
         (Some(l), Caller::Tenant { id: tenant, .. }) if l.tenant_id == *tenant => Ok(l),
         (Some(l), Caller::Operator(_)) => Ok(l),
@@ -341,17 +359,17 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
-    refuse_if_exhausted(&ctx, tenant_id).await?;
-    let pending_leases: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM leases WHERE tenant_id = $1 AND state IN ('requested', 'queued')",
-    )
-    .bind(tenant_id)
-    .fetch_one(&ctx.pool)
-    .await?;
+    let admitted = ctx
+        .lease_admission
+        .check(&ctx.pool, tenant_id, ctx.limits.max_pending_leases)
+        .await?;
+    if admitted.exhausted {
+        return Err(exhausted());
+    }
     let tenant = lease::Tenant {
         id: tenant_id,
         max_gpus,
-        pending_leases: pending_leases.clamp(0, i64::from(u32::MAX)) as u32,
+        pending_leases: admitted.pending_leases,
         max_pending_leases: ctx.limits.max_pending_leases,
     };
     let key = headers.get("idempotency-key").map(|v| v.as_bytes());
@@ -382,29 +400,40 @@ pub async fn create(
         EventData::LeaseRequested(requested.clone()),
     )
     .with_id(derived_id(&["lease.requested", &lease_id.to_string()]));
-    let sequence = match ctx
+    // A new lease answers with the row the projection will make of its
+    // request, without waiting for it: the request is durable once
+    // appended, and a GET that finds no row yet waits for the projection
+    // (see `fetch_or_wait`). A lease already on the log (the same key
+    // again, whether the server caught it as a conflict or as a duplicate
+    // message) answers as the read model holds it.
+    let appended = match ctx
         .bus
         .publish(&envelope, Expect::LastSubjectSequence(0))
         .await
     {
-        Ok(appended) => appended.sequence,
-        Err(BusError::Conflict(_)) => {
-            ctx.bus
-                .subject_last_sequence(&subject::lease(lease_id))
-                .await?
-        }
+        Ok(appended) if !appended.duplicate => Some(appended.sequence),
+        Ok(_) | Err(BusError::Conflict(_)) => None,
         Err(e) => return Err(e.into()),
     };
-    read_your_write(&ctx, sequence).await?;
-    let lease = fetch(&ctx, lease_id)
-        .await?
-        .ok_or_else(|| ApiError::internal(format!("lease {lease_id} missing from read model")))?;
-    if !lease.asks_for(&requested) {
-        return Err(
-            ApiError::conflict("this Idempotency-Key was used for a different request")
-                .field("Idempotency-Key"),
-        );
-    }
+    let lease = match appended {
+        Some(sequence) => {
+            ctx.lease_admission
+                .appended(tenant_id, sequence, ctx.progress.applied());
+            crate::projection::requested_view(&requested, sequence, envelope.occurred_at)
+        }
+        None => {
+            let lease = fetch_or_wait(&ctx, lease_id).await?.ok_or_else(|| {
+                ApiError::internal(format!("lease {lease_id} missing from read model"))
+            })?;
+            if !lease.asks_for(&requested) {
+                return Err(ApiError::conflict(
+                    "this Idempotency-Key was used for a different request",
+                )
+                .field("Idempotency-Key"));
+            }
+            lease
+        }
+    };
     // Stored once the request is on the log and is this one: a crash
     // before this line leaves a lease its node cannot start (it waits for
     // the values, then fails the lease), and a retry stores them.
@@ -595,18 +624,22 @@ pub async fn resume(
 /// 402 while the tenant's prepaid balance is exhausted: pricing stopped its
 /// leases and would stop any that started again.
 async fn refuse_if_exhausted(ctx: &ApiContext, tenant_id: Uuid) -> Result<(), ApiError> {
-    let exhausted: Option<bool> =
-        sqlx::query_scalar("SELECT balance_exhausted FROM tenants WHERE id = $1")
-            .bind(tenant_id)
-            .fetch_optional(&ctx.pool)
-            .await?;
-    if exhausted == Some(true) {
-        return Err(ApiError::payment_required(
-            "the tenant's prepaid balance is exhausted: its leases were stopped and new ones \
-             are refused until a top-up brings it above zero",
-        ));
+    // No limit on waiting leases: only the exhaustion is asked.
+    let admitted = ctx
+        .lease_admission
+        .check(&ctx.pool, tenant_id, u32::MAX)
+        .await?;
+    if admitted.exhausted {
+        return Err(exhausted());
     }
     Ok(())
+}
+
+fn exhausted() -> ApiError {
+    ApiError::payment_required(
+        "the tenant's prepaid balance is exhausted: its leases were stopped and new ones \
+         are refused until a top-up brings it above zero",
+    )
 }
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ pub struct ApiContext {
     pub principals: std::sync::Arc<crate::principals::Principals>,
     /// Tenants' keys as the read model showed them (see [`crate::tenant_keys`]).
     pub tenant_keys: std::sync::Arc<crate::tenant_keys::TenantKeys>,
+    /// Tenants' balance exhaustion and waiting leases (see
+    /// [`crate::lease_admission`]).
+    pub lease_admission: std::sync::Arc<crate::lease_admission::LeaseAdmission>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
     /// Wraps tenants' data keys.

@@ -390,18 +390,13 @@ pub async fn lease(
     query: Result<Query<LeaseUsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<UsageReport>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let not_found = || ApiError::not_found(format!("no lease {id}")).field("id");
-    let lease_id: Uuid = id.parse().map_err(|_| not_found())?;
-    let owner: Option<Uuid> = sqlx::query_scalar("SELECT tenant_id FROM leases WHERE id = $1")
-        .bind(lease_id)
-        .fetch_optional(&ctx.pool)
-        .await?;
-    // Another tenant's lease is not found, so that its existence is not told.
-    let tenant = match (&caller, owner) {
-        (_, None) => return Err(not_found()),
-        (Caller::Tenant { id, .. }, Some(owner)) if owner != *id => return Err(not_found()),
-        (Caller::Tenant { id, .. }, Some(_)) => Some(*id),
-        (Caller::Operator(_), Some(_)) => None,
+    let lease_id = super::leases::parse_id(&id)?;
+    // Another tenant's lease is not found, so that its existence is not
+    // told; a lease just requested is waited for.
+    let lease = super::leases::visible(&ctx, &caller, lease_id).await?;
+    let tenant = match &caller {
+        Caller::Tenant { .. } => Some(lease.tenant_id),
+        Caller::Operator(_) => None,
     };
     let window = window(
         query.from.as_deref(),

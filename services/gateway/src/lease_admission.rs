@@ -1,0 +1,264 @@
+//! What a tenant's new lease request is checked against before it is
+//! appended (an exhausted prepaid balance, its limit of waiting leases),
+//! kept in memory so that a request costs no database round trip.
+//!
+//! Exhaustion is exact: it changes only through events on the tenant's
+//! balance subject, and the projection's runner forgets the tenant's
+//! answer when it has committed one, before its progress says so (as
+//! [`crate::tenant_keys`] forgets keys); a read that raced such an event
+//! is used once and not kept (fills name the generation they read under).
+//!
+//! The pending count follows this rule: a request is refused only after a
+//! fresh read of the read model, and then exactly when the tenant's leases
+//! there in `requested` or `queued`, plus the requests this gateway
+//! appended for it that the read model did not hold at that read (one
+//! statement reads both the count and the sequence the tables are at), reach
+//! the limit. That is the count the old check saw when every accepted request
+//! had been applied before the next was answered, so a client that waits for
+//! each answer meets the limit where it did. Between reads, the estimate
+//! (the last read's count plus the requests appended since) only ever
+//! overcounts what this gateway knows of (leases placed or stopped since
+//! are not taken off), so it decides only when a fresh read is due, never a
+//! refusal. What it does not see: requests another gateway replica
+//! appended and its own read model has not applied yet; concurrent requests
+//! spread over replicas can pass the limit by those, as two concurrent
+//! requests to one gateway could before.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use lh_events::subject;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Most tenants held at once; when full, the memory starts over (a refill
+/// is one query per tenant that writes).
+pub const MAX_TENANTS_HELD: usize = 100_000;
+/// Sequences of a tenant's appended requests kept between reads; past it,
+/// those the read model has applied are folded into the count (an
+/// overcount, see the module's rule).
+pub const MAX_APPENDED_HELD: usize = 4_096;
+
+#[derive(Debug, Default)]
+struct Admission {
+    /// The balance's exhaustion, unknown until read and after a balance
+    /// event.
+    exhausted: Option<bool>,
+    /// Leases waiting at the last read (plus folded appends).
+    pending_read: u32,
+    /// Sequences of the requests appended since the last read.
+    appended: Vec<u64>,
+}
+
+impl Admission {
+    fn estimate(&self) -> u64 {
+        u64::from(self.pending_read) + self.appended.len() as u64
+    }
+}
+
+#[derive(Default)]
+struct Held {
+    /// Moves on each time a tenant's exhaustion is forgotten.
+    generation: u64,
+    by_tenant: HashMap<Uuid, Admission>,
+}
+
+/// The memory shared by the lease handlers and the projection's runner.
+#[derive(Default)]
+pub struct LeaseAdmission {
+    held: Mutex<Held>,
+}
+
+impl std::fmt::Debug for LeaseAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseAdmission").finish_non_exhaustive()
+    }
+}
+
+/// What the read model says of a tenant, in one statement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TenantRead {
+    pub exhausted: bool,
+    pub pending: u32,
+    /// The last sequence the tables reflect.
+    pub applied: u64,
+}
+
+/// The answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    pub exhausted: bool,
+    /// Leases counted as waiting (see the module's rule).
+    pub pending_leases: u32,
+}
+
+impl LeaseAdmission {
+    /// What `tenant_id` may do now with a limit of `max_pending` waiting
+    /// leases, reading the read model only when memory cannot tell.
+    pub async fn check(
+        &self,
+        pool: &PgPool,
+        tenant_id: Uuid,
+        max_pending: u32,
+    ) -> sqlx::Result<Admitted> {
+        let generation = {
+            let held = self.lock();
+            if let Some(a) = held.by_tenant.get(&tenant_id) {
+                if let Some(exhausted) = a.exhausted {
+                    if a.estimate() < u64::from(max_pending) {
+                        return Ok(Admitted {
+                            exhausted,
+                            pending_leases: a.estimate() as u32,
+                        });
+                    }
+                }
+            }
+            held.generation
+        };
+        let read = read_tenant(pool, tenant_id).await?;
+        Ok(self.fill(tenant_id, generation, read))
+    }
+
+    /// Keeps what a read found, begun under `generation`; the answer it
+    /// gives.
+    pub fn fill(&self, tenant_id: Uuid, generation: u64, read: TenantRead) -> Admitted {
+        let mut held = self.lock();
+        if held.by_tenant.len() >= MAX_TENANTS_HELD && !held.by_tenant.contains_key(&tenant_id) {
+            held.by_tenant.clear();
+        }
+        let current = held.generation == generation;
+        let a = held.by_tenant.entry(tenant_id).or_default();
+        a.appended.retain(|&seq| seq > read.applied);
+        a.pending_read = read.pending;
+        // A read begun before an exhaustion or restoration was committed
+        // answers this request (it could have come a moment earlier) but is
+        // not kept.
+        if current {
+            a.exhausted = Some(read.exhausted);
+        }
+        Admitted {
+            exhausted: read.exhausted,
+            pending_leases: a.estimate().min(u64::from(u32::MAX)) as u32,
+        }
+    }
+
+    /// Counts a request appended for `tenant_id` at `sequence`; `applied`
+    /// is where the read model stands now.
+    pub fn appended(&self, tenant_id: Uuid, sequence: u64, applied: u64) {
+        let mut held = self.lock();
+        let Some(a) = held.by_tenant.get_mut(&tenant_id) else {
+            // Forgotten since its check: the next request reads afresh.
+            return;
+        };
+        a.appended.push(sequence);
+        if a.appended.len() > MAX_APPENDED_HELD {
+            let before = a.appended.len();
+            a.appended.retain(|&seq| seq > applied);
+            let folded = (before - a.appended.len()) as u32;
+            a.pending_read = a.pending_read.saturating_add(folded);
+        }
+    }
+
+    /// Forgets a tenant's exhaustion when a message on its balance subject
+    /// has been committed.
+    pub fn forget_if_balance_event(&self, stored_subject: &str) {
+        let family = subject::BALANCES_ALL.trim_end_matches('>');
+        let Some(rest) = stored_subject.strip_prefix(family) else {
+            return;
+        };
+        let mut held = self.lock();
+        held.generation += 1;
+        let tenant = rest.split('.').next().and_then(|t| t.parse::<Uuid>().ok());
+        match tenant {
+            Some(tenant) => {
+                if let Some(a) = held.by_tenant.get_mut(&tenant) {
+                    a.exhausted = None;
+                }
+            }
+            // One that names no tenant we can read: forget them all.
+            None => held.by_tenant.values_mut().for_each(|a| a.exhausted = None),
+        }
+    }
+
+    // A panic while holding the lock leaves a map that is still whole (no
+    // method panics half-way), so a poisoned lock is used as it is.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The tenant's exhaustion and waiting leases with the sequence the tables
+/// are at, in one snapshot.
+async fn read_tenant(pool: &PgPool, tenant_id: Uuid) -> sqlx::Result<TenantRead> {
+    let (exhausted, pending, applied): (Option<bool>, i64, Option<i64>) = sqlx::query_as(
+        "SELECT (SELECT balance_exhausted FROM tenants WHERE id = $1),
+                (SELECT count(*) FROM leases WHERE tenant_id = $1 AND state IN ('requested', 'queued')),
+                (SELECT sequence FROM projection_offsets WHERE name = 'gateway')",
+    )
+    .bind(tenant_id)
+    .fetch_one(pool)
+    .await?;
+    Ok(TenantRead {
+        exhausted: exhausted == Some(true),
+        pending: pending.clamp(0, i64::from(u32::MAX)) as u32,
+        applied: applied.unwrap_or(0).max(0) as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TENANT: Uuid = Uuid::from_u128(7);
+
+    fn read(exhausted: bool, pending: u32, applied: u64) -> TenantRead {
+        TenantRead {
+            exhausted,
+            pending,
+            applied,
+        }
+    }
+
+    #[test]
+    fn appends_the_read_model_has_not_applied_count_once() {
+        let memory = LeaseAdmission::default();
+        let g = memory.lock().generation;
+        memory.fill(TENANT, g, read(false, 1, 10));
+        memory.appended(TENANT, 11, 10);
+        memory.appended(TENANT, 12, 10);
+        // The read model has applied 11 (it is in the count), not 12.
+        let admitted = memory.fill(TENANT, g, read(false, 2, 11));
+        assert_eq!(admitted.pending_leases, 3);
+    }
+
+    #[test]
+    fn a_read_that_raced_a_balance_event_is_not_kept() {
+        let memory = LeaseAdmission::default();
+        let before = memory.lock().generation;
+        memory.forget_if_balance_event(&format!("{}.pricing", subject::balance(TENANT)));
+        let admitted = memory.fill(TENANT, before, read(false, 0, 5));
+        assert!(!admitted.exhausted);
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
+        let now = memory.lock().generation;
+        memory.fill(TENANT, now, read(true, 0, 6));
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, Some(true));
+        memory.forget_if_balance_event(&subject::lease(TENANT));
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, Some(true));
+        memory.forget_if_balance_event(&subject::balance(TENANT));
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
+    }
+
+    #[test]
+    fn folding_applied_appends_overcounts_and_never_undercounts() {
+        let memory = LeaseAdmission::default();
+        let g = memory.lock().generation;
+        memory.fill(TENANT, g, read(false, 0, 0));
+        for seq in 1..=(MAX_APPENDED_HELD as u64 + 1) {
+            memory.appended(TENANT, seq, 100);
+        }
+        let held = memory.lock();
+        let a = &held.by_tenant[&TENANT];
+        assert_eq!(a.estimate(), MAX_APPENDED_HELD as u64 + 1);
+        assert!(a.appended.len() < MAX_APPENDED_HELD);
+    }
+}
