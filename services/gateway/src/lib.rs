@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod keyring;
+pub mod lease_views;
 pub mod oidc;
 pub mod principals;
 pub mod projection;
@@ -233,11 +234,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 
     let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
     let tenant_keys = std::sync::Arc::new(tenant_keys::TenantKeys::default());
+    let lease_views = std::sync::Arc::new(lease_views::LeaseViews::default());
     let projection_task = {
         let bus = bus.clone();
         let pool = pool.clone();
         let stop = shutdown.clone();
         let tenant_keys = tenant_keys.clone();
+        let lease_views = lease_views.clone();
         tokio::spawn(async move {
             lh_projection::run_observed(
                 &bus,
@@ -247,7 +250,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 move |p| {
                     let _ = progress_tx.send(p);
                 },
-                |stored_subject| tenant_keys.forget_if_tenant_event(stored_subject),
+                |stored_subjects| {
+                    for stored_subject in &stored_subjects {
+                        tenant_keys.forget_if_tenant_event(stored_subject);
+                    }
+                    let (lease_views, pool) = (lease_views.clone(), pool.clone());
+                    async move { lease_views.refresh_committed(&pool, &stored_subjects).await }
+                },
             )
             .await
         })
@@ -280,6 +289,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         progress: progress.clone(),
         principals,
         tenant_keys,
+        lease_views,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,

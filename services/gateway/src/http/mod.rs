@@ -51,6 +51,8 @@ pub struct ApiContext {
     pub principals: std::sync::Arc<crate::principals::Principals>,
     /// Tenants' keys as the read model showed them (see [`crate::tenant_keys`]).
     pub tenant_keys: std::sync::Arc<crate::tenant_keys::TenantKeys>,
+    /// Leases as the read model showed them (see [`crate::lease_views`]).
+    pub lease_views: std::sync::Arc<crate::lease_views::LeaseViews>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
     /// Wraps tenants' data keys.
