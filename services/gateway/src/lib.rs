@@ -283,7 +283,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     };
     let prune = usage::prune_every_hour(pool.clone(), config.usage.usage_keep_days);
     let readiness = Readiness::default();
-    let ctx = http::ApiContext {
+    let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
         progress: progress.clone(),
@@ -297,7 +297,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         refusals: std::sync::Arc::new(http::refusals::RefusalCounter::new(
             config.front.refusal_summary_secs,
         )),
-    };
+    });
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
     let environments = workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone());

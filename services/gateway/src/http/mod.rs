@@ -43,8 +43,28 @@ pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// What every handler shares, behind one reference count: the extractors
+/// clone the context for every request, and a NATS client, a pool and the
+/// channel senders inside it each cost a count of their own to clone and
+/// to drop.
 #[derive(Clone)]
-pub struct ApiContext {
+pub struct ApiContext(std::sync::Arc<ApiShared>);
+
+impl ApiContext {
+    pub fn new(shared: ApiShared) -> Self {
+        ApiContext(std::sync::Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for ApiContext {
+    type Target = ApiShared;
+
+    fn deref(&self) -> &ApiShared {
+        &self.0
+    }
+}
+
+pub struct ApiShared {
     pub bus: Bus,
     pub pool: PgPool,
     pub progress: Progress,
