@@ -441,21 +441,22 @@ pub async fn run<P: Projector>(
     shutdown: impl std::future::Future<Output = ()>,
     on_progress: impl FnOnce(Progress),
 ) -> Result<()> {
-    run_observed(bus, pool, projector, shutdown, on_progress, |_| {}).await
+    run_observed(bus, pool, projector, shutdown, on_progress, |_| async {}).await
 }
 
-/// [`run`], telling `on_committed` the subject of every message of the log
-/// once the tables reflect it (applied by this runner or by another one of
-/// the same projection), and before [`Progress::applied`] says so: a cache
-/// of what the tables hold can forget what changed before anyone waiting
-/// for that sequence reads again.
-pub async fn run_observed<P: Projector>(
+/// [`run`], telling `on_committed` the subjects of a batch of messages of
+/// the log (in log order) once the tables reflect them (applied by this
+/// runner or by another one of the same projection), and awaiting it
+/// before [`Progress::applied`] says so: a cache of what the tables hold
+/// can forget or re-read what changed before anyone waiting for that
+/// sequence reads again.
+pub async fn run_observed<P: Projector, Committed: std::future::Future<Output = ()>>(
     bus: &Bus,
     pool: &PgPool,
     projector: &P,
     shutdown: impl std::future::Future<Output = ()>,
     on_progress: impl FnOnce(Progress),
-    mut on_committed: impl FnMut(&str),
+    mut on_committed: impl FnMut(Vec<String>) -> Committed,
 ) -> Result<()> {
     let name = projector.name();
     let (stalled_tx, stalled_rx) = watch::channel(false);
@@ -520,13 +521,15 @@ pub async fn run_observed<P: Projector>(
         if done.is_none() {
             return Ok(());
         }
-        for item in &batch {
-            match item {
-                Item::Log(FeedItem::Event(event)) => on_committed(&event.subject),
-                Item::Log(FeedItem::Skipped(skipped)) => on_committed(&skipped.subject),
-                Item::Sample(_) => {}
-            }
-        }
+        let subjects = batch
+            .iter()
+            .filter_map(|item| match item {
+                Item::Log(FeedItem::Event(event)) => Some(event.subject.clone()),
+                Item::Log(FeedItem::Skipped(skipped)) => Some(skipped.subject.clone()),
+                Item::Sample(_) => None,
+            })
+            .collect();
+        on_committed(subjects).await;
         let last = batch.last().expect("a batch holds an event");
         applied = last.sequence();
         applied_tx.send_replace(applied);

@@ -8,6 +8,7 @@
 pub mod http;
 pub mod keyring;
 pub mod lease_admission;
+pub mod lease_views;
 pub mod oidc;
 pub mod principals;
 pub mod projection;
@@ -237,12 +238,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
     let tenant_keys = std::sync::Arc::new(tenant_keys::TenantKeys::default());
     let lease_admission = std::sync::Arc::new(lease_admission::LeaseAdmission::default());
+    let lease_views = std::sync::Arc::new(lease_views::LeaseViews::default());
     let projection_task = {
         let bus = bus.clone();
         let pool = pool.clone();
         let stop = shutdown.clone();
         let tenant_keys = tenant_keys.clone();
         let lease_admission = lease_admission.clone();
+        let lease_views = lease_views.clone();
         tokio::spawn(async move {
             lh_projection::run_observed(
                 &bus,
@@ -252,9 +255,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 move |p| {
                     let _ = progress_tx.send(p);
                 },
-                |stored_subject| {
-                    tenant_keys.forget_if_tenant_event(stored_subject);
-                    lease_admission.forget_if_balance_event(stored_subject);
+                |stored_subjects| {
+                    for stored_subject in &stored_subjects {
+                        tenant_keys.forget_if_tenant_event(stored_subject);
+                        lease_admission.forget_if_balance_event(stored_subject);
+                    }
+                    let (lease_views, pool) = (lease_views.clone(), pool.clone());
+                    async move { lease_views.refresh_committed(&pool, &stored_subjects).await }
                 },
             )
             .await
@@ -282,13 +289,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     };
     let prune = usage::prune_every_hour(pool.clone(), config.usage.usage_keep_days);
     let readiness = Readiness::default();
-    let ctx = http::ApiContext {
+    let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
         progress: progress.clone(),
         principals,
         tenant_keys,
         lease_admission,
+        lease_views,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,
@@ -296,7 +304,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         refusals: std::sync::Arc::new(http::refusals::RefusalCounter::new(
             config.front.refusal_summary_secs,
         )),
-    };
+    });
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
     let environments = workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone());

@@ -1,7 +1,11 @@
 //! Leases: request, read, list, stop.
 
+use std::sync::Arc;
+
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use lh_bus::{BusError, Expect};
@@ -15,6 +19,8 @@ use sqlx::FromRow;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+use crate::lease_views::{page_json, CachedLease, MAX_LISTED_LEASES_PER_INDEX};
+
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 
 pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_ITEMS};
@@ -23,6 +29,8 @@ pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_I
 pub const PENDING_RETRY_AFTER_S: u32 = 10;
 pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 500;
+// A first page is answered from the rows that fill the list's index.
+const _: () = assert!(MAX_LISTED_LEASES_PER_INDEX > MAX_PAGE as usize);
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -225,7 +233,7 @@ pub struct LeaseView {
     pub idempotency_key: Option<String>,
 }
 
-const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
+pub(crate) const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, failure, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key";
 
@@ -302,37 +310,64 @@ async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError
     )
 }
 
-/// The lease from the read model; when it has none, the read model waits
-/// until it has applied what the log holds on the lease's subject (one
-/// lookup on the log), so that a lease whose request was answered is seen
-/// by any read that follows the answer.
-async fn fetch_or_wait(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
-    if let Some(lease) = fetch(ctx, id).await? {
+/// The lease from memory, or read from the read model and kept. When the
+/// read model has none, it waits until it has applied what the log holds on
+/// the lease's subject (one lookup on the log), so that a lease whose
+/// request was answered is seen by any read that follows the answer.
+async fn held(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLease>>, ApiError> {
+    if let Some(lease) = ctx.lease_views.get(&id) {
         return Ok(Some(lease));
     }
-    let last = ctx.bus.subject_last_sequence(&subject::lease(id)).await?;
-    if last == 0 {
-        return Ok(None);
-    }
-    // Read again even when the projection is there already: it may have
-    // got there since the first read.
-    read_your_write(ctx, last).await?;
-    fetch(ctx, id).await
+    let mut generation = ctx.lease_views.generation();
+    let view = match fetch(ctx, id).await? {
+        Some(view) => view,
+        None => {
+            let last = ctx.bus.subject_last_sequence(&subject::lease(id)).await?;
+            if last == 0 {
+                return Ok(None);
+            }
+            // Read again even when the projection is there already: it may
+            // have got there since the first read.
+            read_your_write(ctx, last).await?;
+            if let Some(lease) = ctx.lease_views.get(&id) {
+                return Ok(Some(lease));
+            }
+            generation = ctx.lease_views.generation();
+            match fetch(ctx, id).await? {
+                Some(view) => view,
+                None => return Ok(None),
+            }
+        }
+    };
+    // Answered as read even when not kept (it raced a batch): it is at
+    // least as new as anything this caller waited for.
+    let lease = CachedLease::new(view);
+    ctx.lease_views.insert(generation, [lease.clone()]);
+    Ok(Some(lease))
 }
 
 /// The lease if the caller may see it; 404 for another tenant's lease, so
 /// that ids do not leak.
+async fn visible_held(
+    ctx: &ApiContext,
+    caller: &Caller,
+    id: Uuid,
+) -> Result<Arc<CachedLease>, ApiError> {
+    let lease = held(ctx, id).await?;
+    match (lease, caller) {
+        (Some(l), Caller::Tenant { id: tenant, .. }) if l.view.tenant_id == *tenant => Ok(l),
+        (Some(l), Caller::Operator(_)) => Ok(l),
+        _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
+    }
+}
+
+/// [`visible_held`], as a view of its own.
 pub(super) async fn visible(
     ctx: &ApiContext,
     caller: &Caller,
     id: Uuid,
 ) -> Result<LeaseView, ApiError> {
-    let lease = fetch_or_wait(ctx, id).await?;
-    match (lease, caller) {
-        (Some(l), Caller::Tenant { id: tenant, .. }) if l.tenant_id == *tenant => Ok(l),
-        (Some(l), Caller::Operator(_)) => Ok(l),
-        _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
-    }
+    Ok(visible_held(ctx, caller, id).await?.view.clone())
 }
 
 pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -403,7 +438,7 @@ pub async fn create(
     // A new lease answers with the row the projection will make of its
     // request, without waiting for it: the request is durable once
     // appended, and a GET that finds no row yet waits for the projection
-    // (see `fetch_or_wait`). A lease already on the log (the same key
+    // (see `held`). A lease already on the log (the same key
     // again, whether the server caught it as a conflict or as a duplicate
     // message) answers as the read model holds it.
     let appended = match ctx
@@ -422,9 +457,12 @@ pub async fn create(
             crate::projection::requested_view(&requested, sequence, envelope.occurred_at)
         }
         None => {
-            let lease = fetch_or_wait(&ctx, lease_id).await?.ok_or_else(|| {
-                ApiError::internal(format!("lease {lease_id} missing from read model"))
-            })?;
+            let lease = held(&ctx, lease_id)
+                .await?
+                .map(|l| l.view.clone())
+                .ok_or_else(|| {
+                    ApiError::internal(format!("lease {lease_id} missing from read model"))
+                })?;
             if !lease.asks_for(&requested) {
                 return Err(ApiError::conflict(
                     "this Idempotency-Key was used for a different request",
@@ -452,8 +490,21 @@ pub async fn get(
     State(ctx): State<ApiContext>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<LeaseView>, ApiError> {
-    Ok(Json(visible(&ctx, &caller, parse_id(&id)?).await?))
+) -> Result<Response, ApiError> {
+    let lease = visible_held(&ctx, &caller, parse_id(&id)?).await?;
+    Ok(json_response(lease.json.clone()))
+}
+
+/// A 200 with a body already serialised, as `Json` would answer it.
+fn json_response(body: Bytes) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -480,7 +531,7 @@ pub async fn list(
     State(ctx): State<ApiContext>,
     caller: Caller,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<LeasePage>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if limit == 0 || limit > MAX_PAGE {
@@ -500,23 +551,46 @@ pub async fn list(
         Caller::Tenant { id, .. } => Some(*id),
         _ => None,
     };
-    let mut items: Vec<LeaseView> = sqlx::query_as(&format!(
-        "SELECT {VIEW_COLUMNS} FROM leases
-         WHERE ($1::uuid IS NULL OR tenant_id = $1) AND requested_sequence < $2
-         ORDER BY requested_sequence DESC LIMIT $3"
-    ))
-    .bind(tenant)
-    .bind(before)
-    .bind(i64::from(limit) + 1)
-    .fetch_all(&ctx.pool)
-    .await?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items.last().map(|l| l.requested_sequence.to_string())
-    } else {
-        None
+    let limit = limit as usize;
+    let page = match ctx.lease_views.page(tenant, before, limit) {
+        Some(page) => page,
+        None => {
+            let generation = ctx.lease_views.generation();
+            // A first page fills the list's index with the newest leases;
+            // a later one past it is read as asked.
+            let rows = if query.cursor.is_none() {
+                MAX_LISTED_LEASES_PER_INDEX
+            } else {
+                limit + 1
+            };
+            let items: Vec<LeaseView> = sqlx::query_as(&format!(
+                "SELECT {VIEW_COLUMNS} FROM leases
+                 WHERE ($1::uuid IS NULL OR tenant_id = $1) AND requested_sequence < $2
+                 ORDER BY requested_sequence DESC LIMIT $3"
+            ))
+            .bind(tenant)
+            .bind(before)
+            .bind(rows as i64)
+            .fetch_all(&ctx.pool)
+            .await?;
+            let items: Vec<_> = items.into_iter().map(CachedLease::new).collect();
+            if query.cursor.is_none() {
+                ctx.lease_views
+                    .fill_index(generation, tenant, items.clone());
+            } else {
+                ctx.lease_views.insert(generation, items.iter().cloned());
+            }
+            items.into_iter().take(limit + 1).collect()
+        }
     };
-    Ok(Json(LeasePage { items, next_cursor }))
+    let (items, next_cursor) = match page.get(limit) {
+        Some(_) => (
+            &page[..limit],
+            page[limit - 1].view.requested_sequence.into(),
+        ),
+        None => (&page[..], None),
+    };
+    Ok(json_response(page_json(items, next_cursor).into()))
 }
 
 #[utoipa::path(

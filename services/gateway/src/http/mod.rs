@@ -43,8 +43,28 @@ pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// What every handler shares, behind one reference count: the extractors
+/// clone the context for every request, and a NATS client, a pool and the
+/// channel senders inside it each cost a count of their own to clone and
+/// to drop.
 #[derive(Clone)]
-pub struct ApiContext {
+pub struct ApiContext(std::sync::Arc<ApiShared>);
+
+impl ApiContext {
+    pub fn new(shared: ApiShared) -> Self {
+        ApiContext(std::sync::Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for ApiContext {
+    type Target = ApiShared;
+
+    fn deref(&self) -> &ApiShared {
+        &self.0
+    }
+}
+
+pub struct ApiShared {
     pub bus: Bus,
     pub pool: PgPool,
     pub progress: Progress,
@@ -54,6 +74,8 @@ pub struct ApiContext {
     /// Tenants' balance exhaustion and waiting leases (see
     /// [`crate::lease_admission`]).
     pub lease_admission: std::sync::Arc<crate::lease_admission::LeaseAdmission>,
+    /// Leases as the read model showed them (see [`crate::lease_views`]).
+    pub lease_views: std::sync::Arc<crate::lease_views::LeaseViews>,
     pub limits: limits::TenantLimits,
     pub write_budgets: std::sync::Arc<limits::WriteBudgets>,
     /// Wraps tenants' data keys.
