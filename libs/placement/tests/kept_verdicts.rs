@@ -66,7 +66,7 @@ fn request(shape: usize) -> Request {
     let model = match shape {
         1 => "T4",
         6 | 7 => "A100-40GB",
-        _ if shape % 2 == 0 => "A100-40GB",
+        _ if shape.is_multiple_of(2) => "A100-40GB",
         _ => "H100-80GB",
     };
     Request {
@@ -80,7 +80,7 @@ fn request(shape: usize) -> Request {
             vec![]
         },
         tier: Tier::Basic,
-        needs_isolation: shape % 3 == 0,
+        needs_isolation: shape.is_multiple_of(3),
     }
 }
 

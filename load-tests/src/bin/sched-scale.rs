@@ -343,7 +343,7 @@ async fn main() -> anyhow::Result<()> {
         logs.display()
     );
     let nats = NatsServer::start(true)?;
-    let bus = Bus::connect(&BusConfig::new(&nats.url(), "sched-scale")).await?;
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "sched-scale")).await?;
     let mut out = Appender::new(bus.jetstream().clone(), args.max_in_flight, 0);
 
     let fleet_start = Instant::now();
