@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cluster::{Demand, Reject};
 use crate::policy::Scored;
-use crate::rng::Rng;
+use crate::rng::{scale, Rng};
 
 /// Demands whose index an engine keeps (the most recently used): each costs
 /// about 40 bytes a node.
@@ -187,24 +187,26 @@ impl Index {
             // The scan draws once for every candidate that ties the best it
             // has met so far, the nodes before `first` included.
             let mut best: Option<Key> = None;
+            let mut draws = 0u64;
             for entry in &self.entries[..first] {
                 let Ok(s) = entry else { continue };
                 let k = Key::of(s);
                 match best {
-                    Some(b) if k == b => {
-                        rng.next_u64();
-                    }
+                    Some(b) if k == b => draws += 1,
                     Some(b) if k < b => {}
                     _ => best = Some(k),
                 }
             }
-            let mut node = first;
-            for (seen, &i) in set.iter().enumerate().skip(1) {
-                if rng.below(seen as u64 + 1) == 0 {
-                    node = i as usize;
-                }
-            }
-            node
+            rng.skip(draws);
+            // The scan keeps the last tied node whose draw came up 0 (the
+            // `seen`-th draw from here, out of `seen + 1`): looking from
+            // the last tied node back, the first such is it.
+            set.iter()
+                .enumerate()
+                .skip(1)
+                .rev()
+                .find(|(seen, _)| scale(rng.peek(*seen as u64), *seen as u64 + 1) == 0)
+                .map_or(first, |(_, &i)| i as usize)
         };
         let runner_up = if tied > 1 {
             Some(top.0)
