@@ -12,7 +12,7 @@
 //! count the draws the scan makes there.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::cluster::{Demand, Reject};
 use crate::policy::Scored;
@@ -70,8 +70,9 @@ pub struct Index {
     epoch: u64,
     generations: Vec<u64>,
     entries: Vec<Result<Scored, Reject>>,
-    /// Candidates by key, each key's nodes in node order.
-    by_key: BTreeMap<Key, BTreeSet<u32>>,
+    /// Candidates by key, each key's nodes in node order (a sorted vector:
+    /// a tie is read whole at every decision, and changes one node).
+    by_key: BTreeMap<Key, Vec<u32>>,
     rejects: [u32; Reject::ALL.len()],
     candidates: u32,
     /// Candidates whose score the index cannot order ([`unordered`]).
@@ -141,7 +142,9 @@ impl Index {
                 }
                 let key = Key::of(s);
                 if let Some(set) = self.by_key.get_mut(&key) {
-                    set.remove(&(i as u32));
+                    if let Ok(at) = set.binary_search(&(i as u32)) {
+                        set.remove(at);
+                    }
                     if set.is_empty() {
                         self.by_key.remove(&key);
                     }
@@ -158,7 +161,10 @@ impl Index {
                 if unordered(s) {
                     self.unordered += 1;
                 } else {
-                    self.by_key.entry(Key::of(s)).or_default().insert(i as u32);
+                    let set = self.by_key.entry(Key::of(s)).or_default();
+                    if let Err(at) = set.binary_search(&(i as u32)) {
+                        set.insert(at, i as u32);
+                    }
                 }
             }
         }
