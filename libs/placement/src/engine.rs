@@ -4,6 +4,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+mod index;
+
+use index::{Index, MAX_INDEXED_DEMANDS};
+
 use crate::cluster::{gpu_indices, AllocError, AllocId, Cluster, Demand, GpuSet, Kind, Reject};
 use crate::model::Request;
 use crate::policy::{Policy, Scored};
@@ -100,6 +104,10 @@ pub struct Engine {
     seed: u64,
     sequence: u64,
     ties: Ties,
+    /// Kept verdicts for the demands decided most recently, newest first
+    /// (see [`index`]); empty while [`Engine::without_index`].
+    indexes: Vec<Index>,
+    indexed: bool,
 }
 
 /// How the engine chooses among candidates with equal scores.
@@ -123,7 +131,18 @@ impl Engine {
             seed,
             sequence: 0,
             ties: Ties::Draw,
+            indexes: Vec::new(),
+            indexed: true,
         }
+    }
+
+    /// Scores every node at every decision, as the engine did before it
+    /// kept verdicts between decisions: the same decisions, slower (for
+    /// tests that hold the two to each other).
+    pub fn without_index(mut self) -> Self {
+        self.indexed = false;
+        self.indexes.clear();
+        self
     }
 
     /// Breaks ties by a node order drawn once from the seed (see
@@ -173,19 +192,113 @@ impl Engine {
     pub fn decide_demand(&mut self, d: &Demand) -> Result<Decision, Pending> {
         let seq = self.sequence;
         self.sequence += 1;
-        let mut rng = Rng::stream(self.seed, seq);
-        let cluster = &self.cluster;
-        let policy = self.policy.as_mut();
         let mig = match d.kind {
             Kind::Mig(p) => Some(p),
             _ => None,
         };
         if mig.is_none() {
-            policy.begin(cluster, d);
+            self.policy.begin(&self.cluster, d);
         }
-        let (policy_name, policy_version) = match mig {
-            Some(_) => (MIG_POLICY, MIG_POLICY_VERSION),
-            None => (policy.name(), policy.version()),
+        // A MIG instance's score depends on the node alone.
+        let epoch = match mig {
+            Some(_) => Some(0),
+            None => self.policy.scores_by_node(),
+        };
+        if let (Some(epoch), true, Ties::Draw) = (epoch, self.indexed, &self.ties) {
+            if let Some(decided) = self.decide_indexed(d, seq, epoch) {
+                return decided;
+            }
+        }
+        self.decide_scanning(d, seq)
+    }
+
+    fn names(&self, d: &Demand) -> (&'static str, u32) {
+        match d.kind {
+            Kind::Mig(_) => (MIG_POLICY, MIG_POLICY_VERSION),
+            _ => (self.policy.name(), self.policy.version()),
+        }
+    }
+
+    fn pending(&self, d: &Demand, rejects: &[u32; Reject::ALL.len()]) -> Pending {
+        let (policy, policy_version) = self.names(d);
+        Pending {
+            policy,
+            policy_version,
+            nodes: self.cluster.len() as u32,
+            rejected: Reject::ALL
+                .iter()
+                .zip(rejects)
+                .filter(|(_, c)| **c > 0)
+                .map(|(r, c)| (r.to_string(), *c))
+                .collect(),
+        }
+    }
+
+    /// [`Engine::decide_demand`] from the verdicts kept for `d`, refreshed
+    /// where a node changed; `None` where the kept verdicts cannot order the
+    /// candidates as the scan does (the caller scans).
+    fn decide_indexed(
+        &mut self,
+        d: &Demand,
+        seq: u64,
+        epoch: u64,
+    ) -> Option<Result<Decision, Pending>> {
+        let mut index = match self.indexes.iter().position(|ix| ix.demand == *d) {
+            Some(at) => self.indexes.remove(at),
+            None => Index::new(*d),
+        };
+        let cluster = &self.cluster;
+        let policy = self.policy.as_mut();
+        // No policy that scores by node draws: this one is never read.
+        let mut unused = Rng::new(self.seed);
+        index.refresh(
+            cluster.len(),
+            epoch,
+            |i| cluster.node(i).generation,
+            |i| {
+                cluster.check(i, d)?;
+                Ok(match d.kind {
+                    Kind::Mig(p) => mig_score(cluster, i, p, d.models),
+                    _ => policy.score(cluster, i, d, &mut unused),
+                })
+            },
+        );
+        let decided = if !index.ordered() {
+            None
+        } else {
+            let (policy, policy_version) = self.names(d);
+            Some(match index.choose(Rng::stream(self.seed, seq)) {
+                Some(c) => Ok(Decision {
+                    node: c.node,
+                    gpus: c.scored.gpus,
+                    provenance: Provenance {
+                        policy,
+                        policy_version,
+                        candidates: c.candidates,
+                        tied: c.tied,
+                        winner_score: c.scored.score,
+                        runner_up_score: c.runner_up,
+                        seed: self.seed,
+                        sequence: seq,
+                    },
+                }),
+                None => Err(self.pending(d, index.rejects())),
+            })
+        };
+        self.indexes.insert(0, index);
+        self.indexes.truncate(MAX_INDEXED_DEMANDS);
+        decided
+    }
+
+    /// Every node checked and scored, in order.
+    fn decide_scanning(&mut self, d: &Demand, seq: u64) -> Result<Decision, Pending> {
+        let mut rng = Rng::stream(self.seed, seq);
+        let (policy_name, policy_version) = self.names(d);
+        let cluster = &self.cluster;
+        let policy = self.policy.as_mut();
+        let mig = match d.kind {
+            Kind::Mig(p) => Some(p),
+            _ => None,
         };
         let mut best: Option<(usize, Scored)> = None;
         let mut runner_up: Option<f64> = None;
@@ -244,17 +357,7 @@ impl Engine {
                     sequence: seq,
                 },
             }),
-            None => Err(Pending {
-                policy: policy_name,
-                policy_version,
-                nodes: cluster.len() as u32,
-                rejected: Reject::ALL
-                    .iter()
-                    .zip(rejects)
-                    .filter(|(_, c)| *c > 0)
-                    .map(|(r, c)| (r.to_string(), c))
-                    .collect(),
-            }),
+            None => Err(self.pending(d, &rejects)),
         }
     }
 

@@ -2,6 +2,20 @@
 //! same for the same seed on every machine and every version of every
 //! dependency. Not for cryptography.
 
+/// SplitMix64's increment of the state per draw.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A draw `x` scaled into `0..n` (what [`Rng::below`] returns for it).
+pub(crate) fn scale(x: u64, n: u64) -> u64 {
+    ((u128::from(x) * u128::from(n)) >> 64) as u64
+}
+
 #[derive(Debug, Clone)]
 pub struct Rng {
     state: u64,
@@ -21,17 +35,25 @@ impl Rng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.state = self.state.wrapping_add(GAMMA);
+        mix(self.state)
+    }
+
+    /// What the `k`-th next [`Rng::next_u64`] (`k` >= 1) will return,
+    /// without drawing: the state moves by one constant a draw.
+    pub(crate) fn peek(&self, k: u64) -> u64 {
+        mix(self.state.wrapping_add(GAMMA.wrapping_mul(k)))
+    }
+
+    /// Draws `k` times, throwing the draws away.
+    pub(crate) fn skip(&mut self, k: u64) {
+        self.state = self.state.wrapping_add(GAMMA.wrapping_mul(k));
     }
 
     /// Uniform in `0..n` (`n > 0`), by the multiply-shift method.
     pub fn below(&mut self, n: u64) -> u64 {
         debug_assert!(n > 0);
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+        scale(self.next_u64(), n)
     }
 
     /// Uniform in `[0, 1)`.
@@ -64,6 +86,19 @@ mod tests {
         };
         assert_eq!(a, b);
         assert_ne!(Rng::stream(42, 1).next_u64(), Rng::stream(42, 2).next_u64());
+    }
+
+    #[test]
+    fn peek_and_skip_see_the_draws_ahead() {
+        let r = Rng::stream(42, 7);
+        let mut drawn = r.clone();
+        let ahead: Vec<u64> = (0..5).map(|_| drawn.next_u64()).collect();
+        for (k, x) in ahead.iter().enumerate() {
+            assert_eq!(r.peek(k as u64 + 1), *x);
+        }
+        let mut skipped = r.clone();
+        skipped.skip(3);
+        assert_eq!(skipped.next_u64(), ahead[3]);
     }
 
     #[test]

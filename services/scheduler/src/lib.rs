@@ -48,6 +48,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Seconds from a lease's request (or resume) until the log stored its start, for starts heard since this replica started.",
     ),
     (
+        "lh_scheduler_decision_pass_seconds",
+        "Seconds one decision pass took to decide (liveness, migrations and the queue), without appending.",
+    ),
+    (
         "lh_scheduler_fragmented_gpu_milli",
         "Idle milli-GPU on schedulable nodes that no waiting lease fits (model and size; all idle milli when nothing waits).",
     ),
@@ -358,7 +362,19 @@ impl Decider for Scheduling {
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let began = std::time::Instant::now();
         let batches = self.state.decide(now, &self.rules).batches;
+        let took = began.elapsed();
+        metrics::histogram!("lh_scheduler_decision_pass_seconds").record(took.as_secs_f64());
+        // The histogram's buckets are too coarse for passes of milliseconds:
+        // each pass is logged too (the scale harness reads these).
+        tracing::debug!(
+            target: "lh_scheduler::pass",
+            pass_us = took.as_micros() as u64,
+            waiting = self.state.waiting_count(),
+            decisions = batches.len(),
+            "decision pass"
+        );
         metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);
         metrics::gauge!("lh_scheduler_fragmented_gpu_milli")
             .set(self.state.fragmented_milli() as f64);

@@ -9,7 +9,7 @@ use super::Scored;
 use crate::cluster::{Cluster, Demand, Gpu, Node, EMPTY_GPU, MAX_GPUS_PER_NODE};
 use crate::shape_mix::{apply, Compiled, Load, ShapeMix};
 
-const SLOTS: usize = 64;
+const SLOTS: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -37,6 +37,9 @@ pub struct MixMeasure {
     mix: ShapeMix,
     pub(crate) compiled: Option<Compiled>,
     pub(crate) cache: NodeCache,
+    /// Bumped whenever what a score is measured against changes (the mix,
+    /// or its compilation against the cluster's models).
+    pub(crate) epoch: u64,
 }
 
 impl MixMeasure {
@@ -45,6 +48,7 @@ impl MixMeasure {
             mix,
             compiled: None,
             cache: NodeCache::default(),
+            epoch: 0,
         }
     }
 
@@ -52,6 +56,7 @@ impl MixMeasure {
         self.mix = mix;
         self.compiled = None;
         self.cache.clear();
+        self.epoch += 1;
     }
 
     /// Readies a placement decision for `d`.
@@ -63,6 +68,7 @@ impl MixMeasure {
         {
             self.compiled = Some(Compiled::new(&self.mix, cluster));
             self.cache.clear();
+            self.epoch += 1;
         }
         self.cache.begin(cluster, d);
     }

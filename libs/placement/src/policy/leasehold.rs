@@ -84,6 +84,10 @@ impl Policy for Leasehold {
         self.measure.begin(cluster, d);
     }
 
+    fn scores_by_node(&self) -> Option<u64> {
+        Some(self.measure.epoch)
+    }
+
     fn score(&mut self, cluster: &Cluster, node: usize, d: &Demand, _rng: &mut Rng) -> Scored {
         let n = cluster.node(node);
         if let Some(s) = self.measure.cache.get(node, n.generation) {

@@ -53,6 +53,14 @@ pub trait Policy: Send {
     fn begin(&mut self, _cluster: &Cluster, _demand: &Demand) {}
     /// Scores feasible node `node` and chooses its GPUs.
     fn score(&mut self, cluster: &Cluster, node: usize, demand: &Demand, rng: &mut Rng) -> Scored;
+    /// `Some(epoch)` when, after [`Policy::begin`], a node's score is a
+    /// function of the node's state (its generation), the demand and this
+    /// epoch alone, and draws nothing from the generator: the engine may
+    /// then keep scores between decisions until the epoch changes. `None`
+    /// (the default): every decision scores every node anew.
+    fn scores_by_node(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Policy names, as `lh-sim --policy` takes them.
