@@ -587,7 +587,7 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
             leases as f64 / wrote_for.as_secs_f64(),
             written as f64 / wrote_for.as_secs_f64()
         );
-        Ok(settled)
+        anyhow::Ok(settled)
     };
     let (gateway_ran, pricing_ran, wrote) = tokio::join!(gateway_run, pricing_run, write);
     gateway_ran?;
