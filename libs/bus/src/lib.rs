@@ -14,7 +14,9 @@
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
-//!   consumer and then follows live, opening a new consumer after the last
+//!   consumer and then follows live (a long backlog that the filter matches
+//!   often is read whole and filtered here: nats-server is slow to filter
+//!   a log with a subject per lease), opening a new consumer after the last
 //!   delivered message when the connection comes back or a cluster elects
 //!   a new leader of the log. A stored message the reader cannot use
 //!   (junk, an unknown type, a newer version) is counted, logged and handed
@@ -442,7 +444,9 @@ pub struct Stored {
     pub envelope: Envelope,
     /// The raw bytes as stored: the audit chain hashes these.
     pub payload: Bytes,
-    /// Messages left in the stream for this feed after this one.
+    /// Messages left in the stream after this one: of this feed's filters,
+    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When the server stored it, by the server's clock: what a writer's
     /// own timestamps are held against.
@@ -461,7 +465,9 @@ pub struct Skipped {
     pub subject: String,
     /// The raw bytes as stored.
     pub payload: Bytes,
-    /// Messages left in the stream for this feed after this one.
+    /// Messages left in the stream after this one: of this feed's filters,
+    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When JetStream stored it (the same on every replay).
     pub stored_at: chrono::DateTime<chrono::Utc>,
@@ -481,7 +487,9 @@ pub struct Sample {
     pub sequence: u64,
     pub subject: String,
     pub payload: Bytes,
-    /// Messages left in the stream for this feed after this one.
+    /// Messages left in the stream after this one: of this feed's filters,
+    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When the server stored it, by the server's clock (the same on every
     /// replay): what a node's own clock is held against.
@@ -528,7 +536,7 @@ impl FeedItem {
         }
     }
 
-    /// Messages left in the stream for this feed after this one.
+    /// Messages left in the stream after this one (see [`Stored::pending`]).
     pub fn pending(&self) -> u64 {
         match self {
             FeedItem::Event(e) => e.pending,
@@ -1216,10 +1224,15 @@ impl Bus {
     ) -> Result<Feed<T>> {
         let mut connects = self.connects.clone();
         connects.mark_unchanged();
+        let whole = match stream {
+            subject::TELEMETRY_STREAM => subject::TELEMETRY_ALL,
+            _ => subject::EVENTS_ALL,
+        };
         let source = FeedSource {
             js: self.js.clone(),
             stream,
             filters: filters.iter().map(|f| f.to_string()).collect(),
+            wide: (!filters.contains(&whole)).then(|| whole.to_string()),
             service: self.service.clone(),
             report_skips,
             connects,
@@ -1473,6 +1486,20 @@ async fn next_election(
 
 /// Messages a feed reads ahead of its reader.
 const FEED_BUFFER_MESSAGES: usize = 64;
+/// Backlog, in messages of the stream, from which a feed considers reading
+/// the whole stream and dropping what its filters do not match.
+const WIDE_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;
+/// A backlog is read whole when at least one message in this many matches
+/// the feed's filters. nats-server finds a filtered consumer's next message
+/// by going through the per-subject state of the message block, every
+/// subject in it, once per message delivered; with a subject per lease that
+/// is thousands of entries for each message (about 5,000 messages/s on a
+/// long log). A consumer of the whole stream walks the blocks in order, and
+/// a subject compared here costs far less than one looked up there.
+const WIDE_READ_MAX_MESSAGES_PER_MATCH: u64 = 32;
+/// Longest a message read whole waits to be handed over while the messages
+/// after it do not match: how it learns whether it was the last one.
+const WIDE_READ_HOLD: Duration = Duration::from_millis(20);
 /// First wait before a lost consumer is opened again; it doubles on each
 /// failed attempt up to [`FEED_REOPEN_MAX_WAIT`].
 const FEED_REOPEN_MIN_WAIT: Duration = Duration::from_millis(100);
@@ -1489,6 +1516,9 @@ struct FeedSource {
     /// The stream read: the business log or the telemetry stream.
     stream: &'static str,
     filters: Vec<String>,
+    /// The stream's whole subject space, when the filters are narrower: what
+    /// a long backlog is read as.
+    wide: Option<String>,
     service: Arc<str>,
     /// Count and log each skipped message (false on a second reading).
     report_skips: bool,
@@ -1513,8 +1543,11 @@ impl FeedSource {
         }
     }
 
-    /// An ordered consumer of the filters from `from_sequence` on.
-    async fn open(&self, from_sequence: u64) -> Result<MessageStream> {
+    /// An ordered consumer from `from_sequence` on: of the filters, or of
+    /// the whole stream when the backlog is long and matches often enough
+    /// (see [`WIDE_READ_MAX_MESSAGES_PER_MATCH`]); then `true`, and the
+    /// reader drops what the filters do not match.
+    async fn open(&self, from_sequence: u64) -> Result<(MessageStream, bool)> {
         let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
         let deliver_policy = if from_sequence <= 1 {
             DeliverPolicy::All
@@ -1523,6 +1556,9 @@ impl FeedSource {
                 start_sequence: from_sequence,
             }
         };
+        let state = &stream.cached_info().state;
+        let backlog =
+            (state.last_sequence + 1).saturating_sub(from_sequence.max(state.first_sequence));
         let consumer = stream
             .create_consumer(OrderedConfig {
                 filter_subjects: self.filters.clone(),
@@ -1531,7 +1567,34 @@ impl FeedSource {
             })
             .await
             .map_err(js_err)?;
-        Ok(Box::pin(consumer.messages().await.map_err(js_err)?))
+        let matching = consumer.cached_info().num_pending;
+        let wide = self.wide.is_some()
+            && backlog >= WIDE_READ_MIN_BACKLOG_MESSAGES
+            && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= backlog;
+        let Some(whole) = self.wide.as_ref().filter(|_| wide) else {
+            return Ok((Box::pin(consumer.messages().await.map_err(js_err)?), false));
+        };
+        // The filtered consumer only counted; the server forgets it when
+        // idle, this saves it the wait.
+        let _ = stream.delete_consumer(&consumer.cached_info().name).await;
+        let consumer = stream
+            .create_consumer(OrderedConfig {
+                filter_subjects: vec![whole.clone()],
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
+            backlog, matching, "reading the backlog whole");
+        Ok((Box::pin(consumer.messages().await.map_err(js_err)?), true))
+    }
+
+    /// Whether the feed's filters match `subject`.
+    fn wants(&self, subject: &str) -> bool {
+        self.filters
+            .iter()
+            .any(|filter| subject::matches(filter, subject))
     }
 
     /// Opens a consumer from `from_sequence`, waiting and retrying for as
@@ -1543,7 +1606,7 @@ impl FeedSource {
         &self,
         from_sequence: u64,
         elections: &mut Option<async_nats::Subscriber>,
-    ) -> MessageStream {
+    ) -> (MessageStream, bool) {
         let mut wait = FEED_REOPEN_MIN_WAIT;
         loop {
             let attempt = async {
@@ -1567,10 +1630,10 @@ impl FeedSource {
                 }
             };
             match opened {
-                Ok(messages) => {
+                Ok(opened) => {
                     tracing::info!(service = %self.service, filters = ?self.filters, from_sequence,
                         "event feed resumed");
-                    return messages;
+                    return opened;
                 }
                 Err(e) => {
                     wait = (wait * 2).clamp(FEED_REOPEN_MIN_WAIT, FEED_REOPEN_MAX_WAIT);
@@ -1583,15 +1646,19 @@ impl FeedSource {
 
     /// Reads messages into `items` in stream order until the reader is
     /// gone, opening a new consumer after the last delivered message
-    /// whenever the current one fails or ends.
+    /// whenever the current one fails or ends, and a filtered one once a
+    /// backlog read whole is read.
     async fn pump<T: FeedMessage>(
         mut self,
-        mut messages: MessageStream,
+        opened: (MessageStream, bool),
         mut elections: Option<async_nats::Subscriber>,
         mut next_sequence: u64,
         items: tokio::sync::mpsc::Sender<Result<T>>,
     ) {
+        let (mut messages, mut whole) = opened;
+        let mut held = Held::default();
         loop {
+            let hold_over = held.deadline();
             let next = tokio::select! {
                 next = messages.next() => next,
                 // A new connection may be to a restarted server that lost
@@ -1599,7 +1666,10 @@ impl FeedSource {
                 Ok(()) = self.connects.changed() => {
                     tracing::info!(service = %self.service, filters = ?self.filters,
                         next_sequence, "reconnected to NATS; reopening the event feed");
-                    messages = self.reopen(next_sequence, &mut elections).await;
+                    if !held.hand_over(&items).await {
+                        return;
+                    }
+                    (messages, whole) = self.reopen(next_sequence, &mut elections).await;
                     continue;
                 }
                 // The same for a new leader in a cluster: the consumer may
@@ -1611,51 +1681,164 @@ impl FeedSource {
                     }
                     tracing::info!(service = %self.service, filters = ?self.filters,
                         next_sequence, "the event log has a new leader; reopening the event feed");
-                    messages = self.reopen(next_sequence, &mut elections).await;
+                    if !held.hand_over(&items).await {
+                        return;
+                    }
+                    (messages, whole) = self.reopen(next_sequence, &mut elections).await;
+                    continue;
+                }
+                // Messages the filters do not match keep coming: the held
+                // one may not wait for the head.
+                _ = hold_over => {
+                    if !held.hand_over(&items).await {
+                        return;
+                    }
                     continue;
                 }
             };
             let error = match next {
                 Some(Ok(message)) => {
-                    if self.deliver(message, &mut next_sequence, &items).await {
-                        continue;
+                    match self
+                        .deliver(message, &mut next_sequence, whole, &mut held, &items)
+                        .await
+                    {
+                        Delivered::More => continue,
+                        Delivered::ReaderGone => return,
+                        Delivered::WholeRead => {
+                            // At the head the server's filtering costs
+                            // little, and it saves sending every message.
+                            (messages, whole) = match self.open(next_sequence).await {
+                                Ok(opened) => opened,
+                                Err(_) => self.reopen(next_sequence, &mut elections).await,
+                            };
+                            continue;
+                        }
                     }
-                    return;
                 }
                 Some(Err(e)) => e.to_string(),
                 None => "the consumer ended".to_string(),
             };
             tracing::warn!(service = %self.service, filters = ?self.filters,
                 next_sequence, %error, "event feed lost its consumer; reopening");
-            messages = self.reopen(next_sequence, &mut elections).await;
+            if !held.hand_over(&items).await {
+                return;
+            }
+            (messages, whole) = self.reopen(next_sequence, &mut elections).await;
         }
     }
 
     /// Hands `message` to the reader unless it repeats one already handed
-    /// over; false once the reader is gone or the feed cannot go on.
+    /// over (or, read `whole`, the filters do not match it).
     async fn deliver<T: FeedMessage>(
         &self,
         message: jetstream::Message,
         next_sequence: &mut u64,
+        whole: bool,
+        held: &mut Held<T>,
         items: &tokio::sync::mpsc::Sender<Result<T>>,
-    ) -> bool {
+    ) -> Delivered {
         let info = match message.info() {
             Ok(info) => info,
             Err(e) => {
                 // Not a JetStream message at all: no retry gives it a
                 // sequence, and without one the order is lost.
                 let _ = items.send(Err(js_err(e))).await;
-                return false;
+                return Delivered::ReaderGone;
             }
         };
         // A new consumer starts where the last delivery ended; anything
         // older is a repeat.
         if info.stream_sequence < *next_sequence {
-            return true;
+            return Delivered::More;
         }
         *next_sequence = info.stream_sequence + 1;
-        let item = T::from_message(self, &message, &info);
-        items.send(Ok(item)).await.is_ok()
+        let at_head = info.pending == 0;
+        if !whole {
+            let item = T::from_message(self, &message, &info);
+            return match items.send(Ok(item)).await {
+                Ok(()) => Delivered::More,
+                Err(_) => Delivered::ReaderGone,
+            };
+        }
+        // Read whole, a message's pending counts every subject: the last
+        // one the filters match is known only from what follows it, so it
+        // is held until then.
+        if self.wants(&message.subject) {
+            let item = T::from_message(self, &message, &info);
+            if !held.hand_over(items).await {
+                return Delivered::ReaderGone;
+            }
+            held.keep(item);
+        }
+        if at_head {
+            held.mark_last();
+            if !held.hand_over(items).await {
+                return Delivered::ReaderGone;
+            }
+            return Delivered::WholeRead;
+        }
+        Delivered::More
+    }
+}
+
+/// What became of a message the pump read.
+enum Delivered {
+    /// Handed over or stepped over; more may follow.
+    More,
+    /// The last message of a stream read whole: the feed reads its filters
+    /// from here.
+    WholeRead,
+    /// The reader is gone, or the feed cannot go on.
+    ReaderGone,
+}
+
+/// The message read whole that the filters matched last, not yet handed
+/// over: whether it is the last one is told by the messages after it.
+struct Held<T> {
+    item: Option<T>,
+    since: tokio::time::Instant,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            item: None,
+            since: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl<T: FeedMessage> Held<T> {
+    fn keep(&mut self, item: T) {
+        self.item = Some(item);
+        self.since = tokio::time::Instant::now();
+    }
+
+    /// Nothing of the stream follows the held message.
+    fn mark_last(&mut self) {
+        if let Some(item) = &mut self.item {
+            item.mark_last();
+        }
+    }
+
+    /// When the held message is handed over even though it may not be the
+    /// last (never while none is held).
+    fn deadline(&self) -> impl std::future::Future<Output = ()> {
+        let at = self.item.as_ref().map(|_| self.since + WIDE_READ_HOLD);
+        async move {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Hands the held message over, if one is; false once the reader is gone.
+    async fn hand_over(&mut self, items: &tokio::sync::mpsc::Sender<Result<T>>) -> bool {
+        match self.item.take() {
+            Some(item) => items.send(Ok(item)).await.is_ok(),
+            None => true,
+        }
     }
 }
 
@@ -1672,6 +1855,8 @@ trait FeedMessage: Send + 'static {
         message: &jetstream::Message,
         info: &jetstream::message::Info,
     ) -> Self;
+    /// Says that nothing the feed reads follows it (pending 0).
+    fn mark_last(&mut self);
 }
 
 impl FeedMessage for Sample {
@@ -1688,6 +1873,10 @@ impl FeedMessage for Sample {
             stored_at: stored_at(info),
         }
     }
+
+    fn mark_last(&mut self) {
+        self.pending = 0;
+    }
 }
 
 impl FeedMessage for FeedItem {
@@ -1698,6 +1887,13 @@ impl FeedMessage for FeedItem {
         info: &jetstream::message::Info,
     ) -> Self {
         source.item(message, info)
+    }
+
+    fn mark_last(&mut self) {
+        match self {
+            FeedItem::Event(e) => e.pending = 0,
+            FeedItem::Skipped(s) => s.pending = 0,
+        }
     }
 }
 

@@ -395,6 +395,22 @@ pub fn aggregate_of(stored_subject: &str) -> Option<&str> {
     None
 }
 
+/// Whether the subject filter `filter` (NATS wildcards: `*` one token, a
+/// last `>` one or more) matches the subject `subject`, as the server
+/// decides it.
+pub fn matches(filter: &str, subject: &str) -> bool {
+    let mut subject_tokens = subject.split('.');
+    for wanted in filter.split('.') {
+        match (wanted, subject_tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (wanted, Some(token)) if wanted == token => {}
+            _ => return false,
+        }
+    }
+    subject_tokens.next().is_none()
+}
+
 /// Makes a name safe as one subject token: NATS reserves `.`, `*`, `>` and
 /// whitespace, so those become `_`.
 pub fn token(name: &str) -> String {
@@ -433,6 +449,24 @@ mod tests {
             assert!(one.starts_with(prefix), "{one} is not under {all}");
             assert!(one.starts_with(EVENTS_ALL.strip_suffix('>').unwrap()));
         }
+    }
+
+    #[test]
+    fn filters_match_as_the_server_matches() {
+        let id = Uuid::nil();
+        let started = event(&lease(id), "lease.started", &Actor::Node("n1".into()));
+        assert!(matches(LEASES_ALL, &started));
+        assert!(matches(EVENTS_ALL, &started));
+        assert!(matches(&started, &started));
+        assert!(!matches(CHARGES_ALL, &started));
+        assert!(!matches(LEASES_ALL, "lh.evt.lease"), "> needs a token");
+        assert!(matches(USAGE_ALL, "lh.tel.usage.n1.l1"));
+        assert!(!matches(USAGE_ALL, "lh.tel.usage.n1"));
+        assert!(!matches(USAGE_ALL, "lh.tel.usage.n1.l1.x"));
+        assert!(
+            !matches(&lease(id), &started),
+            "a literal matches itself only"
+        );
     }
 
     #[test]

@@ -8,19 +8,33 @@
 //! A private nats-server (lazy fsync: how the log was made durable changes
 //! nothing a replay reads) and PostgreSQL (the test kit's, `fsync=off`) are
 //! started. The log is written straight onto `LH_EVENTS`: the default price
-//! book, the tenants, then lease after lease `requested`, `placed`,
-//! `started`, `ended` and the `charge.accrued` pricing would write for its
-//! run. Each projection then runs live over the whole log until it has
+//! book, the tenants, then lease after lease `requested`, `placed`, its
+//! node's `gpus_allocated` (64 nodes), `started`, `stop_requested`, `ended`
+//! and the `charge.accrued` pricing would write for its run. Each projection then runs live over the whole log until it has
 //! caught up (its catch-up rate is printed too), and is rebuilt into a fresh
 //! schema by `lh_projection::rebuild`, timed; the rebuilt tables are
 //! compared with the live ones row for row. Exits non-zero when a table
-//! differs.
+//! differs. Before that, the feed alone is timed: what the rebuild reads,
+//! counted and dropped (the ceiling of reading), and the same filters read
+//! by a plain consumer that leaves the filtering to nats-server.
+//!
+//! Then the live lag: both projections run live on their schemas while
+//! `--live-leases-per-sec` new leases a second are written for
+//! `--live-secs` (each `requested`, `placed` 10 ms and `started` 20 ms
+//! later, stopped, ended and charged after a second). An event's lag is the time
+//! from its publish to the commit of the transaction that applied it (the
+//! runner's `on_committed`); p50, p99 and the maximum are printed per
+//! projection. Exits non-zero when an event was never committed.
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::Utc;
 use clap::Parser;
+use futures::StreamExt;
+use lh_bus::async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use lh_bus::{Bus, BusConfig};
 use lh_domain::rating;
 use lh_events::*;
@@ -30,7 +44,9 @@ use uuid::Uuid;
 
 const GPU_MODEL: &str = "A100-40GB";
 const GPU_VRAM_GB: u32 = 40;
-const NODE_ID: &str = "node-0000";
+/// Nodes the leases are spread over: their `gpus_allocated` events share
+/// a subject per node, as on a real log.
+const NODES: usize = 64;
 const ZONE: &str = "cn-north-1a";
 /// Room given to the log.
 const EVENTS_MAX_BYTES: i64 = 8 * 1024 * 1024 * 1024;
@@ -38,10 +54,19 @@ const EVENTS_MAX_BYTES: i64 = 8 * 1024 * 1024 * 1024;
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(1800);
 /// How long each lease ran, so that every one is billed.
 const RUN_SECS: i64 = 90;
+/// The live phase writes its leases in steps of this length.
+const LIVE_TICK: Duration = Duration::from_millis(10);
+/// Steps from a lease's request to its end (a second).
+const LIVE_TICKS_TO_END: u64 = 100;
+/// Longest the feed may fall silent before the head while timed alone.
+const FEED_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest the live projections may take to apply the live phase's last
+/// event once it is written.
+const LIVE_SETTLE_LIMIT: Duration = Duration::from_secs(120);
 
 #[derive(Parser)]
 struct Args {
-    /// Leases written, each requested, placed, started, ended and charged.
+    /// Leases written, each requested, placed, started, stopped, ended and charged.
     #[arg(long, default_value_t = 5_000)]
     leases: usize,
     #[arg(long, default_value_t = 200)]
@@ -49,19 +74,27 @@ struct Args {
     /// Publishes whose acknowledgement may be outstanding at once.
     #[arg(long, default_value_t = 2048)]
     max_in_flight: usize,
+    /// New leases a second while the projections run live (0: no live phase).
+    #[arg(long, default_value_t = 3_000)]
+    live_leases_per_sec: usize,
+    /// How long the live phase writes new leases.
+    #[arg(long, default_value_t = 20)]
+    live_secs: u64,
 }
 
 /// One whole lease: its life and the charges of its run.
-fn lease_events(tenant_id: Uuid, gpu: u32, book: &PriceBookPublished) -> Vec<Envelope> {
+fn lease_events(tenant_id: Uuid, i: usize, book: &PriceBookPublished) -> Vec<Envelope> {
+    let node_id = format!("node-{:04}", i % NODES);
+    let gpu = ((i / NODES) % 8) as u32;
     let lease_id = Uuid::now_v7();
     let now = Utc::now();
     let started_at = now - chrono::Duration::seconds(RUN_SECS);
     let scheduler = Actor::Service("scheduler".into());
-    let node = Actor::Node(NODE_ID.into());
+    let node = Actor::Node(node_id.clone());
     let ended = Envelope::new(
         node.clone(),
         now,
-        EventData::LeaseEnded(fixtures::ended(lease_id, NODE_ID, now, EndReason::Stopped)),
+        EventData::LeaseEnded(fixtures::ended(lease_id, &node_id, now, EndReason::Stopped)),
     );
     let segment = rating::Segment {
         lease_id,
@@ -80,11 +113,11 @@ fn lease_events(tenant_id: Uuid, gpu: u32, book: &PriceBookPublished) -> Vec<Env
             EventData::LeaseRequested(fixtures::whole_request(lease_id, tenant_id, 1, GPU_MODEL)),
         ),
         Envelope::new(
-            scheduler,
+            scheduler.clone(),
             now,
             EventData::LeasePlaced(fixtures::placed(
                 lease_id,
-                NODE_ID,
+                &node_id,
                 ZONE,
                 GPU_MODEL,
                 GPU_VRAM_GB,
@@ -92,9 +125,23 @@ fn lease_events(tenant_id: Uuid, gpu: u32, book: &PriceBookPublished) -> Vec<Env
             )),
         ),
         Envelope::new(
+            scheduler,
+            now,
+            EventData::NodeGpusAllocated(NodeGpusAllocated::one(
+                node_id.clone(),
+                lease_id,
+                vec![gpu],
+            )),
+        ),
+        Envelope::new(
             node,
             now,
-            EventData::LeaseStarted(fixtures::started(lease_id, NODE_ID, started_at)),
+            EventData::LeaseStarted(fixtures::started(lease_id, &node_id, started_at)),
+        ),
+        Envelope::new(
+            Actor::Tenant(tenant_id),
+            now,
+            EventData::LeaseStopRequested(LeaseStopRequested { lease_id }),
         ),
         ended.clone(),
     ];
@@ -130,7 +177,7 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<u64> {
             .await?;
     }
     for i in 0..args.leases {
-        for e in lease_events(tenants[i % tenants.len()], (i % 8) as u32, &book) {
+        for e in lease_events(tenants[i % tenants.len()], i, &book) {
             out.append(&e).await?;
         }
     }
@@ -138,8 +185,57 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<u64> {
     Ok(bus.last_sequence().await?)
 }
 
+/// Reads `filters` from the start to `head` through the bus's feed (what
+/// a rebuild reads) and drops each message: (messages, time).
+async fn read_feed(bus: &Bus, filters: &[&str], head: u64) -> anyhow::Result<(u64, Duration)> {
+    let start = Instant::now();
+    let mut feed = bus.reread(filters, 1).await?;
+    let mut read = 0;
+    loop {
+        let item = feed
+            .next_item_within(FEED_READ_TIMEOUT)
+            .await
+            .context("the feed fell silent before the head")??;
+        read += 1;
+        if item.pending() == 0 || item.sequence() >= head {
+            return Ok((read, start.elapsed()));
+        }
+    }
+}
+
+/// The same read by one ordered consumer of `filters`: nats-server does the
+/// filtering.
+async fn read_filtered(bus: &Bus, filters: &[&str], head: u64) -> anyhow::Result<(u64, Duration)> {
+    let start = Instant::now();
+    let stream = bus.jetstream().get_stream(subject::EVENTS_STREAM).await?;
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subjects: filters.iter().map(|f| f.to_string()).collect(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut read = 0;
+    loop {
+        let message = tokio::time::timeout(FEED_READ_TIMEOUT, messages.next())
+            .await
+            .context("the consumer fell silent before the head")?
+            .context("the consumer ended")??;
+        read += 1;
+        let info = message.info().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if info.pending == 0 || info.stream_sequence >= head {
+            return Ok((read, start.elapsed()));
+        }
+    }
+}
+
 /// One projection's figures.
 struct Measured {
+    /// Messages the feed handed over, and how long reading alone took.
+    feed: (u64, Duration),
+    /// The same read filtered by nats-server alone.
+    filtered: (u64, Duration),
     events: u64,
     live: Duration,
     rebuild: Duration,
@@ -150,12 +246,15 @@ struct Measured {
 /// rebuilds it into `{schema}_rebuild` and compares the two.
 async fn measure<P: Projector>(
     bus: &Bus,
+    head: u64,
     database_url: &str,
     schema: &str,
     migrator: &Migrator,
     projector: &P,
     tables: &[&'static str],
 ) -> anyhow::Result<Measured> {
+    let feed = read_feed(bus, projector.filters(), head).await?;
+    let filtered = read_filtered(bus, projector.filters(), head).await?;
     let pool = lh_projection::connect_schema(database_url, schema).await?;
     lh_projection::migrate(&pool, migrator).await?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -201,6 +300,8 @@ async fn measure<P: Projector>(
         .map(|c| c.table)
         .collect();
     Ok(Measured {
+        feed,
+        filtered,
         events,
         live,
         rebuild,
@@ -221,7 +322,7 @@ async fn main() -> anyhow::Result<()> {
     let start = Instant::now();
     let head = write_log(&bus, &args).await?;
     println!(
-        "rebuild-rate: wrote {head} events in {:.1}s: {} tenants, {} leases (requested, placed, started, ended, charged)",
+        "rebuild-rate: wrote {head} events in {:.1}s: {} tenants, {} leases (requested, placed, allocated, started, stopped, ended, charged)",
         start.elapsed().as_secs_f64(),
         args.tenants,
         args.leases
@@ -229,6 +330,7 @@ async fn main() -> anyhow::Result<()> {
 
     let gateway = measure(
         &bus,
+        head,
         &database_url,
         "gateway",
         &lh_gateway::projection::MIGRATOR,
@@ -238,6 +340,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let pricing = measure(
         &bus,
+        head,
         &database_url,
         "pricing",
         &lh_pricing::MIGRATOR,
@@ -247,15 +350,24 @@ async fn main() -> anyhow::Result<()> {
     .await?;
 
     println!(
-        "{:<10} {:>9} {:>10} {:>12} {:>10} {:>12}  identical",
-        "projection", "events", "live", "live ev/s", "rebuild", "rebuild ev/s"
+        "{:<10} {:>9} {:>10} {:>13} {:>10} {:>12} {:>10} {:>12}  identical",
+        "projection",
+        "events",
+        "feed ev/s",
+        "filtered ev/s",
+        "live",
+        "live ev/s",
+        "rebuild",
+        "rebuild ev/s"
     );
     let mut differing = Vec::new();
     for (name, m) in [("gateway", &gateway), ("pricing", &pricing)] {
         println!(
-            "{:<10} {:>9} {:>9.2}s {:>12.0} {:>9.2}s {:>12.0}  {}",
+            "{:<10} {:>9} {:>10.0} {:>13.0} {:>9.2}s {:>12.0} {:>9.2}s {:>12.0}  {}",
             name,
             m.events,
+            m.feed.0 as f64 / m.feed.1.as_secs_f64(),
+            m.filtered.0 as f64 / m.filtered.1.as_secs_f64(),
             m.live.as_secs_f64(),
             m.events as f64 / m.live.as_secs_f64(),
             m.rebuild.as_secs_f64(),
@@ -269,5 +381,227 @@ async fn main() -> anyhow::Result<()> {
         differing.extend(m.differing.iter().map(|t| format!("{name}.{t}")));
     }
     anyhow::ensure!(differing.is_empty(), "rebuilt tables differ: {differing:?}");
+    if args.live_leases_per_sec > 0 {
+        live_lag(&bus, &database_url, &args).await?;
+    }
+    Ok(())
+}
+
+/// Publish instants of the events one projection reads, by subject, and
+/// the lag of each one committed.
+#[derive(Default)]
+struct Lags {
+    published: HashMap<String, VecDeque<Instant>>,
+    lags: Vec<Duration>,
+}
+
+impl Lags {
+    fn committed(&mut self, subject: &str) {
+        if let Some(published) = self.published.get_mut(subject) {
+            if let Some(at) = published.pop_front() {
+                self.lags.push(at.elapsed());
+            }
+            if published.is_empty() {
+                self.published.remove(subject);
+            }
+        }
+    }
+
+    fn unapplied(&self) -> usize {
+        self.published.values().map(VecDeque::len).sum()
+    }
+
+    fn report(&mut self, name: &str) -> String {
+        self.lags.sort();
+        let at = |q: f64| {
+            let i = ((self.lags.len() as f64 * q).ceil() as usize).clamp(1, self.lags.len());
+            self.lags[i - 1].as_secs_f64() * 1e3
+        };
+        if self.lags.is_empty() {
+            return format!("{name}: no event committed");
+        }
+        format!(
+            "{name:<8} {:>8} events  p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+            self.lags.len(),
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        )
+    }
+}
+
+/// Runs `projector` live on `schema` (as left by [`measure`]), telling
+/// `lags` of each committed subject, until `stop` resolves.
+async fn run_live<P: Projector>(
+    bus: &Bus,
+    database_url: &str,
+    schema: &str,
+    projector: &P,
+    lags: Arc<Mutex<Lags>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    progress: tokio::sync::oneshot::Sender<lh_projection::Progress>,
+) -> anyhow::Result<()> {
+    let pool = lh_projection::connect_schema(database_url, schema).await?;
+    let mut stop = stop;
+    lh_projection::run_observed(
+        bus,
+        &pool,
+        projector,
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+        |p| {
+            let _ = progress.send(p);
+        },
+        |subject| lags.lock().expect("lags").committed(subject),
+    )
+    .await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Writes new leases at the asked rate while both projections run live,
+/// and prints each one's lag from publish to commit.
+async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<()> {
+    let gateway = Arc::new(Mutex::new(Lags::default()));
+    let pricing = Arc::new(Mutex::new(Lags::default()));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (gateway_tx, gateway_progress) = tokio::sync::oneshot::channel();
+    let (pricing_tx, pricing_progress) = tokio::sync::oneshot::channel();
+    let gateway_run = run_live(
+        bus,
+        database_url,
+        "gateway",
+        &lh_gateway::projection::GatewayProjection,
+        gateway.clone(),
+        stop_rx.clone(),
+        gateway_tx,
+    );
+    let pricing_run = run_live(
+        bus,
+        database_url,
+        "pricing",
+        &lh_pricing::projection::InvoiceProjector,
+        pricing.clone(),
+        stop_rx,
+        pricing_tx,
+    );
+    let write = async {
+        // Both have read their offsets before the first lease is written.
+        gateway_progress.await.context("gateway started")?;
+        pricing_progress.await.context("pricing started")?;
+        let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
+        let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
+        let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 0);
+        let readers: [(&[&str], &Arc<Mutex<Lags>>); 2] = [
+            (
+                lh_gateway::projection::GatewayProjection.filters(),
+                &gateway,
+            ),
+            (lh_pricing::projection::InvoiceProjector.filters(), &pricing),
+        ];
+        // The tenants first, outside the timed part.
+        for &tenant_id in &tenants {
+            let data = EventData::TenantCreated(TenantCreated {
+                api_key_sha256: format!(
+                    "{}{}",
+                    tenant_id.simple(),
+                    derived_id(&["api-key", &tenant_id.to_string()]).simple()
+                ),
+                ..fixtures::tenant(tenant_id, 8)
+            });
+            out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
+                .await?;
+        }
+        out.flush().await?;
+        let ticks = args.live_secs * 1000 / LIVE_TICK.as_millis() as u64;
+        let per_tick = args.live_leases_per_sec as f64 * LIVE_TICK.as_secs_f64();
+        // Made before the clock starts: the writer's own work is not what
+        // is measured.
+        let total = (ticks as f64 * per_tick) as usize;
+        let mut lives = (0..total)
+            .map(|i| lease_events(tenants[i % tenants.len()], i, &book))
+            .collect::<Vec<_>>()
+            .into_iter();
+        let mut due: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
+        let mut interval = tokio::time::interval(LIVE_TICK);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let started = Instant::now();
+        let mut leases = 0usize;
+        let mut written = 0usize;
+        let mut tick = 0u64;
+        while tick < ticks || !due.is_empty() {
+            interval.tick().await;
+            if tick < ticks {
+                let until = ((tick + 1) as f64 * per_tick) as usize;
+                while leases < until {
+                    let mut events = lives.next().expect("made ahead").into_iter();
+                    let mut stage = |at: u64, e: Envelope| due.entry(at).or_default().push(e);
+                    stage(tick, events.next().expect("requested"));
+                    stage(tick + 1, events.next().expect("placed"));
+                    stage(tick + 1, events.next().expect("gpus_allocated"));
+                    stage(tick + 2, events.next().expect("started"));
+                    for e in events {
+                        stage(tick + LIVE_TICKS_TO_END, e);
+                    }
+                    leases += 1;
+                }
+            }
+            for envelope in due.remove(&tick).unwrap_or_default() {
+                let subject = envelope.subject();
+                let now = Instant::now();
+                for (filters, lags) in &readers {
+                    if filters.iter().any(|f| subject::matches(f, &subject)) {
+                        lags.lock()
+                            .expect("lags")
+                            .published
+                            .entry(subject.clone())
+                            .or_default()
+                            .push_back(now);
+                    }
+                }
+                out.append(&envelope).await?;
+                written += 1;
+            }
+            tick += 1;
+        }
+        out.flush().await?;
+        let wrote_for = started.elapsed();
+        // Every event written is committed by the projections that read it.
+        let settle_start = Instant::now();
+        let settled = loop {
+            let unapplied = gateway.lock().expect("lags").unapplied()
+                + pricing.lock().expect("lags").unapplied();
+            if unapplied == 0 {
+                break true;
+            }
+            if settle_start.elapsed() > LIVE_SETTLE_LIMIT {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let _ = stop_tx.send(true);
+        println!(
+            "live: {leases} leases, {written} events written in {:.1}s ({:.0} leases/s, {:.0} events/s)",
+            wrote_for.as_secs_f64(),
+            leases as f64 / wrote_for.as_secs_f64(),
+            written as f64 / wrote_for.as_secs_f64()
+        );
+        anyhow::Ok(settled)
+    };
+    let (gateway_ran, pricing_ran, wrote) = tokio::join!(gateway_run, pricing_run, write);
+    gateway_ran?;
+    pricing_ran?;
+    let settled = wrote?;
+    let mut unapplied = 0;
+    for (name, lags) in [("gateway", &gateway), ("pricing", &pricing)] {
+        let mut lags = lags.lock().expect("lags");
+        println!("lag publish -> commit: {}", lags.report(name));
+        unapplied += lags.unapplied();
+    }
+    anyhow::ensure!(
+        settled && unapplied == 0,
+        "{unapplied} events were not committed within {LIVE_SETTLE_LIMIT:?}"
+    );
     Ok(())
 }

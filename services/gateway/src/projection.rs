@@ -56,6 +56,9 @@ fn lease_of_common_event(event: &Stored) -> Option<uuid::Uuid> {
         EventData::LeasePlaced(e) => Some(e.lease_id),
         EventData::LeaseStarted(e) => Some(e.lease_id),
         EventData::LeaseEnded(e) => Some(e.lease_id),
+        EventData::LeaseStopRequested(e) => Some(e.lease_id),
+        EventData::LeaseQueued(e) => Some(e.lease_id),
+        EventData::LeaseRejected(e) => Some(e.lease_id),
         _ => None,
     }
 }
@@ -106,14 +109,29 @@ async fn write_wave(conn: &mut PgConnection, wave: &[&Stored]) -> sqlx::Result<(
     let mut placed = Vec::new();
     let mut started = Vec::new();
     let mut ended = Vec::new();
+    let mut stop_requested = Vec::new();
+    let mut queued = Vec::new();
+    let mut rejected = Vec::new();
     for &event in wave {
         match &event.envelope.data {
             EventData::LeaseRequested(e) => requested.push((event, e)),
             EventData::LeasePlaced(e) => placed.push((event, e)),
             EventData::LeaseStarted(e) => started.push((event, e)),
             EventData::LeaseEnded(e) => ended.push((event, e)),
+            EventData::LeaseStopRequested(e) => stop_requested.push((event, e)),
+            EventData::LeaseQueued(e) => queued.push((event, e)),
+            EventData::LeaseRejected(e) => rejected.push((event, e)),
             _ => apply_event(conn, event).await?,
         }
+    }
+    if !stop_requested.is_empty() {
+        update_stop_requested(conn, &stop_requested).await?;
+    }
+    if !queued.is_empty() {
+        update_queued(conn, &queued).await?;
+    }
+    if !rejected.is_empty() {
+        update_rejected(conn, &rejected).await?;
     }
     if !requested.is_empty() {
         insert_requested(conn, &requested).await?;
@@ -288,6 +306,67 @@ async fn update_ended(
     .bind(reasons)
     .bind(seqs)
     .bind(failures)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn update_stop_requested(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeaseStopRequested)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    sqlx::query(
+        "UPDATE leases l SET stop_requested = TRUE, last_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::int8[]) AS u(id, seq)
+         WHERE l.id = u.id",
+    )
+    .bind(ids)
+    .bind(seqs)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn update_queued(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeaseQueued)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let reasons: Vec<&str> = events.iter().map(|(_, e)| e.reason.as_str()).collect();
+    let positions: Vec<i32> = events.iter().map(|(_, e)| e.position as i32).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    sqlx::query(
+        "UPDATE leases l SET state = 'queued', queued_reason = u.reason, queue_position = u.position,
+                last_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::int8[]) AS u(id, reason, position, seq)
+         WHERE l.id = u.id AND l.state IN ('requested', 'queued')",
+    )
+    .bind(ids)
+    .bind(reasons)
+    .bind(positions)
+    .bind(seqs)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn update_rejected(
+    conn: &mut PgConnection,
+    events: &[(&Stored, &lh_events::LeaseRejected)],
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
+    let reasons: Vec<&str> = events.iter().map(|(_, e)| e.reason.as_str()).collect();
+    let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    sqlx::query(
+        "UPDATE leases l SET state = 'rejected', rejected_reason = u.reason, last_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::text[], $3::int8[]) AS u(id, reason, seq)
+         WHERE l.id = u.id",
+    )
+    .bind(ids)
+    .bind(reasons)
+    .bind(seqs)
     .execute(conn)
     .await?;
     Ok(())
