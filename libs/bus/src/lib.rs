@@ -1484,8 +1484,10 @@ async fn next_election(
     }
 }
 
-/// Messages a feed reads ahead of its reader.
-const FEED_BUFFER_MESSAGES: usize = 64;
+/// Messages a feed reads (and decodes) ahead of its reader: enough that a
+/// projection's next transaction is read while it writes the last one, and
+/// at about 2 KiB a decoded event, a few MiB at most per feed.
+const FEED_BUFFER_MESSAGES: usize = 1024;
 /// Backlog, in messages of the stream, from which a feed considers reading
 /// the whole stream and dropping what its filters do not match.
 const WIDE_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;

@@ -453,7 +453,13 @@ async fn run_live<P: Projector>(
         |p| {
             let _ = progress.send(p);
         },
-        |subject| lags.lock().expect("lags").committed(subject),
+        |subjects| {
+            let mut lags = lags.lock().expect("lags");
+            for subject in &subjects {
+                lags.committed(subject);
+            }
+            std::future::ready(())
+        },
     )
     .await?;
     pool.close().await;
