@@ -160,3 +160,33 @@ pub async fn guarded_append_rate(
 }
 
 pub mod money_month;
+
+/// `VmRSS` and `VmHWM` of a process, kB.
+pub fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .with_context(|| format!("{name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// A tenant as an operator creates it, with an API key digest of its own:
+/// the gateway keeps digests unique, so each is 64 hex digits from its id.
+pub fn tenant_created(tenant_id: uuid::Uuid, max_gpus: u32) -> lh_events::Envelope {
+    use lh_events::{derived_id, fixtures, Actor, Envelope, EventData, TenantCreated};
+    let api_key_sha256 = format!(
+        "{}{}",
+        tenant_id.simple(),
+        derived_id(&["api-key", &tenant_id.to_string()]).simple()
+    );
+    let data = EventData::TenantCreated(TenantCreated {
+        api_key_sha256,
+        ..fixtures::tenant(tenant_id, max_gpus)
+    });
+    Envelope::new(Actor::Admin, chrono::Utc::now(), data)
+}

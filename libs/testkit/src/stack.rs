@@ -278,10 +278,10 @@ impl Stack {
                 config.preemption_min_runtime_secs = self.preemption_min_runtime_secs;
                 config.preemption_notice_secs = self.preemption_notice_secs;
                 config.common = common;
-                lh_scheduler::start(config, token.clone()).await
+                Box::pin(lh_scheduler::start(config, token.clone())).await
             }
             "pricing" => {
-                lh_pricing::start(
+                Box::pin(lh_pricing::start(
                     lh_pricing::Config {
                         common,
                         ..lh_pricing::Config::for_test(
@@ -290,14 +290,18 @@ impl Stack {
                         )
                     },
                     token.clone(),
-                )
+                ))
                 .await
             }
             "spot-broker" => {
-                lh_spot_broker::start(lh_spot_broker::Config::for_test(common), token.clone()).await
+                Box::pin(lh_spot_broker::start(
+                    lh_spot_broker::Config::for_test(common),
+                    token.clone(),
+                ))
+                .await
             }
             "audit" => {
-                lh_audit::start(
+                Box::pin(lh_audit::start(
                     lh_audit::Config {
                         common,
                         database_url: self.database_url_for("audit"),
@@ -320,7 +324,7 @@ impl Stack {
                         verify_token_file: None,
                     },
                     token.clone(),
-                )
+                ))
                 .await
             }
             "gateway" => {
@@ -349,11 +353,11 @@ impl Stack {
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
                 }
-                lh_gateway::start(config, token.clone()).await
+                Box::pin(lh_gateway::start(config, token.clone())).await
             }
             "node-agent" => {
                 let node_id = name.split_once(':').unwrap().1.to_string();
-                lh_node_agent::start(
+                Box::pin(lh_node_agent::start(
                     lh_node_agent::Config {
                         runtime: self.node_runtime,
                         mps_control: self.node_mps_control.clone(),
@@ -368,7 +372,7 @@ impl Stack {
                         )
                     },
                     token.clone(),
-                )
+                ))
                 .await
             }
             other => panic!("unknown service {other}"),

@@ -163,17 +163,7 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<u64> {
     let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
     let tenants: Vec<Uuid> = (0..args.tenants.max(1)).map(|_| Uuid::now_v7()).collect();
     for &tenant_id in &tenants {
-        // The gateway keeps API key digests unique: one of 64 hex digits each.
-        let api_key_sha256 = format!(
-            "{}{}",
-            tenant_id.simple(),
-            derived_id(&["api-key", &tenant_id.to_string()]).simple()
-        );
-        let data = EventData::TenantCreated(TenantCreated {
-            api_key_sha256,
-            ..fixtures::tenant(tenant_id, 8)
-        });
-        out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
+        out.append(&lh_load_tests::tenant_created(tenant_id, 8))
             .await?;
     }
     for i in 0..args.leases {
@@ -508,15 +498,7 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
         ];
         // The tenants first, outside the timed part.
         for &tenant_id in &tenants {
-            let data = EventData::TenantCreated(TenantCreated {
-                api_key_sha256: format!(
-                    "{}{}",
-                    tenant_id.simple(),
-                    derived_id(&["api-key", &tenant_id.to_string()]).simple()
-                ),
-                ..fixtures::tenant(tenant_id, 8)
-            });
-            out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
+            out.append(&lh_load_tests::tenant_created(tenant_id, 8))
                 .await?;
         }
         out.flush().await?;

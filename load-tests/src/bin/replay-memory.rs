@@ -281,17 +281,7 @@ impl LogWriter {
         // Every tenant may hold its share of the whole fleet at once.
         let max_gpus = (slots / tenants.len() + 1) as u32 * 4;
         for &tenant_id in &tenants {
-            // The gateway keeps API key digests unique: one of 64 hex digits each.
-            let api_key_sha256 = format!(
-                "{}{}",
-                tenant_id.simple(),
-                derived_id(&["api-key", &tenant_id.to_string()]).simple()
-            );
-            let data = EventData::TenantCreated(TenantCreated {
-                api_key_sha256,
-                ..fixtures::tenant(tenant_id, max_gpus)
-            });
-            out.append(&Envelope::new(Actor::Admin, Utc::now(), data))
+            out.append(&lh_load_tests::tenant_created(tenant_id, max_gpus))
                 .await?;
         }
         let nodes: Vec<NodeRegistered> = (0..args.nodes).map(node_registered).collect();
@@ -470,20 +460,6 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// `VmRSS` and `VmHWM` of a process, kB.
-fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .with_context(|| format!("{name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 /// A started service binary, killed when dropped.
 struct ServiceProcess(Child);
 
@@ -554,7 +530,7 @@ async fn measure(
     if catch_up.is_some() {
         tokio::time::sleep(SETTLE_AFTER_READY).await;
     }
-    let (rss_kb, hwm_kb) = memory_kb(child.0.id()).unwrap_or((0, 0));
+    let (rss_kb, hwm_kb) = lh_load_tests::memory_kb(child.0.id()).unwrap_or((0, 0));
     Ok(Measured {
         catch_up,
         database_url,

@@ -77,20 +77,6 @@ fn envelope(data: EventData) -> Envelope {
     Envelope::new(actor, Utc::now(), data)
 }
 
-/// `VmRSS` and `VmHWM` of a process, kB.
-fn memory_kb(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .with_context(|| format!("{name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 /// The scheduler binary, stopped when dropped.
 struct Scheduler {
     child: Child,
@@ -119,7 +105,7 @@ impl Scheduler {
     }
 
     fn memory_kb(&self) -> anyhow::Result<(u64, u64)> {
-        memory_kb(self.child.id())
+        lh_load_tests::memory_kb(self.child.id())
     }
 
     /// Stops it with SIGTERM (a clean shutdown), then SIGKILL.

@@ -20,7 +20,7 @@
 //! page past it from the database.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -145,7 +145,7 @@ impl Cached {
 /// The views shared by the API's handlers and the projection's runner.
 #[derive(Default)]
 pub struct LeaseViews {
-    cached: RwLock<Cached>,
+    cached: crate::held::Held<Cached>,
 }
 
 impl std::fmt::Debug for LeaseViews {
@@ -159,19 +159,19 @@ impl std::fmt::Debug for LeaseViews {
 impl LeaseViews {
     /// The lease with this id, if held.
     pub fn get(&self, id: &Uuid) -> Option<Arc<CachedLease>> {
-        self.read().views.get(id).cloned()
+        self.cached.read().views.get(id).cloned()
     }
 
     /// The generation a read of the database starts under; pass it to
     /// [`LeaseViews::insert`] or [`LeaseViews::fill_index`].
     pub fn generation(&self) -> u64 {
-        self.read().generation
+        self.cached.read().generation
     }
 
     /// Keeps views read from the database, unless a batch touching leases
     /// was committed since `generation` (the rows may predate it).
     pub fn insert(&self, generation: u64, leases: impl IntoIterator<Item = Arc<CachedLease>>) {
-        let mut cached = self.write();
+        let mut cached = self.cached.write();
         if cached.generation != generation {
             return;
         }
@@ -197,7 +197,7 @@ impl LeaseViews {
                 .last()
                 .map_or(i64::MIN, |l| l.view.requested_sequence);
         }
-        let mut cached = self.write();
+        let mut cached = self.cached.write();
         if cached.generation != generation {
             return;
         }
@@ -220,7 +220,7 @@ impl LeaseViews {
         before: i64,
         limit: usize,
     ) -> Option<Vec<Arc<CachedLease>>> {
-        let cached = self.read();
+        let cached = self.cached.read();
         let index = cached.indexes.get(&tenant)?;
         let mut page = Vec::with_capacity(limit + 1);
         for id in index.by_sequence.range(..before).rev().map(|(_, id)| id) {
@@ -264,7 +264,7 @@ impl LeaseViews {
         }
         let ids: Vec<Uuid> = ids.into_iter().collect();
         let generation = {
-            let mut cached = self.write();
+            let mut cached = self.cached.write();
             cached.generation += 1;
             for id in &ids {
                 cached.remove(id);
@@ -284,17 +284,17 @@ impl LeaseViews {
             Ok(Ok(rows)) => rows,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, leases = ids.len(), "could not re-read committed leases");
-                self.write().indexes.clear();
+                self.cached.write().indexes.clear();
                 return;
             }
             Err(_) => {
                 tracing::warn!(leases = ids.len(), "re-reading committed leases timed out");
-                self.write().indexes.clear();
+                self.cached.write().indexes.clear();
                 return;
             }
         };
         let fresh: Vec<_> = rows.into_iter().map(CachedLease::new).collect();
-        let mut cached = self.write();
+        let mut cached = self.cached.write();
         if cached.generation != generation {
             return;
         }
@@ -315,25 +315,15 @@ impl LeaseViews {
 
     /// Forgets every view and index.
     pub fn forget_all(&self) {
-        self.write().clear();
+        self.cached.write().clear();
     }
 
     pub fn len(&self) -> usize {
-        self.read().views.len()
+        self.cached.read().views.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    // A panic while holding the lock leaves maps that are still whole (no
-    // method panics half-way), so a poisoned lock is used as it is.
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cached> {
-        self.cached.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Cached> {
-        self.cached.write().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -404,7 +394,7 @@ mod tests {
     fn a_fill_that_raced_a_batch_is_not_kept() {
         let views = LeaseViews::default();
         let before = views.generation();
-        views.write().generation += 1;
+        views.cached.write().generation += 1;
         let stale = lease(1, Uuid::nil(), "running");
         views.insert(before, [stale.clone()]);
         views.fill_index(before, None, vec![stale.clone()]);

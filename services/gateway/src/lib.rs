@@ -5,6 +5,7 @@
 //! A lease request answers with the row its event will make instead, and a
 //! read of a lease the projection does not have yet waits for it.
 
+pub mod held;
 pub mod http;
 pub mod keyring;
 pub mod lease_admission;

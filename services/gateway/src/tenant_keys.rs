@@ -16,7 +16,6 @@
 //! a flood of wrong keys is bounded by the anonymous request budget.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
 
 use chrono::{DateTime, Utc};
 use lh_events::subject;
@@ -53,7 +52,7 @@ struct Cached {
 /// The cache shared by the API's handlers and the projection's runner.
 #[derive(Default)]
 pub struct TenantKeys {
-    cached: RwLock<Cached>,
+    cached: crate::held::Held<Cached>,
 }
 
 impl std::fmt::Debug for TenantKeys {
@@ -67,19 +66,19 @@ impl std::fmt::Debug for TenantKeys {
 impl TenantKeys {
     /// The key with this SHA-256, if cached.
     pub fn get(&self, sha256: &[u8; 32]) -> Option<TenantKey> {
-        self.read().by_sha256.get(sha256).cloned()
+        self.cached.read().by_sha256.get(sha256).cloned()
     }
 
     /// The generation a lookup in the database starts under; pass it to
     /// [`TenantKeys::insert`] with what the lookup found.
     pub fn generation(&self) -> u64 {
-        self.read().generation
+        self.cached.read().generation
     }
 
     /// Keeps `key`, unless the cache was forgotten since `generation`
     /// (the row may predate the event that made it so).
     pub fn insert(&self, generation: u64, sha256: [u8; 32], key: TenantKey) {
-        let mut cached = self.write();
+        let mut cached = self.cached.write();
         if cached.generation != generation {
             return;
         }
@@ -91,7 +90,7 @@ impl TenantKeys {
 
     /// Forgets every key.
     pub fn forget_all(&self) {
-        let mut cached = self.write();
+        let mut cached = self.cached.write();
         cached.generation += 1;
         cached.by_sha256.clear();
     }
@@ -107,21 +106,11 @@ impl TenantKeys {
     }
 
     pub fn len(&self) -> usize {
-        self.read().by_sha256.len()
+        self.cached.read().by_sha256.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    // A panic while holding the lock leaves a map that is still whole (no
-    // method panics half-way), so a poisoned lock is used as it is.
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cached> {
-        self.cached.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Cached> {
-        self.cached.write().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -213,11 +213,14 @@ async fn tenant_data_keys_are_stored_wrapped_and_rewrapped_after_a_rotation() {
     std::fs::remove_file(&stack.master_key_file).unwrap();
     let mut config = stack.gateway_config();
     config.master_key_file = stack.master_key_file.clone();
-    let err = lh_gateway::start(config, tokio_util::sync::CancellationToken::new())
-        .await
-        .err()
-        .expect("no master key, no gateway")
-        .to_string();
+    let err = Box::pin(lh_gateway::start(
+        config,
+        tokio_util::sync::CancellationToken::new(),
+    ))
+    .await
+    .err()
+    .expect("no master key, no gateway")
+    .to_string();
     assert!(err.contains("master key file"), "{err}");
     let log = read_log(&stack.bus().await).await;
     assert_eq!(of_type(&log, "tenant.created").len(), 2);

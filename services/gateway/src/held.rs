@@ -1,0 +1,20 @@
+//! A lock over what the gateway holds in memory beside its read model.
+
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A read-write lock whose data stays usable after a panic elsewhere: the
+/// caches behind it are never left half-changed (no method that changes
+/// them panics half-way), so a poisoned lock is used as it is rather than
+/// taking the gateway's reads down with it.
+#[derive(Default)]
+pub struct Held<T>(RwLock<T>);
+
+impl<T> Held<T> {
+    pub fn read(&self) -> RwLockReadGuard<'_, T> {
+        self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+        self.0.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
