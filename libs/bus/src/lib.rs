@@ -1743,8 +1743,11 @@ impl FeedSource {
             Ok(info) => info,
             Err(e) => {
                 // Not a JetStream message at all: no retry gives it a
-                // sequence, and without one the order is lost.
-                let _ = items.send(Err(js_err(e))).await;
+                // sequence, and without one the order is lost. What was
+                // read before it is handed over first, in order.
+                if held.hand_over(items).await {
+                    let _ = items.send(Err(js_err(e))).await;
+                }
                 return Delivered::ReaderGone;
             }
         };

@@ -669,6 +669,10 @@ pub async fn rebuild<P: Projector>(
 /// rebuild fills a fresh schema, and how a projection that outlives its
 /// stream (telemetry) is brought into one whose older rows were carried
 /// over. Its projector must then tell a sample the rows already count.
+/// Quiet spells of 2 s in a row a replay waits through before its last
+/// matching message, before it gives up on the feed.
+const MAX_REPLAY_QUIET_SPELLS: u32 = 30;
+
 /// Returns the sequence reached; `on_event` is told each one applied.
 pub async fn replay<P: Projector>(
     bus: &Bus,
@@ -682,18 +686,31 @@ pub async fn replay<P: Projector>(
     if head == 0 {
         return Ok(reached);
     }
+    // The last message the projection's filters match, at or before the
+    // head: a quiet feed before it is a slow server, not the end.
+    let target = filtered_head(bus, projector).await?.min(head);
     let mut feed = Input::open(bus, projector, 1, true).await?;
     let mut batch = Vec::new();
+    let mut last_read = 0;
+    let mut quiet_spells = 0;
     loop {
         let Some(item) = feed.next_item_within(Duration::from_secs(2)).await else {
-            // No more matching messages before the head.
-            break;
+            if last_read >= target {
+                break;
+            }
+            quiet_spells += 1;
+            if quiet_spells >= MAX_REPLAY_QUIET_SPELLS {
+                return Err(ProjectionError::FeedClosed);
+            }
+            continue;
         };
+        quiet_spells = 0;
         let item = item?;
         if item.sequence() > head {
             break;
         }
-        let last = item.pending() == 0 || item.sequence() == head;
+        last_read = item.sequence();
+        let last = item.pending() == 0 || item.sequence() >= target;
         batch.push(item);
         if batch.len() == MAX_EVENTS_PER_REPLAY_TRANSACTION || last {
             apply_batch(pool, projector, &batch).await?;

@@ -95,15 +95,20 @@ pub struct Admitted {
 impl LeaseAdmission {
     /// What `tenant_id` may do now with a limit of `max_pending` waiting
     /// leases, reading the read model only when memory cannot tell.
+    /// `memory_current` says whether the projection's runner is committing
+    /// (not stalled): memory is forgotten only as it commits, so while it
+    /// cannot, memory could miss an exhaustion the log already holds, and
+    /// the read model is asked (and answers 503 while it is down).
     pub async fn check(
         &self,
         pool: &PgPool,
         tenant_id: Uuid,
         max_pending: u32,
+        memory_current: bool,
     ) -> sqlx::Result<Admitted> {
         let generation = {
             let held = self.lock();
-            if let Some(a) = held.by_tenant.get(&tenant_id) {
+            if let Some(a) = held.by_tenant.get(&tenant_id).filter(|_| memory_current) {
                 if let Some(exhausted) = a.exhausted {
                     if a.estimate() < u64::from(max_pending) {
                         return Ok(Admitted {
@@ -156,6 +161,34 @@ impl LeaseAdmission {
             a.appended.retain(|&seq| seq > applied);
             let folded = (before - a.appended.len()) as u32;
             a.pending_read = a.pending_read.saturating_add(folded);
+        }
+    }
+
+    /// The newest request this gateway appended for `tenant_id` that the
+    /// read model had not applied at its last read: what a list of the
+    /// tenant's leases must wait for to show its own writes.
+    pub fn newest_appended(&self, tenant_id: Uuid) -> Option<u64> {
+        self.lock()
+            .by_tenant
+            .get(&tenant_id)
+            .and_then(|a| a.appended.iter().copied().max())
+    }
+
+    /// Forgets every tenant's answer when a committed lease event can put a
+    /// lease back among the waiting ones without a request (a resume, a
+    /// move off a lost node): the estimate's rule holds only while waiting
+    /// leases come from requests this gateway counts. The subject does not
+    /// name the tenant, and these events are rare next to requests.
+    pub fn forget_if_lease_waits_again(&self, stored_subject: &str) {
+        let family = subject::LEASES_ALL.trim_end_matches('>');
+        let Some(rest) = stored_subject.strip_prefix(family) else {
+            return;
+        };
+        let verb = rest.split('.').nth(1);
+        if matches!(verb, Some("resume_requested" | "migrated")) {
+            let mut held = self.lock();
+            held.generation += 1;
+            held.by_tenant.clear();
         }
     }
 
@@ -217,6 +250,29 @@ mod tests {
             pending,
             applied,
         }
+    }
+
+    #[test]
+    fn a_resume_or_a_move_back_to_the_queue_makes_every_tenant_read_afresh() {
+        let memory = LeaseAdmission::default();
+        let g = memory.lock().generation;
+        memory.fill(TENANT, g, read(false, 0, 10));
+        memory.appended(TENANT, 11, 10);
+        assert_eq!(memory.newest_appended(TENANT), Some(11));
+        let lease = subject::lease(Uuid::from_u128(9));
+        for verb in ["requested.gateway", "placed.scheduler", "started.node"] {
+            memory.forget_if_lease_waits_again(&format!("{lease}.{verb}"));
+            assert!(memory.lock().by_tenant.contains_key(&TENANT), "{verb}");
+        }
+        memory.forget_if_lease_waits_again(&format!("{lease}.resume_requested.gateway"));
+        assert!(memory.lock().by_tenant.is_empty());
+        let now = memory.lock().generation;
+        memory.fill(TENANT, now, read(false, 0, 12));
+        memory.forget_if_lease_waits_again(&format!("{lease}.migrated.scheduler"));
+        assert!(memory.lock().by_tenant.is_empty());
+        // A read begun before the forgetting is not kept.
+        memory.fill(TENANT, g, read(false, 0, 12));
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
     }
 
     #[test]

@@ -260,6 +260,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     for stored_subject in &stored_subjects {
                         tenant_keys.forget_if_tenant_event(stored_subject);
                         lease_admission.forget_if_balance_event(stored_subject);
+                        lease_admission.forget_if_lease_waits_again(stored_subject);
                     }
                     let (lease_views, pool) = (lease_views.clone(), pool.clone());
                     async move { lease_views.refresh_committed(&pool, &stored_subjects).await }

@@ -88,6 +88,17 @@ async fn an_accepted_lease_is_the_row_a_get_right_after_reads() {
             assert_eq!(status, 200, "round {round}: {read}");
             assert_eq!(accepted, read, "the answer is the row the projection made");
         }
+        // A list right after a write shows it too, at the head of the page.
+        let (status, accepted) = post(&stack, &key, None, &bodies[0]).await;
+        assert_eq!(status, 202, "{accepted}");
+        let (status, page) = stack
+            .call(Method::GET, "/v1/leases?limit=1", &key, None)
+            .await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(
+            page["items"][0]["id"], accepted["id"],
+            "round {round}: the list shows the lease just accepted"
+        );
     }
     let (_, page) = stack
         .call(Method::GET, "/v1/leases?limit=500", &key, None)

@@ -396,7 +396,12 @@ pub async fn create(
     let (tenant_id, max_gpus) = caller.tenant()?;
     let admitted = ctx
         .lease_admission
-        .check(&ctx.pool, tenant_id, ctx.limits.max_pending_leases)
+        .check(
+            &ctx.pool,
+            tenant_id,
+            ctx.limits.max_pending_leases,
+            !ctx.progress.stalled(),
+        )
         .await?;
     if admitted.exhausted {
         return Err(exhausted());
@@ -551,6 +556,11 @@ pub async fn list(
         Caller::Tenant { id, .. } => Some(*id),
         _ => None,
     };
+    // A request answered before the projection applied it is listed once it
+    // has: a tenant's list shows its own writes, as a GET of one does.
+    if let Some(appended) = tenant.and_then(|t| ctx.lease_admission.newest_appended(t)) {
+        read_your_write(&ctx, appended).await?;
+    }
     let limit = limit as usize;
     let page = match ctx.lease_views.page(tenant, before, limit) {
         Some(page) => page,
@@ -701,7 +711,7 @@ async fn refuse_if_exhausted(ctx: &ApiContext, tenant_id: Uuid) -> Result<(), Ap
     // No limit on waiting leases: only the exhaustion is asked.
     let admitted = ctx
         .lease_admission
-        .check(&ctx.pool, tenant_id, u32::MAX)
+        .check(&ctx.pool, tenant_id, u32::MAX, !ctx.progress.stalled())
         .await?;
     if admitted.exhausted {
         return Err(exhausted());
