@@ -14,6 +14,12 @@ use crate::SERVICE;
 /// How far before now a book may say it is effective from: the time its
 /// request took to get here. Earlier would re-price leases already started.
 pub const MAX_EFFECTIVE_FROM_AGE: chrono::Duration = chrono::Duration::minutes(1);
+/// Tries of one publish: a second after the fold has read what beat the
+/// first.
+const PUBLISH_ATTEMPTS: u32 = 2;
+/// How long a publish that lost waits for the fold to read the book that
+/// beat it.
+const SHELF_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub fn list(shelf: &SharedShelf, _request: ListRequest) -> PriceBooks {
     PriceBooks {
@@ -51,43 +57,61 @@ pub async fn publish(
             "a price book cannot apply from the past",
         ));
     }
-    let (newest, guard) = {
-        let shelf = shelf.read().expect("shelf lock");
-        (
-            shelf.books.iter().map(|b| b.version).max().unwrap_or(0),
-            shelf.sequence,
+    // A conflict may only mean the fold has not read the book it published
+    // a moment ago: it is given time to, and the version checked again.
+    let mut attempts_left = PUBLISH_ATTEMPTS;
+    loop {
+        attempts_left -= 1;
+        let (newest, guard) = {
+            let shelf = shelf.read().expect("shelf lock");
+            (
+                shelf.books.iter().map(|b| b.version).max().unwrap_or(0),
+                shelf.sequence,
+            )
+        };
+        if book.version <= newest {
+            return Ok(refused(
+                "version",
+                format!("version must be greater than {newest}, the newest published"),
+            ));
+        }
+        let version = book.version;
+        tracing::info!(version, requested_by = ?book.requested_by, "publishing a price book");
+        let envelope = Envelope::new(
+            Actor::Service(SERVICE.into()),
+            now,
+            EventData::PriceBookPublished(book.clone()),
         )
-    };
-    if book.version <= newest {
-        return Ok(refused(
-            "version",
-            format!("version must be greater than {newest}, the newest published"),
-        ));
-    }
-    let version = book.version;
-    tracing::info!(version, requested_by = ?book.requested_by, "publishing a price book");
-    let envelope = Envelope::new(
-        Actor::Service(SERVICE.into()),
-        now,
-        EventData::PriceBookPublished(book),
-    )
-    .with_id(book_id(version));
-    match bus
-        .publish(&envelope, Expect::LastSubjectSequence(guard))
-        .await
-    {
-        Ok(appended) => Ok(PublishReply::Published {
-            version,
-            sequence: appended.sequence,
-        }),
-        // The log holds a book this fold has not read yet.
-        Err(BusError::Conflict(_)) => Ok(refused(
-            "version",
-            "another price book was published meanwhile; list the books and retry",
-        )),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot publish a price book");
-            Err("the event log is out of reach; retry shortly".into())
+        .with_id(book_id(version));
+        match bus
+            .publish(&envelope, Expect::LastSubjectSequence(guard))
+            .await
+        {
+            Ok(appended) => {
+                return Ok(PublishReply::Published {
+                    version,
+                    sequence: appended.sequence,
+                })
+            }
+            // The log holds a book this fold has not read yet.
+            Err(BusError::Conflict(_)) if attempts_left > 0 => {
+                let waited = std::time::Instant::now();
+                while shelf.read().expect("shelf lock").sequence == guard
+                    && waited.elapsed() < SHELF_CATCH_UP
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
+            Err(BusError::Conflict(_)) => {
+                return Ok(refused(
+                    "version",
+                    "another price book was published meanwhile; list the books and retry",
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish a price book");
+                return Err("the event log is out of reach; retry shortly".into());
+            }
         }
     }
 }
