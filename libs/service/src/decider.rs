@@ -17,6 +17,7 @@
 //! events it applied) is moved up to it, or every write there would
 //! conflict forever.
 
+use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -229,14 +230,17 @@ pub trait Decider: Send {
     /// The folded state to keep in a snapshot, so that a start replays only
     /// the log after it (docs/adr/011); `None` (the default): this decider
     /// replays the log at every start. Only what the log says belongs in
-    /// it, not what this process heard or when it started.
-    fn snapshot(&self) -> Option<serde_json::Value> {
+    /// it, not what this process heard or when it started. Written as
+    /// JSON text ([`snapshot_of`]), not a `serde_json::Value`: a tree of
+    /// values costs several times the state's own memory, and a large
+    /// state's snapshot would set the service's high-water mark.
+    fn snapshot(&self) -> Option<Box<RawValue>> {
         None
     }
 
     /// Takes back the state of [`Decider::snapshot`]; false when it cannot
     /// (written by code of another shape), and the log is replayed.
-    fn restore(&mut self, _state: serde_json::Value) -> bool {
+    fn restore(&mut self, _state: &RawValue) -> bool {
         false
     }
 
@@ -250,6 +254,16 @@ pub trait Decider: Send {
 /// Version of a snapshot's own shape: a snapshot of another is not read.
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
+/// `state` as a snapshot's JSON text; `None` when it does not serialise.
+pub fn snapshot_of<T: serde::Serialize + ?Sized>(state: &T) -> Option<Box<RawValue>> {
+    serde_json::value::to_raw_value(state).ok()
+}
+
+/// A snapshot's state read back as `T`; `None` when it does not fit.
+pub fn restored<T: serde::de::DeserializeOwned>(state: &RawValue) -> Option<T> {
+    serde_json::from_str(state.get()).ok()
+}
+
 /// A decider's state at a sequence of the log, as stored.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Snapshot {
@@ -259,7 +273,7 @@ struct Snapshot {
     /// The subjects it followed: a snapshot of other filters is not read.
     filters: Vec<String>,
     skipped_tails: HashMap<String, u64>,
-    state: serde_json::Value,
+    state: Box<RawValue>,
 }
 
 /// Loads the decider's newest usable snapshot: the sequence to read on
@@ -312,7 +326,7 @@ async fn restore<D: Decider>(bus: &Bus, decider: &mut D) -> (u64, SkippedTails) 
         }
     }
     let sequence = snapshot.sequence;
-    if !decider.restore(snapshot.state) {
+    if !decider.restore(&snapshot.state) {
         tracing::warn!(
             decider = decider.name(),
             "the snapshot's state does not fit; replaying the log"

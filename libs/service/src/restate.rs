@@ -237,17 +237,17 @@ impl Decider for Restater {
         }
     }
 
-    fn snapshot(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(&self.statements).ok()
+    fn snapshot(&self) -> Option<Box<serde_json::value::RawValue>> {
+        crate::decider::snapshot_of(&self.statements)
     }
 
-    fn restore(&mut self, state: serde_json::Value) -> bool {
-        match serde_json::from_value(state) {
-            Ok(statements) => {
+    fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
+        match crate::decider::restored(state) {
+            Some(statements) => {
                 self.statements = statements;
                 true
             }
-            Err(_) => false,
+            None => false,
         }
     }
 

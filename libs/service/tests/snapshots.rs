@@ -10,9 +10,10 @@ use chrono::{DateTime, Utc};
 use lh_bus::{Bus, BusConfig, Expect};
 use lh_events::{subject, Actor, Envelope, EventData, NodeCordoned};
 use lh_service::clock::SystemClock;
-use lh_service::decider::{self, Batch, Decider, Pace};
+use lh_service::decider::{self, restored, snapshot_of, Batch, Decider, Pace};
 use lh_service::{CancellationToken, Readiness};
 use lh_testkit::Nats;
+use serde_json::value::RawValue;
 
 /// Counts the cordons of each node; snapshots after every `every` events.
 #[derive(Default)]
@@ -59,11 +60,16 @@ impl Decider for Counter {
         Vec::new()
     }
 
-    fn snapshot(&self) -> Option<serde_json::Value> {
-        Some(serde_json::json!({"cordons": self.cordons, "last_sequence": self.last_sequence}))
+    fn snapshot(&self) -> Option<Box<RawValue>> {
+        snapshot_of(
+            &serde_json::json!({"cordons": self.cordons, "last_sequence": self.last_sequence}),
+        )
     }
 
-    fn restore(&mut self, state: serde_json::Value) -> bool {
+    fn restore(&mut self, state: &RawValue) -> bool {
+        let Some(state) = restored::<serde_json::Value>(state) else {
+            return false;
+        };
         let (Ok(cordons), Some(last)) = (
             serde_json::from_value(state["cordons"].clone()),
             state["last_sequence"].as_u64(),

@@ -1261,13 +1261,13 @@ impl Decider for Charges {
         self.update_shelf();
     }
 
-    fn snapshot(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(&self.fold).ok()
+    fn snapshot(&self) -> Option<Box<serde_json::value::RawValue>> {
+        lh_service::decider::snapshot_of(&self.fold)
     }
 
-    fn restore(&mut self, state: serde_json::Value) -> bool {
-        match serde_json::from_value(state) {
-            Ok(fold) => {
+    fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
+        match lh_service::decider::restored(state) {
+            Some(fold) => {
                 self.fold = fold;
                 let mut shelf = self.shelf.write().expect("shelf lock");
                 shelf.quotes = self.fold.quotes.clone();
@@ -1276,7 +1276,7 @@ impl Decider for Charges {
                 self.update_shelf();
                 true
             }
-            Err(_) => false,
+            None => false,
         }
     }
 
@@ -1549,7 +1549,8 @@ mod tests {
         }
         let mut after = Charges::new(chrono::Duration::seconds(30), GRACE);
         let bytes = serde_json::to_vec(&before.snapshot().unwrap()).unwrap();
-        assert!(after.restore(serde_json::from_slice(&bytes).unwrap()));
+        assert!(after
+            .restore(&serde_json::from_slice::<Box<serde_json::value::RawValue>>(&bytes).unwrap()));
         for c in [&mut before, &mut after] {
             c.apply_stored(9, t(10, 1, 30), &ended);
         }
@@ -1560,7 +1561,8 @@ mod tests {
             panic!("both bill")
         };
         assert_eq!(a.charges, b.charges);
-        assert!(!after.restore(serde_json::json!({"books": 3})));
+        let other = serde_json::json!({"books": 3});
+        assert!(!after.restore(&serde_json::value::to_raw_value(&other).unwrap()));
     }
 
     #[test]

@@ -40,6 +40,7 @@ use lh_rpc::invoice_document::{
 };
 use lh_service::decider::{Batch, Decider, Pace};
 use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::SERVICE;
@@ -134,7 +135,7 @@ fn period_of(at: DateTime<Utc>) -> String {
     format!("{:04}-{:02}", at.year(), at.month())
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Charge {
     sequence: u64,
     id: Uuid,
@@ -142,7 +143,7 @@ struct Charge {
 }
 
 /// What the ledger knows of one tenant's month.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Month {
     /// Charges on no issued document yet.
     open: Vec<Charge>,
@@ -202,7 +203,7 @@ impl Month {
 }
 
 /// Which document a [`Partial`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum PartialKind {
     Invoice,
     /// A note of the month's invoice (its first part's id and number).
@@ -216,7 +217,7 @@ enum PartialKind {
 /// parts are issued again from the same charges (those of the month at or
 /// below `through`), split the same way, with the ids they had: a replay
 /// completes the set and never doubles a part.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Partial {
     kind: PartialKind,
     first_part_id: Uuid,
@@ -231,22 +232,24 @@ struct Partial {
 }
 
 /// Interruptions of one tenant's month.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Downtime {
     seconds: u64,
     leases: BTreeSet<Uuid>,
     listed: Vec<Interruption>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Watched {
     tenant_id: Option<Uuid>,
     down_since: Option<DateTime<Utc>>,
 }
 
-/// The ledger's state, folded from the log.
-#[derive(Debug)]
+/// The ledger's state, folded from the log. Its snapshot is all of it but
+/// the grace, which is this replica's configuration, not the log's.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Ledger {
+    #[serde(skip)]
     grace: chrono::Duration,
     /// The newest sequence read from the log (not counting what this
     /// replica appended itself and has not read back yet).
@@ -255,14 +258,17 @@ pub struct Ledger {
     ledger_sequence: u64,
     last_invoice_number: u64,
     last_note_number: u64,
+    #[serde(with = "pairs")]
     months: BTreeMap<(Uuid, String), Month>,
     /// Granted credits not on an issued invoice, by the (tenant, period)
     /// of the invoice that deducts them.
+    #[serde(with = "pairs")]
     pending_credits: BTreeMap<(Uuid, String), Vec<Credit>>,
     /// (tenant, period measured) of every credit granted.
     credited: HashSet<(Uuid, String)>,
     credit_sequences: HashMap<Uuid, u64>,
     leases: HashMap<Uuid, Watched>,
+    #[serde(with = "pairs")]
     downtime: BTreeMap<(Uuid, String), Downtime>,
 }
 
@@ -1081,6 +1087,56 @@ impl Decider for Ledger {
             tracing::info!(event = kind, id = %envelope.id, "ledger: issued");
         }
     }
+
+    // Without one, every start folded every charge, document and lease
+    // event the log still holds: a start that grew with the history.
+    fn snapshot(&self) -> Option<Box<serde_json::value::RawValue>> {
+        lh_service::decider::snapshot_of(self)
+    }
+
+    fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
+        match serde_json::from_str::<Ledger>(state.get()) {
+            Ok(restored) => {
+                *self = Ledger {
+                    grace: self.grace,
+                    ..restored
+                };
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the ledger's snapshot does not decode");
+                false
+            }
+        }
+    }
+}
+
+/// A map whose keys are not strings (a tenant and a month), kept in a
+/// snapshot as a list of pairs: JSON objects take only string keys.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S, K, V>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
+    where
+        S: Serializer,
+        K: Serialize,
+        V: Serialize,
+    {
+        serializer.collect_seq(map)
+    }
+
+    pub fn deserialize<'de, D, K, V>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(deserializer)?
+            .into_iter()
+            .collect())
+    }
 }
 
 #[cfg(test)]
@@ -1667,6 +1723,104 @@ mod tests {
         assert!(refolded.decide(later).is_empty());
         assert_eq!(refolded.last_invoice_number, 3);
         assert_eq!(refolded.last_note_number, 1);
+    }
+
+    /// A ledger taken back from its snapshot, as stored and read again,
+    /// under a grace of its own.
+    fn restarted_from_snapshot(ledger: &Ledger, grace: chrono::Duration) -> Ledger {
+        let stored = serde_json::to_vec(&ledger.snapshot().expect("a snapshot")).unwrap();
+        let mut restarted = Ledger::new(grace);
+        assert!(restarted.restore(
+            &serde_json::from_slice::<Box<serde_json::value::RawValue>>(&stored).unwrap()
+        ));
+        restarted
+    }
+
+    fn decided(out: &[Envelope]) -> Vec<(Uuid, &EventData)> {
+        out.iter().map(|e| (e.id, &e.data)).collect()
+    }
+
+    #[test]
+    fn a_ledger_started_from_its_snapshot_decides_what_the_fold_decides() {
+        // A lost node's downtime, a month to issue and a credit to grant.
+        let mut folded = interrupted("node n1 lost");
+        let mut restarted = restarted_from_snapshot(&folded, chrono::Duration::zero());
+        let (mut next_folded, mut next_restarted) = (4, 4);
+        let now = at("2026-12-01T00:00:00Z");
+        let out = store(&mut folded, &mut next_folded, now);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(
+            decided(&out),
+            decided(&store(&mut restarted, &mut next_restarted, now))
+        );
+        // The credit waits in both for December's invoice.
+        let december = charge(9, "2026-12-02T00:00:00Z", 3600, "1.00");
+        for (ledger, next) in [
+            (&mut folded, &mut next_folded),
+            (&mut restarted, &mut next_restarted),
+        ] {
+            *next += 1;
+            ledger.apply_stored(*next, Utc::now(), &december);
+        }
+        let restarted = &mut restarted_from_snapshot(&restarted, chrono::Duration::zero());
+        let later = at("2027-01-01T00:00:00Z");
+        let out = store(&mut folded, &mut next_folded, later);
+        assert_eq!(only_invoice(&out).total.to_string(), "-9.00");
+        assert_eq!(
+            decided(&out),
+            decided(&store(restarted, &mut next_restarted, later))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_taken_mid_way_through_a_document_in_parts_completes_it_alike() {
+        let (mut ledger, _) = busy_november(4_500);
+        let now = at("2026-12-01T00:00:00Z");
+        let parts: Vec<Envelope> = ledger
+            .decide(now)
+            .into_iter()
+            .flatten()
+            .map(|(e, _)| e)
+            .collect();
+        assert_eq!(parts.len(), 3);
+        // The first part is stored, then the replica stops.
+        ledger.apply_stored(4_501, Utc::now(), &parts[0]);
+        let mut restarted = restarted_from_snapshot(&ledger, chrono::Duration::zero());
+        let (mut a, mut b) = (4_501, 4_501);
+        let out = store(&mut restarted, &mut b, now);
+        assert_eq!(decided(&out), decided(&parts[1..]));
+        assert_eq!(decided(&out), decided(&store(&mut ledger, &mut a, now)));
+        assert_eq!(
+            (restarted.last_invoice_number, restarted.read_through),
+            (ledger.last_invoice_number, ledger.read_through)
+        );
+    }
+
+    #[test]
+    fn the_grace_is_the_replicas_own_not_the_snapshots() {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        ledger.apply_stored(
+            1,
+            Utc::now(),
+            &charge(1, "2026-11-03T01:00:00Z", 3600, "40.00"),
+        );
+        let mut restarted = restarted_from_snapshot(&ledger, chrono::Duration::days(2));
+        let mut next = 1;
+        let now = at("2026-12-01T12:00:00Z");
+        assert_eq!(store(&mut ledger, &mut next, now).len(), 1);
+        assert!(store(&mut restarted, &mut next, now).is_empty());
+        assert_eq!(
+            store(&mut restarted, &mut next, at("2026-12-03T00:00:00Z")).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_another_shape_is_refused() {
+        let mut ledger = Ledger::new(chrono::Duration::zero());
+        let other = serde_json::json!({"months": {"not": "pairs"}});
+        assert!(!ledger.restore(&serde_json::value::to_raw_value(&other).unwrap()));
+        assert!(ledger.months.is_empty());
     }
 
     #[test]

@@ -353,12 +353,12 @@ impl Decider for Scheduling {
         }
     }
 
-    fn snapshot(&self) -> Option<serde_json::Value> {
-        Some(self.state.snapshot())
+    fn snapshot(&self) -> Option<Box<serde_json::value::RawValue>> {
+        lh_service::decider::snapshot_of(&self.state.snapshot())
     }
 
-    fn restore(&mut self, state: serde_json::Value) -> bool {
-        self.state.restore(state)
+    fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
+        lh_service::decider::restored(state).is_some_and(|state| self.state.restore(state))
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {

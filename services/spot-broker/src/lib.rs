@@ -446,16 +446,19 @@ impl Decider for SpotMarket {
         self.fleet.apply(sequence, &envelope.data);
     }
 
-    fn snapshot(&self) -> Option<serde_json::Value> {
+    fn snapshot(&self) -> Option<Box<serde_json::value::RawValue>> {
         let board = self.board.read().ok()?;
-        Some(serde_json::json!({
+        lh_service::decider::snapshot_of(&serde_json::json!({
             "fleet": self.fleet,
             "board": *board,
             "pending_choices": self.pending_choices,
         }))
     }
 
-    fn restore(&mut self, mut state: serde_json::Value) -> bool {
+    fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
+        let Some(mut state) = lh_service::decider::restored::<serde_json::Value>(state) else {
+            return false;
+        };
         let (Ok(fleet), Ok(board), Ok(pending_choices)) = (
             serde_json::from_value::<Fleet>(state["fleet"].take()),
             serde_json::from_value::<PriceBoard>(state["board"].take()),
