@@ -264,16 +264,18 @@ pub fn restored<T: serde::de::DeserializeOwned>(state: &RawValue) -> Option<T> {
     serde_json::from_str(state.get()).ok()
 }
 
-/// A decider's state at a sequence of the log, as stored.
+/// A decider's state at a sequence of the log, as stored: `S` is the
+/// state's JSON text, owned when written and borrowed from the stored bytes
+/// when read (a large state is not held twice while it is taken back).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Snapshot {
+struct Snapshot<S> {
     format: u32,
     /// The newest sequence the fold had read.
     sequence: u64,
     /// The subjects it followed: a snapshot of other filters is not read.
     filters: Vec<String>,
     skipped_tails: HashMap<String, u64>,
-    state: Box<RawValue>,
+    state: S,
 }
 
 /// Loads the decider's newest usable snapshot: the sequence to read on
@@ -292,7 +294,7 @@ async fn restore<D: Decider>(bus: &Bus, decider: &mut D) -> (u64, SkippedTails) 
             return none;
         }
     };
-    let snapshot: Snapshot = match serde_json::from_slice(&bytes) {
+    let snapshot: Snapshot<&RawValue> = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(decider = decider.name(), error = %e, "the snapshot does not decode; replaying the log");
@@ -326,7 +328,7 @@ async fn restore<D: Decider>(bus: &Bus, decider: &mut D) -> (u64, SkippedTails) 
         }
     }
     let sequence = snapshot.sequence;
-    if !decider.restore(&snapshot.state) {
+    if !decider.restore(snapshot.state) {
         tracing::warn!(
             decider = decider.name(),
             "the snapshot's state does not fit; replaying the log"
@@ -490,7 +492,7 @@ pub async fn run_with_signals<D: Decider>(
 fn store_snapshot<D: Decider>(
     bus: &Bus,
     decider: &D,
-    snapshot: Snapshot,
+    snapshot: Snapshot<Box<RawValue>>,
 ) -> tokio::task::JoinHandle<()> {
     let (bus, key, name) = (bus.clone(), decider.snapshot_key(), decider.name());
     tokio::spawn(async move {
@@ -502,6 +504,8 @@ fn store_snapshot<D: Decider>(
                 return;
             }
         };
+        // The state's text is in `bytes` now: not held twice while storing.
+        drop(snapshot);
         match bus.put_snapshot(&key, &bytes).await {
             Ok(()) => {
                 tracing::info!(
