@@ -1,7 +1,7 @@
 //! Lease views as the read model holds them, kept in memory so that reading
 //! a lease, or a page of a tenant's newest leases, costs a map lookup
 //! rather than a database round trip. A copy of the projection, never a
-//! source (see docs/adr/0021-lease-views-in-memory.md).
+//! source (see docs/adr/019-lease-views-kept-in-the-gateways-memory.md).
 //!
 //! Only events of the lease family change a lease's row, and the
 //! projection's runner re-reads the rows of the leases a committed batch
@@ -146,6 +146,22 @@ impl Cached {
 #[derive(Default)]
 pub struct LeaseViews {
     cached: crate::held::Held<Cached>,
+    /// Lists whose index is being read from the database: one read each
+    /// at a time, however many first pages miss meanwhile.
+    filling: crate::held::Held<HashSet<Option<Uuid>>>,
+}
+
+/// A list index being filled; the next miss may start another once it
+/// is dropped.
+pub struct IndexFill<'a> {
+    views: &'a LeaseViews,
+    tenant: Option<Uuid>,
+}
+
+impl Drop for IndexFill<'_> {
+    fn drop(&mut self) {
+        self.views.filling.write().remove(&self.tenant);
+    }
 }
 
 impl std::fmt::Debug for LeaseViews {
@@ -178,6 +194,20 @@ impl LeaseViews {
         for lease in leases {
             cached.put(lease);
         }
+    }
+
+    /// Claims the filling of `tenant`'s list index (every tenant's with
+    /// `None`); `None` when a fill of it is already under way, or as many
+    /// as there may be indexes are.
+    pub fn begin_fill(&self, tenant: Option<Uuid>) -> Option<IndexFill<'_>> {
+        let mut filling = self.filling.write();
+        if filling.len() >= MAX_LEASE_INDEXES || !filling.insert(tenant) {
+            return None;
+        }
+        Some(IndexFill {
+            views: self,
+            tenant,
+        })
     }
 
     /// Keeps `newest`, a tenant's (or with `None` every tenant's) newest
@@ -400,6 +430,24 @@ mod tests {
         views.fill_index(before, None, vec![stale.clone()]);
         assert!(views.get(&stale.view.id).is_none());
         assert!(views.page(None, i64::MAX, 10).is_none());
+    }
+
+    #[test]
+    fn one_fill_of_a_list_at_a_time() {
+        let views = LeaseViews::default();
+        let tenant = Some(Uuid::from_u128(7));
+        let fill = views.begin_fill(tenant).expect("the first claims it");
+        assert!(views.begin_fill(tenant).is_none());
+        let others = views.begin_fill(None).expect("another list is apart");
+        drop(fill);
+        assert!(views.begin_fill(tenant).is_some());
+        drop(others);
+        let held: Vec<_> = (0..MAX_LEASE_INDEXES as u128)
+            .map(|n| views.begin_fill(Some(Uuid::from_u128(1_000 + n))).unwrap())
+            .collect();
+        assert!(views.begin_fill(tenant).is_none(), "no more at once than indexes");
+        drop(held);
+        assert!(views.begin_fill(tenant).is_some());
     }
 
     #[test]

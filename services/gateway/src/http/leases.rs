@@ -566,31 +566,35 @@ pub async fn list(
         Some(page) => page,
         None => {
             let generation = ctx.lease_views.generation();
-            // A first page fills the list's index with the newest leases;
-            // a later one past it is read as asked.
-            let rows = if query.cursor.is_none() {
-                MAX_LISTED_LEASES_PER_INDEX
-            } else {
-                limit + 1
-            };
-            let items: Vec<LeaseView> = sqlx::query_as(&format!(
-                "SELECT {VIEW_COLUMNS} FROM leases
-                 WHERE ($1::uuid IS NULL OR tenant_id = $1) AND requested_sequence < $2
-                 ORDER BY requested_sequence DESC LIMIT $3"
-            ))
-            .bind(tenant)
-            .bind(before)
-            .bind(rows as i64)
-            .fetch_all(&ctx.pool)
-            .await?;
-            let items: Vec<_> = items.into_iter().map(CachedLease::new).collect();
+            let items: Vec<_> = newest_leases(&ctx.pool, tenant, before, limit + 1)
+                .await?
+                .into_iter()
+                .map(CachedLease::new)
+                .collect();
+            ctx.lease_views.insert(generation, items.iter().cloned());
+            // A first page that missed fills the list's index apart, once
+            // however many miss meanwhile: the answer waits for its own
+            // rows only, and under writes (where a fill that raced a batch
+            // is not kept) misses cost a page's rows, not an index's.
             if query.cursor.is_none() {
-                ctx.lease_views
-                    .fill_index(generation, tenant, items.clone());
-            } else {
-                ctx.lease_views.insert(generation, items.iter().cloned());
+                let (views, pool) = (ctx.lease_views.clone(), ctx.pool.clone());
+                tokio::spawn(async move {
+                    let Some(_fill) = views.begin_fill(tenant) else {
+                        return;
+                    };
+                    let generation = views.generation();
+                    match newest_leases(&pool, tenant, i64::MAX, MAX_LISTED_LEASES_PER_INDEX).await
+                    {
+                        Ok(rows) => views.fill_index(
+                            generation,
+                            tenant,
+                            rows.into_iter().map(CachedLease::new).collect(),
+                        ),
+                        Err(e) => tracing::debug!(error = %e, "cannot fill a lease list's index"),
+                    }
+                });
             }
-            items.into_iter().take(limit + 1).collect()
+            items
         }
     };
     let (items, next_cursor) = match page.get(limit) {
@@ -601,6 +605,26 @@ pub async fn list(
         None => (&page[..], None),
     };
     Ok(json_response(page_json(items, next_cursor).into()))
+}
+
+/// A tenant's (every tenant's with `None`) leases requested before
+/// `before`, newest first, at most `rows`.
+async fn newest_leases(
+    pool: &sqlx::PgPool,
+    tenant: Option<Uuid>,
+    before: i64,
+    rows: usize,
+) -> Result<Vec<LeaseView>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {VIEW_COLUMNS} FROM leases
+         WHERE ($1::uuid IS NULL OR tenant_id = $1) AND requested_sequence < $2
+         ORDER BY requested_sequence DESC LIMIT $3"
+    ))
+    .bind(tenant)
+    .bind(before)
+    .bind(rows as i64)
+    .fetch_all(pool)
+    .await
 }
 
 #[utoipa::path(
