@@ -519,8 +519,10 @@ impl Stack {
                 .call(reqwest::Method::GET, &format!("/v1/leases/{id}"), key, None)
                 .await;
             // A lease written to the log directly is not in the gateway's
-            // read model until its projection catches up.
-            if status == 404 {
+            // read model until its projection catches up: the gateway waits
+            // for it a while, then says 503 with a Retry-After, as a
+            // client would be told on a loaded machine.
+            if status == 404 || status == 503 {
                 last = body;
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;

@@ -445,7 +445,10 @@ mod tests {
         let held: Vec<_> = (0..MAX_LEASE_INDEXES as u128)
             .map(|n| views.begin_fill(Some(Uuid::from_u128(1_000 + n))).unwrap())
             .collect();
-        assert!(views.begin_fill(tenant).is_none(), "no more at once than indexes");
+        assert!(
+            views.begin_fill(tenant).is_none(),
+            "no more at once than indexes"
+        );
         drop(held);
         assert!(views.begin_fill(tenant).is_some());
     }
