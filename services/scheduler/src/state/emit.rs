@@ -1,7 +1,7 @@
 //! The events the scheduler appends, built in one place.
 
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::{Fleet, Gpu};
+use lh_domain::fleet::Gpu;
 use lh_events::Expect;
 
 use lh_events::{
@@ -74,7 +74,7 @@ pub(super) fn node_event(
 /// `lease.placed` for `lease` where the engine chose `p`, and the matching
 /// `node.gpus_allocated` (caused by the placement).
 pub(super) fn placement_events(
-    scratch: &Fleet,
+    scratch: &impl FleetView,
     lease: &Lease,
     p: &planner::Chosen,
     now: DateTime<Utc>,
@@ -138,11 +138,13 @@ pub(super) fn notice_event(
 /// What a placement the engine chose for `lease` gives, as the placed GPUs
 /// and the matching `node.gpus_allocated`.
 pub(super) fn relocate(
-    scratch: &Fleet,
+    scratch: &impl FleetView,
     lease: &Lease,
     p: &planner::Chosen,
 ) -> (Relocation, EventData) {
-    let node = &scratch.nodes[&p.node_id];
+    let node = scratch
+        .node(&p.node_id)
+        .expect("the engine places on the fleet's nodes");
     let gpus: Vec<&Gpu> = p
         .gpu_indices
         .iter()

@@ -2,7 +2,6 @@
 //! a node falls silent or is heard again.
 
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::Fleet;
 use lh_events::Expect;
 use lh_events::{EventData, NodeLost, NodeRejoined};
 
@@ -163,13 +162,13 @@ impl State {
         &self,
         now: DateTime<Utc>,
         rules: &Rules,
-        scratch: &mut Fleet,
+        scratch: &mut Scratch,
         out: &mut Vec<Batch>,
     ) {
         for (node_id, lost) in self.liveness_changes(now, rules) {
             let since = self.liveness_since.unwrap_or(now);
             let heard = self.heard.get(&node_id).copied();
-            let node_seq = scratch.node_sequence.get(&node_id).copied().unwrap_or(0);
+            let node_seq = scratch.node_sequence(&node_id);
             let data = if lost {
                 let last_local = heard.map_or(since, |h| h.local);
                 EventData::NodeLost(NodeLost {

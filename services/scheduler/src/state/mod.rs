@@ -37,6 +37,7 @@ mod pending;
 mod preempt;
 mod queue;
 mod rules;
+pub mod scratch;
 mod spot;
 #[cfg(test)]
 mod tests;
@@ -62,6 +63,7 @@ pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
 pub use preempt::{plan_preemption, PreemptionPlan};
 pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};
+pub use scratch::{FleetView, Scratch};
 pub use spot::{recovered_id, SpotStats, MAX_PENDING_RECOVERIES, MAX_SPOT_MARKETS};
 
 pub const SERVICE: &str = "lh-scheduler";
@@ -99,6 +101,8 @@ pub struct State {
     pub spot_stats: SpotStats,
     /// Lease time owed to and interrupted for each tenant, folded from the log.
     pub availability: availability::AvailabilityStats,
+    /// The placement engine the last decision pass left.
+    kept: decide::Kept,
 }
 
 impl State {
@@ -389,6 +393,7 @@ impl State {
             return false;
         };
         self.fleet = fleet;
+        self.kept.clear();
         self.leases = leases;
         self.tenants = tenants;
         self.waiting = waiting;
