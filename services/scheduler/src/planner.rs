@@ -30,7 +30,7 @@ pub const SEED: u64 = 42;
 const UNLIMITED: u64 = 1 << 40;
 
 /// What a lease asks for, in engine terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ask {
     Whole(u32),
     Fraction {
@@ -83,10 +83,19 @@ pub struct Chosen {
 /// whole GPU of any model as a prior, so that an idle GPU counts as worth
 /// keeping whole (fractions pack onto GPUs already shared).
 pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> ShapeMix {
-    let mut requests: Vec<Request> = asks.into_iter().filter_map(|(a, m)| a.request(m)).collect();
-    requests.push(Request::whole(1, 0, 0));
-    ShapeMix::from_requests(
-        &requests,
+    // Thousands of leases, of a few shapes: each shape is made a request
+    // once, with its count.
+    let mut counts: HashMap<(Ask, &str), u64> = HashMap::new();
+    for ask in asks {
+        *counts.entry(ask).or_default() += 1;
+    }
+    let mut requests: Vec<(Request, u64)> = counts
+        .into_iter()
+        .filter_map(|((a, m), count)| Some((a.request(m)?, count)))
+        .collect();
+    requests.push((Request::whole(1, 0, 0), 1));
+    ShapeMix::from_counted_requests(
+        requests.iter().map(|(r, count)| (r, *count)),
         ShapeMixConfig {
             popularity: 1.0,
             include_cpu_only: false,
@@ -97,10 +106,12 @@ pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> ShapeMix 
 
 pub struct Planner {
     engine: Engine,
-    /// Per engine node: id, zone, and fleet GPU index per GPU position.
-    nodes: Vec<(String, String, Vec<u32>)>,
-    /// Engine node of each fleet node it holds.
-    index_of: HashMap<String, usize>,
+    /// Fleet GPU index per GPU position, every engine node's in turn: node
+    /// `i`'s are `gpu_index[gpu_from[i]..gpu_from[i + 1]]`. (The engine
+    /// nodes are the fleet's schedulable nodes in id order, so an id is
+    /// found by a binary search.)
+    gpu_index: Vec<u32>,
+    gpu_from: Vec<usize>,
     /// What the policy measures against.
     workload: ShapeMix,
     /// The fleet's newest stamp when the engine was last brought up to date
@@ -111,45 +122,69 @@ pub struct Planner {
     dirty: HashSet<usize>,
 }
 
-/// A fleet node as the engine takes it, and the fleet index of each of its
-/// GPUs there; `None` for a node that takes nothing new.
-fn node_spec(n: &Node) -> Option<(NodeSpec, Vec<u32>)> {
+/// A node as the engine takes it, written into `spec` (its strings reuse
+/// their room), with the fleet index of each of its GPUs there in
+/// `indices`; `false` for a node that takes nothing new.
+fn fill_spec(spec: &mut NodeSpec, indices: &mut Vec<u32>, n: &Node) -> bool {
     // A lost or cordoned node, a degraded or unhealthy GPU, takes
     // nothing new.
     if !n.is_schedulable() {
-        return None;
+        return false;
     }
     // A share's caps hold only where the node enforces them: on any
     // other node a GPU is whole, and takes no share.
     let shares_enforced = n.gpu_sharing.enforces_shares();
-    let gpus = healthy(n);
-    let spec = NodeSpec {
-        id: n.id.clone(),
-        zone: n.zone.clone(),
-        cpu_milli: UNLIMITED,
-        memory_mib: UNLIMITED,
-        gpus: gpus
-            .clone()
-            .map(|g| GpuSpec {
+    spec.id.clone_from(&n.id);
+    spec.zone.clone_from(&n.zone);
+    spec.cpu_milli = UNLIMITED;
+    spec.memory_mib = UNLIMITED;
+    spec.domains.clear();
+    spec.isolates_workloads = n.isolation == Isolation::Container;
+    // MPS holds every client of a GPU to the smallest share it
+    // hosted since its daemon started (ADR 016); HAMi-core
+    // holds each client to its own.
+    spec.one_share_size_per_gpu = n.gpu_sharing == GpuSharing::Mps;
+    indices.clear();
+    let mut count = 0;
+    for g in healthy(n) {
+        let mode = if g.mig {
+            SharingMode::Mig
+        } else if shares_enforced {
+            SharingMode::VGpu
+        } else {
+            SharingMode::Whole
+        };
+        match spec.gpus.get_mut(count) {
+            Some(s) => {
+                s.model.clone_from(&g.model);
+                (s.vram_gb, s.mode) = (g.vram_gb, mode);
+            }
+            None => spec.gpus.push(GpuSpec {
                 model: g.model.clone(),
                 vram_gb: g.vram_gb,
-                mode: if g.mig {
-                    SharingMode::Mig
-                } else if shares_enforced {
-                    SharingMode::VGpu
-                } else {
-                    SharingMode::Whole
-                },
-            })
-            .collect(),
-        domains: Vec::new(),
-        isolates_workloads: n.isolation == Isolation::Container,
-        // MPS holds every client of a GPU to the smallest share it
-        // hosted since its daemon started (ADR 016); HAMi-core
-        // holds each client to its own.
-        one_share_size_per_gpu: n.gpu_sharing == GpuSharing::Mps,
-    };
-    Some((spec, gpus.map(|g| g.index).collect()))
+                mode,
+            }),
+        }
+        indices.push(g.index);
+        count += 1;
+    }
+    spec.gpus.truncate(count);
+    true
+}
+
+fn empty_spec() -> NodeSpec {
+    NodeSpec::uniform(
+        String::new(),
+        String::new(),
+        UNLIMITED,
+        UNLIMITED,
+        0,
+        GpuSpec {
+            model: String::new(),
+            vram_gb: 0,
+            mode: SharingMode::Whole,
+        },
+    )
 }
 
 /// The GPUs of `n` the engine places on, in the node's order.
@@ -213,26 +248,37 @@ fn default_policy(workload: &ShapeMix) -> Box<dyn lh_placement::Policy> {
 impl Planner {
     /// An engine over `fleet` as it is now.
     pub fn new(fleet: &impl FleetView, workload: &ShapeMix) -> Self {
-        let mut nodes = Vec::new();
-        let mut index_of = HashMap::new();
+        let (mut spec, mut indices) = (empty_spec(), Vec::new());
+        let (mut gpu_index, mut gpu_from) = (Vec::new(), vec![0]);
         let mut cluster = Cluster::default();
         for n in fleet.nodes() {
-            let Some((spec, indices)) = node_spec(n) else {
+            if !fill_spec(&mut spec, &mut indices, n) {
                 continue;
-            };
+            }
             let i = cluster.add_node(&spec);
             load(&mut cluster, i, n);
-            index_of.insert(n.id.clone(), i);
-            nodes.push((spec.id, spec.zone, indices));
+            gpu_index.extend_from_slice(&indices);
+            gpu_from.push(gpu_index.len());
         }
         Planner {
             engine: Engine::new(cluster, default_policy(workload), SEED),
-            nodes,
-            index_of,
+            gpu_index,
+            gpu_from,
             workload: workload.clone(),
             synced_at: 0,
             dirty: HashSet::new(),
         }
+    }
+
+    /// The engine node of fleet node `id`, if it has one.
+    fn index_of(&self, id: &str) -> Option<usize> {
+        let nodes = self.engine.cluster().nodes();
+        nodes.binary_search_by(|n| n.id.as_str().cmp(id)).ok()
+    }
+
+    /// Fleet GPU index per GPU position of engine node `i`.
+    fn gpu_indices_of(&self, i: usize) -> &[u32] {
+        &self.gpu_index[self.gpu_from[i]..self.gpu_from[i + 1]]
     }
 
     /// The engine for a pass over `scratch`, deciding as [`Planner::new`]
@@ -255,7 +301,7 @@ impl Planner {
                 let mut p = Planner::new(scratch, workload);
                 p.dirty = scratch
                     .changed_nodes()
-                    .filter_map(|id| p.index_of.get(id).copied())
+                    .filter_map(|id| p.index_of(id))
                     .collect();
                 p
             }
@@ -282,35 +328,36 @@ impl Planner {
             .chain(scratch.changed_nodes());
         for id in changed {
             let schedulable = scratch.node(id).is_some_and(Node::is_schedulable);
-            match (self.index_of.get(id), schedulable) {
-                (Some(&i), true) => todo.push(i),
+            match (self.index_of(id), schedulable) {
+                (Some(i), true) => todo.push(i),
                 (None, false) => {}
                 _ => return false,
             }
         }
         todo.sort_unstable();
         todo.dedup();
+        let (mut spec, mut indices) = (empty_spec(), Vec::new());
         for i in todo {
-            let id = &self.nodes[i].0;
-            let Some((spec, indices)) = scratch.node(id).and_then(node_spec) else {
+            let id = &self.engine.cluster().node(i).id;
+            let Some(n) = scratch.node(id) else {
                 return false;
             };
-            let cluster = self.engine.cluster_mut();
-            if !cluster.same_shape(i, &spec)
-                || self.nodes[i].1 != spec.zone
-                || self.nodes[i].2 != indices
+            if !fill_spec(&mut spec, &mut indices, n)
+                || !self.engine.cluster().same_shape(i, &spec)
+                || self.gpu_indices_of(i) != indices
             {
                 return false;
             }
-            let n = scratch.node(id).expect("looked up above");
+            let cluster = self.engine.cluster_mut();
             cluster.clear_node(i).expect("an engine node");
             load(cluster, i, n);
-            if scratch.changed(id) {
+            if scratch.changed(&n.id) {
                 self.dirty.insert(i);
             }
         }
         true
     }
+
     /// Decides where `ask` of `model` goes and takes it in this engine, on
     /// a node that isolates workloads when `needs_isolation`, in one of
     /// `zones` (empty: any). When no node
@@ -335,8 +382,10 @@ impl Planner {
             .place(&request, &decision)
             .expect("the engine's own choice fits");
         self.dirty.insert(decision.node);
-        let mig = self.engine.cluster().allocation(id).and_then(|a| a.mig);
-        let (node_id, zone, index) = &self.nodes[decision.node];
+        let cluster = self.engine.cluster();
+        let mig = cluster.allocation(id).and_then(|a| a.mig);
+        let node = cluster.node(decision.node);
+        let index = self.gpu_indices_of(decision.node);
         let mut gpu_indices: Vec<u32> = decision
             .gpu_indices()
             .into_iter()
@@ -344,8 +393,8 @@ impl Planner {
             .collect();
         gpu_indices.sort_unstable();
         Ok(Chosen {
-            node_id: node_id.clone(),
-            zone: zone.clone(),
+            node_id: node.id.clone(),
+            zone: cluster.zone_name(node.zone).to_string(),
             gpu_indices,
             mig,
             provenance: decision.provenance,

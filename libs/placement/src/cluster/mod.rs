@@ -111,11 +111,17 @@ impl Cluster {
         );
         let zone = intern(&mut self.zones, &mut self.zone_ix, &s.zone, MAX_ZONES);
         let mut model_mask = 0u64;
+        // A node's GPUs are mostly of one model: looked up once.
+        let mut last: Option<(&str, u16)> = None;
         let gpus: Vec<Gpu> = s
             .gpus
             .iter()
             .map(|g| {
-                let model = intern(&mut self.models, &mut self.model_ix, &g.model, MAX_MODELS);
+                let model = match last {
+                    Some((name, id)) if name == g.model => id,
+                    _ => intern(&mut self.models, &mut self.model_ix, &g.model, MAX_MODELS),
+                };
+                last = Some((&g.model, model));
                 model_mask |= 1 << model;
                 Gpu {
                     model,

@@ -91,11 +91,11 @@ impl State {
     /// node's sequence after the first: the decide loop
     /// (`lh_service::decider`) sets it from the sequence the first one got.
     pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
-        let workload = {
-            let mut live: Vec<&Lease> = self.leases.values().collect();
-            live.sort_by_key(|l| l.requested_sequence);
-            planner::workload(live.iter().map(|l| (l.ask(), l.gpu_model.as_str())))
-        };
+        let workload = planner::workload(
+            self.leases
+                .values()
+                .map(|l| (l.ask(), l.gpu_model.as_str())),
+        );
         let mut engine = self.kept.take_turn();
         let mut pass = Pass {
             now,

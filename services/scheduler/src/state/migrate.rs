@@ -1,6 +1,8 @@
 //! Leases that must leave their node: lost, drained with `move`, or on an
 //! unhealthy GPU.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Node;
 use lh_events::Expect;
@@ -17,10 +19,23 @@ impl State {
     /// finds room (`lease.migrated` with `to`), else back in the queue.
     pub(super) fn decide_migrations(&self, pass: &mut Pass) {
         let now = pass.now;
+        // Only leases on these nodes may have to move: the fleet's troubled
+        // nodes, and those this pass changed (declared lost) that are.
+        let mut troubled: HashSet<&str> =
+            self.watch.troubled().iter().map(String::as_str).collect();
+        troubled.extend(
+            pass.scratch
+                .changed_nodes()
+                .filter(|id| pass.scratch.node(id).is_some_and(watch::troubled)),
+        );
+        if troubled.is_empty() {
+            return;
+        }
         let mut moving: Vec<(&Lease, String, String, DateTime<Utc>)> = self
             .leases
             .values()
             .filter(|l| l.status == Status::Holding)
+            .filter(|l| l.node_id.as_deref().is_some_and(|n| troubled.contains(n)))
             .filter_map(|l| {
                 let node = pass.scratch.node(l.node_id.as_deref()?)?;
                 let (reason, billing_ends_at) = why_move(&pass.scratch, node, l.id, now)?;

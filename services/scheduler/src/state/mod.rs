@@ -41,6 +41,7 @@ pub mod scratch;
 mod spot;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -103,6 +104,9 @@ pub struct State {
     pub availability: availability::AvailabilityStats,
     /// The placement engine the last decision pass left.
     kept: decide::Kept,
+    /// Lost nodes, nodes by when they were heard, nodes whose leases may
+    /// have to move: followed from the fleet as it is folded.
+    watch: watch::NodeWatch,
 }
 
 impl State {
@@ -117,6 +121,7 @@ impl State {
 
     pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fleet.apply(sequence, &envelope.data);
+        self.watch.follow(&self.fleet, &self.heard);
         self.apply_to_leases(sequence, envelope);
     }
 
@@ -394,6 +399,7 @@ impl State {
         };
         self.fleet = fleet;
         self.kept.clear();
+        self.watch.rebuild(&self.fleet, &self.heard);
         self.leases = leases;
         self.tenants = tenants;
         self.waiting = waiting;
@@ -418,6 +424,11 @@ impl State {
 
     pub fn waiting_count(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Nodes held lost.
+    pub fn lost_count(&self) -> usize {
+        self.watch.lost_count()
     }
 
     /// Idle milli-GPU that no waiting lease fits (see [`fragmentation`]).
