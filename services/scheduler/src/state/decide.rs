@@ -33,6 +33,10 @@ pub(super) struct Pass<'a> {
     /// first use, and again after the pass reserves GPUs outside it, so
     /// that the next use sees them.
     synced: bool,
+    /// Plan as passes did before engines were kept (what the tests hold the
+    /// kept one to): build the engine anew at every sync, and look at every
+    /// lease for one to move.
+    pub(super) fresh: bool,
     /// Queue position per GPU model.
     positions: HashMap<&'a str, u32>,
     pub(super) out: Vec<Batch>,
@@ -42,6 +46,9 @@ impl Pass<'_> {
     pub(super) fn planner(&mut self) -> &mut Planner {
         if !self.synced {
             self.synced = true;
+            if self.fresh {
+                *self.engine = None;
+            }
             return Planner::sync(self.engine, &self.scratch, &self.workload);
         }
         self.engine.as_mut().expect("a synced pass holds an engine")
@@ -52,14 +59,28 @@ impl Pass<'_> {
 /// A copy of the state starts without one: it decides the same, building
 /// its own.
 #[derive(Default)]
-pub(super) struct Kept(Mutex<Option<Planner>>);
+pub(super) struct Kept {
+    engine: Mutex<Option<Planner>>,
+    /// Keeps nothing: every pass builds its engine anew, as passes did
+    /// before engines were kept (for the tests).
+    fresh: bool,
+}
 
 impl Kept {
+    /// Keeps nothing (see [`Kept::fresh`]).
+    #[cfg(test)]
+    pub(super) fn fresh() -> Self {
+        Kept {
+            fresh: true,
+            ..Kept::default()
+        }
+    }
+
     /// The kept engine, for one pass; none after a pass that panicked
     /// while holding it.
     fn take_turn(&self) -> MutexGuard<'_, Option<Planner>> {
-        self.0.lock().unwrap_or_else(|poisoned| {
-            self.0.clear_poison();
+        self.engine.lock().unwrap_or_else(|poisoned| {
+            self.engine.clear_poison();
             let mut engine = poisoned.into_inner();
             *engine = None;
             engine
@@ -68,13 +89,19 @@ impl Kept {
 
     /// Forgets the kept engine (the fleet under it was replaced).
     pub(super) fn clear(&mut self) {
-        *self.0.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+        *self
+            .engine
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
 impl Clone for Kept {
     fn clone(&self) -> Self {
-        Kept::default()
+        Kept {
+            fresh: self.fresh,
+            ..Kept::default()
+        }
     }
 }
 
@@ -105,6 +132,7 @@ impl State {
             workload,
             engine: &mut engine,
             synced: false,
+            fresh: self.kept.fresh,
             positions: HashMap::new(),
             out: Vec::new(),
         };

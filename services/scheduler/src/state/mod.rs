@@ -431,6 +431,24 @@ impl State {
         self.watch.lost_count()
     }
 
+    /// A copy that builds its placement engine anew whenever a pass needs
+    /// one, keeping none between passes: how passes were planned before.
+    #[cfg(test)]
+    pub(super) fn building_engines_anew(&self) -> State {
+        State {
+            kept: decide::Kept::fresh(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether what the watch follows is what filing every node anew gives.
+    #[cfg(test)]
+    pub(super) fn watch_is_current(&self) -> bool {
+        let mut rebuilt = watch::NodeWatch::default();
+        rebuilt.rebuild(&self.fleet, &self.heard);
+        rebuilt == self.watch
+    }
+
     /// Idle milli-GPU that no waiting lease fits (see [`fragmentation`]).
     pub fn fragmented_milli(&self) -> u64 {
         // Many waiting leases ask alike: each distinct ask is tried once

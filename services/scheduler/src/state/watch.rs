@@ -17,7 +17,7 @@ use super::Heard;
 /// filed under.
 type Key = (Option<DateTime<Utc>>, String);
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct NodeWatch {
     /// The fleet's stamp up to which this follows it.
     synced_at: u64,
