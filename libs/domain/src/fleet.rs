@@ -89,6 +89,29 @@ impl Node {
     pub fn is_schedulable(&self) -> bool {
         self.lost.is_none() && self.cordoned.is_none()
     }
+
+    /// `lease_id` holds the GPUs at `indices`: whole, or a share
+    /// `(milli, VRAM GB)` of each (with its MIG instance, for a MIG lease).
+    /// What [`Fleet`] folds a placement into, on the node's side.
+    pub fn hold(
+        &mut self,
+        lease_id: Uuid,
+        indices: &[u32],
+        share: Option<(u32, u32)>,
+        mig: Option<&MigInstance>,
+    ) {
+        for gpu in self.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
+            match share {
+                Some((milli, vram_gb)) => gpu.shares.push(Share {
+                    lease_id,
+                    milli,
+                    vram_gb,
+                    mig: mig.cloned(),
+                }),
+                None => gpu.held_by = Some(lease_id),
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -346,17 +369,7 @@ impl Fleet {
         }
         if let Some(node) = self.nodes.get_mut(node_id) {
             self.stamps.stamp(node_id);
-            for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
-                match share {
-                    Some((milli, vram_gb)) => gpu.shares.push(Share {
-                        lease_id,
-                        milli,
-                        vram_gb,
-                        mig: mig.clone(),
-                    }),
-                    None => gpu.held_by = Some(lease_id),
-                }
-            }
+            node.hold(lease_id, indices, share, mig.as_ref());
         }
     }
 

@@ -134,8 +134,8 @@ fn fill_spec(spec: &mut NodeSpec, indices: &mut Vec<u32>, n: &Node) -> bool {
     // A share's caps hold only where the node enforces them: on any
     // other node a GPU is whole, and takes no share.
     let shares_enforced = n.gpu_sharing.enforces_shares();
-    spec.id.clone_from(&n.id);
-    spec.zone.clone_from(&n.zone);
+    set(&mut spec.id, &n.id);
+    set(&mut spec.zone, &n.zone);
     spec.cpu_milli = UNLIMITED;
     spec.memory_mib = UNLIMITED;
     spec.domains.clear();
@@ -156,7 +156,7 @@ fn fill_spec(spec: &mut NodeSpec, indices: &mut Vec<u32>, n: &Node) -> bool {
         };
         match spec.gpus.get_mut(count) {
             Some(s) => {
-                s.model.clone_from(&g.model);
+                set(&mut s.model, &g.model);
                 (s.vram_gb, s.mode) = (g.vram_gb, mode);
             }
             None => spec.gpus.push(GpuSpec {
@@ -170,6 +170,15 @@ fn fill_spec(spec: &mut NodeSpec, indices: &mut Vec<u32>, n: &Node) -> bool {
     }
     spec.gpus.truncate(count);
     true
+}
+
+/// `to` says `from` (copied only where it said something else: a fleet's
+/// nodes mostly have alike GPUs).
+fn set(to: &mut String, from: &str) {
+    if to != from {
+        to.clear();
+        to.push_str(from);
+    }
 }
 
 fn empty_spec() -> NodeSpec {
@@ -251,7 +260,10 @@ impl Planner {
         let (mut spec, mut indices) = (empty_spec(), Vec::new());
         let (mut gpu_index, mut gpu_from) = (Vec::new(), vec![0]);
         let mut cluster = Cluster::default();
-        for n in fleet.nodes() {
+        let nodes = fleet.nodes();
+        cluster.reserve(nodes.size_hint().0);
+        gpu_from.reserve(nodes.size_hint().0);
+        for n in nodes {
             if !fill_spec(&mut spec, &mut indices, n) {
                 continue;
             }

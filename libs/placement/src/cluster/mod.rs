@@ -102,6 +102,12 @@ impl Cluster {
         c
     }
 
+    /// Makes room for `nodes` more nodes at once.
+    pub fn reserve(&mut self, nodes: usize) {
+        self.nodes.reserve(nodes);
+        self.node_allocs.reserve(nodes);
+    }
+
     /// Adds a node (empty). Returns its index.
     pub fn add_node(&mut self, s: &NodeSpec) -> usize {
         assert!(
@@ -243,11 +249,21 @@ impl Cluster {
     /// Whether node `i` is as [`Cluster::add_node`] would make it from `s`,
     /// leases aside: same id, zone, resources, GPUs and their modes,
     /// domains and isolation.
-    pub fn same_shape(&self, i: usize, s: &NodeSpec) -> bool {
+    pub fn same_shape<'s>(&self, i: usize, s: &'s NodeSpec) -> bool {
         let n = &self.nodes[i];
+        // A node's GPUs are mostly of one model: looked up once.
+        let mut last: Option<(&str, Option<u16>)> = None;
+        let mut model_id = |name: &'s str| match last {
+            Some((seen, id)) if seen == name => id,
+            _ => {
+                let id = self.model_id(name);
+                last = Some((name, id));
+                id
+            }
+        };
         let gpus_alike = n.gpus.len() == s.gpus.len()
             && n.gpus.iter().zip(&s.gpus).all(|(g, spec)| {
-                self.model_id(&spec.model) == Some(g.model)
+                model_id(&spec.model) == Some(g.model)
                     && g.vram_total == spec.vram_gb
                     && g.mode == spec.mode
                     && g.one_share_size

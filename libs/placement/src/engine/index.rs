@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::cluster::{Demand, Reject};
 use crate::policy::Scored;
-use crate::rng::{scale, Rng};
+use crate::rng::Rng;
 
 /// Demands whose index an engine keeps (the most recently used): each costs
 /// about 40 bytes a node.
@@ -221,12 +221,8 @@ impl Index {
             // The scan keeps the last tied node whose draw came up 0 (the
             // `seen`-th draw from here, out of `seen + 1`): looking from
             // the last tied node back, the first such is it.
-            set.iter()
-                .enumerate()
-                .skip(1)
-                .rev()
-                .find(|(seen, _)| scale(rng.peek(*seen as u64), *seen as u64 + 1) == 0)
-                .map_or(first, |(_, &i)| i as usize)
+            rng.last_kept(set.len() as u64 - 1)
+                .map_or(first, |k| set[k as usize] as usize)
         };
         let runner_up = if tied > 1 {
             Some(top.0)

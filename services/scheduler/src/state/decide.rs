@@ -373,6 +373,9 @@ fn next_position<'a>(pass: &mut Pass<'a>, lease: &'a Lease) -> u32 {
 /// Places `lease` where the engine chose, and plans the rest of the pass on
 /// top of it.
 fn place_one(pass: &mut Pass, lease: &Lease, chosen: &Chosen) {
+    // Made this pass's first: read from here on without a search of the
+    // whole fleet.
+    pass.scratch.node_mut(&chosen.node_id);
     let node_seq = pass.scratch.node_sequence(&chosen.node_id);
     let (placed, allocated) = placement_events(&pass.scratch, lease, chosen, pass.now);
     let vram_gb_per_gpu = match &placed.data {

@@ -44,11 +44,12 @@ pub(super) fn migration_allocation(
 }
 
 fn derived_lease_event(lease: &Lease, now: DateTime<Utc>, data: EventData, step: &str) -> Envelope {
-    let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
+    let id = derived_id(&[
         step,
         &lease.id.to_string(),
         &lease.subject_sequence.to_string(),
-    ]));
+    ]);
+    let mut env = Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data);
     env.correlation_id = lease.correlation_id;
     env.causation_id = Some(lease.request_event_id);
     env.tenant_id = Some(lease.tenant_id);
@@ -64,11 +65,8 @@ pub(super) fn node_event(
     data: EventData,
 ) -> Envelope {
     let step = data.event_type();
-    Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
-        step,
-        node_id,
-        &node_seq.to_string(),
-    ]))
+    let id = derived_id(&[step, node_id, &node_seq.to_string()]);
+    Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data)
 }
 
 /// `lease.placed` for `lease` where the engine chose `p`, and the matching
@@ -128,7 +126,7 @@ pub(super) fn notice_event(
         ]),
     };
     let cause = lease.unwrap_or(victim);
-    let mut notice = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(id);
+    let mut notice = Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data);
     notice.correlation_id = cause.correlation_id;
     notice.causation_id = Some(cause.request_event_id);
     notice.tenant_id = Some(victim.tenant_id);

@@ -3,10 +3,10 @@
 //! thousands, so only what its decisions touch is copied (a node, a lease's
 //! holding); everything else is read from the state's fleet.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use lh_domain::fleet::{Fleet, Node};
-use lh_events::{EventData, MigInstance};
+use lh_events::{EventData, MigInstance, NodeGpusAllocated};
 use uuid::Uuid;
 
 /// What a decision reads of the fleet, whether the state's own or a pass's
@@ -44,7 +44,10 @@ impl FleetView for Fleet {
 #[derive(Debug)]
 pub struct Scratch<'a> {
     base: &'a Fleet,
-    nodes: BTreeMap<String, Node>,
+    /// Hashed: a node of the base is found by id in a tree of thousands,
+    /// a cache miss a level; a pass finds the nodes it changed again and
+    /// again.
+    nodes: HashMap<String, Node>,
     node_sequence: HashMap<String, u64>,
     holdings: HashMap<Uuid, Option<(String, Vec<u32>)>>,
     shares: HashMap<Uuid, Option<(u32, u32)>>,
@@ -63,7 +66,7 @@ impl<'a> Scratch<'a> {
     pub fn new(base: &'a Fleet) -> Self {
         Scratch {
             base,
-            nodes: BTreeMap::new(),
+            nodes: HashMap::new(),
             node_sequence: HashMap::new(),
             holdings: HashMap::new(),
             shares: HashMap::new(),
@@ -76,7 +79,7 @@ impl<'a> Scratch<'a> {
         self.base
     }
 
-    /// Ids of the nodes the pass changed, in id order.
+    /// Ids of the nodes the pass changed, in no order.
     pub fn changed_nodes(&self) -> impl Iterator<Item = &str> {
         self.nodes.keys().map(String::as_str)
     }
@@ -97,8 +100,12 @@ impl<'a> Scratch<'a> {
 
     /// Folds one event in, as [`Fleet::apply`] does on the whole fleet:
     /// what it reaches is moved into a fleet of its own, folded there, and
-    /// kept as this pass's.
+    /// kept as this pass's; a placement (every pass's most frequent
+    /// change) is folded in place.
     pub fn apply(&mut self, sequence: u64, data: &EventData) {
+        if let EventData::NodeGpusAllocated(e) = data {
+            return self.allocate(sequence, e);
+        }
         let (nodes, leases) = match self.reach(data) {
             Reach::Some(nodes, leases) => (nodes, leases),
             Reach::All => (self.base.nodes.keys().cloned().collect(), self.all_leases()),
@@ -146,6 +153,31 @@ impl<'a> Scratch<'a> {
             self.mig_instances
                 .insert(lease, part.mig_instances.remove(&lease));
         }
+    }
+
+    /// [`Fleet::apply`] of a `node.gpus_allocated`.
+    fn allocate(&mut self, sequence: u64, e: &NodeGpusAllocated) {
+        for a in &e.allocations {
+            if self.holding(&a.lease_id).is_some() {
+                continue;
+            }
+            let share = a.milli.zip(a.vram_gb);
+            self.holdings
+                .insert(a.lease_id, Some((e.node_id.clone(), a.gpu_indices.clone())));
+            if share.is_some() {
+                self.shares.insert(a.lease_id, share);
+            }
+            if let Some(m) = &a.mig_instance {
+                self.mig_instances.insert(a.lease_id, Some(m.clone()));
+            }
+            if let Some(node) = self.node_mut(&e.node_id) {
+                node.hold(a.lease_id, &a.gpu_indices, share, a.mig_instance.as_ref());
+            }
+        }
+        // A writer may apply its own event before the feed repeats older
+        // ones: a node's sequence never moves backwards.
+        let at = FleetView::node_sequence(self, &e.node_id).max(sequence);
+        self.node_sequence.insert(e.node_id.clone(), at);
     }
 
     fn reach(&self, data: &EventData) -> Reach {
@@ -217,11 +249,12 @@ impl FleetView for Scratch<'_> {
     }
 
     fn nodes(&self) -> impl Iterator<Item = &Node> {
-        // Both in id order, and the pass never adds a node: one walk.
-        let mut mine = self.nodes.values().peekable();
-        self.base.nodes.values().map(move |n| match mine.peek() {
-            Some(m) if m.id == n.id => mine.next().expect("peeked"),
-            _ => n,
+        // The pass never adds a node: the base's, in its order, each as
+        // the pass changed it.
+        let changed = !self.nodes.is_empty();
+        self.base.nodes.values().map(move |n| match changed {
+            true => self.nodes.get(&n.id).unwrap_or(n),
+            false => n,
         })
     }
 
@@ -251,6 +284,23 @@ mod tests {
 
     fn allocated(node: &str, lease: u128, gpus: Vec<u32>) -> EventData {
         EventData::NodeGpusAllocated(NodeGpusAllocated::one(node, Uuid::from_u128(lease), gpus))
+    }
+
+    /// A share of GPU `gpu` (a MIG instance's, with `mig`).
+    fn shared(node: &str, lease: u128, gpu: u32, mig: Option<(&str, u8)>) -> EventData {
+        EventData::NodeGpusAllocated(NodeGpusAllocated {
+            node_id: node.into(),
+            allocations: vec![NodeAllocation {
+                lease_id: Uuid::from_u128(lease),
+                gpu_indices: vec![gpu],
+                milli: Some(250),
+                vram_gb: Some(10),
+                mig_instance: mig.map(|(profile, start)| MigInstance {
+                    profile: profile.into(),
+                    start,
+                }),
+            }],
+        })
     }
 
     fn ended(lease: u128) -> EventData {
@@ -296,6 +346,12 @@ mod tests {
             lost,
             allocated("b", 5, vec![1]),
             ended(2),
+            shared("a", 6, 3, None),
+            shared("a", 7, 3, None),
+            shared("c", 8, 1, Some(("1g.5gb", 0))),
+            // Held already: changes nothing but the node's sequence.
+            shared("b", 6, 2, None),
+            ended(6),
         ] {
             copy.apply(u64::MAX, &e);
             scratch.apply(u64::MAX, &e);
@@ -313,12 +369,15 @@ mod tests {
                 copy.node_sequence(id)
             );
         }
-        for lease in 0..7 {
+        for lease in 0..10 {
             let lease = Uuid::from_u128(lease);
             assert_eq!(scratch.holding(&lease), copy.holdings.get(&lease));
             assert_eq!(scratch.share(&lease), copy.shares.get(&lease).copied());
+            assert_eq!(scratch.mig_instance(&lease), copy.mig_instances.get(&lease));
         }
-        assert_eq!(scratch.changed_nodes().collect::<Vec<_>>(), ["a", "b", "c"]);
+        let mut changed: Vec<&str> = scratch.changed_nodes().collect();
+        changed.sort();
+        assert_eq!(changed, ["a", "b", "c"]);
         assert_eq!(serde_json::to_value(&base).unwrap(), before);
     }
 }
