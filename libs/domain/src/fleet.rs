@@ -89,6 +89,29 @@ impl Node {
     pub fn is_schedulable(&self) -> bool {
         self.lost.is_none() && self.cordoned.is_none()
     }
+
+    /// `lease_id` holds the GPUs at `indices`: whole, or a share
+    /// `(milli, VRAM GB)` of each (with its MIG instance, for a MIG lease).
+    /// What [`Fleet`] folds a placement into, on the node's side.
+    pub fn hold(
+        &mut self,
+        lease_id: Uuid,
+        indices: &[u32],
+        share: Option<(u32, u32)>,
+        mig: Option<&MigInstance>,
+    ) {
+        for gpu in self.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
+            match share {
+                Some((milli, vram_gb)) => gpu.shares.push(Share {
+                    lease_id,
+                    milli,
+                    vram_gb,
+                    mig: mig.cloned(),
+                }),
+                None => gpu.held_by = Some(lease_id),
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -104,6 +127,53 @@ pub struct Fleet {
     pub shares: HashMap<Uuid, (u32, u32)>,
     /// The GPU instance of each MIG lease.
     pub mig_instances: HashMap<Uuid, MigInstance>,
+    /// Which nodes changed, and in what order. Not part of what the log
+    /// says (a snapshot leaves it out): it lets a reader that keeps work
+    /// per node re-read only the nodes that changed since it last looked.
+    #[serde(skip)]
+    pub stamps: NodeStamps,
+}
+
+/// Every change to a node (registered, a lease's GPUs held or given back,
+/// lost, rejoined, cordoned, a GPU's health) stamps it with the next number.
+#[derive(Debug, Clone, Default)]
+pub struct NodeStamps {
+    last: u64,
+    of: HashMap<String, u64>,
+    by: BTreeMap<u64, String>,
+}
+
+impl NodeStamps {
+    /// The newest stamp (0 before any change).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Nodes changed after stamp `since`, each once, in the order of their
+    /// latest change.
+    pub fn changed_after(&self, since: u64) -> impl Iterator<Item = &str> {
+        self.by
+            .range(since.saturating_add(1)..)
+            .map(|(_, id)| id.as_str())
+    }
+
+    fn stamp(&mut self, node_id: &str) {
+        self.last += 1;
+        match self.of.get_mut(node_id) {
+            Some(at) => {
+                let id = self
+                    .by
+                    .remove(at)
+                    .expect("every stamped node is in both maps");
+                *at = self.last;
+                self.by.insert(self.last, id);
+            }
+            None => {
+                self.of.insert(node_id.to_string(), self.last);
+                self.by.insert(self.last, node_id.to_string());
+            }
+        }
+    }
 }
 
 impl Fleet {
@@ -142,6 +212,7 @@ impl Fleet {
             EventData::NodeLost(e) => {
                 if let Some(n) = self.nodes.get_mut(&e.node_id) {
                     n.lost = Some(e.last_heard_at);
+                    self.stamps.stamp(&e.node_id);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
@@ -153,18 +224,21 @@ impl Fleet {
                 {
                     g.health = e.to;
                     g.health_since = Some(e.at);
+                    self.stamps.stamp(&e.node_id);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::NodeCordoned(e) => {
                 if let Some(n) = self.nodes.get_mut(&e.node_id) {
                     n.cordoned = Some(e.drain);
+                    self.stamps.stamp(&e.node_id);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
             EventData::NodeUncordoned(e) => {
                 if let Some(n) = self.nodes.get_mut(&e.node_id) {
                     n.cordoned = None;
+                    self.stamps.stamp(&e.node_id);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
@@ -188,6 +262,7 @@ impl Fleet {
             EventData::NodeRejoined(e) => {
                 if let Some(n) = self.nodes.get_mut(&e.node_id) {
                     n.lost = None;
+                    self.stamps.stamp(&e.node_id);
                 }
                 self.saw_node_event(&e.node_id, sequence);
             }
@@ -258,6 +333,7 @@ impl Fleet {
         // nor a cordon (only an operator does).
         let lost = self.nodes.get(&e.node_id).and_then(|n| n.lost);
         let cordoned = self.nodes.get(&e.node_id).and_then(|n| n.cordoned);
+        self.stamps.stamp(&e.node_id);
         self.nodes.insert(
             e.node_id.clone(),
             Node {
@@ -292,17 +368,8 @@ impl Fleet {
             self.mig_instances.insert(lease_id, m.clone());
         }
         if let Some(node) = self.nodes.get_mut(node_id) {
-            for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
-                match share {
-                    Some((milli, vram_gb)) => gpu.shares.push(Share {
-                        lease_id,
-                        milli,
-                        vram_gb,
-                        mig: mig.clone(),
-                    }),
-                    None => gpu.held_by = Some(lease_id),
-                }
-            }
+            self.stamps.stamp(node_id);
+            node.hold(lease_id, indices, share, mig.as_ref());
         }
     }
 
@@ -313,6 +380,7 @@ impl Fleet {
         self.shares.remove(&lease_id);
         self.mig_instances.remove(&lease_id);
         if let Some(node) = self.nodes.get_mut(&node_id) {
+            self.stamps.stamp(&node_id);
             for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
                 if gpu.held_by == Some(lease_id) {
                     gpu.held_by = None;

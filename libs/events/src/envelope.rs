@@ -91,7 +91,18 @@ pub struct Envelope {
 impl Envelope {
     /// A new event with a fresh UUIDv7 id that starts its own correlation.
     pub fn new(actor: Actor, occurred_at: DateTime<Utc>, data: EventData) -> Self {
-        let id = Uuid::now_v7();
+        Self::new_with_id(Uuid::now_v7(), actor, occurred_at, data)
+    }
+
+    /// As [`Envelope::new`] with `id` (a [`derived_id`]) for its id and
+    /// correlation: what `new(..).with_id(id)` gives, without drawing an id
+    /// to throw away (a draw from the system's generator each).
+    pub fn new_with_id(
+        id: Uuid,
+        actor: Actor,
+        occurred_at: DateTime<Utc>,
+        data: EventData,
+    ) -> Self {
         Self {
             id,
             event_type: data.event_type().to_string(),

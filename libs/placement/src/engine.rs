@@ -174,6 +174,26 @@ impl Engine {
         self.policy.as_mut()
     }
 
+    /// Decides with `policy` from now on; the verdicts kept under the old
+    /// one are dropped.
+    pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
+        self.policy = policy;
+        self.indexes.clear();
+    }
+
+    /// The cluster, to change directly (nodes cleared and loaded again). Every
+    /// change moves the node's generation, so the verdicts kept stay right.
+    pub fn cluster_mut(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+
+    /// Numbers the next decision `sequence` (which, with the seed, fixes its
+    /// random draws): an engine kept from an earlier run of decisions decides
+    /// the next run as a fresh one would, from 0.
+    pub fn set_sequence(&mut self, sequence: u64) {
+        self.sequence = sequence;
+    }
+
     pub fn seed(&self) -> u64 {
         self.seed
     }
@@ -254,6 +274,7 @@ impl Engine {
         index.refresh(
             cluster.len(),
             epoch,
+            (cluster.change_mark(), |mark| cluster.changed_since(mark)),
             |i| cluster.node(i).generation,
             |i| {
                 cluster.check(i, d)?;

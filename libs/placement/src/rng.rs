@@ -12,7 +12,7 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// A draw `x` scaled into `0..n` (what [`Rng::below`] returns for it).
-pub(crate) fn scale(x: u64, n: u64) -> u64 {
+fn scale(x: u64, n: u64) -> u64 {
     ((u128::from(x) * u128::from(n)) >> 64) as u64
 }
 
@@ -39,10 +39,21 @@ impl Rng {
         mix(self.state)
     }
 
-    /// What the `k`-th next [`Rng::next_u64`] (`k` >= 1) will return,
-    /// without drawing: the state moves by one constant a draw.
-    pub(crate) fn peek(&self, k: u64) -> u64 {
-        mix(self.state.wrapping_add(GAMMA.wrapping_mul(k)))
+    /// The largest `k` in `1..=last` whose `k`-th next draw, scaled into
+    /// `0..k + 1`, is 0 (what reservoir sampling over `last + 1` items keeps,
+    /// item 0 needing no draw), found without drawing: the state moves by
+    /// one constant a draw, so the draws are read from the last back.
+    pub(crate) fn last_kept(&self, last: u64) -> Option<u64> {
+        let mut state = self.state.wrapping_add(GAMMA.wrapping_mul(last));
+        let mut k = last;
+        while k > 0 {
+            if scale(mix(state), k + 1) == 0 {
+                return Some(k);
+            }
+            state = state.wrapping_sub(GAMMA);
+            k -= 1;
+        }
+        None
     }
 
     /// Draws `k` times, throwing the draws away.
@@ -93,12 +104,15 @@ mod tests {
         let r = Rng::stream(42, 7);
         let mut drawn = r.clone();
         let ahead: Vec<u64> = (0..5).map(|_| drawn.next_u64()).collect();
-        for (k, x) in ahead.iter().enumerate() {
-            assert_eq!(r.peek(k as u64 + 1), *x);
-        }
         let mut skipped = r.clone();
         skipped.skip(3);
         assert_eq!(skipped.next_u64(), ahead[3]);
+        // Reservoir sampling drawing forward keeps what reading back finds.
+        for last in 1..200u64 {
+            let mut forward = r.clone();
+            let kept = (1..=last).filter(|&k| forward.below(k + 1) == 0).last();
+            assert_eq!(r.last_kept(last), kept);
+        }
     }
 
     #[test]

@@ -75,10 +75,20 @@ impl ShapeMix {
         requests: impl IntoIterator<Item = &'a Request>,
         cfg: ShapeMixConfig,
     ) -> Self {
+        Self::from_counted_requests(requests.into_iter().map(|r| (r, 1)), cfg)
+    }
+
+    /// As [`ShapeMix::from_requests`] over each request repeated its count
+    /// of times: many tasks of few shapes are summarised without a request
+    /// for each.
+    pub fn from_counted_requests<'a>(
+        requests: impl IntoIterator<Item = (&'a Request, u64)>,
+        cfg: ShapeMixConfig,
+    ) -> Self {
         let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
         let mut memory: HashMap<ShapeKey, u64> = HashMap::new();
         let mut total = 0u64;
-        for r in requests {
+        for (r, times) in requests {
             let (milli, count, vram) = match &r.gpu {
                 GpuDemand::None => (0, 0, 0),
                 GpuDemand::Whole { count } => (MILLI, *count, 0),
@@ -102,10 +112,10 @@ impl ShapeMix {
                 vram,
             };
             if cfg.with_memory {
-                *memory.entry(key.clone()).or_default() += r.memory_mib;
+                *memory.entry(key.clone()).or_default() += r.memory_mib * times;
             }
-            *counts.entry(key).or_default() += 1;
-            total += 1;
+            *counts.entry(key).or_default() += times;
+            total += times;
         }
         let mut list: Vec<(ShapeKey, u64)> = counts.into_iter().collect();
         list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));

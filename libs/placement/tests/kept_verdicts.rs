@@ -182,3 +182,97 @@ fn ties_among_many_alike_nodes_draw_as_the_scan_does() {
         "the fleet tied on {most_tied} nodes at most"
     );
 }
+
+/// An allocation as the world holds it, to load into a cluster again.
+#[derive(Debug, Clone)]
+struct Held {
+    node: usize,
+    shape: usize,
+    gpus: GpuSet,
+    mig_start: Option<u8>,
+}
+
+/// Takes `h` on `cluster` as it was placed.
+fn load(cluster: &mut Cluster, requests: &[Request], h: &Held) {
+    let d = cluster.demand(&requests[h.shape]);
+    match h.mig_start {
+        Some(start) => cluster
+            .allocate_mig_at(h.node, &d, h.gpus.trailing_zeros() as u8, start)
+            .unwrap(),
+        None => cluster.allocate(h.node, &d, h.gpus).unwrap(),
+    };
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// An engine kept from one run of decisions to the next, whose changed
+    /// nodes are cleared and loaded again (and whose policy is replaced
+    /// where the mix changes), decides each run as an engine built afresh
+    /// from what is held then: verdicts, policy caches and all.
+    #[test]
+    fn a_kept_engine_with_nodes_loaded_again_decides_as_a_fresh_one(
+        nodes in arb_fleet(),
+        runs in prop::collection::vec(
+            (prop::collection::vec(0..SHAPES, 1..12), prop::collection::vec(0usize..64, 0..6), any::<bool>()),
+            1..8,
+        ),
+        seed in 0u64..1000,
+    ) {
+        let requests: Vec<Request> = (0..SHAPES).map(request).collect();
+        let mixes = [
+            ShapeMix::from_requests(&requests, ShapeMixConfig::PUBLISHED),
+            ShapeMix::from_requests(&requests[..4], ShapeMixConfig::PUBLISHED),
+        ];
+        let policy = |m: usize| policy::by_name("leasehold", &mixes[m]).unwrap();
+        let mut mix = 0;
+        let mut kept = Engine::new(Cluster::new(&nodes), policy(mix), seed);
+        let mut held: Vec<Held> = Vec::new();
+        for (shapes, ends, new_mix) in runs {
+            // Between runs, leases end: their nodes are loaded again.
+            let mut changed: Vec<usize> = Vec::new();
+            for k in ends {
+                if !held.is_empty() {
+                    changed.push(held.remove(k % held.len()).node);
+                }
+            }
+            changed.sort_unstable();
+            changed.dedup();
+            for &i in &changed {
+                kept.cluster_mut().clear_node(i).unwrap();
+                for h in held.iter().filter(|h| h.node == i) {
+                    load(kept.cluster_mut(), &requests, h);
+                }
+            }
+            if new_mix {
+                mix = 1 - mix;
+                kept.set_policy(policy(mix));
+            }
+            kept.set_sequence(0);
+            let mut cluster = Cluster::new(&nodes);
+            for i in 0..nodes.len() {
+                for h in held.iter().filter(|h| h.node == i) {
+                    load(&mut cluster, &requests, h);
+                }
+            }
+            let mut fresh = Engine::new(cluster, policy(mix), seed);
+            for shape in shapes {
+                let req = &requests[shape];
+                let a = kept.decide(req);
+                let b = fresh.decide(req);
+                prop_assert_eq!(&a, &b);
+                if let Ok(d) = a {
+                    let x = kept.place(req, &d).unwrap();
+                    fresh.place(req, &d).unwrap();
+                    let mig = kept.cluster().allocation(x).and_then(|a| a.mig);
+                    held.push(Held {
+                        node: d.node,
+                        shape,
+                        gpus: d.gpus,
+                        mig_start: mig.map(|m| m.start),
+                    });
+                }
+            }
+        }
+    }
+}

@@ -20,6 +20,12 @@
 //! line the scheduler logs per pass: `lh_scheduler::pass`). The log is read
 //! back from the start at the end of each round: any GPU given to two
 //! leases, or any lease placed twice, fails the run.
+//!
+//! A round's first deciding pass is its scheduler's first: it builds the
+//! placement engine. Then (unless `--warm 0`) the first round's scheduler,
+//! still running, gets `--warm` more requests to decide in one pass with
+//! the engine its earlier passes kept: the tenant is suspended, the
+//! requests appended (each is told it waits), the tenant resumed.
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
@@ -64,6 +70,10 @@ struct Args {
     /// How long one round may take, seconds.
     #[arg(long, default_value_t = 600)]
     round_limit_secs: u64,
+    /// One-GPU requests the first round's scheduler decides in one more
+    /// pass, with the engine it kept (0: none).
+    #[arg(long, default_value_t = 1_000)]
+    warm: usize,
 }
 
 /// An event as its writer would append it: a node registers itself, a
@@ -178,6 +188,26 @@ struct Placements {
     placed: usize,
 }
 
+impl Placements {
+    /// Seconds from the first placement of the round's leases to the last,
+    /// by the log's clock.
+    fn span_s(&self) -> f64 {
+        let first = self.stored_at.iter().min();
+        let last = self.stored_at.iter().max();
+        match (first, last) {
+            (Some(f), Some(l)) => (*l - *f).num_microseconds().unwrap_or(0) as f64 / 1e6,
+            _ => 0.0,
+        }
+    }
+
+    fn per_second(&self) -> f64 {
+        match self.span_s() {
+            s if s > 0.0 => self.stored_at.len() as f64 / s,
+            _ => 0.0,
+        }
+    }
+}
+
 /// Reads the log from its start until `want` of `round`'s leases are
 /// placed (or the feed stays quiet too long); fails on a GPU given to two
 /// leases or a lease placed twice.
@@ -218,6 +248,30 @@ async fn read_placements(
     Ok(out)
 }
 
+/// Reads the log from its start until each of `ids` was told it waits.
+async fn read_queued(bus: &Bus, ids: &HashSet<Uuid>, limit: Duration) -> anyhow::Result<()> {
+    let mut feed = bus.feed(&[subject::EVENTS_ALL], 1).await?;
+    let mut told: HashSet<Uuid> = HashSet::new();
+    let until = Instant::now() + limit;
+    while told.len() < ids.len() && Instant::now() < until {
+        let Some(event) = feed.next_within(FEED_QUIET_LIMIT).await else {
+            break;
+        };
+        if let EventData::LeaseQueued(q) = &event?.envelope.data {
+            if ids.contains(&q.lease_id) {
+                told.insert(q.lease_id);
+            }
+        }
+    }
+    anyhow::ensure!(
+        told.len() == ids.len(),
+        "only {} of {} requests were told they wait",
+        told.len(),
+        ids.len()
+    );
+    Ok(())
+}
+
 /// Appends `count` one-GPU requests of `tenant`; their ids.
 async fn append_requests(
     out: &mut Appender,
@@ -237,7 +291,61 @@ async fn append_requests(
     Ok(ids)
 }
 
-/// One round: a fresh scheduler over a log where `round` waits.
+/// `count` more requests of `tenant` that `scheduler` decides in one pass:
+/// appended while the tenant is suspended, then the tenant resumed. Prints
+/// that pass and the placements per second.
+async fn warm_pass(
+    name: &str,
+    bus: &Bus,
+    out: &mut Appender,
+    scheduler: &Scheduler,
+    (tenant, count): (Uuid, usize),
+    limit: Duration,
+) -> anyhow::Result<()> {
+    out.append(&envelope(EventData::TenantSuspended(TenantSuspended {
+        tenant_id: tenant,
+        reason: String::new(),
+        reason_sealed: None,
+        stop_leases: false,
+    })))
+    .await?;
+    out.flush().await?;
+    let ids = append_requests(out, tenant, count).await?;
+    read_queued(bus, &ids, limit).await?;
+    let before = scheduler.passes()?.len();
+    out.append(&envelope(EventData::TenantResumed(TenantResumed {
+        tenant_id: tenant,
+    })))
+    .await?;
+    out.flush().await?;
+    let placements = read_placements(bus, &ids, ids.len(), limit).await?;
+    anyhow::ensure!(
+        placements.stored_at.len() == ids.len(),
+        "{name} warm: only {} of {} leases placed",
+        placements.stored_at.len(),
+        ids.len()
+    );
+    let passes = scheduler.passes()?;
+    let pass = passes[before.min(passes.len())..]
+        .iter()
+        .find(|p| p.2 > 0)
+        .copied()
+        .unwrap_or_default();
+    println!(
+        "sched-scale {name} warm: leases={} placed={} placed_per_s={:.0}; deciding pass with the kept engine: waiting={} decisions={} took_ms={:.1}",
+        ids.len(),
+        placements.stored_at.len(),
+        placements.per_second(),
+        pass.1,
+        pass.2,
+        ms(pass.0),
+    );
+    Ok(())
+}
+
+/// One round: a fresh scheduler over a log where `round` waits; then, with
+/// `warm`, more requests for it to decide with the engine it kept.
+#[allow(clippy::too_many_arguments)]
 async fn round(
     name: &str,
     bus: &Bus,
@@ -246,6 +354,7 @@ async fn round(
     logs: &Path,
     ids: &HashSet<Uuid>,
     limit: Duration,
+    warm: Option<(&mut Appender, Uuid, usize)>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let scheduler = Scheduler::start(
@@ -258,21 +367,13 @@ async fn round(
     tokio::time::sleep(SETTLE_AFTER_PLACED).await;
     let (rss_kb, hwm_kb) = scheduler.memory_kb()?;
     let passes = scheduler.passes()?;
+    if let Some((out, tenant, count)) = warm.filter(|w| w.2 > 0) {
+        warm_pass(name, bus, out, &scheduler, (tenant, count), limit).await?;
+    }
     scheduler.stop()?;
     let placed = placements.stored_at.len();
-    let (first, last) = (
-        placements.stored_at.iter().min().copied(),
-        placements.stored_at.iter().max().copied(),
-    );
-    let span_s = match (first, last) {
-        (Some(f), Some(l)) => (l - f).num_microseconds().unwrap_or(0) as f64 / 1e6,
-        _ => 0.0,
-    };
-    let rate = if span_s > 0.0 {
-        placed as f64 / span_s
-    } else {
-        0.0
-    };
+    let span_s = placements.span_s();
+    let rate = placements.per_second();
     let deciding: Vec<&(u64, u64, u64)> = passes.iter().filter(|p| p.2 > 0).collect();
     let mut times: Vec<u64> = deciding.iter().map(|p| p.0).collect();
     times.sort_unstable();
@@ -312,7 +413,8 @@ async fn round(
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
-        (args.queued + args.leases) as u64 <= args.nodes as u64 * u64::from(GPUS_PER_NODE),
+        (args.queued + args.warm + args.leases) as u64
+            <= args.nodes as u64 * u64::from(GPUS_PER_NODE),
         "the fleet must hold every lease"
     );
     let bin_dir = std::env::current_exe()?
@@ -345,7 +447,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     }
     let tenant = Uuid::now_v7();
-    let max_gpus = u32::try_from(args.queued + args.leases)?;
+    let max_gpus = u32::try_from(args.queued + args.warm + args.leases)?;
     out.append(&envelope(EventData::TenantCreated(fixtures::tenant(
         tenant, max_gpus,
     ))))
@@ -360,7 +462,17 @@ async fn main() -> anyhow::Result<()> {
 
     let limit = Duration::from_secs(args.round_limit_secs);
     let queued = append_requests(&mut out, tenant, args.queued).await?;
-    round("queued", &bus, &nats.url(), &bin_dir, &logs, &queued, limit).await?;
+    round(
+        "queued",
+        &bus,
+        &nats.url(),
+        &bin_dir,
+        &logs,
+        &queued,
+        limit,
+        Some((&mut out, tenant, args.warm)),
+    )
+    .await?;
     if args.leases > 0 {
         let backlog = append_requests(&mut out, tenant, args.leases).await?;
         round(
@@ -371,6 +483,7 @@ async fn main() -> anyhow::Result<()> {
             &logs,
             &backlog,
             limit,
+            None,
         )
         .await?;
     }

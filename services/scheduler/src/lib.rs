@@ -244,11 +244,15 @@ pub struct Scheduling {
     /// back, even where node clocks disagree about an open interval.
     availability_exported: HashMap<uuid::Uuid, (u64, u64)>,
     availability_exported_at: Option<DateTime<Utc>>,
+    fragmentation_exported_at: Option<DateTime<Utc>>,
 }
 
 /// How often the per-tenant lease-seconds are exported: every decision pass
 /// would walk every tenant, and a scrape comes far less often.
 const AVAILABILITY_EXPORT_EVERY_MS: i64 = 5_000;
+/// How often the fragmented milli-GPU is measured: every decision pass would
+/// walk every node and GPU of the fleet, and a scrape comes far less often.
+const FRAGMENTATION_EXPORT_EVERY_MS: i64 = 1_000;
 
 impl Scheduling {
     /// `now` starts the liveness clock of nodes never heard from.
@@ -263,6 +267,7 @@ impl Scheduling {
             started: now,
             availability_exported: HashMap::new(),
             availability_exported_at: None,
+            fragmentation_exported_at: None,
         }
     }
 
@@ -376,10 +381,8 @@ impl Decider for Scheduling {
             "decision pass"
         );
         metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);
-        metrics::gauge!("lh_scheduler_fragmented_gpu_milli")
-            .set(self.state.fragmented_milli() as f64);
-        let lost = self.state.fleet.nodes.values().filter(|n| n.lost.is_some());
-        metrics::gauge!("lh_scheduler_lost_nodes").set(lost.count() as f64);
+        self.fragmentation_metric(now);
+        metrics::gauge!("lh_scheduler_lost_nodes").set(self.state.lost_count() as f64);
         spot_metrics(&self.state.spot_stats);
         self.availability_metrics(now);
         batches
@@ -419,6 +422,19 @@ impl Decider for Scheduling {
 }
 
 impl Scheduling {
+    /// The idle milli-GPU no waiting lease fits, at most once per
+    /// [`FRAGMENTATION_EXPORT_EVERY_MS`].
+    fn fragmentation_metric(&mut self, now: DateTime<Utc>) {
+        if self.fragmentation_exported_at.is_some_and(|at| {
+            now >= at && (now - at).num_milliseconds() < FRAGMENTATION_EXPORT_EVERY_MS
+        }) {
+            return;
+        }
+        self.fragmentation_exported_at = Some(now);
+        metrics::gauge!("lh_scheduler_fragmented_gpu_milli")
+            .set(self.state.fragmented_milli() as f64);
+    }
+
     /// Each tenant's owed and interrupted lease-seconds up to `now`.
     fn availability_metrics(&mut self, now: DateTime<Utc>) {
         if self.availability_exported_at.is_some_and(|at| {

@@ -1,13 +1,20 @@
 //! Placement through the lh-placement engine with Leasehold's default
 //! policy (`leasehold`), deterministic for a fixed seed.
 //!
-//! The engine's [`Cluster`] is rebuilt from the fleet state (nodes, whole
-//! holdings, fractional shares and MIG instances where they are) at the start of a decision pass, and
-//! again after the pass reserves GPUs (preemption, starvation); placements
-//! within a pass update it in place. Rebuilding costs O(GPUs + live leases)
-//! per pass, which is small next to the per-lease scoring.
+//! The engine's [`Cluster`] mirrors the fleet state (nodes, whole
+//! holdings, fractional shares and MIG instances where they are) as of the
+//! first placement of a decision pass, and again after the pass reserves
+//! GPUs (preemption, starvation); placements within a pass update it in
+//! place. The engine is kept from pass to pass: each pass loads again only
+//! the nodes that changed since the last (by the log, or by the last pass's
+//! own placements), so that the cluster, the policy's per-node caches and
+//! the engine's kept verdicts are not rebuilt at every pass. It decides
+//! exactly as an engine built afresh would: same nodes in the same order,
+//! each as the fleet holds it, and the decisions numbered from 0.
 
-use lh_domain::fleet::Fleet;
+use std::collections::{HashMap, HashSet};
+
+use lh_domain::fleet::{Gpu, Node};
 use lh_events::{GpuHealth, GpuSharing, Isolation};
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
@@ -15,13 +22,15 @@ use lh_placement::{
     ShapeMixConfig, SharingMode,
 };
 
+use crate::state::scratch::{FleetView, Scratch};
+
 /// Seed of every placement engine: decisions are a function of the state.
 pub const SEED: u64 = 42;
 /// CPU and memory are not modelled by the scheduler yet: nodes get this much.
 const UNLIMITED: u64 = 1 << 40;
 
 /// What a lease asks for, in engine terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ask {
     Whole(u32),
     Fraction {
@@ -74,10 +83,19 @@ pub struct Chosen {
 /// whole GPU of any model as a prior, so that an idle GPU counts as worth
 /// keeping whole (fractions pack onto GPUs already shared).
 pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> ShapeMix {
-    let mut requests: Vec<Request> = asks.into_iter().filter_map(|(a, m)| a.request(m)).collect();
-    requests.push(Request::whole(1, 0, 0));
-    ShapeMix::from_requests(
-        &requests,
+    // Thousands of leases, of a few shapes: each shape is made a request
+    // once, with its count.
+    let mut counts: HashMap<(Ask, &str), u64> = HashMap::new();
+    for ask in asks {
+        *counts.entry(ask).or_default() += 1;
+    }
+    let mut requests: Vec<(Request, u64)> = counts
+        .into_iter()
+        .filter_map(|((a, m), count)| Some((a.request(m)?, count)))
+        .collect();
+    requests.push((Request::whole(1, 0, 0), 1));
+    ShapeMix::from_counted_requests(
+        requests.iter().map(|(r, count)| (r, *count)),
         ShapeMixConfig {
             popularity: 1.0,
             include_cpu_only: false,
@@ -88,104 +106,268 @@ pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> ShapeMix 
 
 pub struct Planner {
     engine: Engine,
-    /// Per engine node: id, zone, and fleet GPU index per GPU position.
-    nodes: Vec<(String, String, Vec<u32>)>,
+    /// Fleet GPU index per GPU position, every engine node's in turn: node
+    /// `i`'s are `gpu_index[gpu_from[i]..gpu_from[i + 1]]`. (The engine
+    /// nodes are the fleet's schedulable nodes in id order, so an id is
+    /// found by a binary search.)
+    gpu_index: Vec<u32>,
+    gpu_from: Vec<usize>,
+    /// What the policy measures against.
+    workload: ShapeMix,
+    /// The fleet's newest stamp when the engine was last brought up to date
+    /// with it.
+    synced_at: u64,
+    /// Engine nodes that may differ from the fleet as the log says it:
+    /// placed on since, or loaded from a pass's own changes.
+    dirty: HashSet<usize>,
+}
+
+/// A node as the engine takes it, written into `spec` (its strings reuse
+/// their room), with the fleet index of each of its GPUs there in
+/// `indices`; `false` for a node that takes nothing new.
+fn fill_spec(spec: &mut NodeSpec, indices: &mut Vec<u32>, n: &Node) -> bool {
+    // A lost or cordoned node, a degraded or unhealthy GPU, takes
+    // nothing new.
+    if !n.is_schedulable() {
+        return false;
+    }
+    // A share's caps hold only where the node enforces them: on any
+    // other node a GPU is whole, and takes no share.
+    let shares_enforced = n.gpu_sharing.enforces_shares();
+    set(&mut spec.id, &n.id);
+    set(&mut spec.zone, &n.zone);
+    spec.cpu_milli = UNLIMITED;
+    spec.memory_mib = UNLIMITED;
+    spec.domains.clear();
+    spec.isolates_workloads = n.isolation == Isolation::Container;
+    // MPS holds every client of a GPU to the smallest share it
+    // hosted since its daemon started (ADR 016); HAMi-core
+    // holds each client to its own.
+    spec.one_share_size_per_gpu = n.gpu_sharing == GpuSharing::Mps;
+    indices.clear();
+    let mut count = 0;
+    for g in healthy(n) {
+        let mode = if g.mig {
+            SharingMode::Mig
+        } else if shares_enforced {
+            SharingMode::VGpu
+        } else {
+            SharingMode::Whole
+        };
+        match spec.gpus.get_mut(count) {
+            Some(s) => {
+                set(&mut s.model, &g.model);
+                (s.vram_gb, s.mode) = (g.vram_gb, mode);
+            }
+            None => spec.gpus.push(GpuSpec {
+                model: g.model.clone(),
+                vram_gb: g.vram_gb,
+                mode,
+            }),
+        }
+        indices.push(g.index);
+        count += 1;
+    }
+    spec.gpus.truncate(count);
+    true
+}
+
+/// `to` says `from` (copied only where it said something else: a fleet's
+/// nodes mostly have alike GPUs).
+fn set(to: &mut String, from: &str) {
+    if to != from {
+        to.clear();
+        to.push_str(from);
+    }
+}
+
+fn empty_spec() -> NodeSpec {
+    NodeSpec::uniform(
+        String::new(),
+        String::new(),
+        UNLIMITED,
+        UNLIMITED,
+        0,
+        GpuSpec {
+            model: String::new(),
+            vram_gb: 0,
+            mode: SharingMode::Whole,
+        },
+    )
+}
+
+/// The GPUs of `n` the engine places on, in the node's order.
+fn healthy(n: &Node) -> impl Iterator<Item = &Gpu> + Clone {
+    n.gpus
+        .iter()
+        .filter(|g| g.health == GpuHealth::Healthy)
+        .take(lh_placement::cluster::MAX_GPUS_PER_NODE)
+}
+
+/// Takes on engine node `i` (as added, or cleared) what fleet node `n`
+/// holds.
+fn load(cluster: &mut Cluster, i: usize, n: &Node) {
+    let shares_enforced = n.gpu_sharing.enforces_shares();
+    for (j, g) in healthy(n).enumerate() {
+        let set = 1u32 << j;
+        // Instances no lease holds, as the node declared them: their
+        // slots are taken before any lease's is restored.
+        for m in &g.unowned_mig {
+            if let Err(e) = cluster.add_unowned_mig(i, j as u8, &m.profile, m.start) {
+                tracing::debug!(node = %n.id, gpu = g.index, profile = %m.profile, start = m.start, error = %e,
+                    "a MIG instance the node declares unowned does not fit the placement rules");
+            }
+        }
+        if g.held_by.is_some() {
+            let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
+            let _ = cluster.allocate(i, &d, set);
+        }
+        for s in &g.shares {
+            if let Some(m) = &s.mig {
+                let d = cluster.demand(&mig_request(&m.profile).with_models([&g.model]));
+                let _ = cluster.allocate_mig_at(i, &d, j as u8, m.start);
+                continue;
+            }
+            if !shares_enforced {
+                // Placed before the node stopped enforcing shares:
+                // the GPU is busy until they end.
+                let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
+                let _ = cluster.allocate(i, &d, set);
+                break;
+            }
+            let r = Request {
+                gpu: GpuDemand::Fraction {
+                    milli: s.milli.min(1000) as u16,
+                    vram_gb: s.vram_gb,
+                },
+                ..Request::cpu_only(0, 0)
+            }
+            .with_models([&g.model]);
+            let d = cluster.demand(&r);
+            // As it is, even beside shares of another size.
+            let _ = cluster.allocate_existing_share(i, &d, j as u8);
+        }
+    }
+}
+
+fn default_policy(workload: &ShapeMix) -> Box<dyn lh_placement::Policy> {
+    policy::by_name(DEFAULT_POLICY, workload).expect("the default policy exists")
 }
 
 impl Planner {
     /// An engine over `fleet` as it is now.
-    pub fn new(fleet: &Fleet, workload: &ShapeMix) -> Self {
-        let mut nodes = Vec::with_capacity(fleet.nodes.len());
+    pub fn new(fleet: &impl FleetView, workload: &ShapeMix) -> Self {
+        let (mut spec, mut indices) = (empty_spec(), Vec::new());
+        let (mut gpu_index, mut gpu_from) = (Vec::new(), vec![0]);
         let mut cluster = Cluster::default();
-        // A lost or cordoned node, a degraded or unhealthy GPU, takes
-        // nothing new.
-        for n in fleet.nodes.values().filter(|n| n.is_schedulable()) {
-            let gpus = n
-                .gpus
-                .iter()
-                .filter(|g| g.health == GpuHealth::Healthy)
-                .take(lh_placement::cluster::MAX_GPUS_PER_NODE);
-            // A share's caps hold only where the node enforces them: on any
-            // other node a GPU is whole, and takes no share.
-            let shares_enforced = n.gpu_sharing.enforces_shares();
-            let spec = NodeSpec {
-                id: n.id.clone(),
-                zone: n.zone.clone(),
-                cpu_milli: UNLIMITED,
-                memory_mib: UNLIMITED,
-                gpus: gpus
-                    .clone()
-                    .map(|g| GpuSpec {
-                        model: g.model.clone(),
-                        vram_gb: g.vram_gb,
-                        mode: if g.mig {
-                            SharingMode::Mig
-                        } else if shares_enforced {
-                            SharingMode::VGpu
-                        } else {
-                            SharingMode::Whole
-                        },
-                    })
-                    .collect(),
-                domains: Vec::new(),
-                isolates_workloads: n.isolation == Isolation::Container,
-                // MPS holds every client of a GPU to the smallest share it
-                // hosted since its daemon started (ADR 016); HAMi-core
-                // holds each client to its own.
-                one_share_size_per_gpu: n.gpu_sharing == GpuSharing::Mps,
-            };
-            let i = cluster.add_node(&spec);
-            for (j, g) in gpus.clone().enumerate() {
-                let set = 1u32 << j;
-                // Instances no lease holds, as the node declared them: their
-                // slots are taken before any lease's is restored.
-                for m in &g.unowned_mig {
-                    if let Err(e) = cluster.add_unowned_mig(i, j as u8, &m.profile, m.start) {
-                        tracing::debug!(node = %n.id, gpu = g.index, profile = %m.profile, start = m.start, error = %e,
-                            "a MIG instance the node declares unowned does not fit the placement rules");
-                    }
-                }
-                if g.held_by.is_some() {
-                    let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
-                    let _ = cluster.allocate(i, &d, set);
-                }
-                for s in &g.shares {
-                    if let Some(m) = &s.mig {
-                        let d = cluster.demand(&mig_request(&m.profile).with_models([&g.model]));
-                        let _ = cluster.allocate_mig_at(i, &d, j as u8, m.start);
-                        continue;
-                    }
-                    if !shares_enforced {
-                        // Placed before the node stopped enforcing shares:
-                        // the GPU is busy until they end.
-                        let d = cluster.demand(&Request::whole(1, 0, 0).with_models([&g.model]));
-                        let _ = cluster.allocate(i, &d, set);
-                        break;
-                    }
-                    let r = Request {
-                        gpu: GpuDemand::Fraction {
-                            milli: s.milli.min(1000) as u16,
-                            vram_gb: s.vram_gb,
-                        },
-                        ..Request::cpu_only(0, 0)
-                    }
-                    .with_models([&g.model]);
-                    let d = cluster.demand(&r);
-                    // As it is, even beside shares of another size.
-                    let _ = cluster.allocate_existing_share(i, &d, j as u8);
-                }
+        let nodes = fleet.nodes();
+        cluster.reserve(nodes.size_hint().0);
+        gpu_from.reserve(nodes.size_hint().0);
+        for n in nodes {
+            if !fill_spec(&mut spec, &mut indices, n) {
+                continue;
             }
-            nodes.push((
-                n.id.clone(),
-                n.zone.clone(),
-                gpus.map(|g| g.index).collect(),
-            ));
+            let i = cluster.add_node(&spec);
+            load(&mut cluster, i, n);
+            gpu_index.extend_from_slice(&indices);
+            gpu_from.push(gpu_index.len());
         }
-        let policy = policy::by_name(DEFAULT_POLICY, workload).expect("the default policy exists");
         Planner {
-            engine: Engine::new(cluster, policy, SEED),
-            nodes,
+            engine: Engine::new(cluster, default_policy(workload), SEED),
+            gpu_index,
+            gpu_from,
+            workload: workload.clone(),
+            synced_at: 0,
+            dirty: HashSet::new(),
         }
+    }
+
+    /// The engine node of fleet node `id`, if it has one.
+    fn index_of(&self, id: &str) -> Option<usize> {
+        let nodes = self.engine.cluster().nodes();
+        nodes.binary_search_by(|n| n.id.as_str().cmp(id)).ok()
+    }
+
+    /// Fleet GPU index per GPU position of engine node `i`.
+    fn gpu_indices_of(&self, i: usize) -> &[u32] {
+        &self.gpu_index[self.gpu_from[i]..self.gpu_from[i + 1]]
+    }
+
+    /// The engine for a pass over `scratch`, deciding as [`Planner::new`]
+    /// over it would: the one `kept` from before, brought up to date node
+    /// by node (the nodes the log or a pass changed since), or a new one
+    /// where nodes came, went, or changed shape.
+    pub fn sync<'k>(
+        kept: &'k mut Option<Planner>,
+        scratch: &Scratch,
+        workload: &ShapeMix,
+    ) -> &'k mut Planner {
+        let base = scratch.base();
+        let current = kept
+            .take()
+            .filter(|p| p.synced_at <= base.stamps.last())
+            .and_then(|mut p| p.update(scratch, workload).then_some(p));
+        let planner = kept.insert(match current {
+            Some(p) => p,
+            None => {
+                let mut p = Planner::new(scratch, workload);
+                p.dirty = scratch
+                    .changed_nodes()
+                    .filter_map(|id| p.index_of(id))
+                    .collect();
+                p
+            }
+        });
+        planner.synced_at = base.stamps.last();
+        // A new engine numbers its decisions from 0: the seeded draws of
+        // each decision follow.
+        planner.engine.set_sequence(0);
+        planner
+    }
+
+    /// Brings the engine up to date with `scratch`; `false` where only a
+    /// new engine can be (a node came, went, or changed shape).
+    fn update(&mut self, scratch: &Scratch, workload: &ShapeMix) -> bool {
+        if self.workload != *workload {
+            self.engine.set_policy(default_policy(workload));
+            self.workload = workload.clone();
+        }
+        let mut todo: Vec<usize> = std::mem::take(&mut self.dirty).into_iter().collect();
+        let changed = scratch
+            .base()
+            .stamps
+            .changed_after(self.synced_at)
+            .chain(scratch.changed_nodes());
+        for id in changed {
+            let schedulable = scratch.node(id).is_some_and(Node::is_schedulable);
+            match (self.index_of(id), schedulable) {
+                (Some(i), true) => todo.push(i),
+                (None, false) => {}
+                _ => return false,
+            }
+        }
+        todo.sort_unstable();
+        todo.dedup();
+        let (mut spec, mut indices) = (empty_spec(), Vec::new());
+        for i in todo {
+            let id = &self.engine.cluster().node(i).id;
+            let Some(n) = scratch.node(id) else {
+                return false;
+            };
+            if !fill_spec(&mut spec, &mut indices, n)
+                || !self.engine.cluster().same_shape(i, &spec)
+                || self.gpu_indices_of(i) != indices
+            {
+                return false;
+            }
+            let cluster = self.engine.cluster_mut();
+            cluster.clear_node(i).expect("an engine node");
+            load(cluster, i, n);
+            if scratch.changed(&n.id) {
+                self.dirty.insert(i);
+            }
+        }
+        true
     }
 
     /// Decides where `ask` of `model` goes and takes it in this engine, on
@@ -211,8 +393,11 @@ impl Planner {
             .engine
             .place(&request, &decision)
             .expect("the engine's own choice fits");
-        let mig = self.engine.cluster().allocation(id).and_then(|a| a.mig);
-        let (node_id, zone, index) = &self.nodes[decision.node];
+        self.dirty.insert(decision.node);
+        let cluster = self.engine.cluster();
+        let mig = cluster.allocation(id).and_then(|a| a.mig);
+        let node = cluster.node(decision.node);
+        let index = self.gpu_indices_of(decision.node);
         let mut gpu_indices: Vec<u32> = decision
             .gpu_indices()
             .into_iter()
@@ -220,8 +405,8 @@ impl Planner {
             .collect();
         gpu_indices.sort_unstable();
         Ok(Chosen {
-            node_id: node_id.clone(),
-            zone: zone.clone(),
+            node_id: node.id.clone(),
+            zone: cluster.zone_name(node.zone).to_string(),
             gpu_indices,
             mig,
             provenance: decision.provenance,

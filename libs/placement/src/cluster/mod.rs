@@ -1,7 +1,8 @@
 //! The cluster's mutable state, kept compact for the scoring loops: interned
 //! models and zones, per-node free CPU and memory, per-GPU free milli and VRAM,
 //! a generation counter per node (bumped on every change, so policies can
-//! cache per-node work), and the live allocations.
+//! cache per-node work), the order in which nodes changed (so that a reader
+//! keeping per-node work re-reads only those), and the live allocations.
 
 use std::collections::HashMap;
 
@@ -16,6 +17,11 @@ pub const MAX_GPUS_PER_NODE: usize = 32;
 /// bit masks).
 pub const MAX_MODELS: usize = 64;
 pub const MAX_ZONES: usize = 64;
+/// The log of changed nodes is dropped once it holds this many entries per
+/// node (and at least [`MIN_CHANGES_KEPT`]): a reader that fell further
+/// behind reads every node again, which costs what that many entries do.
+pub const CHANGES_KEPT_PER_NODE: usize = 4;
+pub const MIN_CHANGES_KEPT: usize = 4_096;
 
 /// A set of GPU indices of one node, as a bit mask.
 pub type GpuSet = u32;
@@ -66,8 +72,14 @@ pub struct Cluster {
     pub(crate) nodes: Vec<Node>,
     allocs: Vec<Option<Allocation>>,
     free_slots: Vec<u32>,
+    /// Live allocation slots per node.
+    node_allocs: Vec<Vec<u32>>,
     gpu_milli_total: u64,
     gpu_milli_used: u64,
+    /// Nodes in the order their generation moved, from change number
+    /// `changes_from` on (see [`Cluster::changed_since`]).
+    changes: Vec<u32>,
+    changes_from: u64,
 }
 
 fn intern(names: &mut Vec<String>, ix: &mut HashMap<String, u16>, name: &str, max: usize) -> u16 {
@@ -90,6 +102,12 @@ impl Cluster {
         c
     }
 
+    /// Makes room for `nodes` more nodes at once.
+    pub fn reserve(&mut self, nodes: usize) {
+        self.nodes.reserve(nodes);
+        self.node_allocs.reserve(nodes);
+    }
+
     /// Adds a node (empty). Returns its index.
     pub fn add_node(&mut self, s: &NodeSpec) -> usize {
         assert!(
@@ -99,11 +117,17 @@ impl Cluster {
         );
         let zone = intern(&mut self.zones, &mut self.zone_ix, &s.zone, MAX_ZONES);
         let mut model_mask = 0u64;
+        // A node's GPUs are mostly of one model: looked up once.
+        let mut last: Option<(&str, u16)> = None;
         let gpus: Vec<Gpu> = s
             .gpus
             .iter()
             .map(|g| {
-                let model = intern(&mut self.models, &mut self.model_ix, &g.model, MAX_MODELS);
+                let model = match last {
+                    Some((name, id)) if name == g.model => id,
+                    _ => intern(&mut self.models, &mut self.model_ix, &g.model, MAX_MODELS),
+                };
+                last = Some((&g.model, model));
                 model_mask |= 1 << model;
                 Gpu {
                     model,
@@ -136,6 +160,7 @@ impl Cluster {
             })
             .collect();
         self.gpu_milli_total += gpus.len() as u64 * u64::from(MILLI);
+        self.node_allocs.push(Vec::new());
         self.nodes.push(Node {
             id: s.id.clone(),
             zone,
@@ -194,6 +219,101 @@ impl Cluster {
     /// Milli-GPU held by live allocations.
     pub fn gpu_milli_used(&self) -> u64 {
         self.gpu_milli_used
+    }
+
+    /// The number of changes so far: a mark to ask [`Cluster::changed_since`]
+    /// with later.
+    pub fn change_mark(&self) -> u64 {
+        self.changes_from + self.changes.len() as u64
+    }
+
+    /// The nodes whose generation moved since `mark` (a node once per
+    /// change, in order), or `None` where the cluster no longer knows
+    /// (the reader must look at every node).
+    pub fn changed_since(&self, mark: u64) -> Option<&[u32]> {
+        let from = mark.checked_sub(self.changes_from)?;
+        self.changes.get(usize::try_from(from).ok()?..)
+    }
+
+    /// Node `i` changed: its generation moves, and the log says so.
+    fn changed(&mut self, i: usize) {
+        self.nodes[i].generation += 1;
+        let kept = (self.nodes.len() * CHANGES_KEPT_PER_NODE).max(MIN_CHANGES_KEPT);
+        if self.changes.len() >= kept {
+            self.changes_from += self.changes.len() as u64;
+            self.changes.clear();
+        }
+        self.changes.push(i as u32);
+    }
+
+    /// Whether node `i` is as [`Cluster::add_node`] would make it from `s`,
+    /// leases aside: same id, zone, resources, GPUs and their modes,
+    /// domains and isolation.
+    pub fn same_shape<'s>(&self, i: usize, s: &'s NodeSpec) -> bool {
+        let n = &self.nodes[i];
+        // A node's GPUs are mostly of one model: looked up once.
+        let mut last: Option<(&str, Option<u16>)> = None;
+        let mut model_id = |name: &'s str| match last {
+            Some((seen, id)) if seen == name => id,
+            _ => {
+                let id = self.model_id(name);
+                last = Some((name, id));
+                id
+            }
+        };
+        let gpus_alike = n.gpus.len() == s.gpus.len()
+            && n.gpus.iter().zip(&s.gpus).all(|(g, spec)| {
+                model_id(&spec.model) == Some(g.model)
+                    && g.vram_total == spec.vram_gb
+                    && g.mode == spec.mode
+                    && g.one_share_size
+                        == (s.one_share_size_per_gpu && spec.mode == SharingMode::VGpu)
+            });
+        let domains: Vec<GpuSet> = s
+            .domains
+            .iter()
+            .map(|d| {
+                d.iter()
+                    .filter(|&&i| usize::from(i) < s.gpus.len())
+                    .fold(0u32, |m, &i| m | (1 << i))
+            })
+            .filter(|&m| m != 0)
+            .collect();
+        n.id == s.id
+            && self.zone_id(&s.zone) == Some(n.zone)
+            && n.cpu_total == s.cpu_milli
+            && n.memory_total == s.memory_mib
+            && gpus_alike
+            && n.domains == domains
+            && n.isolates_workloads == s.isolates_workloads
+    }
+
+    /// Gives back everything held on node `i`, by allocations and by MIG
+    /// instances no lease holds: the node is as it was added, at a later
+    /// generation.
+    pub fn clear_node(&mut self, i: usize) -> Result<(), AllocError> {
+        if i >= self.nodes.len() {
+            return Err(AllocError::NoSuchNode);
+        }
+        for id in std::mem::take(&mut self.node_allocs[i]) {
+            self.release(AllocId(id))?;
+        }
+        let models = &self.models;
+        let n = &mut self.nodes[i];
+        n.cpu_free = n.cpu_total;
+        n.memory_free = n.memory_total;
+        n.tags = [0; TAGS];
+        for (g, layout) in n.gpus.iter_mut().zip(n.mig.iter_mut()) {
+            g.milli_free = MILLI;
+            g.vram_free = g.vram_total;
+            g.leases = 0;
+            g.share_size = (0, 0);
+            if g.mode == SharingMode::Mig {
+                *layout = MigLayout::new(&models[usize::from(g.model)]);
+            }
+        }
+        self.changed(i);
+        Ok(())
     }
 
     /// Mask of the named models; names the cluster has never seen match
@@ -486,7 +606,7 @@ impl Cluster {
         let g = &mut n.gpus[j];
         g.milli_free = g.milli_free.saturating_sub(milli);
         g.vram_free = g.vram_free.saturating_sub(vram_gb);
-        n.generation += 1;
+        self.changed(i);
         Ok(())
     }
 
@@ -598,7 +718,7 @@ impl Cluster {
         if let Some(t) = d.tag() {
             n.tags[t] += 1;
         }
-        n.generation += 1;
+        self.changed(i);
         self.gpu_milli_used += d.gpu_milli() + mig.map_or(0, |h| u64::from(h.milli));
         let a = Allocation {
             node: i as u32,
@@ -616,6 +736,7 @@ impl Cluster {
                 (self.allocs.len() - 1) as u32
             }
         };
+        self.node_allocs[i].push(id);
         Ok(AllocId(id))
     }
 
@@ -662,7 +783,11 @@ impl Cluster {
         if let Some(t) = d.tag() {
             n.tags[t] -= 1;
         }
-        n.generation += 1;
+        let held = &mut self.node_allocs[a.node as usize];
+        if let Some(at) = held.iter().position(|&s| s == id.0) {
+            held.swap_remove(at);
+        }
+        self.changed(a.node as usize);
         self.gpu_milli_used -= d.gpu_milli() + a.mig.map_or(0, |h| u64::from(h.milli));
         Ok(a)
     }

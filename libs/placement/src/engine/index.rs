@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::cluster::{Demand, Reject};
 use crate::policy::Scored;
-use crate::rng::{scale, Rng};
+use crate::rng::Rng;
 
 /// Demands whose index an engine keeps (the most recently used): each costs
 /// about 40 bytes a node.
@@ -68,6 +68,9 @@ pub struct Index {
     pub demand: Demand,
     /// The policy's epoch the scores belong to.
     epoch: u64,
+    /// The cluster's change mark when the index last looked: only the nodes
+    /// changed since need looking at again.
+    mark: u64,
     generations: Vec<u64>,
     entries: Vec<Result<Scored, Reject>>,
     /// Candidates by key, each key's nodes in node order (a sorted vector:
@@ -93,6 +96,7 @@ impl Index {
         Index {
             demand,
             epoch: 0,
+            mark: 0,
             generations: Vec::new(),
             entries: Vec::new(),
             by_key: BTreeMap::new(),
@@ -103,32 +107,42 @@ impl Index {
     }
 
     /// Makes sure every node's verdict is of its generation `generation(i)`
-    /// and of `epoch`, asking `verdict` for those that are not.
-    pub fn refresh(
+    /// and of `epoch`, asking `verdict` for those that are not. `changed`
+    /// is the cluster's log: the nodes whose generation moved since a mark
+    /// (`None` where it no longer knows), and `mark` where it is now; only
+    /// those nodes are looked at, or every node when the log cannot say.
+    pub fn refresh<'c>(
         &mut self,
         nodes: usize,
         epoch: u64,
+        (mark, changed): (u64, impl FnOnce(u64) -> Option<&'c [u32]>),
         generation: impl Fn(usize) -> u64,
         mut verdict: impl FnMut(usize) -> Result<Scored, Reject>,
     ) {
-        if self.epoch != epoch || self.generations.len() != nodes {
+        let fresh = self.epoch != epoch || self.generations.len() != nodes;
+        if fresh {
             *self = Index::new(self.demand);
             self.epoch = epoch;
             self.generations = vec![UNSEEN; nodes];
             self.entries = vec![Err(Reject::Zone); nodes];
         }
-        for i in 0..nodes {
+        let mut look = |index: &mut Index, i: usize| {
             let g = generation(i);
-            if self.generations[i] == g {
-                continue;
+            if index.generations[i] == g {
+                return;
             }
-            if self.generations[i] != UNSEEN {
-                self.forget(i);
+            if index.generations[i] != UNSEEN {
+                index.forget(i);
             }
             let v = verdict(i);
-            self.remember(i, v);
-            self.generations[i] = g;
+            index.remember(i, v);
+            index.generations[i] = g;
+        };
+        match (fresh, changed(self.mark)) {
+            (false, Some(nodes)) => nodes.iter().for_each(|&i| look(self, i as usize)),
+            _ => (0..nodes).for_each(|i| look(self, i)),
         }
+        self.mark = mark;
     }
 
     fn forget(&mut self, i: usize) {
@@ -207,12 +221,8 @@ impl Index {
             // The scan keeps the last tied node whose draw came up 0 (the
             // `seen`-th draw from here, out of `seen + 1`): looking from
             // the last tied node back, the first such is it.
-            set.iter()
-                .enumerate()
-                .skip(1)
-                .rev()
-                .find(|(seen, _)| scale(rng.peek(*seen as u64), *seen as u64 + 1) == 0)
-                .map_or(first, |(_, &i)| i as usize)
+            rng.last_kept(set.len() as u64 - 1)
+                .map_or(first, |k| set[k as usize] as usize)
         };
         let runner_up = if tied > 1 {
             Some(top.0)

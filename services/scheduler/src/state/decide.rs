@@ -2,9 +2,9 @@
 //! in order, each lease placed, refused, or told why it waits.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::Fleet;
 use lh_events::Expect;
 use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected};
 use uuid::Uuid;
@@ -20,26 +20,94 @@ pub const SUSPENDED_TENANT: &str = "the tenant is suspended; its leases wait unt
 
 /// What a decision pass plans on: the fleet and the tenants' holdings as if
 /// every decision before were stored, and the decisions so far.
-struct Pass<'a> {
-    now: DateTime<Utc>,
+pub(super) struct Pass<'a> {
+    pub(super) now: DateTime<Utc>,
     rules: &'a Rules,
-    scratch: Fleet,
+    pub(super) scratch: Scratch<'a>,
     /// `(milli, VRAM GB)` each tenant holds.
     held: HashMap<Uuid, (u64, u64)>,
     workload: lh_placement::ShapeMix,
-    /// Built from `scratch` on first use; dropped when the pass reserves
-    /// GPUs outside it, so that the next use sees them.
-    engine: Option<Planner>,
+    /// The engine kept between passes (`None` before the first).
+    engine: &'a mut Option<Planner>,
+    /// Whether `engine` holds `scratch` as it is: brought up to date on
+    /// first use, and again after the pass reserves GPUs outside it, so
+    /// that the next use sees them.
+    synced: bool,
+    /// Plan as passes did before engines were kept (what the tests hold the
+    /// kept one to): build the engine anew at every sync, and look at every
+    /// lease for one to move.
+    pub(super) fresh: bool,
     /// Queue position per GPU model.
     positions: HashMap<&'a str, u32>,
-    out: Vec<Batch>,
+    pub(super) out: Vec<Batch>,
 }
 
 impl Pass<'_> {
-    fn planner(&mut self) -> &mut Planner {
-        let (scratch, workload) = (&self.scratch, &self.workload);
-        self.engine
-            .get_or_insert_with(|| Planner::new(scratch, workload))
+    pub(super) fn planner(&mut self) -> &mut Planner {
+        if !self.synced {
+            self.synced = true;
+            if self.fresh {
+                *self.engine = None;
+            }
+            return Planner::sync(self.engine, &self.scratch, &self.workload);
+        }
+        self.engine.as_mut().expect("a synced pass holds an engine")
+    }
+}
+
+/// The engine a decision pass leaves for the next (see [`Planner::sync`]).
+/// A copy of the state starts without one: it decides the same, building
+/// its own.
+#[derive(Default)]
+pub(super) struct Kept {
+    engine: Mutex<Option<Planner>>,
+    /// Keeps nothing: every pass builds its engine anew, as passes did
+    /// before engines were kept (for the tests).
+    fresh: bool,
+}
+
+impl Kept {
+    /// Keeps nothing (see [`Kept::fresh`]).
+    #[cfg(test)]
+    pub(super) fn fresh() -> Self {
+        Kept {
+            fresh: true,
+            ..Kept::default()
+        }
+    }
+
+    /// The kept engine, for one pass; none after a pass that panicked
+    /// while holding it.
+    fn take_turn(&self) -> MutexGuard<'_, Option<Planner>> {
+        self.engine.lock().unwrap_or_else(|poisoned| {
+            self.engine.clear_poison();
+            let mut engine = poisoned.into_inner();
+            *engine = None;
+            engine
+        })
+    }
+
+    /// Forgets the kept engine (the fleet under it was replaced).
+    pub(super) fn clear(&mut self) {
+        *self
+            .engine
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+impl Clone for Kept {
+    fn clone(&self) -> Self {
+        Kept {
+            fresh: self.fresh,
+            ..Kept::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Kept")
     }
 }
 
@@ -50,29 +118,26 @@ impl State {
     /// node's sequence after the first: the decide loop
     /// (`lh_service::decider`) sets it from the sequence the first one got.
     pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
-        let workload = {
-            let mut live: Vec<&Lease> = self.leases.values().collect();
-            live.sort_by_key(|l| l.requested_sequence);
-            planner::workload(live.iter().map(|l| (l.ask(), l.gpu_model.as_str())))
-        };
+        let workload = planner::workload(
+            self.leases
+                .values()
+                .map(|l| (l.ask(), l.gpu_model.as_str())),
+        );
+        let mut engine = self.kept.take_turn();
         let mut pass = Pass {
             now,
             rules,
-            scratch: self.fleet.clone(),
+            scratch: Scratch::new(&self.fleet),
             held: self.held_by_tenant(),
             workload,
-            engine: None,
+            engine: &mut engine,
+            synced: false,
+            fresh: self.kept.fresh,
             positions: HashMap::new(),
             out: Vec::new(),
         };
         self.decide_liveness(now, rules, &mut pass.scratch, &mut pass.out);
-        self.decide_migrations(
-            now,
-            &mut pass.scratch,
-            &pass.workload,
-            &mut pass.engine,
-            &mut pass.out,
-        );
+        self.decide_migrations(&mut pass);
         self.end_stopped_suspended(&mut pass);
         self.notice_outbid(&mut pass);
         pass.out.extend(self.recovery_requests(now));
@@ -288,7 +353,7 @@ impl State {
         }
         // The victims' GPUs and the free ones go to this lease.
         reserve_for(&mut pass.scratch, &plan.node_id, lease);
-        pass.engine = None;
+        pass.synced = false;
         Some(format!(
             "preempting {} spot lease(s) on {}; their notice ends {}",
             plan.victims.len(),
@@ -308,12 +373,10 @@ fn next_position<'a>(pass: &mut Pass<'a>, lease: &'a Lease) -> u32 {
 /// Places `lease` where the engine chose, and plans the rest of the pass on
 /// top of it.
 fn place_one(pass: &mut Pass, lease: &Lease, chosen: &Chosen) {
-    let node_seq = pass
-        .scratch
-        .node_sequence
-        .get(&chosen.node_id)
-        .copied()
-        .unwrap_or(0);
+    // Made this pass's first: read from here on without a search of the
+    // whole fleet.
+    pass.scratch.node_mut(&chosen.node_id);
+    let node_seq = pass.scratch.node_sequence(&chosen.node_id);
     let (placed, allocated) = placement_events(&pass.scratch, lease, chosen, pass.now);
     let vram_gb_per_gpu = match &placed.data {
         EventData::LeasePlaced(p) => p.vram_gb_per_gpu,
@@ -335,13 +398,22 @@ fn hold_for_starving(pass: &mut Pass, lease: &Lease) {
     if !lease.is_whole() || pass.now - lease.requested_at <= pass.rules.backfill_starvation {
         return;
     }
-    for node in pass.scratch.nodes.values_mut() {
-        node.gpus
-            .iter_mut()
-            .filter(|g| g.model == lease.gpu_model && !g.mig && g.is_free())
-            .for_each(|g| g.held_by = Some(lease.id));
+    let kept = |g: &lh_domain::fleet::Gpu| g.model == lease.gpu_model && !g.mig && g.is_free();
+    let nodes: Vec<String> = pass
+        .scratch
+        .nodes()
+        .filter(|n| n.gpus.iter().any(kept))
+        .map(|n| n.id.clone())
+        .collect();
+    for id in nodes {
+        if let Some(node) = pass.scratch.node_mut(&id) {
+            node.gpus
+                .iter_mut()
+                .filter(|g| kept(g))
+                .for_each(|g| g.held_by = Some(lease.id));
+        }
     }
-    pass.engine = None;
+    pass.synced = false;
 }
 
 fn ended(lease: &Lease, now: DateTime<Utc>, reason: EndReason) -> EventData {

@@ -1,7 +1,7 @@
 //! The events the scheduler appends, built in one place.
 
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::{Fleet, Gpu};
+use lh_domain::fleet::Gpu;
 use lh_events::Expect;
 
 use lh_events::{
@@ -44,11 +44,12 @@ pub(super) fn migration_allocation(
 }
 
 fn derived_lease_event(lease: &Lease, now: DateTime<Utc>, data: EventData, step: &str) -> Envelope {
-    let mut env = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
+    let id = derived_id(&[
         step,
         &lease.id.to_string(),
         &lease.subject_sequence.to_string(),
-    ]));
+    ]);
+    let mut env = Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data);
     env.correlation_id = lease.correlation_id;
     env.causation_id = Some(lease.request_event_id);
     env.tenant_id = Some(lease.tenant_id);
@@ -64,17 +65,14 @@ pub(super) fn node_event(
     data: EventData,
 ) -> Envelope {
     let step = data.event_type();
-    Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(derived_id(&[
-        step,
-        node_id,
-        &node_seq.to_string(),
-    ]))
+    let id = derived_id(&[step, node_id, &node_seq.to_string()]);
+    Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data)
 }
 
 /// `lease.placed` for `lease` where the engine chose `p`, and the matching
 /// `node.gpus_allocated` (caused by the placement).
 pub(super) fn placement_events(
-    scratch: &Fleet,
+    scratch: &impl FleetView,
     lease: &Lease,
     p: &planner::Chosen,
     now: DateTime<Utc>,
@@ -128,7 +126,7 @@ pub(super) fn notice_event(
         ]),
     };
     let cause = lease.unwrap_or(victim);
-    let mut notice = Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(id);
+    let mut notice = Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data);
     notice.correlation_id = cause.correlation_id;
     notice.causation_id = Some(cause.request_event_id);
     notice.tenant_id = Some(victim.tenant_id);
@@ -138,11 +136,13 @@ pub(super) fn notice_event(
 /// What a placement the engine chose for `lease` gives, as the placed GPUs
 /// and the matching `node.gpus_allocated`.
 pub(super) fn relocate(
-    scratch: &Fleet,
+    scratch: &impl FleetView,
     lease: &Lease,
     p: &planner::Chosen,
 ) -> (Relocation, EventData) {
-    let node = &scratch.nodes[&p.node_id];
+    let node = scratch
+        .node(&p.node_id)
+        .expect("the engine places on the fleet's nodes");
     let gpus: Vec<&Gpu> = p
         .gpu_indices
         .iter()

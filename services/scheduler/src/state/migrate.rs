@@ -1,63 +1,74 @@
 //! Leases that must leave their node: lost, drained with `move`, or on an
 //! unhealthy GPU.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::{Fleet, Node};
+use lh_domain::fleet::Node;
 use lh_events::Expect;
 
 use lh_events::{DrainMode, EventData, GpuHealth, LeaseMigrated};
 use uuid::Uuid;
 
+use super::decide::Pass;
 use super::*;
-use crate::planner::Planner;
 
 impl State {
     /// Moves every lease held on a lost node, on a node drained with `move`,
     /// or on a GPU turned unhealthy: placed again at once where the engine
     /// finds room (`lease.migrated` with `to`), else back in the queue.
-    pub(super) fn decide_migrations(
-        &self,
-        now: DateTime<Utc>,
-        scratch: &mut Fleet,
-        workload: &lh_placement::ShapeMix,
-        engine: &mut Option<Planner>,
-        out: &mut Vec<Batch>,
-    ) {
+    pub(super) fn decide_migrations(&self, pass: &mut Pass) {
+        let now = pass.now;
+        // Only leases on these nodes may have to move: the fleet's troubled
+        // nodes, and those this pass changed (declared lost) that are.
+        let mut troubled: HashSet<&str> =
+            self.watch.troubled().iter().map(String::as_str).collect();
+        troubled.extend(
+            pass.scratch
+                .changed_nodes()
+                .filter(|id| pass.scratch.node(id).is_some_and(watch::troubled)),
+        );
+        if troubled.is_empty() && !pass.fresh {
+            return;
+        }
         let mut moving: Vec<(&Lease, String, String, DateTime<Utc>)> = self
             .leases
             .values()
             .filter(|l| l.status == Status::Holding)
+            .filter(|l| pass.fresh || l.node_id.as_deref().is_some_and(|n| troubled.contains(n)))
             .filter_map(|l| {
-                let node = scratch.nodes.get(l.node_id.as_deref()?)?;
-                let (reason, billing_ends_at) = why_move(scratch, node, l.id, now)?;
+                let node = pass.scratch.node(l.node_id.as_deref()?)?;
+                let (reason, billing_ends_at) = why_move(&pass.scratch, node, l.id, now)?;
                 Some((l, node.id.clone(), reason, billing_ends_at))
             })
             .collect();
         moving.sort_by_key(|(l, ..)| l.requested_sequence);
         for (lease, from_node, reason, last_heard) in moving {
-            let from_gpu_indices = scratch
-                .holdings
-                .get(&lease.id)
+            let from_gpu_indices = pass
+                .scratch
+                .holding(&lease.id)
                 .map(|(_, idx)| idx.clone())
                 .unwrap_or_default();
             // Where it may go now: its zones and regions, and for a bid,
             // where the price is covered; nowhere sends it to the queue.
-            let zones = self.zones_for(scratch, lease).ok();
-            let planner = engine.get_or_insert_with(|| Planner::new(scratch, workload));
+            let zones = self.zones_for(&pass.scratch, lease).ok();
+            let needs_isolation = self.needs_isolation(lease);
+            let planner = pass.planner();
             let placed = zones.and_then(|zones| {
                 planner
                     .place(
                         lease.ask(),
                         &lease.gpu_model,
-                        self.needs_isolation(lease),
+                        needs_isolation,
                         zones.as_deref().unwrap_or_default(),
                     )
                     .ok()
             });
+            let scratch = &mut pass.scratch;
             let mut allocated = None;
             let to = placed.map(|p| {
                 let (relocation, allocation) = relocate(scratch, lease, &p);
-                let node_seq = scratch.node_sequence.get(&p.node_id).copied().unwrap_or(0);
+                let node_seq = scratch.node_sequence(&p.node_id);
                 allocated = Some((allocation, node_seq));
                 relocation
             });
@@ -80,7 +91,7 @@ impl State {
                 scratch.apply(u64::MAX, &env.data);
                 decision.push((env, Expect::LastSubjectSequence(node_seq)));
             }
-            out.push(decision);
+            pass.out.push(decision);
         }
     }
 }
@@ -89,7 +100,7 @@ impl State {
 /// ends: the node was lost (at its last heartbeat), is drained with `move`
 /// (now), or one of the lease's GPUs turned unhealthy (when it did).
 fn why_move(
-    scratch: &Fleet,
+    scratch: &Scratch,
     node: &Node,
     lease_id: Uuid,
     now: DateTime<Utc>,
@@ -100,7 +111,7 @@ fn why_move(
     if node.cordoned == Some(Some(DrainMode::Move)) {
         return Some((lh_domain::moves::node_drained(&node.id), now));
     }
-    let (_, indices) = scratch.holdings.get(&lease_id)?;
+    let (_, indices) = scratch.holding(&lease_id)?;
     node.gpus
         .iter()
         .filter(|g| indices.contains(&g.index) && g.health == GpuHealth::Unhealthy)

@@ -37,9 +37,11 @@ mod pending;
 mod preempt;
 mod queue;
 mod rules;
+pub mod scratch;
 mod spot;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -62,6 +64,7 @@ pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
 pub use preempt::{plan_preemption, PreemptionPlan};
 pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};
+pub use scratch::{FleetView, Scratch};
 pub use spot::{recovered_id, SpotStats, MAX_PENDING_RECOVERIES, MAX_SPOT_MARKETS};
 
 pub const SERVICE: &str = "lh-scheduler";
@@ -99,6 +102,11 @@ pub struct State {
     pub spot_stats: SpotStats,
     /// Lease time owed to and interrupted for each tenant, folded from the log.
     pub availability: availability::AvailabilityStats,
+    /// The placement engine the last decision pass left.
+    kept: decide::Kept,
+    /// Lost nodes, nodes by when they were heard, nodes whose leases may
+    /// have to move: followed from the fleet as it is folded.
+    watch: watch::NodeWatch,
 }
 
 impl State {
@@ -113,6 +121,7 @@ impl State {
 
     pub fn apply(&mut self, sequence: u64, envelope: &Envelope) {
         self.fleet.apply(sequence, &envelope.data);
+        self.watch.follow(&self.fleet, &self.heard);
         self.apply_to_leases(sequence, envelope);
     }
 
@@ -389,6 +398,8 @@ impl State {
             return false;
         };
         self.fleet = fleet;
+        self.kept.clear();
+        self.watch.rebuild(&self.fleet, &self.heard);
         self.leases = leases;
         self.tenants = tenants;
         self.waiting = waiting;
@@ -413,6 +424,29 @@ impl State {
 
     pub fn waiting_count(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Nodes held lost.
+    pub fn lost_count(&self) -> usize {
+        self.watch.lost_count()
+    }
+
+    /// A copy that builds its placement engine anew whenever a pass needs
+    /// one, keeping none between passes: how passes were planned before.
+    #[cfg(test)]
+    pub(super) fn building_engines_anew(&self) -> State {
+        State {
+            kept: decide::Kept::fresh(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether what the watch follows is what filing every node anew gives.
+    #[cfg(test)]
+    pub(super) fn watch_is_current(&self) -> bool {
+        let mut rebuilt = watch::NodeWatch::default();
+        rebuilt.rebuild(&self.fleet, &self.heard);
+        rebuilt == self.watch
     }
 
     /// Idle milli-GPU that no waiting lease fits (see [`fragmentation`]).

@@ -4,7 +4,7 @@
 //! was built from.
 
 use lh_domain::catalog;
-use lh_domain::fleet::{Fleet, Gpu, Node};
+use lh_domain::fleet::{Gpu, Node};
 use lh_events::{GpuAsk, GpuFraction, GpuHealth};
 use lh_placement::{Pending, Reject};
 
@@ -14,7 +14,7 @@ use super::*;
 /// ask is out of the engine's range, so nothing ever fits), and whether only
 /// busy GPUs are in the way (so waiting, or preempting, can help).
 pub(super) fn why_pending(
-    scratch: &Fleet,
+    scratch: &impl FleetView,
     lease: &Lease,
     pending: Option<&Pending>,
 ) -> (String, bool) {
@@ -99,15 +99,14 @@ impl Refusal {
     }
 }
 
-fn mig_reason(scratch: &Fleet, model: &str, profile: &str, refusal: Refusal) -> String {
+fn mig_reason(scratch: &impl FleetView, model: &str, profile: &str, refusal: Refusal) -> String {
     let known = catalog::check(model, &GpuAsk::Mig(profile.to_string())).is_ok();
     if !known || refusal == Refusal::NoProfile {
         return format!("{model} has no MIG profile {profile}");
     }
     let in_mig = || {
         scratch
-            .nodes
-            .values()
+            .nodes()
             .flat_map(|n| usable(n, model))
             .filter(|g| g.mig)
     };
@@ -127,11 +126,15 @@ fn mig_reason(scratch: &Fleet, model: &str, profile: &str, refusal: Refusal) -> 
     }
 }
 
-fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refusal) -> String {
+fn share_reason(
+    scratch: &impl FleetView,
+    model: &str,
+    share: GpuFraction,
+    refusal: Refusal,
+) -> String {
     let (milli, vram_gb) = (share.milli, share.vram_gb);
     let largest = scratch
-        .nodes
-        .values()
+        .nodes()
         .flat_map(|n| usable(n, model))
         .filter(|g| !g.mig)
         .map(|g| g.vram_gb)
@@ -148,8 +151,7 @@ fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refus
         }
         (Refusal::WrongMode, _) => {
             let whole_only = scratch
-                .nodes
-                .values()
+                .nodes()
                 .filter(|n| !n.gpu_sharing.enforces_shares())
                 .flat_map(|n| usable(n, model))
                 .any(|g| !g.mig);
@@ -163,10 +165,9 @@ fn share_reason(scratch: &Fleet, model: &str, share: GpuFraction, refusal: Refus
     }
 }
 
-fn whole_reason(scratch: &Fleet, model: &str, gpus: u32, refusal: Refusal) -> String {
+fn whole_reason(scratch: &impl FleetView, model: &str, gpus: u32, refusal: Refusal) -> String {
     let (largest, free_max) = scratch
-        .nodes
-        .values()
+        .nodes()
         .map(|n| {
             let whole: Vec<&Gpu> = usable(n, model).filter(|g| !g.mig).collect();
             let free = whole.iter().filter(|g| g.is_free()).count();

@@ -3,14 +3,13 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::Fleet;
 use lh_events::{GpuHealth, Isolation};
 use uuid::Uuid;
 
 use super::*;
 
-pub(super) fn reserve_for(scratch: &mut Fleet, node_id: &str, lease: &Lease) {
-    if let Some(node) = scratch.nodes.get_mut(node_id) {
+pub(super) fn reserve_for(scratch: &mut Scratch, node_id: &str, lease: &Lease) {
+    if let Some(node) = scratch.node_mut(node_id) {
         node.gpus
             .iter_mut()
             .filter(|g| g.model == lease.gpu_model && !g.mig && g.is_free())
@@ -33,7 +32,7 @@ pub struct PreemptionPlan {
 /// already noticed, or not started are never chosen.
 pub fn plan_preemption(
     state: &State,
-    scratch: &Fleet,
+    scratch: &impl FleetView,
     lease: &Lease,
     now: DateTime<Utc>,
     rules: &Rules,
@@ -45,7 +44,7 @@ pub fn plan_preemption(
             && (!needs_isolation || n.isolation == Isolation::Container)
             && lease.may_run_in(&n.zone)
     };
-    for node in scratch.nodes.values().filter(may_run_on) {
+    for node in scratch.nodes().filter(may_run_on) {
         let of_model: Vec<_> = node
             .gpus
             .iter()

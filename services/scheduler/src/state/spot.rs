@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use lh_domain::fleet::Fleet;
 use lh_events::{
     derived_id, Actor, EndReason, Envelope, EventData, Expect, LeaseRequested, PreemptionReason,
     RecoveryOf, SpotPriceSet, Tier,
@@ -181,7 +180,7 @@ impl State {
     /// the bid covers.
     pub(super) fn zones_for(
         &self,
-        fleet: &Fleet,
+        fleet: &impl FleetView,
         lease: &Lease,
     ) -> Result<Option<Vec<String>>, NoZone> {
         if !lease.is_constrained() {
@@ -189,8 +188,7 @@ impl State {
         }
         let model = &lease.gpu_model;
         let offered: BTreeSet<&str> = fleet
-            .nodes
-            .values()
+            .nodes()
             .filter(|n| n.gpus.iter().any(|g| g.model == *model))
             .map(|n| n.zone.as_str())
             .collect();

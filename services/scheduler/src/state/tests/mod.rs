@@ -1,6 +1,7 @@
 mod enforcement;
 mod failover;
 mod given;
+mod kept;
 mod mig;
 mod mps;
 mod placement;
