@@ -14,9 +14,9 @@
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
-//!   consumer and then follows live (a long backlog that the filter matches
-//!   often is read whole and filtered here: nats-server is slow to filter
-//!   a log with a subject per lease), opening a new consumer after the last
+//!   consumer and then follows live (a stream that the filter matches often
+//!   is read whole and filtered here, backlog and head alike: nats-server is
+//!   slow to filter a log with a subject per lease), opening a new consumer after the last
 //!   delivered message when the connection comes back or a cluster elects
 //!   a new leader of the log. A stored message the reader cannot use
 //!   (junk, an unknown type, a newer version) is counted, logged and handed
@@ -445,7 +445,7 @@ pub struct Stored {
     /// The raw bytes as stored: the audit chain hashes these.
     pub payload: Bytes,
     /// Messages left in the stream after this one: of this feed's filters,
-    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// or, while the feed reads the stream whole, of every subject. 0
     /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When the server stored it, by the server's clock: what a writer's
@@ -466,7 +466,7 @@ pub struct Skipped {
     /// The raw bytes as stored.
     pub payload: Bytes,
     /// Messages left in the stream after this one: of this feed's filters,
-    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// or, while the feed reads the stream whole, of every subject. 0
     /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When JetStream stored it (the same on every replay).
@@ -488,7 +488,7 @@ pub struct Sample {
     pub subject: String,
     pub payload: Bytes,
     /// Messages left in the stream after this one: of this feed's filters,
-    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// or, while the feed reads the stream whole, of every subject. 0
     /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When the server stored it, by the server's clock (the same on every
@@ -1488,16 +1488,19 @@ async fn next_election(
 /// projection's next transaction is read while it writes the last one, and
 /// at about 2 KiB a decoded event, a few MiB at most per feed.
 const FEED_BUFFER_MESSAGES: usize = 1024;
-/// Backlog, in messages of the stream, from which a feed considers reading
-/// the whole stream and dropping what its filters do not match.
+/// Messages of the stream over which a feed counts how often its filters
+/// match, to choose how it reads: its backlog, or at the head the newest
+/// this many. A stream shorter than this is read through the filters.
 const WIDE_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;
-/// A backlog is read whole when at least one message in this many matches
-/// the feed's filters. nats-server finds a filtered consumer's next message
-/// by going through the per-subject state of the message block, every
-/// subject in it, once per message delivered; with a subject per lease that
-/// is thousands of entries for each message (about 5,000 messages/s on a
-/// long log). A consumer of the whole stream walks the blocks in order, and
-/// a subject compared here costs far less than one looked up there.
+/// The stream is read whole when at least one message in this many matches
+/// the feed's filters, at the head as in a backlog. nats-server finds a
+/// filtered consumer's next message by going through the per-subject state
+/// of the message block, every subject in it, once per message delivered;
+/// with a subject per lease that is thousands of entries for each message
+/// (about 5,000 messages/s on a long log, and most of the server's time
+/// for the projections following the log at 1,400 leases/s). A consumer of
+/// the whole stream walks the blocks in order, and a subject compared here
+/// costs far less than one looked up there.
 const WIDE_READ_MAX_MESSAGES_PER_MATCH: u64 = 32;
 /// Longest a message read whole waits to be handed over while the messages
 /// after it do not match: how it learns whether it was the last one.
@@ -1519,7 +1522,7 @@ struct FeedSource {
     stream: &'static str,
     filters: Vec<String>,
     /// The stream's whole subject space, when the filters are narrower: what
-    /// a long backlog is read as.
+    /// a stream its filters match often is read as.
     wide: Option<String>,
     service: Arc<str>,
     /// Count and log each skipped message (false on a second reading).
@@ -1546,50 +1549,66 @@ impl FeedSource {
     }
 
     /// An ordered consumer from `from_sequence` on: of the filters, or of
-    /// the whole stream when the backlog is long and matches often enough
-    /// (see [`WIDE_READ_MAX_MESSAGES_PER_MATCH`]); then `true`, and the
-    /// reader drops what the filters do not match.
+    /// the whole stream when its filters match often enough (see
+    /// [`WIDE_READ_MAX_MESSAGES_PER_MATCH`]) in the backlog, or near the
+    /// head in the newest [`WIDE_READ_MIN_BACKLOG_MESSAGES`]; then `true`,
+    /// and the reader drops what the filters do not match.
     async fn open(&self, from_sequence: u64) -> Result<(MessageStream, bool)> {
         let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
-        let deliver_policy = if from_sequence <= 1 {
-            DeliverPolicy::All
-        } else {
-            DeliverPolicy::ByStartSequence {
-                start_sequence: from_sequence,
+        let deliver_from = |sequence: u64| {
+            if sequence <= 1 {
+                DeliverPolicy::All
+            } else {
+                DeliverPolicy::ByStartSequence {
+                    start_sequence: sequence,
+                }
             }
         };
         let state = &stream.cached_info().state;
-        let backlog =
-            (state.last_sequence + 1).saturating_sub(from_sequence.max(state.first_sequence));
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: self.filters.clone(),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(js_err)?;
-        let matching = consumer.cached_info().num_pending;
-        let wide = self.wide.is_some()
-            && backlog >= WIDE_READ_MIN_BACKLOG_MESSAGES
-            && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= backlog;
-        let Some(whole) = self.wide.as_ref().filter(|_| wide) else {
-            return Ok((Box::pin(consumer.messages().await.map_err(js_err)?), false));
+        let end = state.last_sequence + 1;
+        let from = from_sequence.max(state.first_sequence).max(1);
+        // Near the head the newest messages tell how often the filters
+        // match what is coming.
+        let count_from = from
+            .min(end.saturating_sub(WIDE_READ_MIN_BACKLOG_MESSAGES))
+            .max(state.first_sequence)
+            .max(1);
+        let counted = end.saturating_sub(count_from);
+        let filtered = |sequence| OrderedConfig {
+            filter_subjects: self.filters.clone(),
+            deliver_policy: deliver_from(sequence),
+            ..Default::default()
         };
-        // The filtered consumer only counted; the server forgets it when
-        // idle, this saves it the wait.
-        let _ = stream.delete_consumer(&consumer.cached_info().name).await;
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: vec![whole.clone()],
-                deliver_policy,
-                ..Default::default()
-            })
+        let counter = stream
+            .create_consumer(filtered(count_from))
             .await
             .map_err(js_err)?;
+        let matching = counter.cached_info().num_pending;
+        let wide = self.wide.as_ref().filter(|_| {
+            counted >= WIDE_READ_MIN_BACKLOG_MESSAGES
+                && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= counted
+        });
+        if wide.is_none() && count_from == from {
+            return Ok((Box::pin(counter.messages().await.map_err(js_err)?), false));
+        }
+        // The counter only counted; the server forgets it when idle, this
+        // saves it the wait.
+        let _ = stream.delete_consumer(&counter.cached_info().name).await;
+        let config = match wide {
+            Some(whole) => OrderedConfig {
+                filter_subjects: vec![whole.clone()],
+                deliver_policy: deliver_from(from_sequence),
+                ..Default::default()
+            },
+            None => filtered(from_sequence),
+        };
+        let consumer = stream.create_consumer(config).await.map_err(js_err)?;
         tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
-            backlog, matching, "reading the backlog whole");
-        Ok((Box::pin(consumer.messages().await.map_err(js_err)?), true))
+            counted, matching, whole = wide.is_some(), "event feed opened");
+        Ok((
+            Box::pin(consumer.messages().await.map_err(js_err)?),
+            wide.is_some(),
+        ))
     }
 
     /// Whether the feed's filters match `subject`.
@@ -1648,8 +1667,9 @@ impl FeedSource {
 
     /// Reads messages into `items` in stream order until the reader is
     /// gone, opening a new consumer after the last delivered message
-    /// whenever the current one fails or ends, and a filtered one once a
-    /// backlog read whole is read.
+    /// whenever the current one fails or ends, and one of its filters when
+    /// the stream read whole reaches the head with its filters matching
+    /// less often than [`WIDE_READ_MAX_MESSAGES_PER_MATCH`] allows.
     async fn pump<T: FeedMessage>(
         mut self,
         opened: (MessageStream, bool),
@@ -1659,6 +1679,7 @@ impl FeedSource {
     ) {
         let (mut messages, mut whole) = opened;
         let mut held = Held::default();
+        let mut density = Density::default();
         loop {
             let hold_over = held.deadline();
             let next = tokio::select! {
@@ -1701,18 +1722,30 @@ impl FeedSource {
             let error = match next {
                 Some(Ok(message)) => {
                     match self
-                        .deliver(message, &mut next_sequence, whole, &mut held, &items)
+                        .deliver(
+                            message,
+                            &mut next_sequence,
+                            whole,
+                            &mut held,
+                            &mut density,
+                            &items,
+                        )
                         .await
                     {
                         Delivered::More => continue,
                         Delivered::ReaderGone => return,
                         Delivered::WholeRead => {
-                            // At the head the server's filtering costs
-                            // little, and it saves sending every message.
+                            if density.stays_wide() {
+                                continue;
+                            }
+                            // Filters that match seldom save sending every
+                            // message; at the head the server's filtering
+                            // costs a lookup per match.
                             (messages, whole) = match self.open(next_sequence).await {
                                 Ok(opened) => opened,
                                 Err(_) => self.reopen(next_sequence, &mut elections).await,
                             };
+                            density = Density::default();
                             continue;
                         }
                     }
@@ -1737,6 +1770,7 @@ impl FeedSource {
         next_sequence: &mut u64,
         whole: bool,
         held: &mut Held<T>,
+        density: &mut Density,
         items: &tokio::sync::mpsc::Sender<Result<T>>,
     ) -> Delivered {
         let info = match message.info() {
@@ -1768,7 +1802,9 @@ impl FeedSource {
         // Read whole, a message's pending counts every subject: the last
         // one the filters match is known only from what follows it, so it
         // is held until then.
-        if self.wants(&message.subject) {
+        let wanted = self.wants(&message.subject);
+        density.count(wanted);
+        if wanted {
             let item = T::from_message(self, &message, &info);
             if !held.hand_over(items).await {
                 return Delivered::ReaderGone;
@@ -1790,11 +1826,41 @@ impl FeedSource {
 enum Delivered {
     /// Handed over or stepped over; more may follow.
     More,
-    /// The last message of a stream read whole: the feed reads its filters
-    /// from here.
+    /// The last message of a stream read whole, for now: the feed reads on
+    /// whole, or its filters from here.
     WholeRead,
     /// The reader is gone, or the feed cannot go on.
     ReaderGone,
+}
+
+/// How often the filters matched the messages of a stream read whole, since
+/// it was opened or last asked.
+#[derive(Default)]
+struct Density {
+    read: u64,
+    matched: u64,
+}
+
+impl Density {
+    fn count(&mut self, matched: bool) {
+        self.read += 1;
+        self.matched += u64::from(matched);
+    }
+
+    /// Whether reading whole still pays: yes until enough was read to tell
+    /// (the feed opened whole on at least as many); then by how often the
+    /// filters matched, counting afresh from here.
+    fn stays_wide(&mut self) -> bool {
+        if self.read < WIDE_READ_MIN_BACKLOG_MESSAGES {
+            return true;
+        }
+        let dense = self
+            .matched
+            .saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH)
+            >= self.read;
+        *self = Density::default();
+        dense
+    }
 }
 
 /// The message read whole that the filters matched last, not yet handed
