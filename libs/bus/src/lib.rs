@@ -1488,10 +1488,15 @@ async fn next_election(
 /// projection's next transaction is read while it writes the last one, and
 /// at about 2 KiB a decoded event, a few MiB at most per feed.
 const FEED_BUFFER_MESSAGES: usize = 1024;
-/// Messages of the stream over which a feed counts how often its filters
-/// match, to choose how it reads: its backlog, or at the head the newest
-/// this many. A stream shorter than this is read through the filters.
+/// Fewest messages of the stream a feed reads whole: a backlog or a
+/// stream shorter than this is read through the filters.
 const WIDE_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;
+/// Messages over which a feed at the head counts how often its filters
+/// match, to choose how it reads on: the newest this many when it opens,
+/// then each this many it reads past. Long enough that a burst of one kind
+/// (a second of lease requests before their first charge) does not make a
+/// feed change its consumer back and forth.
+const WIDE_READ_HEAD_WINDOW_MESSAGES: u64 = 32_768;
 /// The stream is read whole when at least one message in this many matches
 /// the feed's filters, at the head as in a backlog. nats-server finds a
 /// filtered consumer's next message by going through the per-subject state
@@ -1555,60 +1560,75 @@ impl FeedSource {
     /// and the reader drops what the filters do not match.
     async fn open(&self, from_sequence: u64) -> Result<(MessageStream, bool)> {
         let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
-        let deliver_from = |sequence: u64| {
-            if sequence <= 1 {
-                DeliverPolicy::All
-            } else {
-                DeliverPolicy::ByStartSequence {
-                    start_sequence: sequence,
-                }
-            }
-        };
         let state = &stream.cached_info().state;
         let end = state.last_sequence + 1;
         let from = from_sequence.max(state.first_sequence).max(1);
         // Near the head the newest messages tell how often the filters
         // match what is coming.
         let count_from = from
-            .min(end.saturating_sub(WIDE_READ_MIN_BACKLOG_MESSAGES))
+            .min(end.saturating_sub(WIDE_READ_HEAD_WINDOW_MESSAGES))
             .max(state.first_sequence)
             .max(1);
         let counted = end.saturating_sub(count_from);
-        let filtered = |sequence| OrderedConfig {
-            filter_subjects: self.filters.clone(),
-            deliver_policy: deliver_from(sequence),
-            ..Default::default()
-        };
         let counter = stream
-            .create_consumer(filtered(count_from))
+            .create_consumer(self.config(count_from, false))
             .await
             .map_err(js_err)?;
         let matching = counter.cached_info().num_pending;
-        let wide = self.wide.as_ref().filter(|_| {
-            counted >= WIDE_READ_MIN_BACKLOG_MESSAGES
-                && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= counted
-        });
-        if wide.is_none() && count_from == from {
+        let whole = self.wide.is_some()
+            && counted >= WIDE_READ_MIN_BACKLOG_MESSAGES
+            && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= counted;
+        tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
+            counted, matching, whole, "event feed opened");
+        if !whole && count_from == from {
             return Ok((Box::pin(counter.messages().await.map_err(js_err)?), false));
         }
         // The counter only counted; the server forgets it when idle, this
         // saves it the wait.
         let _ = stream.delete_consumer(&counter.cached_info().name).await;
-        let config = match wide {
-            Some(whole) => OrderedConfig {
-                filter_subjects: vec![whole.clone()],
-                deliver_policy: deliver_from(from_sequence),
-                ..Default::default()
-            },
-            None => filtered(from_sequence),
+        self.open_as(&stream, from_sequence, whole).await
+    }
+
+    /// An ordered consumer from `from_sequence` on, of the whole stream or
+    /// of the filters.
+    async fn open_as(
+        &self,
+        stream: &jetstream::stream::Stream,
+        from_sequence: u64,
+        whole: bool,
+    ) -> Result<(MessageStream, bool)> {
+        let consumer = stream
+            .create_consumer(self.config(from_sequence, whole))
+            .await
+            .map_err(js_err)?;
+        Ok((Box::pin(consumer.messages().await.map_err(js_err)?), whole))
+    }
+
+    fn config(&self, from_sequence: u64, whole: bool) -> OrderedConfig {
+        let deliver_policy = if from_sequence <= 1 {
+            DeliverPolicy::All
+        } else {
+            DeliverPolicy::ByStartSequence {
+                start_sequence: from_sequence,
+            }
         };
-        let consumer = stream.create_consumer(config).await.map_err(js_err)?;
+        let filter_subjects = match (&self.wide, whole) {
+            (Some(wide), true) => vec![wide.clone()],
+            _ => self.filters.clone(),
+        };
+        OrderedConfig {
+            filter_subjects,
+            deliver_policy,
+            ..Default::default()
+        }
+    }
+
+    /// [`FeedSource::open_as`] on the feed's stream.
+    async fn switch(&self, from_sequence: u64, whole: bool) -> Result<(MessageStream, bool)> {
+        let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
         tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
-            counted, matching, whole = wide.is_some(), "event feed opened");
-        Ok((
-            Box::pin(consumer.messages().await.map_err(js_err)?),
-            wide.is_some(),
-        ))
+            whole, "event feed switched at the head");
+        self.open_as(&stream, from_sequence, whole).await
     }
 
     /// Whether the feed's filters match `subject`.
@@ -1667,9 +1687,10 @@ impl FeedSource {
 
     /// Reads messages into `items` in stream order until the reader is
     /// gone, opening a new consumer after the last delivered message
-    /// whenever the current one fails or ends, and one of its filters when
-    /// the stream read whole reaches the head with its filters matching
-    /// less often than [`WIDE_READ_MAX_MESSAGES_PER_MATCH`] allows.
+    /// whenever the current one fails or ends, and at the head one that
+    /// reads the other way when its filters matched the last
+    /// [`WIDE_READ_HEAD_WINDOW_MESSAGES`] more often, or less often, than
+    /// [`WIDE_READ_MAX_MESSAGES_PER_MATCH`] allows.
     async fn pump<T: FeedMessage>(
         mut self,
         opened: (MessageStream, bool),
@@ -1734,18 +1755,21 @@ impl FeedSource {
                     {
                         Delivered::More => continue,
                         Delivered::ReaderGone => return,
-                        Delivered::WholeRead => {
-                            if density.stays_wide() {
+                        Delivered::AtHead => {
+                            let Some(dense) = density.verdict() else {
+                                continue;
+                            };
+                            let wide = self.wide.is_some() && dense;
+                            if wide == whole {
                                 continue;
                             }
                             // Filters that match seldom save sending every
-                            // message; at the head the server's filtering
-                            // costs a lookup per match.
-                            (messages, whole) = match self.open(next_sequence).await {
+                            // message; ones that match often cost the
+                            // server a lookup per match.
+                            (messages, whole) = match self.switch(next_sequence, wide).await {
                                 Ok(opened) => opened,
                                 Err(_) => self.reopen(next_sequence, &mut elections).await,
                             };
-                            density = Density::default();
                             continue;
                         }
                     }
@@ -1790,11 +1814,15 @@ impl FeedSource {
         if info.stream_sequence < *next_sequence {
             return Delivered::More;
         }
+        let passed = info.stream_sequence + 1 - *next_sequence;
         *next_sequence = info.stream_sequence + 1;
         let at_head = info.pending == 0;
         if !whole {
+            // The server stepped over the messages in between.
+            density.count(passed, true);
             let item = T::from_message(self, &message, &info);
             return match items.send(Ok(item)).await {
+                Ok(()) if at_head => Delivered::AtHead,
                 Ok(()) => Delivered::More,
                 Err(_) => Delivered::ReaderGone,
             };
@@ -1803,7 +1831,7 @@ impl FeedSource {
         // one the filters match is known only from what follows it, so it
         // is held until then.
         let wanted = self.wants(&message.subject);
-        density.count(wanted);
+        density.count(1, wanted);
         if wanted {
             let item = T::from_message(self, &message, &info);
             if !held.hand_over(items).await {
@@ -1816,7 +1844,7 @@ impl FeedSource {
             if !held.hand_over(items).await {
                 return Delivered::ReaderGone;
             }
-            return Delivered::WholeRead;
+            return Delivered::AtHead;
         }
         Delivered::More
     }
@@ -1826,40 +1854,42 @@ impl FeedSource {
 enum Delivered {
     /// Handed over or stepped over; more may follow.
     More,
-    /// The last message of a stream read whole, for now: the feed reads on
-    /// whole, or its filters from here.
-    WholeRead,
+    /// The last message of the stream, for now: the feed may read on the
+    /// other way.
+    AtHead,
     /// The reader is gone, or the feed cannot go on.
     ReaderGone,
 }
 
-/// How often the filters matched the messages of a stream read whole, since
-/// it was opened or last asked.
+/// How often the filters matched the messages of the stream the feed went
+/// past, since the last [`WIDE_READ_HEAD_WINDOW_MESSAGES`].
 #[derive(Default)]
 struct Density {
-    read: u64,
+    passed: u64,
     matched: u64,
+    /// Whether the last full window was worth reading whole, until asked.
+    dense: Option<bool>,
 }
 
 impl Density {
-    fn count(&mut self, matched: bool) {
-        self.read += 1;
+    fn count(&mut self, passed: u64, matched: bool) {
+        self.passed += passed;
         self.matched += u64::from(matched);
+        if self.passed >= WIDE_READ_HEAD_WINDOW_MESSAGES {
+            self.dense = Some(
+                self.matched
+                    .saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH)
+                    >= self.passed,
+            );
+            self.passed = 0;
+            self.matched = 0;
+        }
     }
 
-    /// Whether reading whole still pays: yes until enough was read to tell
-    /// (the feed opened whole on at least as many); then by how often the
-    /// filters matched, counting afresh from here.
-    fn stays_wide(&mut self) -> bool {
-        if self.read < WIDE_READ_MIN_BACKLOG_MESSAGES {
-            return true;
-        }
-        let dense = self
-            .matched
-            .saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH)
-            >= self.read;
-        *self = Density::default();
-        dense
+    /// Whether the stream is worth reading whole, by the window completed
+    /// since last asked; none: the way the feed reads stands.
+    fn verdict(&mut self) -> Option<bool> {
+        self.dense.take()
     }
 }
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use lh_bus::{Bus, BusConfig, FeedItem};
+use lh_bus::{Bus, BusConfig, FeedItem, MAX_BATCH_MESSAGES};
 use lh_events::{fixtures, subject, Actor, Envelope, EventData};
 use lh_testkit::Nats;
 use uuid::Uuid;
@@ -127,6 +127,23 @@ async fn a_partly_matching_backlog_reads_as_its_filters_and_then_live() {
     assert_eq!(next(&mut reread).await.sequence(), middle);
 }
 
+/// Messages the filter does not match, more than a feed at the head counts
+/// before it reconsiders how it reads.
+const SPARSE_MESSAGES: usize = 34_000;
+
+/// Appends `n` events of tenants, in atomic batches: the server makes each
+/// batch durable at once rather than each event.
+async fn append_others(bus: &Bus, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let batch: Vec<(Envelope, lh_bus::Expect)> = (0..left.min(MAX_BATCH_MESSAGES))
+            .map(|_| (tenant_created(), lh_bus::Expect::Any))
+            .collect();
+        bus.publish_atomic(&batch).await.unwrap();
+        left -= batch.len();
+    }
+}
+
 /// The subjects the feeds' consumers on the log filter, each sorted: what
 /// the server is asked to do for each feed.
 async fn consumer_filters(bus: &Bus) -> Vec<Vec<String>> {
@@ -168,7 +185,7 @@ async fn wait_for_consumer(bus: &Bus, subjects: &[&str]) {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_head_a_feed_reads_whole_while_its_filters_match_often() {
     let nats = Nats::start().await.unwrap();
     let bus = Bus::connect(&BusConfig::new(nats.url(), "feed-head-test"))
@@ -201,8 +218,7 @@ async fn at_the_head_a_feed_reads_whole_while_its_filters_match_often() {
 
     // The log goes on with messages the filter seldom matches: once it
     // has read enough of them to tell, the feed asks the server to filter.
-    let sparse: Vec<Envelope> = (0..BACKLOG_MESSAGES).map(|_| tenant_created()).collect();
-    append_all(&bus, &sparse).await;
+    append_others(&bus, SPARSE_MESSAGES).await;
     let last = append_all(&bus, &[fixtures::stop_request()]).await;
     let item = next(&mut feed).await;
     assert_eq!(
