@@ -437,6 +437,9 @@ async fn measure<P: Projector>(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if std::env::var("RUST_LOG").is_ok() {
+        lh_telemetry::init("rebuild-rate", lh_telemetry::LogFormat::Pretty);
+    }
     let nats = lh_load_tests::NatsServer::start(false)?;
     let mut config = BusConfig::new(nats.url(), "rebuild-rate");
     config.events_max_bytes = EVENTS_MAX_BYTES;
@@ -604,24 +607,25 @@ impl Lags {
 /// Runs `projector` live on `schema` (as left by [`measure`]), telling
 /// `lags` of each committed subject, until `stop` resolves; with `views`,
 /// each transaction's leases are re-read into them first, as the gateway
-/// does before it reports the transaction.
+/// does before it reports the transaction. Spawned, as a service spawns
+/// its projection: the runners and the writer each have a task.
 #[allow(clippy::too_many_arguments)]
 async fn run_live<P: Projector>(
-    bus: &Bus,
-    database_url: &str,
-    schema: &str,
-    projector: &P,
+    bus: Bus,
+    database_url: String,
+    schema: &'static str,
+    projector: P,
     views: Option<Arc<LeaseViews>>,
     lags: Arc<Mutex<Lags>>,
     stop: tokio::sync::watch::Receiver<bool>,
     progress: tokio::sync::oneshot::Sender<lh_projection::Progress>,
 ) -> anyhow::Result<()> {
-    let pool = lh_projection::connect_schema(database_url, schema).await?;
+    let pool = lh_projection::connect_schema(&database_url, schema).await?;
     let mut stop = stop;
     lh_projection::run_observed(
-        bus,
+        &bus,
         &pool,
-        projector,
+        &projector,
         async move {
             let _ = stop.wait_for(|s| *s).await;
         },
@@ -658,26 +662,26 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (gateway_tx, gateway_progress) = tokio::sync::oneshot::channel();
     let (pricing_tx, pricing_progress) = tokio::sync::oneshot::channel();
-    let gateway_run = run_live(
-        bus,
-        database_url,
+    let gateway_run = tokio::spawn(run_live(
+        bus.clone(),
+        database_url.to_string(),
         "gateway",
-        &lh_gateway::projection::GatewayProjection,
+        lh_gateway::projection::GatewayProjection,
         Some(Arc::new(LeaseViews::default())),
         gateway.clone(),
         stop_rx.clone(),
         gateway_tx,
-    );
-    let pricing_run = run_live(
-        bus,
-        database_url,
+    ));
+    let pricing_run = tokio::spawn(run_live(
+        bus.clone(),
+        database_url.to_string(),
         "pricing",
-        &lh_pricing::projection::InvoiceProjector,
+        lh_pricing::projection::InvoiceProjector,
         None,
         pricing.clone(),
         stop_rx,
         pricing_tx,
-    );
+    ));
     let write = async {
         // Both have read their offsets before the first lease is written.
         gateway_progress.await.context("gateway started")?;
@@ -774,8 +778,8 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
         anyhow::Ok(settled)
     };
     let (gateway_ran, pricing_ran, wrote) = tokio::join!(gateway_run, pricing_run, write);
-    gateway_ran?;
-    pricing_ran?;
+    gateway_ran??;
+    pricing_ran??;
     let settled = wrote?;
     let mut unapplied = 0;
     for (name, lags) in [("gateway", &gateway), ("pricing", &pricing)] {
