@@ -43,8 +43,9 @@ pub const MAX_POOL_CONNECTIONS: u32 = 16;
 /// Most events one projection transaction applies, live or replayed: a
 /// backlog commits in few transactions, with many leases per multi-row
 /// statement. A live runner takes only what was waiting when its
-/// transaction began (see [`run_observed`]), so at the head a transaction
-/// is a few events and the first one's commit is not held for later ones.
+/// transaction began, read ahead by its feed or stored (see
+/// [`run_observed`]), so at the head a transaction is a few events and the
+/// first one's commit is not held for later ones.
 pub const MAX_EVENTS_PER_TRANSACTION: usize = 4096;
 /// Longest a live runner waits for the next event its feed says is already
 /// stored (`pending`) before it commits what it has.
@@ -198,6 +199,17 @@ impl Input {
                     .await?,
             ),
         })
+    }
+
+    fn next_item_read(&mut self) -> Option<Result<Item>> {
+        match self {
+            Input::Log(feed) => feed
+                .next_item_read()
+                .map(|r| r.map(Item::Log).map_err(Into::into)),
+            Input::Telemetry(feed) => feed
+                .next_item_read()
+                .map(|r| r.map(Item::Sample).map_err(Into::into)),
+        }
     }
 
     async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<Item>> {
@@ -528,13 +540,21 @@ pub async fn run_observed<P: Projector, Committed: std::future::Future<Output = 
             continue;
         };
         // Under load, apply what is already waiting in one transaction:
-        // what was stored when this one began, not what arrives while it
-        // is gathered, which would hold the first event's commit back.
+        // what the feed has read ahead, and what was stored when this one
+        // began, not what arrives while it is gathered, which would hold
+        // the first event's commit back.
         let first = event?;
-        let waiting = first.pending().min(MAX_EVENTS_PER_TRANSACTION as u64 - 1) as usize;
-        let mut batch = Vec::with_capacity(waiting + 1);
-        batch.push(first);
-        while batch.len() <= waiting && batch.last().is_some_and(|e| e.pending() > 0) {
+        let stored_after_first = first.pending();
+        let mut batch = vec![first];
+        while batch.len() < MAX_EVENTS_PER_TRANSACTION {
+            if let Some(event) = feed.next_item_read() {
+                batch.push(event?);
+                continue;
+            }
+            let last = batch.last().expect("a batch holds an event");
+            if last.pending() == 0 || batch.len() as u64 > stored_after_first {
+                break;
+            }
             match feed.next_item_within(MAX_WAIT_FOR_PENDING_EVENT).await {
                 Some(event) => batch.push(event?),
                 None => break,

@@ -3,7 +3,8 @@
 //! again reads on from what it committed and leaves the rows of one whole
 //! replay; a live runner catching up, stopped and started again, applies
 //! each event once, in large transactions, and at the head commits each
-//! event as it comes.
+//! event as it comes; one slower than the log takes what its feed read
+//! ahead in one transaction.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -225,6 +226,89 @@ async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
     assert!(
         newest[newest.len() - 3..].iter().all(|t| t.1 == 1),
         "{newest:?}"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// Applies like [`Recorder`], taking this long per transaction: slower than
+/// the log is written.
+const SLOW_TRANSACTION: Duration = Duration::from_millis(100);
+/// Events written one at a time, this far apart, to a slow projection.
+const TRICKLE_EVENTS: usize = 40;
+const TRICKLE_EVERY: Duration = Duration::from_millis(10);
+
+struct Slow;
+
+impl Projector for Slow {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+
+    fn filters(&self) -> &'static [&'static str] {
+        &[subject::NODES_ALL]
+    }
+
+    fn apply<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        event: &'c Stored,
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            tokio::time::sleep(SLOW_TRANSACTION).await;
+            Recorder.apply(conn, event).await
+        })
+    }
+
+    fn apply_batch<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        events: &'c [&'c Stored],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            tokio::time::sleep(SLOW_TRANSACTION).await;
+            for event in events {
+                Recorder.apply(&mut *conn, event).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_slower_than_the_log_takes_what_its_feed_read_ahead() {
+    let nats = Nats::start().await.unwrap();
+    let pg = lh_testkit::shared_postgres().await;
+    let url = pg.create_database().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let pool = schema(&url, "slow").await;
+    let stop = CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let (bus, pool, stop) = (bus.clone(), pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            lh_projection::run(&bus, &pool, &Slow, stop.cancelled_owned(), move |p| {
+                let _ = tx.send(p);
+            })
+            .await
+        })
+    };
+    let progress = rx.await.unwrap();
+    // Each event is the log's last when the feed reads it: nothing is
+    // pending after it, yet the runner is still busy with an earlier one.
+    let mut last = 0;
+    for i in 0..TRICKLE_EVENTS {
+        last = bus.publish(&cordon(i), Expect::Any).await.unwrap().sequence;
+        tokio::time::sleep(TRICKLE_EVERY).await;
+    }
+    assert!(progress.wait_for(last, WAIT).await);
+    assert_eq!(applied(&pool).await.len(), TRICKLE_EVENTS);
+    let taken = transactions(&pool).await.len();
+    assert!(
+        taken <= TRICKLE_EVENTS / 4,
+        "{TRICKLE_EVENTS} events in {taken} transactions"
     );
     stop.cancel();
     task.await.unwrap().unwrap();
