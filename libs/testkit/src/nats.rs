@@ -24,6 +24,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const PROBE_INTERVAL: Duration = Duration::from_millis(25);
 /// The default NATS maximum message size, written down explicitly.
 const MAX_PAYLOAD_BYTES: u64 = 1024 * 1024;
+/// Free disk a test server needs: JetStream offers a share of the free disk
+/// as its store (about three quarters), and the event log asks for 1 GiB.
+/// With less, creating the log is refused and a service waits for it for
+/// ever, so the test is refused here with the reason instead.
+const STORE_DISK_FREE_MIN_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 
 /// A nats-server child process with JetStream (`sync_interval: always`) on a
 /// random 127.0.0.1 port, its store, config and log in a temporary directory
@@ -98,6 +103,16 @@ impl Nats {
             .context("creating the nats-server temporary directory")?;
         std::fs::create_dir(dir.path().join("store"))
             .context("creating the JetStream store directory")?;
+        let free = disk_free_bytes(dir.path())?;
+        if free < STORE_DISK_FREE_MIN_BYTES {
+            anyhow::bail!(
+                "the disk holding {} has {} MiB free; JetStream needs about {} MiB to create the \
+                 event log (free the disk, or point TMPDIR at a larger one)",
+                dir.path().display(),
+                free / (1024 * 1024),
+                STORE_DISK_FREE_MIN_BYTES / (1024 * 1024)
+            );
+        }
         let mut nats = Nats {
             port: 0,
             server_name,
@@ -401,5 +416,32 @@ impl Server for Nats {
 
     async fn spawn_and_wait(&mut self) -> Result<(), StartError> {
         Nats::spawn_and_wait(self).await
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the file system of `path`.
+fn disk_free_bytes(path: &std::path::Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .context("a temporary path without NUL bytes")?;
+    // SAFETY: statvfs(3) writes only into the zeroed struct it is given and
+    // reads the NUL-terminated path, both live for the call.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statvfs {}", path.display()));
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_free_disk_under_a_path_is_read_and_a_missing_path_is_an_error() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        assert!(disk_free_bytes(dir.path()).expect("statvfs") > 0);
+        assert!(disk_free_bytes(&dir.path().join("missing")).is_err());
     }
 }
