@@ -102,6 +102,24 @@ impl Appender {
             .publish_with_headers(envelope.subject(), headers, envelope.to_json().into())
             .await
             .context("publishing")?;
+        self.outstanding(ack).await
+    }
+
+    /// Appends a telemetry sample (`subject` on `LH_TELEMETRY`), its store
+    /// acknowledged as an event's.
+    pub async fn append_sample(&mut self, subject: String, payload: Vec<u8>) -> anyhow::Result<()> {
+        let ack = self
+            .js
+            .publish(subject, payload.into())
+            .await
+            .context("publishing")?;
+        self.outstanding(ack).await
+    }
+
+    async fn outstanding(
+        &mut self,
+        ack: async_nats::jetstream::context::PublishAckFuture,
+    ) -> anyhow::Result<()> {
         self.in_flight.push_back(ack);
         self.appended += 1;
         if self.in_flight.len() >= self.max_in_flight {

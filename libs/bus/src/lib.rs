@@ -14,9 +14,9 @@
 //! * [`Bus::publish_atomic`] appends several events as one ADR-50 atomic
 //!   batch, each with its own expectation: all are stored or none.
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
-//!   consumer and then follows live (a long backlog that the filter matches
-//!   often is read whole and filtered here: nats-server is slow to filter
-//!   a log with a subject per lease), opening a new consumer after the last
+//!   consumer and then follows live (a stream that the filter matches often
+//!   is read whole and filtered here, backlog and head alike: nats-server is
+//!   slow to filter a log with a subject per lease), opening a new consumer after the last
 //!   delivered message when the connection comes back or a cluster elects
 //!   a new leader of the log. A stored message the reader cannot use
 //!   (junk, an unknown type, a newer version) is counted, logged and handed
@@ -445,7 +445,7 @@ pub struct Stored {
     /// The raw bytes as stored: the audit chain hashes these.
     pub payload: Bytes,
     /// Messages left in the stream after this one: of this feed's filters,
-    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// or, while the feed reads the stream whole, of every subject. 0
     /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When the server stored it, by the server's clock: what a writer's
@@ -466,7 +466,7 @@ pub struct Skipped {
     /// The raw bytes as stored.
     pub payload: Bytes,
     /// Messages left in the stream after this one: of this feed's filters,
-    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// or, while the feed reads the stream whole, of every subject. 0
     /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When JetStream stored it (the same on every replay).
@@ -488,7 +488,7 @@ pub struct Sample {
     pub subject: String,
     pub payload: Bytes,
     /// Messages left in the stream after this one: of this feed's filters,
-    /// or, while the feed reads a long backlog whole, of every subject. 0
+    /// or, while the feed reads the stream whole, of every subject. 0
     /// exactly when nothing the feed reads follows it.
     pub pending: u64,
     /// When the server stored it, by the server's clock (the same on every
@@ -1488,16 +1488,24 @@ async fn next_election(
 /// projection's next transaction is read while it writes the last one, and
 /// at about 2 KiB a decoded event, a few MiB at most per feed.
 const FEED_BUFFER_MESSAGES: usize = 1024;
-/// Backlog, in messages of the stream, from which a feed considers reading
-/// the whole stream and dropping what its filters do not match.
+/// Fewest messages of the stream a feed reads whole: a backlog or a
+/// stream shorter than this is read through the filters.
 const WIDE_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;
-/// A backlog is read whole when at least one message in this many matches
-/// the feed's filters. nats-server finds a filtered consumer's next message
-/// by going through the per-subject state of the message block, every
-/// subject in it, once per message delivered; with a subject per lease that
-/// is thousands of entries for each message (about 5,000 messages/s on a
-/// long log). A consumer of the whole stream walks the blocks in order, and
-/// a subject compared here costs far less than one looked up there.
+/// Messages over which a feed at the head counts how often its filters
+/// match, to choose how it reads on: the newest this many when it opens,
+/// then each this many it reads past. Long enough that a burst of one kind
+/// (a second of lease requests before their first charge) does not make a
+/// feed change its consumer back and forth.
+const WIDE_READ_HEAD_WINDOW_MESSAGES: u64 = 32_768;
+/// The stream is read whole when at least one message in this many matches
+/// the feed's filters, at the head as in a backlog. nats-server finds a
+/// filtered consumer's next message by going through the per-subject state
+/// of the message block, every subject in it, once per message delivered;
+/// with a subject per lease that is thousands of entries for each message
+/// (about 5,000 messages/s on a long log, and most of the server's time
+/// for the projections following the log at 1,400 leases/s). A consumer of
+/// the whole stream walks the blocks in order, and a subject compared here
+/// costs far less than one looked up there.
 const WIDE_READ_MAX_MESSAGES_PER_MATCH: u64 = 32;
 /// Longest a message read whole waits to be handed over while the messages
 /// after it do not match: how it learns whether it was the last one.
@@ -1519,7 +1527,7 @@ struct FeedSource {
     stream: &'static str,
     filters: Vec<String>,
     /// The stream's whole subject space, when the filters are narrower: what
-    /// a long backlog is read as.
+    /// a stream its filters match often is read as.
     wide: Option<String>,
     service: Arc<str>,
     /// Count and log each skipped message (false on a second reading).
@@ -1546,11 +1554,57 @@ impl FeedSource {
     }
 
     /// An ordered consumer from `from_sequence` on: of the filters, or of
-    /// the whole stream when the backlog is long and matches often enough
-    /// (see [`WIDE_READ_MAX_MESSAGES_PER_MATCH`]); then `true`, and the
-    /// reader drops what the filters do not match.
+    /// the whole stream when its filters match often enough (see
+    /// [`WIDE_READ_MAX_MESSAGES_PER_MATCH`]) in the backlog, or near the
+    /// head in the newest [`WIDE_READ_MIN_BACKLOG_MESSAGES`]; then `true`,
+    /// and the reader drops what the filters do not match.
     async fn open(&self, from_sequence: u64) -> Result<(MessageStream, bool)> {
         let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
+        let state = &stream.cached_info().state;
+        let end = state.last_sequence + 1;
+        let from = from_sequence.max(state.first_sequence).max(1);
+        // Near the head the newest messages tell how often the filters
+        // match what is coming.
+        let count_from = from
+            .min(end.saturating_sub(WIDE_READ_HEAD_WINDOW_MESSAGES))
+            .max(state.first_sequence)
+            .max(1);
+        let counted = end.saturating_sub(count_from);
+        let counter = stream
+            .create_consumer(self.config(count_from, false))
+            .await
+            .map_err(js_err)?;
+        let matching = counter.cached_info().num_pending;
+        let whole = self.wide.is_some()
+            && counted >= WIDE_READ_MIN_BACKLOG_MESSAGES
+            && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= counted;
+        tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
+            counted, matching, whole, "event feed opened");
+        if !whole && count_from == from {
+            return Ok((Box::pin(counter.messages().await.map_err(js_err)?), false));
+        }
+        // The counter only counted; the server forgets it when idle, this
+        // saves it the wait.
+        let _ = stream.delete_consumer(&counter.cached_info().name).await;
+        self.open_as(&stream, from_sequence, whole).await
+    }
+
+    /// An ordered consumer from `from_sequence` on, of the whole stream or
+    /// of the filters.
+    async fn open_as(
+        &self,
+        stream: &jetstream::stream::Stream,
+        from_sequence: u64,
+        whole: bool,
+    ) -> Result<(MessageStream, bool)> {
+        let consumer = stream
+            .create_consumer(self.config(from_sequence, whole))
+            .await
+            .map_err(js_err)?;
+        Ok((Box::pin(consumer.messages().await.map_err(js_err)?), whole))
+    }
+
+    fn config(&self, from_sequence: u64, whole: bool) -> OrderedConfig {
         let deliver_policy = if from_sequence <= 1 {
             DeliverPolicy::All
         } else {
@@ -1558,38 +1612,23 @@ impl FeedSource {
                 start_sequence: from_sequence,
             }
         };
-        let state = &stream.cached_info().state;
-        let backlog =
-            (state.last_sequence + 1).saturating_sub(from_sequence.max(state.first_sequence));
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: self.filters.clone(),
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(js_err)?;
-        let matching = consumer.cached_info().num_pending;
-        let wide = self.wide.is_some()
-            && backlog >= WIDE_READ_MIN_BACKLOG_MESSAGES
-            && matching.saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH) >= backlog;
-        let Some(whole) = self.wide.as_ref().filter(|_| wide) else {
-            return Ok((Box::pin(consumer.messages().await.map_err(js_err)?), false));
+        let filter_subjects = match (&self.wide, whole) {
+            (Some(wide), true) => vec![wide.clone()],
+            _ => self.filters.clone(),
         };
-        // The filtered consumer only counted; the server forgets it when
-        // idle, this saves it the wait.
-        let _ = stream.delete_consumer(&consumer.cached_info().name).await;
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: vec![whole.clone()],
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(js_err)?;
+        OrderedConfig {
+            filter_subjects,
+            deliver_policy,
+            ..Default::default()
+        }
+    }
+
+    /// [`FeedSource::open_as`] on the feed's stream.
+    async fn switch(&self, from_sequence: u64, whole: bool) -> Result<(MessageStream, bool)> {
+        let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
         tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
-            backlog, matching, "reading the backlog whole");
-        Ok((Box::pin(consumer.messages().await.map_err(js_err)?), true))
+            whole, "event feed switched at the head");
+        self.open_as(&stream, from_sequence, whole).await
     }
 
     /// Whether the feed's filters match `subject`.
@@ -1648,8 +1687,10 @@ impl FeedSource {
 
     /// Reads messages into `items` in stream order until the reader is
     /// gone, opening a new consumer after the last delivered message
-    /// whenever the current one fails or ends, and a filtered one once a
-    /// backlog read whole is read.
+    /// whenever the current one fails or ends, and at the head one that
+    /// reads the other way when its filters matched the last
+    /// [`WIDE_READ_HEAD_WINDOW_MESSAGES`] more often, or less often, than
+    /// [`WIDE_READ_MAX_MESSAGES_PER_MATCH`] allows.
     async fn pump<T: FeedMessage>(
         mut self,
         opened: (MessageStream, bool),
@@ -1659,6 +1700,7 @@ impl FeedSource {
     ) {
         let (mut messages, mut whole) = opened;
         let mut held = Held::default();
+        let mut density = Density::default();
         loop {
             let hold_over = held.deadline();
             let next = tokio::select! {
@@ -1701,15 +1743,30 @@ impl FeedSource {
             let error = match next {
                 Some(Ok(message)) => {
                     match self
-                        .deliver(message, &mut next_sequence, whole, &mut held, &items)
+                        .deliver(
+                            message,
+                            &mut next_sequence,
+                            whole,
+                            &mut held,
+                            &mut density,
+                            &items,
+                        )
                         .await
                     {
                         Delivered::More => continue,
                         Delivered::ReaderGone => return,
-                        Delivered::WholeRead => {
-                            // At the head the server's filtering costs
-                            // little, and it saves sending every message.
-                            (messages, whole) = match self.open(next_sequence).await {
+                        Delivered::AtHead => {
+                            let Some(dense) = density.verdict() else {
+                                continue;
+                            };
+                            let wide = self.wide.is_some() && dense;
+                            if wide == whole {
+                                continue;
+                            }
+                            // Filters that match seldom save sending every
+                            // message; ones that match often cost the
+                            // server a lookup per match.
+                            (messages, whole) = match self.switch(next_sequence, wide).await {
                                 Ok(opened) => opened,
                                 Err(_) => self.reopen(next_sequence, &mut elections).await,
                             };
@@ -1737,6 +1794,7 @@ impl FeedSource {
         next_sequence: &mut u64,
         whole: bool,
         held: &mut Held<T>,
+        density: &mut Density,
         items: &tokio::sync::mpsc::Sender<Result<T>>,
     ) -> Delivered {
         let info = match message.info() {
@@ -1756,11 +1814,15 @@ impl FeedSource {
         if info.stream_sequence < *next_sequence {
             return Delivered::More;
         }
+        let passed = info.stream_sequence + 1 - *next_sequence;
         *next_sequence = info.stream_sequence + 1;
         let at_head = info.pending == 0;
         if !whole {
+            // The server stepped over the messages in between.
+            density.count(passed, true);
             let item = T::from_message(self, &message, &info);
             return match items.send(Ok(item)).await {
+                Ok(()) if at_head => Delivered::AtHead,
                 Ok(()) => Delivered::More,
                 Err(_) => Delivered::ReaderGone,
             };
@@ -1768,7 +1830,9 @@ impl FeedSource {
         // Read whole, a message's pending counts every subject: the last
         // one the filters match is known only from what follows it, so it
         // is held until then.
-        if self.wants(&message.subject) {
+        let wanted = self.wants(&message.subject);
+        density.count(1, wanted);
+        if wanted {
             let item = T::from_message(self, &message, &info);
             if !held.hand_over(items).await {
                 return Delivered::ReaderGone;
@@ -1780,7 +1844,7 @@ impl FeedSource {
             if !held.hand_over(items).await {
                 return Delivered::ReaderGone;
             }
-            return Delivered::WholeRead;
+            return Delivered::AtHead;
         }
         Delivered::More
     }
@@ -1790,11 +1854,43 @@ impl FeedSource {
 enum Delivered {
     /// Handed over or stepped over; more may follow.
     More,
-    /// The last message of a stream read whole: the feed reads its filters
-    /// from here.
-    WholeRead,
+    /// The last message of the stream, for now: the feed may read on the
+    /// other way.
+    AtHead,
     /// The reader is gone, or the feed cannot go on.
     ReaderGone,
+}
+
+/// How often the filters matched the messages of the stream the feed went
+/// past, since the last [`WIDE_READ_HEAD_WINDOW_MESSAGES`].
+#[derive(Default)]
+struct Density {
+    passed: u64,
+    matched: u64,
+    /// Whether the last full window was worth reading whole, until asked.
+    dense: Option<bool>,
+}
+
+impl Density {
+    fn count(&mut self, passed: u64, matched: bool) {
+        self.passed += passed;
+        self.matched += u64::from(matched);
+        if self.passed >= WIDE_READ_HEAD_WINDOW_MESSAGES {
+            self.dense = Some(
+                self.matched
+                    .saturating_mul(WIDE_READ_MAX_MESSAGES_PER_MATCH)
+                    >= self.passed,
+            );
+            self.passed = 0;
+            self.matched = 0;
+        }
+    }
+
+    /// Whether the stream is worth reading whole, by the window completed
+    /// since last asked; none: the way the feed reads stands.
+    fn verdict(&mut self) -> Option<bool> {
+        self.dense.take()
+    }
 }
 
 /// The message read whole that the filters matched last, not yet handed
@@ -1976,6 +2072,13 @@ impl<T> Feed<T> {
             .await
             .ok()
             .flatten()
+    }
+
+    /// The next message the feed has already read, without waiting: a
+    /// reader behind the feed takes what waits for it. Its `pending` was
+    /// counted when the feed read it, so it tells less than waits now.
+    pub fn next_item_read(&mut self) -> Option<Result<T>> {
+        self.receiver.try_recv().ok()
     }
 }
 

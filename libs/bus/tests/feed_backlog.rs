@@ -1,12 +1,14 @@
 //! A feed over a long backlog that its filters match in part, on a real
 //! nats-server: it hands over exactly the matching messages, in order, the
 //! last of them with nothing pending even when the log goes on with
-//! messages it does not match, and then follows the log live.
+//! messages it does not match, and then follows the log live; at the head
+//! it reads the log whole while its filters match often, and through its
+//! filters once they match seldom.
 
 use std::time::Duration;
 
 use chrono::Utc;
-use lh_bus::{Bus, BusConfig, FeedItem};
+use lh_bus::{Bus, BusConfig, FeedItem, MAX_BATCH_MESSAGES};
 use lh_events::{fixtures, subject, Actor, Envelope, EventData};
 use lh_testkit::Nats;
 use uuid::Uuid;
@@ -123,4 +125,109 @@ async fn a_partly_matching_backlog_reads_as_its_filters_and_then_live() {
     let middle = expected[expected.len() / 2];
     let mut reread = bus.reread(&[subject::LEASES_ALL], middle).await.unwrap();
     assert_eq!(next(&mut reread).await.sequence(), middle);
+}
+
+/// Messages the filter does not match, more than a feed at the head counts
+/// before it reconsiders how it reads.
+const SPARSE_MESSAGES: usize = 34_000;
+
+/// Appends `n` events of tenants, in atomic batches: the server makes each
+/// batch durable at once rather than each event.
+async fn append_others(bus: &Bus, n: usize) {
+    let mut left = n;
+    while left > 0 {
+        let batch: Vec<(Envelope, lh_bus::Expect)> = (0..left.min(MAX_BATCH_MESSAGES))
+            .map(|_| (tenant_created(), lh_bus::Expect::Any))
+            .collect();
+        bus.publish_atomic(&batch).await.unwrap();
+        left -= batch.len();
+    }
+}
+
+/// The subjects the feeds' consumers on the log filter, each sorted: what
+/// the server is asked to do for each feed.
+async fn consumer_filters(bus: &Bus) -> Vec<Vec<String>> {
+    use futures::StreamExt as _;
+    let stream = bus
+        .jetstream()
+        .get_stream(subject::EVENTS_STREAM)
+        .await
+        .unwrap();
+    let mut consumers = stream.consumers();
+    let mut filters = Vec::new();
+    while let Some(info) = consumers.next().await {
+        let config = info.unwrap().config;
+        let mut subjects = config.filter_subjects;
+        if !config.filter_subject.is_empty() {
+            subjects.push(config.filter_subject);
+        }
+        subjects.sort();
+        filters.push(subjects);
+    }
+    filters
+}
+
+/// Waits until a consumer on the log filters `subjects` (one the feed left
+/// lingers until the server finds it idle).
+async fn wait_for_consumer(bus: &Bus, subjects: &[&str]) {
+    let wanted: Vec<String> = subjects.iter().map(|s| s.to_string()).collect();
+    let deadline = tokio::time::Instant::now() + READ_TIMEOUT;
+    loop {
+        let filters = consumer_filters(bus).await;
+        if filters.contains(&wanted) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "consumers filter {filters:?}, not {wanted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_head_a_feed_reads_whole_while_its_filters_match_often() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "feed-head-test"))
+        .await
+        .unwrap();
+    let envelopes: Vec<Envelope> = (0..BACKLOG_MESSAGES)
+        .map(|i| {
+            if i % MESSAGES_PER_LEASE_EVENT == 1 {
+                fixtures::stop_request()
+            } else {
+                tenant_created()
+            }
+        })
+        .collect();
+    append_all(&bus, &envelopes).await;
+    let head = bus.last_sequence().await.unwrap();
+
+    // Opened at the head: the newest messages match often, so the server
+    // is not asked to filter (it would look through every subject of the
+    // block for each match).
+    let mut feed = bus.feed(&[subject::LEASES_ALL], head + 1).await.unwrap();
+    assert_eq!(
+        consumer_filters(&bus).await,
+        [[subject::EVENTS_ALL.to_string()]]
+    );
+    let live = append_all(&bus, &[fixtures::stop_request(), tenant_created()]).await;
+    let item = next(&mut feed).await;
+    assert_eq!(item.sequence(), live[0]);
+    assert_eq!(item.pending(), 0, "nothing on a lease follows it");
+
+    // The log goes on with messages the filter seldom matches: once it
+    // has read enough of them to tell, the feed asks the server to filter.
+    append_others(&bus, SPARSE_MESSAGES).await;
+    let last = append_all(&bus, &[fixtures::stop_request()]).await;
+    let item = next(&mut feed).await;
+    assert_eq!(
+        item.sequence(),
+        last[0],
+        "the tenants' events are not handed over"
+    );
+    assert_eq!(item.pending(), 0);
+    wait_for_consumer(&bus, &[subject::LEASES_ALL]).await;
+    let again = append_all(&bus, &[tenant_created(), fixtures::stop_request()]).await;
+    assert_eq!(next(&mut feed).await.sequence(), again[1]);
 }

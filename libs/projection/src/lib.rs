@@ -40,12 +40,21 @@ pub const METRICS: &[(&str, &str)] = &[(
 
 /// Most connections one service's pool opens.
 pub const MAX_POOL_CONNECTIONS: u32 = 16;
-/// Most events one projection transaction applies when a backlog waits.
-pub const MAX_EVENTS_PER_TRANSACTION: usize = 256;
-/// Most events one transaction of a [`replay`] applies. No reader waits on
-/// a schema being filled, so its batches are larger than a live runner's:
-/// fewer commits, and more leases per multi-row statement.
-pub const MAX_EVENTS_PER_REPLAY_TRANSACTION: usize = 4096;
+/// Most events one projection transaction applies, live or replayed: a
+/// backlog commits in few transactions, with many leases per multi-row
+/// statement. A live runner takes only what was waiting when its
+/// transaction began, read ahead by its feed or stored (see
+/// [`run_observed`]), so at the head a transaction is a few events and the
+/// first one's commit is not held for later ones.
+pub const MAX_EVENTS_PER_TRANSACTION: usize = 4096;
+/// Longest a live runner waits for the next event its feed says is already
+/// stored (`pending`) before it commits what it has.
+pub const MAX_WAIT_FOR_PENDING_EVENT: Duration = Duration::from_millis(5);
+/// Transactions a [`replay`] reads ahead of the one it writes, in a task of
+/// their own: reading and decoding the next one overlaps writing this one,
+/// so a rebuild costs about the longer of the two rather than their sum. At
+/// [`MAX_EVENTS_PER_TRANSACTION`] events of about 2 KiB decoded, 8 MiB each.
+pub const MAX_REPLAY_TRANSACTIONS_READ_AHEAD: usize = 1;
 /// Longest a caller waits for a connection of the pool. A healthy pool
 /// hands one out in milliseconds; past this the database is out of reach or
 /// overloaded, and an API answers 503 rather than hang.
@@ -121,6 +130,21 @@ pub trait Projector: Send + Sync + 'static {
     ) -> BoxFuture<'c, sqlx::Result<()>> {
         Box::pin(async { Ok(()) })
     }
+    /// Applies consecutive samples, in stream order, inside the caller's
+    /// transaction, to the same rows [`Projector::apply_sample`] one by one
+    /// would leave (see [`Projector::apply_batch`]).
+    fn apply_samples<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        samples: &'c [&'c Sample],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            for sample in samples {
+                self.apply_sample(&mut *conn, sample).await?;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// One message a projection reads, from either stream.
@@ -175,6 +199,17 @@ impl Input {
                     .await?,
             ),
         })
+    }
+
+    fn next_item_read(&mut self) -> Option<Result<Item>> {
+        match self {
+            Input::Log(feed) => feed
+                .next_item_read()
+                .map(|r| r.map(Item::Log).map_err(Into::into)),
+            Input::Telemetry(feed) => feed
+                .next_item_read()
+                .map(|r| r.map(Item::Sample).map_err(Into::into)),
+        }
     }
 
     async fn next_item_within(&mut self, timeout: Duration) -> Option<Result<Item>> {
@@ -504,12 +539,23 @@ pub async fn run_observed<P: Projector, Committed: std::future::Future<Output = 
             }
             continue;
         };
-        // Under load, apply what is already waiting in one transaction.
-        let mut batch = vec![event?];
-        while batch.len() < MAX_EVENTS_PER_TRANSACTION
-            && batch.last().is_some_and(|e| e.pending() > 0)
-        {
-            match feed.next_item_within(Duration::from_millis(5)).await {
+        // Under load, apply what is already waiting in one transaction:
+        // what the feed has read ahead, and what was stored when this one
+        // began, not what arrives while it is gathered, which would hold
+        // the first event's commit back.
+        let first = event?;
+        let stored_after_first = first.pending();
+        let mut batch = vec![first];
+        while batch.len() < MAX_EVENTS_PER_TRANSACTION {
+            if let Some(event) = feed.next_item_read() {
+                batch.push(event?);
+                continue;
+            }
+            let last = batch.last().expect("a batch holds an event");
+            if last.pending() == 0 || batch.len() as u64 > stored_after_first {
+                break;
+            }
+            match feed.next_item_within(MAX_WAIT_FOR_PENDING_EVENT).await {
                 Some(event) => batch.push(event?),
                 None => break,
             }
@@ -558,6 +604,8 @@ async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Item]
         return Ok(());
     }
     let mut run: Vec<&Stored> = Vec::new();
+    // A projection reads one stream: samples never come between events.
+    let mut samples: Vec<&Sample> = Vec::new();
     for item in events.iter().filter(|e| e.sequence() > committed) {
         match item {
             Item::Log(FeedItem::Event(event)) => run.push(event),
@@ -565,13 +613,15 @@ async fn apply_batch<P: Projector>(pool: &PgPool, projector: &P, events: &[Item]
                 apply_run(&mut tx, projector, &mut run).await?;
                 record_skip(&mut tx, projector.name(), skipped).await?
             }
-            Item::Sample(sample) => {
-                apply_run(&mut tx, projector, &mut run).await?;
-                projector.apply_sample(&mut tx, sample).await?
-            }
+            Item::Sample(sample) => samples.push(sample),
         }
     }
     apply_run(&mut tx, projector, &mut run).await?;
+    match samples.as_slice() {
+        [] => {}
+        [sample] => projector.apply_sample(&mut tx, sample).await?,
+        _ => projector.apply_samples(&mut tx, &samples).await?,
+    }
     sqlx::query(
         "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
@@ -666,14 +716,17 @@ pub async fn rebuild<P: Projector>(
 
 /// Applies what the stream of `projector` holds (up to its head at call
 /// time) to the schema of `pool` as it stands, dropping nothing: how a
-/// rebuild fills a fresh schema, and how a projection that outlives its
+/// rebuild fills a fresh schema, how one that was stopped part way goes on
+/// (from the sequence it committed), and how a projection that outlives its
 /// stream (telemetry) is brought into one whose older rows were carried
 /// over. Its projector must then tell a sample the rows already count.
-/// Quiet spells of 2 s in a row a replay waits through before its last
-/// matching message, before it gives up on the feed.
-const MAX_REPLAY_QUIET_SPELLS: u32 = 30;
-
-/// Returns the sequence reached; `on_event` is told each one applied.
+///
+/// The feed is read into transactions by a task of its own, up to
+/// [`MAX_REPLAY_TRANSACTIONS_READ_AHEAD`] ahead of the one being written;
+/// each transaction still commits its rows with its last sequence.
+///
+/// Returns the sequence the schema reflects; `on_event` is told each one
+/// applied.
 pub async fn replay<P: Projector>(
     bus: &Bus,
     pool: &PgPool,
@@ -681,42 +734,97 @@ pub async fn replay<P: Projector>(
     mut on_event: impl FnMut(u64, u64),
 ) -> Result<u64> {
     ensure_offset_row(pool, projector.name()).await?;
+    let committed = committed_sequence(pool, projector.name()).await?;
     let head = head(bus, projector).await?;
-    let mut reached = 0;
-    if head == 0 {
-        return Ok(reached);
+    if head <= committed {
+        return Ok(committed);
     }
     // The last message the projection's filters match, at or before the
     // head: a quiet feed before it is a slow server, not the end.
     let target = filtered_head(bus, projector).await?.min(head);
-    let mut feed = Input::open(bus, projector, 1, true).await?;
-    let mut batch = Vec::new();
-    let mut last_read = 0;
+    if target <= committed {
+        return Ok(committed);
+    }
+    let feed = Input::open(bus, projector, committed + 1, true).await?;
+    let (batches_tx, mut batches) = tokio::sync::mpsc::channel(MAX_REPLAY_TRANSACTIONS_READ_AHEAD);
+    let _reader = AbortOnDrop(tokio::spawn(read_transactions(
+        feed,
+        ReadUntil {
+            committed,
+            head,
+            target,
+        },
+        batches_tx,
+    )));
+    let mut reached = committed;
+    while let Some(batch) = batches.recv().await {
+        let batch = batch?;
+        apply_batch(pool, projector, &batch).await?;
+        for item in &batch {
+            reached = item.sequence();
+            on_event(reached, head);
+        }
+    }
+    Ok(reached)
+}
+
+/// Quiet spells of [`REPLAY_QUIET_SPELL`] in a row a replay waits through
+/// before its last matching message, before it gives up on the feed.
+const MAX_REPLAY_QUIET_SPELLS: u32 = 30;
+const REPLAY_QUIET_SPELL: Duration = Duration::from_secs(2);
+
+/// Where a replay's reading stops.
+struct ReadUntil {
+    /// Already in the schema: the feed starts after it.
+    committed: u64,
+    /// The stream's head when the replay began: nothing after it is read.
+    head: u64,
+    /// The last message at or before `head` the filters match.
+    target: u64,
+}
+
+/// Reads `feed` into transactions of at most [`MAX_EVENTS_PER_TRANSACTION`]
+/// items and sends each (or the error that ends the reading) to `batches`,
+/// until the replay's last message; ends early when the replay is gone.
+async fn read_transactions(
+    mut feed: Input,
+    until: ReadUntil,
+    batches: tokio::sync::mpsc::Sender<Result<Vec<Item>>>,
+) {
+    let mut batch = Vec::with_capacity(MAX_EVENTS_PER_TRANSACTION);
+    let mut last_read = until.committed;
     let mut quiet_spells = 0;
     loop {
-        let Some(item) = feed.next_item_within(Duration::from_secs(2)).await else {
-            if last_read >= target {
+        let Some(item) = feed.next_item_within(REPLAY_QUIET_SPELL).await else {
+            if last_read >= until.target {
                 break;
             }
             quiet_spells += 1;
             if quiet_spells >= MAX_REPLAY_QUIET_SPELLS {
-                return Err(ProjectionError::FeedClosed);
+                let _ = batches.send(Err(ProjectionError::FeedClosed)).await;
+                return;
             }
             continue;
         };
         quiet_spells = 0;
-        let item = item?;
-        if item.sequence() > head {
+        let item = match item {
+            Ok(item) => item,
+            Err(e) => {
+                let _ = batches.send(Err(e)).await;
+                return;
+            }
+        };
+        if item.sequence() > until.head {
             break;
         }
         last_read = item.sequence();
-        let last = item.pending() == 0 || item.sequence() >= target;
+        let last = item.pending() == 0 || item.sequence() >= until.target;
         batch.push(item);
-        if batch.len() == MAX_EVENTS_PER_REPLAY_TRANSACTION || last {
-            apply_batch(pool, projector, &batch).await?;
-            for item in batch.drain(..) {
-                reached = item.sequence();
-                on_event(reached, head);
+        if batch.len() == MAX_EVENTS_PER_TRANSACTION || last {
+            let full =
+                std::mem::replace(&mut batch, Vec::with_capacity(MAX_EVENTS_PER_TRANSACTION));
+            if batches.send(Ok(full)).await.is_err() {
+                return;
             }
         }
         if last {
@@ -724,12 +832,19 @@ pub async fn replay<P: Projector>(
         }
     }
     // A feed that went quiet before its last message leaves a batch.
-    apply_batch(pool, projector, &batch).await?;
-    for item in batch.drain(..) {
-        reached = item.sequence();
-        on_event(reached, head);
+    if !batch.is_empty() {
+        let _ = batches.send(Ok(batch)).await;
     }
-    Ok(reached)
+}
+
+/// A task that ends with its owner: a replay dropped part way (its caller
+/// gave up) leaves no reader behind.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Replaces schema `live` by `rebuilt` in one transaction (the old one is dropped).

@@ -1,6 +1,7 @@
 //! How fast the projections are rebuilt from the log: events per second a
-//! rebuild writes into PostgreSQL, for the gateway's projection and
-//! pricing's, and whether the rebuilt tables equal the live ones.
+//! rebuild writes into PostgreSQL, for the gateway's projection, pricing's
+//! and the gateway's usage (from the telemetry stream), and whether the
+//! rebuilt tables equal the live ones.
 //!
 //! `cargo build --release -p lh-load-tests --bin rebuild-rate`, then
 //! `$CARGO_TARGET_DIR/release/rebuild-rate --leases 5000`
@@ -10,21 +11,29 @@
 //! started. The log is written straight onto `LH_EVENTS`: the default price
 //! book, the tenants, then lease after lease `requested`, `placed`, its
 //! node's `gpus_allocated` (64 nodes), `started`, `stop_requested`, `ended`
-//! and the `charge.accrued` pricing would write for its run. Each projection then runs live over the whole log until it has
-//! caught up (its catch-up rate is printed too), and is rebuilt into a fresh
-//! schema by `lh_projection::rebuild`, timed; the rebuilt tables are
-//! compared with the live ones row for row. Exits non-zero when a table
-//! differs. Before that, the feed alone is timed: what the rebuild reads,
-//! counted and dropped (the ceiling of reading), and the same filters read
-//! by a plain consumer that leaves the filtering to nats-server.
+//! and the `charge.accrued` pricing would write for its run; then
+//! `--samples-per-lease` usage samples of each lease onto `LH_TELEMETRY`,
+//! 10 s apart, from its node. Each projection then runs live over the whole
+//! log until it has caught up (its catch-up rate is printed too), and is
+//! rebuilt into a fresh schema by `lh_projection::rebuild`, timed; the
+//! rebuilt tables are compared with the live ones row for row. The usage
+//! projection is replayed (`lh_projection::replay`, as a rebuild carries it
+//! over) into the rebuilt gateway schema, whose leases its samples are
+//! attributed by. Exits non-zero when a table differs. Before that, the
+//! feed alone is timed: what the rebuild reads, counted and dropped (the
+//! ceiling of reading), and the same filters read by a plain consumer that
+//! leaves the filtering to nats-server.
 //!
 //! Then the live lag: both projections run live on their schemas while
 //! `--live-leases-per-sec` new leases a second are written for
 //! `--live-secs` (each `requested`, `placed` 10 ms and `started` 20 ms
 //! later, stopped, ended and charged after a second). An event's lag is the time
 //! from its publish to the commit of the transaction that applied it (the
-//! runner's `on_committed`); p50, p99 and the maximum are printed per
-//! projection. Exits non-zero when an event was never committed.
+//! runner's `on_committed`, for the gateway once its lease views have
+//! re-read the batch's leases, as the service does); p50, p99 and the
+//! maximum are printed per projection, with the transactions' sizes and
+//! the time the lease views took. Exits non-zero when an event was never
+//! committed.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -35,10 +44,12 @@ use chrono::Utc;
 use clap::Parser;
 use futures::StreamExt;
 use lh_bus::async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
-use lh_bus::{Bus, BusConfig};
+use lh_bus::{Bus, BusConfig, Feed};
 use lh_domain::rating;
+use lh_events::telemetry::{LeaseGpuUsage, LeaseUsage};
 use lh_events::*;
-use lh_projection::Projector;
+use lh_gateway::lease_views::LeaseViews;
+use lh_projection::{Projector, Stream};
 use sqlx::migrate::Migrator;
 use uuid::Uuid;
 
@@ -54,6 +65,8 @@ const EVENTS_MAX_BYTES: i64 = 8 * 1024 * 1024 * 1024;
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(1800);
 /// How long each lease ran, so that every one is billed.
 const RUN_SECS: i64 = 90;
+/// Seconds between two usage samples of a lease.
+const SAMPLE_INTERVAL_SECS: i64 = 10;
 /// The live phase writes its leases in steps of this length.
 const LIVE_TICK: Duration = Duration::from_millis(10);
 /// Steps from a lease's request to its end (a second).
@@ -80,13 +93,28 @@ struct Args {
     /// How long the live phase writes new leases.
     #[arg(long, default_value_t = 20)]
     live_secs: u64,
+    /// Usage samples of each lease written onto the telemetry stream.
+    #[arg(long, default_value_t = 5)]
+    samples_per_lease: usize,
+}
+
+fn node_of(i: usize) -> String {
+    format!("node-{:04}", i % NODES)
+}
+
+fn gpu_of(i: usize) -> u32 {
+    ((i / NODES) % 8) as u32
 }
 
 /// One whole lease: its life and the charges of its run.
-fn lease_events(tenant_id: Uuid, i: usize, book: &PriceBookPublished) -> Vec<Envelope> {
-    let node_id = format!("node-{:04}", i % NODES);
-    let gpu = ((i / NODES) % 8) as u32;
-    let lease_id = Uuid::now_v7();
+fn lease_events(
+    tenant_id: Uuid,
+    i: usize,
+    lease_id: Uuid,
+    book: &PriceBookPublished,
+) -> Vec<Envelope> {
+    let node_id = node_of(i);
+    let gpu = gpu_of(i);
     let now = Utc::now();
     let started_at = now - chrono::Duration::seconds(RUN_SECS);
     let scheduler = Actor::Service("scheduler".into());
@@ -157,7 +185,36 @@ fn lease_events(tenant_id: Uuid, i: usize, book: &PriceBookPublished) -> Vec<Env
     out
 }
 
-async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<u64> {
+/// The `n`-th usage sample of the `i`-th lease, from its node, during its
+/// run: (subject, payload).
+fn usage_sample(i: usize, lease_id: Uuid, n: usize) -> (String, Vec<u8>) {
+    let node_id = node_of(i);
+    let gpu = gpu_of(i);
+    let at = Utc::now() - chrono::Duration::seconds(RUN_SECS)
+        + chrono::Duration::seconds(SAMPLE_INTERVAL_SECS * n as i64);
+    let usage = LeaseUsage {
+        lease_id,
+        tenant_id: None,
+        node_id: node_id.clone(),
+        at,
+        gpus: vec![LeaseGpuUsage {
+            index: gpu,
+            uuid: format!("GPU-{node_id}-{gpu}"),
+            utilization_pct: Some(((i + n) % 101) as u32),
+            memory_used_mib: 1024 * (1 + n as u64),
+            shared: false,
+            temperature_c: Some(40 + (n % 40) as u32),
+            power_w: Some(100.0 + 0.5 * n as f64),
+        }],
+    };
+    (
+        subject::usage(&node_id, lease_id),
+        serde_json::to_vec(&usage).expect("a sample serialises"),
+    )
+}
+
+/// Writes the log; returns its head and the leases written, in order.
+async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<(u64, Vec<Uuid>)> {
     lh_pricing::charges::ensure_price_book(bus, Utc::now()).await?;
     let book = rating::default_price_book(chrono::DateTime::UNIX_EPOCH);
     let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 1);
@@ -166,20 +223,68 @@ async fn write_log(bus: &Bus, args: &Args) -> anyhow::Result<u64> {
         out.append(&lh_load_tests::tenant_created(tenant_id, 8))
             .await?;
     }
+    let mut leases = Vec::with_capacity(args.leases);
     for i in 0..args.leases {
-        for e in lease_events(tenants[i % tenants.len()], i, &book) {
+        let lease_id = Uuid::now_v7();
+        for e in lease_events(tenants[i % tenants.len()], i, lease_id, &book) {
             out.append(&e).await?;
+        }
+        leases.push(lease_id);
+    }
+    out.flush().await?;
+    Ok((bus.last_sequence().await?, leases))
+}
+
+/// Writes `--samples-per-lease` usage samples of each lease, lease after
+/// lease; returns the telemetry stream's head.
+async fn write_samples(bus: &Bus, args: &Args, leases: &[Uuid]) -> anyhow::Result<u64> {
+    let mut out = lh_load_tests::Appender::new(bus.jetstream().clone(), args.max_in_flight, 0);
+    for (i, &lease_id) in leases.iter().enumerate() {
+        for n in 0..args.samples_per_lease {
+            let (subject, payload) = usage_sample(i, lease_id, n);
+            out.append_sample(subject, payload).await?;
         }
     }
     out.flush().await?;
-    Ok(bus.last_sequence().await?)
+    Ok(bus.telemetry_last_sequence().await?)
 }
 
-/// Reads `filters` from the start to `head` through the bus's feed (what
-/// a rebuild reads) and drops each message: (messages, time).
-async fn read_feed(bus: &Bus, filters: &[&str], head: u64) -> anyhow::Result<(u64, Duration)> {
+/// The head of the stream `projector` reads.
+async fn head_of<P: Projector>(bus: &Bus, projector: &P) -> anyhow::Result<u64> {
+    Ok(match projector.stream() {
+        Stream::Events => bus.last_sequence().await?,
+        Stream::Telemetry => bus.telemetry_last_sequence().await?,
+    })
+}
+
+/// Reads what `projector` reads from the start to `head` through the bus's
+/// feed (what a rebuild reads) and drops each message: (messages, time).
+async fn read_feed<P: Projector>(
+    bus: &Bus,
+    projector: &P,
+    head: u64,
+) -> anyhow::Result<(u64, Duration)> {
     let start = Instant::now();
-    let mut feed = bus.reread(filters, 1).await?;
+    let read = match projector.stream() {
+        Stream::Events => {
+            let feed = bus.reread(projector.filters(), 1).await?;
+            drain(feed, head, |item| (item.sequence(), item.pending())).await?
+        }
+        Stream::Telemetry => {
+            let feed = bus.telemetry_feed(projector.filters(), 1).await?;
+            drain(feed, head, |sample| (sample.sequence, sample.pending)).await?
+        }
+    };
+    Ok((read, start.elapsed()))
+}
+
+/// Messages read from `feed` until its last one, or `head`; `at` tells a
+/// message's (sequence, pending).
+async fn drain<T>(
+    mut feed: Feed<T>,
+    head: u64,
+    at: impl Fn(&T) -> (u64, u64),
+) -> anyhow::Result<u64> {
     let mut read = 0;
     loop {
         let item = feed
@@ -187,17 +292,27 @@ async fn read_feed(bus: &Bus, filters: &[&str], head: u64) -> anyhow::Result<(u6
             .await
             .context("the feed fell silent before the head")??;
         read += 1;
-        if item.pending() == 0 || item.sequence() >= head {
-            return Ok((read, start.elapsed()));
+        let (sequence, pending) = at(&item);
+        if pending == 0 || sequence >= head {
+            return Ok(read);
         }
     }
 }
 
 /// The same read by one ordered consumer of `filters`: nats-server does the
 /// filtering.
-async fn read_filtered(bus: &Bus, filters: &[&str], head: u64) -> anyhow::Result<(u64, Duration)> {
+async fn read_filtered<P: Projector>(
+    bus: &Bus,
+    projector: &P,
+    head: u64,
+) -> anyhow::Result<(u64, Duration)> {
     let start = Instant::now();
-    let stream = bus.jetstream().get_stream(subject::EVENTS_STREAM).await?;
+    let name = match projector.stream() {
+        Stream::Events => subject::EVENTS_STREAM,
+        Stream::Telemetry => subject::TELEMETRY_STREAM,
+    };
+    let filters = projector.filters();
+    let stream = bus.jetstream().get_stream(name).await?;
     let consumer = stream
         .create_consumer(OrderedConfig {
             filter_subjects: filters.iter().map(|f| f.to_string()).collect(),
@@ -232,19 +347,30 @@ struct Measured {
     differing: Vec<&'static str>,
 }
 
+/// How a projection is brought into `{schema}_rebuild`.
+#[derive(Clone, Copy)]
+enum Rebuild {
+    /// `lh_projection::rebuild`: a fresh schema.
+    Fresh,
+    /// `lh_projection::replay` into the schema as it stands (the usage
+    /// projection, into the rebuilt gateway schema).
+    Into,
+}
+
 /// Runs `projector` live into `schema` until it has caught up, then
 /// rebuilds it into `{schema}_rebuild` and compares the two.
 async fn measure<P: Projector>(
     bus: &Bus,
-    head: u64,
     database_url: &str,
     schema: &str,
     migrator: &Migrator,
     projector: &P,
     tables: &[&'static str],
+    how: Rebuild,
 ) -> anyhow::Result<Measured> {
-    let feed = read_feed(bus, projector.filters(), head).await?;
-    let filtered = read_filtered(bus, projector.filters(), head).await?;
+    let head = head_of(bus, projector).await?;
+    let feed = read_feed(bus, projector, head).await?;
+    let filtered = read_filtered(bus, projector, head).await?;
     let pool = lh_projection::connect_schema(database_url, schema).await?;
     lh_projection::migrate(&pool, migrator).await?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -277,10 +403,19 @@ async fn measure<P: Projector>(
     let into = format!("{schema}_rebuild");
     let mut events = 0u64;
     let start = Instant::now();
-    lh_projection::rebuild(bus, database_url, &into, migrator, projector, |_, _| {
-        events += 1
-    })
-    .await?;
+    match how {
+        Rebuild::Fresh => {
+            lh_projection::rebuild(bus, database_url, &into, migrator, projector, |_, _| {
+                events += 1
+            })
+            .await?;
+        }
+        Rebuild::Into => {
+            let pool = lh_projection::connect_schema(database_url, &into).await?;
+            lh_projection::replay(bus, &pool, projector, |_, _| events += 1).await?;
+            pool.close().await;
+        }
+    }
     let rebuild = start.elapsed();
     let tables = [tables, &[lh_projection::SKIPPED_TABLE]].concat();
     let differing = lh_projection::compare_tables(database_url, schema, &into, &tables)
@@ -302,6 +437,9 @@ async fn measure<P: Projector>(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if std::env::var("RUST_LOG").is_ok() {
+        lh_telemetry::init("rebuild-rate", lh_telemetry::LogFormat::Pretty);
+    }
     let nats = lh_load_tests::NatsServer::start(false)?;
     let mut config = BusConfig::new(nats.url(), "rebuild-rate");
     config.events_max_bytes = EVENTS_MAX_BYTES;
@@ -310,32 +448,50 @@ async fn main() -> anyhow::Result<()> {
     let database_url = postgres.create_database().await?;
 
     let start = Instant::now();
-    let head = write_log(&bus, &args).await?;
+    let (head, leases) = write_log(&bus, &args).await?;
     println!(
         "rebuild-rate: wrote {head} events in {:.1}s: {} tenants, {} leases (requested, placed, allocated, started, stopped, ended, charged)",
         start.elapsed().as_secs_f64(),
         args.tenants,
         args.leases
     );
+    let start = Instant::now();
+    let samples = write_samples(&bus, &args, &leases).await?;
+    println!(
+        "rebuild-rate: wrote {samples} usage samples in {:.1}s ({} a lease)",
+        start.elapsed().as_secs_f64(),
+        args.samples_per_lease
+    );
 
     let gateway = measure(
         &bus,
-        head,
         &database_url,
         "gateway",
         &lh_gateway::projection::MIGRATOR,
         &lh_gateway::projection::GatewayProjection,
         lh_gateway::projection::TABLES,
+        Rebuild::Fresh,
     )
     .await?;
     let pricing = measure(
         &bus,
-        head,
         &database_url,
         "pricing",
         &lh_pricing::MIGRATOR,
         &lh_pricing::projection::InvoiceProjector,
         lh_pricing::projection::TABLES,
+        Rebuild::Fresh,
+    )
+    .await?;
+    // Into the gateway's schemas: samples are attributed by their leases.
+    let usage = measure(
+        &bus,
+        &database_url,
+        "gateway",
+        &lh_gateway::projection::MIGRATOR,
+        &lh_gateway::usage::UsageProjection,
+        &[lh_gateway::usage::TABLE],
+        Rebuild::Into,
     )
     .await?;
 
@@ -351,7 +507,11 @@ async fn main() -> anyhow::Result<()> {
         "rebuild ev/s"
     );
     let mut differing = Vec::new();
-    for (name, m) in [("gateway", &gateway), ("pricing", &pricing)] {
+    for (name, m) in [
+        ("gateway", &gateway),
+        ("pricing", &pricing),
+        ("usage", &usage),
+    ] {
         println!(
             "{:<10} {:>9} {:>10.0} {:>13.0} {:>9.2}s {:>12.0} {:>9.2}s {:>12.0}  {}",
             name,
@@ -383,9 +543,20 @@ async fn main() -> anyhow::Result<()> {
 struct Lags {
     published: HashMap<String, VecDeque<Instant>>,
     lags: Vec<Duration>,
+    /// Transactions committed.
+    transactions: usize,
+    /// Time the lease views took to re-read each transaction's leases.
+    refreshes: Vec<Duration>,
 }
 
 impl Lags {
+    fn transaction(&mut self, subjects: &[String]) {
+        self.transactions += 1;
+        for subject in subjects {
+            self.committed(subject);
+        }
+    }
+
     fn committed(&mut self, subject: &str) {
         if let Some(published) = self.published.get_mut(subject) {
             if let Some(at) = published.pop_front() {
@@ -410,33 +581,51 @@ impl Lags {
         if self.lags.is_empty() {
             return format!("{name}: no event committed");
         }
-        format!(
-            "{name:<8} {:>8} events  p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+        let mut line = format!(
+            "{name:<8} {:>8} events  p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  in {} transactions",
             self.lags.len(),
             at(0.5),
             at(0.99),
-            at(1.0)
-        )
+            at(1.0),
+            self.transactions,
+        );
+        if !self.refreshes.is_empty() {
+            self.refreshes.sort();
+            let total: Duration = self.refreshes.iter().sum();
+            let p99 = self.refreshes[(self.refreshes.len() * 99).div_ceil(100) - 1];
+            line += &format!(
+                "; lease views re-read: p99 {:.1} ms, max {:.1} ms, {:.2} s in all",
+                p99.as_secs_f64() * 1e3,
+                self.refreshes.last().expect("one").as_secs_f64() * 1e3,
+                total.as_secs_f64()
+            );
+        }
+        line
     }
 }
 
 /// Runs `projector` live on `schema` (as left by [`measure`]), telling
-/// `lags` of each committed subject, until `stop` resolves.
+/// `lags` of each committed subject, until `stop` resolves; with `views`,
+/// each transaction's leases are re-read into them first, as the gateway
+/// does before it reports the transaction. Spawned, as a service spawns
+/// its projection: the runners and the writer each have a task.
+#[allow(clippy::too_many_arguments)]
 async fn run_live<P: Projector>(
-    bus: &Bus,
-    database_url: &str,
-    schema: &str,
-    projector: &P,
+    bus: Bus,
+    database_url: String,
+    schema: &'static str,
+    projector: P,
+    views: Option<Arc<LeaseViews>>,
     lags: Arc<Mutex<Lags>>,
     stop: tokio::sync::watch::Receiver<bool>,
     progress: tokio::sync::oneshot::Sender<lh_projection::Progress>,
 ) -> anyhow::Result<()> {
-    let pool = lh_projection::connect_schema(database_url, schema).await?;
+    let pool = lh_projection::connect_schema(&database_url, schema).await?;
     let mut stop = stop;
     lh_projection::run_observed(
-        bus,
+        &bus,
         &pool,
-        projector,
+        &projector,
         async move {
             let _ = stop.wait_for(|s| *s).await;
         },
@@ -444,11 +633,20 @@ async fn run_live<P: Projector>(
             let _ = progress.send(p);
         },
         |subjects| {
-            let mut lags = lags.lock().expect("lags");
-            for subject in &subjects {
-                lags.committed(subject);
+            let (views, pool, lags) = (views.clone(), pool.clone(), lags.clone());
+            async move {
+                let refreshed = match views {
+                    Some(views) => {
+                        let start = Instant::now();
+                        views.refresh_committed(&pool, &subjects).await;
+                        Some(start.elapsed())
+                    }
+                    None => None,
+                };
+                let mut lags = lags.lock().expect("lags");
+                lags.transaction(&subjects);
+                lags.refreshes.extend(refreshed);
             }
-            std::future::ready(())
         },
     )
     .await?;
@@ -464,24 +662,26 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (gateway_tx, gateway_progress) = tokio::sync::oneshot::channel();
     let (pricing_tx, pricing_progress) = tokio::sync::oneshot::channel();
-    let gateway_run = run_live(
-        bus,
-        database_url,
+    let gateway_run = tokio::spawn(run_live(
+        bus.clone(),
+        database_url.to_string(),
         "gateway",
-        &lh_gateway::projection::GatewayProjection,
+        lh_gateway::projection::GatewayProjection,
+        Some(Arc::new(LeaseViews::default())),
         gateway.clone(),
         stop_rx.clone(),
         gateway_tx,
-    );
-    let pricing_run = run_live(
-        bus,
-        database_url,
+    ));
+    let pricing_run = tokio::spawn(run_live(
+        bus.clone(),
+        database_url.to_string(),
         "pricing",
-        &lh_pricing::projection::InvoiceProjector,
+        lh_pricing::projection::InvoiceProjector,
+        None,
         pricing.clone(),
         stop_rx,
         pricing_tx,
-    );
+    ));
     let write = async {
         // Both have read their offsets before the first lease is written.
         gateway_progress.await.context("gateway started")?;
@@ -508,7 +708,7 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
         // is measured.
         let total = (ticks as f64 * per_tick) as usize;
         let mut lives = (0..total)
-            .map(|i| lease_events(tenants[i % tenants.len()], i, &book))
+            .map(|i| lease_events(tenants[i % tenants.len()], i, Uuid::now_v7(), &book))
             .collect::<Vec<_>>()
             .into_iter();
         let mut due: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
@@ -578,8 +778,8 @@ async fn live_lag(bus: &Bus, database_url: &str, args: &Args) -> anyhow::Result<
         anyhow::Ok(settled)
     };
     let (gateway_ran, pricing_ran, wrote) = tokio::join!(gateway_run, pricing_run, write);
-    gateway_ran?;
-    pricing_ran?;
+    gateway_ran??;
+    pricing_ran??;
     let settled = wrote?;
     let mut unapplied = 0;
     for (name, lags) in [("gateway", &gateway), ("pricing", &pricing)] {

@@ -11,6 +11,7 @@
 //! counted. The node is the one the subject names (NATS lets a node publish
 //! only under its own), and the tenant the lease read model's.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, DurationRound as _, TimeDelta, Utc};
@@ -152,100 +153,201 @@ impl Projector for UsageProjection {
         conn: &'c mut PgConnection,
         sample: &'c Sample,
     ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(apply_sample(conn, sample))
+        Box::pin(async move { apply_samples(conn, &[sample]).await })
+    }
+
+    fn apply_samples<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        samples: &'c [&'c Sample],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(apply_samples(conn, samples))
     }
 }
 
-async fn apply_sample(conn: &mut PgConnection, sample: &Sample) -> sqlx::Result<()> {
-    let Ok(usage) = serde_json::from_slice::<LeaseUsage>(&sample.payload) else {
-        skipped("undecodable");
-        return Ok(());
-    };
-    // The subject is what NATS let the node publish on: its own.
-    match subject_parts(&sample.subject) {
-        Some((node, lease))
-            if lease == usage.lease_id && node == subject::token(&usage.node_id) => {}
-        _ => {
-            skipped("wrong_subject");
-            return Ok(());
-        }
-    }
-    let (minute, clamped) = minute_of(usage.at, sample.stored_at);
-    if clamped {
-        metrics::counter!("lh_gateway_usage_clock_clamped_total").increment(1);
-    }
-    // Only a lease placed on the publishing node is its to report: a node
-    // (NATS lets it publish under its own subject only) must not write
-    // figures into another node's lease, whichever tenant holds it. A
-    // sample that outruns the lease's placement in the read model is lost
-    // with the rest of what cannot be attributed.
-    let known: Option<(Uuid, Option<String>)> =
-        sqlx::query_as("SELECT tenant_id, node_id FROM leases WHERE id = $1")
-            .bind(usage.lease_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let tenant_id = match known {
-        None => {
-            skipped("unknown_lease");
-            return Ok(());
-        }
-        Some((_, node)) if node.as_deref() != Some(usage.node_id.as_str()) => {
-            skipped("not_placed_here");
-            return Ok(());
-        }
-        Some((tenant_id, _)) => tenant_id,
-    };
-    for (n, gpu) in usage.gpus.iter().enumerate() {
-        let why = if n >= MAX_GPUS_PER_SAMPLE {
-            Some("gpus")
-        } else {
-            refusal(gpu)
-        };
-        if let Some(field) = why {
-            metrics::counter!("lh_gateway_usage_gpus_refused_total", "field" => field).increment(1);
+/// Most minute rows one multi-row statement writes.
+const MAX_USAGE_ROWS_PER_STATEMENT: usize = 1024;
+
+/// One GPU's figures of one sample, for its minute's row.
+struct MinuteRow<'a> {
+    lease_id: Uuid,
+    gpu: &'a LeaseGpuUsage,
+    minute: DateTime<Utc>,
+    tenant_id: Uuid,
+    node_id: &'a str,
+    sequence: i64,
+}
+
+/// Folds consecutive samples, in stream order, as one by one would: the
+/// leases they name are read in one query, and the minute rows are dealt
+/// out in waves (the n-th row of each lease, GPU and minute to wave n, so a
+/// row is counted in order and at most once per statement), each written
+/// with one statement.
+async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Result<()> {
+    let mut usable = Vec::with_capacity(samples.len());
+    for &sample in samples {
+        let Ok(usage) = serde_json::from_slice::<LeaseUsage>(&sample.payload) else {
+            skipped("undecodable");
             continue;
+        };
+        // The subject is what NATS let the node publish on: its own.
+        match subject_parts(&sample.subject) {
+            Some((node, lease))
+                if lease == usage.lease_id && node == subject::token(&usage.node_id) =>
+            {
+                usable.push((sample, usage))
+            }
+            _ => skipped("wrong_subject"),
         }
-        // A row counts every sample of its lease and GPU up to its
-        // `last_sequence`, in stream order: one at or below it (a
-        // redelivery, a replay into carried-over rows, a GPU listed twice)
-        // is already in.
-        sqlx::query(
-            "INSERT INTO lease_usage_minutes AS m (lease_id, gpu_uuid, minute, tenant_id, node_id,
-                    gpu_index, samples, utilization_samples, utilization_pct_sum,
-                    memory_used_mib_sum, memory_used_mib_max, temperature_c_max, power_samples,
-                    power_w_sum, last_sequence)
-             VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $9, $9, $10, $11, $12, $13)
-             ON CONFLICT (lease_id, gpu_uuid, minute) DO UPDATE SET
-                tenant_id = EXCLUDED.tenant_id,
-                node_id = EXCLUDED.node_id,
-                gpu_index = EXCLUDED.gpu_index,
-                samples = m.samples + 1,
-                utilization_samples = m.utilization_samples + EXCLUDED.utilization_samples,
-                utilization_pct_sum = m.utilization_pct_sum + EXCLUDED.utilization_pct_sum,
-                memory_used_mib_sum = m.memory_used_mib_sum + EXCLUDED.memory_used_mib_sum,
-                memory_used_mib_max = GREATEST(m.memory_used_mib_max, EXCLUDED.memory_used_mib_max),
-                temperature_c_max = GREATEST(m.temperature_c_max, EXCLUDED.temperature_c_max),
-                power_samples = m.power_samples + EXCLUDED.power_samples,
-                power_w_sum = m.power_w_sum + EXCLUDED.power_w_sum,
-                last_sequence = EXCLUDED.last_sequence
-             WHERE m.last_sequence < EXCLUDED.last_sequence",
-        )
-        .bind(usage.lease_id)
-        .bind(&gpu.uuid)
-        .bind(minute)
-        .bind(tenant_id)
-        .bind(&usage.node_id)
-        .bind(gpu.index as i32)
-        .bind(i32::from(gpu.utilization_pct.is_some()))
-        .bind(i64::from(gpu.utilization_pct.unwrap_or(0)))
-        .bind(gpu.memory_used_mib as i64)
-        .bind(gpu.temperature_c.map(|t| t as i32))
-        .bind(i32::from(gpu.power_w.is_some()))
-        .bind(gpu.power_w.unwrap_or(0.0))
-        .bind(sample.sequence as i64)
-        .execute(&mut *conn)
-        .await?;
     }
+    if usable.is_empty() {
+        return Ok(());
+    }
+    let mut ids: Vec<Uuid> = usable.iter().map(|(_, u)| u.lease_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let known: HashMap<Uuid, (Uuid, Option<String>)> =
+        sqlx::query_as::<_, (Uuid, Uuid, Option<String>)>(
+            "SELECT id, tenant_id, node_id FROM leases WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|(id, tenant, node)| (id, (tenant, node)))
+        .collect();
+    let mut waves: Vec<Vec<MinuteRow>> = Vec::new();
+    let mut wave_of: HashMap<(Uuid, &str, DateTime<Utc>), usize> = HashMap::new();
+    for (sample, usage) in &usable {
+        let (minute, clamped) = minute_of(usage.at, sample.stored_at);
+        if clamped {
+            metrics::counter!("lh_gateway_usage_clock_clamped_total").increment(1);
+        }
+        // Only a lease placed on the publishing node is its to report: a
+        // node (NATS lets it publish under its own subject only) must not
+        // write figures into another node's lease, whichever tenant holds
+        // it. A sample that outruns the lease's placement in the read model
+        // is lost with the rest of what cannot be attributed.
+        let tenant_id = match known.get(&usage.lease_id) {
+            None => {
+                skipped("unknown_lease");
+                continue;
+            }
+            Some((_, node)) if node.as_deref() != Some(usage.node_id.as_str()) => {
+                skipped("not_placed_here");
+                continue;
+            }
+            Some((tenant_id, _)) => *tenant_id,
+        };
+        for (n, gpu) in usage.gpus.iter().enumerate() {
+            let why = if n >= MAX_GPUS_PER_SAMPLE {
+                Some("gpus")
+            } else {
+                refusal(gpu)
+            };
+            if let Some(field) = why {
+                metrics::counter!("lh_gateway_usage_gpus_refused_total", "field" => field)
+                    .increment(1);
+                continue;
+            }
+            let next = wave_of
+                .entry((usage.lease_id, gpu.uuid.as_str(), minute))
+                .or_insert(0);
+            if waves.len() <= *next {
+                waves.push(Vec::new());
+            }
+            waves[*next].push(MinuteRow {
+                lease_id: usage.lease_id,
+                gpu,
+                minute,
+                tenant_id,
+                node_id: &usage.node_id,
+                sequence: sample.sequence as i64,
+            });
+            *next += 1;
+        }
+    }
+    for wave in &waves {
+        for rows in wave.chunks(MAX_USAGE_ROWS_PER_STATEMENT) {
+            add_to_minutes(conn, rows).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds rows (each on a minute of its own) to their minutes. A row counts
+/// every sample of its lease and GPU up to its `last_sequence`, in stream
+/// order: one at or below it (a redelivery, a replay into carried-over
+/// rows, a GPU listed twice) is already in.
+async fn add_to_minutes(conn: &mut PgConnection, rows: &[MinuteRow<'_>]) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO lease_usage_minutes AS m (lease_id, gpu_uuid, minute, tenant_id, node_id,
+                gpu_index, samples, utilization_samples, utilization_pct_sum,
+                memory_used_mib_sum, memory_used_mib_max, temperature_c_max, power_samples,
+                power_w_sum, last_sequence)
+         SELECT lease_id, gpu_uuid, minute, tenant_id, node_id, gpu_index, 1,
+                utilization_samples, utilization_pct_sum, memory_used_mib, memory_used_mib,
+                temperature_c_max, power_samples, power_w_sum, last_sequence
+         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[], $4::uuid[], $5::text[],
+                     $6::int4[], $7::int4[], $8::int8[], $9::int8[], $10::int4[], $11::int4[],
+                     $12::float8[], $13::int8[])
+              AS u(lease_id, gpu_uuid, minute, tenant_id, node_id, gpu_index,
+                   utilization_samples, utilization_pct_sum, memory_used_mib,
+                   temperature_c_max, power_samples, power_w_sum, last_sequence)
+         ON CONFLICT (lease_id, gpu_uuid, minute) DO UPDATE SET
+            tenant_id = EXCLUDED.tenant_id,
+            node_id = EXCLUDED.node_id,
+            gpu_index = EXCLUDED.gpu_index,
+            samples = m.samples + 1,
+            utilization_samples = m.utilization_samples + EXCLUDED.utilization_samples,
+            utilization_pct_sum = m.utilization_pct_sum + EXCLUDED.utilization_pct_sum,
+            memory_used_mib_sum = m.memory_used_mib_sum + EXCLUDED.memory_used_mib_sum,
+            memory_used_mib_max = GREATEST(m.memory_used_mib_max, EXCLUDED.memory_used_mib_max),
+            temperature_c_max = GREATEST(m.temperature_c_max, EXCLUDED.temperature_c_max),
+            power_samples = m.power_samples + EXCLUDED.power_samples,
+            power_w_sum = m.power_w_sum + EXCLUDED.power_w_sum,
+            last_sequence = EXCLUDED.last_sequence
+         WHERE m.last_sequence < EXCLUDED.last_sequence",
+    )
+    .bind(rows.iter().map(|r| r.lease_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.gpu.uuid.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.minute).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.tenant_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.node_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.gpu.index as i32).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| i32::from(r.gpu.utilization_pct.is_some()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| i64::from(r.gpu.utilization_pct.unwrap_or(0)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.gpu.memory_used_mib as i64)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.gpu.temperature_c.map(|t| t as i32))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| i32::from(r.gpu.power_w.is_some()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.gpu.power_w.unwrap_or(0.0))
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(|r| r.sequence).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -291,7 +393,7 @@ pub async fn prune_every_hour(pool: PgPool, keep_days: u32) -> std::convert::Inf
 
 /// Brings the usage minutes into the rebuilt schema `into`: the live
 /// schema's rows (what the stream no longer holds), then what the stream
-/// still has, each sample counted once (see [`apply_sample`]).
+/// still has, each sample counted once (see [`add_to_minutes`]).
 pub async fn carry_over(
     bus: &lh_bus::Bus,
     database_url: &str,

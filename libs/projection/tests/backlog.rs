@@ -1,0 +1,315 @@
+//! The projection loop over a backlog of several transactions, on a real
+//! nats-server and a real PostgreSQL: a replay stopped part way and started
+//! again reads on from what it committed and leaves the rows of one whole
+//! replay; a live runner catching up, stopped and started again, applies
+//! each event once, in large transactions, and at the head commits each
+//! event as it comes; one slower than the log takes what its feed read
+//! ahead in one transaction.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lh_bus::{Bus, BusConfig, Expect, Stored};
+use lh_events::{subject, Actor, Envelope, EventData, NodeCordoned};
+use lh_projection::{Projector, MAX_EVENTS_PER_TRANSACTION};
+use lh_testkit::Nats;
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("tests/migrations");
+
+/// Events on the log: three full transactions and part of a fourth.
+const BACKLOG_EVENTS: usize = 3 * MAX_EVENTS_PER_TRANSACTION + 100;
+/// Acknowledgements a writer leaves outstanding: the client refuses more.
+const MAX_ACKS_IN_FLIGHT: usize = 256;
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One row per application of an event (the table has no key).
+struct Recorder;
+
+impl Projector for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+
+    fn filters(&self) -> &'static [&'static str] {
+        &[subject::NODES_ALL]
+    }
+
+    fn apply<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        event: &'c Stored,
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO applied (sequence) VALUES ($1)")
+                .bind(event.sequence as i64)
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+fn cordon(i: usize) -> Envelope {
+    Envelope::new(
+        Actor::Admin,
+        chrono::Utc::now(),
+        EventData::NodeCordoned(NodeCordoned {
+            node_id: "n1".into(),
+            drain: None,
+            reason: format!("cordon {i}"),
+        }),
+    )
+}
+
+/// Appends `n` events with many acknowledgements outstanding; the head.
+async fn append_backlog(bus: &Bus, n: usize) -> u64 {
+    let mut acks = VecDeque::new();
+    let mut head = 0;
+    for i in 0..n {
+        let e = cordon(i);
+        acks.push_back(
+            bus.jetstream()
+                .publish(e.subject(), e.to_json().into())
+                .await
+                .unwrap(),
+        );
+        if acks.len() == MAX_ACKS_IN_FLIGHT {
+            head = acks.pop_front().unwrap().await.unwrap().sequence;
+        }
+    }
+    for ack in acks {
+        head = ack.await.unwrap().sequence;
+    }
+    head
+}
+
+async fn schema(url: &str, name: &str) -> PgPool {
+    let pool = lh_projection::connect_schema(url, name).await.unwrap();
+    lh_projection::migrate(&pool, &MIGRATOR).await.unwrap();
+    pool
+}
+
+/// The sequences applied, in order, and how many rows there are.
+async fn applied(pool: &PgPool) -> Vec<i64> {
+    sqlx::query_scalar("SELECT sequence FROM applied ORDER BY sequence")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
+    let nats = Nats::start().await.unwrap();
+    let pg = lh_testkit::shared_postgres().await;
+    let url = pg.create_database().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let head = append_backlog(&bus, BACKLOG_EVENTS).await;
+
+    let whole = schema(&url, "whole").await;
+    let reached = lh_projection::replay(&bus, &whole, &Recorder, |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(reached, head);
+
+    // Stopped (its future dropped) once its first transaction committed.
+    let parted = schema(&url, "parted").await;
+    let (first_done, first_committed) = tokio::sync::oneshot::channel();
+    let mut first_done = Some(first_done);
+    let mut told = 0;
+    tokio::select! {
+        _ = lh_projection::replay(&bus, &parted, &Recorder, |_, _| {
+            told += 1;
+            if told == MAX_EVENTS_PER_TRANSACTION {
+                let _ = first_done.take().expect("told once").send(());
+            }
+        }) => panic!("the replay ended before it was stopped"),
+        _ = first_committed => {}
+    }
+    let committed = lh_projection::committed_sequence(&parted, "recorder")
+        .await
+        .unwrap();
+    assert!(committed > 0 && committed < head, "stopped at {committed}");
+    assert_eq!(applied(&parted).await.len() as u64, committed);
+
+    let mut rest = 0;
+    let reached = lh_projection::replay(&bus, &parted, &Recorder, |_, _| rest += 1)
+        .await
+        .unwrap();
+    assert_eq!(reached, head);
+    assert_eq!(
+        rest,
+        head - committed,
+        "it reads on after what it committed"
+    );
+    let rows = applied(&parted).await;
+    assert_eq!(rows, applied(&whole).await);
+    assert_eq!(
+        rows,
+        (1..=head as i64).collect::<Vec<_>>(),
+        "each event once"
+    );
+}
+
+/// Starts `run` of the recorder in a task.
+async fn spawn_run(
+    bus: &Bus,
+    pool: &PgPool,
+    stop: &CancellationToken,
+) -> (
+    lh_projection::Progress,
+    tokio::task::JoinHandle<lh_projection::Result<()>>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (bus, pool, stop) = (bus.clone(), pool.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        lh_projection::run(&bus, &pool, &Recorder, stop.cancelled_owned(), move |p| {
+            let _ = tx.send(p);
+        })
+        .await
+    });
+    (rx.await.expect("the run starts"), task)
+}
+
+/// Events each transaction applied, by the sequence of its first event.
+async fn transactions(pool: &PgPool) -> Vec<(i64, i64)> {
+    sqlx::query_as("SELECT min(sequence), count(*) FROM applied GROUP BY transaction_id ORDER BY 1")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
+    let nats = Nats::start().await.unwrap();
+    let pg = lh_testkit::shared_postgres().await;
+    let url = pg.create_database().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let head = append_backlog(&bus, BACKLOG_EVENTS).await;
+    let pool = schema(&url, "live").await;
+
+    // Stopped part way through the backlog, then started again.
+    let stop = CancellationToken::new();
+    let (progress, task) = spawn_run(&bus, &pool, &stop).await;
+    assert!(progress.wait_for(1, WAIT).await);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let stopped_at = progress.applied();
+    assert!(stopped_at < head, "stopped at {stopped_at} of {head}");
+
+    let stop = CancellationToken::new();
+    let (progress, task) = spawn_run(&bus, &pool, &stop).await;
+    assert!(progress.wait_for(head, WAIT).await, "caught up");
+    assert!(progress.wait_caught_up(WAIT).await);
+    let rows = applied(&pool).await;
+    assert_eq!(
+        rows,
+        (1..=head as i64).collect::<Vec<_>>(),
+        "each event once"
+    );
+    let largest = transactions(&pool).await.iter().map(|t| t.1).max();
+    // A live runner used to commit a backlog 256 events at a time.
+    assert!(largest > Some(256), "largest transaction: {largest:?}");
+
+    // At the head each event is committed as it comes.
+    for i in 0..3 {
+        let sequence = bus.publish(&cordon(i), Expect::Any).await.unwrap().sequence;
+        assert!(progress.wait_for(sequence, WAIT).await);
+    }
+    let newest = transactions(&pool).await;
+    assert!(
+        newest[newest.len() - 3..].iter().all(|t| t.1 == 1),
+        "{newest:?}"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// Applies like [`Recorder`], taking this long per transaction: slower than
+/// the log is written.
+const SLOW_TRANSACTION: Duration = Duration::from_millis(100);
+/// Events written one at a time, this far apart, to a slow projection.
+const TRICKLE_EVENTS: usize = 40;
+const TRICKLE_EVERY: Duration = Duration::from_millis(10);
+
+struct Slow;
+
+impl Projector for Slow {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+
+    fn filters(&self) -> &'static [&'static str] {
+        &[subject::NODES_ALL]
+    }
+
+    fn apply<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        event: &'c Stored,
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            tokio::time::sleep(SLOW_TRANSACTION).await;
+            Recorder.apply(conn, event).await
+        })
+    }
+
+    fn apply_batch<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        events: &'c [&'c Stored],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            tokio::time::sleep(SLOW_TRANSACTION).await;
+            for event in events {
+                Recorder.apply(&mut *conn, event).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_slower_than_the_log_takes_what_its_feed_read_ahead() {
+    let nats = Nats::start().await.unwrap();
+    let pg = lh_testkit::shared_postgres().await;
+    let url = pg.create_database().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let pool = schema(&url, "slow").await;
+    let stop = CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let (bus, pool, stop) = (bus.clone(), pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            lh_projection::run(&bus, &pool, &Slow, stop.cancelled_owned(), move |p| {
+                let _ = tx.send(p);
+            })
+            .await
+        })
+    };
+    let progress = rx.await.unwrap();
+    // Each event is the log's last when the feed reads it: nothing is
+    // pending after it, yet the runner is still busy with an earlier one.
+    let mut last = 0;
+    for i in 0..TRICKLE_EVENTS {
+        last = bus.publish(&cordon(i), Expect::Any).await.unwrap().sequence;
+        tokio::time::sleep(TRICKLE_EVERY).await;
+    }
+    assert!(progress.wait_for(last, WAIT).await);
+    assert_eq!(applied(&pool).await.len(), TRICKLE_EVENTS);
+    let taken = transactions(&pool).await.len();
+    assert!(
+        taken <= TRICKLE_EVENTS / 4,
+        "{TRICKLE_EVENTS} events in {taken} transactions"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
