@@ -1,7 +1,7 @@
 //! Lease views as the read model holds them, kept in memory so that reading
 //! a lease, or a page of a tenant's newest leases, costs a map lookup
 //! rather than a database round trip. A copy of the projection, never a
-//! source (see docs/adr/0021-lease-views-in-memory.md).
+//! source (see docs/adr/019-lease-views-kept-in-the-gateways-memory.md).
 //!
 //! Only events of the lease family change a lease's row, and the
 //! projection's runner re-reads the rows of the leases a committed batch
