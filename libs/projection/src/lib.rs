@@ -643,18 +643,10 @@ async fn apply_run<P: Projector>(
     match run.as_slice() {
         [] => {}
         [event] => {
-            // One request reads as one trace, its read models included.
-            let span = tracing::info_span!(
-                "lh.project",
-                projection = projector.name(),
-                event = event.envelope.event_type.as_str(),
-                sequence = event.sequence,
-            );
-            lh_bus::continue_trace(&span, event.trace_parent.as_deref());
+            let span = project_span(projector, event);
             projector.apply(conn, event).instrument(span).await?
         }
         [first, .., last] => {
-            // A backlog: many requests' events, no one trace to join.
             let span = tracing::info_span!(
                 "lh.project_batch",
                 projection = projector.name(),
@@ -662,11 +654,38 @@ async fn apply_run<P: Projector>(
                 first_sequence = first.sequence,
                 last_sequence = last.sequence,
             );
+            // A few events (a runner that fell a little behind) still read
+            // each in its own request's trace, spanning the statements
+            // that applied them; a backlog is many requests' events, no
+            // one trace to join.
+            let _each: Vec<tracing::Span> = if run.len() <= MAX_EVENTS_TRACED_EACH {
+                run.iter()
+                    .map(|event| project_span(projector, event))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             projector.apply_batch(conn, run).instrument(span).await?
         }
     }
     run.clear();
     Ok(())
+}
+
+/// Most events of one run that each get a span in their own trace.
+const MAX_EVENTS_TRACED_EACH: usize = 16;
+
+/// The span of applying `event`, in the trace of the request that wrote
+/// it: one request reads as one trace, its read models included.
+fn project_span<P: Projector>(projector: &P, event: &Stored) -> tracing::Span {
+    let span = tracing::info_span!(
+        "lh.project",
+        projection = projector.name(),
+        event = event.envelope.event_type.as_str(),
+        sequence = event.sequence,
+    );
+    lh_bus::continue_trace(&span, event.trace_parent.as_deref());
+    span
 }
 
 async fn record_skip(conn: &mut PgConnection, projection: &str, skipped: &Skipped) -> Result<()> {

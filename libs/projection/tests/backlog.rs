@@ -4,9 +4,10 @@
 //! replay; a live runner catching up, stopped and started again, applies
 //! each event once, in large transactions, and at the head commits each
 //! event as it comes; one slower than the log takes what its feed read
-//! ahead in one transaction.
+//! ahead in one transaction, each event still traced on its own.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -25,8 +26,15 @@ const BACKLOG_EVENTS: usize = 3 * MAX_EVENTS_PER_TRANSACTION + 100;
 const MAX_ACKS_IN_FLIGHT: usize = 256;
 const WAIT: Duration = Duration::from_secs(60);
 
-/// One row per application of an event (the table has no key).
-struct Recorder;
+/// One row per application of an event (the table has no key); the events
+/// from `fails_from` on fail to apply, as with a database gone away.
+struct Recorder {
+    fails_from: u64,
+}
+
+const RECORDER: Recorder = Recorder {
+    fails_from: u64::MAX,
+};
 
 impl Projector for Recorder {
     fn name(&self) -> &'static str {
@@ -43,6 +51,9 @@ impl Projector for Recorder {
         event: &'c Stored,
     ) -> BoxFuture<'c, sqlx::Result<()>> {
         Box::pin(async move {
+            if event.sequence >= self.fails_from {
+                return Err(sqlx::Error::Protocol("the database went away".into()));
+            }
             sqlx::query("INSERT INTO applied (sequence) VALUES ($1)")
                 .bind(event.sequence as i64)
                 .execute(conn)
@@ -111,7 +122,7 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     let head = append_backlog(&bus, BACKLOG_EVENTS).await;
 
     let whole = schema(&url, "whole").await;
-    let reached = lh_projection::replay(&bus, &whole, &Recorder, |_, _| {})
+    let reached = lh_projection::replay(&bus, &whole, &RECORDER, |_, _| {})
         .await
         .unwrap();
     assert_eq!(reached, head);
@@ -122,7 +133,7 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     let mut first_done = Some(first_done);
     let mut told = 0;
     tokio::select! {
-        _ = lh_projection::replay(&bus, &parted, &Recorder, |_, _| {
+        _ = lh_projection::replay(&bus, &parted, &RECORDER, |_, _| {
             told += 1;
             if told == MAX_EVENTS_PER_TRANSACTION {
                 let _ = first_done.take().expect("told once").send(());
@@ -137,7 +148,7 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     assert_eq!(applied(&parted).await.len() as u64, committed);
 
     let mut rest = 0;
-    let reached = lh_projection::replay(&bus, &parted, &Recorder, |_, _| rest += 1)
+    let reached = lh_projection::replay(&bus, &parted, &RECORDER, |_, _| rest += 1)
         .await
         .unwrap();
     assert_eq!(reached, head);
@@ -155,10 +166,11 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     );
 }
 
-/// Starts `run` of the recorder in a task.
+/// Starts `run` of `recorder` in a task.
 async fn spawn_run(
     bus: &Bus,
     pool: &PgPool,
+    recorder: Recorder,
     stop: &CancellationToken,
 ) -> (
     lh_projection::Progress,
@@ -167,7 +179,7 @@ async fn spawn_run(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (bus, pool, stop) = (bus.clone(), pool.clone(), stop.clone());
     let task = tokio::spawn(async move {
-        lh_projection::run(&bus, &pool, &Recorder, stop.cancelled_owned(), move |p| {
+        lh_projection::run(&bus, &pool, &recorder, stop.cancelled_owned(), move |p| {
             let _ = tx.send(p);
         })
         .await
@@ -194,17 +206,29 @@ async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
     let head = append_backlog(&bus, BACKLOG_EVENTS).await;
     let pool = schema(&url, "live").await;
 
-    // Stopped part way through the backlog, then started again.
+    // Stalled part way through the backlog and stopped, then started again.
     let stop = CancellationToken::new();
-    let (progress, task) = spawn_run(&bus, &pool, &stop).await;
-    assert!(progress.wait_for(1, WAIT).await);
+    let failing = Recorder {
+        fails_from: MAX_EVENTS_PER_TRANSACTION as u64 + 1,
+    };
+    let (mut progress, task) = spawn_run(&bus, &pool, failing, &stop).await;
+    tokio::time::timeout(WAIT, async {
+        while !progress.stalled() {
+            progress.stalled_changed().await;
+        }
+    })
+    .await
+    .expect("it stalls where events fail");
     stop.cancel();
     task.await.unwrap().unwrap();
     let stopped_at = progress.applied();
-    assert!(stopped_at < head, "stopped at {stopped_at} of {head}");
+    assert!(
+        stopped_at > 0 && stopped_at < head,
+        "stopped at {stopped_at} of {head}"
+    );
 
     let stop = CancellationToken::new();
-    let (progress, task) = spawn_run(&bus, &pool, &stop).await;
+    let (progress, task) = spawn_run(&bus, &pool, RECORDER, &stop).await;
     assert!(progress.wait_for(head, WAIT).await, "caught up");
     assert!(progress.wait_caught_up(WAIT).await);
     let rows = applied(&pool).await;
@@ -256,7 +280,7 @@ impl Projector for Slow {
     ) -> BoxFuture<'c, sqlx::Result<()>> {
         Box::pin(async move {
             tokio::time::sleep(SLOW_TRANSACTION).await;
-            Recorder.apply(conn, event).await
+            RECORDER.apply(conn, event).await
         })
     }
 
@@ -268,15 +292,49 @@ impl Projector for Slow {
         Box::pin(async move {
             tokio::time::sleep(SLOW_TRANSACTION).await;
             for event in events {
-                Recorder.apply(&mut *conn, event).await?;
+                RECORDER.apply(&mut *conn, event).await?;
             }
             Ok(())
         })
     }
 }
 
+/// The sequences of the `lh.project` spans opened: each event applied in
+/// the trace of the request that wrote it.
+#[derive(Clone, Default)]
+struct ProjectSpans(Arc<Mutex<Vec<u64>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ProjectSpans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Sequence(Option<u64>);
+        impl tracing::field::Visit for Sequence {
+            fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+                if field.name() == "sequence" {
+                    self.0 = Some(value);
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        if attrs.metadata().name() != "lh.project" {
+            return;
+        }
+        let mut sequence = Sequence(None);
+        attrs.record(&mut sequence);
+        self.0.lock().unwrap().extend(sequence.0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_slower_than_the_log_takes_what_its_feed_read_ahead() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let spans = ProjectSpans::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans.clone()))
+        .expect("the only subscriber");
     let nats = Nats::start().await.unwrap();
     let pg = lh_testkit::shared_postgres().await;
     let url = pg.create_database().await.unwrap();
@@ -310,6 +368,12 @@ async fn a_runner_slower_than_the_log_takes_what_its_feed_read_ahead() {
         taken <= TRICKLE_EVENTS / 4,
         "{TRICKLE_EVENTS} events in {taken} transactions"
     );
+    // A transaction of a few events still reads as each one's own trace.
+    let mut traced = spans.0.lock().unwrap().clone();
+    traced.sort();
+    traced.dedup();
+    let applied: Vec<u64> = applied(&pool).await.iter().map(|s| *s as u64).collect();
+    assert_eq!(traced, applied, "an lh.project span for each event");
     stop.cancel();
     task.await.unwrap().unwrap();
 }

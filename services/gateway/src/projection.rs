@@ -1,10 +1,13 @@
 //! The gateway's read models: tenants and leases, from the log.
 
+use std::collections::{HashMap, HashSet};
+
 use futures::future::BoxFuture;
 use lh_bus::Stored;
 use lh_events::{subject, EventData};
 use lh_projection::Projector;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::http::leases::{FractionBody, LeaseView};
 
@@ -65,32 +68,159 @@ fn lease_of_common_event(event: &Stored) -> Option<uuid::Uuid> {
 
 /// Applies a run of events as [`apply`] one by one would. A lease's row
 /// depends only on that lease's events, in order, so the common lease
-/// events are dealt out in waves: the n-th event of each lease in the run
-/// goes to wave n, and a wave (one event per lease at most) is written
-/// with one statement per kind. Any other event first writes the waves
-/// dealt so far and is then applied on its own.
+/// events between two others are written together ([`write_run`]). Any
+/// other event first writes the run before it and is then applied on its
+/// own.
 async fn apply_batch(conn: &mut PgConnection, events: &[&Stored]) -> sqlx::Result<()> {
-    let mut waves: Vec<Vec<&Stored>> = Vec::new();
-    let mut wave_of: std::collections::HashMap<uuid::Uuid, usize> =
-        std::collections::HashMap::new();
+    let mut run: Vec<&Stored> = Vec::new();
     for &event in events {
-        match lease_of_common_event(event) {
-            Some(lease_id) => {
-                let next = wave_of.entry(lease_id).or_insert(0);
-                if waves.len() <= *next {
-                    waves.push(Vec::new());
-                }
-                waves[*next].push(event);
-                *next += 1;
-            }
-            None => {
-                write_waves(conn, &mut waves).await?;
-                wave_of.clear();
-                apply(conn, event).await?;
-            }
+        if lease_of_common_event(event).is_some() {
+            run.push(event);
+        } else {
+            write_run(conn, &run).await?;
+            run.clear();
+            apply(conn, event).await?;
         }
     }
+    write_run(conn, &run).await
+}
+
+/// Writes a run of common lease events. A lease whose events in the run
+/// begin with its request is folded into the row they leave ([`Born`]) and
+/// inserted with the others in one statement, unless its row is there
+/// already: in a backlog most leases live their whole life within a run,
+/// and one row written beats one written and updated four times. The
+/// events of every other lease are dealt out in waves: the n-th event of
+/// each lease to wave n, and a wave (one event per lease at most) is
+/// written with one statement per kind.
+async fn write_run(conn: &mut PgConnection, run: &[&Stored]) -> sqlx::Result<()> {
+    let mut lives: HashMap<Uuid, Vec<&Stored>> = HashMap::new();
+    let mut order = Vec::new();
+    for &event in run {
+        let lease_id = lease_of_common_event(event).expect("a run holds lease events");
+        lives
+            .entry(lease_id)
+            .or_insert_with(|| {
+                order.push(lease_id);
+                Vec::new()
+            })
+            .push(event);
+    }
+    let born: Vec<Born> = order
+        .iter()
+        .filter_map(|id| Born::fold(&lives[id]))
+        .collect();
+    let inserted = insert_born(conn, &born).await?;
+    let mut waves: Vec<Vec<&Stored>> = Vec::new();
+    let mut wave_of: HashMap<Uuid, usize> = HashMap::new();
+    for &event in run {
+        let lease_id = lease_of_common_event(event).expect("a run holds lease events");
+        if inserted.contains(&lease_id) {
+            continue;
+        }
+        let next = wave_of.entry(lease_id).or_insert(0);
+        if waves.len() <= *next {
+            waves.push(Vec::new());
+        }
+        waves[*next].push(event);
+        *next += 1;
+    }
     write_waves(conn, &mut waves).await
+}
+
+/// A lease's row as its request and the common events after it leave it,
+/// computed as the statements of [`apply`] would change it, one event
+/// after the other, from the row the request inserts.
+struct Born {
+    view: LeaseView,
+    state: &'static str,
+    last_sequence: i64,
+    gpu_uuids: serde_json::Value,
+    gpu_indices: serde_json::Value,
+    mig_instance: Option<serde_json::Value>,
+    end_reason: Option<String>,
+    failure: Option<String>,
+}
+
+impl Born {
+    /// The row `lease.requested` inserts.
+    fn requested(view: LeaseView) -> Self {
+        Born {
+            state: "requested",
+            last_sequence: view.requested_sequence,
+            gpu_uuids: serde_json::json!([]),
+            gpu_indices: serde_json::json!([]),
+            mig_instance: None,
+            end_reason: None,
+            failure: None,
+            view,
+        }
+    }
+
+    /// The row of a lease whose `events` (its own, in order) begin with its
+    /// request; `None` when they do not.
+    fn fold(events: &[&Stored]) -> Option<Self> {
+        let (first, rest) = events.split_first()?;
+        let EventData::LeaseRequested(e) = &first.envelope.data else {
+            return None;
+        };
+        let mut row = Born::requested(requested_view(
+            e,
+            first.sequence,
+            first.envelope.occurred_at,
+        ));
+        for event in rest {
+            row.then(event);
+        }
+        Some(row)
+    }
+
+    /// What each common event's statement does to the row.
+    fn then(&mut self, event: &Stored) {
+        let seq = event.sequence as i64;
+        let waiting = matches!(self.state, "requested" | "queued");
+        let v = &mut self.view;
+        match &event.envelope.data {
+            // A second request of the same lease inserts nothing.
+            EventData::LeaseRequested(_) => return,
+            EventData::LeaseQueued(e) if waiting => {
+                self.state = "queued";
+                v.queued_reason = Some(e.reason.clone());
+                v.queue_position = Some(e.position as i32);
+            }
+            EventData::LeaseRejected(e) => {
+                self.state = "rejected";
+                v.rejected_reason = Some(e.reason.clone());
+            }
+            EventData::LeasePlaced(e) if waiting => {
+                self.state = "placed";
+                v.node_id = Some(e.node_id.clone());
+                v.zone = Some(e.zone.clone());
+                self.gpu_uuids = placed_gpu_uuids(e);
+                self.gpu_indices = placed_gpu_indices(e);
+                v.queued_reason = None;
+                v.queue_position = None;
+                v.placed_at = Some(event.envelope.occurred_at);
+                self.mig_instance = placed_mig_instance(e);
+            }
+            EventData::LeaseStarted(e) if self.state == "placed" => {
+                self.state = "running";
+                v.started_at = v.started_at.or(Some(e.started_at));
+            }
+            EventData::LeaseStopRequested(_) => v.stop_requested = true,
+            EventData::LeaseEnded(e) => {
+                self.state = "ended";
+                v.ended_at = Some(e.ended_at);
+                self.end_reason = end_reason(e);
+                v.queued_reason = None;
+                v.queue_position = None;
+                self.failure = failure(e);
+            }
+            // Its statement's condition does not hold: no row changes.
+            _ => return,
+        }
+        self.last_sequence = seq;
+    }
 }
 
 async fn write_waves(conn: &mut PgConnection, waves: &mut Vec<Vec<&Stored>>) -> sqlx::Result<()> {
@@ -152,67 +282,133 @@ async fn insert_requested(
     conn: &mut PgConnection,
     events: &[(&Stored, &lh_events::LeaseRequested)],
 ) -> sqlx::Result<()> {
-    let views: Vec<LeaseView> = events
+    let rows: Vec<Born> = events
         .iter()
-        .map(|(s, e)| requested_view(e, s.sequence, s.envelope.occurred_at))
+        .map(|(s, e)| Born::requested(requested_view(e, s.sequence, s.envelope.occurred_at)))
         .collect();
-    let ids: Vec<uuid::Uuid> = views.iter().map(|v| v.id).collect();
-    let tenants: Vec<uuid::Uuid> = views.iter().map(|v| v.tenant_id).collect();
-    let gpus: Vec<i32> = views.iter().map(|v| v.gpus).collect();
-    let models: Vec<&str> = views.iter().map(|v| v.gpu_model.as_str()).collect();
-    let tiers: Vec<&str> = views.iter().map(|v| v.tier.as_str()).collect();
-    let idempotency: Vec<Option<&str>> =
-        views.iter().map(|v| v.idempotency_key.as_deref()).collect();
-    let created: Vec<chrono::DateTime<chrono::Utc>> = views.iter().map(|v| v.created_at).collect();
-    let seqs: Vec<i64> = views.iter().map(|v| v.requested_sequence).collect();
-    let priorities: Vec<i32> = views.iter().map(|v| v.priority).collect();
-    let fractions: Vec<Option<serde_json::Value>> = views
-        .iter()
-        .map(|v| v.gpu_fraction.as_ref().map(|f| serde_json::json!(f.0)))
-        .collect();
-    let mig_profiles: Vec<Option<&str>> = views.iter().map(|v| v.mig_profile.as_deref()).collect();
-    let workloads: Vec<Option<serde_json::Value>> = views
-        .iter()
-        .map(|v| v.workload.as_ref().map(|w| w.0.clone()))
-        .collect();
-    let spots: Vec<Option<serde_json::Value>> = views
-        .iter()
-        .map(|v| v.spot.as_ref().map(|w| w.0.clone()))
-        .collect();
-    let constraints: Vec<Option<serde_json::Value>> = views
-        .iter()
-        .map(|v| v.constraints.as_ref().map(|w| w.0.clone()))
-        .collect();
-    sqlx::query(
-        "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
-                             created_at, requested_sequence, last_sequence, priority, gpu_fraction, mig_profile,
-                             workload, spot, constraints)
-         SELECT id, tenant_id, 'requested', gpus, gpu_model, tier, idempotency_key,
-                created_at, seq, seq, priority, gpu_fraction, mig_profile, workload, spot, constraints
-         FROM UNNEST($1::uuid[], $2::uuid[], $3::int4[], $4::text[], $5::text[], $6::text[],
-                     $7::timestamptz[], $8::int8[], $9::int4[], $10::jsonb[], $11::text[],
-                     $12::jsonb[], $13::jsonb[], $14::jsonb[])
-              AS u(id, tenant_id, gpus, gpu_model, tier, idempotency_key, created_at, seq, priority,
-                   gpu_fraction, mig_profile, workload, spot, constraints)
-         ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(ids)
-    .bind(tenants)
-    .bind(gpus)
-    .bind(models)
-    .bind(tiers)
-    .bind(idempotency)
-    .bind(created)
-    .bind(seqs)
-    .bind(priorities)
-    .bind(fractions)
-    .bind(mig_profiles)
-    .bind(workloads)
-    .bind(spots)
-    .bind(constraints)
-    .execute(conn)
-    .await?;
+    insert_born(conn, &rows).await?;
     Ok(())
+}
+
+/// Inserts the rows of leases that have none yet; the ids of those it
+/// inserted (a lease whose row is there already keeps it).
+async fn insert_born(conn: &mut PgConnection, rows: &[Born]) -> sqlx::Result<HashSet<Uuid>> {
+    let mut inserted = HashSet::new();
+    for chunk in rows.chunks(MAX_LEASES_PER_STATEMENT) {
+        let views = || chunk.iter().map(|r| &r.view);
+        let ids: Vec<Uuid> = views().map(|v| v.id).collect();
+        let tenants: Vec<Uuid> = views().map(|v| v.tenant_id).collect();
+        let states: Vec<&str> = chunk.iter().map(|r| r.state).collect();
+        let gpus: Vec<i32> = views().map(|v| v.gpus).collect();
+        let models: Vec<&str> = views().map(|v| v.gpu_model.as_str()).collect();
+        let tiers: Vec<&str> = views().map(|v| v.tier.as_str()).collect();
+        let idempotency: Vec<Option<&str>> =
+            views().map(|v| v.idempotency_key.as_deref()).collect();
+        let created: Vec<chrono::DateTime<chrono::Utc>> = views().map(|v| v.created_at).collect();
+        let requested_seqs: Vec<i64> = views().map(|v| v.requested_sequence).collect();
+        let last_seqs: Vec<i64> = chunk.iter().map(|r| r.last_sequence).collect();
+        let priorities: Vec<i32> = views().map(|v| v.priority).collect();
+        let fractions: Vec<Option<serde_json::Value>> = views()
+            .map(|v| v.gpu_fraction.as_ref().map(|f| serde_json::json!(f.0)))
+            .collect();
+        let mig_profiles: Vec<Option<&str>> = views().map(|v| v.mig_profile.as_deref()).collect();
+        let workloads: Vec<Option<&serde_json::Value>> =
+            views().map(|v| v.workload.as_ref().map(|w| &w.0)).collect();
+        let spots: Vec<Option<&serde_json::Value>> =
+            views().map(|v| v.spot.as_ref().map(|w| &w.0)).collect();
+        let constraints: Vec<Option<&serde_json::Value>> = views()
+            .map(|v| v.constraints.as_ref().map(|w| &w.0))
+            .collect();
+        let nodes: Vec<Option<&str>> = views().map(|v| v.node_id.as_deref()).collect();
+        let zones: Vec<Option<&str>> = views().map(|v| v.zone.as_deref()).collect();
+        let uuids: Vec<&serde_json::Value> = chunk.iter().map(|r| &r.gpu_uuids).collect();
+        let indices: Vec<&serde_json::Value> = chunk.iter().map(|r| &r.gpu_indices).collect();
+        let queued_reasons: Vec<Option<&str>> =
+            views().map(|v| v.queued_reason.as_deref()).collect();
+        let positions: Vec<Option<i32>> = views().map(|v| v.queue_position).collect();
+        let rejected_reasons: Vec<Option<&str>> =
+            views().map(|v| v.rejected_reason.as_deref()).collect();
+        let stops: Vec<bool> = views().map(|v| v.stop_requested).collect();
+        let end_reasons: Vec<Option<&str>> =
+            chunk.iter().map(|r| r.end_reason.as_deref()).collect();
+        let placed_at: Vec<Option<chrono::DateTime<chrono::Utc>>> =
+            views().map(|v| v.placed_at).collect();
+        let started_at: Vec<Option<chrono::DateTime<chrono::Utc>>> =
+            views().map(|v| v.started_at).collect();
+        let ended_at: Vec<Option<chrono::DateTime<chrono::Utc>>> =
+            views().map(|v| v.ended_at).collect();
+        let mig_instances: Vec<Option<&serde_json::Value>> =
+            chunk.iter().map(|r| r.mig_instance.as_ref()).collect();
+        let failures: Vec<Option<&str>> = chunk.iter().map(|r| r.failure.as_deref()).collect();
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
+                                 created_at, requested_sequence, last_sequence, priority, gpu_fraction,
+                                 mig_profile, workload, spot, constraints, node_id, zone, gpu_uuids,
+                                 gpu_indices, queued_reason, queue_position, rejected_reason,
+                                 stop_requested, end_reason, placed_at, started_at, ended_at,
+                                 mig_instance, failure)
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::int4[], $5::text[],
+                                  $6::text[], $7::text[], $8::timestamptz[], $9::int8[], $10::int8[],
+                                  $11::int4[], $12::jsonb[], $13::text[], $14::jsonb[], $15::jsonb[],
+                                  $16::jsonb[], $17::text[], $18::text[], $19::jsonb[], $20::jsonb[],
+                                  $21::text[], $22::int4[], $23::text[], $24::bool[], $25::text[],
+                                  $26::timestamptz[], $27::timestamptz[], $28::timestamptz[],
+                                  $29::jsonb[], $30::text[])
+             ON CONFLICT (id) DO NOTHING
+             RETURNING id",
+        )
+        .bind(ids)
+        .bind(tenants)
+        .bind(states)
+        .bind(gpus)
+        .bind(models)
+        .bind(tiers)
+        .bind(idempotency)
+        .bind(created)
+        .bind(requested_seqs)
+        .bind(last_seqs)
+        .bind(priorities)
+        .bind(fractions)
+        .bind(mig_profiles)
+        .bind(workloads)
+        .bind(spots)
+        .bind(constraints)
+        .bind(nodes)
+        .bind(zones)
+        .bind(uuids)
+        .bind(indices)
+        .bind(queued_reasons)
+        .bind(positions)
+        .bind(rejected_reasons)
+        .bind(stops)
+        .bind(end_reasons)
+        .bind(placed_at)
+        .bind(started_at)
+        .bind(ended_at)
+        .bind(mig_instances)
+        .bind(failures)
+        .fetch_all(&mut *conn)
+        .await?;
+        inserted.extend(ids);
+    }
+    Ok(inserted)
+}
+
+/// The GPU UUIDs a placement gives a lease, as the read model keeps them.
+fn placed_gpu_uuids(e: &lh_events::LeasePlaced) -> serde_json::Value {
+    serde_json::json!(e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>())
+}
+
+fn placed_gpu_indices(e: &lh_events::LeasePlaced) -> serde_json::Value {
+    serde_json::json!(e.gpus.iter().map(|g| g.index).collect::<Vec<_>>())
+}
+
+/// The MIG instance a placement gives a lease, if any.
+fn placed_mig_instance(e: &lh_events::LeasePlaced) -> Option<serde_json::Value> {
+    e.gpus
+        .first()
+        .and_then(|g| g.mig_instance.as_ref())
+        .map(|m| serde_json::json!({"profile": m.profile, "start": m.start}))
 }
 
 async fn update_placed(
@@ -222,26 +418,14 @@ async fn update_placed(
     let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
     let nodes: Vec<&str> = events.iter().map(|(_, e)| e.node_id.as_str()).collect();
     let zones: Vec<&str> = events.iter().map(|(_, e)| e.zone.as_str()).collect();
-    let uuids: Vec<serde_json::Value> = events
-        .iter()
-        .map(|(_, e)| serde_json::json!(e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>()))
-        .collect();
-    let indices: Vec<serde_json::Value> = events
-        .iter()
-        .map(|(_, e)| serde_json::json!(e.gpus.iter().map(|g| g.index).collect::<Vec<_>>()))
-        .collect();
+    let uuids: Vec<serde_json::Value> = events.iter().map(|(_, e)| placed_gpu_uuids(e)).collect();
+    let indices: Vec<serde_json::Value> =
+        events.iter().map(|(_, e)| placed_gpu_indices(e)).collect();
     let at: Vec<chrono::DateTime<chrono::Utc>> =
         events.iter().map(|(s, _)| s.envelope.occurred_at).collect();
     let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
-    let mig: Vec<Option<serde_json::Value>> = events
-        .iter()
-        .map(|(_, e)| {
-            e.gpus
-                .first()
-                .and_then(|g| g.mig_instance.as_ref())
-                .map(|m| serde_json::json!({"profile": m.profile, "start": m.start}))
-        })
-        .collect();
+    let mig: Vec<Option<serde_json::Value>> =
+        events.iter().map(|(_, e)| placed_mig_instance(e)).collect();
     sqlx::query(
         "UPDATE leases l SET state = 'placed', node_id = u.node_id, zone = u.zone, gpu_uuids = u.gpu_uuids,
                 gpu_indices = u.gpu_indices, queued_reason = NULL, queue_position = NULL,
@@ -579,8 +763,6 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .await?;
         }
         EventData::LeasePlaced(e) => {
-            let uuids: Vec<&str> = e.gpus.iter().map(|g| g.uuid.as_str()).collect();
-            let indices: Vec<u32> = e.gpus.iter().map(|g| g.index).collect();
             sqlx::query(
                 "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                         queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7,
@@ -590,16 +772,11 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             .bind(e.lease_id)
             .bind(&e.node_id)
             .bind(&e.zone)
-            .bind(serde_json::json!(uuids))
-            .bind(serde_json::json!(indices))
+            .bind(placed_gpu_uuids(e))
+            .bind(placed_gpu_indices(e))
             .bind(at)
             .bind(seq)
-            .bind(
-                e.gpus
-                    .first()
-                    .and_then(|g| g.mig_instance.as_ref())
-                    .map(|m| serde_json::json!({"profile": m.profile, "start": m.start})),
-            )
+            .bind(placed_mig_instance(e))
             .execute(conn)
             .await?;
         }
