@@ -28,6 +28,20 @@ fn tenant_created() -> Envelope {
     )
 }
 
+/// The backlog: one lease event in [`MESSAGES_PER_LEASE_EVENT`], the
+/// rest tenants, ending on messages the feed's filter does not match.
+fn backlog() -> Vec<Envelope> {
+    (0..BACKLOG_MESSAGES)
+        .map(|i| {
+            if i % MESSAGES_PER_LEASE_EVENT == 1 {
+                fixtures::stop_request()
+            } else {
+                tenant_created()
+            }
+        })
+        .collect()
+}
+
 /// Acknowledgements a writer leaves outstanding: the client refuses more.
 const MAX_ACKS_IN_FLIGHT: usize = 256;
 
@@ -68,15 +82,7 @@ async fn a_partly_matching_backlog_reads_as_its_filters_and_then_live() {
         .unwrap();
     // The log ends on messages the filter does not match: only what
     // follows the last lease event tells that it was the last.
-    let envelopes: Vec<Envelope> = (0..BACKLOG_MESSAGES)
-        .map(|i| {
-            if i % MESSAGES_PER_LEASE_EVENT == 1 {
-                fixtures::stop_request()
-            } else {
-                tenant_created()
-            }
-        })
-        .collect();
+    let envelopes = backlog();
     let sequences = append_all(&bus, &envelopes).await;
     let expected: Vec<u64> = envelopes
         .iter()
@@ -191,15 +197,7 @@ async fn at_the_head_a_feed_reads_whole_while_its_filters_match_often() {
     let bus = Bus::connect(&BusConfig::new(nats.url(), "feed-head-test"))
         .await
         .unwrap();
-    let envelopes: Vec<Envelope> = (0..BACKLOG_MESSAGES)
-        .map(|i| {
-            if i % MESSAGES_PER_LEASE_EVENT == 1 {
-                fixtures::stop_request()
-            } else {
-                tenant_created()
-            }
-        })
-        .collect();
+    let envelopes = backlog();
     append_all(&bus, &envelopes).await;
     let head = bus.last_sequence().await.unwrap();
 

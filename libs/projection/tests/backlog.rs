@@ -6,74 +6,23 @@
 //! event as it comes; one slower than the log takes what its feed read
 //! ahead in one transaction, each event still traced on its own.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use lh_bus::{Bus, BusConfig, Expect, Stored};
-use lh_events::{subject, Actor, Envelope, EventData, NodeCordoned};
-use lh_projection::{Projector, MAX_EVENTS_PER_TRANSACTION};
-use lh_testkit::Nats;
-use sqlx::{PgConnection, PgPool};
+use common::{cordon, log_and_database, schema, spawn_run, Recorder};
+use lh_bus::{Bus, Expect};
+use lh_projection::MAX_EVENTS_PER_TRANSACTION;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("tests/migrations");
 
 /// Events on the log: three full transactions and part of a fourth.
 const BACKLOG_EVENTS: usize = 3 * MAX_EVENTS_PER_TRANSACTION + 100;
 /// Acknowledgements a writer leaves outstanding: the client refuses more.
 const MAX_ACKS_IN_FLIGHT: usize = 256;
 const WAIT: Duration = Duration::from_secs(60);
-
-/// One row per application of an event (the table has no key); the events
-/// from `fails_from` on fail to apply, as with a database gone away.
-struct Recorder {
-    fails_from: u64,
-}
-
-const RECORDER: Recorder = Recorder {
-    fails_from: u64::MAX,
-};
-
-impl Projector for Recorder {
-    fn name(&self) -> &'static str {
-        "recorder"
-    }
-
-    fn filters(&self) -> &'static [&'static str] {
-        &[subject::NODES_ALL]
-    }
-
-    fn apply<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        event: &'c Stored,
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(async move {
-            if event.sequence >= self.fails_from {
-                return Err(sqlx::Error::Protocol("the database went away".into()));
-            }
-            sqlx::query("INSERT INTO applied (sequence) VALUES ($1)")
-                .bind(event.sequence as i64)
-                .execute(conn)
-                .await?;
-            Ok(())
-        })
-    }
-}
-
-fn cordon(i: usize) -> Envelope {
-    Envelope::new(
-        Actor::Admin,
-        chrono::Utc::now(),
-        EventData::NodeCordoned(NodeCordoned {
-            node_id: "n1".into(),
-            drain: None,
-            reason: format!("cordon {i}"),
-        }),
-    )
-}
 
 /// Appends `n` events with many acknowledgements outstanding; the head.
 async fn append_backlog(bus: &Bus, n: usize) -> u64 {
@@ -97,12 +46,6 @@ async fn append_backlog(bus: &Bus, n: usize) -> u64 {
     head
 }
 
-async fn schema(url: &str, name: &str) -> PgPool {
-    let pool = lh_projection::connect_schema(url, name).await.unwrap();
-    lh_projection::migrate(&pool, &MIGRATOR).await.unwrap();
-    pool
-}
-
 /// The sequences applied, in order, and how many rows there are.
 async fn applied(pool: &PgPool) -> Vec<i64> {
     sqlx::query_scalar("SELECT sequence FROM applied ORDER BY sequence")
@@ -113,16 +56,12 @@ async fn applied(pool: &PgPool) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
-    let nats = Nats::start().await.unwrap();
-    let pg = lh_testkit::shared_postgres().await;
-    let url = pg.create_database().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
-        .await
-        .unwrap();
+    let (_nats, bus, url) = log_and_database().await;
     let head = append_backlog(&bus, BACKLOG_EVENTS).await;
+    let recorder = Recorder::new();
 
     let whole = schema(&url, "whole").await;
-    let reached = lh_projection::replay(&bus, &whole, &RECORDER, |_, _| {})
+    let reached = lh_projection::replay(&bus, &whole, &recorder, |_, _| {})
         .await
         .unwrap();
     assert_eq!(reached, head);
@@ -133,7 +72,7 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     let mut first_done = Some(first_done);
     let mut told = 0;
     tokio::select! {
-        _ = lh_projection::replay(&bus, &parted, &RECORDER, |_, _| {
+        _ = lh_projection::replay(&bus, &parted, &recorder, |_, _| {
             told += 1;
             if told == MAX_EVENTS_PER_TRANSACTION {
                 let _ = first_done.take().expect("told once").send(());
@@ -148,7 +87,7 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     assert_eq!(applied(&parted).await.len() as u64, committed);
 
     let mut rest = 0;
-    let reached = lh_projection::replay(&bus, &parted, &RECORDER, |_, _| rest += 1)
+    let reached = lh_projection::replay(&bus, &parted, &recorder, |_, _| rest += 1)
         .await
         .unwrap();
     assert_eq!(reached, head);
@@ -166,27 +105,6 @@ async fn a_replay_stopped_part_way_reads_on_to_the_rows_of_a_whole_one() {
     );
 }
 
-/// Starts `run` of `recorder` in a task.
-async fn spawn_run(
-    bus: &Bus,
-    pool: &PgPool,
-    recorder: Recorder,
-    stop: &CancellationToken,
-) -> (
-    lh_projection::Progress,
-    tokio::task::JoinHandle<lh_projection::Result<()>>,
-) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (bus, pool, stop) = (bus.clone(), pool.clone(), stop.clone());
-    let task = tokio::spawn(async move {
-        lh_projection::run(&bus, &pool, &recorder, stop.cancelled_owned(), move |p| {
-            let _ = tx.send(p);
-        })
-        .await
-    });
-    (rx.await.expect("the run starts"), task)
-}
-
 /// Events each transaction applied, by the sequence of its first event.
 async fn transactions(pool: &PgPool) -> Vec<(i64, i64)> {
     sqlx::query_as("SELECT min(sequence), count(*) FROM applied GROUP BY transaction_id ORDER BY 1")
@@ -197,12 +115,7 @@ async fn transactions(pool: &PgPool) -> Vec<(i64, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
-    let nats = Nats::start().await.unwrap();
-    let pg = lh_testkit::shared_postgres().await;
-    let url = pg.create_database().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
-        .await
-        .unwrap();
+    let (_nats, bus, url) = log_and_database().await;
     let head = append_backlog(&bus, BACKLOG_EVENTS).await;
     let pool = schema(&url, "live").await;
 
@@ -210,6 +123,7 @@ async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
     let stop = CancellationToken::new();
     let failing = Recorder {
         fails_from: MAX_EVENTS_PER_TRANSACTION as u64 + 1,
+        ..Recorder::new()
     };
     let (mut progress, task) = spawn_run(&bus, &pool, failing, &stop).await;
     tokio::time::timeout(WAIT, async {
@@ -228,7 +142,7 @@ async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
     );
 
     let stop = CancellationToken::new();
-    let (progress, task) = spawn_run(&bus, &pool, RECORDER, &stop).await;
+    let (progress, task) = spawn_run(&bus, &pool, Recorder::new(), &stop).await;
     assert!(progress.wait_for(head, WAIT).await, "caught up");
     assert!(progress.wait_caught_up(WAIT).await);
     let rows = applied(&pool).await;
@@ -255,47 +169,18 @@ async fn a_live_runner_catches_up_in_large_transactions_each_event_once() {
     task.await.unwrap().unwrap();
 }
 
-/// Applies like [`Recorder`], taking this long per transaction: slower than
+/// How long a slow recorder takes per transaction: slower than
 /// the log is written.
 const SLOW_TRANSACTION: Duration = Duration::from_millis(100);
 /// Events written one at a time, this far apart, to a slow projection.
 const TRICKLE_EVENTS: usize = 40;
 const TRICKLE_EVERY: Duration = Duration::from_millis(10);
 
-struct Slow;
-
-impl Projector for Slow {
-    fn name(&self) -> &'static str {
-        "slow"
-    }
-
-    fn filters(&self) -> &'static [&'static str] {
-        &[subject::NODES_ALL]
-    }
-
-    fn apply<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        event: &'c Stored,
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(async move {
-            tokio::time::sleep(SLOW_TRANSACTION).await;
-            RECORDER.apply(conn, event).await
-        })
-    }
-
-    fn apply_batch<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        events: &'c [&'c Stored],
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(async move {
-            tokio::time::sleep(SLOW_TRANSACTION).await;
-            for event in events {
-                RECORDER.apply(&mut *conn, event).await?;
-            }
-            Ok(())
-        })
+/// A recorder slower than the log is written.
+fn slow() -> Recorder {
+    Recorder {
+        delay_per_call: SLOW_TRANSACTION,
+        ..Recorder::new()
     }
 }
 
@@ -335,25 +220,10 @@ async fn a_runner_slower_than_the_log_takes_what_its_feed_read_ahead() {
     let spans = ProjectSpans::default();
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans.clone()))
         .expect("the only subscriber");
-    let nats = Nats::start().await.unwrap();
-    let pg = lh_testkit::shared_postgres().await;
-    let url = pg.create_database().await.unwrap();
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
-        .await
-        .unwrap();
+    let (_nats, bus, url) = log_and_database().await;
     let pool = schema(&url, "slow").await;
     let stop = CancellationToken::new();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let task = {
-        let (bus, pool, stop) = (bus.clone(), pool.clone(), stop.clone());
-        tokio::spawn(async move {
-            lh_projection::run(&bus, &pool, &Slow, stop.cancelled_owned(), move |p| {
-                let _ = tx.send(p);
-            })
-            .await
-        })
-    };
-    let progress = rx.await.unwrap();
+    let (progress, task) = spawn_run(&bus, &pool, slow(), &stop).await;
     // Each event is the log's last when the feed reads it: nothing is
     // pending after it, yet the runner is still busy with an earlier one.
     let mut last = 0;
