@@ -25,6 +25,7 @@
 //! requests to one gateway could before.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use lh_events::subject;
@@ -67,6 +68,9 @@ struct Held {
 #[derive(Default)]
 pub struct LeaseAdmission {
     held: Mutex<Held>,
+    /// The newest request this gateway appended for any tenant: what an
+    /// operator's list waits for.
+    newest_appended_by_any: AtomicU64,
 }
 
 impl std::fmt::Debug for LeaseAdmission {
@@ -150,11 +154,16 @@ impl LeaseAdmission {
     /// Counts a request appended for `tenant_id` at `sequence`; `applied`
     /// is where the read model stands now.
     pub fn appended(&self, tenant_id: Uuid, sequence: u64, applied: u64) {
+        self.newest_appended_by_any
+            .fetch_max(sequence, Ordering::Relaxed);
         let mut held = self.lock();
-        let Some(a) = held.by_tenant.get_mut(&tenant_id) else {
-            // Forgotten since its check: the next request reads afresh.
-            return;
-        };
+        if held.by_tenant.len() >= MAX_TENANTS_HELD && !held.by_tenant.contains_key(&tenant_id) {
+            held.by_tenant.clear();
+        }
+        // Forgotten since its check, it is held again with its exhaustion
+        // unknown: the next request reads afresh, and the tenant's list
+        // still waits for this one.
+        let a = held.by_tenant.entry(tenant_id).or_default();
         a.appended.push(sequence);
         if a.appended.len() > MAX_APPENDED_HELD {
             let before = a.appended.len();
@@ -174,11 +183,18 @@ impl LeaseAdmission {
             .and_then(|a| a.appended.iter().copied().max())
     }
 
+    /// The newest request this gateway appended for any tenant: what a list
+    /// of every tenant's leases must wait for to show each answered write.
+    pub fn newest_appended_by_any(&self) -> Option<u64> {
+        Some(self.newest_appended_by_any.load(Ordering::Relaxed)).filter(|&s| s > 0)
+    }
+
     /// Forgets every tenant's answer when a committed lease event can put a
     /// lease back among the waiting ones without a request (a resume, a
     /// move off a lost node): the estimate's rule holds only while waiting
     /// leases come from requests this gateway counts. The subject does not
-    /// name the tenant, and these events are rare next to requests.
+    /// name the tenant, and these events are rare next to requests. The
+    /// requests appended are kept: lists wait for them.
     pub fn forget_if_lease_waits_again(&self, stored_subject: &str) {
         let family = subject::LEASES_ALL.trim_end_matches('>');
         let Some(rest) = stored_subject.strip_prefix(family) else {
@@ -188,7 +204,7 @@ impl LeaseAdmission {
         if matches!(verb, Some("resume_requested" | "migrated")) {
             let mut held = self.lock();
             held.generation += 1;
-            held.by_tenant.clear();
+            held.by_tenant.values_mut().for_each(|a| a.exhausted = None);
         }
     }
 
@@ -265,14 +281,33 @@ mod tests {
             assert!(memory.lock().by_tenant.contains_key(&TENANT), "{verb}");
         }
         memory.forget_if_lease_waits_again(&format!("{lease}.resume_requested.gateway"));
-        assert!(memory.lock().by_tenant.is_empty());
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
+        // Forgotten for admission, still waited for by the tenant's list.
+        assert_eq!(memory.newest_appended(TENANT), Some(11));
         let now = memory.lock().generation;
         memory.fill(TENANT, now, read(false, 0, 12));
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, Some(false));
         memory.forget_if_lease_waits_again(&format!("{lease}.migrated.scheduler"));
-        assert!(memory.lock().by_tenant.is_empty());
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
         // A read begun before the forgetting is not kept.
         memory.fill(TENANT, g, read(false, 0, 12));
         assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
+    }
+
+    #[test]
+    fn every_append_is_waited_for_by_a_list_of_every_tenant_and_by_its_own() {
+        let memory = LeaseAdmission::default();
+        assert_eq!(memory.newest_appended_by_any(), None);
+        // Appended for a tenant this gateway does not hold (forgotten since
+        // its check): held again, to be read afresh.
+        memory.appended(TENANT, 21, 20);
+        assert_eq!(memory.newest_appended(TENANT), Some(21));
+        assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
+        let other = Uuid::from_u128(8);
+        memory.appended(other, 23, 20);
+        memory.appended(TENANT, 22, 20);
+        assert_eq!(memory.newest_appended(TENANT), Some(22));
+        assert_eq!(memory.newest_appended_by_any(), Some(23));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use lh_bus::Expect;
 use lh_events::{
     Actor, BalanceExhausted, BalanceRestored, Envelope, EventData, LeaseStopRequested,
 };
-use lh_testkit::stack::{Stack, FLEET};
+use lh_testkit::stack::{Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -98,6 +98,17 @@ async fn an_accepted_lease_is_the_row_a_get_right_after_reads() {
         assert_eq!(
             page["items"][0]["id"], accepted["id"],
             "round {round}: the list shows the lease just accepted"
+        );
+        // So does an operator's list of every tenant's leases.
+        let (status, accepted) = post(&stack, &key, None, &bodies[0]).await;
+        assert_eq!(status, 202, "{accepted}");
+        let (status, page) = stack
+            .call(Method::GET, "/v1/leases?limit=1", ADMIN_TOKEN, None)
+            .await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(
+            page["items"][0]["id"], accepted["id"],
+            "round {round}: the operator's list shows the lease just accepted"
         );
     }
     let (_, page) = stack

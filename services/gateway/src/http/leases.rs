@@ -557,8 +557,13 @@ pub async fn list(
         _ => None,
     };
     // A request answered before the projection applied it is listed once it
-    // has: a tenant's list shows its own writes, as a GET of one does.
-    if let Some(appended) = tenant.and_then(|t| ctx.lease_admission.newest_appended(t)) {
+    // has: a tenant's list shows its own writes, as a GET of one does, and
+    // an operator's list every write this gateway answered.
+    let appended = match tenant {
+        Some(t) => ctx.lease_admission.newest_appended(t),
+        None => ctx.lease_admission.newest_appended_by_any(),
+    };
+    if let Some(appended) = appended {
         read_your_write(&ctx, appended).await?;
     }
     let limit = limit as usize;
