@@ -577,6 +577,8 @@ pub fn events_fill_warning(bytes: u64, max_bytes: u64) -> Option<f64> {
 pub struct StreamFigures {
     pub messages: u64,
     pub bytes: u64,
+    /// Bytes the stream may hold (0: no limit).
+    pub max_bytes: u64,
     pub consumers: usize,
     /// Followers that are up to date with the stream's leader.
     pub replicas_current: usize,
@@ -596,6 +598,7 @@ impl StreamFigures {
         Self {
             messages: info.state.messages,
             bytes: info.state.bytes,
+            max_bytes: info.config.max_bytes.max(0) as u64,
             consumers: info.state.consumer_count,
             replicas_current: current,
             replicas_lagging: followers.len() - current,

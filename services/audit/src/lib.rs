@@ -106,6 +106,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "lh_stream_replicas_lagging",
         "Followers of a JetStream stream behind its leader or offline, by stream.",
     ),
+    (
+        "lh_stream_read_timestamp_seconds",
+        "Unix time the lh_stream_* figures of a stream were last read; the gauges keep their last value while it cannot be read.",
+    ),
 ];
 
 /// Name of this service: its NATS connection, its actor, its RPC queue group.
@@ -533,36 +537,49 @@ const LOG_FILL_CHECK: Duration = Duration::from_secs(60);
 /// `lh_events_stream_fill_ratio`) and warns while it is past
 /// [`lh_bus::EVENTS_FILL_WARNING`] of its limit: at the limit it refuses
 /// appends. The audit service does it because it reads the whole log anyway;
-/// it shows both streams' figures (`lh_stream_*{stream}`) alongside.
+/// it shows both streams' figures (`lh_stream_*{stream}`) alongside. A
+/// gauge keeps its last value when a stream cannot be read, so each read
+/// also stamps `lh_stream_read_timestamp_seconds{stream}`: how old the
+/// figures are is what tells them stale.
 async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
     let mut every = tokio::time::interval(LOG_FILL_CHECK);
     loop {
         every.tick().await;
-        let Ok((bytes, max_bytes)) = bus.events_fill().await else {
-            continue;
-        };
         for stream in [subject::EVENTS_STREAM, subject::TELEMETRY_STREAM] {
-            if let Ok(figures) = bus.stream_figures(stream).await {
-                metrics::gauge!("lh_stream_messages", "stream" => stream)
-                    .set(figures.messages as f64);
-                metrics::gauge!("lh_stream_bytes", "stream" => stream).set(figures.bytes as f64);
-                metrics::gauge!("lh_stream_consumers", "stream" => stream)
-                    .set(figures.consumers as f64);
-                metrics::gauge!("lh_stream_replicas_current", "stream" => stream)
-                    .set(figures.replicas_current as f64);
-                metrics::gauge!("lh_stream_replicas_lagging", "stream" => stream)
-                    .set(figures.replicas_lagging as f64);
+            let figures = match bus.stream_figures(stream).await {
+                Ok(figures) => figures,
+                Err(e) => {
+                    tracing::warn!(stream, error = %e,
+                        "cannot read the stream's figures; its gauges keep the last ones read");
+                    continue;
+                }
+            };
+            metrics::gauge!("lh_stream_messages", "stream" => stream).set(figures.messages as f64);
+            metrics::gauge!("lh_stream_bytes", "stream" => stream).set(figures.bytes as f64);
+            metrics::gauge!("lh_stream_consumers", "stream" => stream)
+                .set(figures.consumers as f64);
+            metrics::gauge!("lh_stream_replicas_current", "stream" => stream)
+                .set(figures.replicas_current as f64);
+            metrics::gauge!("lh_stream_replicas_lagging", "stream" => stream)
+                .set(figures.replicas_lagging as f64);
+            metrics::gauge!("lh_stream_read_timestamp_seconds", "stream" => stream)
+                .set(chrono::Utc::now().timestamp() as f64);
+            if stream == subject::EVENTS_STREAM {
+                report_log_fill(figures.bytes, figures.max_bytes);
             }
         }
-        metrics::gauge!("lh_events_stream_bytes").set(bytes as f64);
-        metrics::gauge!("lh_events_stream_max_bytes").set(max_bytes as f64);
-        if max_bytes > 0 {
-            metrics::gauge!("lh_events_stream_fill_ratio").set(bytes as f64 / max_bytes as f64);
-        }
-        if let Some(filled) = lh_bus::events_fill_warning(bytes, max_bytes) {
-            tracing::warn!(bytes, max_bytes, filled_pct = (filled * 100.0).round(),
-                "the event log is filling up; raise LH_EVENTS_MAX_BYTES (it is applied at the next start)");
-        }
+    }
+}
+
+fn report_log_fill(bytes: u64, max_bytes: u64) {
+    metrics::gauge!("lh_events_stream_bytes").set(bytes as f64);
+    metrics::gauge!("lh_events_stream_max_bytes").set(max_bytes as f64);
+    if max_bytes > 0 {
+        metrics::gauge!("lh_events_stream_fill_ratio").set(bytes as f64 / max_bytes as f64);
+    }
+    if let Some(filled) = lh_bus::events_fill_warning(bytes, max_bytes) {
+        tracing::warn!(bytes, max_bytes, filled_pct = (filled * 100.0).round(),
+            "the event log is filling up; raise LH_EVENTS_MAX_BYTES (it is applied at the next start)");
     }
 }
 

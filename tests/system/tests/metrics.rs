@@ -48,6 +48,7 @@ const EXPECTED: &[&str] = &[
     "lh_stream_messages",
     "lh_stream_consumers",
     "lh_stream_replicas_lagging",
+    "lh_stream_read_timestamp_seconds",
     "lh_tenant_lease_seconds_total",
     "lh_tenant_interrupted_lease_seconds_total",
     "lh_node_gpu_health",
