@@ -335,10 +335,16 @@ impl Decider for Scheduling {
                 if let EventData::NodeGpuHealthChanged(c) = &mut held.data {
                     c.at = at;
                 }
-                return self.state.apply(sequence, &held);
+                return self.state.apply_stored(
+                    sequence,
+                    stored_at,
+                    &held,
+                    self.rules.node_clock_skew,
+                );
             }
         }
-        self.state.apply(sequence, envelope);
+        self.state
+            .apply_stored(sequence, stored_at, envelope, self.rules.node_clock_skew);
     }
 
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
@@ -443,7 +449,11 @@ impl Scheduling {
             return;
         }
         self.availability_exported_at = Some(now);
-        for (tenant, time) in self.state.availability.up_to(now) {
+        let through = state::availability::AvailabilityStats::counted_through(
+            now,
+            self.rules.node_clock_skew,
+        );
+        for (tenant, time) in self.state.availability.up_to(through) {
             let exported = self.availability_exported.entry(tenant).or_default();
             exported.0 = exported.0.max(time.owed_ms / 1000);
             exported.1 = exported.1.max(time.interrupted_ms / 1000);

@@ -10,7 +10,17 @@
 //!
 //! Closed intervals are dated by the log, so every replica and every
 //! restart folds the same totals; only the open intervals of live leases
-//! are counted up to the caller's clock.
+//! are counted up to the caller's clock. Exported as counters, the totals
+//! must never step back, also across a restart: an interval counted open
+//! up to some instant and then closed earlier (an end dated by its node
+//! before the instant it was counted to) would. So a node's event never
+//! dates what it changes before it was stored less the nodes' clock skew
+//! (its floor, [`AvailabilityStats::begin_stored`]), and the caller counts
+//! open intervals no further than that skew, and a little more, before its
+//! clock ([`AvailabilityStats::counted_through`]). The platform's own
+//! events date from the log already; an interruption dated back (from the
+//! last billed instant) moves owed time to interrupted and takes none
+//! away.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -62,13 +72,43 @@ pub struct AvailabilityStats {
     pub tenants: BTreeMap<Uuid, LeaseTime>,
     /// Open intervals of live leases: (tenant, interval).
     pub open: HashMap<Uuid, (Uuid, Open)>,
+    /// The earliest instant the event being folded may date a change at;
+    /// set only while it is folded.
+    #[serde(skip)]
+    floor: Option<DateTime<Utc>>,
 }
+
+/// How far behind the caller's clock, beyond the nodes' clock skew, open
+/// intervals are counted: room for an event stored just before an export
+/// and not folded yet.
+pub const COUNTED_BEHIND_SKEW_MS: i64 = 5_000;
 
 fn millis_between(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {
     u64::try_from((to - from).num_milliseconds()).unwrap_or(0)
 }
 
 impl AvailabilityStats {
+    /// Holds what the next event folded dates to no earlier than when it
+    /// was stored (`stored_at`, the server's clock) less the nodes' clock
+    /// `skew`, until [`AvailabilityStats::end_stored`].
+    pub fn begin_stored(&mut self, stored_at: DateTime<Utc>, skew: chrono::Duration) {
+        self.floor = Some(stored_at - skew.abs());
+    }
+
+    pub fn end_stored(&mut self) {
+        self.floor = None;
+    }
+
+    /// The instant open intervals are counted to at `now` (see the module).
+    pub fn counted_through(now: DateTime<Utc>, skew: chrono::Duration) -> DateTime<Utc> {
+        now - skew.abs() - chrono::Duration::milliseconds(COUNTED_BEHIND_SKEW_MS)
+    }
+
+    /// `at`, not before the floor of the event being folded.
+    fn floored(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        self.floor.map_or(at, |floor| at.max(floor))
+    }
+
     /// The key a tenant's time is kept under: its own while there is room.
     fn key(&self, tenant: Uuid) -> Uuid {
         if self.tenants.contains_key(&tenant) || self.tenants.len() < MAX_AVAILABILITY_TENANTS {
@@ -97,6 +137,7 @@ impl AvailabilityStats {
 
     /// The lease runs (its first start, or again after an interruption).
     pub fn started(&mut self, lease: Uuid, tenant: Uuid, at: DateTime<Utc>) {
+        let at = self.floored(at);
         // A start dated before the interval it ends (a node's clock, a late
         // event) must not count that stretch twice.
         let at = match self.open.get(&lease) {
@@ -116,14 +157,15 @@ impl AvailabilityStats {
         if let Open::Serving(since) = open {
             // A node's last billed instant before its lease's start (clocks
             // disagree) counts the interruption from the start.
-            self.close(lease, last_served.max(since));
-            self.open
-                .insert(lease, (tenant, Open::Interrupted(last_served.max(since))));
+            let at = self.floored(last_served).max(since);
+            self.close(lease, at);
+            self.open.insert(lease, (tenant, Open::Interrupted(at)));
         }
     }
 
     /// The lease ended or was suspended: it owes nothing from `at` on.
     pub fn stopped_owing(&mut self, lease: Uuid, at: DateTime<Utc>) {
+        let at = self.floored(at);
         self.close(lease, at);
     }
 
@@ -189,6 +231,36 @@ mod tests {
         stats.stopped_owing(lease, t("10:10:00"));
         stats.interrupted(Uuid::from_u128(9), t("10:10:00"));
         assert_eq!(stats.up_to(t("11:00:00"))[&tenant], after);
+    }
+
+    #[test]
+    fn an_end_counted_past_is_dated_no_earlier_than_its_storing_less_the_skew() {
+        let (lease, tenant) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let skew = chrono::Duration::seconds(30);
+        let mut stats = AvailabilityStats::default();
+        stats.begin_stored(t("10:00:01"), skew);
+        stats.started(lease, tenant, t("10:00:00"));
+        stats.end_stored();
+        // Exported at 11:00: counted through 10:59:25.
+        let through = AvailabilityStats::counted_through(t("11:00:00"), skew);
+        assert_eq!(through, t("10:59:25"));
+        let exported = stats.up_to(through)[&tenant];
+        // The end, stored at 11:00:02, says its node stopped at 10:40: it
+        // ends at 10:59:32, so a restart folding it never counts less than
+        // was exported.
+        stats.begin_stored(t("11:00:02"), skew);
+        stats.stopped_owing(lease, t("10:40:00"));
+        stats.end_stored();
+        let after = stats.up_to(AvailabilityStats::counted_through(t("11:00:05"), skew))[&tenant];
+        assert_eq!(after.owed_ms, (59 * 60 + 32) * 1000);
+        assert!(after.owed_ms >= exported.owed_ms);
+        // Outside a fold an instant is taken as given (the floor is gone).
+        stats.started(lease, tenant, t("12:00:00"));
+        stats.stopped_owing(lease, t("12:00:10"));
+        assert_eq!(
+            stats.up_to(t("13:00:00"))[&tenant].owed_ms,
+            after.owed_ms + 10_000
+        );
     }
 
     #[test]

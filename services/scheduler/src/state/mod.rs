@@ -125,6 +125,26 @@ impl State {
         self.apply_to_leases(sequence, envelope);
     }
 
+    /// [`State::apply`] of an event the log stored at `stored_at`: where a
+    /// node's event dates lease-time ([`availability`]), its time is held
+    /// to no earlier than that less the nodes' clock skew. The platform's
+    /// own times (a move's last billed instant) are the log's and are
+    /// taken as given.
+    pub fn apply_stored(
+        &mut self,
+        sequence: u64,
+        stored_at: DateTime<Utc>,
+        envelope: &Envelope,
+        skew: chrono::Duration,
+    ) {
+        if !matches!(envelope.actor, lh_events::Actor::Node(_)) {
+            return self.apply(sequence, envelope);
+        }
+        self.availability.begin_stored(stored_at, skew);
+        self.apply(sequence, envelope);
+        self.availability.end_stored();
+    }
+
     /// Folds an event into the leases and tenants (the fleet folds its own).
     fn apply_to_leases(&mut self, sequence: u64, envelope: &Envelope) {
         let data = &envelope.data;
