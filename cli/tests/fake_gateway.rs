@@ -1324,3 +1324,100 @@ async fn lease_logs_follow_polls_from_next_offset_until_finished_and_restarts_on
         ]
     );
 }
+
+#[tokio::test]
+async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_hold_it() {
+    use chrono::{TimeZone as _, Utc};
+    use lh_events::{fixtures, Actor, Envelope, EventData};
+    let before = Utc.with_ymd_and_hms(2026, 10, 1, 0, 0, 0).unwrap();
+    let node = |sequence: u64, id: &str| {
+        let data = EventData::NodeRegistered(fixtures::node(id, "z1", 1, "A100-40GB", 40));
+        let envelope = Envelope::new(Actor::Admin, before, data);
+        json!({"sequence": sequence, "subject": "lh.evt.x", "payload": envelope})
+    };
+    let nodes = vec![node(1, "n-a"), node(2, "n-b"), node(3, "n-c")];
+    let too_many = || {
+        problem(
+            422,
+            "Unprocessable Entity",
+            "more than 100000 points; ask for a coarser step or a shorter window",
+            Some("step"),
+        )
+    };
+    let gw = fake(move |req, _| {
+        let q = query_of(req);
+        if req.target.starts_with("/v1/usage") {
+            return match q.get("node").map(String::as_str) {
+                // The whole fleet's day, and n-b's alone, are too many points.
+                None | Some("n-b") => too_many(),
+                Some(node) => ok(
+                    200,
+                    json!({
+                        "from": "2026-12-03T00:00:00Z", "to": "2026-12-04T00:00:00Z",
+                        "step_secs": 3600,
+                        "series": [{
+                            "lease_id": uuid::Uuid::from_u128(7), "tenant_id": uuid::Uuid::from_u128(1),
+                            "node_id": node, "gpu_index": 0, "gpu_uuid": format!("GPU-{node}"),
+                            "points": [{"at": "2026-12-03T05:00:00Z", "memory_used_mib_avg": 20480.0,
+                                        "minutes": 60, "utilization_pct_avg": 50.0}]
+                        }]
+                    }),
+                ),
+            };
+        }
+        match q["type"].as_str() {
+            "node.registered" => ok(200, json!({"events": nodes.clone(), "next": null})),
+            _ => ok(200, json!({"events": [], "next": null})),
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("day.svg");
+    let out = gw
+        .lh(&[
+            "--json",
+            "report",
+            "daily",
+            "--date",
+            "2026-12-03",
+            "--out",
+            out_file.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("reading it node by node (3 nodes)"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("of node n-b: 422"), "{}", out.stderr);
+    let asked: Vec<Option<String>> = gw
+        .requests()
+        .iter()
+        .filter(|r| r.target.starts_with("/v1/usage?"))
+        .map(|r| query_of(r).get("node").cloned())
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            None,
+            Some("n-a".into()),
+            Some("n-b".into()),
+            Some("n-c".into())
+        ]
+    );
+    // n-a's and n-c's hours are drawn; n-b's stay empty.
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    let vram_at_5 = |node: &str| {
+        report["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["node_id"] == node)
+            .map(|g| g["vram_pct"][5].as_f64().unwrap())
+            .unwrap()
+    };
+    assert_eq!(vram_at_5("n-a"), 50.0);
+    assert_eq!(vram_at_5("n-b"), 0.0);
+    assert_eq!(vram_at_5("n-c"), 50.0);
+}

@@ -20,6 +20,7 @@ pub use engine::DailyReport;
 pub use model::{DayInput, LoggedEvent};
 pub use render::ColourBy;
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -174,6 +175,78 @@ fn rfc3339(at: chrono::DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
+/// Adds one usage answer read with `query` to `input`.
+fn add_usage(
+    gw: &Gateway,
+    query: &[(&str, &str)],
+    input: &mut DayInput,
+    answer: &Value,
+) -> Result<(), CliError> {
+    input
+        .add_usage(answer)
+        .map(|_| ())
+        .map_err(|reason| CliError::BadResponse {
+            url: gw.url(&["v1", "usage"], query).to_string(),
+            reason,
+        })
+}
+
+/// Says why the heat map (or part of it) is empty; `which` names the part.
+fn usage_missing(err: Out<'_>, status: u16, which: &str) {
+    // A gateway without the usage API, or one that does not show it to
+    // this caller, still lets the leases be drawn.
+    let why = match status {
+        404 => "the gateway has no usage API",
+        403 => "this key may not read the usage",
+        422 => "the usage holds more points than one answer, or took too long to sum",
+        _ => "the gateway could not read the usage now",
+    };
+    let _ = writeln!(
+        err,
+        "warning: {why} (GET /v1/usage{which}: {status}); the heat map and utilisation are empty{}",
+        if which.is_empty() { "" } else { " there" }
+    );
+}
+
+/// The day's usage one node at a time, for a fleet whose day holds more
+/// points than one answer: each node that registered by the day's end.
+async fn read_usage_by_node(
+    gw: &Gateway,
+    query: &[(&str, &str)],
+    input: &mut DayInput,
+    err: Out<'_>,
+) -> anyhow::Result<()> {
+    let nodes: BTreeSet<String> = input.gpus.iter().map(|g| g.node_id.clone()).collect();
+    let _ = writeln!(
+        err,
+        "the day's usage is more than one answer holds; reading it node by node ({} nodes)",
+        nodes.len()
+    );
+    for (done, node) in nodes.iter().enumerate() {
+        let mut by_node = query.to_vec();
+        by_node.push(("node", node.as_str()));
+        match gw.get(&["v1", "usage"], &by_node).await {
+            Ok(answer) => add_usage(gw, &by_node, input, &answer)?,
+            Err(CliError::Api(p)) if p.status == 422 => {
+                usage_missing(&mut *err, p.status, &format!(" of node {node}"));
+            }
+            Err(CliError::Api(p)) if matches!(p.status, 403 | 404 | 503) => {
+                usage_missing(&mut *err, p.status, &format!(" of node {node}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if (done + 1) % USAGE_NODES_PER_PROGRESS_LINE == 0 && done + 1 < nodes.len() {
+            let _ = writeln!(err, "usage: {} of {} nodes read", done + 1, nodes.len());
+        }
+    }
+    Ok(())
+}
+
+/// Nodes read between two progress lines when the usage is read node by
+/// node.
+const USAGE_NODES_PER_PROGRESS_LINE: usize = 100;
+
 /// Reads what the day's report needs and folds it into a [`DayInput`].
 pub async fn read_day(
     gw: &Gateway,
@@ -232,29 +305,14 @@ pub async fn read_day(
     progress.update(&mut *err, progress.total, "done", 0);
     progress.finish(&mut *err);
     match usage {
-        Ok(answer) => {
-            input
-                .add_usage(&answer)
-                .map_err(|reason| CliError::BadResponse {
-                    url: gw.url(&["v1", "usage"], &query).to_string(),
-                    reason,
-                })?;
+        Ok(answer) => add_usage(gw, &query, &mut input, &answer)?,
+        // More points than one answer holds, or a sum too long for the
+        // database: the fleet's day is read node by node.
+        Err(CliError::Api(p)) if p.status == 422 => {
+            read_usage_by_node(gw, &query, &mut input, &mut *err).await?
         }
-        // A gateway without the usage API, or one that does not show it to
-        // this caller, still lets the leases be drawn.
-        Err(CliError::Api(p)) if matches!(p.status, 403 | 404 | 422 | 503) => {
-            let why = match p.status {
-                404 => "the gateway has no usage API",
-                403 => "this key may not read the usage",
-                // A fleet whose day holds more points than one answer, or a
-                // database too busy to sum them: the leases still show.
-                _ => "the day's usage could not be read in one answer",
-            };
-            let _ = writeln!(
-                err,
-                "warning: {why} (GET /v1/usage: {}); the heat map and utilisation are empty",
-                p.status
-            );
+        Err(CliError::Api(p)) if matches!(p.status, 403 | 404 | 503) => {
+            usage_missing(&mut *err, p.status, "");
         }
         Err(e) => return Err(e.into()),
     }
