@@ -808,6 +808,7 @@ async fn lease_logs(
     let max_bytes = LOGS_READ_BYTES.to_string();
     let mut offset: Option<u64> = None;
     let mut node: Option<String> = None;
+    let mut placement: Option<u64> = None;
     let mut reads = 0usize;
     // One listener for the whole run: a Ctrl-C during a request is not lost.
     let interrupted = tokio::signal::ctrl_c();
@@ -829,6 +830,7 @@ async fn lease_logs(
             .get("node_id")
             .and_then(Value::as_str)
             .map(str::to_string);
+        let on_placement = page.get("placement").and_then(Value::as_u64);
         if node.is_some() && on.is_some() && on != node {
             let _ = writeln!(
                 err,
@@ -836,11 +838,25 @@ async fn lease_logs(
                 args.id,
                 on.as_deref().unwrap_or("?")
             );
-            node = on;
+            (node, placement) = (on, on_placement);
+            offset = Some(0);
+            continue;
+        }
+        // Placed anew on the same node (other GPUs, or away and back): a
+        // new log, from its start.
+        if placement.is_some() && on_placement.is_some() && on_placement != placement {
+            let _ = writeln!(
+                err,
+                "lease {} was placed again on node {}: its new log follows from its start",
+                args.id,
+                on.as_deref().unwrap_or("?")
+            );
+            placement = on_placement;
             offset = Some(0);
             continue;
         }
         node = node.or(on);
+        placement = placement.or(on_placement);
         let data = page.get("data").and_then(Value::as_str).unwrap_or_default();
         out.write_all(data.as_bytes())
             .and_then(|()| out.flush())

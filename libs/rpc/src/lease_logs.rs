@@ -31,6 +31,12 @@ pub struct LeaseLogsRequest {
     /// At most this many bytes, clamped to [`MAX_LEASE_LOG_READ_BYTES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bytes: Option<u64>,
+    /// The placement whose log to read: the stream sequence of the
+    /// `lease.placed` (or `lease.migrated`) that put the lease on the node.
+    /// A lease moved away and back, or to other GPUs of the node, has a log
+    /// for each; without it the latest the node keeps is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<u64>,
 }
 
 impl LeaseLogsRequest {

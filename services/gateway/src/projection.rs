@@ -201,6 +201,8 @@ impl Born {
                 v.queued_reason = None;
                 v.queue_position = None;
                 v.placed_at = Some(event.envelope.occurred_at);
+                v.last_placement_node_id = Some(e.node_id.clone());
+                v.last_placement_sequence = Some(event.sequence as i64);
                 self.mig_instance = placed_mig_instance(e);
             }
             EventData::LeaseStarted(e) if self.state == "placed" => {
@@ -340,20 +342,25 @@ async fn insert_born(conn: &mut PgConnection, rows: &[Born]) -> sqlx::Result<Has
         let mig_instances: Vec<Option<&serde_json::Value>> =
             chunk.iter().map(|r| r.mig_instance.as_ref()).collect();
         let failures: Vec<Option<&str>> = chunk.iter().map(|r| r.failure.as_deref()).collect();
+        let placement_nodes: Vec<Option<&str>> = views()
+            .map(|v| v.last_placement_node_id.as_deref())
+            .collect();
+        let placement_seqs: Vec<Option<i64>> = views().map(|v| v.last_placement_sequence).collect();
         let ids: Vec<Uuid> = sqlx::query_scalar(
             "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
                                  created_at, requested_sequence, last_sequence, priority, gpu_fraction,
                                  mig_profile, workload, spot, constraints, node_id, zone, gpu_uuids,
                                  gpu_indices, queued_reason, queue_position, rejected_reason,
                                  stop_requested, end_reason, placed_at, started_at, ended_at,
-                                 mig_instance, failure)
+                                 mig_instance, failure, last_placement_node_id,
+                                 last_placement_sequence)
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::int4[], $5::text[],
                                   $6::text[], $7::text[], $8::timestamptz[], $9::int8[], $10::int8[],
                                   $11::int4[], $12::jsonb[], $13::text[], $14::jsonb[], $15::jsonb[],
                                   $16::jsonb[], $17::text[], $18::text[], $19::jsonb[], $20::jsonb[],
                                   $21::text[], $22::int4[], $23::text[], $24::bool[], $25::text[],
                                   $26::timestamptz[], $27::timestamptz[], $28::timestamptz[],
-                                  $29::jsonb[], $30::text[])
+                                  $29::jsonb[], $30::text[], $31::text[], $32::int8[])
              ON CONFLICT (id) DO NOTHING
              RETURNING id",
         )
@@ -387,6 +394,8 @@ async fn insert_born(conn: &mut PgConnection, rows: &[Born]) -> sqlx::Result<Has
         .bind(ended_at)
         .bind(mig_instances)
         .bind(failures)
+        .bind(placement_nodes)
+        .bind(placement_seqs)
         .fetch_all(&mut *conn)
         .await?;
         inserted.extend(ids);
@@ -429,7 +438,8 @@ async fn update_placed(
     sqlx::query(
         "UPDATE leases l SET state = 'placed', node_id = u.node_id, zone = u.zone, gpu_uuids = u.gpu_uuids,
                 gpu_indices = u.gpu_indices, queued_reason = NULL, queue_position = NULL,
-                placed_at = u.placed_at, last_sequence = u.seq, mig_instance = u.mig_instance
+                placed_at = u.placed_at, last_sequence = u.seq, mig_instance = u.mig_instance,
+                last_placement_node_id = u.node_id, last_placement_sequence = u.seq
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::timestamptz[],
                      $7::int8[], $8::jsonb[])
               AS u(id, node_id, zone, gpu_uuids, gpu_indices, placed_at, seq, mig_instance)
@@ -766,7 +776,7 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
             sqlx::query(
                 "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                         queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7,
-                        mig_instance = $8
+                        mig_instance = $8, last_placement_node_id = $2, last_placement_sequence = $7
                  WHERE id = $1 AND state IN ('requested', 'queued')",
             )
             .bind(e.lease_id)
@@ -820,7 +830,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
                 sqlx::query(
                     "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                             mig_instance = $6, placed_at = $7, migrations = migrations + 1,
-                            last_migration_reason = $8, last_sequence = $9
+                            last_migration_reason = $8, last_sequence = $9,
+                            last_placement_node_id = $2, last_placement_sequence = $9
                      WHERE id = $1 AND state IN ('placed', 'running')",
                 )
                 .bind(e.lease_id)
@@ -987,6 +998,8 @@ pub fn requested_view(
         ended_at: None,
         requested_sequence: sequence as i64,
         idempotency_key: e.idempotency_key.clone(),
+        last_placement_node_id: None,
+        last_placement_sequence: None,
     }
 }
 

@@ -557,6 +557,7 @@ async fn read_log_of(on_log: &OnLog) -> lh_rpc::lease_logs::LeaseLogs {
         offset: 0,
         tail: None,
         max_bytes: None,
+        placement: None,
     };
     // A restarted agent answers once it has subscribed, a moment after it
     // started: until then the request finds no responder.

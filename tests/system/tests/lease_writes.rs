@@ -197,3 +197,106 @@ async fn the_waiting_lease_limit_counts_requests_the_read_model_has_not_applied(
     let (_, calm) = stack.create_tenant("calm", 16).await;
     assert_eq!(post(&stack, &calm, None, &body).await.0, 202);
 }
+
+/// A lease's log is read from its last placement, named by the placement's
+/// sequence: not an older placement's on the same node, and, back in the
+/// queue, still its last run's, as a log the lease will add to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_s_log_is_its_last_placement_s_even_back_in_the_queue() {
+    use lh_events::{fixtures, LeaseMigrated};
+    use lh_rpc::lease_logs::{LeaseLogs, LeaseLogsReply, LeaseLogsRequest};
+    use std::sync::{Arc, Mutex};
+
+    const NODE: &str = "node-logs";
+    let stack = gateway_alone(1_000).await;
+    let (_, key) = stack.create_tenant("logger", 8).await;
+    let bus = stack.bus().await;
+    // The node: each placement's log says which it is, and has ended.
+    let asked: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
+    let node = {
+        let (bus, asked) = (bus.clone(), asked.clone());
+        tokio::spawn(async move {
+            lh_bus::rpc::serve(
+                &bus,
+                &lh_events::subject::rpc_lease_logs(NODE),
+                "node-agent",
+                move |request: LeaseLogsRequest| {
+                    asked.lock().unwrap().push(request.placement);
+                    let data = format!("run of placement {:?}\n", request.placement);
+                    std::future::ready(Ok::<_, String>(LeaseLogsReply::Logs(LeaseLogs {
+                        next_offset: data.len() as u64,
+                        size: data.len() as u64,
+                        data,
+                        dropped_before: 0,
+                        finished: true,
+                    })))
+                },
+            )
+            .await
+        })
+    };
+    let body = json!({"gpus": 1, "gpu_model": "A100-40GB",
+                      "workload": {"command": ["python", "train.py"], "image": "pytorch:2"}});
+    let (status, accepted) = post(&stack, &key, None, &body).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id: Uuid = accepted["id"].as_str().unwrap().parse().unwrap();
+    let place = |bus: lh_bus::Bus| async move {
+        let placed = fixtures::by_owner(EventData::LeasePlaced(fixtures::placed(
+            id,
+            NODE,
+            "cn-north-1a",
+            "A100-40GB",
+            40,
+            &[0],
+        )));
+        bus.publish(&placed, Expect::Any).await.unwrap().sequence
+    };
+    let read = || async {
+        let (status, page) = stack
+            .call(Method::GET, &format!("/v1/leases/{id}/logs"), &key, None)
+            .await;
+        assert_eq!(status, 200, "{page}");
+        page
+    };
+
+    let first = place(bus.clone()).await;
+    wait_read_model(&stack, &key).await;
+    let page = read().await;
+    assert_eq!(page["placement"], first, "{page}");
+    assert_eq!(page["node_id"], NODE, "{page}");
+    assert_eq!(page["finished"], true, "{page}");
+
+    // Back in the queue: its last run's log, which a follower keeps on.
+    let requeued = fixtures::by_owner(EventData::LeaseMigrated(LeaseMigrated {
+        lease_id: id,
+        reason: "node_lost".into(),
+        from_node_id: NODE.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: Utc::now(),
+        to: None,
+    }));
+    bus.publish(&requeued, Expect::Any).await.unwrap();
+    wait_read_model(&stack, &key).await;
+    let page = read().await;
+    assert_eq!(page["placement"], first, "{page}");
+    assert_eq!(page["data"], format!("run of placement Some({first})\n"));
+    assert_eq!(page["finished"], false, "{page}");
+    assert!(
+        page["detail"]
+            .as_str()
+            .unwrap()
+            .contains("back in the queue"),
+        "{page}"
+    );
+
+    // Placed on the same node again: the new placement's log, not the old.
+    let second = place(bus.clone()).await;
+    wait_read_model(&stack, &key).await;
+    let page = read().await;
+    assert_eq!(page["placement"], second, "{page}");
+    assert_eq!(
+        *asked.lock().unwrap(),
+        [Some(first), Some(first), Some(second)]
+    );
+    node.abort();
+}

@@ -1,8 +1,9 @@
 //! A lease's workload log: what its workload wrote to stdout and stderr.
 //! Only the node the lease runs on holds it, so the gateway asks that node
 //! over the bus (ADR 003: reads across services are request/reply). A lease
-//! that failed over has a log on each node it ran on; this reads the one
-//! on the node the lease is on now.
+//! that failed over has a log for each placement, on each node it ran on;
+//! this reads its last placement's, named by the placement's sequence: the
+//! one it is on now, or, back in the queue, the one it last ran on.
 
 use std::time::Duration;
 
@@ -50,6 +51,11 @@ pub struct LeaseLogsView {
     pub finished: bool,
     /// The node whose log this is; null while the lease is on none.
     pub node_id: Option<String>,
+    /// The placement whose log this is (the stream sequence of the
+    /// `lease.placed` or `lease.migrated` that put the lease there): a new
+    /// one, on the same node or another, starts a new log from offset 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<u64>,
     /// Why there is nothing to read, where that is so: the lease is on no
     /// node (yet), or runs no workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +72,7 @@ impl LeaseLogsView {
             size: 0,
             finished,
             node_id,
+            placement: None,
             detail: Some(detail),
         }
     }
@@ -103,7 +110,15 @@ pub async fn get(
     }
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let done = matches!(lease.state, LeaseState::Ended | LeaseState::Rejected);
-    let Some(node_id) = lease.node_id.clone() else {
+    let waiting = matches!(lease.state, LeaseState::Requested | LeaseState::Queued);
+    // Its last placement's node: where it is, or, back in the queue, where
+    // it last ran. Rows from before placements were kept name the node only.
+    let (node_id, placement) = match (&lease.last_placement_node_id, lease.last_placement_sequence)
+    {
+        (Some(node), Some(sequence)) => (Some(node.clone()), u64::try_from(sequence).ok()),
+        _ => (lease.node_id.clone(), None),
+    };
+    let Some(node_id) = node_id else {
         // A follower waits for it to run; one that never will is done.
         return Ok(Json(LeaseLogsView::empty(
             None,
@@ -127,6 +142,7 @@ pub async fn get(
         offset: query.offset.unwrap_or(0),
         tail: query.tail,
         max_bytes: query.max_bytes,
+        placement,
     };
     let reply = lh_rpc::lease_logs::fetch(&ctx.bus, &node_id, &request, LEASE_LOGS_NODE_TIMEOUT)
         .await
@@ -142,9 +158,17 @@ pub async fn get(
             next_offset: logs.next_offset,
             dropped_before: logs.dropped_before,
             size: logs.size,
-            finished: logs.finished,
+            // Back in the queue, its last run's log is done but the lease
+            // is not: a follower waits for the next placement's.
+            finished: logs.finished && !waiting,
             node_id: Some(node_id),
-            detail: None,
+            placement,
+            detail: waiting.then(|| {
+                format!(
+                    "lease {} is back in the queue: this is the log of its last run",
+                    lease.id
+                )
+            }),
         })),
         // Placed, and its node has not started it yet: a follower waits.
         LeaseLogsReply::NotFound { .. }
@@ -153,11 +177,14 @@ pub async fn get(
                 LeaseState::Requested | LeaseState::Queued | LeaseState::Placed
             ) =>
         {
-            Ok(Json(LeaseLogsView::empty(
-                Some(node_id),
-                false,
-                format!("the workload of lease {} has not started yet", lease.id),
-            )))
+            Ok(Json(LeaseLogsView {
+                placement,
+                ..LeaseLogsView::empty(
+                    Some(node_id),
+                    false,
+                    format!("the workload of lease {} has not started yet", lease.id),
+                )
+            }))
         }
         LeaseLogsReply::NotFound { why } => Err(ApiError::not_found(format!(
             "{why} (node {node_id}; a log is kept a while after its workload ends)"

@@ -231,11 +231,18 @@ pub struct LeaseView {
     pub requested_sequence: i64,
     #[serde(skip)]
     pub idempotency_key: Option<String>,
+    /// The node of its last placement, kept when it goes back to the
+    /// queue: where its last workload's log is.
+    #[serde(skip)]
+    pub last_placement_node_id: Option<String>,
+    /// The stream sequence of that placement: the node names the log by it.
+    #[serde(skip)]
+    pub last_placement_sequence: Option<i64>,
 }
 
 pub(crate) const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, failure, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
-    started_at, ended_at, requested_sequence, idempotency_key";
+    started_at, ended_at, requested_sequence, idempotency_key, last_placement_node_id, last_placement_sequence";
 
 impl From<CreateLease> for LeaseBody {
     fn from(body: CreateLease) -> Self {

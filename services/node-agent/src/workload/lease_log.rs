@@ -137,7 +137,12 @@ pub fn dir(state_dir: &Path) -> PathBuf {
 /// other GPUs of the node runs anew, while its old workload may still be
 /// stopping.
 pub fn path(state_dir: &Path, lease_id: Uuid, placement: u64) -> PathBuf {
-    dir(state_dir).join(format!("{lease_id}-{placement}.log"))
+    file_in(&dir(state_dir), lease_id, placement)
+}
+
+/// The log of `lease_id` for `placement` in the logs directory `dir`.
+fn file_in(dir: &Path, lease_id: Uuid, placement: u64) -> PathBuf {
+    dir.join(format!("{lease_id}-{placement}.log"))
 }
 
 fn meta_path(log: &Path) -> PathBuf {
@@ -321,8 +326,13 @@ fn latest(dir: &Path, lease_id: Uuid) -> Option<PathBuf> {
 /// this node keeps no log of it. Whatever the request says, it reads only
 /// a log of this node's own and at most the read limit.
 pub fn read(dir: &Path, request: &LeaseLogsRequest) -> io::Result<Option<LeaseLogs>> {
-    let Some(path) = latest(dir, request.lease_id) else {
-        return Ok(None);
+    let path = match request.placement {
+        // Only that placement's: an older one's log is not this run's.
+        Some(placement) => file_in(dir, request.lease_id, placement),
+        None => match latest(dir, request.lease_id) {
+            Some(path) => path,
+            None => return Ok(None),
+        },
     };
     let (meta, bytes, start, size) = {
         let _held = lock();
@@ -494,6 +504,7 @@ mod tests {
             offset,
             tail,
             max_bytes: Some(max),
+            placement: None,
         }
     }
 
@@ -575,6 +586,26 @@ mod tests {
             lh_rpc::lease_logs::MAX_LEASE_LOG_READ_BYTES
         );
         assert!(got.data.starts_with('x'));
+    }
+
+    #[test]
+    fn a_named_placement_reads_its_own_log_and_none_before_it_is_written() {
+        let state = tempfile::tempdir().unwrap();
+        let lease = Uuid::from_u128(1);
+        // Placed at 2, moved away, then back at 10: only 2 has written.
+        writeln!(open(&path(state.path(), lease, 2)).unwrap(), "old").unwrap();
+        let named = |placement| LeaseLogsRequest {
+            placement: Some(placement),
+            ..request(lease, 0, None, 1024)
+        };
+        assert_eq!(read(&dir(state.path()), &named(10)).unwrap(), None);
+        let old = read(&dir(state.path()), &named(2)).unwrap().unwrap();
+        assert_eq!(old.data, "old\n");
+        writeln!(open(&path(state.path(), lease, 10)).unwrap(), "new").unwrap();
+        let new = read(&dir(state.path()), &named(10)).unwrap().unwrap();
+        assert_eq!(new.data, "new\n");
+        // The older one is still there to be named.
+        assert_eq!(read(&dir(state.path()), &named(2)).unwrap(), Some(old));
     }
 
     #[test]
