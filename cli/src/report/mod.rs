@@ -232,6 +232,14 @@ async fn read_usage_by_node(
             }
             Err(CliError::Api(p)) if matches!(p.status, 403 | 404 | 503) => {
                 usage_missing(&mut *err, p.status, &format!(" of node {node}"));
+                let after = nodes.len() - done - 1;
+                if after > 0 {
+                    let _ = writeln!(
+                        err,
+                        "warning: the usage of the {after} nodes after {node} was not read either; \
+                         their heat map and utilisation are empty too"
+                    );
+                }
                 return Ok(());
             }
             Err(e) => return Err(e.into()),
@@ -308,9 +316,10 @@ pub async fn read_day(
         Ok(answer) => add_usage(gw, &query, &mut input, &answer)?,
         // More points than one answer holds, or a sum too long for the
         // database: the fleet's day is read node by node.
-        Err(CliError::Api(p)) if p.status == 422 => {
+        Err(CliError::Api(p)) if p.status == 422 && p.field.as_deref() == Some("step") => {
             read_usage_by_node(gw, &query, &mut input, &mut *err).await?
         }
+        Err(CliError::Api(p)) if p.status == 422 => usage_missing(&mut *err, p.status, ""),
         Err(CliError::Api(p)) if matches!(p.status, 403 | 404 | 503) => {
             usage_missing(&mut *err, p.status, "");
         }

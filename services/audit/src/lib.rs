@@ -542,6 +542,11 @@ const LOG_FILL_CHECK: Duration = Duration::from_secs(60);
 /// also stamps `lh_stream_read_timestamp_seconds{stream}`: how old the
 /// figures are is what tells them stale.
 async fn watch_log_fill(bus: lh_bus::Bus) -> std::convert::Infallible {
+    // Never read yet: stale from the start, so that a service that can
+    // never read a stream is seen to, not left without the series.
+    for stream in [subject::EVENTS_STREAM, subject::TELEMETRY_STREAM] {
+        metrics::gauge!("lh_stream_read_timestamp_seconds", "stream" => stream).set(0.0);
+    }
     let mut every = tokio::time::interval(LOG_FILL_CHECK);
     loop {
         every.tick().await;

@@ -294,9 +294,31 @@ async fn a_lease_s_log_is_its_last_placement_s_even_back_in_the_queue() {
     wait_read_model(&stack, &key).await;
     let page = read().await;
     assert_eq!(page["placement"], second, "{page}");
+
+    // Moved to other GPUs of the same node: that move's log.
+    let on = fixtures::placed(id, NODE, "cn-north-1a", "A100-40GB", 40, &[1]);
+    let moved = fixtures::by_owner(EventData::LeaseMigrated(LeaseMigrated {
+        lease_id: id,
+        reason: "gpu_unhealthy".into(),
+        from_node_id: NODE.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: Utc::now(),
+        to: Some(lh_events::Relocation {
+            node_id: on.node_id,
+            zone: on.zone,
+            vram_gb_per_gpu: on.vram_gb_per_gpu,
+            gpus: on.gpus,
+            decision: on.decision,
+        }),
+    }));
+    let third = bus.publish(&moved, Expect::Any).await.unwrap().sequence;
+    wait_read_model(&stack, &key).await;
+    let page = read().await;
+    assert_eq!(page["placement"], third, "{page}");
+    assert_eq!(page["finished"], true, "{page}");
     assert_eq!(
         *asked.lock().unwrap(),
-        [Some(first), Some(first), Some(second)]
+        [Some(first), Some(first), Some(second), Some(third)]
     );
     node.abort();
 }

@@ -170,6 +170,22 @@ pub async fn get(
                 )
             }),
         })),
+        // Back in the queue, its last run's log gone (past its keep time):
+        // the next run writes a new one.
+        LeaseLogsReply::NotFound { .. } if waiting && placement.is_some() => {
+            Ok(Json(LeaseLogsView {
+                placement,
+                ..LeaseLogsView::empty(
+                    Some(node_id),
+                    false,
+                    format!(
+                        "lease {} is back in the queue and its last run's log is no longer \
+                         kept; its next run writes a new one",
+                        lease.id
+                    ),
+                )
+            }))
+        }
         // Placed, and its node has not started it yet: a follower waits.
         LeaseLogsReply::NotFound { .. }
             if matches!(

@@ -14,8 +14,9 @@
 //! must never step back, also across a restart: an interval counted open
 //! up to some instant and then closed earlier (an end dated by its node
 //! before the instant it was counted to) would. So a node's event never
-//! dates what it changes before it was stored less the nodes' clock skew
-//! (its floor, [`AvailabilityStats::begin_stored`]), and the caller counts
+//! dates what it changes before it was stored less the nodes' clock skew,
+//! nor after it was stored ([`AvailabilityStats::begin_stored`]), and the
+//! caller counts
 //! open intervals no further than that skew, and a little more, before its
 //! clock ([`AvailabilityStats::counted_through`]). The platform's own
 //! events date from the log already; an interruption dated back (from the
@@ -72,16 +73,18 @@ pub struct AvailabilityStats {
     pub tenants: BTreeMap<Uuid, LeaseTime>,
     /// Open intervals of live leases: (tenant, interval).
     pub open: HashMap<Uuid, (Uuid, Open)>,
-    /// The earliest instant the event being folded may date a change at;
-    /// set only while it is folded.
+    /// The instants a node's event being folded may date a change
+    /// between: when it was stored, less the nodes' clock skew, and when it
+    /// was stored. Set only while it is folded.
     #[serde(skip)]
-    floor: Option<DateTime<Utc>>,
+    window: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 /// How far behind the caller's clock, beyond the nodes' clock skew, open
-/// intervals are counted: room for an event stored just before an export
-/// and not folded yet.
-pub const COUNTED_BEHIND_SKEW_MS: i64 = 5_000;
+/// intervals are counted: room for events stored before an export and not
+/// folded yet. A fold further behind than this at an export can still
+/// make a later restart count up to that much less.
+pub const COUNTED_BEHIND_SKEW_MS: i64 = 30_000;
 
 fn millis_between(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {
     u64::try_from((to - from).num_milliseconds()).unwrap_or(0)
@@ -92,11 +95,11 @@ impl AvailabilityStats {
     /// was stored (`stored_at`, the server's clock) less the nodes' clock
     /// `skew`, until [`AvailabilityStats::end_stored`].
     pub fn begin_stored(&mut self, stored_at: DateTime<Utc>, skew: chrono::Duration) {
-        self.floor = Some(stored_at - skew.abs());
+        self.window = Some((stored_at - skew.abs(), stored_at));
     }
 
     pub fn end_stored(&mut self) {
-        self.floor = None;
+        self.window = None;
     }
 
     /// The instant open intervals are counted to at `now` (see the module).
@@ -104,9 +107,12 @@ impl AvailabilityStats {
         now - skew.abs() - chrono::Duration::milliseconds(COUNTED_BEHIND_SKEW_MS)
     }
 
-    /// `at`, not before the floor of the event being folded.
+    /// `at`, held to the window of the node's event being folded: never
+    /// before its storing less the skew (the counters would step back),
+    /// never after its storing (a clock ahead would count time to come).
     fn floored(&self, at: DateTime<Utc>) -> DateTime<Utc> {
-        self.floor.map_or(at, |floor| at.max(floor))
+        self.window
+            .map_or(at, |(earliest, latest)| at.clamp(earliest, latest))
     }
 
     /// The key a tenant's time is kept under: its own while there is room.
@@ -241,9 +247,9 @@ mod tests {
         stats.begin_stored(t("10:00:01"), skew);
         stats.started(lease, tenant, t("10:00:00"));
         stats.end_stored();
-        // Exported at 11:00: counted through 10:59:25.
+        // Exported at 11:00: counted through 10:59:00.
         let through = AvailabilityStats::counted_through(t("11:00:00"), skew);
-        assert_eq!(through, t("10:59:25"));
+        assert_eq!(through, t("10:59:00"));
         let exported = stats.up_to(through)[&tenant];
         // The end, stored at 11:00:02, says its node stopped at 10:40: it
         // ends at 10:59:32, so a restart folding it never counts less than
@@ -254,12 +260,22 @@ mod tests {
         let after = stats.up_to(AvailabilityStats::counted_through(t("11:00:05"), skew))[&tenant];
         assert_eq!(after.owed_ms, (59 * 60 + 32) * 1000);
         assert!(after.owed_ms >= exported.owed_ms);
+        // A node clock ahead dates no time after the storing.
+        let ahead = Uuid::from_u128(3);
+        stats.begin_stored(t("11:10:00"), skew);
+        stats.started(ahead, tenant, t("11:09:50"));
+        stats.end_stored();
+        stats.begin_stored(t("11:20:00"), skew);
+        stats.stopped_owing(ahead, t("23:00:00"));
+        stats.end_stored();
+        let ahead_ms = stats.up_to(t("23:59:00"))[&tenant].owed_ms - after.owed_ms;
+        assert_eq!(ahead_ms, (10 * 60 + 10) * 1000);
         // Outside a fold an instant is taken as given (the floor is gone).
         stats.started(lease, tenant, t("12:00:00"));
         stats.stopped_owing(lease, t("12:00:10"));
         assert_eq!(
             stats.up_to(t("13:00:00"))[&tenant].owed_ms,
-            after.owed_ms + 10_000
+            after.owed_ms + ahead_ms + 10_000
         );
     }
 
