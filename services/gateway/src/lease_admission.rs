@@ -62,6 +62,25 @@ struct Held {
     /// Moves on each time a tenant's exhaustion is forgotten.
     generation: u64,
     by_tenant: HashMap<Uuid, Admission>,
+    /// The newest request appended for a tenant forgotten when the memory
+    /// was full: every tenant's list waits for it, as it might be theirs.
+    forgotten_appended: u64,
+}
+
+impl Held {
+    /// Starts the memory over when it holds [`MAX_TENANTS_HELD`] tenants and
+    /// `tenant_id` is not one of them.
+    fn make_room(&mut self, tenant_id: Uuid) {
+        if self.by_tenant.len() >= MAX_TENANTS_HELD && !self.by_tenant.contains_key(&tenant_id) {
+            let newest = self
+                .by_tenant
+                .values()
+                .flat_map(|a| a.appended.iter())
+                .max();
+            self.forgotten_appended = self.forgotten_appended.max(newest.copied().unwrap_or(0));
+            self.by_tenant.clear();
+        }
+    }
 }
 
 /// The memory shared by the lease handlers and the projection's runner.
@@ -132,9 +151,7 @@ impl LeaseAdmission {
     /// gives.
     pub fn fill(&self, tenant_id: Uuid, generation: u64, read: TenantRead) -> Admitted {
         let mut held = self.lock();
-        if held.by_tenant.len() >= MAX_TENANTS_HELD && !held.by_tenant.contains_key(&tenant_id) {
-            held.by_tenant.clear();
-        }
+        held.make_room(tenant_id);
         let current = held.generation == generation;
         let a = held.by_tenant.entry(tenant_id).or_default();
         a.appended.retain(|&seq| seq > read.applied);
@@ -157,9 +174,7 @@ impl LeaseAdmission {
         self.newest_appended_by_any
             .fetch_max(sequence, Ordering::Relaxed);
         let mut held = self.lock();
-        if held.by_tenant.len() >= MAX_TENANTS_HELD && !held.by_tenant.contains_key(&tenant_id) {
-            held.by_tenant.clear();
-        }
+        held.make_room(tenant_id);
         // Forgotten since its check, it is held again with its exhaustion
         // unknown: the next request reads afresh, and the tenant's list
         // still waits for this one.
@@ -177,10 +192,12 @@ impl LeaseAdmission {
     /// read model had not applied at its last read: what a list of the
     /// tenant's leases must wait for to show its own writes.
     pub fn newest_appended(&self, tenant_id: Uuid) -> Option<u64> {
-        self.lock()
+        let held = self.lock();
+        let own = held
             .by_tenant
             .get(&tenant_id)
-            .and_then(|a| a.appended.iter().copied().max())
+            .and_then(|a| a.appended.iter().copied().max());
+        own.max(Some(held.forgotten_appended).filter(|&s| s > 0))
     }
 
     /// The newest request this gateway appended for any tenant: what a list
@@ -308,6 +325,21 @@ mod tests {
         memory.appended(TENANT, 22, 20);
         assert_eq!(memory.newest_appended(TENANT), Some(22));
         assert_eq!(memory.newest_appended_by_any(), Some(23));
+    }
+
+    #[test]
+    fn a_full_memory_forgets_tenants_but_their_lists_still_wait_for_their_appends() {
+        let memory = LeaseAdmission::default();
+        for n in 0..MAX_TENANTS_HELD as u128 {
+            memory.appended(Uuid::from_u128(n + 100), n as u64 + 1, 0);
+        }
+        let newest = MAX_TENANTS_HELD as u64;
+        assert_eq!(memory.newest_appended(Uuid::from_u128(100)), Some(1));
+        // One more tenant: the memory starts over.
+        memory.appended(TENANT, newest + 1, 0);
+        assert_eq!(memory.lock().by_tenant.len(), 1);
+        assert_eq!(memory.newest_appended(TENANT), Some(newest + 1));
+        assert_eq!(memory.newest_appended(Uuid::from_u128(100)), Some(newest));
     }
 
     #[test]
