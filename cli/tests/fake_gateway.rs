@@ -1095,6 +1095,20 @@ fn query_of(req: &Req) -> std::collections::BTreeMap<String, String> {
         .collect()
 }
 
+/// `lh [first...] report daily --date 2026-12-03 --out <out_file>`.
+async fn report_the_day(gw: &Fake, first: &[&str], out_file: &std::path::Path) -> Captured {
+    let mut args = first.to_vec();
+    args.extend([
+        "report",
+        "daily",
+        "--date",
+        "2026-12-03",
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    gw.lh(&args).await
+}
+
 #[tokio::test]
 async fn report_daily_reads_each_type_page_by_page_then_the_usage() {
     use chrono::{TimeZone as _, Utc};
@@ -1170,16 +1184,7 @@ async fn report_daily_reads_each_type_page_by_page_then_the_usage() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let out_file = dir.path().join("day.svg");
-    let out = gw
-        .lh(&[
-            "report",
-            "daily",
-            "--date",
-            "2026-12-03",
-            "--out",
-            out_file.to_str().unwrap(),
-        ])
-        .await;
+    let out = report_the_day(&gw, &[], &out_file).await;
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
     assert!(
         out.stdout
@@ -1373,17 +1378,7 @@ async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_
     .await;
     let dir = tempfile::tempdir().unwrap();
     let out_file = dir.path().join("day.svg");
-    let out = gw
-        .lh(&[
-            "--json",
-            "report",
-            "daily",
-            "--date",
-            "2026-12-03",
-            "--out",
-            out_file.to_str().unwrap(),
-        ])
-        .await;
+    let out = report_the_day(&gw, &["--json"], &out_file).await;
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
     assert!(
         out.stderr.contains("reading it node by node (3 nodes)"),
