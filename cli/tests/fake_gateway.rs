@@ -1349,10 +1349,16 @@ async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_
             Some("step"),
         )
     };
-    let gw = fake(move |req, _| {
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gw = fake({
+        let busy = busy.clone();
+        move |req, _| {
         let q = query_of(req);
         if req.target.starts_with("/v1/usage") {
             return match q.get("node").map(String::as_str) {
+                Some("n-b") if busy.load(std::sync::atomic::Ordering::Relaxed) => {
+                    problem(503, "Service Unavailable", "the database is busy", None)
+                }
                 // The whole fleet's day, and n-b's alone, are too many points.
                 None | Some("n-b") => too_many(),
                 Some(node) => ok(
@@ -1374,7 +1380,7 @@ async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_
             "node.registered" => ok(200, json!({"events": nodes.clone(), "next": null})),
             _ => ok(200, json!({"events": [], "next": null})),
         }
-    })
+    }})
     .await;
     let dir = tempfile::tempdir().unwrap();
     let out_file = dir.path().join("day.svg");
@@ -1415,4 +1421,21 @@ async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_
     assert_eq!(vram_at_5("n-a"), 50.0);
     assert_eq!(vram_at_5("n-b"), 0.0);
     assert_eq!(vram_at_5("n-c"), 50.0);
+
+    // A database too busy at n-b: the nodes after it are left, and named.
+    busy.store(true, std::sync::atomic::Ordering::Relaxed);
+    let before = gw.requests().len();
+    let out = report_the_day(&gw, &[], &out_file).await;
+    assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
+    assert!(out.stderr.contains("of node n-b: 503"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("the 1 node after n-b was not read"),
+        "{}",
+        out.stderr
+    );
+    let usage_asked = gw.requests()[before..]
+        .iter()
+        .filter(|r| r.target.starts_with("/v1/usage?"))
+        .count();
+    assert_eq!(usage_asked, 3, "the fleet, n-a, n-b; not n-c");
 }

@@ -234,10 +234,15 @@ async fn read_usage_by_node(
                 usage_missing(&mut *err, p.status, &format!(" of node {node}"));
                 let after = nodes.len() - done - 1;
                 if after > 0 {
+                    let (nodes_after, were) = if after == 1 {
+                        ("node", "was")
+                    } else {
+                        ("nodes", "were")
+                    };
                     let _ = writeln!(
                         err,
-                        "warning: the usage of the {after} nodes after {node} was not read either; \
-                         their heat map and utilisation are empty too"
+                        "warning: the usage of the {after} {nodes_after} after {node} {were} not \
+                         read either; their heat map and utilisation are empty too"
                     );
                 }
                 return Ok(());
