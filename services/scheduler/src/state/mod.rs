@@ -102,6 +102,10 @@ pub struct State {
     pub spot_stats: SpotStats,
     /// Lease time owed to and interrupted for each tenant, folded from the log.
     pub availability: availability::AvailabilityStats,
+    /// How far a node's clock may be off, as the last stored event was
+    /// folded with ([`State::apply_stored`]): the restated events of a
+    /// lease are held to it as their first folding was.
+    node_clock_skew: Option<chrono::Duration>,
     /// The placement engine the last decision pass left.
     kept: decide::Kept,
     /// Lost nodes, nodes by when they were heard, nodes whose leases may
@@ -137,6 +141,7 @@ impl State {
         envelope: &Envelope,
         skew: chrono::Duration,
     ) {
+        self.node_clock_skew = Some(skew);
         if !matches!(envelope.actor, lh_events::Actor::Node(_)) {
             return self.apply(sequence, envelope);
         }
@@ -155,8 +160,20 @@ impl State {
             // keeps its place in the queue.
             EventData::LeaseRestated(r) => {
                 if !self.leases.contains_key(&r.lease_id) {
+                    let skew = self.node_clock_skew.unwrap_or_else(|| {
+                        chrono::Duration::seconds(lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)
+                    });
                     for e in &r.history {
+                        // A node's event dates lease-time as it did when
+                        // first folded: held to when it was stored.
+                        let by_node = matches!(e.envelope.actor, lh_events::Actor::Node(_));
+                        if by_node {
+                            self.availability.begin_stored(e.stored_at, skew);
+                        }
                         self.apply_to_leases(e.sequence, &e.envelope);
+                        if by_node {
+                            self.availability.end_stored();
+                        }
                     }
                 }
                 let _ = self.lease_at(r.lease_id, sequence);

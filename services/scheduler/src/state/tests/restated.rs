@@ -115,3 +115,48 @@ fn a_snapshot_taken_back_gives_the_same_state_and_decisions() {
     assert_eq!(events_of(&decide(&restored)), events_of(&decide(&whole)));
     assert!(!State::default().restore(serde_json::json!({"fleet": 1})));
 }
+
+#[test]
+fn a_node_s_start_restated_counts_the_lease_time_its_first_folding_did() {
+    let skew = Duration::seconds(30);
+    let (t, a) = (Uuid::from_u128(1), Uuid::from_u128(10));
+    let stored: DateTime<Utc> = "2026-12-03T10:00:00Z".parse().unwrap();
+    let mut events = vec![
+        stated(1, tenant(t, 8)),
+        stated(2, node("a", 2)),
+        stated(3, request(a, t, 1)),
+        stated(
+            4,
+            EventData::LeasePlaced(fixtures::placed(a, "a", "z", fixtures::MODEL, 40, &[1])),
+        ),
+    ];
+    // Its node says it started two hours before the log stored that.
+    let data = started(a, stored - Duration::hours(2));
+    let start = StatedEvent {
+        sequence: 5,
+        stored_at: stored,
+        envelope: Box::new(Envelope::new(Actor::Node("a".into()), stored, data)),
+    };
+    events.push(start);
+    let mut whole = State::default();
+    for e in &events {
+        whole.apply_stored(e.sequence, e.stored_at, &e.envelope, skew);
+    }
+    let lease_events: Vec<StatedEvent> = events
+        .iter()
+        .filter(|e| e.envelope.data.aggregate_subject() == subject::lease(a))
+        .cloned()
+        .collect();
+    let mut fresh = State::default();
+    for (i, e) in events[..2].iter().enumerate() {
+        fresh.apply_stored(i as u64 + 1, e.stored_at, &e.envelope, skew);
+    }
+    let restated = lh_domain::restate::restatement(&lease_events).unwrap();
+    let by_restater = Envelope::new(Actor::Service(SERVICE.into()), Utc::now(), restated);
+    fresh.apply_stored(100, Utc::now(), &by_restater, skew);
+    let hour_later = stored + Duration::hours(1);
+    let owed = whole.availability.up_to(hour_later)[&t].owed_ms;
+    // Counted from its storing less the skew, by both.
+    assert_eq!(owed, (3600 + 30) * 1000);
+    assert_eq!(fresh.availability.up_to(hour_later)[&t].owed_ms, owed);
+}
