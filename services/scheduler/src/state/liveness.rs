@@ -119,17 +119,8 @@ impl State {
         };
         // Silence counts from our start, or from when we could hear again.
         let listening_since = self.hearing_resumed_at.map_or(since, |r| r.max(since));
-        let fleet_quiet_since = self.last_heard_any.map_or(since, |any| any.max(since));
         let live_nodes = self.fleet.nodes.len() - self.watch.lost_count();
-        let fleet_silence = now - fleet_quiet_since;
-        let resuming = self
-            .resuming
-            .as_ref()
-            .is_some_and(|r| r.shields && now - r.since <= rules.node_lost_after);
-        let deaf = live_nodes >= 2
-            && (resuming
-                || (fleet_silence > rules.node_lost_after
-                    && fleet_silence <= rules.fleet_silence_grace));
+        let deaf = self.deaf(now, since, live_nodes, rules);
         // A node is silent when both its last heartbeat (or our start, if
         // none came) and the time we could hear again are before this.
         let silent_before = now - rules.node_lost_after;
@@ -155,6 +146,30 @@ impl State {
         out
     }
 
+    /// Whether at `now` we cannot hear the fleet rather than its nodes are
+    /// gone: at least two live nodes (`live_nodes`) and the whole fleet
+    /// silent past the loss window but within the grace for a silence of
+    /// NATS itself, or heartbeats only just back from too few nodes.
+    /// Silence counts from `since` at the earliest.
+    fn deaf(
+        &self,
+        now: DateTime<Utc>,
+        since: DateTime<Utc>,
+        live_nodes: usize,
+        rules: &Rules,
+    ) -> bool {
+        let fleet_quiet_since = self.last_heard_any.map_or(since, |any| any.max(since));
+        let fleet_silence = now - fleet_quiet_since;
+        let resuming = self
+            .resuming
+            .as_ref()
+            .is_some_and(|r| r.shields && now - r.since <= rules.node_lost_after);
+        live_nodes >= 2
+            && (resuming
+                || (fleet_silence > rules.node_lost_after
+                    && fleet_silence <= rules.fleet_silence_grace))
+    }
+
     /// [`State::liveness_changes`] by looking at every node, as it was
     /// before the nodes were filed by when they were heard: what the tests
     /// hold the filed one to.
@@ -168,22 +183,13 @@ impl State {
             return Vec::new();
         };
         let listening_since = self.hearing_resumed_at.map_or(since, |r| r.max(since));
-        let fleet_quiet_since = self.last_heard_any.map_or(since, |any| any.max(since));
         let live_nodes = self
             .fleet
             .nodes
             .values()
             .filter(|n| n.lost.is_none())
             .count();
-        let fleet_silence = now - fleet_quiet_since;
-        let resuming = self
-            .resuming
-            .as_ref()
-            .is_some_and(|r| r.shields && now - r.since <= rules.node_lost_after);
-        let deaf = live_nodes >= 2
-            && (resuming
-                || (fleet_silence > rules.node_lost_after
-                    && fleet_silence <= rules.fleet_silence_grace));
+        let deaf = self.deaf(now, since, live_nodes, rules);
         let mut out = Vec::new();
         for node in self.fleet.nodes.values() {
             let last = self
