@@ -862,18 +862,6 @@ impl Bus {
         &self.js
     }
 
-    /// How full the business log is: `(bytes stored, size limit)`; the
-    /// limit is 0 when there is none.
-    pub async fn events_fill(&self) -> Result<(u64, u64)> {
-        let mut stream = self
-            .js
-            .get_stream(subject::EVENTS_STREAM)
-            .await
-            .map_err(js_err)?;
-        let info = stream.info().await.map_err(js_err)?;
-        Ok((info.state.bytes, info.config.max_bytes.max(0) as u64))
-    }
-
     /// What a stream holds and how its replicas keep up, as the server
     /// reports it.
     pub async fn stream_figures(&self, name: &str) -> Result<StreamFigures> {

@@ -234,8 +234,8 @@ async fn a_larger_configured_size_grows_the_log_and_a_smaller_one_never_shrinks_
         bus.events_stream_config().await.unwrap().max_bytes,
         256 * MIB
     );
-    let (bytes, max_bytes) = bus.events_fill().await.unwrap();
-    assert_eq!((bytes, max_bytes), (0, 256 * MIB as u64));
+    let figures = bus.stream_figures(subject::EVENTS_STREAM).await.unwrap();
+    assert_eq!((figures.bytes, figures.max_bytes), (0, 256 * MIB as u64));
 }
 
 #[test]

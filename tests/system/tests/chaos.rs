@@ -136,7 +136,11 @@ async fn nothing_is_lost_doubled_overcommitted_or_misbilled_through_kills() {
 
     println!("{report}");
     println!("events: {:?}", chaos::event_counts(&log));
-    let (bytes, _) = bus.events_fill().await.unwrap();
+    let bytes = bus
+        .stream_figures(lh_events::subject::EVENTS_STREAM)
+        .await
+        .unwrap()
+        .bytes;
     println!(
         "log: {} messages, {bytes} bytes stored, {} bytes a message on average",
         head,
