@@ -16,7 +16,9 @@
 //! * [`Bus::feed`] replays a subject filter from a sequence with an ordered
 //!   consumer and then follows live (a stream that the filter matches often
 //!   is read whole and filtered here, backlog and head alike: nats-server is
-//!   slow to filter a log with a subject per lease), opening a new consumer after the last
+//!   slow to filter a log with a subject per lease; a backlog that several
+//!   filters match is read as one consumer per filter, merged here in stream
+//!   order), opening a new consumer after the last
 //!   delivered message when the connection comes back or a cluster elects
 //!   a new leader of the log. A stored message the reader cannot use
 //!   (junk, an unknown type, a newer version) is counted, logged and handed
@@ -30,6 +32,7 @@
 //!   type.
 
 pub mod auth;
+mod merged;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -1227,6 +1230,7 @@ impl Bus {
             service: self.service.clone(),
             report_skips,
             connects,
+            merge_backlogs: true,
         };
         // The first consumer is opened here so that a caller learns at once
         // of a server that refuses it; later ones are the pump's business.
@@ -1450,16 +1454,43 @@ fn publish_error(subject: &str, e: async_nats::jetstream::context::PublishError)
     }
 }
 
+/// What a feed's consumer delivers: a message, with how many of the
+/// feed's filters follow it where a merged read counts them for it (its own
+/// metadata counts those of one filter), or why the consumer is lost.
 type MessageStream = std::pin::Pin<
     Box<
-        dyn futures::Stream<
-                Item = Result<
-                    jetstream::Message,
-                    async_nats::jetstream::consumer::pull::OrderedError,
-                >,
-            > + Send,
+        dyn futures::Stream<Item = std::result::Result<(jetstream::Message, Option<u64>), String>>
+            + Send,
     >,
 >;
+
+/// A consumer's messages as a feed reads them.
+fn delivered(messages: async_nats::jetstream::consumer::pull::Ordered) -> MessageStream {
+    Box::pin(messages.map(|m| m.map(|m| (m, None)).map_err(|e| e.to_string())))
+}
+
+/// Where a feed's consumer starts: the stream's first message for 1 (or 0).
+fn deliver_from(from_sequence: u64) -> DeliverPolicy {
+    if from_sequence <= 1 {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: from_sequence,
+        }
+    }
+}
+
+/// How a feed's consumer reads the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// One consumer of the filters: the server steps over the rest.
+    Filtered,
+    /// One consumer of the whole stream, filtered here.
+    Whole,
+    /// One consumer per filter, merged here in stream order up to this
+    /// sequence, the stream's last when the backlog was opened.
+    Merged { through: u64 },
+}
 
 /// Subject prefix of JetStream's advisory that a stream has a new leader
 /// (followed by the stream's name).
@@ -1482,6 +1513,14 @@ const FEED_BUFFER_MESSAGES: usize = 1024;
 /// Fewest messages of the stream a feed reads whole: a backlog or a
 /// stream shorter than this is read through the filters.
 const WIDE_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;
+/// Fewest messages of backlog that a feed of several filters reads as one
+/// consumer per filter, merged (see the `merged` module): under this,
+/// opening the consumers costs more than it saves.
+const MERGED_READ_MIN_BACKLOG_MESSAGES: u64 = 4096;
+/// Longest one filter's consumer may keep a merged read waiting for a
+/// message it has still to deliver before the feed gives the merge up and
+/// reads on through a single consumer.
+const MERGED_READ_IDLE: Duration = Duration::from_secs(5);
 /// Messages over which a feed at the head counts how often its filters
 /// match, to choose how it reads on: the newest this many when it opens,
 /// then each this many it reads past. Long enough that a burst of one kind
@@ -1524,6 +1563,11 @@ struct FeedSource {
     /// Count and log each skipped message (false on a second reading).
     report_skips: bool,
     connects: tokio::sync::watch::Receiver<u64>,
+    /// Whether a long backlog of several filters may be read merged; off
+    /// from a merged read that failed until the feed is at the head, so
+    /// that a consumer which never delivers what it counted cannot hold
+    /// the feed in a loop of merges.
+    merge_backlogs: bool,
 }
 
 impl FeedSource {
@@ -1549,11 +1593,18 @@ impl FeedSource {
     /// [`WIDE_READ_MAX_MESSAGES_PER_MATCH`]) in the backlog, or near the
     /// head in the newest [`WIDE_READ_MIN_BACKLOG_MESSAGES`]; then `true`,
     /// and the reader drops what the filters do not match.
-    async fn open(&self, from_sequence: u64) -> Result<(MessageStream, bool)> {
+    async fn open(&self, from_sequence: u64) -> Result<(MessageStream, Reading)> {
         let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
         let state = &stream.cached_info().state;
         let end = state.last_sequence + 1;
         let from = from_sequence.max(state.first_sequence).max(1);
+        if self.merge_backlogs
+            && self.filters.len() > 1
+            && self.wide.is_some()
+            && end.saturating_sub(from) >= MERGED_READ_MIN_BACKLOG_MESSAGES
+        {
+            return self.open_merged(&stream, from, state.last_sequence).await;
+        }
         // Near the head the newest messages tell how often the filters
         // match what is coming.
         let count_from = from
@@ -1572,7 +1623,10 @@ impl FeedSource {
         tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
             counted, matching, whole, "event feed opened");
         if !whole && count_from == from {
-            return Ok((Box::pin(counter.messages().await.map_err(js_err)?), false));
+            return Ok((
+                delivered(counter.messages().await.map_err(js_err)?),
+                Reading::Filtered,
+            ));
         }
         // The counter only counted; the server forgets it when idle, this
         // saves it the wait.
@@ -1587,35 +1641,80 @@ impl FeedSource {
         stream: &jetstream::stream::Stream,
         from_sequence: u64,
         whole: bool,
-    ) -> Result<(MessageStream, bool)> {
+    ) -> Result<(MessageStream, Reading)> {
         let consumer = stream
             .create_consumer(self.config(from_sequence, whole))
             .await
             .map_err(js_err)?;
-        Ok((Box::pin(consumer.messages().await.map_err(js_err)?), whole))
+        let reading = if whole {
+            Reading::Whole
+        } else {
+            Reading::Filtered
+        };
+        Ok((
+            delivered(consumer.messages().await.map_err(js_err)?),
+            reading,
+        ))
+    }
+
+    /// One ordered consumer of each filter from `from_sequence` on, merged
+    /// in stream order up to `through`.
+    async fn open_merged(
+        &self,
+        stream: &jetstream::stream::Stream,
+        from_sequence: u64,
+        through: u64,
+    ) -> Result<(MessageStream, Reading)> {
+        let mut lanes = Vec::with_capacity(self.filters.len());
+        for filter in &self.filters {
+            let consumer = stream
+                .create_consumer(OrderedConfig {
+                    filter_subjects: vec![filter.clone()],
+                    deliver_policy: deliver_from(from_sequence),
+                    ..Default::default()
+                })
+                .await
+                .map_err(js_err)?;
+            let remaining = consumer.cached_info().num_pending;
+            let messages = match remaining {
+                0 => None,
+                _ => Some(consumer.messages().await.map_err(js_err)?),
+            };
+            lanes.push((messages, remaining));
+        }
+        tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
+            through, "event feed reads its backlog merged");
+        let merged = merged::merge(
+            lanes,
+            through,
+            |message: &jetstream::Message| {
+                message
+                    .info()
+                    .ok()
+                    .map(|info| (info.stream_sequence, info.pending))
+            },
+            MERGED_READ_IDLE,
+        );
+        Ok((
+            Box::pin(merged.map(|m| m.map(|(message, after)| (message, Some(after))))),
+            Reading::Merged { through },
+        ))
     }
 
     fn config(&self, from_sequence: u64, whole: bool) -> OrderedConfig {
-        let deliver_policy = if from_sequence <= 1 {
-            DeliverPolicy::All
-        } else {
-            DeliverPolicy::ByStartSequence {
-                start_sequence: from_sequence,
-            }
-        };
         let filter_subjects = match (&self.wide, whole) {
             (Some(wide), true) => vec![wide.clone()],
             _ => self.filters.clone(),
         };
         OrderedConfig {
             filter_subjects,
-            deliver_policy,
+            deliver_policy: deliver_from(from_sequence),
             ..Default::default()
         }
     }
 
     /// [`FeedSource::open_as`] on the feed's stream.
-    async fn switch(&self, from_sequence: u64, whole: bool) -> Result<(MessageStream, bool)> {
+    async fn switch(&self, from_sequence: u64, whole: bool) -> Result<(MessageStream, Reading)> {
         let stream = self.js.get_stream(self.stream).await.map_err(js_err)?;
         tracing::debug!(service = %self.service, filters = ?self.filters, from_sequence,
             whole, "event feed switched at the head");
@@ -1638,7 +1737,7 @@ impl FeedSource {
         &self,
         from_sequence: u64,
         elections: &mut Option<async_nats::Subscriber>,
-    ) -> (MessageStream, bool) {
+    ) -> (MessageStream, Reading) {
         let mut wait = FEED_REOPEN_MIN_WAIT;
         loop {
             let attempt = async {
@@ -1684,12 +1783,12 @@ impl FeedSource {
     /// [`WIDE_READ_MAX_MESSAGES_PER_MATCH`] allows.
     async fn pump<T: FeedMessage>(
         mut self,
-        opened: (MessageStream, bool),
+        opened: (MessageStream, Reading),
         mut elections: Option<async_nats::Subscriber>,
         mut next_sequence: u64,
         items: tokio::sync::mpsc::Sender<Result<T>>,
     ) {
-        let (mut messages, mut whole) = opened;
+        let (mut messages, mut reading) = opened;
         let mut held = Held::default();
         let mut density = Density::default();
         loop {
@@ -1704,7 +1803,7 @@ impl FeedSource {
                     if !held.hand_over(&items).await {
                         return;
                     }
-                    (messages, whole) = self.reopen(next_sequence, &mut elections).await;
+                    (messages, reading) = self.reopen(next_sequence, &mut elections).await;
                     continue;
                 }
                 // The same for a new leader in a cluster: the consumer may
@@ -1719,7 +1818,7 @@ impl FeedSource {
                     if !held.hand_over(&items).await {
                         return;
                     }
-                    (messages, whole) = self.reopen(next_sequence, &mut elections).await;
+                    (messages, reading) = self.reopen(next_sequence, &mut elections).await;
                     continue;
                 }
                 // Messages the filters do not match keep coming: the held
@@ -1732,12 +1831,12 @@ impl FeedSource {
                 }
             };
             let error = match next {
-                Some(Ok(message)) => {
+                Some(Ok(delivery)) => {
                     match self
                         .deliver(
-                            message,
+                            delivery,
                             &mut next_sequence,
-                            whole,
+                            reading == Reading::Whole,
                             &mut held,
                             &mut density,
                             &items,
@@ -1746,18 +1845,21 @@ impl FeedSource {
                     {
                         Delivered::More => continue,
                         Delivered::ReaderGone => return,
+                        // A merged backlog ends by itself.
+                        Delivered::AtHead if matches!(reading, Reading::Merged { .. }) => continue,
                         Delivered::AtHead => {
+                            self.merge_backlogs = true;
                             let Some(dense) = density.verdict() else {
                                 continue;
                             };
                             let wide = self.wide.is_some() && dense;
-                            if wide == whole {
+                            if wide == (reading == Reading::Whole) {
                                 continue;
                             }
                             // Filters that match seldom save sending every
                             // message; ones that match often cost the
                             // server a lookup per match.
-                            (messages, whole) = match self.switch(next_sequence, wide).await {
+                            (messages, reading) = match self.switch(next_sequence, wide).await {
                                 Ok(opened) => opened,
                                 Err(_) => self.reopen(next_sequence, &mut elections).await,
                             };
@@ -1765,30 +1867,50 @@ impl FeedSource {
                         }
                     }
                 }
-                Some(Err(e)) => e.to_string(),
+                None if matches!(reading, Reading::Merged { .. }) => {
+                    let Reading::Merged { through } = reading else {
+                        unreachable!("matched as merged")
+                    };
+                    // Everything the filters match up to `through` is
+                    // handed over: on from there, one consumer as at the
+                    // head (never merged again from the same place).
+                    next_sequence = next_sequence.max(through + 1);
+                    tracing::debug!(service = %self.service, filters = ?self.filters,
+                        next_sequence, "event feed read its backlog merged");
+                    (messages, reading) = match self.open(next_sequence).await {
+                        Ok(opened) => opened,
+                        Err(_) => self.reopen(next_sequence, &mut elections).await,
+                    };
+                    continue;
+                }
+                Some(Err(e)) => e,
                 None => "the consumer ended".to_string(),
             };
+            if matches!(reading, Reading::Merged { .. }) {
+                self.merge_backlogs = false;
+            }
             tracing::warn!(service = %self.service, filters = ?self.filters,
                 next_sequence, %error, "event feed lost its consumer; reopening");
             if !held.hand_over(&items).await {
                 return;
             }
-            (messages, whole) = self.reopen(next_sequence, &mut elections).await;
+            (messages, reading) = self.reopen(next_sequence, &mut elections).await;
         }
     }
 
     /// Hands `message` to the reader unless it repeats one already handed
-    /// over (or, read `whole`, the filters do not match it).
+    /// over (or, read `whole`, the filters do not match it); `after`, where
+    /// given, is how many messages of the filters follow it.
     async fn deliver<T: FeedMessage>(
         &self,
-        message: jetstream::Message,
+        (message, after): (jetstream::Message, Option<u64>),
         next_sequence: &mut u64,
         whole: bool,
         held: &mut Held<T>,
         density: &mut Density,
         items: &tokio::sync::mpsc::Sender<Result<T>>,
     ) -> Delivered {
-        let info = match message.info() {
+        let mut info = match message.info() {
             Ok(info) => info,
             Err(e) => {
                 // Not a JetStream message at all: no retry gives it a
@@ -1804,6 +1926,9 @@ impl FeedSource {
         // older is a repeat.
         if info.stream_sequence < *next_sequence {
             return Delivered::More;
+        }
+        if let Some(after) = after {
+            info.pending = after;
         }
         let passed = info.stream_sequence + 1 - *next_sequence;
         *next_sequence = info.stream_sequence + 1;

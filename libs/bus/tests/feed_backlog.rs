@@ -3,7 +3,8 @@
 //! last of them with nothing pending even when the log goes on with
 //! messages it does not match, and then follows the log live; at the head
 //! it reads the log whole while its filters match often, and through its
-//! filters once they match seldom.
+//! filters once they match seldom. A backlog that several filters match is
+//! read one consumer a filter, merged in stream order.
 
 use std::time::Duration;
 
@@ -228,4 +229,119 @@ async fn at_the_head_a_feed_reads_whole_while_its_filters_match_often() {
     wait_for_consumer(&bus, &[subject::LEASES_ALL]).await;
     let again = append_all(&bus, &[tenant_created(), fixtures::stop_request()]).await;
     assert_eq!(next(&mut feed).await.sequence(), again[1]);
+}
+
+/// A node's registration: on a node's subject.
+fn node_registered(i: usize) -> Envelope {
+    fixtures::by_owner(EventData::NodeRegistered(fixtures::node(
+        &format!("node-{}", i % 50),
+        "cn-north-1a",
+        8,
+        "A100-40GB",
+        40,
+    )))
+}
+
+/// Each of the feed's filters matches one message in this many.
+const MESSAGES_PER_MATCH_OF_EACH: usize = 6;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_several_filters_is_read_one_consumer_each_merged_in_order() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "feed-merged-test"))
+        .await
+        .unwrap();
+    // Leases and nodes interleaved with tenants, ending on a tenant.
+    let envelopes: Vec<Envelope> = (0..BACKLOG_MESSAGES + 3_000)
+        .map(|i| match i % MESSAGES_PER_MATCH_OF_EACH {
+            0 => fixtures::stop_request(),
+            3 => node_registered(i),
+            _ => tenant_created(),
+        })
+        .collect();
+    let filters = [subject::LEASES_ALL, subject::NODES_ALL];
+    let wanted = |e: &Envelope| filters.iter().any(|f| subject::matches(f, &e.subject()));
+    let sequences = append_all(&bus, &envelopes).await;
+    let mut expected: Vec<u64> = envelopes
+        .iter()
+        .zip(&sequences)
+        .filter(|(e, _)| wanted(e))
+        .map(|(_, s)| *s)
+        .collect();
+    assert_eq!(expected.len(), 3_000);
+
+    let mut feed = bus.feed(&filters, 1).await.unwrap();
+    // One consumer a filter: nats-server walks its blocks for one filter
+    // fast, for several slowly.
+    let mut lanes = consumer_filters(&bus).await;
+    lanes.sort();
+    assert_eq!(
+        lanes,
+        [
+            [subject::LEASES_ALL.to_string()],
+            [subject::NODES_ALL.to_string()]
+        ]
+    );
+
+    let mut read = Vec::new();
+    let in_backlog = expected.len();
+    for i in 0..in_backlog {
+        if i == in_backlog / 2 {
+            // Stored while the backlog is read: past where the merge
+            // stops, handed over after it by the feed's next consumer.
+            let more = [
+                tenant_created(),
+                node_registered(7),
+                fixtures::stop_request(),
+                tenant_created(),
+            ];
+            let stored = append_all(&bus, &more).await;
+            expected.extend([stored[1], stored[2]]);
+        }
+        let item = next(&mut feed).await;
+        assert!(
+            filters.iter().any(|f| subject::matches(f, item.subject())),
+            "{} is not on a lease or a node",
+            item.subject()
+        );
+        assert!(item.pending() > 0, "more follow {}", item.sequence());
+        read.push(item.sequence());
+    }
+    for _ in 0..2 {
+        let item = next(&mut feed).await;
+        read.push(item.sequence());
+        if read.len() == expected.len() {
+            assert_eq!(item.pending(), 0, "nothing follows the last one");
+        }
+    }
+    let first_difference = read.iter().zip(&expected).position(|(r, e)| r != e);
+    assert!(
+        read == expected,
+        "the matching messages, in order, once each: {} read, {} expected, first differing at {first_difference:?}: {:?} against {:?}",
+        read.len(),
+        expected.len(),
+        first_difference.map(|i| &read[i.saturating_sub(2)..(i + 3).min(read.len())]),
+        first_difference.map(|i| &expected[i.saturating_sub(2)..(i + 3).min(expected.len())]),
+    );
+
+    // Then live, through one consumer.
+    let live = append_all(&bus, &[tenant_created(), fixtures::stop_request()]).await;
+    let item = next(&mut feed).await;
+    assert_eq!(item.sequence(), live[1]);
+    assert_eq!(item.pending(), 0);
+    assert!(
+        feed.next_item_within(Duration::from_millis(300))
+            .await
+            .is_none(),
+        "nothing else is on a lease or a node"
+    );
+
+    // A second reading from the middle starts there.
+    let middle = expected[expected.len() / 3];
+    let mut reread = bus.reread(&filters, middle).await.unwrap();
+    assert_eq!(next(&mut reread).await.sequence(), middle);
+    assert_eq!(
+        next(&mut reread).await.sequence(),
+        expected[expected.len() / 3 + 1]
+    );
 }
