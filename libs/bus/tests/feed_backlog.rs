@@ -289,14 +289,17 @@ async fn a_backlog_of_several_filters_is_read_one_consumer_each_merged_in_order(
         if i == in_backlog / 2 {
             // Stored while the backlog is read: past where the merge
             // stops, handed over after it by the feed's next consumer.
+            // The first of them, right after where the merge stops,
+            // matches: a read on from the wrong place would miss it.
             let more = [
-                tenant_created(),
                 node_registered(7),
+                tenant_created(),
                 fixtures::stop_request(),
                 tenant_created(),
             ];
             let stored = append_all(&bus, &more).await;
-            expected.extend([stored[1], stored[2]]);
+            assert_eq!(stored[0], sequences.last().unwrap() + 1);
+            expected.extend([stored[0], stored[2]]);
         }
         let item = next(&mut feed).await;
         assert!(
@@ -344,4 +347,18 @@ async fn a_backlog_of_several_filters_is_read_one_consumer_each_merged_in_order(
         next(&mut reread).await.sequence(),
         expected[expected.len() / 3 + 1]
     );
+}
+
+#[tokio::test]
+async fn a_feed_of_overlapping_filters_is_refused() {
+    let nats = Nats::start().await.unwrap();
+    let bus = Bus::connect(&BusConfig::new(nats.url(), "feed-overlap-test"))
+        .await
+        .unwrap();
+    let refused = bus
+        .feed(&[subject::LEASES_ALL, "lh.evt.lease.*.ended.>"], 1)
+        .await
+        .err()
+        .expect("overlapping filters are refused");
+    assert!(refused.to_string().contains("may not overlap"), "{refused}");
 }

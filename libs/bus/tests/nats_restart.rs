@@ -69,8 +69,9 @@ async fn a_feed_resumes_after_the_server_is_killed_and_restarted() {
 }
 
 /// Messages of a backlog long enough that a feed of several filters reads
-/// it one consumer a filter, merged.
-const MERGED_BACKLOG_MESSAGES: usize = 6_000;
+/// it one consumer a filter, merged, and what is left of it after half
+/// may be merged again.
+const MERGED_BACKLOG_MESSAGES: usize = 15_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merged_backlog_read_resumes_after_the_server_is_killed_and_restarted() {

@@ -411,6 +411,21 @@ pub fn matches(filter: &str, subject: &str) -> bool {
     subject_tokens.next().is_none()
 }
 
+/// Whether some subject matches both filters. nats-server refuses a
+/// consumer whose filters overlap.
+pub fn filters_overlap(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.split('.'), b.split('.'));
+    loop {
+        match (a.next(), b.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some("*"), Some(_)) | (Some(_), Some("*")) => {}
+            (Some(x), Some(y)) if x == y => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// Makes a name safe as one subject token: NATS reserves `.`, `*`, `>` and
 /// whitespace, so those become `_`.
 pub fn token(name: &str) -> String {
@@ -426,6 +441,18 @@ pub fn token(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_overlap_when_a_subject_matches_both() {
+        assert!(filters_overlap(LEASES_ALL, "lh.evt.lease.x.>"));
+        assert!(filters_overlap("lh.evt.*.x", "lh.evt.lease.*"));
+        assert!(filters_overlap(EVENTS_ALL, CHARGES_ALL));
+        assert!(filters_overlap("a.b", "a.b"));
+        assert!(!filters_overlap(LEASES_ALL, NODES_ALL));
+        assert!(!filters_overlap("a.>", "a"));
+        assert!(!filters_overlap("a.*", "a.b.c"));
+        assert!(!filters_overlap(CHARGES_ALL, INVOICES_ALL));
+    }
 
     #[test]
     fn every_family_wildcard_covers_its_builder() {
