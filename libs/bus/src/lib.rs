@@ -1164,16 +1164,7 @@ impl Bus {
     /// matches (0 when there is none).
     async fn last_sequence_in(&self, stream: &str, filter: &str) -> Result<u64> {
         let stream = self.js.get_stream(stream).await.map_err(js_err)?;
-        match stream.get_last_raw_message_by_subject(filter).await {
-            Ok(msg) => Ok(msg.sequence),
-            Err(e)
-                if e.kind()
-                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-            {
-                Ok(0)
-            }
-            Err(e) => Err(js_err(e)),
-        }
+        last_sequence_on_filter(&stream, filter).await
     }
 
     /// Replays the business log from `from_sequence` (1 for everything) for
@@ -1476,6 +1467,21 @@ type MessageStream = std::pin::Pin<
     >,
 >;
 
+/// Sequence of the last message of `stream` on any subject `filter`
+/// matches (0 when there is none).
+async fn last_sequence_on_filter(stream: &jetstream::stream::Stream, filter: &str) -> Result<u64> {
+    match stream.get_last_raw_message_by_subject(filter).await {
+        Ok(msg) => Ok(msg.sequence),
+        Err(e)
+            if e.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(0)
+        }
+        Err(e) => Err(js_err(e)),
+    }
+}
+
 /// A consumer's messages as a feed reads them.
 fn delivered(messages: async_nats::jetstream::consumer::pull::Ordered) -> MessageStream {
     Box::pin(messages.map(|m| m.map(|m| (m, None)).map_err(|e| e.to_string())))
@@ -1695,16 +1701,7 @@ impl FeedSource {
             let remaining = consumer.cached_info().num_pending;
             let messages = match remaining {
                 0 => {
-                    let last = match stream.get_last_raw_message_by_subject(filter).await {
-                        Ok(message) => message.sequence,
-                        Err(e)
-                            if e.kind()
-                                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-                        {
-                            0
-                        }
-                        Err(e) => return Err(js_err(e)),
-                    };
+                    let last = last_sequence_on_filter(stream, filter).await?;
                     if (from_sequence..=through).contains(&last) {
                         tracing::warn!(service = %self.service, filter, from_sequence, last,
                             "a consumer counted nothing where the log holds a message; reading the backlog through one consumer");
@@ -1864,8 +1861,8 @@ impl FeedSource {
                     continue;
                 }
             };
-            let error = match next {
-                Some(Ok(delivery)) => {
+            let error = match (next, reading) {
+                (Some(Ok(delivery)), _) => {
                     match self
                         .deliver(
                             delivery,
@@ -1901,10 +1898,7 @@ impl FeedSource {
                         }
                     }
                 }
-                None if matches!(reading, Reading::Merged { .. }) => {
-                    let Reading::Merged { through } = reading else {
-                        unreachable!("matched as merged")
-                    };
+                (None, Reading::Merged { through }) => {
                     // Everything the filters match up to `through` is
                     // handed over: on from there, one consumer as at the
                     // head (never merged again from the same place).
@@ -1917,8 +1911,8 @@ impl FeedSource {
                     };
                     continue;
                 }
-                Some(Err(e)) => e,
-                None => "the consumer ended".to_string(),
+                (Some(Err(e)), _) => e,
+                (None, _) => "the consumer ended".to_string(),
             };
             if matches!(reading, Reading::Merged { .. }) {
                 self.merge_backlogs = false;
