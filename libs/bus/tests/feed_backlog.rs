@@ -307,7 +307,12 @@ async fn a_backlog_of_several_filters_is_read_one_consumer_each_merged_in_order(
             "{} is not on a lease or a node",
             item.subject()
         );
-        assert!(item.pending() > 0, "more follow {}", item.sequence());
+        // The last of the backlog may say nothing follows: its consumer
+        // read it, with what was pending then, before the messages stored
+        // during the merge.
+        if i + 1 < in_backlog {
+            assert!(item.pending() > 0, "more follow {}", item.sequence());
+        }
         read.push(item.sequence());
     }
     for _ in 0..2 {
