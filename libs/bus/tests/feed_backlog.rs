@@ -75,6 +75,23 @@ async fn next(feed: &mut lh_bus::Feed) -> FeedItem {
         .expect("a stored message")
 }
 
+/// Appends a lease's event between two tenants' at the head: the feed
+/// (of leases, and of what no tenant's event is on) hands over the lease's
+/// alone, with nothing pending after it.
+async fn hands_over_the_lease_alone(bus: &Bus, feed: &mut lh_bus::Feed) {
+    let live = [tenant_created(), fixtures::stop_request(), tenant_created()];
+    let stored = append_all(bus, &live).await;
+    let item = next(feed).await;
+    assert_eq!(item.sequence(), stored[1]);
+    assert_eq!(item.pending(), 0);
+    assert!(
+        feed.next_item_within(Duration::from_millis(300))
+            .await
+            .is_none(),
+        "nothing else is on what the feed reads"
+    );
+}
+
 #[tokio::test]
 async fn a_partly_matching_backlog_reads_as_its_filters_and_then_live() {
     let nats = Nats::start().await.unwrap();
@@ -116,17 +133,7 @@ async fn a_partly_matching_backlog_reads_as_its_filters_and_then_live() {
     assert_eq!(read, expected, "the matching messages, in order, once each");
 
     // Live: a tenant's event is not handed over, the lease's is.
-    let live = [tenant_created(), fixtures::stop_request(), tenant_created()];
-    let live_sequences = append_all(&bus, &live).await;
-    let item = next(&mut feed).await;
-    assert_eq!(item.sequence(), live_sequences[1]);
-    assert_eq!(item.pending(), 0);
-    assert!(
-        feed.next_item_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "nothing else is on a lease"
-    );
+    hands_over_the_lease_alone(&bus, &mut feed).await;
 
     // A second reading from the middle of the backlog starts there.
     let middle = expected[expected.len() / 2];
@@ -333,16 +340,7 @@ async fn a_backlog_of_several_filters_is_read_one_consumer_each_merged_in_order(
     );
 
     // Then live, through one consumer.
-    let live = append_all(&bus, &[tenant_created(), fixtures::stop_request()]).await;
-    let item = next(&mut feed).await;
-    assert_eq!(item.sequence(), live[1]);
-    assert_eq!(item.pending(), 0);
-    assert!(
-        feed.next_item_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "nothing else is on a lease or a node"
-    );
+    hands_over_the_lease_alone(&bus, &mut feed).await;
 
     // A second reading from the middle starts there.
     let middle = expected[expected.len() / 3];
