@@ -1,7 +1,7 @@
 //! What the node-agent knows from the log about the leases on its node,
 //! and what it should do next about each: a pure fold ([`NodeState::apply`])
-//! and a pure decision ([`NodeState::decide`]). The agent loop executes the
-//! decision ([`crate::act`]).
+//! and a pure decision ([`NodeState::decide`]). The agent loop carries the
+//! decision out ([`crate::agent`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
