@@ -257,11 +257,6 @@ impl Workloads {
         self.gpu_backend.clone()
     }
 
-    /// Where process records are kept.
-    pub fn records_dir(&self) -> &Path {
-        &self.marks.state_dir
-    }
-
     /// Starts the workload of `lease_id` on `gpus`. `Ok(false)` when there
     /// is nothing to run (simulated node, or a lease without a workload).
     pub fn start(
