@@ -30,7 +30,7 @@ const ENV_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a workload waits for its environment (the gateway out of reach,
 /// or not yet showing the lease here) before its lease fails: a workload
 /// started without the values it was given would run wrong.
-const ENV_FETCH_GIVE_UP_SECS: u64 = 300;
+const ENV_FETCH_GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 
 /// What the agent asks of the workload side.
 #[derive(Debug)]
@@ -392,7 +392,7 @@ fn env_kept_out(spec: &WorkloadSpec) -> bool {
 /// Fetches the environment `spec` refers to from the gateway, as this
 /// node, checks it against the hash the request carries and puts it into
 /// `spec`. Asked again while the gateway is out of reach or does not show
-/// the lease here yet, up to [`ENV_FETCH_GIVE_UP_SECS`].
+/// the lease here yet, up to [`ENV_FETCH_GIVE_UP_AFTER`].
 async fn fetch_env(
     bus: &Bus,
     node_id: &str,
@@ -402,7 +402,7 @@ async fn fetch_env(
     let Some(env_ref) = spec.env_ref.clone() else {
         return Ok(());
     };
-    let give_up_at = Instant::now() + Duration::from_secs(ENV_FETCH_GIVE_UP_SECS);
+    let give_up_at = Instant::now() + ENV_FETCH_GIVE_UP_AFTER;
     let mut wait = REQUEST_READ_WAIT_MIN;
     loop {
         let why = match lh_rpc::workload_env::fetch(bus, node_id, lease_id, ENV_FETCH_TIMEOUT).await
@@ -426,7 +426,8 @@ async fn fetch_env(
         };
         if Instant::now() >= give_up_at {
             return Err(format!(
-                "no environment for the lease within {ENV_FETCH_GIVE_UP_SECS} s: {why}"
+                "no environment for the lease within {} s: {why}",
+                ENV_FETCH_GIVE_UP_AFTER.as_secs()
             ));
         }
         tracing::warn!(lease = %lease_id, why, retry_in_ms = wait.as_millis() as u64,
