@@ -16,7 +16,7 @@ use lh_domain::chain_check::{parse_public_key, SignedHead, StreamCheck, StreamRe
 
 use crate::args::AuditVerify;
 use crate::error::CliError;
-use crate::Out;
+use crate::output::Out;
 
 /// How long the stream may stay silent before the read is given up.
 pub const READ_STALL_TIMEOUT_SECS: u64 = 10;

@@ -6,7 +6,10 @@
 use serde_json::{json, Value};
 
 use crate::args::{AuditEvents, AuditExport, AuditFilter, AuditReplay, ExportFormat};
-use crate::{emit, render, write_out, CliError, Gateway, Out, EXIT_OK, MAX_PAGES};
+use crate::client::{Gateway, MAX_PAGES};
+use crate::error::{CliError, EXIT_OK};
+use crate::output::{emit, write_out, Out};
+use crate::render;
 
 /// Records asked per page when reading every page: the gateway's most.
 const REPLAY_PAGE_RECORDS: &str = "1000";

@@ -10,6 +10,10 @@ use std::time::Duration;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most pages a paged read (`lease ls --all`, the audit replay and
+/// exports) follows before giving up on the gateway.
+pub(crate) const MAX_PAGES: usize = 10_000;
+
 /// Set to `1` to send a key over plain HTTP to a host that is not this machine.
 pub const ALLOW_PLAIN_HTTP_ENV: &str = "LH_ALLOW_PLAIN_HTTP";
 

@@ -30,7 +30,9 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::args::{ReportColourBy, ReportDaily};
-use crate::{write_out, CliError, Gateway, Out, EXIT_OK};
+use crate::client::Gateway;
+use crate::error::{CliError, EXIT_OK};
+use crate::output::{write_out, Out};
 
 /// Most events one report reads from the log, all types together.
 pub const MAX_REPORT_EVENTS: usize = 1_000_000;

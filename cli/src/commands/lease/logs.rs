@@ -1,0 +1,113 @@
+//! `lh lease logs`: the raw output of a lease's workload, read from the node
+//! that runs it through the gateway, page by page; with `--follow` until
+//! the workload ends. A lease placed anew (on another node, or again on
+//! the same one) has a new log, read from its start.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+use crate::args::LeaseLogs;
+use crate::client::Gateway;
+use crate::error::EXIT_OK;
+use crate::output::Out;
+
+/// How often `lease logs --follow` asks for more.
+pub const LOGS_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Bytes asked for per read of a lease log (the gateway's most).
+const LOGS_READ_BYTES: u64 = 256 * 1024;
+/// Most reads one `lease logs` makes without following (a log is at most
+/// 64 MiB, 256 reads).
+const MAX_LOG_READS: usize = 1_000;
+
+/// `lease logs`: prints the log raw from the start of what is kept (or
+/// `--tail` bytes before the end) to its end; with `--follow`, then every
+/// second what came since, until the workload ended and all of it is out,
+/// or Ctrl-C. A lease that moved to another node is read there from its
+/// start.
+pub(super) async fn lease_logs(
+    gw: &Gateway,
+    args: &LeaseLogs,
+    out: Out<'_>,
+    err: Out<'_>,
+) -> anyhow::Result<i32> {
+    let max_bytes = LOGS_READ_BYTES.to_string();
+    let mut offset: Option<u64> = None;
+    let mut node: Option<String> = None;
+    let mut placement: Option<u64> = None;
+    let mut reads = 0usize;
+    // One listener for the whole run: a Ctrl-C during a request is not lost.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    loop {
+        let position = match (offset, args.tail) {
+            (Some(o), _) => ("offset", o.to_string()),
+            (None, Some(tail)) => ("tail", tail.to_string()),
+            (None, None) => ("offset", "0".to_string()),
+        };
+        let query = [("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
+        let path = ["v1", "leases", &args.id, "logs"];
+        let page = tokio::select! {
+            page = gw.get(&path, &query) => page?,
+            _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+        };
+        let field = |name: &str| page.get(name).and_then(Value::as_u64).unwrap_or(0);
+        let on = page
+            .get("node_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let on_placement = page.get("placement").and_then(Value::as_u64);
+        if node.is_some() && on.is_some() && on != node {
+            let _ = writeln!(
+                err,
+                "lease {} is now on node {}: its log there follows from its start",
+                args.id,
+                on.as_deref().unwrap_or("?")
+            );
+            (node, placement) = (on, on_placement);
+            offset = Some(0);
+            continue;
+        }
+        // Placed anew on the same node (other GPUs, or away and back): a
+        // new log, from its start.
+        if placement.is_some() && on_placement.is_some() && on_placement != placement {
+            let _ = writeln!(
+                err,
+                "lease {} was placed again on node {}: its new log follows from its start",
+                args.id,
+                on.as_deref().unwrap_or("?")
+            );
+            placement = on_placement;
+            offset = Some(0);
+            continue;
+        }
+        node = node.or(on);
+        placement = placement.or(on_placement);
+        let data = page.get("data").and_then(Value::as_str).unwrap_or_default();
+        out.write_all(data.as_bytes())
+            .and_then(|()| out.flush())
+            .context("writing the log to stdout")?;
+        let next = field("next_offset");
+        let drained = next >= field("size");
+        let finished = page
+            .get("finished")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let moved = offset != Some(next);
+        offset = Some(next);
+        reads += 1;
+        if drained && (finished || !args.follow) {
+            return Ok(EXIT_OK);
+        }
+        if !args.follow && (!moved || reads >= MAX_LOG_READS) {
+            return Ok(EXIT_OK);
+        }
+        if drained || !moved {
+            tokio::select! {
+                _ = tokio::time::sleep(LOGS_POLL_INTERVAL) => {}
+                _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+            }
+        }
+    }
+}
