@@ -1,0 +1,91 @@
+//! The NetworkPolicies allow every flow the manifests need and nothing
+//! more, and each kind of mistake in them is caught by the simulator.
+
+use lh_deploy_check::manifests::{k8s_documents, str_at};
+use lh_deploy_check::network_policy::{needed_flows, network_policy_problems};
+use serde_yaml_ng::Value;
+
+#[test]
+fn network_policies_allow_the_needed_flows_and_nothing_more() {
+    let docs = k8s_documents();
+    let flows = needed_flows(&docs);
+    for (from, to, port) in [
+        ("Deployment/pricing", "Cluster/postgres instance", 5432),
+        ("Deployment/gateway", "StatefulSet/nats", 4222),
+        ("DaemonSet/node-agent-cn-north-1a", "StatefulSet/nats", 4222),
+        ("Deployment/node-agent-a", "StatefulSet/nats", 4222),
+        ("Job/postgres-roles", "Cluster/postgres instance", 5432),
+        ("StatefulSet/nats", "StatefulSet/nats", 6222),
+        ("Prometheus", "Deployment/gateway", 9100),
+        ("Prometheus", "DaemonSet/node-agent-cn-north-1a", 9110),
+    ] {
+        assert!(
+            flows
+                .iter()
+                .any(|f| f.from.name() == from && f.to.name() == to && f.port == port),
+            "the derived flows lack {from} → {to} :{port}"
+        );
+    }
+    let problems = network_policy_problems(&docs);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // Each kind of mistake is caught.
+    let with_policy = |name: &str, change: &dyn Fn(&mut Value)| {
+        let mut docs = docs.clone();
+        let (_, policy) = docs
+            .iter_mut()
+            .find(|(_, d)| {
+                str_at(d, &["kind"]) == Some("NetworkPolicy")
+                    && str_at(d, &["metadata", "name"]) == Some(name)
+            })
+            .unwrap_or_else(|| panic!("no NetworkPolicy/{name}"));
+        change(policy);
+        network_policy_problems(&docs)
+    };
+    // pricing loses its database
+    let problems = with_policy("pricing", &|p| {
+        p["spec"]["egress"].as_sequence_mut().unwrap().truncate(1);
+    });
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "Deployment/pricing → Cluster/postgres instance :5432/TCP (its database) is refused"
+        )),
+        "{problems:?}"
+    );
+    // NATS opened to every pod
+    let problems = with_policy("nats", &|p| {
+        p["spec"]["ingress"][0]
+            .as_mapping_mut()
+            .unwrap()
+            .remove("from");
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("nats ingress[0] has no `from`")),
+        "{problems:?}"
+    );
+    // a port nothing uses (the NATS monitor port)
+    let problems = with_policy("nats", &|p| {
+        p["spec"]["ingress"][0]["ports"]
+            .as_sequence_mut()
+            .unwrap()
+            .push(serde_yaml_ng::from_str("{protocol: TCP, port: 8222}").unwrap());
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("port Number(8222) is used by no needed flow")),
+        "{problems:?}"
+    );
+    // no default deny
+    let problems = with_policy("default-deny", &|p| {
+        p["spec"]["policyTypes"] = serde_yaml_ng::from_str("[Ingress]").unwrap();
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("no default-deny policy")),
+        "{problems:?}"
+    );
+}
