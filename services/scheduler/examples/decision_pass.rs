@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use chrono::Utc;
 use lh_events::{fixtures, Actor, Envelope, EventData};
+use lh_scheduler::state::PlacementEngineCache;
 use lh_scheduler::State;
 use uuid::Uuid;
 
@@ -49,12 +50,13 @@ fn main() {
     let mut config = lh_scheduler::Config::for_test("nats://127.0.0.1:4222");
     config.node_lost_after_ms = 0;
     let rules = config.rules();
+    let mut engine = PlacementEngineCache::default();
     if held > 0 {
         for _ in 0..held {
             let request = fixtures::whole_request(Uuid::now_v7(), tenant, 1, fixtures::MODEL);
             apply(&mut state, EventData::LeaseRequested(request));
         }
-        for batch in state.decide(now, &rules).batches {
+        for batch in state.decide(now, &rules, &mut engine).batches {
             for (event, _) in batch {
                 apply(&mut state, event.data);
             }
@@ -66,7 +68,7 @@ fn main() {
     }
     for _ in 0..passes {
         let (began, cpu_began) = (Instant::now(), cpu_ns());
-        let decisions = state.decide(now, &rules);
+        let decisions = state.decide(now, &rules, &mut engine);
         let took = began.elapsed();
         let cpu = cpu_ns().zip(cpu_began).map(|(end, start)| end - start);
         println!(

@@ -232,10 +232,12 @@ fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item =
     last.chain(futures::stream::select(live, checks))
 }
 
-/// The scheduler on the decide loop: the pure [`State`] and its rules.
+/// The scheduler on the decide loop: the pure [`State`], its rules, and
+/// the placement engine each decision pass leaves for the next.
 pub struct Scheduling {
     pub state: State,
     rules: state::Rules,
+    engine: state::PlacementEngineCache,
     /// Starts the log stored before this are not timed: the replica (or
     /// the one before a restart) that heard them live already did, and a
     /// replay must not count them again.
@@ -264,6 +266,7 @@ impl Scheduling {
         Self {
             state,
             rules,
+            engine: state::PlacementEngineCache::default(),
             started: now,
             availability_exported: HashMap::new(),
             availability_exported_at: None,
@@ -369,12 +372,21 @@ impl Decider for Scheduling {
     }
 
     fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
-        lh_service::decider::restored(state).is_some_and(|state| self.state.restore(state))
+        let restored =
+            lh_service::decider::restored(state).is_some_and(|state| self.state.restore(state));
+        if restored {
+            // The engine held the fleet the snapshot replaced.
+            self.engine.clear();
+        }
+        restored
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
         let began = std::time::Instant::now();
-        let batches = self.state.decide(now, &self.rules).batches;
+        let batches = self
+            .state
+            .decide(now, &self.rules, &mut self.engine)
+            .batches;
         let took = began.elapsed();
         metrics::histogram!("lh_scheduler_decision_pass_seconds").record(took.as_secs_f64());
         // The histogram's buckets are too coarse for passes of milliseconds:

@@ -2,14 +2,13 @@
 //! in order, each lease placed, refused, or told why it waits.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
 use lh_events::Expect;
 use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected};
 use uuid::Uuid;
 
-use lh_placement::Pending;
+use lh_placement::{Pending, ShapeMix};
 
 use super::*;
 use crate::planner::{self, Chosen, Planner};
@@ -26,17 +25,13 @@ pub(super) struct Pass<'a> {
     pub(super) scratch: Scratch<'a>,
     /// `(milli, VRAM GB)` each tenant holds.
     held: HashMap<Uuid, (u64, u64)>,
-    workload: lh_placement::ShapeMix,
-    /// The engine kept between passes (`None` before the first).
-    engine: &'a mut Option<Planner>,
-    /// Whether `engine` holds `scratch` as it is: brought up to date on
+    workload: ShapeMix,
+    /// Where the pass gets its placement engine.
+    engines: &'a mut dyn EngineSource,
+    /// Whether the engine holds `scratch` as it is: brought up to date on
     /// first use, and again after the pass reserves GPUs outside it, so
     /// that the next use sees them.
     synced: bool,
-    /// Plan as passes did before engines were kept (what the tests hold the
-    /// kept one to): build the engine anew at every sync, and look at every
-    /// lease for one to move.
-    pub(super) fresh: bool,
     /// Queue position per GPU model.
     positions: HashMap<&'a str, u32>,
     pub(super) out: Vec<Batch>,
@@ -46,68 +41,64 @@ impl Pass<'_> {
     pub(super) fn planner(&mut self) -> &mut Planner {
         if !self.synced {
             self.synced = true;
-            if self.fresh {
-                *self.engine = None;
-            }
-            return Planner::sync(self.engine, &self.scratch, &self.workload);
+            return self.engines.sync(&self.scratch, &self.workload);
         }
-        self.engine.as_mut().expect("a synced pass holds an engine")
+        self.engines.synced()
+    }
+
+    /// Whether only the leases on nodes the watch files as troubled may
+    /// have to move (see [`EngineSource::trusts_node_watch`]).
+    pub(super) fn trusts_node_watch(&self) -> bool {
+        self.engines.trusts_node_watch()
     }
 }
 
-/// The engine a decision pass leaves for the next (see [`Planner::sync`]).
-/// A copy of the state starts without one: it decides the same, building
-/// its own.
+/// Where a decision pass gets its placement engine, and whether it trusts
+/// the node watch to say which leases may have to move. The scheduler
+/// keeps its engine from pass to pass ([`PlacementEngineCache`]) and trusts
+/// the watch. Both are shortcuts: a pass that builds its engine anew at
+/// every sync and looks at every held lease must decide the same, and the
+/// tests hold the scheduler to that.
+pub(crate) trait EngineSource {
+    /// The engine brought up to date with `scratch`, deciding as
+    /// [`Planner::new`] over it would (see [`Planner::sync`]).
+    fn sync(&mut self, scratch: &Scratch, workload: &ShapeMix) -> &mut Planner;
+
+    /// The engine the last [`EngineSource::sync`] gave.
+    fn synced(&mut self) -> &mut Planner;
+
+    /// Whether only leases on the nodes the watch files as troubled are
+    /// looked at for a move, rather than every held lease.
+    fn trusts_node_watch(&self) -> bool {
+        true
+    }
+}
+
+/// The placement engine a decision pass leaves for the next (see
+/// [`Planner::sync`]). Whoever runs the passes holds it, outside the
+/// state: the state stays plain data, and a copy of it decides the same
+/// with a cache of its own, or an empty one.
 #[derive(Default)]
-pub(super) struct Kept {
-    engine: Mutex<Option<Planner>>,
-    /// Keeps nothing: every pass builds its engine anew, as passes did
-    /// before engines were kept (for the tests).
-    fresh: bool,
+pub struct PlacementEngineCache {
+    planner: Option<Planner>,
 }
 
-impl Kept {
-    /// Keeps nothing (see [`Kept::fresh`]).
-    #[cfg(test)]
-    pub(super) fn fresh() -> Self {
-        Kept {
-            fresh: true,
-            ..Kept::default()
-        }
-    }
-
-    /// The kept engine, for one pass; none after a pass that panicked
-    /// while holding it.
-    fn take_turn(&self) -> MutexGuard<'_, Option<Planner>> {
-        self.engine.lock().unwrap_or_else(|poisoned| {
-            self.engine.clear_poison();
-            let mut engine = poisoned.into_inner();
-            *engine = None;
-            engine
-        })
-    }
-
-    /// Forgets the kept engine (the fleet under it was replaced).
-    pub(super) fn clear(&mut self) {
-        *self
-            .engine
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+impl PlacementEngineCache {
+    /// Forgets the kept engine: the fleet under it was replaced.
+    pub fn clear(&mut self) {
+        self.planner = None;
     }
 }
 
-impl Clone for Kept {
-    fn clone(&self) -> Self {
-        Kept {
-            fresh: self.fresh,
-            ..Kept::default()
-        }
+impl EngineSource for PlacementEngineCache {
+    fn sync(&mut self, scratch: &Scratch, workload: &ShapeMix) -> &mut Planner {
+        Planner::sync(&mut self.planner, scratch, workload)
     }
-}
 
-impl std::fmt::Debug for Kept {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Kept")
+    fn synced(&mut self) -> &mut Planner {
+        self.planner
+            .as_mut()
+            .expect("a synced pass holds an engine")
     }
 }
 
@@ -117,22 +108,36 @@ impl State {
     /// and asks again. A second placement on a node in one pass expects the
     /// node's sequence after the first: the decide loop
     /// (`lh_service::decider`) sets it from the sequence the first one got.
-    pub fn decide(&self, now: DateTime<Utc>, rules: &Rules) -> Decisions {
+    /// `engine` is the one the last pass left, and keeps this one's.
+    pub fn decide(
+        &self,
+        now: DateTime<Utc>,
+        rules: &Rules,
+        engine: &mut PlacementEngineCache,
+    ) -> Decisions {
+        self.decide_with(now, rules, engine)
+    }
+
+    /// [`State::decide`] with its placement engine from `engines`.
+    pub(crate) fn decide_with(
+        &self,
+        now: DateTime<Utc>,
+        rules: &Rules,
+        engines: &mut dyn EngineSource,
+    ) -> Decisions {
         let workload = planner::workload(
             self.leases
                 .values()
                 .map(|l| (l.ask(), l.gpu_model.as_str())),
         );
-        let mut engine = self.kept.take_turn();
         let mut pass = Pass {
             now,
             rules,
             scratch: Scratch::new(&self.fleet),
             held: self.held_by_tenant(),
             workload,
-            engine: &mut engine,
+            engines,
             synced: false,
-            fresh: self.kept.fresh,
             positions: HashMap::new(),
             out: Vec::new(),
         };

@@ -28,14 +28,17 @@ impl State {
                 .changed_nodes()
                 .filter(|id| pass.scratch.node(id).is_some_and(watch::troubled)),
         );
-        if troubled.is_empty() && !pass.fresh {
+        let trusts_node_watch = pass.trusts_node_watch();
+        if troubled.is_empty() && trusts_node_watch {
             return;
         }
         let mut moving: Vec<(&Lease, String, String, DateTime<Utc>)> = self
             .leases
             .values()
             .filter(|l| l.status == Status::Holding)
-            .filter(|l| pass.fresh || l.node_id.as_deref().is_some_and(|n| troubled.contains(n)))
+            .filter(|l| {
+                !trusts_node_watch || l.node_id.as_deref().is_some_and(|n| troubled.contains(n))
+            })
             .filter_map(|l| {
                 let node = pass.scratch.node(l.node_id.as_deref()?)?;
                 let (reason, billing_ends_at) = why_move(&pass.scratch, node, l.id, now)?;

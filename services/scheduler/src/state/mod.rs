@@ -58,7 +58,7 @@ use pending::why_pending;
 use preempt::reserve_for;
 use queue::quota_breach;
 
-pub use decide::SUSPENDED_TENANT;
+pub use decide::{PlacementEngineCache, SUSPENDED_TENANT};
 pub use emit::{Batch, Decisions};
 pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
@@ -106,8 +106,6 @@ pub struct State {
     /// folded with ([`State::apply_stored`]): the restated events of a
     /// lease are held to it as their first folding was.
     node_clock_skew: Option<chrono::Duration>,
-    /// The placement engine the last decision pass left.
-    kept: decide::Kept,
     /// Lost nodes, nodes by when they were heard, nodes whose leases may
     /// have to move: followed from the fleet as it is folded.
     watch: watch::NodeWatch,
@@ -435,7 +433,6 @@ impl State {
             return false;
         };
         self.fleet = fleet;
-        self.kept.clear();
         self.watch.rebuild(&self.fleet, &self.heard);
         self.leases = leases;
         self.tenants = tenants;
@@ -466,16 +463,6 @@ impl State {
     /// Nodes held lost.
     pub fn lost_count(&self) -> usize {
         self.watch.lost_count()
-    }
-
-    /// A copy that builds its placement engine anew whenever a pass needs
-    /// one, keeping none between passes: how passes were planned before.
-    #[cfg(test)]
-    pub(super) fn building_engines_anew(&self) -> State {
-        State {
-            kept: decide::Kept::fresh(),
-            ..self.clone()
-        }
     }
 
     /// Whether what the watch follows is what filing every node anew gives.

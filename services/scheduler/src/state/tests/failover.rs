@@ -19,7 +19,7 @@ fn a_silent_node_is_lost_and_its_leases_move_where_there_is_room() {
     s.heard("b", s_ago(5), s_ago(5));
     // 3 s of silence is not yet lost.
     assert!(s.liveness_changes(s_ago(4), &rules).is_empty());
-    let d = s.decide(s_ago(5), &rules);
+    let d = decide_at(&s, s_ago(5), &rules);
     let events = events_of(&d);
     match events[0] {
         EventData::NodeLost(n) => {
@@ -61,7 +61,7 @@ fn a_silent_node_is_lost_and_its_leases_move_where_there_is_room() {
 
     // a is heard again: it rejoins and takes leases again.
     s.heard("a", s_ago(7), s_ago(7));
-    let d = s.decide(s_ago(7), &rules);
+    let d = decide_at(&s, s_ago(7), &rules);
     assert!(matches!(events_of(&d)[0], EventData::NodeRejoined(n) if n.node_id == "a"));
     settle(&mut s, s_ago(7), &rules);
     assert!(s.fleet.nodes["a"].lost.is_none());
@@ -89,7 +89,7 @@ fn unhealthy_gpus_shed_their_leases_and_degraded_ones_take_nothing_new() {
         9100,
         &env(health("a", gpu, GpuHealth::Unhealthy, failed_at)),
     );
-    let d = s.decide(t0 + Duration::seconds(6), &Rules::default());
+    let d = decide_at(&s, t0 + Duration::seconds(6), &Rules::default());
     match events_of(&d)[0] {
         EventData::LeaseMigrated(m) => {
             assert_eq!(m.lease_id, l1);
@@ -146,7 +146,7 @@ fn a_cordoned_node_takes_nothing_new_and_a_drain_moves_its_leases() {
         })),
     );
     let now = t0 + Duration::seconds(9);
-    let d = s.decide(now, &Rules::default());
+    let d = decide_at(&s, now, &Rules::default());
     match events_of(&d)[0] {
         EventData::LeaseMigrated(m) => {
             assert_eq!((m.lease_id, m.reason.as_str()), (l1, "node a drained"));
@@ -168,7 +168,7 @@ fn a_lost_node_s_lease_is_placed_again_in_the_same_decision() {
     s.liveness_since = Some(t0);
     s.heard("b", t0 + Duration::seconds(4), t0 + Duration::seconds(4));
     // a was never heard since the scheduler started.
-    let d = s.decide(t0 + Duration::seconds(4), &Rules::default());
+    let d = decide_at(&s, t0 + Duration::seconds(4), &Rules::default());
     let batch = &d.batches[1];
     match (&batch[0].0.data, &batch[1].0.data) {
         (EventData::LeaseMigrated(m), EventData::NodeGpusAllocated(n)) => {
@@ -186,7 +186,7 @@ fn a_lost_node_s_lease_is_placed_again_in_the_same_decision() {
     assert_eq!(where_is(&s, l1).0, "b");
     assert_eq!(s.leases[&l1].status, Status::Holding);
     // Nothing more to do: no second migration, no placement twice.
-    let again = s.decide(t0 + Duration::seconds(4), &Rules::default());
+    let again = decide_at(&s, t0 + Duration::seconds(4), &Rules::default());
     assert!(events_of(&again).is_empty(), "{:?}", events_of(&again));
 }
 
@@ -264,7 +264,7 @@ fn a_lost_node_is_billed_until_a_heartbeat_time_held_to_its_arrival() {
         let at = t0 + Duration::seconds(second);
         s.heard_live("b", at, at, &rules);
     }
-    let d = s.decide(t0 + Duration::seconds(5), &rules);
+    let d = decide_at(&s, t0 + Duration::seconds(5), &rules);
     let lost = events_of(&d)
         .into_iter()
         .find_map(|e| match e {

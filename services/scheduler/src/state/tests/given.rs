@@ -150,7 +150,13 @@ pub(super) fn given(events: Vec<EventData>) -> State {
 }
 
 pub(super) fn decide(s: &State) -> Decisions {
-    s.decide(Utc::now(), &Rules::default())
+    decide_at(s, Utc::now(), &Rules::default())
+}
+
+/// A decision pass at `now` with a placement engine of its own, kept for no
+/// later pass (a kept one decides the same: see `kept.rs`).
+pub(super) fn decide_at(s: &State, now: DateTime<Utc>, rules: &Rules) -> Decisions {
+    s.decide(now, rules, &mut PlacementEngineCache::default())
 }
 
 /// Appends every decision to the state, as if the log had stored them.
@@ -163,7 +169,7 @@ pub(super) fn settle(s: &mut State, now: DateTime<Utc>, rules: &Rules) {
         .max()
         .unwrap_or(0)
         + 1_000;
-    let d = s.decide(now, rules);
+    let d = decide_at(s, now, rules);
     for batch in &d.batches {
         for (e, _) in batch {
             seq += 1;

@@ -1,8 +1,8 @@
 //! A decision pass keeps its placement engine for the next, loading again
 //! only the nodes that changed, and plans on a scratch that copies only
 //! what it changes; liveness and migrations look only at the nodes filed as
-//! needing it. Every pass must decide exactly as one over a copy of the
-//! state (whose engine is built afresh): same events, same nodes and GPUs,
+//! needing it. Every pass must decide exactly as one that takes neither
+//! shortcut ([`FromScratch`]): same events, same nodes and GPUs,
 //! same seeded draws among ties. Held to it over random runs of requests,
 //! ends, starts, node joins (and re-registrations of another shape),
 //! losses, rejoins, cordons, GPU health changes, and passes whose decisions
@@ -10,6 +10,34 @@
 
 use super::given::*;
 use proptest::prelude::*;
+
+use crate::planner::Planner;
+use crate::state::decide::EngineSource;
+use lh_placement::ShapeMix;
+
+/// The reference a kept engine is held to: a new engine at every sync,
+/// and every held lease looked at for a move.
+#[derive(Default)]
+struct FromScratch {
+    planner: Option<Planner>,
+}
+
+impl EngineSource for FromScratch {
+    fn sync(&mut self, scratch: &Scratch, workload: &ShapeMix) -> &mut Planner {
+        self.planner = None;
+        Planner::sync(&mut self.planner, scratch, workload)
+    }
+
+    fn synced(&mut self) -> &mut Planner {
+        self.planner
+            .as_mut()
+            .expect("a synced pass holds an engine")
+    }
+
+    fn trusts_node_watch(&self) -> bool {
+        false
+    }
+}
 
 /// Nodes the runs use, by number.
 const NODES: u8 = 6;
@@ -206,6 +234,7 @@ proptest! {
         // holds GPUs back for itself.
         let now = Utc::now() + Duration::hours(2);
         let rules = Rules::default();
+        let mut engine = PlacementEngineCache::default();
         let mut seq = 100u64;
         for (k, op) in ops.iter().enumerate() {
             let lease = Uuid::from_u128(1000 + k as u128);
@@ -214,8 +243,8 @@ proptest! {
                 s.apply(seq, &env_at(data, now - Duration::hours(1)));
             }
             prop_assert!(s.watch_is_current(), "after {:?}", op);
-            let fresh = s.building_engines_anew().decide(now, &rules);
-            let kept = s.decide(now, &rules);
+            let fresh = s.decide_with(now, &rules, &mut FromScratch::default());
+            let kept = s.decide(now, &rules, &mut engine);
             prop_assert_eq!(decided(&kept), decided(&fresh), "after {:?}", op);
             if let Op::Pass { stored } = *op {
                 for batch in kept.batches.iter().take(stored.max(1)) {

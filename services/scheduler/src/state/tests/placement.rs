@@ -71,7 +71,7 @@ fn observations_on_a_lease_count_toward_the_sequence_its_writes_expect() {
             reason: "test".into(),
         })),
     );
-    let d = s.decide(t0, &Rules::default());
+    let d = decide_at(&s, t0, &Rules::default());
     let moved = d
         .batches
         .iter()
@@ -156,9 +156,11 @@ fn same_state_same_decision() {
             .map(|(e, x)| (e.id, e.data, x))
             .collect()
     };
+    // The second pass plans with the engine the first one left.
+    let mut engine = PlacementEngineCache::default();
     assert_eq!(
-        flat(s.decide(now, &Rules::default())),
-        flat(s.decide(now, &Rules::default()))
+        flat(s.decide(now, &Rules::default(), &mut engine)),
+        flat(s.decide(now, &Rules::default(), &mut engine))
     );
 }
 

@@ -106,7 +106,7 @@ fn step(s: &mut State, seq: &mut u64, op: Op, lease: Uuid, t: Uuid, now: DateTim
     };
     *seq += 1;
     s.apply(*seq, &env(data));
-    for batch in s.decide(now, &Rules::default()).batches {
+    for batch in decide_at(s, now, &Rules::default()).batches {
         for (e, _) in batch {
             *seq += 1;
             s.apply(*seq, &e);

@@ -44,7 +44,7 @@ fn a_resumed_lease_over_quota_waits_instead_of_being_rejected() {
             lh_events::LeaseResumeRequested { lease_id: l1 },
         )),
     );
-    let d = s.decide(t0, &Rules::default());
+    let d = decide_at(&s, t0, &Rules::default());
     match events_of(&d)[..] {
         [EventData::LeaseQueued(q)] => {
             assert_eq!(q.lease_id, l1);
@@ -54,7 +54,7 @@ fn a_resumed_lease_over_quota_waits_instead_of_being_rejected() {
     }
     settle(&mut s, t0, &Rules::default());
     assert!(
-        s.decide(t0, &Rules::default()).batches.is_empty(),
+        decide_at(&s, t0, &Rules::default()).batches.is_empty(),
         "said once"
     );
 }
@@ -70,7 +70,7 @@ fn a_suspended_lease_holds_nothing_until_resumed_and_a_stop_ends_it() {
     s.apply(9000, &env(suspended(l1, &node_id, t0)));
     assert!(!s.fleet.holdings.contains_key(&l1), "GPU freed");
     assert!(
-        s.decide(t0, &Rules::default()).batches.is_empty(),
+        decide_at(&s, t0, &Rules::default()).batches.is_empty(),
         "not queued"
     );
     assert!(s.held_by_tenant().is_empty(), "counts nothing toward quota");
@@ -90,7 +90,7 @@ fn a_suspended_lease_holds_nothing_until_resumed_and_a_stop_ends_it() {
             lease_id: l1,
         })),
     );
-    let d = s.decide(t0, &Rules::default());
+    let d = decide_at(&s, t0, &Rules::default());
     match events_of(&d)[..] {
         [EventData::LeaseEnded(e)] => assert_eq!(e.reason, EndReason::Stopped),
         ref other => panic!("{other:?}"),
@@ -272,7 +272,7 @@ fn on_demand_preempts_the_cheapest_old_enough_spot_leases() {
     s.apply(5052, &env(started(young, now - Duration::minutes(1))));
     let on_demand = Uuid::from_u128(20);
     s.apply(5053, &env(request(on_demand, t, 1)));
-    let d = s.decide(now, &Rules::default()).batches;
+    let d = decide_at(&s, now, &Rules::default()).batches;
     let notices: Vec<&LeasePreemptionNoticed> = d
         .iter()
         .flatten()
@@ -293,7 +293,7 @@ fn on_demand_preempts_the_cheapest_old_enough_spot_leases() {
             s.apply(5060, e);
         }
     }
-    let again = s.decide(now, &Rules::default()).batches;
+    let again = decide_at(&s, now, &Rules::default()).batches;
     assert!(again
         .iter()
         .flatten()
@@ -330,7 +330,7 @@ fn spot_never_preempts_and_young_spot_is_safe() {
         &env(request_full(Uuid::from_u128(11), t, 1, Tier::Spot, 0)),
     );
     s.apply(5052, &env(request(Uuid::from_u128(12), t, 1)));
-    let d = s.decide(now, &Rules::default()).batches;
+    let d = decide_at(&s, now, &Rules::default()).batches;
     assert!(d
         .iter()
         .flatten()
@@ -362,7 +362,7 @@ fn performance_and_reserved_are_on_demand_and_preempt_spot() {
         s.apply(5050, &env(started(spot, now - Duration::minutes(30))));
         let on_demand = Uuid::from_u128(20);
         s.apply(5051, &env(request_full(on_demand, t, 1, tier, 0)));
-        let d = s.decide(now, &Rules::default()).batches;
+        let d = decide_at(&s, now, &Rules::default()).batches;
         assert_eq!(notices_of(&d), vec![(spot, on_demand)], "{tier:?}");
     }
 }
@@ -383,7 +383,7 @@ fn spot_never_preempts_performance_or_reserved() {
             5051,
             &env(request_full(Uuid::from_u128(11), t, 1, Tier::Spot, 0)),
         );
-        let d = s.decide(now, &Rules::default()).batches;
+        let d = decide_at(&s, now, &Rules::default()).batches;
         assert_eq!(notices_of(&d), vec![], "{tier:?}");
         assert!(s.fleet.holdings.contains_key(&held), "{tier:?}");
     }

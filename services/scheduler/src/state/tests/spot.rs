@@ -150,11 +150,11 @@ fn a_price_above_a_running_bid_notices_the_lease_once_with_the_reason_outbid() {
     settle(&mut s, now, &rules);
     assert_eq!(placed(&s), vec![lease]);
     assert!(
-        notices(&s.decide(now, &rules)).is_empty(),
+        notices(&decide_at(&s, now, &rules)).is_empty(),
         "the bid covers 4"
     );
     s.apply(9_000, &env(price("z1", "0.1001")));
-    let d = s.decide(now, &rules);
+    let d = decide_at(&s, now, &rules);
     let n = notices(&d);
     assert_eq!(n.len(), 1);
     assert_eq!(
@@ -172,7 +172,10 @@ fn a_price_above_a_running_bid_notices_the_lease_once_with_the_reason_outbid() {
         )
     );
     settle(&mut s, now, &rules);
-    assert!(notices(&s.decide(now, &rules)).is_empty(), "noticed once");
+    assert!(
+        notices(&decide_at(&s, now, &rules)).is_empty(),
+        "noticed once"
+    );
     assert_eq!(s.spot_stats.preemptions.get("outbid"), Some(&1));
 }
 
