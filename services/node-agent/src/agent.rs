@@ -4,6 +4,12 @@
 //! the host (starting and stopping workloads) goes to the workload side's
 //! task as commands, whose answers come back as signals; heartbeats and
 //! usage samples go to the telemetry task.
+//!
+//! Deciding ([`NodeAgent::decisions`]) sends nothing: it returns the events
+//! to append and the commands for the host, in the order they are to go,
+//! so that a test reads them as values. [`Decider::decide`] is the thin
+//! shell that sends the commands and tells the GPU side and the telemetry
+//! task what runs now.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,6 +35,14 @@ use crate::workload::executor::{Command, Report};
 /// Most observation events waiting to be appended; past it the oldest go
 /// (the log is unreachable that long, and a GPU's state has moved on).
 const MOST_WAITING_EVENTS: usize = 4096;
+
+/// What one decision pass calls for: the batches to append, and the
+/// commands for the workload side, in the order they are to be sent.
+#[derive(Debug)]
+pub(crate) struct Decisions {
+    pub(crate) batches: Vec<Batch>,
+    pub(crate) commands: Vec<Command>,
+}
 
 /// What the agent hears besides the log.
 #[derive(Debug)]
@@ -142,8 +156,8 @@ impl NodeAgent {
 
     /// Whether lease steps may be taken: the host has been reconciled with
     /// the log. The first call, once the fold has caught up (decisions come
-    /// only after that), asks for the reconciliation.
-    fn host_reconciled(&mut self) -> bool {
+    /// only after that), asks for the reconciliation (into `commands`).
+    fn host_reconciled(&mut self, commands: &mut Vec<Command>) -> bool {
         if self.reconciliation == Reconciliation::NotAsked {
             let placed_here = self
                 .state
@@ -163,7 +177,7 @@ impl NodeAgent {
             // destroying their instances. An ended lease's instances went
             // before its end was reported.
             let (mig_placed, mig_over) = self.mig_of_leases();
-            let _ = self.workloads.send(Command::Reconcile {
+            commands.push(Command::Reconcile {
                 placed_here,
                 share_gpus,
                 mig_placed,
@@ -187,21 +201,75 @@ impl NodeAgent {
         .with_id(derived_id(&["node.registered", &fingerprint, &replaces]))
     }
 
+    /// What to append and what to ask of the host at `now`, without
+    /// sending anything: the events, then the commands in the order the
+    /// workload side is to carry them out. `None` while the host does not
+    /// answer: it says nothing, and what runs is not retold.
+    pub(crate) fn decisions(&mut self, now: DateTime<Utc>) -> Option<Decisions> {
+        if self.gpu.node_stopped() {
+            return None;
+        }
+        let mut batches = Vec::new();
+        let mut commands = Vec::new();
+        if !self.unowned_mig.any_declared() {
+            if let Some(logged) = &self.state.registered {
+                mig::declare(&mut self.inventory, &mig::declared(logged));
+            }
+        }
+        if self.state.registered.as_ref() != Some(&self.inventory) {
+            batches.push(vec![(self.registration(now), Expect::Any)]);
+        }
+        batches.extend(
+            self.waiting
+                .iter()
+                .map(|envelope| vec![(envelope.clone(), Expect::Any)]),
+        );
+        if self.host_reconciled(&mut commands) {
+            for (&lease_id, lease) in self.state.leases.iter_mut() {
+                if std::mem::take(&mut lease.stale_workload) {
+                    commands.push(Command::StopStale {
+                        lease_id,
+                        placement: lease.placement_sequence,
+                    });
+                }
+            }
+            for step in self.state.decide(now) {
+                batches.extend(self.lease_step(step, now, &mut commands));
+            }
+        }
+        // Ended leases need no memory beyond the log.
+        self.state.leases.retain(|_, l| !l.ended);
+        Some(Decisions { batches, commands })
+    }
+
+    /// Tells the GPU side which GPUs running leases hold, and the telemetry
+    /// task how many leases run.
+    fn tell_what_runs(&mut self) {
+        self.gpu.set_busy(&self.state);
+        self.status
+            .running_leases
+            .store(self.state.running(), Ordering::Relaxed);
+    }
+
     /// The decision a lease step calls for, if one is due now; the work on
-    /// the host it needs is sent to the workload side (whose task ends only
-    /// with the agent, so a send does not fail while it matters).
-    fn lease_step(&mut self, step: LeaseStep, now: DateTime<Utc>) -> Option<Batch> {
+    /// the host it needs goes into `commands`, for the workload side.
+    fn lease_step(
+        &mut self,
+        step: LeaseStep,
+        now: DateTime<Utc>,
+        commands: &mut Vec<Command>,
+    ) -> Option<Batch> {
         let lease_id = step.lease_id();
         let lease = self.state.leases.get_mut(&lease_id)?;
         let report = match step {
             LeaseStep::Leave { .. } => {
-                let _ = self.workloads.send(Command::Stop { lease_id });
+                commands.push(Command::Stop { lease_id });
                 lease.workload_running = false;
                 lease.ended = true;
                 return None;
             }
             LeaseStep::StopWorkload { .. } => {
-                let _ = self.workloads.send(Command::Stop { lease_id });
+                commands.push(Command::Stop { lease_id });
                 lease.workload_running = false;
                 lease.stopping = true;
                 return None;
@@ -211,7 +279,7 @@ impl NodeAgent {
             LeaseStep::Start { .. } => match &lease.start {
                 WorkloadStart::NotAsked | WorkloadStart::Asked => {
                     lease.start = WorkloadStart::Asked;
-                    let _ = self.workloads.send(Command::Start {
+                    commands.push(Command::Start {
                         lease_id,
                         placement: lease.placement_sequence,
                         gpus: lease.gpus.clone(),
@@ -254,7 +322,7 @@ impl NodeAgent {
             }
         };
         if matches!(report, Transition::Suspended | Transition::Ended { .. }) {
-            let _ = self.workloads.send(Command::Release { lease_id });
+            commands.push(Command::Release { lease_id });
         }
         Some(vec![report.event(&self.node_id, lease_id, lease, now)])
     }
@@ -450,44 +518,16 @@ impl Decider for NodeAgent {
     }
 
     fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
-        // A host that does not answer says nothing.
-        if self.gpu.node_stopped() {
+        let Some(Decisions { batches, commands }) = self.decisions(now) else {
             return Vec::new();
+        };
+        // The workload side's task ends only with the agent, so a send does
+        // not fail while it matters.
+        for command in commands {
+            let _ = self.workloads.send(command);
         }
-        let mut decisions = Vec::new();
-        if !self.unowned_mig.any_declared() {
-            if let Some(logged) = &self.state.registered {
-                mig::declare(&mut self.inventory, &mig::declared(logged));
-            }
-        }
-        if self.state.registered.as_ref() != Some(&self.inventory) {
-            decisions.push(vec![(self.registration(now), Expect::Any)]);
-        }
-        decisions.extend(
-            self.waiting
-                .iter()
-                .map(|envelope| vec![(envelope.clone(), Expect::Any)]),
-        );
-        if self.host_reconciled() {
-            for (&lease_id, lease) in self.state.leases.iter_mut() {
-                if std::mem::take(&mut lease.stale_workload) {
-                    let _ = self.workloads.send(Command::StopStale {
-                        lease_id,
-                        placement: lease.placement_sequence,
-                    });
-                }
-            }
-            for step in self.state.decide(now) {
-                decisions.extend(self.lease_step(step, now));
-            }
-        }
-        // Ended leases need no memory beyond the log.
-        self.state.leases.retain(|_, l| !l.ended);
-        self.gpu.set_busy(&self.state);
-        self.status
-            .running_leases
-            .store(self.state.running(), Ordering::Relaxed);
-        decisions
+        self.tell_what_runs();
+        batches
     }
 
     fn appended(&mut self, batch: &Batch) {
@@ -509,10 +549,7 @@ impl Decider for NodeAgent {
             }
         }
         self.state.leases.retain(|_, l| !l.ended);
-        self.gpu.set_busy(&self.state);
-        self.status
-            .running_leases
-            .store(self.state.running(), Ordering::Relaxed);
+        self.tell_what_runs();
     }
 }
 

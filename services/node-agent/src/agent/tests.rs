@@ -157,6 +157,53 @@ fn a_workload_that_cannot_start_fails_the_lease_unbilled() {
 }
 
 #[test]
+fn deciding_returns_the_start_for_the_loop_to_send() {
+    // Given a reconciled agent whose lease 7 is placed and not started,
+    let mut g = given();
+    // when it decides,
+    let decided = g.agent.decisions(t(1)).expect("the host answers");
+    // then the start is among what it returns, and nothing has been sent.
+    assert!(decided.batches.is_empty(), "{:?}", types(&decided.batches));
+    match decided.commands.as_slice() {
+        [Command::Start {
+            lease_id,
+            placement,
+            ..
+        }] => assert_eq!((*lease_id, *placement), (lease(), 10)),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(g.commands.try_recv(), Err(TryRecvError::Empty)));
+}
+
+#[test]
+fn deciding_a_failed_start_returns_its_end_and_the_release_together() {
+    // Given a lease whose workload could not start,
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    answer(&mut g.agent, Err("no such image".into()));
+    // when the agent decides,
+    let decided = g.agent.decisions(t(2)).expect("the host answers");
+    // then it returns the end to append and the release for the host, and
+    // sends nothing itself.
+    assert_eq!(types(&decided.batches), ["lease.ended"]);
+    assert!(matches!(
+        decided.commands.as_slice(),
+        [Command::Release { lease_id }] if *lease_id == lease()
+    ));
+    assert!(matches!(g.commands.try_recv(), Err(TryRecvError::Empty)));
+}
+
+#[test]
+fn a_host_that_does_not_answer_decides_nothing() {
+    // Given an agent whose host stopped answering,
+    let mut g = given();
+    g.agent.signal(Signal::Gpu(Observation::NodeStopped), t(1));
+    // when it decides, then nothing is decided at all.
+    assert!(g.agent.decisions(t(2)).is_none());
+}
+
+#[test]
 fn a_stop_during_the_start_waits_for_the_answer_then_stops_the_workload() {
     let mut g = given();
     g.agent.decide(t(1));
