@@ -1,0 +1,34 @@
+//! Human-readable tables for the gateway's JSON answers, one room per
+//! resource as in `crate::commands`; what they are all made of (lenient
+//! field reading, borderless tables, defused CSV cells) is in [`table`].
+
+mod audit;
+mod balance;
+mod billing;
+mod invoice;
+mod key;
+mod lease;
+mod node;
+mod price_book;
+mod quote;
+mod report;
+mod reservation;
+mod spot;
+mod table;
+mod tenant;
+#[cfg(test)]
+mod test_rows;
+
+pub(crate) use audit::{audit, audit_csv_header, audit_csv_row, audit_events};
+pub(crate) use balance::{balance, top_up};
+pub(crate) use billing::{what_if, what_if_csv};
+pub(crate) use invoice::{invoice, invoice_list};
+pub(crate) use key::{key_issued, key_list, key_view};
+pub(crate) use lease::{lease_list, lease_usage, lease_view};
+pub(crate) use node::node_cordon;
+pub(crate) use price_book::price_books;
+pub(crate) use quote::quote;
+pub(crate) use report::{cost_report, cost_report_csv};
+pub(crate) use reservation::reservations;
+pub(crate) use spot::spot_prices;
+pub(crate) use tenant::{tenant_changed, tenant_created, tenant_view};
