@@ -9,16 +9,17 @@ pub mod held;
 pub mod http;
 pub mod keyring;
 pub mod lease_admission;
-pub mod lease_views;
 pub mod oidc;
 pub mod principals;
 pub mod projection;
+pub mod read_model;
 pub mod seal;
 pub mod tenant_keys;
 pub mod usage;
 pub mod workload_env;
 
 pub use http::limits::TenantLimits;
+pub use read_model::lease_views;
 
 use std::path::PathBuf;
 

@@ -9,7 +9,7 @@ use lh_projection::Projector;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::http::leases::{FractionBody, LeaseView};
+use crate::read_model::lease::{end_reason, failure, requested_view, LeaseView};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
 
@@ -566,18 +566,6 @@ async fn update_rejected(
     Ok(())
 }
 
-fn end_reason(e: &lh_events::LeaseEnded) -> Option<String> {
-    serde_json::to_value(e.reason)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-}
-
-fn failure(e: &lh_events::LeaseEnded) -> Option<String> {
-    e.failure
-        .and_then(|f| serde_json::to_value(f).ok())
-        .and_then(|v| v.as_str().map(str::to_string))
-}
-
 async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
     let seq = event.sequence as i64;
     // A tenant or lease whose history expired before this projection began
@@ -943,95 +931,4 @@ async fn insert_key(
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// The row `lease.requested` makes, as the API shows it: the lease the
-/// moment it is requested. The API answers a request with it before this
-/// projection has applied the event, and this projection inserts what it
-/// returns, so the answer and a later read cannot differ.
-pub fn requested_view(
-    e: &lh_events::LeaseRequested,
-    sequence: u64,
-    occurred_at: chrono::DateTime<chrono::Utc>,
-) -> LeaseView {
-    LeaseView {
-        id: e.lease_id,
-        tenant_id: e.tenant_id,
-        state: lh_domain::lease::LeaseState::Requested,
-        gpus: e.gpus as i32,
-        gpu_fraction: e.fraction.map(|f| {
-            sqlx::types::Json(FractionBody {
-                milli: f.milli,
-                vram_gb: f.vram_gb,
-            })
-        }),
-        mig_profile: e.mig_profile.clone(),
-        workload: e
-            .workload
-            .as_ref()
-            .map(|w| sqlx::types::Json(workload_view(w))),
-        mig_instance: None,
-        gpu_model: e.gpu_model.clone(),
-        tier: e.tier.as_str().to_string(),
-        priority: e.priority,
-        node_id: None,
-        zone: None,
-        gpu_uuids: sqlx::types::Json(Vec::new()),
-        gpu_indices: sqlx::types::Json(Vec::new()),
-        queued_reason: None,
-        queue_position: None,
-        rejected_reason: None,
-        stop_requested: false,
-        preemption_deadline: None,
-        preemption_reason: None,
-        spot: spot_terms(e).map(sqlx::types::Json),
-        constraints: constraints(e).map(sqlx::types::Json),
-        end_reason: None,
-        failure: None,
-        migrations: 0,
-        last_migration_reason: None,
-        idle_since: None,
-        suspended_at: None,
-        created_at: occurred_at,
-        placed_at: None,
-        started_at: None,
-        ended_at: None,
-        requested_sequence: sequence as i64,
-        idempotency_key: e.idempotency_key.clone(),
-        last_placement_node_id: None,
-        last_placement_sequence: None,
-    }
-}
-
-/// What the read model keeps of a workload: its command and image, and of
-/// an environment kept out of the log, where it is and its names, never
-/// values (an older event's values in clear are left out).
-pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
-    let mut view = serde_json::json!({"command": w.command, "image": w.image});
-    if let Some(env_ref) = &w.env_ref {
-        view["env"] = serde_json::json!(env_ref);
-    }
-    view
-}
-
-/// A request's spot terms for the read model: only the keys it has; `None`
-/// without any.
-pub(crate) fn spot_terms(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
-    let mut terms = serde_json::Map::new();
-    if let Some(bid) = e.max_price_cny_per_gpu_hour {
-        terms.insert("max_price_cny_per_gpu_hour".into(), bid.to_string().into());
-    }
-    if let Some(r) = &e.recovery {
-        terms.insert("recovery".into(), serde_json::json!(r));
-    }
-    if let Some(of) = &e.recovery_of {
-        terms.insert("recovery_of".into(), serde_json::json!(of));
-    }
-    (!terms.is_empty()).then_some(serde_json::Value::Object(terms))
-}
-
-/// A request's zone and region constraints; `None` without any.
-pub(crate) fn constraints(e: &lh_events::LeaseRequested) -> Option<serde_json::Value> {
-    (!e.zones.is_empty() || !e.regions.is_empty())
-        .then(|| serde_json::json!({"zones": e.zones, "regions": e.regions}))
 }

@@ -12,10 +12,34 @@ use rand::RngCore;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::http::ApiError;
-use crate::keyring::{KeyProvider, WrappedKey};
+use crate::keyring::{KeyError, KeyProvider, WrappedKey};
 
 pub const KEYS_SCHEMA: &str = "gateway_keys";
+/// The table of sealed workload environments (`workload_env.rs`),
+/// in [`KEYS_SCHEMA`]: like the keys, it is not a projection of the log, so
+/// a rebuild never drops it.
+pub const WORKLOAD_ENV_TABLE: &str = "workload_env";
+
+/// Why keeping a tenant's key, or sealing its data with it, failed. The
+/// API answers each as it answers any failure of that kind; the texts name
+/// what failed, for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    /// The master key could not wrap a tenant's data key.
+    #[error("wrapping a tenant key: {0}")]
+    Wrap(KeyError),
+    /// The tenant's data key could not be read or made.
+    #[error("loading a tenant key: {0}")]
+    LoadKey(anyhow::Error),
+    /// The tenant was erased: its key is gone and never comes back.
+    #[error("tenant {0} is erased")]
+    Erased(Uuid),
+    /// An environment could not be written as JSON to be sealed.
+    #[error("serialising an environment: {0}")]
+    Serialise(serde_json::Error),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
 const NONCE_BYTES: usize = 12;
 
 /// A fresh random 256-bit key.
@@ -93,11 +117,11 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
                 sealed TEXT NOT NULL,
                 stored_at TIMESTAMPTZ NOT NULL DEFAULT now()
             )",
-            crate::workload_env::TABLE
+            WORKLOAD_ENV_TABLE
         ),
         format!(
             "CREATE INDEX IF NOT EXISTS workload_env_by_tenant ON {KEYS_SCHEMA}.{} (tenant_id)",
-            crate::workload_env::TABLE
+            WORKLOAD_ENV_TABLE
         ),
     ] {
         sqlx::query(&statement).execute(pool).await?;
@@ -157,10 +181,8 @@ pub async fn store_key(
     keys: &dyn KeyProvider,
     tenant_id: Uuid,
     key: &[u8; 32],
-) -> Result<(), ApiError> {
-    let wrapped = keys
-        .wrap(tenant_id, key)
-        .map_err(|e| ApiError::internal(format!("wrapping a tenant key: {e}")))?;
+) -> Result<(), SealError> {
+    let wrapped = keys.wrap(tenant_id, key).map_err(SealError::Wrap)?;
     sqlx::query(&format!(
         "INSERT INTO {KEYS_SCHEMA}.tenant_keys (tenant_id, wrapped, master_key_id) VALUES ($1, $2, $3)"
     ))
@@ -175,7 +197,7 @@ pub async fn store_key(
 /// Deletes the tenant's wrapped data key: from then on nothing this
 /// database holds opens the tenant's sealed fields. Deleting a row that is
 /// gone already is no error.
-pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), ApiError> {
+pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), SealError> {
     let mut tx = pool.begin().await?;
     sqlx::query(&format!(
         "DELETE FROM {KEYS_SCHEMA}.tenant_keys WHERE tenant_id = $1"
@@ -186,7 +208,7 @@ pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), ApiError>
     // Unreadable without the key already; gone with it all the same.
     sqlx::query(&format!(
         "DELETE FROM {KEYS_SCHEMA}.{} WHERE tenant_id = $1",
-        crate::workload_env::TABLE
+        WORKLOAD_ENV_TABLE
     ))
     .bind(tenant_id)
     .execute(&mut *tx)

@@ -17,13 +17,8 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::http::ApiError;
 use crate::keyring::KeyProvider;
-use crate::seal::{self, KEYS_SCHEMA};
-
-/// The table of sealed environments, in [`KEYS_SCHEMA`]: like the keys, it
-/// is not a projection of the log, so a rebuild never drops it.
-pub const TABLE: &str = "workload_env";
+use crate::seal::{self, SealError, KEYS_SCHEMA, WORKLOAD_ENV_TABLE};
 
 /// Queue group the gateways answer in: one answer per request.
 const QUEUE_GROUP: &str = "gateway";
@@ -55,14 +50,14 @@ pub async fn take_values(
     tenant_id: Uuid,
     lease_id: Uuid,
     workload: &mut WorkloadSpec,
-) -> Result<Option<PendingEnv>, ApiError> {
+) -> Result<Option<PendingEnv>, SealError> {
     if workload.env.is_empty() {
         return Ok(None);
     }
     let key = seal::ensure_key(pool, keys, tenant_id)
         .await
-        .map_err(|e| ApiError::internal(format!("loading a tenant key: {e}")))?
-        .ok_or_else(|| ApiError::conflict(format!("tenant {tenant_id} is erased")))?;
+        .map_err(SealError::LoadKey)?
+        .ok_or(SealError::Erased(tenant_id))?;
     let values = std::mem::take(&mut workload.env);
     workload.env_ref = Some(WorkloadEnvRef {
         lease_id,
@@ -78,11 +73,10 @@ pub async fn take_values(
 
 /// Stores the values sealed. A retried request finds them stored already:
 /// the first request's values are the ones its event hashes.
-pub async fn store(pool: &PgPool, tenant_id: Uuid, pending: PendingEnv) -> Result<(), ApiError> {
-    let json = serde_json::to_string(&pending.values)
-        .map_err(|e| ApiError::internal(format!("serialising an environment: {e}")))?;
+pub async fn store(pool: &PgPool, tenant_id: Uuid, pending: PendingEnv) -> Result<(), SealError> {
+    let json = serde_json::to_string(&pending.values).map_err(SealError::Serialise)?;
     sqlx::query(&format!(
-        "INSERT INTO {KEYS_SCHEMA}.{TABLE} (lease_id, tenant_id, sealed) VALUES ($1, $2, $3)
+        "INSERT INTO {KEYS_SCHEMA}.{WORKLOAD_ENV_TABLE} (lease_id, tenant_id, sealed) VALUES ($1, $2, $3)
          ON CONFLICT (lease_id) DO NOTHING"
     ))
     .bind(pending.lease_id)
@@ -139,7 +133,7 @@ async fn answer(
         return refused("the lease's tenant is erased");
     };
     let sealed: Option<String> = sqlx::query_scalar(&format!(
-        "SELECT sealed FROM {KEYS_SCHEMA}.{TABLE} WHERE lease_id = $1 AND tenant_id = $2"
+        "SELECT sealed FROM {KEYS_SCHEMA}.{WORKLOAD_ENV_TABLE} WHERE lease_id = $1 AND tenant_id = $2"
     ))
     .bind(env_ref.lease_id)
     .bind(lease.tenant_id)

@@ -2,11 +2,13 @@
 //! token or a named key, see [`crate::principals`]) or a tenant's API key.
 //! Operators are found by their key's hash, tenants by their key's hash in
 //! the read model (through [`crate::tenant_keys`], which keeps what it
-//! read), so no comparison runs over a secret byte by byte.
+//! read), so no comparison runs over a secret byte by byte. A tenant's new
+//! key is made here too, beside the hash it is found by.
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, Method};
 use lh_events::{Actor, Operator, OperatorRole};
+use rand::RngCore;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -81,6 +83,29 @@ impl Caller {
 
 pub fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// Random bytes in a key (shown as hex after `lh_`).
+const KEY_SECRET_BYTES: usize = 24;
+/// Characters of the key shown in listings: `lh_` and 8 hex digits.
+const KEY_PREFIX_CHARS: usize = 11;
+
+/// A new API key: the key itself (shown once), its prefix and its hash.
+pub struct NewKey {
+    pub secret: String,
+    pub prefix: String,
+    pub sha256: String,
+}
+
+pub fn new_key() -> NewKey {
+    let mut bytes = [0u8; KEY_SECRET_BYTES];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    let secret = format!("lh_{}", hex::encode(bytes));
+    NewKey {
+        prefix: secret[..KEY_PREFIX_CHARS].to_string(),
+        sha256: sha256_hex(&secret),
+        secret,
+    }
 }
 
 impl FromRequestParts<ApiContext> for Caller {
@@ -177,5 +202,20 @@ impl FromRequestParts<ApiContext> for Caller {
             id,
             max_gpus: max_gpus as u32,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_key_shows_its_prefix_and_keeps_only_its_hash() {
+        let key = new_key();
+        assert!(key.secret.starts_with(&key.prefix));
+        assert_eq!(key.prefix.len(), KEY_PREFIX_CHARS);
+        assert!(key.prefix.starts_with("lh_"));
+        assert_eq!(key.sha256, sha256_hex(&key.secret));
+        assert_ne!(new_key().secret, key.secret);
     }
 }

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::MAX_BODY_BYTES;
+use crate::seal::SealError;
 
 /// RFC 9457 problem details.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -172,6 +173,21 @@ impl From<lh_bus::BusError> for ApiError {
             "the event log or a service behind the gateway is out of reach; retry shortly",
         )
         .retry_after(RETRY_AFTER_OUTAGE_S)
+    }
+}
+
+/// A tenant erased since is a conflict, as any write to it is; the
+/// database as any read of it; a key or environment that cannot be sealed
+/// is the gateway's own failure, its cause left to the log.
+impl From<SealError> for ApiError {
+    fn from(e: SealError) -> Self {
+        match e {
+            SealError::Erased(_) => Self::conflict(e.to_string()),
+            SealError::Database(e) => e.into(),
+            SealError::Wrap(_) | SealError::LoadKey(_) | SealError::Serialise(_) => {
+                Self::internal(e)
+            }
+        }
     }
 }
 

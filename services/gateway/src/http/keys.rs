@@ -9,42 +9,20 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use lh_events::{EventData, TenantApiKeyIssued, TenantApiKeyRevoked};
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::tenants::{append_to_tenant, parse_tenant_id, tenant_now};
-use super::{sha256_hex, ApiContext, ApiError, ApiJson, Caller};
+use super::{ApiContext, ApiError, ApiJson, Caller};
+
+pub use super::auth::{new_key, NewKey};
 
 /// Most keys of one tenant that are neither revoked nor expired.
 pub const MAX_LIVE_KEYS_PER_TENANT: i64 = 20;
 /// Furthest ahead a key's expiry may be set, in days.
 pub const MAX_KEY_LIFETIME_DAYS: i64 = 3 * 366;
-/// Random bytes in a key (shown as hex after `lh_`).
-const KEY_SECRET_BYTES: usize = 24;
-/// Characters of the key shown in listings: `lh_` and 8 hex digits.
-const KEY_PREFIX_CHARS: usize = 11;
-
-/// A new API key: the key itself (shown once), its prefix and its hash.
-pub struct NewKey {
-    pub secret: String,
-    pub prefix: String,
-    pub sha256: String,
-}
-
-pub fn new_key() -> NewKey {
-    let mut bytes = [0u8; KEY_SECRET_BYTES];
-    rand::thread_rng().fill_bytes(&mut bytes);
-    let secret = format!("lh_{}", hex::encode(bytes));
-    NewKey {
-        prefix: secret[..KEY_PREFIX_CHARS].to_string(),
-        sha256: sha256_hex(&secret),
-        secret,
-    }
-}
-
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IssueKey {
@@ -231,16 +209,6 @@ async fn fetch_key(ctx: &ApiContext, tenant_id: Uuid, key_id: u32) -> Result<Key
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_new_key_shows_its_prefix_and_keeps_only_its_hash() {
-        let key = new_key();
-        assert!(key.secret.starts_with(&key.prefix));
-        assert_eq!(key.prefix.len(), KEY_PREFIX_CHARS);
-        assert!(key.prefix.starts_with("lh_"));
-        assert_eq!(key.sha256, sha256_hex(&key.secret));
-        assert_ne!(new_key().secret, key.secret);
-    }
 
     #[test]
     fn an_issue_request_naming_an_unknown_field_is_refused() {

@@ -7,22 +7,20 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use lh_bus::{BusError, Expect};
-use lh_domain::lease::{self, Invalid, InvalidKind, LeaseBody, LeaseNow, LeaseState};
-use lh_events::{
-    derived_id, subject, Actor, Envelope, EventData, GpuFraction, LeaseRequested, Tier,
-    WorkloadSpec,
-};
-use serde::{Deserialize, Serialize};
-use sqlx::FromRow;
+use lh_domain::lease::{self, Invalid, InvalidKind, LeaseBody};
+use lh_events::{derived_id, subject, Actor, Envelope, EventData, GpuFraction, Tier, WorkloadSpec};
+use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use crate::lease_views::{page_json, CachedLease, MAX_LISTED_LEASES_PER_INDEX};
+use crate::read_model::lease::{requested_view, VIEW_COLUMNS};
+use crate::read_model::lease_views::{page_json, CachedLease, MAX_LISTED_LEASES_PER_INDEX};
 
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 
+pub use crate::read_model::lease::{FractionBody, LeasePage, LeaseView, MigInstanceView};
 pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_ITEMS};
 
 /// What a tenant at its limit of waiting leases is told to wait, in seconds.
@@ -97,32 +95,6 @@ pub struct RecoveryBody {
     pub zone_first: lh_events::ZoneFirst,
 }
 
-/// A share of one GPU: compute in milli-GPU and a hard VRAM amount.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FractionBody {
-    /// Compute share in milli-GPU, 1 to 1000.
-    pub milli: u32,
-    /// VRAM in GB, at least 1 and at most the model's VRAM.
-    pub vram_gb: u32,
-}
-
-impl From<FractionBody> for GpuFraction {
-    fn from(f: FractionBody) -> Self {
-        GpuFraction {
-            milli: f.milli,
-            vram_gb: f.vram_gb,
-        }
-    }
-}
-
-/// A MIG GPU instance: its profile and NVML placement start slice.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct MigInstanceView {
-    pub profile: String,
-    pub start: u8,
-}
-
 /// What to run, as a request states it. The event's [`WorkloadSpec`]
 /// ignores fields it does not know (a newer writer's); a request naming one
 /// is refused instead, so this body has its own type.
@@ -151,98 +123,6 @@ impl From<WorkloadBody> for WorkloadSpec {
 fn default_tier() -> Tier {
     Tier::Basic
 }
-
-/// A lease as the tenant sees it.
-#[derive(Debug, Clone, Serialize, Deserialize, FromRow, ToSchema)]
-pub struct LeaseView {
-    pub id: Uuid,
-    pub tenant_id: Uuid,
-    /// requested, queued, placed, running, suspended, ended or rejected.
-    #[sqlx(try_from = "String")]
-    #[schema(value_type = String)]
-    pub state: LeaseState,
-    pub gpus: i32,
-    /// Set for a fractional lease: its share of one GPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<FractionBody>)]
-    pub gpu_fraction: Option<sqlx::types::Json<FractionBody>>,
-    /// Set for a MIG lease: the profile asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mig_profile: Option<String>,
-    /// What the lease runs: `command`, `image`, and for an environment
-    /// `env` with its variables' `names` (never their values), the
-    /// `lease_id` they are stored with and their salted `sha256`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub workload: Option<sqlx::types::Json<serde_json::Value>>,
-    /// Set for a placed MIG lease: the GPU instance it holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<MigInstanceView>)]
-    pub mig_instance: Option<sqlx::types::Json<MigInstanceView>>,
-    pub gpu_model: String,
-    pub tier: String,
-    pub priority: i32,
-    pub node_id: Option<String>,
-    pub zone: Option<String>,
-    #[schema(value_type = Vec<String>)]
-    pub gpu_uuids: sqlx::types::Json<Vec<String>>,
-    #[schema(value_type = Vec<u32>)]
-    pub gpu_indices: sqlx::types::Json<Vec<u32>>,
-    pub queued_reason: Option<String>,
-    pub queue_position: Option<i32>,
-    pub rejected_reason: Option<String>,
-    pub stop_requested: bool,
-    /// Set when this spot lease will be evicted (the node-agent ends it then).
-    pub preemption_deadline: Option<DateTime<Utc>>,
-    /// Why: `capacity` (on-demand work needs its GPUs) or `outbid` (the
-    /// spot price rose above its bid).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preemption_reason: Option<String>,
-    /// Spot terms: `max_price_cny_per_gpu_hour`, `recovery`, and for a
-    /// lease the scheduler requested to recover a preempted one,
-    /// `recovery_of {lease_id, first_lease_id, attempt, zone}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub spot: Option<sqlx::types::Json<serde_json::Value>>,
-    /// `{"zones": [...], "regions": [...]}` it may run in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub constraints: Option<sqlx::types::Json<serde_json::Value>>,
-    pub end_reason: Option<String>,
-    /// What made a failed lease fail, where its node could tell:
-    /// `gpu_memory_exceeded` (its workload asked for more GPU memory than
-    /// its share holds and got an allocation error).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<String>,
-    /// Times the lease was moved to other GPUs (its node was lost).
-    pub migrations: i32,
-    /// Why it was last moved.
-    pub last_migration_reason: Option<String>,
-    /// Start of the last idle stretch its node reported (zero GPU use for
-    /// the tenant's idle window).
-    pub idle_since: Option<DateTime<Utc>>,
-    /// When it was last suspended for being idle.
-    pub suspended_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    pub placed_at: Option<DateTime<Utc>>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub ended_at: Option<DateTime<Utc>>,
-    #[serde(skip)]
-    pub requested_sequence: i64,
-    #[serde(skip)]
-    pub idempotency_key: Option<String>,
-    /// The node of its last placement, kept when it goes back to the
-    /// queue: where its last workload's log is.
-    #[serde(skip)]
-    pub last_placement_node_id: Option<String>,
-    /// The stream sequence of that placement: the node names the log by it.
-    #[serde(skip)]
-    pub last_placement_sequence: Option<i64>,
-}
-
-pub(crate) const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
-    queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, failure, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
-    started_at, ended_at, requested_sequence, idempotency_key, last_placement_node_id, last_placement_sequence";
 
 impl From<CreateLease> for LeaseBody {
     fn from(body: CreateLease) -> Self {
@@ -273,38 +153,6 @@ fn invalid(e: Invalid) -> ApiError {
         InvalidKind::OverLimit => ApiError::too_many_requests(e.detail)
             .field(e.field)
             .retry_after(PENDING_RETRY_AFTER_S),
-    }
-}
-
-impl LeaseView {
-    /// What the stop and resume rules need to know of the lease.
-    fn now(&self) -> LeaseNow {
-        LeaseNow {
-            id: self.id,
-            state: self.state,
-            suspended_at: self.suspended_at,
-        }
-    }
-
-    /// Whether this lease is the one `requested` describes: a retry with the
-    /// same Idempotency-Key must ask for the same thing. The view keeps the
-    /// workload with its environment's names and hash, not its values.
-    fn asks_for(&self, requested: &LeaseRequested) -> bool {
-        let fraction = self.gpu_fraction.as_ref().map(|f| GpuFraction::from(f.0));
-        let workload = requested
-            .workload
-            .as_ref()
-            .map(crate::projection::workload_view);
-        self.gpus as u32 == requested.gpus
-            && fraction == requested.fraction
-            && self.gpu_model == requested.gpu_model
-            && self.mig_profile == requested.mig_profile
-            && self.workload.as_ref().map(|w| &w.0) == workload.as_ref()
-            && self.tier == requested.tier.as_str()
-            && self.priority == requested.priority
-            && self.spot.as_ref().map(|s| &s.0) == crate::projection::spot_terms(requested).as_ref()
-            && self.constraints.as_ref().map(|c| &c.0)
-                == crate::projection::constraints(requested).as_ref()
     }
 }
 
@@ -466,7 +314,7 @@ pub async fn create(
         Some(sequence) => {
             ctx.lease_admission
                 .appended(tenant_id, sequence, ctx.progress.applied());
-            crate::projection::requested_view(&requested, sequence, envelope.occurred_at)
+            requested_view(&requested, sequence, envelope.occurred_at)
         }
         None => {
             let lease = held(&ctx, lease_id)
@@ -526,13 +374,6 @@ pub struct ListQuery {
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct LeasePage {
-    pub items: Vec<LeaseView>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
 }
 
 #[utoipa::path(

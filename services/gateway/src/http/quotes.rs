@@ -15,8 +15,8 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::leases::FractionBody;
 use super::{ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
+use crate::read_model::lease::FractionBody;
 
 /// What to price: the GPU fields of a lease and a duration.
 #[derive(Debug, Deserialize, ToSchema)]

@@ -147,7 +147,7 @@ pub async fn create(
     caller.require_admin()?;
     validate(&body)?;
     let tenant_id = Uuid::now_v7();
-    let first_key = super::keys::new_key();
+    let first_key = super::auth::new_key();
     let key = seal::new_key();
     seal::store_key(&ctx.pool, ctx.keys.as_ref(), tenant_id, &key).await?;
     let data = EventData::TenantCreated(TenantCreated {

@@ -28,7 +28,7 @@ use lh_events::subject;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::http::leases::{LeaseView, VIEW_COLUMNS};
+use super::lease::{LeaseView, VIEW_COLUMNS};
 
 /// Most lease views held at once (each about 2 KiB with its JSON); when
 /// full, ended and rejected leases go first, oldest first, then the oldest.
@@ -380,7 +380,7 @@ pub fn page_json(items: &[Arc<CachedLease>], next_cursor: Option<i64>) -> Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::leases::LeasePage;
+    use crate::read_model::lease::LeasePage;
 
     fn lease(sequence: i64, tenant: Uuid, state: &str) -> Arc<CachedLease> {
         let mut view: LeaseView = serde_json::from_value(serde_json::json!({
