@@ -11,7 +11,7 @@
 //! let a tenant run that long on nothing. Credit and debit notes are not
 //! counted: they re-document charges already in the log.
 //!
-//! The charges fold ([`crate::charges::Fold`]) folds the balances beside
+//! The charges fold ([`crate::charges::ChargingState`]) folds the balances beside
 //! the leases it prices, and each pass of its decide loop turns each
 //! prepaid tenant's balance into at most one event on
 //! `lh.evt.balance.<tenant_id>`, guarded by the last sequence it read

@@ -1,0 +1,374 @@
+//! Charging on the decide loop: [`Charges`] applies stored events to the
+//! [`ChargingState`] (node times held to the log's clock first), plans
+//! the charges due once caught up, and keeps the shelf the price book,
+//! quote, reservation and balance RPCs read.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lh_bus::{Bus, BusError, Expect};
+use lh_domain::rating;
+use lh_events::{subject, Actor, Envelope, EventData, PriceBookPublished, ReservationCommitted};
+use lh_service::decider::{Batch, Decider, Pace};
+use rust_decimal::prelude::ToPrimitive;
+use rust_decimal::Decimal;
+use uuid::Uuid;
+
+use super::fold::{ChargingState, QUOTE_KEPT_AFTER_EXPIRY};
+use super::plan::{bill_batches, Plan};
+use crate::SERVICE;
+
+/// Subjects the charges fold reads.
+pub const FILTERS: &[&str] = &[
+    subject::LEASES_ALL,
+    subject::CHARGES_ALL,
+    subject::PRICE_BOOKS_ALL,
+    subject::SPOT_ALL,
+    subject::RESERVATIONS_ALL,
+    subject::BALANCES_ALL,
+    subject::CREDITS_ALL,
+    subject::QUOTES_ALL,
+];
+/// A feed silent this long has delivered everything there is.
+const QUIET: Duration = Duration::from_millis(300);
+/// Wait before retrying a publish that failed for a reason other than a conflict.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The id of the default price book (version 1).
+pub fn default_book_id() -> Uuid {
+    crate::books::book_id(rating::DEFAULT_BOOK_VERSION)
+}
+
+/// Publishes the default price book when the log holds none. Several
+/// replicas may race: the subject must be empty, so only one wins.
+pub async fn ensure_price_book(bus: &Bus, now: DateTime<Utc>) -> anyhow::Result<()> {
+    if bus.subject_last_sequence(&subject::price_book()).await? > 0 {
+        return Ok(());
+    }
+    let book = rating::default_price_book(now);
+    let envelope = Envelope::new(
+        Actor::Service(SERVICE.into()),
+        now,
+        EventData::PriceBookPublished(book),
+    )
+    .with_id(default_book_id());
+    match bus.publish(&envelope, Expect::LastSubjectSequence(0)).await {
+        Ok(appended) => {
+            tracing::info!(
+                sequence = appended.sequence,
+                "published the default price book"
+            );
+            Ok(())
+        }
+        Err(BusError::Conflict(e)) => {
+            tracing::info!(error = %e, "another replica published the price book first");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The price books as the fold knows them, shared with the price book
+/// RPC: every version, and the stream sequence of the last event on the
+/// price book subject the fold has read (a publish is guarded by it).
+#[derive(Debug, Clone, Default)]
+pub struct Shelf {
+    pub books: Vec<PriceBookPublished>,
+    pub sequence: u64,
+    /// Reservations whose commitment is not yet wholly charged.
+    pub reservations: Vec<ReservationCommitted>,
+    /// The prepaid tenants' balances at the last pass of the decide loop.
+    pub balances: HashMap<Uuid, lh_rpc::balance::Balance>,
+    /// The quotes issued, until a day after they expire.
+    pub quotes: HashMap<Uuid, lh_events::QuoteIssued>,
+    /// The spot price in force per (zone, GPU model).
+    pub spot_prices: HashMap<(String, String), Decimal>,
+}
+
+pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
+
+/// Charging on the decide loop: folds the log and, once caught up, charges
+/// every lease that ended and has no charges yet.
+#[derive(Default)]
+pub struct Charges {
+    pub fold: ChargingState,
+    warned_no_book: bool,
+    /// How far a node's timestamps may be from the log server's clock.
+    node_clock_skew: chrono::Duration,
+    /// How long after an hour ends it is charged.
+    grace: chrono::Duration,
+    /// The horizon of the last pass that looked at every open lease.
+    looked_at_horizon: Option<DateTime<Utc>>,
+    shelf: SharedShelf,
+    /// A prepaid balance covering less than this at its burn rate is low.
+    balance_warn_seconds: u64,
+    /// Tenants given their own spend series so far.
+    spend_series: std::collections::HashSet<Uuid>,
+}
+
+/// Tenants given their own `lh_tenant_charged_fen_total` series; past it,
+/// further tenants are summed under `tenant="other"`, so a flood of tenants
+/// cannot grow the scrape without bound.
+pub const MAX_SPEND_SERIES_TENANTS: usize = 10_000;
+
+impl Charges {
+    pub fn new(node_clock_skew: chrono::Duration, grace: chrono::Duration) -> Self {
+        Self {
+            node_clock_skew,
+            grace,
+            balance_warn_seconds: crate::balances::DEFAULT_BALANCE_WARN_SECS,
+            ..Self::default()
+        }
+    }
+
+    /// Warns of a prepaid balance that covers less than `seconds`.
+    pub fn with_balance_warn_seconds(mut self, seconds: u64) -> Self {
+        self.balance_warn_seconds = seconds;
+        self
+    }
+
+    /// Each prepaid tenant's balance at `now`, for the balance RPC, and the
+    /// writes those balances call for.
+    fn balance_decisions(&self, now: DateTime<Utc>) -> Vec<Batch> {
+        let mut decisions = Vec::new();
+        let mut views = HashMap::new();
+        let mut costs = self.fold.running_costs(now);
+        for tenant_id in self.fold.balances.tenants() {
+            let Some(b) = self.fold.balances.get(tenant_id) else {
+                continue;
+            };
+            let cost = costs.remove(&tenant_id).unwrap_or_default();
+            views.insert(tenant_id, crate::balances::view(tenant_id, b, &cost));
+            decisions.extend(crate::balances::decisions(
+                tenant_id,
+                b,
+                &cost,
+                self.balance_warn_seconds,
+                now,
+            ));
+        }
+        self.shelf.write().expect("shelf lock").balances = views;
+        decisions
+    }
+
+    /// The books this fold keeps up to date for others to read.
+    pub fn shelf(&self) -> SharedShelf {
+        self.shelf.clone()
+    }
+
+    fn apply_stored_event(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if let Some(history) = envelope.data.restated_history() {
+            if self.fold.needs_history(&envelope.data) {
+                for e in history {
+                    self.apply_stored(e.sequence, e.stored_at, &e.envelope);
+                }
+            }
+            self.fold.sequence = self.fold.sequence.max(sequence);
+            return;
+        }
+        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
+        self.fold.apply(sequence, &held);
+    }
+
+    /// Keeps what the quote RPC reads: the quotes and the spot prices.
+    fn shelve(&self, envelope: &Envelope) {
+        match &envelope.data {
+            EventData::QuoteIssued(q) => {
+                let mut shelf = self.shelf.write().expect("shelf lock");
+                shelf
+                    .quotes
+                    .retain(|_, k| k.expires_at + QUOTE_KEPT_AFTER_EXPIRY > envelope.occurred_at);
+                shelf.quotes.insert(q.quote_id, q.clone());
+            }
+            EventData::SpotPriceSet(p) => {
+                self.shelf.write().expect("shelf lock").spot_prices.insert(
+                    (p.zone.clone(), p.gpu_model.clone()),
+                    p.price_cny_per_gb_hour,
+                );
+            }
+            _ => {}
+        }
+    }
+
+    fn update_shelf(&self) {
+        let mut shelf = self.shelf.write().expect("shelf lock");
+        if shelf.sequence != self.fold.book_sequence || shelf.books.len() != self.fold.books.len() {
+            shelf.books = self.fold.books.clone();
+            shelf.sequence = self.fold.book_sequence;
+        }
+        if shelf.reservations.len() != self.fold.reservations.len() {
+            shelf.reservations = self.fold.reservations();
+        }
+    }
+}
+
+/// `envelope` with the times a node reports of a lease held to `stored_at`
+/// (see [`lh_domain::rating::clamp_node_time`]); other events as they are.
+pub fn held_to_the_log(
+    envelope: &Envelope,
+    stored_at: DateTime<Utc>,
+    skew: chrono::Duration,
+) -> std::borrow::Cow<'_, Envelope> {
+    use lh_domain::rating::clamp_node_time as clamp;
+    // The node's time in the event, and what it is held to.
+    let (claimed, held_at) = match &envelope.data {
+        EventData::LeaseStarted(e) => (e.started_at, clamp(e.started_at, stored_at, skew)),
+        EventData::LeaseEnded(e) if e.node_id.is_some() => {
+            (e.ended_at, clamp(e.ended_at, stored_at, skew))
+        }
+        EventData::LeaseSuspended(e) => (e.suspended_at, clamp(e.suspended_at, stored_at, skew)),
+        // The scheduler works it out from a node's times (its last
+        // heartbeat, a GPU's failure), held when they were heard; a
+        // migration can still never end a run after it was stored.
+        EventData::LeaseMigrated(e) => (e.billing_ends_at, e.billing_ends_at.min(stored_at)),
+        // A notice is given when it is stored, at the latest.
+        EventData::LeasePreemptionNoticed(_) => {
+            (envelope.occurred_at, envelope.occurred_at.min(stored_at))
+        }
+        _ => return std::borrow::Cow::Borrowed(envelope),
+    };
+    if claimed == held_at {
+        return std::borrow::Cow::Borrowed(envelope);
+    }
+    tracing::warn!(event = envelope.data.event_type(), lease = ?envelope.data.lease_id(),
+        %stored_at, "a node's timestamp is off the log's clock by more than the skew allowed; held to it");
+    let mut held = envelope.clone();
+    match &mut held.data {
+        EventData::LeaseStarted(e) => e.started_at = held_at,
+        EventData::LeaseEnded(e) => e.ended_at = held_at,
+        EventData::LeaseSuspended(e) => e.suspended_at = held_at,
+        EventData::LeaseMigrated(e) => e.billing_ends_at = held_at,
+        EventData::LeasePreemptionNoticed(_) => held.occurred_at = held_at,
+        _ => {}
+    }
+    std::borrow::Cow::Owned(held)
+}
+
+impl Decider for Charges {
+    type Signal = std::convert::Infallible;
+
+    fn name(&self) -> &'static str {
+        SERVICE
+    }
+
+    fn filters(&self) -> &[&'static str] {
+        FILTERS
+    }
+
+    fn pace(&self) -> Pace {
+        Pace {
+            quiet: QUIET,
+            backoff_min: RETRY_AFTER,
+            ..Pace::default()
+        }
+    }
+
+    fn apply(&mut self, sequence: u64, envelope: &Envelope) {
+        self.fold.apply(sequence, envelope);
+        self.shelve(envelope);
+        self.update_shelf();
+    }
+
+    fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+        if matches!(
+            envelope.data,
+            EventData::PriceBookPublished(_) | EventData::PriceBookRestated(_)
+        ) {
+            self.fold.book_sequence = self.fold.book_sequence.max(sequence);
+        }
+        self.apply_stored_event(sequence, stored_at, envelope);
+        self.shelve(envelope);
+        self.update_shelf();
+    }
+
+    fn snapshot(&self) -> Option<Box<serde_json::value::RawValue>> {
+        lh_service::decider::snapshot_of(&self.fold)
+    }
+
+    fn restore(&mut self, state: &serde_json::value::RawValue) -> bool {
+        match lh_service::decider::restored(state) {
+            Some(fold) => {
+                self.fold = fold;
+                let mut shelf = self.shelf.write().expect("shelf lock");
+                shelf.quotes = self.fold.quotes.clone();
+                shelf.spot_prices = self.fold.spot_prices();
+                drop(shelf);
+                self.update_shelf();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn decide(&mut self, now: DateTime<Utc>) -> Vec<Batch> {
+        let horizon = rating::hour_start(now - self.grace);
+        // An hour is over: every running lease has one due. Otherwise only
+        // the leases the log said something new about.
+        let all = self.looked_at_horizon != Some(horizon);
+        self.looked_at_horizon = Some(horizon);
+        let mut decisions = Vec::new();
+        for lease_id in self.fold.to_look_at(all) {
+            match self.fold.plan_until(lease_id, horizon) {
+                Plan::Nothing if self.fold.is_over(lease_id, horizon) => {
+                    self.fold.mark_charged(lease_id)
+                }
+                Plan::Nothing => {}
+                Plan::Publish(bill) => {
+                    decisions.extend(bill_batches(&bill, now));
+                    // Looked at again next pass: nothing is due once its
+                    // charges are in, and a refused batch is tried again.
+                    self.fold.touch(lease_id);
+                }
+                Plan::WaitForBook => {
+                    if !self.warned_no_book {
+                        tracing::warn!(%lease_id, "no price book in the log yet; charges wait");
+                        self.warned_no_book = true;
+                    }
+                    self.fold.touch(lease_id);
+                }
+                Plan::Unbillable(why) => {
+                    tracing::error!(%lease_id, %why, "lease cannot be billed");
+                    self.fold.drop_lease(lease_id);
+                }
+            }
+        }
+        metrics::gauge!("lh_pricing_open_leases").set(self.fold.open_leases() as f64);
+        decisions.extend(self.balance_decisions(now));
+        self.update_shelf();
+        decisions
+    }
+
+    fn appended(&mut self, batch: &Batch) {
+        metrics::counter!("lh_charges_published_total").increment(batch.len() as u64);
+        for (envelope, _) in batch {
+            if let EventData::ChargeAccrued(c) = &envelope.data {
+                // Amounts are whole fen (the rounding rule), so the count is
+                // exact; a counter cannot go down, and a charge never does.
+                let fen = (c.amount * Decimal::ONE_HUNDRED).round().to_u64();
+                metrics::counter!("lh_charged_fen_total", "tier" => c.tier.as_str())
+                    .increment(fen.unwrap_or(0));
+                let own = self.spend_series.contains(&c.tenant_id)
+                    || (self.spend_series.len() < MAX_SPEND_SERIES_TENANTS
+                        && self.spend_series.insert(c.tenant_id));
+                let tenant = if own {
+                    c.tenant_id.to_string()
+                } else {
+                    "other".to_string()
+                };
+                metrics::counter!("lh_tenant_charged_fen_total", "tenant" => tenant)
+                    .increment(fen.unwrap_or(0));
+            }
+        }
+        if let Some((
+            Envelope {
+                data: EventData::ChargeAccrued(c),
+                ..
+            },
+            _,
+        )) = batch.first()
+        {
+            tracing::info!(lease_id = %c.lease_id, charges = batch.len(), "lease charged");
+        }
+    }
+}
