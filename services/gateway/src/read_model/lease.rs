@@ -270,3 +270,21 @@ pub(crate) fn failure(e: &lh_events::LeaseEnded) -> Option<String> {
         .and_then(|f| serde_json::to_value(f).ok())
         .and_then(|v| v.as_str().map(str::to_string))
 }
+
+/// The GPU UUIDs a placement gives a lease, as the read model keeps them.
+pub(crate) fn placed_gpu_uuids(e: &lh_events::LeasePlaced) -> serde_json::Value {
+    serde_json::json!(e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>())
+}
+
+/// The GPU indices a placement gives a lease, as the read model keeps them.
+pub(crate) fn placed_gpu_indices(e: &lh_events::LeasePlaced) -> serde_json::Value {
+    serde_json::json!(e.gpus.iter().map(|g| g.index).collect::<Vec<_>>())
+}
+
+/// The MIG instance a placement gives a lease, if any.
+pub(crate) fn placed_mig_instance(e: &lh_events::LeasePlaced) -> Option<serde_json::Value> {
+    e.gpus
+        .first()
+        .and_then(|g| g.mig_instance.as_ref())
+        .map(|m| serde_json::json!({"profile": m.profile, "start": m.start}))
+}

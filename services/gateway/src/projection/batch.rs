@@ -1,59 +1,31 @@
-//! The gateway's read models: tenants and leases, from the log.
+//! The projection's bulk path: a run of the lease events a backlog holds
+//! most, written with one statement per kind for many leases at once
+//! rather than one statement per event. Each statement here writes what
+//! the one-event statement of `leases.rs` writes, for many rows; a lease
+//! whose whole life so far lies in the run is folded in memory and
+//! inserted as the row its events leave.
 
 use std::collections::{HashMap, HashSet};
 
-use futures::future::BoxFuture;
 use lh_bus::Stored;
-use lh_events::{subject, EventData};
-use lh_projection::Projector;
+use lh_events::EventData;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::read_model::lease::{end_reason, failure, requested_view, LeaseView};
+use crate::read_model::lease::{
+    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_mig_instance, requested_view,
+    LeaseView,
+};
 
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
-
-/// Tables this projection owns (compared by the rebuild check).
-pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases"];
-
-pub struct GatewayProjection;
-
-impl Projector for GatewayProjection {
-    fn name(&self) -> &'static str {
-        "gateway"
-    }
-
-    fn filters(&self) -> &'static [&'static str] {
-        &[
-            subject::TENANTS_ALL,
-            subject::LEASES_ALL,
-            subject::BALANCES_ALL,
-        ]
-    }
-
-    fn apply<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        event: &'c Stored,
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(apply(conn, event))
-    }
-
-    fn apply_batch<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        events: &'c [&'c Stored],
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(apply_batch(conn, events))
-    }
-}
+use super::{apply, apply_event};
 
 /// Most leases one multi-row statement writes.
 const MAX_LEASES_PER_STATEMENT: usize = 1024;
 
-/// A lease's life as a backlog holds it most: these fold into one
-/// statement per kind for many leases at once.
-fn lease_of_common_event(event: &Stored) -> Option<uuid::Uuid> {
+/// The lease of an event the bulk path writes: a lease's life as a
+/// backlog holds it most, folded into one statement per kind for many
+/// leases at once.
+fn lease_written_in_bulk(event: &Stored) -> Option<uuid::Uuid> {
     match &event.envelope.data {
         EventData::LeaseRequested(e) => Some(e.lease_id),
         EventData::LeasePlaced(e) => Some(e.lease_id),
@@ -71,10 +43,10 @@ fn lease_of_common_event(event: &Stored) -> Option<uuid::Uuid> {
 /// events between two others are written together ([`write_run`]). Any
 /// other event first writes the run before it and is then applied on its
 /// own.
-async fn apply_batch(conn: &mut PgConnection, events: &[&Stored]) -> sqlx::Result<()> {
+pub(super) async fn apply_batch(conn: &mut PgConnection, events: &[&Stored]) -> sqlx::Result<()> {
     let mut run: Vec<&Stored> = Vec::new();
     for &event in events {
-        if lease_of_common_event(event).is_some() {
+        if lease_written_in_bulk(event).is_some() {
             run.push(event);
         } else {
             write_run(conn, &run).await?;
@@ -86,7 +58,7 @@ async fn apply_batch(conn: &mut PgConnection, events: &[&Stored]) -> sqlx::Resul
 }
 
 /// Writes a run of common lease events. A lease whose events in the run
-/// begin with its request is folded into the row they leave ([`Born`]) and
+/// begin with its request is folded into the row they leave ([`NewLeaseRow`]) and
 /// inserted with the others in one statement, unless its row is there
 /// already: in a backlog most leases live their whole life within a run,
 /// and one row written beats one written and updated four times. The
@@ -97,7 +69,7 @@ async fn write_run(conn: &mut PgConnection, run: &[&Stored]) -> sqlx::Result<()>
     let mut lives: HashMap<Uuid, Vec<&Stored>> = HashMap::new();
     let mut order = Vec::new();
     for &event in run {
-        let lease_id = lease_of_common_event(event).expect("a run holds lease events");
+        let lease_id = lease_written_in_bulk(event).expect("a run holds lease events");
         lives
             .entry(lease_id)
             .or_insert_with(|| {
@@ -106,15 +78,15 @@ async fn write_run(conn: &mut PgConnection, run: &[&Stored]) -> sqlx::Result<()>
             })
             .push(event);
     }
-    let born: Vec<Born> = order
+    let born: Vec<NewLeaseRow> = order
         .iter()
-        .filter_map(|id| Born::fold(&lives[id]))
+        .filter_map(|id| NewLeaseRow::fold(&lives[id]))
         .collect();
-    let inserted = insert_born(conn, &born).await?;
+    let inserted = insert_new_rows(conn, &born).await?;
     let mut waves: Vec<Vec<&Stored>> = Vec::new();
     let mut wave_of: HashMap<Uuid, usize> = HashMap::new();
     for &event in run {
-        let lease_id = lease_of_common_event(event).expect("a run holds lease events");
+        let lease_id = lease_written_in_bulk(event).expect("a run holds lease events");
         if inserted.contains(&lease_id) {
             continue;
         }
@@ -131,7 +103,7 @@ async fn write_run(conn: &mut PgConnection, run: &[&Stored]) -> sqlx::Result<()>
 /// A lease's row as its request and the common events after it leave it,
 /// computed as the statements of [`apply`] would change it, one event
 /// after the other, from the row the request inserts.
-struct Born {
+struct NewLeaseRow {
     view: LeaseView,
     state: &'static str,
     last_sequence: i64,
@@ -142,10 +114,10 @@ struct Born {
     failure: Option<String>,
 }
 
-impl Born {
+impl NewLeaseRow {
     /// The row `lease.requested` inserts.
     fn requested(view: LeaseView) -> Self {
-        Born {
+        NewLeaseRow {
             state: "requested",
             last_sequence: view.requested_sequence,
             gpu_uuids: serde_json::json!([]),
@@ -164,19 +136,19 @@ impl Born {
         let EventData::LeaseRequested(e) = &first.envelope.data else {
             return None;
         };
-        let mut row = Born::requested(requested_view(
+        let mut row = NewLeaseRow::requested(requested_view(
             e,
             first.sequence,
             first.envelope.occurred_at,
         ));
         for event in rest {
-            row.then(event);
+            row.follow(event);
         }
         Some(row)
     }
 
     /// What each common event's statement does to the row.
-    fn then(&mut self, event: &Stored) {
+    fn follow(&mut self, event: &Stored) {
         let seq = event.sequence as i64;
         let waiting = matches!(self.state, "requested" | "queued");
         let v = &mut self.view;
@@ -280,21 +252,24 @@ async fn write_wave(conn: &mut PgConnection, wave: &[&Stored]) -> sqlx::Result<(
     Ok(())
 }
 
-async fn insert_requested(
+pub(super) async fn insert_requested(
     conn: &mut PgConnection,
     events: &[(&Stored, &lh_events::LeaseRequested)],
 ) -> sqlx::Result<()> {
-    let rows: Vec<Born> = events
+    let rows: Vec<NewLeaseRow> = events
         .iter()
-        .map(|(s, e)| Born::requested(requested_view(e, s.sequence, s.envelope.occurred_at)))
+        .map(|(s, e)| NewLeaseRow::requested(requested_view(e, s.sequence, s.envelope.occurred_at)))
         .collect();
-    insert_born(conn, &rows).await?;
+    insert_new_rows(conn, &rows).await?;
     Ok(())
 }
 
 /// Inserts the rows of leases that have none yet; the ids of those it
 /// inserted (a lease whose row is there already keeps it).
-async fn insert_born(conn: &mut PgConnection, rows: &[Born]) -> sqlx::Result<HashSet<Uuid>> {
+async fn insert_new_rows(
+    conn: &mut PgConnection,
+    rows: &[NewLeaseRow],
+) -> sqlx::Result<HashSet<Uuid>> {
     let mut inserted = HashSet::new();
     for chunk in rows.chunks(MAX_LEASES_PER_STATEMENT) {
         let views = || chunk.iter().map(|r| &r.view);
@@ -401,23 +376,6 @@ async fn insert_born(conn: &mut PgConnection, rows: &[Born]) -> sqlx::Result<Has
         inserted.extend(ids);
     }
     Ok(inserted)
-}
-
-/// The GPU UUIDs a placement gives a lease, as the read model keeps them.
-fn placed_gpu_uuids(e: &lh_events::LeasePlaced) -> serde_json::Value {
-    serde_json::json!(e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>())
-}
-
-fn placed_gpu_indices(e: &lh_events::LeasePlaced) -> serde_json::Value {
-    serde_json::json!(e.gpus.iter().map(|g| g.index).collect::<Vec<_>>())
-}
-
-/// The MIG instance a placement gives a lease, if any.
-fn placed_mig_instance(e: &lh_events::LeasePlaced) -> Option<serde_json::Value> {
-    e.gpus
-        .first()
-        .and_then(|g| g.mig_instance.as_ref())
-        .map(|m| serde_json::json!({"profile": m.profile, "start": m.start}))
 }
 
 async fn update_placed(
@@ -561,373 +519,6 @@ async fn update_rejected(
     .bind(ids)
     .bind(reasons)
     .bind(seqs)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn apply(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
-    let seq = event.sequence as i64;
-    // A tenant or lease whose history expired before this projection began
-    // (a rebuild, a new replica) comes from its restatement; one with a row
-    // already is not folded again, but a lease's newest sequence moves up.
-    let (known, history) = match &event.envelope.data {
-        EventData::TenantRestated(r) => (
-            sqlx::query("SELECT 1 FROM tenants WHERE id = $1")
-                .bind(r.tenant_id)
-                .fetch_optional(&mut *conn)
-                .await?
-                .is_some(),
-            &r.history,
-        ),
-        EventData::LeaseRestated(r) => {
-            let known = sqlx::query("SELECT 1 FROM leases WHERE id = $1")
-                .bind(r.lease_id)
-                .fetch_optional(&mut *conn)
-                .await?
-                .is_some();
-            if known {
-                sqlx::query("UPDATE leases SET last_sequence = $2 WHERE id = $1")
-                    .bind(r.lease_id)
-                    .bind(seq)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            (known, &r.history)
-        }
-        _ => return apply_event(conn, event).await,
-    };
-    if !known {
-        for e in history {
-            let stated = Stored {
-                sequence: e.sequence,
-                subject: event.subject.clone(),
-                envelope: (*e.envelope).clone(),
-                payload: Default::default(),
-                pending: 0,
-                stored_at: e.stored_at,
-                trace_parent: None,
-            };
-            apply_event(conn, &stated).await?;
-        }
-        if let EventData::LeaseRestated(r) = &event.envelope.data {
-            sqlx::query("UPDATE leases SET last_sequence = $2 WHERE id = $1")
-                .bind(r.lease_id)
-                .bind(seq)
-                .execute(&mut *conn)
-                .await?;
-        }
-    }
-    Ok(())
-}
-
-async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()> {
-    let seq = event.sequence as i64;
-    let at = event.envelope.occurred_at;
-    match &event.envelope.data {
-        EventData::TenantCreated(e) => {
-            sqlx::query(
-                "INSERT INTO tenants (id, name_sealed, email_sealed, api_key_sha256, max_gpus, created_at, sequence,
-                                      max_vram_gb, weight)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(e.tenant_id)
-            .bind(&e.name_sealed)
-            .bind(&e.email_sealed)
-            .bind(&e.api_key_sha256)
-            .bind(e.quota.max_gpus as i32)
-            .bind(at)
-            .bind(seq)
-            .bind(e.quota.max_vram_gb.map(|v| v as i32))
-            .bind(e.weight as i32)
-            .execute(&mut *conn)
-            .await?;
-            insert_key(
-                conn,
-                e.tenant_id,
-                lh_events::FIRST_API_KEY_ID,
-                e.api_key_prefix.as_deref(),
-                &e.api_key_sha256,
-                at,
-                None,
-                seq,
-            )
-            .await?;
-        }
-        EventData::TenantApiKeyIssued(e) => {
-            insert_key(
-                conn,
-                e.tenant_id,
-                e.key_id,
-                Some(&e.prefix),
-                &e.sha256,
-                at,
-                e.expires_at,
-                seq,
-            )
-            .await?;
-        }
-        EventData::TenantApiKeyRevoked(e) => {
-            sqlx::query(
-                "UPDATE tenant_keys SET revoked_at = COALESCE(revoked_at, $3), sequence = $4
-                 WHERE tenant_id = $1 AND key_id = $2",
-            )
-            .bind(e.tenant_id)
-            .bind(e.key_id as i32)
-            .bind(at)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::TenantSuspended(e) => {
-            // Older events carry the reason in clear; a sealed one never
-            // has a clear twin.
-            let clear = e.reason_sealed.is_none().then_some(e.reason.as_str());
-            sqlx::query(
-                "UPDATE tenants SET suspended = TRUE, suspended_reason = $2, suspended_reason_sealed = $3
-                 WHERE id = $1",
-            )
-            .bind(e.tenant_id)
-            .bind(clear)
-            .bind(&e.reason_sealed)
-            .execute(conn)
-            .await?;
-        }
-        EventData::BalanceExhausted(e) => {
-            sqlx::query("UPDATE tenants SET balance_exhausted = TRUE WHERE id = $1")
-                .bind(e.tenant_id)
-                .execute(conn)
-                .await?;
-        }
-        EventData::BalanceRestored(e) => {
-            sqlx::query("UPDATE tenants SET balance_exhausted = FALSE WHERE id = $1")
-                .bind(e.tenant_id)
-                .execute(conn)
-                .await?;
-        }
-        EventData::TenantResumed(e) => {
-            sqlx::query(
-                "UPDATE tenants SET suspended = FALSE, suspended_reason = NULL, suspended_reason_sealed = NULL
-                 WHERE id = $1",
-            )
-            .bind(e.tenant_id)
-            .execute(conn)
-            .await?;
-        }
-        EventData::TenantErased(e) => {
-            // The row keeps the ciphertext (names, and a sealed suspension
-            // reason): it is the log's, and without the key it is noise; a
-            // rebuild writes the same.
-            sqlx::query(
-                "UPDATE tenants SET erased = TRUE, suspended = TRUE, suspended_reason = 'erased'
-                 WHERE id = $1",
-            )
-            .bind(e.tenant_id)
-            .execute(conn)
-            .await?;
-        }
-        EventData::TenantQuotaChanged(e) => {
-            sqlx::query(
-                "UPDATE tenants SET max_gpus = $2, max_vram_gb = $3, weight = $4 WHERE id = $1",
-            )
-            .bind(e.tenant_id)
-            .bind(e.quota.max_gpus as i32)
-            .bind(e.quota.max_vram_gb.map(|v| v as i32))
-            .bind(e.weight as i32)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseRequested(e) => insert_requested(conn, &[(event, e)]).await?,
-        EventData::LeaseQueued(e) => {
-            sqlx::query(
-                "UPDATE leases SET state = 'queued', queued_reason = $2, queue_position = $3, last_sequence = $4
-                 WHERE id = $1 AND state IN ('requested', 'queued')",
-            )
-            .bind(e.lease_id)
-            .bind(&e.reason)
-            .bind(e.position as i32)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseRejected(e) => {
-            sqlx::query(
-                "UPDATE leases SET state = 'rejected', rejected_reason = $2, last_sequence = $3 WHERE id = $1",
-            )
-            .bind(e.lease_id)
-            .bind(&e.reason)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeasePlaced(e) => {
-            sqlx::query(
-                "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
-                        queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7,
-                        mig_instance = $8, last_placement_node_id = $2, last_placement_sequence = $7
-                 WHERE id = $1 AND state IN ('requested', 'queued')",
-            )
-            .bind(e.lease_id)
-            .bind(&e.node_id)
-            .bind(&e.zone)
-            .bind(placed_gpu_uuids(e))
-            .bind(placed_gpu_indices(e))
-            .bind(at)
-            .bind(seq)
-            .bind(placed_mig_instance(e))
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseStopRequested(e) => {
-            sqlx::query(
-                "UPDATE leases SET stop_requested = TRUE, last_sequence = $2 WHERE id = $1",
-            )
-            .bind(e.lease_id)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeasePreemptionNoticed(e) => {
-            sqlx::query(
-                "UPDATE leases SET preemption_deadline = $2, preempted_for = $3, last_sequence = $4,
-                        preemption_reason = $5 WHERE id = $1",
-            )
-            .bind(e.lease_id)
-            .bind(e.deadline)
-            .bind(e.preempted_for)
-            .bind(seq)
-            .bind(e.reason.as_str())
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseStarted(e) => {
-            sqlx::query(
-                "UPDATE leases SET state = 'running', started_at = COALESCE(started_at, $2), last_sequence = $3
-                 WHERE id = $1 AND state = 'placed'",
-            )
-            .bind(e.lease_id)
-            .bind(e.started_at)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseMigrated(e) => match &e.to {
-            Some(to) => {
-                let uuids: Vec<&str> = to.gpus.iter().map(|g| g.uuid.as_str()).collect();
-                let indices: Vec<u32> = to.gpus.iter().map(|g| g.index).collect();
-                sqlx::query(
-                    "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
-                            mig_instance = $6, placed_at = $7, migrations = migrations + 1,
-                            last_migration_reason = $8, last_sequence = $9,
-                            last_placement_node_id = $2, last_placement_sequence = $9
-                     WHERE id = $1 AND state IN ('placed', 'running')",
-                )
-                .bind(e.lease_id)
-                .bind(&to.node_id)
-                .bind(&to.zone)
-                .bind(serde_json::json!(uuids))
-                .bind(serde_json::json!(indices))
-                .bind(
-                    to.gpus
-                        .first()
-                        .and_then(|g| g.mig_instance.as_ref())
-                        .map(|m| serde_json::json!({"profile": m.profile, "start": m.start})),
-                )
-                .bind(at)
-                .bind(&e.reason)
-                .bind(seq)
-                .execute(conn)
-                .await?;
-            }
-            None => {
-                sqlx::query(
-                    "UPDATE leases SET state = 'queued', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
-                            mig_instance = NULL, queued_reason = $2, migrations = migrations + 1,
-                            last_migration_reason = $2, last_sequence = $3
-                     WHERE id = $1 AND state IN ('placed', 'running')",
-                )
-                .bind(e.lease_id)
-                .bind(format!("{}; waiting for capacity", e.reason))
-                .bind(seq)
-                .execute(conn)
-                .await?;
-            }
-        },
-        EventData::LeaseIdleDetected(e) => {
-            sqlx::query("UPDATE leases SET idle_since = $2, last_sequence = $3 WHERE id = $1")
-                .bind(e.lease_id)
-                .bind(e.idle_since)
-                .bind(seq)
-                .execute(conn)
-                .await?;
-        }
-        EventData::LeaseSuspended(e) => {
-            sqlx::query(
-                "UPDATE leases SET state = 'suspended', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
-                        mig_instance = NULL, suspended_at = $2, last_sequence = $3
-                 WHERE id = $1 AND state IN ('placed', 'running')",
-            )
-            .bind(e.lease_id)
-            .bind(e.suspended_at)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseResumeRequested(e) => {
-            sqlx::query(
-                "UPDATE leases SET state = 'requested', last_sequence = $2 WHERE id = $1 AND state = 'suspended'",
-            )
-            .bind(e.lease_id)
-            .bind(seq)
-            .execute(conn)
-            .await?;
-        }
-        EventData::LeaseEnded(e) => {
-            let reason = end_reason(e);
-            let failure = failure(e);
-            sqlx::query(
-                "UPDATE leases SET state = 'ended', ended_at = $2, end_reason = $3,
-                        queued_reason = NULL, queue_position = NULL, last_sequence = $4,
-                        failure = $5
-                 WHERE id = $1",
-            )
-            .bind(e.lease_id)
-            .bind(e.ended_at)
-            .bind(reason)
-            .bind(seq)
-            .bind(failure)
-            .execute(conn)
-            .await?;
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// A key whose hash some other key has already is not taken: the first
-/// holder keeps it, so no event can take over another tenant's key.
-#[allow(clippy::too_many_arguments)]
-async fn insert_key(
-    conn: &mut PgConnection,
-    tenant_id: uuid::Uuid,
-    key_id: u32,
-    prefix: Option<&str>,
-    sha256: &str,
-    at: chrono::DateTime<chrono::Utc>,
-    expires_at: Option<chrono::DateTime<chrono::Utc>>,
-    seq: i64,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO tenant_keys (tenant_id, key_id, prefix, sha256, created_at, expires_at, sequence)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-    )
-    .bind(tenant_id)
-    .bind(key_id as i32)
-    .bind(prefix)
-    .bind(sha256)
-    .bind(at)
-    .bind(expires_at)
-    .bind(seq)
     .execute(conn)
     .await?;
     Ok(())
