@@ -14,24 +14,27 @@
 
 use std::collections::{HashMap, HashSet};
 
+use lh_domain::catalog;
 use lh_domain::fleet::{Gpu, Node};
-use lh_events::{GpuHealth, GpuSharing, Isolation};
+use lh_events::{GpuAsk, GpuHealth, GpuSharing, Isolation};
 use lh_placement::policy::{self, DEFAULT_POLICY};
 use lh_placement::{
     Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request, ShapeMix,
     ShapeMixConfig, SharingMode,
 };
 
-use crate::state::scratch::{FleetView, Scratch};
+use crate::state::planned_fleet::{FleetView, PlannedFleet};
 
 /// Seed of every placement engine: decisions are a function of the state.
 pub const SEED: u64 = 42;
 /// CPU and memory are not modelled by the scheduler yet: nodes get this much.
 const UNLIMITED: u64 = 1 << 40;
 
-/// What a lease asks for, in engine terms.
+/// The shape of what a lease asks for, in engine terms: what the shape mix
+/// counts (a few shapes among thousands of leases), and what a placement
+/// request is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Ask {
+pub enum LeaseShape {
     Whole(u32),
     Fraction {
         milli: u32,
@@ -44,14 +47,32 @@ pub enum Ask {
     },
 }
 
-impl Ask {
+impl LeaseShape {
+    /// The shape of `ask` on a GPU of `model` (whose MIG geometry names
+    /// the profiles there are).
+    pub fn of(ask: &GpuAsk, model: &str) -> Self {
+        match ask {
+            GpuAsk::Fraction(f) => LeaseShape::Fraction {
+                milli: f.milli,
+                vram_gb: f.vram_gb,
+            },
+            GpuAsk::Mig(p) => LeaseShape::Mig {
+                profile: catalog::profiles(model)
+                    .iter()
+                    .find(|x| x.name == p)
+                    .map_or("", |x| x.name),
+            },
+            GpuAsk::Whole(n) => LeaseShape::Whole(*n),
+        }
+    }
+
     fn request(self, model: &str) -> Option<Request> {
         let r = match self {
-            Ask::Whole(n) => Request::whole(u8::try_from(n).ok()?, 0, 0),
-            Ask::Fraction { milli, vram_gb } => {
+            LeaseShape::Whole(n) => Request::whole(u8::try_from(n).ok()?, 0, 0),
+            LeaseShape::Fraction { milli, vram_gb } => {
                 Request::fraction(u16::try_from(milli).ok()?, vram_gb, 0, 0)
             }
-            Ask::Mig { profile } => mig_request(profile),
+            LeaseShape::Mig { profile } => mig_request(profile),
         };
         Some(r.with_models([model]))
     }
@@ -82,16 +103,16 @@ pub struct Chosen {
 /// against: the shapes of the live leases (placed and waiting), plus one
 /// whole GPU of any model as a prior, so that an idle GPU counts as worth
 /// keeping whole (fractions pack onto GPUs already shared).
-pub fn workload<'a>(asks: impl IntoIterator<Item = (Ask, &'a str)>) -> ShapeMix {
+pub fn shape_mix<'a>(shapes: impl IntoIterator<Item = (LeaseShape, &'a str)>) -> ShapeMix {
     // Thousands of leases, of a few shapes: each shape is made a request
     // once, with its count.
-    let mut counts: HashMap<(Ask, &str), u64> = HashMap::new();
-    for ask in asks {
-        *counts.entry(ask).or_default() += 1;
+    let mut counts: HashMap<(LeaseShape, &str), u64> = HashMap::new();
+    for shape in shapes {
+        *counts.entry(shape).or_default() += 1;
     }
     let mut requests: Vec<(Request, u64)> = counts
         .into_iter()
-        .filter_map(|((a, m), count)| Some((a.request(m)?, count)))
+        .filter_map(|((shape, model), count)| Some((shape.request(model)?, count)))
         .collect();
     requests.push((Request::whole(1, 0, 0), 1));
     ShapeMix::from_counted_requests(
@@ -293,25 +314,25 @@ impl Planner {
         &self.gpu_index[self.gpu_from[i]..self.gpu_from[i + 1]]
     }
 
-    /// The engine for a pass over `scratch`, deciding as [`Planner::new`]
+    /// The engine for a pass over `planned`, deciding as [`Planner::new`]
     /// over it would: the one `kept` from before, brought up to date node
     /// by node (the nodes the log or a pass changed since), or a new one
     /// where nodes came, went, or changed shape.
     pub fn sync<'k>(
         kept: &'k mut Option<Planner>,
-        scratch: &Scratch,
-        workload: &ShapeMix,
+        planned: &PlannedFleet,
+        shape_mix: &ShapeMix,
     ) -> &'k mut Planner {
-        let base = scratch.base();
+        let base = planned.base();
         let current = kept
             .take()
             .filter(|p| p.synced_at <= base.stamps.last())
-            .and_then(|mut p| p.update(scratch, workload).then_some(p));
+            .and_then(|mut p| p.update(planned, shape_mix).then_some(p));
         let planner = kept.insert(match current {
             Some(p) => p,
             None => {
-                let mut p = Planner::new(scratch, workload);
-                p.dirty = scratch
+                let mut p = Planner::new(planned, shape_mix);
+                p.dirty = planned
                     .changed_nodes()
                     .filter_map(|id| p.index_of(id))
                     .collect();
@@ -325,21 +346,21 @@ impl Planner {
         planner
     }
 
-    /// Brings the engine up to date with `scratch`; `false` where only a
+    /// Brings the engine up to date with `planned`; `false` where only a
     /// new engine can be (a node came, went, or changed shape).
-    fn update(&mut self, scratch: &Scratch, workload: &ShapeMix) -> bool {
+    fn update(&mut self, planned: &PlannedFleet, workload: &ShapeMix) -> bool {
         if self.workload != *workload {
             self.engine.set_policy(default_policy(workload));
             self.workload = workload.clone();
         }
         let mut todo: Vec<usize> = std::mem::take(&mut self.dirty).into_iter().collect();
-        let changed = scratch
+        let changed = planned
             .base()
             .stamps
             .changed_after(self.synced_at)
-            .chain(scratch.changed_nodes());
+            .chain(planned.changed_nodes());
         for id in changed {
-            let schedulable = scratch.node(id).is_some_and(Node::is_schedulable);
+            let schedulable = planned.node(id).is_some_and(Node::is_schedulable);
             match (self.index_of(id), schedulable) {
                 (Some(i), true) => todo.push(i),
                 (None, false) => {}
@@ -351,7 +372,7 @@ impl Planner {
         let (mut spec, mut indices) = (empty_spec(), Vec::new());
         for i in todo {
             let id = &self.engine.cluster().node(i).id;
-            let Some(n) = scratch.node(id) else {
+            let Some(n) = planned.node(id) else {
                 return false;
             };
             if !fill_spec(&mut spec, &mut indices, n)
@@ -363,14 +384,14 @@ impl Planner {
             let cluster = self.engine.cluster_mut();
             cluster.clear_node(i).expect("an engine node");
             load(cluster, i, n);
-            if scratch.changed(&n.id) {
+            if planned.changed(&n.id) {
                 self.dirty.insert(i);
             }
         }
         true
     }
 
-    /// Decides where `ask` of `model` goes and takes it in this engine, on
+    /// Decides where a lease of `shape` on `model` goes and takes it in this engine, on
     /// a node that isolates workloads when `needs_isolation`, in one of
     /// `zones` (empty: any). When no node
     /// can take it, the engine's [`Pending`] says whether busy GPUs or the
@@ -378,12 +399,12 @@ impl Planner {
     /// range (so nothing ever fits).
     pub fn place(
         &mut self,
-        ask: Ask,
+        shape: LeaseShape,
         model: &str,
         needs_isolation: bool,
         zones: &[String],
     ) -> Result<Chosen, Option<Pending>> {
-        let mut request = ask.request(model).ok_or(None)?;
+        let mut request = shape.request(model).ok_or(None)?;
         request.needs_isolation = needs_isolation;
         if !zones.is_empty() {
             request = request.with_zones(zones.iter().cloned());

@@ -22,13 +22,13 @@ pub const SUSPENDED_TENANT: &str = "the tenant is suspended; its leases wait unt
 pub(super) struct Pass<'a> {
     pub(super) now: DateTime<Utc>,
     rules: &'a Rules,
-    pub(super) scratch: Scratch<'a>,
-    /// `(milli, VRAM GB)` each tenant holds.
-    held: HashMap<Uuid, (u64, u64)>,
-    workload: ShapeMix,
+    pub(super) planned: PlannedFleet<'a>,
+    /// `(milli, VRAM GB)` each tenant's leases use.
+    tenant_usage: HashMap<Uuid, (u64, u64)>,
+    shape_mix: ShapeMix,
     /// Where the pass gets its placement engine.
     engines: &'a mut dyn EngineSource,
-    /// Whether the engine holds `scratch` as it is: brought up to date on
+    /// Whether the engine holds `planned` as it is: brought up to date on
     /// first use, and again after the pass reserves GPUs outside it, so
     /// that the next use sees them.
     synced: bool,
@@ -41,7 +41,7 @@ impl Pass<'_> {
     pub(super) fn planner(&mut self) -> &mut Planner {
         if !self.synced {
             self.synced = true;
-            return self.engines.sync(&self.scratch, &self.workload);
+            return self.engines.sync(&self.planned, &self.shape_mix);
         }
         self.engines.synced()
     }
@@ -60,9 +60,9 @@ impl Pass<'_> {
 /// every sync and looks at every held lease must decide the same, and the
 /// tests hold the scheduler to that.
 pub(crate) trait EngineSource {
-    /// The engine brought up to date with `scratch`, deciding as
+    /// The engine brought up to date with `planned`, deciding as
     /// [`Planner::new`] over it would (see [`Planner::sync`]).
-    fn sync(&mut self, scratch: &Scratch, workload: &ShapeMix) -> &mut Planner;
+    fn sync(&mut self, planned: &PlannedFleet, shape_mix: &ShapeMix) -> &mut Planner;
 
     /// The engine the last [`EngineSource::sync`] gave.
     fn synced(&mut self) -> &mut Planner;
@@ -91,8 +91,8 @@ impl PlacementEngineCache {
 }
 
 impl EngineSource for PlacementEngineCache {
-    fn sync(&mut self, scratch: &Scratch, workload: &ShapeMix) -> &mut Planner {
-        Planner::sync(&mut self.planner, scratch, workload)
+    fn sync(&mut self, planned: &PlannedFleet, shape_mix: &ShapeMix) -> &mut Planner {
+        Planner::sync(&mut self.planner, planned, shape_mix)
     }
 
     fn synced(&mut self) -> &mut Planner {
@@ -125,23 +125,23 @@ impl State {
         rules: &Rules,
         engines: &mut dyn EngineSource,
     ) -> Decisions {
-        let workload = planner::workload(
+        let shape_mix = planner::shape_mix(
             self.leases
                 .values()
-                .map(|l| (l.ask(), l.gpu_model.as_str())),
+                .map(|l| (l.shape(), l.gpu_model.as_str())),
         );
         let mut pass = Pass {
             now,
             rules,
-            scratch: Scratch::new(&self.fleet),
-            held: self.held_by_tenant(),
-            workload,
+            planned: PlannedFleet::new(&self.fleet),
+            tenant_usage: self.tenant_usage(),
+            shape_mix,
             engines,
             synced: false,
             positions: HashMap::new(),
             out: Vec::new(),
         };
-        self.decide_liveness(now, rules, &mut pass.scratch, &mut pass.out);
+        self.decide_liveness(now, rules, &mut pass.planned, &mut pass.out);
         self.decide_migrations(&mut pass);
         self.end_stopped_suspended(&mut pass);
         self.notice_outbid(&mut pass);
@@ -151,7 +151,7 @@ impl State {
             if self.refuse(&mut pass, lease) {
                 continue;
             }
-            let zones = match self.zones_for(&pass.scratch, lease) {
+            let zones = match self.zones_for(&pass.planned, lease) {
                 Ok(zones) => zones,
                 Err(NoZone::Constrained(reason) | NoZone::Outbid(reason)) => {
                     let position = next_position(&mut pass, lease);
@@ -182,7 +182,7 @@ impl State {
             .filter(|z| zones.is_none_or(|allowed| allowed.contains(z)));
         if let Some(zone) = preferred {
             let first = pass.planner().place(
-                lease.ask(),
+                lease.shape(),
                 &lease.gpu_model,
                 needs_isolation,
                 std::slice::from_ref(zone),
@@ -192,7 +192,7 @@ impl State {
             }
         }
         pass.planner().place(
-            lease.ask(),
+            lease.shape(),
             &lease.gpu_model,
             needs_isolation,
             zones.unwrap_or_default(),
@@ -267,8 +267,12 @@ impl State {
             hold(&mut pass.out, SUSPENDED_TENANT.to_string());
             return true;
         }
-        let (held_milli, held_vram) = pass.held.get(&lease.tenant_id).copied().unwrap_or((0, 0));
-        let Some(reason) = quota_breach(&tenant.quota, held_milli, held_vram, lease) else {
+        let (used_milli, used_vram_gb) = pass
+            .tenant_usage
+            .get(&lease.tenant_id)
+            .copied()
+            .unwrap_or((0, 0));
+        let Some(reason) = quota_breach(&tenant.quota, used_milli, used_vram_gb, lease) else {
             return false;
         };
         if lease.placed_before {
@@ -296,7 +300,7 @@ impl State {
         zones: Option<&[String]>,
     ) {
         let position = next_position(pass, lease);
-        let (mut reason, busy) = why_pending(&pass.scratch, lease, pending);
+        let (mut reason, busy) = why_pending(&pass.planned, lease, pending);
         if let Some(zones) = zones {
             reason = format!("{reason} (in {})", zones.join(", "));
         }
@@ -346,7 +350,7 @@ impl State {
             return None;
         }
         let (now, rules) = (pass.now, pass.rules);
-        let plan = plan_preemption(self, &pass.scratch, lease, now, rules)?;
+        let plan = plan_preemption(self, &pass.planned, lease, now, rules)?;
         let deadline = now + rules.preemption_notice;
         for victim in &plan.victims {
             let v = &self.leases[victim];
@@ -357,7 +361,7 @@ impl State {
             )]);
         }
         // The victims' GPUs and the free ones go to this lease.
-        reserve_for(&mut pass.scratch, &plan.node_id, lease);
+        reserve_for(&mut pass.planned, &plan.node_id, lease);
         pass.synced = false;
         Some(format!(
             "preempting {} spot lease(s) on {}; their notice ends {}",
@@ -380,17 +384,17 @@ fn next_position<'a>(pass: &mut Pass<'a>, lease: &'a Lease) -> u32 {
 fn place_one(pass: &mut Pass, lease: &Lease, chosen: &Chosen) {
     // Made this pass's first: read from here on without a search of the
     // whole fleet.
-    pass.scratch.node_mut(&chosen.node_id);
-    let node_seq = pass.scratch.node_sequence(&chosen.node_id);
-    let (placed, allocated) = placement_events(&pass.scratch, lease, chosen, pass.now);
+    pass.planned.node_mut(&chosen.node_id);
+    let node_seq = pass.planned.node_sequence(&chosen.node_id);
+    let (placed, allocated) = placement_events(&pass.planned, lease, chosen, pass.now);
     let vram_gb_per_gpu = match &placed.data {
         EventData::LeasePlaced(p) => p.vram_gb_per_gpu,
         _ => 0,
     };
-    pass.scratch.apply(u64::MAX, &allocated.data);
-    let h = pass.held.entry(lease.tenant_id).or_default();
-    h.0 += lease.milli();
-    h.1 += u64::from(vram_gb_per_gpu) * chosen.gpu_indices.len() as u64;
+    pass.planned.apply(u64::MAX, &allocated.data);
+    let usage = pass.tenant_usage.entry(lease.tenant_id).or_default();
+    usage.0 += lease.milli();
+    usage.1 += u64::from(vram_gb_per_gpu) * chosen.gpu_indices.len() as u64;
     pass.out.push(vec![
         (placed, expect_lease(lease)),
         (allocated, Expect::LastSubjectSequence(node_seq)),
@@ -405,13 +409,13 @@ fn hold_for_starving(pass: &mut Pass, lease: &Lease) {
     }
     let kept = |g: &lh_domain::fleet::Gpu| g.model == lease.gpu_model && !g.mig && g.is_free();
     let nodes: Vec<String> = pass
-        .scratch
+        .planned
         .nodes()
         .filter(|n| n.gpus.iter().any(kept))
         .map(|n| n.id.clone())
         .collect();
     for id in nodes {
-        if let Some(node) = pass.scratch.node_mut(&id) {
+        if let Some(node) = pass.planned.node_mut(&id) {
             node.gpus
                 .iter_mut()
                 .filter(|g| kept(g))

@@ -72,12 +72,12 @@ pub(super) fn node_event(
 /// `lease.placed` for `lease` where the engine chose `p`, and the matching
 /// `node.gpus_allocated` (caused by the placement).
 pub(super) fn placement_events(
-    scratch: &impl FleetView,
+    planned: &impl FleetView,
     lease: &Lease,
     p: &planner::Chosen,
     now: DateTime<Utc>,
 ) -> (Envelope, Envelope) {
-    let (to, allocated) = relocate(scratch, lease, p);
+    let (to, allocated) = relocate(planned, lease, p);
     let placed = EventData::LeasePlaced(LeasePlaced {
         lease_id: lease.id,
         node_id: to.node_id,
@@ -136,11 +136,11 @@ pub(super) fn notice_event(
 /// What a placement the engine chose for `lease` gives, as the placed GPUs
 /// and the matching `node.gpus_allocated`.
 pub(super) fn relocate(
-    scratch: &impl FleetView,
+    planned: &impl FleetView,
     lease: &Lease,
     p: &planner::Chosen,
 ) -> (Relocation, EventData) {
-    let node = scratch
+    let node = planned
         .node(&p.node_id)
         .expect("the engine places on the fleet's nodes");
     let gpus: Vec<&Gpu> = p

@@ -1,12 +1,11 @@
 //! A lease as the scheduler tracks it, and its tenant.
 
 use chrono::{DateTime, Utc};
-use lh_domain::catalog;
 use lh_events::{GpuAsk, GpuFraction, LeaseRequested, Quota, Tier};
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use crate::planner::Ask;
+use crate::planner::LeaseShape;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Status {
@@ -135,20 +134,9 @@ impl Lease {
         self.ask.field()
     }
 
-    pub fn ask(&self) -> Ask {
-        match &self.ask {
-            GpuAsk::Fraction(f) => Ask::Fraction {
-                milli: f.milli,
-                vram_gb: f.vram_gb,
-            },
-            GpuAsk::Mig(p) => Ask::Mig {
-                profile: catalog::profiles(&self.gpu_model)
-                    .iter()
-                    .find(|x| x.name == p)
-                    .map_or("", |x| x.name),
-            },
-            GpuAsk::Whole(n) => Ask::Whole(*n),
-        }
+    /// What it asks for, in the placement engine's terms.
+    pub fn shape(&self) -> LeaseShape {
+        LeaseShape::of(&self.ask, &self.gpu_model)
     }
 }
 

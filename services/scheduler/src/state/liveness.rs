@@ -211,18 +211,18 @@ impl State {
     }
 
     /// `node.lost` for nodes silent too long, `node.rejoined` for lost nodes
-    /// heard again; `scratch` follows.
+    /// heard again; `planned` follows.
     pub(super) fn decide_liveness(
         &self,
         now: DateTime<Utc>,
         rules: &Rules,
-        scratch: &mut Scratch,
+        planned: &mut PlannedFleet,
         out: &mut Vec<Batch>,
     ) {
         for (node_id, lost) in self.liveness_changes(now, rules) {
             let since = self.liveness_since.unwrap_or(now);
             let heard = self.heard.get(&node_id).copied();
-            let node_seq = scratch.node_sequence(&node_id);
+            let node_seq = planned.node_sequence(&node_id);
             let data = if lost {
                 let last_local = heard.map_or(since, |h| h.local);
                 EventData::NodeLost(NodeLost {
@@ -238,7 +238,7 @@ impl State {
                 })
             };
             let envelope = node_event(&node_id, node_seq, now, data);
-            scratch.apply(u64::MAX, &envelope.data);
+            planned.apply(u64::MAX, &envelope.data);
             out.push(vec![(envelope, Expect::LastSubjectSequence(node_seq))]);
         }
     }

@@ -24,9 +24,9 @@ impl State {
         let mut troubled: HashSet<&str> =
             self.watch.troubled().iter().map(String::as_str).collect();
         troubled.extend(
-            pass.scratch
+            pass.planned
                 .changed_nodes()
-                .filter(|id| pass.scratch.node(id).is_some_and(watch::troubled)),
+                .filter(|id| pass.planned.node(id).is_some_and(watch::troubled)),
         );
         let trusts_node_watch = pass.trusts_node_watch();
         if troubled.is_empty() && trusts_node_watch {
@@ -40,38 +40,38 @@ impl State {
                 !trusts_node_watch || l.node_id.as_deref().is_some_and(|n| troubled.contains(n))
             })
             .filter_map(|l| {
-                let node = pass.scratch.node(l.node_id.as_deref()?)?;
-                let (reason, billing_ends_at) = why_move(&pass.scratch, node, l.id, now)?;
+                let node = pass.planned.node(l.node_id.as_deref()?)?;
+                let (reason, billing_ends_at) = why_move(&pass.planned, node, l.id, now)?;
                 Some((l, node.id.clone(), reason, billing_ends_at))
             })
             .collect();
         moving.sort_by_key(|(l, ..)| l.requested_sequence);
         for (lease, from_node, reason, last_heard) in moving {
             let from_gpu_indices = pass
-                .scratch
+                .planned
                 .holding(&lease.id)
                 .map(|(_, idx)| idx.clone())
                 .unwrap_or_default();
             // Where it may go now: its zones and regions, and for a bid,
             // where the price is covered; nowhere sends it to the queue.
-            let zones = self.zones_for(&pass.scratch, lease).ok();
+            let zones = self.zones_for(&pass.planned, lease).ok();
             let needs_isolation = self.needs_isolation(lease);
             let planner = pass.planner();
             let placed = zones.and_then(|zones| {
                 planner
                     .place(
-                        lease.ask(),
+                        lease.shape(),
                         &lease.gpu_model,
                         needs_isolation,
                         zones.as_deref().unwrap_or_default(),
                     )
                     .ok()
             });
-            let scratch = &mut pass.scratch;
+            let planned = &mut pass.planned;
             let mut allocated = None;
             let to = placed.map(|p| {
-                let (relocation, allocation) = relocate(scratch, lease, &p);
-                let node_seq = scratch.node_sequence(&p.node_id);
+                let (relocation, allocation) = relocate(planned, lease, &p);
+                let node_seq = planned.node_sequence(&p.node_id);
                 allocated = Some((allocation, node_seq));
                 relocation
             });
@@ -84,14 +84,14 @@ impl State {
                 to,
             });
             let migrated = lease_event(lease, now, migrated);
-            scratch.apply(u64::MAX, &migrated.data);
+            planned.apply(u64::MAX, &migrated.data);
             let mut decision = vec![(
                 migrated.clone(),
                 Expect::LastSubjectSequence(lease.subject_sequence),
             )];
             if let Some((allocation, node_seq)) = allocated {
                 let env = migration_allocation(lease, now, allocation, &migrated);
-                scratch.apply(u64::MAX, &env.data);
+                planned.apply(u64::MAX, &env.data);
                 decision.push((env, Expect::LastSubjectSequence(node_seq)));
             }
             pass.out.push(decision);
@@ -103,7 +103,7 @@ impl State {
 /// ends: the node was lost (at its last heartbeat), is drained with `move`
 /// (now), or one of the lease's GPUs turned unhealthy (when it did).
 fn why_move(
-    scratch: &Scratch,
+    planned: &PlannedFleet,
     node: &Node,
     lease_id: Uuid,
     now: DateTime<Utc>,
@@ -114,7 +114,7 @@ fn why_move(
     if node.cordoned == Some(Some(DrainMode::Move)) {
         return Some((lh_domain::moves::node_drained(&node.id), now));
     }
-    let (_, indices) = scratch.holding(&lease_id)?;
+    let (_, indices) = planned.holding(&lease_id)?;
     node.gpus
         .iter()
         .filter(|g| indices.contains(&g.index) && g.health == GpuHealth::Unhealthy)

@@ -34,10 +34,10 @@ mod lease;
 mod liveness;
 mod migrate;
 mod pending;
+pub mod planned_fleet;
 mod preempt;
 mod queue;
 mod rules;
-pub mod scratch;
 mod spot;
 #[cfg(test)]
 mod tests;
@@ -62,9 +62,9 @@ pub use decide::{PlacementEngineCache, SUSPENDED_TENANT};
 pub use emit::{Batch, Decisions};
 pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
+pub use planned_fleet::{FleetView, PlannedFleet};
 pub use preempt::{plan_preemption, PreemptionPlan};
 pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};
-pub use scratch::{FleetView, Scratch};
 pub use spot::{recovered_id, SpotStats, MAX_PENDING_RECOVERIES, MAX_SPOT_MARKETS};
 
 pub const SERVICE: &str = "lh-scheduler";

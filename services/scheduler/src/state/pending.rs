@@ -14,7 +14,7 @@ use super::*;
 /// ask is out of the engine's range, so nothing ever fits), and whether only
 /// busy GPUs are in the way (so waiting, or preempting, can help).
 pub(super) fn why_pending(
-    scratch: &impl FleetView,
+    planned: &impl FleetView,
     lease: &Lease,
     pending: Option<&Pending>,
 ) -> (String, bool) {
@@ -24,9 +24,9 @@ pub(super) fn why_pending(
         return (NO_ISOLATION.to_string(), false);
     }
     let reason = match &lease.ask {
-        GpuAsk::Mig(profile) => mig_reason(scratch, model, profile, refusal),
-        GpuAsk::Fraction(share) => share_reason(scratch, model, *share, refusal),
-        GpuAsk::Whole(gpus) => whole_reason(scratch, model, *gpus, refusal),
+        GpuAsk::Mig(profile) => mig_reason(planned, model, profile, refusal),
+        GpuAsk::Fraction(share) => share_reason(planned, model, *share, refusal),
+        GpuAsk::Whole(gpus) => whole_reason(planned, model, *gpus, refusal),
     };
     let busy = matches!(refusal, Refusal::Busy | Refusal::ShareSize);
     (reason, busy)
@@ -99,13 +99,13 @@ impl Refusal {
     }
 }
 
-fn mig_reason(scratch: &impl FleetView, model: &str, profile: &str, refusal: Refusal) -> String {
+fn mig_reason(planned: &impl FleetView, model: &str, profile: &str, refusal: Refusal) -> String {
     let known = catalog::check(model, &GpuAsk::Mig(profile.to_string())).is_ok();
     if !known || refusal == Refusal::NoProfile {
         return format!("{model} has no MIG profile {profile}");
     }
     let in_mig = || {
-        scratch
+        planned
             .nodes()
             .flat_map(|n| usable(n, model))
             .filter(|g| g.mig)
@@ -127,13 +127,13 @@ fn mig_reason(scratch: &impl FleetView, model: &str, profile: &str, refusal: Ref
 }
 
 fn share_reason(
-    scratch: &impl FleetView,
+    planned: &impl FleetView,
     model: &str,
     share: GpuFraction,
     refusal: Refusal,
 ) -> String {
     let (milli, vram_gb) = (share.milli, share.vram_gb);
-    let largest = scratch
+    let largest = planned
         .nodes()
         .flat_map(|n| usable(n, model))
         .filter(|g| !g.mig)
@@ -150,7 +150,7 @@ fn share_reason(
             format!("a share of {milli} milli / {vram_gb} GB does not fit one {model} ({v} GB)")
         }
         (Refusal::WrongMode, _) => {
-            let whole_only = scratch
+            let whole_only = planned
                 .nodes()
                 .filter(|n| !n.gpu_sharing.enforces_shares())
                 .flat_map(|n| usable(n, model))
@@ -165,8 +165,8 @@ fn share_reason(
     }
 }
 
-fn whole_reason(scratch: &impl FleetView, model: &str, gpus: u32, refusal: Refusal) -> String {
-    let (largest, free_max) = scratch
+fn whole_reason(planned: &impl FleetView, model: &str, gpus: u32, refusal: Refusal) -> String {
+    let (largest, free_max) = planned
         .nodes()
         .map(|n| {
             let whole: Vec<&Gpu> = usable(n, model).filter(|g| !g.mig).collect();

@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use super::*;
 
-pub(super) fn reserve_for(scratch: &mut Scratch, node_id: &str, lease: &Lease) {
-    if let Some(node) = scratch.node_mut(node_id) {
+pub(super) fn reserve_for(planned: &mut PlannedFleet, node_id: &str, lease: &Lease) {
+    if let Some(node) = planned.node_mut(node_id) {
         node.gpus
             .iter_mut()
             .filter(|g| g.model == lease.gpu_model && !g.mig && g.is_free())
@@ -32,7 +32,7 @@ pub struct PreemptionPlan {
 /// already noticed, or not started are never chosen.
 pub fn plan_preemption(
     state: &State,
-    scratch: &impl FleetView,
+    planned: &impl FleetView,
     lease: &Lease,
     now: DateTime<Utc>,
     rules: &Rules,
@@ -44,7 +44,7 @@ pub fn plan_preemption(
             && (!needs_isolation || n.isolation == Isolation::Container)
             && lease.may_run_in(&n.zone)
     };
-    for node in scratch.nodes().filter(may_run_on) {
+    for node in planned.nodes().filter(may_run_on) {
         let of_model: Vec<_> = node
             .gpus
             .iter()

@@ -8,21 +8,21 @@ use uuid::Uuid;
 use super::*;
 
 impl State {
-    /// `(milli, vram GB)` each tenant holds now.
-    pub(super) fn held_by_tenant(&self) -> HashMap<Uuid, (u64, u64)> {
-        let mut held: HashMap<Uuid, (u64, u64)> = HashMap::new();
+    /// `(milli, VRAM GB)` each tenant's placed leases use now.
+    pub(super) fn tenant_usage(&self) -> HashMap<Uuid, (u64, u64)> {
+        let mut usage: HashMap<Uuid, (u64, u64)> = HashMap::new();
         for l in self.leases.values().filter(|l| l.status == Status::Holding) {
-            let h = held.entry(l.tenant_id).or_default();
-            h.0 += l.milli();
-            h.1 += u64::from(l.vram_gb);
+            let used = usage.entry(l.tenant_id).or_default();
+            used.0 += l.milli();
+            used.1 += u64::from(l.vram_gb);
         }
-        held
+        usage
     }
 
-    /// Waiting leases in queue order (see the module docs), with the held
-    /// amounts evolving as if each lease before were placed.
+    /// Waiting leases in queue order (see the module docs), with each
+    /// tenant's usage evolving as if each lease before were placed.
     pub fn queue_order(&self) -> Vec<Uuid> {
-        let mut held = self.held_by_tenant();
+        let mut usage = self.tenant_usage();
         // tier → tenant → leases by (priority desc, sequence asc)
         let mut per_tier: BTreeMap<u8, HashMap<Uuid, Vec<&Lease>>> = BTreeMap::new();
         for id in self.waiting.values() {
@@ -55,7 +55,7 @@ impl State {
                     .min_by(|(ta, la), (tb, lb)| {
                         let share = |t: &Uuid| {
                             let weight = self.tenants.get(t).map(|x| x.weight).unwrap_or(1);
-                            held.get(t).map(|h| h.0).unwrap_or(0) as f64 / f64::from(weight)
+                            usage.get(t).map(|u| u.0).unwrap_or(0) as f64 / f64::from(weight)
                         };
                         share(ta)
                             .total_cmp(&share(tb))
@@ -64,7 +64,7 @@ impl State {
                     .map(|(t, _)| t);
                 let Some(tenant) = next else { break };
                 let lease = tenants.get_mut(&tenant).and_then(Vec::pop).expect("head");
-                held.entry(tenant).or_default().0 += lease.milli();
+                usage.entry(tenant).or_default().0 += lease.milli();
                 order.push(lease.id);
             }
         }
@@ -74,23 +74,23 @@ impl State {
 
 pub(super) fn quota_breach(
     quota: &Quota,
-    held_milli: u64,
-    held_vram: u64,
+    used_milli: u64,
+    used_vram_gb: u64,
     lease: &Lease,
 ) -> Option<String> {
     let max_milli = u64::from(quota.max_gpus) * MILLI_PER_GPU;
-    if held_milli + lease.milli() > max_milli {
+    if used_milli + lease.milli() > max_milli {
         return Some(format!(
             "quota exceeded: tenant holds {} GPUs, asks for {} more, quota is {}",
-            held_milli as f64 / MILLI_PER_GPU as f64,
+            used_milli as f64 / MILLI_PER_GPU as f64,
             lease.milli() as f64 / MILLI_PER_GPU as f64,
             quota.max_gpus
         ));
     }
     if let Some(max_vram) = quota.max_vram_gb {
-        if held_vram + u64::from(lease.vram_gb) > u64::from(max_vram) {
+        if used_vram_gb + u64::from(lease.vram_gb) > u64::from(max_vram) {
             return Some(format!(
-                "VRAM quota exceeded: tenant holds {held_vram} GB, asks for {} GB more, quota is {max_vram} GB",
+                "VRAM quota exceeded: tenant holds {used_vram_gb} GB, asks for {} GB more, quota is {max_vram} GB",
                 lease.vram_gb
             ));
         }

@@ -1,5 +1,5 @@
 //! A decision pass keeps its placement engine for the next, loading again
-//! only the nodes that changed, and plans on a scratch that copies only
+//! only the nodes that changed, and plans on a planned fleet that copies only
 //! what it changes; liveness and migrations look only at the nodes filed as
 //! needing it. Every pass must decide exactly as one that takes neither
 //! shortcut ([`FromScratch`]): same events, same nodes and GPUs,
@@ -23,9 +23,9 @@ struct FromScratch {
 }
 
 impl EngineSource for FromScratch {
-    fn sync(&mut self, scratch: &Scratch, workload: &ShapeMix) -> &mut Planner {
+    fn sync(&mut self, planned: &PlannedFleet, shape_mix: &ShapeMix) -> &mut Planner {
         self.planner = None;
-        Planner::sync(&mut self.planner, scratch, workload)
+        Planner::sync(&mut self.planner, planned, shape_mix)
     }
 
     fn synced(&mut self) -> &mut Planner {

@@ -73,7 +73,7 @@ fn a_suspended_lease_holds_nothing_until_resumed_and_a_stop_ends_it() {
         decide_at(&s, t0, &Rules::default()).batches.is_empty(),
         "not queued"
     );
-    assert!(s.held_by_tenant().is_empty(), "counts nothing toward quota");
+    assert!(s.tenant_usage().is_empty(), "counts nothing toward quota");
     s.apply(
         9001,
         &env(EventData::LeaseResumeRequested(

@@ -10,7 +10,7 @@ use lh_events::{EventData, MigInstance, NodeGpusAllocated};
 use uuid::Uuid;
 
 /// What a decision reads of the fleet, whether the state's own or a pass's
-/// [`Scratch`] over it.
+/// [`PlannedFleet`] over it.
 pub trait FleetView {
     fn node(&self, id: &str) -> Option<&Node>;
     /// Every node, in id order.
@@ -42,7 +42,7 @@ impl FleetView for Fleet {
 /// The fleet of one pass: `base` and what the pass changed. A lease entry
 /// of `None` is one the pass gave back.
 #[derive(Debug)]
-pub struct Scratch<'a> {
+pub struct PlannedFleet<'a> {
     base: &'a Fleet,
     /// Hashed: a node of the base is found by id in a tree of thousands,
     /// a cache miss a level; a pass finds the nodes it changed again and
@@ -62,9 +62,9 @@ enum Reach {
     All,
 }
 
-impl<'a> Scratch<'a> {
+impl<'a> PlannedFleet<'a> {
     pub fn new(base: &'a Fleet) -> Self {
-        Scratch {
+        PlannedFleet {
             base,
             nodes: HashMap::new(),
             node_sequence: HashMap::new(),
@@ -243,7 +243,7 @@ impl<'a> Scratch<'a> {
     }
 }
 
-impl FleetView for Scratch<'_> {
+impl FleetView for PlannedFleet<'_> {
     fn node(&self, id: &str) -> Option<&Node> {
         self.nodes.get(id).or_else(|| self.base.nodes.get(id))
     }
@@ -314,10 +314,10 @@ mod tests {
         })
     }
 
-    /// Folding into the scratch reads as folding into a copy of the whole
+    /// Folding into the planned fleet reads as folding into a copy of the whole
     /// fleet, and leaves the fleet under it as it was.
     #[test]
-    fn a_scratch_reads_as_a_copy_of_the_fleet() {
+    fn a_planned_fleet_reads_as_a_copy_of_the_fleet() {
         let mut base = Fleet::default();
         for (i, e) in [
             registered("a", 4),
@@ -333,7 +333,7 @@ mod tests {
         }
         let before = serde_json::to_value(&base).unwrap();
         let mut copy = base.clone();
-        let mut scratch = Scratch::new(&base);
+        let mut planned = PlannedFleet::new(&base);
         let lost = EventData::NodeLost(NodeLost {
             node_id: "c".into(),
             last_heard_at: chrono::Utc::now(),
@@ -354,28 +354,28 @@ mod tests {
             ended(6),
         ] {
             copy.apply(u64::MAX, &e);
-            scratch.apply(u64::MAX, &e);
+            planned.apply(u64::MAX, &e);
         }
         let reserved = Uuid::from_u128(9);
         copy.nodes.get_mut("c").unwrap().gpus[0].held_by = Some(reserved);
-        scratch.node_mut("c").unwrap().gpus[0].held_by = Some(reserved);
+        planned.node_mut("c").unwrap().gpus[0].held_by = Some(reserved);
 
-        let nodes: Vec<&Node> = scratch.nodes().collect();
+        let nodes: Vec<&Node> = planned.nodes().collect();
         assert_eq!(nodes, copy.nodes.values().collect::<Vec<_>>());
         for id in ["a", "b", "c", "d"] {
-            assert_eq!(scratch.node(id), copy.nodes.get(id));
+            assert_eq!(planned.node(id), copy.nodes.get(id));
             assert_eq!(
-                FleetView::node_sequence(&scratch, id),
+                FleetView::node_sequence(&planned, id),
                 copy.node_sequence(id)
             );
         }
         for lease in 0..10 {
             let lease = Uuid::from_u128(lease);
-            assert_eq!(scratch.holding(&lease), copy.holdings.get(&lease));
-            assert_eq!(scratch.share(&lease), copy.shares.get(&lease).copied());
-            assert_eq!(scratch.mig_instance(&lease), copy.mig_instances.get(&lease));
+            assert_eq!(planned.holding(&lease), copy.holdings.get(&lease));
+            assert_eq!(planned.share(&lease), copy.shares.get(&lease).copied());
+            assert_eq!(planned.mig_instance(&lease), copy.mig_instances.get(&lease));
         }
-        let mut changed: Vec<&str> = scratch.changed_nodes().collect();
+        let mut changed: Vec<&str> = planned.changed_nodes().collect();
         changed.sort();
         assert_eq!(changed, ["a", "b", "c"]);
         assert_eq!(serde_json::to_value(&base).unwrap(), before);
