@@ -8,7 +8,7 @@ use lh_bus::{Bus, BusError, Expect};
 use lh_events::{derived_id, Actor, Envelope, EventData};
 use lh_rpc::price_book::{ListRequest, PriceBooks, PublishReply, PublishRequest};
 
-use crate::charges::SharedShelf;
+use crate::shelf::SharedPricingShelf;
 use crate::SERVICE;
 
 /// How far before now a book may say it is effective from: the time its
@@ -21,7 +21,7 @@ const PUBLISH_ATTEMPTS: u32 = 2;
 /// beat it.
 const SHELF_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 
-pub fn list(shelf: &SharedShelf, _request: ListRequest) -> PriceBooks {
+pub fn list(shelf: &SharedPricingShelf, _request: ListRequest) -> PriceBooks {
     PriceBooks {
         books: shelf.read().expect("shelf lock").books.clone(),
     }
@@ -43,7 +43,7 @@ pub fn book_id(version: u32) -> uuid::Uuid {
 /// the log. Errors are for the caller to retry (the log out of reach).
 pub async fn publish(
     bus: &Bus,
-    shelf: &SharedShelf,
+    shelf: &SharedPricingShelf,
     request: PublishRequest,
     now: DateTime<Utc>,
 ) -> Result<PublishReply, String> {

@@ -34,6 +34,7 @@ pub mod ledger;
 pub mod projection;
 pub mod quotes;
 pub mod reservations;
+pub mod shelf;
 pub mod what_if;
 
 use std::time::Duration;

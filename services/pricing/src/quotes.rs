@@ -12,7 +12,8 @@ use lh_rpc::quote::{GetRequest, QuoteReply, QuoteRequest, MAX_QUOTE_DURATION_SEC
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use crate::charges::{book_in_force, tier_pricing, SharedShelf};
+use crate::charges::{book_in_force, tier_pricing};
+use crate::shelf::SharedPricingShelf;
 use crate::SERVICE;
 
 /// Places of a quote's unit price.
@@ -105,7 +106,7 @@ pub fn price(
 /// Prices `request` on the book in force and publishes the quote.
 pub async fn issue(
     bus: &Bus,
-    shelf: &SharedShelf,
+    shelf: &SharedPricingShelf,
     request: QuoteRequest,
     now: DateTime<Utc>,
     valid_secs: u64,
@@ -147,7 +148,7 @@ pub async fn issue(
 }
 
 /// A quote the fold holds.
-pub fn get(shelf: &SharedShelf, request: GetRequest) -> Option<QuoteIssued> {
+pub fn get(shelf: &SharedPricingShelf, request: GetRequest) -> Option<QuoteIssued> {
     shelf
         .read()
         .expect("shelf lock")

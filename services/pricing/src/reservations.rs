@@ -12,13 +12,13 @@ use lh_rpc::reservation::{
 use uuid::Uuid;
 
 use crate::books::MAX_EFFECTIVE_FROM_AGE;
-use crate::charges::SharedShelf;
+use crate::shelf::SharedPricingShelf;
 use crate::SERVICE;
 
 /// Longest zone name, in bytes.
 pub const MAX_ZONE_BYTES: usize = 64;
 
-pub fn list(shelf: &SharedShelf, request: ListRequest) -> Reservations {
+pub fn list(shelf: &SharedPricingShelf, request: ListRequest) -> Reservations {
     let shelf = shelf.read().expect("shelf lock");
     Reservations {
         reservations: shelf

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lh_bus::{Bus, BusError, Expect};
 use lh_domain::rating;
-use lh_events::{subject, Actor, Envelope, EventData, PriceBookPublished, ReservationCommitted};
+use lh_events::{subject, Actor, Envelope, EventData};
 use lh_service::decider::{Batch, Decider, Pace};
 use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::fold::{ChargingState, QUOTE_KEPT_AFTER_EXPIRY};
 use super::plan::{bill_batches, Plan};
+use crate::shelf::SharedPricingShelf;
 use crate::SERVICE;
 
 /// Subjects the charges fold reads.
@@ -69,25 +70,6 @@ pub async fn ensure_price_book(bus: &Bus, now: DateTime<Utc>) -> anyhow::Result<
     }
 }
 
-/// The price books as the fold knows them, shared with the price book
-/// RPC: every version, and the stream sequence of the last event on the
-/// price book subject the fold has read (a publish is guarded by it).
-#[derive(Debug, Clone, Default)]
-pub struct Shelf {
-    pub books: Vec<PriceBookPublished>,
-    pub sequence: u64,
-    /// Reservations whose commitment is not yet wholly charged.
-    pub reservations: Vec<ReservationCommitted>,
-    /// The prepaid tenants' balances at the last pass of the decide loop.
-    pub balances: HashMap<Uuid, lh_rpc::balance::Balance>,
-    /// The quotes issued, until a day after they expire.
-    pub quotes: HashMap<Uuid, lh_events::QuoteIssued>,
-    /// The spot price in force per (zone, GPU model).
-    pub spot_prices: HashMap<(String, String), Decimal>,
-}
-
-pub type SharedShelf = std::sync::Arc<std::sync::RwLock<Shelf>>;
-
 /// Charging on the decide loop: folds the log and, once caught up, charges
 /// every lease that ended and has no charges yet.
 #[derive(Default)]
@@ -100,7 +82,7 @@ pub struct Charges {
     grace: chrono::Duration,
     /// The horizon of the last pass that looked at every open lease.
     looked_at_horizon: Option<DateTime<Utc>>,
-    shelf: SharedShelf,
+    shelf: SharedPricingShelf,
     /// A prepaid balance covering less than this at its burn rate is low.
     balance_warn_seconds: u64,
     /// Tenants given their own spend series so far.
@@ -153,7 +135,7 @@ impl Charges {
     }
 
     /// The books this fold keeps up to date for others to read.
-    pub fn shelf(&self) -> SharedShelf {
+    pub fn shelf(&self) -> SharedPricingShelf {
         self.shelf.clone()
     }
 

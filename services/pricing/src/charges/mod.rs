@@ -31,8 +31,7 @@ mod fold;
 mod plan;
 
 pub use decider::{
-    default_book_id, ensure_price_book, held_to_the_log, Charges, SharedShelf, Shelf, FILTERS,
-    MAX_SPEND_SERIES_TENANTS,
+    default_book_id, ensure_price_book, held_to_the_log, Charges, FILTERS, MAX_SPEND_SERIES_TENANTS,
 };
 pub use fold::{
     book_in_force, ChargingState, MAX_REMEMBERED_CHARGED_LEASES, QUOTE_KEPT_AFTER_EXPIRY,
