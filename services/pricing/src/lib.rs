@@ -88,8 +88,6 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
 pub const SERVICE: &str = "lh-pricing";
 /// Default schema of the live projection.
 pub const DEFAULT_SCHEMA: &str = "pricing";
-/// Default schema `rebuild` replays into.
-pub const DEFAULT_REBUILD_SCHEMA: &str = "pricing_rebuild";
 /// First wait before publishing the default price book again; it doubles
 /// up to the max.
 const PRICE_BOOK_RETRY_MIN_WAIT: Duration = Duration::from_millis(200);

@@ -605,10 +605,6 @@ impl ChargingState {
             })
             .collect()
     }
-
-    pub fn has_book(&self) -> bool {
-        !self.books.is_empty()
-    }
 }
 
 /// Of `books` (sorted by version), the newest whose `effective_from` is
