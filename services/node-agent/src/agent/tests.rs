@@ -14,8 +14,8 @@ use crate::gpu::backend::sim::fleet::SimNode;
 use crate::gpu::backend::sim::SimBackend;
 use crate::gpu::backend::{GpuEvent, GpuEventKind};
 use crate::gpu::GpuArgs;
+use crate::state::Exit;
 use crate::workload::supervisor::Finished;
-use crate::workload::Exit;
 
 const NODE: &str = "node-a";
 

@@ -6,15 +6,7 @@ use std::time::Duration;
 use lh_events::IdleAction;
 
 use super::health::HealthRules;
-
-/// Default of `--gpu-fault-hold-secs`: a GPU's fault event trails the
-/// death of what ran on it by a sampling period or so.
-pub const DEFAULT_GPU_FAULT_HOLD_SECS: u64 = 5;
-/// Default of `--gpu-fault-move-wait-secs`: the scheduler moves a lease off
-/// an unhealthy GPU within seconds of the log saying so; this much longer
-/// means it is not coming (the health change never reached the log, the
-/// scheduler is down).
-pub const DEFAULT_GPU_FAULT_MOVE_WAIT_SECS: u64 = 120;
+pub use crate::state::{DEFAULT_GPU_FAULT_HOLD_SECS, DEFAULT_GPU_FAULT_MOVE_WAIT_SECS};
 /// Most either of those may be: a held lease keeps its GPUs from others.
 pub const MAX_GPU_FAULT_WAIT_SECS: u64 = 3_600;
 

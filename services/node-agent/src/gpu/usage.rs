@@ -1,5 +1,6 @@
-//! What each lease uses of its GPUs, whether it sits idle, and the
-//! DCGM-named metrics per lease. Pure: samples and `now` in, figures out.
+//! What each lease uses of its GPUs, and the DCGM-named metrics per lease.
+//! Pure: samples and `now` in, figures out. Whether a lease sits idle is
+//! judged from these figures by the state's idle watch.
 //!
 //! dcgm-exporter labels a GPU's series with the one pod that holds it and
 //! cannot attribute a GPU that several pods share (NVIDIA/dcgm-exporter#307).
@@ -8,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_events::telemetry::{LeaseGpuUsage, LeaseUsage};
@@ -104,48 +104,6 @@ fn held_mib(gpu: &AssignedGpu, sample: Option<&&GpuSample>) -> u64 {
         }
     }
     sample.map_or(0, |s| s.memory_total_mib)
-}
-
-/// Whether a lease's GPUs have done nothing for a whole window.
-///
-/// A lease is busy in a sample when any of its GPUs shows utilisation above
-/// zero; a GPU missing from the sample (lost), or one that cannot tell its
-/// utilisation, tells nothing either way.
-/// It is reported once per idle stretch: work in between starts a new one.
-#[derive(Debug, Clone, Default)]
-pub struct IdleWatch {
-    idle_since: Option<DateTime<Utc>>,
-    reported: bool,
-}
-
-impl IdleWatch {
-    /// Judges one usage figure; `Some(idle_since)` the first time the
-    /// stretch reaches `window`.
-    pub fn observe(
-        &mut self,
-        usage: &LeaseUsage,
-        window: Duration,
-        now: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
-        if usage.gpus.is_empty() || usage.gpus.iter().any(|g| g.utilization_pct.is_none()) {
-            return None;
-        }
-        if usage.gpus.iter().any(|g| g.utilization_pct > Some(0)) {
-            *self = Self::default();
-            return None;
-        }
-        let since = *self.idle_since.get_or_insert(now);
-        let held = (now - since).to_std().unwrap_or_default();
-        if self.reported || held < window {
-            return None;
-        }
-        self.reported = true;
-        Some(since)
-    }
-
-    pub fn idle_since(&self) -> Option<DateTime<Utc>> {
-        self.idle_since
-    }
 }
 
 /// Labels dcgm-exporter puts on every series, plus ours.
@@ -377,63 +335,6 @@ mod tests {
         let u = attribute("n", &leases, &[sample(1, 5, 1)], t(0));
         assert_eq!(u[0].gpus.len(), 1);
         assert_eq!(u[0].gpus[0].index, 1);
-    }
-
-    fn usage(util: u32) -> LeaseUsage {
-        attribute(
-            "n",
-            &[lease(1, vec![gpu(0, None)])],
-            &[sample(0, util, 0)],
-            t(0),
-        )
-        .remove(0)
-    }
-
-    #[test]
-    fn idle_fires_once_and_only_after_the_window() {
-        let window = Duration::from_secs(300);
-        let mut w = IdleWatch::default();
-        assert_eq!(w.observe(&usage(0), window, t(0)), None);
-        assert_eq!(w.observe(&usage(0), window, t(299)), None);
-        assert_eq!(w.observe(&usage(0), window, t(300)), Some(t(0)));
-        assert_eq!(w.observe(&usage(0), window, t(301)), None);
-        assert_eq!(w.observe(&usage(0), window, t(10_000)), None);
-        // Work, then a new idle stretch, reported once more.
-        assert_eq!(w.observe(&usage(3), window, t(10_001)), None);
-        assert_eq!(w.idle_since(), None);
-        assert_eq!(w.observe(&usage(0), window, t(10_002)), None);
-        assert_eq!(w.observe(&usage(0), window, t(10_302)), Some(t(10_002)));
-    }
-
-    #[test]
-    fn one_busy_sample_restarts_the_window() {
-        let window = Duration::from_secs(10);
-        let mut w = IdleWatch::default();
-        w.observe(&usage(0), window, t(0));
-        w.observe(&usage(1), window, t(9));
-        assert_eq!(w.observe(&usage(0), window, t(10)), None);
-        assert_eq!(w.observe(&usage(0), window, t(19)), None);
-        assert_eq!(w.observe(&usage(0), window, t(20)), Some(t(10)));
-    }
-
-    #[test]
-    fn a_gpu_that_cannot_tell_its_utilisation_is_never_idle() {
-        let mut w = IdleWatch::default();
-        let mut u = usage(0);
-        u.gpus[0].utilization_pct = None;
-        for s in 0..1000 {
-            assert_eq!(w.observe(&u, Duration::from_secs(10), t(s)), None);
-        }
-        assert_eq!(w.idle_since(), None);
-    }
-
-    #[test]
-    fn no_gpu_in_the_sample_says_nothing() {
-        let mut w = IdleWatch::default();
-        let mut u = usage(0);
-        u.gpus.clear();
-        assert_eq!(w.observe(&u, Duration::ZERO, t(0)), None);
-        assert_eq!(w.idle_since(), None);
     }
 
     #[test]

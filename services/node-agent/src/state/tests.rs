@@ -4,8 +4,6 @@
 use super::*;
 use lh_events::{Actor, LeasePreemptionNoticed, LeaseStopRequested, StatedEvent, WorkloadSpec};
 
-use crate::workload::Exit;
-
 const NODE: &str = "node-a";
 
 fn t(s: i64) -> DateTime<Utc> {

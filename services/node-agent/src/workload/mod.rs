@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::Child;
 use uuid::Uuid;
 
+pub use crate::state::Exit;
 pub use cgroup::{CgroupConfig, MemoryLimits};
 pub use container::{CliFlavor, ContainerRuntime};
 pub use process::ProcessRuntime;
@@ -161,13 +162,6 @@ fn output_of(
             std::process::Stdio::inherit(),
         )),
     }
-}
-
-/// How a workload ended: an exit code, or the signal that killed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Exit {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
 }
 
 impl From<ExitStatus> for Exit {

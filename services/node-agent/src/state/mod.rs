@@ -2,9 +2,15 @@
 //! and what it should do next about each: a pure fold ([`NodeState::apply`])
 //! and a pure decision ([`NodeState::decide`]). The agent loop carries the
 //! decision out ([`crate::agent`]).
+//!
+//! The lowest room of the agent: the GPU side and the workload side build
+//! on what it holds (a lease's idle stretch, how its workload ended, the
+//! limits on holding it for a GPU fault), and it knows nothing of either,
+//! so that the decision can be read and tested on its own. How a GPU's
+//! fault is told from the workload's own is in [`fault_hold`], idle
+//! stretches in [`idle`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_events::{
@@ -13,8 +19,13 @@ use lh_events::{
 };
 use uuid::Uuid;
 
-use crate::gpu::usage::IdleWatch;
-use crate::workload::Exit;
+mod fault_hold;
+mod idle;
+
+pub(crate) use fault_hold::FaultHold;
+use fault_hold::FaultVerdict;
+pub use fault_hold::{DEFAULT_GPU_FAULT_HOLD_SECS, DEFAULT_GPU_FAULT_MOVE_WAIT_SECS};
+pub(crate) use idle::IdleWatch;
 
 /// The next thing to do about one lease on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +126,13 @@ impl LocalLease {
     }
 }
 
+/// How a workload ended: an exit code, or the signal that killed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
 /// What a lease placed here runs. The fold keeps the workloads of leases
 /// waiting for a placement and of those placed here, not of every lease in
 /// the cluster; a lease that comes here by migration, or again after a
@@ -126,42 +144,6 @@ pub(crate) enum Workload {
     /// Its request is to be read from the log.
     #[default]
     Unknown,
-}
-
-/// How a workload that dies with a GPU fault is told from one that fails by
-/// itself. A critical fault (an XID 79, a double-bit ECC error) kills what
-/// runs on the GPU, and the driver's event and the process's exit race: the
-/// exit is often heard first. Such a lease is the platform's to move, as a
-/// running lease on a GPU turned unhealthy is, not the tenant's failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FaultHold {
-    /// After a non-zero exit, how long one of the lease's GPUs may still
-    /// turn unhealthy for the exit to count as the GPU's doing.
-    pub(crate) hold: Duration,
-    /// How long a lease held for a GPU fault waits for the scheduler's
-    /// `lease.migrated` before it ends `failed` after all.
-    pub(crate) move_wait: Duration,
-}
-
-impl Default for FaultHold {
-    fn default() -> Self {
-        Self {
-            hold: Duration::from_secs(crate::gpu::config::DEFAULT_GPU_FAULT_HOLD_SECS),
-            move_wait: Duration::from_secs(crate::gpu::config::DEFAULT_GPU_FAULT_MOVE_WAIT_SECS),
-        }
-    }
-}
-
-/// What a workload's non-zero exit comes to, given its GPUs' health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FaultVerdict {
-    /// Its own failure: the lease ends `failed`.
-    Workload,
-    /// A GPU of the lease is unhealthy, or may still turn so: the lease is
-    /// held, its GPUs with it, for the scheduler to move.
-    Hold,
-    /// Held for a GPU fault, and no move came in time.
-    MoveOverdue,
 }
 
 /// Where starting a lease's workload stands: the workload side starts it
@@ -506,32 +488,6 @@ impl NodeState {
             }
         }
         steps
-    }
-
-    /// Whether the non-zero exit of a lease's workload, heard at
-    /// `lease.exited_at`, was a GPU's fault at `now`. A GPU unhealthy in the
-    /// tracker or on the log is the platform's fault, even with an
-    /// application XID charged too (a GPU falling off the bus fails the
-    /// CUDA calls of what runs on it).
-    fn gpu_fault_verdict(&self, lease: &LocalLease, now: DateTime<Utc>) -> FaultVerdict {
-        // Heard when the agent did not note it: as good as long ago.
-        let heard = lease.exited_at.unwrap_or(DateTime::<Utc>::MIN_UTC);
-        let since = (now - heard).to_std().unwrap_or_default();
-        let unhealthy = lease.gpus.iter().any(|g| {
-            self.unhealthy_gpus.contains(&g.index)
-                || self.gpu_health.get(&g.index) == Some(&GpuHealth::Unhealthy)
-        });
-        if unhealthy {
-            if since < self.fault_hold.move_wait {
-                FaultVerdict::Hold
-            } else {
-                FaultVerdict::MoveOverdue
-            }
-        } else if !lease.application_fault && since < self.fault_hold.hold {
-            FaultVerdict::Hold
-        } else {
-            FaultVerdict::Workload
-        }
     }
 
     pub(crate) fn running(&self) -> usize {
