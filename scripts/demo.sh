@@ -8,7 +8,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-LH="$ROOT/target/release/lh"
+PROFILE=${LH_UP_PROFILE:-$(cat "$ROOT/.data/up-profile" 2>/dev/null || echo up)}
+LH="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE/lh"
 export LH_GATEWAY_URL=${LH_GATEWAY_URL:-http://${LH_GATEWAY_ADDR:-127.0.0.1:8080}}
 ADMIN_TOKEN=${LH_ADMIN_TOKEN:-$(cat "$ROOT/.data/admin-token" 2>/dev/null || true)}
 WAIT_SECS=${LH_DEMO_WAIT_SECS:-60}

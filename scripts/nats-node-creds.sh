@@ -23,7 +23,7 @@ die() { echo "nats-node-creds: error: $*" >&2; exit 1; }
     || die "a node id is 1 to 58 letters, digits, '-' or '_' (it becomes a subject token): '$NODE_ID'"
 
 AUTH_BIN=""
-for candidate in "${LH_NATS_AUTH_BIN:-}" "$ROOT/target/release/lh-nats-auth" "$ROOT/target/debug/lh-nats-auth"; do
+for candidate in "${LH_NATS_AUTH_BIN:-}" "$ROOT/target/up/lh-nats-auth" "$ROOT/target/release/lh-nats-auth" "$ROOT/target/debug/lh-nats-auth"; do
     if [ -n "$candidate" ] && [ -x "$candidate" ]; then AUTH_BIN=$candidate; break; fi
 done
 [ -n "$AUTH_BIN" ] || die "lh-nats-auth is not built: cargo build --release -p lh-bus --bin lh-nats-auth"

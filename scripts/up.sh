@@ -25,7 +25,10 @@
 # LH_MASTER_KEY_FILE (instead of the generated one),
 # LH_ADMIN_TOKEN (instead of the generated one), LH_GATEWAY_ADDR
 # (127.0.0.1:8080), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
-# LH_UP_NO_BUILD=1 (skip cargo build).
+# LH_UP_NO_BUILD=1 (skip cargo build), LH_UP_PROFILE (up: the Cargo profile
+# that builds in least time and runs the simulated fleet well; release for
+# benchmarks, see docs/benchmarks.md; a run without a build takes the
+# binaries of the profile the last build used, kept in .data/up-profile).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,7 +36,17 @@ cd "$ROOT"
 DATA="$ROOT/.data"
 LOGS="$DATA/logs"
 PIDS="$DATA/pids"
-BIN="$ROOT/target/release"
+PROFILE_FILE="$DATA/up-profile"
+if [ -z "${LH_UP_PROFILE:-}" ] && [ "${LH_UP_NO_BUILD:-0}" = 1 ] && [ -s "$PROFILE_FILE" ]; then
+    PROFILE=$(cat "$PROFILE_FILE")
+else
+    PROFILE=${LH_UP_PROFILE:-up}
+fi
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE"
+# The packages whose binaries this script runs (the services, lh-nats-auth)
+# and the lh CLI the README and `make demo` use: nothing else is built.
+UP_PACKAGES=(lh-gateway lh-scheduler lh-pricing lh-spot-broker lh-audit lh-node-agent lh-bus lh-cli)
+STARTED_AT=$SECONDS
 
 NATS_PORT=${LH_NATS_PORT:-4222}
 NATS_HTTP_PORT=${LH_NATS_HTTP_PORT:-8222}
@@ -67,12 +80,15 @@ running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 tail_log() { echo "--- last lines of $1 ---" >&2; tail -n 40 "$1" >&2 2>/dev/null || true; }
 
-"$ROOT/scripts/deps.sh"
+"$ROOT/scripts/deps.sh" up
 mkdir -p "$LOGS" "$PIDS" "$DATA/nats" "$DATA/audit"
 
 if [ "${LH_UP_NO_BUILD:-0}" != 1 ]; then
-    say "cargo build --release --bins"
-    cargo build --release --bins
+    build=(cargo build --profile "$PROFILE" --bins)
+    for package in "${UP_PACKAGES[@]}"; do build+=(-p "$package"); done
+    say "${build[*]}"
+    "${build[@]}"
+    echo "$PROFILE" >"$PROFILE_FILE"
 fi
 for entry in "${SERVICES[@]}"; do
     IFS='|' read -r _ binary _ <<<"$entry"
@@ -353,7 +369,9 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
 Use the CLI:
   export LH_GATEWAY_URL=http://$GATEWAY_ADDR LH_API_KEY=$LH_ADMIN_TOKEN
   (or LH_API_KEY_FILE=$DATA/admin-token; the CLI never takes a key on its command line)
-  target/release/lh tenant create --name acme --email ops@acme.example --max-gpus 16
+  $BIN/lh tenant create --name acme --email ops@acme.example --max-gpus 16
 
 Or run the whole story: make demo.  Stop everything: make down.
 EOF
+elapsed=$((SECONDS - STARTED_AT))
+say "ready in $((elapsed / 60)) min $((elapsed % 60)) s"
