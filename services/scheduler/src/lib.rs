@@ -596,7 +596,7 @@ mod tests {
         )
     }
 
-    fn placement(lease: u128, node: &str) -> state::Batch {
+    fn placement(lease: u128, node: &str) -> Batch {
         let id = uuid::Uuid::from_u128(lease);
         let env = |d| Envelope::new(Actor::Admin, Utc::now(), d);
         vec![

@@ -4,15 +4,17 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use lh_events::Expect;
-use lh_events::{EndReason, EventData, LeaseEnded, LeaseQueued, LeaseRejected};
+use lh_events::{EndReason, EventData, Expect, LeaseEnded, LeaseQueued, LeaseRejected};
+use lh_placement::{Pending, ShapeMix};
+use lh_service::decider::Batch;
 use uuid::Uuid;
 
-use lh_placement::{Pending, ShapeMix};
-
-use super::*;
+use super::spot::NoZone;
+use super::{
+    lease_event, notice_event, placement_events, plan_preemption, quota_breach, reserve_for,
+    why_pending, Decisions, FleetView, Lease, PlannedFleet, Rules, State, Status, EXACT_POSITIONS,
+};
 use crate::planner::{self, Chosen, Planner};
-use spot::NoZone;
 
 /// Why a suspended tenant's lease waits.
 pub const SUSPENDED_TENANT: &str = "the tenant is suspended; its leases wait until it is resumed";

@@ -2,19 +2,16 @@
 
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Gpu;
-use lh_events::Expect;
-
 use lh_events::{
     derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeasePlaced,
     LeasePreemptionNoticed, MigInstance, NodeAllocation, NodeGpusAllocated, PreemptionReason,
     Relocation,
 };
+use lh_service::decider::Batch;
+use uuid::Uuid;
 
-use super::*;
+use super::{FleetView, Lease, SERVICE};
 use crate::planner;
-
-/// One decision: events appended together as one atomic batch.
-pub type Batch = Vec<(Envelope, Expect)>;
 
 /// The outcome of one decision pass.
 #[derive(Debug, Default)]

@@ -2,10 +2,10 @@
 //! a node falls silent or is heard again.
 
 use chrono::{DateTime, Utc};
-use lh_events::Expect;
-use lh_events::{EventData, NodeLost, NodeRejoined};
+use lh_events::{EventData, Expect, NodeLost, NodeRejoined};
+use lh_service::decider::Batch;
 
-use super::*;
+use super::{node_event, FleetView, PlannedFleet, Rules, State};
 
 /// Heartbeats heard again after the whole fleet fell silent, from too few
 /// nodes yet to take it that the scheduler hears again.

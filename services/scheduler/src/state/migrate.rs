@@ -5,13 +5,14 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Node;
-use lh_events::Expect;
-
-use lh_events::{DrainMode, EventData, GpuHealth, LeaseMigrated};
+use lh_events::{DrainMode, EventData, Expect, GpuHealth, LeaseMigrated};
 use uuid::Uuid;
 
 use super::decide::Pass;
-use super::*;
+use super::{
+    lease_event, migration_allocation, relocate, watch, FleetView, Lease, PlannedFleet, State,
+    Status,
+};
 
 impl State {
     /// Moves every lease held on a lost node, on a node drained with `move`,

@@ -59,7 +59,7 @@ use preempt::reserve_for;
 use queue::quota_breach;
 
 pub use decide::{PlacementEngineCache, SUSPENDED_TENANT};
-pub use emit::{Batch, Decisions};
+pub use emit::Decisions;
 pub use lease::{Lease, Status, Tenant};
 pub use liveness::Heard;
 pub use planned_fleet::{FleetView, PlannedFleet};

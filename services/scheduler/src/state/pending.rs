@@ -8,7 +8,7 @@ use lh_domain::fleet::{Gpu, Node};
 use lh_events::{GpuAsk, GpuFraction, GpuHealth};
 use lh_placement::{Pending, Reject};
 
-use super::*;
+use super::{FleetView, Lease};
 
 /// Why `lease` cannot be placed now, from the engine's refusal (`None`: the
 /// ask is out of the engine's range, so nothing ever fits), and whether only

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use lh_events::{GpuHealth, Isolation};
 use uuid::Uuid;
 
-use super::*;
+use super::{FleetView, Lease, PlannedFleet, Rules, State, MAX_VICTIMS_PER_NODE};
 
 pub(super) fn reserve_for(planned: &mut PlannedFleet, node_id: &str, lease: &Lease) {
     if let Some(node) = planned.node_mut(node_id) {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use lh_events::Quota;
 use uuid::Uuid;
 
-use super::*;
+use super::{Lease, State, Status, MILLI_PER_GPU};
 
 impl State {
     /// `(milli, VRAM GB)` each tenant's placed leases use now.

@@ -15,11 +15,12 @@ use lh_events::{
     derived_id, Actor, EndReason, Envelope, EventData, Expect, LeaseRequested, PreemptionReason,
     RecoveryOf, SpotPriceSet, Tier,
 };
+use lh_service::decider::Batch;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::*;
+use super::{FleetView, Lease, State, Status, SERVICE};
 
 /// Most (zone, model) prices kept: a market per zone and model the fleet
 /// has, far below this.
