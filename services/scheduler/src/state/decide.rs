@@ -27,6 +27,8 @@ pub(super) struct Pass<'a> {
     pub(super) planned: PlannedFleet<'a>,
     /// `(milli, VRAM GB)` each tenant's leases use.
     tenant_usage: HashMap<Uuid, (u64, u64)>,
+    /// The live leases' shapes, which the placement policy measures
+    /// fragmentation against.
     shape_mix: ShapeMix,
     /// Where the pass gets its placement engine.
     engines: &'a mut dyn EngineSource,
