@@ -26,6 +26,8 @@ pub(crate) fn emit(
     }
 }
 
+/// Writes `text` and flushes it, so that a reader at the other end of a
+/// pipe sees each answer whole as soon as it is printed.
 pub(crate) fn write_out(out: Out<'_>, text: &str) -> anyhow::Result<()> {
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())

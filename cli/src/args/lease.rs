@@ -1,0 +1,583 @@
+//! The flags of `lh lease ...`, and the values a lease request is made of
+//! (what it asks for, its tier) that `lh quote` shares. The lease states
+//! mirror the gateway's spelling; `lease get --wait` compares them.
+
+use clap::{Args, Subcommand, ValueEnum};
+
+/// `lh lease ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum LeaseCommand {
+    /// Request a new lease.
+    Create(Box<LeaseCreate>),
+    /// Show one lease, optionally waiting for it to reach a state.
+    Get(LeaseGet),
+    /// List your leases, newest first.
+    #[command(visible_alias = "list")]
+    Ls(LeaseList),
+    /// Stop (end) a lease.
+    Stop(LeaseStop),
+    /// Queue a suspended lease again.
+    Resume(LeaseStop),
+    /// What a lease used of its GPUs: one row per step, one table per GPU.
+    Usage(LeaseUsage),
+    /// Print what the lease's workload wrote (stdout and stderr), raw.
+    Logs(LeaseLogs),
+}
+
+/// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
+/// instance.
+#[derive(Debug, Clone, Args)]
+pub struct GpuAskArgs {
+    /// Number of whole GPUs (or ask for a share of one with --milli and
+    /// --vram-gb, or for a MIG instance with --mig).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..),
+        required_unless_present_any = ["milli", "mig"],
+        conflicts_with_all = ["milli", "mig"]
+    )]
+    pub gpus: Option<u32>,
+    /// One MIG instance of this profile of the model, e.g. `3g.20gb`.
+    #[arg(long, value_name = "PROFILE", conflicts_with = "milli")]
+    pub mig: Option<String>,
+    /// A share of one GPU's compute, in milli-GPU (1 to 1000).
+    #[arg(
+        long,
+        value_name = "MILLI",
+        value_parser = clap::value_parser!(u32).range(1..=1000),
+        requires = "vram_gb"
+    )]
+    pub milli: Option<u32>,
+    /// VRAM of the share, in GB (a hard limit).
+    #[arg(
+        long,
+        value_name = "GB",
+        value_parser = clap::value_parser!(u32).range(1..),
+        requires = "milli"
+    )]
+    pub vram_gb: Option<u32>,
+}
+
+/// `lh lease create`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseCreate {
+    #[command(flatten)]
+    pub ask: GpuAskArgs,
+    /// Order among your own waiting leases, -1000 to 1000 (higher first).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub priority: i32,
+    /// GPU model, e.g. `H100-80G`.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu_model: String,
+    /// Service tier.
+    #[arg(long, value_enum, default_value_t = Tier::Basic)]
+    pub tier: Tier,
+    /// Sent as the `Idempotency-Key` header: retrying with the same key
+    /// returns the lease created the first time.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    /// Spot only: the most you pay, CNY per GPU-hour (e.g. `4.5`).
+    #[arg(long, value_name = "CNY")]
+    pub max_price: Option<String>,
+    /// A quote of yours (`lh quote`) for these GPUs, model and tier: the
+    /// lease is billed on the price book it names.
+    #[arg(long, value_name = "QUOTE_ID")]
+    pub quote: Option<String>,
+    /// A zone the lease may run in (repeatable; none: any).
+    #[arg(long = "zone", value_name = "ZONE")]
+    pub zones: Vec<String>,
+    /// A region the lease may run in (repeatable; none: any).
+    #[arg(long = "region", value_name = "REGION")]
+    pub regions: Vec<String>,
+    /// Spot only: after a preemption, request the lease again up to this
+    /// many times (0 to 10).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10))]
+    pub max_retries: Option<u32>,
+    /// Where a recovered lease looks first: the zone it left, or any.
+    #[arg(long, value_enum, default_value_t = ZoneFirst::Same, requires = "max_retries")]
+    pub zone_first: ZoneFirst,
+    /// Container image the workload runs (nodes with a container runtime).
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// An environment variable of the workload, NAME=VALUE (repeatable).
+    /// The value is kept out of the event log, sealed with the tenant's key,
+    /// and given only to the node the lease runs on.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Where a recovered spot lease looks first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ZoneFirst {
+    Same,
+    Any,
+}
+
+impl ZoneFirst {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ZoneFirst::Same => "same",
+            ZoneFirst::Any => "any",
+        }
+    }
+}
+
+fn parse_env(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{raw:?} is not NAME=VALUE")),
+    }
+}
+
+/// `lh lease get`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseGet {
+    /// Lease id.
+    pub id: String,
+    /// Poll every 200 ms until the lease reaches this state (or ends, or is rejected).
+    #[arg(long, value_enum, value_name = "STATE")]
+    pub wait: Option<LeaseState>,
+    /// Give up waiting after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60, requires = "wait")]
+    pub timeout: u64,
+}
+
+/// `lh lease ls`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseList {
+    /// Page size asked of the gateway.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Start from this cursor (the `next_cursor` of an earlier page).
+    #[arg(long, value_name = "CURSOR")]
+    pub cursor: Option<String>,
+    /// Follow `next_cursor` until the last page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `lh lease usage`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseUsage {
+    /// Lease id.
+    pub id: String,
+    /// Start of the window (RFC 3339); by default an hour before --to.
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// End of the window (RFC 3339); by default now.
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
+    /// Seconds per row: a multiple of 60, 60 to 86400 (60 by default).
+    #[arg(long, value_name = "SECS")]
+    pub step: Option<u32>,
+}
+
+/// `lh lease logs`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseLogs {
+    /// Lease id.
+    pub id: String,
+    /// Keep printing what the workload writes (polling every second) until
+    /// it ends and all of it is printed; Ctrl-C stops.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Start this many bytes before the end instead of at the start of
+    /// what the node keeps.
+    #[arg(long, value_name = "BYTES")]
+    pub tail: Option<u64>,
+}
+
+/// `lh lease stop`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseStop {
+    /// Lease id.
+    pub id: String,
+}
+
+/// Service tier of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Tier {
+    /// Guaranteed capacity.
+    Basic,
+    /// Cheaper, preemptible capacity.
+    Spot,
+    /// Guaranteed capacity on a price ladder that falls with the lease's age.
+    Performance,
+    /// Covered by the tenant's reservation; beyond it, billed as basic.
+    Reserved,
+}
+
+impl Tier {
+    /// The tier as the gateway spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Basic => "basic",
+            Tier::Spot => "spot",
+            Tier::Performance => "performance",
+            Tier::Reserved => "reserved",
+        }
+    }
+}
+
+/// Lifecycle state of a lease, as the gateway reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LeaseState {
+    Requested,
+    Queued,
+    Placed,
+    Running,
+    Suspended,
+    Ended,
+    Rejected,
+}
+
+impl LeaseState {
+    /// The state as the gateway spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Requested => "requested",
+            LeaseState::Queued => "queued",
+            LeaseState::Placed => "placed",
+            LeaseState::Running => "running",
+            LeaseState::Suspended => "suspended",
+            LeaseState::Ended => "ended",
+            LeaseState::Rejected => "rejected",
+        }
+    }
+
+    /// Parses the gateway's spelling; `None` for a state this CLI does not know.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        Some(match s {
+            "requested" => LeaseState::Requested,
+            "queued" => LeaseState::Queued,
+            "placed" => LeaseState::Placed,
+            "running" => LeaseState::Running,
+            "suspended" => LeaseState::Suspended,
+            "ended" => LeaseState::Ended,
+            "rejected" => LeaseState::Rejected,
+            _ => return None,
+        })
+    }
+
+    /// `ended` and `rejected`: a lease in these states never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, LeaseState::Ended | LeaseState::Rejected)
+    }
+
+    /// Position along requested → queued → placed → running → ended.
+    /// `rejected` and `suspended` are off that path and have no rank.
+    fn rank(self) -> Option<u8> {
+        match self {
+            LeaseState::Requested => Some(0),
+            LeaseState::Queued => Some(1),
+            LeaseState::Placed => Some(2),
+            LeaseState::Running => Some(3),
+            LeaseState::Ended => Some(4),
+            // Off the path: a resume sends it back to requested.
+            LeaseState::Suspended | LeaseState::Rejected => None,
+        }
+    }
+
+    /// Whether a lease now in `self` has passed `target` on its way forward
+    /// without being finished (e.g. `running` has passed `placed`), so that a
+    /// wait for `target` that missed the moment between two polls succeeds.
+    pub fn is_past(self, target: LeaseState) -> bool {
+        if self.is_terminal() {
+            return false;
+        }
+        match (self.rank(), target.rank()) {
+            (Some(now), Some(want)) => now > want,
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::cli::Command;
+    use crate::args::test_parse::parse;
+    use clap::error::ErrorKind;
+
+    #[test]
+    fn lease_create_defaults_to_basic() {
+        let cli = parse(&["lease", "create", "--gpus", "2", "--gpu-model", "H100"]).unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.ask.gpus, Some(2));
+        assert_eq!(c.gpu_model, "H100");
+        assert_eq!(c.priority, 0);
+        assert_eq!(c.tier, Tier::Basic);
+        assert_eq!(c.idempotency_key, None);
+    }
+
+    #[test]
+    fn lease_create_spot_with_idempotency_key() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100",
+            "--tier",
+            "spot",
+            "--idempotency-key",
+            "k-1",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.tier, Tier::Spot);
+        assert_eq!(c.idempotency_key.as_deref(), Some("k-1"));
+    }
+
+    #[test]
+    fn lease_create_rejects_bad_values() {
+        for args in [
+            &["lease", "create", "--gpus", "0", "--gpu-model", "H100"][..],
+            &["lease", "create", "--gpus", "two", "--gpu-model", "H100"],
+            &[
+                "lease",
+                "create",
+                "--gpus",
+                "1",
+                "--gpu-model",
+                "H100",
+                "--tier",
+                "gold",
+            ],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ),
+                "{args:?}: {:?}",
+                e.kind()
+            );
+        }
+        let e = parse(&["lease", "create", "--gpu-model", "H100"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        // A share needs both its compute and its VRAM, and excludes --gpus.
+        let e = parse(&["lease", "create", "--milli", "300", "--gpu-model", "H100"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let e = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--milli",
+            "300",
+            "--vram-gb",
+            "10",
+            "--gpu-model",
+            "H100",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+        let e = parse(&[
+            "lease",
+            "create",
+            "--milli",
+            "1001",
+            "--vram-gb",
+            "1",
+            "--gpu-model",
+            "H100",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_create_a_share_of_one_gpu_with_a_priority() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--milli",
+            "300",
+            "--vram-gb",
+            "10",
+            "--gpu-model",
+            "A100-40GB",
+            "--priority",
+            "-5",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(
+            (c.ask.gpus, c.ask.milli, c.ask.vram_gb, c.priority),
+            (None, Some(300), Some(10), -5)
+        );
+    }
+
+    #[test]
+    fn lease_create_a_mig_instance() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--mig",
+            "3g.20gb",
+            "--gpu-model",
+            "A100-40GB",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!((c.ask.gpus, c.ask.mig.as_deref()), (None, Some("3g.20gb")));
+        for other in [
+            &["--gpus", "1"][..],
+            &["--milli", "300", "--vram-gb", "10"][..],
+        ] {
+            let mut args = vec![
+                "lease",
+                "create",
+                "--mig",
+                "1g.5gb",
+                "--gpu-model",
+                "A100-40GB",
+            ];
+            args.extend_from_slice(other);
+            assert_eq!(
+                parse(&args).unwrap_err().kind(),
+                ErrorKind::ArgumentConflict
+            );
+        }
+    }
+
+    #[test]
+    fn lease_create_with_a_workload() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100-40GB",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--",
+            "python",
+            "train.py",
+            "--epochs",
+            "3",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.command, ["python", "train.py", "--epochs", "3"]);
+        assert_eq!(
+            c.env,
+            [("A".into(), "1".into()), ("B".into(), "x=y".into())]
+        );
+        let e = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A",
+            "--env",
+            "=1",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_get_with_wait_and_timeout() {
+        let cli = parse(&["lease", "get", "abc", "--wait", "running", "--timeout", "5"]).unwrap();
+        let Command::Lease(LeaseCommand::Get(g)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(g.id, "abc");
+        assert_eq!(g.wait, Some(LeaseState::Running));
+        assert_eq!(g.timeout, 5);
+
+        let cli = parse(&["lease", "get", "abc"]).unwrap();
+        let Command::Lease(LeaseCommand::Get(g)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(g.wait, None);
+        assert_eq!(g.timeout, 60);
+    }
+
+    #[test]
+    fn lease_get_rejects_unknown_state_and_lone_timeout() {
+        let e = parse(&["lease", "get", "abc", "--wait", "sleeping"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+        let e = parse(&["lease", "get", "abc", "--timeout", "3"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let e = parse(&["lease", "get"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn lease_ls_and_alias() {
+        let cli = parse(&["lease", "ls", "--limit", "10", "--all"]).unwrap();
+        let Command::Lease(LeaseCommand::Ls(l)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(l.limit, Some(10));
+        assert!(l.all);
+        assert_eq!(l.cursor, None);
+
+        let cli = parse(&["lease", "list"]).unwrap();
+        let Command::Lease(LeaseCommand::Ls(l)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(l.limit, None);
+        assert!(!l.all);
+
+        let e = parse(&["lease", "ls", "--limit", "0"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_stop() {
+        let cli = parse(&["lease", "stop", "L1"]).unwrap();
+        let Command::Lease(LeaseCommand::Stop(s)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(s.id, "L1");
+    }
+
+    #[test]
+    fn state_progress() {
+        use LeaseState::*;
+        assert!(Running.is_past(Placed));
+        assert!(Placed.is_past(Queued));
+        assert!(!Queued.is_past(Placed));
+        assert!(!Running.is_past(Running));
+        assert!(!Ended.is_past(Running));
+        assert!(!Rejected.is_past(Queued));
+        assert!(!Running.is_past(Rejected));
+        assert_eq!(LeaseState::from_wire("placed"), Some(Placed));
+        assert_eq!(LeaseState::from_wire("paused"), None);
+    }
+}

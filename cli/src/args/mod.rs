@@ -1,0 +1,44 @@
+//! Command-line arguments of `lh`, parsed with clap's derive API. The
+//! global options and the list of command groups are in [`cli`]; each
+//! group's flags are in the room of the same name, as its handler is in
+//! `crate::commands` and its tables in `crate::render`.
+
+mod audit;
+mod balance;
+mod billing;
+mod cli;
+mod invoice;
+mod lease;
+mod node;
+mod period;
+mod price_book;
+mod quote;
+mod report;
+mod reservation;
+mod spot;
+mod tenant;
+#[cfg(test)]
+mod test_parse;
+
+pub use audit::{
+    AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, ExportFormat,
+    DEFAULT_AUDIT_STREAM,
+};
+pub use balance::{BalanceCommand, BalanceShow, BalanceTopUp};
+pub use billing::{BillingCommand, BillingWhatIf};
+pub use cli::{Cli, Command, DEFAULT_GATEWAY_URL};
+pub use invoice::{InvoiceCommand, InvoiceShow};
+pub use lease::{
+    GpuAskArgs, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseLogs, LeaseState, LeaseStop,
+    Tier,
+};
+pub use node::{DrainMode, NodeCommand, NodeDrain, NodeId};
+pub use price_book::{PriceBookCommand, PriceBookPublish};
+pub use quote::QuoteCreate;
+pub use report::{ReportColourBy, ReportCommand, ReportDaily};
+pub use reservation::{ReservationCommand, ReservationCreate, ReservationList};
+pub use spot::SpotCommand;
+pub use tenant::{
+    IdleAction, KeyCommand, KeyCreate, KeyRevoke, TenantCommand, TenantCreate, TenantId,
+    TenantSetQuota, TenantSuspend,
+};
