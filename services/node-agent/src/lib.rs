@@ -12,10 +12,11 @@
 //! running from the log at start, so a restarted agent picks up where it was.
 //!
 //! This file holds the flags and wires the agent's tasks together.
-//! `state.rs` folds the log and decides each lease's next step without I/O
-//! (`NodeState::decide`); `agent.rs` runs that on the shared decide loop,
-//! with the GPUs and the workloads as its signals; the workload side
-//! (`workload::executor`) starts and stops workloads; `telemetry.rs` sends
+//! `state/` folds the log and decides each lease's next step without I/O
+//! (`NodeState::decide`), below both the GPU side and the workload side;
+//! `agent.rs` runs that on the shared decide loop, with the GPUs and the
+//! workloads as its signals, and sends the commands it returns to the
+//! workload side (`workload::executor`), which starts and stops workloads; `telemetry.rs` sends
 //! heartbeats and usage from a task of its own, so that nothing else the
 //! agent does can delay a heartbeat.
 

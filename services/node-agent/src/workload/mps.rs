@@ -22,12 +22,10 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::{sm_limit_pct, Assignment};
+// The driver's tools this module drives; `nvidia-smi` is looked for next
+// to the control binary first, then on `PATH`.
+pub use crate::gpu::backend::{MPS_CONTROL_BINARY, NVIDIA_SMI_BINARY};
 
-/// The control binary, as the driver installs it.
-pub const MPS_CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
-/// What sets a GPU's compute mode; looked for next to the control binary
-/// first, then on `PATH`.
-pub const NVIDIA_SMI_BINARY: &str = "nvidia-smi";
 /// Where a client finds its daemon; the agent sets it after the tenant's
 /// variables (which may not name `CUDA_MPS_*` anyway).
 pub const ENV_MPS_PIPE_DIRECTORY: &str = "CUDA_MPS_PIPE_DIRECTORY";

@@ -22,6 +22,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+/// The MPS control binary, as the driver installs it. The workload side
+/// drives it for shares; the simulated backend stands in for it under
+/// this name.
+pub const MPS_CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
+/// What sets a GPU's compute mode, as the driver installs it (and the
+/// simulated backend stands in for it).
+pub const NVIDIA_SMI_BINARY: &str = "nvidia-smi";
+
 /// One physical GPU as the host sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuDevice {

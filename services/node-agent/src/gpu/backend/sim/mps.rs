@@ -22,6 +22,8 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::gpu::backend::{MPS_CONTROL_BINARY, NVIDIA_SMI_BINARY};
+
 /// The simulated client: `lh-sim-cuda-alloc <MiB> [hold seconds]`.
 pub const SIM_CUDA_ALLOC_BINARY: &str = "lh-sim-cuda-alloc";
 /// What the simulated client exits with when it gets no GPU context.
@@ -49,13 +51,13 @@ pub fn install(dir: &Path) -> io::Result<SimMpsTools> {
     std::fs::create_dir_all(&modes)?;
     let modes_text = shell_quote(&modes)?;
     let tools = SimMpsTools {
-        control: bin.join(crate::workload::mps::MPS_CONTROL_BINARY),
+        control: bin.join(MPS_CONTROL_BINARY),
         alloc: bin.join(SIM_CUDA_ALLOC_BINARY),
         compute_modes: modes,
     };
     write_script(&tools.control, CONTROL)?;
     write_script(
-        &bin.join(crate::workload::mps::NVIDIA_SMI_BINARY),
+        &bin.join(NVIDIA_SMI_BINARY),
         &SMI.replace("@MODES@", &modes_text),
     )?;
     write_script(
