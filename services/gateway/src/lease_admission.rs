@@ -26,11 +26,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use lh_events::subject;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+use crate::cache::{Generational, GenerationalCache};
 
 /// Most tenants held at once; when full, the memory starts over (a refill
 /// is one query per tenant that writes).
@@ -57,17 +58,17 @@ impl Admission {
     }
 }
 
+/// What this gateway holds of every tenant it answered; its generation
+/// moves on each time a tenant's exhaustion is forgotten.
 #[derive(Default)]
-struct Held {
-    /// Moves on each time a tenant's exhaustion is forgotten.
-    generation: u64,
+struct AdmissionMemory {
     by_tenant: HashMap<Uuid, Admission>,
     /// The newest request appended for a tenant forgotten when the memory
     /// was full: every tenant's list waits for it, as it might be theirs.
     forgotten_appended: u64,
 }
 
-impl Held {
+impl AdmissionMemory {
     /// Starts the memory over when it holds [`MAX_TENANTS_HELD`] tenants and
     /// `tenant_id` is not one of them.
     fn make_room(&mut self, tenant_id: Uuid) {
@@ -86,7 +87,7 @@ impl Held {
 /// The memory shared by the lease handlers and the projection's runner.
 #[derive(Default)]
 pub struct LeaseAdmission {
-    held: Mutex<Held>,
+    memory: GenerationalCache<AdmissionMemory>,
     /// The newest request this gateway appended for any tenant: what an
     /// operator's list waits for.
     newest_appended_by_any: AtomicU64,
@@ -130,8 +131,8 @@ impl LeaseAdmission {
         memory_current: bool,
     ) -> sqlx::Result<Admitted> {
         let generation = {
-            let held = self.lock();
-            if let Some(a) = held.by_tenant.get(&tenant_id).filter(|_| memory_current) {
+            let memory = self.lock();
+            if let Some(a) = memory.by_tenant.get(&tenant_id).filter(|_| memory_current) {
                 if let Some(exhausted) = a.exhausted {
                     if a.estimate() < u64::from(max_pending) {
                         return Ok(Admitted {
@@ -141,7 +142,7 @@ impl LeaseAdmission {
                     }
                 }
             }
-            held.generation
+            memory.generation()
         };
         let read = read_tenant(pool, tenant_id).await?;
         Ok(self.fill(tenant_id, generation, read))
@@ -150,10 +151,10 @@ impl LeaseAdmission {
     /// Keeps what a read found, begun under `generation`; the answer it
     /// gives.
     pub fn fill(&self, tenant_id: Uuid, generation: u64, read: TenantRead) -> Admitted {
-        let mut held = self.lock();
-        held.make_room(tenant_id);
-        let current = held.generation == generation;
-        let a = held.by_tenant.entry(tenant_id).or_default();
+        let mut memory = self.lock();
+        memory.make_room(tenant_id);
+        let current = memory.is_current(generation);
+        let a = memory.by_tenant.entry(tenant_id).or_default();
         a.appended.retain(|&seq| seq > read.applied);
         a.pending_read = read.pending;
         // A read begun before an exhaustion or restoration was committed
@@ -173,12 +174,12 @@ impl LeaseAdmission {
     pub fn appended(&self, tenant_id: Uuid, sequence: u64, applied: u64) {
         self.newest_appended_by_any
             .fetch_max(sequence, Ordering::Relaxed);
-        let mut held = self.lock();
-        held.make_room(tenant_id);
+        let mut memory = self.lock();
+        memory.make_room(tenant_id);
         // Forgotten since its check, it is held again with its exhaustion
         // unknown: the next request reads afresh, and the tenant's list
         // still waits for this one.
-        let a = held.by_tenant.entry(tenant_id).or_default();
+        let a = memory.by_tenant.entry(tenant_id).or_default();
         a.appended.push(sequence);
         if a.appended.len() > MAX_APPENDED_HELD {
             let before = a.appended.len();
@@ -192,12 +193,12 @@ impl LeaseAdmission {
     /// read model had not applied at its last read: what a list of the
     /// tenant's leases must wait for to show its own writes.
     pub fn newest_appended(&self, tenant_id: Uuid) -> Option<u64> {
-        let held = self.lock();
-        let own = held
+        let memory = self.lock();
+        let own = memory
             .by_tenant
             .get(&tenant_id)
             .and_then(|a| a.appended.iter().copied().max());
-        own.max(Some(held.forgotten_appended).filter(|&s| s > 0))
+        own.max(Some(memory.forgotten_appended).filter(|&s| s > 0))
     }
 
     /// The newest request this gateway appended for any tenant: what a list
@@ -219,9 +220,12 @@ impl LeaseAdmission {
         };
         let verb = rest.split('.').nth(1);
         if matches!(verb, Some("resume_requested" | "migrated")) {
-            let mut held = self.lock();
-            held.generation += 1;
-            held.by_tenant.values_mut().for_each(|a| a.exhausted = None);
+            let mut memory = self.lock();
+            memory.move_on();
+            memory
+                .by_tenant
+                .values_mut()
+                .for_each(|a| a.exhausted = None);
         }
     }
 
@@ -232,24 +236,25 @@ impl LeaseAdmission {
         let Some(rest) = stored_subject.strip_prefix(family) else {
             return;
         };
-        let mut held = self.lock();
-        held.generation += 1;
+        let mut memory = self.lock();
+        memory.move_on();
         let tenant = rest.split('.').next().and_then(|t| t.parse::<Uuid>().ok());
         match tenant {
             Some(tenant) => {
-                if let Some(a) = held.by_tenant.get_mut(&tenant) {
+                if let Some(a) = memory.by_tenant.get_mut(&tenant) {
                     a.exhausted = None;
                 }
             }
             // One that names no tenant we can read: forget them all.
-            None => held.by_tenant.values_mut().for_each(|a| a.exhausted = None),
+            None => memory
+                .by_tenant
+                .values_mut()
+                .for_each(|a| a.exhausted = None),
         }
     }
 
-    // A panic while holding the lock leaves a map that is still whole (no
-    // method panics half-way), so a poisoned lock is used as it is.
-    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::RwLockWriteGuard<'_, Generational<AdmissionMemory>> {
+        self.memory.write()
     }
 }
 
@@ -288,7 +293,7 @@ mod tests {
     #[test]
     fn a_resume_or_a_move_back_to_the_queue_makes_every_tenant_read_afresh() {
         let memory = LeaseAdmission::default();
-        let g = memory.lock().generation;
+        let g = memory.lock().generation();
         memory.fill(TENANT, g, read(false, 0, 10));
         memory.appended(TENANT, 11, 10);
         assert_eq!(memory.newest_appended(TENANT), Some(11));
@@ -301,7 +306,7 @@ mod tests {
         assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
         // Forgotten for admission, still waited for by the tenant's list.
         assert_eq!(memory.newest_appended(TENANT), Some(11));
-        let now = memory.lock().generation;
+        let now = memory.lock().generation();
         memory.fill(TENANT, now, read(false, 0, 12));
         assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, Some(false));
         memory.forget_if_lease_waits_again(&format!("{lease}.migrated.scheduler"));
@@ -345,7 +350,7 @@ mod tests {
     #[test]
     fn appends_the_read_model_has_not_applied_count_once() {
         let memory = LeaseAdmission::default();
-        let g = memory.lock().generation;
+        let g = memory.lock().generation();
         memory.fill(TENANT, g, read(false, 1, 10));
         memory.appended(TENANT, 11, 10);
         memory.appended(TENANT, 12, 10);
@@ -357,12 +362,12 @@ mod tests {
     #[test]
     fn a_read_that_raced_a_balance_event_is_not_kept() {
         let memory = LeaseAdmission::default();
-        let before = memory.lock().generation;
+        let before = memory.lock().generation();
         memory.forget_if_balance_event(&format!("{}.pricing", subject::balance(TENANT)));
         let admitted = memory.fill(TENANT, before, read(false, 0, 5));
         assert!(!admitted.exhausted);
         assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, None);
-        let now = memory.lock().generation;
+        let now = memory.lock().generation();
         memory.fill(TENANT, now, read(true, 0, 6));
         assert_eq!(memory.lock().by_tenant[&TENANT].exhausted, Some(true));
         memory.forget_if_balance_event(&subject::lease(TENANT));
@@ -374,7 +379,7 @@ mod tests {
     #[test]
     fn folding_applied_appends_overcounts_and_never_undercounts() {
         let memory = LeaseAdmission::default();
-        let g = memory.lock().generation;
+        let g = memory.lock().generation();
         memory.fill(TENANT, g, read(false, 0, 0));
         for seq in 1..=(MAX_APPENDED_HELD as u64 + 1) {
             memory.appended(TENANT, seq, 100);

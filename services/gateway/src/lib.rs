@@ -5,11 +5,13 @@
 //! A lease request answers with the row its event will make instead, and a
 //! read of a lease the projection does not have yet waits for it.
 
-pub mod held;
+pub mod cache;
 pub mod http;
+pub mod invalidation;
 pub mod keyring;
 pub mod lease_admission;
 pub mod oidc;
+pub mod poison_free;
 pub mod principals;
 pub mod projection;
 pub mod read_model;
@@ -238,16 +240,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     )?;
 
     let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
-    let tenant_keys = std::sync::Arc::new(tenant_keys::TenantKeys::default());
-    let lease_admission = std::sync::Arc::new(lease_admission::LeaseAdmission::default());
-    let lease_views = std::sync::Arc::new(lease_views::LeaseViews::default());
+    let caches = invalidation::Caches::default();
     let projection_task = {
         let bus = bus.clone();
         let pool = pool.clone();
         let stop = shutdown.clone();
-        let tenant_keys = tenant_keys.clone();
-        let lease_admission = lease_admission.clone();
-        let lease_views = lease_views.clone();
+        let caches = caches.clone();
         tokio::spawn(async move {
             lh_projection::run_observed(
                 &bus,
@@ -257,15 +255,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 move |p| {
                     let _ = progress_tx.send(p);
                 },
-                |stored_subjects| {
-                    for stored_subject in &stored_subjects {
-                        tenant_keys.forget_if_tenant_event(stored_subject);
-                        lease_admission.forget_if_balance_event(stored_subject);
-                        lease_admission.forget_if_lease_waits_again(stored_subject);
-                    }
-                    let (lease_views, pool) = (lease_views.clone(), pool.clone());
-                    async move { lease_views.refresh_committed(&pool, &stored_subjects).await }
-                },
+                |stored_subjects| caches.committed(&pool, stored_subjects),
             )
             .await
         })
@@ -297,9 +287,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         pool,
         progress: progress.clone(),
         principals,
-        tenant_keys,
-        lease_admission,
-        lease_views,
+        tenant_keys: caches.tenant_keys,
+        lease_admission: caches.lease_admission,
+        lease_views: caches.lease_views,
         limits: config.limits,
         write_budgets: std::sync::Arc::new(http::limits::WriteBudgets::new(&config.limits)),
         keys,

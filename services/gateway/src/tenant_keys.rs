@@ -21,6 +21,8 @@ use chrono::{DateTime, Utc};
 use lh_events::subject;
 use uuid::Uuid;
 
+use crate::cache::GenerationalCache;
+
 /// Most keys held at once; when full, the cache starts over (a refill is
 /// one query per key in use).
 pub const MAX_CACHED_API_KEYS: usize = 100_000;
@@ -42,17 +44,12 @@ impl TenantKey {
     }
 }
 
-#[derive(Default)]
-struct Cached {
-    /// Moves on each time the cache is forgotten.
-    generation: u64,
-    by_sha256: HashMap<[u8; 32], TenantKey>,
-}
-
 /// The cache shared by the API's handlers and the projection's runner.
 #[derive(Default)]
 pub struct TenantKeys {
-    cached: crate::held::Held<Cached>,
+    /// By the key's SHA-256; the generation moves on each time the cache is
+    /// forgotten.
+    by_sha256: GenerationalCache<HashMap<[u8; 32], TenantKey>>,
 }
 
 impl std::fmt::Debug for TenantKeys {
@@ -66,33 +63,33 @@ impl std::fmt::Debug for TenantKeys {
 impl TenantKeys {
     /// The key with this SHA-256, if cached.
     pub fn get(&self, sha256: &[u8; 32]) -> Option<TenantKey> {
-        self.cached.read().by_sha256.get(sha256).cloned()
+        self.by_sha256.read().get(sha256).cloned()
     }
 
     /// The generation a lookup in the database starts under; pass it to
     /// [`TenantKeys::insert`] with what the lookup found.
     pub fn generation(&self) -> u64 {
-        self.cached.read().generation
+        self.by_sha256.read().generation()
     }
 
     /// Keeps `key`, unless the cache was forgotten since `generation`
     /// (the row may predate the event that made it so).
     pub fn insert(&self, generation: u64, sha256: [u8; 32], key: TenantKey) {
-        let mut cached = self.cached.write();
-        if cached.generation != generation {
+        let mut keys = self.by_sha256.write();
+        if !keys.is_current(generation) {
             return;
         }
-        if cached.by_sha256.len() >= MAX_CACHED_API_KEYS {
-            cached.by_sha256.clear();
+        if keys.len() >= MAX_CACHED_API_KEYS {
+            keys.clear();
         }
-        cached.by_sha256.insert(sha256, key);
+        keys.insert(sha256, key);
     }
 
     /// Forgets every key.
     pub fn forget_all(&self) {
-        let mut cached = self.cached.write();
-        cached.generation += 1;
-        cached.by_sha256.clear();
+        let mut keys = self.by_sha256.write();
+        keys.move_on();
+        keys.clear();
     }
 
     /// Forgets every key when a message of the tenant family (a key issued
@@ -106,7 +103,7 @@ impl TenantKeys {
     }
 
     pub fn len(&self) -> usize {
-        self.cached.read().by_sha256.len()
+        self.by_sha256.read().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -169,7 +169,7 @@ async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError
 /// read model has none, it waits until it has applied what the log holds on
 /// the lease's subject (one lookup on the log), so that a lease whose
 /// request was answered is seen by any read that follows the answer.
-async fn held(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLease>>, ApiError> {
+async fn lookup_lease(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLease>>, ApiError> {
     if let Some(lease) = ctx.lease_views.get(&id) {
         return Ok(Some(lease));
     }
@@ -203,12 +203,12 @@ async fn held(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLease>>, Ap
 
 /// The lease if the caller may see it; 404 for another tenant's lease, so
 /// that ids do not leak.
-async fn visible_held(
+async fn lookup_visible_lease(
     ctx: &ApiContext,
     caller: &Caller,
     id: Uuid,
 ) -> Result<Arc<CachedLease>, ApiError> {
-    let lease = held(ctx, id).await?;
+    let lease = lookup_lease(ctx, id).await?;
     match (lease, caller) {
         (Some(l), Caller::Tenant { id: tenant, .. }) if l.view.tenant_id == *tenant => Ok(l),
         (Some(l), Caller::Operator(_)) => Ok(l),
@@ -216,13 +216,13 @@ async fn visible_held(
     }
 }
 
-/// [`visible_held`], as a view of its own.
+/// [`lookup_visible_lease`], as a view of its own.
 pub(super) async fn visible(
     ctx: &ApiContext,
     caller: &Caller,
     id: Uuid,
 ) -> Result<LeaseView, ApiError> {
-    Ok(visible_held(ctx, caller, id).await?.view.clone())
+    Ok(lookup_visible_lease(ctx, caller, id).await?.view.clone())
 }
 
 pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -298,7 +298,7 @@ pub async fn create(
     // A new lease answers with the row the projection will make of its
     // request, without waiting for it: the request is durable once
     // appended, and a GET that finds no row yet waits for the projection
-    // (see `held`). A lease already on the log (the same key
+    // (see `lookup_lease`). A lease already on the log (the same key
     // again, whether the server caught it as a conflict or as a duplicate
     // message) answers as the read model holds it.
     let appended = match ctx
@@ -317,7 +317,7 @@ pub async fn create(
             requested_view(&requested, sequence, envelope.occurred_at)
         }
         None => {
-            let lease = held(&ctx, lease_id)
+            let lease = lookup_lease(&ctx, lease_id)
                 .await?
                 .map(|l| l.view.clone())
                 .ok_or_else(|| {
@@ -351,7 +351,7 @@ pub async fn get(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let lease = visible_held(&ctx, &caller, parse_id(&id)?).await?;
+    let lease = lookup_visible_lease(&ctx, &caller, parse_id(&id)?).await?;
     Ok(json_response(lease.json.clone()))
 }
 
@@ -495,7 +495,7 @@ pub async fn stop(
     caller.require_writer()?;
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) = lease::stop(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
-    ask(
+    append_stop_or_resume(
         &ctx,
         &caller,
         &lease,
@@ -507,7 +507,7 @@ pub async fn stop(
 
 /// Appends a caller's request about `lease` and answers with the lease as
 /// the read model shows it afterwards.
-async fn ask(
+async fn append_stop_or_resume(
     ctx: &ApiContext,
     caller: &Caller,
     lease: &LeaseView,
@@ -572,7 +572,7 @@ pub async fn resume(
     let (event, id) =
         lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
     refuse_if_exhausted(&ctx, lease.tenant_id).await?;
-    ask(
+    append_stop_or_resume(
         &ctx,
         &caller,
         &lease,

@@ -29,6 +29,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::lease::{LeaseView, VIEW_COLUMNS};
+use crate::cache::GenerationalCache;
+use crate::poison_free::PoisonFreeRwLock;
 
 /// Most lease views held at once (each about 2 KiB with its JSON); when
 /// full, ended and rejected leases go first, oldest first, then the oldest.
@@ -94,10 +96,10 @@ impl Index {
     }
 }
 
+/// The views and list indexes; their generation moves on with every batch
+/// that touched leases.
 #[derive(Default)]
 struct Cached {
-    /// Moves on with every batch that touched leases.
-    generation: u64,
     views: HashMap<Uuid, Arc<CachedLease>>,
     by_age: BTreeSet<(i64, Uuid)>,
     ended_by_age: BTreeSet<(i64, Uuid)>,
@@ -134,7 +136,6 @@ impl Cached {
     }
 
     fn clear(&mut self) {
-        self.generation += 1;
         self.views.clear();
         self.by_age.clear();
         self.ended_by_age.clear();
@@ -145,10 +146,10 @@ impl Cached {
 /// The views shared by the API's handlers and the projection's runner.
 #[derive(Default)]
 pub struct LeaseViews {
-    cached: crate::held::Held<Cached>,
+    cached: GenerationalCache<Cached>,
     /// Lists whose index is being read from the database: one read each
     /// at a time, however many first pages miss meanwhile.
-    filling: crate::held::Held<HashSet<Option<Uuid>>>,
+    filling: PoisonFreeRwLock<HashSet<Option<Uuid>>>,
 }
 
 /// A list index being filled; the next miss may start another once it
@@ -181,14 +182,14 @@ impl LeaseViews {
     /// The generation a read of the database starts under; pass it to
     /// [`LeaseViews::insert`] or [`LeaseViews::fill_index`].
     pub fn generation(&self) -> u64 {
-        self.cached.read().generation
+        self.cached.read().generation()
     }
 
     /// Keeps views read from the database, unless a batch touching leases
     /// was committed since `generation` (the rows may predate it).
     pub fn insert(&self, generation: u64, leases: impl IntoIterator<Item = Arc<CachedLease>>) {
         let mut cached = self.cached.write();
-        if cached.generation != generation {
+        if !cached.is_current(generation) {
             return;
         }
         for lease in leases {
@@ -228,7 +229,7 @@ impl LeaseViews {
                 .map_or(i64::MIN, |l| l.view.requested_sequence);
         }
         let mut cached = self.cached.write();
-        if cached.generation != generation {
+        if !cached.is_current(generation) {
             return;
         }
         if cached.indexes.len() >= MAX_LEASE_INDEXES {
@@ -295,11 +296,11 @@ impl LeaseViews {
         let ids: Vec<Uuid> = ids.into_iter().collect();
         let generation = {
             let mut cached = self.cached.write();
-            cached.generation += 1;
+            let generation = cached.move_on();
             for id in &ids {
                 cached.remove(id);
             }
-            cached.generation
+            generation
         };
         let read = tokio::time::timeout(
             Duration::from_secs(REFRESH_TIMEOUT_SECS),
@@ -325,7 +326,7 @@ impl LeaseViews {
         };
         let fresh: Vec<_> = rows.into_iter().map(CachedLease::new).collect();
         let mut cached = self.cached.write();
-        if cached.generation != generation {
+        if !cached.is_current(generation) {
             return;
         }
         for lease in fresh {
@@ -345,7 +346,9 @@ impl LeaseViews {
 
     /// Forgets every view and index.
     pub fn forget_all(&self) {
-        self.cached.write().clear();
+        let mut cached = self.cached.write();
+        cached.move_on();
+        cached.clear();
     }
 
     pub fn len(&self) -> usize {
@@ -424,7 +427,7 @@ mod tests {
     fn a_fill_that_raced_a_batch_is_not_kept() {
         let views = LeaseViews::default();
         let before = views.generation();
-        views.cached.write().generation += 1;
+        views.cached.write().move_on();
         let stale = lease(1, Uuid::nil(), "running");
         views.insert(before, [stale.clone()]);
         views.fill_index(before, None, vec![stale.clone()]);

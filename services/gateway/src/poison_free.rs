@@ -1,4 +1,5 @@
-//! A lock over what the gateway holds in memory beside its read model.
+//! A lock over what the gateway keeps in memory beside its read model,
+//! that a panic elsewhere does not take down with it.
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -7,9 +8,9 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// them panics half-way), so a poisoned lock is used as it is rather than
 /// taking the gateway's reads down with it.
 #[derive(Default)]
-pub struct Held<T>(RwLock<T>);
+pub struct PoisonFreeRwLock<T>(RwLock<T>);
 
-impl<T> Held<T> {
+impl<T> PoisonFreeRwLock<T> {
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
         self.0.read().unwrap_or_else(|p| p.into_inner())
     }
