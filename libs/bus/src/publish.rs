@@ -53,19 +53,6 @@ impl Bus {
 
     /// Appends one event below its aggregate's subject.
     pub async fn publish(&self, envelope: &Envelope, expect: Expect) -> Result<Appended> {
-        match self.publish_once(envelope, expect).await {
-            Err(BusError::Conflict(conflict)) => {
-                let batch = [(envelope.clone(), expect)];
-                match self.past_legacy_tails(&batch).await? {
-                    Some(moved) => self.publish_once(envelope, moved[0].1).await,
-                    None => Err(BusError::Conflict(conflict)),
-                }
-            }
-            other => other,
-        }
-    }
-
-    async fn publish_once(&self, envelope: &Envelope, expect: Expect) -> Result<Appended> {
         let subject = envelope.subject();
         let ack = self
             .js
@@ -84,44 +71,6 @@ impl Bus {
         })
     }
 
-    /// After a conflict: the batch again with each guard that is above
-    /// what its aggregate holds under `<aggregate>.>` lowered to that, or
-    /// `None` when no guard is (the conflict is real) or one is below (a
-    /// write the writer has not read).
-    ///
-    /// A writer guards with the sequence of the newest event it read on an
-    /// aggregate. Where that is a legacy event (on the bare aggregate
-    /// subject, written before subjects named their publisher), the server
-    /// does not count it, and the guard could never match. The writer has
-    /// read everything on the aggregate up to that event, so it has read
-    /// everything the server counts: the guard the server counts is the
-    /// one the writer meant.
-    async fn past_legacy_tails(
-        &self,
-        batch: &[(Envelope, Expect)],
-    ) -> Result<Option<Vec<(Envelope, Expect)>>> {
-        let mut moved = batch.to_vec();
-        let mut lowered = false;
-        for (envelope, expect) in &mut moved {
-            let Expect::LastSubjectSequence(seen) = *expect else {
-                continue;
-            };
-            let counted = self
-                .subject_last_sequence(&envelope.data.aggregate_subject())
-                .await?;
-            if counted > seen {
-                return Ok(None);
-            }
-            if counted < seen {
-                tracing::debug!(service = %self.service, aggregate = %envelope.data.aggregate_subject(),
-                    seen, counted, "guarding past a legacy event");
-                *expect = Expect::LastSubjectSequence(counted);
-                lowered = true;
-            }
-        }
-        Ok(lowered.then_some(moved))
-    }
-
     /// Appends events to several aggregates as one atomic batch (ADR-50):
     /// the server stores all of them or none, and checks every message's
     /// expectation at commit.
@@ -134,16 +83,10 @@ impl Bus {
         if events.len() == 1 {
             return self.publish(&events[0].0, events[0].1).await;
         }
-        match self.publish_batch_once(events).await {
-            Err(BusError::Conflict(conflict)) => match self.past_legacy_tails(events).await? {
-                Some(moved) => self.publish_batch_once(&moved).await,
-                None => Err(BusError::Conflict(conflict)),
-            },
-            other => other,
-        }
+        self.publish_batch(events).await
     }
 
-    async fn publish_batch_once(&self, events: &[(Envelope, Expect)]) -> Result<Appended> {
+    async fn publish_batch(&self, events: &[(Envelope, Expect)]) -> Result<Appended> {
         let batch_id = uuid::Uuid::now_v7().simple().to_string();
         let last = events.len() - 1;
         let subjects: Vec<String> = events.iter().map(|(e, _)| e.subject()).collect();

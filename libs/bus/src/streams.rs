@@ -289,7 +289,7 @@ impl Bus {
 
     /// Stream sequence of the last event on any subject `filter` matches
     /// (0 when there is none).
-    pub(crate) async fn last_sequence_on(&self, filter: &str) -> Result<u64> {
+    async fn last_sequence_on(&self, filter: &str) -> Result<u64> {
         self.last_sequence_in(subject::EVENTS_STREAM, filter).await
     }
 

@@ -91,10 +91,13 @@ impl FeedItem {
         }
     }
 
-    /// The aggregate subject the message is stored on or below, whether
-    /// it decoded or not (`None` outside `lh.evt.>`).
+    /// The aggregate subject the message is stored below, whether it
+    /// decoded or not: the aggregate whose guard counts it. `None` outside
+    /// `lh.evt.>`, and for a message on an aggregate's own subject, where
+    /// no event belongs and which no guard counts.
     pub fn aggregate_subject(&self) -> Option<&str> {
-        subject::aggregate_of(self.subject())
+        let stored = self.subject();
+        subject::aggregate_of(stored).filter(|aggregate| aggregate.len() < stored.len())
     }
 
     /// The raw bytes as stored.

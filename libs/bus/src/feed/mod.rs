@@ -94,24 +94,21 @@ impl Bus {
     }
 
     /// The events the log holds on one aggregate (`subject` is the
-    /// aggregate's, and its legacy events count too) from `from_sequence`
-    /// on, oldest first, at most `max_messages` of them (an error past
-    /// that); messages that do not decode are left out.
+    /// aggregate's) from `from_sequence` on, oldest first, at most
+    /// `max_messages` of them (an error past that); messages that do not
+    /// decode are left out.
     pub async fn subject_history(
         &self,
         subject: &str,
         from_sequence: u64,
         max_messages: usize,
     ) -> Result<Vec<Stored>> {
-        let under = subject::guarded(subject);
-        let last = self
-            .last_sequence_on(subject)
-            .await?
-            .max(self.last_sequence_on(&under).await?);
+        let last = self.subject_last_sequence(subject).await?;
         if last < from_sequence.max(1) {
             return Ok(Vec::new());
         }
-        let mut feed = self.reread(&[subject, &under], from_sequence).await?;
+        let under = subject::guarded(subject);
+        let mut feed = self.reread(&[&under], from_sequence).await?;
         let mut events = Vec::new();
         loop {
             let item = feed
