@@ -105,8 +105,7 @@ impl Envelope {
     /// Decodes a message stored on `subject` (see [`Envelope::decode`]) and
     /// checks that it is where its envelope says it belongs: on the
     /// subject the envelope computes, published by one of its type's
-    /// owners. An event on its bare aggregate subject was written before
-    /// subjects named the publisher; it is read as it always was.
+    /// owners.
     pub fn decode_stored(subject: &str, bytes: &[u8]) -> Result<Envelope, Undecodable> {
         let envelope = Envelope::decode(bytes)?;
         let refuse = |reason, detail: String| Undecodable {
@@ -114,9 +113,6 @@ impl Envelope {
             detail,
             head: head_of(bytes),
         };
-        if subject == envelope.data.aggregate_subject() {
-            return Ok(envelope);
-        }
         let expected = envelope.subject();
         if subject != expected {
             return Err(refuse(
@@ -302,14 +298,15 @@ mod tests {
             format!("lh.evt.lease.{}.stop_requested.gateway", Uuid::from_u128(5))
         );
         assert!(Envelope::decode_stored(&subject, &by_admin.to_json()).is_ok());
-        // Before subjects named the publisher, events sat on the aggregate.
-        let legacy = by_admin.data.aggregate_subject();
-        assert!(Envelope::decode_stored(&legacy, &by_admin.to_json()).is_ok());
+        // Nothing belongs on the bare aggregate subject.
+        let aggregate = by_admin.data.aggregate_subject();
+        let bare = Envelope::decode_stored(&aggregate, &by_admin.to_json()).unwrap_err();
+        assert_eq!(bare.reason, SkipReason::WrongSubject);
 
         let by_node = stop(Actor::Node("n1".into()));
         let on_gateways = Envelope::decode_stored(&subject, &by_node.to_json()).unwrap_err();
         assert_eq!(on_gateways.reason, SkipReason::WrongSubject);
-        let elsewhere = format!("{legacy}.started.node-n1");
+        let elsewhere = format!("{aggregate}.started.node-n1");
         let refused = Envelope::decode_stored(&elsewhere, &by_node.to_json()).unwrap_err();
         assert_eq!(refused.reason, SkipReason::WrongSubject);
 

@@ -12,9 +12,8 @@
 //! origin token. The guard of a write still covers the whole aggregate: the
 //! server compares the expected sequence with the last message under
 //! `<aggregate>.>` (see docs/adr/012-subjects-name-type-and-publisher.md).
-//!
-//! Logs written before this scheme hold events on the bare aggregate
-//! subject. Readers accept those as legacy; nobody may publish there any more.
+//! No event belongs on the bare aggregate subject: a reader skips one found
+//! there as on the wrong subject.
 
 use uuid::Uuid;
 
@@ -362,8 +361,7 @@ pub fn event(aggregate_subject: &str, event_type: &str, actor: &Actor) -> String
     format!("{aggregate_subject}.{}.{}", verb(event_type), origin(actor))
 }
 
-/// What a guard on an aggregate counts: every event stored on it in the
-/// current scheme (legacy events on the bare aggregate subject are not).
+/// What a guard on an aggregate counts: every event stored on it.
 pub fn guarded(aggregate_subject: &str) -> String {
     format!("{aggregate_subject}.>")
 }
@@ -376,9 +374,9 @@ pub fn aggregate_id_tokens(family: &str) -> usize {
     }
 }
 
-/// The aggregate subject a stored event's subject belongs to, whether in
-/// the current scheme or a legacy one; `None` for a subject outside
-/// `lh.evt.>`.
+/// The aggregate subject a stored event's subject belongs to (an
+/// aggregate's own subject is its own aggregate); `None` for a subject
+/// outside `lh.evt.>`.
 pub fn aggregate_of(stored_subject: &str) -> Option<&str> {
     let mut tokens = stored_subject.split('.');
     if (tokens.next(), tokens.next()) != (Some("lh"), Some("evt")) {
@@ -535,7 +533,7 @@ mod tests {
     }
 
     #[test]
-    fn the_aggregate_of_a_subject_is_found_in_either_scheme() {
+    fn the_aggregate_of_a_subject_is_its_leading_tokens() {
         let id = Uuid::nil();
         let placed = format!("{}.placed.scheduler", lease(id));
         assert_eq!(aggregate_of(&placed), Some(lease(id).as_str()));

@@ -443,7 +443,10 @@ async fn unguarded_events_the_log_holds_count_as_stored() {
 async fn publish_undecodable_on_the_node(bus: &Bus) {
     for (_, bytes) in lh_events::fixtures::undecodable() {
         bus.jetstream()
-            .publish(subject::node(NODE), bytes.into())
+            .publish(
+                subject::event(&subject::node(NODE), "node.garbled", &Actor::Admin),
+                bytes.into(),
+            )
             .await
             .unwrap()
             .await

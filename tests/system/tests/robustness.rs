@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use lh_bus::async_nats;
-use lh_events::{fixtures, subject};
+use lh_events::{fixtures, subject, Actor};
 use lh_testkit::stack::{expected_charge, read_log, Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -89,12 +89,12 @@ async fn a_lease_runs_and_is_billed(stack: &Stack, key: &str, invoice_lines: usi
     assert_eq!(verified["ok"], true, "{verified}");
 }
 
-/// One subject of each family of the log, real ones where the platform
-/// already writes (a node, a tenant, the price book, a spot market, the
-/// audit chain) so that their readers and guarded writers meet the bad
-/// messages in the middle of their own.
+/// One subject of each family of the log, below real aggregates where the
+/// platform already writes (a node, a tenant, the price book, a spot
+/// market, the audit chain) so that their readers and guarded writers meet
+/// the bad messages in the middle of their own.
 fn one_subject_of_each_family(tenant_id: &str) -> Vec<String> {
-    vec![
+    [
         subject::lease(Uuid::now_v7()),
         subject::node("node-a"),
         subject::tenant(tenant_id.parse().unwrap()),
@@ -103,6 +103,9 @@ fn one_subject_of_each_family(tenant_id: &str) -> Vec<String> {
         subject::spot("cn-north-1a", "A100-40GB"),
         subject::audit(),
     ]
+    .iter()
+    .map(|aggregate| subject::event(aggregate, "garbled", &Actor::Admin))
+    .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

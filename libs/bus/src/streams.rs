@@ -1,0 +1,320 @@
+//! The two streams a Leasehold bus reads and writes: `LH_EVENTS`, the
+//! business log, held to the retention and guards the architecture demands
+//! (checked against what the server reports, not what was asked for), and
+//! `LH_TELEMETRY`; and where each stands (first and last sequences, per
+//! filter too), which every reader and writer asks.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    stream::{Config as StreamConfig, DiscardPolicy, RetentionPolicy, StorageType},
+};
+use lh_events::subject;
+
+use crate::config::{BusConfig, EVENTS_MAX_AGE};
+use crate::error::{js_err, BusError, Result};
+use crate::Bus;
+
+/// Retention of heartbeats and usage samples.
+pub const TELEMETRY_MAX_AGE: Duration = Duration::from_secs(48 * 3600);
+/// JetStream's duplicate window for `Nats-Msg-Id`.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
+
+/// Share of the business log's size limit at which operators are warned:
+/// past it the log refuses appends (`discard: new`) before long.
+pub const EVENTS_FILL_WARNING: f64 = 0.8;
+
+/// The share of its limit the log fills, when it is at or past
+/// [`EVENTS_FILL_WARNING`] of it.
+pub fn events_fill_warning(bytes: u64, max_bytes: u64) -> Option<f64> {
+    if max_bytes == 0 {
+        return None;
+    }
+    let filled = bytes as f64 / max_bytes as f64;
+    (filled >= EVENTS_FILL_WARNING).then_some(filled)
+}
+
+/// What one stream holds, for the dashboards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamFigures {
+    pub messages: u64,
+    pub bytes: u64,
+    /// Bytes the stream may hold (0: no limit).
+    pub max_bytes: u64,
+    pub consumers: usize,
+    /// Followers that are up to date with the stream's leader.
+    pub replicas_current: usize,
+    /// Followers behind the leader or offline: a copy that would lose
+    /// writes if the leader failed now. 0 on a single server.
+    pub replicas_lagging: usize,
+}
+
+impl StreamFigures {
+    pub fn of(info: &jetstream::stream::Info) -> Self {
+        let followers = info
+            .cluster
+            .as_ref()
+            .map(|c| c.replicas.as_slice())
+            .unwrap_or_default();
+        let current = followers.iter().filter(|p| p.current && !p.offline).count();
+        Self {
+            messages: info.state.messages,
+            bytes: info.state.bytes,
+            max_bytes: info.config.max_bytes.max(0) as u64,
+            consumers: info.state.consumer_count,
+            replicas_current: current,
+            replicas_lagging: followers.len() - current,
+        }
+    }
+}
+
+/// The stream config the brief requires for the business log.
+pub fn events_stream_config(max_bytes: i64, replicas: usize, max_age: Duration) -> StreamConfig {
+    StreamConfig {
+        name: subject::EVENTS_STREAM.to_string(),
+        subjects: vec![subject::EVENTS_ALL.to_string()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        max_age,
+        max_bytes,
+        discard: DiscardPolicy::New,
+        deny_delete: true,
+        deny_purge: true,
+        allow_rollup: false,
+        allow_atomic_publish: true,
+        // The server refuses a window longer than the age limit (only a
+        // test's log is that short).
+        duplicate_window: DUPLICATE_WINDOW.min(max_age),
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+fn telemetry_stream_config(replicas: usize) -> StreamConfig {
+    StreamConfig {
+        name: subject::TELEMETRY_STREAM.to_string(),
+        subjects: vec![subject::TELEMETRY_ALL.to_string()],
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        max_age: TELEMETRY_MAX_AGE,
+        discard: DiscardPolicy::Old,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// Lists every way `actual` falls short of the business-log requirements,
+/// keeping events for at least `least_max_age`.
+pub fn events_stream_problems(actual: &StreamConfig, least_max_age: Duration) -> Vec<String> {
+    let mut problems = Vec::new();
+    if actual.max_age != Duration::ZERO && actual.max_age < least_max_age {
+        problems.push(format!(
+            "max_age {:?} < {:?} (365 days outside tests)",
+            actual.max_age, least_max_age
+        ));
+    }
+    if actual.storage != StorageType::File {
+        problems.push("storage is not file".into());
+    }
+    if actual.retention != RetentionPolicy::Limits {
+        problems.push("retention is not limits".into());
+    }
+    if actual.discard != DiscardPolicy::New {
+        problems.push("discard is not new".into());
+    }
+    if actual.max_bytes <= 0 {
+        problems.push("max_bytes is not set".into());
+    }
+    if !actual.deny_delete {
+        problems.push("deny_delete is off".into());
+    }
+    if !actual.deny_purge {
+        problems.push("deny_purge is off".into());
+    }
+    if actual.allow_rollup {
+        problems.push("allow_rollup_hdrs is on".into());
+    }
+    if !actual.allow_atomic_publish {
+        problems.push("allow_atomic is off".into());
+    }
+    if !actual.subjects.iter().any(|s| s == subject::EVENTS_ALL) {
+        problems.push(format!(
+            "subjects {:?} lack {}",
+            actual.subjects,
+            subject::EVENTS_ALL
+        ));
+    }
+    problems
+}
+
+impl Bus {
+    pub(crate) async fn ensure_streams(&self, config: &BusConfig) -> Result<()> {
+        if config.events_max_age < EVENTS_MAX_AGE && !config.allow_short_retention {
+            return Err(BusError::WeakStream {
+                stream: subject::EVENTS_STREAM.to_string(),
+                problems: format!(
+                    "configured max_age {:?} < 365 days; only tests may keep events for less",
+                    config.events_max_age
+                ),
+            });
+        }
+        let wanted = events_stream_config(
+            config.events_max_bytes,
+            config.replicas,
+            config.events_max_age,
+        );
+        let mut stream = self.js.get_or_create_stream(wanted).await.map_err(js_err)?;
+        // Read back what the server actually applied, not what we asked for.
+        let mut info = stream.info().await.map_err(js_err)?.clone();
+        // A log that grew out of its size is given the larger size it is now
+        // configured with; it is never shrunk (that would refuse appends, or
+        // lose nothing but put the platform at the limit at once).
+        let have = info.config.max_bytes;
+        if have > 0 && config.events_max_bytes > have {
+            let mut grown = info.config.clone();
+            grown.max_bytes = config.events_max_bytes;
+            // A size the server cannot give (its storage, an account limit)
+            // leaves the log as it is rather than keep a service from
+            // starting.
+            match self.js.update_stream(grown).await {
+                Ok(updated) => {
+                    info = updated;
+                    tracing::info!(
+                        from = have,
+                        to = info.config.max_bytes,
+                        "the event log's size limit was raised"
+                    );
+                }
+                Err(e) => tracing::warn!(have, wanted = config.events_max_bytes, error = %e,
+                    "the event log's size limit cannot be raised; it is kept"),
+            }
+        } else if config.events_max_bytes > 0 && config.events_max_bytes < have {
+            tracing::info!(
+                configured = config.events_max_bytes,
+                kept = have,
+                "the event log is larger than configured; it is not shrunk"
+            );
+        }
+        // A log created with fewer replicas (a single server that became a
+        // cluster) is given the replicas now configured; never fewer.
+        if info.config.num_replicas < config.replicas {
+            let mut replicated = info.config.clone();
+            replicated.num_replicas = config.replicas;
+            match self.js.update_stream(replicated).await {
+                Ok(updated) => {
+                    tracing::info!(
+                        from = info.config.num_replicas,
+                        to = updated.config.num_replicas,
+                        "the event log's replicas were raised"
+                    );
+                    info = updated;
+                }
+                Err(e) => tracing::warn!(have = info.config.num_replicas, wanted = config.replicas,
+                    error = %e, "the event log's replicas cannot be raised; it is kept as it is"),
+            }
+        }
+        let problems = events_stream_problems(&info.config, config.least_events_max_age());
+        if !problems.is_empty() {
+            return Err(BusError::WeakStream {
+                stream: info.config.name.clone(),
+                problems: problems.join("; "),
+            });
+        }
+        self.js
+            .get_or_create_stream(telemetry_stream_config(config.replicas))
+            .await
+            .map_err(js_err)?;
+        Ok(())
+    }
+
+    /// What a stream holds and how its replicas keep up, as the server
+    /// reports it.
+    pub async fn stream_figures(&self, name: &str) -> Result<StreamFigures> {
+        let mut stream = self.js.get_stream(name).await.map_err(js_err)?;
+        Ok(StreamFigures::of(stream.info().await.map_err(js_err)?))
+    }
+
+    /// The business log's config as the server reports it.
+    pub async fn events_stream_config(&self) -> Result<StreamConfig> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        Ok(stream.info().await.map_err(js_err)?.config.clone())
+    }
+
+    async fn events_stream_state(&self) -> Result<jetstream::stream::State> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        Ok(stream.info().await.map_err(js_err)?.state.clone())
+    }
+
+    /// The oldest sequence the business log still holds (the one after its
+    /// last when it is empty).
+    pub async fn first_sequence(&self) -> Result<u64> {
+        Ok(self.events_stream_state().await?.first_sequence)
+    }
+
+    /// Sequence of the newest event in the business log (0 when empty).
+    pub async fn last_sequence(&self) -> Result<u64> {
+        Ok(self.events_stream_state().await?.last_sequence)
+    }
+
+    /// Stream sequence of the last event a guard on `aggregate_subject`
+    /// counts: the last under `<aggregate>.>` (0 when there is none).
+    pub async fn subject_last_sequence(&self, aggregate_subject: &str) -> Result<u64> {
+        self.last_sequence_on(&subject::guarded(aggregate_subject))
+            .await
+    }
+
+    /// Sequence of the newest event any of `filters` matches (0 when there
+    /// is none): the head a feed of those filters has to read up to. A
+    /// reader asks when its feed went quiet before it saw the head, since a
+    /// slow server can pause a long replay for longer than any quiet spell.
+    pub async fn last_sequence_matching(&self, filters: &[&str]) -> Result<u64> {
+        let mut head = 0;
+        for filter in filters {
+            head = head.max(
+                self.last_sequence_in(subject::EVENTS_STREAM, filter)
+                    .await?,
+            );
+        }
+        Ok(head)
+    }
+
+    /// Stream sequence of the last event on any subject `filter` matches
+    /// (0 when there is none).
+    async fn last_sequence_on(&self, filter: &str) -> Result<u64> {
+        self.last_sequence_in(subject::EVENTS_STREAM, filter).await
+    }
+
+    /// Sequence of the last message of `stream` on any subject `filter`
+    /// matches (0 when there is none).
+    pub(crate) async fn last_sequence_in(&self, stream: &str, filter: &str) -> Result<u64> {
+        let stream = self.js.get_stream(stream).await.map_err(js_err)?;
+        last_sequence_on_filter(&stream, filter).await
+    }
+}
+
+/// Sequence of the last message of `stream` on any subject `filter`
+/// matches (0 when there is none).
+pub(crate) async fn last_sequence_on_filter(
+    stream: &jetstream::stream::Stream,
+    filter: &str,
+) -> Result<u64> {
+    match stream.get_last_raw_message_by_subject(filter).await {
+        Ok(msg) => Ok(msg.sequence),
+        Err(e)
+            if e.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(0)
+        }
+        Err(e) => Err(js_err(e)),
+    }
+}
