@@ -34,6 +34,7 @@ pub mod ledger;
 pub mod projection;
 pub mod quotes;
 pub mod reservations;
+mod rpc;
 pub mod shelf;
 pub mod what_if;
 
@@ -49,10 +50,9 @@ use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
 use crate::projection::InvoiceProjector;
-use lh_rpc::invoice::{InvoiceRequest, INVOICE_SUBJECT};
-use lh_rpc::invoice_document::{DocumentRequest, ListRequest, DOCUMENT_SUBJECT, LIST_SUBJECT};
 
-/// Queue group of the pricing replicas answering [`INVOICE_SUBJECT`].
+/// Queue group of the pricing replicas answering
+/// [`lh_rpc::invoice::INVOICE_SUBJECT`] and the other pricing RPCs.
 pub const QUEUE_GROUP: &str = "lh-pricing";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9103";
 
@@ -92,6 +92,8 @@ pub const DEFAULT_SCHEMA: &str = "pricing";
 /// up to the max.
 const PRICE_BOOK_RETRY_MIN_WAIT: Duration = Duration::from_millis(200);
 const PRICE_BOOK_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
+/// How often readiness is looked at again.
+const READINESS_CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// The migrations of pricing's schema (`migrations/pricing`).
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/pricing");
@@ -241,7 +243,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let readiness = Readiness::default();
     // The loops' futures are large: on the heap they stay off the stacks
     // of the tasks that start and poll them.
-    let work = Box::pin(work(
+    let work = Box::pin(run_loops_and_rpcs(
         bus,
         pool,
         readiness.clone(),
@@ -259,7 +261,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     .await
 }
 
-async fn work(
+/// Runs the charges and ledger decide loops, the invoice projection, the
+/// RPCs and the readiness watch, until shutdown or the first of them fails.
+async fn run_loops_and_rpcs(
     bus: Bus,
     pool: PgPool,
     ready: Readiness,
@@ -325,224 +329,61 @@ async fn work(
         .context("invoice projection")
     };
 
-    let rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            INVOICE_SUBJECT,
-            QUEUE_GROUP,
-            |request: InvoiceRequest| {
-                let pool = pool.clone();
-                async move { projection::read_invoice(&pool, &request).await }
-            },
-        )
-        .await
-        .context("invoice RPC")
+    let sources = rpc::RpcSources {
+        bus: &bus,
+        pool: &pool,
+        shelf: &shelf,
+        quote_valid_secs: config.quote_valid_secs,
     };
-
-    let list_rpc = async {
-        lh_bus::rpc::serve(&bus, LIST_SUBJECT, QUEUE_GROUP, |request: ListRequest| {
-            let pool = pool.clone();
-            async move { projection::list_documents(&pool, &request).await }
-        })
-        .await
-        .context("invoice list RPC")
-    };
-
-    let document_rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            DOCUMENT_SUBJECT,
-            QUEUE_GROUP,
-            |request: DocumentRequest| {
-                let pool = pool.clone();
-                async move { projection::read_document(&pool, &request).await }
-            },
-        )
-        .await
-        .context("invoice document RPC")
-    };
-
-    let cost_rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::cost_report::SUBJECT,
-            QUEUE_GROUP,
-            |request: lh_rpc::cost_report::CostReportRequest| {
-                let pool = pool.clone();
-                async move { projection::cost_report(&pool, &request).await }
-            },
-        )
-        .await
-        .context("cost report RPC")
-    };
-
-    let what_if_rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::what_if::RPC_PRICING_WHAT_IF,
-            QUEUE_GROUP,
-            |request: lh_rpc::what_if::WhatIfRequest| {
-                let pool = pool.clone();
-                async move { projection::what_if(&pool, &request).await }
-            },
-        )
-        .await
-        .context("what-if RPC")
-    };
-
-    let list_books = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::price_book::RPC_PRICING_PRICE_BOOKS,
-            QUEUE_GROUP,
-            |request| {
-                let books = books::list(&shelf, request);
-                async move { Ok::<_, String>(books) }
-            },
-        )
-        .await
-        .context("price book list RPC")
-    };
-
-    let publish_book = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::price_book::RPC_PRICING_PUBLISH_PRICE_BOOK,
-            QUEUE_GROUP,
-            |request| {
-                let (bus, shelf) = (bus.clone(), shelf.clone());
-                async move { books::publish(&bus, &shelf, request, Utc::now()).await }
-            },
-        )
-        .await
-        .context("price book publish RPC")
-    };
-
-    let list_reservations = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::reservation::RPC_PRICING_RESERVATIONS,
-            QUEUE_GROUP,
-            |request| {
-                let reservations = reservations::list(&shelf, request);
-                async move { Ok::<_, String>(reservations) }
-            },
-        )
-        .await
-        .context("reservation list RPC")
-    };
-
-    let commit_reservation = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::reservation::RPC_PRICING_COMMIT_RESERVATION,
-            QUEUE_GROUP,
-            |request| {
-                let bus = bus.clone();
-                async move { reservations::commit(&bus, request, Utc::now()).await }
-            },
-        )
-        .await
-        .context("reservation commit RPC")
-    };
-
-    let balance_rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::balance::RPC_PRICING_BALANCE,
-            QUEUE_GROUP,
-            |request: lh_rpc::balance::BalanceRequest| {
-                let balance = shelf
-                    .read()
-                    .expect("shelf lock")
-                    .balances
-                    .get(&request.tenant_id)
-                    .cloned()
-                    .unwrap_or_else(|| balances::postpaid(request.tenant_id));
-                async move { Ok::<_, String>(balance) }
-            },
-        )
-        .await
-        .context("balance RPC")
-    };
-
-    let quote_rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::quote::RPC_PRICING_QUOTE,
-            QUEUE_GROUP,
-            |request| {
-                let (bus, shelf) = (bus.clone(), shelf.clone());
-                let valid_secs = config.quote_valid_secs;
-                async move { quotes::issue(&bus, &shelf, request, Utc::now(), valid_secs).await }
-            },
-        )
-        .await
-        .context("quote RPC")
-    };
-
-    let quote_get_rpc = async {
-        lh_bus::rpc::serve(
-            &bus,
-            lh_rpc::quote::RPC_PRICING_QUOTE_GET,
-            QUEUE_GROUP,
-            |request| {
-                let quote = quotes::get(&shelf, request);
-                async move { Ok::<_, String>(quote) }
-            },
-        )
-        .await
-        .context("quote lookup RPC")
-    };
-
-    let monitor = async {
-        let Ok(progress) = progress_rx.await else {
-            // The projection failed before it started; its error ends the service.
-            return std::future::pending().await;
-        };
-        loop {
-            metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
-            // Not ready while the log is out of reach (the charges loop says
-            // so) or while the invoice projection cannot write to the
-            // database (it retries until it can).
-            let now_ready = charges_caught_up.is_ready()
-                && ledger_caught_up.is_ready()
-                && progress.caught_up()
-                && !progress.stalled();
-            if now_ready != ready.is_ready() {
-                tracing::info!(
-                    sequence = progress.applied(),
-                    ready = now_ready,
-                    "pricing readiness changed"
-                );
-                ready.set(now_ready);
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok::<(), anyhow::Error>(()),
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
-    };
+    let monitor = watch_readiness(
+        progress_rx,
+        [charges_caught_up.clone(), ledger_caught_up.clone()],
+        ready,
+        shutdown.clone(),
+    );
 
     tokio::try_join!(
         charges,
         ledger,
         Box::pin(projection),
-        Box::pin(rpc),
-        Box::pin(list_rpc),
-        Box::pin(document_rpc),
-        Box::pin(cost_rpc),
-        Box::pin(what_if_rpc),
-        Box::pin(list_books),
-        Box::pin(publish_book),
-        Box::pin(list_reservations),
-        Box::pin(commit_reservation),
-        Box::pin(balance_rpc),
-        Box::pin(quote_rpc),
-        Box::pin(quote_get_rpc),
+        Box::pin(rpc::serve_all(&sources)),
         Box::pin(monitor)
     )?;
     Ok(())
+}
+
+/// Keeps `ready` in step with the decide loops and the projection: not
+/// ready while the log is out of reach (a loop says so) or while the
+/// invoice projection cannot write to the database (it retries until it
+/// can).
+async fn watch_readiness(
+    progress_rx: tokio::sync::oneshot::Receiver<lh_projection::Progress>,
+    loops_caught_up: [Readiness; 2],
+    ready: Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let Ok(progress) = progress_rx.await else {
+        // The projection failed before it started; its error ends the service.
+        return std::future::pending().await;
+    };
+    loop {
+        metrics::gauge!("lh_pricing_projection_sequence").set(progress.applied() as f64);
+        let now_ready = loops_caught_up.iter().all(Readiness::is_ready)
+            && progress.caught_up()
+            && !progress.stalled();
+        if now_ready != ready.is_ready() {
+            tracing::info!(
+                sequence = progress.applied(),
+                ready = now_ready,
+                "pricing readiness changed"
+            );
+            ready.set(now_ready);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok::<(), anyhow::Error>(()),
+            _ = tokio::time::sleep(READINESS_CHECK_EVERY) => {}
+        }
+    }
 }
 
 /// Replays the log from sequence 1 into the fresh schema `into` (dropped
