@@ -30,7 +30,7 @@ pub const MAX_AUDIT_FILE_BYTES: u64 = 64 * 1024;
 const PROGRESS_BAR_CHARS: u64 = 30;
 
 /// The mode: the log is read when a key is pinned (a server must then be
-/// named); without a key the gateway is asked, as before, even when
+/// named); without a key the gateway is asked, even when
 /// `LH_NATS_URL` is set for other tools.
 pub fn reads_the_log(args: &AuditVerify) -> Result<bool, CliError> {
     let key = args.public_key.is_some() || args.public_key_file.is_some();
