@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lh_bus::async_nats;
 use lh_events::{fixtures, subject, Actor, Envelope, EventData, NodeUncordoned};
-use lh_testkit::stack::{of_type, Stack};
+use lh_test_stack::{of_type, Stack};
 use uuid::Uuid;
 
 const FLEET: &str = r#"
