@@ -7,9 +7,9 @@
 //! (`tests/system`) and the load tests depend on this.
 //!
 //! [`Stack`] starts and stops the services and talks to the gateway as a
-//! tenant would; [`fleets`](FLEET) are the node lists it starts on; the log
-//! readers ([`read_log`], [`of_type`], [`expected_charge`]) check what the
-//! services wrote; [`chaos`] is the chaos harness built on all of them.
+//! tenant would; [`FLEET`] and [`TWO_A100`] are node lists it starts on;
+//! the log readers ([`read_log`], [`of_type`], [`expected_charge`]) check
+//! what the services wrote; [`chaos`] is the chaos harness built on them.
 
 pub mod chaos;
 mod fleets;
