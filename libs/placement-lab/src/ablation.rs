@@ -11,9 +11,11 @@ use std::collections::HashMap;
 
 use lh_placement::cluster::{Gpu, Node};
 use lh_placement::policy::frag_cache::{load, NodeCache, Scratch};
-use lh_placement::policy::{Policy, Scored, MAX_SPEC_CPU, MAX_SPEC_GPU};
+use lh_placement::policy::{Policy, Scored};
 use lh_placement::shape_mix::{Compiled, Load, ShapeMix};
 use lh_placement::{Cluster, Demand, Kind, Rng};
+
+use crate::policy::{MAX_SPEC_CPU, MAX_SPEC_GPU};
 
 /// Switches of the policy (the default is what docs/placement.md justifies;
 /// the others exist to measure each idea on its own).

@@ -5,22 +5,25 @@
 //!   sequence, replay, the allocation curve), as pure functions.
 //! * [`ablation`]: the default policy with each of its ideas behind a switch,
 //!   so that one idea can be measured on its own (`leasehold+<switch>`).
-//! * [`policy_by_name`]: every policy `lh-sim --policy` takes: the
-//!   production ones of `lh_placement` and the ablations.
+//! * [`policy`]: the baselines of the published simulator, and the
+//!   production policies of `lh_placement`, by name.
+//! * [`policy_by_name`]: every policy `lh-sim --policy` takes: those of
+//!   [`policy`] and the ablations.
 //!
 //! The `lh-sim` binary adds files, threads and charts; the examples and the
 //! `decide` bench replay the same trace.
 
 pub mod ablation;
+pub mod policy;
 pub mod trace;
 
-use lh_placement::policy::{self, Policy};
+use lh_placement::policy::Policy;
 use lh_placement::ShapeMix;
 
 /// Builds a policy by name: `leasehold+<switch>+<switch>` is the default
 /// policy with single ideas switched off or on (see
 /// [`ablation::LeaseholdConfig::apply`]); any other name is one of
-/// [`lh_placement::policy::POLICY_NAMES`].
+/// [`policy::POLICY_NAMES`].
 pub fn policy_by_name(name: &str, mix: &ShapeMix) -> Option<Box<dyn Policy>> {
     match name.strip_prefix("leasehold+") {
         Some(switches) => {

@@ -1,9 +1,10 @@
 //! Small hand-made clusters with the expected choice of each policy: these
 //! pin the semantics learned from the published simulator's Go code.
 
-use lh_placement::policy::{self, BestFit, DotProduct, Fgd, GpuClustering, GpuPacking, Leasehold};
+use lh_placement::policy::{Fgd, Leasehold};
 use lh_placement::shape_mix::{ShapeMix, ShapeMixConfig};
 use lh_placement::*;
+use lh_placement_lab::policy::{self, BestFit, DotProduct, GpuClustering, GpuPacking};
 use lh_placement_lab::trace::{self, arrival_sequence, curve, replay, Order, Task};
 
 fn vgpu(model: &str) -> GpuSpec {

@@ -170,10 +170,6 @@ impl Engine {
         self.policy.as_ref()
     }
 
-    pub fn policy_mut(&mut self) -> &mut dyn Policy {
-        self.policy.as_mut()
-    }
-
     /// Decides with `policy` from now on; the verdicts kept under the old
     /// one are dropped.
     pub fn set_policy(&mut self, policy: Box<dyn Policy>) {

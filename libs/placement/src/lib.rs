@@ -5,16 +5,16 @@
 //!   requests).
 //! * [`Cluster`]: compact mutable state, feasibility checks, allocation and
 //!   release, a generation counter per node for incremental caching.
-//! * [`policy`]: the [`Policy`] trait and its implementations: the published
-//!   baselines (random, best fit, dot product, GPU packing, GPU clustering,
-//!   FGD) and Leasehold's default.
+//! * [`policy`]: the [`Policy`] trait and its implementations: FGD and
+//!   Leasehold's default, which builds on it.
 //! * [`Engine`]: filter, score, pick (ties drawn with the seed), and a
 //!   [`Provenance`] for every decision or a [`Pending`] for every refusal.
 //! * [`ShapeMix`]: the distribution of task shapes that fragmentation is
 //!   measured against, and the measure itself.
 //!
-//! The openb trace replay, the ablation switches of the default policy and
-//! `lh-sim` live in `lh-placement-lab`. The reasoning and the measurements
+//! The openb trace replay, the published simulator's simpler baselines, the
+//! ablation switches of the default policy and `lh-sim` live in
+//! `lh-placement-lab`. The reasoning and the measurements
 //! are in docs/placement.md.
 
 pub mod cluster;

@@ -48,16 +48,12 @@
 //! credential switch `runuser -u postgres` makes, done directly so that the
 //! postmaster stays a direct child of the test process).
 
-#[cfg(feature = "stack")]
-pub mod chaos;
 mod cluster;
 mod locate;
 mod nats;
 mod postgres;
 mod process;
 mod ready;
-#[cfg(feature = "stack")]
-pub mod stack;
 
 pub use cluster::{NatsCluster, CLUSTER_MEMBERS};
 pub use locate::{nats_server_binary, pg_bin_dir, workspace_root};

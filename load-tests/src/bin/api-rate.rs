@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
-use lh_testkit::stack::{Stack, FLEET};
+use lh_test_stack::{Stack, FLEET};
 use reqwest::Method;
 use serde_json::json;
 
@@ -316,7 +316,7 @@ async fn check_durable_and_visible(
     key: &str,
     accepted: &[String],
 ) -> anyhow::Result<(usize, usize, usize)> {
-    let on_log: std::collections::HashSet<String> = lh_testkit::stack::read_log(bus)
+    let on_log: std::collections::HashSet<String> = lh_test_stack::read_log(bus)
         .await
         .into_iter()
         .filter_map(|e| match e.envelope.data {

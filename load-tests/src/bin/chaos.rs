@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use lh_bus::{Bus, BusConfig};
 use lh_service::CancellationToken;
-use lh_testkit::chaos::{self, Report};
+use lh_test_stack::chaos::{self, Report};
 use serde_json::{json, Value};
 
 #[derive(Parser)]

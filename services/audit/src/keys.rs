@@ -10,12 +10,12 @@
 //! so that the service itself can mount the directory read-only and cannot
 //! change what it is trusted with.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use rand::RngCore as _;
 
+use crate::files::write_new;
 use crate::signing;
 
 /// The files `init-keys` writes, as `k8s/10-secrets.yaml` names them.
@@ -27,8 +27,7 @@ const VERIFY_TOKEN_BYTES: usize = 32;
 
 #[derive(clap::Parser, Debug)]
 #[command(
-    name = "lh-audit init-keys",
-    bin_name = "lh-audit init-keys",
+    name = "init-keys",
     about = "Writes the audit signing key, its public half to pin and the verify token into DIR, keeping any already there; prints the public key"
 )]
 pub struct InitKeys {
@@ -80,26 +79,6 @@ pub fn init_keys(dir: &Path) -> anyhow::Result<String> {
         write_new(&token, &format!("{}\n", hex::encode(bytes)), 0o600)?;
     }
     Ok(public_key)
-}
-
-/// Writes `text` to a file that must not exist yet, with `mode` from the
-/// start (never briefly readable by others).
-pub(crate) fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.mode(mode);
-    }
-    #[cfg(not(unix))]
-    let _ = mode;
-    let mut file = options
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    Ok(())
 }
 
 #[cfg(test)]

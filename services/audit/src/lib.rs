@@ -32,6 +32,7 @@ use sqlx::PgPool;
 mod anchor;
 #[cfg(test)]
 mod chain_spec;
+mod files;
 mod keeper;
 pub mod keys;
 mod query;

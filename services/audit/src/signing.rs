@@ -60,7 +60,7 @@ fn read_key(path: &Path) -> anyhow::Result<SigningKey> {
 }
 
 fn write_key(path: &Path, seed: &[u8; SEED_BYTES]) -> anyhow::Result<()> {
-    crate::keys::write_new(path, &format!("{}\n", hex::encode(seed)), 0o600)
+    crate::files::write_new(path, &format!("{}\n", hex::encode(seed)), 0o600)
 }
 
 /// Signs the checkpoint statement for the chain state `(sequence, events, head)`.

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use lh_domain::catalog;
 use lh_domain::fleet::{Gpu, Node};
 use lh_events::{GpuAsk, GpuHealth, GpuSharing, Isolation};
-use lh_placement::policy::{self, DEFAULT_POLICY};
+use lh_placement::policy::Leasehold;
 use lh_placement::{
     Cluster, Engine, GpuDemand, GpuSpec, MigHold, NodeSpec, Pending, Provenance, Request, ShapeMix,
     ShapeMixConfig, SharingMode,
@@ -272,7 +272,7 @@ fn load(cluster: &mut Cluster, i: usize, n: &Node) {
 }
 
 fn default_policy(workload: &ShapeMix) -> Box<dyn lh_placement::Policy> {
-    policy::by_name(DEFAULT_POLICY, workload).expect("the default policy exists")
+    Box::new(Leasehold::new(workload.clone()))
 }
 
 impl Planner {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use lh_bus::Stored;
-use lh_testkit::stack::{read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
+use lh_test_stack::{read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

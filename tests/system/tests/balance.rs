@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, Stack, ADMIN_TOKEN, FLEET};
+use lh_test_stack::{of_type, Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -85,7 +85,7 @@ async fn an_exhausted_balance_stops_the_leases_refuses_new_ones_until_a_top_up()
         })
         .await;
     assert!(low_at < exhausted_at, "the warning comes first");
-    let log = lh_testkit::stack::read_log(&stack.bus().await).await;
+    let log = lh_test_stack::read_log(&stack.bus().await).await;
     let low = of_type(&log, "balance.low")[0];
     let EventData::BalanceLow(low) = &low.envelope.data else {
         unreachable!()

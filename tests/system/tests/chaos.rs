@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use lh_testkit::chaos::{self, Report};
-use lh_testkit::stack::{Stack, ADMIN_TOKEN};
+use lh_test_stack::chaos::{self, Report};
+use lh_test_stack::{Stack, ADMIN_TOKEN};
 use reqwest::Method;
 
 /// Two A100 nodes (one can take the other's leases) and an H100 node with

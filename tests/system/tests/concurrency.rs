@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{read_log, Stack};
+use lh_test_stack::{read_log, Stack};
 use serde_json::json;
 
 const SMALL_FLEET: &str = r#"
@@ -44,7 +44,7 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
     let bus = stack.bus().await;
     for _ in 0..100 {
         let log = read_log(&bus).await;
-        if lh_testkit::stack::of_type(&log, "node.registered").len() == 2 {
+        if lh_test_stack::of_type(&log, "node.registered").len() == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -163,7 +163,7 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
     assert!(placed_once.len() < REQUESTS);
     // Both replicas did work or lost races: conflicts are expected, but each
     // allocation on a node subject is unique.
-    let allocations: usize = lh_testkit::stack::of_type(&log, "node.gpus_allocated")
+    let allocations: usize = lh_test_stack::of_type(&log, "node.gpus_allocated")
         .iter()
         .map(|e| match &e.envelope.data {
             EventData::NodeGpusAllocated(a) => a.allocations.len(),

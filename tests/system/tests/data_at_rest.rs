@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use lh_testkit::stack::{of_type, read_log, Stack, FLEET};
+use lh_test_stack::{of_type, read_log, Stack, FLEET};
 use reqwest::Method;
 use serde_json::json;
 use sqlx::Connection as _;
@@ -97,7 +97,7 @@ async fn each_service_runs_under_its_own_role_and_touches_nothing_of_the_others(
         .call(
             Method::GET,
             "/v1/audit/verify",
-            lh_testkit::stack::ADMIN_TOKEN,
+            lh_test_stack::ADMIN_TOKEN,
             None,
         )
         .await;

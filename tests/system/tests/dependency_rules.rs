@@ -1,7 +1,12 @@
 //! The layering of the workspace, checked over `cargo metadata`: a service
-//! never links another service, and a library never links a service. A
-//! caller reaches a service through its contract in `lh-rpc` or its events in
-//! `lh-events`, never through the crate that implements it.
+//! never links another service, and a library never links a service, not
+//! even optionally or for its own tests. A caller reaches a service through
+//! its contract in `lh-rpc` or its events in `lh-events`, never through the
+//! crate that implements it.
+//!
+//! The crates that start services for tests (`tests/*`, among them the
+//! `lh-test-stack` harness) and the load tests (`load-tests`) may link every
+//! service; in turn no library links them, and a service only for its tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,10 +14,8 @@ use std::process::Command;
 use lh_testkit::workspace_root;
 use serde_json::Value;
 
-/// The one allowed exception: `lh-testkit`'s optional feature that starts
-/// the whole platform for the system tests; nothing but tests turns it on.
-const EXCEPTION_CRATE: &str = "lh-testkit";
-const EXCEPTION_FEATURE: &str = "stack";
+/// The harness that starts the whole platform in one process.
+const STACK_CRATE: &str = "lh-test-stack";
 
 struct Package {
     name: String,
@@ -57,65 +60,89 @@ fn workspace_packages() -> Vec<Package> {
         .collect()
 }
 
-/// `services` or `libs` for a crate directory under one of them.
-fn layer(dir: &Path) -> Option<&'static str> {
+/// Where a crate sits, by its directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layer {
+    /// `libs/`
+    Library,
+    /// `services/`
+    Service,
+    /// `tests/` and `load-tests/`: crates that run services to test them.
+    Harness,
+}
+
+fn layer(dir: &Path) -> Option<Layer> {
     match dir.components().next()?.as_os_str().to_str()? {
-        "services" => Some("services"),
-        "libs" => Some("libs"),
+        "services" => Some(Layer::Service),
+        "libs" => Some(Layer::Library),
+        "tests" | "load-tests" => Some(Layer::Harness),
         _ => None,
     }
 }
 
-/// Every dependency of `package` on a workspace crate under `services/`, as
-/// `(dependency, kind)`; kind is `normal`, `dev` or `build`.
-fn service_dependencies(package: &Package, root: &Path) -> Vec<(String, String, bool)> {
+/// A dependency on a workspace crate: its name, its kind (`normal`, `dev`
+/// or `build`), whether it is optional, and the layer it sits in.
+struct Dependency {
+    name: String,
+    kind: String,
+    optional: bool,
+    layer: Layer,
+}
+
+/// Every dependency of `package` on a workspace crate that sits in a layer.
+fn workspace_dependencies(package: &Package, root: &Path) -> Vec<Dependency> {
     package.manifest["dependencies"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|d| {
             let path = Path::new(d["path"].as_str()?);
-            let dir = path.strip_prefix(root).ok()?;
-            (layer(dir) == Some("services")).then(|| {
-                (
-                    d["name"].as_str().unwrap().to_string(),
-                    d["kind"].as_str().unwrap_or("normal").to_string(),
-                    d["optional"].as_bool().unwrap_or(false),
-                )
+            let layer = layer(path.strip_prefix(root).ok()?)?;
+            Some(Dependency {
+                name: d["name"].as_str().unwrap().to_string(),
+                kind: d["kind"].as_str().unwrap_or("normal").to_string(),
+                optional: d["optional"].as_bool().unwrap_or(false),
+                layer,
             })
         })
         .collect()
 }
 
-fn allowed_by_exception(package: &Package, dependency: &str, optional: bool) -> bool {
-    if package.name != EXCEPTION_CRATE || !optional {
-        return false;
+/// Whether a crate in layer `from` may have `dependency`.
+fn allowed(from: Layer, dependency: &Dependency) -> bool {
+    match (from, dependency.layer) {
+        (_, Layer::Library) => true,
+        // Test and load-test crates run the services they test.
+        (Layer::Harness, _) => true,
+        // Tests of a service may start its peers; its code may not.
+        (Layer::Service, _) => dependency.kind == "dev",
+        // Not even optionally, nor for a library's own tests.
+        (Layer::Library, _) => false,
     }
-    let wanted = format!("dep:{dependency}");
-    package.manifest["features"][EXCEPTION_FEATURE]
-        .as_array()
-        .is_some_and(|deps| deps.iter().any(|d| d.as_str() == Some(wanted.as_str())))
 }
 
 fn violations(packages: &[Package], root: &Path) -> Vec<String> {
     let mut found = Vec::new();
     for package in packages {
-        let Some(layer) = layer(&package.dir) else {
+        let Some(from) = layer(&package.dir) else {
             continue;
         };
-        for (dependency, kind, optional) in service_dependencies(package, root) {
-            let forbidden = match layer {
-                // Tests of a service may start its peers; its code may not.
-                "services" => kind != "dev",
-                _ => !allowed_by_exception(package, &dependency, optional),
-            };
-            if forbidden {
-                found.push(format!(
-                    "{} ({}) has a {kind} dependency on the service crate {dependency}",
-                    package.name,
-                    package.dir.display()
-                ));
+        for dependency in workspace_dependencies(package, root) {
+            if allowed(from, &dependency) {
+                continue;
             }
+            let what = match dependency.layer {
+                Layer::Service => "service",
+                _ => "test",
+            };
+            found.push(format!(
+                "{} ({}) has a {}{} dependency on the {what} crate {}",
+                package.name,
+                package.dir.display(),
+                if dependency.optional { "optional " } else { "" },
+                dependency.kind,
+                dependency.name
+            ));
         }
     }
     found
@@ -125,32 +152,65 @@ fn violations(packages: &[Package], root: &Path) -> Vec<String> {
 fn no_service_depends_on_another_and_no_library_on_a_service() {
     let root = workspace_root();
     let packages = workspace_packages();
-    assert!(
+    let count = |wanted: Layer| {
         packages
             .iter()
-            .filter(|p| layer(&p.dir) == Some("services"))
+            .filter(|p| layer(&p.dir) == Some(wanted))
             .count()
-            >= 6,
+    };
+    assert!(
+        count(Layer::Service) >= 6,
         "the services were not found under services/"
     );
+    assert!(
+        count(Layer::Library) >= 10,
+        "the libraries were not found under libs/"
+    );
+    for harness in ["lh-load-tests", STACK_CRATE, "lh-system-tests"] {
+        let package = packages
+            .iter()
+            .find(|p| p.name == harness)
+            .unwrap_or_else(|| panic!("{harness} is a member"));
+        assert_eq!(
+            layer(&package.dir),
+            Some(Layer::Harness),
+            "{harness} lies outside tests/ and load-tests/"
+        );
+    }
     let found = violations(&packages, &root);
     assert!(found.is_empty(), "layering broken:\n{}", found.join("\n"));
 }
 
 #[test]
-fn the_testkit_exception_covers_only_its_stack_feature() {
+fn the_stack_is_a_test_crate_that_only_test_crates_link() {
     let root = workspace_root();
     let packages = workspace_packages();
-    let testkit = packages
+    let stack = packages
         .iter()
-        .find(|p| p.name == EXCEPTION_CRATE)
-        .expect("lh-testkit is a member");
-    let services = service_dependencies(testkit, &root);
-    assert!(!services.is_empty(), "the stack feature links the services");
-    for (dependency, _, optional) in services {
-        assert!(
-            allowed_by_exception(testkit, &dependency, optional),
-            "{dependency} is linked outside the `{EXCEPTION_FEATURE}` feature"
+        .find(|p| p.name == STACK_CRATE)
+        .expect("the stack is a member");
+    assert!(
+        workspace_dependencies(stack, &root)
+            .iter()
+            .any(|d| d.layer == Layer::Service),
+        "the stack links the services"
+    );
+    let linking: Vec<&str> = packages
+        .iter()
+        .filter(|p| {
+            workspace_dependencies(p, &root)
+                .iter()
+                .any(|d| d.name == STACK_CRATE)
+        })
+        .map(|p| p.name.as_str())
+        .collect();
+    assert!(!linking.is_empty(), "something runs the stack");
+    for name in linking {
+        let package = packages.iter().find(|p| p.name == name).unwrap();
+        assert_eq!(
+            layer(&package.dir),
+            Some(Layer::Harness),
+            "{name} links {STACK_CRATE} from outside tests/ and load-tests/"
         );
     }
 }
@@ -158,10 +218,10 @@ fn the_testkit_exception_covers_only_its_stack_feature() {
 #[test]
 fn a_service_linking_a_service_or_a_library_linking_one_is_reported() {
     let root = Path::new("/ws");
-    let package = |name: &str, dir: &str, deps: Value, features: Value| Package {
+    let package = |name: &str, dir: &str, deps: Value| Package {
         name: name.into(),
         dir: dir.into(),
-        manifest: serde_json::json!({"dependencies": deps, "features": features}),
+        manifest: serde_json::json!({"dependencies": deps}),
     };
     let pricing =
         serde_json::json!({"name": "lh-pricing", "path": "/ws/services/pricing", "kind": null});
@@ -170,36 +230,46 @@ fn a_service_linking_a_service_or_a_library_linking_one_is_reported() {
     });
     let dev_pricing =
         serde_json::json!({"name": "lh-pricing", "path": "/ws/services/pricing", "kind": "dev"});
+    let dev_stack =
+        serde_json::json!({"name": STACK_CRATE, "path": "/ws/tests/stack", "kind": "dev"});
     let packages = [
         package(
             "lh-gateway",
             "services/gateway",
             serde_json::json!([pricing]),
-            Value::Null,
         ),
         package(
             "lh-audit",
             "services/audit",
             serde_json::json!([dev_pricing]),
-            Value::Null,
         ),
         package(
             "lh-domain",
             "libs/domain",
             serde_json::json!([optional_pricing]),
-            Value::Null,
         ),
         package(
-            EXCEPTION_CRATE,
+            "lh-testkit",
             "libs/testkit",
-            serde_json::json!([optional_pricing]),
-            serde_json::json!({EXCEPTION_FEATURE: ["dep:lh-pricing"]}),
+            serde_json::json!([dev_pricing]),
+        ),
+        package("lh-bus", "libs/bus", serde_json::json!([dev_stack])),
+        package("lh-load-tests", "load-tests", serde_json::json!([pricing])),
+        package(STACK_CRATE, "tests/stack", serde_json::json!([pricing])),
+        package(
+            "lh-system-tests",
+            "tests/system",
+            serde_json::json!([dev_stack]),
         ),
     ];
     let found = violations(&packages, root);
-    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found.len(), 4, "{found:?}");
     assert!(found[0].starts_with("lh-gateway "), "{found:?}");
     assert!(found[1].starts_with("lh-domain "), "{found:?}");
+    assert!(found[1].contains("optional normal"), "{found:?}");
+    assert!(found[2].starts_with("lh-testkit "), "{found:?}");
+    assert!(found[3].starts_with("lh-bus "), "{found:?}");
+    assert!(found[3].ends_with("test crate lh-test-stack"), "{found:?}");
 }
 
 /// Crates whose code takes data and time as arguments and does no I/O.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lh_bus::Expect;
 use lh_events::{Actor, Envelope, EventData, TenantSuspended};
-use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
+use lh_test_stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack};
+use lh_test_stack::{of_type, read_log, Stack};
 use reqwest::Method;
 use serde_json::json;
 
@@ -99,7 +99,7 @@ async fn a_lost_node_s_lease_runs_elsewhere_and_is_billed_per_run() {
     assert_eq!(ended["node_id"], other);
 
     let log = read_log(&bus).await;
-    let starts = lh_testkit::stack::starts(&log);
+    let starts = lh_test_stack::starts(&log);
     assert_eq!(
         starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
         vec![lost.as_str(), other],

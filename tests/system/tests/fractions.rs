@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{expected_charge, of_type, read_log, Stack, TWO_A100};
+use lh_test_stack::{expected_charge, of_type, read_log, Stack, TWO_A100};
 use reqwest::Method;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lh_testkit::stack::{Stack, ADMIN_TOKEN, FLEET};
+use lh_test_stack::{Stack, ADMIN_TOKEN, FLEET};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use lh_bus::Stored;
 use lh_events::{EventData, GpuHealth, IdleAction};
 use lh_node_agent::RuntimeKind;
-use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN};
+use lh_test_stack::{of_type, read_log, Stack, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -661,13 +661,13 @@ async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
     assert_eq!(s, 202);
     stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
 
-    let log = lh_testkit::stack::read_log(&stack.bus().await).await;
+    let log = lh_test_stack::read_log(&stack.bus().await).await;
     let EventData::LeaseSuspended(sus) = &of_type(&log, "lease.suspended")[0].envelope.data else {
         unreachable!()
     };
     assert_eq!(of_type(&log, "lease.suspended").len(), 1);
     assert_eq!(sus.node_id, "node-a");
-    let starts = lh_testkit::stack::starts(&log);
+    let starts = lh_test_stack::starts(&log);
     assert_eq!(
         starts.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
         vec!["node-a", "node-b"]

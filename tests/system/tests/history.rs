@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::SubsecRound;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN};
+use lh_test_stack::{of_type, read_log, Stack, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::json;
 

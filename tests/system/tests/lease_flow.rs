@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
+use lh_test_stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{json, Value};

@@ -7,7 +7,7 @@
 use lh_bus::Expect;
 use lh_events::{fixtures, subject, Actor, Envelope, EventData};
 use lh_gateway::lease_views::MAX_LISTED_LEASES_PER_INDEX;
-use lh_testkit::stack::{Stack, ADMIN_TOKEN, FLEET};
+use lh_test_stack::{Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 use uuid::Uuid;

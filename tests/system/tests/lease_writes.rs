@@ -10,7 +10,7 @@ use lh_bus::Expect;
 use lh_events::{
     Actor, BalanceExhausted, BalanceRestored, Envelope, EventData, LeaseStopRequested,
 };
-use lh_testkit::stack::{Stack, ADMIN_TOKEN, FLEET};
+use lh_test_stack::{Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 use uuid::Uuid;

@@ -2,7 +2,7 @@
 //! bound on its leases waiting for a placement, both answered with 429 and
 //! `Retry-After`; another tenant is not held back.
 
-use lh_testkit::stack::{Stack, FLEET};
+use lh_test_stack::{Stack, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lh_node_agent::gpu::usage::DCGM_FAMILIES;
-use lh_testkit::stack::{Stack, FLEET};
+use lh_test_stack::{Stack, FLEET};
 use lh_testkit::workspace_root;
 use serde_json::{json, Value};
 

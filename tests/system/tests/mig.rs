@@ -15,7 +15,7 @@ use lh_node_agent::gpu::backend::sim::fleet::FleetFile;
 use lh_node_agent::gpu::backend::sim::SimBackend;
 use lh_node_agent::gpu::backend::{GpuBackend, MigDevice};
 use lh_node_agent::RuntimeKind;
-use lh_testkit::stack::{expected_charge, of_type, read_log, Stack};
+use lh_test_stack::{expected_charge, of_type, read_log, Stack};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lh_bus::Expect;
 use lh_events::{Actor, Envelope, EventData, LeaseStopRequested};
-use lh_testkit::stack::{Stack, FLEET};
+use lh_test_stack::{Stack, FLEET};
 use reqwest::Method;
 use serde_json::json;
 

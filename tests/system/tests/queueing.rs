@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack, FLEET};
+use lh_test_stack::{of_type, read_log, Stack, FLEET};
 use reqwest::Method;
 use serde_json::json;
 
@@ -141,7 +141,7 @@ async fn vram_quota_and_priorities_through_the_api() {
         .call(
             Method::POST,
             "/v1/tenants",
-            lh_testkit::stack::ADMIN_TOKEN,
+            lh_test_stack::ADMIN_TOKEN,
             Some(json!({"name": "vram", "email": "ops@vram.example", "quota": {"max_gpus": 8, "max_vram_gb": 100}, "weight": 3})),
         )
         .await;
@@ -197,7 +197,7 @@ async fn vram_quota_and_priorities_through_the_api() {
             .call(
                 Method::POST,
                 "/v1/tenants",
-                lh_testkit::stack::ADMIN_TOKEN,
+                lh_test_stack::ADMIN_TOKEN,
                 Some(body),
             )
             .await;

@@ -3,7 +3,7 @@
 //! gateway refuses a quote that is not for this tenant or this request.
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, Stack, FLEET};
+use lh_test_stack::{of_type, Stack, FLEET};
 use reqwest::Method;
 use serde_json::json;
 

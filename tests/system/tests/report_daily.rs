@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lh_testkit::stack::{Stack, AUDITOR_TOKEN, FLEET};
+use lh_test_stack::{Stack, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::json;
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use lh_events::EventData;
-use lh_testkit::stack::{of_type, read_log, Stack, FLEET};
+use lh_test_stack::{of_type, read_log, Stack, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

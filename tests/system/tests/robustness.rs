@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lh_bus::async_nats;
 use lh_events::{fixtures, subject, Actor};
-use lh_testkit::stack::{expected_charge, read_log, Stack, ADMIN_TOKEN, FLEET};
+use lh_test_stack::{expected_charge, read_log, Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 use uuid::Uuid;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lh_events::{Actor, Operator, OperatorRole};
-use lh_testkit::stack::{read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
+use lh_test_stack::{read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lh_events::{EndReason, EventData, PreemptionReason, Tier};
-use lh_testkit::stack::{read_log, Stack, FLEET};
+use lh_test_stack::{read_log, Stack, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lh_testkit::stack::{Stack, ADMIN_TOKEN, FLEET};
+use lh_test_stack::{Stack, ADMIN_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -15,7 +15,7 @@ use reqwest::Method;
 use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt;
 
-use lh_testkit::stack::{Stack, TWO_A100};
+use lh_test_stack::{Stack, TWO_A100};
 
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes

@@ -11,7 +11,7 @@ use chrono::{DateTime, DurationRound as _, TimeDelta, Utc};
 use lh_bus::Bus;
 use lh_events::subject;
 use lh_events::telemetry::{LeaseGpuUsage, LeaseUsage};
-use lh_testkit::stack::{Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
+use lh_test_stack::{Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
 use uuid::Uuid;

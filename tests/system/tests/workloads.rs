@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lh_events::{EndReason, EventData};
 use lh_node_agent::RuntimeKind;
-use lh_testkit::stack::{of_type, read_log, Stack, TWO_A100};
+use lh_test_stack::{of_type, read_log, Stack, TWO_A100};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -514,12 +514,7 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
         (format!("/v1/tenants/{tenant_id}/erase"), json!({})),
     ] {
         let (status, answer) = stack
-            .call(
-                Method::POST,
-                &path,
-                lh_testkit::stack::ADMIN_TOKEN,
-                Some(body),
-            )
+            .call(Method::POST, &path, lh_test_stack::ADMIN_TOKEN, Some(body))
             .await;
         assert!(status == 200 || status == 202, "{path}: {status} {answer}");
     }
@@ -869,7 +864,7 @@ async fn a_workload_s_output_is_read_in_order_by_offset_and_keeps_its_newest_par
         "{last}"
     );
     assert!(last["node_id"].is_string(), "{last}");
-    let (s, as_admin) = logs(&stack, lh_testkit::stack::ADMIN_TOKEN, &both, "").await;
+    let (s, as_admin) = logs(&stack, lh_test_stack::ADMIN_TOKEN, &both, "").await;
     assert_eq!(
         (s, as_admin["data"].as_str()),
         (200, Some(expected.as_str()))

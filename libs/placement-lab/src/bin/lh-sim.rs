@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use lh_placement::policy::{DEFAULT_POLICY, POLICY_NAMES};
+use lh_placement_lab::policy::{DEFAULT_POLICY, POLICY_NAMES};
 use lh_placement_lab::trace::{self, Order, SeedRun, MAX_PCT};
 
 #[derive(Parser, Debug)]

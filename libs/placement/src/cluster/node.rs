@@ -112,11 +112,6 @@ impl Node {
         self.gpus.iter().map(|g| u64::from(g.milli_free)).sum()
     }
 
-    /// GPUs with no lease.
-    pub fn idle_gpus(&self) -> usize {
-        self.gpus.iter().filter(|g| g.is_idle()).count()
-    }
-
     /// How GPU `j` would take an instance of profile `profile` (an index in
     /// [`mig::profile_names`]), if it can.
     pub fn mig_plan(&self, j: usize, profile: u16, models: u64) -> Option<mig::Plan> {

@@ -57,12 +57,6 @@ impl Geometry {
         self.profiles.iter().find(|p| p.name == name)
     }
 
-    /// Position of the profile called `name` in `profiles` (a stable small
-    /// id for interning).
-    pub fn profile_index(&self, name: &str) -> Option<usize> {
-        self.profiles.iter().position(|p| p.name == name)
-    }
-
     /// Index of `profile` in `profiles`.
     pub(super) fn index_of(&self, profile: &MigProfile) -> Option<usize> {
         self.profiles.iter().position(|p| p == profile)

@@ -1,22 +1,16 @@
-//! Placement policies behind one trait.
+//! Placement policies behind one trait: the production policy
+//! ([`Leasehold`]) and FGD, whose fragmentation measure it builds on.
 //!
-//! The baselines reproduce the score plugins of the published simulator
-//! (hkust-adsl/kubernetes-scheduler-simulator, the FGD paper's artifact):
-//! integer scores 0..=100 as the Kubernetes framework sees them, ties drawn
-//! at random by the engine, and the same choice of GPU inside the node. Their
-//! semantics are pinned by the unit tests of each module.
+//! The research baselines and the policies by name live in
+//! `lh-placement-lab`: the scheduler builds its one policy directly.
 
 use crate::cluster::{Cluster, Demand, GpuSet};
 use crate::rng::Rng;
-use crate::shape_mix::ShapeMix;
 
-mod baselines;
 mod fgd;
 pub mod frag_cache;
 mod leasehold;
 
-pub use baselines::{BestFit, DotProduct, GpuClustering, GpuPacking, RandomPolicy};
-pub use baselines::{MAX_SPEC_CPU, MAX_SPEC_GPU};
 pub use fgd::Fgd;
 pub use leasehold::Leasehold;
 
@@ -61,34 +55,4 @@ pub trait Policy: Send {
     fn scores_by_node(&self) -> Option<u64> {
         None
     }
-}
-
-/// Policy names, as `lh-sim --policy` takes them.
-pub const POLICY_NAMES: &[&str] = &[
-    "random",
-    "dotprod",
-    "gpuclustering",
-    "gpupacking",
-    "bestfit",
-    "fgd",
-    "leasehold",
-];
-
-/// The default policy.
-pub const DEFAULT_POLICY: &str = "leasehold";
-
-/// Builds a policy by name. Fragmentation-aware policies measure against
-/// `mix` (the distribution of task shapes). The ablations of the default
-/// (`leasehold+<switch>`) are built by `lh-placement-lab`.
-pub fn by_name(name: &str, mix: &ShapeMix) -> Option<Box<dyn Policy>> {
-    Some(match name {
-        "random" => Box::new(RandomPolicy),
-        "dotprod" => Box::new(DotProduct),
-        "gpuclustering" => Box::new(GpuClustering),
-        "gpupacking" => Box::new(GpuPacking),
-        "bestfit" => Box::new(BestFit),
-        "fgd" => Box::new(Fgd::new(mix.clone())),
-        "leasehold" => Box::new(Leasehold::new(mix.clone())),
-        _ => return None,
-    })
 }

@@ -56,17 +56,6 @@ pub struct LeaseTime {
     pub interrupted_ms: u64,
 }
 
-impl LeaseTime {
-    /// Lease-seconds owed, as a float for a metric.
-    pub fn owed_secs(&self) -> f64 {
-        self.owed_ms as f64 / 1000.0
-    }
-
-    pub fn interrupted_secs(&self) -> f64 {
-        self.interrupted_ms as f64 / 1000.0
-    }
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AvailabilityStats {
     /// Closed intervals, by tenant.

@@ -4,11 +4,11 @@
 //! re-sliced; a node they leave no room on says so.
 
 use lh_placement::mig::{self, MigLayout};
-use lh_placement::policy::{self, POLICY_NAMES};
 use lh_placement::{
     AllocError, Cluster, Engine, GpuDemand, GpuSpec, NodeSpec, Reject, Request, ShapeMix,
     ShapeMixConfig, SharingMode,
 };
+use lh_placement_lab::policy::{self, POLICY_NAMES};
 
 const MODEL: &str = "A100-40GB";
 

@@ -4,9 +4,9 @@
 //! releasing restores the state.
 
 use lh_placement::mig;
-use lh_placement::policy::{self, POLICY_NAMES};
 use lh_placement::shape_mix::{ShapeMix, ShapeMixConfig};
 use lh_placement::*;
+use lh_placement_lab::policy::{self, POLICY_NAMES};
 use proptest::prelude::*;
 
 fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {

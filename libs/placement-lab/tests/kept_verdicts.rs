@@ -4,9 +4,9 @@
 //! runner-up, the seeded draw among ties, and every refusal's counts), on
 //! fleets of many alike nodes, where ties are the rule.
 
-use lh_placement::policy::{self, POLICY_NAMES};
 use lh_placement::shape_mix::{ShapeMix, ShapeMixConfig};
 use lh_placement::*;
+use lh_placement_lab::policy::{self, POLICY_NAMES};
 use proptest::prelude::*;
 
 fn gpus(model: &str, vram_gb: u32, mode: SharingMode, count: usize) -> Vec<GpuSpec> {

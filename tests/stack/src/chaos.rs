@@ -168,7 +168,7 @@ pub async fn settle(
     patience: Duration,
 ) -> (Vec<Stored>, Vec<Uuid>) {
     let deadline = tokio::time::Instant::now() + patience;
-    let mut log = crate::stack::read_log(bus).await;
+    let mut log = crate::read_log(bus).await;
     while tokio::time::Instant::now() < deadline {
         let open = unfinished(&log, accepted);
         if open.is_empty() && unbilled(&log) == 0 {
@@ -179,7 +179,7 @@ pub async fn settle(
             let _ = http.post(url).bearer_auth(admin).send().await;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        log = crate::stack::read_log(bus).await;
+        log = crate::read_log(bus).await;
     }
     let stuck = unfinished(&log, accepted);
     if !stuck.is_empty() {

@@ -3,9 +3,9 @@
 //! 0..=100 the simulator's score plugins return (Go's `int64(x)` truncation
 //! included), because ties, drawn at random, are part of how they behave.
 
-use super::{Policy, Scored};
-use crate::cluster::{Cluster, Demand, GpuSet, Kind, MILLI};
-use crate::rng::Rng;
+use lh_placement::cluster::{Cluster, Demand, GpuSet, Kind, MILLI};
+use lh_placement::policy::{Policy, Scored};
+use lh_placement::rng::Rng;
 
 /// Normalisers of the simulator (`MaxSpecCpu`, `MaxSpecGpu`): the largest
 /// node of the trace has 128 cores and 8 GPUs.
@@ -16,7 +16,7 @@ const MAX_SCORE: i64 = 100;
 /// GPU choice "best" of the simulator's Open-Gpu-Share plugin: a slice goes
 /// to the GPU with the least free milli that fits (first index among equals);
 /// whole GPUs are the first free ones by index.
-pub(crate) fn pick_best(cluster: &Cluster, node: usize, d: &Demand) -> GpuSet {
+fn pick_best(cluster: &Cluster, node: usize, d: &Demand) -> GpuSet {
     cluster.pick_default(node, d)
 }
 
@@ -58,7 +58,7 @@ impl Policy for RandomPolicy {
 #[derive(Debug, Clone, Default)]
 pub struct BestFit;
 
-pub(crate) fn best_fit_score(cluster: &Cluster, node: usize, d: &Demand) -> i64 {
+fn best_fit_score(cluster: &Cluster, node: usize, d: &Demand) -> i64 {
     let n = cluster.node(node);
     let mut s = 0.0f64;
     s += (n.cpu_free as f64 - d.cpu_milli as f64) / MAX_SPEC_CPU * 0.5;
@@ -122,7 +122,7 @@ impl Policy for DotProduct {
 #[derive(Debug, Clone, Default)]
 pub struct GpuPacking;
 
-pub(crate) fn gpu_packing_score(cluster: &Cluster, node: usize, d: &Demand) -> i64 {
+fn gpu_packing_score(cluster: &Cluster, node: usize, d: &Demand) -> i64 {
     let (milli, count) = d.per_gpu();
     if milli == 0 {
         return 0;
@@ -182,7 +182,7 @@ impl Policy for GpuPacking {
 #[derive(Debug, Clone, Default)]
 pub struct GpuClustering;
 
-pub(crate) fn gpu_clustering_score(cluster: &Cluster, node: usize, d: &Demand) -> i64 {
+fn gpu_clustering_score(cluster: &Cluster, node: usize, d: &Demand) -> i64 {
     let Some(tag) = d.tag() else {
         return 0;
     };

@@ -1,12 +1,12 @@
 //! A node whose GPUs take shares of one size at a time (CUDA MPS holds every
 //! client of a GPU to its smallest share): a share goes only on an empty GPU
 //! or beside shares of its own size, whatever the policy; a node without the
-//! rule mixes sizes as before.
+//! rule mixes sizes freely.
 
-use lh_placement::policy::{self, POLICY_NAMES};
 use lh_placement::{
     Cluster, Engine, GpuSpec, NodeSpec, Reject, Request, ShapeMix, ShapeMixConfig, SharingMode,
 };
+use lh_placement_lab::policy::{self, POLICY_NAMES};
 
 const MODEL: &str = "H100-80GB";
 

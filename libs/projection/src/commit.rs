@@ -1,0 +1,133 @@
+//! One transaction of a projection: its events applied in runs, the
+//! messages it steps over recorded, and its offset moved, all committed
+//! together so a crash neither loses nor doubles a row. The live loop and
+//! a replay both commit through here.
+
+use lh_bus::{FeedItem, Sample, Skipped, Stored};
+use sqlx::{PgConnection, PgPool};
+use tracing::Instrument;
+
+use crate::stream::Item;
+use crate::{Projector, Result};
+
+/// Applies events (in stream order), records the skipped ones, and stores
+/// the last one's sequence, in one transaction; events at or below the
+/// committed sequence are left alone.
+pub(crate) async fn apply_batch<P: Projector>(
+    pool: &PgPool,
+    projector: &P,
+    events: &[Item],
+) -> Result<()> {
+    let Some(last) = events.last() else {
+        return Ok(());
+    };
+    let mut tx = pool.begin().await?;
+    let committed: Option<i64> =
+        sqlx::query_scalar("SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE")
+            .bind(projector.name())
+            .fetch_optional(&mut *tx)
+            .await?;
+    let committed = committed.unwrap_or(0) as u64;
+    // A second runner of the same projection (or a replay) already did them.
+    if committed >= last.sequence() {
+        return Ok(());
+    }
+    let mut run: Vec<&Stored> = Vec::new();
+    // A projection reads one stream: samples never come between events.
+    let mut samples: Vec<&Sample> = Vec::new();
+    for item in events.iter().filter(|e| e.sequence() > committed) {
+        match item {
+            Item::Log(FeedItem::Event(event)) => run.push(event),
+            Item::Log(FeedItem::Skipped(skipped)) => {
+                apply_run(&mut tx, projector, &mut run).await?;
+                record_skip(&mut tx, projector.name(), skipped).await?
+            }
+            Item::Sample(sample) => samples.push(sample),
+        }
+    }
+    apply_run(&mut tx, projector, &mut run).await?;
+    match samples.as_slice() {
+        [] => {}
+        [sample] => projector.apply_sample(&mut tx, sample).await?,
+        _ => projector.apply_samples(&mut tx, &samples).await?,
+    }
+    sqlx::query(
+        "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
+    )
+    .bind(projector.name())
+    .bind(last.sequence() as i64)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Applies a run of consecutive events and empties it.
+async fn apply_run<P: Projector>(
+    conn: &mut PgConnection,
+    projector: &P,
+    run: &mut Vec<&Stored>,
+) -> Result<()> {
+    match run.as_slice() {
+        [] => {}
+        [event] => {
+            let span = project_span(projector, event);
+            projector.apply(conn, event).instrument(span).await?
+        }
+        [first, .., last] => {
+            let span = tracing::info_span!(
+                "lh.project_batch",
+                projection = projector.name(),
+                events = run.len(),
+                first_sequence = first.sequence,
+                last_sequence = last.sequence,
+            );
+            // A few events (a runner that fell a little behind) still read
+            // each in its own request's trace, spanning the statements
+            // that applied them; a backlog is many requests' events, no
+            // one trace to join.
+            let _each: Vec<tracing::Span> = if run.len() <= MAX_EVENTS_TRACED_EACH {
+                run.iter()
+                    .map(|event| project_span(projector, event))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            projector.apply_batch(conn, run).instrument(span).await?
+        }
+    }
+    run.clear();
+    Ok(())
+}
+
+/// Most events of one run that each get a span in their own trace.
+const MAX_EVENTS_TRACED_EACH: usize = 16;
+
+/// The span of applying `event`, in the trace of the request that wrote
+/// it: one request reads as one trace, its read models included.
+fn project_span<P: Projector>(projector: &P, event: &Stored) -> tracing::Span {
+    let span = tracing::info_span!(
+        "lh.project",
+        projection = projector.name(),
+        event = event.envelope.event_type.as_str(),
+        sequence = event.sequence,
+    );
+    lh_bus::continue_trace(&span, event.trace_parent.as_deref());
+    span
+}
+
+async fn record_skip(conn: &mut PgConnection, projection: &str, skipped: &Skipped) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO skipped_events (projection, sequence, subject, reason, stored_at)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+    )
+    .bind(projection)
+    .bind(skipped.sequence as i64)
+    .bind(&skipped.subject)
+    .bind(skipped.reason().as_str())
+    .bind(skipped.stored_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
