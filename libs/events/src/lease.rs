@@ -103,9 +103,13 @@ pub struct WorkloadSpec {
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// Environment values in clear: only in events written before values
-    /// were kept out of the log (see `env_ref`); still honoured when read.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    /// Environment values in clear, in memory only: from the request to
+    /// the gateway, which seals them and leaves `env_ref`, and from the
+    /// node's fetch to the workload. They are never written to an event nor
+    /// read from one: the values live sealed in the gateway, and an
+    /// immutable log is no place for them (erasing the tenant could not
+    /// reach them there), so an event naming `env` is read without it.
+    #[serde(skip)]
     pub env: std::collections::BTreeMap<String, String>,
     /// The environment, kept out of the log: the gateway holds the values
     /// sealed with the tenant's key, and the node fetches them when it
@@ -393,5 +397,95 @@ impl LeaseRequested {
             (None, Some(p)) => GpuAsk::Mig(p.clone()),
             (None, None) => GpuAsk::Whole(self.gpus),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::{fixtures, Actor, Envelope, EventData};
+
+    fn env_ref() -> WorkloadEnvRef {
+        WorkloadEnvRef {
+            lease_id: Uuid::from_u128(1),
+            names: vec!["TOKEN".into()],
+            sha256: "ab".repeat(32),
+        }
+    }
+
+    fn requested(workload: WorkloadSpec) -> Envelope {
+        let mut request =
+            fixtures::whole_request(Uuid::from_u128(1), Uuid::from_u128(2), 1, fixtures::MODEL);
+        request.workload = Some(workload);
+        Envelope::new(
+            Actor::Tenant(Uuid::from_u128(2)),
+            Utc::now(),
+            EventData::LeaseRequested(request),
+        )
+    }
+
+    fn workload_of(envelope: &Envelope) -> &WorkloadSpec {
+        match &envelope.data {
+            EventData::LeaseRequested(r) => r.workload.as_ref().expect("a workload"),
+            other => panic!("not a request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn values_in_memory_never_reach_the_event() {
+        let workload = WorkloadSpec {
+            command: vec!["python".into(), "train.py".into()],
+            image: None,
+            env: BTreeMap::from([("TOKEN".to_string(), "s3cret-value".to_string())]),
+            env_ref: Some(env_ref()),
+        };
+        let bytes = requested(workload).to_json();
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let written = &json["data"]["workload"];
+        assert!(
+            written.get("env").is_none(),
+            "values in the event: {written}"
+        );
+        assert_eq!(written["env_ref"]["names"], serde_json::json!(["TOKEN"]));
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("s3cret-value"),
+            "a value in the event's bytes"
+        );
+    }
+
+    #[test]
+    fn values_an_event_names_are_not_read() {
+        let workload = WorkloadSpec {
+            command: vec!["true".into()],
+            image: None,
+            env: BTreeMap::new(),
+            env_ref: Some(env_ref()),
+        };
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&requested(workload).to_json()).unwrap();
+        json["data"]["workload"]["env"] = serde_json::json!({"TOKEN": "s3cret-value"});
+        let read = Envelope::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
+        let workload = workload_of(&read);
+        assert!(workload.env.is_empty(), "values honoured: {workload:?}");
+        assert_eq!(workload.env_ref, Some(env_ref()));
+        assert_eq!(workload.command, ["true"]);
+
+        let bare: WorkloadSpec =
+            serde_json::from_value(serde_json::json!({"command": ["true"], "env": {"A": "1"}}))
+                .unwrap();
+        assert!(bare.env.is_empty() && bare.env_ref.is_none(), "{bare:?}");
+    }
+
+    #[test]
+    fn the_schema_has_no_place_for_values() {
+        let schema = serde_json::to_value(schemars::schema_for!(WorkloadSpec)).unwrap();
+        let properties = schema["properties"].as_object().unwrap();
+        assert!(!properties.contains_key("env"), "{schema}");
+        assert!(properties.contains_key("env_ref"), "{schema}");
     }
 }
