@@ -421,6 +421,60 @@ impl TryFrom<String> for LeaseState {
     }
 }
 
+/// A step of a lease's life that moves its state, one lease event each
+/// (a move off a lost node is one of two: onto other GPUs, or back to the
+/// queue when none are free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// `lease.queued`: no capacity for it yet.
+    Queue,
+    /// `lease.rejected`.
+    Reject,
+    /// `lease.placed`.
+    Place,
+    /// `lease.started`.
+    Start,
+    /// `lease.migrated` onto other GPUs.
+    Migrate,
+    /// `lease.migrated` with nowhere to go: back to the queue.
+    Requeue,
+    /// `lease.suspended` for being idle.
+    Suspend,
+    /// `lease.resume_requested`.
+    RequestResume,
+    /// `lease.ended`.
+    End,
+}
+
+impl LeaseState {
+    /// The state `step` leaves a lease in that is in `self`, or `None` when
+    /// the step does not apply there (its event then changes nothing). The
+    /// log is the truth: a rejection or an end is recorded in any state.
+    pub const fn after(self, step: LeaseStep) -> Option<LeaseState> {
+        use LeaseState::{Ended, Placed, Queued, Rejected, Requested, Running, Suspended};
+        match (step, self) {
+            (LeaseStep::Queue, Requested | Queued) => Some(Queued),
+            (LeaseStep::Place, Requested | Queued) => Some(Placed),
+            (LeaseStep::Start, Placed) => Some(Running),
+            (LeaseStep::Migrate, Placed | Running) => Some(Placed),
+            (LeaseStep::Requeue, Placed | Running) => Some(Queued),
+            (LeaseStep::Suspend, Placed | Running) => Some(Suspended),
+            (LeaseStep::RequestResume, Suspended) => Some(Requested),
+            (LeaseStep::Reject, _) => Some(Rejected),
+            (LeaseStep::End, _) => Some(Ended),
+            _ => None,
+        }
+    }
+
+    /// The states `step` applies in, in the order of [`LeaseState::ALL`].
+    pub fn before(step: LeaseStep) -> Vec<LeaseState> {
+        LeaseState::ALL
+            .into_iter()
+            .filter(|state| state.after(step).is_some())
+            .collect()
+    }
+}
+
 /// Why a stop or resume is refused: the lease is in the wrong state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

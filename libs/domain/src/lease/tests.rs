@@ -503,3 +503,27 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
         (InvalidKind::Unacceptable, "workload")
     );
 }
+
+#[test]
+fn each_step_moves_a_lease_only_from_the_states_it_applies_in() {
+    use LeaseState::{Ended, Placed, Queued, Rejected, Requested, Running, Suspended};
+    let waiting = vec![Requested, Queued];
+    let on_gpus = vec![Placed, Running];
+    for (step, from, to) in [
+        (LeaseStep::Queue, waiting.clone(), Queued),
+        (LeaseStep::Place, waiting, Placed),
+        (LeaseStep::Start, vec![Placed], Running),
+        (LeaseStep::Migrate, on_gpus.clone(), Placed),
+        (LeaseStep::Requeue, on_gpus.clone(), Queued),
+        (LeaseStep::Suspend, on_gpus, Suspended),
+        (LeaseStep::RequestResume, vec![Suspended], Requested),
+        (LeaseStep::Reject, LeaseState::ALL.to_vec(), Rejected),
+        (LeaseStep::End, LeaseState::ALL.to_vec(), Ended),
+    ] {
+        assert_eq!(LeaseState::before(step), from, "{step:?}");
+        for state in LeaseState::ALL {
+            let expected = from.contains(&state).then_some(to);
+            assert_eq!(state.after(step), expected, "{step:?} from {state}");
+        }
+    }
+}

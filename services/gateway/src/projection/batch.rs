@@ -7,7 +7,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::sync::LazyLock;
+
 use lh_bus::Stored;
+use lh_domain::lease::LeaseStep;
 use lh_events::EventData;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -17,6 +20,7 @@ use crate::read_model::lease::{
     LeaseView,
 };
 
+use super::leases::state_guard;
 use super::{apply, apply_event};
 
 /// Most leases one multi-row statement writes.
@@ -102,10 +106,11 @@ async fn write_run(conn: &mut PgConnection, run: &[&Stored]) -> sqlx::Result<()>
 
 /// A lease's row as its request and the common events after it leave it,
 /// computed as the statements of [`apply`] would change it, one event
-/// after the other, from the row the request inserts.
+/// after the other, from the row the request inserts; its state follows
+/// the lifecycle those statements' guards are built from
+/// ([`lh_domain::lease::LeaseState::after`]).
 struct NewLeaseRow {
     view: LeaseView,
-    state: &'static str,
     last_sequence: i64,
     gpu_uuids: serde_json::Value,
     gpu_indices: serde_json::Value,
@@ -118,7 +123,6 @@ impl NewLeaseRow {
     /// The row `lease.requested` inserts.
     fn requested(view: LeaseView) -> Self {
         NewLeaseRow {
-            state: "requested",
             last_sequence: view.requested_sequence,
             gpu_uuids: serde_json::json!([]),
             gpu_indices: serde_json::json!([]),
@@ -150,22 +154,34 @@ impl NewLeaseRow {
     /// What each common event's statement does to the row.
     fn follow(&mut self, event: &Stored) {
         let seq = event.sequence as i64;
-        let waiting = matches!(self.state, "requested" | "queued");
-        let v = &mut self.view;
-        match &event.envelope.data {
+        let step = match &event.envelope.data {
             // A second request of the same lease inserts nothing.
             EventData::LeaseRequested(_) => return,
-            EventData::LeaseQueued(e) if waiting => {
-                self.state = "queued";
+            EventData::LeaseQueued(_) => Some(LeaseStep::Queue),
+            EventData::LeaseRejected(_) => Some(LeaseStep::Reject),
+            EventData::LeasePlaced(_) => Some(LeaseStep::Place),
+            EventData::LeaseStarted(_) => Some(LeaseStep::Start),
+            EventData::LeaseEnded(_) => Some(LeaseStep::End),
+            EventData::LeaseStopRequested(_) => None,
+            _ => return,
+        };
+        if let Some(step) = step {
+            // Its statement's state guard does not hold: no row changes.
+            let Some(next) = self.view.state.after(step) else {
+                return;
+            };
+            self.view.state = next;
+        }
+        let v = &mut self.view;
+        match &event.envelope.data {
+            EventData::LeaseQueued(e) => {
                 v.queued_reason = Some(e.reason.clone());
                 v.queue_position = Some(e.position as i32);
             }
             EventData::LeaseRejected(e) => {
-                self.state = "rejected";
                 v.rejected_reason = Some(e.reason.clone());
             }
-            EventData::LeasePlaced(e) if waiting => {
-                self.state = "placed";
+            EventData::LeasePlaced(e) => {
                 v.node_id = Some(e.node_id.clone());
                 v.zone = Some(e.zone.clone());
                 self.gpu_uuids = placed_gpu_uuids(e);
@@ -177,20 +193,17 @@ impl NewLeaseRow {
                 v.last_placement_sequence = Some(event.sequence as i64);
                 self.mig_instance = placed_mig_instance(e);
             }
-            EventData::LeaseStarted(e) if self.state == "placed" => {
-                self.state = "running";
+            EventData::LeaseStarted(e) => {
                 v.started_at = v.started_at.or(Some(e.started_at));
             }
             EventData::LeaseStopRequested(_) => v.stop_requested = true,
             EventData::LeaseEnded(e) => {
-                self.state = "ended";
                 v.ended_at = Some(e.ended_at);
                 self.end_reason = end_reason(e);
                 v.queued_reason = None;
                 v.queue_position = None;
                 self.failure = failure(e);
             }
-            // Its statement's condition does not hold: no row changes.
             _ => return,
         }
         self.last_sequence = seq;
@@ -275,7 +288,7 @@ async fn insert_new_rows(
         let views = || chunk.iter().map(|r| &r.view);
         let ids: Vec<Uuid> = views().map(|v| v.id).collect();
         let tenants: Vec<Uuid> = views().map(|v| v.tenant_id).collect();
-        let states: Vec<&str> = chunk.iter().map(|r| r.state).collect();
+        let states: Vec<&str> = views().map(|v| v.state.as_str()).collect();
         let gpus: Vec<i32> = views().map(|v| v.gpus).collect();
         let models: Vec<&str> = views().map(|v| v.gpu_model.as_str()).collect();
         let tiers: Vec<&str> = views().map(|v| v.tier.as_str()).collect();
@@ -382,6 +395,19 @@ async fn update_placed(
     conn: &mut PgConnection,
     events: &[(&Stored, &lh_events::LeasePlaced)],
 ) -> sqlx::Result<()> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases l SET state = 'placed', node_id = u.node_id, zone = u.zone, gpu_uuids = u.gpu_uuids,
+                gpu_indices = u.gpu_indices, queued_reason = NULL, queue_position = NULL,
+                placed_at = u.placed_at, last_sequence = u.seq, mig_instance = u.mig_instance,
+                last_placement_node_id = u.node_id, last_placement_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::timestamptz[],
+                     $7::int8[], $8::jsonb[])
+              AS u(id, node_id, zone, gpu_uuids, gpu_indices, placed_at, seq, mig_instance)
+         WHERE l.id = u.id AND {}",
+            state_guard("l.state", LeaseStep::Place)
+        )
+    });
     let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
     let nodes: Vec<&str> = events.iter().map(|(_, e)| e.node_id.as_str()).collect();
     let zones: Vec<&str> = events.iter().map(|(_, e)| e.zone.as_str()).collect();
@@ -393,26 +419,17 @@ async fn update_placed(
     let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
     let mig: Vec<Option<serde_json::Value>> =
         events.iter().map(|(_, e)| placed_mig_instance(e)).collect();
-    sqlx::query(
-        "UPDATE leases l SET state = 'placed', node_id = u.node_id, zone = u.zone, gpu_uuids = u.gpu_uuids,
-                gpu_indices = u.gpu_indices, queued_reason = NULL, queue_position = NULL,
-                placed_at = u.placed_at, last_sequence = u.seq, mig_instance = u.mig_instance,
-                last_placement_node_id = u.node_id, last_placement_sequence = u.seq
-         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::timestamptz[],
-                     $7::int8[], $8::jsonb[])
-              AS u(id, node_id, zone, gpu_uuids, gpu_indices, placed_at, seq, mig_instance)
-         WHERE l.id = u.id AND l.state IN ('requested', 'queued')",
-    )
-    .bind(ids)
-    .bind(nodes)
-    .bind(zones)
-    .bind(uuids)
-    .bind(indices)
-    .bind(at)
-    .bind(seqs)
-    .bind(mig)
-    .execute(conn)
-    .await?;
+    sqlx::query(&SQL)
+        .bind(ids)
+        .bind(nodes)
+        .bind(zones)
+        .bind(uuids)
+        .bind(indices)
+        .bind(at)
+        .bind(seqs)
+        .bind(mig)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -420,20 +437,24 @@ async fn update_started(
     conn: &mut PgConnection,
     events: &[(&Stored, &lh_events::LeaseStarted)],
 ) -> sqlx::Result<()> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases l SET state = 'running', started_at = COALESCE(l.started_at, u.started_at),
+                last_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::int8[]) AS u(id, started_at, seq)
+         WHERE l.id = u.id AND {}",
+            state_guard("l.state", LeaseStep::Start)
+        )
+    });
     let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
     let at: Vec<chrono::DateTime<chrono::Utc>> = events.iter().map(|(_, e)| e.started_at).collect();
     let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
-    sqlx::query(
-        "UPDATE leases l SET state = 'running', started_at = COALESCE(l.started_at, u.started_at),
-                last_sequence = u.seq
-         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::int8[]) AS u(id, started_at, seq)
-         WHERE l.id = u.id AND l.state = 'placed'",
-    )
-    .bind(ids)
-    .bind(at)
-    .bind(seqs)
-    .execute(conn)
-    .await?;
+    sqlx::query(&SQL)
+        .bind(ids)
+        .bind(at)
+        .bind(seqs)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -485,22 +506,26 @@ async fn update_queued(
     conn: &mut PgConnection,
     events: &[(&Stored, &lh_events::LeaseQueued)],
 ) -> sqlx::Result<()> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases l SET state = 'queued', queued_reason = u.reason, queue_position = u.position,
+                last_sequence = u.seq
+         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::int8[]) AS u(id, reason, position, seq)
+         WHERE l.id = u.id AND {}",
+            state_guard("l.state", LeaseStep::Queue)
+        )
+    });
     let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
     let reasons: Vec<&str> = events.iter().map(|(_, e)| e.reason.as_str()).collect();
     let positions: Vec<i32> = events.iter().map(|(_, e)| e.position as i32).collect();
     let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
-    sqlx::query(
-        "UPDATE leases l SET state = 'queued', queued_reason = u.reason, queue_position = u.position,
-                last_sequence = u.seq
-         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::int8[]) AS u(id, reason, position, seq)
-         WHERE l.id = u.id AND l.state IN ('requested', 'queued')",
-    )
-    .bind(ids)
-    .bind(reasons)
-    .bind(positions)
-    .bind(seqs)
-    .execute(conn)
-    .await?;
+    sqlx::query(&SQL)
+        .bind(ids)
+        .bind(reasons)
+        .bind(positions)
+        .bind(seqs)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

@@ -2,7 +2,10 @@
 //! runs. The bulk path (`batch.rs`) writes the commonest of these events
 //! for many leases at once, with statements that change a row as these do.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
+use lh_domain::lease::{LeaseState, LeaseStep};
 use sqlx::PgConnection;
 
 use crate::read_model::lease::{
@@ -14,16 +17,20 @@ pub(super) async fn queued(
     e: &lh_events::LeaseQueued,
     seq: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE leases SET state = 'queued', queued_reason = $2, queue_position = $3, last_sequence = $4
-                 WHERE id = $1 AND state IN ('requested', 'queued')",
-    )
-    .bind(e.lease_id)
-    .bind(&e.reason)
-    .bind(e.position as i32)
-    .bind(seq)
-    .execute(conn)
-    .await?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases SET state = 'queued', queued_reason = $2, queue_position = $3, last_sequence = $4
+                 WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::Queue)
+        )
+    });
+    sqlx::query(&SQL)
+        .bind(e.lease_id)
+        .bind(&e.reason)
+        .bind(e.position as i32)
+        .bind(seq)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -49,22 +56,26 @@ pub(super) async fn placed(
     seq: i64,
     at: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                         queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7,
                         mig_instance = $8, last_placement_node_id = $2, last_placement_sequence = $7
-                 WHERE id = $1 AND state IN ('requested', 'queued')",
-    )
-    .bind(e.lease_id)
-    .bind(&e.node_id)
-    .bind(&e.zone)
-    .bind(placed_gpu_uuids(e))
-    .bind(placed_gpu_indices(e))
-    .bind(at)
-    .bind(seq)
-    .bind(placed_mig_instance(e))
-    .execute(conn)
-    .await?;
+                 WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::Place)
+        )
+    });
+    sqlx::query(&SQL)
+        .bind(e.lease_id)
+        .bind(&e.node_id)
+        .bind(&e.zone)
+        .bind(placed_gpu_uuids(e))
+        .bind(placed_gpu_indices(e))
+        .bind(at)
+        .bind(seq)
+        .bind(placed_mig_instance(e))
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -105,15 +116,19 @@ pub(super) async fn started(
     e: &lh_events::LeaseStarted,
     seq: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE leases SET state = 'running', started_at = COALESCE(started_at, $2), last_sequence = $3
-                 WHERE id = $1 AND state = 'placed'",
-    )
-    .bind(e.lease_id)
-    .bind(e.started_at)
-    .bind(seq)
-    .execute(conn)
-    .await?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases SET state = 'running', started_at = COALESCE(started_at, $2), last_sequence = $3
+                 WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::Start)
+        )
+    });
+    sqlx::query(&SQL)
+        .bind(e.lease_id)
+        .bind(e.started_at)
+        .bind(seq)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -123,46 +138,54 @@ pub(super) async fn migrated(
     seq: i64,
     at: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    match &e.to {
-        Some(to) => {
-            let uuids: Vec<&str> = to.gpus.iter().map(|g| g.uuid.as_str()).collect();
-            let indices: Vec<u32> = to.gpus.iter().map(|g| g.index).collect();
-            sqlx::query(
+    static MIGRATE_SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                             mig_instance = $6, placed_at = $7, migrations = migrations + 1,
                             last_migration_reason = $8, last_sequence = $9,
                             last_placement_node_id = $2, last_placement_sequence = $9
-                     WHERE id = $1 AND state IN ('placed', 'running')",
+                     WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::Migrate)
         )
-        .bind(e.lease_id)
-        .bind(&to.node_id)
-        .bind(&to.zone)
-        .bind(serde_json::json!(uuids))
-        .bind(serde_json::json!(indices))
-        .bind(
-            to.gpus
-                .first()
-                .and_then(|g| g.mig_instance.as_ref())
-                .map(|m| serde_json::json!({"profile": m.profile, "start": m.start})),
-        )
-        .bind(at)
-        .bind(&e.reason)
-        .bind(seq)
-        .execute(conn)
-        .await?;
-        }
-        None => {
-            sqlx::query(
+    });
+    static REQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "UPDATE leases SET state = 'queued', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
                             mig_instance = NULL, queued_reason = $2, migrations = migrations + 1,
                             last_migration_reason = $2, last_sequence = $3
-                     WHERE id = $1 AND state IN ('placed', 'running')",
+                     WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::Requeue)
         )
-        .bind(e.lease_id)
-        .bind(format!("{}; waiting for capacity", e.reason))
-        .bind(seq)
-        .execute(conn)
-        .await?;
+    });
+    match &e.to {
+        Some(to) => {
+            let uuids: Vec<&str> = to.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            let indices: Vec<u32> = to.gpus.iter().map(|g| g.index).collect();
+            sqlx::query(&MIGRATE_SQL)
+                .bind(e.lease_id)
+                .bind(&to.node_id)
+                .bind(&to.zone)
+                .bind(serde_json::json!(uuids))
+                .bind(serde_json::json!(indices))
+                .bind(
+                    to.gpus
+                        .first()
+                        .and_then(|g| g.mig_instance.as_ref())
+                        .map(|m| serde_json::json!({"profile": m.profile, "start": m.start})),
+                )
+                .bind(at)
+                .bind(&e.reason)
+                .bind(seq)
+                .execute(conn)
+                .await?;
+        }
+        None => {
+            sqlx::query(&REQUEUE_SQL)
+                .bind(e.lease_id)
+                .bind(format!("{}; waiting for capacity", e.reason))
+                .bind(seq)
+                .execute(conn)
+                .await?;
         }
     }
     Ok(())
@@ -187,16 +210,20 @@ pub(super) async fn suspended(
     e: &lh_events::LeaseSuspended,
     seq: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE leases SET state = 'suspended', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases SET state = 'suspended', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
                         mig_instance = NULL, suspended_at = $2, last_sequence = $3
-                 WHERE id = $1 AND state IN ('placed', 'running')",
-    )
-    .bind(e.lease_id)
-    .bind(e.suspended_at)
-    .bind(seq)
-    .execute(conn)
-    .await?;
+                 WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::Suspend)
+        )
+    });
+    sqlx::query(&SQL)
+        .bind(e.lease_id)
+        .bind(e.suspended_at)
+        .bind(seq)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -205,13 +232,17 @@ pub(super) async fn resume_requested(
     e: &lh_events::LeaseResumeRequested,
     seq: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE leases SET state = 'requested', last_sequence = $2 WHERE id = $1 AND state = 'suspended'",
-    )
-    .bind(e.lease_id)
-    .bind(seq)
-    .execute(conn)
-    .await?;
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE leases SET state = 'requested', last_sequence = $2 WHERE id = $1 AND {}",
+            state_guard("state", LeaseStep::RequestResume)
+        )
+    });
+    sqlx::query(&SQL)
+        .bind(e.lease_id)
+        .bind(seq)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -236,4 +267,39 @@ pub(super) async fn ended(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// The condition on a lease row's state (`column`) under which `step`
+/// changes it, from the one lifecycle ([`LeaseState::before`]): `= 'x'`
+/// for one state, `IN ('x', 'y')` for several.
+pub(super) fn state_guard(column: &str, step: LeaseStep) -> String {
+    let states: Vec<String> = LeaseState::before(step)
+        .into_iter()
+        .map(|state| format!("'{}'", state.as_str()))
+        .collect();
+    match states.as_slice() {
+        [one] => format!("{column} = {one}"),
+        _ => format!("{column} IN ({})", states.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_guards_read_as_the_statements_spell_them() {
+        let guard = |step| state_guard("state", step);
+        assert_eq!(guard(LeaseStep::Queue), "state IN ('requested', 'queued')");
+        assert_eq!(guard(LeaseStep::Place), "state IN ('requested', 'queued')");
+        assert_eq!(guard(LeaseStep::Start), "state = 'placed'");
+        assert_eq!(guard(LeaseStep::Migrate), "state IN ('placed', 'running')");
+        assert_eq!(guard(LeaseStep::Requeue), "state IN ('placed', 'running')");
+        assert_eq!(guard(LeaseStep::Suspend), "state IN ('placed', 'running')");
+        assert_eq!(guard(LeaseStep::RequestResume), "state = 'suspended'");
+        assert_eq!(
+            state_guard("l.state", LeaseStep::Place),
+            "l.state IN ('requested', 'queued')"
+        );
+    }
 }
