@@ -235,7 +235,7 @@ fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item =
 /// The scheduler on the decide loop: the pure [`State`], its rules, and
 /// the placement engine each decision pass leaves for the next.
 pub struct Scheduling {
-    pub state: State,
+    pub(crate) state: State,
     rules: state::Rules,
     engine: state::PlacementEngineCache,
     /// Starts the log stored before this are not timed: the replica (or
@@ -584,6 +584,97 @@ mod tests {
         // Started again (moved to another node): it did not wait in the queue.
         let t = began + secs(100);
         assert_eq!(feed(&mut scheduling, t, at(t, start(2))), None);
+    }
+
+    /// What a pass decided, to compare across schedulers: each event's data
+    /// and guard.
+    fn decided(batches: &[Batch]) -> Vec<(serde_json::Value, String)> {
+        batches
+            .iter()
+            .flatten()
+            .map(|(e, expect)| {
+                let data = serde_json::to_value(&e.data).expect("events serialise");
+                (data, format!("{expect:?}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_restored_over_another_fleet_is_decided_as_by_a_fresh_scheduler() {
+        let now: DateTime<Utc> = "2026-12-03T10:00:00Z".parse().unwrap();
+        let tenant = uuid::Uuid::from_u128(100);
+        let node = |id: &str, gpus| {
+            EventData::NodeRegistered(fixtures::node(
+                id,
+                "z",
+                gpus,
+                fixtures::MODEL,
+                fixtures::MODEL_VRAM_GB,
+            ))
+        };
+        let request = |n: u128, gpus| {
+            EventData::LeaseRequested(fixtures::whole_request(
+                uuid::Uuid::from_u128(n),
+                tenant,
+                gpus,
+                fixtures::MODEL,
+            ))
+        };
+        let mut sequence = 0;
+        let mut feed = |scheduling: &mut Scheduling, data: EventData| {
+            sequence += 1;
+            scheduling.apply(sequence, &Envelope::new(Actor::Admin, now, data));
+        };
+
+        // One node's two GPUs free, and a lease too large for them: the
+        // pass leaves an engine that holds them free.
+        let mut scheduling = Scheduling::new(state::Rules::default(), now);
+        feed(
+            &mut scheduling,
+            EventData::TenantCreated(fixtures::tenant(tenant, 8)),
+        );
+        feed(&mut scheduling, node("a", 2));
+        feed(&mut scheduling, request(1, 3));
+        assert!(!scheduling.decide(now).is_empty());
+
+        // Another fleet of the same node, both its GPUs held, and a
+        // second node.
+        let mut other = Scheduling::new(state::Rules::default(), now);
+        feed(
+            &mut other,
+            EventData::TenantCreated(fixtures::tenant(tenant, 8)),
+        );
+        feed(&mut other, node("a", 2));
+        feed(&mut other, node("c", 1));
+        feed(&mut other, request(2, 2));
+        for batch in other.decide(now) {
+            for (envelope, _) in batch {
+                feed(&mut other, envelope.data);
+            }
+        }
+        feed(&mut other, request(3, 1));
+        let snapshot = other.snapshot().expect("a state snapshots");
+
+        // Both take it back, and hear the second node cordoned.
+        let mut fresh = Scheduling::new(state::Rules::default(), now);
+        let cordoned = EventData::NodeCordoned(NodeCordoned {
+            node_id: "c".into(),
+            drain: None,
+            reason: "test".into(),
+        });
+        for s in [&mut scheduling, &mut fresh] {
+            assert!(s.restore(&snapshot));
+            feed(s, cordoned.clone());
+        }
+        let restored = scheduling.decide(now);
+        let placed = |batches: &[Batch]| {
+            batches
+                .iter()
+                .flatten()
+                .any(|(e, _)| matches!(e.data, EventData::NodeGpusAllocated(_)))
+        };
+        assert!(!placed(&restored), "node a's GPUs are held: {restored:?}");
+        assert_eq!(decided(&restored), decided(&fresh.decide(now)));
     }
 
     /// Packs as the decide loop does, with the scheduler's merge rule.

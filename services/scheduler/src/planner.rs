@@ -134,7 +134,7 @@ pub struct Planner {
     gpu_index: Vec<u32>,
     gpu_from: Vec<usize>,
     /// What the policy measures against.
-    workload: ShapeMix,
+    shape_mix: ShapeMix,
     /// The fleet's newest stamp when the engine was last brought up to date
     /// with it.
     synced_at: u64,
@@ -271,13 +271,13 @@ fn load(cluster: &mut Cluster, i: usize, n: &Node) {
     }
 }
 
-fn default_policy(workload: &ShapeMix) -> Box<dyn lh_placement::Policy> {
-    Box::new(Leasehold::new(workload.clone()))
+fn default_policy(shape_mix: &ShapeMix) -> Box<dyn lh_placement::Policy> {
+    Box::new(Leasehold::new(shape_mix.clone()))
 }
 
 impl Planner {
     /// An engine over `fleet` as it is now.
-    pub fn new(fleet: &impl FleetView, workload: &ShapeMix) -> Self {
+    pub fn new(fleet: &impl FleetView, shape_mix: &ShapeMix) -> Self {
         let (mut spec, mut indices) = (empty_spec(), Vec::new());
         let (mut gpu_index, mut gpu_from) = (Vec::new(), vec![0]);
         let mut cluster = Cluster::default();
@@ -294,10 +294,10 @@ impl Planner {
             gpu_from.push(gpu_index.len());
         }
         Planner {
-            engine: Engine::new(cluster, default_policy(workload), SEED),
+            engine: Engine::new(cluster, default_policy(shape_mix), SEED),
             gpu_index,
             gpu_from,
-            workload: workload.clone(),
+            shape_mix: shape_mix.clone(),
             synced_at: 0,
             dirty: HashSet::new(),
         }
@@ -348,10 +348,10 @@ impl Planner {
 
     /// Brings the engine up to date with `planned`; `false` where only a
     /// new engine can be (a node came, went, or changed shape).
-    fn update(&mut self, planned: &PlannedFleet, workload: &ShapeMix) -> bool {
-        if self.workload != *workload {
-            self.engine.set_policy(default_policy(workload));
-            self.workload = workload.clone();
+    fn update(&mut self, planned: &PlannedFleet, shape_mix: &ShapeMix) -> bool {
+        if self.shape_mix != *shape_mix {
+            self.engine.set_policy(default_policy(shape_mix));
+            self.shape_mix = shape_mix.clone();
         }
         let mut todo: Vec<usize> = std::mem::take(&mut self.dirty).into_iter().collect();
         let changed = planned

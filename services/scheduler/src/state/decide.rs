@@ -63,7 +63,7 @@ impl Pass<'_> {
 /// the watch. Both are shortcuts: a pass that builds its engine anew at
 /// every sync and looks at every held lease must decide the same, and the
 /// tests hold the scheduler to that.
-pub(crate) trait EngineSource {
+pub(super) trait EngineSource {
     /// The engine brought up to date with `planned`, deciding as
     /// [`Planner::new`] over it would (see [`Planner::sync`]).
     fn sync(&mut self, planned: &PlannedFleet, shape_mix: &ShapeMix) -> &mut Planner;
@@ -82,6 +82,11 @@ pub(crate) trait EngineSource {
 /// [`Planner::sync`]). Whoever runs the passes holds it, outside the
 /// state: the state stays plain data, and a copy of it decides the same
 /// with a cache of its own, or an empty one.
+///
+/// The kept engine belongs to the fleet it was synced with: a holder that
+/// replaces the state ([`State::restore`]) must [`clear`](Self::clear) it,
+/// and so must one that catches a panic from [`State::decide`], which may
+/// leave the engine out of step with the fleet.
 #[derive(Default)]
 pub struct PlacementEngineCache {
     planner: Option<Planner>,
@@ -123,7 +128,7 @@ impl State {
     }
 
     /// [`State::decide`] with its placement engine from `engines`.
-    pub(crate) fn decide_with(
+    pub(super) fn decide_with(
         &self,
         now: DateTime<Utc>,
         rules: &Rules,

@@ -415,7 +415,10 @@ impl State {
         })
     }
 
-    /// Takes back a [`State::snapshot`]; false when it does not fit.
+    /// Takes back a [`State::snapshot`]; false when it does not fit. A
+    /// caller that holds a [`PlacementEngineCache`] for this state must
+    /// [`clear`](PlacementEngineCache::clear) it after a restore: the
+    /// engine holds the fleet the snapshot replaced.
     pub fn restore(&mut self, mut snapshot: serde_json::Value) -> bool {
         // Parsed whole before anything is assigned: a snapshot that does
         // not fit leaves the state untouched for the replay.

@@ -191,7 +191,7 @@ fn a_lost_node_s_lease_is_placed_again_in_the_same_decision() {
 }
 
 /// Two nodes, one lease on each, both heard live at `t0`.
-fn two_busy_nodes(t0: chrono::DateTime<Utc>, rules: &Rules) -> State {
+fn two_busy_nodes(t0: chrono::DateTime<Utc>, rules: &Rules) -> Given {
     let t = Uuid::from_u128(1);
     let mut s = given(vec![
         node("a", 1),

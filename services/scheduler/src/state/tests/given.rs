@@ -1,6 +1,8 @@
 //! The fixtures every scheduler test builds its state from.
 
+use std::cell::RefCell;
 pub(super) use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 
 pub(super) use chrono::{DateTime, Duration, Utc};
 pub(super) use lh_events::Expect;
@@ -141,26 +143,61 @@ pub(super) fn suspended(id: Uuid, node: &str, at: DateTime<Utc>) -> EventData {
     })
 }
 
-pub(super) fn given(events: Vec<EventData>) -> State {
-    let mut s = State::default();
+/// A test's state and the placement engine its passes keep, as the decide
+/// loop holds them: each pass starts from the engine the one before left.
+/// The passes read the state as the assertions between them do, so the
+/// engine sits in a cell.
+#[derive(Default)]
+pub(super) struct Given {
+    state: State,
+    engine: RefCell<PlacementEngineCache>,
+}
+
+impl Deref for Given {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl DerefMut for Given {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Given {
+    /// [`State::restore`], forgetting the kept engine with the fleet it held.
+    pub(super) fn restore(&mut self, snapshot: serde_json::Value) -> bool {
+        let restored = self.state.restore(snapshot);
+        if restored {
+            self.engine.get_mut().clear();
+        }
+        restored
+    }
+}
+
+pub(super) fn given(events: Vec<EventData>) -> Given {
+    let mut s = Given::default();
     for (i, e) in events.into_iter().enumerate() {
         s.apply(i as u64 + 1, &env(e));
     }
     s
 }
 
-pub(super) fn decide(s: &State) -> Decisions {
+pub(super) fn decide(s: &Given) -> Decisions {
     decide_at(s, Utc::now(), &Rules::default())
 }
 
-/// A decision pass at `now` with a placement engine of its own, kept for no
-/// later pass (a kept one decides the same: see `kept.rs`).
-pub(super) fn decide_at(s: &State, now: DateTime<Utc>, rules: &Rules) -> Decisions {
-    s.decide(now, rules, &mut PlacementEngineCache::default())
+/// A decision pass at `now` with the engine the last pass left (a kept one
+/// decides as a fresh one: see `kept.rs`).
+pub(super) fn decide_at(s: &Given, now: DateTime<Utc>, rules: &Rules) -> Decisions {
+    s.state.decide(now, rules, &mut s.engine.borrow_mut())
 }
 
 /// Appends every decision to the state, as if the log had stored them.
-pub(super) fn settle(s: &mut State, now: DateTime<Utc>, rules: &Rules) {
+pub(super) fn settle(s: &mut Given, now: DateTime<Utc>, rules: &Rules) {
     // Past every sequence applied so far, like the log would be.
     let mut seq = s
         .leases

@@ -83,7 +83,7 @@ fn check(s: &State) {
 
 /// Applies `op` (a request of tenant `t` as `lease`, or the end of
 /// one live lease) and every decision that follows it.
-fn step(s: &mut State, seq: &mut u64, op: Op, lease: Uuid, t: Uuid, now: DateTime<Utc>) {
+fn step(s: &mut Given, seq: &mut u64, op: Op, lease: Uuid, t: Uuid, now: DateTime<Utc>) {
     let data = match op {
         Op::Whole(n) => request(lease, t, n),
         Op::Frac(m, v) => request_frac(lease, t, m, v),

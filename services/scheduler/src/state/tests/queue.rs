@@ -160,7 +160,7 @@ fn smaller_requests_backfill_around_a_waiting_one() {
 fn a_starving_lease_stops_backfill() {
     let t = Uuid::from_u128(1);
     let long_ago = Utc::now() - Duration::hours(1);
-    let mut s = State::default();
+    let mut s = Given::default();
     s.apply(1, &env(node("a", 4)));
     s.apply(2, &env(tenant(t, 100)));
     s.apply(3, &env(request(Uuid::from_u128(2), t, 3)));

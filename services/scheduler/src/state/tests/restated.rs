@@ -73,11 +73,11 @@ fn summary(s: &State) -> Vec<(Uuid, Status, u64, Option<String>)> {
 #[test]
 fn restatements_alone_give_the_state_the_whole_history_gives() {
     let (events, restatements) = history();
-    let mut whole = State::default();
+    let mut whole = Given::default();
     for e in &events {
         whole.apply(e.sequence, &e.envelope);
     }
-    let mut fresh = State::default();
+    let mut fresh = Given::default();
     for (i, r) in restatements.iter().enumerate() {
         fresh.apply(100 + i as u64, &env(r.clone()));
     }
@@ -101,12 +101,12 @@ fn restatements_alone_give_the_state_the_whole_history_gives() {
 #[test]
 fn a_snapshot_taken_back_gives_the_same_state_and_decisions() {
     let (events, _) = history();
-    let mut whole = State::default();
+    let mut whole = Given::default();
     for e in &events {
         whole.apply(e.sequence, &e.envelope);
     }
     let bytes = serde_json::to_vec(&whole.snapshot()).unwrap();
-    let mut restored = State::default();
+    let mut restored = Given::default();
     assert!(restored.restore(serde_json::from_slice(&bytes).unwrap()));
     assert_eq!(summary(&restored), summary(&whole));
     assert_eq!(restored.fleet.holdings, whole.fleet.holdings);

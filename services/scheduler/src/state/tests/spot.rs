@@ -336,7 +336,7 @@ fn spot_figures_survive_a_snapshot() {
     ]);
     settle(&mut s, now, &Rules::default());
     s.apply(9_000, &env(ended(lease, EndReason::Preempted, now)));
-    let mut restored = State::default();
+    let mut restored = Given::default();
     assert!(restored.restore(s.snapshot()));
     assert_eq!(restored.spot_stats, s.spot_stats);
     assert_eq!(restored.spot_price("z1", fixtures::MODEL), Some(d("0.1")));
