@@ -198,7 +198,7 @@ impl WorkloadSide {
                     return Some(self.start(lease_id, placement, &gpus, Ok(None)));
                 }
                 let spec = match workload {
-                    Workload::Known(spec) if !spec.as_ref().is_some_and(env_kept_out) => spec,
+                    Workload::Known(spec) if !spec.as_ref().is_some_and(has_env_to_fetch) => spec,
                     Workload::Known(spec) => {
                         self.look_up(lease_id, placement, gpus, Some(spec));
                         return None;
@@ -269,7 +269,7 @@ impl WorkloadSide {
     }
 
     /// Reads the lease's request back from the log unless it is `known`,
-    /// then fetches its environment if the log keeps it out.
+    /// then fetches its environment if it has one.
     fn look_up(
         &mut self,
         lease_id: Uuid,
@@ -295,7 +295,7 @@ impl WorkloadSide {
                     None => requested_workload(&bus, lease_id).await?,
                 };
                 match spec {
-                    Some(mut spec) if env_kept_out(&spec) => {
+                    Some(mut spec) if has_env_to_fetch(&spec) => {
                         fetch_env(&bus, &node_id, lease_id, &mut spec).await?;
                         Ok(Some(spec))
                     }
@@ -383,9 +383,9 @@ async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<Workload
     }
 }
 
-/// Whether the workload's environment is kept out of the log, to be
-/// fetched from the gateway.
-fn env_kept_out(spec: &WorkloadSpec) -> bool {
+/// Whether the workload has an environment to fetch from the gateway:
+/// the log carries only where the values are, never the values.
+fn has_env_to_fetch(spec: &WorkloadSpec) -> bool {
     spec.env_ref.is_some()
 }
 
