@@ -1,20 +1,17 @@
-//! The ledger on the decide loop: [`Ledger`] holds the folded state,
-//! applies stored events through the fold, and at each pass appends the
+//! The ledger on the decide loop: [`Ledger`] applies stored events
+//! through its fold, and at each pass appends the
 //! credits, invoices and notes due, each guarded by the last sequence of
 //! its subject so that two replicas never number one document twice.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use lh_bus::Expect;
 use lh_events::{subject, Actor, Envelope, EventData};
-use lh_rpc::invoice_document::Credit;
 use lh_service::decider::{Batch, Decider, Pace};
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::fold::{month_bounds, Downtime, Month, Watched};
+use super::fold::Ledger;
 use crate::SERVICE;
 
 /// Subjects the ledger folds.
@@ -31,56 +28,6 @@ pub const DEFAULT_INVOICE_GRACE_SECS: i64 = 3 * 24 * 3600;
 pub const MAX_INVOICE_GRACE_SECS: i64 = 366 * 24 * 3600;
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
-
-/// The ledger's state, folded from the log. Its snapshot is all of it but
-/// the grace, which is this replica's configuration, not the log's.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Ledger {
-    #[serde(skip)]
-    pub(super) grace: chrono::Duration,
-    /// The newest sequence read from the log (not counting what this
-    /// replica appended itself and has not read back yet).
-    pub(super) read_through: u64,
-    /// Sequence of the newest event on the ledger subject.
-    pub(super) ledger_sequence: u64,
-    pub(super) last_invoice_number: u64,
-    pub(super) last_note_number: u64,
-    #[serde(with = "pairs")]
-    pub(super) months: BTreeMap<(Uuid, String), Month>,
-    /// Granted credits not on an issued invoice, by the (tenant, period)
-    /// of the invoice that deducts them.
-    #[serde(with = "pairs")]
-    pub(super) pending_credits: BTreeMap<(Uuid, String), Vec<Credit>>,
-    /// (tenant, period measured) of every credit granted.
-    pub(super) credited: HashSet<(Uuid, String)>,
-    pub(super) credit_sequences: HashMap<Uuid, u64>,
-    pub(super) leases: HashMap<Uuid, Watched>,
-    #[serde(with = "pairs")]
-    pub(super) downtime: BTreeMap<(Uuid, String), Downtime>,
-}
-
-impl Ledger {
-    pub fn new(grace: chrono::Duration) -> Self {
-        Self {
-            grace,
-            read_through: 0,
-            ledger_sequence: 0,
-            last_invoice_number: 0,
-            last_note_number: 0,
-            months: BTreeMap::new(),
-            pending_credits: BTreeMap::new(),
-            credited: HashSet::new(),
-            credit_sequences: HashMap::new(),
-            leases: HashMap::new(),
-            downtime: BTreeMap::new(),
-        }
-    }
-
-    /// Whether `period`'s month and grace are over at `now`.
-    pub(super) fn due(&self, period: &str, now: DateTime<Utc>) -> bool {
-        month_bounds(period).is_some_and(|(_, end)| now >= end + self.grace)
-    }
-}
 
 pub(super) fn envelope(now: DateTime<Utc>, id: Uuid, data: EventData) -> Envelope {
     Envelope::new(Actor::Service(SERVICE.into()), now, data).with_id(id)
@@ -180,33 +127,5 @@ impl Decider for Ledger {
                 false
             }
         }
-    }
-}
-
-/// A map whose keys are not strings (a tenant and a month), kept in a
-/// snapshot as a list of pairs: JSON objects take only string keys.
-mod pairs {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S, K, V>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
-    where
-        S: Serializer,
-        K: Serialize,
-        V: Serialize,
-    {
-        serializer.collect_seq(map)
-    }
-
-    pub fn deserialize<'de, D, K, V>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        D: Deserializer<'de>,
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
-    {
-        Ok(Vec::<(K, V)>::deserialize(deserializer)?
-            .into_iter()
-            .collect())
     }
 }

@@ -1,9 +1,10 @@
-//! The ledger's fold: charges into each tenant's month, invoices, notes
+//! The ledger's state and its fold: [`Ledger`] holds what the log said,
+//! charges into each tenant's month, invoices, notes
 //! and their parts marking what is covered, credits waiting for the
 //! invoice that deducts them, and leases' downtime for availability. It
 //! decides nothing, so a replay and a snapshot restore agree.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use lh_events::{
@@ -15,8 +16,86 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::decider::Ledger;
-use super::sla::MAX_INTERRUPTIONS_LISTED;
+/// Most interruptions a credit lists (its totals count all of them).
+pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
+
+/// The ledger's state, folded from the log. Its snapshot is all of it but
+/// the grace, which is this replica's configuration, not the log's.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Ledger {
+    #[serde(skip)]
+    pub(super) grace: chrono::Duration,
+    /// The newest sequence read from the log (not counting what this
+    /// replica appended itself and has not read back yet).
+    pub(super) read_through: u64,
+    /// Sequence of the newest event on the ledger subject.
+    pub(super) ledger_sequence: u64,
+    pub(super) last_invoice_number: u64,
+    pub(super) last_note_number: u64,
+    #[serde(with = "pairs")]
+    pub(super) months: BTreeMap<(Uuid, String), Month>,
+    /// Granted credits not on an issued invoice, by the (tenant, period)
+    /// of the invoice that deducts them.
+    #[serde(with = "pairs")]
+    pub(super) pending_credits: BTreeMap<(Uuid, String), Vec<Credit>>,
+    /// (tenant, period measured) of every credit granted.
+    pub(super) credited: HashSet<(Uuid, String)>,
+    pub(super) credit_sequences: HashMap<Uuid, u64>,
+    pub(super) leases: HashMap<Uuid, Watched>,
+    #[serde(with = "pairs")]
+    pub(super) downtime: BTreeMap<(Uuid, String), Downtime>,
+}
+
+impl Ledger {
+    pub fn new(grace: chrono::Duration) -> Self {
+        Self {
+            grace,
+            read_through: 0,
+            ledger_sequence: 0,
+            last_invoice_number: 0,
+            last_note_number: 0,
+            months: BTreeMap::new(),
+            pending_credits: BTreeMap::new(),
+            credited: HashSet::new(),
+            credit_sequences: HashMap::new(),
+            leases: HashMap::new(),
+            downtime: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `period`'s month and grace are over at `now`.
+    pub(super) fn due(&self, period: &str, now: DateTime<Utc>) -> bool {
+        month_bounds(period).is_some_and(|(_, end)| now >= end + self.grace)
+    }
+}
+
+/// A map whose keys are not strings (a tenant and a month), kept in a
+/// snapshot as a list of pairs: JSON objects take only string keys.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S, K, V>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
+    where
+        S: Serializer,
+        K: Serialize,
+        V: Serialize,
+    {
+        serializer.collect_seq(map)
+    }
+
+    pub fn deserialize<'de, D, K, V>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(deserializer)?
+            .into_iter()
+            .collect())
+    }
+}
 
 /// Most leases whose availability is followed at once; past it, new
 /// leases are not counted (with a warning).

@@ -13,7 +13,7 @@ use lh_rpc::invoice_document::{
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use super::decider::Ledger;
+use super::fold::Ledger;
 use super::fold::{Charge, PartialKind};
 
 /// Most lines one invoice or note event carries: it must fit in one

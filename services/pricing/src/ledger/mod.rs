@@ -34,10 +34,10 @@ mod fold;
 mod issue;
 mod sla;
 
-pub use decider::{Ledger, DEFAULT_INVOICE_GRACE_SECS, FILTERS, MAX_INVOICE_GRACE_SECS};
-pub use fold::{month_bounds, next_period, MAX_WATCHED_LEASES};
+pub use decider::{DEFAULT_INVOICE_GRACE_SECS, FILTERS, MAX_INVOICE_GRACE_SECS};
+pub use fold::{month_bounds, next_period, Ledger, MAX_INTERRUPTIONS_LISTED, MAX_WATCHED_LEASES};
 pub use issue::{MAX_LINES_PER_DOCUMENT, MAX_PARTS_PER_DOCUMENT};
-pub use sla::{share_percent, sla_percent, CREDIT_RULE, MAX_INTERRUPTIONS_LISTED};
+pub use sla::{share_percent, sla_percent, CREDIT_RULE};
 
 #[cfg(test)]
 mod tests;

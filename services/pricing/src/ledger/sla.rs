@@ -10,13 +10,12 @@ use lh_rpc::invoice_document::money;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use super::decider::Ledger;
+use super::fold::Ledger;
 use super::fold::{
-    month_bounds, next_period, oldest_kept, period_of, split_by_month, MAX_OPEN_INTERRUPTION_MONTHS,
+    month_bounds, next_period, oldest_kept, period_of, split_by_month, MAX_INTERRUPTIONS_LISTED,
+    MAX_OPEN_INTERRUPTION_MONTHS,
 };
 
-/// Most interruptions a credit lists (its totals count all of them).
-pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
 /// The words of the credit rule, carried by every credit.
 pub const CREDIT_RULE: &str = "availability = 100 x (1 - downtime / (billed time + downtime)) over the tenant's leases in the month; below 99.95 % the credit is 10 % of the month's charges of the interrupted leases, below 99.0 % 30 %, below 95.0 % 100 %";
 
