@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{Connection as _, PgPool};
 
 use crate::{ProjectionError, Result, MAX_POOL_CONNECTIONS, POOL_ACQUIRE_TIMEOUT};
 
@@ -69,7 +69,27 @@ pub async fn connect_schema(database_url: &str, schema: &str) -> Result<PgPool> 
 
 /// Runs the service's migrations and the runner's own offset table.
 pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
-    migrator.run(pool).await?;
+    let mut conn = pool.acquire().await?;
+    if let Err(e) = migrator.run(&mut *conn).await {
+        let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&mut *conn)
+            .await
+            .ok();
+        // sqlx keeps its advisory lock when it refuses a history: back in
+        // the pool, this connection would hold every later migration of
+        // the database waiting. Closed, it lets the lock go.
+        let _ = conn.detach().close().await;
+        return Err(match e {
+            MigrateError::VersionMissing(_) | MigrateError::VersionMismatch(_) => {
+                ProjectionError::ForeignMigrations {
+                    schema: schema.unwrap_or_default(),
+                    detail: e.to_string(),
+                }
+            }
+            e => e.into(),
+        });
+    }
+    drop(conn);
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS projection_offsets (
             name TEXT PRIMARY KEY,

@@ -82,6 +82,16 @@ pub enum ProjectionError {
     Database(#[from] sqlx::Error),
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The schema records migrations this build does not have, or others
+    /// under the same versions: it was made by another history of the
+    /// schema (docs/adr/025). A read model is rebuilt from the log, so the
+    /// way out is to drop it, never to guess how to carry it over.
+    #[error(
+        "schema {schema:?} was made by migrations this build does not have ({detail}); \
+         its read model is rebuilt from the log: drop the schema \
+         (`make clean-data` for `make up`) and start again"
+    )]
+    ForeignMigrations { schema: String, detail: String },
     #[error("bus: {0}")]
     Bus(#[from] lh_bus::BusError),
     #[error("invalid schema name {0:?}")]
