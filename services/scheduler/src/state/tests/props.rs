@@ -82,7 +82,8 @@ fn check(s: &State) {
 }
 
 /// Applies `op` (a request of tenant `t` as `lease`, or the end of
-/// one live lease) and every decision that follows it.
+/// one live lease) and every decision that follows it, decided with the
+/// engine the case's passes before left.
 fn step(s: &mut Given, seq: &mut u64, op: Op, lease: Uuid, t: Uuid, now: DateTime<Utc>) {
     let data = match op {
         Op::Whole(n) => request(lease, t, n),
