@@ -226,7 +226,7 @@ pub fn requested_view(
 
 /// What the read model keeps of a workload: its command and image, and of
 /// an environment kept out of the log, where it is and its names, never
-/// values (an older event's values in clear are left out).
+/// values (the log never holds them).
 pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
     let mut view = serde_json::json!({"command": w.command, "image": w.image});
     if let Some(env_ref) = &w.env_ref {
