@@ -59,7 +59,7 @@ alerts: deps ## promtool: check deploy/prometheus/ and run the alert rules' unit
 # The dashboards' checks of tests/system/tests/metrics.rs alone: the quick
 # loop for editing deploy/grafana/dashboards/.
 dashboards: deps ## check the Grafana dashboards: JSON, uids, data source, metric names, PromQL (promtool)
-	$(CARGO) test -p lh-system-tests --test metrics -- dashboard
+	$(CARGO) test -p lh-system-tests --test system -- dashboard
 
 bench: ## Criterion benchmarks, and a month of lease events priced into invoices (see load-tests/ for the load harness)
 	$(CARGO) bench --workspace

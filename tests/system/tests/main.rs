@@ -1,0 +1,38 @@
+//! Every end-to-end suite, in one test binary. Each suite links the whole
+//! platform, about 140 MB of test binary; linked one per suite they would be
+//! more than half of a clean build's disk and its link time.
+//! nextest still runs every test in a process of its own; a suite is picked
+//! by its module path, e.g. `cargo nextest run -p lh-system-tests -E
+//! 'test(/^lease_flow::/)'`.
+
+mod audit_query;
+mod balance;
+mod chaos;
+mod concurrency;
+mod data_at_rest;
+mod dependency_rules;
+mod erasure;
+mod failover;
+mod fractions;
+mod front_door;
+mod gpu_health;
+mod history;
+mod lease_flow;
+mod lease_views;
+mod lease_writes;
+mod limits;
+mod metrics;
+mod mig;
+mod outages;
+mod queueing;
+mod quotes;
+mod rebuild_batched;
+mod report_daily;
+mod restart;
+mod robustness;
+mod roles;
+mod spot_market;
+mod tenant_keys;
+mod traces;
+mod usage;
+mod workloads;
