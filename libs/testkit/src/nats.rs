@@ -1,10 +1,10 @@
 //! A JetStream-enabled nats-server in a temporary directory.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
@@ -12,8 +12,8 @@ use tokio::sync::OnceCell;
 
 use crate::locate::nats_server_binary;
 use crate::process::{
-    log_len, log_since, log_stdio, log_tail, restart_on_its_port, start_on_a_free_port, stop_child,
-    Server, StartError, Watchdog,
+    restart_on_its_port, start_on_a_free_port, stop_child, Answer, Launch, Server, StartError,
+    Watchdog,
 };
 
 /// How long a started server may take to answer with its INFO line.
@@ -226,83 +226,48 @@ impl Nats {
         std::fs::write(self.config_file(), config).context("writing the nats-server config")
     }
 
+    /// Spawns the server and waits until *our* server (matched by its
+    /// unique name) sends an INFO line that says JetStream is enabled.
+    /// nats-server enables JetStream, recovering its streams from the
+    /// store, before it starts accepting clients, so that INFO line means
+    /// the server is ready.
     async fn spawn_and_wait(&mut self) -> Result<(), StartError> {
         self.write_config().map_err(StartError::Failed)?;
+        let mut command = Command::new(&self.binary);
+        command.arg("-c").arg(self.config_file());
         let log = self.log_file();
-        let log_offset = log_len(&log);
-        let (stdout, stderr) = log_stdio(&log)
-            .context("opening the nats-server log")
-            .map_err(StartError::Failed)?;
-        let child = Command::new(&self.binary)
-            .arg("-c")
-            .arg(self.config_file())
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("spawning {}", self.binary.display()))
-            .map_err(StartError::Failed)?;
-        let watchdog = Watchdog::spawn(child.id(), "KILL", self.dir.path())
-            .context("spawning the nats-server watchdog")
-            .map_err(StartError::Failed);
-        self.child = Some(child);
-        self.watchdog = Some(match watchdog {
-            Ok(watchdog) => watchdog,
-            Err(err) => {
-                self.kill();
-                return Err(err);
-            }
-        });
-
-        let result = self.wait_ready().await;
-        if let Err(err) = result {
-            self.kill();
-            let output = log_since(&log, log_offset);
-            return Err(
-                if output.contains("address already in use") || matches!(err, Probe::OtherServer(_))
-                {
-                    StartError::PortTaken(format!("{err}"))
-                } else {
-                    StartError::Failed(anyhow!(
-                        "nats-server did not become ready: {err}\n--- log ---\n{}",
-                        log_tail(&log)
-                    ))
-                },
-            );
-        }
-        Ok(())
-    }
-
-    /// Polls the port until *our* server (matched by its unique name) sends
-    /// an INFO line that says JetStream is enabled. nats-server enables
-    /// JetStream, recovering its streams from the store, before it starts
-    /// accepting clients, so that INFO line means the server is ready.
-    async fn wait_ready(&mut self) -> Result<(), Probe> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(Probe::Exited(status.to_string()));
-                }
-            }
-            let probe = tokio::time::timeout(PROBE_TIMEOUT, read_info(self.port)).await;
-            if let Ok(Ok(info)) = probe {
+        let launch = Launch {
+            name: <Self as Server>::NAME,
+            log: &log,
+            stop_signal: "KILL",
+            dir: self.dir.path(),
+            ready_means: "JetStream-enabled INFO",
+            ready_timeout: READY_TIMEOUT,
+            probe_timeout: PROBE_TIMEOUT,
+            probe_interval: PROBE_INTERVAL,
+        };
+        let (port, ours) = (self.port, self.server_name.as_str());
+        let (child, watchdog) = launch
+            .spawn_until_ready(command, || async move {
+                let Ok(info) = read_info(port).await else {
+                    return Answer::NotYet;
+                };
                 let name = info
                     .get("server_name")
                     .and_then(|v| v.as_str())
                     .unwrap_or_default();
-                if name != self.server_name {
-                    return Err(Probe::OtherServer(name.to_string()));
+                if name != ours {
+                    Answer::Other(name.to_string())
+                } else if info.get("jetstream").and_then(|v| v.as_bool()) == Some(true) {
+                    Answer::Ready
+                } else {
+                    Answer::NotYet
                 }
-                if info.get("jetstream").and_then(|v| v.as_bool()) == Some(true) {
-                    return Ok(());
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(Probe::Timeout);
-            }
-            tokio::time::sleep(PROBE_INTERVAL).await;
-        }
+            })
+            .await?;
+        self.child = Some(child);
+        self.watchdog = Some(watchdog);
+        Ok(())
     }
 }
 
@@ -384,23 +349,6 @@ async fn read_info(port: u16) -> std::io::Result<serde_json::Value> {
         .strip_prefix("INFO ")
         .ok_or_else(|| std::io::Error::other(format!("not a NATS INFO line: {line:?}")))?;
     serde_json::from_str(json.trim()).map_err(std::io::Error::other)
-}
-
-#[derive(Debug)]
-enum Probe {
-    Exited(String),
-    OtherServer(String),
-    Timeout,
-}
-
-impl std::fmt::Display for Probe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Probe::Exited(status) => write!(f, "nats-server exited ({status})"),
-            Probe::OtherServer(name) => write!(f, "another server ({name:?}) answers on the port"),
-            Probe::Timeout => write!(f, "no JetStream-enabled INFO within {READY_TIMEOUT:?}"),
-        }
-    }
 }
 
 impl Server for Nats {

@@ -5,9 +5,9 @@ use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 use tempfile::TempDir;
@@ -15,8 +15,8 @@ use tokio::sync::OnceCell;
 
 use crate::locate::pg_bin_dir;
 use crate::process::{
-    log_len, log_since, log_stdio, log_tail, restart_on_its_port, start_on_a_free_port, stop_child,
-    Server, StartError, Watchdog,
+    restart_on_its_port, start_on_a_free_port, stop_child, Answer, Launch, Server, StartError,
+    Watchdog,
 };
 
 /// How long a started postmaster may take to accept connections (crash
@@ -214,12 +214,9 @@ impl Postgres {
         Ok(())
     }
 
+    /// Spawns the postmaster and waits until *our* postmaster (matched by
+    /// its unique `cluster_name`) accepts a connection.
     async fn spawn_and_wait(&mut self) -> Result<(), StartError> {
-        let log = self.log_file();
-        let log_offset = log_len(&log);
-        let (stdout, stderr) = log_stdio(&log)
-            .context("opening the PostgreSQL log")
-            .map_err(StartError::Failed)?;
         let mut command = self.command("postgres");
         command
             .arg("-D")
@@ -233,65 +230,29 @@ impl Postgres {
         for setting in SERVER_SETTINGS {
             command.arg("-c").arg(setting);
         }
-        let child = command
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("spawning {}", self.bin.join("postgres").display()))
-            .map_err(StartError::Failed)?;
-        let watchdog = Watchdog::spawn(child.id(), "QUIT", self.dir.path())
-            .context("spawning the PostgreSQL watchdog")
-            .map_err(StartError::Failed);
+        let log = self.log_file();
+        let launch = Launch {
+            name: <Self as Server>::NAME,
+            log: &log,
+            stop_signal: "QUIT",
+            dir: self.dir.path(),
+            ready_means: "connection accepted",
+            ready_timeout: READY_TIMEOUT,
+            probe_timeout: PROBE_TIMEOUT,
+            probe_interval: PROBE_INTERVAL,
+        };
+        let (child, watchdog) = launch
+            .spawn_until_ready(command, || async {
+                match self.probe_cluster_name().await {
+                    Ok(name) if name == self.cluster_name => Answer::Ready,
+                    Ok(name) => Answer::Other(name),
+                    Err(_) => Answer::NotYet,
+                }
+            })
+            .await?;
         self.child = Some(child);
-        self.watchdog = Some(match watchdog {
-            Ok(watchdog) => watchdog,
-            Err(err) => {
-                self.kill();
-                return Err(err);
-            }
-        });
-
-        if let Err(err) = self.wait_ready().await {
-            self.kill();
-            let output = log_since(&log, log_offset);
-            return Err(
-                if output.contains("Address already in use") || matches!(err, Probe::OtherServer(_))
-                {
-                    StartError::PortTaken(err.to_string())
-                } else {
-                    StartError::Failed(anyhow!(
-                        "PostgreSQL did not become ready: {err}\n--- log ---\n{}",
-                        log_tail(&log)
-                    ))
-                },
-            );
-        }
+        self.watchdog = Some(watchdog);
         Ok(())
-    }
-
-    /// Polls until *our* postmaster (matched by its unique `cluster_name`)
-    /// accepts a connection.
-    async fn wait_ready(&mut self) -> Result<(), Probe> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(Probe::Exited(status.to_string()));
-                }
-            }
-            if let Ok(Ok(name)) =
-                tokio::time::timeout(PROBE_TIMEOUT, self.probe_cluster_name()).await
-            {
-                if name == self.cluster_name {
-                    return Ok(());
-                }
-                return Err(Probe::OtherServer(name));
-            }
-            if Instant::now() >= deadline {
-                return Err(Probe::Timeout);
-            }
-            tokio::time::sleep(PROBE_INTERVAL).await;
-        }
     }
 
     async fn probe_cluster_name(&self) -> anyhow::Result<String> {
@@ -372,23 +333,6 @@ fn postgres_user() -> anyhow::Result<(u32, u32)> {
             );
         }
         Ok((entry.pw_uid, entry.pw_gid))
-    }
-}
-
-#[derive(Debug)]
-enum Probe {
-    Exited(String),
-    OtherServer(String),
-    Timeout,
-}
-
-impl std::fmt::Display for Probe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Probe::Exited(status) => write!(f, "postgres exited ({status})"),
-            Probe::OtherServer(name) => write!(f, "another cluster ({name:?}) answers on the port"),
-            Probe::Timeout => write!(f, "no connection accepted within {READY_TIMEOUT:?}"),
-        }
     }
 }
 

@@ -148,6 +148,126 @@ pub(crate) fn log_stdio(path: &Path) -> io::Result<(Stdio, Stdio)> {
     Ok((Stdio::from(file.try_clone()?), Stdio::from(file)))
 }
 
+/// How a starting server is watched until it is ready.
+pub(crate) struct Launch<'a> {
+    /// What the logs call it ("nats-server", "PostgreSQL").
+    pub name: &'static str,
+    /// The file its stdout and stderr are appended to.
+    pub log: &'a Path,
+    /// The signal the watchdog stops it with once the test process is gone.
+    pub stop_signal: &'static str,
+    /// The directory the watchdog removes after stopping it.
+    pub dir: &'a Path,
+    /// What "ready" means for this server, for the timeout message.
+    pub ready_means: &'static str,
+    /// How long it may take to become ready.
+    pub ready_timeout: Duration,
+    /// How long one probe may take.
+    pub probe_timeout: Duration,
+    /// The pause between two probes.
+    pub probe_interval: Duration,
+}
+
+/// What one probe of a starting server's port saw.
+pub(crate) enum Answer {
+    /// Our server, ready.
+    Ready,
+    /// Nothing usable yet (no answer, or ours and not ready).
+    NotYet,
+    /// Another server, which calls itself this, holds the port.
+    Other(String),
+}
+
+/// Why a spawned server did not become ready.
+enum NotReady {
+    Exited(String),
+    Other(String),
+    Timeout,
+}
+
+impl Launch<'_> {
+    /// Spawns `command` with its output in the log and a watchdog beside it,
+    /// then probes until the server is ready. A server that never gets ready
+    /// is killed; a port held by another process (its log says the address
+    /// is in use, or another server answers) is [`StartError::PortTaken`].
+    pub(crate) async fn spawn_until_ready<F, Fut>(
+        &self,
+        mut command: Command,
+        mut probe: F,
+    ) -> Result<(Child, Watchdog), StartError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Answer>,
+    {
+        let name = self.name;
+        let log_offset = log_len(self.log);
+        let (stdout, stderr) = log_stdio(self.log)
+            .map_err(|err| StartError::Failed(anyhow::anyhow!("opening the {name} log: {err}")))?;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .map_err(|err| {
+                let program = command.get_program().to_string_lossy().into_owned();
+                StartError::Failed(anyhow::anyhow!("spawning {program}: {err}"))
+            })?;
+        let watchdog = match Watchdog::spawn(child.id(), self.stop_signal, self.dir) {
+            Ok(watchdog) => watchdog,
+            Err(err) => {
+                stop_child(&mut child, libc::SIGKILL);
+                return Err(StartError::Failed(anyhow::anyhow!(
+                    "spawning the {name} watchdog: {err}"
+                )));
+            }
+        };
+        let Err(not_ready) = self.wait_ready(&mut child, &mut probe).await else {
+            return Ok((child, watchdog));
+        };
+        drop(watchdog);
+        stop_child(&mut child, libc::SIGKILL);
+        let why = match &not_ready {
+            NotReady::Exited(status) => format!("{name} exited ({status})"),
+            NotReady::Other(other) => format!("another server ({other:?}) answers on the port"),
+            NotReady::Timeout => format!("no {} within {:?}", self.ready_means, self.ready_timeout),
+        };
+        let output = log_since(self.log, log_offset).to_ascii_lowercase();
+        Err(
+            if output.contains("address already in use") || matches!(not_ready, NotReady::Other(_))
+            {
+                StartError::PortTaken(why)
+            } else {
+                StartError::Failed(anyhow::anyhow!(
+                    "{name} did not become ready: {why}\n--- log ---\n{}",
+                    log_tail(self.log)
+                ))
+            },
+        )
+    }
+
+    async fn wait_ready<F, Fut>(&self, child: &mut Child, probe: &mut F) -> Result<(), NotReady>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Answer>,
+    {
+        let deadline = Instant::now() + self.ready_timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(NotReady::Exited(status.to_string()));
+            }
+            match tokio::time::timeout(self.probe_timeout, probe()).await {
+                Ok(Answer::Ready) => return Ok(()),
+                Ok(Answer::Other(other)) => return Err(NotReady::Other(other)),
+                Ok(Answer::NotYet) | Err(_) => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(NotReady::Timeout);
+            }
+            tokio::time::sleep(self.probe_interval).await;
+        }
+    }
+}
+
 /// Why one start of a server failed.
 pub(crate) enum StartError {
     /// Another process holds the port: try again (elsewhere or later).
