@@ -3,14 +3,9 @@
 //! turns into a FAIL line and exit 1; without NVML the script exits 2.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
-}
+use lh_testkit::workspace_root;
+use std::process::{Command, Output};
 
 /// The directory of the nvml-check example, built by the cargo running this
 /// test (a no-op when `cargo test` built examples already).
