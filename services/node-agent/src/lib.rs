@@ -228,8 +228,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     workloads.keep_logs(log_policy);
     workloads.declare(&mut inventory);
     workloads.on_gpus(backend.clone());
-    match workload::supervisor::host_memory_bytes() {
-        Some(memory_bytes) => workloads.share_out(workload::supervisor::Host {
+    match workload::assignment::host_memory_bytes() {
+        Some(memory_bytes) => workloads.share_out(workload::assignment::Host {
             memory_bytes,
             gpu_count: inventory.gpus.len() as u32,
         }),

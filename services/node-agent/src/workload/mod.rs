@@ -18,6 +18,7 @@
 //! reaps. [`supervisor`] runs one task per lease around it. See
 //! `docs/workloads.md`.
 
+pub mod assignment;
 pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
@@ -41,6 +42,7 @@ use tokio::process::Child;
 use uuid::Uuid;
 
 pub use crate::state::Exit;
+pub use assignment::{validate_assignment, Assignment};
 pub use cgroup::{CgroupConfig, MemoryLimits};
 pub use container::{CliFlavor, ContainerRuntime};
 pub use process::ProcessRuntime;
@@ -120,27 +122,6 @@ pub struct Workload {
     /// over an entry of the same name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-}
-
-/// What the lease was given on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Assignment {
-    pub lease_id: Uuid,
-    /// GPU or MIG instance UUIDs (`GPU-…`, `MIG-…`); at least one.
-    pub device_uuids: Vec<String>,
-    /// VRAM cap of a memory-sliced share of one GPU, MiB.
-    pub vram_limit_mib: Option<u64>,
-    /// Compute of a share of one GPU, 1..=1000 milli.
-    pub compute_milli: Option<u32>,
-    /// The lease's share of the node's RAM, bytes; the cgroup and container
-    /// memory limits are percentages of it.
-    pub memory_share_bytes: Option<u64>,
-    /// The pipe directory of the MPS daemon that enforces the share
-    /// ([`mps`]); the workload connects through it as an MPS client.
-    pub mps_pipe_dir: Option<PathBuf>,
-    /// The file the workload's standard output and error go to
-    /// ([`lease_log`]); the agent's own when `None`.
-    pub log_file: Option<PathBuf>,
 }
 
 /// Where a workload's standard output and error go: both to its log file,
@@ -285,34 +266,6 @@ pub fn tenant_env(lease_id: Uuid, workload: &Workload) -> BTreeMap<String, Strin
         })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect()
-}
-
-/// Refuses assignments that would give a workload the wrong devices or
-/// limits: no device, a UUID that would split or corrupt the list, a share
-/// out of range, a zero limit.
-pub fn validate_assignment(assignment: &Assignment) -> Result<(), RuntimeError> {
-    let invalid = |why: String| Err(RuntimeError::InvalidAssignment(why));
-    if assignment.device_uuids.is_empty() {
-        return invalid("no device UUIDs".into());
-    }
-    for uuid in &assignment.device_uuids {
-        let bad_char = |c: char| c == ',' || c == '"' || c == '=' || c.is_whitespace();
-        if uuid.is_empty() || uuid.contains(bad_char) {
-            return invalid(format!("device UUID {uuid:?}"));
-        }
-    }
-    if let Some(milli) = assignment.compute_milli {
-        if !(1..=MILLI_PER_GPU).contains(&milli) {
-            return invalid(format!("compute_milli {milli} outside 1..=1000"));
-        }
-    }
-    if assignment.vram_limit_mib == Some(0) {
-        return invalid("vram_limit_mib is 0".into());
-    }
-    if assignment.memory_share_bytes == Some(0) {
-        return invalid("memory_share_bytes is 0".into());
-    }
-    Ok(())
 }
 
 /// Refuses environment variable names that cannot be passed on: empty, or

@@ -17,13 +17,14 @@ use lh_events::{
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
+use super::assignment::{assignment, memory_share_bytes, Host};
 use super::container::DEFAULT_STOP_MARGIN;
 use super::lease_log::{self, LeaseLogPolicy};
 use super::mps::{Mps, MpsLimits};
 use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
 use super::{
-    Assignment, CgroupConfig, CliFlavor, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload,
-    Runtime, RuntimeError, Workload,
+    CgroupConfig, CliFlavor, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload, Runtime,
+    RuntimeError, Workload,
 };
 use crate::gpu::backend::GpuBackend;
 
@@ -115,13 +116,6 @@ pub struct Workloads {
     gpu_backend: Option<Arc<dyn GpuBackend>>,
     /// How the workloads' log files are kept.
     logs: LeaseLogPolicy,
-}
-
-/// What a node has to share out between its leases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Host {
-    pub memory_bytes: u64,
-    pub gpu_count: u32,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -688,79 +682,10 @@ fn remove_record(path: &Path) {
     }
 }
 
-/// What a lease holds on this node, as the runtime needs it: device UUIDs
-/// (for a MIG GPU, the MIG device the backend created for the lease; none
-/// made leaves an empty UUID, which the runtime refuses), and a share's
-/// VRAM and compute caps.
-pub fn assignment(
-    lease_id: Uuid,
-    gpus: &[AssignedGpu],
-    mig_devices: &[StartedMigDevice],
-    memory_share_bytes: Option<u64>,
-) -> Assignment {
-    let device_uuids = gpus
-        .iter()
-        .map(|g| match &g.mig_instance {
-            Some(_) => mig_devices
-                .iter()
-                .find(|d| d.gpu_index == g.index)
-                .map(|d| d.uuid.clone())
-                .unwrap_or_default(),
-            None => g.uuid.clone(),
-        })
-        .collect();
-    let share = gpus
-        .first()
-        .filter(|g| g.mig_instance.is_none())
-        .and_then(|g| g.milli.zip(g.vram_gb));
-    Assignment {
-        lease_id,
-        device_uuids,
-        vram_limit_mib: share.map(|(_, v)| u64::from(v) * 1024),
-        compute_milli: share.map(|(m, _)| m),
-        memory_share_bytes,
-        mps_pipe_dir: None,
-        log_file: None,
-    }
-}
-
-/// A lease's part of the host's RAM: the part of the host's GPU compute it
-/// holds (a whole GPU 1000 milli, a share or a MIG instance its milli).
-/// `None` when there is nothing to divide.
-pub fn memory_share_bytes(
-    host_memory_bytes: u64,
-    host_gpus: u32,
-    gpus: &[AssignedGpu],
-) -> Option<u64> {
-    let held_milli: u64 = gpus
-        .iter()
-        .map(|g| u64::from(g.milli.unwrap_or(super::MILLI_PER_GPU)))
-        .sum();
-    let host_milli = u64::from(host_gpus) * u64::from(super::MILLI_PER_GPU);
-    if host_milli == 0 || held_milli == 0 || host_memory_bytes == 0 {
-        return None;
-    }
-    let share = u128::from(host_memory_bytes) * u128::from(held_milli.min(host_milli))
-        / u128::from(host_milli);
-    u64::try_from(share).ok().filter(|&b| b > 0)
-}
-
-/// `MemTotal` of `/proc/meminfo`, bytes; `None` where it cannot be read.
-pub fn host_memory_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_mem_total(&meminfo)
-}
-
-fn parse_mem_total(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lh_events::{fixtures, MigInstance};
+    use lh_events::fixtures;
 
     fn workloads(kind: RuntimeKind, hami_core_lib: Option<PathBuf>) -> Workloads {
         let marks = HostMarks {
@@ -845,79 +770,5 @@ mod tests {
             missing.is_err(),
             "a library that is not there enforces nothing"
         );
-    }
-
-    fn gpu(uuid: &str) -> AssignedGpu {
-        AssignedGpu {
-            index: 0,
-            uuid: uuid.into(),
-            milli: None,
-            vram_gb: None,
-            mig_instance: None,
-        }
-    }
-
-    #[test]
-    fn given_a_host_when_leases_hold_parts_of_its_gpus_then_they_get_that_part_of_its_ram() {
-        const GIB: u64 = 1 << 30;
-        let whole = [gpu("GPU-a"), gpu("GPU-b")];
-        assert_eq!(memory_share_bytes(64 * GIB, 8, &whole), Some(16 * GIB));
-        let quarter = [AssignedGpu {
-            milli: Some(250),
-            ..gpu("GPU-a")
-        }];
-        assert_eq!(memory_share_bytes(64 * GIB, 2, &quarter), Some(8 * GIB));
-        // More than the host (a stale inventory): never more than all of it.
-        assert_eq!(memory_share_bytes(64 * GIB, 1, &whole), Some(64 * GIB));
-        assert_eq!(memory_share_bytes(64 * GIB, 0, &whole), None);
-        assert_eq!(memory_share_bytes(0, 8, &whole), None);
-        assert_eq!(memory_share_bytes(64 * GIB, 8, &[]), None);
-        assert_eq!(
-            parse_mem_total("MemTotal:       16303140 kB\nMemFree: 1 kB\n"),
-            Some(16_303_140 * 1024)
-        );
-        assert_eq!(parse_mem_total("nothing"), None);
-    }
-
-    #[test]
-    fn assignments_name_devices_and_cap_shares() {
-        let l = Uuid::nil();
-        let whole = assignment(l, &[gpu("GPU-a"), gpu("GPU-b")], &[], None);
-        assert_eq!(whole.device_uuids, ["GPU-a", "GPU-b"]);
-        assert_eq!((whole.vram_limit_mib, whole.compute_milli), (None, None));
-        let share = assignment(
-            l,
-            &[AssignedGpu {
-                milli: Some(300),
-                vram_gb: Some(10),
-                ..gpu("GPU-a")
-            }],
-            &[],
-            Some(7),
-        );
-        assert_eq!(share.memory_share_bytes, Some(7));
-        assert_eq!(
-            (share.vram_limit_mib, share.compute_milli),
-            (Some(10 * 1024), Some(300))
-        );
-        let on_mig = [AssignedGpu {
-            milli: Some(428),
-            vram_gb: Some(20),
-            mig_instance: Some(MigInstance {
-                profile: "3g.20gb".into(),
-                start: 4,
-            }),
-            ..gpu("GPU-a")
-        }];
-        let made = [StartedMigDevice {
-            gpu_index: on_mig[0].index,
-            uuid: "MIG-5f0c6e3a-1b2d-4c8e-9a7f-0d1e2f3a4b5c".into(),
-        }];
-        let mig = assignment(l, &on_mig, &made, None);
-        assert_eq!(mig.device_uuids, [made[0].uuid.as_str()]);
-        assert_eq!(mig.vram_limit_mib, None, "MIG isolates memory itself");
-        // No instance made: nothing a runtime accepts.
-        let unmade = assignment(l, &on_mig, &[], None);
-        assert!(super::super::validate_assignment(&unmade).is_err());
     }
 }
