@@ -69,8 +69,11 @@ impl LeaseStep {
     }
 }
 
-/// What the log says about one lease placed on this node.
-#[derive(Debug, Clone, Default)]
+/// What the log says about one lease placed on this node, and what this
+/// process did about its workload. A snapshot keeps only the first: the
+/// skipped fields are learnt again by a new process, which reconciles the
+/// host.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LocalLease {
     pub(crate) started: bool,
     pub(crate) stop_requested: bool,
@@ -89,32 +92,42 @@ pub(crate) struct LocalLease {
     pub(crate) moved_away: bool,
     /// A workload runs for this placement: the agent started it and has
     /// not seen it exit or asked it to stop.
+    #[serde(skip)]
     pub(crate) workload_running: bool,
     /// A stop was sent to its workload; the end is reported once it exits.
+    #[serde(skip)]
     pub(crate) stopping: bool,
     /// Its workload ended (on its own, or stopped).
+    #[serde(skip)]
     pub(crate) exit: Option<Exit>,
     /// Why its workload failed, where its standard error said.
+    #[serde(skip)]
     pub(crate) failure: Option<lh_events::LeaseFailure>,
     /// When the agent heard of that end: the hold for a GPU fault counts
     /// from it.
+    #[serde(skip)]
     pub(crate) exited_at: Option<DateTime<Utc>>,
     /// An application XID on its GPU was charged to it (`lease.gpu_fault`):
     /// a failure of its workload is its own, whatever else its GPU does.
+    #[serde(skip)]
     pub(crate) application_fault: bool,
     /// Its GPUs' idle stretch, while it runs.
+    #[serde(skip)]
     pub(crate) idle: IdleWatch,
     /// Idle under a `suspend` policy: its workload stops and the lease is
     /// reported suspended, not ended.
     pub(crate) suspend_requested: bool,
     /// Where starting its workload for this placement stands.
+    #[serde(skip)]
     pub(crate) start: WorkloadStart,
     /// What it runs, as far as the fold knows.
     pub(crate) workload: Workload,
     /// A workload of an earlier placement on this node may still run: it is
     /// to be stopped (without a report that counts).
+    #[serde(skip)]
     pub(crate) stale_workload: bool,
     /// The MIG devices made for this placement, reported on `lease.started`.
+    #[serde(skip)]
     pub(crate) mig_devices: Vec<StartedMigDevice>,
 }
 
@@ -179,32 +192,13 @@ pub(crate) struct NodeState {
     pub(crate) fault_hold: FaultHold,
 }
 
-/// What the log says of a lease placed here, as a snapshot keeps it: not
-/// what this process did about its workload (a new process reconciles
-/// the host and learns that again).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct LeaseSnapshot {
-    started: bool,
-    stop_requested: bool,
-    preemption_deadline: Option<chrono::DateTime<Utc>>,
-    ended: bool,
-    subject_sequence: u64,
-    placement_sequence: u64,
-    correlation_id: Uuid,
-    tenant_id: Option<Uuid>,
-    gpus: Vec<AssignedGpu>,
-    moved_away: bool,
-    suspend_requested: bool,
-    workload: Workload,
-}
-
 /// [`NodeState`] as a snapshot keeps it.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct StateSnapshot {
     registered: Option<NodeRegistered>,
     #[serde(default)]
     registered_sequence: u64,
-    leases: BTreeMap<Uuid, LeaseSnapshot>,
+    leases: BTreeMap<Uuid, LocalLease>,
     waiting: HashMap<Uuid, Option<WorkloadSpec>>,
     gpu_health: BTreeMap<u32, GpuHealth>,
     idle_policies: HashMap<Uuid, IdlePolicy>,
@@ -213,31 +207,10 @@ struct StateSnapshot {
 impl NodeState {
     /// What the log says, for a snapshot.
     pub(crate) fn snapshot(&self) -> Option<serde_json::Value> {
-        let leases = self
-            .leases
-            .iter()
-            .map(|(id, l)| {
-                let kept = LeaseSnapshot {
-                    started: l.started,
-                    stop_requested: l.stop_requested,
-                    preemption_deadline: l.preemption_deadline,
-                    ended: l.ended,
-                    subject_sequence: l.subject_sequence,
-                    placement_sequence: l.placement_sequence,
-                    correlation_id: l.correlation_id,
-                    tenant_id: l.tenant_id,
-                    gpus: l.gpus.clone(),
-                    moved_away: l.moved_away,
-                    suspend_requested: l.suspend_requested,
-                    workload: l.workload.clone(),
-                };
-                (*id, kept)
-            })
-            .collect();
         serde_json::to_value(StateSnapshot {
             registered: self.registered.clone(),
             registered_sequence: self.registered_sequence,
-            leases,
+            leases: self.leases.clone(),
             waiting: self.waiting.clone(),
             gpu_health: self.gpu_health.clone(),
             idle_policies: self.idle_policies.clone(),
@@ -255,28 +228,7 @@ impl NodeState {
         self.waiting = s.waiting;
         self.gpu_health = s.gpu_health;
         self.idle_policies = s.idle_policies;
-        self.leases = s
-            .leases
-            .into_iter()
-            .map(|(id, l)| {
-                let lease = LocalLease {
-                    started: l.started,
-                    stop_requested: l.stop_requested,
-                    preemption_deadline: l.preemption_deadline,
-                    ended: l.ended,
-                    subject_sequence: l.subject_sequence,
-                    placement_sequence: l.placement_sequence,
-                    correlation_id: l.correlation_id,
-                    tenant_id: l.tenant_id,
-                    gpus: l.gpus,
-                    moved_away: l.moved_away,
-                    suspend_requested: l.suspend_requested,
-                    workload: l.workload,
-                    ..LocalLease::default()
-                };
-                (id, lease)
-            })
-            .collect();
+        self.leases = s.leases;
         true
     }
 
