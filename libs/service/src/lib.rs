@@ -8,6 +8,7 @@
 
 pub mod clock;
 pub mod decider;
+mod entry;
 pub mod restate;
 
 use std::net::SocketAddr;
@@ -17,6 +18,11 @@ use lh_bus::{Bus, BusConfig};
 pub use lh_telemetry::{tls_config, MetricHelp, Readiness, ServeOptions};
 use tokio::task::JoinHandle;
 pub use tokio_util::sync::CancellationToken;
+
+pub use entry::{
+    projection_main, rebuild_progress, report_rebuild, run_service, service_main,
+    ProjectionCommand, ProjectionService, RebuildArgs, Service,
+};
 
 /// Metrics this library records, with their `# HELP` text.
 pub const METRICS: &[lh_telemetry::MetricHelp] = &[
@@ -313,135 +319,5 @@ impl Running {
     /// process. Cancel its shutdown token too, so its HTTP server closes.
     pub fn abort(&self) {
         self.task.abort();
-    }
-}
-
-/// Subcommands of a service that owns a projection.
-#[derive(clap::Subcommand, Debug, Clone)]
-pub enum ProjectionCommand {
-    /// Run the service (the default).
-    Run,
-    /// Replay the log from sequence 1 into a fresh schema and compare it
-    /// with the live one; fails when they differ (without --swap).
-    Rebuild(RebuildArgs),
-}
-
-/// The `rebuild` subcommand shared by every service that owns a projection.
-#[derive(clap::Args, Debug, Clone)]
-pub struct RebuildArgs {
-    /// Schema to rebuild into; dropped first (default: `<live schema>_rebuild`).
-    #[arg(long)]
-    pub into: Option<String>,
-    /// Replace the live schema by the rebuilt one (stop the service first).
-    #[arg(long)]
-    pub swap: bool,
-}
-
-impl RebuildArgs {
-    pub fn into_schema(&self, live: &str) -> String {
-        self.into
-            .clone()
-            .unwrap_or_else(|| format!("{live}_rebuild"))
-    }
-}
-
-/// Progress of a rebuild on stderr: every 1,000 events and at the head.
-pub fn rebuild_progress() -> impl FnMut(u64, u64) {
-    let mut applied = 0u64;
-    move |sequence, head| {
-        applied += 1;
-        if applied.is_multiple_of(1000) || sequence == head {
-            eprintln!("rebuild: {applied} events applied (sequence {sequence} of {head})");
-        }
-    }
-}
-
-/// Prints how the rebuilt tables compare; an error when they differ and
-/// were not swapped in.
-pub fn report_rebuild(report: &lh_projection::RebuildReport) -> anyhow::Result<()> {
-    for t in &report.tables {
-        println!(
-            "{:<16} live rows={:<8} rebuilt rows={:<8} {}",
-            t.table,
-            t.live.0,
-            t.rebuilt.0,
-            if t.identical() {
-                "identical"
-            } else {
-                "DIFFERENT"
-            }
-        );
-    }
-    println!(
-        "rebuilt {} up to sequence {}",
-        report.rebuilt_schema, report.reached
-    );
-    if report.swapped {
-        println!(
-            "schema {} is now the live schema {}",
-            report.rebuilt_schema, report.live_schema
-        );
-    } else if !report.identical() {
-        anyhow::bail!(
-            "the rebuilt tables differ from the live ones in {}",
-            report.live_schema
-        );
-    }
-    Ok(())
-}
-
-/// A service that owns a projection: it runs, or rebuilds its projection
-/// into a fresh schema (the `rebuild` subcommand).
-pub trait ProjectionService: clap::Args + Sized {
-    /// The binary's name (`lh-gateway`), for its `--help` and its logs.
-    const NAME: &'static str;
-    /// One line for `--help`.
-    const ABOUT: &'static str;
-
-    /// The schema of the live projection.
-    fn schema(&self) -> &str;
-
-    fn start(
-        self,
-        shutdown: CancellationToken,
-    ) -> impl std::future::Future<Output = anyhow::Result<Running>>;
-
-    fn rebuild(
-        &self,
-        into: &str,
-        swap: bool,
-        on_event: impl FnMut(u64, u64),
-    ) -> impl std::future::Future<Output = anyhow::Result<lh_projection::RebuildReport>>;
-}
-
-/// The command line of a service that owns a projection: flags of the
-/// service (or their environment variables), then an optional subcommand.
-#[derive(clap::Parser, Debug)]
-struct ProjectionCli<S: clap::Args> {
-    #[command(flatten)]
-    config: S,
-    #[command(subcommand)]
-    command: Option<ProjectionCommand>,
-}
-
-/// The whole `main` of a service that owns a projection.
-pub async fn projection_main<S: ProjectionService>() -> anyhow::Result<()> {
-    use clap::{CommandFactory as _, FromArgMatches as _};
-    let matches = ProjectionCli::<S>::command()
-        .name(S::NAME)
-        .about(S::ABOUT)
-        .get_matches();
-    let cli = ProjectionCli::<S>::from_arg_matches(&matches)?;
-    init_process(S::NAME);
-    match cli.command.unwrap_or(ProjectionCommand::Run) {
-        ProjectionCommand::Run => cli.config.start(shutdown_on_signal()).await?.wait().await,
-        ProjectionCommand::Rebuild(args) => {
-            let into = args.into_schema(cli.config.schema());
-            let report = cli
-                .config
-                .rebuild(&into, args.swap, rebuild_progress())
-                .await?;
-            report_rebuild(&report)
-        }
     }
 }

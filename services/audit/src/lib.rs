@@ -453,6 +453,14 @@ fn read_verify_token(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
+impl lh_service::Service for Config {
+    const NAME: &'static str = "lh-audit";
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+}
+
 /// Starts the keeper, the verify RPC and the HTTP API.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     lh_service::describe_metrics(METRICS);

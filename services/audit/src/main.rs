@@ -10,7 +10,7 @@ use lh_audit::Config;
 const INIT_KEYS: &str = "init-keys";
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let mut command = Config::command()
         .subcommand(InitKeys::command().name(INIT_KEYS))
         // The init step runs before the service's settings exist: it takes
@@ -20,15 +20,17 @@ async fn main() -> anyhow::Result<()> {
         .disable_help_subcommand(true);
     let mut matches = command.get_matches_mut();
     if let Some(init) = matches.subcommand_matches(INIT_KEYS) {
-        return InitKeys::from_arg_matches(init)
-            .unwrap_or_else(|e| e.format(&mut command).exit())
-            .run();
+        let init =
+            InitKeys::from_arg_matches(init).unwrap_or_else(|e| e.format(&mut command).exit());
+        return match init.run() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lh-audit {INIT_KEYS}: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     let config = Config::from_arg_matches_mut(&mut matches)
         .unwrap_or_else(|e| e.format(&mut command).exit());
-    lh_service::init_process("lh-audit");
-    lh_audit::start(config, lh_service::shutdown_on_signal())
-        .await?
-        .wait()
-        .await
+    lh_service::run_service(config).await
 }

@@ -379,17 +379,20 @@ pub async fn rebuild(
     Ok(report)
 }
 
-impl lh_service::ProjectionService for Config {
+impl lh_service::Service for Config {
     const NAME: &'static str = "lh-gateway";
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+}
+
+impl lh_service::ProjectionService for Config {
     const ABOUT: &'static str = "Leasehold REST gateway. Flags of the service go before the \
         subcommand, or come from the environment.";
 
     fn schema(&self) -> &str {
         &self.schema
-    }
-
-    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
-        start(self, shutdown).await
     }
 
     async fn rebuild(

@@ -185,6 +185,14 @@ impl Config {
     }
 }
 
+impl lh_service::Service for Config {
+    const NAME: &'static str = "lh-node-agent";
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+}
+
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     lh_service::describe_metrics(METRICS);
     // The id is a subject token and a NATS user: `gpu.1` and `gpu_1` would

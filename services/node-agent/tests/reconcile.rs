@@ -635,3 +635,21 @@ async fn a_workload_s_log_survives_its_agent_s_restart_and_the_new_agent_serves_
     token.cancel();
     running.wait().await.unwrap();
 }
+
+#[test]
+fn a_bad_setting_ends_the_agent_with_status_1_and_one_line_that_names_it() {
+    let output = Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
+        .args(["--nats-url", "nats://127.0.0.1:1", "--node-id", "gpu.1"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("lh-node-agent: "))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("--node-id \"gpu.1\""), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+}

@@ -412,17 +412,20 @@ pub async fn rebuild(
     .with_context(|| format!("rebuilding into schema {into}"))
 }
 
-impl lh_service::ProjectionService for Config {
+impl lh_service::Service for Config {
     const NAME: &'static str = "lh-pricing";
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+}
+
+impl lh_service::ProjectionService for Config {
     const ABOUT: &'static str = "Leasehold pricing: charges and invoices. Flags of the service \
         (--database-url, --nats-url, ...) go before the subcommand, or come from the environment.";
 
     fn schema(&self) -> &str {
         &self.schema
-    }
-
-    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
-        start(self, shutdown).await
     }
 
     async fn rebuild(

@@ -154,6 +154,14 @@ impl Config {
     }
 }
 
+impl lh_service::Service for Config {
+    const NAME: &'static str = "lh-scheduler";
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+}
+
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     lh_service::describe_metrics(METRICS);
     let bus = config.common.connect_bus(state::SERVICE).await?;

@@ -1,11 +1,4 @@
-use clap::Parser;
-
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let config = lh_scheduler::Config::parse();
-    lh_service::init_process("lh-scheduler");
-    lh_scheduler::start(config, lh_service::shutdown_on_signal())
-        .await?
-        .wait()
-        .await
+async fn main() -> std::process::ExitCode {
+    lh_service::service_main::<lh_scheduler::Config>().await
 }

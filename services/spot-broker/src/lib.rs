@@ -124,6 +124,14 @@ impl Config {
     }
 }
 
+impl lh_service::Service for Config {
+    const NAME: &'static str = "lh-spot-broker";
+
+    async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        start(self, shutdown).await
+    }
+}
+
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     lh_service::describe_metrics(METRICS);
     let bounds = SpotBounds::new(config.floor_cny_per_gb_hour, config.ceiling_cny_per_gb_hour)
