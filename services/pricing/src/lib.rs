@@ -112,7 +112,7 @@ pub struct Config {
     /// How far, in seconds, a node's clock may be from the log server's:
     /// a lease's start and end as the node reports them are held to within
     /// this of when the log stored the report.
-    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
+    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS)]
     pub node_clock_skew_secs: i64,
     /// Seconds after the end of its month that a tenant's invoice stays a
     /// draft before it is issued.
@@ -181,7 +181,7 @@ impl Config {
             common: CommonArgs::for_test(nats_url),
             database_url: database_url.to_string(),
             schema: DEFAULT_SCHEMA.to_string(),
-            node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
+            node_clock_skew_secs: lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS,
             invoice_grace_secs: ledger::DEFAULT_INVOICE_GRACE_SECS,
             accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
             balance_warn_secs: balances::DEFAULT_BALANCE_WARN_SECS,
@@ -249,7 +249,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness.clone(),
         shutdown.clone(),
         config.clone(),
-        ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs)),
+        ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs))
+            .with_node_clock_skew(chrono::Duration::seconds(config.node_clock_skew_secs)),
     ));
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
