@@ -34,21 +34,6 @@ use uuid::Uuid;
 
 pub const CURRENCY: &str = "CNY";
 
-/// How far a node's clock may be from the log server's before its
-/// timestamps are not believed, by default.
-pub const DEFAULT_NODE_CLOCK_SKEW_SECS: i64 = 30;
-
-/// A node's own timestamp of something it reports, held to what the log
-/// server saw: not later than the server stored the report, nor earlier
-/// than `skew` before that. A node whose clock runs wrong (or lies) moves
-/// its bill by at most `skew`.
-pub fn clamp_node_time(
-    claimed: DateTime<Utc>,
-    stored_at: DateTime<Utc>,
-    skew: chrono::Duration,
-) -> DateTime<Utc> {
-    claimed.clamp(stored_at - skew.abs(), stored_at)
-}
 /// Decimal places of a billed amount (fen).
 pub const AMOUNT_SCALE: u32 = 2;
 const MICROS_PER_SECOND: i64 = 1_000_000;
@@ -581,27 +566,6 @@ pub fn charges(book: &PriceBookPublished, segment: &Segment) -> Vec<ChargeAccrue
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_node_time_is_held_to_the_stored_time_within_the_skew() {
-        let stored = Utc.with_ymd_and_hms(2026, 12, 3, 10, 0, 0).unwrap();
-        let skew = chrono::Duration::seconds(30);
-        let ago = |s: i64| stored - chrono::Duration::seconds(s);
-        assert_eq!(
-            clamp_node_time(ago(10), stored, skew),
-            ago(10),
-            "within the skew"
-        );
-        assert_eq!(
-            clamp_node_time(ago(3600), stored, skew),
-            ago(30),
-            "a clock far behind"
-        );
-        assert_eq!(
-            clamp_node_time(ago(-600), stored, skew),
-            stored,
-            "a clock ahead"
-        );
-    }
     use chrono::Duration;
 
     fn seg(start: DateTime<Utc>, end: DateTime<Utc>) -> Segment {

@@ -29,6 +29,7 @@ pub mod fixtures;
 mod gpu;
 mod lease;
 mod node;
+pub mod node_time;
 mod restated;
 mod schema;
 pub mod subject;

@@ -78,6 +78,17 @@ impl EventData {
         }
     }
 
+    /// [`EventData::restated_history`], to change.
+    pub(crate) fn restated_history_mut(&mut self) -> Option<&mut Vec<StatedEvent>> {
+        match self {
+            EventData::LeaseRestated(r) => Some(&mut r.history),
+            EventData::TenantRestated(r) => Some(&mut r.history),
+            EventData::NodeRestated(r) => Some(&mut r.history),
+            EventData::PriceBookRestated(r) => Some(&mut r.history),
+            _ => None,
+        }
+    }
+
     /// Whether this event states its aggregate from the start: the event
     /// that creates it, or a restatement.
     pub fn is_full_statement(&self) -> bool {

@@ -11,6 +11,11 @@
 //! and backing off when the log refuses a write for another reason. It is
 //! the write-side twin of `lh_projection::run`.
 //!
+//! The loop is also where a node's clock stops being taken at its word:
+//! each stored event reaches the fold with the times its node reported held
+//! to when the log stored it ([`fold_stored`], by the rule of
+//! `lh_events::node_time`), so every decider reads the same times.
+//!
 //! A stored message the service cannot decode is read all the same: it
 //! counts towards catching up, and where it is the newest message on a
 //! subject, a guard the decider sets on that subject (which only knows the
@@ -18,12 +23,14 @@
 //! conflict forever.
 
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use lh_bus::{Bus, BusError, Expect, FeedItem, MAX_BATCH_MESSAGES};
+use lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS;
 use lh_events::Envelope;
 use lh_telemetry::Readiness;
 use tokio_util::sync::CancellationToken;
@@ -194,10 +201,20 @@ pub trait Decider: Send {
     fn apply(&mut self, sequence: u64, envelope: &Envelope);
 
     /// Folds one stored event with the time the server stored it (by the
-    /// server's clock); by default [`Decider::apply`]. A decider that holds
-    /// writers' own timestamps to the server's overrides this.
+    /// server's clock), its node's times already held to that
+    /// ([`fold_stored`]); by default [`Decider::apply`].
     fn apply_stored(&mut self, sequence: u64, _stored_at: DateTime<Utc>, envelope: &Envelope) {
         self.apply(sequence, envelope);
+    }
+
+    /// How far a node's clock may be from the log server's: the times a
+    /// node reports in a stored event reach [`Decider::apply_stored`] held
+    /// to within this of when the log stored it
+    /// ([`Envelope::held_to_the_log`]). `None` for a decider that reads no
+    /// node's times: it gets events as stored, and says nothing of a node
+    /// whose clock is off.
+    fn node_clock_skew(&self) -> Option<chrono::Duration> {
+        Some(chrono::Duration::seconds(DEFAULT_NODE_CLOCK_SKEW_SECS))
     }
 
     /// Folds one signal; true when it calls for deciding again. Signals are
@@ -249,6 +266,28 @@ pub trait Decider: Send {
     fn snapshot_key(&self) -> String {
         self.name().to_string()
     }
+}
+
+/// Folds one stored event into `decider` as the loop does: the times its
+/// node reported held to when the log stored it, by the decider's
+/// [`Decider::node_clock_skew`], so that no decider takes a node's clock
+/// at its word nor holds it by a rule of its own.
+pub fn fold_stored<D: Decider + ?Sized>(
+    decider: &mut D,
+    sequence: u64,
+    stored_at: DateTime<Utc>,
+    envelope: &Envelope,
+) {
+    let Some(skew) = decider.node_clock_skew() else {
+        return decider.apply_stored(sequence, stored_at, envelope);
+    };
+    let held = envelope.held_to_the_log(stored_at, skew);
+    if let Cow::Owned(_) = held {
+        tracing::warn!(decider = decider.name(), event = envelope.data.event_type(),
+            subject = envelope.data.aggregate_subject(), %stored_at,
+            "a node's timestamp is off the log's clock by more than the skew allowed; held to it");
+    }
+    decider.apply_stored(sequence, stored_at, &held);
 }
 
 /// Version of a snapshot's own shape: a snapshot of another is not read.
@@ -407,7 +446,7 @@ pub async fn run_with_signals<D: Decider>(
                     // A skipped message changes no state but is read all
                     // the same: being last, it leaves the fold caught up.
                     if let FeedItem::Event(event) = &item {
-                        decider.apply_stored(event.sequence, event.stored_at, &event.envelope);
+                        fold_stored(decider, event.sequence, event.stored_at, &event.envelope);
                         dirty = true;
                     }
                     caught_up = item.pending() == 0;

@@ -10,12 +10,14 @@ pub mod clock;
 pub mod decider;
 mod entry;
 pub mod restate;
+mod secret;
 
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use lh_bus::{Bus, BusConfig};
 pub use lh_telemetry::{tls_config, MetricHelp, Readiness, ServeOptions};
+pub use secret::Secret;
 use tokio::task::JoinHandle;
 pub use tokio_util::sync::CancellationToken;
 

@@ -200,6 +200,12 @@ impl Decider for Restater {
         self.apply_stored(sequence, envelope.occurred_at, envelope);
     }
 
+    /// What it restates is read from the log as stored; it reads no
+    /// node's times.
+    fn node_clock_skew(&self) -> Option<chrono::Duration> {
+        None
+    }
+
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
         let data = &envelope.data;
         if !Family::of(data).is_some_and(|f| self.families.contains(&f)) {

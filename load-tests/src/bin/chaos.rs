@@ -209,7 +209,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
     let gateway = lh_gateway::Config {
         common: common.clone(),
         gateway_addr: "127.0.0.1:0".into(),
-        database_url: args.database_url.clone(),
+        database_url: args.database_url.clone().into(),
         schema: lh_gateway::DEFAULT_SCHEMA.into(),
         admin_token: Some("unused-for-a-rebuild-0123456789abcdef".into()),
         admin_token_file: None,

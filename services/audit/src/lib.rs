@@ -26,7 +26,7 @@ use std::time::Duration;
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Json, Router};
 use lh_bus::{Bus, Expect};
 use lh_events::{subject, Actor, AuditDivergenceDetected, DivergenceKind, Envelope, EventData};
-use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running, Secret};
 use sqlx::PgPool;
 
 mod anchor;
@@ -118,7 +118,7 @@ pub const SERVICE: &str = "lh-audit";
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/audit");
 
-#[derive(clap::Parser, Clone)]
+#[derive(clap::Parser, Debug, Clone)]
 #[command(
     name = "lh-audit",
     about = "Leasehold audit: hash chain, signed checkpoints, verification"
@@ -128,7 +128,7 @@ pub struct Config {
     pub common: CommonArgs,
     /// PostgreSQL holding the audit schema.
     #[arg(long, env = "DATABASE_URL")]
-    pub database_url: String,
+    pub database_url: Secret,
     /// Schema this service owns.
     #[arg(long, env = "LH_AUDIT_SCHEMA", default_value = "audit")]
     pub schema: String,
@@ -167,31 +167,13 @@ pub struct Config {
     pub verify_token_file: Option<PathBuf>,
 }
 
-impl std::fmt::Debug for Config {
-    // The database URL may carry a password: never print it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("common", &self.common)
-            .field("database_url", &"<redacted>")
-            .field("schema", &self.schema)
-            .field("signing_key_file", &self.signing_key_file)
-            .field("checkpoint_every_events", &self.checkpoint_every_events)
-            .field("checkpoint_every_secs", &self.checkpoint_every_secs)
-            .field("prune_every_secs", &self.prune_every_secs)
-            .field("trusted_public_keys", &self.trusted_public_keys)
-            .field("trusted_public_keys_file", &self.trusted_public_keys_file)
-            .field("verify_token_file", &self.verify_token_file)
-            .finish()
-    }
-}
-
 impl Config {
     /// For tests: an audit service on `nats_url` and `database_url`, on a
     /// free port, with an ephemeral key and the default checkpoint policy.
     pub fn for_test(nats_url: &str, database_url: &str) -> Self {
         Self {
             common: CommonArgs::for_test(nats_url),
-            database_url: database_url.to_string(),
+            database_url: database_url.into(),
             schema: "audit".to_string(),
             signing_key_file: None,
             checkpoint_every_events: 1000,
@@ -492,7 +474,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         }
     };
     let bus = config.common.connect_bus(SERVICE).await?;
-    let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
+    let pool = lh_projection::connect_schema(config.database_url.expose(), &config.schema).await?;
     lh_projection::migrate(&pool, &MIGRATOR).await?;
 
     let readiness = Readiness::default();
@@ -706,6 +688,17 @@ async fn http_verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_config_prints_no_secret() {
+        let config = Config::for_test("nats://127.0.0.1:1", "postgres://lh:db-secret@db/lh");
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("db-secret"), "{printed}");
+        assert_eq!(
+            config.database_url.expose(),
+            "postgres://lh:db-secret@db/lh"
+        );
+    }
 
     #[test]
     fn the_bearer_token_must_match_exactly() {

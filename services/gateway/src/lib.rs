@@ -27,7 +27,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use lh_projection::Progress;
-use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running, Secret};
 use tokio::sync::oneshot;
 
 pub const DEFAULT_GATEWAY_ADDR: &str = "127.0.0.1:8080";
@@ -100,20 +100,20 @@ pub struct Config {
     #[arg(long, env = "LH_GATEWAY_ADDR", default_value = DEFAULT_GATEWAY_ADDR)]
     pub gateway_addr: String,
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: Secret,
     /// Schema of the read models.
     #[arg(long, env = "LH_GATEWAY_SCHEMA", default_value = DEFAULT_SCHEMA)]
     pub schema: String,
     /// Bootstrap admin token (at least 32 characters, no placeholder);
     /// it acts as the operator `bootstrap`.
     #[arg(long, env = "LH_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// File holding the bootstrap admin token when LH_ADMIN_TOKEN is unset.
     #[arg(long, env = "LH_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// Bearer token of the shared auditor (read-only), checked as the admin token is.
     #[arg(long, env = "LH_AUDITOR_TOKEN", hide_env_values = true)]
-    pub auditor_token: Option<String>,
+    pub auditor_token: Option<Secret>,
     /// File holding the auditor token when LH_AUDITOR_TOKEN is unset.
     #[arg(long, env = "LH_AUDITOR_TOKEN_FILE")]
     pub auditor_token_file: Option<PathBuf>,
@@ -187,9 +187,9 @@ impl Config {
     /// The operators this gateway knows; at least one admin credential is
     /// required, or nobody could create a tenant.
     pub async fn principals(&self) -> anyhow::Result<principals::Principals> {
-        let token = |value: &Option<String>, file: &Option<PathBuf>, what: &str| match (value, file)
+        let token = |value: &Option<Secret>, file: &Option<PathBuf>, what: &str| match (value, file)
         {
-            (Some(t), _) => Ok(Some(t.trim().to_string())),
+            (Some(t), _) => Ok(Some(t.expose().trim().to_string())),
             (None, Some(path)) => principals::read_token_file(what, path).map(Some),
             (None, None) => Ok(None),
         };
@@ -227,7 +227,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let principals = std::sync::Arc::new(config.principals().await?);
     let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;
-    let pool = lh_projection::connect_schema(&config.database_url, &config.schema).await?;
+    let pool = lh_projection::connect_schema(config.database_url.expose(), &config.schema).await?;
     lh_projection::migrate(&pool, &projection::MIGRATOR).await?;
     let keys = keyring::file_provider(&config.master_key_file)?;
     seal::migrate_keys(&pool, keys.as_ref()).await?;
@@ -359,7 +359,7 @@ pub async fn rebuild(
     let bus = config.common.connect_bus(SERVICE).await?;
     let mut report = lh_projection::rebuild_and_compare(
         &bus,
-        &config.database_url,
+        config.database_url.expose(),
         &config.schema,
         into,
         &projection::MIGRATOR,
@@ -371,9 +371,9 @@ pub async fn rebuild(
     .await?;
     // Usage minutes outlive the telemetry stream: the rebuilt schema takes
     // the live rows and adds what the stream still holds.
-    usage::carry_over(&bus, &config.database_url, &config.schema, into).await?;
+    usage::carry_over(&bus, config.database_url.expose(), &config.schema, into).await?;
     if swap {
-        lh_projection::swap_schemas(&config.database_url, &config.schema, into).await?;
+        lh_projection::swap_schemas(config.database_url.expose(), &config.schema, into).await?;
         report.swapped = true;
     }
     Ok(report)
@@ -402,5 +402,38 @@ impl lh_service::ProjectionService for Config {
         on_event: impl FnMut(u64, u64),
     ) -> anyhow::Result<lh_projection::RebuildReport> {
         rebuild(self, into, swap, on_event).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_prints_no_secret() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            config: Config,
+        }
+        let flags = <Flags as clap::Parser>::parse_from([
+            "lh-gateway",
+            "--database-url",
+            "postgres://lh:db-secret@db/lh",
+            "--admin-token",
+            "admin-secret-0123456789abcdefghijklmnop",
+            "--auditor-token",
+            "auditor-secret-0123456789abcdefghijklmn",
+            "--master-key-file",
+            "/etc/lh/master.keys",
+        ]);
+        let printed = format!("{:?}", flags.config);
+        for secret in ["db-secret", "admin-secret", "auditor-secret"] {
+            assert!(!printed.contains(secret), "{secret} in {printed}");
+        }
+        assert_eq!(
+            flags.config.database_url.expose(),
+            "postgres://lh:db-secret@db/lh"
+        );
     }
 }

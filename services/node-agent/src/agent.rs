@@ -410,6 +410,12 @@ impl Decider for NodeAgent {
         "node-agent"
     }
 
+    /// Its fold keeps what this node runs, not when anything happened:
+    /// the times nodes report are the scheduler's and pricing's to hold.
+    fn node_clock_skew(&self) -> Option<chrono::Duration> {
+        None
+    }
+
     fn filters(&self) -> &[&'static str] {
         // Every node's subject, not only this one's: node events are few,
         // and the fold keeps only this node's.

@@ -45,7 +45,7 @@ use chrono::Utc;
 use lh_bus::Bus;
 use lh_service::clock::{SharedClock, SystemClock};
 use lh_service::decider;
-use lh_service::{CancellationToken, CommonArgs, Readiness, Running};
+use lh_service::{CancellationToken, CommonArgs, Readiness, Running, Secret};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
@@ -105,14 +105,14 @@ pub struct Config {
     pub common: CommonArgs,
     /// PostgreSQL database holding the invoice projection.
     #[arg(long, env = "DATABASE_URL")]
-    pub database_url: String,
+    pub database_url: Secret,
     /// Postgres schema of the live projection.
     #[arg(long, env = "LH_PRICING_SCHEMA", default_value = DEFAULT_SCHEMA)]
     pub schema: String,
     /// How far, in seconds, a node's clock may be from the log server's:
     /// a lease's start and end as the node reports them are held to within
     /// this of when the log stored the report.
-    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
+    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS)]
     pub node_clock_skew_secs: i64,
     /// Seconds after the end of its month that a tenant's invoice stays a
     /// draft before it is issued.
@@ -179,9 +179,9 @@ impl Config {
     pub fn for_test(nats_url: &str, database_url: &str) -> Self {
         Self {
             common: CommonArgs::for_test(nats_url),
-            database_url: database_url.to_string(),
+            database_url: database_url.into(),
             schema: DEFAULT_SCHEMA.to_string(),
-            node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
+            node_clock_skew_secs: lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS,
             invoice_grace_secs: ledger::DEFAULT_INVOICE_GRACE_SECS,
             accrual_grace_secs: charges::DEFAULT_ACCRUAL_GRACE_SECS,
             balance_warn_secs: balances::DEFAULT_BALANCE_WARN_SECS,
@@ -218,7 +218,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     lh_service::describe_metrics(METRICS);
     config.check()?;
     let bus = config.common.connect_bus(SERVICE).await?;
-    let pool = lh_projection::connect_schema(&config.database_url, &config.schema)
+    let pool = lh_projection::connect_schema(config.database_url.expose(), &config.schema)
         .await
         .context("pricing: connecting to PostgreSQL")?;
     lh_projection::migrate(&pool, &MIGRATOR)
@@ -249,7 +249,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness.clone(),
         shutdown.clone(),
         config.clone(),
-        ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs)),
+        ledger::Ledger::new(chrono::Duration::seconds(config.invoice_grace_secs))
+            .with_node_clock_skew(chrono::Duration::seconds(config.node_clock_skew_secs)),
     ));
     Running::spawn(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
@@ -399,7 +400,7 @@ pub async fn rebuild(
     let bus = config.common.connect_bus("lh-pricing-rebuild").await?;
     lh_projection::rebuild_and_compare(
         &bus,
-        &config.database_url,
+        config.database_url.expose(),
         &config.schema,
         into,
         &MIGRATOR,
@@ -452,5 +453,16 @@ mod tests {
         assert!(error.contains("LH_INVOICE_GRACE_SECS (60)"), "{error}");
         config.accrual_grace_secs = 60;
         assert!(config.check().is_ok());
+    }
+
+    #[test]
+    fn the_config_prints_no_secret() {
+        let config = Config::for_test("nats://127.0.0.1:1", "postgres://lh:db-secret@db/lh");
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("db-secret"), "{printed}");
+        assert_eq!(
+            config.database_url.expose(),
+            "postgres://lh:db-secret@db/lh"
+        );
     }
 }

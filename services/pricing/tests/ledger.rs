@@ -372,7 +372,7 @@ async fn a_rebuilt_projection_gives_every_invoice_the_same_hash() {
 
     // An auditor's recomputation: the charges of the tenant and month up to
     // the invoice's sequence give its lines.
-    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing")
+    let pool = lh_projection::connect_schema(env.config.database_url.expose(), "pricing")
         .await
         .unwrap();
     for invoice in &live {
@@ -396,9 +396,10 @@ async fn a_rebuilt_projection_gives_every_invoice_the_same_hash() {
     for table in &report.tables {
         assert!(table.identical(), "{table:?} differs");
     }
-    let rebuilt = lh_projection::connect_schema(&env.config.database_url, "pricing_rebuild")
-        .await
-        .unwrap();
+    let rebuilt =
+        lh_projection::connect_schema(env.config.database_url.expose(), "pricing_rebuild")
+            .await
+            .unwrap();
     for invoice in &live {
         let again = lh_pricing::projection::read_document(
             &rebuilt,
@@ -597,7 +598,7 @@ async fn a_month_of_more_leases_than_one_event_holds_is_issued_in_parts() {
     assert_eq!(by_period, parts[0]);
     // The auditor's recomputation: the parts' lines, in order, are the
     // charges up to their sequence.
-    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing")
+    let pool = lh_projection::connect_schema(env.config.database_url.expose(), "pricing")
         .await
         .unwrap();
     let mut lines = lh_pricing::projection::lines_between(

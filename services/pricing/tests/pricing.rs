@@ -319,7 +319,7 @@ async fn a_rebuild_gives_identical_rows() {
     assert!(lines.identical(), "live and rebuilt invoice_lines differ");
 
     // The rebuilt schema answers with the very same invoice (same content hash).
-    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing_rebuild")
+    let pool = lh_projection::connect_schema(env.config.database_url.expose(), "pricing_rebuild")
         .await
         .unwrap();
     let request = InvoiceRequest {
@@ -344,7 +344,7 @@ async fn a_rebuild_gives_identical_rows() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lh-pricing"))
         .args(["rebuild", "--into", "pricing_cli", "--swap"])
         .env("LH_NATS_URL", env.config.common.nats_url.as_str())
-        .env("DATABASE_URL", env.config.database_url.as_str())
+        .env("DATABASE_URL", env.config.database_url.expose())
         .env("RUST_LOG", "warn")
         .output()
         .await

@@ -268,7 +268,7 @@ async fn a_past_month_is_priced_again_on_another_book_per_tenant() {
     }
     // Rows projected before the column have no age: the lease's billed
     // seconds over every month stand for it, October's two hours included.
-    let pool = lh_projection::connect_schema(&env.config.database_url, "pricing")
+    let pool = lh_projection::connect_schema(env.config.database_url.expose(), "pricing")
         .await
         .unwrap();
     let nulled = sqlx::query("UPDATE invoice_lines SET age_seconds = NULL")

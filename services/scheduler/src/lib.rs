@@ -125,7 +125,7 @@ pub struct Config {
     pub fleet_silence_grace_secs: i64,
     /// How far, in seconds, a node's clock may be from the scheduler's: a
     /// heartbeat's own time is held to within this of its arrival.
-    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)]
+    #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS)]
     pub node_clock_skew_secs: i64,
 }
 
@@ -138,7 +138,7 @@ impl Config {
             backfill_starvation_secs: 300,
             node_lost_after_ms: 3_000,
             fleet_silence_grace_secs: 60,
-            node_clock_skew_secs: lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS,
+            node_clock_skew_secs: lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS,
         }
     }
 
@@ -328,34 +328,20 @@ impl Decider for Scheduling {
         self.state.apply(sequence, envelope);
     }
 
-    /// A GPU's health change carries the node's own time, which ends the
-    /// bill of a lease moved off that GPU: it is held to when the log
-    /// stored the change.
+    /// Times the queue wait by when the log stored a start; a node's
+    /// times come held to that by the loop.
     fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
         if let Some(waited) = self.queue_wait(stored_at, envelope) {
             metrics::histogram!("lh_scheduler_queue_wait_seconds").record(waited.as_secs_f64());
         }
-        if let EventData::NodeGpuHealthChanged(change) = &envelope.data {
-            let at = lh_domain::rating::clamp_node_time(
-                change.at,
-                stored_at,
-                self.rules.node_clock_skew,
-            );
-            if at != change.at {
-                let mut held = envelope.clone();
-                if let EventData::NodeGpuHealthChanged(c) = &mut held.data {
-                    c.at = at;
-                }
-                return self.state.apply_stored(
-                    sequence,
-                    stored_at,
-                    &held,
-                    self.rules.node_clock_skew,
-                );
-            }
-        }
-        self.state
-            .apply_stored(sequence, stored_at, envelope, self.rules.node_clock_skew);
+        self.state.apply(sequence, envelope);
+    }
+
+    /// A GPU's health change and a lease's start, end and suspension carry
+    /// the node's own time, which dates a move's last billed instant and
+    /// the lease-time counted for availability.
+    fn node_clock_skew(&self) -> Option<chrono::Duration> {
+        Some(self.rules.node_clock_skew)
     }
 
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
@@ -524,7 +510,10 @@ mod tests {
         let mut scheduling = Scheduling::new(state::Rules::default(), stored);
         let node = fixtures::node("a", "z", 1, fixtures::MODEL, fixtures::MODEL_VRAM_GB);
         let env = |d| Envelope::new(Actor::Node("a".into()), stored, d);
-        scheduling.apply_stored(1, stored, &env(EventData::NodeRegistered(node)));
+        let mut fold = |sequence, envelope: &Envelope| {
+            lh_service::decider::fold_stored(&mut scheduling, sequence, stored, envelope)
+        };
+        fold(1, &env(EventData::NodeRegistered(node)));
         let failed = NodeGpuHealthChanged {
             node_id: "a".into(),
             gpu_index: 0,
@@ -536,7 +525,7 @@ mod tests {
             // The node's clock is an hour behind.
             at: stored - chrono::Duration::hours(1),
         };
-        scheduling.apply_stored(2, stored, &env(EventData::NodeGpuHealthChanged(failed)));
+        fold(2, &env(EventData::NodeGpuHealthChanged(failed)));
         let gpu = &scheduling.state.fleet.nodes["a"].gpus[0];
         assert_eq!(
             gpu.health_since,
@@ -572,7 +561,7 @@ mod tests {
         let mut feed = |scheduling: &mut Scheduling, stored, envelope: Envelope| {
             sequence += 1;
             let waited = scheduling.queue_wait(stored, &envelope);
-            scheduling.apply_stored(sequence, stored, &envelope);
+            lh_service::decider::fold_stored(scheduling, sequence, stored, &envelope);
             waited
         };
 

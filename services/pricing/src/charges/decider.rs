@@ -1,5 +1,5 @@
 //! Charging on the decide loop: [`Charges`] applies stored events to the
-//! [`ChargingState`] (node times held to the log's clock first), plans
+//! [`ChargingState`] (node times held to the log's clock by the loop), plans
 //! the charges due once caught up, and keeps the shelf the price book,
 //! quote, reservation and balance RPCs read.
 
@@ -139,7 +139,9 @@ impl Charges {
         self.shelf.clone()
     }
 
-    fn apply_stored_event(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+    /// Folds a stored event, a restatement as the events it carries (each
+    /// held to the log when it was stored, as the loop holds them).
+    fn apply_stored_event(&mut self, sequence: u64, envelope: &Envelope) {
         if let Some(history) = envelope.data.restated_history() {
             if self.fold.needs_history(&envelope.data) {
                 for e in history {
@@ -149,8 +151,7 @@ impl Charges {
             self.fold.sequence = self.fold.sequence.max(sequence);
             return;
         }
-        let held = held_to_the_log(envelope, stored_at, self.node_clock_skew);
-        self.fold.apply(sequence, &held);
+        self.fold.apply(sequence, envelope);
     }
 
     /// Keeps what the quote RPC reads: the quotes and the spot prices.
@@ -185,48 +186,6 @@ impl Charges {
     }
 }
 
-/// `envelope` with the times a node reports of a lease held to `stored_at`
-/// (see [`lh_domain::rating::clamp_node_time`]); other events as they are.
-pub fn held_to_the_log(
-    envelope: &Envelope,
-    stored_at: DateTime<Utc>,
-    skew: chrono::Duration,
-) -> std::borrow::Cow<'_, Envelope> {
-    use lh_domain::rating::clamp_node_time as clamp;
-    // The node's time in the event, and what it is held to.
-    let (claimed, held_at) = match &envelope.data {
-        EventData::LeaseStarted(e) => (e.started_at, clamp(e.started_at, stored_at, skew)),
-        EventData::LeaseEnded(e) if e.node_id.is_some() => {
-            (e.ended_at, clamp(e.ended_at, stored_at, skew))
-        }
-        EventData::LeaseSuspended(e) => (e.suspended_at, clamp(e.suspended_at, stored_at, skew)),
-        // The scheduler works it out from a node's times (its last
-        // heartbeat, a GPU's failure), held when they were heard; a
-        // migration can still never end a run after it was stored.
-        EventData::LeaseMigrated(e) => (e.billing_ends_at, e.billing_ends_at.min(stored_at)),
-        // A notice is given when it is stored, at the latest.
-        EventData::LeasePreemptionNoticed(_) => {
-            (envelope.occurred_at, envelope.occurred_at.min(stored_at))
-        }
-        _ => return std::borrow::Cow::Borrowed(envelope),
-    };
-    if claimed == held_at {
-        return std::borrow::Cow::Borrowed(envelope);
-    }
-    tracing::warn!(event = envelope.data.event_type(), lease = ?envelope.data.lease_id(),
-        %stored_at, "a node's timestamp is off the log's clock by more than the skew allowed; held to it");
-    let mut held = envelope.clone();
-    match &mut held.data {
-        EventData::LeaseStarted(e) => e.started_at = held_at,
-        EventData::LeaseEnded(e) => e.ended_at = held_at,
-        EventData::LeaseSuspended(e) => e.suspended_at = held_at,
-        EventData::LeaseMigrated(e) => e.billing_ends_at = held_at,
-        EventData::LeasePreemptionNoticed(_) => held.occurred_at = held_at,
-        _ => {}
-    }
-    std::borrow::Cow::Owned(held)
-}
-
 impl Decider for Charges {
     type Signal = std::convert::Infallible;
 
@@ -252,14 +211,18 @@ impl Decider for Charges {
         self.update_shelf();
     }
 
-    fn apply_stored(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
+    fn node_clock_skew(&self) -> Option<chrono::Duration> {
+        Some(self.node_clock_skew)
+    }
+
+    fn apply_stored(&mut self, sequence: u64, _stored_at: DateTime<Utc>, envelope: &Envelope) {
         if matches!(
             envelope.data,
             EventData::PriceBookPublished(_) | EventData::PriceBookRestated(_)
         ) {
             self.fold.book_sequence = self.fold.book_sequence.max(sequence);
         }
-        self.apply_stored_event(sequence, stored_at, envelope);
+        self.apply_stored_event(sequence, envelope);
         self.shelve(envelope);
         self.update_shelf();
     }

@@ -30,9 +30,7 @@ mod decider;
 mod fold;
 mod plan;
 
-pub use decider::{
-    default_book_id, ensure_price_book, held_to_the_log, Charges, FILTERS, MAX_SPEND_SERIES_TENANTS,
-};
+pub use decider::{default_book_id, ensure_price_book, Charges, FILTERS, MAX_SPEND_SERIES_TENANTS};
 pub use fold::{
     book_in_force, ChargingState, MAX_REMEMBERED_CHARGED_LEASES, QUOTE_KEPT_AFTER_EXPIRY,
 };

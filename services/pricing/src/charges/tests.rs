@@ -3,7 +3,7 @@
 use chrono::{DateTime, TimeZone, Utc};
 use lh_domain::rating;
 use lh_events::*;
-use lh_service::decider::Decider;
+use lh_service::decider::{fold_stored, Decider};
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
@@ -112,13 +112,13 @@ fn an_ended_lease_is_due_until_its_charge_is_seen() {
 fn a_node_clock_far_off_moves_the_bill_by_the_skew_at_most() {
     let lease = Uuid::from_u128(1);
     let mut charges = Charges::new(chrono::Duration::seconds(30), GRACE);
-    charges.apply_stored(1, t(0, 0, 0), &book(1, t(0, 0, 0), "0.5"));
+    fold_stored(&mut charges, 1, t(0, 0, 0), &book(1, t(0, 0, 0), "0.5"));
     // The node says it started an hour before the log stored its
     // report, and ended ten minutes after the log stored that.
     let events = lease_events(lease, t(9, 0, 0), t(10, 11, 30), EndReason::Stopped);
     let stored = [t(10, 0, 0), t(10, 0, 0), t(10, 0, 0), t(10, 1, 30)];
     for (i, (e, at)) in events.iter().zip(stored).enumerate() {
-        charges.apply_stored(2 + i as u64, at, e);
+        fold_stored(&mut charges, 2 + i as u64, at, e);
     }
     let Plan::Publish(bill) = charges.fold.plan_until(lease, LATER) else {
         panic!("expected a bill")
@@ -167,10 +167,10 @@ fn a_lease_and_book_known_only_from_restatements_are_billed_the_same() {
     // Started after the history expired; an event of the lease before
     // its restatement is read and then stood in for by it.
     let mut charges = Charges::new(chrono::Duration::seconds(30), GRACE);
-    charges.apply_stored(40, t(10, 0, 0), &events[3]);
-    charges.apply_stored(50, t(10, 0, 0), &env(book_restated));
-    charges.apply_stored(51, t(10, 0, 0), &env(lease_restated.clone()));
-    charges.apply_stored(52, t(10, 1, 30), &ended);
+    fold_stored(&mut charges, 40, t(10, 0, 0), &events[3]);
+    fold_stored(&mut charges, 50, t(10, 0, 0), &env(book_restated));
+    fold_stored(&mut charges, 51, t(10, 0, 0), &env(lease_restated.clone()));
+    fold_stored(&mut charges, 52, t(10, 1, 30), &ended);
     let (Plan::Publish(fresh), Plan::Publish(known)) = (
         charges.fold.plan_until(lease, LATER),
         whole.plan_until(lease, LATER),
@@ -182,10 +182,10 @@ fn a_lease_and_book_known_only_from_restatements_are_billed_the_same() {
     // To a fold that knows the lease, its restatement changes nothing.
     let mut again = Charges::new(chrono::Duration::seconds(30), GRACE);
     for (i, e) in events.iter().enumerate() {
-        again.apply_stored(1 + i as u64, t(10, 0, 0), e);
+        fold_stored(&mut again, 1 + i as u64, t(10, 0, 0), e);
     }
-    again.apply_stored(51, t(10, 0, 0), &env(lease_restated));
-    again.apply_stored(52, t(10, 1, 30), &ended);
+    fold_stored(&mut again, 51, t(10, 0, 0), &env(lease_restated));
+    fold_stored(&mut again, 52, t(10, 1, 30), &ended);
     let Plan::Publish(bill) = again.fold.plan_until(lease, LATER) else {
         panic!("billed")
     };
@@ -198,7 +198,7 @@ fn a_snapshot_taken_back_bills_the_same() {
     let (events, ended) = book_and_lease_until_its_end(lease);
     let mut before = Charges::new(chrono::Duration::seconds(30), GRACE);
     for (i, e) in events.iter().enumerate() {
-        before.apply_stored(1 + i as u64, t(10, 0, 0), e);
+        fold_stored(&mut before, 1 + i as u64, t(10, 0, 0), e);
     }
     let mut after = Charges::new(chrono::Duration::seconds(30), GRACE);
     let bytes = serde_json::to_vec(&before.snapshot().unwrap()).unwrap();
@@ -206,7 +206,7 @@ fn a_snapshot_taken_back_bills_the_same() {
         after.restore(&serde_json::from_slice::<Box<serde_json::value::RawValue>>(&bytes).unwrap())
     );
     for c in [&mut before, &mut after] {
-        c.apply_stored(9, t(10, 1, 30), &ended);
+        fold_stored(c, 9, t(10, 1, 30), &ended);
     }
     let (Plan::Publish(a), Plan::Publish(b)) = (
         before.fold.plan_until(lease, LATER),

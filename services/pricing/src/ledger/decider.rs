@@ -55,6 +55,10 @@ impl Decider for Ledger {
         self.fold(sequence, envelope);
     }
 
+    fn node_clock_skew(&self) -> Option<chrono::Duration> {
+        Some(self.node_clock_skew)
+    }
+
     fn apply_stored(&mut self, sequence: u64, _stored_at: DateTime<Utc>, envelope: &Envelope) {
         self.read_through = self.read_through.max(sequence);
         self.fold(sequence, envelope);
@@ -118,6 +122,7 @@ impl Decider for Ledger {
                 }
                 *self = Ledger {
                     grace: self.grace,
+                    node_clock_skew: self.node_clock_skew,
                     ..restored
                 };
                 true

@@ -20,11 +20,16 @@ use uuid::Uuid;
 pub const MAX_INTERRUPTIONS_LISTED: usize = 100;
 
 /// The ledger's state, folded from the log. Its snapshot is all of it but
-/// the grace, which is this replica's configuration, not the log's.
+/// the grace and the node clock skew, which are this replica's
+/// configuration, not the log's.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Ledger {
     #[serde(skip)]
     pub(super) grace: chrono::Duration,
+    /// How far a node's timestamps may be from the log server's clock: the
+    /// starts and ends that close a lease's downtime are held to it.
+    #[serde(skip)]
+    pub(super) node_clock_skew: chrono::Duration,
     /// The newest sequence read from the log (not counting what this
     /// replica appended itself and has not read back yet).
     pub(super) read_through: u64,
@@ -50,6 +55,9 @@ impl Ledger {
     pub fn new(grace: chrono::Duration) -> Self {
         Self {
             grace,
+            node_clock_skew: chrono::Duration::seconds(
+                lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS,
+            ),
             read_through: 0,
             ledger_sequence: 0,
             last_invoice_number: 0,
@@ -61,6 +69,13 @@ impl Ledger {
             leases: HashMap::new(),
             downtime: BTreeMap::new(),
         }
+    }
+
+    /// Holds the node's times it reads to `skew` of when the log stored
+    /// them.
+    pub fn with_node_clock_skew(mut self, skew: chrono::Duration) -> Self {
+        self.node_clock_skew = skew;
+        self
     }
 
     /// Whether `period`'s month and grace are over at `now`.

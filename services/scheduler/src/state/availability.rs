@@ -15,10 +15,10 @@
 //! up to some instant and then closed earlier (an end dated by its node
 //! before the instant it was counted to) would. So a node's event never
 //! dates what it changes before it was stored less the nodes' clock skew,
-//! nor after it was stored ([`AvailabilityStats::begin_stored`]), and the
-//! caller counts
-//! open intervals no further than that skew, and a little more, before its
-//! clock ([`AvailabilityStats::counted_through`]). The platform's own
+//! nor after it was stored (the decide loop holds its times so:
+//! `lh_events::node_time`), and the caller counts open intervals no
+//! further than that skew, and a little more, before its clock
+//! ([`AvailabilityStats::counted_through`]). The platform's own
 //! events date from the log already; an interruption dated back (from the
 //! last billed instant) moves owed time to interrupted and takes none
 //! away.
@@ -62,11 +62,6 @@ pub struct AvailabilityStats {
     pub tenants: BTreeMap<Uuid, LeaseTime>,
     /// Open intervals of live leases: (tenant, interval).
     pub open: HashMap<Uuid, (Uuid, Open)>,
-    /// The instants a node's event being folded may date a change
-    /// between: when it was stored, less the nodes' clock skew, and when it
-    /// was stored. Set only while it is folded.
-    #[serde(skip)]
-    window: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 /// How far behind the caller's clock, beyond the nodes' clock skew, open
@@ -80,28 +75,9 @@ fn millis_between(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {
 }
 
 impl AvailabilityStats {
-    /// Holds what the next event folded dates to no earlier than when it
-    /// was stored (`stored_at`, the server's clock) less the nodes' clock
-    /// `skew`, until [`AvailabilityStats::end_stored`].
-    pub fn begin_stored(&mut self, stored_at: DateTime<Utc>, skew: chrono::Duration) {
-        self.window = Some((stored_at - skew.abs(), stored_at));
-    }
-
-    pub fn end_stored(&mut self) {
-        self.window = None;
-    }
-
     /// The instant open intervals are counted to at `now` (see the module).
     pub fn counted_through(now: DateTime<Utc>, skew: chrono::Duration) -> DateTime<Utc> {
         now - skew.abs() - chrono::Duration::milliseconds(COUNTED_BEHIND_SKEW_MS)
-    }
-
-    /// `at`, held to the window of the node's event being folded: never
-    /// before its storing less the skew (the counters would step back),
-    /// never after its storing (a clock ahead would count time to come).
-    fn floored(&self, at: DateTime<Utc>) -> DateTime<Utc> {
-        self.window
-            .map_or(at, |(earliest, latest)| at.clamp(earliest, latest))
     }
 
     /// The key a tenant's time is kept under: its own while there is room.
@@ -132,7 +108,6 @@ impl AvailabilityStats {
 
     /// The lease runs (its first start, or again after an interruption).
     pub fn started(&mut self, lease: Uuid, tenant: Uuid, at: DateTime<Utc>) {
-        let at = self.floored(at);
         // A start dated before the interval it ends (a node's clock, a late
         // event) must not count that stretch twice.
         let at = match self.open.get(&lease) {
@@ -152,7 +127,7 @@ impl AvailabilityStats {
         if let Open::Serving(since) = open {
             // A node's last billed instant before its lease's start (clocks
             // disagree) counts the interruption from the start.
-            let at = self.floored(last_served).max(since);
+            let at = last_served.max(since);
             self.close(lease, at);
             self.open.insert(lease, (tenant, Open::Interrupted(at)));
         }
@@ -160,7 +135,6 @@ impl AvailabilityStats {
 
     /// The lease ended or was suspended: it owes nothing from `at` on.
     pub fn stopped_owing(&mut self, lease: Uuid, at: DateTime<Utc>) {
-        let at = self.floored(at);
         self.close(lease, at);
     }
 
@@ -232,10 +206,10 @@ mod tests {
     fn an_end_counted_past_is_dated_no_earlier_than_its_storing_less_the_skew() {
         let (lease, tenant) = (Uuid::from_u128(1), Uuid::from_u128(2));
         let skew = chrono::Duration::seconds(30);
+        // A node's time as the decide loop folds it, stored at `stored`.
+        let held = |claimed, stored| lh_events::node_time::held_to(claimed, stored, skew);
         let mut stats = AvailabilityStats::default();
-        stats.begin_stored(t("10:00:01"), skew);
-        stats.started(lease, tenant, t("10:00:00"));
-        stats.end_stored();
+        stats.started(lease, tenant, held(t("10:00:00"), t("10:00:01")));
         // Exported at 11:00: counted through 10:59:00.
         let through = AvailabilityStats::counted_through(t("11:00:00"), skew);
         assert_eq!(through, t("10:59:00"));
@@ -243,29 +217,16 @@ mod tests {
         // The end, stored at 11:00:02, says its node stopped at 10:40: it
         // ends at 10:59:32, so a restart folding it never counts less than
         // was exported.
-        stats.begin_stored(t("11:00:02"), skew);
-        stats.stopped_owing(lease, t("10:40:00"));
-        stats.end_stored();
+        stats.stopped_owing(lease, held(t("10:40:00"), t("11:00:02")));
         let after = stats.up_to(AvailabilityStats::counted_through(t("11:00:05"), skew))[&tenant];
         assert_eq!(after.owed_ms, (59 * 60 + 32) * 1000);
         assert!(after.owed_ms >= exported.owed_ms);
         // A node clock ahead dates no time after the storing.
         let ahead = Uuid::from_u128(3);
-        stats.begin_stored(t("11:10:00"), skew);
-        stats.started(ahead, tenant, t("11:09:50"));
-        stats.end_stored();
-        stats.begin_stored(t("11:20:00"), skew);
-        stats.stopped_owing(ahead, t("23:00:00"));
-        stats.end_stored();
+        stats.started(ahead, tenant, held(t("11:09:50"), t("11:10:00")));
+        stats.stopped_owing(ahead, held(t("23:00:00"), t("11:20:00")));
         let ahead_ms = stats.up_to(t("23:59:00"))[&tenant].owed_ms - after.owed_ms;
         assert_eq!(ahead_ms, (10 * 60 + 10) * 1000);
-        // Outside a fold an instant is taken as given (the floor is gone).
-        stats.started(lease, tenant, t("12:00:00"));
-        stats.stopped_owing(lease, t("12:00:10"));
-        assert_eq!(
-            stats.up_to(t("13:00:00"))[&tenant].owed_ms,
-            after.owed_ms + ahead_ms + 10_000
-        );
     }
 
     #[test]

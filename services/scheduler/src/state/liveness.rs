@@ -43,7 +43,7 @@ impl State {
         local: DateTime<Utc>,
         rules: &Rules,
     ) {
-        let node_at = lh_domain::rating::clamp_node_time(node_at, local, rules.node_clock_skew);
+        let node_at = lh_events::node_time::held_to(node_at, local, rules.node_clock_skew);
         // A node the fleet does not know says nothing about our hearing.
         if !self.fleet.nodes.contains_key(node_id) {
             self.heard(node_id, node_at, local);

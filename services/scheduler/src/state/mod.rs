@@ -102,10 +102,6 @@ pub struct State {
     pub spot_stats: SpotStats,
     /// Lease time owed to and interrupted for each tenant, folded from the log.
     pub availability: availability::AvailabilityStats,
-    /// How far a node's clock may be off, as the last stored event was
-    /// folded with ([`State::apply_stored`]): the restated events of a
-    /// lease are held to it as their first folding was.
-    node_clock_skew: Option<chrono::Duration>,
     /// Lost nodes, nodes by when they were heard, nodes whose leases may
     /// have to move: followed from the fleet as it is folded.
     watch: watch::NodeWatch,
@@ -127,27 +123,6 @@ impl State {
         self.apply_to_leases(sequence, envelope);
     }
 
-    /// [`State::apply`] of an event the log stored at `stored_at`: where a
-    /// node's event dates lease-time ([`availability`]), its time is held
-    /// to no earlier than that less the nodes' clock skew. The platform's
-    /// own times (a move's last billed instant) are the log's and are
-    /// taken as given.
-    pub fn apply_stored(
-        &mut self,
-        sequence: u64,
-        stored_at: DateTime<Utc>,
-        envelope: &Envelope,
-        skew: chrono::Duration,
-    ) {
-        self.node_clock_skew = Some(skew);
-        if !matches!(envelope.actor, lh_events::Actor::Node(_)) {
-            return self.apply(sequence, envelope);
-        }
-        self.availability.begin_stored(stored_at, skew);
-        self.apply(sequence, envelope);
-        self.availability.end_stored();
-    }
-
     /// Folds an event into the leases and tenants (the fleet folds its own).
     fn apply_to_leases(&mut self, sequence: u64, envelope: &Envelope) {
         let data = &envelope.data;
@@ -158,20 +133,8 @@ impl State {
             // keeps its place in the queue.
             EventData::LeaseRestated(r) => {
                 if !self.leases.contains_key(&r.lease_id) {
-                    let skew = self.node_clock_skew.unwrap_or_else(|| {
-                        chrono::Duration::seconds(lh_domain::rating::DEFAULT_NODE_CLOCK_SKEW_SECS)
-                    });
                     for e in &r.history {
-                        // A node's event dates lease-time as it did when
-                        // first folded: held to when it was stored.
-                        let by_node = matches!(e.envelope.actor, lh_events::Actor::Node(_));
-                        if by_node {
-                            self.availability.begin_stored(e.stored_at, skew);
-                        }
                         self.apply_to_leases(e.sequence, &e.envelope);
-                        if by_node {
-                            self.availability.end_stored();
-                        }
                     }
                 }
                 let _ = self.lease_at(r.lease_id, sequence);

@@ -27,9 +27,10 @@ pub struct Rules {
     /// cannot hear, not that every node died: no node is lost for it until
     /// it has lasted this long.
     pub fleet_silence_grace: Duration,
-    /// How far a node's clock may be from the scheduler's: the time a
-    /// heartbeat says it was sent (which ends a lost node's bill) is held
-    /// to within this of when it arrived.
+    /// How far a node's clock may be from the scheduler's and the log
+    /// server's: the time a heartbeat says it was sent (which ends a lost
+    /// node's bill) is held to within this of when it arrived, and a node's
+    /// times in the log to within this of when the log stored them.
     pub node_clock_skew: Duration,
 }
 
@@ -41,7 +42,7 @@ impl Default for Rules {
             backfill_starvation: Duration::minutes(5),
             node_lost_after: Duration::seconds(3),
             fleet_silence_grace: Duration::seconds(60),
-            node_clock_skew: Duration::seconds(30),
+            node_clock_skew: Duration::seconds(lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS),
         }
     }
 }

@@ -45,7 +45,7 @@ impl Stack {
                 Box::pin(lh_audit::start(
                     lh_audit::Config {
                         common,
-                        database_url: self.database_url_for("audit"),
+                        database_url: self.database_url_for("audit").into(),
                         schema: "audit".into(),
                         // Kept across restarts: checkpoints an earlier run
                         // signed must still verify against the trusted key.
@@ -78,7 +78,7 @@ impl Stack {
                 let mut config = lh_gateway::Config {
                     common,
                     gateway_addr,
-                    database_url: self.database_url_for("gateway"),
+                    database_url: self.database_url_for("gateway").into(),
                     schema: "gateway".into(),
                     admin_token: Some(ADMIN_TOKEN.into()),
                     admin_token_file: None,
@@ -131,7 +131,7 @@ impl Stack {
         lh_gateway::Config {
             common: self.common(),
             gateway_addr: "127.0.0.1:0".into(),
-            database_url: self.database_url.clone(),
+            database_url: self.database_url.clone().into(),
             schema: "gateway".into(),
             admin_token: Some(ADMIN_TOKEN.into()),
             admin_token_file: None,

@@ -138,9 +138,13 @@ fn a_node_s_start_restated_counts_the_lease_time_its_first_folding_did() {
         envelope: Box::new(Envelope::new(Actor::Node("a".into()), stored, data)),
     };
     events.push(start);
+    // Each event as the decide loop folds it: held to when it was stored.
+    let fold = |state: &mut State, sequence, stored_at, envelope: &Envelope| {
+        state.apply(sequence, &envelope.held_to_the_log(stored_at, skew));
+    };
     let mut whole = State::default();
     for e in &events {
-        whole.apply_stored(e.sequence, e.stored_at, &e.envelope, skew);
+        fold(&mut whole, e.sequence, e.stored_at, &e.envelope);
     }
     let lease_events: Vec<StatedEvent> = events
         .iter()
@@ -149,11 +153,11 @@ fn a_node_s_start_restated_counts_the_lease_time_its_first_folding_did() {
         .collect();
     let mut fresh = State::default();
     for (i, e) in events[..2].iter().enumerate() {
-        fresh.apply_stored(i as u64 + 1, e.stored_at, &e.envelope, skew);
+        fold(&mut fresh, i as u64 + 1, e.stored_at, &e.envelope);
     }
     let restated = lh_domain::restate::restatement(&lease_events).unwrap();
     let by_restater = Envelope::new(Actor::Service(SERVICE.into()), Utc::now(), restated);
-    fresh.apply_stored(100, Utc::now(), &by_restater, skew);
+    fold(&mut fresh, 100, Utc::now(), &by_restater);
     let hour_later = stored + Duration::hours(1);
     let owed = whole.availability.up_to(hour_later)[&t].owed_ms;
     // Counted from its storing less the skew, by both.
