@@ -123,8 +123,9 @@ pub struct Config {
     /// declares no node lost, up to this many seconds.
     #[arg(long, env = "LH_FLEET_SILENCE_GRACE_SECS", default_value_t = 60)]
     pub fleet_silence_grace_secs: i64,
-    /// How far, in seconds, a node's clock may be from the scheduler's: a
-    /// heartbeat's own time is held to within this of its arrival.
+    /// How far, in seconds, a node's clock may be from the log's: the times
+    /// a node writes are held to within this of when the log stored them,
+    /// and a heartbeat's own time to within this of its arrival.
     #[arg(long, env = "LH_NODE_CLOCK_SKEW_SECS", default_value_t = lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS)]
     pub node_clock_skew_secs: i64,
 }
