@@ -130,9 +130,8 @@ impl Keeper {
         let mut custody = Custody::resumed(self.key.clone(), self.policy, chain, since_checkpoint);
         let (signals, heard) = mpsc::unbounded_channel();
         let (progress_tx, progress_rx) = tokio::sync::oneshot::channel();
-        // Both loops end with this term, whichever way it ends.
+        // Never cancelled: both loops end when this term drops them.
         let stop = CancellationToken::new();
-        let _stop = stop.clone().drop_guard();
         let deciding = Readiness::default();
 
         let copying = Box::pin(lh_projection::run_observed(
@@ -159,7 +158,7 @@ impl Keeper {
             &self.bus,
             &mut custody,
             &SystemClock,
-            stop.clone(),
+            stop,
             deciding.clone(),
             signals_heard,
         ));
