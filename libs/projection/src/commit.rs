@@ -1,6 +1,7 @@
 //! One transaction of a projection: its events applied in runs, the
-//! messages it steps over recorded, and its offset moved, all committed
-//! together so a crash neither loses nor doubles a row. The live loop and
+//! messages it steps over recorded, and its offset moved (unless its own
+//! rows are the offset), all committed together so a crash neither loses
+//! nor doubles a row. The live loop and
 //! a replay both commit through here.
 
 use lh_bus::{FeedItem, Sample, Skipped, Stored};
@@ -22,53 +23,80 @@ pub(crate) async fn apply_batch<P: Projector>(
         return Ok(());
     };
     let mut tx = pool.begin().await?;
-    let committed: Option<i64> =
-        sqlx::query_scalar("SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE")
+    let own_offset = projector.own_offset(&mut tx).await?;
+    let committed = match own_offset {
+        Some(sequence) => sequence,
+        None => {
+            let committed: Option<i64> = sqlx::query_scalar(
+                "SELECT sequence FROM projection_offsets WHERE name = $1 FOR UPDATE",
+            )
             .bind(projector.name())
             .fetch_optional(&mut *tx)
             .await?;
-    let committed = committed.unwrap_or(0) as u64;
+            committed.unwrap_or(0) as u64
+        }
+    };
     // A second runner of the same projection (or a replay) already did them.
     if committed >= last.sequence() {
         return Ok(());
     }
-    let mut run: Vec<&Stored> = Vec::new();
+    let mut messages: Vec<&FeedItem> = Vec::new();
     // A projection reads one stream: samples never come between events.
     let mut samples: Vec<&Sample> = Vec::new();
     for item in events.iter().filter(|e| e.sequence() > committed) {
         match item {
-            Item::Log(FeedItem::Event(event)) => run.push(event),
-            Item::Log(FeedItem::Skipped(skipped)) => {
-                apply_run(&mut tx, projector, &mut run).await?;
-                record_skip(&mut tx, projector.name(), skipped).await?
-            }
+            Item::Log(message) => messages.push(message),
             Item::Sample(sample) => samples.push(sample),
         }
     }
-    apply_run(&mut tx, projector, &mut run).await?;
+    if !messages.is_empty() {
+        projector.apply_messages(&mut tx, &messages).await?;
+    }
     match samples.as_slice() {
         [] => {}
         [sample] => projector.apply_sample(&mut tx, sample).await?,
         _ => projector.apply_samples(&mut tx, &samples).await?,
     }
-    sqlx::query(
-        "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
-    )
-    .bind(projector.name())
-    .bind(last.sequence() as i64)
-    .execute(&mut *tx)
-    .await?;
+    if own_offset.is_none() {
+        sqlx::query(
+            "INSERT INTO projection_offsets (name, sequence) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET sequence = EXCLUDED.sequence",
+        )
+        .bind(projector.name())
+        .bind(last.sequence() as i64)
+        .execute(&mut *tx)
+        .await?;
+    }
     tx.commit().await?;
     Ok(())
 }
 
+/// What [`Projector::apply_messages`] does unless a projection says
+/// otherwise: runs of events applied, each skipped message recorded.
+pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
+    projector: &P,
+    conn: &mut PgConnection,
+    messages: &[&FeedItem],
+) -> sqlx::Result<()> {
+    let mut run: Vec<&Stored> = Vec::new();
+    for message in messages {
+        match message {
+            FeedItem::Event(event) => run.push(event),
+            FeedItem::Skipped(skipped) => {
+                apply_run(conn, projector, &mut run).await?;
+                record_skip(conn, projector.name(), skipped).await?
+            }
+        }
+    }
+    apply_run(conn, projector, &mut run).await
+}
+
 /// Applies a run of consecutive events and empties it.
-async fn apply_run<P: Projector>(
+async fn apply_run<P: Projector + ?Sized>(
     conn: &mut PgConnection,
     projector: &P,
     run: &mut Vec<&Stored>,
-) -> Result<()> {
+) -> sqlx::Result<()> {
     match run.as_slice() {
         [] => {}
         [event] => {
@@ -106,7 +134,7 @@ const MAX_EVENTS_TRACED_EACH: usize = 16;
 
 /// The span of applying `event`, in the trace of the request that wrote
 /// it: one request reads as one trace, its read models included.
-fn project_span<P: Projector>(projector: &P, event: &Stored) -> tracing::Span {
+fn project_span<P: Projector + ?Sized>(projector: &P, event: &Stored) -> tracing::Span {
     let span = tracing::info_span!(
         "lh.project",
         projection = projector.name(),
@@ -117,7 +145,11 @@ fn project_span<P: Projector>(projector: &P, event: &Stored) -> tracing::Span {
     span
 }
 
-async fn record_skip(conn: &mut PgConnection, projection: &str, skipped: &Skipped) -> Result<()> {
+async fn record_skip(
+    conn: &mut PgConnection,
+    projection: &str,
+    skipped: &Skipped,
+) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO skipped_events (projection, sequence, subject, reason, stored_at)
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",

@@ -8,7 +8,7 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgPool};
 
-use crate::{ProjectionError, Result, MAX_POOL_CONNECTIONS, POOL_ACQUIRE_TIMEOUT};
+use crate::{ProjectionError, Projector, Result, MAX_POOL_CONNECTIONS, POOL_ACQUIRE_TIMEOUT};
 
 /// First wait after the database failed to answer or to write; doubles up to
 /// [`RETRY_MAX`].
@@ -145,6 +145,18 @@ pub(crate) async fn ensure_offset_row(pool: &PgPool, name: &str) -> Result<()> {
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Where `projector` resumes: the last sequence its own rows hold, or the
+/// one the runner committed for it (its offset row made sure of first).
+pub(crate) async fn resume_offset<P: Projector>(pool: &PgPool, projector: &P) -> Result<u64> {
+    let mut conn = pool.acquire().await?;
+    if let Some(sequence) = projector.own_offset(&mut conn).await? {
+        return Ok(sequence);
+    }
+    drop(conn);
+    ensure_offset_row(pool, projector.name()).await?;
+    committed_sequence(pool, projector.name()).await
 }
 
 /// Last sequence this projection committed (0 when it never ran).

@@ -21,11 +21,17 @@
 //! their stream position commits with their rows just the same. Such a
 //! projection outlives the stream's 48 hours: it is [`replay`]ed into a
 //! schema, never rebuilt from nothing.
+//!
+//! A projection of the log's messages rather than its events (a copy of the
+//! log, which must hold every stored message whether it decodes or not)
+//! takes each run of messages whole ([`Projector::apply_messages`]), and
+//! may keep its offset in its own rows ([`Projector::own_offset`]): one row
+//! a message is an offset already, and a second one could only disagree.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lh_bus::{Sample, Stored};
+use lh_bus::{FeedItem, Sample, Stored};
 use sqlx::PgConnection;
 
 mod commit;
@@ -140,6 +146,31 @@ pub trait Projector: Send + Sync + 'static {
             }
             Ok(())
         })
+    }
+    /// Applies consecutive messages of the log, in stream order, inside
+    /// the caller's transaction: by default each run of events through
+    /// [`Projector::apply`] (or [`Projector::apply_batch`]), and each
+    /// message the service cannot decode recorded in [`SKIPPED_TABLE`]. A
+    /// projection of the log's messages rather than its events, which has
+    /// a row for every stored message decoded or not, overrides it.
+    fn apply_messages<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        messages: &'c [&'c FeedItem],
+    ) -> BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(commit::apply_events_recording_skips(self, conn, messages))
+    }
+    /// The last sequence this projection's own rows reflect, for one whose
+    /// rows are their own offset (a row for every message of the log): read
+    /// in each transaction before what follows is applied, and the runner
+    /// then keeps no `projection_offsets` row for it. Runners take turns on
+    /// that row; such a projection makes sure itself that one runner writes
+    /// at a time. `None` (the default): the runner keeps the offset.
+    fn own_offset<'c>(
+        &'c self,
+        _conn: &'c mut PgConnection,
+    ) -> BoxFuture<'c, sqlx::Result<Option<u64>>> {
+        Box::pin(async { Ok(None) })
     }
     /// The stream its [`Projector::filters`] are on.
     fn stream(&self) -> Stream {

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use crate::commit::apply_batch;
-use crate::database::{committed_sequence, ensure_offset_row};
+use crate::database::resume_offset;
 use crate::progress::Progress;
 use crate::retry::until_done;
 use crate::stream::{filtered_head, Input, Item};
@@ -44,16 +44,9 @@ pub async fn run_observed<P: Projector, Committed: std::future::Future<Output = 
     let name = projector.name();
     let (stalled_tx, stalled_rx) = watch::channel(false);
     tokio::pin!(shutdown);
-    let start = until_done(
-        name,
-        "read its offset",
-        &mut shutdown,
-        &stalled_tx,
-        || async {
-            ensure_offset_row(pool, name).await?;
-            committed_sequence(pool, name).await
-        },
-    )
+    let start = until_done(name, "read its offset", &mut shutdown, &stalled_tx, || {
+        resume_offset(pool, projector)
+    })
     .await;
     let Some(start) = start else {
         return Ok(());

@@ -8,7 +8,7 @@ use lh_bus::Bus;
 use sqlx::PgPool;
 
 use crate::commit::apply_batch;
-use crate::database::{committed_sequence, ensure_offset_row};
+use crate::database::resume_offset;
 use crate::stream::{filtered_head, head, Input, Item};
 use crate::{
     ProjectionError, Projector, Result, MAX_EVENTS_PER_TRANSACTION,
@@ -34,8 +34,7 @@ pub async fn replay<P: Projector>(
     projector: &P,
     mut on_event: impl FnMut(u64, u64),
 ) -> Result<u64> {
-    ensure_offset_row(pool, projector.name()).await?;
-    let committed = committed_sequence(pool, projector.name()).await?;
+    let committed = resume_offset(pool, projector).await?;
     let head = head(bus, projector).await?;
     if head <= committed {
         return Ok(committed);

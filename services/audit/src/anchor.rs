@@ -10,6 +10,7 @@ use lh_events::subject;
 use crate::signing::checkpoint_signature_ok;
 
 /// A row of `checkpoints`.
+#[derive(Debug, Clone)]
 pub(crate) struct StoredCheckpoint {
     pub sequence: u64,
     pub events: u64,

@@ -896,6 +896,38 @@ async fn a_prune_of_rows_the_log_still_holds_is_copied_but_not_applied() {
     audit.stop().await;
 }
 
+/// A second replica on the same schema waits for the keeper's lock: it
+/// neither copies nor decides until the first one stops, and then takes
+/// over from the table.
+#[tokio::test]
+async fn a_second_replica_waits_as_a_standby_then_takes_over() {
+    let env = Env::new().await;
+    let key_dir = tempfile::tempdir().expect("a temp dir");
+    let config = keyed(&env.config, &key_dir);
+    let first = env.start_audit(config.clone()).await;
+    let standby_shutdown = CancellationToken::new();
+    let standby = lh_audit::start(config.clone(), standby_shutdown.clone())
+        .await
+        .expect("the standby starts");
+    env.publish_assorted(12).await;
+    env.settled().await;
+    assert!(!standby.readiness.is_ready(), "a standby is not ready");
+    // One keeper decided: one checkpoint after each five events.
+    assert_eq!(env.checkpoints_in_stream().await.len(), 2);
+
+    first.stop().await;
+    lh_testkit::wait_ready("the standby", &standby, WAIT).await;
+    env.publish_assorted(5).await;
+    let last = env.settled().await;
+    assert_eq!(env.checkpoints_in_stream().await.len(), 3);
+    let report = env.verify().await;
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.events, last);
+    assert_eq!(report.checkpoints_verified, 3);
+    standby_shutdown.cancel();
+    standby.wait().await.expect("the standby stops cleanly");
+}
+
 /// What auditors filter on, row by row.
 type QueryColumns = Vec<(
     i64,
