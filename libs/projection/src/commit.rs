@@ -4,6 +4,8 @@
 //! nor doubles a row. The live loop and
 //! a replay both commit through here.
 
+use std::borrow::Cow;
+
 use lh_bus::{FeedItem, Sample, Skipped, Stored};
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument;
@@ -78,10 +80,19 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
     conn: &mut PgConnection,
     messages: &[&FeedItem],
 ) -> sqlx::Result<()> {
+    let skew = chrono::Duration::seconds(projector.node_clock_skew_secs());
+    // Where a node's times were off, the event as held; `None` elsewhere.
+    let held: Vec<Option<Stored>> = messages
+        .iter()
+        .map(|message| match message {
+            FeedItem::Event(event) => held_to_the_log(event, skew),
+            FeedItem::Skipped(_) => None,
+        })
+        .collect();
     let mut run: Vec<&Stored> = Vec::new();
-    for message in messages {
+    for (message, held) in messages.iter().zip(&held) {
         match message {
-            FeedItem::Event(event) => run.push(event),
+            FeedItem::Event(event) => run.push(held.as_ref().unwrap_or(event)),
             FeedItem::Skipped(skipped) => {
                 apply_run(conn, projector, &mut run).await?;
                 record_skip(conn, projector.name(), skipped).await?
@@ -89,6 +100,20 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
         }
     }
     apply_run(conn, projector, &mut run).await
+}
+
+/// The event with the times its node reported held to when the log stored
+/// it, where they were off (`lh_events::node_time`): a projection shows the
+/// times the bills count, and a node's clock, wrong or lying, moves neither
+/// by more than the skew.
+fn held_to_the_log(event: &Stored, skew: chrono::Duration) -> Option<Stored> {
+    match event.envelope.held_to_the_log(event.stored_at, skew) {
+        Cow::Borrowed(_) => None,
+        Cow::Owned(envelope) => Some(Stored {
+            envelope,
+            ..event.clone()
+        }),
+    }
 }
 
 /// Applies a run of consecutive events and empties it.

@@ -160,6 +160,13 @@ pub trait Projector: Send + Sync + 'static {
     ) -> BoxFuture<'c, sqlx::Result<()>> {
         Box::pin(commit::apply_events_recording_skips(self, conn, messages))
     }
+    /// How far, in seconds, a node's clock may be from the log's: the
+    /// default [`Projector::apply_messages`] holds the times a node wrote to
+    /// within this of when the log stored them, as the services that decide
+    /// do, so that a view shows the times the bills count.
+    fn node_clock_skew_secs(&self) -> i64 {
+        lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS
+    }
     /// The last sequence this projection's own rows reflect, for one whose
     /// rows are their own offset (a row for every message of the log): read
     /// in each transaction before what follows is applied, and the runner

@@ -101,3 +101,89 @@ async fn a_service_starting_before_its_database_waits_for_it() {
         .unwrap();
     assert_eq!(one, 1);
 }
+
+/// Records the time of each GPU health change it reads.
+struct HealthTimes;
+
+impl lh_projection::Projector for HealthTimes {
+    fn name(&self) -> &'static str {
+        "health_times"
+    }
+
+    fn filters(&self) -> &'static [&'static str] {
+        &[lh_events::subject::NODES_ALL]
+    }
+
+    fn apply<'c>(
+        &'c self,
+        conn: &'c mut sqlx::PgConnection,
+        event: &'c lh_bus::Stored,
+    ) -> futures::future::BoxFuture<'c, sqlx::Result<()>> {
+        Box::pin(async move {
+            if let lh_events::EventData::NodeGpuHealthChanged(e) = &event.envelope.data {
+                sqlx::query(
+                    "INSERT INTO health_times (sequence, at, stored_at) VALUES ($1, $2, $3)",
+                )
+                .bind(event.sequence as i64)
+                .bind(e.at)
+                .bind(event.stored_at)
+                .execute(conn)
+                .await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_node_s_times_reach_a_projection_held_to_when_the_log_stored_them() {
+    use chrono::{Duration as Span, Utc};
+    use lh_events::{Actor, Envelope, EventData, GpuHealth, HealthEvidence, NodeGpuHealthChanged};
+    let (_nats, bus, url) = log_and_database().await;
+    let pool = schema(&url, "node_times").await;
+    sqlx::query(
+        "CREATE TABLE health_times (sequence BIGINT, at TIMESTAMPTZ, stored_at TIMESTAMPTZ)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claims = [Span::days(400), Span::zero(), -Span::days(400)];
+    for claim in claims {
+        let at = Utc::now() + claim;
+        let change = NodeGpuHealthChanged {
+            node_id: "n1".into(),
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            from: GpuHealth::Healthy,
+            to: GpuHealth::Degraded,
+            reason: "hot".into(),
+            evidence: HealthEvidence::default(),
+            at,
+        };
+        let envelope = Envelope::new(
+            Actor::Node("n1".into()),
+            at,
+            EventData::NodeGpuHealthChanged(change),
+        );
+        bus.publish(&envelope, Expect::Any).await.unwrap();
+    }
+    let stop = CancellationToken::new();
+    let (progress, _task) = spawn_run(&bus, &pool, HealthTimes, &stop).await;
+    assert!(progress.wait_for(3, Duration::from_secs(20)).await);
+    let rows: Vec<(i64, chrono::DateTime<Utc>, chrono::DateTime<Utc>)> =
+        sqlx::query_as("SELECT sequence, at, stored_at FROM health_times ORDER BY sequence")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 3);
+    let skew = Span::seconds(lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS);
+    for (sequence, at, stored_at) in &rows {
+        assert!(
+            *at <= *stored_at && *at >= *stored_at - skew,
+            "event {sequence}: {at} is not held to {stored_at}"
+        );
+    }
+    // A truthful clock is left as it said (the log stores within the skew).
+    assert!(rows[1].1 > rows[1].2 - Span::seconds(5));
+    stop.cancel();
+}
