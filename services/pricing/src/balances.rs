@@ -157,7 +157,7 @@ pub fn verdict(
     state: BalanceState,
     balance: Decimal,
     burn_rate_cny_per_hour: Decimal,
-    warn_seconds: u64,
+    warn_secs: u64,
 ) -> Option<Verdict> {
     if balance <= Decimal::ZERO {
         return (state != BalanceState::Exhausted).then_some(Verdict::Exhausted);
@@ -166,7 +166,7 @@ pub fn verdict(
         return Some(Verdict::Restored);
     }
     let covers = covers_seconds(balance, burn_rate_cny_per_hour)?;
-    (state == BalanceState::Ok && covers < warn_seconds).then_some(Verdict::Low {
+    (state == BalanceState::Ok && covers < warn_secs).then_some(Verdict::Low {
         covers_seconds: covers,
     })
 }
@@ -218,7 +218,7 @@ pub fn decisions(
     tenant_id: Uuid,
     b: &TenantBalance,
     cost: &RunningCost,
-    warn_seconds: u64,
+    warn_secs: u64,
     now: DateTime<Utc>,
 ) -> Vec<Batch> {
     let seen = view(tenant_id, b, cost);
@@ -240,7 +240,7 @@ pub fn decisions(
         b.state,
         seen.balance,
         cost.burn_rate_cny_per_hour,
-        warn_seconds,
+        warn_secs,
     ) {
         Some(Verdict::Exhausted) => {
             // The rest, if any, are stopped on the next passes.
@@ -301,7 +301,7 @@ pub fn decisions(
                     balance: seen.balance,
                     burn_rate_cny_per_hour: seen.burn_rate_cny_per_hour,
                     covers_seconds,
-                    warn_seconds,
+                    warn_seconds: warn_secs,
                 }),
                 &["balance.low", &tenant, &sequence],
             ),

@@ -280,7 +280,7 @@ async fn run_loops_and_rpcs(
         chrono::Duration::seconds(config.node_clock_skew_secs),
         chrono::Duration::seconds(config.accrual_grace_secs),
     )
-    .with_balance_warn_seconds(config.balance_warn_secs);
+    .with_balance_warn_secs(config.balance_warn_secs);
     let shelf = charges.shelf();
     let clock = config
         .clocks

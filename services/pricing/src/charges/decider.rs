@@ -84,7 +84,7 @@ pub struct Charges {
     looked_at_horizon: Option<DateTime<Utc>>,
     shelf: SharedPricingShelf,
     /// A prepaid balance covering less than this at its burn rate is low.
-    balance_warn_seconds: u64,
+    balance_warn_secs: u64,
     /// Tenants given their own spend series so far.
     spend_series: std::collections::HashSet<Uuid>,
 }
@@ -99,14 +99,14 @@ impl Charges {
         Self {
             node_clock_skew,
             grace,
-            balance_warn_seconds: crate::balances::DEFAULT_BALANCE_WARN_SECS,
+            balance_warn_secs: crate::balances::DEFAULT_BALANCE_WARN_SECS,
             ..Self::default()
         }
     }
 
     /// Warns of a prepaid balance that covers less than `seconds`.
-    pub fn with_balance_warn_seconds(mut self, seconds: u64) -> Self {
-        self.balance_warn_seconds = seconds;
+    pub fn with_balance_warn_secs(mut self, seconds: u64) -> Self {
+        self.balance_warn_secs = seconds;
         self
     }
 
@@ -126,7 +126,7 @@ impl Charges {
                 tenant_id,
                 b,
                 &cost,
-                self.balance_warn_seconds,
+                self.balance_warn_secs,
                 now,
             ));
         }
