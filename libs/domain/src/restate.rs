@@ -262,8 +262,7 @@ mod tests {
                 2,
                 EventData::TenantSuspended(TenantSuspended {
                     tenant_id,
-                    reason: String::new(),
-                    reason_sealed: Some("c2VhbGVk".into()),
+                    reason_sealed: "c2VhbGVk".into(),
                     stop_leases: true,
                 }),
             ),
@@ -301,8 +300,7 @@ mod tests {
             |key_id| EventData::TenantApiKeyRevoked(TenantApiKeyRevoked { tenant_id, key_id });
         let suspended = EventData::TenantSuspended(TenantSuspended {
             tenant_id,
-            reason: "unpaid".into(),
-            reason_sealed: None,
+            reason_sealed: "dW5wYWlk".into(),
             stop_leases: false,
         });
         let quota = |max_gpus| {

@@ -238,42 +238,21 @@ mod tests {
     }
 
     #[test]
-    fn a_suspension_reads_its_clear_reason_from_old_logs_and_writes_it_empty_beside_the_sealed_one()
-    {
-        let tenant_id = Uuid::from_u128(4);
-        let old = r#"{"type":"tenant.suspended","tenant_id":"00000000-0000-0000-0000-000000000004","reason":"unpaid","stop_leases":true}"#;
-        assert_eq!(
-            serde_json::from_str::<EventData>(old).unwrap(),
-            EventData::TenantSuspended(TenantSuspended {
-                tenant_id,
-                reason: "unpaid".into(),
-                reason_sealed: None,
-                stop_leases: true,
-            })
-        );
-        let new = EventData::TenantSuspended(TenantSuspended {
-            tenant_id,
-            reason: String::new(),
-            reason_sealed: Some("c2VhbGVk".into()),
+    fn a_suspension_carries_its_reason_sealed_and_never_in_clear() {
+        let suspended = EventData::TenantSuspended(TenantSuspended {
+            tenant_id: Uuid::from_u128(4),
+            reason_sealed: "c2VhbGVk".into(),
             stop_leases: false,
         });
-        let json = serde_json::to_value(&new).unwrap();
-        assert_eq!(json["reason"], "", "{json}");
+        let json = serde_json::to_value(&suspended).unwrap();
         assert_eq!(json["reason_sealed"], "c2VhbGVk");
+        assert!(json.get("reason").is_none(), "{json}");
         assert_eq!(
-            serde_json::from_value::<EventData>(json.clone()).unwrap(),
-            new
+            serde_json::from_value::<EventData>(json).unwrap(),
+            suspended
         );
-        assert_eq!(new.version(), 1, "an optional field is no new version");
-        // A reader from before the sealed field still decodes it as v1.
-        #[derive(serde::Deserialize)]
-        #[allow(dead_code)]
-        struct Before {
-            tenant_id: Uuid,
-            reason: String,
-            stop_leases: bool,
-        }
-        let before: Before = serde_json::from_value(json).unwrap();
-        assert_eq!(before.reason, "");
+        // A clear reason is no suspension the platform ever wrote.
+        let clear = r#"{"type":"tenant.suspended","tenant_id":"00000000-0000-0000-0000-000000000004","reason":"unpaid","stop_leases":true}"#;
+        assert!(serde_json::from_str::<EventData>(clear).is_err());
     }
 }

@@ -113,19 +113,10 @@ pub struct TenantApiKeyRevoked {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TenantSuspended {
     pub tenant_id: Uuid,
-    /// The operator's reason in clear, in events written before reasons
-    /// were sealed. Newer ones write it empty rather than omit it: a reader
-    /// that predates `reason_sealed` (a rolling deploy, a rollback) needs
-    /// the field to decode the event at all, and a projection steps over
-    /// what it cannot decode for good (adr/010), leaving the tenant
-    /// unsuspended there.
-    #[serde(default)]
-    pub reason: String,
     /// Base64 of nonce ‖ ChaCha20-Poly1305 ciphertext of the operator's
     /// reason, sealed with the tenant's key like its name: free text may
-    /// name a person, and the log can never forget it. Absent in older logs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason_sealed: Option<String>,
+    /// name a person, and the log can never forget it.
+    pub reason_sealed: String,
     pub stop_leases: bool,
 }
 

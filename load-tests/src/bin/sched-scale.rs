@@ -304,8 +304,7 @@ async fn warm_pass(
 ) -> anyhow::Result<()> {
     out.append(&envelope(EventData::TenantSuspended(TenantSuspended {
         tenant_id: tenant,
-        reason: String::new(),
-        reason_sealed: None,
+        reason_sealed: String::new(),
         stop_leases: false,
     })))
     .await?;

@@ -44,15 +44,11 @@ pub(super) async fn suspended(
     conn: &mut PgConnection,
     e: &lh_events::TenantSuspended,
 ) -> sqlx::Result<()> {
-    // Older events carry the reason in clear; a sealed one never
-    // has a clear twin.
-    let clear = e.reason_sealed.is_none().then_some(e.reason.as_str());
     sqlx::query(
-        "UPDATE tenants SET suspended = TRUE, suspended_reason = $2, suspended_reason_sealed = $3
+        "UPDATE tenants SET suspended = TRUE, suspended_reason = NULL, suspended_reason_sealed = $2
                  WHERE id = $1",
     )
     .bind(e.tenant_id)
-    .bind(clear)
     .bind(&e.reason_sealed)
     .execute(conn)
     .await?;

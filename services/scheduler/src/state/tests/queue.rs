@@ -425,8 +425,7 @@ fn a_suspended_tenants_leases_wait_until_it_is_resumed() {
         tenant(t, 4),
         EventData::TenantSuspended(lh_events::TenantSuspended {
             tenant_id: t,
-            reason: String::new(),
-            reason_sealed: Some("c2VhbGVk".into()),
+            reason_sealed: "c2VhbGVk".into(),
             stop_leases: false,
         }),
         request(lease, t, 1),
