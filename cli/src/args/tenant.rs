@@ -1,7 +1,8 @@
 //! The flags of `lh tenant ...` and `lh tenant key ...`: a tenant's
 //! record, quota and idle policy, and its API keys.
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
+use lh_events::IdleAction;
 
 /// `lh tenant ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -115,24 +116,6 @@ pub struct TenantCreate {
     /// isolate workloads (process runtime).
     #[arg(long)]
     pub trusted: bool,
-}
-
-/// What a node-agent does with a tenant's idle lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IdleAction {
-    Notify,
-    Stop,
-    Suspend,
-}
-
-impl IdleAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdleAction::Notify => "notify",
-            IdleAction::Stop => "stop",
-            IdleAction::Suspend => "suspend",
-        }
-    }
 }
 
 #[cfg(test)]

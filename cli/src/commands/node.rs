@@ -18,7 +18,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<i32> {
     match command {
         NodeCommand::Drain(d) => {
-            let mut body = json!({"mode": d.mode.as_str()});
+            let mut body = json!({"mode": d.mode});
             if let Some(reason) = &d.reason {
                 body["reason"] = json!(reason);
             }

@@ -50,8 +50,7 @@ pub(crate) async fn run(
                 body["regions"] = json!(c.regions);
             }
             if let Some(max_retries) = c.max_retries {
-                body["recovery"] =
-                    json!({"max_retries": max_retries, "zone_first": c.zone_first.as_str()});
+                body["recovery"] = json!({"max_retries": max_retries, "zone_first": c.zone_first});
             }
             if !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() {
                 let env: serde_json::Map<String, Value> =

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use lh_domain::lease::LeaseState;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::args::LeaseState;
 use crate::client::Gateway;
 use crate::error::{EXIT_FAILURE, EXIT_OK};
 use crate::output::Out;
@@ -28,10 +28,37 @@ enum WaitStep {
 }
 
 fn wait_step(state: &str, target: LeaseState) -> WaitStep {
-    match LeaseState::from_wire(state) {
-        Some(now) if now == target || now.is_past(target) => WaitStep::Reached,
-        Some(now) if now.is_terminal() => WaitStep::Finished,
+    match LeaseState::try_from(state.to_string()) {
+        Ok(now) if now == target || has_passed(now, target) => WaitStep::Reached,
+        Ok(now) if now.is_final() => WaitStep::Finished,
         _ => WaitStep::Pending,
+    }
+}
+
+/// Position along requested → queued → placed → running → ended.
+/// `rejected` and `suspended` are off that path and have no rank.
+fn rank(state: LeaseState) -> Option<u8> {
+    match state {
+        LeaseState::Requested => Some(0),
+        LeaseState::Queued => Some(1),
+        LeaseState::Placed => Some(2),
+        LeaseState::Running => Some(3),
+        LeaseState::Ended => Some(4),
+        // Off the path: a resume sends it back to requested.
+        LeaseState::Suspended | LeaseState::Rejected => None,
+    }
+}
+
+/// Whether a lease now in `now` has passed `target` on its way forward
+/// without being finished (e.g. `running` has passed `placed`), so that a
+/// wait for `target` that missed the moment between two polls succeeds.
+fn has_passed(now: LeaseState, target: LeaseState) -> bool {
+    if now.is_final() {
+        return false;
+    }
+    match (rank(now), rank(target)) {
+        (Some(now), Some(want)) => now > want,
+        _ => false,
     }
 }
 
@@ -122,6 +149,18 @@ mod tests {
         assert_eq!(wait_step("ended", Rejected), WaitStep::Finished);
         assert_eq!(wait_step("hibernating", Running), WaitStep::Pending);
         assert_eq!(wait_step("", Running), WaitStep::Pending);
+    }
+
+    #[test]
+    fn state_progress() {
+        use LeaseState::*;
+        assert!(has_passed(Running, Placed));
+        assert!(has_passed(Placed, Queued));
+        assert!(!has_passed(Queued, Placed));
+        assert!(!has_passed(Running, Running));
+        assert!(!has_passed(Ended, Running));
+        assert!(!has_passed(Rejected, Queued));
+        assert!(!has_passed(Running, Rejected));
     }
 
     #[test]
