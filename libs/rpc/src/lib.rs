@@ -8,8 +8,8 @@
 
 pub mod audit;
 pub mod balance;
+pub mod charges;
 pub mod cost_report;
-pub mod invoice;
 pub mod invoice_document;
 pub mod lease_logs;
 pub mod price_book;

@@ -77,7 +77,7 @@ fn request_of(body: WhatIf, actor: Actor, now: DateTime<Utc>) -> Result<WhatIfRe
     };
     lh_rpc::what_if::check_book(&book)
         .map_err(|e| ApiError::unprocessable(e.detail, &format!("book.{}", e.field)))?;
-    lh_rpc::invoice::parse_period(&body.period)
+    lh_rpc::charges::parse_period(&body.period)
         .map_err(|detail| ApiError::unprocessable(detail, "period"))?;
     Ok(WhatIfRequest {
         book,

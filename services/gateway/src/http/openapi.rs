@@ -53,8 +53,8 @@ use super::{
     components(schemas(
         Problem,
         lease_logs::LeaseLogsView,
-        lh_rpc::invoice::Invoice,
-        lh_rpc::invoice::InvoiceLine,
+        lh_rpc::charges::ChargeStatement,
+        lh_rpc::charges::ChargeLine,
         lh_rpc::spot::SpotPrices,
         lh_rpc::spot::SpotMarketView,
         lh_rpc::spot::SpotPricePoint,
