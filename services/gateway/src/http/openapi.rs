@@ -52,7 +52,7 @@ use super::{
     ),
     components(schemas(
         Problem,
-        lease_logs::LeaseLogsView,
+        lh_rpc::http::lease_logs::LeaseLogsView,
         lh_rpc::charges::ChargeStatement,
         lh_rpc::charges::ChargeLine,
         lh_rpc::spot::SpotPrices,

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
-use crate::read_model::lease::FractionBody;
+use lh_rpc::http::leases::FractionBody;
 
 /// What to price: the GPU fields of a lease and a duration.
 #[derive(Debug, Deserialize, ToSchema)]

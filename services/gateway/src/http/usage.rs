@@ -395,7 +395,7 @@ pub async fn lease(
     // told; a lease just requested is waited for.
     let lease = super::leases::visible(&ctx, &caller, lease_id).await?;
     let tenant = match &caller {
-        Caller::Tenant { .. } => Some(lease.tenant_id),
+        Caller::Tenant { .. } => Some(lease.view.tenant_id),
         Caller::Operator(_) => None,
     };
     let window = window(
