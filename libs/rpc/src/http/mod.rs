@@ -10,5 +10,7 @@
 //! its own module ([`crate::balance::Balance`], [`crate::charges`],
 //! [`crate::price_book::PriceBooks`], ...).
 
+pub mod keys;
 pub mod lease_logs;
 pub mod leases;
+pub mod tenants;
