@@ -10,7 +10,17 @@
 //! its own module ([`crate::balance::Balance`], [`crate::charges`],
 //! [`crate::price_book::PriceBooks`], ...).
 
+pub mod balances;
+pub mod billing;
 pub mod keys;
 pub mod lease_logs;
 pub mod leases;
+pub mod nodes;
+pub mod price_books;
+pub mod problem;
+pub mod quotes;
+pub mod reservations;
 pub mod tenants;
+pub mod usage;
+
+pub use problem::Problem;
