@@ -5,6 +5,8 @@
 use clap::{Args, Subcommand};
 use lh_domain::lease::LeaseState;
 use lh_events::{Tier, ZoneFirst};
+use rust_decimal::Decimal;
+use uuid::Uuid;
 
 /// `lh lease ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -86,11 +88,11 @@ pub struct LeaseCreate {
     pub idempotency_key: Option<String>,
     /// Spot only: the most you pay, CNY per GPU-hour (e.g. `4.5`).
     #[arg(long, value_name = "CNY")]
-    pub max_price: Option<String>,
+    pub max_price: Option<Decimal>,
     /// A quote of yours (`lh quote`) for these GPUs, model and tier: the
     /// lease is billed on the price book it names.
     #[arg(long, value_name = "QUOTE_ID")]
-    pub quote: Option<String>,
+    pub quote: Option<Uuid>,
     /// A zone the lease may run in (repeatable; none: any).
     #[arg(long = "zone", value_name = "ZONE")]
     pub zones: Vec<String>,

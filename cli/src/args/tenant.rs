@@ -1,6 +1,7 @@
 //! The flags of `lh tenant ...` and `lh tenant key ...`: a tenant's
 //! record, quota and idle policy, and its API keys.
 
+use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use lh_events::IdleAction;
 
@@ -82,7 +83,7 @@ pub struct KeyCreate {
     pub id: String,
     /// When the key stops working (RFC 3339, e.g. 2027-06-30T00:00:00Z).
     #[arg(long, value_name = "TIME")]
-    pub expires_at: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// `lh tenant key revoke`
