@@ -18,9 +18,8 @@ pub struct TenantCreated {
     /// This key is the tenant's key 1.
     pub api_key_sha256: String,
     /// The key's visible beginning (`lh_` and 8 characters), by which the
-    /// tenant tells its keys apart; absent in older logs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key_prefix: Option<String>,
+    /// tenant tells its keys apart.
+    pub api_key_prefix: String,
     pub quota: Quota,
     /// Weight in fair sharing across tenants (default 1).
     #[serde(default = "default_weight")]

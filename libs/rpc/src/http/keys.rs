@@ -29,7 +29,7 @@ pub struct IssuedKey {
 pub struct KeyView {
     pub key_id: u32,
     /// The key's visible beginning.
-    pub prefix: Option<String>,
+    pub prefix: String,
     pub created_at: DateTime<Utc>,
     pub expires_at: Option<DateTime<Utc>>,
     pub revoked_at: Option<DateTime<Utc>>,

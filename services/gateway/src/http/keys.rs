@@ -27,7 +27,7 @@ pub const MAX_KEY_LIFETIME_DAYS: i64 = 3 * 366;
 struct KeyRow {
     #[sqlx(try_from = "i32")]
     key_id: u32,
-    prefix: Option<String>,
+    prefix: String,
     created_at: DateTime<Utc>,
     expires_at: Option<DateTime<Utc>>,
     revoked_at: Option<DateTime<Utc>>,

@@ -82,13 +82,13 @@ pub async fn get(
     let done = matches!(lease.view.state, LeaseState::Ended | LeaseState::Rejected);
     let waiting = matches!(lease.view.state, LeaseState::Requested | LeaseState::Queued);
     // Its last placement's node: where it is, or, back in the queue, where
-    // it last ran. Rows from before placements were kept name the node only.
-    let (node_id, placement) = match (&lease.last_placement_node_id, lease.last_placement_sequence)
-    {
-        (Some(node), Some(sequence)) => (Some(node.clone()), u64::try_from(sequence).ok()),
-        _ => (lease.view.node_id.clone(), None),
-    };
-    let Some(node_id) = node_id else {
+    // it last ran. Every placement records both; a lease never placed has
+    // neither.
+    let last_placement = lease
+        .last_placement_node_id
+        .clone()
+        .zip(lease.last_placement_sequence);
+    let Some((node_id, placement)) = last_placement else {
         // A follower waits for it to run; one that never will is done.
         return Ok(Json(nothing_to_read(
             None,
@@ -100,6 +100,7 @@ pub async fn get(
             ),
         )));
     };
+    let placement = Some(placement as u64);
     if lease.view.workload.is_none() {
         return Ok(Json(nothing_to_read(
             Some(node_id),
@@ -145,20 +146,18 @@ pub async fn get(
         })),
         // Back in the queue, its last run's log gone (past its keep time):
         // the next run writes a new one.
-        LeaseLogsReply::NotFound { .. } if waiting && placement.is_some() => {
-            Ok(Json(LeaseLogsView {
-                placement,
-                ..nothing_to_read(
-                    Some(node_id),
-                    false,
-                    format!(
-                        "lease {} is back in the queue and its last run's log is no longer \
+        LeaseLogsReply::NotFound { .. } if waiting => Ok(Json(LeaseLogsView {
+            placement,
+            ..nothing_to_read(
+                Some(node_id),
+                false,
+                format!(
+                    "lease {} is back in the queue and its last run's log is no longer \
                          kept; its next run writes a new one",
-                        lease.view.id
-                    ),
-                )
-            }))
-        }
+                    lease.view.id
+                ),
+            )
+        })),
         // Placed, and its node has not started it yet: a follower waits.
         LeaseLogsReply::NotFound { .. }
             if matches!(

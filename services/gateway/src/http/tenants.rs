@@ -108,7 +108,7 @@ pub async fn create(
         name_sealed: seal::seal(&key, body.name.trim()),
         email_sealed: seal::seal(&key, body.email.trim()),
         api_key_sha256: first_key.sha256,
-        api_key_prefix: Some(first_key.prefix),
+        api_key_prefix: first_key.prefix,
         quota: Quota {
             max_gpus: body.quota.max_gpus,
             max_vram_gb: body.quota.max_vram_gb,
