@@ -3,6 +3,7 @@
 //! whole trail as a file. Every page an operator reads is recorded by the
 //! gateway (`audit.accessed`), so a replay leaves one trace per page.
 
+use lh_rpc::audit::EventsPage;
 use serde_json::{json, Value};
 
 use crate::args::{AuditEvents, AuditExport, AuditFilter, AuditReplay, ExportFormat};
@@ -65,19 +66,17 @@ pub(crate) async fn every_record(
         let mut pairs: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
         pairs.push(("after", &after_text));
         pairs.push(("limit", REPLAY_PAGE_RECORDS));
-        let page = gw.get(&EVENTS, &pairs).await?;
+        let (page, answer) = gw.get_as::<EventsPage>(&EVENTS, &pairs).await?;
         let bad = |reason: &str| CliError::BadResponse {
             url: gw.url(&EVENTS, &pairs).to_string(),
             reason: reason.to_string(),
         };
-        let records = page
-            .get("events")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("no `events` array in the page"))?;
-        for record in records {
+        // Records are handed on as the gateway wrote them: what is printed
+        // is its JSON.
+        for record in answer["events"].as_array().into_iter().flatten() {
             each(record)?;
         }
-        match page.get("next").and_then(Value::as_u64) {
+        match page.next {
             None => return Ok(()),
             Some(next) if next > after => after = next,
             Some(_) => return Err(bad("the next page does not move forward").into()),

@@ -1,9 +1,12 @@
 //! A thin HTTP client for the gateway: builds URLs, adds the bearer token,
-//! and turns every answer into JSON or a [`CliError`].
+//! sends the contract's request bodies (`lh_rpc::http`), and turns every
+//! answer into JSON, the contract's type of it, or a [`CliError`].
 
 use crate::error::{CliError, Problem};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use reqwest::{Method, Url};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -103,14 +106,36 @@ impl Gateway {
             .await
     }
 
-    /// `POST` an optional JSON body with extra headers and parse the JSON answer.
+    /// `GET` and read the answer as the contract's `T`, keeping its JSON as
+    /// it came (what `--json` prints).
+    pub async fn get_as<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<(T, Value), CliError> {
+        let answer = self.get(segments, query).await?;
+        let typed = T::deserialize(&answer).map_err(|e| CliError::BadResponse {
+            url: self.url(segments, query).to_string(),
+            reason: format!("the answer is not what the API describes ({e})"),
+        })?;
+        Ok((typed, answer))
+    }
+
+    /// `POST` a JSON body with extra headers and parse the JSON answer.
     pub async fn post(
         &self,
         segments: &[&str],
-        body: Option<&Value>,
+        body: &impl Serialize,
         headers: &[(&str, &str)],
     ) -> Result<Value, CliError> {
-        self.send(Method::POST, self.url(segments, &[]), body, headers)
+        let body = to_json(body)?;
+        self.send(Method::POST, self.url(segments, &[]), Some(&body), headers)
+            .await
+    }
+
+    /// `POST` without a body and parse the JSON answer.
+    pub async fn post_empty(&self, segments: &[&str]) -> Result<Value, CliError> {
+        self.send(Method::POST, self.url(segments, &[]), None, &[])
             .await
     }
 
@@ -119,13 +144,14 @@ impl Gateway {
     pub async fn post_slow(
         &self,
         segments: &[&str],
-        body: &Value,
+        body: &impl Serialize,
         timeout: Duration,
     ) -> Result<Value, CliError> {
+        let body = to_json(body)?;
         self.send_within(
             Method::POST,
             self.url(segments, &[]),
-            Some(body),
+            Some(&body),
             &[],
             Some(timeout),
         )
@@ -133,8 +159,9 @@ impl Gateway {
     }
 
     /// `PUT` a JSON body and parse the JSON answer.
-    pub async fn put(&self, segments: &[&str], body: &Value) -> Result<Value, CliError> {
-        self.send(Method::PUT, self.url(segments, &[]), Some(body), &[])
+    pub async fn put(&self, segments: &[&str], body: &impl Serialize) -> Result<Value, CliError> {
+        let body = to_json(body)?;
+        self.send(Method::PUT, self.url(segments, &[]), Some(&body), &[])
             .await
     }
 
@@ -238,6 +265,12 @@ impl Gateway {
         }
         Ok((status, text))
     }
+}
+
+/// A request body as the JSON it is sent as.
+fn to_json(body: &impl Serialize) -> Result<Value, CliError> {
+    serde_json::to_value(body)
+        .map_err(|e| CliError::Usage(format!("cannot write the request body as JSON: {e}")))
 }
 
 /// A reqwest error's cause chain, e.g. `tcp connect error: Connection refused

@@ -91,13 +91,12 @@ pub use api_key::MAX_KEY_FILE_BYTES;
 pub use args::LeaseLogs;
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
-    BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, DrainMode,
-    ExportFormat, IdleAction, InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke,
-    LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseState, LeaseStop, NodeCommand, NodeDrain,
-    NodeId, PriceBookCommand, PriceBookPublish, QuoteCreate, ReportColourBy, ReportCommand,
-    ReportDaily, ReservationCommand, ReservationCreate, ReservationList, SpotCommand,
-    TenantCommand, TenantCreate, TenantId, TenantSetQuota, TenantSuspend, Tier,
-    DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
+    BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, ExportFormat,
+    InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
+    LeaseGet, LeaseList, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
+    PriceBookPublish, QuoteCreate, ReportColourBy, ReportCommand, ReportDaily, ReservationCommand,
+    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
+    TenantSetQuota, TenantSuspend, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
 pub use client::Gateway;
 pub use commands::billing::WHAT_IF_REQUEST_TIMEOUT;

@@ -149,15 +149,29 @@ async fn fake(handler: impl Fn(&Req, usize) -> Resp + Send + Sync + 'static) -> 
     Fake { url, log, key_file }
 }
 
-fn lease(id: &str, state: &str) -> Value {
+/// The id of the test lease named `name` (`L1`, `L2`, ...): a UUID that
+/// ends in its number.
+fn lease_id(name: &str) -> String {
+    let n: u64 = name.trim_start_matches('L').parse().unwrap_or(0);
+    format!("00000000-0000-7000-8000-{n:012}")
+}
+
+/// A lease view as the gateway answers it.
+fn lease(name: &str, state: &str) -> Value {
     json!({
-        "id": id, "tenant_id": "T1", "state": state, "gpus": 2, "gpu_model": "H100",
-        "tier": "basic", "node_id": null, "zone": null, "gpu_uuids": [], "gpu_indices": [],
+        "id": lease_id(name), "tenant_id": TENANT_ID,
+        "state": state, "gpus": 2, "gpu_model": "H100", "tier": "basic", "priority": 0,
+        "node_id": null, "zone": null, "gpu_uuids": [], "gpu_indices": [],
         "queued_reason": null, "queue_position": null, "rejected_reason": null,
-        "end_reason": null, "created_at": "2026-12-01T10:00:00Z", "placed_at": null,
+        "stop_requested": false, "preemption_deadline": null, "end_reason": null,
+        "migrations": 0, "last_migration_reason": null, "idle_since": null,
+        "suspended_at": null, "created_at": "2026-12-01T10:00:00Z", "placed_at": null,
         "started_at": null, "ended_at": null
     })
 }
+
+/// A tenant's id, where a command takes one as a UUID.
+const TENANT_ID: &str = "00000000-0000-7000-8000-0000000000aa";
 
 /// `lh tenant create` with the flags every tenant test gives.
 const TENANT_CREATE: [&str; 8] = [
@@ -215,7 +229,7 @@ async fn lease_create_sends_body_and_idempotency_key() {
         ])
         .await;
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
-    assert!(out.stdout.contains("L1"));
+    assert!(out.stdout.contains(&lease_id("L1")));
     assert!(out.stdout.contains("requested"));
 
     let out = gw
@@ -325,7 +339,7 @@ async fn ls_one_page_shows_the_next_cursor() {
     .await;
     let out = gw.lh(&["lease", "ls", "--limit", "1"]).await;
     assert_eq!(out.code, EXIT_OK);
-    assert!(out.stdout.contains("L1"));
+    assert!(out.stdout.contains(&lease_id("L1")));
     assert!(out.stdout.contains("--cursor c2"), "{}", out.stdout);
     let reqs = gw.requests();
     assert_eq!(reqs.len(), 1);
@@ -355,7 +369,7 @@ async fn ls_all_follows_cursors() {
         .iter()
         .map(|l| l["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["L1", "L2", "L3"]);
+    assert_eq!(ids, [lease_id("L1"), lease_id("L2"), lease_id("L3")]);
     assert_eq!(all["next_cursor"], Value::Null);
     assert_eq!(gw.requests().len(), 3);
 
@@ -506,13 +520,17 @@ async fn invoice_export_prints_the_csv_and_ls_filters() {
 
 #[tokio::test]
 async fn audit_verify_exit_codes() {
-    let good = fake(|_, _| ok(200, json!({"ok": true, "events": 12, "head": "ab"}))).await;
+    let verdict = |ok: bool| {
+        json!({"ok": ok, "events": 12, "head": "ab", "sequence": 12, "first_mismatch": null,
+               "checkpoints_verified": 1, "checkpoints": 1, "checked_from": 1})
+    };
+    let good = fake(move |_, _| ok(200, verdict(true))).await;
     let out = good.lh(&["audit", "verify"]).await;
     assert_eq!(out.code, EXIT_OK);
     assert!(out.stderr.is_empty());
     assert_eq!(good.requests()[0].target, "/v1/audit/verify");
 
-    let bad = fake(|_, _| ok(200, json!({"ok": false, "events": 12, "head": "ab"}))).await;
+    let bad = fake(move |_, _| ok(200, verdict(false))).await;
     let out = bad.lh(&["--json", "audit", "verify"]).await;
     assert_eq!(out.code, EXIT_FAILURE);
     let printed: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -982,7 +1000,7 @@ async fn reservations_are_created_and_listed() {
             "reservation",
             "create",
             "--tenant",
-            "T1",
+            TENANT_ID,
             "--gpu-model",
             "A100-40GB",
             "--zone",
@@ -997,7 +1015,7 @@ async fn reservations_are_created_and_listed() {
     assert_eq!(sent.target, "/v1/reservations");
     assert_eq!(
         sent.json(),
-        json!({"tenant_id": "T1", "gpu_model": "A100-40GB", "zone": "z1", "gpus": 4})
+        json!({"tenant_id": TENANT_ID, "gpu_model": "A100-40GB", "zone": "z1", "gpus": 4})
     );
     let out = gw.lh(&["reservation", "ls", "--tenant", "T1"]).await;
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
@@ -1369,8 +1387,10 @@ async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_
                         "series": [{
                             "lease_id": uuid::Uuid::from_u128(7), "tenant_id": uuid::Uuid::from_u128(1),
                             "node_id": node, "gpu_index": 0, "gpu_uuid": format!("GPU-{node}"),
-                            "points": [{"at": "2026-12-03T05:00:00Z", "memory_used_mib_avg": 20480.0,
-                                        "minutes": 60, "utilization_pct_avg": 50.0}]
+                            "points": [{"at": "2026-12-03T05:00:00Z", "samples": 720, "minutes": 60,
+                                        "utilization_pct_avg": 50.0, "memory_used_mib_avg": 20480.0,
+                                        "memory_used_mib_max": 20480, "temperature_c_max": null,
+                                        "power_w_avg": null}]
                         }]
                     }),
                 ),

@@ -310,7 +310,7 @@ fn point_over(
         "minutes": minutes,
         "utilization_pct_avg": utilisation,
         "memory_used_mib_avg": memory_mib,
-        "memory_used_mib_max": memory_mib,
+        "memory_used_mib_max": memory_mib as u64,
         "temperature_c_max": null,
         "power_w_avg": null,
     })
@@ -351,7 +351,8 @@ fn usage() -> serde_json::Value {
 
 fn input(tenant: Option<Uuid>) -> DayInput {
     let mut input = DayInput::from_events(date(), tenant, log());
-    assert_eq!(input.add_usage(&usage()).unwrap(), 0);
+    let usage = serde_json::from_value(usage()).expect("a usage report");
+    assert_eq!(input.add_usage(&usage), 0);
     input
 }
 

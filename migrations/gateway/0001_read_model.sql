@@ -114,7 +114,7 @@ CREATE TABLE tenant_keys (
     tenant_id   UUID NOT NULL,
     key_id      INTEGER NOT NULL,
     -- The key's visible beginning, as the event that issued it gives it.
-    prefix      TEXT,
+    prefix      TEXT NOT NULL,
     sha256      TEXT NOT NULL UNIQUE,
     created_at  TIMESTAMPTZ NOT NULL,
     expires_at  TIMESTAMPTZ,

@@ -1,6 +1,7 @@
 //! The flags of `lh balance ...`: a tenant's prepaid balance.
 
 use clap::{Args, Subcommand};
+use rust_decimal::Decimal;
 
 /// `lh balance ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -25,5 +26,5 @@ pub struct BalanceTopUp {
     pub tenant: String,
     /// CNY, e.g. `500` or `99.50`.
     #[arg(long)]
-    pub amount: String,
+    pub amount: Decimal,
 }

@@ -1,8 +1,12 @@
 //! The flags of `lh lease ...`, and the values a lease request is made of
-//! (what it asks for, its tier) that `lh quote` shares. The lease states
-//! mirror the gateway's spelling; `lease get --wait` compares them.
+//! (what it asks for, its tier) that `lh quote` shares. Tiers, lease states
+//! and recovery zones are the gateway's own types, spelled as it spells them.
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
+use lh_domain::lease::LeaseState;
+use lh_events::{Tier, ZoneFirst};
+use rust_decimal::Decimal;
+use uuid::Uuid;
 
 /// `lh lease ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -84,11 +88,11 @@ pub struct LeaseCreate {
     pub idempotency_key: Option<String>,
     /// Spot only: the most you pay, CNY per GPU-hour (e.g. `4.5`).
     #[arg(long, value_name = "CNY")]
-    pub max_price: Option<String>,
+    pub max_price: Option<Decimal>,
     /// A quote of yours (`lh quote`) for these GPUs, model and tier: the
     /// lease is billed on the price book it names.
     #[arg(long, value_name = "QUOTE_ID")]
-    pub quote: Option<String>,
+    pub quote: Option<Uuid>,
     /// A zone the lease may run in (repeatable; none: any).
     #[arg(long = "zone", value_name = "ZONE")]
     pub zones: Vec<String>,
@@ -113,22 +117,6 @@ pub struct LeaseCreate {
     /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
-}
-
-/// Where a recovered spot lease looks first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ZoneFirst {
-    Same,
-    Any,
-}
-
-impl ZoneFirst {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ZoneFirst::Same => "same",
-            ZoneFirst::Any => "any",
-        }
-    }
 }
 
 fn parse_env(raw: &str) -> Result<(String, String), String> {
@@ -201,110 +189,6 @@ pub struct LeaseLogs {
 pub struct LeaseStop {
     /// Lease id.
     pub id: String,
-}
-
-/// Service tier of a lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Tier {
-    /// Guaranteed capacity.
-    Basic,
-    /// Cheaper, preemptible capacity.
-    Spot,
-    /// Guaranteed capacity on a price ladder that falls with the lease's age.
-    Performance,
-    /// Covered by the tenant's reservation; beyond it, billed as basic.
-    Reserved,
-}
-
-impl Tier {
-    /// The tier as the gateway spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Basic => "basic",
-            Tier::Spot => "spot",
-            Tier::Performance => "performance",
-            Tier::Reserved => "reserved",
-        }
-    }
-}
-
-/// Lifecycle state of a lease, as the gateway reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LeaseState {
-    Requested,
-    Queued,
-    Placed,
-    Running,
-    Suspended,
-    Ended,
-    Rejected,
-}
-
-impl LeaseState {
-    /// The state as the gateway spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LeaseState::Requested => "requested",
-            LeaseState::Queued => "queued",
-            LeaseState::Placed => "placed",
-            LeaseState::Running => "running",
-            LeaseState::Suspended => "suspended",
-            LeaseState::Ended => "ended",
-            LeaseState::Rejected => "rejected",
-        }
-    }
-
-    /// Parses the gateway's spelling; `None` for a state this CLI does not know.
-    pub fn from_wire(s: &str) -> Option<Self> {
-        Some(match s {
-            "requested" => LeaseState::Requested,
-            "queued" => LeaseState::Queued,
-            "placed" => LeaseState::Placed,
-            "running" => LeaseState::Running,
-            "suspended" => LeaseState::Suspended,
-            "ended" => LeaseState::Ended,
-            "rejected" => LeaseState::Rejected,
-            _ => return None,
-        })
-    }
-
-    /// `ended` and `rejected`: a lease in these states never changes again.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, LeaseState::Ended | LeaseState::Rejected)
-    }
-
-    /// Position along requested → queued → placed → running → ended.
-    /// `rejected` and `suspended` are off that path and have no rank.
-    fn rank(self) -> Option<u8> {
-        match self {
-            LeaseState::Requested => Some(0),
-            LeaseState::Queued => Some(1),
-            LeaseState::Placed => Some(2),
-            LeaseState::Running => Some(3),
-            LeaseState::Ended => Some(4),
-            // Off the path: a resume sends it back to requested.
-            LeaseState::Suspended | LeaseState::Rejected => None,
-        }
-    }
-
-    /// Whether a lease now in `self` has passed `target` on its way forward
-    /// without being finished (e.g. `running` has passed `placed`), so that a
-    /// wait for `target` that missed the moment between two polls succeeds.
-    pub fn is_past(self, target: LeaseState) -> bool {
-        if self.is_terminal() {
-            return false;
-        }
-        match (self.rank(), target.rank()) {
-            (Some(now), Some(want)) => now > want,
-            _ => false,
-        }
-    }
-}
-
-impl std::fmt::Display for LeaseState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 #[cfg(test)]
@@ -565,19 +449,5 @@ mod tests {
             panic!("wrong command")
         };
         assert_eq!(s.id, "L1");
-    }
-
-    #[test]
-    fn state_progress() {
-        use LeaseState::*;
-        assert!(Running.is_past(Placed));
-        assert!(Placed.is_past(Queued));
-        assert!(!Queued.is_past(Placed));
-        assert!(!Running.is_past(Running));
-        assert!(!Ended.is_past(Running));
-        assert!(!Rejected.is_past(Queued));
-        assert!(!Running.is_past(Rejected));
-        assert_eq!(LeaseState::from_wire("placed"), Some(Placed));
-        assert_eq!(LeaseState::from_wire("paused"), None);
     }
 }

@@ -28,17 +28,14 @@ pub use balance::{BalanceCommand, BalanceShow, BalanceTopUp};
 pub use billing::{BillingCommand, BillingWhatIf};
 pub use cli::{Cli, Command, DEFAULT_GATEWAY_URL};
 pub use invoice::{InvoiceCommand, InvoiceShow};
-pub use lease::{
-    GpuAskArgs, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseLogs, LeaseState, LeaseStop,
-    Tier,
-};
-pub use node::{DrainMode, NodeCommand, NodeDrain, NodeId};
+pub use lease::{GpuAskArgs, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseLogs, LeaseStop};
+pub use node::{NodeCommand, NodeDrain, NodeId};
 pub use price_book::{PriceBookCommand, PriceBookPublish};
 pub use quote::QuoteCreate;
 pub use report::{ReportColourBy, ReportCommand, ReportDaily};
 pub use reservation::{ReservationCommand, ReservationCreate, ReservationList};
 pub use spot::SpotCommand;
 pub use tenant::{
-    IdleAction, KeyCommand, KeyCreate, KeyRevoke, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend,
+    KeyCommand, KeyCreate, KeyRevoke, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
+    TenantSuspend,
 };

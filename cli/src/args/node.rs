@@ -1,6 +1,7 @@
 //! The flags of `lh node ...`: a node taken out of placement and back.
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
+use lh_events::DrainMode;
 
 /// `lh node ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -29,19 +30,4 @@ pub struct NodeDrain {
 pub struct NodeId {
     /// Node id.
     pub id: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DrainMode {
-    Finish,
-    Move,
-}
-
-impl DrainMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DrainMode::Finish => "finish",
-            DrainMode::Move => "move",
-        }
-    }
 }

@@ -1,8 +1,9 @@
 //! The flags of `lh quote`: a lease request priced for a duration.
 
 use clap::Args;
+use lh_events::Tier;
 
-use super::lease::{GpuAskArgs, Tier};
+use super::lease::GpuAskArgs;
 
 /// `lh quote`
 #[derive(Debug, Clone, Args)]

@@ -1,6 +1,7 @@
 //! The flags of `lh reservation ...`: GPUs committed to a tenant.
 
 use clap::{Args, Subcommand};
+use uuid::Uuid;
 
 /// `lh reservation ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -23,7 +24,7 @@ pub struct ReservationList {
 #[derive(Debug, Clone, Args)]
 pub struct ReservationCreate {
     #[arg(long, value_name = "TENANT_ID")]
-    pub tenant: String,
+    pub tenant: Uuid,
     /// GPU model, e.g. `A100-40GB`.
     #[arg(long, value_name = "MODEL")]
     pub gpu_model: String,

@@ -1,7 +1,9 @@
 //! The flags of `lh tenant ...` and `lh tenant key ...`: a tenant's
 //! record, quota and idle policy, and its API keys.
 
-use clap::{Args, Subcommand, ValueEnum};
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use lh_events::IdleAction;
 
 /// `lh tenant ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -81,7 +83,7 @@ pub struct KeyCreate {
     pub id: String,
     /// When the key stops working (RFC 3339, e.g. 2027-06-30T00:00:00Z).
     #[arg(long, value_name = "TIME")]
-    pub expires_at: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// `lh tenant key revoke`
@@ -115,24 +117,6 @@ pub struct TenantCreate {
     /// isolate workloads (process runtime).
     #[arg(long)]
     pub trusted: bool,
-}
-
-/// What a node-agent does with a tenant's idle lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IdleAction {
-    Notify,
-    Stop,
-    Suspend,
-}
-
-impl IdleAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdleAction::Notify => "notify",
-            IdleAction::Stop => "stop",
-            IdleAction::Suspend => "suspend",
-        }
-    }
 }
 
 #[cfg(test)]

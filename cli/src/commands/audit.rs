@@ -3,7 +3,7 @@
 //! exit code 1 and a reason on stderr. `events`, `replay` and `export` read
 //! the records through the gateway (see [`crate::audit_trail`]).
 
-use serde_json::Value;
+use lh_rpc::audit::VerifyResponse;
 
 use crate::args::AuditCommand;
 use crate::client::Gateway;
@@ -47,9 +47,11 @@ pub(crate) async fn run(
             }
         }
         AuditCommand::Verify(_) => {
-            let report = gw.get(&["v1", "audit", "verify"], &[]).await?;
+            let (verdict, report) = gw
+                .get_as::<VerifyResponse>(&["v1", "audit", "verify"], &[])
+                .await?;
             emit(out, json, &report, render::audit)?;
-            if report.get("ok").and_then(Value::as_bool) == Some(true) {
+            if verdict.ok {
                 Ok(EXIT_OK)
             } else {
                 let _ = writeln!(err, "error: audit chain verification failed");

@@ -1,7 +1,7 @@
 //! `lh balance show | top-up`: a tenant's prepaid balance and the money
 //! added to it, at `/v1/tenants/{id}/balance`.
 
-use serde_json::json;
+use lh_rpc::http::balances::NewTopUp;
 
 use crate::args::BalanceCommand;
 use crate::client::Gateway;
@@ -25,9 +25,9 @@ pub(crate) async fn run(
             Ok(EXIT_OK)
         }
         BalanceCommand::TopUp(b) => {
-            let body = json!({ "amount": b.amount });
+            let body = NewTopUp { amount: b.amount };
             let path = ["v1", "tenants", &b.tenant, "balance", "top-ups"];
-            let made = gw.post(&path, Some(&body), &[]).await?;
+            let made = gw.post(&path, &body, &[]).await?;
             emit(out, json, &made, render::top_up)?;
             Ok(EXIT_OK)
         }

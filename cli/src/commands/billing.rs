@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use lh_rpc::http::billing::WhatIf;
 
 use crate::args::BillingCommand;
 use crate::client::Gateway;
@@ -28,15 +28,13 @@ pub(crate) async fn run(
 ) -> anyhow::Result<i32> {
     match command {
         BillingCommand::WhatIf(w) => {
-            let book = read_json_file(&w.book)?;
-            if !book.is_object() {
-                return Err(CliError::Usage(format!(
-                    "{} must hold a price book, a JSON object: {{\"version\"?, \"tiers\": [...]}}",
-                    w.book.display()
-                ))
-                .into());
-            }
-            let body = json!({"period": w.period, "book": book});
+            let body = WhatIf {
+                period: w.period.clone(),
+                book: read_json_file(
+                    &w.book,
+                    "a price book, a JSON object: {\"version\"?, \"tiers\": [...]}",
+                )?,
+            };
             let report = gw
                 .post_slow(
                     &["v1", "billing", "what-if"],

@@ -1,7 +1,7 @@
 //! `lh tenant key ...`: issue, list and revoke a tenant's API keys, one
 //! request each to `/v1/tenants/{id}/keys`.
 
-use serde_json::json;
+use lh_rpc::http::keys::IssueKey;
 
 use crate::args::KeyCommand;
 use crate::client::Gateway;
@@ -18,12 +18,11 @@ pub(crate) async fn run(
 ) -> anyhow::Result<i32> {
     match command {
         KeyCommand::Create(k) => {
-            let mut body = json!({});
-            if let Some(at) = &k.expires_at {
-                body["expires_at"] = json!(at);
-            }
+            let body = IssueKey {
+                expires_at: k.expires_at,
+            };
             let key = gw
-                .post(&["v1", "tenants", &k.id, "keys"], Some(&body), &[])
+                .post(&["v1", "tenants", &k.id, "keys"], &body, &[])
                 .await?;
             emit(out, json, &key, render::key_issued)?;
             Ok(EXIT_OK)

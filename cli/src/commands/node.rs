@@ -1,7 +1,7 @@
 //! `lh node drain | uncordon`: take a GPU node out of placement and give it
 //! back, one request each to `/v1/nodes/{id}`.
 
-use serde_json::json;
+use lh_rpc::http::nodes::DrainNode;
 
 use crate::args::NodeCommand;
 use crate::client::Gateway;
@@ -18,20 +18,18 @@ pub(crate) async fn run(
 ) -> anyhow::Result<i32> {
     match command {
         NodeCommand::Drain(d) => {
-            let mut body = json!({"mode": d.mode.as_str()});
-            if let Some(reason) = &d.reason {
-                body["reason"] = json!(reason);
-            }
+            let body = DrainNode {
+                mode: d.mode,
+                reason: d.reason,
+            };
             let node = gw
-                .post(&["v1", "nodes", &d.id, "drain"], Some(&body), &[])
+                .post(&["v1", "nodes", &d.id, "drain"], &body, &[])
                 .await?;
             emit(out, json, &node, render::node_cordon)?;
             Ok(EXIT_OK)
         }
         NodeCommand::Uncordon(n) => {
-            let node = gw
-                .post(&["v1", "nodes", &n.id, "uncordon"], None, &[])
-                .await?;
+            let node = gw.post_empty(&["v1", "nodes", &n.id, "uncordon"]).await?;
             emit(out, json, &node, render::node_cordon)?;
             Ok(EXIT_OK)
         }

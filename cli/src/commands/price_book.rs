@@ -1,5 +1,8 @@
 //! `lh price-book ls | publish`: every price book version, and a new one
-//! published from a JSON file sent as it is.
+//! published from a JSON file, read as the book `POST /v1/price-books`
+//! takes before anything is sent.
+
+use lh_rpc::http::price_books::NewPriceBook;
 
 use crate::args::PriceBookCommand;
 use crate::client::Gateway;
@@ -23,8 +26,11 @@ pub(crate) async fn run(
             Ok(EXIT_OK)
         }
         PriceBookCommand::Publish(p) => {
-            let body = read_json_file(&p.file)?;
-            let published = gw.post(&["v1", "price-books"], Some(&body), &[]).await?;
+            let body: NewPriceBook = read_json_file(
+                &p.file,
+                "a price book, a JSON object: {\"version\", \"tiers\": [...]}",
+            )?;
+            let published = gw.post(&["v1", "price-books"], &body, &[]).await?;
             emit(out, json, &published, render::audit)?;
             Ok(EXIT_OK)
         }

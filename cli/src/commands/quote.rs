@@ -2,7 +2,7 @@
 //! book. The duration is checked here, before anything is sent, because
 //! the gateway takes it in seconds and the flag is in hours.
 
-use serde_json::json;
+use lh_rpc::http::quotes::NewQuote;
 
 use crate::args::QuoteCreate;
 use crate::client::Gateway;
@@ -10,7 +10,7 @@ use crate::error::{CliError, EXIT_OK};
 use crate::output::{emit, Out};
 use crate::render;
 
-use super::body::gpu_fields;
+use super::body::GpuFields;
 
 /// Runs `lh quote`.
 pub(crate) async fn run(
@@ -24,13 +24,20 @@ pub(crate) async fn run(
             CliError::Usage("--hours must be above 0 and at most 8784 (366 days)".into()).into(),
         );
     }
-    let mut body = json!({
-        "gpu_model": q.gpu_model,
-        "tier": q.tier.as_str(),
-        "duration_seconds": (q.hours * 3600.0).round() as u64,
-    });
-    gpu_fields(&mut body, &q.ask);
-    let quote = gw.post(&["v1", "quotes"], Some(&body), &[]).await?;
+    let GpuFields {
+        gpus,
+        gpu_fraction,
+        mig_profile,
+    } = GpuFields::from(&q.ask);
+    let body = NewQuote {
+        gpus,
+        gpu_fraction,
+        mig_profile,
+        gpu_model: q.gpu_model,
+        tier: q.tier,
+        duration_seconds: (q.hours * 3600.0).round() as u64,
+    };
+    let quote = gw.post(&["v1", "quotes"], &body, &[]).await?;
     emit(out, json, &quote, render::quote)?;
     Ok(EXIT_OK)
 }

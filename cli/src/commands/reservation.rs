@@ -1,6 +1,7 @@
 //! `lh reservation ls | create`: GPUs committed to a tenant for a term; a
 //! new reservation is shown in the same table as the list.
 
+use lh_rpc::http::reservations::NewReservation;
 use serde_json::json;
 
 use crate::args::ReservationCommand;
@@ -25,13 +26,15 @@ pub(crate) async fn run(
             Ok(EXIT_OK)
         }
         ReservationCommand::Create(r) => {
-            let mut body = json!({
-                "tenant_id": r.tenant, "gpu_model": r.gpu_model, "zone": r.zone, "gpus": r.gpus
-            });
-            if let Some(days) = r.term_days {
-                body["term_days"] = json!(days);
-            }
-            let made = gw.post(&["v1", "reservations"], Some(&body), &[]).await?;
+            let body = NewReservation {
+                tenant_id: r.tenant,
+                gpu_model: r.gpu_model,
+                zone: r.zone,
+                gpus: r.gpus,
+                term_days: r.term_days,
+                starts_at: None,
+            };
+            let made = gw.post(&["v1", "reservations"], &body, &[]).await?;
             emit(
                 out,
                 json,

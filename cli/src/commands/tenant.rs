@@ -2,7 +2,7 @@
 //! its quota; `lh tenant key ...` is handed to [`super::key`]. Each command
 //! is one request to the gateway's `/v1/tenants`.
 
-use serde_json::json;
+use lh_rpc::http::tenants::{ChangeQuota, CreateTenant, IdlePolicyBody, QuotaBody, SuspendTenant};
 
 use crate::args::TenantCommand;
 use crate::client::Gateway;
@@ -21,18 +21,21 @@ pub(crate) async fn run(
 ) -> anyhow::Result<i32> {
     match command {
         TenantCommand::Create(t) => {
-            let mut body = json!({
-                "name": t.name,
-                "email": t.email,
-                "quota": {"max_gpus": t.max_gpus},
-            });
-            if let (Some(window_s), Some(action)) = (t.idle_window_secs, t.idle_action) {
-                body["idle_policy"] = json!({"window_s": window_s, "action": action.as_str()});
-            }
-            if t.trusted {
-                body["trusted"] = json!(true);
-            }
-            let tenant = gw.post(&["v1", "tenants"], Some(&body), &[]).await?;
+            let body = CreateTenant {
+                name: t.name,
+                email: t.email,
+                quota: QuotaBody {
+                    max_gpus: t.max_gpus,
+                    max_vram_gb: None,
+                },
+                weight: None,
+                idle_policy: t
+                    .idle_window_secs
+                    .zip(t.idle_action)
+                    .map(|(window_s, action)| IdlePolicyBody { window_s, action }),
+                trusted: t.trusted,
+            };
+            let tenant = gw.post(&["v1", "tenants"], &body, &[]).await?;
             emit(out, json, &tenant, render::tenant_created)?;
             Ok(EXIT_OK)
         }
@@ -42,38 +45,34 @@ pub(crate) async fn run(
             Ok(EXIT_OK)
         }
         TenantCommand::Suspend(t) => {
-            let mut body = json!({"stop_leases": t.stop_leases});
-            if let Some(reason) = &t.reason {
-                body["reason"] = json!(reason);
-            }
+            let body = SuspendTenant {
+                reason: t.reason,
+                stop_leases: t.stop_leases,
+            };
             let changed = gw
-                .post(&["v1", "tenants", &t.id, "suspend"], Some(&body), &[])
+                .post(&["v1", "tenants", &t.id, "suspend"], &body, &[])
                 .await?;
             emit(out, json, &changed, render::tenant_changed)?;
             Ok(EXIT_OK)
         }
         TenantCommand::Resume(t) => {
-            let changed = gw
-                .post(&["v1", "tenants", &t.id, "resume"], None, &[])
-                .await?;
+            let changed = gw.post_empty(&["v1", "tenants", &t.id, "resume"]).await?;
             emit(out, json, &changed, render::tenant_changed)?;
             Ok(EXIT_OK)
         }
         TenantCommand::Erase(t) => {
-            let tenant = gw
-                .post(&["v1", "tenants", &t.id, "erase"], None, &[])
-                .await?;
+            let tenant = gw.post_empty(&["v1", "tenants", &t.id, "erase"]).await?;
             emit(out, json, &tenant, render::tenant_view)?;
             Ok(EXIT_OK)
         }
         TenantCommand::SetQuota(q) => {
-            let mut body = json!({"quota": {"max_gpus": q.max_gpus}});
-            if let Some(vram) = q.max_vram_gb {
-                body["quota"]["max_vram_gb"] = json!(vram);
-            }
-            if let Some(weight) = q.weight {
-                body["weight"] = json!(weight);
-            }
+            let body = ChangeQuota {
+                quota: QuotaBody {
+                    max_gpus: q.max_gpus,
+                    max_vram_gb: q.max_vram_gb,
+                },
+                weight: q.weight,
+            };
             let tenant = gw.put(&["v1", "tenants", &q.id, "quota"], &body).await?;
             emit(out, json, &tenant, render::tenant_view)?;
             Ok(EXIT_OK)

@@ -26,6 +26,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use chrono::{NaiveDate, SecondsFormat, Utc};
+use lh_rpc::http::usage::UsageReport;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -177,22 +178,6 @@ fn rfc3339(at: chrono::DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-/// Adds one usage answer read with `query` to `input`.
-fn add_usage(
-    gw: &Gateway,
-    query: &[(&str, &str)],
-    input: &mut DayInput,
-    answer: &Value,
-) -> Result<(), CliError> {
-    input
-        .add_usage(answer)
-        .map(|_| ())
-        .map_err(|reason| CliError::BadResponse {
-            url: gw.url(&["v1", "usage"], query).to_string(),
-            reason,
-        })
-}
-
 /// Says why the heat map (or part of it) is empty; `which` names the part.
 fn usage_missing(err: Out<'_>, status: u16, which: &str) {
     // A gateway without the usage API, or one that does not show it to
@@ -227,8 +212,10 @@ async fn read_usage_by_node(
     for (done, node) in nodes.iter().enumerate() {
         let mut by_node = query.to_vec();
         by_node.push(("node", node.as_str()));
-        match gw.get(&["v1", "usage"], &by_node).await {
-            Ok(answer) => add_usage(gw, &by_node, input, &answer)?,
+        match gw.get_as::<UsageReport>(&["v1", "usage"], &by_node).await {
+            Ok((answer, _)) => {
+                input.add_usage(&answer);
+            }
             Err(CliError::Api(p)) if p.status == 422 => {
                 usage_missing(&mut *err, p.status, &format!(" of node {node}"));
             }
@@ -315,12 +302,14 @@ pub async fn read_day(
     if let Some(t) = &tenant_text {
         query.push(("tenant", t.as_str()));
     }
-    let usage = gw.get(&["v1", "usage"], &query).await;
+    let usage = gw.get_as::<UsageReport>(&["v1", "usage"], &query).await;
     progress.drawn_at = None;
     progress.update(&mut *err, progress.total, "done", 0);
     progress.finish(&mut *err);
     match usage {
-        Ok(answer) => add_usage(gw, &query, &mut input, &answer)?,
+        Ok((answer, _)) => {
+            input.add_usage(&answer);
+        }
         // More points than one answer holds, or a sum too long for the
         // database: the fleet's day is read node by node.
         Err(CliError::Api(p)) if p.status == 422 && p.field.as_deref() == Some("step") => {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Duration, NaiveDate, TimeZone as _, Utc};
 use lh_events::{EndReason, Envelope, EventData, Tier};
-use serde_json::Value;
+use lh_rpc::http::usage::UsageReport;
 use uuid::Uuid;
 
 /// Hours in a report's day (UTC, which has no daylight saving).
@@ -407,74 +407,34 @@ impl DayInput {
     /// Adds the usage API's answer (`GET /v1/usage`, `step=3600`): each point
     /// of the day becomes one [`HourUsage`]. Returns how many points were
     /// outside the day or not on an hour (ignored).
-    pub fn add_usage(&mut self, answer: &Value) -> Result<usize, String> {
+    pub fn add_usage(&mut self, answer: &UsageReport) -> usize {
         let from = day_start(self.date);
-        let series = answer
-            .get("series")
-            .and_then(Value::as_array)
-            .ok_or("no `series` array in the usage answer")?;
         let mut ignored = 0;
-        for s in series {
-            let node_id = s
-                .get("node_id")
-                .and_then(Value::as_str)
-                .ok_or("a usage series without `node_id`")?;
-            let gpu_index = s
-                .get("gpu_index")
-                .and_then(Value::as_u64)
-                .and_then(|i| u32::try_from(i).ok())
-                .ok_or("a usage series without `gpu_index`")?;
-            let uuid = |key: &str| {
-                s.get(key)
-                    .and_then(Value::as_str)
-                    .and_then(|t| t.parse::<Uuid>().ok())
-            };
-            let (lease_id, tenant_id) = (uuid("lease_id"), uuid("tenant_id"));
+        for s in &answer.series {
+            let (lease_id, tenant_id) = (Some(s.lease_id), s.tenant_id);
             if self.tenant.is_some() && tenant_id != self.tenant {
                 continue;
             }
-            for p in s
-                .get("points")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let at = p
-                    .get("at")
-                    .and_then(Value::as_str)
-                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-                    .ok_or("a usage point without an RFC 3339 `at`")?
-                    .with_timezone(&Utc);
-                let secs = (at - from).num_seconds();
+            for p in &s.points {
+                let secs = (p.at - from).num_seconds();
                 if !(0..i64::from(HOURS_PER_DAY) * SECS_PER_HOUR).contains(&secs)
                     || secs % SECS_PER_HOUR != 0
                 {
                     ignored += 1;
                     continue;
                 }
-                let memory = p
-                    .get("memory_used_mib_avg")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(0.0);
                 self.usage.push(HourUsage {
                     lease_id,
                     tenant_id,
-                    node_id: node_id.to_string(),
-                    gpu_index,
+                    node_id: s.node_id.clone(),
+                    gpu_index: s.gpu_index,
                     hour: (secs / SECS_PER_HOUR) as u32,
-                    memory_used_mib_avg: memory,
-                    // A gateway that does not tell the minutes gives the
-                    // hour's average as is.
-                    minutes: p
-                        .get("minutes")
-                        .and_then(Value::as_u64)
-                        .map_or(MINUTES_PER_HOUR, |m| {
-                            m.min(u64::from(MINUTES_PER_HOUR)) as u32
-                        }),
-                    utilization_pct_avg: p.get("utilization_pct_avg").and_then(Value::as_f64),
+                    memory_used_mib_avg: p.memory_used_mib_avg,
+                    minutes: p.minutes.min(MINUTES_PER_HOUR),
+                    utilization_pct_avg: p.utilization_pct_avg,
                 });
             }
         }
-        Ok(ignored)
+        ignored
     }
 }

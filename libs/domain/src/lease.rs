@@ -359,6 +359,7 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
 
 /// Where a lease is in its life, as the read model shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseState {
     Requested,

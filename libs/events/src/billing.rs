@@ -10,13 +10,24 @@ use uuid::Uuid;
 
 /// Service tier of a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
+    #[cfg_attr(feature = "clap", value(help = "Guaranteed capacity"))]
     Basic,
+    #[cfg_attr(feature = "clap", value(help = "Cheaper, preemptible capacity"))]
     Spot,
     /// A price ladder by the lease's billable age.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Guaranteed capacity on a price ladder that falls with the lease's age")
+    )]
     Performance,
     /// Covered by a tenant's commitment; what does not fit is billed as basic.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Covered by the tenant's reservation; beyond it, billed as basic")
+    )]
     Reserved,
 }
 

@@ -43,7 +43,7 @@ pub fn tenant(tenant_id: Uuid, max_gpus: u32) -> TenantCreated {
         name_sealed: String::new(),
         email_sealed: String::new(),
         api_key_sha256: String::new(),
-        api_key_prefix: None,
+        api_key_prefix: format!("lh_{}", &tenant_id.simple().to_string()[..8]),
         quota: Quota {
             max_gpus,
             max_vram_gb: None,

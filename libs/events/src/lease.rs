@@ -73,13 +73,18 @@ pub struct SpotRecovery {
 }
 
 /// Where a recovered spot lease looks first.
+// On a command line the values are listed bare: the flag's help says what
+// each does there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum ZoneFirst {
     /// The zone it was preempted in, then any zone it may run in.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Same,
     /// Any zone it may run in, the one it left included.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Any,
 }
 

@@ -18,12 +18,17 @@ pub struct NodeCordoned {
     pub reason: String,
 }
 
+// On a command line the values are listed bare: the flag's help says what
+// each does there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum DrainMode {
     /// Running leases finish where they are.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Finish,
     /// Running leases are moved to other nodes.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Move,
 }
 

@@ -18,9 +18,8 @@ pub struct TenantCreated {
     /// This key is the tenant's key 1.
     pub api_key_sha256: String,
     /// The key's visible beginning (`lh_` and 8 characters), by which the
-    /// tenant tells its keys apart; absent in older logs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key_prefix: Option<String>,
+    /// tenant tells its keys apart.
+    pub api_key_prefix: String,
     pub quota: Quota,
     /// Weight in fair sharing across tenants (default 1).
     #[serde(default = "default_weight")]
@@ -43,17 +42,23 @@ pub struct IdlePolicy {
     pub action: IdleAction,
 }
 
+// On a command line the values are listed bare: their docs speak of the
+// events, and the flag's help says what each does there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum IdleAction {
     /// Only `lease.idle_detected`: the tenant is told, the lease runs on.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Notify,
     /// `lease.idle_detected`, then the node-agent asks for the lease to stop
     /// (`lease.stop_requested` by the node), which ends it as a stop does.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Stop,
     /// `lease.idle_detected`, then the node-agent stops the workload and
     /// reports `lease.suspended`: its GPUs are freed and billing stops, the
     /// lease is kept; `POST /v1/leases/{id}/resume` queues it again.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
     Suspend,
 }
 

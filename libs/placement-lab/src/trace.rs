@@ -91,7 +91,7 @@ impl Task {
             gpu,
             models,
             zones: Vec::new(),
-            tier: Default::default(),
+            preemptibility: Default::default(),
             needs_isolation: false,
         }
     }

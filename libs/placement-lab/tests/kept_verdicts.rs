@@ -79,7 +79,7 @@ fn request(shape: usize) -> Request {
         } else {
             vec![]
         },
-        tier: Tier::Basic,
+        preemptibility: Preemptibility::Guaranteed,
         needs_isolation: shape.is_multiple_of(3),
     }
 }

@@ -108,7 +108,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             gpu,
             models: models.into_iter().map(String::from).collect(),
             zones: zones.into_iter().map(String::from).collect(),
-            tier: Tier::Basic,
+            preemptibility: Preemptibility::Guaranteed,
             needs_isolation: false,
         })
 }

@@ -30,7 +30,7 @@ pub use cluster::{
     gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, MigHold, Reject,
 };
 pub use engine::{Decision, Engine, Pending, Provenance, Ties};
-pub use model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode, Tier};
+pub use model::{GpuDemand, GpuSpec, NodeSpec, Preemptibility, Request, SharingMode};
 pub use policy::{Policy, Scored};
 pub use rng::Rng;
 pub use shape_mix::{Shape, ShapeMix, ShapeMixConfig};

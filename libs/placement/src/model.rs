@@ -84,15 +84,15 @@ pub enum GpuDemand {
     Mig { profile: String },
 }
 
-/// Service tier of a request, named as in the event vocabulary
-/// (`lh_events::Tier`): `Basic` is the on-demand tier. Placement does not
-/// depend on it (the queue does); it is carried so that a decision's
-/// provenance is complete.
+/// Whether a request's GPUs may be taken back for other work: guaranteed
+/// (basic, performance and reserved leases) or preemptible (spot). Placement
+/// does not depend on it (the queue does); it is carried so that a
+/// decision's provenance is complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Tier {
+pub enum Preemptibility {
     #[default]
-    Basic,
-    Spot,
+    Guaranteed,
+    Preemptible,
 }
 
 /// A placement request.
@@ -105,7 +105,7 @@ pub struct Request {
     pub models: Vec<String>,
     /// Any of these zones; empty means any zone.
     pub zones: Vec<String>,
-    pub tier: Tier,
+    pub preemptibility: Preemptibility,
     /// Only nodes that isolate workloads ([`NodeSpec::isolates_workloads`]).
     pub needs_isolation: bool,
 }
@@ -118,7 +118,7 @@ impl Request {
             gpu: GpuDemand::None,
             models: Vec::new(),
             zones: Vec::new(),
-            tier: Tier::Basic,
+            preemptibility: Preemptibility::Guaranteed,
             needs_isolation: false,
         }
     }

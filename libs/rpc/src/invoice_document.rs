@@ -11,7 +11,7 @@
 //! # Content hash
 //!
 //! `content_hash` is the lowercase hex SHA-256 of the canonical JSON (see
-//! [`crate::invoice::canonical_json`]) of the document without its
+//! [`crate::charges::canonical_json`]) of the document without its
 //! `content_hash` and `status` fields. An issued document's hash is fixed
 //! when it is issued and carried by its event; a draft's is provisional.
 
@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::invoice::canonical_json;
+use crate::charges::canonical_json;
 
 /// Subject on which pricing lists invoices and notes.
 pub const LIST_SUBJECT: &str = lh_events::subject::RPC_PRICING_INVOICE_LIST;

@@ -8,8 +8,9 @@
 
 pub mod audit;
 pub mod balance;
+pub mod charges;
 pub mod cost_report;
-pub mod invoice;
+pub mod http;
 pub mod invoice_document;
 pub mod lease_logs;
 pub mod price_book;

@@ -219,7 +219,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 name_sealed: "c2VhbGVk".into(),
                 email_sealed: "c2VhbGVk".into(),
                 api_key_sha256: "00".repeat(32),
-                api_key_prefix: None,
+                api_key_prefix: "lh_00000000".into(),
                 quota: Quota {
                     max_gpus: 8,
                     max_vram_gb: None,

@@ -18,8 +18,8 @@
 //!    issues each tenant's invoice (`invoice.issued`, numbered without
 //!    gaps), notes for charges that come after it (`invoice.note_issued`)
 //!    and SLA credits (`credit.granted`).
-//! 5. **Invoice RPC**: answers [`lh_rpc::invoice::INVOICE_SUBJECT`] (a
-//!    month's charges, [`lh_rpc::invoice::Invoice`]) and the invoices and
+//! 5. **Invoice RPC**: answers [`lh_rpc::charges::CHARGES_SUBJECT`] (a
+//!    month's charges, [`lh_rpc::charges::ChargeStatement`]) and the invoices and
 //!    notes of [`lh_rpc::invoice_document`] from the projection; and the
 //!    cost report and the what-if ([`what_if`]: a past month on another
 //!    price book) from its charges.
@@ -52,7 +52,7 @@ use sqlx::PgPool;
 use crate::projection::InvoiceProjector;
 
 /// Queue group of the pricing replicas answering
-/// [`lh_rpc::invoice::INVOICE_SUBJECT`] and the other pricing RPCs.
+/// [`lh_rpc::charges::CHARGES_SUBJECT`] and the other pricing RPCs.
 pub const QUEUE_GROUP: &str = "lh-pricing";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9103";
 

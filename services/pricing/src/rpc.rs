@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use chrono::Utc;
 use futures::future::BoxFuture;
 use lh_bus::Bus;
-use lh_rpc::invoice::{InvoiceRequest, INVOICE_SUBJECT};
+use lh_rpc::charges::{ChargeStatementRequest, CHARGES_SUBJECT};
 use lh_rpc::invoice_document::{DocumentRequest, ListRequest, DOCUMENT_SUBJECT, LIST_SUBJECT};
 use serde::{de::DeserializeOwned, Serialize};
 use sqlx::PgPool;
@@ -53,11 +53,11 @@ fn table<'a>(s: &'a RpcSources<'a>) -> Vec<Served<'a>> {
     vec![
         answer(
             s,
-            INVOICE_SUBJECT,
-            "invoice RPC",
-            |s, request: InvoiceRequest| {
+            CHARGES_SUBJECT,
+            "charge statement RPC",
+            |s, request: ChargeStatementRequest| {
                 let pool = s.pool.clone();
-                async move { projection::read_invoice(&pool, &request).await }
+                async move { projection::read_charge_statement(&pool, &request).await }
             },
         ),
         answer(

@@ -9,7 +9,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use lh_bus::{rpc, Bus, BusConfig, Expect};
 use lh_events::*;
 use lh_pricing::Config;
-use lh_rpc::invoice::{Invoice, InvoiceRequest, INVOICE_SUBJECT};
+use lh_rpc::charges::{ChargeStatement, ChargeStatementRequest, CHARGES_SUBJECT};
 use lh_service::{CancellationToken, Running};
 use lh_testkit::Nats;
 use uuid::Uuid;
@@ -69,20 +69,20 @@ impl Env {
             .expect("lease events stored");
     }
 
-    /// The invoice as the gateway would ask for it, checked to be JSON with
-    /// money as strings.
-    async fn invoice(&self, tenant: Uuid, period: &str) -> Invoice {
+    /// The month's charges as the gateway would ask for them, checked to be
+    /// JSON with money as strings.
+    async fn charges(&self, tenant: Uuid, period: &str) -> ChargeStatement {
         let raw: serde_json::Value = rpc::call(
             &self.bus,
-            INVOICE_SUBJECT,
-            &InvoiceRequest {
+            CHARGES_SUBJECT,
+            &ChargeStatementRequest {
                 tenant_id: tenant,
                 period: period.into(),
             },
             Duration::from_secs(5),
         )
         .await
-        .expect("invoice answered");
+        .expect("charges answered");
         assert!(raw["total"].is_string(), "total is a decimal string: {raw}");
         for line in raw["lines"].as_array().unwrap() {
             assert!(
@@ -90,16 +90,16 @@ impl Env {
                 "{line}"
             );
         }
-        let invoice: Invoice = serde_json::from_value(raw).expect("an invoice");
-        assert!(invoice.verify(), "total and content hash match the lines");
-        invoice
+        let statement: ChargeStatement = serde_json::from_value(raw).expect("a statement");
+        assert!(statement.verify(), "total and content hash match the lines");
+        statement
     }
 
-    /// Asks until the invoice has `lines` lines (the projection is eventually consistent).
-    async fn invoice_with(&self, tenant: Uuid, period: &str, lines: usize) -> Invoice {
+    /// Asks until the statement has `lines` lines (the projection is eventually consistent).
+    async fn charges_with(&self, tenant: Uuid, period: &str, lines: usize) -> ChargeStatement {
         let deadline = Instant::now() + WAIT;
         loop {
-            let invoice = self.invoice(tenant, period).await;
+            let invoice = self.charges(tenant, period).await;
             if invoice.lines.len() >= lines {
                 assert_eq!(invoice.lines.len(), lines, "{invoice:?}");
                 return invoice;
@@ -192,7 +192,7 @@ async fn a_finished_lease_is_charged_and_invoiced() {
     env.lease(tenant, lease, t, t + chrono::Duration::seconds(90))
         .await;
 
-    let invoice = env.invoice_with(tenant, "2026-12", 1).await;
+    let invoice = env.charges_with(tenant, "2026-12", 1).await;
     assert_eq!(invoice.tenant_id, tenant);
     assert_eq!(invoice.currency, "CNY");
     let line = &invoice.lines[0];
@@ -217,18 +217,18 @@ async fn a_finished_lease_is_charged_and_invoiced() {
 
     // Other tenants and periods are empty; a bad period is refused.
     assert!(env
-        .invoice(Uuid::now_v7(), "2026-12")
+        .charges(Uuid::now_v7(), "2026-12")
         .await
         .lines
         .is_empty());
     assert_eq!(
-        env.invoice(tenant, "2026-11").await.total.to_string(),
+        env.charges(tenant, "2026-11").await.total.to_string(),
         "0.00"
     );
-    let err = rpc::call::<_, Invoice>(
+    let err = rpc::call::<_, ChargeStatement>(
         &env.bus,
-        INVOICE_SUBJECT,
-        &InvoiceRequest {
+        CHARGES_SUBJECT,
+        &ChargeStatementRequest {
             tenant_id: tenant,
             period: "2026-13".into(),
         },
@@ -248,7 +248,7 @@ async fn a_restart_never_charges_twice_and_catches_up_on_missed_leases() {
     let t = at(2026, 12, 2, 10, 0, 0);
     env.lease(tenant, lease, t, t + chrono::Duration::seconds(90))
         .await;
-    let before = env.invoice_with(tenant, "2026-12", 1).await;
+    let before = env.charges_with(tenant, "2026-12", 1).await;
     pricing.stop().await;
 
     // A lease that ends while pricing is down is charged when it is back.
@@ -257,7 +257,7 @@ async fn a_restart_never_charges_twice_and_catches_up_on_missed_leases() {
         .await;
 
     let pricing = env.start_pricing().await;
-    let missed = env.invoice_with(tenant2, "2026-12", 1).await;
+    let missed = env.charges_with(tenant2, "2026-12", 1).await;
     assert_eq!(missed.total.to_string(), "40.00");
     // Give a wrongly re-charging fold every chance to show itself.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -268,7 +268,7 @@ async fn a_restart_never_charges_twice_and_catches_up_on_missed_leases() {
         "{charges:?}"
     );
     assert_eq!(charges.len(), 2, "{charges:?}");
-    let after = env.invoice(tenant, "2026-12").await;
+    let after = env.charges(tenant, "2026-12").await;
     assert_eq!(after, before);
     pricing.stop().await;
 
@@ -277,7 +277,7 @@ async fn a_restart_never_charges_twice_and_catches_up_on_missed_leases() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(env.charges_in_log().await.len(), 2);
     assert_eq!(
-        env.invoice(tenant, "2026-12").await.content_hash,
+        env.charges(tenant, "2026-12").await.content_hash,
         before.content_hash
     );
     pricing.stop().await;
@@ -303,8 +303,8 @@ async fn a_rebuild_gives_identical_rows() {
     }
     // 3 leases, the last two span an hour, the last one the month
     // boundary: 5 lines (one per lease and UTC hour).
-    env.invoice_with(tenant, "2026-12", 1).await;
-    let live = env.invoice_with(tenant, "2026-11", 4).await;
+    env.charges_with(tenant, "2026-12", 1).await;
+    let live = env.charges_with(tenant, "2026-11", 4).await;
 
     let mut seen = 0;
     let report = lh_pricing::rebuild(&env.config, "pricing_rebuild", false, |_, _| seen += 1)
@@ -322,11 +322,11 @@ async fn a_rebuild_gives_identical_rows() {
     let pool = lh_projection::connect_schema(env.config.database_url.expose(), "pricing_rebuild")
         .await
         .unwrap();
-    let request = InvoiceRequest {
+    let request = ChargeStatementRequest {
         tenant_id: tenant,
         period: "2026-11".into(),
     };
-    let rebuilt = lh_pricing::projection::read_invoice(&pool, &request)
+    let rebuilt = lh_pricing::projection::read_charge_statement(&pool, &request)
         .await
         .unwrap();
     assert_eq!(rebuilt.content_hash, live.content_hash);
@@ -361,7 +361,7 @@ async fn a_rebuild_gives_identical_rows() {
     assert!(stdout.contains("identical"), "{stdout}");
     assert!(stdout.contains("is now the live schema"), "{stdout}");
     let pricing = env.start_pricing().await;
-    assert_eq!(env.invoice(tenant, "2026-11").await, live);
+    assert_eq!(env.charges(tenant, "2026-11").await, live);
     pricing.stop().await;
 }
 
@@ -374,8 +374,8 @@ async fn a_lease_across_a_month_boundary_is_billed_in_both_periods() {
     let end = at(2026, 12, 1, 0, 1, 0);
     env.lease(tenant, lease, start, end).await;
 
-    let november = env.invoice_with(tenant, "2026-11", 1).await;
-    let december = env.invoice_with(tenant, "2026-12", 1).await;
+    let november = env.charges_with(tenant, "2026-11", 1).await;
+    let december = env.charges_with(tenant, "2026-12", 1).await;
     let (n, d) = (&november.lines[0], &december.lines[0]);
     assert_eq!((n.lease_id, d.lease_id), (lease, lease));
     assert_eq!((n.from, n.to), (start, at(2026, 12, 1, 0, 0, 0)));
@@ -410,7 +410,7 @@ async fn the_server_refuses_a_second_batch_of_charges_for_a_lease() {
     let start = at(2026, 11, 30, 23, 0, 0);
     env.lease(tenant, lease, start, start + chrono::Duration::hours(2))
         .await;
-    env.invoice_with(tenant, "2026-12", 1).await;
+    env.charges_with(tenant, "2026-12", 1).await;
     pricing.stop().await;
     let charges = env.charges_in_log().await;
     assert_eq!(charges.len(), 2);
@@ -611,7 +611,7 @@ async fn accrual_survives_a_restart_and_a_second_replica_without_double_charges(
     // 80 GB x 0.5 CNY/GB-h x 3 h 50 min.
     assert_eq!(sum(&all), expected(80, "0.5", 13_800));
     assert_eq!(sum(&all), "153.33");
-    let invoice = env.invoice_with(tenant, "2026-11", 5).await;
+    let invoice = env.charges_with(tenant, "2026-11", 5).await;
     assert_eq!(invoice.total.to_string(), "153.33");
     one.stop().await;
     two.stop().await;

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use lh_rpc::http::leases::LeasePage;
 use serde_json::{json, Value};
 
 use crate::args::LeaseList;
@@ -22,7 +23,9 @@ pub(super) async fn list_leases(
     let limit = l.limit.map(|n| n.to_string());
     let mut cursor = l.cursor.clone();
     let mut seen: HashSet<String> = cursor.iter().cloned().collect();
-    let mut items = Vec::new();
+    // What `--json` prints is the gateway's JSON, so the pages' items are
+    // kept as they came; the typed page drives the paging.
+    let mut items: Vec<Value> = Vec::new();
     for _ in 0..MAX_PAGES {
         let mut query = Vec::new();
         if let Some(limit) = &limit {
@@ -31,24 +34,17 @@ pub(super) async fn list_leases(
         if let Some(c) = &cursor {
             query.push(("cursor", c.as_str()));
         }
-        let page = gw.get(&["v1", "leases"], &query).await?;
+        let (page, answer) = gw.get_as::<LeasePage>(&["v1", "leases"], &query).await?;
         let bad = |reason: &str| CliError::BadResponse {
             url: gw.url(&["v1", "leases"], &query).to_string(),
             reason: reason.to_string(),
         };
-        let page_items = page
-            .get("items")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("no `items` array in the lease list"))?;
-        let next = page
-            .get("next_cursor")
-            .and_then(Value::as_str)
-            .filter(|c| !c.is_empty())
-            .map(str::to_string);
+        let next = page.next_cursor.filter(|c| !c.is_empty());
+        let page_items = answer["items"].as_array().map_or(&[][..], Vec::as_slice);
 
         if !l.all {
             if json {
-                emit(out, true, &page, render::lease_view)?;
+                emit(out, true, &answer, render::lease_view)?;
             } else {
                 let mut table = render::lease_list(page_items);
                 if let Some(next) = &next {

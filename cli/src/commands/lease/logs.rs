@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use serde_json::Value;
+use lh_rpc::http::lease_logs::LeaseLogsView;
 
 use crate::args::LeaseLogs;
 use crate::client::Gateway;
@@ -48,16 +48,12 @@ pub(super) async fn lease_logs(
         };
         let query = [("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
         let path = ["v1", "leases", &args.id, "logs"];
-        let page = tokio::select! {
-            page = gw.get(&path, &query) => page?,
+        let (page, _) = tokio::select! {
+            page = gw.get_as::<LeaseLogsView>(&path, &query) => page?,
             _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
         };
-        let field = |name: &str| page.get(name).and_then(Value::as_u64).unwrap_or(0);
-        let on = page
-            .get("node_id")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let on_placement = page.get("placement").and_then(Value::as_u64);
+        let on = page.node_id;
+        let on_placement = page.placement;
         if node.is_some() && on.is_some() && on != node {
             let _ = writeln!(
                 err,
@@ -84,16 +80,12 @@ pub(super) async fn lease_logs(
         }
         node = node.or(on);
         placement = placement.or(on_placement);
-        let data = page.get("data").and_then(Value::as_str).unwrap_or_default();
-        out.write_all(data.as_bytes())
+        out.write_all(page.data.as_bytes())
             .and_then(|()| out.flush())
             .context("writing the log to stdout")?;
-        let next = field("next_offset");
-        let drained = next >= field("size");
-        let finished = page
-            .get("finished")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let next = page.next_offset;
+        let drained = next >= page.size;
+        let finished = page.finished;
         let moved = offset != Some(next);
         offset = Some(next);
         reads += 1;

@@ -8,15 +8,15 @@ mod wait;
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use lh_rpc::http::leases::{CreateLease, RecoveryBody, WorkloadBody};
 
-use crate::args::LeaseCommand;
+use crate::args::{LeaseCommand, LeaseCreate};
 use crate::client::Gateway;
 use crate::error::EXIT_OK;
 use crate::output::{emit, Out};
 use crate::render;
 
-use super::body::gpu_fields;
+use super::body::GpuFields;
 
 pub use logs::LOGS_POLL_INTERVAL;
 pub use wait::WAIT_POLL_INTERVAL;
@@ -31,43 +31,15 @@ pub(crate) async fn run(
 ) -> anyhow::Result<i32> {
     match command {
         LeaseCommand::Create(c) => {
-            let mut body = json!({
-                "gpu_model": c.gpu_model,
-                "tier": c.tier.as_str(),
-                "priority": c.priority,
-            });
-            gpu_fields(&mut body, &c.ask);
-            if let Some(quote) = &c.quote {
-                body["quote_id"] = json!(quote);
-            }
-            if let Some(price) = &c.max_price {
-                body["max_price_cny_per_gpu_hour"] = json!(price);
-            }
-            if !c.zones.is_empty() {
-                body["zones"] = json!(c.zones);
-            }
-            if !c.regions.is_empty() {
-                body["regions"] = json!(c.regions);
-            }
-            if let Some(max_retries) = c.max_retries {
-                body["recovery"] =
-                    json!({"max_retries": max_retries, "zone_first": c.zone_first.as_str()});
-            }
-            if !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() {
-                let env: serde_json::Map<String, Value> =
-                    c.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-                body["workload"] = json!({"command": c.command, "image": c.image, "env": env});
-                if c.image.is_none() {
-                    body["workload"].as_object_mut().unwrap().remove("image");
-                }
-            }
             let headers: Vec<(&str, &str)> = c
                 .idempotency_key
                 .as_deref()
                 .map(|k| ("Idempotency-Key", k))
                 .into_iter()
                 .collect();
-            let lease = gw.post(&["v1", "leases"], Some(&body), &headers).await?;
+            let lease = gw
+                .post(&["v1", "leases"], &create_lease(&c), &headers)
+                .await?;
             emit(out, json, &lease, render::lease_view)?;
             Ok(EXIT_OK)
         }
@@ -86,7 +58,7 @@ pub(crate) async fn run(
         },
         LeaseCommand::Ls(l) => list::list_leases(gw, &l, json, out).await,
         LeaseCommand::Stop(s) => {
-            let lease = gw.post(&["v1", "leases", &s.id, "stop"], None, &[]).await?;
+            let lease = gw.post_empty(&["v1", "leases", &s.id, "stop"]).await?;
             emit(out, json, &lease, render::lease_view)?;
             Ok(EXIT_OK)
         }
@@ -106,11 +78,41 @@ pub(crate) async fn run(
         }
         LeaseCommand::Logs(l) => logs::lease_logs(gw, &l, out, err).await,
         LeaseCommand::Resume(s) => {
-            let lease = gw
-                .post(&["v1", "leases", &s.id, "resume"], None, &[])
-                .await?;
+            let lease = gw.post_empty(&["v1", "leases", &s.id, "resume"]).await?;
             emit(out, json, &lease, render::lease_view)?;
             Ok(EXIT_OK)
         }
+    }
+}
+
+/// The request `lease create` sends: what it asks for, and only the
+/// options given.
+fn create_lease(c: &LeaseCreate) -> CreateLease {
+    let GpuFields {
+        gpus,
+        gpu_fraction,
+        mig_profile,
+    } = GpuFields::from(&c.ask);
+    let runs_something = !c.command.is_empty() || c.image.is_some() || !c.env.is_empty();
+    CreateLease {
+        gpus,
+        gpu_fraction,
+        mig_profile,
+        workload: runs_something.then(|| WorkloadBody {
+            command: c.command.clone(),
+            image: c.image.clone(),
+            env: c.env.iter().cloned().collect(),
+        }),
+        gpu_model: c.gpu_model.clone(),
+        tier: c.tier,
+        priority: c.priority,
+        max_price_cny_per_gpu_hour: c.max_price,
+        zones: c.zones.clone(),
+        regions: c.regions.clone(),
+        recovery: c.max_retries.map(|max_retries| RecoveryBody {
+            max_retries,
+            zone_first: c.zone_first,
+        }),
+        quote_id: c.quote,
     }
 }

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use lh_domain::lease::LeaseState;
+use lh_rpc::http::leases::LeaseView;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::args::LeaseState;
 use crate::client::Gateway;
 use crate::error::{EXIT_FAILURE, EXIT_OK};
 use crate::output::Out;
@@ -27,26 +28,57 @@ enum WaitStep {
     Pending,
 }
 
-fn wait_step(state: &str, target: LeaseState) -> WaitStep {
-    match LeaseState::from_wire(state) {
-        Some(now) if now == target || now.is_past(target) => WaitStep::Reached,
-        Some(now) if now.is_terminal() => WaitStep::Finished,
-        _ => WaitStep::Pending,
+fn wait_step(now: LeaseState, target: LeaseState) -> WaitStep {
+    if now == target || has_passed(now, target) {
+        WaitStep::Reached
+    } else if now.is_final() {
+        WaitStep::Finished
+    } else {
+        WaitStep::Pending
+    }
+}
+
+/// Position along requested → queued → placed → running → ended.
+/// `rejected` and `suspended` are off that path and have no rank.
+fn rank(state: LeaseState) -> Option<u8> {
+    match state {
+        LeaseState::Requested => Some(0),
+        LeaseState::Queued => Some(1),
+        LeaseState::Placed => Some(2),
+        LeaseState::Running => Some(3),
+        LeaseState::Ended => Some(4),
+        // Off the path: a resume sends it back to requested.
+        LeaseState::Suspended | LeaseState::Rejected => None,
+    }
+}
+
+/// Whether a lease now in `now` has passed `target` on its way forward
+/// without being finished (e.g. `running` has passed `placed`), so that a
+/// wait for `target` that missed the moment between two polls succeeds.
+fn has_passed(now: LeaseState, target: LeaseState) -> bool {
+    if now.is_final() {
+        return false;
+    }
+    match (rank(now), rank(target)) {
+        (Some(now), Some(want)) => now > want,
+        _ => false,
     }
 }
 
 /// One line of progress: `lease L: queued (#3, no capacity)`.
-fn progress_line(id: &str, lease: &Value, target: LeaseState) -> String {
-    let state = lease.get("state").and_then(Value::as_str).unwrap_or("?");
+fn progress_line(id: &str, lease: &LeaseView, target: LeaseState) -> String {
+    let state = lease.state;
     let mut notes = Vec::new();
-    if let Some(pos) = lease.get("queue_position").filter(|v| !v.is_null()) {
+    if let Some(pos) = lease.queue_position {
         notes.push(format!("#{pos}"));
     }
-    for key in ["queued_reason", "rejected_reason", "end_reason", "failure"] {
-        if let Some(reason) = lease.get(key).and_then(Value::as_str) {
-            notes.push(reason.to_string());
-        }
-    }
+    let reasons = [
+        &lease.queued_reason,
+        &lease.rejected_reason,
+        &lease.end_reason,
+        &lease.failure,
+    ];
+    notes.extend(reasons.into_iter().flatten().cloned());
     let notes = if notes.is_empty() {
         String::new()
     } else {
@@ -68,25 +100,21 @@ pub(super) async fn wait_for(
     let deadline = Instant::now() + timeout;
     let mut last_line = String::new();
     loop {
-        let lease = gw.get(&["v1", "leases", id], &[]).await?;
-        let state = lease
-            .get("state")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let (lease, answer) = gw.get_as::<LeaseView>(&["v1", "leases", id], &[]).await?;
+        let state = lease.state;
         let line = progress_line(id, &lease, target);
         if line != last_line {
             let _ = writeln!(err, "{line}");
             last_line = line;
         }
-        match wait_step(&state, target) {
-            WaitStep::Reached => return Ok((lease, EXIT_OK)),
+        match wait_step(state, target) {
+            WaitStep::Reached => return Ok((answer, EXIT_OK)),
             WaitStep::Finished => {
                 let _ = writeln!(
                     err,
                     "error: lease {id} is {state} and will not become {target}"
                 );
-                return Ok((lease, EXIT_FAILURE));
+                return Ok((answer, EXIT_FAILURE));
             }
             WaitStep::Pending => {}
         }
@@ -97,7 +125,7 @@ pub(super) async fn wait_for(
                 "error: timed out after {}s waiting for lease {id} to become {target} (state: {state})",
                 timeout.as_secs()
             );
-            return Ok((lease, EXIT_FAILURE));
+            return Ok((answer, EXIT_FAILURE));
         }
         tokio::time::sleep(WAIT_POLL_INTERVAL.min(deadline - now)).await;
     }
@@ -111,29 +139,55 @@ mod tests {
     #[test]
     fn wait_steps() {
         use LeaseState::*;
-        assert_eq!(wait_step("running", Running), WaitStep::Reached);
-        assert_eq!(wait_step("running", Placed), WaitStep::Reached);
-        assert_eq!(wait_step("queued", Running), WaitStep::Pending);
-        assert_eq!(wait_step("requested", Queued), WaitStep::Pending);
-        assert_eq!(wait_step("ended", Running), WaitStep::Finished);
-        assert_eq!(wait_step("rejected", Running), WaitStep::Finished);
-        assert_eq!(wait_step("ended", Ended), WaitStep::Reached);
-        assert_eq!(wait_step("rejected", Rejected), WaitStep::Reached);
-        assert_eq!(wait_step("ended", Rejected), WaitStep::Finished);
-        assert_eq!(wait_step("hibernating", Running), WaitStep::Pending);
-        assert_eq!(wait_step("", Running), WaitStep::Pending);
+        assert_eq!(wait_step(Running, Running), WaitStep::Reached);
+        assert_eq!(wait_step(Running, Placed), WaitStep::Reached);
+        assert_eq!(wait_step(Queued, Running), WaitStep::Pending);
+        assert_eq!(wait_step(Requested, Queued), WaitStep::Pending);
+        assert_eq!(wait_step(Suspended, Running), WaitStep::Pending);
+        assert_eq!(wait_step(Ended, Running), WaitStep::Finished);
+        assert_eq!(wait_step(Rejected, Running), WaitStep::Finished);
+        assert_eq!(wait_step(Ended, Ended), WaitStep::Reached);
+        assert_eq!(wait_step(Rejected, Rejected), WaitStep::Reached);
+        assert_eq!(wait_step(Ended, Rejected), WaitStep::Finished);
+    }
+
+    #[test]
+    fn state_progress() {
+        use LeaseState::*;
+        assert!(has_passed(Running, Placed));
+        assert!(has_passed(Placed, Queued));
+        assert!(!has_passed(Queued, Placed));
+        assert!(!has_passed(Running, Running));
+        assert!(!has_passed(Ended, Running));
+        assert!(!has_passed(Rejected, Queued));
+        assert!(!has_passed(Running, Rejected));
+    }
+
+    fn lease(state: &str, queue_position: Option<i32>, queued_reason: Option<&str>) -> LeaseView {
+        serde_json::from_value(json!({
+            "id": "0193b7e2-0000-7000-8000-000000000001",
+            "tenant_id": "0193b7e2-0000-7000-8000-0000000000aa",
+            "state": state, "gpus": 1, "gpu_model": "H100", "tier": "basic", "priority": 0,
+            "node_id": null, "zone": null, "gpu_uuids": [], "gpu_indices": [],
+            "queued_reason": queued_reason, "queue_position": queue_position,
+            "rejected_reason": null, "stop_requested": false, "preemption_deadline": null,
+            "end_reason": null, "migrations": 0, "last_migration_reason": null,
+            "idle_since": null, "suspended_at": null, "created_at": "2026-12-01T10:00:00Z",
+            "placed_at": null, "started_at": null, "ended_at": null
+        }))
+        .expect("a lease view")
     }
 
     #[test]
     fn progress_lines() {
-        let lease = json!({"state": "queued", "queue_position": 2, "queued_reason": "no capacity"});
+        let queued = lease("queued", Some(2), Some("no capacity"));
         assert_eq!(
-            progress_line("L1", &lease, LeaseState::Running),
+            progress_line("L1", &queued, LeaseState::Running),
             "waiting for lease L1 to be running: queued (#2, no capacity)"
         );
-        let lease = json!({"state": "placed", "queue_position": null});
+        let placed = lease("placed", None, None);
         assert_eq!(
-            progress_line("L1", &lease, LeaseState::Running),
+            progress_line("L1", &placed, LeaseState::Running),
             "waiting for lease L1 to be running: placed"
         );
     }

@@ -12,32 +12,12 @@ use chrono::Utc;
 use lh_bus::Expect;
 use lh_events::{BalanceToppedUp, Envelope, EventData};
 use lh_rpc::balance::{Balance, BalanceRequest, MAX_TOP_UP_CNY};
+use lh_rpc::http::balances::{NewTopUp, TopUp};
 use rust_decimal::Decimal;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::tenants::{parse_tenant_id, require_reader};
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
-
-/// A top-up.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewTopUp {
-    /// CNY, a string, above zero and at most 10 000 000, at most 2 places.
-    #[schema(value_type = String)]
-    pub amount: Decimal,
-}
-
-/// A top-up as stored.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TopUp {
-    pub top_up_id: Uuid,
-    pub tenant_id: Uuid,
-    #[schema(value_type = String)]
-    pub amount: Decimal,
-    pub currency: String,
-}
 
 /// The top-up `amount` asks for, or why not.
 pub fn valid_amount(amount: Decimal) -> Result<Decimal, ApiError> {

@@ -7,39 +7,11 @@
 use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use lh_events::{Actor, PriceBookPublished, TierPrice};
-use serde::Deserialize;
-use utoipa::ToSchema;
-
-use super::{ApiContext, ApiError, ApiJson, Caller};
-
+use lh_events::{Actor, PriceBookPublished};
+use lh_rpc::http::billing::WhatIf;
 use lh_rpc::what_if::{WhatIfReply, WhatIfReport, WhatIfRequest, DRAFT_BOOK_VERSION};
 
-/// A month and the book to price it on.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WhatIf {
-    /// `YYYY-MM`.
-    #[schema(example = "2026-11")]
-    pub period: String,
-    pub book: WhatIfBook,
-}
-
-/// A price book as `POST /v1/price-books` takes it, but for its version,
-/// which is only a label here.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WhatIfBook {
-    /// Shown in the report; 0 (a draft, the default) or any version.
-    pub version: Option<u32>,
-    /// `CNY`, the only currency (the default).
-    pub currency: Option<String>,
-    /// Ignored: every charge of the month is priced on the book.
-    pub effective_from: Option<DateTime<Utc>>,
-    /// One entry per tier, as in `POST /v1/price-books`.
-    #[schema(value_type = Vec<Object>)]
-    pub tiers: Vec<TierPrice>,
-}
+use super::{ApiContext, ApiError, ApiJson, Caller};
 
 #[utoipa::path(
     post, path = "/v1/billing/what-if", request_body = WhatIf,
@@ -77,7 +49,7 @@ fn request_of(body: WhatIf, actor: Actor, now: DateTime<Utc>) -> Result<WhatIfRe
     };
     lh_rpc::what_if::check_book(&book)
         .map_err(|e| ApiError::unprocessable(e.detail, &format!("book.{}", e.field)))?;
-    lh_rpc::invoice::parse_period(&body.period)
+    lh_rpc::charges::parse_period(&body.period)
         .map_err(|detail| ApiError::unprocessable(detail, "period"))?;
     Ok(WhatIfRequest {
         book,

@@ -6,23 +6,11 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+
+pub use lh_rpc::http::Problem;
 
 use super::MAX_BODY_BYTES;
 use crate::seal::SealError;
-
-/// RFC 9457 problem details.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct Problem {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub title: String,
-    pub status: u16,
-    pub detail: String,
-    /// The request field at fault, when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-}
 
 /// Every error the API returns.
 #[derive(Debug)]

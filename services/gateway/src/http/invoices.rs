@@ -9,8 +9,7 @@
 //!   issued in parts: each part says `part` and `parts`, and is listed);
 //! - `GET /v1/invoices/{id}/csv`: the same as CSV (`text/csv`);
 //! - `GET /v1/charges?period=YYYY-MM`: every charge of a month, one line
-//!   each, with a content hash (what `GET /v1/invoices?period=` answered
-//!   before invoices were issued);
+//!   each, with a content hash (a statement of the charges, not an invoice);
 //! - `GET /v1/reports/cost?week=YYYY-Www`: the tenant's spend by tier in an
 //!   ISO week against the same usage at the on-demand price.
 
@@ -24,8 +23,8 @@ use uuid::Uuid;
 
 use super::{ApiContext, ApiError, Caller, RPC_TIMEOUT};
 
+use lh_rpc::charges::{ChargeStatement, ChargeStatementRequest};
 use lh_rpc::cost_report::{CostReport, CostReportRequest};
-use lh_rpc::invoice::{Invoice, InvoiceRequest};
 use lh_rpc::invoice_document::{
     DocumentList, DocumentRequest, DocumentStatus, InvoiceDocument, ListRequest,
     DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
@@ -75,14 +74,14 @@ fn own_tenant(caller: &Caller, asked: Option<Uuid>) -> Result<Option<Uuid>, ApiE
 }
 
 fn check_period(period: &str, field: &str) -> Result<(), ApiError> {
-    lh_rpc::invoice::parse_period(period).map_err(|why| ApiError::unprocessable(why, field))?;
+    lh_rpc::charges::parse_period(period).map_err(|why| ApiError::unprocessable(why, field))?;
     Ok(())
 }
 
 #[utoipa::path(
     get, path = "/v1/charges", params(ChargesQuery),
     responses(
-        (status = 200, body = Invoice, description = "every charge of the month, one line each"),
+        (status = 200, body = ChargeStatement, description = "every charge of the month, one line each"),
         (status = 401, body = super::Problem), (status = 422, body = super::Problem),
         (status = 503, body = super::Problem)
     )
@@ -91,7 +90,7 @@ pub async fn charges(
     State(ctx): State<ApiContext>,
     caller: Caller,
     query: Result<Query<ChargesQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Invoice>, ApiError> {
+) -> Result<Json<ChargeStatement>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let period = query
         .period
@@ -100,9 +99,9 @@ pub async fn charges(
     let tenant_id = own_tenant(&caller, query.tenant_id)?.ok_or_else(|| {
         ApiError::unprocessable("tenant_id is required for the admin", "tenant_id")
     })?;
-    let invoice =
-        lh_rpc::invoice::call(&ctx.bus, &InvoiceRequest { tenant_id, period }, RPC_TIMEOUT).await?;
-    Ok(Json(invoice))
+    let request = ChargeStatementRequest { tenant_id, period };
+    let statement = lh_rpc::charges::call(&ctx.bus, &request, RPC_TIMEOUT).await?;
+    Ok(Json(statement))
 }
 
 #[utoipa::path(

@@ -9,9 +9,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use lh_events::{EventData, TenantApiKeyIssued, TenantApiKeyRevoked};
-use serde::{Deserialize, Serialize};
+use lh_rpc::http::keys::{IssueKey, IssuedKey, KeyList, KeyView};
 use sqlx::FromRow;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::tenants::{append_to_tenant, parse_tenant_id, tenant_now};
@@ -23,43 +22,29 @@ pub use super::auth::{new_key, NewKey};
 pub const MAX_LIVE_KEYS_PER_TENANT: i64 = 20;
 /// Furthest ahead a key's expiry may be set, in days.
 pub const MAX_KEY_LIFETIME_DAYS: i64 = 3 * 366;
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct IssueKey {
-    /// When the key stops working (RFC 3339, in the future, at most
-    /// three years ahead); never when absent.
-    #[serde(default)]
-    pub expires_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct IssuedKey {
-    pub key_id: u32,
-    /// Shown once; only its SHA-256 is kept.
-    pub api_key: String,
-    pub prefix: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<DateTime<Utc>>,
-}
-
-/// One of a tenant's keys, without its secret.
-#[derive(Debug, Serialize, Deserialize, ToSchema, FromRow)]
-pub struct KeyView {
+/// A key's row, as the API shows it.
+#[derive(FromRow)]
+struct KeyRow {
     #[sqlx(try_from = "i32")]
-    pub key_id: u32,
-    /// The key's visible beginning; null for a first key issued before
-    /// prefixes were kept.
-    pub prefix: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: Option<DateTime<Utc>>,
-    pub revoked_at: Option<DateTime<Utc>>,
-    /// `active`, `expired` or `revoked`.
-    pub state: String,
+    key_id: u32,
+    prefix: String,
+    created_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+    state: String,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct KeyList {
-    pub items: Vec<KeyView>,
+impl From<KeyRow> for KeyView {
+    fn from(row: KeyRow) -> Self {
+        KeyView {
+            key_id: row.key_id,
+            prefix: row.prefix,
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+            revoked_at: row.revoked_at,
+            state: row.state,
+        }
+    }
 }
 
 const KEY_COLUMNS: &str = "key_id, prefix, created_at, expires_at, revoked_at,
@@ -151,12 +136,13 @@ pub async fn list(
 ) -> Result<Json<KeyList>, ApiError> {
     let tenant_id = parse_tenant_id(&id)?;
     super::tenants::require_reader(&caller, tenant_id)?;
-    let items: Vec<KeyView> = sqlx::query_as(&format!(
+    let rows: Vec<KeyRow> = sqlx::query_as(&format!(
         "SELECT {KEY_COLUMNS} FROM tenant_keys WHERE tenant_id = $1 ORDER BY key_id"
     ))
     .bind(tenant_id)
     .fetch_all(&ctx.pool)
     .await?;
+    let items: Vec<KeyView> = rows.into_iter().map(KeyView::from).collect();
     if items.is_empty() {
         return Err(ApiError::not_found(format!("no tenant {tenant_id}")).field("id"));
     }
@@ -194,27 +180,15 @@ pub async fn revoke(
 }
 
 async fn fetch_key(ctx: &ApiContext, tenant_id: Uuid, key_id: u32) -> Result<KeyView, ApiError> {
-    sqlx::query_as(&format!(
+    sqlx::query_as::<_, KeyRow>(&format!(
         "SELECT {KEY_COLUMNS} FROM tenant_keys WHERE tenant_id = $1 AND key_id = $2"
     ))
     .bind(tenant_id)
     .bind(key_id as i32)
     .fetch_optional(&ctx.pool)
     .await?
+    .map(KeyView::from)
     .ok_or_else(|| {
         ApiError::not_found(format!("tenant {tenant_id} has no key {key_id}")).field("key_id")
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_issue_request_naming_an_unknown_field_is_refused() {
-        assert!(
-            serde_json::from_str::<IssueKey>(r#"{"expires_at":"2030-01-01T00:00:00Z"}"#).is_ok()
-        );
-        assert!(serde_json::from_str::<IssueKey>(r#"{"expiry":"2030-01-01T00:00:00Z"}"#).is_err());
-    }
 }

@@ -10,9 +10,10 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use lh_domain::lease::LeaseState;
+use lh_rpc::http::lease_logs::LeaseLogsView;
 use lh_rpc::lease_logs::{LeaseLogsReply, LeaseLogsRequest, MAX_LEASE_LOG_READ_BYTES};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use super::leases::{parse_id, visible};
 use super::{ApiContext, ApiError, Caller};
@@ -33,48 +34,17 @@ pub struct LeaseLogsQuery {
     pub max_bytes: Option<u64>,
 }
 
-/// A part of a lease's workload log.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct LeaseLogsView {
-    /// What the workload wrote (stdout and stderr interleaved), as UTF-8.
-    pub data: String,
-    /// Where the next read continues.
-    pub next_offset: u64,
-    /// Bytes before this offset are no longer kept (the file outgrew its
-    /// limit); a line `[leasehold: N bytes of older output dropped]` marks
-    /// the gap.
-    pub dropped_before: u64,
-    /// The offset of the end of the log now.
-    pub size: u64,
-    /// The workload ended: once `next_offset` reaches `size`, nothing more
-    /// will come.
-    pub finished: bool,
-    /// The node whose log this is; null while the lease is on none.
-    pub node_id: Option<String>,
-    /// The placement whose log this is (the stream sequence of the
-    /// `lease.placed` or `lease.migrated` that put the lease there): a new
-    /// one, on the same node or another, starts a new log from offset 0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placement: Option<u64>,
-    /// Why there is nothing to read, where that is so: the lease is on no
-    /// node (yet), or runs no workload.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-}
-
-impl LeaseLogsView {
-    /// Nothing to read, and why.
-    fn empty(node_id: Option<String>, finished: bool, detail: String) -> Self {
-        LeaseLogsView {
-            data: String::new(),
-            next_offset: 0,
-            dropped_before: 0,
-            size: 0,
-            finished,
-            node_id,
-            placement: None,
-            detail: Some(detail),
-        }
+/// Nothing to read, and why.
+fn nothing_to_read(node_id: Option<String>, finished: bool, detail: String) -> LeaseLogsView {
+    LeaseLogsView {
+        data: String::new(),
+        next_offset: 0,
+        dropped_before: 0,
+        size: 0,
+        finished,
+        node_id,
+        placement: None,
+        detail: Some(detail),
     }
 }
 
@@ -109,36 +79,40 @@ pub async fn get(
         ));
     }
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
-    let done = matches!(lease.state, LeaseState::Ended | LeaseState::Rejected);
-    let waiting = matches!(lease.state, LeaseState::Requested | LeaseState::Queued);
+    let done = matches!(lease.view.state, LeaseState::Ended | LeaseState::Rejected);
+    let waiting = matches!(lease.view.state, LeaseState::Requested | LeaseState::Queued);
     // Its last placement's node: where it is, or, back in the queue, where
-    // it last ran. Rows from before placements were kept name the node only.
-    let (node_id, placement) = match (&lease.last_placement_node_id, lease.last_placement_sequence)
-    {
-        (Some(node), Some(sequence)) => (Some(node.clone()), u64::try_from(sequence).ok()),
-        _ => (lease.node_id.clone(), None),
-    };
-    let Some(node_id) = node_id else {
+    // it last ran. Every placement records both; a lease never placed has
+    // neither.
+    let last_placement = lease
+        .last_placement_node_id
+        .clone()
+        .zip(lease.last_placement_sequence);
+    let Some((node_id, placement)) = last_placement else {
         // A follower waits for it to run; one that never will is done.
-        return Ok(Json(LeaseLogsView::empty(
+        return Ok(Json(nothing_to_read(
             None,
             done,
             format!(
                 "lease {} is on no node ({}): its log starts when its workload runs",
-                lease.id,
-                lease.state.as_str()
+                lease.view.id,
+                lease.view.state.as_str()
             ),
         )));
     };
-    if lease.workload.is_none() {
-        return Ok(Json(LeaseLogsView::empty(
+    let placement = Some(placement as u64);
+    if lease.view.workload.is_none() {
+        return Ok(Json(nothing_to_read(
             Some(node_id),
             done,
-            format!("lease {} runs no workload: nothing writes a log", lease.id),
+            format!(
+                "lease {} runs no workload: nothing writes a log",
+                lease.view.id
+            ),
         )));
     }
     let request = LeaseLogsRequest {
-        lease_id: lease.id,
+        lease_id: lease.view.id,
         offset: query.offset.unwrap_or(0),
         tail: query.tail,
         max_bytes: query.max_bytes,
@@ -149,7 +123,7 @@ pub async fn get(
         .map_err(|e| {
             ApiError::unavailable(format!(
                 "node {node_id}, which holds the log of lease {}, did not answer: {e}",
-                lease.id
+                lease.view.id
             ))
         })?;
     match reply {
@@ -166,39 +140,40 @@ pub async fn get(
             detail: waiting.then(|| {
                 format!(
                     "lease {} is back in the queue: this is the log of its last run",
-                    lease.id
+                    lease.view.id
                 )
             }),
         })),
         // Back in the queue, its last run's log gone (past its keep time):
         // the next run writes a new one.
-        LeaseLogsReply::NotFound { .. } if waiting && placement.is_some() => {
-            Ok(Json(LeaseLogsView {
-                placement,
-                ..LeaseLogsView::empty(
-                    Some(node_id),
-                    false,
-                    format!(
-                        "lease {} is back in the queue and its last run's log is no longer \
+        LeaseLogsReply::NotFound { .. } if waiting => Ok(Json(LeaseLogsView {
+            placement,
+            ..nothing_to_read(
+                Some(node_id),
+                false,
+                format!(
+                    "lease {} is back in the queue and its last run's log is no longer \
                          kept; its next run writes a new one",
-                        lease.id
-                    ),
-                )
-            }))
-        }
+                    lease.view.id
+                ),
+            )
+        })),
         // Placed, and its node has not started it yet: a follower waits.
         LeaseLogsReply::NotFound { .. }
             if matches!(
-                lease.state,
+                lease.view.state,
                 LeaseState::Requested | LeaseState::Queued | LeaseState::Placed
             ) =>
         {
             Ok(Json(LeaseLogsView {
                 placement,
-                ..LeaseLogsView::empty(
+                ..nothing_to_read(
                     Some(node_id),
                     false,
-                    format!("the workload of lease {} has not started yet", lease.id),
+                    format!(
+                        "the workload of lease {} has not started yet",
+                        lease.view.id
+                    ),
                 )
             }))
         }

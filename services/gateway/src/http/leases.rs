@@ -9,18 +9,18 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
 use lh_bus::{BusError, Expect};
-use lh_domain::lease::{self, Invalid, InvalidKind, LeaseBody};
-use lh_events::{derived_id, subject, Actor, Envelope, EventData, GpuFraction, Tier, WorkloadSpec};
+use lh_domain::lease::{self, Invalid, InvalidKind};
+use lh_events::{derived_id, subject, Actor, Envelope, EventData};
+use lh_rpc::http::leases::{CreateLease, LeasePage, LeaseView};
 use serde::Deserialize;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
-use crate::read_model::lease::{requested_view, VIEW_COLUMNS};
+use crate::read_model::lease::{requested_lease, Lease, VIEW_COLUMNS};
 use crate::read_model::lease_views::{page_json, CachedLease, MAX_LISTED_LEASES_PER_INDEX};
 
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 
-pub use crate::read_model::lease::{FractionBody, LeasePage, LeaseView, MigInstanceView};
 pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_ITEMS};
 
 /// What a tenant at its limit of waiting leases is told to wait, in seconds.
@@ -29,121 +29,6 @@ pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 500;
 // A first page is answered from the rows that fill the list's index.
 const _: () = assert!(MAX_LISTED_LEASES_PER_INDEX > MAX_PAGE as usize);
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateLease {
-    /// Whole GPUs, all on one node (1 to 8). Exactly one of `gpus`,
-    /// `gpu_fraction` and `mig_profile`.
-    #[serde(default)]
-    pub gpus: Option<u32>,
-    /// A share of one GPU (memory-sliced vGPU) instead of whole GPUs.
-    #[serde(default)]
-    pub gpu_fraction: Option<FractionBody>,
-    /// One MIG instance of this profile of `gpu_model` (e.g. `3g.20gb` on
-    /// an `A100-40GB`) instead of whole GPUs.
-    #[serde(default)]
-    pub mig_profile: Option<String>,
-    /// What to run on the node: `{"command": ["python", "train.py"],
-    /// "image"?: "…", "env"?: {"NAME": "value"}}`. Env values never enter
-    /// the event log: they are kept sealed with the tenant's key, given only
-    /// to the node the lease runs on, and destroyed with the tenant's key.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub workload: Option<WorkloadBody>,
-    /// A model from the catalog, e.g. `A100-40GB`.
-    pub gpu_model: String,
-    #[serde(default = "default_tier")]
-    #[schema(value_type = String, example = "basic")]
-    pub tier: Tier,
-    /// Order among this tenant's own waiting leases, -1000 to 1000; higher first.
-    #[serde(default)]
-    pub priority: i32,
-    /// Tier spot only: the most you pay, CNY per GPU-hour, as a decimal
-    /// string (the spot price per GB-hour times the VRAM held on each GPU).
-    /// The lease is placed only where the price is at or under it and gets
-    /// a preemption notice when the price rises above it.
-    #[serde(default, with = "rust_decimal::serde::str_option")]
-    #[schema(value_type = Option<String>, example = "4.5")]
-    pub max_price_cny_per_gpu_hour: Option<rust_decimal::Decimal>,
-    /// Zones the lease may run in (at most 16); empty or absent: any.
-    #[serde(default)]
-    pub zones: Vec<String>,
-    /// Regions the lease may run in (at most 16; a zone's region is what
-    /// precedes its last dot); empty or absent: any.
-    #[serde(default)]
-    pub regions: Vec<String>,
-    /// Tier spot only: `{"max_retries": 0..=10, "zone_first": "same"|"any"}`.
-    /// A preempted lease is then requested again as a new lease, the zone
-    /// it left first (`same`, the default) or any zone first.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub recovery: Option<RecoveryBody>,
-    /// A quote of this tenant's (`POST /v1/quotes`), unexpired, for the same
-    /// GPUs, model and tier: the lease is billed on the price book version
-    /// it names.
-    #[serde(default)]
-    pub quote_id: Option<Uuid>,
-}
-
-/// Managed recovery as a request states it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RecoveryBody {
-    pub max_retries: u32,
-    #[serde(default)]
-    pub zone_first: lh_events::ZoneFirst,
-}
-
-/// What to run, as a request states it. The event's [`WorkloadSpec`]
-/// ignores fields it does not know (a newer writer's); a request naming one
-/// is refused instead, so this body has its own type.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkloadBody {
-    #[serde(default)]
-    pub command: Vec<String>,
-    #[serde(default)]
-    pub image: Option<String>,
-    #[serde(default)]
-    pub env: std::collections::BTreeMap<String, String>,
-}
-
-impl From<WorkloadBody> for WorkloadSpec {
-    fn from(body: WorkloadBody) -> Self {
-        WorkloadSpec {
-            command: body.command,
-            image: body.image,
-            env: body.env,
-            env_ref: None,
-        }
-    }
-}
-
-fn default_tier() -> Tier {
-    Tier::Basic
-}
-
-impl From<CreateLease> for LeaseBody {
-    fn from(body: CreateLease) -> Self {
-        LeaseBody {
-            gpus: body.gpus,
-            fraction: body.gpu_fraction.map(GpuFraction::from),
-            mig_profile: body.mig_profile,
-            gpu_model: body.gpu_model,
-            tier: body.tier,
-            priority: body.priority,
-            workload: body.workload.map(WorkloadSpec::from),
-            max_price_cny_per_gpu_hour: body.max_price_cny_per_gpu_hour,
-            zones: body.zones,
-            regions: body.regions,
-            recovery: body.recovery.map(|r| lh_events::SpotRecovery {
-                max_retries: r.max_retries,
-                zone_first: r.zone_first,
-            }),
-        }
-    }
-}
 
 /// The problem a refused request answers with.
 fn invalid(e: Invalid) -> ApiError {
@@ -156,7 +41,7 @@ fn invalid(e: Invalid) -> ApiError {
     }
 }
 
-async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<LeaseView>, ApiError> {
+async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<Lease>, ApiError> {
     Ok(
         sqlx::query_as(&format!("SELECT {VIEW_COLUMNS} FROM leases WHERE id = $1"))
             .bind(id)
@@ -174,8 +59,8 @@ async fn lookup_lease(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLea
         return Ok(Some(lease));
     }
     let mut generation = ctx.lease_views.generation();
-    let view = match fetch(ctx, id).await? {
-        Some(view) => view,
+    let row = match fetch(ctx, id).await? {
+        Some(row) => row,
         None => {
             let last = ctx.bus.subject_last_sequence(&subject::lease(id)).await?;
             if last == 0 {
@@ -189,14 +74,14 @@ async fn lookup_lease(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLea
             }
             generation = ctx.lease_views.generation();
             match fetch(ctx, id).await? {
-                Some(view) => view,
+                Some(row) => row,
                 None => return Ok(None),
             }
         }
     };
     // Answered as read even when not kept (it raced a batch): it is at
     // least as new as anything this caller waited for.
-    let lease = CachedLease::new(view);
+    let lease = CachedLease::new(row);
     ctx.lease_views.insert(generation, [lease.clone()]);
     Ok(Some(lease))
 }
@@ -210,19 +95,19 @@ async fn lookup_visible_lease(
 ) -> Result<Arc<CachedLease>, ApiError> {
     let lease = lookup_lease(ctx, id).await?;
     match (lease, caller) {
-        (Some(l), Caller::Tenant { id: tenant, .. }) if l.view.tenant_id == *tenant => Ok(l),
+        (Some(l), Caller::Tenant { id: tenant, .. }) if l.lease.view.tenant_id == *tenant => Ok(l),
         (Some(l), Caller::Operator(_)) => Ok(l),
         _ => Err(ApiError::not_found(format!("no lease {id}")).field("id")),
     }
 }
 
-/// [`lookup_visible_lease`], as a view of its own.
+/// [`lookup_visible_lease`], as a lease of its own.
 pub(super) async fn visible(
     ctx: &ApiContext,
     caller: &Caller,
     id: Uuid,
-) -> Result<LeaseView, ApiError> {
-    Ok(lookup_visible_lease(ctx, caller, id).await?.view.clone())
+) -> Result<Lease, ApiError> {
+    Ok(lookup_visible_lease(ctx, caller, id).await?.lease.clone())
 }
 
 pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -314,12 +199,12 @@ pub async fn create(
         Some(sequence) => {
             ctx.lease_admission
                 .appended(tenant_id, sequence, ctx.progress.applied());
-            requested_view(&requested, sequence, envelope.occurred_at)
+            requested_lease(&requested, sequence, envelope.occurred_at).view
         }
         None => {
             let lease = lookup_lease(&ctx, lease_id)
                 .await?
-                .map(|l| l.view.clone())
+                .map(|l| l.lease.clone())
                 .ok_or_else(|| {
                     ApiError::internal(format!("lease {lease_id} missing from read model"))
                 })?;
@@ -329,7 +214,7 @@ pub async fn create(
                 )
                 .field("Idempotency-Key"));
             }
-            lease
+            lease.view
         }
     };
     // Stored once the request is on the log and is this one: a crash
@@ -453,7 +338,7 @@ pub async fn list(
     let (items, next_cursor) = match page.get(limit) {
         Some(_) => (
             &page[..limit],
-            page[limit - 1].view.requested_sequence.into(),
+            page[limit - 1].lease.requested_sequence.into(),
         ),
         None => (&page[..], None),
     };
@@ -467,7 +352,7 @@ async fn newest_leases(
     tenant: Option<Uuid>,
     before: i64,
     rows: usize,
-) -> Result<Vec<LeaseView>, sqlx::Error> {
+) -> Result<Vec<Lease>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT {VIEW_COLUMNS} FROM leases
          WHERE ($1::uuid IS NULL OR tenant_id = $1) AND requested_sequence < $2
@@ -510,16 +395,16 @@ pub async fn stop(
 async fn append_stop_or_resume(
     ctx: &ApiContext,
     caller: &Caller,
-    lease: &LeaseView,
+    lease: &Lease,
     data: EventData,
     event_id: Uuid,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let mut envelope = Envelope::new(caller.actor(), Utc::now(), data).with_id(event_id);
-    envelope.tenant_id = Some(lease.tenant_id);
+    envelope.tenant_id = Some(lease.view.tenant_id);
     let appended = ctx.bus.publish(&envelope, Expect::Any).await?;
     read_your_write(ctx, appended.sequence).await?;
-    let lease = visible(ctx, caller, lease.id).await?;
-    Ok((StatusCode::ACCEPTED, Json(lease)))
+    let lease = visible(ctx, caller, lease.view.id).await?;
+    Ok((StatusCode::ACCEPTED, Json(lease.view)))
 }
 
 /// Asks every lease of `tenant_id` that has not ended to stop; how many
@@ -529,7 +414,7 @@ pub(super) async fn stop_all_of(
     caller: &Caller,
     tenant_id: Uuid,
 ) -> Result<(u32, u64), ApiError> {
-    let leases: Vec<LeaseView> = sqlx::query_as(&format!(
+    let leases: Vec<Lease> = sqlx::query_as(&format!(
         "SELECT {VIEW_COLUMNS} FROM leases
          WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected') AND NOT stop_requested"
     ))
@@ -571,7 +456,7 @@ pub async fn resume(
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let (event, id) =
         lease::resume(lease.now()).map_err(|refused| ApiError::conflict(refused.0))?;
-    refuse_if_exhausted(&ctx, lease.tenant_id).await?;
+    refuse_if_exhausted(&ctx, lease.view.tenant_id).await?;
     append_stop_or_resume(
         &ctx,
         &caller,
@@ -606,22 +491,6 @@ fn exhausted() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_request_naming_an_unknown_field_is_refused_at_every_level() {
-        let refused = |json: &str| serde_json::from_str::<CreateLease>(json).is_err();
-        let ok = r#"{"gpus":1,"gpu_model":"A100-40GB","workload":{"command":["true"]}}"#;
-        assert!(!refused(ok));
-        assert!(refused(
-            r#"{"gpus":1,"gpu_model":"A100-40GB","colour":"red"}"#
-        ));
-        assert!(refused(
-            r#"{"gpus":1,"gpu_model":"A100-40GB","workload":{"command":["true"],"colour":"red"}}"#
-        ));
-        assert!(refused(
-            r#"{"gpu_fraction":{"milli":250,"vram_gb":10,"colour":"red"},"gpu_model":"A100-40GB"}"#
-        ));
-    }
 
     fn problem(kind: InvalidKind) -> ApiError {
         invalid(Invalid {

@@ -7,39 +7,13 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use lh_bus::{BusError, Expect};
-use lh_events::{
-    derived_id, subject, DrainMode, Envelope, EventData, NodeCordoned, NodeUncordoned,
-};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use lh_events::{derived_id, subject, Envelope, EventData, NodeCordoned, NodeUncordoned};
+use lh_rpc::http::nodes::{DrainNode, NodeCordonView};
 
 use super::{ApiContext, ApiError, ApiJson, Caller};
 
 /// Tries before a node that keeps changing under the request gives up.
 const ATTEMPTS: usize = 5;
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DrainNode {
-    /// `finish`: running leases end where they are; `move`: the scheduler
-    /// moves them to other nodes now.
-    #[schema(value_type = String, example = "move")]
-    pub mode: DrainMode,
-    /// Why, for the log (up to 500 characters).
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct NodeCordonView {
-    pub node_id: String,
-    pub cordoned: bool,
-    /// How running leases leave, while cordoned.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub drain: Option<DrainMode>,
-    /// Stream sequence of the event that recorded it.
-    pub sequence: u64,
-}
 
 #[utoipa::path(
     post, path = "/v1/nodes/{id}/drain", request_body = DrainNode, params(("id" = String, Path)),

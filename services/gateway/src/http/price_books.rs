@@ -6,34 +6,12 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, Utc};
-use lh_events::{PriceBookPublished, TierPrice};
-use serde::Deserialize;
-use utoipa::ToSchema;
-
-use super::{ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
-
+use chrono::Utc;
+use lh_events::PriceBookPublished;
+use lh_rpc::http::price_books::NewPriceBook;
 use lh_rpc::price_book::{PriceBooks, PublishReply, PublishRequest, Published};
 
-/// A new price book version.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewPriceBook {
-    /// Greater than every version published before.
-    pub version: u32,
-    /// `CNY`, the only currency (the default).
-    pub currency: Option<String>,
-    /// When it applies to leases that start from then on; now by default,
-    /// never in the past.
-    pub effective_from: Option<DateTime<Utc>>,
-    /// One entry per tier: `{"tier": "performance", "price_cny_per_gb_hour":
-    /// "2.0", "model": {"kind": "graduated", "steps": [{"from_hour": 0,
-    /// "price_cny_per_gb_hour": "2.0"}, ...]}}`. Models: `flat`,
-    /// `graduated`, `volume`, `package`, `market` (spot only); see
-    /// docs/pricing.md.
-    #[schema(value_type = Vec<Object>)]
-    pub tiers: Vec<TierPrice>,
-}
+use super::{ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
 
 #[utoipa::path(
     post, path = "/v1/price-books", request_body = NewPriceBook,

@@ -9,38 +9,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use lh_events::{GpuFraction, LeaseRequested, QuoteIssued, Tier};
+use lh_events::{GpuFraction, LeaseRequested, QuoteIssued};
+use lh_rpc::http::quotes::NewQuote;
 use lh_rpc::quote::{GetRequest, QuoteReply, QuoteRequest};
-use serde::Deserialize;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
-use crate::read_model::lease::FractionBody;
-
-/// What to price: the GPU fields of a lease and a duration.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewQuote {
-    /// Whole GPUs; exactly one of `gpus`, `gpu_fraction` and `mig_profile`.
-    #[serde(default)]
-    pub gpus: Option<u32>,
-    #[serde(default)]
-    pub gpu_fraction: Option<FractionBody>,
-    #[serde(default)]
-    pub mig_profile: Option<String>,
-    /// A model from the catalog, e.g. `A100-40GB`.
-    pub gpu_model: String,
-    #[serde(default = "default_tier")]
-    #[schema(value_type = String, example = "basic")]
-    pub tier: Tier,
-    /// How long the lease would run, 1 s to 366 days.
-    pub duration_seconds: u64,
-}
-
-fn default_tier() -> Tier {
-    Tier::Basic
-}
 
 #[utoipa::path(
     post, path = "/v1/quotes", request_body = NewQuote,
@@ -117,6 +91,7 @@ pub async fn check_quote(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lh_events::Tier;
 
     const MODEL: &str = "A100-40GB";
 

@@ -6,30 +6,13 @@
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, Utc};
+use lh_rpc::http::reservations::NewReservation;
+use lh_rpc::reservation::{CommitReply, CommitRequest, ListRequest, Reservations};
 use serde::Deserialize;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::{ApiContext, ApiError, ApiJson, Caller, RPC_TIMEOUT};
-
-use lh_rpc::reservation::{CommitReply, CommitRequest, ListRequest, Reservations};
-
-/// A new reservation.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewReservation {
-    pub tenant_id: Uuid,
-    /// A model of the catalog, e.g. `A100-40GB`.
-    pub gpu_model: String,
-    pub zone: String,
-    /// 1 to 1024.
-    pub gpus: u32,
-    /// 1 to 180 days; 30 (a month) by default.
-    pub term_days: Option<u32>,
-    /// Now by default; never in the past.
-    pub starts_at: Option<DateTime<Utc>>,
-}
 
 #[utoipa::path(
     post, path = "/v1/reservations", request_body = NewReservation,

@@ -5,15 +5,17 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use lh_bus::{BusError, Expect};
 use lh_events::{
-    derived_id, subject, Envelope, EventData, IdleAction, IdlePolicy, Quota, TenantCreated,
-    TenantErased, TenantQuotaChanged, TenantResumed, TenantSuspended,
+    derived_id, subject, Envelope, EventData, IdlePolicy, Quota, TenantCreated, TenantErased,
+    TenantQuotaChanged, TenantResumed, TenantSuspended,
 };
-use serde::{Deserialize, Serialize};
+use lh_rpc::http::tenants::{
+    ChangeQuota, CreateTenant, QuotaBody, SuspendTenant, TenantChanged, TenantCreatedResponse,
+    TenantView, ERASED_MARKER,
+};
 use sqlx::FromRow;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
@@ -22,57 +24,8 @@ use crate::seal;
 /// Most GPUs a tenant's quota may allow.
 pub const MAX_QUOTA_GPUS: u32 = 100_000;
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTenant {
-    pub name: String,
-    pub email: String,
-    pub quota: QuotaBody,
-    /// Weight in fair sharing across tenants, 1 to 1000 (default 1).
-    pub weight: Option<u32>,
-    /// What happens to a lease whose GPUs show zero utilisation for a
-    /// while; the node-agents' default (5 minutes, notify) when absent.
-    pub idle_policy: Option<IdlePolicyBody>,
-    /// The operator vouches for the tenant: its leases may also run on
-    /// nodes that do not isolate workloads (process runtime). Default false.
-    #[serde(default)]
-    pub trusted: bool,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct IdlePolicyBody {
-    /// Seconds of zero utilisation, 1 to 604800 (a week).
-    pub window_s: u64,
-    /// `notify` (an event only), `stop` (the lease is stopped) or
-    /// `suspend` (its GPUs are freed until `POST /v1/leases/{id}/resume`).
-    #[schema(value_type = String, example = "notify")]
-    pub action: IdleAction,
-}
-
 /// Longest idle window a tenant may set.
 pub const MAX_IDLE_WINDOW_S: u64 = 7 * 24 * 3600;
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaBody {
-    pub max_gpus: u32,
-    /// Most VRAM the tenant may hold at once, in GB; unlimited when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_vram_gb: Option<u32>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TenantCreatedResponse {
-    pub id: Uuid,
-    /// Shown once; only its SHA-256 is kept.
-    pub api_key: String,
-    pub name: String,
-    pub quota: QuotaBody,
-    pub weight: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_policy: Option<IdlePolicyBody>,
-}
 
 /// Largest fair-share weight.
 pub const MAX_WEIGHT: u32 = 1000;
@@ -155,7 +108,7 @@ pub async fn create(
         name_sealed: seal::seal(&key, body.name.trim()),
         email_sealed: seal::seal(&key, body.email.trim()),
         api_key_sha256: first_key.sha256,
-        api_key_prefix: Some(first_key.prefix),
+        api_key_prefix: first_key.prefix,
         quota: Quota {
             max_gpus: body.quota.max_gpus,
             max_vram_gb: body.quota.max_vram_gb,
@@ -196,40 +149,23 @@ pub async fn create(
 /// Longest reason for a suspension, in characters.
 pub const MAX_REASON_CHARS: usize = 500;
 
-/// What a sealed field shows once its tenant's key is destroyed.
-pub const ERASED_MARKER: &str = "[erased]";
-
-/// A tenant as the read model shows it. The name, e-mail and suspension
-/// reason are opened with the tenant's key on each read; once that key is
-/// destroyed they show [`ERASED_MARKER`].
-#[derive(Debug, Serialize, Deserialize, ToSchema, FromRow)]
-pub struct TenantView {
-    pub id: Uuid,
-    #[sqlx(rename = "name_sealed")]
-    pub name: String,
-    #[sqlx(rename = "email_sealed")]
-    pub email: String,
-    /// The tenant's data key was destroyed (`POST /v1/tenants/{id}/erase`).
-    pub erased: bool,
-    #[sqlx(try_from = "i32")]
-    pub max_gpus: u32,
-    pub max_vram_gb: Option<i32>,
-    #[sqlx(try_from = "i32")]
-    pub weight: u32,
-    pub suspended: bool,
-    /// Why the operator suspended it, opened with the tenant's key
-    /// (`[erased]` once the key is gone); `erased` for a tenant erased
-    /// after a suspension logged before reasons were sealed.
-    pub suspended_reason: Option<String>,
-    pub created_at: chrono::DateTime<Utc>,
-}
-
-/// A tenant's row: the view, and the sealed reason it is opened from.
+/// A tenant's row: its sealed fields as the log carries them, and the rest
+/// as the API shows it.
 #[derive(FromRow)]
 struct TenantRow {
-    #[sqlx(flatten)]
-    view: TenantView,
+    id: Uuid,
+    name_sealed: String,
+    email_sealed: String,
+    erased: bool,
+    #[sqlx(try_from = "i32")]
+    max_gpus: u32,
+    max_vram_gb: Option<i32>,
+    #[sqlx(try_from = "i32")]
+    weight: u32,
+    suspended: bool,
+    suspended_reason: Option<String>,
     suspended_reason_sealed: Option<String>,
+    created_at: DateTime<Utc>,
 }
 
 pub(super) fn parse_tenant_id(raw: &str) -> Result<Uuid, ApiError> {
@@ -270,13 +206,21 @@ async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, A
             .and_then(|k| seal::open(k, sealed))
             .unwrap_or_else(|| ERASED_MARKER.to_string())
     };
-    let mut tenant = row.view;
-    tenant.name = open(&tenant.name);
-    tenant.email = open(&tenant.email);
-    if let Some(sealed) = &row.suspended_reason_sealed {
-        tenant.suspended_reason = Some(open(sealed));
-    }
-    Ok(tenant)
+    Ok(TenantView {
+        id: row.id,
+        name: open(&row.name_sealed),
+        email: open(&row.email_sealed),
+        erased: row.erased,
+        max_gpus: row.max_gpus,
+        max_vram_gb: row.max_vram_gb,
+        weight: row.weight,
+        suspended: row.suspended,
+        suspended_reason: match &row.suspended_reason_sealed {
+            Some(sealed) => Some(open(sealed)),
+            None => row.suspended_reason,
+        },
+        created_at: row.created_at,
+    })
 }
 
 /// The tenant's data key to seal a new field with, made now if the tenant
@@ -364,28 +308,6 @@ pub async fn get(
     let tenant_id = parse_tenant_id(&id)?;
     require_reader(&caller, tenant_id)?;
     Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
-}
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SuspendTenant {
-    /// Why, up to 500 characters; kept in the log sealed with the
-    /// tenant's key, so an erasure makes it unreadable too.
-    #[serde(default)]
-    pub reason: Option<String>,
-    /// Also ask every lease of the tenant that has not ended to stop;
-    /// otherwise running leases run on (and are billed) and waiting ones
-    /// wait until the tenant is resumed.
-    #[serde(default)]
-    pub stop_leases: bool,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TenantChanged {
-    pub tenant: TenantView,
-    /// Leases asked to stop by this call.
-    #[serde(default)]
-    pub leases_stopping: u32,
 }
 
 #[utoipa::path(
@@ -532,15 +454,6 @@ pub async fn erase(
     Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ChangeQuota {
-    pub quota: QuotaBody,
-    /// Weight in fair sharing, 1 to 1000; unchanged when absent.
-    #[serde(default)]
-    pub weight: Option<u32>,
-}
-
 #[utoipa::path(
     put, path = "/v1/tenants/{id}/quota", params(("id" = Uuid, Path)), request_body = ChangeQuota,
     responses(
@@ -572,25 +485,4 @@ pub async fn set_quota(
     });
     append_to_tenant(&ctx, &caller, last, data).await?;
     Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_naming_an_unknown_field_is_refused_at_every_level() {
-        let refused = |json: &str| serde_json::from_str::<CreateTenant>(json).is_err();
-        let ok = r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_s":60,"action":"notify"}}"#;
-        assert!(!refused(ok));
-        assert!(refused(
-            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"colour":"red"}"#
-        ));
-        assert!(refused(
-            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1,"colour":"red"}}"#
-        ));
-        assert!(refused(
-            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_s":60,"action":"notify","colour":"red"}}"#
-        ));
-    }
 }

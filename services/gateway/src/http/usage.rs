@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use chrono::{DateTime, TimeDelta, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use lh_rpc::http::usage::{UsagePoint, UsageReport, UsageSeries};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::{ApiContext, ApiError, Caller};
@@ -63,47 +64,6 @@ pub struct LeaseUsageQuery {
     pub to: Option<String>,
     /// Seconds per point: a multiple of 60, 60 to 86400 (default 60).
     pub step: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct UsageReport {
-    pub from: DateTime<Utc>,
-    pub to: DateTime<Utc>,
-    pub step_secs: u32,
-    /// Ordered by node, GPU index and lease.
-    pub series: Vec<UsageSeries>,
-}
-
-/// One GPU of one lease.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct UsageSeries {
-    pub lease_id: Uuid,
-    pub tenant_id: Option<Uuid>,
-    pub node_id: String,
-    pub gpu_index: u32,
-    pub gpu_uuid: String,
-    /// Oldest first.
-    pub points: Vec<UsagePoint>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct UsagePoint {
-    /// Start of the step.
-    pub at: DateTime<Utc>,
-    /// Samples in the step.
-    pub samples: u64,
-    /// Minutes of the step that had a sample. The averages are over those
-    /// minutes: `memory_used_mib_avg × minutes ÷ (step in minutes)` is the
-    /// step's mean, counting minutes without samples as nothing used.
-    pub minutes: u32,
-    /// Null when no sample of the step told it (MIG mode).
-    pub utilization_pct_avg: Option<f64>,
-    pub memory_used_mib_avg: f64,
-    pub memory_used_mib_max: u64,
-    /// Null when no sample of the step told it.
-    pub temperature_c_max: Option<u32>,
-    /// Null when no sample of the step told it.
-    pub power_w_avg: Option<f64>,
 }
 
 /// A checked window and step.
@@ -395,7 +355,7 @@ pub async fn lease(
     // told; a lease just requested is waited for.
     let lease = super::leases::visible(&ctx, &caller, lease_id).await?;
     let tenant = match &caller {
-        Caller::Tenant { .. } => Some(lease.tenant_id),
+        Caller::Tenant { .. } => Some(lease.view.tenant_id),
         Caller::Operator(_) => None,
     };
     let window = window(

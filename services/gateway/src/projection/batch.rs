@@ -16,8 +16,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::read_model::lease::{
-    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_mig_instance, requested_view,
-    LeaseView,
+    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_mig_instance,
+    requested_lease, Lease,
 };
 
 use super::leases::state_guard;
@@ -110,7 +110,7 @@ async fn write_run(conn: &mut PgConnection, run: &[&Stored]) -> sqlx::Result<()>
 /// the lifecycle those statements' guards are built from
 /// ([`lh_domain::lease::LeaseState::after`]).
 struct NewLeaseRow {
-    view: LeaseView,
+    lease: Lease,
     last_sequence: i64,
     gpu_uuids: serde_json::Value,
     gpu_indices: serde_json::Value,
@@ -121,15 +121,15 @@ struct NewLeaseRow {
 
 impl NewLeaseRow {
     /// The row `lease.requested` inserts.
-    fn requested(view: LeaseView) -> Self {
+    fn requested(lease: Lease) -> Self {
         NewLeaseRow {
-            last_sequence: view.requested_sequence,
+            last_sequence: lease.requested_sequence,
             gpu_uuids: serde_json::json!([]),
             gpu_indices: serde_json::json!([]),
             mig_instance: None,
             end_reason: None,
             failure: None,
-            view,
+            lease,
         }
     }
 
@@ -140,7 +140,7 @@ impl NewLeaseRow {
         let EventData::LeaseRequested(e) = &first.envelope.data else {
             return None;
         };
-        let mut row = NewLeaseRow::requested(requested_view(
+        let mut row = NewLeaseRow::requested(requested_lease(
             e,
             first.sequence,
             first.envelope.occurred_at,
@@ -167,12 +167,12 @@ impl NewLeaseRow {
         };
         if let Some(step) = step {
             // Its statement's state guard does not hold: no row changes.
-            let Some(next) = self.view.state.after(step) else {
+            let Some(next) = self.lease.view.state.after(step) else {
                 return;
             };
-            self.view.state = next;
+            self.lease.view.state = next;
         }
-        let v = &mut self.view;
+        let v = &mut self.lease.view;
         match &event.envelope.data {
             EventData::LeaseQueued(e) => {
                 v.queued_reason = Some(e.reason.clone());
@@ -189,8 +189,8 @@ impl NewLeaseRow {
                 v.queued_reason = None;
                 v.queue_position = None;
                 v.placed_at = Some(event.envelope.occurred_at);
-                v.last_placement_node_id = Some(e.node_id.clone());
-                v.last_placement_sequence = Some(event.sequence as i64);
+                self.lease.last_placement_node_id = Some(e.node_id.clone());
+                self.lease.last_placement_sequence = Some(event.sequence as i64);
                 self.mig_instance = placed_mig_instance(e);
             }
             EventData::LeaseStarted(e) => {
@@ -271,7 +271,9 @@ pub(super) async fn insert_requested(
 ) -> sqlx::Result<()> {
     let rows: Vec<NewLeaseRow> = events
         .iter()
-        .map(|(s, e)| NewLeaseRow::requested(requested_view(e, s.sequence, s.envelope.occurred_at)))
+        .map(|(s, e)| {
+            NewLeaseRow::requested(requested_lease(e, s.sequence, s.envelope.occurred_at))
+        })
         .collect();
     insert_new_rows(conn, &rows).await?;
     Ok(())
@@ -285,7 +287,8 @@ async fn insert_new_rows(
 ) -> sqlx::Result<HashSet<Uuid>> {
     let mut inserted = HashSet::new();
     for chunk in rows.chunks(MAX_LEASES_PER_STATEMENT) {
-        let views = || chunk.iter().map(|r| &r.view);
+        let leases = || chunk.iter().map(|r| &r.lease);
+        let views = || leases().map(|l| &l.view);
         let ids: Vec<Uuid> = views().map(|v| v.id).collect();
         let tenants: Vec<Uuid> = views().map(|v| v.tenant_id).collect();
         let states: Vec<&str> = views().map(|v| v.state.as_str()).collect();
@@ -293,22 +296,20 @@ async fn insert_new_rows(
         let models: Vec<&str> = views().map(|v| v.gpu_model.as_str()).collect();
         let tiers: Vec<&str> = views().map(|v| v.tier.as_str()).collect();
         let idempotency: Vec<Option<&str>> =
-            views().map(|v| v.idempotency_key.as_deref()).collect();
+            leases().map(|l| l.idempotency_key.as_deref()).collect();
         let created: Vec<chrono::DateTime<chrono::Utc>> = views().map(|v| v.created_at).collect();
-        let requested_seqs: Vec<i64> = views().map(|v| v.requested_sequence).collect();
+        let requested_seqs: Vec<i64> = leases().map(|l| l.requested_sequence).collect();
         let last_seqs: Vec<i64> = chunk.iter().map(|r| r.last_sequence).collect();
         let priorities: Vec<i32> = views().map(|v| v.priority).collect();
         let fractions: Vec<Option<serde_json::Value>> = views()
-            .map(|v| v.gpu_fraction.as_ref().map(|f| serde_json::json!(f.0)))
+            .map(|v| v.gpu_fraction.as_ref().map(|f| serde_json::json!(f)))
             .collect();
         let mig_profiles: Vec<Option<&str>> = views().map(|v| v.mig_profile.as_deref()).collect();
         let workloads: Vec<Option<&serde_json::Value>> =
-            views().map(|v| v.workload.as_ref().map(|w| &w.0)).collect();
-        let spots: Vec<Option<&serde_json::Value>> =
-            views().map(|v| v.spot.as_ref().map(|w| &w.0)).collect();
-        let constraints: Vec<Option<&serde_json::Value>> = views()
-            .map(|v| v.constraints.as_ref().map(|w| &w.0))
-            .collect();
+            views().map(|v| v.workload.as_ref()).collect();
+        let spots: Vec<Option<&serde_json::Value>> = views().map(|v| v.spot.as_ref()).collect();
+        let constraints: Vec<Option<&serde_json::Value>> =
+            views().map(|v| v.constraints.as_ref()).collect();
         let nodes: Vec<Option<&str>> = views().map(|v| v.node_id.as_deref()).collect();
         let zones: Vec<Option<&str>> = views().map(|v| v.zone.as_deref()).collect();
         let uuids: Vec<&serde_json::Value> = chunk.iter().map(|r| &r.gpu_uuids).collect();
@@ -330,10 +331,11 @@ async fn insert_new_rows(
         let mig_instances: Vec<Option<&serde_json::Value>> =
             chunk.iter().map(|r| r.mig_instance.as_ref()).collect();
         let failures: Vec<Option<&str>> = chunk.iter().map(|r| r.failure.as_deref()).collect();
-        let placement_nodes: Vec<Option<&str>> = views()
-            .map(|v| v.last_placement_node_id.as_deref())
+        let placement_nodes: Vec<Option<&str>> = leases()
+            .map(|l| l.last_placement_node_id.as_deref())
             .collect();
-        let placement_seqs: Vec<Option<i64>> = views().map(|v| v.last_placement_sequence).collect();
+        let placement_seqs: Vec<Option<i64>> =
+            leases().map(|l| l.last_placement_sequence).collect();
         let ids: Vec<Uuid> = sqlx::query_scalar(
             "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
                                  created_at, requested_sequence, last_sequence, priority, gpu_fraction,

@@ -30,7 +30,7 @@ pub(super) async fn created(
         conn,
         e.tenant_id,
         lh_events::FIRST_API_KEY_ID,
-        e.api_key_prefix.as_deref(),
+        &e.api_key_prefix,
         &e.api_key_sha256,
         at,
         None,

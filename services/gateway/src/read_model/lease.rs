@@ -1,128 +1,31 @@
-//! A lease as the read model holds it and the API shows it: the view, the
-//! columns it is read from, and the functions that build it from a lease's
-//! request. The projection writes what these build and the handlers answer
-//! with it, so both take it from here, and nothing here knows of HTTP (the
-//! serde and OpenAPI derives describe the body, not a handler).
+//! A lease as the read model holds it: the view the API shows
+//! ([`LeaseView`], the HTTP contract's), what only the gateway keeps beside
+//! it, the columns it is read from, and the functions that build it from a
+//! lease's request. The projection writes what these build and the handlers
+//! answer with it, so both take it from here, and nothing here knows of
+//! HTTP handling.
 
 use chrono::{DateTime, Utc};
 use lh_domain::lease::{LeaseNow, LeaseState};
 use lh_events::{GpuFraction, LeaseRequested};
-use serde::{Deserialize, Serialize};
-use sqlx::FromRow;
-use utoipa::ToSchema;
-use uuid::Uuid;
+use lh_rpc::http::leases::{FractionBody, LeaseView, MigInstanceView};
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{FromRow, Row};
 
-/// A share of one GPU: compute in milli-GPU and a hard VRAM amount.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FractionBody {
-    /// Compute share in milli-GPU, 1 to 1000.
-    pub milli: u32,
-    /// VRAM in GB, at least 1 and at most the model's VRAM.
-    pub vram_gb: u32,
-}
-
-impl From<FractionBody> for GpuFraction {
-    fn from(f: FractionBody) -> Self {
-        GpuFraction {
-            milli: f.milli,
-            vram_gb: f.vram_gb,
-        }
-    }
-}
-
-/// A MIG GPU instance: its profile and NVML placement start slice.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct MigInstanceView {
-    pub profile: String,
-    pub start: u8,
-}
-
-/// A lease as the tenant sees it.
-#[derive(Debug, Clone, Serialize, Deserialize, FromRow, ToSchema)]
-pub struct LeaseView {
-    pub id: Uuid,
-    pub tenant_id: Uuid,
-    /// requested, queued, placed, running, suspended, ended or rejected.
-    #[sqlx(try_from = "String")]
-    #[schema(value_type = String)]
-    pub state: LeaseState,
-    pub gpus: i32,
-    /// Set for a fractional lease: its share of one GPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<FractionBody>)]
-    pub gpu_fraction: Option<sqlx::types::Json<FractionBody>>,
-    /// Set for a MIG lease: the profile asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mig_profile: Option<String>,
-    /// What the lease runs: `command`, `image`, and for an environment
-    /// `env` with its variables' `names` (never their values), the
-    /// `lease_id` they are stored with and their salted `sha256`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub workload: Option<sqlx::types::Json<serde_json::Value>>,
-    /// Set for a placed MIG lease: the GPU instance it holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<MigInstanceView>)]
-    pub mig_instance: Option<sqlx::types::Json<MigInstanceView>>,
-    pub gpu_model: String,
-    pub tier: String,
-    pub priority: i32,
-    pub node_id: Option<String>,
-    pub zone: Option<String>,
-    #[schema(value_type = Vec<String>)]
-    pub gpu_uuids: sqlx::types::Json<Vec<String>>,
-    #[schema(value_type = Vec<u32>)]
-    pub gpu_indices: sqlx::types::Json<Vec<u32>>,
-    pub queued_reason: Option<String>,
-    pub queue_position: Option<i32>,
-    pub rejected_reason: Option<String>,
-    pub stop_requested: bool,
-    /// Set when this spot lease will be evicted (the node-agent ends it then).
-    pub preemption_deadline: Option<DateTime<Utc>>,
-    /// Why: `capacity` (on-demand work needs its GPUs) or `outbid` (the
-    /// spot price rose above its bid).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preemption_reason: Option<String>,
-    /// Spot terms: `max_price_cny_per_gpu_hour`, `recovery`, and for a
-    /// lease the scheduler requested to recover a preempted one,
-    /// `recovery_of {lease_id, first_lease_id, attempt, zone}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub spot: Option<sqlx::types::Json<serde_json::Value>>,
-    /// `{"zones": [...], "regions": [...]}` it may run in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub constraints: Option<sqlx::types::Json<serde_json::Value>>,
-    pub end_reason: Option<String>,
-    /// What made a failed lease fail, where its node could tell:
-    /// `gpu_memory_exceeded` (its workload asked for more GPU memory than
-    /// its share holds and got an allocation error).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<String>,
-    /// Times the lease was moved to other GPUs (its node was lost).
-    pub migrations: i32,
-    /// Why it was last moved.
-    pub last_migration_reason: Option<String>,
-    /// Start of the last idle stretch its node reported (zero GPU use for
-    /// the tenant's idle window).
-    pub idle_since: Option<DateTime<Utc>>,
-    /// When it was last suspended for being idle.
-    pub suspended_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    pub placed_at: Option<DateTime<Utc>>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub ended_at: Option<DateTime<Utc>>,
-    #[serde(skip)]
+/// A lease's row: what the API shows of it, and what the gateway keeps
+/// for itself (where it sits in the lists, the request's key, where its
+/// last workload's log is).
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub view: LeaseView,
+    /// The stream sequence of its request: the lists' order and cursor.
     pub requested_sequence: i64,
-    #[serde(skip)]
     pub idempotency_key: Option<String>,
     /// The node of its last placement, kept when it goes back to the
     /// queue: where its last workload's log is.
-    #[serde(skip)]
     pub last_placement_node_id: Option<String>,
     /// The stream sequence of that placement: the node names the log by it.
-    #[serde(skip)]
     pub last_placement_sequence: Option<i64>,
 }
 
@@ -130,13 +33,13 @@ pub(crate) const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, failure, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
     started_at, ended_at, requested_sequence, idempotency_key, last_placement_node_id, last_placement_sequence";
 
-impl LeaseView {
+impl Lease {
     /// What the stop and resume rules need to know of the lease.
     pub(crate) fn now(&self) -> LeaseNow {
         LeaseNow {
-            id: self.id,
-            state: self.state,
-            suspended_at: self.suspended_at,
+            id: self.view.id,
+            state: self.view.state,
+            suspended_at: self.view.suspended_at,
         }
     }
 
@@ -144,69 +47,111 @@ impl LeaseView {
     /// same Idempotency-Key must ask for the same thing. The view keeps the
     /// workload with its environment's names and hash, not its values.
     pub(crate) fn asks_for(&self, requested: &LeaseRequested) -> bool {
-        let fraction = self.gpu_fraction.as_ref().map(|f| GpuFraction::from(f.0));
+        let view = &self.view;
+        let fraction = view.gpu_fraction.map(GpuFraction::from);
         let workload = requested.workload.as_ref().map(workload_view);
-        self.gpus as u32 == requested.gpus
+        view.gpus as u32 == requested.gpus
             && fraction == requested.fraction
-            && self.gpu_model == requested.gpu_model
-            && self.mig_profile == requested.mig_profile
-            && self.workload.as_ref().map(|w| &w.0) == workload.as_ref()
-            && self.tier == requested.tier.as_str()
-            && self.priority == requested.priority
-            && self.spot.as_ref().map(|s| &s.0) == spot_terms(requested).as_ref()
-            && self.constraints.as_ref().map(|c| &c.0) == constraints(requested).as_ref()
+            && view.gpu_model == requested.gpu_model
+            && view.mig_profile == requested.mig_profile
+            && view.workload == workload
+            && view.tier == requested.tier.as_str()
+            && view.priority == requested.priority
+            && view.spot == spot_terms(requested)
+            && view.constraints == constraints(requested)
     }
 }
 
-/// A page of leases, newest first.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct LeasePage {
-    pub items: Vec<LeaseView>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
+impl<'r> FromRow<'r, PgRow> for Lease {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let state: String = row.try_get("state")?;
+        let state = LeaseState::try_from(state).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "state".into(),
+            source: Box::new(e),
+        })?;
+        let json = |column: &str| -> sqlx::Result<Option<serde_json::Value>> {
+            Ok(row
+                .try_get::<Option<Json<serde_json::Value>>, _>(column)?
+                .map(|j| j.0))
+        };
+        let view = LeaseView {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            state,
+            gpus: row.try_get("gpus")?,
+            gpu_fraction: row
+                .try_get::<Option<Json<FractionBody>>, _>("gpu_fraction")?
+                .map(|j| j.0),
+            mig_profile: row.try_get("mig_profile")?,
+            workload: json("workload")?,
+            mig_instance: row
+                .try_get::<Option<Json<MigInstanceView>>, _>("mig_instance")?
+                .map(|j| j.0),
+            gpu_model: row.try_get("gpu_model")?,
+            tier: row.try_get("tier")?,
+            priority: row.try_get("priority")?,
+            node_id: row.try_get("node_id")?,
+            zone: row.try_get("zone")?,
+            gpu_uuids: row.try_get::<Json<Vec<String>>, _>("gpu_uuids")?.0,
+            gpu_indices: row.try_get::<Json<Vec<u32>>, _>("gpu_indices")?.0,
+            queued_reason: row.try_get("queued_reason")?,
+            queue_position: row.try_get("queue_position")?,
+            rejected_reason: row.try_get("rejected_reason")?,
+            stop_requested: row.try_get("stop_requested")?,
+            preemption_deadline: row.try_get("preemption_deadline")?,
+            preemption_reason: row.try_get("preemption_reason")?,
+            spot: json("spot")?,
+            constraints: json("constraints")?,
+            end_reason: row.try_get("end_reason")?,
+            failure: row.try_get("failure")?,
+            migrations: row.try_get("migrations")?,
+            last_migration_reason: row.try_get("last_migration_reason")?,
+            idle_since: row.try_get("idle_since")?,
+            suspended_at: row.try_get("suspended_at")?,
+            created_at: row.try_get("created_at")?,
+            placed_at: row.try_get("placed_at")?,
+            started_at: row.try_get("started_at")?,
+            ended_at: row.try_get("ended_at")?,
+        };
+        Ok(Lease {
+            view,
+            requested_sequence: row.try_get("requested_sequence")?,
+            idempotency_key: row.try_get("idempotency_key")?,
+            last_placement_node_id: row.try_get("last_placement_node_id")?,
+            last_placement_sequence: row.try_get("last_placement_sequence")?,
+        })
+    }
 }
 
-/// The row `lease.requested` makes, as the API shows it: the lease the
-/// moment it is requested. The API answers a request with it before this
-/// projection has applied the event, and this projection inserts what it
-/// returns, so the answer and a later read cannot differ.
-pub fn requested_view(
-    e: &lh_events::LeaseRequested,
-    sequence: u64,
-    occurred_at: chrono::DateTime<chrono::Utc>,
-) -> LeaseView {
-    LeaseView {
+/// The row `lease.requested` makes: the lease the moment it is requested.
+/// The API answers a request with its view before this projection has
+/// applied the event, and this projection inserts what it returns, so the
+/// answer and a later read cannot differ.
+pub fn requested_lease(e: &LeaseRequested, sequence: u64, occurred_at: DateTime<Utc>) -> Lease {
+    let view = LeaseView {
         id: e.lease_id,
         tenant_id: e.tenant_id,
-        state: lh_domain::lease::LeaseState::Requested,
+        state: LeaseState::Requested,
         gpus: e.gpus as i32,
-        gpu_fraction: e.fraction.map(|f| {
-            sqlx::types::Json(FractionBody {
-                milli: f.milli,
-                vram_gb: f.vram_gb,
-            })
-        }),
+        gpu_fraction: e.fraction.map(FractionBody::from),
         mig_profile: e.mig_profile.clone(),
-        workload: e
-            .workload
-            .as_ref()
-            .map(|w| sqlx::types::Json(workload_view(w))),
+        workload: e.workload.as_ref().map(workload_view),
         mig_instance: None,
         gpu_model: e.gpu_model.clone(),
         tier: e.tier.as_str().to_string(),
         priority: e.priority,
         node_id: None,
         zone: None,
-        gpu_uuids: sqlx::types::Json(Vec::new()),
-        gpu_indices: sqlx::types::Json(Vec::new()),
+        gpu_uuids: Vec::new(),
+        gpu_indices: Vec::new(),
         queued_reason: None,
         queue_position: None,
         rejected_reason: None,
         stop_requested: false,
         preemption_deadline: None,
         preemption_reason: None,
-        spot: spot_terms(e).map(sqlx::types::Json),
-        constraints: constraints(e).map(sqlx::types::Json),
+        spot: spot_terms(e),
+        constraints: constraints(e),
         end_reason: None,
         failure: None,
         migrations: 0,
@@ -217,6 +162,9 @@ pub fn requested_view(
         placed_at: None,
         started_at: None,
         ended_at: None,
+    };
+    Lease {
+        view,
         requested_sequence: sequence as i64,
         idempotency_key: e.idempotency_key.clone(),
         last_placement_node_id: None,

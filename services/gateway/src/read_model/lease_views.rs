@@ -28,7 +28,7 @@ use lh_events::subject;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::lease::{LeaseView, VIEW_COLUMNS};
+use super::lease::{Lease, VIEW_COLUMNS};
 use crate::cache::GenerationalCache;
 use crate::poison_free::PoisonFreeRwLock;
 
@@ -44,31 +44,28 @@ pub const MAX_LEASE_INDEXES: usize = 1_000;
 /// leaving them to be read from the database on demand.
 pub const REFRESH_TIMEOUT_SECS: u64 = 2;
 
-/// A lease view and its JSON, serialised once per change rather than once
-/// per read.
+/// A lease and its view's JSON, serialised once per change rather than
+/// once per read.
 #[derive(Debug)]
 pub struct CachedLease {
-    pub view: LeaseView,
+    pub lease: Lease,
     pub json: Bytes,
 }
 
 impl CachedLease {
-    pub fn new(view: LeaseView) -> Arc<Self> {
-        let json = serde_json::to_vec(&view)
+    pub fn new(lease: Lease) -> Arc<Self> {
+        let json = serde_json::to_vec(&lease.view)
             .expect("a lease view always serialises")
             .into();
-        Arc::new(CachedLease { view, json })
+        Arc::new(CachedLease { lease, json })
     }
 
     fn ended(&self) -> bool {
-        matches!(
-            self.view.state,
-            lh_domain::lease::LeaseState::Ended | lh_domain::lease::LeaseState::Rejected
-        )
+        self.lease.view.state.is_final()
     }
 
     fn age_key(&self) -> (i64, Uuid) {
-        (self.view.requested_sequence, self.view.id)
+        (self.lease.requested_sequence, self.lease.view.id)
     }
 }
 
@@ -116,7 +113,7 @@ impl Cached {
     }
 
     fn put(&mut self, lease: Arc<CachedLease>) {
-        self.remove(&lease.view.id);
+        self.remove(&lease.lease.view.id);
         while self.views.len() >= MAX_CACHED_LEASE_VIEWS {
             let Some(oldest) = self
                 .ended_by_age
@@ -132,7 +129,7 @@ impl Cached {
             self.ended_by_age.insert(lease.age_key());
         }
         self.by_age.insert(lease.age_key());
-        self.views.insert(lease.view.id, lease);
+        self.views.insert(lease.lease.view.id, lease);
     }
 
     fn clear(&mut self) {
@@ -219,14 +216,14 @@ impl LeaseViews {
         let mut index = Index {
             by_sequence: newest
                 .iter()
-                .map(|l| (l.view.requested_sequence, l.view.id))
+                .map(|l| (l.lease.requested_sequence, l.lease.view.id))
                 .collect(),
             complete_from: i64::MIN,
         };
         if !whole {
             index.complete_from = newest
                 .last()
-                .map_or(i64::MIN, |l| l.view.requested_sequence);
+                .map_or(i64::MIN, |l| l.lease.requested_sequence);
         }
         let mut cached = self.cached.write();
         if !cached.is_current(generation) {
@@ -304,7 +301,7 @@ impl LeaseViews {
         };
         let read = tokio::time::timeout(
             Duration::from_secs(REFRESH_TIMEOUT_SECS),
-            sqlx::query_as::<_, LeaseView>(&format!(
+            sqlx::query_as::<_, Lease>(&format!(
                 "SELECT {VIEW_COLUMNS} FROM leases WHERE id = ANY($1)"
             ))
             .bind(&ids)
@@ -331,9 +328,9 @@ impl LeaseViews {
         }
         for lease in fresh {
             let (sequence, id, tenant) = (
-                lease.view.requested_sequence,
-                lease.view.id,
-                lease.view.tenant_id,
+                lease.lease.requested_sequence,
+                lease.lease.view.id,
+                lease.lease.view.tenant_id,
             );
             for key in [Some(tenant), None] {
                 if let Some(index) = cached.indexes.get_mut(&key) {
@@ -361,7 +358,7 @@ impl LeaseViews {
 }
 
 /// A page's JSON from its leases' JSON, byte for byte what serialising a
-/// `LeasePage` writes.
+/// [`lh_rpc::http::leases::LeasePage`] writes.
 pub fn page_json(items: &[Arc<CachedLease>], next_cursor: Option<i64>) -> Vec<u8> {
     let mut out = Vec::with_capacity(items.iter().map(|l| l.json.len() + 1).sum::<usize>() + 48);
     out.extend_from_slice(b"{\"items\":[");
@@ -383,18 +380,23 @@ pub fn page_json(items: &[Arc<CachedLease>], next_cursor: Option<i64>) -> Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read_model::lease::LeasePage;
+    use lh_rpc::http::leases::{LeasePage, LeaseView};
 
     fn lease(sequence: i64, tenant: Uuid, state: &str) -> Arc<CachedLease> {
-        let mut view: LeaseView = serde_json::from_value(serde_json::json!({
+        let view: LeaseView = serde_json::from_value(serde_json::json!({
             "id": Uuid::now_v7(), "tenant_id": tenant, "state": state, "gpus": 1,
             "gpu_model": "A100-40GB", "tier": "basic", "priority": 0,
             "gpu_uuids": [], "gpu_indices": [], "stop_requested": false,
             "migrations": 0, "created_at": "2026-12-05T00:00:00Z",
         }))
         .unwrap();
-        view.requested_sequence = sequence;
-        CachedLease::new(view)
+        CachedLease::new(Lease {
+            view,
+            requested_sequence: sequence,
+            idempotency_key: None,
+            last_placement_node_id: None,
+            last_placement_sequence: None,
+        })
     }
 
     #[test]
@@ -414,12 +416,20 @@ mod tests {
         let newer = lease(1_000_000, tenant, "requested");
         views.insert(views.generation(), [newer.clone()]);
         assert_eq!(views.len(), MAX_CACHED_LEASE_VIEWS);
-        assert!(views.get(&ended.view.id).is_none(), "the ended one went");
-        assert!(views.get(&oldest.view.id).is_some());
+        assert!(
+            views.get(&ended.lease.view.id).is_none(),
+            "the ended one went"
+        );
+        assert!(views.get(&oldest.lease.view.id).is_some());
         let newest = lease(1_000_001, tenant, "requested");
         views.insert(views.generation(), [newest.clone()]);
-        assert!(views.get(&oldest.view.id).is_none(), "then the oldest");
-        assert!(views.get(&newer.view.id).is_some() && views.get(&newest.view.id).is_some());
+        assert!(
+            views.get(&oldest.lease.view.id).is_none(),
+            "then the oldest"
+        );
+        assert!(
+            views.get(&newer.lease.view.id).is_some() && views.get(&newest.lease.view.id).is_some()
+        );
         assert_eq!(views.len(), MAX_CACHED_LEASE_VIEWS);
     }
 
@@ -431,7 +441,7 @@ mod tests {
         let stale = lease(1, Uuid::nil(), "running");
         views.insert(before, [stale.clone()]);
         views.fill_index(before, None, vec![stale.clone()]);
-        assert!(views.get(&stale.view.id).is_none());
+        assert!(views.get(&stale.lease.view.id).is_none());
         assert!(views.page(None, i64::MAX, 10).is_none());
     }
 
@@ -468,8 +478,11 @@ mod tests {
         views.fill_index(views.generation(), Some(tenant), newest.clone());
         let page = views.page(Some(tenant), i64::MAX, 3).unwrap();
         assert_eq!(
-            page.iter().map(|l| l.view.id).collect::<Vec<_>>(),
-            newest[..4].iter().map(|l| l.view.id).collect::<Vec<_>>()
+            page.iter().map(|l| l.lease.view.id).collect::<Vec<_>>(),
+            newest[..4]
+                .iter()
+                .map(|l| l.lease.view.id)
+                .collect::<Vec<_>>()
         );
         // The last three of the index cannot tell what comes after them.
         assert!(views.page(Some(tenant), 103, 3).is_none());
@@ -495,7 +508,7 @@ mod tests {
         ];
         for cursor in [None, Some(1)] {
             let page = LeasePage {
-                items: items.iter().map(|l| l.view.clone()).collect(),
+                items: items.iter().map(|l| l.lease.view.clone()).collect(),
                 next_cursor: cursor.map(|c: i64| c.to_string()),
             };
             assert_eq!(

@@ -124,7 +124,7 @@ const KEPT_MONTHS: u32 = 13;
 
 /// First instant of the month `period` (`YYYY-MM`) and of the next one.
 pub fn month_bounds(period: &str) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
-    let (year, month) = lh_rpc::invoice::parse_period(period).ok()?;
+    let (year, month) = lh_rpc::charges::parse_period(period).ok()?;
     let start = NaiveDate::from_ymd_opt(year, month, 1)?;
     let next = if month == 12 {
         NaiveDate::from_ymd_opt(year + 1, 1, 1)?

@@ -9,7 +9,7 @@ mod queries;
 mod writes;
 
 pub use queries::{
-    cost_report, lines_between, list_documents, read_document, read_invoice, what_if,
+    cost_report, lines_between, list_documents, read_charge_statement, read_document, what_if,
 };
 pub use writes::InvoiceProjector;
 

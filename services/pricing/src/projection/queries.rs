@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::what_if::{WhatIf, WhatIfError, MAX_WHAT_IF_CHARGES};
 
+use lh_rpc::charges::{parse_period, ChargeLine, ChargeStatement, ChargeStatementRequest};
 use lh_rpc::cost_report::{parse_week, CostReport, CostReportRequest, TierCost};
-use lh_rpc::invoice::{parse_period, Invoice, InvoiceLine, InvoiceRequest};
 use lh_rpc::invoice_document::{
     invoice_id, money, Credit, DocumentList, DocumentRequest, DocumentStatus, DocumentSummary,
     InvoiceDocument, Line, ListRequest, MAX_LIST_LIMIT,
@@ -34,9 +34,12 @@ type LineRow = (
     i32,
 );
 
-/// The invoice of `request` as the projection holds it. Errors are
+/// The charges of `request` as the projection holds them. Errors are
 /// messages for the RPC caller.
-pub async fn read_invoice(pool: &PgPool, request: &InvoiceRequest) -> Result<Invoice, String> {
+pub async fn read_charge_statement(
+    pool: &PgPool,
+    request: &ChargeStatementRequest,
+) -> Result<ChargeStatement, String> {
     parse_period(&request.period)?;
     let rows: Vec<LineRow> = sqlx::query_as(
         "SELECT lease_id, tier, gpus, vram_gb, billed_seconds, unit_price, amount,
@@ -55,7 +58,7 @@ pub async fn read_invoice(pool: &PgPool, request: &InvoiceRequest) -> Result<Inv
     })?;
     let lines = rows
         .into_iter()
-        .map(|r| InvoiceLine {
+        .map(|r| ChargeLine {
             lease_id: r.0,
             tier: r.1,
             gpus: r.2 as u32,
@@ -70,7 +73,7 @@ pub async fn read_invoice(pool: &PgPool, request: &InvoiceRequest) -> Result<Inv
             price_book_version: r.9 as u32,
         })
         .collect();
-    Ok(Invoice::new(
+    Ok(ChargeStatement::new(
         request.tenant_id,
         request.period.clone(),
         lh_domain::rating::CURRENCY.to_string(),

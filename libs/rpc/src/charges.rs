@@ -1,11 +1,12 @@
 //! A month's charges, one line each, as pricing answers them on
-//! [`INVOICE_SUBJECT`] (`GET /v1/charges`), shared with the gateway (which
-//! puts these types into its OpenAPI document) and any client that wants to
-//! check its [`Invoice::content_hash`]. Issued invoices and notes are
-//! [`crate::invoice_document`].
+//! [`CHARGES_SUBJECT`] (`GET /v1/charges`): a statement of what was charged,
+//! not an invoice. It is shared with the gateway (which puts these types into
+//! its OpenAPI document) and any client that wants to check its
+//! [`ChargeStatement::content_hash`]. Issued invoices and notes are
+//! [`crate::invoice_document`], which hash the same canonical JSON.
 //!
 //! Pricing computes the lines; this module only says what travels and how it
-//! is hashed, so that a caller does not link pricing's SQL to read an invoice.
+//! is hashed, so that a caller does not link pricing's SQL to read its charges.
 //!
 //! Money is [`Decimal`] carried as JSON strings (`"1.00"`), never floats.
 //!
@@ -13,13 +14,13 @@
 //!
 //! `content_hash` is the lowercase hex SHA-256 of the *canonical JSON* of the
 //! object `{"tenant_id", "period", "currency", "lines", "total"}` (every field
-//! of the invoice except `content_hash` itself), where canonical JSON is:
+//! of the statement except `content_hash` itself), where canonical JSON is:
 //!
 //! * object keys sorted by their UTF-8 bytes, at every level;
 //! * no whitespace at all;
 //! * strings as `serde_json` writes them (only `"`, `\` and control
 //!   characters escaped); integers in plain decimal; no floats ever occur;
-//! * amounts and prices as decimal strings exactly as in the invoice
+//! * amounts and prices as decimal strings exactly as in the statement
 //!   (`"1.00"`, `"0.5"`), ids as lowercase hyphenated UUIDs, instants as
 //!   RFC 3339 UTC with `Z` and fractional seconds only when non-zero.
 //!
@@ -37,14 +38,14 @@ use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-/// NATS request/reply subject on which pricing answers invoice requests.
-pub const INVOICE_SUBJECT: &str = lh_events::subject::RPC_PRICING_INVOICE;
+/// NATS request/reply subject on which pricing answers for a month's charges.
+pub const CHARGES_SUBJECT: &str = lh_events::subject::RPC_PRICING_INVOICE;
 /// The one error text for a malformed period.
 pub const INVALID_PERIOD: &str = "period must be YYYY-MM";
 
-/// Asks for one tenant's invoice of one period.
+/// Asks for one tenant's charges of one period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct InvoiceRequest {
+pub struct ChargeStatementRequest {
     pub tenant_id: Uuid,
     /// UTC calendar month, `YYYY-MM`.
     #[schema(example = "2026-12")]
@@ -53,9 +54,9 @@ pub struct InvoiceRequest {
 
 /// One charge: what one lease cost within the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct InvoiceLine {
+pub struct ChargeLine {
     pub lease_id: Uuid,
-    /// `basic` or `spot`.
+    /// `basic`, `spot`, `performance` or `reserved`.
     #[schema(example = "basic")]
     pub tier: String,
     pub gpus: u32,
@@ -79,16 +80,16 @@ pub struct InvoiceLine {
     pub price_book_version: u32,
 }
 
-/// A tenant's invoice for one period.
+/// A tenant's charges of one period, with their total and content hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Invoice {
+pub struct ChargeStatement {
     pub tenant_id: Uuid,
     #[schema(example = "2026-12")]
     pub period: String,
     #[schema(example = "CNY")]
     pub currency: String,
     /// Ordered by (`from`, `lease_id`, charge id).
-    pub lines: Vec<InvoiceLine>,
+    pub lines: Vec<ChargeLine>,
     /// Sum of the line amounts, 2 places, as a decimal string.
     #[serde(with = "rust_decimal::serde::str")]
     #[schema(value_type = String, example = "1.00")]
@@ -97,11 +98,11 @@ pub struct Invoice {
     pub content_hash: String,
 }
 
-impl Invoice {
-    /// An invoice of `lines` (already in invoice order) with its total and hash.
-    pub fn new(tenant_id: Uuid, period: String, currency: String, lines: Vec<InvoiceLine>) -> Self {
+impl ChargeStatement {
+    /// A statement of `lines` (already in statement order) with its total and hash.
+    pub fn new(tenant_id: Uuid, period: String, currency: String, lines: Vec<ChargeLine>) -> Self {
         let total = total_of(&lines);
-        let mut invoice = Self {
+        let mut statement = Self {
             tenant_id,
             period,
             currency,
@@ -109,8 +110,8 @@ impl Invoice {
             total,
             content_hash: String::new(),
         };
-        invoice.content_hash = content_hash(&invoice);
-        invoice
+        statement.content_hash = content_hash(&statement);
+        statement
     }
 
     /// True when `total` and `content_hash` match the lines.
@@ -121,24 +122,24 @@ impl Invoice {
     }
 }
 
-/// Asks a running pricing service for one invoice (what the gateway calls).
+/// Asks a running pricing service for one statement (what the gateway calls).
 pub async fn call(
     bus: &Bus,
-    request: &InvoiceRequest,
+    request: &ChargeStatementRequest,
     timeout: Duration,
-) -> lh_bus::Result<Invoice> {
-    lh_bus::rpc::call(bus, INVOICE_SUBJECT, request, timeout).await
+) -> lh_bus::Result<ChargeStatement> {
+    lh_bus::rpc::call(bus, CHARGES_SUBJECT, request, timeout).await
 }
 
 /// Sum of the line amounts with exactly 2 decimal places.
-pub fn total_of(lines: &[InvoiceLine]) -> Decimal {
+pub fn total_of(lines: &[ChargeLine]) -> Decimal {
     let sum: Decimal = lines.iter().map(|l| l.amount).sum();
     lh_domain::rating::round_amount(sum)
 }
 
-/// The hash an invoice carries (see the module docs).
-pub fn content_hash(invoice: &Invoice) -> String {
-    let mut value = serde_json::to_value(invoice).expect("an invoice serialises");
+/// The hash a statement carries (see the module docs).
+pub fn content_hash(statement: &ChargeStatement) -> String {
+    let mut value = serde_json::to_value(statement).expect("a statement serialises");
     if let serde_json::Value::Object(map) = &mut value {
         map.remove("content_hash");
     }
@@ -210,9 +211,9 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
 
-    fn line(amount: &str) -> InvoiceLine {
+    fn line(amount: &str) -> ChargeLine {
         let t0 = Utc.with_ymd_and_hms(2026, 12, 2, 10, 0, 0).unwrap();
-        InvoiceLine {
+        ChargeLine {
             lease_id: Uuid::nil(),
             tier: "basic".into(),
             gpus: 2,
@@ -245,21 +246,21 @@ mod tests {
 
     #[test]
     fn money_travels_as_strings_with_two_places() {
-        let invoice = Invoice::new(
+        let statement = ChargeStatement::new(
             Uuid::nil(),
             "2026-12".into(),
             "CNY".into(),
             vec![line("1.00"), line("0.25")],
         );
-        let json = serde_json::to_value(&invoice).unwrap();
+        let json = serde_json::to_value(&statement).unwrap();
         assert_eq!(json["total"], "1.25");
         assert_eq!(json["lines"][0]["amount"], "1.00");
         assert_eq!(json["lines"][0]["unit_price"], "0.5");
         assert_eq!(json["lines"][0]["from"], "2026-12-02T10:00:00Z");
-        let empty = Invoice::new(Uuid::nil(), "2026-12".into(), "CNY".into(), vec![]);
+        let empty = ChargeStatement::new(Uuid::nil(), "2026-12".into(), "CNY".into(), vec![]);
         assert_eq!(serde_json::to_value(&empty).unwrap()["total"], "0.00");
-        let back: Invoice = serde_json::from_value(json).unwrap();
-        assert_eq!(back, invoice);
+        let back: ChargeStatement = serde_json::from_value(json).unwrap();
+        assert_eq!(back, statement);
         assert!(back.verify());
     }
 
@@ -274,27 +275,27 @@ mod tests {
 
     #[test]
     fn content_hash_covers_every_field_but_itself() {
-        let invoice = Invoice::new(
+        let statement = ChargeStatement::new(
             Uuid::nil(),
             "2026-12".into(),
             "CNY".into(),
             vec![line("1.00")],
         );
-        // Pinned: a change here changes every issued invoice's hash.
+        // Pinned: a change here changes every statement's hash.
         let canonical = r#"{"currency":"CNY","lines":[{"amount":"1.00","billed_seconds":90,"from":"2026-12-02T10:00:00Z","gpus":2,"lease_id":"00000000-0000-0000-0000-000000000000","price_book_version":1,"tier":"basic","to":"2026-12-02T10:01:30Z","unit_price":"0.5","vram_gb":80}],"period":"2026-12","tenant_id":"00000000-0000-0000-0000-000000000000","total":"1.00"}"#;
         assert_eq!(
-            invoice.content_hash,
+            statement.content_hash,
             hex::encode(Sha256::digest(canonical.as_bytes()))
         );
         // The worked example of docs/pricing.md.
         assert_eq!(
-            invoice.content_hash,
+            statement.content_hash,
             "e3d8043964ad4a7e29136fd540b305986019693285b2152e0eaf062859ae9081"
         );
-        let mut tampered = invoice.clone();
+        let mut tampered = statement.clone();
         tampered.lines[0].billed_seconds = 91;
         assert!(!tampered.verify());
-        let mut tampered = invoice.clone();
+        let mut tampered = statement.clone();
         tampered.total = "1.0".parse().unwrap();
         assert!(!tampered.verify());
     }
