@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use lh_bus::Expect;
-use lh_events::{Actor, Envelope, EventData, TenantSuspended};
+use lh_events::EventData;
 use lh_test_stack::{of_type, read_log, Stack, ADMIN_TOKEN, AUDITOR_TOKEN, FLEET};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -89,10 +88,7 @@ async fn an_erased_tenant_reads_as_erased_everywhere_while_its_log_still_verifie
     let EventData::TenantSuspended(e) = &suspended.envelope.data else {
         panic!()
     };
-    assert!(
-        e.reason.is_empty() && e.reason_sealed.as_deref().is_some_and(|s| !s.is_empty()),
-        "{e:?}"
-    );
+    assert!(!e.reason_sealed.is_empty(), "{e:?}");
     let (status, refused) = stack.call(Method::POST, &erase, ADMIN_TOKEN, None).await;
     assert_eq!(status, 409, "{refused}");
     assert!(refused.to_string().contains("not ended"), "{refused}");

@@ -342,8 +342,7 @@ pub async fn suspend(
         let key = sealing_key(&ctx, &tenant).await?;
         let data = EventData::TenantSuspended(TenantSuspended {
             tenant_id,
-            reason: String::new(),
-            reason_sealed: Some(seal::seal(&key, &reason)),
+            reason_sealed: seal::seal(&key, &reason),
             stop_leases: body.stop_leases,
         });
         append_to_tenant(&ctx, &caller, last, data).await?;
