@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Failover time against the stack that `make up` started: lease GPUs, kill
 # the node-agent that runs them with SIGKILL, and time until every one of
-# those leases runs on another node. Prints `failover_s=<seconds>`.
+# those leases runs on another node. Prints `failover_seconds=<seconds>`.
 #
 #   load-tests/failover.sh [LEASES]        (default 4 leases of 1 x A100-40GB)
 #
@@ -96,4 +96,4 @@ sleep 3
 if states | grep -q " $victim "; then
     die "a lease is back on $victim after it rejoined"
 fi
-echo "failover_s=$failover"
+echo "failover_seconds=$failover"

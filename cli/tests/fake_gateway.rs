@@ -655,7 +655,7 @@ async fn tenant_create_sends_the_idle_policy() {
     assert_eq!(out.code, EXIT_OK, "{}", out.stderr);
     assert_eq!(
         gw.requests()[0].json()["idle_policy"],
-        json!({"window_s": 600, "action": "suspend"})
+        json!({"window_seconds": 600, "action": "suspend"})
     );
     // One without the other is refused before any request.
     let out = gw
@@ -1030,7 +1030,7 @@ async fn reservations_are_created_and_listed() {
 #[tokio::test]
 async fn lease_usage_asks_for_the_window_and_prints_a_table_per_gpu() {
     let report = json!({
-        "from": "2026-12-03T00:00:00Z", "to": "2026-12-04T00:00:00Z", "step_secs": 3600,
+        "from": "2026-12-03T00:00:00Z", "to": "2026-12-04T00:00:00Z", "step_seconds": 3600,
         "series": [
             {"lease_id": "L1", "tenant_id": "T1", "node_id": "sim-a", "gpu_index": 0,
              "gpu_uuid": "GPU-aaa", "points": [
@@ -1383,7 +1383,7 @@ async fn report_daily_reads_a_fleet_s_usage_node_by_node_when_one_answer_cannot_
                     200,
                     json!({
                         "from": "2026-12-03T00:00:00Z", "to": "2026-12-04T00:00:00Z",
-                        "step_secs": 3600,
+                        "step_seconds": 3600,
                         "series": [{
                             "lease_id": uuid::Uuid::from_u128(7), "tenant_id": uuid::Uuid::from_u128(1),
                             "node_id": node, "gpu_index": 0, "gpu_uuid": format!("GPU-{node}"),

@@ -332,7 +332,7 @@ fn series(
 /// The usage API's answer for the day (`step=3600`).
 fn usage() -> serde_json::Value {
     json!({
-        "from": at(0, 0, 0).to_rfc3339(), "to": at(24, 0, 0).to_rfc3339(), "step_secs": 3600,
+        "from": at(0, 0, 0).to_rfc3339(), "to": at(24, 0, 0).to_rfc3339(), "step_seconds": 3600,
         "series": [
             // n-a/0 (40 GiB): 100 % at 00h, 50 % at 01h.
             series(lease(1), T1, "n-a", 0, vec![point(0, 40960.0, Some(80.0)), point(1, 20480.0, Some(60.0))]),

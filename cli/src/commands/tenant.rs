@@ -29,10 +29,12 @@ pub(crate) async fn run(
                     max_vram_gb: None,
                 },
                 weight: None,
-                idle_policy: t
-                    .idle_window_secs
-                    .zip(t.idle_action)
-                    .map(|(window_s, action)| IdlePolicyBody { window_s, action }),
+                idle_policy: t.idle_window_secs.zip(t.idle_action).map(
+                    |(window_seconds, action)| IdlePolicyBody {
+                        window_seconds,
+                        action,
+                    },
+                ),
                 trusted: t.trusted,
             };
             let tenant = gw.post(&["v1", "tenants"], &body, &[]).await?;

@@ -97,7 +97,7 @@ pub(crate) fn lease_usage(report: &Value) -> String {
         "from {} to {}, every {} s\n",
         text(report, "from"),
         text(report, "to"),
-        text(report, "step_secs")
+        text(report, "step_seconds")
     );
     if series.is_empty() {
         out.push_str("no usage in this window\n");

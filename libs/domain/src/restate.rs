@@ -416,7 +416,7 @@ mod tests {
                     node_id: "a".into(),
                     gpu_index: 0,
                     passed,
-                    duration_s: 1.0,
+                    duration_seconds: 1.0,
                     detail: String::new(),
                     at: Utc.timestamp_opt(0, 0).unwrap(),
                 }),

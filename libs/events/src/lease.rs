@@ -336,10 +336,10 @@ pub struct LeaseIdleDetected {
     pub lease_id: Uuid,
     pub node_id: String,
     pub idle_since: DateTime<Utc>,
-    pub window_s: u64,
+    pub window_seconds: u64,
     /// What the tenant's policy does about it: `notify`, `stop` or `suspend`.
     pub action: IdleAction,
-    /// When the agent saw it (`idle_since + window_s` at the earliest).
+    /// When the agent saw it (`idle_since + window_seconds` at the earliest).
     pub at: DateTime<Utc>,
 }
 

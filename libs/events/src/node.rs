@@ -206,7 +206,7 @@ pub struct HealthEvidence {
     pub ecc_double_bit_total: Option<u64>,
     /// How long the condition held, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_s: Option<f64>,
+    pub window_seconds: Option<f64>,
     /// Clean samples in a row that brought the GPU back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clean_samples: Option<u32>,
@@ -234,7 +234,7 @@ pub struct NodeGpuSelfTested {
     pub node_id: String,
     pub gpu_index: u32,
     pub passed: bool,
-    pub duration_s: f64,
+    pub duration_seconds: f64,
     pub detail: String,
     pub at: DateTime<Utc>,
 }

@@ -38,7 +38,7 @@ pub struct TenantCreated {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct IdlePolicy {
     /// Seconds of zero GPU utilisation before the lease counts as idle.
-    pub window_s: u64,
+    pub window_seconds: u64,
     pub action: IdleAction,
 }
 

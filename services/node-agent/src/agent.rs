@@ -312,7 +312,7 @@ impl NodeAgent {
             },
             LeaseStep::EndUnmoved { exit_code, .. } => {
                 tracing::warn!(lease = %lease_id, code = ?exit_code,
-                    wait_s = self.state.fault_hold.move_wait.as_secs(),
+                    wait_secs = self.state.fault_hold.move_wait.as_secs(),
                     "workload died with its GPU unhealthy, but no move came in time: the lease fails");
                 Transition::Ended {
                     reason: EndReason::Failed,

@@ -125,53 +125,53 @@ fn a_scripted_run_gives_exactly_these_transitions() {
         r#"
         # GPU 0: hot from second 15 (40 → 92 °C over 10..15), cool at 60.
         [[fault]]
-        after_s = 10
+        after_secs = 10
         gpu = 0
         kind = "temperature"
         to_c = 92
-        over_s = 5
+        over_secs = 5
         [[fault]]
-        after_s = 60
+        after_secs = 60
         gpu = 0
         kind = "recover"
 
         # GPU 1: memory full from 5, then off the bus at 50, back at 100.
         [[fault]]
-        after_s = 5
+        after_secs = 5
         gpu = 1
         kind = "memory"
         to_pct = 97
         [[fault]]
-        after_s = 50
+        after_secs = 50
         gpu = 1
         kind = "xid"
         code = 79
         [[fault]]
-        after_s = 100
+        after_secs = 100
         gpu = 1
         kind = "recover"
 
         # XID 13 on GPU 2 (a lease holds it) and on GPU 3 (none does).
         [[fault]]
-        after_s = 30
+        after_secs = 30
         gpu = 2
         kind = "xid"
         code = 13
         [[fault]]
-        after_s = 31
+        after_secs = 31
         gpu = 3
         kind = "xid"
         code = 13
 
         # GPU 3: an uncorrectable ECC error at 40.
         [[fault]]
-        after_s = 40
+        after_secs = 40
         gpu = 3
         kind = "ecc_double_bit"
 
         # The node stops at 140.
         [[fault]]
-        after_s = 140
+        after_secs = 140
         kind = "node_stop"
         "#,
         "scripted run",

@@ -21,7 +21,7 @@ fn one_gpu_node(id: &str, faults: Option<&str>) -> String {
 
 /// A fault script that holds GPU 0 at 0 % utilisation from the start.
 const IDLE_FROM_THE_START: &str =
-    "[[fault]]\nafter_s = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n";
+    "[[fault]]\nafter_secs = 0\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n";
 
 /// A bare stack over node-a and node-b, one GPU each, each with its fault
 /// script (`None`: no faults).
@@ -82,19 +82,19 @@ async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
     let mut stack = two_nodes(
         r#"
         [[fault]]
-        after_s = 5
+        after_secs = 5
         gpu = 0
         kind = "xid"
         code = 79
         [[fault]]
-        after_s = 7
+        after_secs = 7
         gpu = 0
         kind = "recover"
         [[fault]]
-        after_s = 10
+        after_secs = 10
         kind = "node_stop"
         [[fault]]
-        after_s = 15
+        after_secs = 15
         kind = "recover"
         "#,
         None,
@@ -173,7 +173,7 @@ async fn a_gpu_that_falls_off_the_bus_moves_its_lease_and_earns_its_way_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_workload_killed_by_a_gpu_fault_is_moved_not_failed() {
     let mut stack = two_nodes(
-        "[[fault]]\nafter_s = 6\ngpu = 0\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
+        "[[fault]]\nafter_secs = 6\ngpu = 0\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
         None,
     )
     .await;
@@ -269,7 +269,7 @@ async fn a_workload_killed_by_a_gpu_fault_is_moved_not_failed() {
 async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     let mut stack = two_nodes(
         IDLE_FROM_THE_START,
-        Some("[[fault]]\nafter_s = 8\ngpu = 0\nkind = \"xid\"\ncode = 13\n"),
+        Some("[[fault]]\nafter_secs = 8\ngpu = 0\nkind = \"xid\"\ncode = 13\n"),
     )
     .await;
     for name in ["scheduler", "pricing", "audit", "gateway"] {
@@ -279,7 +279,7 @@ async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     let tenant = stack
         .create_tenant_from(
             json!({"name": "idler", "email": "ops@idler.example", "quota": {"max_gpus": 2},
-                   "idle_policy": {"window_s": 2, "action": "stop"}}),
+                   "idle_policy": {"window_seconds": 2, "action": "stop"}}),
         )
         .await;
     assert_eq!(tenant["idle_policy"]["action"], "stop");
@@ -289,12 +289,12 @@ async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     // A bad policy names its field.
     for (policy, status, field) in [
         (
-            json!({"window_s": 0, "action": "stop"}),
+            json!({"window_seconds": 0, "action": "stop"}),
             422,
-            "idle_policy.window_s",
+            "idle_policy.window_seconds",
         ),
         (
-            json!({"window_s": 60, "action": "hibernate"}),
+            json!({"window_seconds": 60, "action": "hibernate"}),
             400,
             "idle_policy.action",
         ),
@@ -387,7 +387,7 @@ async fn idle_leases_are_reclaimed_by_policy_and_busy_ones_report_usage() {
     };
     assert_eq!(report.lease_id.to_string(), idle);
     assert_eq!(report.action, IdleAction::Stop);
-    assert_eq!(report.window_s, 2);
+    assert_eq!(report.window_seconds, 2);
     assert!(report.at - report.idle_since >= chrono::Duration::seconds(2));
     let started: chrono::DateTime<chrono::Utc> = idle_running["started_at"]
         .as_str()
@@ -420,12 +420,12 @@ async fn self_tests_fail_a_hot_gpu_and_bring_it_back_once_cool() {
         "faults-a.toml",
         r#"
         [[fault]]
-        after_s = 0
+        after_secs = 0
         gpu = 1
         kind = "temperature"
         to_c = 92
         [[fault]]
-        after_s = 4
+        after_secs = 4
         gpu = 1
         kind = "recover"
         "#,
@@ -608,7 +608,7 @@ async fn an_idle_lease_is_suspended_resumed_elsewhere_and_billed_per_run() {
     let tenant = stack
         .create_tenant_from(
             json!({"name": "sleeper", "email": "ops@sleeper.example", "quota": {"max_gpus": 1},
-                   "idle_policy": {"window_s": 2, "action": "suspend"}}),
+                   "idle_policy": {"window_seconds": 2, "action": "suspend"}}),
         )
         .await;
     let key = tenant["api_key"].as_str().unwrap().to_string();

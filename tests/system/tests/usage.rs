@@ -155,7 +155,7 @@ async fn a_lease_s_usage_is_what_its_node_published_and_only_its_tenant_reads_it
     let path = path.replace('+', "%2B");
     let (s, report) = get(&stack, &path, &key_a).await;
     assert_eq!(s, 200, "{report}");
-    assert_eq!(report["step_secs"], 60);
+    assert_eq!(report["step_seconds"], 60);
     let series = report["series"].as_array().unwrap();
     assert_eq!(series.len(), 2, "one series per GPU: {report}");
     for one in series {

@@ -30,7 +30,7 @@ pub struct CreateTenant {
 #[serde(deny_unknown_fields)]
 pub struct IdlePolicyBody {
     /// Seconds of zero utilisation, 1 to 604800 (a week).
-    pub window_s: u64,
+    pub window_seconds: u64,
     /// `notify` (an event only), `stop` (the lease is stopped) or
     /// `suspend` (its GPUs are freed until `POST /v1/leases/{id}/resume`).
     #[schema(value_type = String, example = "notify")]
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn a_request_naming_an_unknown_field_is_refused_at_every_level() {
         let refused = |json: &str| serde_json::from_str::<CreateTenant>(json).is_err();
-        let ok = r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_s":60,"action":"notify"}}"#;
+        let ok = r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_seconds":60,"action":"notify"}}"#;
         assert!(!refused(ok));
         assert!(refused(
             r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"colour":"red"}"#
@@ -129,7 +129,7 @@ mod tests {
             r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1,"colour":"red"}}"#
         ));
         assert!(refused(
-            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_s":60,"action":"notify","colour":"red"}}"#
+            r#"{"name":"a","email":"a@b.c","quota":{"max_gpus":1},"idle_policy":{"window_seconds":60,"action":"notify","colour":"red"}}"#
         ));
     }
 }

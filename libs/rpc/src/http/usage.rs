@@ -11,7 +11,7 @@ use uuid::Uuid;
 pub struct UsageReport {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
-    pub step_secs: u32,
+    pub step_seconds: u32,
     /// Ordered by node, GPU index and lease.
     pub series: Vec<UsageSeries>,
 }

@@ -21,7 +21,7 @@ pub struct ApiError {
     pub detail: String,
     pub field: Option<String>,
     /// Seconds after which a retry may succeed (`Retry-After`).
-    pub retry_after_s: Option<u32>,
+    pub retry_after_secs: Option<u32>,
 }
 
 /// What a client is told to wait before retrying while PostgreSQL or NATS
@@ -41,7 +41,7 @@ impl ApiError {
             title,
             detail: detail.into(),
             field: None,
-            retry_after_s: None,
+            retry_after_secs: None,
         }
     }
 
@@ -120,7 +120,7 @@ impl ApiError {
     }
 
     pub fn retry_after(mut self, seconds: u32) -> Self {
-        self.retry_after_s = Some(seconds);
+        self.retry_after_secs = Some(seconds);
         self
     }
 
@@ -193,7 +193,7 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let Some(seconds) = self.retry_after_s {
+        if let Some(seconds) = self.retry_after_secs {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));

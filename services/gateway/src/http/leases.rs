@@ -24,7 +24,7 @@ use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
 pub use lh_domain::lease::{MAX_IDEMPOTENCY_KEY_LEN, MAX_PRIORITY, MAX_WORKLOAD_ITEMS};
 
 /// What a tenant at its limit of waiting leases is told to wait, in seconds.
-pub const PENDING_RETRY_AFTER_S: u32 = 10;
+pub const PENDING_RETRY_AFTER_SECS: u32 = 10;
 pub const DEFAULT_PAGE: u32 = 50;
 pub const MAX_PAGE: u32 = 500;
 // A first page is answered from the rows that fill the list's index.
@@ -37,7 +37,7 @@ fn invalid(e: Invalid) -> ApiError {
         InvalidKind::Unacceptable => ApiError::unprocessable(e.detail, &e.field),
         InvalidKind::OverLimit => ApiError::too_many_requests(e.detail)
             .field(e.field)
-            .retry_after(PENDING_RETRY_AFTER_S),
+            .retry_after(PENDING_RETRY_AFTER_SECS),
     }
 }
 
@@ -510,7 +510,7 @@ mod tests {
         assert_eq!(unacceptable.slug, "invalid-field");
         let over = problem(InvalidKind::OverLimit);
         assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(over.retry_after_s, Some(PENDING_RETRY_AFTER_S));
+        assert_eq!(over.retry_after_secs, Some(PENDING_RETRY_AFTER_SECS));
         for e in [malformed, unacceptable] {
             assert_eq!(
                 (e.field.as_deref(), e.detail.as_str()),

@@ -25,7 +25,7 @@ use crate::seal;
 pub const MAX_QUOTA_GPUS: u32 = 100_000;
 
 /// Longest idle window a tenant may set.
-pub const MAX_IDLE_WINDOW_S: u64 = 7 * 24 * 3600;
+pub const MAX_IDLE_WINDOW_SECS: u64 = 7 * 24 * 3600;
 
 /// Largest fair-share weight.
 pub const MAX_WEIGHT: u32 = 1000;
@@ -52,11 +52,11 @@ fn validate(body: &CreateTenant) -> Result<(), ApiError> {
     validate_quota(&body.quota, body.weight)?;
     if body
         .idle_policy
-        .is_some_and(|p| p.window_s == 0 || p.window_s > MAX_IDLE_WINDOW_S)
+        .is_some_and(|p| p.window_seconds == 0 || p.window_seconds > MAX_IDLE_WINDOW_SECS)
     {
         return Err(ApiError::unprocessable(
-            format!("idle_policy.window_s must be 1 to {MAX_IDLE_WINDOW_S}"),
-            "idle_policy.window_s",
+            format!("idle_policy.window_seconds must be 1 to {MAX_IDLE_WINDOW_SECS}"),
+            "idle_policy.window_seconds",
         ));
     }
     Ok(())
@@ -115,7 +115,7 @@ pub async fn create(
         },
         weight: body.weight.unwrap_or(1),
         idle_policy: body.idle_policy.map(|p| IdlePolicy {
-            window_s: p.window_s,
+            window_seconds: p.window_seconds,
             action: p.action,
         }),
         trusted: body.trusted,

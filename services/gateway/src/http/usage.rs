@@ -284,7 +284,7 @@ async fn report(
     Ok(UsageReport {
         from: window.from,
         to: window.to,
-        step_secs: window.step_secs,
+        step_seconds: window.step_secs,
         series: series.into_values().collect(),
     })
 }

@@ -241,7 +241,7 @@ impl GpuTracker {
                 }
                 let reason = format!("{} for {} s", why.join(" and "), held.as_secs_f64());
                 let evidence = Evidence {
-                    window_s: Some(held.as_secs_f64()),
+                    window_seconds: Some(held.as_secs_f64()),
                     ..evidence
                 };
                 self.go(GpuHealth::Degraded, reason, evidence, now)

@@ -126,7 +126,7 @@ impl GpuSide {
             usage_every: Duration::from_secs(args.usage_interval_secs),
             last_usage: None,
             idle_default: IdlePolicy {
-                window_s: args.idle_window_secs,
+                window_seconds: args.idle_window_secs,
                 action: args.idle_action,
             },
             self_tests,
@@ -354,7 +354,7 @@ impl GpuSide {
                 node_id: out.node_id.clone(),
                 gpu_index: f.gpu_index,
                 passed: f.passed,
-                duration_s: f.duration.as_secs_f64(),
+                duration_seconds: f.duration.as_secs_f64(),
                 detail: f.detail.clone(),
                 at: f.at,
             });
@@ -451,7 +451,7 @@ impl GpuSide {
             .tenant_id
             .and_then(|t| policies.get(&t).copied())
             .unwrap_or(self.idle_default);
-        let window = Duration::from_secs(policy.window_s);
+        let window = Duration::from_secs(policy.window_seconds);
         let Some(idle_since) = lease.idle.observe(usage, window, at) else {
             return false;
         };
@@ -466,7 +466,7 @@ impl GpuSide {
             lease_id,
             node_id: out.node_id.clone(),
             idle_since,
-            window_s: policy.window_s,
+            window_seconds: policy.window_seconds,
             action: policy.action,
             at,
         });

@@ -97,7 +97,7 @@ fn hot_degrades_only_after_the_whole_window() {
     let x = tr.observe(&sample(85, 10, 0), t(30)).unwrap();
     assert_eq!((x.from, x.to), (GpuHealth::Healthy, GpuHealth::Degraded));
     assert_eq!(x.evidence.temperature_c, Some(85));
-    assert_eq!(x.evidence.window_s, Some(30.0));
+    assert_eq!(x.evidence.window_seconds, Some(30.0));
     assert_eq!(x.at, t(30));
     assert!(
         x.reason.contains("temperature 85 °C ≥ 85 °C for 30 s"),

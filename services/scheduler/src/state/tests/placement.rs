@@ -58,7 +58,7 @@ fn observations_on_a_lease_count_toward_the_sequence_its_writes_expect() {
             lease_id: l1,
             node_id: from.clone(),
             idle_since: t0,
-            window_s: 300,
+            window_seconds: 300,
             action: lh_events::IdleAction::Notify,
             at: t0,
         })),

@@ -308,12 +308,12 @@ mod tests {
         )
         .unwrap();
         let script = |text: &str| std::fs::write(dir.path().join("faults.toml"), text).unwrap();
-        script("[[fault]]\nafter_s = 1\ngpu = 1\nkind = \"xid\"\ncode = 79\n");
+        script("[[fault]]\nafter_secs = 1\ngpu = 1\nkind = \"xid\"\ncode = 79\n");
         let f = FleetFile::load(&fleet).unwrap();
         let faults = f.node("n", &fleet).unwrap().fault_script(&fleet).unwrap();
         assert_eq!(faults.unwrap().faults.len(), 1);
         // A script that names a GPU the node lacks fails the load.
-        script("[[fault]]\nafter_s = 1\ngpu = 2\nkind = \"xid\"\ncode = 79\n");
+        script("[[fault]]\nafter_secs = 1\ngpu = 2\nkind = \"xid\"\ncode = 79\n");
         let err = FleetFile::load(&fleet).unwrap_err().to_string();
         assert!(err.contains("gpu 2 but the node has 2 GPUs"), "{err}");
         std::fs::remove_file(dir.path().join("faults.toml")).unwrap();

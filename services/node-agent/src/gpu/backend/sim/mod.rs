@@ -1,21 +1,21 @@
 //! The simulated backend: the GPUs of a fleet-file node, healthy and idle
 //! unless a fault script says otherwise.
 //!
-//! A fault script is a TOML file of `[[fault]]` entries, each `after_s`
+//! A fault script is a TOML file of `[[fault]]` entries, each `after_secs`
 //! seconds from the backend's start (see `docs/gpu-backends.md` and
 //! `dev/faults.toml`):
 //!
 //! ```toml
 //! [[fault]]
-//! after_s = 10
+//! after_secs = 10
 //! gpu = 0
-//! kind = "temperature"   # ramps to to_c over over_s, stays there
+//! kind = "temperature"   # ramps to to_c over over_secs, stays there
 //! to_c = 92
-//! over_s = 5
+//! over_secs = 5
 //! ```
 //!
-//! Kinds: `temperature` (`to_c`, `over_s`), `memory` (`to_pct`, `over_s`),
-//! `utilization` (`to_pct`, `over_s`: what the GPU reads whether or not a
+//! Kinds: `temperature` (`to_c`, `over_secs`), `memory` (`to_pct`, `over_secs`),
+//! `utilization` (`to_pct`, `over_secs`: what the GPU reads whether or not a
 //! lease holds it; `to_pct = 0` makes a held GPU look idle),
 //! `xid` (`code`; 79 also makes the GPU fall off the bus: no more samples),
 //! `ecc_double_bit` (the counter goes up by one and an event fires),
@@ -380,13 +380,13 @@ mod tests {
         let (b, _) = backend(
             r#"
             [[fault]]
-            after_s = 10
+            after_secs = 10
             gpu = 1
             kind = "temperature"
             to_c = 90
-            over_s = 5
+            over_secs = 5
             [[fault]]
-            after_s = 30
+            after_secs = 30
             gpu = 1
             kind = "recover"
             "#,
@@ -403,7 +403,8 @@ mod tests {
 
     #[test]
     fn memory_goes_to_its_share_of_vram() {
-        let (b, _) = backend("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"memory\"\nto_pct = 97\n");
+        let (b, _) =
+            backend("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"memory\"\nto_pct = 97\n");
         let s = b.sample(at(1.0)).unwrap();
         assert_eq!(
             s[0].memory_used_mib,
@@ -417,12 +418,12 @@ mod tests {
         let (b, clock) = backend(
             r#"
             [[fault]]
-            after_s = 5
+            after_secs = 5
             gpu = 0
             kind = "xid"
             code = 79
             [[fault]]
-            after_s = 20
+            after_secs = 20
             gpu = 0
             kind = "recover"
             "#,
@@ -454,7 +455,7 @@ mod tests {
 
     #[test]
     fn ecc_fault_fires_an_event_and_moves_the_counter() {
-        let (b, clock) = backend("[[fault]]\nafter_s = 3\ngpu = 1\nkind = \"ecc_double_bit\"\n");
+        let (b, clock) = backend("[[fault]]\nafter_secs = 3\ngpu = 1\nkind = \"ecc_double_bit\"\n");
         clock.set(at(3.0));
         let e = b.wait_events(Duration::ZERO).unwrap();
         assert_eq!(e[0].kind, GpuEventKind::EccDoubleBit);
@@ -468,7 +469,7 @@ mod tests {
     fn a_fault_that_kills_workloads_kills_those_on_its_gpu_only() {
         use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
         let (b, clock) = backend(
-            "[[fault]]\nafter_s = 3\ngpu = 1\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
+            "[[fault]]\nafter_secs = 3\ngpu = 1\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
         );
         let spawn = || {
             std::process::Command::new("sleep")
@@ -491,7 +492,7 @@ mod tests {
     #[test]
     fn node_stop_fails_every_call_until_recovered() {
         let (b, clock) = backend(
-            "[[fault]]\nafter_s = 2\nkind = \"node_stop\"\n[[fault]]\nafter_s = 9\nkind = \"recover\"\n",
+            "[[fault]]\nafter_secs = 2\nkind = \"node_stop\"\n[[fault]]\nafter_secs = 9\nkind = \"recover\"\n",
         );
         assert!(b.sample(at(1.0)).is_ok());
         let err = b.sample(at(2.0)).unwrap_err();
@@ -507,7 +508,7 @@ mod tests {
         // On the wall clock, an event 50 ms out arrives well before a
         // 5-second timeout.
         let script = FaultScript::parse(
-            "[[fault]]\nafter_s = 0.05\ngpu = 0\nkind = \"xid\"\ncode = 13\n",
+            "[[fault]]\nafter_secs = 0.05\ngpu = 0\nkind = \"xid\"\ncode = 13\n",
             "test",
         )
         .unwrap();
@@ -522,26 +523,28 @@ mod tests {
     #[test]
     fn scripts_are_checked() {
         let bad = |text: &str| FaultScript::parse(text, "f.toml").unwrap_err().to_string();
-        let e = bad("[[fault]]\nafter_s = 1\nkind = \"xid\"\ncode = 79\n");
+        let e = bad("[[fault]]\nafter_secs = 1\nkind = \"xid\"\ncode = 79\n");
         assert!(e.contains("fault 1") && e.contains("needs a gpu"), "{e}");
-        let e = bad("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"temperature\"\n");
+        let e = bad("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"temperature\"\n");
         assert!(e.contains("to_c"), "{e}");
-        let e = bad("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"xid\"\ncode = 1\nto_c = 3\n");
+        let e = bad("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"xid\"\ncode = 1\nto_c = 3\n");
         assert!(e.contains("to_c does not apply"), "{e}");
-        let e = bad("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"meltdown\"\n");
+        let e = bad("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"meltdown\"\n");
         assert!(e.contains("meltdown"), "{e}");
-        let e = bad("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"memory\"\nto_pct = 120\n");
+        let e = bad("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"memory\"\nto_pct = 120\n");
         assert!(e.contains("0..=100"), "{e}");
-        let e = bad("[[fault]]\nafter_s = -1\ngpu = 0\nkind = \"ecc_double_bit\"\n");
-        assert!(e.contains("after_s"), "{e}");
-        let e = bad("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"node_stop\"\n");
+        let e = bad("[[fault]]\nafter_secs = -1\ngpu = 0\nkind = \"ecc_double_bit\"\n");
+        assert!(e.contains("after_secs"), "{e}");
+        let e = bad("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"node_stop\"\n");
         assert!(e.contains("takes no gpu"), "{e}");
-        let e = bad("[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"recover\"\ncolour = 1\n");
+        let e = bad("[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"recover\"\ncolour = 1\n");
         assert!(e.contains("colour"), "{e}");
 
-        let script =
-            FaultScript::parse("[[fault]]\nafter_s = 1\ngpu = 2\nkind = \"recover\"\n", "f")
-                .unwrap();
+        let script = FaultScript::parse(
+            "[[fault]]\nafter_secs = 1\ngpu = 2\nkind = \"recover\"\n",
+            "f",
+        )
+        .unwrap();
         let e = SimBackend::new(node(2), script, t0(), SystemClock::shared())
             .err()
             .unwrap()

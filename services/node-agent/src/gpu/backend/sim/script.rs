@@ -78,12 +78,12 @@ struct ScriptFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFault {
-    after_s: f64,
+    after_secs: f64,
     gpu: Option<u32>,
     kind: RawKind,
     to_c: Option<u32>,
     to_pct: Option<f64>,
-    over_s: Option<f64>,
+    over_secs: Option<f64>,
     code: Option<u64>,
     kills_workloads: Option<bool>,
 }
@@ -106,11 +106,11 @@ impl RawFault {
             Duration::try_from_secs_f64(s)
                 .map_err(|_| format!("{what} must be a number ≥ 0, got {s}"))
         };
-        let after = seconds("after_s", self.after_s)?;
+        let after = seconds("after_secs", self.after_secs)?;
         // Each kind takes exactly its own fields: a stray one is a typo.
         let allowed: &[&str] = match self.kind {
-            RawKind::Temperature => &["to_c", "over_s"],
-            RawKind::Memory | RawKind::Utilization => &["to_pct", "over_s"],
+            RawKind::Temperature => &["to_c", "over_secs"],
+            RawKind::Memory | RawKind::Utilization => &["to_pct", "over_secs"],
             RawKind::Xid => &["code", "kills_workloads"],
             RawKind::EccDoubleBit => &["kills_workloads"],
             RawKind::NodeStop | RawKind::Recover => &[],
@@ -118,7 +118,7 @@ impl RawFault {
         let given = [
             ("to_c", self.to_c.is_some()),
             ("to_pct", self.to_pct.is_some()),
-            ("over_s", self.over_s.is_some()),
+            ("over_secs", self.over_secs.is_some()),
             ("code", self.code.is_some()),
             ("kills_workloads", self.kills_workloads.is_some()),
         ];
@@ -131,7 +131,7 @@ impl RawFault {
             (kind, None) => return Err(format!("kind {kind:?} needs a gpu")),
             _ => {}
         }
-        let over = seconds("over_s", self.over_s.unwrap_or(0.0))?;
+        let over = seconds("over_secs", self.over_secs.unwrap_or(0.0))?;
         let action = match self.kind {
             RawKind::Temperature => FaultAction::Temperature {
                 to_c: self.to_c.ok_or("temperature needs to_c")?,
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn faults_are_ordered_by_time() {
         let s = FaultScript::parse(
-            "[[fault]]\nafter_s = 9\ngpu = 0\nkind = \"recover\"\n[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"ecc_double_bit\"\n",
+            "[[fault]]\nafter_secs = 9\ngpu = 0\nkind = \"recover\"\n[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"ecc_double_bit\"\n",
             "f",
         )
         .unwrap();
@@ -245,13 +245,13 @@ mod tests {
     #[test]
     fn only_a_gpu_fault_kills_workloads() {
         let s = FaultScript::parse(
-            "[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
+            "[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n",
             "f",
         )
         .unwrap();
         assert!(s.faults[0].kills_workloads);
         let e = FaultScript::parse(
-            "[[fault]]\nafter_s = 1\ngpu = 0\nkind = \"temperature\"\nto_c = 90\nkills_workloads = true\n",
+            "[[fault]]\nafter_secs = 1\ngpu = 0\nkind = \"temperature\"\nto_c = 90\nkills_workloads = true\n",
             "f",
         )
         .unwrap_err()
