@@ -81,8 +81,9 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
     messages: &[&FeedItem],
 ) -> sqlx::Result<()> {
     let skew = chrono::Duration::seconds(projector.node_clock_skew_secs());
-    // Where a node's times were off, the event as held; `None` elsewhere.
-    let held: Vec<Option<Stored>> = messages
+    // Where a node's times were off, the event as held; `None` elsewhere
+    // (boxed: a backlog's transaction holds thousands of mostly `None`s).
+    let held: Vec<Option<Box<Stored>>> = messages
         .iter()
         .map(|message| match message {
             FeedItem::Event(event) => held_to_the_log(event, skew),
@@ -92,7 +93,7 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
     let mut run: Vec<&Stored> = Vec::new();
     for (message, held) in messages.iter().zip(&held) {
         match message {
-            FeedItem::Event(event) => run.push(held.as_ref().unwrap_or(event)),
+            FeedItem::Event(event) => run.push(held.as_deref().unwrap_or(event)),
             FeedItem::Skipped(skipped) => {
                 apply_run(conn, projector, &mut run).await?;
                 record_skip(conn, projector.name(), skipped).await?
@@ -106,13 +107,13 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
 /// it, where they were off (`lh_events::node_time`): a projection shows the
 /// times the bills count, and a node's clock, wrong or lying, moves neither
 /// by more than the skew.
-fn held_to_the_log(event: &Stored, skew: chrono::Duration) -> Option<Stored> {
+fn held_to_the_log(event: &Stored, skew: chrono::Duration) -> Option<Box<Stored>> {
     match event.envelope.held_to_the_log(event.stored_at, skew) {
         Cow::Borrowed(_) => None,
-        Cow::Owned(envelope) => Some(Stored {
+        Cow::Owned(envelope) => Some(Box::new(Stored {
             envelope,
             ..event.clone()
-        }),
+        })),
     }
 }
 
