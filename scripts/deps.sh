@@ -27,6 +27,8 @@
 #   - postgres_exporter (its pg_* names, which the platform dashboard reads,
 #     are checked against a real scrape in tests/system/tests/metrics.rs),
 #     from the machine's `prometheus-postgres-exporter` package (as root only).
+#   - wrk (load-tests/api-rate.sh drives the gateway with it), from the
+#     machine's `wrk` package (as root only).
 #
 # Idempotent; prints nothing when everything is present.
 set -euo pipefail
@@ -148,6 +150,11 @@ if [ -n "$FOR_TESTS" ] && ! command -v prometheus-postgres-exporter >/dev/null &
     else
         missing+=("prometheus-postgres-exporter")
     fi
+fi
+
+# --- wrk ---
+if [ -n "$FOR_TESTS" ] && ! command -v wrk >/dev/null; then
+    if is_root; then apt_install --no-install-recommends wrk; else missing+=("wrk"); fi
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
