@@ -208,3 +208,17 @@ pub fn tenant_created(tenant_id: uuid::Uuid, max_gpus: u32) -> lh_events::Envelo
     });
     Envelope::new(Actor::Admin, chrono::Utc::now(), data)
 }
+
+/// An event as its writer would append it: a node registers itself, a
+/// tenant asks for its leases, an operator does the rest. Readers refuse an
+/// event from an actor that may not write it, so a harness that appended
+/// every event as the operator would measure a scheduler that places nothing.
+pub fn as_its_writer(data: lh_events::EventData) -> lh_events::Envelope {
+    use lh_events::{Actor, Envelope, EventData};
+    let actor = match &data {
+        EventData::NodeRegistered(n) => Actor::Node(n.node_id.clone()),
+        EventData::LeaseRequested(r) => Actor::Tenant(r.tenant_id),
+        _ => Actor::Admin,
+    };
+    Envelope::new(actor, chrono::Utc::now(), data)
+}

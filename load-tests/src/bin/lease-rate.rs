@@ -12,10 +12,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use clap::Parser;
 use lh_bus::{Bus, BusConfig, Expect};
 use lh_events::*;
+use lh_load_tests::as_its_writer;
 use lh_service::CancellationToken;
 use uuid::Uuid;
 
@@ -35,10 +35,6 @@ struct Args {
     writers: usize,
 }
 
-fn envelope(data: EventData) -> Envelope {
-    Envelope::new(Actor::Admin, Utc::now(), data)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -50,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     for n in 0..args.nodes {
         let node_id = format!("node-{n:04}");
         bus.publish(
-            &envelope(EventData::NodeRegistered(fixtures::node(
+            &as_its_writer(EventData::NodeRegistered(fixtures::node(
                 &node_id,
                 &format!("z{}", n % 3),
                 8,
@@ -63,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let tenant = Uuid::now_v7();
     bus.publish(
-        &envelope(EventData::TenantCreated(fixtures::tenant(
+        &as_its_writer(EventData::TenantCreated(fixtures::tenant(
             tenant, 1_000_000,
         ))),
         Expect::Any,
@@ -78,7 +74,7 @@ async fn main() -> anyhow::Result<()> {
         tasks.push(tokio::spawn(async move {
             for _ in 0..share {
                 let lease_id = Uuid::now_v7();
-                let request = envelope(EventData::LeaseRequested(fixtures::whole_request(
+                let request = as_its_writer(EventData::LeaseRequested(fixtures::whole_request(
                     lease_id,
                     tenant,
                     1,

@@ -38,7 +38,7 @@ use chrono::{DateTime, Utc};
 use clap::Parser;
 use lh_bus::{Bus, BusConfig};
 use lh_events::*;
-use lh_load_tests::{Appender, NatsServer};
+use lh_load_tests::{as_its_writer, Appender, NatsServer};
 use uuid::Uuid;
 
 /// GPUs of each node (whole A100-40GB).
@@ -74,17 +74,6 @@ struct Args {
     /// pass, with the engine it kept (0: none).
     #[arg(long, default_value_t = 1_000)]
     warm: usize,
-}
-
-/// An event as its writer would append it: a node registers itself, a
-/// tenant asks for its leases, an administrator creates the tenant.
-fn envelope(data: EventData) -> Envelope {
-    let actor = match &data {
-        EventData::NodeRegistered(n) => Actor::Node(n.node_id.clone()),
-        EventData::LeaseRequested(r) => Actor::Tenant(r.tenant_id),
-        _ => Actor::Admin,
-    };
-    Envelope::new(actor, Utc::now(), data)
 }
 
 /// The scheduler binary, stopped when dropped.
@@ -282,7 +271,7 @@ async fn append_requests(
     for _ in 0..count {
         let lease_id = Uuid::now_v7();
         ids.insert(lease_id);
-        out.append(&envelope(EventData::LeaseRequested(
+        out.append(&as_its_writer(EventData::LeaseRequested(
             fixtures::whole_request(lease_id, tenant, 1, fixtures::MODEL),
         )))
         .await?;
@@ -302,17 +291,19 @@ async fn warm_pass(
     (tenant, count): (Uuid, usize),
     limit: Duration,
 ) -> anyhow::Result<()> {
-    out.append(&envelope(EventData::TenantSuspended(TenantSuspended {
-        tenant_id: tenant,
-        reason_sealed: String::new(),
-        stop_leases: false,
-    })))
+    out.append(&as_its_writer(EventData::TenantSuspended(
+        TenantSuspended {
+            tenant_id: tenant,
+            reason_sealed: String::new(),
+            stop_leases: false,
+        },
+    )))
     .await?;
     out.flush().await?;
     let ids = append_requests(out, tenant, count).await?;
     read_queued(bus, &ids, limit).await?;
     let before = scheduler.passes()?.len();
-    out.append(&envelope(EventData::TenantResumed(TenantResumed {
+    out.append(&as_its_writer(EventData::TenantResumed(TenantResumed {
         tenant_id: tenant,
     })))
     .await?;
@@ -436,7 +427,7 @@ async fn main() -> anyhow::Result<()> {
     let fleet_start = Instant::now();
     for n in 0..args.nodes {
         let node_id = format!("node-{n:05}");
-        out.append(&envelope(EventData::NodeRegistered(fixtures::node(
+        out.append(&as_its_writer(EventData::NodeRegistered(fixtures::node(
             &node_id,
             &format!("z{}", n % 3),
             GPUS_PER_NODE,
@@ -447,7 +438,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let tenant = Uuid::now_v7();
     let max_gpus = u32::try_from(args.queued + args.warm + args.leases)?;
-    out.append(&envelope(EventData::TenantCreated(fixtures::tenant(
+    out.append(&as_its_writer(EventData::TenantCreated(fixtures::tenant(
         tenant, max_gpus,
     ))))
     .await?;
