@@ -223,8 +223,10 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         front: Default::default(),
         usage: Default::default(),
     };
+    run_as(&args.root, "gateway");
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;
     let pricing = lh_pricing::Config::for_test(&args.nats, &args.database_url);
+    run_as(&args.root, "pricing");
     let p = lh_pricing::rebuild(&pricing, "pricing_chaos", false, |_, _| {}).await?;
     let differing: Vec<_> = g
         .tables
@@ -239,6 +241,20 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         );
     }
     Ok(differing.len())
+}
+
+/// A rebuild reads what its service reads, and `make up`'s NATS lets each
+/// user read only that: the gateway's rebuild reads usage from the
+/// telemetry stream, which the auditor may not, and the server answers a
+/// refused lookup with silence, a timeout. So each rebuild connects as its
+/// own service when `make up`'s keys are there. The clients are done by
+/// now: nothing else reads the environment while it changes.
+fn run_as(root: &Path, user: &str) {
+    let seed = root.join(format!(".data/nats/auth/keys/{user}.nk"));
+    if seed.exists() {
+        std::env::set_var("LH_NATS_USER", user);
+        std::env::set_var("LH_NATS_NKEY_SEED_FILE", seed);
+    }
 }
 
 /// Services not ready (by their `/readyz`), plus one for an audit
