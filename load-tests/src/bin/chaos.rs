@@ -129,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
     report.dead = dead(&http, &args.gateway, &admin, &bus).await + stuck.len();
     eprintln!("chaos: events {:?}", chaos::event_counts(&log));
     for (lease, events) in chaos::charge_mismatches(&log).iter().take(5) {
-        eprintln!("chaos: lease {lease} is not charged once per run:");
+        eprintln!("chaos: lease {lease} is not charged once per hour of its runs:");
         for e in events {
             eprintln!("chaos:   {e}");
         }

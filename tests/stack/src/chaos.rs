@@ -235,14 +235,17 @@ pub fn check_log(log: &[Stored], accepted: &[(Uuid, String)]) -> Report {
 }
 
 /// The runs of each lease that last a moment or more, replayed from the
-/// log: what pricing must charge, one line each. A run starts at the
+/// log: what pricing must charge. Pricing writes one line per lease and
+/// UTC hour of billable time (ADR 014), however many runs fall in that
+/// hour, so a lease owes a line for each hour its runs touch. A run starts at the
 /// node's `lease.started` and ends at the lease's end, its suspension, or
 /// its move away (billed until the old node was last heard, which may be
 /// before the start was reported: then the run bills nothing).
 #[derive(Default)]
 struct Runs {
     open: HashMap<Uuid, chrono::DateTime<chrono::Utc>>,
-    billable: HashMap<Uuid, usize>,
+    /// The UTC hours (seconds since the epoch / 3,600) with billable time.
+    billable: HashMap<Uuid, HashSet<i64>>,
 }
 
 impl Runs {
@@ -259,13 +262,19 @@ impl Runs {
         };
         if let Some(start) = self.open.remove(&lease) {
             if end > start {
-                *self.billable.entry(lease).or_default() += 1;
+                // The end is not billed, so a run ending on the hour
+                // owes nothing to the hour it ends on.
+                let first = start.timestamp().div_euclid(3_600);
+                let last = (end - chrono::Duration::nanoseconds(1))
+                    .timestamp()
+                    .div_euclid(3_600);
+                self.billable.entry(lease).or_default().extend(first..=last);
             }
         }
     }
 
     fn billable(&self, lease: &Uuid) -> usize {
-        self.billable.get(lease).copied().unwrap_or(0)
+        self.billable.get(lease).map_or(0, HashSet::len)
     }
 }
 
