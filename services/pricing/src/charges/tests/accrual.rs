@@ -21,6 +21,20 @@ fn charge_until(
     }
 }
 
+/// The market's price of the fixtures' model in `zone` from `at`.
+fn spot_price(at: DateTime<Utc>, zone: &str, price: &str) -> Envelope {
+    let mut e = env(EventData::SpotPriceSet(SpotPriceSet {
+        zone: zone.into(),
+        gpu_model: fixtures::MODEL.into(),
+        price_cny_per_gb_hour: price.parse().unwrap(),
+        utilisation: Decimal::ZERO,
+        gpus_total: 8,
+        gpus_used: 0,
+    }));
+    e.occurred_at = at;
+    e
+}
+
 fn total(charges: &[ChargeAccrued]) -> String {
     charges
         .iter()
@@ -142,18 +156,7 @@ fn spot_follows_the_market_of_its_zone_and_model() {
     let mut events = vec![env(EventData::PriceBookPublished(
         rating::default_price_book(t(0, 0, 0)),
     ))];
-    let price = |at: DateTime<Utc>, zone: &str, p: &str| {
-        let mut e = env(EventData::SpotPriceSet(SpotPriceSet {
-            zone: zone.into(),
-            gpu_model: fixtures::MODEL.into(),
-            price_cny_per_gb_hour: p.parse().unwrap(),
-            utilisation: Decimal::ZERO,
-            gpus_total: 8,
-            gpus_used: 0,
-        }));
-        e.occurred_at = at;
-        e
-    };
+    let price = spot_price;
     events.push(price(t(9, 0, 0), "z", "0.1"));
     events.push(price(t(9, 0, 0), "elsewhere", "9"));
     let mut lifecycle = lease_events(lease, t(10, 0, 0), t(11, 30, 0), EndReason::Stopped);
@@ -192,18 +195,7 @@ fn a_book_or_a_spot_price_out_of_bounds_is_not_charged_with() {
             .collect(),
     });
     events.push(env(EventData::PriceBookPublished(long)));
-    let price = |at: DateTime<Utc>, p: &str| {
-        let mut e = env(EventData::SpotPriceSet(SpotPriceSet {
-            zone: "z".into(),
-            gpu_model: fixtures::MODEL.into(),
-            price_cny_per_gb_hour: p.parse().unwrap(),
-            utilisation: Decimal::ZERO,
-            gpus_total: 8,
-            gpus_used: 0,
-        }));
-        e.occurred_at = at;
-        e
-    };
+    let price = |at: DateTime<Utc>, p: &str| spot_price(at, "z", p);
     events.push(price(t(9, 0, 0), "0.1"));
     events.push(price(t(10, 15, 0), "100000000000000000000000000"));
     events.push(price(t(10, 30, 0), "-5"));

@@ -234,6 +234,18 @@ fn the_fold_remembers_a_bounded_number_of_charged_leases() {
     assert!(f.is_charged(Uuid::from_u128(2)));
 }
 
+/// `lease` moved off node n1, lost, billed until `billing_ends_at`.
+fn lost_on_n1(lease: Uuid, billing_ends_at: DateTime<Utc>) -> Envelope {
+    env(EventData::LeaseMigrated(LeaseMigrated {
+        lease_id: lease,
+        reason: "node n1 lost".into(),
+        from_node_id: "n1".into(),
+        from_gpu_indices: vec![0, 1],
+        billing_ends_at,
+        to: None,
+    }))
+}
+
 #[test]
 fn a_migrated_lease_is_billed_per_run_without_overlap() {
     let lease = Uuid::from_u128(1);
@@ -243,14 +255,7 @@ fn a_migrated_lease_is_billed_per_run_without_overlap() {
     events.extend(run);
     // The node was last heard at 10:01:30; the lease ran again from
     // 10:01:34 on another node until 10:05:00.
-    events.push(env(EventData::LeaseMigrated(LeaseMigrated {
-        lease_id: lease,
-        reason: "node n1 lost".into(),
-        from_node_id: "n1".into(),
-        from_gpu_indices: vec![0, 1],
-        billing_ends_at: t(10, 1, 30),
-        to: None,
-    })));
+    events.push(lost_on_n1(lease, t(10, 1, 30)));
     events.push(env(EventData::LeaseStarted(LeaseStarted {
         lease_id: lease,
         node_id: "n2".into(),
@@ -278,14 +283,7 @@ fn a_migrated_lease_is_billed_per_run_without_overlap() {
     let mut run = lease_events(lease, t(10, 0, 0), t(10, 5, 0), EndReason::Cancelled);
     let ended = run.pop().unwrap();
     events.extend(run);
-    events.push(env(EventData::LeaseMigrated(LeaseMigrated {
-        lease_id: lease,
-        reason: "node n1 lost".into(),
-        from_node_id: "n1".into(),
-        from_gpu_indices: vec![0, 1],
-        billing_ends_at: t(10, 1, 30),
-        to: None,
-    })));
+    events.push(lost_on_n1(lease, t(10, 1, 30)));
     events.push(ended);
     let Plan::Publish(bill) = fold(&events).plan_until(lease, LATER) else {
         panic!("expected a bill")
