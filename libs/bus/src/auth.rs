@@ -404,7 +404,7 @@ mod tests {
             .publish
             .contains(&"lh.evt.node.gpu-1.registered.node-gpu-1".to_string()));
         assert!(p.publish.contains(&"lh.tel.heartbeat.gpu-1".to_string()));
-        assert!(p.publish.contains(&"lh.tel.usage.gpu-1.>".to_string()));
+        assert!(p.publish.contains(&"lh.tel.usage.gpu-1.*".to_string()));
         assert!(!p.publish.iter().any(|s| s.contains("placed")));
         assert!(!p.publish.iter().any(|s| s.contains("gpu-2")));
         assert!(p.subscribe.contains(&"_INBOX_node-gpu-1.>".to_string()));

@@ -18,6 +18,20 @@ use crate::Bus;
 
 /// Retention of heartbeats and usage samples.
 pub const TELEMETRY_MAX_AGE: Duration = Duration::from_secs(48 * 3600);
+/// Most bytes the telemetry stream holds; past it the oldest samples go
+/// (`discard: old`): one node flooding it costs history, never the disk
+/// the business log shares.
+pub const TELEMETRY_MAX_BYTES: i64 = 1024 * 1024 * 1024;
+/// Largest heartbeat or usage sample the telemetry stream stores (one
+/// sample of 64 GPUs is about 13 KiB).
+pub const TELEMETRY_MAX_MESSAGE_BYTES: i32 = 64 * 1024;
+/// Most samples kept per subject (one node's heartbeats, one lease's usage
+/// on one node): a lease's 48 hours of usage at one sample each 5 s is
+/// 34,560.
+pub const TELEMETRY_MAX_MESSAGES_PER_SUBJECT: i64 = 40_000;
+/// Largest event the business log stores: a restatement of a long-lived
+/// lease is the largest legitimate one.
+pub const EVENTS_MAX_MESSAGE_BYTES: i32 = 1024 * 1024;
 /// JetStream's duplicate window for `Nats-Msg-Id`.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
 
@@ -79,6 +93,7 @@ pub fn events_stream_config(max_bytes: i64, replicas: usize, max_age: Duration) 
         max_age,
         max_bytes,
         discard: DiscardPolicy::New,
+        max_message_size: EVENTS_MAX_MESSAGE_BYTES,
         deny_delete: true,
         deny_purge: true,
         allow_rollup: false,
@@ -98,6 +113,9 @@ fn telemetry_stream_config(replicas: usize) -> StreamConfig {
         storage: StorageType::File,
         retention: RetentionPolicy::Limits,
         max_age: TELEMETRY_MAX_AGE,
+        max_bytes: TELEMETRY_MAX_BYTES,
+        max_message_size: TELEMETRY_MAX_MESSAGE_BYTES,
+        max_messages_per_subject: TELEMETRY_MAX_MESSAGES_PER_SUBJECT,
         discard: DiscardPolicy::Old,
         num_replicas: replicas,
         ..Default::default()
@@ -221,10 +239,28 @@ impl Bus {
                 problems: problems.join("; "),
             });
         }
-        self.js
-            .get_or_create_stream(telemetry_stream_config(config.replicas))
+        let wanted = telemetry_stream_config(config.replicas);
+        let mut telemetry = self
+            .js
+            .get_or_create_stream(wanted.clone())
             .await
             .map_err(js_err)?;
+        let have = telemetry.info().await.map_err(js_err)?.config.clone();
+        // A stream made before the limits were set gets them: unbounded, one
+        // node could fill the disk the business log is on.
+        let unbounded =
+            have.max_bytes <= 0 || have.max_message_size <= 0 || have.max_messages_per_subject <= 0;
+        if unbounded {
+            let bounded = StreamConfig {
+                max_bytes: wanted.max_bytes,
+                max_message_size: wanted.max_message_size,
+                max_messages_per_subject: wanted.max_messages_per_subject,
+                ..have
+            };
+            if let Err(e) = self.js.update_stream(bounded).await {
+                tracing::warn!(error = %e, "the telemetry stream's limits cannot be set; it is kept as it is");
+            }
+        }
         Ok(())
     }
 

@@ -68,12 +68,13 @@ impl Bus {
 
     /// The newest telemetry sample of every subject matching `filter` that
     /// the stream still holds (for example every node's last heartbeat), at
-    /// most `max_subjects` of them.
+    /// most `max_subjects` of them, each with its subject: the subject, not
+    /// the payload, says who sent it.
     pub async fn last_telemetry_each(
         &self,
         filter: &str,
         max_subjects: usize,
-    ) -> Result<Vec<Vec<u8>>> {
+    ) -> Result<Vec<(String, Vec<u8>)>> {
         let stream = self
             .js
             .get_stream(subject::TELEMETRY_STREAM)
@@ -107,7 +108,7 @@ impl Bus {
                 break;
             }
         }
-        Ok(samples.into_values().collect())
+        Ok(samples.into_iter().collect())
     }
 
     /// Live telemetry samples on `filter`, as they are published.

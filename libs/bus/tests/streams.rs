@@ -196,13 +196,17 @@ async fn the_last_telemetry_sample_of_each_subject() {
             .last_telemetry_each(subject::HEARTBEATS_ALL, 10)
             .await
             .unwrap();
-        if last.contains(&b"c1".to_vec()) {
+        if last.contains(&(subject::heartbeat("c"), b"c1".to_vec())) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     last.sort();
-    assert_eq!(last, vec![b"a1".to_vec(), b"b1".to_vec(), b"c1".to_vec()]);
+    let expected: Vec<(String, Vec<u8>)> = ["a", "b", "c"]
+        .iter()
+        .map(|n| (subject::heartbeat(n), format!("{n}1").into_bytes()))
+        .collect();
+    assert_eq!(last, expected);
     let capped = bus
         .last_telemetry_each(subject::HEARTBEATS_ALL, 2)
         .await

@@ -2,6 +2,7 @@
 //! in as arguments, so the simulators, benchmarks and services all drive the
 //! same code.
 //!
+//! * [`authority`]: who may act on an aggregate now.
 //! * [`catalog`]: the GPU models the platform knows, with their MIG geometry.
 //! * [`fleet`]: the GPU fleet as the log describes it.
 //! * [`lease`]: what a tenant may request, stop and resume.
@@ -11,6 +12,7 @@
 //! * [`chain_check`]: verifying the log and its signed checkpoints from the
 //!   stream alone, as an auditor does.
 
+pub mod authority;
 pub mod catalog;
 pub mod chain;
 pub mod chain_check;

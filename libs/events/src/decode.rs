@@ -39,6 +39,10 @@ pub enum SkipReason {
     /// An event whose actor is not among the publishers the owner table
     /// allows for its type (`subject::OWNERS`).
     NotOwner,
+    /// An event its publisher may write in general but not here and now:
+    /// a node's report on a lease not placed on it, a tenant's request on
+    /// another's lease (`lh_domain::authority`).
+    NotAuthorized,
 }
 
 impl SkipReason {
@@ -50,6 +54,7 @@ impl SkipReason {
             SkipReason::BadPayload => "bad_payload",
             SkipReason::WrongSubject => "wrong_subject",
             SkipReason::NotOwner => "not_owner",
+            SkipReason::NotAuthorized => "not_authorized",
         }
     }
 }

@@ -151,12 +151,18 @@ pub fn ended(
     }
 }
 
+/// The node a fixture's node event is by where its payload names none.
+pub const FIXTURE_NODE: &str = "fixture-node";
+
 /// An actor that may publish `data` (the first of its type's owners): what
 /// a test that stands in for a service or a node publishes as, so that
 /// readers do not skip its events as foreign.
 pub fn owner_of(data: &EventData) -> Actor {
     match crate::subject::owners(data.event_type()).first() {
-        Some(crate::subject::Publisher::Node) => Actor::Node("fixture-node".into()),
+        // A node reports only on itself.
+        Some(crate::subject::Publisher::Node) => {
+            Actor::Node(data.reporting_node().unwrap_or(FIXTURE_NODE).into())
+        }
         Some(service) => match service.service_name() {
             Some("gateway") | None => Actor::Admin,
             Some(name) => Actor::Service(format!("lh-{name}")),

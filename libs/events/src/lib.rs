@@ -101,6 +101,25 @@ events! {
     "quote.issued" v=1 => QuoteIssued @ quote(quote_id), tenant_id = tenant_id;
 }
 
+impl EventData {
+    /// The node a node's report names as the one that saw it: a node may
+    /// report only on itself. `None` for an event no node writes, and for
+    /// a report that names none (a stop; an end the scheduler wrote).
+    pub fn reporting_node(&self) -> Option<&str> {
+        match self {
+            EventData::LeaseStarted(e) => Some(&e.node_id),
+            EventData::LeaseEnded(e) => e.node_id.as_deref(),
+            EventData::LeaseSuspended(e) => Some(&e.node_id),
+            EventData::LeaseGpuFault(e) => Some(&e.node_id),
+            EventData::LeaseIdleDetected(e) => Some(&e.node_id),
+            EventData::NodeRegistered(e) => Some(&e.node_id),
+            EventData::NodeGpuHealthChanged(e) => Some(&e.node_id),
+            EventData::NodeGpuSelfTested(e) => Some(&e.node_id),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,6 +65,9 @@ fn node_time(
         {
             node_time(e.ended_at)
         }
+        // The scheduler's own end is its word, but no end, anyone's, is
+        // later than it was stored: nothing bills ahead of the log.
+        EventData::LeaseEnded(e) => Some((e.ended_at, e.ended_at.min(stored_at))),
         EventData::LeaseSuspended(e) => node_time(e.suspended_at),
         EventData::NodeGpuHealthChanged(e) => node_time(e.at),
         // The scheduler works it out from a node's times (its last
@@ -256,15 +259,25 @@ mod tests {
         // The scheduler's end of a lease no node runs is its own.
         let mut own_end = fixtures::ended(lease, "n1", ago(3600), EndReason::Failed);
         own_end.node_id = None;
-        let own_end = Envelope::new(
-            Actor::Service("scheduler".into()),
-            stored(),
-            EventData::LeaseEnded(own_end),
-        );
+        let own_end = |ended_at| {
+            let mut e = own_end.clone();
+            e.ended_at = ended_at;
+            Envelope::new(
+                Actor::Service("scheduler".into()),
+                stored(),
+                EventData::LeaseEnded(e),
+            )
+        };
         assert!(matches!(
-            own_end.held_to_the_log(stored(), skew()),
+            own_end(ago(3600)).held_to_the_log(stored(), skew()),
             Cow::Borrowed(_)
         ));
+        // Never later than it was stored: a century ahead bills nothing.
+        let ahead = own_end(stored() + chrono::Duration::days(36_500));
+        match &ahead.held_to_the_log(stored(), skew()).data {
+            EventData::LeaseEnded(e) => assert_eq!(e.ended_at, stored()),
+            other => panic!("{other:?}"),
+        }
         // A move's last billed instant may be long before it was stored,
         // never after.
         let moved = |billing_ends_at| {

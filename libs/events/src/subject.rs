@@ -187,7 +187,7 @@ pub fn usage(node_id: &str, lease_id: Uuid) -> String {
 
 /// Every usage sample `node_id` reports.
 pub fn usage_of_node(node_id: &str) -> String {
-    format!("lh.tel.usage.{}.>", token(node_id))
+    format!("lh.tel.usage.{}.*", token(node_id))
 }
 
 /// Usage samples of `lease_id` from whichever node reported them.

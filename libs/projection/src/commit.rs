@@ -6,9 +6,13 @@
 
 use std::borrow::Cow;
 
+use chrono::{DateTime, Utc};
 use lh_bus::{FeedItem, Sample, Skipped, Stored};
+use lh_domain::authority::{Authority, LeaseHold};
+use lh_events::SkipReason;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument;
+use uuid::Uuid;
 
 use crate::stream::Item;
 use crate::{Projector, Result};
@@ -74,47 +78,165 @@ pub(crate) async fn apply_batch<P: Projector>(
 }
 
 /// What [`Projector::apply_messages`] does unless a projection says
-/// otherwise: runs of events applied, each skipped message recorded.
+/// otherwise: each event judged (its node times held to the log, then the
+/// authority rule), runs of events applied, and each message stepped over
+/// recorded, the refused ones included.
 pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
     projector: &P,
     conn: &mut PgConnection,
     messages: &[&FeedItem],
 ) -> sqlx::Result<()> {
     let skew = chrono::Duration::seconds(projector.node_clock_skew_secs());
-    // Where a node's times were off, the event as held; `None` elsewhere
-    // (boxed: a backlog's transaction holds thousands of mostly `None`s).
-    let held: Vec<Option<Box<Stored>>> = messages
+    let leases = leases_of(messages);
+    let mut authority = load_holds(conn, projector.name(), &leases).await?;
+    let judged: Vec<Judged> = messages
         .iter()
-        .map(|message| match message {
-            FeedItem::Event(event) => held_to_the_log(event, skew),
-            FeedItem::Skipped(_) => None,
-        })
+        .map(|message| judge(&mut authority, projector.name(), message, skew))
         .collect();
+    store_holds(conn, projector.name(), &leases, &authority).await?;
     let mut run: Vec<&Stored> = Vec::new();
-    for (message, held) in messages.iter().zip(&held) {
-        match message {
-            FeedItem::Event(event) => run.push(held.as_deref().unwrap_or(event)),
-            FeedItem::Skipped(skipped) => {
-                apply_run(conn, projector, &mut run).await?;
-                record_skip(conn, projector.name(), skipped).await?
-            }
+    for (message, judged) in messages.iter().zip(&judged) {
+        let skipped = match (message, judged) {
+            (FeedItem::Event(_), Judged::Refused(skipped)) => Some(&**skipped),
+            (FeedItem::Skipped(skipped), _) => Some(skipped),
+            _ => None,
+        };
+        if let Some(skipped) = skipped {
+            apply_run(conn, projector, &mut run).await?;
+            record_skip(conn, projector.name(), skipped).await?;
+            continue;
+        }
+        match (message, judged) {
+            (FeedItem::Event(event), Judged::AsStored) => run.push(event),
+            (FeedItem::Event(_), Judged::Taken(taken)) => run.push(taken),
+            _ => {}
         }
     }
     apply_run(conn, projector, &mut run).await
 }
 
-/// The event with the times its node reported held to when the log stored
-/// it, where they were off (`lh_events::node_time`): a projection shows the
-/// times the bills count, and a node's clock, wrong or lying, moves neither
-/// by more than the skew.
-fn held_to_the_log(event: &Stored, skew: chrono::Duration) -> Option<Box<Stored>> {
-    match event.envelope.held_to_the_log(event.stored_at, skew) {
-        Cow::Borrowed(_) => None,
-        Cow::Owned(envelope) => Some(Box::new(Stored {
+/// How a projection takes one message of the log. Boxed: a backlog's
+/// transaction holds thousands, nearly all `AsStored`.
+enum Judged {
+    AsStored,
+    /// With its node times held to the log or put in order.
+    Taken(Box<Stored>),
+    /// Its publisher may not write it now (`lh_domain::authority`).
+    Refused(Box<Skipped>),
+}
+
+/// Judges one message as the decide loop does (`lh_service::decider`), so
+/// that a view shows what the services obeyed and the times the bills
+/// count: a node's clock, wrong or lying, moves neither by more than the
+/// skew, and a node's word on a lease not placed on it moves nothing.
+fn judge(
+    authority: &mut Authority,
+    projection: &str,
+    message: &FeedItem,
+    skew: chrono::Duration,
+) -> Judged {
+    let FeedItem::Event(event) = message else {
+        return Judged::AsStored;
+    };
+    match authority.admit_stored(&event.envelope, event.stored_at, Some(skew)) {
+        Ok(Cow::Borrowed(_)) => Judged::AsStored,
+        Ok(Cow::Owned(envelope)) => Judged::Taken(Box::new(Stored {
             envelope,
             ..event.clone()
         })),
+        Err(why) => Judged::Refused(Box::new(event.clone().refused(
+            projection,
+            SkipReason::NotAuthorized,
+            why.0,
+        ))),
     }
+}
+
+/// The leases the events of `messages` are on, each once.
+fn leases_of(messages: &[&FeedItem]) -> Vec<Uuid> {
+    let mut leases: Vec<Uuid> = messages
+        .iter()
+        .filter_map(|m| match m {
+            FeedItem::Event(e) => e.envelope.data.lease_id(),
+            FeedItem::Skipped(_) => None,
+        })
+        .collect();
+    leases.sort_unstable();
+    leases.dedup();
+    leases
+}
+
+/// The authority rule's holds of `leases`, as this projection's last
+/// transaction left them.
+async fn load_holds(
+    conn: &mut PgConnection,
+    projection: &str,
+    leases: &[Uuid],
+) -> sqlx::Result<Authority> {
+    let mut authority = Authority::default();
+    if leases.is_empty() {
+        return Ok(authority);
+    }
+    type Row = (Uuid, Option<Uuid>, Option<String>, Option<DateTime<Utc>>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT lease_id, tenant_id, node_id, started_at FROM lease_holds
+         WHERE projection = $1 AND lease_id = ANY($2)",
+    )
+    .bind(projection)
+    .bind(leases)
+    .fetch_all(conn)
+    .await?;
+    for (lease_id, tenant_id, node_id, started_at) in rows {
+        let hold = LeaseHold {
+            tenant_id,
+            node_id,
+            started_at,
+        };
+        authority.set_hold(lease_id, Some(hold));
+    }
+    Ok(authority)
+}
+
+/// Keeps the holds of `leases` as `authority` has them now: a lease that
+/// ended has none.
+async fn store_holds(
+    conn: &mut PgConnection,
+    projection: &str,
+    leases: &[Uuid],
+    authority: &Authority,
+) -> sqlx::Result<()> {
+    if leases.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("DELETE FROM lease_holds WHERE projection = $1 AND lease_id = ANY($2)")
+        .bind(projection)
+        .bind(leases)
+        .execute(&mut *conn)
+        .await?;
+    let (mut ids, mut tenants, mut nodes, mut starts) = (vec![], vec![], vec![], vec![]);
+    for (lease_id, hold) in authority.holds_of(leases.iter().copied()) {
+        if let Some(hold) = hold {
+            ids.push(lease_id);
+            tenants.push(hold.tenant_id);
+            nodes.push(hold.node_id.clone());
+            starts.push(hold.started_at);
+        }
+    }
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO lease_holds (projection, lease_id, tenant_id, node_id, started_at)
+         SELECT $1, * FROM UNNEST($2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[])",
+    )
+    .bind(projection)
+    .bind(&ids)
+    .bind(&tenants)
+    .bind(&nodes)
+    .bind(&starts)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Applies a run of consecutive events and empties it.

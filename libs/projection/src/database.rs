@@ -110,6 +110,28 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
     )
     .execute(pool)
     .await?;
+    // What the authority rule knows of each lease that has not ended, as
+    // of the projection's offset (`commit::apply_events_recording_skips`).
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS lease_holds (
+            projection TEXT NOT NULL,
+            lease_id UUID NOT NULL,
+            tenant_id UUID,
+            node_id TEXT,
+            started_at TIMESTAMPTZ,
+            PRIMARY KEY (projection, lease_id)
+        )",
+    )
+    .execute(pool)
+    .await?;
+    // An offset row from before the holds were kept: its projection's
+    // leases have none, and every node's report on them would be refused.
+    sqlx::query(
+        "ALTER TABLE projection_offsets
+         ADD COLUMN IF NOT EXISTS holds_kept BOOLEAN NOT NULL DEFAULT false",
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
@@ -138,8 +160,9 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
 /// empty schema then take turns instead of both applying the first events.
 pub(crate) async fn ensure_offset_row(pool: &PgPool, name: &str) -> Result<()> {
     sqlx::query(
-        "INSERT INTO projection_offsets (name, sequence) VALUES ($1, 0)
-         ON CONFLICT (name) DO NOTHING",
+        "INSERT INTO projection_offsets (name, sequence, holds_kept) VALUES ($1, 0, true)
+         ON CONFLICT (name) DO UPDATE SET holds_kept = true
+         WHERE projection_offsets.sequence = 0",
     )
     .bind(name)
     .execute(pool)
@@ -156,7 +179,32 @@ pub(crate) async fn resume_offset<P: Projector>(pool: &PgPool, projector: &P) ->
     }
     drop(conn);
     ensure_offset_row(pool, projector.name()).await?;
-    committed_sequence(pool, projector.name()).await
+    let (sequence, holds_kept): (i64, bool) =
+        sqlx::query_as("SELECT sequence, holds_kept FROM projection_offsets WHERE name = $1")
+            .bind(projector.name())
+            .fetch_one(pool)
+            .await?;
+    if !holds_kept && reads_leases(projector.filters()) {
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(pool)
+            .await?;
+        return Err(ProjectionError::ForeignMigrations {
+            schema,
+            detail: format!(
+                "projection {} reached sequence {sequence} before it kept the leases' holds, \
+                 so it cannot judge who may report on them",
+                projector.name()
+            ),
+        });
+    }
+    Ok(sequence as u64)
+}
+
+/// Whether subjects `filters` take in lease events.
+fn reads_leases(filters: &[&str]) -> bool {
+    filters
+        .iter()
+        .any(|f| f.starts_with("lh.evt.lease") || *f == "lh.evt.>" || *f == ">")
 }
 
 /// Last sequence this projection committed (0 when it never ran).

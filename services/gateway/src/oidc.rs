@@ -10,8 +10,11 @@
 //! does not hold (an issuer's key rotation), at most once per
 //! [`MIN_REFRESH_INTERVAL`], each fetch bounded in size and time.
 //!
-//! The principal's name is `oidc:` and the token's `preferred_username`
-//! (else its `sub`), so it can never pass for a named key or a shared token.
+//! The principal's name is `oidc:` and the token's `sub`, so it can never
+//! pass for a named key or a shared token. Not `preferred_username`: OIDC
+//! promises it neither unique nor stable, and an issuer may let its users
+//! edit it, so one person could sign the trail as another. The username is
+//! logged beside the subject at sign-in, for people to read.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -210,10 +213,10 @@ impl Verifier {
     }
 
     fn principal(&self, claims: Claims) -> Result<Operator, Refused> {
-        let who = claims
-            .preferred_username
-            .filter(|n| !n.is_empty())
-            .unwrap_or(claims.sub);
+        let who = claims.sub;
+        if let Some(username) = claims.preferred_username.as_deref() {
+            tracing::debug!(subject = who, username, "an OIDC token signs in");
+        }
         if who.is_empty()
             || who.chars().count() > MAX_SUBJECT_CHARS
             || !who.chars().all(|c| c.is_ascii_graphic())

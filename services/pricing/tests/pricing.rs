@@ -642,6 +642,18 @@ async fn the_notice_period_and_a_failure_gap_are_not_billed() {
         }),
     ));
     events.push(Envelope::new(
+        scheduler.clone(),
+        t(24),
+        EventData::LeasePlaced(fixtures::placed(
+            lease,
+            "node-2",
+            "cn-north-1",
+            fixtures::MODEL,
+            fixtures::MODEL_VRAM_GB,
+            &[0, 1],
+        )),
+    ));
+    events.push(Envelope::new(
         Actor::Node("node-2".into()),
         t(25),
         EventData::LeaseStarted(fixtures::started(lease, "node-2", t(25))),

@@ -32,6 +32,10 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9101";
 /// Metrics this service records, with their `# HELP` text.
 pub const METRICS: &[lh_service::MetricHelp] = &[
     (
+        "lh_heartbeats_refused_total",
+        "Heartbeats refused because their payload named another node than their subject.",
+    ),
+    (
         "lh_scheduler_waiting_leases",
         "Leases waiting for GPUs (requested, queued or back in the queue).",
     ),
@@ -206,6 +210,29 @@ pub enum Signal {
     LivenessCheck,
 }
 
+/// A heartbeat as sent on `subject`, when it is one and speaks for the
+/// node whose subject it is on: the server lets each node publish only on
+/// its own, so the subject, not the payload, says who is alive.
+fn heartbeat_on(subject: &str, payload: &[u8]) -> Option<Heartbeat> {
+    let heartbeat: Heartbeat = match serde_json::from_slice(payload) {
+        Ok(heartbeat) => heartbeat,
+        Err(e) => {
+            tracing::debug!(error = %e, subject, "unreadable heartbeat");
+            return None;
+        }
+    };
+    if subject != lh_events::subject::heartbeat(&heartbeat.node_id) {
+        metrics::counter!("lh_heartbeats_refused_total").increment(1);
+        tracing::warn!(
+            subject,
+            node = heartbeat.node_id,
+            "refusing a heartbeat that names another node than its subject's"
+        );
+        return None;
+    }
+    Some(heartbeat)
+}
+
 /// The last heartbeats (read only when first polled: the decide loop polls
 /// signals once caught up), then live heartbeats and liveness checks.
 fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item = Signal> {
@@ -222,16 +249,10 @@ fn signals(bus: Bus, live: lh_bus::async_nats::Subscriber) -> impl Stream<Item =
         }
     })
     .flat_map(futures::stream::iter)
-    .filter_map(|payload| async move { serde_json::from_slice(&payload).ok() })
+    .filter_map(|(subject, payload)| async move { heartbeat_on(&subject, &payload) })
     .map(Signal::LastHeartbeat);
     let live = live.filter_map(|message| async move {
-        match serde_json::from_slice::<Heartbeat>(&message.payload) {
-            Ok(heartbeat) => Some(Signal::Heartbeat(heartbeat)),
-            Err(e) => {
-                tracing::debug!(error = %e, "unreadable heartbeat");
-                None
-            }
-        }
+        heartbeat_on(&message.subject, &message.payload).map(Signal::Heartbeat)
     });
     let checks =
         futures::stream::unfold(tokio::time::interval(LIVENESS_CHECK), |mut every| async {
@@ -504,6 +525,37 @@ mod tests {
     use super::*;
     use lh_bus::Expect;
     use lh_events::*;
+
+    #[test]
+    fn a_heartbeat_speaks_only_for_its_subject() {
+        let beat = |node: &str| {
+            serde_json::to_vec(&lh_events::telemetry::Heartbeat {
+                node_id: node.into(),
+                at: Utc::now(),
+                running_leases: 0,
+            })
+            .unwrap()
+        };
+        let own = heartbeat_on(&subject::heartbeat("node-a"), &beat("node-a")).unwrap();
+        assert_eq!(own.node_id, "node-a");
+        // node-a's credential may publish only on its own subject: naming
+        // node-c there keeps nobody alive.
+        assert!(heartbeat_on(&subject::heartbeat("node-a"), &beat("node-c")).is_none());
+        assert!(heartbeat_on(&subject::heartbeat("node-a"), b"junk").is_none());
+    }
+
+    #[test]
+    fn nodes_heard_without_a_registration_are_bounded() {
+        let now: DateTime<Utc> = "2026-12-06T10:00:00Z".parse().unwrap();
+        let mut scheduling = Scheduling::new(state::Rules::default(), now);
+        for i in 0..(state::MAX_UNREGISTERED_NODES_HEARD + 500) {
+            scheduling.state.heard(&format!("ghost-{i}"), now, now);
+        }
+        assert_eq!(
+            scheduling.state.heard_nodes(),
+            state::MAX_UNREGISTERED_NODES_HEARD
+        );
+    }
 
     #[test]
     fn a_gpu_failure_is_dated_by_the_log_within_the_skew() {

@@ -7,10 +7,13 @@ use std::time::Duration;
 use lh_bus::{Bus, FeedItem, Stored};
 use lh_events::subject;
 
-/// Every event in the log, in order (messages that do not decode left out).
+/// Every event in the log that the services obey, in order: messages that
+/// do not decode, and events their publishers had no authority to write
+/// (`lh_domain::authority`), left out.
 pub async fn read_log(bus: &Bus) -> Vec<Stored> {
     let head = bus.last_sequence().await.unwrap();
     let mut out = Vec::new();
+    let mut authority = lh_domain::authority::Authority::default();
     if head == 0 {
         return out;
     }
@@ -18,8 +21,11 @@ pub async fn read_log(bus: &Bus) -> Vec<Stored> {
     while let Some(item) = feed.next_item_within(Duration::from_secs(5)).await {
         let item = item.unwrap();
         let done = item.sequence() >= head;
-        if let FeedItem::Event(event) = item {
-            out.push(event);
+        if let FeedItem::Event(mut event) = item {
+            if let Ok(taken) = authority.admit(&event.envelope) {
+                event.envelope = taken.into_owned();
+                out.push(event);
+            }
         }
         if done {
             break;

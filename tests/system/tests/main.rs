@@ -6,6 +6,7 @@
 //! 'test(/^lease_flow::/)'`.
 
 mod audit_query;
+mod authority;
 mod balance;
 mod chaos;
 mod concurrency;

@@ -49,7 +49,7 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/tenants/{t}/erase", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
     ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
-    ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 403, 200, 200, 200, 403, 403]),
+    ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 403, 403]),
     ("POST", "/v1/tenants/{t}/balance/top-ups", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/balance", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403, 403]),
@@ -199,7 +199,9 @@ fn oidc_issuer(dir: &std::path::Path) -> (PathBuf, String) {
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
     header.kid = Some("k1".into());
     let now = chrono::Utc::now().timestamp();
+    // The username is the user's to edit: the trail names the subject.
     let claims = json!({"iss": OIDC_ISSUER, "aud": OIDC_AUDIENCE, "sub": "dana",
+                        "preferred_username": "bootstrap",
                         "exp": now + 3600, "roles": ["admin"]});
     let token = jsonwebtoken::encode(
         &header,

@@ -3,7 +3,7 @@
 //! carries its raw bytes, since the audit chain hashes what was stored.
 
 use bytes::Bytes;
-use lh_events::{subject, Envelope, SkipReason, Undecodable};
+use lh_events::{subject, Envelope, EnvelopeHead, SkipReason, Undecodable};
 
 /// One event read from the log.
 #[derive(Debug, Clone)]
@@ -41,6 +41,36 @@ pub struct Skipped {
     /// When JetStream stored it (the same on every replay).
     pub stored_at: chrono::DateTime<chrono::Utc>,
     pub why: Undecodable,
+}
+
+impl Stored {
+    /// This event stepped over as `reason` says (its publisher may not do
+    /// what it says, here and now), counted and logged as every skip is.
+    pub fn refused(self, service: &str, reason: SkipReason, detail: String) -> Skipped {
+        metrics::counter!("lh_events_skipped_total",
+            "service" => service.to_string(), "reason" => reason.as_str())
+        .increment(1);
+        tracing::warn!(service, sequence = self.sequence, subject = self.subject,
+            reason = %reason, detail, "refusing a stored event its publisher may not write now");
+        let envelope = self.envelope;
+        Skipped {
+            sequence: self.sequence,
+            subject: self.subject,
+            payload: self.payload,
+            pending: self.pending,
+            stored_at: self.stored_at,
+            why: Undecodable {
+                reason,
+                detail,
+                head: EnvelopeHead {
+                    id: Some(envelope.id),
+                    event_type: Some(envelope.event_type),
+                    version: Some(u64::from(envelope.version)),
+                    occurred_at: Some(envelope.occurred_at),
+                },
+            },
+        }
+    }
 }
 
 impl Skipped {

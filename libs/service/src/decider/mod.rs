@@ -35,8 +35,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
 use lh_bus::{Bus, BusError, Expect, FeedItem, MAX_BATCH_MESSAGES};
+use lh_domain::authority::Authority;
 use lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS;
-use lh_events::Envelope;
+use lh_events::{Envelope, SkipReason};
 use lh_telemetry::Readiness;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -295,6 +296,33 @@ pub fn fold_stored<D: Decider + ?Sized>(
     decider.apply_stored(sequence, stored_at, &held);
 }
 
+/// `item` as the decider must take it: an event's node times held to the
+/// log (by [`Decider::node_clock_skew`]) and judged by the one authority
+/// rule (`lh_domain::authority`), which steps over what its publisher may
+/// not write now as it steps over what does not decode.
+fn judged<D: Decider + ?Sized>(authority: &mut Authority, decider: &D, item: FeedItem) -> FeedItem {
+    let FeedItem::Event(mut event) = item else {
+        return item;
+    };
+    let skew = decider.node_clock_skew();
+    match authority.admit_stored(&event.envelope, event.stored_at, skew) {
+        Ok(Cow::Borrowed(_)) => FeedItem::Event(event),
+        Ok(Cow::Owned(taken)) => {
+            if taken.data != event.envelope.data || taken.occurred_at != event.envelope.occurred_at
+            {
+                tracing::warn!(decider = decider.name(), event = event.envelope.data.event_type(),
+                    subject = event.subject, stored_at = %event.stored_at,
+                    "a node's timestamp is off the log's clock by more than the skew allowed, or out of order; held to it");
+            }
+            event.envelope = taken;
+            FeedItem::Event(event)
+        }
+        Err(why) => {
+            FeedItem::Skipped(event.refused(decider.name(), SkipReason::NotAuthorized, why.0))
+        }
+    }
+}
+
 /// Runs `decider` until `shutdown`: see the module's documentation.
 /// `readiness` turns true once the fold first reaches the head of the log.
 pub async fn run<D: Decider>(
@@ -327,7 +355,7 @@ pub async fn run_with_signals<D: Decider>(
     let mut signals = std::pin::pin!(signals);
     let mut caught_up_once = false;
     let pace = decider.pace();
-    let (from, mut skipped_tails) = restore(bus, decider).await;
+    let (from, mut skipped_tails, mut authority) = restore(bus, decider).await;
     let mut trace_parents = TraceParents::default();
     let mut feed = bus.feed(decider.filters(), from).await?;
     let mut read_sequence = from - 1;
@@ -345,7 +373,7 @@ pub async fn run_with_signals<D: Decider>(
             _ = shutdown.cancelled() => return Ok(()),
             next = feed.next_item_within(pace.quiet) => match next {
                 Some(item) => {
-                    let item = item?;
+                    let item = judged(&mut authority, decider, item?);
                     skipped_tails.read(&item);
                     trace_parents.read(&item);
                     read_sequence = read_sequence.max(item.sequence());
@@ -353,7 +381,8 @@ pub async fn run_with_signals<D: Decider>(
                     // A skipped message changes no state but is read all
                     // the same: being last, it leaves the fold caught up.
                     if let FeedItem::Event(event) = &item {
-                        fold_stored(decider, event.sequence, event.stored_at, &event.envelope);
+                        // Held to the log and judged already.
+                        decider.apply_stored(event.sequence, event.stored_at, &event.envelope);
                         dirty = true;
                     }
                     caught_up = item.pending() == 0;
@@ -408,6 +437,7 @@ pub async fn run_with_signals<D: Decider>(
                                 sequence: read_sequence,
                                 filters: decider.filters().iter().map(|f| f.to_string()).collect(),
                                 skipped_tails: skipped_tails.sequences.clone(),
+                                authority: authority.clone(),
                                 state,
                             },
                         ));

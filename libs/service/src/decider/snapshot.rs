@@ -6,12 +6,15 @@
 use std::collections::HashMap;
 
 use lh_bus::Bus;
+use lh_domain::authority::Authority;
 use serde_json::value::RawValue;
 
 use super::{Decider, SkippedTails};
 
 /// Version of a snapshot's own shape: a snapshot of another is not read.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// 2: with the authority rule's holds, without which a snapshot's reader
+/// would refuse every node's report on a lease placed before it.
+pub const SNAPSHOT_FORMAT: u32 = 2;
 
 /// `state` as a snapshot's JSON text; `None` when it does not serialise.
 pub fn snapshot_of<T: serde::Serialize + ?Sized>(state: &T) -> Option<Box<RawValue>> {
@@ -34,13 +37,18 @@ pub(super) struct Snapshot<S> {
     /// The subjects it followed: a snapshot of other filters is not read.
     pub(super) filters: Vec<String>,
     pub(super) skipped_tails: HashMap<String, u64>,
+    /// The holds the authority rule judged the next event against.
+    pub(super) authority: Authority,
     pub(super) state: S,
 }
 
 /// Loads the decider's newest usable snapshot: the sequence to read on
 /// from (1 without one) and the skipped tails it had.
-pub(super) async fn restore<D: Decider>(bus: &Bus, decider: &mut D) -> (u64, SkippedTails) {
-    let none = (1, SkippedTails::default());
+pub(super) async fn restore<D: Decider>(
+    bus: &Bus,
+    decider: &mut D,
+) -> (u64, SkippedTails, Authority) {
+    let none = (1, SkippedTails::default(), Authority::default());
     if decider.snapshot().is_none() {
         return none;
     }
@@ -105,6 +113,7 @@ pub(super) async fn restore<D: Decider>(bus: &Bus, decider: &mut D) -> (u64, Ski
         SkippedTails {
             sequences: snapshot.skipped_tails,
         },
+        snapshot.authority,
     )
 }
 

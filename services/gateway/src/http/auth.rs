@@ -183,7 +183,11 @@ impl FromRequestParts<ApiContext> for Caller {
         }
         let (id, max_gpus) = (key.tenant_id, key.max_gpus);
         let write = !matches!(parts.method, Method::GET | Method::HEAD);
-        if write && key.suspended {
+        // A suspended tenant may still revoke a key of its own: a key that
+        // leaked while it was suspended must not stay valid for reads
+        // until an operator acts.
+        let revoking = parts.method == Method::DELETE && parts.uri.path().contains("/keys/");
+        if write && key.suspended && !revoking {
             return Err(ApiError::forbidden(
                 "this tenant is suspended: it may read but not change anything",
             ));

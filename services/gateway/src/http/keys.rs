@@ -61,7 +61,7 @@ fn parse_key_id(raw: &str) -> Result<u32, ApiError> {
     responses(
         (status = 201, body = IssuedKey),
         (status = 400, body = super::Problem), (status = 401, body = super::Problem),
-        (status = 403, body = super::Problem, description = "An auditor, or a suspended tenant"),
+        (status = 403, body = super::Problem, description = "An auditor (a suspended tenant may revoke its own keys)"),
         (status = 404, body = super::Problem), (status = 409, body = super::Problem),
         (status = 422, body = super::Problem), (status = 429, body = super::Problem),
         (status = 503, body = super::Problem)

@@ -23,6 +23,8 @@ use crate::SERVICE;
 pub const DEFAULT_ACCRUAL_GRACE_SECS: i64 = 300;
 /// Longest accrual grace accepted: a day.
 pub const MAX_ACCRUAL_GRACE_SECS: i64 = 24 * 3600;
+/// Most hourly charges one lease gets in one decision pass: a month's.
+pub const MAX_CHARGES_PER_LEASE_PER_PASS: usize = 31 * 24;
 /// Places of a charge's (informational) average unit price.
 const UNIT_PRICE_SCALE: u32 = 6;
 
@@ -166,6 +168,11 @@ impl ChargingState {
                 before = after;
             }
             hour = next_hour;
+            // The rest in the next passes: one lease's bill never holds
+            // up the others, nor sets pricing's memory.
+            if charges.len() >= MAX_CHARGES_PER_LEASE_PER_PASS {
+                break;
+            }
         }
         if charges.is_empty() {
             return Plan::Nothing;

@@ -29,6 +29,10 @@ pub struct Heard {
     pub node_at: DateTime<Utc>,
 }
 
+/// Most nodes heard that the fleet does not hold (yet), past the fleet's
+/// own size.
+pub const MAX_UNREGISTERED_NODES_HEARD: usize = 1_024;
+
 impl State {
     /// A live heartbeat of `node_id` stamped `node_at` arrived at `local`.
     /// Heartbeats of two nodes within one loss window, after the whole
@@ -92,11 +96,22 @@ impl State {
         self.heard(node_id, node_at, local);
     }
 
+    /// Nodes whose last heartbeat is kept.
+    pub fn heard_nodes(&self) -> usize {
+        self.heard.len()
+    }
+
     /// A heartbeat of `node_id` stamped `node_at` arrived at `local` (or
     /// was read back from the telemetry stream, `local` being its stamp).
     pub fn heard(&mut self, node_id: &str, node_at: DateTime<Utc>, local: DateTime<Utc>) {
         if self.fleet.nodes.contains_key(node_id) {
             self.last_heard_any = Some(self.last_heard_any.map_or(local, |any| any.max(local)));
+        } else if self.heard.len() >= self.fleet.nodes.len() + MAX_UNREGISTERED_NODES_HEARD
+            && !self.heard.contains_key(node_id)
+        {
+            // Kept for a node whose registration the fold has not read
+            // yet; past this, names no registration backs are dropped.
+            return;
         }
         let h = self
             .heard

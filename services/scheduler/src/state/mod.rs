@@ -61,7 +61,7 @@ use queue::quota_breach;
 pub use decide::{PlacementEngineCache, SUSPENDED_TENANT};
 pub use emit::Decisions;
 pub use lease::{Lease, Status, Tenant};
-pub use liveness::Heard;
+pub use liveness::{Heard, MAX_UNREGISTERED_NODES_HEARD};
 pub use planned_fleet::{FleetView, PlannedFleet};
 pub use preempt::{plan_preemption, PreemptionPlan};
 pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};

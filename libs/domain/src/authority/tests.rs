@@ -1,0 +1,310 @@
+//! Given a lease placed on one node, when each principal reports on it,
+//! then only the one that holds it is obeyed.
+
+use chrono::{DateTime, Duration, Utc};
+use lh_events::{
+    fixtures, Actor, EndReason, Envelope, EventData, LeaseMigrated, LeaseRestated,
+    LeaseStopRequested, LeaseSuspended, Relocation, StatedEvent,
+};
+use uuid::Uuid;
+
+use super::*;
+
+const LEASE: Uuid = Uuid::from_u128(0x1ea5e);
+const TENANT: Uuid = Uuid::from_u128(0x7e4a47);
+const OTHER_TENANT: Uuid = Uuid::from_u128(0x0dd);
+
+fn t(secs: i64) -> DateTime<Utc> {
+    "2026-12-06T10:00:00Z".parse::<DateTime<Utc>>().unwrap() + Duration::seconds(secs)
+}
+
+fn by(actor: Actor, data: EventData) -> Envelope {
+    Envelope::new(actor, t(0), data)
+}
+
+fn node(id: &str) -> Actor {
+    Actor::Node(id.into())
+}
+
+fn scheduler() -> Actor {
+    Actor::Service("lh-scheduler".into())
+}
+
+fn requested() -> Envelope {
+    by(
+        Actor::Tenant(TENANT),
+        EventData::LeaseRequested(fixtures::whole_request(LEASE, TENANT, 1, fixtures::MODEL)),
+    )
+}
+
+fn placed_on(node_id: &str) -> Envelope {
+    by(
+        scheduler(),
+        EventData::LeasePlaced(fixtures::placed(
+            LEASE,
+            node_id,
+            "zone-a",
+            fixtures::MODEL,
+            80,
+            &[0],
+        )),
+    )
+}
+
+fn started_by(node_id: &str, at: i64) -> Envelope {
+    by(
+        node(node_id),
+        EventData::LeaseStarted(fixtures::started(LEASE, node_id, t(at))),
+    )
+}
+
+fn ended_by(node_id: &str, at: i64) -> Envelope {
+    by(
+        node(node_id),
+        EventData::LeaseEnded(fixtures::ended(LEASE, node_id, t(at), EndReason::Completed)),
+    )
+}
+
+fn stop_by(actor: Actor) -> Envelope {
+    by(
+        actor,
+        EventData::LeaseStopRequested(LeaseStopRequested { lease_id: LEASE }),
+    )
+}
+
+/// A lease requested and placed on `node-c`.
+fn placed_on_c() -> Authority {
+    let mut authority = Authority::default();
+    authority.admit(&requested()).unwrap();
+    authority.admit(&placed_on("node-c")).unwrap();
+    authority
+}
+
+#[test]
+fn only_the_node_a_lease_is_placed_on_may_report_on_it() {
+    let mut authority = placed_on_c();
+    for forged in [
+        ended_by("node-a", 10),
+        started_by("node-a", 10),
+        stop_by(node("node-a")),
+    ] {
+        let refused = authority.admit(&forged).unwrap_err();
+        assert!(refused.0.contains("placed on node \"node-c\""), "{refused}");
+    }
+    assert_eq!(
+        authority.lease(LEASE).unwrap().node_id.as_deref(),
+        Some("node-c")
+    );
+    authority.admit(&started_by("node-c", 10)).unwrap();
+    authority.admit(&ended_by("node-c", 20)).unwrap();
+    assert_eq!(authority.lease(LEASE), None);
+    // Ended: no node holds it any more, its own neither.
+    let late = authority.admit(&ended_by("node-c", 30)).unwrap_err();
+    assert!(late.0.contains("unknown or has ended"), "{late}");
+    assert_eq!(authority.held_leases(), 0);
+}
+
+#[test]
+fn a_node_reports_only_as_itself() {
+    let mut authority = placed_on_c();
+    // node-a's credential, the lease's node in the payload.
+    let mut forged = ended_by("node-c", 10);
+    forged.actor = node("node-a");
+    assert!(authority.admit(&forged).is_err());
+    // The holder's credential, another node in the payload.
+    let mut aliased = ended_by("node_c", 10);
+    aliased.actor = node("node-c");
+    assert!(authority.admit(&aliased).is_err());
+    // An end that names no node would be dated by nobody's clock.
+    let mut unnamed = ended_by("node-c", 10);
+    if let EventData::LeaseEnded(e) = &mut unnamed.data {
+        e.node_id = None;
+    }
+    let refused = authority.admit(&unnamed).unwrap_err();
+    assert!(refused.0.contains("naming no node"), "{refused}");
+    // A registration of another node's name: the alias `gpu.1` of `gpu_1`
+    // shares its subject token, never its identity.
+    let mut alias = EventData::NodeRegistered(fixtures::node("gpu.1", "z", 8, fixtures::MODEL, 80));
+    assert!(authority.admit(&by(node("gpu_1"), alias.clone())).is_err());
+    if let EventData::NodeRegistered(n) = &mut alias {
+        n.node_id = "gpu_1".into();
+    }
+    assert!(authority.admit(&by(node("gpu_1"), alias)).is_ok());
+    assert_eq!(
+        authority.lease(LEASE).unwrap().node_id.as_deref(),
+        Some("node-c")
+    );
+}
+
+#[test]
+fn a_suspended_or_moved_lease_leaves_its_node() {
+    let mut authority = placed_on_c();
+    authority.admit(&started_by("node-c", 0)).unwrap();
+    let suspended = by(
+        node("node-c"),
+        EventData::LeaseSuspended(LeaseSuspended {
+            lease_id: LEASE,
+            node_id: "node-c".into(),
+            gpu_indices: vec![0],
+            suspended_at: t(60),
+            reason: "idle".into(),
+        }),
+    );
+    authority.admit(&suspended).unwrap();
+    assert!(authority.admit(&started_by("node-c", 70)).is_err());
+    authority.admit(&placed_on("node-c")).unwrap();
+    authority.admit(&started_by("node-c", 80)).unwrap();
+    let moved = by(
+        scheduler(),
+        EventData::LeaseMigrated(LeaseMigrated {
+            lease_id: LEASE,
+            reason: "node lost".into(),
+            from_node_id: "node-c".into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: t(90),
+            to: Some(Relocation {
+                node_id: "node-b".into(),
+                zone: "zone-a".into(),
+                vram_gb_per_gpu: 80,
+                gpus: fixtures::placed(LEASE, "node-b", "zone-a", fixtures::MODEL, 80, &[1]).gpus,
+                decision: fixtures::placed(LEASE, "node-b", "zone-a", fixtures::MODEL, 80, &[1])
+                    .decision,
+            }),
+        }),
+    );
+    authority.admit(&moved).unwrap();
+    // The lost node comes back and reports what it ran: no longer its.
+    assert!(authority.admit(&ended_by("node-c", 100)).is_err());
+    authority.admit(&started_by("node-b", 100)).unwrap();
+    assert_eq!(authority.lease(LEASE).unwrap().started_at, Some(t(100)));
+}
+
+#[test]
+fn an_end_before_its_start_is_held_to_the_start() {
+    let mut authority = placed_on_c();
+    authority.admit(&started_by("node-c", 50)).unwrap();
+    let early = ended_by("node-c", 20);
+    let taken = authority.admit(&early).unwrap();
+    match &taken.data {
+        EventData::LeaseEnded(e) => assert_eq!(e.ended_at, t(50)),
+        other => panic!("{other:?}"),
+    }
+    // In order, the event is taken as it is.
+    let mut authority = placed_on_c();
+    authority.admit(&started_by("node-c", 50)).unwrap();
+    let end = ended_by("node-c", 60);
+    assert!(matches!(authority.admit(&end).unwrap(), Cow::Borrowed(_)));
+}
+
+#[test]
+fn a_tenant_acts_only_on_its_own_leases() {
+    let mut authority = placed_on_c();
+    let refused = authority
+        .admit(&stop_by(Actor::Tenant(OTHER_TENANT)))
+        .unwrap_err();
+    assert!(refused.0.contains("another tenant"), "{refused}");
+    authority.admit(&stop_by(Actor::Tenant(TENANT))).unwrap();
+    // A request in another tenant's name.
+    let other_lease = Uuid::from_u128(99);
+    let mut forged = by(
+        Actor::Tenant(OTHER_TENANT),
+        EventData::LeaseRequested(fixtures::whole_request(
+            other_lease,
+            TENANT,
+            1,
+            fixtures::MODEL,
+        )),
+    );
+    assert!(authority.admit(&forged).is_err());
+    // A request under an id another tenant holds.
+    forged = by(
+        Actor::Tenant(OTHER_TENANT),
+        EventData::LeaseRequested(fixtures::whole_request(
+            LEASE,
+            OTHER_TENANT,
+            1,
+            fixtures::MODEL,
+        )),
+    );
+    assert!(authority.admit(&forged).is_err());
+    // Operators and the services act on any lease.
+    for actor in [Actor::Admin, Actor::Service("lh-pricing".into())] {
+        authority.admit(&stop_by(actor)).unwrap();
+    }
+    // A stop that arrives after the lease ended changes nothing and is let by.
+    authority.admit(&started_by("node-c", 0)).unwrap();
+    authority.admit(&ended_by("node-c", 5)).unwrap();
+    authority.admit(&stop_by(Actor::Tenant(TENANT))).unwrap();
+}
+
+#[test]
+fn a_restatement_carries_only_what_was_obeyed() {
+    let history: Vec<StatedEvent> = [
+        requested(),
+        placed_on("node-c"),
+        ended_by("node-a", 5),
+        started_by("node-c", 10),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, envelope)| StatedEvent {
+        sequence: i as u64 + 1,
+        stored_at: t(i as i64),
+        envelope: Box::new(envelope),
+    })
+    .collect();
+    let restated = by(
+        scheduler(),
+        EventData::LeaseRestated(LeaseRestated {
+            lease_id: LEASE,
+            tenant_id: TENANT,
+            history,
+        }),
+    );
+    let mut authority = Authority::default();
+    let taken = authority.admit(&restated).unwrap();
+    let EventData::LeaseRestated(taken) = &taken.data else {
+        panic!("not a restatement");
+    };
+    let kept: Vec<&str> = taken
+        .history
+        .iter()
+        .map(|e| e.envelope.event_type.as_str())
+        .collect();
+    assert_eq!(kept, ["lease.requested", "lease.placed", "lease.started"]);
+    assert_eq!(
+        authority.lease(LEASE),
+        Some(&LeaseHold {
+            tenant_id: Some(TENANT),
+            node_id: Some("node-c".into()),
+            started_at: Some(t(10)),
+        })
+    );
+    // A reader that read it all before gets the same holds.
+    let mut read_through = Authority::default();
+    for e in [requested(), placed_on("node-c"), started_by("node-c", 10)] {
+        read_through.admit(&e).unwrap();
+    }
+    assert_eq!(read_through, authority);
+}
+
+#[test]
+fn the_scheduler_ends_what_no_node_runs() {
+    let mut authority = placed_on_c();
+    let mut end = ended_by("node-c", 10);
+    end.actor = scheduler();
+    if let EventData::LeaseEnded(e) = &mut end.data {
+        e.node_id = None;
+    }
+    authority.admit(&end).unwrap();
+    assert_eq!(authority.held_leases(), 0);
+}
+
+#[test]
+fn holds_survive_a_snapshot() {
+    let mut authority = placed_on_c();
+    authority.admit(&started_by("node-c", 1)).unwrap();
+    let json = serde_json::to_string(&authority).unwrap();
+    let back: Authority = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, authority);
+}
