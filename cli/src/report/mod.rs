@@ -154,8 +154,15 @@ async fn read_type(
     }
     crate::audit_trail::every_record(gw, &query, 0, |record| {
         let sequence = record.get("sequence").and_then(Value::as_u64);
+        // A record the services stepped over (undecodable, forged, or by a
+        // publisher without authority over its lease) changed nothing: the
+        // report draws what they obeyed.
+        let stepped_over = record
+            .get("skip_reason")
+            .is_some_and(|reason| !reason.is_null());
         let envelope = record
             .get("payload")
+            .filter(|_| !stepped_over)
             .and_then(|p| serde_json::from_value::<lh_events::Envelope>(p.clone()).ok());
         match (sequence, envelope) {
             (Some(sequence), Some(envelope)) => events.push(LoggedEvent { sequence, envelope }),
@@ -331,7 +338,7 @@ pub async fn read_day(
     if undecodable > 0 {
         let _ = writeln!(
             err,
-            "warning: {undecodable} records of the log could not be decoded and were left out"
+            "warning: {undecodable} records of the log could not be decoded or were refused by the services, and were left out"
         );
     }
     Ok(input)

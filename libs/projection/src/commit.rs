@@ -87,17 +87,11 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
     messages: &[&FeedItem],
 ) -> sqlx::Result<()> {
     let skew = chrono::Duration::seconds(projector.node_clock_skew_secs());
-    let leases = leases_of(messages);
-    let mut authority = load_holds(conn, projector.name(), &leases).await?;
-    let judged: Vec<Judged> = messages
-        .iter()
-        .map(|message| judge(&mut authority, projector.name(), message, skew))
-        .collect();
-    store_holds(conn, projector.name(), &leases, &authority).await?;
+    let judged = judge_messages(conn, projector.name(), messages, skew).await?;
     let mut run: Vec<&Stored> = Vec::new();
     for (message, judged) in messages.iter().zip(&judged) {
-        let skipped = match (message, judged) {
-            (FeedItem::Event(_), Judged::Refused(skipped)) => Some(&**skipped),
+        let skipped = match (message, &judged.verdict) {
+            (FeedItem::Event(_), Verdict::Refused(skipped)) => Some(&**skipped),
             (FeedItem::Skipped(skipped), _) => Some(skipped),
             _ => None,
         };
@@ -106,23 +100,53 @@ pub(crate) async fn apply_events_recording_skips<P: Projector + ?Sized>(
             record_skip(conn, projector.name(), skipped).await?;
             continue;
         }
-        match (message, judged) {
-            (FeedItem::Event(event), Judged::AsStored) => run.push(event),
-            (FeedItem::Event(_), Judged::Taken(taken)) => run.push(taken),
+        match (message, &judged.verdict) {
+            (FeedItem::Event(event), Verdict::AsStored) => run.push(event),
+            (FeedItem::Event(_), Verdict::Taken(taken)) => run.push(taken),
             _ => {}
         }
     }
     apply_run(conn, projector, &mut run).await
 }
 
-/// How a projection takes one message of the log. Boxed: a backlog's
-/// transaction holds thousands, nearly all `AsStored`.
-enum Judged {
+/// How a projection takes one message of the log.
+pub struct Judged {
+    pub verdict: Verdict,
+    /// The tenant whose lease the message is on, as the log holds it (not
+    /// as the message claims): what an audit trail tags it with.
+    pub lease_tenant: Option<Uuid>,
+}
+
+/// Whether and how a message is taken. Boxed: a backlog's transaction
+/// holds thousands, nearly all `AsStored`.
+pub enum Verdict {
+    /// As stored (or a message that does not decode, skipped already).
     AsStored,
     /// With its node times held to the log or put in order.
     Taken(Box<Stored>),
     /// Its publisher may not write it now (`lh_domain::authority`).
     Refused(Box<Skipped>),
+}
+
+/// Judges `messages`, in order, by the one authority rule with the holds
+/// projection `projection` keeps in `lease_holds`, and keeps the holds as
+/// they leave them, inside the caller's transaction: what
+/// [`Projector::apply_messages`] does by default before applying, for a
+/// projection that overrides it.
+pub async fn judge_messages(
+    conn: &mut PgConnection,
+    projection: &str,
+    messages: &[&FeedItem],
+    skew: chrono::Duration,
+) -> sqlx::Result<Vec<Judged>> {
+    let leases = leases_of(messages);
+    let mut authority = load_holds(conn, projection, &leases).await?;
+    let judged: Vec<Judged> = messages
+        .iter()
+        .map(|message| judge(&mut authority, projection, message, skew))
+        .collect();
+    store_holds(conn, projection, &leases, &authority).await?;
+    Ok(judged)
 }
 
 /// Judges one message as the decide loop does (`lh_service::decider`), so
@@ -136,19 +160,32 @@ fn judge(
     skew: chrono::Duration,
 ) -> Judged {
     let FeedItem::Event(event) = message else {
-        return Judged::AsStored;
+        return Judged {
+            verdict: Verdict::AsStored,
+            lease_tenant: None,
+        };
     };
-    match authority.admit_stored(&event.envelope, event.stored_at, Some(skew)) {
-        Ok(Cow::Borrowed(_)) => Judged::AsStored,
-        Ok(Cow::Owned(envelope)) => Judged::Taken(Box::new(Stored {
+    let data = &event.envelope.data;
+    let lease_tenant = data
+        .lease_id()
+        .and_then(|id| authority.lease(id))
+        .and_then(|hold| hold.tenant_id)
+        .or_else(|| data.lease_id().and(data.tenant_id()));
+    let verdict = match authority.admit_stored(&event.envelope, event.stored_at, Some(skew)) {
+        Ok(Cow::Borrowed(_)) => Verdict::AsStored,
+        Ok(Cow::Owned(envelope)) => Verdict::Taken(Box::new(Stored {
             envelope,
             ..event.clone()
         })),
-        Err(why) => Judged::Refused(Box::new(event.clone().refused(
+        Err(why) => Verdict::Refused(Box::new(event.clone().refused(
             projection,
             SkipReason::NotAuthorized,
             why.0,
         ))),
+    };
+    Judged {
+        verdict,
+        lease_tenant,
     }
 }
 

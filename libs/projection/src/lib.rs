@@ -43,6 +43,7 @@ mod replay;
 mod retry;
 mod stream;
 
+pub use commit::{judge_messages, Judged, Verdict};
 pub use database::{committed_sequence, connect_schema, is_unavailable, migrate};
 pub use live::{run, run_observed};
 pub use progress::Progress;

@@ -14,7 +14,7 @@ use lh_events::{
     fixtures, Actor, EndReason, Envelope, EventData, IdleAction, LeaseGpuFault, LeaseIdleDetected,
     LeaseStopRequested, LeaseSuspended,
 };
-use lh_test_stack::{expected_charge, read_log, Stack};
+use lh_test_stack::{expected_charge, read_log, Stack, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::json;
 use uuid::Uuid;
@@ -141,9 +141,11 @@ async fn a_node_cannot_end_suspend_start_or_stop_a_lease_on_another_node() {
         bus.publish(envelope, Expect::Any).await.unwrap();
     }
     // Every reader of leases has met and refused every one of them: each
-    // decider, the gateway's projection, and each of the two node agents.
+    // decider, the gateway's projection, the audit copy, and each of the
+    // two node agents.
     let n = attacks.len() as u64;
     let expected: BTreeMap<String, u64> = [
+        ("audit", n),
         ("gateway", n),
         ("lh-pricing", n),
         ("lh-pricing-ledger", n),
@@ -241,6 +243,53 @@ async fn a_node_cannot_end_suspend_start_or_stop_a_lease_on_another_node() {
             .unwrap(),
         amount
     );
+    // The trail keeps what was refused, as refused, in no tenant's trail;
+    // the tenant's own trail holds its lease's real events only.
+    let attacker_actor = format!("node:{attacker}");
+    let mut refused_rows = Vec::new();
+    for _ in 0..200 {
+        let (status, page) = stack
+            .call(
+                Method::GET,
+                &format!("/v1/audit/events?actor={attacker_actor}&limit=100"),
+                ADMIN_TOKEN,
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{page}");
+        refused_rows = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["object"].as_str().is_some_and(|o| o.contains(&id)))
+            .cloned()
+            .collect();
+        if refused_rows.len() == attacks.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refused_rows.len(), attacks.len(), "{refused_rows:#?}");
+    for row in &refused_rows {
+        assert_eq!(row["skip_reason"], "not_authorized", "{row}");
+        assert!(row["tenant_id"].is_null(), "{row}");
+    }
+    let (status, own) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/audit/events?actor={attacker_actor}&limit=100"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{own}");
+    let on_victim: Vec<&serde_json::Value> = own["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["object"].as_str().is_some_and(|o| o.contains(&id)))
+        .collect();
+    assert!(on_victim.is_empty(), "{on_victim:#?}");
     stack.assert_none_stopped();
     // A replay judges the same events alike: the view rebuilt from the log
     // is the view kept live.

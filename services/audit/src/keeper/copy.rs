@@ -14,8 +14,8 @@ use std::sync::Mutex;
 use futures::future::BoxFuture;
 use lh_bus::{Bus, FeedItem, Stored};
 use lh_domain::chain::{Chain, Hash};
-use lh_events::{subject, trail, Actor, AuditCheckpoint, AuditPruned, EventData};
-use lh_projection::Projector;
+use lh_events::{subject, trail, Actor, AuditCheckpoint, AuditPruned, EventData, SkipReason};
+use lh_projection::{Judged, Projector, Verdict};
 use sqlx::{PgConnection, QueryBuilder};
 
 use super::custody::Link;
@@ -82,6 +82,11 @@ impl ChainCopy {
     /// Chains `messages` on from the copy's last row and writes them, with
     /// what the keeper's own events among them do to the copy.
     async fn copy(&self, conn: &mut PgConnection, messages: &[&FeedItem]) -> sqlx::Result<()> {
+        // Judged as every reader judges them, so that the trail says what
+        // the platform refused and tags nothing with a tenant on a
+        // publisher's word alone.
+        let skew = chrono::Duration::seconds(self.node_clock_skew_secs());
+        let judged = lh_projection::judge_messages(conn, self.name(), messages, skew).await?;
         let before = self.chain_at_last_row(conn).await?;
         let mut chain = before;
         let mut links = Vec::with_capacity(messages.len());
@@ -109,17 +114,21 @@ impl ChainCopy {
                 checkpoint: is_checkpoint(item),
             });
         }
-        for (items, hashes) in messages
+        for ((items, hashes), judged) in messages
             .chunks(MAX_ROWS_PER_STATEMENT)
             .zip(hashes.chunks(MAX_ROWS_PER_STATEMENT))
+            .zip(judged.chunks(MAX_ROWS_PER_STATEMENT))
         {
-            insert_rows(conn, items, hashes).await?;
+            insert_rows(conn, items, hashes, judged).await?;
         }
         let mut log_first = None;
-        for item in messages {
+        for (item, judged) in messages.iter().zip(&judged) {
             let FeedItem::Event(event) = item else {
                 continue;
             };
+            if matches!(judged.verdict, Verdict::Refused(_)) {
+                continue;
+            }
             match &event.envelope.data {
                 EventData::AuditCheckpoint(cp) => self.record_checkpoint(conn, cp).await?,
                 EventData::AuditPruned(pruned) => {
@@ -284,27 +293,43 @@ async fn insert_rows(
     conn: &mut PgConnection,
     items: &[&FeedItem],
     hashes: &[Hash],
+    judged: &[Judged],
 ) -> sqlx::Result<()> {
     let mut insert = QueryBuilder::new(
         "INSERT INTO events (sequence, subject, event_id, event_type, occurred_at, skip_reason, \
          tenant_id, actor, object, outcome, payload, hash) ",
     );
-    insert.push_values(items.iter().zip(hashes), |mut row, (item, link)| {
-        let (id, occurred_at, skip_reason, tenant_id, actor) = match item {
-            FeedItem::Event(e) => (
+    let rows = items.iter().zip(hashes).zip(judged);
+    insert.push_values(rows, |mut row, ((item, link), judged)| {
+        let (id, occurred_at, skip_reason, tenant_id, actor) = match (item, &judged.verdict) {
+            // Refused: kept, with who claimed to write it, in no tenant's
+            // trail.
+            (FeedItem::Event(e), Verdict::Refused(refused)) => (
+                Some(e.envelope.id),
+                Some(e.envelope.occurred_at),
+                Some(refused.reason().as_str()),
+                None,
+                Some(e.envelope.actor.principal()),
+            ),
+            // A lease's event is the lease's tenant's, whatever its
+            // envelope claims.
+            (FeedItem::Event(e), _) => (
                 Some(e.envelope.id),
                 Some(e.envelope.occurred_at),
                 None,
-                e.envelope.tenant_id,
+                judged.lease_tenant.or(e.envelope.tenant_id),
                 Some(e.envelope.actor.principal()),
             ),
-            FeedItem::Skipped(s) => {
+            (FeedItem::Skipped(s), _) => {
                 let (tenant_id, actor) = lenient_head(&s.payload);
+                // A forgery's claims put it in no tenant's trail; a newer
+                // writer's event keeps the tenant it names.
+                let forged = matches!(s.reason(), SkipReason::WrongSubject | SkipReason::NotOwner);
                 (
                     s.why.head.id,
                     s.why.head.occurred_at,
                     Some(s.reason().as_str()),
-                    tenant_id,
+                    tenant_id.filter(|_| !forged),
                     actor,
                 )
             }
