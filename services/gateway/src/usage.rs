@@ -42,6 +42,10 @@ pub const MAX_POWER_W: f64 = 5_000.0;
 /// 16 TiB, in MiB: far above any board's memory.
 pub const MAX_MEMORY_USED_MIB: u64 = 16 * 1024 * 1024;
 pub const MAX_GPU_INDEX: u32 = 1023;
+/// Most samples one GPU of one lease adds to one minute (one a second; the
+/// agent sends one each 5 s by default): a node flooding its own lease's
+/// samples moves its figures by no more than a steady sampler could.
+pub const MAX_SAMPLES_PER_GPU_MINUTE: i32 = 60;
 pub const MAX_GPU_UUID_CHARS: usize = 128;
 /// Most GPU entries of one sample folded; the rest are refused.
 pub const MAX_GPUS_PER_SAMPLE: usize = 64;
@@ -206,15 +210,23 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
     let mut ids: Vec<Uuid> = usable.iter().map(|(_, u)| u.lease_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    let known: HashMap<Uuid, (Uuid, Option<String>)> =
-        sqlx::query_as::<_, (Uuid, Uuid, Option<String>)>(
-            "SELECT id, tenant_id, node_id FROM leases WHERE id = ANY($1)",
-        )
+    type Known = (Uuid, Option<String>, String, Vec<String>);
+    let known: HashMap<Uuid, Known> =
+        sqlx::query_as::<
+            _,
+            (
+                Uuid,
+                Uuid,
+                Option<String>,
+                String,
+                sqlx::types::Json<Vec<String>>,
+            ),
+        >("SELECT id, tenant_id, node_id, state, gpu_uuids FROM leases WHERE id = ANY($1)")
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
-        .map(|(id, tenant, node)| (id, (tenant, node)))
+        .map(|(id, tenant, node, state, uuids)| (id, (tenant, node, state, uuids.0)))
         .collect();
     let mut waves: Vec<Vec<MinuteRow>> = Vec::new();
     let mut wave_of: HashMap<(Uuid, &str, DateTime<Utc>), usize> = HashMap::new();
@@ -228,20 +240,28 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
         // write figures into another node's lease, whichever tenant holds
         // it. A sample that outruns the lease's placement in the read model
         // is lost with the rest of what cannot be attributed.
-        let tenant_id = match known.get(&usage.lease_id) {
+        let (tenant_id, placed_uuids) = match known.get(&usage.lease_id) {
             None => {
                 skipped("unknown_lease");
                 continue;
             }
-            Some((_, node)) if node.as_deref() != Some(usage.node_id.as_str()) => {
+            Some((_, node, ..)) if node.as_deref() != Some(usage.node_id.as_str()) => {
                 skipped("not_placed_here");
                 continue;
             }
-            Some((tenant_id, _)) => *tenant_id,
+            // Its GPUs are not its any more: nothing runs there for it.
+            Some((_, _, state, _)) if !matches!(state.as_str(), "placed" | "running") => {
+                skipped("not_running");
+                continue;
+            }
+            Some((tenant_id, _, _, uuids)) => (*tenant_id, uuids),
         };
         for (n, gpu) in usage.gpus.iter().enumerate() {
             let why = if n >= MAX_GPUS_PER_SAMPLE {
                 Some("gpus")
+            } else if !placed_uuids.contains(&gpu.uuid) {
+                // A node reports only the GPUs the lease was placed on.
+                Some("uuid")
             } else {
                 refusal(gpu)
             };
@@ -307,7 +327,7 @@ async fn add_to_minutes(conn: &mut PgConnection, rows: &[MinuteRow<'_>]) -> sqlx
             power_samples = m.power_samples + EXCLUDED.power_samples,
             power_w_sum = m.power_w_sum + EXCLUDED.power_w_sum,
             last_sequence = EXCLUDED.last_sequence
-         WHERE m.last_sequence < EXCLUDED.last_sequence",
+         WHERE m.last_sequence < EXCLUDED.last_sequence AND m.samples < $14",
     )
     .bind(rows.iter().map(|r| r.lease_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.gpu.uuid.as_str()).collect::<Vec<_>>())
@@ -346,6 +366,7 @@ async fn add_to_minutes(conn: &mut PgConnection, rows: &[MinuteRow<'_>]) -> sqlx
             .collect::<Vec<_>>(),
     )
     .bind(rows.iter().map(|r| r.sequence).collect::<Vec<_>>())
+    .bind(MAX_SAMPLES_PER_GPU_MINUTE)
     .execute(conn)
     .await?;
     Ok(())

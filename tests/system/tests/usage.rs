@@ -310,19 +310,25 @@ fn point_at(series: &Value, at: DateTime<Utc>) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minutes_are_kept_then_pruned(
 ) {
-    let mut stack = Stack::start(FLEET).await;
+    // The simulated boards take no sample within the test: every sample of
+    // the lease is one the test publishes, with figures it chose.
+    let mut stack = Stack::start_configured(FLEET, |stack| {
+        stack.node_gpus.sample_ms = 3_600_000;
+    })
+    .await;
     let pool = sqlx::PgPool::connect(&stack.database_url).await.unwrap();
     let bus = stack.bus().await;
     let (tenant, key) = stack.create_tenant("acme", 16).await;
-    // A lease of the tenant; its samples here come from a node of the
-    // test's own, on a GPU of its own, with figures the test chose.
+    // A lease of the tenant; its samples here come from the test, as its
+    // node, on the GPU it was placed on (a node may report no other).
     let lease = stack
         .running(&key, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
     let node = lease["node_id"].as_str().unwrap().to_string();
     let node = node.as_str();
+    let placed_uuid = lease["gpu_uuids"][0].as_str().unwrap().to_string();
+    let uuid = placed_uuid.as_str();
     let lease: Uuid = lease["id"].as_str().unwrap().parse().unwrap();
-    let uuid = "GPU-test-0";
 
     // Two minutes ago: every sample of it in one minute, all within the
     // 5 minutes a node's clock may be off.
@@ -362,6 +368,8 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
         vec![
             gpu(uuid, Some(150), 1, 1, Some(1.0)),
             gpu("GPU-test-1", Some(10), 10, 300, None),
+            // Sane, but not a GPU the lease was placed on.
+            gpu("GPU-test-foreign", Some(10), 10, 60, None),
         ],
     )
     .await;
@@ -441,6 +449,9 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     let (s, body) = get(&stack, "/v1/usage?gpu=GPU-test-1", ADMIN_TOKEN).await;
     assert_eq!(s, 200);
     assert_eq!(body["series"], json!([]), "{body}");
+    let (s, body) = get(&stack, "/v1/usage?gpu=GPU-test-foreign", ADMIN_TOKEN).await;
+    assert_eq!(s, 200);
+    assert_eq!(body["series"], json!([]), "{body}");
 
     // The whole stream delivered again (a position lost): each row knows
     // the newest sample it counts, so nothing is counted twice.
@@ -491,8 +502,9 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     // A rebuild replays the stream into the live rows carried over: the
     // same counts, the old minutes kept.
     let digest = "SELECT count(*), md5(string_agg(t::text, ',' ORDER BY t::text)) FROM {schema}.lease_usage_minutes t
-                  WHERE gpu_uuid LIKE 'GPU-test-%'";
+                  WHERE gpu_uuid = $1";
     let live_before: (i64, Option<String>) = sqlx::query_as(&digest.replace("{schema}", "gateway"))
+        .bind(uuid)
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -502,6 +514,7 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     assert!(report.identical(), "{:?}", report.tables);
     let rebuilt: (i64, Option<String>) =
         sqlx::query_as(&digest.replace("{schema}", "gateway_rebuild"))
+            .bind(uuid)
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -535,6 +548,61 @@ async fn samples_count_once_through_redelivery_restart_and_rebuild_and_old_minut
     .await
     .unwrap();
     assert_eq!(left, 1, "the 300-day-old minute stays");
+
+    // A node flooding its own lease's samples moves one minute by at most
+    // what one a second would; once the lease ended, it moves nothing.
+    let flooded = base + TimeDelta::minutes(1);
+    for _ in 0..(lh_gateway::usage::MAX_SAMPLES_PER_GPU_MINUTE + 20) {
+        publish(
+            &bus,
+            node,
+            lease,
+            flooded,
+            vec![gpu(uuid, Some(100), 1, 50, None)],
+        )
+        .await;
+    }
+    let samples_in = |minute: DateTime<Utc>| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT samples FROM gateway.lease_usage_minutes WHERE gpu_uuid = $1 AND minute = $2",
+            )
+            .bind(uuid)
+            .bind(minute)
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    usage_caught_up(&stack, &pool).await;
+    assert_eq!(
+        samples_in(flooded).await,
+        Some(lh_gateway::usage::MAX_SAMPLES_PER_GPU_MINUTE)
+    );
+    let (status, body) = stack
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/leases/{lease}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    stack
+        .wait_lease(&key, &lease.to_string(), |l| l["state"] == "ended")
+        .await;
+    let after_end = base - TimeDelta::minutes(1);
+    publish(
+        &bus,
+        node,
+        lease,
+        after_end,
+        vec![gpu(uuid, Some(1), 1, 50, None)],
+    )
+    .await;
+    usage_caught_up(&stack, &pool).await;
+    assert_eq!(samples_in(after_end).await, None);
 
     // More points than one answer holds: a coarser step is asked for.
     let minutes = lh_gateway::http::usage::MAX_USAGE_POINTS as i64 + 1;
