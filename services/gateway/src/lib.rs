@@ -51,6 +51,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Reads of the audit trail, each itself recorded in the log.",
     ),
     (
+        "lh_gateway_lease_log_reads_by_operators_total",
+        "Reads of a tenant's workload log by an admin, each recorded in the log.",
+    ),
+    (
         "lh_gateway_node_commands_total",
         "Operator commands on nodes appended to the log, by type.",
     ),

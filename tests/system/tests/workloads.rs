@@ -869,6 +869,22 @@ async fn a_workload_s_output_is_read_in_order_by_offset_and_keeps_its_newest_par
         (s, as_admin["data"].as_str()),
         (200, Some(expected.as_str()))
     );
+    // The admin's read is in the trail; the tenant's own reads are not
+    // accesses to record; an auditor reads no workload's output.
+    let bus = stack.bus().await;
+    let reads: Vec<_> = lh_test_stack::read_log(&bus)
+        .await
+        .into_iter()
+        .filter_map(|e| match e.envelope.data {
+            lh_events::EventData::AuditAccessed(a) if a.route == "/v1/leases/{id}/logs" => {
+                Some((e.envelope.actor.principal(), a.filter["lease_id"].clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reads, [("admin:bootstrap".to_string(), both.clone())]);
+    let (s, p) = logs(&stack, lh_test_stack::AUDITOR_TOKEN, &both, "").await;
+    assert_eq!(s, 403, "{p}");
     let (s, p) = logs(&stack, &other, &both, "").await;
     assert_eq!(s, 404, "another tenant's lease: {p}");
     for (query, field) in [

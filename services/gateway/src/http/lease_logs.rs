@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
+use chrono::Utc;
 use lh_domain::lease::LeaseState;
+use lh_events::{AuditAccessed, Envelope, EventData, Expect, OperatorRole};
 use lh_rpc::http::lease_logs::LeaseLogsView;
 use lh_rpc::lease_logs::{LeaseLogsReply, LeaseLogsRequest, MAX_LEASE_LOG_READ_BYTES};
 use serde::Deserialize;
@@ -20,6 +22,8 @@ use super::{ApiContext, ApiError, Caller};
 
 /// How long the node the lease is on may take to answer.
 pub const LEASE_LOGS_NODE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The route an admin's read of a lease's log is recorded under.
+const LEASE_LOGS_ROUTE: &str = "/v1/leases/{id}/logs";
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +58,7 @@ fn nothing_to_read(node_id: Option<String>, finished: bool, detail: String) -> L
     responses(
         (status = 200, body = LeaseLogsView),
         (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem, description = "An auditor: workload output is the tenant's"),
         (status = 404, body = super::Problem, description = "No such lease, or its node keeps no log of it (past its keep time)"),
         (status = 422, body = super::Problem),
         (status = 503, body = super::Problem, description = "The lease's node did not answer within 5 s")
@@ -77,6 +82,15 @@ pub async fn get(
             "give either offset or tail, not both",
             "tail",
         ));
+    }
+    // A workload's output is its tenant's (tokens, data): the auditor
+    // audits the platform and reads the trail, not what tenants print.
+    if let Caller::Operator(operator) = &caller {
+        if operator.role == OperatorRole::Auditor {
+            return Err(ApiError::forbidden(
+                "the auditor role reads the audit trail, not tenants' workload output",
+            ));
+        }
     }
     let lease = visible(&ctx, &caller, parse_id(&id)?).await?;
     let done = matches!(lease.view.state, LeaseState::Ended | LeaseState::Rejected);
@@ -118,6 +132,23 @@ pub async fn get(
         max_bytes: query.max_bytes,
         placement,
     };
+    if caller.is_operator() {
+        // An admin reads a tenant's output only once the trail says so.
+        let mut filter = std::collections::BTreeMap::new();
+        filter.insert("lease_id".to_string(), lease.view.id.to_string());
+        filter.insert("offset".to_string(), request.offset.to_string());
+        if let Some(tail) = request.tail {
+            filter.insert("tail".to_string(), tail.to_string());
+        }
+        let data = EventData::AuditAccessed(AuditAccessed {
+            route: LEASE_LOGS_ROUTE.to_string(),
+            filter,
+            records: 1,
+        });
+        let envelope = Envelope::new(caller.actor(), Utc::now(), data);
+        ctx.bus.publish(&envelope, Expect::Any).await?;
+        metrics::counter!("lh_gateway_lease_log_reads_by_operators_total").increment(1);
+    }
     let reply = lh_rpc::lease_logs::fetch(&ctx.bus, &node_id, &request, LEASE_LOGS_NODE_TIMEOUT)
         .await
         .map_err(|e| {
