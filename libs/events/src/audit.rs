@@ -94,8 +94,9 @@ pub struct AuditAccessed {
 /// per source and interval instead of one per request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct AccessRefused {
-    /// Who was refused: `ip:<address>` when the request named no known
-    /// principal, else the principal (`tenant:<id>`, `auditor:<name>`, ...);
+    /// Who was refused: `ip:<network>` (the address's /24 or /48) when the
+    /// request named no known principal, else the principal
+    /// (`tenant:<id>`, `auditor:<name>`, ...);
     /// `others` for the sources past the per-interval limit, summed.
     pub source: String,
     /// Start of the interval (UTC).

@@ -165,11 +165,34 @@ pub async fn count(
     let response = next.run(request).await;
     let status = response.status().as_u16();
     if is_refusal(status) {
-        let source = named.0.get().cloned().unwrap_or_else(|| format!("ip:{ip}"));
+        let source = named.0.get().cloned().unwrap_or_else(|| {
+            // The log is read by every node for a year and cannot be
+            // erased: it keeps the network, the gateway's own log the
+            // address.
+            tracing::debug!(%ip, status, route, "request refused");
+            format!("ip:{}", network_of(ip))
+        });
         counter.record(&source, status, &route, Utc::now());
         metrics::counter!("lh_gateway_refusals_total", "status" => status.to_string()).increment(1);
     }
     response
+}
+
+/// The network a refused address is recorded by: its /24 (IPv4) or /48
+/// (IPv6), enough to tell a flood's source and block it, not enough to
+/// name a person.
+pub fn network_of(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            format!("{a}.{b}.{c}.0/24")
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let network = std::net::Ipv6Addr::new(s[0], s[1], s[2], 0, 0, 0, 0, 0);
+            format!("{network}/48")
+        }
+    }
 }
 
 /// Publishes each ended interval's summaries as `access.refused`, until
@@ -203,6 +226,18 @@ mod tests {
 
     fn at(secs: i64) -> DateTime<Utc> {
         Utc.timestamp_opt(secs, 0).unwrap()
+    }
+
+    #[test]
+    fn a_refused_address_is_kept_as_its_network() {
+        assert_eq!(
+            network_of("203.0.113.77".parse().unwrap()),
+            "203.0.113.0/24"
+        );
+        assert_eq!(
+            network_of("2001:db8:1234:5678::9".parse().unwrap()),
+            "2001:db8:1234::/48"
+        );
     }
 
     #[test]
