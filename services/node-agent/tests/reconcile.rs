@@ -227,6 +227,45 @@ async fn an_orphan_of_no_known_lease_or_an_old_placement_is_stopped() {
 }
 
 #[tokio::test]
+async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
+    let state = tempfile::tempdir().unwrap();
+    let kept = Uuid::new_v4();
+    let kept_record = kill_agent_after_start(state.path(), kept, "exec sleep 300");
+    let (mut workloads, _finished) = workloads(state.path());
+    let reconciled = workloads
+        .reconcile(&HashMap::from([(kept, PLACEMENT)]))
+        .await;
+    assert_eq!(reconciled.adopted, [(kept, PLACEMENT)]);
+    assert_eq!(
+        workloads.sweep_orphans().await,
+        0,
+        "nothing unsupervised yet"
+    );
+
+    // A workload of this node appears that the agent never started or was
+    // told to forget (its lease ended by a report it obeyed while it
+    // could not stop it): the next sweep stops it, and only it.
+    let stray = Uuid::new_v4();
+    let stray_dir = tempfile::tempdir().unwrap();
+    let stray_record = kill_agent_after_start(stray_dir.path(), stray, "exec sleep 300");
+    fs::rename(
+        stray_dir.path().join(stray_record.file_name()),
+        state.path().join(stray_record.file_name()),
+    )
+    .unwrap();
+    assert_eq!(workloads.sweep_orphans().await, 1);
+    assert_gone(&stray_record).await;
+    assert!(workloads.is_running(kept, PLACEMENT));
+    assert_eq!(
+        processes_of(kept),
+        [kept_record.pid],
+        "the supervised one runs on"
+    );
+    assert!(workloads.stop(kept));
+    assert_gone(&kept_record).await;
+}
+
+#[tokio::test]
 async fn a_recorded_pid_now_held_by_an_unrelated_process_is_not_killed() {
     let state = tempfile::tempdir().unwrap();
     let mut unrelated = Command::new("sleep").arg("300").spawn().unwrap();

@@ -97,6 +97,10 @@ struct Resolved {
 }
 
 /// Starts the task; it ends when the agent drops its command sender.
+/// How often the workload side looks for workloads of this node that it
+/// does not supervise, and stops them.
+pub const ORPHAN_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub(crate) fn spawn(
     bus: Bus,
     node_id: String,
@@ -119,6 +123,9 @@ pub(crate) fn spawn(
         resolved_tx,
     };
     tokio::spawn(async move {
+        let mut sweep = tokio::time::interval(ORPHAN_SWEEP_EVERY);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reconciled_once = false;
         loop {
             let report = tokio::select! {
                 command = commands.recv() => match command {
@@ -129,10 +136,17 @@ pub(crate) fn spawn(
                         let reconciled = side.workloads.reconcile(&placed_here).await;
                         side.workloads.reconcile_shares(&reconciled.adopted, &share_gpus);
                         side.mig.adopt(mig_placed, mig_over).await;
+                        reconciled_once = true;
                         Some(Report::Reconciled { adopted: reconciled.adopted })
                     }
                     Some(command) => side.carry_out(command),
                 },
+                // In the one task that starts workloads: a start is
+                // supervised before the sweep can look.
+                _ = sweep.tick(), if reconciled_once => {
+                    side.workloads.sweep_orphans().await;
+                    None
+                }
                 Some(r) = resolved.recv() => side.resolved(r),
                 Some(f) = finished.recv() => {
                     side.workloads.forget(f.lease_id, f.placement);

@@ -408,11 +408,9 @@ impl Workloads {
         self.running.insert(lease_id, (placement, stop_tx));
     }
 
-    /// Finds what a previous agent left on the host (process records,
-    /// cgroups, containers of this node), adopts the workloads of the
-    /// leases in `placed_here` (lease and placement) and stops and removes
-    /// the rest. Each decision is logged and counted.
-    pub async fn reconcile(&mut self, placed_here: &HashMap<Uuid, u64>) -> Reconciled {
+    /// The workloads of this node on the host: process records, lease
+    /// cgroups, containers.
+    async fn on_the_host(&self) -> Vec<Found> {
         let mut found = reconcile::list_process_records(
             &self.marks.state_dir,
             &self.marks.node_id,
@@ -424,6 +422,42 @@ impl Workloads {
         if let Some(c) = &self.container {
             found.extend(reconcile::list_containers(&c.cli, &self.marks.node_id).await);
         }
+        found
+    }
+
+    /// Stops and removes every workload of this node on the host that
+    /// this agent does not supervise: one whose lease it was told ended or
+    /// moved while it could not stop it, or one started behind its back.
+    /// Nothing else ends such a workload before the agent's next start,
+    /// and meanwhile it holds GPUs the scheduler counts as free. Returns
+    /// how many it reaped.
+    pub async fn sweep_orphans(&mut self) -> usize {
+        let supervised: HashMap<Uuid, u64> = self
+            .running
+            .iter()
+            .map(|(lease_id, (placement, _))| (*lease_id, *placement))
+            .collect();
+        let found = self.on_the_host().await;
+        let decisions = reconcile::decide(&found, &supervised);
+        let mut reaped = 0;
+        for (f, decision) in found.into_iter().zip(decisions) {
+            if let Decision::Reap { why } = decision {
+                let (lease_id, kind) = (f.lease_id(), f.kind());
+                tracing::warn!(lease = %lease_id, kind, why, "stopping a workload this agent does not supervise");
+                metrics::counter!("lh_node_workloads_reaped_total", "kind" => kind).increment(1);
+                self.reap(f);
+                reaped += 1;
+            }
+        }
+        reaped
+    }
+
+    /// Finds what a previous agent left on the host (process records,
+    /// cgroups, containers of this node), adopts the workloads of the
+    /// leases in `placed_here` (lease and placement) and stops and removes
+    /// the rest. Each decision is logged and counted.
+    pub async fn reconcile(&mut self, placed_here: &HashMap<Uuid, u64>) -> Reconciled {
+        let found = self.on_the_host().await;
         let decisions = reconcile::decide(&found, placed_here);
         let adopted_cgroups: HashMap<Uuid, PathBuf> = found
             .iter()
