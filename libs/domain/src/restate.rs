@@ -82,8 +82,27 @@ fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
         let cut = events.len() - (MAX_RESTATED_EVENTS - 1);
         events.drain(1..cut);
     }
+    // By bytes too: a restatement the server cannot take is no
+    // restatement, and the aggregate's history would expire with nothing
+    // standing for it. A node writes some fields of its reports, so a
+    // count alone does not bound them.
+    let sizes: Vec<usize> = events
+        .iter()
+        .map(|e| serde_json::to_vec(e).map_or(0, |bytes| bytes.len()))
+        .collect();
+    let mut total: usize = sizes.iter().sum();
+    let mut keep_from = 1;
+    while total > MAX_RESTATED_BYTES && keep_from + 1 < events.len() {
+        total -= sizes[keep_from];
+        keep_from += 1;
+    }
+    events.drain(1..keep_from);
     events
 }
+
+/// Most bytes of stated events one restatement carries: well under the
+/// server's 1 MiB message limit, with room for its envelope.
+pub const MAX_RESTATED_BYTES: usize = 768 * 1024;
 
 /// A tenant's creation, its keys' issues and revocations, its erasure, the
 /// newest suspension (none once resumed) and the newest quota, in the order they
@@ -218,6 +237,35 @@ mod tests {
             r.history.iter().map(|e| e.sequence).collect::<Vec<_>>(),
             [3, 9]
         );
+    }
+
+    #[test]
+    fn a_restatement_keeps_within_its_bytes_the_first_and_the_newest() {
+        let lease = Uuid::from_u128(1);
+        let mut history = lease_history();
+        // Starts whose node listed a thousand MIG devices: 60 KiB or so each.
+        for i in 0..40 {
+            let mut started = fixtures::started(lease, "n1", chrono::Utc::now());
+            started.mig_devices = (0..1000)
+                .map(|g| lh_events::StartedMigDevice {
+                    gpu_index: g,
+                    uuid: format!("MIG-{i}-{g}-0000-0000-0000-000000000000"),
+                })
+                .collect();
+            history.push(stated(100 + i, EventData::LeaseStarted(started)));
+        }
+        let EventData::LeaseRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        let bytes: usize = r
+            .history
+            .iter()
+            .map(|e| serde_json::to_vec(e).unwrap().len())
+            .sum();
+        assert!(bytes <= MAX_RESTATED_BYTES, "{bytes}");
+        assert_eq!(r.history.first().unwrap().sequence, 3, "its request stays");
+        assert_eq!(r.history.last().unwrap().sequence, 139, "its newest stays");
+        assert!(r.history.len() < history.len());
     }
 
     #[test]
