@@ -9,29 +9,57 @@ use lh_events::subject;
 
 /// Every event in the log that the services obey, in order: messages that
 /// do not decode, and events their publishers had no authority to write
-/// (`lh_domain::authority`), left out.
+/// (`lh_domain::authority`), left out. A read the server fails (an outage,
+/// a leader moving) is tried again as the services' own reads are, for up
+/// to [`LOG_READ_PATIENCE`]: a harness that reads while it breaks things
+/// must outlast them.
 pub async fn read_log(bus: &Bus) -> Vec<Stored> {
-    let head = bus.last_sequence().await.unwrap();
+    let deadline = tokio::time::Instant::now() + LOG_READ_PATIENCE;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match try_read_log(bus).await {
+            Ok(log) => return log,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("reading the log failed ({e}); trying again in {wait:?}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => panic!("the log could not be read for {LOG_READ_PATIENCE:?}: {e}"),
+        }
+    }
+}
+
+/// Longest [`read_log`] keeps trying.
+pub const LOG_READ_PATIENCE: Duration = Duration::from_secs(60);
+
+async fn try_read_log(bus: &Bus) -> Result<Vec<Stored>, lh_bus::BusError> {
+    let head = bus.last_sequence().await?;
     let mut out = Vec::new();
     let mut authority = lh_domain::authority::Authority::default();
     if head == 0 {
-        return out;
+        return Ok(out);
     }
-    let mut feed = bus.reread(&[subject::EVENTS_ALL], 1).await.unwrap();
+    let mut feed = bus.reread(&[subject::EVENTS_ALL], 1).await?;
+    let mut last = 0;
     while let Some(item) = feed.next_item_within(Duration::from_secs(5)).await {
-        let item = item.unwrap();
-        let done = item.sequence() >= head;
+        let item = item?;
+        last = item.sequence();
         if let FeedItem::Event(mut event) = item {
             if let Ok(taken) = authority.admit(&event.envelope) {
                 event.envelope = taken.into_owned();
                 out.push(event);
             }
         }
-        if done {
+        if last >= head {
             break;
         }
     }
-    out
+    if last < head {
+        return Err(lh_bus::BusError::JetStream(format!(
+            "the read stopped at sequence {last} of {head}"
+        )));
+    }
+    Ok(out)
 }
 
 /// `(node, started_at)` of every `lease.started`, in log order.
