@@ -22,8 +22,6 @@ use lh_events::subject::{self, Publisher, OWNERS};
 pub const OPERATOR_USER: &str = "operator";
 /// The read-only user for people who check the log.
 pub const AUDITOR_USER: &str = "auditor";
-/// The object store bucket's stream (see [`crate::SNAPSHOTS_BUCKET`]).
-const SNAPSHOTS_STREAM: &str = "OBJ_lh-snapshots";
 /// Most characters a user name may have (it becomes a subject token).
 pub const MAX_USER_NAME_CHARS: usize = 64;
 
@@ -98,17 +96,19 @@ fn read_stream(stream: &str) -> Vec<String> {
     ]
 }
 
-/// The snapshot store: services and node agents keep their folded state
-/// there (a cache: a lost snapshot costs a replay, never a wrong answer).
-/// `meta` is the object names this user may write.
-fn snapshots(meta: &str) -> Vec<String> {
-    let mut subjects = read_stream(SNAPSHOTS_STREAM);
+/// `user`'s own snapshot store: services and node agents keep their
+/// folded state there (a cache: a lost snapshot costs a replay, never a
+/// wrong answer), each user in a bucket no other user may read, write or
+/// purge.
+fn snapshots(user: &str) -> Vec<String> {
+    let bucket = crate::snapshots_bucket(user);
+    let stream = format!("OBJ_{bucket}");
+    let mut subjects = read_stream(&stream);
     subjects.extend([
-        format!("$JS.API.STREAM.CREATE.{SNAPSHOTS_STREAM}"),
+        format!("$JS.API.STREAM.CREATE.{stream}"),
         // Replacing an object purges the chunks of the one it replaces.
-        format!("$JS.API.STREAM.PURGE.{SNAPSHOTS_STREAM}"),
-        format!("$O.{}.C.>", crate::SNAPSHOTS_BUCKET),
-        format!("$O.{}.M.{meta}", crate::SNAPSHOTS_BUCKET),
+        format!("$JS.API.STREAM.PURGE.{stream}"),
+        format!("$O.{bucket}.>"),
     ]);
     subjects
 }
@@ -150,10 +150,10 @@ pub fn event_subjects(publisher: Publisher, node_id: Option<&str>) -> Vec<String
 /// What every service and node agent needs besides its events: the log
 /// and the telemetry stream read, its inbox, the snapshot store, and the
 /// announcements of a new leader of the log.
-fn base(user: &str, snapshot_meta: &str) -> Permissions {
+fn base(user: &str) -> Permissions {
     let mut publish = read_stream(subject::EVENTS_STREAM);
     publish.push(format!("$JS.API.STREAM.INFO.{}", subject::TELEMETRY_STREAM));
-    publish.extend(snapshots(snapshot_meta));
+    publish.extend(snapshots(user));
     Permissions {
         publish,
         publish_deny: stream_management(),
@@ -171,7 +171,7 @@ fn base(user: &str, snapshot_meta: &str) -> Permissions {
 /// The permissions of a service's user.
 pub fn service_permissions(service: Publisher) -> Permissions {
     let name = service.service_name().expect("a service has a name");
-    let mut p = base(name, ">");
+    let mut p = base(name);
     p.publish.extend(event_subjects(service, None));
     // A service creates the logs when they are missing; the server
     // refuses a create whose config differs from the stream's, so it
@@ -229,8 +229,7 @@ pub fn service_permissions(service: Publisher) -> Permissions {
 /// reads of its leases' logs; nothing as another node.
 pub fn node_permissions(node_id: &str) -> Permissions {
     let user = node_user(node_id);
-    let meta = base64_url(&format!("node-agent-{node_id}"));
-    let mut p = base(&user, &meta);
+    let mut p = base(&user);
     p.publish
         .extend(event_subjects(Publisher::Node, Some(node_id)));
     p.publish.push(subject::heartbeat(node_id));
@@ -354,28 +353,6 @@ pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> Stri
     out
 }
 
-/// URL-safe base64 with padding: how the object store names an object's
-/// metadata subject.
-fn base64_url(text: &str) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let bytes = text.as_bytes();
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,11 +388,31 @@ mod tests {
     }
 
     #[test]
-    fn object_names_encode_as_the_object_store_does() {
-        assert_eq!(base64_url("node-agent-a"), "bm9kZS1hZ2VudC1h");
-        assert_eq!(base64_url("ab"), "YWI=");
-        assert_eq!(base64_url("a"), "YQ==");
-        assert_eq!(base64_url("??>"), "Pz8-");
+    fn each_user_keeps_snapshots_in_its_own_bucket_only() {
+        let node = node_permissions("gpu-1");
+        assert!(node
+            .publish
+            .contains(&"$O.lh-snapshots-node-gpu-1.>".to_string()));
+        assert!(node
+            .publish
+            .contains(&"$JS.API.STREAM.PURGE.OBJ_lh-snapshots-node-gpu-1".to_string()));
+        let scheduler = service_permissions(Publisher::Scheduler);
+        assert!(scheduler
+            .publish
+            .contains(&"$O.lh-snapshots-scheduler.>".to_string()));
+        for p in [&node, &scheduler] {
+            let buckets: Vec<&String> = p
+                .publish
+                .iter()
+                .filter(|s| s.contains("lh-snapshots"))
+                .collect();
+            let own = if std::ptr::eq(p, &node) {
+                "lh-snapshots-node-gpu-1"
+            } else {
+                "lh-snapshots-scheduler"
+            };
+            assert!(buckets.iter().all(|s| s.contains(own)), "{buckets:?}");
+        }
     }
 
     #[test]

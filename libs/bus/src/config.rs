@@ -273,6 +273,24 @@ impl BusConfig {
         }
     }
 
+    /// Where this connection keeps its snapshots (its user's bucket, or its
+    /// client name's without credentials) and the key it signs them with
+    /// (its nkey, when it has one).
+    pub(crate) fn snapshot_keeper(&self) -> Result<crate::snapshots::SnapshotKeeper> {
+        let owner = self.credentials.user().unwrap_or(&self.client_name);
+        let signer = match &self.credentials {
+            Credentials::Nkey { seed, .. } => Some(std::sync::Arc::new(
+                nkeys::KeyPair::from_seed(seed)
+                    .map_err(|e| BusError::BadCredentials(format!("the nkey seed: {e}")))?,
+            )),
+            _ => None,
+        };
+        Ok(crate::snapshots::SnapshotKeeper {
+            bucket: crate::snapshots::snapshots_bucket(owner),
+            signer,
+        })
+    }
+
     /// The shortest age the business log may keep events for under this
     /// configuration.
     pub fn least_events_max_age(&self) -> Duration {

@@ -69,7 +69,9 @@ pub use lh_events::Expect;
 pub use publish::{
     Appended, EVENT_TYPE_HEADER, EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT, MAX_BATCH_MESSAGES,
 };
-pub use snapshots::{MAX_SNAPSHOT_BYTES, SNAPSHOTS_BUCKET, SNAPSHOTS_MAX_BYTES};
+pub use snapshots::{
+    snapshots_bucket, MAX_SNAPSHOT_BYTES, SNAPSHOTS_BUCKET_PREFIX, SNAPSHOTS_MAX_BYTES,
+};
 pub use streams::{
     events_fill_warning, events_stream_config, events_stream_problems, StreamFigures,
     DUPLICATE_WINDOW, EVENTS_FILL_WARNING, TELEMETRY_MAX_AGE,
@@ -137,6 +139,8 @@ pub struct Bus {
     connects: tokio::sync::watch::Receiver<u64>,
     /// Replicas of what this connection creates (the snapshot store).
     replicas: usize,
+    /// Its user's snapshot bucket, and the key it signs snapshots with.
+    snapshots: snapshots::SnapshotKeeper,
 }
 
 impl Bus {
@@ -185,6 +189,7 @@ impl Bus {
             service: config.client_name.as_str().into(),
             connects,
             replicas: config.replicas,
+            snapshots: config.snapshot_keeper()?,
         };
         // The client connects in the background (and reconnects for ever);
         // until the server answers, checking the streams fails, so it is

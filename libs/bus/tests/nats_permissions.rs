@@ -681,18 +681,76 @@ async fn services_and_node_agents_keep_their_own_snapshots() {
         agent.get_snapshot("node-agent-n1").await.unwrap(),
         Some(b"n1 state".to_vec())
     );
-    // Another's is refused: the object's metadata subject is not its own.
-    let forged = tokio::time::timeout(
-        Duration::from_secs(20),
-        agent.put_snapshot("lh-scheduler", b"forged"),
+    // The same key is another object in another bucket: a node's writes
+    // never reach a service's state.
+    agent
+        .put_snapshot("lh-scheduler", b"forged")
+        .await
+        .expect("a node writes in its own bucket");
+    assert_eq!(
+        scheduler.get_snapshot("lh-scheduler").await.unwrap(),
+        Some(b"newer state".to_vec())
+    );
+    // Another service neither reads nor writes the scheduler's bucket, nor
+    // purges it, with a plain client of its own credentials.
+    let (pricing, _) = users.client(&nats, "pricing").await;
+    let js = jetstream::new(pricing);
+    // The server answers a refused request with silence: 3 s is plenty.
+    let foreign = tokio::time::timeout(
+        Duration::from_secs(3),
+        js.get_object_store("lh-snapshots-scheduler"),
     )
     .await;
     assert!(
-        !matches!(forged, Ok(Ok(()))),
-        "a node agent replaced the scheduler's snapshot"
+        !matches!(foreign, Ok(Ok(_))),
+        "pricing opened the scheduler's snapshots"
+    );
+    let purge = tokio::time::timeout(
+        Duration::from_secs(3),
+        js.get_stream("OBJ_lh-snapshots-scheduler"),
+    )
+    .await;
+    assert!(
+        !matches!(purge, Ok(Ok(_))),
+        "pricing reached the scheduler's snapshot stream"
     );
     assert_eq!(
         scheduler.get_snapshot("lh-scheduler").await.unwrap(),
         Some(b"newer state".to_vec())
     );
+}
+
+#[tokio::test]
+async fn a_snapshot_signed_by_another_key_or_none_is_not_restored() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let scheduler = users.bus(&nats, "scheduler").await;
+    scheduler
+        .put_snapshot("lh-scheduler", b"folded state")
+        .await
+        .unwrap();
+    // Bytes put straight into the bucket by the operator (who may manage
+    // every stream), unsigned or signed by another key, are replayed past.
+    let (operator, _) = users.client(&nats, auth::OPERATOR_USER).await;
+    let store = jetstream::new(operator)
+        .get_object_store("lh-snapshots-scheduler")
+        .await
+        .unwrap();
+    let other = nkeys::KeyPair::new_user();
+    let signature = hex::encode(other.sign(b"forged state").unwrap());
+    for forged in [
+        "lh-snapshot-v1 unsigned\nforged state".to_string(),
+        format!("lh-snapshot-v1 ed25519 {signature}\nforged state"),
+        "forged state".to_string(),
+    ] {
+        store
+            .put("lh-scheduler", &mut forged.as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(
+            scheduler.get_snapshot("lh-scheduler").await.unwrap(),
+            None,
+            "{forged}"
+        );
+    }
 }
