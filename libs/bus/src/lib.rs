@@ -86,6 +86,10 @@ pub const METRICS: &[(&str, &str)] = &[
         "Stored messages a service read but could not use, by service and reason.",
     ),
     (
+        "lh_snapshots_refused_total",
+        "Stored snapshots a service would not restore (not signed by its own key, or not in its format), by service.",
+    ),
+    (
         "lh_nats_connected",
         "Whether the service's NATS connection is up (1) or down (0), by service.",
     ),
