@@ -339,6 +339,36 @@ for entry in "${SERVICES[@]}"; do
     start_service "$name" "$binary" "$addr"
 done
 
+# --- enrollment ---
+# A node no operator enrolled is in no fleet, whatever it says of itself
+# (docs/security.md, "Authority by state"): each node of the fleet file is
+# enrolled for what it declares, as an operator does with `lh node enroll`.
+# A node agent that registered before its enrollment registers again.
+enroll_fleet() {
+    local id zone count model isolation sharing args s
+    while IFS='|' read -r id zone count model isolation sharing; do
+        args=(node enroll "$id" --zone "$zone" --max-gpus "$count" --gpu-model "$model"
+            --max-isolation "$isolation")
+        for s in $sharing; do args+=(--gpu-sharing "$s"); done
+        LH_GATEWAY_URL="http://$GATEWAY_ADDR" LH_API_KEY_FILE="$DATA/admin-token" \
+            "$BIN/lh" "${args[@]}" >/dev/null || die "cannot enroll node $id"
+    done < <(python3 - "$ROOT/dev/fleet.toml" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    fleet = tomllib.load(f)
+for n in fleet["node"]:
+    sharing = []
+    if n.get("mig_gpus"):
+        sharing.append("mig")
+    if n.get("gpu_sharing", "none") not in ("none", *sharing):
+        sharing.append(n["gpu_sharing"])
+    print("|".join([n["id"], n["zone"], str(n["gpu_count"]), n["gpu_model"],
+                    n.get("isolation", "none"), " ".join(sharing)]))
+PY
+)
+    say "enrolled the fleet's nodes (dev/fleet.toml)"
+}
+
 # --- readiness ---
 deadline=$((SECONDS + TIMEOUT_SECS))
 for entry in "${SERVICES[@]}"; do
@@ -354,6 +384,9 @@ for entry in "${SERVICES[@]}"; do
         fi
         sleep 0.5
     done
+    if [ "$name" = gateway ]; then
+        enroll_fleet
+    fi
 done
 
 cat <<EOF

@@ -213,6 +213,21 @@ pub fn tenant_created(tenant_id: uuid::Uuid, max_gpus: u32) -> lh_events::Envelo
 /// tenant asks for its leases, an operator does the rest. Readers refuse an
 /// event from an actor that may not write it, so a harness that appended
 /// every event as the operator would measure a scheduler that places nothing.
+/// A node's registration as the log must hold it to count: first an
+/// operator's enrollment for exactly what it claims, then the
+/// registration as the node's own.
+pub fn enrolled(node: lh_events::NodeRegistered) -> [lh_events::Envelope; 2] {
+    use lh_events::{fixtures, Actor, Envelope, EventData};
+    [
+        Envelope::new(
+            Actor::Admin,
+            chrono::Utc::now(),
+            EventData::NodeEnrolled(fixtures::enrollment_of(&node)),
+        ),
+        as_its_writer(EventData::NodeRegistered(node)),
+    ]
+}
+
 pub fn as_its_writer(data: lh_events::EventData) -> lh_events::Envelope {
     use lh_events::{Actor, Envelope, EventData};
     let actor = match &data {

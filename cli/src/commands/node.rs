@@ -1,7 +1,7 @@
-//! `lh node drain | uncordon`: take a GPU node out of placement and give it
-//! back, one request each to `/v1/nodes/{id}`.
+//! `lh node enroll | drain | uncordon`: vouch for a GPU node, take it out
+//! of placement and give it back, one request each to `/v1/nodes/{id}`.
 
-use lh_rpc::http::nodes::DrainNode;
+use lh_rpc::http::nodes::{DrainNode, EnrollNode};
 
 use crate::args::NodeCommand;
 use crate::client::Gateway;
@@ -17,6 +17,20 @@ pub(crate) async fn run(
     out: Out<'_>,
 ) -> anyhow::Result<i32> {
     match command {
+        NodeCommand::Enroll(e) => {
+            let body = EnrollNode {
+                zone: e.zone,
+                max_gpus: e.max_gpus,
+                gpu_models: e.gpu_models,
+                max_isolation: e.max_isolation,
+                gpu_sharing: e.gpu_sharing,
+            };
+            let node = gw
+                .post(&["v1", "nodes", &e.id, "enroll"], &body, &[])
+                .await?;
+            emit(out, json, &node, render::node_enrollment)?;
+            Ok(EXIT_OK)
+        }
         NodeCommand::Drain(d) => {
             let body = DrainNode {
                 mode: d.mode,

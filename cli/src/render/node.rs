@@ -1,4 +1,4 @@
-//! A node after a drain or an uncordon.
+//! A node after an enrollment, a drain or an uncordon.
 
 use serde_json::Value;
 
@@ -15,4 +15,36 @@ pub(crate) fn node_cordon(node: &Value) -> String {
     }
     rows.push(("sequence", text(node, "sequence")));
     key_values(rows)
+}
+
+/// A node's enrollment as recorded.
+pub(crate) fn node_enrollment(node: &Value) -> String {
+    let list = |field: &str| {
+        node[field]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    let sharing = list("gpu_sharing");
+    key_values(vec![
+        ("node", text(node, "node_id")),
+        ("zone", text(node, "zone")),
+        ("max gpus", text(node, "max_gpus")),
+        ("gpu models", list("gpu_models")),
+        ("max isolation", text(node, "max_isolation")),
+        (
+            "gpu sharing",
+            if sharing.is_empty() {
+                "none".to_string()
+            } else {
+                sharing
+            },
+        ),
+        ("sequence", text(node, "sequence")),
+    ])
 }

@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use lh_events::{Actor, Envelope, EventData, StatedEvent};
+use lh_events::{Actor, Envelope, EventData, NodeEnrolled, NodeRegistered, StatedEvent};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -49,10 +49,14 @@ pub struct LeaseHold {
 #[error("{0}")]
 pub struct NotAuthorized(pub String);
 
-/// The leases' holds, and the rule that judges each event against them.
+/// The leases' holds and the nodes' enrollments, and the rule that judges
+/// each event against them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Authority {
     leases: HashMap<Uuid, LeaseHold>,
+    /// Each node's newest enrollment: what its registration may claim.
+    #[serde(default)]
+    nodes: HashMap<String, NodeEnrolled>,
 }
 
 impl Authority {
@@ -77,6 +81,20 @@ impl Authority {
             .map(move |id| (id, self.leases.get(&id)))
     }
 
+    /// Node `node_id`'s enrollment, if an operator enrolled it.
+    pub fn enrollment(&self, node_id: &str) -> Option<&NodeEnrolled> {
+        self.nodes.get(node_id)
+    }
+
+    /// Takes `enrollment` as node `node_id`'s, for a reader that loads
+    /// them from its own store.
+    pub fn set_enrollment(&mut self, node_id: &str, enrollment: Option<NodeEnrolled>) {
+        match enrollment {
+            Some(e) => self.nodes.insert(node_id.to_string(), e),
+            None => self.nodes.remove(node_id),
+        };
+    }
+
     /// Takes `hold` as lease `lease_id`'s (`None`: the lease has ended or is
     /// unknown), for a reader that loads holds from its own store.
     pub fn set_hold(&mut self, lease_id: Uuid, hold: Option<LeaseHold>) {
@@ -98,6 +116,9 @@ impl Authority {
         self.judge(envelope)?;
         if let EventData::LeaseRestated(restated) = &envelope.data {
             return Ok(self.restate(envelope, restated.lease_id, &restated.history));
+        }
+        if let EventData::NodeRestated(restated) = &envelope.data {
+            return Ok(self.restate_node(envelope, &restated.node_id, &restated.history));
         }
         if let Some(history) = envelope.data.restated_history() {
             let kept = kept_history(history, |e| judge_stateless(e).is_ok());
@@ -129,6 +150,13 @@ impl Authority {
     /// Refuses what the actor may not do to the aggregate as it stands.
     fn judge(&self, envelope: &Envelope) -> Result<(), NotAuthorized> {
         judge_stateless(envelope)?;
+        if let EventData::NodeRegistered(registered) = &envelope.data {
+            let Some(enrolled) = self.nodes.get(&registered.node_id) else {
+                return Err(refused(envelope, "a node no operator enrolled"));
+            };
+            return beyond_enrollment(registered, enrolled)
+                .map_or(Ok(()), |what| Err(refused(envelope, &what)));
+        }
         let Some(lease_id) = envelope.data.lease_id() else {
             return Ok(());
         };
@@ -223,6 +251,9 @@ impl Authority {
             EventData::LeaseRejected(r) => {
                 self.leases.remove(&r.lease_id);
             }
+            EventData::NodeEnrolled(e) => {
+                self.nodes.insert(e.node_id.clone(), e.clone());
+            }
             _ => {}
         }
         Cow::Borrowed(envelope)
@@ -264,6 +295,79 @@ impl Authority {
             Cow::Borrowed(envelope)
         }
     }
+}
+
+impl Authority {
+    /// A restatement of a node: its history judged afresh, in order, its
+    /// enrollment taken from what it carries.
+    fn restate_node<'a>(
+        &mut self,
+        envelope: &'a Envelope,
+        node_id: &str,
+        history: &[StatedEvent],
+    ) -> Cow<'a, Envelope> {
+        let mut fresh = Authority::default();
+        let mut kept: Vec<StatedEvent> = Vec::with_capacity(history.len());
+        for stated in history {
+            if fresh.admit(&stated.envelope).is_ok() {
+                kept.push(stated.clone());
+            }
+        }
+        if let Some(enrolled) = fresh.nodes.remove(node_id) {
+            self.nodes.insert(node_id.to_string(), enrolled);
+        }
+        if kept.len() == history.len() {
+            Cow::Borrowed(envelope)
+        } else {
+            with_history(envelope, Some(kept))
+        }
+    }
+}
+
+/// What `registered` claims beyond `enrolled`, in words; `None` when it
+/// claims nothing more.
+fn beyond_enrollment(registered: &NodeRegistered, enrolled: &NodeEnrolled) -> Option<String> {
+    if registered.zone != enrolled.zone {
+        return Some(format!(
+            "zone {:?}, enrolled in {:?}",
+            registered.zone, enrolled.zone
+        ));
+    }
+    if registered.gpus.len() > enrolled.max_gpus as usize {
+        return Some(format!(
+            "{} GPUs, enrolled for at most {}",
+            registered.gpus.len(),
+            enrolled.max_gpus
+        ));
+    }
+    let mut indices = std::collections::HashSet::new();
+    let mut uuids = std::collections::HashSet::new();
+    for gpu in &registered.gpus {
+        if !enrolled.gpu_models.contains(&gpu.model) {
+            return Some(format!("a {} GPU, not an enrolled model", gpu.model));
+        }
+        if crate::catalog::vram_gb(&gpu.model).is_some_and(|vram| gpu.vram_gb > vram) {
+            return Some(format!("a {} with {} GB", gpu.model, gpu.vram_gb));
+        }
+        if !indices.insert(gpu.index) || !uuids.insert(gpu.uuid.as_str()) {
+            return Some(format!("GPU {} ({}) twice", gpu.index, gpu.uuid));
+        }
+    }
+    if registered.isolation > enrolled.max_isolation {
+        return Some(format!(
+            "{} isolation, enrolled for at most {}",
+            registered.isolation.as_str(),
+            enrolled.max_isolation.as_str()
+        ));
+    }
+    if !registered.gpu_sharing.is_none() && !enrolled.gpu_sharing.contains(&registered.gpu_sharing)
+    {
+        return Some(format!(
+            "GPU sharing by {:?}, not enrolled",
+            registered.gpu_sharing
+        ));
+    }
+    None
 }
 
 /// What needs no state to refuse: a node speaking of another node, a

@@ -38,10 +38,13 @@ pub fn restatement(history: &[StatedEvent]) -> Result<EventData, Unstatable> {
             tenant_id: t.tenant_id,
             history: bounded(compact_tenant(events)),
         })),
-        EventData::NodeRegistered(n) => Ok(EventData::NodeRestated(NodeRestated {
-            node_id: n.node_id.clone(),
-            history: compact_node(events),
-        })),
+        EventData::NodeRegistered(lh_events::NodeRegistered { node_id, .. })
+        | EventData::NodeEnrolled(lh_events::NodeEnrolled { node_id, .. }) => {
+            Ok(EventData::NodeRestated(NodeRestated {
+                node_id: node_id.clone(),
+                history: compact_node(events),
+            }))
+        }
         EventData::PriceBookPublished(_) => Ok(EventData::PriceBookRestated(PriceBookRestated {
             history: bounded(
                 events
@@ -156,6 +159,7 @@ fn compact_tenant(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
 /// still holds, in the order they were stored. Allocations are left out:
 /// the leases' own events say what each GPU holds.
 fn compact_node(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
+    let mut enrollment = None;
     let mut registration = None;
     let mut cordon = None;
     let mut loss = None;
@@ -163,6 +167,7 @@ fn compact_node(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
     let mut self_test = BTreeMap::new();
     for event in events {
         match &event.envelope.data {
+            EventData::NodeEnrolled(_) => enrollment = Some(event),
             EventData::NodeRegistered(_) => registration = Some(event),
             EventData::NodeCordoned(_) => cordon = Some(event),
             EventData::NodeUncordoned(_) => cordon = None,
@@ -184,9 +189,14 @@ fn compact_node(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
         .chain(self_test.into_values())
         .collect();
     rest.sort_by_key(|e| e.sequence);
-    // A registration first, so that a reader new to the node knows it
-    // before it reads of its GPUs.
-    registration.into_iter().chain(rest).collect()
+    // The enrollment, then the registration, first: a reader new to the
+    // node judges the registration by the enrollment and knows it before
+    // it reads of its GPUs.
+    enrollment
+        .into_iter()
+        .chain(registration)
+        .chain(rest)
+        .collect()
 }
 
 #[cfg(test)]

@@ -151,6 +151,30 @@ pub fn ended(
     }
 }
 
+/// An operator's enrollment for exactly what `node` claims: what a test or
+/// a harness writes before a node's registration, which counts only
+/// within one (`lh_domain::authority`).
+pub fn enrollment_of(node: &crate::NodeRegistered) -> crate::NodeEnrolled {
+    let mut gpu_models: Vec<String> = node.gpus.iter().map(|g| g.model.clone()).collect();
+    gpu_models.sort();
+    gpu_models.dedup();
+    let mut gpu_sharing = Vec::new();
+    if node.gpus.iter().any(|g| g.mig) {
+        gpu_sharing.push(crate::GpuSharing::Mig);
+    }
+    if !node.gpu_sharing.is_none() && !gpu_sharing.contains(&node.gpu_sharing) {
+        gpu_sharing.push(node.gpu_sharing);
+    }
+    crate::NodeEnrolled {
+        node_id: node.node_id.clone(),
+        zone: node.zone.clone(),
+        max_gpus: node.gpus.len() as u32,
+        gpu_models,
+        max_isolation: node.isolation,
+        gpu_sharing,
+    }
+}
+
 /// The node a fixture's node event is by where its payload names none.
 pub const FIXTURE_NODE: &str = "fixture-node";
 

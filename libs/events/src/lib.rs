@@ -72,6 +72,7 @@ events! {
     "lease.resume_requested" v=1 => LeaseResumeRequested @ lease(lease_id);
     "lease.restated" v=1 => LeaseRestated @ lease(lease_id), tenant_id = tenant_id;
     "node.registered" v=1 => NodeRegistered @ node(node_id);
+    "node.enrolled" v=1 => NodeEnrolled @ node(node_id);
     "node.gpus_allocated" v=1 => NodeGpusAllocated @ node(node_id);
     "node.lost" v=1 => NodeLost @ node(node_id);
     "node.rejoined" v=1 => NodeRejoined @ node(node_id);

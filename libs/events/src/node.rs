@@ -32,6 +32,25 @@ pub enum DrainMode {
     Move,
 }
 
+/// An operator vouched for a node: what its registration may claim. A
+/// node's `node.registered` takes effect only within the newest of these
+/// (`lh_domain::authority`): at most `max_gpus` GPUs, each of a model in
+/// `gpu_models`, in `zone`, isolating at most as `max_isolation` says and
+/// sharing GPUs only as `gpu_sharing` lists. A node the operator never
+/// enrolled is in no fleet, whatever it says of itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeEnrolled {
+    pub node_id: String,
+    pub zone: String,
+    pub max_gpus: u32,
+    pub gpu_models: Vec<String>,
+    #[serde(default, skip_serializing_if = "Isolation::is_none")]
+    pub max_isolation: Isolation,
+    /// Besides none, which is always allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_sharing: Vec<GpuSharing>,
+}
+
 /// The node takes new placements again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct NodeUncordoned {
@@ -62,8 +81,22 @@ pub struct NodeRegistered {
     pub gpu_sharing: GpuSharing,
 }
 
-/// How a node's runtime isolates a workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+/// How a node's runtime isolates a workload, weakest first.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Isolation {
     /// Nothing: the workload runs as the agent's user, on the whole host.
@@ -92,6 +125,7 @@ impl Isolation {
 
 /// What enforces the caps of a share of one GPU on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum GpuSharing {
     /// Nothing: a share's caps would only be environment variables.

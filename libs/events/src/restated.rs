@@ -97,6 +97,7 @@ impl EventData {
             EventData::LeaseRequested(_)
                 | EventData::TenantCreated(_)
                 | EventData::NodeRegistered(_)
+                | EventData::NodeEnrolled(_)
                 | EventData::PriceBookPublished(_)
         ) || self.restated_history().is_some()
     }

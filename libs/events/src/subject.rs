@@ -285,6 +285,8 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("lease.resume_requested", &[Gateway]),
         ("lease.restated", &[Scheduler]),
         ("node.registered", &[Node]),
+        // An admin enrolls a node: what its registrations may claim.
+        ("node.enrolled", &[Gateway]),
         ("node.gpus_allocated", &[Scheduler]),
         ("node.lost", &[Scheduler]),
         ("node.rejoined", &[Scheduler]),

@@ -140,12 +140,15 @@ pub async fn judge_messages(
     skew: chrono::Duration,
 ) -> sqlx::Result<Vec<Judged>> {
     let leases = leases_of(messages);
+    let nodes = nodes_of(messages);
     let mut authority = load_holds(conn, projection, &leases).await?;
+    load_enrollments(conn, projection, &nodes, &mut authority).await?;
     let judged: Vec<Judged> = messages
         .iter()
         .map(|message| judge(&mut authority, projection, message, skew))
         .collect();
     store_holds(conn, projection, &leases, &authority).await?;
+    store_enrollments(conn, projection, &nodes, &authority).await?;
     Ok(judged)
 }
 
@@ -201,6 +204,81 @@ fn leases_of(messages: &[&FeedItem]) -> Vec<Uuid> {
     leases.sort_unstable();
     leases.dedup();
     leases
+}
+
+/// The nodes whose enrollment the events of `messages` may need or change
+/// (every event on a node's subject), each once.
+fn nodes_of(messages: &[&FeedItem]) -> Vec<String> {
+    let mut nodes: Vec<String> = messages
+        .iter()
+        .filter_map(|m| match m {
+            FeedItem::Event(e) => node_of(&e.envelope.data),
+            FeedItem::Skipped(_) => None,
+        })
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
+}
+
+/// The node of an event the rule judges or folds by its enrollment.
+fn node_of(data: &lh_events::EventData) -> Option<String> {
+    use lh_events::EventData;
+    match data {
+        EventData::NodeRegistered(e) => Some(e.node_id.clone()),
+        EventData::NodeEnrolled(e) => Some(e.node_id.clone()),
+        EventData::NodeRestated(e) => Some(e.node_id.clone()),
+        _ => None,
+    }
+}
+
+/// The enrollments of `nodes` as this projection's last transaction left
+/// them, into `authority`.
+async fn load_enrollments(
+    conn: &mut PgConnection,
+    projection: &str,
+    nodes: &[String],
+    authority: &mut Authority,
+) -> sqlx::Result<()> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<(String, sqlx::types::Json<lh_events::NodeEnrolled>)> = sqlx::query_as(
+        "SELECT node_id, enrollment FROM node_enrollments
+         WHERE projection = $1 AND node_id = ANY($2)",
+    )
+    .bind(projection)
+    .bind(nodes)
+    .fetch_all(conn)
+    .await?;
+    for (node_id, enrollment) in rows {
+        authority.set_enrollment(&node_id, Some(enrollment.0));
+    }
+    Ok(())
+}
+
+/// Keeps the enrollments of `nodes` as `authority` has them now.
+async fn store_enrollments(
+    conn: &mut PgConnection,
+    projection: &str,
+    nodes: &[String],
+    authority: &Authority,
+) -> sqlx::Result<()> {
+    for node_id in nodes {
+        let Some(enrollment) = authority.enrollment(node_id) else {
+            continue;
+        };
+        sqlx::query(
+            "INSERT INTO node_enrollments (projection, node_id, enrollment) VALUES ($1, $2, $3)
+             ON CONFLICT (projection, node_id) DO UPDATE SET enrollment = EXCLUDED.enrollment",
+        )
+        .bind(projection)
+        .bind(node_id)
+        .bind(sqlx::types::Json(enrollment))
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// The authority rule's holds of `leases`, as this projection's last

@@ -124,6 +124,17 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
     )
     .execute(pool)
     .await?;
+    // Each node's newest enrollment, as of the projection's offset.
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS node_enrollments (
+            projection TEXT NOT NULL,
+            node_id TEXT NOT NULL,
+            enrollment JSONB NOT NULL,
+            PRIMARY KEY (projection, node_id)
+        )",
+    )
+    .execute(pool)
+    .await?;
     // An offset row from before the holds were kept: its projection's
     // leases have none, and every node's report on them would be refused.
     sqlx::query(

@@ -45,17 +45,15 @@ async fn main() -> anyhow::Result<()> {
     let bus = Bus::connect(&BusConfig::new(nats.url(), "lease-rate")).await?;
     for n in 0..args.nodes {
         let node_id = format!("node-{n:04}");
-        bus.publish(
-            &as_its_writer(EventData::NodeRegistered(fixtures::node(
-                &node_id,
-                &format!("z{}", n % 3),
-                8,
-                fixtures::MODEL,
-                fixtures::MODEL_VRAM_GB,
-            ))),
-            Expect::Any,
-        )
-        .await?;
+        for envelope in lh_load_tests::enrolled(fixtures::node(
+            &node_id,
+            &format!("z{}", n % 3),
+            8,
+            fixtures::MODEL,
+            fixtures::MODEL_VRAM_GB,
+        )) {
+            bus.publish(&envelope, Expect::Any).await?;
+        }
     }
     let tenant = Uuid::now_v7();
     bus.publish(

@@ -286,13 +286,9 @@ impl LogWriter {
         }
         let nodes: Vec<NodeRegistered> = (0..args.nodes).map(node_registered).collect();
         for node in &nodes {
-            let actor = Actor::Node(node.node_id.clone());
-            out.append(&Envelope::new(
-                actor,
-                Utc::now(),
-                EventData::NodeRegistered(node.clone()),
-            ))
-            .await?;
+            for envelope in lh_load_tests::enrolled(node.clone()) {
+                out.append(&envelope).await?;
+            }
         }
         Ok(Self {
             out,

@@ -427,14 +427,15 @@ async fn main() -> anyhow::Result<()> {
     let fleet_start = Instant::now();
     for n in 0..args.nodes {
         let node_id = format!("node-{n:05}");
-        out.append(&as_its_writer(EventData::NodeRegistered(fixtures::node(
+        for envelope in lh_load_tests::enrolled(fixtures::node(
             &node_id,
             &format!("z{}", n % 3),
             GPUS_PER_NODE,
             fixtures::MODEL,
             fixtures::MODEL_VRAM_GB,
-        ))))
-        .await?;
+        )) {
+            out.append(&envelope).await?;
+        }
     }
     let tenant = Uuid::now_v7();
     let max_gpus = u32::try_from(args.queued + args.warm + args.leases)?;

@@ -270,6 +270,14 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 ..fixtures::ended(lease, "node-1", Utc::now(), EndReason::Stopped)
             }),
         };
+        // A node's registration counts only within an operator's
+        // enrollment, written first.
+        if let EventData::NodeRegistered(node) = &data {
+            let enrollment = EventData::NodeEnrolled(fixtures::enrollment_of(node));
+            bus.publish(&fixtures::by_owner(enrollment), Expect::Any)
+                .await
+                .expect("event is stored");
+        }
         let envelope = fixtures::by_owner(data);
         bus.publish(&envelope, Expect::Any)
             .await

@@ -99,6 +99,8 @@ async fn a_valid_token_names_its_operator_and_every_wrong_one_is_refused() {
     let ec = p256("ec-1");
     let verifier = from_file(&dir, &[&ed, &ec]).await;
 
+    // The subject names the operator; the username, which OIDC promises
+    // neither unique nor stable, does not.
     let mut alice = claims("u-123", json!(["admin", "other"]));
     alice["preferred_username"] = json!("alice");
     let token = sign(&ed, &alice);
@@ -107,7 +109,7 @@ async fn a_valid_token_names_its_operator_and_every_wrong_one_is_refused() {
     assert_eq!(
         verifier.verify(&token).await.unwrap(),
         Operator {
-            name: "oidc:alice".into(),
+            name: "oidc:u-123".into(),
             role: OperatorRole::Admin
         }
     );

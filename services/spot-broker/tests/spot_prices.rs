@@ -36,17 +36,13 @@ async fn spot_price_follows_utilisation() {
     let bus = Bus::connect(&BusConfig::new(nats.url(), "test"))
         .await
         .unwrap();
+    let node = fixtures::node("n1", "z1", 4, fixtures::MODEL, fixtures::MODEL_VRAM_GB);
     publish(
         &bus,
-        EventData::NodeRegistered(fixtures::node(
-            "n1",
-            "z1",
-            4,
-            fixtures::MODEL,
-            fixtures::MODEL_VRAM_GB,
-        )),
+        EventData::NodeEnrolled(fixtures::enrollment_of(&node)),
     )
     .await;
+    publish(&bus, EventData::NodeRegistered(node)).await;
     let token = CancellationToken::new();
     let running = lh_spot_broker::start(
         lh_spot_broker::Config {

@@ -295,3 +295,104 @@ async fn a_node_cannot_end_suspend_start_or_stop_a_lease_on_another_node() {
     // is the view kept live.
     stack.assert_gateway_rebuilds_identically().await;
 }
+
+/// A node's registration counts only within what an admin enrolled it for:
+/// an agent that started before its enrollment is in no fleet until the
+/// enrollment, then registers again by itself; a registration beyond it
+/// (more GPUs) and one of a node never enrolled are refused; the API
+/// refuses a bad enrollment by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_registers_only_what_it_was_enrolled_for() {
+    let stack = Stack::start_configured(TWO_NODES, |stack| stack.auto_enroll = false).await;
+    let (_, key) = stack.create_tenant("acme", 8).await;
+    let one = json!({"gpus": 1, "gpu_model": "A100-40GB"});
+    let waiting = stack.lease(&key, one.clone()).await;
+    let queued = stack
+        .wait_lease(&key, &waiting, |l| {
+            l["state"] == "queued" || l["state"] == "rejected"
+        })
+        .await;
+    assert!(queued["node_id"].is_null(), "no node is enrolled: {queued}");
+
+    let enroll = |node: &str, body: serde_json::Value, token: &'static str| {
+        let path = format!("/v1/nodes/{node}/enroll");
+        let stack = &stack;
+        async move { stack.call(Method::POST, &path, token, Some(body)).await }
+    };
+    let good = json!({"zone": "cn-north-1a", "max_gpus": 1, "gpu_models": ["A100-40GB"],
+                      "max_isolation": "container", "gpu_sharing": ["hami-core"]});
+    for (node, body, field) in [
+        ("node.a", good.clone(), "id"),
+        (
+            "node-a",
+            json!({"zone": "cn-north-1a", "max_gpus": 1, "gpu_models": ["B200-9TB"]}),
+            "gpu_models[0]",
+        ),
+        (
+            "node-a",
+            json!({"zone": "cn-north-1a", "max_gpus": 0, "gpu_models": ["A100-40GB"]}),
+            "max_gpus",
+        ),
+        (
+            "node-a",
+            json!({"zone": "", "max_gpus": 1, "gpu_models": ["A100-40GB"]}),
+            "zone",
+        ),
+    ] {
+        let (status, problem) = enroll(node, body, ADMIN_TOKEN).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some(field)),
+            "{problem}"
+        );
+    }
+    let (status, refused) = enroll("node-a", good.clone(), lh_test_stack::AUDITOR_TOKEN).await;
+    assert_eq!(status, 403, "{refused}");
+
+    // Enrolled now: node-a's agent registers again by itself, and the
+    // waiting lease is placed on it.
+    let (status, enrolled) = enroll("node-a", good.clone(), ADMIN_TOKEN).await;
+    assert_eq!(status, 201, "{enrolled}");
+    assert_eq!(enrolled["max_gpus"], 1, "{enrolled}");
+    let running = stack
+        .wait_lease(&key, &waiting, |l| l["state"] == "running")
+        .await;
+    assert_eq!(running["node_id"], "node-a", "{running}");
+
+    // node-a's credential claims sixteen GPUs; a node never enrolled
+    // claims eight. Neither is obeyed: a two-GPU lease finds no node.
+    let bus = stack.bus().await;
+    let scheduler_refused =
+        |refused: BTreeMap<String, u64>| refused.get("lh-scheduler").copied().unwrap_or(0);
+    let before = scheduler_refused(refused_by_reader(&stack).await);
+    let mut greedy = fixtures::node("node-a", "cn-north-1a", 16, "A100-40GB", 40);
+    greedy.isolation = lh_events::Isolation::Container;
+    let stranger = fixtures::node("node-z", "cn-north-1a", 8, "A100-40GB", 40);
+    for registration in [greedy, stranger] {
+        let actor = Actor::Node(registration.node_id.clone());
+        let envelope = Envelope::new(
+            actor,
+            chrono::Utc::now(),
+            EventData::NodeRegistered(registration),
+        );
+        bus.publish(&envelope, Expect::Any).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while scheduler_refused(refused_by_reader(&stack).await) < before + 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scheduler never refused both"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let two = stack
+        .lease(&key, json!({"gpus": 2, "gpu_model": "A100-40GB"}))
+        .await;
+    let two = stack
+        .wait_lease(&key, &two, |l| {
+            l["state"] == "queued" || l["state"] == "rejected"
+        })
+        .await;
+    assert!(two["node_id"].is_null(), "{two}");
+    stack.assert_none_stopped();
+}

@@ -61,6 +61,7 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("GET", "/v1/leases/{l}/usage", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/usage?tenant={t}", [401, 200, 403, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/leases/{l}/logs", [401, 200, 404, 401, 401, 200, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/nodes/{n}/enroll", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("POST", "/v1/nodes/{n}/drain", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("GET", "/v1/invoices?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
@@ -96,6 +97,8 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
             Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "duration_seconds": 3600}))
         }
         ("POST", "/v1/nodes/{n}/drain") => Some(json!({"mode": "finish", "reason": "matrix"})),
+        ("POST", "/v1/nodes/{n}/enroll") => Some(json!({"zone": "cn-north-1a", "max_gpus": 8,
+            "gpu_models": ["A100-40GB"], "max_isolation": "container", "gpu_sharing": ["hami-core"]})),
         // Each publish needs a newer version than the one before.
         ("POST", "/v1/reservations") => {
             Some(json!({"tenant_id": "{t}", "gpu_model": "A100-40GB", "zone": "z1", "gpus": 1}))

@@ -128,3 +128,9 @@ pub(crate) fn metrics_port(container: &Value) -> Option<u16> {
 pub(crate) fn is_leasehold_container(container: &Value) -> bool {
     str_at(container, &["image"]).is_some_and(|image| image.starts_with("leasehold/"))
 }
+
+/// Whether a container runs the `lh` CLI (a Job that calls the API once),
+/// which serves nothing and has no metrics.
+pub(crate) fn is_cli_container(container: &Value) -> bool {
+    str_at(container, &["image"]).is_some_and(|image| image.starts_with("leasehold/lh:"))
+}

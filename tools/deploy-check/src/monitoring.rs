@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use serde_yaml_ng::Value;
 
 use crate::k8s::{
-    containers, is_leasehold_container, labels_at, metrics_port, pod_templates, selects,
-    PodTemplate, NAMESPACE,
+    containers, is_cli_container, is_leasehold_container, labels_at, metrics_port, pod_templates,
+    selects, PodTemplate, NAMESPACE,
 };
 use crate::manifests::{str_at, yaml_documents};
 use crate::workspace::workspace_root;
@@ -163,7 +163,7 @@ pub fn scrape_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
     for pod in pod_templates(docs) {
         for container in containers(&pod)
             .iter()
-            .filter(|c| is_leasehold_container(c))
+            .filter(|c| is_leasehold_container(c) && !is_cli_container(c))
         {
             let port = metrics_port(container)
                 .unwrap_or_else(|| panic!("{}: no metrics listener", pod.what));

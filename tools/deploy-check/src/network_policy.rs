@@ -167,6 +167,17 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
             if let Some(addr) = env_value(&container, "LH_GATEWAY_ADDR") {
                 flow(&anyone, &me, port_of(&addr), "TCP", "the API");
             }
+            // The CLI in a Job (the simulated fleet's enrollment).
+            if let Some(url) = env_value(&container, "LH_GATEWAY_URL") {
+                let gateway = by_name("Deployment/gateway").expect("a gateway Deployment");
+                flow(
+                    &me,
+                    &Peer::inside(&gateway),
+                    port_of(url.trim_end_matches('/')),
+                    "TCP",
+                    "the API, as a client",
+                );
+            }
         }
     }
     let nats_peer = Peer::inside(&nats);

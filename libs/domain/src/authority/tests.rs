@@ -124,12 +124,32 @@ fn a_node_reports_only_as_itself() {
     assert!(refused.0.contains("naming no node"), "{refused}");
     // A registration of another node's name: the alias `gpu.1` of `gpu_1`
     // shares its subject token, never its identity.
-    let mut alias = EventData::NodeRegistered(fixtures::node("gpu.1", "z", 8, fixtures::MODEL, 80));
+    let mut alias = EventData::NodeRegistered(fixtures::node(
+        "gpu.1",
+        "z",
+        8,
+        fixtures::MODEL,
+        fixtures::MODEL_VRAM_GB,
+    ));
     assert!(authority.admit(&by(node("gpu_1"), alias.clone())).is_err());
     if let EventData::NodeRegistered(n) = &mut alias {
         n.node_id = "gpu_1".into();
     }
+    let mut enrollment = enrolled("gpu_1");
+    enrollment.gpu_models = vec![fixtures::MODEL.into()];
+    authority
+        .admit(&by(Actor::Admin, EventData::NodeEnrolled(enrollment)))
+        .unwrap();
     assert!(authority.admit(&by(node("gpu_1"), alias)).is_ok());
+    // `gpu.1` itself was never enrolled: its own registration is refused too.
+    let own = EventData::NodeRegistered(fixtures::node(
+        "gpu.1",
+        "z",
+        1,
+        fixtures::MODEL,
+        fixtures::MODEL_VRAM_GB,
+    ));
+    assert!(authority.admit(&by(node("gpu.1"), own)).is_err());
     assert_eq!(
         authority.lease(LEASE).unwrap().node_id.as_deref(),
         Some("node-c")
@@ -307,4 +327,106 @@ fn holds_survive_a_snapshot() {
     let json = serde_json::to_string(&authority).unwrap();
     let back: Authority = serde_json::from_str(&json).unwrap();
     assert_eq!(back, authority);
+}
+
+fn enrolled(node_id: &str) -> lh_events::NodeEnrolled {
+    lh_events::NodeEnrolled {
+        node_id: node_id.into(),
+        zone: "z".into(),
+        max_gpus: 8,
+        gpu_models: vec![fixtures::MODEL.into()],
+        max_isolation: lh_events::Isolation::Container,
+        gpu_sharing: vec![lh_events::GpuSharing::HamiCore],
+    }
+}
+
+fn registration(node_id: &str, gpus: u32) -> lh_events::NodeRegistered {
+    fixtures::node(node_id, "z", gpus, fixtures::MODEL, fixtures::MODEL_VRAM_GB)
+}
+
+#[test]
+fn a_node_registers_only_within_its_enrollment() {
+    let mut authority = Authority::default();
+    let register = |authority: &mut Authority, r: lh_events::NodeRegistered| {
+        let envelope = by(node(&r.node_id.clone()), EventData::NodeRegistered(r));
+        authority.admit(&envelope).map(|_| ())
+    };
+    let refused = register(&mut authority, registration("gpu-1", 8)).unwrap_err();
+    assert!(refused.0.contains("no operator enrolled"), "{refused}");
+    authority
+        .admit(&by(
+            Actor::Admin,
+            EventData::NodeEnrolled(enrolled("gpu-1")),
+        ))
+        .unwrap();
+    register(&mut authority, registration("gpu-1", 8)).unwrap();
+    register(&mut authority, registration("gpu-1", 4)).unwrap();
+    type Spoil = fn(&mut lh_events::NodeRegistered);
+    let beyond: [(Spoil, &str); 7] = [
+        (|r| r.gpus.push(r.gpus[0].clone()), "9 GPUs"),
+        (|r| r.zone = "residency-zone".into(), "zone"),
+        (
+            |r| r.gpus[1].model = "H100-80GB".into(),
+            "not an enrolled model",
+        ),
+        (|r| r.gpus[1].vram_gb = 4096, "GB"),
+        (|r| r.gpus[1].index = 0, "twice"),
+        (|r| r.gpu_sharing = lh_events::GpuSharing::Mps, "sharing"),
+        (|r| r.gpus[1].uuid = r.gpus[0].uuid.clone(), "twice"),
+    ];
+    for (spoil, why) in beyond {
+        let mut r = registration("gpu-1", 8);
+        spoil(&mut r);
+        let refused = register(&mut authority, r).unwrap_err();
+        assert!(refused.0.contains(why), "{why}: {refused}");
+    }
+    // Within a narrower enrollment, the same claim is refused.
+    let mut narrow = enrolled("gpu-1");
+    narrow.max_isolation = lh_events::Isolation::Cgroup;
+    authority
+        .admit(&by(Actor::Admin, EventData::NodeEnrolled(narrow)))
+        .unwrap();
+    let mut r = registration("gpu-1", 8);
+    r.isolation = lh_events::Isolation::Container;
+    assert!(register(&mut authority, r).is_err());
+}
+
+#[test]
+fn a_node_restatement_keeps_its_enrollment_and_drops_what_it_did_not_allow() {
+    let stated = |sequence: u64, envelope: Envelope| StatedEvent {
+        sequence,
+        stored_at: t(sequence as i64),
+        envelope: Box::new(envelope),
+    };
+    let mut forged = registration("gpu-1", 8);
+    forged.zone = "elsewhere".into();
+    let history = vec![
+        stated(
+            1,
+            by(Actor::Admin, EventData::NodeEnrolled(enrolled("gpu-1"))),
+        ),
+        stated(2, by(node("gpu-1"), EventData::NodeRegistered(forged))),
+        stated(
+            3,
+            by(
+                node("gpu-1"),
+                EventData::NodeRegistered(registration("gpu-1", 2)),
+            ),
+        ),
+    ];
+    let restated = by(
+        scheduler(),
+        EventData::NodeRestated(lh_events::NodeRestated {
+            node_id: "gpu-1".into(),
+            history,
+        }),
+    );
+    let mut authority = Authority::default();
+    let taken = authority.admit(&restated).unwrap();
+    let EventData::NodeRestated(taken) = &taken.data else {
+        panic!()
+    };
+    let kept: Vec<u64> = taken.history.iter().map(|e| e.sequence).collect();
+    assert_eq!(kept, [1, 3]);
+    assert_eq!(authority.enrollment("gpu-1"), Some(&enrolled("gpu-1")));
 }

@@ -108,6 +108,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/leases/{id}/usage", get(usage::lease))
         .route("/v1/usage", get(usage::fleet))
         .route("/v1/leases/{id}/logs", get(lease_logs::get))
+        .route("/v1/nodes/{id}/enroll", post(nodes::enroll))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/spot/prices", get(spot::prices))

@@ -29,6 +29,7 @@ use super::{
         leases::stop,
         leases::resume,
         lease_logs::get,
+        nodes::enroll,
         nodes::drain,
         nodes::uncordon,
         invoices::list,

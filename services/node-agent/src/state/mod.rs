@@ -258,6 +258,16 @@ impl NodeState {
                     self.apply(node_id, e.sequence, &e.envelope);
                 }
             }
+            // A registration refused before this node was enrolled (or
+            // beyond an older enrollment) is sent again under a new id,
+            // not taken by the log for a duplicate of the refused one. The
+            // agent folded its own registration when it was stored, before
+            // any reader refused it: it cannot know it counts, so it sends
+            // it again under the new enrollment.
+            EventData::NodeEnrolled(e) if e.node_id == node_id => {
+                self.registered_sequence = self.registered_sequence.max(sequence);
+                self.registered = None;
+            }
             EventData::NodeRegistered(e) if e.node_id == node_id => {
                 self.registered = Some(e.clone());
                 self.registered_sequence = sequence;

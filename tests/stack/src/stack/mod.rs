@@ -104,6 +104,11 @@ pub struct Stack {
     /// Changes to the gateway's configuration (named keys, OIDC) made
     /// before each start of the gateway.
     pub gateway_config: Option<GatewayConfigChange>,
+    /// Nodes enrolled on this stack's log.
+    enrolled: std::collections::HashSet<String>,
+    /// Whether a node-agent's start enrolls its node first (as an operator
+    /// would have); a test of enrollment itself turns it off.
+    pub auto_enroll: bool,
 }
 
 impl Stack {
@@ -202,6 +207,8 @@ impl Stack {
             gateway_limits: lh_gateway::TenantLimits::default(),
             short_retention: None,
             gateway_config: None,
+            enrolled: Default::default(),
+            auto_enroll: true,
         }
     }
 

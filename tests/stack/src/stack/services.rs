@@ -98,6 +98,7 @@ impl Stack {
             }
             "node-agent" => {
                 let node_id = name.split_once(':').unwrap().1.to_string();
+                self.enroll(&node_id).await;
                 Box::pin(lh_node_agent::start(
                     lh_node_agent::Config {
                         runtime: self.node_runtime,
@@ -123,6 +124,41 @@ impl Stack {
             self.gateway_url = format!("http://{}", running.http_addr);
         }
         self.running.insert(name.to_string(), (token, running));
+    }
+
+    /// Enrolls node `node_id` of the fleet file, once, as an operator would
+    /// before its agent starts: for its zone, GPU count and model, and any
+    /// isolation and GPU sharing (a test's real runtime declares its own).
+    pub async fn enroll(&mut self, node_id: &str) {
+        if !self.auto_enroll || !self.enrolled.insert(node_id.to_string()) {
+            return;
+        }
+        let fleet = lh_node_agent::gpu::backend::sim::fleet::FleetFile::load(&self.fleet_file)
+            .expect("the stack's fleet file loads");
+        let mut enrollment = fleet
+            .node(node_id, &self.fleet_file)
+            .expect("the node is in the fleet file")
+            .enrollment();
+        enrollment.max_isolation = lh_events::Isolation::Container;
+        enrollment.gpu_sharing = vec![
+            lh_events::GpuSharing::Mig,
+            lh_events::GpuSharing::HamiCore,
+            lh_events::GpuSharing::Mps,
+        ];
+        let operator = lh_events::Actor::Operator(lh_events::Operator {
+            name: "test-stack".into(),
+            role: lh_events::OperatorRole::Admin,
+        });
+        let envelope = lh_events::Envelope::new(
+            operator,
+            chrono::Utc::now(),
+            lh_events::EventData::NodeEnrolled(enrollment),
+        );
+        self.bus()
+            .await
+            .publish(&envelope, lh_events::Expect::Any)
+            .await
+            .expect("the enrollment is stored");
     }
 
     /// A gateway's configuration on this stack (port 0, the test admin

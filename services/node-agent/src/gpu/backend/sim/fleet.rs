@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lh_events::{GpuInfo, GpuSharing, Isolation, NodeRegistered};
+use lh_events::{GpuInfo, GpuSharing, Isolation, NodeEnrolled, NodeRegistered};
 use serde::Deserialize;
 
 use super::script::{FaultScript, FaultScriptError};
@@ -123,6 +123,26 @@ impl FleetFile {
 impl SimNode {
     pub fn busy_utilization_pct(&self) -> u32 {
         self.busy_utilization_pct.unwrap_or(70)
+    }
+
+    /// What an operator enrolls this simulated node for: what it declares,
+    /// no more (`lh node enroll`, `make up`).
+    pub fn enrollment(&self) -> NodeEnrolled {
+        let mut gpu_sharing = Vec::new();
+        if !self.mig_gpus.is_empty() {
+            gpu_sharing.push(GpuSharing::Mig);
+        }
+        if !self.gpu_sharing.is_none() && !gpu_sharing.contains(&self.gpu_sharing) {
+            gpu_sharing.push(self.gpu_sharing);
+        }
+        NodeEnrolled {
+            node_id: self.id.clone(),
+            zone: self.zone.clone(),
+            max_gpus: self.gpu_count,
+            gpu_models: vec![self.gpu_model.clone()],
+            max_isolation: self.isolation,
+            gpu_sharing,
+        }
     }
 
     fn check(&self) -> Result<(), String> {
