@@ -228,13 +228,15 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 idle_policy: None,
                 trusted: false,
             }),
-            1 => EventData::NodeRegistered(fixtures::node(
+            // An operator's enrollment: a node's own registration would
+            // be refused without one, and is a node's to write.
+            1 => EventData::NodeEnrolled(fixtures::enrollment_of(&fixtures::node(
                 &format!("node-{i}"),
                 "cn-north-1",
                 1,
                 fixtures::MODEL,
                 fixtures::MODEL_VRAM_GB,
-            )),
+            ))),
             2 => {
                 lease = Uuid::now_v7();
                 EventData::LeaseRequested(LeaseRequested {
@@ -270,14 +272,6 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 ..fixtures::ended(lease, "node-1", Utc::now(), EndReason::Stopped)
             }),
         };
-        // A node's registration counts only within an operator's
-        // enrollment, written first.
-        if let EventData::NodeRegistered(node) = &data {
-            let enrollment = EventData::NodeEnrolled(fixtures::enrollment_of(node));
-            bus.publish(&fixtures::by_owner(enrollment), Expect::Any)
-                .await
-                .expect("event is stored");
-        }
         let envelope = fixtures::by_owner(data);
         bus.publish(&envelope, Expect::Any)
             .await
