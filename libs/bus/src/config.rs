@@ -287,6 +287,7 @@ impl BusConfig {
         };
         Ok(crate::snapshots::SnapshotKeeper {
             bucket: crate::snapshots::snapshots_bucket(owner),
+            max_bytes: crate::snapshots::snapshots_max_bytes(owner),
             signer,
         })
     }

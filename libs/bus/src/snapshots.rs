@@ -19,8 +19,12 @@ use crate::Bus;
 
 /// The prefix of every user's snapshot bucket (docs/adr/011).
 pub const SNAPSHOTS_BUCKET_PREFIX: &str = "lh-snapshots-";
-/// Size limit of one user's snapshot store, in bytes.
-pub const SNAPSHOTS_MAX_BYTES: i64 = 1024 * 1024 * 1024;
+/// Size limit of one service's snapshot store, in bytes: JetStream
+/// reserves it on disk, for each service.
+pub const SNAPSHOTS_MAX_BYTES: i64 = 512 * 1024 * 1024;
+/// Size limit of one node agent's snapshot store, in bytes: what it folds
+/// is its own leases and inventory, and there is one store per node.
+pub const NODE_SNAPSHOTS_MAX_BYTES: i64 = 16 * 1024 * 1024;
 /// Largest snapshot stored or read, in bytes.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024 * 1024;
 /// First line of a snapshot's object: the format, then the signature.
@@ -47,7 +51,19 @@ pub fn snapshots_bucket(user: &str) -> String {
 #[derive(Clone)]
 pub(crate) struct SnapshotKeeper {
     pub(crate) bucket: String,
+    /// The bucket's size limit: a node's is small, so that one node cannot
+    /// fill the disk through it, nor a fleet's buckets reserve much of it.
+    pub(crate) max_bytes: i64,
     pub(crate) signer: Option<Arc<nkeys::KeyPair>>,
+}
+
+/// The size limit of `user`'s snapshot bucket.
+pub(crate) fn snapshots_max_bytes(user: &str) -> i64 {
+    if user.starts_with("node-") {
+        NODE_SNAPSHOTS_MAX_BYTES
+    } else {
+        SNAPSHOTS_MAX_BYTES
+    }
 }
 
 impl SnapshotKeeper {
@@ -106,7 +122,7 @@ impl Bus {
                         "services' folded state at a sequence of LH_EVENTS: a cache, never the truth"
                             .into(),
                     ),
-                    max_bytes: SNAPSHOTS_MAX_BYTES,
+                    max_bytes: self.snapshots.max_bytes,
                     storage: StorageType::File,
                     num_replicas: self.replicas,
                     ..Default::default()
