@@ -24,7 +24,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use lh_events::{Actor, Envelope, EventData, NodeEnrolled, NodeRegistered, StatedEvent};
+use lh_events::{
+    Actor, Envelope, EventData, NodeEnrolled, NodeRegistered, SkipReason, StatedEvent,
+};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -44,10 +46,17 @@ pub struct LeaseHold {
     pub started_at: Option<DateTime<Utc>>,
 }
 
-/// Why an event is not obeyed: a sentence for the log and the trail.
+/// Why an event is not obeyed: a sentence for the log and the trail, and
+/// the reason readers count it under.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct NotAuthorized(pub String);
+#[error("{detail}")]
+pub struct NotAuthorized {
+    /// `not_authorized`, or `not_enrolled` for the registration of a node no
+    /// operator enrolled (a node that starts before its enrollment, as
+    /// every new one may, is not an attack on anyone).
+    pub reason: SkipReason,
+    pub detail: String,
+}
 
 /// The leases' holds and the nodes' enrollments, and the rule that judges
 /// each event against them.
@@ -152,7 +161,10 @@ impl Authority {
         judge_stateless(envelope)?;
         if let EventData::NodeRegistered(registered) = &envelope.data {
             let Some(enrolled) = self.nodes.get(&registered.node_id) else {
-                return Err(refused(envelope, "a node no operator enrolled"));
+                return Err(NotAuthorized {
+                    reason: SkipReason::NotEnrolled,
+                    ..refused(envelope, "a node no operator enrolled")
+                });
             };
             return beyond_enrollment(registered, enrolled)
                 .map_or(Ok(()), |what| Err(refused(envelope, &what)));
@@ -403,11 +415,14 @@ fn refused(envelope: &Envelope, what: &str) -> NotAuthorized {
         .lease_id()
         .map(|id| format!("lease {id}"))
         .unwrap_or_else(|| envelope.data.aggregate_subject());
-    NotAuthorized(format!(
-        "{} by {} on {target}: {what}",
-        envelope.event_type,
-        actor_name(&envelope.actor)
-    ))
+    NotAuthorized {
+        reason: SkipReason::NotAuthorized,
+        detail: format!(
+            "{} by {} on {target}: {what}",
+            envelope.event_type,
+            actor_name(&envelope.actor)
+        ),
+    }
 }
 
 fn actor_name(actor: &Actor) -> String {

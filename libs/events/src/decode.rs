@@ -43,6 +43,10 @@ pub enum SkipReason {
     /// a node's report on a lease not placed on it, a tenant's request on
     /// another's lease (`lh_domain::authority`).
     NotAuthorized,
+    /// The registration of a node no operator enrolled: refused like one
+    /// beyond its enrollment, counted apart (a new node may start before
+    /// its enrollment).
+    NotEnrolled,
 }
 
 impl SkipReason {
@@ -55,6 +59,7 @@ impl SkipReason {
             SkipReason::WrongSubject => "wrong_subject",
             SkipReason::NotOwner => "not_owner",
             SkipReason::NotAuthorized => "not_authorized",
+            SkipReason::NotEnrolled => "not_enrolled",
         }
     }
 }

@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use chrono::{DateTime, Utc};
 use lh_bus::{FeedItem, Sample, Skipped, Stored};
 use lh_domain::authority::{Authority, LeaseHold};
-use lh_events::SkipReason;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -180,11 +179,9 @@ fn judge(
             envelope,
             ..event.clone()
         })),
-        Err(why) => Verdict::Refused(Box::new(event.clone().refused(
-            projection,
-            SkipReason::NotAuthorized,
-            why.0,
-        ))),
+        Err(why) => Verdict::Refused(Box::new(
+            event.clone().refused(projection, why.reason, why.detail),
+        )),
     };
     Judged {
         verdict,

@@ -98,6 +98,11 @@ fn forged(lease: Uuid, attacker: &str, victim_node: &str) -> Vec<Envelope> {
 /// `lh_events_skipped_total{reason="not_authorized"}` by reader (the
 /// `service` label), as the stack's one metrics recorder has them.
 async fn refused_by_reader(stack: &Stack) -> BTreeMap<String, u64> {
+    skipped_by_reader(stack, "not_authorized").await
+}
+
+/// `lh_events_skipped_total{reason}` by reader.
+async fn skipped_by_reader(stack: &Stack, reason: &str) -> BTreeMap<String, u64> {
     let metrics = stack
         .http
         .get(format!("http://{}/metrics", stack.metrics_addr("gateway")))
@@ -110,7 +115,7 @@ async fn refused_by_reader(stack: &Stack) -> BTreeMap<String, u64> {
     let text = metrics.text().await.unwrap_or_default();
     text.lines()
         .filter(|l| {
-            l.starts_with("lh_events_skipped_total{") && l.contains("reason=\"not_authorized\"")
+            l.starts_with("lh_events_skipped_total{") && l.contains(&format!("reason=\"{reason}\""))
         })
         .filter_map(|l| {
             let service = l.split("service=\"").nth(1)?.split('"').next()?;
@@ -365,6 +370,12 @@ async fn a_node_registers_only_what_it_was_enrolled_for() {
     let scheduler_refused =
         |refused: BTreeMap<String, u64>| refused.get("lh-scheduler").copied().unwrap_or(0);
     let before = scheduler_refused(refused_by_reader(&stack).await);
+    // The agents registered before their enrollment: counted apart.
+    let unenrolled_before = scheduler_refused(skipped_by_reader(&stack, "not_enrolled").await);
+    assert!(
+        unenrolled_before >= 1,
+        "no registration before the enrollment was refused"
+    );
     let mut greedy = fixtures::node("node-a", "cn-north-1a", 16, "A100-40GB", 40);
     greedy.isolation = lh_events::Isolation::Container;
     let stranger = fixtures::node("node-z", "cn-north-1a", 8, "A100-40GB", 40);
@@ -378,7 +389,10 @@ async fn a_node_registers_only_what_it_was_enrolled_for() {
         bus.publish(&envelope, Expect::Any).await.unwrap();
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while scheduler_refused(refused_by_reader(&stack).await) < before + 2 {
+    while scheduler_refused(refused_by_reader(&stack).await) < before + 1
+        || scheduler_refused(skipped_by_reader(&stack, "not_enrolled").await)
+            < unenrolled_before + 1
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the scheduler never refused both"

@@ -9,6 +9,7 @@ use lh_events::{
 use uuid::Uuid;
 
 use super::*;
+use lh_events::SkipReason;
 
 const LEASE: Uuid = Uuid::from_u128(0x1ea5e);
 const TENANT: Uuid = Uuid::from_u128(0x7e4a47);
@@ -89,7 +90,10 @@ fn only_the_node_a_lease_is_placed_on_may_report_on_it() {
         stop_by(node("node-a")),
     ] {
         let refused = authority.admit(&forged).unwrap_err();
-        assert!(refused.0.contains("placed on node \"node-c\""), "{refused}");
+        assert!(
+            refused.detail.contains("placed on node \"node-c\""),
+            "{refused}"
+        );
     }
     assert_eq!(
         authority.lease(LEASE).unwrap().node_id.as_deref(),
@@ -100,7 +104,7 @@ fn only_the_node_a_lease_is_placed_on_may_report_on_it() {
     assert_eq!(authority.lease(LEASE), None);
     // Ended: no node holds it any more, its own neither.
     let late = authority.admit(&ended_by("node-c", 30)).unwrap_err();
-    assert!(late.0.contains("unknown or has ended"), "{late}");
+    assert!(late.detail.contains("unknown or has ended"), "{late}");
     assert_eq!(authority.held_leases(), 0);
 }
 
@@ -121,7 +125,7 @@ fn a_node_reports_only_as_itself() {
         e.node_id = None;
     }
     let refused = authority.admit(&unnamed).unwrap_err();
-    assert!(refused.0.contains("naming no node"), "{refused}");
+    assert!(refused.detail.contains("naming no node"), "{refused}");
     // A registration of another node's name: the alias `gpu.1` of `gpu_1`
     // shares its subject token, never its identity.
     let mut alias = EventData::NodeRegistered(fixtures::node(
@@ -222,7 +226,7 @@ fn a_tenant_acts_only_on_its_own_leases() {
     let refused = authority
         .admit(&stop_by(Actor::Tenant(OTHER_TENANT)))
         .unwrap_err();
-    assert!(refused.0.contains("another tenant"), "{refused}");
+    assert!(refused.detail.contains("another tenant"), "{refused}");
     authority.admit(&stop_by(Actor::Tenant(TENANT))).unwrap();
     // A request in another tenant's name.
     let other_lease = Uuid::from_u128(99);
@@ -352,7 +356,8 @@ fn a_node_registers_only_within_its_enrollment() {
         authority.admit(&envelope).map(|_| ())
     };
     let refused = register(&mut authority, registration("gpu-1", 8)).unwrap_err();
-    assert!(refused.0.contains("no operator enrolled"), "{refused}");
+    assert!(refused.detail.contains("no operator enrolled"), "{refused}");
+    assert_eq!(refused.reason, SkipReason::NotEnrolled);
     authority
         .admit(&by(
             Actor::Admin,
@@ -378,7 +383,8 @@ fn a_node_registers_only_within_its_enrollment() {
         let mut r = registration("gpu-1", 8);
         spoil(&mut r);
         let refused = register(&mut authority, r).unwrap_err();
-        assert!(refused.0.contains(why), "{why}: {refused}");
+        assert!(refused.detail.contains(why), "{why}: {refused}");
+        assert_eq!(refused.reason, SkipReason::NotAuthorized);
     }
     // Within a narrower enrollment, the same claim is refused.
     let mut narrow = enrolled("gpu-1");

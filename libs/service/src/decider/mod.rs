@@ -37,7 +37,7 @@ use futures::{Stream, StreamExt};
 use lh_bus::{Bus, BusError, Expect, FeedItem, MAX_BATCH_MESSAGES};
 use lh_domain::authority::Authority;
 use lh_events::node_time::DEFAULT_NODE_CLOCK_SKEW_SECS;
-use lh_events::{Envelope, SkipReason};
+use lh_events::Envelope;
 use lh_telemetry::Readiness;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -317,9 +317,7 @@ fn judged<D: Decider + ?Sized>(authority: &mut Authority, decider: &D, item: Fee
             event.envelope = taken;
             FeedItem::Event(event)
         }
-        Err(why) => {
-            FeedItem::Skipped(event.refused(decider.name(), SkipReason::NotAuthorized, why.0))
-        }
+        Err(why) => FeedItem::Skipped(event.refused(decider.name(), why.reason, why.detail)),
     }
 }
 
