@@ -300,7 +300,12 @@ impl Authority {
                 _ => changed = true,
             }
         }
-        self.set_hold(lease_id, fresh.leases.remove(&lease_id));
+        // A reader that holds the lease read what the restatement stands
+        // for already, and more surely: a restatement may have left out
+        // old events. One new to the lease takes it from the restatement.
+        if !self.leases.contains_key(&lease_id) {
+            self.set_hold(lease_id, fresh.leases.remove(&lease_id));
+        }
         if changed {
             with_history(envelope, Some(kept))
         } else {

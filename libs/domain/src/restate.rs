@@ -32,7 +32,7 @@ pub fn restatement(history: &[StatedEvent]) -> Result<EventData, Unstatable> {
         EventData::LeaseRequested(r) => Ok(EventData::LeaseRestated(LeaseRestated {
             lease_id: r.lease_id,
             tenant_id: r.tenant_id,
-            history: bounded(events),
+            history: bounded_keeping_placement(events),
         })),
         EventData::TenantCreated(t) => Ok(EventData::TenantRestated(TenantRestated {
             tenant_id: t.tenant_id,
@@ -101,6 +101,29 @@ fn bounded(mut events: Vec<StatedEvent>) -> Vec<StatedEvent> {
     }
     events.drain(1..keep_from);
     events
+}
+
+/// [`bounded`], keeping the lease's newest placement (`lease.placed`, or a
+/// move) even where more events followed it than a restatement holds: a
+/// reader new to the lease learns from it which node may report on it.
+fn bounded_keeping_placement(events: Vec<StatedEvent>) -> Vec<StatedEvent> {
+    let placement = events
+        .iter()
+        .rposition(|e| {
+            matches!(
+                e.envelope.data,
+                EventData::LeasePlaced(_) | EventData::LeaseMigrated(_)
+            )
+        })
+        .map(|at| events[at].clone());
+    let mut kept = bounded(events);
+    if let Some(placement) = placement {
+        if !kept.iter().any(|e| e.sequence == placement.sequence) {
+            // Older than every event kept after the first.
+            kept.insert(1.min(kept.len()), placement);
+        }
+    }
+    kept
 }
 
 /// Most bytes of stated events one restatement carries: well under the
@@ -276,6 +299,35 @@ mod tests {
         assert_eq!(r.history.first().unwrap().sequence, 3, "its request stays");
         assert_eq!(r.history.last().unwrap().sequence, 139, "its newest stays");
         assert!(r.history.len() < history.len());
+    }
+
+    #[test]
+    fn a_long_lease_history_keeps_its_newest_placement() {
+        let lease = Uuid::from_u128(1);
+        let mut history = lease_history();
+        history.push(stated(
+            10,
+            EventData::LeasePlaced(fixtures::placed(
+                lease,
+                "n1",
+                "z",
+                fixtures::MODEL,
+                fixtures::MODEL_VRAM_GB,
+                &[0],
+            )),
+        ));
+        for i in 0..(MAX_RESTATED_EVENTS as u64 + 10) {
+            history.push(stated(
+                20 + i,
+                EventData::LeaseStopRequested(lh_events::LeaseStopRequested { lease_id: lease }),
+            ));
+        }
+        let EventData::LeaseRestated(r) = restatement(&history).unwrap() else {
+            panic!()
+        };
+        let sequences: Vec<u64> = r.history.iter().map(|e| e.sequence).take(3).collect();
+        assert_eq!(sequences[..2], [3, 10], "the request, then the placement");
+        assert!(r.history.windows(2).all(|w| w[0].sequence < w[1].sequence));
     }
 
     #[test]

@@ -261,7 +261,13 @@ async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
         [kept_record.pid],
         "the supervised one runs on"
     );
+    // Within its stop's grace it is still the agent's: a sweep leaves it.
     assert!(workloads.stop(kept));
+    assert_eq!(
+        workloads.sweep_orphans().await,
+        0,
+        "a stopping workload was swept"
+    );
     assert_gone(&kept_record).await;
 }
 

@@ -436,3 +436,33 @@ fn a_node_restatement_keeps_its_enrollment_and_drops_what_it_did_not_allow() {
     assert_eq!(kept, [1, 3]);
     assert_eq!(authority.enrollment("gpu-1"), Some(&enrolled("gpu-1")));
 }
+
+#[test]
+fn a_restatement_that_left_out_the_placement_keeps_the_hold_a_reader_has() {
+    let mut authority = placed_on_c();
+    authority.admit(&started_by("node-c", 1)).unwrap();
+    // History cut to its request and the newest events: no placement.
+    let history: Vec<StatedEvent> = [requested(), started_by("node-c", 1)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, envelope)| StatedEvent {
+            sequence: i as u64 + 1,
+            stored_at: t(i as i64),
+            envelope: Box::new(envelope),
+        })
+        .collect();
+    let restated = by(
+        scheduler(),
+        EventData::LeaseRestated(LeaseRestated {
+            lease_id: LEASE,
+            tenant_id: TENANT,
+            history,
+        }),
+    );
+    authority.admit(&restated).unwrap();
+    assert_eq!(
+        authority.lease(LEASE).unwrap().node_id.as_deref(),
+        Some("node-c")
+    );
+    authority.admit(&ended_by("node-c", 9)).unwrap();
+}

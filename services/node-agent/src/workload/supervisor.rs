@@ -99,6 +99,9 @@ pub struct Workloads {
     /// Running workloads: the placement each runs for, and its stop handle
     /// (send the grace period).
     running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
+    /// Leases whose workload was asked to stop and has not reported its
+    /// end yet: still on the host, still this agent's, within its grace.
+    stopping: std::collections::HashSet<Uuid>,
     finished_tx: mpsc::UnboundedSender<Finished>,
     /// What the runtime isolates workloads with; `None` for the simulated
     /// runtime, whose node declares its own.
@@ -214,6 +217,7 @@ impl Workloads {
                 cgroup_parent,
                 container,
                 running: HashMap::new(),
+                stopping: Default::default(),
                 finished_tx,
                 hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
                 mps: None,
@@ -432,13 +436,18 @@ impl Workloads {
     /// and meanwhile it holds GPUs the scheduler counts as free. Returns
     /// how many it reaped.
     pub async fn sweep_orphans(&mut self) -> usize {
-        let supervised: HashMap<Uuid, u64> = self
-            .running
-            .iter()
-            .map(|(lease_id, (placement, _))| (*lease_id, *placement))
+        // Every mark of a lease it runs or is stopping is left alone, its
+        // cgroup and an older placement's included: the supervisor (or a
+        // stale stop) ends those, with their grace.
+        let found: Vec<Found> = self
+            .on_the_host()
+            .await
+            .into_iter()
+            .filter(|f| {
+                !self.running.contains_key(&f.lease_id()) && !self.stopping.contains(&f.lease_id())
+            })
             .collect();
-        let found = self.on_the_host().await;
-        let decisions = reconcile::decide(&found, &supervised);
+        let decisions = reconcile::decide(&found, &HashMap::new());
         let mut reaped = 0;
         for (f, decision) in found.into_iter().zip(decisions) {
             if let Decision::Reap { why } = decision {
@@ -643,6 +652,7 @@ impl Workloads {
         match self.running.remove(&lease_id) {
             Some((_, stop)) => {
                 let _ = stop.send(self.grace);
+                self.stopping.insert(lease_id);
                 true
             }
             None => false,
@@ -655,6 +665,7 @@ impl Workloads {
         if let Some(mps) = &mut self.mps {
             mps.release((lease_id, placement));
         }
+        self.stopping.remove(&lease_id);
         if self
             .running
             .get(&lease_id)
