@@ -44,6 +44,10 @@ pub struct LeaseHold {
     /// suspension are held to no earlier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
+    /// The node it last left (moved away, suspended): a late report of
+    /// that node is refused as stale, not as an attack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_node: Option<String>,
 }
 
 /// Why an event is not obeyed: a sentence for the log and the trail, and
@@ -178,12 +182,22 @@ impl Authority {
                 let Some(hold) = hold else {
                     return Err(refused(envelope, "a lease that is unknown or has ended"));
                 };
+                let stale = |what: String| NotAuthorized {
+                    reason: SkipReason::StaleReport,
+                    ..refused(envelope, &format!("{what}, which this node has left"))
+                };
                 match &hold.node_id {
                     Some(placed) if placed == node => Ok(()),
+                    Some(placed) if hold.previous_node.as_ref() == Some(node) => {
+                        Err(stale(format!("a lease placed on node {placed:?}")))
+                    }
                     Some(placed) => Err(refused(
                         envelope,
                         &format!("a lease placed on node {placed:?}"),
                     )),
+                    None if hold.previous_node.as_ref() == Some(node) => {
+                        Err(stale("a lease placed on no node now".to_string()))
+                    }
                     None => Err(refused(envelope, "a lease placed on no node now")),
                 }
             }
@@ -220,11 +234,17 @@ impl Authority {
             }
             EventData::LeasePlaced(p) => {
                 let hold = self.leases.entry(p.lease_id).or_default();
+                if let Some(left) = hold.node_id.take().filter(|n| *n != p.node_id) {
+                    hold.previous_node = Some(left);
+                }
                 hold.node_id = Some(p.node_id.clone());
                 hold.started_at = None;
             }
             EventData::LeaseMigrated(m) => {
                 if let Some(hold) = self.leases.get_mut(&m.lease_id) {
+                    if let Some(left) = hold.node_id.take() {
+                        hold.previous_node = Some(left);
+                    }
                     hold.node_id = m.to.as_ref().map(|to| to.node_id.clone());
                     hold.started_at = None;
                 }
@@ -236,7 +256,9 @@ impl Authority {
             }
             EventData::LeaseSuspended(s) => {
                 let started_at = self.leases.get_mut(&s.lease_id).and_then(|hold| {
-                    hold.node_id = None;
+                    if let Some(left) = hold.node_id.take() {
+                        hold.previous_node = Some(left);
+                    }
                     hold.started_at.take()
                 });
                 if let Some(started_at) = started_at.filter(|at| s.suspended_at < *at) {

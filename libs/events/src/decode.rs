@@ -47,6 +47,10 @@ pub enum SkipReason {
     /// beyond its enrollment, counted apart (a new node may start before
     /// its enrollment).
     NotEnrolled,
+    /// A node's late report on a lease it held until it was moved or
+    /// suspended: refused like any report on a lease not placed on it,
+    /// counted apart (a node back from a failover sends them).
+    StaleReport,
 }
 
 impl SkipReason {
@@ -60,6 +64,7 @@ impl SkipReason {
             SkipReason::NotOwner => "not_owner",
             SkipReason::NotAuthorized => "not_authorized",
             SkipReason::NotEnrolled => "not_enrolled",
+            SkipReason::StaleReport => "stale_report",
         }
     }
 }

@@ -289,20 +289,27 @@ async fn load_holds(
     if leases.is_empty() {
         return Ok(authority);
     }
-    type Row = (Uuid, Option<Uuid>, Option<String>, Option<DateTime<Utc>>);
+    type Row = (
+        Uuid,
+        Option<Uuid>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+        Option<String>,
+    );
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT lease_id, tenant_id, node_id, started_at FROM lease_holds
+        "SELECT lease_id, tenant_id, node_id, started_at, previous_node FROM lease_holds
          WHERE projection = $1 AND lease_id = ANY($2)",
     )
     .bind(projection)
     .bind(leases)
     .fetch_all(conn)
     .await?;
-    for (lease_id, tenant_id, node_id, started_at) in rows {
+    for (lease_id, tenant_id, node_id, started_at, previous_node) in rows {
         let hold = LeaseHold {
             tenant_id,
             node_id,
             started_at,
+            previous_node,
         };
         authority.set_hold(lease_id, Some(hold));
     }
@@ -326,26 +333,31 @@ async fn store_holds(
         .execute(&mut *conn)
         .await?;
     let (mut ids, mut tenants, mut nodes, mut starts) = (vec![], vec![], vec![], vec![]);
+    let mut previous = vec![];
     for (lease_id, hold) in authority.holds_of(leases.iter().copied()) {
         if let Some(hold) = hold {
             ids.push(lease_id);
             tenants.push(hold.tenant_id);
             nodes.push(hold.node_id.clone());
             starts.push(hold.started_at);
+            previous.push(hold.previous_node.clone());
         }
     }
     if ids.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "INSERT INTO lease_holds (projection, lease_id, tenant_id, node_id, started_at)
-         SELECT $1, * FROM UNNEST($2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[])",
+        "INSERT INTO lease_holds (projection, lease_id, tenant_id, node_id, started_at,
+                previous_node)
+         SELECT $1, * FROM UNNEST($2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[],
+                $6::text[])",
     )
     .bind(projection)
     .bind(&ids)
     .bind(&tenants)
     .bind(&nodes)
     .bind(&starts)
+    .bind(&previous)
     .execute(conn)
     .await?;
     Ok(())

@@ -119,11 +119,15 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
             tenant_id UUID,
             node_id TEXT,
             started_at TIMESTAMPTZ,
+            previous_node TEXT,
             PRIMARY KEY (projection, lease_id)
         )",
     )
     .execute(pool)
     .await?;
+    sqlx::query("ALTER TABLE lease_holds ADD COLUMN IF NOT EXISTS previous_node TEXT")
+        .execute(pool)
+        .await?;
     // Each node's newest enrollment, as of the projection's offset.
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS node_enrollments (

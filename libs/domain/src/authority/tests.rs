@@ -197,8 +197,12 @@ fn a_suspended_or_moved_lease_leaves_its_node() {
         }),
     );
     authority.admit(&moved).unwrap();
-    // The lost node comes back and reports what it ran: no longer its.
-    assert!(authority.admit(&ended_by("node-c", 100)).is_err());
+    // The lost node comes back and reports what it ran: no longer its, and
+    // counted as stale, not as an attack. Another node is an attack still.
+    let late = authority.admit(&ended_by("node-c", 100)).unwrap_err();
+    assert_eq!(late.reason, SkipReason::StaleReport, "{late}");
+    let foreign = authority.admit(&ended_by("node-x", 100)).unwrap_err();
+    assert_eq!(foreign.reason, SkipReason::NotAuthorized, "{foreign}");
     authority.admit(&started_by("node-b", 100)).unwrap();
     assert_eq!(authority.lease(LEASE).unwrap().started_at, Some(t(100)));
 }
@@ -302,6 +306,7 @@ fn a_restatement_carries_only_what_was_obeyed() {
             tenant_id: Some(TENANT),
             node_id: Some("node-c".into()),
             started_at: Some(t(10)),
+            previous_node: None,
         })
     );
     // A reader that read it all before gets the same holds.
