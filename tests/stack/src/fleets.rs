@@ -39,6 +39,25 @@ gpu_count = 2
 vram_gb = 40
 "#;
 
+/// Two nodes of one A100 each, in one zone.
+pub const TWO_NODES: &str = r#"
+[[node]]
+id = "node-a"
+zone = "cn-north-1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+
+[[node]]
+id = "node-b"
+zone = "cn-north-1a"
+hostname = "gpu-b.sim"
+gpu_model = "A100-40GB"
+gpu_count = 1
+vram_gb = 40
+"#;
+
 /// `fleet` with every node that does not say otherwise declaring what a
 /// production node enforces (containers, HAMi-core), as `dev/fleet.toml`
 /// does: the tests of other rules place untrusted tenants' leases and GPU

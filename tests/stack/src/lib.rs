@@ -16,7 +16,7 @@ mod fleets;
 mod log;
 mod stack;
 
-pub use fleets::{enforcing, FLEET, TWO_A100};
+pub use fleets::{enforcing, FLEET, TWO_A100, TWO_NODES};
 pub use log::{expected_charge, of_type, read_log, starts};
 pub use stack::{
     test_front, write_master_key_file, GatewayConfigChange, Stack, StackNats, ADMIN_TOKEN,

@@ -14,30 +14,10 @@ use lh_events::{
     fixtures, Actor, EndReason, Envelope, EventData, IdleAction, LeaseGpuFault, LeaseIdleDetected,
     LeaseStopRequested, LeaseSuspended,
 };
-use lh_test_stack::{expected_charge, read_log, Stack, ADMIN_TOKEN};
+use lh_test_stack::{expected_charge, read_log, Stack, ADMIN_TOKEN, TWO_NODES};
 use reqwest::Method;
 use serde_json::json;
 use uuid::Uuid;
-
-/// Two nodes of one A100 each: whichever runs the victim's lease, the
-/// other is the attacker, and the one free GPU is the attacker's own.
-const TWO_NODES: &str = r#"
-[[node]]
-id = "node-a"
-zone = "cn-north-1a"
-hostname = "gpu-a.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-
-[[node]]
-id = "node-c"
-zone = "cn-north-1a"
-hostname = "gpu-c.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-"#;
 
 /// The reports a compromised `attacker` sends about `lease`, each on its
 /// own subject: with itself named in the payload, with the lease's node
@@ -134,8 +114,10 @@ async fn a_node_cannot_end_suspend_start_or_stop_a_lease_on_another_node() {
     let id = running["id"].as_str().unwrap().to_string();
     let lease: Uuid = id.parse().unwrap();
     let victim_node = running["node_id"].as_str().unwrap().to_string();
+    // Whichever node runs it, the other is the attacker, and the one free
+    // GPU is the attacker's own.
     let attacker = if victim_node == "node-a" {
-        "node-c"
+        "node-b"
     } else {
         "node-a"
     };

@@ -7,27 +7,9 @@
 use std::time::{Duration, Instant};
 
 use lh_events::EventData;
-use lh_test_stack::{of_type, read_log, Stack};
+use lh_test_stack::{of_type, read_log, Stack, TWO_NODES};
 use reqwest::Method;
 use serde_json::json;
-
-const TWO_NODES: &str = r#"
-[[node]]
-id = "node-a"
-zone = "cn-north-1a"
-hostname = "gpu-a.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-
-[[node]]
-id = "node-b"
-zone = "cn-north-1a"
-hostname = "gpu-b.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_node_s_lease_runs_elsewhere_and_is_billed_per_run() {
