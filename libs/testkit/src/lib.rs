@@ -73,3 +73,14 @@ pub async fn nats_and_database() -> (Nats, String) {
         .expect("a fresh database");
     (nats, database_url)
 }
+
+/// A temporary directory anyone may write in (sticky, like `/tmp`): the
+/// process runtime runs workloads as users of their own, and a test's
+/// workload writes its marks here.
+pub fn shared_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))
+        .expect("the temporary directory opened to workloads");
+    dir
+}

@@ -26,7 +26,7 @@ mod state;
 mod telemetry;
 pub mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,6 +201,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .map_err(|why| anyhow::anyhow!("--node-id {:?}: {why}", config.node_id))?;
     config.gpus.validate()?;
     let (backend, mut inventory) = gpu::open(&config.gpus, &config.fleet_file, &config.node_id)?;
+    if config.runtime == RuntimeKind::Process {
+        for variable in [
+            lh_bus::ENV_NATS_NKEY_SEED_FILE,
+            lh_bus::ENV_NATS_PASSWORD_FILE,
+            lh_bus::ENV_NATS_CLIENT_KEY_FILE,
+        ] {
+            if let Some(path) = std::env::var_os(variable).filter(|p| !p.is_empty()) {
+                workload::lease_user::check_secret_private(variable, Path::new(&path))?;
+            }
+        }
+    }
     let service = format!("lh-node-agent-{}", config.node_id);
     let bus = config.common.connect_bus(&service).await?;
     let readiness = Readiness::default();

@@ -35,6 +35,7 @@ fn fake_binaries(dir: &Path, broken: bool) -> PathBuf {
         &bin.join("nvidia-cuda-mps-control"),
         &format!(
             r#"#!/bin/sh
+umask 000
 {fail}
 where="gpu=$CUDA_VISIBLE_DEVICES pipe=${{CUDA_MPS_PIPE_DIRECTORY#{d}/}} log=${{CUDA_MPS_LOG_DIRECTORY#{d}/}}"
 if [ "$1" = "-d" ]; then
@@ -57,7 +58,7 @@ esac
     );
     script(
         &bin.join("nvidia-smi"),
-        &format!("#!/bin/sh\n{fail}\necho \"nvidia-smi $*\" >> '{d}/calls'\n"),
+        &format!("#!/bin/sh\numask 000\n{fail}\necho \"nvidia-smi $*\" >> '{d}/calls'\n"),
     );
     bin.join("nvidia-cuda-mps-control")
 }
@@ -112,7 +113,7 @@ async fn finished(rx: &mut mpsc::UnboundedReceiver<Finished>) -> Finished {
 #[tokio::test]
 async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_each_and_the_daemon_quits_after_the_last(
 ) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let d = dir.path().display().to_string();
     let mps = mps_in(dir.path(), false).expect("the probe works");
     let probe = calls(dir.path());
@@ -156,10 +157,8 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
     })
     .await;
     let w = "gpu=GPU-a pipe=state/mps/gpu3/pipe log=state/mps/gpu3/log";
-    let uid = {
-        use std::os::unix::fs::MetadataExt;
-        fs::metadata(dir.path().join("calls")).unwrap().uid()
-    };
+    // The process runtime runs the shares of GPU 3 as its share user.
+    let uid = lh_node_agent::workload::lease_user::gpu_share_uid(3);
     assert_eq!(
         calls(dir.path()),
         [
@@ -224,7 +223,7 @@ async fn given_two_shares_of_one_gpu_when_they_start_then_limits_are_set_before_
 
 #[tokio::test]
 async fn a_whole_gpu_gets_no_mps() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let d = dir.path().display().to_string();
     let mps = mps_in(dir.path(), false).unwrap();
     fs::remove_file(dir.path().join("calls")).unwrap();
@@ -258,7 +257,7 @@ async fn a_whole_gpu_gets_no_mps() {
 #[tokio::test]
 async fn given_a_daemon_that_answers_when_a_share_starts_then_it_is_adopted_limited_and_not_quit_under_a_client(
 ) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let mut mps = mps_in(dir.path(), false).unwrap();
     // A previous agent's daemon, with a server.
     let pipe = dir.path().join("state/mps/gpu0/pipe");
@@ -315,7 +314,7 @@ async fn given_a_daemon_that_answers_when_a_share_starts_then_it_is_adopted_limi
 
 #[tokio::test]
 async fn given_a_daemon_that_will_not_start_when_a_share_starts_then_it_does_not_run() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let mut mps = mps_in(dir.path(), false).unwrap();
     // nvidia-smi now refuses (not root, say): the GPU cannot be made exclusive.
     script(&dir.path().join("bin/nvidia-smi"), "#!/bin/sh\nexit 9\n");
@@ -340,7 +339,7 @@ fn declared(workloads: &Workloads) -> GpuSharing {
 #[tokio::test]
 async fn given_the_control_binary_when_the_node_registers_then_it_declares_mps_only_if_its_probe_works(
 ) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let marks = HostMarks {
         node_id: "node-a".into(),
         state_dir: dir.path().join("state"),
@@ -361,7 +360,7 @@ async fn given_the_control_binary_when_the_node_registers_then_it_declares_mps_o
 
     let missing = MpsConfig::find(Some(dir.path().join("nowhere")), dir.path()).unwrap();
     assert!(Mps::probe(missing).is_err());
-    let broken = tempfile::tempdir().unwrap();
+    let broken = lh_testkit::shared_tempdir();
     assert!(mps_in(broken.path(), true).is_none());
     assert_eq!(declared(&new()), GpuSharing::None);
 
@@ -394,7 +393,7 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
     use lh_events::LeaseFailure;
     use lh_node_agent::gpu::backend::sim::mps as sim_mps;
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let tools = sim_mps::install(&dir.path().join("tools")).unwrap();
     let mps = mps::for_node(Some(tools.control.clone()), &dir.path().join("state"))
         .expect("the simulated daemon passes the probe");
@@ -493,7 +492,7 @@ async fn given_a_restart_when_shares_are_adopted_then_their_daemon_is_taken_back
 ) {
     use lh_node_agent::gpu::backend::sim::mps as sim_mps;
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let tools = sim_mps::install(&dir.path().join("tools")).unwrap();
     let state = dir.path().join("state");
     let agent = || {

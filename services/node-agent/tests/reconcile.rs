@@ -138,7 +138,7 @@ async fn next_finished(finished: &mut UnboundedReceiver<Finished>) -> Finished {
 
 #[tokio::test]
 async fn the_workload_of_a_lease_still_placed_here_is_adopted_not_started_again() {
-    let state = tempfile::tempdir().unwrap();
+    let state = lh_testkit::shared_tempdir();
     let lease_id = Uuid::new_v4();
     let record = kill_agent_after_start(state.path(), lease_id, "exec sleep 300");
     assert_eq!(
@@ -167,7 +167,7 @@ async fn the_workload_of_a_lease_still_placed_here_is_adopted_not_started_again(
 
 #[tokio::test]
 async fn an_adopted_workload_that_exits_by_itself_is_reported() {
-    let state = tempfile::tempdir().unwrap();
+    let state = lh_testkit::shared_tempdir();
     let lease_id = Uuid::new_v4();
     let record = kill_agent_after_start(state.path(), lease_id, "sleep 1");
     let (mut workloads, mut finished) = workloads(state.path());
@@ -184,7 +184,7 @@ async fn an_adopted_workload_that_exits_by_itself_is_reported() {
 
 #[tokio::test]
 async fn the_workload_of_a_lease_ended_or_moved_away_is_stopped() {
-    let state = tempfile::tempdir().unwrap();
+    let state = lh_testkit::shared_tempdir();
     let lease_id = Uuid::new_v4();
     let record = kill_agent_after_start(state.path(), lease_id, "exec sleep 300");
     let (mut workloads, _finished) = workloads(state.path());
@@ -205,10 +205,10 @@ async fn the_workload_of_a_lease_ended_or_moved_away_is_stopped() {
 
 #[tokio::test]
 async fn an_orphan_of_no_known_lease_or_an_old_placement_is_stopped() {
-    let state = tempfile::tempdir().unwrap();
+    let state = lh_testkit::shared_tempdir();
     let (orphan, moved) = (Uuid::new_v4(), Uuid::new_v4());
     let orphan_record = kill_agent_after_start(state.path(), orphan, "exec sleep 300");
-    let moved_dir = tempfile::tempdir().unwrap();
+    let moved_dir = lh_testkit::shared_tempdir();
     let moved_record = kill_agent_after_start(moved_dir.path(), moved, "exec sleep 300");
     // Both records in the one state directory.
     fs::rename(
@@ -228,7 +228,7 @@ async fn an_orphan_of_no_known_lease_or_an_old_placement_is_stopped() {
 
 #[tokio::test]
 async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
-    let state = tempfile::tempdir().unwrap();
+    let state = lh_testkit::shared_tempdir();
     let kept = Uuid::new_v4();
     let kept_record = kill_agent_after_start(state.path(), kept, "exec sleep 300");
     let (mut workloads, _finished) = workloads(state.path());
@@ -246,7 +246,7 @@ async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
     // told to forget (its lease ended by a report it obeyed while it
     // could not stop it): the next sweep stops it, and only it.
     let stray = Uuid::new_v4();
-    let stray_dir = tempfile::tempdir().unwrap();
+    let stray_dir = lh_testkit::shared_tempdir();
     let stray_record = kill_agent_after_start(stray_dir.path(), stray, "exec sleep 300");
     fs::rename(
         stray_dir.path().join(stray_record.file_name()),
@@ -273,7 +273,7 @@ async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
 
 #[tokio::test]
 async fn a_recorded_pid_now_held_by_an_unrelated_process_is_not_killed() {
-    let state = tempfile::tempdir().unwrap();
+    let state = lh_testkit::shared_tempdir();
     let mut unrelated = Command::new("sleep").arg("300").spawn().unwrap();
     let pid = unrelated.id() as i32;
     let ticks = reconcile::process_start_ticks(pid).unwrap();
@@ -329,7 +329,7 @@ esac
 
 #[tokio::test]
 async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let cli = fake_cli(dir.path());
     let (kept, gone) = (Uuid::new_v4(), Uuid::new_v4());
     fs::write(dir.path().join("ps.out"), format!("lh-{kept}\nlh-{gone}\n")).unwrap();
@@ -464,7 +464,7 @@ async fn killed_agent_running(command: &str) -> OnLog {
     let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let on_log = OnLog {
         nats,
         bus,

@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use lh_node_agent::workload::lease_user::LeaseUsers;
 use lh_node_agent::workload::{
     Assignment, CgroupConfig, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload, Runtime,
     RuntimeError, StopOutcome, Workload,
@@ -28,8 +29,15 @@ fn assignment() -> Assignment {
         compute_milli: None,
         memory_share_bytes: None,
         mps_pipe_dir: None,
+        mps_server_uid: None,
         log_file: None,
     }
+}
+
+/// Lease users whose homes are in a directory kept for the test run.
+fn lease_users() -> LeaseUsers {
+    let state = lh_testkit::shared_tempdir().keep();
+    LeaseUsers::for_node(&state).expect("the tests run as root, as CI does")
 }
 
 fn sh(script: &str) -> Workload {
@@ -96,7 +104,7 @@ fn env_file(path: &Path) -> BTreeMap<String, String> {
 
 #[tokio::test]
 async fn the_child_sees_the_lease_environment_and_not_the_agents() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let out = dir.path().join("env");
     let a = Assignment {
         vram_limit_mib: Some(5 * 1024),
@@ -109,7 +117,7 @@ async fn the_child_sees_the_lease_environment_and_not_the_agents() {
     // A forged event's: the gateway refuses it, the agent drops it.
     w.env.insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
 
-    let exit = start(&ProcessRuntime::without_cgroups(), &a, &w)
+    let exit = start(&ProcessRuntime::without_cgroups(lease_users()), &a, &w)
         .wait()
         .await
         .unwrap();
@@ -130,8 +138,16 @@ async fn the_child_sees_the_lease_environment_and_not_the_agents() {
     assert_eq!(env["MY_VAR"], "hello world");
     assert!(!env.contains_key("LD_PRELOAD"));
     assert!(env.contains_key("PATH"));
+    // A home of its own, its working directory.
+    assert!(
+        env["HOME"].ends_with(&a.lease_id.to_string()),
+        "{}",
+        env["HOME"]
+    );
+    assert_eq!(env["PWD"], env["HOME"]);
+    assert_ne!(std::env::var("HOME").ok().as_ref(), Some(&env["HOME"]));
     // Nothing of the agent's own environment (cargo sets CARGO* for tests).
-    let shell_own = ["PATH", "PWD", "OLDPWD", "SHLVL", "_"];
+    let shell_own = ["PATH", "PWD", "OLDPWD", "SHLVL", "_", "HOME"];
     let agents: Vec<String> = std::env::vars()
         .map(|(k, _)| k)
         .filter(|k| !shell_own.contains(&k.as_str()) && !w.env.contains_key(k))
@@ -145,14 +161,98 @@ async fn the_child_sees_the_lease_environment_and_not_the_agents() {
 }
 
 #[tokio::test]
+async fn each_lease_runs_as_its_own_user_and_reads_nothing_of_the_agent() {
+    let dir = lh_testkit::shared_tempdir();
+    // The agent's seed, 0600 as the agent requires, beside the marks.
+    let seed = dir.path().join("node.nk");
+    fs::write(&seed, "SUANOTAREALSEED\n").unwrap();
+    fs::set_permissions(&seed, fs::Permissions::from_mode(0o600)).unwrap();
+    let state = lh_testkit::shared_tempdir();
+    let users = LeaseUsers::for_node(state.path()).unwrap();
+    let log = state.path().join("logs");
+    fs::create_dir(&log).unwrap();
+    fs::set_permissions(&log, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(log.join("other-lease.log"), "secret output").unwrap();
+    let runtime = ProcessRuntime::without_cgroups(users);
+    let probe = |name: &str| {
+        let out = dir.path().join(name);
+        sh(&format!(
+            "{{ id -u; id -G; cat '{seed}' && echo READ-SEED; ls '{state}' && echo LISTED-STATE; \
+             cat '{log}/other-lease.log' && echo READ-LOG; kill -0 1 && echo SIGNALS-INIT; \
+             echo x > mine && echo HOME-WRITABLE; sleep 2; }} > '{out}' 2>/dev/null",
+            seed = seed.display(),
+            state = state.path().display(),
+            log = log.display(),
+            out = out.display()
+        ))
+    };
+    let (a, b) = (assignment(), assignment());
+    let mut first = start(&runtime, &a, &probe("a"));
+    let mut second = start(&runtime, &b, &probe("b"));
+    let home_a = state.path().join("leases").join(a.lease_id.to_string());
+    assert!(home_a.is_dir());
+    assert_eq!(first.wait().await.unwrap().code, Some(0));
+    assert_eq!(second.wait().await.unwrap().code, Some(0));
+    let read = |name: &str| fs::read_to_string(dir.path().join(name)).unwrap();
+    let (a_out, b_out) = (read("a"), read("b"));
+    let uid = |out: &str| out.lines().next().unwrap().parse::<u32>().unwrap();
+    for out in [&a_out, &b_out] {
+        assert!(
+            uid(out) >= lh_node_agent::workload::lease_user::FIRST_LEASE_UID,
+            "{out}"
+        );
+        // No supplementary group: the agent's (root's) groups are gone.
+        assert_eq!(
+            out.lines().nth(1).unwrap(),
+            out.lines().next().unwrap(),
+            "{out}"
+        );
+        assert!(out.contains("HOME-WRITABLE"), "{out}");
+        for never in ["READ-SEED", "LISTED-STATE", "READ-LOG", "SIGNALS-INIT"] {
+            assert!(!out.contains(never), "{never}: {out}");
+        }
+    }
+    assert_ne!(uid(&a_out), uid(&b_out), "two leases share a user");
+    // Ended: its home is gone.
+    assert!(!home_a.exists());
+}
+
+#[tokio::test]
+async fn a_lease_users_processes_end_with_its_lease_even_outside_its_group() {
+    let dir = lh_testkit::shared_tempdir();
+    let pid_file = dir.path().join("escaped");
+    let runtime = ProcessRuntime::without_cgroups(lease_users());
+    // setsid: the child leaves the lease's process group, as a daemon would.
+    let w = sh(&format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 60' & sleep 0.5; exit 0",
+        pid_file.display()
+    ));
+    let mut run = start(&runtime, &assignment(), &w);
+    let escaped = read_pid(&pid_file).await;
+    assert_eq!(run.wait().await.unwrap().code, Some(0));
+    let deadline = Instant::now() + PATIENCE;
+    while lh_node_agent::workload::reconcile::process_start_ticks(escaped).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "pid {escaped} outlived its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_whole_gpu_lease_gets_no_share_caps() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let out = dir.path().join("env");
     let w = sh(&format!("env > '{}'", out.display()));
-    start(&ProcessRuntime::without_cgroups(), &assignment(), &w)
-        .wait()
-        .await
-        .unwrap();
+    start(
+        &ProcessRuntime::without_cgroups(lease_users()),
+        &assignment(),
+        &w,
+    )
+    .wait()
+    .await
+    .unwrap();
     let env = env_file(&out);
     assert!(!env.contains_key("CUDA_DEVICE_MEMORY_LIMIT"));
     assert!(!env.contains_key("CUDA_DEVICE_SM_LIMIT"));
@@ -160,7 +260,7 @@ async fn a_whole_gpu_lease_gets_no_share_caps() {
 
 #[tokio::test]
 async fn the_exit_code_and_a_killing_signal_propagate() {
-    let runtime = ProcessRuntime::without_cgroups();
+    let runtime = ProcessRuntime::without_cgroups(lease_users());
     let exit = start(&runtime, &assignment(), &sh("exit 7"))
         .wait()
         .await
@@ -192,7 +292,7 @@ async fn a_missing_program_is_an_error() {
         command: vec!["/nonexistent/leasehold-workload".into()],
         ..Workload::default()
     };
-    let err = ProcessRuntime::without_cgroups()
+    let err = ProcessRuntime::without_cgroups(lease_users())
         .start(&assignment(), &w)
         .unwrap_err();
     assert!(err.to_string().contains("/nonexistent/leasehold-workload"));
@@ -200,14 +300,14 @@ async fn a_missing_program_is_an_error() {
 
 #[tokio::test]
 async fn sigterm_stops_a_child_that_handles_it_and_its_children() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let pid_file = dir.path().join("grandchild");
     let script = format!(
         "trap 'exit 0' TERM; sleep 60 & echo $! > '{}'; wait",
         pid_file.display()
     );
     let mut running = start(
-        &ProcessRuntime::without_cgroups(),
+        &ProcessRuntime::without_cgroups(lease_users()),
         &assignment(),
         &sh(&script),
     );
@@ -227,7 +327,7 @@ async fn sigterm_stops_a_child_that_handles_it_and_its_children() {
 
 #[tokio::test]
 async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let pid_file = dir.path().join("grandchild");
     // The ignored TERM is inherited by the background sleep too.
     let script = format!(
@@ -235,7 +335,7 @@ async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
         pid_file.display()
     );
     let mut running = start(
-        &ProcessRuntime::without_cgroups(),
+        &ProcessRuntime::without_cgroups(lease_users()),
         &assignment(),
         &sh(&script),
     );
@@ -260,11 +360,11 @@ async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
 
 #[tokio::test]
 async fn what_a_workload_leaves_behind_dies_with_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let pid_file = dir.path().join("grandchild");
     let script = format!("sleep 60 & echo $! > '{}'; exit 0", pid_file.display());
     let mut running = start(
-        &ProcessRuntime::without_cgroups(),
+        &ProcessRuntime::without_cgroups(lease_users()),
         &assignment(),
         &sh(&script),
     );
@@ -276,11 +376,11 @@ async fn what_a_workload_leaves_behind_dies_with_it() {
 
 #[tokio::test]
 async fn stopping_an_exited_workload_reports_its_exit() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let done = dir.path().join("done");
     let script = format!("echo 1 > '{}'; exit 3", done.display());
     let mut running = start(
-        &ProcessRuntime::without_cgroups(),
+        &ProcessRuntime::without_cgroups(lease_users()),
         &assignment(),
         &sh(&script),
     );
@@ -301,7 +401,7 @@ async fn stopping_an_exited_workload_reports_its_exit() {
 
 /// A directory that looks like a cgroup v2 root to the runtime.
 fn fake_cgroup_root(controllers: &str) -> tempfile::TempDir {
-    let root = tempfile::tempdir().unwrap();
+    let root = lh_testkit::shared_tempdir();
     fs::write(root.path().join("cgroup.controllers"), controllers).unwrap();
     fs::write(root.path().join("cgroup.subtree_control"), "cpu\n").unwrap();
     fs::write(root.path().join("cgroup.procs"), "").unwrap();
@@ -317,11 +417,14 @@ fn read(path: PathBuf) -> String {
 
 async fn check_cgroup_files(hard_pct: u8, soft_pct: u8, expect_max: u64, expect_high: u64) {
     let root = fake_cgroup_root("cpuset cpu io memory hugetlb pids rdma misc\n");
-    let runtime = ProcessRuntime::new(CgroupConfig {
-        root: root.path().to_path_buf(),
-        hard_limit_pct: hard_pct,
-        soft_limit_pct: soft_pct,
-    })
+    let runtime = ProcessRuntime::new(
+        CgroupConfig {
+            root: root.path().to_path_buf(),
+            hard_limit_pct: hard_pct,
+            soft_limit_pct: soft_pct,
+        },
+        lease_users(),
+    )
     .unwrap();
     assert!(runtime.uses_cgroups());
     let a = Assignment {
@@ -359,10 +462,13 @@ async fn cgroup_soft_limit_below_the_hard_one_is_written() {
 #[tokio::test]
 async fn the_cgroup_goes_when_the_workload_exits() {
     let root = fake_cgroup_root("cpu memory\n");
-    let runtime = ProcessRuntime::new(CgroupConfig {
-        root: root.path().to_path_buf(),
-        ..CgroupConfig::default()
-    })
+    let runtime = ProcessRuntime::new(
+        CgroupConfig {
+            root: root.path().to_path_buf(),
+            ..CgroupConfig::default()
+        },
+        lease_users(),
+    )
     .unwrap();
     let a = Assignment {
         memory_share_bytes: Some(64 * MIB),
@@ -384,11 +490,11 @@ async fn the_cgroup_goes_when_the_workload_exits() {
 
 #[tokio::test]
 async fn a_share_runs_with_hami_core_preloaded_by_the_agent() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let lib = dir.path().join("libvgpu.so");
     fs::write(&lib, b"").unwrap();
     let out = dir.path().join("env");
-    let runtime = ProcessRuntime::without_cgroups().with_hami_core_lib(lib.clone());
+    let runtime = ProcessRuntime::without_cgroups(lease_users()).with_hami_core_lib(lib.clone());
     let share = Assignment {
         vram_limit_mib: Some(1024),
         compute_milli: Some(100),
@@ -399,6 +505,11 @@ async fn a_share_runs_with_hami_core_preloaded_by_the_agent() {
     start(&runtime, &share, &w).wait().await.unwrap();
     assert_eq!(env_file(&out)["LD_PRELOAD"], lib.display().to_string());
     // A whole GPU: nothing preloaded, and the tenant's is dropped.
+    let out = dir.path().join("env-whole");
+    let w = Workload {
+        env: w.env.clone(),
+        ..sh(&format!("env > '{}'", out.display()))
+    };
     start(&runtime, &assignment(), &w).wait().await.unwrap();
     assert!(!env_file(&out).contains_key("LD_PRELOAD"));
 }
@@ -406,10 +517,13 @@ async fn a_share_runs_with_hami_core_preloaded_by_the_agent() {
 #[tokio::test]
 async fn a_lease_without_a_ram_share_still_gets_its_own_cgroup() {
     let root = fake_cgroup_root("cpu memory\n");
-    let runtime = ProcessRuntime::new(CgroupConfig {
-        root: root.path().to_path_buf(),
-        ..CgroupConfig::default()
-    })
+    let runtime = ProcessRuntime::new(
+        CgroupConfig {
+            root: root.path().to_path_buf(),
+            ..CgroupConfig::default()
+        },
+        lease_users(),
+    )
     .unwrap();
     let a = assignment();
     assert_eq!(a.memory_share_bytes, None);
@@ -427,10 +541,13 @@ async fn a_lease_without_a_ram_share_still_gets_its_own_cgroup() {
 #[tokio::test]
 async fn no_memory_controller_means_no_cgroup_but_the_workload_runs() {
     let root = fake_cgroup_root("cpu io pids\n");
-    let runtime = ProcessRuntime::new(CgroupConfig {
-        root: root.path().to_path_buf(),
-        ..CgroupConfig::default()
-    })
+    let runtime = ProcessRuntime::new(
+        CgroupConfig {
+            root: root.path().to_path_buf(),
+            ..CgroupConfig::default()
+        },
+        lease_users(),
+    )
     .unwrap();
     assert!(!runtime.uses_cgroups());
     let a = Assignment {
@@ -447,10 +564,13 @@ async fn a_cgroup_that_cannot_be_made_or_entered_does_not_stop_the_workload() {
     // `leasehold` is a file: the cgroup cannot be made.
     let root = fake_cgroup_root("memory\n");
     fs::write(root.path().join("leasehold"), "").unwrap();
-    let runtime = ProcessRuntime::new(CgroupConfig {
-        root: root.path().to_path_buf(),
-        ..CgroupConfig::default()
-    })
+    let runtime = ProcessRuntime::new(
+        CgroupConfig {
+            root: root.path().to_path_buf(),
+            ..CgroupConfig::default()
+        },
+        lease_users(),
+    )
     .unwrap();
     let a = Assignment {
         memory_share_bytes: Some(64 * MIB),
@@ -461,10 +581,13 @@ async fn a_cgroup_that_cannot_be_made_or_entered_does_not_stop_the_workload() {
 
     // `cgroup.procs` is a directory: the child cannot enter the cgroup.
     let root = fake_cgroup_root("memory\n");
-    let runtime = ProcessRuntime::new(CgroupConfig {
-        root: root.path().to_path_buf(),
-        ..CgroupConfig::default()
-    })
+    let runtime = ProcessRuntime::new(
+        CgroupConfig {
+            root: root.path().to_path_buf(),
+            ..CgroupConfig::default()
+        },
+        lease_users(),
+    )
     .unwrap();
     let lease = root
         .path()
@@ -485,7 +608,7 @@ async fn real_cgroup_v2_limits_when_the_host_has_them() {
         eprintln!("skipped: {why}");
         return;
     }
-    let runtime = ProcessRuntime::new(config.clone()).unwrap();
+    let runtime = ProcessRuntime::new(config.clone(), lease_users()).unwrap();
     let share = 256 * MIB;
     let a = Assignment {
         memory_share_bytes: Some(share),
@@ -564,7 +687,7 @@ fn container_workload() -> Workload {
 
 #[tokio::test]
 async fn docker_run_and_stop_arguments_and_the_stop_exit() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let cli = fake_cli(dir.path(), RUN_UNTIL_STOPPED, STOP_BY_SIGTERM);
     let a = Assignment {
         vram_limit_mib: Some(20 * 1024),
@@ -643,7 +766,7 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
 
 #[tokio::test]
 async fn a_forged_workload_cannot_reconfigure_the_cli_nor_reach_it_with_a_flag() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let copy = dir.path().join("env-file.copy");
     let copy_env_file = format!(
         r#"prev=''; for arg in "$@"; do [ "$prev" = --env-file ] && cp "$arg" '{}'; prev=$arg; done"#,
@@ -688,7 +811,7 @@ async fn a_forged_workload_cannot_reconfigure_the_cli_nor_reach_it_with_a_flag()
 
 #[tokio::test]
 async fn the_run_exit_code_is_the_workloads() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let cli = fake_cli(dir.path(), "exit 42", "exit 0");
     let a = Assignment {
         device_uuids: vec!["GPU-5f0c1a2b".into()],
@@ -713,7 +836,7 @@ async fn the_run_exit_code_is_the_workloads() {
 
 #[tokio::test]
 async fn a_container_that_does_not_stop_gets_its_cli_killed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let cli = fake_cli(
         dir.path(),
         "trap '' TERM; sleep 60 & wait",
@@ -737,7 +860,7 @@ async fn a_container_that_does_not_stop_gets_its_cli_killed() {
 
 #[tokio::test]
 async fn a_container_workload_needs_an_image() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let cli = fake_cli(dir.path(), "exit 0", "exit 0");
     let w = Workload {
         image: None,
@@ -751,7 +874,7 @@ async fn a_container_workload_needs_an_image() {
 
 #[tokio::test]
 async fn an_image_that_reads_as_a_flag_never_reaches_the_cli() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let cli = fake_cli(dir.path(), "exit 0", "exit 0");
     for image in [
         "--volume=/:/host",

@@ -74,7 +74,7 @@ fn ended(log: &[lh_bus::Stored], id: &str) -> lh_events::LeaseEnded {
 async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully() {
     let stack = Stack::start_configured(TWO_A100, |s| s.node_runtime = RuntimeKind::Process).await;
     let key = trusted_tenant(&stack, "runs", 2).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
 
     for (workload, field) in [
         (json!({"command": []}), "workload.command"),
@@ -193,7 +193,7 @@ async fn a_lease_moved_from_a_lost_node_runs_its_workload_on_the_new_one() {
     let mut stack =
         Stack::start_configured(TWO_NODES, |s| s.node_runtime = RuntimeKind::Process).await;
     let key = trusted_tenant(&stack, "moves", 2).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let out = dir.path().join("starts.txt");
     let id = lease_with(
         &stack,
@@ -368,7 +368,7 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
     let tenant_id = tenant["id"].as_str().unwrap().to_string();
     let key = tenant["api_key"].as_str().unwrap().to_string();
     let secret = format!("hf_{}", uuid::Uuid::new_v4().simple());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let out = dir.path().join("token.txt");
     let id = lease_with(
         &stack,
@@ -532,6 +532,7 @@ fn fake_mps(dir: &std::path::Path) -> std::path::PathBuf {
     let d = dir.display();
     let control = format!(
         r#"#!/bin/sh
+umask 000
 if [ "$1" = "-d" ]; then echo "-d $CUDA_VISIBLE_DEVICES" >> '{d}/calls'; touch "$CUDA_MPS_PIPE_DIRECTORY/daemon"; exit 0; fi
 read -r cmd
 echo "$cmd" >> '{d}/calls'
@@ -548,7 +549,7 @@ esac
         ("nvidia-cuda-mps-control", control),
         (
             "nvidia-smi",
-            format!("#!/bin/sh\necho \"nvidia-smi $*\" >> '{d}/calls'\n"),
+            format!("#!/bin/sh\numask 000\necho \"nvidia-smi $*\" >> '{d}/calls'\n"),
         ),
     ] {
         std::fs::write(bin.join(name), text).unwrap();
@@ -559,7 +560,7 @@ esac
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_share_on_an_mps_node_runs_as_an_mps_client_with_its_limits_set_before_it_starts() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let control = fake_mps(dir.path());
     let stack = Stack::start_configured(TWO_A100, |s| {
         s.node_runtime = RuntimeKind::Process;
@@ -632,7 +633,7 @@ async fn a_share_on_an_mps_node_runs_as_an_mps_client_with_its_limits_set_before
 /// other GPU, a third waits (saying why) until a GPU empties, then runs there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_mps_node_places_one_share_size_per_gpu_and_a_third_size_waits_for_an_empty_gpu() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let control = fake_mps(dir.path());
     let stack = Stack::start_configured(TWO_A100, |s| {
         s.node_runtime = RuntimeKind::Process;
@@ -706,7 +707,7 @@ async fn an_mps_node_places_one_share_size_per_gpu_and_a_third_size_waits_for_an
 /// and completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_share_over_its_gpu_memory_fails_inside_its_own_lease_only() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let tools = lh_node_agent::gpu::backend::sim::mps::install(dir.path()).unwrap();
     let stack = Stack::start_configured(TWO_A100, |s| {
         s.node_runtime = RuntimeKind::Process;

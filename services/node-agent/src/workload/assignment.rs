@@ -27,6 +27,9 @@ pub struct Assignment {
     /// The pipe directory of the MPS daemon that enforces the share
     /// ([`mps`](super::mps)); the workload connects through it as an MPS client.
     pub mps_pipe_dir: Option<PathBuf>,
+    /// The user the GPU's MPS server serves, when MPS enforces the share:
+    /// the process runtime runs the lease as that user.
+    pub mps_server_uid: Option<u32>,
     /// The file the workload's standard output and error go to
     /// ([`lease_log`](super::lease_log)); the agent's own when `None`.
     pub log_file: Option<PathBuf>,
@@ -99,6 +102,7 @@ pub fn assignment(
         compute_milli: share.map(|(m, _)| m),
         memory_share_bytes,
         mps_pipe_dir: None,
+        mps_server_uid: None,
         log_file: None,
     }
 }

@@ -409,6 +409,7 @@ mod tests {
             compute_milli: None,
             memory_share_bytes: None,
             mps_pipe_dir: None,
+            mps_server_uid: None,
             log_file: None,
         }
     }
@@ -534,6 +535,7 @@ mod tests {
             vram_limit_mib: Some(10240),
             compute_milli: Some(500),
             mps_pipe_dir: Some("/state/mps/gpu0/pipe".into()),
+            mps_server_uid: None,
             ..assignment()
         };
         let args = run_args(

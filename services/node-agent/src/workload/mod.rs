@@ -23,6 +23,7 @@ pub mod cgroup;
 pub mod container;
 pub(crate) mod executor;
 pub mod lease_log;
+pub mod lease_user;
 pub mod mps;
 pub mod process;
 pub mod reconcile;
@@ -299,6 +300,9 @@ pub struct RunningWorkload {
 enum Kind {
     Process {
         cgroup: Option<cgroup::LeaseCgroup>,
+        /// Dropped when the workload is cleaned up: its processes die
+        /// with it and its home goes.
+        user: Option<lease_user::LeaseUser>,
     },
     Container {
         cli: PathBuf,
@@ -422,10 +426,14 @@ impl RunningWorkload {
         if let Err(e) = signal_group(self.pgid, libc::SIGKILL) {
             tracing::warn!(lease = %self.lease_id, error = %e, "cannot kill leftover processes");
         }
-        match &self.kind {
-            Kind::Process {
-                cgroup: Some(cgroup),
-            } => cgroup.remove().await,
+        match &mut self.kind {
+            Kind::Process { cgroup, user } => {
+                // Its processes may have left the group: the user ends them.
+                user.take();
+                if let Some(cgroup) = cgroup {
+                    cgroup.remove().await;
+                }
+            }
             Kind::Container {
                 env_file: Some(path),
                 ..
@@ -481,6 +489,7 @@ mod tests {
             compute_milli: None,
             memory_share_bytes: None,
             mps_pipe_dir: None,
+            mps_server_uid: None,
             log_file: None,
         }
     }
@@ -515,6 +524,7 @@ mod tests {
         assert!(!env.contains_key(mps::ENV_MPS_PIPE_DIRECTORY));
         let a = Assignment {
             mps_pipe_dir: Some("/state/mps/gpu0/pipe".into()),
+            mps_server_uid: None,
             ..a
         };
         assert_eq!(

@@ -248,6 +248,9 @@ pub fn for_node(control: Option<PathBuf>, state_dir: &Path) -> Option<Mps> {
 pub struct Mps {
     config: MpsConfig,
     plan: MpsPlan,
+    /// Whether workloads run as lease users (the process runtime): each
+    /// GPU's server then serves that GPU's share user.
+    gpu_share_users: bool,
 }
 
 impl Mps {
@@ -265,11 +268,13 @@ impl Mps {
         let mps = Mps {
             config,
             plan: MpsPlan::default(),
+            gpu_share_users: false,
         };
         let probe = Daemon {
             pipe: mps.config.dir.join("probe").join("pipe"),
             log: mps.config.dir.join("probe").join("log"),
             gpu: None,
+            server_uid: agent_uid(),
         };
         probe.make_dirs()?;
         // One a crashed agent left behind would answer for us.
@@ -296,6 +301,21 @@ impl Mps {
     /// The pipe directory of the daemon of the GPU with `index`.
     pub fn pipe_dir(&self, index: u32) -> PathBuf {
         self.daemon(index, None).pipe
+    }
+
+    /// Serves the GPUs' share users ([`super::lease_user::gpu_share_uid`]),
+    /// as whom the process runtime runs the shares.
+    pub fn serve_gpu_share_users(&mut self) {
+        self.gpu_share_users = true;
+    }
+
+    /// The user `index`'s server serves.
+    pub fn server_uid(&self, index: u32) -> u32 {
+        if self.gpu_share_users {
+            super::lease_user::gpu_share_uid(index)
+        } else {
+            agent_uid()
+        }
     }
 
     /// The limits `gpu`'s daemon holds now.
@@ -399,6 +419,7 @@ impl Mps {
             pipe: dir.join("pipe"),
             log: dir.join("log"),
             gpu: gpu.map(str::to_string),
+            server_uid: self.server_uid(index),
         }
     }
 
@@ -428,7 +449,7 @@ impl Mps {
                     // holds the exclusive GPU before any workload runs: a
                     // process that skips MPS would otherwise take the GPU
                     // without limits, and keep MPS off it.
-                    let uid = server_uid().to_string();
+                    let uid = daemon.server_uid.to_string();
                     self.control(daemon, &["start_server", "-uid", &uid])?;
                 }
                 Ok(())
@@ -530,6 +551,7 @@ struct Daemon {
     pipe: PathBuf,
     log: PathBuf,
     gpu: Option<String>,
+    server_uid: u32,
 }
 
 impl Daemon {
@@ -565,10 +587,9 @@ impl Daemon {
     }
 }
 
-/// The Linux user a GPU's one MPS server runs as: the agent's, which is
-/// the process runtime's workloads' and, for containers run as root
-/// without a user namespace, theirs.
-fn server_uid() -> u32 {
+/// The agent's user: for containers run as root without a user namespace,
+/// their workloads'.
+fn agent_uid() -> u32 {
     // SAFETY: geteuid(2) cannot fail and has no preconditions.
     unsafe { libc::geteuid() }
 }

@@ -9,11 +9,13 @@
 //! memory limits when it has a RAM share; when the cgroup cannot be made or
 //! entered it runs without one, with a warning.
 //!
-//! It runs as the agent's user and sees the host: a cgroup limits memory
-//! and kills, it does not isolate users, files or devices, and a workload
-//! can unset `CUDA_VISIBLE_DEVICES`. Such a node declares `cgroup` or `none`
-//! isolation and takes only trusted tenants' leases; the container runtime
-//! is the boundary for untrusted tenants.
+//! Each lease runs as its own unprivileged user ([`super::lease_user`]), in
+//! its own home, never as the agent: the agent's seed, state and other
+//! leases' logs are out of its reach. It still sees the host's readable
+//! files and devices, and a workload can unset `CUDA_VISIBLE_DEVICES`: such
+//! a node declares `cgroup` or `none` isolation and takes only trusted
+//! tenants' leases; the container runtime is the boundary for untrusted
+//! tenants.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -21,6 +23,7 @@ use std::process::Stdio;
 use tokio::process::{Child, Command};
 
 use super::cgroup::{self, CgroupConfig, LeaseCgroup};
+use super::lease_user::{LeaseUser, LeaseUsers};
 use super::{
     is_share, output_of, validate_assignment, validate_env, workload_env, Assignment, Kind,
     RunningWorkload, Runtime, RuntimeError, Workload, ENV_LD_PRELOAD,
@@ -36,31 +39,40 @@ pub struct ProcessRuntime {
     cgroups: Option<CgroupConfig>,
     /// HAMi-core, preloaded into the workloads of shares.
     hami_core_lib: Option<PathBuf>,
+    users: LeaseUsers,
 }
 
 impl ProcessRuntime {
     /// A runtime that puts leases with a RAM share into cgroups under
     /// `config.root` if the host allows it (probed once here; when it does
     /// not, one info line says why and workloads run without cgroups).
-    pub fn new(config: CgroupConfig) -> Result<Self, RuntimeError> {
+    /// Leases run as `users`.
+    pub fn new(config: CgroupConfig, users: LeaseUsers) -> Result<Self, RuntimeError> {
         config.validate()?;
         match cgroup::probe(&config.root) {
             Ok(()) => Ok(ProcessRuntime {
                 cgroups: Some(config),
                 hami_core_lib: None,
+                users,
             }),
             Err(why) => {
                 tracing::info!(reason = %why, "cgroup v2 memory limits unavailable; workloads run without them");
-                Ok(ProcessRuntime::without_cgroups())
+                Ok(ProcessRuntime::without_cgroups(users))
             }
         }
     }
 
-    pub fn without_cgroups() -> Self {
+    pub fn without_cgroups(users: LeaseUsers) -> Self {
         ProcessRuntime {
             cgroups: None,
             hami_core_lib: None,
+            users,
         }
+    }
+
+    /// The users leases run as.
+    pub fn users(&self) -> &LeaseUsers {
+        &self.users
     }
 
     /// Preloads HAMi-core (`lib`, checked by [`super::check_hami_core_lib`])
@@ -110,12 +122,18 @@ impl Runtime for ProcessRuntime {
                 "the process runtime cannot run image {image}"
             )));
         }
+        let user = match assignment.mps_server_uid {
+            Some(uid) if LeaseUsers::is_gpu_share_uid(uid) => {
+                self.users.share(assignment.lease_id, uid)?
+            }
+            _ => self.users.take(assignment.lease_id)?,
+        };
         let mut cgroup = self.lease_cgroup(assignment);
         let preload = self
             .hami_core_lib
             .as_deref()
             .filter(|_| is_share(assignment));
-        let child = match spawn(assignment, workload, cgroup.as_ref(), preload) {
+        let child = match spawn(assignment, workload, cgroup.as_ref(), &user, preload) {
             Ok(child) => child,
             Err(e) => match cgroup.take() {
                 // The hook may be what failed: try once more without it.
@@ -126,14 +144,21 @@ impl Runtime for ProcessRuntime {
                     if let Err(e) = unused.try_remove() {
                         tracing::warn!(error = %e, "cannot remove the unused cgroup");
                     }
-                    spawn(assignment, workload, None, preload)?
+                    spawn(assignment, workload, None, &user, preload)?
                 }
                 None => return Err(e),
             },
         };
-        tracing::info!(lease = %assignment.lease_id, pid = ?child.id(),
+        tracing::info!(lease = %assignment.lease_id, pid = ?child.id(), uid = user.uid(),
             cgroup = cgroup.is_some(), "workload started");
-        RunningWorkload::new(assignment.lease_id, child, Kind::Process { cgroup })
+        RunningWorkload::new(
+            assignment.lease_id,
+            child,
+            Kind::Process {
+                cgroup,
+                user: Some(user),
+            },
+        )
     }
 }
 
@@ -141,6 +166,7 @@ fn spawn(
     assignment: &Assignment,
     workload: &Workload,
     cgroup: Option<&LeaseCgroup>,
+    user: &LeaseUser,
     preload: Option<&Path>,
 ) -> Result<Child, RuntimeError> {
     let program = &workload.command[0];
@@ -153,7 +179,9 @@ fn spawn(
             "PATH",
             std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
         )
+        .env("HOME", user.home())
         .envs(workload_env(assignment, workload))
+        .current_dir(user.home())
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
@@ -167,6 +195,11 @@ fn spawn(
         unsafe {
             command.pre_exec(cgroup.enter_hook());
         }
+    }
+    // SAFETY: as above: plain system calls on values, no allocation. It
+    // comes last: entering the cgroup needs root.
+    unsafe {
+        command.pre_exec(user.become_hook());
     }
     command.spawn().map_err(|source| RuntimeError::Spawn {
         program: program.clone(),

@@ -23,6 +23,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -76,7 +77,12 @@ impl ProcessRecord {
 
     /// Writes the record into `dir` (made if missing), whole or not at all.
     pub fn write(&self, dir: &Path) -> io::Result<PathBuf> {
-        fs::create_dir_all(dir)?;
+        // The agent's alone: the state directory is open to lease users'
+        // traversal, so that they reach their homes.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
         let path = dir.join(self.file_name());
         let partial = dir.join(format!(".{}.partial", self.file_name()));
         let json = serde_json::to_vec(self).map_err(io::Error::other)?;

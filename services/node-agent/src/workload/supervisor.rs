@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::assignment::{assignment, memory_share_bytes, Host};
 use super::container::DEFAULT_STOP_MARGIN;
 use super::lease_log::{self, LeaseLogPolicy};
+use super::lease_user::LeaseUsers;
 use super::mps::{Mps, MpsLimits};
 use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
 use super::{
@@ -95,6 +96,8 @@ pub struct Workloads {
     /// Set for the process runtime: its workloads get a record.
     records: bool,
     cgroup_parent: Option<PathBuf>,
+    /// The process runtime's lease users, whose homes the sweep tidies.
+    lease_users: Option<LeaseUsers>,
     container: Option<ContainerCli>,
     /// Running workloads: the placement each runs for, and its stop handle
     /// (send the grace period).
@@ -167,12 +170,15 @@ impl Workloads {
             super::check_hami_core_lib(lib)?;
         }
         let mut cgroup_parent = None;
+        let mut lease_users = None;
         let mut container = None;
         let mut isolation = None;
         let runtime: Option<Arc<dyn Runtime>> = match kind {
             RuntimeKind::Sim => None,
             RuntimeKind::Process => {
-                let mut runtime = ProcessRuntime::new(CgroupConfig::default())?;
+                let users = LeaseUsers::for_node(&marks.state_dir)?;
+                lease_users = Some(users.clone());
+                let mut runtime = ProcessRuntime::new(CgroupConfig::default(), users)?;
                 cgroup_parent = runtime.cgroup_parent();
                 // A cgroup limits and kills; it does not hide the host.
                 isolation = Some(if runtime.uses_cgroups() {
@@ -215,6 +221,7 @@ impl Workloads {
                 marks,
                 records: kind == RuntimeKind::Process,
                 cgroup_parent,
+                lease_users,
                 container,
                 running: HashMap::new(),
                 stopping: Default::default(),
@@ -235,6 +242,10 @@ impl Workloads {
     pub fn enforce_shares_with_mps(&mut self, mps: Mps) -> bool {
         if self.runtime.is_none() || self.hami_core {
             return false;
+        }
+        let mut mps = mps;
+        if self.lease_users.is_some() {
+            mps.serve_gpu_share_users();
         }
         self.mps = Some(mps);
         true
@@ -287,6 +298,7 @@ impl Workloads {
                 .prepare((lease_id, placement), gpu.index, &gpu.uuid, limits)
                 .map_err(|e| super::RuntimeError::Mps(e.to_string()))?;
             assignment.mps_pipe_dir = Some(pipe);
+            assignment.mps_server_uid = Some(mps.server_uid(gpu.index));
         }
         let handle = match runtime.start(&assignment, &workload) {
             Ok(handle) => handle,
@@ -456,6 +468,20 @@ impl Workloads {
                 metrics::counter!("lh_node_workloads_reaped_total", "kind" => kind).increment(1);
                 self.reap(f);
                 reaped += 1;
+            }
+        }
+        if let Some(users) = &self.lease_users {
+            // A home outlives its workload only when the agent that ran it
+            // died first.
+            let (running, stopping) = (&self.running, &self.stopping);
+            let left = users.remove_homes_except(&|lease| {
+                running.contains_key(&lease) || stopping.contains(&lease)
+            });
+            if left > 0 {
+                tracing::info!(
+                    homes = left,
+                    "removed the homes of leases that no longer run"
+                );
             }
         }
         reaped

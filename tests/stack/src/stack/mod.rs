@@ -182,6 +182,13 @@ impl Stack {
 
     fn bare_on(fleet: &str, nats: StackNats, database_url: String) -> Stack {
         let dir = tempfile::tempdir().unwrap();
+        // Traversable, as /var/lib is: the process runtime's lease users
+        // reach their homes and the MPS pipes in node state under it.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .unwrap();
         let fleet_file = dir.path().join("fleet.toml");
         std::fs::write(&fleet_file, enforcing(fleet)).unwrap();
         let master_key_file = dir.path().join("master.keys");
