@@ -1,5 +1,7 @@
 //! The audit chain's signed checkpoints, the prunes of its copy and the
-//! divergences verification found, the reads of the trail (`lh.evt.audit.chain`), and the summaries of refused requests (`lh.evt.access.refusals`).
+//! divergences verification found, the reads of the trail (`lh.evt.audit.chain`), the summaries of refused requests (`lh.evt.access.refusals`),
+//! and the summaries of events the platform refused to obey
+//! (`lh.evt.security.refusals`).
 
 use std::collections::BTreeMap;
 
@@ -110,6 +112,34 @@ pub struct AccessRefused {
     /// Refused requests by route template (`GET /v1/leases`, ...); routes
     /// past the per-source limit are summed under `others`.
     pub by_route: BTreeMap<String, u64>,
+}
+
+/// Events on the log that every reader refused to obey, from one
+/// publisher for one reason in one interval, summed: what an operator
+/// sees of a node (or any credential) that acts beyond what it holds.
+/// The events themselves stay in the trail, each with its reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SecurityEventsRefused {
+    /// The publisher as the subject's last token names it, which the NATS
+    /// permissions hold each user to (`node-<id>`, `scheduler`,
+    /// `gateway`, ...); `others` for the publishers past the per-interval
+    /// limit, summed.
+    pub publisher: String,
+    /// Why (`not_authorized`, `not_enrolled`, `stale_report`,
+    /// `not_owner`, `wrong_subject`).
+    pub reason: String,
+    /// Start of the interval (UTC).
+    pub from: DateTime<Utc>,
+    /// End of the interval (UTC), exclusive.
+    pub to: DateTime<Utc>,
+    /// Events refused in the interval.
+    pub refused: u64,
+    /// The log sequences of the first and the last of them.
+    pub first_sequence: u64,
+    pub last_sequence: u64,
+    /// Refused events by type; types past the limit are summed under
+    /// `others`.
+    pub by_event_type: BTreeMap<String, u64>,
 }
 
 #[cfg(test)]

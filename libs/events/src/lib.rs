@@ -94,6 +94,7 @@ events! {
     "audit.divergence_detected" v=1 => AuditDivergenceDetected @ audit();
     "audit.accessed" v=1 => AuditAccessed @ audit();
     "access.refused" v=1 => AccessRefused @ access();
+    "security.events_refused" v=1 => SecurityEventsRefused @ security();
     "reservation.committed" v=1 => ReservationCommitted @ reservation(reservation_id), tenant_id = tenant_id;
     "balance.topped_up" v=1 => BalanceToppedUp @ balance(tenant_id), tenant_id = tenant_id;
     "balance.low" v=1 => BalanceLow @ balance(tenant_id), tenant_id = tenant_id;

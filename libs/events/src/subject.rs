@@ -32,6 +32,7 @@ pub const SPOT_ALL: &str = "lh.evt.spot.>";
 pub const PRICE_BOOKS_ALL: &str = "lh.evt.price_book.>";
 pub const AUDIT_ALL: &str = "lh.evt.audit.>";
 pub const ACCESS_ALL: &str = "lh.evt.access.>";
+pub const SECURITY_ALL: &str = "lh.evt.security.>";
 pub const INVOICES_ALL: &str = "lh.evt.invoice.>";
 pub const CREDITS_ALL: &str = "lh.evt.credit.>";
 pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
@@ -144,6 +145,11 @@ pub fn audit() -> String {
 /// Every summary of refused requests (`access.refused`).
 pub fn access_refusals() -> String {
     "lh.evt.access.refusals".to_string()
+}
+
+/// Every summary of events the readers refused (`security.events_refused`).
+pub fn security_refusals() -> String {
+    "lh.evt.security.refusals".to_string()
 }
 
 /// Every issued invoice and note, on one subject: its last sequence guards
@@ -308,6 +314,9 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("audit.divergence_detected", &[Audit]),
         ("audit.accessed", &[Gateway]),
         ("access.refused", &[Gateway]),
+        // The audit copy judges every event by the one rule: it sums what
+        // was refused for operators.
+        ("security.events_refused", &[Audit]),
         ("reservation.committed", &[Pricing]),
         ("balance.topped_up", &[Gateway]),
         ("balance.low", &[Pricing]),
@@ -466,6 +475,7 @@ mod tests {
             (PRICE_BOOKS_ALL, price_book()),
             (AUDIT_ALL, audit()),
             (ACCESS_ALL, access_refusals()),
+            (SECURITY_ALL, security_refusals()),
             (INVOICES_ALL, invoices()),
             (CREDITS_ALL, credit(id)),
             (RESERVATIONS_ALL, reservation(id)),

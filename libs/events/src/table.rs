@@ -90,6 +90,7 @@ macro_rules! events {
     (@subject $e:ident price_book ()) => { $crate::subject::price_book() };
     (@subject $e:ident audit ()) => { $crate::subject::audit() };
     (@subject $e:ident access ()) => { $crate::subject::access_refusals() };
+    (@subject $e:ident security ()) => { $crate::subject::security_refusals() };
     (@subject $e:ident invoice ()) => { $crate::subject::invoices() };
     (@subject $e:ident credit ($id:ident)) => { $crate::subject::credit($e.$id) };
     (@subject $e:ident reservation ($id:ident)) => { $crate::subject::reservation($e.$id) };

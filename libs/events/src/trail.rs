@@ -40,6 +40,7 @@ impl Outcome {
 /// records something that was done.
 pub const FAILURE_EVENT_TYPES: &[&str] = &[
     "access.refused",
+    "security.events_refused",
     "lease.rejected",
     "audit.divergence_detected",
 ];

@@ -323,3 +323,13 @@ impl Running {
         self.task.abort();
     }
 }
+
+/// A spawned task that ends when its handle goes: a service's helper
+/// never outlives the service.
+pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -270,7 +270,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         async move {
             let status = Arc::new(NodeStatus::default());
             // Both end with the agent, even one ended abruptly.
-            let _sweeps = AbortOnDrop(tokio::spawn(workload::lease_log::keep_tidy(
+            let _sweeps = lh_service::AbortOnDrop(tokio::spawn(workload::lease_log::keep_tidy(
                 config.state_dir.clone(),
                 log_policy,
                 stop.clone(),
@@ -279,7 +279,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             let log_node = node_id.clone();
             let log_dir = config.state_dir.clone();
             let simulated = config.runtime == RuntimeKind::Sim;
-            let _log_reads = AbortOnDrop(tokio::spawn(async move {
+            let _log_reads = lh_service::AbortOnDrop(tokio::spawn(async move {
                 if let Err(e) =
                     workload::lease_log::serve(log_bus, log_node, log_dir, simulated).await
                 {
@@ -316,15 +316,6 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         },
     )
     .await
-}
-
-/// A task that ends when its handle goes.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn receive<T: Send + 'static>(

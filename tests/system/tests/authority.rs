@@ -277,6 +277,43 @@ async fn a_node_cannot_end_suspend_start_or_stop_a_lease_on_another_node() {
         .filter(|r| r["object"].as_str().is_some_and(|o| o.contains(&id)))
         .collect();
     assert!(on_victim.is_empty(), "{on_victim:#?}");
+    // The operator is told on the log: one summary of the attacker's
+    // refused events, by type, with where to find them.
+    let attacker_origin = lh_events::subject::node_origin(attacker);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let summary = loop {
+        let log = read_log(&bus).await;
+        let summed: Vec<lh_events::SecurityEventsRefused> = log
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::SecurityEventsRefused(s)
+                    if s.publisher == attacker_origin && s.reason == "not_authorized" =>
+                {
+                    Some(s.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        if summed.iter().map(|s| s.refused).sum::<u64>() >= n {
+            break summed;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no security.events_refused for {attacker_origin}: {summed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        summary.iter().map(|s| s.refused).sum::<u64>(),
+        n,
+        "{summary:?}"
+    );
+    assert!(
+        summary
+            .iter()
+            .all(|s| s.by_event_type.keys().all(|t| t.starts_with("lease."))),
+        "{summary:?}"
+    );
     stack.assert_none_stopped();
     // A replay judges the same events alike: the view rebuilt from the log
     // is the view kept live.

@@ -19,6 +19,7 @@ use lh_projection::{Judged, Projector, Verdict};
 use sqlx::{PgConnection, QueryBuilder};
 
 use super::custody::Link;
+use super::refusals::{is_security_refusal, Refusal};
 use crate::anchor::{self, log_first_sequence};
 use crate::signing::checkpoint_signature_ok;
 
@@ -40,6 +41,9 @@ pub(crate) struct ChainCopy {
     /// The links of the run last chained, for the keeper's decisions once
     /// the loop committed them.
     chained: Mutex<Vec<Link>>,
+    /// What of the run last chained the readers refused, for operators
+    /// once the loop committed it.
+    refused: Mutex<Vec<Refusal>>,
 }
 
 impl ChainCopy {
@@ -50,7 +54,14 @@ impl ChainCopy {
             public_key,
             known: Mutex::new([chain, chain]),
             chained: Mutex::new(Vec::new()),
+            refused: Mutex::new(Vec::new()),
         }
+    }
+
+    /// What the readers refused of the run last chained, once the loop
+    /// committed it (a run tried again is judged again, to the same).
+    pub fn take_refused(&self) -> Vec<Refusal> {
+        std::mem::take(&mut *self.refused.lock().expect("refused events"))
     }
 
     /// The links of the run last chained, once the loop committed it: a
@@ -148,6 +159,7 @@ impl ChainCopy {
         }
         *self.known.lock().expect("known chain") = [before, chain];
         *self.chained.lock().expect("chained links") = links;
+        *self.refused.lock().expect("refused events") = refusals(messages, &judged);
         Ok(())
     }
 
@@ -385,6 +397,33 @@ pub(crate) async fn resume(conn: &mut PgConnection) -> sqlx::Result<Chain> {
 
 /// The event type the copy records: the envelope's, or as much of it as a
 /// skipped message had.
+/// The refusals among `messages` an operator is told of, with the
+/// publisher as the subject names it (its last token is the writer).
+fn refusals(messages: &[&FeedItem], judged: &[Judged]) -> Vec<Refusal> {
+    messages
+        .iter()
+        .zip(judged)
+        .filter_map(|(item, judged)| {
+            let reason = match (item, &judged.verdict) {
+                (FeedItem::Event(_), Verdict::Refused(refused)) => refused.reason(),
+                (FeedItem::Skipped(skipped), _) => skipped.reason(),
+                _ => return None,
+            };
+            if !is_security_refusal(reason) {
+                return None;
+            }
+            // The server lets a user publish only under its own origin.
+            let publisher = item.subject().rsplit('.').next().unwrap_or_default();
+            Some(Refusal {
+                publisher: publisher.to_string(),
+                event_type: event_type(item).unwrap_or("unknown").to_string(),
+                reason,
+                sequence: item.sequence(),
+            })
+        })
+        .collect()
+}
+
 fn event_type(item: &FeedItem) -> Option<&str> {
     match item {
         FeedItem::Event(e) => Some(&e.envelope.event_type),

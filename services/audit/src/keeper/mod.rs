@@ -46,6 +46,7 @@ use crate::anchor::{self, log_first_sequence};
 
 mod copy;
 mod custody;
+pub mod refusals;
 #[cfg(test)]
 mod tests;
 
@@ -86,12 +87,18 @@ impl Keeper {
     /// database has forgotten it) and resumes from the table, which is its
     /// offset; it never ends the service.
     pub async fn run(&self) -> anyhow::Result<()> {
+        // Outlives the keeper's restarts: an interval's sums survive them.
+        let tally = std::sync::Arc::new(refusals::RefusalTally::new(chrono::Utc::now()));
+        let _summaries = lh_service::AbortOnDrop(tokio::spawn(refusals::publish_summaries(
+            self.bus.clone(),
+            tally.clone(),
+        )));
         let mut wait = RESTART_MIN;
         loop {
             let started = Instant::now();
             // On the heap: both loops' futures are large, and a term
             // holds them all.
-            let Err(e) = Box::pin(self.keep()).await;
+            let Err(e) = Box::pin(self.keep(&tally)).await;
             self.ready.set(false);
             if started.elapsed() > RESTART_MAX * 4 {
                 wait = RESTART_MIN;
@@ -105,7 +112,7 @@ impl Keeper {
 
     /// One term of the keeper, from taking the lock; it returns only with
     /// the error that ended it.
-    async fn keep(&self) -> anyhow::Result<Infallible> {
+    async fn keep(&self, tally: &refusals::RefusalTally) -> anyhow::Result<Infallible> {
         // Held for as long as this future lives: dropping the connection
         // (shutdown, crash) releases the lock to a standby.
         let mut lock = self.pool.acquire().await?.detach();
@@ -143,6 +150,7 @@ impl Keeper {
                 let _ = progress_tx.send(progress);
             },
             |_subjects| {
+                tally.add(chain_copy.take_refused());
                 let links = chain_copy.take_committed();
                 if let Some(last) = links.last() {
                     metrics::gauge!("lh_audit_chain_sequence").set(last.chain.last_sequence as f64);
