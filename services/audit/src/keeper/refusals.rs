@@ -56,10 +56,13 @@ struct Tally {
     by_event_type: BTreeMap<String, u64>,
 }
 
-/// The refusals of the interval under way.
+/// The sums by publisher and reason.
+type Tallies = BTreeMap<(String, &'static str), Tally>;
+
+/// The refusals of the interval under way, and when it began.
 #[derive(Debug)]
 pub struct RefusalTally {
-    inner: Mutex<(DateTime<Utc>, BTreeMap<(String, &'static str), Tally>)>,
+    inner: Mutex<(DateTime<Utc>, Tallies)>,
 }
 
 impl RefusalTally {
