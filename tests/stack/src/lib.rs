@@ -9,11 +9,13 @@
 //! [`Stack`] starts and stops the services and talks to the gateway as a
 //! tenant would; [`FLEET`] and [`TWO_A100`] are node lists it starts on;
 //! the log readers ([`read_log`], [`of_type`], [`expected_charge`]) check
-//! what the services wrote; [`chaos`] is the chaos harness built on them.
+//! what the services wrote; [`chaos`] is the chaos harness built on them, [`red_team`] the red-team
+//! harness.
 
 pub mod chaos;
 mod fleets;
 mod log;
+pub mod red_team;
 mod stack;
 
 pub use fleets::{enforcing, FLEET, TWO_A100, TWO_NODES};

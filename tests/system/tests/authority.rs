@@ -10,70 +10,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lh_bus::Expect;
-use lh_events::{
-    fixtures, Actor, EndReason, Envelope, EventData, IdleAction, LeaseGpuFault, LeaseIdleDetected,
-    LeaseStopRequested, LeaseSuspended,
-};
+use lh_events::{fixtures, Actor, Envelope, EventData};
 use lh_test_stack::{expected_charge, read_log, Stack, ADMIN_TOKEN, TWO_NODES};
 use reqwest::Method;
 use serde_json::json;
 use uuid::Uuid;
-
-/// The reports a compromised `attacker` sends about `lease`, each on its
-/// own subject: with itself named in the payload, with the lease's node
-/// named, and with none.
-fn forged(lease: Uuid, attacker: &str, victim_node: &str) -> Vec<Envelope> {
-    let now = chrono::Utc::now();
-    let as_attacker = |data| Envelope::new(Actor::Node(attacker.into()), now, data);
-    let mut events = Vec::new();
-    for named in [attacker, victim_node] {
-        events.push(as_attacker(EventData::LeaseEnded(fixtures::ended(
-            lease,
-            named,
-            now - chrono::Duration::days(400),
-            EndReason::Completed,
-        ))));
-        events.push(as_attacker(EventData::LeaseSuspended(LeaseSuspended {
-            lease_id: lease,
-            node_id: named.into(),
-            gpu_indices: vec![0],
-            suspended_at: now,
-            reason: "forged".into(),
-        })));
-        events.push(as_attacker(EventData::LeaseStarted(fixtures::started(
-            lease, named, now,
-        ))));
-        events.push(as_attacker(EventData::LeaseIdleDetected(
-            LeaseIdleDetected {
-                lease_id: lease,
-                node_id: named.into(),
-                idle_since: now,
-                window_seconds: 60,
-                action: IdleAction::Suspend,
-                at: now,
-            },
-        )));
-        events.push(as_attacker(EventData::LeaseGpuFault(LeaseGpuFault {
-            lease_id: lease,
-            node_id: named.into(),
-            gpu_index: 0,
-            xid: 43,
-            at: now,
-        })));
-    }
-    let mut century = fixtures::ended(
-        lease,
-        attacker,
-        now + chrono::Duration::days(36_500),
-        EndReason::Cancelled,
-    );
-    century.node_id = None;
-    events.push(as_attacker(EventData::LeaseEnded(century)));
-    events.push(as_attacker(EventData::LeaseStopRequested(
-        LeaseStopRequested { lease_id: lease },
-    )));
-    events
-}
 
 /// `lh_events_skipped_total{reason="not_authorized"}` by reader (the
 /// `service` label), as the stack's one metrics recorder has them.
@@ -123,7 +64,7 @@ async fn a_node_cannot_end_suspend_start_or_stop_a_lease_on_another_node() {
     };
 
     let bus = stack.bus().await;
-    let attacks = forged(lease, attacker, &victim_node);
+    let attacks = lh_test_stack::red_team::forged_reports(lease, attacker, &victim_node);
     for envelope in &attacks {
         bus.publish(envelope, Expect::Any).await.unwrap();
     }

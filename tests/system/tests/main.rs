@@ -28,6 +28,7 @@ mod outages;
 mod queueing;
 mod quotes;
 mod rebuild_batched;
+mod red_team;
 mod report_daily;
 mod restart;
 mod robustness;
