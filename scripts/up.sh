@@ -149,6 +149,11 @@ server_name: "$name"
 listen: "127.0.0.1:$port"
 http: "127.0.0.1:$http"
 max_payload: 1048576
+# Per connection: one credential's client cannot hold the server's
+# memory with subscriptions (each service needs a few dozen).
+max_subscriptions: 1024
+# Every service, agent and operator of the largest fleet, with room.
+max_connections: 16384
 jetstream {
   store_dir: "$store"
   sync_interval: always

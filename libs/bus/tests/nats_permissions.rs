@@ -754,3 +754,42 @@ async fn a_snapshot_signed_by_another_key_or_none_is_not_restored() {
         );
     }
 }
+
+/// One credential's client cannot hold the server's memory: past
+/// `max_subscriptions` a subscription is refused, and a payload over
+/// `max_payload` is refused before it is sent.
+#[tokio::test]
+async fn a_connection_is_held_to_its_subscriptions_and_payload() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let node = auth::node_user("n1");
+    let (client, mut refusals) = users.client(&nats, &node).await;
+    let inbox = format!("{}.flood", auth::inbox_prefix(&node));
+    let mut held = Vec::new();
+    for i in 0..lh_testkit::MAX_SUBSCRIPTIONS_PER_CONNECTION + 8 {
+        held.push(
+            client
+                .subscribe(format!("{inbox}.{i}"))
+                .await
+                .expect("the client sends the subscription"),
+        );
+    }
+    client.flush().await.unwrap();
+    let deadline = tokio::time::Instant::now() + REFUSAL_NOTICE_TIMEOUT;
+    loop {
+        match tokio::time::timeout_at(deadline, refusals.0.recv()).await {
+            Ok(Some(error)) if error.to_lowercase().contains("maximum subscriptions") => break,
+            Ok(Some(_)) => continue,
+            _ => panic!("the server took more than max_subscriptions"),
+        }
+    }
+    let oversized = vec![b' '; 2 * 1024 * 1024];
+    let (other, _) = users.client(&nats, &node).await;
+    assert!(
+        other
+            .publish(subject::heartbeat("n1"), oversized.into())
+            .await
+            .is_err(),
+        "a payload over max_payload is refused"
+    );
+}

@@ -57,7 +57,7 @@ mod ready;
 
 pub use cluster::{NatsCluster, CLUSTER_MEMBERS};
 pub use locate::{nats_server_binary, pg_bin_dir, workspace_root};
-pub use nats::{shared_nats, Nats};
+pub use nats::{shared_nats, Nats, MAX_SUBSCRIPTIONS_PER_CONNECTION};
 pub use postgres::{shared_postgres, Postgres};
 pub use ready::wait_ready;
 

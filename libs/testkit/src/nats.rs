@@ -24,6 +24,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const PROBE_INTERVAL: Duration = Duration::from_millis(25);
 /// The default NATS maximum message size, written down explicitly.
 const MAX_PAYLOAD_BYTES: u64 = 1024 * 1024;
+/// As deploy/nats/nats.conf: the suites run under the deployment's limits.
+pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 1024;
 /// Free disk a test server needs: JetStream offers a share of the free disk
 /// as its store (about three quarters), and the event log asks for 1 GiB.
 /// With less, creating the log is refused and a service waits for it for
@@ -206,10 +208,13 @@ impl Nats {
              server_name: \"{name}\"\n\
              listen: \"127.0.0.1:{port}\"\n\
              max_payload: {max_payload}\n\
+             max_subscriptions: {max_subscriptions}\n\
+             max_connections: 16384\n\
              jetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n",
             name = self.server_name,
             port = self.port,
             max_payload = MAX_PAYLOAD_BYTES,
+            max_subscriptions = MAX_SUBSCRIPTIONS_PER_CONNECTION,
             store = self.store_dir().display(),
         );
         if let Some(peering) = &self.peering {
