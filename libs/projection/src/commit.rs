@@ -179,13 +179,42 @@ fn judge(
             envelope,
             ..event.clone()
         })),
-        Err(why) => Verdict::Refused(Box::new(
-            event.clone().refused(projection, why.reason, why.detail),
-        )),
+        Err(why) => {
+            let refused = if first_judgement(projection, event.sequence) {
+                event.clone().refused(projection, why.reason, why.detail)
+            } else {
+                event.clone().into_refused(why.reason, why.detail)
+            };
+            Verdict::Refused(Box::new(refused))
+        }
     };
     Judged {
         verdict,
         lease_tenant,
+    }
+}
+
+/// Whether this process judges `sequence` for `projection` for the first
+/// time: a transaction tried again judges its messages again, and a
+/// refusal is counted and logged once.
+fn first_judgement(projection: &str, sequence: u64) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static JUDGED_THROUGH: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    let mut through = JUDGED_THROUGH
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    match through.get_mut(projection) {
+        Some(last) if *last >= sequence => false,
+        Some(last) => {
+            *last = sequence;
+            true
+        }
+        None => {
+            through.insert(projection.to_string(), sequence);
+            true
+        }
     }
 }
 
@@ -434,4 +463,18 @@ async fn record_skip(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_judgement;
+
+    #[test]
+    fn a_message_judged_again_is_not_counted_again() {
+        assert!(first_judgement("judged-once", 5));
+        assert!(!first_judgement("judged-once", 5), "the same, tried again");
+        assert!(!first_judgement("judged-once", 3), "an earlier one");
+        assert!(first_judgement("judged-once", 6));
+        assert!(first_judgement("judged-elsewhere", 5), "each projection its own");
+    }
 }

@@ -52,6 +52,12 @@ impl Stored {
         .increment(1);
         tracing::warn!(service, sequence = self.sequence, subject = self.subject,
             reason = %reason, detail, "refusing a stored event its publisher may not write now");
+        self.into_refused(reason, detail)
+    }
+
+    /// As [`Stored::refused`], neither counted nor logged: for a reader
+    /// judging again what it already refused (a transaction tried again).
+    pub fn into_refused(self, reason: SkipReason, detail: String) -> Skipped {
         let envelope = self.envelope;
         Skipped {
             sequence: self.sequence,
