@@ -347,13 +347,23 @@ impl Authority {
     ) -> Cow<'a, Envelope> {
         let mut fresh = Authority::default();
         let mut kept: Vec<StatedEvent> = Vec::with_capacity(history.len());
+        // A reader that holds the node's enrollment read it after all a
+        // restatement stands for: its registrations count only within
+        // that newest one, and the reader keeps it.
+        let newest = self.nodes.get(node_id);
         for stated in history {
-            if fresh.admit(&stated.envelope).is_ok() {
+            let within_newest = match (&stated.envelope.data, newest) {
+                (EventData::NodeRegistered(registered), Some(enrolled)) => {
+                    beyond_enrollment(registered, enrolled).is_none()
+                }
+                _ => true,
+            };
+            if fresh.admit(&stated.envelope).is_ok() && within_newest {
                 kept.push(stated.clone());
             }
         }
         if let Some(enrolled) = fresh.nodes.remove(node_id) {
-            self.nodes.insert(node_id.to_string(), enrolled);
+            self.nodes.entry(node_id.to_string()).or_insert(enrolled);
         }
         if kept.len() == history.len() {
             Cow::Borrowed(envelope)

@@ -475,6 +475,9 @@ mod tests {
         assert!(!first_judgement("judged-once", 5), "the same, tried again");
         assert!(!first_judgement("judged-once", 3), "an earlier one");
         assert!(first_judgement("judged-once", 6));
-        assert!(first_judgement("judged-elsewhere", 5), "each projection its own");
+        assert!(
+            first_judgement("judged-elsewhere", 5),
+            "each projection its own"
+        );
     }
 }

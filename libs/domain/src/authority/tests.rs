@@ -443,6 +443,61 @@ fn a_node_restatement_keeps_its_enrollment_and_drops_what_it_did_not_allow() {
 }
 
 #[test]
+fn a_node_restatement_counts_registrations_within_the_newest_enrollment_a_reader_has() {
+    let stated = |sequence: u64, envelope: Envelope| StatedEvent {
+        sequence,
+        stored_at: t(sequence as i64),
+        envelope: Box::new(envelope),
+    };
+    let wide = enrolled("gpu-1");
+    let mut narrow = enrolled("gpu-1");
+    narrow.max_gpus = 4;
+    let history = vec![
+        stated(1, by(Actor::Admin, EventData::NodeEnrolled(wide))),
+        stated(
+            2,
+            by(
+                node("gpu-1"),
+                EventData::NodeRegistered(registration("gpu-1", 8)),
+            ),
+        ),
+        stated(
+            3,
+            by(
+                node("gpu-1"),
+                EventData::NodeRegistered(registration("gpu-1", 2)),
+            ),
+        ),
+    ];
+    let restated = by(
+        scheduler(),
+        EventData::NodeRestated(lh_events::NodeRestated {
+            node_id: "gpu-1".into(),
+            history,
+        }),
+    );
+    // A reader that read the narrower enrollment since.
+    let mut reader = Authority::default();
+    let narrower = by(Actor::Admin, EventData::NodeEnrolled(narrow.clone()));
+    reader.admit(&narrower).unwrap();
+    let taken = reader.admit(&restated).unwrap();
+    let EventData::NodeRestated(taken) = &taken.data else {
+        panic!()
+    };
+    let kept: Vec<u64> = taken.history.iter().map(|e| e.sequence).collect();
+    assert_eq!(kept, [1, 3], "eight GPUs are beyond the newest enrollment");
+    assert_eq!(reader.enrollment("gpu-1"), Some(&narrow));
+    // One new to the node takes the restatement's.
+    let mut fresh = Authority::default();
+    let taken = fresh.admit(&restated).unwrap();
+    let EventData::NodeRestated(taken) = &taken.data else {
+        panic!()
+    };
+    assert_eq!(taken.history.len(), 3);
+    assert_eq!(fresh.enrollment("gpu-1").map(|e| e.max_gpus), Some(8));
+}
+
+#[test]
 fn a_restatement_that_left_out_the_placement_keeps_the_hold_a_reader_has() {
     let mut authority = placed_on_c();
     authority.admit(&started_by("node-c", 1)).unwrap();
