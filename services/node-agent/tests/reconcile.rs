@@ -230,7 +230,9 @@ async fn an_orphan_of_no_known_lease_or_an_old_placement_is_stopped() {
 async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
     let state = lh_testkit::shared_tempdir();
     let kept = Uuid::new_v4();
-    let kept_record = kill_agent_after_start(state.path(), kept, "exec sleep 300");
+    // It ignores SIGTERM (an ignored signal stays ignored across exec), so
+    // that it is still there, stopping, through its grace.
+    let kept_record = kill_agent_after_start(state.path(), kept, "trap '' TERM; exec sleep 300");
     let (mut workloads, _finished) = workloads(state.path());
     let reconciled = workloads
         .reconcile(&HashMap::from([(kept, PLACEMENT)]))
@@ -263,10 +265,23 @@ async fn a_sweep_stops_what_the_agent_does_not_supervise_and_nothing_it_does() {
     );
     // Within its stop's grace it is still the agent's: a sweep leaves it.
     assert!(workloads.stop(kept));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        processes_of(kept),
+        [kept_record.pid],
+        "it outlives SIGTERM through its grace"
+    );
     assert_eq!(
         workloads.sweep_orphans().await,
         0,
         "a stopping workload was swept"
+    );
+    // A reap kills in the background: give one the time it would take.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        processes_of(kept),
+        [kept_record.pid],
+        "the sweep killed a workload the agent is stopping"
     );
     assert_gone(&kept_record).await;
 }
