@@ -179,12 +179,19 @@ impl Authority {
         let hold = self.leases.get(&lease_id);
         match &envelope.actor {
             Actor::Node(node) => {
-                let Some(hold) = hold else {
-                    return Err(refused(envelope, "a lease that is unknown or has ended"));
-                };
                 let stale = |what: String| NotAuthorized {
                     reason: SkipReason::StaleReport,
                     ..refused(envelope, &format!("{what}, which this node has left"))
+                };
+                // Nothing holds it: a late report of a lease that ended
+                // (the rule keeps nothing of ended leases, so it cannot
+                // tell whose), or a guess at an id, which moves nothing.
+                // Refused and counted, without a page.
+                let Some(hold) = hold else {
+                    return Err(NotAuthorized {
+                        reason: SkipReason::StaleReport,
+                        ..refused(envelope, "a lease that is unknown or has ended")
+                    });
                 };
                 match &hold.node_id {
                     Some(placed) if placed == node => Ok(()),

@@ -105,6 +105,8 @@ fn only_the_node_a_lease_is_placed_on_may_report_on_it() {
     // Ended: no node holds it any more, its own neither.
     let late = authority.admit(&ended_by("node-c", 30)).unwrap_err();
     assert!(late.detail.contains("unknown or has ended"), "{late}");
+    // Late, not hostile: counted apart, no page.
+    assert_eq!(late.reason, SkipReason::StaleReport, "{late}");
     assert_eq!(authority.held_leases(), 0);
 }
 
