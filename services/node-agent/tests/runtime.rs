@@ -222,14 +222,19 @@ async fn a_lease_users_processes_end_with_its_lease_even_outside_its_group() {
     let dir = lh_testkit::shared_tempdir();
     let pid_file = dir.path().join("escaped");
     let runtime = ProcessRuntime::without_cgroups(lease_users());
-    // setsid: the child leaves the lease's process group, as a daemon would.
+    // setsid: the child leaves the lease's process group, as a daemon would;
+    // and it leaves a file in /tmp, where every user may write.
+    let a = assignment();
+    let scratch = std::path::PathBuf::from(format!("/tmp/lh-lease-scratch-{}", a.lease_id));
     let w = sh(&format!(
-        "setsid sh -c 'echo $$ > {}; exec sleep 60' & sleep 0.5; exit 0",
-        pid_file.display()
+        "setsid sh -c 'echo $$ > {}; exec sleep 60' & echo left > {}; sleep 0.5; exit 0",
+        pid_file.display(),
+        scratch.display()
     ));
-    let mut run = start(&runtime, &assignment(), &w);
+    let mut run = start(&runtime, &a, &w);
     let escaped = read_pid(&pid_file).await;
     assert_eq!(run.wait().await.unwrap().code, Some(0));
+    assert!(!scratch.exists(), "what the lease left in /tmp outlived it");
     let deadline = Instant::now() + PATIENCE;
     while lh_node_agent::workload::reconcile::process_start_ticks(escaped).is_some() {
         assert!(

@@ -17,7 +17,6 @@ use std::collections::BTreeSet;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{chown, DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
@@ -35,7 +34,8 @@ pub const LEASE_UID_COUNT: u32 = 65_536;
 /// that GPU's user: still never the agent, but not apart from each other.
 pub const GPU_SHARE_UID_COUNT: u32 = 1_024;
 /// `RLIMIT_NPROC` of a lease's user: a fork bomb ends there, not at the host.
-pub const MAX_PROCESSES_PER_LEASE: u64 = 4_096;
+/// Threads count too: a large multi-GPU job runs thousands.
+pub const MAX_PROCESSES_PER_LEASE: u64 = 16_384;
 /// Where an agent claims a lease user, host-wide: one lock file per uid,
 /// held (`flock`) while a lease runs as it. The kernel lets go of a dead
 /// agent's claims; a user is free only while unclaimed and with no live
@@ -95,6 +95,15 @@ impl LeaseUsers {
         for dir in state_dir.ancestors().skip(1) {
             let meta = std::fs::metadata(dir).map_err(|e| cannot(dir, e))?;
             let mode = meta.mode() & 0o7777;
+            // One another user may write, unless sticky (/tmp), could have
+            // the homes swapped under the agent's chown.
+            if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                return Err(bad(format!(
+                    "{}: writable by other users (mode {:o}); lease homes below it are not safe",
+                    dir.display(),
+                    mode & 0o777
+                )));
+            }
             if mode & 0o001 != 0 {
                 continue;
             }
@@ -108,7 +117,7 @@ impl LeaseUsers {
                     mode & 0o777
                 )));
             }
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o011))
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o001))
                 .map_err(|e| cannot(dir, e))?;
             tracing::info!(dir = %dir.display(), "opened to lease users' search (o+x), so that they reach their homes");
         }
@@ -169,7 +178,11 @@ impl LeaseUsers {
     /// Takes a free user for `lease_id` and makes its home, empty.
     pub fn take(&self, lease_id: Uuid) -> Result<LeaseUser, RuntimeError> {
         let alive = uids_with_processes();
-        for uid in self.first_uid..self.first_uid + self.count {
+        // From a place of the lease's own, not the lowest free: a user is
+        // handed on as rarely as the range allows.
+        let start = (lease_id.as_u128() % u128::from(self.count)) as u32;
+        for offset in 0..self.count {
+            let uid = self.first_uid + (start + offset) % self.count;
             if alive.contains(&uid) {
                 continue;
             }
@@ -230,6 +243,7 @@ impl LeaseUsers {
                     continue;
                 };
                 kill_uid(owner);
+                remove_owned_scratch(owner);
             }
             remove_home(&entry.path());
             removed += 1;
@@ -272,7 +286,19 @@ impl LeaseUser {
             return;
         }
         if self.claim.is_some() {
-            kill_uid(uid);
+            let left = kill_uid(uid);
+            remove_owned_scratch(uid);
+            if left > 0 {
+                // Never handed on while any of it lives: this agent keeps
+                // the claim for its lifetime; after it, a new lease skips
+                // a user with live processes.
+                tracing::error!(
+                    uid,
+                    left,
+                    "processes of an ended lease's user survive SIGKILL; its user is not reused"
+                );
+                std::mem::forget(self.claim.take());
+            }
         }
         remove_home(&self.home);
         // Let go only now: nothing of the user is left for the next lease.
@@ -319,6 +345,15 @@ fn become_user(uid: u32) -> io::Result<()> {
     };
     // SAFETY: each call takes plain values or a pointer to a live local.
     unsafe {
+        // Descriptors a C library opened without O_CLOEXEC close at the
+        // exec (std's own error pipe is close-on-exec already). A kernel
+        // older than close_range(2) flags leaves them as they are.
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
         check(libc::setrlimit(libc::RLIMIT_NPROC, &nproc))?;
         check(libc::setgroups(0, std::ptr::null()))?;
         check(libc::setgid(uid))?;
@@ -332,22 +367,57 @@ fn become_user(uid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// SIGKILL to every process of `uid`, sent as that user (`kill(-1)` from a
-/// process of the user reaches all of them at once, with no race against
-/// forks).
-fn kill_uid(uid: u32) {
-    let status = std::process::Command::new("/bin/sh")
-        .args(["-c", "kill -KILL -1 2>/dev/null; exit 0"])
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .current_dir("/")
-        .uid(uid)
-        .gid(uid)
-        .status();
-    if let Err(e) = status {
-        tracing::warn!(uid, error = %e, "cannot kill the processes of a lease user");
+/// Rounds of [`kill_uid`] before it gives up on a user.
+const MAX_KILL_ROUNDS: usize = 100;
+
+/// SIGKILL, from root, to every process of `uid`, round after round until
+/// a scan finds none: a process may fork between a scan and its kill, but
+/// not after its kill, and `RLIMIT_NPROC` bounds how many there can be.
+/// Sent by the agent, not as the user, so that the user cannot kill the
+/// killer first. How many are left when it gives up (0: none).
+fn kill_uid(uid: u32) -> usize {
+    for round in 0..MAX_KILL_ROUNDS {
+        let pids = pids_of(uid);
+        if pids.is_empty() {
+            return 0;
+        }
+        for pid in &pids {
+            // SAFETY: kill(2) with a pid read from /proc; a pid that has
+            // exited since is ESRCH, and the scan is per uid, so a reused
+            // pid belongs to this user too.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        if round > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    pids_of(uid).len()
+}
+
+/// What a lease left where every user may write (`/tmp`, `/var/tmp`,
+/// `/dev/shm`): removed, so that the next lease of the user finds none of
+/// it. Only what the user owns at the top of each.
+fn remove_owned_scratch(uid: u32) {
+    for dir in ["/tmp", "/var/tmp", "/dev/shm"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            if meta.uid() != uid {
+                continue;
+            }
+            let removed = if meta.is_dir() {
+                std::fs::remove_dir_all(entry.path())
+            } else {
+                std::fs::remove_file(entry.path())
+            };
+            if let Err(e) = removed {
+                tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove what an ended lease left");
+            }
+        }
     }
 }
 
@@ -360,6 +430,25 @@ fn remove_home(home: &Path) {
             tracing::warn!(home = %home.display(), error = %e, "cannot remove a lease's home")
         }
     }
+}
+
+/// The processes whose real, effective, saved or filesystem uid is `uid`.
+fn pids_of(uid: u32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            // A zombie is dead already; its parent reaps it.
+            let zombie = status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'));
+            (!zombie && parse_uids(&status).contains(&uid)).then_some(pid)
+        })
+        .collect()
 }
 
 /// The real uids of every live process, from `/proc/<pid>/status`.

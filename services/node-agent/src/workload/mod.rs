@@ -78,6 +78,17 @@ pub fn check_hami_core_lib(path: &std::path::Path) -> Result<(), RuntimeError> {
             "--hami-core-lib {text}: no such file"
         )));
     }
+    // Loaded into every share: one who may rewrite it runs code in all.
+    let mode = std::os::unix::fs::MetadataExt::mode(
+        &std::fs::metadata(path)
+            .map_err(|e| RuntimeError::InvalidConfig(format!("--hami-core-lib {text}: {e}")))?,
+    );
+    if mode & 0o022 != 0 {
+        return Err(RuntimeError::InvalidConfig(format!(
+            "--hami-core-lib {text}: writable by other users (mode {:o}); make it 644",
+            mode & 0o777
+        )));
+    }
     Ok(())
 }
 
@@ -428,10 +439,14 @@ impl RunningWorkload {
         }
         match &mut self.kind {
             Kind::Process { cgroup, user } => {
-                // Its processes may have left the group: the user ends them.
-                user.take();
+                // Its processes may have left the group: the cgroup kills
+                // them where there is one, the user's end everywhere (on a
+                // blocking thread: it scans /proc and removes its home).
                 if let Some(cgroup) = cgroup {
                     cgroup.remove().await;
+                }
+                if let Some(user) = user.take() {
+                    let _ = tokio::task::spawn_blocking(move || drop(user)).await;
                 }
             }
             Kind::Container {

@@ -571,8 +571,11 @@ impl Daemon {
         env
     }
 
-    /// Both directories, open to every user: a server runs as its
-    /// clients' user and writes its log and sockets there.
+    /// Both directories, writable by every user but sticky and not
+    /// listable (01733, as /tmp but closed): a server runs as its clients'
+    /// user and writes its log and sockets there, and no user may remove
+    /// or replace another's (the root daemon's included), nor plant a link
+    /// the daemon follows (the kernel's protected_symlinks).
     fn make_dirs(&self) -> Result<(), MpsError> {
         use std::os::unix::fs::PermissionsExt;
         for dir in [&self.pipe, &self.log] {
@@ -581,7 +584,7 @@ impl Daemon {
                 source,
             };
             std::fs::create_dir_all(dir).map_err(fail)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1733)).map_err(fail)?;
         }
         Ok(())
     }

@@ -86,7 +86,17 @@ impl ProcessRecord {
         let path = dir.join(self.file_name());
         let partial = dir.join(format!(".{}.partial", self.file_name()));
         let json = serde_json::to_vec(self).map_err(io::Error::other)?;
-        fs::write(&partial, json)?;
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut file = fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600)
+                .open(&partial)?;
+            file.write_all(&json)?;
+        }
         fs::rename(&partial, &path)?;
         Ok(path)
     }
