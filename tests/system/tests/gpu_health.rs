@@ -191,8 +191,11 @@ async fn a_workload_killed_by_a_gpu_fault_is_moved_not_failed() {
     // The script's clock starts with node-a's agent.
     let fault_at = std::time::Instant::now() + Duration::from_secs(6);
     stack.start_service("node-agent:node-a").await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let out = dir.path().join("runs.txt");
+    // Each run is a lease user of its own: both append to one file.
+    std::fs::write(&out, "").unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let workload = json!({
         "command": ["sh", "-c", "echo \"$CUDA_VISIBLE_DEVICES\" >> \"$OUT\"; sleep 60"],
         "env": {"OUT": out.to_str().unwrap()}

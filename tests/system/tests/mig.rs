@@ -289,7 +289,7 @@ async fn a_mig_workload_runs_on_the_instance_made_for_it_which_goes_with_the_lea
         }))
         .await;
     let key = tenant["api_key"].as_str().unwrap().to_string();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = lh_testkit::shared_tempdir();
     let out = dir.path().join("devices.txt");
     let (s, b) = stack
         .call(
