@@ -47,6 +47,7 @@ impl Workloads {
             .collect();
         let decisions = reconcile::decide(&found, &HashMap::new());
         let mut reaped = 0;
+        let mut in_grace = std::collections::HashSet::new();
         for (f, decision) in found.into_iter().zip(decisions) {
             if let Decision::Reap { why } = decision {
                 let (lease_id, kind) = (f.lease_id(), f.kind());
@@ -54,14 +55,18 @@ impl Workloads {
                 metrics::counter!("lh_node_workloads_reaped_total", "kind" => kind).increment(1);
                 self.reap(f);
                 reaped += 1;
+                in_grace.insert(lease_id);
             }
         }
         if let Some(users) = &self.lease_users {
             // A home outlives its workload only when the agent that ran it
-            // died first.
+            // died first. One reaped now keeps its user and home through
+            // its grace: the next sweep removes them.
             let (running, stopping) = (&self.running, &self.stopping);
             let left = users.remove_homes_except(&|lease| {
-                running.contains_key(&lease) || stopping.contains(&lease)
+                running.contains_key(&lease)
+                    || stopping.contains(&lease)
+                    || in_grace.contains(&lease)
             });
             if left > 0 {
                 tracing::info!(
