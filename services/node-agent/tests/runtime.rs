@@ -900,3 +900,38 @@ async fn an_image_that_reads_as_a_flag_never_reaches_the_cli() {
     }
     assert!(!dir.path().join("calls").exists(), "the CLI ran");
 }
+
+/// After a restart the agent adopts a workload whose user it holds no
+/// claim on; a stale home of the same user (a lease of that user that
+/// ended while the agent was down) must not end it.
+#[tokio::test]
+async fn a_stale_home_never_ends_a_kept_lease_of_the_same_user() {
+    use std::os::unix::process::CommandExt;
+    let state = lh_testkit::shared_tempdir();
+    let users = LeaseUsers::for_node(state.path()).unwrap();
+    let uid = lh_node_agent::workload::lease_user::FIRST_LEASE_UID + 54_321;
+    let (kept, stale) = (Uuid::new_v4(), Uuid::new_v4());
+    for lease in [kept, stale] {
+        let home = users.homes().join(lease.to_string());
+        fs::create_dir(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(uid), Some(uid)).unwrap();
+    }
+    // The adopted workload: running as that user, claimed by nobody.
+    let mut adopted = std::process::Command::new("sleep")
+        .arg("30")
+        .uid(uid)
+        .gid(uid)
+        .spawn()
+        .unwrap();
+    let removed = users.remove_homes_except(&|lease| lease == kept);
+    assert_eq!(removed, 1);
+    assert!(!users.homes().join(stale.to_string()).exists());
+    assert!(users.homes().join(kept.to_string()).exists());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        adopted.try_wait().unwrap().is_none(),
+        "the kept lease's workload was killed"
+    );
+    adopted.kill().unwrap();
+    adopted.wait().unwrap();
+}

@@ -227,17 +227,28 @@ impl LeaseUsers {
         let Ok(entries) = std::fs::read_dir(&self.homes) else {
             return 0;
         };
+        let homes: Vec<(Uuid, PathBuf, u32)> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let lease = Uuid::parse_str(entry.file_name().to_str()?).ok()?;
+                let owner = entry.metadata().map(|m| m.uid()).unwrap_or(0);
+                Some((lease, entry.path(), owner))
+            })
+            .collect();
+        // The users of the leases kept: one a workload adopted after a
+        // restart runs as holds no claim of this agent, and a stale home
+        // of the same user must not end it.
+        let kept_users: BTreeSet<u32> = homes
+            .iter()
+            .filter(|(lease, _, _)| keep(*lease))
+            .map(|(_, _, owner)| *owner)
+            .collect();
         let mut removed = 0;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(lease) = name.to_str().and_then(|n| Uuid::parse_str(n).ok()) else {
-                continue;
-            };
+        for (lease, path, owner) in homes {
             if keep(lease) {
                 continue;
             }
-            let owner = entry.metadata().map(|m| m.uid()).unwrap_or(0);
-            if self.contains(owner) {
+            if self.contains(owner) && !kept_users.contains(&owner) {
                 // A claimed user is a running lease's, of another agent.
                 let Some(_claim) = self.claim(owner) else {
                     continue;
@@ -245,7 +256,7 @@ impl LeaseUsers {
                 kill_uid(owner);
                 remove_owned_scratch(owner);
             }
-            remove_home(&entry.path());
+            remove_home(&path);
             removed += 1;
         }
         removed
