@@ -10,43 +10,7 @@
 //! `load-tests/red-team.sh [ROUNDS]` builds and runs it.
 
 use clap::Parser;
-use lh_test_stack::{red_team, Stack};
-
-/// Four nodes of one A100 each: the victims hold every GPU, so a GPU given
-/// twice would show.
-const FOUR_NODES: &str = r#"
-[[node]]
-id = "node-a"
-zone = "cn-north-1a"
-hostname = "gpu-a.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-
-[[node]]
-id = "node-b"
-zone = "cn-north-1a"
-hostname = "gpu-b.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-
-[[node]]
-id = "node-c"
-zone = "cn-north-1b"
-hostname = "gpu-c.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-
-[[node]]
-id = "node-d"
-zone = "cn-north-1b"
-hostname = "gpu-d.sim"
-gpu_model = "A100-40GB"
-gpu_count = 1
-vram_gb = 40
-"#;
+use lh_test_stack::{one_a100_each, red_team, Stack};
 
 #[derive(Parser)]
 struct Args {
@@ -58,14 +22,12 @@ struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
     let args = Args::parse();
-    let stack = Stack::start(FOUR_NODES).await;
+    // One GPU a node: the victims hold every GPU, so a GPU given twice
+    // would show.
+    let nodes = ["node-a", "node-b", "node-c", "node-d"];
+    let stack = Stack::start(&one_a100_each(&nodes)).await;
     let started = std::time::Instant::now();
-    let (report, found) = red_team::run(
-        &stack,
-        &["node-a", "node-b", "node-c", "node-d"],
-        args.rounds,
-    )
-    .await;
+    let (report, found) = red_team::run(&stack, &nodes, args.rounds).await;
     for line in &found {
         eprintln!("red-team: found: {line}");
     }

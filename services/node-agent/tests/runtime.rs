@@ -935,3 +935,17 @@ async fn a_stale_home_never_ends_a_kept_lease_of_the_same_user() {
     adopted.kill().unwrap();
     adopted.wait().unwrap();
 }
+
+/// Loaded into every share: a library another user may rewrite would run
+/// that user's code in all of them.
+#[test]
+fn a_hami_core_library_others_may_write_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libvgpu.so");
+    fs::write(&lib, b"").unwrap();
+    fs::set_permissions(&lib, fs::Permissions::from_mode(0o666)).unwrap();
+    let err = lh_node_agent::workload::check_hami_core_lib(&lib).unwrap_err();
+    assert!(err.to_string().contains("writable by other users"), "{err}");
+    fs::set_permissions(&lib, fs::Permissions::from_mode(0o644)).unwrap();
+    lh_node_agent::workload::check_hami_core_lib(&lib).unwrap();
+}

@@ -58,6 +58,20 @@ gpu_count = 1
 vram_gb = 40
 "#;
 
+/// Nodes of one A100 each, in one zone, named `ids` (TWO_NODES is
+/// `one_a100_each(&["node-a", "node-b"])`).
+pub fn one_a100_each(ids: &[&str]) -> String {
+    ids.iter()
+        .map(|id| {
+            let host = id.strip_prefix("node-").unwrap_or(id);
+            format!(
+                "\n[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"gpu-{host}.sim\"\n\
+                 gpu_model = \"A100-40GB\"\ngpu_count = 1\nvram_gb = 40\n"
+            )
+        })
+        .collect()
+}
+
 /// `fleet` with every node that does not say otherwise declaring what a
 /// production node enforces (containers, HAMi-core), as `dev/fleet.toml`
 /// does: the tests of other rules place untrusted tenants' leases and GPU
@@ -95,6 +109,14 @@ pub(crate) fn toml_node_ids(fleet: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_a100_each_writes_two_nodes_as_the_constant_does() {
+        assert_eq!(
+            super::one_a100_each(&["node-a", "node-b"]),
+            super::TWO_NODES
+        );
+    }
+
     use super::*;
 
     #[test]

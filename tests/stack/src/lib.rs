@@ -18,7 +18,7 @@ mod log;
 pub mod red_team;
 mod stack;
 
-pub use fleets::{enforcing, FLEET, TWO_A100, TWO_NODES};
+pub use fleets::{enforcing, one_a100_each, FLEET, TWO_A100, TWO_NODES};
 pub use log::{expected_charge, of_type, read_log, starts};
 pub use stack::{
     test_front, write_master_key_file, GatewayConfigChange, Stack, StackNats, ADMIN_TOKEN,

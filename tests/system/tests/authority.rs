@@ -24,17 +24,10 @@ async fn refused_by_reader(stack: &Stack) -> BTreeMap<String, u64> {
 
 /// `lh_events_skipped_total{reason}` by reader.
 async fn skipped_by_reader(stack: &Stack, reason: &str) -> BTreeMap<String, u64> {
-    let metrics = stack
-        .http
-        .get(format!("http://{}/metrics", stack.metrics_addr("gateway")))
-        .send()
+    stack
+        .metrics_text()
         .await
-        .and_then(|r| r.error_for_status());
-    let Ok(metrics) = metrics else {
-        return BTreeMap::new();
-    };
-    let text = metrics.text().await.unwrap_or_default();
-    text.lines()
+        .lines()
         .filter(|l| {
             l.starts_with("lh_events_skipped_total{") && l.contains(&format!("reason=\"{reason}\""))
         })

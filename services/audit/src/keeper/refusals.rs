@@ -76,13 +76,8 @@ impl RefusalTally {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let tallies = &mut inner.1;
         for r in refusals {
-            let publishers = tallies
-                .keys()
-                .map(|(p, _)| p)
-                .collect::<std::collections::BTreeSet<_>>();
-            let publisher = if publishers.contains(&r.publisher)
-                || publishers.len() < MAX_PUBLISHERS_PER_INTERVAL
-            {
+            let known = tallies.keys().any(|(p, _)| *p == r.publisher);
+            let publisher = if known || distinct_publishers(tallies) < MAX_PUBLISHERS_PER_INTERVAL {
                 r.publisher
             } else {
                 OTHERS.to_string()
@@ -129,6 +124,13 @@ impl RefusalTally {
             })
             .collect()
     }
+}
+
+/// How many publishers `tallies` names (keys are ordered by publisher).
+fn distinct_publishers(tallies: &Tallies) -> usize {
+    let mut publishers: Vec<&String> = tallies.keys().map(|(p, _)| p).collect();
+    publishers.dedup();
+    publishers.len()
 }
 
 /// Publishes each ended interval's summaries, until the future is

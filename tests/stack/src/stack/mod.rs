@@ -275,6 +275,22 @@ impl Stack {
         self.running[name].1.metrics_addr
     }
 
+    /// The text of the stack's one metrics recorder (every service in
+    /// this process shares it), as the gateway's /metrics serves it;
+    /// empty while it does not answer.
+    pub async fn metrics_text(&self) -> String {
+        let answer = self
+            .http
+            .get(format!("http://{}/metrics", self.metrics_addr("gateway")))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status());
+        match answer {
+            Ok(answer) => answer.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
     pub fn service_names(&self) -> Vec<String> {
         self.running.keys().cloned().collect()
     }
