@@ -147,11 +147,29 @@ pub fn event_subjects(publisher: Publisher, node_id: Option<&str>) -> Vec<String
         .collect()
 }
 
-/// What every service and node agent needs besides its events: the log
-/// and the telemetry stream read, its inbox, the snapshot store, and the
-/// announcements of a new leader of the log.
-fn base(user: &str) -> Permissions {
-    let mut publish = read_stream(subject::EVENTS_STREAM);
+/// Reading node `node_id`'s own view of the log (docs/adr/027), and
+/// nothing else of it: consumers only of that filter, which the API
+/// subject of a named single-filter create names (the server checks that
+/// the request's filter is the one the subject names); no create without
+/// a filter, no message fetched by sequence or subject. A consumer is
+/// reached by its name, which is random (see the bus's feeds).
+fn read_own_view(node_id: &str) -> Vec<String> {
+    let stream = subject::EVENTS_STREAM;
+    let view = subject::guarded(&subject::node_view(node_id));
+    vec![
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.*.{view}"),
+        format!("$JS.API.CONSUMER.DELETE.{stream}.*"),
+        format!("$JS.API.CONSUMER.INFO.{stream}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"),
+    ]
+}
+
+/// What every service and node agent needs besides its events: `log`, its
+/// reads of the log, the telemetry stream's info, its inbox, the snapshot
+/// store, and the announcements of a new leader of the log.
+fn base(user: &str, log: Vec<String>) -> Permissions {
+    let mut publish = log;
     publish.push(format!("$JS.API.STREAM.INFO.{}", subject::TELEMETRY_STREAM));
     publish.extend(snapshots(user));
     Permissions {
@@ -171,7 +189,7 @@ fn base(user: &str) -> Permissions {
 /// The permissions of a service's user.
 pub fn service_permissions(service: Publisher) -> Permissions {
     let name = service.service_name().expect("a service has a name");
-    let mut p = base(name);
+    let mut p = base(name, read_stream(subject::EVENTS_STREAM));
     p.publish.extend(event_subjects(service, None));
     // A service creates the logs when they are missing; the server
     // refuses a create whose config differs from the stream's, so it
@@ -224,12 +242,13 @@ pub fn service_permissions(service: Publisher) -> Permissions {
     p
 }
 
-/// The permissions of node `node_id`'s agent: its events, its heartbeat,
-/// its usage samples, its own snapshot, its leases' environments, the
-/// reads of its leases' logs; nothing as another node.
+/// The permissions of node `node_id`'s agent: its events, its own view of
+/// the log, its heartbeat, its usage samples, its own snapshot, its
+/// leases' environments, the reads of its leases' logs; nothing as
+/// another node, nothing of another node's leases.
 pub fn node_permissions(node_id: &str) -> Permissions {
     let user = node_user(node_id);
-    let mut p = base(&user);
+    let mut p = base(&user, read_own_view(node_id));
     p.publish
         .extend(event_subjects(Publisher::Node, Some(node_id)));
     p.publish.push(subject::heartbeat(node_id));
@@ -385,6 +404,31 @@ mod tests {
         assert!(!p.publish.iter().any(|s| s.contains("placed")));
         assert!(!p.publish.iter().any(|s| s.contains("gpu-2")));
         assert!(p.subscribe.contains(&"_INBOX_node-gpu-1.>".to_string()));
+    }
+
+    #[test]
+    fn a_node_reads_the_log_only_through_consumers_of_its_own_view() {
+        let p = node_permissions("gpu-1");
+        let log: Vec<&String> = p
+            .publish
+            .iter()
+            .filter(|s| s.contains(subject::EVENTS_STREAM))
+            .collect();
+        assert_eq!(
+            log,
+            [
+                "$JS.API.STREAM.INFO.LH_EVENTS",
+                "$JS.API.CONSUMER.CREATE.LH_EVENTS.*.lh.evt.node_view.gpu-1.>",
+                "$JS.API.CONSUMER.DELETE.LH_EVENTS.*",
+                "$JS.API.CONSUMER.INFO.LH_EVENTS.*",
+                "$JS.API.CONSUMER.MSG.NEXT.LH_EVENTS.*",
+            ]
+        );
+        // Services read as before.
+        let scheduler = service_permissions(Publisher::Scheduler);
+        assert!(scheduler
+            .publish
+            .contains(&"$JS.API.STREAM.MSG.GET.LH_EVENTS".to_string()));
     }
 
     #[test]

@@ -145,6 +145,10 @@ pub struct Bus {
     replicas: usize,
     /// Its user's snapshot bucket, and the key it signs snapshots with.
     snapshots: snapshots::SnapshotKeeper,
+    /// Its user may read the log only through consumers of its own
+    /// filters (a node: docs/adr/027): no whole-stream reads, no message
+    /// fetched by subject.
+    scoped_reads: bool,
 }
 
 impl Bus {
@@ -194,6 +198,7 @@ impl Bus {
             connects,
             replicas: config.replicas,
             snapshots: config.snapshot_keeper()?,
+            scoped_reads: false,
         };
         // The client connects in the background (and reconnects for ever);
         // until the server answers, checking the streams fails, so it is
@@ -215,6 +220,15 @@ impl Bus {
 
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// This connection reads the log only through consumers of single
+    /// filters, which the server's permissions can scope (the API subject
+    /// of such a create names its filter): never the whole stream, never a
+    /// message by subject.
+    pub fn with_scoped_reads(mut self) -> Self {
+        self.scoped_reads = true;
+        self
     }
 
     /// Whether the connection to NATS is up right now (the client

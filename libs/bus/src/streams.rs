@@ -333,8 +333,65 @@ impl Bus {
     /// matches (0 when there is none).
     pub(crate) async fn last_sequence_in(&self, stream: &str, filter: &str) -> Result<u64> {
         let stream = self.js.get_stream(stream).await.map_err(js_err)?;
+        if self.scoped_reads {
+            return last_sequence_by_consumer(&stream, filter).await;
+        }
         last_sequence_on_filter(&stream, filter).await
     }
+}
+
+/// A consumer name no other user can guess: 32 hex digits.
+pub(crate) fn consumer_name() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// How long a consumer made only to find a filter's last message may wait
+/// for that message.
+const LAST_MESSAGE_FETCH_WAIT: Duration = Duration::from_secs(2);
+
+/// [`last_sequence_on_filter`] for a user that may not fetch messages by
+/// subject: a consumer of the filter from its last message on, which
+/// counts it and hands it over.
+async fn last_sequence_by_consumer(
+    stream: &jetstream::stream::Stream,
+    filter: &str,
+) -> Result<u64> {
+    use futures::StreamExt;
+    let name = consumer_name();
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            name: Some(name.clone()),
+            filter_subject: filter.to_string(),
+            deliver_policy: jetstream::consumer::DeliverPolicy::Last,
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .map_err(js_err)?;
+    let last = if consumer.cached_info().num_pending == 0 {
+        Ok(0)
+    } else {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(LAST_MESSAGE_FETCH_WAIT)
+            .messages()
+            .await
+            .map_err(js_err)?;
+        match batch.next().await {
+            Some(Ok(message)) => message
+                .info()
+                .map(|info| info.stream_sequence)
+                .map_err(|e| BusError::JetStream(e.to_string())),
+            Some(Err(e)) => Err(js_err(e)),
+            None => Err(BusError::JetStream(format!(
+                "the last message on {filter} was counted but not handed over"
+            ))),
+        }
+    };
+    let _ = stream.delete_consumer(&name).await;
+    last
 }
 
 /// Sequence of the last message of `stream` on any subject `filter`

@@ -793,3 +793,156 @@ async fn a_connection_is_held_to_its_subscriptions_and_payload() {
         "a payload over max_payload is refused"
     );
 }
+
+fn relayed_to(node: &str, lease: Uuid) -> Envelope {
+    let placed = Envelope::new(
+        Actor::Service("lh-scheduler".into()),
+        Utc::now(),
+        EventData::LeasePlaced(fixtures::placed(
+            lease,
+            node,
+            "z",
+            fixtures::MODEL,
+            40,
+            &[0],
+        )),
+    );
+    Envelope::new(
+        Actor::Service("lh-scheduler".into()),
+        Utc::now(),
+        EventData::NodeViewRelayed(lh_events::NodeViewRelayed {
+            node_id: node.into(),
+            events: vec![lh_events::StatedEvent {
+                sequence: 1,
+                stored_at: Utc::now(),
+                envelope: Box::new(placed),
+            }],
+            idle_policies: Vec::new(),
+        }),
+    )
+}
+
+/// A node reads the log only through consumers of its own view: the
+/// scheduler's relays to it. A consumer of anything else, a create that
+/// names no filter or names its view but asks for more, and a message
+/// fetched by subject are all refused by the server.
+#[tokio::test]
+async fn a_node_reads_only_its_own_view_of_the_log() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let scheduler = users.bus(&nats, "scheduler").await;
+    let to_n2 = relayed_to("n2", Uuid::now_v7());
+    scheduler.publish(&to_n2, Expect::Any).await.unwrap();
+    let to_n1 = relayed_to("n1", Uuid::now_v7());
+    let n1_sequence = scheduler
+        .publish(&to_n1, Expect::Any)
+        .await
+        .unwrap()
+        .sequence;
+    scheduler.publish(&to_n2, Expect::Any).await.unwrap();
+
+    // What the node agent connects with reads its view, and finds its head.
+    let agent = users
+        .bus(&nats, &auth::node_user("n1"))
+        .await
+        .with_scoped_reads();
+    let view = subject::guarded(&subject::node_view("n1"));
+    let mut feed = agent.feed(&[&view], 1).await.expect("n1 reads its view");
+    let read = feed
+        .next_within(Duration::from_secs(5))
+        .await
+        .expect("n1's relay is read")
+        .unwrap();
+    assert_eq!(read.sequence, n1_sequence);
+    assert_eq!(read.envelope.id, to_n1.id);
+    assert_eq!(
+        agent.last_sequence_matching(&[&view]).await.unwrap(),
+        n1_sequence
+    );
+    let empty = subject::guarded(&subject::node_view("n1")).replace(".>", ".registered.>");
+    assert_eq!(agent.last_sequence_matching(&[&empty]).await.unwrap(), 0);
+
+    // Anything wider, through the same bus, fails.
+    for wider in [
+        subject::EVENTS_ALL,
+        subject::LEASES_ALL,
+        &subject::guarded(&subject::node_view("n2")),
+    ] {
+        let feed = tokio::time::timeout(Duration::from_secs(4), agent.feed(&[wider], 1)).await;
+        assert!(!matches!(feed, Ok(Ok(_))), "n1 opened a feed of {wider}");
+    }
+
+    // And through a plain client, each door is seen shut.
+    let (n1, mut refusals) = users.client(&nats, &auth::node_user("n1")).await;
+    let create = |filter: &str, filters: &[&str]| {
+        serde_json::json!({
+            "stream_name": subject::EVENTS_STREAM,
+            "config": {
+                "name": "peek",
+                "filter_subject": filter,
+                "filter_subjects": filters,
+                "deliver_policy": "all",
+                "ack_policy": "none",
+            },
+        })
+        .to_string()
+    };
+    let refused = [
+        (
+            "$JS.API.CONSUMER.CREATE.LH_EVENTS".to_string(),
+            create(subject::EVENTS_ALL, &[]),
+        ),
+        (
+            "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek".to_string(),
+            create(subject::EVENTS_ALL, &[]),
+        ),
+        (
+            "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n2.>".to_string(),
+            create("lh.evt.node_view.n2.>", &[]),
+        ),
+        (
+            "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.>".to_string(),
+            create(subject::EVENTS_ALL, &[]),
+        ),
+        (
+            "$JS.API.STREAM.MSG.GET.LH_EVENTS".to_string(),
+            serde_json::json!({"last_by_subj": "lh.evt.lease.>"}).to_string(),
+        ),
+        (
+            "$JS.API.DIRECT.GET.LH_EVENTS".to_string(),
+            serde_json::json!({"last_by_subj": "lh.evt.lease.>"}).to_string(),
+        ),
+        (
+            format!("$JS.API.DIRECT.GET.LH_EVENTS.{}", subject::LEASES_ALL),
+            String::new(),
+        ),
+    ];
+    let inbox = format!("{}.peek", auth::inbox_prefix(&auth::node_user("n1")));
+    for (api, body) in refused {
+        // A refused request is dropped, never answered: the server's
+        // word on it is what tells.
+        n1.publish_with_reply(api.clone(), inbox.clone(), body.into())
+            .await
+            .unwrap();
+        n1.flush().await.unwrap();
+        refusals.expect(&api).await;
+    }
+    // Its own view's create subject with a wider filter in the request:
+    // the server holds the request to the filter its subject names.
+    let own = "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n1.>";
+    for body in [
+        create(subject::EVENTS_ALL, &[]),
+        create("", &[subject::EVENTS_ALL]),
+        create("", &["lh.evt.node_view.n1.>", subject::LEASES_ALL]),
+    ] {
+        let answer = n1
+            .request(own, body.clone().into())
+            .await
+            .expect("the server answers a create on the node's own view");
+        let answer: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
+        assert!(
+            answer.get("error").is_some(),
+            "a consumer of {body} was made: {answer}"
+        );
+    }
+}

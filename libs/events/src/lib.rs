@@ -81,6 +81,7 @@ events! {
     "node.cordoned" v=1 => NodeCordoned @ node(node_id);
     "node.uncordoned" v=1 => NodeUncordoned @ node(node_id);
     "node.restated" v=1 => NodeRestated @ node(node_id);
+    "node_view.relayed" v=1 => NodeViewRelayed @ node_view(node_id);
     "spot.price_set" v=1 => SpotPriceSet @ spot(zone, gpu_model);
     "spot.capacity_chosen" v=1 => SpotCapacityChosen @ spot(zone, gpu_model), tenant_id = tenant_id;
     "price_book.published" v=1 => PriceBookPublished @ price_book();

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{GpuInfo, MigInstance};
+use crate::{GpuInfo, IdlePolicy, MigInstance, StatedEvent};
 
 /// An operator stopped new placements on a node. With `drain` its leases
 /// are moved (`move`) or left to finish (`finish`).
@@ -271,4 +271,30 @@ pub struct NodeGpuSelfTested {
     pub duration_seconds: f64,
     pub detail: String,
     pub at: DateTime<Utc>,
+}
+
+/// Events node `node_id` acts on, relayed to its own view
+/// (`lh.evt.node_view.<id>`) by the scheduler, so that a node reads
+/// nothing of other nodes' leases or of tenants (docs/adr/027): its own
+/// node's enrollment, registration, GPU health and restatement, and every
+/// event on the subject of a lease while that lease is placed there (with
+/// the lease's request when it is placed there). Each event keeps the
+/// sequence the log stored it at: the node guards its reports by its
+/// lease's subject sequence as before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeViewRelayed {
+    pub node_id: String,
+    /// Oldest first.
+    pub events: Vec<StatedEvent>,
+    /// The idle policies of the tenants whose leases are placed here in
+    /// this relay, where they set one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idle_policies: Vec<TenantIdlePolicy>,
+}
+
+/// A tenant's idle policy, as a relay carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TenantIdlePolicy {
+    pub tenant_id: Uuid,
+    pub policy: IdlePolicy,
 }

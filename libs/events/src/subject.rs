@@ -26,6 +26,7 @@ pub const TELEMETRY_ALL: &str = "lh.tel.>";
 
 pub const LEASES_ALL: &str = "lh.evt.lease.>";
 pub const NODES_ALL: &str = "lh.evt.node.>";
+pub const NODE_VIEWS_ALL: &str = "lh.evt.node_view.>";
 pub const TENANTS_ALL: &str = "lh.evt.tenant.>";
 pub const CHARGES_ALL: &str = "lh.evt.charge.>";
 pub const SPOT_ALL: &str = "lh.evt.spot.>";
@@ -123,6 +124,12 @@ pub fn tenant(tenant_id: Uuid) -> String {
 
 pub fn node(node_id: &str) -> String {
     format!("lh.evt.node.{}", token(node_id))
+}
+
+/// What node `node_id` reads: its node's events and those of the leases
+/// placed on it, relayed by the scheduler (docs/adr/027).
+pub fn node_view(node_id: &str) -> String {
+    format!("lh.evt.node_view.{}", token(node_id))
 }
 
 pub fn charge(lease_id: Uuid) -> String {
@@ -301,6 +308,9 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("node.cordoned", &[Gateway]),
         ("node.uncordoned", &[Gateway]),
         ("node.restated", &[Scheduler]),
+        // What a node may read is relayed to it by the scheduler, which
+        // knows where each lease is placed.
+        ("node_view.relayed", &[Scheduler]),
         ("spot.price_set", &[SpotBroker]),
         ("spot.capacity_chosen", &[SpotBroker]),
         ("price_book.published", &[Pricing]),
@@ -469,6 +479,7 @@ mod tests {
         for (all, one) in [
             (LEASES_ALL, lease(id)),
             (NODES_ALL, node("n1")),
+            (NODE_VIEWS_ALL, node_view("n1")),
             (TENANTS_ALL, tenant(id)),
             (CHARGES_ALL, charge(id)),
             (SPOT_ALL, spot("z", "m")),

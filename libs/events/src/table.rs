@@ -84,6 +84,7 @@ macro_rules! events {
     (@subject $e:ident charge ($id:ident)) => { $crate::subject::charge($e.$id) };
     (@subject $e:ident tenant ($id:ident)) => { $crate::subject::tenant($e.$id) };
     (@subject $e:ident node ($id:ident)) => { $crate::subject::node(&$e.$id) };
+    (@subject $e:ident node_view ($id:ident)) => { $crate::subject::node_view(&$e.$id) };
     (@subject $e:ident spot ($zone:ident, $model:ident)) => {
         $crate::subject::spot(&$e.$zone, &$e.$model)
     };

@@ -82,7 +82,7 @@ impl Bus {
             js: self.js.clone(),
             stream,
             filters: filters.iter().map(|f| f.to_string()).collect(),
-            wide: (!filters.contains(&whole)).then(|| whole.to_string()),
+            wide: (!self.scoped_reads && !filters.contains(&whole)).then(|| whole.to_string()),
             service: self.service.clone(),
             report_skips,
             connects,

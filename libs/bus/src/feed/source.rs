@@ -45,6 +45,24 @@ fn deliver_from(from_sequence: u64) -> DeliverPolicy {
     }
 }
 
+/// An ordered consumer of `filters`. It is named, so that its create
+/// request goes to the API subject that names the filter where there is
+/// one, which the server's permissions can scope to a user's own
+/// (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`); the name is
+/// random, so no other user can guess it to read from it.
+pub(crate) fn ordered(filters: Vec<String>, deliver_policy: DeliverPolicy) -> OrderedConfig {
+    let mut config = OrderedConfig {
+        name: Some(crate::streams::consumer_name()),
+        deliver_policy,
+        ..Default::default()
+    };
+    match <[String; 1]>::try_from(filters) {
+        Ok([filter]) => config.filter_subject = filter,
+        Err(filters) => config.filter_subjects = filters,
+    }
+    config
+}
+
 /// How a feed's consumer reads the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reading {
@@ -252,11 +270,7 @@ impl FeedSource {
         let mut lanes = Vec::with_capacity(self.filters.len());
         for filter in &self.filters {
             let consumer = stream
-                .create_consumer(OrderedConfig {
-                    filter_subjects: vec![filter.clone()],
-                    deliver_policy: deliver_from(from_sequence),
-                    ..Default::default()
-                })
+                .create_consumer(ordered(vec![filter.clone()], deliver_from(from_sequence)))
                 .await
                 .map_err(js_err)?;
             let remaining = consumer.cached_info().num_pending;
@@ -298,11 +312,7 @@ impl FeedSource {
             (Some(wide), true) => vec![wide.clone()],
             _ => self.filters.clone(),
         };
-        OrderedConfig {
-            filter_subjects,
-            deliver_policy: deliver_from(from_sequence),
-            ..Default::default()
-        }
+        ordered(filter_subjects, deliver_from(from_sequence))
     }
 
     /// [`FeedSource::open_as`] on the feed's stream.
