@@ -9,6 +9,7 @@
 //! gets a conflict, waits for the winner's events to arrive and decides
 //! again. No leader election is needed for safety.
 
+pub mod node_view;
 pub mod planner;
 pub mod state;
 
@@ -177,6 +178,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         &[Family::Lease, Family::Node],
         shutdown.clone(),
     )?;
+    tokio::spawn(node_view::run(
+        bus.clone(),
+        config.rules().node_clock_skew,
+        shutdown.clone(),
+    ));
     // Subscribed before reading the log, so no heartbeat falls in between.
     let live = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
     let signals = signals(bus.clone(), live);
