@@ -11,6 +11,7 @@
 //! shell that sends the commands and tells the GPU side and the telemetry
 //! task what runs now.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,11 @@ use crate::workload::executor::{Command, Report};
 /// Most observation events waiting to be appended; past it the oldest go
 /// (the log is unreachable that long, and a GPU's state has moved on).
 const MOST_WAITING_EVENTS: usize = 4096;
+
+/// Most sequences of its own events remembered until their relays come
+/// back; an event of its own the scheduler never relays (a report on a
+/// lease no longer placed here) is forgotten past it.
+const MOST_OWN_EVENTS_REMEMBERED: usize = 4096;
 
 /// What one decision pass calls for: the batches to append, and the
 /// commands for the workload side, in the order they are to be sent.
@@ -62,6 +68,14 @@ pub(crate) struct NodeStatus {
 
 pub(crate) struct NodeAgent {
     node_id: String,
+    /// Its own view of the log (`lh.evt.node_view.<node>.>`): all it may
+    /// read (docs/adr/027).
+    view: [&'static str; 1],
+    /// Sequences of its own events, folded as soon as they were stored:
+    /// their relays back are not folded again (an older relay must not
+    /// undo a newer event of its own). Oldest first, at most
+    /// [`MOST_OWN_EVENTS_REMEMBERED`].
+    own_events: BTreeSet<u64>,
     inventory: NodeRegistered,
     state: NodeState,
     gpu: GpuSide,
@@ -97,8 +111,14 @@ impl NodeAgent {
         status: Arc<NodeStatus>,
         tick: Duration,
     ) -> Self {
+        // One filter for the agent's life: leaked once, as the loop takes
+        // filters that live as long as the program.
+        let view: &'static str =
+            Box::leak(subject::guarded(&subject::node_view(&inventory.node_id)).into_boxed_str());
         Self {
             node_id: inventory.node_id.clone(),
+            view: [view],
+            own_events: BTreeSet::new(),
             inventory,
             state: NodeState {
                 fault_hold: gpu.fault_hold(),
@@ -403,6 +423,17 @@ impl Transition {
     }
 }
 
+impl NodeAgent {
+    fn fold(&mut self, sequence: u64, envelope: &Envelope) {
+        // An observation stored although its acknowledgement was lost (the
+        // server went away) is on the log: it no longer waits.
+        if !self.waiting.is_empty() {
+            self.waiting.retain(|w| w.id != envelope.id);
+        }
+        self.state.apply(&self.node_id, sequence, envelope);
+    }
+}
+
 impl Decider for NodeAgent {
     type Signal = Signal;
 
@@ -417,13 +448,7 @@ impl Decider for NodeAgent {
     }
 
     fn filters(&self) -> &[&'static str] {
-        // Every node's subject, not only this one's: node events are few,
-        // and the fold keeps only this node's.
-        &[
-            subject::LEASES_ALL,
-            subject::NODES_ALL,
-            subject::TENANTS_ALL,
-        ]
+        &self.view
     }
 
     fn pace(&self) -> Pace {
@@ -442,18 +467,38 @@ impl Decider for NodeAgent {
         lh_service::decider::restored(state).is_some_and(|state| self.state.restore(state))
     }
 
-    /// One per node: each agent's fold keeps its own node's leases.
+    /// One per node: each agent's fold keeps its own node's leases. Named
+    /// for the view it folds, not for the whole log an older agent read.
     fn snapshot_key(&self) -> String {
-        format!("node-agent-{}", self.node_id)
+        format!("node-agent-view-{}", self.node_id)
     }
 
+    /// A relay of its view, or one of its own events as soon as it is
+    /// stored (it reads nothing else).
     fn apply(&mut self, sequence: u64, envelope: &Envelope) {
-        // An observation stored although its acknowledgement was lost (the
-        // server went away) is on the log: it no longer waits.
-        if !self.waiting.is_empty() {
-            self.waiting.retain(|w| w.id != envelope.id);
+        match &envelope.data {
+            EventData::NodeViewRelayed(relay) => {
+                if relay.node_id != self.node_id {
+                    return;
+                }
+                for p in &relay.idle_policies {
+                    self.state.idle_policies.insert(p.tenant_id, p.policy);
+                }
+                for e in &relay.events {
+                    if self.own_events.remove(&e.sequence) {
+                        continue;
+                    }
+                    self.fold(e.sequence, &e.envelope);
+                }
+            }
+            _ => {
+                self.own_events.insert(sequence);
+                if self.own_events.len() > MOST_OWN_EVENTS_REMEMBERED {
+                    self.own_events.pop_first();
+                }
+                self.fold(sequence, envelope);
+            }
         }
-        self.state.apply(&self.node_id, sequence, envelope);
     }
 
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {

@@ -213,7 +213,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         }
     }
     let service = format!("lh-node-agent-{}", config.node_id);
-    let bus = config.common.connect_bus(&service).await?;
+    // A node's user may read only its own view of the log.
+    let bus = config
+        .common
+        .connect_bus(&service)
+        .await?
+        .with_scoped_reads();
     let readiness = Readiness::default();
     let ready = readiness.clone();
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(10));

@@ -411,6 +411,8 @@ struct OnLog {
     bus: lh_bus::Bus,
     dir: tempfile::TempDir,
     lease_id: Uuid,
+    /// The scheduler's writer of the nodes' views: all an agent reads.
+    _views: lh_service::AbortOnDrop<()>,
 }
 
 impl OnLog {
@@ -480,11 +482,17 @@ async fn killed_agent_running(command: &str) -> OnLog {
         .await
         .unwrap();
     let dir = lh_testkit::shared_tempdir();
+    let views = tokio::spawn(lh_scheduler::node_view::run(
+        bus.clone(),
+        chrono::Duration::seconds(30),
+        lh_service::CancellationToken::new(),
+    ));
     let on_log = OnLog {
         nats,
         bus,
         dir,
         lease_id: Uuid::now_v7(),
+        _views: lh_service::AbortOnDrop(views),
     };
     fs::write(on_log.fleet(), FLEET).unwrap();
     let request = lh_events::LeaseRequested {

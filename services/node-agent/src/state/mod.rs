@@ -146,15 +146,13 @@ pub struct Exit {
     pub signal: Option<i32>,
 }
 
-/// What a lease placed here runs. The fold keeps the workloads of leases
-/// waiting for a placement and of those placed here, not of every lease in
-/// the cluster; a lease that comes here by migration, or again after a
-/// suspension, has its request read back from the log.
+/// What a lease placed here runs. Its request comes just before its
+/// placement (or its move) here in the node's view.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Workload {
     /// Nothing (`None`), or this.
     Known(Option<WorkloadSpec>),
-    /// Its request is to be read from the log.
+    /// Its request did not come with its placement: it cannot start here.
     #[default]
     Unknown,
 }
@@ -264,11 +262,17 @@ impl NodeState {
             // agent folded its own registration when it was stored, before
             // any reader refused it: it cannot know it counts, so it sends
             // it again under the new enrollment.
-            EventData::NodeEnrolled(e) if e.node_id == node_id => {
-                self.registered_sequence = self.registered_sequence.max(sequence);
+            // Only an enrollment after the registration it holds: relays
+            // come after the agent folded its own newer registration.
+            EventData::NodeEnrolled(e)
+                if e.node_id == node_id && sequence > self.registered_sequence =>
+            {
+                self.registered_sequence = sequence;
                 self.registered = None;
             }
-            EventData::NodeRegistered(e) if e.node_id == node_id => {
+            EventData::NodeRegistered(e)
+                if e.node_id == node_id && sequence >= self.registered_sequence =>
+            {
                 self.registered = Some(e.clone());
                 self.registered_sequence = sequence;
             }
@@ -309,9 +313,15 @@ impl NodeState {
                         l.moved_away = true;
                     }
                 }
+                let workload = self.waiting.remove(&e.lease_id);
                 match &e.to {
                     Some(to) if to.node_id == node_id => {
                         self.placed_here(e.lease_id, &to.gpus, sequence, envelope);
+                        if let (Some(workload), Some(l)) =
+                            (workload, self.leases.get_mut(&e.lease_id))
+                        {
+                            l.workload = Workload::Known(workload);
+                        }
                     }
                     _ => {}
                 }
@@ -365,6 +375,14 @@ impl NodeState {
         sequence: u64,
         envelope: &Envelope,
     ) {
+        // Folded already (relayed twice): it stands as it is.
+        if self
+            .leases
+            .get(&lease_id)
+            .is_some_and(|l| l.placement_sequence == sequence)
+        {
+            return;
+        }
         let l = self.leases.entry(lease_id).or_default();
         // Moved to other GPUs of this node: what runs for the old placement
         // must stop, whatever comes next (a start, or a stop first).

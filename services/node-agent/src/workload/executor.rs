@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use lh_bus::Bus;
-use lh_events::{subject, AssignedGpu, EventData, StartedMigDevice, WorkloadSpec};
+use lh_events::{AssignedGpu, StartedMigDevice, WorkloadSpec};
 use lh_rpc::workload_env::WorkloadEnvReply;
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -21,10 +21,10 @@ use super::supervisor::{Finished, Workloads};
 use crate::gpu::mig::{MigInstances, MigPlaced};
 use crate::state::Workload;
 
-/// Waits between tries at reading a lease's request back from the log
-/// while the log does not answer: the first, and the longest.
-const REQUEST_READ_WAIT_MIN: Duration = Duration::from_millis(500);
-const REQUEST_READ_WAIT_MAX: Duration = Duration::from_secs(5);
+/// Waits between tries at fetching a workload's environment while the
+/// gateway does not answer: the first, and the longest.
+const ENV_FETCH_WAIT_MIN: Duration = Duration::from_millis(500);
+const ENV_FETCH_WAIT_MAX: Duration = Duration::from_secs(5);
 /// How long one request for a workload's environment waits for the gateway.
 const ENV_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a workload waits for its environment (the gateway out of reach,
@@ -282,8 +282,8 @@ impl WorkloadSide {
         });
     }
 
-    /// Reads the lease's request back from the log unless it is `known`,
-    /// then fetches its environment if it has one.
+    /// Fetches the environment of the lease's workload if it has one
+    /// (`known` is `None` where its request never came: the start fails).
     fn look_up(
         &mut self,
         lease_id: Uuid,
@@ -306,7 +306,14 @@ impl WorkloadSide {
             let workload = async {
                 let spec = match known {
                     Some(spec) => spec,
-                    None => requested_workload(&bus, lease_id).await?,
+                    // Its request comes with its placement in the node's
+                    // view; a node reads nothing else of the log.
+                    None => {
+                        return Err(
+                            "the lease's request did not reach this node with its placement"
+                                .to_string(),
+                        )
+                    }
                 };
                 match spec {
                     Some(mut spec) if has_env_to_fetch(&spec) => {
@@ -357,46 +364,6 @@ impl WorkloadSide {
     }
 }
 
-/// Most events read from a lease's subject to find its request.
-const MAX_LEASE_EVENTS_READ: usize = 100_000;
-
-/// The workload the lease's request names, read back from the log (from
-/// the request itself, or from the newest restatement once the request has
-/// expired); tried until the log answers. An error only when it answers
-/// without the request.
-async fn requested_workload(bus: &Bus, lease_id: Uuid) -> Result<Option<WorkloadSpec>, String> {
-    let mut wait = REQUEST_READ_WAIT_MIN;
-    loop {
-        match bus
-            .subject_history(&subject::lease(lease_id), 1, MAX_LEASE_EVENTS_READ)
-            .await
-        {
-            Ok(events) => {
-                let request = events.iter().rev().find_map(|e| match &e.envelope.data {
-                    EventData::LeaseRequested(r) => Some(r.clone()),
-                    EventData::LeaseRestated(r) => {
-                        r.history.iter().find_map(|h| match &h.envelope.data {
-                            EventData::LeaseRequested(r) => Some(r.clone()),
-                            _ => None,
-                        })
-                    }
-                    _ => None,
-                });
-                return match request {
-                    Some(r) => Ok(r.workload),
-                    None => Err("the log holds no readable request of the lease".into()),
-                };
-            }
-            Err(e) => {
-                tracing::warn!(lease = %lease_id, error = %e, retry_in_ms = wait.as_millis() as u64,
-                    "cannot read the lease's request from the log yet");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(REQUEST_READ_WAIT_MAX);
-            }
-        }
-    }
-}
-
 /// Whether the workload has an environment to fetch from the gateway:
 /// the log carries only where the values are, never the values.
 fn has_env_to_fetch(spec: &WorkloadSpec) -> bool {
@@ -417,7 +384,7 @@ async fn fetch_env(
         return Ok(());
     };
     let give_up_at = Instant::now() + ENV_FETCH_GIVE_UP_AFTER;
-    let mut wait = REQUEST_READ_WAIT_MIN;
+    let mut wait = ENV_FETCH_WAIT_MIN;
     loop {
         let why = match lh_rpc::workload_env::fetch(bus, node_id, lease_id, ENV_FETCH_TIMEOUT).await
         {
@@ -447,6 +414,6 @@ async fn fetch_env(
         tracing::warn!(lease = %lease_id, why, retry_in_ms = wait.as_millis() as u64,
             "the lease's environment is not given yet");
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(REQUEST_READ_WAIT_MAX);
+        wait = (wait * 2).min(ENV_FETCH_WAIT_MAX);
     }
 }
