@@ -165,6 +165,85 @@ async fn the_workload_of_a_lease_still_placed_here_is_adopted_not_started_again(
     assert!(records(state.path()).is_empty(), "its record went with it");
 }
 
+/// Processes whose real uid is `uid`.
+fn processes_of_uid(uid: u32) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            reconcile::process_start_ticks(*pid).is_some()
+                && fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid)
+        })
+        .collect()
+}
+
+/// Whether another agent could claim `uid` now.
+fn claimable(uid: u32) -> bool {
+    use std::os::fd::AsRawFd;
+    let path =
+        Path::new(lh_node_agent::workload::lease_user::LEASE_USER_CLAIMS_DIR).join(uid.to_string());
+    let Ok(file) = fs::OpenOptions::new().write(true).open(path) else {
+        return true;
+    };
+    // SAFETY: flock(2) on a descriptor this function owns.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// An adopted workload holds its lease user as a started one does: no
+/// other lease may take it while it runs, and its end kills every process
+/// of it (one that left its process group too) and removes its home.
+#[tokio::test]
+async fn an_adopted_workload_keeps_its_user_until_it_ends_and_takes_all_of_it_along() {
+    use std::os::unix::fs::MetadataExt;
+    let state = lh_testkit::shared_tempdir();
+    let lease_id = Uuid::new_v4();
+    let record = kill_agent_after_start(
+        state.path(),
+        lease_id,
+        "setsid sleep 300 </dev/null >/dev/null 2>&1 & exec sleep 300",
+    );
+    let uid = fs::metadata(format!("/proc/{}", record.pid)).unwrap().uid();
+    assert!(uid >= lh_node_agent::workload::lease_user::FIRST_LEASE_UID);
+    let home = state
+        .path()
+        .join(lh_node_agent::workload::lease_user::LEASE_HOMES_DIR)
+        .join(lease_id.to_string());
+    assert!(home.is_dir());
+    let deadline = Instant::now() + PATIENCE;
+    while processes_of_uid(uid).len() < 2 {
+        assert!(Instant::now() < deadline, "the escaped child never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(claimable(uid), "the killed agent let go of its claim");
+
+    let (mut workloads, mut finished) = workloads(state.path());
+    let reconciled = workloads
+        .reconcile(&HashMap::from([(lease_id, PLACEMENT)]))
+        .await;
+    assert_eq!(reconciled.adopted, [(lease_id, PLACEMENT)]);
+    assert!(
+        !claimable(uid),
+        "an adopted workload's user is claimed again"
+    );
+
+    assert!(workloads.stop(lease_id));
+    next_finished(&mut finished).await;
+    assert_gone(&record).await;
+    let deadline = Instant::now() + PATIENCE;
+    while !processes_of_uid(uid).is_empty() || home.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "left of uid {uid}: {:?}, home {}",
+            processes_of_uid(uid),
+            home.exists()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(claimable(uid), "free again once nothing of it is left");
+}
+
 #[tokio::test]
 async fn an_adopted_workload_that_exits_by_itself_is_reported() {
     let state = lh_testkit::shared_tempdir();

@@ -37,6 +37,14 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Heartbeats refused because their payload named another node than their subject.",
     ),
     (
+        "lh_scheduler_node_view_waiting_events",
+        "Events waiting to be relayed to nodes' views; it stays high while the log cannot be written.",
+    ),
+    (
+        "lh_scheduler_node_view_relays_total",
+        "Relays this replica wrote to nodes' views.",
+    ),
+    (
         "lh_scheduler_waiting_leases",
         "Leases waiting for GPUs (requested, queued or back in the queue).",
     ),

@@ -102,10 +102,17 @@ async fn a_lease_is_one_trace_from_the_gateway_through_every_service() {
     let placed = decided("lease.placed");
     let started = decided("lease.started");
     // Each service's span hangs under the one that wrote what it handled:
-    // the placement under the gateway's request, the start under the
-    // placement.
+    // the placement under the gateway's request, its relay to the node's
+    // view under the placement, the start under the relay.
     assert_eq!(placed.parent_span_id, request.span_context.span_id());
-    assert_eq!(started.parent_span_id, placed.span_context.span_id());
+    let relayed = by_id
+        .get(&started.parent_span_id)
+        .expect("the start's parent span was exported");
+    assert_eq!(
+        attribute(relayed, "events").as_deref(),
+        Some("node_view.relayed")
+    );
+    assert_eq!(relayed.parent_span_id, placed.span_context.span_id());
     let read = |projection: &str, event: &str| -> &SpanData {
         spans
             .iter()

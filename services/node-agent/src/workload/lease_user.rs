@@ -175,6 +175,26 @@ impl LeaseUsers {
         Ok(home)
     }
 
+    /// The user `uid` that a workload of `lease_id`, started by an agent
+    /// before this one, runs as: claimed again, so that no other lease
+    /// takes it while it runs and its end is as a started one's. `None`
+    /// for a uid that is no lease's, or a lease user another live agent
+    /// holds (then it is that agent's to end).
+    pub fn adopt(&self, lease_id: Uuid, uid: u32) -> Option<LeaseUser> {
+        let claim = if self.contains(uid) {
+            Some(self.claim(uid)?)
+        } else if Self::is_gpu_share_uid(uid) {
+            None
+        } else {
+            return None;
+        };
+        Some(LeaseUser {
+            uid,
+            home: self.homes.join(lease_id.to_string()),
+            claim,
+        })
+    }
+
     /// Takes a free user for `lease_id` and makes its home, empty.
     pub fn take(&self, lease_id: Uuid) -> Result<LeaseUser, RuntimeError> {
         let alive = uids_with_processes();

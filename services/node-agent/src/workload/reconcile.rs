@@ -392,6 +392,10 @@ pub enum Adopted {
         pid: i32,
         start_ticks: u64,
         cgroup: Option<PathBuf>,
+        /// The lease user it runs as, claimed again by this agent: no other
+        /// lease takes it while it runs, and its end kills what is left of
+        /// it and removes its home. Taken when it is cleaned up.
+        user: std::sync::Mutex<Option<super::lease_user::LeaseUser>>,
     },
     /// Watched with `<cli> wait`, which gives its exit code.
     Container {
@@ -447,12 +451,17 @@ impl Adopted {
     }
 
     async fn clean_up(&self) {
-        if let Adopted::Process {
-            cgroup: Some(dir), ..
-        } = self
-        {
-            kill_cgroup(dir);
-            remove_cgroup(dir).await;
+        if let Adopted::Process { cgroup, user, .. } = self {
+            if let Some(dir) = cgroup {
+                kill_cgroup(dir);
+                remove_cgroup(dir).await;
+            }
+            let user = user.lock().map(|mut u| u.take()).unwrap_or_default();
+            // Killing the rest of its user and removing its home are
+            // blocking work.
+            if let Some(user) = user {
+                let _ = tokio::task::spawn_blocking(move || drop(user)).await;
+            }
         }
     }
 }

@@ -238,9 +238,12 @@ impl NodeViews {
                 }
                 let mut bytes = 0;
                 let mut take = 0;
+                // One lease (or the node itself) a relay: it continues that
+                // lease's trace and belongs to its tenant.
+                let lease = rest[0].lease;
                 for w in rest.iter().take(MAX_RELAY_EVENTS) {
                     let size = serde_json::to_vec(&w.event).map_or(0, |b| b.len());
-                    if take > 0 && bytes + size > MAX_RELAY_BYTES {
+                    if take > 0 && (bytes + size > MAX_RELAY_BYTES || w.lease != lease) {
                         break;
                     }
                     bytes += size;
@@ -270,7 +273,8 @@ impl NodeViews {
             .collect();
         let sequences: Vec<String> = chunk.iter().map(|w| w.event.sequence.to_string()).collect();
         let id = derived_id(&["node_view.relayed", node, &sequences.join(",")]);
-        Envelope::new(
+        let newest = &chunk[chunk.len() - 1].event.envelope;
+        let mut relay = Envelope::new(
             Actor::Service(SERVICE.into()),
             now,
             EventData::NodeViewRelayed(NodeViewRelayed {
@@ -279,7 +283,13 @@ impl NodeViews {
                 idle_policies,
             }),
         )
-        .with_id(id)
+        .caused_by(newest)
+        .with_id(id);
+        relay.tenant_id = chunk[0]
+            .lease
+            .and_then(|lease| Some(self.leases.get(&lease)?.tenant_id))
+            .or(newest.tenant_id);
+        relay
     }
 }
 

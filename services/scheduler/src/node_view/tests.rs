@@ -25,7 +25,8 @@ impl Log {
         let sequence = self.next;
         self.next += 1;
         let envelope = fixtures::by_owner(data);
-        self.views.apply_stored(sequence, at(sequence as i64), &envelope);
+        self.views
+            .apply_stored(sequence, at(sequence as i64), &envelope);
         sequence
     }
 
@@ -60,7 +61,14 @@ fn types(r: &NodeViewRelayed) -> Vec<String> {
 }
 
 fn placed(lease: Uuid, node: &str) -> EventData {
-    EventData::LeasePlaced(fixtures::placed(lease, node, "z", fixtures::MODEL, 40, &[0]))
+    EventData::LeasePlaced(fixtures::placed(
+        lease,
+        node,
+        "z",
+        fixtures::MODEL,
+        40,
+        &[0],
+    ))
 }
 
 #[test]
@@ -88,7 +96,11 @@ fn a_node_gets_its_leases_from_the_request_on_and_nothing_of_other_nodes() {
     )));
     let place = log.append(placed(mine, "n1"));
     log.append(placed(theirs, "n2"));
-    let started = log.append(EventData::LeaseStarted(fixtures::started(mine, "n1", at(5))));
+    let started = log.append(EventData::LeaseStarted(fixtures::started(
+        mine,
+        "n1",
+        at(5),
+    )));
     let relays = log.relay();
     let to_n1: Vec<&NodeViewRelayed> = relays.iter().filter(|r| r.node_id == "n1").collect();
     assert_eq!(to_n1.len(), 1);
@@ -160,7 +172,11 @@ fn a_moved_lease_goes_to_its_new_node_with_its_request_and_its_old_node_hears_it
             decision: p.decision,
         }),
     }));
-    let started = log.append(EventData::LeaseStarted(fixtures::started(lease, "n2", at(4))));
+    let started = log.append(EventData::LeaseStarted(fixtures::started(
+        lease,
+        "n2",
+        at(4),
+    )));
     let relays = log.relay();
     let of = |node: &str| {
         relays
@@ -185,7 +201,11 @@ fn a_lease_that_leaves_before_its_placement_was_relayed_is_never_relayed_there()
         fixtures::MODEL,
     )));
     log.append(placed(lease, "n1"));
-    log.append(EventData::LeaseStarted(fixtures::started(lease, "n1", at(4))));
+    log.append(EventData::LeaseStarted(fixtures::started(
+        lease,
+        "n1",
+        at(4),
+    )));
     log.append(EventData::LeaseEnded(fixtures::ended(
         lease,
         "n1",
@@ -206,10 +226,7 @@ fn a_node_gets_its_own_node_events_and_not_another_nodes() {
     let relays = log.relay();
     let to_n1 = relays.iter().find(|r| r.node_id == "n1").unwrap();
     assert_eq!(sequences(to_n1), [enrolled, registered]);
-    assert_eq!(
-        types(to_n1),
-        ["node.enrolled", "node.registered"]
-    );
+    assert_eq!(types(to_n1), ["node.enrolled", "node.registered"]);
 }
 
 #[test]

@@ -183,14 +183,26 @@ impl Workloads {
 
     fn adopted(&self, found: Found, cgroup: Option<&PathBuf>) -> (Adopted, Option<PathBuf>) {
         match found {
-            Found::Process { record, path, .. } => (
-                Adopted::Process {
-                    pid: record.pid,
-                    start_ticks: record.start_ticks,
-                    cgroup: cgroup.cloned(),
-                },
-                Some(path),
-            ),
+            Found::Process { record, path, .. } => {
+                // Its user, as the kernel says: a record is only the
+                // agent's word.
+                let uid = std::fs::metadata(format!("/proc/{}", record.pid))
+                    .ok()
+                    .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+                let user = match (&self.lease_users, uid) {
+                    (Some(users), Some(uid)) => users.adopt(record.lease_id, uid),
+                    _ => None,
+                };
+                (
+                    Adopted::Process {
+                        pid: record.pid,
+                        start_ticks: record.start_ticks,
+                        cgroup: cgroup.cloned(),
+                        user: std::sync::Mutex::new(user),
+                    },
+                    Some(path),
+                )
+            }
             Found::Container { lease_id, name } => {
                 let c = self
                     .container
