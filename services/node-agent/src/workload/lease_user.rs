@@ -104,22 +104,19 @@ impl LeaseUsers {
                     mode & 0o777
                 )));
             }
-            if mode & 0o001 != 0 {
-                continue;
-            }
             // Search without read: a lease reaches its home and its GPU's
-            // MPS pipes by their paths, and lists nothing on the way.
-            if meta.uid() != 0 {
+            // MPS pipes by their paths, and lists nothing on the way. The
+            // agent does not open a directory of the host's by itself: an
+            // operator chooses which are.
+            if mode & 0o001 == 0 {
                 return Err(bad(format!(
-                    "{}: a lease user cannot pass through it to its home (mode {:o}, \
-                     not the agent's to change); make it o+x",
+                    "{}: a lease user cannot pass through it to its home (mode {:o}); \
+                     make it searchable by others (chmod o+x), or keep the node's \
+                     state (--state-dir) below directories that are",
                     dir.display(),
                     mode & 0o777
                 )));
             }
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o001))
-                .map_err(|e| cannot(dir, e))?;
-            tracing::info!(dir = %dir.display(), "opened to lease users' search (o+x), so that they reach their homes");
         }
         Ok(LeaseUsers {
             first_uid,
@@ -453,12 +450,78 @@ fn remove_owned_scratch(uid: u32) {
 }
 
 fn remove_home(home: &Path) {
-    // remove_dir_all does not follow links a lease may have left in it.
-    match std::fs::remove_dir_all(home) {
+    let meta = match std::fs::symlink_metadata(home) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!(home = %home.display(), error = %e, "cannot remove a lease's home");
+            return;
+        }
+    };
+    // What a lease made in its home goes first, removed by its own user:
+    // `rm` walks a tree of any depth, where one walk of root's would run
+    // out of descriptors or stack, and as that user it can remove nothing
+    // the lease could not have removed itself.
+    if meta.is_dir() && meta.uid() != 0 {
+        empty_as(meta.uid(), home);
+    }
+    // Then root removes what is left: the home itself, in a directory the
+    // user may not write. remove_dir_all does not follow links.
+    let removed = if meta.is_dir() {
+        std::fs::remove_dir_all(home)
+    } else {
+        std::fs::remove_file(home)
+    };
+    match removed {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => {
             tracing::warn!(home = %home.display(), error = %e, "cannot remove a lease's home")
+        }
+    }
+}
+
+/// Longest `rm` may take to empty a lease's home.
+const HOME_EMPTYING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes what is in `home` as `uid`, on the home's file system only:
+/// `rm -rf` of the home, which empties it and then may not remove the home
+/// itself (its parent is root's).
+fn empty_as(uid: u32, home: &Path) {
+    use std::os::unix::process::CommandExt;
+    // std drops the supplementary groups before it changes the user.
+    let child = std::process::Command::new("rm")
+        .args(["-rf", "--one-file-system", "--"])
+        .arg(home)
+        .current_dir("/")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .gid(uid)
+        .uid(uid)
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            tracing::warn!(home = %home.display(), error = %e, "cannot empty a lease's home as its user");
+            return;
+        }
+    };
+    let deadline = std::time::Instant::now() + HOME_EMPTYING_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                tracing::warn!(home = %home.display(), "emptying a lease's home took too long; stopped");
+                return;
+            }
         }
     }
 }
@@ -528,6 +591,56 @@ mod tests {
         std::fs::set_permissions(&seed, std::fs::Permissions::from_mode(0o600)).unwrap();
         check_secret_private("LH_NATS_NKEY_SEED_FILE", &seed).unwrap();
         assert!(check_secret_private("X", &dir.path().join("none")).is_err());
+    }
+
+    /// The agent opens no directory of the host's to other users by
+    /// itself: an operator chooses.
+    #[test]
+    fn a_state_directory_below_one_lease_users_cannot_pass_is_refused_and_left_as_it_is() {
+        let base = lh_testkit::shared_tempdir();
+        let closed = base.path().join("closed");
+        std::fs::DirBuilder::new().mode(0o700).create(&closed).unwrap();
+        let err = LeaseUsers::for_node(&closed.join("state")).unwrap_err();
+        assert!(err.to_string().contains("chmod o+x"), "{err}");
+        let mode = std::fs::metadata(&closed).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the agent changed a directory it does not own");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
+        LeaseUsers::for_node(&closed.join("state")).expect("searchable: taken");
+    }
+
+    /// Deeper than root's one walk of a tree can go: a descriptor per level
+    /// (the agent's limit is 20,000 here) and a stack frame per level.
+    const DEEP_HOME_LEVELS: usize = 30_000;
+
+    #[test]
+    fn a_home_of_any_depth_is_removed_with_its_lease() {
+        use std::os::unix::process::CommandExt;
+        let state = lh_testkit::shared_tempdir();
+        let users = LeaseUsers::for_node(state.path()).unwrap();
+        let user = users.take(Uuid::new_v4()).unwrap();
+        let home = user.home().to_path_buf();
+        let uid = user.uid();
+        let level = std::ffi::CString::new("d").unwrap();
+        let mut lease = std::process::Command::new("true");
+        lease.current_dir(&home);
+        // SAFETY: only system calls between fork and exec.
+        unsafe {
+            lease.pre_exec(move || {
+                if libc::setgid(uid) != 0 || libc::setuid(uid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for _ in 0..DEEP_HOME_LEVELS {
+                    if libc::mkdir(level.as_ptr(), 0o700) != 0 || libc::chdir(level.as_ptr()) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        assert!(lease.status().unwrap().success(), "the lease made its tree");
+        drop(user);
+        assert!(!home.exists(), "{} is left", home.display());
     }
 
     #[test]
