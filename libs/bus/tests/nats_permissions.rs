@@ -790,8 +790,64 @@ async fn a_connection_is_held_to_its_subscriptions_and_payload() {
             .publish(subject::heartbeat("n1"), oversized.into())
             .await
             .is_err(),
-        "a payload over max_payload is refused"
+        "the client refuses a payload over max_payload"
     );
+    // The server itself, to a client that sends it anyway.
+    let answer = raw_publish(
+        &nats,
+        &users.seed(&node),
+        &subject::heartbeat("n1"),
+        2 * 1024 * 1024,
+    )
+    .await;
+    assert!(
+        answer.to_lowercase().contains("maximum payload"),
+        "the server took a 2 MiB payload: {answer:?}"
+    );
+    let answer = raw_publish(&nats, &users.seed(&node), &subject::heartbeat("n1"), 1024).await;
+    assert!(answer.starts_with("PONG"), "a small payload: {answer:?}");
+}
+
+/// Connects as the nkey `seed` over plain TCP, as a client that ignores
+/// the server's `max_payload` would, publishes `bytes` bytes on `subject`
+/// and pings; what the server answers first.
+async fn raw_publish(nats: &Nats, seed: &str, subject: &str, bytes: usize) -> String {
+    use base64::Engine;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let address = nats.url().trim_start_matches("nats://").to_string();
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let info = lines.next_line().await.unwrap().unwrap();
+    let info: serde_json::Value =
+        serde_json::from_str(info.strip_prefix("INFO ").expect("INFO first")).unwrap();
+    let nonce = info["nonce"].as_str().expect("the server sends a nonce");
+    let key = nkeys::KeyPair::from_seed(seed).unwrap();
+    let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(key.sign(nonce.as_bytes()).unwrap());
+    let connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "protocol": 1,
+        "nkey": key.public_key(), "sig": signature,
+    });
+    write
+        .write_all(format!("CONNECT {connect}\r\nPING\r\n").as_bytes())
+        .await
+        .unwrap();
+    // The server may tell more of itself (INFO) between its answers.
+    let mut answer = async || loop {
+        match tokio::time::timeout(REFUSAL_NOTICE_TIMEOUT, lines.next_line()).await {
+            Ok(Ok(Some(line))) if line.starts_with("INFO") => continue,
+            Ok(Ok(Some(line))) => return line,
+            _ => return String::new(),
+        }
+    };
+    assert_eq!(answer().await, "PONG", "connected");
+    let mut message = format!("PUB {subject} {bytes}\r\n").into_bytes();
+    message.extend(std::iter::repeat_n(b'x', bytes));
+    message.extend(b"\r\nPING\r\n");
+    // The server may close the connection before it has read it all.
+    let _ = write.write_all(&message).await;
+    answer().await
 }
 
 fn relayed_to(node: &str, lease: Uuid) -> Envelope {

@@ -679,6 +679,45 @@ async fn a_restarted_agent_stops_the_workload_of_a_lease_moved_away() {
     );
 }
 
+/// On the process runtime, a NATS seed that leases could read is refused
+/// before anything runs (nextest runs each test in a process of its own,
+/// so the variable is this test's alone).
+#[tokio::test]
+async fn an_agent_on_the_process_runtime_refuses_a_seed_others_may_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = lh_testkit::shared_tempdir();
+    fs::write(dir.path().join("fleet.toml"), FLEET).unwrap();
+    let seed = dir.path().join("node.nk");
+    fs::write(&seed, "SUAX\n").unwrap();
+    fs::set_permissions(&seed, fs::Permissions::from_mode(0o644)).unwrap();
+    std::env::set_var(lh_bus::ENV_NATS_NKEY_SEED_FILE, &seed);
+    let config = lh_node_agent::Config {
+        runtime: RuntimeKind::Process,
+        state_dir: dir.path().join("state"),
+        ..lh_node_agent::Config::for_test("nats://127.0.0.1:1", dir.path().join("fleet.toml"), NODE)
+    };
+    let err = lh_node_agent::start(config.clone(), lh_service::CancellationToken::new())
+        .await
+        .err()
+        .expect("a readable seed is refused")
+        .to_string();
+    assert!(err.contains("chmod 600"), "{err}");
+    assert!(err.contains(lh_bus::ENV_NATS_NKEY_SEED_FILE), "{err}");
+    // The simulated runtime runs no workload: nothing to keep it from.
+    let sim = lh_node_agent::Config {
+        runtime: RuntimeKind::Sim,
+        ..config
+    };
+    let started = tokio::time::timeout(
+        Duration::from_millis(500),
+        lh_node_agent::start(sim, lh_service::CancellationToken::new()),
+    )
+    .await;
+    if let Ok(Err(e)) = started {
+        assert!(!e.to_string().contains("chmod 600"), "{e}");
+    }
+}
+
 #[tokio::test]
 async fn a_node_id_that_is_not_its_own_subject_token_is_refused_at_start() {
     for id in ["gpu.1", "gpu 1", "gpu*", ""] {

@@ -599,7 +599,10 @@ mod tests {
     fn a_state_directory_below_one_lease_users_cannot_pass_is_refused_and_left_as_it_is() {
         let base = lh_testkit::shared_tempdir();
         let closed = base.path().join("closed");
-        std::fs::DirBuilder::new().mode(0o700).create(&closed).unwrap();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&closed)
+            .unwrap();
         let err = LeaseUsers::for_node(&closed.join("state")).unwrap_err();
         assert!(err.to_string().contains("chmod o+x"), "{err}");
         let mode = std::fs::metadata(&closed).unwrap().mode() & 0o777;
@@ -630,8 +633,7 @@ mod tests {
                     return Err(io::Error::last_os_error());
                 }
                 for _ in 0..DEEP_HOME_LEVELS {
-                    if libc::mkdir(level.as_ptr(), 0o700) != 0 || libc::chdir(level.as_ptr()) != 0
-                    {
+                    if libc::mkdir(level.as_ptr(), 0o700) != 0 || libc::chdir(level.as_ptr()) != 0 {
                         return Err(io::Error::last_os_error());
                     }
                 }
