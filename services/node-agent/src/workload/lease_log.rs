@@ -199,8 +199,8 @@ pub fn dropped_marker(bytes: u64) -> String {
 }
 
 /// Keeps the newer half of a file past the limit, behind a marker line;
-/// the workload's next line lands at the new end. Lines written while the
-/// file is cut may be lost. The bytes cut, when it was cut.
+/// the workload's next line lands at the new end. A line written in the
+/// instant the file is shortened may be lost. The bytes cut, when it was cut.
 pub fn keep_bounded(path: &Path, policy: &LeaseLogPolicy) -> Option<u64> {
     let limit = policy.file_limit();
     if std::fs::metadata(path).ok()?.len() <= limit {
@@ -215,6 +215,9 @@ pub fn keep_bounded(path: &Path, policy: &LeaseLogPolicy) -> Option<u64> {
         }
     }
 }
+
+/// Most rounds of moving down what a workload appends while its log is cut.
+const MAX_CUT_CATCH_UPS: usize = 16;
 
 fn cut(path: &Path, limit: u64) -> io::Result<Option<u64>> {
     let mut file = OpenOptions::new().read(true).write(true).open(path)?;
@@ -237,7 +240,27 @@ fn cut(path: &Path, limit: u64) -> io::Result<Option<u64>> {
     file.seek(SeekFrom::Start(0))?;
     file.write_all(marker.as_bytes())?;
     file.write_all(&kept[line_start..])?;
-    file.set_len((marker.len() + kept.len() - line_start) as u64)?;
+    let mut new_len = (marker.len() + kept.len() - line_start) as u64;
+    // What the workload appended while this was written lies past what was
+    // read (the new content ends well before it): moved down too, until
+    // nothing more came, so that only a write in the last instant before
+    // the file is shortened can be lost.
+    let mut read_to = keep_from + kept.len() as u64;
+    let mut more = Vec::new();
+    for _ in 0..MAX_CUT_CATCH_UPS {
+        let end = file.metadata()?.len();
+        if end <= read_to {
+            break;
+        }
+        more.clear();
+        file.seek(SeekFrom::Start(read_to))?;
+        Read::by_ref(&mut file).take(end - read_to).read_to_end(&mut more)?;
+        file.seek(SeekFrom::Start(new_len))?;
+        file.write_all(&more)?;
+        new_len += more.len() as u64;
+        read_to += more.len() as u64;
+    }
+    file.set_len(new_len)?;
     let mut meta = read_meta(path);
     // The kept bytes keep their offsets; the marker takes some of the cut's.
     meta.dropped_bytes += cut_bytes - marker.len() as u64;
