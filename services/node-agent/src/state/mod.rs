@@ -300,6 +300,12 @@ impl NodeState {
                     }
                 }
             }
+            // Folded already (relayed again): it stands as it is.
+            EventData::LeaseMigrated(e)
+                if self
+                    .leases
+                    .get(&e.lease_id)
+                    .is_some_and(|l| l.placement_sequence == sequence) => {}
             EventData::LeaseMigrated(e) => {
                 if e.from_node_id == node_id {
                     // Moved away (this node was lost, or its GPU failed):

@@ -457,8 +457,46 @@ fn the_fold_keeps_workloads_of_waiting_leases_and_of_its_own_only() {
     }
 }
 
+fn moved_to(lease: Uuid, from: &str, to: &str, gpu: u32) -> EventData {
+    let placed = lh_events::fixtures::placed(lease, to, "z", "A100-40GB", 40, &[gpu]);
+    EventData::LeaseMigrated(lh_events::LeaseMigrated {
+        lease_id: lease,
+        reason: "node lost".into(),
+        from_node_id: from.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: t(0),
+        to: Some(lh_events::Relocation {
+            node_id: to.into(),
+            zone: "z".into(),
+            vram_gb_per_gpu: 40,
+            gpus: placed.gpus,
+            decision: placed.decision,
+        }),
+    })
+}
+
+/// In the node's view, a lease moved here comes after its request, relayed
+/// again: it starts with its workload.
 #[test]
-fn a_lease_that_comes_here_by_migration_has_its_request_read_back() {
+fn a_lease_that_comes_here_by_migration_runs_its_relayed_request() {
+    let lease = lease_id();
+    let mut state = NodeState::default();
+    when(&mut state, 1, requested_with_workload(lease));
+    when(&mut state, 3, moved_to(lease, "node-b", NODE, 1));
+    match &state.leases[&lease].workload {
+        Workload::Known(Some(w)) => assert_eq!(w.command, ["train"]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        state.decide(t(0)),
+        vec![LeaseStep::Start { lease_id: lease }]
+    );
+}
+
+/// Moved to other GPUs of this node, relayed twice (a second replica of
+/// the view writer): it stays, placed anew once.
+#[test]
+fn a_move_within_this_node_folded_twice_leaves_the_lease_here() {
     let lease = lease_id();
     let mut state = NodeState::default();
     when(&mut state, 1, requested_with_workload(lease));
@@ -467,29 +505,19 @@ fn a_lease_that_comes_here_by_migration_has_its_request_read_back() {
         2,
         EventData::LeasePlaced(lh_events::fixtures::placed(
             lease,
-            "node-b",
+            NODE,
             "z",
             "A100-40GB",
             40,
             &[0],
         )),
     );
-    let moved = lh_events::LeaseMigrated {
-        lease_id: lease,
-        reason: "node lost".into(),
-        from_node_id: "node-b".into(),
-        from_gpu_indices: vec![0],
-        billing_ends_at: t(0),
-        to: Some(lh_events::Relocation {
-            node_id: NODE.into(),
-            zone: "z".into(),
-            vram_gb_per_gpu: 40,
-            gpus: lh_events::fixtures::placed(lease, NODE, "z", "A100-40GB", 40, &[1]).gpus,
-            decision: lh_events::fixtures::placed(lease, NODE, "z", "A100-40GB", 40, &[1]).decision,
-        }),
-    };
-    when(&mut state, 3, EventData::LeaseMigrated(moved));
-    assert_eq!(state.leases[&lease].workload, Workload::Unknown);
+    let moved = moved_to(lease, NODE, NODE, 1);
+    when(&mut state, 3, moved.clone());
+    when(&mut state, 3, moved);
+    let l = &state.leases[&lease];
+    assert!(!l.moved_away);
+    assert_eq!((l.placement_sequence, l.gpus[0].index), (3, 1));
     assert_eq!(
         state.decide(t(0)),
         vec![LeaseStep::Start { lease_id: lease }]

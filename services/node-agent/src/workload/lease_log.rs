@@ -254,7 +254,9 @@ fn cut(path: &Path, limit: u64) -> io::Result<Option<u64>> {
         }
         more.clear();
         file.seek(SeekFrom::Start(read_to))?;
-        Read::by_ref(&mut file).take(end - read_to).read_to_end(&mut more)?;
+        Read::by_ref(&mut file)
+            .take(end - read_to)
+            .read_to_end(&mut more)?;
         file.seek(SeekFrom::Start(new_len))?;
         file.write_all(&more)?;
         new_len += more.len() as u64;

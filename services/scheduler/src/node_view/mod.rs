@@ -183,7 +183,12 @@ impl NodeViews {
             }
             EventData::LeasePlaced(e) => self.placed(&e.node_id, e.lease_id, stated()),
             EventData::LeaseMigrated(e) => {
-                self.leaves(&e.from_node_id, e.lease_id, stated());
+                // Moved to other GPUs of the same node, it does not leave:
+                // the node gets the move once, as its new placement.
+                let stays = e.to.as_ref().is_some_and(|to| to.node_id == e.from_node_id);
+                if !stays {
+                    self.leaves(&e.from_node_id, e.lease_id, stated());
+                }
                 match &e.to {
                     Some(to) => self.placed(&to.node_id, e.lease_id, stated()),
                     None => {

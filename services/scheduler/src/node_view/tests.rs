@@ -280,3 +280,37 @@ fn a_long_view_is_relayed_in_several_bounded_relays_in_order() {
     assert_eq!(all, sorted);
     assert_eq!(all.len(), MAX_RELAY_EVENTS + 12);
 }
+
+#[test]
+fn a_lease_moved_to_other_gpus_of_its_node_reaches_it_once_as_its_new_placement() {
+    let mut log = Log::new();
+    let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
+    let requested = log.append(EventData::LeaseRequested(fixtures::whole_request(
+        lease,
+        tenant,
+        1,
+        fixtures::MODEL,
+    )));
+    log.append(placed(lease, "n1"));
+    assert_eq!(log.relay().len(), 1);
+    let EventData::LeasePlaced(p) = placed(lease, "n1") else {
+        unreachable!()
+    };
+    let moved = log.append(EventData::LeaseMigrated(lh_events::LeaseMigrated {
+        lease_id: lease,
+        reason: "gpu failed".into(),
+        from_node_id: "n1".into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: at(3),
+        to: Some(Relocation {
+            node_id: "n1".into(),
+            zone: p.zone,
+            vram_gb_per_gpu: p.vram_gb_per_gpu,
+            gpus: p.gpus,
+            decision: p.decision,
+        }),
+    }));
+    let relays = log.relay();
+    assert_eq!(relays.len(), 1);
+    assert_eq!(sequences(&relays[0]), [requested, moved]);
+}
