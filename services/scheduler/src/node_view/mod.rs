@@ -120,7 +120,10 @@ impl NodeViews {
     }
 
     /// Relays `event`, which places `lease` on `node`, after its request.
-    fn placed(&mut self, node: &str, lease: Uuid, event: StatedEvent) {
+    /// `new_there`: the node knew nothing of the lease before (not a move
+    /// to other GPUs of the same node), so that until this is relayed an
+    /// end need not be.
+    fn placed(&mut self, node: &str, lease: Uuid, event: StatedEvent, new_there: bool) {
         let request = self.leases.get_mut(&lease).and_then(|l| {
             l.node = Some(node.to_string());
             l.request.clone()
@@ -128,7 +131,7 @@ impl NodeViews {
         if let Some(request) = request {
             self.relay(node, Some(lease), false, request);
         }
-        self.relay(node, Some(lease), true, event);
+        self.relay(node, Some(lease), new_there, event);
     }
 
     fn fold(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
@@ -181,7 +184,7 @@ impl NodeViews {
                     self.relay(&node, Some(r.lease_id), false, stated());
                 }
             }
-            EventData::LeasePlaced(e) => self.placed(&e.node_id, e.lease_id, stated()),
+            EventData::LeasePlaced(e) => self.placed(&e.node_id, e.lease_id, stated(), true),
             EventData::LeaseMigrated(e) => {
                 // Moved to other GPUs of the same node, it does not leave:
                 // the node gets the move once, as its new placement.
@@ -190,7 +193,7 @@ impl NodeViews {
                     self.leaves(&e.from_node_id, e.lease_id, stated());
                 }
                 match &e.to {
-                    Some(to) => self.placed(&to.node_id, e.lease_id, stated()),
+                    Some(to) => self.placed(&to.node_id, e.lease_id, stated(), !stays),
                     None => {
                         if let Some(l) = self.leases.get_mut(&e.lease_id) {
                             l.node = None;
@@ -263,18 +266,18 @@ impl NodeViews {
     }
 
     fn relay_event(&self, node: &str, chunk: &[Waiting], now: DateTime<Utc>) -> Envelope {
-        let mut tenants = BTreeSet::new();
-        for w in chunk.iter().filter(|w| w.places) {
-            if let Some(l) = w.lease.and_then(|lease| self.leases.get(&lease)) {
-                tenants.insert(l.tenant_id);
-            }
-        }
-        let idle_policies = tenants
-            .into_iter()
-            .filter_map(|tenant_id| {
+        // A chunk is of one lease, or of the node itself.
+        let tenant_id = chunk[0]
+            .lease
+            .and_then(|lease| Some(self.leases.get(&lease)?.tenant_id));
+        let placing = chunk.iter().any(|w| w.places);
+        let idle_policies = tenant_id
+            .filter(|_| placing)
+            .and_then(|tenant_id| {
                 let policy = *self.idle_policies.get(&tenant_id)?;
                 Some(TenantIdlePolicy { tenant_id, policy })
             })
+            .into_iter()
             .collect();
         let sequences: Vec<String> = chunk.iter().map(|w| w.event.sequence.to_string()).collect();
         let id = derived_id(&["node_view.relayed", node, &sequences.join(",")]);
@@ -290,10 +293,7 @@ impl NodeViews {
         )
         .caused_by(newest)
         .with_id(id);
-        relay.tenant_id = chunk[0]
-            .lease
-            .and_then(|lease| Some(self.leases.get(&lease)?.tenant_id))
-            .or(newest.tenant_id);
+        relay.tenant_id = tenant_id.or(newest.tenant_id);
         relay
     }
 }

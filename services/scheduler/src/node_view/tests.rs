@@ -282,7 +282,7 @@ fn a_long_view_is_relayed_in_several_bounded_relays_in_order() {
 }
 
 #[test]
-fn a_lease_moved_to_other_gpus_of_its_node_reaches_it_once_as_its_new_placement() {
+fn a_lease_moved_to_other_gpus_of_its_node_reaches_it_once_and_its_end_reaches_it_too() {
     let mut log = Log::new();
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
     let requested = log.append(EventData::LeaseRequested(fixtures::whole_request(
@@ -310,7 +310,15 @@ fn a_lease_moved_to_other_gpus_of_its_node_reaches_it_once_as_its_new_placement(
             decision: p.decision,
         }),
     }));
+    // Ended before the move was relayed: the node, which runs it, still
+    // hears of the move and the end.
+    let ended = log.append(EventData::LeaseEnded(fixtures::ended(
+        lease,
+        "n1",
+        at(9),
+        EndReason::Stopped,
+    )));
     let relays = log.relay();
     assert_eq!(relays.len(), 1);
-    assert_eq!(sequences(&relays[0]), [requested, moved]);
+    assert_eq!(sequences(&relays[0]), [requested, moved, ended]);
 }
