@@ -176,12 +176,12 @@ pub(crate) struct NodeState {
     /// not taken for a duplicate of it.
     pub(crate) registered_sequence: u64,
     pub(crate) leases: BTreeMap<Uuid, LocalLease>,
-    /// Leases requested and not placed yet (any node's: the request comes
-    /// before the placement), with their workloads.
+    /// Requests relayed just before their leases' placement (or move)
+    /// here, with their workloads, until that placement is folded.
     pub(crate) waiting: HashMap<Uuid, Option<WorkloadSpec>>,
     /// The health the log last recorded for each of this node's GPUs.
     pub(crate) gpu_health: BTreeMap<u32, GpuHealth>,
-    /// Tenants' idle policies, where they set one.
+    /// Tenants' idle policies, where they set one, as relays carry them.
     pub(crate) idle_policies: HashMap<Uuid, IdlePolicy>,
     /// The GPUs the agent's own health tracker holds unhealthy now: it
     /// knows before the log does.
@@ -251,19 +251,14 @@ impl NodeState {
                     self.apply(node_id, e.sequence, &e.envelope);
                 }
             }
-            EventData::TenantRestated(r) => {
-                for e in &r.history {
-                    self.apply(node_id, e.sequence, &e.envelope);
-                }
-            }
             // A registration refused before this node was enrolled (or
             // beyond an older enrollment) is sent again under a new id,
             // not taken by the log for a duplicate of the refused one. The
             // agent folded its own registration when it was stored, before
             // any reader refused it: it cannot know it counts, so it sends
-            // it again under the new enrollment.
-            // Only an enrollment after the registration it holds: relays
-            // come after the agent folded its own newer registration.
+            // it again under the new enrollment. Only an enrollment after
+            // the registration it holds counts: a relay may come after the
+            // agent folded a newer registration of its own.
             EventData::NodeEnrolled(e)
                 if e.node_id == node_id && sequence > self.registered_sequence =>
             {
@@ -278,11 +273,6 @@ impl NodeState {
             }
             EventData::NodeGpuHealthChanged(e) if e.node_id == node_id => {
                 self.gpu_health.insert(e.gpu_index, e.to);
-            }
-            EventData::TenantCreated(e) => {
-                if let Some(p) = e.idle_policy {
-                    self.idle_policies.insert(e.tenant_id, p);
-                }
             }
             EventData::LeaseRequested(e) => {
                 self.waiting.insert(e.lease_id, e.workload.clone());

@@ -60,6 +60,31 @@ fn types(r: &NodeViewRelayed) -> Vec<String> {
         .collect()
 }
 
+fn request_of(lease: Uuid, tenant: Uuid) -> EventData {
+    EventData::LeaseRequested(fixtures::whole_request(lease, tenant, 1, fixtures::MODEL))
+}
+
+/// `lease` moved from `from` to GPU 0 of `to`.
+fn move_of(lease: Uuid, from: &str, to: &str) -> EventData {
+    let EventData::LeasePlaced(p) = placed(lease, to) else {
+        unreachable!()
+    };
+    EventData::LeaseMigrated(lh_events::LeaseMigrated {
+        lease_id: lease,
+        reason: "moved".into(),
+        from_node_id: from.into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: at(3),
+        to: Some(Relocation {
+            node_id: to.into(),
+            zone: p.zone,
+            vram_gb_per_gpu: p.vram_gb_per_gpu,
+            gpus: p.gpus,
+            decision: p.decision,
+        }),
+    })
+}
+
 fn placed(lease: Uuid, node: &str) -> EventData {
     EventData::LeasePlaced(fixtures::placed(
         lease,
@@ -82,18 +107,8 @@ fn a_node_gets_its_leases_from_the_request_on_and_nothing_of_other_nodes() {
     });
     log.append(EventData::TenantCreated(created));
     let (mine, theirs) = (Uuid::now_v7(), Uuid::now_v7());
-    let requested = log.append(EventData::LeaseRequested(fixtures::whole_request(
-        mine,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
-    log.append(EventData::LeaseRequested(fixtures::whole_request(
-        theirs,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
+    let requested = log.append(request_of(mine, tenant));
+    log.append(request_of(theirs, tenant));
     let place = log.append(placed(mine, "n1"));
     log.append(placed(theirs, "n2"));
     let started = log.append(EventData::LeaseStarted(fixtures::started(
@@ -147,31 +162,10 @@ fn a_node_gets_its_leases_from_the_request_on_and_nothing_of_other_nodes() {
 fn a_moved_lease_goes_to_its_new_node_with_its_request_and_its_old_node_hears_it_left() {
     let mut log = Log::new();
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
-    let requested = log.append(EventData::LeaseRequested(fixtures::whole_request(
-        lease,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
+    let requested = log.append(request_of(lease, tenant));
     let place = log.append(placed(lease, "n1"));
     assert_eq!(log.relay().len(), 1);
-    let EventData::LeasePlaced(p) = placed(lease, "n2") else {
-        unreachable!()
-    };
-    let moved = log.append(EventData::LeaseMigrated(lh_events::LeaseMigrated {
-        lease_id: lease,
-        reason: "node lost".into(),
-        from_node_id: "n1".into(),
-        from_gpu_indices: vec![0],
-        billing_ends_at: at(3),
-        to: Some(Relocation {
-            node_id: "n2".into(),
-            zone: p.zone,
-            vram_gb_per_gpu: p.vram_gb_per_gpu,
-            gpus: p.gpus,
-            decision: p.decision,
-        }),
-    }));
+    let moved = log.append(move_of(lease, "n1", "n2"));
     let started = log.append(EventData::LeaseStarted(fixtures::started(
         lease,
         "n2",
@@ -194,12 +188,7 @@ fn a_moved_lease_goes_to_its_new_node_with_its_request_and_its_old_node_hears_it
 fn a_lease_that_leaves_before_its_placement_was_relayed_is_never_relayed_there() {
     let mut log = Log::new();
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
-    log.append(EventData::LeaseRequested(fixtures::whole_request(
-        lease,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
+    log.append(request_of(lease, tenant));
     log.append(placed(lease, "n1"));
     log.append(EventData::LeaseStarted(fixtures::started(
         lease,
@@ -233,12 +222,7 @@ fn a_node_gets_its_own_node_events_and_not_another_nodes() {
 fn relays_wait_in_the_snapshot_and_are_written_once_after_a_restart() {
     let mut log = Log::new();
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
-    log.append(EventData::LeaseRequested(fixtures::whole_request(
-        lease,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
+    log.append(request_of(lease, tenant));
     log.append(placed(lease, "n1"));
     let snapshot = log.views.snapshot().unwrap();
     let mut restarted = NodeViews::new(chrono::Duration::seconds(30));
@@ -259,12 +243,7 @@ fn relays_wait_in_the_snapshot_and_are_written_once_after_a_restart() {
 fn a_long_view_is_relayed_in_several_bounded_relays_in_order() {
     let mut log = Log::new();
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
-    log.append(EventData::LeaseRequested(fixtures::whole_request(
-        lease,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
+    log.append(request_of(lease, tenant));
     log.append(placed(lease, "n1"));
     for _ in 0..(MAX_RELAY_EVENTS + 10) {
         log.append(EventData::LeaseStopRequested(LeaseStopRequested {
@@ -285,31 +264,10 @@ fn a_long_view_is_relayed_in_several_bounded_relays_in_order() {
 fn a_lease_moved_to_other_gpus_of_its_node_reaches_it_once_and_its_end_reaches_it_too() {
     let mut log = Log::new();
     let (tenant, lease) = (Uuid::now_v7(), Uuid::now_v7());
-    let requested = log.append(EventData::LeaseRequested(fixtures::whole_request(
-        lease,
-        tenant,
-        1,
-        fixtures::MODEL,
-    )));
+    let requested = log.append(request_of(lease, tenant));
     log.append(placed(lease, "n1"));
     assert_eq!(log.relay().len(), 1);
-    let EventData::LeasePlaced(p) = placed(lease, "n1") else {
-        unreachable!()
-    };
-    let moved = log.append(EventData::LeaseMigrated(lh_events::LeaseMigrated {
-        lease_id: lease,
-        reason: "gpu failed".into(),
-        from_node_id: "n1".into(),
-        from_gpu_indices: vec![0],
-        billing_ends_at: at(3),
-        to: Some(Relocation {
-            node_id: "n1".into(),
-            zone: p.zone,
-            vram_gb_per_gpu: p.vram_gb_per_gpu,
-            gpus: p.gpus,
-            decision: p.decision,
-        }),
-    }));
+    let moved = log.append(move_of(lease, "n1", "n1"));
     // Ended before the move was relayed: the node, which runs it, still
     // hears of the move and the end.
     let ended = log.append(EventData::LeaseEnded(fixtures::ended(
