@@ -15,6 +15,13 @@
 //! test fails when the two drift. The users themselves (one public nkey
 //! each) are a deployment's, written by [`users_conf`] (see the
 //! `lh-nats-auth` binary and docs/adr/012-subjects-name-type-and-publisher.md).
+//!
+//! Users live in accounts (docs/adr/028-an-account-per-node.md): the log,
+//! the services, the operator and the auditor in [`LOG_ACCOUNT`]; each node
+//! in an account of its own, which holds its snapshots and is capped in
+//! connections, subscriptions and storage, and which reaches the log only
+//! through what the log's account exports to it: the subjects its
+//! permissions allow, nothing else.
 
 use lh_events::subject::{self, Publisher, OWNERS};
 
@@ -53,6 +60,41 @@ pub fn check_user_name(user: &str) -> Result<(), String> {
 /// The NATS user of a node agent.
 pub fn node_user(node_id: &str) -> String {
     subject::node_origin(node_id)
+}
+
+/// Whether `user` is a node agent's (see [`node_user`]).
+pub fn is_node_user(user: &str) -> bool {
+    user.starts_with("node-")
+}
+
+/// The account that holds the streams, the services, the operator and the
+/// auditor.
+pub const LOG_ACCOUNT: &str = "LH";
+/// Where a node's account sees the log's JetStream API. Its own `$JS.API`
+/// is its own account's, which holds its snapshots.
+pub const NODE_LOG_API_PREFIX: &str = "$JS.LH.API";
+/// Connections one node's credential may hold at once: an agent uses one,
+/// a restart overlaps two, a cluster failover reconnects; the rest is room.
+pub const NODE_MAX_CONNECTIONS: u32 = 8;
+/// Subscriptions all of one node's connections may hold together (an
+/// agent holds a few dozen).
+pub const NODE_MAX_SUBSCRIPTIONS: u32 = 1024;
+/// Streams a node may have in its own account: its snapshot bucket.
+pub const NODE_MAX_STREAMS: u32 = 1;
+/// Consumers a node may have in its own account at once (reading a
+/// snapshot takes one, for a moment).
+pub const NODE_MAX_CONSUMERS: u32 = 16;
+/// Disk a node's account may take: its snapshot bucket at the most
+/// replicas a stream may have (5).
+pub const NODE_MAX_FILE_BYTES: i64 = crate::snapshots::NODE_SNAPSHOTS_MAX_BYTES * 5;
+/// How long the log's account keeps the way back open for replies to a
+/// node's request: a pull request waits up to its expiry (30 s) for
+/// messages, with room.
+const NODE_RESPONSE_THRESHOLD: &str = "2m";
+
+/// The account of node `node_id`.
+pub fn node_account(node_id: &str) -> String {
+    format!("NODE_{}", subject::token(node_id))
 }
 
 /// One user's subject permissions (allow lists; everything else is denied).
@@ -165,6 +207,65 @@ fn read_own_view(node_id: &str) -> Vec<String> {
     ]
 }
 
+/// A service of the log's account that a node's account imports: `subject`
+/// as the log's account answers it, `local` as the node asks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeImport {
+    pub subject: String,
+    pub local: String,
+    /// Answered with many messages (a pull request's deliveries), not one.
+    pub streamed: bool,
+}
+
+/// Everything node `node_id` may ask of the log's account: reads of its own
+/// view of the log (docs/adr/027), the telemetry stream's info, its events,
+/// its heartbeat, its usage samples and its leases' environments. The
+/// JetStream API comes under [`NODE_LOG_API_PREFIX`]; the rest under its
+/// own subjects.
+pub fn node_imports(node_id: &str) -> Vec<NodeImport> {
+    let api = |subject: String| NodeImport {
+        local: subject.replacen("$JS.API.", &format!("{NODE_LOG_API_PREFIX}."), 1),
+        streamed: subject.contains(".MSG.NEXT."),
+        subject,
+    };
+    let same = |subject: String| NodeImport {
+        local: subject.clone(),
+        subject,
+        streamed: false,
+    };
+    let mut imports: Vec<NodeImport> = read_own_view(node_id).into_iter().map(api).collect();
+    imports.push(api(format!(
+        "$JS.API.STREAM.INFO.{}",
+        subject::TELEMETRY_STREAM
+    )));
+    imports.extend(
+        event_subjects(Publisher::Node, Some(node_id))
+            .into_iter()
+            .map(same),
+    );
+    imports.push(same(subject::heartbeat(node_id)));
+    imports.push(same(subject::usage_of_node(node_id)));
+    // Only its own: the gateway gives a lease's environment to the node
+    // whose subject it is asked on, and only for a lease placed there.
+    imports.push(same(subject::rpc_workload_env(node_id)));
+    imports
+}
+
+/// What the log's account sends a node's account unasked: the
+/// announcements of a new leader of the log (its feeds reopen on one).
+fn node_stream_imports() -> Vec<String> {
+    vec![format!(
+        "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{}",
+        subject::EVENTS_STREAM
+    )]
+}
+
+/// What node `node_id`'s account answers for the log's account: reads of
+/// its leases' logs (the gateway asks).
+fn node_exports(node_id: &str) -> Vec<String> {
+    vec![subject::rpc_lease_logs(node_id)]
+}
+
 /// What every service and node agent needs besides its events: `log`, its
 /// reads of the log, the telemetry stream's info, its inbox, the snapshot
 /// store, and the announcements of a new leader of the log.
@@ -242,25 +343,28 @@ pub fn service_permissions(service: Publisher) -> Permissions {
     p
 }
 
-/// The permissions of node `node_id`'s agent: its events, its own view of
-/// the log, its heartbeat, its usage samples, its own snapshot, its
-/// leases' environments, the reads of its leases' logs; nothing as
-/// another node, nothing of another node's leases.
+/// The permissions of node `node_id`'s agent, in its own account: what it
+/// imports from the log's account (its events, its own view of the log, its
+/// heartbeat, its usage samples, its leases' environments), its own
+/// snapshot bucket, its inbox, and the reads of its leases' logs; nothing as
+/// another node, nothing of another node's leases. The account would refuse
+/// the rest anyway; the permissions say so on the user too.
 pub fn node_permissions(node_id: &str) -> Permissions {
     let user = node_user(node_id);
-    let mut p = base(&user, read_own_view(node_id));
-    p.publish
-        .extend(event_subjects(Publisher::Node, Some(node_id)));
-    p.publish.push(subject::heartbeat(node_id));
-    p.publish.push(subject::usage_of_node(node_id));
-    // Only its own: the gateway gives a lease's environment to the node
-    // whose subject it is asked on, and only for a lease placed there.
-    p.publish.push(subject::rpc_workload_env(node_id));
-    // It answers reads of its own leases' logs (the gateway asks), on its
-    // own subject only.
-    p.subscribe.push(subject::rpc_lease_logs(node_id));
-    p.allow_responses = true;
-    p
+    let mut publish: Vec<String> = node_imports(node_id)
+        .into_iter()
+        .map(|import| import.local)
+        .collect();
+    publish.extend(snapshots(&user));
+    let mut subscribe = vec![format!("{}.>", inbox_prefix(&user))];
+    subscribe.extend(node_stream_imports());
+    subscribe.extend(node_exports(node_id));
+    Permissions {
+        publish,
+        publish_deny: stream_management(),
+        subscribe,
+        allow_responses: true,
+    }
 }
 
 /// The auditor: reads the log, writes nothing.
@@ -347,28 +451,118 @@ pub fn permissions_conf() -> String {
     out
 }
 
-/// A deployment's users.conf: the fixed users in `keys` (user name, public
-/// nkey) with their permissions from permissions.conf, and one user per
-/// node in `nodes` (node id, public nkey) with its own.
+fn quoted_list(items: &[String]) -> String {
+    let items: Vec<String> = items.iter().map(|s| format!("\"{s}\"")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A deployment's users.conf: the log's account with the fixed users in
+/// `keys` (user name, public nkey) and their permissions from
+/// permissions.conf, and one account per node in `nodes` (node id, public
+/// nkey) holding that node's user, its limits, and what it imports from
+/// the log's account (and exports to it).
 pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> String {
     let mut out = String::from(
-        "# Generated by lh-nats-auth: one user per service, the operator, the\n\
-         # auditor and one per node agent. Nobody connects without an nkey.\n\
-         include \"permissions.conf\"\n\nauthorization {\n  users: [\n",
+        "# Generated by lh-nats-auth: the log's account (one user per service,\n\
+         # the operator, the auditor) and one account per node agent, which\n\
+         # reaches the log only through what is exported to it\n\
+         # (docs/adr/028-an-account-per-node.md). Nobody connects without an nkey.\n\
+         include \"permissions.conf\"\n\naccounts {\n",
     );
+    let node_accounts: Vec<String> = nodes.iter().map(|(id, _)| node_account(id)).collect();
+    out.push_str(&format!(
+        "  {LOG_ACCOUNT}: {{\n    jetstream: enabled\n    users: [\n"
+    ));
     for (user, public_key) in keys {
         out.push_str(&format!(
-            "    # {user}\n    {{ nkey: \"{public_key}\", permissions: ${} }}\n",
+            "      # {user}\n      {{ nkey: \"{public_key}\", permissions: ${} }}\n",
             variable(user)
         ));
     }
-    for (node_id, public_key) in nodes {
-        let block = render(&node_permissions(node_id)).replace('\n', "\n    ");
-        out.push_str(&format!(
-            "    # node {node_id}\n    {{ nkey: \"{public_key}\", permissions: {block} }}\n"
-        ));
+    out.push_str("    ]\n");
+    if !nodes.is_empty() {
+        // An export names every account it is for: one without a list would
+        // be open to all. A subject every node asks on is exported once,
+        // to all of them.
+        let mut exports: Vec<(NodeImport, Vec<String>)> = Vec::new();
+        for (node_id, _) in nodes {
+            for import in node_imports(node_id) {
+                match exports
+                    .iter_mut()
+                    .find(|(i, _)| i.subject == import.subject)
+                {
+                    Some((_, accounts)) => accounts.push(node_account(node_id)),
+                    None => exports.push((import, vec![node_account(node_id)])),
+                }
+            }
+        }
+        out.push_str("    exports: [\n");
+        for (import, accounts) in &exports {
+            let response = if import.streamed {
+                format!(
+                    ", response_type: stream, response_threshold: \"{NODE_RESPONSE_THRESHOLD}\""
+                )
+            } else {
+                String::new()
+            };
+            out.push_str(&format!(
+                "      {{ service: \"{}\"{response}, accounts: {} }}\n",
+                import.subject,
+                quoted_list(accounts)
+            ));
+        }
+        for stream in node_stream_imports() {
+            out.push_str(&format!(
+                "      {{ stream: \"{stream}\", accounts: {} }}\n",
+                quoted_list(&node_accounts)
+            ));
+        }
+        out.push_str("    ]\n    imports: [\n");
+        for (node_id, _) in nodes {
+            for export in node_exports(node_id) {
+                out.push_str(&format!(
+                    "      {{ service: {{ account: \"{}\", subject: \"{export}\" }} }}\n",
+                    node_account(node_id)
+                ));
+            }
+        }
+        out.push_str("    ]\n");
     }
-    out.push_str("  ]\n}\n");
+    out.push_str("  }\n");
+    for (node_id, public_key) in nodes {
+        let account = node_account(node_id);
+        let block = render(&node_permissions(node_id)).replace('\n', "\n        ");
+        out.push_str(&format!(
+            "  # node {node_id}\n  \"{account}\": {{\n\
+             \x20   jetstream: {{ max_mem: 0, max_file: {NODE_MAX_FILE_BYTES}, max_streams: {NODE_MAX_STREAMS}, max_consumers: {NODE_MAX_CONSUMERS} }}\n\
+             \x20   limits: {{ max_connections: {NODE_MAX_CONNECTIONS}, max_subscriptions: {NODE_MAX_SUBSCRIPTIONS} }}\n\
+             \x20   users: [\n      {{ nkey: \"{public_key}\", permissions: {block} }}\n    ]\n    imports: [\n"
+        ));
+        for import in node_imports(node_id) {
+            let to = if import.local == import.subject {
+                String::new()
+            } else {
+                format!(", to: \"{}\"", import.local)
+            };
+            out.push_str(&format!(
+                "      {{ service: {{ account: \"{LOG_ACCOUNT}\", subject: \"{}\" }}{to} }}\n",
+                import.subject
+            ));
+        }
+        for stream in node_stream_imports() {
+            out.push_str(&format!(
+                "      {{ stream: {{ account: \"{LOG_ACCOUNT}\", subject: \"{stream}\" }} }}\n"
+            ));
+        }
+        out.push_str("    ]\n    exports: [\n");
+        for export in node_exports(node_id) {
+            out.push_str(&format!(
+                "      {{ service: \"{export}\", accounts: [\"{LOG_ACCOUNT}\"] }}\n"
+            ));
+        }
+        out.push_str("    ]\n  }\n");
+    }
+    out.push_str("}\n");
     out
 }
 
@@ -417,13 +611,21 @@ mod tests {
         assert_eq!(
             log,
             [
-                "$JS.API.STREAM.INFO.LH_EVENTS",
-                "$JS.API.CONSUMER.CREATE.LH_EVENTS.*.lh.evt.node_view.gpu-1.>",
-                "$JS.API.CONSUMER.DELETE.LH_EVENTS.*",
-                "$JS.API.CONSUMER.INFO.LH_EVENTS.*",
-                "$JS.API.CONSUMER.MSG.NEXT.LH_EVENTS.*",
+                "$JS.LH.API.STREAM.INFO.LH_EVENTS",
+                "$JS.LH.API.CONSUMER.CREATE.LH_EVENTS.*.lh.evt.node_view.gpu-1.>",
+                "$JS.LH.API.CONSUMER.DELETE.LH_EVENTS.*",
+                "$JS.LH.API.CONSUMER.INFO.LH_EVENTS.*",
+                "$JS.LH.API.CONSUMER.MSG.NEXT.LH_EVENTS.*",
             ]
         );
+        // What it may ask is exactly what its account imports.
+        let imported: Vec<String> = node_imports("gpu-1").into_iter().map(|i| i.local).collect();
+        let asked: Vec<&String> = p
+            .publish
+            .iter()
+            .filter(|s| !s.contains("lh-snapshots-node-gpu-1"))
+            .collect();
+        assert_eq!(asked, imported.iter().collect::<Vec<_>>());
         // Services read as before.
         let scheduler = service_permissions(Publisher::Scheduler);
         assert!(scheduler

@@ -292,6 +292,17 @@ impl BusConfig {
         })
     }
 
+    /// Where this connection's account sees the log's JetStream API, when
+    /// not at its own `$JS.API`: a node agent's user is in an account of
+    /// its own that imports the log's reads under
+    /// [`auth::NODE_LOG_API_PREFIX`] (docs/adr/028).
+    pub fn log_api_prefix(&self) -> Option<&'static str> {
+        self.credentials
+            .user()
+            .filter(|user| auth::is_node_user(user))
+            .map(|_| auth::NODE_LOG_API_PREFIX)
+    }
+
     /// The shortest age the business log may keep events for under this
     /// configuration.
     pub fn least_events_max_age(&self) -> Duration {

@@ -135,7 +135,12 @@ const CONNECT_RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Bus {
     client: async_nats::Client,
+    /// The log's JetStream: the account's own, or for a node the log's
+    /// account's as exported to it (see [`BusConfig::log_api_prefix`]).
     js: jetstream::Context,
+    /// The JetStream of the connection's own account, where its snapshots
+    /// are.
+    own_js: jetstream::Context,
     /// The connection's client name: the `service` label of its metrics.
     service: Arc<str>,
     /// Counts the times the client (re)connected; feeds reopen their
@@ -189,11 +194,20 @@ impl Bus {
                 url: config.nats_url.clone(),
                 source,
             })?;
-        let mut js = jetstream::new(client.clone());
-        js.set_timeout(PUBLISH_ACK_TIMEOUT);
+        let mut own_js = jetstream::new(client.clone());
+        own_js.set_timeout(PUBLISH_ACK_TIMEOUT);
+        let js = match config.log_api_prefix() {
+            Some(prefix) => {
+                let mut js = jetstream::with_prefix(client.clone(), prefix);
+                js.set_timeout(PUBLISH_ACK_TIMEOUT);
+                js
+            }
+            None => own_js.clone(),
+        };
         let bus = Self {
             client,
             js,
+            own_js,
             service: config.client_name.as_str().into(),
             connects,
             replicas: config.replicas,

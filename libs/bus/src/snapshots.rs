@@ -59,7 +59,7 @@ pub(crate) struct SnapshotKeeper {
 
 /// The size limit of `user`'s snapshot bucket.
 pub(crate) fn snapshots_max_bytes(user: &str) -> i64 {
-    if user.starts_with("node-") {
+    if crate::auth::is_node_user(user) {
         NODE_SNAPSHOTS_MAX_BYTES
     } else {
         SNAPSHOTS_MAX_BYTES
@@ -112,10 +112,10 @@ impl SnapshotKeeper {
 impl Bus {
     async fn snapshot_store(&self) -> Result<jetstream::object_store::ObjectStore> {
         let bucket = &self.snapshots.bucket;
-        match self.js.get_object_store(bucket).await {
+        match self.own_js.get_object_store(bucket).await {
             Ok(store) => Ok(store),
             Err(_) => self
-                .js
+                .own_js
                 .create_object_store(jetstream::object_store::Config {
                     bucket: bucket.clone(),
                     description: Some(

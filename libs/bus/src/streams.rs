@@ -32,6 +32,12 @@ pub const TELEMETRY_MAX_MESSAGES_PER_SUBJECT: i64 = 40_000;
 /// Largest event the business log stores: a restatement of a long-lived
 /// lease is the largest legitimate one.
 pub const EVENTS_MAX_MESSAGE_BYTES: i32 = 1024 * 1024;
+/// Longest a consumer of either stream may sit unread before the server
+/// removes it. Every reader here reads on or goes within seconds; the limit
+/// is for a consumer made and left behind, by a crash or by a node that
+/// makes them on purpose (a node's consumers of its view are in the log's
+/// account, not its own: docs/adr/028).
+pub const CONSUMER_MAX_IDLE: Duration = Duration::from_secs(5 * 60);
 /// JetStream's duplicate window for `Nats-Msg-Id`.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
 
@@ -102,7 +108,15 @@ pub fn events_stream_config(max_bytes: i64, replicas: usize, max_age: Duration) 
         // test's log is that short).
         duplicate_window: DUPLICATE_WINDOW.min(max_age),
         num_replicas: replicas,
+        consumer_limits: Some(consumer_limits()),
         ..Default::default()
+    }
+}
+
+fn consumer_limits() -> async_nats::jetstream::stream::ConsumerLimits {
+    async_nats::jetstream::stream::ConsumerLimits {
+        inactive_threshold: CONSUMER_MAX_IDLE,
+        max_ack_pending: 0,
     }
 }
 
@@ -118,6 +132,7 @@ fn telemetry_stream_config(replicas: usize) -> StreamConfig {
         max_messages_per_subject: TELEMETRY_MAX_MESSAGES_PER_SUBJECT,
         discard: DiscardPolicy::Old,
         num_replicas: replicas,
+        consumer_limits: Some(consumer_limits()),
         ..Default::default()
     }
 }

@@ -975,24 +975,32 @@ async fn a_node_reads_only_its_own_view_of_the_log() {
     ];
     let inbox = format!("{}.peek", auth::inbox_prefix(&auth::node_user("n1")));
     for (api, body) in refused {
-        // A refused request is dropped, never answered: the server's
-        // word on it is what tells.
-        n1.publish_with_reply(api.clone(), inbox.clone(), body.into())
-            .await
-            .unwrap();
-        n1.flush().await.unwrap();
-        refusals.expect(&api).await;
+        // Asked of its own account's JetStream, or of the log's as its
+        // account imports it: the same.
+        let imported = api.replacen("$JS.API.", &format!("{}.", auth::NODE_LOG_API_PREFIX), 1);
+        for api in [api, imported] {
+            // A refused request is dropped, never answered: the server's
+            // word on it is what tells.
+            n1.publish_with_reply(api.clone(), inbox.clone(), body.clone().into())
+                .await
+                .unwrap();
+            n1.flush().await.unwrap();
+            refusals.expect(&api).await;
+        }
     }
     // Its own view's create subject with a wider filter in the request:
     // the server holds the request to the filter its subject names.
-    let own = "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n1.>";
+    let own = format!(
+        "{}.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n1.>",
+        auth::NODE_LOG_API_PREFIX
+    );
     for body in [
         create(subject::EVENTS_ALL, &[]),
         create("", &[subject::EVENTS_ALL]),
         create("", &["lh.evt.node_view.n1.>", subject::LEASES_ALL]),
     ] {
         let answer = n1
-            .request(own, body.clone().into())
+            .request(own.clone(), body.clone().into())
             .await
             .expect("the server answers a create on the node's own view");
         let answer: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
@@ -1000,5 +1008,141 @@ async fn a_node_reads_only_its_own_view_of_the_log() {
             answer.get("error").is_some(),
             "a consumer of {body} was made: {answer}"
         );
+    }
+}
+
+/// A client as `user` made without waiting: what the server said, when it
+/// refused it.
+async fn try_connect(nats: &Nats, users: &Users, user: &str) -> Result<async_nats::Client, String> {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        async_nats::ConnectOptions::new()
+            .nkey(users.seed(user))
+            .custom_inbox_prefix(auth::inbox_prefix(user))
+            .max_reconnects(Some(1))
+            .connect(nats.url()),
+    )
+    .await
+    .map_err(|_| "no answer within 10 s".to_string())?
+    .map_err(|e| e.to_string())
+}
+
+/// One node's credential holds at most its account's connections, its
+/// own account's streams, consumers and disk, and consumers of the log
+/// that go when left unread; a node at its cap keeps neither a service
+/// nor another node from connecting.
+#[tokio::test]
+async fn a_node_credential_is_capped_in_connections_consumers_and_disk() {
+    let users = Users::new();
+    let nats = users.server().await;
+    let _scheduler = users.bus(&nats, "scheduler").await;
+    let node = auth::node_user("n1");
+    let (n1, _) = users.client(&nats, &node).await;
+
+    // Its own account: a bucket over the account's disk is refused, its
+    // own is made; consumers past the account's cap are refused.
+    let own = jetstream::new(n1.clone());
+    let bucket = lh_bus::snapshots_bucket(&node);
+    let stream = format!("OBJ_{bucket}");
+    let oversized = own
+        .create_stream(jetstream::stream::Config {
+            name: stream.clone(),
+            subjects: vec![format!("$O.{bucket}.>")],
+            max_bytes: 4 * auth::NODE_MAX_FILE_BYTES,
+            ..Default::default()
+        })
+        .await;
+    assert!(
+        oversized.is_err(),
+        "a node made a bucket of {} bytes",
+        4 * auth::NODE_MAX_FILE_BYTES
+    );
+    let agent = users.bus(&nats, &node).await.with_scoped_reads();
+    agent.put_snapshot("state", b"folded").await.unwrap();
+    let snapshots = own.get_stream(&stream).await.unwrap();
+    let mut made = 0;
+    let refusal = loop {
+        let consumer = snapshots
+            .create_consumer(jetstream::consumer::pull::Config {
+                name: Some(format!("held-{made}")),
+                inactive_threshold: Duration::from_secs(600),
+                ..Default::default()
+            })
+            .await;
+        match consumer {
+            Ok(_) => made += 1,
+            Err(e) => break e.to_string(),
+        }
+        assert!(made <= auth::NODE_MAX_CONSUMERS, "no cap on consumers");
+    };
+    assert_eq!(made, auth::NODE_MAX_CONSUMERS, "refused: {refusal}");
+    assert!(refusal.contains("maximum consumers"), "{refusal}");
+
+    // The log's account: a consumer of its view that would outlive the
+    // streams' idle limit is refused; one within it is made.
+    let log = jetstream::with_prefix(n1.clone(), auth::NODE_LOG_API_PREFIX);
+    let events = log.get_stream(subject::EVENTS_STREAM).await.unwrap();
+    let view = subject::guarded(&subject::node_view("n1"));
+    for (idle, allowed) in [
+        (Duration::from_secs(24 * 3600), false),
+        (Duration::from_secs(60), true),
+    ] {
+        let consumer = events
+            .create_consumer(jetstream::consumer::pull::Config {
+                name: Some(format!("view-{}", idle.as_secs())),
+                filter_subject: view.clone(),
+                inactive_threshold: idle,
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(consumer.is_ok(), allowed, "idle {idle:?}: {consumer:?}");
+    }
+
+    // Connections: the client and the agent's bus are two; the account
+    // takes the rest up to its cap and refuses the next.
+    let mut held = Vec::new();
+    let refusal = loop {
+        match try_connect(&nats, &users, &node).await {
+            Ok(client) => held.push(client),
+            Err(e) => break e,
+        }
+        assert!(
+            held.len() as u32 <= auth::NODE_MAX_CONNECTIONS,
+            "no cap on connections"
+        );
+    };
+    assert_eq!(
+        held.len() as u32 + 2,
+        auth::NODE_MAX_CONNECTIONS,
+        "refused: {refusal}"
+    );
+    assert!(
+        refusal
+            .to_lowercase()
+            .contains("maximum account active connections"),
+        "{refusal}"
+    );
+    // Nobody else is kept out.
+    try_connect(&nats, &users, "scheduler")
+        .await
+        .expect("a service connects while a node is at its cap");
+    try_connect(&nats, &users, &auth::node_user("n2"))
+        .await
+        .expect("another node connects while n1 is at its cap");
+    // A connection closed makes room again.
+    drop(held.pop());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match try_connect(&nats, &users, &node).await {
+            Ok(client) => {
+                held.push(client);
+                break;
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "not yet");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("a closed connection's room was not given back: {e}"),
+        }
     }
 }
