@@ -3,8 +3,9 @@
 #
 # Generates an nkey for the node (once; kept when it exists) under
 # $LH_NATS_AUTH_DIR/keys (default .data/nats/auth, what `make up` uses),
-# writes users.conf again with the node's permissions (its own events,
-# heartbeat and usage only; see docs/security.md "## NATS"), and reloads
+# writes users.conf again with the node's account (its own events,
+# heartbeat, usage and view of the log only, its connections and storage
+# capped; see docs/security.md "## NATS"), and reloads
 # every nats-server `make up` started (SIGHUP) so that the node can connect
 # at once. Prints the environment the node agent needs; the seed itself is
 # never printed. Revoking a node: delete its .nk file and run this script
@@ -34,11 +35,13 @@ chmod 700 "$AUTH"
 "$AUTH_BIN" init "$AUTH"
 seed=$("$AUTH_BIN" node "$AUTH" "$NODE_ID")
 
+# The server reads the node's account (docs/adr/028) on a reload.
 for pidfile in "$DATA"/pids/nats*.pid; do
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     if kill -0 "$pid" 2>/dev/null; then
-        kill -HUP "$pid"
+        log="$DATA/logs/$(basename "$pidfile" .pid).log"
+        "$ROOT/scripts/nats-reload.sh" "$pid" "$log"
         echo "nats-node-creds: reloaded $(basename "$pidfile" .pid) (pid $pid)"
     fi
 done

@@ -193,10 +193,23 @@ for node in "${NATS_NODES[@]}"; do
     else
         write_nats_conf "$conf" "lh-dev-${name#nats-}" "$port" "$http" "$store" "$route"
     fi
+    # A store from before accounts (docs/adr/028) holds the log in the
+    # server's global account; the services are in account LH now. A
+    # single server's log moves with its directory; a cluster's meta layer
+    # names the account, so it moves by backup and restore
+    # (docs/operations.md "Moving the log into its account").
+    if [ -d "$store/jetstream/\$G" ] && ! [ -d "$store/jetstream/LH" ]; then
+        running "$PIDS/$name.pid" \
+            && die "$name runs with the log in its global account (from before accounts); 'make down' first, then 'make up' moves it"
+        [ -z "$route" ] \
+            || die "$store holds a cluster's log in the global account (from before accounts); move it as docs/operations.md says, or 'make clean-data'"
+        say "moving the event log into account LH (from before accounts)"
+        mv "$store/jetstream/\$G" "$store/jetstream/LH"
+    fi
     if running "$PIDS/$name.pid"; then
         # A server started before it had users reloads them now.
         say "$name already running (pid $(cat "$PIDS/$name.pid")); reloading its config"
-        kill -HUP "$(cat "$PIDS/$name.pid")"
+        "$ROOT/scripts/nats-reload.sh" "$(cat "$PIDS/$name.pid")" "$LOGS/$name.log"
         continue
     fi
     port_busy "$port" && die "port $port is taken (another nats-server?); set LH_NATS_PORT"

@@ -260,6 +260,49 @@ fn node_stream_imports() -> Vec<String> {
     )]
 }
 
+/// What the log's account offers any account that imports it: the same
+/// for every node, so that adding a node changes nothing in the log's
+/// account. Each node's account imports a narrow part of it, its own
+/// ([`node_imports`]); an account exists only in the server's config, so
+/// no other can import anything.
+pub fn log_exports() -> Vec<NodeImport> {
+    let stream = subject::EVENTS_STREAM;
+    let service = |subject: String| NodeImport {
+        local: subject.clone(),
+        streamed: subject.contains(".MSG.NEXT."),
+        subject,
+    };
+    [
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        format!("$JS.API.STREAM.INFO.{}", subject::TELEMETRY_STREAM),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.DELETE.{stream}.*"),
+        format!("$JS.API.CONSUMER.INFO.{stream}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"),
+        subject::EVENTS_ALL.to_string(),
+        subject::TELEMETRY_ALL.to_string(),
+        subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string(),
+    ]
+    .into_iter()
+    .map(service)
+    .collect()
+}
+
+/// Whether every subject `narrow` matches, `wide` matches too.
+pub fn subject_within(narrow: &str, wide: &str) -> bool {
+    let (mut n, mut w) = (narrow.split('.'), wide.split('.'));
+    loop {
+        match (n.next(), w.next()) {
+            (_, Some(">")) => return true,
+            (Some(">"), _) => return false,
+            (Some(_), Some("*")) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// What node `node_id`'s account answers for the log's account: reads of
 /// its leases' logs (the gateway asks).
 fn node_exports(node_id: &str) -> Vec<String> {
@@ -451,11 +494,6 @@ pub fn permissions_conf() -> String {
     out
 }
 
-fn quoted_list(items: &[String]) -> String {
-    let items: Vec<String> = items.iter().map(|s| format!("\"{s}\"")).collect();
-    format!("[{}]", items.join(", "))
-}
-
 /// A deployment's users.conf: the log's account with the fixed users in
 /// `keys` (user name, public nkey) and their permissions from
 /// permissions.conf, and one account per node in `nodes` (node id, public
@@ -469,7 +507,6 @@ pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> Stri
          # (docs/adr/028-an-account-per-node.md). Nobody connects without an nkey.\n\
          include \"permissions.conf\"\n\naccounts {\n",
     );
-    let node_accounts: Vec<String> = nodes.iter().map(|(id, _)| node_account(id)).collect();
     out.push_str(&format!(
         "  {LOG_ACCOUNT}: {{\n    jetstream: enabled\n    users: [\n"
     ));
@@ -480,44 +517,24 @@ pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> Stri
         ));
     }
     out.push_str("    ]\n");
+    out.push_str("    exports: [\n");
+    for export in log_exports() {
+        let response = if export.streamed {
+            format!(", response_type: stream, response_threshold: \"{NODE_RESPONSE_THRESHOLD}\"")
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "      {{ service: \"{}\"{response} }}\n",
+            export.subject
+        ));
+    }
+    for stream in node_stream_imports() {
+        out.push_str(&format!("      {{ stream: \"{stream}\" }}\n"));
+    }
+    out.push_str("    ]\n");
     if !nodes.is_empty() {
-        // An export names every account it is for: one without a list would
-        // be open to all. A subject every node asks on is exported once,
-        // to all of them.
-        let mut exports: Vec<(NodeImport, Vec<String>)> = Vec::new();
-        for (node_id, _) in nodes {
-            for import in node_imports(node_id) {
-                match exports
-                    .iter_mut()
-                    .find(|(i, _)| i.subject == import.subject)
-                {
-                    Some((_, accounts)) => accounts.push(node_account(node_id)),
-                    None => exports.push((import, vec![node_account(node_id)])),
-                }
-            }
-        }
-        out.push_str("    exports: [\n");
-        for (import, accounts) in &exports {
-            let response = if import.streamed {
-                format!(
-                    ", response_type: stream, response_threshold: \"{NODE_RESPONSE_THRESHOLD}\""
-                )
-            } else {
-                String::new()
-            };
-            out.push_str(&format!(
-                "      {{ service: \"{}\"{response}, accounts: {} }}\n",
-                import.subject,
-                quoted_list(accounts)
-            ));
-        }
-        for stream in node_stream_imports() {
-            out.push_str(&format!(
-                "      {{ stream: \"{stream}\", accounts: {} }}\n",
-                quoted_list(&node_accounts)
-            ));
-        }
-        out.push_str("    ]\n    imports: [\n");
+        out.push_str("    imports: [\n");
         for (node_id, _) in nodes {
             for export in node_exports(node_id) {
                 out.push_str(&format!(
@@ -659,6 +676,23 @@ mod tests {
             };
             assert!(buckets.iter().all(|s| s.contains(own)), "{buckets:?}");
         }
+    }
+
+    #[test]
+    fn a_node_imports_only_parts_of_what_the_log_exports() {
+        let exports = log_exports();
+        for import in node_imports("gpu-1") {
+            let within = exports
+                .iter()
+                .find(|e| subject_within(&import.subject, &e.subject))
+                .unwrap_or_else(|| panic!("{} is exported by nothing", import.subject));
+            assert_eq!(within.streamed, import.streamed, "{}", import.subject);
+        }
+        assert!(subject_within("a.*.b.>", "a.>"));
+        assert!(subject_within("a.*.b", "a.*.*"));
+        assert!(!subject_within("a.>", "a.*"));
+        assert!(!subject_within("a.b", "a.b.c"));
+        assert!(!subject_within("a.*", "a.b"));
     }
 
     #[test]

@@ -39,6 +39,14 @@ impl Users {
         Users { seeds }
     }
 
+    /// A node added to this deployment, with a new nkey.
+    fn add_node(&mut self, node: &str) {
+        self.seeds.push((
+            auth::node_user(node),
+            nkeys::KeyPair::new_user().seed().unwrap(),
+        ));
+    }
+
     fn seed(&self, user: &str) -> String {
         self.seeds
             .iter()
@@ -1145,4 +1153,76 @@ async fn a_node_credential_is_capped_in_connections_consumers_and_disk() {
             Err(e) => panic!("a closed connection's room was not given back: {e}"),
         }
     }
+}
+
+/// A node added to a running server, its account written and the server
+/// reloaded as scripts/nats-node-creds.sh does it, reads its view,
+/// publishes its events and answers reads of its lease logs; a node from
+/// before goes on as it was.
+#[tokio::test]
+async fn a_node_added_to_a_running_server_works_after_its_reload() {
+    let mut users = Users::new();
+    let mut nats = users.server().await;
+    let scheduler = users.bus(&nats, "scheduler").await;
+    let before = users.bus(&nats, &auth::node_user("n1")).await;
+    users.add_node("n3");
+    // nats-server (2.15) wires a new account's imports on the reload after
+    // the one that made the account: the script reloads twice.
+    for _ in 0..2 {
+        nats.reload_secured(users.files()).await.unwrap();
+    }
+
+    let to_n3 = relayed_to("n3", Uuid::now_v7());
+    let relayed = scheduler
+        .publish(&to_n3, Expect::Any)
+        .await
+        .unwrap()
+        .sequence;
+    let agent = users
+        .bus(&nats, &auth::node_user("n3"))
+        .await
+        .with_scoped_reads();
+    let view = subject::guarded(&subject::node_view("n3"));
+    let mut feed = agent.feed(&[&view], 1).await.expect("n3 reads its view");
+    let read = feed
+        .next_within(Duration::from_secs(5))
+        .await
+        .expect("n3's relay is read")
+        .unwrap();
+    assert_eq!(read.sequence, relayed);
+    agent
+        .publish(&started_by("n3", Uuid::now_v7()), Expect::Any)
+        .await
+        .expect("n3 reports a lease started on it");
+    agent.put_snapshot("state", b"n3").await.unwrap();
+    assert_eq!(
+        agent.get_snapshot("state").await.unwrap().as_deref(),
+        Some(&b"n3"[..])
+    );
+    let (n3, _) = users.client(&nats, &auth::node_user("n3")).await;
+    let mut asked = n3.subscribe(subject::rpc_lease_logs("n3")).await.unwrap();
+    n3.flush().await.unwrap();
+    let answering = tokio::spawn(async move {
+        use futures::StreamExt as _;
+        let request = asked.next().await.expect("the gateway's read arrives");
+        n3.publish(request.reply.expect("a reply subject"), "the log".into())
+            .await
+            .unwrap();
+        n3.flush().await.unwrap();
+    });
+    let (gateway, _) = users.client(&nats, "gateway").await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        gateway.request(subject::rpc_lease_logs("n3"), "".into()),
+    )
+    .await
+    .expect("n3 answers within 5 s")
+    .expect("n3 answers");
+    assert_eq!(&answer.payload[..], b"the log");
+    answering.await.unwrap();
+
+    before
+        .publish(&started_by("n1", Uuid::now_v7()), Expect::Any)
+        .await
+        .expect("n1 goes on publishing across the reloads");
 }
