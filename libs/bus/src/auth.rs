@@ -189,22 +189,14 @@ pub fn event_subjects(publisher: Publisher, node_id: Option<&str>) -> Vec<String
         .collect()
 }
 
-/// Reading node `node_id`'s own view of the log (docs/adr/027), and
-/// nothing else of it: consumers only of that filter, which the API
-/// subject of a named single-filter create names (the server checks that
-/// the request's filter is the one the subject names); no create without
-/// a filter, no message fetched by sequence or subject. A consumer is
-/// reached by its name, which is random (see the bus's feeds).
+/// Reading node `node_id`'s own view of the log (docs/adr/027) and
+/// nothing else of it: the business log's info (its head and limits, no
+/// event), and every read of the mirror of its view (docs/adr/028), which
+/// holds nothing but that view. It may make no consumer of the log itself.
 fn read_own_view(node_id: &str) -> Vec<String> {
-    let stream = subject::EVENTS_STREAM;
-    let view = subject::guarded(&subject::node_view(node_id));
-    vec![
-        format!("$JS.API.STREAM.INFO.{stream}"),
-        format!("$JS.API.CONSUMER.CREATE.{stream}.*.{view}"),
-        format!("$JS.API.CONSUMER.DELETE.{stream}.*"),
-        format!("$JS.API.CONSUMER.INFO.{stream}.*"),
-        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"),
-    ]
+    let mut reads = vec![format!("$JS.API.STREAM.INFO.{}", subject::EVENTS_STREAM)];
+    reads.extend(read_stream(&subject::node_view_stream(node_id)));
+    reads
 }
 
 /// A service of the log's account that a node's account imports: `subject`
@@ -251,14 +243,18 @@ pub fn node_imports(node_id: &str) -> Vec<NodeImport> {
     imports
 }
 
-/// What the log's account sends a node's account unasked: the
-/// announcements of a new leader of the log (its feeds reopen on one).
-fn node_stream_imports() -> Vec<String> {
+/// What the log's account sends node `node_id`'s account unasked: the
+/// announcements of a new leader of its view's mirror (its feed reopens on
+/// one).
+fn node_stream_imports(node_id: &str) -> Vec<String> {
     vec![format!(
-        "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{}",
-        subject::EVENTS_STREAM
+        "{LEADER_ELECTED}.{}",
+        subject::node_view_stream(node_id)
     )]
 }
+
+/// Announcements of a new leader of a stream, by the stream's name.
+const LEADER_ELECTED: &str = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED";
 
 /// What the log's account offers any account that imports it: the same
 /// for every node, so that adding a node changes nothing in the log's
@@ -266,26 +262,27 @@ fn node_stream_imports() -> Vec<String> {
 /// ([`node_imports`]); an account exists only in the server's config, so
 /// no other can import anything.
 pub fn log_exports() -> Vec<NodeImport> {
-    let stream = subject::EVENTS_STREAM;
     let service = |subject: String| NodeImport {
         local: subject.clone(),
         streamed: subject.contains(".MSG.NEXT."),
         subject,
     };
-    [
-        format!("$JS.API.STREAM.INFO.{stream}"),
-        format!("$JS.API.STREAM.INFO.{}", subject::TELEMETRY_STREAM),
-        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
-        format!("$JS.API.CONSUMER.DELETE.{stream}.*"),
-        format!("$JS.API.CONSUMER.INFO.{stream}.*"),
-        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"),
-        subject::EVENTS_ALL.to_string(),
-        subject::TELEMETRY_ALL.to_string(),
-        subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string(),
-    ]
-    .into_iter()
-    .map(service)
-    .collect()
+    let mut exports: Vec<NodeImport> = read_stream("*").into_iter().map(service).collect();
+    exports.extend(
+        [
+            subject::EVENTS_ALL,
+            subject::TELEMETRY_ALL,
+            subject::RPC_GATEWAY_WORKLOAD_ENV_ALL,
+        ]
+        .map(|s| service(s.to_string())),
+    );
+    exports
+}
+
+/// What the log's account sends any account that imports it: the
+/// announcements of a new leader of any of its streams.
+fn log_stream_exports() -> Vec<String> {
+    vec![format!("{LEADER_ELECTED}.*")]
 }
 
 /// Whether every subject `narrow` matches, `wide` matches too.
@@ -364,6 +361,13 @@ pub fn service_permissions(service: Publisher) -> Permissions {
         }
         Publisher::Scheduler => {
             p.publish.extend(read_stream(subject::TELEMETRY_STREAM));
+            // It keeps the mirror of each node's view (docs/adr/028). A
+            // stream's name is one token, so the permission cannot name
+            // the mirrors' alone; update and delete stay the operator's.
+            p.publish.extend([
+                "$JS.API.STREAM.INFO.*".to_string(),
+                "$JS.API.STREAM.CREATE.*".to_string(),
+            ]);
             p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
         }
         Publisher::Pricing => {
@@ -400,7 +404,7 @@ pub fn node_permissions(node_id: &str) -> Permissions {
         .collect();
     publish.extend(snapshots(&user));
     let mut subscribe = vec![format!("{}.>", inbox_prefix(&user))];
-    subscribe.extend(node_stream_imports());
+    subscribe.extend(node_stream_imports(node_id));
     subscribe.extend(node_exports(node_id));
     Permissions {
         publish,
@@ -529,7 +533,7 @@ pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> Stri
             export.subject
         ));
     }
-    for stream in node_stream_imports() {
+    for stream in log_stream_exports() {
         out.push_str(&format!("      {{ stream: \"{stream}\" }}\n"));
     }
     out.push_str("    ]\n");
@@ -566,7 +570,7 @@ pub fn users_conf(keys: &[(String, String)], nodes: &[(String, String)]) -> Stri
                 import.subject
             ));
         }
-        for stream in node_stream_imports() {
+        for stream in node_stream_imports(node_id) {
             out.push_str(&format!(
                 "      {{ stream: {{ account: \"{LOG_ACCOUNT}\", subject: \"{stream}\" }} }}\n"
             ));
@@ -618,23 +622,26 @@ mod tests {
     }
 
     #[test]
-    fn a_node_reads_the_log_only_through_consumers_of_its_own_view() {
+    fn a_node_reads_the_log_only_in_its_own_view() {
         let p = node_permissions("gpu-1");
         let log: Vec<&String> = p
             .publish
             .iter()
             .filter(|s| s.contains(subject::EVENTS_STREAM))
             .collect();
-        assert_eq!(
-            log,
-            [
-                "$JS.LH.API.STREAM.INFO.LH_EVENTS",
-                "$JS.LH.API.CONSUMER.CREATE.LH_EVENTS.*.lh.evt.node_view.gpu-1.>",
-                "$JS.LH.API.CONSUMER.DELETE.LH_EVENTS.*",
-                "$JS.LH.API.CONSUMER.INFO.LH_EVENTS.*",
-                "$JS.LH.API.CONSUMER.MSG.NEXT.LH_EVENTS.*",
-            ]
+        assert_eq!(log, ["$JS.LH.API.STREAM.INFO.LH_EVENTS"]);
+        let view: Vec<&String> = p.publish.iter().filter(|s| s.contains("LH_VIEW")).collect();
+        assert!(
+            view.iter()
+                .all(|s| s.starts_with("$JS.LH.API.") && s.contains(".LH_VIEW_gpu-1")),
+            "{view:?}"
         );
+        assert!(view.contains(&&"$JS.LH.API.CONSUMER.CREATE.LH_VIEW_gpu-1.>".to_string()));
+        // Services read as before.
+        let scheduler = service_permissions(Publisher::Scheduler);
+        assert!(scheduler
+            .publish
+            .contains(&"$JS.API.STREAM.MSG.GET.LH_EVENTS".to_string()));
         // What it may ask is exactly what its account imports.
         let imported: Vec<String> = node_imports("gpu-1").into_iter().map(|i| i.local).collect();
         let asked: Vec<&String> = p
@@ -643,11 +650,6 @@ mod tests {
             .filter(|s| !s.contains("lh-snapshots-node-gpu-1"))
             .collect();
         assert_eq!(asked, imported.iter().collect::<Vec<_>>());
-        // Services read as before.
-        let scheduler = service_permissions(Publisher::Scheduler);
-        assert!(scheduler
-            .publish
-            .contains(&"$JS.API.STREAM.MSG.GET.LH_EVENTS".to_string()));
     }
 
     #[test]

@@ -73,8 +73,9 @@ pub use snapshots::{
     snapshots_bucket, MAX_SNAPSHOT_BYTES, SNAPSHOTS_BUCKET_PREFIX, SNAPSHOTS_MAX_BYTES,
 };
 pub use streams::{
-    events_fill_warning, events_stream_config, events_stream_problems, StreamFigures,
-    DUPLICATE_WINDOW, EVENTS_FILL_WARNING, TELEMETRY_MAX_AGE,
+    events_fill_warning, events_stream_config, events_stream_problems, node_view_stream_config,
+    StreamFigures, CONSUMER_MAX_IDLE, DUPLICATE_WINDOW, EVENTS_FILL_WARNING, EVENTS_MAX_CONSUMERS,
+    NODE_VIEW_MAX_CONSUMERS, TELEMETRY_MAX_AGE,
 };
 pub use trace::{continue_trace, TRACE_PARENT_HEADER};
 
@@ -150,10 +151,9 @@ pub struct Bus {
     replicas: usize,
     /// Its user's snapshot bucket, and the key it signs snapshots with.
     snapshots: snapshots::SnapshotKeeper,
-    /// Its user may read the log only through consumers of its own
-    /// filters (a node: docs/adr/027): no whole-stream reads, no message
-    /// fetched by subject.
-    scoped_reads: bool,
+    /// The stream it reads the log in: the log itself, or a node's mirror
+    /// of its own view (docs/adr/027, 028).
+    log_stream: &'static str,
 }
 
 impl Bus {
@@ -212,7 +212,7 @@ impl Bus {
             connects,
             replicas: config.replicas,
             snapshots: config.snapshot_keeper()?,
-            scoped_reads: false,
+            log_stream: lh_events::subject::EVENTS_STREAM,
         };
         // The client connects in the background (and reconnects for ever);
         // until the server answers, checking the streams fails, so it is
@@ -236,13 +236,20 @@ impl Bus {
         &self.client
     }
 
-    /// This connection reads the log only through consumers of single
-    /// filters, which the server's permissions can scope (the API subject
-    /// of such a create names its filter): never the whole stream, never a
-    /// message by subject.
-    pub fn with_scoped_reads(mut self) -> Self {
-        self.scoped_reads = true;
+    /// This connection reads the log only in node `node_id`'s view of it,
+    /// the mirror the scheduler keeps ([`Bus::ensure_node_view_stream`]):
+    /// every feed and head of the business log is of that mirror, at the
+    /// log's own sequences.
+    pub fn reading_view_of(mut self, node_id: &str) -> Self {
+        // One per process: the name lives as long as the connection's
+        // feeds, which outlive any one borrow.
+        self.log_stream = Box::leak(lh_events::subject::node_view_stream(node_id).into_boxed_str());
         self
+    }
+
+    /// The stream this connection reads the business log in.
+    pub fn log_stream(&self) -> &'static str {
+        self.log_stream
     }
 
     /// Whether the connection to NATS is up right now (the client

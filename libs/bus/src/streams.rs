@@ -38,6 +38,14 @@ pub const EVENTS_MAX_MESSAGE_BYTES: i32 = 1024 * 1024;
 /// makes them on purpose (a node's consumers of its view are in the log's
 /// account, not its own: docs/adr/028).
 pub const CONSUMER_MAX_IDLE: Duration = Duration::from_secs(5 * 60);
+/// Most consumers the business log holds at once: every service's few,
+/// and one per node's view (the mirror's). Set, because a stream without
+/// its own limit holds at most 1,000 (nats-server 2.15, measured).
+pub const EVENTS_MAX_CONSUMERS: i32 = 65_536;
+/// Most consumers of one node's view at once: what the node holds there
+/// (a feed, a look at its head, one left behind by a restart) with room.
+/// A node that makes more is refused there, and nothing else notices.
+pub const NODE_VIEW_MAX_CONSUMERS: i32 = 16;
 /// JetStream's duplicate window for `Nats-Msg-Id`.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2 * 60);
 
@@ -108,7 +116,29 @@ pub fn events_stream_config(max_bytes: i64, replicas: usize, max_age: Duration) 
         // test's log is that short).
         duplicate_window: DUPLICATE_WINDOW.min(max_age),
         num_replicas: replicas,
+        max_consumers: EVENTS_MAX_CONSUMERS,
         consumer_limits: Some(consumer_limits()),
+        ..Default::default()
+    }
+}
+
+/// The mirror of node `node_id`'s view of the business log: only its
+/// relays, at the sequences the log stored them at (a mirror keeps them),
+/// kept as long as the log keeps them.
+pub fn node_view_stream_config(node_id: &str, replicas: usize, max_age: Duration) -> StreamConfig {
+    StreamConfig {
+        name: subject::node_view_stream(node_id),
+        storage: StorageType::File,
+        retention: RetentionPolicy::Limits,
+        max_age,
+        max_consumers: NODE_VIEW_MAX_CONSUMERS,
+        consumer_limits: Some(consumer_limits()),
+        num_replicas: replicas,
+        mirror: Some(async_nats::jetstream::stream::Source {
+            name: subject::EVENTS_STREAM.to_string(),
+            filter_subject: Some(subject::guarded(&subject::node_view(node_id))),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -279,6 +309,44 @@ impl Bus {
         Ok(())
     }
 
+    /// Makes the mirror of node `node_id`'s view when it is missing (see
+    /// [`node_view_stream_config`]), keeping events as long as the log.
+    pub async fn ensure_node_view_stream(&self, node_id: &str) -> Result<()> {
+        let name = subject::node_view_stream(node_id);
+        if self.js.get_stream(&name).await.is_ok() {
+            return Ok(());
+        }
+        let max_age = self.events_stream_config().await?.max_age;
+        self.js
+            .get_or_create_stream(node_view_stream_config(node_id, self.replicas, max_age))
+            .await
+            .map_err(js_err)?;
+        Ok(())
+    }
+
+    /// Every node the log holds relays to (the subjects of its views).
+    pub async fn nodes_with_views(&self) -> Result<Vec<String>> {
+        use futures::TryStreamExt as _;
+        let stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        let subjects: std::collections::HashMap<String, usize> = stream
+            .info_with_subjects(subject::NODE_VIEW_RELAYS_ALL)
+            .await
+            .map_err(js_err)?
+            .try_collect()
+            .await
+            .map_err(js_err)?;
+        let mut nodes: Vec<String> = subjects
+            .keys()
+            .filter_map(|s| subject::node_of_view(s).map(str::to_string))
+            .collect();
+        nodes.sort();
+        Ok(nodes)
+    }
+
     /// What a stream holds and how its replicas keep up, as the server
     /// reports it.
     pub async fn stream_figures(&self, name: &str) -> Result<StreamFigures> {
@@ -330,10 +398,7 @@ impl Bus {
     pub async fn last_sequence_matching(&self, filters: &[&str]) -> Result<u64> {
         let mut head = 0;
         for filter in filters {
-            head = head.max(
-                self.last_sequence_in(subject::EVENTS_STREAM, filter)
-                    .await?,
-            );
+            head = head.max(self.last_sequence_in(self.log_stream, filter).await?);
         }
         Ok(head)
     }
@@ -341,16 +406,13 @@ impl Bus {
     /// Stream sequence of the last event on any subject `filter` matches
     /// (0 when there is none).
     async fn last_sequence_on(&self, filter: &str) -> Result<u64> {
-        self.last_sequence_in(subject::EVENTS_STREAM, filter).await
+        self.last_sequence_in(self.log_stream, filter).await
     }
 
     /// Sequence of the last message of `stream` on any subject `filter`
     /// matches (0 when there is none).
     pub(crate) async fn last_sequence_in(&self, stream: &str, filter: &str) -> Result<u64> {
         let stream = self.js.get_stream(stream).await.map_err(js_err)?;
-        if self.scoped_reads {
-            return last_sequence_by_consumer(&stream, filter).await;
-        }
         last_sequence_on_filter(&stream, filter).await
     }
 }
@@ -358,55 +420,6 @@ impl Bus {
 /// A consumer name no other user can guess: 32 hex digits.
 pub(crate) fn consumer_name() -> String {
     uuid::Uuid::new_v4().simple().to_string()
-}
-
-/// How long a consumer made only to find a filter's last message may wait
-/// for that message.
-const LAST_MESSAGE_FETCH_WAIT: Duration = Duration::from_secs(2);
-
-/// [`last_sequence_on_filter`] for a user that may not fetch messages by
-/// subject: a consumer of the filter from its last message on, which
-/// counts it and hands it over.
-async fn last_sequence_by_consumer(
-    stream: &jetstream::stream::Stream,
-    filter: &str,
-) -> Result<u64> {
-    use futures::StreamExt;
-    let name = consumer_name();
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            name: Some(name.clone()),
-            filter_subject: filter.to_string(),
-            deliver_policy: jetstream::consumer::DeliverPolicy::Last,
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            inactive_threshold: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .map_err(js_err)?;
-    let last = if consumer.cached_info().num_pending == 0 {
-        Ok(0)
-    } else {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1)
-            .expires(LAST_MESSAGE_FETCH_WAIT)
-            .messages()
-            .await
-            .map_err(js_err)?;
-        match batch.next().await {
-            Some(Ok(message)) => message
-                .info()
-                .map(|info| info.stream_sequence)
-                .map_err(|e| BusError::JetStream(e.to_string())),
-            Some(Err(e)) => Err(js_err(e)),
-            None => Err(BusError::JetStream(format!(
-                "the last message on {filter} was counted but not handed over"
-            ))),
-        }
-    };
-    let _ = stream.delete_consumer(&name).await;
-    last
 }
 
 /// Sequence of the last message of `stream` on any subject `filter`

@@ -886,15 +886,18 @@ fn relayed_to(node: &str, lease: Uuid) -> Envelope {
     )
 }
 
-/// A node reads the log only through consumers of its own view: the
-/// scheduler's relays to it. A consumer of anything else, a create that
-/// names no filter or names its view but asks for more, and a message
-/// fetched by subject are all refused by the server.
+/// A node reads the log only in its own view, the mirror the scheduler
+/// keeps of the relays to it: every read there works and shows nothing
+/// but its relays; no consumer of the log itself, no message of it, and
+/// nothing of another node's view is given it.
 #[tokio::test]
 async fn a_node_reads_only_its_own_view_of_the_log() {
     let users = Users::new();
     let nats = users.server().await;
     let scheduler = users.bus(&nats, "scheduler").await;
+    for node in ["n1", "n2"] {
+        scheduler.ensure_node_view_stream(node).await.unwrap();
+    }
     let to_n2 = relayed_to("n2", Uuid::now_v7());
     scheduler.publish(&to_n2, Expect::Any).await.unwrap();
     let to_n1 = relayed_to("n1", Uuid::now_v7());
@@ -905,11 +908,12 @@ async fn a_node_reads_only_its_own_view_of_the_log() {
         .sequence;
     scheduler.publish(&to_n2, Expect::Any).await.unwrap();
 
-    // What the node agent connects with reads its view, and finds its head.
+    // What the node agent connects with reads its view, at the log's
+    // sequences, and finds its head.
     let agent = users
         .bus(&nats, &auth::node_user("n1"))
         .await
-        .with_scoped_reads();
+        .reading_view_of("n1");
     let view = subject::guarded(&subject::node_view("n1"));
     let mut feed = agent.feed(&[&view], 1).await.expect("n1 reads its view");
     let read = feed
@@ -925,48 +929,63 @@ async fn a_node_reads_only_its_own_view_of_the_log() {
     );
     let empty = subject::guarded(&subject::node_view("n1")).replace(".>", ".registered.>");
     assert_eq!(agent.last_sequence_matching(&[&empty]).await.unwrap(), 0);
+    // Asked for the whole log, it gets the whole of its view: its relay.
+    let mut everything = agent.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
+    let first = everything
+        .next_within(Duration::from_secs(5))
+        .await
+        .expect("its relay")
+        .unwrap();
+    assert_eq!(first.envelope.id, to_n1.id);
+    assert!(
+        everything
+            .next_within(Duration::from_secs(1))
+            .await
+            .is_none(),
+        "n1 read past its own view"
+    );
 
-    // Anything wider, through the same bus, fails.
-    for wider in [
-        subject::EVENTS_ALL,
-        subject::LEASES_ALL,
-        &subject::guarded(&subject::node_view("n2")),
-    ] {
-        let feed = tokio::time::timeout(Duration::from_secs(4), agent.feed(&[wider], 1)).await;
-        assert!(!matches!(feed, Ok(Ok(_))), "n1 opened a feed of {wider}");
+    // The log itself, through a bus that reads it: nothing.
+    let reader = users.bus(&nats, &auth::node_user("n1")).await;
+    for wider in [subject::EVENTS_ALL, subject::LEASES_ALL, view.as_str()] {
+        let feed = tokio::time::timeout(Duration::from_secs(4), reader.feed(&[wider], 1)).await;
+        assert!(
+            !matches!(feed, Ok(Ok(_))),
+            "n1 opened a feed of the log's {wider}"
+        );
     }
 
     // And through a plain client, each door is seen shut.
     let (n1, mut refusals) = users.client(&nats, &auth::node_user("n1")).await;
-    let create = |filter: &str, filters: &[&str]| {
+    let create = |filter: &str| {
         serde_json::json!({
             "stream_name": subject::EVENTS_STREAM,
             "config": {
                 "name": "peek",
                 "filter_subject": filter,
-                "filter_subjects": filters,
                 "deliver_policy": "all",
                 "ack_policy": "none",
             },
         })
         .to_string()
     };
+    let n2_view = subject::node_view_stream("n2");
     let refused = [
         (
             "$JS.API.CONSUMER.CREATE.LH_EVENTS".to_string(),
-            create(subject::EVENTS_ALL, &[]),
+            create(subject::EVENTS_ALL),
         ),
         (
             "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek".to_string(),
-            create(subject::EVENTS_ALL, &[]),
+            create(subject::EVENTS_ALL),
         ),
         (
-            "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n2.>".to_string(),
-            create("lh.evt.node_view.n2.>", &[]),
+            "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n1.>".to_string(),
+            create("lh.evt.node_view.n1.>"),
         ),
         (
-            "$JS.API.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.>".to_string(),
-            create(subject::EVENTS_ALL, &[]),
+            format!("$JS.API.CONSUMER.CREATE.{n2_view}.peek"),
+            create(subject::EVENTS_ALL),
         ),
         (
             "$JS.API.STREAM.MSG.GET.LH_EVENTS".to_string(),
@@ -978,6 +997,14 @@ async fn a_node_reads_only_its_own_view_of_the_log() {
         ),
         (
             format!("$JS.API.DIRECT.GET.LH_EVENTS.{}", subject::LEASES_ALL),
+            String::new(),
+        ),
+        (
+            format!("$JS.API.STREAM.MSG.GET.{n2_view}"),
+            serde_json::json!({"seq": 1}).to_string(),
+        ),
+        (
+            format!("$JS.API.STREAM.CREATE.{}", subject::node_view_stream("n1")),
             String::new(),
         ),
     ];
@@ -995,27 +1022,6 @@ async fn a_node_reads_only_its_own_view_of_the_log() {
             n1.flush().await.unwrap();
             refusals.expect(&api).await;
         }
-    }
-    // Its own view's create subject with a wider filter in the request:
-    // the server holds the request to the filter its subject names.
-    let own = format!(
-        "{}.CONSUMER.CREATE.LH_EVENTS.peek.lh.evt.node_view.n1.>",
-        auth::NODE_LOG_API_PREFIX
-    );
-    for body in [
-        create(subject::EVENTS_ALL, &[]),
-        create("", &[subject::EVENTS_ALL]),
-        create("", &["lh.evt.node_view.n1.>", subject::LEASES_ALL]),
-    ] {
-        let answer = n1
-            .request(own.clone(), body.clone().into())
-            .await
-            .expect("the server answers a create on the node's own view");
-        let answer: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
-        assert!(
-            answer.get("error").is_some(),
-            "a consumer of {body} was made: {answer}"
-        );
     }
 }
 
@@ -1041,10 +1047,15 @@ async fn try_connect(nats: &Nats, users: &Users, user: &str) -> Result<async_nat
 /// nor another node from connecting.
 #[tokio::test]
 async fn a_node_credential_is_capped_in_connections_consumers_and_disk() {
+    const NODE_ID: &str = "n1";
     let users = Users::new();
     let nats = users.server().await;
-    let _scheduler = users.bus(&nats, "scheduler").await;
-    let node = auth::node_user("n1");
+    let scheduler = users.bus(&nats, "scheduler").await;
+    scheduler
+        .publish(&relayed_to(NODE_ID, Uuid::now_v7()), Expect::Any)
+        .await
+        .unwrap();
+    let node = auth::node_user(NODE_ID);
     let (n1, _) = users.client(&nats, &node).await;
 
     // Its own account: a bucket over the account's disk is refused, its
@@ -1065,7 +1076,7 @@ async fn a_node_credential_is_capped_in_connections_consumers_and_disk() {
         "a node made a bucket of {} bytes",
         4 * auth::NODE_MAX_FILE_BYTES
     );
-    let agent = users.bus(&nats, &node).await.with_scoped_reads();
+    let agent = users.bus(&nats, &node).await.reading_view_of(NODE_ID);
     agent.put_snapshot("state", b"folded").await.unwrap();
     let snapshots = own.get_stream(&stream).await.unwrap();
     let mut made = 0;
@@ -1086,25 +1097,48 @@ async fn a_node_credential_is_capped_in_connections_consumers_and_disk() {
     assert_eq!(made, auth::NODE_MAX_CONSUMERS, "refused: {refusal}");
     assert!(refusal.contains("maximum consumers"), "{refusal}");
 
-    // The log's account: a consumer of its view that would outlive the
-    // streams' idle limit is refused; one within it is made.
+    // Its view: consumers past the mirror's cap are refused, one that
+    // would outlive the streams' idle limit too; the services go on
+    // making theirs on the log.
+    scheduler.ensure_node_view_stream(NODE_ID).await.unwrap();
     let log = jetstream::with_prefix(n1.clone(), auth::NODE_LOG_API_PREFIX);
-    let events = log.get_stream(subject::EVENTS_STREAM).await.unwrap();
-    let view = subject::guarded(&subject::node_view("n1"));
-    for (idle, allowed) in [
-        (Duration::from_secs(24 * 3600), false),
-        (Duration::from_secs(60), true),
-    ] {
-        let consumer = events
+    let view = log
+        .get_stream(subject::node_view_stream(NODE_ID))
+        .await
+        .unwrap();
+    let lingering = view
+        .create_consumer(jetstream::consumer::pull::Config {
+            name: Some("lingering".into()),
+            inactive_threshold: Duration::from_secs(24 * 3600),
+            ..Default::default()
+        })
+        .await;
+    assert!(lingering.is_err(), "a consumer idle for a day was made");
+    let mut made = 0;
+    let refusal = loop {
+        let consumer = view
             .create_consumer(jetstream::consumer::pull::Config {
-                name: Some(format!("view-{}", idle.as_secs())),
-                filter_subject: view.clone(),
-                inactive_threshold: idle,
+                name: Some(format!("view-{made}")),
+                inactive_threshold: Duration::from_secs(60),
                 ..Default::default()
             })
             .await;
-        assert_eq!(consumer.is_ok(), allowed, "idle {idle:?}: {consumer:?}");
-    }
+        match consumer {
+            Ok(_) => made += 1,
+            Err(e) => break e.to_string(),
+        }
+        assert!(
+            made <= lh_bus::NODE_VIEW_MAX_CONSUMERS,
+            "no cap on the view's consumers"
+        );
+    };
+    assert_eq!(made, lh_bus::NODE_VIEW_MAX_CONSUMERS, "refused: {refusal}");
+    assert!(refusal.contains("maximum consumers"), "{refusal}");
+    let mut feed = scheduler.feed(&[subject::EVENTS_ALL], 1).await.unwrap();
+    assert!(
+        feed.next_within(Duration::from_secs(5)).await.is_some(),
+        "the scheduler reads the log while a node is at its cap"
+    );
 
     // Connections: the client and the agent's bus are two; the account
     // takes the rest up to its cap and refuses the next.
@@ -1172,6 +1206,7 @@ async fn a_node_added_to_a_running_server_works_after_its_reload() {
         nats.reload_secured(users.files()).await.unwrap();
     }
 
+    scheduler.ensure_node_view_stream("n3").await.unwrap();
     let to_n3 = relayed_to("n3", Uuid::now_v7());
     let relayed = scheduler
         .publish(&to_n3, Expect::Any)
@@ -1181,7 +1216,7 @@ async fn a_node_added_to_a_running_server_works_after_its_reload() {
     let agent = users
         .bus(&nats, &auth::node_user("n3"))
         .await
-        .with_scoped_reads();
+        .reading_view_of("n3");
     let view = subject::guarded(&subject::node_view("n3"));
     let mut feed = agent.feed(&[&view], 1).await.expect("n3 reads its view");
     let read = feed

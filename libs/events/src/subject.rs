@@ -132,6 +132,21 @@ pub fn node_view(node_id: &str) -> String {
     format!("lh.evt.node_view.{}", token(node_id))
 }
 
+/// The relays to every node's view, as the scheduler writes them.
+pub const NODE_VIEW_RELAYS_ALL: &str = "lh.evt.node_view.*.relayed.scheduler";
+
+/// The node whose view `subject` (a relay's) is in.
+pub fn node_of_view(subject: &str) -> Option<&str> {
+    subject.strip_prefix("lh.evt.node_view.")?.split('.').next()
+}
+
+/// The stream that mirrors node `node_id`'s view of the log: the node
+/// reads it there, so that its consumers are its view's and capped
+/// there, never the log's (docs/adr/028).
+pub fn node_view_stream(node_id: &str) -> String {
+    format!("LH_VIEW_{}", token(node_id))
+}
+
 pub fn charge(lease_id: Uuid) -> String {
     format!("lh.evt.charge.{lease_id}")
 }

@@ -213,12 +213,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         }
     }
     let service = format!("lh-node-agent-{}", config.node_id);
-    // A node's user may read only its own view of the log.
+    // A node's user may read only its own view of the log, in the mirror
+    // the scheduler keeps of it.
     let bus = config
         .common
         .connect_bus(&service)
         .await?
-        .with_scoped_reads();
+        .reading_view_of(&config.node_id);
     let readiness = Readiness::default();
     let ready = readiness.clone();
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(10));

@@ -37,7 +37,7 @@ impl Bus {
     /// one after the last message it delivered, retrying until the server
     /// answers.
     pub async fn feed(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
-        self.open_feed(subject::EVENTS_STREAM, filters, from_sequence, true)
+        self.open_feed(self.log_stream, filters, from_sequence, true)
             .await
     }
 
@@ -47,7 +47,7 @@ impl Bus {
     /// again, so that the skip counter tells how many there are, not how
     /// often someone looked.
     pub async fn reread(&self, filters: &[&str], from_sequence: u64) -> Result<Feed> {
-        self.open_feed(subject::EVENTS_STREAM, filters, from_sequence, false)
+        self.open_feed(self.log_stream, filters, from_sequence, false)
             .await
     }
 
@@ -82,7 +82,7 @@ impl Bus {
             js: self.js.clone(),
             stream,
             filters: filters.iter().map(|f| f.to_string()).collect(),
-            wide: (!self.scoped_reads && !filters.contains(&whole)).then(|| whole.to_string()),
+            wide: (!filters.contains(&whole)).then(|| whole.to_string()),
             service: self.service.clone(),
             report_skips,
             connects,

@@ -358,8 +358,20 @@ impl Decider for NodeViews {
 }
 
 /// Writes the nodes' views until `shutdown`, starting over after a
-/// failure (its own fold and snapshot, beside the scheduler's).
+/// failure (its own fold and snapshot, beside the scheduler's), and keeps
+/// the mirror each node reads its view in.
 pub async fn run(
+    bus: lh_bus::Bus,
+    node_clock_skew: chrono::Duration,
+    shutdown: lh_service::CancellationToken,
+) {
+    tokio::join!(
+        write(bus.clone(), node_clock_skew, shutdown.clone()),
+        mirrors::keep(bus, shutdown),
+    );
+}
+
+async fn write(
     bus: lh_bus::Bus,
     node_clock_skew: chrono::Duration,
     shutdown: lh_service::CancellationToken,
@@ -390,5 +402,6 @@ pub async fn run(
     }
 }
 
+mod mirrors;
 #[cfg(test)]
 mod tests;
