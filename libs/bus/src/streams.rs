@@ -412,7 +412,12 @@ impl Bus {
     /// Sequence of the last message of `stream` on any subject `filter`
     /// matches (0 when there is none).
     pub(crate) async fn last_sequence_in(&self, stream: &str, filter: &str) -> Result<u64> {
-        let stream = self.js.get_stream(stream).await.map_err(js_err)?;
+        let stream = match self.js.get_stream(stream).await {
+            Ok(stream) => stream,
+            // A node's view not made yet holds nothing yet.
+            Err(e) if stream != subject::EVENTS_STREAM && is_missing(&e) => return Ok(0),
+            Err(e) => return Err(js_err(e)),
+        };
         last_sequence_on_filter(&stream, filter).await
     }
 }
@@ -420,6 +425,12 @@ impl Bus {
 /// A consumer name no other user can guess: 32 hex digits.
 pub(crate) fn consumer_name() -> String {
     uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Whether the server said the stream asked for does not exist.
+pub(crate) fn is_missing(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), async_nats::jetstream::context::GetStreamErrorKind::JetStream(e)
+        if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND)
 }
 
 /// Sequence of the last message of `stream` on any subject `filter`

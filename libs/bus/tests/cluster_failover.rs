@@ -236,3 +236,81 @@ async fn a_log_created_with_one_replica_is_given_the_replicas_configured() {
     let bus = Bus::connect(&single).await.unwrap();
     assert_eq!(bus.events_stream_config().await.unwrap().num_replicas, 3);
 }
+
+/// Longest a node's view mirror may take to follow the log after its
+/// leader was killed: nats-server finds a stalled mirror by its check every
+/// 10 s (`sourceHealthCheckInterval`), twice with room.
+const MIRROR_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A node's view mirror follows the log through a kill of the log's
+/// leader: a relay appended after the kill reaches the mirror, at its
+/// sequence in the log. How long it took is logged.
+#[tokio::test]
+async fn a_view_mirror_follows_the_log_through_a_leader_kill() {
+    let mut cluster = NatsCluster::start().await.unwrap();
+    let mut config = BusConfig::new(cluster.urls(), "scheduler");
+    config.replicas = 3;
+    let bus = Bus::connect(&config).await.unwrap();
+    bus.ensure_node_view_stream("n1").await.unwrap();
+    let view = bus.clone().reading_view_of("n1");
+    let filter = subject::guarded(&subject::node_view("n1"));
+    let relay = || {
+        lh_events::Envelope::new(
+            lh_events::Actor::Service("lh-scheduler".into()),
+            chrono::Utc::now(),
+            lh_events::EventData::NodeViewRelayed(lh_events::NodeViewRelayed {
+                node_id: "n1".into(),
+                events: Vec::new(),
+                idle_policies: Vec::new(),
+            }),
+        )
+    };
+    let append = |envelope: lh_events::Envelope| {
+        let bus = bus.clone();
+        async move {
+            for _ in 0..APPEND_TRIES_MAX {
+                match bus.publish(&envelope, Expect::Any).await {
+                    Ok(appended) => return appended.sequence,
+                    Err(_) => tokio::time::sleep(APPEND_RETRY_WAIT).await,
+                }
+            }
+            panic!("the relay was never appended");
+        }
+    };
+    let in_mirror = |sequence: u64| {
+        let view = view.clone();
+        let filter = filter.clone();
+        async move {
+            let started = Instant::now();
+            tokio::time::timeout(MIRROR_CATCH_UP_TIMEOUT, async {
+                while view.last_sequence_matching(&[&filter]).await.unwrap_or(0) < sequence {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| {
+                panic!("relay {sequence} not in the mirror within {MIRROR_CATCH_UP_TIMEOUT:?}")
+            });
+            started.elapsed()
+        }
+    };
+    let first = append(relay()).await;
+    in_mirror(first).await;
+    let leader = cluster.stream_leader(subject::EVENTS_STREAM).await.unwrap();
+    cluster.kill(leader);
+    let second = append(relay()).await;
+    let took = in_mirror(second).await;
+    tracing::info!(?took, "the mirror followed the log's new leader");
+    let mut feed = view.feed(&[&filter], 1).await.unwrap();
+    for expected in [first, second] {
+        let read = feed
+            .next_within(Duration::from_secs(5))
+            .await
+            .expect("the relay is read from the mirror")
+            .unwrap();
+        assert_eq!(
+            read.sequence, expected,
+            "the mirror keeps the log's sequences"
+        );
+    }
+}

@@ -137,7 +137,11 @@ pub const NODE_VIEW_RELAYS_ALL: &str = "lh.evt.node_view.*.relayed.scheduler";
 
 /// The node whose view `subject` (a relay's) is in.
 pub fn node_of_view(subject: &str) -> Option<&str> {
-    subject.strip_prefix("lh.evt.node_view.")?.split('.').next()
+    subject
+        .strip_prefix("lh.evt.node_view.")?
+        .split('.')
+        .next()
+        .filter(|node| !node.is_empty())
 }
 
 /// The stream that mirrors node `node_id`'s view of the log: the node
@@ -199,6 +203,13 @@ pub fn balance(tenant_id: Uuid) -> String {
 
 /// Every node's heartbeats.
 pub const HEARTBEATS_ALL: &str = "lh.tel.heartbeat.*";
+
+/// The node a heartbeat's `subject` speaks for.
+pub fn node_of_heartbeat(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("lh.tel.heartbeat.")
+        .filter(|node| !node.is_empty() && !node.contains('.'))
+}
 
 pub fn heartbeat(node_id: &str) -> String {
     format!("lh.tel.heartbeat.{}", token(node_id))
@@ -582,6 +593,20 @@ mod tests {
         assert_eq!(aggregate_of(&spot_subject), Some(spot_subject.as_str()));
         assert_eq!(aggregate_of("lh.tel.heartbeat.n1"), None);
         assert_eq!(aggregate_of("lh.evt.lease"), None);
+    }
+
+    #[test]
+    fn views_and_heartbeats_name_their_node() {
+        assert_eq!(node_of_view(&node_view("gpu-1")), Some("gpu-1"));
+        assert_eq!(
+            node_of_view("lh.evt.node_view.gpu-1.relayed.scheduler"),
+            Some("gpu-1")
+        );
+        assert_eq!(node_of_view("lh.evt.lease.x.started.node-a"), None);
+        assert_eq!(node_of_heartbeat(&heartbeat("gpu-1")), Some("gpu-1"));
+        assert_eq!(node_of_heartbeat("lh.tel.heartbeat.a.b"), None);
+        assert_eq!(node_of_heartbeat("lh.tel.usage.a.b"), None);
+        assert_eq!(node_view_stream("gpu-1"), "LH_VIEW_gpu-1");
     }
 
     #[test]

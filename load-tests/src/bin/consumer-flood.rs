@@ -1,11 +1,10 @@
-//! What one node's credential can cost the server through consumers of
-//! the log: a node's consumers of its own view live in the log's account
-//! (docs/adr/028), where its own account's cap does not reach, so they are
-//! bounded by the streams' idle limit (`CONSUMER_MAX_IDLE`) and the rate a
-//! node can make them. This makes them as fast as one node can, with the
-//! longest idle time allowed, on a secured server of the deployment's
-//! accounts, and reports how many it made, the server's memory, and how a
-//! service's request to the log fares meanwhile.
+//! What one node's credential can cost the others through consumers: it
+//! makes consumers of its view (the only stream of the log's account it
+//! may read, docs/adr/028) as fast as it can, with the longest idle time
+//! allowed, on a secured server of the deployment's accounts, while a
+//! service keeps making consumers of the log and asking it for its head.
+//! Reports how many the node made and had refused, the server's memory,
+//! and the service's consumers and latency before and during.
 //!
 //! `cargo run --release -p lh-load-tests --bin consumer-flood -- --seconds 30`
 
@@ -98,8 +97,9 @@ async fn main() -> anyhow::Result<()> {
         .custom_inbox_prefix(auth::inbox_prefix(&auth::node_user(NODE)))
         .connect(nats.url())
         .await?;
+    scheduler.ensure_node_view_stream(NODE).await?;
     let log = jetstream::with_prefix(node, auth::NODE_LOG_API_PREFIX);
-    let events = log.get_stream(subject::EVENTS_STREAM).await?;
+    let events = log.get_stream(subject::node_view_stream(NODE)).await?;
     let view = subject::guarded(&subject::node_view(NODE));
 
     let (p50_before, p99_before) = service_latency(&scheduler, 200).await;
@@ -133,6 +133,15 @@ async fn main() -> anyhow::Result<()> {
         }));
     }
     let (p50_during, p99_during) = service_latency(&scheduler, 200).await;
+    // The service's own consumers of the log, made while the node floods.
+    let (mut service_made, mut service_refused) = (0u64, 0u64);
+    while Instant::now() < deadline {
+        match scheduler.feed(&[subject::EVENTS_ALL], 1).await {
+            Ok(_) => service_made += 1,
+            Err(_) => service_refused += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (mut made, mut refused, mut why) = (0, 0, None);
     for task in tasks {
         let (m, r, w) = task.await?;
@@ -144,32 +153,21 @@ async fn main() -> anyhow::Result<()> {
     let rss_after = rss_kib(pid);
     let alive = scheduler
         .jetstream()
-        .get_stream(subject::EVENTS_STREAM)
+        .get_stream(subject::node_view_stream(NODE))
         .await?
         .info()
         .await?
         .state
         .consumer_count;
     let rate = made as f64 / elapsed;
-    let account: serde_json::Value = serde_json::from_slice(
-        &scheduler
-            .client()
-            .request("$JS.API.INFO", "".into())
-            .await?
-            .payload,
-    )?;
-    eprintln!("the log's account: {account}");
     let per_consumer_kib = rss_after.saturating_sub(rss_before) as f64 / made.max(1) as f64;
     println!(
-        "consumer-flood: seconds={elapsed:.1} made={made} refused={refused} rate={rate:.0}/s alive={alive} \
+        "consumer-flood: seconds={elapsed:.1} made={made} refused={refused} rate={rate:.0}/s alive_on_view={alive} \
          rss_before={:.0}MiB rss_after={:.0}MiB per_consumer={per_consumer_kib:.1}KiB \
-         steady_state_alive={:.0} steady_state_rss={:.0}MiB \
          service_p50_ms={p50_before:.2}->{p50_during:.2} service_p99_ms={p99_before:.2}->{p99_during:.2} \
-         first_refusal={:?}",
+         service_feeds_made={service_made} service_feeds_refused={service_refused} first_refusal={:?}",
         rss_before as f64 / 1024.0,
         rss_after as f64 / 1024.0,
-        rate * CONSUMER_MAX_IDLE.as_secs_f64(),
-        rate * CONSUMER_MAX_IDLE.as_secs_f64() * per_consumer_kib / 1024.0,
         why.unwrap_or_default(),
     );
     Ok(())

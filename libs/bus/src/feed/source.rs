@@ -159,14 +159,26 @@ impl FeedSource {
         from_sequence: u64,
         items: tokio::sync::mpsc::Sender<Result<T>>,
     ) -> Result<tokio::task::JoinHandle<()>> {
-        let elections = self.subscribe_elections().await;
-        let messages = self.open(from_sequence).await?;
-        Ok(tokio::spawn(self.pump(
-            messages,
-            elections,
-            from_sequence,
-            items,
-        )))
+        let mut elections = self.subscribe_elections().await;
+        // A node's view may not be made yet when the node starts: it holds
+        // nothing yet, and the feed opens once it is there. The log itself
+        // missing is an error.
+        let missing = self.stream != subject::EVENTS_STREAM
+            && matches!(self.js.get_stream(self.stream).await, Err(ref e) if crate::streams::is_missing(e));
+        let messages = if missing {
+            tracing::info!(service = %self.service, stream = self.stream,
+                "the stream is not there yet; the feed opens once it is");
+            None
+        } else {
+            Some(self.open(from_sequence).await?)
+        };
+        Ok(tokio::spawn(async move {
+            let messages = match messages {
+                Some(messages) => messages,
+                None => self.reopen(from_sequence, &mut elections).await,
+            };
+            self.pump(messages, elections, from_sequence, items).await
+        }))
     }
 
     /// The server's announcements of a new leader of the business log. A

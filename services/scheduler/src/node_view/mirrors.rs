@@ -1,8 +1,10 @@
 //! The mirror of each node's view (docs/adr/028): a node reads its view in
 //! a stream of its own, where its consumers are capped, never in the log.
-//! Every node the log holds relays to gets its mirror, when the scheduler
-//! starts and as relays to a new node appear. A mirror copies from the
-//! start of the log, so one made late misses nothing.
+//! Every node the log holds relays to gets its mirror when the scheduler
+//! starts, and a node gets one as the first relay to it appears or its
+//! first heartbeat is heard (an agent reads an empty view until its mirror
+//! is there, and sends heartbeats from its start). A mirror copies from
+//! the start of the log, so one made late misses nothing.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -39,7 +41,14 @@ pub async fn keep(bus: Bus, shutdown: CancellationToken) {
 }
 
 async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusError> {
-    // Relays stored after this are read below; those before, by subject.
+    use futures::StreamExt as _;
+    // Heard from now on; relays stored after this are read below, those
+    // before by subject.
+    let mut heartbeats = bus
+        .client()
+        .subscribe(subject::HEARTBEATS_ALL)
+        .await
+        .map_err(|e| BusError::JetStream(format!("subscribing to heartbeats: {e}")))?;
     let head = bus.last_sequence().await?;
     let mut kept = HashSet::new();
     for node in bus.nodes_with_views().await? {
@@ -50,14 +59,21 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
         .reread(&[subject::NODE_VIEW_RELAYS_ALL], head + 1)
         .await?;
     loop {
-        let relay = tokio::select! {
+        let node = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            relay = relays.next() => relay,
+            relay = relays.next() => {
+                let relay = relay.ok_or_else(|| BusError::JetStream("the relays' feed ended".into()))??;
+                subject::node_of_view(&relay.subject).map(str::to_string)
+            }
+            heartbeat = heartbeats.next() => {
+                let heartbeat = heartbeat.ok_or_else(|| BusError::JetStream("the heartbeats ended".into()))?;
+                subject::node_of_heartbeat(&heartbeat.subject).map(str::to_string)
+            }
         };
-        let relay = relay.ok_or_else(|| BusError::JetStream("the relays' feed ended".into()))??;
-        let Some(node) = subject::node_of_view(&relay.subject) else {
+        let Some(node) = node else {
             continue;
         };
+        let node = node.as_str();
         if !kept.contains(node) {
             bus.ensure_node_view_stream(node).await?;
             tracing::info!(node, "made the mirror of a node's view");

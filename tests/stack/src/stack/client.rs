@@ -7,6 +7,11 @@ use serde_json::{json, Value};
 
 use super::{Stack, ADMIN_TOKEN};
 
+/// How long a lease is waited on by default.
+const LEASE_WAIT: Duration = Duration::from_secs(10);
+/// How often a waited-on lease is read.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
 impl Stack {
     pub async fn call(
         &self,
@@ -58,14 +63,32 @@ impl Stack {
 
     /// Asks for a lease and waits until it runs; the running lease.
     pub async fn running(&self, key: &str, body: Value) -> Value {
+        self.running_within(key, body, LEASE_WAIT).await
+    }
+
+    /// [`Self::running`], waiting up to `within`.
+    pub async fn running_within(&self, key: &str, body: Value, within: Duration) -> Value {
         let id = self.lease(key, body).await;
-        self.wait_lease(key, &id, |l| l["state"] == "running").await
+        self.wait_lease_within(key, &id, |l| l["state"] == "running", within)
+            .await
     }
 
     /// Polls a lease until `pred` holds (10 s at most).
     pub async fn wait_lease(&self, key: &str, id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_lease_within(key, id, pred, LEASE_WAIT).await
+    }
+
+    /// [`Self::wait_lease`], up to `within`.
+    pub async fn wait_lease_within(
+        &self,
+        key: &str,
+        id: &str,
+        pred: impl Fn(&Value) -> bool,
+        within: Duration,
+    ) -> Value {
         let mut last = Value::Null;
-        for _ in 0..200 {
+        let polls = (within.as_millis() / LEASE_POLL.as_millis()).max(1);
+        for _ in 0..polls {
             let (status, body) = self
                 .call(reqwest::Method::GET, &format!("/v1/leases/{id}"), key, None)
                 .await;
@@ -75,7 +98,7 @@ impl Stack {
             // client would be told on a loaded machine.
             if status == 404 || status == 503 {
                 last = body;
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(LEASE_POLL).await;
                 continue;
             }
             assert_eq!(status, 200, "{body}");
@@ -83,9 +106,9 @@ impl Stack {
                 return body;
             }
             last = body;
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(LEASE_POLL).await;
         }
-        panic!("lease {id} never reached the expected state; last: {last}");
+        panic!("lease {id} never reached the expected state within {within:?}; last: {last}");
     }
 
     /// Creates a tenant from a whole request body; the 201 answer.
