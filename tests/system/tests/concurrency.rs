@@ -119,10 +119,30 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Replay the log: a GPU is held from its lease's placement to its end.
+    // Replay the log: a GPU is held from its lease's placement to its end,
+    // its suspension or its move (a move holds the GPUs it moves to).
     let mut held: HashMap<(String, u32), String> = HashMap::new();
     let mut placed_once: HashSet<String> = HashSet::new();
     let mut decided: HashSet<String> = HashSet::new();
+    let hold = |held: &mut HashMap<(String, u32), String>,
+                node: &str,
+                gpus: &[lh_events::AssignedGpu],
+                lease: &str| {
+        for g in gpus {
+            if let Some(other) = held.insert((node.to_string(), g.index), lease.to_string()) {
+                let story: Vec<String> = log
+                    .iter()
+                    .filter(|e| e.subject.contains(lease) || e.subject.contains(&other))
+                    .map(|e| format!("{} {}", e.sequence, e.subject))
+                    .collect();
+                panic!(
+                    "GPU {node}/{} given to {lease} while {other} holds it:\n{}",
+                    g.index,
+                    story.join("\n")
+                );
+            }
+        }
+    };
     for e in &log {
         match &e.envelope.data {
             EventData::LeasePlaced(p) => {
@@ -132,14 +152,17 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
                     "lease {lease} placed twice"
                 );
                 decided.insert(lease.clone());
-                for g in &p.gpus {
-                    if let Some(other) = held.insert((p.node_id.clone(), g.index), lease.clone()) {
-                        panic!(
-                            "GPU {}/{} given to {lease} while {other} holds it",
-                            p.node_id, g.index
-                        );
-                    }
+                hold(&mut held, &p.node_id, &p.gpus, &lease);
+            }
+            EventData::LeaseMigrated(m) => {
+                let lease = m.lease_id.to_string();
+                held.retain(|_, l| *l != lease);
+                if let Some(to) = &m.to {
+                    hold(&mut held, &to.node_id, &to.gpus, &lease);
                 }
+            }
+            EventData::LeaseSuspended(s) => {
+                held.retain(|_, l| *l != s.lease_id.to_string());
             }
             EventData::LeaseQueued(q) => {
                 decided.insert(q.lease_id.to_string());
