@@ -1,4 +1,5 @@
-//! Writes the NATS server's users and permissions (see `lh_bus::auth`).
+//! Writes the NATS server's users, permissions and accounts (see
+//! `lh_bus::auth`; a node's own account: docs/adr/028).
 //!
 //! ```text
 //! lh-nats-auth permissions          the permissions of the fixed users (deploy/nats/permissions.conf)
