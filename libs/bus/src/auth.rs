@@ -364,9 +364,11 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             // It keeps the mirror of each node's view (docs/adr/028). A
             // stream's name is one token, so the permission cannot name
             // the mirrors' alone; update and delete stay the operator's.
+            // It renews a mirror stalled on the log's old leader.
             p.publish.extend([
                 "$JS.API.STREAM.INFO.*".to_string(),
                 "$JS.API.STREAM.CREATE.*".to_string(),
+                "$JS.API.STREAM.LEADER.STEPDOWN.*".to_string(),
             ]);
             p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
         }

@@ -324,6 +324,36 @@ impl Bus {
         Ok(())
     }
 
+    /// How long node `node_id`'s view mirror has not heard from the log
+    /// (`None` when it has no mirror or the server does not say).
+    pub async fn node_view_silence(&self, node_id: &str) -> Result<Option<Duration>> {
+        let mut stream = match self.js.get_stream(subject::node_view_stream(node_id)).await {
+            Ok(stream) => stream,
+            Err(e) if is_missing(&e) => return Ok(None),
+            Err(e) => return Err(js_err(e)),
+        };
+        let info = stream.info().await.map_err(js_err)?;
+        Ok(info.mirror.as_ref().and_then(|mirror| mirror.active))
+    }
+
+    /// Has the members of node `node_id`'s view mirror elect a new leader,
+    /// which sets the mirror up on the log afresh: nats-server retries a
+    /// mirror that lost the log's leader after a growing wait (measured
+    /// past 30 s on a loaded machine). A single server's refusal is Ok.
+    pub async fn renew_node_view(&self, node_id: &str) -> Result<()> {
+        let subject = format!(
+            "STREAM.LEADER.STEPDOWN.{}",
+            subject::node_view_stream(node_id)
+        );
+        let answer: serde_json::Value = self
+            .js
+            .request(subject, &serde_json::json!({}))
+            .await
+            .map_err(js_err)?;
+        tracing::info!(node_id, %answer, "asked a node's view mirror for a new leader");
+        Ok(())
+    }
+
     /// Every node the log holds relays to (the subjects of its views).
     pub async fn nodes_with_views(&self) -> Result<Vec<String>> {
         use futures::TryStreamExt as _;

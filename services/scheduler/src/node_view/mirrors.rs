@@ -6,8 +6,10 @@
 //! is there, and sends heartbeats from its start). A mirror copies from
 //! the start of the log, so one made late misses nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lh_bus::{Bus, BusError};
 use lh_events::subject;
@@ -19,6 +21,16 @@ const MAX_NODES_REMEMBERED: usize = 65_536;
 /// First wait after a failure before starting over; it doubles up to the max.
 const RETRY_MIN_WAIT: Duration = Duration::from_millis(200);
 const RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
+/// How long after the log elects a leader the mirrors are watched.
+const WATCH_AFTER_ELECTION: Duration = Duration::from_secs(120);
+/// How often a watched mirror is looked at.
+const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+/// Longest a healthy mirror goes without word from the log: it hears a
+/// heartbeat every second.
+const MIRROR_SILENCE_MAX: Duration = Duration::from_secs(3);
+/// Least time between two renewals of one mirror (an election takes a
+/// few seconds).
+const RENEWAL_MIN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Keeps every node's mirror until `shutdown`, starting over after a
 /// failure (the server away, a mirror refused).
@@ -58,6 +70,20 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
     let mut relays = bus
         .reread(&[subject::NODE_VIEW_RELAYS_ALL], head + 1)
         .await?;
+    // A mirror that lost the log's leader is retried by the server after a
+    // growing wait; for a while after each election the mirrors are
+    // watched, and one silent for long is renewed.
+    let mut elections = bus
+        .client()
+        .subscribe(format!(
+            "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{}",
+            subject::EVENTS_STREAM
+        ))
+        .await
+        .map_err(|e| BusError::JetStream(format!("subscribing to elections: {e}")))?;
+    let mut watch_until: Option<Instant> = None;
+    let mut renewed: HashMap<String, Instant> = HashMap::new();
+    let mut watch = tokio::time::interval(WATCH_INTERVAL);
     loop {
         let node = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -69,6 +95,14 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
                 let heartbeat = heartbeat.ok_or_else(|| BusError::JetStream("the heartbeats ended".into()))?;
                 subject::node_of_heartbeat(&heartbeat.subject).map(str::to_string)
             }
+            Some(_) = elections.next() => {
+                watch_until = Some(Instant::now() + WATCH_AFTER_ELECTION);
+                None
+            }
+            _ = watch.tick(), if watch_until.is_some_and(|until| Instant::now() < until) => {
+                renew_silent(bus, &kept, &mut renewed).await;
+                None
+            }
         };
         let Some(node) = node else {
             continue;
@@ -78,6 +112,35 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
             bus.ensure_node_view_stream(node).await?;
             tracing::info!(node, "made the mirror of a node's view");
             remember(&mut kept, node.to_string());
+        }
+    }
+}
+
+/// Renews each kept mirror that has not heard from the log for longer
+/// than a healthy one does, at most once per [`RENEWAL_MIN_INTERVAL`].
+async fn renew_silent(bus: &Bus, kept: &HashSet<String>, renewed: &mut HashMap<String, Instant>) {
+    for node in kept {
+        let silence = match bus.node_view_silence(node).await {
+            Ok(Some(silence)) => silence,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(node, error = %e, "cannot look at a node's view mirror");
+                continue;
+            }
+        };
+        let recently = renewed
+            .get(node)
+            .is_some_and(|at| at.elapsed() < RENEWAL_MIN_INTERVAL);
+        if silence > MIRROR_SILENCE_MAX && !recently {
+            tracing::warn!(
+                node,
+                silence_ms = silence.as_millis() as u64,
+                "a node's view mirror has not heard from the log; renewing it"
+            );
+            if let Err(e) = bus.renew_node_view(node).await {
+                tracing::warn!(node, error = %e, "cannot renew a node's view mirror");
+            }
+            renewed.insert(node.clone(), Instant::now());
         }
     }
 }

@@ -403,5 +403,6 @@ async fn write(
 }
 
 mod mirrors;
+pub use mirrors::keep as keep_mirrors;
 #[cfg(test)]
 mod tests;
