@@ -84,6 +84,8 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
     let mut watch_until: Option<Instant> = None;
     let mut renewed: HashMap<String, Instant> = HashMap::new();
     let mut watch = tokio::time::interval(WATCH_INTERVAL);
+    // Ticks missed while nothing was watched are not made up.
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let node = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
