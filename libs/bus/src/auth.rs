@@ -261,7 +261,7 @@ const LEADER_ELECTED: &str = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED";
 /// account. Each node's account imports a narrow part of it, its own
 /// ([`node_imports`]); an account exists only in the server's config, so
 /// no other can import anything.
-pub fn log_exports() -> Vec<NodeImport> {
+fn log_exports() -> Vec<NodeImport> {
     let service = |subject: String| NodeImport {
         local: subject.clone(),
         streamed: subject.contains(".MSG.NEXT."),
@@ -283,21 +283,6 @@ pub fn log_exports() -> Vec<NodeImport> {
 /// announcements of a new leader of any of its streams.
 fn log_stream_exports() -> Vec<String> {
     vec![format!("{LEADER_ELECTED}.*")]
-}
-
-/// Whether every subject `narrow` matches, `wide` matches too.
-pub fn subject_within(narrow: &str, wide: &str) -> bool {
-    let (mut n, mut w) = (narrow.split('.'), wide.split('.'));
-    loop {
-        match (n.next(), w.next()) {
-            (_, Some(">")) => return true,
-            (Some(">"), _) => return false,
-            (Some(_), Some("*")) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
 }
 
 /// What node `node_id`'s account answers for the log's account: reads of
@@ -679,6 +664,21 @@ mod tests {
                 "lh-snapshots-scheduler"
             };
             assert!(buckets.iter().all(|s| s.contains(own)), "{buckets:?}");
+        }
+    }
+
+    /// Whether every subject `narrow` matches, `wide` matches too.
+    fn subject_within(narrow: &str, wide: &str) -> bool {
+        let (mut n, mut w) = (narrow.split('.'), wide.split('.'));
+        loop {
+            match (n.next(), w.next()) {
+                (_, Some(">")) => return true,
+                (Some(">"), _) => return false,
+                (Some(_), Some("*")) => {}
+                (Some(a), Some(b)) if a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
         }
     }
 

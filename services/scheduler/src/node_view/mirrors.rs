@@ -18,9 +18,6 @@ use lh_service::CancellationToken;
 /// Most nodes whose mirrors one run remembers having made; past it a relay
 /// to a node not remembered costs a look at whether its mirror exists.
 const MAX_NODES_REMEMBERED: usize = 65_536;
-/// First wait after a failure before starting over; it doubles up to the max.
-const RETRY_MIN_WAIT: Duration = Duration::from_millis(200);
-const RETRY_MAX_WAIT: Duration = Duration::from_secs(5);
 /// How long after the log elects a leader the mirrors are watched.
 const WATCH_AFTER_ELECTION: Duration = Duration::from_secs(120);
 /// How often a watched mirror is looked at.
@@ -35,21 +32,10 @@ const RENEWAL_MIN_INTERVAL: Duration = Duration::from_secs(10);
 /// Keeps every node's mirror until `shutdown`, starting over after a
 /// failure (the server away, a mirror refused).
 pub async fn keep(bus: Bus, shutdown: CancellationToken) {
-    let mut wait = RETRY_MIN_WAIT;
-    while !shutdown.is_cancelled() {
-        match keep_once(&bus, &shutdown).await {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
-                    "keeping the nodes' view mirrors stopped; starting again");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                wait = (wait * 2).min(RETRY_MAX_WAIT);
-            }
-        }
-    }
+    super::restarted("keeping the nodes' view mirrors", &shutdown, || {
+        keep_once(&bus, &shutdown)
+    })
+    .await
 }
 
 async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusError> {

@@ -376,27 +376,51 @@ async fn write(
     node_clock_skew: chrono::Duration,
     shutdown: lh_service::CancellationToken,
 ) {
-    let mut wait = std::time::Duration::from_millis(200);
+    restarted("the nodes' views", &shutdown, || {
+        let bus = bus.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            let mut views = NodeViews::new(node_clock_skew);
+            lh_service::decider::run(
+                &bus,
+                &mut views,
+                &lh_service::clock::SystemClock,
+                shutdown,
+                lh_service::Readiness::default(),
+            )
+            .await
+        }
+    })
+    .await
+}
+
+/// First wait after a failure of one of the views' loops before it starts
+/// over; it doubles up to the max.
+const RESTART_MIN_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+const RESTART_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `term` until it returns Ok or `shutdown`, starting it over after
+/// each failure (`what` names it in the log).
+async fn restarted<F, E>(
+    what: &str,
+    shutdown: &lh_service::CancellationToken,
+    mut term: impl FnMut() -> F,
+) where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut wait = RESTART_MIN_WAIT;
     while !shutdown.is_cancelled() {
-        let mut views = NodeViews::new(node_clock_skew);
-        let result = lh_service::decider::run(
-            &bus,
-            &mut views,
-            &lh_service::clock::SystemClock,
-            shutdown.clone(),
-            lh_service::Readiness::default(),
-        )
-        .await;
-        match result {
+        match term().await {
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
-                    "the nodes' views stopped; starting them again");
+                    "{what} stopped; starting again");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
                 }
-                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                wait = (wait * 2).min(RESTART_MAX_WAIT);
             }
         }
     }
