@@ -24,6 +24,45 @@ pub const GPU_MODELS: &[(&str, u32)] = &[
     ("RTX4090-24GB", 24),
 ];
 
+/// What a lease gets of its node's host with each whole GPU of a model:
+/// `(model, vCPUs, RAM in GiB)`, as the usual cloud instances of that GPU
+/// give (A100: 96 vCPUs and 1,152 GiB for 8; H100: 192 and 2,048 for 8;
+/// A10G: 48 and 192 for 4; L4 and L40S: their single-GPU sizes). A share or
+/// a MIG instance gets its part of one GPU's. A node whose host has less
+/// for its GPUs gives each lease its part of what it has instead
+/// ([`host_share_per_gpu`]).
+pub const HOST_PER_GPU: &[(&str, u32, u32)] = &[
+    ("A100-40GB", 12, 144),
+    ("A100-80GB", 12, 144),
+    ("H100-80GB", 24, 256),
+    ("H200-141GB", 24, 256),
+    ("A10G-24GB", 12, 48),
+    ("A30-24GB", 8, 64),
+    ("L4-24GB", 4, 16),
+    ("L40S-48GB", 8, 64),
+    ("RTX4090-24GB", 8, 32),
+];
+
+/// A whole GPU's part of its host: CPU in thousandths of a core, RAM in
+/// bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostShare {
+    pub cpu_milli: u64,
+    pub memory_bytes: u64,
+}
+
+/// What one whole GPU of `model` brings of its host, per the catalogue;
+/// `None` for a model it does not know.
+pub fn host_share_per_gpu(model: &str) -> Option<HostShare> {
+    HOST_PER_GPU
+        .iter()
+        .find(|(name, _, _)| *name == model)
+        .map(|(_, vcpus, gib)| HostShare {
+            cpu_milli: u64::from(*vcpus) * 1000,
+            memory_bytes: u64::from(*gib) << 30,
+        })
+}
+
 /// Most GPUs one lease may hold (all on one node).
 pub const MAX_GPUS_PER_LEASE: u32 = 8;
 /// A whole GPU in milli-GPU: the most a fractional share may take.
@@ -177,6 +216,22 @@ mod tests {
 
     fn field(model: &str, ask: GpuAsk) -> &'static str {
         check(model, &ask).unwrap_err().field
+    }
+
+    #[test]
+    fn every_model_brings_cpu_and_ram_of_its_host() {
+        for model in model_names() {
+            let share = host_share_per_gpu(model).unwrap_or_else(|| panic!("{model}"));
+            assert!(
+                share.cpu_milli >= 1000 && share.memory_bytes >= 1 << 30,
+                "{model}"
+            );
+        }
+        assert_eq!(host_share_per_gpu("nope"), None);
+        assert_eq!(
+            host_share_per_gpu("A100-40GB").unwrap().memory_bytes,
+            144 << 30
+        );
     }
 
     #[test]

@@ -270,6 +270,19 @@ pub enum LeaseFailure {
     /// an allocation error (the share's limit held; its neighbours kept
     /// their memory).
     GpuMemoryExceeded,
+    /// It used all the host memory its size gives and the kernel's OOM
+    /// killer ended it.
+    OutOfMemory,
+    /// Its image is neither on its node nor to be pulled from anywhere the
+    /// node may pull from.
+    ImageMissing,
+    /// Its container was not running within the node's start timeout (a
+    /// pull that took too long, a stuck engine).
+    StartTimeout,
+    /// The container engine refused to run it, its image present.
+    EngineError,
+    /// Its workload exited non-zero (`exit_code`) for a reason of its own.
+    ExitCode,
     /// A cause a newer node named that this reader does not know: still a
     /// failure, so an older reader keeps the event.
     #[serde(other)]

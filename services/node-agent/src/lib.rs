@@ -257,6 +257,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         Some(memory_bytes) => workloads.share_out(workload::assignment::Host {
             memory_bytes,
             gpu_count: inventory.gpus.len() as u32,
+            cpu_milli: workload::assignment::host_cpu_milli(),
+            per_gpu: inventory
+                .gpus
+                .first()
+                .and_then(|g| lh_domain::catalog::host_share_per_gpu(&g.model)),
         }),
         None => tracing::warn!("cannot read the host's memory: workloads get no memory limit"),
     }

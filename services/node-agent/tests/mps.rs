@@ -458,7 +458,11 @@ async fn given_the_simulated_mps_when_shares_allocate_then_each_gets_its_own_lim
     let end = finished(&mut ended).await;
     assert_eq!(
         (end.lease_id, end.exit.code, end.failure),
-        (bypass, Some(sim_mps::NO_CONTEXT_EXIT_CODE), None)
+        (
+            bypass,
+            Some(sim_mps::NO_CONTEXT_EXIT_CODE),
+            Some(LeaseFailure::ExitCode)
+        )
     );
     workloads.forget(bypass, 1);
 

@@ -409,6 +409,7 @@ fn fake_cli(dir: &Path) -> PathBuf {
         r#"#!/bin/sh
 echo "$*" >> '{d}/calls'
 case "$1" in
+  info) echo systemd ;;
   ps) cat '{d}/ps.out' ;;
   wait) while [ ! -e "{d}/exit-$2" ]; do sleep 0.02; done; cat "{d}/exit-$2" ;;
   stop) echo 143 > "{d}/exit-$4" ;;
@@ -459,8 +460,9 @@ async fn containers_of_this_node_are_adopted_or_stopped_and_removed() {
     }
     let calls = calls();
     let lines: Vec<&str> = calls.lines().collect();
+    assert_eq!(lines[0], "info --format {{.CgroupDriver}}");
     assert_eq!(
-        lines[0],
+        lines[1],
         "ps --all --filter label=leasehold.node=node-a --filter label=leasehold.lease --format {{.Names}}"
     );
     assert!(lines.contains(&format!("stop --timeout 2 lh-{gone}").as_str()));

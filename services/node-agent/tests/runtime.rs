@@ -28,6 +28,7 @@ fn assignment() -> Assignment {
         vram_limit_mib: None,
         compute_milli: None,
         memory_share_bytes: None,
+        cpu_milli: None,
         mps_pipe_dir: None,
         mps_server_uid: None,
         log_file: None,
@@ -638,7 +639,8 @@ async fn real_cgroup_v2_limits_when_the_host_has_them() {
 // ---- container runtime, against a fake CLI ----------------------------------
 
 /// Writes `dir/docker`: appends its arguments, tab-separated, one line per
-/// invocation to `dir/calls`; `run` saves its environment to `dir/run.env`
+/// invocation to `dir/calls` (looks at the engine's state, `container`,
+/// `image` and `rm`, to `dir/looks` instead); `run` saves its environment to `dir/run.env`
 /// and its pid to `dir/run.pid`, then does `run_body`; `stop` does
 /// `stop_body`.
 fn fake_cli(dir: &Path, run_body: &str, stop_body: &str) -> PathBuf {
@@ -648,6 +650,9 @@ fn fake_cli(dir: &Path, run_body: &str, stop_body: &str) -> PathBuf {
 tab=$(printf '\t')
 line=''
 for arg in "$@"; do line="$line$arg$tab"; done
+case "$1" in
+container|image|rm) printf '%s\n' "$line" >> '{d}/looks'; exit 0 ;;
+esac
 printf '%s\n' "$line" >> '{d}/calls'
 case "$1" in
 run)
@@ -717,17 +722,37 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
 
     let name = format!("lh-{}", a.lease_id);
     let devices = "GPU-5f0c1a2b,MIG-7d3e9f10";
+    let limit = (4096 * MIB * 80 / 100).to_string();
     let run: Vec<String> = [
         "run",
-        "--rm",
         "--name",
         &name,
+        "--pull",
+        "missing",
+        "--tmpfs",
+        &format!("/scratch:rw,nosuid,nodev,size={limit},mode=1777"),
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--network",
+        "none",
+        "--log-driver",
+        "none",
+        "--pids-limit",
+        "4096",
+        "--ulimit",
+        "nofile=16384:16384",
+        "--ulimit",
+        "nproc=4096:4096",
+        "--memory",
+        &limit,
+        "--memory-reservation",
+        &limit,
+        "--memory-swap",
+        &limit,
         "--gpus",
         &format!("\"device={devices}\""),
-        "--memory",
-        &(4096 * MIB * 80 / 100).to_string(),
-        "--memory-reservation",
-        &(4096 * MIB * 80 / 100).to_string(),
         "--env-file",
         &tenant_env_file.display().to_string(),
         "-e",
@@ -767,6 +792,12 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         .unwrap()
         .contains("s3cret"));
     assert!(!tenant_env_file.exists(), "env file left behind");
+    // The container is removed once the agent knows how it ended.
+    let looks = fs::read_to_string(dir.path().join("looks")).unwrap();
+    assert!(
+        looks.ends_with(&format!("rm\t--force\t{name}\t\n")),
+        "{looks}"
+    );
 }
 
 #[tokio::test]
@@ -832,7 +863,10 @@ async fn the_run_exit_code_is_the_workloads() {
     let run = calls[0].join(" ");
     assert!(
         run.starts_with(&format!(
-            "run --rm --name lh-{} --device nvidia.com/gpu=GPU-5f0c1a2b --env-file ",
+            "run --name lh-{} --pull missing --tmpfs /scratch:rw,nosuid,nodev,size=1073741824,mode=1777 \
+             --cap-drop ALL --security-opt no-new-privileges --userns auto:size=65536 --network none \
+             --log-driver none --pids-limit 4096 --ulimit nofile=16384:16384 --ulimit nproc=4096:4096 \
+             --device nvidia.com/gpu=GPU-5f0c1a2b --env-file ",
             a.lease_id
         )),
         "{run}"

@@ -221,7 +221,11 @@ pub struct LeaseView {
     pub end_reason: Option<String>,
     /// What made a failed lease fail, where its node could tell:
     /// `gpu_memory_exceeded` (its workload asked for more GPU memory than
-    /// its share holds and got an allocation error).
+    /// its share holds and got an allocation error), `out_of_memory` (the
+    /// OOM killer ended it at its host memory limit), `image_missing`,
+    /// `start_timeout` (its container was not running in time),
+    /// `engine_error` (the container engine refused it), `exit_code` (it
+    /// exited non-zero: `exit_code`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     /// Times the lease was moved to other GPUs (its node was lost).

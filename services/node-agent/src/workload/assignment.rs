@@ -24,6 +24,9 @@ pub struct Assignment {
     /// The lease's share of the node's RAM, bytes; the cgroup and container
     /// memory limits are percentages of it.
     pub memory_share_bytes: Option<u64>,
+    /// The lease's share of the node's CPUs, in thousandths of a core: a
+    /// container's `--cpus`.
+    pub cpu_milli: Option<u64>,
     /// The pipe directory of the MPS daemon that enforces the share
     /// ([`mps`](super::mps)); the workload connects through it as an MPS client.
     pub mps_pipe_dir: Option<PathBuf>,
@@ -68,6 +71,56 @@ pub fn validate_assignment(assignment: &Assignment) -> Result<(), RuntimeError> 
 pub struct Host {
     pub memory_bytes: u64,
     pub gpu_count: u32,
+    /// The host's CPUs in thousandths of a core; `None`: no CPU limit.
+    pub cpu_milli: Option<u64>,
+    /// What the catalogue gives with each whole GPU of the node's model:
+    /// a lease never gets more than that, even on a roomier host.
+    pub per_gpu: Option<lh_domain::catalog::HostShare>,
+}
+
+impl Host {
+    /// The lease's RAM: its part of the host's, at most what the catalogue
+    /// gives with its GPUs.
+    pub fn memory_share(&self, gpus: &[AssignedGpu]) -> Option<u64> {
+        let part = memory_share_bytes(self.memory_bytes, self.gpu_count, gpus)?;
+        Some(match self.per_gpu {
+            Some(per_gpu) => part.min(catalogue_part(per_gpu.memory_bytes, gpus)?),
+            None => part,
+        })
+    }
+
+    /// The lease's CPU in thousandths of a core: its part of the host's, at
+    /// most what the catalogue gives with its GPUs, and never under a tenth
+    /// of a core (a smaller quota starves even a shell).
+    pub fn cpu_share(&self, gpus: &[AssignedGpu]) -> Option<u64> {
+        let part = memory_share_bytes(self.cpu_milli?, self.gpu_count, gpus)?;
+        let capped = match self.per_gpu {
+            Some(per_gpu) => part.min(catalogue_part(per_gpu.cpu_milli, gpus)?),
+            None => part,
+        };
+        Some(capped.max(MIN_CPU_MILLI))
+    }
+}
+
+/// The least CPU a lease is given, in thousandths of a core.
+pub const MIN_CPU_MILLI: u64 = 100;
+
+/// `per_gpu` for the GPUs held: a whole GPU's, or a share's part of it.
+fn catalogue_part(per_gpu: u64, gpus: &[AssignedGpu]) -> Option<u64> {
+    let held_milli: u64 = gpus
+        .iter()
+        .map(|g| u64::from(g.milli.unwrap_or(MILLI_PER_GPU)))
+        .sum();
+    u64::try_from(u128::from(per_gpu) * u128::from(held_milli) / u128::from(MILLI_PER_GPU))
+        .ok()
+        .filter(|&v| v > 0)
+}
+
+/// The host's CPUs, in thousandths of a core.
+pub fn host_cpu_milli() -> Option<u64> {
+    std::thread::available_parallelism()
+        .ok()
+        .map(|n| n.get() as u64 * 1000)
 }
 
 /// What a lease holds on this node, as the runtime needs it: device UUIDs
@@ -101,6 +154,7 @@ pub fn assignment(
         vram_limit_mib: share.map(|(_, v)| u64::from(v) * 1024),
         compute_milli: share.map(|(m, _)| m),
         memory_share_bytes,
+        cpu_milli: None,
         mps_pipe_dir: None,
         mps_server_uid: None,
         log_file: None,
@@ -175,6 +229,41 @@ mod tests {
             Some(16_303_140 * 1024)
         );
         assert_eq!(parse_mem_total("nothing"), None);
+    }
+
+    #[test]
+    fn a_lease_gets_no_more_of_the_host_than_the_catalogue_gives_with_its_gpus() {
+        const GIB: u64 = 1 << 30;
+        let host = Host {
+            memory_bytes: 2048 * GIB,
+            gpu_count: 8,
+            cpu_milli: Some(256_000),
+            per_gpu: lh_domain::catalog::host_share_per_gpu("A100-40GB"),
+        };
+        let two = [gpu("GPU-a"), gpu("GPU-b")];
+        // The host would give 512 GiB and 64 cores; the catalogue 288 and 24.
+        assert_eq!(host.memory_share(&two), Some(288 * GIB));
+        assert_eq!(host.cpu_share(&two), Some(24_000));
+        // A small host (this machine: 2 cores, 24 GiB) gives its part.
+        let small = Host {
+            memory_bytes: 24 * GIB,
+            cpu_milli: Some(2000),
+            ..host
+        };
+        assert_eq!(small.memory_share(&two), Some(6 * GIB));
+        assert_eq!(small.cpu_share(&two), Some(500));
+        let sliver = [AssignedGpu {
+            milli: Some(10),
+            ..gpu("GPU-a")
+        }];
+        assert_eq!(small.cpu_share(&sliver), Some(MIN_CPU_MILLI));
+        let unlimited = Host {
+            cpu_milli: None,
+            per_gpu: None,
+            ..small
+        };
+        assert_eq!(unlimited.cpu_share(&two), None);
+        assert_eq!(unlimited.memory_share(&two), Some(6 * GIB));
     }
 
     #[test]

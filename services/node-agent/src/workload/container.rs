@@ -1,15 +1,27 @@
-//! The container runtime: the lease's image run by the docker or podman CLI
-//! with the NVIDIA flags.
+//! The container runtime: the lease's image run by the docker or podman CLI.
 //!
-//! `<cli> run --rm --name lh-<lease_id>` stays in the foreground; its exit
+//! `<cli> run --name lh-<lease_id>` stays in the foreground; its exit
 //! code is the workload's (docker and podman pass the container's through;
-//! 125 to 127 are the CLI's own errors). The GPUs are given by UUID:
+//! 125 to 127 are the CLI's own errors). The container is removed by the
+//! agent after its exit, once the agent has read why it ended. The GPUs
+//! are given by UUID:
 //!
 //! * docker (NVIDIA container toolkit): `--gpus "device=GPU-a,GPU-b"`, with
 //!   the double quotes in the argument, because docker splits the value of
 //!   `--gpus` on commas as CSV;
 //! * podman (CDI): one `--device nvidia.com/gpu=<uuid>` per device; the CDI
-//!   spec (`nvidia-ctk cdi generate`) must name devices by UUID.
+//!   spec (`nvidia-ctk cdi generate`) must name devices by UUID;
+//! * simulated GPUs ([`GpuDevices::StandIn`]): one stand-in character
+//!   device per GPU, made by the agent, passed with `--device`.
+//!
+//! Every container is confined the same way ([`run_args`]; the tests on a
+//! real engine are `tests/container_engine.rs`): a read-only root with a
+//! writable `/scratch` (tmpfs); no capability; `no-new-privileges`; the
+//! engine's default seccomp profile; with podman a user namespace of its
+//! own (`--userns=auto`, from the host's `containers` subordinate ids), so
+//! that root inside is an unprivileged id outside; no network; no host
+//! path; process, file and CPU limits and a memory limit from the lease's
+//! size; no log kept by the engine (the lease log is the one copy).
 //!
 //! The lease's variables ([`super::lease_env`]) go in as `-e NAME=value`,
 //! after the tenant's: those are written to a 0600 `--env-file` in the
@@ -19,9 +31,7 @@
 //! the CLI itself). The CLI runs with a cleared environment plus the few
 //! variables of the agent's that it needs ([`CLI_ENV_ALLOWED`]). The image
 //! must be an OCI image reference and comes after `--`, so that no image
-//! string can be read as a flag. With a RAM share, `--memory` and
-//! `--memory-reservation` are the hard and soft percentages of it, as for
-//! the process runtime's cgroup.
+//! string can be read as a flag.
 //!
 //! The container carries its lease's mark for a restarted agent
 //! ([`super::reconcile`]): the name, and the labels `leasehold.lease` and
@@ -32,9 +42,6 @@
 //! process then exits (137 when the container was killed). If the CLI does
 //! not finish within the margin after that, the `run` process group is
 //! SIGKILLed.
-//!
-//! No container engine runs where this was written: it is tested against a
-//! fake CLI that records its arguments (`tests/runtime.rs`).
 
 use std::fs;
 use std::io::{self, Write};
@@ -48,6 +55,7 @@ use tokio::process::Command;
 use uuid::Uuid;
 
 use super::cgroup::{memory_limits, DEFAULT_HARD_LIMIT_PCT, DEFAULT_SOFT_LIMIT_PCT};
+use super::container_cgroup::ContainerCgroups;
 use super::{
     is_share, lease_env, mark, tenant_env, validate_assignment, validate_env, Assignment, Exit,
     Kind, RunningWorkload, Runtime, RuntimeError, StopOutcome, Workload, ENV_LD_PRELOAD,
@@ -79,6 +87,59 @@ pub const CLI_ENV_ALLOWED: [&str; 14] = [
     "CONTAINERS_STORAGE_CONF",
 ];
 
+/// Most processes and threads of one container, by default.
+pub const DEFAULT_PIDS_MAX: u32 = 4096;
+/// Most open files of one container's processes, by default: under the
+/// hard limit a sandboxed agent is commonly given (20,000 here).
+pub const DEFAULT_NOFILE_MAX: u32 = 16_384;
+/// How long a container may take from `run` to running (a pull included),
+/// by default.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(900);
+/// `/scratch` of a lease without a memory limit, bytes.
+pub const DEFAULT_SCRATCH_BYTES: u64 = 1 << 30;
+/// Where a container's writable scratch space is; its root is read-only.
+pub const SCRATCH_DIR: &str = "/scratch";
+/// The ids of one container's user namespace (podman `--userns=auto`).
+pub const USERNS_SIZE: u32 = 65_536;
+/// How often a starting container is looked at until it runs.
+const START_POLL: Duration = Duration::from_millis(200);
+
+/// When the engine fetches the image (`--pull`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PullPolicy {
+    /// Only an image the engine does not hold yet.
+    Missing,
+    /// Never: a lease of an image the node lacks fails `image_missing`.
+    Never,
+    /// Every start.
+    Always,
+    /// When the registry has a newer one.
+    Newer,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Missing => "missing",
+            PullPolicy::Never => "never",
+            PullPolicy::Always => "always",
+            PullPolicy::Newer => "newer",
+        }
+    }
+}
+
+/// How a lease's GPUs reach its container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuDevices {
+    /// Through the NVIDIA toolkit (docker `--gpus`) or its CDI spec (podman).
+    Toolkit,
+    /// Simulated GPUs: a stand-in character device per GPU at
+    /// `<dir>/<uuid>`, made by the agent on the first start, passed with
+    /// `--device` and seen at the same path inside (a user namespace
+    /// cannot make device nodes, so the engine binds the host's path).
+    StandIn { dir: PathBuf },
+}
+
 /// Which CLI, for the flags that differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CliFlavor {
@@ -88,12 +149,45 @@ pub enum CliFlavor {
     Podman,
 }
 
+/// The container engine's CLI as the agent runs it: the binary, its
+/// flavour, and the global flags every call gets (`--cgroup-manager
+/// cgroupfs --runtime runc` on this kind of host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Engine {
+    pub cli: PathBuf,
+    pub flavor: CliFlavor,
+    pub global_args: Vec<String>,
+}
+
+impl Engine {
+    /// The CLI with its global flags, in a cleared environment
+    /// ([`cli_command`]).
+    pub(crate) fn command(&self) -> Command {
+        let mut command = cli_command(&self.cli);
+        command.args(&self.global_args);
+        command
+    }
+}
+
 /// Runs workloads as containers through a docker or podman CLI.
 #[derive(Debug, Clone)]
 pub struct ContainerRuntime {
     /// The CLI binary (`docker`, `/usr/bin/podman`, …).
     pub cli: PathBuf,
     pub flavor: CliFlavor,
+    /// Flags before the subcommand of every call.
+    pub global_args: Vec<String>,
+    pub pull: PullPolicy,
+    /// podman: a user namespace per container (`--userns=auto`).
+    pub user_namespace: bool,
+    pub pids_max: u32,
+    pub nofile_max: u32,
+    /// From `run` to running; past it the lease fails `start_timeout`.
+    pub start_timeout: Duration,
+    pub gpu_devices: GpuDevices,
+    /// Where the agent holds the memory limits itself (a cgroupfs engine):
+    /// see [`super::container_cgroup`]. `None`: the engine's `--memory`.
+    pub memory_cgroups: Option<ContainerCgroups>,
     /// `--memory` as a percentage of the lease's RAM share.
     pub hard_limit_pct: u8,
     /// `--memory-reservation` as a percentage of the share, capped at the
@@ -124,6 +218,14 @@ impl ContainerRuntime {
         ContainerRuntime {
             cli,
             flavor,
+            global_args: Vec::new(),
+            pull: PullPolicy::Missing,
+            user_namespace: flavor == CliFlavor::Podman,
+            pids_max: DEFAULT_PIDS_MAX,
+            nofile_max: DEFAULT_NOFILE_MAX,
+            start_timeout: DEFAULT_START_TIMEOUT,
+            gpu_devices: GpuDevices::Toolkit,
+            memory_cgroups: None,
             hard_limit_pct: DEFAULT_HARD_LIMIT_PCT,
             soft_limit_pct: DEFAULT_SOFT_LIMIT_PCT,
             stop_margin: DEFAULT_STOP_MARGIN,
@@ -147,6 +249,21 @@ impl ContainerRuntime {
         self
     }
 
+    /// The engine this runtime drives.
+    pub fn engine(&self) -> Engine {
+        Engine {
+            cli: self.cli.clone(),
+            flavor: self.flavor,
+            global_args: self.global_args.clone(),
+        }
+    }
+
+    /// Gives every call of the CLI `args` before its subcommand.
+    pub fn with_global_args(mut self, args: Vec<String>) -> Self {
+        self.global_args = args;
+        self
+    }
+
     /// Labels every container with `node_id`.
     pub fn on_node(mut self, node_id: impl Into<String>) -> Self {
         self.node_id = Some(node_id.into());
@@ -161,7 +278,7 @@ pub fn container_name(lease_id: Uuid) -> String {
 
 /// The container CLI with a cleared environment but for
 /// [`CLI_ENV_ALLOWED`] from the agent's.
-pub(crate) fn cli_command(cli: &Path) -> Command {
+fn cli_command(cli: &Path) -> Command {
     let mut command = Command::new(cli);
     command.env_clear();
     for name in CLI_ENV_ALLOWED {
@@ -218,63 +335,97 @@ pub(crate) fn remove_env_file(path: &Path) {
 }
 
 /// The arguments of `<cli> run` for a lease, with the tenant's variables
-/// in `env_file` when there are any.
+/// in `env_file` when there are any, and its memory limit held by the
+/// agent in `cgroup_parent` when there is one.
 pub fn run_args(
     runtime: &ContainerRuntime,
     assignment: &Assignment,
     workload: &Workload,
     image: &str,
     env_file: Option<&Path>,
+    cgroup_parent: Option<&str>,
 ) -> Vec<String> {
-    let mut args: Vec<String> = ["run", "--rm", "--name"].map(String::from).into();
+    let mut args: Vec<String> = ["run", "--name"].map(String::from).into();
     args.push(container_name(assignment.lease_id));
-    match runtime.flavor {
-        CliFlavor::Docker => {
-            args.push("--gpus".into());
-            args.push(format!("\"device={}\"", assignment.device_uuids.join(",")));
+    let mut flag = |name: &str, value: String| {
+        args.push(name.into());
+        args.push(value);
+    };
+    flag("--pull", runtime.pull.as_str().into());
+    let limits = assignment
+        .memory_share_bytes
+        .map(|share| memory_limits(share, runtime.hard_limit_pct, runtime.soft_limit_pct));
+    // Confinement: see the module's documentation.
+    let scratch = limits.map_or(DEFAULT_SCRATCH_BYTES, |l| l.max_bytes);
+    flag(
+        "--tmpfs",
+        format!("{SCRATCH_DIR}:rw,nosuid,nodev,size={scratch},mode=1777"),
+    );
+    flag("--cap-drop", "ALL".into());
+    flag("--security-opt", "no-new-privileges".into());
+    if runtime.user_namespace && runtime.flavor == CliFlavor::Podman {
+        flag("--userns", format!("auto:size={USERNS_SIZE}"));
+    }
+    flag("--network", "none".into());
+    flag("--log-driver", "none".into());
+    flag("--pids-limit", runtime.pids_max.to_string());
+    flag("--ulimit", format!("nofile={0}:{0}", runtime.nofile_max));
+    flag("--ulimit", format!("nproc={0}:{0}", runtime.pids_max));
+    if let Some(milli) = assignment.cpu_milli {
+        flag("--cpus", format!("{}.{:03}", milli / 1000, milli % 1000));
+    }
+    match (cgroup_parent, limits) {
+        (Some(parent), _) => flag("--cgroup-parent", parent.into()),
+        (None, Some(limits)) => {
+            flag("--memory", limits.max_bytes.to_string());
+            flag("--memory-reservation", limits.high_bytes.to_string());
+            // No swap beyond the limit.
+            flag("--memory-swap", limits.max_bytes.to_string());
         }
-        CliFlavor::Podman => {
+        (None, None) => {}
+    }
+    match (&runtime.gpu_devices, runtime.flavor) {
+        (GpuDevices::StandIn { dir }, _) => {
             for uuid in &assignment.device_uuids {
-                args.push("--device".into());
-                args.push(format!("nvidia.com/gpu={uuid}"));
+                flag("--device", dir.join(uuid).display().to_string());
+            }
+        }
+        (GpuDevices::Toolkit, CliFlavor::Docker) => {
+            flag(
+                "--gpus",
+                format!("\"device={}\"", assignment.device_uuids.join(",")),
+            );
+        }
+        (GpuDevices::Toolkit, CliFlavor::Podman) => {
+            for uuid in &assignment.device_uuids {
+                flag("--device", format!("nvidia.com/gpu={uuid}"));
             }
         }
     }
-    if let Some(share_bytes) = assignment.memory_share_bytes {
-        let limits = memory_limits(share_bytes, runtime.hard_limit_pct, runtime.soft_limit_pct);
-        args.push("--memory".into());
-        args.push(limits.max_bytes.to_string());
-        args.push("--memory-reservation".into());
-        args.push(limits.high_bytes.to_string());
-    }
     if let Some(path) = env_file {
-        args.push("--env-file".into());
-        args.push(path.display().to_string());
+        flag("--env-file", path.display().to_string());
     }
     for (name, value) in lease_env(assignment) {
-        args.push("-e".into());
-        args.push(format!("{name}={value}"));
+        flag("-e", format!("{name}={value}"));
     }
     if let Some(lib) = runtime
         .hami_core_lib
         .as_ref()
         .filter(|_| is_share(assignment))
     {
-        args.push("--volume".into());
-        args.push(format!("{}:{HAMI_CORE_IN_CONTAINER}:ro", lib.display()));
-        args.push("-e".into());
-        args.push(format!("{ENV_LD_PRELOAD}={HAMI_CORE_IN_CONTAINER}"));
+        flag(
+            "--volume",
+            format!("{}:{HAMI_CORE_IN_CONTAINER}:ro", lib.display()),
+        );
+        flag("-e", format!("{ENV_LD_PRELOAD}={HAMI_CORE_IN_CONTAINER}"));
     }
     // At the same path inside: `CUDA_MPS_PIPE_DIRECTORY` names it.
     if let Some(pipe) = &assignment.mps_pipe_dir {
-        args.push("--volume".into());
-        args.push(format!("{0}:{0}", pipe.display()));
+        flag("--volume", format!("{0}:{0}", pipe.display()));
     }
-    args.push("--label".into());
-    args.push(format!("{LABEL_LEASE}={}", assignment.lease_id));
+    flag("--label", format!("{LABEL_LEASE}={}", assignment.lease_id));
     if let Some(node_id) = &runtime.node_id {
-        args.push("--label".into());
-        args.push(format!("{LABEL_NODE}={node_id}"));
+        flag("--label", format!("{LABEL_NODE}={node_id}"));
     }
     // docker and podman read their flags with spf13/pflag, where `--` ends
     // the options: whatever the image string is, it cannot become a flag.
@@ -282,6 +433,48 @@ pub fn run_args(
     args.push(image.to_string());
     args.extend(workload.command.iter().cloned());
     args
+}
+
+/// Makes the stand-in device of each GPU of `assignment` under `dir`: a
+/// character device like `/dev/null`, which the container may open and
+/// write to without effect. A UUID that is not letters, digits and `-` is
+/// refused: it becomes a path.
+pub fn make_stand_in_devices(dir: &Path, assignment: &Assignment) -> Result<(), RuntimeError> {
+    use std::os::unix::ffi::OsStrExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| RuntimeError::InvalidConfig(format!("cannot make {}: {e}", dir.display())))?;
+    for uuid in &assignment.device_uuids {
+        if uuid.is_empty() || !uuid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(RuntimeError::InvalidAssignment(format!(
+                "device {uuid:?}: a stand-in device is named by letters, digits and '-'"
+            )));
+        }
+        let path = dir.join(uuid);
+        if path.exists() {
+            continue;
+        }
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| RuntimeError::InvalidAssignment(format!("device {uuid:?}")))?;
+        // SAFETY: mknod(2) reads a NUL-terminated path we own; 1:3 is the
+        // null device.
+        let made =
+            unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        if made != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(RuntimeError::InvalidConfig(format!(
+                    "cannot make the stand-in device {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+        // The mode given to mknod is masked by the umask.
+        let _ = fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    }
+    Ok(())
 }
 
 /// The arguments of `<cli> stop`: the grace in whole seconds, rounded up.
@@ -321,20 +514,45 @@ impl Runtime for ContainerRuntime {
         };
         check_image_reference(image)
             .map_err(|e| RuntimeError::InvalidWorkload(format!("image {image:?}: {e}")))?;
+        if let GpuDevices::StandIn { dir } = &self.gpu_devices {
+            make_stand_in_devices(dir, assignment)?;
+        }
+        let lease_id = assignment.lease_id;
+        let cgroup_parent = match (&self.memory_cgroups, assignment.memory_share_bytes) {
+            (Some(cgroups), Some(share)) => {
+                let limit = memory_limits(share, self.hard_limit_pct, self.soft_limit_pct);
+                Some(cgroups.prepare(lease_id, limit.max_bytes).map_err(|e| {
+                    RuntimeError::InvalidConfig(format!(
+                        "cannot make the container's parent cgroup {}: {e}",
+                        cgroups.memory_dir(lease_id).display()
+                    ))
+                })?)
+            }
+            _ => None,
+        };
         let env_file = match env_file_contents(assignment, workload) {
-            Some(contents) => Some(
-                write_env_file(&self.env_dir, assignment.lease_id, &contents).map_err(|e| {
+            Some(contents) => Some(write_env_file(&self.env_dir, lease_id, &contents).map_err(
+                |e| {
                     RuntimeError::InvalidConfig(format!(
                         "cannot write the env file in {}: {e}",
                         self.env_dir.display()
                     ))
-                })?,
-            ),
+                },
+            )?),
             None => None,
         };
-        let args = run_args(self, assignment, workload, image, env_file.as_deref());
+        let args = run_args(
+            self,
+            assignment,
+            workload,
+            image,
+            env_file.as_deref(),
+            cgroup_parent.as_deref(),
+        );
+        let engine = self.engine();
         let spawned = super::output_of(assignment).and_then(|(stdout, stderr)| {
-            cli_command(&self.cli)
+            engine
+                .command()
                 .args(&args)
                 .stdin(Stdio::null())
                 .stdout(stdout)
@@ -355,17 +573,20 @@ impl Runtime for ContainerRuntime {
                 return Err(e);
             }
         };
-        tracing::info!(lease = %assignment.lease_id, pid = ?child.id(), image, "container started");
+        tracing::info!(lease = %lease_id, pid = ?child.id(), image, "container started");
         RunningWorkload::new(
-            assignment.lease_id,
+            lease_id,
             child,
-            Kind::Container {
-                cli: self.cli.clone(),
-                flavor: self.flavor,
-                name: container_name(assignment.lease_id),
+            Kind::Container(Box::new(super::ContainerWorkload {
+                engine,
+                name: container_name(lease_id),
+                image: image.to_string(),
                 stop_margin: self.stop_margin,
                 env_file,
-            },
+                start_deadline: tokio::time::Instant::now() + self.start_timeout,
+                running_seen: false,
+                memory_cgroups: cgroup_parent.and(self.memory_cgroups.clone()),
+            })),
         )
     }
 }
@@ -374,14 +595,14 @@ impl Runtime for ContainerRuntime {
 /// is logged; the caller then waits for the `run` process and kills it if
 /// it does not end.
 pub(crate) async fn run_stop_command(
-    cli: &Path,
-    flavor: CliFlavor,
+    engine: &Engine,
     name: &str,
     grace: Duration,
     margin: Duration,
 ) {
-    let output = cli_command(cli)
-        .args(stop_args(flavor, name, grace))
+    let output = engine
+        .command()
+        .args(stop_args(engine.flavor, name, grace))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -393,6 +614,86 @@ pub(crate) async fn run_stop_command(
             stderr = %String::from_utf8_lossy(&output.stderr).trim(), "container stop failed"),
         Ok(Err(e)) => tracing::warn!(container = name, error = %e, "cannot run container stop"),
         Err(_) => tracing::warn!(container = name, "container stop timed out"),
+    }
+}
+
+/// How long one look at the engine (inspect, exists, rm) may take.
+pub const ENGINE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs the CLI with `args`, its standard output when it succeeds.
+async fn engine_output(engine: &Engine, args: &[&str]) -> Option<String> {
+    let output = engine
+        .command()
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(ENGINE_CALL_TIMEOUT, output).await {
+        Ok(Ok(output)) if output.status.success() => {
+            Some(String::from_utf8_lossy(&output.stdout).trim().to_string())
+        }
+        _ => None,
+    }
+}
+
+/// The container's state as the engine says (`running`, `exited`, …);
+/// `None` while it does not exist.
+pub(crate) async fn container_status(engine: &Engine, name: &str) -> Option<String> {
+    engine_output(
+        engine,
+        &[
+            "container",
+            "inspect",
+            "--format",
+            "{{.State.Status}}",
+            name,
+        ],
+    )
+    .await
+}
+
+/// Whether the engine holds `image`.
+pub(crate) async fn image_exists(engine: &Engine, image: &str) -> bool {
+    let args: &[&str] = match engine.flavor {
+        CliFlavor::Podman => &["image", "exists", "--", image],
+        CliFlavor::Docker => &["image", "inspect", "--format", "{{.Id}}", "--", image],
+    };
+    engine_output(engine, args).await.is_some()
+}
+
+/// Whether the engine saw the container's last run OOM-killed.
+pub(crate) async fn engine_saw_oom(engine: &Engine, name: &str) -> bool {
+    engine_output(
+        engine,
+        &[
+            "container",
+            "inspect",
+            "--format",
+            "{{.State.OOMKilled}}",
+            name,
+        ],
+    )
+    .await
+    .is_some_and(|out| out == "true")
+}
+
+/// Waits until the container runs (or has run and ended): true; false when
+/// `deadline` comes first.
+pub(crate) async fn until_running(
+    engine: &Engine,
+    name: &str,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        match container_status(engine, name).await.as_deref() {
+            None | Some("created") | Some("configured") | Some("initialized") | Some("") => {}
+            Some(_) => return true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep_until((tokio::time::Instant::now() + START_POLL).min(deadline)).await;
     }
 }
 
@@ -408,6 +709,7 @@ mod tests {
             vram_limit_mib: None,
             compute_milli: None,
             memory_share_bytes: None,
+            cpu_milli: None,
             mps_pipe_dir: None,
             mps_server_uid: None,
             log_file: None,
@@ -431,12 +733,30 @@ mod tests {
             &workload(),
             "pytorch:2",
             Some(Path::new("/state/env/lh-x.env")),
+            None,
         );
         let expected = [
             "run".to_string(),
-            "--rm".into(),
             "--name".into(),
             format!("lh-{id}"),
+            "--pull".into(),
+            "missing".into(),
+            "--tmpfs".into(),
+            "/scratch:rw,nosuid,nodev,size=1073741824,mode=1777".into(),
+            "--cap-drop".into(),
+            "ALL".into(),
+            "--security-opt".into(),
+            "no-new-privileges".into(),
+            "--network".into(),
+            "none".into(),
+            "--log-driver".into(),
+            "none".into(),
+            "--pids-limit".into(),
+            "4096".into(),
+            "--ulimit".into(),
+            "nofile=16384:16384".into(),
+            "--ulimit".into(),
+            "nproc=4096:4096".into(),
             "--gpus".into(),
             "\"device=GPU-1,GPU-2\"".into(),
             "--env-file".into(),
@@ -472,7 +792,14 @@ mod tests {
             command: vec![],
             ..workload()
         };
-        let args = run_args(&ContainerRuntime::podman("podman"), &a, &w, "img", None);
+        let args = run_args(
+            &ContainerRuntime::podman("podman"),
+            &a,
+            &w,
+            "img",
+            None,
+            None,
+        );
         let joined = args.join(" ");
         assert!(
             joined.contains(" --device nvidia.com/gpu=GPU-1 "),
@@ -480,8 +807,16 @@ mod tests {
         );
         assert!(!joined.contains("--gpus"), "{joined}");
         assert!(
-            joined.contains(" --memory 800 --memory-reservation 800 "),
+            joined.contains(" --memory 800 --memory-reservation 800 --memory-swap 800 "),
             "{joined}"
+        );
+        assert!(
+            joined.contains(" --userns auto:size=65536 "),
+            "podman: a user namespace of its own: {joined}"
+        );
+        assert!(
+            joined.contains(",size=800,"),
+            "scratch within the limit: {joined}"
         );
         assert!(joined.contains(" -e CUDA_DEVICE_MEMORY_LIMIT=10240m "));
         assert!(joined.contains(" -e CUDA_DEVICE_SM_LIMIT=50 "));
@@ -544,6 +879,7 @@ mod tests {
             &Workload::default(),
             "img",
             None,
+            None,
         );
         let after =
             |flag: &str, value: &str| args.windows(2).any(|w| w[0] == flag && w[1] == value);
@@ -561,6 +897,7 @@ mod tests {
             &Workload::default(),
             "img",
             None,
+            None,
         );
         assert!(!whole.iter().any(|a| a.contains("CUDA_MPS")), "{whole:?}");
     }
@@ -576,7 +913,7 @@ mod tests {
             ..assignment()
         };
         let env_file = Path::new("/state/env/lh-x.env");
-        let args = run_args(&runtime, &share, &workload(), "img", Some(env_file));
+        let args = run_args(&runtime, &share, &workload(), "img", Some(env_file), None);
         let at = |arg: &str| args.iter().position(|a| a == arg).unwrap();
         let volume = at("/opt/hami/libvgpu.so:/usr/local/leasehold/libvgpu.so:ro");
         let preload = at("LD_PRELOAD=/usr/local/leasehold/libvgpu.so");
@@ -587,8 +924,64 @@ mod tests {
         );
         assert!(preload < at("--"));
         // A whole GPU runs without it.
-        let whole = run_args(&runtime, &assignment(), &workload(), "img", None);
+        let whole = run_args(&runtime, &assignment(), &workload(), "img", None, None);
         assert!(!whole.iter().any(|a| a.contains("libvgpu")), "{whole:?}");
+    }
+
+    #[test]
+    fn a_held_memory_limit_goes_by_parent_and_the_cpu_share_as_cpus() {
+        let a = Assignment {
+            memory_share_bytes: Some(1000),
+            cpu_milli: Some(1500),
+            ..assignment()
+        };
+        let runtime = ContainerRuntime {
+            gpu_devices: GpuDevices::StandIn {
+                dir: "/dev/leasehold-sim/node-a".into(),
+            },
+            ..ContainerRuntime::podman("podman")
+        };
+        let args = run_args(
+            &runtime,
+            &a,
+            &workload(),
+            "img",
+            None,
+            Some("/leasehold/lh-x"),
+        );
+        let joined = args.join(" ");
+        assert!(
+            joined.contains(" --cgroup-parent /leasehold/lh-x "),
+            "{joined}"
+        );
+        assert!(
+            !joined.contains("--memory"),
+            "the parent holds it: {joined}"
+        );
+        assert!(joined.contains(" --cpus 1.500 "), "{joined}");
+        assert!(
+            joined.contains(" --device /dev/leasehold-sim/node-a/GPU-1 --device /dev/leasehold-sim/node-a/GPU-2 "),
+            "{joined}"
+        );
+        assert!(!joined.contains("nvidia.com/gpu"), "{joined}");
+    }
+
+    #[test]
+    fn a_stand_in_device_is_not_made_from_a_path() {
+        let dir = tempfile::tempdir().unwrap();
+        for uuid in ["../etc", "GPU-1/x", "GPU:1", ""] {
+            let a = Assignment {
+                device_uuids: vec![uuid.into()],
+                ..assignment()
+            };
+            assert!(
+                matches!(
+                    make_stand_in_devices(dir.path(), &a),
+                    Err(RuntimeError::InvalidAssignment(_))
+                ),
+                "{uuid:?}"
+            );
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@
 pub mod assignment;
 pub mod cgroup;
 pub mod container;
+pub mod container_cgroup;
 pub(crate) mod executor;
 pub mod lease_log;
 pub mod lease_user;
@@ -45,7 +46,7 @@ use uuid::Uuid;
 pub use crate::state::Exit;
 pub use assignment::{validate_assignment, Assignment};
 pub use cgroup::{CgroupConfig, MemoryLimits};
-pub use container::{CliFlavor, ContainerRuntime};
+pub use container::{CliFlavor, ContainerRuntime, Engine, GpuDevices, PullPolicy};
 pub use process::ProcessRuntime;
 
 /// `CUDA_VISIBLE_DEVICES`: the devices CUDA enumerates (UUIDs accepted).
@@ -305,6 +306,8 @@ pub struct RunningWorkload {
     status: Option<ExitStatus>,
     cleaned_up: bool,
     kind: Kind,
+    /// Why it failed, as the runtime saw it (the engine's causes).
+    failure: Option<lh_events::LeaseFailure>,
 }
 
 #[derive(Debug)]
@@ -315,14 +318,23 @@ enum Kind {
         /// with it and its home goes.
         user: Option<lease_user::LeaseUser>,
     },
-    Container {
-        cli: PathBuf,
-        flavor: CliFlavor,
-        name: String,
-        stop_margin: Duration,
-        /// The tenant's variables, removed when the workload ends.
-        env_file: Option<PathBuf>,
-    },
+    Container(Box<ContainerWorkload>),
+}
+
+/// What the agent keeps of a container it started.
+#[derive(Debug)]
+struct ContainerWorkload {
+    engine: Engine,
+    name: String,
+    image: String,
+    stop_margin: Duration,
+    /// The tenant's variables, removed when the workload ends.
+    env_file: Option<PathBuf>,
+    /// Not running by then: the lease fails `start_timeout`.
+    start_deadline: tokio::time::Instant,
+    running_seen: bool,
+    /// Where its memory limit is held, when the agent holds it.
+    memory_cgroups: Option<container_cgroup::ContainerCgroups>,
 }
 
 impl RunningWorkload {
@@ -338,6 +350,7 @@ impl RunningWorkload {
             status: None,
             cleaned_up: false,
             kind,
+            failure: None,
         })
     }
 
@@ -351,14 +364,45 @@ impl RunningWorkload {
         self.pgid as u32
     }
 
+    /// Why the workload failed, as the runtime saw it: known once
+    /// [`RunningWorkload::wait`] or [`RunningWorkload::stop`] returned.
+    pub fn failure(&self) -> Option<lh_events::LeaseFailure> {
+        self.failure
+    }
+
     /// Waits until the workload exits, kills what is left of its process
-    /// group and removes its cgroup. Cancel-safe; once it has returned, later
-    /// calls return the same exit at once.
+    /// group and removes its cgroup. A container that is not running by its
+    /// start deadline is killed and fails `start_timeout`. Cancel-safe; once
+    /// it has returned, later calls return the same exit at once.
     pub async fn wait(&mut self) -> Result<Exit, RuntimeError> {
         let status = match self.status {
             Some(status) => status,
             None => {
-                let status = self.child.wait().await.map_err(RuntimeError::Wait)?;
+                let status = match &mut self.kind {
+                    Kind::Container(c) if !c.running_seen => {
+                        let started =
+                            container::until_running(&c.engine, &c.name, c.start_deadline);
+                        tokio::select! {
+                            status = self.child.wait() => Some(status.map_err(RuntimeError::Wait)?),
+                            running = started => {
+                                c.running_seen = true;
+                                if running {
+                                    None
+                                } else {
+                                    tracing::warn!(lease = %self.lease_id, container = %c.name,
+                                        "the container is not running by its start deadline");
+                                    self.failure = Some(lh_events::LeaseFailure::StartTimeout);
+                                    Some(self.kill_and_reap().await?)
+                                }
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let status = match status {
+                    Some(status) => status,
+                    None => self.child.wait().await.map_err(RuntimeError::Wait)?,
+                };
                 self.status = Some(status);
                 status
             }
@@ -390,23 +434,16 @@ impl RunningWorkload {
                     Err(_) => (self.kill_and_reap().await?, StopOutcome::Killed),
                 }
             }
-            Kind::Container {
-                cli,
-                flavor,
-                name,
-                stop_margin,
-                ..
-            } => {
-                let (cli, flavor, name, margin) =
-                    (cli.clone(), *flavor, name.clone(), *stop_margin);
-                container::run_stop_command(&cli, flavor, &name, grace, margin).await;
+            Kind::Container(c) => {
+                let (engine, name, margin) = (c.engine.clone(), c.name.clone(), c.stop_margin);
+                container::run_stop_command(&engine, &name, grace, margin).await;
                 match tokio::time::timeout(margin, self.child.wait()).await {
                     Ok(status) => {
                         let status = status.map_err(RuntimeError::Wait)?;
                         (status, container::stop_outcome(status.into()))
                     }
                     Err(_) => {
-                        tracing::warn!(lease = %self.lease_id, cli = %cli.display(),
+                        tracing::warn!(lease = %self.lease_id, cli = %engine.cli.display(),
                             "container did not stop; killing the CLI process");
                         (self.kill_and_reap().await?, StopOutcome::Killed)
                     }
@@ -449,11 +486,19 @@ impl RunningWorkload {
                     let _ = tokio::task::spawn_blocking(move || drop(user)).await;
                 }
             }
-            Kind::Container {
-                env_file: Some(path),
-                ..
-            } => container::remove_env_file(path),
-            _ => {}
+            Kind::Container(c) => {
+                if let Some(path) = &c.env_file {
+                    container::remove_env_file(path);
+                }
+                let exit: Option<Exit> = self.status.map(Into::into);
+                if self.failure.is_none() {
+                    self.failure = container_failure(self.lease_id, c, exit).await;
+                }
+                reconcile::remove_container(&c.engine, &c.name).await;
+                if let Some(cgroups) = &c.memory_cgroups {
+                    cgroups.remove(self.lease_id).await;
+                }
+            }
         }
         self.cleaned_up = true;
     }
@@ -465,14 +510,45 @@ impl Drop for RunningWorkload {
             // tokio reaps a dropped child in the background.
             let _ = signal_group(self.pgid, libc::SIGKILL);
         }
-        if let Kind::Container {
-            env_file: Some(path),
-            ..
-        } = &self.kind
-        {
-            container::remove_env_file(path);
+        if let Kind::Container(c) = &self.kind {
+            if let Some(path) = &c.env_file {
+                container::remove_env_file(path);
+            }
         }
     }
+}
+
+/// Why a container's workload failed, from the engine and the kernel:
+/// `run` ended without making the container (the image missing, or the
+/// engine refusing), or the OOM killer ended it. `None` for an exit of the
+/// workload's own.
+async fn container_failure(
+    lease_id: Uuid,
+    c: &ContainerWorkload,
+    exit: Option<Exit>,
+) -> Option<lh_events::LeaseFailure> {
+    use lh_events::LeaseFailure;
+    let exit = exit?;
+    if exit.code == Some(0) {
+        return None;
+    }
+    if container::container_status(&c.engine, &c.name)
+        .await
+        .is_none()
+    {
+        return Some(if container::image_exists(&c.engine, &c.image).await {
+            LeaseFailure::EngineError
+        } else {
+            LeaseFailure::ImageMissing
+        });
+    }
+    let killed =
+        exit.code == Some(container::EXIT_CODE_KILLED) || exit.signal == Some(libc::SIGKILL);
+    let oom = match &c.memory_cgroups {
+        Some(cgroups) => cgroups.oom_killed(lease_id, killed),
+        None => container::engine_saw_oom(&c.engine, &c.name).await,
+    };
+    oom.then_some(LeaseFailure::OutOfMemory)
 }
 
 /// `killpg`; a group that no longer exists is not an error.
@@ -503,6 +579,7 @@ mod tests {
             vram_limit_mib: None,
             compute_milli: None,
             memory_share_bytes: None,
+            cpu_milli: None,
             mps_pipe_dir: None,
             mps_server_uid: None,
             log_file: None,

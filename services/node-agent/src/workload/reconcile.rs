@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::container::{run_stop_command, CliFlavor};
+use super::container::{run_stop_command, Engine};
 use super::Exit;
 pub use super::{lease_of_mark, mark, LABEL_LEASE, LABEL_NODE, MARK_PREFIX};
 
@@ -339,8 +339,9 @@ pub fn parse_container_list(output: &str, most: usize) -> Vec<Found> {
 
 /// Lists this node's lease containers with the CLI, reading at most
 /// [`MOST_CONTAINER_LIST_BYTES`] of its output; none when it fails.
-pub async fn list_containers(cli: &Path, node_id: &str) -> Vec<Found> {
-    match tokio::time::timeout(CLI_TIMEOUT, read_container_list(cli, node_id)).await {
+pub async fn list_containers(engine: &Engine, node_id: &str) -> Vec<Found> {
+    let cli = &engine.cli;
+    match tokio::time::timeout(CLI_TIMEOUT, read_container_list(engine, node_id)).await {
         Ok(Ok(output)) => parse_container_list(&output, MOST_HOST_WORKLOADS),
         Ok(Err(e)) => {
             tracing::warn!(cli = %cli.display(), error = %e, "cannot list containers");
@@ -353,9 +354,11 @@ pub async fn list_containers(cli: &Path, node_id: &str) -> Vec<Found> {
     }
 }
 
-async fn read_container_list(cli: &Path, node_id: &str) -> io::Result<String> {
+async fn read_container_list(engine: &Engine, node_id: &str) -> io::Result<String> {
     use tokio::io::AsyncReadExt;
-    let mut child = super::container::cli_command(cli)
+    let cli = &engine.cli;
+    let mut child = engine
+        .command()
         .args(container_list_args(node_id))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -399,10 +402,12 @@ pub enum Adopted {
     },
     /// Watched with `<cli> wait`, which gives its exit code.
     Container {
-        cli: PathBuf,
-        flavor: CliFlavor,
+        engine: Engine,
+        lease_id: Uuid,
         name: String,
         stop_margin: Duration,
+        /// Where its memory limit is held, when the agent holds it.
+        memory_cgroups: Option<super::container_cgroup::ContainerCgroups>,
     },
 }
 
@@ -423,7 +428,7 @@ impl Adopted {
                 }
                 NO_EXIT
             }
-            Adopted::Container { cli, name, .. } => container_wait(cli, name).await,
+            Adopted::Container { engine, name, .. } => container_wait(engine, name).await,
         };
         self.clean_up().await;
         exit
@@ -436,13 +441,12 @@ impl Adopted {
                 pid, start_ticks, ..
             } => stop_process(*pid, *start_ticks, grace).await,
             Adopted::Container {
-                cli,
-                flavor,
+                engine,
                 name,
                 stop_margin,
+                ..
             } => {
-                run_stop_command(cli, *flavor, name, grace, *stop_margin).await;
-                remove_container(cli, name).await;
+                run_stop_command(engine, name, grace, *stop_margin).await;
                 NO_EXIT
             }
         };
@@ -451,6 +455,19 @@ impl Adopted {
     }
 
     async fn clean_up(&self) {
+        if let Adopted::Container {
+            engine,
+            lease_id,
+            name,
+            memory_cgroups,
+            ..
+        } = self
+        {
+            remove_container(engine, name).await;
+            if let Some(cgroups) = memory_cgroups {
+                cgroups.remove(*lease_id).await;
+            }
+        }
         if let Adopted::Process { cgroup, user, .. } = self {
             if let Some(dir) = cgroup {
                 kill_cgroup(dir);
@@ -519,8 +536,9 @@ fn signal_group(pgid: i32, signal: libc::c_int) {
 
 /// `<cli> wait <name>`: the container's exit code, or none when the CLI
 /// cannot tell (e.g. the container was already removed).
-async fn container_wait(cli: &Path, name: &str) -> Exit {
-    let output = super::container::cli_command(cli)
+async fn container_wait(engine: &Engine, name: &str) -> Exit {
+    let output = engine
+        .command()
         .args(["wait", name])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
@@ -535,8 +553,9 @@ async fn container_wait(cli: &Path, name: &str) -> Exit {
 }
 
 /// `<cli> rm --force <name>`; a failure is logged.
-pub async fn remove_container(cli: &Path, name: &str) {
-    let output = super::container::cli_command(cli)
+pub async fn remove_container(engine: &Engine, name: &str) {
+    let output = engine
+        .command()
         .args(["rm", "--force", name])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -17,15 +17,16 @@ use lh_events::{
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::assignment::{assignment, memory_share_bytes, Host};
+use super::assignment::{assignment, Host};
 use super::container::DEFAULT_STOP_MARGIN;
+use super::container_cgroup::ContainerCgroups;
 use super::lease_log::{self, LeaseLogPolicy};
 use super::lease_user::LeaseUsers;
 use super::mps::{Mps, MpsLimits};
 use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
 use super::{
-    CgroupConfig, CliFlavor, ContainerRuntime, Exit, ProcessRuntime, RunningWorkload, Runtime,
-    RuntimeError, Workload,
+    CgroupConfig, CliFlavor, ContainerRuntime, Engine, Exit, GpuDevices, ProcessRuntime,
+    PullPolicy, RunningWorkload, Runtime, RuntimeError, Workload,
 };
 use crate::gpu::backend::GpuBackend;
 
@@ -77,10 +78,10 @@ pub struct Reconciled {
 /// The container CLI, for the workloads a reconciliation finds.
 #[derive(Debug, Clone)]
 struct ContainerCli {
-    cli: PathBuf,
-    flavor: CliFlavor,
+    engine: Engine,
     /// Where the runtime writes the tenants' env files.
     env_dir: PathBuf,
+    memory_cgroups: Option<ContainerCgroups>,
 }
 
 impl ContainerCli {
@@ -146,6 +147,71 @@ impl Supervised {
             Supervised::Adopted(a) => Ok(a.stop(grace).await),
         }
     }
+
+    /// Why it failed, as its runtime saw it.
+    fn failure(&self) -> Option<LeaseFailure> {
+        match self {
+            Supervised::Started(w) => w.failure(),
+            Supervised::Adopted(_) => None,
+        }
+    }
+}
+
+/// How the container runtime is set up beyond its CLI.
+#[derive(Debug, Clone)]
+pub struct ContainerSettings {
+    /// Flags before every subcommand (`--cgroup-manager cgroupfs --runtime runc`).
+    pub global_args: Vec<String>,
+    pub pull: PullPolicy,
+    pub start_timeout: Duration,
+    /// Simulated GPUs: their stand-in devices go here.
+    pub stand_in_devices: Option<PathBuf>,
+    /// Where the engine keeps cgroups as plain directories: under which
+    /// mount the agent holds each container's memory limit itself.
+    pub cgroup_mount: PathBuf,
+}
+
+impl Default for ContainerSettings {
+    fn default() -> Self {
+        ContainerSettings {
+            global_args: Vec::new(),
+            pull: PullPolicy::Missing,
+            start_timeout: super::container::DEFAULT_START_TIMEOUT,
+            stand_in_devices: None,
+            cgroup_mount: PathBuf::from(super::container_cgroup::CGROUP_MOUNT),
+        }
+    }
+}
+
+/// The engine's cgroup manager (`cgroupfs`, `systemd`), or why the engine
+/// cannot say: it does not work here.
+pub fn engine_cgroup_manager(engine: &Engine) -> Result<String, String> {
+    let format = match engine.flavor {
+        CliFlavor::Podman => "{{.Host.CgroupManager}}",
+        CliFlavor::Docker => "{{.CgroupDriver}}",
+    };
+    let mut command = std::process::Command::new(&engine.cli);
+    command.env_clear();
+    for name in super::container::CLI_ENV_ALLOWED {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    let output = command
+        .args(&engine.global_args)
+        .args(["info", "--format", format])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", engine.cli.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} info: {}: {}",
+            engine.cli.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
 impl Workloads {
@@ -167,6 +233,27 @@ impl Workloads {
         grace: Duration,
         marks: HostMarks,
         hami_core_lib: Option<PathBuf>,
+    ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
+        Self::with_settings(
+            kind,
+            container_cli,
+            grace,
+            marks,
+            hami_core_lib,
+            ContainerSettings::default(),
+        )
+    }
+
+    /// As [`Workloads::with_hami_core`], with the container runtime set up
+    /// by `settings`. The container engine must answer `info`: an agent
+    /// told to run containers refuses to start without one that works.
+    pub fn with_settings(
+        kind: RuntimeKind,
+        container_cli: Option<PathBuf>,
+        grace: Duration,
+        marks: HostMarks,
+        hami_core_lib: Option<PathBuf>,
+        settings: ContainerSettings,
     ) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Finished>)> {
         if let Some(lib) = &hami_core_lib {
             super::check_hami_core_lib(lib)?;
@@ -201,16 +288,31 @@ impl Workloads {
                     _ => ContainerRuntime::podman(container_cli.unwrap_or_else(|| "podman".into())),
                 }
                 .on_node(marks.node_id.clone())
-                .env_files_in(marks.state_dir.join("env"));
-                let runtime = match &hami_core_lib {
+                .env_files_in(marks.state_dir.join("env"))
+                .with_global_args(settings.global_args.clone());
+                let mut runtime = match &hami_core_lib {
                     Some(lib) => runtime.with_hami_core_lib(lib.clone()),
                     None => runtime,
                 };
+                runtime.pull = settings.pull;
+                runtime.start_timeout = settings.start_timeout;
+                if let Some(dir) = &settings.stand_in_devices {
+                    runtime.gpu_devices = GpuDevices::StandIn { dir: dir.clone() };
+                }
+                let manager = engine_cgroup_manager(&runtime.engine())
+                    .map_err(|why| anyhow::anyhow!("the container engine does not work: {why}"))?;
+                if manager == "cgroupfs" {
+                    match ContainerCgroups::detect(&settings.cgroup_mount) {
+                        Ok(cgroups) => runtime.memory_cgroups = Some(cgroups),
+                        Err(why) => tracing::warn!(why,
+                            "containers' memory limits are the engine's: an OOM kill is not told apart"),
+                    }
+                }
                 isolation = Some(Isolation::Container);
                 container = Some(ContainerCli {
-                    cli: runtime.cli.clone(),
-                    flavor: runtime.flavor,
+                    engine: runtime.engine(),
                     env_dir: runtime.env_dir.clone(),
+                    memory_cgroups: runtime.memory_cgroups.clone(),
                 });
                 Some(Arc::new(runtime))
             }
@@ -281,10 +383,9 @@ impl Workloads {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };
-        let share = self
-            .host
-            .and_then(|h| memory_share_bytes(h.memory_bytes, h.gpu_count, gpus));
+        let share = self.host.and_then(|h| h.memory_share(gpus));
         let mut assignment = assignment(lease_id, gpus, mig_devices, share);
+        assignment.cpu_milli = self.host.and_then(|h| h.cpu_share(gpus));
         let log_file = lease_log::path(&self.marks.state_dir, lease_id, placement);
         assignment.log_file = Some(log_file.clone());
         let workload = Workload {
@@ -408,14 +509,18 @@ impl Workloads {
                     signal: None,
                 }
             });
-            let failure = log_file.as_deref().and_then(|path| {
-                let failed = exit.code != Some(0);
+            let failed = exit.code != Some(0);
+            let from_log = log_file.as_deref().and_then(|path| {
                 let failure = failed
                     .then(|| super::stderr::failure_in(&super::stderr::tail(path)))
                     .flatten();
                 lease_log::mark_ended(path, std::time::SystemTime::now());
                 failure
             });
+            let failure = handle
+                .failure()
+                .or(from_log)
+                .or(failed.then_some(LeaseFailure::ExitCode));
             let _ = finished.send(Finished {
                 lease_id,
                 placement,

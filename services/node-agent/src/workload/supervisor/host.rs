@@ -22,7 +22,7 @@ impl Workloads {
             found.extend(reconcile::list_cgroups(parent, MOST_HOST_WORKLOADS));
         }
         if let Some(c) = &self.container {
-            found.extend(reconcile::list_containers(&c.cli, &self.marks.node_id).await);
+            found.extend(reconcile::list_containers(&c.engine, &self.marks.node_id).await);
         }
         found
     }
@@ -210,10 +210,11 @@ impl Workloads {
                     .expect("containers are listed with a CLI");
                 (
                     Adopted::Container {
-                        cli: c.cli.clone(),
-                        flavor: c.flavor,
+                        engine: c.engine.clone(),
+                        lease_id,
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
+                        memory_cgroups: c.memory_cgroups.clone(),
                     },
                     // Its env file goes when it ends, as its record would.
                     Some(c.env_file(lease_id)),
@@ -247,14 +248,16 @@ impl Workloads {
                 Found::Container { lease_id, name } => {
                     if let Some(c) = container {
                         crate::workload::container::run_stop_command(
-                            &c.cli,
-                            c.flavor,
+                            &c.engine,
                             &name,
                             grace,
                             DEFAULT_STOP_MARGIN,
                         )
                         .await;
-                        reconcile::remove_container(&c.cli, &name).await;
+                        reconcile::remove_container(&c.engine, &name).await;
+                        if let Some(cgroups) = &c.memory_cgroups {
+                            cgroups.remove(lease_id).await;
+                        }
                         remove_record(&c.env_file(lease_id));
                     }
                 }

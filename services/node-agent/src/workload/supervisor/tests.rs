@@ -6,9 +6,29 @@ fn workloads(kind: RuntimeKind, hami_core_lib: Option<PathBuf>) -> Workloads {
         node_id: "a".into(),
         state_dir: std::env::temp_dir().join("lh-declare-test"),
     };
-    Workloads::with_hami_core(kind, None, Duration::from_secs(1), marks, hami_core_lib)
-        .unwrap()
-        .0
+    Workloads::with_hami_core(
+        kind,
+        engine_answering_info(),
+        Duration::from_secs(1),
+        marks,
+        hami_core_lib,
+    )
+    .unwrap()
+    .0
+}
+
+/// A CLI that answers `info` as an engine on systemd's cgroups would: an
+/// agent refuses a container runtime whose engine does not answer.
+fn engine_answering_info() -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("lh-engine-info-{}", std::process::id()));
+    if !path.exists() {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, "#!/bin/sh\necho systemd\n").unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    Some(path)
 }
 
 fn declared(w: &Workloads, mig: bool, fleet: (Isolation, GpuSharing)) -> (Isolation, GpuSharing) {

@@ -1,0 +1,253 @@
+//! The parent cgroup of a lease's container, on an engine that manages
+//! cgroups as plain directories (`--cgroup-manager cgroupfs`).
+//!
+//! The engine removes a container's own cgroup the moment it exits, and
+//! with it the only record that the kernel's OOM killer ended it (podman
+//! 4.3 on cgroup v1 does not report it either: `State.OOMKilled` stays
+//! false, measured). So the agent holds the lease's memory limit itself, on
+//! a parent it makes, `leasehold/lh-<lease>`, given to the engine as
+//! `--cgroup-parent`: the kernel charges the container to it, kills inside
+//! it when the limit is reached, and the parent is still there to be read
+//! after the exit. The agent then removes it.
+//!
+//! cgroup v2: `memory.max`, `memory.swap.max` and `memory.events`'
+//! `oom_kill`. cgroup v1: `memory.limit_in_bytes`, `memory.memsw.limit_in_bytes`
+//! where swap is accounted, and as the kernel here leaves `oom_control`'s
+//! `oom_kill` at 0 after a kill on the parent's limit (measured), a
+//! workload killed by SIGKILL while `memory.failcnt` is above 0 counts as
+//! OOM-killed too.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::cgroup::PARENT_DIR;
+
+/// Where the cgroup hierarchies are mounted.
+pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+/// Removing a parent waits for the engine to remove what it made inside:
+/// this many tries, [`REMOVE_RETRY`] apart.
+const REMOVE_ATTEMPTS: u32 = 100;
+const REMOVE_RETRY: Duration = Duration::from_millis(50);
+
+/// Which cgroup version holds the memory controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryHierarchy {
+    /// `<mount>/memory`, with the other controllers beside it.
+    V1 { mount: PathBuf },
+    /// `<mount>`, one tree for every controller.
+    V2 { mount: PathBuf },
+}
+
+/// The lease parents of the containers of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerCgroups {
+    pub hierarchy: MemoryHierarchy,
+}
+
+impl ContainerCgroups {
+    /// The memory controller under `mount` (`/sys/fs/cgroup`), or why
+    /// there is none this agent may write to.
+    pub fn detect(mount: &Path) -> Result<Self, String> {
+        let v2 = mount.join("cgroup.controllers");
+        let hierarchy = if fs::read_to_string(&v2)
+            .is_ok_and(|c| c.split_whitespace().any(|name| name == "memory"))
+        {
+            MemoryHierarchy::V2 {
+                mount: mount.to_path_buf(),
+            }
+        } else if mount.join("memory/memory.limit_in_bytes").exists() {
+            MemoryHierarchy::V1 {
+                mount: mount.to_path_buf(),
+            }
+        } else {
+            return Err(format!(
+                "no memory controller under {} (neither cgroup v2 nor v1)",
+                mount.display()
+            ));
+        };
+        let cgroups = ContainerCgroups { hierarchy };
+        let parent = cgroups.memory_dir_of_parent();
+        fs::create_dir_all(&parent)
+            .map_err(|e| format!("cannot make {}: {e}", parent.display()))?;
+        if let MemoryHierarchy::V2 { mount } = &cgroups.hierarchy {
+            // The lease parents under it need the memory controller.
+            let _ = fs::write(mount.join("cgroup.subtree_control"), "+memory");
+            let _ = fs::write(parent.join("cgroup.subtree_control"), "+memory +pids +cpu");
+        }
+        Ok(cgroups)
+    }
+
+    fn memory_dir_of_parent(&self) -> PathBuf {
+        match &self.hierarchy {
+            MemoryHierarchy::V1 { mount } => mount.join("memory").join(PARENT_DIR),
+            MemoryHierarchy::V2 { mount } => mount.join(PARENT_DIR),
+        }
+    }
+
+    /// `/leasehold/lh-<lease>`: what the engine is given as `--cgroup-parent`.
+    pub fn parent_arg(lease_id: Uuid) -> String {
+        format!("/{PARENT_DIR}/{}", super::mark(lease_id))
+    }
+
+    /// The lease's parent in the memory hierarchy.
+    pub fn memory_dir(&self, lease_id: Uuid) -> PathBuf {
+        self.memory_dir_of_parent().join(super::mark(lease_id))
+    }
+
+    /// Makes the lease's parent with `limit_bytes` as its memory limit,
+    /// swap included where it is accounted.
+    pub fn prepare(&self, lease_id: Uuid, limit_bytes: u64) -> io::Result<String> {
+        let dir = self.memory_dir(lease_id);
+        fs::create_dir_all(&dir)?;
+        let limit = limit_bytes.to_string();
+        match &self.hierarchy {
+            MemoryHierarchy::V1 { .. } => {
+                fs::write(dir.join("memory.limit_in_bytes"), &limit)?;
+                let memsw = dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    fs::write(memsw, &limit)?;
+                }
+            }
+            MemoryHierarchy::V2 { .. } => {
+                fs::write(dir.join("memory.max"), &limit)?;
+                let swap = dir.join("memory.swap.max");
+                if swap.exists() {
+                    fs::write(swap, "0")?;
+                }
+            }
+        }
+        Ok(Self::parent_arg(lease_id))
+    }
+
+    /// Whether the kernel's OOM killer ended the lease's workload, which
+    /// exited with `killed` (SIGKILL) or not.
+    pub fn oom_killed(&self, lease_id: Uuid, killed: bool) -> bool {
+        let dir = self.memory_dir(lease_id);
+        let counter = |file: &str, key: &str| -> u64 {
+            fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|text| {
+                    text.lines().find_map(|line| {
+                        let (name, value) = line.split_once(' ')?;
+                        (name == key).then(|| value.trim().parse().ok()).flatten()
+                    })
+                })
+                .unwrap_or(0)
+        };
+        match &self.hierarchy {
+            MemoryHierarchy::V2 { .. } => counter("memory.events", "oom_kill") > 0,
+            MemoryHierarchy::V1 { .. } => {
+                let failcnt: u64 = fs::read_to_string(dir.join("memory.failcnt"))
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(0);
+                counter("memory.oom_control", "oom_kill") > 0 || (killed && failcnt > 0)
+            }
+        }
+    }
+
+    /// Removes the lease's parent in every hierarchy, and what the engine
+    /// left in it (empty cgroups only: the kernel refuses the others).
+    pub async fn remove(&self, lease_id: Uuid) {
+        let mark = super::mark(lease_id);
+        let dirs: Vec<PathBuf> = match &self.hierarchy {
+            MemoryHierarchy::V2 { mount } => vec![mount.join(PARENT_DIR).join(&mark)],
+            MemoryHierarchy::V1 { mount } => fs::read_dir(mount)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .map(|e| e.path().join(PARENT_DIR).join(&mark))
+                        .filter(|p| p.is_dir())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        for dir in dirs {
+            remove_tree(&dir).await;
+        }
+    }
+}
+
+/// Removes a cgroup and the cgroups under it, deepest first, retrying
+/// while the last processes leave.
+async fn remove_tree(dir: &Path) {
+    for attempt in 0..REMOVE_ATTEMPTS {
+        if remove_once(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        if attempt + 1 < REMOVE_ATTEMPTS {
+            tokio::time::sleep(REMOVE_RETRY).await;
+        }
+    }
+    tracing::warn!(cgroup = %dir.display(), "cannot remove the container's parent cgroup");
+}
+
+fn remove_once(dir: &Path) -> io::Result<()> {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_once(&entry.path())?;
+            }
+        }
+    }
+    fs::remove_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parent_is_named_by_the_lease() {
+        assert_eq!(
+            ContainerCgroups::parent_arg(Uuid::from_u128(1)),
+            format!("/leasehold/lh-{}", Uuid::from_u128(1))
+        );
+    }
+
+    #[test]
+    fn oom_reads_the_counters_of_each_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = Uuid::from_u128(2);
+        let v2 = ContainerCgroups {
+            hierarchy: MemoryHierarchy::V2 {
+                mount: dir.path().to_path_buf(),
+            },
+        };
+        let d = v2.memory_dir(lease);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(
+            d.join("memory.events"),
+            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n",
+        )
+        .unwrap();
+        assert!(!v2.oom_killed(lease, true));
+        fs::write(d.join("memory.events"), "low 0\nmax 3\noom 1\noom_kill 1\n").unwrap();
+        assert!(v2.oom_killed(lease, false));
+
+        let v1 = ContainerCgroups {
+            hierarchy: MemoryHierarchy::V1 {
+                mount: dir.path().to_path_buf(),
+            },
+        };
+        let d = v1.memory_dir(lease);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(
+            d.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+        )
+        .unwrap();
+        fs::write(d.join("memory.failcnt"), "0\n").unwrap();
+        assert!(!v1.oom_killed(lease, true));
+        fs::write(d.join("memory.failcnt"), "41855\n").unwrap();
+        assert!(v1.oom_killed(lease, true), "killed at the limit");
+        assert!(
+            !v1.oom_killed(lease, false),
+            "at the limit, but exited itself"
+        );
+    }
+}
