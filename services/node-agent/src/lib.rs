@@ -82,6 +82,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
 ];
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/leasehold/node-agent";
+/// Where simulated GPUs' stand-in devices go, a directory per node: on
+/// devtmpfs, which takes device nodes whatever the mount options of the
+/// disks.
+pub const DEFAULT_SIM_DEVICE_DIR: &str = "/dev/leasehold-sim";
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
@@ -107,6 +111,31 @@ pub struct Config {
     /// The docker or podman binary (default: found on PATH).
     #[arg(long, env = "LH_CONTAINER_CLI")]
     pub container_cli: Option<PathBuf>,
+    /// Flags every call of the container CLI gets before its subcommand,
+    /// e.g. `--cgroup-manager cgroupfs --runtime runc` where the host has no
+    /// systemd and crun refuses its cgroups (`LH_CONTAINER_CLI_ARGS`, split
+    /// at spaces).
+    #[arg(
+        long = "container-cli-arg",
+        env = "LH_CONTAINER_CLI_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true,
+        num_args = 1
+    )]
+    pub container_cli_args: Vec<String>,
+    /// When the container engine fetches a lease's image.
+    #[arg(long, env = "LH_CONTAINER_PULL", value_enum,
+          default_value_t = workload::PullPolicy::Missing)]
+    pub container_pull: workload::PullPolicy,
+    /// Seconds a container may take from its start to running, its pull
+    /// included; past them the lease fails `start_timeout`.
+    #[arg(long, env = "LH_CONTAINER_START_TIMEOUT_SECS", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub container_start_timeout_secs: u64,
+    /// With simulated GPUs, where their stand-in device nodes are made (one
+    /// per GPU, named by its UUID), which containers get in their stead.
+    #[arg(long, env = "LH_SIM_DEVICE_DIR", default_value = DEFAULT_SIM_DEVICE_DIR)]
+    pub sim_device_dir: PathBuf,
     /// Where the agent keeps what must outlive it: the records of the
     /// workload processes it starts, which a restarted agent adopts or stops.
     #[arg(long, env = "LH_NODE_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
@@ -169,6 +198,10 @@ impl Config {
             heartbeat_ms: 500,
             runtime: RuntimeKind::Sim,
             container_cli: None,
+            container_cli_args: Vec::new(),
+            container_pull: workload::PullPolicy::Missing,
+            container_start_timeout_secs: 900,
+            sim_device_dir: PathBuf::from(DEFAULT_SIM_DEVICE_DIR),
             // Of its own: agents of parallel tests must not adopt or stop
             // each other's workloads.
             state_dir: std::env::temp_dir()
@@ -237,12 +270,26 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         node_id: inventory.node_id.clone(),
         state_dir: config.state_dir.clone(),
     };
-    let (mut workloads, finished) = Workloads::with_hami_core(
+    let settings = workload::supervisor::ContainerSettings {
+        global_args: config
+            .container_cli_args
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .collect(),
+        pull: config.container_pull,
+        start_timeout: Duration::from_secs(config.container_start_timeout_secs),
+        stand_in_devices: (backend.name() == "sim")
+            .then(|| config.sim_device_dir.join(&config.node_id)),
+        ..Default::default()
+    };
+    let (mut workloads, finished) = Workloads::with_settings(
         config.runtime,
         config.container_cli.clone(),
         grace,
         marks,
         config.hami_core_lib.clone(),
+        settings,
     )?;
     if workloads.runs_workloads() && config.hami_core_lib.is_none() {
         if let Some(mps) = workload::mps::for_node(config.mps_control.clone(), &config.state_dir) {

@@ -12,10 +12,10 @@
 //!
 //! cgroup v2: `memory.max`, `memory.swap.max` and `memory.events`'
 //! `oom_kill`. cgroup v1: `memory.limit_in_bytes`, `memory.memsw.limit_in_bytes`
-//! where swap is accounted, and as the kernel here leaves `oom_control`'s
-//! `oom_kill` at 0 after a kill on the parent's limit (measured), a
-//! workload killed by SIGKILL while `memory.failcnt` is above 0 counts as
-//! OOM-killed too.
+//! where swap is accounted; as the kernel here leaves `oom_control`'s
+//! `oom_kill` at 0 after a kill on the parent's limit, and its `failcnt`s
+//! too once the swap limit is set (both measured), a workload killed by
+//! SIGKILL whose cgroup's peak reached its limit counts as OOM-killed.
 
 use std::fs;
 use std::io;
@@ -26,6 +26,9 @@ use uuid::Uuid;
 
 use super::cgroup::PARENT_DIR;
 
+/// How near its limit a v1 cgroup's peak must have come to count as
+/// having reached it: a few pages.
+const AT_LIMIT_SLACK_BYTES: u64 = 64 * 1024;
 /// Where the cgroup hierarchies are mounted.
 pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 /// Removing a parent waits for the engine to remove what it made inside:
@@ -141,11 +144,25 @@ impl ContainerCgroups {
         match &self.hierarchy {
             MemoryHierarchy::V2 { .. } => counter("memory.events", "oom_kill") > 0,
             MemoryHierarchy::V1 { .. } => {
-                let failcnt: u64 = fs::read_to_string(dir.join("memory.failcnt"))
-                    .ok()
-                    .and_then(|t| t.trim().parse().ok())
-                    .unwrap_or(0);
-                counter("memory.oom_control", "oom_kill") > 0 || (killed && failcnt > 0)
+                let number = |file: &str| -> u64 {
+                    fs::read_to_string(dir.join(file))
+                        .ok()
+                        .and_then(|t| t.trim().parse().ok())
+                        .unwrap_or(0)
+                };
+                let reached = |peak: &str, limit: &str| {
+                    let limit = number(limit);
+                    limit > 0 && number(peak).saturating_add(AT_LIMIT_SLACK_BYTES) >= limit
+                };
+                counter("memory.oom_control", "oom_kill") > 0
+                    || (killed
+                        && (number("memory.failcnt") > 0
+                            || number("memory.memsw.failcnt") > 0
+                            || reached("memory.max_usage_in_bytes", "memory.limit_in_bytes")
+                            || reached(
+                                "memory.memsw.max_usage_in_bytes",
+                                "memory.memsw.limit_in_bytes",
+                            )))
             }
         }
     }

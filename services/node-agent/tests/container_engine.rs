@@ -1,0 +1,680 @@
+//! The container runtime on a real engine: podman with runc, as `make deps`
+//! installs it, and the base image `scripts/images.sh base` makes. Each
+//! test proves one confinement the runtime promises (docs/workloads.md,
+//! "Container runtime") by looking from inside the container, and from
+//! the host where the host is what must not be reached. Addresses are this
+//! machine's loopback only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lh_events::{AssignedGpu, LeaseFailure, WorkloadSpec};
+use lh_node_agent::workload::container_cgroup::{ContainerCgroups, CGROUP_MOUNT};
+use lh_node_agent::workload::supervisor::{ContainerSettings, Finished, HostMarks, Workloads};
+use lh_node_agent::workload::{
+    Assignment, ContainerRuntime, GpuDevices, PullPolicy, RunningWorkload, Runtime, Workload,
+};
+use lh_node_agent::RuntimeKind;
+use uuid::Uuid;
+
+/// What this kind of host needs (no systemd; crun refuses its cgroups).
+const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
+const BASE: &str = "localhost/leasehold/base";
+const PATIENCE: Duration = Duration::from_secs(60);
+const MIB: u64 = 1 << 20;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The base image, made once for all tests of this binary (the script
+/// locks against other binaries).
+fn base_image() {
+    static MADE: OnceLock<()> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let status = Command::new(repo_root().join("scripts/images.sh"))
+            .arg("base")
+            .status()
+            .expect("scripts/images.sh runs");
+        assert!(status.success(), "scripts/images.sh base: {status}");
+    });
+}
+
+fn podman(args: &[&str]) -> String {
+    let output = Command::new("podman")
+        .args(PODMAN_ARGS)
+        .args(args)
+        .output()
+        .expect("podman runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// A test's own node: its stand-in GPUs and its containers' label.
+struct Node {
+    id: String,
+    devices: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        base_image();
+        let id = format!("test-{}", Uuid::new_v4().simple());
+        Node {
+            devices: PathBuf::from("/dev/leasehold-sim").join(&id),
+            id,
+            dir: lh_testkit::shared_tempdir(),
+        }
+    }
+
+    fn runtime(&self) -> ContainerRuntime {
+        let mut runtime = ContainerRuntime::podman("podman")
+            .with_global_args(PODMAN_ARGS.map(String::from).into())
+            .on_node(self.id.clone())
+            .env_files_in(self.dir.path().join("env"));
+        runtime.pull = PullPolicy::Never;
+        runtime.gpu_devices = GpuDevices::StandIn {
+            dir: self.devices.clone(),
+        };
+        runtime.memory_cgroups = Some(ContainerCgroups::detect(Path::new(CGROUP_MOUNT)).unwrap());
+        runtime
+    }
+
+    fn assignment(&self, devices: &[&str]) -> Assignment {
+        let lease_id = Uuid::new_v4();
+        Assignment {
+            lease_id,
+            device_uuids: devices.iter().map(|d| d.to_string()).collect(),
+            vram_limit_mib: None,
+            compute_milli: None,
+            memory_share_bytes: Some(256 * MIB),
+            cpu_milli: Some(500),
+            mps_pipe_dir: None,
+            mps_server_uid: None,
+            log_file: Some(self.dir.path().join(format!("{lease_id}.log"))),
+        }
+    }
+
+    fn start(&self, runtime: &ContainerRuntime, a: &Assignment, script: &str) -> RunningWorkload {
+        self.start_image(runtime, a, BASE, script, BTreeMap::new())
+    }
+
+    fn start_image(
+        &self,
+        runtime: &ContainerRuntime,
+        a: &Assignment,
+        image: &str,
+        script: &str,
+        env: BTreeMap<String, String>,
+    ) -> RunningWorkload {
+        let workload = Workload {
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            image: Some(image.into()),
+            env,
+        };
+        runtime.start(a, &workload).expect("the container starts")
+    }
+
+    /// Runs `script` to its end: exit code, the runtime's failure, the log.
+    async fn run(&self, script: &str) -> (Option<i32>, Option<LeaseFailure>, String) {
+        let a = self.assignment(&["GPU-0"]);
+        self.run_as(&self.runtime(), &a, script).await
+    }
+
+    async fn run_as(
+        &self,
+        runtime: &ContainerRuntime,
+        a: &Assignment,
+        script: &str,
+    ) -> (Option<i32>, Option<LeaseFailure>, String) {
+        let mut running = self.start(runtime, a, script);
+        let exit = tokio::time::timeout(PATIENCE, running.wait())
+            .await
+            .expect("the container ends")
+            .unwrap();
+        let log = fs::read_to_string(a.log_file.as_ref().unwrap()).unwrap_or_default();
+        (exit.code, running.failure(), log)
+    }
+
+    fn containers(&self) -> Vec<String> {
+        podman(&[
+            "ps",
+            "--all",
+            "--filter",
+            &format!("label=leasehold.node={}", self.id),
+            "--format",
+            "{{.Names}}",
+        ])
+        .lines()
+        .map(String::from)
+        .collect()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for name in self.containers() {
+            podman(&["rm", "--force", &name]);
+        }
+        let _ = fs::remove_dir_all(&self.devices);
+    }
+}
+
+/// The value of `key:` in a `/proc/<pid>/status`-style text.
+fn status_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+#[tokio::test]
+async fn the_root_is_read_only_and_scratch_is_writable() {
+    let node = Node::new();
+    let (code, _, log) = node
+        .run("touch /x 2>/dev/null && echo root-written; touch /scratch/y && echo scratch-written")
+        .await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        !log.contains("root-written"),
+        "the root took a write: {log}"
+    );
+    assert!(log.contains("scratch-written"), "{log}");
+}
+
+#[tokio::test]
+async fn no_capability_no_new_privileges_and_the_default_seccomp_filter() {
+    let node = Node::new();
+    let (code, _, log) = node.run("cat /proc/self/status").await;
+    assert_eq!(code, Some(0), "{log}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(
+            status_field(&log, cap),
+            Some("0000000000000000"),
+            "{cap}: {log}"
+        );
+    }
+    assert_eq!(status_field(&log, "NoNewPrivs"), Some("1"), "{log}");
+    // 2: a filter (the engine's default profile); 0 would be none.
+    assert_eq!(status_field(&log, "Seccomp"), Some("2"), "{log}");
+}
+
+#[tokio::test]
+async fn no_host_path_is_mounted() {
+    let node = Node::new();
+    let (code, _, log) = node.run("cat /proc/self/mountinfo").await;
+    assert_eq!(code, Some(0), "{log}");
+    // The engine's own per-container files are the only mounts from a
+    // host filesystem; everything else is the image's root or virtual.
+    const ENGINE_FILES: [&str; 4] = [
+        "/etc/hosts",
+        "/etc/hostname",
+        "/etc/resolv.conf",
+        "/run/.containerenv",
+    ];
+    const VIRTUAL: [&str; 8] = [
+        "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "devtmpfs",
+    ];
+    let mut checked = 0;
+    for line in log.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (mount_point, fs_type) = (fields[4], fields[dash + 1]);
+        checked += 1;
+        if VIRTUAL.contains(&fs_type) || (mount_point == "/" && fs_type == "overlay") {
+            continue;
+        }
+        assert!(
+            ENGINE_FILES.contains(&mount_point),
+            "a host filesystem ({fs_type}) at {mount_point}: {line}"
+        );
+    }
+    assert!(checked > 5, "{log}");
+}
+
+#[tokio::test]
+async fn root_inside_is_an_unprivileged_id_outside_and_each_container_has_its_own() {
+    let node = Node::new();
+    let runtime = node.runtime();
+    let (a, b) = (node.assignment(&["GPU-0"]), node.assignment(&["GPU-1"]));
+    let mut first = node.start(&runtime, &a, "id -u; cat /proc/self/uid_map; sleep 30");
+    let mut second = node.start(&runtime, &b, "cat /proc/self/uid_map; sleep 30");
+    let host_uid = |lease: Uuid| -> u32 {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let pid = podman(&[
+                "inspect",
+                "--format",
+                "{{.State.Pid}}",
+                &format!("lh-{lease}"),
+            ]);
+            if let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) {
+                if pid != "0" && !pid.is_empty() {
+                    let uids = status_field(&status, "Uid").unwrap().to_string();
+                    return uids.split_whitespace().next().unwrap().parse().unwrap();
+                }
+            }
+            assert!(Instant::now() < deadline, "lh-{lease} never ran");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (uid_a, uid_b) = (host_uid(a.lease_id), host_uid(b.lease_id));
+    first.stop(Duration::ZERO).await.unwrap();
+    second.stop(Duration::ZERO).await.unwrap();
+    let log = fs::read_to_string(a.log_file.as_ref().unwrap()).unwrap();
+    assert_eq!(log.lines().next(), Some("0"), "root inside: {log}");
+    assert!(uid_a >= 65_536, "root inside is uid {uid_a} outside");
+    assert!(uid_b >= 65_536, "root inside is uid {uid_b} outside");
+    assert!(
+        uid_a.abs_diff(uid_b) >= 65_536,
+        "two containers share ids: {uid_a} and {uid_b}"
+    );
+}
+
+#[tokio::test]
+async fn limits_of_processes_files_and_cpu_come_from_the_lease() {
+    let node = Node::new();
+    let mut runtime = node.runtime();
+    runtime.pids_max = 64;
+    let a = node.assignment(&["GPU-0"]);
+    let (code, _, log) = node
+        .run_as(
+            &runtime,
+            &a,
+            "echo nofile=$(ulimit -n); echo nproc=$(ulimit -u); \
+             cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max 2>/dev/null | sed 's/^/pids=/'; \
+             cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null | sed 's/^/quota=/'; \
+             cat /sys/fs/cgroup/cpu.max 2>/dev/null | sed 's/^/quota=/'; \
+             (i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); echo spawned=$i; done) 2>/dev/null; \
+             true",
+        )
+        .await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("nofile=16384"), "{log}");
+    assert!(log.contains("nproc=64"), "{log}");
+    assert!(log.contains("pids=64"), "{log}");
+    assert!(
+        log.contains("quota=50000") || log.contains("quota=50000 100000"),
+        "half a core: {log}"
+    );
+    let spawned: u32 = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("spawned="))
+        .next_back()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (32..64).contains(&spawned),
+        "{spawned} processes started under a limit of 64"
+    );
+}
+
+#[tokio::test]
+async fn over_its_memory_the_workload_is_oom_killed_and_the_lease_says_so() {
+    let node = Node::new();
+    let mut a = node.assignment(&["GPU-0"]);
+    // 80 % of 40 MiB: a 100 MB string does not fit.
+    a.memory_share_bytes = Some(40 * MIB);
+    let (code, failure, log) = node
+        .run_as(
+            &node.runtime(),
+            &a,
+            "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived",
+        )
+        .await;
+    assert_eq!(code, Some(137), "{log}");
+    assert_eq!(failure, Some(LeaseFailure::OutOfMemory), "{log}");
+    assert!(!log.contains("survived"));
+    // Within its limit the same lease lives.
+    let small = node.assignment(&["GPU-0"]);
+    let (code, failure, log) = node
+        .run_as(
+            &node.runtime(),
+            &small,
+            "x=$(head -c 1000000 /dev/zero | tr '\\0' a); echo survived",
+        )
+        .await;
+    assert_eq!((code, failure), (Some(0), None), "{log}");
+    assert!(
+        !Path::new(CGROUP_MOUNT)
+            .join("memory/leasehold")
+            .join(format!("lh-{}", a.lease_id))
+            .exists(),
+        "the lease's parent cgroup is removed"
+    );
+}
+
+#[tokio::test]
+async fn no_network_reaches_the_host_or_anything_else() {
+    let node = Node::new();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (code, _, log) = node
+        .run(&format!(
+            "cat /proc/net/dev | sed 1,2d | cut -d: -f1 | sed 's/^ */iface=/'; \
+             echo routes=$(ip route | wc -l); \
+             nc -w 2 127.0.0.1 {port} </dev/null && echo host-reached; \
+             nc -w 2 169.254.169.254 80 </dev/null && echo metadata-reached; echo done"
+        ))
+        .await;
+    assert_eq!(code, Some(0), "{log}");
+    let ifaces: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("iface="))
+        .collect();
+    assert_eq!(ifaces, ["lo"], "{log}");
+    assert!(log.contains("routes=0"), "{log}");
+    assert!(!log.contains("reached"), "{log}");
+    assert!(
+        listener.accept().is_err(),
+        "the host's listener was reached"
+    );
+}
+
+#[tokio::test]
+async fn only_the_leased_gpus_device_nodes_are_inside() {
+    let node = Node::new();
+    let runtime = node.runtime();
+    // The node's two GPUs, as the agent makes their stand-ins.
+    lh_node_agent::workload::container::make_stand_in_devices(
+        &node.devices,
+        &node.assignment(&["GPU-0", "GPU-1"]),
+    )
+    .unwrap();
+    let a = node.assignment(&["GPU-1"]);
+    let dir = node.devices.display();
+    let (code, _, log) = node
+        .run_as(
+            &runtime,
+            &a,
+            &format!("ls {dir}/ | sed 's/^/device=/'; echo x > {dir}/GPU-1 && echo written; ls /dev | sed 's/^/dev=/'"),
+        )
+        .await;
+    assert_eq!(code, Some(0), "{log}");
+    let devices: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("device="))
+        .collect();
+    assert_eq!(devices, ["GPU-1"], "{log}");
+    assert!(log.contains("written"), "{log}");
+    assert!(!log.contains("dev=nvidia"), "{log}");
+}
+
+#[tokio::test]
+async fn the_tenants_values_are_inside_only() {
+    let node = Node::new();
+    let runtime = node.runtime();
+    let a = node.assignment(&["GPU-0"]);
+    let secret = format!("s3cret-{}", Uuid::new_v4().simple());
+    let env = BTreeMap::from([("HF_TOKEN".to_string(), secret.clone())]);
+    let mut running = node.start_image(&runtime, &a, BASE, "echo token=$HF_TOKEN; sleep 30", env);
+    let log_file = a.log_file.clone().unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while !fs::read_to_string(&log_file)
+        .unwrap_or_default()
+        .contains("token=")
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // No process of the host's own (one pid namespace deep) shows it in
+    // its arguments or environment: the CLI, conmon, the runtime.
+    let mut looked = 0;
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        if status_field(&status, "NSpid").is_some_and(|ids| ids.split_whitespace().count() > 1) {
+            continue; // inside a container
+        }
+        for file in ["cmdline", "environ"] {
+            if let Ok(bytes) = fs::read(entry.path().join(file)) {
+                looked += 1;
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains(&secret),
+                    "host process {pid} holds the value in its {file}"
+                );
+            }
+        }
+    }
+    running.stop(Duration::ZERO).await.unwrap();
+    assert!(looked > 10);
+    let log = fs::read_to_string(&log_file).unwrap();
+    assert!(log.contains(&format!("token={secret}")), "{log}");
+}
+
+#[tokio::test]
+async fn a_missing_image_a_start_timeout_and_an_exit_code_are_told_apart() {
+    let node = Node::new();
+    let runtime = node.runtime();
+    let a = node.assignment(&["GPU-0"]);
+    let absent = format!("localhost/leasehold/absent-{}:1", Uuid::new_v4().simple());
+    let mut missing = node.start_image(&runtime, &a, &absent, "true", BTreeMap::new());
+    let exit = missing.wait().await.unwrap();
+    assert_eq!(exit.code, Some(125));
+    assert_eq!(missing.failure(), Some(LeaseFailure::ImageMissing));
+
+    // A registry that takes the connection and never answers: the pull
+    // hangs, and the start deadline ends it.
+    let registry = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = registry.local_addr().unwrap().port();
+    let _held = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in registry.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let mut stuck_runtime = node.runtime();
+    stuck_runtime.pull = PullPolicy::Always;
+    stuck_runtime.start_timeout = Duration::from_secs(2);
+    let b = node.assignment(&["GPU-0"]);
+    let began = Instant::now();
+    let mut stuck = node.start_image(
+        &stuck_runtime,
+        &b,
+        &format!("127.0.0.1:{port}/leasehold/stuck:1"),
+        "true",
+        BTreeMap::new(),
+    );
+    tokio::time::timeout(PATIENCE, stuck.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stuck.failure(), Some(LeaseFailure::StartTimeout));
+    assert!(began.elapsed() >= Duration::from_secs(2));
+
+    let (code, failure, log) = node.run("echo before; exit 3").await;
+    assert_eq!(
+        (code, failure),
+        (Some(3), None),
+        "the workload's own: {log}"
+    );
+    assert!(log.contains("before"));
+    assert!(node.containers().is_empty(), "{:?}", node.containers());
+}
+
+// ---- the host reconciled after the agent is killed ---------------------------
+
+const ENV_NODE: &str = "LH_TEST_ENGINE_NODE";
+const ENV_STATE_DIR: &str = "LH_TEST_ENGINE_STATE_DIR";
+const ENV_LEASES: &str = "LH_TEST_ENGINE_LEASES";
+const PLACEMENT: u64 = 7;
+
+fn gpus(index: u32) -> Vec<AssignedGpu> {
+    vec![AssignedGpu {
+        index,
+        uuid: format!("GPU-{index}"),
+        milli: None,
+        vram_gb: None,
+        mig_instance: None,
+    }]
+}
+
+fn workloads(
+    node: &str,
+    state_dir: &Path,
+) -> (Workloads, tokio::sync::mpsc::UnboundedReceiver<Finished>) {
+    let marks = HostMarks {
+        node_id: node.into(),
+        state_dir: state_dir.to_path_buf(),
+    };
+    let settings = ContainerSettings {
+        global_args: PODMAN_ARGS.map(String::from).into(),
+        pull: PullPolicy::Never,
+        stand_in_devices: Some(PathBuf::from("/dev/leasehold-sim").join(node)),
+        ..Default::default()
+    };
+    let (mut workloads, finished) = Workloads::with_settings(
+        RuntimeKind::Podman,
+        Some("podman".into()),
+        Duration::from_secs(2),
+        marks,
+        None,
+        settings,
+    )
+    .unwrap();
+    workloads.share_out(lh_node_agent::workload::assignment::Host {
+        memory_bytes: 8 << 30,
+        gpu_count: 8,
+        cpu_milli: Some(2000),
+        per_gpu: None,
+    });
+    (workloads, finished)
+}
+
+#[test]
+#[ignore = "the agent the reconcile test kills; it runs it"]
+fn previous_agent_with_containers() {
+    let node = std::env::var(ENV_NODE).unwrap();
+    let state_dir = PathBuf::from(std::env::var(ENV_STATE_DIR).unwrap());
+    let leases: Vec<Uuid> = std::env::var(ENV_LEASES)
+        .unwrap()
+        .split(',')
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (mut workloads, _finished) = workloads(&node, &state_dir);
+        for (i, lease) in leases.iter().enumerate() {
+            let spec = WorkloadSpec {
+                command: vec!["sh".into(), "-c".into(), "echo up; sleep 300".into()],
+                image: Some(BASE.into()),
+                env: Default::default(),
+                env_ref: None,
+            };
+            assert!(workloads
+                .start(*lease, PLACEMENT, &gpus(i as u32), &[], Some(&spec))
+                .unwrap());
+        }
+        println!("started");
+        std::future::pending::<()>().await
+    });
+}
+
+#[tokio::test]
+async fn after_a_kill_9_of_the_agent_its_successor_adopts_what_is_placed_and_removes_the_rest() {
+    let node = Node::new();
+    let state_dir = node.dir.path().join("state");
+    let leases: Vec<Uuid> = (0..6).map(|_| Uuid::new_v4()).collect();
+    let mut agent: Child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "previous_agent_with_containers",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(ENV_NODE, &node.id)
+        .env(ENV_STATE_DIR, &state_dir)
+        .env(
+            ENV_LEASES,
+            leases
+                .iter()
+                .map(Uuid::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Under load: every container running before the kill.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let running = podman(&[
+            "ps",
+            "--filter",
+            &format!("label=leasehold.node={}", node.id),
+            "--filter",
+            "status=running",
+            "--format",
+            "{{.Names}}",
+        ]);
+        if running.lines().count() == leases.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "running: {running}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+
+    // Two leases are still placed here; the other four ended meanwhile.
+    let placed: HashMap<Uuid, u64> = leases[..2].iter().map(|l| (*l, PLACEMENT)).collect();
+    let (mut successor, mut finished) = workloads(&node.id, &state_dir);
+    let reconciled = successor.reconcile(&placed).await;
+    let mut adopted: Vec<Uuid> = reconciled.adopted.iter().map(|(l, _)| *l).collect();
+    adopted.sort();
+    let mut expected = leases[..2].to_vec();
+    expected.sort();
+    assert_eq!(adopted, expected);
+    assert_eq!(reconciled.reaped, 4);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let mut left = node.containers();
+        left.sort();
+        let mut wanted: Vec<String> = expected.iter().map(|l| format!("lh-{l}")).collect();
+        wanted.sort();
+        if left == wanted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The adopted ones end as supervised ones do: stopped, then removed
+    // with their parent cgroups.
+    for lease in &expected {
+        assert!(successor.stop(*lease));
+    }
+    for _ in &expected {
+        let ended = tokio::time::timeout(PATIENCE, finished.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        successor.forget(ended.lease_id, ended.placement);
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while !node.containers().is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", node.containers());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for lease in &leases {
+        assert!(
+            !Path::new(CGROUP_MOUNT)
+                .join("memory/leasehold")
+                .join(format!("lh-{lease}"))
+                .exists(),
+            "lh-{lease}'s parent cgroup is left"
+        );
+    }
+}
