@@ -7,7 +7,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: help deps build up down demo test lint alerts dashboards bench schemas clean-data
+.PHONY: help deps build up down demo images test lint alerts dashboards bench schemas clean-data
 
 help: ## List the targets
 	@echo "Leasehold — make targets:"
@@ -27,6 +27,9 @@ down: ## Stop what `make up` started
 
 demo: ## Tenant story with the lh CLI against `make up`
 	@scripts/demo.sh
+
+images: deps ## Make the images leases run, locally: localhost/leasehold/base (seconds) and localhost/leasehold/python (PyTorch, minutes)
+	@scripts/images.sh all
 
 # Every target (benches and examples too) must compile; then every test
 # runs, all of them even after a failure. nextest runs each test in its own

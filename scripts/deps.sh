@@ -3,8 +3,8 @@
 # exactly what is missing when it cannot install it itself.
 #
 #   scripts/deps.sh        everything (`make deps`, `make test`)
-#   scripts/deps.sh up     only what `make up` runs: nats-server, PostgreSQL
-#                          and curl, so that a newcomer's first start does
+#   scripts/deps.sh up     only what `make up` runs: nats-server, PostgreSQL,
+#                          curl and the container engine, so that a newcomer's first start does
 #                          not wait for the test tools
 #
 # What it installs:
@@ -29,6 +29,15 @@
 #     from the machine's `prometheus-postgres-exporter` package (as root only).
 #   - wrk (load-tests/api-rate.sh drives the gateway with it), from the
 #     machine's `wrk` package (as root only).
+#   - the container engine tenants' workloads run in (`make up`, the tests
+#     of services/node-agent/tests/container_engine.rs), from the machine's
+#     packages (as root only): podman with runc (crun refuses hybrid
+#     cgroups), uidmap (a user namespace per container), busybox-static
+#     (the base image), debootstrap (the Python image) and podman-compose
+#     (docker-compose.yml under podman); and the subordinate ids of the
+#     `containers` user in /etc/subuid and /etc/subgid, from which podman
+#     gives each container its own (`--userns=auto`): 2147483647 and the
+#     2^31 after it, far above every host user and the lease users.
 #
 # Idempotent; prints nothing when everything is present.
 set -euo pipefail
@@ -156,6 +165,33 @@ fi
 if [ -n "$FOR_TESTS" ] && ! command -v wrk >/dev/null; then
     if is_root; then apt_install --no-install-recommends wrk; else missing+=("wrk"); fi
 fi
+
+# --- container engine ---
+engine_packages=()
+command -v podman >/dev/null || engine_packages+=(podman)
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || engine_packages+=(runc)
+command -v newuidmap >/dev/null || engine_packages+=(uidmap)
+[ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || engine_packages+=(busybox-static)
+command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || engine_packages+=(debootstrap)
+command -v podman-compose >/dev/null || engine_packages+=(podman-compose)
+if [ "${#engine_packages[@]}" -gt 0 ]; then
+    if is_root; then
+        # runc named with podman: apt would otherwise pick crun for it.
+        apt_install --no-install-recommends "${engine_packages[@]}" runc
+    else
+        missing+=("${engine_packages[@]}")
+    fi
+fi
+for ids in /etc/subuid /etc/subgid; do
+    if ! grep -qs '^containers:' "$ids"; then
+        if is_root; then
+            echo 'containers:2147483647:2147483648' >>"$ids"
+            say "added the subordinate ids of 'containers' to $ids"
+        else
+            missing+=("containers:2147483647:2147483648 in $ids")
+        fi
+    fi
+done
 
 if [ "${#missing[@]}" -gt 0 ]; then
     say "missing, and only root can install it: run"

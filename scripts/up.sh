@@ -25,7 +25,9 @@
 # LH_MASTER_KEY_FILE (instead of the generated one),
 # LH_ADMIN_TOKEN (instead of the generated one), LH_GATEWAY_ADDR
 # (127.0.0.1:8080), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
-# LH_UP_NO_BUILD=1 (skip cargo build), LH_UP_PROFILE (up: the Cargo profile
+# LH_UP_NO_BUILD=1 (skip cargo build), LH_RUNTIME (auto: leases' images
+# run in podman where it works, else simulated; sim; podman), LH_PODMAN_ARGS
+# (podman's global flags; see "the workloads' runtime" below), LH_UP_PROFILE (up: the Cargo profile
 # that builds in least time and runs the simulated fleet well; release for
 # benchmarks, see docs/benchmarks.md; a run without a build takes the
 # binaries of the profile the last build used, kept in .data/up-profile).
@@ -81,7 +83,7 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 tail_log() { echo "--- last lines of $1 ---" >&2; tail -n 40 "$1" >&2 2>/dev/null || true; }
 
 "$ROOT/scripts/deps.sh" up
-mkdir -p "$LOGS" "$PIDS" "$DATA/nats" "$DATA/audit"
+mkdir -p "$LOGS" "$PIDS" "$DATA/nats" "$DATA/audit" "$DATA/node-agents"
 
 if [ "${LH_UP_NO_BUILD:-0}" != 1 ]; then
     build=(cargo build --profile "$PROFILE" --bins)
@@ -327,6 +329,46 @@ if ! [ -s "$AUDIT_VERIFY_TOKEN_FILE" ]; then
 fi
 chmod 600 "$AUDIT_VERIFY_TOKEN_FILE"
 
+# --- the workloads' runtime ---
+# Leases run their images in real containers (podman; the GPUs stay
+# simulated, each a stand-in device) wherever podman works here, and the
+# simulated runtime (nothing runs) otherwise, saying why. LH_RUNTIME=sim
+# chooses the simulated one; LH_RUNTIME=podman fails instead of falling
+# back. LH_PODMAN_ARGS: podman's global flags (runc, as crun refuses
+# hybrid cgroups; cgroupfs where systemd does not run).
+RUNTIME_FILE="$DATA/up-runtime"
+if [ -z "${LH_PODMAN_ARGS+x}" ]; then
+    LH_PODMAN_ARGS="--runtime runc"
+    [ -d /run/systemd/system ] || LH_PODMAN_ARGS="--cgroup-manager cgroupfs $LH_PODMAN_ARGS"
+fi
+read -r -a PODMAN_ARGS <<<"$LH_PODMAN_ARGS"
+podman_why_not() {
+    command -v podman >/dev/null || { echo "podman is not installed ('make deps' installs it, as root)"; return; }
+    [ "$(id -u)" -eq 0 ] || { echo "containers need root here (a user namespace and cgroup limits per lease)"; return; }
+    "$ROOT/scripts/images.sh" base >/dev/null 2>"$LOGS/images.log" || { echo "cannot make the base image ($LOGS/images.log)"; return; }
+    local out
+    if ! out=$(podman "${PODMAN_ARGS[@]}" run --rm --pull never --network none --userns auto:size=65536 \
+        --ulimit nofile=1024:1024 --ulimit nproc=64:64 localhost/leasehold/base true 2>&1); then
+        echo "podman cannot run a container: $(tail -n 1 <<<"$out")"
+    fi
+}
+case ${LH_RUNTIME:-auto} in
+    sim) RUNTIME=sim; RUNTIME_WHY="LH_RUNTIME=sim" ;;
+    auto | podman)
+        why=$(podman_why_not)
+        if [ -z "$why" ]; then
+            RUNTIME=podman; RUNTIME_WHY="podman works here"
+        elif [ "${LH_RUNTIME:-auto}" = podman ]; then
+            die "LH_RUNTIME=podman, but $why"
+        else
+            RUNTIME=sim; RUNTIME_WHY="$why"
+            say "workloads are simulated, not run: $why"
+        fi
+        ;;
+    *) die "LH_RUNTIME=${LH_RUNTIME}: sim or podman" ;;
+esac
+echo "$RUNTIME" >"$RUNTIME_FILE"
+
 # --- services ---
 start_service() {
     local name=$1 binary=$2 addr=$3
@@ -345,7 +387,9 @@ start_service() {
         audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$AUDIT_KEY_FILE"
                      LH_AUDIT_VERIFY_TOKEN_FILE="$AUDIT_VERIFY_TOKEN_FILE")
                if [ -n "$AUDIT_PUBLIC_KEY" ]; then env+=(LH_AUDIT_TRUSTED_PUBLIC_KEYS="$AUDIT_PUBLIC_KEY"); fi ;;
-        node-agent-*) env+=(LH_HTTP_ADDR="$addr" LH_FLEET_FILE="$ROOT/dev/fleet.toml" LH_NODE_ID="node-${name#node-agent-}") ;;
+        node-agent-*) env+=(LH_HTTP_ADDR="$addr" LH_FLEET_FILE="$ROOT/dev/fleet.toml" LH_NODE_ID="node-${name#node-agent-}"
+                            LH_RUNTIME="$RUNTIME" LH_CONTAINER_CLI_ARGS="$LH_PODMAN_ARGS"
+                            LH_NODE_STATE_DIR="$DATA/node-agents/${name#node-agent-}") ;;
         *) env+=(LH_HTTP_ADDR="$addr") ;;
     esac
     say "starting $name on http://$addr"
@@ -410,6 +454,7 @@ done
 cat <<EOF
 
 Leasehold is up on the simulated fleet (dev/fleet.toml).
+  workloads:    $RUNTIME ($RUNTIME_WHY)
   gateway:      http://$GATEWAY_ADDR
   admin token:  $LH_ADMIN_TOKEN
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)

@@ -125,6 +125,9 @@ pub struct Workloads {
     gpu_backend: Option<Arc<dyn GpuBackend>>,
     /// How the workloads' log files are kept.
     logs: LeaseLogPolicy,
+    /// The GPUs are simulated (stand-in devices): their sharing is the
+    /// fleet file's to declare, as nothing real enforces it.
+    simulated_gpus: bool,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -318,6 +321,7 @@ impl Workloads {
             }
         };
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        let simulated_gpus = settings.stand_in_devices.is_some() && container.is_some();
         Ok((
             Workloads {
                 runtime,
@@ -336,6 +340,7 @@ impl Workloads {
                 host: None,
                 gpu_backend: None,
                 logs: LeaseLogPolicy::default(),
+                simulated_gpus,
             },
             finished_rx,
         ))
@@ -586,6 +591,9 @@ impl Workloads {
             return;
         };
         registered.isolation = isolation;
+        if self.simulated_gpus {
+            return;
+        }
         registered.gpu_sharing = if self.hami_core {
             GpuSharing::HamiCore
         } else if self.mps.is_some() {
