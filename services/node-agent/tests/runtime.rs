@@ -729,6 +729,7 @@ async fn docker_run_and_stop_arguments_and_the_stop_exit() {
         &name,
         "--pull",
         "missing",
+        "--read-only",
         "--tmpfs",
         &format!("/scratch:rw,nosuid,nodev,size={limit},mode=1777"),
         "--cap-drop",
@@ -863,7 +864,7 @@ async fn the_run_exit_code_is_the_workloads() {
     let run = calls[0].join(" ");
     assert!(
         run.starts_with(&format!(
-            "run --name lh-{} --pull missing --tmpfs /scratch:rw,nosuid,nodev,size=1073741824,mode=1777 \
+            "run --name lh-{} --pull missing --read-only --tmpfs /scratch:rw,nosuid,nodev,size=1073741824,mode=1777 \
              --cap-drop ALL --security-opt no-new-privileges --userns auto:size=65536 --network none \
              --log-driver none --pids-limit 4096 --ulimit nofile=16384:16384 --ulimit nproc=4096:4096 \
              --device nvidia.com/gpu=GPU-5f0c1a2b --env-file ",

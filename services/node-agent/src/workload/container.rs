@@ -347,16 +347,18 @@ pub fn run_args(
 ) -> Vec<String> {
     let mut args: Vec<String> = ["run", "--name"].map(String::from).into();
     args.push(container_name(assignment.lease_id));
-    let mut flag = |name: &str, value: String| {
-        args.push(name.into());
-        args.push(value);
-    };
-    flag("--pull", runtime.pull.as_str().into());
+    args.push("--pull".into());
+    args.push(runtime.pull.as_str().into());
     let limits = assignment
         .memory_share_bytes
         .map(|share| memory_limits(share, runtime.hard_limit_pct, runtime.soft_limit_pct));
     // Confinement: see the module's documentation.
     let scratch = limits.map_or(DEFAULT_SCRATCH_BYTES, |l| l.max_bytes);
+    args.push("--read-only".into());
+    let mut flag = |name: &str, value: String| {
+        args.push(name.into());
+        args.push(value);
+    };
     flag(
         "--tmpfs",
         format!("{SCRATCH_DIR}:rw,nosuid,nodev,size={scratch},mode=1777"),
@@ -741,6 +743,7 @@ mod tests {
             format!("lh-{id}"),
             "--pull".into(),
             "missing".into(),
+            "--read-only".into(),
             "--tmpfs".into(),
             "/scratch:rw,nosuid,nodev,size=1073741824,mode=1777".into(),
             "--cap-drop".into(),
