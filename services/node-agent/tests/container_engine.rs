@@ -175,15 +175,25 @@ fn status_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 #[tokio::test]
 async fn the_root_is_read_only_and_scratch_is_writable() {
     let node = Node::new();
+    // /root is root's own (0755): only a read-only root refuses it.
     let (code, _, log) = node
-        .run("touch /x 2>/dev/null && echo root-written; touch /scratch/y && echo scratch-written")
+        .run(
+            "touch /root/x && echo root-written; touch /scratch/y && echo scratch-written; \
+             grep ' / / ' /proc/self/mountinfo | cut -d' ' -f6 | sed 's/^/root-mount=/'",
+        )
         .await;
     assert_eq!(code, Some(0), "{log}");
     assert!(
         !log.contains("root-written"),
         "the root took a write: {log}"
     );
+    assert!(log.contains("Read-only file system"), "{log}");
     assert!(log.contains("scratch-written"), "{log}");
+    let options = log
+        .lines()
+        .find_map(|l| l.strip_prefix("root-mount="))
+        .unwrap();
+    assert!(options.split(',').any(|o| o == "ro"), "{log}");
 }
 
 #[tokio::test]
