@@ -22,6 +22,7 @@ pub mod assignment;
 pub mod cgroup;
 pub mod container;
 pub mod container_cgroup;
+mod engine_state;
 pub(crate) mod executor;
 pub mod lease_log;
 pub mod lease_user;
@@ -381,7 +382,7 @@ impl RunningWorkload {
                 let status = match &mut self.kind {
                     Kind::Container(c) if !c.running_seen => {
                         let started =
-                            container::until_running(&c.engine, &c.name, c.start_deadline);
+                            engine_state::until_running(&c.engine, &c.name, c.start_deadline);
                         tokio::select! {
                             status = self.child.wait() => Some(status.map_err(RuntimeError::Wait)?),
                             running = started => {
@@ -532,11 +533,11 @@ async fn container_failure(
     if exit.code == Some(0) {
         return None;
     }
-    if container::container_status(&c.engine, &c.name)
+    if engine_state::container_status(&c.engine, &c.name)
         .await
         .is_none()
     {
-        return Some(if container::image_exists(&c.engine, &c.image).await {
+        return Some(if engine_state::image_exists(&c.engine, &c.image).await {
             LeaseFailure::EngineError
         } else {
             LeaseFailure::ImageMissing
@@ -546,7 +547,7 @@ async fn container_failure(
         exit.code == Some(container::EXIT_CODE_KILLED) || exit.signal == Some(libc::SIGKILL);
     let oom = match &c.memory_cgroups {
         Some(cgroups) => cgroups.oom_killed(lease_id, killed),
-        None => container::engine_saw_oom(&c.engine, &c.name).await,
+        None => engine_state::engine_saw_oom(&c.engine, &c.name).await,
     };
     oom.then_some(LeaseFailure::OutOfMemory)
 }

@@ -193,15 +193,10 @@ pub fn engine_cgroup_manager(engine: &Engine) -> Result<String, String> {
         CliFlavor::Podman => "{{.Host.CgroupManager}}",
         CliFlavor::Docker => "{{.CgroupDriver}}",
     };
-    let mut command = std::process::Command::new(&engine.cli);
-    command.env_clear();
-    for name in super::container::CLI_ENV_ALLOWED {
-        if let Some(value) = std::env::var_os(name) {
-            command.env(name, value);
-        }
-    }
+    // Synchronous: the agent asks once, at its start.
+    let mut command = engine.command();
     let output = command
-        .args(&engine.global_args)
+        .as_std_mut()
         .args(["info", "--format", format])
         .stdin(std::process::Stdio::null())
         .output()
