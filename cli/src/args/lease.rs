@@ -4,7 +4,7 @@
 
 use clap::{Args, Subcommand};
 use lh_domain::lease::LeaseState;
-use lh_events::{Tier, ZoneFirst};
+use lh_events::{Tier, WorkloadNetwork, ZoneFirst};
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
@@ -109,6 +109,10 @@ pub struct LeaseCreate {
     /// Container image the workload runs (nodes with a container runtime).
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
+    /// The container's network: none, or `tenant` (a network on the node
+    /// shared only with your own containers there; no route out).
+    #[arg(long, value_enum, default_value_t = WorkloadNetwork::None, requires = "image")]
+    pub network: WorkloadNetwork,
     /// An environment variable of the workload, NAME=VALUE (repeatable).
     /// The value is kept out of the event log, sealed with the tenant's key,
     /// and given only to the node the lease runs on.

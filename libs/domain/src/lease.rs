@@ -313,6 +313,12 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
             ),
         ));
     }
+    if w.network != lh_events::WorkloadNetwork::None && w.image.is_none() {
+        return Err(Invalid::unacceptable(
+            "workload.network",
+            "workload.network is for a container: name workload.image too",
+        ));
+    }
     if let Some(image) = w.image.as_deref() {
         workload::check_image_reference(image).map_err(|e| {
             Invalid::unacceptable(

@@ -122,6 +122,33 @@ pub struct WorkloadSpec {
     /// values: erasing the tenant could not reach them there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_ref: Option<WorkloadEnvRef>,
+    /// What network its container is on; none unless asked.
+    #[serde(default, skip_serializing_if = "WorkloadNetwork::is_none")]
+    pub network: WorkloadNetwork,
+}
+
+/// The network of a lease's container.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum WorkloadNetwork {
+    /// No network at all: a loopback interface only.
+    #[default]
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
+    None,
+    /// The tenant's own network on the node, shared by the tenant's
+    /// containers there and by no one else's: no route out of it, and
+    /// the node itself unreachable from it.
+    #[cfg_attr(feature = "clap", value(help = None::<&str>))]
+    Tenant,
+}
+
+impl WorkloadNetwork {
+    pub fn is_none(&self) -> bool {
+        *self == WorkloadNetwork::None
+    }
 }
 
 /// Where a workload's environment is kept, and what it must hash to.
@@ -461,6 +488,7 @@ mod tests {
             image: None,
             env: BTreeMap::from([("TOKEN".to_string(), "s3cret-value".to_string())]),
             env_ref: Some(env_ref()),
+            network: Default::default(),
         };
         let bytes = requested(workload).to_json();
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -483,6 +511,7 @@ mod tests {
             image: None,
             env: BTreeMap::new(),
             env_ref: Some(env_ref()),
+            network: Default::default(),
         };
         let mut json: serde_json::Value =
             serde_json::from_slice(&requested(workload).to_json()).unwrap();

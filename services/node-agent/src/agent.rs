@@ -304,6 +304,7 @@ impl NodeAgent {
                         placement: lease.placement_sequence,
                         gpus: lease.gpus.clone(),
                         workload: lease.workload.clone(),
+                        tenant_id: lease.tenant_id,
                     });
                     return None;
                 }

@@ -97,6 +97,7 @@ impl Node {
             mps_pipe_dir: None,
             mps_server_uid: None,
             log_file: Some(self.dir.path().join(format!("{lease_id}.log"))),
+            tenant_id: None,
         }
     }
 
@@ -116,6 +117,7 @@ impl Node {
             command: vec!["sh".into(), "-c".into(), script.into()],
             image: Some(image.into()),
             env,
+            network: Default::default(),
         };
         runtime.start(a, &workload).expect("the container starts")
     }
@@ -160,6 +162,18 @@ impl Drop for Node {
     fn drop(&mut self) {
         for name in self.containers() {
             podman(&["rm", "--force", &name]);
+        }
+        // A test that failed midway leaves its tenants' networks.
+        let networks = podman(&[
+            "network",
+            "ls",
+            "--filter",
+            &format!("label=leasehold.node={}", self.id),
+            "--format",
+            "{{.Name}}",
+        ]);
+        for name in networks.lines() {
+            podman(&["network", "rm", "--force", name]);
         }
         let _ = fs::remove_dir_all(&self.devices);
     }
@@ -389,6 +403,257 @@ async fn no_network_reaches_the_host_or_anything_else() {
     );
 }
 
+/// A metadata address on the host, as a cloud node has one: an interface
+/// of the test's own (a bridge: this kernel has no dummy interfaces) with
+/// 169.254.169.254, removed on drop.
+struct MetadataAddress {
+    iface: String,
+    listener: TcpListener,
+}
+
+impl MetadataAddress {
+    fn new() -> Self {
+        let iface = format!("lhmd{}", &Uuid::new_v4().simple().to_string()[..8]);
+        let ip = |args: &[&str]| {
+            let status = Command::new("ip").args(args).status().expect("ip runs");
+            assert!(status.success(), "ip {args:?}: {status}");
+        };
+        ip(&["link", "add", &iface, "type", "bridge"]);
+        let made = MetadataAddress {
+            listener: {
+                ip(&["addr", "add", "169.254.169.254/32", "dev", &iface]);
+                ip(&["link", "set", &iface, "up"]);
+                let listener = TcpListener::bind("169.254.169.254:80").expect("bind the metadata address");
+                listener.set_nonblocking(true).unwrap();
+                listener
+            },
+            iface,
+        };
+        made
+    }
+}
+
+impl Drop for MetadataAddress {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.iface]).status();
+    }
+}
+
+/// A network outside the node that the test makes: a namespace behind a
+/// veth pair, 198.51.100.2 (TEST-NET-2) listening on port 9, reached from
+/// the host at 198.51.100.1. Removed on drop.
+struct Outside {
+    namespace: String,
+    host_end: String,
+    listener: Child,
+}
+
+const OUTSIDE_ADDRESS: &str = "198.51.100.2";
+
+impl Outside {
+    fn new() -> Self {
+        let tag = &Uuid::new_v4().simple().to_string()[..8];
+        let (namespace, host_end, far_end) =
+            (format!("lhout{tag}"), format!("lho{tag}"), format!("lhi{tag}"));
+        let ip = |args: &[&str]| {
+            let status = Command::new("ip").args(args).status().expect("ip runs");
+            assert!(status.success(), "ip {args:?}: {status}");
+        };
+        ip(&["netns", "add", &namespace]);
+        ip(&["link", "add", &host_end, "type", "veth", "peer", "name", &far_end]);
+        ip(&["link", "set", &far_end, "netns", &namespace]);
+        ip(&["addr", "add", "198.51.100.1/24", "dev", &host_end]);
+        ip(&["link", "set", &host_end, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &namespace, "ip"];
+            all.extend(args);
+            ip(&all);
+        };
+        inside(&["addr", "add", "198.51.100.2/24", "dev", &far_end]);
+        inside(&["link", "set", &far_end, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        inside(&["route", "add", "default", "via", "198.51.100.1"]);
+        let listener = Command::new("ip")
+            .args(["netns", "exec", &namespace, "python3", "-c"])
+            .arg(
+                "import socket,time\n\
+                 s=socket.socket(); s.bind(('0.0.0.0', 9)); s.listen(64)\n\
+                 while True: s.accept()[0].close()",
+            )
+            .spawn()
+            .expect("the outside listener starts");
+        Outside {
+            namespace,
+            host_end,
+            listener,
+        }
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.listener.kill();
+        let _ = self.listener.wait();
+        let _ = Command::new("ip").args(["link", "del", &self.host_end]).status();
+        let _ = Command::new("ip").args(["netns", "del", &self.namespace]).status();
+    }
+}
+
+/// The address `name` has on its network, once it has one.
+async fn container_address(name: &str) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let ip = podman(&[
+            "container",
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            name,
+        ]);
+        if !ip.is_empty() {
+            return ip;
+        }
+        assert!(Instant::now() < deadline, "{name} has no address");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
+    let node = Node::new();
+    let runtime = node.runtime();
+    let (tenant_a, tenant_b) = (Uuid::new_v4(), Uuid::new_v4());
+    let on_network = |script: String| Workload {
+        command: vec!["sh".into(), "-c".into(), script],
+        image: Some(BASE.into()),
+        env: BTreeMap::new(),
+        network: lh_events::WorkloadNetwork::Tenant,
+    };
+    // The host's services listen on all addresses, IPv4 and IPv6.
+    let host_service = TcpListener::bind("[::]:0").unwrap();
+    host_service.set_nonblocking(true).unwrap();
+    let port = host_service.local_addr().unwrap().port();
+    let metadata = MetadataAddress::new();
+    let _outside = Outside::new();
+
+    let mut a1_lease = node.assignment(&["GPU-0"]);
+    a1_lease.tenant_id = Some(tenant_a);
+    let mut a1 = runtime
+        .start(
+            &a1_lease,
+            &on_network("while true; do echo a1-answers | nc -l -p 8000; done".into()),
+        )
+        .expect("the container starts");
+    let a1_address = container_address(&format!("lh-{}", a1_lease.lease_id)).await;
+    let network = runtime.tenant_networks.network_name(tenant_a);
+    let a_bridge = podman(&["network", "inspect", "--format", "{{.NetworkInterface}}", &network]);
+    assert!(!a_bridge.is_empty(), "{network}");
+    let host_v6 = fs::read_to_string("/proc/net/if_inet6")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.ends_with(&format!(" {a_bridge}")) && l.starts_with("fe80"))
+        .map(|l| {
+            let hex = l.split_whitespace().next().unwrap();
+            (0..8).map(|i| &hex[i * 4..i * 4 + 4]).collect::<Vec<_>>().join(":")
+        });
+    // Every address of the host (the other bridges' among them), and the
+    // tenant's network's gateway if the engine gave the host one.
+    let mut host_addresses: Vec<String> =
+        String::from_utf8_lossy(&Command::new("hostname").arg("-I").output().unwrap().stdout)
+            .split_whitespace()
+            .take(16)
+            .map(String::from)
+            .collect();
+    let gateway = podman(&[
+        "network",
+        "inspect",
+        "--format",
+        "{{range .Subnets}}{{.Gateway}}{{end}}",
+        &network,
+    ]);
+    if gateway.parse::<std::net::IpAddr>().is_ok() {
+        host_addresses.push(gateway);
+    }
+    assert!(!host_addresses.is_empty());
+    // What a container tries: the tenant's other container, then every
+    // address of the host and the metadata address (`-e true`: a
+    // connection made ends at once, and counts).
+    let probe = || {
+        let mut script = format!(
+            "nc -w 3 {a1_address} 8000 </dev/null | sed 's/^/got=/'; \
+             nc -w 3 127.0.0.1 {port} -e true && echo reached-loopback; \
+             nc -w 3 169.254.169.254 80 -e true && echo reached-metadata; \
+             nc -w 3 {OUTSIDE_ADDRESS} 9 -e true && echo reached-outside; "
+        );
+        for address in &host_addresses {
+            script.push_str(&format!(
+                "nc -w 3 {address} {port} -e true && echo reached-host-{address}; "
+            ));
+        }
+        if let Some(v6) = &host_v6 {
+            // Link-local addresses answer once duplicate detection is
+            // over, here and on the host's new bridge: wait for both.
+            script.push_str(&format!(
+                "for i in $(seq 50); do ip -6 addr show dev eth0 | grep -q tentative || break; \
+                 sleep 0.1; done; sleep 2; \
+                 nc -w 3 {v6}%eth0 {port} -e true && echo reached-ipv6; "
+            ));
+        }
+        script.push_str(&format!("echo probed-ipv6={}; echo done", host_v6.is_some()));
+        script
+    };
+
+    // Tenant B, on its own network: nothing.
+    let mut b1_lease = node.assignment(&["GPU-1"]);
+    b1_lease.tenant_id = Some(tenant_b);
+    let b_network = runtime.tenant_networks.network_name(tenant_b);
+    let mut b1 = runtime
+        .start(&b1_lease, &on_network(probe()))
+        .expect("the container starts");
+    tokio::time::timeout(PATIENCE, b1.wait()).await.expect("b1 ends").unwrap();
+    let b_log = fs::read_to_string(b1_lease.log_file.as_ref().unwrap()).unwrap();
+    assert!(b_log.contains("done"), "{b_log}");
+    assert!(!b_log.contains("got=") && !b_log.contains("reached"), "tenant B: {b_log}");
+    assert!(
+        podman(&["network", "exists", &b_network]).is_empty()
+            && !podman(&["network", "ls", "--format", "{{.Name}}"]).contains(&b_network),
+        "tenant B's network goes with its last container"
+    );
+
+    // Tenant A's second container reaches the first, and nothing else.
+    let mut a2_lease = node.assignment(&["GPU-2"]);
+    a2_lease.tenant_id = Some(tenant_a);
+    let mut a2 = runtime
+        .start(&a2_lease, &on_network(probe()))
+        .expect("the container starts");
+    tokio::time::timeout(PATIENCE, a2.wait()).await.expect("a2 ends").unwrap();
+    let a_log = fs::read_to_string(a2_lease.log_file.as_ref().unwrap()).unwrap();
+    assert!(a_log.contains("got=a1-answers"), "tenant A's own container: {a_log}");
+    assert!(a_log.contains("probed-ipv6=true"), "{a_log}");
+    assert!(!a_log.contains("reached"), "tenant A: {a_log}");
+    assert!(
+        host_service.accept().is_err(),
+        "the host's service was reached"
+    );
+    assert!(
+        metadata.listener.accept().is_err(),
+        "the metadata address was reached"
+    );
+
+    // The network stays while A1 runs, and goes with it.
+    assert!(podman(&["network", "ls", "--format", "{{.Name}}"]).contains(&network));
+    a1.stop(Duration::from_secs(1)).await.unwrap();
+    assert!(
+        !podman(&["network", "ls", "--format", "{{.Name}}"]).contains(&network),
+        "tenant A's network goes with its last container"
+    );
+    let chain = String::from_utf8_lossy(
+        &Command::new("iptables").args(["-S", "LH-TENANT-INPUT"]).output().unwrap().stdout,
+    )
+    .into_owned();
+    assert!(!chain.contains(&format!("-i {a_bridge} ")), "{chain}");
+}
+
 #[tokio::test]
 async fn only_the_leased_gpus_device_nodes_are_inside() {
     let node = Node::new();
@@ -583,6 +848,7 @@ fn previous_agent_with_containers() {
                 image: Some(BASE.into()),
                 env: Default::default(),
                 env_ref: None,
+                network: Default::default(),
             };
             assert!(workloads
                 .start(*lease, PLACEMENT, &gpus(i as u32), &[], Some(&spec))

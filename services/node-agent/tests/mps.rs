@@ -92,6 +92,7 @@ fn command(line: &str) -> WorkloadSpec {
         image: None,
         env: BTreeMap::new(),
         env_ref: None,
+        network: Default::default(),
     }
 }
 

@@ -60,6 +60,7 @@ fn previous_agent() {
             image: None,
             env: Default::default(),
             env_ref: None,
+            network: Default::default(),
         };
         assert!(workloads
             .start(lease_id, PLACEMENT, &gpus(), &[], Some(&spec))
@@ -582,6 +583,7 @@ async fn killed_agent_running(command: &str) -> OnLog {
             image: None,
             env: Default::default(),
             env_ref: None,
+            network: Default::default(),
         }),
         ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
     };

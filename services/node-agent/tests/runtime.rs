@@ -32,6 +32,7 @@ fn assignment() -> Assignment {
         mps_pipe_dir: None,
         mps_server_uid: None,
         log_file: None,
+        tenant_id: None,
     }
 }
 
@@ -46,6 +47,7 @@ fn sh(script: &str) -> Workload {
         command: vec!["sh".into(), "-c".into(), script.into()],
         image: None,
         env: BTreeMap::new(),
+        network: Default::default(),
     }
 }
 
@@ -692,6 +694,7 @@ fn container_workload() -> Workload {
         command: vec!["python".into(), "train.py".into(), "--epochs=3".into()],
         image: Some("registry.example/team/trainer:1.2".into()),
         env: BTreeMap::from([("HF_TOKEN".to_string(), "s3cret-value".to_string())]),
+        network: Default::default(),
     }
 }
 
@@ -821,6 +824,7 @@ async fn a_forged_workload_cannot_reconfigure_the_cli_nor_reach_it_with_a_flag()
             ("CUDA_VISIBLE_DEVICES".to_string(), "all".to_string()),
             ("EPOCHS".to_string(), "3".to_string()),
         ]),
+        network: Default::default(),
     };
     let a = assignment();
     let runtime = ContainerRuntime::docker(&cli).env_files_in(&env_dir);

@@ -102,6 +102,7 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
             command: c.command.clone(),
             image: c.image.clone(),
             env: c.env.iter().cloned().collect(),
+            network: c.network,
         }),
         gpu_model: c.gpu_model.clone(),
         tier: c.tier,

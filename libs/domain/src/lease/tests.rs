@@ -143,6 +143,7 @@ fn with_workload(command: &[&str], image: Option<&str>, env: &[&str]) -> LeaseBo
             image: image.map(str::to_string),
             env: env.iter().map(|k| (k.to_string(), "v".into())).collect(),
             env_ref: None,
+            network: Default::default(),
         }),
         ..whole(1)
     }
@@ -493,6 +494,7 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
             image: None,
             env: Default::default(),
             env_ref: None,
+            network: Default::default(),
         }),
         ..whole(1)
     };
@@ -526,4 +528,19 @@ fn each_step_moves_a_lease_only_from_the_states_it_applies_in() {
             assert_eq!(state.after(step), expected, "{step:?} from {state}");
         }
     }
+}
+
+#[test]
+fn given_a_tenant_network_without_an_image_when_decided_then_workload_network_is_named() {
+    let mut body = with_workload(&["sh"], None, &[]);
+    body.workload.as_mut().unwrap().network = lh_events::WorkloadNetwork::Tenant;
+    let (field, _) = refused(body);
+    assert_eq!(field, "workload.network");
+    let mut body = with_workload(&["sh"], Some("localhost/leasehold/base"), &[]);
+    body.workload.as_mut().unwrap().network = lh_events::WorkloadNetwork::Tenant;
+    let lease = decide(body).unwrap();
+    assert_eq!(
+        lease.workload.map(|w| w.network),
+        Some(lh_events::WorkloadNetwork::Tenant)
+    );
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use lh_domain::lease::{LeaseBody, LeaseState};
-use lh_events::{GpuFraction, SpotRecovery, Tier, WorkloadSpec, ZoneFirst};
+use lh_events::{GpuFraction, SpotRecovery, Tier, WorkloadNetwork, WorkloadSpec, ZoneFirst};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -126,6 +126,10 @@ pub struct WorkloadBody {
     pub image: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// `tenant`: the container joins its tenant's network on the node;
+    /// none by default.
+    #[serde(default)]
+    pub network: WorkloadNetwork,
 }
 
 impl From<WorkloadBody> for WorkloadSpec {
@@ -135,6 +139,7 @@ impl From<WorkloadBody> for WorkloadSpec {
             image: body.image,
             env: body.env,
             env_ref: None,
+            network: body.network,
         }
     }
 }
@@ -281,6 +286,7 @@ mod tests {
                 command: vec!["true".into()],
                 image: None,
                 env: BTreeMap::new(),
+                network: WorkloadNetwork::None,
             }),
             gpu_model: "H100".into(),
             tier: Tier::Spot,

@@ -424,6 +424,7 @@ fn requested_with_workload(lease: Uuid) -> EventData {
         image: None,
         env: Default::default(),
         env_ref: None,
+        network: Default::default(),
     });
     EventData::LeaseRequested(r)
 }

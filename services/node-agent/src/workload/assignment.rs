@@ -36,6 +36,9 @@ pub struct Assignment {
     /// The file the workload's standard output and error go to
     /// ([`lease_log`](super::lease_log)); the agent's own when `None`.
     pub log_file: Option<PathBuf>,
+    /// Whose lease it is: a container on its tenant's network joins that
+    /// one ([`tenant_network`](super::tenant_network)).
+    pub tenant_id: Option<Uuid>,
 }
 
 /// Refuses assignments that would give a workload the wrong devices or
@@ -158,6 +161,7 @@ pub fn assignment(
         mps_pipe_dir: None,
         mps_server_uid: None,
         log_file: None,
+        tenant_id: None,
     }
 }
 

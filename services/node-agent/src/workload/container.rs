@@ -51,11 +51,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use lh_domain::workload::check_image_reference;
+use lh_events::WorkloadNetwork;
 use tokio::process::Command;
 use uuid::Uuid;
 
 use super::cgroup::{memory_limits, DEFAULT_HARD_LIMIT_PCT, DEFAULT_SOFT_LIMIT_PCT};
 use super::container_cgroup::ContainerCgroups;
+use super::tenant_network::{TenantNetworks, LABEL_TENANT};
 use super::{
     is_share, lease_env, mark, tenant_env, validate_assignment, validate_env, Assignment, Exit,
     Kind, RunningWorkload, Runtime, RuntimeError, StopOutcome, Workload, ENV_LD_PRELOAD,
@@ -161,6 +163,11 @@ impl Engine {
     /// The CLI with its global flags, in a cleared environment
     /// ([`cli_command`]).
     pub(crate) fn command(&self) -> Command {
+        Command::from(self.blocking_command())
+    }
+
+    /// [`Engine::command`] for a caller that waits on it in its thread.
+    pub(crate) fn blocking_command(&self) -> std::process::Command {
         let mut command = cli_command(&self.cli);
         command.args(&self.global_args);
         command
@@ -201,6 +208,8 @@ pub struct ContainerRuntime {
     /// HAMi-core, bind-mounted read-only and preloaded into the containers
     /// of shares.
     pub hami_core_lib: Option<PathBuf>,
+    /// The tenants' networks, for the containers that ask for theirs.
+    pub tenant_networks: TenantNetworks,
 }
 
 impl ContainerRuntime {
@@ -214,7 +223,7 @@ impl ContainerRuntime {
 
     fn with_flavor(cli: PathBuf, flavor: CliFlavor) -> Self {
         ContainerRuntime {
-            cli,
+            cli: cli.clone(),
             flavor,
             global_args: Vec::new(),
             pull: PullPolicy::Missing,
@@ -230,6 +239,14 @@ impl ContainerRuntime {
             node_id: None,
             env_dir: std::env::temp_dir().join("leasehold-env"),
             hami_core_lib: None,
+            tenant_networks: TenantNetworks::new(
+                Engine {
+                    cli: cli.clone(),
+                    flavor,
+                    global_args: Vec::new(),
+                },
+                None,
+            ),
         }
     }
 
@@ -259,12 +276,14 @@ impl ContainerRuntime {
     /// Gives every call of the CLI `args` before its subcommand.
     pub fn with_global_args(mut self, args: Vec<String>) -> Self {
         self.global_args = args;
+        self.tenant_networks.engine = self.engine();
         self
     }
 
     /// Labels every container with `node_id`.
     pub fn on_node(mut self, node_id: impl Into<String>) -> Self {
         self.node_id = Some(node_id.into());
+        self.tenant_networks.node_id = self.node_id.clone();
         self
     }
 }
@@ -276,8 +295,8 @@ pub fn container_name(lease_id: Uuid) -> String {
 
 /// The container CLI with a cleared environment but for
 /// [`CLI_ENV_ALLOWED`] from the agent's.
-fn cli_command(cli: &Path) -> Command {
-    let mut command = Command::new(cli);
+fn cli_command(cli: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new(cli);
     command.env_clear();
     for name in CLI_ENV_ALLOWED {
         if let Some(value) = std::env::var_os(name) {
@@ -342,6 +361,7 @@ pub fn run_args(
     image: &str,
     env_file: Option<&Path>,
     cgroup_parent: Option<&str>,
+    network: Option<&str>,
 ) -> Vec<String> {
     let mut args: Vec<String> = ["run", "--name"].map(String::from).into();
     args.push(container_name(assignment.lease_id));
@@ -366,7 +386,7 @@ pub fn run_args(
     if runtime.user_namespace && runtime.flavor == CliFlavor::Podman {
         flag("--userns", format!("auto:size={USERNS_SIZE}"));
     }
-    flag("--network", "none".into());
+    flag("--network", network.unwrap_or("none").into());
     flag("--log-driver", "none".into());
     flag("--pids-limit", runtime.pids_max.to_string());
     flag("--ulimit", format!("nofile={0}:{0}", runtime.nofile_max));
@@ -426,6 +446,9 @@ pub fn run_args(
     flag("--label", format!("{LABEL_LEASE}={}", assignment.lease_id));
     if let Some(node_id) = &runtime.node_id {
         flag("--label", format!("{LABEL_NODE}={node_id}"));
+    }
+    if let (Some(_), Some(tenant)) = (network, assignment.tenant_id) {
+        flag("--label", format!("{LABEL_TENANT}={tenant}"));
     }
     // docker and podman read their flags with spf13/pflag, where `--` ends
     // the options: whatever the image string is, it cannot become a flag.
@@ -518,58 +541,14 @@ impl Runtime for ContainerRuntime {
             make_stand_in_devices(dir, assignment)?;
         }
         let lease_id = assignment.lease_id;
-        let cgroup_parent = match (&self.memory_cgroups, assignment.memory_share_bytes) {
-            (Some(cgroups), Some(share)) => {
-                let limit = memory_limits(share, self.hard_limit_pct, self.soft_limit_pct);
-                Some(cgroups.prepare(lease_id, limit.max_bytes).map_err(|e| {
-                    RuntimeError::InvalidConfig(format!(
-                        "cannot make the container's parent cgroup {}: {e}",
-                        cgroups.memory_dir(lease_id).display()
-                    ))
-                })?)
-            }
-            _ => None,
-        };
-        let env_file = match env_file_contents(assignment, workload) {
-            Some(contents) => Some(write_env_file(&self.env_dir, lease_id, &contents).map_err(
-                |e| {
-                    RuntimeError::InvalidConfig(format!(
-                        "cannot write the env file in {}: {e}",
-                        self.env_dir.display()
-                    ))
-                },
-            )?),
-            None => None,
-        };
-        let args = run_args(
-            self,
-            assignment,
-            workload,
-            image,
-            env_file.as_deref(),
-            cgroup_parent.as_deref(),
-        );
-        let engine = self.engine();
-        let spawned = super::output_of(assignment).and_then(|(stdout, stderr)| {
-            engine
-                .command()
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(stdout)
-                .stderr(stderr)
-                .process_group(0)
-                .spawn()
-                .map_err(|source| RuntimeError::Spawn {
-                    program: self.cli.display().to_string(),
-                    source,
-                })
-        });
-        let child = match spawned {
+        // Whatever is made for the container before it runs is undone if
+        // it cannot be started.
+        let mut made = MadeForStart::default();
+        let child = self.spawn(assignment, workload, image, &mut made);
+        let child = match child {
             Ok(child) => child,
             Err(e) => {
-                if let Some(path) = &env_file {
-                    remove_env_file(path);
-                }
+                made.undo(self, lease_id);
                 return Err(e);
             }
         };
@@ -578,16 +557,111 @@ impl Runtime for ContainerRuntime {
             lease_id,
             child,
             Kind::Container(Box::new(super::ContainerWorkload {
-                engine,
+                engine: self.engine(),
                 name: container_name(lease_id),
                 image: image.to_string(),
                 stop_margin: self.stop_margin,
-                env_file,
+                env_file: made.env_file,
                 start_deadline: tokio::time::Instant::now() + self.start_timeout,
                 running_seen: false,
-                memory_cgroups: cgroup_parent.and(self.memory_cgroups.clone()),
+                memory_cgroups: made.cgroup_parent.and(self.memory_cgroups.clone()),
+                network: made
+                    .tenant_network
+                    .map(|tenant| (self.tenant_networks.clone(), tenant)),
             })),
         )
+    }
+}
+
+/// What [`ContainerRuntime::spawn`] made for a container on the host.
+#[derive(Default)]
+struct MadeForStart {
+    tenant_network: Option<Uuid>,
+    cgroup_parent: Option<String>,
+    env_file: Option<PathBuf>,
+}
+
+impl MadeForStart {
+    fn undo(self, runtime: &ContainerRuntime, lease_id: Uuid) {
+        if let Some(path) = &self.env_file {
+            remove_env_file(path);
+        }
+        if let (Some(_), Some(cgroups)) = (&self.cgroup_parent, &runtime.memory_cgroups) {
+            cgroups.remove_unused(lease_id);
+        }
+        if let Some(tenant) = self.tenant_network {
+            runtime.tenant_networks.leave(tenant);
+        }
+    }
+}
+
+impl ContainerRuntime {
+    /// Makes what the container needs on the host (its tenant's network,
+    /// its parent cgroup, its env file), noting each in `made`, and spawns
+    /// `<cli> run`.
+    fn spawn(
+        &self,
+        assignment: &Assignment,
+        workload: &Workload,
+        image: &str,
+        made: &mut MadeForStart,
+    ) -> Result<tokio::process::Child, RuntimeError> {
+        let lease_id = assignment.lease_id;
+        let network = match workload.network {
+            WorkloadNetwork::None => None,
+            WorkloadNetwork::Tenant => {
+                let tenant = assignment.tenant_id.ok_or_else(|| {
+                    RuntimeError::InvalidAssignment(
+                        "a tenant network needs the lease's tenant".into(),
+                    )
+                })?;
+                let name = self.tenant_networks.join(tenant)?;
+                made.tenant_network = Some(tenant);
+                Some(name)
+            }
+        };
+        if let (Some(cgroups), Some(share)) = (&self.memory_cgroups, assignment.memory_share_bytes)
+        {
+            let limit = memory_limits(share, self.hard_limit_pct, self.soft_limit_pct);
+            made.cgroup_parent = Some(cgroups.prepare(lease_id, limit.max_bytes).map_err(|e| {
+                RuntimeError::InvalidConfig(format!(
+                    "cannot make the container's parent cgroup {}: {e}",
+                    cgroups.memory_dir(lease_id).display()
+                ))
+            })?);
+        }
+        if let Some(contents) = env_file_contents(assignment, workload) {
+            made.env_file = Some(write_env_file(&self.env_dir, lease_id, &contents).map_err(
+                |e| {
+                    RuntimeError::InvalidConfig(format!(
+                        "cannot write the env file in {}: {e}",
+                        self.env_dir.display()
+                    ))
+                },
+            )?);
+        }
+        let args = run_args(
+            self,
+            assignment,
+            workload,
+            image,
+            made.env_file.as_deref(),
+            made.cgroup_parent.as_deref(),
+            network.as_deref(),
+        );
+        let (stdout, stderr) = super::output_of(assignment)?;
+        self.engine()
+            .command()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| RuntimeError::Spawn {
+                program: self.cli.display().to_string(),
+                source,
+            })
     }
 }
 
@@ -633,6 +707,7 @@ mod tests {
             mps_pipe_dir: None,
             mps_server_uid: None,
             log_file: None,
+            tenant_id: None,
         }
     }
 
@@ -641,6 +716,7 @@ mod tests {
             command: vec!["python".into(), "train.py".into()],
             image: Some("pytorch:2".into()),
             env: BTreeMap::from([("TOKEN".to_string(), "secret".to_string())]),
+            network: Default::default(),
         }
     }
 
@@ -653,7 +729,7 @@ mod tests {
             &workload(),
             "pytorch:2",
             Some(Path::new("/state/env/lh-x.env")),
-            None,
+            None, None,
         );
         let expected = [
             "run".to_string(),
@@ -719,7 +795,7 @@ mod tests {
             &w,
             "img",
             None,
-            None,
+            None, None,
         );
         let joined = args.join(" ");
         assert!(
@@ -800,7 +876,7 @@ mod tests {
             &Workload::default(),
             "img",
             None,
-            None,
+            None, None,
         );
         let after =
             |flag: &str, value: &str| args.windows(2).any(|w| w[0] == flag && w[1] == value);
@@ -818,7 +894,7 @@ mod tests {
             &Workload::default(),
             "img",
             None,
-            None,
+            None, None,
         );
         assert!(!whole.iter().any(|a| a.contains("CUDA_MPS")), "{whole:?}");
     }
@@ -834,7 +910,7 @@ mod tests {
             ..assignment()
         };
         let env_file = Path::new("/state/env/lh-x.env");
-        let args = run_args(&runtime, &share, &workload(), "img", Some(env_file), None);
+        let args = run_args(&runtime, &share, &workload(), "img", Some(env_file), None, None);
         let at = |arg: &str| args.iter().position(|a| a == arg).unwrap();
         let volume = at("/opt/hami/libvgpu.so:/usr/local/leasehold/libvgpu.so:ro");
         let preload = at("LD_PRELOAD=/usr/local/leasehold/libvgpu.so");
@@ -845,7 +921,7 @@ mod tests {
         );
         assert!(preload < at("--"));
         // A whole GPU runs without it.
-        let whole = run_args(&runtime, &assignment(), &workload(), "img", None, None);
+        let whole = run_args(&runtime, &assignment(), &workload(), "img", None, None, None);
         assert!(!whole.iter().any(|a| a.contains("libvgpu")), "{whole:?}");
     }
 
@@ -868,7 +944,7 @@ mod tests {
             &workload(),
             "img",
             None,
-            Some("/leasehold/lh-x"),
+            Some("/leasehold/lh-x"), None,
         );
         let joined = args.join(" ");
         assert!(

@@ -126,6 +126,12 @@ impl ContainerCgroups {
         Ok(Self::parent_arg(lease_id))
     }
 
+    /// Removes the lease's parent made by [`ContainerCgroups::prepare`]
+    /// for a container that never started (nothing in it yet).
+    pub fn remove_unused(&self, lease_id: Uuid) {
+        let _ = fs::remove_dir(self.memory_dir(lease_id));
+    }
+
     /// Whether the kernel's OOM killer ended the lease's workload, which
     /// exited with `killed` (SIGKILL) or not.
     pub fn oom_killed(&self, lease_id: Uuid, killed: bool) -> bool {

@@ -42,6 +42,9 @@ pub(crate) enum Command {
         placement: u64,
         gpus: Vec<AssignedGpu>,
         workload: Workload,
+        /// Whose lease it is: a container on its tenant's network joins
+        /// that one.
+        tenant_id: Option<Uuid>,
     },
     /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL.
     Stop { lease_id: Uuid },
@@ -91,6 +94,7 @@ struct Resolved {
     lease_id: Uuid,
     placement: u64,
     gpus: Vec<AssignedGpu>,
+    tenant_id: Option<Uuid>,
     workload: Result<Option<WorkloadSpec>, String>,
     /// The MIG instances created for it, or why they could not be.
     mig: Result<Vec<StartedMigDevice>, String>,
@@ -185,6 +189,7 @@ impl WorkloadSide {
                 placement,
                 gpus,
                 workload,
+                tenant_id,
             } => {
                 self.release_mig(lease_id, |p| p == placement);
                 self.workloads.stop_stale(lease_id, placement);
@@ -205,24 +210,24 @@ impl WorkloadSide {
                         Workload::Known(spec) => Some(spec),
                         Workload::Unknown => None,
                     };
-                    self.look_up(lease_id, placement, gpus, known);
+                    self.look_up(lease_id, placement, gpus, tenant_id, known);
                     return None;
                 }
                 if !self.workloads.runs_workloads() {
-                    return Some(self.start(lease_id, placement, &gpus, Ok(None)));
+                    return Some(self.start(lease_id, placement, &gpus, tenant_id, Ok(None)));
                 }
                 let spec = match workload {
                     Workload::Known(spec) if !spec.as_ref().is_some_and(has_env_to_fetch) => spec,
                     Workload::Known(spec) => {
-                        self.look_up(lease_id, placement, gpus, Some(spec));
+                        self.look_up(lease_id, placement, gpus, tenant_id, Some(spec));
                         return None;
                     }
                     Workload::Unknown => {
-                        self.look_up(lease_id, placement, gpus, None);
+                        self.look_up(lease_id, placement, gpus, tenant_id, None);
                         return None;
                     }
                 };
-                Some(self.start(lease_id, placement, &gpus, Ok(spec)))
+                Some(self.start(lease_id, placement, &gpus, tenant_id, Ok(spec)))
             }
             Command::Stop { lease_id } => {
                 self.looking_up.remove(&lease_id);
@@ -251,12 +256,13 @@ impl WorkloadSide {
         lease_id: Uuid,
         placement: u64,
         gpus: &[AssignedGpu],
+        tenant_id: Option<Uuid>,
         spec: Result<Option<WorkloadSpec>, String>,
     ) -> Report {
         let mig_devices = self.mig.held(lease_id, placement);
         let outcome = spec.and_then(|spec| {
             self.workloads
-                .start(lease_id, placement, gpus, &mig_devices, spec.as_ref())
+                .start_for(tenant_id, lease_id, placement, gpus, &mig_devices, spec.as_ref())
                 .map_err(|e| e.to_string())
         });
         if outcome.is_err() {
@@ -289,6 +295,7 @@ impl WorkloadSide {
         lease_id: Uuid,
         placement: u64,
         gpus: Vec<AssignedGpu>,
+        tenant_id: Option<Uuid>,
         known: Option<Option<WorkloadSpec>>,
     ) {
         self.looking_up.insert(lease_id, placement);
@@ -328,6 +335,7 @@ impl WorkloadSide {
                 lease_id,
                 placement,
                 gpus,
+                tenant_id,
                 workload,
                 mig,
             });
@@ -360,7 +368,7 @@ impl WorkloadSide {
                 })
             }
         }
-        Some(self.start(r.lease_id, r.placement, &r.gpus, r.workload))
+        Some(self.start(r.lease_id, r.placement, &r.gpus, r.tenant_id, r.workload))
     }
 }
 

@@ -31,6 +31,7 @@ pub mod process;
 pub mod reconcile;
 pub mod stderr;
 pub mod supervisor;
+pub mod tenant_network;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -136,6 +137,9 @@ pub struct Workload {
     /// over an entry of the same name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// The container's network ([`tenant_network`]); none by default.
+    #[serde(default, skip_serializing_if = "lh_events::WorkloadNetwork::is_none")]
+    pub network: lh_events::WorkloadNetwork,
 }
 
 /// Where a workload's standard output and error go: both to its log file,
@@ -336,6 +340,8 @@ struct ContainerWorkload {
     running_seen: bool,
     /// Where its memory limit is held, when the agent holds it.
     memory_cgroups: Option<container_cgroup::ContainerCgroups>,
+    /// The tenant network it joined, left when it is removed.
+    network: Option<(tenant_network::TenantNetworks, Uuid)>,
 }
 
 impl RunningWorkload {
@@ -499,6 +505,9 @@ impl RunningWorkload {
                 if let Some(cgroups) = &c.memory_cgroups {
                     cgroups.remove(self.lease_id).await;
                 }
+                if let Some((networks, tenant)) = c.network.take() {
+                    let _ = tokio::task::spawn_blocking(move || networks.leave(tenant)).await;
+                }
             }
         }
         self.cleaned_up = true;
@@ -511,9 +520,14 @@ impl Drop for RunningWorkload {
             // tokio reaps a dropped child in the background.
             let _ = signal_group(self.pgid, libc::SIGKILL);
         }
-        if let Kind::Container(c) = &self.kind {
+        if let Kind::Container(c) = &mut self.kind {
             if let Some(path) = &c.env_file {
                 container::remove_env_file(path);
+            }
+            // Not cleaned up: its container, if left, is an orphan the
+            // sweep removes; the count of its network must not stay.
+            if let Some((networks, tenant)) = c.network.take() {
+                std::thread::spawn(move || networks.leave(tenant));
             }
         }
     }
@@ -584,6 +598,7 @@ mod tests {
             mps_pipe_dir: None,
             mps_server_uid: None,
             log_file: None,
+            tenant_id: None,
         }
     }
 
@@ -645,6 +660,7 @@ mod tests {
                 (ENV_CUDA_VISIBLE_DEVICES.to_string(), "all".to_string()),
                 ("MY_VAR".to_string(), "x".to_string()),
             ]),
+            network: Default::default(),
         };
         let env = workload_env(&assignment(), &workload);
         assert_eq!(env[ENV_CUDA_VISIBLE_DEVICES], "GPU-aaa,MIG-bbb");
@@ -717,6 +733,7 @@ mod tests {
             command: vec!["python".into(), "train.py".into()],
             image: Some("nvcr.io/nvidia/pytorch:24.01-py3".into()),
             env: BTreeMap::from([("EPOCHS".to_string(), "3".to_string())]),
+            network: Default::default(),
         };
         let json = serde_json::to_string(&workload).unwrap();
         assert_eq!(serde_json::from_str::<Workload>(&json).unwrap(), workload);

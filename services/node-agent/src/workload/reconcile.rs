@@ -408,6 +408,9 @@ pub enum Adopted {
         stop_margin: Duration,
         /// Where its memory limit is held, when the agent holds it.
         memory_cgroups: Option<super::container_cgroup::ContainerCgroups>,
+        /// The tenant networks of this node: its own, if it has one, goes
+        /// once it is removed and no other container uses it.
+        networks: super::tenant_network::TenantNetworks,
     },
 }
 
@@ -460,6 +463,7 @@ impl Adopted {
             lease_id,
             name,
             memory_cgroups,
+            networks,
             ..
         } = self
         {
@@ -467,6 +471,8 @@ impl Adopted {
             if let Some(cgroups) = memory_cgroups {
                 cgroups.remove(*lease_id).await;
             }
+            let networks = networks.clone();
+            let _ = tokio::task::spawn_blocking(move || networks.remove_all_unused()).await;
         }
         if let Adopted::Process { cgroup, user, .. } = self {
             if let Some(dir) = cgroup {

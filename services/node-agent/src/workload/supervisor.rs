@@ -82,6 +82,7 @@ struct ContainerCli {
     /// Where the runtime writes the tenants' env files.
     env_dir: PathBuf,
     memory_cgroups: Option<ContainerCgroups>,
+    networks: super::tenant_network::TenantNetworks,
 }
 
 impl ContainerCli {
@@ -311,6 +312,7 @@ impl Workloads {
                     engine: runtime.engine(),
                     env_dir: runtime.env_dir.clone(),
                     memory_cgroups: runtime.memory_cgroups.clone(),
+                    networks: runtime.tenant_networks.clone(),
                 });
                 Some(Arc::new(runtime))
             }
@@ -380,6 +382,19 @@ impl Workloads {
         mig_devices: &[StartedMigDevice],
         spec: Option<&WorkloadSpec>,
     ) -> Result<bool, super::RuntimeError> {
+        self.start_for(None, lease_id, placement, gpus, mig_devices, spec)
+    }
+
+    /// [`Workloads::start`] of a lease of `tenant_id`.
+    pub fn start_for(
+        &mut self,
+        tenant_id: Option<Uuid>,
+        lease_id: Uuid,
+        placement: u64,
+        gpus: &[AssignedGpu],
+        mig_devices: &[StartedMigDevice],
+        spec: Option<&WorkloadSpec>,
+    ) -> Result<bool, super::RuntimeError> {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };
@@ -388,10 +403,12 @@ impl Workloads {
         assignment.cpu_milli = self.host.and_then(|h| h.cpu_share(gpus));
         let log_file = lease_log::path(&self.marks.state_dir, lease_id, placement);
         assignment.log_file = Some(log_file.clone());
+        assignment.tenant_id = tenant_id;
         let workload = Workload {
             command: spec.command.clone(),
             image: spec.image.clone(),
             env: spec.env.clone(),
+            network: spec.network,
         };
         let limits = MpsLimits::of_share(&assignment);
         if let (Some(mps), Some(limits), Some(gpu)) = (&mut self.mps, limits, gpus.first()) {

@@ -137,6 +137,12 @@ impl Workloads {
                 }
             }
         }
+        // Networks left by containers that are gone; those of adopted
+        // containers stay, guarded again.
+        if let Some(c) = &self.container {
+            let networks = c.networks.clone();
+            let _ = tokio::task::spawn_blocking(move || networks.remove_all_unused()).await;
+        }
         // No workload starts before this returns: every log but the
         // adopted ones' is done, and its keep time runs from now.
         let marked = lease_log::mark_others_ended(
@@ -215,6 +221,7 @@ impl Workloads {
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
                         memory_cgroups: c.memory_cgroups.clone(),
+                        networks: c.networks.clone(),
                     },
                     // Its env file goes when it ends, as its record would.
                     Some(c.env_file(lease_id)),
@@ -259,6 +266,9 @@ impl Workloads {
                             cgroups.remove(lease_id).await;
                         }
                         remove_record(&c.env_file(lease_id));
+                        let networks = c.networks.clone();
+                        let _ = tokio::task::spawn_blocking(move || networks.remove_all_unused())
+                            .await;
                     }
                 }
                 Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir).await,
