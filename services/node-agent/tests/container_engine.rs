@@ -820,8 +820,9 @@ fn workloads(
         settings,
     )
     .unwrap();
+    // 64 MiB a lease: over it, a workload is OOM-killed.
     workloads.share_out(lh_node_agent::workload::assignment::Host {
-        memory_bytes: 8 << 30,
+        memory_bytes: 8 * 64 * MIB,
         gpu_count: 8,
         cpu_milli: Some(2000),
         per_gpu: None,
@@ -843,15 +844,27 @@ fn previous_agent_with_containers() {
     runtime.block_on(async {
         let (mut workloads, _finished) = workloads(&node, &state_dir);
         for (i, lease) in leases.iter().enumerate() {
+            // The second outgrows its memory once told to (after the
+            // agent's successor adopted it); the first and third are on
+            // their tenants' networks.
+            let script = match i {
+                1 => "echo up; while [ ! -e /scratch/go ]; do sleep 0.1; done; \
+                      x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived",
+                _ => "echo up; sleep 300",
+            };
             let spec = WorkloadSpec {
-                command: vec!["sh".into(), "-c".into(), "echo up; sleep 300".into()],
+                command: vec!["sh".into(), "-c".into(), script.into()],
                 image: Some(BASE.into()),
                 env: Default::default(),
                 env_ref: None,
-                network: Default::default(),
+                network: match i {
+                    0 | 2 => lh_events::WorkloadNetwork::Tenant,
+                    _ => lh_events::WorkloadNetwork::None,
+                },
             };
+            let tenant = Uuid::from_u128(i as u128 + 1);
             assert!(workloads
-                .start(*lease, PLACEMENT, &gpus(i as u32), &[], Some(&spec))
+                .start_for(Some(tenant), *lease, PLACEMENT, &gpus(i as u32), &[], Some(&spec))
                 .unwrap());
         }
         println!("started");
@@ -927,18 +940,43 @@ async fn after_a_kill_9_of_the_agent_its_successor_adopts_what_is_placed_and_rem
         assert!(Instant::now() < deadline, "left: {left:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The adopted ones end as supervised ones do: stopped, then removed
-    // with their parent cgroups.
-    for lease in &expected {
-        assert!(successor.stop(*lease));
+    // The reaped container's network went with it; the adopted one's
+    // stays while it runs.
+    let networks = || {
+        podman(&[
+            "network",
+            "ls",
+            "--filter",
+            &format!("label=leasehold.node={}", node.id),
+            "--format",
+            "{{.Name}}",
+        ])
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while networks().lines().count() != 1 {
+        assert!(Instant::now() < deadline, "networks: {}", networks());
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for _ in &expected {
-        let ended = tokio::time::timeout(PATIENCE, finished.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        successor.forget(ended.lease_id, ended.placement);
-    }
+    assert!(networks().contains(&Uuid::from_u128(1).simple().to_string()));
+    // An adopted container that outgrows its memory fails as a started
+    // one does.
+    podman(&["exec", &format!("lh-{}", leases[1]), "touch", "/scratch/go"]);
+    let ended = tokio::time::timeout(PATIENCE, finished.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ended.lease_id, leases[1]);
+    assert_eq!(ended.failure, Some(LeaseFailure::OutOfMemory));
+    successor.forget(ended.lease_id, ended.placement);
+    // The other is stopped, and removed with its parent cgroup and its
+    // network.
+    assert!(successor.stop(leases[0]));
+    let ended = tokio::time::timeout(PATIENCE, finished.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    successor.forget(ended.lease_id, ended.placement);
+    assert_eq!(networks(), "");
     let deadline = Instant::now() + PATIENCE;
     while !node.containers().is_empty() {
         assert!(Instant::now() < deadline, "{:?}", node.containers());

@@ -411,6 +411,8 @@ pub enum Adopted {
         /// The tenant networks of this node: its own, if it has one, goes
         /// once it is removed and no other container uses it.
         networks: super::tenant_network::TenantNetworks,
+        /// Why it failed, once it ended and the kernel or the engine said.
+        failure: std::sync::Mutex<Option<lh_events::LeaseFailure>>,
     },
 }
 
@@ -431,10 +433,43 @@ impl Adopted {
                 }
                 NO_EXIT
             }
-            Adopted::Container { engine, name, .. } => container_wait(engine, name).await,
+            Adopted::Container {
+                engine,
+                lease_id,
+                name,
+                memory_cgroups,
+                failure,
+                ..
+            } => {
+                let exit = container_wait(engine, name).await;
+                // Before its cgroup goes: the OOM killer's mark is there.
+                let oom = match (exit.code, memory_cgroups) {
+                    (Some(0) | None, _) => false,
+                    (Some(code), Some(cgroups)) => {
+                        cgroups.oom_killed(*lease_id, code == super::container::EXIT_CODE_KILLED)
+                    }
+                    (Some(_), None) => super::engine_state::engine_saw_oom(engine, name).await,
+                };
+                if oom {
+                    *failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(lh_events::LeaseFailure::OutOfMemory);
+                }
+                exit
+            }
         };
         self.clean_up().await;
         exit
+    }
+
+    /// Why it failed, as the kernel or the engine said; `None` for an end
+    /// of the workload's own, or one not known.
+    pub fn failure(&self) -> Option<lh_events::LeaseFailure> {
+        match self {
+            Adopted::Container { failure, .. } => {
+                *failure.lock().unwrap_or_else(|e| e.into_inner())
+            }
+            Adopted::Process { .. } => None,
+        }
     }
 
     /// SIGTERM (`<cli> stop`), up to `grace` to exit, then SIGKILL.

@@ -156,7 +156,7 @@ impl Supervised {
     fn failure(&self) -> Option<LeaseFailure> {
         match self {
             Supervised::Started(w) => w.failure(),
-            Supervised::Adopted(_) => None,
+            Supervised::Adopted(a) => a.failure(),
         }
     }
 }

@@ -222,6 +222,7 @@ impl Workloads {
                         stop_margin: DEFAULT_STOP_MARGIN,
                         memory_cgroups: c.memory_cgroups.clone(),
                         networks: c.networks.clone(),
+                        failure: Default::default(),
                     },
                     // Its env file goes when it ends, as its record would.
                     Some(c.env_file(lease_id)),
