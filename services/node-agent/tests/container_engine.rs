@@ -419,23 +419,25 @@ impl MetadataAddress {
             assert!(status.success(), "ip {args:?}: {status}");
         };
         ip(&["link", "add", &iface, "type", "bridge"]);
-        let made = MetadataAddress {
+        MetadataAddress {
             listener: {
                 ip(&["addr", "add", "169.254.169.254/32", "dev", &iface]);
                 ip(&["link", "set", &iface, "up"]);
-                let listener = TcpListener::bind("169.254.169.254:80").expect("bind the metadata address");
+                let listener =
+                    TcpListener::bind("169.254.169.254:80").expect("bind the metadata address");
                 listener.set_nonblocking(true).unwrap();
                 listener
             },
             iface,
-        };
-        made
+        }
     }
 }
 
 impl Drop for MetadataAddress {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.iface]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.iface])
+            .status();
     }
 }
 
@@ -453,14 +455,19 @@ const OUTSIDE_ADDRESS: &str = "198.51.100.2";
 impl Outside {
     fn new() -> Self {
         let tag = &Uuid::new_v4().simple().to_string()[..8];
-        let (namespace, host_end, far_end) =
-            (format!("lhout{tag}"), format!("lho{tag}"), format!("lhi{tag}"));
+        let (namespace, host_end, far_end) = (
+            format!("lhout{tag}"),
+            format!("lho{tag}"),
+            format!("lhi{tag}"),
+        );
         let ip = |args: &[&str]| {
             let status = Command::new("ip").args(args).status().expect("ip runs");
             assert!(status.success(), "ip {args:?}: {status}");
         };
         ip(&["netns", "add", &namespace]);
-        ip(&["link", "add", &host_end, "type", "veth", "peer", "name", &far_end]);
+        ip(&[
+            "link", "add", &host_end, "type", "veth", "peer", "name", &far_end,
+        ]);
         ip(&["link", "set", &far_end, "netns", &namespace]);
         ip(&["addr", "add", "198.51.100.1/24", "dev", &host_end]);
         ip(&["link", "set", &host_end, "up"]);
@@ -494,8 +501,12 @@ impl Drop for Outside {
     fn drop(&mut self) {
         let _ = self.listener.kill();
         let _ = self.listener.wait();
-        let _ = Command::new("ip").args(["link", "del", &self.host_end]).status();
-        let _ = Command::new("ip").args(["netns", "del", &self.namespace]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_end])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.namespace])
+            .status();
     }
 }
 
@@ -546,7 +557,13 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
         .expect("the container starts");
     let a1_address = container_address(&format!("lh-{}", a1_lease.lease_id)).await;
     let network = runtime.tenant_networks.network_name(tenant_a);
-    let a_bridge = podman(&["network", "inspect", "--format", "{{.NetworkInterface}}", &network]);
+    let a_bridge = podman(&[
+        "network",
+        "inspect",
+        "--format",
+        "{{.NetworkInterface}}",
+        &network,
+    ]);
     assert!(!a_bridge.is_empty(), "{network}");
     let host_v6 = fs::read_to_string("/proc/net/if_inet6")
         .unwrap_or_default()
@@ -554,7 +571,10 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
         .find(|l| l.ends_with(&format!(" {a_bridge}")) && l.starts_with("fe80"))
         .map(|l| {
             let hex = l.split_whitespace().next().unwrap();
-            (0..8).map(|i| &hex[i * 4..i * 4 + 4]).collect::<Vec<_>>().join(":")
+            (0..8)
+                .map(|i| &hex[i * 4..i * 4 + 4])
+                .collect::<Vec<_>>()
+                .join(":")
         });
     // Every address of the host (the other bridges' among them), and the
     // tenant's network's gateway if the engine gave the host one.
@@ -599,7 +619,10 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
                  nc -w 3 {v6}%eth0 {port} -e true && echo reached-ipv6; "
             ));
         }
-        script.push_str(&format!("echo probed-ipv6={}; echo done", host_v6.is_some()));
+        script.push_str(&format!(
+            "echo probed-ipv6={}; echo done",
+            host_v6.is_some()
+        ));
         script
     };
 
@@ -610,10 +633,16 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
     let mut b1 = runtime
         .start(&b1_lease, &on_network(probe()))
         .expect("the container starts");
-    tokio::time::timeout(PATIENCE, b1.wait()).await.expect("b1 ends").unwrap();
+    tokio::time::timeout(PATIENCE, b1.wait())
+        .await
+        .expect("b1 ends")
+        .unwrap();
     let b_log = fs::read_to_string(b1_lease.log_file.as_ref().unwrap()).unwrap();
     assert!(b_log.contains("done"), "{b_log}");
-    assert!(!b_log.contains("got=") && !b_log.contains("reached"), "tenant B: {b_log}");
+    assert!(
+        !b_log.contains("got=") && !b_log.contains("reached"),
+        "tenant B: {b_log}"
+    );
     assert!(
         podman(&["network", "exists", &b_network]).is_empty()
             && !podman(&["network", "ls", "--format", "{{.Name}}"]).contains(&b_network),
@@ -626,9 +655,15 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
     let mut a2 = runtime
         .start(&a2_lease, &on_network(probe()))
         .expect("the container starts");
-    tokio::time::timeout(PATIENCE, a2.wait()).await.expect("a2 ends").unwrap();
+    tokio::time::timeout(PATIENCE, a2.wait())
+        .await
+        .expect("a2 ends")
+        .unwrap();
     let a_log = fs::read_to_string(a2_lease.log_file.as_ref().unwrap()).unwrap();
-    assert!(a_log.contains("got=a1-answers"), "tenant A's own container: {a_log}");
+    assert!(
+        a_log.contains("got=a1-answers"),
+        "tenant A's own container: {a_log}"
+    );
     assert!(a_log.contains("probed-ipv6=true"), "{a_log}");
     assert!(!a_log.contains("reached"), "tenant A: {a_log}");
     assert!(
@@ -648,7 +683,11 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
         "tenant A's network goes with its last container"
     );
     let chain = String::from_utf8_lossy(
-        &Command::new("iptables").args(["-S", "LH-TENANT-INPUT"]).output().unwrap().stdout,
+        &Command::new("iptables")
+            .args(["-S", "LH-TENANT-INPUT"])
+            .output()
+            .unwrap()
+            .stdout,
     )
     .into_owned();
     assert!(!chain.contains(&format!("-i {a_bridge} ")), "{chain}");
@@ -848,8 +887,10 @@ fn previous_agent_with_containers() {
             // agent's successor adopted it); the first and third are on
             // their tenants' networks.
             let script = match i {
-                1 => "echo up; while [ ! -e /scratch/go ]; do sleep 0.1; done; \
-                      x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived",
+                1 => {
+                    "echo up; while [ ! -e /scratch/go ]; do sleep 0.1; done; \
+                      x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived"
+                }
                 _ => "echo up; sleep 300",
             };
             let spec = WorkloadSpec {
@@ -864,7 +905,14 @@ fn previous_agent_with_containers() {
             };
             let tenant = Uuid::from_u128(i as u128 + 1);
             assert!(workloads
-                .start_for(Some(tenant), *lease, PLACEMENT, &gpus(i as u32), &[], Some(&spec))
+                .start_for(
+                    Some(tenant),
+                    *lease,
+                    PLACEMENT,
+                    &gpus(i as u32),
+                    &[],
+                    Some(&spec)
+                )
                 .unwrap());
         }
         println!("started");

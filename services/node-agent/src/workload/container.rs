@@ -729,7 +729,8 @@ mod tests {
             &workload(),
             "pytorch:2",
             Some(Path::new("/state/env/lh-x.env")),
-            None, None,
+            None,
+            None,
         );
         let expected = [
             "run".to_string(),
@@ -795,7 +796,8 @@ mod tests {
             &w,
             "img",
             None,
-            None, None,
+            None,
+            None,
         );
         let joined = args.join(" ");
         assert!(
@@ -876,7 +878,8 @@ mod tests {
             &Workload::default(),
             "img",
             None,
-            None, None,
+            None,
+            None,
         );
         let after =
             |flag: &str, value: &str| args.windows(2).any(|w| w[0] == flag && w[1] == value);
@@ -894,7 +897,8 @@ mod tests {
             &Workload::default(),
             "img",
             None,
-            None, None,
+            None,
+            None,
         );
         assert!(!whole.iter().any(|a| a.contains("CUDA_MPS")), "{whole:?}");
     }
@@ -910,7 +914,15 @@ mod tests {
             ..assignment()
         };
         let env_file = Path::new("/state/env/lh-x.env");
-        let args = run_args(&runtime, &share, &workload(), "img", Some(env_file), None, None);
+        let args = run_args(
+            &runtime,
+            &share,
+            &workload(),
+            "img",
+            Some(env_file),
+            None,
+            None,
+        );
         let at = |arg: &str| args.iter().position(|a| a == arg).unwrap();
         let volume = at("/opt/hami/libvgpu.so:/usr/local/leasehold/libvgpu.so:ro");
         let preload = at("LD_PRELOAD=/usr/local/leasehold/libvgpu.so");
@@ -921,7 +933,15 @@ mod tests {
         );
         assert!(preload < at("--"));
         // A whole GPU runs without it.
-        let whole = run_args(&runtime, &assignment(), &workload(), "img", None, None, None);
+        let whole = run_args(
+            &runtime,
+            &assignment(),
+            &workload(),
+            "img",
+            None,
+            None,
+            None,
+        );
         assert!(!whole.iter().any(|a| a.contains("libvgpu")), "{whole:?}");
     }
 
@@ -944,7 +964,8 @@ mod tests {
             &workload(),
             "img",
             None,
-            Some("/leasehold/lh-x"), None,
+            Some("/leasehold/lh-x"),
+            None,
         );
         let joined = args.join(" ");
         assert!(

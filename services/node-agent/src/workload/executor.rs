@@ -262,7 +262,14 @@ impl WorkloadSide {
         let mig_devices = self.mig.held(lease_id, placement);
         let outcome = spec.and_then(|spec| {
             self.workloads
-                .start_for(tenant_id, lease_id, placement, gpus, &mig_devices, spec.as_ref())
+                .start_for(
+                    tenant_id,
+                    lease_id,
+                    placement,
+                    gpus,
+                    &mig_devices,
+                    spec.as_ref(),
+                )
                 .map_err(|e| e.to_string())
         });
         if outcome.is_err() {

@@ -410,7 +410,7 @@ pub enum Adopted {
         memory_cgroups: Option<super::container_cgroup::ContainerCgroups>,
         /// The tenant networks of this node: its own, if it has one, goes
         /// once it is removed and no other container uses it.
-        networks: super::tenant_network::TenantNetworks,
+        networks: Box<super::tenant_network::TenantNetworks>,
         /// Why it failed, once it ended and the kernel or the engine said.
         failure: std::sync::Mutex<Option<lh_events::LeaseFailure>>,
     },
@@ -506,7 +506,7 @@ impl Adopted {
             if let Some(cgroups) = memory_cgroups {
                 cgroups.remove(*lease_id).await;
             }
-            let networks = networks.clone();
+            let networks = networks.as_ref().clone();
             let _ = tokio::task::spawn_blocking(move || networks.remove_all_unused()).await;
         }
         if let Adopted::Process { cgroup, user, .. } = self {

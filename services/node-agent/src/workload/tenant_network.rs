@@ -227,9 +227,10 @@ impl TenantNetworks {
     fn make(&self, tenant: Uuid, name: &str) -> Result<(), RuntimeError> {
         let exists = match self.engine.flavor {
             CliFlavor::Podman => self.engine_run(&["network", "exists", "--", name], None),
-            CliFlavor::Docker => {
-                self.engine_run(&["network", "inspect", "--format", "{{.Id}}", "--", name], None)
-            }
+            CliFlavor::Docker => self.engine_run(
+                &["network", "inspect", "--format", "{{.Id}}", "--", name],
+                None,
+            ),
         };
         if exists.is_ok() {
             return Ok(());
@@ -283,10 +284,7 @@ impl TenantNetworks {
             )
             .map_err(cannot)?;
             let jump = ["INPUT", "-j", GUARD_CHAIN];
-            let check = run_bounded(
-                Command::new(tool).args(["--wait", "-C"]).args(jump),
-                None,
-            );
+            let check = run_bounded(Command::new(tool).args(["--wait", "-C"]).args(jump), None);
             if check.is_err() {
                 run_bounded(
                     Command::new(tool).args(["--wait", "-I", "INPUT", "1", "-j", GUARD_CHAIN]),
@@ -369,9 +367,7 @@ pub fn create_args(
     node_id: Option<&str>,
     name: &str,
 ) -> Vec<String> {
-    let mut args: Vec<String> = ["network", "create", "--internal"]
-        .map(String::from)
-        .into();
+    let mut args: Vec<String> = ["network", "create", "--internal"].map(String::from).into();
     if flavor == CliFlavor::Podman {
         args.extend(["--disable-dns", "--opt", "isolate=true"].map(String::from));
     }

@@ -221,7 +221,7 @@ impl Workloads {
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
                         memory_cgroups: c.memory_cgroups.clone(),
-                        networks: c.networks.clone(),
+                        networks: Box::new(c.networks.clone()),
                         failure: Default::default(),
                     },
                     // Its env file goes when it ends, as its record would.
@@ -268,8 +268,8 @@ impl Workloads {
                         }
                         remove_record(&c.env_file(lease_id));
                         let networks = c.networks.clone();
-                        let _ = tokio::task::spawn_blocking(move || networks.remove_all_unused())
-                            .await;
+                        let _ =
+                            tokio::task::spawn_blocking(move || networks.remove_all_unused()).await;
                     }
                 }
                 Found::Cgroup { dir, .. } => reconcile::remove_cgroup(&dir).await,
