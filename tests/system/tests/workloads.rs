@@ -93,7 +93,11 @@ async fn workloads_run_with_their_gpus_end_with_their_exit_and_stop_gracefully()
     // A network the API does not know is a malformed body.
     let unknown = json!({"image": "localhost/leasehold/base", "network": "everywhere"});
     let (s, p) = request_with(&stack, &key, &unknown).await;
-    assert_eq!((s, p["field"].as_str()), (400, Some("workload.network")), "{p}");
+    assert_eq!(
+        (s, p["field"].as_str()),
+        (400, Some("workload.network")),
+        "{p}"
+    );
 
     // Its GPU and its lease id in the environment; exit 3 fails the lease.
     let out = dir.path().join("env.txt");
