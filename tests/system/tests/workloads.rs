@@ -9,6 +9,8 @@
 //! a lease runs on fetches them from the gateway, and nobody else can.
 //! A share on a node whose MPS probe works runs as an MPS client, its
 //! limits set through the daemon before it starts (a fake control binary).
+//! On the container runtime (real podman) a lease starts, and is billed,
+//! from when its container runs: a pull that hangs is not billed.
 
 use std::time::Duration;
 
@@ -1023,4 +1025,74 @@ async fn a_simulated_node_says_its_lease_never_ran_a_command() {
         detail.contains("simulates its workloads") && detail.contains(id),
         "{body}"
     );
+}
+
+/// What this kind of host needs of podman (no systemd; crun refuses its
+/// cgroups).
+const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
+
+/// Seconds between a lease's `started_at` and `ended_at`.
+fn billed_secs(lease: &Value) -> f64 {
+    let at = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(lease[field].as_str().unwrap_or_else(|| {
+            panic!("{field} in {lease}");
+        }))
+        .unwrap()
+    };
+    (at("ended_at") - at("started_at")).num_milliseconds() as f64 / 1000.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_lease_starts_and_is_billed_from_when_its_container_runs() {
+    let status = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
+    )
+    .arg("base")
+    .status()
+    .expect("scripts/images.sh runs");
+    assert!(status.success(), "scripts/images.sh base: {status}");
+    let stack = Stack::start_configured(TWO_A100, |s| {
+        s.node_runtime = RuntimeKind::Podman;
+        s.node_container_args = PODMAN_ARGS.map(String::from).into();
+        s.node_container_start_timeout_secs = 3;
+    })
+    .await;
+    let key = trusted_tenant(&stack, "pulls", 2).await;
+
+    // A registry that takes the connection and never answers: the pull
+    // hangs until the start deadline. Nothing ran, so nothing is billed.
+    let registry = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = registry.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in registry.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let stuck = lease_with(
+        &stack,
+        &key,
+        json!({"image": format!("127.0.0.1:{port}/never/answers:1"), "command": ["true"]}),
+    )
+    .await;
+    let stuck_end = stack
+        .wait_lease(&key, &stuck, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(stuck_end["end_reason"], "failed", "{stuck_end}");
+    assert_eq!(stuck_end["failure"], "start_timeout", "{stuck_end}");
+    assert!(billed_secs(&stuck_end) < 1.0, "{stuck_end}");
+
+    // A container that runs two seconds is billed about two.
+    let runs = lease_with(
+        &stack,
+        &key,
+        json!({"image": "localhost/leasehold/base", "command": ["sleep", "2"]}),
+    )
+    .await;
+    let runs_end = stack
+        .wait_lease(&key, &runs, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(runs_end["end_reason"], "completed", "{runs_end}");
+    let billed = billed_secs(&runs_end);
+    assert!((1.5..4.0).contains(&billed), "{billed} s: {runs_end}");
 }

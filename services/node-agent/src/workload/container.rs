@@ -568,6 +568,7 @@ impl Runtime for ContainerRuntime {
                 network: made
                     .tenant_network
                     .map(|tenant| (self.tenant_networks.clone(), tenant)),
+                on_running: None,
             })),
         )
     }

@@ -117,6 +117,7 @@ pub(crate) fn spawn(
     let (command_tx, mut commands) = mpsc::unbounded_channel::<Command>();
     let (report_tx, reports) = mpsc::unbounded_channel::<Report>();
     let (resolved_tx, mut resolved) = mpsc::unbounded_channel::<Resolved>();
+    let (running_tx, mut running) = mpsc::unbounded_channel::<(Uuid, u64)>();
     let mig = MigInstances::new(workloads.gpu_backend());
     let mut side = WorkloadSide {
         bus,
@@ -125,6 +126,8 @@ pub(crate) fn spawn(
         workloads,
         looking_up: HashMap::new(),
         resolved_tx,
+        starting: HashMap::new(),
+        running_tx,
     };
     tokio::spawn(async move {
         let mut sweep = tokio::time::interval(ORPHAN_SWEEP_EVERY);
@@ -152,7 +155,15 @@ pub(crate) fn spawn(
                     None
                 }
                 Some(r) = resolved.recv() => side.resolved(r),
+                Some((lease_id, placement)) = running.recv() => side.now_running(lease_id, placement),
                 Some(f) = finished.recv() => {
+                    // Ended before it ran (the image missing, stopped
+                    // while pulling): its start is told first.
+                    if let Some(started) = side.now_running(f.lease_id, f.placement) {
+                        if report_tx.send(started).is_err() {
+                            return;
+                        }
+                    }
                     side.workloads.forget(f.lease_id, f.placement);
                     side.mig.release(f.lease_id, |p| p != f.placement);
                     Some(Report::Ended(f))
@@ -177,9 +188,31 @@ struct WorkloadSide {
     /// for: a stop, or a newer start, makes the answer moot.
     looking_up: HashMap<Uuid, u64>,
     resolved_tx: mpsc::UnboundedSender<Resolved>,
+    /// Containers started and not yet running (their image being pulled),
+    /// with the placement and MIG devices their start will be told with:
+    /// a lease starts, and is billed, from when its container runs.
+    starting: HashMap<Uuid, (u64, Vec<StartedMigDevice>)>,
+    running_tx: mpsc::UnboundedSender<(Uuid, u64)>,
 }
 
 impl WorkloadSide {
+    /// The start of a container that runs now (or ended before it ran),
+    /// if it was still to be told.
+    fn now_running(&mut self, lease_id: Uuid, placement: u64) -> Option<Report> {
+        match self.starting.get(&lease_id) {
+            Some((p, _)) if *p == placement => {
+                let (_, mig_devices) = self.starting.remove(&lease_id)?;
+                Some(Report::Started {
+                    lease_id,
+                    placement,
+                    outcome: Ok(true),
+                    mig_devices,
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Carries out `command` at once (reading a request back is left to a
     /// task of its own, so a slow log holds no stop back).
     fn carry_out(&mut self, command: Command) -> Option<Report> {
@@ -194,6 +227,14 @@ impl WorkloadSide {
                 self.release_mig(lease_id, |p| p == placement);
                 self.workloads.stop_stale(lease_id, placement);
                 self.looking_up.remove(&lease_id);
+                // Its start is told once its container runs.
+                if self
+                    .starting
+                    .get(&lease_id)
+                    .is_some_and(|(p, _)| *p == placement)
+                {
+                    return None;
+                }
                 // Started before, and the report did not get through: it
                 // keeps running.
                 if self.workloads.is_running(lease_id, placement) {
@@ -214,7 +255,7 @@ impl WorkloadSide {
                     return None;
                 }
                 if !self.workloads.runs_workloads() {
-                    return Some(self.start(lease_id, placement, &gpus, tenant_id, Ok(None)));
+                    return self.start(lease_id, placement, &gpus, tenant_id, Ok(None));
                 }
                 let spec = match workload {
                     Workload::Known(spec) if !spec.as_ref().is_some_and(has_env_to_fetch) => spec,
@@ -227,7 +268,7 @@ impl WorkloadSide {
                         return None;
                     }
                 };
-                Some(self.start(lease_id, placement, &gpus, tenant_id, Ok(spec)))
+                self.start(lease_id, placement, &gpus, tenant_id, Ok(spec))
             }
             Command::Stop { lease_id } => {
                 self.looking_up.remove(&lease_id);
@@ -251,6 +292,8 @@ impl WorkloadSide {
         }
     }
 
+    /// Starts the workload; its start is told now, or, for a container,
+    /// once the engine runs it.
     fn start(
         &mut self,
         lease_id: Uuid,
@@ -258,7 +301,7 @@ impl WorkloadSide {
         gpus: &[AssignedGpu],
         tenant_id: Option<Uuid>,
         spec: Result<Option<WorkloadSpec>, String>,
-    ) -> Report {
+    ) -> Option<Report> {
         let mig_devices = self.mig.held(lease_id, placement);
         let outcome = spec.and_then(|spec| {
             self.workloads
@@ -276,12 +319,25 @@ impl WorkloadSide {
             // The lease fails here: nothing will run on its instances.
             self.mig.release(lease_id, |p| p != placement);
         }
-        Report::Started {
+        if outcome == Ok(true) {
+            if let Some(running) = self.workloads.when_running(lease_id, placement) {
+                self.starting.insert(lease_id, (placement, mig_devices));
+                let told = self.running_tx.clone();
+                tokio::spawn(async move {
+                    // Closed unanswered: it ended first, and its end tells.
+                    if running.await.is_ok() {
+                        let _ = told.send((lease_id, placement));
+                    }
+                });
+                return None;
+            }
+        }
+        Some(Report::Started {
             lease_id,
             placement,
             outcome,
             mig_devices,
-        }
+        })
     }
 
     /// Destroys the instances of the lease's placements that are not
@@ -375,7 +431,7 @@ impl WorkloadSide {
                 })
             }
         }
-        Some(self.start(r.lease_id, r.placement, &r.gpus, r.tenant_id, r.workload))
+        self.start(r.lease_id, r.placement, &r.gpus, r.tenant_id, r.workload)
     }
 }
 

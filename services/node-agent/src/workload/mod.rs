@@ -342,6 +342,8 @@ struct ContainerWorkload {
     memory_cgroups: Option<container_cgroup::ContainerCgroups>,
     /// The tenant network it joined, left when it is removed.
     network: Option<(tenant_network::TenantNetworks, Uuid)>,
+    /// Told once the engine says it runs; dropped if it never does.
+    on_running: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl RunningWorkload {
@@ -377,6 +379,21 @@ impl RunningWorkload {
         self.failure
     }
 
+    /// For a container: answered once [`RunningWorkload::wait`] sees the
+    /// engine run it (after its image is pulled and its process started),
+    /// closed unanswered if it ends or is stopped first. `None` for a
+    /// process, which runs once spawned.
+    pub fn when_running(&mut self) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        match &mut self.kind {
+            Kind::Container(c) if !c.running_seen => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                c.on_running = Some(tx);
+                Some(rx)
+            }
+            _ => None,
+        }
+    }
+
     /// Waits until the workload exits, kills what is left of its process
     /// group and removes its cgroup. A container that is not running by its
     /// start deadline is killed and fails `start_timeout`. Cancel-safe; once
@@ -394,6 +411,9 @@ impl RunningWorkload {
                             running = started => {
                                 c.running_seen = true;
                                 if running {
+                                    if let Some(tx) = c.on_running.take() {
+                                        let _ = tx.send(());
+                                    }
                                     None
                                 } else {
                                     tracing::warn!(lease = %self.lease_id, container = %c.name,

@@ -103,6 +103,9 @@ pub struct Workloads {
     /// The process runtime's lease users, whose homes the sweep tidies.
     lease_users: Option<LeaseUsers>,
     container: Option<ContainerCli>,
+    /// Containers started and not yet seen running: answered when the
+    /// engine runs them ([`Workloads::when_running`]).
+    running_signals: HashMap<Uuid, (u64, oneshot::Receiver<()>)>,
     /// Running workloads: the placement each runs for, and its stop handle
     /// (send the grace period).
     running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
@@ -328,6 +331,7 @@ impl Workloads {
                 cgroup_parent,
                 lease_users,
                 container,
+                running_signals: HashMap::new(),
                 running: HashMap::new(),
                 stopping: Default::default(),
                 finished_tx,
@@ -420,7 +424,7 @@ impl Workloads {
             assignment.mps_pipe_dir = Some(pipe);
             assignment.mps_server_uid = Some(mps.server_uid(gpu.index));
         }
-        let handle = match runtime.start(&assignment, &workload) {
+        let mut handle = match runtime.start(&assignment, &workload) {
             Ok(handle) => handle,
             Err(e) => {
                 if let Some(mps) = &mut self.mps {
@@ -432,6 +436,9 @@ impl Workloads {
             }
         };
         tracing::info!(lease = %lease_id, pid = handle.pid(), "workload started");
+        if let Some(running) = handle.when_running() {
+            self.running_signals.insert(lease_id, (placement, running));
+        }
         let on_gpus = self.gpu_backend.clone().map(|backend| {
             let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
             backend.workload_started(&indices, handle.pid());
@@ -626,6 +633,20 @@ impl Workloads {
     /// Whether leases run anything here (false on a simulated node).
     pub fn runs_workloads(&self) -> bool {
         self.runtime.is_some()
+    }
+
+    /// The signal of a container just started for `placement`: answered
+    /// once the engine runs it, closed if it ends or is stopped first.
+    /// `None` for a workload that runs once spawned (or no workload).
+    pub fn when_running(
+        &mut self,
+        lease_id: Uuid,
+        placement: u64,
+    ) -> Option<oneshot::Receiver<()>> {
+        match self.running_signals.remove(&lease_id) {
+            Some((p, running)) if p == placement => Some(running),
+            _ => None,
+        }
     }
 
     pub fn is_running(&self, lease_id: Uuid, placement: u64) -> bool {

@@ -82,6 +82,10 @@ pub struct Stack {
     pub preemption_notice_secs: i64,
     /// How node-agents run leases (`Sim` unless a test runs workloads).
     pub node_runtime: lh_node_agent::RuntimeKind,
+    /// The container engine's global flags and start deadline (seconds)
+    /// of node-agents started from now on, on a container runtime.
+    pub node_container_args: Vec<String>,
+    pub node_container_start_timeout_secs: u64,
     /// The MPS control binary of node-agents started from now on (a fake
     /// one in tests); `None`: whatever is on `PATH`.
     pub node_mps_control: Option<PathBuf>,
@@ -207,6 +211,8 @@ impl Stack {
             preemption_min_runtime_secs: 600,
             preemption_notice_secs: 120,
             node_runtime: lh_node_agent::RuntimeKind::Sim,
+            node_container_args: Vec::new(),
+            node_container_start_timeout_secs: 900,
             node_mps_control: None,
             node_lease_log_limits: None,
             node_gpus: lh_node_agent::GpuArgs::for_test(),

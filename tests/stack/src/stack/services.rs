@@ -102,6 +102,8 @@ impl Stack {
                 Box::pin(lh_node_agent::start(
                     lh_node_agent::Config {
                         runtime: self.node_runtime,
+                        container_cli_args: self.node_container_args.clone(),
+                        container_start_timeout_secs: self.node_container_start_timeout_secs,
                         mps_control: self.node_mps_control.clone(),
                         lease_log_test_limits: self.node_lease_log_limits,
                         stop_grace_secs: 2,
