@@ -10,8 +10,8 @@ runs: the simulated runtime's path), interleaved, CONCURRENCY at a time.
 
 Three times per lease, all from clocks of this machine:
   created   the gateway's `created_at` (the request was accepted)
-  running   the agent's `started_at` (it started the workload; the lease is
-            `running` from then)
+  running   the agent's `started_at` (the engine runs the container; the
+            lease is `running`, and billed, from then)
   executing the container's first command: it prints /proc/uptime, which a
             container shares with the host, turned into wall time here
 
