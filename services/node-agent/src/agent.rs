@@ -308,6 +308,9 @@ impl NodeAgent {
                     });
                     return None;
                 }
+                // Its container is not run yet (its image being pulled):
+                // it starts, and is billed, once it runs.
+                WorkloadStart::Answered(Ok(_)) if lease.not_yet_running => return None,
                 WorkloadStart::Answered(Ok(_)) => Transition::Started,
                 WorkloadStart::Answered(Err(why)) => {
                     // It cannot run here: the lease fails, never started,
@@ -532,13 +535,25 @@ impl Decider for NodeAgent {
                 placement,
                 outcome,
                 mig_devices,
+                not_yet_running,
             }) => {
                 self.unowned_mig.made_for_a_lease(&mig_devices);
                 let current = |l: &&mut LocalLease| l.placement_sequence == placement;
                 if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
                     l.workload_running = outcome == Ok(true);
+                    l.not_yet_running = outcome == Ok(true) && not_yet_running;
                     l.mig_devices = mig_devices;
                     l.start = WorkloadStart::Answered(outcome);
+                }
+                true
+            }
+            Signal::Workload(Report::Running {
+                lease_id,
+                placement,
+            }) => {
+                let current = |l: &&mut LocalLease| l.placement_sequence == placement;
+                if let Some(l) = self.state.leases.get_mut(&lease_id).filter(current) {
+                    l.not_yet_running = false;
                 }
                 true
             }

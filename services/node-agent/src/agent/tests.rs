@@ -110,13 +110,99 @@ fn only(batches: Vec<Batch>) -> (Envelope, Expect) {
 }
 
 fn answer(agent: &mut NodeAgent, outcome: Result<bool, String>) {
+    answer_started(agent, outcome, false);
+}
+
+fn answer_started(agent: &mut NodeAgent, outcome: Result<bool, String>, not_yet_running: bool) {
     let report = Report::Started {
         lease_id: lease(),
         placement: 10,
         outcome,
         mig_devices: Vec::new(),
+        not_yet_running,
     };
     assert!(agent.signal(Signal::Workload(report), t(1)));
+}
+
+fn ended(exit: Exit, failure: Option<LeaseFailure>, ran: bool) -> Signal {
+    Signal::Workload(Report::Ended(Finished {
+        lease_id: lease(),
+        placement: 10,
+        exit,
+        failure,
+        ran,
+    }))
+}
+
+#[test]
+fn a_container_still_pulling_starts_the_lease_once_it_runs() {
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    answer_started(&mut g.agent, Ok(true), true);
+    assert!(g.agent.decide(t(2)).is_empty(), "not started while pulling");
+    let running = Report::Running {
+        lease_id: lease(),
+        placement: 10,
+    };
+    assert!(g.agent.signal(Signal::Workload(running), t(3)));
+    let (envelope, _) = only(g.agent.decide(t(3)));
+    assert!(matches!(envelope.data, EventData::LeaseStarted(_)));
+}
+
+#[test]
+fn a_container_that_never_runs_fails_the_lease_unstarted() {
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    answer_started(&mut g.agent, Ok(true), true);
+    let exit = Exit {
+        code: Some(137),
+        signal: None,
+    };
+    let timed_out = ended(exit, Some(LeaseFailure::StartTimeout), false);
+    assert!(g.agent.signal(timed_out, t(5)));
+    let (envelope, _) = only(g.agent.decide(t(5)));
+    match envelope.data {
+        EventData::LeaseEnded(e) => {
+            assert_eq!(e.reason, EndReason::Failed);
+            assert_eq!(e.failure, Some(LeaseFailure::StartTimeout));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_stop_during_the_pull_stops_the_container_and_cancels_the_lease() {
+    let mut g = given();
+    g.agent.decide(t(1));
+    let _start = g.commands.try_recv().unwrap();
+    answer_started(&mut g.agent, Ok(true), true);
+    let stop = EventData::LeaseStopRequested(LeaseStopRequested { lease_id: lease() });
+    g.agent
+        .apply(11, &Envelope::new(Actor::Tenant(Uuid::nil()), t(2), stop));
+    assert!(
+        g.agent.decide(t(2)).is_empty(),
+        "the end waits for the exit"
+    );
+    assert!(matches!(
+        g.commands.try_recv(),
+        Ok(Command::Stop { lease_id }) if lease_id == lease()
+    ));
+    let exit = Exit {
+        code: Some(137),
+        signal: None,
+    };
+    let stopped = ended(exit, Some(LeaseFailure::EngineError), false);
+    assert!(g.agent.signal(stopped, t(3)));
+    let (envelope, _) = only(g.agent.decide(t(3)));
+    match envelope.data {
+        EventData::LeaseEnded(e) => {
+            assert_eq!(e.reason, EndReason::Cancelled);
+            assert_eq!(e.failure, None);
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -225,13 +311,7 @@ fn a_stop_during_the_start_waits_for_the_answer_then_stops_the_workload() {
         code: None,
         signal: Some(15),
     };
-    let ended = Report::Ended(Finished {
-        lease_id: lease(),
-        placement: 10,
-        exit,
-        failure: None,
-    });
-    assert!(g.agent.signal(Signal::Workload(ended), t(4)));
+    assert!(g.agent.signal(ended(exit, None, true), t(4)));
     let (envelope, _) = only(g.agent.decide(t(4)));
     match envelope.data {
         EventData::LeaseEnded(e) => assert_eq!(e.reason, EndReason::Cancelled),
@@ -378,13 +458,7 @@ fn workload_ends_for(
     failure: Option<LeaseFailure>,
     at: DateTime<Utc>,
 ) {
-    let ended = Report::Ended(Finished {
-        lease_id: lease(),
-        placement: 10,
-        exit,
-        failure,
-    });
-    assert!(agent.signal(Signal::Workload(ended), at));
+    assert!(agent.signal(ended(exit, failure, true), at));
 }
 
 /// Exits 1 after an allocation error on its GPU.

@@ -94,6 +94,10 @@ pub(crate) struct LocalLease {
     /// not seen it exit or asked it to stop.
     #[serde(skip)]
     pub(crate) workload_running: bool,
+    /// Its workload is a container the engine has not run yet (its image
+    /// being pulled): the lease is started once it runs.
+    #[serde(skip)]
+    pub(crate) not_yet_running: bool,
     /// A stop was sent to its workload; the end is reported once it exits.
     #[serde(skip)]
     pub(crate) stopping: bool,
@@ -430,7 +434,11 @@ impl NodeState {
                 steps.push(LeaseStep::Suspend { lease_id });
             } else if ending || lease.exit.is_some() {
                 let exit_code = lease.exit.and_then(|e| e.code);
-                let reason = if !lease.started {
+                let reason = if !lease.started && exited_by_itself && lease.failure.is_some() {
+                    // A container that never ran: its image missing, or
+                    // past its start deadline. Failed, and never billed.
+                    EndReason::Failed
+                } else if !lease.started {
                     EndReason::Cancelled
                 } else if lease.stop_requested {
                     EndReason::Stopped
@@ -441,7 +449,9 @@ impl NodeState {
                 } else {
                     EndReason::Failed
                 };
-                if reason == EndReason::Failed && exited_by_itself {
+                // A workload that never ran cannot have met a fault of
+                // its GPU.
+                if reason == EndReason::Failed && exited_by_itself && lease.started {
                     match self.gpu_fault_verdict(lease, now) {
                         FaultVerdict::Workload => {}
                         FaultVerdict::Hold => continue,

@@ -569,6 +569,7 @@ impl Runtime for ContainerRuntime {
                     .tenant_network
                     .map(|tenant| (self.tenant_networks.clone(), tenant)),
                 on_running: None,
+                ran: false,
             })),
         )
     }

@@ -81,7 +81,13 @@ pub(crate) enum Report {
         outcome: Result<bool, String>,
         /// The MIG devices the lease runs on (a MIG lease only).
         mig_devices: Vec<StartedMigDevice>,
+        /// A container still to be run by its engine (its image being
+        /// pulled): [`Report::Running`] tells when it runs. The lease starts,
+        /// and is billed, from then.
+        not_yet_running: bool,
     },
+    /// The container of a [`Report::Started`] with `not_yet_running` runs.
+    Running { lease_id: Uuid, placement: u64 },
     /// A workload ended, on its own or stopped.
     Ended(Finished),
     /// What a [`Command::Reconcile`] adopted: these leases' workloads run,
@@ -157,10 +163,12 @@ pub(crate) fn spawn(
                 Some(r) = resolved.recv() => side.resolved(r),
                 Some((lease_id, placement)) = running.recv() => side.now_running(lease_id, placement),
                 Some(f) = finished.recv() => {
-                    // Ended before it ran (the image missing, stopped
-                    // while pulling): its start is told first.
-                    if let Some(started) = side.now_running(f.lease_id, f.placement) {
-                        if report_tx.send(started).is_err() {
+                    // It ran (its running may be told here first, as the
+                    // two come on different channels), or it ended before
+                    // it ran: the image missing, stopped while pulling.
+                    let running = side.now_running(f.lease_id, f.placement);
+                    if let Some(running) = running.filter(|_| f.ran) {
+                        if report_tx.send(running).is_err() {
                             return;
                         }
                     }
@@ -189,24 +197,22 @@ struct WorkloadSide {
     looking_up: HashMap<Uuid, u64>,
     resolved_tx: mpsc::UnboundedSender<Resolved>,
     /// Containers started and not yet running (their image being pulled),
-    /// with the placement and MIG devices their start will be told with:
-    /// a lease starts, and is billed, from when its container runs.
-    starting: HashMap<Uuid, (u64, Vec<StartedMigDevice>)>,
+    /// with their placement: a lease starts, and is billed, from when its
+    /// container runs.
+    starting: HashMap<Uuid, u64>,
     running_tx: mpsc::UnboundedSender<(Uuid, u64)>,
 }
 
 impl WorkloadSide {
-    /// The start of a container that runs now (or ended before it ran),
-    /// if it was still to be told.
+    /// The container started for `placement` runs now, if that is still
+    /// to be told.
     fn now_running(&mut self, lease_id: Uuid, placement: u64) -> Option<Report> {
         match self.starting.get(&lease_id) {
-            Some((p, _)) if *p == placement => {
-                let (_, mig_devices) = self.starting.remove(&lease_id)?;
-                Some(Report::Started {
+            Some(p) if *p == placement => {
+                self.starting.remove(&lease_id);
+                Some(Report::Running {
                     lease_id,
                     placement,
-                    outcome: Ok(true),
-                    mig_devices,
                 })
             }
             _ => None,
@@ -227,14 +233,6 @@ impl WorkloadSide {
                 self.release_mig(lease_id, |p| p == placement);
                 self.workloads.stop_stale(lease_id, placement);
                 self.looking_up.remove(&lease_id);
-                // Its start is told once its container runs.
-                if self
-                    .starting
-                    .get(&lease_id)
-                    .is_some_and(|(p, _)| *p == placement)
-                {
-                    return None;
-                }
                 // Started before, and the report did not get through: it
                 // keeps running.
                 if self.workloads.is_running(lease_id, placement) {
@@ -243,6 +241,7 @@ impl WorkloadSide {
                         placement,
                         outcome: Ok(true),
                         mig_devices: self.mig.held(lease_id, placement),
+                        not_yet_running: false,
                     });
                 }
                 if self.mig.to_create(lease_id, placement, &gpus) {
@@ -319,9 +318,11 @@ impl WorkloadSide {
             // The lease fails here: nothing will run on its instances.
             self.mig.release(lease_id, |p| p != placement);
         }
+        let mut not_yet_running = false;
         if outcome == Ok(true) {
             if let Some(running) = self.workloads.when_running(lease_id, placement) {
-                self.starting.insert(lease_id, (placement, mig_devices));
+                not_yet_running = true;
+                self.starting.insert(lease_id, placement);
                 let told = self.running_tx.clone();
                 tokio::spawn(async move {
                     // Closed unanswered: it ended first, and its end tells.
@@ -329,7 +330,6 @@ impl WorkloadSide {
                         let _ = told.send((lease_id, placement));
                     }
                 });
-                return None;
             }
         }
         Some(Report::Started {
@@ -337,6 +337,7 @@ impl WorkloadSide {
             placement,
             outcome,
             mig_devices,
+            not_yet_running,
         })
     }
 
@@ -417,6 +418,7 @@ impl WorkloadSide {
                 placement: r.placement,
                 outcome: Ok(false),
                 mig_devices: Vec::new(),
+                not_yet_running: false,
             });
         }
         self.looking_up.remove(&r.lease_id);
@@ -428,6 +430,7 @@ impl WorkloadSide {
                     placement: r.placement,
                     outcome: Err(why),
                     mig_devices: Vec::new(),
+                    not_yet_running: false,
                 })
             }
         }

@@ -344,6 +344,8 @@ struct ContainerWorkload {
     network: Option<(tenant_network::TenantNetworks, Uuid)>,
     /// Told once the engine says it runs; dropped if it never does.
     on_running: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The engine said it runs.
+    ran: bool,
 }
 
 impl RunningWorkload {
@@ -379,6 +381,15 @@ impl RunningWorkload {
         self.failure
     }
 
+    /// Whether it ran: a process once spawned, a container once its
+    /// engine said it runs.
+    pub fn ran(&self) -> bool {
+        match &self.kind {
+            Kind::Container(c) => c.ran,
+            Kind::Process { .. } => true,
+        }
+    }
+
     /// For a container: answered once [`RunningWorkload::wait`] sees the
     /// engine run it (after its image is pulled and its process started),
     /// closed unanswered if it ends or is stopped first. `None` for a
@@ -411,6 +422,7 @@ impl RunningWorkload {
                             running = started => {
                                 c.running_seen = true;
                                 if running {
+                                    c.ran = true;
                                     if let Some(tx) = c.on_running.take() {
                                         let _ = tx.send(());
                                     }
@@ -521,6 +533,15 @@ impl RunningWorkload {
                 if self.failure.is_none() {
                     self.failure = container_failure(self.lease_id, c, exit).await;
                 }
+                // Ended before a look saw it run: it ran if the engine made
+                // it (a container exists only once its image is there).
+                use lh_events::LeaseFailure::{EngineError, ImageMissing, StartTimeout};
+                c.ran = c.ran
+                    || (exit.is_some()
+                        && !matches!(
+                            self.failure,
+                            Some(ImageMissing | EngineError | StartTimeout)
+                        ));
                 reconcile::remove_container(&c.engine, &c.name).await;
                 if let Some(cgroups) = &c.memory_cgroups {
                     cgroups.remove(self.lease_id).await;

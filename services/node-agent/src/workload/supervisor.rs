@@ -55,6 +55,9 @@ pub struct Finished {
     pub exit: Exit,
     /// Why it failed, when it exited non-zero and its standard error said.
     pub failure: Option<LeaseFailure>,
+    /// Whether it ran: false for a container the engine never ran (its
+    /// image missing, its pull stopped or past its deadline).
+    pub ran: bool,
 }
 
 /// Where the workloads of this node are marked so that a restarted agent
@@ -152,6 +155,14 @@ impl Supervised {
         match self {
             Supervised::Started(w) => w.stop(grace).await.map(|s| s.exit),
             Supervised::Adopted(a) => Ok(a.stop(grace).await),
+        }
+    }
+
+    /// Whether it ran (an adopted one did).
+    fn ran(&self) -> bool {
+        match self {
+            Supervised::Started(w) => w.ran(),
+            Supervised::Adopted(_) => true,
         }
     }
 
@@ -541,6 +552,7 @@ impl Workloads {
                 lease_log::mark_ended(path, std::time::SystemTime::now());
                 failure
             });
+            let ran = handle.ran();
             let failure = handle
                 .failure()
                 .or(from_log)
@@ -550,6 +562,7 @@ impl Workloads {
                 placement,
                 exit,
                 failure,
+                ran,
             });
         });
         self.running.insert(lease_id, (placement, stop_tx));
