@@ -27,14 +27,16 @@
 //! adopted from a previous agent; those go when they end, or at the next
 //! start.
 //!
-//! Every call here blocks (a CLI run, a few hundred milliseconds at most
-//! on this kind of host): it is made once per tenant while the tenant has
-//! no container on the node, and at the end of its last one.
+//! Every call here blocks: a few CLI runs, some hundred milliseconds on
+//! this kind of host, each bounded by [`CALL_TIMEOUT`], and the host's lock,
+//! waited for at most [`LOCK_WAIT`]. It is made once per tenant while the
+//! tenant has no container on the node, and after its last one.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -57,6 +59,8 @@ pub const GUARD_CHAIN: &str = "LH-TENANT-INPUT";
 pub const DEFAULT_LOCK_FILE: &str = "/run/lock/leasehold-tenant-networks.lock";
 /// How long one CLI call (engine or firewall) may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a change waits for another agent's to finish.
+pub const LOCK_WAIT: Duration = Duration::from_secs(60);
 /// Most tenant networks the chain is rebuilt from; the engine's default
 /// address pool holds 256 /24 networks.
 pub const MOST_TENANT_NETWORKS: usize = 4096;
@@ -165,7 +169,9 @@ impl TenantNetworks {
             Some(_) => {
                 joined.remove(&tenant);
             }
-            None => {}
+            None => {
+                tracing::warn!(tenant = %tenant, "left a tenant network it had not joined");
+            }
         }
         self.remove_unused(&joined, Some(tenant));
     }
@@ -176,6 +182,20 @@ impl TenantNetworks {
     pub fn remove_all_unused(&self) {
         let joined = self.joined.lock().unwrap_or_else(|e| e.into_inner());
         self.remove_unused(&joined, None);
+    }
+
+    /// Writes the guard again while this agent has a container on a
+    /// tenant network: a firewall reloaded meanwhile (its rules flushed)
+    /// is guarded again within a sweep. Blocks.
+    pub fn guard_again(&self) {
+        let joined = self.joined.lock().unwrap_or_else(|e| e.into_inner());
+        if joined.is_empty() {
+            return;
+        }
+        let written = HostLock::take(&self.lock_file).and_then(|_host| self.guard());
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "cannot write the host's guard against tenant networks");
+        }
     }
 
     fn remove_unused(&self, joined: &HashMap<Uuid, usize>, only: Option<Uuid>) {
@@ -208,12 +228,17 @@ impl TenantNetworks {
                 continue;
             }
             // Refused while a container uses it: it stays for that one.
-            if self
-                .engine_run(&["network", "rm", "--", &network.name], None)
-                .is_ok()
-            {
-                tracing::info!(network = %network.name, "tenant network removed");
-                rewrite = true;
+            match self.engine_run(&["network", "rm", "--", &network.name], None) {
+                Ok(_) => {
+                    tracing::info!(network = %network.name, "tenant network removed");
+                    rewrite = true;
+                }
+                Err(e) if is_in_use(&e) => {
+                    tracing::debug!(network = %network.name, "tenant network kept: a container uses it");
+                }
+                Err(e) => {
+                    tracing::warn!(network = %network.name, error = %e, "cannot remove the tenant network");
+                }
             }
         }
         if rewrite {
@@ -233,7 +258,22 @@ impl TenantNetworks {
             ),
         };
         if exists.is_ok() {
-            return Ok(());
+            // Only a network made as this module makes it is joined: one of
+            // the name that reaches further (left by another version, or
+            // made by hand) is made again.
+            if self.is_internal(name) {
+                return Ok(());
+            }
+            tracing::warn!(
+                network = name,
+                "a tenant network that is not internal is made again"
+            );
+            self.engine_run(&["network", "rm", "--", name], None)
+                .map_err(|e| {
+                    RuntimeError::InvalidConfig(format!(
+                        "cannot remove the tenant network {name}, which is not internal: {e}"
+                    ))
+                })?;
         }
         let args = create_args(self.engine.flavor, tenant, self.node_id.as_deref(), name);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -242,6 +282,20 @@ impl TenantNetworks {
         })?;
         tracing::info!(network = name, tenant = %tenant, "tenant network made");
         Ok(())
+    }
+
+    /// Whether the engine says `name` is internal (and, with podman,
+    /// without DNS).
+    fn is_internal(&self, name: &str) -> bool {
+        let format = match self.engine.flavor {
+            CliFlavor::Podman => "{{.Internal}} {{.DNSEnabled}}",
+            CliFlavor::Docker => "{{.Internal}} false",
+        };
+        self.engine_run(
+            &["network", "inspect", "--format", format, "--", name],
+            None,
+        )
+        .is_ok_and(|out| out.trim() == "true false")
     }
 
     /// The tenant networks on the host (of `node`, when named).
@@ -285,7 +339,14 @@ impl TenantNetworks {
             .map_err(cannot)?;
             let jump = ["INPUT", "-j", GUARD_CHAIN];
             let check = run_bounded(Command::new(tool).args(["--wait", "-C"]).args(jump), None);
-            if check.is_err() {
+            // Exit 1: no such rule. Anything else is an error, and adding
+            // the jump again would only stack copies of it.
+            let missing = match check {
+                Ok(_) => false,
+                Err(e) if e.to_string().contains("exit status: 1:") => true,
+                Err(e) => return Err(cannot(e)),
+            };
+            if missing {
                 run_bounded(
                     Command::new(tool).args(["--wait", "-I", "INPUT", "1", "-j", GUARD_CHAIN]),
                     None,
@@ -402,18 +463,38 @@ impl HostLock {
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(cannot)?;
         }
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(cannot)?;
-        // SAFETY: flock(2) on a descriptor this function owns; released
-        // when the file is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(cannot(io::Error::last_os_error()));
+        // Made by the first agent; flock needs only a descriptor, so any
+        // agent that can read it takes it.
+        let file = match fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o644)
+                .open(path)
+                .map_err(cannot)?,
+            Err(e) => return Err(cannot(e)),
+        };
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: flock(2) on a descriptor this function owns; released
+            // when the file is closed.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(HostLock(file));
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(cannot(e));
+            }
+            if Instant::now() >= deadline {
+                return Err(cannot(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("held by another agent for over {LOCK_WAIT:?}"),
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(HostLock(file))
     }
 }
 
@@ -430,26 +511,37 @@ fn run_bounded(command: &mut Command, input: Option<&[u8]>) -> io::Result<String
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(input)?;
-    }
     let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
     let read_out = std::thread::spawn(move || read_some(stdout.as_mut()));
     let read_err = std::thread::spawn(move || read_some(stderr.as_mut()));
+    let end = |child: &mut std::process::Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+    // Dropped after the write: the tool reads to its end.
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+        if let Err(e) = stdin.write_all(input) {
+            end(&mut child);
+            return Err(e);
+        }
+    }
     let deadline = Instant::now() + CALL_TIMEOUT;
     let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                end(&mut child);
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{command:?} took over {CALL_TIMEOUT:?}"),
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => {
+                end(&mut child);
+                return Err(e);
+            }
         }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("{command:?} took over {CALL_TIMEOUT:?}"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(5));
     };
     let out = read_out.join().unwrap_or_default();
     let err = read_err.join().unwrap_or_default();
@@ -462,6 +554,13 @@ fn run_bounded(command: &mut Command, input: Option<&[u8]>) -> io::Result<String
             err.trim()
         )))
     }
+}
+
+/// Whether the engine refused to remove a network because a container
+/// uses it.
+fn is_in_use(e: &io::Error) -> bool {
+    let text = e.to_string();
+    text.contains("in use") || text.contains("being used") || text.contains("active endpoints")
 }
 
 fn read_some(stream: Option<&mut impl Read>) -> String {

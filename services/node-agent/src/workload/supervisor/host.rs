@@ -46,6 +46,14 @@ impl Workloads {
             })
             .collect();
         let decisions = reconcile::decide(&found, &HashMap::new());
+        // The host's firewall may have been reloaded since: the guard of
+        // the tenant networks in use is written again.
+        if let Some(c) = &self.container {
+            let networks = c.networks.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || networks.guard_again()).await {
+                tracing::warn!(error = %e, "the tenant networks' guard was not rewritten");
+            }
+        }
         let mut reaped = 0;
         let mut in_grace = std::collections::HashSet::new();
         for (f, decision) in found.into_iter().zip(decisions) {
