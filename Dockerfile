@@ -9,8 +9,26 @@
 # BIN is one of lh-gateway, lh-scheduler, lh-node-agent, lh-pricing,
 # lh-spot-broker, lh-audit (services) or lh (the CLI). docker-compose.yml and
 # k8s/ use one image per binary built this way.
+#
+# Where no registry is reachable (scripts/images.sh services, for compose
+# under podman), the same recipe builds on a locally made Debian base from
+# binaries compiled on the host, given as the named build context
+# `host-binaries` (the eight binaries at its top):
+#
+#   podman build --build-arg BIN=lh-gateway --build-arg BINARIES=prebuilt \
+#     --build-arg RUNTIME_BASE=localhost/leasehold/debian \
+#     --build-context host-binaries=DIR -t leasehold/lh-gateway:dev .
+#
+# Only the stages the runtime stage needs are built (BuildKit, and buildah's
+# --skip-unused-stages, on by default), so that build never pulls the rust
+# image, and the default build never reads host-binaries.
 
 ARG RUST_VERSION=1.95
+# builder: compile in the rust image; prebuilt: take host-binaries.
+ARG BINARIES=builder
+# Debian bookworm with or without ca-certificates and curl; without them,
+# apt-get installs them (which needs Debian's archive, not a registry).
+ARG RUNTIME_BASE=debian:bookworm-slim
 
 FROM rust:${RUST_VERSION} AS builder
 WORKDIR /src
@@ -23,14 +41,29 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
          cp "target/release/$bin" /out/; \
        done
 
-FROM debian:bookworm-slim AS runtime
-# curl: container health checks call /healthz and /readyz.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl \
-    && rm -rf /var/lib/apt/lists/* \
+# Binaries compiled outside the image, on the same Debian release as the
+# runtime base (glibc): the binaries `cargo build --release --bins` made.
+FROM scratch AS prebuilt
+COPY --from=host-binaries lh-gateway lh-scheduler lh-node-agent lh-pricing lh-spot-broker lh-audit lh lh-nats-auth /out/
+
+# COPY --from takes no build argument; FROM does, so this stage picks one.
+# Its one step makes it an image of its own: buildah 1.28 (podman 4.3),
+# building without its layer cache, otherwise removes the stage it names
+# twice and fails after tagging the image.
+FROM ${BINARIES} AS binaries
+WORKDIR /out
+
+FROM ${RUNTIME_BASE} AS runtime
+# curl: container health checks call /healthz and /readyz. A base that
+# already has it and the CA certificates (the local Debian base) skips apt.
+RUN if ! command -v curl >/dev/null || ! [ -s /etc/ssl/certs/ca-certificates.crt ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends ca-certificates curl \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
     && useradd --system --uid 10001 --home-dir /var/lib/leasehold --create-home \
          --shell /usr/sbin/nologin leasehold
-COPY --from=builder /out/ /usr/local/bin/
+COPY --from=binaries /out/ /usr/local/bin/
 # The simulated fleet, for node-agents run without real GPUs.
 COPY dev/fleet.toml /etc/leasehold/fleet.toml
 

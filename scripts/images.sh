@@ -2,7 +2,9 @@
 # `make images`: the container images a lease can name, made on this
 # machine without a registry.
 #
-#   scripts/images.sh [base|python|all]
+#   scripts/images.sh [base|python|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]
+#
+# The images leases run (`all` makes these two):
 #
 #   localhost/leasehold/base    a shell and the core tools (busybox), from
 #                               Debian's busybox-static: made in under a second
@@ -10,10 +12,45 @@
 #                               (CPU), made by debootstrap from Debian's
 #                               packages (minutes: see docs/workloads.md)
 #
-# An image already there is left alone (LH_IMAGES_REBUILD=1 makes it anew).
-# Two runs at once wait for each other (a lock), so tests may call it.
+# The images docker-compose.yml runs under podman (`compose` makes them all;
+# scripts/compose.sh): the project's own from the Dockerfile, and stand-ins
+# for the third-party images, which only a registry has:
+#
+#   localhost/leasehold/debian  Debian bookworm (debootstrap, minbase) with
+#                               ca-certificates and curl: the runtime base
+#                               the Dockerfile's apt step needs no network on
+#   leasehold/lh-*:dev          services: the Dockerfile with
+#                               BINARIES=prebuilt on that base, from the
+#                               binaries in LH_IMAGES_BINARIES
+#                               (target/release), one tag per binary, as
+#                               docker-compose.yml names them
+#   localhost/leasehold/nats:2.15.1       for nats:2.15-alpine: the base
+#                               image (busybox, whose wget the health check
+#                               calls) and the nats-server of .data/venv
+#   localhost/leasehold/postgres:15       for postgres:15: Debian's
+#                               postgresql-15 (debootstrap) with an entrypoint
+#                               that does what the official one does with
+#                               what compose passes it
+#                               (deploy/postgres/local-image-entrypoint.sh)
+#   localhost/leasehold/prometheus:2      for prom/prometheus: Debian's
+#                               prometheus (2.42) on the Debian base, with
+#                               busybox's wget for the health check
+#   localhost/leasehold/postgres-exporter:0   for postgres-exporter:
+#                               Debian's prometheus-postgres-exporter
+#
+# Grafana has no Debian package and no other source than a registry: there
+# is no local stand-in, and scripts/compose.sh starts every service but it.
+#
+# An image already there is left alone (LH_IMAGES_REBUILD=1 makes it anew;
+# `services` always builds, from the layer cache, so the images hold the
+# binaries of the last build). Two runs at once wait for each other (a
+# lock), so tests may call it.
 # Environment: LH_PODMAN (podman), LH_DEBIAN_MIRROR (the first deb.debian.org
-# style URI of apt's sources, else http://deb.debian.org/debian).
+# style URI of apt's sources, else http://deb.debian.org/debian),
+# LH_PODMAN_ARGS (podman's global flags for builds that run a step:
+# runc, as crun refuses hybrid cgroups; cgroupfs where systemd does not
+# run), LH_IMAGES_BINARIES (the directory of the compiled binaries;
+# target/release).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,8 +62,8 @@ LOCK=${TMPDIR:-/tmp}/leasehold-images.lock
 say() { echo "images: $*" >&2; }
 
 case $WHICH in
-    base | python | all) ;;
-    *) echo "usage: $0 [base|python|all]" >&2; exit 2 ;;
+    base | python | all | debian | services | nats | postgres | prometheus | postgres-exporter | compose) ;;
+    *) echo "usage: $0 [base|python|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]" >&2; exit 2 ;;
 esac
 
 command -v "$PODMAN" >/dev/null || { say "no $PODMAN: run 'make deps'"; exit 1; }
@@ -50,7 +87,9 @@ base() {
     fi
     local started=$SECONDS root
     root=$(mktemp -d)
-    trap 'rm -rf "$root"' RETURN
+    # Cleared as it runs: a RETURN trap stays set, and would run again when
+    # the caller returns (with "$root" unset by then).
+    trap 'rm -rf "$root"; trap - RETURN' RETURN
     mkdir -p "$root"/{bin,etc,proc,sys,dev,tmp,run,var/tmp,scratch,root}
     chmod 1777 "$root/tmp" "$root/var/tmp"
     cp "$busybox" "$root/bin/busybox"
@@ -87,7 +126,9 @@ python() {
     command -v debootstrap >/dev/null || { say "no debootstrap: run 'make deps'"; exit 1; }
     local started=$SECONDS root
     root=$(mktemp -d)
-    trap 'rm -rf "$root"' RETURN
+    # Cleared as it runs: a RETURN trap stays set, and would run again when
+    # the caller returns (with "$root" unset by then).
+    trap 'rm -rf "$root"; trap - RETURN' RETURN
     say "debootstrap bookworm with python3-torch from $(mirror) (minutes)"
     debootstrap --variant=minbase --include=python3,python3-torch,python3-numpy \
         bookworm "$root" "$(mirror)" >"$root.log" 2>&1 || {
@@ -107,8 +148,259 @@ python() {
     say "$image made in $((SECONDS - started)) s"
 }
 
+# --- the images docker-compose.yml runs under podman ---
+
+if [ -z "${LH_PODMAN_ARGS+x}" ]; then
+    LH_PODMAN_ARGS="--runtime runc"
+    [ -d /run/systemd/system ] || LH_PODMAN_ARGS="--cgroup-manager cgroupfs $LH_PODMAN_ARGS"
+fi
+read -r -a PODMAN_ARGS <<<"$LH_PODMAN_ARGS"
+# The binaries of the Dockerfile's prebuilt stage, one image per binary.
+SERVICE_BINARIES=(lh-gateway lh-scheduler lh-node-agent lh-pricing lh-spot-broker lh-audit lh lh-nats-auth)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# workdir NAME: an empty directory of this run, removed at its exit.
+workdir() {
+    rm -rf "${WORK:?}/$1"
+    mkdir -p "$WORK/$1"
+    echo "$WORK/$1"
+}
+
+# debootstrap_rootfs ROOT PACKAGES: Debian bookworm (minbase) with PACKAGES
+# (comma-separated) into ROOT, in two stages so that policy-rc.d is in
+# place before any package is configured: no daemon (PostgreSQL's) starts
+# on this machine while its package is set up in the chroot.
+debootstrap_rootfs() {
+    local root=$1 packages=$2 log
+    command -v debootstrap >/dev/null || { say "no debootstrap: run 'make deps'"; exit 1; }
+    log="${TMPDIR:-/tmp}/leasehold-images-$(basename "$root").log"
+    say "debootstrap bookworm with $packages from $(mirror) (a minute or two)"
+    if debootstrap --foreign --variant=minbase --include="$packages" bookworm "$root" "$(mirror)" >"$log" 2>&1 \
+        && mkdir -p "$root/usr/sbin" \
+        && printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d" \
+        && chmod 0755 "$root/usr/sbin/policy-rc.d" \
+        && chroot "$root" /debootstrap/debootstrap --second-stage >>"$log" 2>&1; then
+        rm -f "$log" "$root/usr/sbin/policy-rc.d"
+    else
+        say "debootstrap failed; its log: $log"
+        exit 1
+    fi
+    # Nothing of the build host's: no apt lists, no machine id, no caches.
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
+    : >"$root/etc/machine-id"
+}
+
+# build_image IMAGE CONTEXT [podman build options]: builds CONTEXT's
+# Containerfile (or the one -f names) without ever pulling, its steps under
+# runc with the open-files limit this machine allows (podman's default of
+# 1048576 is refused here).
+build_image() {
+    local image=$1 context=$2 nofile log old new
+    shift 2
+    nofile=$(ulimit -Hn)
+    [ "$nofile" != unlimited ] || nofile=1048576
+    log="$WORK/build.log"
+    old=$("$PODMAN" image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+    if ! "$PODMAN" "${PODMAN_ARGS[@]}" build --pull=never --ulimit "nofile=$nofile:$nofile" \
+        -t "$image" "$@" "$context" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        say "building $image failed"
+        exit 1
+    fi
+    # The image this one replaces, when nothing else names it: this script
+    # made it, and each build of new binaries would otherwise leave one.
+    new=$("$PODMAN" image inspect --format '{{.Id}}' "$image")
+    if [ -n "$old" ] && [ "$old" != "$new" ] \
+        && [ -z "$("$PODMAN" image inspect --format '{{join .RepoTags ","}}' "$old" 2>/dev/null)" ]; then
+        "$PODMAN" rmi "$old" >/dev/null 2>&1 || true
+    fi
+}
+
+# Debian bookworm with what the Dockerfile's runtime stage installs, so
+# that stage needs no network.
+image_debian() {
+    local image=localhost/leasehold/debian
+    has_image "$image" && return 0
+    local started=$SECONDS root
+    root=$(workdir debian)
+    debootstrap_rootfs "$root" ca-certificates,curl
+    tar -C "$root" -c . | "$PODMAN" import --quiet \
+        --change 'CMD ["/bin/bash"]' \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --message 'leasehold debian: Debian bookworm (minbase) with ca-certificates, curl' - "$image" >/dev/null
+    rm -rf "$root"
+    say "$image made in $((SECONDS - started)) s"
+}
+
+# The project's images, from the Dockerfile: the same recipe as with
+# Docker, but the binaries come from the host (compiled on this same Debian
+# release) instead of the rust image's builder stage, and the base is the
+# local Debian.
+image_services() {
+    image_debian
+    local binaries=${LH_IMAGES_BINARIES:-$ROOT/target/release} context bin env started=$SECONDS
+    context=$(workdir host-binaries)
+    for bin in "${SERVICE_BINARIES[@]}"; do
+        [ -x "$binaries/$bin" ] || { say "no $binaries/$bin: run 'cargo build --release --bins'"; exit 1; }
+        cp -l "$binaries/$bin" "$context/" 2>/dev/null || cp "$binaries/$bin" "$context/"
+    done
+    for bin in "${SERVICE_BINARIES[@]}"; do
+        say "building leasehold/$bin:dev (Dockerfile, BINARIES=prebuilt)"
+        # The label is also what keeps the images apart: buildah 1.28 keys
+        # its layer cache on a step's text with ${BIN} unexpanded, so
+        # without a last step that differs every image after the first was
+        # the first one (measured: all eight ran lh-gateway). The layers
+        # stay shared; the check below holds it.
+        build_image "leasehold/$bin:dev" "$ROOT" -f "$ROOT/Dockerfile" \
+            --label "org.leasehold.bin=$bin" \
+            --build-arg BIN="$bin" --build-arg BINARIES=prebuilt \
+            --build-arg RUNTIME_BASE=localhost/leasehold/debian \
+            --build-context host-binaries="$context"
+        env=$("$PODMAN" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "leasehold/$bin:dev")
+        grep -qx "LH_BIN=$bin" <<<"$env" || { say "leasehold/$bin:dev does not run $bin"; exit 1; }
+    done
+    rm -rf "$context"
+    say "leasehold/lh-*:dev (${#SERVICE_BINARIES[@]} images) built in $((SECONDS - started)) s"
+}
+
+# For nats:2.15-alpine: busybox (its wget is what compose's health check
+# calls, as in the alpine image) and the official nats-server binary that
+# scripts/deps.sh installs; the same entrypoint and ports.
+image_nats() {
+    local image=localhost/leasehold/nats:2.15
+    has_image "$image" && return 0
+    base
+    local server="$ROOT/.data/venv/bin/nats-server" context started=$SECONDS
+    "$server" --version 2>/dev/null | grep -q ' v2\.15\.' || { say "no nats-server 2.15 in .data/venv: run 'scripts/deps.sh'"; exit 1; }
+    context=$(workdir nats)
+    cp "$server" "$context/nats-server"
+    cat >"$context/Containerfile" <<'EOF'
+FROM localhost/leasehold/base
+COPY nats-server /bin/nats-server
+EXPOSE 4222 6222 8222
+ENTRYPOINT ["/bin/nats-server"]
+CMD ["--config", "/etc/nats/nats-server.conf"]
+EOF
+    build_image "$image" "$context"
+    say "$image made in $((SECONDS - started)) s"
+}
+
+# For postgres:15: Debian's postgresql-15, and an entrypoint that does what
+# the official one does with what docker-compose.yml passes it.
+image_postgres() {
+    local image=localhost/leasehold/postgres:15
+    has_image "$image" && return 0
+    local started=$SECONDS root ids
+    root=$(workdir postgres)
+    debootstrap_rootfs "$root" postgresql-15
+    # The package's own cluster: the entrypoint makes one in PGDATA.
+    rm -rf "$root/etc/postgresql/15" "$root/var/lib/postgresql/15"
+    install -m 0755 "$ROOT/deploy/postgres/local-image-entrypoint.sh" "$root/usr/local/bin/docker-entrypoint.sh"
+    mkdir -p "$root/var/lib/postgresql/data" "$root/var/run/postgresql" "$root/docker-entrypoint-initdb.d"
+    ids=$(awk -F: '$1 == "postgres" { print $3 ":" $4 }' "$root/etc/passwd")
+    [ -n "$ids" ] || { say "no postgres user in the image"; exit 1; }
+    chown "$ids" "$root/var/lib/postgresql" "$root/var/lib/postgresql/data" "$root/var/run/postgresql"
+    chmod 0700 "$root/var/lib/postgresql/data"
+    chmod 3777 "$root/var/run/postgresql"
+    tar -C "$root" -c . | "$PODMAN" import --quiet \
+        --change 'ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'ENV PGDATA=/var/lib/postgresql/data' \
+        --change 'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]' \
+        --change 'CMD ["postgres"]' \
+        --change 'STOPSIGNAL SIGINT' \
+        --change 'EXPOSE 5432' \
+        --message 'leasehold postgres: Debian bookworm, postgresql-15' - "$image" >/dev/null
+    rm -rf "$root"
+    say "$image made in $((SECONDS - started)) s"
+}
+
+# host_binary NAME...: the first of the names installed here, from
+# Debian's package (scripts/deps.sh installs it).
+host_binary() {
+    local name
+    for name in "$@"; do
+        command -v "$name" && return 0
+    done
+    say "none of $* is installed: run 'scripts/deps.sh'"
+    exit 1
+}
+
+# The static busybox the base image is made of.
+busybox_static() {
+    local busybox
+    busybox=$(command -v busybox || true)
+    if [ -z "$busybox" ] || ! file_is_static "$busybox"; then
+        busybox=/bin/busybox
+    fi
+    file_is_static "$busybox" || { say "no static busybox: run 'make deps' (Debian's busybox-static)"; exit 1; }
+    echo "$busybox"
+}
+
+# For prom/prometheus: Debian's prometheus 2.42 (the promtool that checks
+# deploy/prometheus/ is the same package), and busybox's wget for the
+# health check, as in the official image; it runs as nobody there too.
+image_prometheus() {
+    local image=localhost/leasehold/prometheus:2.42
+    has_image "$image" && return 0
+    image_debian
+    local context started=$SECONDS
+    context=$(workdir prometheus)
+    cp "$(host_binary prometheus)" "$context/prometheus"
+    cp "$(busybox_static)" "$context/busybox"
+    cat >"$context/Containerfile" <<'EOF'
+FROM localhost/leasehold/debian
+COPY prometheus busybox /usr/local/bin/
+RUN ln -s busybox /usr/local/bin/wget \
+    && mkdir -p /etc/prometheus /prometheus \
+    && chown 65534:65534 /prometheus
+USER 65534:65534
+WORKDIR /prometheus
+EXPOSE 9090
+ENTRYPOINT ["/usr/local/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+EOF
+    build_image "$image" "$context"
+    say "$image made in $((SECONDS - started)) s"
+}
+
+# For quay.io/prometheuscommunity/postgres-exporter: Debian's
+# prometheus-postgres-exporter (0.11), which reads the same DATA_SOURCE_*
+# variables; as nobody, as the official image runs it.
+image_postgres_exporter() {
+    local image=localhost/leasehold/postgres-exporter:0.11
+    has_image "$image" && return 0
+    image_debian
+    local context started=$SECONDS
+    context=$(workdir postgres-exporter)
+    cp "$(host_binary prometheus-postgres-exporter postgres_exporter)" "$context/postgres_exporter"
+    cat >"$context/Containerfile" <<'EOF'
+FROM localhost/leasehold/debian
+COPY postgres_exporter /usr/local/bin/postgres_exporter
+USER 65534:65534
+EXPOSE 9187
+ENTRYPOINT ["/usr/local/bin/postgres_exporter"]
+EOF
+    build_image "$image" "$context"
+    say "$image made in $((SECONDS - started)) s"
+}
+
 case $WHICH in
     base) base ;;
     python) python ;;
     all) base; python ;;
+    debian) image_debian ;;
+    services) image_services ;;
+    nats) image_nats ;;
+    postgres) image_postgres ;;
+    prometheus) image_prometheus ;;
+    postgres-exporter) image_postgres_exporter ;;
+    compose)
+        image_debian
+        image_services
+        image_nats
+        image_postgres
+        image_prometheus
+        image_postgres_exporter
+        ;;
 esac

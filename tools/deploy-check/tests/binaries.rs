@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lh_deploy_check::binaries::{workspace_binaries, SERVICE_BINARIES};
+use lh_deploy_check::compose::compose_image;
 use lh_deploy_check::manifests::{k8s_manifests, str_at, yaml_documents};
 use lh_deploy_check::workspace::workspace_root;
 
@@ -29,7 +30,7 @@ fn every_compose_service_runs_a_workspace_binary() {
             binaries.contains(binary),
             "compose service {name} runs {binary}, which no workspace Cargo.toml builds (binaries: {binaries:?})"
         );
-        if let Some(image) = str_at(service, &["image"]) {
+        if let Some(image) = compose_image(service) {
             assert!(
                 image.starts_with(&format!("leasehold/{binary}:")),
                 "compose service {name} tags its {binary} image as {image}"
@@ -50,7 +51,7 @@ fn every_compose_service_runs_a_workspace_binary() {
         assert!(
             services
                 .values()
-                .any(|s| str_at(s, &["image"]).is_some_and(|i| i.starts_with(image))),
+                .any(|s| compose_image(s).is_some_and(|i| i.starts_with(image))),
             "docker-compose.yml has no {image}* service"
         );
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use lh_deploy_check::compose::scrape_target_mismatches;
+use lh_deploy_check::compose::{compose_image, scrape_target_mismatches};
 use lh_deploy_check::manifests::{k8s_documents, str_at, yaml_documents};
 use lh_deploy_check::monitoring::{
     alert_rules_file, scrape_problems, scrape_targets, ScrapeTarget,
@@ -61,8 +61,8 @@ fn compose_prometheus_scrapes_every_service_and_grafana_loads_the_dashboards() {
             .collect()
     };
     let pinned = |name: &str, repository: &str| {
-        let image = str_at(&services[name], &["image"])
-            .unwrap_or_else(|| panic!("compose has no {name} image"));
+        let image =
+            compose_image(&services[name]).unwrap_or_else(|| panic!("compose has no {name} image"));
         let tag = image
             .strip_prefix(&format!("{repository}:"))
             .unwrap_or_else(|| panic!("compose {name} runs {image}, not {repository}"));

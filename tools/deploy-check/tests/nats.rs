@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use lh_deploy_check::compose::compose_image;
 use lh_deploy_check::manifests::{k8s_manifests, read, str_at, yaml_documents};
 use lh_deploy_check::nats::{nats_url_hosts, route_hosts, NATS_CLUSTER_MEMBERS};
 use lh_deploy_check::workspace::workspace_root;
@@ -17,7 +18,7 @@ fn nats_is_a_three_node_cluster_that_every_service_lists_whole() {
     let services = compose["services"].as_mapping().expect("services");
     let members: BTreeSet<String> = services
         .iter()
-        .filter(|(_, s)| str_at(s, &["image"]).is_some_and(|i| i.starts_with("nats:2.")))
+        .filter(|(_, s)| compose_image(s).is_some_and(|i| i.starts_with("nats:2.")))
         .map(|(name, _)| name.as_str().unwrap().to_string())
         .collect();
     assert_eq!(
