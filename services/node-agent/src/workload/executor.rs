@@ -33,7 +33,7 @@ const ENV_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 const ENV_FETCH_GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 
 /// What the agent asks of the workload side.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Command {
     /// Run the lease's workload for `placement` (a workload still running
     /// for an earlier placement of the lease stops first).
@@ -132,6 +132,7 @@ pub(crate) fn spawn(
         workloads,
         looking_up: HashMap::new(),
         resolved_tx,
+        after_stop: HashMap::new(),
         starting: HashMap::new(),
         running_tx,
     };
@@ -174,7 +175,12 @@ pub(crate) fn spawn(
                     }
                     side.workloads.forget(f.lease_id, f.placement);
                     side.mig.release(f.lease_id, |p| p != f.placement);
-                    Some(Report::Ended(f))
+                    let lease_id = f.lease_id;
+                    if report_tx.send(Report::Ended(f)).is_err() {
+                        return;
+                    }
+                    // Its successor on this node starts now.
+                    side.after_stop.remove(&lease_id).and_then(|start| side.carry_out(start))
                 }
             };
             if let Some(report) = report {
@@ -196,6 +202,10 @@ struct WorkloadSide {
     /// for: a stop, or a newer start, makes the answer moot.
     looking_up: HashMap<Uuid, u64>,
     resolved_tx: mpsc::UnboundedSender<Resolved>,
+    /// Starts that wait for the lease's previous workload (an earlier
+    /// placement on this node) to end: the two would share its marks on
+    /// the host (a container's name, its cgroups).
+    after_stop: HashMap<Uuid, Command>,
     /// Containers started and not yet running (their image being pulled),
     /// with their placement: a lease starts, and is billed, from when its
     /// container runs.
@@ -222,6 +232,22 @@ impl WorkloadSide {
     /// Carries out `command` at once (reading a request back is left to a
     /// task of its own, so a slow log holds no stop back).
     fn carry_out(&mut self, command: Command) -> Option<Report> {
+        let waits = match &command {
+            Command::Start {
+                lease_id,
+                placement,
+                ..
+            } => {
+                self.workloads.stop_stale(*lease_id, *placement);
+                self.workloads.is_stopping(*lease_id)
+            }
+            _ => false,
+        };
+        if let (true, Command::Start { lease_id, .. }) = (waits, &command) {
+            self.looking_up.remove(lease_id);
+            self.after_stop.insert(*lease_id, command);
+            return None;
+        }
         match command {
             Command::Start {
                 lease_id,
@@ -270,6 +296,18 @@ impl WorkloadSide {
                 self.start(lease_id, placement, &gpus, tenant_id, Ok(spec))
             }
             Command::Stop { lease_id } => {
+                // A start waiting for an earlier workload is moot: nothing
+                // runs for it.
+                if let Some(Command::Start { placement, .. }) = self.after_stop.remove(&lease_id) {
+                    self.workloads.stop(lease_id);
+                    return Some(Report::Started {
+                        lease_id,
+                        placement,
+                        outcome: Ok(false),
+                        mig_devices: Vec::new(),
+                        not_yet_running: false,
+                    });
+                }
                 self.looking_up.remove(&lease_id);
                 self.release_mig(lease_id, |_| false);
                 self.workloads.stop(lease_id);

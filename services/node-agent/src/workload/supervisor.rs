@@ -580,6 +580,12 @@ impl Workloads {
         }
     }
 
+    /// Whether a workload of `lease_id` was asked to stop and has not
+    /// reported its end.
+    pub fn is_stopping(&self, lease_id: Uuid) -> bool {
+        self.stopping.contains(&lease_id)
+    }
+
     /// Asks the workload of `lease_id` to stop (SIGTERM, then SIGKILL after
     /// the grace period); its [`Finished`] follows. False when none runs.
     pub fn stop(&mut self, lease_id: Uuid) -> bool {
