@@ -128,7 +128,7 @@ pub struct WorkloadBody {
     pub env: BTreeMap<String, String>,
     /// `tenant`: the container joins its tenant's network on the node;
     /// none by default.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "WorkloadNetwork::is_none")]
     pub network: WorkloadNetwork,
 }
 
