@@ -1099,3 +1099,115 @@ async fn a_container_lease_starts_and_is_billed_from_when_its_container_runs() {
     let billed = billed_secs(&runs_end);
     assert!((3.5..8.0).contains(&billed), "{billed} s: {runs_end}");
 }
+
+/// A container lease whose GPU falls off the bus moves to the node's other
+/// GPU, and its new container runs there: it starts once the old one (of
+/// the same name) is gone, not beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_lease_moved_within_its_node_runs_again_on_its_new_gpu() {
+    let status = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
+    )
+    .arg("base")
+    .status()
+    .expect("scripts/images.sh runs");
+    assert!(status.success(), "scripts/images.sh base: {status}");
+    let fleet = "[[node]]\nid = \"node-a\"\nzone = \"cn-north-1a\"\nhostname = \"node-a.sim\"\n\
+                 gpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\nfaults = \"faults-a.toml\"\n";
+    let mut stack = Stack::bare(fleet).await;
+    stack.write_beside_fleet(
+        "faults-a.toml",
+        "[[fault]]\nafter_secs = 8\ngpu = 0\nkind = \"xid\"\ncode = 79\n",
+    );
+    stack.node_runtime = RuntimeKind::Podman;
+    stack.node_container_args = PODMAN_ARGS.map(String::from).into();
+    for name in [
+        "scheduler",
+        "pricing",
+        "audit",
+        "gateway",
+        "node-agent:node-a",
+    ] {
+        stack.start_service(name).await;
+    }
+    stack.wait_ready().await;
+    let key = trusted_tenant(&stack, "moves", 1).await;
+    let id = lease_with(
+        &stack,
+        &key,
+        json!({"image": "localhost/leasehold/base", "command": ["sh", "-c", "echo up; sleep 300"]}),
+    )
+    .await;
+    let first = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    assert_eq!(first["gpu_indices"], json!([0]), "{first}");
+    stack
+        .wait_log(60, |log| {
+            of_type(log, "lease.migrated")
+                .iter()
+                .any(|e| {
+                    e.envelope
+                        .data
+                        .lease_id()
+                        .is_some_and(|l| l.to_string() == id)
+                })
+                .then_some(())
+        })
+        .await;
+    let moved = stack
+        .wait_lease(&key, &id, |l| {
+            (l["gpu_indices"] == json!([1]) && l["state"] == "running") || l["state"] == "ended"
+        })
+        .await;
+    assert_eq!(moved["state"], "running", "{moved}");
+    // Its container runs again, for the new placement: the old one stopped
+    // and was removed first, or the new one's name would be taken.
+    let name = format!("lh-{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let running = std::process::Command::new("podman")
+            .args(PODMAN_ARGS)
+            .args([
+                "ps",
+                "--filter",
+                &format!("name={name}"),
+                "--filter",
+                "status=running",
+            ])
+            .args(["--format", "{{.Names}} {{.Labels}}"])
+            .output()
+            .unwrap();
+        let running = String::from_utf8_lossy(&running.stdout).into_owned();
+        let gpu_devices = std::process::Command::new("podman")
+            .args(PODMAN_ARGS)
+            .args([
+                "inspect",
+                "--format",
+                "{{range .Config.Env}}{{.}} {{end}}",
+                &name,
+            ])
+            .output()
+            .unwrap();
+        let gpu_devices = String::from_utf8_lossy(&gpu_devices.stdout).into_owned();
+        let new_gpu = format!(
+            "CUDA_VISIBLE_DEVICES={}",
+            moved["gpu_uuids"][0].as_str().unwrap()
+        );
+        if running.contains(&name) && gpu_devices.contains(&new_gpu) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "running: {running:?}, devices: {gpu_devices:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let still = stack.wait_lease(&key, &id, |_| true).await;
+    assert_eq!(still["state"], "running", "{still}");
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+}
