@@ -52,11 +52,11 @@ use std::time::Duration;
 
 use lh_domain::workload::check_image_reference;
 use lh_events::WorkloadNetwork;
-use tokio::process::Command;
 use uuid::Uuid;
 
 use super::cgroup::{memory_limits, DEFAULT_HARD_LIMIT_PCT, DEFAULT_SOFT_LIMIT_PCT};
 use super::container_cgroup::ContainerCgroups;
+pub use super::engine::{CliFlavor, Engine, CLI_ENV_ALLOWED};
 use super::tenant_network::{TenantNetworks, LABEL_TENANT};
 use super::{
     is_share, lease_env, mark, tenant_env, validate_assignment, validate_env, Assignment, Exit,
@@ -69,26 +69,6 @@ use super::{
 pub const DEFAULT_STOP_MARGIN: Duration = Duration::from_secs(10);
 /// `<cli> run`'s exit code when the container was SIGKILLed (128 + 9).
 pub const EXIT_CODE_KILLED: i32 = 137;
-/// The agent's own variables the container CLI keeps: where it finds its
-/// programs, its configuration and its daemon, as the operator set them.
-/// Everything else of the agent's (its bus credentials, for one) stays out.
-pub const CLI_ENV_ALLOWED: [&str; 14] = [
-    "PATH",
-    "HOME",
-    "TMPDIR",
-    "XDG_RUNTIME_DIR",
-    "XDG_CONFIG_HOME",
-    "XDG_DATA_HOME",
-    "DOCKER_HOST",
-    "DOCKER_CONFIG",
-    "DOCKER_CONTEXT",
-    "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY",
-    "CONTAINER_HOST",
-    "CONTAINERS_CONF",
-    "CONTAINERS_STORAGE_CONF",
-];
-
 /// Most processes and threads of one container, by default.
 pub const DEFAULT_PIDS_MAX: u32 = 4096;
 /// Most open files of one container's processes, by default: under the
@@ -138,40 +118,6 @@ pub enum GpuDevices {
     /// `--device` and seen at the same path inside (a user namespace
     /// cannot make device nodes, so the engine binds the host's path).
     StandIn { dir: PathBuf },
-}
-
-/// Which CLI, for the flags that differ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CliFlavor {
-    /// docker with the NVIDIA container toolkit (`--gpus`).
-    Docker,
-    /// podman with NVIDIA's CDI spec (`--device nvidia.com/gpu=…`).
-    Podman,
-}
-
-/// The container engine's CLI as the agent runs it: the binary, its
-/// flavour, and the global flags every call gets (`--cgroup-manager
-/// cgroupfs --runtime runc` on this kind of host).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Engine {
-    pub cli: PathBuf,
-    pub flavor: CliFlavor,
-    pub global_args: Vec<String>,
-}
-
-impl Engine {
-    /// The CLI with its global flags, in a cleared environment
-    /// ([`cli_command`]).
-    pub(crate) fn command(&self) -> Command {
-        Command::from(self.blocking_command())
-    }
-
-    /// [`Engine::command`] for a caller that waits on it in its thread.
-    pub(crate) fn blocking_command(&self) -> std::process::Command {
-        let mut command = cli_command(&self.cli);
-        command.args(&self.global_args);
-        command
-    }
 }
 
 /// Runs workloads as containers through a docker or podman CLI.
@@ -291,19 +237,6 @@ impl ContainerRuntime {
 /// `lh-<lease_id>`.
 pub fn container_name(lease_id: Uuid) -> String {
     mark(lease_id)
-}
-
-/// The container CLI with a cleared environment but for
-/// [`CLI_ENV_ALLOWED`] from the agent's.
-fn cli_command(cli: &Path) -> std::process::Command {
-    let mut command = std::process::Command::new(cli);
-    command.env_clear();
-    for name in CLI_ENV_ALLOWED {
-        if let Some(value) = std::env::var_os(name) {
-            command.env(name, value);
-        }
-    }
-    command
 }
 
 /// The env file of the tenant's variables: one `NAME=value` a line, the

@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::container::{CliFlavor, Engine};
+use super::engine::{CliFlavor, Engine};
 
 /// How often a starting container is looked at until it runs.
 const START_POLL: Duration = Duration::from_millis(200);

@@ -22,6 +22,7 @@ pub mod assignment;
 pub mod cgroup;
 pub mod container;
 pub mod container_cgroup;
+pub mod engine;
 mod engine_state;
 pub(crate) mod executor;
 pub mod lease_log;

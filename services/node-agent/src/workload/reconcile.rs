@@ -31,7 +31,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::container::{run_stop_command, Engine};
+use super::container::run_stop_command;
+use super::engine::Engine;
 use super::Exit;
 pub use super::{lease_of_mark, mark, LABEL_LEASE, LABEL_NODE, MARK_PREFIX};
 

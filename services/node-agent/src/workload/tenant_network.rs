@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::container::{CliFlavor, Engine};
+use super::engine::{CliFlavor, Engine};
 use super::{RuntimeError, LABEL_NODE};
 
 /// The label that marks a tenant network, and a container on one, with
