@@ -1031,6 +1031,19 @@ async fn a_simulated_node_says_its_lease_never_ran_a_command() {
 /// cgroups).
 const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
 
+/// A fleet of one node of `gpus` A100s whose id is the test's own: the
+/// agents of tests running at once on this host each reconcile the
+/// containers of their node id, and would reap another's of the same one.
+fn own_node_fleet(gpus: u32, faults: Option<&str>) -> (String, String) {
+    let id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let faults = faults.map_or(String::new(), |f| format!("faults = \"{f}\"\n"));
+    let fleet = format!(
+        "[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"{id}.sim\"\n\
+         gpu_model = \"A100-40GB\"\ngpu_count = {gpus}\nvram_gb = 40\n{faults}"
+    );
+    (id, fleet)
+}
+
 /// Seconds between a lease's `started_at` and `ended_at`.
 fn billed_secs(lease: &Value) -> f64 {
     let at = |field: &str| {
@@ -1051,7 +1064,8 @@ async fn a_container_lease_starts_and_is_billed_from_when_its_container_runs() {
     .status()
     .expect("scripts/images.sh runs");
     assert!(status.success(), "scripts/images.sh base: {status}");
-    let stack = Stack::start_configured(TWO_A100, |s| {
+    let (_, fleet) = own_node_fleet(2, None);
+    let stack = Stack::start_configured(&fleet, |s| {
         s.node_runtime = RuntimeKind::Podman;
         s.node_container_args = PODMAN_ARGS.map(String::from).into();
         s.node_container_start_timeout_secs = 10;
@@ -1112,24 +1126,18 @@ async fn a_container_lease_moved_within_its_node_runs_again_on_its_new_gpu() {
     .status()
     .expect("scripts/images.sh runs");
     assert!(status.success(), "scripts/images.sh base: {status}");
-    let fleet = "[[node]]\nid = \"node-a\"\nzone = \"cn-north-1a\"\nhostname = \"node-a.sim\"\n\
-                 gpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\nfaults = \"faults-a.toml\"\n";
-    let mut stack = Stack::bare(fleet).await;
+    let (node, fleet) = own_node_fleet(2, Some("faults-a.toml"));
+    let mut stack = Stack::bare(&fleet).await;
     stack.write_beside_fleet(
         "faults-a.toml",
         "[[fault]]\nafter_secs = 8\ngpu = 0\nkind = \"xid\"\ncode = 79\n",
     );
     stack.node_runtime = RuntimeKind::Podman;
     stack.node_container_args = PODMAN_ARGS.map(String::from).into();
-    for name in [
-        "scheduler",
-        "pricing",
-        "audit",
-        "gateway",
-        "node-agent:node-a",
-    ] {
+    for name in ["scheduler", "pricing", "audit", "gateway"] {
         stack.start_service(name).await;
     }
+    stack.start_service(&format!("node-agent:{node}")).await;
     stack.wait_ready().await;
     let key = trusted_tenant(&stack, "moves", 1).await;
     let id = lease_with(
