@@ -403,6 +403,12 @@ async fn no_network_reaches_the_host_or_anything_else() {
     );
 }
 
+/// Runs `ip` with `args`, which must succeed.
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("ip runs");
+    assert!(status.success(), "ip {args:?}: {status}");
+}
+
 /// A metadata address on the host, as a cloud node has one: an interface
 /// of the test's own (a bridge: this kernel has no dummy interfaces) with
 /// 169.254.169.254, removed on drop.
@@ -414,10 +420,6 @@ struct MetadataAddress {
 impl MetadataAddress {
     fn new() -> Self {
         let iface = format!("lhmd{}", &Uuid::new_v4().simple().to_string()[..8]);
-        let ip = |args: &[&str]| {
-            let status = Command::new("ip").args(args).status().expect("ip runs");
-            assert!(status.success(), "ip {args:?}: {status}");
-        };
         ip(&["link", "add", &iface, "type", "bridge"]);
         MetadataAddress {
             listener: {
@@ -460,10 +462,6 @@ impl Outside {
             format!("lho{tag}"),
             format!("lhi{tag}"),
         );
-        let ip = |args: &[&str]| {
-            let status = Command::new("ip").args(args).status().expect("ip runs");
-            assert!(status.success(), "ip {args:?}: {status}");
-        };
         ip(&["netns", "add", &namespace]);
         ip(&[
             "link", "add", &host_end, "type", "veth", "peer", "name", &far_end,

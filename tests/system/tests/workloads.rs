@@ -1044,6 +1044,18 @@ fn own_node_fleet(gpus: u32, faults: Option<&str>) -> (String, String) {
     (id, fleet)
 }
 
+/// Makes the base image the container leases run (`scripts/images.sh`
+/// locks against tests making it at once).
+fn base_image() {
+    let status = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
+    )
+    .arg("base")
+    .status()
+    .expect("scripts/images.sh runs");
+    assert!(status.success(), "scripts/images.sh base: {status}");
+}
+
 /// Seconds between a lease's `started_at` and `ended_at`.
 fn billed_secs(lease: &Value) -> f64 {
     let at = |field: &str| {
@@ -1057,13 +1069,7 @@ fn billed_secs(lease: &Value) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_container_lease_starts_and_is_billed_from_when_its_container_runs() {
-    let status = std::process::Command::new(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
-    )
-    .arg("base")
-    .status()
-    .expect("scripts/images.sh runs");
-    assert!(status.success(), "scripts/images.sh base: {status}");
+    base_image();
     let (_, fleet) = own_node_fleet(2, None);
     let stack = Stack::start_configured(&fleet, |s| {
         s.node_runtime = RuntimeKind::Podman;
@@ -1119,13 +1125,7 @@ async fn a_container_lease_starts_and_is_billed_from_when_its_container_runs() {
 /// the same name) is gone, not beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_container_lease_moved_within_its_node_runs_again_on_its_new_gpu() {
-    let status = std::process::Command::new(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
-    )
-    .arg("base")
-    .status()
-    .expect("scripts/images.sh runs");
-    assert!(status.success(), "scripts/images.sh base: {status}");
+    base_image();
     let (node, fleet) = own_node_fleet(2, Some("faults-a.toml"));
     let mut stack = Stack::bare(&fleet).await;
     stack.write_beside_fleet(
