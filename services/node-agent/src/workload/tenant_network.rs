@@ -125,18 +125,6 @@ impl TenantNetworks {
         }
     }
 
-    /// Takes the host's lock at `path` instead of [`DEFAULT_LOCK_FILE`].
-    pub fn with_lock_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.lock_file = path.into();
-        self
-    }
-
-    /// Writes the guard with `firewall`'s tools.
-    pub fn with_firewall(mut self, firewall: Firewall) -> Self {
-        self.firewall = firewall;
-        self
-    }
-
     pub fn network_name(&self, tenant: Uuid) -> String {
         network_name(tenant, self.node_id.as_deref())
     }
