@@ -20,6 +20,7 @@ pub mod price_books;
 pub mod problem;
 pub mod quotes;
 pub mod reservations;
+pub mod sessions;
 pub mod tenants;
 pub mod usage;
 
