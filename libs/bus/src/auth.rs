@@ -240,6 +240,8 @@ pub fn node_imports(node_id: &str) -> Vec<NodeImport> {
     // Only its own: the gateway gives a lease's environment to the node
     // whose subject it is asked on, and only for a lease placed there.
     imports.push(same(subject::rpc_workload_env(node_id)));
+    // Its sessions' frames to the gateway, under its own name only.
+    imports.push(same(subject::sessions_from_node(node_id)));
     imports
 }
 
@@ -273,6 +275,7 @@ fn log_exports() -> Vec<NodeImport> {
             subject::EVENTS_ALL,
             subject::TELEMETRY_ALL,
             subject::RPC_GATEWAY_WORKLOAD_ENV_ALL,
+            subject::SESSIONS_FROM_NODES_ALL,
         ]
         .map(|s| service(s.to_string())),
     );
@@ -286,9 +289,12 @@ fn log_stream_exports() -> Vec<String> {
 }
 
 /// What node `node_id`'s account answers for the log's account: reads of
-/// its leases' logs (the gateway asks).
+/// its leases' logs, and the sessions into its leases (the gateway asks).
 fn node_exports(node_id: &str) -> Vec<String> {
-    vec![subject::rpc_lease_logs(node_id)]
+    vec![
+        subject::rpc_lease_logs(node_id),
+        subject::sessions_to_node(node_id),
+    ]
 }
 
 /// What every service and node agent needs besides its events: `log`, its
@@ -334,6 +340,10 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             p.subscribe
                 .push(subject::RPC_GATEWAY_WORKLOAD_ENV_ALL.to_string());
             p.publish.push(subject::RPC_NODE_LEASE_LOGS_ALL.to_string());
+            // It relays every session into a lease (docs/adr/030).
+            p.publish.push(subject::SESSIONS_TO_NODES_ALL.to_string());
+            p.subscribe
+                .push(subject::SESSIONS_FROM_NODES_ALL.to_string());
             p.allow_responses = true;
             // The usage projection reads the samples with an ordered
             // consumer from the position it stored, and reopens it when a

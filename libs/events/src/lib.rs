@@ -32,6 +32,7 @@ mod node;
 pub mod node_time;
 mod restated;
 mod schema;
+mod session;
 pub mod subject;
 pub mod telemetry;
 mod tenant;
@@ -46,6 +47,7 @@ pub use lease::*;
 pub use node::*;
 pub use restated::*;
 pub use schema::schemas;
+pub use session::*;
 pub use tenant::*;
 
 events! {
@@ -102,6 +104,8 @@ events! {
     "balance.exhausted" v=1 => BalanceExhausted @ balance(tenant_id), tenant_id = tenant_id;
     "balance.restored" v=1 => BalanceRestored @ balance(tenant_id), tenant_id = tenant_id;
     "quote.issued" v=1 => QuoteIssued @ quote(quote_id), tenant_id = tenant_id;
+    "session.opened" v=1 => SessionOpened @ session(session_id), tenant_id = tenant_id;
+    "session.ended" v=1 => SessionEnded @ session(session_id), tenant_id = tenant_id;
 }
 
 impl EventData {

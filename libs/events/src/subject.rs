@@ -39,6 +39,7 @@ pub const CREDITS_ALL: &str = "lh.evt.credit.>";
 pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
 pub const BALANCES_ALL: &str = "lh.evt.balance.>";
 pub const QUOTES_ALL: &str = "lh.evt.quote.>";
+pub const SESSIONS_ALL: &str = "lh.evt.session.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -64,6 +65,38 @@ pub fn rpc_workload_env(node_id: &str) -> String {
 /// workload logs it keeps, one per node: `lh.rpc.node.<node>.lease_logs`.
 /// Only the gateway asks; each node's user may listen on its own only.
 pub const RPC_NODE_LEASE_LOGS_ALL: &str = "lh.rpc.node.*.lease_logs";
+
+/// Sessions into a lease (docs/adr/030), relayed between the gateway and
+/// the lease's node; core NATS, never stored. To a node: its opening
+/// requests and each session's frames.
+pub const SESSIONS_TO_NODES_ALL: &str = "lh.sess.node.*.>";
+/// From the nodes: each session's frames.
+pub const SESSIONS_FROM_NODES_ALL: &str = "lh.sess.up.>";
+
+/// Where the gateway asks node `node_id` to open a session.
+pub fn session_open(node_id: &str) -> String {
+    format!("lh.sess.node.{}.open", token(node_id))
+}
+
+/// Frames of `session_id` to node `node_id`.
+pub fn session_to_node(node_id: &str, session_id: Uuid) -> String {
+    format!("lh.sess.node.{}.{session_id}", token(node_id))
+}
+
+/// Everything the gateway sends node `node_id` about sessions.
+pub fn sessions_to_node(node_id: &str) -> String {
+    format!("lh.sess.node.{}.>", token(node_id))
+}
+
+/// Frames of `session_id` from node `node_id`.
+pub fn session_from_node(node_id: &str, session_id: Uuid) -> String {
+    format!("lh.sess.up.{}.{session_id}", token(node_id))
+}
+
+/// Every session frame node `node_id` may send.
+pub fn sessions_from_node(node_id: &str) -> String {
+    format!("lh.sess.up.{}.>", token(node_id))
+}
 
 /// The subject on which node `node_id` answers reads of its lease logs.
 pub fn rpc_lease_logs(node_id: &str) -> String {
@@ -194,6 +227,11 @@ pub fn reservation(reservation_id: Uuid) -> String {
 
 pub fn quote(quote_id: Uuid) -> String {
     format!("lh.evt.quote.{quote_id}")
+}
+
+/// A session into a lease: its opening and its end.
+pub fn session(session_id: Uuid) -> String {
+    format!("lh.evt.session.{session_id}")
 }
 
 /// A tenant's prepaid balance: its top-ups and what pricing decides of them.
@@ -359,6 +397,9 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("balance.exhausted", &[Pricing]),
         ("balance.restored", &[Pricing]),
         ("quote.issued", &[Pricing]),
+        // The gateway relays every session, and knows who opened it.
+        ("session.opened", &[Gateway]),
+        ("session.ended", &[Gateway]),
     ]
 };
 
@@ -518,6 +559,7 @@ mod tests {
             (RESERVATIONS_ALL, reservation(id)),
             (BALANCES_ALL, balance(id)),
             (QUOTES_ALL, quote(id)),
+            (SESSIONS_ALL, session(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");
