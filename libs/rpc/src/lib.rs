@@ -16,6 +16,7 @@ pub mod lease_logs;
 pub mod price_book;
 pub mod quote;
 pub mod reservation;
+pub mod session;
 pub mod spot;
 pub mod what_if;
 pub mod workload_env;
