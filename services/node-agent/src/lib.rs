@@ -22,6 +22,7 @@
 
 mod agent;
 pub mod gpu;
+pub mod sessions;
 mod state;
 mod telemetry;
 pub mod workload;
@@ -342,6 +343,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     workload::lease_log::serve(log_bus, log_node, log_dir, simulated).await
                 {
                     tracing::warn!(error = %e, "lease logs are not served");
+                }
+            }));
+            let session_bus = bus.clone();
+            let session_node = node_id.clone();
+            let doors = workloads.doors();
+            let _sessions = lh_service::AbortOnDrop(tokio::spawn(async move {
+                if let Err(e) = sessions::serve(session_bus, session_node, doors, simulated).await {
+                    tracing::warn!(error = %e, "sessions into leases are not served");
                 }
             }));
             let (commands, reports) =

@@ -211,6 +211,11 @@ impl LeaseCgroup {
         &self.dir
     }
 
+    /// Its `cgroup.procs`, which a process enters by writing its pid.
+    pub(crate) fn procs(&self) -> &CStr {
+        &self.procs
+    }
+
     /// A `pre_exec` hook that moves the forked child into this cgroup.
     pub(crate) fn enter_hook(&self) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
         let procs = self.procs.clone();
@@ -256,7 +261,7 @@ impl LeaseCgroup {
 /// Writes the calling process's pid to `procs`. Runs in the forked child
 /// before exec, so only async-signal-safe calls (getpid, open, write,
 /// close) and no allocation.
-fn write_own_pid(procs: &CStr) -> io::Result<()> {
+pub(crate) fn write_own_pid(procs: &CStr) -> io::Result<()> {
     let mut digits = [0u8; 20];
     // SAFETY: getpid(2) cannot fail.
     let pid = unsafe { libc::getpid() };

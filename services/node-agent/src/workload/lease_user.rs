@@ -359,7 +359,7 @@ pub fn check_secret_private(variable: &str, path: &Path) -> Result<(), RuntimeEr
 }
 
 /// Only async-signal-safe calls: this runs between fork and exec.
-fn become_user(uid: u32) -> io::Result<()> {
+pub(crate) fn become_user(uid: u32) -> io::Result<()> {
     let check = |r: libc::c_int| {
         if r == 0 {
             Ok(())

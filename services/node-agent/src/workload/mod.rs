@@ -323,6 +323,8 @@ enum Kind {
         /// Dropped when the workload is cleaned up: its processes die
         /// with it and its home goes.
         user: Option<lease_user::LeaseUser>,
+        /// What it was started with: a session's command gets the same.
+        env: BTreeMap<String, String>,
     },
     Container(Box<ContainerWorkload>),
 }
@@ -388,6 +390,25 @@ impl RunningWorkload {
         match &self.kind {
             Kind::Container(c) => c.ran,
             Kind::Process { .. } => true,
+        }
+    }
+
+    /// How a session enters it; `None` once its user is gone.
+    pub fn door(&self) -> Option<crate::sessions::DoorTarget> {
+        match &self.kind {
+            Kind::Container(c) => Some(crate::sessions::DoorTarget::Container {
+                engine: c.engine.clone(),
+                name: c.name.clone(),
+            }),
+            Kind::Process { cgroup, user, env } => {
+                let user = user.as_ref()?;
+                Some(crate::sessions::DoorTarget::Process {
+                    uid: user.uid(),
+                    home: user.home().to_path_buf(),
+                    env: env.clone(),
+                    cgroup_procs: cgroup.as_ref().map(|c| c.procs().to_owned()),
+                })
+            }
         }
     }
 
@@ -515,7 +536,7 @@ impl RunningWorkload {
             tracing::warn!(lease = %self.lease_id, error = %e, "cannot kill leftover processes");
         }
         match &mut self.kind {
-            Kind::Process { cgroup, user } => {
+            Kind::Process { cgroup, user, .. } => {
                 // Its processes may have left the group: the cgroup kills
                 // them where there is one, the user's end everywhere (on a
                 // blocking thread: it scans /proc and removes its home).

@@ -17,6 +17,7 @@
 //! tenants' leases; the container runtime is the boundary for untrusted
 //! tenants.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -133,7 +134,8 @@ impl Runtime for ProcessRuntime {
             .hami_core_lib
             .as_deref()
             .filter(|_| is_share(assignment));
-        let child = match spawn(assignment, workload, cgroup.as_ref(), &user, preload) {
+        let env = process_env(assignment, workload, &user, preload);
+        let child = match spawn(assignment, workload, &env, cgroup.as_ref(), &user) {
             Ok(child) => child,
             Err(e) => match cgroup.take() {
                 // The hook may be what failed: try once more without it.
@@ -144,7 +146,7 @@ impl Runtime for ProcessRuntime {
                     if let Err(e) = unused.try_remove() {
                         tracing::warn!(error = %e, "cannot remove the unused cgroup");
                     }
-                    spawn(assignment, workload, None, &user, preload)?
+                    spawn(assignment, workload, &env, None, &user)?
                 }
                 None => return Err(e),
             },
@@ -157,17 +159,40 @@ impl Runtime for ProcessRuntime {
             Kind::Process {
                 cgroup,
                 user: Some(user),
+                env,
             },
         )
     }
 }
 
+/// Everything a lease's processes see of the environment: `PATH`, its
+/// home, the workload's and the lease's variables, HAMi-core for a share.
+/// A session's command gets the same.
+fn process_env(
+    assignment: &Assignment,
+    workload: &Workload,
+    user: &LeaseUser,
+    preload: Option<&Path>,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert(
+        "PATH".to_string(),
+        std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into()),
+    );
+    env.insert("HOME".to_string(), user.home().display().to_string());
+    env.extend(workload_env(assignment, workload));
+    if let Some(lib) = preload {
+        env.insert(ENV_LD_PRELOAD.to_string(), lib.display().to_string());
+    }
+    env
+}
+
 fn spawn(
     assignment: &Assignment,
     workload: &Workload,
+    env: &BTreeMap<String, String>,
     cgroup: Option<&LeaseCgroup>,
     user: &LeaseUser,
-    preload: Option<&Path>,
 ) -> Result<Child, RuntimeError> {
     let program = &workload.command[0];
     let (stdout, stderr) = output_of(assignment)?;
@@ -175,20 +200,12 @@ fn spawn(
     command
         .args(&workload.command[1..])
         .env_clear()
-        .env(
-            "PATH",
-            std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
-        )
-        .env("HOME", user.home())
-        .envs(workload_env(assignment, workload))
+        .envs(env)
         .current_dir(user.home())
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
-    if let Some(lib) = preload {
-        command.env(ENV_LD_PRELOAD, lib);
-    }
     if let Some(cgroup) = cgroup {
         // SAFETY: the hook only makes async-signal-safe calls and does not
         // allocate (see `cgroup::write_own_pid`).

@@ -423,6 +423,43 @@ const NO_EXIT: Exit = Exit {
 };
 
 impl Adopted {
+    /// How a session enters it: a container by name; a process as its
+    /// user, with the environment it was started with (read back from the
+    /// kernel, as the agent that set it is gone).
+    pub fn door(&self) -> Option<crate::sessions::DoorTarget> {
+        match self {
+            Adopted::Container { engine, name, .. } => Some(crate::sessions::DoorTarget::Container {
+                engine: engine.clone(),
+                name: name.clone(),
+            }),
+            Adopted::Process {
+                pid, cgroup, user, ..
+            } => {
+                let user = user.lock().unwrap_or_else(|p| p.into_inner());
+                let user = user.as_ref()?;
+                let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+                let env = environ
+                    .split(|b| *b == 0)
+                    .filter_map(|entry| {
+                        let entry = std::str::from_utf8(entry).ok()?;
+                        let (name, value) = entry.split_once('=')?;
+                        Some((name.to_string(), value.to_string()))
+                    })
+                    .collect();
+                let cgroup_procs = cgroup.as_ref().and_then(|dir| {
+                    std::ffi::CString::new(dir.join("cgroup.procs").into_os_string().into_encoded_bytes())
+                        .ok()
+                });
+                Some(crate::sessions::DoorTarget::Process {
+                    uid: user.uid(),
+                    home: user.home().to_path_buf(),
+                    env,
+                    cgroup_procs,
+                })
+            }
+        }
+    }
+
     /// Waits until the workload ends; cancel-safe.
     pub async fn wait(&self) -> Exit {
         let exit = match self {

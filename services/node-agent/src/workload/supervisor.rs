@@ -135,6 +135,8 @@ pub struct Workloads {
     /// The GPUs are simulated (stand-in devices): their sharing is the
     /// fleet file's to declare, as nothing real enforces it.
     simulated_gpus: bool,
+    /// How sessions enter the running workloads.
+    doors: crate::sessions::Doors,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -163,6 +165,14 @@ impl Supervised {
         match self {
             Supervised::Started(w) => w.ran(),
             Supervised::Adopted(_) => true,
+        }
+    }
+
+    /// How a session enters it.
+    fn door(&self) -> Option<crate::sessions::DoorTarget> {
+        match self {
+            Supervised::Started(w) => w.door(),
+            Supervised::Adopted(a) => a.door(),
         }
     }
 
@@ -353,6 +363,7 @@ impl Workloads {
                 gpu_backend: None,
                 logs: LeaseLogPolicy::default(),
                 simulated_gpus,
+                doors: Default::default(),
             },
             finished_rx,
         ))
@@ -510,6 +521,10 @@ impl Workloads {
         let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
         let finished = self.finished_tx.clone();
         let logs = self.logs;
+        let doors = self.doors.clone();
+        if let Some(target) = handle.door() {
+            doors.open(lease_id, placement, target);
+        }
         tokio::spawn(async move {
             let mut stop_rx = stop_rx;
             let mut bound_check = tokio::time::interval(logs.bound_check_interval());
@@ -531,6 +546,7 @@ impl Workloads {
                 Err(exit) => exit,
                 Ok(grace) => handle.stop(grace).await,
             };
+            doors.close(lease_id, placement);
             if let Some(path) = record {
                 remove_record(&path);
             }
@@ -566,6 +582,11 @@ impl Workloads {
             });
         });
         self.running.insert(lease_id, (placement, stop_tx));
+    }
+
+    /// The doors into the running workloads, for the session server.
+    pub fn doors(&self) -> crate::sessions::Doors {
+        self.doors.clone()
     }
 
     /// Stops, without a report that counts, a workload of `lease_id` that

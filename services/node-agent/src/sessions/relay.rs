@@ -1,0 +1,304 @@
+//! One session at the node: frames from the gateway into the command or
+//! the connection, what it answers back as frames, within the windows both
+//! sides grant (docs/adr/030).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use lh_rpc::session::{
+    Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, FRAME_OVERHEAD_BYTES,
+    MAX_FRAME_DATA_BYTES, SILENCE_LIMIT_MS,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::door::Entry;
+use super::enter::{Exec, ExecIo};
+
+/// After the command exits, how long what it left running may keep its
+/// output open before the session ends anyway (a `sleep &` holds it).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+
+/// Where a session's frames go back to the gateway.
+pub struct Uplink {
+    pub client: async_nats::Client,
+    pub subject: String,
+    pub numbers: Outgoing,
+}
+
+impl Uplink {
+    async fn send(&mut self, frame: Frame) {
+        let payload = self.numbers.encode(&frame);
+        if let Err(e) = self.client.publish(self.subject.clone(), payload.into()).await {
+            tracing::debug!(subject = %self.subject, error = %e, "a session frame was not sent");
+        }
+    }
+
+    async fn close(&mut self, reason: &str, message: impl Into<String>) {
+        self.send(Frame::Control(Control::Close {
+            reason: reason.into(),
+            message: message.into(),
+        }))
+        .await;
+    }
+}
+
+/// What the session carries.
+pub enum Work {
+    Exec(Exec),
+    Port(TcpStream),
+}
+
+/// Bytes read from the command or the connection; empty: that stream ended.
+type Chunk = (Stream, Vec<u8>);
+
+fn read_into<R: AsyncRead + Unpin + Send + 'static>(
+    mut reader: R,
+    stream: Stream,
+    tx: mpsc::Sender<Chunk>,
+) {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; MAX_FRAME_DATA_BYTES];
+        loop {
+            let n = reader.read(&mut buf).await.unwrap_or(0);
+            if tx.send((stream, buf[..n].to_vec())).await.is_err() || n == 0 {
+                return;
+            }
+        }
+    });
+}
+
+/// Writes what the gateway sends into `writer`, in order, telling the
+/// relay what it has written (the credit to give back); shuts `writer`
+/// down once the queue ends.
+fn write_from<W: AsyncWrite + Unpin + Send + 'static>(
+    mut writer: W,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    written: mpsc::UnboundedSender<u32>,
+) {
+    tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            let cost = bytes.len() as u32 + FRAME_OVERHEAD_BYTES;
+            if writer.write_all(&bytes).await.is_err() {
+                // The reader went away: what is left is dropped, and its
+                // credit still given back, so that the client is not
+                // held up by a stdin nobody reads.
+                let _ = written.send(cost);
+                continue;
+            }
+            let _ = written.send(cost);
+        }
+        let _ = writer.shutdown().await;
+    });
+}
+
+/// Runs the session until it ends; says why.
+pub async fn run(
+    work: Work,
+    entry: Entry,
+    mut frames: mpsc::Receiver<Bytes>,
+    mut up: Uplink,
+    window_bytes: u32,
+) -> &'static str {
+    let mut window = Window::new(window_bytes);
+    let mut credit_back = CreditBack::new(window_bytes);
+    let mut incoming = Incoming::default();
+    let (chunk_tx, mut chunks) = mpsc::channel::<Chunk>(1);
+    let (written_tx, mut written) = mpsc::unbounded_channel::<u32>();
+    let mut input: Option<mpsc::UnboundedSender<Vec<u8>>> = None;
+    let mut pty: Option<Arc<super::pty::PtyMaster>> = None;
+    let mut open_streams: usize;
+    let is_port = matches!(work, Work::Port(_));
+    let mut exec = None;
+    match work {
+        Work::Exec(mut running) => {
+            match running.io.take().expect("a command's streams are taken once") {
+                ExecIo::Tty(master) => {
+                    let master = Arc::new(master);
+                    pty = Some(master.clone());
+                    open_streams = 1;
+                    let reader = master.clone();
+                    let tx = chunk_tx.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; MAX_FRAME_DATA_BYTES];
+                        loop {
+                            let n = reader.read(&mut buf).await.unwrap_or(0);
+                            if tx.send((Stream::Stdout, buf[..n].to_vec())).await.is_err() || n == 0
+                            {
+                                return;
+                            }
+                        }
+                    });
+                    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+                    let done = written_tx.clone();
+                    tokio::spawn(async move {
+                        while let Some(bytes) = rx.recv().await {
+                            let cost = bytes.len() as u32 + FRAME_OVERHEAD_BYTES;
+                            let _ = master.write_all(&bytes).await;
+                            let _ = done.send(cost);
+                        }
+                    });
+                    input = Some(tx);
+                }
+                ExecIo::Pipes {
+                    stdin,
+                    stdout,
+                    stderr,
+                } => {
+                    open_streams = 2;
+                    read_into(stdout, Stream::Stdout, chunk_tx.clone());
+                    read_into(stderr, Stream::Stderr, chunk_tx.clone());
+                    if let Some(stdin) = stdin {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        write_from(stdin, rx, written_tx.clone());
+                        input = Some(tx);
+                    }
+                }
+            }
+            exec = Some(running);
+        }
+        Work::Port(stream) => {
+            let (read, write) = stream.into_split();
+            open_streams = 1;
+            read_into(read, Stream::Stdout, chunk_tx.clone());
+            let (tx, rx) = mpsc::unbounded_channel();
+            write_from(write, rx, written_tx.clone());
+            input = Some(tx);
+        }
+    }
+    drop(chunk_tx);
+    let mut exited: Option<std::process::ExitStatus> = None;
+    let mut drain_until: Option<Instant> = None;
+    let mut input_ended = false;
+    let mut last_heard = Instant::now();
+    let mut silence = tokio::time::interval(Duration::from_secs(1));
+    let silence_limit = Duration::from_millis(SILENCE_LIMIT_MS);
+
+    let why = loop {
+        let child_running = exited.is_none() && exec.is_some();
+        tokio::select! {
+            _ = entry.ended.cancelled() => {
+                up.close("lease_ended", "the lease's workload ended or moved").await;
+                break "lease_ended";
+            }
+            frame = frames.recv() => {
+                let Some(payload) = frame else {
+                    up.close("frames_beyond_window", "the gateway sent more than the window allows").await;
+                    break "frames_beyond_window";
+                };
+                last_heard = Instant::now();
+                let frame = match incoming.decode(&payload) {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        up.close("frames_lost", e).await;
+                        break "frames_lost";
+                    }
+                };
+                match frame {
+                    Frame::Data { bytes, .. } => match &input {
+                        Some(tx) if !input_ended => { let _ = tx.send(bytes); }
+                        // Input after its end, or to a command without
+                        // stdin: counted as written.
+                        _ => {
+                            if let Some(c) = credit_back.consumed(bytes.len() as u32 + FRAME_OVERHEAD_BYTES) {
+                                up.send(Frame::Control(Control::Credit { bytes: c })).await;
+                            }
+                        }
+                    },
+                    Frame::Control(Control::Eof { .. }) => {
+                        input_ended = true;
+                        // A terminal has no end of input but the ^D its
+                        // line discipline reads as one.
+                        if pty.is_some() {
+                            if let Some(tx) = &input { let _ = tx.send(vec![4]); }
+                        } else {
+                            input = None;
+                        }
+                    }
+                    Frame::Control(Control::Resize { cols, rows }) => {
+                        if let Some(pty) = &pty {
+                            let _ = pty.resize(cols.max(1), rows.max(1));
+                        }
+                    }
+                    Frame::Control(Control::Credit { bytes }) => window.credit(bytes),
+                    Frame::Control(Control::Ping) => up.send(Frame::Control(Control::Pong)).await,
+                    Frame::Control(Control::Close { .. }) => break "client_closed",
+                    Frame::Control(Control::Pong | Control::Exit { .. }) => {}
+                }
+            }
+            Some(cost) = written.recv() => {
+                if let Some(c) = credit_back.consumed(cost) {
+                    up.send(Frame::Control(Control::Credit { bytes: c })).await;
+                }
+            }
+            chunk = chunks.recv(), if window.room() > 0 && open_streams > 0 => {
+                let Some((stream, bytes)) = chunk else { open_streams = 0; continue };
+                if bytes.is_empty() {
+                    open_streams -= 1;
+                    if is_port {
+                        up.send(Frame::Control(Control::Eof { stream })).await;
+                    }
+                } else {
+                    let frame = Frame::Data { stream, bytes };
+                    window.spend(frame.window_cost());
+                    up.send(frame).await;
+                }
+            }
+            status = wait_child(&mut exec), if child_running => {
+                match status {
+                    Ok(status) => {
+                        exited = Some(status);
+                        drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                    }
+                    Err(e) => {
+                        up.close("exec_failed", format!("cannot wait for the command: {e}")).await;
+                        break "exec_failed";
+                    }
+                }
+            }
+            _ = silence.tick() => {
+                if last_heard.elapsed() > silence_limit {
+                    break "gateway_silent";
+                }
+                // Credit owed for a stream that went quiet: the sender may
+                // be waiting on it.
+                if let Some(c) = credit_back.flush() {
+                    up.send(Frame::Control(Control::Credit { bytes: c })).await;
+                }
+            }
+        }
+        if open_streams == 0 || drain_until.is_some_and(|t| Instant::now() >= t) {
+            if let Some(status) = exited {
+                use std::os::unix::process::ExitStatusExt;
+                up.send(Frame::Control(Control::Exit {
+                    code: status.code(),
+                    signal: status.signal(),
+                }))
+                .await;
+                up.close("exited", "the command exited").await;
+                break "exited";
+            }
+            if is_port && (input_ended || input.is_none()) {
+                up.close("closed", "both sides of the connection closed").await;
+                break "closed";
+            }
+        }
+    };
+    if why != "exited" {
+        if let Some(exec) = &mut exec {
+            exec.kill();
+        }
+    }
+    drop(entry);
+    why
+}
+
+async fn wait_child(exec: &mut Option<Exec>) -> std::io::Result<std::process::ExitStatus> {
+    match exec {
+        Some(exec) => exec.child.wait().await,
+        None => std::future::pending().await,
+    }
+}
