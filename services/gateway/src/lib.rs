@@ -16,6 +16,7 @@ pub mod principals;
 pub mod projection;
 pub mod read_model;
 pub mod seal;
+pub mod sessions;
 pub mod tenant_keys;
 pub mod usage;
 pub mod workload_env;
@@ -137,6 +138,8 @@ pub struct Config {
     pub front: http::front::FrontArgs,
     #[command(flatten)]
     pub usage: usage::UsageArgs,
+    #[command(flatten)]
+    pub sessions: sessions::SessionArgs,
 }
 
 /// Operators signed in with an OpenID Connect issuer (off unless the
@@ -301,6 +304,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         refusals: std::sync::Arc::new(http::refusals::RefusalCounter::new(
             config.front.refusal_summary_secs,
         )),
+        sessions: std::sync::Arc::new(sessions::Sessions::new(config.sessions.clone())),
     });
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);

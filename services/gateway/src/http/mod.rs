@@ -12,6 +12,7 @@ pub mod front;
 pub mod invoices;
 pub mod keys;
 pub mod lease_logs;
+pub mod lease_sessions;
 pub mod leases;
 pub mod limits;
 pub mod nodes;
@@ -84,6 +85,8 @@ pub struct ApiShared {
     pub request_budgets: std::sync::Arc<front::RequestBudgets>,
     /// Refused requests of the current interval, summed for the trail.
     pub refusals: std::sync::Arc<refusals::RefusalCounter>,
+    /// The sessions into leases this replica relays.
+    pub sessions: std::sync::Arc<crate::sessions::Sessions>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
@@ -108,6 +111,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/leases/{id}/usage", get(usage::lease))
         .route("/v1/usage", get(usage::fleet))
         .route("/v1/leases/{id}/logs", get(lease_logs::get))
+        .route("/v1/leases/{id}/exec", get(lease_sessions::exec))
+        .route("/v1/leases/{id}/port-forward", get(lease_sessions::port_forward))
         .route("/v1/nodes/{id}/enroll", post(nodes::enroll))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))

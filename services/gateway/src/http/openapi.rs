@@ -4,6 +4,7 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use super::lease_logs;
+use super::lease_sessions;
 
 use super::{
     audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
@@ -29,6 +30,8 @@ use super::{
         leases::stop,
         leases::resume,
         lease_logs::get,
+        lease_sessions::exec,
+        lease_sessions::port_forward,
         nodes::enroll,
         nodes::drain,
         nodes::uncordon,

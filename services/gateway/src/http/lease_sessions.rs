@@ -1,0 +1,407 @@
+//! `GET /v1/leases/{id}/exec` and `GET /v1/leases/{id}/port-forward`:
+//! WebSockets into a running lease (docs/adr/030). Everything that can be
+//! refused is refused before the upgrade, as problem+json; the node is
+//! asked to open the session first, so that a WebSocket the client gets is
+//! one that works.
+
+use std::time::Duration;
+
+use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
+use axum::extract::{Path, RawQuery, State};
+use axum::response::Response;
+use chrono::Utc;
+use lh_domain::lease::LeaseState;
+use lh_events::{
+    subject, Envelope, EventData, Expect, OperatorRole, SessionEnded, SessionKind, SessionOpened,
+};
+use lh_rpc::http::sessions::{
+    EXEC_SUBPROTOCOL, MAX_SESSION_MESSAGE_BYTES, PORT_FORWARD_SUBPROTOCOL,
+};
+use lh_rpc::session::{
+    OpenKind, OpenReply, OpenSession, Refusal, TtySize, DEFAULT_WINDOW_BYTES, MAX_COMMAND_ARGS,
+    MAX_COMMAND_BYTES,
+};
+use uuid::Uuid;
+
+use super::leases::{parse_id, visible};
+use super::{ApiContext, ApiError, Caller};
+use crate::sessions::relay::{self, RelayKind, RelaySpec};
+use crate::sessions::{OverLimit, OPEN_TIMEOUT};
+
+/// Most characters of an operator's reason.
+const MAX_REASON_CHARS: usize = 500;
+/// Terminal sizes beyond this are not terminals.
+const MAX_TERMINAL_CELLS: u16 = 10_000;
+
+/// What the query asks, by name, in order (a command's arguments repeat
+/// `command`).
+fn query_pairs(raw: Option<&str>) -> Vec<(String, String)> {
+    raw.map(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+fn flag(pairs: &[(String, String)], name: &str) -> Result<Option<bool>, ApiError> {
+    match pairs.iter().rev().find(|(k, _)| k == name) {
+        None => Ok(None),
+        Some((_, v)) => match v.as_str() {
+            "true" | "1" => Ok(Some(true)),
+            "false" | "0" => Ok(Some(false)),
+            other => Err(ApiError::bad_request(format!("{name} is true or false, not {other:?}")).field(name)),
+        },
+    }
+}
+
+fn number<T: std::str::FromStr>(pairs: &[(String, String)], name: &str) -> Result<Option<T>, ApiError> {
+    match pairs.iter().rev().find(|(k, _)| k == name) {
+        None => Ok(None),
+        Some((_, v)) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("{name} is a number, not {v:?}")).field(name)),
+    }
+}
+
+fn check_known(pairs: &[(String, String)], known: &[&str]) -> Result<(), ApiError> {
+    match pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        Some((k, _)) => Err(ApiError::bad_request(format!(
+            "unknown query parameter {k:?}; known: {}",
+            known.join(", ")
+        ))
+        .field(k.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Who opens a session: the lease's tenant, or an admin with a reason where
+/// the replica allows it. The auditor never.
+fn may_open(ctx: &ApiContext, caller: &Caller, reason: Option<&str>) -> Result<Option<String>, ApiError> {
+    match caller {
+        Caller::Tenant { .. } => Ok(None),
+        Caller::Operator(o) if o.role == OperatorRole::Auditor => Err(ApiError::forbidden(
+            "the auditor role reads the audit trail; it never enters a tenant's lease",
+        )),
+        Caller::Operator(_) if !ctx.sessions.args.operator_sessions => Err(ApiError::forbidden(
+            "operators do not enter tenants' leases on this gateway (LH_OPERATOR_SESSIONS is off)",
+        )),
+        Caller::Operator(_) => {
+            let reason = reason.map(str::trim).filter(|r| !r.is_empty()).ok_or_else(|| {
+                ApiError::unprocessable("an operator entering a tenant's lease gives a reason, which the trail keeps", "reason")
+            })?;
+            if reason.chars().count() > MAX_REASON_CHARS {
+                return Err(ApiError::unprocessable(format!("a reason of at most {MAX_REASON_CHARS} characters"), "reason"));
+            }
+            Ok(Some(reason.to_string()))
+        }
+    }
+}
+
+fn upgrade_of(
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    protocol: &str,
+    headers: &axum::http::HeaderMap,
+) -> Result<WebSocketUpgrade, ApiError> {
+    let ws = ws.map_err(|e| {
+        ApiError::bad_request(format!(
+            "this route is a WebSocket (Upgrade: websocket, subprotocol {protocol}): {e}"
+        ))
+        .field("Upgrade")
+    })?;
+    let offered = headers
+        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == protocol);
+    if !offered {
+        return Err(ApiError::bad_request(format!(
+            "offer the subprotocol {protocol} (Sec-WebSocket-Protocol)"
+        ))
+        .field("Sec-WebSocket-Protocol"));
+    }
+    Ok(ws
+        .protocols([protocol.to_string()])
+        .max_message_size(MAX_SESSION_MESSAGE_BYTES)
+        .max_frame_size(MAX_SESSION_MESSAGE_BYTES))
+}
+
+#[utoipa::path(
+    get, path = "/v1/leases/{id}/exec",
+    params(
+        ("id" = String, Path, description = "lease id"),
+        ("command" = Vec<String>, Query, description = "the program and its arguments, one `command` each"),
+        ("stdin" = Option<bool>, Query, description = "send input on channel 0 (default false)"),
+        ("tty" = Option<bool>, Query, description = "run it on a terminal (default false)"),
+        ("cols" = Option<u16>, Query, description = "the terminal's width (default 80)"),
+        ("rows" = Option<u16>, Query, description = "the terminal's height (default 24)"),
+        ("reason" = Option<String>, Query, description = "an operator's reason (required of operators)")
+    ),
+    responses(
+        (status = 101, description = "A WebSocket, subprotocol v5.channel.k8s.io: 0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize, 255 close"),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem, description = "An auditor, or an operator where operator sessions are off"),
+        (status = 404, body = super::Problem),
+        (status = 409, body = super::Problem, description = "The lease is not running, or it moved"),
+        (status = 422, body = super::Problem),
+        (status = 429, body = super::Problem, description = "The lease or the tenant holds as many sessions as allowed"),
+        (status = 503, body = super::Problem, description = "The lease's node did not answer within 5 s")
+    )
+)]
+pub async fn exec(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: axum::http::HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let pairs = query_pairs(raw.as_deref());
+    check_known(&pairs, &["command", "stdin", "tty", "cols", "rows", "reason"])?;
+    let command: Vec<String> = pairs
+        .iter()
+        .filter(|(k, _)| k == "command")
+        .map(|(_, v)| v.clone())
+        .collect();
+    if command.is_empty() || command[0].is_empty() {
+        return Err(ApiError::unprocessable(
+            "name the program to run: command=PROGRAM&command=ARG...",
+            "command",
+        ));
+    }
+    if command.len() > MAX_COMMAND_ARGS
+        || command.iter().map(String::len).sum::<usize>() > MAX_COMMAND_BYTES
+        || command.iter().any(|a| a.contains('\0'))
+    {
+        return Err(ApiError::unprocessable(
+            format!("a command of at most {MAX_COMMAND_ARGS} arguments and {MAX_COMMAND_BYTES} bytes, without NUL"),
+            "command",
+        ));
+    }
+    let stdin = flag(&pairs, "stdin")?.unwrap_or(false);
+    let tty = flag(&pairs, "tty")?.unwrap_or(false);
+    let cols = number::<u16>(&pairs, "cols")?.unwrap_or(80);
+    let rows = number::<u16>(&pairs, "rows")?.unwrap_or(24);
+    for (name, value) in [("cols", cols), ("rows", rows)] {
+        if value == 0 || value > MAX_TERMINAL_CELLS {
+            return Err(ApiError::unprocessable(format!("{name} is 1 to {MAX_TERMINAL_CELLS}"), name));
+        }
+    }
+    let reason = pairs.iter().rev().find(|(k, _)| k == "reason").map(|(_, v)| v.as_str());
+    let reason = may_open(&ctx, &caller, reason)?;
+    let ws = upgrade_of(ws, EXEC_SUBPROTOCOL, &headers)?;
+    let kind = OpenKind::Exec {
+        command,
+        tty: tty.then_some(TtySize { cols, rows }),
+        stdin,
+    };
+    let session_kind = if tty { SessionKind::Shell } else { SessionKind::Exec };
+    open(ctx, caller, &id, kind, session_kind, reason, ws, RelayKind::Exec { stdin }, EXEC_SUBPROTOCOL).await
+}
+
+#[utoipa::path(
+    get, path = "/v1/leases/{id}/port-forward",
+    params(
+        ("id" = String, Path, description = "lease id"),
+        ("port" = u16, Query, description = "the TCP port inside the lease (on its 127.0.0.1)"),
+        ("reason" = Option<String>, Query, description = "an operator's reason (required of operators)")
+    ),
+    responses(
+        (status = 101, description = "A WebSocket, subprotocol v1.port-forward.leasehold.dev: 0 data, 1 error, 255 end of data"),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem), (status = 404, body = super::Problem),
+        (status = 409, body = super::Problem), (status = 422, body = super::Problem),
+        (status = 429, body = super::Problem),
+        (status = 502, body = super::Problem, description = "Nothing in the lease accepts connections on the port"),
+        (status = 503, body = super::Problem)
+    )
+)]
+pub async fn port_forward(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: axum::http::HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let pairs = query_pairs(raw.as_deref());
+    check_known(&pairs, &["port", "reason"])?;
+    let port = number::<u16>(&pairs, "port")?
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::unprocessable("port is 1 to 65535", "port"))?;
+    let reason = pairs.iter().rev().find(|(k, _)| k == "reason").map(|(_, v)| v.as_str());
+    let reason = may_open(&ctx, &caller, reason)?;
+    let ws = upgrade_of(ws, PORT_FORWARD_SUBPROTOCOL, &headers)?;
+    open(
+        ctx,
+        caller,
+        &id,
+        OpenKind::PortForward { port },
+        SessionKind::PortForward,
+        reason,
+        ws,
+        RelayKind::PortForward,
+        PORT_FORWARD_SUBPROTOCOL,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn open(
+    ctx: ApiContext,
+    caller: Caller,
+    id: &str,
+    kind: OpenKind,
+    session_kind: SessionKind,
+    reason: Option<String>,
+    ws: WebSocketUpgrade,
+    relay_kind: RelayKind,
+    _protocol: &str,
+) -> Result<Response, ApiError> {
+    let lease = visible(&ctx, &caller, parse_id(id)?).await?;
+    let lease_id = lease.view.id;
+    let tenant_id = lease.view.tenant_id;
+    if lease.view.state != LeaseState::Running {
+        return Err(ApiError::conflict(format!(
+            "lease {lease_id} is {}: a session enters a running lease",
+            lease.view.state.as_str()
+        )));
+    }
+    if lease.view.workload.is_none() {
+        return Err(ApiError::conflict(format!(
+            "lease {lease_id} runs no workload: there is nothing to enter (create it with a command or an image)"
+        )));
+    }
+    let (Some(node_id), Some(placement)) = (lease.view.node_id.clone(), lease.last_placement_sequence) else {
+        return Err(ApiError::conflict(format!("lease {lease_id} is on no node")));
+    };
+    let slot = ctx.sessions.take(tenant_id, lease_id).map_err(|over| {
+        let detail = match over {
+            OverLimit::Lease(n) => format!("lease {lease_id} has {n} sessions open through this gateway, the most allowed (LH_SESSIONS_PER_LEASE)"),
+            OverLimit::Tenant(n) => format!("the tenant has {n} sessions open through this gateway, the most allowed (LH_SESSIONS_PER_TENANT)"),
+        };
+        ApiError::too_many_requests(detail).retry_after(5)
+    })?;
+    let session_id = Uuid::new_v4();
+    let port = match &kind {
+        OpenKind::PortForward { port } => Some(*port),
+        OpenKind::Exec { .. } => None,
+    };
+    let client = ctx.bus.client().clone();
+    // Listening before asking: the node may answer at once.
+    let from_node = client
+        .subscribe(subject::session_from_node(&node_id, session_id))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the bus: {e}")).retry_after(2))?;
+    let request = OpenSession {
+        session_id,
+        lease_id,
+        placement: placement as u64,
+        kind,
+        window_bytes: DEFAULT_WINDOW_BYTES,
+        max_sessions_per_lease: ctx.sessions.args.sessions_per_lease,
+    };
+    let payload = serde_json::to_vec(&request).expect("an opening serializes");
+    let answer = tokio::time::timeout(
+        OPEN_TIMEOUT,
+        client.request(subject::session_open(&node_id), payload.into()),
+    )
+    .await;
+    let unanswered = || {
+        ApiError::unavailable(format!(
+            "node {node_id}, where lease {lease_id} runs, did not answer within {} s",
+            OPEN_TIMEOUT.as_secs()
+        ))
+        .retry_after(5)
+    };
+    let answer = match answer {
+        Err(_) => return Err(unanswered()),
+        Ok(Err(e)) => {
+            tracing::info!(node = %node_id, error = %e, "a node did not take a session");
+            return Err(unanswered());
+        }
+        Ok(Ok(message)) => serde_json::from_slice::<OpenReply>(&message.payload)
+            .map_err(|e| ApiError::internal(format!("node {node_id} answered an opening with {e}")))?,
+    };
+    if let OpenReply::Refused { reason, message } = answer {
+        return Err(match reason {
+            Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => ApiError::conflict(message),
+            Refusal::TooManySessions => ApiError::too_many_requests(message).retry_after(5),
+            Refusal::BadRequest => ApiError::unprocessable(message, "command"),
+            Refusal::CannotStart => ApiError::unprocessable(message, "command"),
+            Refusal::ConnectionRefused => ApiError::bad_gateway(message).field("port"),
+        });
+    }
+    let opened_at = Utc::now();
+    let actor = caller.actor();
+    let opened = Envelope::new(
+        actor.clone(),
+        opened_at,
+        EventData::SessionOpened(SessionOpened {
+            session_id,
+            lease_id,
+            tenant_id,
+            node_id: node_id.clone(),
+            placement: placement as u64,
+            kind: session_kind,
+            port,
+            reason,
+            gateway: ctx.sessions.replica.clone(),
+        }),
+    );
+    if let Err(e) = ctx.bus.publish(&opened, Expect::Any).await {
+        // No session goes unrecorded: the node's side is told to end.
+        let mut numbers = lh_rpc::session::Outgoing::default();
+        let close = numbers.encode(&lh_rpc::session::Frame::Control(lh_rpc::session::Control::Close {
+            reason: "not_recorded".into(),
+            message: "the trail could not record the session".into(),
+        }));
+        let _ = client.publish(subject::session_to_node(&node_id, session_id), close.into()).await;
+        return Err(ApiError::from(e));
+    }
+    metrics::counter!("lh_gateway_sessions_opened_total").increment(1);
+    let args = ctx.sessions.args.clone();
+    let spec = RelaySpec {
+        kind: relay_kind,
+        node_id,
+        session_id,
+        window_bytes: DEFAULT_WINDOW_BYTES,
+        idle_timeout: Duration::from_secs(args.session_idle_timeout_secs.max(1)),
+        client_read_timeout: Duration::from_secs(args.session_client_read_timeout_secs.max(1)),
+        bytes_per_s: args.session_bytes_per_s,
+    };
+    let bus = ctx.bus.clone();
+    Ok(ws.on_upgrade(move |socket| async move {
+        let outcome = relay::run(socket, client, from_node, spec).await;
+        drop(slot);
+        let closed_at = Utc::now();
+        let ended = Envelope::new(
+            actor,
+            closed_at,
+            EventData::SessionEnded(SessionEnded {
+                session_id,
+                lease_id,
+                tenant_id,
+                opened_at,
+                duration_ms: (closed_at - opened_at).num_milliseconds().max(0) as u64,
+                bytes_in: outcome.bytes_in,
+                bytes_out: outcome.bytes_out,
+                exit_code: outcome.exit_code,
+                ended_by: outcome.ended_by,
+            }),
+        );
+        // The end is the trail's too: retried a while through a bus outage.
+        for attempt in 0..10u32 {
+            match bus.publish(&ended, Expect::Any).await {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(session = %session_id, attempt, error = %e, "the end of a session is not recorded yet");
+                    tokio::time::sleep(Duration::from_secs(1 << attempt.min(5))).await;
+                }
+            }
+        }
+    }))
+}
+
