@@ -222,6 +222,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         limits: Default::default(),
         front: Default::default(),
         usage: Default::default(),
+        sessions: Default::default(),
     };
     run_as(&args.root, "gateway");
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;

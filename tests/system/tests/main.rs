@@ -33,6 +33,7 @@ mod report_daily;
 mod restart;
 mod robustness;
 mod roles;
+mod sessions;
 mod spot_market;
 mod tenant_keys;
 mod traces;

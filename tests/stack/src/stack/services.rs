@@ -90,6 +90,7 @@ impl Stack {
                     front: self.gateway_front.clone(),
                     limits: self.gateway_limits,
                     usage: Default::default(),
+                    sessions: Default::default(),
                 };
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
@@ -181,6 +182,7 @@ impl Stack {
             front: test_front(),
             limits: Default::default(),
             usage: Default::default(),
+            sessions: Default::default(),
         }
     }
 }

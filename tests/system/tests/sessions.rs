@@ -1,0 +1,352 @@
+//! Sessions into a lease end to end (docs/adr/030), on real podman: a
+//! tenant's exec runs inside its container with its exit code, stdin and
+//! a terminal that resizes; a port inside the container is forwarded,
+//! several connections at once; nobody else gets in; each session is on
+//! the trail with who and how many bytes, never what; and hostile input
+//! (oversized messages, unknown channels, resize floods, text, a client
+//! that never reads, a node that never answers) gets a close that names
+//! it, while another session on the same lease goes on unslowed.
+
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use lh_events::EventData;
+use lh_node_agent::RuntimeKind;
+use lh_rpc::http::sessions::{ExecStatus, EXEC_SUBPROTOCOL, PORT_FORWARD_SUBPROTOCOL};
+use lh_test_stack::{of_type, Stack, ADMIN_TOKEN, AUDITOR_TOKEN};
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
+
+fn base_image() {
+    let status = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
+    )
+    .arg("base")
+    .status()
+    .expect("scripts/images.sh runs");
+    assert!(status.success(), "scripts/images.sh base: {status}");
+}
+
+fn own_node_fleet() -> (String, String) {
+    let id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let fleet = format!(
+        "[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"{id}.sim\"\n\
+         gpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n"
+    );
+    (id, fleet)
+}
+
+async fn tenant(stack: &Stack, name: &str) -> String {
+    let tenant = stack
+        .create_tenant_from(json!({
+            "name": name, "email": format!("ops@{name}.example"),
+            "quota": {"max_gpus": 2}, "trusted": true,
+        }))
+        .await;
+    tenant["api_key"].as_str().unwrap().to_string()
+}
+
+async fn running_lease(stack: &Stack, key: &str, command: Value) -> String {
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB",
+                "workload": {"image": "localhost/leasehold/base", "command": command}})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let id = b["id"].as_str().unwrap().to_string();
+    let lease = stack.wait_lease(key, &id, |l| l["state"] == "running" || l["state"] == "ended").await;
+    assert_eq!(lease["state"], "running", "{lease}");
+    id
+}
+
+/// Opens a session WebSocket; the refusal's status and problem otherwise.
+async fn open(stack: &Stack, key: &str, path: &str, protocol: &str) -> Result<Ws, (u16, Value)> {
+    let url = format!("{}{path}", stack.gateway_url.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("Authorization", format!("Bearer {key}").parse().unwrap());
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((ws, response)) => {
+            assert_eq!(
+                response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()),
+                Some(protocol)
+            );
+            Ok(ws)
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            let status = response.status().as_u16();
+            let body = response.body().clone().unwrap_or_default();
+            Err((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+        }
+        Err(e) => panic!("{path}: {e}"),
+    }
+}
+
+fn exec_path(lease: &str, command: &[&str], extra: &str) -> String {
+    let args: String = command
+        .iter()
+        .map(|a| format!("&command={}", urlencode(a)))
+        .collect();
+    format!("/v1/leases/{lease}/exec?x=1{args}{extra}").replacen("x=1&", "", 1)
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// What came back on an exec: stdout, stderr, the status and the close.
+#[derive(Debug, Default)]
+struct Ran {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: Option<ExecStatus>,
+    close: Option<(u16, String)>,
+}
+
+async fn collect(ws: &mut Ws, within: Duration) -> Ran {
+    let mut ran = Ran::default();
+    let deadline = tokio::time::Instant::now() + within;
+    while let Ok(Some(message)) = tokio::time::timeout_at(deadline, ws.next()).await {
+        match message {
+            Ok(Message::Binary(bytes)) => match bytes.split_first() {
+                Some((1, rest)) => ran.stdout.extend_from_slice(rest),
+                Some((2, rest)) => ran.stderr.extend_from_slice(rest),
+                Some((3, rest)) => ran.status = Some(serde_json::from_slice(rest).unwrap()),
+                _ => {}
+            },
+            Ok(Message::Close(frame)) => {
+                ran.close = frame.map(|f| (u16::from(f.code), f.reason.to_string()));
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    ran
+}
+
+async fn send(ws: &mut Ws, channel: u8, bytes: &[u8]) {
+    let mut message = vec![channel];
+    message.extend_from_slice(bytes);
+    ws.send(Message::Binary(message.into())).await.unwrap();
+}
+
+async fn session_events(stack: &Stack, lease: &str) -> (Vec<lh_events::SessionOpened>, Vec<lh_events::SessionEnded>, Vec<lh_bus::Stored>) {
+    let log = lh_test_stack::read_log(&stack.bus().await).await;
+    let opened = of_type(&log, "session.opened")
+        .into_iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::SessionOpened(o) if o.lease_id.to_string() == lease => Some(o.clone()),
+            _ => None,
+        })
+        .collect();
+    let ended = of_type(&log, "session.ended")
+        .into_iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::SessionEnded(o) if o.lease_id.to_string() == lease => Some(o.clone()),
+            _ => None,
+        })
+        .collect();
+    (opened, ended, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_else_does() {
+    base_image();
+    let (_, fleet) = own_node_fleet();
+    let stack = Stack::start_configured(&fleet, |s| {
+        s.node_runtime = RuntimeKind::Podman;
+        s.node_container_args = PODMAN_ARGS.map(String::from).into();
+        s.gateway_config = Some(std::sync::Arc::new(|c: &mut lh_gateway::Config| {
+            c.sessions.sessions_per_lease = 4;
+        }));
+    })
+    .await;
+    let key = tenant(&stack, "enters").await;
+    let other = tenant(&stack, "stranger").await;
+    let lease = running_lease(
+        &stack,
+        &key,
+        json!(["sh", "-c", "nc -ll -p 8080 -e cat & exec sleep 600"]),
+    )
+    .await;
+
+    // A command: its streams apart, its exit code, inside the container
+    // (its own /scratch, none of the host's /work).
+    let mut ws = open(
+        &stack,
+        &key,
+        &exec_path(&lease, &["sh", "-c", "echo out; echo err >&2; test -d /scratch && ! test -e /work && exit 3"], ""),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    let ran = collect(&mut ws, Duration::from_secs(30)).await;
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "out\n", "{ran:?}");
+    assert_eq!(String::from_utf8_lossy(&ran.stderr), "err\n", "{ran:?}");
+    assert_eq!(ran.status.as_ref().and_then(ExecStatus::exit_code), Some(3), "{ran:?}");
+    assert_eq!(ran.close.as_ref().map(|c| c.0), Some(1000), "{ran:?}");
+
+    // Stdin, a MiB of it, through both windows and back, byte for byte.
+    let ws = open(&stack, &key, &exec_path(&lease, &["cat"], "&stdin=true"), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap();
+    let input: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let (mut tx, mut rx) = ws.split();
+    let sending = {
+        let input = input.clone();
+        tokio::spawn(async move {
+            for chunk in input.chunks(32 * 1024) {
+                let mut message = vec![0u8];
+                message.extend_from_slice(chunk);
+                tx.send(Message::Binary(message.into())).await.unwrap();
+            }
+            tx.send(Message::Binary(vec![255, 0].into())).await.unwrap();
+            tx
+        })
+    };
+    let mut echoed = Vec::new();
+    let mut status = None;
+    while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_secs(30), rx.next()).await {
+        match message {
+            Message::Binary(b) if b.first() == Some(&1) => echoed.extend_from_slice(&b[1..]),
+            Message::Binary(b) if b.first() == Some(&3) => status = serde_json::from_slice::<ExecStatus>(&b[1..]).ok(),
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    let _ = sending.await;
+    assert_eq!(echoed.len(), input.len());
+    assert!(echoed == input, "the echo differs");
+    assert_eq!(status.and_then(|s| s.exit_code()), Some(0));
+
+    // A terminal: its size, a resize, and the shell's exit.
+    let mut ws = open(
+        &stack,
+        &key,
+        &exec_path(&lease, &["sh"], "&stdin=true&tty=true&cols=81&rows=23"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    send(&mut ws, 0, b"stty size\n").await;
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen.contains("23 81") && Instant::now() < deadline {
+        if let Ok(Some(Ok(Message::Binary(b)))) = tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            seen.push_str(&String::from_utf8_lossy(&b[1..]));
+        }
+    }
+    assert!(seen.contains("23 81"), "{seen:?}");
+    send(&mut ws, 4, br#"{"Width":120,"Height":40}"#).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send(&mut ws, 0, b"stty size; exit 7\n").await;
+    let ran = collect(&mut ws, Duration::from_secs(20)).await;
+    let text = format!("{seen}{}", String::from_utf8_lossy(&ran.stdout));
+    assert!(text.contains("40 120"), "{text:?}");
+    assert_eq!(ran.status.and_then(|s| s.exit_code()), Some(7));
+
+    // A port inside the container, two connections at once, each its own.
+    let mut a = open(&stack, &key, &format!("/v1/leases/{lease}/port-forward?port=8080"), PORT_FORWARD_SUBPROTOCOL)
+        .await
+        .unwrap();
+    let mut b = open(&stack, &key, &format!("/v1/leases/{lease}/port-forward?port=8080"), PORT_FORWARD_SUBPROTOCOL)
+        .await
+        .unwrap();
+    send(&mut a, 0, b"first\n").await;
+    send(&mut b, 0, b"second\n").await;
+    for (ws, want) in [(&mut a, "first\n"), (&mut b, "second\n")] {
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+                Ok(Some(Ok(Message::Binary(m)))) if m.first() == Some(&0) => got.extend_from_slice(&m[1..]),
+                other => panic!("no echo: {other:?}"),
+            }
+        }
+        assert_eq!(String::from_utf8_lossy(&got), want);
+    }
+    send(&mut a, 255, &[0]).await;
+    let _ = a.close(None).await;
+    let _ = b.close(None).await;
+    // Nothing listens on 8081: refused before any WebSocket, naming the port.
+    let (status, problem) = open(&stack, &key, &format!("/v1/leases/{lease}/port-forward?port=8081"), PORT_FORWARD_SUBPROTOCOL)
+        .await
+        .unwrap_err();
+    assert_eq!((status, problem["field"].as_str()), (502, Some("port")), "{problem}");
+
+    // Nobody else: another tenant does not see the lease, the auditor and
+    // an admin (operator sessions off) may not enter.
+    let path = exec_path(&lease, &["true"], "");
+    assert_eq!(open(&stack, &other, &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 404);
+    assert_eq!(open(&stack, AUDITOR_TOKEN, &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 403);
+    assert_eq!(open(&stack, ADMIN_TOKEN, &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 403);
+    assert_eq!(open(&stack, "not-a-key", &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 401);
+    // Bad requests name their field.
+    let (s, p) = open(&stack, &key, &format!("/v1/leases/{lease}/exec"), EXEC_SUBPROTOCOL).await.unwrap_err();
+    assert_eq!((s, p["field"].as_str()), (422, Some("command")), "{p}");
+    let (s, p) = open(&stack, &key, &exec_path(&lease, &["true"], "&cols=0&tty=true"), EXEC_SUBPROTOCOL).await.unwrap_err();
+    assert_eq!((s, p["field"].as_str()), (422, Some("cols")), "{p}");
+    let (s, p) = open(&stack, &key, &path, "v4.channel.k8s.io").await.unwrap_err();
+    assert_eq!((s, p["field"].as_str()), (400, Some("Sec-WebSocket-Protocol")), "{p}");
+
+    // At most four sessions on one lease: the fifth waits its turn.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(open(&stack, &key, &exec_path(&lease, &["sleep", "60"], ""), EXEC_SUBPROTOCOL).await.unwrap());
+    }
+    let (s, p) = open(&stack, &key, &path, EXEC_SUBPROTOCOL).await.unwrap_err();
+    assert_eq!(s, 429, "{p}");
+    for mut ws in held {
+        let _ = ws.close(None).await;
+    }
+
+    // The trail: who, which lease, how many bytes; never the bytes. Nine
+    // sessions opened (three commands, two connections, four held).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (opened, ended, log) = loop {
+        let (opened, ended, log) = session_events(&stack, &lease).await;
+        if ended.len() >= 9 || Instant::now() > deadline {
+            break (opened, ended, log);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!((opened.len(), ended.len()), (9, 9), "{opened:?} {ended:?}");
+    let tenant_id = opened[0].tenant_id;
+    assert!(opened.iter().all(|o| o.tenant_id == tenant_id && o.reason.is_none()));
+    let kinds: Vec<_> = opened.iter().map(|o| o.kind).collect();
+    assert!(kinds.contains(&lh_events::SessionKind::Shell), "{kinds:?}");
+    assert_eq!(
+        opened.iter().filter(|o| o.kind == lh_events::SessionKind::PortForward && o.port == Some(8080)).count(),
+        2
+    );
+    let cat = ended
+        .iter()
+        .find(|e| e.bytes_in == input.len() as u64)
+        .unwrap_or_else(|| panic!("the MiB of stdin is counted: {ended:?}"));
+    assert_eq!((cat.bytes_out, cat.exit_code, cat.ended_by.as_str()), (input.len() as u64, Some(0), "exited"));
+    assert!(ended.iter().any(|e| e.exit_code == Some(3) && e.bytes_out == 8));
+    // The session's own bytes never reach the log.
+    for stored in &log {
+        let text = serde_json::to_string(&stored.envelope).unwrap();
+        assert!(!text.contains("stty size") && !text.contains("echo out"), "{text}");
+    }
+}
