@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
 
@@ -64,14 +65,21 @@ async fn running_lease(stack: &Stack, key: &str, command: Value) -> String {
         .await;
     assert_eq!(s, 202, "{b}");
     let id = b["id"].as_str().unwrap().to_string();
-    let lease = stack.wait_lease(key, &id, |l| l["state"] == "running" || l["state"] == "ended").await;
+    let lease = stack
+        .wait_lease(key, &id, |l| {
+            l["state"] == "running" || l["state"] == "ended"
+        })
+        .await;
     assert_eq!(lease["state"], "running", "{lease}");
     id
 }
 
 /// Opens a session WebSocket; the refusal's status and problem otherwise.
 async fn open(stack: &Stack, key: &str, path: &str, protocol: &str) -> Result<Ws, (u16, Value)> {
-    let url = format!("{}{path}", stack.gateway_url.replacen("http://", "ws://", 1));
+    let url = format!(
+        "{}{path}",
+        stack.gateway_url.replacen("http://", "ws://", 1)
+    );
     let mut request = url.into_client_request().unwrap();
     request
         .headers_mut()
@@ -82,7 +90,10 @@ async fn open(stack: &Stack, key: &str, path: &str, protocol: &str) -> Result<Ws
     match tokio_tungstenite::connect_async(request).await {
         Ok((ws, response)) => {
             assert_eq!(
-                response.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()),
+                response
+                    .headers()
+                    .get("sec-websocket-protocol")
+                    .and_then(|v| v.to_str().ok()),
                 Some(protocol)
             );
             Ok(ws)
@@ -150,7 +161,14 @@ async fn send(ws: &mut Ws, channel: u8, bytes: &[u8]) {
     ws.send(Message::Binary(message.into())).await.unwrap();
 }
 
-async fn session_events(stack: &Stack, lease: &str) -> (Vec<lh_events::SessionOpened>, Vec<lh_events::SessionEnded>, Vec<lh_bus::Stored>) {
+async fn session_events(
+    stack: &Stack,
+    lease: &str,
+) -> (
+    Vec<lh_events::SessionOpened>,
+    Vec<lh_events::SessionEnded>,
+    Vec<lh_bus::Stored>,
+) {
     let log = lh_test_stack::read_log(&stack.bus().await).await;
     let opened = of_type(&log, "session.opened")
         .into_iter()
@@ -195,7 +213,15 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     let mut ws = open(
         &stack,
         &key,
-        &exec_path(&lease, &["sh", "-c", "echo out; echo err >&2; test -d /scratch && ! test -e /work && exit 3"], ""),
+        &exec_path(
+            &lease,
+            &[
+                "sh",
+                "-c",
+                "echo out; echo err >&2; test -d /scratch && ! test -e /work && exit 3",
+            ],
+            "",
+        ),
         EXEC_SUBPROTOCOL,
     )
     .await
@@ -203,13 +229,22 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     let ran = collect(&mut ws, Duration::from_secs(30)).await;
     assert_eq!(String::from_utf8_lossy(&ran.stdout), "out\n", "{ran:?}");
     assert_eq!(String::from_utf8_lossy(&ran.stderr), "err\n", "{ran:?}");
-    assert_eq!(ran.status.as_ref().and_then(ExecStatus::exit_code), Some(3), "{ran:?}");
+    assert_eq!(
+        ran.status.as_ref().and_then(ExecStatus::exit_code),
+        Some(3),
+        "{ran:?}"
+    );
     assert_eq!(ran.close.as_ref().map(|c| c.0), Some(1000), "{ran:?}");
 
     // Stdin, a MiB of it, through both windows and back, byte for byte.
-    let ws = open(&stack, &key, &exec_path(&lease, &["cat"], "&stdin=true"), EXEC_SUBPROTOCOL)
-        .await
-        .unwrap();
+    let ws = open(
+        &stack,
+        &key,
+        &exec_path(&lease, &["cat"], "&stdin=true"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
     let input: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let (mut tx, mut rx) = ws.split();
     let sending = {
@@ -226,10 +261,13 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     };
     let mut echoed = Vec::new();
     let mut status = None;
-    while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_secs(30), rx.next()).await {
+    while let Ok(Some(Ok(message))) = tokio::time::timeout(Duration::from_secs(30), rx.next()).await
+    {
         match message {
             Message::Binary(b) if b.first() == Some(&1) => echoed.extend_from_slice(&b[1..]),
-            Message::Binary(b) if b.first() == Some(&3) => status = serde_json::from_slice::<ExecStatus>(&b[1..]).ok(),
+            Message::Binary(b) if b.first() == Some(&3) => {
+                status = serde_json::from_slice::<ExecStatus>(&b[1..]).ok()
+            }
             Message::Close(_) => break,
             _ => {}
         }
@@ -252,7 +290,9 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     let mut seen = String::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !seen.contains("23 81") && Instant::now() < deadline {
-        if let Ok(Some(Ok(Message::Binary(b)))) = tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+        if let Ok(Some(Ok(Message::Binary(b)))) =
+            tokio::time::timeout(Duration::from_secs(5), ws.next()).await
+        {
             seen.push_str(&String::from_utf8_lossy(&b[1..]));
         }
     }
@@ -266,19 +306,31 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     assert_eq!(ran.status.and_then(|s| s.exit_code()), Some(7));
 
     // A port inside the container, two connections at once, each its own.
-    let mut a = open(&stack, &key, &format!("/v1/leases/{lease}/port-forward?port=8080"), PORT_FORWARD_SUBPROTOCOL)
-        .await
-        .unwrap();
-    let mut b = open(&stack, &key, &format!("/v1/leases/{lease}/port-forward?port=8080"), PORT_FORWARD_SUBPROTOCOL)
-        .await
-        .unwrap();
+    let mut a = open(
+        &stack,
+        &key,
+        &format!("/v1/leases/{lease}/port-forward?port=8080"),
+        PORT_FORWARD_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    let mut b = open(
+        &stack,
+        &key,
+        &format!("/v1/leases/{lease}/port-forward?port=8080"),
+        PORT_FORWARD_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
     send(&mut a, 0, b"first\n").await;
     send(&mut b, 0, b"second\n").await;
     for (ws, want) in [(&mut a, "first\n"), (&mut b, "second\n")] {
         let mut got = Vec::new();
         while got.len() < want.len() {
             match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
-                Ok(Some(Ok(Message::Binary(m)))) if m.first() == Some(&0) => got.extend_from_slice(&m[1..]),
+                Ok(Some(Ok(Message::Binary(m)))) if m.first() == Some(&0) => {
+                    got.extend_from_slice(&m[1..])
+                }
                 other => panic!("no echo: {other:?}"),
             }
         }
@@ -288,32 +340,96 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     let _ = a.close(None).await;
     let _ = b.close(None).await;
     // Nothing listens on 8081: refused before any WebSocket, naming the port.
-    let (status, problem) = open(&stack, &key, &format!("/v1/leases/{lease}/port-forward?port=8081"), PORT_FORWARD_SUBPROTOCOL)
-        .await
-        .unwrap_err();
-    assert_eq!((status, problem["field"].as_str()), (502, Some("port")), "{problem}");
+    let (status, problem) = open(
+        &stack,
+        &key,
+        &format!("/v1/leases/{lease}/port-forward?port=8081"),
+        PORT_FORWARD_SUBPROTOCOL,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (502, Some("port")),
+        "{problem}"
+    );
 
     // Nobody else: another tenant does not see the lease, the auditor and
     // an admin (operator sessions off) may not enter.
     let path = exec_path(&lease, &["true"], "");
-    assert_eq!(open(&stack, &other, &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 404);
-    assert_eq!(open(&stack, AUDITOR_TOKEN, &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 403);
-    assert_eq!(open(&stack, ADMIN_TOKEN, &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 403);
-    assert_eq!(open(&stack, "not-a-key", &path, EXEC_SUBPROTOCOL).await.unwrap_err().0, 401);
+    assert_eq!(
+        open(&stack, &other, &path, EXEC_SUBPROTOCOL)
+            .await
+            .unwrap_err()
+            .0,
+        404
+    );
+    assert_eq!(
+        open(&stack, AUDITOR_TOKEN, &path, EXEC_SUBPROTOCOL)
+            .await
+            .unwrap_err()
+            .0,
+        403
+    );
+    assert_eq!(
+        open(&stack, ADMIN_TOKEN, &path, EXEC_SUBPROTOCOL)
+            .await
+            .unwrap_err()
+            .0,
+        403
+    );
+    assert_eq!(
+        open(&stack, "not-a-key", &path, EXEC_SUBPROTOCOL)
+            .await
+            .unwrap_err()
+            .0,
+        401
+    );
     // Bad requests name their field.
-    let (s, p) = open(&stack, &key, &format!("/v1/leases/{lease}/exec"), EXEC_SUBPROTOCOL).await.unwrap_err();
+    let (s, p) = open(
+        &stack,
+        &key,
+        &format!("/v1/leases/{lease}/exec"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap_err();
     assert_eq!((s, p["field"].as_str()), (422, Some("command")), "{p}");
-    let (s, p) = open(&stack, &key, &exec_path(&lease, &["true"], "&cols=0&tty=true"), EXEC_SUBPROTOCOL).await.unwrap_err();
+    let (s, p) = open(
+        &stack,
+        &key,
+        &exec_path(&lease, &["true"], "&cols=0&tty=true"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap_err();
     assert_eq!((s, p["field"].as_str()), (422, Some("cols")), "{p}");
-    let (s, p) = open(&stack, &key, &path, "v4.channel.k8s.io").await.unwrap_err();
-    assert_eq!((s, p["field"].as_str()), (400, Some("Sec-WebSocket-Protocol")), "{p}");
+    let (s, p) = open(&stack, &key, &path, "v4.channel.k8s.io")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (s, p["field"].as_str()),
+        (400, Some("Sec-WebSocket-Protocol")),
+        "{p}"
+    );
 
     // At most four sessions on one lease: the fifth waits its turn.
     let mut held = Vec::new();
     for _ in 0..4 {
-        held.push(open(&stack, &key, &exec_path(&lease, &["sleep", "60"], ""), EXEC_SUBPROTOCOL).await.unwrap());
+        held.push(
+            open(
+                &stack,
+                &key,
+                &exec_path(&lease, &["sleep", "60"], ""),
+                EXEC_SUBPROTOCOL,
+            )
+            .await
+            .unwrap(),
+        );
     }
-    let (s, p) = open(&stack, &key, &path, EXEC_SUBPROTOCOL).await.unwrap_err();
+    let (s, p) = open(&stack, &key, &path, EXEC_SUBPROTOCOL)
+        .await
+        .unwrap_err();
     assert_eq!(s, 429, "{p}");
     for mut ws in held {
         let _ = ws.close(None).await;
@@ -331,22 +447,484 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     };
     assert_eq!((opened.len(), ended.len()), (9, 9), "{opened:?} {ended:?}");
     let tenant_id = opened[0].tenant_id;
-    assert!(opened.iter().all(|o| o.tenant_id == tenant_id && o.reason.is_none()));
+    assert!(opened
+        .iter()
+        .all(|o| o.tenant_id == tenant_id && o.reason.is_none()));
     let kinds: Vec<_> = opened.iter().map(|o| o.kind).collect();
     assert!(kinds.contains(&lh_events::SessionKind::Shell), "{kinds:?}");
     assert_eq!(
-        opened.iter().filter(|o| o.kind == lh_events::SessionKind::PortForward && o.port == Some(8080)).count(),
+        opened
+            .iter()
+            .filter(|o| o.kind == lh_events::SessionKind::PortForward && o.port == Some(8080))
+            .count(),
         2
     );
     let cat = ended
         .iter()
         .find(|e| e.bytes_in == input.len() as u64)
         .unwrap_or_else(|| panic!("the MiB of stdin is counted: {ended:?}"));
-    assert_eq!((cat.bytes_out, cat.exit_code, cat.ended_by.as_str()), (input.len() as u64, Some(0), "exited"));
-    assert!(ended.iter().any(|e| e.exit_code == Some(3) && e.bytes_out == 8));
+    assert_eq!(
+        (cat.bytes_out, cat.exit_code, cat.ended_by.as_str()),
+        (input.len() as u64, Some(0), "exited")
+    );
+    assert!(ended
+        .iter()
+        .any(|e| e.exit_code == Some(3) && e.bytes_out == 8));
     // The session's own bytes never reach the log.
     for stored in &log {
         let text = serde_json::to_string(&stored.envelope).unwrap();
-        assert!(!text.contains("stty size") && !text.contains("echo out"), "{text}");
+        assert!(
+            !text.contains("stty size") && !text.contains("echo out"),
+            "{text}"
+        );
+    }
+}
+
+/// How the stand-in node of [`hostile_input_and_silent_nodes_get_a_close_that_names_them`]
+/// treats a session, by the command's first word.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fake {
+    /// Sends back what it is sent.
+    Echo,
+    /// Sends stdout as fast as its window allows.
+    Flood,
+    /// Takes stdin and never gives credit back.
+    Hold,
+    /// Opens, then never says anything again.
+    Silent,
+}
+
+#[derive(Default)]
+struct FakeSeen {
+    /// Data bytes each session sent the node.
+    received: std::collections::HashMap<uuid::Uuid, u64>,
+    /// Why each session ended, as the gateway told the node.
+    closed: std::collections::HashMap<uuid::Uuid, String>,
+    pings: u64,
+}
+
+/// A node that answers openings (or, `answer` false, never does) and
+/// behaves as each session's command says: a hostile or a hung node, as
+/// the gateway must survive one.
+fn fake_node(
+    client: async_nats::Client,
+    node: String,
+    answer: bool,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<FakeSeen>>,
+) {
+    use lh_rpc::session::*;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(FakeSeen::default()));
+    let shared = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut sub = client
+            .subscribe(lh_events::subject::sessions_to_node(&node))
+            .await
+            .unwrap();
+        let mut sessions: std::collections::HashMap<
+            uuid::Uuid,
+            tokio::sync::mpsc::UnboundedSender<Frame>,
+        > = Default::default();
+        let open_subject = lh_events::subject::session_open(&node);
+        let mut incoming: std::collections::HashMap<uuid::Uuid, Incoming> = Default::default();
+        while let Some(message) = sub.next().await {
+            if message.subject.as_str() == open_subject {
+                if !answer {
+                    continue;
+                }
+                let open: OpenSession = serde_json::from_slice(&message.payload).unwrap();
+                let mode = match &open.kind {
+                    OpenKind::Exec { command, .. } => match command[0].as_str() {
+                        "flood" => Fake::Flood,
+                        "hold" => Fake::Hold,
+                        "silent" => Fake::Silent,
+                        _ => Fake::Echo,
+                    },
+                    OpenKind::PortForward { .. } => Fake::Echo,
+                };
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Frame>();
+                sessions.insert(open.session_id, tx);
+                incoming.insert(open.session_id, Incoming::default());
+                let reply = serde_json::to_vec(&OpenReply::Opened).unwrap();
+                client
+                    .publish(message.reply.unwrap(), reply.into())
+                    .await
+                    .unwrap();
+                let (client, seen, id) = (client.clone(), shared.clone(), open.session_id);
+                let up = lh_events::subject::session_from_node(&node, id);
+                tokio::spawn(async move {
+                    let mut out = Outgoing::default();
+                    let mut window = Window::new(open.window_bytes);
+                    let send = |frame: Frame, out: &mut Outgoing| {
+                        let payload = out.encode(&frame);
+                        let client = client.clone();
+                        let up = up.clone();
+                        async move { client.publish(up, payload.into()).await.unwrap() }
+                    };
+                    loop {
+                        if mode == Fake::Flood {
+                            while window.room() > 0 {
+                                let frame = Frame::Data {
+                                    stream: Stream::Stdout,
+                                    bytes: vec![b'z'; window.room().min(32 * 1024)],
+                                };
+                                window.spend(frame.window_cost());
+                                send(frame, &mut out).await;
+                            }
+                        }
+                        let Some(frame) = rx.recv().await else { return };
+                        match frame {
+                            Frame::Data { bytes, .. } => {
+                                *seen.lock().unwrap().received.entry(id).or_default() +=
+                                    bytes.len() as u64;
+                                if mode == Fake::Echo {
+                                    let cost = bytes.len() as u32 + FRAME_OVERHEAD_BYTES;
+                                    send(
+                                        Frame::Data {
+                                            stream: Stream::Stdout,
+                                            bytes,
+                                        },
+                                        &mut out,
+                                    )
+                                    .await;
+                                    send(Frame::Control(Control::Credit { bytes: cost }), &mut out)
+                                        .await;
+                                }
+                            }
+                            Frame::Control(Control::Credit { bytes }) => window.credit(bytes),
+                            Frame::Control(Control::Ping) => {
+                                seen.lock().unwrap().pings += 1;
+                                if mode != Fake::Silent {
+                                    send(Frame::Control(Control::Pong), &mut out).await;
+                                }
+                            }
+                            Frame::Control(Control::Close { reason, .. }) => {
+                                seen.lock().unwrap().closed.insert(id, reason);
+                                return;
+                            }
+                            Frame::Control(_) => {}
+                        }
+                    }
+                });
+                continue;
+            }
+            let Some(id) = message
+                .subject
+                .rsplit('.')
+                .next()
+                .and_then(|t| t.parse::<uuid::Uuid>().ok())
+            else {
+                continue;
+            };
+            let (Some(tx), Some(numbers)) = (sessions.get(&id), incoming.get_mut(&id)) else {
+                continue;
+            };
+            let frame = numbers
+                .decode(&message.payload)
+                .expect("the gateway numbers its frames");
+            let _ = tx.send(frame);
+        }
+    });
+    (task, seen)
+}
+
+/// Reads until the close; its code and reason, and the status if any.
+async fn until_close(ws: &mut Ws, within: Duration) -> Ran {
+    collect(ws, within).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
+    let (node, fleet) = own_node_fleet();
+    let mut stack = Stack::start_configured(&fleet, |s| {
+        s.gateway_config = Some(std::sync::Arc::new(|c: &mut lh_gateway::Config| {
+            c.sessions.sessions_per_lease = 16;
+            c.sessions.session_client_read_timeout_secs = 2;
+            c.sessions.session_idle_timeout_secs = 5;
+        }));
+    })
+    .await;
+    let key = tenant(&stack, "hostile").await;
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {"command": ["sleep", "600"]}})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let lease = b["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+    let path = |command: &str, extra: &str| exec_path(&lease, &[command], extra);
+
+    // A simulated node has nothing to enter, and says so.
+    let (s, p) = open(&stack, &key, &path("sh", ""), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap_err();
+    assert_eq!(s, 409, "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("simulates"), "{p}");
+
+    // The node's agent is gone (and nobody declares it lost): refused at
+    // once, as nothing listens.
+    stack.stop_service("scheduler").await;
+    stack.stop_service(&format!("node-agent:{node}")).await;
+    let started = Instant::now();
+    let (s, p) = open(&stack, &key, &path("sh", ""), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap_err();
+    assert_eq!(s, 503, "{p}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A node that hears and never answers: refused after five seconds.
+    let bus = stack.bus().await;
+    let (hung, _) = fake_node(bus.client().clone(), node.clone(), false);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (s, p) = open(&stack, &key, &path("sh", ""), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap_err();
+    assert_eq!(s, 503, "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer within 5 s"),
+        "{p}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(4500),
+        "{:?}",
+        started.elapsed()
+    );
+    hung.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // From here a node that answers, and then misbehaves as asked.
+    let (_node_task, seen) = fake_node(bus.client().clone(), node.clone(), true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A node that goes silent after the opening: closed after 30 s of
+    // silence while the client keeps the session busy (not idle).
+    let mut silent = open(
+        &stack,
+        &key,
+        &path("silent", "&stdin=true"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    let silent_started = Instant::now();
+    let silent_task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                ran = until_close(&mut silent, Duration::from_secs(1)) => {
+                    if ran.close.is_some() || ran.status.is_some() {
+                        return ran;
+                    }
+                }
+            }
+            let _ = send(&mut silent, 0, b".").await;
+        }
+    });
+
+    // Hostile messages, each closed with its reason.
+    let cases: [(&str, Vec<u8>, bool, u16, &str); 4] = [
+        (
+            "too big",
+            [vec![0u8], vec![b'x'; 70 * 1024]].concat(),
+            false,
+            1009,
+            "over the 65537 allowed",
+        ),
+        (
+            "unknown channel",
+            vec![7, 1, 2, 3],
+            false,
+            1008,
+            "unknown channel 7",
+        ),
+        (
+            "stdin never opened",
+            b"\0hello".to_vec(),
+            false,
+            1008,
+            "without stdin",
+        ),
+        ("text", b"hello".to_vec(), true, 1003, "text messages"),
+    ];
+    for (what, message, text, code, reason) in cases {
+        let extra = if what == "stdin never opened" {
+            ""
+        } else {
+            "&stdin=true"
+        };
+        let mut ws = open(&stack, &key, &path("echo", extra), EXEC_SUBPROTOCOL)
+            .await
+            .unwrap();
+        let message = if text {
+            Message::Text(String::from_utf8(message).unwrap().into())
+        } else {
+            Message::Binary(message.into())
+        };
+        let _ = ws.send(message).await;
+        let ran = until_close(&mut ws, Duration::from_secs(10)).await;
+        let (got_code, got_reason) = ran
+            .close
+            .clone()
+            .unwrap_or_else(|| panic!("{what}: no close: {ran:?}"));
+        assert_eq!(got_code, code, "{what}: {ran:?}");
+        assert!(got_reason.contains(reason), "{what}: {got_reason:?}");
+    }
+
+    // A resize flood (a dragged window sends tens a second, not hundreds).
+    let mut ws = open(
+        &stack,
+        &key,
+        &path("echo", "&stdin=true&tty=true"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    for i in 0..300u16 {
+        let _ = send(
+            &mut ws,
+            4,
+            format!(r#"{{"Width":{},"Height":40}}"#, 80 + i % 50).as_bytes(),
+        )
+        .await;
+    }
+    let ran = until_close(&mut ws, Duration::from_secs(10)).await;
+    assert_eq!(ran.close.as_ref().map(|c| c.0), Some(1008), "{ran:?}");
+    assert!(ran.close.unwrap().1.contains("resize flood"));
+
+    // A client that floods a node that never takes its input: the gateway
+    // stops reading it at the window, nothing piles up.
+    let held = open(&stack, &key, &path("hold", "&stdin=true"), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap();
+    let (mut tx, _rx) = held.split();
+    let flooding = tokio::spawn(async move {
+        for _ in 0..64 {
+            let mut message = vec![0u8];
+            message.extend(vec![b'h'; 32 * 1024]);
+            if tx.send(Message::Binary(message.into())).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held_bytes: u64 = {
+        let seen = seen.lock().unwrap();
+        seen.received.values().copied().max().unwrap_or(0)
+    };
+    assert!(
+        held_bytes <= (lh_rpc::session::DEFAULT_WINDOW_BYTES as u64) + 64 * 1024 && held_bytes > 0,
+        "the node got {held_bytes} bytes it never took"
+    );
+    flooding.abort();
+
+    // A client that never reads: closed after 2 s of not taking, while
+    // another session on the same lease answers at once.
+    let mut flood = open(&stack, &key, &path("flood", ""), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap();
+    let mut echo = open(&stack, &key, &path("echo", "&stdin=true"), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for _ in 0..3 {
+        let asked = Instant::now();
+        send(&mut echo, 0, b"ping").await;
+        match tokio::time::timeout(Duration::from_secs(5), echo.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => assert_eq!(&b[..], b"\x01ping"),
+            other => panic!("the other session did not answer: {other:?}"),
+        }
+        assert!(
+            asked.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            asked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let ran = until_close(&mut flood, Duration::from_secs(30)).await;
+    let (code, reason) = ran
+        .close
+        .clone()
+        .unwrap_or_else(|| panic!("no close: {} bytes", ran.stdout.len()));
+    assert_eq!(code, 1008, "{reason}");
+    assert!(reason.contains("took nothing"), "{reason}");
+
+    // An echo session left alone is idle after 5 s.
+    let ran = until_close(&mut echo, Duration::from_secs(15)).await;
+    assert_eq!(ran.close.as_ref().map(|c| c.0), Some(1000), "{ran:?}");
+    assert!(ran.close.unwrap().1.contains("idle for 5 s"));
+
+    let ran = silent_task.await.unwrap();
+    let waited = silent_started.elapsed();
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(40)).contains(&waited),
+        "{waited:?}"
+    );
+    assert_eq!(ran.close.as_ref().map(|c| c.0), Some(1011), "{ran:?}");
+    assert!(ran.close.unwrap().1.contains("stopped answering"));
+    assert_eq!(
+        ran.status.and_then(|s| s.reason).as_deref(),
+        Some("node_silent")
+    );
+
+    // The node was told why each session ended, and so is the trail.
+    let told = Instant::now() + Duration::from_secs(5);
+    while !seen
+        .lock()
+        .unwrap()
+        .closed
+        .values()
+        .any(|r| r == "node_silent")
+        && Instant::now() < told
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen_closed: Vec<String> = seen.lock().unwrap().closed.values().cloned().collect();
+    for reason in [
+        "message_too_big",
+        "unknown_channel",
+        "text_message",
+        "stdin_not_open",
+        "resize_flood",
+        "client_not_reading",
+        "idle",
+        "node_silent",
+    ] {
+        assert!(
+            seen_closed.iter().any(|r| r == reason),
+            "{reason} not told: {seen_closed:?}"
+        );
+    }
+    assert!(seen.lock().unwrap().pings >= 2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, ended, _) = session_events(&stack, &lease).await;
+        let reasons: Vec<&str> = ended.iter().map(|e| e.ended_by.as_str()).collect();
+        if [
+            "message_too_big",
+            "client_not_reading",
+            "node_silent",
+            "idle",
+        ]
+        .iter()
+        .all(|r| reasons.contains(r))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{reasons:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

@@ -112,7 +112,12 @@ impl ApiError {
 
     /// What the API relays to failed on its far side (a lease's port).
     pub fn bad_gateway(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, "bad-gateway", "Bad gateway", detail)
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "bad-gateway",
+            "Bad gateway",
+            detail,
+        )
     }
 
     pub fn unavailable(detail: impl Into<String>) -> Self {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
+use axum::extract::ws::{rejection::WebSocketUpgradeRejection, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use chrono::Utc;
@@ -50,18 +50,23 @@ fn flag(pairs: &[(String, String)], name: &str) -> Result<Option<bool>, ApiError
         Some((_, v)) => match v.as_str() {
             "true" | "1" => Ok(Some(true)),
             "false" | "0" => Ok(Some(false)),
-            other => Err(ApiError::bad_request(format!("{name} is true or false, not {other:?}")).field(name)),
+            other => Err(
+                ApiError::bad_request(format!("{name} is true or false, not {other:?}"))
+                    .field(name),
+            ),
         },
     }
 }
 
-fn number<T: std::str::FromStr>(pairs: &[(String, String)], name: &str) -> Result<Option<T>, ApiError> {
+fn number<T: std::str::FromStr>(
+    pairs: &[(String, String)],
+    name: &str,
+) -> Result<Option<T>, ApiError> {
     match pairs.iter().rev().find(|(k, _)| k == name) {
         None => Ok(None),
-        Some((_, v)) => v
-            .parse()
-            .map(Some)
-            .map_err(|_| ApiError::bad_request(format!("{name} is a number, not {v:?}")).field(name)),
+        Some((_, v)) => v.parse().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("{name} is a number, not {v:?}")).field(name)
+        }),
     }
 }
 
@@ -78,7 +83,11 @@ fn check_known(pairs: &[(String, String)], known: &[&str]) -> Result<(), ApiErro
 
 /// Who opens a session: the lease's tenant, or an admin with a reason where
 /// the replica allows it. The auditor never.
-fn may_open(ctx: &ApiContext, caller: &Caller, reason: Option<&str>) -> Result<Option<String>, ApiError> {
+fn may_open(
+    ctx: &ApiContext,
+    caller: &Caller,
+    reason: Option<&str>,
+) -> Result<Option<String>, ApiError> {
     match caller {
         Caller::Tenant { .. } => Ok(None),
         Caller::Operator(o) if o.role == OperatorRole::Auditor => Err(ApiError::forbidden(
@@ -92,7 +101,10 @@ fn may_open(ctx: &ApiContext, caller: &Caller, reason: Option<&str>) -> Result<O
                 ApiError::unprocessable("an operator entering a tenant's lease gives a reason, which the trail keeps", "reason")
             })?;
             if reason.chars().count() > MAX_REASON_CHARS {
-                return Err(ApiError::unprocessable(format!("a reason of at most {MAX_REASON_CHARS} characters"), "reason"));
+                return Err(ApiError::unprocessable(
+                    format!("a reason of at most {MAX_REASON_CHARS} characters"),
+                    "reason",
+                ));
             }
             Ok(Some(reason.to_string()))
         }
@@ -122,10 +134,13 @@ fn upgrade_of(
         ))
         .field("Sec-WebSocket-Protocol"));
     }
+    // The socket takes a message a good deal over the protocol's limit, so
+    // that the relay reads it whole and closes with a reason (1009); only
+    // past this the connection itself fails.
     Ok(ws
         .protocols([protocol.to_string()])
-        .max_message_size(MAX_SESSION_MESSAGE_BYTES)
-        .max_frame_size(MAX_SESSION_MESSAGE_BYTES))
+        .max_message_size(MAX_SESSION_MESSAGE_BYTES * 16)
+        .max_frame_size(MAX_SESSION_MESSAGE_BYTES * 16))
 }
 
 #[utoipa::path(
@@ -159,7 +174,10 @@ pub async fn exec(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let pairs = query_pairs(raw.as_deref());
-    check_known(&pairs, &["command", "stdin", "tty", "cols", "rows", "reason"])?;
+    check_known(
+        &pairs,
+        &["command", "stdin", "tty", "cols", "rows", "reason"],
+    )?;
     let command: Vec<String> = pairs
         .iter()
         .filter(|(k, _)| k == "command")
@@ -186,10 +204,17 @@ pub async fn exec(
     let rows = number::<u16>(&pairs, "rows")?.unwrap_or(24);
     for (name, value) in [("cols", cols), ("rows", rows)] {
         if value == 0 || value > MAX_TERMINAL_CELLS {
-            return Err(ApiError::unprocessable(format!("{name} is 1 to {MAX_TERMINAL_CELLS}"), name));
+            return Err(ApiError::unprocessable(
+                format!("{name} is 1 to {MAX_TERMINAL_CELLS}"),
+                name,
+            ));
         }
     }
-    let reason = pairs.iter().rev().find(|(k, _)| k == "reason").map(|(_, v)| v.as_str());
+    let reason = pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "reason")
+        .map(|(_, v)| v.as_str());
     let reason = may_open(&ctx, &caller, reason)?;
     let ws = upgrade_of(ws, EXEC_SUBPROTOCOL, &headers)?;
     let kind = OpenKind::Exec {
@@ -197,8 +222,23 @@ pub async fn exec(
         tty: tty.then_some(TtySize { cols, rows }),
         stdin,
     };
-    let session_kind = if tty { SessionKind::Shell } else { SessionKind::Exec };
-    open(ctx, caller, &id, kind, session_kind, reason, ws, RelayKind::Exec { stdin }, EXEC_SUBPROTOCOL).await
+    let session_kind = if tty {
+        SessionKind::Shell
+    } else {
+        SessionKind::Exec
+    };
+    open(
+        ctx,
+        caller,
+        &id,
+        kind,
+        session_kind,
+        reason,
+        ws,
+        RelayKind::Exec { stdin },
+        EXEC_SUBPROTOCOL,
+    )
+    .await
 }
 
 #[utoipa::path(
@@ -231,7 +271,11 @@ pub async fn port_forward(
     let port = number::<u16>(&pairs, "port")?
         .filter(|p| *p > 0)
         .ok_or_else(|| ApiError::unprocessable("port is 1 to 65535", "port"))?;
-    let reason = pairs.iter().rev().find(|(k, _)| k == "reason").map(|(_, v)| v.as_str());
+    let reason = pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "reason")
+        .map(|(_, v)| v.as_str());
     let reason = may_open(&ctx, &caller, reason)?;
     let ws = upgrade_of(ws, PORT_FORWARD_SUBPROTOCOL, &headers)?;
     open(
@@ -274,8 +318,12 @@ async fn open(
             "lease {lease_id} runs no workload: there is nothing to enter (create it with a command or an image)"
         )));
     }
-    let (Some(node_id), Some(placement)) = (lease.view.node_id.clone(), lease.last_placement_sequence) else {
-        return Err(ApiError::conflict(format!("lease {lease_id} is on no node")));
+    let (Some(node_id), Some(placement)) =
+        (lease.view.node_id.clone(), lease.last_placement_sequence)
+    else {
+        return Err(ApiError::conflict(format!(
+            "lease {lease_id} is on no node"
+        )));
     };
     let slot = ctx.sessions.take(tenant_id, lease_id).map_err(|over| {
         let detail = match over {
@@ -322,12 +370,15 @@ async fn open(
             tracing::info!(node = %node_id, error = %e, "a node did not take a session");
             return Err(unanswered());
         }
-        Ok(Ok(message)) => serde_json::from_slice::<OpenReply>(&message.payload)
-            .map_err(|e| ApiError::internal(format!("node {node_id} answered an opening with {e}")))?,
+        Ok(Ok(message)) => serde_json::from_slice::<OpenReply>(&message.payload).map_err(|e| {
+            ApiError::internal(format!("node {node_id} answered an opening with {e}"))
+        })?,
     };
     if let OpenReply::Refused { reason, message } = answer {
         return Err(match reason {
-            Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => ApiError::conflict(message),
+            Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => {
+                ApiError::conflict(message)
+            }
             Refusal::TooManySessions => ApiError::too_many_requests(message).retry_after(5),
             Refusal::BadRequest => ApiError::unprocessable(message, "command"),
             Refusal::CannotStart => ApiError::unprocessable(message, "command"),
@@ -354,11 +405,15 @@ async fn open(
     if let Err(e) = ctx.bus.publish(&opened, Expect::Any).await {
         // No session goes unrecorded: the node's side is told to end.
         let mut numbers = lh_rpc::session::Outgoing::default();
-        let close = numbers.encode(&lh_rpc::session::Frame::Control(lh_rpc::session::Control::Close {
-            reason: "not_recorded".into(),
-            message: "the trail could not record the session".into(),
-        }));
-        let _ = client.publish(subject::session_to_node(&node_id, session_id), close.into()).await;
+        let close = numbers.encode(&lh_rpc::session::Frame::Control(
+            lh_rpc::session::Control::Close {
+                reason: "not_recorded".into(),
+                message: "the trail could not record the session".into(),
+            },
+        ));
+        let _ = client
+            .publish(subject::session_to_node(&node_id, session_id), close.into())
+            .await;
         return Err(ApiError::from(e));
     }
     metrics::counter!("lh_gateway_sessions_opened_total").increment(1);
@@ -404,4 +459,3 @@ async fn open(
         }
     }))
 }
-

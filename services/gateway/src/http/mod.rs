@@ -112,7 +112,10 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/usage", get(usage::fleet))
         .route("/v1/leases/{id}/logs", get(lease_logs::get))
         .route("/v1/leases/{id}/exec", get(lease_sessions::exec))
-        .route("/v1/leases/{id}/port-forward", get(lease_sessions::port_forward))
+        .route(
+            "/v1/leases/{id}/port-forward",
+            get(lease_sessions::port_forward),
+        )
         .route("/v1/nodes/{id}/enroll", post(nodes::enroll))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))

@@ -29,7 +29,11 @@ pub struct SessionArgs {
     #[arg(long, env = "LH_SESSION_BYTES_PER_S", default_value_t = 64 * 1024 * 1024)]
     pub session_bytes_per_s: u64,
     /// A client that takes longer than this to take a message is closed.
-    #[arg(long, env = "LH_SESSION_CLIENT_READ_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(
+        long,
+        env = "LH_SESSION_CLIENT_READ_TIMEOUT_SECS",
+        default_value_t = 30
+    )]
     pub session_client_read_timeout_secs: u64,
     /// Whether an admin may open a session into a tenant's lease (with a
     /// `reason`, which the trail keeps). Off: only the lease's tenant.

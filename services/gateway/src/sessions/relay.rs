@@ -12,7 +12,7 @@ use futures::{SinkExt, StreamExt};
 use lh_events::subject;
 use lh_rpc::http::sessions::{
     ExecStatus, TerminalSize, CHANNEL_CLOSE, CHANNEL_DATA, CHANNEL_ERROR, CHANNEL_RESIZE,
-    CHANNEL_STATUS, CHANNEL_STDERR, CHANNEL_STDIN, CHANNEL_STDOUT,
+    CHANNEL_STATUS, CHANNEL_STDERR, CHANNEL_STDIN, CHANNEL_STDOUT, MAX_SESSION_MESSAGE_BYTES,
 };
 use lh_rpc::session::{
     Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, PING_INTERVAL_MS,
@@ -38,7 +38,9 @@ const CLOSE_INTERNAL: u16 = 1011;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RelayKind {
     /// A command; `stdin`: whether the client may send input.
-    Exec { stdin: bool },
+    Exec {
+        stdin: bool,
+    },
     PortForward,
 }
 
@@ -82,8 +84,8 @@ impl Throttle {
     /// Waits until `bytes` may pass.
     async fn pass(&mut self, bytes: usize) {
         let now = Instant::now();
-        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate)
-            .min(self.rate);
+        self.tokens =
+            (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.rate);
         self.last = now;
         self.tokens -= bytes as f64;
         if self.tokens < 0.0 {
@@ -101,7 +103,11 @@ struct ToNode {
 impl ToNode {
     async fn send(&mut self, frame: Frame) {
         let payload = self.numbers.encode(&frame);
-        if let Err(e) = self.client.publish(self.subject.clone(), payload.into()).await {
+        if let Err(e) = self
+            .client
+            .publish(self.subject.clone(), payload.into())
+            .await
+        {
             tracing::debug!(subject = %self.subject, error = %e, "a session frame was not sent");
         }
     }
@@ -176,7 +182,7 @@ pub async fn run(
                         let text = e.to_string();
                         if text.contains("too long") || text.contains("Space limit") {
                             break End::by_client("message_too_big", CLOSE_TOO_BIG, format!(
-                                "a message over {} bytes", lh_rpc::http::sessions::MAX_SESSION_MESSAGE_BYTES));
+                                "a message over {} bytes", MAX_SESSION_MESSAGE_BYTES * 16));
                         }
                         break End::by_client("client_closed", CLOSE_NORMAL, format!("the connection failed: {text}"));
                     }
@@ -187,6 +193,10 @@ pub async fn run(
                     }
                     Some(Ok(_)) => continue,
                 };
+                if bytes.len() > MAX_SESSION_MESSAGE_BYTES {
+                    break End::by_client("message_too_big", CLOSE_TOO_BIG, format!(
+                        "a message of {} bytes, over the {MAX_SESSION_MESSAGE_BYTES} allowed", bytes.len()));
+                }
                 let Some((&channel, body)) = bytes.split_first() else { continue };
                 match (spec.kind, channel) {
                     (RelayKind::Exec { stdin: true }, CHANNEL_STDIN) | (RelayKind::PortForward, CHANNEL_DATA) => {
@@ -282,6 +292,9 @@ pub async fn run(
                 }
             }
             _ = ping.tick() => {
+                to_node.send(Frame::Control(Control::Ping)).await;
+            }
+            _ = tick.tick() => {
                 if last_heard.elapsed() > Duration::from_millis(SILENCE_LIMIT_MS) {
                     break End { reason: "node_silent".into(), code: CLOSE_INTERNAL, message: format!(
                         "node {} stopped answering (nothing for {} s)", spec.node_id, SILENCE_LIMIT_MS / 1000), tell_node: true };
@@ -290,9 +303,6 @@ pub async fn run(
                     break End::by_client("idle", CLOSE_NORMAL, format!(
                         "idle for {} s", spec.idle_timeout.as_secs()));
                 }
-                to_node.send(Frame::Control(Control::Ping)).await;
-            }
-            _ = tick.tick() => {
                 if let Some(size) = pending_resize.take() {
                     to_node.send(Frame::Control(Control::Resize { cols: size.width, rows: size.height })).await;
                 }
