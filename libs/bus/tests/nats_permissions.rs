@@ -396,6 +396,86 @@ async fn a_node_answers_reads_of_its_lease_logs_on_its_own_subject_only() {
     answering.abort();
 }
 
+/// A session into a lease travels between the gateway and the lease's
+/// node only (docs/adr/030): its opening answered and its frames both
+/// ways, as plain publishes across the two accounts; another node may
+/// neither speak on it nor listen to it, and no other service may send a
+/// node a session's frame.
+#[tokio::test]
+async fn a_session_s_frames_pass_between_the_gateway_and_its_node_only() {
+    use futures::StreamExt;
+    let users = Users::new();
+    let nats = users.server().await;
+    // A service creates the logs a node's connection expects.
+    let _streams = users.bus(&nats, "gateway").await;
+    let (gateway, _) = users.client(&nats, "gateway").await;
+    let (n1, _) = users.client(&nats, &auth::node_user("n1")).await;
+    let session = Uuid::new_v4();
+    let mut to_n1 = n1.subscribe(subject::sessions_to_node("n1")).await.unwrap();
+    let mut from_n1 = gateway
+        .subscribe(subject::session_from_node("n1", session))
+        .await
+        .unwrap();
+    n1.flush().await.unwrap();
+    gateway.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let node = n1.clone();
+    let answering = tokio::spawn(async move {
+        let open = to_n1.next().await.unwrap();
+        node.publish(open.reply.unwrap(), "opened".into()).await.unwrap();
+        let frame = to_n1.next().await.unwrap();
+        (frame.subject.to_string(), frame.payload.to_vec())
+    });
+    let answer = tokio::time::timeout(
+        REFUSAL_NOTICE_TIMEOUT,
+        gateway.request(subject::session_open("n1"), "open".into()),
+    )
+    .await
+    .expect("n1 answers within 5 s")
+    .expect("n1 answers the opening");
+    assert_eq!(&answer.payload[..], b"opened");
+    gateway
+        .publish(subject::session_to_node("n1", session), "stdin".into())
+        .await
+        .unwrap();
+    let (on, payload) = tokio::time::timeout(REFUSAL_NOTICE_TIMEOUT, answering)
+        .await
+        .expect("the frame reaches n1")
+        .unwrap();
+    assert_eq!((on, payload), (subject::session_to_node("n1", session), b"stdin".to_vec()));
+    n1.publish(subject::session_from_node("n1", session), "stdout".into())
+        .await
+        .unwrap();
+    let up = tokio::time::timeout(REFUSAL_NOTICE_TIMEOUT, from_n1.next())
+        .await
+        .expect("n1's frame reaches the gateway")
+        .unwrap();
+    assert_eq!(&up.payload[..], b"stdout");
+
+    // Another node: neither speaks on n1's session nor listens to it.
+    let (n2, mut refusals) = users.client(&nats, &auth::node_user("n2")).await;
+    n2.publish(subject::session_from_node("n1", session), "forged".into())
+        .await
+        .unwrap();
+    n2.flush().await.unwrap();
+    refusals.expect(&subject::session_from_node("n1", session)).await;
+    let _listening = n2.subscribe(subject::sessions_to_node("n1")).await;
+    n2.flush().await.unwrap();
+    refusals.expect(&subject::sessions_to_node("n1")).await;
+    let forged = tokio::time::timeout(REFUSED_ACK_TIMEOUT, from_n1.next()).await;
+    assert!(forged.is_err(), "a forged frame reached the gateway: {forged:?}");
+
+    // Only the gateway sends a node a session's frames.
+    let (scheduler, mut refusals) = users.client(&nats, "scheduler").await;
+    scheduler
+        .publish(subject::session_to_node("n1", session), "x".into())
+        .await
+        .unwrap();
+    scheduler.flush().await.unwrap();
+    refusals.expect(&subject::session_to_node("n1", session)).await;
+}
+
 #[tokio::test]
 async fn only_the_operator_may_update_purge_or_delete_the_log() {
     let users = Users::new();
