@@ -435,17 +435,59 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
         let _ = ws.close(None).await;
     }
 
-    // The trail: who, which lease, how many bytes; never the bytes. Nine
-    // sessions opened (three commands, two connections, four held).
+    // A session ends with its lease: stopped, its shell is closed 1001.
+    // (The node counts the held sessions until each one's close reaches it.)
+    let given_back = Instant::now() + Duration::from_secs(10);
+    let mut last = loop {
+        match open(
+            &stack,
+            &key,
+            &exec_path(&lease, &["sleep", "300"], ""),
+            EXEC_SUBPROTOCOL,
+        )
+        .await
+        {
+            Ok(ws) => break ws,
+            Err((429, p)) if Instant::now() < given_back => {
+                let _ = p;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert!(s < 300, "{b}");
+    let ran = collect(&mut last, Duration::from_secs(60)).await;
+    assert_eq!(ran.close.as_ref().map(|c| c.0), Some(1001), "{ran:?}");
+    assert_eq!(
+        ran.status.and_then(|s| s.reason).as_deref(),
+        Some("lease_ended")
+    );
+
+    // The trail: who, which lease, how many bytes; never the bytes. Ten
+    // sessions opened (three commands, two connections, four held, one
+    // ended by its lease).
     let deadline = Instant::now() + Duration::from_secs(30);
     let (opened, ended, log) = loop {
         let (opened, ended, log) = session_events(&stack, &lease).await;
-        if ended.len() >= 9 || Instant::now() > deadline {
+        if ended.len() >= 10 || Instant::now() > deadline {
             break (opened, ended, log);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    assert_eq!((opened.len(), ended.len()), (9, 9), "{opened:?} {ended:?}");
+    assert_eq!(
+        (opened.len(), ended.len()),
+        (10, 10),
+        "{opened:?} {ended:?}"
+    );
+    assert!(ended.iter().any(|e| e.ended_by == "lease_ended"));
     let tenant_id = opened[0].tenant_id;
     assert!(opened
         .iter()
@@ -927,4 +969,51 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
         assert!(Instant::now() < deadline, "{reasons:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A process lease's exec runs as the lease's own user, in its home, with
+/// the workload's environment: never as the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_lease_s_exec_runs_as_its_own_user_with_its_environment() {
+    let (_, fleet) = own_node_fleet();
+    let stack = Stack::start_configured(&fleet, |s| s.node_runtime = RuntimeKind::Process).await;
+    let key = tenant(&stack, "processes").await;
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB",
+                "workload": {"command": ["sleep", "600"], "env": {"GREETING": "hello"}}})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let lease = b["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+    let mut ws = open(
+        &stack,
+        &key,
+        &exec_path(
+            &lease,
+            &["sh", "-c", "id -u; pwd; echo $GREETING $LEASEHOLD_LEASE_ID"],
+            "",
+        ),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    let ran = collect(&mut ws, Duration::from_secs(20)).await;
+    let out = String::from_utf8_lossy(&ran.stdout).into_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out:?} {ran:?}");
+    let uid: u64 = lines[0].parse().unwrap();
+    assert!(uid >= 2_000_000_000, "ran as uid {uid}");
+    assert!(
+        lines[1].contains(&lease) || lines[1].contains("leases"),
+        "{out}"
+    );
+    assert_eq!(lines[2], format!("hello {lease}"));
+    assert_eq!(ran.status.and_then(|s| s.exit_code()), Some(0));
 }

@@ -83,7 +83,10 @@ impl Doors {
     /// The workload of `lease_id` for `placement` ended: its sessions end.
     pub fn close(&self, lease_id: Uuid, placement: u64) {
         let mut doors = self.doors.lock().unwrap_or_else(|p| p.into_inner());
-        if doors.get(&lease_id).is_some_and(|d| d.placement == placement) {
+        if doors
+            .get(&lease_id)
+            .is_some_and(|d| d.placement == placement)
+        {
             if let Some(door) = doors.remove(&lease_id) {
                 door.ended.cancel();
             }

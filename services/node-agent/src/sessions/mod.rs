@@ -167,13 +167,22 @@ async fn open_and_run(
         }
         OpenKind::PortForward { port } => {
             if *port == 0 {
-                return answer(&client, reply, refused(Refusal::BadRequest, "port 0".into())).await;
+                return answer(
+                    &client,
+                    reply,
+                    refused(Refusal::BadRequest, "port 0".into()),
+                )
+                .await;
             }
             match enter::connect(&entry.target, *port).await {
                 Ok(stream) => relay::Work::Port(stream),
                 Err(e) => {
-                    let message = format!("nothing accepts connections on port {port} in lease {}: {e}", open.lease_id);
-                    return answer(&client, reply, refused(Refusal::ConnectionRefused, message)).await;
+                    let message = format!(
+                        "nothing accepts connections on port {port} in lease {}: {e}",
+                        open.lease_id
+                    );
+                    return answer(&client, reply, refused(Refusal::ConnectionRefused, message))
+                        .await;
                 }
             }
         }
@@ -194,11 +203,16 @@ fn bad_command(command: &[String]) -> Option<String> {
         return Some("no command".into());
     }
     if command.len() > MAX_COMMAND_ARGS {
-        return Some(format!("{} arguments, over the {MAX_COMMAND_ARGS} allowed", command.len()));
+        return Some(format!(
+            "{} arguments, over the {MAX_COMMAND_ARGS} allowed",
+            command.len()
+        ));
     }
     let bytes: usize = command.iter().map(String::len).sum();
     if bytes > MAX_COMMAND_BYTES {
-        return Some(format!("a command of {bytes} bytes, over the {MAX_COMMAND_BYTES} allowed"));
+        return Some(format!(
+            "a command of {bytes} bytes, over the {MAX_COMMAND_BYTES} allowed"
+        ));
     }
     if command.iter().any(|a| a.contains('\0')) {
         return Some("a NUL byte in the command".into());

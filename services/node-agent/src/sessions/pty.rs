@@ -172,7 +172,10 @@ mod tests {
         let mut buf = [0u8; 256];
         while !seen.contains("17 91") {
             let n = master.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the terminal closed before its size was told: {seen:?}");
+            assert!(
+                n > 0,
+                "the terminal closed before its size was told: {seen:?}"
+            );
             seen.push_str(&String::from_utf8_lossy(&buf[..n]));
         }
         master.resize(120, 40).unwrap();

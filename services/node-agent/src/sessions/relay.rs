@@ -32,7 +32,11 @@ pub struct Uplink {
 impl Uplink {
     async fn send(&mut self, frame: Frame) {
         let payload = self.numbers.encode(&frame);
-        if let Err(e) = self.client.publish(self.subject.clone(), payload.into()).await {
+        if let Err(e) = self
+            .client
+            .publish(self.subject.clone(), payload.into())
+            .await
+        {
             tracing::debug!(subject = %self.subject, error = %e, "a session frame was not sent");
         }
     }
@@ -115,7 +119,11 @@ pub async fn run(
     let mut exec = None;
     match work {
         Work::Exec(mut running) => {
-            match running.io.take().expect("a command's streams are taken once") {
+            match running
+                .io
+                .take()
+                .expect("a command's streams are taken once")
+            {
                 ExecIo::Tty(master) => {
                     let master = Arc::new(master);
                     pty = Some(master.clone());
@@ -271,6 +279,11 @@ pub async fn run(
             }
         }
         if open_streams == 0 || drain_until.is_some_and(|t| Instant::now() >= t) {
+            if exited.is_some() && entry.ended.is_cancelled() {
+                up.close("lease_ended", "the lease's workload ended or moved")
+                    .await;
+                break "lease_ended";
+            }
             if let Some(status) = exited {
                 use std::os::unix::process::ExitStatusExt;
                 up.send(Frame::Control(Control::Exit {
@@ -282,7 +295,8 @@ pub async fn run(
                 break "exited";
             }
             if is_port && (input_ended || input.is_none()) {
-                up.close("closed", "both sides of the connection closed").await;
+                up.close("closed", "both sides of the connection closed")
+                    .await;
                 break "closed";
             }
         }

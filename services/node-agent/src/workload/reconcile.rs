@@ -428,10 +428,12 @@ impl Adopted {
     /// kernel, as the agent that set it is gone).
     pub fn door(&self) -> Option<crate::sessions::DoorTarget> {
         match self {
-            Adopted::Container { engine, name, .. } => Some(crate::sessions::DoorTarget::Container {
-                engine: engine.clone(),
-                name: name.clone(),
-            }),
+            Adopted::Container { engine, name, .. } => {
+                Some(crate::sessions::DoorTarget::Container {
+                    engine: engine.clone(),
+                    name: name.clone(),
+                })
+            }
             Adopted::Process {
                 pid, cgroup, user, ..
             } => {
@@ -447,8 +449,12 @@ impl Adopted {
                     })
                     .collect();
                 let cgroup_procs = cgroup.as_ref().and_then(|dir| {
-                    std::ffi::CString::new(dir.join("cgroup.procs").into_os_string().into_encoded_bytes())
-                        .ok()
+                    std::ffi::CString::new(
+                        dir.join("cgroup.procs")
+                            .into_os_string()
+                            .into_encoded_bytes(),
+                    )
+                    .ok()
                 });
                 Some(crate::sessions::DoorTarget::Process {
                     uid: user.uid(),

@@ -542,11 +542,13 @@ impl Workloads {
                     }
                 }
             };
+            // Sessions end as the stop begins, not when the workload has
+            // gone: theirs is the lease's end, not a command's exit.
+            doors.close(lease_id, placement);
             let exit = match stop {
                 Err(exit) => exit,
                 Ok(grace) => handle.stop(grace).await,
             };
-            doors.close(lease_id, placement);
             if let Some(path) = record {
                 remove_record(&path);
             }
