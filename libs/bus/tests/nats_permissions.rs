@@ -423,7 +423,9 @@ async fn a_session_s_frames_pass_between_the_gateway_and_its_node_only() {
     let node = n1.clone();
     let answering = tokio::spawn(async move {
         let open = to_n1.next().await.unwrap();
-        node.publish(open.reply.unwrap(), "opened".into()).await.unwrap();
+        node.publish(open.reply.unwrap(), "opened".into())
+            .await
+            .unwrap();
         let frame = to_n1.next().await.unwrap();
         (frame.subject.to_string(), frame.payload.to_vec())
     });
@@ -443,7 +445,10 @@ async fn a_session_s_frames_pass_between_the_gateway_and_its_node_only() {
         .await
         .expect("the frame reaches n1")
         .unwrap();
-    assert_eq!((on, payload), (subject::session_to_node("n1", session), b"stdin".to_vec()));
+    assert_eq!(
+        (on, payload),
+        (subject::session_to_node("n1", session), b"stdin".to_vec())
+    );
     n1.publish(subject::session_from_node("n1", session), "stdout".into())
         .await
         .unwrap();
@@ -459,12 +464,17 @@ async fn a_session_s_frames_pass_between_the_gateway_and_its_node_only() {
         .await
         .unwrap();
     n2.flush().await.unwrap();
-    refusals.expect(&subject::session_from_node("n1", session)).await;
+    refusals
+        .expect(&subject::session_from_node("n1", session))
+        .await;
     let _listening = n2.subscribe(subject::sessions_to_node("n1")).await;
     n2.flush().await.unwrap();
     refusals.expect(&subject::sessions_to_node("n1")).await;
     let forged = tokio::time::timeout(REFUSED_ACK_TIMEOUT, from_n1.next()).await;
-    assert!(forged.is_err(), "a forged frame reached the gateway: {forged:?}");
+    assert!(
+        forged.is_err(),
+        "a forged frame reached the gateway: {forged:?}"
+    );
 
     // Only the gateway sends a node a session's frames.
     let (scheduler, mut refusals) = users.client(&nats, "scheduler").await;
@@ -473,7 +483,9 @@ async fn a_session_s_frames_pass_between_the_gateway_and_its_node_only() {
         .await
         .unwrap();
     scheduler.flush().await.unwrap();
-    refusals.expect(&subject::session_to_node("n1", session)).await;
+    refusals
+        .expect(&subject::session_to_node("n1", session))
+        .await;
 }
 
 #[tokio::test]

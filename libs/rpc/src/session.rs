@@ -140,12 +140,19 @@ impl Stream {
 #[serde(tag = "control", rename_all = "snake_case")]
 pub enum Control {
     /// The sender has nothing more on `stream`.
-    Eof { stream: Stream },
+    Eof {
+        stream: Stream,
+    },
     /// The terminal's new size.
-    Resize { cols: u16, rows: u16 },
+    Resize {
+        cols: u16,
+        rows: u16,
+    },
     /// The sender consumed this many window bytes: the other may send
     /// them again.
-    Credit { bytes: u32 },
+    Credit {
+        bytes: u32,
+    },
     /// The command ended (the node's last frame but the close).
     Exit {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,7 +161,10 @@ pub enum Control {
         signal: Option<i32>,
     },
     /// The session is over, and why (the `ended_by` of `session.ended`).
-    Close { reason: String, message: String },
+    Close {
+        reason: String,
+        message: String,
+    },
     Ping,
     Pong,
 }
@@ -222,9 +232,7 @@ pub fn decode(payload: &[u8]) -> Result<(u64, Frame), FrameError> {
     let body = &payload[HEADER_BYTES..];
     match payload[0] {
         TAG_DATA => {
-            let (&stream, bytes) = body
-                .split_first()
-                .ok_or(FrameError::Short(payload.len()))?;
+            let (&stream, bytes) = body.split_first().ok_or(FrameError::Short(payload.len()))?;
             if bytes.len() > MAX_FRAME_DATA_BYTES {
                 return Err(FrameError::TooBig(bytes.len()));
             }
@@ -386,7 +394,10 @@ mod tests {
             },
         );
         big.extend(vec![0; MAX_FRAME_DATA_BYTES + 1]);
-        assert_eq!(decode(&big), Err(FrameError::TooBig(MAX_FRAME_DATA_BYTES + 1)));
+        assert_eq!(
+            decode(&big),
+            Err(FrameError::TooBig(MAX_FRAME_DATA_BYTES + 1))
+        );
         let mut bad_tag = encode(0, &Frame::Control(Control::Ping));
         bad_tag[0] = 9;
         assert_eq!(decode(&bad_tag), Err(FrameError::UnknownTag(9)));
