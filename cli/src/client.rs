@@ -10,8 +10,10 @@ use serde::Serialize;
 use serde_json::Value;
 use std::time::Duration;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a TCP connection (and its TLS) to the gateway may take.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one request, a WebSocket's upgrade included, may take.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Most pages a paged read (`lease ls --all`, the audit replay and
 /// exports) follows before giving up on the gateway.
@@ -42,6 +44,9 @@ fn is_loopback(url: &Url) -> bool {
 pub struct Gateway {
     http: reqwest::Client,
     base: Url,
+    /// `Bearer <key>`, marked sensitive (Debug does not show it), for the
+    /// WebSockets of a session, which do not go through `http`.
+    authorization: Option<HeaderValue>,
 }
 
 impl Gateway {
@@ -63,12 +68,14 @@ impl Gateway {
             )));
         }
         let mut headers = HeaderMap::new();
+        let mut authorization = None;
         if let Some(key) = key {
             let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
                 CliError::Usage("the API key contains characters not allowed in a header".into())
             })?;
             value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
+            headers.insert(AUTHORIZATION, value.clone());
+            authorization = Some(value);
         }
         let http = reqwest::Client::builder()
             .default_headers(headers)
@@ -77,12 +84,21 @@ impl Gateway {
             .timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|e| CliError::Usage(format!("cannot set up the HTTP client: {e}")))?;
-        Ok(Gateway { http, base })
+        Ok(Gateway {
+            http,
+            base,
+            authorization,
+        })
     }
 
     /// The gateway's base URL.
     pub fn base_url(&self) -> &Url {
         &self.base
+    }
+
+    /// The `Authorization` header of every request, if there is a key.
+    pub(crate) fn authorization(&self) -> Option<&HeaderValue> {
+        self.authorization.as_ref()
     }
 
     /// `base` + path segments (each percent-encoded, so an id cannot escape
@@ -318,6 +334,17 @@ mod tests {
         assert!(err.to_string().contains("https://"), "{err}");
         // Without a key nothing secret crosses the network.
         assert!(Gateway::new("http://gw.example:8080", None).is_ok());
+    }
+
+    #[test]
+    fn the_key_is_kept_for_websockets_and_never_shown() {
+        let gw = Gateway::new("http://127.0.0.1:8080", Some(" secret-key ")).unwrap();
+        let authorization = gw.authorization().unwrap();
+        assert_eq!(authorization.to_str().unwrap(), "Bearer secret-key");
+        assert!(authorization.is_sensitive());
+        assert!(!format!("{gw:?}").contains("secret-key"), "{gw:?}");
+        let gw = Gateway::new("http://127.0.0.1:8080", None).unwrap();
+        assert!(gw.authorization().is_none());
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //! replay and exports, which page to the end), shown as a compact table or, with `--json`, as the gateway's
 //! own JSON, pretty-printed.
 //!
+//! Three commands hold a session into a running lease instead, each over
+//! a WebSocket at the gateway (docs/adr/030): `lease exec` runs a command
+//! in the lease's workload with its output here (and, with `-i`, this
+//! stdin; with `-t`, on this terminal, raw), `lease shell` opens a login
+//! shell there, and `lease port-forward` relays a local TCP port to one in
+//! the workload, a WebSocket per connection ([`forward`]).
+//!
 //! One command can also skip the gateway: `audit verify` with `--nats-url`
 //! and a pinned `--public-key` reads the log from NATS itself (as the
 //! read-only `auditor` user named by `LH_NATS_USER` and
@@ -41,6 +48,19 @@
 //!   or a log `audit verify` could not read from NATS.
 //! * [`EXIT_SERVER_ERROR`] (3): a 5xx answer, an answer that is not the expected
 //!   JSON, or the gateway could not be reached.
+//!
+//! `lease exec` and `lease shell` exit with the remote command's own code
+//! once the session is open; before that (a refused upgrade) as above.
+//! Besides the command's codes:
+//!
+//! * [`EXIT_SESSION_ERROR`] (255, as `ssh`): the session ended without the
+//!   command's exit code: the gateway closed it (the close code and reason
+//!   are printed), the connection was lost, or the command could not run.
+//! * [`EXIT_INTERRUPTED`] (130): Ctrl-C, without `-t` (with it, Ctrl-C is
+//!   the remote terminal's); [`EXIT_TERMINATED`] (143): SIGTERM.
+//!
+//! `lease port-forward` exits 0 on Ctrl-C or SIGTERM, 1 when the lease does
+//! not run.
 //!
 //! Errors go to stderr as `error: <title>: <detail> (field: <field>)`, read
 //! from the gateway's `application/problem+json` body.
@@ -86,9 +106,11 @@ mod error;
 mod output;
 mod render;
 pub mod report;
+mod terminal;
 
 pub use api_key::MAX_KEY_FILE_BYTES;
 pub use args::LeaseLogs;
+pub use args::{parse_port_spec, LeaseExec, LeasePortForward, LeaseShell, PortSpec};
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
     BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, ExportFormat,
@@ -100,7 +122,10 @@ pub use args::{
 };
 pub use client::Gateway;
 pub use commands::billing::WHAT_IF_REQUEST_TIMEOUT;
-pub use commands::lease::{LOGS_POLL_INTERVAL, WAIT_POLL_INTERVAL};
+pub use commands::lease::{
+    forward, EXIT_INTERRUPTED, EXIT_SESSION_ERROR, EXIT_TERMINATED, LOGS_POLL_INTERVAL,
+    SHELL_COMMAND, WAIT_POLL_INTERVAL,
+};
 pub use commands::MAX_JSON_FILE_BYTES;
 pub use error::{
     exit_code, CliError, Problem, EXIT_CLIENT_ERROR, EXIT_FAILURE, EXIT_OK, EXIT_SERVER_ERROR,

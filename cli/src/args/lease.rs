@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use lh_domain::lease::LeaseState;
 use lh_events::{Tier, WorkloadNetwork, ZoneFirst};
 use rust_decimal::Decimal;
+use std::net::IpAddr;
 use uuid::Uuid;
 
 /// `lh lease ...`
@@ -26,6 +27,33 @@ pub enum LeaseCommand {
     Usage(LeaseUsage),
     /// Print what the lease's workload wrote (stdout and stderr), raw.
     Logs(LeaseLogs),
+    /// Run a command in a running lease's workload.
+    ///
+    /// `lh lease exec <id> -- nvidia-smi`: the command runs where the
+    /// workload runs (in its container, or as its user), with its stdout
+    /// and stderr here. `lh` exits with the command's exit code; with 255
+    /// when the session ended without one (the gateway closed it, the
+    /// connection was lost, the command could not run), with 130 after
+    /// Ctrl-C (without -t), 143 after SIGTERM. A refusal (no such lease,
+    /// not running, a limit) exits as any other command's error: 2 for a
+    /// 4xx, 3 for a 5xx.
+    Exec(LeaseExec),
+    /// Open a login shell in a running lease's workload, on this terminal.
+    ///
+    /// Bash where the image has it, else sh: the same as
+    /// `lh lease exec -it <id> -- sh -c '<bash -l, else sh -l>'`, and exits
+    /// as it does. Needs a terminal: to feed a shell from a pipe, use
+    /// `lh lease exec -i <id> -- sh`.
+    Shell(LeaseShell),
+    /// Forward a local TCP port to a port in a running lease's workload.
+    ///
+    /// `lh lease port-forward <id> 8888:80` listens here until Ctrl-C (exit
+    /// code 0); each connection it accepts is relayed to 127.0.0.1:80 in
+    /// the workload's own network (its container's), over a WebSocket of
+    /// its own, so connections do not hold each other up. An error of one
+    /// connection (nothing listens there, the session was closed) is
+    /// printed and ends only that one.
+    PortForward(LeasePortForward),
 }
 
 /// What a lease or a quote asks for: whole GPUs, a share of one or a MIG
@@ -186,6 +214,81 @@ pub struct LeaseLogs {
     /// what the node keeps.
     #[arg(long, value_name = "BYTES")]
     pub tail: Option<u64>,
+}
+
+/// `lh lease exec`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseExec {
+    /// Lease id.
+    pub id: String,
+    /// Pass this standard input to the command; its end (the end of a
+    /// pipe or file, Ctrl-D at a terminal without -t) closes the command's.
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
+    /// Give the command a terminal, with this one in raw mode: every key,
+    /// Ctrl-C included, goes to the command, and resizes follow. Needs -i
+    /// and a terminal on stdin; without them a warning, and no terminal.
+    #[arg(short = 't', long)]
+    pub tty: bool,
+    /// The command and its arguments, after `--`, run as given (no shell:
+    /// `-- sh -c 'a | b'` for one).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// `lh lease shell`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseShell {
+    /// Lease id.
+    pub id: String,
+}
+
+/// `lh lease port-forward`
+#[derive(Debug, Clone, Args)]
+pub struct LeasePortForward {
+    /// Lease id.
+    pub id: String,
+    /// Listen on port LOCAL here (0, or nothing before the
+    /// colon: any free port, printed) and forward to port REMOTE in the
+    /// workload (LOCAL by default).
+    #[arg(value_name = "LOCAL[:REMOTE]", value_parser = parse_port_spec)]
+    pub ports: PortSpec,
+    /// The address to listen on; 0.0.0.0 lets other machines in.
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    pub address: IpAddr,
+}
+
+/// `LOCAL[:REMOTE]` of `lease port-forward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortSpec {
+    /// The port to listen on here; 0 for any free one.
+    pub local: u16,
+    /// The port in the workload, never 0.
+    pub remote: u16,
+}
+
+/// Reads `8888` (the same port on both sides), `8888:80`, `0:80` or `:80`
+/// (any free local port).
+pub fn parse_port_spec(raw: &str) -> Result<PortSpec, String> {
+    let port = |text: &str| {
+        text.parse::<u16>()
+            .map_err(|_| format!("{text:?} is not a port (0 to 65535)"))
+    };
+    let (local, remote) = match raw.split_once(':') {
+        Some(("", remote)) => (0, port(remote)?),
+        Some((local, remote)) => (port(local)?, port(remote)?),
+        None => {
+            let local = port(raw)?;
+            (local, local)
+        }
+    };
+    if remote == 0 {
+        return Err(format!(
+            "{raw:?}: the port in the workload must be 1 to 65535 (0 means any free \
+             port, which only the local side can have: 0:REMOTE)"
+        ));
+    }
+    Ok(PortSpec { local, remote })
 }
 
 /// `lh lease stop`
@@ -444,6 +547,116 @@ mod tests {
 
         let e = parse(&["lease", "ls", "--limit", "0"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_exec_takes_its_command_after_the_double_dash() {
+        let cli = parse(&["lease", "exec", "L1", "--", "sh", "-c", "echo $HOME -x"]).unwrap();
+        let Command::Lease(LeaseCommand::Exec(e)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(e.id, "L1");
+        assert_eq!(e.command, ["sh", "-c", "echo $HOME -x"]);
+        assert!(!e.stdin && !e.tty, "stdin and a terminal only when asked");
+
+        let cli = parse(&["lease", "exec", "-it", "L1", "--", "bash"]).unwrap();
+        let Command::Lease(LeaseCommand::Exec(e)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert!(e.stdin && e.tty);
+        let cli = parse(&["lease", "exec", "L1", "--stdin", "--", "cat"]).unwrap();
+        let Command::Lease(LeaseCommand::Exec(e)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert!(e.stdin && !e.tty);
+        // Flags after `--` are the command's.
+        let cli = parse(&["lease", "exec", "L1", "--", "ls", "-t", "-i"]).unwrap();
+        let Command::Lease(LeaseCommand::Exec(e)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert!(!e.stdin && !e.tty);
+        assert_eq!(e.command, ["ls", "-t", "-i"]);
+    }
+
+    #[test]
+    fn lease_exec_needs_a_command() {
+        let e = parse(&["lease", "exec", "L1"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let e = parse(&["lease", "exec", "L1", "--"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        // Without `--` a word is not taken as the command.
+        assert!(parse(&["lease", "exec", "L1", "ls"]).is_err());
+    }
+
+    #[test]
+    fn lease_shell_takes_only_an_id() {
+        let cli = parse(&["lease", "shell", "L1"]).unwrap();
+        let Command::Lease(LeaseCommand::Shell(s)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(s.id, "L1");
+        assert!(parse(&["lease", "shell", "L1", "--", "zsh"]).is_err());
+    }
+
+    #[test]
+    fn lease_port_forward_ports_and_address() {
+        let cli = parse(&["lease", "port-forward", "L1", "8888:80"]).unwrap();
+        let Command::Lease(LeaseCommand::PortForward(p)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(p.id, "L1");
+        assert_eq!(
+            p.ports,
+            PortSpec {
+                local: 8888,
+                remote: 80
+            }
+        );
+        assert_eq!(p.address, IpAddr::from([127, 0, 0, 1]));
+
+        let cli = parse(&["lease", "port-forward", "L1", "0:5432", "--address", "::1"]).unwrap();
+        let Command::Lease(LeaseCommand::PortForward(p)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!((p.ports.local, p.ports.remote), (0, 5432));
+        assert_eq!(p.address, "::1".parse::<IpAddr>().unwrap());
+
+        for bad in [
+            &["lease", "port-forward", "L1", "80:0"][..],
+            &["lease", "port-forward", "L1", "http"],
+            &[
+                "lease",
+                "port-forward",
+                "L1",
+                "80",
+                "--address",
+                "localhost",
+            ],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad:?}");
+        }
+        let e = parse(&["lease", "port-forward", "L1"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn port_specs() {
+        let spec = |local, remote| Ok(PortSpec { local, remote });
+        assert_eq!(parse_port_spec("8888"), spec(8888, 8888));
+        assert_eq!(parse_port_spec("8888:80"), spec(8888, 80));
+        assert_eq!(parse_port_spec("0:80"), spec(0, 80));
+        assert_eq!(parse_port_spec(":80"), spec(0, 80));
+        assert_eq!(parse_port_spec("65535:1"), spec(65535, 1));
+        for bad in [
+            "0", "80:0", ":0", "70000", "80:70000", "a", "80:a", "", ":", "80:", "-1", "80:81:82",
+            " 80", "8 0",
+        ] {
+            let e = parse_port_spec(bad).unwrap_err();
+            assert!(!e.is_empty(), "{bad:?}");
+        }
+        assert!(parse_port_spec("0").unwrap_err().contains("1 to 65535"));
+        assert!(parse_port_spec("70000").unwrap_err().contains("\"70000\""));
     }
 
     #[test]

@@ -28,7 +28,10 @@ pub use balance::{BalanceCommand, BalanceShow, BalanceTopUp};
 pub use billing::{BillingCommand, BillingWhatIf};
 pub use cli::{Cli, Command, DEFAULT_GATEWAY_URL};
 pub use invoice::{InvoiceCommand, InvoiceShow};
-pub use lease::{GpuAskArgs, LeaseCommand, LeaseCreate, LeaseGet, LeaseList, LeaseLogs, LeaseStop};
+pub use lease::{
+    parse_port_spec, GpuAskArgs, LeaseCommand, LeaseCreate, LeaseExec, LeaseGet, LeaseList,
+    LeaseLogs, LeasePortForward, LeaseShell, LeaseStop, PortSpec,
+};
 pub use node::{NodeCommand, NodeDrain, NodeId};
 pub use price_book::{PriceBookCommand, PriceBookPublish};
 pub use quote::QuoteCreate;

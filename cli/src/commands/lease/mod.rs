@@ -1,10 +1,15 @@
 //! `lh lease ...`: request, read, stop and resume a lease, read its GPU
 //! usage. Commands that are one request are here; those that page, poll
-//! or follow have a room each: [`list`], [`wait`], [`logs`].
+//! or follow have a room each: [`list`], [`wait`], [`logs`]; sessions into
+//! a running lease too: [`session`] (exec, shell) and [`port_forward`],
+//! over the WebSockets of [`wire`].
 
 mod list;
 mod logs;
+pub(crate) mod port_forward;
+pub(crate) mod session;
 mod wait;
+mod wire;
 
 use std::time::Duration;
 
@@ -19,6 +24,8 @@ use crate::render;
 use super::body::GpuFields;
 
 pub use logs::LOGS_POLL_INTERVAL;
+pub use port_forward::forward;
+pub use session::{EXIT_INTERRUPTED, EXIT_SESSION_ERROR, EXIT_TERMINATED, SHELL_COMMAND};
 pub use wait::WAIT_POLL_INTERVAL;
 
 /// Runs one `lh lease` command.
@@ -77,6 +84,9 @@ pub(crate) async fn run(
             Ok(EXIT_OK)
         }
         LeaseCommand::Logs(l) => logs::lease_logs(gw, &l, out, err).await,
+        LeaseCommand::Exec(e) => session::exec(gw, &e, out, err).await,
+        LeaseCommand::Shell(s) => session::shell(gw, &s, out, err).await,
+        LeaseCommand::PortForward(p) => port_forward::port_forward(gw, &p, out, err).await,
         LeaseCommand::Resume(s) => {
             let lease = gw.post_empty(&["v1", "leases", &s.id, "resume"]).await?;
             emit(out, json, &lease, render::lease_view)?;
