@@ -18,8 +18,23 @@ pub enum SessionKind {
     Shell,
     /// One TCP connection to a port inside the lease.
     PortForward,
-    /// An SSH connection (its channels are shells, commands and forwards).
+}
+
+/// How the client reached the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionTransport {
+    /// The REST API's WebSockets (`lh lease exec`, the console).
+    #[default]
+    WebSocket,
+    /// The gateway's SSH endpoint: one session per channel.
     Ssh,
+}
+
+impl SessionTransport {
+    pub fn is_web_socket(&self) -> bool {
+        *self == SessionTransport::WebSocket
+    }
 }
 
 /// A session into a lease was opened. The envelope's actor says who: the
@@ -34,6 +49,11 @@ pub struct SessionOpened {
     /// lease moves.
     pub placement: u64,
     pub kind: SessionKind,
+    #[serde(default, skip_serializing_if = "SessionTransport::is_web_socket")]
+    pub transport: SessionTransport,
+    /// The key an SSH client signed in with (its SHA-256 fingerprint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_key_fingerprint: Option<String>,
     /// The port forwarded to, for a port forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,

@@ -397,6 +397,8 @@ async fn open(
             node_id: node_id.clone(),
             placement: placement as u64,
             kind: session_kind,
+            transport: Default::default(),
+            ssh_key_fingerprint: None,
             port,
             reason,
             gateway: ctx.sessions.replica.clone(),
