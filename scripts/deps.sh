@@ -44,7 +44,9 @@
 #     cgroups), uidmap (a user namespace per container), busybox-static
 #     (the base image), debootstrap (the Python and compose images),
 #     iptables (the host's guard against tenant networks), iproute2 and
-#     podman-compose (Debian's; scripts/compose.sh runs the venv's, above);
+#     podman-compose (Debian's; scripts/compose.sh runs the venv's, above),
+#     openssh-sftp-server (the base image's sftp) and openssh-client (the
+#     SSH tests);
 #     and the subordinate ids of the
 #     `containers` user in /etc/subuid and /etc/subgid, from which podman
 #     gives each container its own (`--userns=auto`): 2147483647 and the
@@ -197,6 +199,10 @@ command -v podman-compose >/dev/null || engine_packages+=(podman-compose)
 # ip6tables; the tests make namespaces and links with ip.
 { command -v iptables-restore >/dev/null || [ -x /usr/sbin/iptables-restore ]; } || engine_packages+=(iptables)
 { command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } || engine_packages+=(iproute2)
+# The base image carries OpenSSH's sftp-server (scp and sftp into a lease);
+# the tests drive the gateway's SSH endpoint with OpenSSH's own client.
+[ -x /usr/lib/openssh/sftp-server ] || engine_packages+=(openssh-sftp-server)
+command -v ssh >/dev/null || engine_packages+=(openssh-client)
 if [ "${#engine_packages[@]}" -gt 0 ]; then
     if is_root; then
         # runc named with podman: apt would otherwise pick crun for it.

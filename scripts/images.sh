@@ -73,9 +73,15 @@ flock 9
 
 has_image() { [ "$REBUILD" != 1 ] && "$PODMAN" image exists "$1"; }
 
+# What the base image says it holds: an older one (without sftp-server) is
+# made anew.
+BASE_IMAGE_MESSAGE='leasehold base: busybox, sftp-server'
+
 base() {
     local image=localhost/leasehold/base
-    has_image "$image" && return 0
+    if has_image "$image" && [ "$("$PODMAN" image inspect --format '{{.Comment}}' "$image" 2>/dev/null)" = "$BASE_IMAGE_MESSAGE" ]; then
+        return 0
+    fi
     local busybox
     busybox=$(command -v busybox || true)
     if [ -z "$busybox" ] || ! file_is_static "$busybox"; then
@@ -97,11 +103,25 @@ base() {
     for applet in $("$root/bin/busybox" --list); do
         [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
     done
+    # OpenSSH's sftp-server, with the libraries it loads, so that scp and
+    # sftp reach a lease through the gateway's SSH endpoint (it runs it in
+    # the container for the sftp subsystem).
+    local sftp=/usr/lib/openssh/sftp-server lib
+    if [ -x "$sftp" ]; then
+        mkdir -p "$root/usr/lib/openssh"
+        cp "$sftp" "$root$sftp"
+        for lib in $(ldd "$sftp" | grep -oE '/[^ ]+'); do
+            mkdir -p "$root$(dirname "$lib")"
+            cp -L "$lib" "$root$lib"
+        done
+    else
+        say "no $sftp here ('make deps' installs openssh-sftp-server): the base image has no sftp"
+    fi
     printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
     printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
     tar -C "$root" -c . | "$PODMAN" import --quiet \
         --change 'CMD ["/bin/sh"]' --change 'ENV PATH=/bin' \
-        --message 'leasehold base: busybox' - "$image" >/dev/null
+        --message "$BASE_IMAGE_MESSAGE" - "$image" >/dev/null
     say "$image made in $((SECONDS - started)) s"
 }
 
