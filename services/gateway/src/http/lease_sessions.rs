@@ -4,29 +4,18 @@
 //! asked to open the session first, so that a WebSocket the client gets is
 //! one that works.
 
-use std::time::Duration;
-
 use axum::extract::ws::{rejection::WebSocketUpgradeRejection, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
-use chrono::Utc;
-use lh_domain::lease::LeaseState;
-use lh_events::{
-    subject, Envelope, EventData, Expect, OperatorRole, SessionEnded, SessionKind, SessionOpened,
-};
+use lh_events::{OperatorRole, SessionKind, SessionTransport};
 use lh_rpc::http::sessions::{
     EXEC_SUBPROTOCOL, MAX_SESSION_MESSAGE_BYTES, PORT_FORWARD_SUBPROTOCOL,
 };
-use lh_rpc::session::{
-    OpenKind, OpenReply, OpenSession, Refusal, TtySize, DEFAULT_WINDOW_BYTES, MAX_COMMAND_ARGS,
-    MAX_COMMAND_BYTES,
-};
-use uuid::Uuid;
+use lh_rpc::session::{OpenKind, TtySize, MAX_COMMAND_ARGS, MAX_COMMAND_BYTES};
 
 use super::leases::{parse_id, visible};
 use super::{ApiContext, ApiError, Caller};
-use crate::sessions::relay::{self, RelayKind, RelaySpec};
-use crate::sessions::{OverLimit, OPEN_TIMEOUT};
+use crate::sessions::websocket::{Channels, WebSocketClient, SOCKET_MESSAGE_SLACK};
 
 /// Most characters of an operator's reason.
 const MAX_REASON_CHARS: usize = 500;
@@ -134,13 +123,10 @@ fn upgrade_of(
         ))
         .field("Sec-WebSocket-Protocol"));
     }
-    // The socket takes a message a good deal over the protocol's limit, so
-    // that the relay reads it whole and closes with a reason (1009); only
-    // past this the connection itself fails.
     Ok(ws
         .protocols([protocol.to_string()])
-        .max_message_size(MAX_SESSION_MESSAGE_BYTES * 16)
-        .max_frame_size(MAX_SESSION_MESSAGE_BYTES * 16))
+        .max_message_size(MAX_SESSION_MESSAGE_BYTES * SOCKET_MESSAGE_SLACK)
+        .max_frame_size(MAX_SESSION_MESSAGE_BYTES * SOCKET_MESSAGE_SLACK))
 }
 
 #[utoipa::path(
@@ -235,8 +221,7 @@ pub async fn exec(
         session_kind,
         reason,
         ws,
-        RelayKind::Exec { stdin },
-        EXEC_SUBPROTOCOL,
+        Channels::Exec { stdin },
     )
     .await
 }
@@ -286,8 +271,7 @@ pub async fn port_forward(
         SessionKind::PortForward,
         reason,
         ws,
-        RelayKind::PortForward,
-        PORT_FORWARD_SUBPROTOCOL,
+        Channels::PortForward,
     )
     .await
 }
@@ -301,163 +285,26 @@ async fn open(
     session_kind: SessionKind,
     reason: Option<String>,
     ws: WebSocketUpgrade,
-    relay_kind: RelayKind,
-    _protocol: &str,
+    channels: Channels,
 ) -> Result<Response, ApiError> {
     let lease = visible(&ctx, &caller, parse_id(id)?).await?;
-    let lease_id = lease.view.id;
-    let tenant_id = lease.view.tenant_id;
-    if lease.view.state != LeaseState::Running {
-        return Err(ApiError::conflict(format!(
-            "lease {lease_id} is {}: a session enters a running lease",
-            lease.view.state.as_str()
-        )));
-    }
-    if lease.view.workload.is_none() {
-        return Err(ApiError::conflict(format!(
-            "lease {lease_id} runs no workload: there is nothing to enter (create it with a command or an image)"
-        )));
-    }
-    let (Some(node_id), Some(placement)) =
-        (lease.view.node_id.clone(), lease.last_placement_sequence)
-    else {
-        return Err(ApiError::conflict(format!(
-            "lease {lease_id} is on no node"
-        )));
-    };
-    let slot = ctx.sessions.take(tenant_id, lease_id).map_err(|over| {
-        let detail = match over {
-            OverLimit::Lease(n) => format!("lease {lease_id} has {n} sessions open through this gateway, the most allowed (LH_SESSIONS_PER_LEASE)"),
-            OverLimit::Tenant(n) => format!("the tenant has {n} sessions open through this gateway, the most allowed (LH_SESSIONS_PER_TENANT)"),
-        };
-        ApiError::too_many_requests(detail).retry_after(5)
-    })?;
-    let session_id = Uuid::new_v4();
-    let port = match &kind {
-        OpenKind::PortForward { port } => Some(*port),
-        OpenKind::Exec { .. } => None,
-    };
-    let client = ctx.bus.client().clone();
-    // Listening before asking: the node may answer at once.
-    let from_node = client
-        .subscribe(subject::session_from_node(&node_id, session_id))
-        .await
-        .map_err(|e| ApiError::unavailable(format!("the bus: {e}")).retry_after(2))?;
-    let request = OpenSession {
-        session_id,
-        lease_id,
-        placement: placement as u64,
-        kind,
-        window_bytes: DEFAULT_WINDOW_BYTES,
-        max_sessions_per_lease: ctx.sessions.args.sessions_per_lease,
-    };
-    let payload = serde_json::to_vec(&request).expect("an opening serializes");
-    let answer = tokio::time::timeout(
-        OPEN_TIMEOUT,
-        client.request(subject::session_open(&node_id), payload.into()),
-    )
-    .await;
-    let unanswered = || {
-        ApiError::unavailable(format!(
-            "node {node_id}, where lease {lease_id} runs, did not answer within {} s",
-            OPEN_TIMEOUT.as_secs()
-        ))
-        .retry_after(5)
-    };
-    let answer = match answer {
-        Err(_) => return Err(unanswered()),
-        Ok(Err(e)) => {
-            tracing::info!(node = %node_id, error = %e, "a node did not take a session");
-            return Err(unanswered());
-        }
-        Ok(Ok(message)) => serde_json::from_slice::<OpenReply>(&message.payload).map_err(|e| {
-            ApiError::internal(format!("node {node_id} answered an opening with {e}"))
-        })?,
-    };
-    if let OpenReply::Refused { reason, message } = answer {
-        return Err(match reason {
-            Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => {
-                ApiError::conflict(message)
-            }
-            Refusal::TooManySessions => ApiError::too_many_requests(message).retry_after(5),
-            Refusal::BadRequest => ApiError::unprocessable(message, "command"),
-            Refusal::CannotStart => ApiError::unprocessable(message, "command"),
-            Refusal::ConnectionRefused => ApiError::bad_gateway(message).field("port"),
-        });
-    }
-    let opened_at = Utc::now();
-    let actor = caller.actor();
-    let opened = Envelope::new(
-        actor.clone(),
-        opened_at,
-        EventData::SessionOpened(SessionOpened {
-            session_id,
-            lease_id,
-            tenant_id,
-            node_id: node_id.clone(),
-            placement: placement as u64,
-            kind: session_kind,
-            transport: Default::default(),
-            ssh_key_fingerprint: None,
-            port,
+    let opened = crate::sessions::open::open(
+        &ctx,
+        crate::sessions::open::Opening {
+            actor: caller.actor(),
+            lease,
+            kind,
+            session_kind,
+            transport: SessionTransport::WebSocket,
             reason,
-            gateway: ctx.sessions.replica.clone(),
-        }),
-    );
-    if let Err(e) = ctx.bus.publish(&opened, Expect::Any).await {
-        // No session goes unrecorded: the node's side is told to end.
-        let mut numbers = lh_rpc::session::Outgoing::default();
-        let close = numbers.encode(&lh_rpc::session::Frame::Control(
-            lh_rpc::session::Control::Close {
-                reason: "not_recorded".into(),
-                message: "the trail could not record the session".into(),
-            },
-        ));
-        let _ = client
-            .publish(subject::session_to_node(&node_id, session_id), close.into())
-            .await;
-        return Err(ApiError::from(e));
-    }
-    metrics::counter!("lh_gateway_sessions_opened_total").increment(1);
-    let args = ctx.sessions.args.clone();
-    let spec = RelaySpec {
-        kind: relay_kind,
-        node_id,
-        session_id,
-        window_bytes: DEFAULT_WINDOW_BYTES,
-        idle_timeout: Duration::from_secs(args.session_idle_timeout_secs.max(1)),
-        client_read_timeout: Duration::from_secs(args.session_client_read_timeout_secs.max(1)),
-        bytes_per_s: args.session_bytes_per_s,
-    };
+            ssh_key_fingerprint: None,
+        },
+    )
+    .await?;
     let bus = ctx.bus.clone();
     Ok(ws.on_upgrade(move |socket| async move {
-        let outcome = relay::run(socket, client, from_node, spec).await;
-        drop(slot);
-        let closed_at = Utc::now();
-        let ended = Envelope::new(
-            actor,
-            closed_at,
-            EventData::SessionEnded(SessionEnded {
-                session_id,
-                lease_id,
-                tenant_id,
-                opened_at,
-                duration_ms: (closed_at - opened_at).num_milliseconds().max(0) as u64,
-                bytes_in: outcome.bytes_in,
-                bytes_out: outcome.bytes_out,
-                exit_code: outcome.exit_code,
-                ended_by: outcome.ended_by,
-            }),
-        );
-        // The end is the trail's too: retried a while through a bus outage.
-        for attempt in 0..10u32 {
-            match bus.publish(&ended, Expect::Any).await {
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(session = %session_id, attempt, error = %e, "the end of a session is not recorded yet");
-                    tokio::time::sleep(Duration::from_secs(1 << attempt.min(5))).await;
-                }
-            }
-        }
+        opened
+            .relay(&bus, WebSocketClient::new(socket, channels))
+            .await;
     }))
 }

@@ -2,7 +2,9 @@
 //! lease and tenant may hold at this replica, and the relay between the
 //! client's WebSocket and the lease's node ([`relay`]).
 
+pub mod open;
 pub mod relay;
+pub mod websocket;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,52 +1,99 @@
-//! The relay of one session: the client's WebSocket on one side, the
-//! lease's node on the bus on the other (docs/adr/030). Each side may have
-//! at most a window of data in flight; the client is read only while the
-//! node has room, the node told to go on only once the client took what it
+//! The relay of one session: a client on one side (a WebSocket,
+//! [`super::websocket`], or an SSH channel, `crate::ssh`), the lease's node
+//! on the bus on the other (docs/adr/030). Each side may have at most a
+//! window of data in flight; the client is read only while the node has
+//! room, and the node told to go on only once the client took what it
 //! sent. Whatever ends it (the command, either side, a limit, hostile
-//! input) closes the WebSocket with a code and a reason that says so.
+//! input) is an [`Ending`] that names it, which the client side turns into
+//! its own close.
 
+use std::future::Future;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use lh_events::subject;
-use lh_rpc::http::sessions::{
-    ExecStatus, TerminalSize, CHANNEL_CLOSE, CHANNEL_DATA, CHANNEL_ERROR, CHANNEL_RESIZE,
-    CHANNEL_STATUS, CHANNEL_STDERR, CHANNEL_STDIN, CHANNEL_STDOUT, MAX_SESSION_MESSAGE_BYTES,
-};
 use lh_rpc::session::{
-    Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, PING_INTERVAL_MS,
-    SILENCE_LIMIT_MS,
+    Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, FRAME_OVERHEAD_BYTES,
+    PING_INTERVAL_MS, SILENCE_LIMIT_MS,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
 
 /// Resizes forwarded to the node at most this often; the last one wins.
 const RESIZE_EVERY: Duration = Duration::from_millis(100);
-/// More resizes than this in one second is a flood, not a window dragged.
-pub const MAX_RESIZES_PER_S: u32 = 200;
 
-/// WebSocket close codes (RFC 6455).
-const CLOSE_NORMAL: u16 = 1000;
-const CLOSE_GOING_AWAY: u16 = 1001;
-const CLOSE_UNSUPPORTED: u16 = 1003;
-const CLOSE_POLICY: u16 = 1008;
-const CLOSE_TOO_BIG: u16 = 1009;
-const CLOSE_INTERNAL: u16 = 1011;
+/// WebSocket close codes (RFC 6455), which every ending carries: the SSH
+/// side reads them as kinds of failure.
+pub const CLOSE_NORMAL: u16 = 1000;
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+pub const CLOSE_UNSUPPORTED: u16 = 1003;
+pub const CLOSE_POLICY: u16 = 1008;
+pub const CLOSE_TOO_BIG: u16 = 1009;
+pub const CLOSE_INTERNAL: u16 = 1011;
 
-/// What the session carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelayKind {
-    /// A command; `stdin`: whether the client may send input.
-    Exec {
-        stdin: bool,
+/// What the client did.
+#[derive(Debug)]
+pub enum FromClient {
+    /// Bytes for the command's stdin or the connection.
+    Data(Vec<u8>),
+    /// Its input ended.
+    Eof,
+    Resize {
+        cols: u16,
+        rows: u16,
     },
-    PortForward,
+    /// It went away.
+    Closed,
+    /// It broke the protocol or a limit: the session ends so.
+    Refused(Ending),
+}
+
+/// The client's side of a session.
+pub trait ClientSide: Send {
+    /// What the client does next (asked only while the node has room).
+    fn recv(&mut self) -> impl Future<Output = FromClient> + Send;
+    /// Hands the client bytes of `stream`; an error when it is gone.
+    fn send(
+        &mut self,
+        stream: Stream,
+        bytes: Vec<u8>,
+    ) -> impl Future<Output = Result<(), ()>> + Send;
+    /// The command's output or the connection's far side ended.
+    fn eof(&mut self) -> impl Future<Output = ()> + Send;
+    /// Tells the client how it ended, and closes.
+    fn finish(self, ending: &Ending) -> impl Future<Output = ()> + Send;
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    /// `session.ended`'s `ended_by`.
+    pub reason: String,
+    /// The WebSocket close code that says what kind of end it is.
+    pub code: u16,
+    pub message: String,
+    /// The command's exit code, or 128 + its signal, when it exited.
+    pub exit_code: Option<i32>,
+}
+
+impl Ending {
+    pub fn new(reason: &str, code: u16, message: impl Into<String>) -> Self {
+        Ending {
+            reason: reason.into(),
+            code,
+            message: message.into(),
+            exit_code: None,
+        }
+    }
+
+    /// Whether the command exited by itself (with `exit_code`).
+    pub fn exited(&self) -> bool {
+        self.reason == "exited" && self.exit_code.is_some()
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct RelaySpec {
-    pub kind: RelayKind,
     pub node_id: String,
     pub session_id: Uuid,
     pub window_bytes: u32,
@@ -111,44 +158,15 @@ impl ToNode {
             tracing::debug!(subject = %self.subject, error = %e, "a session frame was not sent");
         }
     }
-
-    async fn close(&mut self, reason: &str, message: &str) {
-        self.send(Frame::Control(Control::Close {
-            reason: reason.into(),
-            message: message.into(),
-        }))
-        .await;
-    }
-}
-
-/// Why the relay stops, and what the client is told.
-struct End {
-    reason: String,
-    code: u16,
-    message: String,
-    /// Tell the node too (it did not end it itself).
-    tell_node: bool,
-}
-
-impl End {
-    fn by_client(reason: &str, code: u16, message: impl Into<String>) -> Self {
-        End {
-            reason: reason.into(),
-            code,
-            message: message.into(),
-            tell_node: true,
-        }
-    }
 }
 
 /// Runs one session until it ends.
-pub async fn run(
-    socket: WebSocket,
+pub async fn run<C: ClientSide>(
+    mut client_side: C,
     client: async_nats::Client,
     mut from_node: async_nats::Subscriber,
     spec: RelaySpec,
 ) -> Outcome {
-    let (mut ws_out, mut ws_in) = socket.split();
     let mut to_node = ToNode {
         client,
         subject: subject::session_to_node(&spec.node_id, spec.session_id),
@@ -165,119 +183,58 @@ pub async fn run(
     let mut ping = tokio::time::interval(Duration::from_millis(PING_INTERVAL_MS));
     ping.tick().await;
     let mut tick = tokio::time::interval(RESIZE_EVERY);
-    let mut pending_resize: Option<TerminalSize> = None;
-    let mut resizes_this_second = 0u32;
-    let mut second_started = Instant::now();
+    let mut pending_resize: Option<(u16, u16)> = None;
     let mut exit: Option<(Option<i32>, Option<i32>)> = None;
-    let is_exec = matches!(spec.kind, RelayKind::Exec { .. });
 
-    let end: End = loop {
+    // Whether the node must be told (it did not end the session itself).
+    let (mut ending, tell_node) = loop {
         tokio::select! {
-            message = ws_in.next(), if window.room() > 0 => {
-                let bytes = match message {
-                    None | Some(Ok(Message::Close(_))) => {
-                        break End::by_client("client_closed", CLOSE_NORMAL, "the client closed the session");
-                    }
-                    Some(Err(e)) => {
-                        let text = e.to_string();
-                        if text.contains("too long") || text.contains("Space limit") {
-                            break End::by_client("message_too_big", CLOSE_TOO_BIG, format!(
-                                "a message over {} bytes", MAX_SESSION_MESSAGE_BYTES * 16));
-                        }
-                        break End::by_client("client_closed", CLOSE_NORMAL, format!("the connection failed: {text}"));
-                    }
-                    Some(Ok(Message::Binary(bytes))) => bytes,
-                    Some(Ok(Message::Text(_))) => {
-                        break End::by_client("text_message", CLOSE_UNSUPPORTED,
-                            "text messages are not part of the protocol: send binary messages, the channel first");
-                    }
-                    Some(Ok(_)) => continue,
-                };
-                if bytes.len() > MAX_SESSION_MESSAGE_BYTES {
-                    break End::by_client("message_too_big", CLOSE_TOO_BIG, format!(
-                        "a message of {} bytes, over the {MAX_SESSION_MESSAGE_BYTES} allowed", bytes.len()));
+            action = client_side.recv(), if window.room() > 0 => match action {
+                FromClient::Data(bytes) => {
+                    if bytes.is_empty() { continue; }
+                    throttle_in.pass(bytes.len()).await;
+                    outcome.bytes_in += bytes.len() as u64;
+                    last_data = Instant::now();
+                    let frame = Frame::Data { stream: Stream::Stdin, bytes };
+                    window.spend(frame.window_cost());
+                    to_node.send(frame).await;
                 }
-                let Some((&channel, body)) = bytes.split_first() else { continue };
-                match (spec.kind, channel) {
-                    (RelayKind::Exec { stdin: true }, CHANNEL_STDIN) | (RelayKind::PortForward, CHANNEL_DATA) => {
-                        if body.is_empty() { continue; }
-                        throttle_in.pass(body.len()).await;
-                        outcome.bytes_in += body.len() as u64;
-                        last_data = Instant::now();
-                        let frame = Frame::Data { stream: Stream::Stdin, bytes: body.to_vec() };
-                        window.spend(frame.window_cost());
-                        to_node.send(frame).await;
-                    }
-                    (RelayKind::Exec { stdin: false }, CHANNEL_STDIN) => {
-                        break End::by_client("stdin_not_open", CLOSE_POLICY,
-                            "this exec was opened without stdin (stdin=true opens it)");
-                    }
-                    (RelayKind::Exec { .. }, CHANNEL_RESIZE) => {
-                        if second_started.elapsed() >= Duration::from_secs(1) {
-                            second_started = Instant::now();
-                            resizes_this_second = 0;
-                        }
-                        resizes_this_second += 1;
-                        if resizes_this_second > MAX_RESIZES_PER_S {
-                            break End::by_client("resize_flood", CLOSE_POLICY, format!(
-                                "resize flood: over {MAX_RESIZES_PER_S} resizes in a second"));
-                        }
-                        match serde_json::from_slice::<TerminalSize>(body) {
-                            Ok(size) => pending_resize = Some(size),
-                            Err(e) => break End::by_client("bad_resize", CLOSE_POLICY, format!(
-                                "a resize is {{\"Width\":COLS,\"Height\":ROWS}}: {e}")),
-                        }
-                    }
-                    (_, CHANNEL_CLOSE) => {
-                        to_node.send(Frame::Control(Control::Eof { stream: Stream::Stdin })).await;
-                    }
-                    (_, other) => {
-                        break End::by_client("unknown_channel", CLOSE_POLICY, format!("unknown channel {other}"));
-                    }
+                FromClient::Eof => {
+                    to_node.send(Frame::Control(Control::Eof { stream: Stream::Stdin })).await;
                 }
-            }
+                FromClient::Resize { cols, rows } => pending_resize = Some((cols, rows)),
+                FromClient::Closed => {
+                    break (Ending::new("client_closed", CLOSE_NORMAL, "the client closed the session"), true);
+                }
+                FromClient::Refused(ending) => break (ending, true),
+            },
             message = from_node.next() => {
                 let Some(message) = message else {
-                    break End { reason: "bus_lost".into(), code: CLOSE_INTERNAL,
-                        message: "the gateway lost its subscription to the node".into(), tell_node: true };
+                    break (Ending::new("bus_lost", CLOSE_INTERNAL, "the gateway lost its subscription to the node"), true);
                 };
                 last_heard = Instant::now();
                 let frame = match incoming.decode(&message.payload) {
                     Ok(frame) => frame,
-                    Err(e) => break End { reason: "frames_lost".into(), code: CLOSE_INTERNAL, message: e, tell_node: true },
+                    Err(e) => break (Ending::new("frames_lost", CLOSE_INTERNAL, e), true),
                 };
                 match frame {
                     Frame::Data { stream, bytes } => {
                         throttle_out.pass(bytes.len()).await;
-                        let channel = match (is_exec, stream) {
-                            (true, Stream::Stderr) => CHANNEL_STDERR,
-                            (true, _) => CHANNEL_STDOUT,
-                            (false, _) => CHANNEL_DATA,
-                        };
-                        let cost = Frame::Data { stream, bytes: Vec::new() }.window_cost() + bytes.len() as u32;
+                        let cost = bytes.len() as u32 + FRAME_OVERHEAD_BYTES;
                         outcome.bytes_out += bytes.len() as u64;
                         last_data = Instant::now();
-                        let mut message = Vec::with_capacity(bytes.len() + 1);
-                        message.push(channel);
-                        message.extend_from_slice(&bytes);
-                        let sent = tokio::time::timeout(
-                            spec.client_read_timeout,
-                            ws_out.send(Message::Binary(message.into())),
-                        ).await;
-                        match sent {
+                        match tokio::time::timeout(spec.client_read_timeout, client_side.send(stream, bytes)).await {
                             Ok(Ok(())) => {}
-                            Ok(Err(_)) => break End::by_client("client_closed", CLOSE_NORMAL, "the connection failed"),
-                            Err(_) => break End::by_client("client_not_reading", CLOSE_POLICY, format!(
-                                "the client took nothing for {} s", spec.client_read_timeout.as_secs())),
+                            Ok(Err(())) => break (Ending::new("client_closed", CLOSE_NORMAL, "the connection failed"), true),
+                            Err(_) => break (Ending::new("client_not_reading", CLOSE_POLICY, format!(
+                                "the client took nothing for {} s", spec.client_read_timeout.as_secs())), true),
                         }
                         if let Some(bytes) = credit_back.consumed(cost) {
                             to_node.send(Frame::Control(Control::Credit { bytes })).await;
                         }
                     }
                     Frame::Control(Control::Credit { bytes }) => window.credit(bytes),
-                    Frame::Control(Control::Eof { .. }) => {
-                        let _ = ws_out.send(Message::Binary(vec![CHANNEL_CLOSE, CHANNEL_DATA].into())).await;
-                    }
+                    Frame::Control(Control::Eof { .. }) => client_side.eof().await,
                     Frame::Control(Control::Exit { code, signal }) => exit = Some((code, signal)),
                     Frame::Control(Control::Close { reason, message }) => {
                         let code = match reason.as_str() {
@@ -285,26 +242,24 @@ pub async fn run(
                             "lease_ended" => CLOSE_GOING_AWAY,
                             _ => CLOSE_INTERNAL,
                         };
-                        break End { reason, code, message, tell_node: false };
+                        break (Ending { reason, code, message, exit_code: None }, false);
                     }
                     Frame::Control(Control::Ping) => to_node.send(Frame::Control(Control::Pong)).await,
                     Frame::Control(_) => {}
                 }
             }
-            _ = ping.tick() => {
-                to_node.send(Frame::Control(Control::Ping)).await;
-            }
+            _ = ping.tick() => to_node.send(Frame::Control(Control::Ping)).await,
             _ = tick.tick() => {
                 if last_heard.elapsed() > Duration::from_millis(SILENCE_LIMIT_MS) {
-                    break End { reason: "node_silent".into(), code: CLOSE_INTERNAL, message: format!(
-                        "node {} stopped answering (nothing for {} s)", spec.node_id, SILENCE_LIMIT_MS / 1000), tell_node: true };
+                    break (Ending::new("node_silent", CLOSE_INTERNAL, format!(
+                        "node {} stopped answering (nothing for {} s)", spec.node_id, SILENCE_LIMIT_MS / 1000)), true);
                 }
                 if last_data.elapsed() > spec.idle_timeout {
-                    break End::by_client("idle", CLOSE_NORMAL, format!(
-                        "idle for {} s", spec.idle_timeout.as_secs()));
+                    break (Ending::new("idle", CLOSE_NORMAL, format!(
+                        "idle for {} s", spec.idle_timeout.as_secs())), true);
                 }
-                if let Some(size) = pending_resize.take() {
-                    to_node.send(Frame::Control(Control::Resize { cols: size.width, rows: size.height })).await;
+                if let Some((cols, rows)) = pending_resize.take() {
+                    to_node.send(Frame::Control(Control::Resize { cols, rows })).await;
                 }
                 if let Some(bytes) = credit_back.flush() {
                     to_node.send(Frame::Control(Control::Credit { bytes })).await;
@@ -312,46 +267,18 @@ pub async fn run(
             }
         }
     };
-    if end.tell_node {
-        to_node.close(&end.reason, &end.message).await;
+    if tell_node {
+        to_node
+            .send(Frame::Control(Control::Close {
+                reason: ending.reason.clone(),
+                message: ending.message.clone(),
+            }))
+            .await;
     }
     let _ = from_node.unsubscribe().await;
-    let exit_code = exit.and_then(|(code, signal)| code.or(signal.map(|s| 128 + s)));
-    if is_exec {
-        let status = match exit_code {
-            Some(code) if end.reason == "exited" => ExecStatus::exited(code),
-            _ => ExecStatus::failed(&end.reason, end.message.clone()),
-        };
-        let mut message = vec![CHANNEL_STATUS];
-        message.extend(serde_json::to_vec(&status).expect("a status serializes"));
-        let _ = tokio::time::timeout(
-            spec.client_read_timeout,
-            ws_out.send(Message::Binary(message.into())),
-        )
-        .await;
-    } else if end.code != CLOSE_NORMAL {
-        let mut message = vec![CHANNEL_ERROR];
-        message.extend(end.message.as_bytes());
-        let _ = tokio::time::timeout(
-            spec.client_read_timeout,
-            ws_out.send(Message::Binary(message.into())),
-        )
-        .await;
-    }
-    // A close reason is at most 123 bytes.
-    let mut reason = end.message.clone();
-    while reason.len() > 123 {
-        reason.pop();
-    }
-    let _ = tokio::time::timeout(
-        spec.client_read_timeout,
-        ws_out.send(Message::Close(Some(CloseFrame {
-            code: end.code,
-            reason: reason.into(),
-        }))),
-    )
-    .await;
-    outcome.exit_code = exit_code;
-    outcome.ended_by = end.reason;
+    ending.exit_code = exit.and_then(|(code, signal)| code.or(signal.map(|s| 128 + s)));
+    let _ = tokio::time::timeout(spec.client_read_timeout, client_side.finish(&ending)).await;
+    outcome.exit_code = ending.exit_code;
+    outcome.ended_by = ending.reason;
     outcome
 }
