@@ -120,6 +120,7 @@ pub use args::{
     ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
     TenantSetQuota, TenantSuspend, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
+pub use args::{SshKeyAdd, SshKeyCommand, SshKeyList, SshKeyRemove};
 pub use client::Gateway;
 pub use commands::billing::WHAT_IF_REQUEST_TIMEOUT;
 pub use commands::lease::{
@@ -227,6 +228,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
         Command::Report(command) => commands::report::run(&gw, command, json, out, err).await,
         Command::Billing(command) => commands::billing::run(&gw, command, json, out).await,
         Command::Spot(command) => commands::spot::run(&gw, command, json, out).await,
+        Command::SshKey(command) => commands::ssh_key::run(&gw, command, json, out).await,
         Command::PriceBook(command) => commands::price_book::run(&gw, command, json, out).await,
         Command::Reservation(command) => commands::reservation::run(&gw, command, json, out).await,
         Command::Quote(q) => commands::quote::run(&gw, q, json, out).await,

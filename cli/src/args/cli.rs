@@ -14,6 +14,7 @@ use super::quote::QuoteCreate;
 use super::report::ReportCommand;
 use super::reservation::ReservationCommand;
 use super::spot::SpotCommand;
+use super::ssh_key::SshKeyCommand;
 use super::tenant::TenantCommand;
 
 /// Gateway used when neither `--gateway-url` nor `LH_GATEWAY_URL` is given.
@@ -75,6 +76,10 @@ pub enum Command {
     /// Read the spot market.
     #[command(subcommand)]
     Spot(SpotCommand),
+    /// Register, list and remove the SSH keys that enter the tenant's
+    /// leases (`ssh -p 2222 <lease-id>@<gateway>`).
+    #[command(subcommand)]
+    SshKey(SshKeyCommand),
     /// Check the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),

@@ -16,6 +16,7 @@ mod quote;
 mod report;
 mod reservation;
 mod spot;
+mod ssh_key;
 mod tenant;
 #[cfg(test)]
 mod test_parse;
@@ -38,6 +39,7 @@ pub use quote::QuoteCreate;
 pub use report::{ReportColourBy, ReportCommand, ReportDaily};
 pub use reservation::{ReservationCommand, ReservationCreate, ReservationList};
 pub use spot::SpotCommand;
+pub use ssh_key::{SshKeyAdd, SshKeyCommand, SshKeyList, SshKeyRemove};
 pub use tenant::{
     KeyCommand, KeyCreate, KeyRevoke, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
     TenantSuspend,

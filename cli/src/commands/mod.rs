@@ -17,6 +17,7 @@ pub(crate) mod quote;
 pub(crate) mod report;
 pub(crate) mod reservation;
 pub(crate) mod spot;
+pub(crate) mod ssh_key;
 pub(crate) mod tenant;
 
 pub use body::MAX_JSON_FILE_BYTES;

@@ -14,6 +14,7 @@ mod quote;
 mod report;
 mod reservation;
 mod spot;
+mod ssh_key;
 mod table;
 mod tenant;
 #[cfg(test)]
@@ -31,4 +32,5 @@ pub(crate) use quote::quote;
 pub(crate) use report::{cost_report, cost_report_csv};
 pub(crate) use reservation::reservations;
 pub(crate) use spot::spot_prices;
+pub(crate) use ssh_key::{ssh_key_list, ssh_key_view};
 pub(crate) use tenant::{tenant_changed, tenant_created, tenant_view};

@@ -33,6 +33,7 @@ pub mod node_time;
 mod restated;
 mod schema;
 mod session;
+mod ssh_key;
 pub mod subject;
 pub mod telemetry;
 mod tenant;
@@ -48,6 +49,7 @@ pub use node::*;
 pub use restated::*;
 pub use schema::schemas;
 pub use session::*;
+pub use ssh_key::*;
 pub use tenant::*;
 
 events! {
@@ -106,6 +108,8 @@ events! {
     "quote.issued" v=1 => QuoteIssued @ quote(quote_id), tenant_id = tenant_id;
     "session.opened" v=1 => SessionOpened @ session(session_id), tenant_id = tenant_id;
     "session.ended" v=1 => SessionEnded @ session(session_id), tenant_id = tenant_id;
+    "ssh_key.added" v=1 => SshKeyAdded @ ssh_key(key_id), tenant_id = tenant_id;
+    "ssh_key.removed" v=1 => SshKeyRemoved @ ssh_key(key_id), tenant_id = tenant_id;
 }
 
 impl EventData {

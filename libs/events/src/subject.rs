@@ -40,6 +40,7 @@ pub const RESERVATIONS_ALL: &str = "lh.evt.reservation.>";
 pub const BALANCES_ALL: &str = "lh.evt.balance.>";
 pub const QUOTES_ALL: &str = "lh.evt.quote.>";
 pub const SESSIONS_ALL: &str = "lh.evt.session.>";
+pub const SSH_KEYS_ALL: &str = "lh.evt.ssh_key.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -234,6 +235,11 @@ pub fn session(session_id: Uuid) -> String {
     format!("lh.evt.session.{session_id}")
 }
 
+/// One SSH public key of a tenant: its addition and its removal.
+pub fn ssh_key(key_id: Uuid) -> String {
+    format!("lh.evt.ssh_key.{key_id}")
+}
+
 /// A tenant's prepaid balance: its top-ups and what pricing decides of them.
 pub fn balance(tenant_id: Uuid) -> String {
     format!("lh.evt.balance.{tenant_id}")
@@ -400,6 +406,10 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         // The gateway relays every session, and knows who opened it.
         ("session.opened", &[Gateway]),
         ("session.ended", &[Gateway]),
+        // A tenant registers and removes its SSH keys through the gateway;
+        // an admin may remove one.
+        ("ssh_key.added", &[Gateway]),
+        ("ssh_key.removed", &[Gateway]),
     ]
 };
 
@@ -560,6 +570,7 @@ mod tests {
             (BALANCES_ALL, balance(id)),
             (QUOTES_ALL, quote(id)),
             (SESSIONS_ALL, session(id)),
+            (SSH_KEYS_ALL, ssh_key(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

@@ -17,6 +17,7 @@ pub mod projection;
 pub mod read_model;
 pub mod seal;
 pub mod sessions;
+pub mod ssh_keys;
 pub mod tenant_keys;
 pub mod usage;
 pub mod workload_env;
@@ -47,6 +48,8 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     ),
     ("lh_gateway_api_keys_issued_total", "API keys issued."),
     ("lh_gateway_api_keys_revoked_total", "API keys revoked."),
+    ("lh_gateway_ssh_keys_added_total", "SSH public keys tenants registered."),
+    ("lh_gateway_ssh_keys_removed_total", "SSH public keys removed."),
     (
         "lh_gateway_audit_reads_total",
         "Reads of the audit trail, each itself recorded in the log.",

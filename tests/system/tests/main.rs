@@ -35,6 +35,7 @@ mod robustness;
 mod roles;
 mod sessions;
 mod spot_market;
+mod ssh_keys;
 mod tenant_keys;
 mod traces;
 mod usage;

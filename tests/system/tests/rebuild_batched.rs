@@ -5,8 +5,8 @@
 
 use chrono::Utc;
 use lh_bus::{Bus, BusConfig, FeedItem};
-use lh_events::TenantResumed;
 use lh_events::{fixtures, EndReason, EventData, LeaseQueued, LeaseRejected, LeaseStopRequested};
+use lh_events::{SshKeyAdded, SshKeyRemoved, TenantResumed};
 use lh_gateway::projection::{GatewayProjection, MIGRATOR, TABLES};
 use lh_projection::Projector;
 use lh_testkit::{Nats, Postgres};
@@ -104,6 +104,7 @@ fn mixed_log() -> Vec<EventData> {
         })
         .collect();
     let mut waiting: Vec<std::vec::IntoIter<EventData>> = Vec::new();
+    let mut ssh_keys: Vec<(Uuid, Uuid)> = Vec::new();
     let mut begun = 0;
     while begun < LEASES || !waiting.is_empty() {
         while begun < LEASES && waiting.len() < LEASES_AT_ONCE {
@@ -119,11 +120,32 @@ fn mixed_log() -> Vec<EventData> {
                 waiting.swap_remove(i);
             }
         }
-        // Now and then an event of another kind, between runs of lease events.
-        if rng.below(50) == 0 {
-            log.push(EventData::TenantResumed(TenantResumed {
+        // Now and then an event of another kind, between runs of lease
+        // events: a tenant's, or an SSH key added or removed.
+        match rng.below(50) {
+            0 => log.push(EventData::TenantResumed(TenantResumed {
                 tenant_id: tenants[rng.below(TENANTS)],
-            }));
+            })),
+            1 => {
+                let tenant_id = tenants[rng.below(TENANTS)];
+                let key_id = Uuid::now_v7();
+                log.push(EventData::SshKeyAdded(SshKeyAdded {
+                    key_id,
+                    tenant_id,
+                    name: format!("key {}", ssh_keys.len()),
+                    public_key: format!("ssh-ed25519 {key_id}"),
+                    fingerprint: format!("SHA256:{key_id}"),
+                }));
+                ssh_keys.push((key_id, tenant_id));
+            }
+            2 if ssh_keys.len() > 1 => {
+                let (key_id, tenant_id) = ssh_keys.remove(0);
+                log.push(EventData::SshKeyRemoved(SshKeyRemoved {
+                    key_id,
+                    tenant_id,
+                }));
+            }
+            _ => {}
         }
     }
     log

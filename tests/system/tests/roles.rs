@@ -37,8 +37,8 @@ const CALLERS: &[&str] = &[
 ];
 
 /// Each route and what each caller gets, in the order of [`CALLERS`].
-/// `{t}`, `{k}`, `{l}` and `{n}` are the tenant, key, lease and node the
-/// call is about.
+/// `{t}`, `{k}`, `{s}`, `{l}` and `{n}` are the tenant, API key, SSH key,
+/// lease and node the call is about.
 #[rustfmt::skip]
 const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/tenants", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
@@ -50,6 +50,9 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/tenants/{t}/keys", [401, 201, 404, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/keys", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("DELETE", "/v1/tenants/{t}/keys/{k}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 403, 403]),
+    ("POST", "/v1/ssh-keys", [401, 201, 201, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("GET", "/v1/ssh-keys?tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("DELETE", "/v1/ssh-keys/{s}", [401, 204, 404, 401, 401, 204, 204, 204, 204, 403, 403]),
     ("POST", "/v1/tenants/{t}/balance/top-ups", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/balance", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403, 403]),
@@ -91,6 +94,7 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/tenants/{t}/suspend") => Some(json!({"reason": "matrix"})),
         ("PUT", "/v1/tenants/{t}/quota") => Some(json!({"quota": {"max_gpus": 64}})),
         ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
+        ("POST", "/v1/ssh-keys") => Some(json!({"name": "matrix", "public_key": ssh_key()})),
         ("POST", "/v1/tenants/{t}/balance/top-ups") => Some(json!({"amount": "1000"})),
         ("POST", "/v1/leases") => Some(serde_json::from_str(ONE_GPU).unwrap()),
         ("POST", "/v1/quotes") => {
@@ -117,9 +121,35 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
     }
 }
 
+/// A new SSH public key each call: 32 bytes a key as far as its form goes.
+fn ssh_key() -> String {
+    use base64::Engine as _;
+    static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+    let seed = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let mut blob = Vec::new();
+    blob.extend_from_slice(&11u32.to_be_bytes());
+    blob.extend_from_slice(b"ssh-ed25519");
+    blob.extend_from_slice(&32u32.to_be_bytes());
+    blob.extend_from_slice(&[seed; 32]);
+    format!(
+        "ssh-ed25519 {}",
+        base64::engine::general_purpose::STANDARD.encode(blob)
+    )
+}
+
 struct Tenant {
     id: String,
     key: String,
+}
+
+/// An SSH key of `tenant`'s, added with its own API key: its id.
+async fn add_ssh_key(stack: &Stack, tenant: &Tenant) -> String {
+    let body = json!({"name": "matrix", "public_key": ssh_key()});
+    let (status, added) = stack
+        .call(Method::POST, "/v1/ssh-keys", &tenant.key, Some(body))
+        .await;
+    assert_eq!(status, 201, "{added}");
+    added["id"].as_str().unwrap().to_string()
 }
 
 async fn tenant(stack: &Stack, name: &str) -> Tenant {
@@ -239,6 +269,8 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
     let s_lease = stack
         .lease(&s.key, serde_json::from_str(ONE_GPU).unwrap())
         .await;
+    // Added before the suspension, which stops the tenant adding one.
+    let s_ssh_key = add_ssh_key(&stack, &s).await;
     let revoked = issue_key(&stack, &a, json!({})).await;
     let (status, body) = stack
         .call(
@@ -295,6 +327,13 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
             } else {
                 String::new()
             };
+            let ssh_key_id = if !template.contains("{s}") {
+                String::new()
+            } else if owner.id == s.id {
+                s_ssh_key.clone()
+            } else {
+                add_ssh_key(&stack, owner).await
+            };
             let key_id = if template.contains("{k}") {
                 issue_key(&stack, owner, json!({}))
                     .await
@@ -321,6 +360,7 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 .replace("{t}", &owner.id)
                 .replace("{l}", &lease)
                 .replace("{k}", &key_id)
+                .replace("{s}", &ssh_key_id)
                 .replace("{n}", "node-b")
                 .replace("{p}", &period);
             // A body naming the tenant names the caller's object too.

@@ -21,6 +21,7 @@ pub mod problem;
 pub mod quotes;
 pub mod reservations;
 pub mod sessions;
+pub mod ssh_keys;
 pub mod tenants;
 pub mod usage;
 

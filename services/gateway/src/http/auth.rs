@@ -183,10 +183,12 @@ impl FromRequestParts<ApiContext> for Caller {
         }
         let (id, max_gpus) = (key.tenant_id, key.max_gpus);
         let write = !matches!(parts.method, Method::GET | Method::HEAD);
-        // A suspended tenant may still revoke a key of its own: a key that
-        // leaked while it was suspended must not stay valid for reads
-        // until an operator acts.
-        let revoking = parts.method == Method::DELETE && parts.uri.path().contains("/keys/");
+        // A suspended tenant may still revoke a key of its own, an API key
+        // or an SSH key: a key that leaked while it was suspended must not
+        // stay valid until an operator acts.
+        let path = parts.uri.path();
+        let revoking = parts.method == Method::DELETE
+            && (path.contains("/keys/") || path.starts_with("/v1/ssh-keys/"));
         if write && key.suspended && !revoking {
             return Err(ApiError::forbidden(
                 "this tenant is suspended: it may read but not change anything",

@@ -22,6 +22,7 @@ pub mod quotes;
 pub mod refusals;
 pub mod reservations;
 pub mod spot;
+pub mod ssh_keys;
 pub mod tenants;
 pub mod usage;
 
@@ -103,6 +104,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/balance", get(balances::get))
         .route("/v1/tenants/{id}/balance/top-ups", post(balances::top_up))
         .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
+        .route("/v1/ssh-keys", post(ssh_keys::add).get(ssh_keys::list))
+        .route("/v1/ssh-keys/{id}", delete(ssh_keys::remove))
         .route("/v1/quotes", post(quotes::create))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))

@@ -5,6 +5,7 @@ use utoipa::OpenApi;
 
 use super::lease_logs;
 use super::lease_sessions;
+use super::ssh_keys;
 
 use super::{
     audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
@@ -24,6 +25,9 @@ use super::{
         keys::issue,
         keys::list,
         keys::revoke,
+        ssh_keys::add,
+        ssh_keys::list,
+        ssh_keys::remove,
         leases::create,
         leases::list,
         leases::get,

@@ -1,12 +1,14 @@
-//! The gateway's read models: tenants, their API keys and leases, from the
-//! log. One room per table (`tenants.rs`, `keys.rs`, `leases.rs`) holds the
-//! statement each event runs; `batch.rs` writes runs of the commonest lease
-//! events in bulk. Here: the projector, the restatement of aggregates whose
-//! history expired, and which statement each event runs.
+//! The gateway's read models: tenants, their API and SSH keys and leases,
+//! from the log. One room per table (`tenants.rs`, `keys.rs`, `ssh_keys.rs`,
+//! `leases.rs`) holds the statement each event runs; `batch.rs` writes runs
+//! of the commonest lease events in bulk. Here: the projector, the
+//! restatement of aggregates whose history expired, and which statement
+//! each event runs.
 
 mod batch;
 mod keys;
 mod leases;
+mod ssh_keys;
 mod tenants;
 
 use futures::future::BoxFuture;
@@ -18,7 +20,7 @@ use sqlx::PgConnection;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
 
 /// Tables this projection owns (compared by the rebuild check).
-pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases"];
+pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases", "ssh_keys"];
 
 pub struct GatewayProjection;
 
@@ -32,6 +34,7 @@ impl Projector for GatewayProjection {
             subject::TENANTS_ALL,
             subject::LEASES_ALL,
             subject::BALANCES_ALL,
+            subject::SSH_KEYS_ALL,
         ]
     }
 
@@ -122,7 +125,10 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         EventData::BalanceExhausted(e) => tenants::balance_exhausted(conn, e).await,
         EventData::BalanceRestored(e) => tenants::balance_restored(conn, e).await,
         EventData::TenantResumed(e) => tenants::resumed(conn, e).await,
-        EventData::TenantErased(e) => tenants::erased(conn, e).await,
+        EventData::TenantErased(e) => {
+            tenants::erased(conn, e).await?;
+            ssh_keys::tenant_erased(conn, e).await
+        }
         EventData::TenantQuotaChanged(e) => tenants::quota_changed(conn, e).await,
         EventData::LeaseRequested(e) => batch::insert_requested(conn, &[(event, e)]).await,
         EventData::LeaseQueued(e) => leases::queued(conn, e, seq).await,
@@ -136,6 +142,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         EventData::LeaseSuspended(e) => leases::suspended(conn, e, seq).await,
         EventData::LeaseResumeRequested(e) => leases::resume_requested(conn, e, seq).await,
         EventData::LeaseEnded(e) => leases::ended(conn, e, seq).await,
+        EventData::SshKeyAdded(e) => ssh_keys::added(conn, e, seq, at).await,
+        EventData::SshKeyRemoved(e) => ssh_keys::removed(conn, e).await,
         _ => Ok(()),
     }
 }
