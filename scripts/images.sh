@@ -2,15 +2,19 @@
 # `make images`: the container images a lease can name, made on this
 # machine without a registry.
 #
-#   scripts/images.sh [base|python|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]
+#   scripts/images.sh [base|python|jupyter|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]
 #
-# The images leases run (`all` makes these two):
+# The images leases run (`all` makes these three):
 #
 #   localhost/leasehold/base    a shell and the core tools (busybox), from
 #                               Debian's busybox-static: made in under a second
 #   localhost/leasehold/python  Debian bookworm with Python 3 and PyTorch
 #                               (CPU), made by debootstrap from Debian's
 #                               packages (minutes: see docs/workloads.md)
+#   localhost/leasehold/jupyter the python image with Debian's
+#                               jupyter-notebook: what the gateway's built-in
+#                               `jupyter` template runs (makes the python
+#                               image first when it is missing)
 #
 # The images docker-compose.yml runs under podman (`compose` makes them all;
 # scripts/compose.sh): the project's own from the Dockerfile, and stand-ins
@@ -62,8 +66,8 @@ LOCK=${TMPDIR:-/tmp}/leasehold-images.lock
 say() { echo "images: $*" >&2; }
 
 case $WHICH in
-    base | python | all | debian | services | nats | postgres | prometheus | postgres-exporter | compose) ;;
-    *) echo "usage: $0 [base|python|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]" >&2; exit 2 ;;
+    base | python | jupyter | all | debian | services | nats | postgres | prometheus | postgres-exporter | compose) ;;
+    *) echo "usage: $0 [base|python|jupyter|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]" >&2; exit 2 ;;
 esac
 
 command -v "$PODMAN" >/dev/null || { say "no $PODMAN: run 'make deps'"; exit 1; }
@@ -284,6 +288,30 @@ image_services() {
     say "leasehold/lh-*:dev (${#SERVICE_BINARIES[@]} images) built in $((SECONDS - started)) s"
 }
 
+# The python image with Debian's Jupyter Notebook, installed by apt in a
+# build step (the step has the network a build gets; a lease's container
+# has none). The gateway's `jupyter` template starts it on 127.0.0.1:8888
+# with a token made at start: the image holds only the software.
+image_jupyter() {
+    local image=localhost/leasehold/jupyter
+    has_image "$image" && return 0
+    python
+    local context started=$SECONDS
+    context=$(workdir jupyter)
+    # Without recommends: 95 packages instead of 198 (those add a C
+    # toolchain, pandoc, matplotlib, scipy and ipywidgets), none of which
+    # the notebook needs to run.
+    cat >"$context/Containerfile" <<'EOF'
+FROM localhost/leasehold/python
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends jupyter-notebook \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb
+CMD ["jupyter", "notebook", "--no-browser", "--ip=127.0.0.1", "--port=8888", "--notebook-dir=/scratch"]
+EOF
+    build_image "$image" "$context"
+    say "$image made in $((SECONDS - started)) s"
+}
+
 # For nats:2.15-alpine: busybox (its wget is what compose's health check
 # calls, as in the alpine image) and the official nats-server binary that
 # scripts/deps.sh installs; the same entrypoint and ports.
@@ -408,7 +436,8 @@ EOF
 case $WHICH in
     base) base ;;
     python) python ;;
-    all) base; python ;;
+    jupyter) image_jupyter ;;
+    all) base; python; image_jupyter ;;
     debian) image_debian ;;
     services) image_services ;;
     nats) image_nats ;;

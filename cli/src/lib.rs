@@ -15,7 +15,10 @@
 //! in the lease's workload with its output here (and, with `-i`, this
 //! stdin; with `-t`, on this terminal, raw), `lease shell` opens a login
 //! shell there, and `lease port-forward` relays a local TCP port to one in
-//! the workload, a WebSocket per connection ([`forward`]).
+//! the workload, a WebSocket per connection ([`forward`]). `lease open`
+//! uses both to reach the web page of a lease made from a template: the
+//! page's token read by an exec inside the lease, its port forwarded, the
+//! URL printed ([`open`]).
 //!
 //! One command can also skip the gateway: `audit verify` with `--nats-url`
 //! and a pinned `--public-key` reads the log from NATS itself (as the
@@ -59,8 +62,8 @@
 //! * [`EXIT_INTERRUPTED`] (130): Ctrl-C, without `-t` (with it, Ctrl-C is
 //!   the remote terminal's); [`EXIT_TERMINATED`] (143): SIGTERM.
 //!
-//! `lease port-forward` exits 0 on Ctrl-C or SIGTERM, 1 when the lease does
-//! not run.
+//! `lease port-forward` and `lease open` exit 0 on Ctrl-C or SIGTERM, 1
+//! when the lease does not run (`lease open` also when it has no web page).
 //!
 //! Errors go to stderr as `error: <title>: <detail> (field: <field>)`, read
 //! from the gateway's `application/problem+json` body.
@@ -110,22 +113,22 @@ mod terminal;
 
 pub use api_key::MAX_KEY_FILE_BYTES;
 pub use args::LeaseLogs;
-pub use args::{parse_port_spec, LeaseExec, LeasePortForward, LeaseShell, PortSpec};
+pub use args::{parse_port_spec, LeaseExec, LeaseOpen, LeasePortForward, LeaseShell, PortSpec};
 pub use args::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, BalanceCommand,
     BalanceShow, BalanceTopUp, BillingCommand, BillingWhatIf, Cli, Command, ExportFormat,
     InvoiceCommand, InvoiceShow, KeyCommand, KeyCreate, KeyRevoke, LeaseCommand, LeaseCreate,
     LeaseGet, LeaseList, LeaseStop, NodeCommand, NodeDrain, NodeId, PriceBookCommand,
     PriceBookPublish, QuoteCreate, ReportColourBy, ReportCommand, ReportDaily, ReservationCommand,
-    ReservationCreate, ReservationList, SpotCommand, TenantCommand, TenantCreate, TenantId,
-    TenantSetQuota, TenantSuspend, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
+    ReservationCreate, ReservationList, SpotCommand, TemplateCommand, TenantCommand, TenantCreate,
+    TenantId, TenantSetQuota, TenantSuspend, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
 pub use args::{SshKeyAdd, SshKeyCommand, SshKeyList, SshKeyRemove};
 pub use client::Gateway;
 pub use commands::billing::WHAT_IF_REQUEST_TIMEOUT;
 pub use commands::lease::{
-    forward, EXIT_INTERRUPTED, EXIT_SESSION_ERROR, EXIT_TERMINATED, LOGS_POLL_INTERVAL,
-    SHELL_COMMAND, WAIT_POLL_INTERVAL,
+    forward, open, EXIT_INTERRUPTED, EXIT_SESSION_ERROR, EXIT_TERMINATED, LOGS_POLL_INTERVAL,
+    OPEN_WAIT, SHELL_COMMAND, WAIT_POLL_INTERVAL,
 };
 pub use commands::MAX_JSON_FILE_BYTES;
 pub use error::{
@@ -229,6 +232,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
         Command::Billing(command) => commands::billing::run(&gw, command, json, out).await,
         Command::Spot(command) => commands::spot::run(&gw, command, json, out).await,
         Command::SshKey(command) => commands::ssh_key::run(&gw, command, json, out).await,
+        Command::Template(command) => commands::template::run(&gw, command, json, out).await,
         Command::PriceBook(command) => commands::price_book::run(&gw, command, json, out).await,
         Command::Reservation(command) => commands::reservation::run(&gw, command, json, out).await,
         Command::Quote(q) => commands::quote::run(&gw, q, json, out).await,

@@ -15,6 +15,7 @@ use super::report::ReportCommand;
 use super::reservation::ReservationCommand;
 use super::spot::SpotCommand;
 use super::ssh_key::SshKeyCommand;
+use super::template::TemplateCommand;
 use super::tenant::TenantCommand;
 
 /// Gateway used when neither `--gateway-url` nor `LH_GATEWAY_URL` is given.
@@ -80,6 +81,9 @@ pub enum Command {
     /// leases (`ssh -p 2222 <lease-id>@<gateway>`).
     #[command(subcommand)]
     SshKey(SshKeyCommand),
+    /// List the workload templates a lease may name.
+    #[command(subcommand)]
+    Template(TemplateCommand),
     /// Check the audit log.
     #[command(subcommand)]
     Audit(AuditCommand),

@@ -2,7 +2,7 @@
 //! (what it asks for, its tier) that `lh quote` shares. Tiers, lease states
 //! and recovery zones are the gateway's own types, spelled as it spells them.
 
-use clap::{Args, Subcommand};
+use clap::{ArgGroup, Args, Subcommand};
 use lh_domain::lease::LeaseState;
 use lh_events::{Tier, WorkloadNetwork, ZoneFirst};
 use rust_decimal::Decimal;
@@ -45,6 +45,15 @@ pub enum LeaseCommand {
     /// as it does. Needs a terminal: to feed a shell from a pipe, use
     /// `lh lease exec -i <id> -- sh`.
     Shell(LeaseShell),
+    /// Reach a running lease's web page (a template's HTTP port) here.
+    ///
+    /// `lh lease open <id>`: for a lease made with `--template` (e.g.
+    /// `jupyter`), reads the page's token from the workload (an exec of
+    /// `cat` on the file the template names), listens on 127.0.0.1 (a free
+    /// port unless --port), forwards it to the template's HTTP port, and
+    /// prints the URL to open, `http://127.0.0.1:<port>/?token=...`, until
+    /// Ctrl-C (exit code 0). No browser is started.
+    Open(LeaseOpen),
     /// Forward a local TCP port to a port in a running lease's workload.
     ///
     /// `lh lease port-forward <id> 8888:80` listens here until Ctrl-C (exit
@@ -93,6 +102,7 @@ pub struct GpuAskArgs {
 
 /// `lh lease create`
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("container").args(["image", "template"]).multiple(true)))]
 pub struct LeaseCreate {
     #[command(flatten)]
     pub ask: GpuAskArgs,
@@ -137,9 +147,14 @@ pub struct LeaseCreate {
     /// Container image the workload runs (nodes with a container runtime).
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
+    /// A template of the gateway's (`lh template ls`), e.g. `jupyter`: its
+    /// image and command are the workload's (give neither; --env and
+    /// --network still apply). `lh lease open` reaches its web page.
+    #[arg(long, value_name = "NAME")]
+    pub template: Option<String>,
     /// The container's network: none, or `tenant` (a network on the node
     /// shared only with your own containers there; no route out).
-    #[arg(long, value_enum, default_value_t = WorkloadNetwork::None, requires = "image")]
+    #[arg(long, value_enum, default_value_t = WorkloadNetwork::None, requires = "container")]
     pub network: WorkloadNetwork,
     /// An environment variable of the workload, NAME=VALUE (repeatable).
     /// The value is kept out of the event log, sealed with the tenant's key,
@@ -256,6 +271,20 @@ pub struct LeasePortForward {
     /// The address to listen on; 0.0.0.0 lets other machines in.
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
     pub address: IpAddr,
+}
+
+/// `lh lease open`
+#[derive(Debug, Clone, Args)]
+pub struct LeaseOpen {
+    /// Lease id.
+    pub id: String,
+    /// The port to listen on, on 127.0.0.1; 0: any free one (printed).
+    #[arg(long, value_name = "LOCAL", default_value_t = 0)]
+    pub port: u16,
+    /// Print the URL only. `lh` never starts a browser itself, so this is
+    /// what it does anyway; the flag is there for scripts that say so.
+    #[arg(long)]
+    pub no_browser: bool,
 }
 
 /// `LOCAL[:REMOTE]` of `lease port-forward`.
@@ -498,6 +527,73 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_create_from_a_template() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100-40GB",
+            "--template",
+            "jupyter",
+            "--network",
+            "tenant",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(c.template.as_deref(), Some("jupyter"));
+        assert_eq!(c.network, WorkloadNetwork::Tenant);
+        // The gateway says what contradicts the template, naming the field.
+        parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A",
+            "--template",
+            "jupyter",
+            "--image",
+            "x",
+        ])
+        .unwrap();
+        // A network is a container's: with an image or a template.
+        let e = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A",
+            "--network",
+            "tenant",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn lease_open_takes_a_local_port() {
+        let cli = parse(&["lease", "open", "L1"]).unwrap();
+        let Command::Lease(LeaseCommand::Open(o)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!((o.id.as_str(), o.port, o.no_browser), ("L1", 0, false));
+        let cli = parse(&["lease", "open", "L1", "--port", "8888", "--no-browser"]).unwrap();
+        let Command::Lease(LeaseCommand::Open(o)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!((o.port, o.no_browser), (8888, true));
+        let e = parse(&["lease", "open", "L1", "--port", "70000"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        let e = parse(&["lease", "open"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
     }
 
     #[test]

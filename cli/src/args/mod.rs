@@ -17,6 +17,7 @@ mod report;
 mod reservation;
 mod spot;
 mod ssh_key;
+mod template;
 mod tenant;
 #[cfg(test)]
 mod test_parse;
@@ -31,7 +32,7 @@ pub use cli::{Cli, Command, DEFAULT_GATEWAY_URL};
 pub use invoice::{InvoiceCommand, InvoiceShow};
 pub use lease::{
     parse_port_spec, GpuAskArgs, LeaseCommand, LeaseCreate, LeaseExec, LeaseGet, LeaseList,
-    LeaseLogs, LeasePortForward, LeaseShell, LeaseStop, PortSpec,
+    LeaseLogs, LeaseOpen, LeasePortForward, LeaseShell, LeaseStop, PortSpec,
 };
 pub use node::{NodeCommand, NodeDrain, NodeId};
 pub use price_book::{PriceBookCommand, PriceBookPublish};
@@ -40,6 +41,7 @@ pub use report::{ReportColourBy, ReportCommand, ReportDaily};
 pub use reservation::{ReservationCommand, ReservationCreate, ReservationList};
 pub use spot::SpotCommand;
 pub use ssh_key::{SshKeyAdd, SshKeyCommand, SshKeyList, SshKeyRemove};
+pub use template::TemplateCommand;
 pub use tenant::{
     KeyCommand, KeyCreate, KeyRevoke, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
     TenantSuspend,

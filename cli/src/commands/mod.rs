@@ -18,6 +18,7 @@ pub(crate) mod report;
 pub(crate) mod reservation;
 pub(crate) mod spot;
 pub(crate) mod ssh_key;
+pub(crate) mod template;
 pub(crate) mod tenant;
 
 pub use body::MAX_JSON_FILE_BYTES;

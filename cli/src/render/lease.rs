@@ -42,12 +42,21 @@ pub(crate) fn lease_view(lease: &Value) -> String {
         ("gpu uuids", "gpu_uuids"),
         ("gpu indices", "gpu_indices"),
     ];
+    // Named on a row of its own: `lh lease open` needs a template's lease.
+    if let Some(workload) = lease.get("workload").filter(|w| present(w, "template")) {
+        rows.push(("template", text(workload, "template")));
+    }
     rows.extend(
         optional
             .iter()
             .filter(|(_, key)| present(lease, key))
             .map(|(label, key)| (*label, text(lease, key))),
     );
+    // How to reach a running lease over SSH, and the key to expect.
+    if let Some(ssh) = lease.get("ssh").filter(|s| s.is_object()) {
+        rows.push(("ssh", text(ssh, "command")));
+        rows.push(("ssh host key", text(ssh, "host_key_fingerprint")));
+    }
     rows.push(("created", text(lease, "created_at")));
     for (label, key) in [
         ("placed", "placed_at"),
@@ -236,6 +245,18 @@ mod tests {
             Some("2026-12-01T10:00:03Z")
         );
         assert_eq!(value_of(&out, "queue position"), None);
+    }
+
+    #[test]
+    fn a_template_s_lease_names_it() {
+        let mut lease = running_lease();
+        lease["workload"] = json!({"image": "localhost/leasehold/jupyter", "command": ["sh"],
+            "template": "jupyter"});
+        assert_eq!(
+            value_of(&lease_view(&lease), "template").as_deref(),
+            Some("jupyter")
+        );
+        assert_eq!(value_of(&lease_view(&running_lease()), "template"), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod reservation;
 mod spot;
 mod ssh_key;
 mod table;
+mod template;
 mod tenant;
 #[cfg(test)]
 mod test_rows;
@@ -33,4 +34,5 @@ pub(crate) use report::{cost_report, cost_report_csv};
 pub(crate) use reservation::reservations;
 pub(crate) use spot::spot_prices;
 pub(crate) use ssh_key::{ssh_key_list, ssh_key_view};
+pub(crate) use template::templates;
 pub(crate) use tenant::{tenant_changed, tenant_created, tenant_view};

@@ -125,6 +125,11 @@ pub struct WorkloadSpec {
     /// What network its container is on; none unless asked.
     #[serde(default, skip_serializing_if = "WorkloadNetwork::is_none")]
     pub network: WorkloadNetwork,
+    /// The gateway's template the image and command were filled from
+    /// (`jupyter`), kept so that a client can find the template's ports
+    /// again (`lh lease open`); none for a workload the tenant spelled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// The network of a lease's container.
@@ -487,6 +492,7 @@ mod tests {
             env: BTreeMap::from([("TOKEN".to_string(), "s3cret-value".to_string())]),
             env_ref: Some(env_ref()),
             network: Default::default(),
+            template: None,
         };
         let bytes = requested(workload).to_json();
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -510,6 +516,7 @@ mod tests {
             env: BTreeMap::new(),
             env_ref: Some(env_ref()),
             network: Default::default(),
+            template: None,
         };
         let mut json: serde_json::Value =
             serde_json::from_slice(&requested(workload).to_json()).unwrap();

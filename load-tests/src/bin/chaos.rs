@@ -223,6 +223,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         front: Default::default(),
         usage: Default::default(),
         sessions: Default::default(),
+        templates_file: None,
     };
     run_as(&args.root, "gateway");
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;

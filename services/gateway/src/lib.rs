@@ -18,6 +18,7 @@ pub mod read_model;
 pub mod seal;
 pub mod sessions;
 pub mod ssh_keys;
+pub mod templates;
 pub mod tenant_keys;
 pub mod usage;
 pub mod workload_env;
@@ -143,6 +144,11 @@ pub struct Config {
     pub usage: usage::UsageArgs,
     #[command(flatten)]
     pub sessions: sessions::SessionArgs,
+    /// TOML file of the workload templates leases may name (`[[template]]`
+    /// entries; docs/workloads.md); without it, the built-in set (`jupyter`).
+    /// Checked at start: a bad entry stops the gateway, naming it.
+    #[arg(long, env = "LH_TEMPLATES_FILE")]
+    pub templates_file: Option<PathBuf>,
 }
 
 /// Operators signed in with an OpenID Connect issuer (off unless the
@@ -234,6 +240,11 @@ impl Config {
 /// Starts the API and the projection feeding it.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     lh_service::describe_metrics(METRICS);
+    // First: a bad file is the operator's to fix, and says so before
+    // anything is connected.
+    let templates = std::sync::Arc::new(templates::Templates::load(
+        config.templates_file.as_deref(),
+    )?);
     let principals = std::sync::Arc::new(config.principals().await?);
     let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;
@@ -308,6 +319,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             config.front.refusal_summary_secs,
         )),
         sessions: std::sync::Arc::new(sessions::Sessions::new(config.sessions.clone())),
+        templates,
     });
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);

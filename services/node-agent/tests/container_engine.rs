@@ -923,6 +923,7 @@ fn previous_agent_with_containers() {
                     0 | 2 => lh_events::WorkloadNetwork::Tenant,
                     _ => lh_events::WorkloadNetwork::None,
                 },
+                template: None,
             };
             let tenant = Uuid::from_u128(i as u128 + 1);
             assert!(workloads

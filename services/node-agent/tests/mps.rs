@@ -93,6 +93,7 @@ fn command(line: &str) -> WorkloadSpec {
         env: BTreeMap::new(),
         env_ref: None,
         network: Default::default(),
+        template: None,
     }
 }
 

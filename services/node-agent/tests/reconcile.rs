@@ -61,6 +61,7 @@ fn previous_agent() {
             env: Default::default(),
             env_ref: None,
             network: Default::default(),
+            template: None,
         };
         assert!(workloads
             .start(lease_id, PLACEMENT, &gpus(), &[], Some(&spec))
@@ -584,6 +585,7 @@ async fn killed_agent_running(command: &str) -> OnLog {
             env: Default::default(),
             env_ref: None,
             network: Default::default(),
+            template: None,
         }),
         ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
     };

@@ -36,6 +36,7 @@ mod roles;
 mod sessions;
 mod spot_market;
 mod ssh_keys;
+mod templates;
 mod tenant_keys;
 mod traces;
 mod usage;

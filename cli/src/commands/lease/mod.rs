@@ -2,10 +2,12 @@
 //! usage. Commands that are one request are here; those that page, poll
 //! or follow have a room each: [`list`], [`wait`], [`logs`]; sessions into
 //! a running lease too: [`session`] (exec, shell) and [`port_forward`],
-//! over the WebSockets of [`wire`].
+//! over the WebSockets of [`wire`], and [`open`], which uses both to reach
+//! a template's web page.
 
 mod list;
 mod logs;
+pub(crate) mod open;
 pub(crate) mod port_forward;
 pub(crate) mod session;
 mod wait;
@@ -24,6 +26,7 @@ use crate::render;
 use super::body::GpuFields;
 
 pub use logs::LOGS_POLL_INTERVAL;
+pub use open::{open, OPEN_WAIT};
 pub use port_forward::forward;
 pub use session::{EXIT_INTERRUPTED, EXIT_SESSION_ERROR, EXIT_TERMINATED, SHELL_COMMAND};
 pub use wait::WAIT_POLL_INTERVAL;
@@ -87,6 +90,7 @@ pub(crate) async fn run(
         LeaseCommand::Exec(e) => session::exec(gw, &e, out, err).await,
         LeaseCommand::Shell(s) => session::shell(gw, &s, out, err).await,
         LeaseCommand::PortForward(p) => port_forward::port_forward(gw, &p, out, err).await,
+        LeaseCommand::Open(o) => open::open_command(gw, &o, out, err).await,
         LeaseCommand::Resume(s) => {
             let lease = gw.post_empty(&["v1", "leases", &s.id, "resume"]).await?;
             emit(out, json, &lease, render::lease_view)?;
@@ -103,7 +107,10 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
         gpu_fraction,
         mig_profile,
     } = GpuFields::from(&c.ask);
-    let runs_something = !c.command.is_empty() || c.image.is_some() || !c.env.is_empty();
+    // With a template and nothing else, no workload is sent: the gateway
+    // makes it from the template.
+    let runs_something =
+        !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() || !c.network.is_none();
     CreateLease {
         gpus,
         gpu_fraction,
@@ -114,6 +121,7 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
             env: c.env.iter().cloned().collect(),
             network: c.network,
         }),
+        template: c.template.clone(),
         gpu_model: c.gpu_model.clone(),
         tier: c.tier,
         priority: c.priority,
@@ -125,5 +133,47 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
             zone_first: c.zone_first,
         }),
         quote_id: c.quote,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Cli, Command};
+    use clap::Parser as _;
+    use serde_json::json;
+
+    fn body(args: &[&str]) -> serde_json::Value {
+        let mut argv = vec![
+            "lh",
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100-40GB",
+        ];
+        argv.extend_from_slice(args);
+        let Command::Lease(LeaseCommand::Create(c)) = Cli::try_parse_from(argv).unwrap().command
+        else {
+            panic!("not lease create")
+        };
+        serde_json::to_value(create_lease(&c)).unwrap()
+    }
+
+    #[test]
+    fn a_template_alone_sends_its_name_and_no_workload() {
+        assert_eq!(
+            body(&["--template", "jupyter"]),
+            json!({"gpus": 1, "gpu_model": "A100-40GB", "tier": "basic", "priority": 0,
+                "template": "jupyter"})
+        );
+        let with_network = body(&["--template", "jupyter", "--network", "tenant"]);
+        assert_eq!(
+            with_network["workload"],
+            json!({"command": [], "env": {}, "network": "tenant"})
+        );
+        assert_eq!(with_network["template"], "jupyter");
+        assert!(body(&[]).get("template").is_none());
     }
 }

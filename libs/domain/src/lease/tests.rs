@@ -144,6 +144,7 @@ fn with_workload(command: &[&str], image: Option<&str>, env: &[&str]) -> LeaseBo
             env: env.iter().map(|k| (k.to_string(), "v".into())).collect(),
             env_ref: None,
             network: Default::default(),
+            template: None,
         }),
         ..whole(1)
     }
@@ -495,6 +496,7 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
             env: Default::default(),
             env_ref: None,
             network: Default::default(),
+            template: None,
         }),
         ..whole(1)
     };

@@ -34,6 +34,11 @@ pub struct CreateLease {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub workload: Option<WorkloadBody>,
+    /// A template of the gateway's (`GET /v1/templates`), e.g. `jupyter`:
+    /// the workload's image and command are the template's, so `workload`
+    /// may then give only `env` and `network`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     /// A model from the catalog, e.g. `A100-40GB`.
     pub gpu_model: String,
     #[serde(default = "default_tier")]
@@ -140,10 +145,13 @@ impl From<WorkloadBody> for WorkloadSpec {
             env: body.env,
             env_ref: None,
             network: body.network,
+            template: None,
         }
     }
 }
 
+/// Everything but `template`, which only the gateway's set of templates
+/// turns into an image and a command: it takes the name out first.
 impl From<CreateLease> for LeaseBody {
     fn from(body: CreateLease) -> Self {
         LeaseBody {
@@ -187,7 +195,8 @@ pub struct LeaseView {
     /// Set for a MIG lease: the profile asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
-    /// What the lease runs: `command`, `image`, and for an environment
+    /// What the lease runs: `command`, `image`, the `template` they came
+    /// from if any, and for an environment
     /// `env` with its variables' `names` (never their values), the
     /// `lease_id` they are stored with and their salted `sha256`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -288,6 +297,7 @@ mod tests {
                 env: BTreeMap::new(),
                 network: WorkloadNetwork::None,
             }),
+            template: None,
             gpu_model: "H100".into(),
             tier: Tier::Spot,
             priority: 0,

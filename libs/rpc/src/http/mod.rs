@@ -22,6 +22,7 @@ pub mod quotes;
 pub mod reservations;
 pub mod sessions;
 pub mod ssh_keys;
+pub mod templates;
 pub mod tenants;
 pub mod usage;
 

@@ -131,7 +131,7 @@ pub async fn create(
     State(ctx): State<ApiContext>,
     caller: Caller,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<CreateLease>,
+    ApiJson(mut body): ApiJson<CreateLease>,
 ) -> Result<(StatusCode, Json<LeaseView>), ApiError> {
     let (tenant_id, max_gpus) = caller.tenant()?;
     let admitted = ctx
@@ -154,8 +154,12 @@ pub async fn create(
     };
     let key = headers.get("idempotency-key").map(|v| v.as_bytes());
     let quote_id = body.quote_id;
-    let mut requested =
-        lease::request(tenant, body.into(), key, Uuid::now_v7()).map_err(invalid)?;
+    let template = body.template.take();
+    let mut asked = lease::LeaseBody::from(body);
+    if let Some(name) = &template {
+        super::templates::fill_workload(&ctx.templates, name, &mut asked.workload)?;
+    }
+    let mut requested = lease::request(tenant, asked, key, Uuid::now_v7()).map_err(invalid)?;
     if let Some(quote_id) = quote_id {
         super::quotes::check_quote(&ctx, quote_id, &requested, Utc::now()).await?;
         requested.quote_id = Some(quote_id);

@@ -23,6 +23,7 @@ pub mod refusals;
 pub mod reservations;
 pub mod spot;
 pub mod ssh_keys;
+pub mod templates;
 pub mod tenants;
 pub mod usage;
 
@@ -88,6 +89,8 @@ pub struct ApiShared {
     pub refusals: std::sync::Arc<refusals::RefusalCounter>,
     /// The sessions into leases this replica relays.
     pub sessions: std::sync::Arc<crate::sessions::Sessions>,
+    /// The workload templates leases may name.
+    pub templates: std::sync::Arc<crate::templates::Templates>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
@@ -123,6 +126,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/spot/prices", get(spot::prices))
+        .route("/v1/templates", get(templates::list))
         .route("/v1/invoices", get(invoices::list))
         .route("/v1/invoices/{id}", get(invoices::show))
         .route("/v1/invoices/{id}/csv", get(invoices::csv))

@@ -9,7 +9,7 @@ use super::ssh_keys;
 
 use super::{
     audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
-    spot, tenants, usage, Problem,
+    spot, templates, tenants, usage, Problem,
 };
 
 #[derive(OpenApi)]
@@ -42,6 +42,7 @@ use super::{
         invoices::list,
         invoices::show,
         spot::prices,
+        templates::list,
         invoices::csv,
         invoices::charges,
         invoices::cost_report,

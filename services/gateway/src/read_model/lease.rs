@@ -172,11 +172,14 @@ pub fn requested_lease(e: &LeaseRequested, sequence: u64, occurred_at: DateTime<
     }
 }
 
-/// What the read model keeps of a workload: its command and image, and of
-/// an environment kept out of the log, where it is and its names, never
-/// values (the log never holds them).
+/// What the read model keeps of a workload: its command and image, the
+/// template they came from, and of an environment kept out of the log,
+/// where it is and its names, never values (the log never holds them).
 pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
     let mut view = serde_json::json!({"command": w.command, "image": w.image});
+    if let Some(template) = &w.template {
+        view["template"] = serde_json::json!(template);
+    }
     if let Some(env_ref) = &w.env_ref {
         view["env"] = serde_json::json!(env_ref);
     }

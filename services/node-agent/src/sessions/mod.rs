@@ -158,7 +158,7 @@ async fn open_and_run(
                 return answer(&client, reply, refused(Refusal::BadRequest, why)).await;
             }
             match enter::exec(&entry.target, open.session_id, command, *tty, *stdin) {
-                Ok(exec) => relay::Work::Exec(exec),
+                Ok(exec) => relay::Work::Exec(Box::new(exec)),
                 Err(e) => {
                     let message = format!("cannot start {:?}: {e}", command[0]);
                     return answer(&client, reply, refused(Refusal::CannotStart, message)).await;

@@ -52,7 +52,7 @@ impl Uplink {
 
 /// What the session carries.
 pub enum Work {
-    Exec(Exec),
+    Exec(Box<Exec>),
     Port(TcpStream),
 }
 
@@ -310,7 +310,7 @@ pub async fn run(
     why
 }
 
-async fn wait_child(exec: &mut Option<Exec>) -> std::io::Result<std::process::ExitStatus> {
+async fn wait_child(exec: &mut Option<Box<Exec>>) -> std::io::Result<std::process::ExitStatus> {
     match exec {
         Some(exec) => exec.child.wait().await,
         None => std::future::pending().await,

@@ -425,6 +425,7 @@ fn requested_with_workload(lease: Uuid) -> EventData {
         env: Default::default(),
         env_ref: None,
         network: Default::default(),
+        template: None,
     });
     EventData::LeaseRequested(r)
 }

@@ -91,6 +91,7 @@ impl Stack {
                     limits: self.gateway_limits,
                     usage: Default::default(),
                     sessions: Default::default(),
+                    templates_file: None,
                 };
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
@@ -183,6 +184,7 @@ impl Stack {
             limits: Default::default(),
             usage: Default::default(),
             sessions: Default::default(),
+            templates_file: None,
         }
     }
 }
