@@ -62,7 +62,8 @@ RUN if ! command -v curl >/dev/null || ! [ -s /etc/ssl/certs/ca-certificates.crt
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && useradd --system --uid 10001 --home-dir /var/lib/leasehold --create-home \
-         --shell /usr/sbin/nologin leasehold
+         --shell /usr/sbin/nologin leasehold \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/leasehold/ssh
 COPY --from=binaries /out/ /usr/local/bin/
 # The simulated fleet, for node-agents run without real GPUs.
 COPY dev/fleet.toml /etc/leasehold/fleet.toml

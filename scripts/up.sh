@@ -24,7 +24,7 @@
 # the services their own roles, made with scripts/pg-roles.sh),
 # LH_MASTER_KEY_FILE (instead of the generated one),
 # LH_ADMIN_TOKEN (instead of the generated one), LH_GATEWAY_ADDR
-# (127.0.0.1:8080), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
+# (127.0.0.1:8080), LH_SSH_ADDR (127.0.0.1:2222; off: no SSH endpoint), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
 # LH_UP_NO_BUILD=1 (skip cargo build), LH_RUNTIME (auto: leases' images
 # run in podman where it works, else simulated; sim; podman), LH_PODMAN_ARGS
 # (podman's global flags; see "the workloads' runtime" below), LH_UP_PROFILE (up: the Cargo profile
@@ -54,6 +54,8 @@ NATS_PORT=${LH_NATS_PORT:-4222}
 NATS_HTTP_PORT=${LH_NATS_HTTP_PORT:-8222}
 PG_PORT=${LH_PG_PORT:-5432}
 GATEWAY_ADDR=${LH_GATEWAY_ADDR:-127.0.0.1:8080}
+# The gateway's SSH endpoint into leases (docs/adr/030).
+SSH_ADDR=${LH_SSH_ADDR:-127.0.0.1:2222}
 LOG_FORMAT=${LH_LOG_FORMAT:-pretty}
 TIMEOUT_SECS=${LH_UP_TIMEOUT_SECS:-60}
 NATS_ROUTE_PORT=${LH_NATS_ROUTE_PORT:-6222}
@@ -382,7 +384,8 @@ start_service() {
         LH_NATS_USER="$user" LH_NATS_NKEY_SEED_FILE="$AUTH/keys/$user.nk")
     case $name in
         gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$GATEWAY_DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN"
-                       LH_MASTER_KEY_FILE="$MASTER_KEY_FILE") ;;
+                       LH_MASTER_KEY_FILE="$MASTER_KEY_FILE"
+                       LH_SSH_ADDR="$SSH_ADDR" LH_SSH_HOST_KEY_FILE="$DATA/ssh/ssh_host_ed25519_key") ;;
         pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$PRICING_DATABASE_URL") ;;
         audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$AUDIT_KEY_FILE"
                      LH_AUDIT_VERIFY_TOKEN_FILE="$AUDIT_VERIFY_TOKEN_FILE")
@@ -456,6 +459,7 @@ cat <<EOF
 Leasehold is up on the simulated fleet (dev/fleet.toml).
   workloads:    $RUNTIME ($RUNTIME_WHY)
   gateway:      http://$GATEWAY_ADDR
+  ssh:          $([ "$SSH_ADDR" = off ] && echo "off (LH_SSH_ADDR=off)" || echo "ssh -p ${SSH_ADDR##*:} <lease-id>@${SSH_ADDR%:*} (after lh ssh-key add)")
   admin token:  $LH_ADMIN_TOKEN
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)
   database:     $DATABASE_URL (services: roles lh_gateway, lh_pricing, lh_audit where up.sh runs it)

@@ -24,8 +24,8 @@ pub struct SshKeyAdd {
     /// ~/.ssh/id_ed25519.pub, ~/.ssh/id_ecdsa.pub and ~/.ssh/id_rsa.pub
     /// that exists.
     pub file: Option<PathBuf>,
-    /// What to call the key (1 to 64 characters); by default the key's
-    /// comment, else the file's name.
+    /// What to call the key (1 to 64 characters; it is kept on the log in
+    /// clear); by default the file's name, never the key's comment.
     #[arg(long)]
     pub name: Option<String>,
 }

@@ -17,14 +17,15 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// Most bytes of a stream one frame carries.
-pub const MAX_FRAME_DATA_BYTES: usize = 64 * 1024;
+/// Most bytes of a stream one frame carries: large, as each frame's trip
+/// through the bus costs more than its bytes (NATS takes 1 MiB a message).
+pub const MAX_FRAME_DATA_BYTES: usize = 512 * 1024;
 /// What a frame costs against the window beyond its bytes: a window of
 /// one-byte frames (keystrokes) is still a bounded number of frames.
 pub const FRAME_OVERHEAD_BYTES: u32 = 64;
 /// The window each side may send unacknowledged, in bytes with each
 /// frame's overhead.
-pub const DEFAULT_WINDOW_BYTES: u32 = 256 * 1024;
+pub const DEFAULT_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 /// The most frames a window can hold: what a receiver's queue must take.
 pub const fn max_frames_in_window(window_bytes: u32) -> usize {
     (window_bytes / FRAME_OVERHEAD_BYTES) as usize

@@ -224,6 +224,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         usage: Default::default(),
         sessions: Default::default(),
         templates_file: None,
+        ssh: Default::default(),
     };
     run_as(&args.root, "gateway");
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;

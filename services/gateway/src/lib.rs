@@ -17,6 +17,7 @@ pub mod projection;
 pub mod read_model;
 pub mod seal;
 pub mod sessions;
+pub mod ssh;
 pub mod ssh_keys;
 pub mod templates;
 pub mod tenant_keys;
@@ -144,6 +145,8 @@ pub struct Config {
     pub usage: usage::UsageArgs,
     #[command(flatten)]
     pub sessions: sessions::SessionArgs,
+    #[command(flatten)]
+    pub ssh: ssh::SshArgs,
     /// TOML file of the workload templates leases may name (`[[template]]`
     /// entries; docs/workloads.md); without it, the built-in set (`jupyter`).
     /// Checked at start: a bad entry stops the gateway, naming it.
@@ -303,6 +306,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     };
     let prune = usage::prune_every_hour(pool.clone(), config.usage.usage_keep_days);
     let readiness = Readiness::default();
+    let ssh_bound = ssh::bind(&config.ssh).await?;
     let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
@@ -319,8 +323,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             config.front.refusal_summary_secs,
         )),
         sessions: std::sync::Arc::new(sessions::Sessions::new(config.sessions.clone())),
+        ssh: ssh_bound.as_ref().map(|b| b.endpoint.clone()),
         templates,
     });
+    let ssh_task = ssh_bound
+        .map(|bound| lh_service::AbortOnDrop(ssh::serve(bound, ctx.clone(), shutdown.clone())));
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
     let environments = workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone());
@@ -335,6 +342,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness,
         shutdown,
         async move {
+            // The SSH endpoint lives as long as the API.
+            let _ssh = ssh_task;
             // Ready once the read model has caught up with the log, and
             // not while it cannot write to the database, nor while the log
             // is out of reach (requests could not append).

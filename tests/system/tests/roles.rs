@@ -64,6 +64,10 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("GET", "/v1/leases/{l}/usage", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/usage?tenant={t}", [401, 200, 403, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/leases/{l}/logs", [401, 200, 404, 401, 401, 200, 200, 200, 200, 403, 403]),
+    // A WebSocket's route called without one: 400 for whoever may enter.
+    // Operators enter only where LH_OPERATOR_SESSIONS allows (off here).
+    ("GET", "/v1/leases/{l}/exec?command=true", [401, 400, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("GET", "/v1/leases/{l}/port-forward?port=8080", [401, 400, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
     ("POST", "/v1/nodes/{n}/enroll", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("POST", "/v1/nodes/{n}/drain", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),

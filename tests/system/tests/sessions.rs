@@ -354,6 +354,61 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
         "{problem}"
     );
 
+    // The CLI, as a tenant runs it, on the real gateway: the command's
+    // output and its exit code as lh's; a local port through forward().
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("key");
+    std::fs::write(&key_file, &key).unwrap();
+    let out = lh_cli::capture([
+        "lh",
+        "--gateway-url",
+        &stack.gateway_url,
+        "--api-key-file",
+        key_file.to_str().unwrap(),
+        "lease",
+        "exec",
+        &lease,
+        "--",
+        "sh",
+        "-c",
+        "echo from-cli; echo to-stderr >&2; exit 4",
+    ])
+    .await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (4, "from-cli\n"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("to-stderr"), "{out:?}");
+    let gw = lh_cli::Gateway::new(&stack.gateway_url, Some(&key)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let forwarding = {
+        let lease = lease.clone();
+        tokio::spawn(async move {
+            let mut err: Vec<u8> = Vec::new();
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            lh_cli::forward(&gw, &lease, listener, 8080, shutdown, &mut err).await
+        })
+    };
+    let echoed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(local).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"through lh\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(echoed, "through lh\n");
+    let _ = stop.send(());
+    forwarding.await.unwrap().unwrap();
+
     // Nobody else: another tenant does not see the lease, the auditor and
     // an admin (operator sessions off) may not enter.
     let path = exec_path(&lease, &["true"], "");
@@ -471,20 +526,20 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
         Some("lease_ended")
     );
 
-    // The trail: who, which lease, how many bytes; never the bytes. Ten
-    // sessions opened (three commands, two connections, four held, one
-    // ended by its lease).
+    // The trail: who, which lease, how many bytes; never the bytes. Twelve
+    // sessions opened (three commands, two connections, the CLI's command
+    // and connection, four held, one ended by its lease).
     let deadline = Instant::now() + Duration::from_secs(30);
     let (opened, ended, log) = loop {
         let (opened, ended, log) = session_events(&stack, &lease).await;
-        if ended.len() >= 10 || Instant::now() > deadline {
+        if ended.len() >= 12 || Instant::now() > deadline {
             break (opened, ended, log);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert_eq!(
         (opened.len(), ended.len()),
-        (10, 10),
+        (12, 12),
         "{opened:?} {ended:?}"
     );
     assert!(ended.iter().any(|e| e.ended_by == "lease_ended"));
@@ -499,7 +554,7 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
             .iter()
             .filter(|o| o.kind == lh_events::SessionKind::PortForward && o.port == Some(8080))
             .count(),
-        2
+        3
     );
     let cat = ended
         .iter()
@@ -854,7 +909,8 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
         .unwrap();
     let (mut tx, _rx) = held.split();
     let flooding = tokio::spawn(async move {
-        for _ in 0..64 {
+        // Three windows' worth, of which the node may be sent one.
+        for _ in 0..3 * lh_rpc::session::DEFAULT_WINDOW_BYTES / (32 * 1024) {
             let mut message = vec![0u8];
             message.extend(vec![b'h'; 32 * 1024]);
             if tx.send(Message::Binary(message.into())).await.is_err() {
@@ -1016,4 +1072,287 @@ async fn a_process_lease_s_exec_runs_as_its_own_user_with_its_environment() {
     );
     assert_eq!(lines[2], format!("hello {lease}"));
     assert_eq!(ran.status.and_then(|s| s.exit_code()), Some(0));
+}
+
+/// A free loopback port for a listener the test hands a service.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A new ed25519 key pair in `dir`: the private key's path and the public
+/// key's text.
+fn ssh_key(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
+    let path = dir.join(name);
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let public = std::fs::read_to_string(path.with_extension("pub")).unwrap();
+    (path, public.trim().to_string())
+}
+
+/// OpenSSH's own client, as a tenant runs it: only this key, the gateway's
+/// host key checked against `known_hosts`, never a prompt.
+fn ssh_command(
+    program: &str,
+    key: &std::path::Path,
+    known_hosts: &std::path::Path,
+    port_flag: &str,
+    port: u16,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    command
+        .arg(port_flag)
+        .arg(port.to_string())
+        .arg("-i")
+        .arg(key)
+        .args([
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+        ])
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+        .args(["-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"]);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordinary_ssh_client_gets_a_shell_runs_commands_copies_files_and_forwards_a_port() {
+    base_image();
+    let dir = tempfile::tempdir().unwrap();
+    let host_key = dir.path().join("host_key");
+    let port = free_port();
+    let (_, fleet) = own_node_fleet();
+    let stack = {
+        let host_key = host_key.clone();
+        Stack::start_configured(&fleet, move |s| {
+            s.node_runtime = RuntimeKind::Podman;
+            s.node_container_args = PODMAN_ARGS.map(String::from).into();
+            let host_key = host_key.clone();
+            s.gateway_config = Some(std::sync::Arc::new(move |c: &mut lh_gateway::Config| {
+                c.ssh.ssh_addr = format!("127.0.0.1:{port}");
+                c.ssh.ssh_host_key_file = host_key.clone();
+            }));
+        })
+        .await
+    };
+    let key = tenant(&stack, "sshes").await;
+    let other = tenant(&stack, "elsewhere").await;
+    let (private, public) = ssh_key(dir.path(), "tenant");
+    let (other_private, other_public) = ssh_key(dir.path(), "other");
+    for (api_key, public) in [(&key, &public), (&other, &other_public)] {
+        let (s, b) = stack
+            .call(
+                Method::POST,
+                "/v1/ssh-keys",
+                api_key,
+                Some(json!({"name": "laptop", "public_key": public})),
+            )
+            .await;
+        assert_eq!(s, 201, "{b}");
+    }
+    let lease = running_lease(
+        &stack,
+        &key,
+        json!(["sh", "-c", "nc -ll -p 8080 -e cat & exec sleep 600"]),
+    )
+    .await;
+
+    // The lease says how to reach it, and which host key to expect: the
+    // one the gateway keeps in its file.
+    let (s, view) = stack
+        .call(Method::GET, &format!("/v1/leases/{lease}"), &key, None)
+        .await;
+    assert_eq!(s, 200, "{view}");
+    assert_eq!(
+        view["ssh"]["command"],
+        format!("ssh -p {port} {lease}@127.0.0.1"),
+        "{view}"
+    );
+    let host_public = std::process::Command::new("ssh-keygen")
+        .arg("-y")
+        .arg("-f")
+        .arg(&host_key)
+        .output()
+        .unwrap();
+    assert!(host_public.status.success());
+    let host_public = String::from_utf8(host_public.stdout).unwrap();
+    let known_hosts = dir.path().join("known_hosts");
+    std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_public}")).unwrap();
+    let fingerprint = std::process::Command::new("ssh-keygen")
+        .arg("-lf")
+        .arg(&known_hosts)
+        .output()
+        .unwrap();
+    let fingerprint = String::from_utf8(fingerprint.stdout).unwrap();
+    let expected = view["ssh"]["host_key_fingerprint"].as_str().unwrap();
+    assert!(
+        fingerprint.contains(expected),
+        "{fingerprint} vs {expected}"
+    );
+
+    let ssh = |args: &[&str]| {
+        let mut command = ssh_command("ssh", &private, &known_hosts, "-p", port);
+        command.arg(format!("{lease}@127.0.0.1")).args(args);
+        command
+    };
+    // A command: its output and exit code, inside the container.
+    let out = tokio::task::spawn_blocking({
+        let mut c = ssh(&["nproc; test -d /scratch && ! test -e /work && exit 3"]);
+        move || c.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cpus: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(cpus >= 1);
+
+    // A shell on a terminal.
+    let out = tokio::task::spawn_blocking({
+        let mut c = ssh(&[]);
+        c.arg("-tt")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        move || {
+            use std::io::Write;
+            let mut child = c.spawn().unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"echo $((6*7)); exit 5\n")
+                .unwrap();
+            child.wait_with_output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("42"),
+        "{out:?}"
+    );
+    assert_eq!(out.status.code(), Some(5));
+
+    // scp copies a file in (over sftp), and it is there.
+    let local = dir.path().join("data.bin");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    std::fs::write(&local, &data).unwrap();
+    let out = tokio::task::spawn_blocking({
+        let mut c = ssh_command("scp", &private, &known_hosts, "-P", port);
+        c.arg(&local)
+            .arg(format!("{lease}@127.0.0.1:/scratch/data.bin"));
+        move || c.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "scp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tokio::task::spawn_blocking({
+        let mut c = ssh(&["md5sum /scratch/data.bin"]);
+        move || c.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let local_sum = std::process::Command::new("md5sum")
+        .arg(&local)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next(),
+        String::from_utf8_lossy(&local_sum.stdout)
+            .split_whitespace()
+            .next()
+    );
+
+    // -L: a local port reaches the lease's 8080.
+    let local_port = free_port();
+    let mut forward = ssh(&["-N"]);
+    forward
+        .arg("-L")
+        .arg(format!("127.0.0.1:{local_port}:localhost:8080"));
+    let mut forward = forward.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let echoed = loop {
+        let attempt = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", local_port))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"through ssh\n")?;
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf)?;
+            Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+        .await
+        .unwrap();
+        match attempt {
+            Ok(text) if !text.is_empty() => break text,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(300)).await,
+            other => panic!("no echo through -L: {other:?}"),
+        }
+    };
+    assert_eq!(echoed, "through ssh\n");
+    let _ = forward.kill();
+    let _ = forward.wait();
+
+    // Nobody else: another tenant's key, a user that is no lease.
+    for (private, user) in [
+        (&other_private, lease.clone()),
+        (&private, "root".to_string()),
+    ] {
+        let out = tokio::task::spawn_blocking({
+            let mut c = ssh_command("ssh", private, &known_hosts, "-p", port);
+            c.arg(format!("{user}@127.0.0.1")).arg("true");
+            move || c.output().unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(255), "{user}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{out:?}"
+        );
+    }
+
+    // The trail: each channel a session, by SSH, with the key that signed in.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (opened, _, _) = session_events(&stack, &lease).await;
+        let by_ssh: Vec<_> = opened
+            .iter()
+            .filter(|o| o.transport == lh_events::SessionTransport::Ssh)
+            .collect();
+        if by_ssh.len() >= 5 {
+            let fingerprint = by_ssh[0].ssh_key_fingerprint.clone().unwrap();
+            assert!(fingerprint.starts_with("SHA256:"));
+            assert!(by_ssh
+                .iter()
+                .any(|o| o.kind == lh_events::SessionKind::PortForward && o.port == Some(8080)));
+            assert!(by_ssh
+                .iter()
+                .any(|o| o.kind == lh_events::SessionKind::Shell));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{by_ssh:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

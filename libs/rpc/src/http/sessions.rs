@@ -37,6 +37,16 @@ pub const CHANNEL_ERROR: u8 = 1;
 /// a larger one closes the session (1009).
 pub const MAX_SESSION_MESSAGE_BYTES: usize = 64 * 1024 + 1;
 
+/// How a running lease is reached over the gateway's SSH endpoint: in
+/// `GET /v1/leases/{id}` as `ssh`, where the endpoint runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SshAccess {
+    /// `ssh -p PORT LEASE@HOST`.
+    pub command: String,
+    /// The endpoint's host key, `SHA256:...` as `ssh` prints it.
+    pub host_key_fingerprint: String,
+}
+
 /// The terminal's size, as Kubernetes sends it on the resize channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TerminalSize {

@@ -182,11 +182,15 @@ impl FromRequestParts<ApiContext> for Caller {
             )));
         }
         let (id, max_gpus) = (key.tenant_id, key.max_gpus);
-        let write = !matches!(parts.method, Method::GET | Method::HEAD);
+        // A session into a lease runs commands in it: a write, though it
+        // comes as a GET (a WebSocket's upgrade).
+        let path = parts.uri.path();
+        let write = !matches!(parts.method, Method::GET | Method::HEAD)
+            || path.ends_with("/exec")
+            || path.ends_with("/port-forward");
         // A suspended tenant may still revoke a key of its own, an API key
         // or an SSH key: a key that leaked while it was suspended must not
         // stay valid until an operator acts.
-        let path = parts.uri.path();
         let revoking = parts.method == Method::DELETE
             && (path.contains("/keys/") || path.starts_with("/v1/ssh-keys/"));
         if write && key.suspended && !revoking {

@@ -100,6 +100,13 @@ fn may_open(
     }
 }
 
+/// The client's upgrade, checked once the lease is known to be its.
+struct Upgrade {
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    headers: axum::http::HeaderMap,
+    protocol: &'static str,
+}
+
 fn upgrade_of(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
     protocol: &str,
@@ -202,7 +209,11 @@ pub async fn exec(
         .find(|(k, _)| k == "reason")
         .map(|(_, v)| v.as_str());
     let reason = may_open(&ctx, &caller, reason)?;
-    let ws = upgrade_of(ws, EXEC_SUBPROTOCOL, &headers)?;
+    let upgrade = Upgrade {
+        ws,
+        headers,
+        protocol: EXEC_SUBPROTOCOL,
+    };
     let kind = OpenKind::Exec {
         command,
         tty: tty.then_some(TtySize { cols, rows }),
@@ -220,7 +231,7 @@ pub async fn exec(
         kind,
         session_kind,
         reason,
-        ws,
+        upgrade,
         Channels::Exec { stdin },
     )
     .await
@@ -262,7 +273,11 @@ pub async fn port_forward(
         .find(|(k, _)| k == "reason")
         .map(|(_, v)| v.as_str());
     let reason = may_open(&ctx, &caller, reason)?;
-    let ws = upgrade_of(ws, PORT_FORWARD_SUBPROTOCOL, &headers)?;
+    let upgrade = Upgrade {
+        ws,
+        headers,
+        protocol: PORT_FORWARD_SUBPROTOCOL,
+    };
     open(
         ctx,
         caller,
@@ -270,7 +285,7 @@ pub async fn port_forward(
         OpenKind::PortForward { port },
         SessionKind::PortForward,
         reason,
-        ws,
+        upgrade,
         Channels::PortForward,
     )
     .await
@@ -284,10 +299,13 @@ async fn open(
     kind: OpenKind,
     session_kind: SessionKind,
     reason: Option<String>,
-    ws: WebSocketUpgrade,
+    upgrade: Upgrade,
     channels: Channels,
 ) -> Result<Response, ApiError> {
+    // Whether the lease is the caller's first: another tenant learns
+    // nothing of it, not even that the route wants a WebSocket.
     let lease = visible(&ctx, &caller, parse_id(id)?).await?;
+    let ws = upgrade_of(upgrade.ws, upgrade.protocol, &upgrade.headers)?;
     let opened = crate::sessions::open::open(
         &ctx,
         crate::sessions::open::Opening {

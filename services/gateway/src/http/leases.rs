@@ -54,7 +54,10 @@ async fn fetch(ctx: &ApiContext, id: Uuid) -> Result<Option<Lease>, ApiError> {
 /// read model has none, it waits until it has applied what the log holds on
 /// the lease's subject (one lookup on the log), so that a lease whose
 /// request was answered is seen by any read that follows the answer.
-async fn lookup_lease(ctx: &ApiContext, id: Uuid) -> Result<Option<Arc<CachedLease>>, ApiError> {
+pub(crate) async fn lookup_lease(
+    ctx: &ApiContext,
+    id: Uuid,
+) -> Result<Option<Arc<CachedLease>>, ApiError> {
     if let Some(lease) = ctx.lease_views.get(&id) {
         return Ok(Some(lease));
     }
@@ -241,7 +244,20 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let lease = lookup_visible_lease(&ctx, &caller, parse_id(&id)?).await?;
-    Ok(json_response(lease.json.clone()))
+    match (&ctx.ssh, lease.lease.view.state) {
+        (Some(ssh), lease::LeaseState::Running) if lease.lease.view.workload.is_some() => {
+            // How to reach it over SSH, beside the stored view.
+            let mut view: serde_json::Value =
+                serde_json::from_slice(&lease.json).map_err(ApiError::internal)?;
+            let access = lh_rpc::http::sessions::SshAccess {
+                command: format!("ssh -p {} {}@{}", ssh.port, lease.lease.view.id, ssh.host),
+                host_key_fingerprint: ssh.host_key_fingerprint.clone(),
+            };
+            view["ssh"] = serde_json::to_value(access).map_err(ApiError::internal)?;
+            Ok(Json(view).into_response())
+        }
+        _ => Ok(json_response(lease.json.clone())),
+    }
 }
 
 /// A 200 with a body already serialised, as `Json` would answer it.

@@ -89,6 +89,8 @@ pub struct ApiShared {
     pub refusals: std::sync::Arc<refusals::RefusalCounter>,
     /// The sessions into leases this replica relays.
     pub sessions: std::sync::Arc<crate::sessions::Sessions>,
+    /// The SSH endpoint, when this replica runs one.
+    pub ssh: Option<crate::ssh::SshEndpoint>,
     /// The workload templates leases may name.
     pub templates: std::sync::Arc<crate::templates::Templates>,
 }

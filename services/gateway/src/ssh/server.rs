@@ -74,6 +74,17 @@ impl Connection {
             .ok()
             .flatten()?;
         let tenant_id = lease.lease.view.tenant_id;
+        // A suspended tenant reads but changes nothing: no commands.
+        let suspended: Option<bool> =
+            sqlx::query_scalar("SELECT suspended FROM tenants WHERE id = $1")
+                .bind(tenant_id)
+                .fetch_optional(&self.ctx.pool)
+                .await
+                .map_err(|e| tracing::warn!(error = %e, "cannot read a tenant's state"))
+                .ok()?;
+        if suspended != Some(false) {
+            return None;
+        }
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         let keys = crate::ssh_keys::authorized_keys(&self.ctx.pool, tenant_id)
             .await
@@ -81,7 +92,7 @@ impl Connection {
             .ok()?;
         keys.iter()
             .any(|k| k.fingerprint == fingerprint)
-            .then(|| SignedIn {
+            .then_some(SignedIn {
                 actor: Actor::Tenant(tenant_id),
                 lease_id,
                 key_fingerprint: fingerprint,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
 use lh_rpc::session::{
     Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, FRAME_OVERHEAD_BYTES,
     MAX_FRAME_DATA_BYTES, SILENCE_LIMIT_MS,
@@ -67,7 +68,16 @@ fn read_into<R: AsyncRead + Unpin + Send + 'static>(
     tokio::spawn(async move {
         let mut buf = vec![0u8; MAX_FRAME_DATA_BYTES];
         loop {
-            let n = reader.read(&mut buf).await.unwrap_or(0);
+            let mut n = reader.read(&mut buf).await.unwrap_or(0);
+            // What is ready already goes in the same frame: a stream read
+            // as it trickles in would cost a frame (and its trip through the
+            // bus) per few KiB.
+            while n > 0 && n < buf.len() {
+                match reader.read(&mut buf[n..]).now_or_never() {
+                    Some(Ok(more)) if more > 0 => n += more,
+                    _ => break,
+                }
+            }
             if tx.send((stream, buf[..n].to_vec())).await.is_err() || n == 0 {
                 return;
             }

@@ -92,6 +92,7 @@ impl Stack {
                     usage: Default::default(),
                     sessions: Default::default(),
                     templates_file: None,
+                    ssh: Default::default(),
                 };
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
@@ -185,6 +186,7 @@ impl Stack {
             usage: Default::default(),
             sessions: Default::default(),
             templates_file: None,
+            ssh: Default::default(),
         }
     }
 }
