@@ -245,6 +245,11 @@ pub struct LeaseExec {
     /// and a terminal on stdin; without them a warning, and no terminal.
     #[arg(short = 't', long)]
     pub tty: bool,
+    /// An operator's reason for entering a tenant's lease, which the trail
+    /// keeps (the gateway refuses an operator without one, and every
+    /// operator where operator sessions are off).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
     /// The command and its arguments, after `--`, run as given (no shell:
     /// `-- sh -c 'a | b'` for one).
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -256,6 +261,10 @@ pub struct LeaseExec {
 pub struct LeaseShell {
     /// Lease id.
     pub id: String,
+    /// An operator's reason for entering a tenant's lease, which the trail
+    /// keeps.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 /// `lh lease port-forward`

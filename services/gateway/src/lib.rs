@@ -53,6 +53,18 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     ("lh_gateway_ssh_keys_added_total", "SSH public keys tenants registered."),
     ("lh_gateway_ssh_keys_removed_total", "SSH public keys removed."),
     (
+        "lh_gateway_sessions_opened_total",
+        "Sessions into leases opened (exec, shells, forwarded connections, SSH channels).",
+    ),
+    (
+        "lh_gateway_sessions_open",
+        "Sessions into leases this replica relays now.",
+    ),
+    (
+        "lh_gateway_ssh_sign_ins_refused_total",
+        "SSH sign-ins refused (a key not the lease's tenant's, or no such lease).",
+    ),
+    (
         "lh_gateway_audit_reads_total",
         "Reads of the audit trail, each itself recorded in the log.",
     ),

@@ -140,6 +140,17 @@ async fn projections_rebuilt_from_sequence_one_are_identical() {
         assert_eq!(s, 202);
         stack.wait_lease(k, id, |l| l["state"] == "ended").await;
     }
+    // An SSH key, so that every table of the gateway holds a row.
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/ssh-keys",
+            &key,
+            Some(serde_json::json!({"name": "laptop", "public_key":
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOkuEjNhUpt3vuoYzvfnmANEkkY4syvbUMN+hQ6Tppjz"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{b}");
     let bus = stack.bus().await;
     for _ in 0..200 {
         if of_type(&read_log(&bus).await, "charge.accrued").len() == 2 {
@@ -155,8 +166,8 @@ async fn projections_rebuilt_from_sequence_one_are_identical() {
         .unwrap();
     assert_eq!(
         report.tables.len(),
-        4,
-        "tenants, tenant_keys, leases and skipped_events"
+        5,
+        "tenants, tenant_keys, leases, ssh_keys and skipped_events"
     );
     for c in &report.tables {
         assert!(

@@ -739,6 +739,7 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
             c.sessions.sessions_per_lease = 16;
             c.sessions.session_client_read_timeout_secs = 2;
             c.sessions.session_idle_timeout_secs = 5;
+            c.sessions.operator_sessions = true;
         }));
     })
     .await;
@@ -807,6 +808,48 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
     // From here a node that answers, and then misbehaves as asked.
     let (_node_task, seen) = fake_node(bus.client().clone(), node.clone(), true);
     tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Where operator sessions are on, an admin enters with a reason, which
+    // the trail keeps beside who; never without one, and never the auditor.
+    let (s, p) = open(&stack, ADMIN_TOKEN, &path("echo", ""), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap_err();
+    assert_eq!((s, p["field"].as_str()), (422, Some("reason")), "{p}");
+    assert_eq!(
+        open(
+            &stack,
+            AUDITOR_TOKEN,
+            &path("echo", "&reason=look"),
+            EXEC_SUBPROTOCOL
+        )
+        .await
+        .unwrap_err()
+        .0,
+        403
+    );
+    let mut admin = open(
+        &stack,
+        ADMIN_TOKEN,
+        &path("echo", "&reason=ticket%2042"),
+        EXEC_SUBPROTOCOL,
+    )
+    .await
+    .unwrap();
+    let _ = admin.close(None).await;
+    let (_, _, log) = session_events(&stack, &lease).await;
+    let by_admin = log
+        .iter()
+        .find_map(|e| match &e.envelope.data {
+            EventData::SessionOpened(o) if o.reason.as_deref() == Some("ticket 42") => {
+                Some(e.envelope.actor.clone())
+            }
+            _ => None,
+        })
+        .expect("the admin's session is on the trail with its reason");
+    assert!(
+        matches!(by_admin, lh_events::Actor::Operator(_)),
+        "{by_admin:?}"
+    );
 
     // A node that goes silent after the opening: closed after 30 s of
     // silence while the client keeps the session busy (not idle).

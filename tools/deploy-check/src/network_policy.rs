@@ -167,6 +167,10 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
             if let Some(addr) = env_value(&container, "LH_GATEWAY_ADDR") {
                 flow(&anyone, &me, port_of(&addr), "TCP", "the API");
             }
+            // Tenants' SSH clients, from wherever they are.
+            if let Some(addr) = env_value(&container, "LH_SSH_ADDR").filter(|a| a != "off") {
+                flow(&anyone, &me, port_of(&addr), "TCP", "the SSH endpoint");
+            }
             // The CLI in a Job (the simulated fleet's enrollment).
             if let Some(url) = env_value(&container, "LH_GATEWAY_URL") {
                 let gateway = by_name("Deployment/gateway").expect("a gateway Deployment");
@@ -333,7 +337,7 @@ fn allowing_parts(
 
 /// What is wrong with the NetworkPolicies of `docs`: a needed flow they
 /// refuse, a rule without peers or ports (open to all; only the gateway's
-/// API may be), a peer or port no needed flow goes through, and a
+/// API and SSH endpoint may be), a peer or port no needed flow goes through, and a
 /// namespace without its default deny.
 pub fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
     let policies: Vec<Value> = docs
@@ -380,10 +384,17 @@ pub fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
         }
     }
 
+    // The gateway's public doors: its API and its SSH endpoint.
     let gateway_api_ports: BTreeSet<u64> = pod_templates(docs)
         .iter()
         .flat_map(containers)
-        .filter_map(|c| env_value(&c, "LH_GATEWAY_ADDR"))
+        .flat_map(|c| {
+            [
+                env_value(&c, "LH_GATEWAY_ADDR"),
+                env_value(&c, "LH_SSH_ADDR").filter(|a| a != "off"),
+            ]
+        })
+        .flatten()
         .map(|addr| port_of(&addr) as u64)
         .collect();
     for policy in &policies {

@@ -160,6 +160,7 @@ async fn read_token(gw: &Gateway, id: &str, path: &str, err: Out<'_>) -> anyhow:
         command: &command,
         stdin: false,
         tty: false,
+        reason: None,
     };
     let deadline = Instant::now() + OPEN_WAIT;
     let mut told = false;

@@ -54,6 +54,9 @@ pub(crate) struct ExecRequest<'a> {
     pub stdin: bool,
     /// A terminal for the command, this one raw.
     pub tty: bool,
+    /// An operator's reason for entering a tenant's lease (the trail
+    /// keeps it; the gateway asks operators for one).
+    pub reason: Option<&'a str>,
 }
 
 /// `lease exec`.
@@ -82,6 +85,7 @@ pub(super) async fn exec(
         command: &args.command,
         stdin: args.stdin,
         tty,
+        reason: args.reason.as_deref(),
     };
     run(gw, &request, out, err).await
 }
@@ -107,6 +111,7 @@ pub(super) async fn shell(
         command: &command,
         stdin: true,
         tty: true,
+        reason: args.reason.as_deref(),
     };
     run(gw, &request, out, err).await
 }
@@ -164,6 +169,9 @@ pub(crate) fn exec_query(
         .collect();
     query.push(("stdin", request.stdin.to_string()));
     query.push(("tty", request.tty.to_string()));
+    if let Some(reason) = request.reason {
+        query.push(("reason", reason.to_string()));
+    }
     if let Some(size) = size.filter(|_| request.tty) {
         query.push(("cols", size.width.to_string()));
         query.push(("rows", size.height.to_string()));
@@ -468,6 +476,7 @@ mod tests {
             command: &command,
             stdin: true,
             tty: true,
+            reason: None,
         };
         let pairs = |q: Vec<(&str, String)>| -> Vec<String> {
             q.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
@@ -500,6 +509,12 @@ mod tests {
                 "tty=false"
             ]
         );
+        // An operator's reason goes with the request.
+        let request = ExecRequest {
+            reason: Some("ticket 42"),
+            ..request
+        };
+        assert!(pairs(exec_query(&request, size)).contains(&"reason=ticket 42".to_string()));
     }
 
     #[test]

@@ -197,7 +197,7 @@ pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError
 impl Opened {
     /// Relays the session with `client_side` until it ends, then records
     /// its end (retried through a bus outage: the trail must have it).
-    pub async fn relay<C: ClientSide>(self, bus: &Bus, client_side: C) -> Outcome {
+    pub async fn relay<C: ClientSide + 'static>(self, bus: &Bus, client_side: C) -> Outcome {
         let outcome = relay::run(client_side, self.client, self.from_node, self.spec).await;
         drop(self._slot);
         let closed_at = Utc::now();

@@ -19,6 +19,9 @@ use lh_rpc::session::{
 use tokio::time::Instant;
 use uuid::Uuid;
 
+/// How long a client has to take the end of its session (the close behind
+/// what it has not read) before its connection is dropped.
+const FINISH_GRACE: Duration = Duration::from_secs(30);
 /// Resizes forwarded to the node at most this often; the last one wins.
 const RESIZE_EVERY: Duration = Duration::from_millis(100);
 
@@ -161,7 +164,7 @@ impl ToNode {
 }
 
 /// Runs one session until it ends.
-pub async fn run<C: ClientSide>(
+pub async fn run<C: ClientSide + 'static>(
     mut client_side: C,
     client: async_nats::Client,
     mut from_node: async_nats::Subscriber,
@@ -277,8 +280,13 @@ pub async fn run<C: ClientSide>(
     }
     let _ = from_node.unsubscribe().await;
     ending.exit_code = exit.and_then(|(code, signal)| code.or(signal.map(|s| 128 + s)));
-    let _ = tokio::time::timeout(spec.client_read_timeout, client_side.finish(&ending)).await;
     outcome.exit_code = ending.exit_code;
-    outcome.ended_by = ending.reason;
+    outcome.ended_by = ending.reason.clone();
+    // The client is told last, behind whatever it has not read yet: given
+    // a while of its own, so that the session's end (its count, its record)
+    // waits for no slow client.
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(FINISH_GRACE, client_side.finish(&ending)).await;
+    });
     outcome
 }
