@@ -196,6 +196,8 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
         s.node_container_args = PODMAN_ARGS.map(String::from).into();
         s.gateway_config = Some(std::sync::Arc::new(|c: &mut lh_gateway::Config| {
             c.sessions.sessions_per_lease = 4;
+            // A MiB each way then takes seconds: the limit holds.
+            c.sessions.session_bytes_per_s = 256 * 1024;
         }));
     })
     .await;
@@ -246,6 +248,7 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     .await
     .unwrap();
     let input: Vec<u8> = (0..1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let echo_started = Instant::now();
     let (mut tx, mut rx) = ws.split();
     let sending = {
         let input = input.clone();
@@ -275,6 +278,12 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     let _ = sending.await;
     assert_eq!(echoed.len(), input.len());
     assert!(echoed == input, "the echo differs");
+    // 256 KiB/s with a second's burst: the rest of the MiB waits 3 s.
+    assert!(
+        echo_started.elapsed() >= Duration::from_millis(2500),
+        "a MiB passed a 256 KiB/s limit in {:?}",
+        echo_started.elapsed()
+    );
     assert_eq!(status.and_then(|s| s.exit_code()), Some(0));
 
     // A terminal: its size, a resize, and the shell's exit.
