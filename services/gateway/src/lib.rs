@@ -61,6 +61,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Sessions into leases this replica relays now.",
     ),
     (
+        "lh_gateway_ssh_connections_refused_total",
+        "SSH connections closed at once: the replica held as many as it takes.",
+    ),
+    (
         "lh_gateway_ssh_sign_ins_refused_total",
         "SSH sign-ins refused (a key not the lease's tenant's, or no such lease).",
     ),

@@ -1194,6 +1194,7 @@ async fn an_ordinary_ssh_client_gets_a_shell_runs_commands_copies_files_and_forw
             s.gateway_config = Some(std::sync::Arc::new(move |c: &mut lh_gateway::Config| {
                 c.ssh.ssh_addr = format!("127.0.0.1:{port}");
                 c.ssh.ssh_host_key_file = host_key.clone();
+                c.ssh.ssh_max_connections = 8;
             }));
         })
         .await
@@ -1384,6 +1385,49 @@ async fn an_ordinary_ssh_client_gets_a_shell_runs_commands_copies_files_and_forw
             "{out:?}"
         );
     }
+
+    // A flood of connections: past eight held at once, a new one is closed
+    // before the server says a word; the endpoint serves again after.
+    let held: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| {
+            let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s
+        })
+        .collect();
+    for mut s in held.iter() {
+        use std::io::Read;
+        let mut banner = [0u8; 8];
+        s.read_exact(&mut banner).unwrap();
+        assert_eq!(&banner[..4], b"SSH-", "a held connection is greeted");
+    }
+    let refused = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 8];
+        s.read(&mut buf).unwrap_or(0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused, 0, "the ninth connection was greeted");
+    drop(held);
+    let out = tokio::task::spawn_blocking({
+        let mut c = ssh(&["true"]);
+        move || {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                let out = c.output().unwrap();
+                if out.status.success() || Instant::now() > deadline {
+                    return out;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
 
     // The trail: each channel a session, by SSH, with the key that signed in.
     let deadline = Instant::now() + Duration::from_secs(30);

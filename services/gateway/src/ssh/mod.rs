@@ -45,6 +45,9 @@ pub struct SshArgs {
     /// lease get` shows; the listen address when unset.
     #[arg(long, env = "LH_SSH_PUBLIC_ADDR")]
     pub ssh_public_addr: Option<String>,
+    /// Most SSH connections held at once; past it a new one is closed.
+    #[arg(long, env = "LH_SSH_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub ssh_max_connections: usize,
 }
 
 impl Default for SshArgs {
@@ -53,6 +56,7 @@ impl Default for SshArgs {
             ssh_addr: "off".into(),
             ssh_host_key_file: "ssh_host_ed25519_key".into(),
             ssh_public_addr: None,
+            ssh_max_connections: 1024,
         }
     }
 }
@@ -118,6 +122,7 @@ pub struct Bound {
     pub endpoint: SshEndpoint,
     listener: tokio::net::TcpListener,
     config: Arc<russh::server::Config>,
+    max_connections: usize,
 }
 
 /// Binds the endpoint with its host key; `None` when off.
@@ -160,6 +165,7 @@ pub async fn bind(args: &SshArgs) -> anyhow::Result<Option<Bound>> {
         },
         listener,
         config,
+        max_connections: args.ssh_max_connections,
     }))
 }
 
@@ -169,5 +175,11 @@ pub fn serve(
     ctx: ApiContext,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(server::serve(bound.listener, bound.config, ctx, shutdown))
+    tokio::spawn(server::serve(
+        bound.listener,
+        bound.config,
+        bound.max_connections,
+        ctx,
+        shutdown,
+    ))
 }

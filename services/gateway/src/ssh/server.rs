@@ -15,27 +15,6 @@ use uuid::Uuid;
 use super::channel::{self, SignedIn};
 use crate::http::ApiContext;
 
-#[derive(Clone)]
-struct Server {
-    ctx: ApiContext,
-}
-
-impl russh::server::Server for Server {
-    type Handler = Connection;
-
-    fn new_client(&mut self, peer: Option<std::net::SocketAddr>) -> Connection {
-        Connection {
-            ctx: self.ctx.clone(),
-            peer,
-            who: None,
-        }
-    }
-
-    fn handle_session_error(&mut self, error: russh::Error) {
-        tracing::debug!(error = %error, "an SSH connection ended in error");
-    }
-}
-
 /// One client's connection.
 pub struct Connection {
     ctx: ApiContext,
@@ -43,24 +22,54 @@ pub struct Connection {
     who: Option<SignedIn>,
 }
 
-/// Serves connections on `listener` until `shutdown`.
+/// Serves connections on `listener` until `shutdown`, at most
+/// `max_connections` at once: past it a new one is closed at once, so that
+/// a flood of connections costs a socket each for an instant, never the
+/// gateway's memory or its database.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: Arc<russh::server::Config>,
+    max_connections: usize,
     ctx: ApiContext,
     shutdown: CancellationToken,
 ) {
-    use russh::server::Server as _;
-    let mut server = Server { ctx };
-    let running = server.run_on_socket(config, &listener);
-    let handle = running.handle();
-    tokio::select! {
-        result = running => {
-            if let Err(e) = result {
-                tracing::error!(error = %e, "the SSH endpoint stopped");
+    let room = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors, say: the next accept may work.
+                    tracing::warn!(error = %e, "the SSH endpoint cannot accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = room.clone().try_acquire_owned() else {
+            metrics::counter!("lh_gateway_ssh_connections_refused_total").increment(1);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = Connection {
+            ctx: ctx.clone(),
+            peer: Some(peer),
+            who: None,
+        };
+        let (config, stop) = (config.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            match russh::server::run_stream(config, stream, connection).await {
+                Ok(session) => tokio::select! {
+                    ended = session => if let Err(e) = ended {
+                        tracing::debug!(error = %e, peer = %peer, "an SSH connection ended in error");
+                    },
+                    _ = stop.cancelled() => {}
+                },
+                Err(e) => tracing::debug!(error = %e, peer = %peer, "an SSH handshake failed"),
             }
-        }
-        _ = shutdown.cancelled() => handle.shutdown("the gateway is stopping".into()),
+        });
     }
 }
 
