@@ -9,7 +9,9 @@ use serde::de::DeserializeOwned;
 
 pub use lh_rpc::http::Problem;
 
-use super::MAX_BODY_BYTES;
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
 use crate::seal::SealError;
 
 /// Every error the API returns.

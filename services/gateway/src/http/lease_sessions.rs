@@ -307,7 +307,8 @@ async fn open(
     let lease = visible(&ctx, &caller, parse_id(id)?).await?;
     let ws = upgrade_of(upgrade.ws, upgrade.protocol, &upgrade.headers)?;
     let opened = crate::sessions::open::open(
-        &ctx,
+        &ctx.bus,
+        &ctx.sessions,
         crate::sessions::open::Opening {
             actor: caller.actor(),
             lease,

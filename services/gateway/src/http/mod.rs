@@ -7,7 +7,7 @@ pub mod audit;
 mod auth;
 pub mod balances;
 pub mod billing;
-mod error;
+pub(crate) mod error;
 pub mod front;
 pub mod invoices;
 pub mod keys;
@@ -36,15 +36,13 @@ use lh_projection::Progress;
 use sqlx::PgPool;
 
 pub use auth::{sha256_hex, Caller};
-pub use error::{ApiError, ApiJson, Problem};
+pub use error::{ApiError, ApiJson, Problem, MAX_BODY_BYTES};
 pub use openapi::ApiDoc;
 
 /// How long a write waits for its own event to show in the read model.
 pub const READ_YOUR_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a call to another service may take.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// What every handler shares, behind one reference count: the extractors
 /// clone the context for every request, and a NATS client, a pool and the
@@ -90,7 +88,7 @@ pub struct ApiShared {
     /// The sessions into leases this replica relays.
     pub sessions: std::sync::Arc<crate::sessions::Sessions>,
     /// The SSH endpoint, when this replica runs one.
-    pub ssh: Option<crate::ssh::SshEndpoint>,
+    pub ssh: Option<crate::sessions::SshEndpoint>,
     /// The workload templates leases may name.
     pub templates: std::sync::Arc<crate::templates::Templates>,
 }

@@ -12,6 +12,15 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+/// What the API shows of the SSH endpoint: how to reach it and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshEndpoint {
+    pub host: String,
+    pub port: u16,
+    /// `SHA256:...`, as `ssh` prints it on a first connection.
+    pub host_key_fingerprint: String,
+}
+
 /// How long a node may take to answer an opening.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 

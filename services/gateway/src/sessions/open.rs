@@ -19,8 +19,8 @@ use lh_rpc::session::{
 use uuid::Uuid;
 
 use super::relay::{self, ClientSide, Outcome, RelaySpec};
-use super::{OverLimit, Slot, OPEN_TIMEOUT};
-use crate::http::{ApiContext, ApiError};
+use super::{OverLimit, Sessions, Slot, OPEN_TIMEOUT};
+use crate::http::error::ApiError;
 use crate::read_model::lease::Lease;
 
 /// Tries at recording a session's end through a bus outage, a second
@@ -54,8 +54,9 @@ pub struct Opened {
     opened_at: DateTime<Utc>,
 }
 
-/// Opens a session: every refusal is an [`ApiError`] naming its cause.
-pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError> {
+/// Opens a session on `bus` within `sessions`' limits: every refusal is
+/// an [`ApiError`] naming its cause.
+pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Opened, ApiError> {
     let lease = &opening.lease;
     let lease_id = lease.view.id;
     let tenant_id = lease.view.tenant_id;
@@ -77,7 +78,7 @@ pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError
             "lease {lease_id} is on no node"
         )));
     };
-    let slot = ctx.sessions.take(tenant_id, lease_id).map_err(|over| {
+    let slot = sessions.take(tenant_id, lease_id).map_err(|over| {
         let detail = match over {
             OverLimit::Lease(n) => format!(
                 "lease {lease_id} has {n} sessions open through this gateway, the most allowed (LH_SESSIONS_PER_LEASE)"
@@ -93,7 +94,7 @@ pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError
         OpenKind::PortForward { port } => Some(*port),
         OpenKind::Exec { .. } => None,
     };
-    let client = ctx.bus.client().clone();
+    let client = bus.client().clone();
     // Listening before asking: the node may answer at once.
     let from_node = client
         .subscribe(subject::session_from_node(&node_id, session_id))
@@ -105,7 +106,7 @@ pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError
         placement: placement as u64,
         kind: opening.kind,
         window_bytes: DEFAULT_WINDOW_BYTES,
-        max_sessions_per_lease: ctx.sessions.args.sessions_per_lease,
+        max_sessions_per_lease: sessions.args.sessions_per_lease,
     };
     let payload = serde_json::to_vec(&request).expect("an opening serializes");
     let answer = tokio::time::timeout(
@@ -157,10 +158,10 @@ pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError
             ssh_key_fingerprint: opening.ssh_key_fingerprint,
             port,
             reason: opening.reason,
-            gateway: ctx.sessions.replica.clone(),
+            gateway: sessions.replica.clone(),
         }),
     );
-    if let Err(e) = ctx.bus.publish(&opened, Expect::Any).await {
+    if let Err(e) = bus.publish(&opened, Expect::Any).await {
         // No session goes unrecorded: the node's side is told to end.
         let close = Outgoing::default().encode(&Frame::Control(Control::Close {
             reason: "not_recorded".into(),
@@ -172,7 +173,7 @@ pub async fn open(ctx: &ApiContext, opening: Opening) -> Result<Opened, ApiError
         return Err(ApiError::from(e));
     }
     metrics::counter!("lh_gateway_sessions_opened_total").increment(1);
-    let args = &ctx.sessions.args;
+    let args = &sessions.args;
     let spec = RelaySpec {
         node_id,
         session_id,

@@ -180,7 +180,8 @@ pub async fn open_for(
         .lease
         .clone();
     open::open(
-        ctx,
+        &ctx.bus,
+        &ctx.sessions,
         Opening {
             actor: who.actor.clone(),
             lease,

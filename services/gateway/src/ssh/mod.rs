@@ -67,14 +67,7 @@ impl SshArgs {
     }
 }
 
-/// What the API shows of the endpoint: how to reach it and its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SshEndpoint {
-    pub host: String,
-    pub port: u16,
-    /// `SHA256:...`, as `ssh` prints it on a first connection.
-    pub host_key_fingerprint: String,
-}
+pub use crate::sessions::SshEndpoint;
 
 /// The host key in `path`, made (ed25519) and kept there when missing.
 pub fn host_key(path: &Path) -> anyhow::Result<PrivateKey> {

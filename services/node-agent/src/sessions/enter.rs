@@ -13,8 +13,8 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use uuid::Uuid;
 
-use super::door::DoorTarget;
 use super::pty::{self, PtyMaster};
+use crate::workload::door::DoorTarget;
 
 /// The variable that marks a session's processes, so that the ones left in
 /// a container when its session is cut can be found and killed.

@@ -6,7 +6,6 @@
 //! accounts say so), and a session enters only a workload that runs here
 //! for the placement the gateway named.
 
-pub mod door;
 pub mod enter;
 pub mod pty;
 pub mod relay;
@@ -24,7 +23,7 @@ use lh_rpc::session::{
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-pub use door::{DoorTarget, Doors};
+pub use crate::workload::door::{DoorTarget, Doors};
 
 /// Most sessions one node relays at once, over all its leases.
 pub const MAX_SESSIONS_PER_NODE: usize = 1024;

@@ -16,8 +16,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::door::Entry;
 use super::enter::{Exec, ExecIo};
+use crate::workload::door::Entry;
 
 /// After the command exits, how long what it left running may keep its
 /// output open before the session ends anyway (a `sleep &` holds it).

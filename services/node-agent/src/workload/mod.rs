@@ -22,6 +22,7 @@ pub mod assignment;
 pub mod cgroup;
 pub mod container;
 pub mod container_cgroup;
+pub mod door;
 pub mod engine;
 mod engine_state;
 pub(crate) mod executor;
@@ -394,15 +395,15 @@ impl RunningWorkload {
     }
 
     /// How a session enters it; `None` once its user is gone.
-    pub fn door(&self) -> Option<crate::sessions::DoorTarget> {
+    pub fn door(&self) -> Option<door::DoorTarget> {
         match &self.kind {
-            Kind::Container(c) => Some(crate::sessions::DoorTarget::Container {
+            Kind::Container(c) => Some(door::DoorTarget::Container {
                 engine: c.engine.clone(),
                 name: c.name.clone(),
             }),
             Kind::Process { cgroup, user, env } => {
                 let user = user.as_ref()?;
-                Some(crate::sessions::DoorTarget::Process {
+                Some(door::DoorTarget::Process {
                     uid: user.uid(),
                     home: user.home().to_path_buf(),
                     env: env.clone(),

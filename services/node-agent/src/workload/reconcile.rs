@@ -426,14 +426,12 @@ impl Adopted {
     /// How a session enters it: a container by name; a process as its
     /// user, with the environment it was started with (read back from the
     /// kernel, as the agent that set it is gone).
-    pub fn door(&self) -> Option<crate::sessions::DoorTarget> {
+    pub fn door(&self) -> Option<super::door::DoorTarget> {
         match self {
-            Adopted::Container { engine, name, .. } => {
-                Some(crate::sessions::DoorTarget::Container {
-                    engine: engine.clone(),
-                    name: name.clone(),
-                })
-            }
+            Adopted::Container { engine, name, .. } => Some(super::door::DoorTarget::Container {
+                engine: engine.clone(),
+                name: name.clone(),
+            }),
             Adopted::Process {
                 pid, cgroup, user, ..
             } => {
@@ -456,7 +454,7 @@ impl Adopted {
                     )
                     .ok()
                 });
-                Some(crate::sessions::DoorTarget::Process {
+                Some(super::door::DoorTarget::Process {
                     uid: user.uid(),
                     home: user.home().to_path_buf(),
                     env,

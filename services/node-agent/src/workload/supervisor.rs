@@ -136,7 +136,7 @@ pub struct Workloads {
     /// fleet file's to declare, as nothing real enforces it.
     simulated_gpus: bool,
     /// How sessions enter the running workloads.
-    doors: crate::sessions::Doors,
+    doors: super::door::Doors,
 }
 
 /// What a supervisor task watches: a workload it started, or one it found.
@@ -169,7 +169,7 @@ impl Supervised {
     }
 
     /// How a session enters it.
-    fn door(&self) -> Option<crate::sessions::DoorTarget> {
+    fn door(&self) -> Option<super::door::DoorTarget> {
         match self {
             Supervised::Started(w) => w.door(),
             Supervised::Adopted(a) => a.door(),
@@ -587,7 +587,7 @@ impl Workloads {
     }
 
     /// The doors into the running workloads, for the session server.
-    pub fn doors(&self) -> crate::sessions::Doors {
+    pub fn doors(&self) -> super::door::Doors {
         self.doors.clone()
     }
 

@@ -12,7 +12,7 @@ use lh_rpc::session::Refusal;
 use lh_service::CancellationToken;
 use uuid::Uuid;
 
-use crate::workload::Engine;
+use super::Engine;
 
 /// How a session enters a lease's workload.
 #[derive(Debug, Clone)]
