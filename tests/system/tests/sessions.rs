@@ -1124,6 +1124,7 @@ async fn a_process_lease_s_exec_runs_as_its_own_user_with_its_environment() {
     );
     assert_eq!(lines[2], format!("hello {lease}"));
     assert_eq!(ran.status.and_then(|s| s.exit_code()), Some(0));
+    stop_lease(&stack, &key, &lease).await;
 }
 
 /// A free loopback port for a listener the test hands a service.
@@ -1451,4 +1452,17 @@ async fn an_ordinary_ssh_client_gets_a_shell_runs_commands_copies_files_and_forw
         assert!(Instant::now() < deadline, "{by_ssh:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    stop_lease(&stack, &key, &lease).await;
+}
+
+/// Stops `lease` and waits for its end: no container or process of a test
+/// outlives it.
+async fn stop_lease(stack: &Stack, key: &str, lease: &str) {
+    let (s, b) = stack
+        .call(Method::POST, &format!("/v1/leases/{lease}/stop"), key, None)
+        .await;
+    assert!(s < 300, "{b}");
+    stack
+        .wait_lease(key, lease, |l| l["state"] == "ended")
+        .await;
 }
