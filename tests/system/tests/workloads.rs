@@ -1029,12 +1029,12 @@ async fn a_simulated_node_says_its_lease_never_ran_a_command() {
 
 /// What this kind of host needs of podman (no systemd; crun refuses its
 /// cgroups).
-const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
+pub(crate) const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
 
 /// A fleet of one node of `gpus` A100s whose id is the test's own: the
 /// agents of tests running at once on this host each reconcile the
 /// containers of their node id, and would reap another's of the same one.
-fn own_node_fleet(gpus: u32, faults: Option<&str>) -> (String, String) {
+pub(crate) fn own_node_fleet(gpus: u32, faults: Option<&str>) -> (String, String) {
     let id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let faults = faults.map_or(String::new(), |f| format!("faults = \"{f}\"\n"));
     let fleet = format!(
@@ -1046,7 +1046,7 @@ fn own_node_fleet(gpus: u32, faults: Option<&str>) -> (String, String) {
 
 /// Makes the base image the container leases run (`scripts/images.sh`
 /// locks against tests making it at once).
-fn base_image() {
+pub(crate) fn base_image() {
     let status = std::process::Command::new(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/images.sh"),
     )

@@ -33,10 +33,19 @@ fn query_pairs(raw: Option<&str>) -> Vec<(String, String)> {
     .unwrap_or_default()
 }
 
+/// The last value given for `name`, as a query's last word wins.
+fn last<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
 fn flag(pairs: &[(String, String)], name: &str) -> Result<Option<bool>, ApiError> {
-    match pairs.iter().rev().find(|(k, _)| k == name) {
+    match last(pairs, name) {
         None => Ok(None),
-        Some((_, v)) => match v.as_str() {
+        Some(v) => match v {
             "true" | "1" => Ok(Some(true)),
             "false" | "0" => Ok(Some(false)),
             other => Err(
@@ -51,9 +60,9 @@ fn number<T: std::str::FromStr>(
     pairs: &[(String, String)],
     name: &str,
 ) -> Result<Option<T>, ApiError> {
-    match pairs.iter().rev().find(|(k, _)| k == name) {
+    match last(pairs, name) {
         None => Ok(None),
-        Some((_, v)) => v.parse().map(Some).map_err(|_| {
+        Some(v) => v.parse().map(Some).map_err(|_| {
             ApiError::bad_request(format!("{name} is a number, not {v:?}")).field(name)
         }),
     }
@@ -203,12 +212,7 @@ pub async fn exec(
             ));
         }
     }
-    let reason = pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "reason")
-        .map(|(_, v)| v.as_str());
-    let reason = may_open(&ctx, &caller, reason)?;
+    let reason = may_open(&ctx, &caller, last(&pairs, "reason"))?;
     let upgrade = Upgrade {
         ws,
         headers,
@@ -267,12 +271,7 @@ pub async fn port_forward(
     let port = number::<u16>(&pairs, "port")?
         .filter(|p| *p > 0)
         .ok_or_else(|| ApiError::unprocessable("port is 1 to 65535", "port"))?;
-    let reason = pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "reason")
-        .map(|(_, v)| v.as_str());
-    let reason = may_open(&ctx, &caller, reason)?;
+    let reason = may_open(&ctx, &caller, last(&pairs, "reason"))?;
     let upgrade = Upgrade {
         ws,
         headers,
