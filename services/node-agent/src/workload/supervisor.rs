@@ -26,11 +26,14 @@ use super::mps::{Mps, MpsLimits};
 use super::reconcile::{self, Adopted, Decision, Found, ProcessRecord, MOST_HOST_WORKLOADS};
 use super::{
     CgroupConfig, CliFlavor, ContainerRuntime, Engine, Exit, GpuDevices, ProcessRuntime,
-    PullPolicy, RunningWorkload, Runtime, RuntimeError, Workload,
+    PullPolicy, Runtime, Workload,
 };
 use crate::gpu::backend::GpuBackend;
 
 mod host;
+mod supervised;
+
+use supervised::Supervised;
 
 /// How leases run on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -137,52 +140,6 @@ pub struct Workloads {
     simulated_gpus: bool,
     /// How sessions enter the running workloads.
     doors: super::door::Doors,
-}
-
-/// What a supervisor task watches: a workload it started, or one it found.
-enum Supervised {
-    Started(Box<RunningWorkload>),
-    Adopted(Adopted),
-}
-
-impl Supervised {
-    async fn wait(&mut self) -> Result<Exit, RuntimeError> {
-        match self {
-            Supervised::Started(w) => w.wait().await,
-            Supervised::Adopted(a) => Ok(a.wait().await),
-        }
-    }
-
-    async fn stop(&mut self, grace: Duration) -> Result<Exit, RuntimeError> {
-        match self {
-            Supervised::Started(w) => w.stop(grace).await.map(|s| s.exit),
-            Supervised::Adopted(a) => Ok(a.stop(grace).await),
-        }
-    }
-
-    /// Whether it ran (an adopted one did).
-    fn ran(&self) -> bool {
-        match self {
-            Supervised::Started(w) => w.ran(),
-            Supervised::Adopted(_) => true,
-        }
-    }
-
-    /// How a session enters it.
-    fn door(&self) -> Option<super::door::DoorTarget> {
-        match self {
-            Supervised::Started(w) => w.door(),
-            Supervised::Adopted(a) => a.door(),
-        }
-    }
-
-    /// Why it failed, as its runtime saw it.
-    fn failure(&self) -> Option<LeaseFailure> {
-        match self {
-            Supervised::Started(w) => w.failure(),
-            Supervised::Adopted(a) => a.failure(),
-        }
-    }
 }
 
 /// How the container runtime is set up beyond its CLI.
