@@ -14,7 +14,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
+use crate::workloads::PODMAN_ARGS;
 
 /// A page on the base image: busybox `httpd` on 127.0.0.1:8888, and a
 /// token made and written the way the built-in `jupyter` template does
@@ -55,11 +55,7 @@ fn image(which: &str) {
 }
 
 fn own_node_fleet() -> String {
-    let id = format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    format!(
-        "[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"{id}.sim\"\n\
-         gpu_model = \"A100-40GB\"\ngpu_count = 2\nvram_gb = 40\n"
-    )
+    crate::workloads::own_node_fleet(2, None).1
 }
 
 async fn tenant(stack: &Stack, name: &str) -> String {
