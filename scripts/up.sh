@@ -24,7 +24,9 @@
 # the services their own roles, made with scripts/pg-roles.sh),
 # LH_MASTER_KEY_FILE (instead of the generated one),
 # LH_ADMIN_TOKEN (instead of the generated one), LH_GATEWAY_ADDR
-# (127.0.0.1:8080), LH_SSH_ADDR (127.0.0.1:2222; off: no SSH endpoint), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
+# (127.0.0.1:8080), LH_SSH_ADDR (127.0.0.1:2222; off: no SSH endpoint),
+# LH_SESSION_LANE_ADDR (127.0.0.1:7443, where node agents dial the gateway
+# for sessions' bytes; off: they keep to the bus), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
 # LH_UP_NO_BUILD=1 (skip cargo build), LH_RUNTIME (auto: leases' images
 # run in podman where it works, else simulated; sim; podman), LH_PODMAN_ARGS
 # (podman's global flags; see "the workloads' runtime" below), LH_UP_PROFILE (up: the Cargo profile
@@ -56,6 +58,9 @@ PG_PORT=${LH_PG_PORT:-5432}
 GATEWAY_ADDR=${LH_GATEWAY_ADDR:-127.0.0.1:8080}
 # The gateway's SSH endpoint into leases (docs/adr/030).
 SSH_ADDR=${LH_SSH_ADDR:-127.0.0.1:2222}
+# Where node agents dial the gateway for a session's frames (docs/adr/030,
+# "The lane"): every agent here is on this host.
+SESSION_LANE_ADDR=${LH_SESSION_LANE_ADDR:-127.0.0.1:7443}
 LOG_FORMAT=${LH_LOG_FORMAT:-pretty}
 TIMEOUT_SECS=${LH_UP_TIMEOUT_SECS:-60}
 NATS_ROUTE_PORT=${LH_NATS_ROUTE_PORT:-6222}
@@ -385,7 +390,8 @@ start_service() {
     case $name in
         gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$GATEWAY_DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN"
                        LH_MASTER_KEY_FILE="$MASTER_KEY_FILE"
-                       LH_SSH_ADDR="$SSH_ADDR" LH_SSH_HOST_KEY_FILE="$DATA/ssh/ssh_host_ed25519_key") ;;
+                       LH_SSH_ADDR="$SSH_ADDR" LH_SSH_HOST_KEY_FILE="$DATA/ssh/ssh_host_ed25519_key"
+                       LH_SESSION_LANE_ADDR="$SESSION_LANE_ADDR") ;;
         pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$PRICING_DATABASE_URL") ;;
         audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$AUDIT_KEY_FILE"
                      LH_AUDIT_VERIFY_TOKEN_FILE="$AUDIT_VERIFY_TOKEN_FILE")

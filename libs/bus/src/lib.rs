@@ -154,6 +154,8 @@ pub struct Bus {
     /// The stream it reads the log in: the log itself, or a node's mirror
     /// of its own view (docs/adr/027, 028).
     log_stream: &'static str,
+    /// Whether the connection to the server is TLS.
+    encrypted: bool,
 }
 
 impl Bus {
@@ -213,6 +215,7 @@ impl Bus {
             replicas: config.replicas,
             snapshots: config.snapshot_keeper()?,
             log_stream: lh_events::subject::EVENTS_STREAM,
+            encrypted: config.tls.is_some(),
         };
         // The client connects in the background (and reconnects for ever);
         // until the server answers, checking the streams fails, so it is
@@ -234,6 +237,12 @@ impl Bus {
 
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// Whether what travels on this connection is encrypted (TLS to the
+    /// server): what else carries the same bytes must not be weaker.
+    pub fn is_encrypted(&self) -> bool {
+        self.encrypted
     }
 
     /// This connection reads the log only in node `node_id`'s view of it,

@@ -17,6 +17,7 @@ pub mod price_book;
 pub mod quote;
 pub mod reservation;
 pub mod session;
+pub mod session_lane;
 pub mod spot;
 pub mod what_if;
 pub mod workload_env;

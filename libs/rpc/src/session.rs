@@ -14,6 +14,7 @@
 //! [`subject::session_to_node`]: lh_events::subject::session_to_node
 //! [`subject::session_from_node`]: lh_events::subject::session_from_node
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -53,6 +54,11 @@ pub struct OpenSession {
     pub window_bytes: u32,
     /// Sessions the node lets one lease have at once.
     pub max_sessions_per_lease: u32,
+    /// Where the node may carry the session's frames instead of the bus
+    /// ([`crate::session_lane`]); without one, or when the node cannot
+    /// take it, they travel on the bus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<crate::session_lane::LaneOffer>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +88,12 @@ pub struct TtySize {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum OpenReply {
-    Opened,
+    Opened {
+        /// Whether the frames travel on the lane the gateway offered (the
+        /// node dialed it and the gateway took it) rather than the bus.
+        #[serde(default)]
+        lane: bool,
+    },
     Refused { reason: Refusal, message: String },
 }
 
@@ -172,7 +183,8 @@ pub enum Control {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    Data { stream: Stream, bytes: Vec<u8> },
+    /// Bytes of a stream; decoded, a view into the frame as it travelled.
+    Data { stream: Stream, bytes: Bytes },
     Control(Control),
 }
 
@@ -189,16 +201,24 @@ impl Frame {
 const TAG_DATA: u8 = 0;
 const TAG_CONTROL: u8 = 1;
 const HEADER_BYTES: usize = 1 + 8;
+/// Bytes in front of a data frame's data: its tag, number and stream. A
+/// sender that reads data behind this much room seals the frame in place
+/// ([`Outgoing::seal_data`]) instead of copying the data into one.
+pub const DATA_HEADER_BYTES: usize = HEADER_BYTES + 1;
+
+fn write_data_header(header: &mut [u8], sequence: u64, stream: Stream) {
+    header[0] = TAG_DATA;
+    header[1..HEADER_BYTES].copy_from_slice(&sequence.to_be_bytes());
+    header[HEADER_BYTES] = stream.byte();
+}
 
 /// `frame` numbered `sequence`, as it travels.
 pub fn encode(sequence: u64, frame: &Frame) -> Vec<u8> {
     match frame {
         Frame::Data { stream, bytes } => {
-            let mut out = Vec::with_capacity(HEADER_BYTES + 1 + bytes.len());
-            out.push(TAG_DATA);
-            out.extend_from_slice(&sequence.to_be_bytes());
-            out.push(stream.byte());
-            out.extend_from_slice(bytes);
+            let mut out = vec![0u8; DATA_HEADER_BYTES + bytes.len()];
+            write_data_header(&mut out, sequence, *stream);
+            out[DATA_HEADER_BYTES..].copy_from_slice(bytes);
             out
         }
         Frame::Control(control) => {
@@ -224,8 +244,9 @@ pub enum FrameError {
     BadControl(String),
 }
 
-/// A frame as it travelled, with its sequence number.
-pub fn decode(payload: &[u8]) -> Result<(u64, Frame), FrameError> {
+/// A frame as it travelled, with its sequence number. A data frame's
+/// bytes are a view of `payload`, not a copy.
+pub fn decode(payload: &Bytes) -> Result<(u64, Frame), FrameError> {
     if payload.len() < HEADER_BYTES {
         return Err(FrameError::Short(payload.len()));
     }
@@ -242,7 +263,7 @@ pub fn decode(payload: &[u8]) -> Result<(u64, Frame), FrameError> {
                 sequence,
                 Frame::Data {
                     stream,
-                    bytes: bytes.to_vec(),
+                    bytes: payload.slice(DATA_HEADER_BYTES..),
                 },
             ))
         }
@@ -266,6 +287,13 @@ impl Outgoing {
         self.next += 1;
         out
     }
+
+    /// Makes `frame`, whose first [`DATA_HEADER_BYTES`] are room and the
+    /// rest data of `stream`, the next data frame, in place.
+    pub fn seal_data(&mut self, frame: &mut [u8], stream: Stream) {
+        write_data_header(frame, self.next, stream);
+        self.next += 1;
+    }
 }
 
 /// Checks the numbers of the frames one side receives.
@@ -277,7 +305,7 @@ pub struct Incoming {
 impl Incoming {
     /// The frame in `payload`, when it is the next one; an error naming
     /// the gap otherwise.
-    pub fn decode(&mut self, payload: &[u8]) -> Result<Frame, String> {
+    pub fn decode(&mut self, payload: &Bytes) -> Result<Frame, String> {
         let (sequence, frame) = decode(payload).map_err(|e| e.to_string())?;
         if sequence != self.next {
             return Err(format!(
@@ -360,7 +388,7 @@ mod tests {
         let frames = [
             Frame::Data {
                 stream: Stream::Stdout,
-                bytes: b"hello\n".to_vec(),
+                bytes: Bytes::from_static(b"hello\n"),
             },
             Frame::Control(Control::Resize { cols: 80, rows: 24 }),
             Frame::Control(Control::Exit {
@@ -369,52 +397,78 @@ mod tests {
             }),
             Frame::Data {
                 stream: Stream::Stdin,
-                bytes: vec![0; MAX_FRAME_DATA_BYTES],
+                bytes: Bytes::from(vec![0; MAX_FRAME_DATA_BYTES]),
             },
         ];
         let mut out = Outgoing::default();
         let mut into = Incoming::default();
         for frame in &frames {
-            assert_eq!(&into.decode(&out.encode(frame)).unwrap(), frame);
+            assert_eq!(&into.decode(&out.encode(frame).into()).unwrap(), frame);
         }
         let _lost = out.encode(&Frame::Control(Control::Ping));
         let err = into
-            .decode(&out.encode(&Frame::Control(Control::Pong)))
+            .decode(&out.encode(&Frame::Control(Control::Pong)).into())
             .unwrap_err();
         assert!(err.contains("frames were lost"), "{err}");
     }
 
     #[test]
     fn hostile_frames_are_refused_with_their_cause() {
-        assert_eq!(decode(&[0; 3]), Err(FrameError::Short(3)));
+        assert_eq!(
+            decode(&Bytes::from_static(&[0; 3])),
+            Err(FrameError::Short(3))
+        );
         let mut big = encode(
             0,
             &Frame::Data {
                 stream: Stream::Stdout,
-                bytes: vec![],
+                bytes: Bytes::new(),
             },
         );
         big.extend(vec![0; MAX_FRAME_DATA_BYTES + 1]);
         assert_eq!(
-            decode(&big),
+            decode(&big.into()),
             Err(FrameError::TooBig(MAX_FRAME_DATA_BYTES + 1))
         );
         let mut bad_tag = encode(0, &Frame::Control(Control::Ping));
         bad_tag[0] = 9;
-        assert_eq!(decode(&bad_tag), Err(FrameError::UnknownTag(9)));
+        assert_eq!(decode(&bad_tag.into()), Err(FrameError::UnknownTag(9)));
         let mut bad_stream = encode(
             0,
             &Frame::Data {
                 stream: Stream::Stdout,
-                bytes: vec![1],
+                bytes: Bytes::from_static(&[1]),
             },
         );
         bad_stream[HEADER_BYTES] = 7;
-        assert_eq!(decode(&bad_stream), Err(FrameError::UnknownStream(7)));
+        assert_eq!(
+            decode(&bad_stream.into()),
+            Err(FrameError::UnknownStream(7))
+        );
         let mut bad_json = vec![TAG_CONTROL];
         bad_json.extend(0u64.to_be_bytes());
         bad_json.extend(b"{\"control\":\"launch\"}");
-        assert!(matches!(decode(&bad_json), Err(FrameError::BadControl(_))));
+        assert!(matches!(
+            decode(&bad_json.into()),
+            Err(FrameError::BadControl(_))
+        ));
+    }
+
+    #[test]
+    fn a_frame_sealed_in_place_is_the_frame_encoded() {
+        let data = b"zeros and ones";
+        let mut room = vec![0xAAu8; DATA_HEADER_BYTES];
+        room.extend_from_slice(data);
+        let mut sealed = Outgoing::default();
+        let mut encoded = Outgoing::default();
+        let frame = Frame::Data {
+            stream: Stream::Stderr,
+            bytes: Bytes::from_static(data),
+        };
+        for _ in 0..3 {
+            sealed.seal_data(&mut room, Stream::Stderr);
+            assert_eq!(room, encoded.encode(&frame));
+        }
     }
 
     #[test]
@@ -448,9 +502,15 @@ mod tests {
             },
             window_bytes: DEFAULT_WINDOW_BYTES,
             max_sessions_per_lease: 8,
+            lane: None,
         };
         let json = serde_json::to_string(&open).unwrap();
         assert_eq!(serde_json::from_str::<OpenSession>(&json).unwrap(), open);
+        // A node from before lanes reads an opening without one.
+        assert!(!json.contains("lane"), "{json}");
+        // A gateway from before lanes reads the node's yes.
+        let opened: OpenReply = serde_json::from_str(r#"{"result":"opened"}"#).unwrap();
+        assert_eq!(opened, OpenReply::Opened { lane: false });
         let refused = OpenReply::Refused {
             reason: Refusal::TooManySessions,
             message: "8".into(),

@@ -61,6 +61,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Sessions into leases this replica relays now.",
     ),
     (
+        "lh_gateway_session_lanes_total",
+        "Connections nodes dialed for sessions' lanes, by result (taken, unknown_token, no_token, too_many, abandoned, failed).",
+    ),
+    (
         "lh_gateway_ssh_connections_refused_total",
         "SSH connections closed at once: the replica held as many as it takes.",
     ),
@@ -323,6 +327,15 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let prune = usage::prune_every_hour(pool.clone(), config.usage.usage_keep_days);
     let readiness = Readiness::default();
     let ssh_bound = ssh::bind(&config.ssh).await?;
+    let lane_bound = sessions::lane::bind(
+        &config.sessions.session_lane_addr,
+        config.sessions.session_lane_public_addr.as_deref(),
+    )
+    .await?;
+    let lanes = lane_bound.as_ref().map(|(_, lanes)| lanes.clone());
+    let lane_task = lane_bound.map(|(listener, lanes)| {
+        lh_service::AbortOnDrop(sessions::lane::serve(listener, lanes, shutdown.clone()))
+    });
     let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
@@ -338,7 +351,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         refusals: std::sync::Arc::new(http::refusals::RefusalCounter::new(
             config.front.refusal_summary_secs,
         )),
-        sessions: std::sync::Arc::new(sessions::Sessions::new(config.sessions.clone())),
+        sessions: std::sync::Arc::new(
+            sessions::Sessions::new(config.sessions.clone()).with_lanes(lanes),
+        ),
         ssh: ssh_bound.as_ref().map(|b| b.endpoint.clone()),
         templates,
     });
@@ -358,8 +373,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness,
         shutdown,
         async move {
-            // The SSH endpoint lives as long as the API.
+            // The SSH endpoint and the lanes live as long as the API.
             let _ssh = ssh_task;
+            let _lanes = lane_task;
             // Ready once the read model has caught up with the log, and
             // not while it cannot write to the database, nor while the log
             // is out of reach (requests could not append).

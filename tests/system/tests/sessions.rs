@@ -179,6 +179,10 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
             c.sessions.sessions_per_lease = 4;
             // A MiB each way then takes seconds: the limit holds.
             c.sessions.session_bytes_per_s = 256 * 1024;
+            // The nodes dial back for each session's frames: everything
+            // below crosses lanes, not the bus (the other tests here keep
+            // to the bus).
+            c.sessions.session_lane_addr = "127.0.0.1:0".into();
         }));
     })
     .await;
@@ -399,6 +403,24 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
     let _ = stop.send(());
     forwarding.await.unwrap().unwrap();
 
+    // Each session so far (three commands, a terminal, three forwarded
+    // connections, the CLI's two) had its frames on a lane.
+    let metrics = stack
+        .http
+        .get(format!("http://{}/metrics", stack.metrics_addr("gateway")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let taken: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("lh_gateway_session_lanes_total{result=\"taken\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(taken >= 7.0, "{taken} lanes taken:\n{metrics}");
+
     // Nobody else: another tenant does not see the lease, the auditor and
     // an admin (operator sessions off) may not enter.
     let path = exec_path(&lease, &["true"], "");
@@ -616,7 +638,7 @@ fn fake_node(
                 let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Frame>();
                 sessions.insert(open.session_id, tx);
                 incoming.insert(open.session_id, Incoming::default());
-                let reply = serde_json::to_vec(&OpenReply::Opened).unwrap();
+                let reply = serde_json::to_vec(&OpenReply::Opened { lane: false }).unwrap();
                 client
                     .publish(message.reply.unwrap(), reply.into())
                     .await
@@ -637,7 +659,7 @@ fn fake_node(
                             while window.room() > 0 {
                                 let frame = Frame::Data {
                                     stream: Stream::Stdout,
-                                    bytes: vec![b'z'; window.room().min(32 * 1024)],
+                                    bytes: vec![b'z'; window.room().min(32 * 1024)].into(),
                                 };
                                 window.spend(frame.window_cost());
                                 send(frame, &mut out).await;

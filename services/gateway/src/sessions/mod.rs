@@ -2,6 +2,7 @@
 //! lease and tenant may hold at this replica, and the relay between the
 //! client's WebSocket and the lease's node ([`relay`]).
 
+pub mod lane;
 pub mod open;
 pub mod relay;
 pub mod websocket;
@@ -50,6 +51,16 @@ pub struct SessionArgs {
     /// `reason`, which the trail keeps). Off: only the lease's tenant.
     #[arg(long, env = "LH_OPERATOR_SESSIONS", default_value_t = false)]
     pub operator_sessions: bool,
+    /// Where nodes dial this replica for a session's lane, which carries
+    /// its frames instead of the bus (`off`: every session on the bus).
+    /// Nodes whose bus is TLS never take a lane: it is plaintext.
+    #[arg(long, env = "LH_SESSION_LANE_ADDR", default_value = "off")]
+    pub session_lane_addr: String,
+    /// Where nodes reach the lane listener, when not its bound address
+    /// (this replica's own address: a lane must reach the replica that
+    /// opened its session, not any behind a balancer).
+    #[arg(long, env = "LH_SESSION_LANE_PUBLIC_ADDR")]
+    pub session_lane_public_addr: Option<String>,
 }
 
 impl Default for SessionArgs {
@@ -61,6 +72,8 @@ impl Default for SessionArgs {
             session_bytes_per_s: 64 * 1024 * 1024,
             session_client_read_timeout_secs: 30,
             operator_sessions: false,
+            session_lane_addr: "off".into(),
+            session_lane_public_addr: None,
         }
     }
 }
@@ -72,6 +85,8 @@ pub struct Sessions {
     /// This replica's name in the trail.
     pub replica: String,
     counts: Arc<Mutex<Counts>>,
+    /// The lanes this replica offers nodes, when it listens for them.
+    pub lanes: Option<Arc<lane::Lanes>>,
 }
 
 #[derive(Debug, Default)]
@@ -106,7 +121,14 @@ impl Sessions {
             args,
             replica,
             counts: Default::default(),
+            lanes: None,
         }
+    }
+
+    /// Offers nodes `lanes` for the sessions' frames.
+    pub fn with_lanes(mut self, lanes: Option<Arc<lane::Lanes>>) -> Self {
+        self.lanes = lanes;
+        self
     }
 
     /// A place for one more session of `tenant_id` into `lease_id`.

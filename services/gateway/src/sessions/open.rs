@@ -43,8 +43,7 @@ pub struct Opening {
 
 /// A session the node opened and the trail recorded, ready to relay.
 pub struct Opened {
-    client: async_nats::Client,
-    from_node: async_nats::Subscriber,
+    link: relay::NodeLink,
     spec: RelaySpec,
     _slot: Slot,
     actor: Actor,
@@ -100,6 +99,7 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
         .subscribe(subject::session_from_node(&node_id, session_id))
         .await
         .map_err(|e| ApiError::unavailable(format!("the bus: {e}")).retry_after(2))?;
+    let pending_lane = sessions.lanes.as_ref().and_then(|lanes| lanes.offer());
     let request = OpenSession {
         session_id,
         lease_id,
@@ -107,6 +107,7 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
         kind: opening.kind,
         window_bytes: DEFAULT_WINDOW_BYTES,
         max_sessions_per_lease: sessions.args.sessions_per_lease,
+        lane: pending_lane.as_ref().map(|p| p.offer.clone()),
     };
     let payload = serde_json::to_vec(&request).expect("an opening serializes");
     let answer = tokio::time::timeout(
@@ -131,8 +132,9 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
             ApiError::internal(format!("node {node_id} answered an opening with {e}"))
         })?,
     };
-    if let OpenReply::Refused { reason, message } = answer {
-        return Err(match reason {
+    let on_lane = match answer {
+        OpenReply::Opened { lane } => lane,
+        OpenReply::Refused { reason, message } => return Err(match reason {
             Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => {
                 ApiError::conflict(message)
             }
@@ -141,8 +143,29 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
                 ApiError::unprocessable(message, "command")
             }
             Refusal::ConnectionRefused => ApiError::bad_gateway(message).field("port"),
-        });
-    }
+        }),
+    };
+    let link = match (on_lane, pending_lane) {
+        (true, Some(pending)) => match pending.taken().await {
+            Some(lane) => {
+                let mut from_node = from_node;
+                let _ = from_node.unsubscribe().await;
+                relay::NodeLink::Lane(lane)
+            }
+            // The node relays on a lane this replica does not hold: it
+            // sees it closed and ends its side.
+            None => {
+                return Err(ApiError::unavailable(format!(
+                    "node {node_id} took the session's lane, which did not arrive"
+                ))
+                .retry_after(2))
+            }
+        },
+        _ => relay::NodeLink::Bus {
+            client: client.clone(),
+            from_node,
+        },
+    };
     let opened_at = Utc::now();
     let opened = Envelope::new(
         opening.actor.clone(),
@@ -162,7 +185,8 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
         }),
     );
     if let Err(e) = bus.publish(&opened, Expect::Any).await {
-        // No session goes unrecorded: the node's side is told to end.
+        // No session goes unrecorded: the node's side is told to end (a
+        // lane's by its closing, as `link` drops).
         let close = Outgoing::default().encode(&Frame::Control(Control::Close {
             reason: "not_recorded".into(),
             message: "the trail could not record the session".into(),
@@ -183,8 +207,7 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
         bytes_per_s: args.session_bytes_per_s,
     };
     Ok(Opened {
-        client,
-        from_node,
+        link,
         spec,
         _slot: slot,
         actor: opening.actor,
@@ -199,7 +222,7 @@ impl Opened {
     /// Relays the session with `client_side` until it ends, then records
     /// its end (retried through a bus outage: the trail must have it).
     pub async fn relay<C: ClientSide + 'static>(self, bus: &Bus, client_side: C) -> Outcome {
-        let outcome = relay::run(client_side, self.client, self.from_node, self.spec).await;
+        let outcome = relay::run(client_side, self.link, self.spec).await;
         drop(self._slot);
         let closed_at = Utc::now();
         let ended = Envelope::new(

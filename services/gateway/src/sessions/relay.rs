@@ -10,13 +10,17 @@
 use std::future::Future;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use lh_events::subject;
 use lh_rpc::session::{
     Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, FRAME_OVERHEAD_BYTES,
     PING_INTERVAL_MS, SILENCE_LIMIT_MS,
 };
+use lh_rpc::session_lane::{self, Lane};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use uuid::Uuid;
 
 /// How long a client has to take the end of its session (the close behind
@@ -56,11 +60,8 @@ pub trait ClientSide: Send {
     /// What the client does next (asked only while the node has room).
     fn recv(&mut self) -> impl Future<Output = FromClient> + Send;
     /// Hands the client bytes of `stream`; an error when it is gone.
-    fn send(
-        &mut self,
-        stream: Stream,
-        bytes: Vec<u8>,
-    ) -> impl Future<Output = Result<(), ()>> + Send;
+    fn send(&mut self, stream: Stream, bytes: Bytes)
+        -> impl Future<Output = Result<(), ()>> + Send;
     /// The command's output or the connection's far side ended.
     fn eof(&mut self) -> impl Future<Output = ()> + Send;
     /// Tells the client how it ended, and closes.
@@ -144,21 +145,68 @@ impl Throttle {
     }
 }
 
+/// How the relay reaches the session's node: the bus, or the lane the
+/// node dialed (lh_rpc::session_lane).
+pub enum NodeLink {
+    Bus {
+        client: async_nats::Client,
+        /// Subscribed before the node was asked: it may answer at once.
+        from_node: async_nats::Subscriber,
+    },
+    Lane(Lane),
+}
+
+enum ToNodeWay {
+    Bus {
+        client: async_nats::Client,
+        subject: String,
+    },
+    Lane(OwnedWriteHalf),
+}
+
 struct ToNode {
-    client: async_nats::Client,
-    subject: String,
+    way: ToNodeWay,
     numbers: Outgoing,
 }
 
 impl ToNode {
     async fn send(&mut self, frame: Frame) {
         let payload = self.numbers.encode(&frame);
-        if let Err(e) = self
-            .client
-            .publish(self.subject.clone(), payload.into())
-            .await
-        {
-            tracing::debug!(subject = %self.subject, error = %e, "a session frame was not sent");
+        match &mut self.way {
+            ToNodeWay::Bus { client, subject } => {
+                if let Err(e) = client.publish(subject.clone(), payload.into()).await {
+                    tracing::debug!(subject = %subject, error = %e, "a session frame was not sent");
+                }
+            }
+            // A lane that fails is seen closed from the node's side.
+            ToNodeWay::Lane(sink) => {
+                if let Err(e) = session_lane::send(sink, &payload).await {
+                    tracing::debug!(error = %e, "a session frame was not sent on its lane");
+                }
+            }
+        }
+    }
+}
+
+enum FromNode {
+    Bus(async_nats::Subscriber),
+    Lane(FramedRead<OwnedReadHalf, LengthDelimitedCodec>),
+}
+
+impl FromNode {
+    /// The node's next frame as it travelled; `None` once nothing more can
+    /// come. Safe to drop unfinished: each arm is one stream's `next`.
+    async fn next(&mut self) -> Option<Bytes> {
+        match self {
+            FromNode::Bus(subscriber) => subscriber.next().await.map(|m| m.payload),
+            FromNode::Lane(lane) => match lane.next().await {
+                Some(Ok(frame)) => Some(frame.freeze()),
+                Some(Err(e)) => {
+                    tracing::info!(error = %e, "a session's lane broke");
+                    None
+                }
+                None => None,
+            },
         }
     }
 }
@@ -166,13 +214,22 @@ impl ToNode {
 /// Runs one session until it ends.
 pub async fn run<C: ClientSide + 'static>(
     mut client_side: C,
-    client: async_nats::Client,
-    mut from_node: async_nats::Subscriber,
+    link: NodeLink,
     spec: RelaySpec,
 ) -> Outcome {
+    let (way, mut from_node) = match link {
+        NodeLink::Bus { client, from_node } => (
+            ToNodeWay::Bus {
+                client,
+                subject: subject::session_to_node(&spec.node_id, spec.session_id),
+            },
+            FromNode::Bus(from_node),
+        ),
+        NodeLink::Lane(lane) => (ToNodeWay::Lane(lane.sink), FromNode::Lane(lane.frames)),
+    };
+    let on_lane = matches!(way, ToNodeWay::Lane(_));
     let mut to_node = ToNode {
-        client,
-        subject: subject::session_to_node(&spec.node_id, spec.session_id),
+        way,
         numbers: Outgoing::default(),
     };
     let mut outcome = Outcome::default();
@@ -198,7 +255,7 @@ pub async fn run<C: ClientSide + 'static>(
                     throttle_in.pass(bytes.len()).await;
                     outcome.bytes_in += bytes.len() as u64;
                     last_data = Instant::now();
-                    let frame = Frame::Data { stream: Stream::Stdin, bytes };
+                    let frame = Frame::Data { stream: Stream::Stdin, bytes: bytes.into() };
                     window.spend(frame.window_cost());
                     to_node.send(frame).await;
                 }
@@ -212,11 +269,15 @@ pub async fn run<C: ClientSide + 'static>(
                 FromClient::Refused(ending) => break (ending, true),
             },
             message = from_node.next() => {
-                let Some(message) = message else {
+                let Some(payload) = message else {
+                    if on_lane {
+                        break (Ending::new("lane_lost", CLOSE_INTERNAL, format!(
+                            "the lane to node {} closed", spec.node_id)), false);
+                    }
                     break (Ending::new("bus_lost", CLOSE_INTERNAL, "the gateway lost its subscription to the node"), true);
                 };
                 last_heard = Instant::now();
-                let frame = match incoming.decode(&message.payload) {
+                let frame = match incoming.decode(&payload) {
                     Ok(frame) => frame,
                     Err(e) => break (Ending::new("frames_lost", CLOSE_INTERNAL, e), true),
                 };
@@ -278,7 +339,9 @@ pub async fn run<C: ClientSide + 'static>(
             }))
             .await;
     }
-    let _ = from_node.unsubscribe().await;
+    if let FromNode::Bus(mut subscriber) = from_node {
+        let _ = subscriber.unsubscribe().await;
+    }
     ending.exit_code = exit.and_then(|(code, signal)| code.or(signal.map(|s| 128 + s)));
     outcome.exit_code = ending.exit_code;
     outcome.ended_by = ending.reason.clone();

@@ -157,7 +157,7 @@ impl ClientSide for WebSocketClient {
         }
     }
 
-    async fn send(&mut self, stream: Stream, bytes: Vec<u8>) -> Result<(), ()> {
+    async fn send(&mut self, stream: Stream, bytes: bytes::Bytes) -> Result<(), ()> {
         let channel = match (self.channels, stream) {
             (Channels::Exec { .. }, Stream::Stderr) => CHANNEL_STDERR,
             (Channels::Exec { .. }, _) => CHANNEL_STDOUT,

@@ -66,7 +66,7 @@ impl ClientSide for SshClient {
         }
     }
 
-    async fn send(&mut self, stream: Stream, bytes: Vec<u8>) -> Result<(), ()> {
+    async fn send(&mut self, stream: Stream, bytes: bytes::Bytes) -> Result<(), ()> {
         let sent = if stream == Stream::Stderr && !self.tty {
             self.channel.extended_data(1, &bytes[..]).await
         } else {

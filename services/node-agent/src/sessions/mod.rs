@@ -4,7 +4,9 @@
 //! `lh.sess.up.<node>.<session>`. Only the gateway may publish to this
 //! node's session subjects and only this node on its answers (the NATS
 //! accounts say so), and a session enters only a workload that runs here
-//! for the placement the gateway named.
+//! for the placement the gateway named. Where the gateway offers a lane
+//! (lh_rpc::session_lane) and this node's bus is not encrypted, the frames
+//! travel on it instead.
 
 pub mod enter;
 pub mod pty;
@@ -20,6 +22,7 @@ use lh_rpc::session::{
     max_frames_in_window, Control, Frame, OpenKind, OpenReply, OpenSession, Outgoing, Refusal,
     DEFAULT_WINDOW_BYTES, MAX_COMMAND_ARGS, MAX_COMMAND_BYTES,
 };
+use lh_rpc::session_lane;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -37,6 +40,8 @@ const CONTROL_FRAMES_QUEUED: usize = 256;
 /// `simulated`: the node runs no workloads, which a refusal says.
 pub async fn serve(bus: Bus, node_id: String, doors: Doors, simulated: bool) -> anyhow::Result<()> {
     let client = bus.client().clone();
+    // A lane carries bytes in clear: never where the bus would not.
+    let lanes = !bus.is_encrypted();
     let mut requests = client
         .subscribe(subject::sessions_to_node(&node_id))
         .await?;
@@ -67,13 +72,14 @@ pub async fn serve(bus: Bus, node_id: String, doors: Doors, simulated: bool) -> 
                         continue;
                     }
                     let window = open.window_bytes.clamp(1, MAX_WINDOW_BYTES);
-                    let (tx, rx) = mpsc::channel(max_frames_in_window(window) + CONTROL_FRAMES_QUEUED);
+                    let (tx, rx) = mpsc::channel(frames_queued(window));
                     sessions.insert(open.session_id, tx);
                     let (client, node_id, doors, ended) =
                         (client.clone(), node_id.clone(), doors.clone(), ended_tx.clone());
+                    let here = Here { client, node_id, doors, simulated, lanes };
                     tokio::spawn(async move {
                         let id = open.session_id;
-                        open_and_run(client, reply, node_id, doors, simulated, open, window, rx).await;
+                        open_and_run(here, reply, open, window, rx).await;
                         let _ = ended.send(id);
                     });
                     continue;
@@ -113,6 +119,23 @@ pub async fn serve(bus: Bus, node_id: String, doors: Doors, simulated: bool) -> 
     anyhow::bail!("the session subscription ended")
 }
 
+/// Frames a session's queue takes: its window's, and the control frames
+/// beside them.
+fn frames_queued(window: u32) -> usize {
+    max_frames_in_window(window) + CONTROL_FRAMES_QUEUED
+}
+
+/// What every session on this node shares.
+struct Here {
+    client: async_nats::Client,
+    node_id: String,
+    doors: Doors,
+    /// The node simulates its workloads: there is nothing to enter.
+    simulated: bool,
+    /// Whether a lane the gateway offers may be taken.
+    lanes: bool,
+}
+
 fn refused(reason: Refusal, message: String) -> OpenReply {
     OpenReply::Refused { reason, message }
 }
@@ -125,17 +148,20 @@ async fn answer(client: &async_nats::Client, reply: async_nats::Subject, answer:
 }
 
 /// Checks the opening, enters the workload and relays until the end.
-#[allow(clippy::too_many_arguments)]
 async fn open_and_run(
-    client: async_nats::Client,
+    here: Here,
     reply: async_nats::Subject,
-    node_id: String,
-    doors: Doors,
-    simulated: bool,
     open: OpenSession,
     window: u32,
     frames: mpsc::Receiver<Bytes>,
 ) {
+    let Here {
+        client,
+        node_id,
+        doors,
+        simulated,
+        lanes,
+    } = here;
     if simulated {
         let message = format!(
             "node {node_id} simulates its workloads (--runtime sim): nothing of lease {} runs to enter",
@@ -186,10 +212,44 @@ async fn open_and_run(
             }
         }
     };
-    answer(&client, reply, OpenReply::Opened).await;
+    let lane = match (&open.lane, lanes) {
+        (Some(offer), true) => match session_lane::dial(offer).await {
+            Ok(lane) => Some(lane),
+            Err(e) => {
+                tracing::info!(session = %open.session_id, lane = %offer.addr, error = %e,
+                    "the session's lane is not reached: its frames keep to the bus");
+                None
+            }
+        },
+        _ => None,
+    };
+    answer(
+        &client,
+        reply,
+        OpenReply::Opened {
+            lane: lane.is_some(),
+        },
+    )
+    .await;
+    let (way, frames) = match lane {
+        Some(lane) => {
+            // Frames on the bus for this session now find no queue and are
+            // dropped: the gateway sends it none.
+            drop(frames);
+            let (tx, rx) = mpsc::channel(frames_queued(window));
+            relay::read_lane(lane.frames, tx);
+            (relay::Way::Lane(lane.sink), rx)
+        }
+        None => (
+            relay::Way::Bus {
+                client,
+                subject: subject::session_from_node(&node_id, open.session_id),
+            },
+            frames,
+        ),
+    };
     let up = relay::Uplink {
-        client,
-        subject: subject::session_from_node(&node_id, open.session_id),
+        way,
         numbers: Outgoing::default(),
     };
     let why = relay::run(work, entry, frames, up, window).await;

@@ -6,15 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
+use bytes::{BufMut, BytesMut};
 use lh_rpc::session::{
-    Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, FRAME_OVERHEAD_BYTES,
-    MAX_FRAME_DATA_BYTES, SILENCE_LIMIT_MS,
+    Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, DATA_HEADER_BYTES,
+    FRAME_OVERHEAD_BYTES, MAX_FRAME_DATA_BYTES, SILENCE_LIMIT_MS,
 };
+use lh_rpc::session_lane::{self, LENGTH_BYTES};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 
 use super::enter::{Exec, ExecIo};
 use crate::workload::door::Entry;
@@ -23,23 +27,62 @@ use crate::workload::door::Entry;
 /// output open before the session ends anyway (a `sleep &` holds it).
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 
+/// How a session's frames go back to the gateway.
+pub enum Way {
+    Bus {
+        client: async_nats::Client,
+        subject: String,
+    },
+    Lane(OwnedWriteHalf),
+}
+
 /// Where a session's frames go back to the gateway.
 pub struct Uplink {
-    pub client: async_nats::Client,
-    pub subject: String,
+    pub way: Way,
     pub numbers: Outgoing,
 }
 
 impl Uplink {
     async fn send(&mut self, frame: Frame) {
         let payload = self.numbers.encode(&frame);
-        if let Err(e) = self
-            .client
-            .publish(self.subject.clone(), payload.into())
-            .await
-        {
-            tracing::debug!(subject = %self.subject, error = %e, "a session frame was not sent");
+        match &mut self.way {
+            Way::Bus { client, subject } => {
+                if let Err(e) = client.publish(subject.clone(), payload.into()).await {
+                    tracing::debug!(subject = %subject, error = %e, "a session frame was not sent");
+                }
+            }
+            // A lane that fails is seen closed by its reader, which ends
+            // the session.
+            Way::Lane(sink) => {
+                if let Err(e) = session_lane::send(sink, &payload).await {
+                    tracing::debug!(error = %e, "a session frame was not sent on its lane");
+                }
+            }
         }
+    }
+
+    /// Sends `chunk` ([`ROOM_BYTES`] of room, then data of `stream`) as
+    /// the next data frame, sealed where it lies.
+    async fn send_data(&mut self, stream: Stream, mut chunk: BytesMut) {
+        self.numbers
+            .seal_data(&mut chunk[LENGTH_BYTES..], stream);
+        match &mut self.way {
+            Way::Bus { client, subject } => {
+                let frame = chunk.freeze().slice(LENGTH_BYTES..);
+                if let Err(e) = client.publish(subject.clone(), frame).await {
+                    tracing::debug!(subject = %subject, error = %e, "a session frame was not sent");
+                }
+            }
+            Way::Lane(sink) => {
+                if let Err(e) = session_lane::send_in_place(sink, &mut chunk).await {
+                    tracing::debug!(error = %e, "a session frame was not sent on its lane");
+                }
+            }
+        }
+    }
+
+    fn is_lane(&self) -> bool {
+        matches!(self.way, Way::Lane(_))
     }
 
     async fn close(&mut self, reason: &str, message: impl Into<String>) {
@@ -51,14 +94,49 @@ impl Uplink {
     }
 }
 
+/// Puts what comes on a session's lane into its queue; the queue closes
+/// when the lane does, or when the gateway sends beyond the window.
+pub fn read_lane(
+    mut lane: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    frames: mpsc::Sender<Bytes>,
+) {
+    tokio::spawn(async move {
+        while let Some(Ok(frame)) = lane.next().await {
+            if frames.try_send(frame.freeze()).is_err() {
+                return;
+            }
+        }
+    });
+}
+
 /// What the session carries.
 pub enum Work {
     Exec(Box<Exec>),
     Port(TcpStream),
 }
 
-/// Bytes read from the command or the connection; empty: that stream ended.
-type Chunk = (Stream, Vec<u8>);
+/// Room in front of the bytes read for a data frame: its header, and a
+/// lane's length before that, so that the frame is sealed where it was
+/// read.
+const ROOM_BYTES: usize = LENGTH_BYTES + DATA_HEADER_BYTES;
+
+/// Bytes read from the command or the connection behind [`ROOM_BYTES`]
+/// of room; none: that stream ended.
+type Chunk = (Stream, BytesMut);
+
+/// Whether a chunk carries no bytes: its stream ended.
+fn ended(chunk: &BytesMut) -> bool {
+    chunk.len() <= ROOM_BYTES
+}
+
+/// A zeroed buffer for the next read of a terminal, which reads into a
+/// slice.
+fn next_buffer(buf: &mut BytesMut) -> &mut [u8] {
+    buf.clear();
+    buf.reserve(ROOM_BYTES + MAX_FRAME_DATA_BYTES);
+    buf.resize(ROOM_BYTES + MAX_FRAME_DATA_BYTES, 0);
+    &mut buf[ROOM_BYTES..]
+}
 
 fn read_into<R: AsyncRead + Unpin + Send + 'static>(
     mut reader: R,
@@ -66,19 +144,29 @@ fn read_into<R: AsyncRead + Unpin + Send + 'static>(
     tx: mpsc::Sender<Chunk>,
 ) {
     tokio::spawn(async move {
-        let mut buf = vec![0u8; MAX_FRAME_DATA_BYTES];
+        let mut buf = BytesMut::new();
         loop {
-            let mut n = reader.read(&mut buf).await.unwrap_or(0);
+            // The memory of a frame already sent comes back here; the read
+            // goes into it unzeroed.
+            buf.reserve(ROOM_BYTES + MAX_FRAME_DATA_BYTES);
+            buf.resize(ROOM_BYTES, 0);
+            let mut n = reader
+                .read_buf(&mut (&mut buf).limit(MAX_FRAME_DATA_BYTES))
+                .await
+                .unwrap_or(0);
             // What is ready already goes in the same frame: a stream read
-            // as it trickles in would cost a frame (and its trip through the
-            // bus) per few KiB.
-            while n > 0 && n < buf.len() {
-                match reader.read(&mut buf[n..]).now_or_never() {
+            // as it trickles in would cost a frame (and its trip) per few
+            // KiB.
+            while n > 0 && n < MAX_FRAME_DATA_BYTES {
+                let more = reader
+                    .read_buf(&mut (&mut buf).limit(MAX_FRAME_DATA_BYTES - n))
+                    .now_or_never();
+                match more {
                     Some(Ok(more)) if more > 0 => n += more,
                     _ => break,
                 }
             }
-            if tx.send((stream, buf[..n].to_vec())).await.is_err() || n == 0 {
+            if tx.send((stream, buf.split())).await.is_err() || n == 0 {
                 return;
             }
         }
@@ -90,7 +178,7 @@ fn read_into<R: AsyncRead + Unpin + Send + 'static>(
 /// down once the queue ends.
 fn write_from<W: AsyncWrite + Unpin + Send + 'static>(
     mut writer: W,
-    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
     written: mpsc::UnboundedSender<u32>,
 ) {
     tokio::spawn(async move {
@@ -122,7 +210,7 @@ pub async fn run(
     let mut incoming = Incoming::default();
     let (chunk_tx, mut chunks) = mpsc::channel::<Chunk>(1);
     let (written_tx, mut written) = mpsc::unbounded_channel::<u32>();
-    let mut input: Option<mpsc::UnboundedSender<Vec<u8>>> = None;
+    let mut input: Option<mpsc::UnboundedSender<Bytes>> = None;
     let mut pty: Option<Arc<super::pty::PtyMaster>> = None;
     let mut open_streams: usize;
     let is_port = matches!(work, Work::Port(_));
@@ -141,16 +229,16 @@ pub async fn run(
                     let reader = master.clone();
                     let tx = chunk_tx.clone();
                     tokio::spawn(async move {
-                        let mut buf = vec![0u8; MAX_FRAME_DATA_BYTES];
+                        let mut buf = BytesMut::new();
                         loop {
-                            let n = reader.read(&mut buf).await.unwrap_or(0);
-                            if tx.send((Stream::Stdout, buf[..n].to_vec())).await.is_err() || n == 0
-                            {
+                            let n = reader.read(next_buffer(&mut buf)).await.unwrap_or(0);
+                            buf.truncate(ROOM_BYTES + n);
+                            if tx.send((Stream::Stdout, buf.split())).await.is_err() || n == 0 {
                                 return;
                             }
                         }
                     });
-                    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+                    let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
                     let done = written_tx.clone();
                     tokio::spawn(async move {
                         while let Some(bytes) = rx.recv().await {
@@ -204,6 +292,10 @@ pub async fn run(
             }
             frame = frames.recv() => {
                 let Some(payload) = frame else {
+                    if up.is_lane() {
+                        up.close("lane_closed", "the session's lane closed, or carried more than the window allows").await;
+                        break "lane_closed";
+                    }
                     up.close("frames_beyond_window", "the gateway sent more than the window allows").await;
                     break "frames_beyond_window";
                 };
@@ -231,7 +323,7 @@ pub async fn run(
                         // A terminal has no end of input but the ^D its
                         // line discipline reads as one.
                         if pty.is_some() {
-                            if let Some(tx) = &input { let _ = tx.send(vec![4]); }
+                            if let Some(tx) = &input { let _ = tx.send(Bytes::from_static(&[4])); }
                         } else {
                             input = None;
                         }
@@ -253,16 +345,15 @@ pub async fn run(
                 }
             }
             chunk = chunks.recv(), if window.room() > 0 && open_streams > 0 => {
-                let Some((stream, bytes)) = chunk else { open_streams = 0; continue };
-                if bytes.is_empty() {
+                let Some((stream, chunk)) = chunk else { open_streams = 0; continue };
+                if ended(&chunk) {
                     open_streams -= 1;
                     if is_port {
                         up.send(Frame::Control(Control::Eof { stream })).await;
                     }
                 } else {
-                    let frame = Frame::Data { stream, bytes };
-                    window.spend(frame.window_cost());
-                    up.send(frame).await;
+                    window.spend((chunk.len() - ROOM_BYTES) as u32 + FRAME_OVERHEAD_BYTES);
+                    up.send_data(stream, chunk).await;
                 }
             }
             status = wait_child(&mut exec), if child_running => {

@@ -260,10 +260,7 @@ pub fn env_file_path(dir: &Path, lease_id: Uuid) -> PathBuf {
 /// Writes `contents` to `<dir>/lh-<lease_id>.env`, readable by the agent's
 /// user only, in a directory only it can enter.
 pub fn write_env_file(dir: &Path, lease_id: Uuid, contents: &str) -> io::Result<PathBuf> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
+    super::create_private_dir(dir)?;
     let path = env_file_path(dir, lease_id);
     // A file left by a crash may be anyone's and any mode: start afresh.
     remove_env_file(&path);

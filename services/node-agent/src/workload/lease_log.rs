@@ -16,7 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -153,10 +153,7 @@ fn meta_path(log: &Path) -> PathBuf {
 /// workload writes to; a second handle of it serves as the other stream.
 pub fn open(path: &Path) -> io::Result<File> {
     if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
+        super::create_private_dir(dir)?;
     }
     let file = OpenOptions::new()
         .create(true)

@@ -76,17 +76,9 @@ impl LeaseUsers {
         }
         let homes = state_dir.join(LEASE_HOMES_DIR);
         let cannot = |path: &Path, e: io::Error| bad(format!("{}: {e}", path.display()));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&homes)
-            .map_err(|e| cannot(&homes, e))?;
+        super::create_private_dir(&homes).map_err(|e| cannot(&homes, e))?;
         let claims = PathBuf::from(LEASE_USER_CLAIMS_DIR);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&claims)
-            .map_err(|e| cannot(&claims, e))?;
+        super::create_private_dir(&claims).map_err(|e| cannot(&claims, e))?;
         for dir in [state_dir, homes.as_path()] {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
                 .map_err(|e| cannot(dir, e))?;
