@@ -94,7 +94,10 @@ pub enum OpenReply {
         #[serde(default)]
         lane: bool,
     },
-    Refused { reason: Refusal, message: String },
+    Refused {
+        reason: Refusal,
+        message: String,
+    },
 }
 
 /// Why a node would not open a session.
@@ -184,7 +187,10 @@ pub enum Control {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// Bytes of a stream; decoded, a view into the frame as it travelled.
-    Data { stream: Stream, bytes: Bytes },
+    Data {
+        stream: Stream,
+        bytes: Bytes,
+    },
     Control(Control),
 }
 

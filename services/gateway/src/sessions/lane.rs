@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use lh_rpc::session_lane::{self, Lane, LaneOffer, LANE_HANDSHAKE_TIMEOUT, LANE_TOKEN_BYTES};
+use lh_service::CancellationToken;
 use rand::RngCore;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
-use lh_service::CancellationToken;
 
 /// Dialed connections heard at once; more are closed at once.
 pub const MAX_LANE_HANDSHAKES: usize = 64;
@@ -149,7 +149,8 @@ pub fn serve(
                 }
             };
             let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-                metrics::counter!("lh_gateway_session_lanes_total", "result" => "too_many").increment(1);
+                metrics::counter!("lh_gateway_session_lanes_total", "result" => "too_many")
+                    .increment(1);
                 continue;
             };
             let lanes = lanes.clone();

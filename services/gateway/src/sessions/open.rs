@@ -134,16 +134,18 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
     };
     let on_lane = match answer {
         OpenReply::Opened { lane } => lane,
-        OpenReply::Refused { reason, message } => return Err(match reason {
-            Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => {
-                ApiError::conflict(message)
-            }
-            Refusal::TooManySessions => ApiError::too_many_requests(message).retry_after(5),
-            Refusal::BadRequest | Refusal::CannotStart => {
-                ApiError::unprocessable(message, "command")
-            }
-            Refusal::ConnectionRefused => ApiError::bad_gateway(message).field("port"),
-        }),
+        OpenReply::Refused { reason, message } => {
+            return Err(match reason {
+                Refusal::NotRunningHere | Refusal::Simulated | Refusal::CannotEnter => {
+                    ApiError::conflict(message)
+                }
+                Refusal::TooManySessions => ApiError::too_many_requests(message).retry_after(5),
+                Refusal::BadRequest | Refusal::CannotStart => {
+                    ApiError::unprocessable(message, "command")
+                }
+                Refusal::ConnectionRefused => ApiError::bad_gateway(message).field("port"),
+            })
+        }
     };
     let link = match (on_lane, pending_lane) {
         (true, Some(pending)) => match pending.taken().await {

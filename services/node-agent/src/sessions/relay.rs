@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{FutureExt, StreamExt};
 use bytes::{BufMut, BytesMut};
+use futures::{FutureExt, StreamExt};
 use lh_rpc::session::{
     Control, CreditBack, Frame, Incoming, Outgoing, Stream, Window, DATA_HEADER_BYTES,
     FRAME_OVERHEAD_BYTES, MAX_FRAME_DATA_BYTES, SILENCE_LIMIT_MS,
@@ -64,8 +64,7 @@ impl Uplink {
     /// Sends `chunk` ([`ROOM_BYTES`] of room, then data of `stream`) as
     /// the next data frame, sealed where it lies.
     async fn send_data(&mut self, stream: Stream, mut chunk: BytesMut) {
-        self.numbers
-            .seal_data(&mut chunk[LENGTH_BYTES..], stream);
+        self.numbers.seal_data(&mut chunk[LENGTH_BYTES..], stream);
         match &mut self.way {
             Way::Bus { client, subject } => {
                 let frame = chunk.freeze().slice(LENGTH_BYTES..);

@@ -649,6 +649,22 @@ fn signal_group(pgid: i32, signal: libc::c_int) -> Result<(), RuntimeError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_private_dir_is_shut_and_the_dirs_made_above_it_are_not() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state").join("homes");
+        super::create_private_dir(&dir).unwrap();
+        let mode = |p: &std::path::Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+        };
+        assert_eq!(mode(&dir), 0o700);
+        // Searchable by others, whatever the umask left of 0777.
+        assert_eq!(mode(&root.path().join("state")) & 0o001, 0o001);
+        // Again: already there is fine.
+        super::create_private_dir(&dir).unwrap();
+    }
+
     use super::*;
 
     fn assignment() -> Assignment {
@@ -819,23 +835,5 @@ pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
         other => other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn a_private_dir_is_shut_and_the_dirs_made_above_it_are_not() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("state").join("homes");
-        super::create_private_dir(&dir).unwrap();
-        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&dir), 0o700);
-        // Searchable by others, whatever the umask left of 0777.
-        assert_eq!(mode(&root.path().join("state")) & 0o001, 0o001);
-        // Again: already there is fine.
-        super::create_private_dir(&dir).unwrap();
     }
 }
