@@ -71,7 +71,9 @@ pub struct Flow {
 /// on the URL's port, one with `DATABASE_URL` or `PGHOST` the instances of
 /// the CloudNativePG cluster it names; NATS members reach each other on
 /// their route port; Prometheus reaches every scrape target; anyone
-/// reaches the gateway's API; the CloudNativePG operator reaches its
+/// reaches the gateway's API; node agents whose bus is plain (no
+/// `LH_NATS_CA_FILE`) reach each container with `LH_SESSION_LANE_ADDR` on
+/// its port (a session's lane); the CloudNativePG operator reaches its
 /// instances, which reach each other and the API server.
 pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
     let dns = Peer::outside("kube-dns", "kube-system", &[("k8s-app", "kube-dns")]);
@@ -180,6 +182,40 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
                     port_of(url.trim_end_matches('/')),
                     "TCP",
                     "the API, as a client",
+                );
+            }
+        }
+    }
+    // A session's lane: the node agent dials the gateway replica that
+    // opened the session, by its own address, unless the node's bus is
+    // TLS (a lane is plaintext, so such a node keeps to the bus).
+    let lane_listeners: Vec<(Peer, u16)> = pods
+        .iter()
+        .flat_map(|pod| {
+            containers(pod)
+                .into_iter()
+                .filter_map(|c| env_value(&c, "LH_SESSION_LANE_ADDR").filter(|a| a != "off"))
+                .map(|addr| (Peer::inside(pod), port_of(&addr)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for pod in &pods {
+        let plain_node_agent = containers(pod).iter().any(|c| {
+            let tls = c["env"].as_sequence().into_iter().flatten().any(|e| {
+                str_at(e, &["name"]) == Some("LH_NATS_CA_FILE")
+                    && (str_at(e, &["value"]).is_some_and(|v| !v.is_empty())
+                        || e.get("valueFrom").is_some())
+            });
+            str_at(c, &["image"]).is_some_and(|i| i.starts_with("leasehold/lh-node-agent:")) && !tls
+        });
+        if plain_node_agent {
+            for (gateway, port) in &lane_listeners {
+                flow(
+                    &Peer::inside(pod),
+                    gateway,
+                    *port,
+                    "TCP",
+                    "a session's lane",
                 );
             }
         }

@@ -18,6 +18,12 @@ fn network_policies_allow_the_needed_flows_and_nothing_more() {
         ("StatefulSet/nats", "StatefulSet/nats", 6222),
         ("Prometheus", "Deployment/gateway", 9100),
         ("Prometheus", "DaemonSet/node-agent-cn-north-1a", 9110),
+        (
+            "DaemonSet/node-agent-cn-north-1a",
+            "Deployment/gateway",
+            7443,
+        ),
+        ("Deployment/node-agent-a", "Deployment/gateway", 7443),
     ] {
         assert!(
             flows
@@ -77,6 +83,84 @@ fn network_policies_allow_the_needed_flows_and_nothing_more() {
             .iter()
             .any(|p| p.contains("port Number(8222) is used by no needed flow")),
         "{problems:?}"
+    );
+    // the gateway's session lanes closed to node agents, or opened to all
+    let lane_rule = |p: &Value| {
+        p["spec"]["ingress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .position(|rule| rule["ports"][0]["port"].as_u64() == Some(7443))
+            .expect("a rule for the lanes")
+    };
+    let problems = with_policy("gateway", &|p| {
+        let index = lane_rule(p);
+        p["spec"]["ingress"]
+            .as_sequence_mut()
+            .unwrap()
+            .remove(index);
+    });
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "Deployment/node-agent-a → Deployment/gateway :7443/TCP (a session's lane) is refused (Ingress)"
+        )),
+        "{problems:?}"
+    );
+    let problems = with_policy("gateway", &|p| {
+        let index = lane_rule(p);
+        p["spec"]["ingress"][index]
+            .as_mapping_mut()
+            .unwrap()
+            .remove("from");
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("gateway ingress[") && p.contains("has no `from`: open to all")),
+        "{problems:?}"
+    );
+    // node agents may not leave for a lane
+    let problems = with_policy("node-agent", &|p| {
+        p["spec"]["egress"].as_sequence_mut().unwrap().truncate(1);
+    });
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "DaemonSet/node-agent-cn-north-1a → Deployment/gateway :7443/TCP (a session's lane) is refused (Egress)"
+        )),
+        "{problems:?}"
+    );
+    // a node whose bus is TLS takes no lane: the rule for one is then unused
+    let mut tls_docs = docs.clone();
+    for (_, doc) in tls_docs.iter_mut() {
+        if str_at(
+            doc,
+            &[
+                "spec",
+                "template",
+                "metadata",
+                "labels",
+                "app.kubernetes.io/name",
+            ],
+        ) == Some("node-agent")
+        {
+            doc["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_sequence_mut()
+                .unwrap()
+                .push(
+                    serde_yaml_ng::from_str("{name: LH_NATS_CA_FILE, value: /etc/nats-ca/ca.crt}")
+                        .unwrap(),
+                );
+        }
+    }
+    assert!(
+        !needed_flows(&tls_docs).iter().any(|f| f.port == 7443),
+        "a node on a TLS bus was given a lane"
+    );
+    assert!(
+        network_policy_problems(&tls_docs)
+            .iter()
+            .any(|p| p.contains("port Number(7443) is used by no needed flow")),
+        "the lanes' rules outlived the lanes"
     );
     // no default deny
     let problems = with_policy("default-deny", &|p| {
