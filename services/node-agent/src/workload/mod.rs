@@ -647,6 +647,21 @@ fn signal_group(pgid: i32, signal: libc::c_int) -> Result<(), RuntimeError> {
     })
 }
 
+/// Makes `dir` readable and enterable by the agent's user only; the
+/// directories above it that are missing get the usual mode. (A recursive
+/// `DirBuilder` with mode 0700 would give them 0700 too, and shut the lease
+/// users out of the homes below a state directory made so.)
+pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -820,20 +835,5 @@ mod tests {
         let bare: Workload = serde_json::from_str(r#"{"command":["true"]}"#).unwrap();
         assert_eq!(bare.image, None);
         assert!(bare.env.is_empty());
-    }
-}
-
-/// Makes `dir` readable and enterable by the agent's user only; the
-/// directories above it that are missing get the usual mode. (A recursive
-/// `DirBuilder` with mode 0700 would give them 0700 too, and shut the lease
-/// users out of the homes below a state directory made so.)
-pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
-        other => other,
     }
 }
