@@ -280,6 +280,10 @@ pub struct LeasePortForward {
     /// The address to listen on; 0.0.0.0 lets other machines in.
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
     pub address: IpAddr,
+    /// An operator's reason for entering a tenant's lease, which the trail
+    /// keeps with each forwarded connection.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 /// `lh lease open`

@@ -84,9 +84,12 @@ pub const NODE_MAX_STREAMS: u32 = 1;
 /// Consumers a node may have in its own account at once (reading a
 /// snapshot takes one, for a moment).
 pub const NODE_MAX_CONSUMERS: u32 = 16;
+/// Size limit of one node agent's snapshot store, in bytes: what it folds
+/// is its own leases and inventory, and there is one store per node.
+pub const NODE_SNAPSHOTS_MAX_BYTES: i64 = 16 * 1024 * 1024;
 /// Disk a node's account may take: its snapshot bucket at the most
 /// replicas a stream may have (5).
-pub const NODE_MAX_FILE_BYTES: i64 = crate::snapshots::NODE_SNAPSHOTS_MAX_BYTES * 5;
+pub const NODE_MAX_FILE_BYTES: i64 = NODE_SNAPSHOTS_MAX_BYTES * 5;
 /// How long the log's account keeps the way back open for replies to a
 /// node's request: a pull request waits up to its expiry (30 s) for
 /// messages, with room.

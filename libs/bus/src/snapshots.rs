@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use async_nats::jetstream::{self, stream::StorageType};
 
+use crate::auth::NODE_SNAPSHOTS_MAX_BYTES;
 use crate::error::{js_err, BusError, Result};
 use crate::Bus;
 
@@ -22,9 +23,6 @@ pub const SNAPSHOTS_BUCKET_PREFIX: &str = "lh-snapshots-";
 /// Size limit of one service's snapshot store, in bytes: JetStream
 /// reserves it on disk, for each service.
 pub const SNAPSHOTS_MAX_BYTES: i64 = 512 * 1024 * 1024;
-/// Size limit of one node agent's snapshot store, in bytes: what it folds
-/// is its own leases and inventory, and there is one store per node.
-pub const NODE_SNAPSHOTS_MAX_BYTES: i64 = 16 * 1024 * 1024;
 /// Largest snapshot stored or read, in bytes.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024 * 1024;
 /// First line of a snapshot's object: the format, then the signature.

@@ -58,7 +58,35 @@ pub struct OpenSession {
     /// ([`crate::session_lane`]); without one, or when the node cannot
     /// take it, they travel on the bus.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lane: Option<crate::session_lane::LaneOffer>,
+    pub lane: Option<LaneOffer>,
+}
+
+/// Bytes of a lane's token.
+pub const LANE_TOKEN_BYTES: usize = 32;
+
+/// Where a node may dial for a session's lane, and what to show there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneOffer {
+    /// `host:port` of the gateway replica that opened the session.
+    pub addr: String,
+    /// The one-time token, [`LANE_TOKEN_BYTES`] as hex.
+    pub token: String,
+}
+
+impl LaneOffer {
+    pub fn new(addr: String, token: &[u8; LANE_TOKEN_BYTES]) -> Self {
+        LaneOffer {
+            addr,
+            token: hex::encode(token),
+        }
+    }
+
+    /// The token's bytes, when it is one.
+    pub fn token_bytes(&self) -> Option<[u8; LANE_TOKEN_BYTES]> {
+        let bytes = hex::decode(&self.token).ok()?;
+        bytes.try_into().ok()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,16 +15,14 @@
 use std::io;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 
 use crate::session::MAX_FRAME_DATA_BYTES;
+pub use crate::session::{LaneOffer, LANE_TOKEN_BYTES};
 
-/// Bytes of a lane's token.
-pub const LANE_TOKEN_BYTES: usize = 32;
 /// The gateway's answer to a token it took.
 pub const LANE_ACCEPTED: u8 = 1;
 /// The largest message on a lane: a data frame with its header, or a
@@ -80,31 +78,6 @@ impl Lane {
             frames: FramedRead::new(read, codec()),
             sink: write,
         }
-    }
-}
-
-/// Where a node may dial for a session's lane, and what to show there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LaneOffer {
-    /// `host:port` of the gateway replica that opened the session.
-    pub addr: String,
-    /// The one-time token, [`LANE_TOKEN_BYTES`] as hex.
-    pub token: String,
-}
-
-impl LaneOffer {
-    pub fn new(addr: String, token: &[u8; LANE_TOKEN_BYTES]) -> Self {
-        LaneOffer {
-            addr,
-            token: hex::encode(token),
-        }
-    }
-
-    /// The token's bytes, when it is one.
-    pub fn token_bytes(&self) -> Option<[u8; LANE_TOKEN_BYTES]> {
-        let bytes = hex::decode(&self.token).ok()?;
-        bytes.try_into().ok()
     }
 }
 

@@ -385,7 +385,7 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
             let shutdown = async {
                 let _ = stopped.await;
             };
-            lh_cli::forward(&gw, &lease, listener, 8080, shutdown, &mut err).await
+            lh_cli::forward(&gw, &lease, listener, 8080, None, shutdown, &mut err).await
         })
     };
     let echoed = tokio::task::spawn_blocking(move || {
@@ -765,6 +765,28 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
     // once, as nothing listens.
     stack.stop_service("scheduler").await;
     stack.stop_service(&format!("node-agent:{node}")).await;
+    // Gone from the server too: a stopped agent's connection closes a
+    // moment after it stops, sooner or later on a loaded machine.
+    let bus = stack.bus().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let asked = tokio::time::timeout(
+            Duration::from_secs(1),
+            bus.client()
+                .request(lh_events::subject::session_open(&node), "{}".into()),
+        )
+        .await;
+        match asked {
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => break,
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the agent still listens: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
     let started = Instant::now();
     let (s, p) = open(&stack, &key, &path("sh", ""), EXEC_SUBPROTOCOL)
         .await
@@ -777,7 +799,6 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
     );
 
     // A node that hears and never answers: refused after five seconds.
-    let bus = stack.bus().await;
     let (hung, _) = fake_node(bus.client().clone(), node.clone(), false);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -844,6 +865,44 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
     assert!(
         matches!(by_admin, lh_events::Actor::Operator(_)),
         "{by_admin:?}"
+    );
+    // The same for a forwarded port, with the CLI's forward() (what `lh
+    // lease port-forward --reason` runs): each connection carries it.
+    let gw = lh_cli::Gateway::new(&stack.gateway_url, Some(ADMIN_TOKEN)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let forwarding = {
+        let lease = lease.clone();
+        tokio::spawn(async move {
+            let mut err: Vec<u8> = Vec::new();
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            let reason = Some("ticket 43");
+            lh_cli::forward(&gw, &lease, listener, 8080, reason, shutdown, &mut err).await
+        })
+    };
+    let echoed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(local).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"by the operator\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(echoed, "by the operator\n");
+    let _ = stop.send(());
+    forwarding.await.unwrap().unwrap();
+    let (_, _, log) = session_events(&stack, &lease).await;
+    assert!(
+        log.iter().any(|e| matches!(&e.envelope.data,
+            EventData::SessionOpened(o) if o.reason.as_deref() == Some("ticket 43")
+                && o.kind == lh_events::SessionKind::PortForward)),
+        "the admin's forwarded connection is on the trail with its reason"
     );
 
     // A node that goes silent after the opening: closed after 30 s of

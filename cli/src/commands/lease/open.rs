@@ -103,7 +103,7 @@ pub async fn open(
             page_url(local, token.as_deref())
         ),
     )?;
-    forward(gw, &args.id, listener, port.port, shutdown, err).await?;
+    forward(gw, &args.id, listener, port.port, None, shutdown, err).await?;
     Ok(EXIT_OK)
 }
 

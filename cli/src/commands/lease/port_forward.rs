@@ -76,7 +76,8 @@ pub(super) async fn port_forward(
         out,
         &format!("Forwarding from {local} -> {}\n", args.ports.remote),
     )?;
-    forward(gw, &args.id, listener, args.ports.remote, stop, err).await?;
+    let reason = args.reason.as_deref();
+    forward(gw, &args.id, listener, args.ports.remote, reason, stop, err).await?;
     Ok(EXIT_OK)
 }
 
@@ -86,12 +87,14 @@ pub(super) async fn port_forward(
 /// connection still open. What ends one connection (a refusal, nothing
 /// listening there, a lost session) is written to `err` as
 /// `error: <local address> -> <remote port>: <why>` and ends only that one.
+/// `reason`: an operator's, sent with each connection (the trail keeps it).
 /// Fails only when the listener does.
 pub async fn forward(
     gw: &Gateway,
     lease_id: &str,
     listener: TcpListener,
     remote_port: u16,
+    reason: Option<&str>,
     shutdown: impl Future<Output = ()>,
     err: Out<'_>,
 ) -> io::Result<()> {
@@ -110,9 +113,11 @@ pub async fn forward(
                 Ok((socket, _)) => {
                     let gw = gw.clone();
                     let lease_id = lease_id.to_string();
+                    let reason = reason.map(str::to_string);
                     let report_tx = report_tx.clone();
                     connections.spawn(async move {
-                        if let Err(why) = relay(&gw, &lease_id, remote_port, socket).await {
+                        let reason = reason.as_deref();
+                        if let Err(why) = relay(&gw, &lease_id, remote_port, reason, socket).await {
                             let _ = report_tx.send(why);
                         }
                     });
@@ -157,13 +162,18 @@ async fn relay(
     gw: &Gateway,
     lease_id: &str,
     remote_port: u16,
+    reason: Option<&str>,
     socket: TcpStream,
 ) -> Result<(), String> {
     let port = remote_port.to_string();
+    let mut query = vec![("port", port.as_str())];
+    if let Some(reason) = reason {
+        query.push(("reason", reason));
+    }
     let session = wire::open(
         gw,
         &["v1", "leases", lease_id, "port-forward"],
-        &[("port", &port)],
+        &query,
         PORT_FORWARD_SUBPROTOCOL,
     )
     .await

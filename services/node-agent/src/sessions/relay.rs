@@ -23,8 +23,10 @@ use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use super::enter::{Exec, ExecIo};
 use crate::workload::door::Entry;
 
-/// After the command exits, how long what it left running may keep its
-/// output open before the session ends anyway (a `sleep &` holds it).
+/// After the command exits, how long its output may stay silent, while
+/// the window has room for more, before the session ends anyway: what it
+/// left running (a `sleep &`) may hold the output open for ever. Output
+/// still coming, or held back by the window, is waited for.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 
 /// How a session's frames go back to the gateway.
@@ -332,7 +334,13 @@ pub async fn run(
                             let _ = pty.resize(cols.max(1), rows.max(1));
                         }
                     }
-                    Frame::Control(Control::Credit { bytes }) => window.credit(bytes),
+                    Frame::Control(Control::Credit { bytes }) => {
+                        // Output held back by the window may go on now.
+                        if window.room() == 0 && drain_until.is_some() {
+                            drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                        }
+                        window.credit(bytes);
+                    }
                     Frame::Control(Control::Ping) => up.send(Frame::Control(Control::Pong)).await,
                     Frame::Control(Control::Close { .. }) => break "client_closed",
                     Frame::Control(Control::Pong | Control::Exit { .. }) => {}
@@ -353,6 +361,9 @@ pub async fn run(
                 } else {
                     window.spend((chunk.len() - ROOM_BYTES) as u32 + FRAME_OVERHEAD_BYTES);
                     up.send_data(stream, chunk).await;
+                    if drain_until.is_some() {
+                        drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                    }
                 }
             }
             status = wait_child(&mut exec), if child_running => {
@@ -378,7 +389,8 @@ pub async fn run(
                 }
             }
         }
-        if open_streams == 0 || drain_until.is_some_and(|t| Instant::now() >= t) {
+        let drained = drain_until.is_some_and(|t| Instant::now() >= t) && window.room() > 0;
+        if open_streams == 0 || drained {
             if exited.is_some() && entry.ended.is_cancelled() {
                 up.close("lease_ended", "the lease's workload ended or moved")
                     .await;
