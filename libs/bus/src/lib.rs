@@ -239,12 +239,6 @@ impl Bus {
         &self.client
     }
 
-    /// Changes each time the client (re)connects: what it missed while
-    /// away (a core subscription's messages) may need a second look.
-    pub fn connections(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.connects.clone()
-    }
-
     /// Whether what travels on this connection is encrypted (TLS to the
     /// server): what else carries the same bytes must not be weaker.
     pub fn is_encrypted(&self) -> bool {

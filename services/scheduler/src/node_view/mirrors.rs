@@ -68,10 +68,6 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
         .await
         .map_err(|e| BusError::JetStream(format!("subscribing to elections: {e}")))?;
     let mut watch_until: Option<Instant> = None;
-    // An election's advisory sent while this client was reconnecting (to
-    // another server, as the one it was on went) is never heard: a
-    // reconnection is watched after as an election is.
-    let mut connections = bus.connections();
     let mut renewed: HashMap<String, Instant> = HashMap::new();
     let mut watch = tokio::time::interval(WATCH_INTERVAL);
     // Ticks missed while nothing was watched are not made up.
@@ -88,10 +84,6 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
                 subject::node_of_heartbeat(&heartbeat.subject).map(str::to_string)
             }
             Some(_) = elections.next() => {
-                watch_until = Some(Instant::now() + WATCH_AFTER_ELECTION);
-                None
-            }
-            Ok(()) = connections.changed() => {
                 watch_until = Some(Instant::now() + WATCH_AFTER_ELECTION);
                 None
             }
