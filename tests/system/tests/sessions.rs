@@ -374,46 +374,12 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
         "{out:?}"
     );
     assert!(out.stderr.contains("to-stderr"), "{out:?}");
-    let gw = lh_cli::Gateway::new(&stack.gateway_url, Some(&key)).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let local = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let forwarding = {
-        let lease = lease.clone();
-        tokio::spawn(async move {
-            let mut err: Vec<u8> = Vec::new();
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            lh_cli::forward(&gw, &lease, listener, 8080, None, shutdown, &mut err).await
-        })
-    };
-    let echoed = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(local).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"through lh\n").unwrap();
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap();
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    })
-    .await
-    .unwrap();
+    let echoed = forward_once(&stack, &key, &lease, None, "through lh\n").await;
     assert_eq!(echoed, "through lh\n");
-    let _ = stop.send(());
-    forwarding.await.unwrap().unwrap();
 
     // Each session so far (three commands, a terminal, three forwarded
     // connections, the CLI's two) had its frames on a lane.
-    let metrics = stack
-        .http
-        .get(format!("http://{}/metrics", stack.metrics_addr("gateway")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = stack.metrics_text().await;
     let taken: f64 = metrics
         .lines()
         .find(|l| l.starts_with("lh_gateway_session_lanes_total{result=\"taken\"}"))
@@ -722,6 +688,48 @@ fn fake_node(
 }
 
 /// Reads until the close; its code and reason, and the status if any.
+/// Sends `text` through one connection that `lh_cli::forward` (what `lh
+/// lease port-forward` runs) forwards to port 8080 of `lease` as `key`,
+/// with an operator's `reason`; what came back, once forward() stopped.
+async fn forward_once(
+    stack: &Stack,
+    key: &str,
+    lease: &str,
+    reason: Option<&str>,
+    text: &str,
+) -> String {
+    let gw = lh_cli::Gateway::new(&stack.gateway_url, Some(key)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let forwarding = {
+        let (lease, reason) = (lease.to_string(), reason.map(str::to_string));
+        tokio::spawn(async move {
+            let mut err: Vec<u8> = Vec::new();
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            let reason = reason.as_deref();
+            lh_cli::forward(&gw, &lease, listener, 8080, reason, shutdown, &mut err).await
+        })
+    };
+    let text = text.as_bytes().to_vec();
+    let echoed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(local).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&text).unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    })
+    .await
+    .unwrap();
+    let _ = stop.send(());
+    forwarding.await.unwrap().unwrap();
+    echoed
+}
+
 async fn until_close(ws: &mut Ws, within: Duration) -> Ran {
     collect(ws, within).await
 }
@@ -868,35 +876,15 @@ async fn hostile_input_and_silent_nodes_get_a_close_that_names_them() {
     );
     // The same for a forwarded port, with the CLI's forward() (what `lh
     // lease port-forward --reason` runs): each connection carries it.
-    let gw = lh_cli::Gateway::new(&stack.gateway_url, Some(ADMIN_TOKEN)).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let local = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let forwarding = {
-        let lease = lease.clone();
-        tokio::spawn(async move {
-            let mut err: Vec<u8> = Vec::new();
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            let reason = Some("ticket 43");
-            lh_cli::forward(&gw, &lease, listener, 8080, reason, shutdown, &mut err).await
-        })
-    };
-    let echoed = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(local).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"by the operator\n").unwrap();
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap();
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    })
-    .await
-    .unwrap();
+    let echoed = forward_once(
+        &stack,
+        ADMIN_TOKEN,
+        &lease,
+        Some("ticket 43"),
+        "by the operator\n",
+    )
+    .await;
     assert_eq!(echoed, "by the operator\n");
-    let _ = stop.send(());
-    forwarding.await.unwrap().unwrap();
     let (_, _, log) = session_events(&stack, &lease).await;
     assert!(
         log.iter().any(|e| matches!(&e.envelope.data,
