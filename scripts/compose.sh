@@ -19,15 +19,17 @@
 # leasehold-compose_default), apart from anything `make up` or the tests
 # make. Its ports are docker-compose.yml's with LH_COMPOSE_PORT_PREFIX (1)
 # in front, all on 127.0.0.1: the gateway on 18080, NATS on 14222..14224,
-# PostgreSQL on 15432, Prometheus on 19090; so it runs beside `make up`
-# (8080, 4222, 8222, 5432). It refuses to start when one of them is taken.
+# PostgreSQL on 15432, the object store's S3 on 18333, Prometheus on
+# 19090; so it runs beside `make up` (8080, 4222, 8222, 8333, 5432). It
+# refuses to start when one of them is taken.
 #
 # What departs from `docker compose up` (docs/adr/029, "Compose and images
 # without a registry"):
 #   - images: the project's are the Dockerfile's, on a Debian base made by
 #     debootstrap, with the binaries compiled here (BINARIES=prebuilt);
 #     NATS, PostgreSQL, Prometheus and postgres_exporter are stand-ins made
-#     from Debian's packages (LH_*_IMAGE point compose at them); Grafana,
+#     from Debian's packages, SeaweedFS one made from the `weed` of
+#     .data/venv (LH_*_IMAGE point compose at them); Grafana,
 #     which no Debian package or other source here provides, is not started;
 #   - start order: podman-compose creates the containers and
 #     scripts/compose-start.py starts them, honouring depends_on conditions
@@ -61,6 +63,7 @@ STARTED_AT=$SECONDS
 # The stand-ins scripts/images.sh makes for the third-party images.
 export LH_NATS_IMAGE=localhost/leasehold/nats:2.15
 export LH_POSTGRES_IMAGE=localhost/leasehold/postgres:15
+export LH_SEAWEEDFS_IMAGE=localhost/leasehold/seaweedfs:4.48
 export LH_PROMETHEUS_IMAGE=localhost/leasehold/prometheus:2.42
 export LH_POSTGRES_EXPORTER_IMAGE=localhost/leasehold/postgres-exporter:0.11
 
@@ -211,7 +214,7 @@ fi
 if [ -z "$(podman ps -q --filter "label=io.podman.compose.project=$PROJECT")" ]; then
     for port in "${PORTS[@]}"; do
         if port_busy "$port"; then
-            die "port $port on 127.0.0.1 is taken (\`make up\` holds 8080, 4222, 8222, 5432; another compose stack?); set LH_COMPOSE_PORT_PREFIX to another digit, or stop what holds it"
+            die "port $port on 127.0.0.1 is taken (\`make up\` holds 8080, 4222, 8222, 8333, 5432; another compose stack?); set LH_COMPOSE_PORT_PREFIX to another digit, or stop what holds it"
         fi
     done
 fi
@@ -243,6 +246,7 @@ Leasehold runs under podman (compose project $PROJECT, ${#SERVICES[@]} services;
   gateway:      $GATEWAY_URL
   admin token:  $LH_ADMIN_TOKEN
   NATS:         nats://127.0.0.1:${LH_COMPOSE_PORT_PREFIX}4222 (monitoring http://127.0.0.1:${LH_COMPOSE_PORT_PREFIX}8222)
+  object store: http://127.0.0.1:${LH_COMPOSE_PORT_PREFIX}8333 (SeaweedFS, S3; http://seaweedfs:8333 on the compose network)
   Prometheus:   http://127.0.0.1:${LH_COMPOSE_PORT_PREFIX}9090
   workloads:    simulated (node agents in containers run no engine)
   containers:   podman ps --filter label=io.podman.compose.project=$PROJECT

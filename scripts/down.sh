@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make down`: stops what scripts/up.sh started — the services, then
-# nats-server or the members of the local NATS cluster (pid files in
-# .data/pids/), then the local PostgreSQL cluster
-# (.data/pg, pg_ctl stop). Data stays; `make clean-data` removes it.
+# the object store (SeaweedFS) and nats-server or the members of the local
+# NATS cluster (pid files in .data/pids/), then the local PostgreSQL
+# cluster (.data/pg, pg_ctl stop). Data stays; `make clean-data` removes it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,17 +32,26 @@ stop_pidfile() {
     rm -f "$file"
 }
 
-# Services first (they hold connections to NATS and PostgreSQL), then NATS.
+# Services first (they hold connections to NATS, the object store and
+# PostgreSQL), then the servers.
 shopt -s nullglob
 for file in "$PIDS"/*.pid; do
     case $(basename "$file") in
-        nats.pid | nats-n*.pid) ;;
+        nats.pid | nats-n*.pid | weed.pid) ;;
         *) stop_pidfile "$file" ;;
     esac
 done
-for file in "$PIDS"/nats.pid "$PIDS"/nats-n*.pid; do
+for file in "$PIDS"/weed.pid "$PIDS"/nats.pid "$PIDS"/nats-n*.pid; do
     if [ -f "$file" ]; then stop_pidfile "$file"; fi
 done
+# The gRPC sockets the store leaves in /tmp, which up.sh named; only those.
+if [ -f "$DATA/s3/tmp-sockets" ]; then
+    while read -r socket; do
+        case $socket in
+            /tmp/seaweedfs-*-grpc-*.sock) rm -f "$socket" ;;
+        esac
+    done <"$DATA/s3/tmp-sockets"
+fi
 
 PGDATA="$DATA/pg/data"
 if [ -f "$PGDATA/postmaster.pid" ]; then

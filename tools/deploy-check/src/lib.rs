@@ -14,8 +14,13 @@
 //!   `deploy/prometheus/rules/`, and a monitor scrapes every service's
 //!   `/metrics` port under the job name the rules and dashboards use;
 //! - the NetworkPolicies allow every flow the manifests need (derived from
-//!   them: NATS and database URLs, metrics ports, NATS routes, the
-//!   CloudNativePG operator) and no rule that no such flow uses;
+//!   them: NATS, database and object store URLs, metrics ports, NATS
+//!   routes, the CloudNativePG operator) and no rule that no such flow
+//!   uses;
+//! - the object store offers its S3 port alone (compose publishes nothing
+//!   else, the k8s Service exposes nothing else, `make up` keeps it on
+//!   loopback), runs one SeaweedFS version wherever it runs, and the
+//!   gateway is given its admin identity with the secret from a file;
 //! - the node-agent runs as a DaemonSet on GPU nodes with what NVML, MIG and
 //!   MPS need, and keeps its state on the host;
 //! - NATS and PostgreSQL are production-shaped: three members or instances

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use serde_yaml_ng::Value;
 
 use crate::k8s::{
-    containers, env_value, pod_templates, port_of, selects, Labels, PodTemplate, NAMESPACE,
+    containers, env_value, pod_templates, port_of, selects, service_backend, Labels, PodTemplate,
+    NAMESPACE,
 };
 use crate::manifests::str_at;
 use crate::monitoring::scrape_targets;
@@ -73,8 +74,12 @@ pub struct Flow {
 /// their route port; Prometheus reaches every scrape target; anyone
 /// reaches the gateway's API; node agents whose bus is plain (no
 /// `LH_NATS_CA_FILE`) reach each container with `LH_SESSION_LANE_ADDR` on
-/// its port (a session's lane); the CloudNativePG operator reaches its
-/// instances, which reach each other and the API server.
+/// its port (a session's lane); a container with `LH_STORAGE_ENDPOINT`
+/// reaches the object store behind that Service, and every node agent the
+/// store at the address such a container hands out
+/// (`LH_STORAGE_PUBLIC_ENDPOINT`, else the same); the CloudNativePG
+/// operator reaches its instances, which reach each other and the API
+/// server.
 pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
     let dns = Peer::outside("kube-dns", "kube-system", &[("k8s-app", "kube-dns")]);
     let prometheus = Peer::outside(
@@ -173,6 +178,17 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
             if let Some(addr) = env_value(&container, "LH_SSH_ADDR").filter(|a| a != "off") {
                 flow(&anyone, &me, port_of(&addr), "TCP", "the SSH endpoint");
             }
+            // The object store, with its admin identity.
+            if let Some(endpoint) = env_value(&container, "LH_STORAGE_ENDPOINT") {
+                let (store, port) = store_behind(docs, &pods, &pod.what, &endpoint);
+                flow(
+                    &me,
+                    &Peer::inside(&store),
+                    port,
+                    "TCP",
+                    "LH_STORAGE_ENDPOINT",
+                );
+            }
             // The CLI in a Job (the simulated fleet's enrollment).
             if let Some(url) = env_value(&container, "LH_GATEWAY_URL") {
                 let gateway = by_name("Deployment/gateway").expect("a gateway Deployment");
@@ -220,6 +236,33 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
             }
         }
     }
+    // Leases' datasets and workspaces: a node agent has no address of the
+    // store of its own, it uses the one the gateway hands it.
+    let handed_out: Vec<(String, String)> = pods
+        .iter()
+        .flat_map(|pod| {
+            containers(pod)
+                .into_iter()
+                .filter_map(|c| {
+                    env_value(&c, "LH_STORAGE_PUBLIC_ENDPOINT")
+                        .or_else(|| env_value(&c, "LH_STORAGE_ENDPOINT"))
+                })
+                .map(|endpoint| (pod.what.clone(), endpoint))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for pod in pods.iter().filter(|pod| is_node_agent(pod)) {
+        for (giver, endpoint) in &handed_out {
+            let (store, port) = store_behind(docs, &pods, giver, endpoint);
+            flow(
+                &Peer::inside(pod),
+                &Peer::inside(&store),
+                port,
+                "TCP",
+                "leases' data, where the gateway says the store is",
+            );
+        }
+    }
     let nats_peer = Peer::inside(&nats);
     flow(&nats_peer, &nats_peer, route_port, "TCP", "NATS routes");
     for instance in instances.values() {
@@ -265,6 +308,26 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
         );
     }
     flows
+}
+
+/// The store pod and port behind an endpoint that `what` names. A store
+/// outside the manifests would need an egress of its own, which this
+/// check cannot derive: it says so rather than pass without it.
+fn store_behind(
+    docs: &[(PathBuf, Value)],
+    pods: &[PodTemplate],
+    what: &str,
+    endpoint: &str,
+) -> (PodTemplate, u16) {
+    service_backend(docs, pods, endpoint).unwrap_or_else(|| {
+        panic!("{what}: the object store {endpoint} is no Service of the manifests")
+    })
+}
+
+fn is_node_agent(pod: &PodTemplate) -> bool {
+    containers(pod)
+        .iter()
+        .any(|c| str_at(c, &["image"]).is_some_and(|i| i.starts_with("leasehold/lh-node-agent:")))
 }
 
 /// Which rule, peer and port entry of which policy a flow went through.

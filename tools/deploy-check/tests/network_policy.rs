@@ -173,3 +173,112 @@ fn network_policies_allow_the_needed_flows_and_nothing_more() {
         "{problems:?}"
     );
 }
+
+#[test]
+fn only_the_gateway_and_node_agents_reach_the_object_store_and_only_its_s3_port() {
+    let docs = k8s_documents();
+    let flows = needed_flows(&docs);
+    for from in [
+        "Deployment/gateway",
+        "DaemonSet/node-agent-cn-north-1a",
+        "Deployment/node-agent-a",
+    ] {
+        assert!(
+            flows.iter().any(|f| f.from.name() == from
+                && f.to.name() == "StatefulSet/seaweedfs"
+                && f.port == 8333),
+            "the derived flows lack {from} → StatefulSet/seaweedfs :8333"
+        );
+    }
+    let to_store: Vec<String> = flows
+        .iter()
+        .filter(|f| f.to.name() == "StatefulSet/seaweedfs")
+        .map(|f| format!("{} :{}", f.from.name(), f.port))
+        .collect();
+    assert!(
+        to_store.iter().all(|f| f.ends_with(" :8333")
+            && (f.starts_with("Deployment/gateway ") || f.contains("node-agent"))),
+        "{to_store:?}"
+    );
+    assert!(network_policy_problems(&docs).is_empty());
+
+    let with_policy = |name: &str, change: &dyn Fn(&mut Value)| {
+        let mut docs = docs.clone();
+        let (_, policy) = docs
+            .iter_mut()
+            .find(|(_, d)| {
+                str_at(d, &["kind"]) == Some("NetworkPolicy")
+                    && str_at(d, &["metadata", "name"]) == Some(name)
+            })
+            .unwrap_or_else(|| panic!("no NetworkPolicy/{name}"));
+        change(policy);
+        network_policy_problems(&docs)
+    };
+    // the filer's port, which serves any object without credentials
+    let problems = with_policy("seaweedfs", &|p| {
+        p["spec"]["ingress"][0]["ports"]
+            .as_sequence_mut()
+            .unwrap()
+            .push(serde_yaml_ng::from_str("{protocol: TCP, port: 8888}").unwrap());
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("seaweedfs ingress[0] port Number(8888) is used by no needed flow")),
+        "{problems:?}"
+    );
+    // the S3 port opened to every pod
+    let problems = with_policy("seaweedfs", &|p| {
+        p["spec"]["ingress"][0]
+            .as_mapping_mut()
+            .unwrap()
+            .remove("from");
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("seaweedfs ingress[0] has no `from`: open to all")),
+        "{problems:?}"
+    );
+    // a pod that needs no store let in
+    let problems = with_policy("seaweedfs", &|p| {
+        p["spec"]["ingress"][0]["from"]
+            .as_sequence_mut()
+            .unwrap()
+            .push(
+                serde_yaml_ng::from_str(
+                    "{podSelector: {matchLabels: {app.kubernetes.io/name: scheduler}}}",
+                )
+                .unwrap(),
+            );
+    });
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("seaweedfs ingress[0].from[2] is used by no needed flow")),
+        "{problems:?}"
+    );
+    // node agents shut out of their leases' data
+    let problems = with_policy("seaweedfs", &|p| {
+        p["spec"]["ingress"][0]["from"]
+            .as_sequence_mut()
+            .unwrap()
+            .truncate(1);
+    });
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "Deployment/node-agent-a → StatefulSet/seaweedfs :8333/TCP (leases' data, where the gateway says the store is) is refused (Ingress)"
+        )),
+        "{problems:?}"
+    );
+    // the gateway may not leave for the store
+    let problems = with_policy("gateway", &|p| {
+        p["spec"]["egress"].as_sequence_mut().unwrap().truncate(2);
+    });
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "Deployment/gateway → StatefulSet/seaweedfs :8333/TCP (LH_STORAGE_ENDPOINT) is refused (Egress)"
+        )),
+        "{problems:?}"
+    );
+}
