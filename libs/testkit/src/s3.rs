@@ -188,7 +188,10 @@ impl S3Store {
             .arg(format!("-filer.localSocket={}/filer.sock", data.display()))
             .arg("-master.telemetry=false")
             .arg(format!("-master.volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}"))
-            .arg(format!("-s3.config={}", config.display()));
+            .arg(format!("-s3.config={}", config.display()))
+            // The admin makes tenants' identities at run time through the
+            // IAM API on the S3 port, which is read-only unless told.
+            .arg("-s3.iam.readOnly=false");
         Ok(command)
     }
 
