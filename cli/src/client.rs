@@ -183,7 +183,16 @@ impl Gateway {
 
     /// `DELETE` and parse the JSON answer.
     pub async fn delete(&self, segments: &[&str]) -> Result<Value, CliError> {
-        self.send(Method::DELETE, self.url(segments, &[]), None, &[])
+        self.delete_with(segments, &[]).await
+    }
+
+    /// `DELETE` with a query.
+    pub async fn delete_with(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<Value, CliError> {
+        self.send(Method::DELETE, self.url(segments, query), None, &[])
             .await
     }
 

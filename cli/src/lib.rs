@@ -123,6 +123,7 @@ pub use args::{
     ReservationCreate, ReservationList, SpotCommand, TemplateCommand, TenantCommand, TenantCreate,
     TenantId, TenantSetQuota, TenantSuspend, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
+pub use args::{DataCommand, DataGet, DataList, DataPut, DataRemove};
 pub use args::{SshKeyAdd, SshKeyCommand, SshKeyList, SshKeyRemove};
 pub use client::Gateway;
 pub use commands::billing::WHAT_IF_REQUEST_TIMEOUT;
@@ -232,6 +233,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
         Command::Billing(command) => commands::billing::run(&gw, command, json, out).await,
         Command::Spot(command) => commands::spot::run(&gw, command, json, out).await,
         Command::SshKey(command) => commands::ssh_key::run(&gw, command, json, out).await,
+        Command::Data(command) => commands::data::run(&gw, command, json, out, err).await,
         Command::Template(command) => commands::template::run(&gw, command, json, out).await,
         Command::PriceBook(command) => commands::price_book::run(&gw, command, json, out).await,
         Command::Reservation(command) => commands::reservation::run(&gw, command, json, out).await,

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use super::audit::AuditCommand;
 use super::balance::BalanceCommand;
 use super::billing::BillingCommand;
+use super::data::DataCommand;
 use super::invoice::InvoiceCommand;
 use super::lease::LeaseCommand;
 use super::node::NodeCommand;
@@ -81,6 +82,10 @@ pub enum Command {
     /// leases (`ssh -p 2222 <lease-id>@<gateway>`).
     #[command(subcommand)]
     SshKey(SshKeyCommand),
+    /// Datasets on the tenant's own storage: upload, list, download and
+    /// remove versions (`lh lease create --dataset NAME:/data` mounts one).
+    #[command(subcommand)]
+    Data(DataCommand),
     /// List the workload templates a lease may name.
     #[command(subcommand)]
     Template(TemplateCommand),

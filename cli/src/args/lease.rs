@@ -5,6 +5,7 @@
 use clap::{ArgGroup, Args, Subcommand};
 use lh_domain::lease::LeaseState;
 use lh_events::{Tier, WorkloadNetwork, ZoneFirst};
+use lh_rpc::http::leases::{DatasetMountBody, WorkspaceMountBody};
 use rust_decimal::Decimal;
 use std::net::IpAddr;
 use uuid::Uuid;
@@ -161,9 +162,49 @@ pub struct LeaseCreate {
     /// and given only to the node the lease runs on.
     #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    /// A dataset of yours (`lh data ls`) the container sees read-only:
+    /// NAME[:VERSION]:/PATH, e.g. `mnist:/data` (the newest version,
+    /// fixed when the lease is asked for). Repeatable.
+    #[arg(long = "dataset", value_name = "NAME[:VERSION]:/PATH", value_parser = parse_dataset, requires = "container")]
+    pub datasets: Vec<DatasetMountBody>,
+    /// A workspace of yours the container reads and writes, NAME:/PATH,
+    /// e.g. `ws:/workspace`: made empty on first use, restored on every
+    /// node the lease runs on, and synced back while it runs and before it
+    /// ends or moves. Repeatable.
+    #[arg(long = "workspace", value_name = "NAME:/PATH", value_parser = parse_workspace, requires = "container")]
+    pub workspaces: Vec<WorkspaceMountBody>,
     /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `NAME[:VERSION]:/PATH`: the path is what follows the first `:/`.
+fn parse_dataset(raw: &str) -> Result<DatasetMountBody, String> {
+    let bad = || format!("{raw:?} is not NAME[:VERSION]:/PATH");
+    let (head, path) = raw.split_once(":/").ok_or_else(bad)?;
+    let (name, version) = match head.split_once(':') {
+        Some((name, version)) => (name, Some(version.to_string())),
+        None => (head, None),
+    };
+    if name.is_empty() || version.as_deref() == Some("") {
+        return Err(bad());
+    }
+    Ok(DatasetMountBody {
+        name: name.to_string(),
+        version,
+        path: format!("/{path}"),
+    })
+}
+
+/// `NAME:/PATH`.
+fn parse_workspace(raw: &str) -> Result<WorkspaceMountBody, String> {
+    match raw.split_once(":/") {
+        Some((name, path)) if !name.is_empty() && !name.contains(':') => Ok(WorkspaceMountBody {
+            name: name.to_string(),
+            path: format!("/{path}"),
+        }),
+        _ => Err(format!("{raw:?} is not NAME:/PATH")),
+    }
 }
 
 fn parse_env(raw: &str) -> Result<(String, String), String> {
@@ -540,6 +581,81 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn lease_create_with_datasets_and_a_workspace() {
+        let cli = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A100-40GB",
+            "--image",
+            "localhost/train",
+            "--dataset",
+            "mnist:/data",
+            "--dataset",
+            &format!("imagenet:{}:/mnt/in", "ab".repeat(32)),
+            "--workspace",
+            "ws:/workspace",
+        ])
+        .unwrap();
+        let Command::Lease(LeaseCommand::Create(c)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(
+            c.datasets,
+            [
+                DatasetMountBody {
+                    name: "mnist".into(),
+                    version: None,
+                    path: "/data".into()
+                },
+                DatasetMountBody {
+                    name: "imagenet".into(),
+                    version: Some("ab".repeat(32)),
+                    path: "/mnt/in".into()
+                }
+            ]
+        );
+        assert_eq!(
+            c.workspaces,
+            [WorkspaceMountBody {
+                name: "ws".into(),
+                path: "/workspace".into()
+            }]
+        );
+        for bad in ["mnist", "mnist:data", ":/data", "mnist::/data"] {
+            let e = parse(&[
+                "lease",
+                "create",
+                "--gpus",
+                "1",
+                "--gpu-model",
+                "A",
+                "--image",
+                "x",
+                "--dataset",
+                bad,
+            ])
+            .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
+        }
+        // A mount is a container's: with an image or a template.
+        let e = parse(&[
+            "lease",
+            "create",
+            "--gpus",
+            "1",
+            "--gpu-model",
+            "A",
+            "--workspace",
+            "ws:/w",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod audit;
 mod balance;
 mod billing;
 mod cli;
+pub(crate) mod data;
 mod invoice;
 mod lease;
 mod node;
@@ -29,6 +30,7 @@ pub use audit::{
 pub use balance::{BalanceCommand, BalanceShow, BalanceTopUp};
 pub use billing::{BillingCommand, BillingWhatIf};
 pub use cli::{Cli, Command, DEFAULT_GATEWAY_URL};
+pub use data::{DataCommand, DataGet, DataList, DataPut, DataRemove};
 pub use invoice::{InvoiceCommand, InvoiceShow};
 pub use lease::{
     parse_port_spec, GpuAskArgs, LeaseCommand, LeaseCreate, LeaseExec, LeaseGet, LeaseList,

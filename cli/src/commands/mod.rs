@@ -8,6 +8,7 @@ pub(crate) mod audit;
 pub(crate) mod balance;
 pub(crate) mod billing;
 mod body;
+pub(crate) mod data;
 pub(crate) mod invoice;
 pub(crate) mod key;
 pub(crate) mod lease;

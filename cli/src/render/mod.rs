@@ -5,6 +5,7 @@
 mod audit;
 mod balance;
 mod billing;
+mod data;
 mod invoice;
 mod key;
 mod lease;
@@ -24,6 +25,7 @@ mod test_rows;
 pub(crate) use audit::{audit, audit_csv_header, audit_csv_row, audit_events};
 pub(crate) use balance::{balance, top_up};
 pub(crate) use billing::{what_if, what_if_csv};
+pub(crate) use data::{bytes_text, dataset_list, dataset_view};
 pub(crate) use invoice::{invoice, invoice_list};
 pub(crate) use key::{key_issued, key_list, key_view};
 pub(crate) use lease::{lease_list, lease_usage, lease_view};

@@ -360,6 +360,89 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
             ));
         }
     }
+    check_mounts(w)
+}
+
+/// Datasets and workspaces: named well, at good paths that do not overlap,
+/// and only in a container (a process lease shares the host's tree).
+fn check_mounts(w: &WorkloadSpec) -> Result<(), Invalid> {
+    use crate::storage::{
+        bad_mount_path, bad_name, is_version, overlapping, MAX_DATASET_MOUNTS, MAX_WORKSPACE_MOUNTS,
+    };
+    for (field, count, limit) in [
+        ("workload.datasets", w.datasets.len(), MAX_DATASET_MOUNTS),
+        (
+            "workload.workspaces",
+            w.workspaces.len(),
+            MAX_WORKSPACE_MOUNTS,
+        ),
+    ] {
+        if count > limit {
+            return Err(Invalid::unacceptable(
+                field,
+                format!("{field} takes at most {limit}"),
+            ));
+        }
+        if count > 0 && w.image.is_none() {
+            return Err(Invalid::unacceptable(
+                field,
+                format!("{field} are mounted into a container: name workload.image too"),
+            ));
+        }
+    }
+    let named = w
+        .datasets
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("workload.datasets[{i}]"), &d.name, &d.path))
+        .chain(
+            w.workspaces
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (format!("workload.workspaces[{i}]"), &m.name, &m.path)),
+        );
+    for (field, name, path) in named {
+        if let Some(why) = bad_name(name) {
+            return Err(Invalid::unacceptable(
+                format!("{field}.name"),
+                format!("{field}.name {why}"),
+            ));
+        }
+        if let Some(why) = bad_mount_path(path) {
+            return Err(Invalid::unacceptable(
+                format!("{field}.path"),
+                format!("{field}.path {path:?} {why}"),
+            ));
+        }
+    }
+    for (i, d) in w.datasets.iter().enumerate() {
+        if !d.version.is_empty() && !is_version(&d.version) {
+            return Err(Invalid::unacceptable(
+                format!("workload.datasets[{i}].version"),
+                "a dataset version is the 64 lowercase hex digits `lh data ls` shows",
+            ));
+        }
+    }
+    let mut names: Vec<&str> = w.workspaces.iter().map(|m| m.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|pair| pair[0] == pair[1]) {
+        return Err(Invalid::unacceptable(
+            "workload.workspaces",
+            "a workspace may be mounted once per lease",
+        ));
+    }
+    let paths: Vec<&str> = w
+        .datasets
+        .iter()
+        .map(|d| d.path.as_str())
+        .chain(w.workspaces.iter().map(|m| m.path.as_str()))
+        .collect();
+    if let Some((a, b)) = overlapping(&paths) {
+        return Err(Invalid::unacceptable(
+            "workload",
+            format!("mounts at {a} and {b} overlap: give each its own directory"),
+        ));
+    }
     Ok(())
 }
 

@@ -7,6 +7,8 @@
 //! * [`fleet`]: the GPU fleet as the log describes it.
 //! * [`lease`]: what a tenant may request, stop and resume.
 //! * [`workload`]: what a workload may carry onto a GPU host.
+//! * [`storage`]: what a tenant may name on its object storage, and where
+//!   a lease mounts it.
 //! * [`rating`]: what a lease costs, per invoice period.
 //! * [`chain`]: the audit hash chain.
 //! * [`chain_check`]: verifying the log and its signed checkpoints from the
@@ -22,4 +24,5 @@ pub mod moves;
 pub mod rating;
 pub mod restate;
 pub mod spot;
+pub mod storage;
 pub mod workload;

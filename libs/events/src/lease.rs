@@ -130,6 +130,42 @@ pub struct WorkloadSpec {
     /// again (`lh lease open`); none for a workload the tenant spelled out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// The tenant's datasets the workload sees read-only, each at one
+    /// version fixed when the lease was asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<DatasetMount>,
+    /// The tenant's workspaces the workload reads and writes: restored
+    /// before it starts on any node, synced back while it runs and before
+    /// it ends there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<WorkspaceMount>,
+}
+
+impl WorkloadSpec {
+    /// Whether the node needs the tenant's storage to start it.
+    pub fn uses_storage(&self) -> bool {
+        !self.datasets.is_empty() || !self.workspaces.is_empty()
+    }
+}
+
+/// One version of a tenant's dataset, seen read-only at `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DatasetMount {
+    pub name: String,
+    /// Lowercase hex SHA-256 of the version's manifest.
+    pub version: String,
+    /// Bytes of its files: what staging it takes on a node.
+    pub bytes: u64,
+    /// Absolute path inside the workload.
+    pub path: String,
+}
+
+/// A tenant's workspace, read and written at `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkspaceMount {
+    pub name: String,
+    /// Absolute path inside the workload.
+    pub path: String,
 }
 
 /// The network of a lease's container.
@@ -399,6 +435,51 @@ pub struct LeaseSuspended {
     pub reason: String,
 }
 
+/// A node copied a lease's workspace to the tenant's bucket: what a lease
+/// moved, recovered or resumed elsewhere starts from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LeaseWorkspaceSynced {
+    pub lease_id: Uuid,
+    pub node_id: String,
+    pub workspace: String,
+    /// Lowercase hex SHA-256 of the manifest now at the workspace's head.
+    pub manifest: String,
+    pub bytes: u64,
+    pub files: u64,
+    /// Bytes sent this time (what was not on the store yet).
+    pub bytes_sent: u64,
+    pub reason: WorkspaceSyncReason,
+    pub synced_at: DateTime<Utc>,
+}
+
+/// What made a node sync a workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceSyncReason {
+    /// The sync interval passed.
+    Interval,
+    /// The workload ended or was stopped.
+    End,
+    /// The lease was suspended while idle.
+    Suspension,
+    /// Its node is drained, or the lease moves to another node.
+    Move,
+    /// A spot preemption notice.
+    Notice,
+}
+
+impl WorkspaceSyncReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkspaceSyncReason::Interval => "interval",
+            WorkspaceSyncReason::End => "end",
+            WorkspaceSyncReason::Suspension => "suspension",
+            WorkspaceSyncReason::Move => "move",
+            WorkspaceSyncReason::Notice => "notice",
+        }
+    }
+}
+
 /// The tenant asked for a suspended lease to run again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LeaseResumeRequested {
@@ -493,6 +574,8 @@ mod tests {
             env_ref: Some(env_ref()),
             network: Default::default(),
             template: None,
+            datasets: Vec::new(),
+            workspaces: Vec::new(),
         };
         let bytes = requested(workload).to_json();
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -517,6 +600,8 @@ mod tests {
             env_ref: Some(env_ref()),
             network: Default::default(),
             template: None,
+            datasets: Vec::new(),
+            workspaces: Vec::new(),
         };
         let mut json: serde_json::Value =
             serde_json::from_slice(&requested(workload).to_json()).unwrap();

@@ -34,6 +34,7 @@ mod restated;
 mod schema;
 mod session;
 mod ssh_key;
+mod storage;
 pub mod subject;
 pub mod telemetry;
 mod tenant;
@@ -50,6 +51,7 @@ pub use restated::*;
 pub use schema::schemas;
 pub use session::*;
 pub use ssh_key::*;
+pub use storage::*;
 pub use tenant::*;
 
 events! {
@@ -75,6 +77,7 @@ events! {
     "lease.suspended" v=1 => LeaseSuspended @ lease(lease_id);
     "lease.resume_requested" v=1 => LeaseResumeRequested @ lease(lease_id);
     "lease.restated" v=1 => LeaseRestated @ lease(lease_id), tenant_id = tenant_id;
+    "lease.workspace_synced" v=1 => LeaseWorkspaceSynced @ lease(lease_id);
     "node.registered" v=1 => NodeRegistered @ node(node_id);
     "node.enrolled" v=1 => NodeEnrolled @ node(node_id);
     "node.gpus_allocated" v=1 => NodeGpusAllocated @ node(node_id);
@@ -110,6 +113,10 @@ events! {
     "session.ended" v=1 => SessionEnded @ session(session_id), tenant_id = tenant_id;
     "ssh_key.added" v=1 => SshKeyAdded @ ssh_key(key_id), tenant_id = tenant_id;
     "ssh_key.removed" v=1 => SshKeyRemoved @ ssh_key(key_id), tenant_id = tenant_id;
+    "storage.provisioned" v=1 => StorageProvisioned @ storage(tenant_id), tenant_id = tenant_id;
+    "storage.erased" v=1 => StorageErased @ storage(tenant_id), tenant_id = tenant_id;
+    "dataset.version_added" v=1 => DatasetVersionAdded @ dataset(dataset_id), tenant_id = tenant_id;
+    "dataset.removed" v=1 => DatasetRemoved @ dataset(dataset_id), tenant_id = tenant_id;
 }
 
 impl EventData {
@@ -123,6 +130,7 @@ impl EventData {
             EventData::LeaseSuspended(e) => Some(&e.node_id),
             EventData::LeaseGpuFault(e) => Some(&e.node_id),
             EventData::LeaseIdleDetected(e) => Some(&e.node_id),
+            EventData::LeaseWorkspaceSynced(e) => Some(&e.node_id),
             EventData::NodeRegistered(e) => Some(&e.node_id),
             EventData::NodeGpuHealthChanged(e) => Some(&e.node_id),
             EventData::NodeGpuSelfTested(e) => Some(&e.node_id),

@@ -41,6 +41,8 @@ pub const BALANCES_ALL: &str = "lh.evt.balance.>";
 pub const QUOTES_ALL: &str = "lh.evt.quote.>";
 pub const SESSIONS_ALL: &str = "lh.evt.session.>";
 pub const SSH_KEYS_ALL: &str = "lh.evt.ssh_key.>";
+pub const STORAGE_ALL: &str = "lh.evt.storage.>";
+pub const DATASETS_ALL: &str = "lh.evt.dataset.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -240,6 +242,16 @@ pub fn ssh_key(key_id: Uuid) -> String {
     format!("lh.evt.ssh_key.{key_id}")
 }
 
+/// A tenant's object storage: its bucket and identity, and their erasure.
+pub fn storage(tenant_id: Uuid) -> String {
+    format!("lh.evt.storage.{tenant_id}")
+}
+
+/// One dataset of a tenant: its versions and their removal.
+pub fn dataset(dataset_id: Uuid) -> String {
+    format!("lh.evt.dataset.{dataset_id}")
+}
+
 /// A tenant's prepaid balance: its top-ups and what pricing decides of them.
 pub fn balance(tenant_id: Uuid) -> String {
     format!("lh.evt.balance.{tenant_id}")
@@ -410,6 +422,14 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         // an admin may remove one.
         ("ssh_key.added", &[Gateway]),
         ("ssh_key.removed", &[Gateway]),
+        // The gateway makes a tenant's bucket and identity with the
+        // store's admin identity, which no other service holds.
+        ("storage.provisioned", &[Gateway]),
+        ("storage.erased", &[Gateway]),
+        ("dataset.version_added", &[Gateway]),
+        ("dataset.removed", &[Gateway]),
+        // Only the node that runs a lease copies its workspace.
+        ("lease.workspace_synced", &[Node]),
     ]
 };
 
@@ -571,6 +591,8 @@ mod tests {
             (QUOTES_ALL, quote(id)),
             (SESSIONS_ALL, session(id)),
             (SSH_KEYS_ALL, ssh_key(id)),
+            (STORAGE_ALL, storage(id)),
+            (DATASETS_ALL, dataset(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

@@ -104,6 +104,8 @@ macro_rules! events {
     (@subject $e:ident quote ($id:ident)) => { $crate::subject::quote($e.$id) };
     (@subject $e:ident session ($id:ident)) => { $crate::subject::session($e.$id) };
     (@subject $e:ident ssh_key ($id:ident)) => { $crate::subject::ssh_key($e.$id) };
+    (@subject $e:ident storage ($id:ident)) => { $crate::subject::storage($e.$id) };
+    (@subject $e:ident dataset ($id:ident)) => { $crate::subject::dataset($e.$id) };
 
     (@lease_id $e:ident lease ($id:ident)) => { Some($e.$id) };
     (@lease_id $e:ident $other:ident ($($id:ident),*)) => { None };

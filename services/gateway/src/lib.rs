@@ -19,6 +19,7 @@ pub mod seal;
 pub mod sessions;
 pub mod ssh;
 pub mod ssh_keys;
+pub mod storage;
 pub mod templates;
 pub mod tenant_keys;
 pub mod usage;
@@ -52,6 +53,18 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     ("lh_gateway_api_keys_revoked_total", "API keys revoked."),
     ("lh_gateway_ssh_keys_added_total", "SSH public keys tenants registered."),
     ("lh_gateway_ssh_keys_removed_total", "SSH public keys removed."),
+    (
+        "lh_gateway_storage_provisioned_total",
+        "Tenants' buckets and storage identities made.",
+    ),
+    (
+        "lh_gateway_dataset_versions_added_total",
+        "Dataset versions stored.",
+    ),
+    (
+        "lh_gateway_dataset_versions_removed_total",
+        "Dataset removals (one version, or every version of a dataset).",
+    ),
     (
         "lh_gateway_sessions_opened_total",
         "Sessions into leases opened (exec, shells, forwarded connections, SSH channels).",
@@ -172,6 +185,8 @@ pub struct Config {
     /// Checked at start: a bad entry stops the gateway, naming it.
     #[arg(long, env = "LH_TEMPLATES_FILE")]
     pub templates_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub storage: storage::StorageArgs,
 }
 
 /// Operators signed in with an OpenID Connect issuer (off unless the
@@ -269,6 +284,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         config.templates_file.as_deref(),
     )?);
     let principals = std::sync::Arc::new(config.principals().await?);
+    let storage = config.storage.open()?.map(std::sync::Arc::new);
     let serve_options = config.front.serve_options()?;
     let bus = config.common.connect_bus(SERVICE).await?;
     let pool = lh_projection::connect_schema(config.database_url.expose(), &config.schema).await?;
@@ -356,12 +372,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         ),
         ssh: ssh_bound.as_ref().map(|b| b.endpoint.clone()),
         templates,
+        storage: storage.clone(),
     });
     let ssh_task = ssh_bound
         .map(|bound| lh_service::AbortOnDrop(ssh::serve(bound, ctx.clone(), shutdown.clone())));
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
-    let environments = workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone());
+    let environments =
+        workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone(), storage);
     let ready = readiness.clone();
     let bus = ctx.bus.clone();
     let router = http::router(ctx).layer(tower_http::trace::TraceLayer::new_for_http());

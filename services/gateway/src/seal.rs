@@ -19,6 +19,9 @@ pub const KEYS_SCHEMA: &str = "gateway_keys";
 /// in [`KEYS_SCHEMA`]: like the keys, it is not a projection of the log, so
 /// a rebuild never drops it.
 pub const WORKLOAD_ENV_TABLE: &str = "workload_env";
+/// The table of tenants' storage identities (`storage.rs`): each
+/// tenant's bucket, access key id and sealed secret key.
+pub const STORAGE_ACCESS_TABLE: &str = "storage_access";
 
 /// Why keeping a tenant's key, or sealing its data with it, failed. The
 /// API answers each as it answers any failure of that kind; the texts name
@@ -123,6 +126,15 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
             "CREATE INDEX IF NOT EXISTS workload_env_by_tenant ON {KEYS_SCHEMA}.{} (tenant_id)",
             WORKLOAD_ENV_TABLE
         ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.{STORAGE_ACCESS_TABLE} (
+                tenant_id UUID PRIMARY KEY,
+                bucket TEXT NOT NULL,
+                access_key_id TEXT NOT NULL,
+                sealed_secret TEXT NOT NULL,
+                stored_at TIMESTAMPTZ NOT NULL DEFAULT now()
+            )"
+        ),
     ] {
         sqlx::query(&statement).execute(pool).await?;
     }
@@ -209,6 +221,12 @@ pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), SealError
     sqlx::query(&format!(
         "DELETE FROM {KEYS_SCHEMA}.{} WHERE tenant_id = $1",
         WORKLOAD_ENV_TABLE
+    ))
+    .bind(tenant_id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(&format!(
+        "DELETE FROM {KEYS_SCHEMA}.{STORAGE_ACCESS_TABLE} WHERE tenant_id = $1"
     ))
     .bind(tenant_id)
     .execute(&mut *tx)

@@ -12,13 +12,14 @@ use std::sync::Arc;
 
 use lh_bus::Bus;
 use lh_events::{subject, WorkloadEnvRef, WorkloadSpec};
-use lh_rpc::workload_env::{WorkloadEnvReply, WorkloadEnvRequest};
+use lh_rpc::workload_env::{StorageGrant, WorkloadEnvReply, WorkloadEnvRequest};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::keyring::KeyProvider;
 use crate::seal::{self, SealError, KEYS_SCHEMA, WORKLOAD_ENV_TABLE};
+use crate::storage::{StorageError, TenantStorage};
 
 /// Queue group the gateways answer in: one answer per request.
 const QUEUE_GROUP: &str = "gateway";
@@ -101,9 +102,11 @@ struct LeaseRow {
 async fn answer(
     pool: &PgPool,
     keys: &dyn KeyProvider,
+    storage: Option<(&TenantStorage, &Bus)>,
     node_token: &str,
-    lease_id: Uuid,
+    request: &WorkloadEnvRequest,
 ) -> anyhow::Result<WorkloadEnvReply> {
+    let lease_id = request.lease_id;
     let not_yet = |why: &str| Ok(WorkloadEnvReply::NotYet { why: why.into() });
     let refused = |why: &str| Ok(WorkloadEnvReply::Refused { why: why.into() });
     let lease: Option<LeaseRow> =
@@ -122,15 +125,41 @@ async fn answer(
     if lease.node_id.as_deref().map(subject::token).as_deref() != Some(node_token) {
         return not_yet("the gateway does not show the lease on this node yet");
     }
-    let Some(env_ref) = lease
+    let env_ref = lease
         .workload
+        .as_ref()
         .and_then(|w| w.0.get("env").cloned())
-        .and_then(|env| serde_json::from_value::<WorkloadEnvRef>(env).ok())
-    else {
-        return refused("the lease's request keeps no environment");
-    };
+        .and_then(|env| serde_json::from_value::<WorkloadEnvRef>(env).ok());
     let Some(key) = seal::load_key(pool, keys, lease.tenant_id).await? else {
         return refused("the lease's tenant is erased");
+    };
+    let grant = match (request.storage, storage) {
+        (false, _) => None,
+        (true, None) => return refused("this platform keeps no tenant data (no object store)"),
+        (true, Some((storage, bus))) => {
+            match storage.ensure(pool, keys, bus, lease.tenant_id).await {
+                Ok(access) => Some(StorageGrant {
+                    endpoint: storage.public().endpoint.clone(),
+                    region: storage.public().region.clone(),
+                    bucket: access.bucket,
+                    access_key_id: access.credentials.access_key_id,
+                    secret_access_key: access.credentials.secret_access_key,
+                    allow_http: storage.public().allow_http,
+                }),
+                Err(StorageError::Erased) => return refused("the lease's tenant is erased"),
+                Err(e) => return not_yet(&format!("the tenant's storage: {e}")),
+            }
+        }
+    };
+    let Some(env_ref) = env_ref else {
+        if grant.is_some() {
+            return Ok(WorkloadEnvReply::Values {
+                values: BTreeMap::new(),
+                salt: String::new(),
+                storage: grant,
+            });
+        }
+        return refused("the lease's request keeps no environment");
     };
     let sealed: Option<String> = sqlx::query_scalar(&format!(
         "SELECT sealed FROM {KEYS_SCHEMA}.{WORKLOAD_ENV_TABLE} WHERE lease_id = $1 AND tenant_id = $2"
@@ -148,23 +177,31 @@ async fn answer(
     Ok(WorkloadEnvReply::Values {
         values,
         salt: hex::encode(salt(&key, env_ref.lease_id)),
+        storage: grant,
     })
 }
 
 /// Answers nodes' requests for environments until the connection ends.
-pub async fn serve(bus: Bus, pool: PgPool, keys: Arc<dyn KeyProvider>) -> anyhow::Result<()> {
+pub async fn serve(
+    bus: Bus,
+    pool: PgPool,
+    keys: Arc<dyn KeyProvider>,
+    storage: Option<Arc<TenantStorage>>,
+) -> anyhow::Result<()> {
     lh_bus::rpc::serve_subjects(
         &bus,
         subject::RPC_GATEWAY_WORKLOAD_ENV_ALL,
         QUEUE_GROUP,
         |on: &str, request: WorkloadEnvRequest| {
-            let (pool, keys) = (pool.clone(), keys.clone());
+            let (pool, keys, storage, bus) =
+                (pool.clone(), keys.clone(), storage.clone(), bus.clone());
             let node_token = on
                 .strip_prefix(subject::RPC_GATEWAY_WORKLOAD_ENV_PREFIX)
                 .unwrap_or_default()
                 .to_string();
             async move {
-                let reply = answer(&pool, keys.as_ref(), &node_token, request.lease_id).await;
+                let storage = storage.as_deref().map(|s| (s, &bus));
+                let reply = answer(&pool, keys.as_ref(), storage, &node_token, &request).await;
                 match &reply {
                     Ok(WorkloadEnvReply::Values { .. }) => {
                         tracing::info!(lease = %request.lease_id, node = %node_token, "environment given to its node");

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use lh_events::telemetry::LeaseUsage;
 use lh_events::{
     derived_id, subject, Actor, EndReason, Envelope, EventData, Expect, LeaseEnded, LeaseStarted,
-    LeaseSuspended, NodeRegistered,
+    LeaseSuspended, NodeRegistered, WorkspaceSyncReason,
 };
 use lh_service::decider::{Batch, Decider, Pace};
 use tokio::sync::mpsc;
@@ -283,13 +283,32 @@ impl NodeAgent {
         let lease = self.state.leases.get_mut(&lease_id)?;
         let report = match step {
             LeaseStep::Leave { .. } => {
-                commands.push(Command::Stop { lease_id });
+                commands.push(Command::Stop {
+                    lease_id,
+                    reason: WorkspaceSyncReason::Move,
+                });
                 lease.workload_running = false;
                 lease.ended = true;
                 return None;
             }
+            LeaseStep::Notify { .. } => {
+                if let Some(deadline) = lease.preemption_deadline {
+                    commands.push(Command::Notice {
+                        lease_id,
+                        deadline,
+                        reason: lease.preemption_reason.unwrap_or_default(),
+                    });
+                }
+                lease.notice_told = true;
+                return None;
+            }
             LeaseStep::StopWorkload { .. } => {
-                commands.push(Command::Stop { lease_id });
+                let reason = if lease.suspend_requested {
+                    WorkspaceSyncReason::Suspension
+                } else {
+                    WorkspaceSyncReason::End
+                };
+                commands.push(Command::Stop { lease_id, reason });
                 lease.workload_running = false;
                 lease.stopping = true;
                 return None;

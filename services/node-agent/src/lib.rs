@@ -24,6 +24,7 @@ mod agent;
 pub mod gpu;
 pub mod sessions;
 mod state;
+pub mod storage;
 mod telemetry;
 pub mod workload;
 
@@ -173,6 +174,8 @@ pub struct Config {
     pub lease_log_test_limits: Option<(u64, Duration)>,
     #[command(flatten)]
     pub gpus: GpuArgs,
+    #[command(flatten)]
+    pub storage: storage::StorageArgs,
 }
 
 impl Config {
@@ -215,6 +218,7 @@ impl Config {
             lease_log_max_total_mib: workload::lease_log::DEFAULT_LEASE_LOG_MAX_TOTAL_MIB,
             lease_log_test_limits: None,
             gpus: GpuArgs::for_test(),
+            storage: storage::StorageArgs::for_test(),
         }
     }
 }
@@ -353,8 +357,23 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     tracing::warn!(error = %e, "sessions into leases are not served");
                 }
             }));
-            let (commands, reports) =
-                workload::executor::spawn(bus.clone(), node_id.clone(), workloads, finished);
+            // Only where workloads run: a simulated lease has no files.
+            let storage = if simulated {
+                None
+            } else {
+                Some(Arc::new(storage::NodeStorage::open(
+                    &config.state_dir,
+                    &node_id,
+                    config.storage.clone(),
+                )?))
+            };
+            let (commands, reports) = workload::executor::spawn(
+                bus.clone(),
+                node_id.clone(),
+                workloads,
+                storage,
+                finished,
+            );
             let usage = telemetry::spawn(
                 bus.clone(),
                 node_id,

@@ -118,6 +118,7 @@ impl Node {
             image: Some(image.into()),
             env,
             network: Default::default(),
+            mounts: Vec::new(),
         };
         runtime.start(a, &workload).expect("the container starts")
     }
@@ -559,6 +560,7 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
         image: Some(BASE.into()),
         env: BTreeMap::new(),
         network: lh_events::WorkloadNetwork::Tenant,
+        mounts: Vec::new(),
     };
     // The host's services listen on all addresses, IPv4 and IPv6.
     let host_service = TcpListener::bind("[::]:0").unwrap();
@@ -924,6 +926,8 @@ fn previous_agent_with_containers() {
                     _ => lh_events::WorkloadNetwork::None,
                 },
                 template: None,
+                datasets: Vec::new(),
+                workspaces: Vec::new(),
             };
             let tenant = Uuid::from_u128(i as u128 + 1);
             assert!(workloads

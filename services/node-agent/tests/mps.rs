@@ -94,6 +94,8 @@ fn command(line: &str) -> WorkloadSpec {
         env_ref: None,
         network: Default::default(),
         template: None,
+        datasets: Vec::new(),
+        workspaces: Vec::new(),
     }
 }
 

@@ -62,6 +62,8 @@ fn previous_agent() {
             env_ref: None,
             network: Default::default(),
             template: None,
+            datasets: Vec::new(),
+            workspaces: Vec::new(),
         };
         assert!(workloads
             .start(lease_id, PLACEMENT, &gpus(), &[], Some(&spec))
@@ -586,6 +588,8 @@ async fn killed_agent_running(command: &str) -> OnLog {
             env_ref: None,
             network: Default::default(),
             template: None,
+            datasets: Vec::new(),
+            workspaces: Vec::new(),
         }),
         ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
     };

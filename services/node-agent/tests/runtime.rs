@@ -48,6 +48,7 @@ fn sh(script: &str) -> Workload {
         image: None,
         env: BTreeMap::new(),
         network: Default::default(),
+        mounts: Vec::new(),
     }
 }
 
@@ -695,6 +696,7 @@ fn container_workload() -> Workload {
         image: Some("registry.example/team/trainer:1.2".into()),
         env: BTreeMap::from([("HF_TOKEN".to_string(), "s3cret-value".to_string())]),
         network: Default::default(),
+        mounts: Vec::new(),
     }
 }
 
@@ -825,6 +827,7 @@ async fn a_forged_workload_cannot_reconfigure_the_cli_nor_reach_it_with_a_flag()
             ("EPOCHS".to_string(), "3".to_string()),
         ]),
         network: Default::default(),
+        mounts: Vec::new(),
     };
     let a = assignment();
     let runtime = ContainerRuntime::docker(&cli).env_files_in(&env_dir);

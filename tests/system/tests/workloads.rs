@@ -474,11 +474,13 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
     let lease_id: uuid::Uuid = id.parse().unwrap();
     let node = running["node_id"].as_str().unwrap().to_string();
     let wait = Duration::from_secs(5);
-    match fetch(&bus, &node, lease_id, wait).await.unwrap() {
+    match fetch(&bus, &node, lease_id, false, wait).await.unwrap() {
         WorkloadEnvReply::Values { values, .. } => assert_eq!(values["SECRET_TOKEN"], secret),
         other => panic!("its node is not given its values: {other:?}"),
     }
-    let other_node = fetch(&bus, "node-elsewhere", lease_id, wait).await.unwrap();
+    let other_node = fetch(&bus, "node-elsewhere", lease_id, false, wait)
+        .await
+        .unwrap();
     assert!(
         matches!(other_node, WorkloadEnvReply::NotYet { .. }),
         "{other_node:?}"
@@ -490,7 +492,7 @@ async fn environment_values_reach_the_workload_but_never_the_log_nor_another_nod
         .await;
     assert_eq!(status, 202, "{body}");
     stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
-    let ended = fetch(&bus, &node, lease_id, wait).await.unwrap();
+    let ended = fetch(&bus, &node, lease_id, false, wait).await.unwrap();
     assert!(
         matches!(ended, WorkloadEnvReply::Refused { .. }),
         "{ended:?}"

@@ -109,8 +109,12 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
     } = GpuFields::from(&c.ask);
     // With a template and nothing else, no workload is sent: the gateway
     // makes it from the template.
-    let runs_something =
-        !c.command.is_empty() || c.image.is_some() || !c.env.is_empty() || !c.network.is_none();
+    let runs_something = !c.command.is_empty()
+        || c.image.is_some()
+        || !c.env.is_empty()
+        || !c.network.is_none()
+        || !c.datasets.is_empty()
+        || !c.workspaces.is_empty();
     CreateLease {
         gpus,
         gpu_fraction,
@@ -120,6 +124,8 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
             image: c.image.clone(),
             env: c.env.iter().cloned().collect(),
             network: c.network,
+            datasets: c.datasets.clone(),
+            workspaces: c.workspaces.clone(),
         }),
         template: c.template.clone(),
         gpu_model: c.gpu_model.clone(),

@@ -145,6 +145,8 @@ fn with_workload(command: &[&str], image: Option<&str>, env: &[&str]) -> LeaseBo
             env_ref: None,
             network: Default::default(),
             template: None,
+            datasets: Vec::new(),
+            workspaces: Vec::new(),
         }),
         ..whole(1)
     }
@@ -497,6 +499,8 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
             env_ref: None,
             network: Default::default(),
             template: None,
+            datasets: Vec::new(),
+            workspaces: Vec::new(),
         }),
         ..whole(1)
     };
@@ -545,4 +549,85 @@ fn given_a_tenant_network_without_an_image_when_decided_then_workload_network_is
         lease.workload.map(|w| w.network),
         Some(lh_events::WorkloadNetwork::Tenant)
     );
+}
+
+fn with_mounts(datasets: &[(&str, &str, &str)], workspaces: &[(&str, &str)]) -> LeaseBody {
+    let mut body = with_workload(&["sh"], Some("localhost/leasehold/base"), &[]);
+    let w = body.workload.as_mut().unwrap();
+    w.datasets = datasets
+        .iter()
+        .map(|(name, version, path)| lh_events::DatasetMount {
+            name: name.to_string(),
+            version: version.to_string(),
+            bytes: 0,
+            path: path.to_string(),
+        })
+        .collect();
+    w.workspaces = workspaces
+        .iter()
+        .map(|(name, path)| lh_events::WorkspaceMount {
+            name: name.to_string(),
+            path: path.to_string(),
+        })
+        .collect();
+    body
+}
+
+#[test]
+fn given_datasets_and_a_workspace_at_good_paths_when_decided_then_they_are_kept() {
+    let version = "0f".repeat(32);
+    let lease = decide(with_mounts(
+        &[("mnist", "", "/data"), ("imagenet", &version, "/mnt/in")],
+        &[("ws", "/workspace")],
+    ))
+    .unwrap();
+    let w = lease.workload.unwrap();
+    assert_eq!(w.datasets.len(), 2);
+    assert_eq!(w.workspaces[0].path, "/workspace");
+    assert!(w.uses_storage());
+}
+
+#[test]
+fn given_a_bad_mount_when_decided_then_its_part_is_named() {
+    let cases: Vec<(LeaseBody, &str)> = vec![
+        (
+            with_mounts(&[("MNIST", "", "/data")], &[]),
+            "workload.datasets[0].name",
+        ),
+        (
+            with_mounts(&[("mnist", "", "data")], &[]),
+            "workload.datasets[0].path",
+        ),
+        (
+            with_mounts(&[("mnist", "", "/etc/x")], &[]),
+            "workload.datasets[0].path",
+        ),
+        (
+            with_mounts(&[("mnist", "v1", "/data")], &[]),
+            "workload.datasets[0].version",
+        ),
+        (
+            with_mounts(&[], &[("ws", "/proc")]),
+            "workload.workspaces[0].path",
+        ),
+        (
+            with_mounts(&[], &[("ws", "/a"), ("ws", "/b")]),
+            "workload.workspaces",
+        ),
+        (
+            with_mounts(&[("d", "", "/w/data")], &[("ws", "/w")]),
+            "workload",
+        ),
+        (
+            with_mounts(&[("d", "", "/a"); 9].map(|_| ("d", "", "/a")), &[]),
+            "workload.datasets",
+        ),
+    ];
+    for (body, field) in cases {
+        assert_eq!(refused(body).0, field);
+    }
+    // A process lease shares the host's tree: nothing is mounted into it.
+    let mut body = with_mounts(&[], &[("ws", "/workspace")]);
+    body.workload.as_mut().unwrap().image = None;
+    assert_eq!(refused(body).0, "workload.workspaces");
 }

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use lh_domain::lease::{LeaseBody, LeaseState};
-use lh_events::{GpuFraction, SpotRecovery, Tier, WorkloadNetwork, WorkloadSpec, ZoneFirst};
+use lh_events::{
+    DatasetMount, GpuFraction, SpotRecovery, Tier, WorkloadNetwork, WorkloadSpec, WorkspaceMount,
+    ZoneFirst,
+};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -135,6 +138,35 @@ pub struct WorkloadBody {
     /// none by default.
     #[serde(default, skip_serializing_if = "WorkloadNetwork::is_none")]
     pub network: WorkloadNetwork,
+    /// The tenant's datasets, each seen read-only at its path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<DatasetMountBody>,
+    /// The tenant's workspaces, each read and written at its path and kept
+    /// on the tenant's storage across moves, recoveries and resumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<WorkspaceMountBody>,
+}
+
+/// A dataset a lease mounts, as a request states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetMountBody {
+    pub name: String,
+    /// One version (64 hex digits); the newest when absent, fixed when the
+    /// lease is asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Absolute path inside the workload.
+    pub path: String,
+}
+
+/// A workspace a lease mounts, as a request states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceMountBody {
+    pub name: String,
+    /// Absolute path inside the workload.
+    pub path: String,
 }
 
 impl From<WorkloadBody> for WorkloadSpec {
@@ -146,6 +178,26 @@ impl From<WorkloadBody> for WorkloadSpec {
             env_ref: None,
             network: body.network,
             template: None,
+            // An empty version is the newest: the gateway fixes it before
+            // the request is logged.
+            datasets: body
+                .datasets
+                .into_iter()
+                .map(|d| DatasetMount {
+                    name: d.name,
+                    version: d.version.unwrap_or_default(),
+                    bytes: 0,
+                    path: d.path,
+                })
+                .collect(),
+            workspaces: body
+                .workspaces
+                .into_iter()
+                .map(|w| WorkspaceMount {
+                    name: w.name,
+                    path: w.path,
+                })
+                .collect(),
         }
     }
 }
@@ -296,6 +348,7 @@ mod tests {
                 image: None,
                 env: BTreeMap::new(),
                 network: WorkloadNetwork::None,
+                ..Default::default()
             }),
             template: None,
             gpu_model: "H100".into(),

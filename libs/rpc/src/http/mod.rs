@@ -12,6 +12,7 @@
 
 pub mod balances;
 pub mod billing;
+pub mod datasets;
 pub mod keys;
 pub mod lease_logs;
 pub mod leases;

@@ -167,6 +167,9 @@ pub async fn create(
         super::quotes::check_quote(&ctx, quote_id, &requested, Utc::now()).await?;
         requested.quote_id = Some(quote_id);
     }
+    if let Some(workload) = requested.workload.as_mut() {
+        super::datasets::resolve_mounts(&ctx, tenant_id, workload).await?;
+    }
     let lease_id = requested.lease_id;
     let env = match requested.workload.as_mut() {
         Some(workload) => {

@@ -7,6 +7,7 @@ pub mod audit;
 mod auth;
 pub mod balances;
 pub mod billing;
+pub mod datasets;
 pub(crate) mod error;
 pub mod front;
 pub mod invoices;
@@ -91,6 +92,8 @@ pub struct ApiShared {
     pub ssh: Option<crate::sessions::SshEndpoint>,
     /// The workload templates leases may name.
     pub templates: std::sync::Arc<crate::templates::Templates>,
+    /// Tenants' object storage; `None` where the platform keeps no data.
+    pub storage: Option<std::sync::Arc<crate::storage::TenantStorage>>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
@@ -109,6 +112,16 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
         .route("/v1/ssh-keys", post(ssh_keys::add).get(ssh_keys::list))
         .route("/v1/ssh-keys/{id}", delete(ssh_keys::remove))
+        .route("/v1/storage/credentials", get(datasets::credentials))
+        .route("/v1/datasets", post(datasets::add).get(datasets::list))
+        .route(
+            "/v1/datasets/{name}",
+            get(datasets::get).delete(datasets::remove),
+        )
+        .route(
+            "/v1/datasets/{name}/versions/{version}/manifest",
+            get(datasets::manifest),
+        )
         .route("/v1/quotes", post(quotes::create))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))

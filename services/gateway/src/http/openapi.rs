@@ -3,6 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
+use super::datasets;
 use super::lease_logs;
 use super::lease_sessions;
 use super::ssh_keys;
@@ -28,6 +29,12 @@ use super::{
         ssh_keys::add,
         ssh_keys::list,
         ssh_keys::remove,
+        datasets::credentials,
+        datasets::add,
+        datasets::list,
+        datasets::get,
+        datasets::manifest,
+        datasets::remove,
         leases::create,
         leases::list,
         leases::get,

@@ -423,6 +423,7 @@ pub async fn erase(
         // Idempotent: the key is gone already; the row is deleted again in
         // case an earlier call died between the event and the delete.
         seal::destroy_key(&ctx.pool, tenant_id).await?;
+        erase_storage(&ctx, &caller, tenant_id).await?;
         return Ok(Json(tenant));
     }
     if !tenant.suspended {
@@ -449,8 +450,19 @@ pub async fn erase(
     let data = EventData::TenantErased(TenantErased { tenant_id });
     append_to_tenant(&ctx, &caller, last, data).await?;
     seal::destroy_key(&ctx.pool, tenant_id).await?;
+    erase_storage(&ctx, &caller, tenant_id).await?;
     metrics::counter!("lh_gateway_tenants_erased_total").increment(1);
     Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
+}
+
+/// Deletes the tenant's objects, snapshots and identity on the object
+/// store, where there is one. After the tenant's erasure is recorded: a
+/// store out of reach fails the call, and calling again finishes it.
+async fn erase_storage(ctx: &ApiContext, caller: &Caller, tenant_id: Uuid) -> Result<(), ApiError> {
+    if let Some(storage) = &ctx.storage {
+        storage.erase(&ctx.bus, caller.actor(), tenant_id).await?;
+    }
+    Ok(())
 }
 
 #[utoipa::path(

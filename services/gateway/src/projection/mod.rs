@@ -1,4 +1,4 @@
-//! The gateway's read models: tenants, their API and SSH keys and leases,
+//! The gateway's read models: tenants, their API and SSH keys, datasets and leases,
 //! from the log. One room per table (`tenants.rs`, `keys.rs`, `ssh_keys.rs`,
 //! `leases.rs`) holds the statement each event runs; `batch.rs` writes runs
 //! of the commonest lease events in bulk. Here: the projector, the
@@ -6,6 +6,7 @@
 //! each event runs.
 
 mod batch;
+mod datasets;
 mod keys;
 mod leases;
 mod ssh_keys;
@@ -20,7 +21,7 @@ use sqlx::PgConnection;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
 
 /// Tables this projection owns (compared by the rebuild check).
-pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases", "ssh_keys"];
+pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases", "ssh_keys", "datasets"];
 
 pub struct GatewayProjection;
 
@@ -35,6 +36,7 @@ impl Projector for GatewayProjection {
             subject::LEASES_ALL,
             subject::BALANCES_ALL,
             subject::SSH_KEYS_ALL,
+            subject::DATASETS_ALL,
         ]
     }
 
@@ -127,7 +129,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         EventData::TenantResumed(e) => tenants::resumed(conn, e).await,
         EventData::TenantErased(e) => {
             tenants::erased(conn, e).await?;
-            ssh_keys::tenant_erased(conn, e).await
+            ssh_keys::tenant_erased(conn, e).await?;
+            datasets::tenant_erased(conn, e).await
         }
         EventData::TenantQuotaChanged(e) => tenants::quota_changed(conn, e).await,
         EventData::LeaseRequested(e) => batch::insert_requested(conn, &[(event, e)]).await,
@@ -144,6 +147,8 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         EventData::LeaseEnded(e) => leases::ended(conn, e, seq).await,
         EventData::SshKeyAdded(e) => ssh_keys::added(conn, e, seq, at).await,
         EventData::SshKeyRemoved(e) => ssh_keys::removed(conn, e).await,
+        EventData::DatasetVersionAdded(e) => datasets::version_added(conn, e, seq, at).await,
+        EventData::DatasetRemoved(e) => datasets::removed(conn, e).await,
         _ => Ok(()),
     }
 }

@@ -173,8 +173,9 @@ pub fn requested_lease(e: &LeaseRequested, sequence: u64, occurred_at: DateTime<
 }
 
 /// What the read model keeps of a workload: its command and image, the
-/// template they came from, and of an environment kept out of the log,
-/// where it is and its names, never values (the log never holds them).
+/// template they came from, of an environment kept out of the log, where
+/// it is and its names, never values (the log never holds them), and the
+/// datasets and workspaces it mounts.
 pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
     let mut view = serde_json::json!({"command": w.command, "image": w.image});
     if let Some(template) = &w.template {
@@ -182,6 +183,12 @@ pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
     }
     if let Some(env_ref) = &w.env_ref {
         view["env"] = serde_json::json!(env_ref);
+    }
+    if !w.datasets.is_empty() {
+        view["datasets"] = serde_json::json!(w.datasets);
+    }
+    if !w.workspaces.is_empty() {
+        view["workspaces"] = serde_json::json!(w.workspaces);
     }
     view
 }

@@ -187,7 +187,7 @@ fn a_stop_during_the_pull_stops_the_container_and_cancels_the_lease() {
     );
     assert!(matches!(
         g.commands.try_recv(),
-        Ok(Command::Stop { lease_id }) if lease_id == lease()
+        Ok(Command::Stop { lease_id, .. }) if lease_id == lease()
     ));
     let exit = Exit {
         code: Some(137),
@@ -305,7 +305,7 @@ fn a_stop_during_the_start_waits_for_the_answer_then_stops_the_workload() {
     );
     assert!(matches!(
         g.commands.try_recv(),
-        Ok(Command::Stop { lease_id }) if lease_id == lease()
+        Ok(Command::Stop { lease_id, .. }) if lease_id == lease()
     ));
     let exit = Exit {
         code: None,
@@ -425,7 +425,7 @@ fn an_adopted_workload_is_stopped_before_its_lease_ends() {
     );
     assert!(matches!(
         g.commands.try_recv(),
-        Ok(Command::Stop { lease_id }) if lease_id == lease()
+        Ok(Command::Stop { lease_id, .. }) if lease_id == lease()
     ));
 }
 

@@ -36,6 +36,9 @@ pub(crate) enum LeaseStep {
     /// Its workload is asked to stop; the end (or the suspension) is
     /// reported once the workload has exited.
     StopWorkload { lease_id: Uuid },
+    /// Its running workload is told of its preemption's deadline, so that
+    /// it can checkpoint before it is stopped.
+    Notify { lease_id: Uuid },
     /// Its workload starts, unless it already runs for this placement, and
     /// `lease.started` is reported, guarded by the lease's last sequence.
     Start { lease_id: Uuid },
@@ -61,6 +64,7 @@ impl LeaseStep {
         match *self {
             LeaseStep::Leave { lease_id }
             | LeaseStep::StopWorkload { lease_id }
+            | LeaseStep::Notify { lease_id }
             | LeaseStep::Start { lease_id }
             | LeaseStep::Suspend { lease_id }
             | LeaseStep::End { lease_id, .. }
@@ -79,6 +83,13 @@ pub(crate) struct LocalLease {
     pub(crate) stop_requested: bool,
     /// A spot lease preempted for an on-demand one ends at this instant.
     pub(crate) preemption_deadline: Option<chrono::DateTime<Utc>>,
+    /// Why it is preempted, told to its workload with the deadline.
+    #[serde(default)]
+    pub(crate) preemption_reason: Option<lh_events::PreemptionReason>,
+    /// Its workload was told of the preemption (a signal and a file): once
+    /// per process; a new one tells it again.
+    #[serde(skip)]
+    pub(crate) notice_told: bool,
     pub(crate) ended: bool,
     pub(crate) subject_sequence: u64,
     /// Stream sequence of the placement on this node (`lease.placed`, or a
@@ -342,7 +353,8 @@ impl NodeState {
                 l.subject_sequence = l.subject_sequence.max(sequence);
                 match other {
                     EventData::LeasePreemptionNoticed(e) => {
-                        l.preemption_deadline = Some(e.deadline)
+                        l.preemption_deadline = Some(e.deadline);
+                        l.preemption_reason = Some(e.reason);
                     }
                     EventData::LeaseStarted(_) => l.started = true,
                     EventData::LeaseGpuFault(e)
@@ -417,6 +429,14 @@ impl NodeState {
                 continue;
             }
             let preempt_now = lease.preemption_deadline.is_some_and(|d| now >= d);
+            if lease.preemption_deadline.is_some()
+                && !preempt_now
+                && lease.workload_running
+                && !lease.notice_told
+                && !lease.stop_requested
+            {
+                steps.push(LeaseStep::Notify { lease_id });
+            }
             let ending = lease.stop_requested || preempt_now;
             let suspending = lease.suspend_requested && lease.started && !ending;
             if (ending || suspending) && lease.workload_running {

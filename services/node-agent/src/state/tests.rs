@@ -426,6 +426,8 @@ fn requested_with_workload(lease: Uuid) -> EventData {
         env_ref: None,
         network: Default::default(),
         template: None,
+        datasets: Vec::new(),
+        workspaces: Vec::new(),
     });
     EventData::LeaseRequested(r)
 }

@@ -373,6 +373,20 @@ pub fn run_args(
     if let Some(pipe) = &assignment.mps_pipe_dir {
         flag("--volume", format!("{0}:{0}", pipe.display()));
     }
+    for mount in &workload.mounts {
+        // Podman's `U` hands a workspace to the container's own root (a
+        // user namespace of its own); a dataset is readable by all as it
+        // is, and stays the node's.
+        let options = match (mount.writable, runtime.flavor) {
+            (false, _) => "ro,nosuid,nodev",
+            (true, CliFlavor::Podman) => "rw,nosuid,nodev,U",
+            (true, _) => "rw,nosuid,nodev",
+        };
+        flag(
+            "--volume",
+            format!("{}:{}:{options}", mount.host.display(), mount.path),
+        );
+    }
     flag("--label", format!("{LABEL_LEASE}={}", assignment.lease_id));
     if let Some(node_id) = &runtime.node_id {
         flag("--label", format!("{LABEL_NODE}={node_id}"));
@@ -600,6 +614,37 @@ impl ContainerRuntime {
 /// Runs `<cli> stop`, waiting at most the grace plus the margin. A failure
 /// is logged; the caller then waits for the `run` process and kills it if
 /// it does not end.
+/// How long `<cli> kill --signal` may take.
+const SIGNAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends `signal` (`USR1`) to the container's first process.
+pub(crate) async fn run_signal_command(engine: &Engine, name: &str, signal: &str) -> bool {
+    let output = engine
+        .command()
+        .args(["kill", "--signal", signal, name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(SIGNAL_COMMAND_TIMEOUT, output).await {
+        Ok(Ok(output)) if output.status.success() => true,
+        Ok(Ok(output)) => {
+            tracing::warn!(container = name, status = %output.status,
+                stderr = %String::from_utf8_lossy(&output.stderr).trim(), "container signal failed");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(container = name, error = %e, "cannot run container kill");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(container = name, "container kill timed out");
+            false
+        }
+    }
+}
+
 pub(crate) async fn run_stop_command(
     engine: &Engine,
     name: &str,
@@ -649,6 +694,7 @@ mod tests {
             image: Some("pytorch:2".into()),
             env: BTreeMap::from([("TOKEN".to_string(), "secret".to_string())]),
             network: Default::default(),
+            mounts: Vec::new(),
         }
     }
 

@@ -9,17 +9,19 @@
 //! once its workload has ended or was stopped ([`MigInstances`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lh_bus::Bus;
-use lh_events::{AssignedGpu, StartedMigDevice, WorkloadSpec};
-use lh_rpc::workload_env::WorkloadEnvReply;
+use lh_events::{AssignedGpu, StartedMigDevice, WorkloadSpec, WorkspaceSyncReason};
+use lh_rpc::workload_env::{StorageGrant, WorkloadEnvReply};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::supervisor::{Finished, Workloads};
 use crate::gpu::mig::{MigInstances, MigPlaced};
 use crate::state::Workload;
+use crate::storage::NodeStorage;
 
 /// Waits between tries at fetching a workload's environment while the
 /// gateway does not answer: the first, and the longest.
@@ -46,8 +48,19 @@ pub(crate) enum Command {
         /// that one.
         tenant_id: Option<Uuid>,
     },
-    /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL.
-    Stop { lease_id: Uuid },
+    /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL;
+    /// `reason` is what its workspaces' last sync records.
+    Stop {
+        lease_id: Uuid,
+        reason: WorkspaceSyncReason,
+    },
+    /// Tell the lease's workload its spot preemption comes at `deadline`:
+    /// a signal and a file, so that it can checkpoint first.
+    Notice {
+        lease_id: Uuid,
+        deadline: chrono::DateTime<chrono::Utc>,
+        reason: lh_events::PreemptionReason,
+    },
     /// Stop the lease's workload if it runs for another placement than
     /// this one (the lease moved to other GPUs of the node).
     StopStale { lease_id: Uuid, placement: u64 },
@@ -102,6 +115,8 @@ struct Resolved {
     gpus: Vec<AssignedGpu>,
     tenant_id: Option<Uuid>,
     workload: Result<Option<WorkloadSpec>, String>,
+    /// Its datasets staged and workspaces restored, when it has any.
+    storage: Option<crate::storage::Prepared>,
     /// The MIG instances created for it, or why they could not be.
     mig: Result<Vec<StartedMigDevice>, String>,
 }
@@ -115,6 +130,7 @@ pub(crate) fn spawn(
     bus: Bus,
     node_id: String,
     workloads: Workloads,
+    storage: Option<Arc<NodeStorage>>,
     mut finished: mpsc::UnboundedReceiver<Finished>,
 ) -> (
     mpsc::UnboundedSender<Command>,
@@ -130,6 +146,7 @@ pub(crate) fn spawn(
         node_id,
         mig,
         workloads,
+        storage,
         looking_up: HashMap::new(),
         resolved_tx,
         after_stop: HashMap::new(),
@@ -197,6 +214,8 @@ struct WorkloadSide {
     bus: Bus,
     node_id: String,
     workloads: Workloads,
+    /// Leases' datasets and workspaces; `None` where the node keeps none.
+    storage: Option<Arc<NodeStorage>>,
     mig: MigInstances,
     /// Leases whose request is being read back, with the placement it is
     /// for: a stop, or a newer start, makes the answer moot.
@@ -283,7 +302,7 @@ impl WorkloadSide {
                     return self.start(lease_id, placement, &gpus, tenant_id, Ok(None));
                 }
                 let spec = match workload {
-                    Workload::Known(spec) if !spec.as_ref().is_some_and(has_env_to_fetch) => spec,
+                    Workload::Known(spec) if !spec.as_ref().is_some_and(needs_look_up) => spec,
                     Workload::Known(spec) => {
                         self.look_up(lease_id, placement, gpus, tenant_id, Some(spec));
                         return None;
@@ -295,7 +314,7 @@ impl WorkloadSide {
                 };
                 self.start(lease_id, placement, &gpus, tenant_id, Ok(spec))
             }
-            Command::Stop { lease_id } => {
+            Command::Stop { lease_id, reason } => {
                 // A start waiting for an earlier workload is moot: nothing
                 // runs for it.
                 if let Some(Command::Start { placement, .. }) = self.after_stop.remove(&lease_id) {
@@ -310,7 +329,7 @@ impl WorkloadSide {
                 }
                 self.looking_up.remove(&lease_id);
                 self.release_mig(lease_id, |_| false);
-                self.workloads.stop(lease_id);
+                self.workloads.stop_because(lease_id, reason);
                 None
             }
             Command::StopStale {
@@ -323,6 +342,14 @@ impl WorkloadSide {
             }
             Command::Release { lease_id } => {
                 self.release_mig(lease_id, |_| false);
+                None
+            }
+            Command::Notice {
+                lease_id,
+                deadline,
+                reason,
+            } => {
+                self.workloads.notify(lease_id, deadline, reason);
                 None
             }
             Command::Reconcile { .. } => unreachable!("reconciled in the task's loop"),
@@ -339,10 +366,24 @@ impl WorkloadSide {
         tenant_id: Option<Uuid>,
         spec: Result<Option<WorkloadSpec>, String>,
     ) -> Option<Report> {
+        self.start_with(lease_id, placement, gpus, tenant_id, spec, None)
+    }
+
+    /// [`WorkloadSide::start`] with its data staged and restored.
+    fn start_with(
+        &mut self,
+        lease_id: Uuid,
+        placement: u64,
+        gpus: &[AssignedGpu],
+        tenant_id: Option<Uuid>,
+        spec: Result<Option<WorkloadSpec>, String>,
+        storage: Option<crate::storage::Prepared>,
+    ) -> Option<Report> {
         let mig_devices = self.mig.held(lease_id, placement);
         let outcome = spec.and_then(|spec| {
             self.workloads
-                .start_for(
+                .start_with_storage(
+                    storage,
                     tenant_id,
                     lease_id,
                     placement,
@@ -403,6 +444,7 @@ impl WorkloadSide {
         self.looking_up.insert(lease_id, placement);
         let (bus, resolved) = (self.bus.clone(), self.resolved_tx.clone());
         let node_id = self.node_id.clone();
+        let storage = self.storage.clone();
         let create_mig = self
             .mig
             .to_create(lease_id, placement, &gpus)
@@ -425,20 +467,45 @@ impl WorkloadSide {
                     }
                 };
                 match spec {
-                    Some(mut spec) if has_env_to_fetch(&spec) => {
-                        fetch_env(&bus, &node_id, lease_id, &mut spec).await?;
-                        Ok(Some(spec))
+                    Some(mut spec) if needs_look_up(&spec) => {
+                        let grant = fetch_env(&bus, &node_id, lease_id, &mut spec).await?;
+                        let prepared = match (grant, spec.uses_storage()) {
+                            (_, false) => None,
+                            (Some(grant), true) => {
+                                let (Some(storage), Some(tenant_id)) = (&storage, tenant_id) else {
+                                    return Err("this node keeps no leases' data".to_string());
+                                };
+                                Some(
+                                    storage
+                                        .prepare(
+                                            &bus, &grant, tenant_id, lease_id, placement, &spec,
+                                        )
+                                        .await?,
+                                )
+                            }
+                            (None, true) => {
+                                return Err(
+                                    "the gateway gave no storage for the lease's data".to_string()
+                                )
+                            }
+                        };
+                        Ok((Some(spec), prepared))
                     }
-                    spec => Ok(spec),
+                    spec => Ok((spec, None)),
                 }
             }
             .await;
+            let (workload, storage) = match workload {
+                Ok((spec, prepared)) => (Ok(spec), prepared),
+                Err(why) => (Err(why), None),
+            };
             let _ = resolved.send(Resolved {
                 lease_id,
                 placement,
                 gpus,
                 tenant_id,
                 workload,
+                storage,
                 mig,
             });
         });
@@ -472,14 +539,22 @@ impl WorkloadSide {
                 })
             }
         }
-        self.start(r.lease_id, r.placement, &r.gpus, r.tenant_id, r.workload)
+        self.start_with(
+            r.lease_id,
+            r.placement,
+            &r.gpus,
+            r.tenant_id,
+            r.workload,
+            r.storage,
+        )
     }
 }
 
-/// Whether the workload has an environment to fetch from the gateway:
-/// the log carries only where the values are, never the values.
-fn has_env_to_fetch(spec: &WorkloadSpec) -> bool {
-    spec.env_ref.is_some()
+/// Whether the workload needs the gateway before it starts: for its
+/// environment (the log carries only where the values are, never the
+/// values), or for its tenant's storage.
+fn needs_look_up(spec: &WorkloadSpec) -> bool {
+    spec.env_ref.is_some() || spec.uses_storage()
 }
 
 /// Fetches the environment `spec` refers to from the gateway, as this
@@ -491,23 +566,29 @@ async fn fetch_env(
     node_id: &str,
     lease_id: Uuid,
     spec: &mut WorkloadSpec,
-) -> Result<(), String> {
-    let Some(env_ref) = spec.env_ref.clone() else {
-        return Ok(());
-    };
+) -> Result<Option<StorageGrant>, String> {
+    let env_ref = spec.env_ref.clone();
+    let storage = spec.uses_storage();
     let give_up_at = Instant::now() + ENV_FETCH_GIVE_UP_AFTER;
     let mut wait = ENV_FETCH_WAIT_MIN;
     loop {
-        let why = match lh_rpc::workload_env::fetch(bus, node_id, lease_id, ENV_FETCH_TIMEOUT).await
-        {
-            Ok(WorkloadEnvReply::Values { values, salt }) => {
-                let salt: [u8; lh_domain::workload::ENV_SALT_BYTES] = hex::decode(&salt)
-                    .ok()
-                    .and_then(|bytes| bytes.try_into().ok())
-                    .ok_or("the gateway's salt for the environment is malformed")?;
-                lh_domain::workload::check_fetched_env(&env_ref, &salt, &values)?;
-                spec.env.extend(values);
-                return Ok(());
+        let fetched =
+            lh_rpc::workload_env::fetch(bus, node_id, lease_id, storage, ENV_FETCH_TIMEOUT).await;
+        let why = match fetched {
+            Ok(WorkloadEnvReply::Values {
+                values,
+                salt,
+                storage: grant,
+            }) => {
+                if let Some(env_ref) = &env_ref {
+                    let salt: [u8; lh_domain::workload::ENV_SALT_BYTES] = hex::decode(&salt)
+                        .ok()
+                        .and_then(|bytes| bytes.try_into().ok())
+                        .ok_or("the gateway's salt for the environment is malformed")?;
+                    lh_domain::workload::check_fetched_env(env_ref, &salt, &values)?;
+                    spec.env.extend(values);
+                }
+                return Ok(grant);
             }
             Ok(WorkloadEnvReply::Refused { why }) => {
                 return Err(format!(

@@ -142,6 +142,25 @@ pub struct Workload {
     /// The container's network ([`tenant_network`]); none by default.
     #[serde(default, skip_serializing_if = "lh_events::WorkloadNetwork::is_none")]
     pub network: lh_events::WorkloadNetwork,
+    /// Directories of the node's the container sees: its datasets
+    /// read-only, its workspaces read and written (`crate::storage`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// The signal a container's workload gets with a preemption notice.
+pub const NOTICE_SIGNAL: &str = "USR1";
+/// Where a container finds its lease's notices (`notice.json`).
+pub const NOTICE_DIR_IN_CONTAINER: &str = "/run/leasehold";
+
+/// A directory of the node's seen inside a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    pub host: std::path::PathBuf,
+    /// Absolute, inside the container.
+    pub path: String,
+    pub writable: bool,
 }
 
 /// Where a workload's standard output and error go: both to its log file,
@@ -520,6 +539,20 @@ impl RunningWorkload {
         })
     }
 
+    /// Tells a container's first process that its lease is about to be
+    /// preempted (SIGUSR1, as batch schedulers warn of an end): a process
+    /// that first in a container ignores a signal it has no handler for,
+    /// so only a workload that listens hears it. A process lease is told
+    /// nothing: SIGUSR1 ends a process that does not handle it.
+    pub async fn notify(&self) -> bool {
+        match &self.kind {
+            Kind::Container(c) => {
+                container::run_signal_command(&c.engine, &c.name, NOTICE_SIGNAL).await
+            }
+            Kind::Process { .. } => false,
+        }
+    }
+
     async fn kill_and_reap(&mut self) -> Result<ExitStatus, RuntimeError> {
         signal_group(self.pgid, libc::SIGKILL)?;
         self.child.wait().await.map_err(RuntimeError::Wait)
@@ -756,6 +789,7 @@ mod tests {
                 ("MY_VAR".to_string(), "x".to_string()),
             ]),
             network: Default::default(),
+            mounts: Vec::new(),
         };
         let env = workload_env(&assignment(), &workload);
         assert_eq!(env[ENV_CUDA_VISIBLE_DEVICES], "GPU-aaa,MIG-bbb");
@@ -829,6 +863,11 @@ mod tests {
             image: Some("nvcr.io/nvidia/pytorch:24.01-py3".into()),
             env: BTreeMap::from([("EPOCHS".to_string(), "3".to_string())]),
             network: Default::default(),
+            mounts: vec![Mount {
+                host: "/var/lib/leasehold/data/x".into(),
+                path: "/data".into(),
+                writable: false,
+            }],
         };
         let json = serde_json::to_string(&workload).unwrap();
         assert_eq!(serde_json::from_str::<Workload>(&json).unwrap(), workload);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lh_events::{
     AssignedGpu, GpuSharing, Isolation, LeaseFailure, NodeRegistered, StartedMigDevice,
-    WorkloadSpec,
+    WorkloadSpec, WorkspaceSyncReason,
 };
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -34,6 +34,64 @@ mod host;
 mod supervised;
 
 use supervised::Supervised;
+
+use crate::storage::cache::CacheHold;
+use crate::storage::{LeaseStorage, Prepared};
+
+/// A spot preemption, as its workload is told.
+#[derive(Debug, Clone, Copy)]
+pub struct Notice {
+    pub deadline: chrono::DateTime<chrono::Utc>,
+    pub reason: lh_events::PreemptionReason,
+}
+
+/// Where the notices of a lease's run here are kept (and mounted from).
+fn notice_dir(state_dir: &Path, lease_id: Uuid, placement: u64) -> PathBuf {
+    state_dir
+        .join("notices")
+        .join(format!("{lease_id}-{placement}"))
+}
+
+/// A fresh, empty directory every user may read (the container's user
+/// is another's on the host).
+fn make_notice_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+}
+
+/// Writes `notice.json` (whole or not at all), then signals the workload.
+async fn tell_notice(lease_id: Uuid, handle: &Supervised, dir: Option<&Path>, notice: &Notice) {
+    if let Some(dir) = dir {
+        let json = serde_json::json!({
+            "event": "preemption",
+            "deadline": notice.deadline,
+            "reason": notice.reason.as_str(),
+        });
+        let tmp = dir.join(".notice.json.tmp");
+        let written = std::fs::write(&tmp, format!("{json}\n"))
+            .and_then(|()| std::fs::rename(&tmp, dir.join("notice.json")));
+        if let Err(e) = written {
+            tracing::warn!(lease = %lease_id, error = %e, "cannot write the preemption notice");
+        }
+    }
+    let told = handle.notify().await;
+    tracing::info!(lease = %lease_id, deadline = %notice.deadline, signalled = told,
+        "workload told of its preemption");
+    metrics::counter!("lh_node_preemption_notices_total").increment(1);
+}
+
+/// What a running workload holds of its lease's data: its workspaces'
+/// sync, and its datasets in the node's cache.
+struct LeaseData {
+    session: Option<Arc<LeaseStorage>>,
+    /// Dropped when the workload has ended: only then may they leave.
+    #[allow(dead_code)]
+    holds: Vec<CacheHold>,
+}
 
 /// How leases run on this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -114,10 +172,12 @@ pub struct Workloads {
     running_signals: HashMap<Uuid, (u64, oneshot::Receiver<()>)>,
     /// Running workloads: the placement each runs for, and its stop handle
     /// (send the grace period).
-    running: HashMap<Uuid, (u64, oneshot::Sender<Duration>)>,
+    running: HashMap<Uuid, (u64, oneshot::Sender<(Duration, WorkspaceSyncReason)>)>,
     /// Leases whose workload was asked to stop and has not reported its
     /// end yet: still on the host, still this agent's, within its grace.
     stopping: std::collections::HashSet<Uuid>,
+    /// Each running workload's ear for its preemption notice.
+    notices: HashMap<Uuid, oneshot::Sender<Notice>>,
     finished_tx: mpsc::UnboundedSender<Finished>,
     /// What the runtime isolates workloads with; `None` for the simulated
     /// runtime, whose node declares its own.
@@ -311,6 +371,7 @@ impl Workloads {
                 container,
                 running_signals: HashMap::new(),
                 running: HashMap::new(),
+                notices: HashMap::new(),
                 stopping: Default::default(),
                 finished_tx,
                 hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
@@ -378,8 +439,59 @@ impl Workloads {
         mig_devices: &[StartedMigDevice],
         spec: Option<&WorkloadSpec>,
     ) -> Result<bool, super::RuntimeError> {
+        self.start_with_storage(
+            None,
+            tenant_id,
+            lease_id,
+            placement,
+            gpus,
+            mig_devices,
+            spec,
+        )
+    }
+
+    /// [`Workloads::start_for`] with the lease's datasets and workspaces
+    /// made ready on the node: mounted into its container, its workspaces
+    /// synced while it runs and once more when it ends.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_with_storage(
+        &mut self,
+        storage: Option<Prepared>,
+        tenant_id: Option<Uuid>,
+        lease_id: Uuid,
+        placement: u64,
+        gpus: &[AssignedGpu],
+        mig_devices: &[StartedMigDevice],
+        spec: Option<&WorkloadSpec>,
+    ) -> Result<bool, super::RuntimeError> {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
+        };
+        let (mut mounts, data) = match storage {
+            Some(prepared) => {
+                let (mounts, session, holds) = prepared.into_parts();
+                (mounts, Some(LeaseData { session, holds }))
+            }
+            None => (Vec::new(), None),
+        };
+        // A container finds its notices here; a process lease is told none.
+        let notice_dir = match spec.image {
+            Some(_) => {
+                let dir = notice_dir(&self.marks.state_dir, lease_id, placement);
+                make_notice_dir(&dir).map_err(|e| {
+                    super::RuntimeError::InvalidConfig(format!(
+                        "making the notice directory {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+                mounts.push(super::Mount {
+                    host: dir.clone(),
+                    path: super::NOTICE_DIR_IN_CONTAINER.to_string(),
+                    writable: false,
+                });
+                Some(dir)
+            }
+            None => None,
         };
         let share = self.host.and_then(|h| h.memory_share(gpus));
         let mut assignment = assignment(lease_id, gpus, mig_devices, share);
@@ -392,6 +504,7 @@ impl Workloads {
             image: spec.image.clone(),
             env: spec.env.clone(),
             network: spec.network,
+            mounts,
         };
         let limits = MpsLimits::of_share(&assignment);
         if let (Some(mps), Some(limits), Some(gpu)) = (&mut self.mps, limits, gpus.first()) {
@@ -433,6 +546,8 @@ impl Workloads {
             record.flatten(),
             on_gpus,
             Some(log_file),
+            data,
+            notice_dir,
         );
         Ok(true)
     }
@@ -474,8 +589,12 @@ impl Workloads {
         record: Option<PathBuf>,
         on_gpus: Option<(Arc<dyn GpuBackend>, u32)>,
         log_file: Option<PathBuf>,
+        data: Option<LeaseData>,
+        notice_dir: Option<PathBuf>,
     ) {
-        let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
+        let (stop_tx, stop_rx) = oneshot::channel::<(Duration, WorkspaceSyncReason)>();
+        let (notice_tx, mut notice_rx) = oneshot::channel::<Notice>();
+        let mut noticed = false;
         let finished = self.finished_tx.clone();
         let logs = self.logs;
         let doors = self.doors.clone();
@@ -485,10 +604,44 @@ impl Workloads {
         tokio::spawn(async move {
             let mut stop_rx = stop_rx;
             let mut bound_check = tokio::time::interval(logs.bound_check_interval());
+            let session = data.as_ref().and_then(|d| d.session.clone());
+            let sync_every = session
+                .as_ref()
+                .map_or(Duration::from_secs(86_400), |s| s.interval);
+            let mut sync_tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + sync_every, sync_every);
+            sync_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let stop = loop {
                 tokio::select! {
                     exit = handle.wait() => break Err(exit),
-                    grace = &mut stop_rx => break Ok(grace.unwrap_or(Duration::ZERO)),
+                    stop = &mut stop_rx => break Ok(stop.unwrap_or((Duration::ZERO, WorkspaceSyncReason::End))),
+                    notice = &mut notice_rx, if !noticed => {
+                        noticed = true;
+                        if let Ok(notice) = notice {
+                            tell_notice(lease_id, &handle, notice_dir.as_deref(), &notice).await;
+                            if let Some(session) = session.clone() {
+                                // Halfway to the deadline: what the workload
+                                // checkpointed by then is kept even if its
+                                // last sync cannot finish in time.
+                                let halfway = (notice.deadline - chrono::Utc::now())
+                                    .to_std()
+                                    .unwrap_or_default()
+                                    / 2;
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(halfway).await;
+                                    session.sync(WorkspaceSyncReason::Notice, false).await;
+                                });
+                            }
+                        }
+                    }
+                    _ = sync_tick.tick(), if session.is_some() => {
+                        // Off this loop: a stop is never held up by it,
+                        // and the last sync waits for it to finish.
+                        let session = session.clone().expect("checked");
+                        tokio::spawn(async move {
+                            session.sync(WorkspaceSyncReason::Interval, false).await;
+                        });
+                    }
                     _ = bound_check.tick() => {
                         if let Some(path) = log_file.clone() {
                             let _ = tokio::task::spawn_blocking(move || {
@@ -502,10 +655,19 @@ impl Workloads {
             // Sessions end as the stop begins, not when the workload has
             // gone: theirs is the lease's end, not a command's exit.
             doors.close(lease_id, placement);
-            let exit = match stop {
-                Err(exit) => exit,
-                Ok(grace) => handle.stop(grace).await,
+            let (exit, reason) = match stop {
+                Err(exit) => (exit, WorkspaceSyncReason::End),
+                Ok((grace, reason)) => (handle.stop(grace).await, reason),
             };
+            // With the workload gone, nothing changes its workspaces: the
+            // last sync is whole, and comes before its end is reported.
+            if let Some(session) = &session {
+                session.sync(reason, true).await;
+            }
+            drop(data);
+            if let Some(dir) = &notice_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
             if let Some(path) = record {
                 remove_record(&path);
             }
@@ -541,6 +703,20 @@ impl Workloads {
             });
         });
         self.running.insert(lease_id, (placement, stop_tx));
+        self.notices.insert(lease_id, notice_tx);
+    }
+
+    /// Tells the running workload of `lease_id` its preemption comes at
+    /// `deadline`; nothing when none runs.
+    pub fn notify(
+        &mut self,
+        lease_id: Uuid,
+        deadline: chrono::DateTime<chrono::Utc>,
+        reason: lh_events::PreemptionReason,
+    ) {
+        if let Some(tx) = self.notices.remove(&lease_id) {
+            let _ = tx.send(Notice { deadline, reason });
+        }
     }
 
     /// The doors into the running workloads, for the session server.
@@ -556,7 +732,7 @@ impl Workloads {
             .get(&lease_id)
             .is_some_and(|(p, _)| *p != placement)
         {
-            self.stop(lease_id);
+            self.stop_because(lease_id, WorkspaceSyncReason::Move);
         }
     }
 
@@ -569,9 +745,15 @@ impl Workloads {
     /// Asks the workload of `lease_id` to stop (SIGTERM, then SIGKILL after
     /// the grace period); its [`Finished`] follows. False when none runs.
     pub fn stop(&mut self, lease_id: Uuid) -> bool {
+        self.stop_because(lease_id, WorkspaceSyncReason::End)
+    }
+
+    /// [`Workloads::stop`], saying why: its workspaces' last sync says so.
+    pub fn stop_because(&mut self, lease_id: Uuid, reason: WorkspaceSyncReason) -> bool {
+        self.notices.remove(&lease_id);
         match self.running.remove(&lease_id) {
             Some((_, stop)) => {
-                let _ = stop.send(self.grace);
+                let _ = stop.send((self.grace, reason));
                 self.stopping.insert(lease_id);
                 true
             }

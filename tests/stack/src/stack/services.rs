@@ -93,6 +93,7 @@ impl Stack {
                     sessions: Default::default(),
                     templates_file: None,
                     ssh: Default::default(),
+                    storage: Default::default(),
                 };
                 if let Some(change) = &self.gateway_config {
                     change(&mut config);
@@ -187,6 +188,7 @@ impl Stack {
             sessions: Default::default(),
             templates_file: None,
             ssh: Default::default(),
+            storage: Default::default(),
         }
     }
 }

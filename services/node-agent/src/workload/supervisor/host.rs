@@ -133,6 +133,11 @@ impl Workloads {
                         record,
                         None,
                         Some(lease_log::path(&self.marks.state_dir, lease_id, placement)),
+                        // The tenant's storage came with the start, to the
+                        // agent that is gone: an adopted workload's
+                        // workspaces are not synced, and it hears no notice.
+                        None,
+                        None,
                     );
                     outcome.adopted.push((lease_id, placement));
                 }

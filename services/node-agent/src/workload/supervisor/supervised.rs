@@ -30,6 +30,14 @@ impl Supervised {
         }
     }
 
+    /// Tells it of its preemption; whether it was told.
+    pub(super) async fn notify(&self) -> bool {
+        match self {
+            Supervised::Started(w) => w.notify().await,
+            Supervised::Adopted(_) => false,
+        }
+    }
+
     /// Whether it ran (an adopted one did).
     pub(super) fn ran(&self) -> bool {
         match self {

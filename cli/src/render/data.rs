@@ -1,0 +1,115 @@
+//! A tenant's datasets: all of them, or one with its versions.
+
+use serde_json::Value;
+
+use super::table::{finish, table, text};
+
+fn versions(dataset: &Value) -> &[Value] {
+    dataset
+        .get("versions")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// Bytes as people read them: 1.5 GiB.
+pub(crate) fn bytes_text(bytes: u64) -> String {
+    const UNITS: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn size(version: &Value) -> String {
+    bytes_text(version.get("bytes").and_then(Value::as_u64).unwrap_or(0))
+}
+
+/// The tenant's datasets, a row each with its newest version.
+pub(crate) fn dataset_list(list: &Value) -> String {
+    let mut t = table();
+    t.set_header([
+        "NAME",
+        "NEWEST VERSION",
+        "SIZE",
+        "FILES",
+        "VERSIONS",
+        "ADDED",
+    ]);
+    for dataset in list
+        .get("datasets")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+    {
+        let all = versions(dataset);
+        let newest = all.first().cloned().unwrap_or(Value::Null);
+        t.add_row([
+            text(dataset, "name"),
+            text(&newest, "version"),
+            size(&newest),
+            text(&newest, "files"),
+            all.len().to_string(),
+            text(&newest, "created_at"),
+        ]);
+    }
+    finish(t)
+}
+
+/// One dataset, a row a version, newest first.
+pub(crate) fn dataset_view(dataset: &Value) -> String {
+    let mut t = table();
+    t.set_header(["NAME", "VERSION", "SIZE", "FILES", "ADDED"]);
+    for version in versions(dataset) {
+        t.add_row([
+            text(dataset, "name"),
+            text(version, "version"),
+            size(version),
+            text(version, "files"),
+            text(version, "created_at"),
+        ]);
+    }
+    finish(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_list_shows_each_dataset_with_its_newest_version() {
+        let out = dataset_list(&json!({"datasets": [{"name": "mnist", "versions": [
+            {"version": "bb", "bytes": 1610612736u64, "files": 4, "created_at": "2026-12-07T10:00:00Z"},
+            {"version": "aa", "bytes": 1, "files": 1, "created_at": "2026-12-06T10:00:00Z"}
+        ]}]}));
+        let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            row,
+            [
+                "mnist",
+                "bb",
+                "1.5",
+                "GiB",
+                "4",
+                "2",
+                "2026-12-07T10:00:00Z"
+            ]
+        );
+    }
+
+    #[test]
+    fn sizes_read_as_people_say_them() {
+        assert_eq!(bytes_text(0), "0 B");
+        assert_eq!(bytes_text(1023), "1023 B");
+        assert_eq!(bytes_text(1536), "1.5 KiB");
+        assert_eq!(bytes_text(8 << 20), "8.0 MiB");
+    }
+}
