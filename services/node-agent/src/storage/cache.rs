@@ -29,7 +29,7 @@ struct Entry {
     holders: u32,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct State {
     entries: HashMap<Key, Entry>,
     /// One staging of a version at a time: a second lease waits for the
@@ -37,6 +37,7 @@ struct State {
     staging: HashMap<Key, Arc<Mutex<()>>>,
 }
 
+#[derive(Debug)]
 pub struct DatasetCache {
     root: PathBuf,
     capacity_bytes: u64,
@@ -44,6 +45,7 @@ pub struct DatasetCache {
 }
 
 /// A lease's hold on a staged version: while it lives the version stays.
+#[derive(Debug)]
 pub struct CacheHold {
     cache: Arc<DatasetCache>,
     key: Key,
