@@ -123,8 +123,9 @@ pub use args::{
     ReservationCreate, ReservationList, SpotCommand, TemplateCommand, TenantCommand, TenantCreate,
     TenantId, TenantSetQuota, TenantSuspend, DEFAULT_AUDIT_STREAM, DEFAULT_GATEWAY_URL,
 };
-pub use args::{DataCommand, DataGet, DataList, DataPut, DataRemove};
+pub use args::{DataCommand, DataGet, DataList, DataPut, DataRemove, DataUsage};
 pub use args::{SshKeyAdd, SshKeyCommand, SshKeyList, SshKeyRemove};
+pub use args::{WorkspaceCommand, WorkspaceList, WorkspaceName, WorkspaceRestore};
 pub use client::Gateway;
 pub use commands::billing::WHAT_IF_REQUEST_TIMEOUT;
 pub use commands::lease::{
@@ -234,6 +235,7 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
         Command::Spot(command) => commands::spot::run(&gw, command, json, out).await,
         Command::SshKey(command) => commands::ssh_key::run(&gw, command, json, out).await,
         Command::Data(command) => commands::data::run(&gw, command, json, out, err).await,
+        Command::Workspace(command) => commands::workspace::run(&gw, command, json, out).await,
         Command::Template(command) => commands::template::run(&gw, command, json, out).await,
         Command::PriceBook(command) => commands::price_book::run(&gw, command, json, out).await,
         Command::Reservation(command) => commands::reservation::run(&gw, command, json, out).await,

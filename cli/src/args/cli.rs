@@ -18,6 +18,7 @@ use super::spot::SpotCommand;
 use super::ssh_key::SshKeyCommand;
 use super::template::TemplateCommand;
 use super::tenant::TenantCommand;
+use super::workspace::WorkspaceCommand;
 
 /// Gateway used when neither `--gateway-url` nor `LH_GATEWAY_URL` is given.
 pub const DEFAULT_GATEWAY_URL: &str = "http://127.0.0.1:8080";
@@ -86,6 +87,11 @@ pub enum Command {
     /// remove versions (`lh lease create --dataset NAME:/data` mounts one).
     #[command(subcommand)]
     Data(DataCommand),
+    /// Workspaces on the tenant's own storage, each a lease's directory
+    /// kept between its runs (`lh lease create --workspace NAME:/PATH`):
+    /// list them, snapshot one, restore one from a snapshot, remove one.
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
     /// List the workload templates a lease may name.
     #[command(subcommand)]
     Template(TemplateCommand),

@@ -22,6 +22,7 @@ mod template;
 mod tenant;
 #[cfg(test)]
 mod test_parse;
+mod workspace;
 
 pub use audit::{
     AuditCommand, AuditEvents, AuditExport, AuditFilter, AuditReplay, AuditVerify, ExportFormat,
@@ -30,7 +31,7 @@ pub use audit::{
 pub use balance::{BalanceCommand, BalanceShow, BalanceTopUp};
 pub use billing::{BillingCommand, BillingWhatIf};
 pub use cli::{Cli, Command, DEFAULT_GATEWAY_URL};
-pub use data::{DataCommand, DataGet, DataList, DataPut, DataRemove};
+pub use data::{DataCommand, DataGet, DataList, DataPut, DataRemove, DataUsage};
 pub use invoice::{InvoiceCommand, InvoiceShow};
 pub use lease::{
     parse_port_spec, GpuAskArgs, LeaseCommand, LeaseCreate, LeaseExec, LeaseGet, LeaseList,
@@ -48,3 +49,4 @@ pub use tenant::{
     KeyCommand, KeyCreate, KeyRevoke, TenantCommand, TenantCreate, TenantId, TenantSetQuota,
     TenantSuspend,
 };
+pub use workspace::{WorkspaceCommand, WorkspaceList, WorkspaceName, WorkspaceRestore};

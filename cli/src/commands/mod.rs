@@ -21,5 +21,6 @@ pub(crate) mod spot;
 pub(crate) mod ssh_key;
 pub(crate) mod template;
 pub(crate) mod tenant;
+pub(crate) mod workspace;
 
 pub use body::MAX_JSON_FILE_BYTES;

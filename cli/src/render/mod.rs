@@ -21,11 +21,12 @@ mod template;
 mod tenant;
 #[cfg(test)]
 mod test_rows;
+mod workspace;
 
 pub(crate) use audit::{audit, audit_csv_header, audit_csv_row, audit_events};
 pub(crate) use balance::{balance, top_up};
 pub(crate) use billing::{what_if, what_if_csv};
-pub(crate) use data::{bytes_text, dataset_list, dataset_view};
+pub(crate) use data::{bytes_text, dataset_list, dataset_view, storage_usage};
 pub(crate) use invoice::{invoice, invoice_list};
 pub(crate) use key::{key_issued, key_list, key_view};
 pub(crate) use lease::{lease_list, lease_usage, lease_view};
@@ -38,3 +39,4 @@ pub(crate) use spot::spot_prices;
 pub(crate) use ssh_key::{ssh_key_list, ssh_key_view};
 pub(crate) use template::templates;
 pub(crate) use tenant::{tenant_changed, tenant_created, tenant_view};
+pub(crate) use workspace::{workspace_list, workspace_snapshot, workspace_view};

@@ -115,8 +115,13 @@ events! {
     "ssh_key.removed" v=1 => SshKeyRemoved @ ssh_key(key_id), tenant_id = tenant_id;
     "storage.provisioned" v=1 => StorageProvisioned @ storage(tenant_id), tenant_id = tenant_id;
     "storage.erased" v=1 => StorageErased @ storage(tenant_id), tenant_id = tenant_id;
+    "storage.measured" v=1 => StorageMeasured @ storage(tenant_id), tenant_id = tenant_id;
+    "charge.storage_accrued" v=1 => StorageChargeAccrued @ charge(storage_id), tenant_id = tenant_id;
     "dataset.version_added" v=1 => DatasetVersionAdded @ dataset(dataset_id), tenant_id = tenant_id;
     "dataset.removed" v=1 => DatasetRemoved @ dataset(dataset_id), tenant_id = tenant_id;
+    "workspace.snapshotted" v=1 => WorkspaceSnapshotted @ workspace(workspace_id), tenant_id = tenant_id;
+    "workspace.restored" v=1 => WorkspaceRestored @ workspace(workspace_id), tenant_id = tenant_id;
+    "workspace.removed" v=1 => WorkspaceRemoved @ workspace(workspace_id), tenant_id = tenant_id;
 }
 
 impl EventData {

@@ -43,6 +43,7 @@ pub const SESSIONS_ALL: &str = "lh.evt.session.>";
 pub const SSH_KEYS_ALL: &str = "lh.evt.ssh_key.>";
 pub const STORAGE_ALL: &str = "lh.evt.storage.>";
 pub const DATASETS_ALL: &str = "lh.evt.dataset.>";
+pub const WORKSPACES_ALL: &str = "lh.evt.workspace.>";
 
 /// Request/reply subject on which the audit service answers chain verification.
 pub const RPC_AUDIT_VERIFY: &str = "lh.rpc.audit.verify";
@@ -252,6 +253,11 @@ pub fn dataset(dataset_id: Uuid) -> String {
     format!("lh.evt.dataset.{dataset_id}")
 }
 
+/// One workspace of a tenant: its snapshots, restores and removal.
+pub fn workspace(workspace_id: Uuid) -> String {
+    format!("lh.evt.workspace.{workspace_id}")
+}
+
 /// A tenant's prepaid balance: its top-ups and what pricing decides of them.
 pub fn balance(tenant_id: Uuid) -> String {
     format!("lh.evt.balance.{tenant_id}")
@@ -426,8 +432,16 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         // store's admin identity, which no other service holds.
         ("storage.provisioned", &[Gateway]),
         ("storage.erased", &[Gateway]),
+        // Only the gateway holds the admin identity that lists any bucket.
+        ("storage.measured", &[Gateway]),
+        ("charge.storage_accrued", &[Pricing]),
         ("dataset.version_added", &[Gateway]),
         ("dataset.removed", &[Gateway]),
+        // The gateway alone reaches every tenant's bucket, and takes the
+        // daily snapshots; a tenant restores and removes through it.
+        ("workspace.snapshotted", &[Gateway]),
+        ("workspace.restored", &[Gateway]),
+        ("workspace.removed", &[Gateway]),
         // Only the node that runs a lease copies its workspace.
         ("lease.workspace_synced", &[Node]),
     ]
@@ -593,6 +607,7 @@ mod tests {
             (SSH_KEYS_ALL, ssh_key(id)),
             (STORAGE_ALL, storage(id)),
             (DATASETS_ALL, dataset(id)),
+            (WORKSPACES_ALL, workspace(id)),
         ] {
             let prefix = all.strip_suffix('>').unwrap();
             assert!(one.starts_with(prefix), "{one} is not under {all}");

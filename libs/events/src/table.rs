@@ -106,6 +106,7 @@ macro_rules! events {
     (@subject $e:ident ssh_key ($id:ident)) => { $crate::subject::ssh_key($e.$id) };
     (@subject $e:ident storage ($id:ident)) => { $crate::subject::storage($e.$id) };
     (@subject $e:ident dataset ($id:ident)) => { $crate::subject::dataset($e.$id) };
+    (@subject $e:ident workspace ($id:ident)) => { $crate::subject::workspace($e.$id) };
 
     (@lease_id $e:ident lease ($id:ident)) => { Some($e.$id) };
     (@lease_id $e:ident $other:ident ($($id:ident),*)) => { None };

@@ -31,11 +31,15 @@ pub struct GcStats {
 ///
 /// Chunks are listed before manifests are read, so a chunk sent after the
 /// listing is never a candidate, and `grace` spares the ones sent shortly
-/// before it whose manifest is not written yet. One race is the caller's
-/// to rule out: an upload that finds an old unnamed chunk already there
-/// does not send it again, and if it is deleted here before that upload's
-/// manifest is written, the manifest names a missing chunk. Collect only
-/// while nothing uploads to the bucket.
+/// before it whose manifest is not written yet. Each chunk is looked at
+/// again right before it is deleted, and spared if it was stored again
+/// since the listing. One race is the caller's to rule out: an upload that
+/// finds an old unnamed chunk already there and does not send it again
+/// (`Reuse::Any`), if it is deleted here before that upload's manifest is
+/// written, leaves the manifest naming a missing chunk. Collect only while
+/// nothing uploads to the bucket that way, or only while every upload
+/// reuses with `Reuse::LiveOrFresh` and a window shorter than `grace`
+/// less the upload's length.
 pub async fn garbage_collect(
     store: &TenantStore,
     live_manifest_prefixes: &[&str],
@@ -81,14 +85,34 @@ pub async fn garbage_collect(
     }
     let mut deletions = stream::iter(doomed)
         .map(|chunk| async move {
+            // An upload may have stored it again since it was listed.
+            match store.info(&chunk.key).await? {
+                Some(now) if now.last_modified <= cutoff => {}
+                Some(_) => return Ok(Fate::StoredAgain),
+                None => return Ok(Fate::Gone),
+            }
             store.delete(&chunk.key).await?;
-            Ok::<_, Error>(chunk.bytes)
+            Ok::<_, Error>(Fate::Deleted(chunk.bytes))
         })
         .buffer_unordered(GC_DELETES_IN_FLIGHT);
-    while let Some(bytes) = deletions.next().await {
-        let bytes = bytes?;
-        stats.chunks_deleted += 1;
-        stats.bytes_deleted += bytes;
+    while let Some(fate) = deletions.next().await {
+        match fate? {
+            Fate::Deleted(bytes) => {
+                stats.chunks_deleted += 1;
+                stats.bytes_deleted += bytes;
+            }
+            Fate::StoredAgain => stats.chunks_young += 1,
+            Fate::Gone => {}
+        }
     }
     Ok(stats)
+}
+
+/// What became of a chunk found unnamed and old.
+enum Fate {
+    Deleted(u64),
+    /// Young when looked at again.
+    StoredAgain,
+    /// Deleted meanwhile by another collector.
+    Gone,
 }

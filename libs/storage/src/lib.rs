@@ -1,6 +1,6 @@
 //! Everything Leasehold needs from an S3 service (SeaweedFS in the tests
 //! and `make up`, any S3 in production; docs/adr/031), and nothing about
-//! leases or events:
+//! events, nor about leases beyond the id a workspace's head names:
 //!
 //! - [`Admin`]: the platform's admin identity makes tenants' buckets and
 //!   identities (a key confined to one bucket), revokes them, measures and
@@ -10,6 +10,9 @@
 //!   trees stored as content-addressed chunks, each file cut into
 //!   [`CHUNK_BYTES`] pieces named by their SHA-256, plus a manifest whose
 //!   own digest addresses the whole tree.
+//! - [`workspace`]: how a workspace is laid out on its bucket (its head,
+//!   each sync's manifest, daily snapshots), synced, snapshotted, restored
+//!   and collected; the node that syncs it and the gateway share it.
 
 mod admin;
 mod config;
@@ -22,6 +25,7 @@ mod scan;
 pub mod sigv4;
 mod tenant;
 mod transfer;
+pub mod workspace;
 
 pub use admin::{
     Admin, ADMIN_CONNECT_TIMEOUT, ADMIN_REQUEST_TIMEOUT, MAX_RESPONSE_BYTES, TENANT_POLICY_NAME,
@@ -41,6 +45,6 @@ pub use tenant::{
     REQUEST_TIMEOUT, RETRY_TIMEOUT,
 };
 pub use transfer::{
-    download, upload_dir, DownloadStats, UploadStats, DOWNLOAD_CHUNKS_IN_FLIGHT,
-    UPLOAD_CHUNKS_IN_FLIGHT,
+    download, upload_dir, upload_dir_reusing, DownloadStats, Reuse, UploadStats,
+    DOWNLOAD_CHUNKS_IN_FLIGHT, UPLOAD_CHUNKS_IN_FLIGHT,
 };

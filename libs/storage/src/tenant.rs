@@ -148,6 +148,20 @@ impl TenantStore {
         }
     }
 
+    /// The object as a listing shows it, `None` if there is none: what a
+    /// collector looks at again right before it deletes.
+    pub async fn info(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        match self.s3.head(&object_path(key)?).await {
+            Ok(meta) => Ok(Some(ObjectInfo {
+                key: meta.location.to_string(),
+                bytes: meta.size,
+                last_modified: meta.last_modified,
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::object("head", key, e)),
+        }
+    }
+
     /// Deletes the object; one that is not there is no error.
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self.s3.delete(&object_path(key)?).await {

@@ -61,6 +61,23 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::Invalid(format!("a file system task failed: {e}")))?
 }
 
+/// Which chunks the bucket holds already an upload takes as they are.
+#[derive(Debug, Clone, Copy)]
+pub enum Reuse<'a> {
+    /// Any of the right size: for an upload whose manifest is checked
+    /// against the bucket before it counts (a dataset's version is).
+    Any,
+    /// The `live` ones (named by a manifest the collector keeps until this
+    /// upload's is written), and others stored less than `fresh` ago. An
+    /// older one is sent again, which makes it young: a collector deleting
+    /// chunks no manifest names, older than a grace longer than `fresh`
+    /// plus the upload, can then never take one this upload counted on.
+    LiveOrFresh {
+        live: &'a HashSet<String>,
+        fresh: std::time::Duration,
+    },
+}
+
 /// One distinct chunk to upload, where the scan found it first.
 struct UploadJob {
     path: String,
@@ -68,6 +85,9 @@ struct UploadJob {
     index: usize,
     hash: String,
     bytes: u64,
+    /// Taken as it is if the bucket holds it stored after this; `None`:
+    /// whenever it holds it.
+    reuse_after: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Sends the chunks of `manifest` (a scan of `root`) that the bucket lacks.
@@ -79,7 +99,26 @@ pub async fn upload_dir(
     manifest: &Manifest,
     progress: &dyn Progress,
 ) -> Result<UploadStats> {
+    upload_dir_reusing(store, root, manifest, progress, Reuse::Any).await
+}
+
+/// [`upload_dir`], taking only the chunks `reuse` allows as they are.
+pub async fn upload_dir_reusing(
+    store: &TenantStore,
+    root: &Path,
+    manifest: &Manifest,
+    progress: &dyn Progress,
+    reuse: Reuse<'_>,
+) -> Result<UploadStats> {
     manifest.validate(&ManifestLimits::default())?;
+    let fresh_since = match reuse {
+        Reuse::Any => None,
+        Reuse::LiveOrFresh { fresh, .. } => Some(
+            chrono::Utc::now()
+                - chrono::Duration::from_std(fresh)
+                    .map_err(|_| Error::Invalid("a reuse window past chrono's range".into()))?,
+        ),
+    };
     let root_fd = Arc::new(safe_fs::open_root(root).map_err(|e| Error::io(root.display(), e))?);
     let mut seen = HashSet::new();
     let mut jobs = Vec::new();
@@ -87,12 +126,17 @@ pub async fn upload_dir(
         if let EntryKind::File { bytes, chunks, .. } = &entry.kind {
             for (index, hash) in chunks.iter().enumerate() {
                 if seen.insert(hash.as_str()) {
+                    let live = match reuse {
+                        Reuse::Any => true,
+                        Reuse::LiveOrFresh { live, .. } => live.contains(hash),
+                    };
                     jobs.push(UploadJob {
                         path: entry.path.clone(),
                         file_bytes: *bytes,
                         index,
                         hash: hash.clone(),
                         bytes: chunk_len(*bytes, index),
+                        reuse_after: if live { None } else { fresh_since },
                     });
                 }
             }
@@ -130,8 +174,14 @@ async fn upload_chunk(
     job: UploadJob,
 ) -> Result<(bool, u64)> {
     // One of another size is not this chunk (a write cut short): replace it.
-    if store.chunk_bytes(&job.hash).await? == Some(job.bytes) {
-        return Ok((false, job.bytes));
+    let stored = store.info(&crate::tenant::chunk_key(&job.hash)).await?;
+    if let Some(stored) = stored {
+        let recent = job
+            .reuse_after
+            .is_none_or(|after| stored.last_modified > after);
+        if stored.bytes == job.bytes && recent {
+            return Ok((false, job.bytes));
+        }
     }
     let bytes = job.bytes;
     let hash = job.hash.clone();

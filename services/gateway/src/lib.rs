@@ -24,6 +24,7 @@ pub mod templates;
 pub mod tenant_keys;
 pub mod usage;
 pub mod workload_env;
+pub mod workspaces;
 
 pub use http::limits::TenantLimits;
 pub use read_model::lease_views;
@@ -56,6 +57,30 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     (
         "lh_gateway_storage_provisioned_total",
         "Tenants' buckets and storage identities made.",
+    ),
+    (
+        "lh_gateway_storage_measurements_total",
+        "Tenants' buckets measured, by result (recorded; duplicate: another replica recorded the interval's; failed: the store or the log out of reach).",
+    ),
+    (
+        "lh_gateway_workspace_snapshots_total",
+        "Workspace snapshots written (a day's first, or one over a changed head).",
+    ),
+    (
+        "lh_gateway_workspace_restores_total",
+        "Workspaces set back to one of their snapshots.",
+    ),
+    (
+        "lh_gateway_workspaces_removed_total",
+        "Workspaces removed with their snapshots.",
+    ),
+    (
+        "lh_gateway_workspace_passes_total",
+        "Tenants' workspaces kept (snapshotted and collected), by result (kept, failed).",
+    ),
+    (
+        "lh_gateway_workspace_objects_collected_total",
+        "Objects of tenants' buckets collected, by kind (snapshot, manifest, chunk).",
     ),
     (
         "lh_gateway_dataset_versions_added_total",
@@ -378,6 +403,35 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .map(|bound| lh_service::AbortOnDrop(ssh::serve(bound, ctx.clone(), shutdown.clone())));
     let summaries =
         http::refusals::publish_summaries(ctx.bus.clone(), ctx.refusals.clone(), SERVICE);
+    // Tenants' buckets are measured only where the gateway keeps their data.
+    let measuring = {
+        let (pool, bus) = (ctx.pool.clone(), ctx.bus.clone());
+        let storage = storage.clone();
+        let interval_secs = config.storage.storage_measure_interval_secs;
+        async move {
+            match storage {
+                Some(storage) => {
+                    storage::measure::every_interval(storage, pool, bus, interval_secs).await
+                }
+                None => std::future::pending().await,
+            }
+        }
+    };
+    // Workspaces are snapshotted and collected only where the gateway
+    // keeps tenants' data.
+    let keeping = {
+        let (pool, bus, keys) = (ctx.pool.clone(), ctx.bus.clone(), ctx.keys.clone());
+        let storage = storage.clone();
+        let keeping = config.storage.keeping();
+        async move {
+            match storage {
+                Some(storage) => {
+                    workspaces::every_interval(storage, pool, keys, bus, keeping).await
+                }
+                None => std::future::pending().await,
+            }
+        }
+    };
     let environments =
         workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone(), storage);
     let ready = readiness.clone();
@@ -421,6 +475,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 never = prune => match never {},
                 _ = watch_ready => Ok(()),
                 never = summaries => match never {},
+                never = measuring => match never {},
+                never = keeping => match never {},
                 ended = environments => ended,
             }
         },

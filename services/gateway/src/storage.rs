@@ -5,6 +5,8 @@
 //! environment is: destroying the key at erasure destroys it too, and the
 //! erasure deletes the bucket and the identity on the store.
 
+pub mod measure;
+
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -45,7 +47,36 @@ pub struct StorageArgs {
     /// else reaches.
     #[arg(long, env = "LH_STORAGE_ALLOW_HTTP", default_value_t = false)]
     pub storage_allow_http: bool,
+    /// How often each tenant's bucket is measured (`storage.measured`):
+    /// what pricing charges storage by and the storage quota counts.
+    #[arg(long, env = "LH_STORAGE_MEASURE_INTERVAL_SECS",
+          default_value_t = measure::DEFAULT_MEASURE_INTERVAL_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_MEASURE_INTERVAL_SECS))]
+    pub storage_measure_interval_secs: u64,
+    /// How often every workspace's head is copied to the day's snapshot
+    /// and what nothing names any more is collected; passes start at
+    /// multiples of it from the Unix epoch (midnight UTC for a day).
+    #[arg(long, env = "LH_WORKSPACE_SNAPSHOT_INTERVAL_SECS",
+          default_value_t = crate::workspaces::DEFAULT_SNAPSHOT_INTERVAL_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=7 * 86_400))]
+    pub workspace_snapshot_interval_secs: u64,
+    /// Days a workspace's snapshot is kept after its day.
+    #[arg(long, env = "LH_WORKSPACE_SNAPSHOT_KEEP_DAYS",
+          default_value_t = crate::workspaces::DEFAULT_SNAPSHOT_KEEP_DAYS,
+          value_parser = clap::value_parser!(u64).range(1..=3_650))]
+    pub workspace_snapshot_keep_days: u64,
+    /// Seconds a manifest no longer current, or a chunk nothing names,
+    /// stays before it is collected: longer than an hour plus the longest
+    /// workspace sync (a sync takes as they are only chunks stored within
+    /// the hour or named by its workspace's head).
+    #[arg(long, env = "LH_WORKSPACE_COLLECT_GRACE_SECS",
+          default_value_t = crate::workspaces::DEFAULT_COLLECT_GRACE_SECS)]
+    pub workspace_collect_grace_secs: u64,
 }
+
+/// Longest measuring interval accepted: a day, so that the quota's count
+/// and the charges are never more than a day behind.
+pub const MAX_MEASURE_INTERVAL_SECS: u64 = 24 * 3600;
 
 impl Default for StorageArgs {
     fn default() -> Self {
@@ -56,11 +87,24 @@ impl Default for StorageArgs {
             storage_admin_access_key_id: None,
             storage_admin_secret_key_file: None,
             storage_allow_http: false,
+            storage_measure_interval_secs: measure::DEFAULT_MEASURE_INTERVAL_SECS,
+            workspace_snapshot_interval_secs: crate::workspaces::DEFAULT_SNAPSHOT_INTERVAL_SECS,
+            workspace_snapshot_keep_days: crate::workspaces::DEFAULT_SNAPSHOT_KEEP_DAYS,
+            workspace_collect_grace_secs: crate::workspaces::DEFAULT_COLLECT_GRACE_SECS,
         }
     }
 }
 
 impl StorageArgs {
+    /// What the workspaces' passes keep, and for how long.
+    pub fn keeping(&self) -> crate::workspaces::Keeping {
+        crate::workspaces::Keeping {
+            interval_secs: self.workspace_snapshot_interval_secs,
+            keep_days: self.workspace_snapshot_keep_days,
+            grace: std::time::Duration::from_secs(self.workspace_collect_grace_secs),
+        }
+    }
+
     /// The storage this gateway keeps tenants' data on; `None` when off.
     pub fn open(&self) -> anyhow::Result<Option<TenantStorage>> {
         let Some(endpoint) = &self.storage_endpoint else {
@@ -153,6 +197,11 @@ impl TenantStorage {
     /// The endpoint as tenants and nodes reach it.
     pub fn public(&self) -> &StoreConfig {
         &self.public
+    }
+
+    /// Bytes in `bucket` now, listed with the admin identity.
+    pub async fn bucket_bytes(&self, bucket: &str) -> Result<u64, lh_storage::Error> {
+        self.admin.bucket_bytes(bucket).await
     }
 
     /// The tenant's bucket through this gateway's own endpoint, with the

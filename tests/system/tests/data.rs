@@ -1,7 +1,9 @@
 //! Tenants' data on a real object store (SeaweedFS, started here): a
 //! dataset put with `lh data`, mounted read-only into a lease's container;
 //! a workspace written by the workload, restored on the node the lease is
-//! drained to; the API's refusals; a tenant's erasure emptying its bucket.
+//! drained to; the API's refusals; a tenant's erasure emptying its bucket;
+//! workspaces listed, snapshotted each interval, restored, refused while a
+//! lease holds them, and what nothing names any more collected.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,17 +36,29 @@ fn two_node_fleet() -> (String, String, String) {
 /// A stack whose gateway keeps tenants' data on `store`, its nodes
 /// running containers.
 async fn stack_on(store: &S3Store, fleet: &str, dir: &Path, containers: bool) -> Stack {
+    stack_tuned(store, fleet, dir, containers, |_| {}).await
+}
+
+/// [`stack_on`], with the gateway's storage settings changed by `tune`.
+async fn stack_tuned(
+    store: &S3Store,
+    fleet: &str,
+    dir: &Path,
+    containers: bool,
+    tune: impl FnOnce(&mut StorageArgs),
+) -> Stack {
     use std::os::unix::fs::PermissionsExt;
     let (key_id, secret) = store.admin_keys();
     let secret_file = dir.join("s3-admin-secret");
     std::fs::write(&secret_file, secret).unwrap();
     std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let storage = StorageArgs {
+    let mut storage = StorageArgs {
         storage_endpoint: Some(store.endpoint()),
         storage_admin_access_key_id: Some(key_id.to_string()),
         storage_admin_secret_key_file: Some(secret_file),
         ..Default::default()
     };
+    tune(&mut storage);
     Stack::start_configured(fleet, move |s| {
         if containers {
             s.node_runtime = RuntimeKind::Podman;
@@ -441,4 +455,802 @@ async fn datasets_are_refused_by_field_and_an_erasure_empties_the_tenants_bucket
         "the bucket is gone"
     );
     assert!(own.list("").await.is_err(), "the tenant's key is revoked");
+}
+
+/// The workload of the spot test: counts its runs in its workspace, and
+/// when told of its preemption (the file, and SIGUSR1 to it, the first
+/// process of its container) writes a checkpoint saying so.
+const SPOT_TRAIN: &str = "trap 'echo got-usr1' USR1; \
+    n=$(cat /workspace/ckpt 2>/dev/null || echo 0); echo \"resumed from $n\"; \
+    test -f /workspace/at-notice && echo \"found $(cat /workspace/at-notice)\"; \
+    echo $((n + 1)) > /workspace/ckpt; echo checkpointed; \
+    while ! test -f /run/leasehold/notice.json; do sleep 0.2; done; \
+    echo noticed; cat /run/leasehold/notice.json > /workspace/at-notice; \
+    while true; do sleep 0.2; done";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_preempted_spot_lease_is_told_and_its_recovery_on_another_node_resumes_from_its_checkpoint(
+) {
+    base_image();
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    let (key_id, secret) = store.admin_keys();
+    let secret_file = dir.path().join("s3-admin-secret");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&secret_file, secret).unwrap();
+        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let storage = StorageArgs {
+        storage_endpoint: Some(store.endpoint()),
+        storage_admin_access_key_id: Some(key_id.to_string()),
+        storage_admin_secret_key_file: Some(secret_file),
+        ..Default::default()
+    };
+    let stack = Stack::start_configured(&fleet, move |s| {
+        s.node_runtime = RuntimeKind::Podman;
+        s.node_container_args = PODMAN_ARGS.map(String::from).into();
+        s.preemption_notice_secs = 6;
+        s.preemption_min_runtime_secs = 0;
+        s.gateway_config = Some(Arc::new(move |c| c.storage = storage.clone()));
+    })
+    .await;
+    let (_, key, _) = tenant(&stack, dir.path(), "spotter").await;
+    let (_, other_key, _) = tenant(&stack, dir.path(), "ondemand").await;
+
+    let (s, spot) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "tier": "spot",
+            "recovery": {"max_retries": 1, "zone_first": "any"},
+            "workload": {
+                "image": "localhost/leasehold/base",
+                "command": ["sh", "-c", SPOT_TRAIN],
+                "workspaces": [{"name": "ckpt", "path": "/workspace"}],
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{spot}");
+    let spot = spot["id"].as_str().unwrap().to_string();
+    let running = stack
+        .wait_lease(&key, &spot, |l| l["state"] == "running")
+        .await;
+    wait_log_text(&stack, &key, &spot, "resumed from 0").await;
+    wait_log_text(&stack, &key, &spot, "checkpointed").await;
+
+    // On-demand work takes the other node, then the spot lease's GPU.
+    let on_demand = json!({"gpus": 1, "gpu_model": "A100-40GB", "tier": "basic"});
+    let first = stack.lease(&other_key, on_demand.clone()).await;
+    stack
+        .wait_lease(&other_key, &first, |l| l["state"] == "running")
+        .await;
+    let second = stack.lease(&other_key, on_demand).await;
+
+    // Told before its end: the file, and the signal it listens for.
+    stack
+        .wait_lease(&key, &spot, |l| !l["preemption_deadline"].is_null())
+        .await;
+    let text = wait_log_text(&stack, &key, &spot, "noticed").await;
+    let text = if text.contains("got-usr1") {
+        text
+    } else {
+        wait_log_text(&stack, &key, &spot, "got-usr1").await
+    };
+    assert!(text.contains("noticed"), "{text}");
+    let ended = stack
+        .wait_lease(&key, &spot, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(ended["end_reason"], "preempted", "{ended}");
+    stack
+        .wait_lease(&other_key, &second, |l| l["state"] == "running")
+        .await;
+
+    // Its recovery waits for a GPU; the first on-demand lease leaves, and
+    // the recovery runs on that node with the checkpoint written at notice.
+    let recovery = stack
+        .wait_log(30, |log| {
+            log.iter().find_map(|e| match &e.envelope.data {
+                lh_events::EventData::LeaseRequested(r)
+                    if r.recovery_of
+                        .as_ref()
+                        .is_some_and(|o| o.lease_id.to_string() == spot) =>
+                {
+                    Some(r.lease_id.to_string())
+                }
+                _ => None,
+            })
+        })
+        .await;
+    let (s, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{first}/stop"),
+            &other_key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+    let recovered = stack
+        .wait_lease(&key, &recovery, |l| {
+            l["state"] == "running" || l["state"] == "ended"
+        })
+        .await;
+    assert_eq!(recovered["state"], "running", "{recovered}");
+    assert_ne!(recovered["node_id"], running["node_id"], "{recovered}");
+    let text = wait_log_text(&stack, &key, &recovery, "resumed from 1").await;
+    assert!(text.contains("found {"), "{text}");
+    assert!(text.contains("\"event\":\"preemption\""), "{text}");
+    assert!(text.contains("\"reason\":\"capacity\""), "{text}");
+    let (s, body) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{recovery}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{body}");
+}
+
+/// The tenant's own bucket, with the identity the gateway gives it (what a
+/// node is given for the tenant's lease).
+async fn own_store(stack: &Stack, key: &str) -> lh_storage::TenantStore {
+    let (s, creds) = stack
+        .call(Method::GET, "/v1/storage/credentials", key, None)
+        .await;
+    assert_eq!(s, 200, "{creds}");
+    lh_storage::TenantStore::new(
+        &lh_storage::StoreConfig::new(creds["endpoint"].as_str().unwrap()),
+        creds["bucket"].as_str().unwrap(),
+        &lh_storage::Credentials::new(
+            creds["access_key_id"].as_str().unwrap(),
+            creds["secret_access_key"].as_str().unwrap(),
+        ),
+    )
+    .unwrap()
+}
+
+/// Syncs workspace `name` holding one file `ckpt` of `content` as a node
+/// syncs a lease's last time (released), through the same code.
+async fn sync_as_node(
+    store: &lh_storage::TenantStore,
+    name: &str,
+    content: &str,
+    lease_id: uuid::Uuid,
+) -> lh_storage::workspace::Synced {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ckpt"), content).unwrap();
+    let holder = lh_storage::workspace::Holder {
+        lease_id,
+        placement: 1,
+        node_id: "node-gone".into(),
+    };
+    lh_storage::workspace::sync(store, name, dir.path(), holder, true, &Default::default())
+        .await
+        .unwrap()
+}
+
+/// The snapshot of tenant `tenant_id`'s workspace `name` copying
+/// `manifest`, once the log has it.
+async fn snapshotted(
+    stack: &Stack,
+    tenant_id: &str,
+    name: &str,
+    manifest: &str,
+) -> lh_events::WorkspaceSnapshotted {
+    stack
+        .wait_log(60, |log| {
+            of_type(log, "workspace.snapshotted")
+                .into_iter()
+                .find_map(|e| match &e.envelope.data {
+                    lh_events::EventData::WorkspaceSnapshotted(s)
+                        if s.tenant_id.to_string() == tenant_id
+                            && s.workspace == name
+                            && s.manifest == manifest =>
+                    {
+                        Some(s.clone())
+                    }
+                    _ => None,
+                })
+        })
+        .await
+}
+
+async fn exists(store: &lh_storage::TenantStore, key: &str) -> bool {
+    store.info(key).await.unwrap().is_some()
+}
+
+/// Waits up to a minute for `done` to hold of the bucket.
+async fn wait_bucket<F, Fut>(what: &str, done: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workspaces_are_snapshotted_each_interval_kept_for_their_days_and_collected() {
+    use lh_storage::workspace;
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    // A pass a second; what nothing names goes once two seconds old.
+    let stack = stack_tuned(&store, &fleet, dir.path(), false, |c| {
+        c.workspace_snapshot_interval_secs = 1;
+        c.workspace_snapshot_keep_days = 7;
+        c.workspace_collect_grace_secs = 2;
+    })
+    .await;
+    let (tenant_id, key, key_file) = tenant(&stack, dir.path(), "keeper").await;
+    let own = own_store(&stack, &key).await;
+    let today = chrono::Utc::now().date_naive();
+    let yesterday = today - chrono::Days::new(1);
+    let expired = today - chrono::Days::new(8);
+    let writer = uuid::Uuid::new_v4();
+
+    // Written as a node writes it; listed; snapshotted by the next pass.
+    let v0 = sync_as_node(&own, "ckpt", "step 0", writer).await;
+    let taken = snapshotted(&stack, &tenant_id, "ckpt", &v0.manifest).await;
+    assert_eq!(taken.snapshot, today.to_string());
+    assert_eq!((taken.bytes, taken.files), (6, 1), "{taken:?}");
+    assert!(exists(&own, &workspace::snapshot_key("ckpt", today)).await);
+    let ls = lh(&stack, &key_file, &["--json", "workspace", "ls"]).await;
+    assert_eq!(ls.code, 0, "{}", ls.stderr);
+    let listed: Value = serde_json::from_str(&ls.stdout).unwrap();
+    let ws = &listed["workspaces"][0];
+    assert_eq!(ws["name"], "ckpt", "{listed}");
+    assert_eq!(ws["manifest"], v0.manifest.as_str(), "{listed}");
+    assert_eq!(
+        (ws["bytes"].as_u64(), ws["files"].as_u64()),
+        (Some(6), Some(1))
+    );
+    assert_eq!(ws["lease_id"], writer.to_string());
+    assert_eq!(ws["released"], true);
+    assert_eq!(ws["snapshots"][0]["date"], today.to_string(), "{listed}");
+    let table = lh(&stack, &key_file, &["workspace", "ls"]).await;
+    assert!(table.stdout.contains("ckpt"), "{}", table.stdout);
+
+    // The passes of the days before left snapshots: one within the
+    // retention, one past it.
+    let copy = own
+        .get(&workspace::snapshot_key("ckpt", today))
+        .await
+        .unwrap()
+        .unwrap();
+    for day in [yesterday, expired] {
+        own.put(&workspace::snapshot_key("ckpt", day), copy.clone())
+            .await
+            .unwrap();
+    }
+    // Two more syncs: the first's chunk is named by no snapshot once
+    // today's holds the second.
+    let passing = sync_as_node(&own, "ckpt", "step 0.5, kept by nothing", writer).await;
+    let v1 = sync_as_node(&own, "ckpt", "step 1", writer).await;
+    snapshotted(&stack, &tenant_id, "ckpt", &v1.manifest).await;
+    let passing_chunk = lh_storage::chunk_key(passing.chunks.iter().next().unwrap());
+    let kept_chunk = lh_storage::chunk_key(v0.chunks.iter().next().unwrap());
+    let head_chunk = lh_storage::chunk_key(v1.chunks.iter().next().unwrap());
+    wait_bucket(
+        "the expired snapshot, old manifests and a chunk nobody names collected",
+        || {
+            let own = own.clone();
+            let passing_chunk = passing_chunk.clone();
+            async move {
+                let manifests = own
+                    .list(&workspace::manifests_prefix("ckpt"))
+                    .await
+                    .unwrap();
+                !exists(&own, &workspace::snapshot_key("ckpt", expired)).await
+                    && manifests.len() == 1
+                    && !exists(&own, &passing_chunk).await
+            }
+        },
+    )
+    .await;
+    assert!(exists(&own, &workspace::manifest_key("ckpt", &v1.manifest)).await);
+    assert!(
+        exists(&own, &kept_chunk).await,
+        "yesterday's snapshot names it"
+    );
+    assert!(exists(&own, &head_chunk).await, "the head names it");
+    assert!(exists(&own, &workspace::snapshot_key("ckpt", yesterday)).await);
+
+    // Set back to yesterday's: the head names its manifest again.
+    let back = lh(
+        &stack,
+        &key_file,
+        &[
+            "--json",
+            "workspace",
+            "restore",
+            "ckpt",
+            "--snapshot",
+            &yesterday.to_string(),
+        ],
+    )
+    .await;
+    assert_eq!(back.code, 0, "{}{}", back.stdout, back.stderr);
+    let restored: Value = serde_json::from_str(&back.stdout).unwrap();
+    assert_eq!(restored["manifest"], v0.manifest.as_str(), "{restored}");
+    assert_eq!(restored["restored_from"], yesterday.to_string());
+    let head = workspace::read_head(&own, "ckpt").await.unwrap().unwrap();
+    assert_eq!(head.manifest, v0.manifest);
+    assert!(head.released);
+    stack
+        .wait_log(30, |log| {
+            of_type(log, "workspace.restored").into_iter().find(|e| {
+                matches!(&e.envelope.data, lh_events::EventData::WorkspaceRestored(r)
+                    if r.tenant_id.to_string() == tenant_id && r.manifest == v0.manifest)
+            })?;
+            Some(())
+        })
+        .await;
+    // Asked for now, today's snapshot holds it too.
+    let now = lh(
+        &stack,
+        &key_file,
+        &["--json", "workspace", "snapshot", "ckpt"],
+    )
+    .await;
+    assert_eq!(now.code, 0, "{}", now.stderr);
+    let now: Value = serde_json::from_str(&now.stdout).unwrap();
+    assert_eq!(now["date"], today.to_string(), "{now}");
+    assert_eq!(now["manifest"], v0.manifest.as_str(), "{now}");
+
+    // Removed: nothing of it is left, its chunks at the next pass.
+    let rm = lh(&stack, &key_file, &["workspace", "rm", "ckpt"]).await;
+    assert_eq!(rm.code, 0, "{}", rm.stderr);
+    assert!(own.list("workspaces/").await.unwrap().is_empty());
+    let ls = lh(&stack, &key_file, &["--json", "workspace", "ls"]).await;
+    let listed: Value = serde_json::from_str(&ls.stdout).unwrap();
+    assert_eq!(listed["workspaces"], json!([]), "{listed}");
+    wait_bucket("every chunk collected", || {
+        let own = own.clone();
+        async move { own.list("chunks/").await.unwrap().is_empty() }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workspace_a_lease_holds_is_neither_restored_nor_removed_and_refusals_name_their_field() {
+    use lh_storage::workspace;
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    // Simulated nodes: the lease runs with no container, and leaves the
+    // workspace as written here. No pass before the test's own.
+    let stack = stack_tuned(&store, &fleet, dir.path(), false, |c| {
+        c.workspace_snapshot_interval_secs = 7 * 86_400;
+    })
+    .await;
+    let (tenant_id, key, key_file) = tenant(&stack, dir.path(), "holder").await;
+    let own = own_store(&stack, &key).await;
+    let today = chrono::Utc::now().date_naive();
+    let v0 = sync_as_node(&own, "ckpt", "step 0", uuid::Uuid::new_v4()).await;
+
+    // Taken now by the tenant; again with nothing changed: the same, 200.
+    let (s, taken) = stack
+        .call(Method::POST, "/v1/workspaces/ckpt/snapshots", &key, None)
+        .await;
+    assert_eq!(s, 201, "{taken}");
+    assert_eq!(taken["date"], today.to_string());
+    assert_eq!(taken["manifest"], v0.manifest.as_str());
+    let (s, again) = stack
+        .call(Method::POST, "/v1/workspaces/ckpt/snapshots", &key, None)
+        .await;
+    assert_eq!(s, 200, "{again}");
+    snapshotted(&stack, &tenant_id, "ckpt", &v0.manifest).await;
+
+    // Refusals, each naming its field.
+    let today_s = today.to_string();
+    for (method, path, body, status, field) in [
+        (
+            Method::POST,
+            "/v1/workspaces/nope/snapshots",
+            None,
+            404,
+            "name",
+        ),
+        (
+            Method::POST,
+            "/v1/workspaces/Bad%20Name/snapshots",
+            None,
+            422,
+            "name",
+        ),
+        (
+            Method::POST,
+            "/v1/workspaces/ckpt/restore",
+            Some(json!({"snapshot": "yesterday"})),
+            422,
+            "snapshot",
+        ),
+        (
+            Method::POST,
+            "/v1/workspaces/ckpt/restore",
+            Some(json!({"snapshot": "2001-01-01"})),
+            404,
+            "snapshot",
+        ),
+        (
+            Method::POST,
+            "/v1/workspaces/nope/restore",
+            Some(json!({"snapshot": today_s})),
+            404,
+            "name",
+        ),
+        (Method::DELETE, "/v1/workspaces/nope", None, 404, "name"),
+    ] {
+        let (s, p) = stack.call(method.clone(), path, &key, body.clone()).await;
+        assert_eq!(s, status, "{method} {path} {body:?}: {p}");
+        assert_eq!(p["field"], field, "{method} {path}: {p}");
+    }
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            "/v1/workspaces/ckpt/restore",
+            &key,
+            Some(json!({"snapshot": today_s, "force": true})),
+        )
+        .await;
+    assert_eq!(s, 400, "{p}");
+    // Operators read a tenant's list, and change nothing in it.
+    let (s, p) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/workspaces?tenant_id={tenant_id}"),
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(p["workspaces"][0]["name"], "ckpt", "{p}");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            "/v1/workspaces/ckpt/snapshots",
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+    assert_eq!(s, 403, "{p}");
+
+    // A lease that mounts it holds it until it has ended.
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+                "image": "localhost/leasehold/base", "command": ["sleep", "600"],
+                "workspaces": [{"name": "ckpt", "path": "/workspace"}],
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            "/v1/workspaces/ckpt/restore",
+            &key,
+            Some(json!({"snapshot": today_s})),
+        )
+        .await;
+    assert_eq!(s, 409, "{p}");
+    assert_eq!(p["field"], "name", "{p}");
+    assert!(p["detail"].as_str().unwrap().contains(&id), "{p}");
+    let rm = lh(&stack, &key_file, &["workspace", "rm", "ckpt"]).await;
+    assert_ne!(rm.code, 0, "{}", rm.stdout);
+    assert!(
+        rm.stderr.contains("409") || rm.stderr.contains("held"),
+        "{}",
+        rm.stderr
+    );
+    let ls = lh(&stack, &key_file, &["--json", "workspace", "ls"]).await;
+    let listed: Value = serde_json::from_str(&ls.stdout).unwrap();
+    assert_eq!(listed["workspaces"][0]["held_by"], id.as_str(), "{listed}");
+    // A snapshot is taken while it is held: the last sync is copied.
+    let (s, p) = stack
+        .call(Method::POST, "/v1/workspaces/ckpt/snapshots", &key, None)
+        .await;
+    assert_eq!(s, 200, "{p}");
+    assert!(exists(&own, &workspace::head_key("ckpt")).await);
+
+    // Ended: the workspace is the tenant's to restore and remove again.
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            "/v1/workspaces/ckpt/restore",
+            &key,
+            Some(json!({"snapshot": today_s})),
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    let (s, p) = stack
+        .call(Method::DELETE, "/v1/workspaces/ckpt", &key, None)
+        .await;
+    assert_eq!(s, 204, "{p}");
+    stack
+        .wait_log(30, |log| {
+            of_type(log, "workspace.removed").into_iter().find(|e| {
+                matches!(&e.envelope.data, lh_events::EventData::WorkspaceRemoved(r)
+                    if r.tenant_id.to_string() == tenant_id && r.workspace == "ckpt")
+            })?;
+            Some(())
+        })
+        .await;
+    assert!(own.list("workspaces/").await.unwrap().is_empty());
+}
+
+/// The storage events of `tenant` of type `event_type` in the log, decoded.
+fn storage_events<T: Clone>(
+    log: &[lh_bus::Stored],
+    event_type: &str,
+    of: impl Fn(&lh_events::EventData) -> Option<T>,
+) -> Vec<T> {
+    of_type(log, event_type)
+        .into_iter()
+        .filter_map(|e| of(&e.envelope.data))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storage_is_measured_charged_on_the_invoice_and_bounded_by_its_quota() {
+    use lh_events::EventData;
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    let (key_id, secret) = store.admin_keys();
+    let secret_file = dir.path().join("s3-admin-secret");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&secret_file, secret).unwrap();
+        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    // Measured every second, so that the test sees spans charged.
+    let storage = StorageArgs {
+        storage_endpoint: Some(store.endpoint()),
+        storage_admin_access_key_id: Some(key_id.to_string()),
+        storage_admin_secret_key_file: Some(secret_file),
+        storage_measure_interval_secs: 1,
+        ..Default::default()
+    };
+    let stack = Stack::start_configured(&fleet, move |s| {
+        s.gateway_config = Some(Arc::new(move |c| c.storage = storage.clone()));
+    })
+    .await;
+    let (tenant_id, key, key_file) = tenant(&stack, dir.path(), "keeper").await;
+    let tenant: uuid::Uuid = tenant_id.parse().unwrap();
+
+    // Nothing is measured before the tenant's bucket is made.
+    let (s, usage) = stack.call(Method::GET, "/v1/storage", &key, None).await;
+    assert_eq!(s, 200, "{usage}");
+    assert_eq!(
+        usage,
+        json!({"bytes": 0, "measured_at": null, "max_storage_gb": null})
+    );
+
+    let mnist = mnist_dir(dir.path());
+    let put = lh(
+        &stack,
+        &key_file,
+        &["data", "put", mnist.to_str().unwrap(), "--name", "mnist"],
+    )
+    .await;
+    assert_eq!(put.code, 0, "{}", put.stderr);
+
+    // The gateway measures the bucket: its files' bytes and the manifest.
+    let files_bytes = 100_000 + "seven pictures of sevens\n".len() as u64;
+    let measured = stack
+        .wait_log(30, |log| {
+            storage_events(log, "storage.measured", |d| match d {
+                EventData::StorageMeasured(m) if m.tenant_id == tenant && m.bytes > files_bytes => {
+                    Some(m.clone())
+                }
+                _ => None,
+            })
+            .into_iter()
+            .next()
+        })
+        .await;
+    assert_eq!(measured.bucket, format!("lh-t-{}", tenant.simple()));
+
+    // Pricing charges the bytes of one measurement until the next, at the
+    // default book's 0.12 CNY per GB-month, on the tenant's storage id.
+    let charge = stack
+        .wait_log(30, |log| {
+            storage_events(log, "charge.storage_accrued", |d| match d {
+                EventData::StorageChargeAccrued(c) if c.tenant_id == tenant && c.bytes > 0 => {
+                    Some(c.clone())
+                }
+                _ => None,
+            })
+            .into_iter()
+            .next()
+        })
+        .await;
+    assert_eq!(charge.storage_id, lh_events::storage_id(tenant));
+    assert_eq!(charge.price_cny_per_gb_month.to_string(), "0.12");
+    assert!(charge.to > charge.from, "{charge:?}");
+    let period = charge.period.clone();
+
+    // The tenant's invoice of the month carries them as a line of its own,
+    // counted in its total.
+    let mut invoice = Value::Null;
+    for _ in 0..200 {
+        let (s, body) = stack
+            .call(Method::GET, &format!("/v1/invoices/{period}"), &key, None)
+            .await;
+        assert_eq!(s, 200, "{body}");
+        invoice = body;
+        let storage_lines = invoice["lines"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["tier"] == "storage")
+            .count();
+        if storage_lines == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let line = invoice["lines"]
+        .as_array()
+        .and_then(|lines| lines.iter().find(|l| l["tier"] == "storage"))
+        .unwrap_or_else(|| panic!("no storage line on {invoice}"))
+        .clone();
+    assert_eq!(line["lease_id"], lh_events::storage_id(tenant).to_string());
+    assert!(line["charges"].as_u64().unwrap() >= 1, "{line}");
+    let lines_sum: rust_decimal::Decimal = invoice["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            l["amount"]
+                .as_str()
+                .unwrap()
+                .parse::<rust_decimal::Decimal>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        invoice["total"]
+            .as_str()
+            .unwrap()
+            .parse::<rust_decimal::Decimal>()
+            .unwrap(),
+        lines_sum,
+        "{invoice}"
+    );
+
+    // The tenant sees what it holds, through the API and `lh data usage`.
+    let usage = loop {
+        let (s, usage) = stack.call(Method::GET, "/v1/storage", &key, None).await;
+        assert_eq!(s, 200, "{usage}");
+        if usage["bytes"].as_u64().unwrap_or(0) > files_bytes {
+            break usage;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(usage["measured_at"].is_string(), "{usage}");
+    let shown = lh(&stack, &key_file, &["data", "usage"]).await;
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(shown.stdout.contains("quota"), "{}", shown.stdout);
+    let (s, p) = stack
+        .call(Method::GET, "/v1/storage", ADMIN_TOKEN, None)
+        .await;
+    assert_eq!((s, p["field"].as_str()), (422, Some("tenant_id")), "{p}");
+    assert!(stack
+        .metrics_text()
+        .await
+        .contains("lh_gateway_storage_measurements_total{result=\"recorded\"}"));
+
+    // A quota of 0 GB: no version that adds bytes is taken.
+    let set_quota = |quota: Value| {
+        let stack = &stack;
+        let tenant_id = tenant_id.clone();
+        async move {
+            stack
+                .call(
+                    Method::PUT,
+                    &format!("/v1/tenants/{tenant_id}/quota"),
+                    ADMIN_TOKEN,
+                    Some(json!({ "quota": quota })),
+                )
+                .await
+        }
+    };
+    let (s, p) = set_quota(json!({"max_gpus": 2, "max_storage_gb": 2_000_000_000u64})).await;
+    assert_eq!(
+        (s, p["field"].as_str()),
+        (422, Some("quota.max_storage_gb")),
+        "{p}"
+    );
+    let (s, changed) = set_quota(json!({"max_gpus": 2, "max_storage_gb": 0})).await;
+    assert_eq!(s, 200, "{changed}");
+    assert_eq!(changed["max_storage_gb"], 0, "{changed}");
+    let (s, usage) = stack.call(Method::GET, "/v1/storage", &key, None).await;
+    assert_eq!((s, &usage["max_storage_gb"]), (200, &json!(0)), "{usage}");
+    let (s, view) = stack
+        .call(Method::GET, "/v1/datasets/mnist", &key, None)
+        .await;
+    assert_eq!(s, 200, "{view}");
+    let version = view["versions"][0]["version"].as_str().unwrap().to_string();
+    let (s, manifest) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/datasets/mnist/versions/{version}/manifest"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{manifest}");
+    // Its chunks are in the bucket: only the quota refuses it.
+    let copy = json!({"name": "mnist-copy", "manifest": manifest});
+    let (s, p) = stack
+        .call(Method::POST, "/v1/datasets", &key, Some(copy.clone()))
+        .await;
+    assert_eq!(s, 422, "{p}");
+    assert_eq!(p["field"], "manifest", "{p}");
+    assert_eq!(
+        p["type"], "https://leasehold.dev/problems/quota-exceeded",
+        "{p}"
+    );
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("storage quota of 0 GB")
+            && detail.contains(&format!("adds {files_bytes} bytes")),
+        "{detail}"
+    );
+    // A version the dataset holds adds nothing: taken again as it was.
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            "/v1/datasets",
+            &key,
+            Some(json!({"name": "mnist", "manifest": manifest})),
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    // `lh data put` sends nothing to a full bucket.
+    let more = dir.path().join("more");
+    std::fs::create_dir_all(&more).unwrap();
+    std::fs::write(more.join("x"), "more bytes").unwrap();
+    let refused = lh(
+        &stack,
+        &key_file,
+        &["data", "put", more.to_str().unwrap(), "--name", "more"],
+    )
+    .await;
+    assert_ne!(refused.code, 0, "{}", refused.stdout);
+    assert!(
+        refused.stderr.contains("nothing sent"),
+        "{}",
+        refused.stderr
+    );
+
+    // Without a quota, the copy is taken.
+    let (s, _) = set_quota(json!({"max_gpus": 2})).await;
+    assert_eq!(s, 200);
+    let (s, p) = stack
+        .call(Method::POST, "/v1/datasets", &key, Some(copy))
+        .await;
+    assert_eq!(s, 201, "{p}");
 }

@@ -26,5 +26,6 @@ pub mod ssh_keys;
 pub mod templates;
 pub mod tenants;
 pub mod usage;
+pub mod workspaces;
 
 pub use problem::Problem;

@@ -1,5 +1,5 @@
-//! A tenant's datasets (`/v1/datasets`) and its storage identity
-//! (`/v1/storage/credentials`), docs/adr/031. `lh data put` sends a
+//! A tenant's datasets (`/v1/datasets`), its storage identity
+//! (`/v1/storage/credentials`) and usage (`/v1/storage`), docs/adr/031. `lh data put` sends a
 //! version's chunks to the tenant's bucket with the tenant's own identity,
 //! then asks for the version here: the gateway checks every chunk is there
 //! with the same identity, stores the manifest beside them and records
@@ -14,6 +14,7 @@ use lh_bus::{BusError, Expect};
 use lh_events::{dataset_id, subject, DatasetRemoved, DatasetVersionAdded, Envelope, EventData};
 use lh_rpc::http::datasets::{
     AddDatasetVersion, DatasetList, DatasetVersionView, DatasetView, StorageCredentials,
+    StorageUsage,
 };
 use lh_storage::Manifest;
 use serde::Deserialize;
@@ -85,7 +86,7 @@ const ORDER: &str = "ORDER BY name, created_at DESC, version";
 
 /// The tenant a call is about: a tenant's own (another's is not found, so
 /// that its existence is not told); the one an operator names.
-fn whose(caller: &Caller, asked: Option<Uuid>) -> Result<Uuid, ApiError> {
+pub(super) fn whose(caller: &Caller, asked: Option<Uuid>) -> Result<Uuid, ApiError> {
     match (caller, asked) {
         (Caller::Tenant { id, .. }, None) => Ok(*id),
         (Caller::Tenant { id, .. }, Some(asked)) if asked == *id => Ok(*id),
@@ -100,7 +101,7 @@ fn whose(caller: &Caller, asked: Option<Uuid>) -> Result<Uuid, ApiError> {
     }
 }
 
-fn query_of<Q>(
+pub(super) fn query_of<Q>(
     query: Result<Query<Q>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Q, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
@@ -108,7 +109,7 @@ fn query_of<Q>(
 }
 
 /// The storage, or 503 where this platform keeps no tenant data.
-fn storage_of(ctx: &ApiContext) -> Result<&TenantStorage, ApiError> {
+pub(super) fn storage_of(ctx: &ApiContext) -> Result<&TenantStorage, ApiError> {
     ctx.storage.as_deref().ok_or_else(|| {
         ApiError::unavailable(
             "this platform keeps no tenant data: its gateway has no object store \
@@ -142,7 +143,7 @@ pub(super) async fn access(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantAc
         .await?)
 }
 
-fn check_name(name: &str, field: &str) -> Result<(), ApiError> {
+pub(super) fn check_name(name: &str, field: &str) -> Result<(), ApiError> {
     match lh_domain::storage::bad_name(name) {
         Some(why) => Err(ApiError::unprocessable(format!("{field} {why}"), field)),
         None => Ok(()),
@@ -239,7 +240,7 @@ pub async fn credentials(
         (status = 400, body = super::Problem), (status = 401, body = super::Problem),
         (status = 403, body = super::Problem, description = "Not a tenant, or a suspended one"),
         (status = 409, body = super::Problem),
-        (status = 422, body = super::Problem, description = "`name`, or `manifest`: unreadable, over a limit, or naming chunks the bucket does not hold"),
+        (status = 422, body = super::Problem, description = "`name`, or `manifest`: unreadable, over a limit, naming chunks the bucket does not hold, or taking the tenant over its storage quota (type `quota-exceeded`)"),
         (status = 503, body = super::Problem)
     )
 )]
@@ -276,6 +277,7 @@ pub async fn add(
             "manifest",
         ));
     }
+    check_quota(&ctx, &store, tenant_id, &body.name, &rows, &manifest).await?;
     store
         .put_manifest(&manifest_key(&body.name, &version), &manifest)
         .await
@@ -297,6 +299,119 @@ pub async fn add(
         ))
     })?;
     Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// A tenant's bytes and time of its last measurement, and its quota.
+type UsageRow = (Option<i64>, Option<DateTime<Utc>>, Option<i32>);
+
+/// The tenant's last measurement and storage quota.
+async fn usage_of(ctx: &ApiContext, tenant_id: Uuid) -> Result<StorageUsage, ApiError> {
+    let row: Option<UsageRow> = sqlx::query_as(
+        "SELECT s.bytes, s.measured_at, t.max_storage_gb
+         FROM tenants t LEFT JOIN storage_usage s ON s.tenant_id = t.id
+         WHERE t.id = $1",
+    )
+    .bind(tenant_id)
+    .fetch_optional(&ctx.pool)
+    .await?;
+    let (bytes, measured_at, max_storage_gb) = row
+        .ok_or_else(|| ApiError::not_found(format!("no tenant {tenant_id}")).field("tenant_id"))?;
+    Ok(StorageUsage {
+        bytes: bytes.unwrap_or(0).max(0) as u64,
+        measured_at,
+        max_storage_gb: max_storage_gb.map(|gb| gb.max(0) as u32),
+    })
+}
+
+/// Bytes of `manifest`'s distinct chunks that `held` (the chunks of the
+/// dataset's newest version) does not name.
+fn new_bytes(manifest: &Manifest, held: &std::collections::BTreeSet<&str>) -> u64 {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut bytes = 0u64;
+    for entry in &manifest.files {
+        if let lh_storage::EntryKind::File {
+            bytes: size,
+            chunks,
+            ..
+        } = &entry.kind
+        {
+            for (i, chunk) in chunks.iter().enumerate() {
+                if !held.contains(chunk.as_str()) && seen.insert(chunk.as_str()) {
+                    bytes = bytes.saturating_add(lh_storage::chunk_len(*size, i));
+                }
+            }
+        }
+    }
+    bytes
+}
+
+/// Refuses a version that would take the tenant over its storage quota.
+/// Used is counted as the bytes the bucket held at its last measurement
+/// plus what the version adds: its chunks that the dataset's newest
+/// version does not hold already. An approximation, on the safe side for
+/// the platform: chunks shared with another dataset count again, and so do
+/// chunks sent since the last measurement and measured already. A version
+/// that adds nothing is never refused.
+async fn check_quota(
+    ctx: &ApiContext,
+    store: &lh_storage::TenantStore,
+    tenant_id: Uuid,
+    name: &str,
+    rows: &[VersionRow],
+    manifest: &Manifest,
+) -> Result<(), ApiError> {
+    let usage = usage_of(ctx, tenant_id).await?;
+    let Some(max_gb) = usage.max_storage_gb else {
+        return Ok(());
+    };
+    let newest = match rows.first() {
+        Some(row) => store
+            .get_manifest(&manifest_key(name, &row.version))
+            .await
+            .map_err(StorageError::from)?,
+        None => None,
+    };
+    let held = newest.as_ref().map(Manifest::chunk_set).unwrap_or_default();
+    let adds = new_bytes(manifest, &held);
+    let limit = u64::from(max_gb).saturating_mul(lh_domain::storage_rating::BYTES_PER_GB);
+    let total = usage.bytes.saturating_add(adds);
+    if adds == 0 || total <= limit {
+        return Ok(());
+    }
+    let measured = usage
+        .measured_at
+        .map_or("not measured yet".to_string(), |at| {
+            format!("measured {}", at.to_rfc3339())
+        });
+    Err(ApiError::quota_exceeded(
+        format!(
+            "manifest: this version adds {adds} bytes to the {} bytes the tenant's bucket holds \
+             ({measured}): {total} bytes, over the storage quota of {max_gb} GB ({limit} bytes); \
+             remove datasets (lh data rm) or ask for a larger quota",
+            usage.bytes
+        ),
+        "manifest",
+    ))
+}
+
+#[utoipa::path(
+    get, path = "/v1/storage", params(DatasetsQuery),
+    responses(
+        (status = 200, body = StorageUsage),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 404, body = super::Problem), (status = 422, body = super::Problem),
+        (status = 503, body = super::Problem)
+    )
+)]
+/// What the tenant's bucket held when last measured, and its storage quota.
+pub async fn usage(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    query: Result<Query<DatasetsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<StorageUsage>, ApiError> {
+    let tenant_id = whose(&caller, query_of(query)?.tenant_id)?;
+    storage_of(&ctx)?;
+    Ok(Json(usage_of(&ctx, tenant_id).await?))
 }
 
 #[utoipa::path(
@@ -476,6 +591,23 @@ async fn missing_chunks(
     Ok(found.into_iter().flatten().collect())
 }
 
+/// A lease of the tenant's that has not ended and mounts workspace `name`:
+/// its node may still write it.
+pub(super) async fn workspace_holder(
+    ctx: &ApiContext,
+    tenant_id: Uuid,
+    name: &str,
+) -> Result<Option<Uuid>, ApiError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM leases WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected')
+         AND workload->'workspaces' @> $2 LIMIT 1",
+    )
+    .bind(tenant_id)
+    .bind(serde_json::json!([{ "name": name }]))
+    .fetch_optional(&ctx.pool)
+    .await?)
+}
+
 /// Fixes each dataset a lease asks for to one version the tenant holds
 /// (the newest when none is named), with its size.
 pub(super) async fn resolve_mounts(
@@ -516,15 +648,7 @@ pub(super) async fn resolve_mounts(
     for (i, mount) in workload.workspaces.iter().enumerate() {
         // One lease at a time: two writing one workspace would each sync
         // over the other's work.
-        let holder: Option<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM leases WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected')
-             AND workload->'workspaces' @> $2 LIMIT 1",
-        )
-        .bind(tenant_id)
-        .bind(serde_json::json!([{ "name": mount.name }]))
-        .fetch_optional(&ctx.pool)
-        .await?;
-        if let Some(holder) = holder {
+        if let Some(holder) = workspace_holder(ctx, tenant_id, &mount.name).await? {
             return Err(ApiError::conflict(format!(
                 "workspace {:?} is held by lease {holder}, which has not ended; \
                  a workspace is one lease's at a time",

@@ -27,6 +27,7 @@ pub mod ssh_keys;
 pub mod templates;
 pub mod tenants;
 pub mod usage;
+pub mod workspaces;
 
 use std::time::Duration;
 
@@ -112,6 +113,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/tenants/{id}/keys/{key_id}", delete(keys::revoke))
         .route("/v1/ssh-keys", post(ssh_keys::add).get(ssh_keys::list))
         .route("/v1/ssh-keys/{id}", delete(ssh_keys::remove))
+        .route("/v1/storage", get(datasets::usage))
         .route("/v1/storage/credentials", get(datasets::credentials))
         .route("/v1/datasets", post(datasets::add).get(datasets::list))
         .route(
@@ -122,6 +124,13 @@ pub fn router(ctx: ApiContext) -> Router {
             "/v1/datasets/{name}/versions/{version}/manifest",
             get(datasets::manifest),
         )
+        .route("/v1/workspaces", get(workspaces::list))
+        .route("/v1/workspaces/{name}", delete(workspaces::remove))
+        .route(
+            "/v1/workspaces/{name}/snapshots",
+            post(workspaces::snapshot),
+        )
+        .route("/v1/workspaces/{name}/restore", post(workspaces::restore))
         .route("/v1/quotes", post(quotes::create))
         .route("/v1/leases", post(leases::create).get(leases::list))
         .route("/v1/leases/{id}", get(leases::get))

@@ -7,6 +7,7 @@ use super::datasets;
 use super::lease_logs;
 use super::lease_sessions;
 use super::ssh_keys;
+use super::workspaces;
 
 use super::{
     audit, balances, billing, invoices, keys, leases, nodes, price_books, quotes, reservations,
@@ -29,12 +30,17 @@ use super::{
         ssh_keys::add,
         ssh_keys::list,
         ssh_keys::remove,
+        datasets::usage,
         datasets::credentials,
         datasets::add,
         datasets::list,
         datasets::get,
         datasets::manifest,
         datasets::remove,
+        workspaces::list,
+        workspaces::snapshot,
+        workspaces::restore,
+        workspaces::remove,
         leases::create,
         leases::list,
         leases::get,

@@ -163,6 +163,9 @@ pub struct Exit {
 
 /// What a lease placed here runs. Its request comes just before its
 /// placement (or its move) here in the node's view.
+// Nearly every lease's is `Known`: boxing it would cost an allocation for
+// the one that is not.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Workload {
     /// Nothing (`None`), or this.

@@ -11,6 +11,7 @@
 pub mod cache;
 pub mod workspace;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,6 +119,7 @@ impl NodeStorage {
         }
         let lease_dir = self.workspaces_dir.join(format!("{lease_id}-{placement}"));
         let mut workspaces = Vec::new();
+        let mut live = Vec::new();
         if !spec.workspaces.is_empty() {
             remove_dir_if_any(&lease_dir).await?;
             crate::workload::create_private_dir(&lease_dir)
@@ -146,6 +148,7 @@ impl NodeStorage {
                 writable: true,
             });
             workspaces.push((mount.name.clone(), dir));
+            live.push(restored.chunks);
         }
         let session = (!workspaces.is_empty()).then(|| {
             Arc::new(LeaseStorage {
@@ -156,7 +159,7 @@ impl NodeStorage {
                 node_id: self.node_id.clone(),
                 workspaces,
                 lease_dir,
-                syncing: Mutex::new(()),
+                syncing: Mutex::new(live),
                 interval: Duration::from_secs(self.args.workspace_sync_interval_secs),
                 timeout: Duration::from_secs(self.args.workspace_sync_timeout_secs),
             })
@@ -226,7 +229,9 @@ pub struct LeaseStorage {
     /// Where they all are; removed after the last sync.
     lease_dir: PathBuf,
     /// One sync at a time: the last one waits for a periodic one under way.
-    syncing: Mutex<()>,
+    /// Held with it, each workspace's chunks its last head named, which
+    /// its next sync may take as the bucket holds them.
+    syncing: Mutex<Vec<HashSet<String>>>,
     pub interval: Duration,
     timeout: Duration,
 }
@@ -237,8 +242,8 @@ impl LeaseStorage {
     /// restore; after it the node's copy is removed. Failures are logged:
     /// the workload's end is never held up past the timeout.
     pub async fn sync(&self, reason: WorkspaceSyncReason, released: bool) {
-        let _one = self.syncing.lock().await;
-        for (name, dir) in &self.workspaces {
+        let mut live = self.syncing.lock().await;
+        for ((name, dir), live) in self.workspaces.iter().zip(live.iter_mut()) {
             let holder = workspace::Holder {
                 lease_id: self.lease_id,
                 placement: self.placement,
@@ -246,10 +251,10 @@ impl LeaseStorage {
             };
             let outcome = tokio::time::timeout(
                 self.timeout,
-                workspace::sync(&self.store, name, dir, holder, released),
+                workspace::sync(&self.store, name, dir, holder, released, live),
             )
             .await;
-            let synced = match outcome {
+            let mut synced = match outcome {
                 Ok(Ok(synced)) => synced,
                 Ok(Err(why)) => {
                     metrics::counter!("lh_node_workspace_syncs_total", "result" => "failed")
@@ -266,6 +271,7 @@ impl LeaseStorage {
                 }
             };
             metrics::counter!("lh_node_workspace_syncs_total", "result" => "synced").increment(1);
+            *live = std::mem::take(&mut synced.chunks);
             metrics::counter!("lh_node_workspace_bytes_sent_total").increment(synced.bytes_sent);
             tracing::info!(lease = %self.lease_id, workspace = %name, reason = reason.as_str(),
                 files = synced.files, bytes = synced.bytes, bytes_sent = synced.bytes_sent,

@@ -1,8 +1,7 @@
-//! A workspace on the tenant's bucket: every sync stores the directory's
-//! manifest (`workspaces/<name>/manifests/<digest>.json`, its chunks beside
-//! the datasets') and then the head (`workspaces/<name>/head.json`), which
-//! says which manifest is current and who wrote it. The head is written
-//! last, so a sync cut short leaves the previous one current.
+//! A workspace restored onto the node and synced back (its layout on the
+//! tenant's bucket is `lh_storage::workspace`): every sync stores the
+//! directory's manifest and then the head, which says which manifest is
+//! current and who wrote it.
 //!
 //! A workspace belongs to one lease at a time (the gateway refuses a second
 //! while one holds it). When that lease moves, the node it left syncs a
@@ -10,64 +9,22 @@
 //! that, for a bounded time: the node left may be lost, and then the last
 //! sync is what there is.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use chrono::{DateTime, Utc};
+use lh_storage::workspace::{self as layout, Head};
 use lh_storage::{Manifest, NoProgress, TenantStore};
-use serde::{Deserialize, Serialize};
-use uuid::Uuid;
+
+pub use lh_storage::workspace::{Holder, Synced};
 
 /// How often a node waiting for a workspace's release looks at its head.
 const RELEASE_POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// The largest head object read.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
-
-/// Which run of which lease writes a workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
-    pub lease_id: Uuid,
-    pub placement: u64,
-    pub node_id: String,
-}
-
-/// The current state of a workspace on the store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Head {
-    /// Lowercase hex SHA-256 of the current manifest.
-    pub manifest: String,
-    #[serde(flatten)]
-    pub holder: Holder,
-    /// The holder's last sync: nothing more comes from it.
-    pub released: bool,
-    pub synced_at: DateTime<Utc>,
-}
-
-fn head_key(name: &str) -> String {
-    format!("workspaces/{name}/head.json")
-}
-
-fn manifest_key(name: &str, digest: &str) -> String {
-    format!("workspaces/{name}/manifests/{digest}.json")
-}
 
 async fn head(store: &TenantStore, name: &str) -> Result<Option<Head>, String> {
-    let Some(bytes) = store
-        .get(&head_key(name))
+    layout::read_head(store, name)
         .await
-        .map_err(|e| format!("workspace {name:?}: reading its head: {e}"))?
-    else {
-        return Ok(None);
-    };
-    if bytes.len() > MAX_HEAD_BYTES {
-        return Err(format!(
-            "workspace {name:?}: its head is over {MAX_HEAD_BYTES} bytes"
-        ));
-    }
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| format!("workspace {name:?}: its head cannot be read: {e}"))
+        .map_err(|e| format!("workspace {name:?}: reading its head: {e}"))
 }
 
 /// What a restore found.
@@ -77,6 +34,8 @@ pub struct Restored {
     pub bytes: u64,
     /// How long it waited for the node the lease left.
     pub waited: Duration,
+    /// The chunks of the manifest restored: the first sync's `live`.
+    pub chunks: HashSet<String>,
 }
 
 /// Restores workspace `name` into `dir` (made here; it must not exist) for
@@ -111,18 +70,9 @@ pub async fn restore(
     let manifest = match &current {
         None => Manifest::default(),
         Some(current) => {
-            let manifest = store
-                .get_manifest(&manifest_key(name, &current.manifest))
+            let manifest = layout::head_manifest(store, name, current)
                 .await
-                .map_err(|e| format!("workspace {name:?}: {e}"))?
-                .ok_or_else(|| {
-                    format!("workspace {name:?}: its head names a manifest that is gone")
-                })?;
-            if manifest.digest() != current.manifest {
-                return Err(format!(
-                    "workspace {name:?}: the stored manifest hashes otherwise than its head says"
-                ));
-            }
+                .map_err(|e| e.to_string())?;
             lh_storage::download(store, &manifest, dir, &NoProgress)
                 .await
                 .map_err(|e| format!("restoring workspace {name:?}: {e}"))?;
@@ -131,83 +81,37 @@ pub async fn restore(
     };
     // Claimed before the workload starts: a node the lease moves to next
     // waits for this run's last sync, even if none came before it.
-    write_head(store, name, &manifest, me, false).await?;
+    layout::commit(store, name, &manifest, me, false)
+        .await
+        .map_err(|e| format!("workspace {name:?}: {e}"))?;
     Ok(Restored {
         files: lh_storage::file_count(&manifest),
         bytes: manifest.total_bytes(),
         waited,
+        chunks: layout::chunks_of(&manifest),
     })
-}
-
-/// Stores `manifest` (its chunks are there already) and makes it the
-/// workspace's head, written by `me`.
-async fn write_head(
-    store: &TenantStore,
-    name: &str,
-    manifest: &Manifest,
-    me: Holder,
-    released: bool,
-) -> Result<Head, String> {
-    let digest = manifest.digest();
-    store
-        .put_manifest(&manifest_key(name, &digest), manifest)
-        .await
-        .map_err(|e| format!("workspace {name:?}: {e}"))?;
-    let head = Head {
-        manifest: digest,
-        holder: me,
-        released,
-        synced_at: Utc::now(),
-    };
-    let json = serde_json::to_vec(&head).map_err(|e| e.to_string())?;
-    store
-        .put(&head_key(name), Bytes::from(json))
-        .await
-        .map_err(|e| format!("workspace {name:?}: writing its head: {e}"))?;
-    Ok(head)
-}
-
-/// What a sync stored.
-#[derive(Debug, Clone)]
-pub struct Synced {
-    pub manifest: String,
-    pub files: u64,
-    pub bytes: u64,
-    pub bytes_sent: u64,
-    pub at: DateTime<Utc>,
 }
 
 /// Copies `dir` to workspace `name` as `me`, and makes it current. The
 /// directory is the workload's: it is read without following any link.
+/// `live`: the chunks of the head this run wrote last.
 pub async fn sync(
     store: &TenantStore,
     name: &str,
     dir: &Path,
     me: Holder,
     released: bool,
+    live: &HashSet<String>,
 ) -> Result<Synced, String> {
-    let root = dir.to_path_buf();
-    let scan = tokio::task::spawn_blocking(move || lh_storage::scan_dir(&root, &NoProgress))
+    let synced = layout::sync(store, name, dir, me, released, live)
         .await
-        .map_err(|e| format!("workspace {name:?}: the scan failed: {e}"))?
         .map_err(|e| format!("workspace {name:?}: {e}"))?;
-    if scan.skipped_total > 0 {
+    if synced.skipped > 0 {
         tracing::info!(
             workspace = name,
-            skipped = scan.skipped_total,
+            skipped = synced.skipped,
             "sockets, pipes and devices in a workspace are not kept"
         );
     }
-    let manifest = scan.manifest;
-    let sent = lh_storage::upload_dir(store, dir, &manifest, &NoProgress)
-        .await
-        .map_err(|e| format!("workspace {name:?}: {e}"))?;
-    let head = write_head(store, name, &manifest, me, released).await?;
-    Ok(Synced {
-        manifest: head.manifest,
-        files: lh_storage::file_count(&manifest),
-        bytes: manifest.total_bytes(),
-        bytes_sent: sent.bytes_sent,
-        at: head.synced_at,
-    })
+    Ok(synced)
 }

@@ -581,6 +581,7 @@ impl Workloads {
     /// its log within its limit meanwhile, then reports how it ended (why it
     /// failed, from the end of its log), drops its record and marks its log
     /// ended.
+    #[allow(clippy::too_many_arguments)]
     fn supervise(
         &mut self,
         lease_id: Uuid,
