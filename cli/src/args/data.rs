@@ -20,6 +20,9 @@ pub enum DataCommand {
     /// Remove a dataset, or one version of it. Leases asked for from now
     /// on cannot mount it; running leases keep their copy.
     Rm(DataRemove),
+    /// What the tenant's bucket held when last measured, and its storage
+    /// quota (the gateway measures each bucket once an interval).
+    Usage(DataUsage),
 }
 
 /// `lh data put`
@@ -38,6 +41,14 @@ pub struct DataList {
     /// One dataset: its versions, newest first.
     pub name: Option<String>,
     /// Whose datasets (operators; a tenant lists its own).
+    #[arg(long, value_name = "ID")]
+    pub tenant_id: Option<String>,
+}
+
+/// `lh data usage`
+#[derive(Debug, Clone, Args)]
+pub struct DataUsage {
+    /// Whose storage (operators; a tenant sees its own).
     #[arg(long, value_name = "ID")]
     pub tenant_id: Option<String>,
 }
@@ -89,5 +100,10 @@ mod tests {
         assert_eq!(split_dataset(&get.dataset), ("mnist", Some("abc")));
         assert_eq!(split_dataset("mnist"), ("mnist", None));
         assert!(parse(&["data", "put", "./x"]).is_err(), "a name is needed");
+        let cli = parse(&["data", "usage", "--tenant-id", "T1"]).unwrap();
+        let Command::Data(DataCommand::Usage(usage)) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(usage.tenant_id.as_deref(), Some("T1"));
     }
 }

@@ -59,6 +59,10 @@ pub struct TenantSetQuota {
     /// Most VRAM the tenant may hold at once, in GB; unlimited when absent.
     #[arg(long, value_name = "GB")]
     pub max_vram_gb: Option<u32>,
+    /// Most object storage the tenant may hold, in GB (10^9 bytes);
+    /// unlimited when absent, none at 0.
+    #[arg(long, value_name = "GB")]
+    pub max_storage_gb: Option<u32>,
     /// Weight in fair sharing, 1 to 1000; unchanged when absent.
     #[arg(long)]
     pub weight: Option<u32>,
@@ -107,6 +111,10 @@ pub struct TenantCreate {
     /// Most GPUs the tenant may hold at once.
     #[arg(long, value_name = "N")]
     pub max_gpus: u32,
+    /// Most object storage the tenant may hold, in GB (10^9 bytes);
+    /// unlimited when absent, none at 0.
+    #[arg(long, value_name = "GB")]
+    pub max_storage_gb: Option<u32>,
     /// Seconds of zero GPU use after which a lease is idle (with --idle-action).
     #[arg(long, value_name = "SECS", requires = "idle_action")]
     pub idle_window_secs: Option<u64>,
@@ -145,6 +153,7 @@ mod tests {
         assert_eq!(t.name, "acme");
         assert_eq!(t.email, "ops@acme.test");
         assert_eq!(t.max_gpus, 8);
+        assert_eq!(t.max_storage_gb, None, "no storage limit unless said");
         assert!(!t.trusted, "not trusted unless said");
         let cli = parse(&[
             "tenant",
@@ -156,12 +165,15 @@ mod tests {
             "--max-gpus",
             "1",
             "--trusted",
+            "--max-storage-gb",
+            "0",
         ])
         .unwrap();
         let Command::Tenant(TenantCommand::Create(t)) = cli.command else {
             panic!("wrong command: {:?}", cli.command)
         };
         assert!(t.trusted);
+        assert_eq!(t.max_storage_gb, Some(0));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use lh_rpc::http::datasets::{AddDatasetVersion, DatasetView, StorageCredentials};
+use lh_rpc::http::datasets::{AddDatasetVersion, DatasetView, StorageCredentials, StorageUsage};
 use lh_storage::{
     Credentials, FileEntry, Manifest, Phase, Progress, ProgressEvent, StoreConfig, TenantStore,
     CHUNK_BYTES,
@@ -44,6 +44,10 @@ pub(crate) async fn run(
             let store = tenant_store(gw).await?;
             let bar = Bar::new();
             let (root, manifest) = scan(&put.path, &bar).await?;
+            if let Some(why) = full_already(gw, &manifest).await {
+                bar.done();
+                return Err(CliError::Usage(why).into());
+            }
             let sent = lh_storage::upload_dir(&store, &root, &manifest, &bar).await?;
             bar.done();
             let body = AddDatasetVersion {
@@ -79,6 +83,15 @@ pub(crate) async fn run(
                     emit(out, json, &list, render::dataset_list)?;
                 }
             }
+            Ok(EXIT_OK)
+        }
+        DataCommand::Usage(usage) => {
+            let mut query = Vec::new();
+            if let Some(tenant) = &usage.tenant_id {
+                query.push(("tenant_id", tenant.as_str()));
+            }
+            let view = gw.get(&["v1", "storage"], &query).await?;
+            emit(out, json, &view, render::storage_usage)?;
             Ok(EXIT_OK)
         }
         DataCommand::Get(get) => {
@@ -151,6 +164,26 @@ pub(crate) async fn run(
 }
 
 /// The tenant's bucket, with its own identity from the gateway.
+/// Why nothing is sent: the bucket holds as much as the tenant's storage
+/// quota allows already, and the version has bytes. Chunks sent would stay
+/// in the bucket, and be charged, while the gateway refuses the version.
+/// Best effort: the gateway decides, so no answer here sends as before.
+async fn full_already(gw: &Gateway, manifest: &Manifest) -> Option<String> {
+    let (usage, _) = gw
+        .get_as::<StorageUsage>(&["v1", "storage"], &[])
+        .await
+        .ok()?;
+    let max_gb = usage.max_storage_gb?;
+    let limit = u64::from(max_gb).saturating_mul(lh_domain::storage_rating::BYTES_PER_GB);
+    (manifest.total_bytes() > 0 && usage.bytes >= limit).then(|| {
+        format!(
+            "the tenant's bucket holds {} bytes, its storage quota of {max_gb} GB: \
+             nothing sent (lh data usage; remove datasets with lh data rm)",
+            usage.bytes
+        )
+    })
+}
+
 async fn tenant_store(gw: &Gateway) -> anyhow::Result<TenantStore> {
     let (creds, _) = gw
         .get_as::<StorageCredentials>(&["v1", "storage", "credentials"], &[])

@@ -27,6 +27,7 @@ pub(crate) async fn run(
                 quota: QuotaBody {
                     max_gpus: t.max_gpus,
                     max_vram_gb: None,
+                    max_storage_gb: t.max_storage_gb,
                 },
                 weight: None,
                 idle_policy: t.idle_window_secs.zip(t.idle_action).map(
@@ -72,6 +73,7 @@ pub(crate) async fn run(
                 quota: QuotaBody {
                     max_gpus: q.max_gpus,
                     max_vram_gb: q.max_vram_gb,
+                    max_storage_gb: q.max_storage_gb,
                 },
                 weight: q.weight,
             };

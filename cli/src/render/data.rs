@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::table::{finish, table, text};
+use super::table::{finish, key_values, table, text};
 
 fn versions(dataset: &Value) -> &[Value] {
     dataset
@@ -79,6 +79,31 @@ pub(crate) fn dataset_view(dataset: &Value) -> String {
     finish(t)
 }
 
+/// The tenant's storage as last measured, against its quota.
+pub(crate) fn storage_usage(usage: &Value) -> String {
+    let bytes = usage.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+    let measured = match usage.get("measured_at").and_then(Value::as_str) {
+        Some(at) => at.to_string(),
+        None => "not yet".to_string(),
+    };
+    let quota = match usage.get("max_storage_gb").and_then(Value::as_u64) {
+        Some(gb) => {
+            let limit = gb.saturating_mul(1_000_000_000);
+            let share = match limit {
+                0 => String::new(),
+                _ => format!(", {:.1} % used", bytes as f64 * 100.0 / limit as f64),
+            };
+            format!("{gb} GB ({limit} bytes){share}")
+        }
+        None => "none".to_string(),
+    };
+    key_values(vec![
+        ("used", format!("{} ({bytes} bytes)", bytes_text(bytes))),
+        ("measured at", measured),
+        ("quota", quota),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +128,20 @@ mod tests {
                 "2026-12-07T10:00:00Z"
             ]
         );
+    }
+
+    #[test]
+    fn usage_shows_the_share_of_the_quota() {
+        let out = storage_usage(&json!({"bytes": 2_500_000_000u64,
+            "measured_at": "2026-12-07T10:00:00Z", "max_storage_gb": 10}));
+        assert!(out.contains("2.3 GiB (2500000000 bytes)"), "{out}");
+        assert!(
+            out.contains("10 GB (10000000000 bytes), 25.0 % used"),
+            "{out}"
+        );
+        let none = storage_usage(&json!({"bytes": 0, "measured_at": null, "max_storage_gb": null}));
+        assert!(none.contains("not yet"), "{none}");
+        assert!(none.contains("none"), "{none}");
     }
 
     #[test]

@@ -59,8 +59,13 @@ pub(crate) fn invoice(inv: &Value) -> String {
         "PRICE BOOK",
     ]);
     for line in rows("lines") {
+        // A storage line names the tenant's storage, no lease.
+        let lease = match text(&line, "tier").as_str() {
+            "storage" => NONE.to_string(),
+            _ => text(&line, "lease_id"),
+        };
         t.add_row(vec![
-            text(&line, "lease_id"),
+            lease,
             text(&line, "tier"),
             text(&line, "from"),
             text(&line, "to"),

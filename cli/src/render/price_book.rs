@@ -1,4 +1,4 @@
-//! The price books: one row per version and tier.
+//! The price books: one row per version and tier, and one for storage.
 
 use serde_json::Value;
 
@@ -43,6 +43,48 @@ pub(crate) fn price_books(list: &Value) -> String {
                 price,
             ]);
         }
+        // Storage is priced per GB-month, not per GB of VRAM: its own row.
+        if book
+            .get("storage_cny_per_gb_month")
+            .is_some_and(|p| !p.is_null())
+        {
+            t.add_row(vec![
+                format!("v{}", text(book, "version")),
+                text(book, "effective_from"),
+                "storage".to_string(),
+                "per GB-month".to_string(),
+                text(book, "storage_cny_per_gb_month"),
+            ]);
+        }
     }
     finish(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn storage_has_a_row_of_its_own_where_the_book_prices_it() {
+        let out = price_books(&json!({"books": [
+            {"version": 1, "effective_from": "2026-12-01T00:00:00Z",
+             "tiers": [{"tier": "basic", "price_cny_per_gb_hour": "0.5"}],
+             "storage_cny_per_gb_month": "0.12"},
+            {"version": 2, "effective_from": "2026-12-02T00:00:00Z",
+             "tiers": [{"tier": "basic", "price_cny_per_gb_hour": "0.6"}]}
+        ]}));
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 3, "{out}");
+        assert_eq!(rows[1][..3], ["v1", "2026-12-01T00:00:00Z", "storage"]);
+        assert_eq!(rows[1].last(), Some(&"0.12"));
+        assert!(
+            rows[2].contains(&"v2") && !out.contains("v2 storage"),
+            "{out}"
+        );
+    }
 }

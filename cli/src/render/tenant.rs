@@ -34,6 +34,7 @@ pub(crate) fn tenant_view(tenant: &Value) -> String {
         ("erased", text(tenant, "erased")),
         ("max gpus", text(tenant, "max_gpus")),
         ("max vram gb", text(tenant, "max_vram_gb")),
+        ("max storage gb", text(tenant, "max_storage_gb")),
         ("weight", text(tenant, "weight")),
         ("suspended", text(tenant, "suspended")),
     ];

@@ -10,6 +10,8 @@
 //! * [`storage`]: what a tenant may name on its object storage, and where
 //!   a lease mounts it.
 //! * [`rating`]: what a lease costs, per invoice period.
+//! * [`storage_rating`]: what a tenant's object storage costs, between
+//!   the gateway's measurements.
 //! * [`chain`]: the audit hash chain.
 //! * [`chain_check`]: verifying the log and its signed checkpoints from the
 //!   stream alone, as an auditor does.
@@ -25,4 +27,5 @@ pub mod rating;
 pub mod restate;
 pub mod spot;
 pub mod storage;
+pub mod storage_rating;
 pub mod workload;

@@ -97,6 +97,7 @@ pub fn default_price_book(effective_from: DateTime<Utc>) -> PriceBookPublished {
                 model: flat(RESERVED_CNY_PER_GB_HOUR),
             },
         ],
+        storage_cny_per_gb_month: Some(crate::storage_rating::DEFAULT_STORAGE_CNY_PER_GB_MONTH),
         requested_by: None,
     }
 }
@@ -183,7 +184,8 @@ fn check_steps(field: &str, steps: &[PriceStep]) -> Result<(), BookError> {
 
 /// Whether a book is one pricing can charge with: a currency of
 /// [`CURRENCY`], each tier priced once, ladders starting at hour 0 and
-/// rising, prices from 0 to [`MAX_PRICE_CNY`], `market` for spot only.
+/// rising, prices (storage's too) from 0 to [`MAX_PRICE_CNY`], `market`
+/// for spot only.
 /// Versions are checked against the log by whoever publishes.
 pub fn validate_book(book: &PriceBookPublished) -> Result<(), BookError> {
     if book.version == 0 {
@@ -200,6 +202,9 @@ pub fn validate_book(book: &PriceBookPublished) -> Result<(), BookError> {
             "tiers",
             format!("a book prices 1 to {MAX_BOOK_TIERS} tiers"),
         ));
+    }
+    if let Some(price) = book.storage_cny_per_gb_month {
+        check_price("storage_cny_per_gb_month", price)?;
     }
     for (i, price) in book.tiers.iter().enumerate() {
         let at = format!("tiers[{i}]");
@@ -480,7 +485,7 @@ pub fn period_of(at: DateTime<Utc>) -> String {
     format!("{:04}-{:02}", at.year(), at.month())
 }
 
-fn next_month_start(at: DateTime<Utc>) -> DateTime<Utc> {
+pub(crate) fn next_month_start(at: DateTime<Utc>) -> DateTime<Utc> {
     let (y, m) = if at.month() == 12 {
         (at.year() + 1, 1)
     } else {

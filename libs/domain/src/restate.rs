@@ -419,6 +419,7 @@ mod tests {
                 quota: Quota {
                     max_gpus,
                     max_vram_gb: None,
+                    max_storage_gb: None,
                 },
                 weight: 1,
             })

@@ -102,6 +102,13 @@ pub struct PriceBookPublished {
     pub currency: String,
     pub effective_from: DateTime<Utc>,
     pub tiers: Vec<TierPrice>,
+    /// What a tenant's object storage costs: CNY per GB (10^9 bytes) held
+    /// for a month of 730 hours, charged by the second between the
+    /// gateway's measurements. Absent (books published before storage was
+    /// billed): storage is free on this book.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub storage_cny_per_gb_month: Option<Decimal>,
     /// Who asked pricing to publish this version (an admin through the
     /// gateway); absent for the default book.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,6 +223,9 @@ pub struct ReservationCommitted {
 /// One line of an issued invoice or note: the charges of one lease at one
 /// tier and price book version, added up (a lease accrues a charge per
 /// hour, so a line per charge would make a month's invoice unreadable).
+/// A tenant's storage charges (`charge.storage_accrued`) make a line of
+/// their own per price book version: tier `storage`, and in place of a
+/// lease the tenant's storage id (`lh_events::storage_id`).
 ///
 /// The same type is a line of the documents the gateway answers with
 /// (`lh_rpc::invoice_document::Line`): one form, one hash.
@@ -223,11 +233,12 @@ pub struct ReservationCommitted {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Line))]
 pub struct DocumentLine {
     pub lease_id: Uuid,
-    /// The tier's name (`basic`, `spot`, ...).
+    /// The tier's name (`basic`, `spot`, ...), or `storage`.
     #[cfg_attr(feature = "openapi", schema(example = "basic"))]
     pub tier: String,
     pub price_book_version: u32,
-    /// How many `charge.accrued` events the line adds up.
+    /// How many `charge.accrued` (or `charge.storage_accrued`) events the
+    /// line adds up.
     pub charges: u64,
     pub billed_seconds: u64,
     /// Earliest `from` of its charges.

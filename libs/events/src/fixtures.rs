@@ -47,6 +47,7 @@ pub fn tenant(tenant_id: Uuid, max_gpus: u32) -> TenantCreated {
         quota: Quota {
             max_gpus,
             max_vram_gb: None,
+            max_storage_gb: None,
         },
         weight: 1,
         idle_policy: None,

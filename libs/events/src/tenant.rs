@@ -85,6 +85,10 @@ pub struct Quota {
     /// Most VRAM (GB) the tenant may hold at once; no limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_vram_gb: Option<u32>,
+    /// Most object storage the tenant may hold, in GB (10^9 bytes); no
+    /// limit when absent. 0 allows none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_storage_gb: Option<u32>,
 }
 
 /// Id of a tenant's first key, the one given at its creation.

@@ -55,8 +55,10 @@ pub struct ChargeStatementRequest {
 /// One charge: what one lease cost within the period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ChargeLine {
+    /// The lease; on a `storage` line, the tenant's storage id.
     pub lease_id: Uuid,
-    /// `basic`, `spot`, `performance` or `reserved`.
+    /// `basic`, `spot`, `performance` or `reserved`; `storage` for the
+    /// tenant's object storage (no GPUs, and its unit price per GB-month).
     #[schema(example = "basic")]
     pub tier: String,
     pub gpus: u32,
@@ -64,7 +66,8 @@ pub struct ChargeLine {
     pub vram_gb: u32,
     /// Whole seconds billed in this period (partial seconds round up).
     pub billed_seconds: u64,
-    /// CNY per GB of VRAM per hour, as a decimal string.
+    /// CNY per GB of VRAM per hour, as a decimal string; on a `storage`
+    /// line, CNY per GB (10^9 bytes) per month of 730 hours.
     #[serde(with = "rust_decimal::serde::str")]
     #[schema(value_type = String, example = "0.5")]
     pub unit_price: Decimal,

@@ -426,6 +426,23 @@ pub struct ChargePart {
     pub amount: Decimal,
 }
 
+/// The tier an invoice line of storage charges names.
+pub const STORAGE_TIER: &str = "storage";
+
+/// What a line needs of one `charge.storage_accrued`: a line of the
+/// tenant's storage (its storage id where a lease's line has the lease).
+pub fn storage_part(c: &lh_events::StorageChargeAccrued) -> ChargePart {
+    ChargePart {
+        lease_id: c.storage_id,
+        tier: STORAGE_TIER.to_string(),
+        price_book_version: c.price_book_version,
+        billed_seconds: c.billed_seconds,
+        from: c.from,
+        to: c.to,
+        amount: c.amount,
+    }
+}
+
 /// Adds charges up into lines.
 #[derive(Debug, Clone, Default)]
 pub struct LineAccumulator {

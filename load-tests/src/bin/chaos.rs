@@ -225,6 +225,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         sessions: Default::default(),
         templates_file: None,
         ssh: Default::default(),
+        storage: Default::default(),
     };
     run_as(&args.root, "gateway");
     let g = lh_gateway::rebuild(&gateway, "gateway_chaos", false, |_, _| {}).await?;

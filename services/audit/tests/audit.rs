@@ -223,6 +223,7 @@ async fn publish_assorted(bus: &Bus, n: usize) {
                 quota: Quota {
                     max_gpus: 8,
                     max_vram_gb: None,
+                    max_storage_gb: None,
                 },
                 weight: 1,
                 idle_policy: None,

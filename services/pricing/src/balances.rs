@@ -3,9 +3,9 @@
 //! A tenant is prepaid from its first `balance.topped_up` on; one never
 //! topped up is postpaid (invoiced, never stopped), so the tenants that
 //! existed before balances keep working. The balance is
-//! `top-ups - charges + SLA credits - unbilled`, where charges and credits
-//! count from the first top-up (what came before is on the postpaid
-//! invoices) and `unbilled` is what the tenant's leases cost since their
+//! `top-ups - charges + SLA credits - unbilled`, where charges (storage's
+//! too) and credits count from the first top-up (what came before is on
+//! the postpaid invoices) and `unbilled` is what the tenant's leases cost since their
 //! last charge: a charge is written up to an hour and the accrual grace
 //! after the time it bills, and a balance read from charges alone would
 //! let a tenant run that long on nothing. Credit and debit notes are not
@@ -95,6 +95,11 @@ impl Balances {
             }
             EventData::BalanceRestored(e) => self.moved(e.tenant_id, sequence, BalanceState::Ok),
             EventData::ChargeAccrued(c) => {
+                if let Some(b) = self.tenants.get_mut(&c.tenant_id) {
+                    b.charged += c.amount;
+                }
+            }
+            EventData::StorageChargeAccrued(c) => {
                 if let Some(b) = self.tenants.get_mut(&c.tenant_id) {
                     b.charged += c.amount;
                 }

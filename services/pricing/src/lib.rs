@@ -72,7 +72,7 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
     ),
     (
         "lh_charged_fen_total",
-        "Amounts of the charges this replica appended, in fen (0.01 CNY), by tier.",
+        "Amounts of the charges this replica appended, in fen (0.01 CNY), by tier (storage for object storage).",
     ),
     (
         "lh_tenant_charged_fen_total",

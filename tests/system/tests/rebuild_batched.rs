@@ -1,12 +1,16 @@
 //! A rebuild folds runs of events into multi-row statements; on a log of
 //! many leases whose lives interleave (queued, rejected, stopped, repeated
-//! events, tenant events between them) it must leave the very rows that
-//! applying each event alone, in its own transaction, leaves.
+//! events, tenant, SSH key, dataset and storage events between them) it
+//! must leave the very rows that applying each event alone, in its own
+//! transaction, leaves.
 
 use chrono::Utc;
 use lh_bus::{Bus, BusConfig, FeedItem};
 use lh_events::{fixtures, EndReason, EventData, LeaseQueued, LeaseRejected, LeaseStopRequested};
-use lh_events::{SshKeyAdded, SshKeyRemoved, TenantResumed};
+use lh_events::{
+    DatasetVersionAdded, SshKeyAdded, SshKeyRemoved, StorageMeasured, StorageProvisioned,
+    TenantResumed,
+};
 use lh_gateway::projection::{GatewayProjection, MIGRATOR, TABLES};
 use lh_projection::Projector;
 use lh_testkit::{Nats, Postgres};
@@ -143,6 +147,34 @@ fn mixed_log() -> Vec<EventData> {
                 log.push(EventData::SshKeyRemoved(SshKeyRemoved {
                     key_id,
                     tenant_id,
+                }));
+            }
+            // A dataset's version; a bucket made and measured.
+            3 => {
+                let tenant_id = tenants[rng.below(TENANTS)];
+                let name = format!("set-{}", rng.below(4));
+                log.push(EventData::DatasetVersionAdded(DatasetVersionAdded {
+                    dataset_id: lh_events::dataset_id(tenant_id, &name),
+                    tenant_id,
+                    name,
+                    version: format!("{:064x}", log.len()),
+                    bytes: log.len() as u64,
+                    files: 1,
+                }));
+            }
+            4 => {
+                let tenant_id = tenants[rng.below(TENANTS)];
+                let bucket = format!("lh-t-{}", tenant_id.simple());
+                log.push(EventData::StorageProvisioned(StorageProvisioned {
+                    tenant_id,
+                    bucket: bucket.clone(),
+                    access_key_id: format!("AK{}", tenant_id.simple()),
+                }));
+                log.push(EventData::StorageMeasured(StorageMeasured {
+                    tenant_id,
+                    bucket,
+                    bytes: log.len() as u64,
+                    measured_at: Utc::now(),
                 }));
             }
             _ => {}

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use lh_events::TierPrice;
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -33,4 +34,9 @@ pub struct WhatIfBook {
     /// One entry per tier, as in `POST /v1/price-books`.
     #[schema(value_type = Vec<Object>)]
     pub tiers: Vec<TierPrice>,
+    /// Accepted as `POST /v1/price-books` takes it, so that one file
+    /// serves both; a what-if prices the month's compute charges only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub storage_cny_per_gb_month: Option<Decimal>,
 }

@@ -70,6 +70,19 @@ impl std::fmt::Debug for StorageCredentials {
     }
 }
 
+/// `GET /v1/storage`: what the tenant's bucket held when last measured,
+/// and how much it may hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StorageUsage {
+    /// Bytes at the last measurement; 0 before the first.
+    pub bytes: u64,
+    /// When it was measured; none before the first measurement (the
+    /// gateway measures each bucket once an interval).
+    pub measured_at: Option<DateTime<Utc>>,
+    /// The tenant's quota, in GB of 10^9 bytes; none: no limit.
+    pub max_storage_gb: Option<u32>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

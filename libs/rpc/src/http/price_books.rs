@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use lh_events::TierPrice;
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -26,4 +27,9 @@ pub struct NewPriceBook {
     /// docs/pricing.md.
     #[schema(value_type = Vec<Object>)]
     pub tiers: Vec<TierPrice>,
+    /// Object storage: CNY per GB (10^9 bytes) held for a month of 730
+    /// hours, e.g. `"0.12"`; storage is free on a book without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "0.12")]
+    pub storage_cny_per_gb_month: Option<Decimal>,
 }

@@ -44,6 +44,10 @@ pub struct QuotaBody {
     /// Most VRAM the tenant may hold at once, in GB; unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_vram_gb: Option<u32>,
+    /// Most object storage (datasets, workspaces) the tenant may hold, in
+    /// GB of 10^9 bytes; unlimited when absent, none at 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_storage_gb: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -73,6 +77,9 @@ pub struct TenantView {
     pub erased: bool,
     pub max_gpus: u32,
     pub max_vram_gb: Option<i32>,
+    /// Most object storage the tenant may hold, in GB; unlimited when absent.
+    #[serde(default)]
+    pub max_storage_gb: Option<u32>,
     pub weight: u32,
     pub suspended: bool,
     /// Why the operator suspended it, opened with the tenant's key

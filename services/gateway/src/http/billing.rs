@@ -45,6 +45,7 @@ fn request_of(body: WhatIf, actor: Actor, now: DateTime<Utc>) -> Result<WhatIfRe
             .unwrap_or_else(|| lh_domain::rating::CURRENCY.to_string()),
         effective_from: body.book.effective_from.unwrap_or(now),
         tiers: body.book.tiers,
+        storage_cny_per_gb_month: body.book.storage_cny_per_gb_month,
         requested_by: Some(actor),
     };
     lh_rpc::what_if::check_book(&book)

@@ -1,8 +1,9 @@
 //! A tenant's datasets (`/v1/datasets`), its storage identity
-//! (`/v1/storage/credentials`) and usage (`/v1/storage`), docs/adr/031. `lh data put` sends a
-//! version's chunks to the tenant's bucket with the tenant's own identity,
-//! then asks for the version here: the gateway checks every chunk is there
-//! with the same identity, stores the manifest beside them and records
+//! (`/v1/storage/credentials`) and usage (`/v1/storage`), docs/adr/031.
+//! `lh data put` sends a version's chunks to the tenant's bucket with the
+//! tenant's own identity, then asks for the version here: the gateway
+//! checks every chunk is there with the same identity, checks the tenant's
+//! storage quota, stores the manifest beside them and records
 //! `dataset.version_added`. A dataset is an aggregate of its own
 //! (`lh.evt.dataset.<id>`), its id derived from the tenant and the name.
 

@@ -71,6 +71,19 @@ impl ApiError {
         .field(field)
     }
 
+    /// A write that would take the tenant over a quota of its own; 422, as
+    /// any field over a limit, with a type of its own so that a client can
+    /// tell it from a malformed field.
+    pub fn quota_exceeded(detail: impl Into<String>, field: &str) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "quota-exceeded",
+            "Quota exceeded",
+            detail,
+        )
+        .field(field)
+    }
+
     pub fn unauthorized(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,

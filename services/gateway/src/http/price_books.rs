@@ -35,6 +35,7 @@ pub async fn publish(
             .unwrap_or_else(|| lh_domain::rating::CURRENCY.to_string()),
         effective_from: body.effective_from.unwrap_or_else(Utc::now),
         tiers: body.tiers,
+        storage_cny_per_gb_month: body.storage_cny_per_gb_month,
         requested_by: Some(caller.actor()),
     };
     lh_domain::rating::validate_book(&book)

@@ -23,6 +23,9 @@ use crate::seal;
 
 /// Most GPUs a tenant's quota may allow.
 pub const MAX_QUOTA_GPUS: u32 = 100_000;
+/// Most storage a tenant's quota may allow, in GB: an exabyte, which the
+/// read model's column holds.
+pub const MAX_QUOTA_STORAGE_GB: u32 = 1_000_000_000;
 
 /// Longest idle window a tenant may set.
 pub const MAX_IDLE_WINDOW_SECS: u64 = 7 * 24 * 3600;
@@ -75,6 +78,15 @@ fn validate_quota(quota: &QuotaBody, weight: Option<u32>) -> Result<(), ApiError
             "quota.max_vram_gb",
         ));
     }
+    if quota
+        .max_storage_gb
+        .is_some_and(|gb| gb > MAX_QUOTA_STORAGE_GB)
+    {
+        return Err(ApiError::unprocessable(
+            format!("quota.max_storage_gb must be at most {MAX_QUOTA_STORAGE_GB}"),
+            "quota.max_storage_gb",
+        ));
+    }
     if weight.is_some_and(|w| w == 0 || w > MAX_WEIGHT) {
         return Err(ApiError::unprocessable(
             format!("weight must be 1 to {MAX_WEIGHT}"),
@@ -112,6 +124,7 @@ pub async fn create(
         quota: Quota {
             max_gpus: body.quota.max_gpus,
             max_vram_gb: body.quota.max_vram_gb,
+            max_storage_gb: body.quota.max_storage_gb,
         },
         weight: body.weight.unwrap_or(1),
         idle_policy: body.idle_policy.map(|p| IdlePolicy {
@@ -160,6 +173,7 @@ struct TenantRow {
     #[sqlx(try_from = "i32")]
     max_gpus: u32,
     max_vram_gb: Option<i32>,
+    max_storage_gb: Option<i32>,
     #[sqlx(try_from = "i32")]
     weight: u32,
     suspended: bool,
@@ -187,7 +201,8 @@ pub(super) fn require_reader(caller: &Caller, tenant_id: Uuid) -> Result<(), Api
 
 async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, ApiError> {
     let row: TenantRow = sqlx::query_as(
-        "SELECT id, name_sealed, email_sealed, erased, max_gpus, max_vram_gb, weight, suspended,
+        "SELECT id, name_sealed, email_sealed, erased, max_gpus, max_vram_gb, max_storage_gb,
+                weight, suspended,
                 suspended_reason, suspended_reason_sealed, created_at
          FROM tenants WHERE id = $1",
     )
@@ -213,6 +228,7 @@ async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, A
         erased: row.erased,
         max_gpus: row.max_gpus,
         max_vram_gb: row.max_vram_gb,
+        max_storage_gb: row.max_storage_gb.map(|v| v.max(0) as u32),
         weight: row.weight,
         suspended: row.suspended,
         suspended_reason: match &row.suspended_reason_sealed {
@@ -491,6 +507,7 @@ pub async fn set_quota(
         quota: Quota {
             max_gpus: body.quota.max_gpus,
             max_vram_gb: body.quota.max_vram_gb,
+            max_storage_gb: body.quota.max_storage_gb,
         },
         weight: body.weight.unwrap_or(tenant.weight),
     });

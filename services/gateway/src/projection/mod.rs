@@ -1,6 +1,6 @@
-//! The gateway's read models: tenants, their API and SSH keys, datasets and leases,
-//! from the log. One room per table (`tenants.rs`, `keys.rs`, `ssh_keys.rs`,
-//! `leases.rs`) holds the statement each event runs; `batch.rs` writes runs
+//! The gateway's read models: tenants, their API and SSH keys, datasets,
+//! storage usage and leases, from the log. One room per table
+//! (`tenants.rs`, `keys.rs`, `ssh_keys.rs`, `storage.rs`, `leases.rs`) holds the statement each event runs; `batch.rs` writes runs
 //! of the commonest lease events in bulk. Here: the projector, the
 //! restatement of aggregates whose history expired, and which statement
 //! each event runs.
@@ -10,6 +10,7 @@ mod datasets;
 mod keys;
 mod leases;
 mod ssh_keys;
+mod storage;
 mod tenants;
 
 use futures::future::BoxFuture;
@@ -21,7 +22,14 @@ use sqlx::PgConnection;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/gateway");
 
 /// Tables this projection owns (compared by the rebuild check).
-pub const TABLES: &[&str] = &["tenants", "tenant_keys", "leases", "ssh_keys", "datasets"];
+pub const TABLES: &[&str] = &[
+    "tenants",
+    "tenant_keys",
+    "leases",
+    "ssh_keys",
+    "datasets",
+    "storage_usage",
+];
 
 pub struct GatewayProjection;
 
@@ -37,6 +45,7 @@ impl Projector for GatewayProjection {
             subject::BALANCES_ALL,
             subject::SSH_KEYS_ALL,
             subject::DATASETS_ALL,
+            subject::STORAGE_ALL,
         ]
     }
 
@@ -149,6 +158,9 @@ async fn apply_event(conn: &mut PgConnection, event: &Stored) -> sqlx::Result<()
         EventData::SshKeyRemoved(e) => ssh_keys::removed(conn, e).await,
         EventData::DatasetVersionAdded(e) => datasets::version_added(conn, e, seq, at).await,
         EventData::DatasetRemoved(e) => datasets::removed(conn, e).await,
+        EventData::StorageProvisioned(e) => storage::provisioned(conn, e, seq).await,
+        EventData::StorageMeasured(e) => storage::measured(conn, e, seq).await,
+        EventData::StorageErased(e) => storage::erased(conn, e, seq).await,
         _ => Ok(()),
     }
 }

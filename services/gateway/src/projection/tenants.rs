@@ -12,8 +12,8 @@ pub(super) async fn created(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO tenants (id, name_sealed, email_sealed, api_key_sha256, max_gpus, created_at, sequence,
-                                      max_vram_gb, weight)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
+                                      max_vram_gb, weight, max_storage_gb)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
     )
     .bind(e.tenant_id)
     .bind(&e.name_sealed)
@@ -24,6 +24,7 @@ pub(super) async fn created(
     .bind(seq)
     .bind(e.quota.max_vram_gb.map(|v| v as i32))
     .bind(e.weight as i32)
+    .bind(e.quota.max_storage_gb.map(|v| v.min(i32::MAX as u32) as i32))
     .execute(&mut *conn)
     .await?;
     super::keys::insert_key(
@@ -112,12 +113,20 @@ pub(super) async fn quota_changed(
     conn: &mut PgConnection,
     e: &lh_events::TenantQuotaChanged,
 ) -> sqlx::Result<()> {
-    sqlx::query("UPDATE tenants SET max_gpus = $2, max_vram_gb = $3, weight = $4 WHERE id = $1")
-        .bind(e.tenant_id)
-        .bind(e.quota.max_gpus as i32)
-        .bind(e.quota.max_vram_gb.map(|v| v as i32))
-        .bind(e.weight as i32)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE tenants SET max_gpus = $2, max_vram_gb = $3, weight = $4, max_storage_gb = $5
+         WHERE id = $1",
+    )
+    .bind(e.tenant_id)
+    .bind(e.quota.max_gpus as i32)
+    .bind(e.quota.max_vram_gb.map(|v| v as i32))
+    .bind(e.weight as i32)
+    .bind(
+        e.quota
+            .max_storage_gb
+            .map(|v| v.min(i32::MAX as u32) as i32),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::fold::{ChargingState, QUOTE_KEPT_AFTER_EXPIRY};
 use super::plan::{bill_batches, Plan};
+use super::storage::{storage_batches, StoragePlan};
 use crate::shelf::SharedPricingShelf;
 use crate::SERVICE;
 
@@ -30,6 +31,7 @@ pub const FILTERS: &[&str] = &[
     subject::BALANCES_ALL,
     subject::CREDITS_ALL,
     subject::QUOTES_ALL,
+    subject::STORAGE_ALL,
 ];
 /// A feed silent this long has delivered everything there is.
 const QUIET: Duration = Duration::from_millis(300);
@@ -278,6 +280,26 @@ impl Decider for Charges {
                 }
             }
         }
+        for tenant_id in self.fold.storage_to_look_at() {
+            match self.fold.plan_storage(tenant_id) {
+                StoragePlan::Nothing => {}
+                StoragePlan::Publish(bill) => {
+                    decisions.extend(storage_batches(&bill, now));
+                    self.fold.touch_storage(tenant_id);
+                }
+                StoragePlan::WaitForBook => {
+                    if !self.warned_no_book {
+                        tracing::warn!(%tenant_id, "no price book in the log yet; storage charges wait");
+                        self.warned_no_book = true;
+                    }
+                    self.fold.touch_storage(tenant_id);
+                }
+                // Looked at again with the next measurement.
+                StoragePlan::Unbillable(why) => {
+                    tracing::error!(%tenant_id, %why, "a tenant's storage cannot be billed");
+                }
+            }
+        }
         metrics::gauge!("lh_pricing_open_leases").set(self.fold.open_leases() as f64);
         decisions.extend(self.balance_decisions(now));
         self.update_shelf();
@@ -287,23 +309,25 @@ impl Decider for Charges {
     fn appended(&mut self, batch: &Batch) {
         metrics::counter!("lh_charges_published_total").increment(batch.len() as u64);
         for (envelope, _) in batch {
-            if let EventData::ChargeAccrued(c) = &envelope.data {
-                // Amounts are whole fen (the rounding rule), so the count is
-                // exact; a counter cannot go down, and a charge never does.
-                let fen = (c.amount * Decimal::ONE_HUNDRED).round().to_u64();
-                metrics::counter!("lh_charged_fen_total", "tier" => c.tier.as_str())
-                    .increment(fen.unwrap_or(0));
-                let own = self.spend_series.contains(&c.tenant_id)
-                    || (self.spend_series.len() < MAX_SPEND_SERIES_TENANTS
-                        && self.spend_series.insert(c.tenant_id));
-                let tenant = if own {
-                    c.tenant_id.to_string()
-                } else {
-                    "other".to_string()
-                };
-                metrics::counter!("lh_tenant_charged_fen_total", "tenant" => tenant)
-                    .increment(fen.unwrap_or(0));
-            }
+            let (tenant_id, tier, amount) = match &envelope.data {
+                EventData::ChargeAccrued(c) => (c.tenant_id, c.tier.as_str(), c.amount),
+                EventData::StorageChargeAccrued(c) => (c.tenant_id, "storage", c.amount),
+                _ => continue,
+            };
+            // Amounts are whole fen (the rounding rule), so the count is
+            // exact; a counter cannot go down, and a charge never does.
+            let fen = (amount * Decimal::ONE_HUNDRED).round().to_u64();
+            metrics::counter!("lh_charged_fen_total", "tier" => tier).increment(fen.unwrap_or(0));
+            let own = self.spend_series.contains(&tenant_id)
+                || (self.spend_series.len() < MAX_SPEND_SERIES_TENANTS
+                    && self.spend_series.insert(tenant_id));
+            let tenant = if own {
+                tenant_id.to_string()
+            } else {
+                "other".to_string()
+            };
+            metrics::counter!("lh_tenant_charged_fen_total", "tenant" => tenant)
+                .increment(fen.unwrap_or(0));
         }
         if let Some((
             Envelope {

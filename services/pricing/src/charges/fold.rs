@@ -151,6 +151,13 @@ pub struct ChargingState {
     /// it expires (a lease is asked for with it before it expires).
     #[serde(default)]
     pub(super) quotes: HashMap<Uuid, lh_events::QuoteIssued>,
+    /// Each tenant's object storage, by tenant: its measurements not yet
+    /// wholly charged and where its storage charges stand.
+    #[serde(default)]
+    pub(super) storage: HashMap<Uuid, super::storage::StorageFacts>,
+    /// Tenants whose storage facts changed since they were last looked at.
+    #[serde(default)]
+    pub(super) storage_touched: BTreeSet<Uuid>,
 }
 
 pub(super) fn market_key(zone: &str, gpu_model: &str) -> String {
@@ -267,6 +274,12 @@ impl ChargingState {
             EventData::ChargeAccrued(c) => {
                 self.balances.apply(sequence, &envelope.data);
                 self.charge_read(sequence, c)
+            }
+            EventData::StorageMeasured(m) => self.storage_measured(m, envelope),
+            EventData::StorageErased(e) => self.storage_erased(e, envelope),
+            EventData::StorageChargeAccrued(c) => {
+                self.balances.apply(sequence, &envelope.data);
+                self.storage_charge_read(sequence, c)
             }
             EventData::LeaseStopRequested(e) => {
                 if let Some(l) = self.open(e.lease_id) {

@@ -22,13 +22,22 @@
 //! replica never charges an hour twice: the log already holds the charge
 //! (the fold saw it), or the server refuses the batch.
 //!
+//! Object storage is charged beside the leases: each `storage.measured`
+//! closes a span of its tenant's storage (the bytes the measurement before
+//! it counted, held until it), priced by `lh_domain::storage_rating` into
+//! `charge.storage_accrued` events on `lh.evt.charge.<storage id>`, guarded
+//! and continued in the same way as a lease's, with ids derived from
+//! (tenant, start of the span).
+//!
 //! The rooms: `fold` folds stored events into [`ChargingState`];
-//! `plan` works out and prices the charges due from it; `decider`
-//! puts both on the decide loop and shares what the RPCs read.
+//! `plan` works out and prices the charges due from it; `storage` does
+//! both for tenants' storage; `decider` puts them on the decide loop and
+//! shares what the RPCs read.
 
 mod decider;
 mod fold;
 mod plan;
+mod storage;
 
 pub use decider::{default_book_id, ensure_price_book, Charges, FILTERS, MAX_SPEND_SERIES_TENANTS};
 pub use fold::{

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use lh_events::{
     ChargeAccrued, CreditGranted, Envelope, EventData, Interruption, InvoiceIssued,
-    InvoiceNoteIssued,
+    InvoiceNoteIssued, StorageChargeAccrued,
 };
-use lh_rpc::invoice_document::{money, ChargePart, Credit};
+use lh_rpc::invoice_document::{money, storage_part, ChargePart, Credit};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -280,6 +280,7 @@ impl Ledger {
     pub(super) fn fold(&mut self, sequence: u64, envelope: &Envelope) {
         match &envelope.data {
             EventData::ChargeAccrued(c) => self.fold_charge(sequence, c),
+            EventData::StorageChargeAccrued(c) => self.fold_storage_charge(sequence, c),
             EventData::InvoiceIssued(e) => self.fold_invoice(sequence, e),
             EventData::InvoiceNoteIssued(e) => self.fold_note(sequence, e),
             EventData::CreditGranted(e) => self.fold_credit(sequence, e),
@@ -366,6 +367,28 @@ impl Ledger {
                 to: c.to,
                 amount: c.amount,
             },
+        });
+    }
+
+    /// A storage charge: onto its tenant's month, once, as a line of its
+    /// own (tier `storage`, the tenant's storage id for a lease). It is no
+    /// lease's time: the availability credit leaves it out.
+    fn fold_storage_charge(&mut self, sequence: u64, c: &StorageChargeAccrued) {
+        if month_bounds(&c.period).is_none() {
+            tracing::warn!(charge = %c.charge_id, period = c.period, "a storage charge of no valid period; ignored");
+            return;
+        }
+        let month = self
+            .months
+            .entry((c.tenant_id, c.period.clone()))
+            .or_default();
+        if sequence <= month.covered_through || !month.charge_ids.insert(c.charge_id) {
+            return;
+        }
+        month.open.push(Charge {
+            sequence,
+            id: c.charge_id,
+            part: storage_part(c),
         });
     }
 

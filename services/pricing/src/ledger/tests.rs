@@ -863,3 +863,54 @@ fn a_full_part_of_the_longest_lines_fits_in_one_message() {
     // A margin for the headers and what an envelope may gain.
     assert!(bytes * 4 < max_payload * 3, "{bytes} of {max_payload}");
 }
+
+#[test]
+fn storage_charges_are_a_line_of_their_own_in_the_invoice_total() {
+    let mut ledger = Ledger::new(chrono::Duration::hours(1));
+    ledger.apply_stored(
+        1,
+        Utc::now(),
+        &charge(1, "2026-11-03T01:00:00Z", 3600, "40.00"),
+    );
+    let storage = |n: u128, from: &str, amount: &str| {
+        let from = at(from);
+        envelope(
+            from,
+            Uuid::from_u128(200 + n),
+            EventData::StorageChargeAccrued(lh_events::StorageChargeAccrued {
+                charge_id: Uuid::from_u128(200 + n),
+                tenant_id: TENANT,
+                storage_id: lh_events::storage_id(TENANT),
+                period: period_of(from),
+                from,
+                to: from + chrono::Duration::hours(1),
+                bytes: 5_000_000_000,
+                billed_seconds: 3600,
+                price_cny_per_gb_month: "0.12".parse().unwrap(),
+                amount: amount.parse().unwrap(),
+                currency: "CNY".into(),
+                price_book_version: 1,
+                priced_byte_seconds: Decimal::ZERO,
+            }),
+        )
+    };
+    ledger.apply_stored(2, Utc::now(), &storage(1, "2026-11-03T01:00:00Z", "0.01"));
+    ledger.apply_stored(3, Utc::now(), &storage(2, "2026-11-03T02:00:00Z", "0.00"));
+    // Read twice: counted once.
+    ledger.apply_stored(4, Utc::now(), &storage(2, "2026-11-03T02:00:00Z", "0.00"));
+    ledger.apply_stored(5, Utc::now(), &storage(3, "2026-11-04T02:00:00Z", "0.01"));
+    let mut next = 5;
+    let issued = store(&mut ledger, &mut next, at("2026-12-01T01:00:00Z"));
+    let invoice = only_invoice(&issued);
+    assert_eq!(invoice.lines.len(), 2, "{:?}", invoice.lines);
+    let line = invoice
+        .lines
+        .iter()
+        .find(|l| l.tier == "storage")
+        .expect("a storage line");
+    assert_eq!(line.lease_id, lh_events::storage_id(TENANT));
+    assert_eq!((line.charges, line.billed_seconds), (3, 3 * 3600));
+    assert_eq!(line.amount.to_string(), "0.02");
+    assert_eq!(invoice.total.to_string(), "40.02");
+    assert!(InvoiceDocument::from_invoice(invoice).verify());
+}

@@ -17,7 +17,7 @@ use lh_rpc::charges::{parse_period, ChargeLine, ChargeStatement, ChargeStatement
 use lh_rpc::cost_report::{parse_week, CostReport, CostReportRequest, TierCost};
 use lh_rpc::invoice_document::{
     invoice_id, money, Credit, DocumentList, DocumentRequest, DocumentStatus, DocumentSummary,
-    InvoiceDocument, Line, ListRequest, MAX_LIST_LIMIT,
+    InvoiceDocument, Line, ListRequest, MAX_LIST_LIMIT, STORAGE_TIER,
 };
 use lh_rpc::what_if::{WhatIfReply, WhatIfRequest};
 
@@ -313,8 +313,10 @@ pub async fn cost_report(pool: &PgPool, request: &CostReportRequest) -> Result<C
         // A reservation's commitment is paid, not used: the usage it buys
         // is its leases' (charged at 0.00), counted on their own lines. A
         // book without a basic price compares with what was charged.
+        // Storage has no on-demand price but its own: it saves nothing.
         let on_demand = match basic_price {
             _ if commitment => Decimal::ZERO,
+            _ if tier == STORAGE_TIER => spend,
             Some(price) => {
                 Decimal::from(vram_gb) * price * Decimal::from(seconds) / Decimal::from(3600)
             }
@@ -366,8 +368,8 @@ type WhatIfRow = (
     i64,
 );
 
-/// A month's charges priced again on another book, per tenant
-/// ([`crate::what_if`]). A book or period that cannot be used, or a month
+/// A month's lease charges priced again on another book, per tenant
+/// ([`crate::what_if`]); storage lines are left out. A book or period that cannot be used, or a month
 /// too large, is refused naming the field; errors are messages for the
 /// RPC caller.
 pub async fn what_if(pool: &PgPool, request: &WhatIfRequest) -> Result<WhatIfReply, String> {
@@ -383,11 +385,13 @@ pub async fn what_if(pool: &PgPool, request: &WhatIfRequest) -> Result<WhatIfRep
         crate::ledger::month_bounds(&request.period).expect("WhatIf::new checked the period");
     // Counted first, so that a month too large is refused at once rather
     // than after reading it.
-    let (charges,): (i64,) = sqlx::query_as("SELECT count(*) FROM invoice_lines WHERE period = $1")
-        .bind(&request.period)
-        .fetch_one(pool)
-        .await
-        .map_err(db_error)?;
+    let (charges,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM invoice_lines WHERE period = $1 AND tier <> $2")
+            .bind(&request.period)
+            .bind(STORAGE_TIER)
+            .fetch_one(pool)
+            .await
+            .map_err(db_error)?;
     if charges as u64 > MAX_WHAT_IF_CHARGES {
         return Ok(refused(WhatIfError::TooLarge(MAX_WHAT_IF_CHARGES)));
     }
@@ -403,12 +407,13 @@ pub async fn what_if(pool: &PgPool, request: &WhatIfRequest) -> Result<WhatIfRep
                  OVER (PARTITION BY l.lease_id ORDER BY l.from_at, l.sequence))::BIGINT AS age
              FROM invoice_lines l
              WHERE l.lease_id IN (SELECT lease_id FROM invoice_lines WHERE period = $1)
-               AND l.from_at < $2
+               AND l.from_at < $2 AND l.tier <> $3
          ) lines
          WHERE period = $1",
     )
     .bind(&request.period)
     .bind(month_end)
+    .bind(STORAGE_TIER)
     .fetch(pool);
     while let Some(row) = rows.try_next().await.map_err(db_error)? {
         let charge = charge_of(row, &request.period)?;

@@ -1,11 +1,12 @@
-//! The invoices projector: `charge.accrued` into `invoice_lines` and the
-//! month's draft, documents, credits and price books into their rows.
-//! Charges are written in multi-row statements, one alone the same way,
-//! so each row has one statement shape whatever the batch.
+//! The invoices projector: `charge.accrued` and `charge.storage_accrued`
+//! into `invoice_lines` and the month's draft, documents, credits and
+//! price books into their rows. A lease's charges are written in multi-row
+//! statements, one alone the same way, so each row has one statement shape
+//! whatever the batch; a storage charge (one an hour per tenant) alone.
 
 use futures::future::BoxFuture;
 use lh_bus::Stored;
-use lh_events::{subject, ChargeAccrued, EventData};
+use lh_events::{subject, ChargeAccrued, EventData, StorageChargeAccrued};
 use lh_projection::Projector;
 use lh_rpc::invoice_document::{invoice_id, InvoiceDocument};
 use sqlx::PgConnection;
@@ -40,6 +41,9 @@ impl Projector for InvoiceProjector {
         Box::pin(async move {
             match &event.envelope.data {
                 EventData::ChargeAccrued(c) => insert_charges(conn, &[(c, event.sequence)]).await,
+                EventData::StorageChargeAccrued(c) => {
+                    insert_storage_charge(conn, c, event.sequence).await
+                }
                 EventData::InvoiceIssued(e) => {
                     let document = InvoiceDocument::from_invoice(e);
                     insert_document(conn, &document, event.sequence).await?;
@@ -221,6 +225,39 @@ async fn insert_charges(
         .await?;
     }
     Ok(())
+}
+
+/// A storage charge as an invoice line of its own: tier `storage`, the
+/// tenant's storage id in `lease_id`, no GPUs, and in `unit_price` the
+/// book's price per GB (10^9 bytes) per month.
+async fn insert_storage_charge(
+    conn: &mut PgConnection,
+    c: &StorageChargeAccrued,
+    sequence: u64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO invoice_lines (charge_id, tenant_id, period, lease_id, tier, gpus,
+            vram_gb, billed_seconds, unit_price, amount, currency, from_at, to_at,
+            price_book_version, sequence, reservation_id, age_seconds)
+         VALUES ($1, $2, $3, $4, $5, 0, 0, $6, $7, $8, $9, $10, $11, $12, $13, NULL, NULL)
+         ON CONFLICT (charge_id) DO NOTHING",
+    )
+    .bind(c.charge_id)
+    .bind(c.tenant_id)
+    .bind(&c.period)
+    .bind(c.storage_id)
+    .bind(lh_rpc::invoice_document::STORAGE_TIER)
+    .bind(c.billed_seconds.min(i64::MAX as u64) as i64)
+    .bind(c.price_cny_per_gb_month)
+    .bind(c.amount)
+    .bind(&c.currency)
+    .bind(c.from)
+    .bind(c.to)
+    .bind(c.price_book_version as i32)
+    .bind(sequence as i64)
+    .execute(&mut *conn)
+    .await?;
+    insert_draft(conn, c.tenant_id, &c.period, false).await
 }
 
 /// Records that the tenant's month has a draft; with `only_with_credits`,

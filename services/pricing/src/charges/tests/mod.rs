@@ -398,3 +398,5 @@ fn billing_uses_the_node_agents_timestamps_not_event_times() {
 }
 
 mod accrual;
+
+mod storage;

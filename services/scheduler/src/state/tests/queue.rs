@@ -400,6 +400,7 @@ fn a_changed_quota_governs_new_placements() {
             quota: lh_events::Quota {
                 max_gpus: 3,
                 max_vram_gb: None,
+                max_storage_gb: None,
             },
             weight: 2,
         }),
