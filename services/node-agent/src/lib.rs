@@ -46,6 +46,30 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9110";
 /// Metrics this service records, with their `# HELP` text.
 pub const METRICS: &[lh_service::MetricHelp] = &[
     (
+        "lh_node_dataset_stagings_total",
+        "Datasets a lease mounts, by result: copied into the node's cache, found there (cached), or failed.",
+    ),
+    (
+        "lh_node_dataset_staged_bytes_total",
+        "Bytes of datasets copied into the node's cache.",
+    ),
+    (
+        "lh_node_dataset_evictions_total",
+        "Dataset versions the node's cache let go to make room.",
+    ),
+    (
+        "lh_node_workspace_syncs_total",
+        "Workspace syncs to the tenant's storage, by result: synced, failed or timed_out.",
+    ),
+    (
+        "lh_node_workspace_bytes_sent_total",
+        "Bytes of workspaces sent to tenants' storage (what the store did not hold yet).",
+    ),
+    (
+        "lh_node_preemption_notices_total",
+        "Workloads told of their spot preemption (a file and SIGUSR1).",
+    ),
+    (
         "lh_node_running_leases",
         "Leases running on this node, as its last heartbeat said.",
     ),

@@ -37,8 +37,9 @@ const CALLERS: &[&str] = &[
 ];
 
 /// Each route and what each caller gets, in the order of [`CALLERS`].
-/// `{t}`, `{k}`, `{s}`, `{l}` and `{n}` are the tenant, API key, SSH key,
-/// lease and node the call is about.
+/// `{t}`, `{k}`, `{s}`, `{l}`, `{n}`, `{d}` and `{w}` are the tenant, API
+/// key, SSH key, lease, node, dataset and workspace the call is about;
+/// `{v}` the dataset's version.
 #[rustfmt::skip]
 const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/tenants", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
@@ -53,6 +54,19 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("POST", "/v1/ssh-keys", [401, 201, 201, 401, 401, 403, 403, 403, 403, 403, 403]),
     ("GET", "/v1/ssh-keys?tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("DELETE", "/v1/ssh-keys/{s}", [401, 204, 404, 401, 401, 204, 204, 204, 204, 403, 403]),
+    // A tenant's own identity on the store: tenant B gets its own.
+    ("GET", "/v1/storage/credentials", [401, 200, 200, 401, 401, 200, 403, 403, 403, 403, 403]),
+    ("GET", "/v1/storage?tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/datasets", [401, 201, 201, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("GET", "/v1/datasets?tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/v1/datasets/{d}?tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    // It names the tenant's files: the tenant's alone.
+    ("GET", "/v1/datasets/{d}/versions/{v}/manifest", [401, 200, 404, 401, 401, 200, 403, 403, 403, 403, 403]),
+    ("DELETE", "/v1/datasets/{d}?tenant_id={t}", [401, 204, 404, 401, 401, 403, 204, 204, 204, 403, 403]),
+    ("GET", "/v1/workspaces?tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/workspaces/{w}/snapshots", [401, 200, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("POST", "/v1/workspaces/{w}/restore", [401, 200, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
+    ("DELETE", "/v1/workspaces/{w}", [401, 204, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
     ("POST", "/v1/tenants/{t}/balance/top-ups", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("GET", "/v1/tenants/{t}/balance", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("POST", "/v1/leases", [401, 202, 202, 401, 401, 403, 403, 403, 403, 403, 403]),
@@ -100,6 +114,8 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("PUT", "/v1/tenants/{t}/quota") => Some(json!({"quota": {"max_gpus": 64}})),
         ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
         ("POST", "/v1/ssh-keys") => Some(json!({"name": "matrix", "public_key": ssh_key()})),
+        ("POST", "/v1/datasets") => Some(json!({"name": "made", "manifest": {"files": []}})),
+        ("POST", "/v1/workspaces/{w}/restore") => Some(json!({"snapshot": "{today}"})),
         ("POST", "/v1/tenants/{t}/balance/top-ups") => Some(json!({"amount": "1000"})),
         ("POST", "/v1/leases") => Some(serde_json::from_str(ONE_GPU).unwrap()),
         ("POST", "/v1/quotes") => {
@@ -155,6 +171,70 @@ async fn add_ssh_key(stack: &Stack, tenant: &Tenant) -> String {
         .await;
     assert_eq!(status, 201, "{added}");
     added["id"].as_str().unwrap().to_string()
+}
+
+/// A dataset of `tenant`'s (an empty version), added with its own key:
+/// its name.
+async fn add_dataset(stack: &Stack, tenant: &Tenant) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let name = format!(
+        "matrix-{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let body = json!({"name": name, "manifest": {"files": []}});
+    let (status, added) = stack
+        .call(Method::POST, "/v1/datasets", &tenant.key, Some(body))
+        .await;
+    assert_eq!(status, 201, "{added}");
+    name
+}
+
+/// A workspace of `tenant`'s as a node's last sync leaves it, with today's
+/// snapshot: its name.
+async fn add_workspace(stack: &Stack, tenant: &Tenant) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let name = format!(
+        "matrix-{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let (status, creds) = stack
+        .call(Method::GET, "/v1/storage/credentials", &tenant.key, None)
+        .await;
+    assert_eq!(status, 200, "{creds}");
+    let store = lh_storage::TenantStore::new(
+        &lh_storage::StoreConfig::new(creds["endpoint"].as_str().unwrap()),
+        creds["bucket"].as_str().unwrap(),
+        &lh_storage::Credentials::new(
+            creds["access_key_id"].as_str().unwrap(),
+            creds["secret_access_key"].as_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ckpt"), "1").unwrap();
+    let holder = lh_storage::workspace::Holder {
+        lease_id: uuid::Uuid::new_v4(),
+        placement: 1,
+        node_id: "node-gone".into(),
+    };
+    lh_storage::workspace::sync(&store, &name, dir.path(), holder, true, &Default::default())
+        .await
+        .unwrap();
+    let (status, taken) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/workspaces/{name}/snapshots"),
+            &tenant.key,
+            None,
+        )
+        .await;
+    assert_eq!(status, 201, "{taken}");
+    name
+}
+
+/// The version of an empty dataset (every `add_dataset` adds that one).
+fn empty_version() -> String {
+    lh_storage::Manifest::default().digest()
 }
 
 async fn tenant(stack: &Stack, name: &str) -> Tenant {
@@ -255,8 +335,24 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_file(dir.path());
     let (jwks, oidc_token) = oidc_issuer(dir.path());
+    // Tenants' data on a real store: its routes answer as they would.
+    let store = lh_testkit::S3Store::start().await.unwrap();
+    let storage = {
+        use std::os::unix::fs::PermissionsExt;
+        let (key_id, secret) = store.admin_keys();
+        let secret_file = dir.path().join("s3-admin-secret");
+        std::fs::write(&secret_file, secret).unwrap();
+        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        lh_gateway::storage::StorageArgs {
+            storage_endpoint: Some(store.endpoint()),
+            storage_admin_access_key_id: Some(key_id.to_string()),
+            storage_admin_secret_key_file: Some(secret_file),
+            ..Default::default()
+        }
+    };
     let stack = Stack::start_configured(FLEET, move |s| {
         s.gateway_config = Some(Arc::new(move |c: &mut lh_gateway::Config| {
+            c.storage = storage.clone();
             c.admin_keys_file = Some(keys.clone());
             c.oidc = lh_gateway::OidcArgs {
                 oidc_issuer: Some(OIDC_ISSUER.into()),
@@ -276,6 +372,9 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
         .await;
     // Added before the suspension, which stops the tenant adding one.
     let s_ssh_key = add_ssh_key(&stack, &s).await;
+    let s_dataset = add_dataset(&stack, &s).await;
+    let s_workspace = add_workspace(&stack, &s).await;
+    let today = chrono::Utc::now().date_naive().to_string();
     let revoked = issue_key(&stack, &a, json!({})).await;
     let (status, body) = stack
         .call(
@@ -339,6 +438,20 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
             } else {
                 add_ssh_key(&stack, owner).await
             };
+            let dataset = if !template.contains("{d}") {
+                String::new()
+            } else if owner.id == s.id {
+                s_dataset.clone()
+            } else {
+                add_dataset(&stack, owner).await
+            };
+            let workspace = if !template.contains("{w}") {
+                String::new()
+            } else if owner.id == s.id {
+                s_workspace.clone()
+            } else {
+                add_workspace(&stack, owner).await
+            };
             let key_id = if template.contains("{k}") {
                 issue_key(&stack, owner, json!({}))
                     .await
@@ -366,11 +479,16 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 .replace("{l}", &lease)
                 .replace("{k}", &key_id)
                 .replace("{s}", &ssh_key_id)
+                .replace("{d}", &dataset)
+                .replace("{v}", &empty_version())
+                .replace("{w}", &workspace)
                 .replace("{n}", "node-b")
                 .replace("{p}", &period);
             // A body naming the tenant names the caller's object too.
-            let body = body_for(method, template)
-                .map(|b| serde_json::from_str(&b.to_string().replace("{t}", &owner.id)).unwrap());
+            let body = body_for(method, template).map(|b| {
+                let text = b.to_string().replace("{t}", &owner.id);
+                serde_json::from_str(&text.replace("{today}", &today)).unwrap()
+            });
             let (status, answer) = send(&stack, method, &path, key, body).await;
             if status != expected[column] {
                 wrong.push(format!(
