@@ -63,7 +63,10 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir(&src)?;
     let bytes = random_bytes(args.mib << 20);
     std::fs::write(src.join("data"), &bytes)?;
-    store.put("raw/data", bytes.into()).await.context("the raw object")?;
+    store
+        .put("raw/data", bytes.into())
+        .await
+        .context("the raw object")?;
     let scan = lh_storage::scan_dir(&src, &NoProgress)?;
     lh_storage::upload_dir(&store, &src, &scan.manifest, &NoProgress).await?;
     let version = scan.manifest.digest();
