@@ -62,6 +62,11 @@ pub fn performance_ladder() -> Vec<PriceStep> {
         .collect()
 }
 
+/// The default book's storage price: 0.12 CNY per GB-month, the list price
+/// of standard object storage at China's large clouds.
+pub const DEFAULT_STORAGE_CNY_PER_GB_MONTH: rust_decimal::Decimal =
+    rust_decimal::Decimal::from_parts(12, 0, 0, false, 2);
+
 /// The book pricing publishes when the log holds none.
 pub fn default_price_book(effective_from: DateTime<Utc>) -> PriceBookPublished {
     let flat = |price| {
@@ -97,7 +102,7 @@ pub fn default_price_book(effective_from: DateTime<Utc>) -> PriceBookPublished {
                 model: flat(RESERVED_CNY_PER_GB_HOUR),
             },
         ],
-        storage_cny_per_gb_month: Some(crate::storage_rating::DEFAULT_STORAGE_CNY_PER_GB_MONTH),
+        storage_cny_per_gb_month: Some(DEFAULT_STORAGE_CNY_PER_GB_MONTH),
         requested_by: None,
     }
 }

@@ -37,9 +37,6 @@ use crate::rating::{next_month_start, period_of, round_amount, AMOUNT_SCALE};
 pub const BYTES_PER_GB: u64 = 1_000_000_000;
 /// Hours in a billed month.
 pub const HOURS_PER_MONTH: u64 = 730;
-/// The default book's storage price: 0.12 CNY per GB-month, the list price
-/// of standard object storage at China's large clouds.
-pub const DEFAULT_STORAGE_CNY_PER_GB_MONTH: Decimal = Decimal::from_parts(12, 0, 0, false, 2);
 
 /// `P` per CNY: bytes per GB x seconds per month.
 fn byte_seconds_per_gb_month() -> Decimal {
@@ -406,7 +403,7 @@ mod tests {
         let book = crate::rating::default_price_book(t(1, 0));
         assert_eq!(
             book.storage_cny_per_gb_month,
-            Some(DEFAULT_STORAGE_CNY_PER_GB_MONTH)
+            Some(crate::rating::DEFAULT_STORAGE_CNY_PER_GB_MONTH)
         );
         assert!(crate::rating::validate_book(&book).is_ok());
         let negative = PriceBookPublished {

@@ -20,6 +20,23 @@ use uuid::Uuid;
 use crate::keyring::KeyProvider;
 use crate::seal::{self, KEYS_SCHEMA, STORAGE_ACCESS_TABLE};
 
+/// By default a pass a day, at midnight UTC.
+pub const DEFAULT_SNAPSHOT_INTERVAL_SECS: u64 = 24 * 3600;
+/// By default a snapshot is kept for a week after its day.
+pub const DEFAULT_SNAPSHOT_KEEP_DAYS: u64 = 7;
+/// By default an object nothing names is collected once a day old: longer
+/// than `lh_storage::workspace::CHUNK_REUSE_FRESH` (an hour) plus the
+/// longest sync, as a collection must wait.
+pub const DEFAULT_COLLECT_GRACE_SECS: u64 = 24 * 3600;
+
+/// What a pass keeps, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Keeping {
+    pub interval_secs: u64,
+    pub keep_days: u64,
+    pub grace: std::time::Duration,
+}
+
 /// Where tenants' data is kept; off unless the endpoint is set.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StorageArgs {
@@ -57,12 +74,12 @@ pub struct StorageArgs {
     /// and what nothing names any more is collected; passes start at
     /// multiples of it from the Unix epoch (midnight UTC for a day).
     #[arg(long, env = "LH_WORKSPACE_SNAPSHOT_INTERVAL_SECS",
-          default_value_t = crate::workspaces::DEFAULT_SNAPSHOT_INTERVAL_SECS,
+          default_value_t = DEFAULT_SNAPSHOT_INTERVAL_SECS,
           value_parser = clap::value_parser!(u64).range(1..=7 * 86_400))]
     pub workspace_snapshot_interval_secs: u64,
     /// Days a workspace's snapshot is kept after its day.
     #[arg(long, env = "LH_WORKSPACE_SNAPSHOT_KEEP_DAYS",
-          default_value_t = crate::workspaces::DEFAULT_SNAPSHOT_KEEP_DAYS,
+          default_value_t = DEFAULT_SNAPSHOT_KEEP_DAYS,
           value_parser = clap::value_parser!(u64).range(1..=3_650))]
     pub workspace_snapshot_keep_days: u64,
     /// Seconds a manifest no longer current, or a chunk nothing names,
@@ -70,7 +87,7 @@ pub struct StorageArgs {
     /// workspace sync (a sync takes as they are only chunks stored within
     /// the hour or named by its workspace's head).
     #[arg(long, env = "LH_WORKSPACE_COLLECT_GRACE_SECS",
-          default_value_t = crate::workspaces::DEFAULT_COLLECT_GRACE_SECS)]
+          default_value_t = DEFAULT_COLLECT_GRACE_SECS)]
     pub workspace_collect_grace_secs: u64,
 }
 
@@ -88,17 +105,17 @@ impl Default for StorageArgs {
             storage_admin_secret_key_file: None,
             storage_allow_http: false,
             storage_measure_interval_secs: measure::DEFAULT_MEASURE_INTERVAL_SECS,
-            workspace_snapshot_interval_secs: crate::workspaces::DEFAULT_SNAPSHOT_INTERVAL_SECS,
-            workspace_snapshot_keep_days: crate::workspaces::DEFAULT_SNAPSHOT_KEEP_DAYS,
-            workspace_collect_grace_secs: crate::workspaces::DEFAULT_COLLECT_GRACE_SECS,
+            workspace_snapshot_interval_secs: DEFAULT_SNAPSHOT_INTERVAL_SECS,
+            workspace_snapshot_keep_days: DEFAULT_SNAPSHOT_KEEP_DAYS,
+            workspace_collect_grace_secs: DEFAULT_COLLECT_GRACE_SECS,
         }
     }
 }
 
 impl StorageArgs {
     /// What the workspaces' passes keep, and for how long.
-    pub fn keeping(&self) -> crate::workspaces::Keeping {
-        crate::workspaces::Keeping {
+    pub fn keeping(&self) -> Keeping {
+        Keeping {
             interval_secs: self.workspace_snapshot_interval_secs,
             keep_days: self.workspace_snapshot_keep_days,
             grace: std::time::Duration::from_secs(self.workspace_collect_grace_secs),

@@ -28,28 +28,12 @@ use uuid::Uuid;
 
 use crate::keyring::KeyProvider;
 use crate::seal::{KEYS_SCHEMA, STORAGE_ACCESS_TABLE};
-use crate::storage::{StorageError, TenantStorage};
+use crate::storage::{Keeping, StorageError, TenantStorage};
 
-/// By default a pass a day, at midnight UTC.
-pub const DEFAULT_SNAPSHOT_INTERVAL_SECS: u64 = 24 * 3600;
-/// By default a snapshot is kept for a week after its day.
-pub const DEFAULT_SNAPSHOT_KEEP_DAYS: u64 = 7;
-/// By default an object nothing names is collected once a day old: longer
-/// than `lh_storage::workspace::CHUNK_REUSE_FRESH` (an hour) plus the
-/// longest sync, as a collection must wait.
-pub const DEFAULT_COLLECT_GRACE_SECS: u64 = 24 * 3600;
 /// Where the datasets' manifests are, which name chunks too.
 const DATASETS_PREFIX: &str = "datasets/";
 /// Tenants kept at once.
 const TENANTS_IN_FLIGHT: usize = 4;
-
-/// What a pass keeps, and for how long.
-#[derive(Debug, Clone, Copy)]
-pub struct Keeping {
-    pub interval_secs: u64,
-    pub keep_days: u64,
-    pub grace: Duration,
-}
 
 /// The start of the interval of `interval_secs` that `now` is in.
 pub fn interval_start(now: DateTime<Utc>, interval_secs: u64) -> DateTime<Utc> {

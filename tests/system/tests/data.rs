@@ -464,9 +464,9 @@ const SPOT_TRAIN: &str = "trap 'echo got-usr1' USR1; \
     n=$(cat /workspace/ckpt 2>/dev/null || echo 0); echo \"resumed from $n\"; \
     test -f /workspace/at-notice && echo \"found $(cat /workspace/at-notice)\"; \
     echo $((n + 1)) > /workspace/ckpt; echo checkpointed; \
-    while ! test -f /run/leasehold/notice.json; do sleep 0.2; done; \
-    echo noticed; cat /run/leasehold/notice.json > /workspace/at-notice; \
-    while true; do sleep 0.2; done";
+    i=0; while ! test -f /run/leasehold/notice.json; do \
+        sleep 0.2; i=$((i + 1)); test $i -lt 3000 || exit 1; done; \
+    echo noticed; cat /run/leasehold/notice.json > /workspace/at-notice; sleep 600";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_preempted_spot_lease_is_told_and_its_recovery_on_another_node_resumes_from_its_checkpoint(

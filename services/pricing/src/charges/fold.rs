@@ -154,7 +154,7 @@ pub struct ChargingState {
     /// Each tenant's object storage, by tenant: its measurements not yet
     /// wholly charged and where its storage charges stand.
     #[serde(default)]
-    pub(super) storage: HashMap<Uuid, super::storage::StorageFacts>,
+    pub(super) storage: HashMap<Uuid, super::storage_facts::StorageFacts>,
     /// Tenants whose storage facts changed since they were last looked at.
     #[serde(default)]
     pub(super) storage_touched: BTreeSet<Uuid>,

@@ -38,6 +38,7 @@ mod decider;
 mod fold;
 mod plan;
 mod storage;
+mod storage_facts;
 
 pub use decider::{default_book_id, ensure_price_book, Charges, FILTERS, MAX_SPEND_SERIES_TENANTS};
 pub use fold::{
