@@ -261,7 +261,19 @@ async fn a_tenant_enters_its_container_lease_by_exec_shell_and_port_and_nobody_e
         }
     }
     let _ = sending.await;
-    assert_eq!(echoed.len(), input.len());
+    if echoed.len() != input.len() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let log = lh_test_stack::read_log(&stack.bus().await).await;
+        let ends: Vec<String> = lh_test_stack::of_type(&log, "session.ended")
+            .iter()
+            .map(|e| format!("{:?}", e.envelope.data))
+            .collect();
+        panic!(
+            "{} of {} bytes echoed (status {status:?}); sessions ended: {ends:#?}",
+            echoed.len(),
+            input.len()
+        );
+    }
     assert!(echoed == input, "the echo differs");
     // 256 KiB/s with a second's burst: the rest of the MiB waits 3 s.
     assert!(

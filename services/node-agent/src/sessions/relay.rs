@@ -28,6 +28,9 @@ use crate::workload::door::Entry;
 /// left running (a `sleep &`) may hold the output open for ever. Output
 /// still coming, or held back by the window, is waited for.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+/// How long a finished session's lane is read after this side shut it,
+/// for the gateway to read the last frames and close its side.
+const LANE_LINGER: Duration = Duration::from_secs(30);
 
 /// How a session's frames go back to the gateway.
 pub enum Way {
@@ -84,6 +87,26 @@ impl Uplink {
 
     fn is_lane(&self) -> bool {
         matches!(self.way, Way::Lane(_))
+    }
+
+    /// Ends a lane without resetting it. A socket closed with frames of the
+    /// gateway's still unread (its credits, its pings) answers them with a
+    /// reset, and a reset throws away what the gateway has not read yet:
+    /// the session's last output, which a slow client leaves queued there.
+    /// So this side shuts its half, then reads until the gateway closes its
+    /// own, for at most [`LANE_LINGER`].
+    async fn linger(&mut self, frames: &mut mpsc::Receiver<Bytes>) {
+        let Way::Lane(sink) = &mut self.way else {
+            return;
+        };
+        let _ = sink.shutdown().await;
+        let read_to_the_end = async { while frames.recv().await.is_some() {} };
+        if tokio::time::timeout(LANE_LINGER, read_to_the_end)
+            .await
+            .is_err()
+        {
+            tracing::debug!("the gateway kept a finished session's lane open");
+        }
     }
 
     async fn close(&mut self, reason: &str, message: impl Into<String>) {
@@ -419,6 +442,7 @@ pub async fn run(
         }
     }
     drop(entry);
+    up.linger(&mut frames).await;
     why
 }
 
