@@ -47,6 +47,23 @@ async fn stack_tuned(
     containers: bool,
     tune: impl FnOnce(&mut StorageArgs),
 ) -> Stack {
+    stack_with(store, fleet, dir, tune, |s| {
+        if containers {
+            s.node_runtime = RuntimeKind::Podman;
+            s.node_container_args = PODMAN_ARGS.map(String::from).into();
+        }
+    })
+    .await
+}
+
+/// [`stack_tuned`], with the stack's own knobs set by `configure`.
+async fn stack_with(
+    store: &S3Store,
+    fleet: &str,
+    dir: &Path,
+    tune: impl FnOnce(&mut StorageArgs),
+    configure: impl FnOnce(&mut Stack),
+) -> Stack {
     use std::os::unix::fs::PermissionsExt;
     let (key_id, secret) = store.admin_keys();
     let secret_file = dir.join("s3-admin-secret");
@@ -60,10 +77,7 @@ async fn stack_tuned(
     };
     tune(&mut storage);
     Stack::start_configured(fleet, move |s| {
-        if containers {
-            s.node_runtime = RuntimeKind::Podman;
-            s.node_container_args = PODMAN_ARGS.map(String::from).into();
-        }
+        configure(s);
         s.gateway_config = Some(Arc::new(move |c| c.storage = storage.clone()));
     })
     .await
@@ -475,26 +489,18 @@ async fn a_preempted_spot_lease_is_told_and_its_recovery_on_another_node_resumes
     let store = S3Store::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (_, _, fleet) = two_node_fleet();
-    let (key_id, secret) = store.admin_keys();
-    let secret_file = dir.path().join("s3-admin-secret");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::write(&secret_file, secret).unwrap();
-        std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let storage = StorageArgs {
-        storage_endpoint: Some(store.endpoint()),
-        storage_admin_access_key_id: Some(key_id.to_string()),
-        storage_admin_secret_key_file: Some(secret_file),
-        ..Default::default()
-    };
-    let stack = Stack::start_configured(&fleet, move |s| {
-        s.node_runtime = RuntimeKind::Podman;
-        s.node_container_args = PODMAN_ARGS.map(String::from).into();
-        s.preemption_notice_secs = 6;
-        s.preemption_min_runtime_secs = 0;
-        s.gateway_config = Some(Arc::new(move |c| c.storage = storage.clone()));
-    })
+    let stack = stack_with(
+        &store,
+        &fleet,
+        dir.path(),
+        |_| {},
+        |s| {
+            s.node_runtime = RuntimeKind::Podman;
+            s.node_container_args = PODMAN_ARGS.map(String::from).into();
+            s.preemption_notice_secs = 6;
+            s.preemption_min_runtime_secs = 0;
+        },
+    )
     .await;
     let (_, key, _) = tenant(&stack, dir.path(), "spotter").await;
     let (_, other_key, _) = tenant(&stack, dir.path(), "ondemand").await;
@@ -1253,4 +1259,90 @@ async fn storage_is_measured_charged_on_the_invoice_and_bounded_by_its_quota() {
         .call(Method::POST, "/v1/datasets", &key, Some(copy))
         .await;
     assert_eq!(s, 201, "{p}");
+}
+
+/// The workload of the lost-node test: counts its runs in its workspace.
+const COUNT_RUNS: &str = "n=$(cat /workspace/ckpt 2>/dev/null || echo 0); \
+    echo \"resumed from $n\"; echo $((n + 1)) > /workspace/ckpt; echo checkpointed; sleep 600";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_from_a_lost_node_starts_elsewhere_from_its_workspaces_last_sync() {
+    base_image();
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (node_a, node_b, fleet) = two_node_fleet();
+    let mut stack = stack_with(
+        &store,
+        &fleet,
+        dir.path(),
+        |_| {},
+        |s| {
+            s.node_runtime = RuntimeKind::Podman;
+            s.node_container_args = PODMAN_ARGS.map(String::from).into();
+            s.node_storage.workspace_sync_interval_secs = 1;
+            s.node_storage.workspace_release_wait_secs = 3;
+        },
+    )
+    .await;
+    let (_, key, _) = tenant(&stack, dir.path(), "survivor").await;
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+                "image": "localhost/leasehold/base",
+                "command": ["sh", "-c", COUNT_RUNS],
+                "workspaces": [{"name": "ws", "path": "/workspace"}],
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    let first = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    wait_log_text(&stack, &key, &id, "checkpointed").await;
+    // A periodic sync carries the checkpoint before the node is lost.
+    stack
+        .wait_log(30, |log| {
+            of_type(log, "lease.workspace_synced")
+                .into_iter()
+                .find_map(|e| match &e.envelope.data {
+                    lh_events::EventData::LeaseWorkspaceSynced(s)
+                        if s.lease_id.to_string() == id
+                            && s.reason == lh_events::WorkspaceSyncReason::Interval
+                            && s.files == 1 =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                })
+        })
+        .await;
+
+    // Its node goes, without a word: no last sync, no release. Its host
+    // goes with it (the container, here on the same host, is removed).
+    let from = first["node_id"].as_str().unwrap().to_string();
+    let to = if from == node_a {
+        node_b.clone()
+    } else {
+        node_a.clone()
+    };
+    stack.kill_service(&format!("node-agent:{from}")).await;
+    let _ = std::process::Command::new("podman")
+        .args(PODMAN_ARGS)
+        .args(["rm", "--force", "--time", "0", &format!("lh-{id}")])
+        .output();
+    let moved = stack
+        .wait_lease_within(
+            &key,
+            &id,
+            |l| (l["state"] == "running" && l["node_id"] == json!(to)) || l["state"] == "ended",
+            Duration::from_secs(90),
+        )
+        .await;
+    assert_eq!(moved["state"], "running", "{moved}");
+    let text = wait_log_text(&stack, &key, &id, "resumed from 1").await;
+    assert!(text.contains("checkpointed"), "{text}");
 }

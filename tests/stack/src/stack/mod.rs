@@ -95,6 +95,9 @@ pub struct Stack {
     /// GPU knobs (health rules, idle default, self-tests) of node-agents
     /// started from now on.
     pub node_gpus: lh_node_agent::GpuArgs,
+    /// How node-agents started from now on keep leases' data (their sync
+    /// interval, how long a moved lease waits for its workspace).
+    pub node_storage: lh_node_agent::storage::StorageArgs,
     /// What each tenant may do at the gateway (the defaults unless a test
     /// sets them before the gateway starts).
     pub gateway_limits: lh_gateway::TenantLimits,
@@ -216,6 +219,7 @@ impl Stack {
             node_mps_control: None,
             node_lease_log_limits: None,
             node_gpus: lh_node_agent::GpuArgs::for_test(),
+            node_storage: lh_node_agent::storage::StorageArgs::for_test(),
             own_postgres: None,
             gateway_limits: lh_gateway::TenantLimits::default(),
             short_retention: None,

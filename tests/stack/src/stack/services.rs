@@ -112,6 +112,7 @@ impl Stack {
                         lease_log_test_limits: self.node_lease_log_limits,
                         stop_grace_secs: 2,
                         gpus: self.node_gpus.clone(),
+                        storage: self.node_storage.clone(),
                         common,
                         ..lh_node_agent::Config::for_test(
                             &self.nats.url(),
