@@ -11,8 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use lh_bus::{BusError, Expect};
-use lh_events::{dataset_id, subject, DatasetRemoved, DatasetVersionAdded, Envelope, EventData};
+use lh_events::{dataset_id, subject, DatasetRemoved, DatasetVersionAdded, EventData};
 use lh_rpc::http::datasets::{
     AddDatasetVersion, DatasetList, DatasetVersionView, DatasetView, StorageCredentials,
     StorageUsage,
@@ -23,7 +22,9 @@ use sqlx::FromRow;
 use utoipa::IntoParams;
 use uuid::Uuid;
 
-use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
+use super::{
+    append_guarded, query_of, read_your_write, whose, ApiContext, ApiError, ApiJson, Caller,
+};
 use crate::storage::{StorageError, TenantAccess, TenantStorage};
 
 /// Where a dataset version's manifest is kept in its tenant's bucket.
@@ -83,31 +84,8 @@ fn group(rows: &[VersionRow]) -> Vec<DatasetView> {
 }
 
 const COLUMNS: &str = "name, version, bytes, files, created_at";
+const DATASET_CHANGED: &str = "this dataset changed while this call was decided; retry";
 const ORDER: &str = "ORDER BY name, created_at DESC, version";
-
-/// The tenant a call is about: a tenant's own (another's is not found, so
-/// that its existence is not told); the one an operator names.
-pub(super) fn whose(caller: &Caller, asked: Option<Uuid>) -> Result<Uuid, ApiError> {
-    match (caller, asked) {
-        (Caller::Tenant { id, .. }, None) => Ok(*id),
-        (Caller::Tenant { id, .. }, Some(asked)) if asked == *id => Ok(*id),
-        (Caller::Tenant { .. }, Some(asked)) => {
-            Err(ApiError::not_found(format!("no tenant {asked}")).field("tenant_id"))
-        }
-        (Caller::Operator(_), Some(asked)) => Ok(asked),
-        (Caller::Operator(_), None) => Err(ApiError::unprocessable(
-            "tenant_id is required of an operator",
-            "tenant_id",
-        )),
-    }
-}
-
-pub(super) fn query_of<Q>(
-    query: Result<Query<Q>, axum::extract::rejection::QueryRejection>,
-) -> Result<Q, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    Ok(query)
-}
 
 /// The storage, or 503 where this platform keeps no tenant data.
 pub(super) fn storage_of(ctx: &ApiContext) -> Result<&TenantStorage, ApiError> {
@@ -179,31 +157,6 @@ async fn versions(
     .fetch_all(&ctx.pool)
     .await?;
     Ok(rows)
-}
-
-/// Appends `data` to its dataset's subject, expecting it still ends at
-/// `last`, and waits for the read model.
-async fn append(
-    ctx: &ApiContext,
-    caller: &Caller,
-    last: u64,
-    data: EventData,
-) -> Result<(), ApiError> {
-    let envelope = Envelope::new(caller.actor(), Utc::now(), data);
-    let appended = match ctx
-        .bus
-        .publish(&envelope, Expect::LastSubjectSequence(last))
-        .await
-    {
-        Ok(a) => a,
-        Err(BusError::Conflict(_)) => {
-            return Err(ApiError::conflict(
-                "this dataset changed while this call was decided; retry",
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    read_your_write(ctx, appended.sequence).await
 }
 
 #[utoipa::path(
@@ -291,7 +244,7 @@ pub async fn add(
         bytes: manifest.total_bytes(),
         files: lh_storage::file_count(&manifest),
     });
-    append(&ctx, &caller, last, data).await?;
+    append_guarded(&ctx, &caller, last, data, DATASET_CHANGED).await?;
     metrics::counter!("lh_gateway_dataset_versions_added_total").increment(1);
     let rows = versions(&ctx, tenant_id, &body.name).await?;
     let view = group(&rows).pop().ok_or_else(|| {
@@ -543,7 +496,7 @@ pub async fn remove(
         tenant_id,
         version: query.version.clone(),
     });
-    append(&ctx, &caller, last, data).await?;
+    append_guarded(&ctx, &caller, last, data, DATASET_CHANGED).await?;
     // The manifests go after the record: a crash between leaves objects
     // nobody names, never a version that names a missing manifest.
     if let Ok(Some(access)) = storage_of(&ctx)?

@@ -175,6 +175,54 @@ pub fn router(ctx: ApiContext) -> Router {
         ))
 }
 
+/// The tenant a call is about: a tenant's own (another's is not found, so
+/// that its existence is not told); the one an operator names.
+pub(super) fn whose(caller: &Caller, asked: Option<uuid::Uuid>) -> Result<uuid::Uuid, ApiError> {
+    match (caller, asked) {
+        (Caller::Tenant { id, .. }, None) => Ok(*id),
+        (Caller::Tenant { id, .. }, Some(asked)) if asked == *id => Ok(*id),
+        (Caller::Tenant { .. }, Some(asked)) => {
+            Err(ApiError::not_found(format!("no tenant {asked}")).field("tenant_id"))
+        }
+        (Caller::Operator(_), Some(asked)) => Ok(asked),
+        (Caller::Operator(_), None) => Err(ApiError::unprocessable(
+            "tenant_id is required of an operator",
+            "tenant_id",
+        )),
+    }
+}
+
+/// A query that could not be read is a 400 saying why.
+pub(super) fn query_of<Q>(
+    query: Result<axum::extract::Query<Q>, axum::extract::rejection::QueryRejection>,
+) -> Result<Q, ApiError> {
+    let axum::extract::Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    Ok(query)
+}
+
+/// Appends `data` as `caller` to an aggregate whose subject still ends at
+/// `last`, and waits for the read model; `conflict` is the 409's detail
+/// when another write came first.
+pub(super) async fn append_guarded(
+    ctx: &ApiContext,
+    caller: &Caller,
+    last: u64,
+    data: lh_events::EventData,
+    conflict: &str,
+) -> Result<(), ApiError> {
+    let envelope = lh_events::Envelope::new(caller.actor(), chrono::Utc::now(), data);
+    let appended = match ctx
+        .bus
+        .publish(&envelope, lh_bus::Expect::LastSubjectSequence(last))
+        .await
+    {
+        Ok(a) => a,
+        Err(lh_bus::BusError::Conflict(_)) => return Err(ApiError::conflict(conflict)),
+        Err(e) => return Err(e.into()),
+    };
+    read_your_write(ctx, appended.sequence).await
+}
+
 /// Waits until the read model shows the event at `sequence`.
 pub async fn read_your_write(ctx: &ApiContext, sequence: u64) -> Result<(), ApiError> {
     if ctx

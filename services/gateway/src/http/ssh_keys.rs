@@ -11,15 +11,16 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use lh_bus::{BusError, Expect};
-use lh_events::{derived_id, subject, Envelope, EventData, SshKeyAdded, SshKeyRemoved};
+use lh_events::{derived_id, subject, EventData, SshKeyAdded, SshKeyRemoved};
 use lh_rpc::http::ssh_keys::{AddSshKey, SshKeyList, SshKeyView};
 use serde::Deserialize;
 use sqlx::FromRow;
 use utoipa::IntoParams;
 use uuid::Uuid;
 
-use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
+use super::{
+    append_guarded, query_of, read_your_write, whose, ApiContext, ApiError, ApiJson, Caller,
+};
 use crate::ssh_keys::{check_name, parse_public_key, MAX_SSH_KEYS_PER_TENANT};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -52,31 +53,7 @@ impl From<SshKeyRow> for SshKeyView {
 }
 
 const COLUMNS: &str = "key_id, tenant_id, name, fingerprint, public_key, created_at";
-
-/// The tenant whose keys a call is about: a tenant's own (another's is
-/// not found, so that its existence is not told); the one an operator
-/// names.
-fn whose(caller: &Caller, asked: Option<Uuid>) -> Result<Uuid, ApiError> {
-    match (caller, asked) {
-        (Caller::Tenant { id, .. }, None) => Ok(*id),
-        (Caller::Tenant { id, .. }, Some(asked)) if asked == *id => Ok(*id),
-        (Caller::Tenant { .. }, Some(asked)) => {
-            Err(ApiError::not_found(format!("no tenant {asked}")).field("tenant_id"))
-        }
-        (Caller::Operator(_), Some(asked)) => Ok(asked),
-        (Caller::Operator(_), None) => Err(ApiError::unprocessable(
-            "tenant_id is required of an operator",
-            "tenant_id",
-        )),
-    }
-}
-
-fn query_of(
-    query: Result<Query<SshKeysQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<SshKeysQuery, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    Ok(query)
-}
+const KEY_CHANGED: &str = "this key was added or removed while this call was decided; retry";
 
 /// The key's row once the read model shows everything on its subject, and
 /// that subject's last sequence, which the next write expects.
@@ -97,31 +74,6 @@ async fn fetch_key(ctx: &ApiContext, key_id: Uuid) -> Result<Option<SshKeyRow>, 
         .fetch_optional(&ctx.pool)
         .await?;
     Ok(row)
-}
-
-/// Appends `data` to its key's subject, expecting it still ends at `last`,
-/// and waits for the read model.
-async fn append(
-    ctx: &ApiContext,
-    caller: &Caller,
-    last: u64,
-    data: EventData,
-) -> Result<(), ApiError> {
-    let envelope = Envelope::new(caller.actor(), Utc::now(), data);
-    let appended = match ctx
-        .bus
-        .publish(&envelope, Expect::LastSubjectSequence(last))
-        .await
-    {
-        Ok(a) => a,
-        Err(BusError::Conflict(_)) => {
-            return Err(ApiError::conflict(
-                "this key was added or removed while this call was decided; retry",
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    read_your_write(ctx, appended.sequence).await
 }
 
 #[utoipa::path(
@@ -179,7 +131,7 @@ pub async fn add(
         public_key,
         fingerprint,
     });
-    append(&ctx, &caller, last, data).await?;
+    append_guarded(&ctx, &caller, last, data, KEY_CHANGED).await?;
     metrics::counter!("lh_gateway_ssh_keys_added_total").increment(1);
     let row = fetch_key(&ctx, key_id).await?;
     // None only when the tenant was erased while this was decided: the
@@ -252,7 +204,7 @@ pub async fn remove(
         key_id,
         tenant_id: row.tenant_id,
     });
-    append(&ctx, &caller, last, data).await?;
+    append_guarded(&ctx, &caller, last, data, KEY_CHANGED).await?;
     metrics::counter!("lh_gateway_ssh_keys_removed_total").increment(1);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -21,7 +21,8 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 use uuid::Uuid;
 
-use super::datasets::{check_name, query_of, storage_of, whose, workspace_holder};
+use super::datasets::{check_name, storage_of, workspace_holder};
+use super::{query_of, whose};
 use super::{ApiContext, ApiError, ApiJson, Caller};
 use crate::storage::StorageError;
 

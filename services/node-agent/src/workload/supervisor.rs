@@ -31,66 +31,22 @@ use super::{
 use crate::gpu::backend::GpuBackend;
 
 mod host;
+mod notice;
 mod supervised;
 
+use notice::Notice;
+use notice::{make_notice_dir, notice_dir, tell_notice};
 use supervised::Supervised;
 
 use crate::storage::cache::CacheHold;
 use crate::storage::{LeaseStorage, Prepared};
-
-/// A spot preemption, as its workload is told.
-#[derive(Debug, Clone, Copy)]
-pub struct Notice {
-    pub deadline: chrono::DateTime<chrono::Utc>,
-    pub reason: lh_events::PreemptionReason,
-}
-
-/// Where the notices of a lease's run here are kept (and mounted from).
-fn notice_dir(state_dir: &Path, lease_id: Uuid, placement: u64) -> PathBuf {
-    state_dir
-        .join("notices")
-        .join(format!("{lease_id}-{placement}"))
-}
-
-/// A fresh, empty directory every user may read (the container's user
-/// is another's on the host).
-fn make_notice_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-}
-
-/// Writes `notice.json` (whole or not at all), then signals the workload.
-async fn tell_notice(lease_id: Uuid, handle: &Supervised, dir: Option<&Path>, notice: &Notice) {
-    if let Some(dir) = dir {
-        let json = serde_json::json!({
-            "event": "preemption",
-            "deadline": notice.deadline,
-            "reason": notice.reason.as_str(),
-        });
-        let tmp = dir.join(".notice.json.tmp");
-        let written = std::fs::write(&tmp, format!("{json}\n"))
-            .and_then(|()| std::fs::rename(&tmp, dir.join("notice.json")));
-        if let Err(e) = written {
-            tracing::warn!(lease = %lease_id, error = %e, "cannot write the preemption notice");
-        }
-    }
-    let told = handle.notify().await;
-    tracing::info!(lease = %lease_id, deadline = %notice.deadline, signalled = told,
-        "workload told of its preemption");
-    metrics::counter!("lh_node_preemption_notices_total").increment(1);
-}
 
 /// What a running workload holds of its lease's data: its workspaces'
 /// sync, and its datasets in the node's cache.
 struct LeaseData {
     session: Option<Arc<LeaseStorage>>,
     /// Dropped when the workload has ended: only then may they leave.
-    #[allow(dead_code)]
-    holds: Vec<CacheHold>,
+    _holds: Vec<CacheHold>,
 }
 
 /// How leases run on this node.
@@ -470,7 +426,13 @@ impl Workloads {
         let (mut mounts, data) = match storage {
             Some(prepared) => {
                 let (mounts, session, holds) = prepared.into_parts();
-                (mounts, Some(LeaseData { session, holds }))
+                (
+                    mounts,
+                    Some(LeaseData {
+                        session,
+                        _holds: holds,
+                    }),
+                )
             }
             None => (Vec::new(), None),
         };
