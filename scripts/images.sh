@@ -7,7 +7,8 @@
 # The images leases run (`all` makes these three):
 #
 #   localhost/leasehold/base    a shell and the core tools (busybox), from
-#                               Debian's busybox-static: made in under a second
+#                               Debian's busybox-static, and curl: made in
+#                               under a second
 #   localhost/leasehold/python  Debian bookworm with Python 3 and PyTorch
 #                               (CPU), made by debootstrap from Debian's
 #                               packages (minutes: see docs/workloads.md)
@@ -85,7 +86,7 @@ has_image() { [ "$REBUILD" != 1 ] && "$PODMAN" image exists "$1"; }
 
 # What the base image says it holds: an older one (without sftp-server) is
 # made anew.
-BASE_IMAGE_MESSAGE='leasehold base: busybox, sftp-server'
+BASE_IMAGE_MESSAGE='leasehold base: busybox, sftp-server, curl'
 
 base() {
     local image=localhost/leasehold/base
@@ -118,14 +119,22 @@ base() {
     # the container for the sftp subsystem).
     local sftp=/usr/lib/openssh/sftp-server lib
     if [ -x "$sftp" ]; then
-        mkdir -p "$root/usr/lib/openssh"
-        cp "$sftp" "$root$sftp"
-        for lib in $(ldd "$sftp" | grep -oE '/[^ ]+'); do
-            mkdir -p "$root$(dirname "$lib")"
-            cp -L "$lib" "$root$lib"
-        done
+        copy_with_libraries "$sftp" "$root"
     else
         say "no $sftp here ('make deps' installs openssh-sftp-server): the base image has no sftp"
+    fi
+    # curl, which signs S3 requests itself (--aws-sigv4): a lease with
+    # --object-store reaches its bucket with nothing else installed.
+    local curl
+    curl=$(command -v curl || true)
+    if [ -n "$curl" ]; then
+        copy_with_libraries "$curl" "$root" /bin/curl
+        if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+            mkdir -p "$root/etc/ssl/certs"
+            cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
+        fi
+    else
+        say "no curl here ('make deps' installs it): the base image has no curl"
     fi
     printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
     printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
@@ -133,6 +142,18 @@ base() {
         --change 'CMD ["/bin/sh"]' --change 'ENV PATH=/bin' \
         --message "$BASE_IMAGE_MESSAGE" - "$image" >/dev/null
     say "$image made in $((SECONDS - started)) s"
+}
+
+# copy_with_libraries BINARY ROOT [AT]: BINARY at AT (its own path by
+# default) under ROOT, with the shared libraries it loads at their paths.
+copy_with_libraries() {
+    local binary=$1 root=$2 at=${3:-$1} lib
+    mkdir -p "$root$(dirname "$at")"
+    cp -L "$binary" "$root$at"
+    for lib in $(ldd "$binary" | grep -oE '/[^ ]+'); do
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
 }
 
 file_is_static() {

@@ -173,6 +173,13 @@ pub struct LeaseCreate {
     /// ends or moves. Repeatable.
     #[arg(long = "workspace", value_name = "NAME:/PATH", value_parser = parse_workspace, requires = "container")]
     pub workspaces: Vec<WorkspaceMountBody>,
+    /// Let the container reach your bucket itself: it gets your storage
+    /// identity (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), the
+    /// bucket's name in LH_BUCKET and the store at AWS_ENDPOINT_URL
+    /// (http://127.0.0.1:8333 inside it), which the AWS CLI, boto3 and
+    /// `curl --aws-sigv4` read. Nothing else is reachable through it.
+    #[arg(long, requires = "container")]
+    pub object_store: bool,
     /// The workload's command, after `--`: `lh lease create ... -- python train.py`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

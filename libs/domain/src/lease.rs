@@ -363,8 +363,9 @@ fn check_workload(w: &WorkloadSpec) -> Result<(), Invalid> {
     check_mounts(w)
 }
 
-/// Datasets and workspaces: named well, at good paths that do not overlap,
-/// and only in a container (a process lease shares the host's tree).
+/// Datasets, workspaces and the store itself: named well, at good paths
+/// that do not overlap, and only in a container (a process lease shares
+/// the host's tree and network).
 fn check_mounts(w: &WorkloadSpec) -> Result<(), Invalid> {
     use crate::storage::{
         bad_mount_path, bad_name, is_version, overlapping, MAX_DATASET_MOUNTS, MAX_WORKSPACE_MOUNTS,
@@ -389,6 +390,12 @@ fn check_mounts(w: &WorkloadSpec) -> Result<(), Invalid> {
                 format!("{field} are mounted into a container: name workload.image too"),
             ));
         }
+    }
+    if w.object_store && w.image.is_none() {
+        return Err(Invalid::unacceptable(
+            "workload.object_store",
+            "workload.object_store is given to a container: name workload.image too",
+        ));
     }
     let named = w
         .datasets

@@ -139,12 +139,18 @@ pub struct WorkloadSpec {
     /// it ends there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<WorkspaceMount>,
+    /// Whether the container may reach its tenant's bucket itself: it
+    /// gets the tenant's store identity in its environment and the store
+    /// at `AWS_ENDPOINT_URL`, a relay the node keeps on the container's
+    /// own loopback (docs/adr/032).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub object_store: bool,
 }
 
 impl WorkloadSpec {
     /// Whether the node needs the tenant's storage to start it.
     pub fn uses_storage(&self) -> bool {
-        !self.datasets.is_empty() || !self.workspaces.is_empty()
+        !self.datasets.is_empty() || !self.workspaces.is_empty() || self.object_store
     }
 }
 
@@ -576,6 +582,7 @@ mod tests {
             template: None,
             datasets: Vec::new(),
             workspaces: Vec::new(),
+            object_store: false,
         };
         let bytes = requested(workload).to_json();
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -602,6 +609,7 @@ mod tests {
             template: None,
             datasets: Vec::new(),
             workspaces: Vec::new(),
+            object_store: false,
         };
         let mut json: serde_json::Value =
             serde_json::from_slice(&requested(workload).to_json()).unwrap();

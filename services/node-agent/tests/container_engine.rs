@@ -119,6 +119,7 @@ impl Node {
             env,
             network: Default::default(),
             mounts: Vec::new(),
+            store: None,
         };
         runtime.start(a, &workload).expect("the container starts")
     }
@@ -561,6 +562,7 @@ async fn a_tenant_network_reaches_the_tenants_containers_and_nothing_else() {
         env: BTreeMap::new(),
         network: lh_events::WorkloadNetwork::Tenant,
         mounts: Vec::new(),
+        store: None,
     };
     // The host's services listen on all addresses, IPv4 and IPv6.
     let host_service = TcpListener::bind("[::]:0").unwrap();
@@ -928,6 +930,7 @@ fn previous_agent_with_containers() {
                 template: None,
                 datasets: Vec::new(),
                 workspaces: Vec::new(),
+                object_store: false,
             };
             let tenant = Uuid::from_u128(i as u128 + 1);
             assert!(workloads

@@ -96,6 +96,7 @@ fn command(line: &str) -> WorkloadSpec {
         template: None,
         datasets: Vec::new(),
         workspaces: Vec::new(),
+        object_store: false,
     }
 }
 

@@ -64,6 +64,7 @@ fn previous_agent() {
             template: None,
             datasets: Vec::new(),
             workspaces: Vec::new(),
+            object_store: false,
         };
         assert!(workloads
             .start(lease_id, PLACEMENT, &gpus(), &[], Some(&spec))
@@ -590,6 +591,7 @@ async fn killed_agent_running(command: &str) -> OnLog {
             template: None,
             datasets: Vec::new(),
             workspaces: Vec::new(),
+            object_store: false,
         }),
         ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 1, "A100-40GB")
     };

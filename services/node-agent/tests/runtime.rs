@@ -49,6 +49,7 @@ fn sh(script: &str) -> Workload {
         env: BTreeMap::new(),
         network: Default::default(),
         mounts: Vec::new(),
+        store: None,
     }
 }
 
@@ -697,6 +698,7 @@ fn container_workload() -> Workload {
         env: BTreeMap::from([("HF_TOKEN".to_string(), "s3cret-value".to_string())]),
         network: Default::default(),
         mounts: Vec::new(),
+        store: None,
     }
 }
 
@@ -828,6 +830,7 @@ async fn a_forged_workload_cannot_reconfigure_the_cli_nor_reach_it_with_a_flag()
         ]),
         network: Default::default(),
         mounts: Vec::new(),
+        store: None,
     };
     let a = assignment();
     let runtime = ContainerRuntime::docker(&cli).env_files_in(&env_dir);

@@ -1346,3 +1346,122 @@ async fn a_lease_from_a_lost_node_starts_elsewhere_from_its_workspaces_last_sync
     let text = wait_log_text(&stack, &key, &id, "resumed from 1").await;
     assert!(text.contains("checkpointed"), "{text}");
 }
+
+/// What a container with `object_store` runs: writes a result to its
+/// tenant's bucket and reads it back with the identity it was given, then
+/// tries the bucket of another tenant (`$OTHER`) every way it can.
+const REACH_STORE: &str = r#"set -u
+s3() { curl -sS --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@"; }
+echo "step 3 loss 0.25" > /scratch/result.txt
+s3 -o /dev/null -w 'own-put %{http_code}\n' -T /scratch/result.txt "$AWS_ENDPOINT_URL/$LH_BUCKET/results/run-1.txt"
+echo "own-get $(s3 "$AWS_ENDPOINT_URL/$LH_BUCKET/results/run-1.txt")"
+s3 -o /dev/null -w 'other-list %{http_code}\n' "$AWS_ENDPOINT_URL/$OTHER?list-type=2"
+s3 -o /dev/null -w 'other-get %{http_code}\n' "$AWS_ENDPOINT_URL/$OTHER/datasets/mnist"
+s3 -o /dev/null -w 'other-put %{http_code}\n' -T /scratch/result.txt "$AWS_ENDPOINT_URL/$OTHER/planted.txt"
+s3 -o /dev/null -w 'other-delete %{http_code}\n' -X DELETE "$AWS_ENDPOINT_URL/$OTHER/datasets/mnist"
+curl -sS -o /dev/null -w 'unsigned %{http_code}\n' "$AWS_ENDPOINT_URL/$LH_BUCKET/results/run-1.txt"
+echo reached; sleep 600"#;
+
+/// What a container without it runs: it has no identity and no store.
+const NO_STORE: &str = r#"echo "identity [${AWS_ACCESS_KEY_ID:-}] endpoint [${AWS_ENDPOINT_URL:-}]"
+if curl -sS -m 5 -o /dev/null http://127.0.0.1:8333/ 2>/dev/null; then echo store-reached; else echo store-unreachable; fi
+echo looked; sleep 600"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_reaches_its_tenants_bucket_through_its_relay_and_no_other_tenants() {
+    base_image();
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    let stack = stack_on(&store, &fleet, dir.path(), true).await;
+    let (_, key, _) = tenant(&stack, dir.path(), "writer").await;
+    let (other_id, _, other_key_file) = tenant(&stack, dir.path(), "neighbour").await;
+    // The neighbour's bucket holds a dataset.
+    let mnist = mnist_dir(dir.path());
+    let put = lh(
+        &stack,
+        &other_key_file,
+        &["data", "put", mnist.to_str().unwrap(), "--name", "mnist"],
+    )
+    .await;
+    assert_eq!(put.code, 0, "{}{}", put.stdout, put.stderr);
+    let other_bucket = format!("lh-t-{}", uuid::Uuid::parse_str(&other_id).unwrap().simple());
+
+    // On its tenant's network, which has no way out: the relay is in the
+    // container's own namespace whatever its network.
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+                "image": "localhost/leasehold/base",
+                "command": ["sh", "-c", REACH_STORE],
+                "env": {"OTHER": other_bucket},
+                "network": "tenant",
+                "object_store": true,
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    assert_eq!(lease["workload"]["object_store"], true, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    let text = wait_log_text(&stack, &key, &id, "reached").await;
+    for line in [
+        "own-put 200",
+        "own-get step 3 loss 0.25",
+        "other-list 403",
+        "other-get 403",
+        "other-put 403",
+        "other-delete 403",
+        "unsigned 403",
+    ] {
+        assert!(text.contains(line), "{line:?} not in: {text}");
+    }
+    // The result is in the tenant's bucket, the neighbour's is as it was.
+    let own = own_store(&stack, &key).await;
+    let result = own.get("results/run-1.txt").await.unwrap().expect("the result");
+    assert_eq!(&result[..], b"step 3 loss 0.25\n");
+    let other_key = std::fs::read_to_string(&other_key_file).unwrap();
+    let theirs = own_store(&stack, &other_key).await;
+    assert!(!exists(&theirs, "planted.txt").await);
+
+    // A container that did not ask has neither the identity nor the relay.
+    let (s, bare) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+                "image": "localhost/leasehold/base",
+                "command": ["sh", "-c", NO_STORE],
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{bare}");
+    let bare_id = bare["id"].as_str().unwrap().to_string();
+    let text = wait_log_text(&stack, &key, &bare_id, "looked").await;
+    assert!(text.contains("identity [] endpoint []"), "{text}");
+    assert!(text.contains("store-unreachable"), "{text}");
+
+    // Stopped, the relay goes with the container.
+    let (s, body) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{body}");
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+
+    // A process lease cannot ask: it shares the host's network.
+    let (s, refused) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+                "command": ["true"], "object_store": true,
+            }})),
+        )
+        .await;
+    assert_eq!(s, 422, "{refused}");
+    assert_eq!(refused["field"], "workload.object_store", "{refused}");
+}

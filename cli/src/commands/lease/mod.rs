@@ -114,7 +114,8 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
         || !c.env.is_empty()
         || !c.network.is_none()
         || !c.datasets.is_empty()
-        || !c.workspaces.is_empty();
+        || !c.workspaces.is_empty()
+        || c.object_store;
     CreateLease {
         gpus,
         gpu_fraction,
@@ -126,6 +127,7 @@ fn create_lease(c: &LeaseCreate) -> CreateLease {
             network: c.network,
             datasets: c.datasets.clone(),
             workspaces: c.workspaces.clone(),
+            object_store: c.object_store,
         }),
         template: c.template.clone(),
         gpu_model: c.gpu_model.clone(),

@@ -147,6 +147,7 @@ fn with_workload(command: &[&str], image: Option<&str>, env: &[&str]) -> LeaseBo
             template: None,
             datasets: Vec::new(),
             workspaces: Vec::new(),
+            object_store: false,
         }),
         ..whole(1)
     }
@@ -501,6 +502,7 @@ fn given_a_workload_over_its_byte_bound_when_decided_then_workload_is_named() {
             template: None,
             datasets: Vec::new(),
             workspaces: Vec::new(),
+            object_store: false,
         }),
         ..whole(1)
     };

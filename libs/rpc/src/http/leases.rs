@@ -145,6 +145,11 @@ pub struct WorkloadBody {
     /// on the tenant's storage across moves, recoveries and resumes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspaces: Vec<WorkspaceMountBody>,
+    /// The container reaches its tenant's bucket itself: the tenant's
+    /// store identity in its environment, the store at
+    /// `AWS_ENDPOINT_URL`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub object_store: bool,
 }
 
 /// A dataset a lease mounts, as a request states it.
@@ -198,6 +203,7 @@ impl From<WorkloadBody> for WorkloadSpec {
                     path: w.path,
                 })
                 .collect(),
+            object_store: body.object_store,
         }
     }
 }

@@ -174,8 +174,9 @@ pub fn requested_lease(e: &LeaseRequested, sequence: u64, occurred_at: DateTime<
 
 /// What the read model keeps of a workload: its command and image, the
 /// template they came from, of an environment kept out of the log, where
-/// it is and its names, never values (the log never holds them), and the
-/// datasets and workspaces it mounts.
+/// it is and its names, never values (the log never holds them), the
+/// datasets and workspaces it mounts, its network and whether it reaches
+/// the store itself.
 pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
     let mut view = serde_json::json!({"command": w.command, "image": w.image});
     if let Some(template) = &w.template {
@@ -189,6 +190,12 @@ pub(crate) fn workload_view(w: &lh_events::WorkloadSpec) -> serde_json::Value {
     }
     if !w.workspaces.is_empty() {
         view["workspaces"] = serde_json::json!(w.workspaces);
+    }
+    if !w.network.is_none() {
+        view["network"] = serde_json::json!(w.network);
+    }
+    if w.object_store {
+        view["object_store"] = serde_json::json!(true);
     }
     view
 }

@@ -428,6 +428,7 @@ fn requested_with_workload(lease: Uuid) -> EventData {
         template: None,
         datasets: Vec::new(),
         workspaces: Vec::new(),
+        object_store: false,
     });
     EventData::LeaseRequested(r)
 }

@@ -166,6 +166,7 @@ impl NodeStorage {
         });
         Ok(Prepared {
             mounts,
+            object_store: spec.object_store.then(|| grant.clone()),
             session,
             _holds: holds,
         })
@@ -196,6 +197,8 @@ fn store_of(grant: &StorageGrant) -> lh_storage::Result<TenantStore> {
 /// What a start needs of a lease's data.
 pub struct Prepared {
     pub mounts: Vec<Mount>,
+    /// The tenant's store, for a workload that reaches it itself.
+    pub object_store: Option<StorageGrant>,
     /// Its workspaces, synced while it runs; none without workspaces.
     pub session: Option<Arc<LeaseStorage>>,
     /// Its datasets stay in the cache while it holds them.

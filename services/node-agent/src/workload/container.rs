@@ -244,7 +244,12 @@ pub fn container_name(lease_id: Uuid) -> String {
 /// `None` when there is nothing to pass.
 pub fn env_file_contents(assignment: &Assignment, workload: &Workload) -> Option<String> {
     let lease = lease_env(assignment);
-    let lines: String = tenant_env(assignment.lease_id, workload)
+    let mut env = tenant_env(assignment.lease_id, workload);
+    // The platform's store variables win over the tenant's own.
+    if let Some(grant) = &workload.store {
+        env.extend(super::store_relay::store_env(grant));
+    }
+    let lines: String = env
         .iter()
         .filter(|(name, _)| !lease.contains_key(*name))
         .map(|(name, value)| format!("{name}={value}\n"))
@@ -485,16 +490,40 @@ impl Runtime for ContainerRuntime {
             make_stand_in_devices(dir, assignment)?;
         }
         let lease_id = assignment.lease_id;
+        let relay_target = match &workload.store {
+            None => None,
+            Some(_) if self.flavor != CliFlavor::Podman => {
+                return Err(RuntimeError::InvalidConfig(
+                    "a container reaches the object store only under podman, which can make \
+                     a container without starting it (workload.object_store)"
+                        .into(),
+                ))
+            }
+            Some(grant) => Some(
+                super::store_relay::Target::of(grant).map_err(RuntimeError::InvalidConfig)?,
+            ),
+        };
         // Whatever is made for the container before it runs is undone if
         // it cannot be started.
         let mut made = MadeForStart::default();
-        let child = self.spawn(assignment, workload, image, &mut made);
-        let child = match child {
+        let child = self.spawn(assignment, workload, image, relay_target.is_some(), &mut made);
+        let mut child = match child {
             Ok(child) => child,
             Err(e) => {
                 made.undo(self, lease_id);
                 return Err(e);
             }
+        };
+        let start_deadline = tokio::time::Instant::now() + self.start_timeout;
+        let relay = match (relay_target, child.stdin.take()) {
+            (Some(target), Some(launcher)) => Some(super::store_relay::spawn_open(
+                self.engine(),
+                container_name(lease_id),
+                start_deadline,
+                target,
+                launcher,
+            )),
+            _ => None,
         };
         tracing::info!(lease = %lease_id, pid = ?child.id(), image, "container started");
         RunningWorkload::new(
@@ -506,12 +535,13 @@ impl Runtime for ContainerRuntime {
                 image: image.to_string(),
                 stop_margin: self.stop_margin,
                 env_file: made.env_file,
-                start_deadline: tokio::time::Instant::now() + self.start_timeout,
+                start_deadline,
                 running_seen: false,
                 memory_cgroups: made.cgroup_parent.and(self.memory_cgroups.clone()),
                 network: made
                     .tenant_network
                     .map(|tenant| (self.tenant_networks.clone(), tenant)),
+                relay,
                 on_running: None,
                 ran: false,
             })),
@@ -544,12 +574,15 @@ impl MadeForStart {
 impl ContainerRuntime {
     /// Makes what the container needs on the host (its tenant's network,
     /// its parent cgroup, its env file), noting each in `made`, and spawns
-    /// `<cli> run`.
+    /// `<cli> run`; or, for a container with a store relay, the launcher
+    /// that makes it and starts it on the agent's word, with its standard
+    /// input the agent's to write ([`super::store_relay`]).
     fn spawn(
         &self,
         assignment: &Assignment,
         workload: &Workload,
         image: &str,
+        relayed: bool,
         made: &mut MadeForStart,
     ) -> Result<tokio::process::Child, RuntimeError> {
         let lease_id = assignment.lease_id;
@@ -596,10 +629,23 @@ impl ContainerRuntime {
             network.as_deref(),
         );
         let (stdout, stderr) = super::output_of(assignment)?;
-        self.engine()
-            .command()
-            .args(&args)
-            .stdin(Stdio::null())
+        let engine = self.engine();
+        let (mut command, stdin) = if relayed {
+            let name = container_name(lease_id);
+            let mut launcher = engine.launcher_command();
+            launcher
+                .arg("-c")
+                .arg(super::store_relay::launcher_script(&engine, &name))
+                .arg("sh")
+                .args(&args[1..]);
+            (launcher, Stdio::piped())
+        } else {
+            let mut run = engine.command();
+            run.args(&args);
+            (run, Stdio::null())
+        };
+        command
+            .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr)
             .process_group(0)
@@ -695,6 +741,7 @@ mod tests {
             env: BTreeMap::from([("TOKEN".to_string(), "secret".to_string())]),
             network: Default::default(),
             mounts: Vec::new(),
+            store: None,
         }
     }
 

@@ -52,6 +52,12 @@ impl Engine {
         Command::from(self.blocking_command())
     }
 
+    /// `/bin/sh`, in the environment the CLI gets: what runs the CLI a
+    /// few times in a row as one process (`super::store_relay`).
+    pub(crate) fn launcher_command(&self) -> Command {
+        Command::from(cli_command(Path::new("/bin/sh")))
+    }
+
     /// [`Engine::command`] for a caller that waits on it in its thread.
     pub(crate) fn blocking_command(&self) -> std::process::Command {
         let mut command = cli_command(&self.cli);

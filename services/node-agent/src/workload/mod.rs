@@ -32,6 +32,7 @@ pub mod mps;
 pub mod process;
 pub mod reconcile;
 pub mod stderr;
+pub mod store_relay;
 pub mod supervisor;
 pub mod tenant_network;
 
@@ -146,6 +147,10 @@ pub struct Workload {
     /// read-only, its workspaces read and written (`crate::storage`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
+    /// The tenant's store, for a container that reaches its bucket itself
+    /// ([`store_relay`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<lh_rpc::workload_env::StorageGrant>,
 }
 
 /// The signal a container's workload gets with a preemption notice.
@@ -365,6 +370,8 @@ struct ContainerWorkload {
     memory_cgroups: Option<container_cgroup::ContainerCgroups>,
     /// The tenant network it joined, left when it is removed.
     network: Option<(tenant_network::TenantNetworks, Uuid)>,
+    /// Its way to the store, closed when it is removed.
+    relay: Option<store_relay::RelayTask>,
     /// Told once the engine says it runs; dropped if it never does.
     on_running: Option<tokio::sync::oneshot::Sender<()>>,
     /// The engine said it runs.
@@ -599,6 +606,7 @@ impl RunningWorkload {
                             Some(ImageMissing | EngineError | StartTimeout)
                         ));
                 reconcile::remove_container(&c.engine, &c.name).await;
+                c.relay = None;
                 if let Some(cgroups) = &c.memory_cgroups {
                     cgroups.remove(self.lease_id).await;
                 }
@@ -790,6 +798,7 @@ mod tests {
             ]),
             network: Default::default(),
             mounts: Vec::new(),
+            store: None,
         };
         let env = workload_env(&assignment(), &workload);
         assert_eq!(env[ENV_CUDA_VISIBLE_DEVICES], "GPU-aaa,MIG-bbb");
@@ -868,6 +877,7 @@ mod tests {
                 path: "/data".into(),
                 writable: false,
             }],
+            store: None,
         };
         let json = serde_json::to_string(&workload).unwrap();
         assert_eq!(serde_json::from_str::<Workload>(&json).unwrap(), workload);

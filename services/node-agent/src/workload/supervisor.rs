@@ -423,8 +423,9 @@ impl Workloads {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };
-        let (mut mounts, data) = match storage {
-            Some(prepared) => {
+        let (mut mounts, data, store) = match storage {
+            Some(mut prepared) => {
+                let store = prepared.object_store.take();
                 let (mounts, session, holds) = prepared.into_parts();
                 (
                     mounts,
@@ -432,9 +433,10 @@ impl Workloads {
                         session,
                         _holds: holds,
                     }),
+                    store,
                 )
             }
-            None => (Vec::new(), None),
+            None => (Vec::new(), None, None),
         };
         // A container finds its notices here; a process lease is told none.
         let notice_dir = match spec.image {
@@ -467,6 +469,7 @@ impl Workloads {
             env: spec.env.clone(),
             network: spec.network,
             mounts,
+            store,
         };
         let limits = MpsLimits::of_share(&assignment);
         if let (Some(mps), Some(limits), Some(gpu)) = (&mut self.mps, limits, gpus.first()) {
