@@ -451,6 +451,74 @@ mod tests {
         }
     }
 
+    /// A store behind TLS: the relay carries the container's bytes over a
+    /// connection it verified, and carries nothing to a store whose
+    /// certificate it does not trust.
+    #[tokio::test]
+    async fn the_relay_carries_bytes_to_a_tls_store_it_verifies() {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+        let rcgen::CertifiedKey { cert, key_pair } =
+            rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(key_pair.serialize_der().into()),
+        )
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let store = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = store.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = store.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut tls = BufReader::new(tls);
+                    let mut line = String::new();
+                    tls.read_line(&mut line).await.unwrap();
+                    tls.get_mut()
+                        .write_all(format!("store saw {line}").as_bytes())
+                        .await
+                        .unwrap();
+                    tls.get_mut().shutdown().await.unwrap();
+                });
+            }
+        });
+        let grant = grant(&format!("https://localhost:{port}"));
+        let relay_through = |target: Target| async move {
+            let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = relay.local_addr().unwrap();
+            let serving = lh_service::AbortOnDrop(tokio::spawn(serve(relay, target)));
+            let mut container = TcpStream::connect(addr).await.unwrap();
+            container.write_all(b"GET /lh-t-1/x\n").await.unwrap();
+            let mut answer = String::new();
+            let _ = tokio::time::timeout(
+                Duration::from_secs(20),
+                container.read_to_string(&mut answer),
+            )
+            .await
+            .expect("the relay closes or answers");
+            drop(serving);
+            answer
+        };
+        let trusted = Target::with_roots(&grant, || {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(cert.der().clone()).unwrap();
+            roots
+        })
+        .unwrap();
+        assert_eq!(relay_through(trusted).await, "store saw GET /lh-t-1/x\n");
+        let public_roots = Target::of(&grant).unwrap();
+        assert_eq!(relay_through(public_roots).await, "");
+    }
+
     #[test]
     fn the_store_variables_point_at_the_relay() {
         let env = store_env(&grant("http://10.0.0.1:8333"));
