@@ -197,11 +197,24 @@ impl NodeAgent {
             // destroying their instances. An ended lease's instances went
             // before its end was reported.
             let (mig_placed, mig_over) = self.mig_of_leases();
+            let with_data = self
+                .state
+                .holding()
+                .filter_map(|(&lease_id, l)| match (&l.workload, l.tenant_id) {
+                    (crate::state::Workload::Known(Some(spec)), Some(tenant))
+                        if spec.uses_storage() =>
+                    {
+                        Some((lease_id, (tenant, spec.clone())))
+                    }
+                    _ => None,
+                })
+                .collect();
             commands.push(Command::Reconcile {
                 placed_here,
                 share_gpus,
                 mig_placed,
                 mig_over,
+                with_data,
             });
             self.reconciliation = Reconciliation::Asked;
         }

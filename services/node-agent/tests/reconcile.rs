@@ -851,3 +851,258 @@ fn a_bad_setting_ends_the_agent_with_status_1_and_one_line_that_names_it() {
     assert!(said[0].contains("--node-id \"gpu.1\""), "{stderr}");
     assert!(!stderr.contains("backtrace"), "{stderr}");
 }
+
+// ---- an adopted container's data, on podman and a real store -------------
+
+/// What the container of the data test runs: every half second it counts
+/// on in its workspace and puts the count to its tenant's bucket through
+/// its relay (a put that fails, while no agent relays, is skipped).
+const BEAT: &str = r#"n=0
+while true; do
+  n=$((n + 1)); echo "$n" > /workspace/ckpt
+  curl -sS -m 2 -o /dev/null --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+    -T /workspace/ckpt "$AWS_ENDPOINT_URL/$LH_BUCKET/beat.txt" 2>/dev/null
+  sleep 0.5
+done"#;
+
+const PODMAN_ARGS: [&str; 4] = ["--cgroup-manager", "cgroupfs", "--runtime", "runc"];
+
+/// The count the container last put, as the bucket holds it.
+async fn beat(store: &lh_storage::TenantStore) -> u64 {
+    match store.get("beat.txt").await {
+        Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).trim().parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+async fn wait_beat_over(store: &lh_storage::TenantStore, over: u64, what: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let n = beat(store).await;
+        if n > over {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {what}: the beat stays at {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A container with a workspace and the store, started by an agent (the
+/// binary, on podman) that is then killed with SIGKILL: its relay goes with
+/// it, and nothing syncs its workspace. The restarted agent adopts the
+/// container, asks the gateway (played here, on the bus) for the tenant's
+/// storage again, opens the relay again and syncs the workspace at the
+/// lease's end. Before, an agent's restart lost what the workload wrote
+/// after the last periodic sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again() {
+    use lh_rpc::workload_env::{StorageGrant, WorkloadEnvReply, WorkloadEnvRequest};
+    let made = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/images.sh"
+    ))
+    .arg("base")
+    .status()
+    .unwrap();
+    assert!(made.success(), "scripts/images.sh base");
+    let s3 = lh_testkit::S3Store::start().await.unwrap();
+    let config = lh_storage::StoreConfig::new(s3.endpoint());
+    let (admin_key, admin_secret) = s3.admin_keys();
+    let admin = lh_storage::Admin::new(
+        &config,
+        lh_storage::Credentials::new(admin_key, admin_secret),
+    )
+    .unwrap();
+    let tenant_id = Uuid::now_v7();
+    let bucket = format!("lh-t-{}", tenant_id.simple());
+    admin.ensure_bucket(&bucket).await.unwrap();
+    let credentials = admin
+        .ensure_tenant_identity(&bucket, &bucket)
+        .await
+        .unwrap();
+    let store = lh_storage::TenantStore::new(&config, &bucket, &credentials).unwrap();
+    let grant = StorageGrant {
+        endpoint: s3.endpoint(),
+        region: config.region.clone(),
+        bucket: bucket.clone(),
+        access_key_id: credentials.access_key_id.clone(),
+        secret_access_key: credentials.secret_access_key.clone(),
+        allow_http: false,
+    };
+
+    let nats = lh_testkit::Nats::start().await.unwrap();
+    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let views = tokio::spawn(lh_scheduler::node_view::run(
+        bus.clone(),
+        chrono::Duration::seconds(30),
+        lh_service::CancellationToken::new(),
+    ));
+    // The gateway's part: the tenant's storage to the node that asks.
+    let answers = bus.clone();
+    let gateway = lh_service::AbortOnDrop(tokio::spawn(async move {
+        let _ = lh_bus::rpc::serve(
+            &answers,
+            &lh_events::subject::rpc_workload_env(NODE),
+            "gateway",
+            move |request: WorkloadEnvRequest| {
+                let grant = grant.clone();
+                async move {
+                    Ok::<_, String>(WorkloadEnvReply::Values {
+                        values: Default::default(),
+                        salt: String::new(),
+                        storage: request.storage.then_some(grant),
+                    })
+                }
+            },
+        )
+        .await;
+    }));
+    let on_log = OnLog {
+        nats,
+        bus,
+        dir: lh_testkit::shared_tempdir(),
+        lease_id: Uuid::now_v7(),
+        _views: lh_service::AbortOnDrop(views),
+    };
+    fs::write(on_log.fleet(), FLEET).unwrap();
+    let request = lh_events::LeaseRequested {
+        workload: Some(WorkloadSpec {
+            command: ["sh", "-c", BEAT].map(String::from).into(),
+            image: Some("localhost/leasehold/base".into()),
+            workspaces: vec![lh_events::WorkspaceMount {
+                name: "ws".into(),
+                path: "/workspace".into(),
+            }],
+            object_store: true,
+            ..Default::default()
+        }),
+        ..lh_events::fixtures::whole_request(on_log.lease_id, tenant_id, 1, "A100-40GB")
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseRequested(request))
+        .await;
+    let placed = lh_events::fixtures::placed(on_log.lease_id, NODE, "z", "A100-40GB", 40, &[0]);
+    // The node learns whose lease it is from its placement's envelope.
+    let mut placed = lh_events::fixtures::by_owner(lh_events::EventData::LeasePlaced(placed));
+    placed.tenant_id = Some(tenant_id);
+    on_log
+        .bus
+        .publish(&placed, lh_bus::Expect::Any)
+        .await
+        .unwrap();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
+        .arg("--nats-url")
+        .arg(on_log.nats.url())
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--node-id",
+            NODE,
+            "--runtime",
+            "podman",
+        ])
+        .args(PODMAN_ARGS.iter().flat_map(|a| ["--container-cli-arg", a]))
+        .arg("--fleet-file")
+        .arg(on_log.fleet())
+        .arg("--state-dir")
+        .arg(on_log.state_dir())
+        // No periodic sync comes in this test's time: only a last one.
+        .env("LH_WORKSPACE_SYNC_INTERVAL_SECS", "3600")
+        // Its log, to read when the test fails.
+        .stdout(fs::File::create(on_log.dir.path().join("previous-agent.log")).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let container = format!("lh-{}", on_log.lease_id);
+    let _cleanup = RemoveOnDrop(container.clone());
+    wait_beat_over(&store, 1, "a first put through the relay").await;
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // With its agent gone the relay is gone: the count in the bucket stops.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stalled = beat(&store).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(beat(&store).await, stalled, "no relay without an agent");
+
+    let token = lh_service::CancellationToken::new();
+    let config = lh_node_agent::Config {
+        runtime: RuntimeKind::Podman,
+        container_cli_args: PODMAN_ARGS.map(String::from).into(),
+        state_dir: on_log.state_dir(),
+        stop_grace_secs: 2,
+        storage: lh_node_agent::storage::StorageArgs {
+            workspace_sync_interval_secs: 3600,
+            ..lh_node_agent::storage::StorageArgs::for_test()
+        },
+        ..lh_node_agent::Config::for_test(&on_log.nats.url(), on_log.fleet(), NODE)
+    };
+    let running = lh_node_agent::start(config, token.clone()).await.unwrap();
+    // Adopted, its relay open again: the count goes on in the bucket.
+    let resumed = wait_beat_over(&store, stalled + 2, "a put after the restart").await;
+
+    // Stopped: the restarted agent syncs the workspace a last time.
+    on_log
+        .publish(lh_events::EventData::LeaseStopRequested(
+            lh_events::LeaseStopRequested {
+                lease_id: on_log.lease_id,
+            },
+        ))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let synced = loop {
+        let events = on_log.lease_events().await;
+        let synced = events.into_iter().find_map(|e| match e {
+            lh_events::EventData::LeaseWorkspaceSynced(s) => Some(s),
+            _ => None,
+        });
+        if let Some(synced) = synced {
+            break synced;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no last sync of the adopted workspace"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(synced.reason, lh_events::WorkspaceSyncReason::End);
+    assert_eq!(synced.files, 1, "{synced:?}");
+    // What it holds is the count the workload reached after the restart.
+    let head = lh_storage::workspace::read_head(&store, "ws")
+        .await
+        .unwrap()
+        .expect("a head");
+    let manifest = lh_storage::workspace::head_manifest(&store, "ws", &head)
+        .await
+        .unwrap();
+    let restored = tempfile::tempdir().unwrap();
+    lh_storage::download(&store, &manifest, restored.path(), &lh_storage::NoProgress)
+        .await
+        .unwrap();
+    let count: u64 = fs::read_to_string(restored.path().join("ckpt"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(count >= resumed, "synced {count}, the bucket saw {resumed}");
+    on_log.wait_for_event("lease.ended").await;
+    token.cancel();
+    running.wait().await.unwrap();
+    drop(gateway);
+}
+
+/// Removes the container of a test that failed half way.
+struct RemoveOnDrop(String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(PODMAN_ARGS)
+            .args(["rm", "--force", "--time", "0", &self.0])
+            .output();
+    }
+}

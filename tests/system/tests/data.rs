@@ -1385,7 +1385,10 @@ async fn a_container_reaches_its_tenants_bucket_through_its_relay_and_no_other_t
     )
     .await;
     assert_eq!(put.code, 0, "{}{}", put.stdout, put.stderr);
-    let other_bucket = format!("lh-t-{}", uuid::Uuid::parse_str(&other_id).unwrap().simple());
+    let other_bucket = format!(
+        "lh-t-{}",
+        uuid::Uuid::parse_str(&other_id).unwrap().simple()
+    );
 
     // On its tenant's network, which has no way out: the relay is in the
     // container's own namespace whatever its network.
@@ -1420,7 +1423,11 @@ async fn a_container_reaches_its_tenants_bucket_through_its_relay_and_no_other_t
     }
     // The result is in the tenant's bucket, the neighbour's is as it was.
     let own = own_store(&stack, &key).await;
-    let result = own.get("results/run-1.txt").await.unwrap().expect("the result");
+    let result = own
+        .get("results/run-1.txt")
+        .await
+        .unwrap()
+        .expect("the result");
     assert_eq!(&result[..], b"step 3 loss 0.25\n");
     let other_key = std::fs::read_to_string(&other_key_file).unwrap();
     let theirs = own_store(&stack, &other_key).await;

@@ -142,6 +142,13 @@ impl DatasetCache {
         self.root.join(key.0.to_string()).join(&key.1)
     }
 
+    /// A hold on `version` of `tenant_id`'s dataset if it is staged here:
+    /// what a restarted agent takes for the workloads it adopts, whose
+    /// mounts are still in use.
+    pub fn hold_staged(self: &Arc<Self>, tenant_id: Uuid, version: &str) -> Option<CacheHold> {
+        self.hold(&(tenant_id, version.to_string()))
+    }
+
     /// Takes a hold on `key` if it is staged.
     fn hold(self: &Arc<Self>, key: &Key) -> Option<CacheHold> {
         let mut state = self.lock();

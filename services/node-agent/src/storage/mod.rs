@@ -173,6 +173,84 @@ impl NodeStorage {
     }
 }
 
+impl NodeStorage {
+    /// Holds the datasets of a workload a restarted agent adopted, as its
+    /// start did: their directories are mounted into it. A version the
+    /// cache does not hold (removed by hand) is left out.
+    pub fn hold_datasets(&self, tenant_id: Uuid, spec: &WorkloadSpec) -> Vec<CacheHold> {
+        spec.datasets
+            .iter()
+            .filter_map(|d| {
+                let hold = self.cache.hold_staged(tenant_id, &d.version);
+                if hold.is_none() {
+                    tracing::warn!(dataset = %d.name, version = %d.version,
+                        "an adopted workload's dataset is not in the cache");
+                }
+                hold
+            })
+            .collect()
+    }
+
+    /// The workspaces of a workload a restarted agent adopted, synced
+    /// again from where its start left them on the node (nothing is
+    /// restored: the workload has been writing them). A workspace whose
+    /// directory is gone is left out. `None` without workspaces.
+    pub async fn resume(
+        &self,
+        bus: &Bus,
+        grant: &StorageGrant,
+        lease_id: Uuid,
+        placement: u64,
+        spec: &WorkloadSpec,
+    ) -> Result<Option<Arc<LeaseStorage>>, String> {
+        if spec.workspaces.is_empty() {
+            return Ok(None);
+        }
+        let store = store_of(grant).map_err(|e| format!("the tenant's storage: {e}"))?;
+        let lease_dir = self.workspaces_dir.join(format!("{lease_id}-{placement}"));
+        let mut workspaces = Vec::new();
+        let mut live = Vec::new();
+        for mount in &spec.workspaces {
+            let dir = lease_dir.join(&mount.name);
+            if !tokio::fs::metadata(&dir).await.is_ok_and(|m| m.is_dir()) {
+                tracing::warn!(lease = %lease_id, workspace = %mount.name,
+                    "an adopted workload's workspace is not on the node; it is not synced");
+                continue;
+            }
+            // The chunks this lease's own last sync named are in the
+            // bucket; after another holder's, the next sync checks them all.
+            let chunks = match lh_storage::workspace::read_head(&store, &mount.name).await {
+                Ok(Some(head))
+                    if head.holder.lease_id == lease_id && head.holder.placement == placement =>
+                {
+                    lh_storage::workspace::head_manifest(&store, &mount.name, &head)
+                        .await
+                        .map(|m| lh_storage::workspace::chunks_of(&m))
+                        .unwrap_or_default()
+                }
+                _ => HashSet::new(),
+            };
+            workspaces.push((mount.name.clone(), dir));
+            live.push(chunks);
+        }
+        if workspaces.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(LeaseStorage {
+            bus: bus.clone(),
+            store,
+            lease_id,
+            placement,
+            node_id: self.node_id.clone(),
+            workspaces,
+            lease_dir,
+            syncing: Mutex::new(live),
+            interval: Duration::from_secs(self.args.workspace_sync_interval_secs),
+            timeout: Duration::from_secs(self.args.workspace_sync_timeout_secs),
+        })))
+    }
+}
+
 async fn remove_dir_if_any(dir: &Path) -> Result<(), String> {
     match tokio::fs::remove_dir_all(dir).await {
         Ok(()) => Ok(()),

@@ -499,14 +499,20 @@ impl Runtime for ContainerRuntime {
                         .into(),
                 ))
             }
-            Some(grant) => Some(
-                super::store_relay::Target::of(grant).map_err(RuntimeError::InvalidConfig)?,
-            ),
+            Some(grant) => {
+                Some(super::store_relay::Target::of(grant).map_err(RuntimeError::InvalidConfig)?)
+            }
         };
         // Whatever is made for the container before it runs is undone if
         // it cannot be started.
         let mut made = MadeForStart::default();
-        let child = self.spawn(assignment, workload, image, relay_target.is_some(), &mut made);
+        let child = self.spawn(
+            assignment,
+            workload,
+            image,
+            relay_target.is_some(),
+            &mut made,
+        );
         let mut child = match child {
             Ok(child) => child,
             Err(e) => {

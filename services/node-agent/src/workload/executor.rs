@@ -79,6 +79,10 @@ pub(crate) enum Command {
         share_gpus: HashMap<Uuid, AssignedGpu>,
         mig_placed: Vec<MigPlaced>,
         mig_over: Vec<MigPlaced>,
+        /// The tenant and request of each lease placed here whose workload
+        /// has data (datasets, workspaces, the store): an adopted one's is
+        /// found again.
+        with_data: HashMap<Uuid, (Uuid, WorkloadSpec)>,
     },
 }
 
@@ -121,6 +125,15 @@ struct Resolved {
     mig: Result<Vec<StartedMigDevice>, String>,
 }
 
+/// An adopted workload's data, found again after the adoption.
+struct Resumed {
+    lease_id: Uuid,
+    placement: u64,
+    session: Option<Arc<crate::storage::LeaseStorage>>,
+    holds: Vec<crate::storage::cache::CacheHold>,
+    relay: Option<super::store_relay::RelayTask>,
+}
+
 /// Starts the task; it ends when the agent drops its command sender.
 /// How often the workload side looks for workloads of this node that it
 /// does not supervise, and stops them.
@@ -140,6 +153,7 @@ pub(crate) fn spawn(
     let (report_tx, reports) = mpsc::unbounded_channel::<Report>();
     let (resolved_tx, mut resolved) = mpsc::unbounded_channel::<Resolved>();
     let (running_tx, mut running) = mpsc::unbounded_channel::<(Uuid, u64)>();
+    let (resumed_tx, mut resumed) = mpsc::unbounded_channel::<Resumed>();
     let mig = MigInstances::new(workloads.gpu_backend());
     let mut side = WorkloadSide {
         bus,
@@ -152,6 +166,7 @@ pub(crate) fn spawn(
         after_stop: HashMap::new(),
         starting: HashMap::new(),
         running_tx,
+        resumed_tx,
     };
     tokio::spawn(async move {
         let mut sweep = tokio::time::interval(ORPHAN_SWEEP_EVERY);
@@ -163,9 +178,10 @@ pub(crate) fn spawn(
                     None => return,
                     // Once, at start, before any other command: nothing
                     // else waits on the workload side meanwhile.
-                    Some(Command::Reconcile { placed_here, share_gpus, mig_placed, mig_over }) => {
+                    Some(Command::Reconcile { placed_here, share_gpus, mig_placed, mig_over, with_data }) => {
                         let reconciled = side.workloads.reconcile(&placed_here).await;
                         side.workloads.reconcile_shares(&reconciled.adopted, &share_gpus);
+                        side.resume_data(&reconciled.adopted, with_data);
                         side.mig.adopt(mig_placed, mig_over).await;
                         reconciled_once = true;
                         Some(Report::Reconciled { adopted: reconciled.adopted })
@@ -179,6 +195,10 @@ pub(crate) fn spawn(
                     None
                 }
                 Some(r) = resolved.recv() => side.resolved(r),
+                Some(r) = resumed.recv() => {
+                    side.workloads.attach_data(r.lease_id, r.placement, r.session, r.holds, r.relay);
+                    None
+                }
                 Some((lease_id, placement)) = running.recv() => side.now_running(lease_id, placement),
                 Some(f) = finished.recv() => {
                     // It ran (its running may be told here first, as the
@@ -230,9 +250,89 @@ struct WorkloadSide {
     /// container runs.
     starting: HashMap<Uuid, u64>,
     running_tx: mpsc::UnboundedSender<(Uuid, u64)>,
+    resumed_tx: mpsc::UnboundedSender<Resumed>,
 }
 
 impl WorkloadSide {
+    /// Finds the data of the adopted workloads of `adopted` that have any
+    /// again: their datasets held in the cache at once, then, with the
+    /// tenant's storage from the gateway, their workspaces' syncs and their
+    /// way to the store. A failure is logged; the workload runs on.
+    fn resume_data(
+        &mut self,
+        adopted: &[(Uuid, u64)],
+        mut with_data: HashMap<Uuid, (Uuid, WorkloadSpec)>,
+    ) {
+        let Some(storage) = self.storage.clone() else {
+            return;
+        };
+        for &(lease_id, placement) in adopted {
+            let Some((tenant_id, spec)) = with_data.remove(&lease_id) else {
+                continue;
+            };
+            if !self.workloads.awaits_data(lease_id, placement) {
+                continue;
+            }
+            let holds = storage.hold_datasets(tenant_id, &spec);
+            let engine = self.workloads.container_engine();
+            let (bus, node_id, resumed) = (
+                self.bus.clone(),
+                self.node_id.clone(),
+                self.resumed_tx.clone(),
+            );
+            let storage = storage.clone();
+            tokio::spawn(async move {
+                let mut asked = spec.clone();
+                let grant = match fetch_env(&bus, &node_id, lease_id, &mut asked).await {
+                    Ok(Some(grant)) => Some(grant),
+                    Ok(None) => None,
+                    Err(why) => {
+                        tracing::warn!(lease = %lease_id, why,
+                            "an adopted workload's storage is not given: its workspaces are not synced");
+                        None
+                    }
+                };
+                let session = match &grant {
+                    Some(grant) => storage
+                        .resume(&bus, grant, lease_id, placement, &spec)
+                        .await
+                        .unwrap_or_else(|why| {
+                            tracing::warn!(lease = %lease_id, why,
+                                "an adopted workload's workspaces are not synced");
+                            None
+                        }),
+                    None => None,
+                };
+                let relay = match (&grant, engine) {
+                    (Some(grant), Some(engine)) if spec.object_store => {
+                        match super::store_relay::Target::of(grant) {
+                            Ok(target) => Some(super::store_relay::spawn_reopen(
+                                engine,
+                                super::container::container_name(lease_id),
+                                target,
+                            )),
+                            Err(why) => {
+                                tracing::warn!(lease = %lease_id, why, "no store relay");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if session.is_some() {
+                    tracing::info!(lease = %lease_id, "an adopted workload's workspaces are synced again");
+                }
+                let _ = resumed.send(Resumed {
+                    lease_id,
+                    placement,
+                    session,
+                    holds,
+                    relay,
+                });
+            });
+        }
+    }
+
     /// The container started for `placement` runs now, if that is still
     /// to be told.
     fn now_running(&mut self, lease_id: Uuid, placement: u64) -> Option<Report> {

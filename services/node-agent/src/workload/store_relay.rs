@@ -77,7 +77,10 @@ pub fn store_env(grant: &StorageGrant) -> BTreeMap<String, String> {
 pub struct Target {
     host: String,
     port: u16,
-    tls: Option<(rustls_pki_types::ServerName<'static>, Arc<rustls::ClientConfig>)>,
+    tls: Option<(
+        rustls_pki_types::ServerName<'static>,
+        Arc<rustls::ClientConfig>,
+    )>,
 }
 
 impl std::fmt::Debug for Target {
@@ -114,7 +117,9 @@ impl Target {
         } else {
             return Err(bad("is neither http:// nor https://"));
         };
-        if rest.is_empty() || rest.contains(['/', '@', '?', '#']) || rest.contains(char::is_whitespace)
+        if rest.is_empty()
+            || rest.contains(['/', '@', '?', '#'])
+            || rest.contains(char::is_whitespace)
         {
             return Err(bad("must be a scheme, a host and a port only"));
         }
@@ -169,11 +174,15 @@ impl Target {
             None => Ok(Outbound::Plain(tcp)),
             Some((name, config)) => {
                 let connector = tokio_rustls::TlsConnector::from(config.clone());
-                let tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
-                    .await
-                    .map_err(|_| {
-                        io::Error::new(io::ErrorKind::TimedOut, "the store's TLS did not answer")
-                    })??;
+                let tls =
+                    tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
+                        .await
+                        .map_err(|_| {
+                            io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "the store's TLS did not answer",
+                            )
+                        })??;
                 Ok(Outbound::Tls(Box::new(tls)))
             }
         }
@@ -250,6 +259,53 @@ pub fn spawn_open(
     })))
 }
 
+/// Opens the relay of the container `name`, which runs already, in a task
+/// of its own: what a restarted agent does for a container it adopts (the
+/// listener went with the agent that opened it).
+pub fn spawn_reopen(engine: Engine, name: String, target: Target) -> RelayTask {
+    RelayTask(lh_service::AbortOnDrop(tokio::spawn(async move {
+        let opened = async {
+            let mut inspect = engine.command();
+            inspect
+                .args([
+                    "container",
+                    "inspect",
+                    "--format",
+                    "{{.State.Status}} {{.State.Pid}}",
+                    &name,
+                ])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true);
+            let output = tokio::time::timeout(CONNECT_TIMEOUT, inspect.output())
+                .await
+                .map_err(|_| "the engine did not answer".to_string())?
+                .map_err(|e| format!("cannot ask the engine: {e}"))?;
+            let said = String::from_utf8_lossy(&output.stdout);
+            let mut words = said.split_whitespace();
+            let pid = match (
+                words.next(),
+                words.next().and_then(|p| p.parse::<i32>().ok()),
+            ) {
+                (Some("running"), Some(pid)) if pid > 0 => pid,
+                _ => return Err(format!("the container is not running ({})", said.trim())),
+            };
+            listen_in(pid)
+                .await
+                .map_err(|e| format!("cannot listen in the container: {e}"))
+        };
+        match opened.await {
+            Ok(listener) => {
+                tracing::info!(container = %name, port = PORT_IN_CONTAINER, "store relay open again");
+                serve(listener, target).await;
+            }
+            Err(why) => {
+                tracing::warn!(container = %name, why, "no store relay for an adopted container");
+            }
+        }
+    })))
+}
+
 /// Waits until the container `name` exists with its namespaces, opens the
 /// relay inside it and tells the launcher to start it. Gives up at
 /// `deadline`, or once the container cannot come to be; the launcher is then
@@ -320,7 +376,10 @@ async fn until_initialized(
         };
         let said = String::from_utf8_lossy(&output.stdout);
         let mut words = said.split_whitespace();
-        match (words.next(), words.next().and_then(|p| p.parse::<i32>().ok())) {
+        match (
+            words.next(),
+            words.next().and_then(|p| p.parse::<i32>().ok()),
+        ) {
             (Some("initialized"), Some(pid)) if pid > 0 => return Ok(pid),
             // Not made yet (its image still being pulled), or being made.
             (None | Some("configured" | "created" | "initialized"), _) => {}
@@ -431,9 +490,15 @@ mod tests {
     #[test]
     fn endpoints_are_a_scheme_a_host_and_a_port() {
         let of = |e: &str| Target::of(&grant(e)).map(|t| (t.host, t.port, t.tls.is_some()));
-        assert_eq!(of("http://127.0.0.1:8333"), Ok(("127.0.0.1".into(), 8333, false)));
+        assert_eq!(
+            of("http://127.0.0.1:8333"),
+            Ok(("127.0.0.1".into(), 8333, false))
+        );
         assert_eq!(of("http://s3.local/"), Ok(("s3.local".into(), 80, false)));
-        assert_eq!(of("https://s3.example.com"), Ok(("s3.example.com".into(), 443, true)));
+        assert_eq!(
+            of("https://s3.example.com"),
+            Ok(("s3.example.com".into(), 443, true))
+        );
         assert_eq!(of("http://[::1]:9000"), Ok(("::1".into(), 9000, false)));
         assert_eq!(of("https://[::1]"), Ok(("::1".into(), 443, true)));
         for bad in [
@@ -537,7 +602,8 @@ mod tests {
         };
         let script = launcher_script(&engine, "lh-lease-1");
         assert!(script.starts_with(r#"'/usr/bin/pod man' '--root' '/x'\''y' create "$@""#));
-        assert!(script.contains("exec '/usr/bin/pod man' '--root' '/x'\\''y' start --attach 'lh-lease-1'"));
+        assert!(script
+            .contains("exec '/usr/bin/pod man' '--root' '/x'\\''y' start --attach 'lh-lease-1'"));
     }
 
     /// The launcher makes, waits for the answer and starts; a refusal
@@ -563,7 +629,14 @@ mod tests {
         for (answer, code) in [("start\n", 0), ("no netns\n", 125), ("", 125)] {
             let _ = std::fs::remove_file(&calls);
             let mut child = tokio::process::Command::new("/bin/sh")
-                .args(["-c", &launcher_script(&engine, "lh-x"), "sh", "--name", "lh-x", "img; rm -rf /"])
+                .args([
+                    "-c",
+                    &launcher_script(&engine, "lh-x"),
+                    "sh",
+                    "--name",
+                    "lh-x",
+                    "img; rm -rf /",
+                ])
                 .stdin(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

@@ -47,6 +47,9 @@ struct LeaseData {
     session: Option<Arc<LeaseStorage>>,
     /// Dropped when the workload has ended: only then may they leave.
     _holds: Vec<CacheHold>,
+    /// An adopted container's way to the store, opened again by this
+    /// agent (a started one's lives with its container).
+    _relay: Option<super::store_relay::RelayTask>,
 }
 
 /// How leases run on this node.
@@ -134,6 +137,9 @@ pub struct Workloads {
     stopping: std::collections::HashSet<Uuid>,
     /// Each running workload's ear for its preemption notice.
     notices: HashMap<Uuid, oneshot::Sender<Notice>>,
+    /// Adopted workloads waiting for their data to be found again (the
+    /// tenant's storage comes from the gateway, after the adoption).
+    late_data: HashMap<Uuid, (u64, oneshot::Sender<LeaseData>)>,
     finished_tx: mpsc::UnboundedSender<Finished>,
     /// What the runtime isolates workloads with; `None` for the simulated
     /// runtime, whose node declares its own.
@@ -328,6 +334,7 @@ impl Workloads {
                 running_signals: HashMap::new(),
                 running: HashMap::new(),
                 notices: HashMap::new(),
+                late_data: HashMap::new(),
                 stopping: Default::default(),
                 finished_tx,
                 hami_core: hami_core_lib.is_some() && kind != RuntimeKind::Sim,
@@ -432,6 +439,7 @@ impl Workloads {
                     Some(LeaseData {
                         session,
                         _holds: holds,
+                        _relay: None,
                     }),
                     store,
                 )
@@ -512,6 +520,7 @@ impl Workloads {
             on_gpus,
             Some(log_file),
             data,
+            None,
             notice_dir,
         );
         Ok(true)
@@ -556,6 +565,7 @@ impl Workloads {
         on_gpus: Option<(Arc<dyn GpuBackend>, u32)>,
         log_file: Option<PathBuf>,
         data: Option<LeaseData>,
+        late_data: Option<oneshot::Receiver<LeaseData>>,
         notice_dir: Option<PathBuf>,
     ) {
         let (stop_tx, stop_rx) = oneshot::channel::<(Duration, WorkspaceSyncReason)>();
@@ -570,16 +580,21 @@ impl Workloads {
         tokio::spawn(async move {
             let mut stop_rx = stop_rx;
             let mut bound_check = tokio::time::interval(logs.bound_check_interval());
-            let session = data.as_ref().and_then(|d| d.session.clone());
-            let sync_every = session
-                .as_ref()
-                .map_or(Duration::from_secs(86_400), |s| s.interval);
-            let mut sync_tick =
-                tokio::time::interval_at(tokio::time::Instant::now() + sync_every, sync_every);
-            sync_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut data = data;
+            let mut late_data = late_data;
+            let mut session = data.as_ref().and_then(|d| d.session.clone());
+            let mut sync_tick = sync_ticks(session.as_deref());
             let stop = loop {
                 tokio::select! {
                     exit = handle.wait() => break Err(exit),
+                    found = async { late_data.as_mut().expect("checked").await }, if late_data.is_some() => {
+                        late_data = None;
+                        if let Ok(found) = found {
+                            session = found.session.clone();
+                            sync_tick = sync_ticks(session.as_deref());
+                            data = Some(found);
+                        }
+                    }
                     stop = &mut stop_rx => break Ok(stop.unwrap_or((Duration::ZERO, WorkspaceSyncReason::End))),
                     notice = &mut notice_rx, if !noticed => {
                         noticed = true;
@@ -670,6 +685,43 @@ impl Workloads {
         });
         self.running.insert(lease_id, (placement, stop_tx));
         self.notices.insert(lease_id, notice_tx);
+    }
+
+    /// Gives an adopted workload of `lease_id` for `placement` what it
+    /// holds of its lease's data, found again after the adoption: its
+    /// workspaces are synced from then on and at its end, its datasets stay
+    /// in the cache, its way to the store is open. Nothing for a workload
+    /// that is not waiting for it.
+    pub fn attach_data(
+        &mut self,
+        lease_id: Uuid,
+        placement: u64,
+        session: Option<Arc<LeaseStorage>>,
+        holds: Vec<CacheHold>,
+        relay: Option<super::store_relay::RelayTask>,
+    ) {
+        if let Some((p, tx)) = self.late_data.remove(&lease_id) {
+            if p == placement {
+                let _ = tx.send(LeaseData {
+                    session,
+                    _holds: holds,
+                    _relay: relay,
+                });
+            }
+        }
+    }
+
+    /// Whether an adopted workload of `lease_id` for `placement` waits for
+    /// its data ([`Workloads::attach_data`]).
+    pub fn awaits_data(&self, lease_id: Uuid, placement: u64) -> bool {
+        self.late_data
+            .get(&lease_id)
+            .is_some_and(|(p, _)| *p == placement)
+    }
+
+    /// The container engine, where the runtime is one.
+    pub fn container_engine(&self) -> Option<Engine> {
+        self.container.as_ref().map(|c| c.engine.clone())
     }
 
     /// Tells the running workload of `lease_id` its preemption comes at
@@ -810,6 +862,16 @@ fn remove_record(path: &Path) {
             tracing::warn!(record = %path.display(), error = %e, "cannot remove the workload record");
         }
     }
+}
+
+/// The ticks of a lease's periodic workspace syncs: every `session`'s
+/// interval, the first one interval from now; a day apart without one
+/// (the branch is off then).
+fn sync_ticks(session: Option<&LeaseStorage>) -> tokio::time::Interval {
+    let every = session.map_or(Duration::from_secs(86_400), |s| s.interval);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
 }
 
 #[cfg(test)]

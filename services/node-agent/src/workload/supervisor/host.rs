@@ -126,6 +126,16 @@ impl Workloads {
                     metrics::counter!("lh_node_workloads_adopted_total", "kind" => kind)
                         .increment(1);
                     let (adopted, record) = self.adopted(f, adopted_cgroups.get(&lease_id));
+                    // A container finds its notices where its start put
+                    // them; a process lease is told none.
+                    let notice_dir = matches!(adopted, Adopted::Container { .. })
+                        .then(|| notice_dir(&self.marks.state_dir, lease_id, placement))
+                        .filter(|dir| dir.is_dir());
+                    // The tenant's storage came with the start, to the
+                    // agent that is gone: the workload's data is found
+                    // again once the gateway gives it (`attach_data`).
+                    let (late_tx, late_rx) = tokio::sync::oneshot::channel();
+                    self.late_data.insert(lease_id, (placement, late_tx));
                     self.supervise(
                         lease_id,
                         placement,
@@ -133,11 +143,9 @@ impl Workloads {
                         record,
                         None,
                         Some(lease_log::path(&self.marks.state_dir, lease_id, placement)),
-                        // The tenant's storage came with the start, to the
-                        // agent that is gone: an adopted workload's
-                        // workspaces are not synced, and it hears no notice.
                         None,
-                        None,
+                        Some(late_rx),
+                        notice_dir,
                     );
                     outcome.adopted.push((lease_id, placement));
                 }

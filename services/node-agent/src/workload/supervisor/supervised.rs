@@ -34,7 +34,15 @@ impl Supervised {
     pub(super) async fn notify(&self) -> bool {
         match self {
             Supervised::Started(w) => w.notify().await,
-            Supervised::Adopted(_) => false,
+            Supervised::Adopted(Adopted::Container { engine, name, .. }) => {
+                super::super::container::run_signal_command(
+                    engine,
+                    name,
+                    super::super::NOTICE_SIGNAL,
+                )
+                .await
+            }
+            Supervised::Adopted(Adopted::Process { .. }) => false,
         }
     }
 
