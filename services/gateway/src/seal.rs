@@ -22,6 +22,10 @@ pub const WORKLOAD_ENV_TABLE: &str = "workload_env";
 /// The table of tenants' storage identities (`storage.rs`): each
 /// tenant's bucket, access key id and sealed secret key.
 pub const STORAGE_ACCESS_TABLE: &str = "storage_access";
+/// Which lease holds each of a tenant's workspaces, claimed when the lease
+/// is asked for: the read model shows a lease only once its request is
+/// projected, and two asked for meanwhile would both pass a look at it.
+pub const WORKSPACE_CLAIMS_TABLE: &str = "workspace_claims";
 
 /// Why keeping a tenant's key, or sealing its data with it, failed. The
 /// API answers each as it answers any failure of that kind; the texts name
@@ -135,6 +139,15 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
                 stored_at TIMESTAMPTZ NOT NULL DEFAULT now()
             )"
         ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.{WORKSPACE_CLAIMS_TABLE} (
+                tenant_id UUID NOT NULL,
+                workspace TEXT NOT NULL,
+                lease_id UUID NOT NULL,
+                claimed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                PRIMARY KEY (tenant_id, workspace)
+            )"
+        ),
     ] {
         sqlx::query(&statement).execute(pool).await?;
     }
@@ -227,6 +240,13 @@ pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), SealError
     .await?;
     sqlx::query(&format!(
         "DELETE FROM {KEYS_SCHEMA}.{STORAGE_ACCESS_TABLE} WHERE tenant_id = $1"
+    ))
+    .bind(tenant_id)
+    .execute(&mut *tx)
+    .await?;
+    // Workspace names are the tenant's.
+    sqlx::query(&format!(
+        "DELETE FROM {KEYS_SCHEMA}.{WORKSPACE_CLAIMS_TABLE} WHERE tenant_id = $1"
     ))
     .bind(tenant_id)
     .execute(&mut *tx)

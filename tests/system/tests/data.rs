@@ -1472,3 +1472,121 @@ async fn a_container_reaches_its_tenants_bucket_through_its_relay_and_no_other_t
     assert_eq!(s, 422, "{refused}");
     assert_eq!(refused["field"], "workload.object_store", "{refused}");
 }
+
+/// Two leases asked for one after the other with one workspace, while the
+/// read model does not show the first yet (its projection held back by a
+/// lock on the leases table, as a slow projection would be): the second is
+/// refused by the field all the same. The first's request again (its
+/// Idempotency-Key) is the same lease, not a refusal; once it has ended,
+/// the workspace is free for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workspace_goes_to_one_lease_even_before_the_read_model_shows_it() {
+    use sqlx::Connection;
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    let stack = stack_on(&store, &fleet, dir.path(), false).await;
+    let (tenant_id, key, _) = tenant(&stack, dir.path(), "racer").await;
+    let stack_pool = sqlx::PgPool::connect(&stack.database_url).await.unwrap();
+    let body = json!({"gpus": 1, "gpu_model": "A100-40GB", "workload": {
+        "image": "localhost/leasehold/base", "command": ["true"],
+        "workspaces": [{"name": "ws", "path": "/workspace"}],
+    }});
+    let ask = |idempotency_key: &'static str| {
+        let (stack, key, body) = (&stack, key.clone(), body.clone());
+        async move {
+            let response = reqwest::Client::new()
+                .post(format!("{}/v1/leases", stack.gateway_url))
+                .bearer_auth(&key)
+                .header("Idempotency-Key", idempotency_key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let mut db = sqlx::PgConnection::connect(&stack.database_url)
+        .await
+        .unwrap();
+    let schema = stack.gateway_config().schema;
+    sqlx::query("BEGIN").execute(&mut db).await.unwrap();
+    // Reads go on; the projection's writes wait.
+    sqlx::query(&format!("LOCK TABLE {schema}.leases IN EXCLUSIVE MODE"))
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let (s, first) = ask("first").await;
+    assert_eq!(s, 202, "{first}");
+    let (s, second) = ask("second").await;
+    assert_eq!(s, 409, "{second}");
+    assert_eq!(second["field"], "workload.workspaces[0].name", "{second}");
+    assert!(
+        second["detail"]
+            .as_str()
+            .unwrap()
+            .contains(first["id"].as_str().unwrap()),
+        "{second}"
+    );
+    sqlx::query("COMMIT").execute(&mut db).await.unwrap();
+
+    let id = first["id"].as_str().unwrap().to_string();
+    let (s, again) = ask("first").await;
+    assert_eq!(s, 202, "{again}");
+    assert_eq!(again["id"], json!(id));
+    // Ended, it lets the workspace go.
+    stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    let (s, _) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202);
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    let (s, next) = ask("third").await;
+    assert_eq!(s, 202, "{next}");
+
+    // Claims name the tenant's workspaces: an erasure takes them.
+    let third = next["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &third, |l| l["state"] == "running")
+        .await;
+    let (s, _) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{third}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202);
+    stack
+        .wait_lease(&key, &third, |l| l["state"] == "ended")
+        .await;
+    let claims = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM gateway_keys.workspace_claims WHERE tenant_id = $1",
+        )
+        .bind(tenant_id.parse::<uuid::Uuid>().unwrap())
+        .fetch_one(&stack_pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(claims().await, 1);
+    for (path, body) in [
+        ("suspend", Some(json!({"reason": "leaving"}))),
+        ("erase", None),
+    ] {
+        let (s, p) = stack
+            .call(
+                Method::POST,
+                &format!("/v1/tenants/{tenant_id}/{path}"),
+                ADMIN_TOKEN,
+                body,
+            )
+            .await;
+        assert!((200..300).contains(&s), "{path}: {p}");
+    }
+    assert_eq!(claims().await, 0);
+}

@@ -552,14 +552,93 @@ pub(super) async fn workspace_holder(
     tenant_id: Uuid,
     name: &str,
 ) -> Result<Option<Uuid>, ApiError> {
+    holder_other_than(ctx, tenant_id, name, None).await
+}
+
+/// [`workspace_holder`], leaving `lease_id` out: the same request again
+/// does not hold its own workspace against itself.
+async fn holder_other_than(
+    ctx: &ApiContext,
+    tenant_id: Uuid,
+    name: &str,
+    lease_id: Option<Uuid>,
+) -> Result<Option<Uuid>, ApiError> {
     Ok(sqlx::query_scalar(
         "SELECT id FROM leases WHERE tenant_id = $1 AND state NOT IN ('ended', 'rejected')
-         AND workload->'workspaces' @> $2 LIMIT 1",
+         AND workload->'workspaces' @> $2 AND id IS DISTINCT FROM $3 LIMIT 1",
     )
     .bind(tenant_id)
     .bind(serde_json::json!([{ "name": name }]))
+    .bind(lease_id)
     .fetch_optional(&ctx.pool)
     .await?)
+}
+
+/// How long a claim on a workspace holds for a lease the read model has
+/// not shown: its request was never appended (the gateway failed between
+/// the claim and the append), or the projection is that far behind.
+const UNSEEN_CLAIM_SECS: i64 = 300;
+
+/// Claims workspace `name` for `lease_id`, atomically among gateways: the
+/// claim is taken when none is held, when it is this lease's own (the same
+/// request again), or when its lease has ended, was rejected, or never
+/// appeared within [`UNSEEN_CLAIM_SECS`]. `Some(holder)` when another lease
+/// holds it.
+async fn claim_workspace(
+    ctx: &ApiContext,
+    tenant_id: Uuid,
+    name: &str,
+    lease_id: Uuid,
+) -> Result<Option<Uuid>, ApiError> {
+    use crate::seal::{KEYS_SCHEMA, WORKSPACE_CLAIMS_TABLE};
+    let claimed: Option<Uuid> = sqlx::query_scalar(&format!(
+        "INSERT INTO {KEYS_SCHEMA}.{WORKSPACE_CLAIMS_TABLE} AS c (tenant_id, workspace, lease_id)
+         VALUES ($1, $2, $3)
+         ON CONFLICT (tenant_id, workspace) DO UPDATE
+             SET lease_id = EXCLUDED.lease_id, claimed_at = now()
+             WHERE c.lease_id = EXCLUDED.lease_id
+                OR EXISTS (SELECT 1 FROM leases l WHERE l.id = c.lease_id
+                           AND l.state IN ('ended', 'rejected'))
+                OR (NOT EXISTS (SELECT 1 FROM leases l WHERE l.id = c.lease_id)
+                    AND c.claimed_at < now() - make_interval(secs => $4))
+         RETURNING lease_id"
+    ))
+    .bind(tenant_id)
+    .bind(name)
+    .bind(lease_id)
+    .bind(UNSEEN_CLAIM_SECS as f64)
+    .fetch_optional(&ctx.pool)
+    .await?;
+    if claimed.is_some() {
+        return Ok(None);
+    }
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT lease_id FROM {KEYS_SCHEMA}.{WORKSPACE_CLAIMS_TABLE}
+         WHERE tenant_id = $1 AND workspace = $2"
+    ))
+    .bind(tenant_id)
+    .bind(name)
+    .fetch_optional(&ctx.pool)
+    .await?
+    // Let go between the two statements: the next request takes it.
+    .or(Some(Uuid::nil())))
+}
+
+/// Lets go of the workspace claims of `lease_id`, whose request did not
+/// reach the log. A failure only delays the next claim by
+/// [`UNSEEN_CLAIM_SECS`].
+pub(super) async fn release_workspace_claims(ctx: &ApiContext, tenant_id: Uuid, lease_id: Uuid) {
+    use crate::seal::{KEYS_SCHEMA, WORKSPACE_CLAIMS_TABLE};
+    let released = sqlx::query(&format!(
+        "DELETE FROM {KEYS_SCHEMA}.{WORKSPACE_CLAIMS_TABLE} WHERE tenant_id = $1 AND lease_id = $2"
+    ))
+    .bind(tenant_id)
+    .bind(lease_id)
+    .execute(&ctx.pool)
+    .await;
+    if let Err(e) = released {
+        tracing::warn!(lease = %lease_id, error = %e, "workspace claims kept until they lapse");
+    }
 }
 
 /// Fixes each dataset a lease asks for to one version the tenant holds
@@ -567,6 +646,7 @@ pub(super) async fn workspace_holder(
 pub(super) async fn resolve_mounts(
     ctx: &ApiContext,
     tenant_id: Uuid,
+    lease_id: Uuid,
     workload: &mut lh_events::WorkloadSpec,
 ) -> Result<(), ApiError> {
     if workload.uses_storage() {
@@ -601,8 +681,17 @@ pub(super) async fn resolve_mounts(
     }
     for (i, mount) in workload.workspaces.iter().enumerate() {
         // One lease at a time: two writing one workspace would each sync
-        // over the other's work.
-        if let Some(holder) = workspace_holder(ctx, tenant_id, &mount.name).await? {
+        // over the other's work. The read model shows the leases asked for
+        // before claims were kept; the claim settles leases asked for at
+        // once.
+        let holder = match holder_other_than(ctx, tenant_id, &mount.name, Some(lease_id)).await? {
+            Some(holder) => Some(holder),
+            None => claim_workspace(ctx, tenant_id, &mount.name, lease_id).await?,
+        };
+        if let Some(holder) = holder {
+            if i > 0 {
+                release_workspace_claims(ctx, tenant_id, lease_id).await;
+            }
             return Err(ApiError::conflict(format!(
                 "workspace {:?} is held by lease {holder}, which has not ended; \
                  a workspace is one lease's at a time",

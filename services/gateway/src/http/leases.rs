@@ -167,20 +167,37 @@ pub async fn create(
         super::quotes::check_quote(&ctx, quote_id, &requested, Utc::now()).await?;
         requested.quote_id = Some(quote_id);
     }
-    if let Some(workload) = requested.workload.as_mut() {
-        super::datasets::resolve_mounts(&ctx, tenant_id, workload).await?;
-    }
     let lease_id = requested.lease_id;
+    if let Some(workload) = requested.workload.as_mut() {
+        super::datasets::resolve_mounts(&ctx, tenant_id, lease_id, workload).await?;
+    }
+    // From here a refusal lets go of the workspaces just claimed.
+    let claimed = requested
+        .workload
+        .as_ref()
+        .is_some_and(|w| !w.workspaces.is_empty());
+    let unclaim = || async {
+        if claimed {
+            super::datasets::release_workspace_claims(&ctx, tenant_id, lease_id).await;
+        }
+    };
     let env = match requested.workload.as_mut() {
         Some(workload) => {
-            crate::workload_env::take_values(
+            let taken = crate::workload_env::take_values(
                 &ctx.pool,
                 ctx.keys.as_ref(),
                 tenant_id,
                 lease_id,
                 workload,
             )
-            .await?
+            .await;
+            match taken {
+                Ok(env) => env,
+                Err(e) => {
+                    unclaim().await;
+                    return Err(e.into());
+                }
+            }
         }
         None => None,
     };
@@ -203,7 +220,12 @@ pub async fn create(
     {
         Ok(appended) if !appended.duplicate => Some(appended.sequence),
         Ok(_) | Err(BusError::Conflict(_)) => None,
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            // Maybe appended after all (an answer lost): then the lease
+            // shows in the read model, which holds the workspace for it.
+            unclaim().await;
+            return Err(e.into());
+        }
     };
     let lease = match appended {
         Some(sequence) => {
