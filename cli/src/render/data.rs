@@ -97,11 +97,20 @@ pub(crate) fn storage_usage(usage: &Value) -> String {
         }
         None => "none".to_string(),
     };
-    key_values(vec![
+    let mut rows = vec![
         ("used", format!("{} ({bytes} bytes)", bytes_text(bytes))),
         ("measured at", measured),
         ("quota", quota),
-    ])
+    ];
+    if usage.get("writes_stopped").and_then(Value::as_bool) == Some(true) {
+        rows.push((
+            "writes",
+            "stopped: over the quota at the last measurement; delete data \
+             (lh data rm, lh workspace rm) and writes come back at the next"
+                .to_string(),
+        ));
+    }
+    key_values(rows)
 }
 
 #[cfg(test)]

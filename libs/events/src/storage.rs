@@ -44,6 +44,10 @@ pub struct StorageMeasured {
     pub bytes: u64,
     /// When the listing that counted `bytes` ended, by the gateway's clock.
     pub measured_at: DateTime<Utc>,
+    /// Over the tenant's storage quota then: its identity may read, list
+    /// and delete but not write, until a measurement finds it under.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writes_stopped: bool,
 }
 
 /// What a tenant's storage cost over `from..to` (one measurement's bytes

@@ -78,20 +78,29 @@ fn check_user_name(user: &str) -> Result<()> {
 /// `s3:ListBucketMultipartUploads` are left out: SeaweedFS refuses a
 /// policy naming them, and lists uploads to whoever may list the bucket.
 fn tenant_policy(bucket: &str) -> String {
+    policy_of(bucket, true)
+}
+
+/// A tenant's policy on `bucket`: everything a tenant does with its
+/// objects, or, without `writes`, all of it but writing (reading, listing
+/// and deleting, which frees room).
+fn policy_of(bucket: &str, writes: bool) -> String {
+    let mut actions = vec![
+        "s3:GetObject",
+        "s3:DeleteObject",
+        "s3:ListBucket",
+        "s3:AbortMultipartUpload",
+        "s3:GetObjectTagging",
+        "s3:DeleteObjectTagging",
+    ];
+    if writes {
+        actions.extend(["s3:PutObject", "s3:PutObjectTagging"]);
+    }
     serde_json::json!({
         "Version": "2012-10-17",
         "Statement": [{
             "Effect": "Allow",
-            "Action": [
-                "s3:GetObject",
-                "s3:PutObject",
-                "s3:DeleteObject",
-                "s3:ListBucket",
-                "s3:AbortMultipartUpload",
-                "s3:GetObjectTagging",
-                "s3:PutObjectTagging",
-                "s3:DeleteObjectTagging",
-            ],
+            "Action": actions,
             "Resource": [
                 format!("arn:aws:s3:::{bucket}"),
                 format!("arn:aws:s3:::{bucket}/*"),
@@ -546,6 +555,32 @@ impl Admin {
         let made: CreateAccessKeyResponse = answer.parse(&op)?;
         let key = made.create_access_key_result.access_key;
         Ok(Credentials::new(key.access_key_id, key.secret_access_key))
+    }
+
+    /// Puts the policy of `user` on `bucket` again, with or without
+    /// `writes`: a tenant over its storage quota keeps its data and may
+    /// free room, but writes nothing until it is under again. Its keys stay.
+    pub async fn set_tenant_writes(&self, user: &str, bucket: &str, writes: bool) -> Result<()> {
+        check_user_name(user)?;
+        check_bucket_name(bucket)?;
+        let op = format!("putting the policy of IAM user {user}");
+        let policy = policy_of(bucket, writes);
+        let answer = self
+            .iam(
+                &op,
+                "PutUserPolicy",
+                &[
+                    ("UserName", user),
+                    ("PolicyName", TENANT_POLICY_NAME),
+                    ("PolicyDocument", &policy),
+                ],
+            )
+            .await?;
+        if answer.ok() {
+            Ok(())
+        } else {
+            Err(answer.refused(&op))
+        }
     }
 
     /// Deletes every access key of `user`, its policy, and the user; a

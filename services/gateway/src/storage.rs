@@ -221,6 +221,19 @@ impl TenantStorage {
         self.admin.bucket_bytes(bucket).await
     }
 
+    /// Lets the tenant's identity write to its bucket, or only read, list
+    /// and delete (over its quota).
+    pub async fn set_writes(
+        &self,
+        tenant_id: Uuid,
+        bucket: &str,
+        writes: bool,
+    ) -> Result<(), lh_storage::Error> {
+        self.admin
+            .set_tenant_writes(&user_of(tenant_id), bucket, writes)
+            .await
+    }
+
     /// The tenant's bucket through this gateway's own endpoint, with the
     /// tenant's identity: what the gateway checks a tenant's uploads with
     /// can reach nothing the tenant could not.

@@ -1050,7 +1050,7 @@ async fn storage_is_measured_charged_on_the_invoice_and_bounded_by_its_quota() {
     assert_eq!(s, 200, "{usage}");
     assert_eq!(
         usage,
-        json!({"bytes": 0, "measured_at": null, "max_storage_gb": null})
+        json!({"bytes": 0, "measured_at": null, "max_storage_gb": null, "writes_stopped": false})
     );
 
     let mnist = mnist_dir(dir.path());
@@ -1252,13 +1252,51 @@ async fn storage_is_measured_charged_on_the_invoice_and_bounded_by_its_quota() {
         refused.stderr
     );
 
-    // Without a quota, the copy is taken.
+    // Measured over its quota, the tenant's own identity writes nothing
+    // more, whoever holds it (a node's sync, a container); it still reads,
+    // lists and deletes.
+    let writes_stopped = |stopped: bool| {
+        let (stack, key) = (&stack, key.clone());
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let (s, usage) = stack.call(Method::GET, "/v1/storage", &key, None).await;
+                assert_eq!(s, 200, "{usage}");
+                if usage["writes_stopped"] == json!(stopped) {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "writes_stopped never {stopped}: {usage}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    writes_stopped(true).await;
+    let own = own_store(&stack, &key).await;
+    let written = own
+        .put("results/over.txt", bytes::Bytes::from_static(b"x"))
+        .await;
+    assert!(written.is_err(), "a write over the quota: {written:?}");
+    let listed = own.list("").await.unwrap();
+    assert!(!listed.is_empty());
+    assert!(own.get(&listed[0].key).await.unwrap().is_some());
+    let shown = lh(&stack, &key_file, &["data", "usage"]).await;
+    assert!(shown.stdout.contains("stopped"), "{}", shown.stdout);
+
+    // Without a quota, the copy is taken, and writes come back with the
+    // next measurement.
     let (s, _) = set_quota(json!({"max_gpus": 2})).await;
     assert_eq!(s, 200);
     let (s, p) = stack
         .call(Method::POST, "/v1/datasets", &key, Some(copy))
         .await;
     assert_eq!(s, 201, "{p}");
+    writes_stopped(false).await;
+    own.put("results/under.txt", bytes::Bytes::from_static(b"x"))
+        .await
+        .unwrap();
 }
 
 /// The workload of the lost-node test: counts its runs in its workspace.

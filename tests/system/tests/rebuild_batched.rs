@@ -175,6 +175,7 @@ fn mixed_log() -> Vec<EventData> {
                     bucket,
                     bytes: log.len() as u64,
                     measured_at: Utc::now(),
+                    writes_stopped: log.len().is_multiple_of(2),
                 }));
             }
             _ => {}

@@ -81,6 +81,11 @@ pub struct StorageUsage {
     pub measured_at: Option<DateTime<Utc>>,
     /// The tenant's quota, in GB of 10^9 bytes; none: no limit.
     pub max_storage_gb: Option<u32>,
+    /// The last measurement found the tenant over its quota: nothing may
+    /// be written to its bucket (uploads, workspace syncs, containers)
+    /// until it deletes enough and a measurement finds it under.
+    #[serde(default)]
+    pub writes_stopped: bool,
 }
 
 #[cfg(test)]

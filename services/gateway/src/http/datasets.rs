@@ -255,25 +255,32 @@ pub async fn add(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
-/// A tenant's bytes and time of its last measurement, and its quota.
-type UsageRow = (Option<i64>, Option<DateTime<Utc>>, Option<i32>);
+/// A tenant's bytes and time of its last measurement, its quota, and
+/// whether its writes are stopped.
+type UsageRow = (
+    Option<i64>,
+    Option<DateTime<Utc>>,
+    Option<i32>,
+    Option<bool>,
+);
 
 /// The tenant's last measurement and storage quota.
 async fn usage_of(ctx: &ApiContext, tenant_id: Uuid) -> Result<StorageUsage, ApiError> {
     let row: Option<UsageRow> = sqlx::query_as(
-        "SELECT s.bytes, s.measured_at, t.max_storage_gb
+        "SELECT s.bytes, s.measured_at, t.max_storage_gb, s.writes_stopped
          FROM tenants t LEFT JOIN storage_usage s ON s.tenant_id = t.id
          WHERE t.id = $1",
     )
     .bind(tenant_id)
     .fetch_optional(&ctx.pool)
     .await?;
-    let (bytes, measured_at, max_storage_gb) = row
+    let (bytes, measured_at, max_storage_gb, writes_stopped) = row
         .ok_or_else(|| ApiError::not_found(format!("no tenant {tenant_id}")).field("tenant_id"))?;
     Ok(StorageUsage {
         bytes: bytes.unwrap_or(0).max(0) as u64,
         measured_at,
         max_storage_gb: max_storage_gb.map(|gb| gb.max(0) as u32),
+        writes_stopped: writes_stopped.unwrap_or(false),
     })
 }
 

@@ -512,5 +512,14 @@ pub async fn set_quota(
         weight: body.weight.unwrap_or(tenant.weight),
     });
     append_to_tenant(&ctx, &caller, last, data).await?;
+    if let Some(storage) = &ctx.storage {
+        crate::storage::measure::lift_if_under(
+            storage,
+            &ctx.pool,
+            tenant_id,
+            body.quota.max_storage_gb,
+        )
+        .await;
+    }
     Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
 }

@@ -28,11 +28,11 @@ pub(super) async fn measured(
     seq: i64,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO storage_usage (tenant_id, bucket, bytes, measured_at, sequence)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO storage_usage (tenant_id, bucket, bytes, measured_at, writes_stopped, sequence)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (tenant_id) DO UPDATE
              SET bytes = EXCLUDED.bytes, measured_at = EXCLUDED.measured_at,
-                 sequence = EXCLUDED.sequence
+                 writes_stopped = EXCLUDED.writes_stopped, sequence = EXCLUDED.sequence
              WHERE NOT storage_usage.erased
                AND (storage_usage.measured_at IS NULL
                     OR storage_usage.measured_at < EXCLUDED.measured_at)",
@@ -41,6 +41,7 @@ pub(super) async fn measured(
     .bind(&e.bucket)
     .bind(i64::try_from(e.bytes).unwrap_or(i64::MAX))
     .bind(e.measured_at)
+    .bind(e.writes_stopped)
     .bind(seq)
     .execute(conn)
     .await?;

@@ -1,8 +1,12 @@
 //! Measuring tenants' buckets: at each interval the gateway lists every
 //! provisioned bucket of a tenant not erased and records what it holds
 //! (`storage.measured`), which pricing charges and the storage quota
-//! counts. An unreachable store costs a measurement, never the gateway: the
-//! next interval tries again.
+//! counts. A tenant found over its quota (`max_storage_gb`) may no longer
+//! write to its bucket (its identity's policy keeps reading, listing and
+//! deleting) until a measurement finds it under: whatever writes (an
+//! upload, a node's workspace sync, a container through its relay), the
+//! quota holds within an interval. An unreachable store costs a
+//! measurement, never the gateway: the next interval tries again.
 //!
 //! Intervals are counted from the Unix epoch, so every replica starts its
 //! pass at the same instants, and a measurement's id is derived from its
@@ -62,8 +66,8 @@ pub async fn measure_due(
     bus: &Bus,
     start: DateTime<Utc>,
 ) -> Result<Pass, sqlx::Error> {
-    let due: Vec<(Uuid, String)> = sqlx::query_as(
-        "SELECT s.tenant_id, s.bucket FROM storage_usage s
+    let due: Vec<(Uuid, String, Option<i32>, bool)> = sqlx::query_as(
+        "SELECT s.tenant_id, s.bucket, t.max_storage_gb, s.writes_stopped FROM storage_usage s
          LEFT JOIN tenants t ON t.id = s.tenant_id
          WHERE NOT s.erased AND NOT COALESCE(t.erased, false)
            AND (s.measured_at IS NULL OR s.measured_at < $1)
@@ -73,7 +77,7 @@ pub async fn measure_due(
     .fetch_all(pool)
     .await?;
     let outcomes: Vec<&'static str> = stream::iter(due)
-        .map(|(tenant_id, bucket)| async move {
+        .map(|(tenant_id, bucket, max_storage_gb, stopped)| async move {
             let bytes = match storage.bucket_bytes(&bucket).await {
                 Ok(bytes) => bytes,
                 Err(e) => {
@@ -81,6 +85,25 @@ pub async fn measure_due(
                         "cannot measure a tenant's bucket; trying next interval");
                     return "failed";
                 }
+            };
+            let over = over_quota(bytes, max_storage_gb);
+            // Put every time the answer differs from the last recorded:
+            // a policy put that failed is tried again next interval.
+            let writes_stopped = if over != stopped {
+                match storage.set_writes(tenant_id, &bucket, !over).await {
+                    Ok(()) => {
+                        tracing::info!(tenant = %tenant_id, bytes, ?max_storage_gb, over,
+                            "a tenant's writes to its bucket changed with its quota");
+                        over
+                    }
+                    Err(e) => {
+                        tracing::warn!(tenant = %tenant_id, %bucket, error = %e,
+                            "cannot change a tenant's writes with its quota; trying next interval");
+                        stopped
+                    }
+                }
+            } else {
+                over
             };
             let measured_at = Utc::now();
             let envelope = Envelope::new(
@@ -91,6 +114,7 @@ pub async fn measure_due(
                     bucket: bucket.clone(),
                     bytes,
                     measured_at,
+                    writes_stopped,
                 }),
             )
             .with_id(measurement_id(tenant_id, start));
@@ -118,6 +142,44 @@ pub async fn measure_due(
         }
     }
     Ok(pass)
+}
+
+/// Whether `bytes` are over a quota of `max_storage_gb` GB (10^9 bytes);
+/// never without one.
+pub fn over_quota(bytes: u64, max_storage_gb: Option<i32>) -> bool {
+    max_storage_gb
+        .is_some_and(|gb| u128::from(bytes) > u128::from(gb.max(0) as u32) * 1_000_000_000)
+}
+
+/// After a quota change: a tenant whose writes are stopped and whose last
+/// measurement is within its new quota `max_storage_gb` may write again at
+/// once, not an interval later (the read model says so at the next
+/// measurement). A failure waits for that measurement.
+pub async fn lift_if_under(
+    storage: &TenantStorage,
+    pool: &PgPool,
+    tenant_id: Uuid,
+    max_storage_gb: Option<u32>,
+) {
+    let row: Result<Option<(String, Option<i64>)>, _> = sqlx::query_as(
+        "SELECT bucket, bytes FROM storage_usage
+         WHERE tenant_id = $1 AND writes_stopped AND NOT erased",
+    )
+    .bind(tenant_id)
+    .fetch_optional(pool)
+    .await;
+    let Ok(Some((bucket, bytes))) = row else {
+        return;
+    };
+    let quota = max_storage_gb.map(|gb| i32::try_from(gb).unwrap_or(i32::MAX));
+    if over_quota(bytes.unwrap_or(0).max(0) as u64, quota) {
+        return;
+    }
+    match storage.set_writes(tenant_id, &bucket, true).await {
+        Ok(()) => tracing::info!(tenant = %tenant_id, "a tenant under its new quota writes again"),
+        Err(e) => tracing::warn!(tenant = %tenant_id, error = %e,
+            "a tenant under its new quota writes again at the next measurement"),
+    }
 }
 
 /// Measures at the start of every interval, for as long as the gateway

@@ -25,6 +25,7 @@ fn measured(at: DateTime<Utc>, bytes: u64) -> Envelope {
             bucket: format!("lh-t-{}", TENANT.simple()),
             bytes,
             measured_at: at,
+            writes_stopped: false,
         }),
     )
 }
