@@ -42,6 +42,10 @@ pub const PORT_IN_CONTAINER: u16 = 8333;
 pub const MOST_CONNECTIONS: usize = 64;
 /// How long the relay may take to reach the store for one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes each direction of a relayed connection reads at a time: at the
+/// default 8 KiB a download through the relay ran at about 0.6 of a direct
+/// one on this machine.
+const COPY_BUFFER_BYTES: usize = 256 * 1024;
 /// How often a container being made is looked at until its namespaces
 /// exist.
 const INIT_POLL: Duration = Duration::from_millis(50);
@@ -462,10 +466,22 @@ async fn serve(listener: TcpListener, target: Target) {
             let _ = inbound.set_nodelay(true);
             let _ = match outbound {
                 Outbound::Plain(mut out) => {
-                    tokio::io::copy_bidirectional(&mut inbound, &mut out).await
+                    tokio::io::copy_bidirectional_with_sizes(
+                        &mut inbound,
+                        &mut out,
+                        COPY_BUFFER_BYTES,
+                        COPY_BUFFER_BYTES,
+                    )
+                    .await
                 }
                 Outbound::Tls(mut out) => {
-                    tokio::io::copy_bidirectional(&mut inbound, &mut *out).await
+                    tokio::io::copy_bidirectional_with_sizes(
+                        &mut inbound,
+                        &mut *out,
+                        COPY_BUFFER_BYTES,
+                        COPY_BUFFER_BYTES,
+                    )
+                    .await
                 }
             };
         });
