@@ -233,6 +233,11 @@ pub async fn run(cli: Cli, out: Out<'_>, err: Out<'_>) -> anyhow::Result<i32> {
         Command::Report(command) => commands::report::run(&gw, command, json, out, err).await,
         Command::Billing(command) => commands::billing::run(&gw, command, json, out).await,
         Command::Spot(command) => commands::spot::run(&gw, command, json, out).await,
+        Command::Gpus => {
+            let catalogue = gw.get(&["v1", "gpus"], &[]).await?;
+            output::emit(out, json, &catalogue, render::gpu_catalogue)?;
+            Ok(EXIT_OK)
+        }
         Command::SshKey(command) => commands::ssh_key::run(&gw, command, json, out).await,
         Command::Data(command) => commands::data::run(&gw, command, json, out, err).await,
         Command::Workspace(command) => commands::workspace::run(&gw, command, json, out).await,

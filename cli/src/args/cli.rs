@@ -76,6 +76,9 @@ pub enum Command {
     /// Show invoices.
     #[command(subcommand)]
     Invoice(InvoiceCommand),
+    /// The GPUs you can rent now, by model and zone: how many are free,
+    /// whole and in shares, and what an hour of one costs on each tier.
+    Gpus,
     /// Read the spot market.
     #[command(subcommand)]
     Spot(SpotCommand),

@@ -13,6 +13,11 @@ pub enum NodeCommand {
     Drain(NodeDrain),
     /// Let a drained node take new leases again.
     Uncordon(NodeId),
+    /// List the fleet: each node's zone, state, GPUs in use, their health
+    /// and its last heartbeat.
+    Ls,
+    /// One node: its state and each GPU's model, health and holders.
+    Get(NodeId),
 }
 
 /// `lh node drain`
@@ -50,7 +55,7 @@ pub struct NodeEnroll {
     pub gpu_sharing: Vec<GpuSharing>,
 }
 
-/// `lh node uncordon`
+/// `lh node uncordon`, `lh node get`
 #[derive(Debug, Clone, Args)]
 pub struct NodeId {
     /// Node id.

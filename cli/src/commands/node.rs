@@ -1,5 +1,6 @@
-//! `lh node enroll | drain | uncordon`: vouch for a GPU node, take it out
-//! of placement and give it back, one request each to `/v1/nodes/{id}`.
+//! `lh node enroll | drain | uncordon | ls | get`: vouch for a GPU node,
+//! take it out of placement and give it back, list the fleet, look at one
+//! node, one request each to `/v1/nodes[/{id}]`.
 
 use lh_rpc::http::nodes::{DrainNode, EnrollNode};
 
@@ -40,6 +41,16 @@ pub(crate) async fn run(
                 .post(&["v1", "nodes", &d.id, "drain"], &body, &[])
                 .await?;
             emit(out, json, &node, render::node_cordon)?;
+            Ok(EXIT_OK)
+        }
+        NodeCommand::Ls => {
+            let fleet = gw.get(&["v1", "nodes"], &[]).await?;
+            emit(out, json, &fleet, render::node_list)?;
+            Ok(EXIT_OK)
+        }
+        NodeCommand::Get(n) => {
+            let node = gw.get(&["v1", "nodes", &n.id], &[]).await?;
+            emit(out, json, &node, render::node_view)?;
             Ok(EXIT_OK)
         }
         NodeCommand::Uncordon(n) => {

@@ -30,7 +30,7 @@ pub(crate) use data::{bytes_text, dataset_list, dataset_view, storage_usage};
 pub(crate) use invoice::{invoice, invoice_list};
 pub(crate) use key::{key_issued, key_list, key_view};
 pub(crate) use lease::{lease_list, lease_usage, lease_view};
-pub(crate) use node::{node_cordon, node_enrollment};
+pub(crate) use node::{gpu_catalogue, node_cordon, node_enrollment, node_list, node_view};
 pub(crate) use price_book::price_books;
 pub(crate) use quote::quote;
 pub(crate) use report::{cost_report, cost_report_csv};

@@ -338,6 +338,7 @@ pub fn service_permissions(service: Publisher) -> Permissions {
             p.publish
                 .extend(subject::RPC_AUDIT_ALL.iter().map(|s| s.to_string()));
             p.publish.push(subject::RPC_SPOT_PRICES.to_string());
+            p.publish.push(subject::RPC_SCHEDULER_FLEET.to_string());
             p.publish
                 .extend(subject::RPC_PRICING_ALL.iter().map(|s| s.to_string()));
             p.subscribe
@@ -369,6 +370,8 @@ pub fn service_permissions(service: Publisher) -> Permissions {
                 "$JS.API.STREAM.LEADER.STEPDOWN.*".to_string(),
             ]);
             p.subscribe.push(subject::HEARTBEATS_ALL.to_string());
+            p.subscribe.push(subject::RPC_SCHEDULER_FLEET.to_string());
+            p.allow_responses = true;
         }
         Publisher::Pricing => {
             p.subscribe

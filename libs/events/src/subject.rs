@@ -111,6 +111,8 @@ pub fn rpc_lease_logs(node_id: &str) -> String {
 pub const RPC_PRICING_INVOICE: &str = "lh.rpc.pricing.invoice";
 /// Request/reply subject on which the spot-broker answers spot prices.
 pub const RPC_SPOT_PRICES: &str = "lh.rpc.spot.prices";
+/// Request/reply on which the scheduler answers the fleet as it folds it.
+pub const RPC_SCHEDULER_FLEET: &str = "lh.rpc.scheduler.fleet";
 /// Request/reply subject on which pricing lists a tenant's invoices and notes.
 pub const RPC_PRICING_INVOICE_LIST: &str = "lh.rpc.pricing.invoice_list";
 /// Request/reply subject on which pricing answers one invoice or note.

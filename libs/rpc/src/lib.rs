@@ -10,6 +10,7 @@ pub mod audit;
 pub mod balance;
 pub mod charges;
 pub mod cost_report;
+pub mod fleet;
 pub mod http;
 pub mod invoice_document;
 pub mod lease_logs;

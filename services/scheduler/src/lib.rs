@@ -195,6 +195,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let live = bus.subscribe_telemetry(subject::HEARTBEATS_ALL).await?;
     let signals = signals(bus.clone(), live);
     let scheduling = Scheduling::new(config.rules(), SystemClock.now());
+    tokio::spawn(answer_fleet(
+        bus.clone(),
+        scheduling.fleet_board(),
+        shutdown.clone(),
+    ));
     decider::serve(
         config.common.http_addr_or(DEFAULT_HTTP_ADDR),
         bus,
@@ -203,6 +208,34 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown,
     )
     .await
+}
+
+/// Answers fleet requests from `board` until `shutdown`.
+async fn answer_fleet(bus: Bus, board: FleetBoard, shutdown: CancellationToken) {
+    let serving = lh_bus::rpc::serve(
+        &bus,
+        subject::RPC_SCHEDULER_FLEET,
+        state::SERVICE,
+        |request: lh_rpc::fleet::FleetRequest| {
+            let board = board.clone();
+            async move {
+                let board = board.read().map_err(|_| "the fleet view is unreadable")?;
+                let mut view = board.clone();
+                if let Some(node_id) = &request.node_id {
+                    view.nodes.retain(|n| &n.id == node_id);
+                }
+                Ok::<_, String>(view)
+            }
+        },
+    );
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        result = serving => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "fleet requests are not answered");
+            }
+        }
+    }
 }
 
 /// How often node silence is checked (the liveness window is 3 s by
@@ -291,7 +324,15 @@ pub struct Scheduling {
     availability_exported: HashMap<uuid::Uuid, (u64, u64)>,
     availability_exported_at: Option<DateTime<Utc>>,
     fragmentation_exported_at: Option<DateTime<Utc>>,
+    /// The fleet as requests are answered (`lh_rpc::fleet`), renewed at
+    /// most every [`lh_rpc::fleet::FLEET_VIEW_EVERY_MS`] of the passes.
+    fleet_board: FleetBoard,
+    fleet_board_at: Option<DateTime<Utc>>,
 }
+
+/// The fleet view requests are answered from, shared with the task that
+/// answers them.
+pub type FleetBoard = std::sync::Arc<std::sync::RwLock<lh_rpc::fleet::FleetView>>;
 
 /// How often the per-tenant lease-seconds are exported: every decision pass
 /// would walk every tenant, and a scrape comes far less often.
@@ -315,7 +356,29 @@ impl Scheduling {
             availability_exported: HashMap::new(),
             availability_exported_at: None,
             fragmentation_exported_at: None,
+            fleet_board: FleetBoard::default(),
+            fleet_board_at: None,
         }
+    }
+
+    /// The view the fleet requests are answered from.
+    pub fn fleet_board(&self) -> FleetBoard {
+        self.fleet_board.clone()
+    }
+
+    /// Renews the fleet view when it is older than its period.
+    fn renew_fleet_board(&mut self, now: DateTime<Utc>) {
+        let due = self.fleet_board_at.is_none_or(|at| {
+            now - at >= chrono::Duration::milliseconds(lh_rpc::fleet::FLEET_VIEW_EVERY_MS)
+        });
+        if !due {
+            return;
+        }
+        let view = self.state.fleet_view(now);
+        if let Ok(mut board) = self.fleet_board.write() {
+            *board = view;
+        }
+        self.fleet_board_at = Some(now);
     }
 
     /// How long a lease waited to start, when `envelope` is its start
@@ -430,6 +493,7 @@ impl Decider for Scheduling {
         );
         metrics::gauge!("lh_scheduler_waiting_leases").set(self.state.waiting_count() as f64);
         self.fragmentation_metric(now);
+        self.renew_fleet_board(now);
         metrics::gauge!("lh_scheduler_lost_nodes").set(self.state.lost_count() as f64);
         spot_metrics(&self.state.spot_stats);
         self.availability_metrics(now);

@@ -15,6 +15,7 @@ mod data_at_rest;
 mod dependency_rules;
 mod erasure;
 mod failover;
+mod fleet_view;
 mod fractions;
 mod front_door;
 mod gpu_health;

@@ -9,6 +9,7 @@ pub mod balances;
 pub mod billing;
 pub mod datasets;
 pub(crate) mod error;
+pub mod fleet;
 pub mod front;
 pub mod invoices;
 pub mod keys;
@@ -144,6 +145,9 @@ pub fn router(ctx: ApiContext) -> Router {
             "/v1/leases/{id}/port-forward",
             get(lease_sessions::port_forward),
         )
+        .route("/v1/nodes", get(fleet::list))
+        .route("/v1/nodes/{id}", get(fleet::get))
+        .route("/v1/gpus", get(fleet::catalogue))
         .route("/v1/nodes/{id}/enroll", post(nodes::enroll))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))

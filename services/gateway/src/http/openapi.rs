@@ -4,6 +4,7 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use super::datasets;
+use super::fleet;
 use super::lease_logs;
 use super::lease_sessions;
 use super::ssh_keys;
@@ -49,6 +50,9 @@ use super::{
         lease_logs::get,
         lease_sessions::exec,
         lease_sessions::port_forward,
+        fleet::list,
+        fleet::get,
+        fleet::catalogue,
         nodes::enroll,
         nodes::drain,
         nodes::uncordon,
@@ -78,6 +82,14 @@ use super::{
         lh_rpc::charges::ChargeStatement,
         lh_rpc::charges::ChargeLine,
         lh_rpc::spot::SpotPrices,
+        lh_rpc::fleet::FleetView,
+        lh_rpc::fleet::NodeView,
+        lh_rpc::fleet::NodeState,
+        lh_rpc::fleet::GpuView,
+        lh_rpc::fleet::ShareView,
+        lh_rpc::http::nodes::GpuCatalogue,
+        lh_rpc::http::nodes::GpuOffer,
+        lh_rpc::http::nodes::TierOffer,
         lh_rpc::spot::SpotMarketView,
         lh_rpc::spot::SpotPricePoint,
         lh_rpc::invoice_document::InvoiceDocument,

@@ -29,7 +29,8 @@
 pub mod availability;
 mod decide;
 mod emit;
-pub mod fragmentation;
+pub mod fleet_view;
+mod fragmentation;
 mod lease;
 mod liveness;
 mod migrate;
