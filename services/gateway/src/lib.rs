@@ -6,6 +6,7 @@
 //! read of a lease the projection does not have yet waits for it.
 
 pub mod cache;
+pub mod changes;
 pub mod http;
 pub mod invalidation;
 pub mod keyring;
@@ -377,6 +378,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let lane_task = lane_bound.map(|(listener, lanes)| {
         lh_service::AbortOnDrop(sessions::lane::serve(listener, lanes, shutdown.clone()))
     });
+    let changes = changes::channel();
     let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
@@ -398,6 +400,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         ssh: ssh_bound.as_ref().map(|b| b.endpoint.clone()),
         templates,
         storage: storage.clone(),
+        changes: changes.clone(),
+        streams: std::sync::Arc::new(tokio::sync::Semaphore::new(http::events::MAX_OPEN_STREAMS)),
     });
     let ssh_task = ssh_bound
         .map(|bound| lh_service::AbortOnDrop(ssh::serve(bound, ctx.clone(), shutdown.clone())));
@@ -432,6 +436,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             }
         }
     };
+    let following = changes::follow(ctx.bus.clone(), ctx.pool.clone(), ctx.changes.clone());
     let environments =
         workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone(), storage);
     let ready = readiness.clone();
@@ -477,6 +482,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 never = summaries => match never {},
                 never = measuring => match never {},
                 never = keeping => match never {},
+                never = following => match never {},
                 ended = environments => ended,
             }
         },

@@ -171,3 +171,124 @@ async fn operators_see_the_fleet_and_its_leases_and_tenants_what_they_may_rent()
     let refused = lh(&stack, &key, &["node", "ls"]).await;
     assert_ne!(refused.code, 0);
 }
+
+/// An open event stream: what it has sent so far.
+struct Heard {
+    response: reqwest::Response,
+    text: String,
+}
+
+impl Heard {
+    async fn open(stack: &Stack, key: &str) -> Heard {
+        let response = reqwest::Client::new()
+            .get(format!(
+                "{}/v1/events/stream?for_secs=60",
+                stack.gateway_url
+            ))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        let mut heard = Heard {
+            response,
+            text: String::new(),
+        };
+        heard.until(|t| t.contains("event: open")).await;
+        heard
+    }
+
+    /// Reads until `done` holds of all it has sent, within 30 s.
+    async fn until(&mut self, done: impl Fn(&str) -> bool) -> &str {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(&self.text) {
+            let chunk = tokio::time::timeout_at(deadline, self.response.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("not heard in time; heard: {}", self.text))
+                .unwrap()
+                .unwrap_or_else(|| panic!("the stream ended; heard: {}", self.text));
+            self.text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        &self.text
+    }
+
+    /// What else it sends within `wait`.
+    async fn more_within(&mut self, wait: Duration) -> &str {
+        let deadline = tokio::time::Instant::now() + wait;
+        while let Ok(Ok(Some(chunk))) =
+            tokio::time::timeout_at(deadline, self.response.chunk()).await
+        {
+            self.text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        &self.text
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_caller_hears_of_the_changes_it_may_read_and_no_others() {
+    let stack = Stack::start(FLEET).await;
+    let (_, key_a) = stack.create_tenant("hearer", 8).await;
+    let (_, key_b) = stack.create_tenant("neighbour", 8).await;
+    let mut a = Heard::open(&stack, &key_a).await;
+    let mut b = Heard::open(&stack, &key_b).await;
+    let mut admin = Heard::open(&stack, ADMIN_TOKEN).await;
+
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key_a,
+            Some(json!({"gpus": 1, "gpu_model": "H100-80GB"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    let started = format!("\"type\":\"lease.started\",");
+    let heard = a
+        .until(|t| t.contains(&started) && t.contains(&id))
+        .await
+        .to_string();
+    assert!(heard.contains("event: lease"), "{heard}");
+    assert!(heard.contains("\"type\":\"lease.requested\""), "{heard}");
+    assert!(
+        !heard.contains("event: node"),
+        "a tenant hears of no node: {heard}"
+    );
+    assert!(!heard.contains("tenant_id"), "{heard}");
+    // The operator hears the lease and the node it took.
+    admin
+        .until(|t| t.contains(&id) && t.contains("\"node_id\":\"node-c\""))
+        .await;
+
+    // Another tenant hears nothing of it.
+    let (s, _) = stack
+        .call(
+            Method::POST,
+            "/v1/nodes/node-b/drain",
+            ADMIN_TOKEN,
+            Some(json!({"mode": "finish"})),
+        )
+        .await;
+    assert!((200..300).contains(&s));
+    admin
+        .until(|t| t.contains("\"type\":\"node.cordoned\""))
+        .await;
+    let other = b.more_within(Duration::from_secs(2)).await;
+    assert!(!other.contains(&id), "{other}");
+    assert!(!other.contains("event: node"), "{other}");
+    assert!(!other.contains("event: lease"), "{other}");
+
+    // A stream's life is bounded; a bad bound is named.
+    let (s, p) = stack
+        .call(Method::GET, "/v1/events/stream?for_secs=0", &key_a, None)
+        .await;
+    assert_eq!((s, p["field"].as_str()), (422, Some("for_secs")), "{p}");
+    let anonymous = reqwest::get(format!("{}/v1/events/stream", stack.gateway_url))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+}

@@ -90,6 +90,8 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("GET", "/v1/nodes/{n}", [401, 403, 403, 401, 401, 403, 200, 200, 200, 403, 403]),
     // What may be rented, and for how much: anyone's.
     ("GET", "/v1/gpus", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
+    // Each hears what it may read (tests/fleet_view.rs says what).
+    ("GET", "/v1/events/stream?for_secs=1", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/invoices?period={p}&tenant_id={t}", [401, 200, 404, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/spot/prices", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
     ("GET", "/v1/templates", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),

@@ -9,6 +9,7 @@ pub mod balances;
 pub mod billing;
 pub mod datasets;
 pub(crate) mod error;
+pub mod events;
 pub mod fleet;
 pub mod front;
 pub mod invoices;
@@ -96,6 +97,10 @@ pub struct ApiShared {
     pub templates: std::sync::Arc<crate::templates::Templates>,
     /// Tenants' object storage; `None` where the platform keeps no data.
     pub storage: Option<std::sync::Arc<crate::storage::TenantStorage>>,
+    /// Lease and node changes, for the event streams.
+    pub changes: crate::changes::Changes,
+    /// The event streams this replica may still open.
+    pub streams: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
@@ -148,6 +153,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/nodes", get(fleet::list))
         .route("/v1/nodes/{id}", get(fleet::get))
         .route("/v1/gpus", get(fleet::catalogue))
+        .route("/v1/events/stream", get(events::stream))
         .route("/v1/nodes/{id}/enroll", post(nodes::enroll))
         .route("/v1/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/nodes/{id}/uncordon", post(nodes::uncordon))

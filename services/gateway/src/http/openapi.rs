@@ -4,6 +4,7 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
 use super::datasets;
+use super::events;
 use super::fleet;
 use super::lease_logs;
 use super::lease_sessions;
@@ -53,6 +54,7 @@ use super::{
         fleet::list,
         fleet::get,
         fleet::catalogue,
+        events::stream,
         nodes::enroll,
         nodes::drain,
         nodes::uncordon,
