@@ -247,7 +247,7 @@ async fn each_caller_hears_of_the_changes_it_may_read_and_no_others() {
         .await;
     assert_eq!(s, 202, "{lease}");
     let id = lease["id"].as_str().unwrap().to_string();
-    let started = format!("\"type\":\"lease.started\",");
+    let started = "\"type\":\"lease.started\",".to_string();
     let heard = a
         .until(|t| t.contains(&started) && t.contains(&id))
         .await
