@@ -84,7 +84,16 @@ pub(crate) fn node_view(node: &Value) -> String {
     }
     let mut t = table();
     t.set_header(vec![
-        "GPU", "MODEL", "VRAM GB", "HEALTH", "MIG", "USED", "HELD BY",
+        "GPU",
+        "MODEL",
+        "VRAM GB",
+        "HEALTH",
+        "MIG",
+        "HELD",
+        "BUSY",
+        "MEMORY MIB",
+        "TEMP C",
+        "HELD BY",
     ]);
     for gpu in list_of(node, "gpus") {
         let holders: Vec<String> = match gpu.get("held_by").and_then(Value::as_str) {
@@ -102,6 +111,12 @@ pub(crate) fn node_view(node: &Value) -> String {
             text(gpu, "health"),
             text(gpu, "mig"),
             format!("{:.1} %", used_milli as f64 / 10.0),
+            match gpu.get("utilization_pct").and_then(Value::as_u64) {
+                Some(pct) => format!("{pct} %"),
+                None => NONE.to_string(),
+            },
+            text(gpu, "memory_used_mib"),
+            text(gpu, "temperature_c"),
             if holders.is_empty() {
                 NONE.to_string()
             } else {
@@ -109,7 +124,7 @@ pub(crate) fn node_view(node: &Value) -> String {
             },
         ]);
     }
-    align_right(&mut t, &[0, 2, 5]);
+    align_right(&mut t, &[0, 2, 5, 6, 7, 8]);
     format!("{}\n{}", key_values(rows), finish(t))
 }
 

@@ -13,6 +13,25 @@ pub struct Heartbeat {
     /// The node's clock when it sent this.
     pub at: DateTime<Utc>,
     pub running_leases: usize,
+    /// Its GPUs' last readings, for the fleet's view; none before the
+    /// first sample (and from agents older than them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuReading>,
+}
+
+/// Most GPU readings a heartbeat's reader keeps of one node.
+pub const MOST_GPU_READINGS: usize = 256;
+
+/// One GPU's last reading, as a heartbeat carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuReading {
+    pub index: u32,
+    /// `None` where the device cannot tell (MIG mode, some boards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<u32>,
+    pub memory_used_mib: u64,
+    pub memory_total_mib: u64,
+    pub temperature_c: u32,
 }
 
 /// What one lease used of its GPUs over the last sample, every

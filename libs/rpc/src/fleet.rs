@@ -95,6 +95,14 @@ pub struct GpuView {
     /// Thousandths of its compute held (1000: whole).
     pub used_milli: u32,
     pub used_vram_gb: u32,
+    /// Its node's last reading, from its last heartbeat: busy percent
+    /// (none where the device cannot tell), memory in use, temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
 }
 
 /// A lease's share of a GPU.

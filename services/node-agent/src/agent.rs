@@ -64,6 +64,8 @@ pub(crate) struct NodeStatus {
     pub(crate) running_leases: AtomicUsize,
     /// The host does not answer: no heartbeats.
     pub(crate) silent: AtomicBool,
+    /// The GPUs' last readings, which heartbeats carry.
+    pub(crate) gpus: std::sync::Mutex<Vec<lh_events::telemetry::GpuReading>>,
 }
 
 pub(crate) struct NodeAgent {
@@ -541,6 +543,20 @@ impl Decider for NodeAgent {
         match signal {
             Signal::Gpu(Observation::MigDevices(gpus)) => self.mig_devices_read(&gpus),
             Signal::Gpu(observation) => {
+                if let Observation::Samples { samples, .. } = &observation {
+                    let readings = samples
+                        .iter()
+                        .take(lh_events::telemetry::MOST_GPU_READINGS)
+                        .map(|s| lh_events::telemetry::GpuReading {
+                            index: s.index,
+                            utilization_pct: s.utilization_pct,
+                            memory_used_mib: s.memory_used_mib,
+                            memory_total_mib: s.memory_total_mib,
+                            temperature_c: s.temperature_c,
+                        })
+                        .collect();
+                    *self.status.gpus.lock().unwrap_or_else(|e| e.into_inner()) = readings;
+                }
                 // Judged against the log's health, which the fold has
                 // caught up with before any signal is heard.
                 self.gpu.seed(&self.state.gpu_health);

@@ -41,7 +41,8 @@ pub(crate) fn spawn(
                         continue;
                     }
                     let running_leases = status.running_leases.load(Ordering::Relaxed);
-                    let hb = Heartbeat { node_id: node_id.clone(), at: clock.now(), running_leases };
+                    let gpus = status.gpus.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let hb = Heartbeat { node_id: node_id.clone(), at: clock.now(), running_leases, gpus };
                     send(&bus, subject::heartbeat(&node_id), &hb, "heartbeat").await;
                     metrics::gauge!("lh_node_running_leases").set(running_leases as f64);
                 }

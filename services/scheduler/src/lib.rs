@@ -328,7 +328,14 @@ pub struct Scheduling {
     /// most every [`lh_rpc::fleet::FLEET_VIEW_EVERY_MS`] of the passes.
     fleet_board: FleetBoard,
     fleet_board_at: Option<DateTime<Utc>>,
+    /// Each node's GPU readings from its last heartbeat: what the fleet
+    /// view shows, never decided on (a node's word about itself).
+    gpu_readings: HashMap<String, Vec<lh_events::telemetry::GpuReading>>,
 }
+
+/// Most nodes whose GPU readings are kept: past it, those of nodes the
+/// fleet does not hold are dropped.
+const MOST_NODES_READ: usize = 100_000;
 
 /// The fleet view requests are answered from, shared with the task that
 /// answers them.
@@ -358,6 +365,7 @@ impl Scheduling {
             fragmentation_exported_at: None,
             fleet_board: FleetBoard::default(),
             fleet_board_at: None,
+            gpu_readings: HashMap::new(),
         }
     }
 
@@ -374,7 +382,7 @@ impl Scheduling {
         if !due {
             return;
         }
-        let view = self.state.fleet_view(now);
+        let view = self.state.fleet_view(now, &self.gpu_readings);
         if let Ok(mut board) = self.fleet_board.write() {
             *board = view;
         }
@@ -445,8 +453,18 @@ impl Decider for Scheduling {
 
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
         match signal {
-            Signal::Heartbeat(hb) => {
+            Signal::Heartbeat(mut hb) => {
                 self.state.heard_live(&hb.node_id, hb.at, now, &self.rules);
+                hb.gpus.truncate(lh_events::telemetry::MOST_GPU_READINGS);
+                if self.gpu_readings.len() >= MOST_NODES_READ {
+                    let fleet = &self.state.fleet.nodes;
+                    self.gpu_readings.retain(|node, _| fleet.contains_key(node));
+                }
+                if self.gpu_readings.len() < MOST_NODES_READ
+                    || self.gpu_readings.contains_key(&hb.node_id)
+                {
+                    self.gpu_readings.insert(hb.node_id, hb.gpus);
+                }
                 false
             }
             Signal::LastHeartbeat(hb) => {
@@ -611,6 +629,7 @@ mod tests {
                 node_id: node.into(),
                 at: Utc::now(),
                 running_leases: 0,
+                gpus: Vec::new(),
             })
             .unwrap()
         };

@@ -113,6 +113,19 @@ async fn operators_see_the_fleet_and_its_leases_and_tenants_what_they_may_rent()
     assert!(node["last_heartbeat_at"].is_string(), "{node}");
     assert_eq!(node["gpus"].as_array().unwrap().len(), 8);
     assert_eq!(node["gpus"][0]["health"], "healthy");
+    // Each GPU's last reading comes with its node's heartbeat.
+    let node = get_until(&stack, ADMIN_TOKEN, "/v1/nodes/node-a", |n| {
+        n["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["temperature_c"].is_u64() && g["memory_used_mib"].is_u64())
+    })
+    .await;
+    assert!(
+        node["gpus"][0]["temperature_c"].as_u64().unwrap() < 200,
+        "{node}"
+    );
 
     // Drained, its GPUs leave the catalogue and the fleet says why.
     let (s, body) = stack

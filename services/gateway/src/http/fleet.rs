@@ -206,6 +206,9 @@ mod tests {
             shares: Vec::new(),
             used_milli: 0,
             used_vram_gb: 0,
+            utilization_pct: None,
+            memory_used_mib: None,
+            temperature_c: None,
         }
     }
 

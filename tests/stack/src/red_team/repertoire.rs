@@ -286,6 +286,7 @@ pub(super) async fn as_node(
                 node_id: other.to_string(),
                 at: Utc::now(),
                 running_leases: 0,
+                gpus: Vec::new(),
             };
             let payload = serde_json::to_vec(&beat).expect("json");
             if bus
