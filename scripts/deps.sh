@@ -43,6 +43,9 @@
 #     from the machine's `prometheus-postgres-exporter` package (as root only).
 #   - wrk (load-tests/api-rate.sh drives the gateway with it), from the
 #     machine's `wrk` package (as root only).
+#   - chromium and chromium-driver (the console's tests drive a headless
+#     browser over WebDriver, tests/system/tests/console.rs), from the
+#     machine's packages (as root only).
 #   - the container engine tenants' workloads run in (`make up`, the tests
 #     of services/node-agent/tests/container_engine.rs), from the machine's
 #     packages (as root only): podman with runc (crun refuses hybrid
@@ -189,6 +192,11 @@ if { [ -n "$FOR_TESTS" ] || [ -n "$FOR_COMPOSE" ]; } \
     else
         missing+=("prometheus-postgres-exporter")
     fi
+fi
+
+# --- chromium and its WebDriver (the console's browser tests) ---
+if [ -n "$FOR_TESTS" ] && ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
+    if is_root; then apt_install --no-install-recommends chromium chromium-driver; else missing+=("chromium chromium-driver"); fi
 fi
 
 # --- wrk ---

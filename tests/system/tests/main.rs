@@ -10,6 +10,7 @@ mod authority;
 mod balance;
 mod chaos;
 mod concurrency;
+mod console;
 mod data;
 mod data_at_rest;
 mod dependency_rules;

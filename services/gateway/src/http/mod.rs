@@ -7,6 +7,7 @@ pub mod audit;
 mod auth;
 pub mod balances;
 pub mod billing;
+pub mod console;
 pub mod datasets;
 pub(crate) mod error;
 pub mod events;
@@ -176,6 +177,9 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/audit/verify", get(audit::verify))
         .route("/v1/audit/events", get(audit::events))
         .route("/openapi.json", get(openapi::openapi_json))
+        .route("/console", get(console::bare))
+        .route("/console/", get(console::index))
+        .route("/console/{*path}", get(console::file))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(ctx)
         .layer(axum::middleware::from_fn_with_state(budgets, front::guard))

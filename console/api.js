@@ -1,0 +1,60 @@
+// The console's calls to the gateway on its own origin: the key goes in
+// an Authorization header (never a cookie, so no request can be forged
+// from another site), kept in this tab's sessionStorage only.
+
+const KEY = "leasehold.key";
+
+export const key = () => sessionStorage.getItem(KEY);
+export const remember = (k) => sessionStorage.setItem(KEY, k);
+export const forget = () => sessionStorage.removeItem(KEY);
+
+/// GETs `path`: `{status, body}`, body the JSON answer (or null).
+export async function get(path, withKey = key()) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${withKey}` } });
+  let body = null;
+  try { body = await response.json(); } catch (_) { /* not JSON */ }
+  return { status: response.status, body };
+}
+
+/// Calls `onChange` with each change the gateway's event stream tells
+/// (`GET /v1/events/stream`), reconnecting when it ends, until `stop()`.
+/// A fetch stream, not an EventSource: that cannot send the key.
+export function follow(onChange) {
+  let stopped = false;
+  let controller = null;
+  const run = async () => {
+    while (!stopped) {
+      controller = new AbortController();
+      try {
+        const response = await fetch("/v1/events/stream", {
+          headers: { Authorization: `Bearer ${key()}` },
+          signal: controller.signal,
+        });
+        if (!response.ok) throw new Error(String(response.status));
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        let text = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          text += decoder.decode(value, { stream: true });
+          let end;
+          while ((end = text.indexOf("\n\n")) >= 0) {
+            const block = text.slice(0, end);
+            text = text.slice(end + 2);
+            const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
+            const event = (block.split("\n").find((l) => l.startsWith("event:")) || "").slice(6).trim();
+            if (event && event !== "open" && data) {
+              try { onChange(event, JSON.parse(data)); } catch (_) { /* a change unread is read at the next */ }
+            }
+          }
+        }
+      } catch (_) {
+        if (stopped) return;
+      }
+      await new Promise((r) => setTimeout(r, 2000));
+    }
+  };
+  run();
+  return () => { stopped = true; if (controller) controller.abort(); };
+}

@@ -1,0 +1,269 @@
+//! The console in a real browser: headless Chromium from Debian's packages,
+//! driven over WebDriver (chromedriver), against a real stack. A tenant
+//! signs in with its key, sees the GPUs it may rent, switches to Chinese,
+//! and sees its lease run without reloading; an operator sees the fleet,
+//! which the tenant's console does not offer; the files come with a strict
+//! Content Security Policy.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lh_test_stack::{Stack, ADMIN_TOKEN, FLEET};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// The key under which WebDriver names an element.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A chromedriver of the test's own, and one browser session on it.
+struct Browser {
+    driver: Child,
+    url: String,
+    session: String,
+    http: reqwest::Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (make deps installs chromium-driver)");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http.get(format!("{url}/status")).send().await.is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not answer");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let profile = tempfile::tempdir().unwrap();
+        let answer: Value = http
+            .post(format!("{url}/session"))
+            .json(&json!({"capabilities": {"alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": "/usr/bin/chromium",
+                    "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                        "--disable-dev-shm-usage", "--lang=en-US", "--window-size=1280,900",
+                        format!("--user-data-dir={}", profile.path().display())],
+                },
+            }}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = answer["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no browser session: {answer}"))
+            .to_string();
+        Browser {
+            driver,
+            url,
+            session,
+            http,
+            _profile: profile,
+        }
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Value) -> Value {
+        let url = format!("{}/session/{}{path}", self.url, self.session);
+        let mut request = self.http.request(method.clone(), url);
+        if method != Method::GET {
+            request = request.json(&body);
+        }
+        let answer: Value = request
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        answer["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(Method::POST, "/url", json!({ "url": url })).await;
+    }
+
+    async fn find(&self, css: &str) -> Option<String> {
+        let found = self
+            .call(
+                Method::POST,
+                "/element",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        found[ELEMENT].as_str().map(str::to_string)
+    }
+
+    /// The element `css` names, once there, within 30 s.
+    async fn wait(&self, css: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(element) = self.find(css).await {
+                return element;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {css} in: {}",
+                self.page_text().await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn text(&self, element: &str) -> String {
+        self.call(
+            Method::GET,
+            &format!("/element/{element}/text"),
+            Value::Null,
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+    }
+
+    async fn page_text(&self) -> String {
+        match self.find("body").await {
+            Some(body) => self.text(&body).await,
+            None => String::new(),
+        }
+    }
+
+    /// Waits until the page's text holds `needle`, within 30 s.
+    async fn wait_text(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = self.page_text().await;
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} never on the page: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let element = self.wait(css).await;
+        self.call(
+            Method::POST,
+            &format!("/element/{element}/value"),
+            json!({ "text": text }),
+        )
+        .await;
+    }
+
+    async fn click(&self, css: &str) {
+        let element = self.wait(css).await;
+        self.call(
+            Method::POST,
+            &format!("/element/{element}/click"),
+            json!({}),
+        )
+        .await;
+    }
+
+    async fn sign_in(&self, console: &str, key: &str) {
+        self.go(console).await;
+        self.type_into("#key", key).await;
+        self.click("#signin").await;
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operator_the_fleet() {
+    let stack = Stack::start(FLEET).await;
+    let (_, key) = stack.create_tenant("browser", 8).await;
+    let console = format!("{}/console/", stack.gateway_url);
+
+    // The page and its scripts, under a policy that loads nothing else.
+    let page = reqwest::get(&console).await.unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(
+        policy.contains("script-src 'self'") && policy.contains("frame-ancestors 'none'"),
+        "{policy}"
+    );
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
+    assert_eq!(
+        reqwest::get(format!("{}/console/nope.js", stack.gateway_url))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+
+    let browser = Browser::start().await;
+    // A bad key is refused where it was typed.
+    browser.sign_in(&console, "lh_not_a_key").await;
+    browser.wait("#signin-error").await;
+    browser.sign_in(&console, &key).await;
+    let table = browser.wait("#gpu-table").await;
+    let text = browser.text(&table).await;
+    assert!(
+        text.contains("A100-40GB") && text.contains("H100-80GB") && text.contains("cn-north-1a"),
+        "{text}"
+    );
+    // A tenant's console offers no fleet.
+    assert!(browser.find("#nav-fleet").await.is_none());
+
+    // In Chinese, at a word.
+    browser.click("#language option[value=zh]").await;
+    browser.wait_text("算力租赁").await;
+    browser.wait_text("可用区").await;
+    browser.click("#language option[value=en]").await;
+    browser.wait_text("Zone").await;
+
+    // Its lease shows up and runs without a reload: the page follows the
+    // event stream.
+    browser.click("#nav-leases").await;
+    browser.wait_text("No leases yet.").await;
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A10G-24GB"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    let id = lease["id"].as_str().unwrap();
+    let row = browser
+        .wait(&format!("tr[data-lease='{id}'] td.state"))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while browser.text(&row).await != "running" {
+        assert!(Instant::now() < deadline, "the lease never shows running");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // An operator sees the fleet: every node, the A10G lease's node held.
+    browser.click("#signout").await;
+    browser.sign_in(&console, ADMIN_TOKEN).await;
+    browser.click("#nav-fleet").await;
+    browser.wait("[data-node='node-a']").await;
+    browser.wait("[data-node='node-b'] .cell.held").await;
+    let text = browser.wait_text("node-c").await;
+    assert!(text.contains("ready"), "{text}");
+}
