@@ -7,7 +7,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: help deps build up down demo images compose-up compose-down compose-demo test lint alerts dashboards bench schemas clean-data
+.PHONY: help deps build up down demo images compose-up compose-down compose-demo test lint alerts dashboards bench schemas screenshots clean-data
 
 help: ## List the targets
 	@echo "Leasehold — make targets:"
@@ -78,6 +78,10 @@ dashboards: deps ## check the Grafana dashboards: JSON, uids, data source, metri
 bench: ## Criterion benchmarks, and a month of lease events priced into invoices (see load-tests/ for the load harness)
 	$(CARGO) bench --workspace
 	$(CARGO) run --release -p lh-load-tests --bin money-month -- --events 1000000
+
+screenshots: ## The console's pages in headless Chromium, as PNGs in docs/screenshots/ (the README shows them)
+	@scripts/deps.sh
+	LH_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(CARGO) test -p lh-system-tests --test system -- console::
 
 schemas: ## Regenerate the JSON Schemas of the events into schemas/
 	$(CARGO) run -p lh-events --example gen-schemas

@@ -43,7 +43,7 @@
 #     from the machine's `prometheus-postgres-exporter` package (as root only).
 #   - wrk (load-tests/api-rate.sh drives the gateway with it), from the
 #     machine's `wrk` package (as root only).
-#   - chromium and chromium-driver (the console's tests drive a headless
+#   - chromium, chromium-driver and a CJK font (the console's tests drive a headless
 #     browser over WebDriver, tests/system/tests/console.rs), from the
 #     machine's packages (as root only).
 #   - the container engine tenants' workloads run in (`make up`, the tests
@@ -196,7 +196,7 @@ fi
 
 # --- chromium and its WebDriver (the console's browser tests) ---
 if [ -n "$FOR_TESTS" ] && ! { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }; then
-    if is_root; then apt_install --no-install-recommends chromium chromium-driver; else missing+=("chromium chromium-driver"); fi
+    if is_root; then apt_install --no-install-recommends chromium chromium-driver fonts-wqy-microhei; else missing+=("chromium chromium-driver fonts-wqy-microhei"); fi
 fi
 
 # --- wrk ---

@@ -565,6 +565,7 @@ cat <<EOF
 Leasehold is up on the simulated fleet (dev/fleet.toml).
   workloads:    $RUNTIME ($RUNTIME_WHY)
   gateway:      http://$GATEWAY_ADDR
+  console:      http://$GATEWAY_ADDR/console/ (sign in with a tenant's API key or the admin token)
   ssh:          $([ "$SSH_ADDR" = off ] && echo "off (LH_SSH_ADDR=off)" || echo "ssh -p ${SSH_ADDR##*:} <lease-id>@${SSH_ADDR%:*} (after lh ssh-key add)")
   admin token:  $LH_ADMIN_TOKEN
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)

@@ -177,6 +177,21 @@ impl Browser {
         .await;
     }
 
+    /// Saves the page as `<LH_SCREENSHOTS_DIR>/<name>.png` where that is
+    /// set (`make screenshots`); nothing otherwise.
+    async fn screenshot(&self, name: &str) {
+        let Some(dir) = std::env::var_os("LH_SCREENSHOTS_DIR") else {
+            return;
+        };
+        use base64::Engine as _;
+        let png = self.call(Method::GET, "/screenshot", Value::Null).await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("a screenshot"))
+            .expect("base64");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(std::path::Path::new(&dir).join(format!("{name}.png")), png).unwrap();
+    }
+
     async fn sign_in(&self, console: &str, key: &str) {
         self.go(console).await;
         self.type_into("#key", key).await;
@@ -218,6 +233,7 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
     // A bad key is refused where it was typed.
     browser.sign_in(&console, "lh_not_a_key").await;
     browser.wait("#signin-error").await;
+    browser.screenshot("console-sign-in").await;
     browser.sign_in(&console, &key).await;
     let table = browser.wait("#gpu-table").await;
     let text = browser.text(&table).await;
@@ -225,6 +241,7 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
         text.contains("A100-40GB") && text.contains("H100-80GB") && text.contains("cn-north-1a"),
         "{text}"
     );
+    browser.screenshot("console-gpus").await;
     // A tenant's console offers no fleet.
     assert!(browser.find("#nav-fleet").await.is_none());
 
@@ -232,6 +249,7 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
     browser.click("#language option[value=zh]").await;
     browser.wait_text("算力租赁").await;
     browser.wait_text("可用区").await;
+    browser.screenshot("console-gpus-zh").await;
     browser.click("#language option[value=en]").await;
     browser.wait_text("Zone").await;
 
@@ -257,6 +275,7 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
         assert!(Instant::now() < deadline, "the lease never shows running");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    browser.screenshot("console-leases").await;
 
     // An operator sees the fleet: every node, the A10G lease's node held.
     browser.click("#signout").await;
@@ -266,4 +285,5 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
     browser.wait("[data-node='node-b'] .cell.held").await;
     let text = browser.wait_text("node-c").await;
     assert!(text.contains("ready"), "{text}");
+    browser.screenshot("console-fleet").await;
 }
