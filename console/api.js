@@ -16,6 +16,35 @@ export async function get(path, withKey = key()) {
   return { status: response.status, body };
 }
 
+/// POSTs `body` (JSON, or nothing) to `path`: `{status, body}`.
+export async function post(path, body) {
+  const headers = { Authorization: `Bearer ${key()}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method: "POST",
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let answer = null;
+  try { answer = await response.json(); } catch (_) { /* not JSON */ }
+  return { status: response.status, body: answer };
+}
+
+/// Downloads `path` (which needs the key, so no plain link can fetch it)
+/// as a file named `name`.
+export async function download(path, name) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${key()}` } });
+  if (!response.ok) throw new Error(String(response.status));
+  const url = URL.createObjectURL(await response.blob());
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
 /// Calls `onChange` with each change the gateway's event stream tells
 /// (`GET /v1/events/stream`), reconnecting when it ends, until `stop()`.
 /// A fetch stream, not an EventSource: that cannot send the key.

@@ -34,6 +34,25 @@ const WORDS = {
     heartbeat: "Last heartbeat",
     held: "held",
     loading: "Loading…",
+    new_lease: "New lease",
+    gpu_count: "GPUs",
+    tier: "Tier",
+    image: "Image (optional)",
+    command: "Command (optional)",
+    hours: "Price it for (hours)",
+    quote: "Quote",
+    quoted: "About {amount} {currency} for {hours} h at {unit} per GB-hour (price book {version})",
+    price_moves: "Spot: billed at the price of each moment.",
+    rent: "Rent",
+    stop: "Stop",
+    logs: "Logs",
+    no_logs: "Nothing written yet.",
+    invoices: "Invoices",
+    period: "Period",
+    status: "Status",
+    total: "Total",
+    csv: "CSV",
+    no_invoices: "No invoices yet.",
   },
   zh: {
     title: "Leasehold 算力租赁",
@@ -67,6 +86,25 @@ const WORDS = {
     heartbeat: "最近心跳",
     held: "已占用",
     loading: "加载中…",
+    new_lease: "新建租约",
+    gpu_count: "GPU 数量",
+    tier: "计费档",
+    image: "镜像（可选）",
+    command: "命令（可选）",
+    hours: "按小时报价",
+    quote: "报价",
+    quoted: "约 {amount} {currency}，{hours} 小时，每 GB·小时 {unit}（价目表 {version}）",
+    price_moves: "竞价：按每一时刻的价格计费。",
+    rent: "租用",
+    stop: "停止",
+    logs: "日志",
+    no_logs: "尚无输出。",
+    invoices: "账单",
+    period: "账期",
+    status: "状态",
+    total: "合计",
+    csv: "CSV",
+    no_invoices: "还没有账单。",
   },
 };
 
@@ -83,9 +121,10 @@ export function choose(lang) {
   if (WORDS[lang]) localStorage.setItem(STORED, lang);
 }
 
-export function t(key) {
+export function t(key, values = {}) {
   const lang = language();
-  return (WORDS[lang] && WORDS[lang][key]) || WORDS.en[key] || key;
+  const text = (WORDS[lang] && WORDS[lang][key]) || WORDS.en[key] || key;
+  return text.replace(/\{(\w+)\}/g, (_, name) => (name in values ? String(values[name]) : `{${name}}`));
 }
 
 export const LANGUAGES = [["en", "English"], ["zh", "中文"]];

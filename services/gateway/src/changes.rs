@@ -25,6 +25,8 @@ pub const CHANGES_BUFFERED: usize = 4096;
 /// Leases whose tenant is remembered; past this the memory starts afresh
 /// (a lease forgotten is looked up in the read model once more).
 const MOST_LEASES_REMEMBERED: usize = 100_000;
+/// Longest a lease's change waits for the read model to show it.
+const READ_MODEL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long the feed waits before it opens again after it failed.
 const REOPEN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -75,8 +77,15 @@ pub fn channel() -> Changes {
 
 /// Tells `changes` of every lease and node event from the log's head on,
 /// for as long as the gateway runs; a lost feed is opened again after the
-/// last change told.
-pub async fn follow(bus: Bus, pool: PgPool, changes: Changes) -> std::convert::Infallible {
+/// last change told. A lease's change is told once this replica's read
+/// model shows it (`progress`), or after [`READ_MODEL_WAIT`]: a client that
+/// reads the lease again on hearing of it finds what changed.
+pub async fn follow(
+    bus: Bus,
+    pool: PgPool,
+    progress: lh_projection::Progress,
+    changes: Changes,
+) -> std::convert::Infallible {
     let mut owners = Owners::default();
     let mut next = None;
     loop {
@@ -135,6 +144,9 @@ pub async fn follow(bus: Bus, pool: PgPool, changes: Changes) -> std::convert::I
                 (Some(lease), _) => owners.of(&pool, lease).await,
                 (None, _) => None,
             };
+            if lease_id.is_some() {
+                progress.wait_for(stored.sequence, READ_MODEL_WAIT).await;
+            }
             // Nobody listening is no error.
             let _ = changes.send(Change {
                 event_type: stored.envelope.event_type.clone(),

@@ -60,6 +60,10 @@ pub const METRICS: &[lh_service::MetricHelp] = &[
         "Tenants' buckets and storage identities made.",
     ),
     (
+        "lh_gateway_event_streams_opened_total",
+        "Event streams (GET /v1/events/stream) opened.",
+    ),
+    (
         "lh_gateway_storage_measurements_total",
         "Tenants' buckets measured, by result (recorded; duplicate: another replica recorded the interval's; failed: the store or the log out of reach).",
     ),
@@ -436,7 +440,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             }
         }
     };
-    let following = changes::follow(ctx.bus.clone(), ctx.pool.clone(), ctx.changes.clone());
+    let following = changes::follow(
+        ctx.bus.clone(),
+        ctx.pool.clone(),
+        ctx.progress.clone(),
+        ctx.changes.clone(),
+    );
     let environments =
         workload_env::serve(ctx.bus.clone(), ctx.pool.clone(), ctx.keys.clone(), storage);
     let ready = readiness.clone();

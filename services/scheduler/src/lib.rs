@@ -452,6 +452,9 @@ impl Decider for Scheduling {
     }
 
     fn signal(&mut self, signal: Signal, now: DateTime<Utc>) -> bool {
+        // Heartbeats come every second: the view is renewed with them too,
+        // not only at decision passes, which a quiet fleet seldom has.
+        self.renew_fleet_board(now);
         match signal {
             Signal::Heartbeat(mut hb) => {
                 self.state.heard_live(&hb.node_id, hb.at, now, &self.rules);

@@ -22,6 +22,8 @@ struct Browser {
     session: String,
     http: reqwest::Client,
     _profile: tempfile::TempDir,
+    /// Where the browser saves what it downloads.
+    downloads: tempfile::TempDir,
 }
 
 impl Browser {
@@ -45,6 +47,7 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let profile = tempfile::tempdir().unwrap();
+        let downloads = tempfile::tempdir().unwrap();
         let answer: Value = http
             .post(format!("{url}/session"))
             .json(&json!({"capabilities": {"alwaysMatch": {
@@ -54,6 +57,10 @@ impl Browser {
                     "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
                         "--disable-dev-shm-usage", "--lang=en-US", "--window-size=1280,900",
                         format!("--user-data-dir={}", profile.path().display())],
+                    "prefs": {
+                        "download.default_directory": downloads.path().display().to_string(),
+                        "download.prompt_for_download": false,
+                    },
                 },
             }}}))
             .send()
@@ -72,6 +79,7 @@ impl Browser {
             session,
             http,
             _profile: profile,
+            downloads,
         }
     }
 
@@ -81,13 +89,7 @@ impl Browser {
         if method != Method::GET {
             request = request.json(&body);
         }
-        let answer: Value = request
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
         answer["value"].clone()
     }
 
@@ -192,6 +194,64 @@ impl Browser {
         std::fs::write(std::path::Path::new(&dir).join(format!("{name}.png")), png).unwrap();
     }
 
+    /// Picks the option shown as `text` of the select `#id`, as a user
+    /// clicks it (an option's value need not be an attribute).
+    async fn choose(&self, id: &str, text: &str) {
+        let xpath = format!("//select[@id='{id}']/option[normalize-space(.)='{text}']");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let option = loop {
+            let found = self
+                .call(
+                    Method::POST,
+                    "/element",
+                    json!({"using": "xpath", "value": xpath}),
+                )
+                .await;
+            if let Some(option) = found[ELEMENT].as_str() {
+                break option.to_string();
+            }
+            assert!(Instant::now() < deadline, "no option {text} in #{id}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        self.call(Method::POST, &format!("/element/{option}/click"), json!({}))
+            .await;
+    }
+
+    /// Sets the value of the form field `css`.
+    async fn set_field(&self, css: &str, value: &str) {
+        let element = self.wait(css).await;
+        self.call(
+            Method::POST,
+            &format!("/element/{element}/clear"),
+            json!({}),
+        )
+        .await;
+        self.call(
+            Method::POST,
+            &format!("/element/{element}/value"),
+            json!({ "text": value }),
+        )
+        .await;
+    }
+
+    /// Waits until the text of `css` is `want`, within 30 s.
+    async fn wait_text_of(&self, css: &str, want: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(element) = self.find(css).await {
+                if self.text(&element).await == want {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{css} never {want:?}: {}",
+                self.page_text().await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn sign_in(&self, console: &str, key: &str) {
         self.go(console).await;
         self.type_into("#key", key).await;
@@ -246,11 +306,11 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
     assert!(browser.find("#nav-fleet").await.is_none());
 
     // In Chinese, at a word.
-    browser.click("#language option[value=zh]").await;
+    browser.choose("language", "中文").await;
     browser.wait_text("算力租赁").await;
     browser.wait_text("可用区").await;
     browser.screenshot("console-gpus-zh").await;
-    browser.click("#language option[value=en]").await;
+    browser.choose("language", "English").await;
     browser.wait_text("Zone").await;
 
     // Its lease shows up and runs without a reload: the page follows the
@@ -276,6 +336,45 @@ async fn a_tenant_signs_in_sees_what_it_may_rent_and_its_lease_run_and_an_operat
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     browser.screenshot("console-leases").await;
+
+    // A lease from the form, priced before it is asked for, then stopped
+    // from its page.
+    browser.click("#nav-new").await;
+    browser.choose("model", "H100-80GB").await;
+    browser.set_field("#gpus", "2").await;
+    browser.set_field("#hours", "3").await;
+    browser.wait_text("for 3 h").await;
+    let quote = browser.text(&browser.wait("#quote").await).await;
+    assert!(quote.contains("CNY"), "{quote}");
+    browser.screenshot("console-new-lease").await;
+    browser.click("#rent").await;
+    browser.wait_text_of("#lease-state", "running").await;
+    browser.wait_text("H100-80GB × 2").await;
+    let rented = browser.text(&browser.wait("#lease-title code").await).await;
+    browser.screenshot("console-lease").await;
+    browser.click("#stop").await;
+    browser.wait_text_of("#lease-state", "ended").await;
+
+    // The month's invoice, downloaded as CSV.
+    browser.click("#nav-invoices").await;
+    browser.click("#invoice-table button.csv").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let csv = loop {
+        let done: Vec<_> = std::fs::read_dir(browser.downloads.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+            .collect();
+        if let Some(path) = done.first() {
+            break std::fs::read_to_string(path).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no CSV downloaded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(csv.starts_with("document,number,status"), "{csv}");
+    assert!(csv.contains(&rented), "{rented} not in {csv}");
+    browser.screenshot("console-invoices").await;
 
     // An operator sees the fleet: every node, the A10G lease's node held.
     browser.click("#signout").await;
