@@ -71,6 +71,30 @@ pub(crate) async fn engine_saw_oom(engine: &Engine, name: &str) -> bool {
     .is_some_and(|out| out == "true")
 }
 
+/// How long the engine may take to say how a container ended, after its
+/// `run` gave up waiting for it.
+const EXIT_CODE_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The container's own exit code, waited for: what `<cli> run` should have
+/// returned when it ends with an error of its own (podman 4 sometimes asks
+/// for the exit code before its monitor has written it, and gives up with
+/// 127). `None` when the container is gone or the engine does not say.
+pub(crate) async fn exit_code_of(engine: &Engine, name: &str) -> Option<i32> {
+    let waited = engine
+        .command()
+        .args(["wait", name])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(EXIT_CODE_WAIT, waited).await {
+        Ok(Ok(output)) if output.status.success() => {
+            String::from_utf8_lossy(&output.stdout).trim().parse().ok()
+        }
+        _ => None,
+    }
+}
+
 /// Waits until the container runs (or has run and ended): true; false when
 /// `deadline` comes first.
 pub(crate) async fn until_running(

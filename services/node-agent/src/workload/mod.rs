@@ -487,10 +487,25 @@ impl RunningWorkload {
                     }
                     _ => None,
                 };
-                let status = match status {
+                let mut status = match status {
                     Some(status) => status,
                     None => self.child.wait().await.map_err(RuntimeError::Wait)?,
                 };
+                // `run` failing on its own (125, 127) while the engine still
+                // has the container: the container's exit is the engine's to
+                // tell, not the CLI's.
+                if let Kind::Container(c) = &self.kind {
+                    if matches!(status.code(), Some(125 | 127)) {
+                        if let Some(code) = engine_state::exit_code_of(&c.engine, &c.name).await {
+                            if Some(code) != status.code() {
+                                tracing::warn!(lease = %self.lease_id, run = ?status.code(), container = code,
+                                    "the engine's run ended before its container; its exit is the container's");
+                            }
+                            status =
+                                std::os::unix::process::ExitStatusExt::from_raw((code & 0xff) << 8);
+                        }
+                    }
+                }
                 self.status = Some(status);
                 status
             }
