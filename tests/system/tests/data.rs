@@ -473,14 +473,17 @@ async fn datasets_are_refused_by_field_and_an_erasure_empties_the_tenants_bucket
 
 /// The workload of the spot test: counts its runs in its workspace, and
 /// when told of its preemption (the file, and SIGUSR1 to it, the first
-/// process of its container) writes a checkpoint saying so.
+/// process of its container) writes a checkpoint saying so. It waits in
+/// short sleeps: a shell runs a trap only once its foreground command
+/// ends, and the signal may come after the file.
 const SPOT_TRAIN: &str = "trap 'echo got-usr1' USR1; \
     n=$(cat /workspace/ckpt 2>/dev/null || echo 0); echo \"resumed from $n\"; \
     test -f /workspace/at-notice && echo \"found $(cat /workspace/at-notice)\"; \
     echo $((n + 1)) > /workspace/ckpt; echo checkpointed; \
     i=0; while ! test -f /run/leasehold/notice.json; do \
         sleep 0.2; i=$((i + 1)); test $i -lt 3000 || exit 1; done; \
-    echo noticed; cat /run/leasehold/notice.json > /workspace/at-notice; sleep 600";
+    echo noticed; cat /run/leasehold/notice.json > /workspace/at-notice; \
+    i=0; while [ $i -lt 600 ]; do sleep 1; i=$((i + 1)); done";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_preempted_spot_lease_is_told_and_its_recovery_on_another_node_resumes_from_its_checkpoint(
