@@ -72,18 +72,13 @@ fn check_user_name(user: &str) -> Result<()> {
     }
 }
 
-/// What a tenant's key may do: read, write, list and tag objects in its
+/// A tenant's policy on `bucket`: read, write, list and tag objects in its
 /// bucket, and clean up its multipart uploads; nothing on any other
-/// bucket, no bucket settings. `s3:ListMultipartUploadParts` and
-/// `s3:ListBucketMultipartUploads` are left out: SeaweedFS refuses a
-/// policy naming them, and lists uploads to whoever may list the bucket.
-fn tenant_policy(bucket: &str) -> String {
-    policy_of(bucket, true)
-}
-
-/// A tenant's policy on `bucket`: everything a tenant does with its
-/// objects, or, without `writes`, all of it but writing (reading, listing
-/// and deleting, which frees room).
+/// bucket, no bucket settings. Without `writes`, all of it but writing
+/// (reading, listing and deleting, which frees room).
+/// `s3:ListMultipartUploadParts` and `s3:ListBucketMultipartUploads` are
+/// left out: SeaweedFS refuses a policy naming them, and lists uploads to
+/// whoever may list the bucket.
 fn policy_of(bucket: &str, writes: bool) -> String {
     let mut actions = vec![
         "s3:GetObject",
@@ -529,22 +524,7 @@ impl Admin {
         if !answer.ok() && answer.code() != "EntityAlreadyExists" {
             return Err(answer.refused(&op));
         }
-        let op = format!("putting the policy of IAM user {user}");
-        let policy = tenant_policy(bucket);
-        let answer = self
-            .iam(
-                &op,
-                "PutUserPolicy",
-                &[
-                    ("UserName", user),
-                    ("PolicyName", TENANT_POLICY_NAME),
-                    ("PolicyDocument", &policy),
-                ],
-            )
-            .await?;
-        if !answer.ok() {
-            return Err(answer.refused(&op));
-        }
+        self.set_tenant_writes(user, bucket, true).await?;
         let op = format!("creating an access key for IAM user {user}");
         let answer = self
             .iam(&op, "CreateAccessKey", &[("UserName", user)])
@@ -905,7 +885,7 @@ mod tests {
 
     #[test]
     fn the_policy_names_the_bucket_and_its_objects_only() {
-        let policy: serde_json::Value = serde_json::from_str(&tenant_policy("lh-t-a")).unwrap();
+        let policy: serde_json::Value = serde_json::from_str(&policy_of("lh-t-a", true)).unwrap();
         let statements = policy["Statement"].as_array().unwrap();
         assert_eq!(statements.len(), 1);
         assert_eq!(statements[0]["Effect"], "Allow");

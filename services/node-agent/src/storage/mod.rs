@@ -151,18 +151,14 @@ impl NodeStorage {
             live.push(restored.chunks);
         }
         let session = (!workspaces.is_empty()).then(|| {
-            Arc::new(LeaseStorage {
-                bus: bus.clone(),
+            self.session(
+                bus,
                 store,
-                lease_id,
-                placement,
-                node_id: self.node_id.clone(),
+                (lease_id, placement),
                 workspaces,
                 lease_dir,
-                syncing: Mutex::new(live),
-                interval: Duration::from_secs(self.args.workspace_sync_interval_secs),
-                timeout: Duration::from_secs(self.args.workspace_sync_timeout_secs),
-            })
+                live,
+            )
         });
         Ok(Prepared {
             mounts,
@@ -236,7 +232,27 @@ impl NodeStorage {
         if workspaces.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Arc::new(LeaseStorage {
+        Ok(Some(self.session(
+            bus,
+            store,
+            (lease_id, placement),
+            workspaces,
+            lease_dir,
+            live,
+        )))
+    }
+
+    /// A lease's workspaces as this node syncs them.
+    fn session(
+        &self,
+        bus: &Bus,
+        store: TenantStore,
+        (lease_id, placement): (Uuid, u64),
+        workspaces: Vec<(String, PathBuf)>,
+        lease_dir: PathBuf,
+        live: Vec<HashSet<String>>,
+    ) -> Arc<LeaseStorage> {
+        Arc::new(LeaseStorage {
             bus: bus.clone(),
             store,
             lease_id,
@@ -247,7 +263,7 @@ impl NodeStorage {
             syncing: Mutex::new(live),
             interval: Duration::from_secs(self.args.workspace_sync_interval_secs),
             timeout: Duration::from_secs(self.args.workspace_sync_timeout_secs),
-        })))
+        })
     }
 }
 
