@@ -30,6 +30,34 @@ export async function post(path, body) {
   return { status: response.status, body: answer };
 }
 
+/// GETs `path` as the gateway wrote it: `{status, text}`, for what must be
+/// kept byte for byte (JSON parsed and written again turns 50.0 into 50).
+export async function getText(path) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${key()}` } });
+  return { status: response.status, text: await response.text() };
+}
+
+/// DELETEs `path`: `{status, body}`, body the JSON answer (null for a 204).
+export async function del(path) {
+  const response = await fetch(path, { method: "DELETE", headers: { Authorization: `Bearer ${key()}` } });
+  let answer = null;
+  try { answer = await response.json(); } catch (_) { /* no content */ }
+  return { status: response.status, body: answer };
+}
+
+/// Saves `blob`, made here, as a file named `name`: an object URL clicked
+/// as a link, since the browser alone may write the user's disk.
+export function saveBlob(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
 /// Downloads `path` (which needs the key, so no plain link can fetch it)
 /// as a file named `name`.
 export async function download(path, name) {

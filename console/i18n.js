@@ -4,6 +4,10 @@
 const WORDS = {
   en: {
     title: "Leasehold",
+    role_tenant: "Tenant",
+    role_admin: "Operator",
+    role_auditor: "Auditor",
+    not_here: "This page is not yours to see.",
     sign_in: "Sign in",
     sign_out: "Sign out",
     api_key: "API key",
@@ -58,6 +62,10 @@ const WORDS = {
     title: "Leasehold 算力租赁",
     sign_in: "登录",
     sign_out: "退出",
+    role_tenant: "租户",
+    role_admin: "运维",
+    role_auditor: "审计",
+    not_here: "您无权查看此页面。",
     api_key: "API 密钥",
     api_key_hint: "`lh tenant create` 打印的密钥，或运维令牌。仅保存在本标签页中。",
     bad_key: "该密钥未被接受。",
@@ -109,6 +117,14 @@ const WORDS = {
 };
 
 const STORED = "leasehold.language";
+
+/// Adds a page's own words: `{ en: {...}, zh: {...} }`, so that each page
+/// module keeps its words beside it.
+export function addWords(words) {
+  for (const [lang, entries] of Object.entries(words)) {
+    WORDS[lang] = { ...(WORDS[lang] || {}), ...entries };
+  }
+}
 
 /// The language: the one chosen before, else the browser's, else English.
 export function language() {

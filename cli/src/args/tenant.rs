@@ -10,6 +10,9 @@ use lh_events::IdleAction;
 pub enum TenantCommand {
     /// Create a tenant and print its API key (shown only once).
     Create(TenantCreate),
+    /// List the tenants, oldest first, a page at a time (operators).
+    #[command(visible_alias = "list")]
+    Ls(TenantList),
     /// Show a tenant: its name, e-mail, quota, weight and whether it is
     /// suspended or erased.
     Get(TenantId),
@@ -32,6 +35,17 @@ pub enum TenantCommand {
 pub struct TenantId {
     /// Tenant id.
     pub id: String,
+}
+
+/// `lh tenant ls`
+#[derive(Debug, Clone, Args)]
+pub struct TenantList {
+    /// Tenants in the page, 1 to 500 (the gateway's default: 100).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+    /// Start after this tenant (the `next_after` of an earlier page).
+    #[arg(long, value_name = "ID")]
+    pub after: Option<String>,
 }
 
 /// `lh tenant suspend`
@@ -174,6 +188,20 @@ mod tests {
         };
         assert!(t.trusted);
         assert_eq!(t.max_storage_gb, Some(0));
+    }
+
+    #[test]
+    fn tenant_ls_takes_a_page_size_and_where_to_start() {
+        let cli = parse(&["tenant", "ls"]).unwrap();
+        let Command::Tenant(TenantCommand::Ls(l)) = cli.command else {
+            panic!("wrong command: {:?}", cli.command)
+        };
+        assert_eq!((l.limit, l.after), (None, None));
+        let cli = parse(&["tenant", "ls", "--limit", "2", "--after", "t1"]).unwrap();
+        let Command::Tenant(TenantCommand::Ls(l)) = cli.command else {
+            panic!("wrong command: {:?}", cli.command)
+        };
+        assert_eq!((l.limit, l.after.as_deref()), (Some(2), Some("t1")));
     }
 
     #[test]

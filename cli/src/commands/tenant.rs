@@ -1,4 +1,4 @@
-//! `lh tenant ...`: create, read, suspend, resume, erase a tenant and set
+//! `lh tenant ...`: create, list, read, suspend, resume, erase a tenant and set
 //! its quota; `lh tenant key ...` is handed to [`super::key`]. Each command
 //! is one request to the gateway's `/v1/tenants`.
 
@@ -40,6 +40,19 @@ pub(crate) async fn run(
             };
             let tenant = gw.post(&["v1", "tenants"], &body, &[]).await?;
             emit(out, json, &tenant, render::tenant_created)?;
+            Ok(EXIT_OK)
+        }
+        TenantCommand::Ls(l) => {
+            let limit = l.limit.map(|n| n.to_string());
+            let mut query = Vec::new();
+            if let Some(limit) = &limit {
+                query.push(("limit", limit.as_str()));
+            }
+            if let Some(after) = &l.after {
+                query.push(("after", after.as_str()));
+            }
+            let page = gw.get(&["v1", "tenants"], &query).await?;
+            emit(out, json, &page, render::tenant_list)?;
             Ok(EXIT_OK)
         }
         TenantCommand::Get(t) => {

@@ -38,5 +38,5 @@ pub(crate) use reservation::reservations;
 pub(crate) use spot::spot_prices;
 pub(crate) use ssh_key::{ssh_key_list, ssh_key_view};
 pub(crate) use template::templates;
-pub(crate) use tenant::{tenant_changed, tenant_created, tenant_view};
+pub(crate) use tenant::{tenant_changed, tenant_created, tenant_list, tenant_view};
 pub(crate) use workspace::{workspace_list, workspace_snapshot, workspace_view};

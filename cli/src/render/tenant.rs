@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::table::{key_values, present, text, NONE};
+use super::table::{finish, key_values, present, table, text, NONE};
 
 /// A new tenant, with its API key and how to use it.
 pub(crate) fn tenant_created(tenant: &Value) -> String {
@@ -42,6 +42,39 @@ pub(crate) fn tenant_view(tenant: &Value) -> String {
         rows.push(("reason", text(tenant, "suspended_reason")));
     }
     key_values(rows)
+}
+
+/// A page of tenants, one a row, and how to ask for the next.
+pub(crate) fn tenant_list(page: &Value) -> String {
+    let mut t = table();
+    t.set_header(vec![
+        "TENANT",
+        "NAME",
+        "SUSPENDED",
+        "MAX GPUS",
+        "MAX VRAM GB",
+        "MAX STORAGE GB",
+        "WEIGHT",
+        "CREATED",
+    ]);
+    let items = page.get("items").and_then(Value::as_array);
+    for tenant in items.into_iter().flatten() {
+        t.add_row(vec![
+            text(tenant, "id"),
+            text(tenant, "name"),
+            text(tenant, "suspended"),
+            text(tenant, "max_gpus"),
+            text(tenant, "max_vram_gb"),
+            text(tenant, "max_storage_gb"),
+            text(tenant, "weight"),
+            text(tenant, "created_at"),
+        ]);
+    }
+    let mut out = finish(t);
+    if let Some(next) = page.get("next_after").and_then(Value::as_str) {
+        out.push_str(&format!("\nmore: lh tenant ls --after {next}\n"));
+    }
+    out
 }
 
 /// A tenant after a suspension or resumption, and the leases it stopped.
@@ -90,6 +123,32 @@ mod tests {
         assert_eq!(value_of(&out, "api key").as_deref(), Some("lh_live_abc123"));
         assert_eq!(value_of(&out, "max gpus").as_deref(), Some("8"));
         assert!(out.contains("export LH_API_KEY=lh_live_abc123\n"), "{out}");
+    }
+
+    #[test]
+    fn tenant_list_a_row_each_and_the_next_page() {
+        let out = tenant_list(&json!({
+            "items": [
+                {"id": "t1", "name": "acme", "suspended": false, "max_gpus": 8,
+                 "weight": 1, "created_at": "2026-12-01T00:00:00Z"},
+                {"id": "t2", "name": "globex", "suspended": true, "max_gpus": 2,
+                 "max_storage_gb": 100, "weight": 3, "created_at": "2026-12-02T00:00:00Z"}
+            ],
+            "next_after": "t2"
+        }));
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("TENANT"), "{out}");
+        assert!(
+            lines[1].contains("acme") && lines[1].contains("false"),
+            "{out}"
+        );
+        assert!(
+            lines[2].contains("globex") && lines[2].contains("100"),
+            "{out}"
+        );
+        assert!(out.ends_with("more: lh tenant ls --after t2\n"), "{out}");
+        let last = tenant_list(&json!({"items": []}));
+        assert!(!last.contains("more:"), "{last}");
     }
 
     #[test]

@@ -8,9 +8,13 @@
 mod audit_query;
 mod authority;
 mod balance;
+mod browser;
 mod chaos;
 mod concurrency;
 mod console;
+mod console_account;
+mod console_lease;
+mod console_operator;
 mod data;
 mod data_at_rest;
 mod dependency_rules;

@@ -10,6 +10,12 @@ pub const EXEC_SUBPROTOCOL: &str = "v5.channel.k8s.io";
 /// The port-forward WebSocket's subprotocol.
 pub const PORT_FORWARD_SUBPROTOCOL: &str = "v1.port-forward.leasehold.dev";
 
+/// The subprotocol under which a browser's WebSocket carries its key,
+/// base64url without padding after this prefix: a browser cannot set a
+/// header on a WebSocket. The name is Kubernetes' API server's, so that
+/// clients written for it work unchanged; the gateway never echoes it.
+pub const BEARER_SUBPROTOCOL_PREFIX: &str = "base64url.bearer.authorization.k8s.io.";
+
 /// Exec, client to server: the command's standard input.
 pub const CHANNEL_STDIN: u8 = 0;
 /// Exec, server to client: the command's standard output.

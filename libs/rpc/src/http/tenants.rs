@@ -89,6 +89,15 @@ pub struct TenantView {
     pub created_at: DateTime<Utc>,
 }
 
+/// `GET /v1/tenants`: a page of tenants, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TenantPage {
+    pub items: Vec<TenantView>,
+    /// Pass as `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Uuid>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SuspendTenant {

@@ -8,6 +8,7 @@
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, Method};
 use lh_events::{Actor, Operator, OperatorRole};
+use lh_rpc::http::sessions::BEARER_SUBPROTOCOL_PREFIX;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -108,20 +109,64 @@ pub fn new_key() -> NewKey {
     }
 }
 
+/// Most bytes of a key carried in a WebSocket's subprotocol, encoded.
+const MAX_SUBPROTOCOL_KEY_BYTES: usize = 8 * 1024;
+
+/// The key a request carries: its `Authorization: Bearer` header, or, on a
+/// WebSocket's upgrade only, the bearer subprotocol a browser must use.
+fn token_of(parts: &Parts) -> Result<String, ApiError> {
+    if let Some(value) = parts.headers.get(header::AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| ApiError::unauthorized("Authorization header is not text"))?;
+        return value
+            .strip_prefix("Bearer ")
+            .map(|t| t.trim().to_string())
+            .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <key>`"));
+    }
+    let upgrading = parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let carried = parts
+        .headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|p| p.trim().strip_prefix(BEARER_SUBPROTOCOL_PREFIX));
+    match carried {
+        Some(encoded) if upgrading => {
+            use base64::Engine as _;
+            if encoded.len() > MAX_SUBPROTOCOL_KEY_BYTES {
+                return Err(ApiError::unauthorized(
+                    "the key in the subprotocol is too long",
+                ));
+            }
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(encoded)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+                .map(|t| t.trim().to_string())
+                .ok_or_else(|| {
+                    ApiError::unauthorized(format!(
+                        "the subprotocol {BEARER_SUBPROTOCOL_PREFIX}<key> carries the key as base64url without padding"
+                    ))
+                })
+        }
+        _ => Err(ApiError::unauthorized(
+            "missing Authorization: Bearer <key>",
+        )),
+    }
+}
+
 impl FromRequestParts<ApiContext> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, ctx: &ApiContext) -> Result<Self, ApiError> {
-        let value = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <key>"))?
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("Authorization header is not text"))?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <key>`"))?
-            .trim();
+        let token = token_of(parts)?;
+        let token = token.as_str();
         // The principal a refusal is counted under (see `refusals`).
         let named = |principal: String| {
             if let Some(slot) = parts.extensions.get::<super::refusals::NamedPrincipal>() {

@@ -30,6 +30,7 @@ pub mod ssh_keys;
 pub mod templates;
 pub mod tenants;
 pub mod usage;
+pub mod whoami;
 pub mod workspaces;
 
 use std::time::Duration;
@@ -108,7 +109,8 @@ pub fn router(ctx: ApiContext) -> Router {
     let budgets = ctx.request_budgets.clone();
     let refused = ctx.refusals.clone();
     Router::new()
-        .route("/v1/tenants", post(tenants::create))
+        .route("/v1/whoami", get(whoami::whoami))
+        .route("/v1/tenants", post(tenants::create).get(tenants::list))
         .route("/v1/tenants/{id}", get(tenants::get))
         .route("/v1/tenants/{id}/suspend", post(tenants::suspend))
         .route("/v1/tenants/{id}/resume", post(tenants::resume))

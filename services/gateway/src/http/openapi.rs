@@ -9,6 +9,7 @@ use super::fleet;
 use super::lease_logs;
 use super::lease_sessions;
 use super::ssh_keys;
+use super::whoami;
 use super::workspaces;
 
 use super::{
@@ -21,6 +22,7 @@ use super::{
     info(title = "Leasehold API", description = "Rent whole GPUs by the second."),
     paths(
         tenants::create,
+        tenants::list,
         tenants::get,
         tenants::suspend,
         tenants::resume,
@@ -55,6 +57,7 @@ use super::{
         fleet::get,
         fleet::catalogue,
         events::stream,
+        whoami::whoami,
         nodes::enroll,
         nodes::drain,
         nodes::uncordon,
@@ -80,6 +83,7 @@ use super::{
     ),
     components(schemas(
         Problem,
+        whoami::Whoami,
         lh_rpc::http::lease_logs::LeaseLogsView,
         lh_rpc::charges::ChargeStatement,
         lh_rpc::charges::ChargeLine,

@@ -2,7 +2,7 @@
 //! (`POST /v1/tenants`), suspends and resumes it, and changes its quota and
 //! weight; the tenant and the operators read it. Its keys are in `keys.rs`.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -13,9 +13,11 @@ use lh_events::{
 };
 use lh_rpc::http::tenants::{
     ChangeQuota, CreateTenant, QuotaBody, SuspendTenant, TenantChanged, TenantCreatedResponse,
-    TenantView, ERASED_MARKER,
+    TenantPage, TenantView, ERASED_MARKER,
 };
+use serde::Deserialize;
 use sqlx::FromRow;
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::{read_your_write, ApiContext, ApiError, ApiJson, Caller};
@@ -199,18 +201,23 @@ pub(super) fn require_reader(caller: &Caller, tenant_id: Uuid) -> Result<(), Api
     }
 }
 
+const TENANT_COLUMNS: &str = "id, name_sealed, email_sealed, erased, max_gpus, max_vram_gb,
+    max_storage_gb, weight, suspended, suspended_reason, suspended_reason_sealed, created_at";
+
 async fn fetch_tenant(ctx: &ApiContext, tenant_id: Uuid) -> Result<TenantView, ApiError> {
-    let row: TenantRow = sqlx::query_as(
-        "SELECT id, name_sealed, email_sealed, erased, max_gpus, max_vram_gb, max_storage_gb,
-                weight, suspended,
-                suspended_reason, suspended_reason_sealed, created_at
-         FROM tenants WHERE id = $1",
-    )
+    let row: TenantRow = sqlx::query_as(&format!(
+        "SELECT {TENANT_COLUMNS} FROM tenants WHERE id = $1"
+    ))
     .bind(tenant_id)
     .fetch_optional(&ctx.pool)
     .await?
     .ok_or_else(|| ApiError::not_found(format!("no tenant {tenant_id}")).field("id"))?;
-    let key = seal::load_key(&ctx.pool, ctx.keys.as_ref(), tenant_id)
+    view_of(ctx, row).await
+}
+
+/// A tenant's row as the API shows it, its sealed fields opened.
+async fn view_of(ctx: &ApiContext, row: TenantRow) -> Result<TenantView, ApiError> {
+    let key = seal::load_key(&ctx.pool, ctx.keys.as_ref(), row.id)
         .await
         .map_err(|e| ApiError::internal(format!("loading a tenant key: {e}")))?;
     // A missing key and a field that does not open read the same: the
@@ -324,6 +331,73 @@ pub async fn get(
     let tenant_id = parse_tenant_id(&id)?;
     require_reader(&caller, tenant_id)?;
     Ok(Json(fetch_tenant(&ctx, tenant_id).await?))
+}
+
+/// Most tenants one page of `GET /v1/tenants` holds.
+pub const MAX_TENANTS_PER_PAGE: u32 = 500;
+/// Tenants in a page when the caller does not say.
+pub const DEFAULT_TENANTS_PER_PAGE: u32 = 100;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct TenantListQuery {
+    /// Page size, 1 to 500 (default 100).
+    pub limit: Option<u32>,
+    /// `next_after` of the previous page: the tenants after that one.
+    pub after: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/tenants", params(TenantListQuery),
+    responses(
+        (status = 200, body = TenantPage),
+        (status = 400, body = super::Problem), (status = 401, body = super::Problem),
+        (status = 403, body = super::Problem, description = "A tenant: it reads only itself"),
+        (status = 422, body = super::Problem), (status = 503, body = super::Problem)
+    )
+)]
+/// Every tenant, oldest first (ids are UUIDv7, so their order is the order
+/// they were created in), a page at a time.
+pub async fn list(
+    State(ctx): State<ApiContext>,
+    caller: Caller,
+    query: Result<Query<TenantListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<TenantPage>, ApiError> {
+    if !caller.is_operator() {
+        return Err(ApiError::forbidden(
+            "the list of tenants is the operators'; a tenant reads itself at /v1/tenants/{id}",
+        ));
+    }
+    let query = super::query_of(query)?;
+    let limit = query.limit.unwrap_or(DEFAULT_TENANTS_PER_PAGE);
+    if limit == 0 || limit > MAX_TENANTS_PER_PAGE {
+        return Err(ApiError::unprocessable(
+            format!("limit must be 1 to {MAX_TENANTS_PER_PAGE}"),
+            "limit",
+        ));
+    }
+    let after = match query.after.as_deref() {
+        None => Uuid::nil(),
+        Some(raw) => raw.parse().map_err(|_| {
+            ApiError::unprocessable("after must be a tenant id, as next_after gave it", "after")
+        })?,
+    };
+    // One row more than the page says whether another page follows.
+    let mut rows: Vec<TenantRow> = sqlx::query_as(&format!(
+        "SELECT {TENANT_COLUMNS} FROM tenants WHERE id > $1 ORDER BY id LIMIT $2"
+    ))
+    .bind(after)
+    .bind(i64::from(limit) + 1)
+    .fetch_all(&ctx.pool)
+    .await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next_after = more.then(|| rows.last().map(|r| r.id)).flatten();
+    let mut items = Vec::with_capacity(rows.len());
+    for row in rows {
+        items.push(view_of(&ctx, row).await?);
+    }
+    Ok(Json(TenantPage { items, next_after }))
 }
 
 #[utoipa::path(

@@ -1,0 +1,188 @@
+// One lease: its state and timeline as they change, its GPUs' use as
+// charts, what its workload wrote, a shell in the page, how to reach its
+// web page and its SSH endpoint, a stop.
+
+import { useEffect, useRef, useState } from "../vendor/hooks.mjs";
+import * as api from "../api.js";
+import { addWords, t } from "../i18n.js";
+import { Failed, html, Loading, useAnswer, useEvery } from "../ui.js";
+import { openShell } from "../shell.js";
+
+addWords({
+  en: {
+    timeline: "Timeline",
+    requested_at: "Asked for",
+    placed_at: "Placed",
+    started_at: "Running",
+    suspended_at: "Suspended (idle)",
+    preemption_at: "Preempted at",
+    ended_at: "Ended",
+    end_reason: "Why it ended",
+    queued_because: "Waiting because",
+    moved: "Moved to other GPUs",
+    usage: "GPU use, last hour",
+    no_usage: "No readings yet.",
+    busy: "busy %",
+    memory: "memory MiB",
+    shell: "Shell",
+    open_shell: "Open a shell",
+    close_shell: "Close the shell",
+    shell_hint: "A terminal inside the lease, as `lh lease shell` gives. Its input goes only to this lease.",
+    shell_ended: "The shell ended with code {code}.",
+    shell_refused: "The shell could not be opened: {error}. A lease takes a shell while it is running.",
+    shell_running_only: "A shell opens while the lease is running.",
+    web_page: "Its web page",
+    web_page_hint: "Run this where your browser is; it prints the address to open (with its token):",
+    ssh: "SSH",
+    max: "max",
+  },
+  zh: {
+    timeline: "时间线",
+    requested_at: "提交",
+    placed_at: "已分配",
+    started_at: "开始运行",
+    suspended_at: "因空闲挂起",
+    preemption_at: "被抢占时间",
+    ended_at: "结束",
+    end_reason: "结束原因",
+    queued_because: "等待原因",
+    moved: "迁移到其他 GPU 的次数",
+    usage: "GPU 使用情况（近一小时）",
+    no_usage: "尚无读数。",
+    busy: "利用率 %",
+    memory: "显存 MiB",
+    shell: "终端",
+    open_shell: "打开终端",
+    close_shell: "关闭终端",
+    shell_hint: "租约内的终端，与 `lh lease shell` 相同。输入只发往此租约。",
+    shell_ended: "终端已结束，退出码 {code}。",
+    shell_refused: "无法打开终端：{error}。租约运行时才能打开终端。",
+    shell_running_only: "租约运行时才能打开终端。",
+    web_page: "网页入口",
+    web_page_hint: "在浏览器所在的机器上运行，它会打印要打开的地址（含令牌）：",
+    ssh: "SSH",
+    max: "最高",
+  },
+});
+
+/// Points drawn per series at most: an hour of minutes.
+const MAX_CHART_POINTS = 120;
+const CHART_WIDTH = 480;
+const CHART_HEIGHT = 120;
+
+/// One line chart: `values` from 0 to `top`, oldest first, as an SVG
+/// polyline (markup, not style, so the page's policy allows it).
+function Chart({ label, values, top, id }) {
+  const shown = values.slice(-MAX_CHART_POINTS);
+  const most = Math.max(top || 0, ...shown.filter((v) => v != null), 1);
+  const step = shown.length > 1 ? CHART_WIDTH / (shown.length - 1) : 0;
+  const points = shown
+    .map((v, i) => (v == null ? null : `${(i * step).toFixed(1)},${(CHART_HEIGHT - (v / most) * CHART_HEIGHT).toFixed(1)}`))
+    .filter(Boolean)
+    .join(" ");
+  const last = shown.filter((v) => v != null).pop();
+  return html`<figure class="chart" id=${id}>
+    <figcaption>${label}: <strong>${last == null ? "–" : Math.round(last)}</strong> <span class="muted">(${t("max")} ${Math.round(most)})</span></figcaption>
+    <svg viewBox=${`0 0 ${CHART_WIDTH} ${CHART_HEIGHT}`} width=${CHART_WIDTH} height=${CHART_HEIGHT} role="img" aria-label=${label}>
+      <rect x="0" y="0" width=${CHART_WIDTH} height=${CHART_HEIGHT} class="chart-frame" />
+      <polyline points=${points} class="chart-line" />
+    </svg>
+  </figure>`;
+}
+
+function Usage({ id, running }) {
+  const every = useEvery(running ? 30000 : 3600000);
+  const answer = useAnswer(`/v1/leases/${id}/usage`, every);
+  if (!answer) return html`<${Loading} />`;
+  if (answer.status !== 200) return html`<${Failed} answer=${answer} />`;
+  const series = answer.body.series || [];
+  if (series.every((s) => s.points.length === 0)) return html`<p class="muted" id="no-usage">${t("no_usage")}</p>`;
+  return html`<div class="charts">${series.map((s) => html`<div class="gpu-usage" data-gpu=${s.gpu_index}>
+    <h4>GPU ${s.gpu_index} <span class="muted">${s.node_id}</span></h4>
+    <${Chart} id=${`busy-${s.gpu_index}`} label=${t("busy")} top=${100} values=${s.points.map((p) => p.utilization_pct_avg)} />
+    <${Chart} id=${`memory-${s.gpu_index}`} label=${t("memory")} values=${s.points.map((p) => p.memory_used_mib_max)} />
+  </div>`)}</div>`;
+}
+
+function Timeline({ lease }) {
+  const rows = [
+    ["requested_at", lease.created_at],
+    ["placed_at", lease.placed_at],
+    ["started_at", lease.started_at],
+    ["suspended_at", lease.suspended_at],
+    ["preemption_at", lease.preemption_deadline],
+    ["ended_at", lease.ended_at],
+  ].filter(([, at]) => at);
+  return html`<ol class="timeline" id="timeline">
+    ${rows.map(([word, at]) => html`<li><time datetime=${at}>${new Date(at).toLocaleString()}</time> ${t(word)}</li>`)}
+    ${lease.queued_reason && html`<li>${t("queued_because")}: ${lease.queued_reason}</li>`}
+    ${lease.migrations > 0 && html`<li>${t("moved")}: ${lease.migrations} (${lease.last_migration_reason || "–"})</li>`}
+    ${lease.end_reason && html`<li>${t("end_reason")}: ${lease.end_reason}${lease.failure ? ` (${lease.failure})` : ""}</li>`}
+  </ol>`;
+}
+
+function Shell({ id, running }) {
+  const [open, setOpen] = useState(false);
+  const [ended, setEnded] = useState(null);
+  const screen = useRef(null);
+  useEffect(() => {
+    if (!open || !screen.current) return undefined;
+    setEnded(null);
+    return openShell(screen.current, id, (how) => { setEnded(how); });
+  }, [open, id]);
+  if (!running && !open) return html`<p class="muted">${t("shell_running_only")}</p>`;
+  return html`<div>
+    <p class="muted">${t("shell_hint")}</p>
+    ${open
+      ? html`<button class="plain" id="close-shell" onClick=${() => setOpen(false)}>${t("close_shell")}</button>`
+      : html`<button id="open-shell" onClick=${() => setOpen(true)}>${t("open_shell")}</button>`}
+    ${ended && html`<p id="shell-ended" class=${ended.error ? "error" : "muted"} role="status">${ended.error
+      ? t("shell_refused", { error: ended.error })
+      : t("shell_ended", { code: ended.code == null ? "–" : ended.code })}</p>`}
+    ${open && html`<div class="terminal" id="terminal" ref=${screen}></div>`}
+  </div>`;
+}
+
+/// The template's HTTP port, if the lease came from one that has one.
+function webPort(lease, templates) {
+  const name = lease.workload && lease.workload.template;
+  if (!name || !templates || templates.status !== 200) return null;
+  const template = (templates.body.templates || []).find((x) => x.name === name);
+  return template && (template.ports || []).find((p) => p.protocol === "http");
+}
+
+export function LeasePage({ id, tick, role }) {
+  const answer = useAnswer("/v1/leases/" + id, tick);
+  const logs = useAnswer("/v1/leases/" + id + "/logs", tick);
+  const templates = useAnswer("/v1/templates", 0);
+  if (!answer) return html`<${Loading} />`;
+  if (answer.status !== 200) return html`<${Failed} answer=${answer} />`;
+  const l = answer.body;
+  const running = l.state === "running";
+  const stop = async () => { await api.post("/v1/leases/" + id + "/stop"); };
+  const text = logs && logs.status === 200 && logs.body && logs.body.data;
+  const web = webPort(l, templates);
+  return html`<section aria-labelledby="lease-title">
+    <h2 id="lease-title">${t("lease")} <code>${l.id}</code></h2>
+    <div class="columns">
+      <table><tbody>
+        <tr><th>${t("state")}</th><td id="lease-state">${l.state}</td></tr>
+        <tr><th>${t("model")}</th><td>${l.gpu_model} × ${l.gpus ?? 1}${l.gpu_fraction ? ` (${l.gpu_fraction.milli / 10}%)` : ""}${l.mig_profile ? ` (MIG ${l.mig_profile})` : ""}</td></tr>
+        <tr><th>${t("tier")}</th><td>${l.tier}</td></tr>
+        <tr><th>${t("node")}</th><td>${l.node_id || "–"}${l.gpu_indices && l.gpu_indices.length ? ` · GPU ${l.gpu_indices.join(", ")}` : ""}</td></tr>
+        ${l.ssh && html`<tr><th>${t("ssh")}</th><td><code id="ssh-command">${l.ssh.command}</code></td></tr>`}
+      </tbody></table>
+      <div>
+        <h3>${t("timeline")}</h3>
+        <${Timeline} lease=${l} />
+      </div>
+    </div>
+    ${!["ended", "rejected"].includes(l.state) && html`<p><button id="stop" onClick=${stop}>${t("stop")}</button></p>`}
+    ${web && html`<h3>${t("web_page")}</h3><p class="muted">${t("web_page_hint")}</p><pre id="web-command">lh lease open ${l.id}</pre>`}
+    ${role === "tenant" && html`<h3>${t("shell")}</h3><${Shell} id=${l.id} running=${running} />`}
+    <h3>${t("usage")}</h3>
+    <${Usage} id=${l.id} running=${running} />
+    <h3>${t("logs")}</h3>
+    <pre id="lease-logs">${text || t("no_logs")}</pre>
+  </section>`;
+}

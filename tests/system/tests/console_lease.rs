@@ -1,0 +1,288 @@
+//! A lease's page in a real browser, on real podman: its tenant opens a
+//! shell in the page and types a command, which runs in its container; the
+//! page shows its timeline and its GPUs' use; another tenant gets neither
+//! the page nor the shell; and the console is used from the keyboard alone.
+
+use std::time::{Duration, Instant};
+
+use lh_node_agent::RuntimeKind;
+use lh_test_stack::Stack;
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::browser::Browser;
+use crate::workloads::{base_image, own_node_fleet, PODMAN_ARGS};
+
+const TAB: &str = "\u{E004}";
+const ENTER: &str = "\u{E007}";
+
+async fn tenant(stack: &Stack, name: &str) -> String {
+    let tenant = stack
+        .create_tenant_from(json!({
+            "name": name, "email": format!("ops@{name}.example"),
+            "quota": {"max_gpus": 2}, "trusted": true,
+        }))
+        .await;
+    tenant["api_key"].as_str().unwrap().to_string()
+}
+
+/// The status of a WebSocket upgrade to `path` that carries `protocols`
+/// only (no Authorization header), as a browser's WebSocket does.
+async fn upgrade_status(stack: &Stack, path: &str, protocols: &str) -> u16 {
+    let url = format!(
+        "{}{path}",
+        stack.gateway_url.replacen("http://", "ws://", 1)
+    );
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", protocols.parse().unwrap());
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((_, response)) => {
+            // The key is never echoed back: only the exec subprotocol.
+            assert_eq!(
+                response.headers()["sec-websocket-protocol"],
+                "v5.channel.k8s.io"
+            );
+            response.status().as_u16()
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        Err(e) => panic!("{path}: {e}"),
+    }
+}
+
+fn bearer(key: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_opens_a_shell_in_its_lease_page_and_types_a_command_and_nobody_else_can() {
+    base_image();
+    let (_, fleet) = own_node_fleet(2, None);
+    let stack = Stack::start_configured(&fleet, |s| {
+        s.node_runtime = RuntimeKind::Podman;
+        s.node_container_args = PODMAN_ARGS.map(String::from).into();
+    })
+    .await;
+    let key = tenant(&stack, "shell").await;
+    let stranger = tenant(&stack, "stranger").await;
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB",
+                "workload": {"image": "localhost/leasehold/base", "command": ["sleep", "600"]}})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let lease = b["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+    let console = format!("{}/console/", stack.gateway_url);
+
+    // The key in the subprotocol opens the shell's socket; a wrong one, or
+    // another tenant's, does not.
+    let exec =
+        format!("/v1/leases/{lease}/exec?command=sh&command=-c&command=true&stdin=true&tty=true");
+    assert_eq!(upgrade_status(&stack, &exec, &bearer(&key)).await, 101);
+    assert_eq!(
+        upgrade_status(&stack, &exec, &bearer("lh_not_a_key")).await,
+        401
+    );
+    assert_eq!(upgrade_status(&stack, &exec, &bearer(&stranger)).await, 404);
+    assert_eq!(
+        upgrade_status(
+            &stack,
+            &exec,
+            "v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.%%%"
+        )
+        .await,
+        401
+    );
+    // Only an upgrade may carry a key that way.
+    let plain = reqwest::Client::new()
+        .get(format!("{}/v1/leases/{lease}", stack.gateway_url))
+        .header("Sec-WebSocket-Protocol", bearer(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 401);
+
+    let browser = Browser::start().await;
+    browser.sign_in(&console, &key).await;
+    browser.wait("#gpu-table").await;
+    browser.go(&format!("{console}#/lease/{lease}")).await;
+    browser.wait_text_of("#lease-state", "running").await;
+    let timeline = browser.text(&browser.wait("#timeline").await).await;
+    assert!(
+        timeline.contains("Asked for") && timeline.contains("Running"),
+        "{timeline}"
+    );
+
+    // A shell, and a command typed into it, run inside the container.
+    browser.click("#open-shell").await;
+    browser.wait(".xterm-rows").await;
+    let input = browser.wait(".xterm-helper-textarea").await;
+    browser
+        .call(
+            Method::POST,
+            &format!("/element/{input}/value"),
+            json!({"text": format!("echo shell-$((6*7)) $(cat /etc/hostname | wc -c) $LEASEHOLD_LEASE_ID{ENTER}")}),
+        )
+        .await;
+    let text = browser.wait_text("shell-42").await;
+    assert!(text.contains(&lease), "{text}");
+    browser.screenshot("console-shell").await;
+    browser
+        .call(
+            Method::POST,
+            &format!("/element/{input}/value"),
+            json!({"text": format!("exit 3{ENTER}")}),
+        )
+        .await;
+    browser.wait_text("ended with code 3").await;
+    // The session is on the trail as the tenant's shell.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, events) = stack
+            .call(
+                Method::GET,
+                "/v1/audit/events?type=session.opened&limit=100",
+                lh_test_stack::AUDITOR_TOKEN,
+                None,
+            )
+            .await;
+        let shells = events["events"]
+            .as_array()
+            .map(|e| {
+                e.iter()
+                    .filter(|e| e.to_string().contains(&lease) && e.to_string().contains("shell"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if shells >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no shell on the trail: {events}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // The GPUs' use: charts where the API has readings, a word where not.
+    let (_, usage) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/leases/{lease}/usage"),
+            &key,
+            None,
+        )
+        .await;
+    let readings = usage["series"].as_array().is_some_and(|s| {
+        s.iter()
+            .any(|s| s["points"].as_array().is_some_and(|p| !p.is_empty()))
+    });
+    if readings {
+        browser.wait("svg polyline").await;
+    } else {
+        browser.wait("#no-usage").await;
+    }
+    browser.screenshot("console-lease-page").await;
+
+    // Another tenant gets neither the page nor a shell.
+    browser.click("#signout").await;
+    browser.sign_in(&console, &stranger).await;
+    browser.wait("#gpu-table").await;
+    browser.go(&format!("{console}#/lease/{lease}")).await;
+    browser.wait_text(&format!("no lease {lease}")).await;
+    assert!(browser.find("#open-shell").await.is_none());
+    assert!(browser.find("#lease-state").await.is_none());
+    let (s, _) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/stop"),
+            &stranger,
+            None,
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, l) = stack
+        .call(Method::GET, &format!("/v1/leases/{lease}"), &key, None)
+        .await;
+    assert_eq!((s, l["state"].as_str()), (200, Some("running")));
+}
+
+/// Every page is reached and used with the keyboard alone: the key typed
+/// and sent with Enter, the menu walked with Tab, a link followed with
+/// Enter, the language chosen with the arrow keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_is_used_from_the_keyboard_alone() {
+    let stack = Stack::start(lh_test_stack::FLEET).await;
+    let (_, key) = stack.create_tenant("keyboard", 8).await;
+    let console = format!("{}/console/", stack.gateway_url);
+    let browser = Browser::start().await;
+    browser.go(&console).await;
+    browser.wait("#key").await;
+    // The key field has the focus from the start.
+    assert_eq!(browser.focused_id().await, "key");
+    browser.press(&format!("{key}{ENTER}")).await;
+    browser.wait("#gpu-table").await;
+    // Tab from the top reaches each menu entry in order, with a visible
+    // focus, and Enter follows it.
+    browser
+        .run_script(
+            "document.activeElement.blur(); window.scrollTo(0, 0);",
+            json!([]),
+        )
+        .await;
+    let mut seen = Vec::new();
+    for _ in 0..12 {
+        browser.press(TAB).await;
+        let id = browser.focused_id().await;
+        if id == "nav-leases" {
+            break;
+        }
+        seen.push(id);
+    }
+    assert_eq!(
+        browser.focused_id().await,
+        "nav-leases",
+        "tabbed past {seen:?}"
+    );
+    let outline: Value = browser
+        .run_script(
+            "return getComputedStyle(document.activeElement).outlineStyle;",
+            json!([]),
+        )
+        .await;
+    assert_ne!(outline, json!("none"), "the focus must show");
+    browser.press(ENTER).await;
+    browser.wait_text("No leases yet.").await;
+    // The new-lease form: fields in order, and Enter rents.
+    browser.go(&format!("{console}#/new")).await;
+    browser.wait("#rent").await;
+    browser
+        .run_script("document.getElementById('gpus').focus();", json!([]))
+        .await;
+    // End, Backspace: the count's 1 gone, 2 typed, Enter sends the form.
+    browser.press("\u{E010}\u{E003}\u{E003}").await;
+    browser.press(&format!("2{ENTER}")).await;
+    browser.wait_text_of("#lease-state", "running").await;
+    let title = browser.text(&browser.wait("#lease-title").await).await;
+    let (_, leases) = stack.call(Method::GET, "/v1/leases", &key, None).await;
+    let items = leases["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{leases}");
+    assert_eq!(items[0]["gpus"], 2);
+    assert!(title.contains(items[0]["id"].as_str().unwrap()));
+    // The language, from its select, with the arrow keys.
+    browser
+        .run_script("document.getElementById('language').focus();", json!([]))
+        .await;
+    browser.press("\u{E015}").await; // ArrowDown
+    browser.wait_text("租约").await;
+}
