@@ -8,9 +8,18 @@ export const key = () => sessionStorage.getItem(KEY);
 export const remember = (k) => sessionStorage.setItem(KEY, k);
 export const forget = () => sessionStorage.removeItem(KEY);
 
+/// Said on `window` when the key held stops being taken (revoked, or an
+/// issuer's token past its time): the console then asks to sign in again.
+export const REFUSED = "leasehold-key-refused";
+
+function heard(response, withKey) {
+  if (response.status === 401 && withKey && withKey === key()) dispatchEvent(new Event(REFUSED));
+  return response;
+}
+
 /// GETs `path`: `{status, body}`, body the JSON answer (or null).
 export async function get(path, withKey = key()) {
-  const response = await fetch(path, { headers: { Authorization: `Bearer ${withKey}` } });
+  const response = heard(await fetch(path, { headers: { Authorization: `Bearer ${withKey}` } }), withKey);
   let body = null;
   try { body = await response.json(); } catch (_) { /* not JSON */ }
   return { status: response.status, body };
@@ -75,18 +84,20 @@ export async function download(path, name) {
 
 /// Calls `onChange` with each change the gateway's event stream tells
 /// (`GET /v1/events/stream`), reconnecting when it ends, until `stop()`.
-/// A fetch stream, not an EventSource: that cannot send the key.
+/// A fetch stream, not an EventSource: that cannot send the key. Opened
+/// again, it names the last change it heard (`Last-Event-ID`), so that
+/// what came meanwhile is told too.
 export function follow(onChange) {
   let stopped = false;
   let controller = null;
+  let lastHeard = null;
   const run = async () => {
     while (!stopped) {
       controller = new AbortController();
       try {
-        const response = await fetch("/v1/events/stream", {
-          headers: { Authorization: `Bearer ${key()}` },
-          signal: controller.signal,
-        });
+        const headers = { Authorization: `Bearer ${key()}` };
+        if (lastHeard) headers["Last-Event-ID"] = lastHeard;
+        const response = await fetch("/v1/events/stream", { headers, signal: controller.signal });
         if (!response.ok) throw new Error(String(response.status));
         const reader = response.body.getReader();
         const decoder = new TextDecoder();
@@ -101,6 +112,8 @@ export function follow(onChange) {
             text = text.slice(end + 2);
             const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
             const event = (block.split("\n").find((l) => l.startsWith("event:")) || "").slice(6).trim();
+            const id = (block.split("\n").find((l) => l.startsWith("id:")) || "").slice(3).trim();
+            if (id) lastHeard = id;
             if (event && event !== "open" && data) {
               try { onChange(event, JSON.parse(data)); } catch (_) { /* a change unread is read at the next */ }
             }

@@ -6,6 +6,7 @@
 import { render } from "./vendor/preact.mjs";
 import { useEffect, useState } from "./vendor/hooks.mjs";
 import * as api from "./api.js";
+import * as oidc from "./oidc.js";
 import { choose, language, LANGUAGES, t } from "./i18n.js";
 import { html } from "./ui.js";
 import { Gpus } from "./pages/gpus.js";
@@ -53,6 +54,15 @@ function route() {
 
 function SignIn({ onSignedIn }) {
   const [error, setError] = useState("");
+  const [issuer, setIssuer] = useState(null);
+  const [finishing, setFinishing] = useState(oidc.returning());
+  useEffect(() => {
+    oidc.offered().then(setIssuer);
+    if (!oidc.returning()) return;
+    oidc.finish()
+      .then((signed) => { api.remember(signed.token); onSignedIn(signed.role === "admin" ? ADMIN : AUDITOR); })
+      .catch((e) => { setFinishing(false); setError(t("oidc_refused", { why: e.message })); });
+  }, []);
   const submit = async (e) => {
     e.preventDefault();
     const value = e.target.elements.key.value.trim();
@@ -66,6 +76,7 @@ function SignIn({ onSignedIn }) {
       setError(t("unreachable"));
     }
   };
+  if (finishing) return html`<p class="signin loading" id="oidc-finishing">${t("loading")}</p>`;
   return html`<form class="signin" onSubmit=${submit} aria-labelledby="signin-title">
     <h2 id="signin-title">${t("sign_in")}</h2>
     <label for="key">${t("api_key")}</label>
@@ -73,6 +84,8 @@ function SignIn({ onSignedIn }) {
     <p class="muted">${t("api_key_hint")}</p>
     ${error && html`<p class="error" role="alert" id="signin-error">${error}</p>`}
     <button type="submit" id="signin">${t("sign_in")}</button>
+    ${issuer && html`<p class="or">${t("or")}</p>
+      <button type="button" class="plain" id="oidc-sign-in" onClick=${() => oidc.start(issuer)}>${t("oidc_sign_in")}</button>`}
   </form>`;
 }
 
@@ -114,6 +127,11 @@ function App() {
     if (!role) return undefined;
     return api.follow(() => setTick((n) => n + 1));
   }, [role]);
+  useEffect(() => {
+    const refused = () => { api.forget(); sessionStorage.removeItem(ROLE); setRole(null); };
+    addEventListener(api.REFUSED, refused);
+    return () => removeEventListener(api.REFUSED, refused);
+  }, []);
   if (!role) {
     return html`<${SignIn} onSignedIn=${(r) => { sessionStorage.setItem(ROLE, r); setRole(r); }} />`;
   }

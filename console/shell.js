@@ -4,8 +4,6 @@
 // so the key rides in a second subprotocol, as Kubernetes' API server
 // takes it; the gateway answers with the exec one only.
 
-import { Terminal } from "./vendor/xterm.mjs";
-import { FitAddon } from "./vendor/addon-fit.mjs";
 import * as api from "./api.js";
 
 const EXEC = "v5.channel.k8s.io";
@@ -63,9 +61,15 @@ function endOf(status) {
 }
 
 /// Opens a shell in lease `id` on a terminal in `element`. `onEnd` hears
-/// `{code}` or `{error}` once. Returns a function that closes it.
-export function openShell(element, id, onEnd) {
+/// `{code}` or `{error}` once. Resolves to a function that closes it. The
+/// terminal's code (a third of a megabyte) is fetched only now, so that no
+/// other page waits for it.
+export async function openShell(element, id, onEnd) {
   stampStyleNonce();
+  const [{ Terminal }, { FitAddon }] = await Promise.all([
+    import("./vendor/xterm.mjs"),
+    import("./vendor/addon-fit.mjs"),
+  ]);
   const terminal = new Terminal({ cursorBlink: true, fontSize: 14, convertEol: false, scrollback: 5000 });
   const fit = new FitAddon();
   terminal.loadAddon(fit);

@@ -36,5 +36,5 @@ export function useEvery(ms) {
 }
 
 export function Loading() {
-  return html`<p>${t("loading")}</p>`;
+  return html`<p class="loading">${t("loading")}</p>`;
 }

@@ -411,7 +411,6 @@ function Dataset({ d, onChange, setError }) {
     setError(a.status === 204 ? "" : problem(a));
     onChange();
   };
-  const total = d.versions.reduce((n, v) => n + v.bytes, 0);
   return html`<tr data-dataset=${d.name}>
       <td>${d.name}</td><td class="num versions-count">${d.versions.length}</td>
       <td><code title=${newest.version}>${newest.version.slice(0, 12)}</code></td>
@@ -431,7 +430,6 @@ function Dataset({ d, onChange, setError }) {
         </td></tr>
         ${manifest === v.version && html`<tr><td colspan="5"><${Manifest} name=${d.name} version=${v.version} /></td></tr>`}`)}
       </tbody></table>
-      <p class="muted">${t("acct_size")}: ${bytes(total)}</p>
     </td></tr>`}`;
 }
 

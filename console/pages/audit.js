@@ -27,7 +27,8 @@ addWords({
     audit_checked_this_run: "Events checked by this run",
     audit_checkpoints: "Signed checkpoints verified",
     audit_of: "{ok} of {all}",
-    audit_last_checkpoint: "Last verified checkpoint",
+    audit_verified_to: "Verified up to sequence",
+    audit_last_checkpoint: "Resumed from the verified checkpoint",
     audit_anchor: "Anchor (oldest events expired)",
     audit_first_bad: "First checkpoint that does not hold",
     audit_run: "Verification run",
@@ -78,7 +79,8 @@ addWords({
     audit_checked_this_run: "本次校验的事件数",
     audit_checkpoints: "已验证的签名检查点",
     audit_of: "{ok} / {all}",
-    audit_last_checkpoint: "最近验证的检查点",
+    audit_verified_to: "已校验至序号",
+    audit_last_checkpoint: "本次从已验证的检查点续验",
     audit_anchor: "锚点（更早的事件已过期）",
     audit_first_bad: "首个不成立的检查点",
     audit_run: "校验轮次",
@@ -255,7 +257,7 @@ function Verification({ role }) {
     ${answer && !r && html`<${Failed} answer=${answer} />`}
     ${r && html`<p id="verify-status" class=${"verdict " + (r.ok ? "good" : "bad")} role=${r.ok ? "status" : "alert"}>${status}</p>
       <table id="verify-report"><tbody>
-        <tr><th>${t("audit_seq")}</th><td id="verify-sequence" class="num">${r.sequence}</td></tr>
+        <tr><th>${t("audit_verified_to")}</th><td id="verify-sequence" class="num">${r.sequence}</td></tr>
         <tr><th>${t("audit_events_chained")}</th><td class="num">${r.events}</td></tr>
         <tr><th>${t("audit_head")}</th><td><code class="wrap">${r.head}</code></td></tr>
         <tr><th>${t("audit_checked_from")}</th><td class="num">${r.checked_from}</td></tr>

@@ -128,7 +128,12 @@ function Shell({ id, running }) {
   useEffect(() => {
     if (!open || !screen.current) return undefined;
     setEnded(null);
-    return openShell(screen.current, id, (how) => { setEnded(how); });
+    let close = null;
+    let gone = false;
+    openShell(screen.current, id, (how) => { setEnded(how); })
+      .then((c) => { if (gone) c(); else close = c; })
+      .catch((e) => setEnded({ error: String(e) }));
+    return () => { gone = true; if (close) close(); };
   }, [open, id]);
   if (!running && !open) return html`<p class="muted">${t("shell_running_only")}</p>`;
   return html`<div>

@@ -287,8 +287,8 @@ function TenantPage({ id, role }) {
   return html`<section aria-labelledby="tenant-title">
     <p><a href="#/tenants" id="back-to-tenants">${t("op_back_to_tenants")}</a></p>
     <h2 id="tenant-title">${x.name} <code>${x.id}</code></h2>
-    <p id="tenant-state">${x.erased ? t("op_erased") : x.suspended ? t("op_suspended") : t("op_active")}
-      ${x.suspended_reason ? html` <span class="muted">(${x.suspended_reason})</span>` : ""}</p>
+    <p><span id="tenant-state">${x.erased ? t("op_erased") : x.suspended ? t("op_suspended") : t("op_active")}</span>
+      ${x.suspended_reason ? html` <span class="muted" id="tenant-reason">(${x.suspended_reason})</span>` : ""}</p>
     <${QuotaForm} tenant=${x} admin=${admin} onSaved=${() => setChanged((n) => n + 1)} />
     <${Keys} tenant=${x} admin=${admin} />
   </section>`;
@@ -383,6 +383,8 @@ function tierText(tier) {
 
 export function Prices({ tick, role }) {
   const [changed, setChanged] = useState(0);
+  // Said here, not in the form: a new version makes a new form, from it.
+  const [published, setPublished] = useState(null);
   const every = useEvery(30000);
   const books = useAnswer("/v1/price-books", changed);
   const spot = useAnswer("/v1/spot/prices?history=0", tick + every);
@@ -390,7 +392,9 @@ export function Prices({ tick, role }) {
     <h2 id="prices-title">${t("op_prices")}</h2>
     <h3 id="books-title">${t("op_price_books")}</h3>
     ${!books ? html`<p>${t("loading")}</p>` : books.status !== 200 ? html`<${Failed} answer=${books} />`
-      : html`<${Books} books=${books.body.books || []} admin=${role === "admin"} onPublished=${() => setChanged((n) => n + 1)} />`}
+      : html`<${Books} books=${books.body.books || []} admin=${role === "admin"}
+        onPublished=${(text) => { setPublished({ ok: true, text }); setChanged((n) => n + 1); }} />`}
+    <${Said} said=${published} id="book-published" />
     <h3 id="spot-title">${t("op_spot_prices")}</h3>
     ${!spot ? html`<p>${t("loading")}</p>` : spot.status !== 200 ? html`<${Failed} answer=${spot} />`
       : html`<${Spot} markets=${spot.body.markets || []} />`}
@@ -440,8 +444,8 @@ function NewBook({ base, next, onPublished }) {
     try {
       const answer = await api.post("/v1/price-books", body);
       if (answer.status === 201) {
-        setSaid({ ok: true, text: t("op_published", { version: answer.body.version, from: answer.body.effective_from }) });
-        onPublished();
+        setSaid(null);
+        onPublished(t("op_published", { version: answer.body.version, from: answer.body.effective_from }));
       } else {
         setSaid({ ok: false, text: refusal(answer) });
       }

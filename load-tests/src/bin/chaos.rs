@@ -217,6 +217,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         auditor_token_file: None,
         admin_keys_file: None,
         oidc: Default::default(),
+        console_sign_in: Default::default(),
         // A rebuild replays the log; it opens no tenant key.
         master_key_file: "unused-for-a-rebuild".into(),
         limits: Default::default(),

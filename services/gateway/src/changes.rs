@@ -4,13 +4,18 @@
 //! every stream open on the replica, which passes on what its caller may
 //! read ([`Change::visible_to`]).
 //!
+//! The last changes are kept too, so that a stream opened again with the
+//! last sequence it heard (`Last-Event-ID`) is told what it missed between,
+//! or, where that reaches past what is kept, that it missed some.
+//!
 //! A change names its event's type, sequence and time and the lease or
 //! node it is about, nothing of the payload: a client reads the lease or
 //! the node again, through the routes that say what it may see. Whose lease
 //! a change is about comes from the lease's request (the tenant that asked
 //! for it), never from the envelope a node wrote.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use lh_bus::{Bus, FeedItem};
@@ -67,12 +72,101 @@ impl Change {
     }
 }
 
-/// What streams subscribe to.
-pub type Changes = broadcast::Sender<Change>;
+/// Changes kept for streams that open again after a break.
+pub const CHANGES_KEPT: usize = 4096;
 
-/// A sender no change comes through until [`follow`] runs with it.
-pub fn channel() -> Changes {
-    broadcast::channel(CHANGES_BUFFERED).0
+/// What streams subscribe to: the changes as they come, and the last
+/// [`CHANGES_KEPT`] of them.
+#[derive(Clone)]
+pub struct Changes(Arc<Shared>);
+
+struct Shared {
+    sender: broadcast::Sender<Change>,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    changes: VecDeque<Change>,
+    /// Every change from this sequence on is in `changes`; none before the
+    /// feed's first is known at all.
+    whole_from: Option<u64>,
+}
+
+/// What a stream opened again missed, as far as this replica can tell.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Missed {
+    /// The changes after the last one it heard, oldest first.
+    These(Vec<Change>),
+    /// More than is kept: it reads again what it shows.
+    Unknown,
+}
+
+impl Default for Changes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Changes {
+    /// No change comes through until [`follow`] runs with it.
+    pub fn new() -> Self {
+        Changes(Arc::new(Shared {
+            sender: broadcast::channel(CHANGES_BUFFERED).0,
+            kept: Mutex::new(Kept::default()),
+        }))
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.0.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The feed starts at `sequence`: changes from there on are whole.
+    fn starts_at(&self, sequence: u64) {
+        let mut kept = self.kept();
+        if kept.whole_from.is_none() {
+            kept.whole_from = Some(sequence);
+        }
+    }
+
+    /// Tells every stream of `change`, and keeps it.
+    pub fn tell(&self, change: Change) {
+        let mut kept = self.kept();
+        if kept.changes.len() >= CHANGES_KEPT {
+            if let Some(dropped) = kept.changes.pop_front() {
+                kept.whole_from = Some(dropped.sequence + 1);
+            }
+        }
+        kept.changes.push_back(change.clone());
+        // Nobody listening is no error; sent under the lock, so that a
+        // stream opening meanwhile hears it once, here or in what it missed.
+        let _ = self.0.sender.send(change);
+    }
+
+    /// A stream's changes from now on, and, for one that heard up to
+    /// `after` before, what it missed since.
+    pub fn subscribe(&self, after: Option<u64>) -> (broadcast::Receiver<Change>, Missed) {
+        let kept = self.kept();
+        let receiver = self.0.sender.subscribe();
+        let Some(after) = after else {
+            return (receiver, Missed::These(Vec::new()));
+        };
+        let whole = kept
+            .whole_from
+            .is_some_and(|from| after.saturating_add(1) >= from);
+        let missed = if whole {
+            Missed::These(
+                kept.changes
+                    .iter()
+                    .filter(|c| c.sequence > after)
+                    .cloned()
+                    .collect(),
+            )
+        } else {
+            Missed::Unknown
+        };
+        (receiver, missed)
+    }
 }
 
 /// Tells `changes` of every lease and node event from the log's head on,
@@ -92,7 +186,10 @@ pub async fn follow(
         let from = match next {
             Some(from) => from,
             None => match bus.last_sequence().await {
-                Ok(head) => head + 1,
+                Ok(head) => {
+                    changes.starts_at(head + 1);
+                    head + 1
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "the change stream cannot find the log's head");
                     tokio::time::sleep(REOPEN_AFTER).await;
@@ -147,8 +244,7 @@ pub async fn follow(
             if lease_id.is_some() {
                 progress.wait_for(stored.sequence, READ_MODEL_WAIT).await;
             }
-            // Nobody listening is no error.
-            let _ = changes.send(Change {
+            changes.tell(Change {
                 event_type: stored.envelope.event_type.clone(),
                 sequence: stored.sequence,
                 occurred_at: stored.envelope.occurred_at,
@@ -195,6 +291,51 @@ impl Owners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(sequence: u64) -> Change {
+        Change {
+            event_type: "lease.started".into(),
+            sequence,
+            occurred_at: Utc::now(),
+            lease_id: Some(Uuid::from_u128(9)),
+            node_id: None,
+            tenant_id: Some(Uuid::from_u128(1)),
+        }
+    }
+
+    #[test]
+    fn a_stream_opened_again_hears_what_it_missed_or_that_it_missed_too_much() {
+        let changes = Changes::new();
+        changes.starts_at(10);
+        for sequence in [10, 12, 15] {
+            changes.tell(at(sequence));
+        }
+        let sequences = |missed: Missed| match missed {
+            Missed::These(c) => Some(c.iter().map(|c| c.sequence).collect::<Vec<_>>()),
+            Missed::Unknown => None,
+        };
+        assert_eq!(sequences(changes.subscribe(None).1), Some(vec![]));
+        assert_eq!(sequences(changes.subscribe(Some(11)).1), Some(vec![12, 15]));
+        assert_eq!(
+            sequences(changes.subscribe(Some(9)).1),
+            Some(vec![10, 12, 15])
+        );
+        assert_eq!(sequences(changes.subscribe(Some(15)).1), Some(vec![]));
+        // Before this replica's feed began: it cannot tell.
+        assert_eq!(sequences(changes.subscribe(Some(3)).1), None);
+        // Past what is kept: the oldest are gone, and it says so.
+        for sequence in 16..16 + CHANGES_KEPT as u64 {
+            changes.tell(at(sequence));
+        }
+        assert_eq!(sequences(changes.subscribe(Some(11)).1), None);
+        let recent = sequences(changes.subscribe(Some(4100)).1).unwrap();
+        assert_eq!(recent.first(), Some(&4101));
+        // What is told after a subscription comes through it, once.
+        let (mut receiver, missed) = changes.subscribe(Some(20_000));
+        assert_eq!(missed, Missed::These(vec![]));
+        changes.tell(at(20_001));
+        assert_eq!(receiver.try_recv().unwrap().sequence, 20_001);
+    }
 
     #[test]
     fn a_tenant_is_told_of_its_own_leases_only_and_of_no_node() {

@@ -196,6 +196,8 @@ pub struct Config {
     pub admin_keys_file: Option<PathBuf>,
     #[command(flatten)]
     pub oidc: OidcArgs,
+    #[command(flatten)]
+    pub console_sign_in: http::console_sign_in::ConsoleSignInArgs,
     /// File of the master keys that wrap tenants' data keys (`ID HEX` lines,
     /// mode 0600; the last line wraps). Never inside the database.
     #[arg(long, env = "LH_MASTER_KEY_FILE")]
@@ -382,7 +384,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let lane_task = lane_bound.map(|(listener, lanes)| {
         lh_service::AbortOnDrop(sessions::lane::serve(listener, lanes, shutdown.clone()))
     });
-    let changes = changes::channel();
+    let changes = changes::Changes::new();
+    let console_sign_in = config
+        .console_sign_in
+        .config(config.oidc.oidc_issuer.is_some())?;
     let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
@@ -406,6 +411,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         storage: storage.clone(),
         changes: changes.clone(),
         streams: std::sync::Arc::new(tokio::sync::Semaphore::new(http::events::MAX_OPEN_STREAMS)),
+        console_sign_in: console_sign_in.map(std::sync::Arc::new),
     });
     let ssh_task = ssh_bound
         .map(|bound| lh_service::AbortOnDrop(ssh::serve(bound, ctx.clone(), shutdown.clone())));

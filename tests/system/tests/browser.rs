@@ -306,6 +306,18 @@ impl Browser {
         .map(str::to_string)
     }
 
+    /// Replaces what the field `css` holds with `value` as a person does:
+    /// all of it selected, then typed over. Unlike [`Browser::set_field`]
+    /// the page hears every change (WebDriver's clear fires no input
+    /// event), so a page that renders meanwhile cannot put the old text back.
+    pub(crate) async fn replace_text(&self, css: &str, value: &str) {
+        const CONTROL: char = '\u{E009}';
+        const RELEASE: char = '\u{E000}';
+        const BACKSPACE: char = '\u{E003}';
+        self.type_into(css, &format!("{CONTROL}a{RELEASE}{BACKSPACE}{value}"))
+            .await;
+    }
+
     /// Waits until nothing matches `css`, within 30 s.
     pub(crate) async fn wait_gone(&self, css: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);

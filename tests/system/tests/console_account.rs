@@ -195,8 +195,8 @@ async fn an_auditor_verifies_the_chain_filters_pages_and_exports_exactly_what_th
     assert!(status.starts_with("Verified"), "{status}");
 
     // Filtered by a tenant and a type: the API's records, no others.
-    browser.set_field("#audit-tenant", &tenant_a).await;
-    browser.set_field("#audit-type", "lease.placed").await;
+    browser.replace_text("#audit-tenant", &tenant_a).await;
+    browser.replace_text("#audit-type", "lease.placed").await;
     browser.click("#audit-filter").await;
     browser
         .wait_text_of("#audit-count", "2 records shown, oldest first.")
@@ -253,9 +253,13 @@ async fn an_auditor_verifies_the_chain_filters_pages_and_exports_exactly_what_th
     assert_eq!(firsts, sequences(&expected), "{csv}");
 
     // More than a page: the table pages on, the export follows the cursor.
-    browser.set_field("#audit-tenant", "").await;
-    browser.set_field("#audit-actor", &admin).await;
-    browser.set_field("#audit-type", "audit.accessed").await;
+    // WebDriver's clear sends no input event: the page's own Clear does.
+    browser.click("#audit-clear").await;
+    browser
+        .wait_text_of("#audit-count", "100 records shown, oldest first.")
+        .await;
+    browser.replace_text("#audit-actor", &admin).await;
+    browser.replace_text("#audit-type", "audit.accessed").await;
     browser.click("#audit-filter").await;
     browser
         .wait_text_of("#audit-count", "100 records shown, oldest first.")
@@ -290,7 +294,7 @@ async fn an_auditor_verifies_the_chain_filters_pages_and_exports_exactly_what_th
         )
         .await;
     // A filter the API refuses is told where it was typed.
-    browser.set_field("#audit-from", "yesterday").await;
+    browser.replace_text("#audit-from", "yesterday").await;
     browser.click("#audit-filter").await;
     let error = browser.text(&browser.wait("#audit-error").await).await;
     assert!(error.contains("RFC 3339"), "{error}");
@@ -434,7 +438,9 @@ async fn a_tenant_sees_its_burn_rate_manages_its_keys_and_its_data() {
         .await;
     browser.click("#ssh-add").await;
     browser.wait("#ssh-error").await;
-    browser.set_field("#ssh-public-key", &made_up_key(7)).await;
+    browser
+        .replace_text("#ssh-public-key", &made_up_key(7))
+        .await;
     browser.click("#ssh-add").await;
     let row = browser.wait("tr[data-name='laptop']").await;
     browser.wait_gone("#ssh-error").await;

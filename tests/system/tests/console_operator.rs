@@ -204,7 +204,8 @@ async fn an_operator_drains_suspends_issues_prices_and_reports_and_a_tenant_may_
         .await;
     browser.set_field("#book-price-basic", "0.55").await;
     browser.click("#publish-book").await;
-    browser.wait_text("Version 2 published").await;
+    let published = browser.text(&browser.wait("#book-published").await).await;
+    assert!(published.starts_with("Version 2 published"), "{published}");
     browser.wait("tr[data-version='2'] .in-force").await;
     browser.screenshot("console-prices").await;
     let books = api_until(&stack, "/v1/price-books", |b| {

@@ -193,15 +193,21 @@ struct Heard {
 
 impl Heard {
     async fn open(stack: &Stack, key: &str) -> Heard {
-        let response = reqwest::Client::new()
+        Heard::open_after(stack, key, None).await
+    }
+
+    /// Opens a stream again after the change `last` (`Last-Event-ID`).
+    async fn open_after(stack: &Stack, key: &str, last: Option<&str>) -> Heard {
+        let mut request = reqwest::Client::new()
             .get(format!(
                 "{}/v1/events/stream?for_secs=60",
                 stack.gateway_url
             ))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
+            .bearer_auth(key);
+        if let Some(last) = last {
+            request = request.header("Last-Event-ID", last);
+        }
+        let response = request.send().await.unwrap();
         assert_eq!(response.status(), 200);
         assert_eq!(
             response.headers()["content-type"].to_str().unwrap(),
@@ -294,6 +300,36 @@ async fn each_caller_hears_of_the_changes_it_may_read_and_no_others() {
     assert!(!other.contains(&id), "{other}");
     assert!(!other.contains("event: node"), "{other}");
     assert!(!other.contains("event: lease"), "{other}");
+
+    // Opened again after the lease's request, a stream is told what came
+    // since (its placing and start), and nothing it heard before; another
+    // tenant's, opened after the same change, nothing of it.
+    let requested = heard
+        .split("\n\n")
+        .find(|block| block.contains("\"type\":\"lease.requested\"") && block.contains(&id))
+        .and_then(|block| block.lines().find_map(|l| l.strip_prefix("id:")))
+        .map(|id| id.trim().to_string())
+        .expect("the request's id");
+    let mut again = Heard::open_after(&stack, &key_a, Some(&requested)).await;
+    let replayed = again.until(|t| t.contains(&started)).await.to_string();
+    assert!(replayed.contains("\"type\":\"lease.placed\""), "{replayed}");
+    assert!(
+        !replayed.contains("\"type\":\"lease.requested\""),
+        "{replayed}"
+    );
+    let mut b_again = Heard::open_after(&stack, &key_b, Some(&requested)).await;
+    let other = b_again.more_within(Duration::from_secs(1)).await;
+    assert!(!other.contains(&id), "{other}");
+    let refused = reqwest::Client::new()
+        .get(format!("{}/v1/events/stream", stack.gateway_url))
+        .bearer_auth(&key_a)
+        .header("Last-Event-ID", "yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(problem["field"], "Last-Event-ID", "{problem}");
 
     // A stream's life is bounded; a bad bound is named.
     let (s, p) = stack

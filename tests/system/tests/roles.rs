@@ -43,6 +43,9 @@ const CALLERS: &[&str] = &[
 #[rustfmt::skip]
 const MATRIX: &[(&str, &str, [u16; 11])] = &[
     ("GET", "/v1/whoami", [401, 200, 200, 401, 401, 200, 200, 200, 200, 200, 200]),
+    // A sign-in answers anyone; this gateway's console offers keys only.
+    ("GET", "/v1/oidc/console", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
+    ("POST", "/v1/oidc/token", [404, 404, 404, 404, 404, 404, 404, 404, 404, 404, 404]),
     ("POST", "/v1/tenants", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     // Every tenant, by name: operators'.
     ("GET", "/v1/tenants", [401, 403, 403, 401, 401, 403, 200, 200, 200, 200, 200]),
@@ -121,6 +124,8 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
             Some(json!({"name": "made", "email": "ops@made.example", "quota": {"max_gpus": 1}}))
         }
         ("POST", "/v1/tenants/{t}/suspend") => Some(json!({"reason": "matrix"})),
+        ("POST", "/v1/oidc/token") => Some(json!({"code": "c", "code_verifier": "v".repeat(43),
+            "redirect_uri": "http://127.0.0.1/console/"})),
         ("PUT", "/v1/tenants/{t}/quota") => Some(json!({"quota": {"max_gpus": 64}})),
         ("POST", "/v1/tenants/{t}/keys") => Some(json!({})),
         ("POST", "/v1/ssh-keys") => Some(json!({"name": "matrix", "public_key": ssh_key()})),

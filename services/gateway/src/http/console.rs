@@ -7,7 +7,7 @@
 //! own, and nothing else may.
 
 use axum::extract::Path;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 
 /// What a console page may load and call: its own origin, nothing inline.
@@ -59,22 +59,47 @@ pub async fn index() -> Response {
     response
 }
 
-/// `GET /console/{*path}`
-pub async fn file(Path(path): Path<String>) -> Response {
+/// `GET /console/{*path}`: a file, or 304 where the browser holds this
+/// build's (its ETag): a page's scripts are checked, not fetched, again.
+pub async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
     if path == "index.html" {
         return index().await;
     }
-    serve(&path)
-}
-
-fn serve(path: &str) -> Response {
-    let Some(file) = FILES.iter().find(|f| f.path == path) else {
+    let Some((i, file)) = FILES.iter().enumerate().find(|(_, f)| f.path == path) else {
         return with_headers(
             (StatusCode::NOT_FOUND, "no such file in the console").into_response(),
             "text/plain; charset=utf-8",
         );
     };
-    with_headers(file.bytes.into_response(), file.content_type)
+    let tag = &etags()[i];
+    let held = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim() == tag || t.trim() == "*");
+    let mut response = if held {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        file.bytes.into_response()
+    };
+    response.headers_mut().insert(
+        header::ETAG,
+        HeaderValue::from_str(tag).expect("hex is a header value"),
+    );
+    with_headers(response, file.content_type)
+}
+
+/// Each file's ETag, in [`FILES`]' order: its SHA-256, shortened.
+fn etags() -> &'static [String] {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    TAGS.get_or_init(|| {
+        use sha2::Digest as _;
+        FILES
+            .iter()
+            .map(|f| format!("\"{}\"", &hex::encode(sha2::Sha256::digest(f.bytes))[..32]))
+            .collect()
+    })
 }
 
 fn with_headers(mut response: Response, content_type: &'static str) -> Response {
@@ -109,6 +134,27 @@ mod tests {
             (Some(_), None) => true,
             _ => false,
         }
+    }
+
+    #[tokio::test]
+    async fn a_file_the_browser_holds_is_not_sent_again() {
+        let first = file(Path("app.js".into()), HeaderMap::new()).await;
+        assert_eq!(first.status(), StatusCode::OK);
+        let tag = first.headers()[header::ETAG].clone();
+        let mut asking = HeaderMap::new();
+        asking.insert(header::IF_NONE_MATCH, tag.clone());
+        let again = file(Path("app.js".into()), asking).await;
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(again.headers()[header::ETAG], tag);
+        assert!(again
+            .headers()
+            .contains_key(header::CONTENT_SECURITY_POLICY));
+        let mut stale = HeaderMap::new();
+        stale.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"old\""));
+        let changed = file(Path("app.js".into()), stale).await;
+        assert_eq!(changed.status(), StatusCode::OK);
+        let other = file(Path("api.js".into()), HeaderMap::new()).await;
+        assert_ne!(other.headers()[header::ETAG], tag);
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use tokio::sync::broadcast::error::RecvError;
 use utoipa::IntoParams;
 
 use super::{ApiContext, ApiError, Caller};
-use crate::changes::{Change, Reader};
+use crate::changes::{Change, Missed, Reader};
 
 /// Most streams one replica holds open at once.
 pub const MAX_OPEN_STREAMS: usize = 1024;
@@ -34,7 +34,8 @@ pub struct StreamQuery {
 #[utoipa::path(
     get, path = "/v1/events/stream", params(StreamQuery),
     responses(
-        (status = 200, description = "`text/event-stream`: an `open` event, then a `lease` or `node` event per change (`id` its sequence on the log; data `{\"type\", \"sequence\", \"occurred_at\", \"lease_id\" | \"node_id\"}`), and `lagged` (`{\"missed\": n}`) where the stream fell behind: read again what it shows"),
+        (status = 200, description = "`text/event-stream`: an `open` event, then a `lease` or `node` event per change (`id` its sequence on the log; data `{\"type\", \"sequence\", \"occurred_at\", \"lease_id\" | \"node_id\"}`), and `lagged` (`{\"missed\": n}`, n null when unknown) where the stream fell behind: read again what it shows. With `Last-Event-ID` (the last `id` heard), the changes since are sent first, or `lagged` where they reach past what the replica keeps"),
+        (status = 400, body = super::Problem, description = "`Last-Event-ID` is not a sequence"),
         (status = 401, body = super::Problem), (status = 422, body = super::Problem),
         (status = 503, body = super::Problem, description = "As many streams are open as the replica holds")
     )
@@ -42,9 +43,25 @@ pub struct StreamQuery {
 pub async fn stream(
     State(ctx): State<ApiContext>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     query: Result<Query<StreamQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let last_heard = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Last-Event-ID is the id of the last change heard: a sequence number",
+                    )
+                    .field("Last-Event-ID")
+                })?,
+        ),
+    };
     let for_secs = query.for_secs.unwrap_or(MAX_STREAM_SECS);
     if !(1..=MAX_STREAM_SECS).contains(&for_secs) {
         return Err(ApiError::unprocessable(
@@ -63,25 +80,37 @@ pub async fn stream(
         .retry_after(5)
     })?;
     metrics::counter!("lh_gateway_event_streams_opened_total").increment(1);
-    let changes = ctx.changes.subscribe();
+    let (changes, missed) = ctx.changes.subscribe(last_heard);
+    // What it missed comes first, after its `open`.
+    let mut first = std::collections::VecDeque::from([Event::default().event("open").data("{}")]);
+    match missed {
+        Missed::These(missed) => {
+            first.extend(missed.iter().filter(|c| c.visible_to(reader)).map(event_of))
+        }
+        Missed::Unknown => {
+            first.push_back(Event::default().event("lagged").data("{\"missed\":null}"))
+        }
+    }
+    // A replica behind the one the client heard last tells it nothing twice.
+    let heard = last_heard.unwrap_or(0);
     let until = tokio::time::Instant::now() + Duration::from_secs(for_secs);
     let told = futures::stream::unfold(
-        (changes, permit, false),
-        move |(mut changes, permit, opened)| async move {
-            if !opened {
-                let open = Event::default().event("open").data("{}");
-                return Some((Ok(open), (changes, permit, true)));
+        (changes, permit, first),
+        move |(mut changes, permit, mut first)| async move {
+            if let Some(event) = first.pop_front() {
+                return Some((Ok(event), (changes, permit, first)));
             }
             loop {
                 let event = match tokio::time::timeout_at(until, changes.recv()).await {
                     Err(_) | Ok(Err(RecvError::Closed)) => return None,
+                    Ok(Ok(change)) if change.sequence <= heard => continue,
                     Ok(Ok(change)) if change.visible_to(reader) => event_of(&change),
                     Ok(Ok(_)) => continue,
                     Ok(Err(RecvError::Lagged(missed))) => Event::default()
                         .event("lagged")
                         .data(format!("{{\"missed\":{missed}}}")),
                 };
-                return Some((Ok(event), (changes, permit, true)));
+                return Some((Ok(event), (changes, permit, first)));
             }
         },
     );

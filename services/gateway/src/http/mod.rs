@@ -8,6 +8,7 @@ mod auth;
 pub mod balances;
 pub mod billing;
 pub mod console;
+pub mod console_sign_in;
 pub mod datasets;
 pub(crate) mod error;
 pub mod events;
@@ -103,6 +104,9 @@ pub struct ApiShared {
     pub changes: crate::changes::Changes,
     /// The event streams this replica may still open.
     pub streams: std::sync::Arc<tokio::sync::Semaphore>,
+    /// The console's client at the OIDC issuer, where operators sign in
+    /// there.
+    pub console_sign_in: Option<std::sync::Arc<console_sign_in::ConsoleSignIn>>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
@@ -110,6 +114,8 @@ pub fn router(ctx: ApiContext) -> Router {
     let refused = ctx.refusals.clone();
     Router::new()
         .route("/v1/whoami", get(whoami::whoami))
+        .route("/v1/oidc/console", get(console_sign_in::console))
+        .route("/v1/oidc/token", post(console_sign_in::token))
         .route("/v1/tenants", post(tenants::create).get(tenants::list))
         .route("/v1/tenants/{id}", get(tenants::get))
         .route("/v1/tenants/{id}/suspend", post(tenants::suspend))

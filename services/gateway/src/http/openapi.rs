@@ -3,6 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
+use super::console_sign_in;
 use super::datasets;
 use super::events;
 use super::fleet;
@@ -58,6 +59,8 @@ use super::{
         fleet::catalogue,
         events::stream,
         whoami::whoami,
+        console_sign_in::console,
+        console_sign_in::token,
         nodes::enroll,
         nodes::drain,
         nodes::uncordon,
@@ -84,6 +87,9 @@ use super::{
     components(schemas(
         Problem,
         whoami::Whoami,
+        console_sign_in::ConsoleSignInView,
+        console_sign_in::CodeExchange,
+        console_sign_in::SignedIn,
         lh_rpc::http::lease_logs::LeaseLogsView,
         lh_rpc::charges::ChargeStatement,
         lh_rpc::charges::ChargeLine,
