@@ -130,3 +130,30 @@ export async function openShell(element, id, onEnd) {
     terminal.dispose();
   };
 }
+
+/// Runs `command` in lease `id` without a terminal: resolves to its
+/// standard output and exit code (as `lh lease exec` does).
+export function run(id, command) {
+  return new Promise((resolve, reject) => {
+    const query = new URLSearchParams();
+    for (const word of command) query.append("command", word);
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const url = `${scheme}://${location.host}/v1/leases/${encodeURIComponent(id)}/exec?${query}`;
+    const socket = new WebSocket(url, [EXEC, BEARER + base64url(api.key())]);
+    socket.binaryType = "arraybuffer";
+    const decoder = new TextDecoder();
+    let stdout = "";
+    let ended = null;
+    socket.onmessage = (event) => {
+      const bytes = new Uint8Array(event.data);
+      if (bytes[0] === STDOUT) stdout += decoder.decode(bytes.subarray(1), { stream: true });
+      else if (bytes[0] === STATUS) {
+        try { ended = endOf(JSON.parse(decoder.decode(bytes.subarray(1)))); } catch (_) { ended = { error: "an unreadable status" }; }
+      }
+    };
+    socket.onclose = () => {
+      if (ended && ended.code != null) resolve({ stdout, code: ended.code });
+      else reject(new Error((ended && ended.error) || "refused"));
+    };
+  });
+}

@@ -6,7 +6,7 @@ import { useEffect, useRef, useState } from "../vendor/hooks.mjs";
 import * as api from "../api.js";
 import { addWords, t } from "../i18n.js";
 import { Failed, html, Loading, useAnswer, useEvery } from "../ui.js";
-import { openShell } from "../shell.js";
+import { openShell, run } from "../shell.js";
 
 addWords({
   en: {
@@ -32,7 +32,11 @@ addWords({
     shell_refused: "The shell could not be opened: {error}. A lease takes a shell while it is running.",
     shell_running_only: "A shell opens while the lease is running.",
     web_page: "Its web page",
-    web_page_hint: "Run this where your browser is; it prints the address to open (with its token):",
+    web_page_hint: "A page the lease serves on a port (a notebook, a dashboard), at an address of its own.",
+    web_port: "Port inside the lease",
+    open_web: "Open the page",
+    web_cli: "From a terminal instead:",
+    web_refused: "The page could not be opened: {why}",
     ssh: "SSH",
     max: "max",
   },
@@ -59,7 +63,11 @@ addWords({
     shell_refused: "无法打开终端：{error}。租约运行时才能打开终端。",
     shell_running_only: "租约运行时才能打开终端。",
     web_page: "网页入口",
-    web_page_hint: "在浏览器所在的机器上运行，它会打印要打开的地址（含令牌）：",
+    web_page_hint: "租约在某个端口上提供的网页（如 Notebook、仪表盘），使用独立的地址打开。",
+    web_port: "租约内的端口",
+    open_web: "打开网页",
+    web_cli: "也可以在终端中运行：",
+    web_refused: "无法打开网页：{why}",
     ssh: "SSH",
     max: "最高",
   },
@@ -148,6 +156,41 @@ function Shell({ id, running }) {
   </div>`;
 }
 
+/// Opens the page on `port` of lease `id` in a new tab: a one-time ticket
+/// from the gateway, and the template's token read inside the lease where
+/// its page needs one (as `lh lease open` does).
+function WebPage({ id, templatePort }) {
+  const [port, setPort] = useState(templatePort ? String(templatePort.port) : "8888");
+  const [error, setError] = useState("");
+  const open = async () => {
+    setError("");
+    // Opened now, within the click, so that no pop-up blocker stops it;
+    // led to the page once the ticket is there.
+    const tab = window.open("about:blank", "_blank");
+    try {
+      let path = "/";
+      if (templatePort && templatePort.token_file && Number(port) === templatePort.port) {
+        const read = await run(id, ["cat", templatePort.token_file]);
+        if (read.code === 0 && read.stdout.trim()) path = "/?token=" + encodeURIComponent(read.stdout.trim());
+      }
+      const answer = await api.post(`/v1/leases/${id}/web`, { port: Number(port), path });
+      if (answer.status !== 201) throw new Error((answer.body && answer.body.detail) || String(answer.status));
+      if (tab) { tab.opener = null; tab.location = answer.body.url; } else location.assign(answer.body.url);
+    } catch (e) {
+      if (tab) tab.close();
+      setError(t("web_refused", { why: e.message }));
+    }
+  };
+  return html`<div class="web-page">
+    <p class="muted">${t("web_page_hint")}</p>
+    <label for="web-port">${t("web_port")}</label>
+    <input id="web-port" type="number" min="1" max="65535" value=${port} onInput=${(e) => setPort(e.target.value)} />
+    <button id="open-web" onClick=${open}>${t("open_web")}</button>
+    ${error && html`<p class="error" role="alert" id="web-error">${error}</p>`}
+    <p class="muted">${t("web_cli")} <code id="web-command">${templatePort ? `lh lease open ${id}` : `lh lease port-forward ${id} 0:${port}`}</code></p>
+  </div>`;
+}
+
 /// The template's HTTP port, if the lease came from one that has one.
 function webPort(lease, templates) {
   const name = lease.workload && lease.workload.template;
@@ -183,7 +226,7 @@ export function LeasePage({ id, tick, role }) {
       </div>
     </div>
     ${!["ended", "rejected"].includes(l.state) && html`<p><button id="stop" onClick=${stop}>${t("stop")}</button></p>`}
-    ${web && html`<h3>${t("web_page")}</h3><p class="muted">${t("web_page_hint")}</p><pre id="web-command">lh lease open ${l.id}</pre>`}
+    ${role === "tenant" && running && html`<h3>${t("web_page")}</h3><${WebPage} id=${l.id} templatePort=${web} />`}
     ${role === "tenant" && html`<h3>${t("shell")}</h3><${Shell} id=${l.id} running=${running} />`}
     <h3>${t("usage")}</h3>
     <${Usage} id=${l.id} running=${running} />

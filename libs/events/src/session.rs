@@ -29,6 +29,9 @@ pub enum SessionTransport {
     WebSocket,
     /// The gateway's SSH endpoint: one session per channel.
     Ssh,
+    /// A lease's web page in a browser, through the gateway: one session
+    /// per connection to the lease's port, kept across requests.
+    Http,
 }
 
 impl SessionTransport {

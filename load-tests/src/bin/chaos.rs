@@ -218,6 +218,7 @@ async fn rebuild_differences(args: &Args) -> anyhow::Result<usize> {
         admin_keys_file: None,
         oidc: Default::default(),
         console_sign_in: Default::default(),
+        lease_web: Default::default(),
         // A rebuild replays the log; it opens no tenant key.
         master_key_file: "unused-for-a-rebuild".into(),
         limits: Default::default(),

@@ -11,6 +11,7 @@ pub mod http;
 pub mod invalidation;
 pub mod keyring;
 pub mod lease_admission;
+pub mod lease_web;
 pub mod oidc;
 pub mod poison_free;
 pub mod principals;
@@ -198,6 +199,8 @@ pub struct Config {
     pub oidc: OidcArgs,
     #[command(flatten)]
     pub console_sign_in: http::console_sign_in::ConsoleSignInArgs,
+    #[command(flatten)]
+    pub lease_web: lease_web::LeaseWebArgs,
     /// File of the master keys that wrap tenants' data keys (`ID HEX` lines,
     /// mode 0600; the last line wraps). Never inside the database.
     #[arg(long, env = "LH_MASTER_KEY_FILE")]
@@ -388,6 +391,15 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let console_sign_in = config
         .console_sign_in
         .config(config.oidc.oidc_issuer.is_some())?;
+    let lease_web = config.lease_web.config()?.map(std::sync::Arc::new);
+    let lease_web_listener = match &config.lease_web.lease_web_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding LH_LEASE_WEB_ADDR {addr}"))?,
+        ),
+        None => None,
+    };
     let ctx = http::ApiContext::new(http::ApiShared {
         bus,
         pool,
@@ -412,7 +424,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         changes: changes.clone(),
         streams: std::sync::Arc::new(tokio::sync::Semaphore::new(http::events::MAX_OPEN_STREAMS)),
         console_sign_in: console_sign_in.map(std::sync::Arc::new),
+        lease_web: lease_web.clone(),
     });
+    let lease_web_task = match (lease_web, lease_web_listener) {
+        (Some(web), Some(listener)) => Some(lh_service::AbortOnDrop(tokio::spawn(
+            lease_web::serve(listener, web, ctx.clone(), shutdown.clone()),
+        ))),
+        _ => None,
+    };
     let ssh_task = ssh_bound
         .map(|bound| lh_service::AbortOnDrop(ssh::serve(bound, ctx.clone(), shutdown.clone())));
     let summaries =
@@ -465,8 +484,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         readiness,
         shutdown,
         async move {
-            // The SSH endpoint and the lanes live as long as the API.
+            // The SSH endpoint, the lanes and the leases' web pages live as
+            // long as the API.
             let _ssh = ssh_task;
+            let _lease_web = lease_web_task;
             let _lanes = lane_task;
             // Ready once the read model has caught up with the log, and
             // not while it cannot write to the database, nor while the log

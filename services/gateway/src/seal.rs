@@ -26,6 +26,10 @@ pub const STORAGE_ACCESS_TABLE: &str = "storage_access";
 /// is asked for: the read model shows a lease only once its request is
 /// projected, and two asked for meanwhile would both pass a look at it.
 pub const WORKSPACE_CLAIMS_TABLE: &str = "workspace_claims";
+/// Tickets into a lease's web page (their hashes), each used once.
+pub const LEASE_WEB_TICKETS_TABLE: &str = "lease_web_tickets";
+/// Browsers let into a lease's web page (their cookies' hashes).
+pub const LEASE_WEB_SESSIONS_TABLE: &str = "lease_web_sessions";
 
 /// Why keeping a tenant's key, or sealing its data with it, failed. The
 /// API answers each as it answers any failure of that kind; the texts name
@@ -148,6 +152,25 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
                 PRIMARY KEY (tenant_id, workspace)
             )"
         ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.{LEASE_WEB_TICKETS_TABLE} (
+                sha256 BYTEA PRIMARY KEY,
+                tenant_id UUID NOT NULL,
+                lease_id UUID NOT NULL,
+                port INT NOT NULL,
+                next_path TEXT NOT NULL,
+                expires_at TIMESTAMPTZ NOT NULL
+            )"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYS_SCHEMA}.{LEASE_WEB_SESSIONS_TABLE} (
+                sha256 BYTEA PRIMARY KEY,
+                tenant_id UUID NOT NULL,
+                lease_id UUID NOT NULL,
+                port INT NOT NULL,
+                expires_at TIMESTAMPTZ NOT NULL
+            )"
+        ),
     ] {
         sqlx::query(&statement).execute(pool).await?;
     }
@@ -244,13 +267,20 @@ pub async fn destroy_key(pool: &PgPool, tenant_id: Uuid) -> Result<(), SealError
     .bind(tenant_id)
     .execute(&mut *tx)
     .await?;
-    // Workspace names are the tenant's.
-    sqlx::query(&format!(
-        "DELETE FROM {KEYS_SCHEMA}.{WORKSPACE_CLAIMS_TABLE} WHERE tenant_id = $1"
-    ))
-    .bind(tenant_id)
-    .execute(&mut *tx)
-    .await?;
+    // Workspace names are the tenant's, and so are its ways into its
+    // leases' web pages.
+    for table in [
+        WORKSPACE_CLAIMS_TABLE,
+        LEASE_WEB_TICKETS_TABLE,
+        LEASE_WEB_SESSIONS_TABLE,
+    ] {
+        sqlx::query(&format!(
+            "DELETE FROM {KEYS_SCHEMA}.{table} WHERE tenant_id = $1"
+        ))
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
+    }
     tx.commit().await?;
     Ok(())
 }

@@ -283,6 +283,25 @@ impl Browser {
         .to_string()
     }
 
+    /// The browser's windows and tabs, by handle.
+    pub(crate) async fn windows(&self) -> Vec<String> {
+        self.call(Method::GET, "/window/handles", Value::Null)
+            .await
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|h| h.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Drives the window or tab `handle` from now on.
+    pub(crate) async fn switch_to(&self, handle: &str) {
+        self.call(Method::POST, "/window", json!({ "handle": handle }))
+            .await;
+    }
+
     /// Runs `script` in the page (its arguments `args`) and gives back what
     /// it returns.
     pub(crate) async fn run_script(&self, script: &str, args: Value) -> Value {

@@ -217,6 +217,283 @@ async fn a_tenant_opens_a_shell_in_its_lease_page_and_types_a_command_and_nobody
     assert_eq!((s, l["state"].as_str()), (200, Some("running")));
 }
 
+/// A free loopback port, for the lease web listener (its base URL names
+/// the port before the listener is bound).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A GET of `path` at `host` (the lease web listener on 127.0.0.1:`port`).
+async fn web_get(port: u16, host: &str, path: &str, cookie: Option<&str>) -> reqwest::Response {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut request = client
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .header("Host", host);
+    if let Some(cookie) = cookie {
+        request = request.header("Cookie", cookie);
+    }
+    request.send().await.unwrap()
+}
+
+/// A lease's web page from its page in the console: opened in a new tab at
+/// an origin of its own, reached through the gateway; nobody else's
+/// ticket, cookie or name gets there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_opens_its_leases_web_page_at_an_origin_of_its_own_and_nobody_else_does() {
+    base_image();
+    let (_, fleet) = own_node_fleet(2, None);
+    let web_port = free_port();
+    let stack = Stack::start_configured(&fleet, |s| {
+        s.node_runtime = RuntimeKind::Podman;
+        s.node_container_args = PODMAN_ARGS.map(String::from).into();
+        s.gateway_config = Some(std::sync::Arc::new(move |c: &mut lh_gateway::Config| {
+            c.lease_web = lh_gateway::lease_web::LeaseWebArgs {
+                lease_web_addr: Some(format!("127.0.0.1:{web_port}")),
+                lease_web_base: Some(format!("http://localhost:{web_port}")),
+            };
+        }));
+    })
+    .await;
+    let key = tenant(&stack, "webby").await;
+    let stranger = tenant(&stack, "nosy").await;
+    // A page, and a script that shows what the request looked like inside.
+    let serve = "mkdir -p /tmp/w/cgi-bin && echo \"<h1>hello-web $LEASEHOLD_LEASE_ID</h1>\" >/tmp/w/index.html \
+        && printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\necho host=$HTTP_HOST cookie=$HTTP_COOKIE\\n' >/tmp/w/cgi-bin/seen \
+        && chmod +x /tmp/w/cgi-bin/seen \
+        && printf 'while IFS= read -r l; do [ \"${#l}\" -le 1 ] && break; done\\nprintf \"HTTP/1.1 101 Switching Protocols\\\\r\\\\nUpgrade: echo\\\\r\\\\nConnection: Upgrade\\\\r\\\\n\\\\r\\\\n\"\\nexec cat\\n' >/tmp/up.sh \
+        && { nc -ll -p 8081 -e sh /tmp/up.sh & } && exec httpd -f -p 127.0.0.1:8080 -h /tmp/w";
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 1, "gpu_model": "A100-40GB",
+                "workload": {"image": "localhost/leasehold/base", "command": ["sh", "-c", serve]}})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let lease = b["id"].as_str().unwrap().to_string();
+    stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+    let host = format!("{lease}-8080.localhost:{web_port}");
+
+    // Only its tenant gets a ticket.
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            &stranger,
+            Some(json!({"port": 8080})),
+        )
+        .await;
+    assert_eq!(s, 404, "{p}");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            lh_test_stack::ADMIN_TOKEN,
+            Some(json!({"port": 8080})),
+        )
+        .await;
+    assert_eq!(s, 403, "{p}");
+    let (s, p) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            &key,
+            Some(json!({"port": 8080, "path": "//evil.example/"})),
+        )
+        .await;
+    assert_eq!((s, p["field"].as_str()), (422, Some("path")), "{p}");
+
+    // A ticket is used once, at its own lease's port only, and its cookie
+    // is the origin's alone and never reaches the lease.
+    let (s, ticket) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            &key,
+            Some(json!({"port": 8080, "path": "/cgi-bin/seen"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{ticket}");
+    let url = ticket["url"].as_str().unwrap();
+    assert!(url.starts_with(&format!("http://{host}/")), "{url}");
+    let enter = &url[url.find("/.leasehold").unwrap()..];
+    let wrong_port = web_get(
+        web_port,
+        &format!("{lease}-8081.localhost:{web_port}"),
+        enter,
+        None,
+    )
+    .await;
+    assert_eq!(wrong_port.status(), 401);
+    // That try used it up.
+    let used = web_get(web_port, &host, enter, None).await;
+    assert_eq!(used.status(), 401);
+    let (_, ticket) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            &key,
+            Some(json!({"port": 8080, "path": "/cgi-bin/seen"})),
+        )
+        .await;
+    let url = ticket["url"].as_str().unwrap();
+    let enter = &url[url.find("/.leasehold").unwrap()..];
+    let entered = web_get(web_port, &host, enter, None).await;
+    assert_eq!(entered.status(), 303);
+    assert_eq!(entered.headers()["location"], "/cgi-bin/seen");
+    let set = entered.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Lax"),
+        "{set}"
+    );
+    let cookie = set.split(';').next().unwrap().to_string();
+    let seen = web_get(
+        web_port,
+        &host,
+        "/cgi-bin/seen",
+        Some(&format!("{cookie}; theirs=1")),
+    )
+    .await;
+    assert_eq!(seen.status(), 200);
+    let seen = seen.text().await.unwrap();
+    assert!(seen.contains("host=127.0.0.1:8080"), "{seen}");
+    assert!(!seen.contains("lh_lease_web"), "{seen}");
+    assert!(seen.contains("theirs=1"), "{seen}");
+    // Without it, or at another lease's name, nothing.
+    assert_eq!(web_get(web_port, &host, "/", None).await.status(), 401);
+    let other = format!("{}-8080.localhost:{web_port}", uuid::Uuid::new_v4());
+    assert_eq!(
+        web_get(web_port, &other, "/", Some(&cookie)).await.status(),
+        401
+    );
+    assert_eq!(
+        web_get(
+            web_port,
+            &format!("localhost:{web_port}"),
+            "/",
+            Some(&cookie)
+        )
+        .await
+        .status(),
+        404
+    );
+
+    // A connection upgraded (a notebook's kernel WebSocket) is carried
+    // both ways, with the same cookie.
+    let (s, ticket) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            &key,
+            Some(json!({"port": 8081})),
+        )
+        .await;
+    assert_eq!(s, 201, "{ticket}");
+    let url = ticket["url"].as_str().unwrap();
+    let upgrade_host = format!("{lease}-8081.localhost:{web_port}");
+    let entered = web_get(
+        web_port,
+        &upgrade_host,
+        &url[url.find("/.leasehold").unwrap()..],
+        None,
+    )
+    .await;
+    let upgrade_cookie = entered.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", web_port))
+            .await
+            .unwrap();
+        raw.write_all(format!("GET /kernel HTTP/1.1\r\nHost: {upgrade_host}\r\nCookie: {upgrade_cookie}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n").as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buffer = [0u8; 1024];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+            assert!(
+                Instant::now() < deadline,
+                "no answer: {}",
+                String::from_utf8_lossy(&got)
+            );
+            let n = tokio::time::timeout(Duration::from_secs(20), raw.read(&mut buffer))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buffer[..n]);
+        }
+        assert!(
+            String::from_utf8_lossy(&got).starts_with("HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        raw.write_all(b"ping-through\n").await.unwrap();
+        let mut echoed = Vec::new();
+        while !String::from_utf8_lossy(&echoed).contains("ping-through") {
+            let n = tokio::time::timeout(Duration::from_secs(20), raw.read(&mut buffer))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&echoed));
+            echoed.extend_from_slice(&buffer[..n]);
+        }
+    }
+
+    // From the console: a new tab at the lease's origin, showing its page.
+    let console = format!("{}/console/", stack.gateway_url);
+    let browser = Browser::start().await;
+    browser.sign_in(&console, &key).await;
+    browser.wait("#gpu-table").await;
+    browser.go(&format!("{console}#/lease/{lease}")).await;
+    browser.set_field("#web-port", "8080").await;
+    let before = browser.windows().await;
+    browser.click("#open-web").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tab = loop {
+        if let Some(tab) = browser
+            .windows()
+            .await
+            .into_iter()
+            .find(|w| !before.contains(w))
+        {
+            break tab;
+        }
+        assert!(Instant::now() < deadline, "no tab opened");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let console_tab = before[0].clone();
+    browser.switch_to(&tab).await;
+    browser.wait_text(&format!("hello-web {lease}")).await;
+    let at: Value = browser.call(Method::GET, "/url", Value::Null).await;
+    assert_eq!(at.as_str().unwrap(), format!("http://{host}/"));
+    browser.screenshot("console-lease-web").await;
+    // The console's key is not the page's to read: another origin.
+    let key_there: Value = browser
+        .run_script("return sessionStorage.getItem('leasehold.key');", json!([]))
+        .await;
+    assert_eq!(key_there, Value::Null);
+    browser.switch_to(&console_tab).await;
+}
+
 /// Every page is reached and used with the keyboard alone: the key typed
 /// and sent with Enter, the menu walked with Tab, a link followed with
 /// Enter, the language chosen with the arrow keys.

@@ -88,6 +88,8 @@ const MATRIX: &[(&str, &str, [u16; 11])] = &[
     // Operators enter only where LH_OPERATOR_SESSIONS allows (off here).
     ("GET", "/v1/leases/{l}/exec?command=true", [401, 400, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
     ("GET", "/v1/leases/{l}/port-forward?port=8080", [401, 400, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
+    // No lease web pages on this gateway: its tenant is told where to look.
+    ("POST", "/v1/leases/{l}/web", [401, 404, 404, 401, 401, 403, 403, 403, 403, 403, 403]),
     ("POST", "/v1/nodes/{n}/enroll", [401, 403, 403, 401, 401, 403, 201, 201, 201, 403, 403]),
     ("POST", "/v1/nodes/{n}/drain", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
     ("POST", "/v1/nodes/{n}/uncordon", [401, 403, 403, 401, 401, 403, 202, 202, 202, 403, 403]),
@@ -124,6 +126,7 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
             Some(json!({"name": "made", "email": "ops@made.example", "quota": {"max_gpus": 1}}))
         }
         ("POST", "/v1/tenants/{t}/suspend") => Some(json!({"reason": "matrix"})),
+        ("POST", "/v1/leases/{l}/web") => Some(json!({"port": 8888})),
         ("POST", "/v1/oidc/token") => Some(json!({"code": "c", "code_verifier": "v".repeat(43),
             "redirect_uri": "http://127.0.0.1/console/"})),
         ("PUT", "/v1/tenants/{t}/quota") => Some(json!({"quota": {"max_gpus": 64}})),

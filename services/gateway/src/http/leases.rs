@@ -105,7 +105,7 @@ async fn lookup_visible_lease(
 }
 
 /// [`lookup_visible_lease`], as a lease of its own.
-pub(super) async fn visible(
+pub(crate) async fn visible(
     ctx: &ApiContext,
     caller: &Caller,
     id: Uuid,

@@ -18,6 +18,7 @@ pub mod invoices;
 pub mod keys;
 pub mod lease_logs;
 pub mod lease_sessions;
+pub mod lease_web;
 pub mod leases;
 pub mod limits;
 pub mod nodes;
@@ -107,6 +108,8 @@ pub struct ApiShared {
     /// The console's client at the OIDC issuer, where operators sign in
     /// there.
     pub console_sign_in: Option<std::sync::Arc<console_sign_in::ConsoleSignIn>>,
+    /// Leases' web pages, where this replica serves them.
+    pub lease_web: Option<std::sync::Arc<crate::lease_web::LeaseWeb>>,
 }
 
 pub fn router(ctx: ApiContext) -> Router {
@@ -155,6 +158,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/v1/usage", get(usage::fleet))
         .route("/v1/leases/{id}/logs", get(lease_logs::get))
         .route("/v1/leases/{id}/exec", get(lease_sessions::exec))
+        .route("/v1/leases/{id}/web", post(lease_web::ticket))
         .route(
             "/v1/leases/{id}/port-forward",
             get(lease_sessions::port_forward),

@@ -9,6 +9,7 @@ use super::events;
 use super::fleet;
 use super::lease_logs;
 use super::lease_sessions;
+use super::lease_web;
 use super::ssh_keys;
 use super::whoami;
 use super::workspaces;
@@ -59,6 +60,7 @@ use super::{
         fleet::catalogue,
         events::stream,
         whoami::whoami,
+        lease_web::ticket,
         console_sign_in::console,
         console_sign_in::token,
         nodes::enroll,
@@ -87,6 +89,8 @@ use super::{
     components(schemas(
         Problem,
         whoami::Whoami,
+        lease_web::WebTicketRequest,
+        lease_web::WebTicket,
         console_sign_in::ConsoleSignInView,
         console_sign_in::CodeExchange,
         console_sign_in::SignedIn,
