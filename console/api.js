@@ -87,12 +87,43 @@ export async function download(path, name) {
 /// A fetch stream, not an EventSource: that cannot send the key. Opened
 /// again, it names the last change it heard (`Last-Event-ID`), so that
 /// what came meanwhile is told too.
+///
+/// A browser holds six connections to an origin at most, and a stream
+/// holds one: a tab that is hidden lets go of its stream (after
+/// `HIDDEN_GRACE_MS`) and a page that is left lets go at once, so that
+/// tabs and pages opened one after another never starve each other. A
+/// tab shown again opens it again from the last change it heard, and
+/// tells `onChange` once, for what it may have missed.
+const HIDDEN_GRACE_MS = 5000;
+
 export function follow(onChange) {
   let stopped = false;
+  let paused = false;
   let controller = null;
   let lastHeard = null;
+  let hiding = null;
+  let running = false;
+  const pause = () => {
+    paused = true;
+    if (controller) controller.abort();
+  };
+  const onVisibility = () => {
+    clearTimeout(hiding);
+    if (document.visibilityState === "hidden") {
+      hiding = setTimeout(pause, HIDDEN_GRACE_MS);
+    } else if (paused) {
+      paused = false;
+      onChange("resumed", {});
+      if (!running) run();
+    }
+  };
+  addEventListener("visibilitychange", onVisibility);
+  addEventListener("pagehide", pause);
+  // A page kept whole while away (the back-forward cache) comes back shown.
+  addEventListener("pageshow", onVisibility);
   const run = async () => {
-    while (!stopped) {
+    running = true;
+    while (!stopped && !paused) {
       controller = new AbortController();
       try {
         const headers = { Authorization: `Bearer ${key()}` };
@@ -120,11 +151,19 @@ export function follow(onChange) {
           }
         }
       } catch (_) {
-        if (stopped) return;
+        if (stopped || paused) break;
       }
       await new Promise((r) => setTimeout(r, 2000));
     }
+    running = false;
   };
   run();
-  return () => { stopped = true; if (controller) controller.abort(); };
+  return () => {
+    stopped = true;
+    clearTimeout(hiding);
+    removeEventListener("visibilitychange", onVisibility);
+    removeEventListener("pagehide", pause);
+    removeEventListener("pageshow", onVisibility);
+    if (controller) controller.abort();
+  };
 }

@@ -2,21 +2,44 @@
 // the event stream, a failure shown where it happened.
 
 import { h } from "./vendor/preact.mjs";
-import { useEffect, useState } from "./vendor/hooks.mjs";
+import { useEffect, useRef, useState } from "./vendor/hooks.mjs";
 import htm from "./vendor/htm.mjs";
 import * as api from "./api.js";
 import { t } from "./i18n.js";
 
 export const html = htm.bind(h);
 
-/// GETs `path` now and again whenever `tick` says a change came.
+/// GETs `path` now and again whenever `tick` says a change came. One
+/// call at a time per path: changes that come while one is out are read
+/// by one more call after it, so that a flood of changes neither floods
+/// the gateway nor keeps the page from ever showing an answer.
 export function useAnswer(path, tick) {
   const [answer, setAnswer] = useState(null);
+  const reader = useRef(null);
+  const seen = useRef(tick);
   useEffect(() => {
-    let live = true;
-    api.get(path).then((a) => live && setAnswer(a)).catch(() => live && setAnswer({ status: 0 }));
-    return () => { live = false; };
-  }, [path, tick]);
+    const mine = { alive: true, out: false, again: false };
+    const read = () => {
+      mine.out = true;
+      mine.again = false;
+      api.get(path).catch(() => ({ status: 0, body: null })).then((a) => {
+        mine.out = false;
+        if (!mine.alive) return;
+        setAnswer(a);
+        if (mine.again) read();
+      });
+    };
+    mine.poke = () => { if (mine.out) mine.again = true; else read(); };
+    reader.current = mine;
+    setAnswer(null);
+    read();
+    return () => { mine.alive = false; };
+  }, [path]);
+  useEffect(() => {
+    if (seen.current === tick) return;
+    seen.current = tick;
+    if (reader.current) reader.current.poke();
+  }, [tick]);
   return answer;
 }
 

@@ -29,6 +29,8 @@
 # LH_MASTER_KEY_FILE (instead of the generated one),
 # LH_ADMIN_TOKEN (instead of the generated one), LH_GATEWAY_ADDR
 # (127.0.0.1:8080), LH_SSH_ADDR (127.0.0.1:2222; off: no SSH endpoint),
+# LH_LEASE_WEB_ADDR (127.0.0.1:8090, leases' web pages at
+# http://<lease>-<port>.localhost:8090; off: none),
 # LH_SESSION_LANE_ADDR (127.0.0.1:7443, where node agents dial the gateway
 # for sessions' bytes; off: they keep to the bus), LH_LOG_FORMAT (pretty|json), LH_UP_TIMEOUT_SECS (60),
 # LH_UP_NO_BUILD=1 (skip cargo build), LH_RUNTIME (auto: leases' images
@@ -62,6 +64,9 @@ PG_PORT=${LH_PG_PORT:-5432}
 GATEWAY_ADDR=${LH_GATEWAY_ADDR:-127.0.0.1:8080}
 # The gateway's SSH endpoint into leases (docs/adr/030).
 SSH_ADDR=${LH_SSH_ADDR:-127.0.0.1:2222}
+# Leases' web pages, each port at a name of its own under localhost
+# (docs/adr/035); browsers take any *.localhost for loopback.
+LEASE_WEB_ADDR=${LH_LEASE_WEB_ADDR:-127.0.0.1:8090}
 # Where node agents dial the gateway for a session's frames (docs/adr/030,
 # "The lane"): every agent here is on this host.
 SESSION_LANE_ADDR=${LH_SESSION_LANE_ADDR:-127.0.0.1:7443}
@@ -491,7 +496,10 @@ start_service() {
                        LH_SSH_ADDR="$SSH_ADDR" LH_SSH_HOST_KEY_FILE="$DATA/ssh/ssh_host_ed25519_key"
                        LH_SESSION_LANE_ADDR="$SESSION_LANE_ADDR"
                        LH_STORAGE_ENDPOINT="$S3_ENDPOINT" LH_STORAGE_ADMIN_ACCESS_KEY_ID="$S3_ADMIN_KEY_ID"
-                       LH_STORAGE_ADMIN_SECRET_KEY_FILE="$S3_ADMIN_SECRET_FILE") ;;
+                       LH_STORAGE_ADMIN_SECRET_KEY_FILE="$S3_ADMIN_SECRET_FILE")
+                 if [ "$LEASE_WEB_ADDR" != off ]; then
+                     env+=(LH_LEASE_WEB_ADDR="$LEASE_WEB_ADDR" LH_LEASE_WEB_BASE="http://localhost:${LEASE_WEB_ADDR##*:}")
+                 fi ;;
         pricing) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$PRICING_DATABASE_URL") ;;
         audit) env+=(LH_HTTP_ADDR="$addr" DATABASE_URL="$AUDIT_DATABASE_URL" LH_AUDIT_KEY_FILE="$AUDIT_KEY_FILE"
                      LH_AUDIT_VERIFY_TOKEN_FILE="$AUDIT_VERIFY_TOKEN_FILE")
@@ -566,6 +574,7 @@ Leasehold is up on the simulated fleet (dev/fleet.toml).
   workloads:    $RUNTIME ($RUNTIME_WHY)
   gateway:      http://$GATEWAY_ADDR
   console:      http://$GATEWAY_ADDR/console/ (sign in with a tenant's API key or the admin token)
+  lease pages:  $([ "$LEASE_WEB_ADDR" = off ] && echo "off (LH_LEASE_WEB_ADDR=off)" || echo "http://<lease>-<port>.localhost:${LEASE_WEB_ADDR##*:} (opened from a lease's page in the console)")
   ssh:          $([ "$SSH_ADDR" = off ] && echo "off (LH_SSH_ADDR=off)" || echo "ssh -p ${SSH_ADDR##*:} <lease-id>@${SSH_ADDR%:*} (after lh ssh-key add)")
   admin token:  $LH_ADMIN_TOKEN
   NATS:         $NATS_URL (monitoring http://127.0.0.1:$NATS_HTTP_PORT, streams R$NATS_MEMBERS)

@@ -73,6 +73,13 @@ addWords({
   },
 });
 
+/// How often a running lease's logs are read again.
+const LOGS_EVERY_MS = 3000;
+/// How often anything is read again where nothing changes without an event.
+const IDLE_EVERY_MS = 600000;
+/// How often a running lease's GPU use is read again (readings come each
+/// minute).
+const USAGE_EVERY_MS = 30000;
 /// Points drawn per series at most: an hour of minutes.
 const MAX_CHART_POINTS = 120;
 const CHART_WIDTH = 480;
@@ -99,7 +106,7 @@ function Chart({ label, values, top, id }) {
 }
 
 function Usage({ id, running }) {
-  const every = useEvery(running ? 30000 : 3600000);
+  const every = useEvery(running ? USAGE_EVERY_MS : IDLE_EVERY_MS);
   const answer = useAnswer(`/v1/leases/${id}/usage`, every);
   if (!answer) return html`<${Loading} />`;
   if (answer.status !== 200) return html`<${Failed} answer=${answer} />`;
@@ -201,7 +208,11 @@ function webPort(lease, templates) {
 
 export function LeasePage({ id, tick, role }) {
   const answer = useAnswer("/v1/leases/" + id, tick);
-  const logs = useAnswer("/v1/leases/" + id + "/logs", tick);
+  // A running workload writes without an event: its logs are read again
+  // every few seconds while it runs.
+  const live = Boolean(answer && answer.status === 200 && answer.body.state === "running");
+  const every = useEvery(live ? LOGS_EVERY_MS : IDLE_EVERY_MS);
+  const logs = useAnswer("/v1/leases/" + id + "/logs", tick + every);
   const templates = useAnswer("/v1/templates", 0);
   if (!answer) return html`<${Loading} />`;
   if (answer.status !== 200) return html`<${Failed} answer=${answer} />`;

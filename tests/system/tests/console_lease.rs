@@ -77,7 +77,8 @@ async fn a_tenant_opens_a_shell_in_its_lease_page_and_types_a_command_and_nobody
             "/v1/leases",
             &key,
             Some(json!({"gpus": 1, "gpu_model": "A100-40GB",
-                "workload": {"image": "localhost/leasehold/base", "command": ["sleep", "600"]}})),
+                "workload": {"image": "localhost/leasehold/base", "command": ["sh", "-c",
+                    "i=0; while true; do echo tick-$i; i=$((i+1)); sleep 1; done"]}})),
         )
         .await;
     assert_eq!(s, 202, "{b}");
@@ -120,6 +121,15 @@ async fn a_tenant_opens_a_shell_in_its_lease_page_and_types_a_command_and_nobody
     browser.wait("#gpu-table").await;
     browser.go(&format!("{console}#/lease/{lease}")).await;
     browser.wait_text_of("#lease-state", "running").await;
+    // What the workload writes shows as it writes it, with no event.
+    let first = browser.text(&browser.wait("#lease-logs").await).await;
+    let later = first
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick-")?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0)
+        + 4;
+    browser.wait_text(&format!("tick-{later}")).await;
     let timeline = browser.text(&browser.wait("#timeline").await).await;
     assert!(
         timeline.contains("Asked for") && timeline.contains("Running"),
