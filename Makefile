@@ -81,7 +81,7 @@ bench: ## Criterion benchmarks, and a month of lease events priced into invoices
 
 screenshots: ## The console's pages in headless Chromium, as PNGs in docs/screenshots/ (the README shows them)
 	@scripts/deps.sh
-	LH_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(CARGO) test -p lh-system-tests --test system -- console::
+	LH_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(CARGO) test -p lh-system-tests --test system -- console --test-threads 1
 
 schemas: ## Regenerate the JSON Schemas of the events into schemas/
 	$(CARGO) run -p lh-events --example gen-schemas

@@ -25,19 +25,23 @@ export async function get(path, withKey = key()) {
   return { status: response.status, body };
 }
 
-/// POSTs `body` (JSON, or nothing) to `path`: `{status, body}`.
-export async function post(path, body) {
+/// Sends `method` to `path` with `body` (JSON, or nothing): `{status,
+/// body}`, body the JSON answer (or null, as for a 204).
+export async function send(method, path, body) {
   const headers = { Authorization: `Bearer ${key()}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {
-    method: "POST",
+  const response = heard(await fetch(path, {
+    method,
     headers,
     body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  }), key());
   let answer = null;
   try { answer = await response.json(); } catch (_) { /* not JSON */ }
   return { status: response.status, body: answer };
 }
+
+/// POSTs `body` (JSON, or nothing) to `path`.
+export const post = (path, body) => send("POST", path, body);
 
 /// GETs `path` as the gateway wrote it: `{status, text}`, for what must be
 /// kept byte for byte (JSON parsed and written again turns 50.0 into 50).
@@ -46,13 +50,8 @@ export async function getText(path) {
   return { status: response.status, text: await response.text() };
 }
 
-/// DELETEs `path`: `{status, body}`, body the JSON answer (null for a 204).
-export async function del(path) {
-  const response = await fetch(path, { method: "DELETE", headers: { Authorization: `Bearer ${key()}` } });
-  let answer = null;
-  try { answer = await response.json(); } catch (_) { /* no content */ }
-  return { status: response.status, body: answer };
-}
+/// DELETEs `path`.
+export const del = (path) => send("DELETE", path);
 
 /// Saves `blob`, made here, as a file named `name`: an object URL clicked
 /// as a link, since the browser alone may write the user's disk.

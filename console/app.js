@@ -47,9 +47,11 @@ function roleOf(whoami) {
 }
 
 /// The page the fragment names, and the id in it: `#/lease/<id>`.
+/// An id that is not one (a lease's or a tenant's id, a date) is no id:
+/// pages put ids into the API's paths.
 function route() {
   const [name, id] = (location.hash || "#/gpus").slice(2).split("/");
-  return { name, id: id && decodeURIComponent(id) };
+  return { name, id: id && /^[A-Za-z0-9._-]{1,64}$/.test(id) && !id.startsWith(".") ? id : undefined };
 }
 
 function SignIn({ onSignedIn }) {

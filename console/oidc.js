@@ -62,9 +62,10 @@ export async function finish() {
   history.replaceState(null, "", location.pathname + "#/gpus");
   const pending = JSON.parse(sessionStorage.getItem(PENDING) || "null");
   sessionStorage.removeItem(PENDING);
-  if (query.has("error")) throw new Error(query.get("error_description") || query.get("error"));
-  // A code this tab did not ask for is not taken: it may be another's.
+  // An answer this tab did not ask for is not taken, nor shown: it may be
+  // another's, or another site's words.
   if (!pending || query.get("state") !== pending.state) throw new Error("state");
+  if (query.has("error")) throw new Error(query.get("error_description") || query.get("error"));
   const answer = await fetch("/v1/oidc/token", {
     method: "POST",
     headers: { "Content-Type": "application/json" },

@@ -198,16 +198,6 @@ addWords({
   },
 });
 
-/// A call with the tab's key by any method (`api` has GET and POST only).
-async function send(method, path, body) {
-  const headers = { Authorization: `Bearer ${api.key()}` };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  let answer = null;
-  try { answer = await response.json(); } catch (_) { /* not JSON */ }
-  return { status: response.status, body: answer };
-}
-
 /// What a refusal says, with the field at fault where the API names one.
 function refusal(answer) {
   const body = answer.body || {};
@@ -309,7 +299,7 @@ function QuotaForm({ tenant, admin, onSaved }) {
     if (limit(form.max_vram_gb) !== undefined) quota.max_vram_gb = limit(form.max_vram_gb);
     if (limit(form.max_storage_gb) !== undefined) quota.max_storage_gb = limit(form.max_storage_gb);
     try {
-      const answer = await send("PUT", `/v1/tenants/${tenant.id}/quota`, { quota, weight: Number(form.weight) });
+      const answer = await api.send("PUT", `/v1/tenants/${tenant.id}/quota`, { quota, weight: Number(form.weight) });
       setSaid(answer.status === 200 ? { ok: true, text: t("op_quota_saved") } : { ok: false, text: refusal(answer) });
       if (answer.status === 200) onSaved();
     } catch (_) {
@@ -341,7 +331,7 @@ function Keys({ tenant, admin }) {
     setChanged((n) => n + 1);
   };
   const revoke = async (key) => {
-    const a = await send("DELETE", `/v1/tenants/${tenant.id}/keys/${key.key_id}`);
+    const a = await api.send("DELETE", `/v1/tenants/${tenant.id}/keys/${key.key_id}`);
     setSaid(a.status === 200 ? null : { ok: false, text: refusal(a) });
     setChanged((n) => n + 1);
   };

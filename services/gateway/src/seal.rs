@@ -158,6 +158,7 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
                 tenant_id UUID NOT NULL,
                 lease_id UUID NOT NULL,
                 port INT NOT NULL,
+                key_id INT NOT NULL,
                 next_path TEXT NOT NULL,
                 expires_at TIMESTAMPTZ NOT NULL
             )"
@@ -168,6 +169,7 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
                 tenant_id UUID NOT NULL,
                 lease_id UUID NOT NULL,
                 port INT NOT NULL,
+                key_id INT NOT NULL,
                 expires_at TIMESTAMPTZ NOT NULL
             )"
         ),

@@ -383,6 +383,33 @@ async fn a_tenant_opens_its_leases_web_page_at_an_origin_of_its_own_and_nobody_e
     assert!(seen.contains("host=127.0.0.1:8080"), "{seen}");
     assert!(!seen.contains("lh_lease_web"), "{seen}");
     assert!(seen.contains("theirs=1"), "{seen}");
+    // Another page may not send it with the cookie (another lease's is the
+    // same site), but a link followed may.
+    let sent_from = |from: &str, site: &str, mode: &str| {
+        reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{web_port}/cgi-bin/seen"))
+            .header("Host", host.clone())
+            .header("Cookie", cookie.clone())
+            .header("Origin", from.to_string())
+            .header("Sec-Fetch-Site", site.to_string())
+            .header("Sec-Fetch-Mode", mode.to_string())
+            .send()
+    };
+    let neighbour = format!("http://{}-8080.localhost:{web_port}", uuid::Uuid::new_v4());
+    assert_eq!(
+        sent_from(&neighbour, "same-site", "cors")
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    assert_ne!(
+        sent_from(&format!("http://{host}"), "same-origin", "cors")
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
     // Without it, or at another lease's name, nothing.
     assert_eq!(web_get(web_port, &host, "/", None).await.status(), 401);
     let other = format!("{}-8080.localhost:{web_port}", uuid::Uuid::new_v4());
@@ -502,6 +529,76 @@ async fn a_tenant_opens_its_leases_web_page_at_an_origin_of_its_own_and_nobody_e
         .await;
     assert_eq!(key_there, Value::Null);
     browser.switch_to(&console_tab).await;
+
+    // A cookie stops working once the key that asked for it is revoked;
+    // another key's goes on.
+    let (_, me) = stack.call(Method::GET, "/v1/whoami", &key, None).await;
+    let tenant_id = me["tenant_id"].as_str().unwrap().to_string();
+    let (s, second) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/tenants/{tenant_id}/keys"),
+            &key,
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 201, "{second}");
+    let second_key = second["api_key"].as_str().unwrap().to_string();
+    let (s, ticket) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            &second_key,
+            Some(json!({"port": 8080})),
+        )
+        .await;
+    assert_eq!(s, 201, "{ticket}");
+    let url = ticket["url"].as_str().unwrap();
+    let entered = web_get(
+        web_port,
+        &host,
+        &url[url.find("/.leasehold").unwrap()..],
+        None,
+    )
+    .await;
+    let second_cookie = entered.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        web_get(web_port, &host, "/", Some(&second_cookie))
+            .await
+            .status(),
+        200
+    );
+    let (s, _) = stack
+        .call(
+            Method::DELETE,
+            &format!("/v1/tenants/{tenant_id}/keys/{}", second["key_id"]),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while web_get(web_port, &host, "/", Some(&second_cookie))
+        .await
+        .status()
+        != 401
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a revoked key's cookie still lets in"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        web_get(web_port, &host, "/", Some(&cookie)).await.status(),
+        200
+    );
 }
 
 /// Every page is reached and used with the keyboard alone: the key typed

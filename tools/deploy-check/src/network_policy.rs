@@ -72,7 +72,8 @@ pub struct Flow {
 /// on the URL's port, one with `DATABASE_URL` or `PGHOST` the instances of
 /// the CloudNativePG cluster it names; NATS members reach each other on
 /// their route port; Prometheus reaches every scrape target; anyone
-/// reaches the gateway's API; node agents whose bus is plain (no
+/// reaches the gateway's API, its SSH endpoint and its leases' web pages;
+/// node agents whose bus is plain (no
 /// `LH_NATS_CA_FILE`) reach each container with `LH_SESSION_LANE_ADDR` on
 /// its port (a session's lane); a container with `LH_STORAGE_ENDPOINT`
 /// reaches the object store behind that Service, and every node agent the
@@ -177,6 +178,10 @@ pub fn needed_flows(docs: &[(PathBuf, Value)]) -> Vec<Flow> {
             // Tenants' SSH clients, from wherever they are.
             if let Some(addr) = env_value(&container, "LH_SSH_ADDR").filter(|a| a != "off") {
                 flow(&anyone, &me, port_of(&addr), "TCP", "the SSH endpoint");
+            }
+            // Tenants' browsers, to their leases' web pages.
+            if let Some(addr) = env_value(&container, "LH_LEASE_WEB_ADDR") {
+                flow(&anyone, &me, port_of(&addr), "TCP", "leases' web pages");
             }
             // The object store, with its admin identity.
             if let Some(endpoint) = env_value(&container, "LH_STORAGE_ENDPOINT") {
@@ -436,7 +441,7 @@ fn allowing_parts(
 
 /// What is wrong with the NetworkPolicies of `docs`: a needed flow they
 /// refuse, a rule without peers or ports (open to all; only the gateway's
-/// API and SSH endpoint may be), a peer or port no needed flow goes through, and a
+/// API, SSH endpoint and leases' web pages may be), a peer or port no needed flow goes through, and a
 /// namespace without its default deny.
 pub fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
     let policies: Vec<Value> = docs
@@ -483,7 +488,8 @@ pub fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
         }
     }
 
-    // The gateway's public doors: its API and its SSH endpoint.
+    // The gateway's public doors: its API, its SSH endpoint and its
+    // leases' web pages.
     let gateway_api_ports: BTreeSet<u64> = pod_templates(docs)
         .iter()
         .flat_map(containers)
@@ -491,6 +497,7 @@ pub fn network_policy_problems(docs: &[(PathBuf, Value)]) -> Vec<String> {
             [
                 env_value(&c, "LH_GATEWAY_ADDR"),
                 env_value(&c, "LH_SSH_ADDR").filter(|a| a != "off"),
+                env_value(&c, "LH_LEASE_WEB_ADDR"),
             ]
         })
         .flatten()

@@ -24,6 +24,9 @@ pub enum Caller {
     Tenant {
         id: Uuid,
         max_gpus: u32,
+        /// Which of the tenant's keys (its number): what a lease's web
+        /// page cookie is tied to.
+        key_id: i32,
     },
 }
 
@@ -113,9 +116,14 @@ pub fn new_key() -> NewKey {
 const MAX_SUBPROTOCOL_KEY_BYTES: usize = 8 * 1024;
 
 /// The key a request carries: its `Authorization: Bearer` header, or, on a
-/// WebSocket's upgrade only, the bearer subprotocol a browser must use.
-fn token_of(parts: &Parts) -> Result<String, ApiError> {
-    if let Some(value) = parts.headers.get(header::AUTHORIZATION) {
+/// WebSocket's upgrade into a lease only (a GET with a WebSocket key, to an
+/// exec or a port forward), the bearer subprotocol a browser must use.
+pub(crate) fn token_of(
+    headers: &axum::http::HeaderMap,
+    method: &Method,
+    path: &str,
+) -> Result<String, ApiError> {
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
         let value = value
             .to_str()
             .map_err(|_| ApiError::unauthorized("Authorization header is not text"))?;
@@ -124,13 +132,14 @@ fn token_of(parts: &Parts) -> Result<String, ApiError> {
             .map(|t| t.trim().to_string())
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <key>`"));
     }
-    let upgrading = parts
-        .headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let carried = parts
-        .headers
+    let upgrading = *method == Method::GET
+        && (path.ends_with("/exec") || path.ends_with("/port-forward"))
+        && headers.contains_key(header::SEC_WEBSOCKET_KEY)
+        && headers
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let carried = headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -165,7 +174,7 @@ impl FromRequestParts<ApiContext> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, ctx: &ApiContext) -> Result<Self, ApiError> {
-        let token = token_of(parts)?;
+        let token = token_of(&parts.headers, &parts.method, parts.uri.path())?;
         let token = token.as_str();
         // The principal a refusal is counted under (see `refusals`).
         let named = |principal: String| {
@@ -256,6 +265,7 @@ impl FromRequestParts<ApiContext> for Caller {
         Ok(Caller::Tenant {
             id,
             max_gpus: max_gpus as u32,
+            key_id: key.key_id,
         })
     }
 }

@@ -199,6 +199,7 @@ struct TokenAnswer {
 )]
 pub async fn token(
     State(ctx): State<ApiContext>,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<CodeExchange>,
 ) -> Result<Json<SignedIn>, ApiError> {
     let sign_in = ctx.console_sign_in.as_ref().ok_or_else(not_configured)?;
@@ -218,8 +219,21 @@ pub async fn token(
     let redirect: Option<reqwest::Url> = (body.redirect_uri.len() <= MAX_REDIRECT_URI_BYTES)
         .then(|| body.redirect_uri.parse().ok())
         .flatten();
+    // This gateway's own console, as the browser asking reached it: a code
+    // the issuer sent elsewhere is not traded here.
+    let asked_at = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
     if !redirect.is_some_and(|u| {
-        ["http", "https"].contains(&u.scheme()) && u.path() == "/console/" && u.query().is_none()
+        ["http", "https"].contains(&u.scheme())
+            && u.path() == "/console/"
+            && u.query().is_none()
+            && u.fragment().is_none()
+            && u.host_str().is_some_and(|host| match u.port() {
+                Some(port) => asked_at == format!("{host}:{port}"),
+                None => asked_at == host,
+            })
     }) {
         return Err(ApiError::unprocessable(
             "the console's own address, ending /console/",
@@ -242,13 +256,18 @@ pub async fn token(
         .form(&form)
         .send()
         .await
-        .map_err(|e| ApiError::bad_gateway(format!("the issuer's token endpoint: {e}")))?;
+        .map_err(|e| {
+            tracing::warn!(error = %e, "the OIDC issuer's token endpoint did not answer");
+            ApiError::bad_gateway("the issuer's token endpoint did not answer")
+        })?;
     let status = answer.status();
     let bytes = read_bounded(answer).await?;
+    // What the issuer said goes to the gateway's log, not to whoever asked.
     if status.is_client_error() {
+        tracing::info!(%status, answer = %String::from_utf8_lossy(&bytes[..bytes.len().min(300)]),
+            "the OIDC issuer refused a console sign-in's code");
         return Err(ApiError::unauthorized(format!(
-            "the issuer refused the code ({status}): {}",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+            "the issuer refused the code ({status}); sign in again"
         )));
     }
     if !status.is_success() {
@@ -256,9 +275,8 @@ pub async fn token(
             "the issuer's token endpoint answered {status}"
         )));
     }
-    let tokens: TokenAnswer = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::bad_gateway(format!("the issuer's token answer is not JSON: {e}"))
-    })?;
+    let tokens: TokenAnswer = serde_json::from_slice(&bytes)
+        .map_err(|_| ApiError::bad_gateway("the issuer's token answer is not JSON"))?;
     // The access token where the issuer makes it for this audience, else
     // the ID token; each checked as any Bearer is.
     let mut refused = None;
@@ -288,7 +306,7 @@ async fn read_bounded(mut answer: reqwest::Response) -> Result<Vec<u8>, ApiError
     while let Some(chunk) = answer
         .chunk()
         .await
-        .map_err(|e| ApiError::bad_gateway(format!("the issuer's token endpoint: {e}")))?
+        .map_err(|_| ApiError::bad_gateway("the issuer's token answer broke off"))?
     {
         if bytes.len() + chunk.len() > MAX_TOKEN_ANSWER_BYTES {
             return Err(ApiError::bad_gateway(format!(

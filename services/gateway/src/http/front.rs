@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -156,12 +155,10 @@ pub async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
-    let bearer = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+    // The key as the caller's extractor reads it (a browser's WebSocket
+    // carries it in a subprotocol), so both spend one budget.
+    let bearer = super::auth::token_of(request.headers(), request.method(), request.uri().path())
+        .ok()
         .filter(|t| !t.is_empty());
     // Without the peer (a server that did not record it) every such caller
     // shares one budget, which still bounds the flood.
@@ -179,7 +176,7 @@ pub async fn guard(
         .retry_after(wait.as_secs_f64().ceil().clamp(1.0, 3600.0) as u32)
         .into_response();
     }
-    let spent = match bearer {
+    let spent = match &bearer {
         Some(token) => {
             let digest = Sha256::digest(token.as_bytes());
             let mut key = [0u8; CALLER_KEY_BYTES];

@@ -50,7 +50,10 @@ pub async fn ticket(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<WebTicketRequest>,
 ) -> Result<(StatusCode, Json<WebTicket>), ApiError> {
-    let Caller::Tenant { id: tenant, .. } = caller else {
+    let Caller::Tenant {
+        id: tenant, key_id, ..
+    } = caller
+    else {
         return Err(ApiError::forbidden(
             "a lease's web page is its tenant's: operators enter leases by exec with a reason",
         ));
@@ -82,7 +85,7 @@ pub async fn ticket(
         )));
     }
     let (url, expires_at) = web
-        .ticket(&ctx.pool, tenant, lease.view.id, body.port, &path)
+        .ticket(&ctx.pool, (tenant, key_id), lease.view.id, body.port, &path)
         .await?;
     Ok((
         StatusCode::CREATED,
