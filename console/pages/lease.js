@@ -31,6 +31,7 @@ addWords({
     shell_ended: "The shell ended with code {code}.",
     shell_refused: "The shell could not be opened: {error}. A lease takes a shell while it is running.",
     shell_running_only: "A shell opens while the lease is running.",
+    no_workload: "This lease runs no workload, so there is nothing to enter: ask for one with an image or a command.",
     web_page: "Its web page",
     web_page_hint: "A page the lease serves on a port (a notebook, a dashboard), at an address of its own.",
     web_port: "Port inside the lease",
@@ -62,6 +63,7 @@ addWords({
     shell_ended: "终端已结束，退出码 {code}。",
     shell_refused: "无法打开终端：{error}。租约运行时才能打开终端。",
     shell_running_only: "租约运行时才能打开终端。",
+    no_workload: "此租约没有运行任何工作负载，因此无法进入：请在新建时指定镜像或命令。",
     web_page: "网页入口",
     web_page_hint: "租约在某个端口上提供的网页（如 Notebook、仪表盘），使用独立的地址打开。",
     web_port: "租约内的端口",
@@ -237,8 +239,10 @@ export function LeasePage({ id, tick, role }) {
       </div>
     </div>
     ${!["ended", "rejected"].includes(l.state) && html`<p><button id="stop" onClick=${stop}>${t("stop")}</button></p>`}
-    ${role === "tenant" && running && html`<h3>${t("web_page")}</h3><${WebPage} id=${l.id} templatePort=${web} />`}
-    ${role === "tenant" && html`<h3>${t("shell")}</h3><${Shell} id=${l.id} running=${running} />`}
+    ${role === "tenant" && running && l.workload && html`<h3>${t("web_page")}</h3><${WebPage} id=${l.id} templatePort=${web} />`}
+    ${role === "tenant" && html`<h3>${t("shell")}</h3>${l.workload
+      ? html`<${Shell} id=${l.id} running=${running} />`
+      : html`<p class="muted" id="no-workload">${t("no_workload")}</p>`}`}
     <h3>${t("usage")}</h3>
     <${Usage} id=${l.id} running=${running} />
     <h3>${t("logs")}</h3>

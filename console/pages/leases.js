@@ -62,6 +62,10 @@ addWords({
   },
 });
 
+/// What a new lease runs unless the tenant says otherwise.
+const DEFAULT_IMAGE = "localhost/leasehold/base";
+const DEFAULT_COMMAND = "tail -f /dev/null";
+
 /// MIG profiles of the models that have them, offered as suggestions (the
 /// API checks a profile against the model and names the field if not).
 const MIG_PROFILES = {
@@ -89,7 +93,9 @@ export function NewLease({ tick }) {
   const datasets = useAnswer("/v1/datasets", 0);
   const [form, setForm] = useState({
     model: "", kind: "whole", gpus: 1, share_pct: 25, share_vram: 10, mig_profile: "", tier: "basic",
-    max_price: "", template: "", image: "", command: "", dataset: "", dataset_path: "/data",
+    // A lease that runs something one can enter: the platform's base
+    // image kept alive, until the tenant names its own.
+    max_price: "", template: "", image: DEFAULT_IMAGE, command: DEFAULT_COMMAND, dataset: "", dataset_path: "/data",
     workspace: "", workspace_path: "/workspace", hours: 1,
   });
   const [quote, setQuote] = useState(null);
@@ -129,7 +135,7 @@ export function NewLease({ tick }) {
     if (form.dataset) workload.datasets = [{ name: form.dataset, path: form.dataset_path }];
     if (form.workspace.trim()) workload.workspaces = [{ name: form.workspace.trim(), path: form.workspace_path }];
     if (Object.keys(workload).length > 0) {
-      if (!workload.command && !form.template) workload.command = ["sleep", "infinity"];
+      if (!workload.command && !form.template) workload.command = ["sh", "-c", DEFAULT_COMMAND];
       body.workload = workload;
     }
     setSending(true);

@@ -72,6 +72,21 @@ async fn each_credential_and_each_anonymous_address_has_its_own_request_budget()
         "refused credentials",
     )
     .await;
+    // The console's files, which a page fetches without a key, twenty at
+    // a time, are not the anonymous API's budget: the address held back
+    // above still loads the console, and its budget is still spent.
+    for _ in 0..3 {
+        for file in [
+            "/console/",
+            "/console/app.js",
+            "/console/ui.js",
+            "/console/api.js",
+            "/console/i18n.js",
+        ] {
+            assert_eq!(get(&stack, file, None).await.status(), 200, "{file}");
+        }
+    }
+    assert_limited(get(&stack, "/v1/leases", None).await, "address").await;
     // Health is never budgeted: orchestrators must always get an answer.
     for _ in 0..10 {
         assert_eq!(get(&stack, "/readyz", None).await.status(), 200);

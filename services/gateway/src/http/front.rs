@@ -124,6 +124,19 @@ pub struct RequestBudgets {
     /// Refused credentials per client address: each distinct wrong key would
     /// otherwise come with a fresh budget of its own.
     refused_per_address: Budgets<IpAddr>,
+    /// The console's own files per client address: a page loads twenty at
+    /// once, without a key (a module cannot send one), from memory.
+    console_files_per_address: Budgets<IpAddr>,
+}
+
+/// The console's files one address may fetch a second, and in a burst: a
+/// page's first view is about twenty, a browser's reloads a few times that.
+pub const CONSOLE_FILES_PER_S_PER_IP: f64 = 100.0;
+pub const CONSOLE_FILE_BURST_PER_IP: u32 = 400;
+
+/// Whether `path` is one of the console's files (not the API).
+fn console_file(path: &str) -> bool {
+    path == "/console" || path.starts_with("/console/")
 }
 
 impl RequestBudgets {
@@ -143,6 +156,11 @@ impl RequestBudgets {
             refused_per_address: Budgets::with_rate(
                 args.anonymous_requests_per_s_per_ip,
                 args.anonymous_request_burst_per_ip,
+                MAX_TRACKED_CALLERS,
+            ),
+            console_files_per_address: Budgets::with_rate(
+                CONSOLE_FILES_PER_S_PER_IP,
+                CONSOLE_FILE_BURST_PER_IP,
                 MAX_TRACKED_CALLERS,
             ),
         })
@@ -167,6 +185,18 @@ pub async fn guard(
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(peer)| peer.ip())
         .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    if console_file(request.uri().path()) {
+        if let Err(wait) = budgets.console_files_per_address.spend(ip, Instant::now()) {
+            metrics::counter!("lh_gateway_requests_limited_total", "caller" => "console-files")
+                .increment(1);
+            return ApiError::too_many_requests(
+                "too many console files from this address; slow down",
+            )
+            .retry_after(wait.as_secs_f64().ceil().clamp(1.0, 3600.0) as u32)
+            .into_response();
+        }
+        return next.run(request).await;
+    }
     if let Err(wait) = budgets.refused_per_address.check(&ip, Instant::now()) {
         metrics::counter!("lh_gateway_requests_limited_total", "caller" => "refused-address")
             .increment(1);
