@@ -90,6 +90,13 @@ async fn measure(browser: &Browser, console: &str, extra: &[String]) -> Vec<(Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_page_shows_first_with_a_thousand_leases_measured() {
     let stack = Stack::start_configured(FLEET, |s| {
+        // The front door as deployed: a page's files and calls within the
+        // budgets a browser meets on `make up`.
+        let deployed = lh_gateway::http::front::FrontArgs::default();
+        s.gateway_front.requests_per_s_per_key = deployed.requests_per_s_per_key;
+        s.gateway_front.request_burst_per_key = deployed.request_burst_per_key;
+        s.gateway_front.anonymous_requests_per_s_per_ip = deployed.anonymous_requests_per_s_per_ip;
+        s.gateway_front.anonymous_request_burst_per_ip = deployed.anonymous_request_burst_per_ip;
         s.gateway_config = Some(std::sync::Arc::new(|c: &mut lh_gateway::Config| {
             c.limits.writes_per_s = 10_000.0;
             c.limits.write_burst = 10_000;
@@ -105,13 +112,20 @@ async fn every_page_shows_first_with_a_thousand_leases_measured() {
         let key = key.clone();
         async move {
             let model = ["A100-40GB", "H100-80GB", "A10G-24GB"][i % 3];
-            let answer = http
-                .post(&url)
-                .bearer_auth(&key)
-                .json(&json!({"gpus": 1, "gpu_model": model}))
-                .send()
-                .await
-                .unwrap();
+            // Asked as fast as the key's request budget lets.
+            let answer = loop {
+                let answer = http
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .json(&json!({"gpus": 1, "gpu_model": model}))
+                    .send()
+                    .await
+                    .unwrap();
+                if answer.status() != 429 {
+                    break answer;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            };
             assert_eq!(answer.status(), 202);
             let body: Value = answer.json().await.unwrap();
             body["id"].as_str().unwrap().to_string()
