@@ -427,9 +427,35 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         lease_web: lease_web.clone(),
     });
     let lease_web_task = match (lease_web, lease_web_listener) {
-        (Some(web), Some(listener)) => Some(lh_service::AbortOnDrop(tokio::spawn(
-            lease_web::serve(listener, web, ctx.clone(), shutdown.clone()),
-        ))),
+        (Some(web), Some(listener)) => {
+            let lease_of: lease_web::LeaseOf = {
+                let ctx = ctx.clone();
+                std::sync::Arc::new(move |tenant, lease| {
+                    let ctx = ctx.clone();
+                    Box::pin(async move {
+                        let caller = http::Caller::Tenant {
+                            id: tenant,
+                            max_gpus: 0,
+                            key_id: 0,
+                        };
+                        http::leases::visible(&ctx, &caller, lease).await.ok()
+                    })
+                })
+            };
+            let reach = lease_web::Reach {
+                pool: ctx.pool.clone(),
+                bus: ctx.bus.clone(),
+                sessions: ctx.sessions.clone(),
+                write_budgets: ctx.write_budgets.clone(),
+                lease_of,
+            };
+            Some(lh_service::AbortOnDrop(tokio::spawn(lease_web::serve(
+                listener,
+                web,
+                reach,
+                shutdown.clone(),
+            ))))
+        }
         _ => None,
     };
     let ssh_task = ssh_bound

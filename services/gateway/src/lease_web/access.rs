@@ -15,7 +15,6 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::LeaseWeb;
-use crate::http::ApiContext;
 use crate::poison_free::PoisonFreeRwLock;
 use crate::seal::{
     KEYS_SCHEMA, LEASE_WEB_SESSIONS_TABLE as SESSIONS, LEASE_WEB_TICKETS_TABLE as TICKETS,
@@ -237,7 +236,7 @@ impl LeaseWeb {
     /// Trades a ticket for a cookie: the answer that sets it and leads on.
     pub(super) async fn enter(
         &self,
-        ctx: &ApiContext,
+        pool: &sqlx::PgPool,
         lease: Uuid,
         port: u16,
         query: &str,
@@ -262,7 +261,7 @@ impl LeaseWeb {
              RETURNING tenant_id, lease_id, port, key_id, next_path"
         ))
         .bind(&sha[..])
-        .fetch_optional(&ctx.pool)
+        .fetch_optional(pool)
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot read a lease web ticket");
@@ -278,7 +277,7 @@ impl LeaseWeb {
             );
         }
         // The cookie lives no longer than the key that asked for it.
-        let Some(key_expires) = key_taken(&ctx.pool, tenant, key_id).await else {
+        let Some(key_expires) = key_taken(pool, tenant, key_id).await else {
             return page(
                 StatusCode::UNAUTHORIZED,
                 "The key that asked for this link is no longer taken.",
@@ -300,7 +299,7 @@ impl LeaseWeb {
         .bind(port as i32)
         .bind(key_id)
         .bind(expires_at)
-        .execute(&ctx.pool)
+        .execute(pool)
         .await;
         if let Err(e) = stored {
             tracing::warn!(error = %e, "cannot keep a lease web cookie");

@@ -33,6 +33,7 @@ use hyper::client::conn::http1::SendRequest;
 use uuid::Uuid;
 
 use crate::poison_free::PoisonFreeRwLock;
+use crate::read_model::lease::Lease;
 
 pub use access::{next_path_ok, MAX_NEXT_PATH_BYTES};
 pub use proxy::serve;
@@ -46,6 +47,23 @@ pub const IDLE_SECS: u64 = 60;
 pub const MAX_CONNECTIONS: usize = 1024;
 /// How often idle connections past their time are let go.
 const SWEEP_EVERY: Duration = Duration::from_secs(15);
+
+/// What the lease web pages reach of the rest of the gateway: its
+/// database, its bus, its sessions into leases, tenants' write budgets,
+/// and its read of a tenant's lease (`lease_of(tenant, lease)`, none when
+/// the lease is not that tenant's).
+#[derive(Clone)]
+pub struct Reach {
+    pub pool: sqlx::PgPool,
+    pub bus: lh_bus::Bus,
+    pub sessions: Arc<crate::sessions::Sessions>,
+    pub write_budgets: Arc<crate::http::limits::WriteBudgets>,
+    pub lease_of: LeaseOf,
+}
+
+/// A tenant's lease, as the API would show it to that tenant.
+pub type LeaseOf =
+    Arc<dyn Fn(Uuid, Uuid) -> futures::future::BoxFuture<'static, Option<Lease>> + Send + Sync>;
 
 /// Where leases' web pages are served, from the gateway's configuration.
 #[derive(clap::Args, Debug, Clone, Default)]

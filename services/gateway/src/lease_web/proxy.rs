@@ -16,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::access::{cookies_named, page, WebSession, COOKIE, ENTER_PATH};
-use super::{stream_client, LeaseWeb, SWEEP_EVERY};
-use crate::http::ApiContext;
+use super::{stream_client, LeaseWeb, Reach, SWEEP_EVERY};
 use crate::sessions::open::{self, Opening};
 
 /// How long a request may wait for its lease's port to answer its head.
@@ -150,13 +149,13 @@ fn outward(response: &mut Response<Body>, origin: &str, port: u16) {
 /// A connection to `lease`'s `port` over a new port-forward session,
 /// opened as the cookie's tenant: a write of its own, as over the API.
 async fn connect(
-    ctx: &ApiContext,
+    reach: &Reach,
     session: WebSession,
     lease: Uuid,
     port: u16,
 ) -> Result<SendRequest<Incoming>, Response<Body>> {
     let tenant = session.tenant_id;
-    if ctx
+    if reach
         .write_budgets
         .spend(tenant, std::time::Instant::now())
         .is_err()
@@ -166,17 +165,12 @@ async fn connect(
             "This tenant's writes are over their limit; try again shortly.",
         ));
     }
-    let caller = crate::http::Caller::Tenant {
-        id: tenant,
-        max_gpus: 0,
-        key_id: session.key_id,
-    };
-    let lease = crate::http::leases::visible(ctx, &caller, lease)
+    let lease = (reach.lease_of)(tenant, lease)
         .await
-        .map_err(|_| page(StatusCode::NOT_FOUND, "No such lease."))?;
+        .ok_or_else(|| page(StatusCode::NOT_FOUND, "No such lease."))?;
     let opened = open::open(
-        &ctx.bus,
-        &ctx.sessions,
+        &reach.bus,
+        &reach.sessions,
         Opening {
             actor: Actor::Tenant(tenant),
             lease,
@@ -190,7 +184,7 @@ async fn connect(
     .await
     .map_err(|e| page(e.status, &e.detail))?;
     let (client, stream) = stream_client::pair();
-    let bus = ctx.bus.clone();
+    let bus = reach.bus.clone();
     tokio::spawn(async move {
         opened.relay(&bus, client).await;
     });
@@ -207,7 +201,7 @@ async fn connect(
 /// One request from a browser.
 async fn handle(
     web: Arc<LeaseWeb>,
-    ctx: ApiContext,
+    reach: Reach,
     mut request: Request<Incoming>,
 ) -> Response<Body> {
     let host = request
@@ -222,7 +216,7 @@ async fn handle(
     let origin = web.origin(lease, port);
     if request.uri().path() == ENTER_PATH {
         let query = request.uri().query().unwrap_or_default().to_string();
-        return web.enter(&ctx, lease, port, &query).await;
+        return web.enter(&reach.pool, lease, port, &query).await;
     }
     if !from_its_own_page(request.method(), request.headers(), &origin) {
         return page(
@@ -233,7 +227,7 @@ async fn handle(
     let mut session = None;
     for cookie in cookies_named(&request, &web.cookie_name()) {
         session = web
-            .session_of(&ctx.pool, &cookie)
+            .session_of(&reach.pool, &cookie)
             .await
             .filter(|s| s.lease_id == lease && s.port == port as i32);
         if session.is_some() {
@@ -252,7 +246,7 @@ async fn handle(
     let key = (lease, port);
     let mut sender = match web.take_idle(key) {
         Some(sender) => sender,
-        None => match connect(&ctx, session, lease, port).await {
+        None => match connect(&reach, session, lease, port).await {
             Ok(sender) => sender,
             Err(refused) => return refused,
         },
@@ -303,7 +297,7 @@ async fn handle(
 pub async fn serve(
     listener: tokio::net::TcpListener,
     web: Arc<LeaseWeb>,
-    ctx: ApiContext,
+    reach: Reach,
     shutdown: CancellationToken,
 ) {
     let mut sweeping = tokio::time::interval(SWEEP_EVERY);
@@ -328,11 +322,11 @@ pub async fn serve(
             // closed at once, and its browser tries again.
             continue;
         };
-        let (web, ctx) = (web.clone(), ctx.clone());
+        let (web, reach) = (web.clone(), reach.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
-                let (web, ctx) = (web.clone(), ctx.clone());
-                async move { Ok::<_, std::convert::Infallible>(handle(web, ctx, request).await) }
+                let (web, reach) = (web.clone(), reach.clone());
+                async move { Ok::<_, std::convert::Infallible>(handle(web, reach, request).await) }
             });
             // A browser that sends no head within the time is let go, so
             // idle connections cannot hold every place.
