@@ -14,7 +14,8 @@ import { Leases, NewLease } from "./pages/leases.js";
 import { LeasePage } from "./pages/lease.js";
 import { Invoices } from "./pages/invoices.js";
 import { Fleet } from "./pages/fleet.js";
-import { DailyReport, Prices, Tenants } from "./pages/operator.js";
+import { Prices, Tenants } from "./pages/operator.js";
+import { DailyReport } from "./pages/report.js";
 import { Audit } from "./pages/audit.js";
 import { Account, Data, Keys } from "./pages/account.js";
 

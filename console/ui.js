@@ -43,6 +43,13 @@ export function useAnswer(path, tick) {
   return answer;
 }
 
+/// What a refusal says, with the field at fault where the API names one.
+export function refusal(answer) {
+  const body = answer.body || {};
+  if (!body.detail) return answer.status ? String(answer.status) : t("unreachable");
+  return body.field ? `${body.detail} (${body.field})` : body.detail;
+}
+
 export function Failed({ answer }) {
   return html`<p class="error" role="alert">${(answer.body && answer.body.detail) || t("unreachable")}</p>`;
 }
