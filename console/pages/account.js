@@ -16,7 +16,6 @@ addWords({
     acct_balance_title: "Balance and burn rate",
     acct_balance: "Balance",
     acct_postpaid: "Postpaid: what your leases use is invoiced monthly; there is no prepaid balance to run out.",
-    acct_postpaid_burn: "The platform reckons a burn rate against a prepaid balance only.",
     acct_state: "State",
     acct_state_ok: "sufficient",
     acct_state_low: "low: top up soon",
@@ -93,7 +92,6 @@ addWords({
     acct_balance_title: "余额与消耗速率",
     acct_balance: "余额",
     acct_postpaid: "后付费：租约用量按月出账，没有会耗尽的预付余额。",
-    acct_postpaid_burn: "平台只针对预付余额计算消耗速率。",
     acct_state: "状态",
     acct_state_ok: "充足",
     acct_state_low: "偏低：请尽快充值",
@@ -215,8 +213,8 @@ function Confirmed({ label, warning, onConfirm, cls }) {
 /// `burn_rate_cny_per_hour`): what the tenant's running leases accrue per
 /// hour now, each at its own price book, tier, share and spot price. A
 /// lease carries no price, and charges lag their use by up to an hour, so
-/// neither would give the rate of now. Pricing reckons it against a
-/// prepaid balance only: a postpaid tenant is told so, not shown a zero.
+/// neither would give the rate of now. A postpaid tenant has no balance
+/// and no hours left, but its burn rate and what is not yet charged.
 function BalancePanel({ tenant, tick }) {
   const every = useEvery(BALANCE_REFRESH_MS);
   const answer = useAnswer(`/v1/tenants/${tenant}/balance`, tick + every);
@@ -238,7 +236,8 @@ function BalancePanel({ tenant, tick }) {
         <tr><th>${t("acct_charged")}</th><td class="num">${b.charged} CNY</td></tr>
         <tr><th>${t("acct_credited")}</th><td class="num">${b.credited} CNY</td></tr>
         <tr><th>${t("acct_unbilled")}</th><td class="num">${b.unbilled} CNY</td></tr>`}
-      ${!b.prepaid && html`<tr><th>${t("acct_burn_rate")}</th><td id="burn-rate" class="muted">${t("acct_postpaid_burn")}</td></tr>`}
+      ${!b.prepaid && html`<tr><th>${t("acct_burn_rate")}</th><td id="burn-rate" class="num">${t("acct_per_hour", { amount: b.burn_rate_cny_per_hour })}</td></tr>
+        <tr><th>${t("acct_unbilled")}</th><td class="num">${b.unbilled} CNY</td></tr>`}
       <tr><th>${t("acct_running")}</th><td id="running-leases" class="num">${running == null ? "–" : running}</td></tr>
     </tbody></table>
   </div>`;

@@ -194,8 +194,14 @@ pub fn view(tenant_id: Uuid, b: &TenantBalance, cost: &RunningCost) -> Balance {
     }
 }
 
-/// A tenant never topped up: postpaid.
+/// A tenant never topped up, with nothing open: postpaid.
 pub fn postpaid(tenant_id: Uuid) -> Balance {
+    postpaid_running(tenant_id, &RunningCost::default())
+}
+
+/// A tenant never topped up, with leases open: postpaid, invoiced monthly,
+/// with what its leases cost beyond their charges and per hour now.
+pub fn postpaid_running(tenant_id: Uuid, cost: &RunningCost) -> Balance {
     Balance {
         tenant_id,
         prepaid: false,
@@ -204,8 +210,8 @@ pub fn postpaid(tenant_id: Uuid) -> Balance {
         topped_up: Decimal::ZERO,
         charged: Decimal::ZERO,
         credited: Decimal::ZERO,
-        unbilled: Decimal::ZERO,
-        burn_rate_cny_per_hour: Decimal::ZERO,
+        unbilled: cost.unbilled,
+        burn_rate_cny_per_hour: cost.burn_rate_cny_per_hour.round_dp(6).normalize(),
         covers_seconds: None,
     }
 }

@@ -118,7 +118,27 @@ async fn an_exhausted_balance_stops_the_leases_refuses_new_ones_until_a_top_up()
         refused["detail"].as_str().unwrap().contains("balance"),
         "{refused}"
     );
-    // The postpaid tenant runs on.
+    // The postpaid tenant runs on, and sees what it spends an hour.
+    let postpaid_tenant = postpaid["tenant_id"].as_str().unwrap();
+    let (status, spent) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/tenants/{postpaid_tenant}/balance"),
+            &postpaid_key,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{spent}");
+    assert_eq!(spent["prepaid"], false, "{spent}");
+    let burn: f64 = spent["burn_rate_cny_per_hour"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        burn > 0.0,
+        "a postpaid tenant's running lease costs something: {spent}"
+    );
     let (_, still) = stack
         .call(
             Method::GET,

@@ -112,8 +112,9 @@ impl Charges {
         self
     }
 
-    /// Each prepaid tenant's balance at `now`, for the balance RPC, and the
-    /// writes those balances call for.
+    /// Each prepaid tenant's balance at `now`, and each postpaid one's
+    /// running cost, for the balance RPC; and the writes the prepaid
+    /// balances call for.
     fn balance_decisions(&self, now: DateTime<Utc>) -> Vec<Batch> {
         let mut decisions = Vec::new();
         let mut views = HashMap::new();
@@ -131,6 +132,14 @@ impl Charges {
                 self.balance_warn_secs,
                 now,
             ));
+        }
+        // Postpaid tenants with open leases: no balance to run out, but
+        // what they spend is theirs to see all the same.
+        for (tenant_id, cost) in costs {
+            views.insert(
+                tenant_id,
+                crate::balances::postpaid_running(tenant_id, &cost),
+            );
         }
         self.shelf.write().expect("shelf lock").balances = views;
         decisions

@@ -185,11 +185,11 @@ impl ChargingState {
         }))
     }
 
-    /// For each prepaid tenant, what its open leases cost at `now` beyond
-    /// their charges in the log (`unbilled`: charges lag by up to an hour
-    /// and the accrual grace), and what those running now cost per hour at
-    /// the rate they accrue now (`burn_rate_cny_per_hour`). One pass over
-    /// the open leases, whatever the number of tenants.
+    /// For each tenant with open leases, prepaid or not, what they cost at
+    /// `now` beyond their charges in the log (`unbilled`: charges lag by
+    /// up to an hour and the accrual grace), and what those running now
+    /// cost per hour at the rate they accrue now (`burn_rate_cny_per_hour`).
+    /// One pass over the open leases, whatever the number of tenants.
     pub fn running_costs(&self, now: DateTime<Utc>) -> HashMap<Uuid, crate::balances::RunningCost> {
         let mut costs: HashMap<Uuid, crate::balances::RunningCost> = HashMap::new();
         let an_hour_on = now + chrono::Duration::hours(1);
@@ -197,7 +197,7 @@ impl ChargingState {
             let Some(tenant_id) = facts.tenant_id else {
                 continue;
             };
-            if facts.commitment || self.balances.get(tenant_id).is_none() {
+            if facts.commitment {
                 continue;
             }
             let until = facts.billable_end().unwrap_or(now).min(now);
