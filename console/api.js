@@ -71,14 +71,7 @@ export function saveBlob(blob, name) {
 export async function download(path, name) {
   const response = await fetch(path, { headers: { Authorization: `Bearer ${key()}` } });
   if (!response.ok) throw new Error(String(response.status));
-  const url = URL.createObjectURL(await response.blob());
-  const a = document.createElement("a");
-  a.href = url;
-  a.download = name;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 10000);
+  saveBlob(await response.blob(), name);
 }
 
 /// Calls `onChange` with each change the gateway's event stream tells

@@ -12,20 +12,11 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::browser::Browser;
+use crate::sessions::tenant;
 use crate::workloads::{base_image, own_node_fleet, PODMAN_ARGS};
 
 const TAB: &str = "\u{E004}";
 const ENTER: &str = "\u{E007}";
-
-async fn tenant(stack: &Stack, name: &str) -> String {
-    let tenant = stack
-        .create_tenant_from(json!({
-            "name": name, "email": format!("ops@{name}.example"),
-            "quota": {"max_gpus": 2}, "trusted": true,
-        }))
-        .await;
-    tenant["api_key"].as_str().unwrap().to_string()
-}
 
 /// The status of a WebSocket upgrade to `path` that carries `protocols`
 /// only (no Authorization header), as a browser's WebSocket does.

@@ -24,7 +24,7 @@ type Ws =
 
 use crate::workloads::{base_image, own_node_fleet, PODMAN_ARGS};
 
-async fn tenant(stack: &Stack, name: &str) -> String {
+pub(crate) async fn tenant(stack: &Stack, name: &str) -> String {
     let tenant = stack
         .create_tenant_from(json!({
             "name": name, "email": format!("ops@{name}.example"),
