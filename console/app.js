@@ -47,6 +47,9 @@ function roleOf(whoami) {
   return whoami.kind === "tenant" ? TENANT : whoami.role === "admin" ? ADMIN : AUDITOR;
 }
 
+/// The console's role for what `POST /v1/oidc/token` says the token is.
+const ROLE_SIGNED_IN = { admin: ADMIN, auditor: AUDITOR, tenant: TENANT };
+
 /// The page the fragment names, and the id in it: `#/lease/<id>`.
 /// An id that is not one (a lease's or a tenant's id, a date) is no id:
 /// pages put ids into the API's paths.
@@ -63,7 +66,7 @@ function SignIn({ onSignedIn }) {
     oidc.offered().then(setIssuer);
     if (!oidc.returning()) return;
     oidc.finish()
-      .then((signed) => { api.remember(signed.token); onSignedIn(signed.role === "admin" ? ADMIN : AUDITOR); })
+      .then((signed) => { api.remember(signed.token); onSignedIn(ROLE_SIGNED_IN[signed.role]); })
       .catch((e) => { setFinishing(false); setError(t("oidc_refused", { why: e.message })); });
   }, []);
   const submit = async (e) => {
@@ -88,7 +91,7 @@ function SignIn({ onSignedIn }) {
     ${error && html`<p class="error" role="alert" id="signin-error">${error}</p>`}
     <button type="submit" id="signin">${t("sign_in")}</button>
     ${issuer && html`<p class="or">${t("or")}</p>
-      <button type="button" class="plain" id="oidc-sign-in" onClick=${() => oidc.start(issuer)}>${t("oidc_sign_in")}</button>`}
+      <button type="button" class="plain" id="oidc-sign-in" onClick=${() => oidc.start(issuer)}>${t(issuer.tenants ? "oidc_sign_in_all" : "oidc_sign_in")}</button>`}
   </form>`;
 }
 

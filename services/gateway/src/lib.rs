@@ -243,6 +243,10 @@ pub struct OidcArgs {
     /// The claim holding the roles (`admin`, `auditor`).
     #[arg(long, env = "LH_OIDC_ROLES_CLAIM", default_value = "roles")]
     pub oidc_roles_claim: String,
+    /// The claim naming the tenant (its id) a person without an operator's
+    /// role acts for; unset: tenants sign in with API keys only.
+    #[arg(long, env = "LH_OIDC_TENANT_CLAIM")]
+    pub oidc_tenant_claim: Option<String>,
 }
 
 impl OidcArgs {
@@ -268,6 +272,10 @@ impl OidcArgs {
             audience: audience.clone(),
             jwks,
             roles_claim: self.oidc_roles_claim.clone(),
+            tenant_claim: self
+                .oidc_tenant_claim
+                .clone()
+                .filter(|claim| !claim.trim().is_empty()),
         }))
     }
 }
@@ -432,14 +440,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 let ctx = ctx.clone();
                 std::sync::Arc::new(move |tenant, lease| {
                     let ctx = ctx.clone();
-                    Box::pin(async move {
-                        let caller = http::Caller::Tenant {
-                            id: tenant,
-                            max_gpus: 0,
-                            key_id: 0,
-                        };
-                        http::leases::visible(&ctx, &caller, lease).await.ok()
-                    })
+                    Box::pin(async move { http::leases::tenants_lease(&ctx, tenant, lease).await })
                 })
             };
             let reach = lease_web::Reach {

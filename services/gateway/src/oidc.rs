@@ -1,5 +1,7 @@
-//! Operators signed in elsewhere: a Bearer that is a JWT from the
-//! configured OpenID Connect issuer names an admin or an auditor.
+//! People signed in elsewhere: a Bearer that is a JWT from the configured
+//! OpenID Connect issuer names an admin or an auditor by its roles claim,
+//! or, where a tenant claim is configured, a person acting for the tenant
+//! that claim names.
 //!
 //! A token is taken only when every check passes: its signature by a key
 //! of the issuer's JWKS (RS256, ES256 or EdDSA, and the algorithm the key
@@ -15,6 +17,13 @@
 //! promises it neither unique nor stable, and an issuer may let its users
 //! edit it, so one person could sign the trail as another. The username is
 //! logged beside the subject at sign-in, for people to read.
+//!
+//! The issuer vouches for a tenant's people as it vouches for operators:
+//! it is the platform's own (its operators configure it), and what it puts
+//! in the tenant claim is the tenant a person may act for. An operator's
+//! role wins over a tenant claim, so one token is never both. A tenant
+//! signed in this way has no key to revoke: its token lives until its
+//! `exp`, and suspending the tenant stops its writes as it does a key's.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -23,9 +32,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use chrono::{DateTime, Utc};
 use lh_events::{Operator, OperatorRole};
 use serde::Deserialize;
 use tokio::sync::{Mutex, RwLock};
+use uuid::Uuid;
 
 /// Clock difference tolerated on `exp` and `nbf`, in seconds.
 pub const LEEWAY_S: u64 = 30;
@@ -60,6 +71,22 @@ pub struct OidcConfig {
     pub jwks: JwksSource,
     /// The claim holding the roles (a string or a list of strings).
     pub roles_claim: String,
+    /// The claim naming the tenant (its id) a token without an operator's
+    /// role acts for; `None`: tenants do not sign in with this issuer.
+    pub tenant_claim: Option<String>,
+}
+
+/// Whom a valid token names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signed {
+    Operator(Operator),
+    /// A person acting for a tenant, until the token expires.
+    Tenant {
+        id: Uuid,
+        /// `oidc:` and the subject, for the gateway's log.
+        name: String,
+        expires_at: DateTime<Utc>,
+    },
 }
 
 /// Why a token was refused; said to the caller as a 401 (or a 403 for a
@@ -68,8 +95,22 @@ pub struct OidcConfig {
 pub enum Refused {
     #[error("the token is not valid: {0}")]
     Invalid(String),
-    #[error("the token grants no Leasehold role (claim `{0}` holds neither admin nor auditor)")]
+    #[error("the token grants no Leasehold role ({0})")]
     NoRole(String),
+}
+
+impl Refused {
+    /// The refusal of a token that names neither a role nor a tenant.
+    fn no_role(config: &OidcConfig) -> Refused {
+        let roles = format!(
+            "claim `{}` holds neither admin nor auditor",
+            config.roles_claim
+        );
+        Refused::NoRole(match &config.tenant_claim {
+            Some(tenant) => format!("{roles}, and claim `{tenant}` names no tenant"),
+            None => roles,
+        })
+    }
 }
 
 /// A key of the JWKS and the one algorithm it verifies.
@@ -102,6 +143,9 @@ impl std::fmt::Debug for Verifier {
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    /// Required by the validation, which names it when it is missing.
+    #[serde(default)]
+    exp: Option<i64>,
     #[serde(default)]
     preferred_username: Option<String>,
     #[serde(flatten)]
@@ -145,6 +189,11 @@ impl Verifier {
         Ok(verifier)
     }
 
+    /// Whether tokens may name a tenant (a tenant claim is configured).
+    pub fn signs_in_tenants(&self) -> bool {
+        self.config.tenant_claim.is_some()
+    }
+
     /// Whether `token` has the shape of a JWT (three base64url parts);
     /// tenants' keys and shared tokens never do.
     pub fn looks_like_jwt(token: &str) -> bool {
@@ -156,8 +205,8 @@ impl Verifier {
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     }
 
-    /// The operator a valid token names.
-    pub async fn verify(&self, token: &str) -> Result<Operator, Refused> {
+    /// Whom a valid token names.
+    pub async fn verify(&self, token: &str) -> Result<Signed, Refused> {
         let invalid = |why: &str| Refused::Invalid(why.to_string());
         if token.len() > MAX_TOKEN_BYTES {
             return Err(invalid("longer than allowed"));
@@ -212,7 +261,7 @@ impl Verifier {
         self.principal(claims)
     }
 
-    fn principal(&self, claims: Claims) -> Result<Operator, Refused> {
+    fn principal(&self, claims: Claims) -> Result<Signed, Refused> {
         let who = claims.sub;
         if let Some(username) = claims.preferred_username.as_deref() {
             tracing::debug!(subject = who, username, "an OIDC token signs in");
@@ -225,6 +274,7 @@ impl Verifier {
                 "its subject must be 1 to {MAX_SUBJECT_CHARS} printable characters"
             )));
         }
+        let name = format!("{NAME_PREFIX}{who}");
         let roles: Vec<&str> = match claims.rest.get(&self.config.roles_claim) {
             Some(serde_json::Value::String(role)) => vec![role.as_str()],
             Some(serde_json::Value::Array(roles)) => {
@@ -233,15 +283,34 @@ impl Verifier {
             _ => Vec::new(),
         };
         let role = if roles.contains(&"admin") {
-            OperatorRole::Admin
+            Some(OperatorRole::Admin)
         } else if roles.contains(&"auditor") {
-            OperatorRole::Auditor
+            Some(OperatorRole::Auditor)
         } else {
-            return Err(Refused::NoRole(self.config.roles_claim.clone()));
+            None
         };
-        Ok(Operator {
-            name: format!("{NAME_PREFIX}{who}"),
-            role,
+        if let Some(role) = role {
+            return Ok(Signed::Operator(Operator { name, role }));
+        }
+        let Some(tenant_claim) = &self.config.tenant_claim else {
+            return Err(Refused::no_role(&self.config));
+        };
+        let tenant = match claims.rest.get(tenant_claim) {
+            None | Some(serde_json::Value::Null) => return Err(Refused::no_role(&self.config)),
+            Some(serde_json::Value::String(id)) => id.parse::<Uuid>().ok(),
+            Some(_) => None,
+        };
+        let id = tenant.ok_or_else(|| {
+            Refused::Invalid(format!("its claim `{tenant_claim}` must be a tenant's id (a UUID)"))
+        })?;
+        let expires_at = claims
+            .exp
+            .and_then(|exp| DateTime::from_timestamp(exp, 0))
+            .ok_or_else(|| Refused::Invalid("its exp is not a time".into()))?;
+        Ok(Signed::Tenant {
+            id,
+            name,
+            expires_at,
         })
     }
 

@@ -173,6 +173,14 @@ pub async fn migrate_keys(pool: &PgPool, keys: &dyn KeyProvider) -> anyhow::Resu
                 expires_at TIMESTAMPTZ NOT NULL
             )"
         ),
+        // A tenant's person signed in with the OIDC issuer has no key: its
+        // tickets and cookies name none, and end with its token.
+        format!("ALTER TABLE {KEYS_SCHEMA}.{LEASE_WEB_TICKETS_TABLE} ALTER COLUMN key_id DROP NOT NULL"),
+        format!("ALTER TABLE {KEYS_SCHEMA}.{LEASE_WEB_SESSIONS_TABLE} ALTER COLUMN key_id DROP NOT NULL"),
+        format!(
+            "ALTER TABLE {KEYS_SCHEMA}.{LEASE_WEB_TICKETS_TABLE}
+                 ADD COLUMN IF NOT EXISTS credential_expires_at TIMESTAMPTZ"
+        ),
     ] {
         sqlx::query(&statement).execute(pool).await?;
     }

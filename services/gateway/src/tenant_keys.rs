@@ -27,15 +27,45 @@ use crate::cache::GenerationalCache;
 /// one query per key in use).
 pub const MAX_CACHED_API_KEYS: usize = 100_000;
 
-/// What authenticating with one key needs to know.
+/// What authenticating with one key needs to know: an API key's, or an
+/// OIDC token's that names a tenant (kept by the token's hash too).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct TenantKey {
     pub tenant_id: Uuid,
     pub max_gpus: i32,
     pub suspended: bool,
-    pub key_id: i32,
+    /// The API key's number; `None` for an OIDC token.
+    pub key_id: Option<i32>,
     pub revoked: bool,
     pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// What a tenant's caller showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantCredential {
+    /// One of the tenant's API keys, by its number.
+    ApiKey(i32),
+    /// A token of the OIDC issuer, which no one revokes: valid until then.
+    Oidc { expires_at: DateTime<Utc> },
+}
+
+impl TenantCredential {
+    /// The API key's number, if it is one.
+    pub fn key_id(&self) -> Option<i32> {
+        match self {
+            TenantCredential::ApiKey(key_id) => Some(*key_id),
+            TenantCredential::Oidc { .. } => None,
+        }
+    }
+
+    /// Until when it is valid, where that is known now (a key's expiry can
+    /// change only by revocation, which is looked up).
+    pub fn expires_at(&self) -> Option<DateTime<Utc>> {
+        match self {
+            TenantCredential::ApiKey(_) => None,
+            TenantCredential::Oidc { expires_at } => Some(*expires_at),
+        }
+    }
 }
 
 impl TenantKey {
@@ -120,7 +150,7 @@ mod tests {
             tenant_id: Uuid::nil(),
             max_gpus: 4,
             suspended: false,
-            key_id: 1,
+            key_id: Some(1),
             revoked,
             expires_at: None,
         }

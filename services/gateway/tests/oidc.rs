@@ -9,7 +9,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use lh_events::{Operator, OperatorRole};
-use lh_gateway::oidc::{JwksSource, OidcConfig, Refused, Verifier};
+use lh_gateway::oidc::{JwksSource, OidcConfig, Refused, Signed, Verifier};
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde_json::{json, Value};
 
@@ -80,12 +80,13 @@ async fn from_file(dir: &tempfile::TempDir, signers: &[&Signer]) -> Verifier {
         audience: AUDIENCE.into(),
         jwks: JwksSource::File(path),
         roles_claim: "roles".into(),
+        tenant_claim: None,
     })
     .await
     .unwrap()
 }
 
-fn invalid(result: Result<Operator, Refused>, says: &str) {
+fn invalid<T: std::fmt::Debug>(result: Result<T, Refused>, says: &str) {
     match result {
         Err(Refused::Invalid(why)) => assert!(why.contains(says), "{why} (expected {says})"),
         other => panic!("expected a refusal saying {says}, got {other:?}"),
@@ -108,18 +109,18 @@ async fn a_valid_token_names_its_operator_and_every_wrong_one_is_refused() {
     assert!(!Verifier::looks_like_jwt("lh_0123456789abcdef"));
     assert_eq!(
         verifier.verify(&token).await.unwrap(),
-        Operator {
+        Signed::Operator(Operator {
             name: "oidc:u-123".into(),
             role: OperatorRole::Admin
-        }
+        })
     );
     let carol = sign(&ec, &claims("carol", json!("auditor")));
     assert_eq!(
         verifier.verify(&carol).await.unwrap(),
-        Operator {
+        Signed::Operator(Operator {
             name: "oidc:carol".into(),
             role: OperatorRole::Auditor
-        }
+        })
     );
 
     let with = |change: &dyn Fn(&mut Value)| {
@@ -213,7 +214,64 @@ async fn a_valid_token_names_its_operator_and_every_wrong_one_is_refused() {
         verifier
             .verify(&sign(&ed, &claims("bob", json!(["viewer"]))))
             .await,
-        Err(Refused::NoRole("roles".into()))
+        Err(Refused::NoRole(
+            "claim `roles` holds neither admin nor auditor".into()
+        ))
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_claim_names_the_tenant_a_person_acts_for_and_a_role_wins_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ed = ed25519("ed-1");
+    let path = dir.path().join("jwks.json");
+    std::fs::write(&path, jwks(&[&ed])).unwrap();
+    let verifier = Verifier::new(OidcConfig {
+        issuer: ISSUER.into(),
+        audience: AUDIENCE.into(),
+        jwks: JwksSource::File(path),
+        roles_claim: "roles".into(),
+        tenant_claim: Some("leasehold_tenant".into()),
+    })
+    .await
+    .unwrap();
+    assert!(verifier.signs_in_tenants());
+    let tenant = uuid::Uuid::new_v4();
+    let mut fay = claims("fay", json!([]));
+    fay["leasehold_tenant"] = json!(tenant.to_string());
+    let exp = fay["exp"].as_i64().unwrap();
+    assert_eq!(
+        verifier.verify(&sign(&ed, &fay)).await.unwrap(),
+        Signed::Tenant {
+            id: tenant,
+            name: "oidc:fay".into(),
+            expires_at: chrono::DateTime::from_timestamp(exp, 0).unwrap(),
+        }
+    );
+
+    // A role wins: one token is never both an operator and a tenant.
+    fay["roles"] = json!(["auditor"]);
+    assert!(matches!(
+        verifier.verify(&sign(&ed, &fay)).await,
+        Ok(Signed::Operator(Operator {
+            role: OperatorRole::Auditor,
+            ..
+        }))
+    ));
+
+    // A claim that is no tenant id is refused naming the claim; a token
+    // with neither is told both claims it lacks.
+    for wrong in [json!("acme"), json!(42), json!([tenant.to_string()])] {
+        let mut bad = claims("fay", json!([]));
+        bad["leasehold_tenant"] = wrong;
+        invalid(verifier.verify(&sign(&ed, &bad)).await, "leasehold_tenant");
+    }
+    assert_eq!(
+        verifier.verify(&sign(&ed, &claims("gus", json!(["viewer"])))).await,
+        Err(Refused::NoRole(
+            "claim `roles` holds neither admin nor auditor, and claim `leasehold_tenant` names no tenant"
+                .into()
+        ))
     );
 }
 
@@ -245,6 +303,7 @@ async fn a_jwks_from_a_url_is_fetched_again_for_a_rotated_key_but_not_for_every_
         audience: AUDIENCE.into(),
         jwks: JwksSource::Url(url.parse().unwrap()),
         roles_claim: "roles".into(),
+        tenant_claim: None,
     })
     .await
     .unwrap();
@@ -255,7 +314,9 @@ async fn a_jwks_from_a_url_is_fetched_again_for_a_rotated_key_but_not_for_every_
 
     // The issuer rotates: the new key id makes the gateway look again.
     *served.lock().unwrap() = jwks(&[&first, &second]);
-    let operator = verifier.verify(&sign(&second, &admin)).await.unwrap();
+    let Signed::Operator(operator) = verifier.verify(&sign(&second, &admin)).await.unwrap() else {
+        panic!("an admin's token names an operator");
+    };
     assert_eq!(operator.name, "oidc:dana");
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
 
@@ -272,6 +333,7 @@ async fn a_jwks_from_a_url_is_fetched_again_for_a_rotated_key_but_not_for_every_
         audience: AUDIENCE.into(),
         jwks: JwksSource::Url("http://id.example/jwks".parse().unwrap()),
         roles_claim: "roles".into(),
+        tenant_claim: None,
     })
     .await
     .unwrap_err();

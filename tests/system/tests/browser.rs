@@ -358,7 +358,22 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Ends the session before the driver: quitting is what makes Chromium
+    /// remove its own directories in the temporary directory, which a
+    /// killed driver leaves behind.
     fn drop(&mut self) {
+        use std::io::{Read as _, Write as _};
+        if let Some(addr) = self.url.strip_prefix("http://") {
+            if let Ok(mut stream) = std::net::TcpStream::connect(addr) {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = write!(
+                    stream,
+                    "DELETE /session/{} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    self.session
+                );
+                let _ = stream.read_to_end(&mut Vec::new());
+            }
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }

@@ -220,7 +220,7 @@ async fn a_tenant_opens_a_shell_in_its_lease_page_and_types_a_command_and_nobody
 
 /// A free loopback port, for the lease web listener (its base URL names
 /// the port before the listener is bound).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -229,7 +229,7 @@ fn free_port() -> u16 {
 }
 
 /// A GET of `path` at `host` (the lease web listener on 127.0.0.1:`port`).
-async fn web_get(port: u16, host: &str, path: &str, cookie: Option<&str>) -> reqwest::Response {
+pub(crate) async fn web_get(port: u16, host: &str, path: &str, cookie: Option<&str>) -> reqwest::Response {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()

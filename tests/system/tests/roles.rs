@@ -317,9 +317,12 @@ fn keys_file(dir: &std::path::Path) -> PathBuf {
     path
 }
 
+/// The claim that names the tenant a person signed in with OIDC acts for.
+const OIDC_TENANT_CLAIM: &str = "leasehold_tenant";
+
 /// An OIDC issuer of the test's own: an Ed25519 key, its JWKS in a file,
-/// and an admin's token signed with it.
-fn oidc_issuer(dir: &std::path::Path) -> (PathBuf, String) {
+/// an admin's token signed with it, and its key to sign more.
+fn oidc_issuer(dir: &std::path::Path) -> (PathBuf, String, jsonwebtoken::EncodingKey) {
     use base64::Engine as _;
     use ring::signature::KeyPair as _;
     let pkcs8 =
@@ -339,20 +342,21 @@ fn oidc_issuer(dir: &std::path::Path) -> (PathBuf, String) {
     let claims = json!({"iss": OIDC_ISSUER, "aud": OIDC_AUDIENCE, "sub": "dana",
                         "preferred_username": "bootstrap",
                         "exp": now + 3600, "roles": ["admin"]});
-    let token = jsonwebtoken::encode(
-        &header,
-        &claims,
-        &jsonwebtoken::EncodingKey::from_ed_der(pkcs8.as_ref()),
-    )
-    .unwrap();
-    (jwks, token)
+    let key = jsonwebtoken::EncodingKey::from_ed_der(pkcs8.as_ref());
+    (jwks, oidc_token(&key, &claims), key)
+}
+
+fn oidc_token(key: &jsonwebtoken::EncodingKey, claims: &Value) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    header.kid = Some("k1".into());
+    jsonwebtoken::encode(&header, claims, key).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_route_answers_every_caller_as_the_matrix_says() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_file(dir.path());
-    let (jwks, oidc_token) = oidc_issuer(dir.path());
+    let (jwks, oidc_admin_token, oidc_key) = oidc_issuer(dir.path());
     // Tenants' data on a real store: its routes answer as they would.
     let store = lh_testkit::S3Store::start().await.unwrap();
     let storage = {
@@ -378,11 +382,18 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 oidc_jwks_file: Some(jwks.clone()),
                 oidc_jwks_url: None,
                 oidc_roles_claim: "roles".into(),
+                oidc_tenant_claim: Some(OIDC_TENANT_CLAIM.into()),
             };
         }));
     })
     .await;
     let a = tenant(&stack, "tenant-a").await;
+    // A person of tenant A signed in with the issuer: answered, on every
+    // route, as tenant A's key is (the matrix's column for tenant A).
+    let mut fay = json!({"iss": OIDC_ISSUER, "aud": OIDC_AUDIENCE, "sub": "fay",
+                         "exp": chrono::Utc::now().timestamp() + 3600, "roles": []});
+    fay[OIDC_TENANT_CLAIM] = json!(a.id);
+    let a_by_oidc = oidc_token(&oidc_key, &fay);
     let b = tenant(&stack, "tenant-b").await;
     let s = tenant(&stack, "tenant-s").await;
     let s_lease = stack
@@ -421,9 +432,10 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
     let expired_key = expired["api_key"].as_str().unwrap().to_string();
     let mut wrong = Vec::new();
     for (method, template, expected) in MATRIX {
-        for (column, caller) in CALLERS.iter().enumerate() {
+        let callers = CALLERS.iter().copied().enumerate();
+        for (column, caller) in callers.chain([(1, "tenant A (OIDC)")]) {
             // Whose objects the call is about, and with which key.
-            let (owner, key): (&Tenant, Option<&str>) = match *caller {
+            let (owner, key): (&Tenant, Option<&str>) = match caller {
                 "anonymous" => (&a, None),
                 "tenant A" => (&a, Some(&a.key)),
                 "tenant B" => (&a, Some(&b.key)),
@@ -432,7 +444,8 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 "suspended tenant" => (&s, Some(&s.key)),
                 "admin (bootstrap)" => (&a, Some(ADMIN_TOKEN)),
                 "admin (named key)" => (&a, Some(ALICE_KEY)),
-                "admin (OIDC)" => (&a, Some(oidc_token.as_str())),
+                "admin (OIDC)" => (&a, Some(oidc_admin_token.as_str())),
+                "tenant A (OIDC)" => (&a, Some(a_by_oidc.as_str())),
                 "auditor (shared)" => (&a, Some(AUDITOR_TOKEN)),
                 "auditor (named key)" => (&a, Some(CAROL_KEY)),
                 other => unreachable!("{other}"),
@@ -503,8 +516,16 @@ async fn every_route_answers_every_caller_as_the_matrix_says() {
                 .replace("{n}", "node-b")
                 .replace("{p}", &period);
             // A body naming the tenant names the caller's object too.
+            // Tenant A's person makes what tenant A's key made before it
+            // under another name, as a second client of the tenant would.
+            let made = if caller == "tenant A (OIDC)" {
+                "\"made-by-oidc\""
+            } else {
+                "\"made\""
+            };
             let body = body_for(method, template).map(|b| {
                 let text = b.to_string().replace("{t}", &owner.id);
+                let text = text.replace("\"made\"", made);
                 serde_json::from_str(&text.replace("{today}", &today)).unwrap()
             });
             let (status, answer) = send(&stack, method, &path, key, body).await;

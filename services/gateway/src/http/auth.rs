@@ -1,9 +1,11 @@
 //! Who is calling: an operator (the bootstrap admin token, the auditor
-//! token or a named key, see [`crate::principals`]) or a tenant's API key.
-//! Operators are found by their key's hash, tenants by their key's hash in
-//! the read model (through [`crate::tenant_keys`], which keeps what it
-//! read), so no comparison runs over a secret byte by byte. A tenant's new
-//! key is made here too, beside the hash it is found by.
+//! token, a named key or an OIDC token with a role, see
+//! [`crate::principals`]) or a tenant (its API key, or an OIDC token whose
+//! tenant claim names it). Operators are found by their key's hash,
+//! tenants by their key's hash in the read model (through
+//! [`crate::tenant_keys`], which keeps what it read, a tenant's OIDC token
+//! beside the keys), so no comparison runs over a secret byte by byte. A
+//! tenant's new key is made here too, beside the hash it is found by.
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, Method};
@@ -14,7 +16,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::{ApiContext, ApiError};
-use crate::tenant_keys::TenantKey;
+use crate::oidc::Signed;
+use crate::tenant_keys::{TenantCredential, TenantKey};
 
 /// Who is calling.
 #[derive(Debug, Clone)]
@@ -24,11 +27,11 @@ pub enum Caller {
     Tenant {
         id: Uuid,
         max_gpus: u32,
-        /// Which of the tenant's keys (its number): what a lease's web
-        /// page cookie is tied to.
-        key_id: i32,
+        /// What it showed: what a lease's web page cookie is tied to.
+        credential: TenantCredential,
     },
 }
+
 
 impl Caller {
     pub fn tenant(&self) -> Result<(Uuid, u32), ApiError> {
@@ -187,23 +190,52 @@ impl FromRequestParts<ApiContext> for Caller {
             named(caller.actor().principal());
             return Ok(caller);
         }
+        let sha256 = crate::principals::token_sha256(token);
+        let mut key = ctx.tenant_keys.get(&sha256);
         if let Some(oidc) = &ctx.principals.oidc {
-            if crate::oidc::Verifier::looks_like_jwt(token) {
-                return match oidc.verify(token).await {
-                    Ok(operator) => {
+            if key.is_none() && crate::oidc::Verifier::looks_like_jwt(token) {
+                match oidc.verify(token).await {
+                    Ok(Signed::Operator(operator)) => {
                         let caller = Caller::Operator(operator);
                         named(caller.actor().principal());
-                        Ok(caller)
+                        return Ok(caller);
+                    }
+                    Ok(Signed::Tenant {
+                        id,
+                        name,
+                        expires_at,
+                    }) => {
+                        let generation = ctx.tenant_keys.generation();
+                        let row: Option<(i32, bool)> =
+                            sqlx::query_as("SELECT max_gpus, suspended FROM tenants WHERE id = $1")
+                                .bind(id)
+                                .fetch_optional(&ctx.pool)
+                                .await?;
+                        let Some((max_gpus, suspended)) = row else {
+                            tracing::info!(%name, tenant = %id, "an OIDC token names a tenant this platform does not have");
+                            return Err(ApiError::forbidden(format!(
+                                "the token names tenant {id}, which this platform does not have"
+                            )));
+                        };
+                        let found = TenantKey {
+                            tenant_id: id,
+                            max_gpus,
+                            suspended,
+                            key_id: None,
+                            revoked: false,
+                            expires_at: Some(expires_at),
+                        };
+                        ctx.tenant_keys.insert(generation, sha256, found.clone());
+                        key = Some(found);
                     }
                     Err(refused @ crate::oidc::Refused::NoRole(_)) => {
-                        Err(ApiError::forbidden(refused.to_string()))
+                        return Err(ApiError::forbidden(refused.to_string()))
                     }
-                    Err(refused) => Err(ApiError::unauthorized(refused.to_string())),
-                };
+                    Err(refused) => return Err(ApiError::unauthorized(refused.to_string())),
+                }
             }
         }
-        let sha256 = crate::principals::token_sha256(token);
-        let key = match ctx.tenant_keys.get(&sha256) {
+        let key = match key {
             Some(key) => key,
             None => {
                 let generation = ctx.tenant_keys.generation();
@@ -223,17 +255,20 @@ impl FromRequestParts<ApiContext> for Caller {
             }
         };
         named(Actor::Tenant(key.tenant_id).principal());
+        let credential = match (key.key_id, key.expires_at) {
+            (Some(key_id), _) => TenantCredential::ApiKey(key_id),
+            (None, Some(expires_at)) => TenantCredential::Oidc { expires_at },
+            (None, None) => return Err(ApiError::unauthorized("unknown API key")),
+        };
+        let which = match credential {
+            TenantCredential::ApiKey(key_id) => format!("API key {key_id} of this tenant"),
+            TenantCredential::Oidc { .. } => "the OIDC token".to_string(),
+        };
         if key.revoked {
-            return Err(ApiError::unauthorized(format!(
-                "API key {} of this tenant was revoked",
-                key.key_id
-            )));
+            return Err(ApiError::unauthorized(format!("{which} was revoked")));
         }
         if key.expired(chrono::Utc::now()) {
-            return Err(ApiError::unauthorized(format!(
-                "API key {} of this tenant has expired",
-                key.key_id
-            )));
+            return Err(ApiError::unauthorized(format!("{which} has expired")));
         }
         let (id, max_gpus) = (key.tenant_id, key.max_gpus);
         // A session into a lease runs commands in it: a write, though it
@@ -265,7 +300,7 @@ impl FromRequestParts<ApiContext> for Caller {
         Ok(Caller::Tenant {
             id,
             max_gpus: max_gpus as u32,
-            key_id: key.key_id,
+            credential,
         })
     }
 }

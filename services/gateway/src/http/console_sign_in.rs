@@ -1,10 +1,11 @@
-//! Operators sign in to the console with the OpenID Connect issuer, where
-//! one is configured for it: the authorization code flow with PKCE. The
+//! Operators, and tenants' people where the issuer names their tenant,
+//! sign in to the console with the OpenID Connect issuer, where one is
+//! configured for it: the authorization code flow with PKCE. The
 //! browser goes to the issuer and comes back with a code; the gateway,
 //! not the page, trades the code for tokens (the console's policy lets it
 //! call its own origin only, and a client secret never reaches a browser),
-//! and gives the page the token that names an admin or an auditor, the
-//! same token any client may send as its Bearer.
+//! and gives the page the token that names an admin, an auditor or a
+//! tenant, the same token any client may send as its Bearer.
 //!
 //! `GET /v1/oidc/console` tells the page where to send the browser;
 //! `POST /v1/oidc/token` trades the code. Both answer anyone, as a sign-in
@@ -19,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{ApiContext, ApiError, ApiJson};
-use crate::oidc::Refused;
+use uuid::Uuid;
+
+use crate::oidc::{Refused, Signed};
 
 /// Longest code taken from a browser, in bytes.
 pub const MAX_CODE_BYTES: usize = 2048;
@@ -127,6 +130,9 @@ pub struct ConsoleSignInView {
     pub authorization_endpoint: String,
     pub client_id: String,
     pub scope: String,
+    /// Whether the issuer signs in tenants' people too, not only operators
+    /// (`LH_OIDC_TENANT_CLAIM` is set).
+    pub tenants: bool,
 }
 
 /// A code the issuer gave the browser, to trade.
@@ -145,10 +151,14 @@ pub struct CodeExchange {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SignedIn {
     pub token: String,
-    /// `admin` or `auditor`.
+    /// `admin`, `auditor`, or `tenant` where the issuer names a tenant
+    /// (`LH_OIDC_TENANT_CLAIM`).
     pub role: &'static str,
     /// `oidc:` and the subject.
     pub name: String,
+    /// The tenant a `tenant` acts for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<Uuid>,
     /// Seconds the issuer says the token lives, where it says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_in: Option<u64>,
@@ -170,6 +180,11 @@ pub async fn console(State(ctx): State<ApiContext>) -> Result<Json<ConsoleSignIn
         authorization_endpoint: sign_in.authorization_url.to_string(),
         client_id: sign_in.client_id.clone(),
         scope: sign_in.scope.clone(),
+        tenants: ctx
+            .principals
+            .oidc
+            .as_ref()
+            .is_some_and(|oidc| oidc.signs_in_tenants()),
     }))
 }
 
@@ -282,12 +297,36 @@ pub async fn token(
     let mut refused = None;
     for candidate in [tokens.access_token, tokens.id_token].into_iter().flatten() {
         match verifier.verify(&candidate).await {
-            Ok(operator) => {
+            Ok(Signed::Operator(operator)) => {
                 tracing::info!(operator = %operator.name, role = operator.role.as_str(), "an operator signed in to the console");
                 return Ok(Json(SignedIn {
                     token: candidate,
                     role: operator.role.as_str(),
                     name: operator.name,
+                    tenant_id: None,
+                    expires_in: tokens.expires_in,
+                }));
+            }
+            Ok(Signed::Tenant { id, name, .. }) => {
+                // Asked as any call with the token is, so that a tenant
+                // this platform does not have is refused here and now.
+                let known: bool =
+                    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)")
+                        .bind(id)
+                        .fetch_one(&ctx.pool)
+                        .await?;
+                if !known {
+                    tracing::info!(%name, tenant = %id, "an OIDC token names a tenant this platform does not have");
+                    return Err(ApiError::forbidden(format!(
+                        "the token names tenant {id}, which this platform does not have"
+                    )));
+                }
+                tracing::info!(%name, tenant = %id, "a tenant's person signed in to the console");
+                return Ok(Json(SignedIn {
+                    token: candidate,
+                    role: "tenant",
+                    name,
+                    tenant_id: Some(id),
                     expires_in: tokens.expires_in,
                 }));
             }

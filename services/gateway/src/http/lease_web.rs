@@ -51,7 +51,9 @@ pub async fn ticket(
     ApiJson(body): ApiJson<WebTicketRequest>,
 ) -> Result<(StatusCode, Json<WebTicket>), ApiError> {
     let Caller::Tenant {
-        id: tenant, key_id, ..
+        id: tenant,
+        credential,
+        ..
     } = caller
     else {
         return Err(ApiError::forbidden(
@@ -85,7 +87,7 @@ pub async fn ticket(
         )));
     }
     let (url, expires_at) = web
-        .ticket(&ctx.pool, (tenant, key_id), lease.view.id, body.port, &path)
+        .ticket(&ctx.pool, (tenant, credential), lease.view.id, body.port, &path)
         .await?;
     Ok((
         StatusCode::CREATED,

@@ -113,6 +113,12 @@ pub(crate) async fn visible(
     Ok(lookup_visible_lease(ctx, caller, id).await?.lease.clone())
 }
 
+/// `tenant`'s lease `id`, if it is that tenant's.
+pub(crate) async fn tenants_lease(ctx: &ApiContext, tenant: Uuid, id: Uuid) -> Option<Lease> {
+    let lease = lookup_lease(ctx, id).await.ok()??;
+    (lease.lease.view.tenant_id == tenant).then(|| lease.lease.clone())
+}
+
 pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse()
         .map_err(|_| ApiError::not_found(format!("no lease {raw}")).field("id"))

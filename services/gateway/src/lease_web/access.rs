@@ -1,6 +1,7 @@
 //! Who may come into a lease's web page: one-time tickets the console
 //! asks for with a tenant's key, traded for a cookie of the lease port's
-//! origin alone, tied to that key. Both are kept as SHA-256 hashes in the
+//! origin alone, tied to that key (or, for a tenant's person signed in with
+//! the OIDC issuer, living no longer than that token). Both are kept as SHA-256 hashes in the
 //! gateway's own schema, so any replica honours them and a rebuild of the
 //! read model keeps them; a tenant's erasure removes them.
 
@@ -16,6 +17,7 @@ use uuid::Uuid;
 
 use super::LeaseWeb;
 use crate::poison_free::PoisonFreeRwLock;
+use crate::tenant_keys::TenantCredential;
 use crate::seal::{
     KEYS_SCHEMA, LEASE_WEB_SESSIONS_TABLE as SESSIONS, LEASE_WEB_TICKETS_TABLE as TICKETS,
 };
@@ -48,8 +50,9 @@ pub(super) struct WebSession {
     pub tenant_id: Uuid,
     pub lease_id: Uuid,
     pub port: i32,
-    /// The tenant's key that asked for the ticket.
-    pub key_id: i32,
+    /// The tenant's key that asked for the ticket; `None` where an OIDC
+    /// token asked (the session then ends with that token).
+    pub key_id: Option<i32>,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -82,22 +85,36 @@ pub fn next_path_ok(path: &str) -> bool {
 }
 
 /// Whether the tenant's key `key_id` is still taken (not revoked, not
-/// expired, its tenant not suspended): `Some(its expiry)`, or `None`.
+/// expired, its tenant not suspended): `Some(its expiry)`, or `None`. With
+/// no key (an OIDC token asked), whether the tenant is there and not
+/// suspended.
 async fn key_taken(
     pool: &sqlx::PgPool,
     tenant: Uuid,
-    key_id: i32,
+    key_id: Option<i32>,
 ) -> Option<Option<DateTime<Utc>>> {
-    let row: Option<(bool, bool, Option<DateTime<Utc>>)> = sqlx::query_as(
-        "SELECT t.suspended, k.revoked_at IS NOT NULL, k.expires_at
-         FROM tenant_keys k JOIN tenants t ON t.id = k.tenant_id
-         WHERE k.tenant_id = $1 AND k.key_id = $2",
-    )
-    .bind(tenant)
-    .bind(key_id)
-    .fetch_optional(pool)
-    .await
-    .unwrap_or_else(|e| {
+    let row: Result<Option<(bool, bool, Option<DateTime<Utc>>)>, _> = match key_id {
+        Some(key_id) => {
+            sqlx::query_as(
+                "SELECT t.suspended, k.revoked_at IS NOT NULL, k.expires_at
+                 FROM tenant_keys k JOIN tenants t ON t.id = k.tenant_id
+                 WHERE k.tenant_id = $1 AND k.key_id = $2",
+            )
+            .bind(tenant)
+            .bind(key_id)
+            .fetch_optional(pool)
+            .await
+        }
+        None => {
+            sqlx::query_as(
+                "SELECT suspended, false, NULL::timestamptz FROM tenants WHERE id = $1",
+            )
+            .bind(tenant)
+            .fetch_optional(pool)
+            .await
+        }
+    };
+    let row = row.unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot read a lease web cookie's key");
         None
     });
@@ -142,12 +159,12 @@ impl LeaseWeb {
         }
     }
 
-    /// A ticket into `lease`'s `port` for the tenant's key, leading to
-    /// `next`: the URL to open, and until when.
+    /// A ticket into `lease`'s `port` for what the tenant's caller showed,
+    /// leading to `next`: the URL to open, and until when.
     pub async fn ticket(
         &self,
         pool: &sqlx::PgPool,
-        (tenant, key_id): (Uuid, i32),
+        (tenant, credential): (Uuid, TenantCredential),
         lease: Uuid,
         port: u16,
         next: &str,
@@ -165,16 +182,18 @@ impl LeaseWeb {
         }
         sqlx::query(&format!(
             "INSERT INTO {KEYS_SCHEMA}.{TICKETS}
-                 (sha256, tenant_id, lease_id, port, key_id, next_path, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                 (sha256, tenant_id, lease_id, port, key_id, next_path, expires_at,
+                  credential_expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         ))
         .bind(&sha[..])
         .bind(tenant)
         .bind(lease)
         .bind(port as i32)
-        .bind(key_id)
+        .bind(credential.key_id())
         .bind(next)
         .bind(expires_at)
+        .bind(credential.expires_at())
         .execute(pool)
         .await?;
         Ok((
@@ -256,9 +275,10 @@ impl LeaseWeb {
         }
         let sha: [u8; 32] = Sha256::digest(ticket.as_bytes()).into();
         // Used once: taken from the table as it is read.
-        let taken: Option<(Uuid, Uuid, i32, i32, String)> = sqlx::query_as(&format!(
+        type Ticket = (Uuid, Uuid, i32, Option<i32>, String, Option<DateTime<Utc>>);
+        let taken: Option<Ticket> = sqlx::query_as(&format!(
             "DELETE FROM {KEYS_SCHEMA}.{TICKETS} WHERE sha256 = $1 AND expires_at > now()
-             RETURNING tenant_id, lease_id, port, key_id, next_path"
+             RETURNING tenant_id, lease_id, port, key_id, next_path, credential_expires_at"
         ))
         .bind(&sha[..])
         .fetch_optional(pool)
@@ -267,7 +287,8 @@ impl LeaseWeb {
             tracing::warn!(error = %e, "cannot read a lease web ticket");
             None
         });
-        let Some((tenant, ticket_lease, ticket_port, key_id, next)) = taken else {
+        let Some((tenant, ticket_lease, ticket_port, key_id, next, credential_expires)) = taken
+        else {
             return used_up();
         };
         if ticket_lease != lease || ticket_port != port as i32 {
@@ -276,7 +297,8 @@ impl LeaseWeb {
                 "This ticket is for another lease or port.",
             );
         }
-        // The cookie lives no longer than the key that asked for it.
+        // The cookie lives no longer than the key, or the token, that
+        // asked for it.
         let Some(key_expires) = key_taken(pool, tenant, key_id).await else {
             return page(
                 StatusCode::UNAUTHORIZED,
@@ -284,8 +306,14 @@ impl LeaseWeb {
             );
         };
         let mut expires_at = Utc::now() + chrono::Duration::seconds(SESSION_SECS);
-        if let Some(key_expires) = key_expires {
-            expires_at = expires_at.min(key_expires);
+        for until in [key_expires, credential_expires].into_iter().flatten() {
+            expires_at = expires_at.min(until);
+        }
+        if expires_at <= Utc::now() {
+            return page(
+                StatusCode::UNAUTHORIZED,
+                "The sign-in that asked for this link has expired.",
+            );
         }
         let max_age = (expires_at - Utc::now()).num_seconds().max(1);
         let (cookie, sha) = secret();

@@ -45,6 +45,10 @@ pub const MOST_IDLE_PER_PORT: usize = 2;
 pub const IDLE_SECS: u64 = 60;
 /// Browser connections one replica serves at once (upgraded ones too).
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Browser connections one address holds at once: a browser opens six per
+/// origin, and a tenant's pages of several leases and kernels a few origins
+/// more; no one address takes every place of the replica.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
 /// How often idle connections past their time are let go.
 const SWEEP_EVERY: Duration = Duration::from_secs(15);
 
@@ -89,6 +93,46 @@ pub struct LeaseWeb {
     pool: PoisonFreeRwLock<HashMap<(Uuid, u16), Vec<Idle>>>,
     sessions: access::SessionCache,
     connections: Arc<tokio::sync::Semaphore>,
+    by_address: Arc<OpenByAddress>,
+}
+
+/// Connections open from each address.
+#[derive(Default)]
+struct OpenByAddress(PoisonFreeRwLock<HashMap<std::net::IpAddr, usize>>);
+
+/// One connection from an address, counted while it lives.
+struct AddressSlot {
+    open: Arc<OpenByAddress>,
+    address: std::net::IpAddr,
+}
+
+impl OpenByAddress {
+    /// A place for one more connection from `address`, unless it holds
+    /// `most` already.
+    fn take(self: &Arc<Self>, address: std::net::IpAddr, most: usize) -> Option<AddressSlot> {
+        let mut open = self.0.write();
+        let count = open.entry(address).or_insert(0);
+        if *count >= most {
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot {
+            open: self.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.0.write();
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
 }
 
 struct Idle {
@@ -125,6 +169,7 @@ impl LeaseWebArgs {
             pool: PoisonFreeRwLock::default(),
             sessions: access::SessionCache::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            by_address: Arc::default(),
         }))
     }
 }
@@ -181,6 +226,21 @@ impl LeaseWeb {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_address_holds_at_most_its_share_of_connections_and_gives_them_back() {
+        let open = std::sync::Arc::new(OpenByAddress::default());
+        let one: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let two: std::net::IpAddr = "192.0.2.2".parse().unwrap();
+        let held: Vec<_> = (0..3).map(|_| open.take(one, 3).unwrap()).collect();
+        assert!(open.take(one, 3).is_none());
+        let other = open.take(two, 3).expect("another address has its own share");
+        drop(held);
+        assert!(open.take(one, 3).is_some());
+        drop(other);
+        assert!(open.0.read().get(&two).is_none(), "an address without connections is forgotten");
+    }
+
     use super::*;
 
     pub(super) fn web() -> LeaseWeb {

@@ -202,6 +202,7 @@ async fn connect(
 async fn handle(
     web: Arc<LeaseWeb>,
     reach: Reach,
+    peer: std::net::IpAddr,
     mut request: Request<Incoming>,
 ) -> Response<Body> {
     let host = request
@@ -264,17 +265,24 @@ async fn handle(
     };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
         // The connection is the upgraded stream's now: both ends joined,
-        // counted among the connections this replica serves.
+        // counted among the connections this replica serves and its
+        // address holds.
         let Ok(permit) = web.connections.clone().try_acquire_owned() else {
             return page(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "As many connections as this gateway serves are open; try again shortly.",
             );
         };
+        let Some(slot) = web.by_address.take(peer, super::MAX_CONNECTIONS_PER_ADDRESS) else {
+            return page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "As many connections as one address may hold are open; close some and try again.",
+            );
+        };
         let lease_side = hyper::upgrade::on(&mut answer);
         if let Some(browser_side) = browser_side {
             tokio::spawn(async move {
-                let _permit = permit;
+                let _held = (permit, slot);
                 if let (Ok(browser), Ok(lease)) = (browser_side.await, lease_side.await) {
                     let _ = tokio::io::copy_bidirectional(
                         &mut TokioIo::new(browser),
@@ -302,7 +310,7 @@ pub async fn serve(
 ) {
     let mut sweeping = tokio::time::interval(SWEEP_EVERY);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = sweeping.tick() => {
                 web.sweep();
@@ -322,11 +330,20 @@ pub async fn serve(
             // closed at once, and its browser tries again.
             continue;
         };
+        let Some(slot) = web
+            .by_address
+            .take(peer.ip(), super::MAX_CONNECTIONS_PER_ADDRESS)
+        else {
+            // As many as one address may hold: closed at once too.
+            continue;
+        };
         let (web, reach) = (web.clone(), reach.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let (web, reach) = (web.clone(), reach.clone());
-                async move { Ok::<_, std::convert::Infallible>(handle(web, reach, request).await) }
+                async move {
+                    Ok::<_, std::convert::Infallible>(handle(web, reach, peer.ip(), request).await)
+                }
             });
             // A browser that sends no head within the time is let go, so
             // idle connections cannot hold every place.
@@ -336,7 +353,7 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades()
                 .await;
-            drop(permit);
+            drop((permit, slot));
         });
     }
 }

@@ -118,6 +118,43 @@ pub struct Stack {
     pub auto_enroll: bool,
 }
 
+/// The containers a stack's node agents started outlive those agents,
+/// which run in the test's process: they are removed with the stack, so
+/// that the suite leaves no workload running behind it.
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if self.node_runtime != lh_node_agent::RuntimeKind::Podman {
+            return;
+        }
+        let fleet = std::fs::read_to_string(&self.fleet_file).unwrap_or_default();
+        for node in toml_node_ids(&fleet) {
+            let listed = std::process::Command::new("podman")
+                .args(&self.node_container_args)
+                .args(["ps", "--all", "--quiet", "--filter"])
+                .arg(format!(
+                    "label={}={node}",
+                    lh_node_agent::workload::LABEL_NODE
+                ))
+                .output();
+            let Ok(listed) = listed else { return };
+            let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let _ = std::process::Command::new("podman")
+                .args(&self.node_container_args)
+                .args(["rm", "--force", "--time", "0"])
+                .args(&ids)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
 impl Stack {
     /// Starts everything: scheduler, pricing, spot-broker, audit, gateway
     /// and one node-agent per node of `fleet`.
