@@ -14,6 +14,8 @@ use lh_rpc::invoice_document::{DocumentRequest, ListRequest, DOCUMENT_SUBJECT, L
 use serde::{de::DeserializeOwned, Serialize};
 use sqlx::PgPool;
 
+use std::time::{Duration, Instant};
+
 use crate::shelf::SharedPricingShelf;
 use crate::{balances, books, projection, quotes, reservations, QUEUE_GROUP};
 
@@ -137,15 +139,10 @@ fn table<'a>(s: &'a RpcSources<'a>) -> Vec<Served<'a>> {
             lh_rpc::balance::RPC_PRICING_BALANCE,
             "balance RPC",
             |s, request: lh_rpc::balance::BalanceRequest| {
-                let balance = s
-                    .shelf
-                    .read()
-                    .expect("shelf lock")
-                    .balances
-                    .get(&request.tenant_id)
-                    .cloned()
-                    .unwrap_or_else(|| balances::postpaid(request.tenant_id));
-                async move { Ok::<_, String>(balance) }
+                let shelf = s.shelf.clone();
+                async move {
+                    Ok::<_, String>(balance_of(&shelf, request.tenant_id, Instant::now()).await)
+                }
             },
         ),
         answer(
@@ -170,6 +167,55 @@ fn table<'a>(s: &'a RpcSources<'a>) -> Vec<Served<'a>> {
     ]
 }
 
+/// How long a postpaid tenant stays watched after its balance was last
+/// asked for: its running cost is reckoned at each pass meanwhile.
+pub const WATCH_POSTPAID_SECS: u64 = 600;
+/// Most postpaid tenants watched at once; past it, one more is answered
+/// without its running cost until others' watch lapses.
+pub const MAX_WATCHED_POSTPAID: usize = 10_000;
+/// How long a caller waits for the running cost of a postpaid tenant that
+/// no one asked about lately: the decide loop passes about once a second.
+const FIRST_RUNNING_COST_WAIT: Duration = Duration::from_secs(3);
+
+/// A tenant's balance: a prepaid one's as the last pass left it; a
+/// postpaid one's running cost once it is watched, which the first ask
+/// in a while starts and waits a pass for.
+async fn balance_of(
+    shelf: &SharedPricingShelf,
+    tenant_id: uuid::Uuid,
+    now: Instant,
+) -> lh_rpc::balance::Balance {
+    let published = {
+        let mut shelf = shelf.write().expect("shelf lock");
+        let watch = Duration::from_secs(WATCH_POSTPAID_SECS);
+        shelf
+            .watched_postpaid
+            .retain(|_, asked| now.saturating_duration_since(*asked) < watch);
+        let fresh = !shelf.watched_postpaid.contains_key(&tenant_id);
+        if !fresh || shelf.watched_postpaid.len() < MAX_WATCHED_POSTPAID {
+            shelf.watched_postpaid.insert(tenant_id, now);
+        }
+        match shelf.balances.get(&tenant_id) {
+            Some(balance) => return balance.clone(),
+            None if !fresh => return balances::postpaid(tenant_id),
+            None => shelf.balances_published.clone(),
+        }
+    };
+    let next_pass = published.notified();
+    // Registered before the wait, so that a pass between here and there
+    // is not missed: the shelf was read before it.
+    tokio::pin!(next_pass);
+    next_pass.as_mut().enable();
+    let _ = tokio::time::timeout(FIRST_RUNNING_COST_WAIT, next_pass).await;
+    shelf
+        .read()
+        .expect("shelf lock")
+        .balances
+        .get(&tenant_id)
+        .cloned()
+        .unwrap_or_else(|| balances::postpaid(tenant_id))
+}
+
 /// Serves every RPC of the table until one fails, which ends them all.
 pub(crate) async fn serve_all(sources: &RpcSources<'_>) -> anyhow::Result<()> {
     let serving = table(sources)
@@ -177,4 +223,70 @@ pub(crate) async fn serve_all(sources: &RpcSources<'_>) -> anyhow::Result<()> {
         .map(|(what, serving)| async move { serving.await.context(what) });
     futures::future::try_join_all(serving).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_postpaid_tenant_is_watched_from_its_first_ask_which_waits_for_a_pass() {
+        let shelf = SharedPricingShelf::default();
+        let tenant = uuid::Uuid::from_u128(1);
+        let start = Instant::now();
+        // The first ask watches the tenant and waits for the next pass,
+        // which here puts the tenant's running cost on the shelf.
+        let pass = {
+            let shelf = shelf.clone();
+            tokio::spawn(async move {
+                loop {
+                    if shelf.read().unwrap().watched_postpaid.contains_key(&tenant) {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                let published = {
+                    let mut shelf = shelf.write().unwrap();
+                    let mut running = balances::postpaid(tenant);
+                    running.burn_rate_cny_per_hour = rust_decimal::Decimal::from(20);
+                    shelf.balances.insert(tenant, running);
+                    shelf.balances_published.clone()
+                };
+                published.notify_waiters();
+            })
+        };
+        let first = balance_of(&shelf, tenant, start).await;
+        pass.await.unwrap();
+        assert_eq!(first.burn_rate_cny_per_hour, rust_decimal::Decimal::from(20));
+        // Asked again within the watch: answered at once, still watched.
+        let later = start + Duration::from_secs(WATCH_POSTPAID_SECS - 1);
+        assert_eq!(balance_of(&shelf, tenant, later).await.burn_rate_cny_per_hour, 20.into());
+        // Not asked for a watch's length: no longer reckoned.
+        let other = uuid::Uuid::from_u128(2);
+        shelf.write().unwrap().balances.insert(other, balances::postpaid(other));
+        balance_of(&shelf, other, later + Duration::from_secs(WATCH_POSTPAID_SECS)).await;
+        let watched = shelf.read().unwrap().watched_postpaid.clone();
+        assert!(!watched.contains_key(&tenant), "{watched:?}");
+        assert!(watched.contains_key(&other));
+    }
+
+    #[tokio::test]
+    async fn a_tenant_with_nothing_open_is_answered_postpaid_after_one_pass_at_most() {
+        let shelf = SharedPricingShelf::default();
+        let tenant = uuid::Uuid::from_u128(3);
+        let now = Instant::now();
+        // No pass comes: the first ask gives up after its wait.
+        let first = tokio::time::timeout(
+            FIRST_RUNNING_COST_WAIT + Duration::from_secs(2),
+            balance_of(&shelf, tenant, now),
+        )
+        .await
+        .expect("the first ask waits a bounded time");
+        assert_eq!(first, balances::postpaid(tenant));
+        // Watched now: the next ask does not wait.
+        let again = tokio::time::timeout(Duration::from_millis(100), balance_of(&shelf, tenant, now))
+            .await
+            .expect("a watched tenant is answered at once");
+        assert_eq!(again, balances::postpaid(tenant));
+    }
 }

@@ -21,8 +21,18 @@ pub struct PricingShelf {
     pub sequence: u64,
     /// Reservations whose commitment is not yet wholly charged.
     pub reservations: Vec<ReservationCommitted>,
-    /// The prepaid tenants' balances at the last pass of the decide loop.
+    /// The prepaid tenants' balances at the last pass of the decide loop,
+    /// and the running cost of the postpaid tenants watched then.
     pub balances: HashMap<Uuid, lh_rpc::balance::Balance>,
+    /// Postpaid tenants whose balance someone asked for lately, with when
+    /// it was last asked: the decide loop reckons the running cost of
+    /// theirs and the prepaid tenants' open leases, and no one else's. A
+    /// pass over every open lease of a fleet a second would cost more than
+    /// all the charging (a month priced into invoices took 23 times as
+    /// long with it).
+    pub watched_postpaid: HashMap<Uuid, std::time::Instant>,
+    /// Woken when a pass of the decide loop has put its balances here.
+    pub balances_published: std::sync::Arc<tokio::sync::Notify>,
     /// The quotes issued, until a day after they expire.
     pub quotes: HashMap<Uuid, lh_events::QuoteIssued>,
     /// The spot price in force per (zone, GPU model).

@@ -112,13 +112,24 @@ impl Charges {
         self
     }
 
-    /// Each prepaid tenant's balance at `now`, and each postpaid one's
-    /// running cost, for the balance RPC; and the writes the prepaid
-    /// balances call for.
+    /// Each prepaid tenant's balance at `now`, and the running cost of each
+    /// postpaid one the balance RPC was asked about lately, for that RPC;
+    /// and the writes the prepaid balances call for.
     fn balance_decisions(&self, now: DateTime<Utc>) -> Vec<Batch> {
         let mut decisions = Vec::new();
         let mut views = HashMap::new();
-        let mut costs = self.fold.running_costs(now);
+        let watched: std::collections::HashSet<Uuid> = self
+            .shelf
+            .read()
+            .expect("shelf lock")
+            .watched_postpaid
+            .keys()
+            .copied()
+            .collect();
+        let balances = &self.fold.balances;
+        let mut costs = self.fold.running_costs(now, |tenant| {
+            balances.get(tenant).is_some() || watched.contains(&tenant)
+        });
         for tenant_id in self.fold.balances.tenants() {
             let Some(b) = self.fold.balances.get(tenant_id) else {
                 continue;
@@ -141,7 +152,12 @@ impl Charges {
                 crate::balances::postpaid_running(tenant_id, &cost),
             );
         }
-        self.shelf.write().expect("shelf lock").balances = views;
+        let published = {
+            let mut shelf = self.shelf.write().expect("shelf lock");
+            shelf.balances = views;
+            shelf.balances_published.clone()
+        };
+        published.notify_waiters();
         decisions
     }
 

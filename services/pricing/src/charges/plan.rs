@@ -68,14 +68,26 @@ pub struct Bill {
 impl ChargingState {
     /// The market a spot lease is priced on, with the tier's headline
     /// price standing for the time before the market's first price.
-    fn market_for(&self, facts: &LeaseFacts, headline: Decimal) -> Vec<PricePoint> {
+    fn market_for(
+        &self,
+        facts: &LeaseFacts,
+        headline: Decimal,
+        since: DateTime<Utc>,
+    ) -> Vec<PricePoint> {
         let mut points = vec![PricePoint {
             at: DateTime::<Utc>::MIN_UTC,
             price_cny_per_gb_hour: headline,
         }];
         if let (Some(zone), Some(model)) = (&facts.zone, &facts.gpu_model) {
             if let Some(known) = self.market.get(&market_key(zone, model)) {
-                points.extend(known.iter().copied());
+                // From the point in force at `since` on: the ones before it
+                // price no second from `since`, and a long spot lease pins
+                // hundreds of them, copied and walked at every pass.
+                let in_force = known.partition_point(|p| p.at <= since);
+                if in_force > 0 {
+                    points.clear();
+                }
+                points.extend_from_slice(&known[in_force.saturating_sub(1)..]);
             }
         }
         points
@@ -109,7 +121,7 @@ impl ChargingState {
         if from >= until {
             return Plan::Nothing;
         }
-        let priced = match self.priced(lease_id, facts, first_start) {
+        let priced = match self.priced(lease_id, facts, first_start, from) {
             Ok(priced) => priced,
             Err(plan) => return plan,
         };
@@ -185,19 +197,24 @@ impl ChargingState {
         }))
     }
 
-    /// For each tenant with open leases, prepaid or not, what they cost at
-    /// `now` beyond their charges in the log (`unbilled`: charges lag by
-    /// up to an hour and the accrual grace), and what those running now
-    /// cost per hour at the rate they accrue now (`burn_rate_cny_per_hour`).
-    /// One pass over the open leases, whatever the number of tenants.
-    pub fn running_costs(&self, now: DateTime<Utc>) -> HashMap<Uuid, crate::balances::RunningCost> {
+    /// For each tenant with open leases that `reckoned` names, what they
+    /// cost at `now` beyond their charges in the log (`unbilled`: charges
+    /// lag by up to an hour and the accrual grace), and what those running
+    /// now cost per hour at the rate they accrue now
+    /// (`burn_rate_cny_per_hour`). One pass over the open leases, whatever
+    /// the number of tenants.
+    pub fn running_costs(
+        &self,
+        now: DateTime<Utc>,
+        reckoned: impl Fn(Uuid) -> bool,
+    ) -> HashMap<Uuid, crate::balances::RunningCost> {
         let mut costs: HashMap<Uuid, crate::balances::RunningCost> = HashMap::new();
         let an_hour_on = now + chrono::Duration::hours(1);
         for (lease_id, facts) in &self.leases {
             let Some(tenant_id) = facts.tenant_id else {
                 continue;
             };
-            if facts.commitment {
+            if facts.commitment || !reckoned(tenant_id) {
                 continue;
             }
             let until = facts.billable_end().unwrap_or(now).min(now);
@@ -205,13 +222,13 @@ impl ChargingState {
             let Some(first_start) = intervals.iter().map(|r| r.start).min() else {
                 continue;
             };
-            let Ok(priced) = self.priced(*lease_id, facts, first_start) else {
-                continue;
-            };
-            let cost = costs.entry(tenant_id).or_default();
             let from = facts
                 .charged_to
                 .map_or(first_start, |to| to.max(first_start));
+            let Ok(priced) = self.priced(*lease_id, facts, first_start, from) else {
+                continue;
+            };
+            let cost = costs.entry(tenant_id).or_default();
             let at_now = rating::accrue(
                 &priced.model,
                 &priced.market,
@@ -246,13 +263,14 @@ impl ChargingState {
         costs
     }
 
-    /// What `facts` are priced on: the lease's book, charge model and
-    /// market, or the plan when they are not all known.
+    /// What `facts` are priced on from `since`: the lease's book, charge
+    /// model and market, or the plan when they are not all known.
     fn priced<'a>(
         &'a self,
         lease_id: Uuid,
         facts: &LeaseFacts,
         first_start: DateTime<Utc>,
+        since: DateTime<Utc>,
     ) -> Result<Priced<'a>, Plan> {
         // A running lease's facts may still be on their way; an ended
         // lease's never come.
@@ -296,7 +314,10 @@ impl ChargingState {
                     },
                 ],
             ),
-            (ChargeModel::Market, _) => (ChargeModel::Market, self.market_for(facts, headline)),
+            (ChargeModel::Market, _) => (
+                ChargeModel::Market,
+                self.market_for(facts, headline, since),
+            ),
             (model, _) => (model, Vec::new()),
         };
         let reservation_id = match facts.commitment {
