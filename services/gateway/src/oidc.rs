@@ -30,9 +30,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
+use chrono::{DateTime, Utc};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use chrono::{DateTime, Utc};
 use lh_events::{Operator, OperatorRole};
 use serde::Deserialize;
 use tokio::sync::{Mutex, RwLock};
@@ -301,7 +301,9 @@ impl Verifier {
             Some(_) => None,
         };
         let id = tenant.ok_or_else(|| {
-            Refused::Invalid(format!("its claim `{tenant_claim}` must be a tenant's id (a UUID)"))
+            Refused::Invalid(format!(
+                "its claim `{tenant_claim}` must be a tenant's id (a UUID)"
+            ))
         })?;
         let expires_at = claims
             .exp

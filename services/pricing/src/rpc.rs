@@ -257,14 +257,31 @@ mod tests {
         };
         let first = balance_of(&shelf, tenant, start).await;
         pass.await.unwrap();
-        assert_eq!(first.burn_rate_cny_per_hour, rust_decimal::Decimal::from(20));
+        assert_eq!(
+            first.burn_rate_cny_per_hour,
+            rust_decimal::Decimal::from(20)
+        );
         // Asked again within the watch: answered at once, still watched.
         let later = start + Duration::from_secs(WATCH_POSTPAID_SECS - 1);
-        assert_eq!(balance_of(&shelf, tenant, later).await.burn_rate_cny_per_hour, 20.into());
+        assert_eq!(
+            balance_of(&shelf, tenant, later)
+                .await
+                .burn_rate_cny_per_hour,
+            20.into()
+        );
         // Not asked for a watch's length: no longer reckoned.
         let other = uuid::Uuid::from_u128(2);
-        shelf.write().unwrap().balances.insert(other, balances::postpaid(other));
-        balance_of(&shelf, other, later + Duration::from_secs(WATCH_POSTPAID_SECS)).await;
+        shelf
+            .write()
+            .unwrap()
+            .balances
+            .insert(other, balances::postpaid(other));
+        balance_of(
+            &shelf,
+            other,
+            later + Duration::from_secs(WATCH_POSTPAID_SECS),
+        )
+        .await;
         let watched = shelf.read().unwrap().watched_postpaid.clone();
         assert!(!watched.contains_key(&tenant), "{watched:?}");
         assert!(watched.contains_key(&other));
@@ -284,9 +301,10 @@ mod tests {
         .expect("the first ask waits a bounded time");
         assert_eq!(first, balances::postpaid(tenant));
         // Watched now: the next ask does not wait.
-        let again = tokio::time::timeout(Duration::from_millis(100), balance_of(&shelf, tenant, now))
-            .await
-            .expect("a watched tenant is answered at once");
+        let again =
+            tokio::time::timeout(Duration::from_millis(100), balance_of(&shelf, tenant, now))
+                .await
+                .expect("a watched tenant is answered at once");
         assert_eq!(again, balances::postpaid(tenant));
     }
 }

@@ -229,7 +229,12 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// A GET of `path` at `host` (the lease web listener on 127.0.0.1:`port`).
-pub(crate) async fn web_get(port: u16, host: &str, path: &str, cookie: Option<&str>) -> reqwest::Response {
+pub(crate) async fn web_get(
+    port: u16,
+    host: &str,
+    path: &str,
+    cookie: Option<&str>,
+) -> reqwest::Response {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()

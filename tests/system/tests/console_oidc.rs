@@ -309,14 +309,20 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
     let token = console_token(&browser).await;
     let (s, me) = stack.call(Method::GET, "/v1/whoami", &token, None).await;
     assert_eq!(s, 200, "{me}");
-    assert_eq!((me["kind"].as_str(), me["tenant_id"].as_str()), (Some("tenant"), Some(tenant.as_str())), "{me}");
+    assert_eq!(
+        (me["kind"].as_str(), me["tenant_id"].as_str()),
+        (Some("tenant"), Some(tenant.as_str())),
+        "{me}"
+    );
 
     // It rents as the tenant: the tenant's key sees the lease, another
     // tenant's lease is not found with the token.
     let lease = stack
         .lease(&token, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
-    stack.wait_lease(&key, &lease, |l| l["state"] == "running").await;
+    stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
     let theirs = stack
         .lease(&stranger, json!({"gpus": 1, "gpu_model": "A100-40GB"}))
         .await;
@@ -340,9 +346,18 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
     assert_eq!(s, 201, "{ticket}");
     let url = ticket["url"].as_str().unwrap();
     let host = format!("{lease}-8888.localhost:{web_port}");
-    let entered = web_get(web_port, &host, &url[url.find("/.leasehold").unwrap()..], None).await;
+    let entered = web_get(
+        web_port,
+        &host,
+        &url[url.find("/.leasehold").unwrap()..],
+        None,
+    )
+    .await;
     assert_eq!(entered.status(), 303);
-    let set_cookie = entered.headers()["set-cookie"].to_str().unwrap().to_string();
+    let set_cookie = entered.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_string();
     let max_age: i64 = set_cookie
         .split(';')
         .find_map(|part| part.trim().strip_prefix("Max-Age="))
@@ -381,7 +396,10 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
             assert!(p["detail"].as_str().unwrap().contains("suspended"), "{p}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "still {s} {p}, cookie shut: {shut}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {s} {p}, cookie shut: {shut}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 
@@ -391,7 +409,10 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
         .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
         .await;
     assert_eq!(s, 403, "{p}");
-    assert!(p["detail"].as_str().unwrap().contains("does not have"), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("does not have"),
+        "{p}"
+    );
     *issuer.tenant.lock().unwrap() = Some("acme".into());
     let (s, p) = stack
         .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
@@ -403,7 +424,10 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
         .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
         .await;
     assert_eq!(s, 403, "{p}");
-    assert!(p["detail"].as_str().unwrap().contains("names no tenant"), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("names no tenant"),
+        "{p}"
+    );
 
     // An operator's role wins over a tenant claim: one token is never both.
     *issuer.roles.lock().unwrap() = vec!["auditor".into()];
@@ -412,5 +436,9 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
         .call(Method::GET, "/v1/whoami", &issuer.token("erin"), None)
         .await;
     assert_eq!(s, 200, "{me}");
-    assert_eq!((me["kind"].as_str(), me["role"].as_str()), (Some("operator"), Some("auditor")), "{me}");
+    assert_eq!(
+        (me["kind"].as_str(), me["role"].as_str()),
+        (Some("operator"), Some("auditor")),
+        "{me}"
+    );
 }

@@ -32,7 +32,6 @@ pub enum Caller {
     },
 }
 
-
 impl Caller {
     pub fn tenant(&self) -> Result<(Uuid, u32), ApiError> {
         match self {

@@ -87,7 +87,13 @@ pub async fn ticket(
         )));
     }
     let (url, expires_at) = web
-        .ticket(&ctx.pool, (tenant, credential), lease.view.id, body.port, &path)
+        .ticket(
+            &ctx.pool,
+            (tenant, credential),
+            lease.view.id,
+            body.port,
+            &path,
+        )
         .await?;
     Ok((
         StatusCode::CREATED,

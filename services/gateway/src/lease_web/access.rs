@@ -17,10 +17,10 @@ use uuid::Uuid;
 
 use super::LeaseWeb;
 use crate::poison_free::PoisonFreeRwLock;
-use crate::tenant_keys::TenantCredential;
 use crate::seal::{
     KEYS_SCHEMA, LEASE_WEB_SESSIONS_TABLE as SESSIONS, LEASE_WEB_TICKETS_TABLE as TICKETS,
 };
+use crate::tenant_keys::TenantCredential;
 
 /// Where a ticket is traded for the origin's cookie.
 pub const ENTER_PATH: &str = "/.leasehold/enter";
@@ -93,7 +93,9 @@ async fn key_taken(
     tenant: Uuid,
     key_id: Option<i32>,
 ) -> Option<Option<DateTime<Utc>>> {
-    let row: Result<Option<(bool, bool, Option<DateTime<Utc>>)>, _> = match key_id {
+    /// Suspended, revoked, until when.
+    type Standing = (bool, bool, Option<DateTime<Utc>>);
+    let row: Result<Option<Standing>, _> = match key_id {
         Some(key_id) => {
             sqlx::query_as(
                 "SELECT t.suspended, k.revoked_at IS NOT NULL, k.expires_at
@@ -106,12 +108,10 @@ async fn key_taken(
             .await
         }
         None => {
-            sqlx::query_as(
-                "SELECT suspended, false, NULL::timestamptz FROM tenants WHERE id = $1",
-            )
-            .bind(tenant)
-            .fetch_optional(pool)
-            .await
+            sqlx::query_as("SELECT suspended, false, NULL::timestamptz FROM tenants WHERE id = $1")
+                .bind(tenant)
+                .fetch_optional(pool)
+                .await
         }
     };
     let row = row.unwrap_or_else(|e| {

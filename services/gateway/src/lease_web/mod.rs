@@ -234,11 +234,16 @@ mod tests {
         let two: std::net::IpAddr = "192.0.2.2".parse().unwrap();
         let held: Vec<_> = (0..3).map(|_| open.take(one, 3).unwrap()).collect();
         assert!(open.take(one, 3).is_none());
-        let other = open.take(two, 3).expect("another address has its own share");
+        let other = open
+            .take(two, 3)
+            .expect("another address has its own share");
         drop(held);
         assert!(open.take(one, 3).is_some());
         drop(other);
-        assert!(open.0.read().get(&two).is_none(), "an address without connections is forgotten");
+        assert!(
+            open.0.read().get(&two).is_none(),
+            "an address without connections is forgotten"
+        );
     }
 
     use super::*;

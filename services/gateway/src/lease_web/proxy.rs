@@ -273,7 +273,10 @@ async fn handle(
                 "As many connections as this gateway serves are open; try again shortly.",
             );
         };
-        let Some(slot) = web.by_address.take(peer, super::MAX_CONNECTIONS_PER_ADDRESS) else {
+        let Some(slot) = web
+            .by_address
+            .take(peer, super::MAX_CONNECTIONS_PER_ADDRESS)
+        else {
             return page(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "As many connections as one address may hold are open; close some and try again.",

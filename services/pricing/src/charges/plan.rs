@@ -314,10 +314,9 @@ impl ChargingState {
                     },
                 ],
             ),
-            (ChargeModel::Market, _) => (
-                ChargeModel::Market,
-                self.market_for(facts, headline, since),
-            ),
+            (ChargeModel::Market, _) => {
+                (ChargeModel::Market, self.market_for(facts, headline, since))
+            }
             (model, _) => (model, Vec::new()),
         };
         let reservation_id = match facts.commitment {
