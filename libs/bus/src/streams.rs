@@ -336,6 +336,18 @@ impl Bus {
         Ok(info.mirror.as_ref().and_then(|mirror| mirror.active))
     }
 
+    /// The server that leads the log now (`None` on a single server, or
+    /// while the log has no leader).
+    pub async fn log_leader(&self) -> Result<Option<String>> {
+        let mut stream = self
+            .js
+            .get_stream(subject::EVENTS_STREAM)
+            .await
+            .map_err(js_err)?;
+        let info = stream.info().await.map_err(js_err)?;
+        Ok(info.cluster.as_ref().and_then(|c| c.leader.clone()))
+    }
+
     /// Has the members of node `node_id`'s view mirror elect a new leader,
     /// which sets the mirror up on the log afresh: nats-server retries a
     /// mirror that lost the log's leader after a growing wait (measured

@@ -20,7 +20,8 @@ use lh_service::CancellationToken;
 const MAX_NODES_REMEMBERED: usize = 65_536;
 /// How long after the log elects a leader the mirrors are watched.
 const WATCH_AFTER_ELECTION: Duration = Duration::from_secs(120);
-/// How often a watched mirror is looked at.
+/// How often a watched mirror is looked at, and the log's leader when
+/// nothing is watched.
 const WATCH_INTERVAL: Duration = Duration::from_secs(2);
 /// Longest a healthy mirror goes without word from the log: it hears a
 /// heartbeat every second.
@@ -68,9 +69,13 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
         .await
         .map_err(|e| BusError::JetStream(format!("subscribing to elections: {e}")))?;
     let mut watch_until: Option<Instant> = None;
+    // The advisory of an election is lost when this client is reconnecting
+    // as it comes (its server was the one that went): the log's leader is
+    // also looked at, and a new one starts the watch as the advisory does.
+    let mut log_leader = bus.log_leader().await.ok().flatten();
     let mut renewed: HashMap<String, Instant> = HashMap::new();
     let mut watch = tokio::time::interval(WATCH_INTERVAL);
-    // Ticks missed while nothing was watched are not made up.
+    // Ticks missed are not made up.
     watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let node = tokio::select! {
@@ -87,8 +92,15 @@ async fn keep_once(bus: &Bus, shutdown: &CancellationToken) -> Result<(), BusErr
                 watch_until = Some(Instant::now() + WATCH_AFTER_ELECTION);
                 None
             }
-            _ = watch.tick(), if watch_until.is_some_and(|until| Instant::now() < until) => {
-                renew_silent(bus, &kept, &mut renewed).await;
+            _ = watch.tick() => {
+                if let Ok(Some(now_leading)) = bus.log_leader().await {
+                    if log_leader.replace(now_leading.clone()).is_some_and(|was| was != now_leading) {
+                        watch_until = Some(Instant::now() + WATCH_AFTER_ELECTION);
+                    }
+                }
+                if watch_until.is_some_and(|until| Instant::now() < until) {
+                    renew_silent(bus, &kept, &mut renewed).await;
+                }
                 None
             }
         };
