@@ -205,11 +205,12 @@ impl FromRequestParts<ApiContext> for Caller {
                         expires_at,
                     }) => {
                         let generation = ctx.tenant_keys.generation();
-                        let row: Option<(i32, bool)> =
-                            sqlx::query_as("SELECT max_gpus, suspended FROM tenants WHERE id = $1")
-                                .bind(id)
-                                .fetch_optional(&ctx.pool)
-                                .await?;
+                        let row: Option<(i32, bool)> = sqlx::query_as(
+                            "SELECT max_gpus, suspended FROM tenants WHERE id = $1 AND NOT erased",
+                        )
+                        .bind(id)
+                        .fetch_optional(&ctx.pool)
+                        .await?;
                         let Some((max_gpus, suspended)) = row else {
                             tracing::info!(%name, tenant = %id, "an OIDC token names a tenant this platform does not have");
                             return Err(ApiError::forbidden(format!(

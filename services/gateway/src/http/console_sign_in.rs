@@ -310,11 +310,12 @@ pub async fn token(
             Ok(Signed::Tenant { id, name, .. }) => {
                 // Asked as any call with the token is, so that a tenant
                 // this platform does not have is refused here and now.
-                let known: bool =
-                    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)")
-                        .bind(id)
-                        .fetch_one(&ctx.pool)
-                        .await?;
+                let known: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1 AND NOT erased)",
+                )
+                .bind(id)
+                .fetch_one(&ctx.pool)
+                .await?;
                 if !known {
                     tracing::info!(%name, tenant = %id, "an OIDC token names a tenant this platform does not have");
                     return Err(ApiError::forbidden(format!(
