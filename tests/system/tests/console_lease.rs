@@ -248,6 +248,46 @@ pub(crate) async fn web_get(
     request.send().await.unwrap()
 }
 
+/// Asks `key`'s ticket into `lease`'s `port` (201) and trades it at the
+/// lease web listener on 127.0.0.1:`web_port`: the answer that sets the
+/// cookie.
+pub(crate) async fn enter_web(
+    stack: &Stack,
+    key: &str,
+    lease: &str,
+    port: u16,
+    web_port: u16,
+) -> reqwest::Response {
+    let (s, ticket) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/web"),
+            key,
+            Some(json!({ "port": port })),
+        )
+        .await;
+    assert_eq!(s, 201, "{ticket}");
+    let url = ticket["url"].as_str().unwrap();
+    web_get(
+        web_port,
+        &format!("{lease}-{port}.localhost:{web_port}"),
+        &url[url.find("/.leasehold").unwrap()..],
+        None,
+    )
+    .await
+}
+
+/// The cookie an answer sets, as a request sends it back.
+pub(crate) fn cookie_set_by(answer: &reqwest::Response) -> String {
+    answer.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
 /// A lease's web page from its page in the console: opened in a new tab at
 /// an origin of its own, reached through the gateway; nobody else's
 /// ticket, cookie or name gets there.
@@ -427,31 +467,8 @@ async fn a_tenant_opens_its_leases_web_page_at_an_origin_of_its_own_and_nobody_e
 
     // A connection upgraded (a notebook's kernel WebSocket) is carried
     // both ways, with the same cookie.
-    let (s, ticket) = stack
-        .call(
-            Method::POST,
-            &format!("/v1/leases/{lease}/web"),
-            &key,
-            Some(json!({"port": 8081})),
-        )
-        .await;
-    assert_eq!(s, 201, "{ticket}");
-    let url = ticket["url"].as_str().unwrap();
     let upgrade_host = format!("{lease}-8081.localhost:{web_port}");
-    let entered = web_get(
-        web_port,
-        &upgrade_host,
-        &url[url.find("/.leasehold").unwrap()..],
-        None,
-    )
-    .await;
-    let upgrade_cookie = entered.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let upgrade_cookie = cookie_set_by(&enter_web(&stack, &key, &lease, 8081, web_port).await);
     {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", web_port))
@@ -540,30 +557,8 @@ async fn a_tenant_opens_its_leases_web_page_at_an_origin_of_its_own_and_nobody_e
         .await;
     assert_eq!(s, 201, "{second}");
     let second_key = second["api_key"].as_str().unwrap().to_string();
-    let (s, ticket) = stack
-        .call(
-            Method::POST,
-            &format!("/v1/leases/{lease}/web"),
-            &second_key,
-            Some(json!({"port": 8080})),
-        )
-        .await;
-    assert_eq!(s, 201, "{ticket}");
-    let url = ticket["url"].as_str().unwrap();
-    let entered = web_get(
-        web_port,
-        &host,
-        &url[url.find("/.leasehold").unwrap()..],
-        None,
-    )
-    .await;
-    let second_cookie = entered.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let second_cookie =
+        cookie_set_by(&enter_web(&stack, &second_key, &lease, 8080, web_port).await);
     assert_eq!(
         web_get(web_port, &host, "/", Some(&second_cookie))
             .await

@@ -285,7 +285,7 @@ async fn console_token(browser: &Browser) -> String {
 /// operator's role wins over a tenant claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alone() {
-    use crate::console_lease::{free_port, web_get};
+    use crate::console_lease::{cookie_set_by, enter_web, free_port, web_get};
     let dir = tempfile::tempdir().unwrap();
     let (issuer_url, jwks, issuer) = start_issuer(dir.path()).await;
     let web_port = free_port();
@@ -335,24 +335,7 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
     browser.wait(&format!("[data-lease='{lease}']")).await;
 
     // Its lease's web page: the cookie lives no longer than the token.
-    let (s, ticket) = stack
-        .call(
-            Method::POST,
-            &format!("/v1/leases/{lease}/web"),
-            &token,
-            Some(json!({"port": 8888})),
-        )
-        .await;
-    assert_eq!(s, 201, "{ticket}");
-    let url = ticket["url"].as_str().unwrap();
-    let host = format!("{lease}-8888.localhost:{web_port}");
-    let entered = web_get(
-        web_port,
-        &host,
-        &url[url.find("/.leasehold").unwrap()..],
-        None,
-    )
-    .await;
+    let entered = enter_web(&stack, &token, &lease, 8888, web_port).await;
     assert_eq!(entered.status(), 303);
     let set_cookie = entered.headers()["set-cookie"]
         .to_str()
@@ -364,7 +347,8 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
         .and_then(|age| age.parse().ok())
         .unwrap_or_else(|| panic!("{set_cookie}"));
     assert!((1..=TOKEN_SECS).contains(&max_age), "{set_cookie}");
-    let cookie = set_cookie.split(';').next().unwrap().to_string();
+    let cookie = cookie_set_by(&entered);
+    let host = format!("{lease}-8888.localhost:{web_port}");
     // Taken: the simulated node has nothing to serve, but the gateway let
     // the browser in.
     let inside = web_get(web_port, &host, "/", Some(&cookie)).await;
@@ -403,31 +387,21 @@ async fn a_tenants_person_signs_in_with_the_issuer_and_acts_for_that_tenant_alon
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 
-    // A tenant this platform does not have, or a claim that names none.
-    *issuer.tenant.lock().unwrap() = Some(uuid::Uuid::new_v4().to_string());
-    let (s, p) = stack
-        .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
-        .await;
-    assert_eq!(s, 403, "{p}");
-    assert!(
-        p["detail"].as_str().unwrap().contains("does not have"),
-        "{p}"
-    );
-    *issuer.tenant.lock().unwrap() = Some("acme".into());
-    let (s, p) = stack
-        .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
-        .await;
-    assert_eq!(s, 401, "{p}");
-    assert!(p["detail"].as_str().unwrap().contains(TENANT_CLAIM), "{p}");
-    *issuer.tenant.lock().unwrap() = None;
-    let (s, p) = stack
-        .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
-        .await;
-    assert_eq!(s, 403, "{p}");
-    assert!(
-        p["detail"].as_str().unwrap().contains("names no tenant"),
-        "{p}"
-    );
+    // A tenant this platform does not have, a claim that is no tenant's
+    // id, or none: each refused, saying which.
+    let refusals = [
+        (Some(uuid::Uuid::new_v4().to_string()), 403, "does not have"),
+        (Some("acme".to_string()), 401, TENANT_CLAIM),
+        (None, 403, "names no tenant"),
+    ];
+    for (claim, status, says) in refusals {
+        *issuer.tenant.lock().unwrap() = claim;
+        let (s, p) = stack
+            .call(Method::GET, "/v1/whoami", &issuer.token("mallory"), None)
+            .await;
+        assert_eq!(s, status, "{p}");
+        assert!(p["detail"].as_str().unwrap().contains(says), "{p}");
+    }
 
     // An operator's role wins over a tenant claim: one token is never both.
     *issuer.roles.lock().unwrap() = vec!["auditor".into()];
