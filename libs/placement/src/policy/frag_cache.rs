@@ -9,12 +9,14 @@ use super::Scored;
 use crate::cluster::{Cluster, Demand, Gpu, Node, EMPTY_GPU, MAX_GPUS_PER_NODE};
 use crate::shape_mix::{apply, Compiled, Load, ShapeMix};
 
-const SLOTS: usize = 8;
+/// Scores the cache keeps in all, over every node and demand: 512 Ki
+/// entries of 32 bytes, 16 MiB. A cluster of 1,213 nodes keeps the scores
+/// of its 432 most recent demands, one of 10,000 nodes those of its 52.
+pub const SCORE_CACHE_ENTRIES_MAX: usize = 1 << 19;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     generation: u64,
-    shape: u32,
     gpus: u32,
     score: f64,
     tiebreak: f64,
@@ -22,11 +24,19 @@ struct Entry {
 
 const EMPTY_ENTRY: Entry = Entry {
     generation: u64::MAX,
-    shape: u32::MAX,
     gpus: 0,
     score: 0.0,
     tiebreak: 0.0,
 };
+
+/// One demand's scores, a slot per node.
+#[derive(Debug, Clone)]
+struct Table {
+    demand: Demand,
+    /// The decision that last read it, for reusing the least recent.
+    used: u64,
+    entries: Vec<Entry>,
+}
 
 /// What a fragmentation-aware policy measures with: its mix of shapes,
 /// compiled against the cluster's models, and the per-node cache of what
@@ -75,43 +85,68 @@ impl MixMeasure {
 }
 
 /// Per-node caches keyed by the node's generation: the node's own
-/// fragmentation, and a direct-mapped table of scores per demand shape.
+/// fragmentation, and the scores of the demands decided most recently, a
+/// table per demand over every node. A decision reads its demand's table
+/// in node order, so it walks memory in order; the number of tables is
+/// bounded by [`SCORE_CACHE_ENTRIES_MAX`], and a new demand takes the least
+/// recently used table over.
 #[derive(Debug, Clone, Default)]
 pub struct NodeCache {
-    entries: Vec<Entry>,
+    tables: Vec<Table>,
+    by_demand: HashMap<Demand, usize>,
     frag: Vec<(u64, f64)>,
     second: Vec<(u64, f64)>,
-    ids: HashMap<Demand, u32>,
-    current: u32,
+    current: usize,
+    decisions: u64,
 }
 
 impl NodeCache {
     pub fn begin(&mut self, cluster: &Cluster, d: &Demand) {
-        if self.frag.len() != cluster.len() {
-            self.entries = vec![EMPTY_ENTRY; cluster.len() * SLOTS];
-            self.frag = vec![(u64::MAX, 0.0); cluster.len()];
-            self.second = vec![(u64::MAX, 0.0); cluster.len()];
+        let nodes = cluster.len();
+        if self.frag.len() != nodes {
+            self.clear();
+            self.frag = vec![(u64::MAX, 0.0); nodes];
+            self.second = vec![(u64::MAX, 0.0); nodes];
         }
-        let next = self.ids.len() as u32;
-        self.current = *self.ids.entry(*d).or_insert(next);
+        self.decisions += 1;
+        let tables_max = (SCORE_CACHE_ENTRIES_MAX / nodes.max(1)).max(1);
+        self.current = match self.by_demand.get(d) {
+            Some(&t) => t,
+            None if self.tables.len() < tables_max => {
+                self.tables.push(Table {
+                    demand: *d,
+                    used: 0,
+                    entries: vec![EMPTY_ENTRY; nodes],
+                });
+                self.by_demand.insert(*d, self.tables.len() - 1);
+                self.tables.len() - 1
+            }
+            None => {
+                let t = (0..self.tables.len())
+                    .min_by_key(|&t| self.tables[t].used)
+                    .expect("at least one table");
+                let table = &mut self.tables[t];
+                self.by_demand.remove(&table.demand);
+                table.demand = *d;
+                table.entries.fill(EMPTY_ENTRY);
+                self.by_demand.insert(*d, t);
+                t
+            }
+        };
+        self.tables[self.current].used = self.decisions;
     }
 
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.tables.clear();
+        self.by_demand.clear();
         self.frag.clear();
         self.second.clear();
-        self.ids.clear();
-    }
-
-    #[inline]
-    fn slot(&self, node: usize) -> usize {
-        node * SLOTS + (self.current as usize % SLOTS)
     }
 
     #[inline]
     pub fn get(&self, node: usize, generation: u64) -> Option<Scored> {
-        let e = &self.entries[self.slot(node)];
-        (e.generation == generation && e.shape == self.current).then_some(Scored {
+        let e = &self.tables[self.current].entries[node];
+        (e.generation == generation).then_some(Scored {
             score: e.score,
             tiebreak: e.tiebreak,
             gpus: e.gpus,
@@ -120,10 +155,8 @@ impl NodeCache {
 
     #[inline]
     pub fn put(&mut self, node: usize, generation: u64, s: Scored) {
-        let i = self.slot(node);
-        self.entries[i] = Entry {
+        self.tables[self.current].entries[node] = Entry {
             generation,
-            shape: self.current,
             gpus: s.gpus,
             score: s.score,
             tiebreak: s.tiebreak,
@@ -230,4 +263,66 @@ pub fn load(n: &Node) -> Load<'_> {
 
 pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GpuSpec, NodeSpec, Request, SharingMode};
+
+    fn cluster(nodes: usize) -> Cluster {
+        let gpu = GpuSpec {
+            model: "T4".into(),
+            vram_gb: 16,
+            mode: SharingMode::VGpu,
+        };
+        let specs: Vec<NodeSpec> = (0..nodes)
+            .map(|i| NodeSpec::uniform(format!("n{i}"), "z", 64_000, 1 << 20, 2, gpu.clone()))
+            .collect();
+        Cluster::new(&specs)
+    }
+
+    fn scored(score: f64) -> Scored {
+        Scored {
+            score,
+            tiebreak: 0.0,
+            gpus: 1,
+        }
+    }
+
+    #[test]
+    fn a_demand_keeps_its_scores_while_fewer_demands_than_the_bound_come_between() {
+        // A bound of 8 tables at 65,536 nodes: a direct-mapped table keyed
+        // by a demand's number would lose demand 0's scores to demand 8.
+        let nodes = SCORE_CACHE_ENTRIES_MAX / 8;
+        let c = cluster(nodes);
+        let demands: Vec<Demand> = (1..=9)
+            .map(|cpu| c.demand(&Request::fraction(100, 1, cpu, 0)))
+            .collect();
+        let mut cache = NodeCache::default();
+        for (i, d) in demands[..8].iter().enumerate() {
+            cache.begin(&c, d);
+            cache.put(7, 3, scored(i as f64));
+        }
+        assert_eq!(cache.tables.len(), 8);
+        for (i, d) in demands[..8].iter().enumerate() {
+            cache.begin(&c, d);
+            assert_eq!(cache.get(7, 3), Some(scored(i as f64)), "demand {i}");
+            assert_eq!(cache.get(7, 4), None, "another generation of the node");
+            assert_eq!(cache.get(6, 3), None, "another node");
+        }
+        // A ninth demand takes over the least recently used table (demand
+        // 0's), and no more memory.
+        cache.begin(&c, &demands[8]);
+        assert_eq!(cache.get(7, 3), None);
+        cache.put(7, 3, scored(8.0));
+        assert_eq!(cache.tables.len(), 8);
+        cache.begin(&c, &demands[0]);
+        assert_eq!(cache.get(7, 3), None, "demand 0 was the least recent");
+        // Demand 0 came back in demand 1's table; demand 2 still holds.
+        cache.begin(&c, &demands[2]);
+        assert_eq!(cache.get(7, 3), Some(scored(2.0)));
+        cache.begin(&c, &demands[1]);
+        assert_eq!(cache.get(7, 3), None);
+    }
 }
