@@ -164,6 +164,7 @@ pub fn parse_nodes(csv: &str) -> Result<Vec<NodeSpec>, String> {
             domains: Vec::new(),
             isolates_workloads: true,
             one_share_size_per_gpu: false,
+            fabric: String::new(),
         });
     }
     Ok(out)

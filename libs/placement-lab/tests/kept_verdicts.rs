@@ -38,6 +38,7 @@ fn node(i: usize, kind: usize) -> NodeSpec {
         domains: Vec::new(),
         isolates_workloads: kind != 1,
         one_share_size_per_gpu: false,
+        fabric: String::new(),
     }
 }
 

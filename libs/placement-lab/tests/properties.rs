@@ -57,6 +57,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeSpec> {
                 },
                 isolates_workloads: true,
                 one_share_size_per_gpu: false,
+                fabric: String::new(),
             },
         )
 }

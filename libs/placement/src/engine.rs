@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+mod gang;
 mod index;
 
+pub use gang::GangShortfall;
 use index::{Index, MAX_INDEXED_DEMANDS};
 
 use crate::cluster::{gpu_indices, AllocError, AllocId, Cluster, Demand, GpuSet, Kind, Reject};
@@ -55,6 +57,8 @@ pub struct Pending {
     pub policy_version: u32,
     pub nodes: u32,
     pub rejected: BTreeMap<String, u32>,
+    /// For a lease spanning nodes: what its best region holds for it.
+    pub gang: Option<GangShortfall>,
 }
 
 impl Pending {
@@ -66,7 +70,10 @@ impl Pending {
     /// Some node could take the request once leases on it end: waiting (or
     /// preempting) can help. `false`: no node ever could, as the nodes are.
     pub fn busy(&self) -> bool {
-        self.count(Reject::GpuBusy) > 0 || self.count(Reject::ShareSize) > 0
+        match &self.gang {
+            Some(g) => g.capacity >= g.gpus,
+            None => self.count(Reject::GpuBusy) > 0 || self.count(Reject::ShareSize) > 0,
+        }
     }
 }
 
@@ -74,6 +81,20 @@ impl fmt::Display for Pending {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.nodes == 0 {
             return f.write_str("no nodes");
+        }
+        if let Some(g) = &self.gang {
+            return match g.region.as_str() {
+                "" => write!(
+                    f,
+                    "{} GPUs span nodes, and no node of {} can take any of them",
+                    g.gpus, self.nodes
+                ),
+                region => write!(
+                    f,
+                    "{} GPUs span nodes of one region: {region} has {} of them free now, {} with every lease there ended",
+                    g.gpus, g.free, g.capacity
+                ),
+            };
         }
         write!(f, "no node of {} fits:", self.nodes)?;
         for (k, v) in &self.rejected {
@@ -247,6 +268,7 @@ impl Engine {
                 .filter(|(_, c)| **c > 0)
                 .map(|(r, c)| (r.to_string(), *c))
                 .collect(),
+            gang: None,
         }
     }
 

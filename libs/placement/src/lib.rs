@@ -29,7 +29,7 @@ pub mod shape_mix;
 pub use cluster::{
     gpu_indices, AllocError, AllocId, Allocation, Cluster, Demand, GpuSet, Kind, MigHold, Reject,
 };
-pub use engine::{Decision, Engine, Pending, Provenance, Ties};
+pub use engine::{Decision, Engine, GangShortfall, Pending, Provenance, Ties};
 pub use model::{GpuDemand, GpuSpec, NodeSpec, Preemptibility, Request, SharingMode};
 pub use policy::{Policy, Scored};
 pub use rng::Rng;

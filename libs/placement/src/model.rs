@@ -44,6 +44,10 @@ pub struct NodeSpec {
     /// share the GPU has hosted since it was last empty, so a larger share
     /// next to a smaller one would get less than it asked for.
     pub one_share_size_per_gpu: bool,
+    /// The fabric its GPUs share with other nodes' (an NVLink switch, an
+    /// InfiniBand island), by label; empty when it does not say. A lease
+    /// spanning nodes prefers nodes of one fabric.
+    pub fabric: String,
 }
 
 impl NodeSpec {
@@ -65,6 +69,7 @@ impl NodeSpec {
             domains: Vec::new(),
             isolates_workloads: true,
             one_share_size_per_gpu: false,
+            fabric: String::new(),
         }
     }
 }

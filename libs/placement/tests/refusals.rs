@@ -24,6 +24,7 @@ fn cluster() -> Cluster {
         domains: Vec::new(),
         isolates_workloads: id != "b",
         one_share_size_per_gpu: false,
+        fabric: String::new(),
     };
     Cluster::new(&[
         node("a", vec![plain.clone(), plain.clone(), in_mig]),

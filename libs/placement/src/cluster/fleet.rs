@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::{
     AllocError, AllocId, Cluster, Gpu, GpuSet, Node, MAX_GPUS_PER_NODE, MAX_MODELS, MAX_ZONES,
-    MILLI, TAGS,
+    MILLI, NO_FABRIC, TAGS,
 };
 use crate::mig::MigLayout;
 use crate::model::{NodeSpec, SharingMode};
@@ -44,7 +44,17 @@ impl Cluster {
             "node {} has too many GPUs",
             s.id
         );
+        let zones_before = self.zones.len();
         let zone = intern(&mut self.zones, &mut self.zone_ix, &s.zone, MAX_ZONES);
+        if self.zones.len() > zones_before {
+            let region = s.zone.rsplit_once('.').map_or(s.zone.as_str(), |(r, _)| r);
+            let region = intern(&mut self.regions, &mut self.region_ix, region, MAX_ZONES);
+            self.zone_region.push(region);
+        }
+        let fabric = match s.fabric.as_str() {
+            "" => NO_FABRIC,
+            label => intern(&mut self.fabrics, &mut self.fabric_ix, label, usize::from(NO_FABRIC)),
+        };
         let mut model_mask = 0u64;
         // A node's GPUs are mostly of one model: looked up once.
         let mut last: Option<(&str, u16)> = None;
@@ -104,6 +114,7 @@ impl Cluster {
             tags: [0; TAGS],
             mig,
             isolates_workloads: s.isolates_workloads,
+            fabric,
         });
         self.nodes.len() - 1
     }
@@ -148,6 +159,10 @@ impl Cluster {
             && gpus_alike
             && n.domains == domains
             && n.isolates_workloads == s.isolates_workloads
+            && match s.fabric.as_str() {
+                "" => n.fabric == NO_FABRIC,
+                label => self.fabric_ix.get(label) == Some(&n.fabric),
+            }
     }
 
     /// Gives back everything held on node `i`, by allocations and by MIG

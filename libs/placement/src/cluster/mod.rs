@@ -39,7 +39,7 @@ mod reject;
 
 pub use demand::{Demand, Kind, TAGS};
 pub(crate) use node::EMPTY_GPU;
-pub use node::{Gpu, Node, MIXED_SHARES};
+pub use node::{Gpu, Node, MIXED_SHARES, NO_FABRIC};
 pub use reject::{AllocError, Reject};
 
 /// Handle of a live allocation.
@@ -71,6 +71,12 @@ pub struct Cluster {
     model_ix: HashMap<String, u16>,
     zones: Vec<String>,
     zone_ix: HashMap<String, u16>,
+    /// Per zone: its region (what precedes the zone name's last dot).
+    zone_region: Vec<u16>,
+    regions: Vec<String>,
+    region_ix: HashMap<String, u16>,
+    fabrics: Vec<String>,
+    fabric_ix: HashMap<String, u16>,
     pub(crate) nodes: Vec<Node>,
     allocs: Vec<Option<Allocation>>,
     free_slots: Vec<u32>,
@@ -115,6 +121,21 @@ impl Cluster {
 
     pub fn zone_name(&self, zone: u16) -> &str {
         &self.zones[usize::from(zone)]
+    }
+
+    /// The region of `zone`: what precedes the zone name's last dot
+    /// (`cn-north.1` is in `cn-north`), or the zone's whole name.
+    pub fn region_of(&self, zone: u16) -> u16 {
+        self.zone_region[usize::from(zone)]
+    }
+
+    pub fn region_name(&self, region: u16) -> &str {
+        &self.regions[usize::from(region)]
+    }
+
+    /// The label of fabric `fabric` (see [`crate::NodeSpec::fabric`]).
+    pub fn fabric_name(&self, fabric: u16) -> &str {
+        &self.fabrics[usize::from(fabric)]
     }
 
     /// Milli-GPU of all GPUs (1000 each).

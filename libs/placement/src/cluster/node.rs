@@ -104,7 +104,12 @@ pub struct Node {
     pub mig: Vec<Option<MigLayout<u32>>>,
     /// See [`crate::NodeSpec::isolates_workloads`].
     pub isolates_workloads: bool,
+    /// Its fabric, or [`NO_FABRIC`] (see [`crate::NodeSpec::fabric`]).
+    pub fabric: u16,
 }
+
+/// [`Node::fabric`] of a node that names no fabric.
+pub const NO_FABRIC: u16 = u16::MAX;
 
 impl Node {
     /// Free milli-GPU summed over the node's GPUs.
