@@ -30,6 +30,7 @@ fn synthetic_tasks() -> Vec<Task> {
                 num_gpu: n,
                 gpu_milli: m,
                 gpu_spec: String::new(),
+                duration_s: 0,
             }
         })
         .collect()

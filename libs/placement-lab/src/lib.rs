@@ -2,7 +2,10 @@
 //! reproducible: every figure of docs/placement.md comes from here.
 //!
 //! * [`trace`]: the published openb trace experiment (parsing, arrival
-//!   sequence, replay, the allocation curve), as pure functions.
+//!   sequence, replay, the allocation curve), as pure functions, and the
+//!   multi-node variant of a task list.
+//! * [`timed`]: a replay with departures and waiting, to measure what a
+//!   gang of nodes waits against a task of one node.
 //! * [`ablation`]: the default policy with each of its ideas behind a switch,
 //!   so that one idea can be measured on its own (`leasehold+<switch>`).
 //! * [`policy`]: the baselines of the published simulator, and the
@@ -15,6 +18,7 @@
 
 pub mod ablation;
 pub mod policy;
+pub mod timed;
 pub mod trace;
 
 use lh_placement::policy::Policy;

@@ -39,6 +39,9 @@ pub struct Task {
     pub gpu_milli: u32,
     /// Any-of GPU models, `A|B`; empty for any.
     pub gpu_spec: String,
+    /// Seconds it held its resources in the trace (`deletion_time -
+    /// creation_time`); 0 where the list has no times.
+    pub duration_s: u64,
 }
 
 impl Task {
@@ -182,6 +185,8 @@ pub fn parse_tasks(csv: &str) -> Result<Vec<Task>, String> {
         col(&cols, "gpu_milli")?,
     );
     let spec = cols.iter().position(|c| c == "gpu_spec");
+    let created = cols.iter().position(|c| c == "creation_time");
+    let deleted = cols.iter().position(|c| c == "deletion_time");
     let mut out = Vec::new();
     for (i, line) in lines.enumerate() {
         if line.trim().is_empty() {
@@ -190,6 +195,12 @@ pub fn parse_tasks(csv: &str) -> Result<Vec<Task>, String> {
         let f: Vec<&str> = line.split(',').collect();
         let num_gpu = num(f.get(ng).copied(), "num_gpu", i + 2)? as u32;
         let gpu_milli = num(f.get(gm).copied(), "gpu_milli", i + 2)?.min(1000) as u32;
+        let time = |at: Option<usize>, what| match at {
+            Some(at) => num(f.get(at).copied(), what, i + 2),
+            None => Ok(0),
+        };
+        let duration_s =
+            time(deleted, "deletion_time")?.saturating_sub(time(created, "creation_time")?);
         out.push(Task {
             name: f.get(name).copied().unwrap_or("").trim().to_string(),
             cpu_milli: num(f.get(cpu).copied(), "cpu_milli", i + 2)?,
@@ -200,9 +211,36 @@ pub fn parse_tasks(csv: &str) -> Result<Vec<Task>, String> {
                 .and_then(|s| f.get(s))
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
+            duration_s,
         });
     }
     Ok(out)
+}
+
+/// The multi-node variant of a task list: every task asking for 8 whole
+/// GPUs asks for 16, and every one asking for 4 asks for 12, each with the
+/// CPU and memory per GPU it had. On the openb cluster, whose largest nodes
+/// hold 8 GPUs, these are gangs of two nodes (8 + 8, 8 + 4); every other
+/// task is as it was. Names gain `-x2` / `-x3`.
+pub fn multinode(tasks: &[Task]) -> Vec<Task> {
+    tasks
+        .iter()
+        .map(|t| {
+            let wider = match (t.num_gpu, t.gpu_milli) {
+                (8, 1000) => 16,
+                (4, 1000) => 12,
+                _ => return t.clone(),
+            };
+            let scale = |x: u64| x * u64::from(wider) / u64::from(t.num_gpu);
+            Task {
+                name: format!("{}-x{}", t.name, wider / t.num_gpu),
+                cpu_milli: scale(t.cpu_milli),
+                memory_mib: scale(t.memory_mib),
+                num_gpu: wider,
+                ..t.clone()
+            }
+        })
+        .collect()
 }
 
 /// Where the appended tasks go.
@@ -267,6 +305,16 @@ pub struct Replay {
     pub allocated: Vec<u64>,
     pub placed: usize,
     pub failed: usize,
+    /// Of those, the gangs: tasks of more GPUs than any node holds.
+    pub gangs_placed: usize,
+    pub gangs_failed: usize,
+}
+
+/// Whether `t` is a gang on `cluster`: more whole GPUs than any of its
+/// nodes holds.
+pub fn is_gang(cluster: &Cluster, t: &Task) -> bool {
+    let largest = cluster.nodes().iter().map(|n| n.gpus.len()).max();
+    t.gpu_milli == 1000 && largest.is_some_and(|l| t.num_gpu as usize > l)
 }
 
 /// Replays `seq` through `engine`; nothing departs.
@@ -280,12 +328,20 @@ pub fn replay(engine: &mut Engine, tasks: &[Task], seq: &[usize]) -> Replay {
         allocated: Vec::with_capacity(seq.len()),
         ..Replay::default()
     };
+    let gang: Vec<bool> = tasks.iter().map(|t| is_gang(engine.cluster(), t)).collect();
     let mut arrived = 0u64;
     for &t in seq {
         arrived += tasks[t].gpu_milli_total();
-        match engine.schedule_demand(&demands[t]) {
-            Ok(_) => r.placed += 1,
-            Err(_) => r.failed += 1,
+        let placed = if gang[t] {
+            engine.schedule_gang(&tasks[t].request()).is_ok()
+        } else {
+            engine.schedule_demand(&demands[t]).is_ok()
+        };
+        match (placed, gang[t]) {
+            (true, false) => r.placed += 1,
+            (false, false) => r.failed += 1,
+            (true, true) => r.gangs_placed += 1,
+            (false, true) => r.gangs_failed += 1,
         }
         r.arrived.push(arrived);
         r.allocated.push(engine.cluster().gpu_milli_used());
@@ -354,8 +410,11 @@ pub struct SeedRun {
     pub policy: String,
     pub seed: u64,
     pub curve: Vec<Option<f64>>,
+    /// Tasks placed and failed, gangs included.
     pub placed: usize,
     pub failed: usize,
+    pub gangs_placed: usize,
+    pub gangs_failed: usize,
 }
 
 /// Runs the whole protocol for one policy and one seed.
@@ -398,7 +457,9 @@ pub fn run_seed_with(
         policy: policy_name.to_string(),
         seed,
         curve: curve(&r, cap),
-        placed: r.placed,
-        failed: r.failed,
+        placed: r.placed + r.gangs_placed,
+        failed: r.failed + r.gangs_failed,
+        gangs_placed: r.gangs_placed,
+        gangs_failed: r.gangs_failed,
     })
 }

@@ -279,6 +279,7 @@ fn task(name: &str, cpu: u64, num: u32, milli: u32) -> Task {
         num_gpu: num,
         gpu_milli: milli,
         gpu_spec: String::new(),
+        duration_s: 0,
     }
 }
 
@@ -327,6 +328,7 @@ fn curve_reads_like_the_published_analysis() {
         allocated: vec![1000, 1500, 2000, 8000],
         placed: 4,
         failed: 0,
+        ..Default::default()
     };
     let c = curve(&r, 10_000);
     assert_eq!(c[10], Some(10.0));

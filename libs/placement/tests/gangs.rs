@@ -41,12 +41,7 @@ fn engine(nodes: &[NodeSpec]) -> Engine {
 
 /// Takes `gpus` whole GPUs of node `id` with a lease of its own.
 fn hold(e: &mut Engine, id: &str, gpus: u8) -> AllocId {
-    let i = e
-        .cluster()
-        .nodes()
-        .iter()
-        .position(|n| n.id == id)
-        .unwrap();
+    let i = e.cluster().nodes().iter().position(|n| n.id == id).unwrap();
     let d = e.cluster().demand(&Request::whole(gpus, 0, 0));
     let set = e.cluster().pick_default(i, &d);
     e.cluster_mut().allocate(i, &d, set).unwrap()
@@ -78,7 +73,10 @@ fn sixteen_gpus_take_two_whole_nodes_and_leave_the_others_whole() {
     assert_eq!(got, [("a".into(), 8), ("c".into(), 8)]);
     // Every member is told the same decision's sequence, and CPU and
     // memory are taken in proportion: 8 of 16 GPUs take half of each.
-    assert_eq!(placed[0].0.provenance.sequence, placed[1].0.provenance.sequence);
+    assert_eq!(
+        placed[0].0.provenance.sequence,
+        placed[1].0.provenance.sequence
+    );
     for n in ["a", "c"] {
         let n = e.cluster().nodes().iter().find(|x| x.id == n).unwrap();
         assert_eq!(n.cpu_total - n.cpu_free, 8_000);
@@ -178,7 +176,10 @@ fn a_gang_never_spans_regions_and_its_refusal_says_what_its_region_lacks() {
     let used = e.cluster().gpu_milli_used();
     let p = e.schedule_gang(&gang(16)).unwrap_err();
     let g = p.gang.clone().expect("a gang's refusal");
-    assert_eq!((g.gpus, g.region.as_str(), g.free, g.capacity), (16, "west", 13, 16));
+    assert_eq!(
+        (g.gpus, g.region.as_str(), g.free, g.capacity),
+        (16, "west", 13, 16)
+    );
     assert!(p.busy(), "west holds 16 once its leases end");
     assert_eq!(
         p.to_string(),
@@ -226,9 +227,7 @@ fn a_gang_takes_only_what_its_zones_and_models_allow() {
         node("b", "r.1", "", 8),
         node("c", "r.2", "", 8),
     ]);
-    let p = e
-        .schedule_gang(&gang(16).with_zones(["r.2"]))
-        .unwrap_err();
+    let p = e.schedule_gang(&gang(16).with_zones(["r.2"])).unwrap_err();
     assert_eq!(p.gang.as_ref().map(|g| g.capacity), Some(8), "{p}");
     assert!(!p.busy());
     let p = e

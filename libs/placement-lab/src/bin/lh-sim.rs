@@ -4,7 +4,15 @@
 //!
 //! ```text
 //! lh-sim --nodes FILE --tasks FILE [--policy NAME|all|A,B] [--seeds 42..51] [--out DIR]
+//!        [--multinode] [--timed-load LOAD]
 //! ```
+//!
+//! `--multinode` replays the task list's multi-node variant
+//! (`trace::multinode`: 8-GPU tasks ask for 16, 4-GPU ones for 12), whose
+//! gangs span two nodes; the lines then also count gangs placed and failed.
+//! `--timed-load` runs the timed replay instead (`timed`: departures,
+//! waiting, arrivals spaced for that offered load) and prints allocation and
+//! waits, single-node tasks beside gangs, into `timed.md` as well.
 //!
 //! Prints one line per policy:
 //! `policy=<name> alloc100=<pct> alloc130=<pct> seconds=<s>` (mean over the
@@ -52,6 +60,14 @@ struct Args {
     /// Worker threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Replay the multi-node variant of the task list (8-GPU tasks ask for
+    /// 16, 4-GPU ones for 12).
+    #[arg(long)]
+    multinode: bool,
+    /// Run the timed replay (departures and waiting) at this offered load,
+    /// a share of the cluster's GPUs (1.0: all of them).
+    #[arg(long)]
+    timed_load: Option<f64>,
 }
 
 fn parse_seeds(s: &str) -> Result<Vec<u64>> {
@@ -88,7 +104,10 @@ fn main() -> Result<()> {
     let tasks_csv = std::fs::read_to_string(&args.tasks)
         .with_context(|| format!("reading {}", args.tasks.display()))?;
     let nodes = trace::parse_nodes(&nodes_csv).map_err(anyhow::Error::msg)?;
-    let tasks = trace::parse_tasks(&tasks_csv).map_err(anyhow::Error::msg)?;
+    let mut tasks = trace::parse_tasks(&tasks_csv).map_err(anyhow::Error::msg)?;
+    if args.multinode {
+        tasks = trace::multinode(&tasks);
+    }
     let policies: Vec<String> = match args.policy.as_str() {
         "all" => POLICY_NAMES.iter().map(|s| s.to_string()).collect(),
         p => p.split(',').map(|s| s.trim().to_string()).collect(),
@@ -117,6 +136,9 @@ fn main() -> Result<()> {
         threads
     );
 
+    if let Some(load) = args.timed_load {
+        return timed(&args, &nodes, &tasks, &policies, &seeds, threads, load);
+    }
     let mut all: Vec<SeedRun> = Vec::new();
     let mut lines = Vec::new();
     for p in &policies {
@@ -158,11 +180,21 @@ fn main() -> Result<()> {
         let mut runs = results.into_inner().unwrap();
         runs.sort_by_key(|r| r.seed);
         let refs: Vec<&SeedRun> = runs.iter().collect();
-        let line = format!(
+        let mut line = format!(
             "policy={p} alloc100={} alloc130={} seconds={secs:.2}",
             fmt_pct(mean_at(&refs, 100)),
             fmt_pct(mean_at(&refs, MAX_PCT))
         );
+        let gangs: usize = runs.iter().map(|r| r.gangs_placed + r.gangs_failed).sum();
+        if gangs > 0 {
+            let count = |f: fn(&SeedRun) -> usize| runs.iter().map(f).sum::<usize>();
+            let singles = count(|r| r.placed + r.failed) - gangs;
+            line.push_str(&format!(
+                " gangs_placed={}/{gangs} singles_placed={}/{singles}",
+                count(|r| r.gangs_placed),
+                count(|r| r.placed - r.gangs_placed),
+            ));
+        }
         println!("{line}");
         lines.push((
             p.clone(),
@@ -290,4 +322,95 @@ mod chart {
         root.present().map_err(|e| anyhow!("{e:?}"))?;
         Ok(())
     }
+}
+
+/// Runs the timed replay for every policy and seed, and prints and writes
+/// the means.
+fn timed(
+    args: &Args,
+    nodes: &[lh_placement::NodeSpec],
+    tasks: &[trace::Task],
+    policies: &[String],
+    seeds: &[u64],
+    threads: usize,
+    load: f64,
+) -> Result<()> {
+    use lh_placement_lab::timed::{run_timed, TimedRun};
+    let mut md = format!(
+        "# lh-sim timed replay\n\nnodes: `{}`; tasks: `{}`{}; seeds: {}; offered load: {load}\n\n\
+         | policy | allocation % | single-node tasks: started, mean / p95 wait (s) | gangs: started, mean / p95 wait (s) | seconds |\n\
+         | --- | --- | --- | --- | --- |\n",
+        args.nodes.display(),
+        args.tasks.display(),
+        if args.multinode { " (multi-node variant)" } else { "" },
+        args.seeds,
+    );
+    for p in policies {
+        let started = Instant::now();
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<std::result::Result<TimedRun, String>>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&seed) = seeds.get(i) else { break };
+                    let r = run_timed(nodes, tasks, p, seed, load);
+                    if let Ok(r) = &r {
+                        eprintln!(
+                            "  {p} seed {seed}: allocation {:.2}%, singles {}/{} wait {:.0} s, gangs {}/{} wait {:.0} s ({:.1}s)",
+                            r.allocation_pct,
+                            r.singles.started,
+                            r.singles.tasks,
+                            r.singles.mean_s,
+                            r.gangs.started,
+                            r.gangs.tasks,
+                            r.gangs.mean_s,
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    results.lock().unwrap().push(r);
+                });
+            }
+        });
+        let runs: Vec<TimedRun> = results
+            .into_inner()
+            .unwrap()
+            .into_iter()
+            .collect::<std::result::Result<_, _>>()
+            .map_err(anyhow::Error::msg)?;
+        let n = runs.len().max(1) as f64;
+        let mean = |f: fn(&TimedRun) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let sum = |f: fn(&TimedRun) -> usize| runs.iter().map(f).sum::<usize>();
+        let secs = started.elapsed().as_secs_f64();
+        let line = format!(
+            "policy={p} load={load} allocation={:.2} singles_started={}/{} singles_wait_mean_s={:.0} singles_wait_p95_s={:.0} gangs_started={}/{} gangs_wait_mean_s={:.0} gangs_wait_p95_s={:.0} seconds={secs:.2}",
+            mean(|r| r.allocation_pct),
+            sum(|r| r.singles.started),
+            sum(|r| r.singles.tasks),
+            mean(|r| r.singles.mean_s),
+            mean(|r| r.singles.p95_s),
+            sum(|r| r.gangs.started),
+            sum(|r| r.gangs.tasks),
+            mean(|r| r.gangs.mean_s),
+            mean(|r| r.gangs.p95_s),
+        );
+        println!("{line}");
+        md.push_str(&format!(
+            "| {p} | {:.2} | {}/{}, {:.0} / {:.0} | {}/{}, {:.0} / {:.0} | {secs:.2} |\n",
+            mean(|r| r.allocation_pct),
+            sum(|r| r.singles.started),
+            sum(|r| r.singles.tasks),
+            mean(|r| r.singles.mean_s),
+            mean(|r| r.singles.p95_s),
+            sum(|r| r.gangs.started),
+            sum(|r| r.gangs.tasks),
+            mean(|r| r.gangs.mean_s),
+            mean(|r| r.gangs.p95_s),
+        ));
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::write(args.out.join("timed.md"), md)?;
+    eprintln!("lh-sim: wrote {}/timed.md", args.out.display());
+    Ok(())
 }

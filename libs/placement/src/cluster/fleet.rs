@@ -53,7 +53,12 @@ impl Cluster {
         }
         let fabric = match s.fabric.as_str() {
             "" => NO_FABRIC,
-            label => intern(&mut self.fabrics, &mut self.fabric_ix, label, usize::from(NO_FABRIC)),
+            label => intern(
+                &mut self.fabrics,
+                &mut self.fabric_ix,
+                label,
+                usize::from(NO_FABRIC),
+            ),
         };
         let mut model_mask = 0u64;
         // A node's GPUs are mostly of one model: looked up once.

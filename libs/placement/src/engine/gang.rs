@@ -98,7 +98,11 @@ fn offer(cluster: &Cluster, i: usize, per_gpu: &Demand) -> Result<Offer, Reject>
             Reject::Memory
         });
     }
-    let idle = n.gpus.iter().filter(|g| g.fits_whole(per_gpu.models)).count();
+    let idle = n
+        .gpus
+        .iter()
+        .filter(|g| g.fits_whole(per_gpu.models))
+        .count();
     Ok(Offer {
         node: i,
         region: cluster.region_of(n.zone),
@@ -132,7 +136,10 @@ impl Engine {
     /// taking every member's GPUs or none. Every member has its own
     /// allocation, released like any other. A gang that cannot be placed
     /// now is a [`Pending`] whose `gang` says what its best region lacks.
-    pub fn schedule_gang(&mut self, request: &Request) -> Result<Vec<(Decision, AllocId)>, Pending> {
+    pub fn schedule_gang(
+        &mut self,
+        request: &Request,
+    ) -> Result<Vec<(Decision, AllocId)>, Pending> {
         let total = self.cluster.demand(request);
         let gpus = match request.gpu {
             GpuDemand::Whole { count } => u32::from(count),
@@ -330,7 +337,12 @@ impl Engine {
         // The region closest to holding the gang: one it fits in once
         // leases end, then the most free, then the most capacity.
         let best = regions.iter().max_by_key(|(region, (free, capacity))| {
-            (*capacity >= gpus, *free, *capacity, std::cmp::Reverse(**region))
+            (
+                *capacity >= gpus,
+                *free,
+                *capacity,
+                std::cmp::Reverse(**region),
+            )
         });
         let shortfall = match best {
             Some((&region, &(free, capacity))) => GangShortfall {
