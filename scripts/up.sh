@@ -111,6 +111,7 @@ SERVICES=(
     "node-agent-b|lh-node-agent|127.0.0.1:9111"
     "node-agent-c|lh-node-agent|127.0.0.1:9112"
     "node-agent-d|lh-node-agent|127.0.0.1:9113"
+    "node-agent-e|lh-node-agent|127.0.0.1:9114"
 )
 
 say() { echo "up: $*"; }

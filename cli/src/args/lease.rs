@@ -277,6 +277,10 @@ pub struct LeaseLogs {
     /// what the node keeps.
     #[arg(long, value_name = "BYTES")]
     pub tail: Option<u64>,
+    /// A lease across nodes: read only this member's log (without it, each
+    /// member's in turn, or with --follow the first's).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
 }
 
 /// `lh lease exec`

@@ -48,6 +48,17 @@ pub struct LeaseHold {
     /// that node is refused as stale, not as an attack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_node: Option<String>,
+    /// A gang's other members, the nodes besides `node_id` it holds GPUs
+    /// on: each may report on its own part.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
+}
+
+impl LeaseHold {
+    /// Whether `node` holds the lease now, alone or as a gang's member.
+    pub fn held_by(&self, node: &str) -> bool {
+        self.node_id.as_deref() == Some(node) || self.members.iter().any(|m| m == node)
+    }
 }
 
 /// Why an event is not obeyed: a sentence for the log and the trail, and
@@ -194,7 +205,7 @@ impl Authority {
                     });
                 };
                 match &hold.node_id {
-                    Some(placed) if placed == node => Ok(()),
+                    _ if hold.held_by(node) => Ok(()),
                     Some(placed) if hold.previous_node.as_ref() == Some(node) => {
                         Err(stale(format!("a lease placed on node {placed:?}")))
                     }
@@ -245,6 +256,7 @@ impl Authority {
                     hold.previous_node = Some(left);
                 }
                 hold.node_id = Some(p.node_id.clone());
+                hold.members = p.nodes().skip(1).map(str::to_string).collect();
                 hold.started_at = None;
             }
             EventData::LeaseMigrated(m) => {
@@ -253,6 +265,7 @@ impl Authority {
                         hold.previous_node = Some(left);
                     }
                     hold.node_id = m.to.as_ref().map(|to| to.node_id.clone());
+                    hold.members.clear();
                     hold.started_at = None;
                 }
             }
@@ -266,6 +279,7 @@ impl Authority {
                     if let Some(left) = hold.node_id.take() {
                         hold.previous_node = Some(left);
                     }
+                    hold.members.clear();
                     hold.started_at.take()
                 });
                 if let Some(started_at) = started_at.filter(|at| s.suspended_at < *at) {

@@ -63,8 +63,15 @@ pub fn host_share_per_gpu(model: &str) -> Option<HostShare> {
         })
 }
 
-/// Most GPUs one lease may hold (all on one node).
-pub const MAX_GPUS_PER_LEASE: u32 = 8;
+/// Any count of GPUs up to this one a lease may hold; more than a node
+/// holds are placed across nodes, as a gang.
+pub const MAX_GPUS_ANY_COUNT: u32 = 16;
+/// Beyond [`MAX_GPUS_ANY_COUNT`], a lease holds whole nodes of this many
+/// GPUs: a multiple of it.
+pub const GPUS_PER_WHOLE_NODE: u32 = 8;
+/// Most GPUs one lease may hold (16 nodes of 8); the tenant's quota bounds
+/// it too.
+pub const MAX_GPUS_PER_LEASE: u32 = 128;
 /// A whole GPU in milli-GPU: the most a fractional share may take.
 pub const MILLI_PER_GPU: u32 = 1000;
 
@@ -102,10 +109,14 @@ impl CatalogError {
 /// MIG profile of the model.
 pub fn check(model: &str, ask: &GpuAsk) -> Result<(), CatalogError> {
     if let GpuAsk::Whole(n) = ask {
-        if *n == 0 || *n > MAX_GPUS_PER_LEASE {
+        let whole_nodes = *n % GPUS_PER_WHOLE_NODE == 0;
+        if *n == 0 || *n > MAX_GPUS_PER_LEASE || (*n > MAX_GPUS_ANY_COUNT && !whole_nodes) {
             return Err(CatalogError::new(
                 "gpus",
-                format!("gpus must be 1 to {MAX_GPUS_PER_LEASE}"),
+                format!(
+                    "gpus must be 1 to {MAX_GPUS_ANY_COUNT}, or a multiple of \
+                     {GPUS_PER_WHOLE_NODE} up to {MAX_GPUS_PER_LEASE}"
+                ),
             ));
         }
     }

@@ -82,6 +82,10 @@ pub struct Node {
     /// What the node declared enforces GPU shares.
     #[serde(default)]
     pub gpu_sharing: lh_events::GpuSharing,
+    /// Its host name, as it registered: how a gang's other members reach
+    /// it.
+    #[serde(default)]
+    pub hostname: String,
 }
 
 impl Node {
@@ -120,8 +124,13 @@ pub struct Fleet {
     /// Stream sequence of the last event on each node's subject, for the
     /// expected-last-subject-sequence of the next write.
     pub node_sequence: HashMap<String, u64>,
-    /// GPUs each live lease holds: node and GPU indices.
+    /// GPUs each live lease holds: node and GPU indices (a gang's first
+    /// member's).
     pub holdings: HashMap<Uuid, (String, Vec<u32>)>,
+    /// A gang's other members: node and GPU indices of each, in node-rank
+    /// order.
+    #[serde(default)]
+    pub gang_members: HashMap<Uuid, Vec<(String, Vec<u32>)>>,
     /// The share of a fractional or MIG lease: `(milli, VRAM GB)` of its
     /// one GPU.
     pub shares: HashMap<Uuid, (u32, u32)>,
@@ -197,6 +206,10 @@ impl Fleet {
                 let share = e.gpus.first().and_then(|g| g.milli.zip(g.vram_gb));
                 let mig = e.gpus.first().and_then(|g| g.mig_instance.clone());
                 self.hold(&e.node_id, e.lease_id, &indices, share, mig);
+                for m in e.members.iter().skip(1) {
+                    let indices: Vec<u32> = m.gpus.iter().map(|g| g.index).collect();
+                    self.hold(&m.node_id, e.lease_id, &indices, None, None);
+                }
             }
             EventData::LeaseEnded(e) => self.release(e.lease_id),
             EventData::LeaseSuspended(e) => self.release(e.lease_id),
@@ -280,11 +293,18 @@ impl Fleet {
     fn register(&mut self, e: &NodeRegistered) {
         // Re-registration keeps what live leases hold.
         let on_gpu = |index: u32| {
+            let held_here = |(n, idx): &(String, Vec<u32>)| n == &e.node_id && idx.contains(&index);
+            let members = self
+                .gang_members
+                .iter()
+                .filter(|(_, members)| members.iter().any(held_here))
+                .map(|(l, _)| *l);
             let mut leases: Vec<Uuid> = self
                 .holdings
                 .iter()
-                .filter(|(_, (n, idx))| n == &e.node_id && idx.contains(&index))
+                .filter(|(_, h)| held_here(h))
                 .map(|(l, _)| *l)
+                .chain(members)
                 .collect();
             leases.sort();
             leases
@@ -344,6 +364,7 @@ impl Fleet {
                 cordoned,
                 isolation: e.isolation,
                 gpu_sharing: e.gpu_sharing,
+                hostname: e.hostname.clone(),
             },
         );
     }
@@ -356,11 +377,22 @@ impl Fleet {
         share: Option<(u32, u32)>,
         mig: Option<MigInstance>,
     ) {
-        if self.holdings.contains_key(&lease_id) {
-            return;
+        match self.holdings.get(&lease_id) {
+            None => {
+                self.holdings
+                    .insert(lease_id, (node_id.to_string(), indices.to_vec()));
+            }
+            Some((first, _)) if first == node_id => return,
+            // Another node of a gang: its `lease.placed` and each member's
+            // `node.gpus_allocated` both say so.
+            Some(_) => {
+                let members = self.gang_members.entry(lease_id).or_default();
+                if members.iter().any(|(n, _)| n == node_id) {
+                    return;
+                }
+                members.push((node_id.to_string(), indices.to_vec()));
+            }
         }
-        self.holdings
-            .insert(lease_id, (node_id.to_string(), indices.to_vec()));
         if let Some(s) = share {
             self.shares.insert(lease_id, s);
         }
@@ -374,18 +406,21 @@ impl Fleet {
     }
 
     fn release(&mut self, lease_id: Uuid) {
-        let Some((node_id, indices)) = self.holdings.remove(&lease_id) else {
+        let Some(first) = self.holdings.remove(&lease_id) else {
             return;
         };
         self.shares.remove(&lease_id);
         self.mig_instances.remove(&lease_id);
-        if let Some(node) = self.nodes.get_mut(&node_id) {
-            self.stamps.stamp(&node_id);
-            for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
-                if gpu.held_by == Some(lease_id) {
-                    gpu.held_by = None;
+        let members = self.gang_members.remove(&lease_id).unwrap_or_default();
+        for (node_id, indices) in std::iter::once(first).chain(members) {
+            if let Some(node) = self.nodes.get_mut(&node_id) {
+                self.stamps.stamp(&node_id);
+                for gpu in node.gpus.iter_mut().filter(|g| indices.contains(&g.index)) {
+                    if gpu.held_by == Some(lease_id) {
+                        gpu.held_by = None;
+                    }
+                    gpu.shares.retain(|s| s.lease_id != lease_id);
                 }
-                gpu.shares.retain(|s| s.lease_id != lease_id);
             }
         }
     }

@@ -109,6 +109,13 @@ pub fn request(
     catalog::check(&body.gpu_model, &ask)?;
     if let Some(w) = &body.workload {
         check_workload(w)?;
+        if ask.gpus() > catalog::GPUS_PER_WHOLE_NODE && w.command.is_empty() {
+            return Err(Invalid::unacceptable(
+                "workload.command",
+                "a lease of more GPUs than a node holds runs its command once per GPU on each \
+                 node: give workload.command (the image's own cannot be run so)",
+            ));
+        }
     }
     // Not `abs()`: i32::MIN has no absolute value and would wrap past the check.
     if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&body.priority) {

@@ -124,6 +124,7 @@ pub fn placed(
             winner_score: 0.0,
             runner_up_score: None,
         },
+        members: Vec::new(),
     }
 }
 

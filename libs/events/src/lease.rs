@@ -250,6 +250,38 @@ pub struct LeasePlaced {
     pub vram_gb_per_gpu: u32,
     pub gpus: Vec<AssignedGpu>,
     pub decision: Decision,
+    /// A lease of more GPUs than one node holds (a gang): every member in
+    /// node-rank order, the first being the node `node_id`, `zone` and
+    /// `gpus` name. Empty for a lease on one node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<LeaseMember>,
+}
+
+/// One node of a lease that spans several: the GPUs it takes there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LeaseMember {
+    pub node_id: String,
+    pub zone: String,
+    /// How the other members reach it (the node's registered host name):
+    /// the first member's is the job's `MASTER_ADDR`.
+    pub address: String,
+    pub gpus: Vec<AssignedGpu>,
+}
+
+impl LeasePlaced {
+    /// Every node the lease holds GPUs on, first the one `node_id` names.
+    pub fn nodes(&self) -> impl Iterator<Item = &str> {
+        let gang = self.members.iter().map(|m| m.node_id.as_str());
+        std::iter::once(self.node_id.as_str()).chain(gang.skip(1))
+    }
+
+    /// GPUs the lease holds on all its nodes.
+    pub fn gpu_count(&self) -> usize {
+        match self.members.as_slice() {
+            [] => self.gpus.len(),
+            members => members.iter().map(|m| m.gpus.len()).sum(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

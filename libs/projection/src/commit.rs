@@ -324,21 +324,23 @@ async fn load_holds(
         Option<String>,
         Option<DateTime<Utc>>,
         Option<String>,
+        Option<sqlx::types::Json<Vec<String>>>,
     );
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT lease_id, tenant_id, node_id, started_at, previous_node FROM lease_holds
-         WHERE projection = $1 AND lease_id = ANY($2)",
+        "SELECT lease_id, tenant_id, node_id, started_at, previous_node, members
+         FROM lease_holds WHERE projection = $1 AND lease_id = ANY($2)",
     )
     .bind(projection)
     .bind(leases)
     .fetch_all(conn)
     .await?;
-    for (lease_id, tenant_id, node_id, started_at, previous_node) in rows {
+    for (lease_id, tenant_id, node_id, started_at, previous_node, members) in rows {
         let hold = LeaseHold {
             tenant_id,
             node_id,
             started_at,
             previous_node,
+            members: members.map(|m| m.0).unwrap_or_default(),
         };
         authority.set_hold(lease_id, Some(hold));
     }
@@ -362,7 +364,7 @@ async fn store_holds(
         .execute(&mut *conn)
         .await?;
     let (mut ids, mut tenants, mut nodes, mut starts) = (vec![], vec![], vec![], vec![]);
-    let mut previous = vec![];
+    let (mut previous, mut members) = (vec![], vec![]);
     for (lease_id, hold) in authority.holds_of(leases.iter().copied()) {
         if let Some(hold) = hold {
             ids.push(lease_id);
@@ -370,6 +372,9 @@ async fn store_holds(
             nodes.push(hold.node_id.clone());
             starts.push(hold.started_at);
             previous.push(hold.previous_node.clone());
+            members.push(
+                (!hold.members.is_empty()).then(|| sqlx::types::Json(hold.members.clone())),
+            );
         }
     }
     if ids.is_empty() {
@@ -377,9 +382,9 @@ async fn store_holds(
     }
     sqlx::query(
         "INSERT INTO lease_holds (projection, lease_id, tenant_id, node_id, started_at,
-                previous_node)
+                previous_node, members)
          SELECT $1, * FROM UNNEST($2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[],
-                $6::text[])",
+                $6::text[], $7::jsonb[])",
     )
     .bind(projection)
     .bind(&ids)
@@ -387,6 +392,7 @@ async fn store_holds(
     .bind(&nodes)
     .bind(&starts)
     .bind(&previous)
+    .bind(&members)
     .execute(conn)
     .await?;
     Ok(())

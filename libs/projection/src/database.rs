@@ -128,6 +128,10 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
     sqlx::query("ALTER TABLE lease_holds ADD COLUMN IF NOT EXISTS previous_node TEXT")
         .execute(pool)
         .await?;
+    // A gang's other members, a JSON array of node ids.
+    sqlx::query("ALTER TABLE lease_holds ADD COLUMN IF NOT EXISTS members JSONB")
+        .execute(pool)
+        .await?;
     // Each node's newest enrollment, as of the projection's offset.
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS node_enrollments (

@@ -11,6 +11,7 @@
 //! counted. The node is the one the subject names (NATS lets a node publish
 //! only under its own), and the tenant the lease read model's.
 
+use crate::read_model::lease::PlacedMember;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -210,7 +211,7 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
     let mut ids: Vec<Uuid> = usable.iter().map(|(_, u)| u.lease_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    type Known = (Uuid, Option<String>, String, Vec<String>);
+    type Known = (Uuid, Option<String>, String, Vec<String>, Vec<PlacedMember>);
     let known: HashMap<Uuid, Known> =
         sqlx::query_as::<
             _,
@@ -220,13 +221,19 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
                 Option<String>,
                 String,
                 sqlx::types::Json<Vec<String>>,
+                sqlx::types::Json<Vec<PlacedMember>>,
             ),
-        >("SELECT id, tenant_id, node_id, state, gpu_uuids FROM leases WHERE id = ANY($1)")
+        >(
+            "SELECT id, tenant_id, node_id, state, gpu_uuids, members FROM leases
+             WHERE id = ANY($1)",
+        )
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
-        .map(|(id, tenant, node, state, uuids)| (id, (tenant, node, state, uuids.0)))
+        .map(|(id, tenant, node, state, uuids, members)| {
+            (id, (tenant, node, state, uuids.0, members.0))
+        })
         .collect();
     let mut waves: Vec<Vec<MinuteRow>> = Vec::new();
     let mut wave_of: HashMap<(Uuid, &str, DateTime<Utc>), usize> = HashMap::new();
@@ -240,21 +247,33 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
         // write figures into another node's lease, whichever tenant holds
         // it. A sample that outruns the lease's placement in the read model
         // is lost with the rest of what cannot be attributed.
+        // A gang's member reports the GPUs of its own part.
+        let member = |members: &'_ [PlacedMember]| {
+            members
+                .iter()
+                .find(|m| m.node_id == usage.node_id)
+                .map(|m| m.gpu_uuids.clone())
+        };
         let (tenant_id, placed_uuids) = match known.get(&usage.lease_id) {
             None => {
                 skipped("unknown_lease");
                 continue;
             }
-            Some((_, node, ..)) if node.as_deref() != Some(usage.node_id.as_str()) => {
+            Some((_, node, _, _, members))
+                if node.as_deref() != Some(usage.node_id.as_str())
+                    && member(members).is_none() =>
+            {
                 skipped("not_placed_here");
                 continue;
             }
             // Its GPUs are not its any more: nothing runs there for it.
-            Some((_, _, state, _)) if !matches!(state.as_str(), "placed" | "running") => {
+            Some((_, _, state, ..)) if !matches!(state.as_str(), "placed" | "running") => {
                 skipped("not_running");
                 continue;
             }
-            Some((tenant_id, _, _, uuids)) => (*tenant_id, uuids),
+            Some((tenant_id, _, _, uuids, members)) => {
+                (*tenant_id, member(members).unwrap_or_else(|| uuids.clone()))
+            }
         };
         for (n, gpu) in usage.gpus.iter().enumerate() {
             let why = if n >= MAX_GPUS_PER_SAMPLE {

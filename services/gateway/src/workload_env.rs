@@ -95,6 +95,8 @@ struct LeaseRow {
     node_id: Option<String>,
     state: String,
     workload: Option<sqlx::types::Json<serde_json::Value>>,
+    /// A gang's members' nodes.
+    members: Vec<String>,
 }
 
 /// The answer to node `node_token` (its subject token) asking for
@@ -110,7 +112,11 @@ async fn answer(
     let not_yet = |why: &str| Ok(WorkloadEnvReply::NotYet { why: why.into() });
     let refused = |why: &str| Ok(WorkloadEnvReply::Refused { why: why.into() });
     let lease: Option<LeaseRow> =
-        sqlx::query_as("SELECT tenant_id, node_id, state, workload FROM leases WHERE id = $1")
+        sqlx::query_as(
+            "SELECT tenant_id, node_id, state, workload,
+                    ARRAY(SELECT m->>'node_id' FROM jsonb_array_elements(members) m) AS members
+             FROM leases WHERE id = $1",
+        )
             .bind(lease_id)
             .fetch_optional(pool)
             .await?;
@@ -122,7 +128,12 @@ async fn answer(
     }
     // The view may lag behind a placement or a move to this node: that
     // is worth asking again, and says nothing of another node's lease.
-    if lease.node_id.as_deref().map(subject::token).as_deref() != Some(node_token) {
+    let on_this_node = lease
+        .node_id
+        .iter()
+        .chain(&lease.members)
+        .any(|node| subject::token(node) == node_token);
+    if !on_this_node {
         return not_yet("the gateway does not show the lease on this node yet");
     }
     let env_ref = lease

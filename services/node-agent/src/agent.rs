@@ -339,6 +339,7 @@ impl NodeAgent {
                         gpus: lease.gpus.clone(),
                         workload: lease.workload.clone(),
                         tenant_id: lease.tenant_id,
+                        gang: lease.gang.clone(),
                     });
                     return None;
                 }
@@ -421,7 +422,16 @@ impl Transition {
                     started_at: now,
                     mig_devices: lease.mig_devices.clone(),
                 }),
-                derived_id(&["lease.started", &lease_id.to_string(), &placement]),
+                // A gang's members each start their own part.
+                match &lease.gang {
+                    None => derived_id(&["lease.started", &lease_id.to_string(), &placement]),
+                    Some(_) => derived_id(&[
+                        "lease.started",
+                        &lease_id.to_string(),
+                        &placement,
+                        node_id,
+                    ]),
+                },
                 guard,
             ),
             Transition::Suspended => (

@@ -141,6 +141,8 @@ pub struct Planner {
     /// Engine nodes that may differ from the fleet as the log says it:
     /// placed on since, or loaded from a pass's own changes.
     dirty: HashSet<usize>,
+    /// The most GPUs any engine node has: a lease of more spans nodes.
+    largest_node_gpus: usize,
 }
 
 /// A node as the engine takes it, written into `spec` (its strings reuse
@@ -293,7 +295,9 @@ impl Planner {
             gpu_index.extend_from_slice(&indices);
             gpu_from.push(gpu_index.len());
         }
+        let largest_node_gpus = cluster.nodes().iter().map(|n| n.gpus.len()).max();
         Planner {
+            largest_node_gpus: largest_node_gpus.unwrap_or(0),
             engine: Engine::new(cluster, default_policy(shape_mix), SEED),
             gpu_index,
             gpu_from,
@@ -389,6 +393,51 @@ impl Planner {
             }
         }
         true
+    }
+
+    /// Whether a lease of `shape` takes more GPUs than any node has: a gang,
+    /// placed with [`Planner::place_gang`].
+    pub fn spans_nodes(&self, shape: LeaseShape) -> bool {
+        matches!(shape, LeaseShape::Whole(n) if n as usize > self.largest_node_gpus)
+    }
+
+    /// Places a gang (see [`Planner::spans_nodes`]) as [`Planner::place`]
+    /// places one lease: every member, in node-rank order, or none.
+    pub fn place_gang(
+        &mut self,
+        shape: LeaseShape,
+        model: &str,
+        needs_isolation: bool,
+        zones: &[String],
+    ) -> Result<Vec<Chosen>, Option<Pending>> {
+        let mut request = shape.request(model).ok_or(None)?;
+        request.needs_isolation = needs_isolation;
+        if !zones.is_empty() {
+            request = request.with_zones(zones.iter().cloned());
+        }
+        let members = self.engine.schedule_gang(&request).map_err(Some)?;
+        Ok(members
+            .into_iter()
+            .map(|(decision, _)| {
+                self.dirty.insert(decision.node);
+                let cluster = self.engine.cluster();
+                let node = cluster.node(decision.node);
+                let index = self.gpu_indices_of(decision.node);
+                let mut gpu_indices: Vec<u32> = decision
+                    .gpu_indices()
+                    .into_iter()
+                    .map(|p| index[usize::from(p)])
+                    .collect();
+                gpu_indices.sort_unstable();
+                Chosen {
+                    node_id: node.id.clone(),
+                    zone: cluster.zone_name(node.zone).to_string(),
+                    gpu_indices,
+                    mig: None,
+                    provenance: decision.provenance,
+                }
+            })
+            .collect())
     }
 
     /// Decides where a lease of `shape` on `model` goes and takes it in this engine, on

@@ -25,13 +25,35 @@ const MAX_LOG_READS: usize = 1_000;
 /// `--tail` bytes before the end) to its end; with `--follow`, then every
 /// second what came since, until the workload ended and all of it is out,
 /// or Ctrl-C. A lease that moved to another node is read there from its
-/// start.
+/// start. A lease across nodes keeps a log on each member: without
+/// `--node` and `--follow`, each is printed in turn, after a line on
+/// standard error naming it.
 pub(super) async fn lease_logs(
     gw: &Gateway,
     args: &LeaseLogs,
     out: Out<'_>,
     err: Out<'_>,
 ) -> anyhow::Result<i32> {
+    let (code, members) = read_log(gw, args, args.node.as_deref(), out, err).await?;
+    if args.node.is_some() || args.follow || members.len() < 2 {
+        return Ok(code);
+    }
+    for member in &members[1..] {
+        let _ = writeln!(err, "lease {}: the log of its part on node {member}", args.id);
+        read_log(gw, args, Some(member), out, err).await?;
+    }
+    Ok(code)
+}
+
+/// One member's log (`None`: the lease's own node, a gang's first), as
+/// [`lease_logs`] prints it; the exit code and the gang's members.
+async fn read_log(
+    gw: &Gateway,
+    args: &LeaseLogs,
+    member: Option<&str>,
+    out: Out<'_>,
+    err: Out<'_>,
+) -> anyhow::Result<(i32, Vec<String>)> {
     let max_bytes = LOGS_READ_BYTES.to_string();
     let mut offset: Option<u64> = None;
     let mut node: Option<String> = None;
@@ -46,12 +68,16 @@ pub(super) async fn lease_logs(
             (None, Some(tail)) => ("tail", tail.to_string()),
             (None, None) => ("offset", "0".to_string()),
         };
-        let query = [("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
+        let mut query = vec![("max_bytes", max_bytes.as_str()), (position.0, &position.1)];
+        if let Some(member) = member {
+            query.push(("node", member));
+        }
         let path = ["v1", "leases", &args.id, "logs"];
         let (page, _) = tokio::select! {
             page = gw.get_as::<LeaseLogsView>(&path, &query) => page?,
-            _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+            _ = &mut interrupted, if args.follow => return Ok((EXIT_OK, Vec::new())),
         };
+        let members = page.members.clone();
         let on = page.node_id;
         let on_placement = page.placement;
         if node.is_some() && on.is_some() && on != node {
@@ -90,15 +116,15 @@ pub(super) async fn lease_logs(
         offset = Some(next);
         reads += 1;
         if drained && (finished || !args.follow) {
-            return Ok(EXIT_OK);
+            return Ok((EXIT_OK, members));
         }
         if !args.follow && (!moved || reads >= MAX_LOG_READS) {
-            return Ok(EXIT_OK);
+            return Ok((EXIT_OK, members));
         }
         if drained || !moved {
             tokio::select! {
                 _ = tokio::time::sleep(LOGS_POLL_INTERVAL) => {}
-                _ = &mut interrupted, if args.follow => return Ok(EXIT_OK),
+                _ = &mut interrupted, if args.follow => return Ok((EXIT_OK, members)),
             }
         }
     }

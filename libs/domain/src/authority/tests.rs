@@ -309,6 +309,7 @@ fn a_restatement_carries_only_what_was_obeyed() {
             node_id: Some("node-c".into()),
             started_at: Some(t(10)),
             previous_node: None,
+            members: Vec::new(),
         })
     );
     // A reader that read it all before gets the same holds.

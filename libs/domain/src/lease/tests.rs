@@ -221,11 +221,37 @@ fn given_no_ask_when_decided_then_gpus_is_required() {
 
 #[test]
 fn given_a_gpu_count_out_of_range_when_decided_then_gpus_is_named() {
-    assert_eq!(
-        refused(whole(0)),
-        ("gpus".into(), "gpus must be 1 to 8".into())
-    );
-    assert_eq!(refused(whole(9)).0, "gpus");
+    let words = "gpus must be 1 to 16, or a multiple of 8 up to 128";
+    assert_eq!(refused(whole(0)), ("gpus".into(), words.into()));
+    // Beyond 16, whole nodes of 8 only, and at most 16 of them.
+    assert_eq!(refused(whole(17)), ("gpus".into(), words.into()));
+    assert_eq!(refused(whole(20)).0, "gpus");
+    assert_eq!(refused(whole(136)).0, "gpus");
+}
+
+#[test]
+fn given_any_count_to_sixteen_or_whole_nodes_beyond_when_decided_then_it_is_a_lease() {
+    let big = Tenant {
+        max_gpus: 128,
+        ..tenant()
+    };
+    for gpus in (1..=16).chain([24, 32, 64, 128]) {
+        assert!(
+            super::request(big, whole(gpus), None, Uuid::nil()).is_ok(),
+            "{gpus} GPUs"
+        );
+    }
+    // A lease across nodes runs its command on each: an image's own
+    // command cannot be run once per GPU.
+    let image_only = LeaseBody {
+        workload: Some(lh_events::WorkloadSpec {
+            image: Some("localhost/leasehold/base".into()),
+            ..Default::default()
+        }),
+        ..whole(16)
+    };
+    let e = super::request(big, image_only, None, Uuid::nil()).unwrap_err();
+    assert_eq!(e.field, "workload.command", "{e}");
 }
 
 #[test]

@@ -31,4 +31,8 @@ pub struct LeaseLogsView {
     /// node (yet), or runs no workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// A lease across nodes: every member, in node-rank order; each keeps
+    /// the log of its own part (`?node=` reads it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }

@@ -19,7 +19,8 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateLease {
-    /// Whole GPUs, all on one node (1 to 8). Exactly one of `gpus`,
+    /// Whole GPUs: 1 to 16, or a multiple of 8 up to 128; more than one
+    /// node holds are placed across nodes as a gang. Exactly one of `gpus`,
     /// `gpu_fraction` and `mig_profile`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
@@ -313,6 +314,23 @@ pub struct LeaseView {
     pub placed_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// A lease of more GPUs than one node holds (a gang): every node it
+    /// runs on, in node-rank order; `node_id`, `zone` and the GPU fields
+    /// above are the first's. Absent for a lease on one node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<LeaseMemberView>,
+}
+
+/// One node of a lease that spans several.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LeaseMemberView {
+    pub node_id: String,
+    pub zone: String,
+    pub gpu_uuids: Vec<String>,
+    pub gpu_indices: Vec<u32>,
+    /// Its part has started: the lease runs once every member's has.
+    #[serde(default)]
+    pub started: bool,
 }
 
 /// A page of leases, newest first.

@@ -3,7 +3,8 @@
 //! over the bus (ADR 003: reads across services are request/reply). A lease
 //! that failed over has a log for each placement, on each node it ran on;
 //! this reads its last placement's, named by the placement's sequence: the
-//! one it is on now, or, back in the queue, the one it last ran on.
+//! one it is on now, or, back in the queue, the one it last ran on. A
+//! lease across nodes has a log on each member: `node` picks which.
 
 use std::time::Duration;
 
@@ -36,6 +37,9 @@ pub struct LeaseLogsQuery {
     pub tail: Option<u64>,
     /// At most this many bytes, 1 to 262144 (default 65536).
     pub max_bytes: Option<u64>,
+    /// For a lease across nodes: the member whose log to read (default
+    /// the first); each runs its part and keeps its own log.
+    pub node: Option<String>,
 }
 
 /// Nothing to read, and why.
@@ -49,6 +53,7 @@ fn nothing_to_read(node_id: Option<String>, finished: bool, detail: String) -> L
         node_id,
         placement: None,
         detail: Some(detail),
+        members: Vec::new(),
     }
 }
 
@@ -98,10 +103,30 @@ pub async fn get(
     // Its last placement's node: where it is, or, back in the queue, where
     // it last ran. Every placement records both; a lease never placed has
     // neither.
-    let last_placement = lease
-        .last_placement_node_id
-        .clone()
-        .zip(lease.last_placement_sequence);
+    let members: Vec<String> = lease
+        .view
+        .members
+        .iter()
+        .map(|m| m.node_id.clone())
+        .collect();
+    let last_placement_node = match &query.node {
+        None => lease.last_placement_node_id.clone(),
+        Some(node) if members.contains(node) => Some(node.clone()),
+        Some(node) => {
+            return Err(ApiError::unprocessable(
+                format!(
+                    "lease {} runs on no node {node:?} now; its members: {}",
+                    lease.view.id,
+                    match members.is_empty() {
+                        true => "none (it is on one node)".to_string(),
+                        false => members.join(", "),
+                    }
+                ),
+                "node",
+            ))
+        }
+    };
+    let last_placement = last_placement_node.zip(lease.last_placement_sequence);
     let Some((node_id, placement)) = last_placement else {
         // A follower waits for it to run; one that never will is done.
         return Ok(Json(nothing_to_read(
@@ -157,7 +182,7 @@ pub async fn get(
                 lease.view.id
             ))
         })?;
-    match reply {
+    let view = match reply {
         LeaseLogsReply::Logs(logs) => Ok(Json(LeaseLogsView {
             data: logs.data,
             next_offset: logs.next_offset,
@@ -174,6 +199,7 @@ pub async fn get(
                     lease.view.id
                 )
             }),
+            members: Vec::new(),
         })),
         // Back in the queue, its last run's log gone (past its keep time):
         // the next run writes a new one.
@@ -212,5 +238,6 @@ pub async fn get(
             "{why} (node {node_id}; a log is kept a while after its workload ends)"
         ))
         .field("id")),
-    }
+    };
+    view.map(|Json(view)| Json(LeaseLogsView { members, ..view }))
 }

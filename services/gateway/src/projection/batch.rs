@@ -16,11 +16,11 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::read_model::lease::{
-    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_mig_instance,
-    requested_lease, Lease,
+    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_members,
+    placed_mig_instance, requested_lease, Lease,
 };
 
-use super::leases::state_guard;
+use super::leases::{started_set, state_guard};
 use super::{apply, apply_event};
 
 /// Most leases one multi-row statement writes.
@@ -117,6 +117,9 @@ struct NewLeaseRow {
     mig_instance: Option<serde_json::Value>,
     end_reason: Option<String>,
     failure: Option<String>,
+    /// A gang's members (`leases.members`), and those started.
+    members: serde_json::Value,
+    members_started: Vec<String>,
 }
 
 impl NewLeaseRow {
@@ -129,6 +132,8 @@ impl NewLeaseRow {
             mig_instance: None,
             end_reason: None,
             failure: None,
+            members: serde_json::json!([]),
+            members_started: Vec::new(),
             lease,
         }
     }
@@ -154,6 +159,20 @@ impl NewLeaseRow {
     /// What each common event's statement does to the row.
     fn follow(&mut self, event: &Stored) {
         let seq = event.sequence as i64;
+        // A gang's member started: the gang runs once every member has
+        // (`leases::started_set`).
+        if let EventData::LeaseStarted(e) = &event.envelope.data {
+            let gang = self.members.as_array().map_or(0, Vec::len);
+            if gang > 0 && self.lease.view.state.after(LeaseStep::Start).is_some() {
+                if !self.members_started.contains(&e.node_id) {
+                    self.members_started.push(e.node_id.clone());
+                }
+                if self.members_started.len() < gang {
+                    self.last_sequence = seq;
+                    return;
+                }
+            }
+        }
         let step = match &event.envelope.data {
             // A second request of the same lease inserts nothing.
             EventData::LeaseRequested(_) => return,
@@ -192,6 +211,8 @@ impl NewLeaseRow {
                 self.lease.last_placement_node_id = Some(e.node_id.clone());
                 self.lease.last_placement_sequence = Some(event.sequence as i64);
                 self.mig_instance = placed_mig_instance(e);
+                self.members = placed_members(e);
+                self.members_started.clear();
             }
             EventData::LeaseStarted(e) => {
                 v.started_at = v.started_at.or(Some(e.started_at));
@@ -336,6 +357,11 @@ async fn insert_new_rows(
             .collect();
         let placement_seqs: Vec<Option<i64>> =
             leases().map(|l| l.last_placement_sequence).collect();
+        let members: Vec<&serde_json::Value> = chunk.iter().map(|r| &r.members).collect();
+        let members_started: Vec<serde_json::Value> = chunk
+            .iter()
+            .map(|r| serde_json::json!(r.members_started))
+            .collect();
         let ids: Vec<Uuid> = sqlx::query_scalar(
             "INSERT INTO leases (id, tenant_id, state, gpus, gpu_model, tier, idempotency_key,
                                  created_at, requested_sequence, last_sequence, priority, gpu_fraction,
@@ -343,14 +369,15 @@ async fn insert_new_rows(
                                  gpu_indices, queued_reason, queue_position, rejected_reason,
                                  stop_requested, end_reason, placed_at, started_at, ended_at,
                                  mig_instance, failure, last_placement_node_id,
-                                 last_placement_sequence)
+                                 last_placement_sequence, members, members_started)
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::int4[], $5::text[],
                                   $6::text[], $7::text[], $8::timestamptz[], $9::int8[], $10::int8[],
                                   $11::int4[], $12::jsonb[], $13::text[], $14::jsonb[], $15::jsonb[],
                                   $16::jsonb[], $17::text[], $18::text[], $19::jsonb[], $20::jsonb[],
                                   $21::text[], $22::int4[], $23::text[], $24::bool[], $25::text[],
                                   $26::timestamptz[], $27::timestamptz[], $28::timestamptz[],
-                                  $29::jsonb[], $30::text[], $31::text[], $32::int8[])
+                                  $29::jsonb[], $30::text[], $31::text[], $32::int8[],
+                                  $33::jsonb[], $34::jsonb[])
              ON CONFLICT (id) DO NOTHING
              RETURNING id",
         )
@@ -386,6 +413,8 @@ async fn insert_new_rows(
         .bind(failures)
         .bind(placement_nodes)
         .bind(placement_seqs)
+        .bind(members)
+        .bind(members_started)
         .fetch_all(&mut *conn)
         .await?;
         inserted.extend(ids);
@@ -402,10 +431,11 @@ async fn update_placed(
             "UPDATE leases l SET state = 'placed', node_id = u.node_id, zone = u.zone, gpu_uuids = u.gpu_uuids,
                 gpu_indices = u.gpu_indices, queued_reason = NULL, queue_position = NULL,
                 placed_at = u.placed_at, last_sequence = u.seq, mig_instance = u.mig_instance,
-                last_placement_node_id = u.node_id, last_placement_sequence = u.seq
+                last_placement_node_id = u.node_id, last_placement_sequence = u.seq,
+                members = u.members, members_started = '[]'::jsonb
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $6::timestamptz[],
-                     $7::int8[], $8::jsonb[])
-              AS u(id, node_id, zone, gpu_uuids, gpu_indices, placed_at, seq, mig_instance)
+                     $7::int8[], $8::jsonb[], $9::jsonb[])
+              AS u(id, node_id, zone, gpu_uuids, gpu_indices, placed_at, seq, mig_instance, members)
          WHERE l.id = u.id AND {}",
             state_guard("l.state", LeaseStep::Place)
         )
@@ -421,6 +451,7 @@ async fn update_placed(
     let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
     let mig: Vec<Option<serde_json::Value>> =
         events.iter().map(|(_, e)| placed_mig_instance(e)).collect();
+    let members: Vec<serde_json::Value> = events.iter().map(|(_, e)| placed_members(e)).collect();
     sqlx::query(&SQL)
         .bind(ids)
         .bind(nodes)
@@ -430,6 +461,7 @@ async fn update_placed(
         .bind(at)
         .bind(seqs)
         .bind(mig)
+        .bind(members)
         .execute(conn)
         .await?;
     Ok(())
@@ -441,20 +473,23 @@ async fn update_started(
 ) -> sqlx::Result<()> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "UPDATE leases l SET state = 'running', started_at = COALESCE(l.started_at, u.started_at),
-                last_sequence = u.seq
-         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::int8[]) AS u(id, started_at, seq)
+            "UPDATE leases l SET {}
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::int8[], $4::text[])
+              AS u(id, started_at, seq, node_id)
          WHERE l.id = u.id AND {}",
+            started_set("l.", "u.node_id", "u.started_at", "u.seq"),
             state_guard("l.state", LeaseStep::Start)
         )
     });
     let ids: Vec<uuid::Uuid> = events.iter().map(|(_, e)| e.lease_id).collect();
     let at: Vec<chrono::DateTime<chrono::Utc>> = events.iter().map(|(_, e)| e.started_at).collect();
     let seqs: Vec<i64> = events.iter().map(|(s, _)| s.sequence as i64).collect();
+    let nodes: Vec<&str> = events.iter().map(|(_, e)| e.node_id.as_str()).collect();
     sqlx::query(&SQL)
         .bind(ids)
         .bind(at)
         .bind(seqs)
+        .bind(nodes)
         .execute(conn)
         .await?;
     Ok(())

@@ -9,7 +9,7 @@ use lh_domain::lease::{LeaseState, LeaseStep};
 use sqlx::PgConnection;
 
 use crate::read_model::lease::{
-    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_mig_instance,
+    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_members, placed_mig_instance,
 };
 
 pub(super) async fn queued(
@@ -60,7 +60,8 @@ pub(super) async fn placed(
         format!(
             "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                         queued_reason = NULL, queue_position = NULL, placed_at = $6, last_sequence = $7,
-                        mig_instance = $8, last_placement_node_id = $2, last_placement_sequence = $7
+                        mig_instance = $8, last_placement_node_id = $2, last_placement_sequence = $7,
+                        members = $9, members_started = '[]'::jsonb
                  WHERE id = $1 AND {}",
             state_guard("state", LeaseStep::Place)
         )
@@ -74,9 +75,31 @@ pub(super) async fn placed(
         .bind(at)
         .bind(seq)
         .bind(placed_mig_instance(e))
+        .bind(placed_members(e))
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// What `lease.started` does to a lease's row, read as `{row}` (`""` or
+/// an alias with its dot), `{node}`, `{started_at}` and `{seq}` being where
+/// the statement finds the event's values: a lease on one node runs; a
+/// gang's member is marked started, and the gang runs once every member is.
+pub(super) fn started_set(row: &str, node: &str, started_at: &str, seq: &str) -> String {
+    let counted = format!(
+        "jsonb_array_length({row}members) <= jsonb_array_length({row}members_started)
+             + (CASE WHEN {row}members_started ? {node} THEN 0 ELSE 1 END)"
+    );
+    format!(
+        "members_started = CASE WHEN jsonb_array_length({row}members) = 0
+                                     OR {row}members_started ? {node}
+                                THEN {row}members_started
+                                ELSE {row}members_started || to_jsonb({node}::text) END,
+         state = CASE WHEN {counted} THEN 'running' ELSE {row}state END,
+         started_at = CASE WHEN {counted} THEN COALESCE({row}started_at, {started_at})
+                           ELSE {row}started_at END,
+         last_sequence = {seq}"
+    )
 }
 
 pub(super) async fn stop_requested(
@@ -118,8 +141,8 @@ pub(super) async fn started(
 ) -> sqlx::Result<()> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "UPDATE leases SET state = 'running', started_at = COALESCE(started_at, $2), last_sequence = $3
-                 WHERE id = $1 AND {}",
+            "UPDATE leases SET {} WHERE id = $1 AND {}",
+            started_set("", "$4", "$2", "$3"),
             state_guard("state", LeaseStep::Start)
         )
     });
@@ -127,6 +150,7 @@ pub(super) async fn started(
         .bind(e.lease_id)
         .bind(e.started_at)
         .bind(seq)
+        .bind(&e.node_id)
         .execute(conn)
         .await?;
     Ok(())
@@ -143,7 +167,8 @@ pub(super) async fn migrated(
             "UPDATE leases SET state = 'placed', node_id = $2, zone = $3, gpu_uuids = $4, gpu_indices = $5,
                             mig_instance = $6, placed_at = $7, migrations = migrations + 1,
                             last_migration_reason = $8, last_sequence = $9,
-                            last_placement_node_id = $2, last_placement_sequence = $9
+                            last_placement_node_id = $2, last_placement_sequence = $9,
+                            members = '[]'::jsonb, members_started = '[]'::jsonb
                      WHERE id = $1 AND {}",
             state_guard("state", LeaseStep::Migrate)
         )
@@ -152,7 +177,8 @@ pub(super) async fn migrated(
         format!(
             "UPDATE leases SET state = 'queued', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
                             mig_instance = NULL, queued_reason = $2, migrations = migrations + 1,
-                            last_migration_reason = $2, last_sequence = $3
+                            last_migration_reason = $2, last_sequence = $3,
+                            members = '[]'::jsonb, members_started = '[]'::jsonb
                      WHERE id = $1 AND {}",
             state_guard("state", LeaseStep::Requeue)
         )
@@ -213,7 +239,8 @@ pub(super) async fn suspended(
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "UPDATE leases SET state = 'suspended', node_id = NULL, zone = NULL, gpu_uuids = '[]', gpu_indices = '[]',
-                        mig_instance = NULL, suspended_at = $2, last_sequence = $3
+                        mig_instance = NULL, suspended_at = $2, last_sequence = $3,
+                        members = '[]'::jsonb, members_started = '[]'::jsonb
                  WHERE id = $1 AND {}",
             state_guard("state", LeaseStep::Suspend)
         )

@@ -8,7 +8,7 @@
 use chrono::{DateTime, Utc};
 use lh_domain::lease::{LeaseNow, LeaseState};
 use lh_events::{GpuFraction, LeaseRequested};
-use lh_rpc::http::leases::{FractionBody, LeaseView, MigInstanceView};
+use lh_rpc::http::leases::{FractionBody, LeaseMemberView, LeaseView, MigInstanceView};
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{FromRow, Row};
@@ -31,7 +31,8 @@ pub struct Lease {
 
 pub(crate) const VIEW_COLUMNS: &str = "id, tenant_id, state, gpus, gpu_fraction, mig_profile, mig_instance, workload, gpu_model, tier, priority, node_id, zone, gpu_uuids, gpu_indices,
     queued_reason, queue_position, rejected_reason, stop_requested, preemption_deadline, preemption_reason, spot, constraints, end_reason, failure, migrations, last_migration_reason, idle_since, suspended_at, created_at, placed_at,
-    started_at, ended_at, requested_sequence, idempotency_key, last_placement_node_id, last_placement_sequence";
+    started_at, ended_at, requested_sequence, idempotency_key, last_placement_node_id, last_placement_sequence,
+    members, members_started";
 
 impl Lease {
     /// What the stop and resume rules need to know of the lease.
@@ -112,6 +113,10 @@ impl<'r> FromRow<'r, PgRow> for Lease {
             placed_at: row.try_get("placed_at")?,
             started_at: row.try_get("started_at")?,
             ended_at: row.try_get("ended_at")?,
+            members: members_view(
+                row.try_get::<Json<Vec<PlacedMember>>, _>("members")?.0,
+                &row.try_get::<Json<Vec<String>>, _>("members_started")?.0,
+            ),
         };
         Ok(Lease {
             view,
@@ -162,6 +167,7 @@ pub fn requested_lease(e: &LeaseRequested, sequence: u64, occurred_at: DateTime<
         placed_at: None,
         started_at: None,
         ended_at: None,
+        members: Vec::new(),
     };
     Lease {
         view,
@@ -244,6 +250,45 @@ pub(crate) fn placed_gpu_uuids(e: &lh_events::LeasePlaced) -> serde_json::Value 
 /// The GPU indices a placement gives a lease, as the read model keeps them.
 pub(crate) fn placed_gpu_indices(e: &lh_events::LeasePlaced) -> serde_json::Value {
     serde_json::json!(e.gpus.iter().map(|g| g.index).collect::<Vec<_>>())
+}
+
+/// A gang's member as the read model keeps it (`leases.members`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct PlacedMember {
+    pub node_id: String,
+    pub zone: String,
+    pub gpu_uuids: Vec<String>,
+    pub gpu_indices: Vec<u32>,
+}
+
+/// The members a placement gives a lease: every node of a gang, none for
+/// a lease on one node.
+pub(crate) fn placed_members(e: &lh_events::LeasePlaced) -> serde_json::Value {
+    let members: Vec<PlacedMember> = e
+        .members
+        .iter()
+        .map(|m| PlacedMember {
+            node_id: m.node_id.clone(),
+            zone: m.zone.clone(),
+            gpu_uuids: m.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            gpu_indices: m.gpus.iter().map(|g| g.index).collect(),
+        })
+        .collect();
+    serde_json::json!(members)
+}
+
+/// The view of a gang's members, `started` those whose part has.
+pub(crate) fn members_view(members: Vec<PlacedMember>, started: &[String]) -> Vec<LeaseMemberView> {
+    members
+        .into_iter()
+        .map(|m| LeaseMemberView {
+            started: started.contains(&m.node_id),
+            node_id: m.node_id,
+            zone: m.zone,
+            gpu_uuids: m.gpu_uuids,
+            gpu_indices: m.gpu_indices,
+        })
+        .collect()
 }
 
 /// The MIG instance a placement gives a lease, if any.

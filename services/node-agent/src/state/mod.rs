@@ -24,6 +24,8 @@ mod idle;
 
 pub(crate) use fault_hold::FaultHold;
 use fault_hold::FaultVerdict;
+
+use crate::workload::gang::GangPart;
 pub use fault_hold::{DEFAULT_GPU_FAULT_HOLD_SECS, DEFAULT_GPU_FAULT_MOVE_WAIT_SECS};
 pub(crate) use idle::IdleWatch;
 
@@ -144,6 +146,17 @@ pub(crate) struct LocalLease {
     /// The MIG devices made for this placement, reported on `lease.started`.
     #[serde(skip)]
     pub(crate) mig_devices: Vec<StartedMigDevice>,
+    /// Its part of a lease that spans several nodes.
+    #[serde(default)]
+    pub(crate) gang: Option<GangPart>,
+}
+
+impl LocalLease {
+    /// A gang's member other than the first: only a failure of its part is
+    /// its to report; the first member reports every other end.
+    fn follows(&self) -> bool {
+        self.gang.as_ref().is_some_and(|g| !g.is_first())
+    }
 }
 
 impl LocalLease {
@@ -300,10 +313,18 @@ impl NodeState {
             }
             EventData::LeasePlaced(e) => {
                 let workload = self.waiting.remove(&e.lease_id);
-                if e.node_id == node_id {
-                    self.placed_here(e.lease_id, &e.gpus, sequence, envelope);
-                    if let (Some(workload), Some(l)) = (workload, self.leases.get_mut(&e.lease_id))
-                    {
+                let gang = GangPart::of(e, node_id);
+                let gpus = match &gang {
+                    Some(part) => &e.members[part.node_rank as usize].gpus,
+                    None if e.node_id == node_id => &e.gpus,
+                    None => return,
+                };
+                self.placed_here(e.lease_id, gpus, sequence, envelope);
+                if let Some(l) = self.leases.get_mut(&e.lease_id) {
+                    if l.placement_sequence == sequence {
+                        l.gang = gang;
+                    }
+                    if let Some(workload) = workload {
                         l.workload = Workload::Known(workload);
                     }
                 }
@@ -359,7 +380,10 @@ impl NodeState {
                         l.preemption_deadline = Some(e.deadline);
                         l.preemption_reason = Some(e.reason);
                     }
-                    EventData::LeaseStarted(_) => l.started = true,
+                    // A gang's members start each their own part.
+                    EventData::LeaseStarted(e) if l.gang.is_none() || e.node_id == node_id => {
+                        l.started = true
+                    }
                     EventData::LeaseGpuFault(e)
                         if e.node_id == node_id && sequence > l.placement_sequence =>
                     {
@@ -426,8 +450,11 @@ impl NodeState {
     /// lease, in lease order.
     pub(crate) fn decide(&self, now: DateTime<Utc>) -> Vec<LeaseStep> {
         let mut steps = Vec::new();
-        for (&lease_id, lease) in self.leases.iter().filter(|(_, l)| !l.ended) {
-            if lease.moved_away {
+        let due = |l: &&LocalLease| !l.ended || l.workload_running;
+        for (&lease_id, lease) in self.leases.iter().filter(|(_, l)| due(l)) {
+            // Moved away, or ended by another (a gang's member whose part
+            // still runs when the gang ends): it stops here, unreported.
+            if lease.moved_away || lease.ended {
                 steps.push(LeaseStep::Leave { lease_id });
                 continue;
             }
@@ -474,6 +501,11 @@ impl NodeState {
                 };
                 // A workload that never ran cannot have met a fault of
                 // its GPU.
+                // A gang's later member holds its GPUs until the first
+                // reports the end, unless its own part failed.
+                if lease.follows() && reason != EndReason::Failed {
+                    continue;
+                }
                 if reason == EndReason::Failed && exited_by_itself && lease.started {
                     match self.gpu_fault_verdict(lease, now) {
                         FaultVerdict::Workload => {}

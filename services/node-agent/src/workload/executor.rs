@@ -18,6 +18,7 @@ use lh_rpc::workload_env::{StorageGrant, WorkloadEnvReply};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::gang::GangPart;
 use super::supervisor::{Finished, Workloads};
 use crate::gpu::mig::{MigInstances, MigPlaced};
 use crate::state::Workload;
@@ -47,6 +48,9 @@ pub(crate) enum Command {
         /// Whose lease it is: a container on its tenant's network joins
         /// that one.
         tenant_id: Option<Uuid>,
+        /// Its part of a gang: its command runs once per GPU, with the
+        /// rendezvous in its environment.
+        gang: Option<GangPart>,
     },
     /// Stop the lease's workload: SIGTERM, the grace period, then SIGKILL;
     /// `reason` is what its workspaces' last sync records.
@@ -164,6 +168,7 @@ pub(crate) fn spawn(
         looking_up: HashMap::new(),
         resolved_tx,
         after_stop: HashMap::new(),
+        gangs: HashMap::new(),
         starting: HashMap::new(),
         running_tx,
         resumed_tx,
@@ -245,6 +250,8 @@ struct WorkloadSide {
     /// placement on this node) to end: the two would share its marks on
     /// the host (a container's name, its cgroups).
     after_stop: HashMap<Uuid, Command>,
+    /// The gang part of each lease started as one.
+    gangs: HashMap<Uuid, GangPart>,
     /// Containers started and not yet running (their image being pulled),
     /// with their placement: a lease starts, and is billed, from when its
     /// container runs.
@@ -374,7 +381,12 @@ impl WorkloadSide {
                 gpus,
                 workload,
                 tenant_id,
+                gang,
             } => {
+                match gang {
+                    Some(part) => self.gangs.insert(lease_id, part),
+                    None => self.gangs.remove(&lease_id),
+                };
                 self.release_mig(lease_id, |p| p == placement);
                 self.workloads.stop_stale(lease_id, placement);
                 self.looking_up.remove(&lease_id);
@@ -415,6 +427,7 @@ impl WorkloadSide {
                 self.start(lease_id, placement, &gpus, tenant_id, Ok(spec))
             }
             Command::Stop { lease_id, reason } => {
+                self.gangs.remove(&lease_id);
                 // A start waiting for an earlier workload is moot: nothing
                 // runs for it.
                 if let Some(Command::Start { placement, .. }) = self.after_stop.remove(&lease_id) {
@@ -442,6 +455,7 @@ impl WorkloadSide {
             }
             Command::Release { lease_id } => {
                 self.release_mig(lease_id, |_| false);
+                self.gangs.remove(&lease_id);
                 None
             }
             Command::Notice {
@@ -469,7 +483,8 @@ impl WorkloadSide {
         self.start_with(lease_id, placement, gpus, tenant_id, spec, None)
     }
 
-    /// [`WorkloadSide::start`] with its data staged and restored.
+    /// [`WorkloadSide::start`] with its data staged and restored; a gang's
+    /// part with its command run once per GPU (see [`super::gang`]).
     fn start_with(
         &mut self,
         lease_id: Uuid,
@@ -480,6 +495,11 @@ impl WorkloadSide {
         storage: Option<crate::storage::Prepared>,
     ) -> Option<Report> {
         let mig_devices = self.mig.held(lease_id, placement);
+        let gang = self.gangs.get(&lease_id);
+        let spec = spec.and_then(|spec| match (spec, gang) {
+            (Some(spec), Some(part)) => gang_spec(spec, part).map(Some),
+            (spec, _) => Ok(spec),
+        });
         let outcome = spec.and_then(|spec| {
             self.workloads
                 .start_with_storage(
@@ -709,4 +729,15 @@ async fn fetch_env(
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(ENV_FETCH_WAIT_MAX);
     }
+}
+
+/// A gang's part of `spec`: its command run once per GPU by the launcher,
+/// the rendezvous on top of the tenant's environment.
+fn gang_spec(mut spec: WorkloadSpec, part: &GangPart) -> Result<WorkloadSpec, String> {
+    if spec.command.is_empty() {
+        return Err("a lease across nodes runs a command on each, and this one names none".into());
+    }
+    spec.command = part.launch(&spec.command);
+    spec.env.extend(part.env());
+    Ok(spec)
 }

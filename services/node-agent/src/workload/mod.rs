@@ -25,6 +25,7 @@ pub mod container_cgroup;
 pub mod door;
 pub mod engine;
 mod engine_state;
+pub mod gang;
 pub(crate) mod executor;
 pub mod lease_log;
 pub mod lease_user;

@@ -60,6 +60,10 @@ pub(super) struct LeaseFacts {
     /// The version the lease's quote names: its book, chosen at request.
     #[serde(default)]
     pub(super) quoted_version: Option<u32>,
+    /// A gang's members that have not started their part yet: its run
+    /// starts when the last one does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) members_to_start: Vec<String>,
 }
 
 impl LeaseFacts {
@@ -207,7 +211,8 @@ impl ChargingState {
             }
             EventData::LeasePlaced(e) => {
                 if let Some(l) = self.open(e.lease_id) {
-                    l.gpus = Some(e.gpus.len() as u32);
+                    l.gpus = Some(e.gpu_count() as u32);
+                    l.members_to_start = e.members.iter().map(|m| m.node_id.clone()).collect();
                     // A fractional lease is billed by its share's VRAM.
                     let share = e.gpus.first().and_then(|g| g.vram_gb);
                     l.vram_gb_per_gpu = Some(share.unwrap_or(e.vram_gb_per_gpu));
@@ -215,6 +220,15 @@ impl ChargingState {
                 }
             }
             EventData::LeaseStarted(e) => {
+                // A gang runs, and is billed, once every member does.
+                if let Some(l) = self.open(e.lease_id) {
+                    if !l.members_to_start.is_empty() {
+                        l.members_to_start.retain(|n| *n != e.node_id);
+                        if !l.members_to_start.is_empty() {
+                            return;
+                        }
+                    }
+                }
                 let book = self.book_for(e.started_at).map(|b| b.version);
                 let first_start = self.open(e.lease_id).is_some_and(|l| {
                     l.book_version.is_none() && l.runs.is_empty() && l.started_at.is_none()

@@ -50,8 +50,11 @@ struct ViewedLease {
     /// Its request (or the restatement that carries it): what a node it is
     /// placed on needs to run it.
     request: Option<StatedEvent>,
-    /// The node it holds GPUs on now.
+    /// The node it holds GPUs on now (a gang's first member).
     node: Option<String>,
+    /// A gang's other members: each reads the lease as `node` does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    members: Vec<String>,
 }
 
 /// One event waiting to be relayed to a node.
@@ -134,6 +137,15 @@ impl NodeViews {
         self.relay(node, Some(lease), new_there, event);
     }
 
+    /// Relays a gang's placement to one of its other members, after the
+    /// lease's request.
+    fn relay_placement(&mut self, node: &str, lease: Uuid, event: StatedEvent) {
+        if let Some(request) = self.leases.get(&lease).and_then(|l| l.request.clone()) {
+            self.relay(node, Some(lease), false, request);
+        }
+        self.relay(node, Some(lease), true, event);
+    }
+
     fn fold(&mut self, sequence: u64, stored_at: DateTime<Utc>, envelope: &Envelope) {
         let stated = || StatedEvent {
             sequence,
@@ -169,6 +181,7 @@ impl NodeViews {
                     tenant_id: e.tenant_id,
                     request: Some(stated()),
                     node: None,
+                    members: Vec::new(),
                 });
             }
             EventData::LeaseRestated(r) => {
@@ -180,11 +193,20 @@ impl NodeViews {
                         self.fold(e.sequence, e.stored_at, &e.envelope);
                     }
                 }
-                if let Some(node) = self.node_of(r.lease_id) {
+                for node in self.nodes_of(r.lease_id) {
                     self.relay(&node, Some(r.lease_id), false, stated());
                 }
             }
-            EventData::LeasePlaced(e) => self.placed(&e.node_id, e.lease_id, stated(), true),
+            EventData::LeasePlaced(e) => {
+                self.placed(&e.node_id, e.lease_id, stated(), true);
+                let members: Vec<String> = e.nodes().skip(1).map(str::to_string).collect();
+                for member in &members {
+                    self.relay_placement(member, e.lease_id, stated());
+                }
+                if let Some(l) = self.leases.get_mut(&e.lease_id) {
+                    l.members = members;
+                }
+            }
             EventData::LeaseMigrated(e) => {
                 // Moved to other GPUs of the same node, it does not leave:
                 // the node gets the move once, as its new placement.
@@ -202,15 +224,16 @@ impl NodeViews {
                 }
             }
             EventData::LeaseSuspended(e) => {
-                if let Some(node) = self.node_of(e.lease_id) {
+                for node in self.nodes_of(e.lease_id) {
                     self.leaves(&node, e.lease_id, stated());
                 }
                 if let Some(l) = self.leases.get_mut(&e.lease_id) {
                     l.node = None;
+                    l.members.clear();
                 }
             }
             EventData::LeaseEnded(e) => {
-                if let Some(node) = self.node_of(e.lease_id) {
+                for node in self.nodes_of(e.lease_id) {
                     self.leaves(&node, e.lease_id, stated());
                 }
                 self.leases.remove(&e.lease_id);
@@ -222,7 +245,7 @@ impl NodeViews {
                 // Every other event on the subject of a lease placed on a
                 // node: the node counts them all for its guard.
                 if let Some(lease) = other.lease_id() {
-                    if let Some(node) = self.node_of(lease) {
+                    for node in self.nodes_of(lease) {
                         self.relay(&node, Some(lease), false, stated());
                     }
                 }
@@ -230,8 +253,13 @@ impl NodeViews {
         }
     }
 
-    fn node_of(&self, lease: Uuid) -> Option<String> {
-        self.leases.get(&lease)?.node.clone()
+    /// Every node that reads `lease` now: the one it is placed on, and a
+    /// gang's other members.
+    fn nodes_of(&self, lease: Uuid) -> Vec<String> {
+        match self.leases.get(&lease) {
+            Some(l) => l.node.iter().chain(&l.members).cloned().collect(),
+            None => Vec::new(),
+        }
     }
 
     /// The relays due now, each node's events in log order, in as few

@@ -169,7 +169,7 @@ impl State {
                 }
             };
             match self.place_in(&mut pass, lease, zones.as_deref()) {
-                Ok(chosen) => place_one(&mut pass, lease, &chosen),
+                Ok(members) => place_one(&mut pass, lease, &members),
                 Err(pending) => self.wait(&mut pass, lease, pending.as_ref(), zones.as_deref()),
             }
         }
@@ -177,14 +177,23 @@ impl State {
     }
 
     /// Places `lease` in one of `zones` (`None`: any), its preferred zone
-    /// first when it has one there.
+    /// first when it has one there: on one node, or as a gang on several
+    /// (the members in node-rank order).
     fn place_in(
         &self,
         pass: &mut Pass,
         lease: &Lease,
         zones: Option<&[String]>,
-    ) -> Result<Chosen, Option<Pending>> {
+    ) -> Result<Vec<Chosen>, Option<Pending>> {
         let needs_isolation = self.needs_isolation(lease);
+        if pass.planner().spans_nodes(lease.shape()) {
+            return pass.planner().place_gang(
+                lease.shape(),
+                &lease.gpu_model,
+                needs_isolation,
+                zones.unwrap_or_default(),
+            );
+        }
         let preferred = lease
             .preferred_zone
             .as_ref()
@@ -196,16 +205,18 @@ impl State {
                 needs_isolation,
                 std::slice::from_ref(zone),
             );
-            if first.is_ok() {
-                return first;
+            if let Ok(chosen) = first {
+                return Ok(vec![chosen]);
             }
         }
-        pass.planner().place(
-            lease.shape(),
-            &lease.gpu_model,
-            needs_isolation,
-            zones.unwrap_or_default(),
-        )
+        pass.planner()
+            .place(
+                lease.shape(),
+                &lease.gpu_model,
+                needs_isolation,
+                zones.unwrap_or_default(),
+            )
+            .map(|chosen| vec![chosen])
     }
 
     /// Notices every running spot lease whose bid the price outgrew.
@@ -388,26 +399,30 @@ fn next_position<'a>(pass: &mut Pass<'a>, lease: &'a Lease) -> u32 {
     *p
 }
 
-/// Places `lease` where the engine chose, and plans the rest of the pass on
-/// top of it.
-fn place_one(pass: &mut Pass, lease: &Lease, chosen: &Chosen) {
+/// Places `lease` where the engine chose (one node, or a gang's members),
+/// and plans the rest of the pass on top of it.
+fn place_one(pass: &mut Pass, lease: &Lease, members: &[Chosen]) {
     // Made this pass's first: read from here on without a search of the
     // whole fleet.
-    pass.planned.node_mut(&chosen.node_id);
-    let node_seq = pass.planned.node_sequence(&chosen.node_id);
-    let (placed, allocated) = placement_events(&pass.planned, lease, chosen, pass.now);
+    for chosen in members {
+        pass.planned.node_mut(&chosen.node_id);
+    }
+    let (placed, allocated) = placement_events(&pass.planned, lease, members, pass.now);
     let vram_gb_per_gpu = match &placed.data {
         EventData::LeasePlaced(p) => p.vram_gb_per_gpu,
         _ => 0,
     };
-    pass.planned.apply(u64::MAX, &allocated.data);
+    let gpus: usize = members.iter().map(|c| c.gpu_indices.len()).sum();
     let usage = pass.tenant_usage.entry(lease.tenant_id).or_default();
     usage.0 += lease.milli();
-    usage.1 += u64::from(vram_gb_per_gpu) * chosen.gpu_indices.len() as u64;
-    pass.out.push(vec![
-        (placed, expect_lease(lease)),
-        (allocated, Expect::LastSubjectSequence(node_seq)),
-    ]);
+    usage.1 += u64::from(vram_gb_per_gpu) * gpus as u64;
+    let mut batch = vec![(placed, expect_lease(lease))];
+    for (allocated, node_id) in allocated {
+        let node_seq = pass.planned.node_sequence(&node_id);
+        pass.planned.apply(u64::MAX, &allocated.data);
+        batch.push((allocated, Expect::LastSubjectSequence(node_seq)));
+    }
+    pass.out.push(batch);
 }
 
 /// A whole-GPU lease that has waited too long stops backfill: the free GPUs

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use lh_domain::fleet::Gpu;
 use lh_events::{
-    derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeasePlaced,
+    derived_id, Actor, AssignedGpu, Decision, Envelope, EventData, LeaseMember, LeasePlaced,
     LeasePreemptionNoticed, MigInstance, NodeAllocation, NodeGpusAllocated, PreemptionReason,
     Relocation,
 };
@@ -66,27 +66,58 @@ pub(super) fn node_event(
     Envelope::new_with_id(id, Actor::Service(SERVICE.into()), now, data)
 }
 
-/// `lease.placed` for `lease` where the engine chose `p`, and the matching
-/// `node.gpus_allocated` (caused by the placement).
+/// `lease.placed` for `lease` where the engine chose `members` (one node,
+/// or a gang's nodes in node-rank order), and the matching
+/// `node.gpus_allocated` of each node (caused by the placement), with the
+/// node each is on.
 pub(super) fn placement_events(
     planned: &impl FleetView,
     lease: &Lease,
-    p: &planner::Chosen,
+    members: &[planner::Chosen],
     now: DateTime<Utc>,
-) -> (Envelope, Envelope) {
-    let (to, allocated) = relocate(planned, lease, p);
+) -> (Envelope, Vec<(Envelope, String)>) {
+    let mut placed_on: Vec<(Relocation, EventData)> = members
+        .iter()
+        .map(|p| relocate(planned, lease, p))
+        .collect();
+    let gang: Vec<LeaseMember> = match placed_on.len() {
+        1 => Vec::new(),
+        _ => placed_on
+            .iter()
+            .map(|(to, _)| LeaseMember {
+                node_id: to.node_id.clone(),
+                zone: to.zone.clone(),
+                address: planned
+                    .node(&to.node_id)
+                    .map(|n| n.hostname.clone())
+                    .unwrap_or_default(),
+                gpus: to.gpus.clone(),
+            })
+            .collect(),
+    };
+    let rest = placed_on.split_off(1);
+    let (to, first_allocated) = placed_on.pop().expect("a placement has a node");
     let placed = EventData::LeasePlaced(LeasePlaced {
         lease_id: lease.id,
-        node_id: to.node_id,
+        node_id: to.node_id.clone(),
         zone: to.zone,
         gpu_model: lease.gpu_model.clone(),
         vram_gb_per_gpu: to.vram_gb_per_gpu,
         gpus: to.gpus,
         decision: to.decision,
+        members: gang,
     });
     let placed = lease_event(lease, now, placed);
-    let mut allocated = lease_event(lease, now, allocated);
-    allocated.causation_id = Some(placed.id);
+    let mut allocated = vec![(lease_event(lease, now, first_allocated), to.node_id)];
+    for (k, (to, allocation)) in rest.into_iter().enumerate() {
+        // Each member's allocation is its own event, decided at the same
+        // subject sequence of the lease.
+        let step = format!("node.gpus_allocated.member.{}", k + 1);
+        allocated.push((derived_lease_event(lease, now, allocation, &step), to.node_id));
+    }
+    for (env, _) in &mut allocated {
+        env.causation_id = Some(placed.id);
+    }
     (placed, allocated)
 }
 

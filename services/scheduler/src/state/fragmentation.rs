@@ -128,6 +128,7 @@ mod tests {
             cordoned: None,
             isolation: Default::default(),
             gpu_sharing: Default::default(),
+            hostname: String::new(),
         }
     }
 

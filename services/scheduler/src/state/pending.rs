@@ -20,6 +20,14 @@ pub(super) fn why_pending(
 ) -> (String, bool) {
     let refusal = Refusal::of(pending);
     let model = &lease.gpu_model;
+    // A gang: the engine words what its best region lacks.
+    if let Some(p) = pending.filter(|p| p.gang.is_some()) {
+        let gpus = lease.ask.gpus();
+        return match p.busy() {
+            true => (format!("waiting for capacity: {gpus} x {model}: {p}"), true),
+            false => (format!("{gpus} x {model} fit in no region: {p}"), false),
+        };
+    }
     if refusal == Refusal::NoIsolation {
         return (NO_ISOLATION.to_string(), false);
     }

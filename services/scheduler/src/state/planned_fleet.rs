@@ -17,8 +17,16 @@ pub trait FleetView {
     fn nodes(&self) -> impl Iterator<Item = &Node>;
     /// Sequence of the last event on the node's subject (0 for none).
     fn node_sequence(&self, id: &str) -> u64;
-    /// Node and GPU indices a live lease holds.
+    /// Node and GPU indices a live lease holds (a gang's first member's).
     fn holding(&self, lease: &Uuid) -> Option<&(String, Vec<u32>)>;
+    /// A gang's other members: node and GPU indices of each.
+    fn gang_members(&self, lease: &Uuid) -> &[(String, Vec<u32>)];
+    /// Every node a live lease holds GPUs on.
+    fn holding_nodes(&self, lease: &Uuid) -> Vec<String> {
+        let first = self.holding(lease).map(|(node, _)| node.clone());
+        let members = self.gang_members(lease).iter().map(|(node, _)| node.clone());
+        first.into_iter().chain(members).collect()
+    }
 }
 
 impl FleetView for Fleet {
@@ -37,6 +45,10 @@ impl FleetView for Fleet {
     fn holding(&self, lease: &Uuid) -> Option<&(String, Vec<u32>)> {
         self.holdings.get(lease)
     }
+
+    fn gang_members(&self, lease: &Uuid) -> &[(String, Vec<u32>)] {
+        self.gang_members.get(lease).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// The fleet of one pass: `base` and what the pass changed. A lease entry
@@ -50,6 +62,7 @@ pub struct PlannedFleet<'a> {
     nodes: HashMap<String, Node>,
     node_sequence: HashMap<String, u64>,
     holdings: HashMap<Uuid, Option<(String, Vec<u32>)>>,
+    gang_members: HashMap<Uuid, Vec<(String, Vec<u32>)>>,
     shares: HashMap<Uuid, Option<(u32, u32)>>,
     mig_instances: HashMap<Uuid, Option<MigInstance>>,
 }
@@ -69,6 +82,7 @@ impl<'a> PlannedFleet<'a> {
             nodes: HashMap::new(),
             node_sequence: HashMap::new(),
             holdings: HashMap::new(),
+            gang_members: HashMap::new(),
             shares: HashMap::new(),
             mig_instances: HashMap::new(),
         }
@@ -131,6 +145,10 @@ impl<'a> PlannedFleet<'a> {
             if let Some(h) = self.holding(lease) {
                 part.holdings.insert(*lease, h.clone());
             }
+            let members = self.gang_members(lease);
+            if !members.is_empty() {
+                part.gang_members.insert(*lease, members.to_vec());
+            }
             if let Some(s) = self.share(lease) {
                 part.shares.insert(*lease, s);
             }
@@ -149,6 +167,8 @@ impl<'a> PlannedFleet<'a> {
         }
         for lease in leases {
             self.holdings.insert(lease, part.holdings.remove(&lease));
+            self.gang_members
+                .insert(lease, part.gang_members.remove(&lease).unwrap_or_default());
             self.shares.insert(lease, part.shares.remove(&lease));
             self.mig_instances
                 .insert(lease, part.mig_instances.remove(&lease));
@@ -158,12 +178,23 @@ impl<'a> PlannedFleet<'a> {
     /// [`Fleet::apply`] of a `node.gpus_allocated`.
     fn allocate(&mut self, sequence: u64, e: &NodeGpusAllocated) {
         for a in &e.allocations {
-            if self.holding(&a.lease_id).is_some() {
-                continue;
+            match self.holding(&a.lease_id) {
+                None => {
+                    self.holdings
+                        .insert(a.lease_id, Some((e.node_id.clone(), a.gpu_indices.clone())));
+                }
+                Some((first, _)) if *first == e.node_id => continue,
+                // Another member of a gang.
+                Some(_) => {
+                    let mut members = self.gang_members(&a.lease_id).to_vec();
+                    if members.iter().any(|(n, _)| *n == e.node_id) {
+                        continue;
+                    }
+                    members.push((e.node_id.clone(), a.gpu_indices.clone()));
+                    self.gang_members.insert(a.lease_id, members);
+                }
             }
             let share = a.milli.zip(a.vram_gb);
-            self.holdings
-                .insert(a.lease_id, Some((e.node_id.clone(), a.gpu_indices.clone())));
             if share.is_some() {
                 self.shares.insert(a.lease_id, share);
             }
@@ -181,22 +212,25 @@ impl<'a> PlannedFleet<'a> {
     }
 
     fn reach(&self, data: &EventData) -> Reach {
-        let held_on = |lease: &Uuid| self.holding(lease).map(|(node, _)| node.clone());
         match data {
             EventData::NodeGpusAllocated(e) => Reach::Some(
                 vec![e.node_id.clone()],
                 e.allocations.iter().map(|a| a.lease_id).collect(),
             ),
-            EventData::LeasePlaced(e) => Reach::Some(vec![e.node_id.clone()], vec![e.lease_id]),
+            EventData::LeasePlaced(e) => Reach::Some(
+                e.nodes().map(str::to_string).collect(),
+                vec![e.lease_id],
+            ),
             EventData::LeaseEnded(e) => {
-                Reach::Some(held_on(&e.lease_id).into_iter().collect(), vec![e.lease_id])
+                Reach::Some(self.holding_nodes(&e.lease_id), vec![e.lease_id])
             }
             EventData::LeaseSuspended(e) => {
-                Reach::Some(held_on(&e.lease_id).into_iter().collect(), vec![e.lease_id])
+                Reach::Some(self.holding_nodes(&e.lease_id), vec![e.lease_id])
             }
             EventData::LeaseMigrated(e) => {
-                let mut nodes: Vec<String> = held_on(&e.lease_id).into_iter().collect();
+                let mut nodes = self.holding_nodes(&e.lease_id);
                 nodes.extend(e.to.as_ref().map(|to| to.node_id.clone()));
+                nodes.sort();
                 nodes.dedup();
                 Reach::Some(nodes, vec![e.lease_id])
             }
@@ -218,6 +252,7 @@ impl<'a> PlannedFleet<'a> {
             .keys()
             .chain(self.base.shares.keys())
             .chain(self.base.mig_instances.keys())
+            .chain(self.base.gang_members.keys())
             .chain(self.holdings.keys())
             .chain(self.shares.keys())
             .chain(self.mig_instances.keys())
@@ -269,6 +304,13 @@ impl FleetView for PlannedFleet<'_> {
         match self.holdings.get(lease) {
             Some(mine) => mine.as_ref(),
             None => self.base.holdings.get(lease),
+        }
+    }
+
+    fn gang_members(&self, lease: &Uuid) -> &[(String, Vec<u32>)] {
+        match self.gang_members.get(lease) {
+            Some(mine) => mine,
+            None => self.base.gang_members(lease),
         }
     }
 }

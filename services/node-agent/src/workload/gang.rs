@@ -1,0 +1,185 @@
+//! A node's part of a lease that spans several nodes (a gang): the
+//! rendezvous a distributed job reads from its environment, and one process
+//! per GPU, as `torch.distributed`'s `env://` and MPI-style launchers expect.
+//!
+//! Every member runs the lease's command once per GPU it holds, each with
+//! `RANK` (its place among all the gang's GPUs), `LOCAL_RANK` (its GPU on
+//! this node), and what every process shares: `WORLD_SIZE` (the gang's
+//! GPUs), `MASTER_ADDR` and `MASTER_PORT` (the first member, which hosts
+//! the rendezvous), `NNODES`, `NODE_RANK`, `LOCAL_WORLD_SIZE` and
+//! `LEASEHOLD_GANG_MEMBERS` (every member's address, in node-rank order).
+//! The part exits with the first non-zero status of its processes, or 0.
+
+use std::collections::BTreeMap;
+
+use lh_events::LeasePlaced;
+use uuid::Uuid;
+
+/// The port a gang's rendezvous listens on, on its first member: one of
+/// 1,000 from 29,500 (PyTorch's default), by the lease's id, so that two
+/// gangs whose first member is the same node rarely meet.
+pub const MASTER_PORT_FIRST: u16 = 29_500;
+pub const MASTER_PORTS: u16 = 1_000;
+
+/// Runs the command given after it once per local GPU (`LEASEHOLD_GPUS`),
+/// each with its `LOCAL_RANK` and `RANK` (`LEASEHOLD_RANK_BASE` + local
+/// rank), and exits with the first non-zero status, or 0.
+pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""
+while [ "$i" -lt "$n" ]; do
+  LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &
+  pids="$pids $!"; i=$((i + 1))
+done
+status=0
+for p in $pids; do wait "$p" || { s=$?; [ "$status" -eq 0 ] && status=$s; }; done
+exit "$status""#;
+
+/// This node's part of a gang.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GangPart {
+    /// Its place among the members, 0 for the first.
+    pub node_rank: u32,
+    /// Every member's address and GPU count, in node-rank order.
+    pub members: Vec<(String, u32)>,
+    pub master_port: u16,
+}
+
+impl GangPart {
+    /// The part of `placed` on `node_id`; `None` for a lease on one node
+    /// or a gang this node is not a member of.
+    pub fn of(placed: &LeasePlaced, node_id: &str) -> Option<GangPart> {
+        let node_rank = placed.members.iter().position(|m| m.node_id == node_id)?;
+        Some(GangPart {
+            node_rank: node_rank as u32,
+            members: placed
+                .members
+                .iter()
+                .map(|m| (m.address.clone(), m.gpus.len() as u32))
+                .collect(),
+            master_port: master_port(placed.lease_id),
+        })
+    }
+
+    /// Whether this is the first member: its end is the gang's.
+    pub fn is_first(&self) -> bool {
+        self.node_rank == 0
+    }
+
+    /// What every process of this part shares, the launcher's own two
+    /// included.
+    pub fn env(&self) -> BTreeMap<String, String> {
+        let rank = self.node_rank as usize;
+        let gpus_before: u32 = self.members[..rank].iter().map(|(_, g)| g).sum();
+        let world: u32 = self.members.iter().map(|(_, g)| g).sum();
+        let local = self.members.get(rank).map_or(0, |(_, g)| *g);
+        let addresses: Vec<&str> = self.members.iter().map(|(a, _)| a.as_str()).collect();
+        let master = addresses.first().copied().unwrap_or_default();
+        [
+            ("MASTER_ADDR", master.to_string()),
+            ("MASTER_PORT", self.master_port.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("NNODES", self.members.len().to_string()),
+            ("NODE_RANK", self.node_rank.to_string()),
+            ("LOCAL_WORLD_SIZE", local.to_string()),
+            ("LEASEHOLD_GANG_MEMBERS", addresses.join(",")),
+            ("LEASEHOLD_GPUS", local.to_string()),
+            ("LEASEHOLD_RANK_BASE", gpus_before.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// `command` run once per GPU by [`LAUNCHER`].
+    pub fn launch(&self, command: &[String]) -> Vec<String> {
+        ["/bin/sh", "-c", LAUNCHER, "leasehold-gang"]
+            .into_iter()
+            .map(str::to_string)
+            .chain(command.iter().cloned())
+            .collect()
+    }
+}
+
+/// The rendezvous port of lease `lease_id`.
+pub fn master_port(lease_id: Uuid) -> u16 {
+    MASTER_PORT_FIRST + (lease_id.as_u128() % u128::from(MASTER_PORTS)) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lh_events::{fixtures, LeaseMember};
+
+    fn gang() -> LeasePlaced {
+        let mut placed = fixtures::placed(
+            Uuid::from_u128(7),
+            "node-a",
+            "z",
+            "A100-40GB",
+            40,
+            &[0, 1, 2, 3, 4, 5, 6, 7],
+        );
+        let b = fixtures::placed(Uuid::from_u128(7), "node-e", "z", "A100-40GB", 40, &[0, 1, 2, 3]);
+        placed.members = vec![
+            LeaseMember {
+                node_id: "node-a".into(),
+                zone: "z".into(),
+                address: "gpu-a".into(),
+                gpus: placed.gpus.clone(),
+            },
+            LeaseMember {
+                node_id: "node-e".into(),
+                zone: "z".into(),
+                address: "gpu-e".into(),
+                gpus: b.gpus,
+            },
+        ];
+        placed
+    }
+
+    #[test]
+    fn each_member_is_told_its_place_and_the_rendezvous() {
+        let placed = gang();
+        assert_eq!(GangPart::of(&placed, "node-b"), None);
+        let a = GangPart::of(&placed, "node-a").unwrap();
+        let e = GangPart::of(&placed, "node-e").unwrap();
+        assert!(a.is_first() && !e.is_first());
+        let env = e.env();
+        let get = |k: &str| env.get(k).map(String::as_str);
+        assert_eq!(get("MASTER_ADDR"), Some("gpu-a"));
+        assert_eq!(get("MASTER_PORT"), Some("29507"));
+        assert_eq!(get("WORLD_SIZE"), Some("12"));
+        assert_eq!(get("NNODES"), Some("2"));
+        assert_eq!(get("NODE_RANK"), Some("1"));
+        assert_eq!(get("LOCAL_WORLD_SIZE"), Some("4"));
+        assert_eq!(get("LEASEHOLD_GANG_MEMBERS"), Some("gpu-a,gpu-e"));
+        assert_eq!(get("LEASEHOLD_RANK_BASE"), Some("8"));
+        assert_eq!(a.env().get("LEASEHOLD_RANK_BASE").unwrap(), "0");
+        // A lease on one node is no gang.
+        let mut one = placed.clone();
+        one.members.clear();
+        assert_eq!(GangPart::of(&one, "node-a"), None);
+    }
+
+    #[test]
+    fn the_launcher_runs_one_process_per_gpu_and_exits_with_the_first_failure() {
+        let part = GangPart::of(&gang(), "node-e").unwrap();
+        let run = |command: &[&str]| {
+            let command: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+            let argv = part.launch(&command);
+            let out = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .env_clear()
+                .envs(part.env())
+                .output()
+                .expect("sh runs");
+            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let (code, out) = run(&["sh", "-c", "echo $RANK/$WORLD_SIZE $LOCAL_RANK"]);
+        assert_eq!(code, Some(0));
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort();
+        assert_eq!(lines, ["10/12 2", "11/12 3", "8/12 0", "9/12 1"]);
+        let (code, _) = run(&["sh", "-c", "[ $LOCAL_RANK -ne 2 ] || exit 7"]);
+        assert_eq!(code, Some(7));
+    }
+}
