@@ -372,9 +372,8 @@ async fn store_holds(
             nodes.push(hold.node_id.clone());
             starts.push(hold.started_at);
             previous.push(hold.previous_node.clone());
-            members.push(
-                (!hold.members.is_empty()).then(|| sqlx::types::Json(hold.members.clone())),
-            );
+            members
+                .push((!hold.members.is_empty()).then(|| sqlx::types::Json(hold.members.clone())));
         }
     }
     if ids.is_empty() {

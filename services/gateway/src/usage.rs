@@ -212,29 +212,28 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
     ids.sort_unstable();
     ids.dedup();
     type Known = (Uuid, Option<String>, String, Vec<String>, Vec<PlacedMember>);
-    let known: HashMap<Uuid, Known> =
-        sqlx::query_as::<
-            _,
-            (
-                Uuid,
-                Uuid,
-                Option<String>,
-                String,
-                sqlx::types::Json<Vec<String>>,
-                sqlx::types::Json<Vec<PlacedMember>>,
-            ),
-        >(
-            "SELECT id, tenant_id, node_id, state, gpu_uuids, members FROM leases
+    let known: HashMap<Uuid, Known> = sqlx::query_as::<
+        _,
+        (
+            Uuid,
+            Uuid,
+            Option<String>,
+            String,
+            sqlx::types::Json<Vec<String>>,
+            sqlx::types::Json<Vec<PlacedMember>>,
+        ),
+    >(
+        "SELECT id, tenant_id, node_id, state, gpu_uuids, members FROM leases
              WHERE id = ANY($1)",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .map(|(id, tenant, node, state, uuids, members)| {
-            (id, (tenant, node, state, uuids.0, members.0))
-        })
-        .collect();
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|(id, tenant, node, state, uuids, members)| {
+        (id, (tenant, node, state, uuids.0, members.0))
+    })
+    .collect();
     let mut waves: Vec<Vec<MinuteRow>> = Vec::new();
     let mut wave_of: HashMap<(Uuid, &str, DateTime<Utc>), usize> = HashMap::new();
     for (sample, usage) in &usable {
@@ -260,8 +259,7 @@ async fn apply_samples(conn: &mut PgConnection, samples: &[&Sample]) -> sqlx::Re
                 continue;
             }
             Some((_, node, _, _, members))
-                if node.as_deref() != Some(usage.node_id.as_str())
-                    && member(members).is_none() =>
+                if node.as_deref() != Some(usage.node_id.as_str()) && member(members).is_none() =>
             {
                 skipped("not_placed_here");
                 continue;

@@ -111,15 +111,14 @@ async fn answer(
     let lease_id = request.lease_id;
     let not_yet = |why: &str| Ok(WorkloadEnvReply::NotYet { why: why.into() });
     let refused = |why: &str| Ok(WorkloadEnvReply::Refused { why: why.into() });
-    let lease: Option<LeaseRow> =
-        sqlx::query_as(
-            "SELECT tenant_id, node_id, state, workload,
+    let lease: Option<LeaseRow> = sqlx::query_as(
+        "SELECT tenant_id, node_id, state, workload,
                     ARRAY(SELECT m->>'node_id' FROM jsonb_array_elements(members) m) AS members
              FROM leases WHERE id = $1",
-        )
-            .bind(lease_id)
-            .fetch_optional(pool)
-            .await?;
+    )
+    .bind(lease_id)
+    .fetch_optional(pool)
+    .await?;
     let Some(lease) = lease else {
         return not_yet("the gateway does not know the lease yet");
     };

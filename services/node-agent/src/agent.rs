@@ -425,12 +425,9 @@ impl Transition {
                 // A gang's members each start their own part.
                 match &lease.gang {
                     None => derived_id(&["lease.started", &lease_id.to_string(), &placement]),
-                    Some(_) => derived_id(&[
-                        "lease.started",
-                        &lease_id.to_string(),
-                        &placement,
-                        node_id,
-                    ]),
+                    Some(_) => {
+                        derived_id(&["lease.started", &lease_id.to_string(), &placement, node_id])
+                    }
                 },
                 guard,
             ),

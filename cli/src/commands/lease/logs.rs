@@ -39,7 +39,11 @@ pub(super) async fn lease_logs(
         return Ok(code);
     }
     for member in &members[1..] {
-        let _ = writeln!(err, "lease {}: the log of its part on node {member}", args.id);
+        let _ = writeln!(
+            err,
+            "lease {}: the log of its part on node {member}",
+            args.id
+        );
         read_log(gw, args, Some(member), out, err).await?;
     }
     Ok(code)

@@ -529,3 +529,43 @@ fn a_restatement_that_left_out_the_placement_keeps_the_hold_a_reader_has() {
     );
     authority.admit(&ended_by("node-c", 9)).unwrap();
 }
+
+/// A lease requested and placed as a gang on `node-c` and `node-d`.
+fn gang_on_c_and_d() -> Authority {
+    let mut authority = Authority::default();
+    authority.admit(&requested()).unwrap();
+    let EventData::LeasePlaced(mut p) = placed_on("node-c").data else {
+        unreachable!()
+    };
+    p.members = ["node-c", "node-d"]
+        .into_iter()
+        .map(|n| lh_events::LeaseMember {
+            node_id: n.into(),
+            zone: "zone-a".into(),
+            address: n.into(),
+            gpus: p.gpus.clone(),
+        })
+        .collect();
+    authority
+        .admit(&by(scheduler(), EventData::LeasePlaced(p)))
+        .unwrap();
+    authority
+}
+
+#[test]
+fn every_member_of_a_gang_reports_on_its_part_and_no_other_node_does() {
+    let mut authority = gang_on_c_and_d();
+    assert_eq!(
+        authority.lease(LEASE).map(|h| h.members.clone()),
+        Some(vec!["node-d".to_string()])
+    );
+    assert!(authority.admit(&started_by("node-c", 1)).is_ok());
+    assert!(authority.admit(&started_by("node-d", 2)).is_ok());
+    let refused = authority.admit(&started_by("node-e", 3)).unwrap_err();
+    assert_eq!(refused.reason, SkipReason::NotAuthorized);
+    // A member's failure ends the gang; nothing holds it after.
+    assert!(authority.admit(&ended_by("node-d", 4)).is_ok());
+    assert_eq!(authority.lease(LEASE), None);
+    let late = authority.admit(&ended_by("node-c", 5)).unwrap_err();
+    assert_eq!(late.reason, SkipReason::StaleReport);
+}

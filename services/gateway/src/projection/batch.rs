@@ -16,8 +16,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::read_model::lease::{
-    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_members,
-    placed_mig_instance, requested_lease, Lease,
+    end_reason, failure, placed_gpu_indices, placed_gpu_uuids, placed_members, placed_mig_instance,
+    requested_lease, Lease,
 };
 
 use super::leases::{started_set, state_guard};

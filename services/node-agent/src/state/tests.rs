@@ -408,13 +408,26 @@ fn a_lease_moved_away_leaves_without_a_report() {
 }
 
 #[test]
-fn ended_leases_need_nothing() {
+fn ended_leases_need_nothing_but_a_workload_still_running_stops() {
     let state = given(LocalLease {
         ended: true,
         stop_requested: true,
+        workload_running: false,
         ..running()
     });
     assert_eq!(state.decide(t(0)), []);
+    // Ended by another (a gang's other member, the scheduler) while its
+    // workload runs here: it stops, and nothing more is reported.
+    let state = given(LocalLease {
+        ended: true,
+        ..running()
+    });
+    assert_eq!(
+        state.decide(t(0)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
 }
 
 fn requested_with_workload(lease: Uuid) -> EventData {
@@ -616,4 +629,79 @@ fn a_snapshot_taken_back_knows_what_the_log_said_and_nothing_this_process_did() 
     );
     assert!(!is.workload_running, "what a process did is not kept");
     assert!(!NodeState::default().restore(serde_json::json!({"leases": 1})));
+}
+
+/// A gang of two placed on `node-e` (first) and this node, at sequence 10.
+fn gang_member() -> NodeState {
+    let mut state = NodeState::default();
+    let mut placed = lh_events::fixtures::placed(lease_id(), "node-e", "z", "A100-40GB", 40, &[0]);
+    placed.members = ["node-e", NODE]
+        .into_iter()
+        .map(|n| lh_events::LeaseMember {
+            node_id: n.into(),
+            zone: "z".into(),
+            address: format!("{n}.example"),
+            gpus: placed.gpus.clone(),
+        })
+        .collect();
+    when(&mut state, 10, EventData::LeasePlaced(placed));
+    state
+}
+
+fn started_on(node: &str) -> EventData {
+    EventData::LeaseStarted(lh_events::fixtures::started(lease_id(), node, t(1)))
+}
+
+#[test]
+fn a_gangs_member_starts_its_own_part_whatever_the_others_did() {
+    let mut state = gang_member();
+    let part = state.leases[&lease_id()]
+        .gang
+        .clone()
+        .expect("a gang's part");
+    assert_eq!((part.node_rank, part.members.len()), (1, 2));
+    assert_eq!(
+        state.decide(t(1)),
+        [LeaseStep::Start {
+            lease_id: lease_id()
+        }]
+    );
+    // The first member's start is not this one's.
+    when(&mut state, 11, started_on("node-e"));
+    assert!(!state.leases[&lease_id()].started);
+    when(&mut state, 12, started_on(NODE));
+    assert!(state.leases[&lease_id()].started);
+}
+
+#[test]
+fn a_gangs_later_member_reports_only_its_failure_and_stops_when_the_gang_ends() {
+    let mut state = gang_member();
+    when(&mut state, 11, started_on(NODE));
+    let lease = state.leases.get_mut(&lease_id()).unwrap();
+    lease.exit = exited(0);
+    // Its part completed: its GPUs stay the gang's until the first ends it.
+    assert_eq!(state.decide(t(2)), []);
+    state.leases.get_mut(&lease_id()).unwrap().exit = exited(3);
+    assert_eq!(state.decide(t(2)), end(EndReason::Failed, Some(3)));
+
+    // Running when another member ends the gang: it stops, unreported.
+    let mut state = gang_member();
+    when(&mut state, 11, started_on(NODE));
+    state.leases.get_mut(&lease_id()).unwrap().workload_running = true;
+    when(
+        &mut state,
+        12,
+        EventData::LeaseEnded(lh_events::fixtures::ended(
+            lease_id(),
+            "node-e",
+            t(3),
+            EndReason::Completed,
+        )),
+    );
+    assert_eq!(
+        state.decide(t(3)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
 }

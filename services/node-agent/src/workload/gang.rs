@@ -118,7 +118,14 @@ mod tests {
             40,
             &[0, 1, 2, 3, 4, 5, 6, 7],
         );
-        let b = fixtures::placed(Uuid::from_u128(7), "node-e", "z", "A100-40GB", 40, &[0, 1, 2, 3]);
+        let b = fixtures::placed(
+            Uuid::from_u128(7),
+            "node-e",
+            "z",
+            "A100-40GB",
+            40,
+            &[0, 1, 2, 3],
+        );
         placed.members = vec![
             LeaseMember {
                 node_id: "node-a".into(),
@@ -172,7 +179,10 @@ mod tests {
                 .envs(part.env())
                 .output()
                 .expect("sh runs");
-            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
         };
         let (code, out) = run(&["sh", "-c", "echo $RANK/$WORLD_SIZE $LOCAL_RANK"]);
         assert_eq!(code, Some(0));

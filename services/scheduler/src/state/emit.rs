@@ -113,7 +113,10 @@ pub(super) fn placement_events(
         // Each member's allocation is its own event, decided at the same
         // subject sequence of the lease.
         let step = format!("node.gpus_allocated.member.{}", k + 1);
-        allocated.push((derived_lease_event(lease, now, allocation, &step), to.node_id));
+        allocated.push((
+            derived_lease_event(lease, now, allocation, &step),
+            to.node_id,
+        ));
     }
     for (env, _) in &mut allocated {
         env.causation_id = Some(placed.id);

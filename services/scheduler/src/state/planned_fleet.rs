@@ -24,7 +24,10 @@ pub trait FleetView {
     /// Every node a live lease holds GPUs on.
     fn holding_nodes(&self, lease: &Uuid) -> Vec<String> {
         let first = self.holding(lease).map(|(node, _)| node.clone());
-        let members = self.gang_members(lease).iter().map(|(node, _)| node.clone());
+        let members = self
+            .gang_members(lease)
+            .iter()
+            .map(|(node, _)| node.clone());
         first.into_iter().chain(members).collect()
     }
 }
@@ -217,10 +220,9 @@ impl<'a> PlannedFleet<'a> {
                 vec![e.node_id.clone()],
                 e.allocations.iter().map(|a| a.lease_id).collect(),
             ),
-            EventData::LeasePlaced(e) => Reach::Some(
-                e.nodes().map(str::to_string).collect(),
-                vec![e.lease_id],
-            ),
+            EventData::LeasePlaced(e) => {
+                Reach::Some(e.nodes().map(str::to_string).collect(), vec![e.lease_id])
+            }
             EventData::LeaseEnded(e) => {
                 Reach::Some(self.holding_nodes(&e.lease_id), vec![e.lease_id])
             }

@@ -1,5 +1,6 @@
 mod enforcement;
 mod failover;
+mod gangs;
 mod given;
 mod kept;
 mod mig;

@@ -1,0 +1,150 @@
+//! Leases of more GPUs than a node holds: one `lease.placed` naming every
+//! member, a `node.gpus_allocated` per member in the same batch, all of the
+//! gang's GPUs held until it ends, and a reason that says what is missing
+//! while it waits.
+
+use super::given::*;
+
+fn ended(lease: Uuid) -> EventData {
+    EventData::LeaseEnded(LeaseEnded {
+        lease_id: lease,
+        node_id: None,
+        ended_at: Utc::now(),
+        reason: EndReason::Stopped,
+        exit_code: None,
+        failure: None,
+    })
+}
+
+#[test]
+fn sixteen_gpus_are_placed_on_two_nodes_in_one_batch_and_held_until_the_end() {
+    let t = Uuid::from_u128(1);
+    let gang = Uuid::from_u128(2);
+    let mut s = given(vec![
+        node("a", 8),
+        node("b", 8),
+        node("c", 4),
+        tenant(t, 17),
+        request(gang, t, 16),
+    ]);
+    let d = decide(&s);
+    assert_eq!(d.batches.len(), 1, "one atomic batch");
+    let batch = &d.batches[0];
+    let EventData::LeasePlaced(p) = &batch[0].0.data else {
+        panic!("{:?}", batch[0].0.data)
+    };
+    let mut members: Vec<(&str, usize)> = p
+        .members
+        .iter()
+        .map(|m| (m.node_id.as_str(), m.gpus.len()))
+        .collect();
+    let in_rank_order: Vec<&str> = members.iter().map(|m| m.0).collect();
+    members.sort();
+    assert_eq!(members, [("a", 8), ("b", 8)]);
+    assert_eq!(p.node_id, in_rank_order[0], "the first member");
+    assert_eq!(p.gpu_count(), 16);
+    assert_eq!(
+        p.members[1].address, in_rank_order[1],
+        "its registered host name"
+    );
+    // One allocation per member, each guarded by its own node's sequence,
+    // each an event of its own.
+    let allocated: Vec<&str> = batch[1..]
+        .iter()
+        .map(|(e, _)| match &e.data {
+            EventData::NodeGpusAllocated(a) => a.node_id.as_str(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(allocated, in_rank_order);
+    assert!(batch[1..]
+        .iter()
+        .all(|(_, x)| matches!(x, Expect::LastSubjectSequence(_))));
+    assert_ne!(batch[1].0.id, batch[2].0.id);
+
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(placed(&s), [gang]);
+    let held = |s: &State, node: &str| {
+        s.fleet.nodes[node]
+            .gpus
+            .iter()
+            .filter(|g| g.held_by == Some(gang))
+            .count()
+    };
+    assert_eq!((held(&s, "a"), held(&s, "b"), held(&s, "c")), (8, 8, 0));
+    // A one-GPU lease goes to the only node left.
+    let one = Uuid::from_u128(3);
+    s.apply(9_000, &env(request(one, t, 1)));
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(where_is(&s, one).0, "c");
+
+    // The gang's end gives back every member's GPUs.
+    s.apply(10_000, &env(ended(gang)));
+    assert_eq!((held(&s, "a"), held(&s, "b")), (0, 0));
+    assert!(s.fleet.gang_members.is_empty());
+}
+
+#[test]
+fn a_waiting_gang_takes_nothing_and_says_what_its_region_lacks() {
+    let t = Uuid::from_u128(1);
+    let (busy, gang) = (Uuid::from_u128(2), Uuid::from_u128(3));
+    let mut s = given(vec![
+        node("a", 8),
+        node("b", 8),
+        tenant(t, 32),
+        request(busy, t, 4),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    s.apply(5_000, &env(request(gang, t, 16)));
+    let d = decide(&s);
+    let events = events_of(&d);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventData::NodeGpusAllocated(_))),
+        "{events:?}"
+    );
+    let reason = events
+        .iter()
+        .find_map(|e| match e {
+            EventData::LeaseQueued(q) if q.lease_id == gang => Some(q.reason.clone()),
+            _ => None,
+        })
+        .expect("the gang is told why it waits");
+    assert_eq!(
+        reason,
+        format!(
+            "waiting for capacity: 16 x {}: 16 GPUs span nodes of one region: z has 12 of them \
+             free now, 16 with every lease there ended",
+            fixtures::MODEL
+        )
+    );
+    // Once the small lease ends, the gang goes.
+    s.apply(6_000, &env(ended(busy)));
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(placed(&s), [gang]);
+}
+
+#[test]
+fn a_tenants_quota_counts_every_gpu_of_its_gang() {
+    let t = Uuid::from_u128(1);
+    let (gang, one) = (Uuid::from_u128(2), Uuid::from_u128(3));
+    let mut s = given(vec![
+        node("a", 8),
+        node("b", 8),
+        node("c", 8),
+        tenant(t, 16),
+        request(gang, t, 16),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    assert_eq!(placed(&s), [gang]);
+    s.apply(9_000, &env(request(one, t, 1)));
+    let refused = events_of(&decide(&s)).into_iter().find_map(|e| match e {
+        EventData::LeaseRejected(r) => Some(r.reason.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        refused.as_deref(),
+        Some("quota exceeded: tenant holds 16 GPUs, asks for 1 more, quota is 16")
+    );
+}
