@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn each_fault_names_its_field() {
         assert_eq!(field("A100-40GB", GpuAsk::Whole(0)), "gpus");
-        assert_eq!(field("A100-40GB", GpuAsk::Whole(9)), "gpus");
+        assert_eq!(field("A100-40GB", GpuAsk::Whole(17)), "gpus");
         assert_eq!(field("Z80", GpuAsk::Whole(1)), "gpu_model");
         let share = |milli, vram_gb| GpuAsk::Fraction(GpuFraction { milli, vram_gb });
         assert_eq!(field("A100-40GB", share(0, 1)), "gpu_fraction.milli");

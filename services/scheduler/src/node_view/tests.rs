@@ -280,3 +280,50 @@ fn a_lease_moved_to_other_gpus_of_its_node_reaches_it_once_and_its_end_reaches_i
     assert_eq!(relays.len(), 1);
     assert_eq!(sequences(&relays[0]), [requested, moved, ended]);
 }
+
+#[test]
+fn every_member_of_a_gang_reads_its_lease_and_every_members_reports() {
+    let mut log = Log::new();
+    let tenant = Uuid::now_v7();
+    let lease = Uuid::now_v7();
+    let request = log.append(request_of(lease, tenant));
+    let EventData::LeasePlaced(mut gang) = placed(lease, "a") else {
+        unreachable!()
+    };
+    gang.members = ["a", "b"]
+        .into_iter()
+        .map(|n| lh_events::LeaseMember {
+            node_id: n.into(),
+            zone: "z".into(),
+            address: n.into(),
+            gpus: gang.gpus.clone(),
+        })
+        .collect();
+    let placement = log.append(EventData::LeasePlaced(gang));
+    let started_b = log.append(EventData::LeaseStarted(fixtures::started(
+        lease,
+        "b",
+        at(5),
+    )));
+    let mut by_node: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    let mut relay = |log: &mut Log| {
+        for r in log.relay() {
+            by_node
+                .entry(r.node_id.clone())
+                .or_default()
+                .extend(sequences(&r));
+        }
+    };
+    relay(&mut log);
+    let ended = log.append(EventData::LeaseEnded(fixtures::ended(
+        lease,
+        "a",
+        at(9),
+        EndReason::Completed,
+    )));
+    relay(&mut log);
+    let every_event = vec![request, placement, started_b, ended];
+    assert_eq!(by_node.get("a"), Some(&every_event));
+    assert_eq!(by_node.get("b"), Some(&every_event));
+    assert_eq!(by_node.len(), 2, "{by_node:?}");
+}

@@ -20,12 +20,20 @@ pub(super) fn why_pending(
 ) -> (String, bool) {
     let refusal = Refusal::of(pending);
     let model = &lease.gpu_model;
-    // A gang: the engine words what its best region lacks.
-    if let Some(p) = pending.filter(|p| p.gang.is_some()) {
+    // A gang: the engine words what its best region lacks; one that no
+    // region could hold even empty is told the largest node too.
+    if let Some((p, gang)) = pending.and_then(|p| Some((p, p.gang.as_ref()?))) {
         let gpus = lease.ask.gpus();
         return match p.busy() {
             true => (format!("waiting for capacity: {gpus} x {model}: {p}"), true),
-            false => (format!("{gpus} x {model} fit in no region: {p}"), false),
+            false => (
+                format!(
+                    "{}, and the nodes of one region {} at most",
+                    whole_reason(planned, model, gpus, Refusal::TooSmall),
+                    gang.capacity
+                ),
+                false,
+            ),
         };
     }
     if refusal == Refusal::NoIsolation {

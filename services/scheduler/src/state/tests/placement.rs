@@ -190,10 +190,11 @@ fn a_waiting_lease_says_whether_busy_gpus_or_the_fleet_keep_it_out() {
         "waiting for capacity: 1 x A100-40GB requested, at most 0 free on one node"
     );
     assert!(reason(l(6)).starts_with("waiting for capacity: a share of 500 milli / 10 GB"));
-    // Never, as the fleet is: a GPU in MIG mode takes no whole-GPU lease.
+    // Never, as the fleet is: a GPU in MIG mode takes no whole-GPU lease,
+    // and across nodes its region holds no more.
     assert_eq!(
         reason(l(4)),
-        "3 x A100-40GB requested but the largest node has 2"
+        "3 x A100-40GB requested but the largest node has 2, and the nodes of one region 2 at most"
     );
     assert_eq!(
         reason(l(5)),
