@@ -507,6 +507,7 @@ start_service() {
                if [ -n "$AUDIT_PUBLIC_KEY" ]; then env+=(LH_AUDIT_TRUSTED_PUBLIC_KEYS="$AUDIT_PUBLIC_KEY"); fi ;;
         node-agent-*) env+=(LH_HTTP_ADDR="$addr" LH_FLEET_FILE="$ROOT/dev/fleet.toml" LH_NODE_ID="node-${name#node-agent-}"
                             LH_RUNTIME="$RUNTIME" LH_CONTAINER_CLI_ARGS="$LH_PODMAN_ARGS"
+                            LH_DEFAULT_IMAGE=localhost/leasehold/base
                             LH_NODE_STATE_DIR="$DATA/node-agents/${name#node-agent-}") ;;
         *) env+=(LH_HTTP_ADDR="$addr") ;;
     esac

@@ -149,6 +149,10 @@ pub struct Config {
         num_args = 1
     )]
     pub container_cli_args: Vec<String>,
+    /// The image a lease's command runs in where the lease names none,
+    /// under a container runtime (unset: such a lease fails here).
+    #[arg(long, env = "LH_DEFAULT_IMAGE")]
+    pub default_image: Option<String>,
     /// When the container engine fetches a lease's image.
     #[arg(long, env = "LH_CONTAINER_PULL", value_enum,
           default_value_t = workload::PullPolicy::Missing)]
@@ -227,6 +231,7 @@ impl Config {
             runtime: RuntimeKind::Sim,
             container_cli: None,
             container_cli_args: Vec::new(),
+            default_image: None,
             container_pull: workload::PullPolicy::Missing,
             container_start_timeout_secs: 900,
             sim_device_dir: PathBuf::from(DEFAULT_SIM_DEVICE_DIR),
@@ -307,6 +312,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             .cloned()
             .collect(),
         pull: config.container_pull,
+        default_image: config.default_image.clone(),
         start_timeout: Duration::from_secs(config.container_start_timeout_secs),
         stand_in_devices: (backend.name() == "sim")
             .then(|| config.sim_device_dir.join(&config.node_id)),

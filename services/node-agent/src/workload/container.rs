@@ -125,6 +125,9 @@ pub enum GpuDevices {
 pub struct ContainerRuntime {
     /// The CLI binary (`docker`, `/usr/bin/podman`, …).
     pub cli: PathBuf,
+    /// The image a workload that names none runs in (`LH_DEFAULT_IMAGE`);
+    /// without one such a workload does not start here.
+    pub default_image: Option<String>,
     pub flavor: CliFlavor,
     /// Flags before the subcommand of every call.
     pub global_args: Vec<String>,
@@ -170,6 +173,7 @@ impl ContainerRuntime {
     fn with_flavor(cli: PathBuf, flavor: CliFlavor) -> Self {
         ContainerRuntime {
             cli: cli.clone(),
+            default_image: None,
             flavor,
             global_args: Vec::new(),
             pull: PullPolicy::Missing,
@@ -481,8 +485,10 @@ impl Runtime for ContainerRuntime {
     ) -> Result<RunningWorkload, RuntimeError> {
         validate_assignment(assignment)?;
         validate_env(workload)?;
-        let Some(image) = workload.image.as_deref() else {
-            return Err(RuntimeError::InvalidWorkload("no image".into()));
+        let Some(image) = workload.image.as_deref().or(self.default_image.as_deref()) else {
+            return Err(RuntimeError::InvalidWorkload(
+                "no image, and this node runs none by default (LH_DEFAULT_IMAGE)".into(),
+            ));
         };
         check_image_reference(image)
             .map_err(|e| RuntimeError::InvalidWorkload(format!("image {image:?}: {e}")))?;

@@ -176,6 +176,8 @@ pub struct ContainerSettings {
     /// Where the engine keeps cgroups as plain directories: under which
     /// mount the agent holds each container's memory limit itself.
     pub cgroup_mount: PathBuf,
+    /// The image a workload that names none runs in.
+    pub default_image: Option<String>,
 }
 
 impl Default for ContainerSettings {
@@ -186,6 +188,7 @@ impl Default for ContainerSettings {
             start_timeout: super::container::DEFAULT_START_TIMEOUT,
             stand_in_devices: None,
             cgroup_mount: PathBuf::from(super::container_cgroup::CGROUP_MOUNT),
+            default_image: None,
         }
     }
 }
@@ -297,6 +300,7 @@ impl Workloads {
                     None => runtime,
                 };
                 runtime.pull = settings.pull;
+                runtime.default_image = settings.default_image.clone();
                 runtime.start_timeout = settings.start_timeout;
                 if let Some(dir) = &settings.stand_in_devices {
                     runtime.gpu_devices = GpuDevices::StandIn { dir: dir.clone() };
