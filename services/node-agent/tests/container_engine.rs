@@ -98,6 +98,8 @@ impl Node {
             mps_server_uid: None,
             log_file: Some(self.dir.path().join(format!("{lease_id}.log"))),
             tenant_id: None,
+            gang_env: Default::default(),
+            part: None,
         }
     }
 

@@ -33,6 +33,8 @@ fn assignment() -> Assignment {
         mps_server_uid: None,
         log_file: None,
         tenant_id: None,
+        gang_env: Default::default(),
+        part: None,
     }
 }
 

@@ -39,6 +39,13 @@ pub struct Assignment {
     /// Whose lease it is: a container on its tenant's network joins that
     /// one ([`tenant_network`](super::tenant_network)).
     pub tenant_id: Option<Uuid>,
+    /// A gang's rendezvous ([`gang`](super::gang)): part of the lease's own
+    /// variables.
+    pub gang_env: std::collections::BTreeMap<String, String>,
+    /// Set for a gang's member other than the first: what tells its
+    /// workload's names apart from the first's where both share a
+    /// container engine ([`super::part_mark`]).
+    pub part: Option<String>,
 }
 
 /// Refuses assignments that would give a workload the wrong devices or
@@ -162,6 +169,8 @@ pub fn assignment(
         mps_server_uid: None,
         log_file: None,
         tenant_id: None,
+        gang_env: Default::default(),
+        part: None,
     }
 }
 

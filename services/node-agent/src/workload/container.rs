@@ -243,6 +243,12 @@ pub fn container_name(lease_id: Uuid) -> String {
     mark(lease_id)
 }
 
+/// The name of the container `assignment` runs in: its lease's, or its
+/// part's ([`super::part_mark`]).
+pub fn container_name_of(assignment: &Assignment) -> String {
+    super::part_mark(assignment.lease_id, assignment.part.as_deref())
+}
+
 /// The env file of the tenant's variables: one `NAME=value` a line, the
 /// lease's own names left out (they win; [`run_args`] sets them after).
 /// `None` when there is nothing to pass.
@@ -303,7 +309,7 @@ pub fn run_args(
     network: Option<&str>,
 ) -> Vec<String> {
     let mut args: Vec<String> = ["run", "--name"].map(String::from).into();
-    args.push(container_name(assignment.lease_id));
+    args.push(container_name_of(assignment));
     args.push("--pull".into());
     args.push(runtime.pull.as_str().into());
     let limits = assignment
@@ -530,7 +536,7 @@ impl Runtime for ContainerRuntime {
         let relay = match (relay_target, child.stdin.take()) {
             (Some(target), Some(launcher)) => Some(super::store_relay::spawn_open(
                 self.engine(),
-                container_name(lease_id),
+                container_name_of(assignment),
                 start_deadline,
                 target,
                 launcher,
@@ -543,7 +549,7 @@ impl Runtime for ContainerRuntime {
             child,
             Kind::Container(Box::new(super::ContainerWorkload {
                 engine: self.engine(),
-                name: container_name(lease_id),
+                name: container_name_of(assignment),
                 image: image.to_string(),
                 stop_margin: self.stop_margin,
                 env_file: made.env_file,
@@ -643,7 +649,7 @@ impl ContainerRuntime {
         let (stdout, stderr) = super::output_of(assignment)?;
         let engine = self.engine();
         let (mut command, stdin) = if relayed {
-            let name = container_name(lease_id);
+            let name = container_name_of(assignment);
             let mut launcher = engine.launcher_command();
             launcher
                 .arg("-c")
@@ -743,6 +749,8 @@ mod tests {
             mps_server_uid: None,
             log_file: None,
             tenant_id: None,
+            gang_env: Default::default(),
+            part: None,
         }
     }
 

@@ -496,10 +496,6 @@ impl WorkloadSide {
     ) -> Option<Report> {
         let mig_devices = self.mig.held(lease_id, placement);
         let gang = self.gangs.get(&lease_id);
-        let spec = spec.and_then(|spec| match (spec, gang) {
-            (Some(spec), Some(part)) => gang_spec(spec, part).map(Some),
-            (spec, _) => Ok(spec),
-        });
         let outcome = spec.and_then(|spec| {
             self.workloads
                 .start_with_storage(
@@ -510,6 +506,7 @@ impl WorkloadSide {
                     gpus,
                     &mig_devices,
                     spec.as_ref(),
+                    gang,
                 )
                 .map_err(|e| e.to_string())
         });
@@ -731,13 +728,3 @@ async fn fetch_env(
     }
 }
 
-/// A gang's part of `spec`: its command run once per GPU by the launcher,
-/// the rendezvous on top of the tenant's environment.
-fn gang_spec(mut spec: WorkloadSpec, part: &GangPart) -> Result<WorkloadSpec, String> {
-    if spec.command.is_empty() {
-        return Err("a lease across nodes runs a command on each, and this one names none".into());
-    }
-    spec.command = part.launch(&spec.command);
-    spec.env.extend(part.env());
-    Ok(spec)
-}

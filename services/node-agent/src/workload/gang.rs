@@ -192,4 +192,16 @@ mod tests {
         let (code, _) = run(&["sh", "-c", "[ $LOCAL_RANK -ne 2 ] || exit 7"]);
         assert_eq!(code, Some(7));
     }
+
+    #[test]
+    fn a_later_members_workload_has_names_of_its_own_that_still_name_the_lease() {
+        use crate::workload::{lease_of_mark, mark, part_mark};
+        let lease = Uuid::from_u128(7);
+        let part = part_mark(lease, Some("node-e"));
+        assert_ne!(part, mark(lease));
+        assert_eq!(part_mark(lease, None), mark(lease));
+        assert_eq!(lease_of_mark(&part), Some(lease));
+        assert_eq!(lease_of_mark(&mark(lease)), Some(lease));
+        assert_eq!(lease_of_mark("lh-not-a-lease.node-e"), None);
+    }
 }

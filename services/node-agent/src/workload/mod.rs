@@ -119,9 +119,21 @@ pub fn mark(lease_id: Uuid) -> String {
     format!("{MARK_PREFIX}{lease_id}")
 }
 
-/// The lease a mark names; `None` for anything else.
+/// The mark of one part of a lease (`part`: a gang's member other than the
+/// first, see [`assignment::Assignment::part`]): `lh-<lease>.<part>`, or the
+/// lease's own mark.
+pub fn part_mark(lease_id: Uuid, part: Option<&str>) -> String {
+    match part {
+        Some(part) => format!("{}.{part}", mark(lease_id)),
+        None => mark(lease_id),
+    }
+}
+
+/// The lease a mark names (a part's mark included); `None` for anything
+/// else.
 pub fn lease_of_mark(name: &str) -> Option<Uuid> {
-    name.strip_prefix(MARK_PREFIX)?.parse().ok()
+    let rest = name.strip_prefix(MARK_PREFIX)?;
+    rest.split_once('.').map_or(rest, |(lease, _)| lease).parse().ok()
 }
 
 /// One GPU's compute in thousandths; a share has 1..=1000.
@@ -279,6 +291,7 @@ pub fn lease_env(assignment: &Assignment) -> BTreeMap<String, String> {
         );
     }
     env.insert(ENV_LEASE_ID.to_string(), assignment.lease_id.to_string());
+    env.extend(assignment.gang_env.clone());
     env
 }
 
@@ -751,6 +764,8 @@ mod tests {
             mps_server_uid: None,
             log_file: None,
             tenant_id: None,
+            gang_env: Default::default(),
+            part: None,
         }
     }
 

@@ -414,12 +414,15 @@ impl Workloads {
             gpus,
             mig_devices,
             spec,
+            None,
         )
     }
 
     /// [`Workloads::start_for`] with the lease's datasets and workspaces
     /// made ready on the node: mounted into its container, its workspaces
-    /// synced while it runs and once more when it ends.
+    /// synced while it runs and once more when it ends; a gang's part with
+    /// its command run once per GPU and the rendezvous in its environment
+    /// ([`super::gang`]).
     #[allow(clippy::too_many_arguments)]
     pub fn start_with_storage(
         &mut self,
@@ -430,10 +433,16 @@ impl Workloads {
         gpus: &[AssignedGpu],
         mig_devices: &[StartedMigDevice],
         spec: Option<&WorkloadSpec>,
+        gang: Option<&super::gang::GangPart>,
     ) -> Result<bool, super::RuntimeError> {
         let (Some(runtime), Some(spec)) = (&self.runtime, spec) else {
             return Ok(false);
         };
+        if gang.is_some() && spec.command.is_empty() {
+            return Err(super::RuntimeError::InvalidWorkload(
+                "a lease across nodes runs a command on each, and this one names none".into(),
+            ));
+        }
         let (mut mounts, data, store) = match storage {
             Some(mut prepared) => {
                 let store = prepared.object_store.take();
@@ -475,8 +484,19 @@ impl Workloads {
         let log_file = lease_log::path(&self.marks.state_dir, lease_id, placement);
         assignment.log_file = Some(log_file.clone());
         assignment.tenant_id = tenant_id;
+        if let Some(part) = gang {
+            assignment.gang_env = part.env();
+            // Another member may share this host's engine (a test, `make
+            // up`): its workload's names must not meet the first's.
+            if !part.is_first() {
+                assignment.part = Some(self.marks.node_id.clone());
+            }
+        }
         let workload = Workload {
-            command: spec.command.clone(),
+            command: match gang {
+                Some(part) => part.launch(&spec.command),
+                None => spec.command.clone(),
+            },
             image: spec.image.clone(),
             env: spec.env.clone(),
             network: spec.network,
