@@ -23,14 +23,20 @@ pub const MASTER_PORTS: u16 = 1_000;
 
 /// Runs the command given after it once per local GPU (`LEASEHOLD_GPUS`),
 /// each with its `LOCAL_RANK` and `RANK` (`LEASEHOLD_RANK_BASE` + local
-/// rank), and exits with the first non-zero status, or 0.
+/// rank), passes a TERM or INT on to them (a stop, a preemption: as PID 1
+/// of a container it would otherwise ignore both), and exits with the
+/// first non-zero status, or 0.
 pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""
+trap 'kill -TERM $pids 2>/dev/null' TERM INT
 while [ "$i" -lt "$n" ]; do
   LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &
   pids="$pids $!"; i=$((i + 1))
 done
 status=0
-for p in $pids; do wait "$p" || { s=$?; [ "$status" -eq 0 ] && status=$s; }; done
+for p in $pids; do
+  while :; do wait "$p"; s=$?; kill -0 "$p" 2>/dev/null || break; done
+  [ "$s" -ne 0 ] && [ "$status" -eq 0 ] && status=$s
+done
 exit "$status""#;
 
 /// This node's part of a gang.
@@ -191,6 +197,42 @@ mod tests {
         assert_eq!(lines, ["10/12 2", "11/12 3", "8/12 0", "9/12 1"]);
         let (code, _) = run(&["sh", "-c", "[ $LOCAL_RANK -ne 2 ] || exit 7"]);
         assert_eq!(code, Some(7));
+    }
+
+    #[test]
+    fn a_term_to_the_launcher_reaches_every_process_it_started() {
+        let part = GangPart::of(&gang(), "node-e").unwrap();
+        let argv = part.launch(&["sleep".to_string(), "30".to_string()]);
+        let mut child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(part.env())
+            .spawn()
+            .expect("sh runs");
+        // Its four sleeps are started once `ps` shows them under it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let children = || {
+            let out = std::process::Command::new("ps")
+                .args(["-o", "pid=", "--ppid", &child.id().to_string()])
+                .output()
+                .expect("ps runs");
+            String::from_utf8_lossy(&out.stdout).lines().count()
+        };
+        while children() < 4 {
+            assert!(std::time::Instant::now() < deadline, "the sleeps never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let started = std::time::Instant::now();
+        // SAFETY: a plain signal to a child this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().expect("it ends");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the launcher outlived its TERM by {:?}",
+            started.elapsed()
+        );
+        assert_eq!(status.code(), Some(143), "the sleeps' own status: {status:?}");
     }
 
     #[test]
