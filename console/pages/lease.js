@@ -116,8 +116,8 @@ function Usage({ id, running }) {
   if (series.every((s) => s.points.length === 0)) return html`<p class="muted" id="no-usage">${t("no_usage")}</p>`;
   return html`<div class="charts">${series.map((s) => html`<div class="gpu-usage" data-gpu=${s.gpu_index}>
     <h4>GPU ${s.gpu_index} <span class="muted">${s.node_id}</span></h4>
-    <${Chart} id=${`busy-${s.gpu_index}`} label=${t("busy")} top=${100} values=${s.points.map((p) => p.utilization_pct_avg)} />
-    <${Chart} id=${`memory-${s.gpu_index}`} label=${t("memory")} values=${s.points.map((p) => p.memory_used_mib_max)} />
+    <${Chart} id=${`busy-${s.node_id}-${s.gpu_index}`} label=${t("busy")} top=${100} values=${s.points.map((p) => p.utilization_pct_avg)} />
+    <${Chart} id=${`memory-${s.node_id}-${s.gpu_index}`} label=${t("memory")} values=${s.points.map((p) => p.memory_used_mib_max)} />
   </div>`)}</div>`;
 }
 
@@ -230,7 +230,9 @@ export function LeasePage({ id, tick, role }) {
         <tr><th>${t("state")}</th><td id="lease-state">${l.state}</td></tr>
         <tr><th>${t("model")}</th><td>${l.gpu_model} × ${l.gpus ?? 1}${l.gpu_fraction ? ` (${l.gpu_fraction.milli / 10}%)` : ""}${l.mig_profile ? ` (MIG ${l.mig_profile})` : ""}</td></tr>
         <tr><th>${t("tier")}</th><td>${l.tier}</td></tr>
-        <tr><th>${t("node")}</th><td>${l.node_id || "–"}${l.gpu_indices && l.gpu_indices.length ? ` · GPU ${l.gpu_indices.join(", ")}` : ""}</td></tr>
+        ${l.members && l.members.length
+          ? html`<tr><th>${t("members")}</th><td id="lease-members">${l.members.map((m, rank) => html`<div>${rank}: ${m.node_id} · GPU ${m.gpu_indices.join(", ")} · ${t(m.started ? "part_started" : "part_waiting")}</div>`)}</td></tr>`
+          : html`<tr><th>${t("node")}</th><td>${l.node_id || "–"}${l.gpu_indices && l.gpu_indices.length ? ` · GPU ${l.gpu_indices.join(", ")}` : ""}</td></tr>`}
         ${l.ssh && html`<tr><th>${t("ssh")}</th><td><code id="ssh-command">${l.ssh.command}</code></td></tr>`}
       </tbody></table>
       <div>

@@ -25,6 +25,7 @@ mod failover;
 mod fleet_view;
 mod fractions;
 mod front_door;
+mod gangs;
 mod gpu_health;
 mod history;
 mod lease_flow;

@@ -25,13 +25,7 @@ type Ws =
 use crate::workloads::{base_image, own_node_fleet, PODMAN_ARGS};
 
 pub(crate) async fn tenant(stack: &Stack, name: &str) -> String {
-    let tenant = stack
-        .create_tenant_from(json!({
-            "name": name, "email": format!("ops@{name}.example"),
-            "quota": {"max_gpus": 2}, "trusted": true,
-        }))
-        .await;
-    tenant["api_key"].as_str().unwrap().to_string()
+    stack.create_trusted_tenant(name, 2).await
 }
 
 async fn running_lease(stack: &Stack, key: &str, command: Value) -> String {

@@ -59,13 +59,7 @@ fn own_node_fleet() -> String {
 }
 
 async fn tenant(stack: &Stack, name: &str) -> String {
-    let tenant = stack
-        .create_tenant_from(json!({
-            "name": name, "email": format!("ops@{name}.example"),
-            "quota": {"max_gpus": 2}, "trusted": true,
-        }))
-        .await;
-    tenant["api_key"].as_str().unwrap().to_string()
+    stack.create_trusted_tenant(name, 2).await
 }
 
 /// `lh` as a tenant would run it: the key in a file, never on the command

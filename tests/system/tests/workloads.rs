@@ -41,15 +41,7 @@ async fn lease_with(stack: &Stack, key: &str, workload: Value) -> String {
 
 /// A tenant an operator vouches for (`"trusted": true`): its API key.
 async fn trusted_tenant(stack: &Stack, name: &str, max_gpus: u32) -> String {
-    let tenant = stack
-        .create_tenant_from(json!({
-            "name": name,
-            "email": format!("ops@{name}.example"),
-            "quota": {"max_gpus": max_gpus},
-            "trusted": true,
-        }))
-        .await;
-    tenant["api_key"].as_str().unwrap().to_string()
+    stack.create_trusted_tenant(name, max_gpus).await
 }
 
 /// A lease with `workload` is refused with a 422 naming `field`.

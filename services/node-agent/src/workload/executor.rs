@@ -727,4 +727,3 @@ async fn fetch_env(
         wait = (wait * 2).min(ENV_FETCH_WAIT_MAX);
     }
 }
-

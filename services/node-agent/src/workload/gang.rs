@@ -23,19 +23,33 @@ pub const MASTER_PORTS: u16 = 1_000;
 
 /// Runs the command given after it once per local GPU (`LEASEHOLD_GPUS`),
 /// each with its `LOCAL_RANK` and `RANK` (`LEASEHOLD_RANK_BASE` + local
-/// rank), passes a TERM or INT on to them (a stop, a preemption: as PID 1
-/// of a container it would otherwise ignore both), and exits with the
-/// first non-zero status, or 0.
+/// rank). The first process to fail ends the part: the others get a TERM
+/// and the part exits with its status (a distributed job with a rank gone
+/// would only hang); otherwise the part exits 0 once all have. A TERM or
+/// INT to the launcher is passed on to every process (a stop, a
+/// preemption: as PID 1 of a container it would otherwise ignore both).
+/// POSIX `sh` has no `wait` for whichever child ends first, so it looks
+/// every second for one that has ended (a zombie in `/proc`).
 pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""
 trap 'kill -TERM $pids 2>/dev/null' TERM INT
 while [ "$i" -lt "$n" ]; do
   LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &
   pids="$pids $!"; i=$((i + 1))
 done
-status=0
-for p in $pids; do
-  while :; do wait "$p"; s=$?; kill -0 "$p" 2>/dev/null || break; done
-  [ "$s" -ne 0 ] && [ "$status" -eq 0 ] && status=$s
+status=0; left=$pids
+while [ -n "$left" ]; do
+  still=""
+  for p in $left; do
+    st=Z; [ -r "/proc/$p/stat" ] && read -r _ _ st _ < "/proc/$p/stat"
+    if [ "$st" = Z ]; then
+      wait "$p"; s=$?
+      if [ "$s" -ne 0 ] && [ "$status" -eq 0 ]; then status=$s; kill -TERM $pids 2>/dev/null; fi
+    else
+      still="$still $p"
+    fi
+  done
+  left=$still
+  if [ -n "$left" ]; then sleep 1; fi
 done
 exit "$status""#;
 
@@ -197,6 +211,29 @@ mod tests {
         assert_eq!(lines, ["10/12 2", "11/12 3", "8/12 0", "9/12 1"]);
         let (code, _) = run(&["sh", "-c", "[ $LOCAL_RANK -ne 2 ] || exit 7"]);
         assert_eq!(code, Some(7));
+        // The others are not waited for: a job with a rank gone hangs. (A
+        // `sh -c` the TERM ends leaves its `sleep` behind, holding any
+        // pipe: the launcher's own exit is timed, its output not read.)
+        let started = std::time::Instant::now();
+        let command: Vec<String> = ["sh", "-c", "[ $LOCAL_RANK -ne 2 ] || exit 7; exec sleep 30"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let argv = part.launch(&command);
+        let status = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .envs(part.env())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh runs");
+        assert_eq!(status.code(), Some(7));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the part outlived its failed process by {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
@@ -220,7 +257,10 @@ mod tests {
             String::from_utf8_lossy(&out.stdout).lines().count()
         };
         while children() < 4 {
-            assert!(std::time::Instant::now() < deadline, "the sleeps never started");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sleeps never started"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let started = std::time::Instant::now();
@@ -232,7 +272,11 @@ mod tests {
             "the launcher outlived its TERM by {:?}",
             started.elapsed()
         );
-        assert_eq!(status.code(), Some(143), "the sleeps' own status: {status:?}");
+        assert_eq!(
+            status.code(),
+            Some(143),
+            "the sleeps' own status: {status:?}"
+        );
     }
 
     #[test]

@@ -133,7 +133,10 @@ pub fn part_mark(lease_id: Uuid, part: Option<&str>) -> String {
 /// else.
 pub fn lease_of_mark(name: &str) -> Option<Uuid> {
     let rest = name.strip_prefix(MARK_PREFIX)?;
-    rest.split_once('.').map_or(rest, |(lease, _)| lease).parse().ok()
+    rest.split_once('.')
+        .map_or(rest, |(lease, _)| lease)
+        .parse()
+        .ok()
 }
 
 /// One GPU's compute in thousandths; a share has 1..=1000.

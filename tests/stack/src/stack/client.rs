@@ -124,4 +124,18 @@ impl Stack {
         assert_eq!(status, 201, "{tenant}");
         tenant
     }
+
+    /// Creates a tenant an operator vouches for (`"trusted": true`, so its
+    /// leases may run as processes) with a quota of `max_gpus`; its API key.
+    pub async fn create_trusted_tenant(&self, name: &str, max_gpus: u32) -> String {
+        let tenant = self
+            .create_tenant_from(serde_json::json!({
+                "name": name,
+                "email": format!("ops@{name}.example"),
+                "quota": {"max_gpus": max_gpus},
+                "trusted": true,
+            }))
+            .await;
+        tenant["api_key"].as_str().unwrap().to_string()
+    }
 }

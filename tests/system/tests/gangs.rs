@@ -1,0 +1,182 @@
+//! A lease of more GPUs than one node holds runs on several nodes as one
+//! lease: every member's node starts its part, one process per GPU with
+//! the rendezvous in its environment; the lease runs once all have
+//! started, each member keeps the log of its part, a member's failure
+//! fails the whole lease, and a stop ends every part and frees every GPU.
+//! Real nats-server, PostgreSQL and node agents on the process runtime.
+
+use lh_node_agent::RuntimeKind;
+use lh_test_stack::Stack;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Two nodes of four A100s in one zone, and one in another region.
+const GANG_FLEET: &str = r#"
+[[node]]
+id = "node-a"
+zone = "cn-north.1a"
+hostname = "gpu-a.sim"
+gpu_model = "A100-40GB"
+gpu_count = 4
+vram_gb = 40
+
+[[node]]
+id = "node-b"
+zone = "cn-north.1a"
+hostname = "gpu-b.sim"
+gpu_model = "A100-40GB"
+gpu_count = 4
+vram_gb = 40
+
+[[node]]
+id = "node-w"
+zone = "cn-west.1a"
+hostname = "gpu-w.sim"
+gpu_model = "A100-40GB"
+gpu_count = 4
+vram_gb = 40
+"#;
+
+async fn gang(stack: &Stack, key: &str, gpus: u32, command: &str) -> String {
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            key,
+            Some(json!({
+                "gpus": gpus,
+                "gpu_model": "A100-40GB",
+                "workload": {"command": ["sh", "-c", command]},
+            })),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    b["id"].as_str().unwrap().to_string()
+}
+
+/// The log of `lease`'s part on `node`.
+async fn log_of(stack: &Stack, key: &str, lease: &str, node: &str) -> Value {
+    let (s, b) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/leases/{lease}/logs?node={node}"),
+            key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    b
+}
+
+fn lines(log: &Value) -> Vec<String> {
+    let mut lines: Vec<String> = log["data"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
+    let stack =
+        Stack::start_configured(GANG_FLEET, |s| s.node_runtime = RuntimeKind::Process).await;
+    let key = stack.create_trusted_tenant("gangs", 8).await;
+
+    // Every rank once, each told the rendezvous; its node's first
+    // member hosts it.
+    let echo = gang(
+        &stack,
+        &key,
+        8,
+        "echo $RANK/$WORLD_SIZE $LOCAL_RANK $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT; sleep 2",
+    )
+    .await;
+    let running = stack
+        .wait_lease(&key, &echo, |l| l["state"] == "running")
+        .await;
+    let members = running["members"].as_array().expect("a gang's members");
+    let nodes: Vec<&str> = members
+        .iter()
+        .map(|m| m["node_id"].as_str().unwrap())
+        .collect();
+    let mut sorted = nodes.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["node-a", "node-b"], "one zone, never node-w");
+    assert!(members.iter().all(|m| m["started"] == true), "{running}");
+    assert_eq!(running["node_id"], nodes[0]);
+    let ended = stack
+        .wait_lease(&key, &echo, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(ended["end_reason"], "completed", "{ended}");
+    let master = format!("gpu-{}.sim", nodes[0].trim_start_matches("node-"));
+    let port = 29_500 + (uuid::Uuid::parse_str(&echo).unwrap().as_u128() % 1_000) as u16;
+    let mut all = Vec::new();
+    for (rank, node) in nodes.iter().enumerate() {
+        let log = log_of(&stack, &key, &echo, node).await;
+        assert_eq!(log["node_id"], *node);
+        assert_eq!(log["members"], json!(nodes), "{log}");
+        let expected: Vec<String> = (0..4)
+            .map(|local| format!("{}/8 {local} {rank}/2 {master}:{port}", rank * 4 + local))
+            .collect();
+        assert_eq!(lines(&log), expected, "node {node}");
+        all.extend(lines(&log));
+    }
+    assert_eq!(all.len(), 8);
+    // A node that is no member has no part to read.
+    let (s, p) = stack
+        .call(
+            Method::GET,
+            &format!("/v1/leases/{echo}/logs?node=node-w"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!((s, p["field"].as_str()), (422, Some("node")), "{p}");
+
+    // One rank failing fails the gang, whichever member it is on.
+    let failing = gang(&stack, &key, 8, "[ \"$RANK\" -ne 6 ] || exit 9; sleep 600").await;
+    let failed = stack
+        .wait_lease(&key, &failing, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(failed["end_reason"], "failed", "{failed}");
+
+    // A stop ends every part, and every GPU is free again: a second gang
+    // of all eight goes.
+    let stopped = gang(&stack, &key, 8, "sleep 600").await;
+    stack
+        .wait_lease(&key, &stopped, |l| l["state"] == "running")
+        .await;
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{stopped}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let end = stack
+        .wait_lease(&key, &stopped, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(end["end_reason"], "stopped", "{end}");
+    let again = gang(&stack, &key, 8, "true").await;
+    let done = stack
+        .wait_lease(&key, &again, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(done["end_reason"], "completed", "{done}");
+
+    // Twelve fit in no region: it waits, saying what its best region has.
+    let key12 = stack.create_trusted_tenant("bigger", 12).await;
+    let twelve = gang(&stack, &key12, 12, "true").await;
+    let queued = stack
+        .wait_lease(&key12, &twelve, |l| l["state"] == "queued")
+        .await;
+    let reason = queued["queued_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the nodes of one region 8 at most"),
+        "{reason}"
+    );
+}
