@@ -336,7 +336,12 @@ impl NodeState {
                     .get(&e.lease_id)
                     .is_some_and(|l| l.placement_sequence == sequence) => {}
             EventData::LeaseMigrated(e) => {
-                if e.from_node_id == node_id {
+                // A gang moves whole: every member's part leaves.
+                let member_here = self
+                    .leases
+                    .get(&e.lease_id)
+                    .is_some_and(|l| l.gang.is_some());
+                if e.from_node_id == node_id || member_here {
                     // Moved away (this node was lost, or its GPU failed):
                     // stop running it here, without ending the lease, which
                     // goes on elsewhere. A node that comes back learns this

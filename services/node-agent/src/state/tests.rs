@@ -705,3 +705,28 @@ fn a_gangs_later_member_reports_only_its_failure_and_stops_when_the_gang_ends() 
         }]
     );
 }
+
+#[test]
+fn a_gang_moved_away_from_another_member_leaves_this_one_too() {
+    let mut state = gang_member();
+    when(&mut state, 11, started_on(NODE));
+    state.leases.get_mut(&lease_id()).unwrap().workload_running = true;
+    when(
+        &mut state,
+        12,
+        EventData::LeaseMigrated(lh_events::LeaseMigrated {
+            lease_id: lease_id(),
+            reason: "node node-e lost".into(),
+            from_node_id: "node-e".into(),
+            from_gpu_indices: vec![0],
+            billing_ends_at: t(2),
+            to: None,
+        }),
+    );
+    assert_eq!(
+        state.decide(t(3)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
+}

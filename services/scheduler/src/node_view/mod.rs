@@ -214,6 +214,15 @@ impl NodeViews {
                 if !stays {
                     self.leaves(&e.from_node_id, e.lease_id, stated());
                 }
+                // A gang leaves every member.
+                let members = self
+                    .leases
+                    .get_mut(&e.lease_id)
+                    .map(|l| std::mem::take(&mut l.members))
+                    .unwrap_or_default();
+                for member in members.iter().filter(|m| **m != e.from_node_id) {
+                    self.leaves(member, e.lease_id, stated());
+                }
                 match &e.to {
                     Some(to) => self.placed(&to.node_id, e.lease_id, stated(), !stays),
                     None => {

@@ -1,5 +1,5 @@
 //! Leases that must leave their node: lost, drained with `move`, or on an
-//! unhealthy GPU.
+//! unhealthy GPU. A gang leaves all its nodes when one of them must.
 
 use std::collections::HashSet;
 
@@ -33,17 +33,24 @@ impl State {
         if troubled.is_empty() && trusts_node_watch {
             return;
         }
+        // A gang moves whole when any of its members must: it goes back to
+        // the queue and is placed again, every member afresh.
         let mut moving: Vec<(&Lease, String, String, DateTime<Utc>)> = self
             .leases
             .values()
             .filter(|l| l.status == Status::Holding)
-            .filter(|l| {
-                !trusts_node_watch || l.node_id.as_deref().is_some_and(|n| troubled.contains(n))
-            })
             .filter_map(|l| {
-                let node = pass.planned.node(l.node_id.as_deref()?)?;
-                let (reason, billing_ends_at) = why_move(&pass.planned, node, l.id, now)?;
-                Some((l, node.id.clone(), reason, billing_ends_at))
+                let first = l.node_id.as_deref()?;
+                let mut held = vec![(first.to_string(), held_on(&pass.planned, l.id, first))];
+                held.extend(pass.planned.gang_members(&l.id).iter().cloned());
+                held.iter().find_map(|(node_id, indices)| {
+                    if trusts_node_watch && !troubled.contains(node_id.as_str()) {
+                        return None;
+                    }
+                    let node = pass.planned.node(node_id)?;
+                    let (reason, billing_ends_at) = why_move(node, indices, now)?;
+                    Some((l, first.to_string(), reason, billing_ends_at))
+                })
             })
             .collect();
         moving.sort_by_key(|(l, ..)| l.requested_sequence);
@@ -55,7 +62,8 @@ impl State {
                 .unwrap_or_default();
             // Where it may go now: its zones and regions, and for a bid,
             // where the price is covered; nowhere sends it to the queue.
-            let zones = self.zones_for(&pass.planned, lease).ok();
+            let gang = !pass.planned.gang_members(&lease.id).is_empty();
+            let zones = self.zones_for(&pass.planned, lease).ok().filter(|_| !gang);
             let needs_isolation = self.needs_isolation(lease);
             let planner = pass.planner();
             let placed = zones.and_then(|zones| {
@@ -100,22 +108,26 @@ impl State {
     }
 }
 
-/// Why a lease held on `node` must move now, and when its billing there
-/// ends: the node was lost (at its last heartbeat), is drained with `move`
-/// (now), or one of the lease's GPUs turned unhealthy (when it did).
-fn why_move(
-    planned: &PlannedFleet,
-    node: &Node,
-    lease_id: Uuid,
-    now: DateTime<Utc>,
-) -> Option<(String, DateTime<Utc>)> {
+/// The GPU indices `lease_id` holds on `node_id`, its first (or only) node.
+fn held_on(planned: &PlannedFleet, lease_id: Uuid, node_id: &str) -> Vec<u32> {
+    planned
+        .holding(&lease_id)
+        .filter(|(n, _)| n == node_id)
+        .map(|(_, idx)| idx.clone())
+        .unwrap_or_default()
+}
+
+/// Why a lease holding GPUs `indices` of `node` must move now, and when
+/// its billing there ends: the node was lost (at its last heartbeat), is
+/// drained with `move` (now), or one of those GPUs turned unhealthy (when
+/// it did).
+fn why_move(node: &Node, indices: &[u32], now: DateTime<Utc>) -> Option<(String, DateTime<Utc>)> {
     if let Some(at) = node.lost {
         return Some((lh_domain::moves::node_lost(&node.id), at));
     }
     if node.cordoned == Some(Some(DrainMode::Move)) {
         return Some((lh_domain::moves::node_drained(&node.id), now));
     }
-    let (_, indices) = planned.holding(&lease_id)?;
     node.gpus
         .iter()
         .filter(|g| indices.contains(&g.index) && g.health == GpuHealth::Unhealthy)

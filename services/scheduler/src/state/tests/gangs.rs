@@ -148,3 +148,61 @@ fn a_tenants_quota_counts_every_gpu_of_its_gang() {
         Some("quota exceeded: tenant holds 16 GPUs, asks for 1 more, quota is 16")
     );
 }
+
+#[test]
+fn a_lost_member_moves_the_whole_gang_and_it_is_placed_again_without_that_node() {
+    let t = Uuid::from_u128(1);
+    let gang = Uuid::from_u128(2);
+    let t0 = Utc::now();
+    let mut s = given(vec![
+        node("a", 8),
+        node("b", 8),
+        node("c", 8),
+        tenant(t, 16),
+        request(gang, t, 16),
+    ]);
+    settle(&mut s, t0, &Rules::default());
+    let first = where_is(&s, gang).0;
+    let member = s.fleet.gang_members[&gang][0].0.clone();
+    let rules = Rules::default();
+    s.liveness_since = Some(t0);
+    let at = |secs: i64| t0 + Duration::seconds(secs);
+    // The member other than the first falls silent.
+    for n in ["a", "b", "c"] {
+        let heard = if n == member { at(1) } else { at(5) };
+        s.heard(n, heard, heard);
+    }
+    let d = decide_at(&s, at(5), &rules);
+    let moved = events_of(&d)
+        .into_iter()
+        .find_map(|e| match e {
+            EventData::LeaseMigrated(m) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("the gang moves");
+    assert_eq!(moved.from_node_id, first, "named by its first member");
+    assert!(moved.reason.contains(&member), "{}", moved.reason);
+    assert_eq!(moved.billing_ends_at, at(1), "billed until the member was heard");
+    assert!(moved.to.is_none(), "back to the queue, to be placed whole");
+    settle(&mut s, at(5), &rules);
+    assert!(s.fleet.gang_members.is_empty());
+    assert!(s.fleet.nodes.values().all(|n| n.gpus.iter().all(|g| g.held_by.is_none())));
+    // The next pass places it again, on the two nodes still heard.
+    for n in ["a", "b", "c"].into_iter().filter(|n| *n != member) {
+        s.heard(n, at(6), at(6));
+    }
+    settle(&mut s, at(6), &rules);
+    settle(&mut s, at(6), &rules);
+    assert_eq!(placed(&s), [gang]);
+    let mut nodes: Vec<String> = std::iter::once(where_is(&s, gang).0)
+        .chain(s.fleet.gang_members[&gang].iter().map(|(n, _)| n.clone()))
+        .collect();
+    nodes.sort();
+    let mut expected: Vec<String> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|n| *n != member)
+        .map(str::to_string)
+        .collect();
+    expected.sort();
+    assert_eq!(nodes, expected);
+}
