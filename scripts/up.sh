@@ -112,6 +112,7 @@ SERVICES=(
     "node-agent-c|lh-node-agent|127.0.0.1:9112"
     "node-agent-d|lh-node-agent|127.0.0.1:9113"
     "node-agent-e|lh-node-agent|127.0.0.1:9114"
+    "node-agent-f|lh-node-agent|127.0.0.1:9115"
 )
 
 say() { echo "up: $*"; }

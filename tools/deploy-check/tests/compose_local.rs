@@ -140,7 +140,7 @@ fn compose_node_agents_simulate_workloads() {
         .filter(|(_, s)| str_at(s, &["build", "args", "BIN"]) == Some("lh-node-agent"))
         .map(|(name, s)| (name.as_str().unwrap().to_string(), s))
         .collect();
-    assert_eq!(agents.len(), 5);
+    assert_eq!(agents.len(), 6);
     for (name, agent) in agents {
         assert_eq!(
             str_at(&agent, &["environment", "LH_RUNTIME"]),

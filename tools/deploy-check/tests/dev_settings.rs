@@ -33,7 +33,7 @@ fn deployments_carry_the_dev_fleet_and_fsync_every_write() {
         compose_nodes, fleet_nodes,
         "compose node-agents vs dev/fleet.toml"
     );
-    assert_eq!(fleet_nodes.len(), 5);
+    assert_eq!(fleet_nodes.len(), 6);
 
     let mut k8s_fleet = None;
     let mut k8s_nats_conf = None;

@@ -40,7 +40,7 @@ fn the_node_agent_runs_on_every_gpu_node_with_what_nvml_mig_and_mps_need() {
             )
         })
         .collect();
-    assert_eq!(simulated.len(), 5, "simulated node-agents: {simulated:?}");
+    assert_eq!(simulated.len(), 6, "simulated node-agents: {simulated:?}");
 
     // Each requirement is checked.
     let mut broken = agents[0].clone();
