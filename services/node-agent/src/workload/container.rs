@@ -528,7 +528,7 @@ impl Runtime for ContainerRuntime {
         let mut child = match child {
             Ok(child) => child,
             Err(e) => {
-                made.undo(self, lease_id);
+                made.undo(self);
                 return Err(e);
             }
         };
@@ -571,17 +571,18 @@ impl Runtime for ContainerRuntime {
 #[derive(Default)]
 struct MadeForStart {
     tenant_network: Option<Uuid>,
-    cgroup_parent: Option<String>,
+    /// The container's mark and its parent cgroup, where the agent made one.
+    cgroup_parent: Option<(String, String)>,
     env_file: Option<PathBuf>,
 }
 
 impl MadeForStart {
-    fn undo(self, runtime: &ContainerRuntime, lease_id: Uuid) {
+    fn undo(self, runtime: &ContainerRuntime) {
         if let Some(path) = &self.env_file {
             remove_env_file(path);
         }
-        if let (Some(_), Some(cgroups)) = (&self.cgroup_parent, &runtime.memory_cgroups) {
-            cgroups.remove_unused(lease_id);
+        if let (Some((mark, _)), Some(cgroups)) = (&self.cgroup_parent, &runtime.memory_cgroups) {
+            cgroups.remove_unused(mark);
         }
         if let Some(tenant) = self.tenant_network {
             runtime.tenant_networks.leave(tenant);
@@ -620,12 +621,14 @@ impl ContainerRuntime {
         if let (Some(cgroups), Some(share)) = (&self.memory_cgroups, assignment.memory_share_bytes)
         {
             let limit = memory_limits(share, self.hard_limit_pct, self.soft_limit_pct);
-            made.cgroup_parent = Some(cgroups.prepare(lease_id, limit.max_bytes).map_err(|e| {
+            let mark = container_name_of(assignment);
+            let parent = cgroups.prepare(&mark, limit.max_bytes).map_err(|e| {
                 RuntimeError::InvalidConfig(format!(
                     "cannot make the container's parent cgroup {}: {e}",
-                    cgroups.memory_dir(lease_id).display()
+                    cgroups.memory_dir(&mark).display()
                 ))
-            })?);
+            })?;
+            made.cgroup_parent = Some((mark, parent));
         }
         if let Some(contents) = env_file_contents(assignment, workload) {
             made.env_file = Some(write_env_file(&self.env_dir, lease_id, &contents).map_err(
@@ -643,7 +646,9 @@ impl ContainerRuntime {
             workload,
             image,
             made.env_file.as_deref(),
-            made.cgroup_parent.as_deref(),
+            made.cgroup_parent
+                .as_ref()
+                .map(|(_, parent)| parent.as_str()),
             network.as_deref(),
         );
         let (stdout, stderr) = super::output_of(assignment)?;

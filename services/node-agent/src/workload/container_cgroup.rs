@@ -22,8 +22,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use uuid::Uuid;
-
 use super::cgroup::PARENT_DIR;
 
 /// How near its limit a v1 cgroup's peak must have come to count as
@@ -91,20 +89,22 @@ impl ContainerCgroups {
         }
     }
 
-    /// `/leasehold/lh-<lease>`: what the engine is given as `--cgroup-parent`.
-    pub fn parent_arg(lease_id: Uuid) -> String {
-        format!("/{PARENT_DIR}/{}", super::mark(lease_id))
+    /// `/leasehold/<mark>`: what the engine is given as `--cgroup-parent`
+    /// for the container of that mark (`lh-<lease>`, or a gang's part's:
+    /// [`super::part_mark`]).
+    pub fn parent_arg(mark: &str) -> String {
+        format!("/{PARENT_DIR}/{mark}")
     }
 
-    /// The lease's parent in the memory hierarchy.
-    pub fn memory_dir(&self, lease_id: Uuid) -> PathBuf {
-        self.memory_dir_of_parent().join(super::mark(lease_id))
+    /// The container's parent in the memory hierarchy.
+    pub fn memory_dir(&self, mark: &str) -> PathBuf {
+        self.memory_dir_of_parent().join(mark)
     }
 
-    /// Makes the lease's parent with `limit_bytes` as its memory limit,
+    /// Makes the container's parent with `limit_bytes` as its memory limit,
     /// swap included where it is accounted.
-    pub fn prepare(&self, lease_id: Uuid, limit_bytes: u64) -> io::Result<String> {
-        let dir = self.memory_dir(lease_id);
+    pub fn prepare(&self, mark: &str, limit_bytes: u64) -> io::Result<String> {
+        let dir = self.memory_dir(mark);
         fs::create_dir_all(&dir)?;
         let limit = limit_bytes.to_string();
         match &self.hierarchy {
@@ -123,19 +123,19 @@ impl ContainerCgroups {
                 }
             }
         }
-        Ok(Self::parent_arg(lease_id))
+        Ok(Self::parent_arg(mark))
     }
 
     /// Removes the lease's parent made by [`ContainerCgroups::prepare`]
     /// for a container that never started (nothing in it yet).
-    pub fn remove_unused(&self, lease_id: Uuid) {
-        let _ = fs::remove_dir(self.memory_dir(lease_id));
+    pub fn remove_unused(&self, mark: &str) {
+        let _ = fs::remove_dir(self.memory_dir(mark));
     }
 
     /// Whether the kernel's OOM killer ended the lease's workload, which
     /// exited with `killed` (SIGKILL) or not.
-    pub fn oom_killed(&self, lease_id: Uuid, killed: bool) -> bool {
-        let dir = self.memory_dir(lease_id);
+    pub fn oom_killed(&self, mark: &str, killed: bool) -> bool {
+        let dir = self.memory_dir(mark);
         let counter = |file: &str, key: &str| -> u64 {
             fs::read_to_string(dir.join(file))
                 .ok()
@@ -175,15 +175,14 @@ impl ContainerCgroups {
 
     /// Removes the lease's parent in every hierarchy, and what the engine
     /// left in it (empty cgroups only: the kernel refuses the others).
-    pub async fn remove(&self, lease_id: Uuid) {
-        let mark = super::mark(lease_id);
+    pub async fn remove(&self, mark: &str) {
         let dirs: Vec<PathBuf> = match &self.hierarchy {
-            MemoryHierarchy::V2 { mount } => vec![mount.join(PARENT_DIR).join(&mark)],
+            MemoryHierarchy::V2 { mount } => vec![mount.join(PARENT_DIR).join(mark)],
             MemoryHierarchy::V1 { mount } => fs::read_dir(mount)
                 .map(|entries| {
                     entries
                         .flatten()
-                        .map(|e| e.path().join(PARENT_DIR).join(&mark))
+                        .map(|e| e.path().join(PARENT_DIR).join(mark))
                         .filter(|p| p.is_dir())
                         .collect()
                 })
@@ -223,11 +222,12 @@ fn remove_once(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uuid::Uuid;
 
     #[test]
     fn the_parent_is_named_by_the_lease() {
         assert_eq!(
-            ContainerCgroups::parent_arg(Uuid::from_u128(1)),
+            ContainerCgroups::parent_arg(&crate::workload::mark(Uuid::from_u128(1))),
             format!("/leasehold/lh-{}", Uuid::from_u128(1))
         );
     }
@@ -235,7 +235,8 @@ mod tests {
     #[test]
     fn oom_reads_the_counters_of_each_version() {
         let dir = tempfile::tempdir().unwrap();
-        let lease = Uuid::from_u128(2);
+        let lease = crate::workload::mark(Uuid::from_u128(2));
+        let lease = lease.as_str();
         let v2 = ContainerCgroups {
             hierarchy: MemoryHierarchy::V2 {
                 mount: dir.path().to_path_buf(),

@@ -626,7 +626,7 @@ impl RunningWorkload {
                 }
                 let exit: Option<Exit> = self.status.map(Into::into);
                 if self.failure.is_none() {
-                    self.failure = container_failure(self.lease_id, c, exit).await;
+                    self.failure = container_failure(c, exit).await;
                 }
                 // Ended before a look saw it run: it ran if the engine made
                 // it (a container exists only once its image is there).
@@ -640,7 +640,7 @@ impl RunningWorkload {
                 reconcile::remove_container(&c.engine, &c.name).await;
                 c.relay = None;
                 if let Some(cgroups) = &c.memory_cgroups {
-                    cgroups.remove(self.lease_id).await;
+                    cgroups.remove(&c.name).await;
                 }
                 if let Some((networks, tenant)) = c.network.take() {
                     let _ = tokio::task::spawn_blocking(move || networks.leave(tenant)).await;
@@ -675,7 +675,6 @@ impl Drop for RunningWorkload {
 /// engine refusing), or the OOM killer ended it. `None` for an exit of the
 /// workload's own.
 async fn container_failure(
-    lease_id: Uuid,
     c: &ContainerWorkload,
     exit: Option<Exit>,
 ) -> Option<lh_events::LeaseFailure> {
@@ -697,7 +696,7 @@ async fn container_failure(
     let killed =
         exit.code == Some(container::EXIT_CODE_KILLED) || exit.signal == Some(libc::SIGKILL);
     let oom = match &c.memory_cgroups {
-        Some(cgroups) => cgroups.oom_killed(lease_id, killed),
+        Some(cgroups) => cgroups.oom_killed(&c.name, killed),
         None => engine_state::engine_saw_oom(&c.engine, &c.name).await,
     };
     oom.then_some(LeaseFailure::OutOfMemory)

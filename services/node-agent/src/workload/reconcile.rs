@@ -477,7 +477,6 @@ impl Adopted {
             }
             Adopted::Container {
                 engine,
-                lease_id,
                 name,
                 memory_cgroups,
                 failure,
@@ -488,7 +487,7 @@ impl Adopted {
                 let oom = match (exit.code, memory_cgroups) {
                     (Some(0) | None, _) => false,
                     (Some(code), Some(cgroups)) => {
-                        cgroups.oom_killed(*lease_id, code == super::container::EXIT_CODE_KILLED)
+                        cgroups.oom_killed(name, code == super::container::EXIT_CODE_KILLED)
                     }
                     (Some(_), None) => super::engine_state::engine_saw_oom(engine, name).await,
                 };
@@ -537,7 +536,6 @@ impl Adopted {
     async fn clean_up(&self) {
         if let Adopted::Container {
             engine,
-            lease_id,
             name,
             memory_cgroups,
             networks,
@@ -546,7 +544,7 @@ impl Adopted {
         {
             remove_container(engine, name).await;
             if let Some(cgroups) = memory_cgroups {
-                cgroups.remove(*lease_id).await;
+                cgroups.remove(name).await;
             }
             let networks = networks.as_ref().clone();
             let _ = tokio::task::spawn_blocking(move || networks.remove_all_unused()).await;

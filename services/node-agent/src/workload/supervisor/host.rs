@@ -285,7 +285,7 @@ impl Workloads {
                         .await;
                         reconcile::remove_container(&c.engine, &name).await;
                         if let Some(cgroups) = &c.memory_cgroups {
-                            cgroups.remove(lease_id).await;
+                            cgroups.remove(&name).await;
                         }
                         remove_record(&c.env_file(lease_id));
                         let networks = c.networks.clone();

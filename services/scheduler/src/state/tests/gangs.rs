@@ -182,11 +182,19 @@ fn a_lost_member_moves_the_whole_gang_and_it_is_placed_again_without_that_node()
         .expect("the gang moves");
     assert_eq!(moved.from_node_id, first, "named by its first member");
     assert!(moved.reason.contains(&member), "{}", moved.reason);
-    assert_eq!(moved.billing_ends_at, at(1), "billed until the member was heard");
+    assert_eq!(
+        moved.billing_ends_at,
+        at(1),
+        "billed until the member was heard"
+    );
     assert!(moved.to.is_none(), "back to the queue, to be placed whole");
     settle(&mut s, at(5), &rules);
     assert!(s.fleet.gang_members.is_empty());
-    assert!(s.fleet.nodes.values().all(|n| n.gpus.iter().all(|g| g.held_by.is_none())));
+    assert!(s
+        .fleet
+        .nodes
+        .values()
+        .all(|n| n.gpus.iter().all(|g| g.held_by.is_none())));
     // The next pass places it again, on the two nodes still heard.
     for n in ["a", "b", "c"].into_iter().filter(|n| *n != member) {
         s.heard(n, at(6), at(6));
