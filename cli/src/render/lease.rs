@@ -52,6 +52,28 @@ pub(crate) fn lease_view(lease: &Value) -> String {
             .filter(|(_, key)| present(lease, key))
             .map(|(label, key)| (*label, text(lease, key))),
     );
+    // A lease across nodes: each member, its GPUs, and whether its part
+    // has started.
+    if let Some(members) = lease.get("members").and_then(|m| m.as_array()) {
+        let parts: Vec<String> = members
+            .iter()
+            .map(|m| {
+                let gpus: Vec<String> = m["gpu_indices"]
+                    .as_array()
+                    .map(|g| g.iter().map(|i| i.to_string()).collect())
+                    .unwrap_or_default();
+                let started = if m["started"] == true {
+                    "started"
+                } else {
+                    "starting"
+                };
+                format!("{} (GPU {}, {started})", text(m, "node_id"), gpus.join(","))
+            })
+            .collect();
+        if !parts.is_empty() {
+            rows.push(("members", parts.join("; ")));
+        }
+    }
     // How to reach a running lease over SSH, and the key to expect.
     if let Some(ssh) = lease.get("ssh").filter(|s| s.is_object()) {
         rows.push(("ssh", text(ssh, "command")));
