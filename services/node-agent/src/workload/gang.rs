@@ -249,12 +249,19 @@ mod tests {
             .expect("sh runs");
         // Its four sleeps are started once `ps` shows them under it.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // Its children, from /proc: the fourth field of a process's stat
+        // is its parent.
+        let parent = child.id().to_string();
         let children = || {
-            let out = std::process::Command::new("ps")
-                .args(["-o", "pid=", "--ppid", &child.id().to_string()])
-                .output()
-                .expect("ps runs");
-            String::from_utf8_lossy(&out.stdout).lines().count()
+            std::fs::read_dir("/proc")
+                .expect("/proc")
+                .flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+                .filter(|stat| {
+                    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+                    after_name.split_whitespace().nth(1) == Some(parent.as_str())
+                })
+                .count()
         };
         while children() < 4 {
             assert!(
