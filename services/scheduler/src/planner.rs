@@ -410,33 +410,11 @@ impl Planner {
         needs_isolation: bool,
         zones: &[String],
     ) -> Result<Vec<Chosen>, Option<Pending>> {
-        let mut request = shape.request(model).ok_or(None)?;
-        request.needs_isolation = needs_isolation;
-        if !zones.is_empty() {
-            request = request.with_zones(zones.iter().cloned());
-        }
+        let request = placement_request(shape, model, needs_isolation, zones).ok_or(None)?;
         let members = self.engine.schedule_gang(&request).map_err(Some)?;
         Ok(members
             .into_iter()
-            .map(|(decision, _)| {
-                self.dirty.insert(decision.node);
-                let cluster = self.engine.cluster();
-                let node = cluster.node(decision.node);
-                let index = self.gpu_indices_of(decision.node);
-                let mut gpu_indices: Vec<u32> = decision
-                    .gpu_indices()
-                    .into_iter()
-                    .map(|p| index[usize::from(p)])
-                    .collect();
-                gpu_indices.sort_unstable();
-                Chosen {
-                    node_id: node.id.clone(),
-                    zone: cluster.zone_name(node.zone).to_string(),
-                    gpu_indices,
-                    mig: None,
-                    provenance: decision.provenance,
-                }
-            })
+            .map(|(decision, id)| self.chosen(decision, id))
             .collect())
     }
 
@@ -453,16 +431,18 @@ impl Planner {
         needs_isolation: bool,
         zones: &[String],
     ) -> Result<Chosen, Option<Pending>> {
-        let mut request = shape.request(model).ok_or(None)?;
-        request.needs_isolation = needs_isolation;
-        if !zones.is_empty() {
-            request = request.with_zones(zones.iter().cloned());
-        }
+        let request = placement_request(shape, model, needs_isolation, zones).ok_or(None)?;
         let decision = self.engine.decide(&request).map_err(Some)?;
         let id = self
             .engine
             .place(&request, &decision)
             .expect("the engine's own choice fits");
+        Ok(self.chosen(decision, id))
+    }
+
+    /// What the engine's `decision`, taken as allocation `id`, gives in the
+    /// fleet's terms; its node is one this engine changed from now on.
+    fn chosen(&mut self, decision: lh_placement::Decision, id: lh_placement::AllocId) -> Chosen {
         self.dirty.insert(decision.node);
         let cluster = self.engine.cluster();
         let mig = cluster.allocation(id).and_then(|a| a.mig);
@@ -474,12 +454,29 @@ impl Planner {
             .map(|p| index[usize::from(p)])
             .collect();
         gpu_indices.sort_unstable();
-        Ok(Chosen {
+        Chosen {
             node_id: node.id.clone(),
             zone: cluster.zone_name(node.zone).to_string(),
             gpu_indices,
             mig,
             provenance: decision.provenance,
-        })
+        }
     }
+}
+
+/// The engine's request for a lease of `shape` on `model`, on a node that
+/// isolates workloads when `needs_isolation`, in one of `zones` (empty:
+/// any); `None` when the ask is out of the engine's range.
+fn placement_request(
+    shape: LeaseShape,
+    model: &str,
+    needs_isolation: bool,
+    zones: &[String],
+) -> Option<Request> {
+    let mut request = shape.request(model)?;
+    request.needs_isolation = needs_isolation;
+    if !zones.is_empty() {
+        request = request.with_zones(zones.iter().cloned());
+    }
+    Some(request)
 }

@@ -379,33 +379,23 @@ fn timed(
             .collect::<std::result::Result<_, _>>()
             .map_err(anyhow::Error::msg)?;
         let n = runs.len().max(1) as f64;
-        let mean = |f: fn(&TimedRun) -> f64| runs.iter().map(f).sum::<f64>() / n;
-        let sum = |f: fn(&TimedRun) -> usize| runs.iter().map(f).sum::<usize>();
         let secs = started.elapsed().as_secs_f64();
-        let line = format!(
-            "policy={p} load={load} allocation={:.2} singles_started={}/{} singles_wait_mean_s={:.0} singles_wait_p95_s={:.0} gangs_started={}/{} gangs_wait_mean_s={:.0} gangs_wait_p95_s={:.0} seconds={secs:.2}",
-            mean(|r| r.allocation_pct),
-            sum(|r| r.singles.started),
-            sum(|r| r.singles.tasks),
-            mean(|r| r.singles.mean_s),
-            mean(|r| r.singles.p95_s),
-            sum(|r| r.gangs.started),
-            sum(|r| r.gangs.tasks),
-            mean(|r| r.gangs.mean_s),
-            mean(|r| r.gangs.p95_s),
+        // Per class: started, of, mean and p95 wait.
+        let class = |of: fn(&TimedRun) -> &lh_placement_lab::timed::Waits| {
+            let started: usize = runs.iter().map(|r| of(r).started).sum();
+            let tasks: usize = runs.iter().map(|r| of(r).tasks).sum();
+            let mean_s = runs.iter().map(|r| of(r).mean_s).sum::<f64>() / n;
+            let p95_s = runs.iter().map(|r| of(r).p95_s).sum::<f64>() / n;
+            (started, tasks, mean_s, p95_s)
+        };
+        let allocation = runs.iter().map(|r| r.allocation_pct).sum::<f64>() / n;
+        let (s1, t1, m1, q1) = class(|r| &r.singles);
+        let (s2, t2, m2, q2) = class(|r| &r.gangs);
+        println!(
+            "policy={p} load={load} allocation={allocation:.2} singles_started={s1}/{t1} singles_wait_mean_s={m1:.0} singles_wait_p95_s={q1:.0} gangs_started={s2}/{t2} gangs_wait_mean_s={m2:.0} gangs_wait_p95_s={q2:.0} seconds={secs:.2}"
         );
-        println!("{line}");
         md.push_str(&format!(
-            "| {p} | {:.2} | {}/{}, {:.0} / {:.0} | {}/{}, {:.0} / {:.0} | {secs:.2} |\n",
-            mean(|r| r.allocation_pct),
-            sum(|r| r.singles.started),
-            sum(|r| r.singles.tasks),
-            mean(|r| r.singles.mean_s),
-            mean(|r| r.singles.p95_s),
-            sum(|r| r.gangs.started),
-            sum(|r| r.gangs.tasks),
-            mean(|r| r.gangs.mean_s),
-            mean(|r| r.gangs.p95_s),
+            "| {p} | {allocation:.2} | {s1}/{t1}, {m1:.0} / {q1:.0} | {s2}/{t2}, {m2:.0} / {q2:.0} | {secs:.2} |\n"
         ));
     }
     std::fs::create_dir_all(&args.out)

@@ -325,4 +325,27 @@ mod tests {
         cache.begin(&c, &demands[1]);
         assert_eq!(cache.get(7, 3), None);
     }
+
+    #[test]
+    fn a_replays_hundreds_of_demands_keep_their_scores_on_a_fleet_the_size_of_the_trace() {
+        // A replay of the openb trace (1,213 nodes) meets a few hundred
+        // demands: a cache that kept a few a node recomputed most scores.
+        let c = cluster(1_213);
+        let demands: Vec<Demand> = (1..=400)
+            .map(|cpu| c.demand(&Request::fraction(100, 1, cpu, 0)))
+            .collect();
+        let mut cache = NodeCache::default();
+        for (i, d) in demands.iter().enumerate() {
+            cache.begin(&c, d);
+            cache.put(i % 1_213, 1, scored(i as f64));
+        }
+        for (i, d) in demands.iter().enumerate() {
+            cache.begin(&c, d);
+            assert_eq!(
+                cache.get(i % 1_213, 1),
+                Some(scored(i as f64)),
+                "demand {i}"
+            );
+        }
+    }
 }
