@@ -473,6 +473,17 @@ pub struct LeaseSuspended {
     pub reason: String,
 }
 
+/// One member of a lease that spans several nodes (a gang) saw its part
+/// exit 0. The gang completes when every member's part has: its first
+/// member ends the lease once it has its own part's exit and this from
+/// every other member, so that no rank still writing its results is
+/// stopped because another finished first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LeaseMemberCompleted {
+    pub lease_id: Uuid,
+    pub node_id: String,
+}
+
 /// A node copied a lease's workspace to the tenant's bucket: what a lease
 /// moved, recovered or resumed elsewhere starts from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -78,6 +78,7 @@ events! {
     "lease.resume_requested" v=1 => LeaseResumeRequested @ lease(lease_id);
     "lease.restated" v=1 => LeaseRestated @ lease(lease_id), tenant_id = tenant_id;
     "lease.workspace_synced" v=1 => LeaseWorkspaceSynced @ lease(lease_id);
+    "lease.member_completed" v=1 => LeaseMemberCompleted @ lease(lease_id);
     "node.registered" v=1 => NodeRegistered @ node(node_id);
     "node.enrolled" v=1 => NodeEnrolled @ node(node_id);
     "node.gpus_allocated" v=1 => NodeGpusAllocated @ node(node_id);
@@ -136,6 +137,7 @@ impl EventData {
             EventData::LeaseGpuFault(e) => Some(&e.node_id),
             EventData::LeaseIdleDetected(e) => Some(&e.node_id),
             EventData::LeaseWorkspaceSynced(e) => Some(&e.node_id),
+            EventData::LeaseMemberCompleted(e) => Some(&e.node_id),
             EventData::NodeRegistered(e) => Some(&e.node_id),
             EventData::NodeGpuHealthChanged(e) => Some(&e.node_id),
             EventData::NodeGpuSelfTested(e) => Some(&e.node_id),

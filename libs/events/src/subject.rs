@@ -446,6 +446,8 @@ pub const OWNERS: &[(&str, &[Publisher])] = {
         ("workspace.removed", &[Gateway]),
         // Only the node that runs a lease copies its workspace.
         ("lease.workspace_synced", &[Node]),
+        // A gang's member tells the first that its part is done.
+        ("lease.member_completed", &[Node]),
     ]
 };
 

@@ -19,8 +19,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lh_events::telemetry::LeaseUsage;
 use lh_events::{
-    derived_id, subject, Actor, EndReason, Envelope, EventData, Expect, LeaseEnded, LeaseStarted,
-    LeaseSuspended, NodeRegistered, WorkspaceSyncReason,
+    derived_id, subject, Actor, EndReason, Envelope, EventData, Expect, LeaseEnded,
+    LeaseMemberCompleted, LeaseStarted, LeaseSuspended, NodeRegistered, WorkspaceSyncReason,
 };
 use lh_service::decider::{Batch, Decider, Pace};
 use tokio::sync::mpsc;
@@ -359,12 +359,16 @@ impl NodeAgent {
                 }
             },
             LeaseStep::Suspend { .. } => Transition::Suspended,
+            LeaseStep::PartCompleted { .. } => Transition::PartCompleted,
             LeaseStep::End {
                 reason, exit_code, ..
             } => Transition::Ended {
                 reason,
                 exit_code,
                 at: match reason {
+                    // A gang completes when its last part is heard of: its
+                    // GPUs were all held till then.
+                    EndReason::Completed if lease.gang.is_some() => now,
                     EndReason::Completed | EndReason::Failed => lease.exit_heard_at(now),
                     _ => now,
                 },
@@ -391,6 +395,8 @@ impl NodeAgent {
 enum Transition {
     Started,
     Suspended,
+    /// A gang's later member's part completed; the gang goes on.
+    PartCompleted,
     Ended {
         reason: EndReason,
         exit_code: Option<i32>,
@@ -440,6 +446,19 @@ impl Transition {
                     reason: "idle under the tenant's suspend policy".into(),
                 }),
                 derived_id(&["lease.suspended", &lease_id.to_string(), &placement]),
+                guard,
+            ),
+            Transition::PartCompleted => (
+                EventData::LeaseMemberCompleted(LeaseMemberCompleted {
+                    lease_id,
+                    node_id: node_id.to_string(),
+                }),
+                derived_id(&[
+                    "lease.member_completed",
+                    &lease_id.to_string(),
+                    &placement,
+                    node_id,
+                ]),
                 guard,
             ),
             Transition::Ended {

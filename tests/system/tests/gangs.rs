@@ -86,12 +86,13 @@ async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
     let key = stack.create_trusted_tenant("gangs", 8).await;
 
     // Every rank once, each told the rendezvous; its node's first
-    // member hosts it.
+    // member hosts it. The later member's ranks finish last: the gang
+    // completes when they have, none of them cut short.
     let echo = gang(
         &stack,
         &key,
         8,
-        "echo $RANK/$WORLD_SIZE $LOCAL_RANK $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT; sleep 2",
+        "echo $RANK/$WORLD_SIZE $LOCAL_RANK $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT; sleep $((1 + 3 * NODE_RANK))",
     )
     .await;
     let running = stack

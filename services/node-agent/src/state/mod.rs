@@ -59,6 +59,9 @@ pub(crate) enum LeaseStep {
         lease_id: Uuid,
         exit_code: Option<i32>,
     },
+    /// A gang's later member's part exited 0: `lease.member_completed` is
+    /// reported, guarded by the lease's last sequence.
+    PartCompleted { lease_id: Uuid },
 }
 
 impl LeaseStep {
@@ -70,7 +73,8 @@ impl LeaseStep {
             | LeaseStep::Start { lease_id }
             | LeaseStep::Suspend { lease_id }
             | LeaseStep::End { lease_id, .. }
-            | LeaseStep::EndUnmoved { lease_id, .. } => lease_id,
+            | LeaseStep::EndUnmoved { lease_id, .. }
+            | LeaseStep::PartCompleted { lease_id } => lease_id,
         }
     }
 }
@@ -149,6 +153,10 @@ pub(crate) struct LocalLease {
     /// Its part of a lease that spans several nodes.
     #[serde(default)]
     pub(crate) gang: Option<GangPart>,
+    /// The gang's other members whose parts have completed for this
+    /// placement (`lease.member_completed`, this node's own included).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) members_completed: BTreeSet<String>,
 }
 
 impl LocalLease {
@@ -156,6 +164,21 @@ impl LocalLease {
     /// its to report; the first member reports every other end.
     fn follows(&self) -> bool {
         self.gang.as_ref().is_some_and(|g| !g.is_first())
+    }
+
+    /// Whether every member's part but this node's own has completed: a
+    /// lease on one node has no other part.
+    fn other_parts_completed(&self) -> bool {
+        self.gang
+            .as_ref()
+            .is_none_or(|g| g.others().all(|n| self.members_completed.contains(n)))
+    }
+
+    /// Whether this node told the gang its part completed.
+    fn own_part_told(&self) -> bool {
+        self.gang
+            .as_ref()
+            .is_some_and(|g| self.members_completed.contains(g.own_node()))
     }
 }
 
@@ -395,6 +418,9 @@ impl NodeState {
                         l.application_fault = true
                     }
                     EventData::LeaseStopRequested(_) => l.stop_requested = true,
+                    EventData::LeaseMemberCompleted(e) if l.gang.is_some() => {
+                        l.members_completed.insert(e.node_id.clone());
+                    }
                     EventData::LeaseEnded(_) => l.ended = true,
                     // Its run here is over; a resume places it afresh.
                     EventData::LeaseSuspended(_) => l.ended = true,
@@ -507,8 +533,16 @@ impl NodeState {
                 // A workload that never ran cannot have met a fault of
                 // its GPU.
                 // A gang's later member holds its GPUs until the first
-                // reports the end, unless its own part failed.
+                // reports the end, unless its own part failed; a part that
+                // completed says so, once, and the first member ends the
+                // gang when its own and every other part have.
                 if lease.follows() && reason != EndReason::Failed {
+                    if reason == EndReason::Completed && !lease.own_part_told() {
+                        steps.push(LeaseStep::PartCompleted { lease_id });
+                    }
+                    continue;
+                }
+                if reason == EndReason::Completed && !lease.other_parts_completed() {
                     continue;
                 }
                 if reason == EndReason::Failed && exited_by_itself && lease.started {

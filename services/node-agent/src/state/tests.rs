@@ -633,19 +633,35 @@ fn a_snapshot_taken_back_knows_what_the_log_said_and_nothing_this_process_did() 
 
 /// A gang of two placed on `node-e` (first) and this node, at sequence 10.
 fn gang_member() -> NodeState {
+    gang_of(&["node-e", NODE], 10)
+}
+
+/// A gang placed on `nodes`, in that order, at `sequence`.
+fn gang_of(nodes: &[&str], sequence: u64) -> NodeState {
     let mut state = NodeState::default();
-    let mut placed = lh_events::fixtures::placed(lease_id(), "node-e", "z", "A100-40GB", 40, &[0]);
-    placed.members = ["node-e", NODE]
-        .into_iter()
+    gang_placed(&mut state, nodes, sequence);
+    state
+}
+
+fn gang_placed(state: &mut NodeState, nodes: &[&str], sequence: u64) {
+    let mut placed = lh_events::fixtures::placed(lease_id(), nodes[0], "z", "A100-40GB", 40, &[0]);
+    placed.members = nodes
+        .iter()
         .map(|n| lh_events::LeaseMember {
-            node_id: n.into(),
+            node_id: n.to_string(),
             zone: "z".into(),
             address: format!("{n}.example"),
             gpus: placed.gpus.clone(),
         })
         .collect();
-    when(&mut state, 10, EventData::LeasePlaced(placed));
-    state
+    when(state, sequence, EventData::LeasePlaced(placed));
+}
+
+fn part_completed_on(node: &str) -> EventData {
+    EventData::LeaseMemberCompleted(lh_events::LeaseMemberCompleted {
+        lease_id: lease_id(),
+        node_id: node.into(),
+    })
 }
 
 fn started_on(node: &str) -> EventData {
@@ -679,7 +695,15 @@ fn a_gangs_later_member_reports_only_its_failure_and_stops_when_the_gang_ends() 
     when(&mut state, 11, started_on(NODE));
     let lease = state.leases.get_mut(&lease_id()).unwrap();
     lease.exit = exited(0);
-    // Its part completed: its GPUs stay the gang's until the first ends it.
+    // Its part completed: it says so, once, and its GPUs stay the gang's
+    // until the first ends it.
+    assert_eq!(
+        state.decide(t(2)),
+        [LeaseStep::PartCompleted {
+            lease_id: lease_id()
+        }]
+    );
+    when(&mut state, 12, part_completed_on(NODE));
     assert_eq!(state.decide(t(2)), []);
     state.leases.get_mut(&lease_id()).unwrap().exit = exited(3);
     assert_eq!(state.decide(t(2)), end(EndReason::Failed, Some(3)));
@@ -690,7 +714,7 @@ fn a_gangs_later_member_reports_only_its_failure_and_stops_when_the_gang_ends() 
     state.leases.get_mut(&lease_id()).unwrap().workload_running = true;
     when(
         &mut state,
-        12,
+        13,
         EventData::LeaseEnded(lh_events::fixtures::ended(
             lease_id(),
             "node-e",
@@ -729,4 +753,52 @@ fn a_gang_moved_away_from_another_member_leaves_this_one_too() {
             lease_id: lease_id()
         }]
     );
+}
+
+#[test]
+fn a_gangs_first_member_completes_it_only_once_every_part_has() {
+    let mut state = gang_of(&[NODE, "node-b", "node-c"], 10);
+    when(&mut state, 11, started_on(NODE));
+    state.leases.get_mut(&lease_id()).unwrap().exit = exited(0);
+    // Its own part is done; the others still run.
+    assert_eq!(state.decide(t(2)), []);
+    when(&mut state, 12, part_completed_on("node-c"));
+    assert_eq!(state.decide(t(3)), []);
+    when(&mut state, 13, part_completed_on("node-b"));
+    assert_eq!(state.decide(t(4)), end(EndReason::Completed, Some(0)));
+
+    // A later part failing ends it; the first's part, still running, stops.
+    let mut state = gang_of(&[NODE, "node-b"], 10);
+    when(&mut state, 11, started_on(NODE));
+    state.leases.get_mut(&lease_id()).unwrap().workload_running = true;
+    when(
+        &mut state,
+        12,
+        EventData::LeaseEnded(lh_events::fixtures::ended(
+            lease_id(),
+            "node-b",
+            t(3),
+            EndReason::Failed,
+        )),
+    );
+    assert_eq!(
+        state.decide(t(4)),
+        [LeaseStep::Leave {
+            lease_id: lease_id()
+        }]
+    );
+}
+
+#[test]
+fn a_parts_completion_counts_for_its_placement_only() {
+    let mut state = gang_of(&[NODE, "node-b"], 10);
+    when(&mut state, 11, part_completed_on("node-b"));
+    // Placed afresh (the gang moved whole and came back): node-b's part of
+    // the new placement has not completed.
+    gang_placed(&mut state, &[NODE, "node-b"], 20);
+    when(&mut state, 21, started_on(NODE));
+    state.leases.get_mut(&lease_id()).unwrap().exit = exited(0);
+    assert_eq!(state.decide(t(5)), []);
+    when(&mut state, 22, part_completed_on("node-b"));
+    assert_eq!(state.decide(t(6)), end(EndReason::Completed, Some(0)));
 }

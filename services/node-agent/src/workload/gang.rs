@@ -29,9 +29,12 @@ pub const MASTER_PORTS: u16 = 1_000;
 /// INT to the launcher is passed on to every process (a stop, a
 /// preemption: as PID 1 of a container it would otherwise ignore both).
 /// POSIX `sh` has no `wait` for whichever child ends first, so it looks
-/// every second for one that has ended (a zombie in `/proc`).
-pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""
-trap 'kill -TERM $pids 2>/dev/null' TERM INT
+/// every second for one that has ended (a zombie in `/proc`). Once ending,
+/// it tells those left again each second: a child forked but not yet
+/// running its command when the first TERM came ran the launcher's own
+/// trap instead, and would otherwise run on.
+pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""; ending=""
+trap 'ending=1; kill -TERM $pids 2>/dev/null' TERM INT
 while [ "$i" -lt "$n" ]; do
   LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &
   pids="$pids $!"; i=$((i + 1))
@@ -43,12 +46,13 @@ while [ -n "$left" ]; do
     st=Z; [ -r "/proc/$p/stat" ] && read -r _ _ st _ < "/proc/$p/stat"
     if [ "$st" = Z ]; then
       wait "$p"; s=$?
-      if [ "$s" -ne 0 ] && [ "$status" -eq 0 ]; then status=$s; kill -TERM $pids 2>/dev/null; fi
+      if [ "$s" -ne 0 ] && [ "$status" -eq 0 ]; then status=$s; ending=1; fi
     else
       still="$still $p"
     fi
   done
   left=$still
+  if [ -n "$ending" ] && [ -n "$left" ]; then kill -TERM $left 2>/dev/null; fi
   if [ -n "$left" ]; then sleep 1; fi
 done
 exit "$status""#;
@@ -60,6 +64,9 @@ pub struct GangPart {
     pub node_rank: u32,
     /// Every member's address and GPU count, in node-rank order.
     pub members: Vec<(String, u32)>,
+    /// Every member's node id, in node-rank order.
+    #[serde(default)]
+    pub node_ids: Vec<String>,
     pub master_port: u16,
 }
 
@@ -75,6 +82,7 @@ impl GangPart {
                 .iter()
                 .map(|m| (m.address.clone(), m.gpus.len() as u32))
                 .collect(),
+            node_ids: placed.members.iter().map(|m| m.node_id.clone()).collect(),
             master_port: master_port(placed.lease_id),
         })
     }
@@ -82,6 +90,23 @@ impl GangPart {
     /// Whether this is the first member: its end is the gang's.
     pub fn is_first(&self) -> bool {
         self.node_rank == 0
+    }
+
+    /// This member's node.
+    pub fn own_node(&self) -> &str {
+        self.node_ids
+            .get(self.node_rank as usize)
+            .map_or("", String::as_str)
+    }
+
+    /// Every other member's node.
+    pub fn others(&self) -> impl Iterator<Item = &str> {
+        let own = self.node_rank as usize;
+        self.node_ids
+            .iter()
+            .enumerate()
+            .filter(move |(rank, _)| *rank != own)
+            .map(|(_, n)| n.as_str())
     }
 
     /// What every process of this part shares, the launcher's own two
@@ -231,6 +256,33 @@ mod tests {
         assert_eq!(status.code(), Some(7));
         assert!(
             started.elapsed() < std::time::Duration::from_secs(10),
+            "the part outlived its failed process by {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_process_that_missed_the_first_term_is_told_again() {
+        // Each but rank 2 lives through one TERM (as a child still between
+        // fork and its command does) and would run 30 s more.
+        let part = GangPart::of(&gang(), "node-e").unwrap();
+        let command = "[ $LOCAL_RANK -ne 2 ] || { sleep 1; exit 7; }; \
+             trap 'trap - TERM' TERM; i=0; \
+             while [ $i -lt 60 ]; do sleep 0.5; i=$((i + 1)); done";
+        let argv = part.launch(&["sh".into(), "-c".into(), command.into()]);
+        let started = std::time::Instant::now();
+        let status = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(part.env())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh runs");
+        assert_eq!(status.code(), Some(7));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
             "the part outlived its failed process by {:?}",
             started.elapsed()
         );

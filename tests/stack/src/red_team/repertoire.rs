@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use lh_bus::{Bus, Expect};
 use lh_events::{
     fixtures, subject, telemetry::Heartbeat, Actor, EndReason, Envelope, EventData, IdleAction,
-    LeaseGpuFault, LeaseIdleDetected, LeaseStopRequested, LeaseSuspended, NodeLost,
-    TenantSuspended,
+    LeaseGpuFault, LeaseIdleDetected, LeaseMemberCompleted, LeaseStopRequested, LeaseSuspended,
+    NodeLost, TenantSuspended,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -59,6 +59,12 @@ pub fn forged_reports(lease: Uuid, attacker: &str, victim_node: &str) -> Vec<Env
             xid: 43,
             at: now,
         })));
+        events.push(as_attacker(EventData::LeaseMemberCompleted(
+            LeaseMemberCompleted {
+                lease_id: lease,
+                node_id: named.into(),
+            },
+        )));
     }
     let mut century = fixtures::ended(
         lease,
