@@ -272,6 +272,10 @@ pub(super) struct Downtime {
 pub(super) struct Watched {
     pub(super) tenant_id: Option<Uuid>,
     pub(super) down_since: Option<DateTime<Utc>>,
+    /// A gang's members that have not started since its last placement:
+    /// it is down until every one has, as it is billed from then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) members_to_start: Vec<String>,
 }
 
 impl Ledger {
@@ -298,8 +302,19 @@ impl Ledger {
                     w.down_since.get_or_insert(e.billing_ends_at);
                 }
             }
+            EventData::LeasePlaced(e) => {
+                if let Some(w) = self.leases.get_mut(&e.lease_id) {
+                    w.members_to_start = e.members.iter().map(|m| m.node_id.clone()).collect();
+                }
+            }
             EventData::LeaseStarted(e) => {
                 let down = self.leases.get_mut(&e.lease_id).and_then(|w| {
+                    if !w.members_to_start.is_empty() {
+                        w.members_to_start.retain(|n| *n != e.node_id);
+                        if !w.members_to_start.is_empty() {
+                            return None;
+                        }
+                    }
                     let since = w.down_since.take()?;
                     Some((w.tenant_id?, since))
                 });

@@ -283,6 +283,62 @@ fn a_lost_node_below_the_sla_earns_a_credit_on_the_next_invoice() {
     assert!(store(&mut ledger, &mut next, at("2027-02-01T00:00:00Z")).is_empty());
 }
 
+#[test]
+fn a_gang_is_down_until_its_last_member_starts_again() {
+    // A gang of two down at 00:00 (a member's node lost), placed again on
+    // n2 and n3: n2 starts at 01:00, n3 at 03:00. Down 3 hours, not 1.
+    let mut ledger = Ledger::new(chrono::Duration::zero());
+    let request = lh_events::fixtures::whole_request(LEASE, TENANT, 16, lh_events::fixtures::MODEL);
+    let migrated = lh_events::LeaseMigrated {
+        lease_id: LEASE,
+        reason: "node n1 lost".into(),
+        from_node_id: "n1".into(),
+        from_gpu_indices: vec![0],
+        billing_ends_at: at("2026-11-10T00:00:00Z"),
+        to: None,
+    };
+    let all = [0, 1, 2, 3, 4, 5, 6, 7];
+    let mut placed =
+        lh_events::fixtures::placed(LEASE, "n2", "z", lh_events::fixtures::MODEL, 40, &all);
+    placed.members = ["n2", "n3"]
+        .into_iter()
+        .map(|n| lh_events::LeaseMember {
+            node_id: n.to_string(),
+            zone: "z".into(),
+            address: format!("{n}.example"),
+            gpus: placed.gpus.clone(),
+        })
+        .collect();
+    for (sequence, event) in [
+        lease_event(EventData::LeaseRequested(request)),
+        charge(1, "2026-11-02T00:00:00Z", 360_000, "100.00"),
+        lease_event(EventData::LeaseMigrated(migrated)),
+        lease_event(EventData::LeasePlaced(placed)),
+        lease_event(EventData::LeaseStarted(lh_events::fixtures::started(
+            LEASE,
+            "n2",
+            at("2026-11-10T01:00:00Z"),
+        ))),
+        lease_event(EventData::LeaseStarted(lh_events::fixtures::started(
+            LEASE,
+            "n3",
+            at("2026-11-10T03:00:00Z"),
+        ))),
+    ]
+    .iter()
+    .enumerate()
+    {
+        ledger.apply_stored(sequence as u64 + 1, Utc::now(), event);
+    }
+    let mut next = 6;
+    let out = store(&mut ledger, &mut next, at("2026-12-01T00:00:00Z"));
+    let EventData::CreditGranted(credit) = &out[0].data else {
+        panic!("{out:?}");
+    };
+    assert_eq!(credit.downtime_seconds, 3 * 3600, "{credit:?}");
+    assert_eq!(credit.affected_charges.to_string(), "100.00");
+}
+
 fn per_lease_of(ledger: &Ledger, period: &str) -> usize {
     ledger.months[&(TENANT, period.to_string())].per_lease.len()
 }

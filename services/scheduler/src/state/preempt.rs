@@ -1,6 +1,6 @@
 //! Preemption: which spot leases an on-demand lease may evict.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use lh_events::{GpuHealth, Isolation};
@@ -28,7 +28,8 @@ pub struct PreemptionPlan {
 
 /// The cheapest set of running spot leases whose eviction lets `lease` fit
 /// on one node: fewest GPUs evicted, then least work lost (GPU-seconds the
-/// victims have run), then node id. Leases younger than the minimum runtime,
+/// victims have run), then node id. A spot gang is evicted whole, on every
+/// member: all its GPUs count against it. Leases younger than the minimum runtime,
 /// already noticed, or not started are never chosen.
 pub fn plan_preemption(
     state: &State,
@@ -58,11 +59,15 @@ pub fn plan_preemption(
         if need == 0 {
             continue;
         }
-        let mut candidates: Vec<&Lease> = of_model
-            .iter()
-            .filter_map(|g| g.held_by)
-            .collect::<HashSet<_>>()
-            .into_iter()
+        // A gang holds GPUs on other nodes too: only those here make room
+        // here, but evicting it costs all of them.
+        let mut held_here: HashMap<Uuid, u32> = HashMap::new();
+        for id in of_model.iter().filter_map(|g| g.held_by) {
+            *held_here.entry(id).or_default() += 1;
+        }
+        let mut candidates: Vec<&Lease> = held_here
+            .keys()
+            .copied()
             .filter_map(|id| state.leases.get(&id))
             .filter(|v| {
                 !v.is_on_demand()
@@ -80,10 +85,11 @@ pub fn plan_preemption(
                 .filter(|i| mask & (1 << i) != 0)
                 .map(|i| candidates[i])
                 .collect();
-            let freed: u32 = chosen.iter().map(|v| v.gpus).sum();
+            let freed: u32 = chosen.iter().map(|v| held_here[&v.id]).sum();
             if freed < need {
                 continue;
             }
+            let evicted: u32 = chosen.iter().map(|v| v.gpus).sum();
             let lost: i64 = chosen
                 .iter()
                 .map(|v| {
@@ -93,7 +99,7 @@ pub fn plan_preemption(
             let plan = PreemptionPlan {
                 node_id: node.id.clone(),
                 victims: chosen.iter().map(|v| v.id).collect(),
-                cost: (freed, lost),
+                cost: (evicted, lost),
             };
             let better = match &best {
                 None => true,

@@ -214,3 +214,61 @@ fn a_lost_member_moves_the_whole_gang_and_it_is_placed_again_without_that_node()
     expected.sort();
     assert_eq!(nodes, expected);
 }
+
+#[test]
+fn a_spot_gang_is_preempted_whole_where_its_gpus_make_the_room() {
+    let (t, now) = (Uuid::from_u128(1), Utc::now());
+    let (held, gang, wanting) = (Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
+    // `held` on a (b joins after), then a spot gang of 12: b whole, and 4
+    // beside `held`. The two nodes tie on the gang's cost, and a comes
+    // first among ties.
+    let mut s = given(vec![node("a", 8), tenant(t, 100)]);
+    s.apply(10_000, &env(request(held, t, 4)));
+    settle(&mut s, now, &Rules::default());
+    s.apply(15_000, &env(node("b", 8)));
+    s.apply(20_000, &env(request_full(gang, t, 12, Tier::Spot, 0)));
+    settle(&mut s, now, &Rules::default());
+    let (beside, whole) = (where_is(&s, held).0, "b");
+    assert_eq!(beside, "a");
+    let on = |s: &Given, node: &str| {
+        s.fleet.nodes[node]
+            .gpus
+            .iter()
+            .filter(|g| g.held_by == Some(gang))
+            .count()
+    };
+    assert_eq!((on(&s, whole), on(&s, &beside)), (8, 4));
+    s.apply(30_000, &env(started(held, now - Duration::minutes(30))));
+    s.apply(30_001, &env(started(gang, now - Duration::minutes(30))));
+
+    // Eight on-demand GPUs: only the node the gang holds whole can give
+    // them. The 4 it holds beside `held` make no room for 8.
+    s.apply(40_000, &env(request(wanting, t, 8)));
+    let d = decide_at(&s, now, &Rules::default());
+    let notices: Vec<&LeasePreemptionNoticed> = events_of(&d)
+        .into_iter()
+        .filter_map(|e| match e {
+            EventData::LeasePreemptionNoticed(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].lease_id, gang);
+    let queued = events_of(&d).into_iter().find_map(|e| match e {
+        EventData::LeaseQueued(q) if q.lease_id == wanting => Some(q.reason.clone()),
+        _ => None,
+    });
+    let reason = queued.expect("it waits for its victim");
+    assert!(reason.contains(&format!(" on {whole};")), "{reason}");
+
+    // The gang ends at its deadline, on every member: the 8 go.
+    for batch in &d.batches {
+        for (e, _) in batch {
+            s.apply(50_000, e);
+        }
+    }
+    s.apply(60_000, &env(ended(gang)));
+    assert_eq!((on(&s, whole), on(&s, &beside)), (0, 0));
+    settle(&mut s, now, &Rules::default());
+    assert_eq!(where_is(&s, wanting).0, whole);
+}
