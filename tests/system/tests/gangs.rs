@@ -5,8 +5,11 @@
 //! fails the whole lease, and a stop ends every part and frees every GPU.
 //! Real nats-server, PostgreSQL and node agents on the process runtime.
 
+use std::time::Duration;
+
+use lh_events::EventData;
 use lh_node_agent::RuntimeKind;
-use lh_test_stack::Stack;
+use lh_test_stack::{of_type, read_log, Stack};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -179,5 +182,81 @@ async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
     assert!(
         reason.contains("the nodes of one region 8 at most"),
         "{reason}"
+    );
+}
+
+/// Two nodes of one GPU each: node-a's GPU idle from the start, node-b's
+/// busy until `b_idle_after_secs` after its agent starts.
+fn idle_gang_fleet() -> String {
+    ["node-a", "node-b"]
+        .map(|id| {
+            format!(
+                "[[node]]\nid = \"{id}\"\nzone = \"cn-north.1a\"\nhostname = \"{id}.sim\"\n\
+                 gpu_model = \"A100-40GB\"\ngpu_count = 1\nvram_gb = 40\nfaults = \"faults-{id}.toml\"\n\n"
+            )
+        })
+        .concat()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
+    const B_IDLE_AFTER_SECS: u64 = 20;
+    let fleet = idle_gang_fleet();
+    let mut stack = Stack::bare(&fleet).await;
+    stack.node_runtime = RuntimeKind::Process;
+    let idle = |after: u64| {
+        format!("[[fault]]\nafter_secs = {after}\ngpu = 0\nkind = \"utilization\"\nto_pct = 0\n")
+    };
+    stack.write_beside_fleet("faults-node-a.toml", &idle(0));
+    stack.write_beside_fleet("faults-node-b.toml", &idle(B_IDLE_AFTER_SECS));
+    for name in ["scheduler", "pricing", "audit", "gateway"] {
+        stack.start_service(name).await;
+    }
+    let agents_started = std::time::Instant::now();
+    for node in ["node-a", "node-b"] {
+        stack.start_service(&format!("node-agent:{node}")).await;
+    }
+    stack.wait_ready().await;
+    let tenant = stack
+        .create_tenant_from(json!({
+            "name": "idlegang", "email": "ops@idlegang.example", "quota": {"max_gpus": 2},
+            "trusted": true, "idle_policy": {"window_seconds": 2, "action": "stop"},
+        }))
+        .await;
+    let key = tenant["api_key"].as_str().unwrap().to_string();
+    let lease = gang(&stack, &key, 2, "sleep 600").await;
+    stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+
+    // node-a idles at once; node-b works on: the gang is not idle.
+    let busy_until = agents_started + Duration::from_secs(B_IDLE_AFTER_SECS - 2);
+    while std::time::Instant::now() < busy_until {
+        let (s, l) = stack
+            .call(Method::GET, &format!("/v1/leases/{lease}"), &key, None)
+            .await;
+        assert_eq!(s, 200, "{l}");
+        assert_eq!(l["state"], "running", "reclaimed while node-b worked: {l}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Then node-b idles too, and the gang is stopped whole.
+    let ended = stack
+        .wait_lease(&key, &lease, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(ended["end_reason"], "stopped", "{ended}");
+    let log = read_log(&stack.bus().await).await;
+    let mut reporters: Vec<&str> = of_type(&log, "lease.idle_detected")
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::LeaseIdleDetected(i) => Some(i.node_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    reporters.sort();
+    reporters.dedup();
+    assert_eq!(
+        reporters,
+        ["node-a", "node-b"],
+        "each member saw its own GPUs idle"
     );
 }

@@ -222,12 +222,19 @@ pub(super) async fn idle_detected(
     e: &lh_events::LeaseIdleDetected,
     seq: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query("UPDATE leases SET idle_since = $2, last_sequence = $3 WHERE id = $1")
-        .bind(e.lease_id)
-        .bind(e.idle_since)
-        .bind(seq)
-        .execute(conn)
-        .await?;
+    // A gang's later member reports only its own GPUs: the lease is idle
+    // when its first member (its node) says so.
+    sqlx::query(
+        "UPDATE leases SET last_sequence = $3,
+                idle_since = CASE WHEN node_id = $4 THEN $2 ELSE idle_since END
+          WHERE id = $1",
+    )
+    .bind(e.lease_id)
+    .bind(e.idle_since)
+    .bind(seq)
+    .bind(&e.node_id)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -38,6 +38,10 @@ use watch::Observation;
 /// keeps the scheduler off its slots this long at most after it is made.
 pub const MAX_MIG_READ_EVERY_SECS: u64 = 600;
 
+/// How much older than its idle window a gang member's idle report may be
+/// and still speak for the member (usage samples and the relay between).
+pub const GANG_IDLE_REPORT_SLACK_SECS: u64 = 60;
+
 /// What the agent knows and does about its GPUs between events.
 pub struct GpuSide {
     backend: Arc<dyn GpuBackend>,
@@ -425,6 +429,10 @@ impl GpuSide {
     }
 
     /// True when the lease is to be suspended.
+    ///
+    /// A gang's later member renews its report each window, so a report
+    /// more than a window old (and this slack, for the samples and the
+    /// relay between) is from a stretch that has ended.
     fn idle(
         &self,
         out: &mut Judgement,
@@ -452,10 +460,59 @@ impl GpuSide {
             .and_then(|t| policies.get(&t).copied())
             .unwrap_or(self.idle_default);
         let window = Duration::from_secs(policy.window_seconds);
-        let Some(idle_since) = lease.idle.observe(usage, window, at) else {
-            return false;
-        };
         let lease_id = usage.lease_id;
+        let idle_since = match &lease.gang {
+            // A gang is idle when every member is. A later member reports
+            // what it sees, renewed each window while it lasts, and acts
+            // on nothing.
+            Some(part) if !part.is_first() => {
+                let Some((idle_since, windows)) = lease.idle.observe_renewing(usage, window, at)
+                else {
+                    return false;
+                };
+                let id = derived_id(&[
+                    "lease.idle_detected",
+                    &lease_id.to_string(),
+                    &out.node_id,
+                    &idle_since.to_rfc3339(),
+                    &windows.to_string(),
+                ]);
+                let data = EventData::LeaseIdleDetected(LeaseIdleDetected {
+                    lease_id,
+                    node_id: out.node_id.clone(),
+                    idle_since,
+                    window_seconds: policy.window_seconds,
+                    action: policy.action,
+                    at,
+                });
+                out.event(id, data, lease.tenant_id);
+                return false;
+            }
+            // The first member, once its own GPUs have idled a window and
+            // every other member's report is fresh.
+            Some(part) => {
+                let Some(idle_since) = lease.idle.ripe(usage, window, at) else {
+                    return false;
+                };
+                let fresh_for = window + Duration::from_secs(GANG_IDLE_REPORT_SLACK_SECS);
+                let fresh = |node: &str| {
+                    lease.members_idle.get(node).is_some_and(|&reported| {
+                        (at - reported.min(at)).to_std().unwrap_or_default() <= fresh_for
+                    })
+                };
+                if !part.others().all(fresh) {
+                    return false;
+                }
+                lease.idle.report();
+                idle_since
+            }
+            None => {
+                let Some(idle_since) = lease.idle.observe(usage, window, at) else {
+                    return false;
+                };
+                idle_since
+            }
+        };
         tracing::info!(lease = %lease_id, %idle_since, action = policy.action.as_str(), "lease idle");
         let id = derived_id(&[
             "lease.idle_detected",

@@ -18,6 +18,9 @@ use lh_events::telemetry::LeaseUsage;
 pub(crate) struct IdleWatch {
     idle_since: Option<DateTime<Utc>>,
     reported: bool,
+    /// Whole windows of this stretch already reported by
+    /// [`IdleWatch::observe_renewing`].
+    renewed: u32,
 }
 
 impl IdleWatch {
@@ -29,6 +32,60 @@ impl IdleWatch {
         window: Duration,
         now: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
+        let since = self.ripe(usage, window, now)?;
+        self.reported = true;
+        Some(since)
+    }
+
+    /// Judges one usage figure; the stretch's start while it has lasted
+    /// `window` and is not reported yet (as [`IdleWatch::observe`], which
+    /// reports it: the caller may still wait for others to be idle too).
+    pub(crate) fn ripe(
+        &mut self,
+        usage: &LeaseUsage,
+        window: Duration,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let since = self.track(usage, now)?;
+        let held = (now - since).to_std().unwrap_or_default();
+        if self.reported || held < window {
+            return None;
+        }
+        Some(since)
+    }
+
+    /// Marks the stretch reported.
+    pub(crate) fn report(&mut self) {
+        self.reported = true;
+    }
+
+    /// Judges one usage figure; `Some((idle_since, k))` each time the
+    /// stretch reaches its k-th whole window: a report that stays fresh
+    /// only while the stretch lasts.
+    pub(crate) fn observe_renewing(
+        &mut self,
+        usage: &LeaseUsage,
+        window: Duration,
+        now: DateTime<Utc>,
+    ) -> Option<(DateTime<Utc>, u32)> {
+        let since = self.track(usage, now)?;
+        let held = (now - since).to_std().unwrap_or_default();
+        let windows = u32::try_from(
+            held.as_secs()
+                .checked_div(window.as_secs().max(1))
+                .unwrap_or(0),
+        )
+        .unwrap_or(u32::MAX);
+        if windows == 0 || windows <= self.renewed {
+            return None;
+        }
+        self.renewed = windows;
+        Some((since, windows))
+    }
+
+    /// The stretch's start after one usage figure; `None` when the figure
+    /// tells nothing, and a busy figure ends the stretch.
+    fn track(&mut self, usage: &LeaseUsage, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         if usage.gpus.is_empty() || usage.gpus.iter().any(|g| g.utilization_pct.is_none()) {
             return None;
         }
@@ -36,13 +93,7 @@ impl IdleWatch {
             *self = Self::default();
             return None;
         }
-        let since = *self.idle_since.get_or_insert(now);
-        let held = (now - since).to_std().unwrap_or_default();
-        if self.reported || held < window {
-            return None;
-        }
-        self.reported = true;
-        Some(since)
+        Some(*self.idle_since.get_or_insert(now))
     }
 
     /// Where the stretch began; the agent reads only what `observe` says.
@@ -96,6 +147,37 @@ mod tests {
         assert_eq!(w.idle_since(), None);
         assert_eq!(w.observe(&usage(0), window, t(10_002)), None);
         assert_eq!(w.observe(&usage(0), window, t(10_302)), Some(t(10_002)));
+    }
+
+    #[test]
+    fn a_renewing_report_comes_each_whole_window_while_the_stretch_lasts() {
+        let window = Duration::from_secs(300);
+        let mut w = IdleWatch::default();
+        assert_eq!(w.observe_renewing(&usage(0), window, t(0)), None);
+        assert_eq!(w.observe_renewing(&usage(0), window, t(299)), None);
+        assert_eq!(
+            w.observe_renewing(&usage(0), window, t(300)),
+            Some((t(0), 1))
+        );
+        assert_eq!(w.observe_renewing(&usage(0), window, t(599)), None);
+        assert_eq!(
+            w.observe_renewing(&usage(0), window, t(601)),
+            Some((t(0), 2))
+        );
+        // Work ends the stretch: nothing until a new one lasts a window.
+        assert_eq!(w.observe_renewing(&usage(4), window, t(700)), None);
+        assert_eq!(w.observe_renewing(&usage(0), window, t(701)), None);
+        assert_eq!(
+            w.observe_renewing(&usage(0), window, t(1_001)),
+            Some((t(701), 1))
+        );
+        // `ripe` says so without reporting; `report` does.
+        let mut w = IdleWatch::default();
+        w.ripe(&usage(0), window, t(0));
+        assert_eq!(w.ripe(&usage(0), window, t(300)), Some(t(0)));
+        assert_eq!(w.ripe(&usage(0), window, t(301)), Some(t(0)));
+        w.report();
+        assert_eq!(w.ripe(&usage(0), window, t(302)), None);
     }
 
     #[test]

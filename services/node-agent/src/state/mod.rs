@@ -157,6 +157,12 @@ pub(crate) struct LocalLease {
     /// placement (`lease.member_completed`, this node's own included).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) members_completed: BTreeSet<String>,
+    /// When each of the gang's later members last reported its GPUs idle
+    /// for this placement (`lease.idle_detected`, renewed each window
+    /// while they stay so): the first member reclaims the gang only while
+    /// every report is fresh.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) members_idle: BTreeMap<String, DateTime<Utc>>,
 }
 
 impl LocalLease {
@@ -426,6 +432,14 @@ impl NodeState {
                     EventData::LeaseSuspended(_) => l.ended = true,
                     // An agent that restarts between the idle report and the
                     // suspension still owes the suspension.
+                    // A gang's later member only observes; the first
+                    // reports the gang idle once every member is.
+                    EventData::LeaseIdleDetected(e)
+                        if sequence > l.placement_sequence
+                            && l.gang.as_ref().is_some_and(|g| g.first_node() != e.node_id) =>
+                    {
+                        l.members_idle.insert(e.node_id.clone(), e.at);
+                    }
                     EventData::LeaseIdleDetected(e)
                         if e.action == lh_events::IdleAction::Suspend
                             && sequence > l.placement_sequence =>
@@ -512,6 +526,10 @@ impl NodeState {
             // ends the lease as usual.
             let exited_by_itself = lease.exit.is_some() && !lease.stopping;
             if suspending && !exited_by_itself {
+                // A gang's suspension is its first member's to report.
+                if lease.follows() {
+                    continue;
+                }
                 steps.push(LeaseStep::Suspend { lease_id });
             } else if ending || lease.exit.is_some() {
                 let exit_code = lease.exit.and_then(|e| e.code);

@@ -802,3 +802,55 @@ fn a_parts_completion_counts_for_its_placement_only() {
     when(&mut state, 22, part_completed_on("node-b"));
     assert_eq!(state.decide(t(6)), end(EndReason::Completed, Some(0)));
 }
+
+fn idle_reported_by(node: &str, action: lh_events::IdleAction) -> EventData {
+    EventData::LeaseIdleDetected(lh_events::LeaseIdleDetected {
+        lease_id: lease_id(),
+        node_id: node.into(),
+        idle_since: t(0),
+        window_seconds: 60,
+        action,
+        at: t(60),
+    })
+}
+
+#[test]
+fn a_gang_is_suspended_by_its_first_members_report_and_by_that_member_alone() {
+    use lh_events::IdleAction::Suspend;
+    // This node is the later member: its own report is an observation.
+    let mut state = gang_member();
+    when(&mut state, 11, started_on(NODE));
+    state.leases.get_mut(&lease_id()).unwrap().workload_running = true;
+    when(&mut state, 12, idle_reported_by(NODE, Suspend));
+    let lease = &state.leases[&lease_id()];
+    assert!(!lease.suspend_requested);
+    assert_eq!(lease.members_idle.get(NODE), Some(&t(60)));
+    assert_eq!(state.decide(t(61)), []);
+    // The first member's report suspends the gang: this part stops, and
+    // the suspension is the first member's to report.
+    when(&mut state, 13, idle_reported_by("node-e", Suspend));
+    assert_eq!(
+        state.decide(t(62)),
+        [LeaseStep::StopWorkload {
+            lease_id: lease_id()
+        }]
+    );
+    let lease = state.leases.get_mut(&lease_id()).unwrap();
+    lease.workload_running = false;
+    lease.stopping = true;
+    lease.exit = exited(143);
+    assert_eq!(state.decide(t(63)), []);
+
+    // The first member reports it.
+    let mut state = gang_of(&[NODE, "node-b"], 10);
+    when(&mut state, 11, started_on(NODE));
+    when(&mut state, 12, idle_reported_by("node-b", Suspend));
+    assert!(!state.leases[&lease_id()].suspend_requested);
+    when(&mut state, 13, idle_reported_by(NODE, Suspend));
+    assert_eq!(
+        state.decide(t(64)),
+        [LeaseStep::Suspend {
+            lease_id: lease_id()
+        }]
+    );
+}

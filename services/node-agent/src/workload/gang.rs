@@ -99,6 +99,11 @@ impl GangPart {
             .map_or("", String::as_str)
     }
 
+    /// The first member's node: its reports speak for the gang.
+    pub fn first_node(&self) -> &str {
+        self.node_ids.first().map_or("", String::as_str)
+    }
+
     /// Every other member's node.
     pub fn others(&self) -> impl Iterator<Item = &str> {
         let own = self.node_rank as usize;
