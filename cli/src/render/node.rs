@@ -79,6 +79,9 @@ pub(crate) fn node_view(node: &Value) -> String {
         ("isolation", text(node, "isolation")),
         ("gpu sharing", text(node, "gpu_sharing")),
     ];
+    if present(node, "fabric") {
+        rows.push(("fabric", text(node, "fabric")));
+    }
     if present(node, "lost_since") {
         rows.push(("lost since", text(node, "lost_since")));
     }

@@ -86,6 +86,9 @@ pub struct Node {
     /// it.
     #[serde(default)]
     pub hostname: String,
+    /// The interconnect it declared, if its label is a valid one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
 }
 
 impl Node {
@@ -365,6 +368,10 @@ impl Fleet {
                 isolation: e.isolation,
                 gpu_sharing: e.gpu_sharing,
                 hostname: e.hostname.clone(),
+                fabric: e
+                    .fabric
+                    .clone()
+                    .filter(|f| lh_events::fabric_label_is_valid(f)),
             },
         );
     }

@@ -33,6 +33,7 @@ pub fn node(node_id: &str, zone: &str, gpus: u32, model: &str, vram_gb: u32) -> 
         // placement rules other than these run on it unchanged.
         isolation: Isolation::Container,
         gpu_sharing: GpuSharing::HamiCore,
+        fabric: None,
     }
 }
 

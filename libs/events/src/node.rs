@@ -79,6 +79,25 @@ pub struct NodeRegistered {
     /// (a registration older than the field) means nothing does.
     #[serde(default, skip_serializing_if = "GpuSharing::is_none")]
     pub gpu_sharing: GpuSharing,
+    /// The interconnect its GPUs share with other nodes' (an NVLink switch
+    /// domain, an InfiniBand fabric), as the operator labels it: a lease
+    /// across nodes prefers members of one. Absent: none declared. A
+    /// reader takes only a label [`fabric_label_is_valid`] accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
+}
+
+/// Most bytes of a fabric label.
+pub const MAX_FABRIC_LABEL_BYTES: usize = 63;
+
+/// A fabric label: 1 to [`MAX_FABRIC_LABEL_BYTES`] of ASCII letters,
+/// digits, `.`, `_` and `-`.
+pub fn fabric_label_is_valid(label: &str) -> bool {
+    !label.is_empty()
+        && label.len() <= MAX_FABRIC_LABEL_BYTES
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// How a node's runtime isolates a workload, weakest first.

@@ -70,6 +70,9 @@ pub struct NodeView {
     pub isolation: Isolation,
     #[schema(value_type = String)]
     pub gpu_sharing: GpuSharing,
+    /// The interconnect it declared it shares with other nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
     pub gpus: Vec<GpuView>,
 }
 

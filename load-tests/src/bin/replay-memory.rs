@@ -120,6 +120,7 @@ fn node_registered(n: usize) -> NodeRegistered {
             .collect(),
         isolation: Isolation::Container,
         gpu_sharing: GpuSharing::HamiCore,
+        fabric: None,
     }
 }
 

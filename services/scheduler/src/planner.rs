@@ -159,6 +159,7 @@ fn fill_spec(spec: &mut NodeSpec, indices: &mut Vec<u32>, n: &Node) -> bool {
     let shares_enforced = n.gpu_sharing.enforces_shares();
     set(&mut spec.id, &n.id);
     set(&mut spec.zone, &n.zone);
+    set(&mut spec.fabric, n.fabric.as_deref().unwrap_or_default());
     spec.cpu_milli = UNLIMITED;
     spec.memory_mib = UNLIMITED;
     spec.domains.clear();

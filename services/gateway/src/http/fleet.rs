@@ -222,6 +222,7 @@ mod tests {
             last_heartbeat_at: None,
             isolation: Default::default(),
             gpu_sharing: Default::default(),
+            fabric: None,
             gpus,
         }
     }

@@ -33,6 +33,12 @@ pub struct GpuArgs {
     /// This host's name as registered (NVML backend; default: the OS's).
     #[arg(long, env = "LH_HOSTNAME")]
     pub hostname: Option<String>,
+    /// The interconnect this node's GPUs share with other nodes' (an
+    /// NVLink switch domain, an InfiniBand fabric), as the operator labels
+    /// it: a lease across nodes prefers members of one. 1 to 63 of ASCII
+    /// letters, digits, `.`, `_`, `-`.
+    #[arg(long, env = "LH_NODE_FABRIC", value_parser = parse_fabric)]
+    pub fabric: Option<String>,
     /// How often the GPUs are sampled, for health and usage.
     #[arg(long, env = "LH_SAMPLE_MS", default_value_t = 1_000)]
     pub sample_ms: u64,
@@ -90,6 +96,17 @@ pub struct GpuArgs {
     pub gpu_fault_move_wait_secs: u64,
 }
 
+fn parse_fabric(text: &str) -> Result<String, String> {
+    if lh_events::fabric_label_is_valid(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "a fabric label is 1 to {} of ASCII letters, digits, '.', '_' and '-'",
+            lh_events::MAX_FABRIC_LABEL_BYTES
+        ))
+    }
+}
+
 fn parse_idle_action(text: &str) -> Result<IdleAction, String> {
     match text {
         "notify" => Ok(IdleAction::Notify),
@@ -108,6 +125,7 @@ impl GpuArgs {
             sim_fallback: false,
             zone: None,
             hostname: None,
+            fabric: None,
             sample_ms: 200,
             usage_interval_secs: 1,
             degraded_temperature_c: 85,

@@ -28,7 +28,8 @@ pub fn open(
                     .context("--zone (LH_ZONE) is needed with --gpu-backend nvml")?;
                 let hostname = args.hostname.clone().unwrap_or_else(os_hostname);
                 let devices = nvml.inventory()?;
-                let inventory = nvml_inventory(node_id, &zone, &hostname, &devices);
+                let mut inventory = nvml_inventory(node_id, &zone, &hostname, &devices);
+                inventory.fabric = args.fabric.clone();
                 tracing::info!(gpus = devices.len(), "NVML backend");
                 return Ok((Arc::new(nvml), inventory));
             }
@@ -43,7 +44,11 @@ pub fn open(
     let fleet = FleetFile::load(fleet_file)?;
     let node = fleet.node(node_id, fleet_file)?;
     let backend = SimBackend::for_node(node, fleet_file)?;
-    Ok((Arc::new(backend), node.inventory()))
+    let mut inventory = node.inventory();
+    if args.fabric.is_some() {
+        inventory.fabric = args.fabric.clone();
+    }
+    Ok((Arc::new(backend), inventory))
 }
 
 fn os_hostname() -> String {
@@ -85,6 +90,7 @@ pub fn nvml_inventory(
         // The runtime the agent runs declares these (`lh_node_agent::start`).
         isolation: Isolation::None,
         gpu_sharing: GpuSharing::None,
+        fabric: None,
     }
 }
 

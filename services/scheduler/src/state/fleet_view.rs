@@ -37,6 +37,7 @@ impl State {
                     last_heartbeat_at: self.heard.get(&node.id).map(|h| h.local),
                     isolation: node.isolation,
                     gpu_sharing: node.gpu_sharing,
+                    fabric: node.fabric.clone(),
                     gpus: node
                         .gpus
                         .iter()

@@ -129,6 +129,7 @@ mod tests {
             isolation: Default::default(),
             gpu_sharing: Default::default(),
             hostname: String::new(),
+            fabric: None,
         }
     }
 

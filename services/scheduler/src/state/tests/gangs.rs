@@ -272,3 +272,34 @@ fn a_spot_gang_is_preempted_whole_where_its_gpus_make_the_room() {
     settle(&mut s, now, &Rules::default());
     assert_eq!(where_is(&s, wanting).0, whole);
 }
+
+#[test]
+fn a_gang_goes_to_nodes_that_declare_one_fabric() {
+    let t = Uuid::from_u128(1);
+    let gang = Uuid::from_u128(2);
+    let on_fabric = |id: &str, fabric: &str| {
+        let mut n = fixtures::node(id, "z", 8, fixtures::MODEL, fixtures::MODEL_VRAM_GB);
+        n.fabric = Some(fabric.into());
+        EventData::NodeRegistered(n)
+    };
+    // a and b come first in every order the engine might try, but only
+    // c and d share a fabric; e's label is not one and counts as none.
+    let mut s = given(vec![
+        node("a", 8),
+        node("b", 8),
+        on_fabric("c", "ib-1"),
+        on_fabric("d", "ib-1"),
+        on_fabric("e", "ib 1\n"),
+        tenant(t, 16),
+        request(gang, t, 16),
+    ]);
+    settle(&mut s, Utc::now(), &Rules::default());
+    let mut members: Vec<String> = s.fleet.gang_members[&gang]
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain([where_is(&s, gang).0])
+        .collect();
+    members.sort();
+    assert_eq!(members, ["c", "d"]);
+    assert_eq!(s.fleet.nodes["e"].fabric, None);
+}

@@ -33,6 +33,9 @@ pub struct SimNode {
     /// default 70); a fault script's `utilization` overrides it.
     #[serde(default)]
     pub busy_utilization_pct: Option<u32>,
+    /// The interconnect label it declares (`NodeRegistered::fabric`).
+    #[serde(default)]
+    pub fabric: Option<String>,
     /// What the simulated node declares it isolates workloads with
     /// (`none`, `cgroup`, `container`); none when absent. Only the `sim`
     /// runtime declares it: a real runtime declares what it does.
@@ -220,6 +223,7 @@ impl SimNode {
                 .collect(),
             isolation: self.isolation,
             gpu_sharing: self.gpu_sharing,
+            fabric: self.fabric.clone(),
         }
     }
 }
