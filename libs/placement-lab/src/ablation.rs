@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use lh_placement::cluster::{Gpu, Node};
 use lh_placement::policy::frag_cache::{load, NodeCache, Scratch};
 use lh_placement::policy::{Policy, Scored};
-use lh_placement::shape_mix::{Compiled, Load, ShapeMix};
+use lh_placement::shape_mix::{apply, Compiled, Load, ShapeMix};
 use lh_placement::{Cluster, Demand, Kind, Rng};
 
 use crate::policy::{MAX_SPEC_CPU, MAX_SPEC_GPU};
@@ -118,6 +118,13 @@ pub struct LeaseholdConfig {
     pub packing_cost: u8,
     /// Inside the node, choose a slice's GPU by the packing cost first.
     pub packing_gpu: bool,
+    /// Charge a placement for the GPU milli it strands: free milli of the
+    /// node's GPUs that some shape of the mix fits before the placement but
+    /// that no shape fits the node's CPU and memory after it. A key before
+    /// FGD's score (after a slice's packing cost): 1 every task, 2 every
+    /// task but slices, 3 slices only; 4 slices, before the packing cost;
+    /// 5 slices, after FGD's score. 0: off.
+    pub strand: u8,
 }
 
 impl LeaseholdConfig {
@@ -181,6 +188,7 @@ impl LeaseholdConfig {
                 self.packing_cost = o[3..].parse().ok().filter(|k| *k <= 4)?
             }
             "lpg" => self.packing_gpu = true,
+            o if o.starts_with("st=") => self.strand = o[3..].parse().ok().filter(|k| *k <= 5)?,
             o if o.starts_with("sdiv=") => self.slice_score_divisor = o[5..].parse().ok()?,
             "hyba" => self.hybrid_all = true,
             "hybg" => {
@@ -232,6 +240,7 @@ impl Default for LeaseholdConfig {
             sum_squares: 0,
             packing_cost: 3,
             packing_gpu: false,
+            strand: 0,
         }
     }
 }
@@ -391,6 +400,33 @@ impl Policy for Ablation {
 /// thousandth of a GPU so that equal costs compare equal.
 fn packing_cost(w: &Compiled, g: &Gpu, milli: u16) -> f64 {
     (w.shares.cost(g.milli_free, milli) * 1e3).round() / 1e3
+}
+
+/// Free milli on GPUs whose hole some single-GPU shape of the mix fits, but
+/// none within the node's free CPU and memory.
+fn stranded(w: &Compiled, cpu_free: u64, memory_free: u64, gpus: &[Gpu]) -> u64 {
+    let mut out = 0;
+    for g in gpus.iter().filter(|g| g.milli_free > 0) {
+        let (mut hole, mut node) = (false, false);
+        for s in &w.shapes {
+            let fits = if s.whole {
+                s.count == 1 && g.fits_whole(s.models)
+            } else {
+                g.fits_frac(s.milli, s.vram, s.models)
+            };
+            if fits {
+                hole = true;
+                if s.cpu <= cpu_free && s.memory <= memory_free {
+                    node = true;
+                    break;
+                }
+            }
+        }
+        if hole && !node {
+            out += u64::from(g.milli_free);
+        }
+    }
+    out
 }
 
 fn untouched_big(n: &Node) -> bool {
@@ -650,6 +686,35 @@ impl Ablation {
                 }
             }
             _ => (score, tiebreak),
+        };
+        let strands = match cfg.strand {
+            1 => true,
+            2 => !is_frac,
+            3..=5 => is_frac,
+            _ => false,
+        };
+        let score = if strands {
+            let mut after = Scratch::of(n);
+            apply(&mut after.gpus[..after.len], d.kind, set);
+            let before = stranded(w, n.cpu_free, n.memory_free, &n.gpus);
+            let now = stranded(
+                w,
+                n.cpu_free - d.cpu_milli,
+                n.memory_free - d.memory_mib,
+                &after.gpus[..after.len],
+            );
+            // `score` is FGD's 0..=100 less 1,000 per thousandth of packing
+            // cost: split it, and put the charge (whole milli, at most 8,000
+            // a node) between the two, each step past the range below it.
+            let charge = now.saturating_sub(before) as f64;
+            let k = (-score / 1e3).ceil().max(0.0);
+            match cfg.strand {
+                4 => -charge * 1e10 - k * 1e3 + (score + k * 1e3),
+                5 => -k * 1e10 + (score + k * 1e3) * 1e5 - charge,
+                _ => -k * 1e10 - charge * 1e3 + (score + k * 1e3),
+            }
+        } else {
+            score
         };
         let tiebreak = if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
             // Tie-break values are sums of weighted milli: round them to a
