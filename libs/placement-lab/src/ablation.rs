@@ -125,6 +125,10 @@ pub struct LeaseholdConfig {
     /// task but slices, 3 slices only; 4 slices, before the packing cost;
     /// 5 slices, after FGD's score. 0: off.
     pub strand: u8,
+    /// Whole-GPU and CPU-only tasks: a node that already holds a lease
+    /// before an untouched one, ahead of the fill-up stranding (`usedw`
+    /// puts it after).
+    pub used_first: bool,
 }
 
 impl LeaseholdConfig {
@@ -175,6 +179,7 @@ impl LeaseholdConfig {
             }
             "usedf" => self.used_frac = true,
             "usedw" => self.used_other = true,
+            "usedfirst" => self.used_first = true,
             "hyb" => self.hybrid_frac = true,
             "ff" => self.fresh_fill = true,
             o if o.starts_with("gr=") => self.gang_reserve = o[3..].parse().ok()?,
@@ -241,6 +246,7 @@ impl Default for LeaseholdConfig {
             packing_cost: 3,
             packing_gpu: false,
             strand: 0,
+            used_first: false,
         }
     }
 }
@@ -716,7 +722,13 @@ impl Ablation {
         } else {
             score
         };
-        let tiebreak = if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
+        let tiebreak = if cfg.used_first && !is_frac {
+            let used = n.cpu_free < n.cpu_total
+                || n.memory_free < n.memory_total
+                || n.gpus.iter().any(|g| g.leases > 0);
+            // Fill-up deltas are at most a node's free milli.
+            f64::from(u8::from(used)) * 1e9 + tiebreak
+        } else if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
             // Tie-break values are sums of weighted milli: round them to a
             // thousandth of a milli so equal states compare equal, and append
             // one bit for "the node already holds a lease".
@@ -771,13 +783,61 @@ mod tests {
     }
 
     #[test]
+    fn stranded_milli_are_holes_a_shape_fits_but_not_the_nodes_cpu_or_memory() {
+        use lh_placement::model::{GpuSpec, NodeSpec, Request};
+        use lh_placement::shape_mix::ShapeMixConfig;
+        let spec = GpuSpec {
+            model: "T4".into(),
+            vram_gb: 16,
+            mode: SharingMode::VGpu,
+        };
+        let cluster = Cluster::new(&[NodeSpec::uniform("n", "z", 64_000, 1 << 20, 2, spec)]);
+        let reqs = [
+            Request::fraction(470, 0, 8_000, 4_096),
+            Request::fraction(160, 0, 4_000, 1_024),
+            Request::whole(1, 12_000, 8_192),
+        ];
+        let mix = ShapeMix::from_requests(
+            &reqs,
+            ShapeMixConfig {
+                with_memory: true,
+                ..ShapeMixConfig::PUBLISHED
+            },
+        );
+        let w = Compiled::new(&mix, &cluster);
+        let gpus = [gpu(530, 1), gpu(1000, 0), gpu(30, 2)];
+        // Enough for everything: nothing stranded.
+        assert_eq!(stranded(&w, 64_000, 1 << 20, &gpus), 0);
+        // 4 cores: the 160 still fits both holes.
+        assert_eq!(stranded(&w, 4_000, 1 << 20, &gpus), 0);
+        // 3 cores: no shape fits the node, so both holes a shape fits are
+        // stranded; the 30-milli hole fits no shape and is not counted.
+        assert_eq!(stranded(&w, 3_000, 1 << 20, &gpus), 1_530);
+        // Memory strands as CPU does.
+        assert_eq!(stranded(&w, 64_000, 512, &gpus), 1_530);
+        // 8 cores and 2 GiB: the 160 fits, the 470 (4 GiB) and the whole
+        // GPU (12 cores) do not; the hole is still usable.
+        assert_eq!(stranded(&w, 8_000, 2_048, &gpus), 0);
+    }
+
+    #[test]
     fn switches_parse_and_bad_values_are_refused() {
         let mut c = LeaseholdConfig::default();
         assert_eq!(c.packing_cost, 3, "version 3 costs slices against the LP");
-        for opt in ["ff", "gr=12", "ss=2", "sb=300", "sdiv=3", "lpg"] {
+        for opt in [
+            "ff",
+            "gr=12",
+            "ss=2",
+            "sb=300",
+            "sdiv=3",
+            "lpg",
+            "st=1",
+            "usedfirst",
+        ] {
             assert_eq!(c.apply(opt), Some(()), "{opt}");
         }
-        assert!(c.fresh_fill && c.packing_gpu);
+        assert!(c.fresh_fill && c.packing_gpu && c.used_first);
+        assert_eq!(c.strand, 1);
         assert_eq!(
             (
                 c.gang_reserve,
@@ -787,7 +847,7 @@ mod tests {
             ),
             (12, 2, 300.0, 3)
         );
-        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "nonsense"] {
+        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "st=6", "nonsense"] {
             assert_eq!(c.apply(bad), None, "{bad}");
         }
         assert_eq!(c.apply("v2"), Some(()));
