@@ -41,15 +41,17 @@ fn main() {
     let seed: u64 = a[4].parse().expect("seed");
     let cluster = Cluster::new(&nodes);
     let cap = cluster.gpu_milli_total();
-    let workload = if name.starts_with("leasehold") {
-        trace::leasehold_mix(&tasks)
-    } else {
-        trace::published_mix(&tasks)
-    };
+    let workload = trace::mix_for(name, &tasks);
     let p = lh_placement_lab::policy_by_name(name, &workload).expect("policy");
     // What version 3 prices each slice size at (the cutting-stock LP's
     // shares of a GPU, `lh_placement::packing`).
-    let sizes = workload.slice_sizes();
+    // The LP sees the cut mix, also where a switch hands the policy the
+    // uncut one.
+    let sizes = if name.starts_with("leasehold") {
+        trace::leasehold_mix(&tasks).slice_sizes()
+    } else {
+        workload.slice_sizes()
+    };
     let shares = SliceShares::solve(&sizes);
     let mut milli: Vec<u16> = sizes.iter().map(|s| s.0).collect();
     milli.sort_unstable();

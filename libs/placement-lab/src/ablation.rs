@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use lh_placement::cluster::{Gpu, Node};
 use lh_placement::policy::frag_cache::{load, NodeCache, Scratch};
 use lh_placement::policy::{Policy, Scored};
-use lh_placement::shape_mix::{apply, Compiled, Load, ShapeMix};
+use lh_placement::shape_mix::{apply, CShape, Compiled, Load, ShapeMix};
 use lh_placement::{Cluster, Demand, Kind, Rng};
 
 use crate::policy::{MAX_SPEC_CPU, MAX_SPEC_GPU};
@@ -129,6 +129,14 @@ pub struct LeaseholdConfig {
     /// before an untouched one, ahead of the fill-up stranding (`usedw`
     /// puts it after).
     pub used_first: bool,
+    /// Count the task list's multi-GPU whole-GPU shapes that the 95% cut
+    /// leaves out in the fill-up stranding (not in F, the tables or the LP).
+    /// The mix given must then be the uncut one
+    /// ([`crate::trace::mix_for`] gives it for this switch).
+    pub fill_multi: bool,
+    /// With `fill_multi`: those shapes weighted by their GPUs (a task of 8
+    /// counts 8 times), as their share of GPU demand is.
+    pub fill_multi_by_gpus: bool,
 }
 
 impl LeaseholdConfig {
@@ -180,6 +188,11 @@ impl LeaseholdConfig {
             "usedf" => self.used_frac = true,
             "usedw" => self.used_other = true,
             "usedfirst" => self.used_first = true,
+            "fillmg" => self.fill_multi = true,
+            "fillmgd" => {
+                self.fill_multi = true;
+                self.fill_multi_by_gpus = true;
+            }
             "hyb" => self.hybrid_frac = true,
             "ff" => self.fresh_fill = true,
             o if o.starts_with("gr=") => self.gang_reserve = o[3..].parse().ok()?,
@@ -247,6 +260,8 @@ impl Default for LeaseholdConfig {
             packing_gpu: false,
             strand: 0,
             used_first: false,
+            fill_multi: false,
+            fill_multi_by_gpus: false,
         }
     }
 }
@@ -270,6 +285,10 @@ pub struct Ablation {
     /// GPUs in use by free milli, `N(h)` for 0 < h < 1000 (with
     /// `sum_squares`).
     gaps: Vec<i64>,
+    /// With `fill_multi`: the multi-GPU shapes beyond the cut, weighted
+    /// against the cut mix, and compiled against the cluster.
+    gang_mix: ShapeMix,
+    gang_shapes: Vec<CShape>,
 }
 
 impl Ablation {
@@ -278,7 +297,23 @@ impl Ablation {
     }
 
     pub fn with_config(mix: ShapeMix, cfg: LeaseholdConfig) -> Self {
+        let (mix, gang_mix) = if cfg.fill_multi {
+            let (cut, mut gangs) = split_multi(mix);
+            if cfg.fill_multi_by_gpus {
+                for s in &mut gangs.shapes {
+                    if let lh_placement::GpuDemand::Whole { count } = s.gpu {
+                        s.weight *= f64::from(count);
+                    }
+                }
+            }
+            (cut, gangs)
+        } else {
+            (mix, ShapeMix::default())
+        };
+
         Ablation {
+            gang_mix,
+            gang_shapes: Vec::new(),
             mix,
             cfg,
             compiled: None,
@@ -336,6 +371,7 @@ impl Policy for Ablation {
                     })
                     .collect();
             }
+            self.gang_shapes = Compiled::new(&self.gang_mix, cluster).shapes;
             self.cache.clear();
             self.masked.clear();
             self.base = self
@@ -408,6 +444,53 @@ fn packing_cost(w: &Compiled, g: &Gpu, milli: u16) -> f64 {
     (w.shares.cost(g.milli_free, milli) * 1e3).round() / 1e3
 }
 
+/// The mix as the 95% cut keeps it, and the multi-GPU whole-GPU shapes
+/// it leaves out, weighted against the cut (`mix` is the uncut one, most
+/// popular first, as [`ShapeMix::from_requests`] sorts it).
+fn split_multi(mix: ShapeMix) -> (ShapeMix, ShapeMix) {
+    let popularity = lh_placement::shape_mix::ShapeMixConfig::PUBLISHED.popularity;
+    let mut covered = 0.0;
+    let mut keep = 0;
+    while covered < popularity - 1e-12 && keep < mix.shapes.len() {
+        covered += mix.shapes[keep].weight;
+        keep += 1;
+    }
+    let mut cut = mix.clone();
+    cut.shapes.truncate(keep);
+    for s in &mut cut.shapes {
+        s.weight /= covered;
+    }
+    let gangs = mix.shapes[keep..]
+        .iter()
+        .filter(|s| matches!(s.gpu, lh_placement::GpuDemand::Whole { count } if count >= 2))
+        .map(|s| lh_placement::shape_mix::Shape {
+            weight: s.weight / covered,
+            ..s.clone()
+        })
+        .collect();
+    (cut, ShapeMix { shapes: gangs })
+}
+
+/// The fill-up stranding of multi-GPU whole-GPU shapes on a node state, as
+/// [`Compiled::frag_fill`] counts it.
+fn gang_fill(gangs: &[CShape], l: &Load<'_>, memory: bool) -> f64 {
+    let total: u64 = l.gpus.iter().map(|g| u64::from(g.milli_free)).sum();
+    let mut fill = 0.0;
+    for s in gangs {
+        let free = l.gpus.iter().filter(|g| g.fits_whole(s.models)).count() as u64;
+        let mut units = free / u64::from(s.count.max(1));
+        if let Some(c) = l.cpu_free.checked_div(s.cpu) {
+            units = units.min(c);
+        }
+        if memory && s.memory > 0 {
+            units = units.min(l.memory_free / s.memory);
+        }
+        let used = units * 1000 * u64::from(s.count);
+        fill += s.weight * total.saturating_sub(used) as f64;
+    }
+    fill
+}
+
 /// Free milli on GPUs whose hole some single-GPU shape of the mix fits, but
 /// none within the node's free CPU and memory.
 fn stranded(w: &Compiled, cpu_free: u64, memory_free: u64, gpus: &[Gpu]) -> u64 {
@@ -470,9 +553,14 @@ impl Ablation {
         }
         let cfg = self.cfg;
         let mem = cfg.memory;
+        let gang_shapes = self.gang_shapes.clone();
+        let gangs = &gang_shapes;
         // (primary measure, fill-up stranding) of a node state.
         let measure = move |w: &Compiled, l: &Load<'_>| -> (f64, f64) {
-            if cfg.sum_eventual {
+            if cfg.fill_multi {
+                let (a, b) = w.frag_both(l, mem);
+                (a, b + gang_fill(gangs, l, mem))
+            } else if cfg.sum_eventual {
                 let (a, b) = w.frag_both(l, mem);
                 let e: f64 = l
                     .gpus
