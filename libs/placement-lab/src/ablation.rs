@@ -909,6 +909,46 @@ mod tests {
     }
 
     #[test]
+    fn the_uncut_mix_splits_into_the_cut_one_and_the_gangs_it_leaves_out() {
+        use lh_placement::model::Request;
+        use lh_placement::shape_mix::ShapeMixConfig;
+        let mut reqs = vec![Request::whole(1, 12_000, 8_192); 60];
+        reqs.extend(vec![Request::fraction(470, 0, 8_000, 4_096); 37]);
+        reqs.extend(vec![Request::whole(8, 88_000, 1 << 18); 2]);
+        reqs.push(Request::fraction(50, 0, 4_000, 1_024));
+        let cfg = ShapeMixConfig {
+            with_memory: true,
+            ..ShapeMixConfig::PUBLISHED
+        };
+        let uncut = ShapeMix::from_requests(
+            &reqs,
+            ShapeMixConfig {
+                popularity: 1.0,
+                ..cfg
+            },
+        );
+        let (cut, gangs) = split_multi(uncut);
+        // The same shapes, at the same weights up to rounding.
+        let want = ShapeMix::from_requests(&reqs, cfg);
+        assert_eq!(cut.shapes.len(), want.shapes.len());
+        for (a, b) in cut.shapes.iter().zip(&want.shapes) {
+            assert_eq!(
+                (a.cpu_milli, a.memory_mib, &a.gpu),
+                (b.cpu_milli, b.memory_mib, &b.gpu)
+            );
+            assert!((a.weight - b.weight).abs() < 1e-12, "{a:?} vs {b:?}");
+        }
+        // Only the 8-GPU shape of those beyond the cut (not the 50), at its
+        // share of the tasks the cut covers (2 of 97).
+        assert_eq!(gangs.shapes.len(), 1);
+        assert_eq!(
+            gangs.shapes[0].gpu,
+            lh_placement::GpuDemand::Whole { count: 8 }
+        );
+        assert!((gangs.shapes[0].weight - 2.0 / 97.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn switches_parse_and_bad_values_are_refused() {
         let mut c = LeaseholdConfig::default();
         assert_eq!(c.packing_cost, 3, "version 3 costs slices against the LP");
