@@ -11,7 +11,9 @@
 //! mixes of the partly used GPUs that keep the most
 //! idle milli, where the smallest slices went, and the idle milli split into
 //! "no trace shape fits the GPU", "a shape fits the GPU but not the node's
-//! CPU or memory" (stranded) and "a shape would fit" (unfilled).
+//! CPU or memory" (stranded) and "a shape would fit" (unfilled), and how
+//! close the GPUs of slices without an 810 are to the LP's best packing of
+//! the slices they hold.
 use std::collections::{BTreeMap, HashSet};
 
 use lh_placement::packing::SliceShares;
@@ -39,15 +41,17 @@ fn main() {
     let seed: u64 = a[4].parse().expect("seed");
     let cluster = Cluster::new(&nodes);
     let cap = cluster.gpu_milli_total();
-    let workload = if name.starts_with("leasehold") {
-        trace::leasehold_mix(&tasks)
-    } else {
-        trace::published_mix(&tasks)
-    };
+    let workload = trace::mix_for(name, &tasks);
     let p = lh_placement_lab::policy_by_name(name, &workload).expect("policy");
     // What version 3 prices each slice size at (the cutting-stock LP's
     // shares of a GPU, `lh_placement::packing`).
-    let sizes = workload.slice_sizes();
+    // The LP sees the cut mix, also where a switch hands the policy the
+    // uncut one.
+    let sizes = if name.starts_with("leasehold") {
+        trace::leasehold_mix(&tasks).slice_sizes()
+    } else {
+        workload.slice_sizes()
+    };
     let shares = SliceShares::solve(&sizes);
     let mut milli: Vec<u16> = sizes.iter().map(|s| s.0).collect();
     milli.sort_unstable();
@@ -121,9 +125,17 @@ fn main() {
     }
     let mut mixes: BTreeMap<Vec<u16>, u64> = BTreeMap::new();
     let mut small: BTreeMap<Vec<u16>, u64> = BTreeMap::new();
+    // The GPUs of slices without an 810: how many, their idle milli, and
+    // how many GPUs the LP's shares say their slices need at best.
+    let (mut mix_gpus, mut mix_idle, mut mix_lp) = (0u64, 0u64, 0.0f64);
     for ((node, j), mut v) in slices {
         v.sort_unstable();
         let g = &c.node(node as usize).gpus[j as usize];
+        if !v.contains(&810) {
+            mix_gpus += 1;
+            mix_idle += u64::from(g.milli_free);
+            mix_lp += v.iter().map(|&m| shares.share(m)).sum::<f64>();
+        }
         *mixes.entry(v.clone()).or_default() += u64::from(g.milli_free);
         if v[0] < 200 {
             *small.entry(v).or_default() += 1;
@@ -136,6 +148,9 @@ fn main() {
         println!("  {v:?}: {m}");
     }
     println!("GPUs holding a slice under 200 milli, by mix: {small:?}");
+    println!(
+        "GPUs of slices without an 810: {mix_gpus}, idle {mix_idle}; their slices on the LP's shares: {mix_lp:.1} GPUs"
+    );
 
     let shapes: HashSet<Demand> = demands.iter().copied().collect();
     let (mut size, mut stranded, mut unfilled) = (0u64, 0u64, 0u64);

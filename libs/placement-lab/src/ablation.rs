@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use lh_placement::cluster::{Gpu, Node};
 use lh_placement::policy::frag_cache::{load, NodeCache, Scratch};
 use lh_placement::policy::{Policy, Scored};
-use lh_placement::shape_mix::{Compiled, Load, ShapeMix};
+use lh_placement::shape_mix::{apply, CShape, Compiled, Load, ShapeMix};
 use lh_placement::{Cluster, Demand, Kind, Rng};
 
 use crate::policy::{MAX_SPEC_CPU, MAX_SPEC_GPU};
@@ -118,6 +118,25 @@ pub struct LeaseholdConfig {
     pub packing_cost: u8,
     /// Inside the node, choose a slice's GPU by the packing cost first.
     pub packing_gpu: bool,
+    /// Charge a placement for the GPU milli it strands: free milli of the
+    /// node's GPUs that some shape of the mix fits before the placement but
+    /// that no shape fits the node's CPU and memory after it. A key before
+    /// FGD's score (after a slice's packing cost): 1 every task, 2 every
+    /// task but slices, 3 slices only; 4 slices, before the packing cost;
+    /// 5 slices, after FGD's score. 0: off.
+    pub strand: u8,
+    /// Whole-GPU and CPU-only tasks: a node that already holds a lease
+    /// before an untouched one, ahead of the fill-up stranding (`usedw`
+    /// puts it after).
+    pub used_first: bool,
+    /// Count the task list's multi-GPU whole-GPU shapes that the 95% cut
+    /// leaves out in the fill-up stranding (not in F, the tables or the LP).
+    /// The mix given must then be the uncut one
+    /// ([`crate::trace::mix_for`] gives it for this switch).
+    pub fill_multi: bool,
+    /// With `fill_multi`: those shapes weighted by their GPUs (a task of 8
+    /// counts 8 times), as their share of GPU demand is.
+    pub fill_multi_by_gpus: bool,
 }
 
 impl LeaseholdConfig {
@@ -168,6 +187,12 @@ impl LeaseholdConfig {
             }
             "usedf" => self.used_frac = true,
             "usedw" => self.used_other = true,
+            "usedfirst" => self.used_first = true,
+            "fillmg" => self.fill_multi = true,
+            "fillmgd" => {
+                self.fill_multi = true;
+                self.fill_multi_by_gpus = true;
+            }
             "hyb" => self.hybrid_frac = true,
             "ff" => self.fresh_fill = true,
             o if o.starts_with("gr=") => self.gang_reserve = o[3..].parse().ok()?,
@@ -181,6 +206,7 @@ impl LeaseholdConfig {
                 self.packing_cost = o[3..].parse().ok().filter(|k| *k <= 4)?
             }
             "lpg" => self.packing_gpu = true,
+            o if o.starts_with("st=") => self.strand = o[3..].parse().ok().filter(|k| *k <= 5)?,
             o if o.starts_with("sdiv=") => self.slice_score_divisor = o[5..].parse().ok()?,
             "hyba" => self.hybrid_all = true,
             "hybg" => {
@@ -232,6 +258,10 @@ impl Default for LeaseholdConfig {
             sum_squares: 0,
             packing_cost: 3,
             packing_gpu: false,
+            strand: 0,
+            used_first: false,
+            fill_multi: false,
+            fill_multi_by_gpus: false,
         }
     }
 }
@@ -255,6 +285,10 @@ pub struct Ablation {
     /// GPUs in use by free milli, `N(h)` for 0 < h < 1000 (with
     /// `sum_squares`).
     gaps: Vec<i64>,
+    /// With `fill_multi`: the multi-GPU shapes beyond the cut, weighted
+    /// against the cut mix, and compiled against the cluster.
+    gang_mix: ShapeMix,
+    gang_shapes: Vec<CShape>,
 }
 
 impl Ablation {
@@ -263,7 +297,23 @@ impl Ablation {
     }
 
     pub fn with_config(mix: ShapeMix, cfg: LeaseholdConfig) -> Self {
+        let (mix, gang_mix) = if cfg.fill_multi {
+            let (cut, mut gangs) = split_multi(mix);
+            if cfg.fill_multi_by_gpus {
+                for s in &mut gangs.shapes {
+                    if let lh_placement::GpuDemand::Whole { count } = s.gpu {
+                        s.weight *= f64::from(count);
+                    }
+                }
+            }
+            (cut, gangs)
+        } else {
+            (mix, ShapeMix::default())
+        };
+
         Ablation {
+            gang_mix,
+            gang_shapes: Vec::new(),
             mix,
             cfg,
             compiled: None,
@@ -321,6 +371,7 @@ impl Policy for Ablation {
                     })
                     .collect();
             }
+            self.gang_shapes = Compiled::new(&self.gang_mix, cluster).shapes;
             self.cache.clear();
             self.masked.clear();
             self.base = self
@@ -393,6 +444,80 @@ fn packing_cost(w: &Compiled, g: &Gpu, milli: u16) -> f64 {
     (w.shares.cost(g.milli_free, milli) * 1e3).round() / 1e3
 }
 
+/// The mix as the 95% cut keeps it, and the multi-GPU whole-GPU shapes
+/// it leaves out, weighted against the cut (`mix` is the uncut one, most
+/// popular first, as [`ShapeMix::from_requests`] sorts it).
+fn split_multi(mix: ShapeMix) -> (ShapeMix, ShapeMix) {
+    let popularity = lh_placement::shape_mix::ShapeMixConfig::PUBLISHED.popularity;
+    let mut covered = 0.0;
+    let mut keep = 0;
+    while covered < popularity - 1e-12 && keep < mix.shapes.len() {
+        covered += mix.shapes[keep].weight;
+        keep += 1;
+    }
+    let mut cut = mix.clone();
+    cut.shapes.truncate(keep);
+    for s in &mut cut.shapes {
+        s.weight /= covered;
+    }
+    let gangs = mix.shapes[keep..]
+        .iter()
+        .filter(|s| matches!(s.gpu, lh_placement::GpuDemand::Whole { count } if count >= 2))
+        .map(|s| lh_placement::shape_mix::Shape {
+            weight: s.weight / covered,
+            ..s.clone()
+        })
+        .collect();
+    (cut, ShapeMix { shapes: gangs })
+}
+
+/// The fill-up stranding of multi-GPU whole-GPU shapes on a node state, as
+/// [`Compiled::frag_fill`] counts it.
+fn gang_fill(gangs: &[CShape], l: &Load<'_>, memory: bool) -> f64 {
+    let total: u64 = l.gpus.iter().map(|g| u64::from(g.milli_free)).sum();
+    let mut fill = 0.0;
+    for s in gangs {
+        let free = l.gpus.iter().filter(|g| g.fits_whole(s.models)).count() as u64;
+        let mut units = free / u64::from(s.count.max(1));
+        if let Some(c) = l.cpu_free.checked_div(s.cpu) {
+            units = units.min(c);
+        }
+        if memory && s.memory > 0 {
+            units = units.min(l.memory_free / s.memory);
+        }
+        let used = units * 1000 * u64::from(s.count);
+        fill += s.weight * total.saturating_sub(used) as f64;
+    }
+    fill
+}
+
+/// Free milli on GPUs whose hole some single-GPU shape of the mix fits, but
+/// none within the node's free CPU and memory.
+fn stranded(w: &Compiled, cpu_free: u64, memory_free: u64, gpus: &[Gpu]) -> u64 {
+    let mut out = 0;
+    for g in gpus.iter().filter(|g| g.milli_free > 0) {
+        let (mut hole, mut node) = (false, false);
+        for s in &w.shapes {
+            let fits = if s.whole {
+                s.count == 1 && g.fits_whole(s.models)
+            } else {
+                g.fits_frac(s.milli, s.vram, s.models)
+            };
+            if fits {
+                hole = true;
+                if s.cpu <= cpu_free && s.memory <= memory_free {
+                    node = true;
+                    break;
+                }
+            }
+        }
+        if hole && !node {
+            out += u64::from(g.milli_free);
+        }
+    }
+    out
+}
+
 fn untouched_big(n: &Node) -> bool {
     n.gpus.len() >= 8
         && n.cpu_free == n.cpu_total
@@ -428,9 +553,14 @@ impl Ablation {
         }
         let cfg = self.cfg;
         let mem = cfg.memory;
+        let gang_shapes = self.gang_shapes.clone();
+        let gangs = &gang_shapes;
         // (primary measure, fill-up stranding) of a node state.
         let measure = move |w: &Compiled, l: &Load<'_>| -> (f64, f64) {
-            if cfg.sum_eventual {
+            if cfg.fill_multi {
+                let (a, b) = w.frag_both(l, mem);
+                (a, b + gang_fill(gangs, l, mem))
+            } else if cfg.sum_eventual {
                 let (a, b) = w.frag_both(l, mem);
                 let e: f64 = l
                     .gpus
@@ -651,7 +781,42 @@ impl Ablation {
             }
             _ => (score, tiebreak),
         };
-        let tiebreak = if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
+        let strands = match cfg.strand {
+            1 => true,
+            2 => !is_frac,
+            3..=5 => is_frac,
+            _ => false,
+        };
+        let score = if strands {
+            let mut after = Scratch::of(n);
+            apply(&mut after.gpus[..after.len], d.kind, set);
+            let before = stranded(w, n.cpu_free, n.memory_free, &n.gpus);
+            let now = stranded(
+                w,
+                n.cpu_free - d.cpu_milli,
+                n.memory_free - d.memory_mib,
+                &after.gpus[..after.len],
+            );
+            // `score` is FGD's 0..=100 less 1,000 per thousandth of packing
+            // cost: split it, and put the charge (whole milli, at most 8,000
+            // a node) between the two, each step past the range below it.
+            let charge = now.saturating_sub(before) as f64;
+            let k = (-score / 1e3).ceil().max(0.0);
+            match cfg.strand {
+                4 => -charge * 1e10 - k * 1e3 + (score + k * 1e3),
+                5 => -k * 1e10 + (score + k * 1e3) * 1e5 - charge,
+                _ => -k * 1e10 - charge * 1e3 + (score + k * 1e3),
+            }
+        } else {
+            score
+        };
+        let tiebreak = if cfg.used_first && !is_frac {
+            let used = n.cpu_free < n.cpu_total
+                || n.memory_free < n.memory_total
+                || n.gpus.iter().any(|g| g.leases > 0);
+            // Fill-up deltas are at most a node's free milli.
+            f64::from(u8::from(used)) * 1e9 + tiebreak
+        } else if (is_frac && cfg.used_frac) || (!is_frac && cfg.used_other) {
             // Tie-break values are sums of weighted milli: round them to a
             // thousandth of a milli so equal states compare equal, and append
             // one bit for "the node already holds a lease".
@@ -706,13 +871,101 @@ mod tests {
     }
 
     #[test]
+    fn stranded_milli_are_holes_a_shape_fits_but_not_the_nodes_cpu_or_memory() {
+        use lh_placement::model::{GpuSpec, NodeSpec, Request};
+        use lh_placement::shape_mix::ShapeMixConfig;
+        let spec = GpuSpec {
+            model: "T4".into(),
+            vram_gb: 16,
+            mode: SharingMode::VGpu,
+        };
+        let cluster = Cluster::new(&[NodeSpec::uniform("n", "z", 64_000, 1 << 20, 2, spec)]);
+        let reqs = [
+            Request::fraction(470, 0, 8_000, 4_096),
+            Request::fraction(160, 0, 4_000, 1_024),
+            Request::whole(1, 12_000, 8_192),
+        ];
+        let mix = ShapeMix::from_requests(
+            &reqs,
+            ShapeMixConfig {
+                with_memory: true,
+                ..ShapeMixConfig::PUBLISHED
+            },
+        );
+        let w = Compiled::new(&mix, &cluster);
+        let gpus = [gpu(530, 1), gpu(1000, 0), gpu(30, 2)];
+        // Enough for everything: nothing stranded.
+        assert_eq!(stranded(&w, 64_000, 1 << 20, &gpus), 0);
+        // 4 cores: the 160 still fits both holes.
+        assert_eq!(stranded(&w, 4_000, 1 << 20, &gpus), 0);
+        // 3 cores: no shape fits the node, so both holes a shape fits are
+        // stranded; the 30-milli hole fits no shape and is not counted.
+        assert_eq!(stranded(&w, 3_000, 1 << 20, &gpus), 1_530);
+        // Memory strands as CPU does.
+        assert_eq!(stranded(&w, 64_000, 512, &gpus), 1_530);
+        // 8 cores and 2 GiB: the 160 fits, the 470 (4 GiB) and the whole
+        // GPU (12 cores) do not; the hole is still usable.
+        assert_eq!(stranded(&w, 8_000, 2_048, &gpus), 0);
+    }
+
+    #[test]
+    fn the_uncut_mix_splits_into_the_cut_one_and_the_gangs_it_leaves_out() {
+        use lh_placement::model::Request;
+        use lh_placement::shape_mix::ShapeMixConfig;
+        let mut reqs = vec![Request::whole(1, 12_000, 8_192); 60];
+        reqs.extend(vec![Request::fraction(470, 0, 8_000, 4_096); 37]);
+        reqs.extend(vec![Request::whole(8, 88_000, 1 << 18); 2]);
+        reqs.push(Request::fraction(50, 0, 4_000, 1_024));
+        let cfg = ShapeMixConfig {
+            with_memory: true,
+            ..ShapeMixConfig::PUBLISHED
+        };
+        let uncut = ShapeMix::from_requests(
+            &reqs,
+            ShapeMixConfig {
+                popularity: 1.0,
+                ..cfg
+            },
+        );
+        let (cut, gangs) = split_multi(uncut);
+        // The same shapes, at the same weights up to rounding.
+        let want = ShapeMix::from_requests(&reqs, cfg);
+        assert_eq!(cut.shapes.len(), want.shapes.len());
+        for (a, b) in cut.shapes.iter().zip(&want.shapes) {
+            assert_eq!(
+                (a.cpu_milli, a.memory_mib, &a.gpu),
+                (b.cpu_milli, b.memory_mib, &b.gpu)
+            );
+            assert!((a.weight - b.weight).abs() < 1e-12, "{a:?} vs {b:?}");
+        }
+        // Only the 8-GPU shape of those beyond the cut (not the 50), at its
+        // share of the tasks the cut covers (2 of 97).
+        assert_eq!(gangs.shapes.len(), 1);
+        assert_eq!(
+            gangs.shapes[0].gpu,
+            lh_placement::GpuDemand::Whole { count: 8 }
+        );
+        assert!((gangs.shapes[0].weight - 2.0 / 97.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn switches_parse_and_bad_values_are_refused() {
         let mut c = LeaseholdConfig::default();
         assert_eq!(c.packing_cost, 3, "version 3 costs slices against the LP");
-        for opt in ["ff", "gr=12", "ss=2", "sb=300", "sdiv=3", "lpg"] {
+        for opt in [
+            "ff",
+            "gr=12",
+            "ss=2",
+            "sb=300",
+            "sdiv=3",
+            "lpg",
+            "st=1",
+            "usedfirst",
+        ] {
             assert_eq!(c.apply(opt), Some(()), "{opt}");
         }
-        assert!(c.fresh_fill && c.packing_gpu);
+        assert!(c.fresh_fill && c.packing_gpu && c.used_first);
+        assert_eq!(c.strand, 1);
         assert_eq!(
             (
                 c.gang_reserve,
@@ -722,7 +975,7 @@ mod tests {
             ),
             (12, 2, 300.0, 3)
         );
-        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "nonsense"] {
+        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "st=6", "nonsense"] {
             assert_eq!(c.apply(bad), None, "{bad}");
         }
         assert_eq!(c.apply("v2"), Some(()));

@@ -95,11 +95,7 @@ pub fn run_timed(
     }
     let cluster = Cluster::new(nodes);
     let cap = cluster.gpu_milli_total();
-    let mix = if policy_name.starts_with("leasehold") {
-        trace::leasehold_mix(tasks)
-    } else {
-        trace::published_mix(tasks)
-    };
+    let mix = trace::mix_for(policy_name, tasks);
     let policy = crate::policy_by_name(policy_name, &mix)
         .ok_or_else(|| format!("unknown policy {policy_name}"))?;
     let seq = trace::arrival_sequence(tasks, cap, FILLS, seed, Order::AppendThenShuffle);

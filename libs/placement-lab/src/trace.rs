@@ -404,6 +404,30 @@ pub fn leasehold_mix(tasks: &[Task]) -> ShapeMix {
     )
 }
 
+/// The shape mix a policy of this name measures against: Leasehold's, FGD's
+/// for the others, and for the `fillmg` switches of the ablation the uncut
+/// list (the policy cuts it itself).
+pub fn mix_for(policy_name: &str, tasks: &[Task]) -> ShapeMix {
+    if !policy_name.starts_with("leasehold") {
+        return published_mix(tasks);
+    }
+    if policy_name
+        .split('+')
+        .any(|s| s == "fillmg" || s == "fillmgd")
+    {
+        let reqs: Vec<Request> = tasks.iter().map(Task::request).collect();
+        return ShapeMix::from_requests(
+            &reqs,
+            ShapeMixConfig {
+                popularity: 1.0,
+                with_memory: true,
+                ..ShapeMixConfig::PUBLISHED
+            },
+        );
+    }
+    leasehold_mix(tasks)
+}
+
 /// One seed of one policy: the curve and the counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeedRun {
@@ -440,11 +464,7 @@ pub fn run_seed_with(
 ) -> Result<SeedRun, String> {
     let cluster = Cluster::new(nodes);
     let cap = cluster.gpu_milli_total();
-    let mix = if policy_name.starts_with("leasehold") {
-        leasehold_mix(tasks)
-    } else {
-        published_mix(tasks)
-    };
+    let mix = mix_for(policy_name, tasks);
     let policy = crate::policy_by_name(policy_name, &mix)
         .ok_or_else(|| format!("unknown policy {policy_name}"))?;
     let seq = arrival_sequence(tasks, cap, 1.3, seed, order);
