@@ -64,7 +64,7 @@ function endOf(status) {
 /// `{code}` or `{error}` once. Resolves to a function that closes it. The
 /// terminal's code (a third of a megabyte) is fetched only now, so that no
 /// other page waits for it.
-export async function openShell(element, id, onEnd) {
+export async function openShell(element, id, onEnd, node) {
   stampStyleNonce();
   const [{ Terminal }, { FitAddon }] = await Promise.all([
     import("./vendor/xterm.mjs"),
@@ -81,6 +81,8 @@ export async function openShell(element, id, onEnd) {
   query.set("tty", "true");
   query.set("cols", String(terminal.cols));
   query.set("rows", String(terminal.rows));
+  // A lease across nodes: the member to enter (the first without one).
+  if (node) query.set("node", node);
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const url = `${scheme}://${location.host}/v1/leases/${encodeURIComponent(id)}/exec?${query}`;
   const socket = new WebSocket(url, [EXEC, BEARER + base64url(api.key())]);

@@ -31,6 +31,7 @@ addWords({
     shell_ended: "The shell ended with code {code}.",
     shell_refused: "The shell could not be opened: {error}. A lease takes a shell while it is running.",
     shell_running_only: "A shell opens while the lease is running.",
+    shell_member: "Member",
     no_workload: "This lease runs no workload, so there is nothing to enter: ask for one with an image or a command.",
     web_page: "Its web page",
     web_page_hint: "A page the lease serves on a port (a notebook, a dashboard), at an address of its own.",
@@ -63,6 +64,7 @@ addWords({
     shell_ended: "终端已结束，退出码 {code}。",
     shell_refused: "无法打开终端：{error}。租约运行时才能打开终端。",
     shell_running_only: "租约运行时才能打开终端。",
+    shell_member: "成员节点",
     no_workload: "此租约没有运行任何工作负载，因此无法进入：请在新建时指定镜像或命令。",
     web_page: "网页入口",
     web_page_hint: "租约在某个端口上提供的网页（如 Notebook、仪表盘），使用独立的地址打开。",
@@ -138,23 +140,28 @@ function Timeline({ lease }) {
   </ol>`;
 }
 
-function Shell({ id, running }) {
+function Shell({ id, running, members }) {
   const [open, setOpen] = useState(false);
   const [ended, setEnded] = useState(null);
+  const [node, setNode] = useState("");
   const screen = useRef(null);
   useEffect(() => {
     if (!open || !screen.current) return undefined;
     setEnded(null);
     let close = null;
     let gone = false;
-    openShell(screen.current, id, (how) => { setEnded(how); })
+    openShell(screen.current, id, (how) => { setEnded(how); }, node)
       .then((c) => { if (gone) c(); else close = c; })
       .catch((e) => setEnded({ error: String(e) }));
     return () => { gone = true; if (close) close(); };
-  }, [open, id]);
+  }, [open, id, node]);
   if (!running && !open) return html`<p class="muted">${t("shell_running_only")}</p>`;
   return html`<div>
     <p class="muted">${t("shell_hint")}</p>
+    ${members.length > 1 && html`<p><label>${t("shell_member")} <select id="shell-node" value=${node}
+      onChange=${(e) => setNode(e.target.value)}>
+      ${members.map((m, rank) => html`<option value=${rank === 0 ? "" : m}>${rank}: ${m}</option>`)}
+    </select></label></p>`}
     ${open
       ? html`<button class="plain" id="close-shell" onClick=${() => setOpen(false)}>${t("close_shell")}</button>`
       : html`<button id="open-shell" onClick=${() => setOpen(true)}>${t("open_shell")}</button>`}
@@ -243,7 +250,7 @@ export function LeasePage({ id, tick, role }) {
     ${!["ended", "rejected"].includes(l.state) && html`<p><button id="stop" onClick=${stop}>${t("stop")}</button></p>`}
     ${role === "tenant" && running && l.workload && html`<h3>${t("web_page")}</h3><${WebPage} id=${l.id} templatePort=${web} />`}
     ${role === "tenant" && html`<h3>${t("shell")}</h3>${l.workload
-      ? html`<${Shell} id=${l.id} running=${running} />`
+      ? html`<${Shell} id=${l.id} running=${running} members=${(l.members || []).map((m) => m.node_id)} />`
       : html`<p class="muted" id="no-workload">${t("no_workload")}</p>`}`}
     <h3>${t("usage")}</h3>
     <${Usage} id=${l.id} running=${running} />

@@ -302,6 +302,9 @@ pub struct LeaseExec {
     /// operator where operator sessions are off).
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+    /// A lease across nodes: enter this member (default the first).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
     /// The command and its arguments, after `--`, run as given (no shell:
     /// `-- sh -c 'a | b'` for one).
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -317,6 +320,9 @@ pub struct LeaseShell {
     /// keeps.
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+    /// A lease across nodes: enter this member (default the first).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
 }
 
 /// `lh lease port-forward`

@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use lh_events::EventData;
 use lh_node_agent::RuntimeKind;
+use lh_rpc::http::sessions::EXEC_SUBPROTOCOL;
 use lh_test_stack::{of_type, read_log, Stack};
+
+use crate::browser::Browser;
+use crate::sessions::{collect, exec_path, open};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -153,6 +157,36 @@ async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
     stack
         .wait_lease(&key, &stopped, |l| l["state"] == "running")
         .await;
+    // Each member is entered on its own: its part's environment.
+    let (_, running) = stack
+        .call(Method::GET, &format!("/v1/leases/{stopped}"), &key, None)
+        .await;
+    let second = running["members"][1]["node_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rank_of = |node: &str| {
+        exec_path(
+            &stopped,
+            &["sh", "-c", "echo $NODE_RANK $LOCAL_WORLD_SIZE $WORLD_SIZE"],
+            &format!("&node={node}"),
+        )
+    };
+    let mut ws = open(&stack, &key, &rank_of(&second), EXEC_SUBPROTOCOL)
+        .await
+        .unwrap();
+    let ran = collect(&mut ws, Duration::from_secs(20)).await;
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "1 4 8\n", "{ran:?}");
+    let Err((status, problem)) = open(&stack, &key, &rank_of("node-w"), EXEC_SUBPROTOCOL).await
+    else {
+        panic!("node-w holds no part")
+    };
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (422, Some("node")),
+        "{problem}"
+    );
+
     let (s, b) = stack
         .call(
             Method::POST,
@@ -259,4 +293,49 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
         ["node-a", "node-b"],
         "each member saw its own GPUs idle"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_shows_each_member_and_opens_a_shell_on_the_one_chosen() {
+    let stack =
+        Stack::start_configured(GANG_FLEET, |s| s.node_runtime = RuntimeKind::Process).await;
+    let key = stack.create_trusted_tenant("consolegang", 8).await;
+    let lease = gang(&stack, &key, 8, "sleep 600").await;
+    let running = stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+    let second = running["members"][1]["node_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let console = format!("{}/console/", stack.gateway_url);
+    let browser = Browser::start().await;
+    browser.sign_in(&console, &key).await;
+    browser.wait("#gpu-table").await;
+    browser.go(&format!("{console}#/lease/{lease}")).await;
+    browser.wait_text_of("#lease-state", "running").await;
+    let members = browser.text(&browser.wait("#lease-members").await).await;
+    assert!(members.contains(&format!("1: {second}")), "{members}");
+    browser.choose("shell-node", &format!("1: {second}")).await;
+    browser.click("#open-shell").await;
+    browser.wait(".xterm-rows").await;
+    let input = browser.wait(".xterm-helper-textarea").await;
+    browser
+        .call(
+            Method::POST,
+            &format!("/element/{input}/value"),
+            json!({"text": "echo member-$NODE_RANK-of-$NNODES\u{E007}"}),
+        )
+        .await;
+    browser.wait_text("member-1-of-2").await;
+    browser.screenshot("console-gang-shell").await;
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
 }

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-type Ws =
+pub(crate) type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 use crate::workloads::{base_image, own_node_fleet, PODMAN_ARGS};
@@ -50,7 +50,12 @@ async fn running_lease(stack: &Stack, key: &str, command: Value) -> String {
 }
 
 /// Opens a session WebSocket; the refusal's status and problem otherwise.
-async fn open(stack: &Stack, key: &str, path: &str, protocol: &str) -> Result<Ws, (u16, Value)> {
+pub(crate) async fn open(
+    stack: &Stack,
+    key: &str,
+    path: &str,
+    protocol: &str,
+) -> Result<Ws, (u16, Value)> {
     let url = format!(
         "{}{path}",
         stack.gateway_url.replacen("http://", "ws://", 1)
@@ -82,7 +87,7 @@ async fn open(stack: &Stack, key: &str, path: &str, protocol: &str) -> Result<Ws
     }
 }
 
-fn exec_path(lease: &str, command: &[&str], extra: &str) -> String {
+pub(crate) fn exec_path(lease: &str, command: &[&str], extra: &str) -> String {
     let args: String = command
         .iter()
         .map(|a| format!("&command={}", urlencode(a)))
@@ -101,14 +106,14 @@ fn urlencode(s: &str) -> String {
 
 /// What came back on an exec: stdout, stderr, the status and the close.
 #[derive(Debug, Default)]
-struct Ran {
-    stdout: Vec<u8>,
+pub(crate) struct Ran {
+    pub(crate) stdout: Vec<u8>,
     stderr: Vec<u8>,
     status: Option<ExecStatus>,
     close: Option<(u16, String)>,
 }
 
-async fn collect(ws: &mut Ws, within: Duration) -> Ran {
+pub(crate) async fn collect(ws: &mut Ws, within: Duration) -> Ran {
     let mut ran = Ran::default();
     let deadline = tokio::time::Instant::now() + within;
     while let Ok(Some(message)) = tokio::time::timeout_at(deadline, ws.next()).await {

@@ -161,6 +161,7 @@ async fn read_token(gw: &Gateway, id: &str, path: &str, err: Out<'_>) -> anyhow:
         stdin: false,
         tty: false,
         reason: None,
+        node: None,
     };
     let deadline = Instant::now() + OPEN_WAIT;
     let mut told = false;

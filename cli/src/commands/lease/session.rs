@@ -57,6 +57,8 @@ pub(crate) struct ExecRequest<'a> {
     /// An operator's reason for entering a tenant's lease (the trail
     /// keeps it; the gateway asks operators for one).
     pub reason: Option<&'a str>,
+    /// A lease across nodes: the member to enter (default the first).
+    pub node: Option<&'a str>,
 }
 
 /// `lease exec`.
@@ -86,6 +88,7 @@ pub(super) async fn exec(
         stdin: args.stdin,
         tty,
         reason: args.reason.as_deref(),
+        node: args.node.as_deref(),
     };
     run(gw, &request, out, err).await
 }
@@ -112,6 +115,7 @@ pub(super) async fn shell(
         stdin: true,
         tty: true,
         reason: args.reason.as_deref(),
+        node: args.node.as_deref(),
     };
     run(gw, &request, out, err).await
 }
@@ -171,6 +175,9 @@ pub(crate) fn exec_query(
     query.push(("tty", request.tty.to_string()));
     if let Some(reason) = request.reason {
         query.push(("reason", reason.to_string()));
+    }
+    if let Some(node) = request.node {
+        query.push(("node", node.to_string()));
     }
     if let Some(size) = size.filter(|_| request.tty) {
         query.push(("cols", size.width.to_string()));
@@ -477,6 +484,7 @@ mod tests {
             stdin: true,
             tty: true,
             reason: None,
+            node: None,
         };
         let pairs = |q: Vec<(&str, String)>| -> Vec<String> {
             q.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
@@ -515,6 +523,12 @@ mod tests {
             ..request
         };
         assert!(pairs(exec_query(&request, size)).contains(&"reason=ticket 42".to_string()));
+        // So does the member of a lease across nodes to enter.
+        let request = ExecRequest {
+            node: Some("node-f"),
+            ..request
+        };
+        assert!(pairs(exec_query(&request, size)).contains(&"node=node-f".to_string()));
     }
 
     #[test]

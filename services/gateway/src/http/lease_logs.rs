@@ -109,23 +109,8 @@ pub async fn get(
         .iter()
         .map(|m| m.node_id.clone())
         .collect();
-    let last_placement_node = match &query.node {
-        None => lease.last_placement_node_id.clone(),
-        Some(node) if members.contains(node) => Some(node.clone()),
-        Some(node) => {
-            return Err(ApiError::unprocessable(
-                format!(
-                    "lease {} runs on no node {node:?} now; its members: {}",
-                    lease.view.id,
-                    match members.is_empty() {
-                        true => "none (it is on one node)".to_string(),
-                        false => members.join(", "),
-                    }
-                ),
-                "node",
-            ))
-        }
-    };
+    let last_placement_node = super::leases::named_member(&lease, query.node.as_deref())?
+        .or_else(|| lease.last_placement_node_id.clone());
     let last_placement = last_placement_node.zip(lease.last_placement_sequence);
     let Some((node_id, placement)) = last_placement else {
         // A follower waits for it to run; one that never will is done.

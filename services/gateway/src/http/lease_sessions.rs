@@ -154,7 +154,8 @@ fn upgrade_of(
         ("tty" = Option<bool>, Query, description = "run it on a terminal (default false)"),
         ("cols" = Option<u16>, Query, description = "the terminal's width (default 80)"),
         ("rows" = Option<u16>, Query, description = "the terminal's height (default 24)"),
-        ("reason" = Option<String>, Query, description = "an operator's reason (required of operators)")
+        ("reason" = Option<String>, Query, description = "an operator's reason (required of operators)"),
+        ("node" = Option<String>, Query, description = "for a lease across nodes, the member to enter (default the first)")
     ),
     responses(
         (status = 101, description = "A WebSocket, subprotocol v5.channel.k8s.io: 0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize, 255 close"),
@@ -178,7 +179,7 @@ pub async fn exec(
     let pairs = query_pairs(raw.as_deref());
     check_known(
         &pairs,
-        &["command", "stdin", "tty", "cols", "rows", "reason"],
+        &["command", "stdin", "tty", "cols", "rows", "reason", "node"],
     )?;
     let command: Vec<String> = pairs
         .iter()
@@ -235,6 +236,7 @@ pub async fn exec(
         kind,
         session_kind,
         reason,
+        last(&pairs, "node"),
         upgrade,
         Channels::Exec { stdin },
     )
@@ -246,7 +248,8 @@ pub async fn exec(
     params(
         ("id" = String, Path, description = "lease id"),
         ("port" = u16, Query, description = "the TCP port inside the lease (on its 127.0.0.1)"),
-        ("reason" = Option<String>, Query, description = "an operator's reason (required of operators)")
+        ("reason" = Option<String>, Query, description = "an operator's reason (required of operators)"),
+        ("node" = Option<String>, Query, description = "for a lease across nodes, the member to reach (default the first)")
     ),
     responses(
         (status = 101, description = "A WebSocket, subprotocol v1.port-forward.leasehold.dev: 0 data, 1 error, 255 end of data"),
@@ -267,7 +270,7 @@ pub async fn port_forward(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let pairs = query_pairs(raw.as_deref());
-    check_known(&pairs, &["port", "reason"])?;
+    check_known(&pairs, &["port", "reason", "node"])?;
     let port = number::<u16>(&pairs, "port")?
         .filter(|p| *p > 0)
         .ok_or_else(|| ApiError::unprocessable("port is 1 to 65535", "port"))?;
@@ -284,6 +287,7 @@ pub async fn port_forward(
         OpenKind::PortForward { port },
         SessionKind::PortForward,
         reason,
+        last(&pairs, "node"),
         upgrade,
         Channels::PortForward,
     )
@@ -298,12 +302,14 @@ async fn open(
     kind: OpenKind,
     session_kind: SessionKind,
     reason: Option<String>,
+    node: Option<&str>,
     upgrade: Upgrade,
     channels: Channels,
 ) -> Result<Response, ApiError> {
     // Whether the lease is the caller's first: another tenant learns
     // nothing of it, not even that the route wants a WebSocket.
     let lease = visible(&ctx, &caller, parse_id(id)?).await?;
+    let member = super::leases::named_member(&lease, node)?;
     let ws = upgrade_of(upgrade.ws, upgrade.protocol, &upgrade.headers)?;
     let opened = crate::sessions::open::open(
         &ctx.bus,
@@ -316,6 +322,7 @@ async fn open(
             transport: SessionTransport::WebSocket,
             reason,
             ssh_key_fingerprint: None,
+            member,
         },
     )
     .await?;

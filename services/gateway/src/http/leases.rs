@@ -119,6 +119,35 @@ pub(crate) async fn tenants_lease(ctx: &ApiContext, tenant: Uuid, id: Uuid) -> O
     (lease.lease.view.tenant_id == tenant).then(|| lease.lease.clone())
 }
 
+/// The member of `lease` a caller names with `?node=` (a lease across
+/// nodes has a part on each); `None` when it names none. 422 naming
+/// `node` for a node that is no member.
+pub(crate) fn named_member(lease: &Lease, node: Option<&str>) -> Result<Option<String>, ApiError> {
+    let Some(node) = node else {
+        return Ok(None);
+    };
+    let members: Vec<&str> = lease
+        .view
+        .members
+        .iter()
+        .map(|m| m.node_id.as_str())
+        .collect();
+    if members.contains(&node) {
+        return Ok(Some(node.to_string()));
+    }
+    Err(ApiError::unprocessable(
+        format!(
+            "lease {} runs on no node {node:?} now; its members: {}",
+            lease.view.id,
+            match members.is_empty() {
+                true => "none (it is on one node)".to_string(),
+                false => members.join(", "),
+            }
+        ),
+        "node",
+    ))
+}
+
 pub(super) fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
     raw.parse()
         .map_err(|_| ApiError::not_found(format!("no lease {raw}")).field("id"))

@@ -179,6 +179,8 @@ async fn connect(
             transport: SessionTransport::Http,
             reason: None,
             ssh_key_fingerprint: None,
+            // A lease's web port is its first member's.
+            member: None,
         },
     )
     .await

@@ -39,6 +39,9 @@ pub struct Opening {
     /// An operator's reason.
     pub reason: Option<String>,
     pub ssh_key_fingerprint: Option<String>,
+    /// For a lease across nodes, the member to enter (one of its
+    /// members); `None`: the first.
+    pub member: Option<String>,
 }
 
 /// A session the node opened and the trail recorded, ready to relay.
@@ -70,9 +73,11 @@ pub async fn open(bus: &Bus, sessions: &Sessions, opening: Opening) -> Result<Op
             "lease {lease_id} runs no workload: there is nothing to enter (create it with a command or an image)"
         )));
     }
-    let (Some(node_id), Some(placement)) =
-        (lease.view.node_id.clone(), lease.last_placement_sequence)
-    else {
+    let node_id = opening
+        .member
+        .clone()
+        .or_else(|| lease.view.node_id.clone());
+    let (Some(node_id), Some(placement)) = (node_id, lease.last_placement_sequence) else {
         return Err(ApiError::conflict(format!(
             "lease {lease_id} is on no node"
         )));

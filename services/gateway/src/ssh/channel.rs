@@ -34,6 +34,9 @@ pub struct SignedIn {
     pub actor: Actor,
     pub lease_id: uuid::Uuid,
     pub key_fingerprint: String,
+    /// For a lease across nodes, the member the user named
+    /// (`<lease>+<node>`); `None`: the first.
+    pub member: Option<String>,
 }
 
 struct SshClient {
@@ -190,6 +193,7 @@ pub async fn open_for(
             transport: SessionTransport::Ssh,
             reason: None,
             ssh_key_fingerprint: Some(who.key_fingerprint.clone()),
+            member: who.member.clone(),
         },
     )
     .await

@@ -74,14 +74,20 @@ pub async fn serve(
 }
 
 impl Connection {
-    /// Whether `key` signs `user` (a lease id) in: a key its tenant
+    /// Whether `key` signs `user` (a lease id, or `<lease id>+<node>` for
+    /// one member of a lease across nodes) in: a key its tenant
     /// registered. Nothing says which part failed, as OpenSSH says nothing.
     async fn allowed(&self, user: &str, key: &PublicKey) -> Option<SignedIn> {
-        let lease_id: Uuid = user.parse().ok()?;
+        let (lease, member) = match user.split_once('+') {
+            Some((lease, node)) => (lease, Some(node)),
+            None => (user, None),
+        };
+        let lease_id: Uuid = lease.parse().ok()?;
         let lease = crate::http::leases::lookup_lease(&self.ctx, lease_id)
             .await
             .ok()
             .flatten()?;
+        let member = crate::http::leases::named_member(&lease.lease, member).ok()?;
         let tenant_id = lease.lease.view.tenant_id;
         // A suspended tenant reads but changes nothing: no commands.
         let suspended: Option<bool> =
@@ -105,6 +111,7 @@ impl Connection {
                 actor: Actor::Tenant(tenant_id),
                 lease_id,
                 key_fingerprint: fingerprint,
+                member,
             })
     }
 }
