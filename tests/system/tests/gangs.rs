@@ -1,9 +1,12 @@
 //! A lease of more GPUs than one node holds runs on several nodes as one
 //! lease: every member's node starts its part, one process per GPU with
 //! the rendezvous in its environment; the lease runs once all have
-//! started, each member keeps the log of its part, a member's failure
-//! fails the whole lease, and a stop ends every part and frees every GPU.
-//! Real nats-server, PostgreSQL and node agents on the process runtime.
+//! started, each member keeps the log of its part and is entered on its
+//! own (exec, the console, OpenSSH), the lease completes once every part
+//! has, a member's failure fails the whole lease, a stop ends every part
+//! and frees every GPU, and idle reclaim waits for every member to idle.
+//! Real nats-server, PostgreSQL, node agents on the process runtime,
+//! Chromium and OpenSSH.
 
 use std::time::Duration;
 
@@ -13,7 +16,7 @@ use lh_rpc::http::sessions::EXEC_SUBPROTOCOL;
 use lh_test_stack::{of_type, read_log, Stack};
 
 use crate::browser::Browser;
-use crate::sessions::{collect, exec_path, open};
+use crate::sessions::{collect, exec_path, open, ssh_command, ssh_key};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -296,9 +299,21 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_console_shows_each_member_and_opens_a_shell_on_the_one_chosen() {
-    let stack =
-        Stack::start_configured(GANG_FLEET, |s| s.node_runtime = RuntimeKind::Process).await;
+async fn the_console_and_an_ordinary_ssh_client_enter_the_member_chosen() {
+    let dir = tempfile::tempdir().unwrap();
+    let host_key = dir.path().join("host_key");
+    let port = crate::console_lease::free_port();
+    let stack = {
+        let host_key = host_key.clone();
+        Stack::start_configured(GANG_FLEET, move |s| {
+            s.node_runtime = RuntimeKind::Process;
+            s.gateway_config = Some(std::sync::Arc::new(move |c: &mut lh_gateway::Config| {
+                c.ssh.ssh_addr = format!("127.0.0.1:{port}");
+                c.ssh.ssh_host_key_file = host_key.clone();
+            }));
+        })
+        .await
+    };
     let key = stack.create_trusted_tenant("consolegang", 8).await;
     let lease = gang(&stack, &key, 8, "sleep 600").await;
     let running = stack
@@ -308,6 +323,53 @@ async fn the_console_shows_each_member_and_opens_a_shell_on_the_one_chosen() {
         .as_str()
         .unwrap()
         .to_string();
+
+    // OpenSSH: `<lease>+<member>` enters that member; a node that holds
+    // no part signs nobody in.
+    let (private, public) = ssh_key(dir.path(), "tenant");
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/ssh-keys",
+            &key,
+            Some(json!({"name": "laptop", "public_key": public})),
+        )
+        .await;
+    assert_eq!(s, 201, "{b}");
+    let host_public = std::process::Command::new("ssh-keygen")
+        .arg("-yf")
+        .arg(&host_key)
+        .output()
+        .unwrap();
+    assert!(host_public.status.success());
+    let known_hosts = dir.path().join("known_hosts");
+    std::fs::write(
+        &known_hosts,
+        format!(
+            "[127.0.0.1]:{port} {}",
+            String::from_utf8(host_public.stdout).unwrap()
+        ),
+    )
+    .unwrap();
+    let ssh = |user: String| {
+        let mut command = ssh_command("ssh", &private, &known_hosts, "-p", port);
+        command
+            .arg(format!("{user}@127.0.0.1"))
+            .arg("echo member-$NODE_RANK");
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    let out = ssh(format!("{lease}+{second}")).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "member-1\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ssh(lease.clone()).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "member-0\n");
+    let out = ssh(format!("{lease}+node-w")).await.unwrap();
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+
     let console = format!("{}/console/", stack.gateway_url);
     let browser = Browser::start().await;
     browser.sign_in(&console, &key).await;

@@ -1182,7 +1182,7 @@ fn free_port() -> u16 {
 
 /// A new ed25519 key pair in `dir`: the private key's path and the public
 /// key's text.
-fn ssh_key(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
+pub(crate) fn ssh_key(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
     let path = dir.join(name);
     let status = std::process::Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
@@ -1196,7 +1196,7 @@ fn ssh_key(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
 
 /// OpenSSH's own client, as a tenant runs it: only this key, the gateway's
 /// host key checked against `known_hosts`, never a prompt.
-fn ssh_command(
+pub(crate) fn ssh_command(
     program: &str,
     key: &std::path::Path,
     known_hosts: &std::path::Path,
