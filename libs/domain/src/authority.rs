@@ -52,12 +52,31 @@ pub struct LeaseHold {
     /// on: each may report on its own part.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// The other members of the gang it last left: their late reports are
+    /// stale too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_members: Vec<String>,
 }
 
 impl LeaseHold {
     /// Whether `node` holds the lease now, alone or as a gang's member.
     pub fn held_by(&self, node: &str) -> bool {
         self.node_id.as_deref() == Some(node) || self.members.iter().any(|m| m == node)
+    }
+
+    /// Whether `node` held the lease before its last move.
+    fn left_by(&self, node: &str) -> bool {
+        self.previous_node.as_deref() == Some(node)
+            || self.previous_members.iter().any(|m| m == node)
+    }
+
+    /// The lease leaves every node it holds: the first member, and a
+    /// gang's others.
+    fn leave(&mut self) {
+        if let Some(left) = self.node_id.take() {
+            self.previous_node = Some(left);
+        }
+        self.previous_members = std::mem::take(&mut self.members);
     }
 }
 
@@ -206,14 +225,14 @@ impl Authority {
                 };
                 match &hold.node_id {
                     _ if hold.held_by(node) => Ok(()),
-                    Some(placed) if hold.previous_node.as_ref() == Some(node) => {
+                    Some(placed) if hold.left_by(node) => {
                         Err(stale(format!("a lease placed on node {placed:?}")))
                     }
                     Some(placed) => Err(refused(
                         envelope,
                         &format!("a lease placed on node {placed:?}"),
                     )),
-                    None if hold.previous_node.as_ref() == Some(node) => {
+                    None if hold.left_by(node) => {
                         Err(stale("a lease placed on no node now".to_string()))
                     }
                     None => Err(refused(envelope, "a lease placed on no node now")),
@@ -255,17 +274,17 @@ impl Authority {
                 if let Some(left) = hold.node_id.take().filter(|n| *n != p.node_id) {
                     hold.previous_node = Some(left);
                 }
+                if !hold.members.is_empty() {
+                    hold.previous_members = std::mem::take(&mut hold.members);
+                }
                 hold.node_id = Some(p.node_id.clone());
                 hold.members = p.nodes().skip(1).map(str::to_string).collect();
                 hold.started_at = None;
             }
             EventData::LeaseMigrated(m) => {
                 if let Some(hold) = self.leases.get_mut(&m.lease_id) {
-                    if let Some(left) = hold.node_id.take() {
-                        hold.previous_node = Some(left);
-                    }
+                    hold.leave();
                     hold.node_id = m.to.as_ref().map(|to| to.node_id.clone());
-                    hold.members.clear();
                     hold.started_at = None;
                 }
             }
@@ -276,10 +295,7 @@ impl Authority {
             }
             EventData::LeaseSuspended(s) => {
                 let started_at = self.leases.get_mut(&s.lease_id).and_then(|hold| {
-                    if let Some(left) = hold.node_id.take() {
-                        hold.previous_node = Some(left);
-                    }
-                    hold.members.clear();
+                    hold.leave();
                     hold.started_at.take()
                 });
                 if let Some(started_at) = started_at.filter(|at| s.suspended_at < *at) {

@@ -325,22 +325,25 @@ async fn load_holds(
         Option<DateTime<Utc>>,
         Option<String>,
         Option<sqlx::types::Json<Vec<String>>>,
+        Option<sqlx::types::Json<Vec<String>>>,
     );
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT lease_id, tenant_id, node_id, started_at, previous_node, members
+        "SELECT lease_id, tenant_id, node_id, started_at, previous_node, members, previous_members
          FROM lease_holds WHERE projection = $1 AND lease_id = ANY($2)",
     )
     .bind(projection)
     .bind(leases)
     .fetch_all(conn)
     .await?;
-    for (lease_id, tenant_id, node_id, started_at, previous_node, members) in rows {
+    for (lease_id, tenant_id, node_id, started_at, previous_node, members, previous_members) in rows
+    {
         let hold = LeaseHold {
             tenant_id,
             node_id,
             started_at,
             previous_node,
             members: members.map(|m| m.0).unwrap_or_default(),
+            previous_members: previous_members.map(|m| m.0).unwrap_or_default(),
         };
         authority.set_hold(lease_id, Some(hold));
     }
@@ -364,7 +367,7 @@ async fn store_holds(
         .execute(&mut *conn)
         .await?;
     let (mut ids, mut tenants, mut nodes, mut starts) = (vec![], vec![], vec![], vec![]);
-    let (mut previous, mut members) = (vec![], vec![]);
+    let (mut previous, mut members, mut previous_members) = (vec![], vec![], vec![]);
     for (lease_id, hold) in authority.holds_of(leases.iter().copied()) {
         if let Some(hold) = hold {
             ids.push(lease_id);
@@ -372,8 +375,10 @@ async fn store_holds(
             nodes.push(hold.node_id.clone());
             starts.push(hold.started_at);
             previous.push(hold.previous_node.clone());
-            members
-                .push((!hold.members.is_empty()).then(|| sqlx::types::Json(hold.members.clone())));
+            let listed =
+                |nodes: &Vec<String>| (!nodes.is_empty()).then(|| sqlx::types::Json(nodes.clone()));
+            members.push(listed(&hold.members));
+            previous_members.push(listed(&hold.previous_members));
         }
     }
     if ids.is_empty() {
@@ -381,9 +386,9 @@ async fn store_holds(
     }
     sqlx::query(
         "INSERT INTO lease_holds (projection, lease_id, tenant_id, node_id, started_at,
-                previous_node, members)
+                previous_node, members, previous_members)
          SELECT $1, * FROM UNNEST($2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[],
-                $6::text[], $7::jsonb[])",
+                $6::text[], $7::jsonb[], $8::jsonb[])",
     )
     .bind(projection)
     .bind(&ids)
@@ -392,6 +397,7 @@ async fn store_holds(
     .bind(&starts)
     .bind(&previous)
     .bind(&members)
+    .bind(&previous_members)
     .execute(conn)
     .await?;
     Ok(())

@@ -132,6 +132,10 @@ pub async fn migrate(pool: &PgPool, migrator: &Migrator) -> Result<()> {
     sqlx::query("ALTER TABLE lease_holds ADD COLUMN IF NOT EXISTS members JSONB")
         .execute(pool)
         .await?;
+    // The other members of the gang it last left, likewise.
+    sqlx::query("ALTER TABLE lease_holds ADD COLUMN IF NOT EXISTS previous_members JSONB")
+        .execute(pool)
+        .await?;
     // Each node's newest enrollment, as of the projection's offset.
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS node_enrollments (

@@ -310,6 +310,7 @@ fn a_restatement_carries_only_what_was_obeyed() {
             started_at: Some(t(10)),
             previous_node: None,
             members: Vec::new(),
+            previous_members: Vec::new(),
         })
     );
     // A reader that read it all before gets the same holds.
@@ -568,4 +569,42 @@ fn every_member_of_a_gang_reports_on_its_part_and_no_other_node_does() {
     assert_eq!(authority.lease(LEASE), None);
     let late = authority.admit(&ended_by("node-c", 5)).unwrap_err();
     assert_eq!(late.reason, SkipReason::StaleReport);
+}
+
+#[test]
+fn a_late_report_of_a_gangs_former_member_is_stale_not_an_attack() {
+    let mut authority = gang_on_c_and_d();
+    // node-c is lost: the whole gang goes back to the queue.
+    authority
+        .admit(&by(
+            scheduler(),
+            EventData::LeaseMigrated(lh_events::LeaseMigrated {
+                lease_id: LEASE,
+                reason: "node node-c lost".into(),
+                from_node_id: "node-c".into(),
+                from_gpu_indices: vec![0],
+                billing_ends_at: chrono::Utc::now(),
+                to: None,
+            }),
+        ))
+        .unwrap();
+    // node-d's report, sent before it heard of the move, comes after it.
+    let late = authority.admit(&started_by("node-d", 1)).unwrap_err();
+    assert_eq!(late.reason, SkipReason::StaleReport, "{late}");
+    // Placed again on node-e alone: node-d's late word is still stale, and
+    // a node that never held it is still refused as an attack.
+    authority
+        .admit(&by(
+            scheduler(),
+            EventData::LeasePlaced(match placed_on("node-e").data {
+                EventData::LeasePlaced(p) => p,
+                _ => unreachable!(),
+            }),
+        ))
+        .unwrap();
+    let late = authority.admit(&started_by("node-d", 2)).unwrap_err();
+    assert_eq!(late.reason, SkipReason::StaleReport, "{late}");
+    let forged = authority.admit(&started_by("node-f", 3)).unwrap_err();
+    assert_eq!(forged.reason, SkipReason::NotAuthorized, "{forged}");
+    assert!(authority.admit(&started_by("node-e", 4)).is_ok());
 }
