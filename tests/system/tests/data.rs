@@ -1631,3 +1631,73 @@ async fn a_workspace_goes_to_one_lease_even_before_the_read_model_shows_it() {
     }
     assert_eq!(claims().await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_first_member_of_a_gang_keeps_its_workspace() {
+    base_image();
+    let store = S3Store::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, fleet) = two_node_fleet();
+    let stack = stack_with(
+        &store,
+        &fleet,
+        dir.path(),
+        |_| {},
+        |s| {
+            s.node_runtime = RuntimeKind::Podman;
+            s.node_container_args = PODMAN_ARGS.map(String::from).into();
+            s.node_storage.workspace_sync_interval_secs = 1;
+        },
+    )
+    .await;
+    let key = stack.create_trusted_tenant("gangdata", 2).await;
+    // Two one-GPU nodes: a lease of two is a gang across both. Each rank
+    // writes its own file into the workspace.
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 2, "gpu_model": "A100-40GB", "workload": {
+                "image": "localhost/leasehold/base",
+                "command": ["sh", "-c", "echo $RANK > /workspace/rank-$RANK; echo wrote; sleep 600"],
+                "workspaces": [{"name": "ws", "path": "/workspace"}],
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    let running = stack
+        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .await;
+    let first = running["members"][0]["node_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_log_text(&stack, &key, &id, "wrote").await;
+    // A sync is recorded when the workspace changed: the first member's
+    // comes; a few intervals later, still no other member's.
+    let syncs = |log: &[lh_bus::Stored]| -> Vec<lh_events::LeaseWorkspaceSynced> {
+        of_type(log, "lease.workspace_synced")
+            .into_iter()
+            .filter_map(|e| match &e.envelope.data {
+                lh_events::EventData::LeaseWorkspaceSynced(s) if s.lease_id.to_string() == id => {
+                    Some(s.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    stack
+        .wait_log(60, |log| (!syncs(log).is_empty()).then_some(()))
+        .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let synced = syncs(&lh_test_stack::read_log(&stack.bus().await).await);
+    assert!(synced.iter().all(|s| s.node_id == first), "{synced:?}");
+    assert!(synced.iter().all(|s| s.files == 1), "{synced:?}");
+    let (s, b) = stack
+        .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
+        .await;
+    assert_eq!(s, 202, "{b}");
+    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+}

@@ -447,6 +447,10 @@ impl Workloads {
             Some(mut prepared) => {
                 let store = prepared.object_store.take();
                 let (mounts, session, holds) = prepared.into_parts();
+                // Every member of a gang starts from its workspaces; only
+                // the first keeps them (rank 0 writes a distributed job's
+                // checkpoints): two nodes syncing one workspace would race.
+                let session = session.filter(|_| gang.is_none_or(|g| g.is_first()));
                 (
                     mounts,
                     Some(LeaseData {
