@@ -29,7 +29,10 @@ pub const MASTER_PORTS: u16 = 1_000;
 /// INT to the launcher is passed on to every process (a stop, a
 /// preemption: as PID 1 of a container it would otherwise ignore both).
 /// POSIX `sh` has no `wait` for whichever child ends first, so it looks
-/// every second for one that has ended (a zombie in `/proc`). Once ending,
+/// every second for one that has ended: a zombie in `/proc` (its state
+/// follows the last `)` of its stat line, as a process may name itself
+/// with spaces and parentheses), or one already reaped (gone from
+/// `/proc`), whose status `wait` still gives. Once ending,
 /// it tells those left again each second: a child forked but not yet
 /// running its command when the first TERM came ran the launcher's own
 /// trap instead, and would otherwise run on.
@@ -43,8 +46,9 @@ status=0; left=$pids
 while [ -n "$left" ]; do
   still=""
   for p in $left; do
-    st=Z; [ -r "/proc/$p/stat" ] && read -r _ _ st _ < "/proc/$p/stat"
-    if [ "$st" = Z ]; then
+    s=""; { read -r s < "/proc/$p/stat"; } 2>/dev/null
+    st=${s##*) }; st=${st%% *}
+    if [ -z "$s" ] || [ "$st" = Z ]; then
       wait "$p"; s=$?
       if [ "$s" -ne 0 ] && [ "$status" -eq 0 ]; then status=$s; ending=1; fi
     else
