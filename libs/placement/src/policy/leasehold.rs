@@ -70,9 +70,9 @@ impl Key {
 #[derive(Debug, Clone)]
 pub struct Leasehold {
     measure: MixMeasure,
-    /// The most CPU and the most memory a GPU shape of the compiled mix
-    /// asks for, and the epoch they were read at: a node left with both
-    /// strands nothing.
+    /// The epoch of the compiled mix, and the most CPU and the most memory
+    /// a single-GPU shape of it asks for: a node left with both strands
+    /// nothing.
     strand_bound: (u64, u64, u64),
 }
 
@@ -106,8 +106,10 @@ impl Policy for Leasehold {
                 .compiled
                 .as_ref()
                 .expect("begin compiles the mix");
-            let cpu = w.shapes.iter().map(|s| s.cpu).max().unwrap_or(0);
-            let memory = w.shapes.iter().map(|s| s.memory).max().unwrap_or(0);
+            // Only single-GPU shapes can reach a GPU's hole (see `stranded`).
+            let single = || w.shapes.iter().filter(|s| !s.whole || s.count == 1);
+            let cpu = single().map(|s| s.cpu).max().unwrap_or(0);
+            let memory = single().map(|s| s.memory).max().unwrap_or(0);
             self.strand_bound = (self.measure.epoch, cpu, memory);
         }
     }
