@@ -163,8 +163,8 @@ impl Policy for Leasehold {
         let (cpu_after, memory_after) = (n.cpu_free - d.cpu_milli, n.memory_free - d.memory_mib);
         let (_, cpu_max, memory_max) = self.strand_bound;
         let neg_strand_milli = if cpu_after >= cpu_max && memory_after >= memory_max {
-            // Every shape still fits the node's CPU and memory: nothing is
-            // stranded after, so nothing more than before.
+            // Every single-GPU shape still fits the node's CPU and memory:
+            // nothing is stranded after, so nothing more than before.
             0
         } else {
             -stranding_charge(w, n, d, set)
@@ -215,12 +215,13 @@ impl Policy for Leasehold {
 /// it strands less).
 ///
 /// FGD counts a node too short of CPU or memory for a shape as fragmented
-/// for it, but weighs that by the shape's share of the mix and then folds it
-/// into a score quantised to 0..=100: taking a node's last CPU beside GPUs
-/// that still have room often costs it nothing, and the milli left behind
-/// is then lost to every task. Charging that milli outright, ahead of FGD's
-/// score, sends such a task where the node's CPU and memory will still
-/// reach its free GPUs.
+/// for it, but weighs that by the shape's share of the mix and folds it into
+/// a score quantised to 0..=100, beside losses that leave the GPUs usable:
+/// taking a node's last CPU beside GPUs that still have room can score as
+/// well as, or better than, a placement that keeps them reachable, and the
+/// milli left behind are then lost to every later task. Charging that milli
+/// outright, ahead of FGD's score, sends the task where the node's CPU and
+/// memory still reach its free GPUs.
 fn stranding_charge(w: &Compiled, n: &Node, d: &Demand, set: GpuSet) -> i64 {
     let after = n.gpus.iter().enumerate().map(|(j, g)| {
         let mut g = *g;
