@@ -123,7 +123,8 @@ pub struct LeaseholdConfig {
     /// that no shape fits the node's CPU and memory after it. A key before
     /// FGD's score (after a slice's packing cost): 1 every task, 2 every
     /// task but slices, 3 slices only; 4 slices, before the packing cost;
-    /// 5 slices, after FGD's score. 0: off.
+    /// 5 slices, after FGD's score. 0: off (version 3 and before). The
+    /// default is 1 (version 4).
     pub strand: u8,
     /// Whole-GPU and CPU-only tasks: a node that already holds a lease
     /// before an untouched one, ahead of the fill-up stranding (`usedw`
@@ -165,14 +166,19 @@ impl LeaseholdConfig {
             "rec" => self.recursive = true,
             "draw" => self.recursive = false,
             "notevf" => self.tie_eventual_frac = false,
-            // The defaults of versions 1 and 2 (docs/placement.md, "What we
-            // tried").
+            // The defaults of versions 1, 2 and 3 (docs/placement.md, "What
+            // we tried").
             "v1" => {
                 self.recursive = false;
                 self.tie_eventual_frac = false;
                 self.packing_cost = 0;
+                self.strand = 0;
             }
-            "v2" => self.packing_cost = 0,
+            "v2" => {
+                self.packing_cost = 0;
+                self.strand = 0;
+            }
+            "v3" => self.strand = 0,
             "pfr" => self.primary_recursive = true,
             "cpurec" => self.node_recursive = true,
             "prn" => self.primary_node_recursive = true,
@@ -258,7 +264,7 @@ impl Default for LeaseholdConfig {
             sum_squares: 0,
             packing_cost: 3,
             packing_gpu: false,
-            strand: 0,
+            strand: 1,
             used_first: false,
             fill_multi: false,
             fill_multi_by_gpus: false,
@@ -344,7 +350,7 @@ impl Policy for Ablation {
         "leasehold"
     }
     fn version(&self) -> u32 {
-        3
+        4
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
@@ -952,6 +958,7 @@ mod tests {
     fn switches_parse_and_bad_values_are_refused() {
         let mut c = LeaseholdConfig::default();
         assert_eq!(c.packing_cost, 3, "version 3 costs slices against the LP");
+        assert_eq!(c.strand, 1, "version 4 charges stranded milli");
         for opt in [
             "ff",
             "gr=12",
@@ -979,6 +986,12 @@ mod tests {
             assert_eq!(c.apply(bad), None, "{bad}");
         }
         assert_eq!(c.apply("v2"), Some(()));
-        assert_eq!(c.packing_cost, 0);
+        assert_eq!((c.packing_cost, c.strand), (0, 0));
+        // Each older version's switch turns off what came after it.
+        for (v, packing_cost) in [("v1", 0), ("v2", 0), ("v3", 3)] {
+            let mut c = LeaseholdConfig::default();
+            assert_eq!(c.apply(v), Some(()), "{v}");
+            assert_eq!((c.packing_cost, c.strand), (packing_cost, 0), "{v}");
+        }
     }
 }

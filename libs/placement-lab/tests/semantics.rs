@@ -524,3 +524,54 @@ fn version_3_keeps_a_slice_out_of_a_hole_the_workload_cannot_fill() {
     occupy(&mut v3, "a", 0, 470);
     assert_eq!(chosen(&mut v3, &slice).0, "b");
 }
+
+#[test]
+fn version_4_keeps_the_cpu_a_node_needs_to_reach_its_free_gpus() {
+    // Slices of 500 milli that ask for 4,000 or 1,000 CPU, and CPU-only
+    // tasks of 6,000. Node `a` has one GPU with 500 free and 6,500 CPU free,
+    // node `b` four GPUs with 500 free each and 8,000 CPU free. A CPU-only
+    // task leaves `a` 500 CPU, too little for either slice: its 500 free
+    // milli are stranded. It leaves `b` 2,000, which the 1,000-CPU slices
+    // still fit. FGD's score loses less on `a` (40 against 31); the
+    // stranding charge of version 4 sends the task to `b`.
+    let slice = |cpu_milli: u64, weight: f64| Shape {
+        cpu_milli,
+        memory_mib: 0,
+        gpu: GpuDemand::Fraction {
+            milli: 500,
+            vram_gb: 0,
+        },
+        models: Vec::new(),
+        weight,
+    };
+    let w = ShapeMix {
+        shapes: vec![
+            slice(4_000, 0.4),
+            slice(1_000, 0.4),
+            Shape {
+                gpu: GpuDemand::None,
+                ..slice(6_000, 0.2)
+            },
+        ],
+    };
+    let nodes = [node("a", 7_500, 1, "G2"), node("b", 12_000, 4, "G2")];
+    let task = Request::cpu_only(6_000, 0);
+    for (policy, want) in [
+        ("fgd", "a"),
+        ("leasehold+v1", "a"),
+        ("leasehold+v2", "a"),
+        ("leasehold+v3", "a"),
+        ("leasehold+st=1", "b"),
+        ("leasehold", "b"),
+    ] {
+        let mut e = engine(
+            &nodes,
+            lh_placement_lab::policy_by_name(policy, &w).unwrap(),
+        );
+        occupy(&mut e, "a", 0, 500);
+        for gpu in 0..4 {
+            occupy(&mut e, "b", gpu, 500);
+        }
+        assert_eq!(chosen(&mut e, &task).0, want, "{policy}");
+    }
+}

@@ -1,9 +1,11 @@
-//! Leasehold's default policy (version 3): FGD's quantised score,
+//! Leasehold's default policy (version 4): FGD's quantised score,
 //! memory-aware, with what FGD cannot see put around it.
 //!
 //! * A slice goes first where it costs least against the best packing of the
 //!   mix's slices (the cutting-stock LP's shares, [`crate::packing`]): that
 //!   sees which holes the mix has the slices to fill, and which it does not.
+//! * Then, for every task, where it strands the least GPU milli behind the
+//!   node's CPU and memory (see [`stranding_charge`]).
 //! * Then FGD's score: `int(100 sigmoid((F - F') / 1000))`, where a node
 //!   whose CPU or memory is too small for a shape counts as fragmented for it.
 //! * A slice's ties are broken by how much of the chosen GPU's free milli is
@@ -18,15 +20,20 @@
 
 use super::frag_cache::{load, sigmoid, MixMeasure, Scratch};
 use super::{Policy, Scored};
-use crate::cluster::{Cluster, Demand, Gpu, GpuSet, Kind};
+use crate::cluster::{Cluster, Demand, Gpu, GpuSet, Kind, Node, MAX_GPUS_PER_NODE, MILLI};
 use crate::rng::Rng;
-use crate::shape_mix::{Compiled, Load, ShapeMix};
+use crate::shape_mix::{apply, Compiled, Load, ShapeMix};
 
-/// FGD's scores lie in 0..=100; one thousandth of a GPU of packing cost
-/// must outrank all of them.
+/// FGD's scores lie in 0..=100; one milli of stranding charge must outrank
+/// all of them, and one thousandth of a GPU of packing cost every charge a
+/// node can make (all its GPUs' milli) above them.
 const FGD_SCORE_MAX: i64 = 100;
-const SCORE_PER_COST_MILLI: i64 = 1_000;
-const _: () = assert!(SCORE_PER_COST_MILLI > FGD_SCORE_MAX);
+const STRAND_MILLI_MAX: i64 = MAX_GPUS_PER_NODE as i64 * MILLI as i64;
+const SCORE_PER_STRAND_MILLI: i64 = 1_000;
+const SCORE_PER_COST_MILLI: i64 = 100_000_000;
+const _: () = assert!(SCORE_PER_STRAND_MILLI > FGD_SCORE_MAX);
+const _: () =
+    assert!(SCORE_PER_COST_MILLI > STRAND_MILLI_MAX * SCORE_PER_STRAND_MILLI + FGD_SCORE_MAX);
 
 /// How two candidates of one decision compare: field by field, higher wins.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -34,6 +41,9 @@ struct Key {
     /// Minus the slice's cost against the best packing, in thousandths of a
     /// GPU (0 for anything that is not a slice).
     neg_packing_cost_milli: i64,
+    /// Minus the GPU milli the placement strands behind the node's CPU and
+    /// memory ([`stranding_charge`]), 0..=[`STRAND_MILLI_MAX`].
+    neg_strand_milli: i64,
     /// FGD's quantised score, 0..=100.
     fgd_score: i64,
     /// A slice: the drop of the chosen GPU's recursive fragment; anything
@@ -46,8 +56,11 @@ impl Key {
     /// the packing cost is scaled past FGD's whole range.
     fn scored(self, gpus: GpuSet) -> Scored {
         debug_assert!((0..=FGD_SCORE_MAX).contains(&self.fgd_score));
+        debug_assert!((-STRAND_MILLI_MAX..=0).contains(&self.neg_strand_milli));
         Scored {
-            score: (self.neg_packing_cost_milli * SCORE_PER_COST_MILLI + self.fgd_score) as f64,
+            score: (self.neg_packing_cost_milli * SCORE_PER_COST_MILLI
+                + self.neg_strand_milli * SCORE_PER_STRAND_MILLI
+                + self.fgd_score) as f64,
             tiebreak: self.tiebreak,
             gpus,
         }
@@ -57,12 +70,17 @@ impl Key {
 #[derive(Debug, Clone)]
 pub struct Leasehold {
     measure: MixMeasure,
+    /// The epoch of the compiled mix, and the most CPU and the most memory
+    /// a single-GPU shape of it asks for: a node left with both strands
+    /// nothing.
+    strand_bound: (u64, u64, u64),
 }
 
 impl Leasehold {
     pub fn new(mix: ShapeMix) -> Self {
         Leasehold {
             measure: MixMeasure::new(mix),
+            strand_bound: (u64::MAX, 0, 0),
         }
     }
 
@@ -77,11 +95,23 @@ impl Policy for Leasehold {
         "leasehold"
     }
     fn version(&self) -> u32 {
-        3
+        4
     }
 
     fn begin(&mut self, cluster: &Cluster, d: &Demand) {
         self.measure.begin(cluster, d);
+        if self.strand_bound.0 != self.measure.epoch {
+            let w = self
+                .measure
+                .compiled
+                .as_ref()
+                .expect("begin compiles the mix");
+            // Only single-GPU shapes can reach a GPU's hole (see `stranded`).
+            let single = || w.shapes.iter().filter(|s| !s.whole || s.count == 1);
+            let cpu = single().map(|s| s.cpu).max().unwrap_or(0);
+            let memory = single().map(|s| s.memory).max().unwrap_or(0);
+            self.strand_bound = (self.measure.epoch, cpu, memory);
+        }
     }
 
     fn scores_by_node(&self) -> Option<u64> {
@@ -130,6 +160,15 @@ impl Policy for Leasehold {
             }
         };
         let fgd_score = (sigmoid((f0 - f1) / 1000.0) * 100.0) as i64;
+        let (cpu_after, memory_after) = (n.cpu_free - d.cpu_milli, n.memory_free - d.memory_mib);
+        let (_, cpu_max, memory_max) = self.strand_bound;
+        let neg_strand_milli = if cpu_after >= cpu_max && memory_after >= memory_max {
+            // Every single-GPU shape still fits the node's CPU and memory:
+            // nothing is stranded after, so nothing more than before.
+            0
+        } else {
+            -stranding_charge(w, n, d, set)
+        };
         let key = match d.kind {
             Kind::Frac { milli, .. } => {
                 let recursive = |g: &Gpu| -> f64 {
@@ -152,12 +191,14 @@ impl Policy for Leasehold {
                 };
                 Key {
                     neg_packing_cost_milli: -cost_milli,
+                    neg_strand_milli,
                     fgd_score,
                     tiebreak: fragment_drop,
                 }
             }
             _ => Key {
                 neg_packing_cost_milli: 0,
+                neg_strand_milli,
                 fgd_score,
                 tiebreak: fill0 - fill1,
             },
@@ -166,6 +207,68 @@ impl Policy for Leasehold {
         self.measure.cache.put(node, n.generation, s);
         s
     }
+}
+
+/// The GPU milli that placing `d` on `set` of node `n` strands: free milli
+/// on GPUs that some single-GPU shape of the mix fits, but none within the
+/// node's free CPU and memory, after the placement less before it (0 when
+/// it strands less).
+///
+/// FGD counts a node too short of CPU or memory for a shape as fragmented
+/// for it, but weighs that by the shape's share of the mix and folds it into
+/// a score quantised to 0..=100, beside losses that leave the GPUs usable:
+/// taking a node's last CPU beside GPUs that still have room can score as
+/// well as, or better than, a placement that keeps them reachable, and the
+/// milli left behind are then lost to every later task. Charging that milli
+/// outright, ahead of FGD's score, sends the task where the node's CPU and
+/// memory still reach its free GPUs.
+fn stranding_charge(w: &Compiled, n: &Node, d: &Demand, set: GpuSet) -> i64 {
+    let after = n.gpus.iter().enumerate().map(|(j, g)| {
+        let mut g = *g;
+        if set & (1 << j) != 0 {
+            apply(std::slice::from_mut(&mut g), d.kind, 1);
+        }
+        g
+    });
+    let now = stranded(
+        w,
+        n.cpu_free - d.cpu_milli,
+        n.memory_free - d.memory_mib,
+        after,
+    );
+    if now == 0 {
+        return 0;
+    }
+    let before = stranded(w, n.cpu_free, n.memory_free, n.gpus.iter().copied());
+    now.saturating_sub(before) as i64
+}
+
+/// Free milli on GPUs whose hole some single-GPU shape of the mix fits, but
+/// none within `cpu_free` and `memory_free`.
+fn stranded(w: &Compiled, cpu_free: u64, memory_free: u64, gpus: impl Iterator<Item = Gpu>) -> u64 {
+    let mut out = 0;
+    for g in gpus.filter(|g| g.milli_free > 0) {
+        let mut hole = false;
+        let mut reached = false;
+        for s in &w.shapes {
+            let fits = if s.whole {
+                s.count == 1 && g.fits_whole(s.models)
+            } else {
+                g.fits_frac(s.milli, s.vram, s.models)
+            };
+            if fits {
+                hole = true;
+                if s.cpu <= cpu_free && s.memory <= memory_free {
+                    reached = true;
+                    break;
+                }
+            }
+        }
+        if hole && !reached {
+            out += u64::from(g.milli_free);
+        }
+    }
+    out
 }
 
 /// Cost of `milli` on `g` against the best packing, in thousandths of a GPU
@@ -187,13 +290,16 @@ mod tests {
     fn the_engine_orders_candidates_exactly_like_the_key() {
         let mut keys = Vec::new();
         for neg_packing_cost_milli in [-1_500, -3, -1, 0, 2] {
-            for fgd_score in [0, 1, 49, 50, FGD_SCORE_MAX] {
-                for tiebreak in [-2.5, -0.0, 0.0, 1e-9, 300.25] {
-                    keys.push(Key {
-                        neg_packing_cost_milli,
-                        fgd_score,
-                        tiebreak,
-                    });
+            for neg_strand_milli in [-STRAND_MILLI_MAX, -8_000, -1, 0] {
+                for fgd_score in [0, 1, 49, 50, FGD_SCORE_MAX] {
+                    for tiebreak in [-2.5, -0.0, 0.0, 1e-9, 300.25] {
+                        keys.push(Key {
+                            neg_packing_cost_milli,
+                            neg_strand_milli,
+                            fgd_score,
+                            tiebreak,
+                        });
+                    }
                 }
             }
         }
@@ -208,15 +314,88 @@ mod tests {
     fn a_cheaper_slice_wins_whatever_fgd_says() {
         let cheap = Key {
             neg_packing_cost_milli: -1,
+            neg_strand_milli: -STRAND_MILLI_MAX,
             fgd_score: 0,
             tiebreak: 0.0,
         };
         let dear = Key {
             neg_packing_cost_milli: -2,
+            neg_strand_milli: 0,
             fgd_score: FGD_SCORE_MAX,
             tiebreak: 1e9,
         };
         assert!(cheap > dear);
         assert_eq!(engine_order(cheap, dear), Some(std::cmp::Ordering::Greater));
+    }
+
+    use crate::model::{GpuDemand, GpuSpec, NodeSpec, Request, SharingMode};
+    use crate::policy::Fgd;
+    use crate::shape_mix::Shape;
+    use crate::Engine;
+
+    fn slice_shape(cpu_milli: u64, weight: f64) -> Shape {
+        Shape {
+            cpu_milli,
+            memory_mib: 0,
+            gpu: GpuDemand::Fraction {
+                milli: 500,
+                vram_gb: 0,
+            },
+            models: Vec::new(),
+            weight,
+        }
+    }
+
+    /// Node `a`: one GPU with 500 milli free and 6,500 CPU; node `b`: four
+    /// GPUs with 500 milli free each and 8,000 CPU. Slices of 500 milli ask
+    /// for 4,000 or 1,000 CPU.
+    fn engine_of(policy: Box<dyn Policy>, seed: u64) -> Engine {
+        let gpu = GpuSpec {
+            model: "T4".into(),
+            vram_gb: 16,
+            mode: SharingMode::VGpu,
+        };
+        let nodes = [
+            NodeSpec::uniform("a", "z", 6_500, 1 << 20, 1, gpu.clone()),
+            NodeSpec::uniform("b", "z", 8_000, 1 << 20, 4, gpu),
+        ];
+        let mut e = Engine::new(Cluster::new(&nodes), policy, seed);
+        for (i, gpus) in [(0, 1), (1, 4)] {
+            for j in 0..gpus {
+                let d = e.cluster().demand(&Request::fraction(500, 0, 0, 0));
+                e.cluster_mut().allocate(i, &d, 1 << j).unwrap();
+            }
+        }
+        e
+    }
+
+    #[test]
+    fn a_task_does_not_take_the_cpu_its_node_needs_to_reach_its_free_gpus() {
+        let mix = ShapeMix {
+            shapes: vec![
+                slice_shape(4_000, 0.4),
+                slice_shape(1_000, 0.4),
+                Shape {
+                    gpu: GpuDemand::None,
+                    ..slice_shape(6_000, 0.2)
+                },
+            ],
+        };
+        let task = Request::cpu_only(6_000, 0);
+        let chosen = |e: &mut Engine| {
+            let (d, _) = e.schedule(&task).unwrap();
+            e.cluster().node(d.node).id.clone()
+        };
+        for seed in 0..8 {
+            // On `a` the task leaves 500 CPU: its 500 free milli fit a
+            // slice of either shape, but neither slice's CPU, and stay idle.
+            // On `b` it leaves 2,000: the 1,000-CPU slices still reach its
+            // 2,000 free milli. FGD loses less of its measure on `a` (40
+            // against 31) and sends the task there.
+            let mut fgd = engine_of(Box::new(Fgd::new(mix.clone())), seed);
+            assert_eq!(chosen(&mut fgd), "a", "FGD, seed {seed}");
+            let mut leasehold = engine_of(Box::new(Leasehold::new(mix.clone())), seed);
+            assert_eq!(chosen(&mut leasehold), "b", "seed {seed}");
+        }
     }
 }
