@@ -11,8 +11,9 @@ use uuid::Uuid;
 
 use super::spot::NoZone;
 use super::{
-    lease_event, notice_event, placement_events, plan_preemption, quota_breach, reserve_for,
-    why_pending, Decisions, FleetView, Lease, PlannedFleet, Rules, State, Status, EXACT_POSITIONS,
+    lease_event, notice_event, placement_events, plan_gang_preemption, plan_preemption,
+    quota_breach, reserve_for, why_pending, Decisions, FleetView, Lease, PlannedFleet, Rules,
+    State, Status, EXACT_POSITIONS,
 };
 use crate::planner::{self, Chosen, Planner};
 
@@ -370,23 +371,32 @@ impl State {
             return None;
         }
         let (now, rules) = (pass.now, pass.rules);
-        let plan = plan_preemption(self, &pass.planned, lease, now, rules)?;
+        let (nodes, victims) = if pass.planner().spans_nodes(lease.shape()) {
+            let plan = plan_gang_preemption(self, &pass.planned, lease, now, rules)?;
+            (plan.nodes, plan.victims)
+        } else {
+            let plan = plan_preemption(self, &pass.planned, lease, now, rules)?;
+            (vec![plan.node_id], plan.victims)
+        };
         let deadline = now + rules.preemption_notice;
-        for victim in &plan.victims {
+        for victim in &victims {
             let v = &self.leases[victim];
-            let notice = notice_event(Some(lease), v, &plan.node_id, deadline, now);
+            let on = v.node_id.as_deref().unwrap_or(&nodes[0]);
+            let notice = notice_event(Some(lease), v, on, deadline, now);
             pass.out.push(vec![(
                 notice,
                 Expect::LastSubjectSequence(v.subject_sequence),
             )]);
         }
         // The victims' GPUs and the free ones go to this lease.
-        reserve_for(&mut pass.planned, &plan.node_id, lease);
+        for node in &nodes {
+            reserve_for(&mut pass.planned, node, lease);
+        }
         pass.synced = false;
         Some(format!(
             "preempting {} spot lease(s) on {}; their notice ends {}",
-            plan.victims.len(),
-            plan.node_id,
+            victims.len(),
+            nodes.join(", "),
             deadline.to_rfc3339()
         ))
     }

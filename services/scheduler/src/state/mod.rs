@@ -64,7 +64,7 @@ pub use emit::Decisions;
 pub use lease::{Lease, Status, Tenant};
 pub use liveness::{Heard, MAX_UNREGISTERED_NODES_HEARD};
 pub use planned_fleet::{FleetView, PlannedFleet};
-pub use preempt::{plan_preemption, PreemptionPlan};
+pub use preempt::{plan_gang_preemption, plan_preemption, GangPreemptionPlan, PreemptionPlan};
 pub use rules::{Rules, EXACT_POSITIONS, MAX_VICTIMS_PER_NODE, MILLI_PER_GPU};
 pub use spot::{recovered_id, SpotStats, MAX_PENDING_RECOVERIES, MAX_SPOT_MARKETS};
 

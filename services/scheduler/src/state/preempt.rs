@@ -1,6 +1,6 @@
 //! Preemption: which spot leases an on-demand lease may evict.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use lh_events::{GpuHealth, Isolation};
@@ -111,4 +111,122 @@ pub fn plan_preemption(
         }
     }
     best
+}
+
+/// What one node can give a gang: its id, the GPUs it gives, and the
+/// victims that takes.
+type NodeOffer<'a> = (String, u32, Vec<&'a Lease>);
+
+/// Spot leases to evict so that a gang (`lease`, more GPUs than a node
+/// holds) fits in one region: on each node its free GPUs, or all that
+/// evicting every spot lease old enough frees there. Nodes that need no
+/// eviction come first, then the cheapest per GPU gained, until the gang
+/// fits; the region whose set costs least (GPUs evicted, then work lost)
+/// wins. A victim that spans nodes is evicted once, and all its GPUs
+/// count against the set.
+pub fn plan_gang_preemption(
+    state: &State,
+    planned: &impl FleetView,
+    lease: &Lease,
+    now: DateTime<Utc>,
+    rules: &Rules,
+) -> Option<GangPreemptionPlan> {
+    let needs_isolation = state.needs_isolation(lease);
+    let evictable = |v: &Lease| {
+        !v.is_on_demand()
+            && v.preemption_deadline.is_none()
+            && !v.stop_requested
+            && v.started_at
+                .is_some_and(|s| now - s >= rules.preemption_min_runtime)
+    };
+    let mut regions: BTreeMap<&str, Vec<NodeOffer>> = BTreeMap::new();
+    for node in planned.nodes().filter(|n| {
+        n.is_schedulable()
+            && (!needs_isolation || n.isolation == Isolation::Container)
+            && lease.may_run_in(&n.zone)
+    }) {
+        let of_model: Vec<_> = node
+            .gpus
+            .iter()
+            .filter(|g| g.model == lease.gpu_model && !g.mig && g.health == GpuHealth::Healthy)
+            .collect();
+        let free = of_model.iter().filter(|g| g.is_free()).count() as u32;
+        let mut victims: Vec<&Lease> = Vec::new();
+        let mut freed = 0;
+        let holders: BTreeSet<Uuid> = of_model.iter().filter_map(|g| g.held_by).collect();
+        for id in holders {
+            let Some(v) = state.leases.get(&id).filter(|v| evictable(v)) else {
+                continue;
+            };
+            if victims.len() == MAX_VICTIMS_PER_NODE {
+                break;
+            }
+            freed += of_model.iter().filter(|g| g.held_by == Some(id)).count() as u32;
+            victims.push(v);
+        }
+        regions
+            .entry(lh_domain::spot::region_of(&node.zone))
+            .or_default()
+            .push((node.id.clone(), free + freed, victims));
+    }
+    let mut best: Option<GangPreemptionPlan> = None;
+    for mut nodes in regions.into_values() {
+        let cost_of = |victims: &[&Lease]| -> (u32, i64) {
+            victims.iter().fold((0, 0), |(gpus, lost), v| {
+                let ran = v.started_at.map_or(0, |s| (now - s).num_seconds());
+                (gpus + v.gpus, lost + i64::from(v.gpus) * ran)
+            })
+        };
+        // Cheapest per GPU gained first (GPUs evicted, then work lost),
+        // then the node that gives most, then the node id.
+        nodes.retain(|(_, gives, _)| *gives > 0);
+        let per_gpu = |(_, gives, victims): &NodeOffer| {
+            let (gpus, lost) = cost_of(victims);
+            let gives = f64::from(*gives);
+            (f64::from(gpus) / gives, lost as f64 / gives)
+        };
+        nodes.sort_by(|a, b| {
+            per_gpu(a)
+                .partial_cmp(&per_gpu(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.1.cmp(&a.1))
+                .then(a.0.cmp(&b.0))
+        });
+        let mut gpus = 0;
+        let mut chosen = Vec::new();
+        let mut victims: BTreeMap<Uuid, &Lease> = BTreeMap::new();
+        for (node, gives, node_victims) in nodes {
+            if gpus >= lease.gpus {
+                break;
+            }
+            gpus += gives;
+            chosen.push(node);
+            victims.extend(node_victims.into_iter().map(|v| (v.id, v)));
+        }
+        if gpus < lease.gpus || victims.is_empty() {
+            continue;
+        }
+        let victims: Vec<&Lease> = victims.into_values().collect();
+        let plan = GangPreemptionPlan {
+            nodes: chosen,
+            victims: victims.iter().map(|v| v.id).collect(),
+            cost: cost_of(&victims),
+        };
+        if best
+            .as_ref()
+            .is_none_or(|b| (plan.cost, &plan.nodes) < (b.cost, &b.nodes))
+        {
+            best = Some(plan);
+        }
+    }
+    best
+}
+
+/// Spot leases to evict so that a gang fits, and the nodes it would go to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GangPreemptionPlan {
+    pub nodes: Vec<String>,
+    pub victims: Vec<Uuid>,
+    /// `(GPUs evicted, GPU-seconds of work the victims lose)`.
+    pub cost: (u32, i64),
 }

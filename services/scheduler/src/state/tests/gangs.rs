@@ -303,3 +303,78 @@ fn a_gang_goes_to_nodes_that_declare_one_fabric() {
     assert_eq!(members, ["c", "d"]);
     assert_eq!(s.fleet.nodes["e"].fabric, None);
 }
+
+#[test]
+fn an_on_demand_gang_preempts_spot_leases_on_as_many_nodes_as_it_needs() {
+    let (t, now) = (Uuid::from_u128(1), Utc::now());
+    let (s1, s2, s3, gang) = (
+        Uuid::from_u128(2),
+        Uuid::from_u128(3),
+        Uuid::from_u128(4),
+        Uuid::from_u128(5),
+    );
+    // a and b each held whole by a spot lease, c by two halves of spot:
+    // the gang of 16 takes the cheapest two nodes' worth.
+    let mut s = given(vec![
+        node("a", 8),
+        node("b", 8),
+        node("c", 8),
+        tenant(t, 100),
+    ]);
+    for (i, (lease, gpus)) in [(s1, 8), (s2, 8), (s3, 8)].into_iter().enumerate() {
+        s.apply(
+            10_000 + i as u64,
+            &env(request_full(lease, t, gpus, Tier::Spot, 0)),
+        );
+    }
+    settle(&mut s, now, &Rules::default());
+    let mut seq = 20_000;
+    for lease in [s1, s2, s3] {
+        seq += 1;
+        s.apply(seq, &env(started(lease, now - Duration::minutes(30))));
+    }
+    // s3 ran longest: evicting it loses the most work.
+    s.apply(seq + 1, &env(started(s3, now - Duration::hours(5))));
+    s.apply(30_000, &env(request(gang, t, 16)));
+    let d = decide_at(&s, now, &Rules::default());
+    let mut noticed: Vec<Uuid> = events_of(&d)
+        .into_iter()
+        .filter_map(|e| match e {
+            EventData::LeasePreemptionNoticed(n) => Some(n.lease_id),
+            _ => None,
+        })
+        .collect();
+    noticed.sort();
+    assert_eq!(noticed, [s1, s2], "the two that lose least");
+    let reason = events_of(&d)
+        .into_iter()
+        .find_map(|e| match e {
+            EventData::LeaseQueued(q) if q.lease_id == gang => Some(q.reason.clone()),
+            _ => None,
+        })
+        .expect("it waits for its victims");
+    let on: Vec<String> = [s1, s2].iter().map(|v| where_is(&s, *v).0).collect();
+    assert!(
+        reason.contains(&format!("on {}, {}", on[0], on[1]))
+            || reason.contains(&format!("on {}, {}", on[1], on[0])),
+        "{reason}"
+    );
+    for batch in &d.batches {
+        for (e, _) in batch {
+            s.apply(40_000, e);
+        }
+    }
+    for victim in [s1, s2] {
+        s.apply(50_000, &env(ended(victim)));
+    }
+    settle(&mut s, now, &Rules::default());
+    let mut members: Vec<String> = s.fleet.gang_members[&gang]
+        .iter()
+        .map(|(n, _)| n.clone())
+        .chain([where_is(&s, gang).0])
+        .collect();
+    members.sort();
+    let mut freed = on.clone();
+    freed.sort();
+    assert_eq!(members, freed);
+}
