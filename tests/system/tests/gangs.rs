@@ -102,7 +102,7 @@ async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
         &stack,
         &key,
         8,
-        "echo $RANK/$WORLD_SIZE $LOCAL_RANK $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT; sleep $((1 + 3 * NODE_RANK))",
+        "echo $RANK/$WORLD_SIZE $LOCAL_RANK $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT; sleep $((1 + 3 * NODE_RANK)); echo done-$RANK",
     )
     .await;
     let running = stack
@@ -129,13 +129,20 @@ async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
         let log = log_of(&stack, &key, &echo, node).await;
         assert_eq!(log["node_id"], *node);
         assert_eq!(log["members"], json!(nodes), "{log}");
-        let expected: Vec<String> = (0..4)
-            .map(|local| format!("{}/8 {local} {rank}/2 {master}:{port}", rank * 4 + local))
+        let mut expected: Vec<String> = (0..4)
+            .flat_map(|local| {
+                let r = rank * 4 + local;
+                [
+                    format!("{r}/8 {local} {rank}/2 {master}:{port}"),
+                    format!("done-{r}"),
+                ]
+            })
             .collect();
+        expected.sort();
         assert_eq!(lines(&log), expected, "node {node}");
         all.extend(lines(&log));
     }
-    assert_eq!(all.len(), 8);
+    assert_eq!(all.len(), 16);
     // A node that is no member has no part to read.
     let (s, p) = stack
         .call(
@@ -268,7 +275,9 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
 
     // node-a idles at once; node-b works on: the gang is not idle.
     let busy_until = agents_started + Duration::from_secs(B_IDLE_AFTER_SECS - 2);
+    let mut checks = 0;
     while std::time::Instant::now() < busy_until {
+        checks += 1;
         let (s, l) = stack
             .call(Method::GET, &format!("/v1/leases/{lease}"), &key, None)
             .await;
@@ -276,6 +285,10 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
         assert_eq!(l["state"], "running", "reclaimed while node-b worked: {l}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    assert!(
+        checks >= 4,
+        "the gang ran too late to check: {checks} checks"
+    );
     // Then node-b idles too, and the gang is stopped whole.
     let ended = stack
         .wait_lease(&key, &lease, |l| l["state"] == "ended")

@@ -38,9 +38,18 @@ use watch::Observation;
 /// keeps the scheduler off its slots this long at most after it is made.
 pub const MAX_MIG_READ_EVERY_SECS: u64 = 600;
 
-/// How much older than its idle window a gang member's idle report may be
-/// and still speak for the member (usage samples and the relay between).
+/// How often a gang's later member renews its report while its GPUs stay
+/// idle, at most (a shorter idle window renews each window).
+pub const GANG_IDLE_RENEW_SECS: u64 = 30;
+
+/// How much older than its renewal a gang member's idle report may be and
+/// still speak for the member (usage samples and the relay between).
 pub const GANG_IDLE_REPORT_SLACK_SECS: u64 = 60;
+
+/// How often a gang's later member renews its idle report.
+fn gang_idle_renew(window: Duration) -> Duration {
+    window.min(Duration::from_secs(GANG_IDLE_RENEW_SECS))
+}
 
 /// What the agent knows and does about its GPUs between events.
 pub struct GpuSide {
@@ -430,9 +439,9 @@ impl GpuSide {
 
     /// True when the lease is to be suspended.
     ///
-    /// A gang's later member renews its report each window, so a report
-    /// more than a window old (and this slack, for the samples and the
-    /// relay between) is from a stretch that has ended.
+    /// A gang's later member renews its report while its GPUs stay idle
+    /// ([`GANG_IDLE_RENEW_SECS`]), so an older report (past the slack, for
+    /// the samples and the relay between) is from a stretch that has ended.
     fn idle(
         &self,
         out: &mut Judgement,
@@ -444,6 +453,11 @@ impl GpuSide {
         let Some(lease) = state.leases.get_mut(&usage.lease_id) else {
             return false;
         };
+        // The first member of a gang whose own part completed waits for
+        // the others: its GPUs are idle since, and it still judges the gang.
+        let first_part_done = lease.gang.as_ref().is_some_and(|g| g.is_first())
+            && !lease.stopping
+            && lease.exit.and_then(|e| e.code) == Some(0);
         // NVML reads no utilisation on a GPU in MIG mode: a MIG lease would
         // always look idle, so it is not judged.
         if lease.gpus.iter().any(|g| g.mig_instance.is_some())
@@ -451,7 +465,7 @@ impl GpuSide {
             || lease.suspend_requested
             // Its workload is gone: its end is being decided, and a lease
             // held for a GPU fault reads idle without being so.
-            || lease.exit.is_some()
+            || (lease.exit.is_some() && !first_part_done)
         {
             return false;
         }
@@ -466,7 +480,10 @@ impl GpuSide {
             // what it sees, renewed each window while it lasts, and acts
             // on nothing.
             Some(part) if !part.is_first() => {
-                let Some((idle_since, windows)) = lease.idle.observe_renewing(usage, window, at)
+                let Some((idle_since, windows)) =
+                    lease
+                        .idle
+                        .observe_renewing(usage, window, gang_idle_renew(window), at)
                 else {
                     return false;
                 };
@@ -489,16 +506,30 @@ impl GpuSide {
                 return false;
             }
             // The first member, once its own GPUs have idled a window and
-            // every other member's report is fresh.
+            // every other member's part has completed or reported its GPUs
+            // idle lately.
             Some(part) => {
-                let Some(idle_since) = lease.idle.ripe(usage, window, at) else {
+                let own = if first_part_done {
+                    let since = lease.exit_heard_at(at);
+                    let held = (at - since).to_std().unwrap_or_default();
+                    (held >= window && !lease.idle.reported()).then_some(since)
+                } else {
+                    lease.idle.ripe(usage, window, at)
+                };
+                let Some(idle_since) = own else {
                     return false;
                 };
-                let fresh_for = window + Duration::from_secs(GANG_IDLE_REPORT_SLACK_SECS);
+                let slack = Duration::from_secs(GANG_IDLE_REPORT_SLACK_SECS);
+                let fresh_for = gang_idle_renew(window) + slack;
                 let fresh = |node: &str| {
-                    lease.members_idle.get(node).is_some_and(|&reported| {
-                        (at - reported.min(at)).to_std().unwrap_or_default() <= fresh_for
-                    })
+                    lease.members_completed.contains(node)
+                        || lease.members_idle.get(node).is_some_and(|&reported| {
+                            // A report from ahead of this node's clock by
+                            // more than the slack speaks for nothing.
+                            let ahead = (reported - at).to_std().unwrap_or_default();
+                            let age = (at - reported).to_std().unwrap_or_default();
+                            ahead <= slack && age <= fresh_for
+                        })
                 };
                 if !part.others().all(fresh) {
                     return false;

@@ -59,28 +59,34 @@ impl IdleWatch {
         self.reported = true;
     }
 
-    /// Judges one usage figure; `Some((idle_since, k))` each time the
-    /// stretch reaches its k-th whole window: a report that stays fresh
-    /// only while the stretch lasts.
+    /// Judges one usage figure; once the stretch has lasted `window`,
+    /// `Some((idle_since, k))` for its k-th report, one each `renew` after
+    /// the first: a report that stays fresh only while the stretch lasts.
     pub(crate) fn observe_renewing(
         &mut self,
         usage: &LeaseUsage,
         window: Duration,
+        renew: Duration,
         now: DateTime<Utc>,
     ) -> Option<(DateTime<Utc>, u32)> {
         let since = self.track(usage, now)?;
         let held = (now - since).to_std().unwrap_or_default();
-        let windows = u32::try_from(
-            held.as_secs()
-                .checked_div(window.as_secs().max(1))
-                .unwrap_or(0),
-        )
-        .unwrap_or(u32::MAX);
-        if windows == 0 || windows <= self.renewed {
+        let Some(past) = held.checked_sub(window) else {
+            return None;
+        };
+        let reports = u32::try_from(past.as_secs() / renew.as_secs().max(1))
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        if reports <= self.renewed {
             return None;
         }
-        self.renewed = windows;
-        Some((since, windows))
+        self.renewed = reports;
+        Some((since, reports))
+    }
+
+    /// Whether this stretch was reported.
+    pub(crate) fn reported(&self) -> bool {
+        self.reported
     }
 
     /// The stretch's start after one usage figure; `None` when the figure
@@ -150,27 +156,21 @@ mod tests {
     }
 
     #[test]
-    fn a_renewing_report_comes_each_whole_window_while_the_stretch_lasts() {
+    fn a_renewing_report_comes_after_the_window_then_each_renewal_while_it_lasts() {
         let window = Duration::from_secs(300);
+        let renew = Duration::from_secs(30);
         let mut w = IdleWatch::default();
-        assert_eq!(w.observe_renewing(&usage(0), window, t(0)), None);
-        assert_eq!(w.observe_renewing(&usage(0), window, t(299)), None);
-        assert_eq!(
-            w.observe_renewing(&usage(0), window, t(300)),
-            Some((t(0), 1))
-        );
-        assert_eq!(w.observe_renewing(&usage(0), window, t(599)), None);
-        assert_eq!(
-            w.observe_renewing(&usage(0), window, t(601)),
-            Some((t(0), 2))
-        );
+        let mut at = |util: u32, s: i64| w.observe_renewing(&usage(util), window, renew, t(s));
+        assert_eq!(at(0, 0), None);
+        assert_eq!(at(0, 299), None);
+        assert_eq!(at(0, 300), Some((t(0), 1)));
+        assert_eq!(at(0, 329), None);
+        assert_eq!(at(0, 331), Some((t(0), 2)));
+        assert_eq!(at(0, 360), Some((t(0), 3)));
         // Work ends the stretch: nothing until a new one lasts a window.
-        assert_eq!(w.observe_renewing(&usage(4), window, t(700)), None);
-        assert_eq!(w.observe_renewing(&usage(0), window, t(701)), None);
-        assert_eq!(
-            w.observe_renewing(&usage(0), window, t(1_001)),
-            Some((t(701), 1))
-        );
+        assert_eq!(at(4, 400), None);
+        assert_eq!(at(0, 401), None);
+        assert_eq!(at(0, 701), Some((t(401), 1)));
         // `ripe` says so without reporting; `report` does.
         let mut w = IdleWatch::default();
         w.ripe(&usage(0), window, t(0));

@@ -281,6 +281,15 @@ impl NodeState {
         let Ok(s) = serde_json::from_value::<StateSnapshot>(state) else {
             return false;
         };
+        // A gang's part from before parts named their members' nodes: the
+        // fold of the log names them again.
+        if s.leases
+            .values()
+            .filter_map(|l| l.gang.as_ref())
+            .any(|g| g.node_ids.len() != g.members.len())
+        {
+            return false;
+        }
         self.registered = s.registered;
         self.registered_sequence = s.registered_sequence;
         self.waiting = s.waiting;
@@ -424,7 +433,9 @@ impl NodeState {
                         l.application_fault = true
                     }
                     EventData::LeaseStopRequested(_) => l.stop_requested = true,
-                    EventData::LeaseMemberCompleted(e) if l.gang.is_some() => {
+                    EventData::LeaseMemberCompleted(e)
+                        if l.gang.is_some() && sequence > l.placement_sequence =>
+                    {
                         l.members_completed.insert(e.node_id.clone());
                     }
                     EventData::LeaseEnded(_) => l.ended = true,
@@ -525,6 +536,18 @@ impl NodeState {
             // A workload that finished on its own before the suspension
             // ends the lease as usual.
             let exited_by_itself = lease.exit.is_some() && !lease.stopping;
+            // A gang's later part that ran and completed before its start
+            // was on the log: the start is told first, then the completion
+            // (the gang waits for both).
+            if lease.follows()
+                && !lease.started
+                && exited_by_itself
+                && lease.exit.and_then(|e| e.code) == Some(0)
+                && !ending
+            {
+                steps.push(LeaseStep::Start { lease_id });
+                continue;
+            }
             if suspending && !exited_by_itself {
                 // A gang's suspension is its first member's to report.
                 if lease.follows() {

@@ -854,3 +854,22 @@ fn a_gang_is_suspended_by_its_first_members_report_and_by_that_member_alone() {
         }]
     );
 }
+
+#[test]
+fn a_later_part_done_before_its_start_was_on_the_log_reports_the_start_first() {
+    let mut state = gang_member();
+    state.leases.get_mut(&lease_id()).unwrap().exit = exited(0);
+    assert_eq!(
+        state.decide(t(1)),
+        [LeaseStep::Start {
+            lease_id: lease_id()
+        }]
+    );
+    when(&mut state, 11, started_on(NODE));
+    assert_eq!(
+        state.decide(t(2)),
+        [LeaseStep::PartCompleted {
+            lease_id: lease_id()
+        }]
+    );
+}

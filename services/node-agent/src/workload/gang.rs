@@ -32,11 +32,12 @@ pub const MASTER_PORTS: u16 = 1_000;
 /// every second for one that has ended: a zombie in `/proc` (its state
 /// follows the last `)` of its stat line, as a process may name itself
 /// with spaces and parentheses), or one already reaped (gone from
-/// `/proc`), whose status `wait` still gives. Once ending,
-/// it tells those left again each second: a child forked but not yet
-/// running its command when the first TERM came ran the launcher's own
-/// trap instead, and would otherwise run on.
-pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""; ending=""
+/// `/proc`), whose status `wait` still gives. Once ending, it tells those
+/// left once more a round later: a child forked but not yet running its
+/// command when the first TERM came ran the launcher's own trap instead,
+/// and would otherwise run on; one more TERM, not a stream of them, so
+/// that a process saving its state on the first is not cut short.
+pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""; ending=""; told=""
 trap 'ending=1; kill -TERM $pids 2>/dev/null' TERM INT
 while [ "$i" -lt "$n" ]; do
   LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &
@@ -50,13 +51,15 @@ while [ -n "$left" ]; do
     st=${s##*) }; st=${st%% *}
     if [ -z "$s" ] || [ "$st" = Z ]; then
       wait "$p"; s=$?
-      if [ "$s" -ne 0 ] && [ "$status" -eq 0 ]; then status=$s; ending=1; fi
+      if [ "$s" -ne 0 ] && [ "$status" -eq 0 ]; then status=$s; ending=1; kill -TERM $pids 2>/dev/null; fi
     else
       still="$still $p"
     fi
   done
   left=$still
-  if [ -n "$ending" ] && [ -n "$left" ]; then kill -TERM $left 2>/dev/null; fi
+  if [ -n "$ending" ] && [ -z "$told" ] && [ -n "$left" ]; then
+    if [ "$ending" = again ]; then kill -TERM $left 2>/dev/null; told=1; else ending=again; fi
+  fi
   if [ -n "$left" ]; then sleep 1; fi
 done
 exit "$status""#;
