@@ -71,9 +71,7 @@ impl IdleWatch {
     ) -> Option<(DateTime<Utc>, u32)> {
         let since = self.track(usage, now)?;
         let held = (now - since).to_std().unwrap_or_default();
-        let Some(past) = held.checked_sub(window) else {
-            return None;
-        };
+        let past = held.checked_sub(window)?;
         let reports = u32::try_from(past.as_secs() / renew.as_secs().max(1))
             .unwrap_or(u32::MAX)
             .saturating_add(1);
