@@ -132,7 +132,10 @@ pub(crate) fn named_member(lease: &Lease, node: Option<&str>) -> Result<Option<S
         .iter()
         .map(|m| m.node_id.as_str())
         .collect();
-    if members.contains(&node) {
+    // A lease on one node names it as its only member.
+    if members.contains(&node)
+        || (members.is_empty() && lease.view.node_id.as_deref() == Some(node))
+    {
         return Ok(Some(node.to_string()));
     }
     Err(ApiError::unprocessable(

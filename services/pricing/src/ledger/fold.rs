@@ -276,6 +276,10 @@ pub(super) struct Watched {
     /// it is down until every one has, as it is billed from then.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) members_to_start: Vec<String>,
+    /// The latest start of those members so far: the gang runs again from
+    /// the last of them, whatever order the log holds them in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) members_started_by: Option<DateTime<Utc>>,
 }
 
 impl Ledger {
@@ -305,21 +309,26 @@ impl Ledger {
             EventData::LeasePlaced(e) => {
                 if let Some(w) = self.leases.get_mut(&e.lease_id) {
                     w.members_to_start = e.members.iter().map(|m| m.node_id.clone()).collect();
+                    w.members_started_by = None;
                 }
             }
             EventData::LeaseStarted(e) => {
                 let down = self.leases.get_mut(&e.lease_id).and_then(|w| {
+                    let mut up_at = e.started_at;
                     if !w.members_to_start.is_empty() {
                         w.members_to_start.retain(|n| *n != e.node_id);
+                        let latest = w.members_started_by.map_or(up_at, |at| at.max(up_at));
+                        w.members_started_by = Some(latest);
                         if !w.members_to_start.is_empty() {
                             return None;
                         }
+                        up_at = latest;
                     }
                     let since = w.down_since.take()?;
-                    Some((w.tenant_id?, since))
+                    Some((w.tenant_id?, since, up_at))
                 });
-                if let Some((tenant, since)) = down {
-                    self.record_down(tenant, e.lease_id, since, e.started_at);
+                if let Some((tenant, since, up_at)) = down {
+                    self.record_down(tenant, e.lease_id, since, up_at);
                 }
             }
             EventData::LeaseEnded(e) => {

@@ -286,7 +286,8 @@ fn a_lost_node_below_the_sla_earns_a_credit_on_the_next_invoice() {
 #[test]
 fn a_gang_is_down_until_its_last_member_starts_again() {
     // A gang of two down at 00:00 (a member's node lost), placed again on
-    // n2 and n3: n2 starts at 01:00, n3 at 03:00. Down 3 hours, not 1.
+    // n2 and n3: n2 starts at 03:00, n3 at 01:00, in that order on the
+    // log. Down 3 hours, not 1.
     let mut ledger = Ledger::new(chrono::Duration::zero());
     let request = lh_events::fixtures::whole_request(LEASE, TENANT, 16, lh_events::fixtures::MODEL);
     let migrated = lh_events::LeaseMigrated {
@@ -317,12 +318,12 @@ fn a_gang_is_down_until_its_last_member_starts_again() {
         lease_event(EventData::LeaseStarted(lh_events::fixtures::started(
             LEASE,
             "n2",
-            at("2026-11-10T01:00:00Z"),
+            at("2026-11-10T03:00:00Z"),
         ))),
         lease_event(EventData::LeaseStarted(lh_events::fixtures::started(
             LEASE,
             "n3",
-            at("2026-11-10T03:00:00Z"),
+            at("2026-11-10T01:00:00Z"),
         ))),
     ]
     .iter()

@@ -152,6 +152,16 @@ impl SimNode {
         if self.busy_utilization_pct.is_some_and(|p| p > 100) {
             return Err("busy_utilization_pct must be within 0..=100".into());
         }
+        if let Some(fabric) = self
+            .fabric
+            .as_deref()
+            .filter(|f| !lh_events::fabric_label_is_valid(f))
+        {
+            return Err(format!(
+                "fabric {fabric:?} is no label: 1 to {} of ASCII letters, digits, '.', '_' and '-'",
+                lh_events::MAX_FABRIC_LABEL_BYTES
+            ));
+        }
         // The node offers what tenants can ask for, so its GPUs are
         // described by the catalogue the gateway and the scheduler check
         // against.
