@@ -1667,8 +1667,15 @@ async fn only_the_first_member_of_a_gang_keeps_its_workspace() {
         .await;
     assert_eq!(s, 202, "{lease}");
     let id = lease["id"].as_str().unwrap().to_string();
+    // Two containers to start on a loaded machine: more than a lease's
+    // usual wait.
     let running = stack
-        .wait_lease(&key, &id, |l| l["state"] == "running")
+        .wait_lease_within(
+            &key,
+            &id,
+            |l| l["state"] == "running",
+            Duration::from_secs(90),
+        )
         .await;
     let first = running["members"][0]["node_id"]
         .as_str()
@@ -1703,5 +1710,12 @@ async fn only_the_first_member_of_a_gang_keeps_its_workspace() {
         .call(Method::POST, &format!("/v1/leases/{id}/stop"), &key, None)
         .await;
     assert_eq!(s, 202, "{b}");
-    stack.wait_lease(&key, &id, |l| l["state"] == "ended").await;
+    stack
+        .wait_lease_within(
+            &key,
+            &id,
+            |l| l["state"] == "ended",
+            Duration::from_secs(90),
+        )
+        .await;
 }

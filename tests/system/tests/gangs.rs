@@ -291,7 +291,12 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
     );
     // Then node-b idles too, and the gang is stopped whole.
     let ended = stack
-        .wait_lease(&key, &lease, |l| l["state"] == "ended")
+        .wait_lease_within(
+            &key,
+            &lease,
+            |l| l["state"] == "ended",
+            Duration::from_secs(60),
+        )
         .await;
     assert_eq!(ended["end_reason"], "stopped", "{ended}");
     let log = read_log(&stack.bus().await).await;
