@@ -227,10 +227,19 @@ pub fn check_log(log: &[Stored], accepted: &[(Uuid, String)]) -> Report {
         .count();
     report.duplicated = requested.values().filter(|&&n| n > 1).count()
         + by_key.values().filter(|ids| ids.len() > 1).count();
-    report.charge_mismatch = ended
+    let mismatched: Vec<&Uuid> = ended
         .iter()
         .filter(|id| charges.get(id).copied().unwrap_or(0) != runs.billable(id))
-        .count();
+        .collect();
+    // Which, so that a failure under load says where.
+    for id in &mismatched {
+        println!(
+            "charges of lease {id}: {} on the log, {} owed",
+            charges.get(*id).copied().unwrap_or(0),
+            runs.billable(id)
+        );
+    }
+    report.charge_mismatch = mismatched.len();
     report
 }
 

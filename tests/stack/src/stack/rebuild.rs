@@ -54,11 +54,19 @@ impl Stack {
         )
         .await
         .expect("pricing's projection rebuilds");
-        gateway
+        let differing: Vec<_> = gateway
             .tables
             .iter()
             .chain(&pricing.tables)
             .filter(|c| c.live != c.rebuilt)
-            .count()
+            .collect();
+        // What differs, so that a failure under load says where.
+        for c in &differing {
+            println!(
+                "rebuild differs: {} live {:?} rebuilt {:?}",
+                c.table, c.live, c.rebuilt
+            );
+        }
+        differing.len()
     }
 }
