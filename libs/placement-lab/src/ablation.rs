@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use lh_placement::cluster::{Gpu, Node};
 use lh_placement::policy::frag_cache::{load, NodeCache, Scratch};
-use lh_placement::policy::{Policy, Scored};
+use lh_placement::policy::{stranded, Policy, Scored};
 use lh_placement::shape_mix::{apply, CShape, Compiled, Load, ShapeMix};
 use lh_placement::{Cluster, Demand, Kind, Rng};
 
@@ -497,33 +497,6 @@ fn gang_fill(gangs: &[CShape], l: &Load<'_>, memory: bool) -> f64 {
     fill
 }
 
-/// Free milli on GPUs whose hole some single-GPU shape of the mix fits, but
-/// none within the node's free CPU and memory.
-fn stranded(w: &Compiled, cpu_free: u64, memory_free: u64, gpus: &[Gpu]) -> u64 {
-    let mut out = 0;
-    for g in gpus.iter().filter(|g| g.milli_free > 0) {
-        let (mut hole, mut node) = (false, false);
-        for s in &w.shapes {
-            let fits = if s.whole {
-                s.count == 1 && g.fits_whole(s.models)
-            } else {
-                g.fits_frac(s.milli, s.vram, s.models)
-            };
-            if fits {
-                hole = true;
-                if s.cpu <= cpu_free && s.memory <= memory_free {
-                    node = true;
-                    break;
-                }
-            }
-        }
-        if hole && !node {
-            out += u64::from(g.milli_free);
-        }
-    }
-    out
-}
-
 fn untouched_big(n: &Node) -> bool {
     n.gpus.len() >= 8
         && n.cpu_free == n.cpu_total
@@ -796,12 +769,12 @@ impl Ablation {
         let score = if strands {
             let mut after = Scratch::of(n);
             apply(&mut after.gpus[..after.len], d.kind, set);
-            let before = stranded(w, n.cpu_free, n.memory_free, &n.gpus);
+            let before = stranded(w, n.cpu_free, n.memory_free, n.gpus.iter().copied());
             let now = stranded(
                 w,
                 n.cpu_free - d.cpu_milli,
                 n.memory_free - d.memory_mib,
-                &after.gpus[..after.len],
+                after.gpus[..after.len].iter().copied(),
             );
             // `score` is FGD's 0..=100 less 1,000 per thousandth of packing
             // cost: split it, and put the charge (whole milli, at most 8,000
@@ -901,17 +874,17 @@ mod tests {
         let w = Compiled::new(&mix, &cluster);
         let gpus = [gpu(530, 1), gpu(1000, 0), gpu(30, 2)];
         // Enough for everything: nothing stranded.
-        assert_eq!(stranded(&w, 64_000, 1 << 20, &gpus), 0);
+        assert_eq!(stranded(&w, 64_000, 1 << 20, gpus.iter().copied()), 0);
         // 4 cores: the 160 still fits both holes.
-        assert_eq!(stranded(&w, 4_000, 1 << 20, &gpus), 0);
+        assert_eq!(stranded(&w, 4_000, 1 << 20, gpus.iter().copied()), 0);
         // 3 cores: no shape fits the node, so both holes a shape fits are
         // stranded; the 30-milli hole fits no shape and is not counted.
-        assert_eq!(stranded(&w, 3_000, 1 << 20, &gpus), 1_530);
+        assert_eq!(stranded(&w, 3_000, 1 << 20, gpus.iter().copied()), 1_530);
         // Memory strands as CPU does.
-        assert_eq!(stranded(&w, 64_000, 512, &gpus), 1_530);
+        assert_eq!(stranded(&w, 64_000, 512, gpus.iter().copied()), 1_530);
         // 8 cores and 2 GiB: the 160 fits, the 470 (4 GiB) and the whole
         // GPU (12 cores) do not; the hole is still usable.
-        assert_eq!(stranded(&w, 8_000, 2_048, &gpus), 0);
+        assert_eq!(stranded(&w, 8_000, 2_048, gpus.iter().copied()), 0);
     }
 
     #[test]

@@ -245,7 +245,12 @@ fn stranding_charge(w: &Compiled, n: &Node, d: &Demand, set: GpuSet) -> i64 {
 
 /// Free milli on GPUs whose hole some single-GPU shape of the mix fits, but
 /// none within `cpu_free` and `memory_free`.
-fn stranded(w: &Compiled, cpu_free: u64, memory_free: u64, gpus: impl Iterator<Item = Gpu>) -> u64 {
+pub fn stranded(
+    w: &Compiled,
+    cpu_free: u64,
+    memory_free: u64,
+    gpus: impl Iterator<Item = Gpu>,
+) -> u64 {
     let mut out = 0;
     for g in gpus.filter(|g| g.milli_free > 0) {
         let mut hole = false;

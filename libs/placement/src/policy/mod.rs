@@ -12,7 +12,7 @@ pub mod frag_cache;
 mod leasehold;
 
 pub use fgd::Fgd;
-pub use leasehold::Leasehold;
+pub use leasehold::{stranded, Leasehold};
 
 /// Score of one candidate: compared as (`score`, `tiebreak`), higher wins.
 #[derive(Debug, Clone, Copy, PartialEq)]
