@@ -4,72 +4,24 @@
 //! the move yet), not as an attack, though the hold was read back from
 //! PostgreSQL in between. Real nats-server and PostgreSQL.
 
+mod common;
+
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::future::BoxFuture;
-use lh_bus::{Bus, BusConfig, Expect, Stored};
-use lh_events::{fixtures, subject, Actor, Envelope, EventData, LeaseMember, LeaseMigrated};
-use lh_projection::{Progress, Projector};
-use sqlx::migrate::Migrator;
-use sqlx::PgConnection;
-use tokio::sync::oneshot;
+use lh_bus::Expect;
+use lh_events::{fixtures, Actor, Envelope, EventData, LeaseMember, LeaseMigrated};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-static NO_MIGRATIONS: Migrator = Migrator::DEFAULT;
-
-/// Reads every lease event and keeps nothing: the runner's own tables are
-/// what this test looks at.
-struct Nothing;
-
-impl Projector for Nothing {
-    fn name(&self) -> &'static str {
-        "nothing"
-    }
-
-    fn filters(&self) -> &'static [&'static str] {
-        &[subject::LEASES_ALL]
-    }
-
-    fn apply<'c>(
-        &'c self,
-        _conn: &'c mut PgConnection,
-        _event: &'c Stored,
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
-}
+use common::Nothing;
 
 #[tokio::test]
 async fn a_former_members_late_report_is_stale_after_the_hold_was_read_back() {
-    let (nats, database_url) = lh_testkit::nats_and_database().await;
-    let bus = Bus::connect(&BusConfig::new(nats.url(), "projection-test"))
-        .await
-        .unwrap();
-    let pool = lh_projection::connect_schema(&database_url, "live")
-        .await
-        .unwrap();
-    lh_projection::migrate(&pool, &NO_MIGRATIONS).await.unwrap();
-    let (progress_tx, progress_rx) = oneshot::channel::<Progress>();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let run = {
-        let (bus, pool) = (bus.clone(), pool.clone());
-        tokio::spawn(async move {
-            lh_projection::run(
-                &bus,
-                &pool,
-                &Nothing,
-                async {
-                    let _ = stop_rx.await;
-                },
-                |progress| {
-                    let _ = progress_tx.send(progress);
-                },
-            )
-            .await
-        })
-    };
-    let progress = progress_rx.await.unwrap();
+    let (_nats, bus, database_url) = common::log_and_database().await;
+    let pool = common::schema(&database_url, "live").await;
+    let stop = CancellationToken::new();
+    let (progress, run) = common::spawn_run(&bus, &pool, Nothing, &stop).await;
     // Each event in a transaction of its own: the holds go through the
     // table between them.
     let publish = |envelope: Envelope| {
@@ -140,6 +92,6 @@ async fn a_former_members_late_report_is_stale_after_the_hold_was_read_back() {
     .await
     .unwrap();
     assert_eq!(reasons, ["stale_report", "not_authorized"]);
-    stop_tx.send(()).unwrap();
+    stop.cancel();
     run.await.unwrap().unwrap();
 }
