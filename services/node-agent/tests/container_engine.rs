@@ -344,6 +344,58 @@ async fn limits_of_processes_files_and_cpu_come_from_the_lease() {
     );
 }
 
+/// The memory cgroup `pid` is in (v1 `memory:` or the v2 line).
+fn memory_cgroup_of(pid: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let line = text
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+        })
+        .or_else(|| text.lines().find(|l| l.starts_with("0::")))?;
+    Some(line.rsplit(':').next()?.to_string())
+}
+
+#[tokio::test]
+async fn the_engine_s_monitor_is_not_under_the_lease_s_memory_limit() {
+    let node = Node::new();
+    let runtime = node.runtime();
+    let a = node.assignment(&["GPU-0"]);
+    let mut running = node.start(&runtime, &a, "sleep 30");
+    let lease_parent = format!("/leasehold/lh-{}", a.lease_id);
+    let deadline = Instant::now() + PATIENCE;
+    let (workload, monitor) = loop {
+        let pids = podman(&[
+            "inspect",
+            "--format",
+            "{{.State.Pid}} {{.State.ConmonPid}}",
+            &format!("lh-{}", a.lease_id),
+        ]);
+        if let Some((pid, conmon)) = pids.split_once(' ') {
+            if let (Some(w), Some(m)) = (memory_cgroup_of(pid), memory_cgroup_of(conmon)) {
+                if pid != "0" && conmon != "0" {
+                    break (w, m);
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "lh-{} never ran", a.lease_id);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    running.stop(Duration::ZERO).await.unwrap();
+    assert!(
+        workload.starts_with(&lease_parent),
+        "the workload is charged to its lease: {workload}"
+    );
+    // A workload at its limit would starve or kill the process that
+    // records how it ended.
+    assert!(
+        !monitor.starts_with(&lease_parent),
+        "conmon is under the lease's limit: {monitor}"
+    );
+}
+
 #[tokio::test]
 async fn over_its_memory_the_workload_is_oom_killed_and_the_lease_says_so() {
     let node = Node::new();

@@ -340,7 +340,17 @@ pub fn run_args(
         flag("--cpus", format!("{}.{:03}", milli / 1000, milli % 1000));
     }
     match (cgroup_parent, limits) {
-        (Some(parent), _) => flag("--cgroup-parent", parent.into()),
+        (Some(parent), _) => {
+            flag("--cgroup-parent", parent.into());
+            // podman puts its monitor (conmon) in `<parent>/conmon`, under
+            // the lease's limit: a workload at its limit then starves or
+            // OOM-kills the one process that records how it ended, and the
+            // run ends in 127 with no exit code (seen under load). The
+            // monitor stays in the agent's cgroups instead.
+            if runtime.flavor == CliFlavor::Podman {
+                flag("--cgroups", "no-conmon".into());
+            }
+        }
         (None, Some(limits)) => {
             flag("--memory", limits.max_bytes.to_string());
             flag("--memory-reservation", limits.high_bytes.to_string());
@@ -1026,6 +1036,7 @@ mod tests {
             !joined.contains("--memory"),
             "the parent holds it: {joined}"
         );
+        assert!(joined.contains(" --cgroups no-conmon "), "{joined}");
         assert!(joined.contains(" --cpus 1.500 "), "{joined}");
         assert!(
             joined.contains(" --device /dev/leasehold-sim/node-a/GPU-1 --device /dev/leasehold-sim/node-a/GPU-2 "),
