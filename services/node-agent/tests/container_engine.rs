@@ -100,6 +100,7 @@ impl Node {
             tenant_id: None,
             gang_env: Default::default(),
             part: None,
+            gang_link: None,
         }
     }
 

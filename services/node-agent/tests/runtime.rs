@@ -35,6 +35,7 @@ fn assignment() -> Assignment {
         tenant_id: None,
         gang_env: Default::default(),
         part: None,
+        gang_link: None,
     }
 }
 

@@ -46,6 +46,9 @@ pub struct Assignment {
     /// workload's names apart from the first's where both share a
     /// container engine ([`super::part_mark`]).
     pub part: Option<String>,
+    /// A gang member's link to the others, for a container
+    /// ([`gang_link`](super::gang_link)).
+    pub gang_link: Option<super::gang_link::GangLink>,
 }
 
 /// Refuses assignments that would give a workload the wrong devices or
@@ -171,6 +174,7 @@ pub fn assignment(
         tenant_id: None,
         gang_env: Default::default(),
         part: None,
+        gang_link: None,
     }
 }
 

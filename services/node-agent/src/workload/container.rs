@@ -159,6 +159,9 @@ pub struct ContainerRuntime {
     pub hami_core_lib: Option<PathBuf>,
     /// The tenants' networks, for the containers that ask for theirs.
     pub tenant_networks: TenantNetworks,
+    /// The host-wide lock around a change of gangs' links
+    /// ([`super::gang_link`]).
+    pub gang_link_lock_file: PathBuf,
 }
 
 impl ContainerRuntime {
@@ -197,6 +200,7 @@ impl ContainerRuntime {
                 },
                 None,
             ),
+            gang_link_lock_file: PathBuf::from(super::gang_link::DEFAULT_LOCK_FILE),
         }
     }
 
@@ -501,6 +505,18 @@ impl Runtime for ContainerRuntime {
     ) -> Result<RunningWorkload, RuntimeError> {
         validate_assignment(assignment)?;
         validate_env(workload)?;
+        // A gang member's ranks meet the others over the gang's link, not
+        // at the members' host names, which a container cannot reach.
+        let linked;
+        let assignment = match &assignment.gang_link {
+            Some(link) => {
+                let mut with_link = assignment.clone();
+                with_link.gang_env.extend(link.env());
+                linked = with_link;
+                &linked
+            }
+            None => assignment,
+        };
         let Some(image) = workload.image.as_deref().or(self.default_image.as_deref()) else {
             return Err(RuntimeError::InvalidWorkload(
                 "no image, and this node runs none by default (LH_DEFAULT_IMAGE)".into(),
@@ -570,6 +586,15 @@ impl Runtime for ContainerRuntime {
                     .tenant_network
                     .map(|tenant| (self.tenant_networks.clone(), tenant)),
                 relay,
+                gang_link: assignment.gang_link.clone().map(|link| {
+                    super::gang_link::spawn_attach(
+                        self.engine(),
+                        container_name_of(assignment),
+                        link,
+                        self.gang_link_lock_file.clone(),
+                        start_deadline,
+                    )
+                }),
                 on_running: None,
                 ran: false,
             })),
@@ -766,6 +791,7 @@ mod tests {
             tenant_id: None,
             gang_env: Default::default(),
             part: None,
+            gang_link: None,
         }
     }
 

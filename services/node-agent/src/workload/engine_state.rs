@@ -46,6 +46,18 @@ pub(crate) async fn container_status(engine: &Engine, name: &str) -> Option<Stri
     .await
 }
 
+/// The host pid of the container's first process, while it runs.
+pub(crate) async fn container_pid(engine: &Engine, name: &str) -> Option<u32> {
+    engine_output(
+        engine,
+        &["container", "inspect", "--format", "{{.State.Pid}}", name],
+    )
+    .await?
+    .parse()
+    .ok()
+    .filter(|pid| *pid > 1)
+}
+
 /// Whether the engine holds `image`.
 pub(crate) async fn image_exists(engine: &Engine, image: &str) -> bool {
     let args: &[&str] = match engine.flavor {

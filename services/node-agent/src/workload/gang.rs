@@ -36,8 +36,19 @@ pub const MASTER_PORTS: u16 = 1_000;
 /// left once more a round later: a child forked but not yet running its
 /// command when the first TERM came ran the launcher's own trap instead,
 /// and would otherwise run on; one more TERM, not a stream of them, so
-/// that a process saving its state on the first is not cut short.
+/// that a process saving its state on the first is not cut short. In a
+/// container whose ranks reach the others over the gang's link
+/// (`LEASEHOLD_GANG_LINK`, [`super::gang_link`]), it first waits for that
+/// interface to be up, at most 60 s, and fails the part if it never is.
 pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""; ending=""; told=""
+if [ -n "$LEASEHOLD_GANG_LINK" ]; then
+  w=0
+  until [ "$(cat "/sys/class/net/$LEASEHOLD_GANG_LINK/operstate" 2>/dev/null)" = up ]; do
+    w=$((w + 1))
+    if [ "$w" -gt 60 ]; then echo "leasehold: the gang's link $LEASEHOLD_GANG_LINK did not come up in 60 s" >&2; exit 1; fi
+    sleep 1
+  done
+fi
 trap 'ending=1; kill -TERM $pids 2>/dev/null' TERM INT
 while [ "$i" -lt "$n" ]; do
   LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &

@@ -27,6 +27,7 @@ pub mod engine;
 mod engine_state;
 pub(crate) mod executor;
 pub mod gang;
+pub mod gang_link;
 pub mod lease_log;
 pub mod lease_user;
 pub mod mps;
@@ -389,6 +390,8 @@ struct ContainerWorkload {
     network: Option<(tenant_network::TenantNetworks, Uuid)>,
     /// Its way to the store, closed when it is removed.
     relay: Option<store_relay::RelayTask>,
+    /// A gang member's link to the others, released when it is removed.
+    gang_link: Option<gang_link::LinkTask>,
     /// Told once the engine says it runs; dropped if it never does.
     on_running: Option<tokio::sync::oneshot::Sender<()>>,
     /// The engine said it runs.
@@ -645,6 +648,9 @@ impl RunningWorkload {
                 if let Some((networks, tenant)) = c.network.take() {
                     let _ = tokio::task::spawn_blocking(move || networks.leave(tenant)).await;
                 }
+                if let Some(link) = c.gang_link.take() {
+                    link.release().await;
+                }
             }
         }
         self.cleaned_up = true;
@@ -768,6 +774,7 @@ mod tests {
             tenant_id: None,
             gang_env: Default::default(),
             part: None,
+            gang_link: None,
         }
     }
 

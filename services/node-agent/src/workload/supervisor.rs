@@ -490,6 +490,7 @@ impl Workloads {
         assignment.tenant_id = tenant_id;
         if let Some(part) = gang {
             assignment.gang_env = part.env();
+            assignment.gang_link = Some(super::gang_link::GangLink::of(lease_id, part));
             // Another member may share this host's engine (a test, `make
             // up`): its workload's names must not meet the first's.
             if !part.is_first() {

@@ -441,10 +441,10 @@ pub fn guard_rules(bridges: &[String]) -> String {
 
 /// The host-wide lock around a change of the tenant networks, held while
 /// the file is open.
-struct HostLock(#[allow(dead_code)] fs::File);
+pub(crate) struct HostLock(#[allow(dead_code)] fs::File);
 
 impl HostLock {
-    fn take(path: &Path) -> Result<Self, RuntimeError> {
+    pub(crate) fn take(path: &Path) -> Result<Self, RuntimeError> {
         let cannot = |e: io::Error| {
             RuntimeError::InvalidConfig(format!("cannot lock {}: {e}", path.display()))
         };
@@ -489,7 +489,7 @@ impl HostLock {
 /// Runs `command` with `input` on its standard input, for at most
 /// [`CALL_TIMEOUT`]; its standard output when it succeeds, else an error
 /// with its standard error.
-fn run_bounded(command: &mut Command, input: Option<&[u8]>) -> io::Result<String> {
+pub(crate) fn run_bounded(command: &mut Command, input: Option<&[u8]>) -> io::Result<String> {
     let mut child = command
         .stdin(if input.is_some() {
             Stdio::piped()
