@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lh_node_agent::workload::gang_link::{GangLink, LINK_IN_CONTAINER};
+use lh_node_agent::workload::gang_link::{GangLink, DEFAULT_LOCK_FILE, LINK_IN_CONTAINER};
 use uuid::Uuid;
 
 /// Set in the run of this binary that plays one host's agent.
@@ -296,8 +296,9 @@ fn members_on_two_hosts_meet_over_vxlan_and_two_gangs_never_meet() {
         return;
     }
     let hosts = Hosts::new();
-    let lock = tempfile::tempdir().unwrap();
-    let lock = lock.path().join("links.lock");
+    // The host's own lock: a release sweeps every empty segment of the
+    // host, so it must not meet another test's half-made one.
+    let lock = PathBuf::from(DEFAULT_LOCK_FILE);
     let members: Vec<String> = hosts.addresses.iter().map(|a| a.to_string()).collect();
     let (first, second) = (Uuid::new_v4(), Uuid::new_v4());
     let (a0, a1) = (
@@ -345,8 +346,9 @@ fn members_on_one_host_share_a_segment_that_goes_with_the_last() {
     if std::env::var_os(HELPER_ENV).is_some() {
         return;
     }
-    let lock = tempfile::tempdir().unwrap();
-    let lock = lock.path().join("links.lock");
+    // The host's own lock: a release sweeps every empty segment of the
+    // host, so it must not meet another test's half-made one.
+    let lock = PathBuf::from(DEFAULT_LOCK_FILE);
     // Two simulated nodes of one host: names that do not resolve.
     let members = vec!["gpu-a.sim".to_string(), "gpu-b.sim".to_string()];
     let lease = Uuid::new_v4();
@@ -381,8 +383,35 @@ fn members_on_one_host_share_a_segment_that_goes_with_the_last() {
     let c2 = Container::start(None);
     let refused = clash.attach(c2.pid(), &lock).unwrap_err();
     assert!(refused.contains("another lease"), "{refused}");
+    // A member whose agent died with it is never released: its segment
+    // is swept by the next release on the host, once empty.
+    let orphan = gang(&members, 0, Uuid::new_v4());
+    let c3 = Container::start(None);
+    orphan.attach(c3.pid(), &lock).unwrap();
+    drop(c3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run(
+        "ip",
+        &[
+            "-n",
+            &orphan.namespace(),
+            "-o",
+            "link",
+            "show",
+            "type",
+            "veth",
+        ],
+    )
+    .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the orphan's port outlived it");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let orphaned = Path::new("/run/netns").join(orphan.namespace());
+    assert!(orphaned.exists());
     drop(c0);
     first.release(&lock);
+    assert!(!orphaned.exists(), "an empty segment is swept");
     assert!(namespace.exists(), "the other member is still on it");
     drop(c1);
     second.release(&lock);

@@ -5,8 +5,9 @@
 //! own (exec, the console, OpenSSH), the lease completes once every part
 //! has, a member's failure fails the whole lease, a stop ends every part
 //! and frees every GPU, and idle reclaim waits for every member to idle.
-//! Real nats-server, PostgreSQL, node agents on the process runtime,
-//! Chromium and OpenSSH.
+//! In containers, the ranks meet over the gang's own link. Real
+//! nats-server, PostgreSQL, node agents on the process runtime and on
+//! podman, Chromium and OpenSSH.
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use lh_test_stack::{of_type, read_log, Stack};
 
 use crate::browser::Browser;
 use crate::sessions::{collect, exec_path, open, ssh_command, ssh_key};
+use crate::workloads::{base_image, PODMAN_ARGS};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -418,4 +420,90 @@ async fn the_console_and_an_ordinary_ssh_client_enter_the_member_chosen() {
         )
         .await;
     assert_eq!(s, 202, "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_containers_the_ranks_meet_at_the_rendezvous_over_the_gang_s_link() {
+    base_image();
+    // One-GPU nodes with ids of the test's own: agents of tests running
+    // at once reap containers by node id.
+    let id = || format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let fleet: String = [id(), id()]
+        .iter()
+        .map(|id| {
+            format!(
+                "[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"{id}.sim\"\n\
+                 gpu_model = \"A100-40GB\"\ngpu_count = 1\nvram_gb = 40\n"
+            )
+        })
+        .collect();
+    let stack = Stack::start_configured(&fleet, |s| {
+        s.node_runtime = RuntimeKind::Podman;
+        s.node_container_args = PODMAN_ARGS.map(String::from).into();
+    })
+    .await;
+    let key = stack.create_trusted_tenant("ganglink", 2).await;
+    // Containers with no network of their own: rank 0 listens at the
+    // rendezvous, rank 1 connects to it; the lease completes only if it
+    // got through.
+    let (s, lease) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 2, "gpu_model": "A100-40GB", "workload": {
+                "image": "localhost/leasehold/base",
+                "command": ["sh", "-c", "echo rank-$RANK at $MASTER_ADDR:$MASTER_PORT of $LEASEHOLD_GANG_MEMBERS; \
+                    if [ $RANK = 0 ]; then nc -l -p $MASTER_PORT; else i=0; \
+                    until echo hello-from-$RANK | nc -w 2 $MASTER_ADDR $MASTER_PORT; do \
+                    i=$((i + 1)); [ $i -lt 60 ] || exit 7; sleep 1; done; fi; echo done-$RANK"],
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{lease}");
+    let id = lease["id"].as_str().unwrap().to_string();
+    // Two containers to start on a loaded machine.
+    let ended = stack
+        .wait_lease_within(
+            &key,
+            &id,
+            |l| l["state"] == "ended",
+            Duration::from_secs(120),
+        )
+        .await;
+    let members: Vec<String> = ended["members"]
+        .as_array()
+        .expect("a gang's members")
+        .iter()
+        .map(|m| m["node_id"].as_str().unwrap().to_string())
+        .collect();
+    let first = log_of(&stack, &key, &id, &members[0]).await;
+    let second = log_of(&stack, &key, &id, &members[1]).await;
+    assert_eq!(ended["end_reason"], "completed", "{ended} {first} {second}");
+    let port = 29_500 + (uuid::Uuid::parse_str(&id).unwrap().as_u128() % 1_000) as u16;
+    let text = |log: &Value| log["data"].as_str().unwrap().to_string();
+    assert!(
+        text(&first).contains(&format!(
+            "rank-0 at 10.127.0.1:{port} of 10.127.0.1,10.127.0.2"
+        )),
+        "{first}"
+    );
+    assert!(text(&first).contains("hello-from-1"), "{first}");
+    assert!(text(&second).contains("done-1"), "{second}");
+    // Its segment went with its last member.
+    let link = lh_node_agent::workload::gang_link::GangLink {
+        lease_id: id.parse().unwrap(),
+        node_rank: 0,
+        members: Vec::new(),
+    };
+    let segment = std::path::Path::new("/run/netns").join(link.namespace());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while segment.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} is left",
+            segment.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

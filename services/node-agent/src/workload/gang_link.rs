@@ -57,6 +57,8 @@ pub const LINK_WAIT_SECS: u32 = 60;
 pub const DEFAULT_LOCK_FILE: &str = "/run/lock/leasehold-gang-links.lock";
 /// Where `ip netns` keeps the named namespaces.
 const NETNS_DIR: &str = "/run/netns";
+/// Most segments of a host looked at by one release.
+const MOST_SEGMENTS_SWEPT: usize = 4096;
 
 /// A member's link to the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,7 +264,9 @@ impl GangLink {
 
     /// Takes this member's port off the segment (its container is gone,
     /// and its end with it) and removes the segment once no member of
-    /// this host is on it. Blocks; what fails is logged.
+    /// this host is on it; and any other segment of this host left with
+    /// no member (an agent killed while its gang ran, whose containers
+    /// ended under the next). Blocks; what fails is logged.
     pub fn release(&self, lock_file: &Path) {
         let _host = match HostLock::take(lock_file) {
             Ok(lock) => lock,
@@ -272,32 +276,21 @@ impl GangLink {
             }
         };
         let ns = self.namespace();
-        if !Path::new(NETNS_DIR).join(&ns).exists() {
-            return;
+        if Path::new(NETNS_DIR).join(&ns).exists() {
+            let _ = run("ip", &["-n", &ns, "link", "del", &self.port()]);
         }
-        let _ = run("ip", &["-n", &ns, "link", "del", &self.port()]);
-        let ports = match run(
-            "ip",
-            &["-n", &ns, "-o", "link", "show", "master", &self.bridge()],
-        ) {
-            Ok(out) => out,
-            Err(e) => {
-                tracing::warn!(lease = %self.lease_id, error = %e, "gang link left as it is");
-                return;
-            }
+        let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
+            return;
         };
-        let vxlan = format!(": {}", self.vxlan());
-        let members_left = ports
-            .lines()
-            .filter(|l| !l.trim().is_empty() && !l.contains(&vxlan))
-            .count();
-        if members_left == 0 {
-            if let Err(e) = ip(&["netns", "del", &ns]) {
-                tracing::warn!(lease = %self.lease_id, error = %e, "gang segment left");
-            }
+        let segments = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|name| Some(name.strip_prefix("lhg-")?.to_string()))
+            .filter(|tag| tag.len() == 6 && tag.chars().all(|c| c.is_ascii_hexdigit()))
+            .take(MOST_SEGMENTS_SWEPT);
+        for tag in segments {
+            remove_if_unused(&tag);
         }
     }
-
     /// The alias of the segment's bridge; `None` when there is no bridge.
     fn bridge_alias(&self) -> Result<Option<String>, String> {
         let ns = self.namespace();
@@ -376,6 +369,32 @@ impl LinkTask {
         } = self;
         drop(_task);
         let _ = tokio::task::spawn_blocking(move || link.release(&lock_file)).await;
+    }
+}
+
+/// Removes the segment `lhg-<tag>` when no member's port is left on its
+/// bridge. Under the host's lock.
+fn remove_if_unused(tag: &str) {
+    let ns = format!("lhg-{tag}");
+    let bridge = format!("lhg{tag}");
+    let ports = match run("ip", &["-n", &ns, "-o", "link", "show", "master", &bridge]) {
+        Ok(out) => out,
+        // No bridge: a segment whose making failed midway.
+        Err(e) if e.contains("does not exist") => String::new(),
+        Err(e) => {
+            tracing::warn!(segment = %ns, error = %e, "gang segment left");
+            return;
+        }
+    };
+    let vxlan = format!(": lhx{tag}");
+    let members_left = ports
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains(&vxlan))
+        .count();
+    if members_left == 0 {
+        if let Err(e) = ip(&["netns", "del", &ns]) {
+            tracing::warn!(segment = %ns, error = %e, "gang segment left");
+        }
     }
 }
 
