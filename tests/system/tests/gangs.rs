@@ -316,6 +316,19 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
         ["node-a", "node-b"],
         "each member saw its own GPUs idle"
     );
+    // The gang idled from when its last member did: node-b's time, not
+    // node-a's, is the one its first member reports.
+    let since_of = |node: &str| -> Vec<chrono::DateTime<chrono::Utc>> {
+        of_type(&log, "lease.idle_detected")
+            .iter()
+            .filter_map(|e| match &e.envelope.data {
+                EventData::LeaseIdleDetected(i) if i.node_id == node => Some(i.idle_since),
+                _ => None,
+            })
+            .collect()
+    };
+    let b_since = *since_of("node-b").last().unwrap();
+    assert_eq!(since_of("node-a"), [b_since], "the gang's idle time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -535,7 +535,10 @@ impl GpuSide {
                     return false;
                 }
                 lease.idle.report();
-                idle_since
+                // The gang is idle since its last member went idle.
+                part.others()
+                    .filter_map(|node| lease.members_idle_since.get(node))
+                    .fold(idle_since, |latest, &since| latest.max(since))
             }
             None => {
                 let Some(idle_since) = lease.idle.observe(usage, window, at) else {

@@ -163,6 +163,10 @@ pub(crate) struct LocalLease {
     /// every report is fresh.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) members_idle: BTreeMap<String, DateTime<Utc>>,
+    /// Since when each of those members' GPUs have idled, by its last
+    /// report: the gang is idle since the latest of them and the first's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) members_idle_since: BTreeMap<String, DateTime<Utc>>,
 }
 
 impl LocalLease {
@@ -450,6 +454,7 @@ impl NodeState {
                             && l.gang.as_ref().is_some_and(|g| g.first_node() != e.node_id) =>
                     {
                         l.members_idle.insert(e.node_id.clone(), e.at);
+                        l.members_idle_since.insert(e.node_id.clone(), e.idle_since);
                     }
                     EventData::LeaseIdleDetected(e)
                         if e.action == lh_events::IdleAction::Suspend

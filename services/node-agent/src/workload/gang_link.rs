@@ -198,6 +198,13 @@ impl GangLink {
                 ))
             }
         }
+        // A port left by this member's earlier container, if any.
+        let _ = run("ip", &["-n", &ns, "link", "del", &port]);
+        // The host's first member of this placement: a VXLAN device left
+        // from an earlier one may flood to hosts the gang has left.
+        if member_ports(&ns, &bridge, &vxlan)? == 0 && ip_ok(&["-n", &ns, "link", "show", &vxlan]) {
+            ip(&["-n", &ns, "link", "del", &vxlan])?;
+        }
         if !remotes.is_empty() {
             if !ip_ok(&["-n", &ns, "link", "show", &vxlan]) {
                 let vni = self.vni().to_string();
@@ -235,8 +242,6 @@ impl GangLink {
             ])?;
         }
         ip(&["-n", &ns, "link", "set", &bridge, "up"])?;
-        // A port left by this member's earlier container, if any.
-        let _ = run("ip", &["-n", &ns, "link", "del", &port]);
         let (mtu, pid) = (mtu.to_string(), pid.to_string());
         ip(&[
             "-n",
@@ -376,26 +381,34 @@ impl LinkTask {
 /// bridge. Under the host's lock.
 fn remove_if_unused(tag: &str) {
     let ns = format!("lhg-{tag}");
-    let bridge = format!("lhg{tag}");
-    let ports = match run("ip", &["-n", &ns, "-o", "link", "show", "master", &bridge]) {
-        Ok(out) => out,
-        // No bridge: a segment whose making failed midway.
-        Err(e) if e.contains("does not exist") => String::new(),
+    let members_left = match member_ports(&ns, &format!("lhg{tag}"), &format!("lhx{tag}")) {
+        Ok(count) => count,
         Err(e) => {
             tracing::warn!(segment = %ns, error = %e, "gang segment left");
             return;
         }
     };
-    let vxlan = format!(": lhx{tag}");
-    let members_left = ports
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.contains(&vxlan))
-        .count();
     if members_left == 0 {
         if let Err(e) = ip(&["netns", "del", &ns]) {
             tracing::warn!(segment = %ns, error = %e, "gang segment left");
         }
     }
+}
+
+/// How many members' ports the segment's bridge has (its VXLAN device is
+/// not one); 0 when there is no bridge (a segment whose making failed
+/// midway).
+fn member_ports(ns: &str, bridge: &str, vxlan: &str) -> Result<usize, String> {
+    let ports = match run("ip", &["-n", ns, "-o", "link", "show", "master", bridge]) {
+        Ok(out) => out,
+        Err(e) if e.contains("does not exist") => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let vxlan = format!(": {vxlan}");
+    Ok(ports
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains(&vxlan))
+        .count())
 }
 
 /// Where the member at `address` is, seen from the member at `own`.
