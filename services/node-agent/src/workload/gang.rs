@@ -41,15 +41,17 @@ pub const MASTER_PORTS: u16 = 1_000;
 /// (`LEASEHOLD_GANG_LINK`, [`super::gang_link`]), it first waits for that
 /// interface to be up, at most 60 s, and fails the part if it never is.
 pub const LAUNCHER: &str = r#"n=${LEASEHOLD_GPUS:-1}; i=0; pids=""; ending=""; told=""
+trap 'ending=1; kill -TERM $pids 2>/dev/null' TERM INT
 if [ -n "$LEASEHOLD_GANG_LINK" ]; then
-  w=0
-  until [ "$(cat "/sys/class/net/$LEASEHOLD_GANG_LINK/operstate" 2>/dev/null)" = up ]; do
+  w=0; up=""; { read -r up < "/sys/class/net/$LEASEHOLD_GANG_LINK/operstate"; } 2>/dev/null
+  while [ "$up" != up ]; do
+    if [ -n "$ending" ]; then exit 143; fi
     w=$((w + 1))
     if [ "$w" -gt 60 ]; then echo "leasehold: the gang's link $LEASEHOLD_GANG_LINK did not come up in 60 s" >&2; exit 1; fi
     sleep 1
+    up=""; { read -r up < "/sys/class/net/$LEASEHOLD_GANG_LINK/operstate"; } 2>/dev/null
   done
 fi
-trap 'ending=1; kill -TERM $pids 2>/dev/null' TERM INT
 while [ "$i" -lt "$n" ]; do
   LOCAL_RANK=$i RANK=$((LEASEHOLD_RANK_BASE + i)) "$@" &
   pids="$pids $!"; i=$((i + 1))
@@ -309,6 +311,38 @@ mod tests {
             "the part outlived its failed process by {:?}",
             started.elapsed()
         );
+    }
+
+    #[test]
+    fn without_its_link_up_no_rank_starts_and_a_stop_ends_the_wait() {
+        let part = GangPart::of(&gang(), "node-e").unwrap();
+        let argv = part.launch(&[
+            "sh".to_string(),
+            "-c".to_string(),
+            "echo started".to_string(),
+        ]);
+        let mut child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(part.env())
+            .env("LEASEHOLD_GANG_LINK", "lhgang-none")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        assert_eq!(child.try_wait().unwrap(), None, "it waits for the link");
+        let stopped = std::time::Instant::now();
+        // SAFETY: kill(2) of this test's own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(143));
+        assert!(
+            stopped.elapsed() < std::time::Duration::from_secs(5),
+            "a stop waited for the link: {:?}",
+            stopped.elapsed()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "no rank ran");
     }
 
     #[test]

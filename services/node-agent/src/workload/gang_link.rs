@@ -59,6 +59,12 @@ pub const DEFAULT_LOCK_FILE: &str = "/run/lock/leasehold-gang-links.lock";
 const NETNS_DIR: &str = "/run/netns";
 /// Most segments of a host looked at by one release.
 const MOST_SEGMENTS_SWEPT: usize = 4096;
+/// Most members on one link: one address each in its /24, and a port
+/// name that tells them apart (a gang has at most 16).
+pub const MOST_MEMBERS: usize = 253;
+/// How long a release waits for the port of a member whose container
+/// ended to go by itself.
+const PORT_GONE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A member's link to the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +170,12 @@ impl GangLink {
     /// link, making the segment on this host if it is not there yet.
     /// Blocks: a few `ip` runs under the host's lock.
     pub fn attach(&self, pid: u32, lock_file: &Path) -> Result<(), String> {
+        if self.members.len() > MOST_MEMBERS {
+            return Err(format!(
+                "{} members: a link holds at most {MOST_MEMBERS}",
+                self.members.len()
+            ));
+        }
         let mut remotes: Vec<Ipv4Addr> = Vec::new();
         for (rank, peer) in self.peers() {
             match peer {
@@ -180,6 +192,17 @@ impl GangLink {
             UNDERLAY_MTU_BYTES - VXLAN_OVERHEAD_BYTES
         };
         let _host = HostLock::take(lock_file).map_err(|e| e.to_string())?;
+        // The pid was the container's when the engine said so; a process
+        // that took it since could be the host's own.
+        let container_ns = format!("/proc/{pid}/ns/net");
+        let theirs =
+            std::fs::read_link(&container_ns).map_err(|e| format!("{container_ns}: {e}"))?;
+        let ours = std::fs::read_link("/proc/self/ns/net").map_err(|e| e.to_string())?;
+        if theirs == ours {
+            return Err(format!(
+                "process {pid} is in the agent's own network namespace"
+            ));
+        }
         let ns = self.namespace();
         let (bridge, vxlan, port) = (self.bridge(), self.vxlan(), self.port());
         if !Path::new(NETNS_DIR).join(&ns).exists() {
@@ -191,6 +214,10 @@ impl GangLink {
                 ip(&["-n", &ns, "link", "set", &bridge, "alias", &self.alias()])?;
             }
             Some(alias) if alias == self.alias() => {}
+            // Made by an agent stopped before it named it, and unused.
+            Some(alias) if alias.is_empty() && member_ports(&ns, &bridge, &vxlan)? == 0 => {
+                ip(&["-n", &ns, "link", "set", &bridge, "alias", &self.alias()])?;
+            }
             Some(other) => {
                 return Err(format!(
                     "the segment {ns} on this host is another lease's ({other}): the two \
@@ -209,8 +236,25 @@ impl GangLink {
             if !ip_ok(&["-n", &ns, "link", "show", &vxlan]) {
                 let vni = self.vni().to_string();
                 let port = VXLAN_PORT.to_string();
+                // One left in the host's namespace by an agent stopped
+                // between making and moving it.
+                if ip_ok(&["link", "show", &vxlan]) {
+                    ip(&["link", "del", &vxlan])?;
+                }
+                // No learning: a frame for a member it does not know goes
+                // to every member's host, never to where a forged frame
+                // claimed that member was.
                 ip(&[
-                    "link", "add", &vxlan, "type", "vxlan", "id", &vni, "dstport", &port,
+                    "link",
+                    "add",
+                    &vxlan,
+                    "type",
+                    "vxlan",
+                    "id",
+                    &vni,
+                    "dstport",
+                    &port,
+                    "nolearning",
                 ])?;
                 if let Err(e) = ip(&["link", "set", &vxlan, "netns", &ns]) {
                     let _ = ip(&["link", "del", &vxlan]);
@@ -280,9 +324,16 @@ impl GangLink {
                 return;
             }
         };
+        // The port goes with its container's namespace, which the kernel
+        // tears down a moment after the container ends. Not removed by
+        // name: a later placement's member of the same rank has that name.
         let ns = self.namespace();
-        if Path::new(NETNS_DIR).join(&ns).exists() {
-            let _ = run("ip", &["-n", &ns, "link", "del", &self.port()]);
+        let deadline = std::time::Instant::now() + PORT_GONE_WAIT;
+        while Path::new(NETNS_DIR).join(&ns).exists()
+            && ip_ok(&["-n", &ns, "link", "show", &self.port()])
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
             return;
