@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lh_node_agent::workload::gang_link::{GangLink, DEFAULT_LOCK_FILE, LINK_IN_CONTAINER};
+use lh_node_agent::workload::gang_link::{
+    GangLink, DEFAULT_LOCK_FILE, LINK_IN_CONTAINER, VXLAN_PORT,
+};
 use uuid::Uuid;
 
 /// Set in the run of this binary that plays one host's agent.
@@ -151,6 +153,8 @@ impl Drop for Container {
 struct Hosts {
     names: [String; 2],
     addresses: [Ipv4Addr; 2],
+    /// Each host's end of the veth pair between them.
+    underlay: [String; 2],
 }
 
 impl Hosts {
@@ -186,7 +190,11 @@ impl Hosts {
             );
             run("ip", &["-n", name, "link", "set", end, "up"]);
         }
-        Hosts { names, addresses }
+        Hosts {
+            names,
+            addresses,
+            underlay: [a, b],
+        }
     }
 }
 
@@ -339,6 +347,82 @@ fn members_on_two_hosts_meet_over_vxlan_and_two_gangs_never_meet() {
     // A frame across hosts carries VXLAN's overhead.
     let line = link_line(a0.pid());
     assert!(line.contains(" mtu 1450 "), "{line}");
+
+    // Frames forged onto the first gang's segment: from an address of
+    // host b that is no member's host they are dropped at host a; from the
+    // member's host's address they arrive.
+    let [a, b, c, _] = hosts.addresses[1].octets();
+    let stranger = Ipv4Addr::new(a, b, c, 3);
+    run(
+        "ip",
+        &[
+            "-n",
+            &hosts.names[1],
+            "addr",
+            "add",
+            &format!("{stranger}/24"),
+            "dev",
+            &hosts.underlay[1],
+        ],
+    );
+    let vni = gang(&members, 0, first).vni();
+    let forge = |from: Ipv4Addr| {
+        let before = rx_packets(a0.pid());
+        send_vxlan(
+            &hosts.names[1],
+            from,
+            hosts.addresses[0],
+            vni,
+            FORGED_FRAMES,
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        rx_packets(a0.pid()) - before
+    };
+    let from_stranger = forge(stranger);
+    assert!(
+        from_stranger < FORGED_FRAMES,
+        "{from_stranger} frames from {stranger}, no member's host, reached the segment"
+    );
+    let from_member = forge(hosts.addresses[1]);
+    assert!(
+        from_member >= FORGED_FRAMES,
+        "only {from_member} of {FORGED_FRAMES} frames from the member's host arrived"
+    );
+}
+
+/// How many frames each forging sends.
+const FORGED_FRAMES: u64 = 20;
+
+/// The packets the link of `pid`'s namespace has received.
+fn rx_packets(pid: u32) -> u64 {
+    let dev = run(
+        "nsenter",
+        &["-t", &pid.to_string(), "-n", "cat", "/proc/net/dev"],
+    );
+    dev.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix(&format!("{LINK_IN_CONTAINER}:"))
+                .map(str::to_string)
+        })
+        .and_then(|rest| rest.split_whitespace().nth(1)?.parse().ok())
+        .expect("the link's counters")
+}
+
+/// Sends `frames` broadcast Ethernet frames in VXLAN with id `vni` from
+/// `from` (an address of `host`) to `to`'s links' port.
+fn send_vxlan(host: &str, from: Ipv4Addr, to: Ipv4Addr, vni: u32, frames: u64) {
+    let script = format!(
+        "import socket, struct\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('{from}', 0))\n\
+         header = struct.pack('!B3xI', 0x08, {vni} << 8)\n\
+         frame = b'\\xff' * 6 + b'\\x02\\x00\\x00\\x00\\x00\\x99' + b'\\x88\\xb5' + b'forged' * 10\n\
+         for _ in range({frames}):\n\
+         \x20   s.sendto(header + frame, ('{to}', {port}))\n",
+        port = VXLAN_PORT
+    );
+    run("ip", &["netns", "exec", host, "python3", "-c", &script]);
 }
 
 #[test]

@@ -27,7 +27,7 @@
 //! port left is removed by the last member of the host that leaves it.
 //! Changes take a host-wide lock, as several agents may share a host.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,15 +37,21 @@ use uuid::Uuid;
 use super::engine::Engine;
 use super::engine_state;
 use super::gang::GangPart;
-use super::tenant_network::{run_bounded, HostLock};
+use super::tenant_network::{install_chain, run_bounded, HostLock};
 
 /// The interface a gang's container reaches the other members on.
 pub const LINK_IN_CONTAINER: &str = "lhgang0";
 /// The first three octets of every gang's /24: the same for every gang,
 /// as each segment is private to its lease and no host routes it.
 pub const SUBNET_PREFIX: [u8; 3] = [10, 127, 0];
-/// The VXLAN port (IANA's).
-pub const VXLAN_PORT: u16 = 4789;
+/// The UDP port the links' VXLAN uses between hosts: one of their own,
+/// not IANA's 4789, so that [`VXLAN_GUARD_CHAIN`] drops nothing of another
+/// VXLAN user of the host (Docker's overlay networks, flannel).
+pub const VXLAN_PORT: u16 = 47_890;
+/// The host firewall's chain that lets the links' VXLAN in from the hosts
+/// of this host's gangs' members only: anyone else who can send to the
+/// port, and guesses a 24-bit id, could otherwise put frames on a segment.
+pub const VXLAN_GUARD_CHAIN: &str = "LH-GANG-VXLAN";
 /// What VXLAN adds to a frame over IPv4: a link across hosts carries
 /// frames this much smaller than the underlay's.
 pub const VXLAN_OVERHEAD_BYTES: u32 = 50;
@@ -280,6 +286,7 @@ impl GangLink {
                     }
                 }
             }
+            guard_vxlan()?;
             let mtu = mtu.to_string();
             ip(&[
                 "-n", &ns, "link", "set", &vxlan, "master", &bridge, "mtu", &mtu, "up",
@@ -343,8 +350,22 @@ impl GangLink {
             .filter_map(|name| Some(name.strip_prefix("lhg-")?.to_string()))
             .filter(|tag| tag.len() == 6 && tag.chars().all(|c| c.is_ascii_hexdigit()))
             .take(MOST_SEGMENTS_SWEPT);
+        let mut across_hosts = false;
         for tag in segments {
             remove_if_unused(&tag);
+            across_hosts |= ip_ok(&[
+                "-n",
+                &format!("lhg-{tag}"),
+                "link",
+                "show",
+                &format!("lhx{tag}"),
+            ]);
+        }
+        // The hosts of the gangs that left no longer get in.
+        if across_hosts || firewall_has_guard() {
+            if let Err(e) = guard_vxlan() {
+                tracing::warn!(lease = %self.lease_id, error = %e, "VXLAN guard left as it was");
+            }
         }
     }
     /// The alias of the segment's bridge; `None` when there is no bridge.
@@ -462,6 +483,74 @@ fn member_ports(ns: &str, bridge: &str, vxlan: &str) -> Result<usize, String> {
         .count())
 }
 
+/// Every other host a segment of this host floods to.
+fn flood_peers() -> BTreeSet<Ipv4Addr> {
+    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
+        return BTreeSet::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| Some(name.strip_prefix("lhg-")?.to_string()))
+        .take(MOST_SEGMENTS_SWEPT)
+        .filter_map(|tag| {
+            run(
+                "bridge",
+                &[
+                    "-n",
+                    &format!("lhg-{tag}"),
+                    "fdb",
+                    "show",
+                    "dev",
+                    &format!("lhx{tag}"),
+                ],
+            )
+            .ok()
+        })
+        .flat_map(|out| {
+            out.lines()
+                .filter_map(|l| {
+                    l.split(" dst ")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .collect::<Vec<Ipv4Addr>>()
+        })
+        .collect()
+}
+
+/// The `iptables-restore --noflush` input that replaces
+/// [`VXLAN_GUARD_CHAIN`]: `peers` return to `INPUT`, the rest is dropped.
+pub fn vxlan_guard_rules(peers: &BTreeSet<Ipv4Addr>) -> String {
+    let mut rules = format!("*filter\n:{VXLAN_GUARD_CHAIN} - [0:0]\n");
+    for peer in peers {
+        rules.push_str(&format!("-A {VXLAN_GUARD_CHAIN} -s {peer}/32 -j RETURN\n"));
+    }
+    rules.push_str(&format!("-A {VXLAN_GUARD_CHAIN} -j DROP\nCOMMIT\n"));
+    rules
+}
+
+/// Rewrites [`VXLAN_GUARD_CHAIN`] from the flood entries of every segment
+/// of this host, and makes sure `INPUT` sends the links' port to it. Under
+/// the host's lock.
+fn guard_vxlan() -> Result<(), String> {
+    let rules = vxlan_guard_rules(&flood_peers());
+    let port = VXLAN_PORT.to_string();
+    install_chain(
+        Path::new("iptables"),
+        &rules,
+        &["-p", "udp", "--dport", &port, "-j", VXLAN_GUARD_CHAIN],
+    )
+    .map_err(|e| format!("cannot guard the links' VXLAN port: {e}"))
+}
+
+/// Whether the host's firewall has the guard (made by an earlier link).
+fn firewall_has_guard() -> bool {
+    run("iptables", &["--wait", "-S", VXLAN_GUARD_CHAIN]).is_ok()
+}
+
 /// Where the member at `address` is, seen from the member at `own`.
 pub fn where_is(own: &str, address: &str) -> Peer {
     if address == own {
@@ -541,6 +630,19 @@ mod tests {
             ..link(0)
         };
         assert_eq!(top.vni(), 0xFF_FFFF);
+    }
+
+    #[test]
+    fn only_the_members_hosts_get_through_the_guard() {
+        let peers: BTreeSet<Ipv4Addr> =
+            ["10.0.0.7".parse().unwrap(), "10.0.0.9".parse().unwrap()].into();
+        assert_eq!(
+            vxlan_guard_rules(&peers),
+            "*filter\n:LH-GANG-VXLAN - [0:0]\n\
+             -A LH-GANG-VXLAN -s 10.0.0.7/32 -j RETURN\n\
+             -A LH-GANG-VXLAN -s 10.0.0.9/32 -j RETURN\n\
+             -A LH-GANG-VXLAN -j DROP\nCOMMIT\n"
+        );
     }
 
     #[test]

@@ -319,28 +319,7 @@ impl TenantNetworks {
             .collect();
         let rules = guard_rules(&bridges);
         for tool in &self.firewall.tools {
-            let restore = PathBuf::from(format!("{}-restore", tool.display()));
-            run_bounded(
-                Command::new(&restore).args(["--noflush", "--wait"]),
-                Some(rules.as_bytes()),
-            )
-            .map_err(cannot)?;
-            let jump = ["INPUT", "-j", GUARD_CHAIN];
-            let check = run_bounded(Command::new(tool).args(["--wait", "-C"]).args(jump), None);
-            // Exit 1: no such rule. Anything else is an error, and adding
-            // the jump again would only stack copies of it.
-            let missing = match check {
-                Ok(_) => false,
-                Err(e) if e.to_string().contains("exit status: 1:") => true,
-                Err(e) => return Err(cannot(e)),
-            };
-            if missing {
-                run_bounded(
-                    Command::new(tool).args(["--wait", "-I", "INPUT", "1", "-j", GUARD_CHAIN]),
-                    None,
-                )
-                .map_err(cannot)?;
-            }
+            install_chain(tool, &rules, &["-j", GUARD_CHAIN]).map_err(cannot)?;
         }
         Ok(())
     }
@@ -437,6 +416,39 @@ pub fn guard_rules(bridges: &[String]) -> String {
     }
     rules.push_str("COMMIT\n");
     rules
+}
+
+/// Replaces a chain of the filter table with `rules` (an
+/// `iptables-restore --noflush` input) and makes sure `INPUT` jumps to it
+/// first with `jump` (the rule's match and its `-j <chain>`), once.
+pub(crate) fn install_chain(tool: &Path, rules: &str, jump: &[&str]) -> io::Result<()> {
+    let restore = PathBuf::from(format!("{}-restore", tool.display()));
+    run_bounded(
+        Command::new(&restore).args(["--noflush", "--wait"]),
+        Some(rules.as_bytes()),
+    )?;
+    let check = run_bounded(
+        Command::new(tool)
+            .args(["--wait", "-C", "INPUT"])
+            .args(jump),
+        None,
+    );
+    // Exit 1: no such rule. Anything else is an error, and adding the
+    // jump again would only stack copies of it.
+    let missing = match check {
+        Ok(_) => false,
+        Err(e) if e.to_string().contains("exit status: 1:") => true,
+        Err(e) => return Err(e),
+    };
+    if missing {
+        run_bounded(
+            Command::new(tool)
+                .args(["--wait", "-I", "INPUT", "1"])
+                .args(jump),
+            None,
+        )?;
+    }
+    Ok(())
 }
 
 /// The host-wide lock around a change of the tenant networks, held while
