@@ -73,9 +73,9 @@ pub use snapshots::{
     snapshots_bucket, MAX_SNAPSHOT_BYTES, SNAPSHOTS_BUCKET_PREFIX, SNAPSHOTS_MAX_BYTES,
 };
 pub use streams::{
-    events_fill_warning, events_stream_config, events_stream_problems, StreamFigures,
-    CONSUMER_MAX_IDLE, DUPLICATE_WINDOW, EVENTS_FILL_WARNING, NODE_VIEW_MAX_CONSUMERS,
-    TELEMETRY_MAX_AGE,
+    events_fill_warning, events_stream_config, events_stream_problems, node_view_stream_config,
+    StreamFigures, CONSUMER_MAX_IDLE, DUPLICATE_WINDOW, EVENTS_FILL_WARNING,
+    NODE_VIEW_MAX_CONSUMERS, TELEMETRY_MAX_AGE,
 };
 pub use trace::{continue_trace, TRACE_PARENT_HEADER};
 

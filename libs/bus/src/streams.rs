@@ -313,12 +313,34 @@ impl Bus {
     /// [`node_view_stream_config`]), keeping events as long as the log.
     pub async fn ensure_node_view_stream(&self, node_id: &str) -> Result<()> {
         let name = subject::node_view_stream(node_id);
-        if self.js.get_stream(&name).await.is_ok() {
+        let log = self.events_stream_config().await?;
+        // As many replicas as the log, whatever this service was told: a
+        // mirror on one member of a cluster goes down with that member, and
+        // its node sees nothing new until the member is back, while the
+        // log itself goes on.
+        let replicas = self.replicas.max(log.num_replicas);
+        if let Ok(mut stream) = self.js.get_stream(&name).await {
+            let config = stream.info().await.map_err(js_err)?.config.clone();
+            if config.num_replicas < replicas {
+                let num_replicas = config.num_replicas;
+                self.js
+                    .update_stream(StreamConfig {
+                        num_replicas: replicas,
+                        ..config
+                    })
+                    .await
+                    .map_err(js_err)?;
+                tracing::info!(
+                    node_id,
+                    from = num_replicas,
+                    to = replicas,
+                    "a node's view mirror now has the log's replicas"
+                );
+            }
             return Ok(());
         }
-        let max_age = self.events_stream_config().await?.max_age;
         self.js
-            .get_or_create_stream(node_view_stream_config(node_id, self.replicas, max_age))
+            .get_or_create_stream(node_view_stream_config(node_id, replicas, log.max_age))
             .await
             .map_err(js_err)?;
         Ok(())

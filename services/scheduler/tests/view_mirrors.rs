@@ -108,3 +108,40 @@ async fn a_nodes_view_mirror_is_made_and_follows_the_log_through_a_leader_kill()
     }
     shutdown.cancel();
 }
+
+/// The replicas of node `node`'s mirror.
+async fn mirror_replicas(bus: &Bus, node: &str) -> usize {
+    let mut stream = bus
+        .jetstream()
+        .get_stream(subject::node_view_stream(node))
+        .await
+        .unwrap();
+    stream.info().await.unwrap().config.num_replicas
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_has_as_many_replicas_as_the_log_whatever_its_maker_was_told() {
+    let cluster = NatsCluster::start().await.unwrap();
+    let mut config = BusConfig::new(cluster.urls(), "scheduler");
+    config.replicas = 3;
+    Bus::connect(&config).await.unwrap();
+    // A scheduler told nothing of the cluster (one replica, the default):
+    // a mirror on one member would go down with it while the log goes on.
+    config.replicas = 1;
+    let told_one = Bus::connect(&config).await.unwrap();
+    told_one.ensure_node_view_stream("n1").await.unwrap();
+    assert_eq!(mirror_replicas(&told_one, "n1").await, 3);
+    // One made on one member before is given the log's replicas.
+    told_one
+        .jetstream()
+        .create_stream(lh_bus::node_view_stream_config(
+            "n2",
+            1,
+            Duration::from_secs(3600),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(mirror_replicas(&told_one, "n2").await, 1);
+    told_one.ensure_node_view_stream("n2").await.unwrap();
+    assert_eq!(mirror_replicas(&told_one, "n2").await, 3);
+}
