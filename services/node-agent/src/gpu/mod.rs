@@ -535,10 +535,12 @@ impl GpuSide {
                     return false;
                 }
                 lease.idle.report();
-                // The gang is idle since its last member went idle.
+                // The gang is idle since its last member went idle; a
+                // member's clock ahead of this one's says no later than now.
                 part.others()
                     .filter_map(|node| lease.members_idle_since.get(node))
                     .fold(idle_since, |latest, &since| latest.max(since))
+                    .min(at)
             }
             None => {
                 let Some(idle_since) = lease.idle.observe(usage, window, at) else {
