@@ -184,6 +184,15 @@ pub async fn settle(
     let stuck = unfinished(&log, accepted);
     if !stuck.is_empty() {
         eprintln!("chaos: leases that never ended: {stuck:?}");
+        // What the log holds of each, for whoever reads the failure.
+        for id in &stuck {
+            let story: Vec<String> = log
+                .iter()
+                .filter(|s| s.envelope.data.lease_id() == Some(*id))
+                .map(|s| format!("{} {}", s.sequence, s.envelope.data.event_type()))
+                .collect();
+            eprintln!("chaos: {id}: {}", story.join(", "));
+        }
     }
     (log, stuck)
 }

@@ -37,7 +37,7 @@ use uuid::Uuid;
 use super::engine::Engine;
 use super::engine_state;
 use super::gang::GangPart;
-use super::tenant_network::{install_chain, run_bounded, HostLock};
+use super::host_calls::{install_chain, run_bounded, HostLock};
 
 /// The interface a gang's container reaches the other members on.
 pub const LINK_IN_CONTAINER: &str = "lhgang0";

@@ -28,6 +28,7 @@ mod engine_state;
 pub(crate) mod executor;
 pub mod gang;
 pub mod gang_link;
+mod host_calls;
 pub mod lease_log;
 pub mod lease_user;
 pub mod mps;
