@@ -3,40 +3,19 @@
 //! applied, records each in `skipped_events`, and a rebuild records the
 //! very same rows.
 
+mod common;
+
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use lh_bus::{Bus, BusConfig, Expect, Stored};
+use common::Nothing;
+use lh_bus::{Bus, BusConfig, Expect};
 use lh_events::{fixtures, subject};
-use lh_projection::{Progress, Projector};
+use lh_projection::Progress;
 use sqlx::migrate::Migrator;
-use sqlx::PgConnection;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 static NO_MIGRATIONS: Migrator = Migrator::DEFAULT;
-
-/// Reads every lease event and keeps nothing: the runner's own tables are
-/// what this test looks at.
-struct Nothing;
-
-impl Projector for Nothing {
-    fn name(&self) -> &'static str {
-        "nothing"
-    }
-
-    fn filters(&self) -> &'static [&'static str] {
-        &[subject::LEASES_ALL]
-    }
-
-    fn apply<'c>(
-        &'c self,
-        _conn: &'c mut PgConnection,
-        _event: &'c Stored,
-    ) -> BoxFuture<'c, sqlx::Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
-}
 
 async fn publish_stop(bus: &Bus) -> u64 {
     let envelope = fixtures::stop_request();
