@@ -20,7 +20,7 @@ use crate::workloads::{base_image, PODMAN_ARGS};
 
 /// Two one-GPU nodes with ids of the test's own (agents of tests running
 /// at once reap containers by node id).
-fn two_node_fleet() -> (String, String, String) {
+pub(crate) fn two_node_fleet() -> (String, String, String) {
     let id = || format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let (a, b) = (id(), id());
     let node = |id: &str| {

@@ -17,6 +17,7 @@ use lh_rpc::http::sessions::EXEC_SUBPROTOCOL;
 use lh_test_stack::{of_type, read_log, Stack};
 
 use crate::browser::Browser;
+use crate::data::two_node_fleet;
 use crate::sessions::{collect, exec_path, open, ssh_command, ssh_key};
 use crate::workloads::{base_image, PODMAN_ARGS};
 use reqwest::Method;
@@ -304,13 +305,15 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
         .await;
     assert_eq!(ended["end_reason"], "stopped", "{ended}");
     let log = read_log(&stack.bus().await).await;
-    let mut reporters: Vec<&str> = of_type(&log, "lease.idle_detected")
+    // Each report: who made it, and since when its GPUs idled.
+    let reports: Vec<(&str, chrono::DateTime<chrono::Utc>)> = of_type(&log, "lease.idle_detected")
         .iter()
         .filter_map(|e| match &e.envelope.data {
-            EventData::LeaseIdleDetected(i) => Some(i.node_id.as_str()),
+            EventData::LeaseIdleDetected(i) => Some((i.node_id.as_str(), i.idle_since)),
             _ => None,
         })
         .collect();
+    let mut reporters: Vec<&str> = reports.iter().map(|(node, _)| *node).collect();
     reporters.sort();
     reporters.dedup();
     assert_eq!(
@@ -321,12 +324,10 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
     // The gang idled from when its last member did: the first member
     // reports the latest of every member's time, node-a's here.
     let since_of = |node: &str| -> Vec<chrono::DateTime<chrono::Utc>> {
-        of_type(&log, "lease.idle_detected")
+        reports
             .iter()
-            .filter_map(|e| match &e.envelope.data {
-                EventData::LeaseIdleDetected(i) if i.node_id == node => Some(i.idle_since),
-                _ => None,
-            })
+            .filter(|(by, _)| *by == node)
+            .map(|(_, since)| *since)
             .collect()
     };
     let first = ended["node_id"].as_str().unwrap().to_string();
@@ -445,18 +446,7 @@ async fn the_console_and_an_ordinary_ssh_client_enter_the_member_chosen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_containers_the_ranks_meet_at_the_rendezvous_over_the_gang_s_link() {
     base_image();
-    // One-GPU nodes with ids of the test's own: agents of tests running
-    // at once reap containers by node id.
-    let id = || format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let fleet: String = [id(), id()]
-        .iter()
-        .map(|id| {
-            format!(
-                "[[node]]\nid = \"{id}\"\nzone = \"cn-north-1a\"\nhostname = \"{id}.sim\"\n\
-                 gpu_model = \"A100-40GB\"\ngpu_count = 1\nvram_gb = 40\n"
-            )
-        })
-        .collect();
+    let (_, _, fleet) = two_node_fleet();
     let stack = Stack::start_configured(&fleet, |s| {
         s.node_runtime = RuntimeKind::Podman;
         s.node_container_args = PODMAN_ARGS.map(String::from).into();
