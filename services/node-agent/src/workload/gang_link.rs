@@ -370,11 +370,18 @@ impl GangLink {
     }
     /// The alias of the segment's bridge; `None` when there is no bridge.
     fn bridge_alias(&self) -> Result<Option<String>, String> {
-        let ns = self.namespace();
-        if !ip_ok(&["-n", &ns, "link", "show", &self.bridge()]) {
-            return Ok(None);
-        }
-        let out = ip(&["-n", &ns, "-o", "link", "show", &self.bridge()])?;
+        let out = match ip(&[
+            "-n",
+            &self.namespace(),
+            "-o",
+            "link",
+            "show",
+            &self.bridge(),
+        ]) {
+            Ok(out) => out,
+            Err(e) if e.contains("does not exist") => return Ok(None),
+            Err(e) => return Err(e),
+        };
         Ok(Some(
             out.split(" alias ")
                 .nth(1)
