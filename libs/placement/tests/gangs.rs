@@ -100,6 +100,53 @@ fn twelve_gpus_take_a_whole_node_and_the_rest_where_four_fit_best() {
 }
 
 #[test]
+fn a_gang_restarts_in_place_on_its_nodes_or_takes_nothing() {
+    let mut e = engine(&[
+        node("a", "z.1", "", 8),
+        node("b", "z.1", "", 8),
+        node("c", "z.1", "", 8),
+    ]);
+    let index = |e: &Engine, id: &str| e.cluster().nodes().iter().position(|n| n.id == id).unwrap();
+    hold(&mut e, "b", 2);
+    let placed = e.schedule_gang(&gang(12)).unwrap();
+    let ranks = members(&e, &placed);
+    assert_eq!(ranks[0].1 + ranks[1].1, 12);
+    for (_, id) in placed {
+        e.cluster_mut().release(id).unwrap();
+    }
+    // One GPU of the smaller member's node is gone (here: taken), and the
+    // node still has room: every member again on its node, in rank order.
+    let smaller = ranks.iter().min_by_key(|(_, n)| *n).unwrap().0.clone();
+    hold(&mut e, &smaller, 1);
+    let on: Vec<(usize, u32)> = ranks.iter().map(|(n, g)| (index(&e, n), *g)).collect();
+    let again = e
+        .schedule_gang_on(&gang(12), &on)
+        .expect("room on its nodes");
+    assert_eq!(members(&e, &again), ranks);
+    assert_eq!(
+        again[0].0.provenance.sequence,
+        again[1].0.provenance.sequence
+    );
+    for (_, id) in again {
+        e.cluster_mut().release(id).unwrap();
+    }
+
+    // A node with too few GPUs left for its member: nothing of the gang is
+    // taken, not even the member before it.
+    let larger = ranks.iter().max_by_key(|(_, n)| *n).unwrap().0.clone();
+    hold(&mut e, &larger, 1);
+    let used = e.cluster().gpu_milli_used();
+    assert!(e.schedule_gang_on(&gang(12), &on).is_none());
+    assert_eq!(e.cluster().gpu_milli_used(), used, "nothing taken");
+    // Counts that are not the ask, or one node twice, are no restart.
+    let (a, c) = (index(&e, "a"), index(&e, "c"));
+    assert!(e.schedule_gang_on(&gang(12), &[(a, 8), (c, 8)]).is_none());
+    assert!(e.schedule_gang_on(&gang(12), &[(c, 6), (c, 6)]).is_none());
+    assert!(e.schedule_gang_on(&gang(12), &[(7, 6), (c, 6)]).is_none());
+    assert_eq!(e.cluster().gpu_milli_used(), used);
+}
+
+#[test]
 fn a_lease_one_node_could_hold_waits_for_it_rather_than_split() {
     let mut e = engine(&[node("a", "z.1", "", 8), node("b", "z.1", "", 8)]);
     hold(&mut e, "a", 4);

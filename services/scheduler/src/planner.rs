@@ -419,6 +419,31 @@ impl Planner {
             .collect())
     }
 
+    /// Places a gang again on the nodes it ran on, `members` (node id, GPUs
+    /// there) in node-rank order, as [`Engine::schedule_gang_on`] does:
+    /// every member on its own node, or `None` with nothing taken.
+    pub fn place_gang_on(
+        &mut self,
+        shape: LeaseShape,
+        model: &str,
+        needs_isolation: bool,
+        zones: &[String],
+        members: &[(String, u32)],
+    ) -> Option<Vec<Chosen>> {
+        let request = placement_request(shape, model, needs_isolation, zones)?;
+        let on = members
+            .iter()
+            .map(|(id, gpus)| Some((self.index_of(id)?, *gpus)))
+            .collect::<Option<Vec<_>>>()?;
+        let members = self.engine.schedule_gang_on(&request, &on)?;
+        Some(
+            members
+                .into_iter()
+                .map(|(decision, id)| self.chosen(decision, id))
+                .collect(),
+        )
+    }
+
     /// Decides where a lease of `shape` on `model` goes and takes it in this engine, on
     /// a node that isolates workloads when `needs_isolation`, in one of
     /// `zones` (empty: any). When no node

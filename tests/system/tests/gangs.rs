@@ -339,6 +339,173 @@ async fn a_gang_is_reclaimed_as_idle_only_once_every_member_is() {
     assert_eq!(since_of(&first), [latest], "the gang's idle time");
 }
 
+/// Every `lease.placed` of `lease` on `log`: each member's node and GPUs,
+/// in node-rank order.
+fn placements(log: &[lh_bus::Stored], lease: &str) -> Vec<Vec<(String, Vec<u32>)>> {
+    of_type(log, "lease.placed")
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::LeasePlaced(p) if p.lease_id.to_string() == lease => Some(
+                p.members
+                    .iter()
+                    .map(|m| (m.node_id.clone(), m.gpus.iter().map(|g| g.index).collect()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A gang of 10 on node-b's 8 GPUs and 2 of node-a's 6; node-a's GPUs 0
+/// and 1 fall off the bus (XID 79, killing what runs on them) 20 s after
+/// its agent starts. Meanwhile node-c comes, whose 2 GPUs a gang placed
+/// afresh would fill. The gang is not failed: it leaves its GPUs and
+/// restarts in place, on the same nodes with the same ranks, node-a's part
+/// on two of its GPUs still healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gang_whose_gpu_fails_restarts_in_place_on_its_nodes() {
+    let node = |id: &str, gpus: u32, faults: &str| {
+        format!(
+            "[[node]]\nid = \"{id}\"\nzone = \"cn-north.1a\"\nhostname = \"{id}.sim\"\n\
+             gpu_model = \"A100-40GB\"\ngpu_count = {gpus}\nvram_gb = 40\n{faults}\n"
+        )
+    };
+    let fleet = node("node-a", 6, "faults = \"faults-a.toml\"\n")
+        + &node("node-b", 8, "")
+        + &node("node-c", 2, "");
+    let mut stack = Stack::bare(&fleet).await;
+    stack.node_runtime = RuntimeKind::Process;
+    let xid = |gpu: u32| {
+        format!(
+            "[[fault]]\nafter_secs = 20\ngpu = {gpu}\nkind = \"xid\"\ncode = 79\nkills_workloads = true\n"
+        )
+    };
+    stack.write_beside_fleet("faults-a.toml", &(xid(0) + &xid(1)));
+    for name in ["scheduler", "pricing", "audit", "gateway"] {
+        stack.start_service(name).await;
+    }
+    for node in ["node-a", "node-b"] {
+        stack.start_service(&format!("node-agent:{node}")).await;
+    }
+    stack.wait_ready().await;
+    let key = stack.create_trusted_tenant("inplace", 10).await;
+    // Every rank of every run appends its rank and devices to one file.
+    let dir = lh_testkit::shared_tempdir();
+    let out = dir.path().join("runs.txt");
+    std::fs::write(&out, "").unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            "/v1/leases",
+            &key,
+            Some(json!({"gpus": 10, "gpu_model": "A100-40GB", "workload": {
+                "command": ["sh", "-c", "echo \"$RANK $CUDA_VISIBLE_DEVICES\" >> \"$OUT\"; sleep 600"],
+                "env": {"OUT": out.to_str().unwrap()},
+            }})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let lease = b["id"].as_str().unwrap().to_string();
+    let running = stack
+        .wait_lease(&key, &lease, |l| l["state"] == "running")
+        .await;
+    let log = read_log(&stack.bus().await).await;
+    let first = placements(&log, &lease);
+    assert_eq!(first.len(), 1, "{running}");
+    let held_on_a: Vec<u32> = first[0]
+        .iter()
+        .find(|(n, _)| n == "node-a")
+        .map(|(_, g)| g.clone())
+        .expect("a member on node-a");
+    assert!(
+        held_on_a.iter().any(|g| *g < 2),
+        "node-a's part must hold a GPU that fails: {held_on_a:?}"
+    );
+    stack.start_service("node-agent:node-c").await;
+
+    // The fault moves it off its GPUs, and it is placed again on its nodes.
+    let again = stack
+        .wait_log(60, |log| {
+            let p = placements(log, &lease);
+            (p.len() == 2).then_some(p)
+        })
+        .await;
+    let log = read_log(&stack.bus().await).await;
+    let moved: Vec<&lh_events::LeaseMigrated> = of_type(&log, "lease.migrated")
+        .iter()
+        .filter_map(|e| match &e.envelope.data {
+            EventData::LeaseMigrated(m) if m.lease_id.to_string() == lease => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(moved[0].reason.contains("node-a"), "{}", moved[0].reason);
+    assert!(moved[0].to.is_none());
+    let ranks = |p: &[(String, Vec<u32>)]| -> Vec<(String, usize)> {
+        p.iter().map(|(n, g)| (n.clone(), g.len())).collect()
+    };
+    assert_eq!(
+        ranks(&again[1]),
+        ranks(&first[0]),
+        "the same nodes and ranks"
+    );
+    let now_on_a = &again[1].iter().find(|(n, _)| n == "node-a").unwrap().1;
+    assert!(
+        now_on_a.iter().all(|g| *g >= 2),
+        "node-a's healthy GPUs: {now_on_a:?}"
+    );
+    assert!(
+        of_type(&log, "lease.ended").is_empty(),
+        "not failed: {:?}",
+        of_type(&log, "lease.ended")
+    );
+
+    // It runs again, every rank once more; node-a's ranks on other devices.
+    let restarted = stack
+        .wait_lease(&key, &lease, |l| {
+            l["state"] == "running" && l["migrations"] == 1
+        })
+        .await;
+    assert_eq!(restarted["node_id"], running["node_id"], "{restarted}");
+    let mut runs = String::new();
+    for _ in 0..60 {
+        runs = std::fs::read_to_string(&out).unwrap_or_default();
+        if runs.lines().count() >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let on_a_from = if again[1][0].0 == "node-a" { 0 } else { 8 };
+    for rank in 0..10 {
+        let runs_of: Vec<&str> = runs
+            .lines()
+            .filter(|l| l.split(' ').next() == Some(&rank.to_string()))
+            .map(|l| l.split_once(' ').map_or("", |(_, d)| d))
+            .collect();
+        assert_eq!(runs_of.len(), 2, "rank {rank} runs twice: {runs}");
+        let on_a = (on_a_from..on_a_from + 2).contains(&rank);
+        assert_eq!(
+            runs_of[0] != runs_of[1],
+            on_a,
+            "rank {rank}'s devices: {runs}"
+        );
+    }
+    let (s, b) = stack
+        .call(
+            Method::POST,
+            &format!("/v1/leases/{lease}/stop"),
+            &key,
+            None,
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let ended = stack
+        .wait_lease(&key, &lease, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(ended["end_reason"], "stopped", "{ended}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_console_and_an_ordinary_ssh_client_enter_the_member_chosen() {
     let dir = tempfile::tempdir().unwrap();

@@ -54,6 +54,16 @@ struct Offer {
     capacity: u32,
 }
 
+/// One GPU's part of `total`, a gang's demand of `gpus` GPUs.
+fn per_gpu_demand(total: &Demand, gpus: u32) -> Demand {
+    Demand {
+        cpu_milli: total.cpu_milli.div_ceil(u64::from(gpus.max(1))),
+        memory_mib: total.memory_mib.div_ceil(u64::from(gpus.max(1))),
+        kind: Kind::Whole(1),
+        ..*total
+    }
+}
+
 /// The per-GPU part of a gang's demand, and what `gpus` of its GPUs need.
 fn member_demand(per_gpu: &Demand, total: &Demand, gpus: u32, of: u32) -> Demand {
     let share = |x: u64| (x * u64::from(gpus)).div_ceil(u64::from(of));
@@ -145,12 +155,7 @@ impl Engine {
             GpuDemand::Whole { count } => u32::from(count),
             _ => 0,
         };
-        let per_gpu = Demand {
-            cpu_milli: total.cpu_milli.div_ceil(u64::from(gpus.max(1))),
-            memory_mib: total.memory_mib.div_ceil(u64::from(gpus.max(1))),
-            kind: Kind::Whole(1),
-            ..total
-        };
+        let per_gpu = per_gpu_demand(&total, gpus);
         let mut offers = Vec::new();
         let mut rejects = [0u32; Reject::ALL.len()];
         if gpus > 1 {
@@ -183,22 +188,9 @@ impl Engine {
                 .filter(|o| o.free >= count && !taken.iter().any(|t| t.0.node == o.node))
                 .map(|o| o.node)
                 .collect();
-            let chosen = self.best_of(&candidates, &d, &mut rng);
-            let allocated = chosen.and_then(|(node, s, provenance)| {
-                let id = self.cluster.allocate(node, &d, s.gpus).ok()?;
-                let provenance = Provenance {
-                    sequence: seq,
-                    ..provenance
-                };
-                Some((
-                    Decision {
-                        node,
-                        gpus: s.gpus,
-                        provenance,
-                    },
-                    id,
-                ))
-            });
+            let allocated = self
+                .best_of(&candidates, &d, &mut rng)
+                .and_then(|chosen| self.take_member(chosen, &d, seq));
             match allocated {
                 Some(member) => {
                     left -= count;
@@ -216,6 +208,78 @@ impl Engine {
             debug_assert!(!last || left == 0);
         }
         Ok(taken)
+    }
+
+    /// Places gang `request` again on the nodes it ran on, `members` (engine
+    /// node, GPUs there) in node-rank order: each member takes that many
+    /// GPUs of its own node, chosen there by the policy, or nothing of the
+    /// gang is taken. This is a gang's restart in place: its ranks keep
+    /// their nodes, and with them what the nodes hold for it (its data
+    /// cache, its fabric). `None` where a member's node cannot take its
+    /// part now (lost, drained, short of healthy free GPUs, or outside the
+    /// request's zones or models), or the counts do not add up to the ask.
+    pub fn schedule_gang_on(
+        &mut self,
+        request: &Request,
+        members: &[(usize, u32)],
+    ) -> Option<Vec<(Decision, AllocId)>> {
+        let total = self.cluster.demand(request);
+        let gpus = match request.gpu {
+            GpuDemand::Whole { count } => u32::from(count),
+            _ => return None,
+        };
+        let distinct = members
+            .iter()
+            .enumerate()
+            .all(|(k, (node, _))| members[..k].iter().all(|(n, _)| n != node));
+        let counts: u32 = members.iter().map(|(_, count)| count).sum();
+        if members.len() < 2 || counts != gpus || !distinct {
+            return None;
+        }
+        let per_gpu = per_gpu_demand(&total, gpus);
+        let seq = self.sequence;
+        self.sequence += 1;
+        let mut rng = Rng::stream(self.seed, seq);
+        let mut taken: Vec<(Decision, AllocId)> = Vec::new();
+        for &(node, count) in members {
+            let fits = node < self.cluster.len()
+                && offer(&self.cluster, node, &per_gpu).is_ok_and(|o| o.free >= count);
+            let d = member_demand(&per_gpu, &total, count, gpus);
+            let chosen = fits.then(|| self.best_of(&[node], &d, &mut rng)).flatten();
+            match chosen.and_then(|chosen| self.take_member(chosen, &d, seq)) {
+                Some(member) => taken.push(member),
+                None => {
+                    for (_, id) in taken {
+                        let _ = self.cluster.release(id);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(taken)
+    }
+
+    /// Allocates member demand `d` where the policy `chosen` (node, the
+    /// GPUs scored there), as decision `seq` of the engine.
+    fn take_member(
+        &mut self,
+        (node, s, provenance): (usize, Scored, Provenance),
+        d: &Demand,
+        seq: u64,
+    ) -> Option<(Decision, AllocId)> {
+        let id = self.cluster.allocate(node, d, s.gpus).ok()?;
+        let provenance = Provenance {
+            sequence: seq,
+            ..provenance
+        };
+        Some((
+            Decision {
+                node,
+                gpus: s.gpus,
+                provenance,
+            },
+            id,
+        ))
     }
 
     /// The members' GPU counts and the nodes they may go to: the scope

@@ -188,6 +188,21 @@ impl State {
     ) -> Result<Vec<Chosen>, Option<Pending>> {
         let needs_isolation = self.needs_isolation(lease);
         if pass.planner().spans_nodes(lease.shape()) {
+            // A gang that ran restarts in place where its nodes still
+            // have room for their parts: its ranks keep their nodes.
+            let in_place = match lease.members.as_slice() {
+                [] => None,
+                members => pass.planner().place_gang_on(
+                    lease.shape(),
+                    &lease.gpu_model,
+                    needs_isolation,
+                    zones.unwrap_or_default(),
+                    members,
+                ),
+            };
+            if let Some(members) = in_place {
+                return Ok(members);
+            }
             return pass.planner().place_gang(
                 lease.shape(),
                 &lease.gpu_model,

@@ -45,6 +45,11 @@ pub struct Lease {
     pub request_event_id: Uuid,
     /// Where it runs, once placed.
     pub node_id: Option<String>,
+    /// A gang's members as last placed (node, GPUs there), in node-rank
+    /// order; empty for a lease on one node. A gang moved or resumed
+    /// restarts on them when they can take it again.
+    #[serde(default)]
+    pub members: Vec<(String, u32)>,
     /// Compute it takes, in milli-GPU, and VRAM, in GB: its ask's footprint
     /// in the catalogue, looked up once (quota sums read them every pass).
     pub compute_milli: u64,

@@ -194,6 +194,7 @@ impl State {
                     correlation_id: envelope.correlation_id,
                     request_event_id: envelope.id,
                     node_id: None,
+                    members: Vec::new(),
                     compute_milli: footprint.milli,
                     vram_gb: footprint.vram_gb,
                     started_at: None,
@@ -237,6 +238,11 @@ impl State {
                     l.placed_before = true;
                     l.zone = Some(e.zone.clone());
                     l.node_id = Some(e.node_id.clone());
+                    l.members = e
+                        .members
+                        .iter()
+                        .map(|m| (m.node_id.clone(), m.gpus.len() as u32))
+                        .collect();
                     l.vram_gb = e.vram_gb_per_gpu * l.gpus;
                     let key = l.requested_sequence;
                     self.waiting.remove(&key);

@@ -215,6 +215,96 @@ fn a_lost_member_moves_the_whole_gang_and_it_is_placed_again_without_that_node()
     assert_eq!(nodes, expected);
 }
 
+/// Each member of `gang` as the fleet holds it: (node, GPU indices), in
+/// node-rank order.
+fn ranks_of(s: &State, gang: Uuid) -> Vec<(String, Vec<u32>)> {
+    std::iter::once(where_is(s, gang))
+        .chain(s.fleet.gang_members[&gang].iter().cloned())
+        .collect()
+}
+
+#[test]
+fn a_gang_restarts_in_place_where_its_nodes_have_room_and_moves_where_they_have_not() {
+    let t = Uuid::from_u128(1);
+    let gang = Uuid::from_u128(2);
+    let t0 = Utc::now();
+    let rules = Rules::default();
+    let mut s = given(vec![
+        node("b", 8),
+        node("c", 8),
+        tenant(t, 12),
+        request(gang, t, 12),
+    ]);
+    settle(&mut s, t0, &rules);
+    s.apply(5_000, &env(started(gang, t0)));
+    // Node a of 4 GPUs comes: placed afresh, the gang's part of 4 would
+    // fill it.
+    s.apply(5_500, &env(node("a", 4)));
+    let before = ranks_of(&s, gang);
+    let counts = |r: &[(String, Vec<u32>)]| -> Vec<(String, usize)> {
+        r.iter().map(|(n, g)| (n.clone(), g.len())).collect()
+    };
+    let (smaller, its_gpus) = before
+        .iter()
+        .find(|(_, g)| g.len() == 4)
+        .cloned()
+        .expect("a member of 4");
+
+    // A GPU under the member of 4 fails; its node has 4 more free.
+    let failed = its_gpus[0];
+    s.apply(
+        6_000,
+        &env(health(&smaller, failed, GpuHealth::Unhealthy, t0)),
+    );
+    let d = decide_at(&s, t0, &rules);
+    let moved = events_of(&d)
+        .into_iter()
+        .find_map(|e| match e {
+            EventData::LeaseMigrated(m) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("the gang leaves its GPUs");
+    assert!(moved.to.is_none(), "{moved:?}");
+    settle(&mut s, t0, &rules);
+    settle(&mut s, t0, &rules);
+    assert_eq!(placed(&s), [gang]);
+    let after = ranks_of(&s, gang);
+    assert_eq!(
+        counts(&after),
+        counts(&before),
+        "the same nodes, ranks and counts"
+    );
+    assert_eq!(
+        after[0], before[0],
+        "the first member's GPUs are its own again"
+    );
+    let (_, now_on) = after.iter().find(|(n, _)| *n == smaller).unwrap();
+    assert!(!now_on.contains(&failed), "{now_on:?}");
+
+    // A GPU under the member of 8 fails: its node has 7 left, so the gang
+    // is placed afresh (7 and 5 on the nodes of 8), and that GPU is
+    // nobody's.
+    s.apply(7_000, &env(started(gang, t0)));
+    let (larger, its_gpus) = after[0].clone();
+    s.apply(
+        8_000,
+        &env(health(&larger, its_gpus[0], GpuHealth::Unhealthy, t0)),
+    );
+    settle(&mut s, t0, &rules);
+    settle(&mut s, t0, &rules);
+    assert_eq!(placed(&s), [gang]);
+    let moved = ranks_of(&s, gang);
+    assert_eq!(moved.iter().map(|(_, g)| g.len()).sum::<usize>(), 12);
+    assert_ne!(counts(&moved), counts(&after), "placed afresh");
+    assert!(
+        !moved.contains(&(larger.clone(), its_gpus.clone())),
+        "{moved:?}"
+    );
+    assert!(s.fleet.nodes[&larger].gpus[its_gpus[0] as usize]
+        .held_by
+        .is_none());
+}
+
 #[test]
 fn a_spot_gang_is_preempted_whole_where_its_gpus_make_the_room() {
     let (t, now) = (Uuid::from_u128(1), Utc::now());
