@@ -472,6 +472,77 @@ impl Compiled {
     }
 }
 
+/// What one shape sees of some GPUs: how many fit it, the free milli of
+/// those that do not, and how many copies of it those that fit could host.
+/// Integers, so that the view of a node with some GPUs changed is the view
+/// before, less those GPUs' part, plus their part after, exactly. A node
+/// has at most 32 GPUs of at most 1,000 milli each: `u32` holds any sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShapeSeen {
+    fit: u32,
+    unusable: u32,
+    units: u32,
+}
+
+impl ShapeSeen {
+    /// What shape `s` sees of GPU `g`.
+    fn of(s: &CShape, g: &Gpu) -> Self {
+        let unusable = ShapeSeen {
+            unusable: u32::from(g.milli_free),
+            ..Self::default()
+        };
+        if s.whole {
+            return if g.fits_whole(s.models) {
+                ShapeSeen {
+                    fit: 1,
+                    ..Self::default()
+                }
+            } else {
+                unusable
+            };
+        }
+        if !g.fits_frac(s.milli, s.vram, s.models) {
+            return unusable;
+        }
+        let mut units = u32::from(g.milli_free / s.milli.max(1));
+        if let Some(v) = g.vram_free.checked_div(s.vram) {
+            units = units.min(v);
+        }
+        ShapeSeen {
+            fit: 1,
+            unusable: 0,
+            units,
+        }
+    }
+
+    fn add(self, o: Self) -> Self {
+        ShapeSeen {
+            fit: self.fit + o.fit,
+            unusable: self.unusable + o.unusable,
+            units: self.units + o.units,
+        }
+    }
+
+    fn less(self, o: Self) -> Self {
+        ShapeSeen {
+            fit: self.fit - o.fit,
+            unusable: self.unusable - o.unusable,
+            units: self.units - o.units,
+        }
+    }
+}
+
+/// Every shape's view of a node's GPUs (see [`Compiled::node_seen`]), and
+/// their free milli. It does not change with the demand being placed: a
+/// policy keeps it per node until the node changes, and measures each
+/// candidate placement as this view with the GPUs it takes swapped, one
+/// pass over the shapes instead of one over the shapes and every GPU.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSeen {
+    total: u64,
+    shapes: Vec<ShapeSeen>,
+}
+
 impl Compiled {
     /// [`Compiled::frag`] and [`Compiled::frag_fill`] in one pass.
     pub fn frag_both(&self, l: &Load<'_>, memory: bool) -> (f64, f64) {
@@ -479,39 +550,82 @@ impl Compiled {
         if total == 0 {
             return (0.0, 0.0);
         }
+        let seen = self.shapes.iter().map(|s| self.shape_seen(s, l));
+        self.frag_both_of(l, total, seen, memory)
+    }
+
+    /// What shape `s` sees of `l`'s GPUs (nothing for a shape of other
+    /// models: the node's GPUs are all fragment for it).
+    fn shape_seen(&self, s: &CShape, l: &Load<'_>) -> ShapeSeen {
+        if s.models & l.model_mask == 0 {
+            return ShapeSeen::default();
+        }
+        l.gpus
+            .iter()
+            .fold(ShapeSeen::default(), |a, g| a.add(ShapeSeen::of(s, g)))
+    }
+
+    /// Every shape's view of `l`'s GPUs, into `out`.
+    pub fn node_seen(&self, l: &Load<'_>, out: &mut NodeSeen) {
+        out.total = l.gpus.iter().map(|g| u64::from(g.milli_free)).sum();
+        out.shapes.clear();
+        out.shapes
+            .extend(self.shapes.iter().map(|s| self.shape_seen(s, l)));
+    }
+
+    /// [`Compiled::frag_both`] of a node seen as `seen`, with the CPU,
+    /// memory and models of `l` (`l.gpus` is not read), after each GPU
+    /// `was` of `swaps` became its `now`: the same figures to the last bit
+    /// as measuring the node so changed afresh.
+    pub fn frag_both_swapped(
+        &self,
+        l: &Load<'_>,
+        seen: &NodeSeen,
+        swaps: &[(Gpu, Gpu)],
+        memory: bool,
+    ) -> (f64, f64) {
+        let total = swaps.iter().fold(seen.total, |t, (was, now)| {
+            t - u64::from(was.milli_free) + u64::from(now.milli_free)
+        });
+        if total == 0 {
+            return (0.0, 0.0);
+        }
+        let shapes = self.shapes.iter().zip(&seen.shapes).map(|(s, a)| {
+            if s.models & l.model_mask == 0 {
+                return *a;
+            }
+            swaps.iter().fold(*a, |a, (was, now)| {
+                a.less(ShapeSeen::of(s, was)).add(ShapeSeen::of(s, now))
+            })
+        });
+        self.frag_both_of(l, total, shapes, memory)
+    }
+
+    /// FGD's fragment and the fill-up stranding of a node with `total`
+    /// free GPU milli, each shape seeing its GPUs as `seen` says (in the
+    /// order of the shapes), its CPU, memory and models as `l` says.
+    fn frag_both_of(
+        &self,
+        l: &Load<'_>,
+        total: u64,
+        seen: impl Iterator<Item = ShapeSeen>,
+        memory: bool,
+    ) -> (f64, f64) {
         let t = total as f64;
         let mut f = self.cpu_only_weight * t;
         let mut fill = self.cpu_only_weight * t;
-        for s in &self.shapes {
+        for (s, a) in self.shapes.iter().zip(seen) {
             if s.models & l.model_mask == 0 {
                 f += s.weight * t;
                 fill += s.weight * t;
                 continue;
             }
-            let mut fit = 0u64;
-            let mut unusable = 0u64;
-            let mut units = 0u64;
-            for g in l.gpus {
-                if s.whole {
-                    if g.fits_whole(s.models) {
-                        fit += 1;
-                    } else {
-                        unusable += u64::from(g.milli_free);
-                    }
-                } else if g.fits_frac(s.milli, s.vram, s.models) {
-                    fit += 1;
-                    let mut u = u64::from(g.milli_free / s.milli.max(1));
-                    if let Some(v) = g.vram_free.checked_div(s.vram) {
-                        u = u.min(u64::from(v));
-                    }
-                    units += u;
-                } else {
-                    unusable += u64::from(g.milli_free);
-                }
-            }
-            if s.whole {
-                units = fit / u64::from(s.count.max(1));
-            }
+            let (fit, unusable) = (u64::from(a.fit), u64::from(a.unusable));
+            let units = if s.whole {
+                fit / u64::from(s.count.max(1))
+            } else {
+                u64::from(a.units)
+            };
             let cpu_units = l.cpu_free.checked_div(s.cpu).unwrap_or(u64::MAX);
             let mem_units = if memory && s.memory > 0 {
                 l.memory_free / s.memory
@@ -626,6 +740,61 @@ mod tests {
         let deep = c.recursive_depth(1, 1000);
         for (a, b) in deep.iter().zip(&c.recursive[0]) {
             assert!((a - b).abs() < 1e-3);
+        }
+    }
+
+    proptest::proptest! {
+        /// A node seen once, some of its GPUs swapped, measures as the node
+        /// measured afresh after the change: the same bits, not merely close.
+        #[test]
+        fn a_swapped_view_measures_as_the_node_measured_afresh(
+            used in proptest::collection::vec((0u16..=1000, 0u32..=16), 1..=8),
+            cpu_free in 0u64..=64_000,
+            memory_free in 0u64..=(256 << 10),
+            picks in proptest::collection::vec(0usize..8, 0..=3),
+            milli in 1u16..=1000,
+            vram in 0u32..=16,
+            memory in proptest::bool::ANY,
+        ) {
+            let spec = GpuSpec { model: "T4".into(), vram_gb: 16, mode: SharingMode::VGpu };
+            let cluster = Cluster::new(&[NodeSpec::uniform("n", "z", 64_000, 256 << 10, 8, spec)]);
+            let reqs = [
+                Request::fraction(470, 4, 8_000, 16 << 10),
+                Request::fraction(320, 2, 4_000, 8 << 10),
+                Request::fraction(810, 12, 12_000, 32 << 10),
+                Request::whole(1, 12_000, 64 << 10),
+                Request::whole(2, 24_000, 96 << 10),
+                Request::cpu_only(8_000, 0),
+            ];
+            let mix = ShapeMix::from_requests(&reqs, ShapeMixConfig::PUBLISHED);
+            let c = Compiled::new(&mix, &cluster);
+            let mut gpus: Vec<Gpu> = cluster.node(0).gpus[..used.len()].to_vec();
+            for (g, (milli_used, vram_used)) in gpus.iter_mut().zip(&used) {
+                g.milli_free -= milli_used;
+                g.vram_free = g.vram_free.saturating_sub(*vram_used);
+                g.leases = u16::from(*milli_used > 0);
+            }
+            let model_mask = cluster.node(0).model_mask;
+            let load = Load { cpu_free, memory_free, model_mask, gpus: &gpus };
+            let mut seen = NodeSeen::default();
+            c.node_seen(&load, &mut seen);
+            let mut picked: Vec<usize> = picks.iter().map(|j| j % gpus.len()).collect();
+            picked.sort_unstable();
+            picked.dedup();
+            let mut changed = gpus.clone();
+            let swaps: Vec<(Gpu, Gpu)> = picked
+                .iter()
+                .map(|&j| {
+                    let was = gpus[j];
+                    changed[j].milli_free = was.milli_free.saturating_sub(milli);
+                    changed[j].vram_free = was.vram_free.saturating_sub(vram);
+                    (was, changed[j])
+                })
+                .collect();
+            let swapped = c.frag_both_swapped(&load, &seen, &swaps, memory);
+            let afresh = c.frag_both(&Load { cpu_free, memory_free, model_mask, gpus: &changed }, memory);
+            proptest::prop_assert_eq!(swapped.0.to_bits(), afresh.0.to_bits());
+            proptest::prop_assert_eq!(swapped.1.to_bits(), afresh.1.to_bits());
         }
     }
 }

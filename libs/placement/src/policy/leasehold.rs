@@ -18,11 +18,13 @@
 //! The ideas measured and left out, and the switches that reproduce them,
 //! live in the `lh-placement-lab` crate; docs/placement.md has the figures.
 
-use super::frag_cache::{load, sigmoid, MixMeasure, Scratch};
+use super::frag_cache::{load, sigmoid, MixMeasure};
 use super::{Policy, Scored};
-use crate::cluster::{Cluster, Demand, Gpu, GpuSet, Kind, Node, MAX_GPUS_PER_NODE, MILLI};
+use crate::cluster::{
+    Cluster, Demand, Gpu, GpuSet, Kind, Node, EMPTY_GPU, MAX_GPUS_PER_NODE, MILLI,
+};
 use crate::rng::Rng;
-use crate::shape_mix::{apply, Compiled, Load, ShapeMix};
+use crate::shape_mix::{apply, Compiled, Load, NodeSeen, ShapeMix};
 
 /// FGD's scores lie in 0..=100; one milli of stranding charge must outrank
 /// all of them, and one thousandth of a GPU of packing cost every charge a
@@ -67,9 +69,48 @@ impl Key {
     }
 }
 
+/// Shape views a [`Leasehold`] keeps in all, over every node: 12 bytes
+/// each, 12 MiB. Where a fleet's nodes times the mix's shapes exceed it,
+/// each node is seen afresh whenever it is scored.
+pub const SEEN_CACHE_VIEWS_MAX: usize = 1 << 20;
+
+/// Each node's view by the mix's shapes ([`NodeSeen`]), kept until the
+/// node or the mix changes: it is the same whatever the demand, and a
+/// placement changes one node.
+#[derive(Debug, Clone, Default)]
+struct SeenCache {
+    /// Per node: the mix's epoch and the node's generation its view is of.
+    stamps: Vec<(u64, u64)>,
+    views: Vec<NodeSeen>,
+    scratch: NodeSeen,
+}
+
+impl SeenCache {
+    /// Node `node`'s view (`n`, of a cluster of `nodes`) under mix `w` of
+    /// epoch `epoch`.
+    fn of(&mut self, w: &Compiled, epoch: u64, node: usize, n: &Node, nodes: usize) -> &NodeSeen {
+        if nodes.saturating_mul(w.shapes.len()) > SEEN_CACHE_VIEWS_MAX {
+            w.node_seen(&load(n), &mut self.scratch);
+            return &self.scratch;
+        }
+        if self.stamps.len() != nodes {
+            self.stamps = vec![(u64::MAX, u64::MAX); nodes];
+            self.views.resize_with(nodes, NodeSeen::default);
+        }
+        let view = &mut self.views[node];
+        if self.stamps[node] != (epoch, n.generation) {
+            w.node_seen(&load(n), view);
+            self.stamps[node] = (epoch, n.generation);
+        }
+        view
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Leasehold {
     measure: MixMeasure,
+    /// Each node's shape view, as of its generation.
+    seen: SeenCache,
     /// The epoch of the compiled mix, and the most CPU and the most memory
     /// a single-GPU shape of it asks for: a node left with both strands
     /// nothing.
@@ -80,6 +121,7 @@ impl Leasehold {
     pub fn new(mix: ShapeMix) -> Self {
         Leasehold {
             measure: MixMeasure::new(mix),
+            seen: SeenCache::default(),
             strand_bound: (u64::MAX, 0, 0),
         }
     }
@@ -128,22 +170,31 @@ impl Policy for Leasehold {
             .compiled
             .as_ref()
             .expect("begin compiles the mix");
-        // (fragmentation F, fill-up stranding) of a node state, memory-aware.
-        let measure = |w: &Compiled, l: &Load<'_>| w.frag_both(l, true);
-        let (f0, fill0) = self
-            .measure
-            .cache
-            .node_pair(node, n.generation, || measure(w, &load(n)));
-        let mut scratch = Scratch::of(n);
+        // (fragmentation F, fill-up stranding) of the node, memory-aware,
+        // and of the node after each candidate placement: its view with
+        // the GPUs the placement takes swapped.
+        let seen = self.seen.of(w, self.measure.epoch, node, n, cluster.len());
+        let (f0, fill0) = self.measure.cache.node_pair(node, n.generation, || {
+            w.frag_both_swapped(&load(n), seen, &[], true)
+        });
+        let after_load = Load {
+            cpu_free: n.cpu_free - d.cpu_milli,
+            memory_free: n.memory_free - d.memory_mib,
+            ..load(n)
+        };
         let ((f1, fill1), set) = match d.kind {
             Kind::Frac { milli, vram_gb } => {
                 // The GPU with the lowest F', the tightest among equals.
+                // A GPU in the same state as one before it measures the
+                // same and is not tighter: it cannot win, and is skipped.
                 let mut best: Option<((f64, f64), u16, GpuSet)> = None;
                 for (j, g) in n.gpus.iter().enumerate() {
-                    if !g.fits_frac(milli, vram_gb, d.models) {
+                    if !g.fits_frac(milli, vram_gb, d.models) || n.gpus[..j].contains(g) {
                         continue;
                     }
-                    let m = scratch.measure_after(w, d, 1 << j, n, measure);
+                    let mut now = *g;
+                    apply(std::slice::from_mut(&mut now), d.kind, 1);
+                    let m = w.frag_both_swapped(&after_load, seen, &[(*g, now)], true);
                     let better = best.is_none_or(|(bm, bmilli, _)| {
                         m.0 < bm.0 || (m.0 == bm.0 && g.milli_free < bmilli)
                     });
@@ -156,7 +207,20 @@ impl Policy for Leasehold {
             }
             _ => {
                 let set = cluster.pick_default(node, d);
-                (scratch.measure_after(w, d, set, n, measure), set)
+                let mut swaps = [(EMPTY_GPU, EMPTY_GPU); MAX_GPUS_PER_NODE];
+                let mut k = 0;
+                for (j, g) in n.gpus.iter().enumerate() {
+                    if set & (1 << j) != 0 {
+                        let mut now = *g;
+                        apply(std::slice::from_mut(&mut now), d.kind, 1);
+                        swaps[k] = (*g, now);
+                        k += 1;
+                    }
+                }
+                (
+                    w.frag_both_swapped(&after_load, seen, &swaps[..k], true),
+                    set,
+                )
             }
         };
         let fgd_score = (sigmoid((f0 - f1) / 1000.0) * 100.0) as i64;
