@@ -71,6 +71,8 @@ fn main() {
 
     // (arrived, failed, arrived % at the first failure) per shape.
     let mut per_kind: BTreeMap<String, (u64, u64, Option<f64>)> = BTreeMap::new();
+    // Every failure of a multi-GPU task: its GPUs, and the arrived % then.
+    let mut multi_failed: Vec<(u8, f64)> = Vec::new();
     let mut arrived = 0u64;
     for &t in &seq {
         arrived += tasks[t].gpu_milli_total();
@@ -78,8 +80,12 @@ fn main() {
         let k = per_kind.entry(label(&d)).or_default();
         k.0 += 1;
         if e.schedule_demand(&d).is_err() {
+            let at = arrived as f64 / cap as f64 * 100.0;
             k.1 += 1;
-            k.2.get_or_insert(arrived as f64 / cap as f64 * 100.0);
+            k.2.get_or_insert(at);
+            if let Kind::Whole(n @ 2..) = d.kind {
+                multi_failed.push((n, at));
+            }
         }
     }
     let c = e.cluster();
@@ -183,4 +189,48 @@ fn main() {
         }
     }
     println!("idle: no shape fits the GPU {size}, stranded by CPU/memory {stranded}, unfilled {unfilled}");
+
+    // The most any rule that places every task that fits could give back
+    // (placement.md, "How far the default trace can go"): every hole of
+    // 200 milli or more filled, the slices packed as the LP's shares say,
+    // and every multi-GPU task that failed while whole GPUs were still
+    // placed saved. A GPU the slices need no more, or a saved task's GPU,
+    // goes to the pool of whole GPUs and 810s, at that pool's mean fill.
+    let mut pool: HashSet<(usize, usize)> = HashSet::new();
+    for (_, al) in c.allocations() {
+        let whole = matches!(al.demand.kind, Kind::Whole(_));
+        let is_810 = matches!(al.demand.kind, Kind::Frac { milli: 810, .. });
+        if whole || is_810 {
+            for j in 0..32 {
+                if al.gpus & (1 << j) != 0 {
+                    pool.insert((al.node as usize, j));
+                }
+            }
+        }
+    }
+    let pool_fill = pool
+        .iter()
+        .map(|&(n, j)| 1000.0 - f64::from(c.node(n).gpus[j].milli_free))
+        .sum::<f64>()
+        / pool.len().max(1) as f64;
+    let holes: u64 = c
+        .nodes()
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .filter(|g| g.milli_free >= 200)
+        .map(|g| u64::from(g.milli_free))
+        .sum();
+    let run_out = per_kind.get("whole1").and_then(|k| k.2).unwrap_or(f64::MAX);
+    let saved: Vec<&(u8, f64)> = multi_failed.iter().filter(|(_, at)| *at < run_out).collect();
+    let saved_milli: f64 = saved
+        .iter()
+        .map(|(n, _)| f64::from(*n) * (1000.0 - pool_fill))
+        .sum();
+    let lp_gap = (mix_gpus as f64 - mix_lp).max(0.0) * pool_fill;
+    let back = holes as f64 + lp_gap + saved_milli;
+    println!(
+        "most a rule could give back: holes of 200+ {holes}, the LP's gap {lp_gap:.0}, {} multi-GPU tasks failed before whole GPUs ran out at {run_out:.1}% ({saved_milli:.0}; pool fill {pool_fill:.1}): {back:.0} milli, to {:.2}%",
+        saved.len(),
+        (c.gpu_milli_used() as f64 + back) / cap as f64 * 100.0
+    );
 }
