@@ -114,10 +114,14 @@ pub struct LeaseholdConfig {
     /// Slices by their cost against the best packing of the workload's
     /// slices (the cutting-stock LP's shares, [`lh_placement::packing`]):
     /// 1: instead of the table as the tie-break, 2: before the table,
-    /// 3: before FGD's score, 4: after the table. 0: off.
+    /// 3: before FGD's score, 4: after the table, 5: a join it prices at 0
+    /// before anything else, the rest by FGD's score, 6: as 3 with an
+    /// untouched GPU a thousandth dearer than a free join. 0: off.
     pub packing_cost: u8,
     /// Inside the node, choose a slice's GPU by the packing cost first.
     pub packing_gpu: bool,
+    /// The slices' packing cost only while no lease of whole GPUs waits.
+    pub packing_unless_waiting: bool,
     /// Charge a placement for the GPU milli it strands: free milli of the
     /// node's GPUs that some shape of the mix fits before the placement but
     /// that no shape fits the node's CPU and memory after it. A key before
@@ -209,9 +213,10 @@ impl LeaseholdConfig {
                 self.slice_bin = o[3..].parse().ok().filter(|b: &f64| *b >= 0.0)?
             }
             o if o.starts_with("lp=") => {
-                self.packing_cost = o[3..].parse().ok().filter(|k| *k <= 4)?
+                self.packing_cost = o[3..].parse().ok().filter(|k| *k <= 6)?
             }
             "lpg" => self.packing_gpu = true,
+            "lpwait" => self.packing_unless_waiting = true,
             o if o.starts_with("st=") => self.strand = o[3..].parse().ok().filter(|k| *k <= 5)?,
             o if o.starts_with("sdiv=") => self.slice_score_divisor = o[5..].parse().ok()?,
             "hyba" => self.hybrid_all = true,
@@ -264,6 +269,7 @@ impl Default for LeaseholdConfig {
             sum_squares: 0,
             packing_cost: 3,
             packing_gpu: false,
+            packing_unless_waiting: false,
             strand: 1,
             used_first: false,
             fill_multi: false,
@@ -295,6 +301,8 @@ pub struct Ablation {
     /// against the cut mix, and compiled against the cluster.
     gang_mix: ShapeMix,
     gang_shapes: Vec<CShape>,
+    /// Leases of whole GPUs wait for room now.
+    whole_waiting: bool,
 }
 
 impl Ablation {
@@ -320,6 +328,7 @@ impl Ablation {
         Ablation {
             gang_mix,
             gang_shapes: Vec::new(),
+            whole_waiting: false,
             mix,
             cfg,
             compiled: None,
@@ -414,6 +423,13 @@ impl Policy for Ablation {
         if self.cfg.gang_reserve > 0 {
             self.untouched_big = cluster.nodes().iter().filter(|n| untouched_big(n)).count() as u32;
         }
+    }
+
+    fn set_whole_waiting(&mut self, waiting: bool) {
+        if self.cfg.packing_unless_waiting && waiting != self.whole_waiting {
+            self.cache.clear();
+        }
+        self.whole_waiting = waiting;
     }
 
     fn score(&mut self, cluster: &Cluster, node: usize, d: &Demand, _rng: &mut Rng) -> Scored {
@@ -530,7 +546,10 @@ impl Ablation {
         if let Some(s) = self.cache.get(node, n.generation) {
             return s;
         }
-        let cfg = self.cfg;
+        let mut cfg = self.cfg;
+        if cfg.packing_unless_waiting && self.whole_waiting {
+            cfg.packing_cost = 0;
+        }
         let mem = cfg.memory;
         let gang_shapes = self.gang_shapes.clone();
         let gangs = &gang_shapes;
@@ -747,7 +766,7 @@ impl Ablation {
         };
         let is_frac = matches!(d.kind, Kind::Frac { .. });
         let (score, tiebreak) = match (cfg.packing_cost, d.kind) {
-            (k @ 1..=4, Kind::Frac { milli, .. }) if set != 0 => {
+            (k @ 1..=6, Kind::Frac { milli, .. }) if set != 0 => {
                 let c = packing_cost(w, &n.gpus[set.trailing_zeros() as usize], milli);
                 match k {
                     1 => (score, -c),
@@ -755,6 +774,20 @@ impl Ablation {
                     // The cost is a multiple of 1/1000: times 1e6, its
                     // smallest step outranks FGD's whole range (0..=100).
                     3 => (score - c * 1e6, tiebreak),
+                    // A join the packing prices at 0 before anything else;
+                    // the rest (dearer joins, and untouched GPUs) by FGD.
+                    5 => {
+                        let g = &n.gpus[set.trailing_zeros() as usize];
+                        let free_join = g.leases > 0 && c == 0.0;
+                        (score - if free_join { 0.0 } else { 1e6 }, tiebreak)
+                    }
+                    // The cost first, an untouched GPU at least a
+                    // thousandth of a GPU dearer than a free join.
+                    6 => {
+                        let g = &n.gpus[set.trailing_zeros() as usize];
+                        let c = if g.leases == 0 { c.max(1e-3) } else { c };
+                        (score - c * 1e6, tiebreak)
+                    }
                     _ => (score, (tiebreak * 1e3).round() * 1e4 - c * 1e3),
                 }
             }
@@ -941,10 +974,13 @@ mod tests {
             "lpg",
             "st=1",
             "usedfirst",
+            "lpwait",
+            "lp=5",
         ] {
             assert_eq!(c.apply(opt), Some(()), "{opt}");
         }
-        assert!(c.fresh_fill && c.packing_gpu && c.used_first);
+        assert!(c.fresh_fill && c.packing_gpu && c.used_first && c.packing_unless_waiting);
+        assert_eq!(c.packing_cost, 5);
         assert_eq!(c.strand, 1);
         assert_eq!(
             (
@@ -955,7 +991,7 @@ mod tests {
             ),
             (12, 2, 300.0, 3)
         );
-        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=5", "st=6", "nonsense"] {
+        for bad in ["ss=4", "sb=-1", "gr=x", "sdiv=", "lp=7", "st=6", "nonsense"] {
             assert_eq!(c.apply(bad), None, "{bad}");
         }
         assert_eq!(c.apply("v2"), Some(()));

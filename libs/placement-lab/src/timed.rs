@@ -24,7 +24,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 
-use lh_placement::model::{NodeSpec, Request};
+use lh_placement::model::{GpuDemand, NodeSpec, Request};
 use lh_placement::{AllocId, Cluster, Engine};
 
 use crate::trace::{self, is_gang, Order, Task};
@@ -152,6 +152,12 @@ pub fn run_timed(
         if departed {
             refused.clear();
         }
+        // Whole GPUs are waited for when a lease of them found no room
+        // before this moment.
+        let whole_waiting = waiting
+            .iter()
+            .any(|&k| matches!(requests[seq[k]].gpu, GpuDemand::Whole { .. }));
+        engine.set_whole_waiting(whole_waiting);
         if next_arrival == Some(now) {
             waiting.push(next);
             next += 1;

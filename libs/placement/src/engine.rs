@@ -191,6 +191,11 @@ impl Engine {
         self.policy.as_ref()
     }
 
+    /// Tells the policy whether leases of whole GPUs wait for room now.
+    pub fn set_whole_waiting(&mut self, waiting: bool) {
+        self.policy.set_whole_waiting(waiting);
+    }
+
     /// Decides with `policy` from now on; the verdicts kept under the old
     /// one are dropped.
     pub fn set_policy(&mut self, policy: Box<dyn Policy>) {

@@ -55,4 +55,7 @@ pub trait Policy: Send {
     fn scores_by_node(&self) -> Option<u64> {
         None
     }
+    /// Whether leases of whole GPUs wait for room now (a policy may keep
+    /// GPUs whole for them). Nothing waits unless told.
+    fn set_whole_waiting(&mut self, _waiting: bool) {}
 }
