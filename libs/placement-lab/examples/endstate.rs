@@ -221,7 +221,10 @@ fn main() {
         .map(|g| u64::from(g.milli_free))
         .sum();
     let run_out = per_kind.get("whole1").and_then(|k| k.2).unwrap_or(f64::MAX);
-    let saved: Vec<&(u8, f64)> = multi_failed.iter().filter(|(_, at)| *at < run_out).collect();
+    let saved: Vec<&(u8, f64)> = multi_failed
+        .iter()
+        .filter(|(_, at)| *at < run_out)
+        .collect();
     let saved_milli: f64 = saved
         .iter()
         .map(|(n, _)| f64::from(*n) * (1000.0 - pool_fill))

@@ -211,12 +211,24 @@ impl NodeAgent {
                     _ => None,
                 })
                 .collect();
+            let gang_links = self
+                .state
+                .holding()
+                .filter_map(|(&lease_id, l)| {
+                    let part = l.gang.as_ref()?;
+                    Some((
+                        lease_id,
+                        crate::workload::gang_link::GangLink::of(lease_id, part),
+                    ))
+                })
+                .collect();
             commands.push(Command::Reconcile {
                 placed_here,
                 share_gpus,
                 mig_placed,
                 mig_over,
                 with_data,
+                gang_links,
             });
             self.reconciliation = Reconciliation::Asked;
         }

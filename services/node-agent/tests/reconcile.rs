@@ -1095,6 +1095,220 @@ async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again
     drop(gateway);
 }
 
+/// The first member of a gang in a container, started by an agent (the
+/// binary, on podman) that is then killed with SIGKILL; its link is then
+/// taken away, as if that agent had died between the container's start
+/// and its link. The restarted agent adopts the container and links it
+/// again, and at the lease's end releases the link: the host's segment
+/// goes with it. Before, an adopted member stayed off its gang's link (its
+/// ranks never met) and its segment outlived it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_agent_links_an_adopted_gang_member_again_and_releases_the_link() {
+    use lh_node_agent::workload::gang_link::{linked, GangLink, LINK_IN_CONTAINER};
+    let made = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/images.sh"
+    ))
+    .arg("base")
+    .status()
+    .unwrap();
+    assert!(made.success(), "scripts/images.sh base");
+    let nats = lh_testkit::Nats::start().await.unwrap();
+    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
+        .await
+        .unwrap();
+    let views = tokio::spawn(lh_scheduler::node_view::run(
+        bus.clone(),
+        chrono::Duration::seconds(30),
+        lh_service::CancellationToken::new(),
+    ));
+    let on_log = OnLog {
+        nats,
+        bus,
+        dir: lh_testkit::shared_tempdir(),
+        lease_id: Uuid::now_v7(),
+        _views: lh_service::AbortOnDrop(views),
+    };
+    // A node of its own: an agent sweeps the containers of its node id,
+    // and the data test's agent runs on podman as node-a at the same time.
+    const GANG_NODE: &str = "node-g";
+    fs::write(on_log.fleet(), FLEET.replace(NODE, GANG_NODE)).unwrap();
+    let request = lh_events::LeaseRequested {
+        workload: Some(WorkloadSpec {
+            command: ["sh", "-c", "sleep 600"].map(String::from).into(),
+            image: Some("localhost/leasehold/base".into()),
+            ..Default::default()
+        }),
+        ..lh_events::fixtures::whole_request(on_log.lease_id, Uuid::now_v7(), 2, "A100-40GB")
+    };
+    on_log
+        .publish(lh_events::EventData::LeaseRequested(request))
+        .await;
+    // Two members: this node first, and one on another host whose agent
+    // never comes (its name does not resolve: the link stays on this host).
+    let mut placed =
+        lh_events::fixtures::placed(on_log.lease_id, GANG_NODE, "z", "A100-40GB", 40, &[0]);
+    placed.members = [(GANG_NODE, "a"), ("node-x", "gpu-x.sim")]
+        .map(|(node_id, address)| lh_events::LeaseMember {
+            node_id: node_id.into(),
+            zone: "z".into(),
+            address: address.into(),
+            gpus: placed.gpus.clone(),
+        })
+        .into();
+    let link = GangLink {
+        lease_id: on_log.lease_id,
+        node_rank: 0,
+        members: vec!["a".into(), "gpu-x.sim".into()],
+    };
+    let segment = Path::new("/run/netns").join(link.namespace());
+    let _segment = DeleteSegmentOnDrop(link.namespace());
+    on_log
+        .publish(lh_events::EventData::LeasePlaced(placed))
+        .await;
+    // An agent the test kills with SIGKILL: the binary, its log kept.
+    let agent_binary = |life: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
+            .arg("--nats-url")
+            .arg(on_log.nats.url())
+            .args([
+                "--http-addr",
+                "127.0.0.1:0",
+                "--node-id",
+                GANG_NODE,
+                "--runtime",
+                "podman",
+            ])
+            .args(PODMAN_ARGS.iter().flat_map(|a| ["--container-cli-arg", a]))
+            .arg("--fleet-file")
+            .arg(on_log.fleet())
+            .arg("--state-dir")
+            .arg(on_log.state_dir())
+            .stdout(fs::File::create(on_log.dir.path().join(format!("{life}-agent.log"))).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut agent = agent_binary("first");
+    let container = format!("lh-{}", on_log.lease_id);
+    let _cleanup = RemoveOnDrop(container.clone());
+    let pid_of = || -> Option<u32> {
+        let out = Command::new("podman")
+            .args(PODMAN_ARGS)
+            .args(["inspect", "--format", "{{.State.Pid}}", &container])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .ok()
+            .filter(|pid| *pid > 0)
+    };
+    let until = |what: &str, secs: u64, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("the first agent never linked its member", 90, &|| {
+        pid_of().is_some_and(linked)
+    });
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let pid = pid_of().expect("the container outlived its agent");
+    let unlinked = Command::new("nsenter")
+        .args([
+            "-t",
+            &pid.to_string(),
+            "-n",
+            "ip",
+            "link",
+            "del",
+            LINK_IN_CONTAINER,
+        ])
+        .status()
+        .unwrap();
+    assert!(unlinked.success());
+    assert!(!linked(pid));
+
+    let mut agent = agent_binary("second");
+    tokio::task::spawn_blocking(move || {
+        until("the adopted member was not linked again", 30, &|| {
+            linked(pid)
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(pid_of(), Some(pid), "adopted, not started again");
+    // Adopted while linked, a member keeps its link as it is: the same
+    // interface, not one made again (which would cut the ranks' traffic).
+    let interface = || {
+        let out = Command::new("nsenter")
+            .args([
+                "-t",
+                &pid.to_string(),
+                "-n",
+                "ip",
+                "-o",
+                "link",
+                "show",
+                LINK_IN_CONTAINER,
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let before = interface();
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let token = lh_service::CancellationToken::new();
+    let config = lh_node_agent::Config {
+        runtime: RuntimeKind::Podman,
+        container_cli_args: PODMAN_ARGS.map(String::from).into(),
+        state_dir: on_log.state_dir(),
+        stop_grace_secs: 2,
+        ..lh_node_agent::Config::for_test(&on_log.nats.url(), on_log.fleet(), GANG_NODE)
+    };
+    let running = lh_node_agent::start(config, token.clone()).await.unwrap();
+    // Its link task runs once the adopted container is seen running.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(pid_of(), Some(pid), "adopted again");
+    assert!(!before.is_empty());
+    assert_eq!(interface(), before, "the link was made again");
+
+    on_log
+        .publish(lh_events::EventData::LeaseStopRequested(
+            lh_events::LeaseStopRequested {
+                lease_id: on_log.lease_id,
+            },
+        ))
+        .await;
+    let gone = segment.clone();
+    tokio::task::spawn_blocking(move || {
+        until("the adopted member's segment outlived it", 60, &|| {
+            !gone.exists()
+        })
+    })
+    .await
+    .unwrap();
+    token.cancel();
+    running.wait().await.unwrap();
+}
+
+/// Deletes a gang's segment left by a test that failed half way.
+struct DeleteSegmentOnDrop(String);
+
+impl Drop for DeleteSegmentOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
 /// Removes the container of a test that failed half way.
 struct RemoveOnDrop(String);
 

@@ -87,6 +87,9 @@ pub(crate) enum Command {
         /// has data (datasets, workspaces, the store): an adopted one's is
         /// found again.
         with_data: HashMap<Uuid, (Uuid, WorkloadSpec)>,
+        /// The link of each gang member placed here: an adopted one is
+        /// linked again, and its link released at its end.
+        gang_links: HashMap<Uuid, super::gang_link::GangLink>,
     },
 }
 
@@ -183,8 +186,8 @@ pub(crate) fn spawn(
                     None => return,
                     // Once, at start, before any other command: nothing
                     // else waits on the workload side meanwhile.
-                    Some(Command::Reconcile { placed_here, share_gpus, mig_placed, mig_over, with_data }) => {
-                        let reconciled = side.workloads.reconcile(&placed_here).await;
+                    Some(Command::Reconcile { placed_here, share_gpus, mig_placed, mig_over, with_data, gang_links }) => {
+                        let reconciled = side.workloads.reconcile_gangs(&placed_here, &gang_links).await;
                         side.workloads.reconcile_shares(&reconciled.adopted, &share_gpus);
                         side.resume_data(&reconciled.adopted, with_data);
                         side.mig.adopt(mig_placed, mig_over).await;

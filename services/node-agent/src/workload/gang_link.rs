@@ -406,8 +406,15 @@ impl std::fmt::Debug for LinkTask {
     }
 }
 
+/// Whether the network namespace of process `pid` has a gang's link. Its
+/// other end is on the segment: a port goes with its pair.
+pub fn linked(pid: u32) -> bool {
+    in_container(&pid.to_string(), &["-o", "link", "show", LINK_IN_CONTAINER]).is_ok()
+}
+
 /// Links the container `name` in a task of its own, once the engine says
-/// it runs (by `deadline`). A failure is logged; the launcher then fails
+/// it runs (by `deadline`), unless it is linked already (a container a
+/// restarted agent adopted). A failure is logged; the launcher then fails
 /// the part when the link is not up in time.
 pub fn spawn_attach(
     engine: Engine,
@@ -426,8 +433,13 @@ pub fn spawn_attach(
             return;
         };
         let lease = task_link.lease_id;
-        match tokio::task::spawn_blocking(move || task_link.attach(pid, &task_lock)).await {
-            Ok(Ok(())) => tracing::info!(lease = %lease, container = %name, "gang link up"),
+        let attached = tokio::task::spawn_blocking(move || match linked(pid) {
+            true => Ok(false),
+            false => task_link.attach(pid, &task_lock).map(|()| true),
+        });
+        match attached.await {
+            Ok(Ok(true)) => tracing::info!(lease = %lease, container = %name, "gang link up"),
+            Ok(Ok(false)) => tracing::info!(lease = %lease, container = %name, "gang link kept"),
             Ok(Err(why)) => {
                 tracing::error!(lease = %lease, container = %name, why, "no gang link")
             }

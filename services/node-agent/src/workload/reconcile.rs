@@ -414,6 +414,8 @@ pub enum Adopted {
         networks: Box<super::tenant_network::TenantNetworks>,
         /// Why it failed, once it ended and the kernel or the engine said.
         failure: std::sync::Mutex<Option<lh_events::LeaseFailure>>,
+        /// Its gang's link, for a gang member: released when it ends.
+        gang_link: std::sync::Mutex<Option<super::gang_link::LinkTask>>,
     },
 }
 
@@ -539,10 +541,15 @@ impl Adopted {
             name,
             memory_cgroups,
             networks,
+            gang_link,
             ..
         } = self
         {
             remove_container(engine, name).await;
+            let link = gang_link.lock().map(|mut l| l.take()).unwrap_or_default();
+            if let Some(link) = link {
+                link.release().await;
+            }
             if let Some(cgroups) = memory_cgroups {
                 cgroups.remove(name).await;
             }

@@ -106,6 +106,10 @@ struct ContainerCli {
     env_dir: PathBuf,
     memory_cgroups: Option<ContainerCgroups>,
     networks: super::tenant_network::TenantNetworks,
+    /// The host's lock on gang links, and how long a container may take to
+    /// run: an adopted gang member is linked again with them.
+    gang_link_lock_file: PathBuf,
+    start_timeout: Duration,
 }
 
 impl ContainerCli {
@@ -320,6 +324,8 @@ impl Workloads {
                     env_dir: runtime.env_dir.clone(),
                     memory_cgroups: runtime.memory_cgroups.clone(),
                     networks: runtime.tenant_networks.clone(),
+                    gang_link_lock_file: runtime.gang_link_lock_file.clone(),
+                    start_timeout: runtime.start_timeout,
                 });
                 Some(Arc::new(runtime))
             }

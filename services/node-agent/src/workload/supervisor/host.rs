@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use uuid::Uuid;
 
+use crate::workload::gang_link::GangLink;
+
 use super::*;
 
 impl Workloads {
@@ -91,6 +93,17 @@ impl Workloads {
     /// leases in `placed_here` (lease and placement) and stops and removes
     /// the rest. Each decision is logged and counted.
     pub async fn reconcile(&mut self, placed_here: &HashMap<Uuid, u64>) -> Reconciled {
+        self.reconcile_gangs(placed_here, &HashMap::new()).await
+    }
+
+    /// [`Workloads::reconcile`], where an adopted container of a gang in
+    /// `gang_links` is linked to its gang again if the previous agent died
+    /// before it was, and its link is released when it ends.
+    pub async fn reconcile_gangs(
+        &mut self,
+        placed_here: &HashMap<Uuid, u64>,
+        gang_links: &HashMap<Uuid, GangLink>,
+    ) -> Reconciled {
         let found = self.on_the_host().await;
         let decisions = reconcile::decide(&found, placed_here);
         let adopted_cgroups: HashMap<Uuid, PathBuf> = found
@@ -125,7 +138,8 @@ impl Workloads {
                     tracing::info!(lease = %lease_id, placement, kind, "adopting the workload a previous agent started");
                     metrics::counter!("lh_node_workloads_adopted_total", "kind" => kind)
                         .increment(1);
-                    let (adopted, record) = self.adopted(f, adopted_cgroups.get(&lease_id));
+                    let (adopted, record) =
+                        self.adopted(f, adopted_cgroups.get(&lease_id), gang_links.get(&lease_id));
                     // A container finds its notices where its start put
                     // them; a process lease is told none.
                     let notice_dir = matches!(adopted, Adopted::Container { .. })
@@ -208,7 +222,12 @@ impl Workloads {
         mps.reconcile(&shares);
     }
 
-    fn adopted(&self, found: Found, cgroup: Option<&PathBuf>) -> (Adopted, Option<PathBuf>) {
+    fn adopted(
+        &self,
+        found: Found,
+        cgroup: Option<&PathBuf>,
+        gang_link: Option<&GangLink>,
+    ) -> (Adopted, Option<PathBuf>) {
         match found {
             Found::Process { record, path, .. } => {
                 // Its user, as the kernel says: a record is only the
@@ -235,10 +254,22 @@ impl Workloads {
                     .container
                     .as_ref()
                     .expect("containers are listed with a CLI");
+                // Linked again if the agent that started it died first;
+                // kept as it is otherwise.
+                let gang_link = gang_link.map(|link| {
+                    crate::workload::gang_link::spawn_attach(
+                        c.engine.clone(),
+                        name.clone(),
+                        link.clone(),
+                        c.gang_link_lock_file.clone(),
+                        tokio::time::Instant::now() + c.start_timeout,
+                    )
+                });
                 (
                     Adopted::Container {
                         engine: c.engine.clone(),
                         lease_id,
+                        gang_link: std::sync::Mutex::new(gang_link),
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
                         memory_cgroups: c.memory_cgroups.clone(),
