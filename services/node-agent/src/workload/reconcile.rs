@@ -415,7 +415,7 @@ pub enum Adopted {
         /// Why it failed, once it ended and the kernel or the engine said.
         failure: std::sync::Mutex<Option<lh_events::LeaseFailure>>,
         /// Its gang's link, for a gang member: released when it ends.
-        gang_link: std::sync::Mutex<Option<super::gang_link::LinkTask>>,
+        gang_link: std::sync::Mutex<Option<Box<super::gang_link::LinkTask>>>,
     },
 }
 

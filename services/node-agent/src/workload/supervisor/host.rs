@@ -269,7 +269,7 @@ impl Workloads {
                     Adopted::Container {
                         engine: c.engine.clone(),
                         lease_id,
-                        gang_link: std::sync::Mutex::new(gang_link),
+                        gang_link: std::sync::Mutex::new(gang_link.map(Box::new)),
                         name,
                         stop_margin: DEFAULT_STOP_MARGIN,
                         memory_cgroups: c.memory_cgroups.clone(),
