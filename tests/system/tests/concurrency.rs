@@ -147,10 +147,29 @@ async fn three_schedulers_never_give_one_gpu_to_two_leases() {
         match &e.envelope.data {
             EventData::LeasePlaced(p) => {
                 let lease = p.lease_id.to_string();
-                assert!(
-                    placed_once.insert(lease.clone()),
-                    "lease {lease} placed twice"
-                );
+                if !placed_once.insert(lease.clone()) {
+                    // Its story, and the nodes' fates, to tell why.
+                    let story: Vec<String> = log
+                        .iter()
+                        .filter(|e| {
+                            e.subject.contains(&lease)
+                                || matches!(
+                                    e.envelope.data,
+                                    EventData::NodeLost(_) | EventData::NodeRejoined(_)
+                                )
+                        })
+                        .map(|e| {
+                            format!(
+                                "{} {} {} by {:?}",
+                                e.sequence,
+                                e.subject,
+                                e.envelope.data.event_type(),
+                                e.envelope.actor
+                            )
+                        })
+                        .collect();
+                    panic!("lease {lease} placed twice:\n{}", story.join("\n"));
+                }
                 decided.insert(lease.clone());
                 hold(&mut held, &p.node_id, &p.gpus, &lease);
             }
