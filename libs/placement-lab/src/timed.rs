@@ -119,6 +119,9 @@ pub fn run_timed(
     // Requests that found no room since the last departure: placements
     // only take room, so they find none until something leaves.
     let mut refused: HashSet<&Request> = HashSet::new();
+    // Whole GPUs are waited for while a lease of them found no room: what
+    // the policy is told before each moment's placements.
+    let mut whole_waiting = false;
     let (mut single_waits, mut gang_waits) = (Vec::new(), Vec::new());
     let (mut area, mut last_ms) = (0.0f64, 0u64);
     let mut next = 0usize;
@@ -152,22 +155,20 @@ pub fn run_timed(
         if departed {
             refused.clear();
         }
-        // Whole GPUs are waited for when a lease of them found no room
-        // before this moment.
-        let whole_waiting = waiting
-            .iter()
-            .any(|&k| matches!(requests[seq[k]].gpu, GpuDemand::Whole { .. }));
         engine.set_whole_waiting(whole_waiting);
         if next_arrival == Some(now) {
             waiting.push(next);
             next += 1;
         }
         let mut still = Vec::with_capacity(waiting.len());
+        whole_waiting = false;
         for k in std::mem::take(&mut waiting) {
             let t = seq[k];
             let request = &requests[t];
+            let whole = matches!(request.gpu, GpuDemand::Whole { .. });
             if refused.contains(request) {
                 still.push(k);
+                whole_waiting |= whole;
                 continue;
             }
             let placed = if gang[t] {
@@ -191,6 +192,7 @@ pub fn run_timed(
                 Err(_) => {
                     refused.insert(request);
                     still.push(k);
+                    whole_waiting |= whole;
                 }
             }
         }
