@@ -502,6 +502,66 @@ struct OnLog {
 }
 
 impl OnLog {
+    /// A log on a nats-server of its own, the scheduler's views writer on
+    /// it, `fleet` (one node) written beside, and a new lease id.
+    async fn start(fleet: &str) -> OnLog {
+        let nats = lh_testkit::Nats::start().await.unwrap();
+        let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
+            .await
+            .unwrap();
+        let views = tokio::spawn(lh_scheduler::node_view::run(
+            bus.clone(),
+            chrono::Duration::seconds(30),
+            lh_service::CancellationToken::new(),
+        ));
+        let on_log = OnLog {
+            nats,
+            bus,
+            dir: lh_testkit::shared_tempdir(),
+            lease_id: Uuid::now_v7(),
+            _views: lh_service::AbortOnDrop(views),
+        };
+        fs::write(on_log.fleet(), fleet).unwrap();
+        on_log
+    }
+
+    /// The agent binary of node `node` on podman, its output in `log`
+    /// beside the fleet: one the test kills with SIGKILL.
+    fn podman_agent(&self, node: &str, log: &str) -> Command {
+        let mut agent = Command::new(env!("CARGO_BIN_EXE_lh-node-agent"));
+        agent
+            .arg("--nats-url")
+            .arg(self.nats.url())
+            .args([
+                "--http-addr",
+                "127.0.0.1:0",
+                "--node-id",
+                node,
+                "--runtime",
+                "podman",
+            ])
+            .args(PODMAN_ARGS.iter().flat_map(|a| ["--container-cli-arg", a]))
+            .arg("--fleet-file")
+            .arg(self.fleet())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .stdout(fs::File::create(self.dir.path().join(log)).unwrap())
+            .stderr(Stdio::null());
+        agent
+    }
+
+    /// The settings of an agent of node `node` on podman, started in this
+    /// process.
+    fn podman_config(&self, node: &str) -> lh_node_agent::Config {
+        lh_node_agent::Config {
+            runtime: RuntimeKind::Podman,
+            container_cli_args: PODMAN_ARGS.map(String::from).into(),
+            state_dir: self.state_dir(),
+            stop_grace_secs: 2,
+            ..lh_node_agent::Config::for_test(&self.nats.url(), self.fleet(), node)
+        }
+    }
+
     fn fleet(&self) -> PathBuf {
         self.dir.path().join("fleet.toml")
     }
@@ -563,24 +623,7 @@ async fn killed_agent_with_a_running_lease() -> (OnLog, ProcessRecord) {
 /// A log with a lease that runs `sh -c command` placed on node-a, whose
 /// agent started it and was then killed with SIGKILL.
 async fn killed_agent_running(command: &str) -> OnLog {
-    let nats = lh_testkit::Nats::start().await.unwrap();
-    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
-        .await
-        .unwrap();
-    let dir = lh_testkit::shared_tempdir();
-    let views = tokio::spawn(lh_scheduler::node_view::run(
-        bus.clone(),
-        chrono::Duration::seconds(30),
-        lh_service::CancellationToken::new(),
-    ));
-    let on_log = OnLog {
-        nats,
-        bus,
-        dir,
-        lease_id: Uuid::now_v7(),
-        _views: lh_service::AbortOnDrop(views),
-    };
-    fs::write(on_log.fleet(), FLEET).unwrap();
+    let on_log = OnLog::start(FLEET).await;
     let request = lh_events::LeaseRequested {
         workload: Some(WorkloadSpec {
             command: ["sh", "-c", command].map(String::from).into(),
@@ -854,6 +897,18 @@ fn a_bad_setting_ends_the_agent_with_status_1_and_one_line_that_names_it() {
 
 // ---- an adopted container's data, on podman and a real store -------------
 
+/// Makes the image the container tests run, `localhost/leasehold/base`.
+fn base_image() {
+    let made = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/images.sh"
+    ))
+    .arg("base")
+    .status()
+    .unwrap();
+    assert!(made.success(), "scripts/images.sh base");
+}
+
 /// What the container of the data test runs: every half second it counts
 /// on in its workspace and puts the count to its tenant's bucket through
 /// its relay (a put that fails, while no agent relays, is skipped).
@@ -900,14 +955,7 @@ async fn wait_beat_over(store: &lh_storage::TenantStore, over: u64, what: &str) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again() {
     use lh_rpc::workload_env::{StorageGrant, WorkloadEnvReply, WorkloadEnvRequest};
-    let made = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/images.sh"
-    ))
-    .arg("base")
-    .status()
-    .unwrap();
-    assert!(made.success(), "scripts/images.sh base");
+    base_image();
     let s3 = lh_testkit::S3Store::start().await.unwrap();
     let config = lh_storage::StoreConfig::new(s3.endpoint());
     let (admin_key, admin_secret) = s3.admin_keys();
@@ -933,17 +981,9 @@ async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again
         allow_http: false,
     };
 
-    let nats = lh_testkit::Nats::start().await.unwrap();
-    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
-        .await
-        .unwrap();
-    let views = tokio::spawn(lh_scheduler::node_view::run(
-        bus.clone(),
-        chrono::Duration::seconds(30),
-        lh_service::CancellationToken::new(),
-    ));
+    let on_log = OnLog::start(FLEET).await;
     // The gateway's part: the tenant's storage to the node that asks.
-    let answers = bus.clone();
+    let answers = on_log.bus.clone();
     let gateway = lh_service::AbortOnDrop(tokio::spawn(async move {
         let _ = lh_bus::rpc::serve(
             &answers,
@@ -962,14 +1002,6 @@ async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again
         )
         .await;
     }));
-    let on_log = OnLog {
-        nats,
-        bus,
-        dir: lh_testkit::shared_tempdir(),
-        lease_id: Uuid::now_v7(),
-        _views: lh_service::AbortOnDrop(views),
-    };
-    fs::write(on_log.fleet(), FLEET).unwrap();
     let request = lh_events::LeaseRequested {
         workload: Some(WorkloadSpec {
             command: ["sh", "-c", BEAT].map(String::from).into(),
@@ -995,27 +1027,10 @@ async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again
         .publish(&placed, lh_bus::Expect::Any)
         .await
         .unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
-        .arg("--nats-url")
-        .arg(on_log.nats.url())
-        .args([
-            "--http-addr",
-            "127.0.0.1:0",
-            "--node-id",
-            NODE,
-            "--runtime",
-            "podman",
-        ])
-        .args(PODMAN_ARGS.iter().flat_map(|a| ["--container-cli-arg", a]))
-        .arg("--fleet-file")
-        .arg(on_log.fleet())
-        .arg("--state-dir")
-        .arg(on_log.state_dir())
+    let mut agent = on_log
+        .podman_agent(NODE, "previous-agent.log")
         // No periodic sync comes in this test's time: only a last one.
         .env("LH_WORKSPACE_SYNC_INTERVAL_SECS", "3600")
-        // Its log, to read when the test fails.
-        .stdout(fs::File::create(on_log.dir.path().join("previous-agent.log")).unwrap())
-        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let container = format!("lh-{}", on_log.lease_id);
@@ -1031,15 +1046,11 @@ async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again
 
     let token = lh_service::CancellationToken::new();
     let config = lh_node_agent::Config {
-        runtime: RuntimeKind::Podman,
-        container_cli_args: PODMAN_ARGS.map(String::from).into(),
-        state_dir: on_log.state_dir(),
-        stop_grace_secs: 2,
         storage: lh_node_agent::storage::StorageArgs {
             workspace_sync_interval_secs: 3600,
             ..lh_node_agent::storage::StorageArgs::for_test()
         },
-        ..lh_node_agent::Config::for_test(&on_log.nats.url(), on_log.fleet(), NODE)
+        ..on_log.podman_config(NODE)
     };
     let running = lh_node_agent::start(config, token.clone()).await.unwrap();
     // Adopted, its relay open again: the count goes on in the bucket.
@@ -1105,34 +1116,11 @@ async fn a_restarted_agent_finds_an_adopted_containers_workspace_and_relay_again
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_agent_links_an_adopted_gang_member_again_and_releases_the_link() {
     use lh_node_agent::workload::gang_link::{linked, GangLink, LINK_IN_CONTAINER};
-    let made = Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/images.sh"
-    ))
-    .arg("base")
-    .status()
-    .unwrap();
-    assert!(made.success(), "scripts/images.sh base");
-    let nats = lh_testkit::Nats::start().await.unwrap();
-    let bus = lh_bus::Bus::connect(&lh_bus::BusConfig::new(nats.url(), "test"))
-        .await
-        .unwrap();
-    let views = tokio::spawn(lh_scheduler::node_view::run(
-        bus.clone(),
-        chrono::Duration::seconds(30),
-        lh_service::CancellationToken::new(),
-    ));
-    let on_log = OnLog {
-        nats,
-        bus,
-        dir: lh_testkit::shared_tempdir(),
-        lease_id: Uuid::now_v7(),
-        _views: lh_service::AbortOnDrop(views),
-    };
+    base_image();
     // A node of its own: an agent sweeps the containers of its node id,
     // and the data test's agent runs on podman as node-a at the same time.
     const GANG_NODE: &str = "node-g";
-    fs::write(on_log.fleet(), FLEET.replace(NODE, GANG_NODE)).unwrap();
+    let on_log = OnLog::start(&FLEET.replace(NODE, GANG_NODE)).await;
     let request = lh_events::LeaseRequested {
         workload: Some(WorkloadSpec {
             command: ["sh", "-c", "sleep 600"].map(String::from).into(),
@@ -1166,30 +1154,10 @@ async fn a_restarted_agent_links_an_adopted_gang_member_again_and_releases_the_l
     on_log
         .publish(lh_events::EventData::LeasePlaced(placed))
         .await;
-    // An agent the test kills with SIGKILL: the binary, its log kept.
-    let agent_binary = |life: &str| {
-        Command::new(env!("CARGO_BIN_EXE_lh-node-agent"))
-            .arg("--nats-url")
-            .arg(on_log.nats.url())
-            .args([
-                "--http-addr",
-                "127.0.0.1:0",
-                "--node-id",
-                GANG_NODE,
-                "--runtime",
-                "podman",
-            ])
-            .args(PODMAN_ARGS.iter().flat_map(|a| ["--container-cli-arg", a]))
-            .arg("--fleet-file")
-            .arg(on_log.fleet())
-            .arg("--state-dir")
-            .arg(on_log.state_dir())
-            .stdout(fs::File::create(on_log.dir.path().join(format!("{life}-agent.log"))).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let mut agent = agent_binary("first");
+    let mut agent = on_log
+        .podman_agent(GANG_NODE, "first-agent.log")
+        .spawn()
+        .unwrap();
     let container = format!("lh-{}", on_log.lease_id);
     let _cleanup = RemoveOnDrop(container.clone());
     let pid_of = || -> Option<u32> {
@@ -1232,7 +1200,10 @@ async fn a_restarted_agent_links_an_adopted_gang_member_again_and_releases_the_l
     assert!(unlinked.success());
     assert!(!linked(pid));
 
-    let mut agent = agent_binary("second");
+    let mut agent = on_log
+        .podman_agent(GANG_NODE, "second-agent.log")
+        .spawn()
+        .unwrap();
     tokio::task::spawn_blocking(move || {
         until("the adopted member was not linked again", 30, &|| {
             linked(pid)
@@ -1267,14 +1238,9 @@ async fn a_restarted_agent_links_an_adopted_gang_member_again_and_releases_the_l
     agent.kill().unwrap();
     agent.wait().unwrap();
     let token = lh_service::CancellationToken::new();
-    let config = lh_node_agent::Config {
-        runtime: RuntimeKind::Podman,
-        container_cli_args: PODMAN_ARGS.map(String::from).into(),
-        state_dir: on_log.state_dir(),
-        stop_grace_secs: 2,
-        ..lh_node_agent::Config::for_test(&on_log.nats.url(), on_log.fleet(), GANG_NODE)
-    };
-    let running = lh_node_agent::start(config, token.clone()).await.unwrap();
+    let running = lh_node_agent::start(on_log.podman_config(GANG_NODE), token.clone())
+        .await
+        .unwrap();
     // Its link task runs once the adopted container is seen running.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(pid_of(), Some(pid), "adopted again");
