@@ -81,6 +81,18 @@ async fn log_of(stack: &Stack, key: &str, lease: &str, node: &str) -> Value {
     b
 }
 
+/// Stops `lease` and waits until it has ended, stopped.
+async fn stop_until_ended(stack: &Stack, key: &str, lease: &str) {
+    let (s, b) = stack
+        .call(Method::POST, &format!("/v1/leases/{lease}/stop"), key, None)
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let ended = stack
+        .wait_lease(key, lease, |l| l["state"] == "ended")
+        .await;
+    assert_eq!(ended["end_reason"], "stopped", "{ended}");
+}
+
 fn lines(log: &Value) -> Vec<String> {
     let mut lines: Vec<String> = log["data"]
         .as_str()
@@ -200,19 +212,7 @@ async fn eight_gpus_run_on_two_nodes_as_one_lease_and_end_as_one() {
         "{problem}"
     );
 
-    let (s, b) = stack
-        .call(
-            Method::POST,
-            &format!("/v1/leases/{stopped}/stop"),
-            &key,
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{b}");
-    let end = stack
-        .wait_lease(&key, &stopped, |l| l["state"] == "ended")
-        .await;
-    assert_eq!(end["end_reason"], "stopped", "{end}");
+    stop_until_ended(&stack, &key, &stopped).await;
     let again = gang(&stack, &key, 8, "true").await;
     let done = stack
         .wait_lease(&key, &again, |l| l["state"] == "ended")
@@ -491,19 +491,7 @@ async fn a_gang_whose_gpu_fails_restarts_in_place_on_its_nodes() {
             "rank {rank}'s devices: {runs}"
         );
     }
-    let (s, b) = stack
-        .call(
-            Method::POST,
-            &format!("/v1/leases/{lease}/stop"),
-            &key,
-            None,
-        )
-        .await;
-    assert_eq!(s, 202, "{b}");
-    let ended = stack
-        .wait_lease(&key, &lease, |l| l["state"] == "ended")
-        .await;
-    assert_eq!(ended["end_reason"], "stopped", "{ended}");
+    stop_until_ended(&stack, &key, &lease).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
